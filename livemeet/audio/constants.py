@@ -1,0 +1,38 @@
+"""Audio and model-timing constants, each with its unit and where it comes from.
+
+Sources: MODEL.md sections 0, 1 and 5.3 (the MOSS-TD processor and Whisper feature extractor);
+DESIGN.md sections 1 and 5.
+"""
+
+from __future__ import annotations
+
+SAMPLE_RATE = 16_000  # Hz; the model's only input rate (mono float32 in [-1, 1])
+N_FFT = 400  # samples per STFT frame (25 ms)
+HOP_LENGTH = 160  # samples between STFT frames (10 ms)
+N_MELS = 80  # mel filters (Slaney scale and area normalisation, 0-8000 Hz)
+WINDOW_S = 30  # s per encoder window
+WINDOW_SAMPLES = WINDOW_S * SAMPLE_RATE  # 480_000 samples per encoder window
+N_FRAMES = WINDOW_SAMPLES // HOP_LENGTH  # 3_000 mel frames per window (the 3,001st is dropped)
+ENCODER_FRAMES = N_FRAMES // 2  # 1_500 encoder frames per window (20 ms each, conv stride 2)
+MERGE_SIZE = 4  # encoder frames merged into one audio token
+SAMPLES_PER_TOKEN = HOP_LENGTH * 2 * MERGE_SIZE  # 1_280 samples = 80 ms per audio token
+TOKENS_PER_WINDOW = WINDOW_SAMPLES // SAMPLES_PER_TOKEN  # 375 audio tokens per full window
+AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
+TIME_MARKER_EVERY_S = 5  # s between time markers in the shipped processor_config.json (class default 2 is wrong)
+MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits
+
+MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
+MAX_UPLOAD_BYTES = 1 << 30  # bytes; largest upload body accepted (1 GiB)
+LIVE_HOP_S = 1.0  # s of new audio between live re-decodes (DESIGN section 5)
+FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
+ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)
+
+
+def num_audio_tokens(num_samples: int) -> int:
+    """Audio tokens for `num_samples` samples at 16 kHz: ceil(S / 1280) (MODEL.md section 1.5).
+
+    Raises ValueError for a negative count.
+    """
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    return -(-num_samples // SAMPLES_PER_TOKEN)

@@ -1,0 +1,83 @@
+"""Frozen configuration dataclasses. They hold settings only, never runtime values.
+
+Each is validated by `validate()`, which raises ConfigError with an actionable message.
+CLI flags are generated from these fields (livemeet/__main__.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES
+from livemeet.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which backend serves and how it is loaded.
+
+    `model`: None selects the demo backend (Whisper tiny.en); a local directory or a hub id
+    selects MOSS-TD. `backend` forces a registered backend name ("demo", "moss", "scripted").
+    `load_format`: "auto" reads safetensors; "dummy" builds real-size random weights.
+    `device`: "auto" picks CUDA when available. `dtype`: "auto" is bf16 on CUDA, fp32 on CPU.
+    """
+
+    model: str | None = None
+    backend: str | None = None
+    load_format: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    forced_output: str | None = None  # path of a reference transcript to force (benchmarks)
+
+    @property
+    def backend_name(self) -> str:
+        if self.backend:
+            return self.backend
+        return "demo" if self.model is None and self.load_format != "dummy" else "moss"
+
+    def validate(self) -> None:
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ConfigError(f"load_format must be auto, safetensors or dummy, not {self.load_format!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Limits the gateway enforces on requests and sessions."""
+
+    max_upload_bytes: int = MAX_UPLOAD_BYTES  # bytes; larger bodies get 413
+    max_audio_s: float = MAX_AUDIO_S  # s; longer audio gets 413 (audio_too_long)
+    max_concurrent_decodes: int = 2  # uploads decoded (ffmpeg/soundfile) at once
+    max_sessions: int = 256  # open sessions (live + upload) before QueueFull
+    idle_timeout_s: float = 60.0  # s without any client message before a live session closes
+    flush_interval_s: float = 0.050  # s; SSE / WS text flush window
+
+    def validate(self) -> None:
+        if self.max_upload_bytes <= 0 or self.max_audio_s <= 0:
+            raise ConfigError("max_upload_bytes and max_audio_s must be positive")
+        if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
+            raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`livemeet serve`: where to listen and where to keep data."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("./livemeet-data")
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    in_process_engine: bool = False  # tests only: run the backend in a thread, not a child process
+    model: ModelConfig = field(default_factory=ModelConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+
+    def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key must be given together")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, not {self.port}")
+        self.model.validate()
+        self.gateway.validate()
