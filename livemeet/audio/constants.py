@@ -45,3 +45,4 @@ MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted on the live so
 MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-mixed to mono)
 PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
 DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)
+TRUNCATION_TOLERANCE_S = 0.25  # s an exact-duration container may decode short before BadAudio
