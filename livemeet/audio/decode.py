@@ -24,7 +24,6 @@ Decisions on damaged input:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -270,12 +269,8 @@ def _container_duration_s(container: av.container.InputContainer, stream: av.Aud
         return float(stream.duration * stream.time_base)
     if container.duration is not None:
         return container.duration / av.time_base
-    return _demuxed_duration_s(container.demux(stream))
-
-
-def _demuxed_duration_s(packets: Iterator[av.Packet]) -> float:
-    total = 0.0
-    for packet in packets:
+    total = 0.0  # no declared duration (e.g. MediaRecorder WebM): sum the demuxed packets
+    for packet in container.demux(stream):
         if packet.duration and packet.time_base is not None:
             total += float(packet.duration * packet.time_base)
     return total if math.isfinite(total) else 0.0
