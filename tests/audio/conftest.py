@@ -77,8 +77,10 @@ def _encode(
     layout = "mono" if planes.shape[0] == 1 else "stereo"
     with av.open(str(path), "w", format=fmt, options=options) as out:
         stream = out.add_stream(codec, rate=rate)
+        assert isinstance(stream, av.AudioStream)
         stream.layout = layout
-        formats = stream.codec_context.codec.audio_formats or ()
+        formats = stream.codec_context.codec.audio_formats
+        assert formats, f"{codec} lists no sample formats"
         resampler = av.AudioResampler(format=formats[0].name, layout=layout, rate=rate)
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planes), "fltp", layout)
         # pts lets the MP4 muxer write the edit list that trims the AAC priming samples.

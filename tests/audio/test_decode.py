@@ -43,7 +43,7 @@ def swresample_mono_16k(path: Path) -> F32:
         for frame in container.decode(audio=0):
             chunks += [f.to_ndarray() for f in resampler.resample(frame)]
         chunks += [f.to_ndarray() for f in resampler.resample(None)]
-    return np.concatenate(chunks, axis=1).mean(axis=0).astype(np.float32)
+    return np.asarray(np.concatenate(chunks, axis=1).mean(axis=0), dtype=np.float32)
 
 
 # ---- lossless files from the shared data

@@ -109,7 +109,10 @@ def test_16k_mono_is_passed_through_exactly() -> None:
     pcm = s16_signal(16_000, 0.3)
     decoder = PcmStreamDecoder(16_000)
     out = np.concatenate(
-        [decoder.feed(bytearray(pcm[:1000].tobytes())), decoder.feed(memoryview(pcm[1000:]))]
+        [
+            decoder.feed(bytearray(pcm[:1000].tobytes())),
+            decoder.feed(memoryview(pcm[1000:].tobytes())),
+        ]
     )
     np.testing.assert_array_equal(out, pcm[:, 0].astype(np.float32) / 32768)
     assert decoder.flush().size == 0

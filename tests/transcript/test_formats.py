@@ -47,7 +47,8 @@ def segment(start: float, end: float, text: str, speaker: str = "S01") -> Segmen
 
 
 def parse_vtt(body: str) -> list[webvtt.Caption]:
-    return list(webvtt.from_buffer(io.StringIO(body)))
+    captions: list[webvtt.Caption] = webvtt.from_buffer(io.StringIO(body)).captions
+    return captions
 
 
 # ---- parse_response_format
@@ -263,7 +264,7 @@ def test_empty_transcript() -> None:
 
 
 _texts = st.text(
-    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    alphabet=st.characters(codec="utf-8", exclude_characters="\x00"),
     max_size=40,
 )
 
