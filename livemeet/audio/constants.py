@@ -36,3 +36,5 @@ def num_audio_tokens(num_samples: int) -> int:
     if num_samples < 0:
         raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     return -(-num_samples // SAMPLES_PER_TOKEN)
+
+DER_COLLAR_S = 0.25  # s per side of each reference boundary not scored by DER (md-eval `-c 0.25`)
