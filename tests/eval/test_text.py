@@ -26,7 +26,14 @@ def test_word_unit_keeps_cjk_runs_whole() -> None:
 
 
 def test_punctuation_removed_by_deletion() -> None:
-    assert tokenize("你好，世界。Let's go—all-hands!") == ["你", "好", "世", "界", "lets", "goallhands"]
+    assert tokenize("你好，世界。Let's go—all-hands!") == [
+        "你",
+        "好",
+        "世",
+        "界",
+        "lets",
+        "goallhands",
+    ]
     assert tokenize("Hello , world .") == ["hello", "world"]
 
 

@@ -25,7 +25,9 @@ from livemeet.eval.wer import (
 
 def reference_distance(ref: list[str], hyp: list[str]) -> int:
     """Textbook Wagner-Fischer table, written independently of the code under test."""
-    table = [[i + j if i == 0 or j == 0 else 0 for j in range(len(hyp) + 1)] for i in range(len(ref) + 1)]
+    table = [
+        [i + j if i == 0 or j == 0 else 0 for j in range(len(hyp) + 1)] for i in range(len(ref) + 1)
+    ]
     for i in range(1, len(ref) + 1):
         for j in range(1, len(hyp) + 1):
             table[i][j] = min(
@@ -100,7 +102,9 @@ def test_data_texts_match_jiwer(shared_data: Path) -> None:
     total = ErrorCounts()
     for r, h in zip(refs, hyps, strict=True):
         total = total + count_errors(r.split()[1:], h.split()[1:])
-    theirs = jiwer.process_words([r.split(maxsplit=1)[1] for r in refs], [h.split(maxsplit=1)[1] for h in hyps])
+    theirs = jiwer.process_words(
+        [r.split(maxsplit=1)[1] for r in refs], [h.split(maxsplit=1)[1] for h in hyps]
+    )
     assert (total.substitutions, total.deletions, total.insertions) == (
         theirs.substitutions,
         theirs.deletions,
