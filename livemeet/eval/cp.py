@@ -123,12 +123,15 @@ def assign_streams(ref: dict[str, list[str]], hyp: dict[str, list[str]]) -> tupl
     rows, cols = linear_sum_assignment(cost)
     pairs = []
     for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
-        r = ref_names[i] if i < len(ref_names) else None
-        h = hyp_names[j] if j < len(hyp_names) else None
-        if r is None and h is None:
+        ref_name = ref_names[i] if i < len(ref_names) else None
+        hyp_name = hyp_names[j] if j < len(hyp_names) else None
+        if ref_name is None and hyp_name is None:
             continue
-        counts = count_errors(ref[r] if r else [], hyp[h] if h else [])
-        pairs.append(SpeakerPair(r, h, counts))
+        counts = count_errors(
+            ref[ref_name] if ref_name is not None else [],
+            hyp[hyp_name] if hyp_name is not None else [],  # "" is a real (unlabelled) speaker
+        )
+        pairs.append(SpeakerPair(ref_name, hyp_name, counts))
     pairs.sort(key=lambda p: (p.ref_speaker is None, p.hyp_speaker is None))
     return tuple(pairs)
 

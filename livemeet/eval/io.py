@@ -202,7 +202,7 @@ def parse_transcript_json(text: str, source: str = "<json>") -> tuple[TextSegmen
             _field(record, ("end", "end_s"), where),
             where,
         )
-        speaker = record.get("speaker") or ""  # type: ignore[union-attr]
+        speaker = record.get("speaker") or ""
         text_value = _field(record, ("text",), where)
         out.append(TextSegment(DEFAULT_SESSION, str(speaker), start_s, end_s, str(text_value)))
     return tuple(out)

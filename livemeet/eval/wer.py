@@ -107,16 +107,18 @@ def count_errors(ref: Sequence[str], hyp: Sequence[str]) -> ErrorCounts:
 def align(ref: Sequence[str], hyp: Sequence[str]) -> tuple[AlignedPair, ...]:
     """A minimum-cost alignment of token lists, position by position, in order."""
     out: list[AlignedPair] = []
-    for tag, ref_lo, ref_hi, hyp_lo, hyp_hi in Levenshtein.opcodes(ref, hyp).as_list():
-        if tag == "equal":
-            out.extend(AlignedPair(EditOp.MATCH, r, r) for r in ref[ref_lo:ref_hi])
-        elif tag == "replace":
-            pairs = zip(ref[ref_lo:ref_hi], hyp[hyp_lo:hyp_hi], strict=True)
+    for op in Levenshtein.opcodes(ref, hyp):
+        ref_span = ref[op.src_start : op.src_end]
+        hyp_span = hyp[op.dest_start : op.dest_end]
+        if op.tag == "equal":
+            out.extend(AlignedPair(EditOp.MATCH, r, r) for r in ref_span)
+        elif op.tag == "replace":
+            pairs = zip(ref_span, hyp_span, strict=True)
             out.extend(AlignedPair(EditOp.SUBSTITUTE, r, h) for r, h in pairs)
-        elif tag == "delete":
-            out.extend(AlignedPair(EditOp.DELETE, r, None) for r in ref[ref_lo:ref_hi])
+        elif op.tag == "delete":
+            out.extend(AlignedPair(EditOp.DELETE, r, None) for r in ref_span)
         else:
-            out.extend(AlignedPair(EditOp.INSERT, None, h) for h in hyp[hyp_lo:hyp_hi])
+            out.extend(AlignedPair(EditOp.INSERT, None, h) for h in hyp_span)
     return tuple(out)
 
 

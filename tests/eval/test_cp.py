@@ -90,3 +90,13 @@ def test_speaker_streams_are_concatenated_in_time_order() -> None:
     ref = [TextSegment("m", "A", 5, 6, "c d"), TextSegment("m", "A", 0, 1, "a b")]
     hyp = [TextSegment("m", "X", 0, 6, "a b c d")]
     assert cp_error_rate(ref, hyp, TokenUnit.WORD).counts.errors == 0
+
+
+def test_unlabelled_speaker_stream_is_scored() -> None:
+    # regression: the empty speaker label "" (transcript JSON without speakers) was taken for
+    # "no partner" and its stream scored as empty
+    ref = [TextSegment("m", "A", 0, 1, "你好")]
+    hyp = [TextSegment("m", "", 0, 1, "你坏")]
+    result = cp_error_rate(ref, hyp)
+    assert result.counts == ErrorCounts(1, 0, 0, 2)
+    assert result.sessions[0].assignment == {"A": ""}
