@@ -1,7 +1,8 @@
 """`livemeet eval`: score a hypothesis transcript against a reference.
 
     livemeet eval --ref REF --hyp HYP [--uem UEM] [--collar 0.25] [--skip-overlap]
-                  [--metric cer|wer|cpcer|cpwer|delta|der|all] [--normalize default|none] [--json]
+                  [--metric cer|wer|cpcer|cpwer|delta|der|orccer|orcwer|all]
+                  [--normalize default|none] [--json]
 
 Formats are detected from the extension or the content (see livemeet.eval.io). `all` computes
 the text metrics when both files carry text and DER always. Exit status: 0 on success, 2 on
@@ -19,13 +20,14 @@ from pathlib import Path
 
 from livemeet.audio.constants import DER_COLLAR_S
 from livemeet.errors import InvalidRequest, LivemeetError
-from livemeet.eval.cp import CpResult, cp_error_rate, delta_error_rate
+from livemeet.eval.cp import CpResult, cp_error_rate, delta_error_rate, orc_error_rate
 from livemeet.eval.der import DerResult, diarization_error_rate
 from livemeet.eval.io import has_text, load_segments, load_turns, load_uem
 from livemeet.eval.text import DEFAULT_NORMALIZATION, NO_NORMALIZATION, TokenUnit
 from livemeet.eval.wer import ErrorCounts, ErrorRateResult, error_rate
 
-METRICS = ("cer", "wer", "cpcer", "cpwer", "delta", "der")
+METRICS = ("cer", "wer", "cpcer", "cpwer", "delta", "der")  # what "all" computes
+EXTRA_METRICS = ("orccer", "orcwer")  # exponential in hypothesis speakers: on request only
 NORMALIZATIONS = {"default": DEFAULT_NORMALIZATION, "none": NO_NORMALIZATION}
 
 
@@ -107,7 +109,7 @@ def compute(args: argparse.Namespace) -> list[MetricRow]:
         wanted = ("der",)
     options = NORMALIZATIONS[args.normalize]
     rows: list[MetricRow] = []
-    if set(wanted) & {"cer", "wer", "cpcer", "cpwer", "delta"}:
+    if set(wanted) & {"cer", "wer", "cpcer", "cpwer", "delta", *EXTRA_METRICS}:
         ref, hyp = load_segments(ref_path), load_segments(hyp_path)
         mixed, word = TokenUnit.MIXED, TokenUnit.WORD
         if "cer" in wanted:
@@ -122,6 +124,11 @@ def compute(args: argparse.Namespace) -> list[MetricRow]:
             delta = delta_error_rate(ref, hyp, mixed, options)
             text = f"cpCER={delta.cp.rate:.6f} - CER={delta.agnostic.rate:.6f}"
             rows.append(MetricRow("delta_cer", delta.delta, text, {}))
+        for name in set(wanted) & set(EXTRA_METRICS):
+            unit = mixed if name == "orccer" else word
+            orc = orc_error_rate(ref, hyp, unit, options)
+            text = f"errors={orc.errors} N={orc.ref_length}"
+            rows.append(MetricRow(name, orc.rate, text, {"errors": orc.errors}))
     if "der" in wanted:
         uem = load_uem(Path(args.uem)) if args.uem else None
         result = diarization_error_rate(
@@ -178,7 +185,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--skip-overlap", action="store_true", help="DER: do not score reference overlap"
     )
-    parser.add_argument("--metric", choices=(*METRICS, "all"), default="all")
+    parser.add_argument("--metric", choices=(*METRICS, *EXTRA_METRICS, "all"), default="all")
     parser.add_argument(
         "--normalize",
         choices=tuple(NORMALIZATIONS),

@@ -11,16 +11,21 @@ on a square cost matrix padded with empty streams. Pairing every stream of the s
 never worse than leaving it out, since d(r, h) <= |r| + |h|.
 
 delta CER = cpCER - speaker-agnostic CER: the part of cpCER caused by speaker labels.
+
+orcWER (Raj et al., 2022; meeteval): each reference segment may go to any hypothesis stream; a
+small exact DP over stream positions, only for short inputs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from livemeet.errors import InvalidRequest
 from livemeet.eval.io import TextSegment
 from livemeet.eval.text import DEFAULT_NORMALIZATION, Normalization, TokenUnit
 from livemeet.eval.wer import (
@@ -167,3 +172,78 @@ def delta_error_rate(
     """cp error rate and speaker-agnostic error rate of the same inputs (delta = difference)."""
     ref, hyp = tuple(ref), tuple(hyp)
     return DeltaResult(cp_error_rate(ref, hyp, unit, options), error_rate(ref, hyp, unit, options))
+
+
+ORC_MAX_CELLS = 20_000_000  # DP cells (states x slice ends) above which orcWER is refused
+
+
+@dataclass(frozen=True)
+class OrcResult:
+    """orcWER/orcCER: errors and reference tokens summed over sessions."""
+
+    errors: int
+    ref_length: int
+
+    @property
+    def rate(self) -> float:
+        if self.ref_length == 0:
+            return 0.0 if self.errors == 0 else math.inf
+        return self.errors / self.ref_length
+
+
+def _slice_costs(segment: list[str], stream: list[str]) -> np.ndarray:
+    """[P+1, P+1] costs: [p, q] = d(segment, stream[p:q]) for p <= q, inf below the diagonal."""
+    size = len(stream) + 1
+    costs = np.full((size, size), np.inf)
+    for p in range(size):
+        for q in range(p, size):
+            costs[p, q] = edit_distance(segment, stream[p:q])
+    return costs
+
+
+def _orc_session(segments: list[list[str]], streams: list[list[str]]) -> int:
+    """Fewest errors over every assignment of whole reference segments to hypothesis streams.
+
+    D[p_1, ..., p_K] is the cost after the segments so far with stream k consumed up to p_k; a
+    segment given to stream k consumes the slice p_k..q at cost d(segment, slice). Hypothesis
+    tokens no segment consumes are insertions.
+    """
+    if not streams:
+        return sum(len(s) for s in segments)
+    shape = tuple(len(s) + 1 for s in streams)
+    cells = int(np.prod(shape)) * max(shape) * len(segments)
+    if cells > ORC_MAX_CELLS:
+        raise InvalidRequest(f"orcWER needs {cells} DP cells (limit {ORC_MAX_CELLS})")
+    cost = np.full(shape, np.inf)  # [len_1 + 1, ..., len_K + 1]
+    cost[(0,) * len(streams)] = 0.0
+    for segment in segments:
+        best = np.full(shape, np.inf)
+        for k, stream in enumerate(streams):
+            moved = np.moveaxis(cost, k, -1)  # [..., P]
+            step = (moved[..., :, None] + _slice_costs(segment, stream)).min(axis=-2)  # [..., Q]
+            best = np.minimum(best, np.moveaxis(step, -1, k))
+        cost = best
+    grids = np.meshgrid(*[np.arange(n) for n in shape], indexing="ij")
+    remaining = sum(n - 1 - g for n, g in zip(shape, grids, strict=True))
+    return int((cost + remaining).min())
+
+
+def orc_error_rate(
+    ref: Iterable[TextSegment],
+    hyp: Iterable[TextSegment],
+    unit: TokenUnit = TokenUnit.MIXED,
+    options: Normalization = DEFAULT_NORMALIZATION,
+) -> OrcResult:
+    """orcCER (unit MIXED) / orcWER (unit WORD): each reference segment may go to any one
+    hypothesis speaker stream (optimal reference combination, meeteval's orcWER).
+
+    Exponential in the number of hypothesis speakers; raises InvalidRequest above
+    `ORC_MAX_CELLS` DP cells (meant for short test vectors, not hour-long meetings).
+    """
+    errors = length = 0
+    for _, ref_segs, hyp_segs in pair_sessions(group_by_session(ref), group_by_session(hyp)):
+        segments = [stream_tokens([s], unit, options) for s in ref_segs]
+        streams = list(_speaker_streams(hyp_segs, unit, options).values())
+        errors += _orc_session(segments, streams)
+        length += sum(len(s) for s in segments)
+    return OrcResult(errors, length)

@@ -55,6 +55,18 @@ def test_cpwer_on_meeteval_stm(shared_data: Path, capsys: pytest.CaptureFixture[
     assert list(out) == ["cpwer"]
     assert out["cpwer"]["value"] == pytest.approx(25 / 92, abs=1e-6)
     assert out["cpwer"]["sessions"]["recordingB"]["errors"] == 23
+    out = run_json(
+        capsys,
+        "--ref",
+        str(folder / "ref.stm"),
+        "--hyp",
+        str(folder / "hyp.stm"),
+        "--metric",
+        "orcwer",
+        "--normalize",
+        "none",
+    )
+    assert out["orcwer"]["value"] == pytest.approx(9 / 92, abs=1e-6)
 
 
 @pytest.mark.parametrize(("collar", "expected"), [("0", 0.314228), ("0.25", 0.259491)])

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from livemeet.eval.cp import assign_streams, cp_error_rate, delta_error_rate
+from livemeet.errors import InvalidRequest
+from livemeet.eval.cp import assign_streams, cp_error_rate, delta_error_rate, orc_error_rate
 from livemeet.eval.io import TextSegment, load_segments
 from livemeet.eval.text import NO_NORMALIZATION, TokenUnit
 from livemeet.eval.wer import ErrorCounts, edit_distance
@@ -100,3 +101,40 @@ def test_unlabelled_speaker_stream_is_scored() -> None:
     result = cp_error_rate(ref, hyp)
     assert result.counts == ErrorCounts(1, 0, 0, 2)
     assert result.sessions[0].assignment == {"A": ""}
+
+
+def test_orc_expected_values(shared_data: Path) -> None:
+    cjk = shared_data / "oracle-vectors"
+    orc = orc_error_rate(load_segments(cjk / "cjk_ref.stm"), load_segments(cjk / "cjk_hyp.stm"))
+    assert orc.rate == pytest.approx(0.1, abs=1e-6)
+    folder = shared_data / "meeteval-examples"
+    ref, hyp = load_segments(folder / "ref.stm"), load_segments(folder / "hyp.stm")
+    orc = orc_error_rate(ref, hyp, TokenUnit.WORD, NO_NORMALIZATION)
+    assert (orc.errors, orc.ref_length) == (9, 92)
+
+
+def test_orc_matches_brute_force_over_segment_assignments() -> None:
+    rng = random.Random(11)
+    vocab = list("甲乙丙")
+    for _ in range(60):
+        segs = [rng.choices(vocab, k=rng.randint(0, 3)) for _ in range(rng.randint(1, 4))]
+        streams = [rng.choices(vocab, k=rng.randint(0, 6)) for _ in range(rng.randint(1, 3))]
+        best = min(
+            sum(
+                edit_distance(
+                    [t for s, c in zip(segs, choice, strict=True) if c == k for t in s], stream
+                )
+                for k, stream in enumerate(streams)
+            )
+            for choice in itertools.product(range(len(streams)), repeat=len(segs))
+        )
+        ref = [TextSegment("m", "A", float(i), i + 0.5, " ".join(s)) for i, s in enumerate(segs)]
+        hyp = [TextSegment("m", f"h{k}", 0.0, 1.0, " ".join(s)) for k, s in enumerate(streams)]
+        assert orc_error_rate(ref, hyp, TokenUnit.WORD).errors == best
+
+
+def test_orc_refuses_large_inputs() -> None:
+    ref = [TextSegment("m", "A", float(i), i + 1.0, "字" * 50) for i in range(40)]
+    hyp = [TextSegment("m", f"h{k}", 0.0, 1.0, "字" * 200) for k in range(3)]
+    with pytest.raises(InvalidRequest, match="DP cells"):
+        orc_error_rate(ref, hyp)
