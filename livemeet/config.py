@@ -38,9 +38,13 @@ class ModelConfig:
 
     def validate(self) -> None:
         if self.load_format not in ("auto", "safetensors", "dummy"):
-            raise ConfigError(f"load_format must be auto, safetensors or dummy, not {self.load_format!r}")
+            raise ConfigError(
+                f"load_format must be auto, safetensors or dummy, not {self.load_format!r}"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+            raise ConfigError(
+                f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}"
+            )
 
 
 @dataclass(frozen=True)

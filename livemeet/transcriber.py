@@ -11,7 +11,7 @@ nothing after `abort()` (the stream simply stops).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -45,7 +45,7 @@ class SessionOptions:
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """What a backend is: its registered name, the model id it serves, and whether it is the demo."""
+    """A backend: its registered name, the model id it serves, and whether it is the demo."""
 
     name: str
     model_id: str

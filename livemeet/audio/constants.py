@@ -18,7 +18,8 @@ MERGE_SIZE = 4  # encoder frames merged into one audio token
 SAMPLES_PER_TOKEN = HOP_LENGTH * 2 * MERGE_SIZE  # 1_280 samples = 80 ms per audio token
 TOKENS_PER_WINDOW = WINDOW_SAMPLES // SAMPLES_PER_TOKEN  # 375 audio tokens per full window
 AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
-TIME_MARKER_EVERY_S = 5  # s between time markers in the shipped processor_config.json (class default 2 is wrong)
+# s between time markers: the shipped processor_config.json says 5 (the class default 2 is wrong)
+TIME_MARKER_EVERY_S = 5
 MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits
 
 MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
@@ -46,3 +47,6 @@ MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-m
 PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
 DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)
 TRUNCATION_TOLERANCE_S = 0.25  # s an exact-duration container may decode short before BadAudio
+
+# Evaluation (livemeet/eval)
+DER_COLLAR_S = 0.25  # s per side of each reference boundary not scored by DER (md-eval `-c 0.25`)

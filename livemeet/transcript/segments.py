@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 
 
-class SegmentFlag(str, Enum):
+class SegmentFlag(StrEnum):
     """Why a segment departs from the model's literal output (MODEL.md section 6 departures)."""
 
     INHERITED_SPEAKER = "inherited_speaker"  # no [Sxx] tag; took the previous segment's speaker
@@ -54,7 +54,7 @@ class Segment:
         return out
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     """Why a transcript ended."""
 
     STOP = "stop"  # the model emitted EOS / the backend saw all audio

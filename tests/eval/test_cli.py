@@ -1,0 +1,161 @@
+"""`livemeet eval` end to end through `livemeet.__main__.main` and one real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from livemeet.__main__ import main
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:  # type: ignore[type-arg]
+    assert main(["eval", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_all_metrics_on_oracle_vectors(
+    shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = shared_data / "oracle-vectors"
+    out = run_json(
+        capsys, "--ref", str(folder / "cjk_ref.stm"), "--hyp", str(folder / "cjk_hyp.stm")
+    )
+    assert set(out) == {"cer", "wer", "cpcer", "cpwer", "delta_cer", "der"}
+    assert out["cpcer"]["value"] == pytest.approx(0.5, abs=1e-6)
+    assert (
+        out["cpcer"]["substitutions"],
+        out["cpcer"]["deletions"],
+        out["cpcer"]["insertions"],
+    ) == (1, 2, 2)
+    assert out["cpcer"]["sessions"]["m1"]["assignment"] == {"A": "S02", "B": "S01"}
+    assert out["cer"]["value"] == pytest.approx(0.1, abs=1e-6)
+    assert out["delta_cer"]["value"] == pytest.approx(0.4, abs=1e-6)
+
+
+def test_cpwer_on_meeteval_stm(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = shared_data / "meeteval-examples"
+    out = run_json(
+        capsys,
+        "--ref",
+        str(folder / "ref.stm"),
+        "--hyp",
+        str(folder / "hyp.stm"),
+        "--metric",
+        "cpwer",
+        "--normalize",
+        "none",
+    )
+    assert list(out) == ["cpwer"]
+    assert out["cpwer"]["value"] == pytest.approx(25 / 92, abs=1e-6)
+    assert out["cpwer"]["sessions"]["recordingB"]["errors"] == 23
+    out = run_json(
+        capsys,
+        "--ref",
+        str(folder / "ref.stm"),
+        "--hyp",
+        str(folder / "hyp.stm"),
+        "--metric",
+        "orcwer",
+        "--normalize",
+        "none",
+    )
+    assert out["orcwer"]["value"] == pytest.approx(9 / 92, abs=1e-6)
+
+
+@pytest.mark.parametrize(("collar", "expected"), [("0", 0.314228), ("0.25", 0.259491)])
+def test_der_on_ami_debug(
+    shared_data: Path, capsys: pytest.CaptureFixture[str], collar: str, expected: float
+) -> None:
+    folder = shared_data / "ami-pyannote-debug"
+    out = run_json(
+        capsys,
+        "--ref",
+        str(folder / "debug.test.rttm"),
+        "--hyp",
+        str(folder / "hyp_perturbed.test.rttm"),
+        "--uem",
+        str(folder / "debug.test.uem"),
+        "--collar",
+        collar,
+    )
+    assert list(out) == ["der"]  # RTTM carries no text: "all" falls back to DER
+    assert out["der"]["value"] == pytest.approx(expected, abs=1e-6)
+    assert out["der"]["collar_s"] == float(collar)
+
+
+def test_transcript_json_hypothesis_against_stm(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hyp = tmp_path / "hyp.json"
+    segments = [
+        {"start": 0.1, "end": 2.0, "speaker": "S02", "text": "你好，世介！"},
+        {"start": 2.1, "end": 4.0, "speaker": "S01", "text": "今天开会"},
+        {"start": 4.1, "end": 6.0, "speaker": "S01", "text": "好的。"},
+    ]
+    hyp.write_text(json.dumps({"segments": segments}, ensure_ascii=False), encoding="utf-8")
+    ref = shared_data / "oracle-vectors" / "cjk_ref.stm"
+    out = run_json(capsys, "--ref", str(ref), "--hyp", str(hyp), "--metric", "cpcer")
+    assert out["cpcer"]["value"] == pytest.approx(0.5, abs=1e-6)
+    assert out["cpcer"]["sessions"]["m1"]["assignment"] == {"A": "S02", "B": "S01"}
+
+
+def test_table_output(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = shared_data / "meeteval-examples"
+    argv = ["eval", "--ref", str(folder / "ref.rttm"), "--hyp", str(folder / "hyp.rttm")]
+    assert main([*argv, "--uem", str(folder / "uem.uem"), "--metric", "der"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["metric", "value"]
+    assert lines[1].split()[:2] == ["der", "0.375000"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--metric", "cer"], "RTTM has no text to score"),
+        (["--collar", "-1"], "--collar must be >= 0"),
+        (["--uem", "/nonexistent.uem"], "no such file"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(
+    shared_data: Path, capsys: pytest.CaptureFixture[str], extra: list[str], needle: str
+) -> None:
+    folder = shared_data / "meeteval-examples"
+    argv = ["eval", "--ref", str(folder / "ref.rttm"), "--hyp", str(folder / "hyp.rttm"), *extra]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.err and captured.out == ""
+
+
+def test_subprocess_entry_point(shared_data: Path) -> None:
+    folder = shared_data / "meeteval-examples"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "livemeet",
+            "eval",
+            "--ref",
+            str(folder / "ref_siso.stm"),
+            "--hyp",
+            str(folder / "hyp_siso.stm"),
+            "--metric",
+            "wer",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["wer"]["value"] == pytest.approx(2 / 31, abs=1e-6)

@@ -1,0 +1,141 @@
+"""DER against the expected values of md-eval/pyannote and an independent frame-level scorer."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from livemeet.errors import InvalidRequest
+from livemeet.eval.der import diarization_error_rate
+from livemeet.eval.io import SpeakerTurn, UemRegion, load_turns, load_uem
+
+
+@pytest.fixture(scope="module")
+def meeteval_files(shared_data: Path):  # type: ignore[no-untyped-def]
+    folder = shared_data / "meeteval-examples"
+    return (
+        load_turns(folder / "ref.rttm"),
+        load_turns(folder / "hyp.rttm"),
+        load_uem(folder / "uem.uem"),
+    )
+
+
+@pytest.fixture(scope="module")
+def ami_files(shared_data: Path):  # type: ignore[no-untyped-def]
+    folder = shared_data / "ami-pyannote-debug"
+    return (
+        load_turns(folder / "debug.test.rttm"),
+        load_turns(folder / "hyp_perturbed.test.rttm"),
+        load_uem(folder / "debug.test.uem"),
+    )
+
+
+@pytest.mark.parametrize(("collar_s", "expected"), [(0.0, 0.425), (0.25, 0.375)])
+def test_meeteval_examples_with_uem(meeteval_files, collar_s: float, expected: float) -> None:  # type: ignore[no-untyped-def]
+    ref, hyp, uem = meeteval_files
+    assert diarization_error_rate(ref, hyp, uem, collar_s).der == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("collar_s", "expected"), [(0.0, 0.54), (0.25, 0.60)])
+def test_meeteval_examples_without_uem_like_pyannote(
+    meeteval_files, collar_s: float, expected: float
+) -> None:  # type: ignore[no-untyped-def]
+    ref, hyp, _ = meeteval_files
+    assert diarization_error_rate(ref, hyp, None, collar_s).der == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize(("collar_s", "expected"), [(0.0, 0.314228), (0.25, 0.259491)])
+def test_ami_debug_perturbed(ami_files, collar_s: float, expected: float) -> None:  # type: ignore[no-untyped-def]
+    ref, hyp, uem = ami_files
+    result = diarization_error_rate(ref, hyp, uem, collar_s)
+    assert result.der == pytest.approx(expected, abs=1e-6)
+    c = result.components
+    assert c.error_s == pytest.approx(c.missed_s + c.false_alarm_s + c.confusion_s)
+    assert dict(result.sessions[0].mapping)["MEE071"] == "spk1"
+
+
+def test_ami_debug_skip_overlap_like_pyannote(ami_files) -> None:  # type: ignore[no-untyped-def]
+    ref, hyp, uem = ami_files
+    result = diarization_error_rate(ref, hyp, uem, 0.25, skip_overlap=True)
+    assert result.der == pytest.approx(0.089034, abs=1e-6)
+
+
+def test_reference_against_itself_is_zero(ami_files) -> None:  # type: ignore[no-untyped-def]
+    ref, _, uem = ami_files
+    renamed = [SpeakerTurn(t.session, "x" + t.speaker, t.start_s, t.end_s) for t in ref]
+    result = diarization_error_rate(ref, renamed, uem, 0.0)
+    assert result.der == 0.0 and result.components.total_s > 0
+
+
+def frame_der(ref, hyp, uem, collar_s: float, step_s: float = 0.001) -> float:  # type: ignore[no-untyped-def]
+    """DER on a 1 ms frame grid with the mapping found by trying every permutation."""
+    end = max(r.end_s for r in uem)
+    centres = (np.arange(int(round(end / step_s))) + 0.5) * step_s
+
+    def on(turns, speaker):  # type: ignore[no-untyped-def]
+        mask = np.zeros(len(centres), bool)
+        for t in turns:
+            if t.speaker == speaker:
+                mask |= (centres > t.start_s) & (centres < t.end_s)
+        return mask
+
+    scored = np.zeros(len(centres), bool)
+    for r in uem:
+        scored |= (centres > r.start_s) & (centres < r.end_s)
+    for t in ref:
+        for b in (t.start_s, t.end_s):
+            scored &= np.abs(centres - b) >= collar_s
+    ref_spk = sorted({t.speaker for t in ref})
+    hyp_spk = sorted({t.speaker for t in hyp})
+    R = np.array([on(ref, s) for s in ref_spk]) & scored
+    H = np.array([on(hyp, s) for s in hyp_spk]) & scored
+    n_ref, n_hyp = R.sum(0), H.sum(0)
+    size = max(len(ref_spk), len(hyp_spk))
+    best = 0
+    for perm in itertools.permutations(range(size), len(ref_spk)):
+        best = max(
+            best, sum(int((R[i] & H[j]).sum()) for i, j in enumerate(perm) if j < len(hyp_spk))
+        )
+    errors = np.maximum(n_ref, n_hyp).sum() - best
+    return errors / n_ref.sum()
+
+
+def _random_turns(rng: random.Random, prefix: str, n_speakers: int) -> list[SpeakerTurn]:
+    turns = []
+    for k in range(n_speakers):
+        t = rng.randint(0, 500) / 100
+        while t < 9:
+            length = rng.randint(20, 300) / 100
+            turns.append(SpeakerTurn("s", f"{prefix}{k}", t, min(t + length, 10.0)))
+            t += length + rng.randint(10, 300) / 100
+    return turns
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_matches_frame_level_scorer_on_random_turns(seed: int) -> None:
+    rng = random.Random(seed)
+    ref = _random_turns(rng, "r", rng.randint(1, 3))
+    hyp = _random_turns(rng, "h", rng.randint(1, 3))
+    uem = [UemRegion("s", 0.5, 6.0), UemRegion("s", 7.0, 10.0)]
+    for collar_s in (0.0, 0.25):
+        ours = diarization_error_rate(ref, hyp, uem, collar_s).der
+        assert ours == pytest.approx(frame_der(ref, hyp, uem, collar_s), abs=2e-3)
+
+
+def test_time_outside_the_uem_is_ignored() -> None:
+    ref = [SpeakerTurn("s", "A", 0.0, 10.0)]
+    hyp = [SpeakerTurn("s", "X", 0.0, 5.0), SpeakerTurn("s", "Y", 5.0, 10.0)]
+    result = diarization_error_rate(ref, hyp, [UemRegion("s", 0.0, 5.0)], 0.0)
+    assert result.der == 0.0 and result.components.total_s == pytest.approx(5.0)
+
+
+def test_errors() -> None:
+    ref = [SpeakerTurn("s", "A", 0.0, 1.0)]
+    with pytest.raises(InvalidRequest, match="collar must be >= 0"):
+        diarization_error_rate(ref, ref, None, -0.1)
+    with pytest.raises(InvalidRequest, match="'s' of the reference has no UEM region"):
+        diarization_error_rate(ref, ref, [UemRegion("other", 0, 1)], 0.0)

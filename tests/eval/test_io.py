@@ -1,0 +1,150 @@
+"""Readers: every format on real files and on strings, and each malformed-input error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from livemeet.errors import InvalidRequest
+from livemeet.eval.io import (
+    CTM_SPEAKER,
+    DEFAULT_SESSION,
+    SpeakerTurn,
+    TextSegment,
+    UemRegion,
+    detect_format,
+    has_text,
+    load_segments,
+    load_turns,
+    load_uem,
+    parse_ctm,
+    parse_rttm,
+    parse_seglst,
+    parse_stm,
+    parse_transcript_json,
+    parse_uem,
+)
+
+
+def test_stm_skips_comments_and_label_and_keeps_empty_text() -> None:
+    text = ";; comment\nrec 1 spk 1.5 2.0 <o,f0,male> hello world\n\nrec 1 spk2 2 3\n"
+    assert parse_stm(text) == (
+        TextSegment("rec", "spk", 1.5, 2.0, "hello world"),
+        TextSegment("rec", "spk2", 2.0, 3.0, ""),
+    )
+
+
+def test_rttm_end_is_start_plus_duration_and_other_types_skipped() -> None:
+    text = "SPKR-INFO rec 1 <NA> <NA> <NA> unknown A <NA> <NA>\n"
+    text += "SPEAKER rec 1 0.5 1.25 <NA> <NA> A <NA> <NA>\n"
+    assert parse_rttm(text) == (SpeakerTurn("rec", "A", 0.5, 1.75),)
+
+
+def test_uem_and_ctm() -> None:
+    assert parse_uem("rec NA 0 30.5\n") == (UemRegion("rec", 0.0, 30.5),)
+    assert parse_ctm("rec 1 1.0 0.5 hello 0.9\nrec 1 2 0 world\n") == (
+        TextSegment("rec", CTM_SPEAKER, 1.0, 1.5, "hello"),
+        TextSegment("rec", CTM_SPEAKER, 2.0, 2.0, "world"),
+    )
+
+
+def test_transcript_json_both_key_styles() -> None:
+    body = {
+        "text": "ignored",
+        "segments": [
+            {"id": "seg-0", "start": 0.0, "end": 1.0, "speaker": "S01", "text": "你好"},
+            {"start_s": 1.0, "end_s": 2.5, "text": "no speaker"},
+        ],
+    }
+    assert parse_transcript_json(json.dumps(body)) == (
+        TextSegment(DEFAULT_SESSION, "S01", 0.0, 1.0, "你好"),
+        TextSegment(DEFAULT_SESSION, "", 1.0, 2.5, "no speaker"),
+    )
+
+
+def test_seglst_equals_stm_on_meeteval_examples(shared_data: Path) -> None:
+    folder = shared_data / "meeteval-examples"
+    seglst = load_segments(folder / "hyp.seglst.json")
+    stm = load_segments(folder / "hyp.stm")
+    assert seglst == stm
+    assert len(seglst) == 6
+
+
+def test_real_files_load(shared_data: Path) -> None:
+    turns = load_turns(shared_data / "ami-pyannote-debug" / "debug.test.rttm")
+    assert len(turns) == 27 and {t.session for t in turns} == {"tst00", "tst01"}
+    uem = load_uem(shared_data / "ami-pyannote-debug" / "debug.test.uem")
+    assert uem == (UemRegion("tst00", 0.0, 30.0), UemRegion("tst01", 0.0, 30.0))
+    ctm = load_segments(shared_data / "meeteval-examples" / "hyp2.ctm")
+    assert len(ctm) == 22 and ctm[0].text == "Strategic"
+    stm_turns = load_turns(shared_data / "oracle-vectors" / "cjk_ref.stm")
+    assert stm_turns[1] == SpeakerTurn("m1", "B", 2.0, 4.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("a.stm", "", "stm"),
+        ("a.RTTM", "", "rttm"),
+        ("a.txt", "SPEAKER r 1 0 1 <NA> <NA> A <NA> <NA>", "rttm"),
+        ("a.txt", "r 1 A 0 1 hello there", "stm"),
+        ("a.txt", "r 1 0.5 0.2 hello", "ctm"),
+        ("a.txt", "r NA 0 30", "uem"),
+        ("a.txt", ' [{"session_id": "r"}]', "seglst"),
+        ("a.txt", '{"segments": []}', "json"),
+    ],
+)
+def test_detect_format(name: str, content: str, expected: str) -> None:
+    assert detect_format(Path(name), content) == expected
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "needle"),
+    [
+        (parse_stm, "ok 1 A 0 1 fine\nbad 1 A\n", "<stm>:2"),
+        (parse_stm, "r 1 A x 1 t\n", "not a number"),
+        (parse_stm, "r 1 A 2 1 t\n", "bad interval"),
+        (parse_stm, "r 1 A 0 nan t\n", "not finite"),
+        (parse_rttm, "SPEAKER r 1 0 1\n", "<rttm>:1"),
+        (parse_rttm, "SPEAKER r 1 0 -1 <NA> <NA> A <NA> <NA>\n", "bad interval"),
+        (parse_uem, "r 1 0\n", "<uem>:1"),
+        (parse_ctm, "r 1 0\n", "<ctm>:1"),
+        (parse_seglst, "{}", "must be a JSON list"),
+        (parse_seglst, '[{"session_id": "r"}]', "missing field 'start_time'"),
+        (parse_seglst, "[1]", "expected an object"),
+        (parse_transcript_json, "{\n bad", "<json>:2: bad JSON"),
+        (parse_transcript_json, '{"text": "x"}', "'segments' list"),
+        (parse_transcript_json, '{"segments": [{"start": 0, "end": 1}]}', "missing field 'text'"),
+    ],
+)
+def test_malformed_input_names_file_and_line(parser, text: str, needle: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidRequest, match=needle):
+        parser(text)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="no such file"):
+        load_segments(tmp_path / "missing.stm")
+    rttm = tmp_path / "x.rttm"
+    rttm.write_text("SPEAKER r 1 0 1 <NA> <NA> A <NA> <NA>\n")
+    with pytest.raises(InvalidRequest, match="RTTM has no text"):
+        load_segments(rttm)
+    assert not has_text(rttm)
+    uem = tmp_path / "x.uem"
+    uem.write_text("r 1 0 1\n")
+    with pytest.raises(InvalidRequest, match="UEM holds no speaker turns"):
+        load_turns(uem)
+    odd = tmp_path / "x.txt"
+    odd.write_text("just some words\n")
+    with pytest.raises(InvalidRequest, match="cannot tell the format"):
+        load_segments(odd)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(InvalidRequest, match="empty file"):
+        load_segments(empty)
+    binary = tmp_path / "x.stm"
+    binary.write_bytes(b"\xff\xfe\xfa")
+    with pytest.raises(InvalidRequest, match="cannot read"):
+        load_segments(binary)
