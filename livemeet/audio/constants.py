@@ -36,3 +36,10 @@ def num_audio_tokens(num_samples: int) -> int:
     if num_samples < 0:
         raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     return -(-num_samples // SAMPLES_PER_TOKEN)
+
+# Engine (KV cache and scheduler); sources: MODEL.md sections 2-3 and 7, DESIGN.md sections 4 and 10.
+KV_BLOCK_SIZE = 16  # tokens per paged-KV block (why 16: livemeet/engine/block_manager.py)
+KV_BYTES_PER_TOKEN = 28 * 2 * 8 * 128 * 2  # bytes; 112 KiB: layers x (K, V) x kv-heads x dim x bf16
+CHUNKED_PREFILL_SIZE = 4_096  # tokens; largest prefill chunk of one request in one step
+MAX_CONTEXT_TOKENS = 131_072  # tokens; decoder max_position_embeddings (no RoPE scaling)
+EOS_TOKEN_ID = 151_645  # <|im_end|>
