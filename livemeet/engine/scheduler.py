@@ -6,7 +6,8 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Priority: live hops before uploads; live hops earliest deadline first; uploads first come
   first served (arrival time, then the order of `add`).
 - Uploads keep a minimum share: while an upload can run, live work may spend at most
-  (1 - upload_min_share) of the step's budget; uploads get the rest.
+  (1 - upload_min_share) of the step's time budget and of its token limit; uploads get the
+  rest.
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
@@ -121,7 +122,9 @@ class _StepBuilder:
     usable_s: float  # budget left after the fixed per-step cost
     live_cap_s: float
     tokens_left: int
+    live_tokens_cap: int
     rows_left: int
+    live_tokens: int = 0
     live_spent_s: float = 0.0
     upload_spent_s: float = 0.0
     prefills: list[PrefillChunk] = field(default_factory=list)
@@ -138,9 +141,15 @@ class _StepBuilder:
             return self.live_cap_s - self.live_spent_s
         return self.usable_s - self.live_spent_s - self.upload_spent_s
 
+    def tokens_left_for(self, request_class: RequestClass) -> int:
+        if request_class is RequestClass.LIVE:
+            return min(self.tokens_left, self.live_tokens_cap - self.live_tokens)
+        return self.tokens_left
+
     def charge(self, request_class: RequestClass, cost_s: float, num_tokens: int) -> None:
         if request_class is RequestClass.LIVE:
             self.live_spent_s += cost_s
+            self.live_tokens += num_tokens
         else:
             self.upload_spent_s += cost_s
         self.tokens_left -= num_tokens
@@ -222,8 +231,10 @@ class Scheduler:
         rid = request.request_id
         if rid in self._requests or rid in self._retained:
             raise InvalidRequest(f"request id {rid!r} is already queued")
-        if request.status is not Status.WAITING or request.block_table or (
-            request.num_computed_tokens or request.output_token_ids
+        if (
+            request.status is not Status.WAITING
+            or request.block_table
+            or (request.num_computed_tokens or request.output_token_ids)
         ):
             raise InvalidRequest(f"request {rid!r} is not fresh (status {request.status.value})")
         if request.num_tokens >= self.config.max_model_len:
@@ -278,11 +289,12 @@ class Scheduler:
         """Build the next step at time `now_s` (seconds on the engine's clock)."""
         cfg, cost = self.config, self.cost_model
         usable = max(0.0, cfg.step_budget_s - cost.fixed_s)
-        reserve = usable * cfg.upload_min_share if self._upload_can_run() else 0.0
+        share = cfg.upload_min_share if self._upload_can_run() else 0.0
         step = _StepBuilder(
             usable_s=usable,
-            live_cap_s=usable - reserve,
+            live_cap_s=usable * (1 - share),
             tokens_left=cfg.max_num_batched_tokens,
+            live_tokens_cap=int(cfg.max_num_batched_tokens * (1 - share)),
             rows_left=cfg.max_num_seqs,
         )
         for request in self._by_priority():
@@ -348,7 +360,10 @@ class Scheduler:
             self._finish(request, FinishReason.LENGTH)  # the pool cannot hold one more token
             return
         cost_s = self.cost_model.decode_cost_s(request.num_tokens)
-        if cost_s > step.budget_left_s(request.request_class) and not step.is_empty:
+        cls = request.request_class
+        if not step.is_empty and (
+            cost_s > step.budget_left_s(cls) or step.tokens_left_for(cls) < 1
+        ):
             return
         if not self._make_room(request, request.num_tokens, step):
             return
@@ -381,7 +396,9 @@ class Scheduler:
         cfg = self.config
         start = request.num_computed_tokens
         remaining = request.num_tokens - start
-        limit = min(remaining, cfg.chunked_prefill_size, step.tokens_left)
+        limit = min(
+            remaining, cfg.chunked_prefill_size, step.tokens_left_for(request.request_class)
+        )
         budget_s = step.budget_left_s(request.request_class)
         n = self.cost_model.max_prefill_tokens(start, budget_s, limit)
         if n < remaining and n < cfg.min_prefill_chunk:
@@ -400,6 +417,9 @@ class Scheduler:
         freeable = bm.num_free_blocks + sum(bm.num_exclusive_blocks(v) for v in victims)
         if freeable < bm.blocks_needed(request, num_tokens):
             return False
+        # what is freed here is for `request`: admitting others later in this step would
+        # only be evicted again by the requests just preempted
+        step.admission_blocked = True
         for victim in victims:
             if victim.is_finished:
                 self.release(victim.request_id)
