@@ -37,7 +37,7 @@ def num_audio_tokens(num_samples: int) -> int:
         raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     return -(-num_samples // SAMPLES_PER_TOKEN)
 
-# Engine (KV cache and scheduler); sources: MODEL.md sections 2-3 and 7, DESIGN.md sections 4 and 10.
+# Engine (KV cache, scheduler); sources: MODEL.md sections 2-3 and 7, DESIGN.md sections 4, 10.
 KV_BLOCK_SIZE = 16  # tokens per paged-KV block (why 16: livemeet/engine/block_manager.py)
 KV_BYTES_PER_TOKEN = 28 * 2 * 8 * 128 * 2  # bytes; 112 KiB: layers x (K, V) x kv-heads x dim x bf16
 CHUNKED_PREFILL_SIZE = 4_096  # tokens; largest prefill chunk of one request in one step
