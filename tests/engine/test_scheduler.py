@@ -1,0 +1,586 @@
+"""Scheduler: unit tests per operation and error path, randomized runs with the allocator audit
+after every step, and simulations with a fake runner and a fake clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from livemeet.audio.constants import AUDIO_TOKENS_PER_SECOND, MAX_AUDIO_S, TIME_MARKER_EVERY_S
+from livemeet.engine.block_manager import BlockManager, BlockManagerError
+from livemeet.engine.cost_model import StepCostModel
+from livemeet.engine.request import Request, RequestClass, Status
+from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SchedulerError
+from livemeet.errors import ConfigError, InvalidRequest, TooLong
+from livemeet.transcript.segments import FinishReason
+from tests.engine.fakes import FakeClock, FakeRunner, run_steps, scripted_tokens
+
+LIVE, UPLOAD = RequestClass.LIVE, RequestClass.UPLOAD
+
+
+def req(
+    rid: str,
+    n: int,
+    cls: RequestClass = UPLOAD,
+    *,
+    max_new: int = 4,
+    deadline: float | None = None,
+    arrival: float = 0.0,
+    base: int = 0,
+) -> Request:
+    return Request(
+        rid,
+        [base + i for i in range(n)],
+        request_class=cls,
+        max_new_tokens=max_new,
+        deadline_s=deadline,
+        arrival_s=arrival,
+    )
+
+
+def make(num_blocks: int = 256, **cfg: object) -> tuple[Scheduler, FakeRunner, FakeClock]:
+    bm = BlockManager(num_blocks)
+    sched = Scheduler(bm, SchedulerConfig(**cfg))  # type: ignore[arg-type]
+    return sched, FakeRunner(bm), FakeClock()
+
+
+def summary(batch: ScheduledBatch) -> tuple[object, ...]:
+    return (
+        tuple((c.request.request_id, c.start, c.num_tokens, c.samples) for c in batch.prefills),
+        tuple(r.request_id for r in batch.decodes),
+        batch.preempted_ids,
+        batch.block_copies,
+        round(batch.estimated_cost_s, 12),
+    )
+
+
+def run_until_idle(
+    sched: Scheduler, runner: FakeRunner, clock: FakeClock, max_steps: int = 2000
+) -> list[ScheduledBatch]:
+    batches: list[ScheduledBatch] = []
+    while sched.has_work():
+        assert len(batches) < max_steps, "scheduler made no progress"
+        batches += run_steps(sched, runner, clock, 1)
+    return batches
+
+
+# -- configuration and add --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"chunked_prefill_size": 0},
+        {"max_num_batched_tokens": 100, "chunked_prefill_size": 200},
+        {"max_num_seqs": 0},
+        {"step_budget_s": 0.0},
+        {"step_budget_s": float("nan")},
+        {"upload_min_share": 1.0},
+        {"max_model_len": 1},
+    ],
+)
+def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        SchedulerConfig(**bad)  # type: ignore[arg-type]
+
+
+def test_cost_model_rejects_negative_coefficients() -> None:
+    with pytest.raises(ConfigError):
+        StepCostModel(per_token_s=-1.0)
+
+
+def test_request_validation() -> None:
+    with pytest.raises(InvalidRequest):
+        Request("a", [])
+    with pytest.raises(InvalidRequest):
+        Request("a", [1], max_new_tokens=0)
+    with pytest.raises(InvalidRequest):
+        Request("a", [1, 2, 3], audio_positions=(1, 1))
+    with pytest.raises(InvalidRequest):
+        Request("a", [1, 2, 3], audio_positions=(3,))
+    r = Request("a", list(range(10)), audio_positions=(2, 3, 4, 8))
+    assert r.audio_positions_in(3, 8) == (3, 4)
+
+
+def test_add_errors() -> None:
+    sched, _, _ = make(num_blocks=4, max_model_len=100)
+    sched.add(req("a", 10))
+    with pytest.raises(InvalidRequest):
+        sched.add(req("a", 10))
+    used = req("b", 10)
+    used.num_computed_tokens = 3
+    with pytest.raises(InvalidRequest):
+        sched.add(used)
+    with pytest.raises(TooLong):
+        sched.add(req("c", 100))  # no room left in the context
+    with pytest.raises(TooLong):
+        sched.add(req("d", 64))  # 65 tokens need 5 blocks, the pool has 4
+    assert [r.request_id for r in sched.waiting] == ["a"]
+
+
+# -- one request's life -----------------------------------------------------------------------
+
+
+def test_chunked_prefill_then_decode_until_max_new_tokens() -> None:
+    sched, runner, clock = make(chunked_prefill_size=64, max_num_batched_tokens=128)
+    r = req("a", 150, max_new=3)
+    sched.add(r)
+    batches = run_until_idle(sched, runner, clock)
+    chunks = [(c.start, c.num_tokens, c.samples) for b in batches for c in b.prefills]
+    assert chunks == [(0, 64, False), (64, 64, False), (128, 22, True)]
+    assert [len(b.decodes) for b in batches] == [0, 0, 0, 1, 1]
+    assert r.output_token_ids == [scripted_tokens(r, i) for i in range(3)]
+    assert r.finish_reason is FinishReason.LENGTH and r.status is Status.FINISHED
+    assert r.block_table == [] and sched.block_manager.num_free_blocks == 256
+
+
+def test_eos_stops_and_ignore_eos_does_not() -> None:
+    sched, runner, clock = make(eos_token_id=42)
+    runner.sample = lambda r, i: 42 if i == 1 else 7
+    a, b = req("a", 20, max_new=5), req("b", 20, max_new=5)
+    b.ignore_eos = True
+    sched.add(a)
+    sched.add(b)
+    run_until_idle(sched, runner, clock)
+    assert a.output_token_ids == [7, 42] and a.finish_reason is FinishReason.STOP
+    assert b.num_output_tokens == 5 and b.finish_reason is FinishReason.LENGTH
+
+
+def test_context_limit_finishes_with_length() -> None:
+    sched, runner, clock = make(max_model_len=24)
+    r = req("a", 20, max_new=100)
+    sched.add(r)
+    run_until_idle(sched, runner, clock)
+    assert r.num_tokens == 24 and r.finish_reason is FinishReason.LENGTH
+
+
+def test_kv_pool_too_small_to_grow_finishes_with_length() -> None:
+    sched, runner, clock = make(num_blocks=2)
+    r = req("a", 30, max_new=100)
+    sched.add(r)
+    run_until_idle(sched, runner, clock)
+    assert r.finish_reason is FinishReason.LENGTH and r.num_tokens == 33
+    assert sched.block_manager.num_free_blocks == 2
+
+
+def test_postprocess_rejects_wrong_token_count() -> None:
+    sched, _, clock = make()
+    sched.add(req("a", 10))
+    batch = sched.schedule(clock.now_s)
+    with pytest.raises(SchedulerError):
+        sched.postprocess(batch, [])
+
+
+# -- budget, priorities, share ------------------------------------------------------------------
+
+
+def test_late_chunk_of_a_90_minute_prompt_costs_150_to_200_ms() -> None:
+    markers = MAX_AUDIO_S // TIME_MARKER_EVERY_S
+    prompt = int(MAX_AUDIO_S * AUDIO_TOKENS_PER_SECOND) + markers * 4 + 86
+    model = StepCostModel()
+    late = model.prefill_cost_s(prompt - 4096, 4096)
+    early = model.prefill_cost_s(0, 4096)
+    assert 0.150 <= late <= 0.200
+    assert late > 10 * early
+
+
+def test_budget_shrinks_chunks_as_context_grows() -> None:
+    sched, runner, clock = make(num_blocks=2048, step_budget_s=0.030)
+    r = req("long", 30_000, max_new=1)
+    sched.add(r)
+    batches = run_until_idle(sched, runner, clock)
+    sizes = [c.num_tokens for b in batches for c in b.prefills]
+    assert sum(sizes) == 30_000
+    assert sizes[0] == 4096  # the budget pays for a whole early chunk
+    assert all(a >= b for a, b in zip(sizes[:-1], sizes[1:-1], strict=False))
+    # late in the prompt a token costs ~0.57 ns x 28k context + 2 us ~ 18 us: ~1.6k per step
+    assert sizes[-2] < 2000
+    usable = 0.030 - sched.cost_model.fixed_s
+    for c in [c for b in batches for c in b.prefills][:-1]:
+        if c.num_tokens < 4096:  # cut by the budget: one more token would not fit
+            assert sched.cost_model.prefill_cost_s(c.start, c.num_tokens + 1) > usable
+    assert all(b.estimated_cost_s <= 0.030 + 1e-9 for b in batches)
+
+
+def test_live_before_upload_and_earliest_deadline_first() -> None:
+    sched, _, clock = make(max_num_seqs=2, upload_min_share=0.0)
+    sched.add(req("up", 10, arrival=0.0))
+    sched.add(req("late", 10, LIVE, deadline=5.0, arrival=1.0))
+    sched.add(req("soon", 10, LIVE, deadline=2.0, arrival=2.0))
+    batch = sched.schedule(clock.now_s)
+    assert [c.request.request_id for c in batch.prefills] == ["soon", "late"]
+    assert [r.request_id for r in sched.waiting] == ["up"]
+
+
+def test_uploads_keep_their_minimum_share() -> None:
+    share, budget = 0.3, 0.040
+    sched, runner, clock = make(num_blocks=8192, step_budget_s=budget, upload_min_share=share)
+    for i in range(3):
+        sched.add(req(f"live{i}", 20_000, LIVE, deadline=10.0 + i, base=i * 100_000))
+    up = req("up", 20_000, base=900_000)
+    sched.add(up)
+    usable = budget - sched.cost_model.fixed_s
+
+    def upload_cost(batch: ScheduledBatch) -> float:
+        m = sched.cost_model
+        return sum(
+            m.prefill_cost_s(c.start, c.num_tokens) for c in batch.prefills if c.request is up
+        )
+
+    batches = run_steps(sched, runner, clock, 12)
+    for batch in batches:
+        assert batch.prefills[0].request.request_class is LIVE
+        # the share of the time budget (less one token's worth) or of the token limit
+        up_tokens = sum(c.num_tokens for c in batch.prefills if c.request is up)
+        assert upload_cost(batch) >= share * usable - 2e-4 or up_tokens >= int(share * 8192)
+    assert up.num_computed_tokens > 0
+
+
+# -- memory: admission, preemption, retained caches --------------------------------------------
+
+
+def test_admission_waits_for_kv_and_resumes() -> None:
+    sched, runner, clock = make(num_blocks=4)
+    a, b = req("a", 40, max_new=2), req("b", 40, max_new=2)
+    sched.add(a)
+    sched.add(b)
+    first = run_steps(sched, runner, clock, 1)[0]
+    assert [c.request.request_id for c in first.prefills] == ["a"]
+    assert b.status is Status.WAITING and not b.block_table
+    run_until_idle(sched, runner, clock)
+    assert a.num_preemptions == b.num_preemptions == 0
+    assert a.num_output_tokens == b.num_output_tokens == 2
+
+
+def test_live_preempts_upload_which_recomputes_to_the_same_output() -> None:
+    ref_sched, ref_runner, ref_clock = make()
+    ref = req("up", 60, max_new=6)
+    ref_sched.add(ref)
+    run_until_idle(ref_sched, ref_runner, ref_clock)
+
+    sched, runner, clock = make(num_blocks=6)
+    up = req("up", 60, max_new=6)
+    sched.add(up)
+    run_steps(sched, runner, clock, 3)  # prefilled and decoding
+    assert up.num_output_tokens >= 2 and up.block_table
+    live = req("live", 60, LIVE, max_new=2, deadline=clock.now_s + 1.0, base=500)
+    sched.add(live)
+    batch = run_steps(sched, runner, clock, 1)[0]
+    assert batch.preempted_ids == ("up",)
+    assert up.status is Status.PREEMPTED and not up.block_table and up.num_preemptions == 1
+    run_until_idle(sched, runner, clock)
+    assert live.finish_reason is FinishReason.LENGTH
+    assert up.output_token_ids == ref.output_token_ids  # recomputed prompt + outputs
+    assert sched.block_manager.num_free_blocks == 6
+
+
+def test_every_upload_is_preempted_before_a_live_hop() -> None:
+    sched, runner, clock = make(num_blocks=8)
+    low_live = req("low", 30, LIVE, max_new=50, deadline=9.0, base=100)
+    ups = [req(f"u{i}", 30, max_new=50, base=1000 * (i + 1)) for i in range(2)]
+    for r in (low_live, *ups):
+        sched.add(r)
+    run_steps(sched, runner, clock, 2)
+    assert all(r.status is Status.RUNNING for r in (low_live, *ups))
+    urgent = req("urgent", 100, LIVE, max_new=2, deadline=1.0, base=9000)
+    sched.add(urgent)  # needs 7 blocks, 2 are free: both uploads (2 each), then the live one
+    batch = run_steps(sched, runner, clock, 1)[0]
+    assert batch.preempted_ids == ("u1", "u0", "low")
+    run_until_idle(sched, runner, clock)
+
+
+def test_retained_kv_is_forked_into_the_next_hop_and_copy_on_write_keeps_it_right() -> None:
+    sched, runner, clock = make()
+    hop1 = req("hop1", 50, LIVE, max_new=2, deadline=1.0)
+    sched.add(hop1, retain_kv=True)
+    run_until_idle(sched, runner, clock)
+    assert sched.retained == [hop1] and hop1.block_table
+    # the next hop keeps 37 tokens (inside a block) and appends new audio
+    hop2 = Request("hop2", list(range(37)) + [700 + i for i in range(30)], LIVE, 2, 2.0)
+    assert sched.add(hop2, fork_from="hop1", num_fork_tokens=37) == 37
+    assert sched.retained == [] and hop1.block_table == []
+    assert hop2.num_cached_tokens == hop2.num_computed_tokens == 37
+    batches = run_until_idle(sched, runner, clock)  # the runner checks every KV read
+    # hop1 was released, so the partial block is hop2's alone: written in place, no copy
+    assert batches[0].block_copies == () and batches[0].prefills[0].start == 37
+    assert sched.block_manager.num_free_blocks == 256
+
+
+def test_fork_from_a_running_request_copies_the_shared_partial_block() -> None:
+    sched, runner, clock = make()
+    a = req("a", 50, LIVE, max_new=8, deadline=1.0)
+    sched.add(a)
+    run_steps(sched, runner, clock, 2)
+    assert a.is_decoding
+    b = Request("b", list(range(37)) + [700 + i for i in range(30)], LIVE, 3, 2.0)
+    assert sched.add(b, fork_from="a", num_fork_tokens=37) == 37
+    batch = run_steps(sched, runner, clock, 1)[0]  # the runner checks a's and b's KV reads
+    (copy,) = batch.block_copies
+    assert copy.num_tokens == 37 - 32 and copy.src == a.block_table[2]
+    assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] == copy.dst
+    run_until_idle(sched, runner, clock)
+    assert sched.block_manager.num_free_blocks == 256
+
+
+def test_fork_from_an_evicted_source_reuses_nothing() -> None:
+    sched, runner, clock = make()
+    assert sched.add(req("a", 10), fork_from="nobody", num_fork_tokens=5) == 0
+    src = req("src", 20, max_new=1)
+    sched.add(src, retain_kv=True)
+    run_until_idle(sched, runner, clock)
+    with pytest.raises(BlockManagerError):
+        sched.add(req("bad", 20, base=1), fork_from="src", num_fork_tokens=10)
+    assert sched.get("bad") is None and src.block_table
+
+
+def test_retained_caches_are_evicted_before_running_requests() -> None:
+    sched, runner, clock = make(num_blocks=6)
+    cache = req("cache", 40, LIVE, max_new=1)
+    sched.add(cache, retain_kv=True)
+    run_until_idle(sched, runner, clock)
+    up = req("up", 30, max_new=20, base=100)
+    sched.add(up)
+    run_steps(sched, runner, clock, 1)
+    new = req("new", 40, LIVE, max_new=1, deadline=1.0, base=200)
+    sched.add(new)
+    batch = run_steps(sched, runner, clock, 1)[0]
+    assert batch.preempted_ids == () and sched.retained == []
+    assert up.status is Status.RUNNING
+    run_until_idle(sched, runner, clock)
+
+
+# -- abort at every phase ---------------------------------------------------------------------
+
+
+def _phase_setup() -> tuple[Scheduler, FakeRunner, FakeClock, Request]:
+    sched, runner, clock = make(num_blocks=64, chunked_prefill_size=32, max_num_batched_tokens=64)
+    sched.add(req("other", 40, max_new=10, base=5000))
+    r = req("r", 100, max_new=10)
+    sched.add(r)
+    return sched, runner, clock, r
+
+
+@pytest.mark.parametrize("phase", ["waiting", "mid_prefill", "decoding", "preempted", "retained"])
+def test_abort_frees_everything_exactly_once(phase: str) -> None:
+    sched, runner, clock, r = _phase_setup()
+    if phase == "mid_prefill":
+        run_steps(sched, runner, clock, 1)
+        assert 0 < r.num_computed_tokens < r.num_prompt_tokens
+    elif phase == "decoding":
+        while not r.is_decoding:
+            run_steps(sched, runner, clock, 1)
+    elif phase == "preempted":
+        run_steps(sched, runner, clock, 2)
+        assert sched.preempt("r") and r.status is Status.PREEMPTED
+        assert not sched.preempt("r")
+    elif phase == "retained":
+        sched.abort("r")
+        r = req("r2", 20, max_new=1)
+        sched.add(r, retain_kv=True)
+        run_until_idle(sched, runner, clock)
+        assert r in sched.retained
+    assert sched.abort(r.request_id) is r
+    assert r.block_table == [] and sched.get(r.request_id) is None
+    if phase != "retained":
+        assert r.finish_reason is FinishReason.ABORT
+    sched.block_manager.audit(sched.live_requests())
+    assert sched.abort(r.request_id) is None
+    run_until_idle(sched, runner, clock)
+    assert sched.block_manager.num_free_blocks == 64
+
+
+def test_abort_while_the_step_is_in_flight_ignores_its_results() -> None:
+    sched, runner, clock, r = _phase_setup()
+    while not r.is_decoding:
+        run_steps(sched, runner, clock, 1)
+    batch = sched.schedule(clock.now_s)
+    tokens = runner.run(batch)
+    assert sched.abort("r") is r
+    out = sched.postprocess(batch, tokens)
+    assert "r" not in [rid for rid, _ in out.new_tokens]
+    assert r.block_table == [] and r.finish_reason is FinishReason.ABORT
+    sched.block_manager.audit(sched.live_requests())
+
+
+def test_abort_unknown_id_returns_none() -> None:
+    sched, _, _ = make()
+    assert sched.abort("nope") is None
+    assert sched.release("nope") is None
+
+
+# -- simulation and determinism ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at_s: float
+    request_id: str
+    request_class: RequestClass
+    num_tokens: int
+    max_new_tokens: int
+    deadline_s: float | None = None
+
+
+def meeting_arrivals() -> list[Arrival]:
+    """3 live sessions with a hop every second for 6 s (prompts growing 12.5 tokens/s from
+    ~1.5k, 1.5 s deadlines), and 3 uploads of 6k-12k tokens (300 outputs) in the first 0.3 s."""
+    out = [Arrival(0.1 * i, f"up{i}", UPLOAD, 6000 + 3000 * i, 300) for i in range(3)]
+    for hop in range(6):
+        for s in range(3):
+            at = 0.2 + hop * 1.0 + s * 0.05
+            n = 1500 + 500 * s + int(12.5 * hop)
+            out.append(Arrival(at, f"s{s}h{hop}", LIVE, n, 24, at + 1.5))
+    return sorted(out, key=lambda a: a.at_s)
+
+
+def simulate(
+    arrivals: list[Arrival], num_blocks: int, **cfg: object
+) -> tuple[list[tuple[object, ...]], dict[str, Request], dict[str, float], list[ScheduledBatch]]:
+    sched, runner, clock = make(num_blocks=num_blocks, **cfg)
+    pending = list(arrivals)
+    requests: dict[str, Request] = {}
+    done_at: dict[str, float] = {}
+    batches: list[ScheduledBatch] = []
+    while pending or sched.has_work():
+        while pending and pending[0].at_s <= clock.now_s:
+            a = pending.pop(0)
+            r = Request(
+                a.request_id,
+                [sum(map(ord, a.request_id)) * 10 + i for i in range(a.num_tokens)],
+                a.request_class,
+                a.max_new_tokens,
+                a.deadline_s,
+                a.at_s,
+            )
+            requests[a.request_id] = r
+            sched.add(r)
+        if not sched.has_work():
+            clock.now_s = pending[0].at_s
+            continue
+        (batch,) = run_steps(sched, runner, clock, 1)
+        batches.append(batch)
+        for r in requests.values():
+            if r.is_finished and r.request_id not in done_at:
+                done_at[r.request_id] = clock.now_s
+        assert len(batches) < 20_000
+    return [summary(b) for b in batches], requests, done_at, batches
+
+
+def test_simulation_live_hops_meet_deadlines_while_uploads_progress() -> None:
+    arrivals = meeting_arrivals()
+    _, requests, done_at, batches = simulate(arrivals, num_blocks=4096)
+    for a in arrivals:
+        r = requests[a.request_id]
+        assert r.finish_reason is FinishReason.LENGTH  # the fake never samples EOS
+        if a.deadline_s is not None:
+            assert done_at[a.request_id] <= a.deadline_s, a.request_id
+    # uploads progress in every step while they are running (the minimum share)
+    for batch in batches:
+        rows = [c.request for c in batch.prefills] + list(batch.decodes)
+        if any(r.request_class is LIVE for r in rows) and any(
+            r.request_class is UPLOAD and r.status is not Status.WAITING
+            for r in requests.values()
+            if not r.is_finished and r.block_table
+        ):
+            assert any(r.request_class is UPLOAD for r in rows)
+
+
+def test_simulation_under_a_tiny_pool_preempts_and_recomputes() -> None:
+    arrivals = meeting_arrivals()
+    # 1000 blocks hold up0 + up1 (976 blocks) but not a live hop as well
+    _, requests, done_at, batches = simulate(arrivals, num_blocks=1000)
+    preempted = [rid for b in batches for rid in b.preempted_ids]
+    assert preempted, "the pool was meant to be too small"
+    assert all(done_at[a.request_id] <= a.deadline_s for a in arrivals if a.deadline_s)
+    assert all(requests[rid].request_class is UPLOAD for rid in preempted)
+    for r in requests.values():
+        assert r.num_output_tokens == r.max_new_tokens
+        assert r.output_token_ids == [scripted_tokens(r, i) for i in range(r.max_new_tokens)]
+
+
+def test_same_arrivals_give_identical_schedules() -> None:
+    arrivals = meeting_arrivals()
+    first, _, _, _ = simulate(arrivals, num_blocks=1000)
+    second, _, _, _ = simulate(arrivals, num_blocks=1000)
+    assert first == second
+
+
+# -- randomized operations ----------------------------------------------------------------------
+
+op = st.one_of(
+    st.tuples(
+        st.just("add"),
+        st.sampled_from([LIVE, UPLOAD]),
+        st.integers(1, 120),
+        st.integers(1, 8),
+        st.booleans(),
+    ),
+    st.tuples(st.just("step"), st.integers(1, 4)),
+    st.tuples(st.just("abort"), st.integers(0, 30)),
+    st.tuples(st.just("preempt"), st.integers(0, 30)),
+    st.tuples(st.just("inflight_abort"), st.integers(0, 30)),
+    st.tuples(st.just("fork"), st.integers(0, 30), st.integers(1, 60)),
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(ops=st.lists(op, min_size=1, max_size=40))
+def test_random_operations_keep_the_allocator_consistent(ops: list[tuple[object, ...]]) -> None:
+    sched, runner, clock = make(
+        num_blocks=12, chunked_prefill_size=48, max_num_batched_tokens=64, max_num_seqs=4
+    )
+    bm = sched.block_manager
+    ids: list[str] = []
+
+    def pick(i: object) -> str | None:
+        return ids[int(i) % len(ids)] if ids else None  # type: ignore[call-overload]
+
+    for o in ops:
+        kind = o[0]
+        if kind == "add":
+            _, cls, n, max_new, retain = o
+            rid = f"r{len(ids)}"
+            r = Request(
+                rid,
+                [len(ids) * 1000 + i for i in range(int(n))],  # type: ignore[call-overload]
+                cls,
+                int(max_new),
+                1.0 if cls is LIVE else None,
+            )  # type: ignore[arg-type,call-overload]
+            sched.add(r, retain_kv=bool(retain))
+            ids.append(rid)
+        elif kind == "step":
+            run_steps(sched, runner, clock, int(o[1]))  # type: ignore[call-overload]
+        elif kind in ("abort", "preempt"):
+            rid = pick(o[1])
+            if rid is not None:
+                (sched.abort if kind == "abort" else sched.preempt)(rid)
+        elif kind == "inflight_abort":
+            batch = sched.schedule(clock.now_s)
+            tokens = runner.run(batch)
+            rid = pick(o[1])
+            if rid is not None:
+                sched.abort(rid)
+            sched.postprocess(batch, tokens)
+        elif kind == "fork":
+            src = sched.get(pick(o[1]) or "")
+            if src is not None and src.num_computed_tokens > 0:
+                rid = f"r{len(ids)}"
+                prefix = src.token_ids(0, src.num_computed_tokens)
+                dst = Request(
+                    rid,
+                    prefix + [77_000 + i for i in range(int(o[2]))],  # type: ignore[call-overload]
+                    LIVE,
+                    3,
+                    2.0,
+                )
+                sched.add(dst, fork_from=src.request_id, num_fork_tokens=len(prefix))
+                ids.append(rid)
+        bm.audit(sched.live_requests())
+    for r in sched.live_requests():
+        sched.abort(r.request_id)
+    bm.audit(sched.live_requests())
+    assert bm.num_free_blocks == bm.num_blocks
