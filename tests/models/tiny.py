@@ -5,8 +5,10 @@ heads * head_dim (4 * 16 = 64) != hidden (48); 3 layers in each tower; the real 
 80 mel bins and 1500 source positions (the reference insists on 3000-frame windows).
 
 Random weights make greedy decoding repeat one token: the residual stream stays close to the
-last token's embedding and the tied head then scores that token highest. Large, sign-mixed
-final-norm weights and strong layer outputs break that symmetry (asserted in the tests).
+last token's embedding (the tied head then scores that token highest), or, over long prompts,
+close to a context average that barely moves per step. Sign-mixed final-norm weights, strong
+MLPs and sharp attention (q/k norm weights ~3) break both (>= 16 distinct tokens in 64 is
+asserted in the tests).
 """
 
 from __future__ import annotations
@@ -51,13 +53,15 @@ def _scale(name: str) -> float:
         return 0.1
     if name == "language_model.norm.weight":
         return 4.0
+    if name.endswith(("q_norm.weight", "k_norm.weight")):
+        return 3.0
     if name.endswith("norm.weight") or "layer_norm.weight" in name:
         return 1.0
-    if "embed_tokens" in name:
+    if "embed_tokens" in name or name.endswith("o_proj.weight"):
         return 1.0
     if "embed_positions" in name:
         return 0.5
-    return 1.5
+    return 3.0
 
 
 def random_weights(cfg: MossTDConfig = TINY, seed: int = SEED) -> dict[str, torch.Tensor]:
@@ -69,8 +73,10 @@ def random_weights(cfg: MossTDConfig = TINY, seed: int = SEED) -> dict[str, torc
         noise = torch.randn(shape, generator=gen)
         if len(shape) == 1 and name.endswith("weight"):
             # Norm weights: around 1, except the final norm which mixes signs (see module doc).
-            base = noise * _scale(name) if name == "language_model.norm.weight" else 1 + 0.1 * noise
-            weights[name] = base
+            if name == "language_model.norm.weight":
+                weights[name] = noise * _scale(name)
+            else:
+                weights[name] = (1 + 0.1 * noise) * _scale(name)
         else:
             fan_in = math.prod(shape[1:]) if len(shape) > 1 else 1
             weights[name] = noise * _scale(name) / math.sqrt(fan_in if "embed" not in name else 1)
@@ -174,3 +180,141 @@ def write_hf_native(root: Path, weights: dict[str, torch.Tensor], cfg: MossTDCon
     tensors = {checkpoint_key(n, "hf"): t.contiguous() for n, t in weights.items()}
     save_file(tensors, str(root / "model.safetensors"))
     return root
+
+
+# ---------------------------------------------------------------- audio and prompt helpers
+
+SPEECH_SUFFIXES = (".wav", ".flac")
+AUDIO_PAD, AUDIO_START, AUDIO_END, IM_END, PAD_ID = 151671, 151669, 151670, 151645, 151643
+DIGIT_0 = 15  # token id of "0"; "0".."9" are 15..24 (MODEL.md 5.3)
+# Chat header up to <|audio_start|> and the suffix after <|audio_end|> (MODEL.md 5.1). The
+# instruction in the middle of the suffix is a stand-in until the real tokenizer is wired in.
+HEADER = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198]
+SUFFIX = [AUDIO_END, 198, 3167, 3114, 279, 7699, 13, 151645, 198, 151644, 77091, 198]
+
+
+def decode_16k_mono(path: Path) -> Any:
+    """A speech file as float32 mono 16 kHz (soundfile decode, channel mean, soxr resample)."""
+    import numpy as np
+    import soundfile
+    import soxr
+
+    samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    mono = samples.mean(axis=1)
+    if rate != 16_000:
+        mono = soxr.resample(mono, rate, 16_000)
+    return np.ascontiguousarray(mono, dtype=np.float32)
+
+
+def speech_files(data_dir: Path) -> list[Path]:
+    """Every real speech recording in the shared data folder, sorted."""
+    return sorted(p for p in data_dir.rglob("*") if p.suffix in SPEECH_SUFFIXES)
+
+
+def span_ids(num_tokens: int, every_s: int = 5, late_pads: int = 0) -> list[int]:
+    """Audio span per MODEL.md 5.3: a marker after pad 62k for each k <= T / 62.5.
+
+    `every_s` and `late_pads` exist only to build the wrong spans of the mutation tests.
+    """
+    per_marker = int(12.5 * every_s)
+    num_markers = int(num_tokens / 12.5) // every_s
+    span: list[int] = []
+    placed = 0
+    for k in range(1, num_markers + 1):
+        target = min(num_tokens, per_marker * k + late_pads)
+        span += [AUDIO_PAD] * (target - placed)
+        placed = target
+        span += [DIGIT_0 + int(d) for d in str(every_s * k)]
+    return span + [AUDIO_PAD] * (num_tokens - placed)
+
+
+def prompt_ids(num_tokens: int, **span_kwargs: int) -> list[int]:
+    """Whole prompt: header, <|audio_start|>, span, suffix."""
+    return HEADER + [AUDIO_START] + span_ids(num_tokens, **span_kwargs) + SUFFIX
+
+
+# ---------------------------------------------------------------- the two pipelines
+
+
+def reference_audio_inputs(clips: list[Any]) -> tuple[Any, Any, list[int]]:
+    """transformers' feature extractor on `clips` -> (input_features, input_features_mask,
+    audio tokens per clip computed by the reference processor's own formula)."""
+    from transformers.models.moss_transcribe_diarize import (
+        MossTranscribeDiarizeFeatureExtractor,
+        MossTranscribeDiarizeProcessor,
+    )
+
+    extractor = MossTranscribeDiarizeFeatureExtractor()
+    out = extractor(clips, sampling_rate=16_000, return_tensors="pt")
+    lengths = out["padding_mask"].sum(-1)
+    windows = ((lengths + extractor.n_samples - 1) // extractor.n_samples).clamp(min=1)
+    mapping = torch.repeat_interleave(torch.arange(len(clips)), windows)
+    fake_processor = _FakeProcessor()
+    tokens = MossTranscribeDiarizeProcessor._get_audio_token_length(
+        fake_processor, out["input_features_mask"].sum(-1), mapping
+    )
+    return out["input_features"], out["input_features_mask"], [int(t) for t in tokens]
+
+
+class _FakeProcessor:
+    """The attributes the reference processor's span and count methods read (shipped config)."""
+
+    audio_token = "<|audio_pad|>"
+    audio_tokens_per_second = 12.5
+    audio_merge_size = 4
+    time_marker_every_seconds = 5
+
+
+def reference_prompt_ids(num_tokens: int) -> list[int]:
+    """The prompt with the span rendered by the reference processor's `replace_audio_token`."""
+    import re
+
+    from transformers.models.moss_transcribe_diarize import MossTranscribeDiarizeProcessor
+
+    text = MossTranscribeDiarizeProcessor.replace_audio_token(
+        _FakeProcessor(), {"num_audio_tokens": [num_tokens]}, audio_idx=0
+    )
+    pieces = re.findall(r"<\|audio_pad\|>|\d", text)
+    assert "".join(pieces) == text, "unexpected text in the reference span"
+    span = [AUDIO_PAD if p.startswith("<") else DIGIT_0 + int(p) for p in pieces]
+    return HEADER + [AUDIO_START] + span + SUFFIX
+
+
+def our_hidden(model: MossTDModel, clip: Any, ids: list[int]) -> torch.Tensor:
+    """Our pipeline, one prefill: split_windows -> log_mel -> encode -> splice -> decoder."""
+    from livemeet.audio.features import log_mel, split_windows
+    from livemeet.layers.attention import DenseAttention
+
+    windows, counts = split_windows(clip)
+    with torch.no_grad():
+        audio = model.encode_audio(log_mel(windows), counts)
+        embeds = model.embed_prompt(torch.tensor(ids), audio)
+        attn = DenseAttention([model.new_kv_cache()], [len(ids)])
+        return model(embeds, torch.arange(len(ids)), attn)
+
+
+def reference_hidden(ref: Any, clip: Any) -> tuple[torch.Tensor, list[int]]:
+    """Reference pipeline: extractor + reference span + transformers model (final hidden)."""
+    features, mask, tokens = reference_audio_inputs([clip])
+    ids = reference_prompt_ids(tokens[0])
+    with torch.no_grad():
+        out = ref.model(
+            input_ids=torch.tensor([ids]), input_features=features, input_features_mask=mask
+        )
+    return out.last_hidden_state[0], ids
+
+
+def max_logit_gap(
+    model: MossTDModel, hidden: torch.Tensor, ref: Any, ref_hidden: torch.Tensor
+) -> float:
+    """Max |logit difference| over every position and vocab entry, computed in row chunks
+    (full [L, 151936] logits would take gigabytes). inf when the lengths differ."""
+    if hidden.shape != ref_hidden.shape:
+        return float("inf")
+    gap = 0.0
+    with torch.no_grad():
+        for start in range(0, hidden.shape[0], 256):
+            ours = model.compute_logits(hidden[start : start + 256])
+            theirs = ref.lm_head(ref_hidden[start : start + 256])
+            gap = max(gap, float((ours - theirs).abs().max()))
+    return gap
