@@ -1,0 +1,75 @@
+"""The paged-KV attention backend the decoder calls during one engine step.
+
+Implements `livemeet.layers.attention.AttentionBackend` over the engine's KV pool: per layer a
+`k_cache`/`v_cache` pair of [num_blocks, block_size, kv_heads, head_dim]. Each `attend` stores
+the step's new K/V through `slot_mapping`, then runs the split-K decode kernel when every
+sequence has exactly one new token, else the causal extend kernel (prefill chunks mixed with
+decode rows). On the CPU both fall back to the torch references in
+livemeet.layers.paged_attention (gather + SDPA); on CUDA they never gather KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from livemeet.layers.paged_attention import (
+    paged_decode_attention,
+    paged_extend_attention,
+    store_kv,
+)
+
+
+@dataclass
+class StepMetadata:
+    """Per-step attention metadata (device tensors).
+
+    slot_mapping: int64 [N] (slot = block * block_size + offset, -1 for padding rows);
+    block_tables: int32 [B, max_blocks]; seq_lens: int32 [B] (cached + new tokens);
+    cu_seqlens_q: int32 [B + 1]; max_seqlen_q: longest new-token count; max_seq_len: longest
+    context; decode_only: every sequence has exactly one new token.
+    """
+
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    max_seqlen_q: int
+    max_seq_len: int
+    decode_only: bool
+    num_splits: int | None = None
+
+
+class PagedAttentionBackend:
+    """AttentionBackend over paged KV for one forward (see module docstring)."""
+
+    def __init__(
+        self,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        meta: StepMetadata,
+        *,
+        kv_scale: float = 1.0,
+    ) -> None:
+        self.k_caches = k_caches
+        self.v_caches = v_caches
+        self.meta = meta
+        self.kv_scale = kv_scale
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        m = self.meta
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        s = self.kv_scale
+        store_kv(k, v, kc, vc, m.slot_mapping, k_scale=s, v_scale=s)
+        if m.decode_only:
+            return paged_decode_attention(
+                q, kc, vc, m.block_tables, m.seq_lens, scale,
+                num_splits=m.num_splits, max_seq_len=m.max_seq_len, k_scale=s, v_scale=s,
+            )
+        return paged_extend_attention(
+            q, kc, vc, m.block_tables, m.cu_seqlens_q, m.seq_lens, scale,
+            max_seqlen_q=m.max_seqlen_q, k_scale=s, v_scale=s,
+        )
