@@ -7,6 +7,7 @@ equal) no longer holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +21,23 @@ from livemeet.errors import ConfigError
 from livemeet.models import whisper_encoder
 from livemeet.models.audio_llm import MossTDModel, generate_batch
 from livemeet.models.loader import load_model
+from livemeet.models.prompt import AUDIO_PAD, DIGIT_IDS, PromptConfig
 from tests.models import tiny
 from tests.models.test_parity import NEW_TOKENS, TOLERANCE, _our_audio, _reference_generate
 
 CLIP_S = 11.0  # long enough for two markers, short enough to be quick
 
 
-def _parity_holds(clip: np.ndarray, model: MossTDModel, ref: Any, **span_kwargs: int) -> bool:
+def _parity_holds(
+    clip: np.ndarray,
+    model: MossTDModel,
+    ref: Any,
+    mutate_ids: Callable[[list[int]], list[int]] = lambda ids: ids,
+    prompt_config: PromptConfig | None = None,
+) -> bool:
     ref_hidden, ref_ids = tiny.reference_hidden(ref, clip)
     _, num_tokens = _our_audio(model, clip)
-    ids = tiny.prompt_ids(num_tokens, **span_kwargs)
+    ids = mutate_ids(tiny.our_prompt_ids(num_tokens, prompt_config))
     if ids != ref_ids:
         return False
     hidden = tiny.our_hidden(model, clip, ids)
@@ -41,11 +49,18 @@ def test_unmutated_pipeline_passes(clips: dict, our_model: MossTDModel, ref_mode
 
 
 def test_markers_every_2_s_fail(clips: dict, our_model: MossTDModel, ref_model: Any) -> None:
-    assert not _parity_holds(clips[CLIP_S], our_model, ref_model, every_s=2)
+    every_2_s = PromptConfig(time_marker_every_s=2)
+    assert not _parity_holds(clips[CLIP_S], our_model, ref_model, prompt_config=every_2_s)
 
 
 def test_marker_one_pad_late_fails(clips: dict, our_model: MossTDModel, ref_model: Any) -> None:
-    assert not _parity_holds(clips[CLIP_S], our_model, ref_model, late_pads=1)
+    def first_marker_late(ids: list[int]) -> list[int]:
+        # The first marker digit trades places with the pad after it: marker after pad 63.
+        i = next(i for i, t in enumerate(ids) if t in DIGIT_IDS and ids[i - 1] == AUDIO_PAD)
+        assert ids[i + 1] == AUDIO_PAD
+        return ids[:i] + [ids[i + 1], ids[i]] + ids[i + 2 :]
+
+    assert not _parity_holds(clips[CLIP_S], our_model, ref_model, mutate_ids=first_marker_late)
 
 
 def test_mel_floor_per_frame_fails(
@@ -89,7 +104,7 @@ def test_right_padding_in_batch_fails(clips: dict, our_model: MossTDModel, ref_m
     prompts, audios = [], []
     for clip in batch:
         audio, num_tokens = _our_audio(our_model, clip)
-        prompts.append(torch.tensor(tiny.prompt_ids(num_tokens)))
+        prompts.append(torch.tensor(tiny.our_prompt_ids(num_tokens)))
         audios.append(audio)
     ours = generate_batch(our_model, prompts, audios, NEW_TOKENS, [])
     assert ours != _reference_generate(ref_model, batch, side="right")

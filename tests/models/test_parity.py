@@ -1,8 +1,9 @@
 """Parity of livemeet's MOSS-TD against transformers 5.24 on the same tiny random weights.
 
-Ours: split_windows + log_mel + our span + MossTDModel (upstream-format checkpoint).
-Reference: MossTranscribeDiarizeFeatureExtractor + the reference processor's span and token
-count + MossTranscribeDiarizeForConditionalGeneration (HF-native checkpoint, same weights).
+Ours: split_windows + log_mel + build_prompt (real tokenizer) + MossTDModel, loaded from the
+upstream-format checkpoint. Reference: MossTranscribeDiarizeProcessor (its feature extractor,
+span and chat template, tests/models/reference.py) + MossTranscribeDiarizeForConditionalGeneration
+loaded from the HF-native checkpoint with the same weights.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def test_teacher_forced_logits_match_reference(
     clip = clips[seconds]
     ref_hidden, ref_ids = tiny.reference_hidden(ref_model, clip)
     _, num_tokens = _our_audio(our_model, clip)
-    ids = tiny.prompt_ids(num_tokens)
+    ids = tiny.our_prompt_ids(num_tokens)
     assert ids == ref_ids
     gap = tiny.max_logit_gap(
         our_model, tiny.our_hidden(our_model, clip, ids), ref_model, ref_hidden
@@ -45,21 +46,14 @@ def test_teacher_forced_logits_match_reference(
 
 
 def _reference_generate(ref: Any, clips: list[np.ndarray], side: str = "left") -> list[list[int]]:
-    features, mask, tokens = tiny.reference_audio_inputs(clips)
-    prompts = [tiny.reference_prompt_ids(t) for t in tokens]
-    width = max(len(p) for p in prompts)
-    rows, attention = [], []
-    for p in prompts:
-        pad = [tiny.PAD_ID] * (width - len(p))
-        rows.append(pad + p if side == "left" else p + pad)
-        ones, zeros = [1] * len(p), [0] * len(pad)
-        attention.append(zeros + ones if side == "left" else ones + zeros)
+    inputs = tiny.reference_inputs(clips, side=side)
+    width = inputs["input_ids"].shape[1]
     with torch.no_grad():
         out = ref.generate(
-            input_ids=torch.tensor(rows),
-            attention_mask=torch.tensor(attention),
-            input_features=features,
-            input_features_mask=mask,
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            input_features=inputs["input_features"],
+            input_features_mask=inputs["input_features_mask"],
             do_sample=False,
             max_new_tokens=NEW_TOKENS,
             min_new_tokens=NEW_TOKENS,
@@ -74,7 +68,7 @@ def test_greedy_batch_1_matches_reference_and_is_diverse(
 ) -> None:
     clip = clips[11.0]
     audio, num_tokens = _our_audio(our_model, clip)
-    ours = generate(our_model, torch.tensor(tiny.prompt_ids(num_tokens)), audio, NEW_TOKENS, [])
+    ours = generate(our_model, torch.tensor(tiny.our_prompt_ids(num_tokens)), audio, NEW_TOKENS, [])
     assert ours == _reference_generate(ref_model, [clip])[0]
     # A degenerate random model (one repeated token) would make this comparison vacuous.
     assert len(set(ours)) >= 16
@@ -87,7 +81,7 @@ def test_greedy_batched_matches_reference_left_padded(
     prompts, audios = [], []
     for clip in batch:
         audio, num_tokens = _our_audio(our_model, clip)
-        prompts.append(torch.tensor(tiny.prompt_ids(num_tokens)))
+        prompts.append(torch.tensor(tiny.our_prompt_ids(num_tokens)))
         audios.append(audio)
     ours = generate_batch(our_model, prompts, audios, NEW_TOKENS, [])
     assert ours == _reference_generate(ref_model, batch, side="left")
@@ -96,7 +90,7 @@ def test_greedy_batched_matches_reference_left_padded(
 
 def test_generate_stops_at_eos(clips: dict[float, np.ndarray], our_model: MossTDModel) -> None:
     audio, num_tokens = _our_audio(our_model, clips[1.0])
-    ids = torch.tensor(tiny.prompt_ids(num_tokens))
+    ids = torch.tensor(tiny.our_prompt_ids(num_tokens))
     free = generate(our_model, ids, audio, 20, [])
     stop = free[5]
     assert generate(our_model, ids, audio, 20, stop) == free[: free.index(stop) + 1]
@@ -108,7 +102,7 @@ def test_chunked_prefill_and_truncate_match_single_prefill(
     clips: dict[float, np.ndarray], our_model: MossTDModel
 ) -> None:
     audio, num_tokens = _our_audio(our_model, clips[11.0])
-    ids = torch.tensor(tiny.prompt_ids(num_tokens))
+    ids = torch.tensor(tiny.our_prompt_ids(num_tokens))
     with torch.no_grad():
         embeds = our_model.embed_prompt(ids, audio)
         whole = our_model(
@@ -134,7 +128,7 @@ def test_ragged_batch_equals_separate_forwards(
     embeds, lengths = [], []
     for seconds in (1.0, 11.0):
         audio, num_tokens = _our_audio(our_model, clips[seconds])
-        ids = torch.tensor(tiny.prompt_ids(num_tokens))
+        ids = torch.tensor(tiny.our_prompt_ids(num_tokens))
         embeds.append(our_model.embed_prompt(ids, audio))
         lengths.append(len(ids))
     with torch.no_grad():
@@ -155,7 +149,7 @@ def test_audio_placeholder_count_mismatch_is_rejected(
 
     audio, num_tokens = _our_audio(our_model, clips[1.0])
     with pytest.raises(InvalidRequest, match="placeholders"):
-        our_model.embed_prompt(torch.tensor(tiny.prompt_ids(num_tokens + 1)), audio)
+        our_model.embed_prompt(torch.tensor(tiny.our_prompt_ids(num_tokens + 1)), audio)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
@@ -167,5 +161,5 @@ def test_runs_in_bf16(
     model, _ = load_model(str(upstream_dir), device="cpu", dtype=dtype)
     audio, num_tokens = _our_audio(model, clips[1.0])
     assert audio.dtype == dtype
-    tokens = generate(model, torch.tensor(tiny.prompt_ids(num_tokens)), audio, 8, [])
+    tokens = generate(model, torch.tensor(tiny.our_prompt_ids(num_tokens)), audio, 8, [])
     assert len(tokens) == 8

@@ -185,12 +185,7 @@ def write_hf_native(root: Path, weights: dict[str, torch.Tensor], cfg: MossTDCon
 # ---------------------------------------------------------------- audio and prompt helpers
 
 SPEECH_SUFFIXES = (".wav", ".flac")
-AUDIO_PAD, AUDIO_START, AUDIO_END, IM_END, PAD_ID = 151671, 151669, 151670, 151645, 151643
-DIGIT_0 = 15  # token id of "0"; "0".."9" are 15..24 (MODEL.md 5.3)
-# Chat header up to <|audio_start|> and the suffix after <|audio_end|> (MODEL.md 5.1). The
-# instruction in the middle of the suffix is a stand-in until the real tokenizer is wired in.
-HEADER = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198]
-SUFFIX = [AUDIO_END, 198, 3167, 3114, 279, 7699, 13, 151645, 198, 151644, 77091, 198]
+IM_END, PAD_ID = 151645, 151643
 
 
 def decode_16k_mono(path: Path) -> Any:
@@ -211,73 +206,31 @@ def speech_files(data_dir: Path) -> list[Path]:
     return sorted(p for p in data_dir.rglob("*") if p.suffix in SPEECH_SUFFIXES)
 
 
-def span_ids(num_tokens: int, every_s: int = 5, late_pads: int = 0) -> list[int]:
-    """Audio span per MODEL.md 5.3: a marker after pad 62k for each k <= T / 62.5.
+def our_prompt_ids(num_tokens: int, config: Any = None) -> list[int]:
+    """livemeet's prompt (real tokenizer, default instruction) for `num_tokens` audio tokens."""
+    from livemeet.models.prompt import PromptConfig, build_prompt
+    from livemeet.models.tokenizer import load_tokenizer
 
-    `every_s` and `late_pads` exist only to build the wrong spans of the mutation tests.
-    """
-    per_marker = int(12.5 * every_s)
-    num_markers = int(num_tokens / 12.5) // every_s
-    span: list[int] = []
-    placed = 0
-    for k in range(1, num_markers + 1):
-        target = min(num_tokens, per_marker * k + late_pads)
-        span += [AUDIO_PAD] * (target - placed)
-        placed = target
-        span += [DIGIT_0 + int(d) for d in str(every_s * k)]
-    return span + [AUDIO_PAD] * (num_tokens - placed)
-
-
-def prompt_ids(num_tokens: int, **span_kwargs: int) -> list[int]:
-    """Whole prompt: header, <|audio_start|>, span, suffix."""
-    return HEADER + [AUDIO_START] + span_ids(num_tokens, **span_kwargs) + SUFFIX
+    return build_prompt(load_tokenizer(None), num_tokens, config=config or PromptConfig()).ids
 
 
 # ---------------------------------------------------------------- the two pipelines
 
 
-def reference_audio_inputs(clips: list[Any]) -> tuple[Any, Any, list[int]]:
-    """transformers' feature extractor on `clips` -> (input_features, input_features_mask,
-    audio tokens per clip computed by the reference processor's own formula)."""
-    from transformers.models.moss_transcribe_diarize import (
-        MossTranscribeDiarizeFeatureExtractor,
-        MossTranscribeDiarizeProcessor,
-    )
+def reference_inputs(clips: list[Any], side: str = "left") -> Any:
+    """The reference processor's model inputs for a batch of clips (padding on `side`)."""
+    from tests.models.reference import make_reference_processor
 
-    extractor = MossTranscribeDiarizeFeatureExtractor()
-    out = extractor(clips, sampling_rate=16_000, return_tensors="pt")
-    lengths = out["padding_mask"].sum(-1)
-    windows = ((lengths + extractor.n_samples - 1) // extractor.n_samples).clamp(min=1)
-    mapping = torch.repeat_interleave(torch.arange(len(clips)), windows)
-    fake_processor = _FakeProcessor()
-    tokens = MossTranscribeDiarizeProcessor._get_audio_token_length(
-        fake_processor, out["input_features_mask"].sum(-1), mapping
-    )
-    return out["input_features"], out["input_features_mask"], [int(t) for t in tokens]
-
-
-class _FakeProcessor:
-    """The attributes the reference processor's span and count methods read (shipped config)."""
-
-    audio_token = "<|audio_pad|>"
-    audio_tokens_per_second = 12.5
-    audio_merge_size = 4
-    time_marker_every_seconds = 5
-
-
-def reference_prompt_ids(num_tokens: int) -> list[int]:
-    """The prompt with the span rendered by the reference processor's `replace_audio_token`."""
-    import re
-
-    from transformers.models.moss_transcribe_diarize import MossTranscribeDiarizeProcessor
-
-    text = MossTranscribeDiarizeProcessor.replace_audio_token(
-        _FakeProcessor(), {"num_audio_tokens": [num_tokens]}, audio_idx=0
-    )
-    pieces = re.findall(r"<\|audio_pad\|>|\d", text)
-    assert "".join(pieces) == text, "unexpected text in the reference span"
-    span = [AUDIO_PAD if p.startswith("<") else DIGIT_0 + int(p) for p in pieces]
-    return HEADER + [AUDIO_START] + span + SUFFIX
+    processor = make_reference_processor()
+    inputs = processor.apply_transcription_request(clips, return_tensors="pt", padding=True)
+    if side == "right":  # move each row's left pads to its end
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        for row in range(ids.shape[0]):
+            keep = mask[row].bool()
+            n = int(keep.sum())
+            ids[row] = torch.cat([ids[row][keep], ids[row][~keep]])
+            mask[row] = torch.cat([torch.ones(n), torch.zeros(ids.shape[1] - n)]).to(mask.dtype)
+    return inputs
 
 
 def our_hidden(model: MossTDModel, clip: Any, ids: list[int]) -> torch.Tensor:
@@ -294,14 +247,16 @@ def our_hidden(model: MossTDModel, clip: Any, ids: list[int]) -> torch.Tensor:
 
 
 def reference_hidden(ref: Any, clip: Any) -> tuple[torch.Tensor, list[int]]:
-    """Reference pipeline: extractor + reference span + transformers model (final hidden)."""
-    features, mask, tokens = reference_audio_inputs([clip])
-    ids = reference_prompt_ids(tokens[0])
+    """Reference pipeline: processor (features, span, prompt) + transformers model (final
+    hidden states [L, hidden]) and the prompt ids it used."""
+    inputs = reference_inputs([clip])
     with torch.no_grad():
         out = ref.model(
-            input_ids=torch.tensor([ids]), input_features=features, input_features_mask=mask
+            input_ids=inputs["input_ids"],
+            input_features=inputs["input_features"],
+            input_features_mask=inputs["input_features_mask"],
         )
-    return out.last_hidden_state[0], ids
+    return out.last_hidden_state[0], inputs["input_ids"][0].tolist()
 
 
 def max_logit_gap(
