@@ -115,12 +115,14 @@ class Engine:
         sampling: SamplingParams | None = None,
         forced_output_ids: Sequence[int] | None = None,
         prefix_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
     ) -> Request:
         """Encode `samples` (16 kHz mono float32 [n]) and queue a request for them.
 
         `prefix_token_ids` are forced assistant tokens appended after the prompt (DESIGN 5.3).
         `forced_output_ids` (benchmarks): after sampling, the i-th output token is replaced by
-        forced_output_ids[i], then EOS once they run out. Raises BadAudio (empty or
+        forced_output_ids[i], then EOS once they run out. `ignore_eos` decodes to
+        max_new_tokens (tests, benchmarks). Raises BadAudio (empty or
         non-finite audio), InvalidRequest (bad prompt), TooLong (no room in the context).
         """
         embeds = self.encoder.encode([samples])[0]
@@ -133,7 +135,7 @@ class Engine:
         request = Request(
             request_id, ids, request_class=request_class, max_new_tokens=budget,
             deadline_s=deadline_s, arrival_s=self.clock(),
-            audio_positions=tuple(built.audio_positions),
+            audio_positions=tuple(built.audio_positions), ignore_eos=ignore_eos,
         )
         self.scheduler.add(request)
         self._audio[request_id] = embeds

@@ -104,7 +104,7 @@ class ModelRunner:
         """
         self.copy_blocks([(c.src, c.dst, c.num_tokens) for c in batch.block_copies])
         rows = self._rows(batch, audio_embeds)
-        if not rows.sample_rows:
+        if not rows.token_ids:
             return []
         dev = self.device
         ids = torch.tensor(rows.token_ids, dtype=torch.long, device=dev)
@@ -116,6 +116,8 @@ class ModelRunner:
         attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
         positions = torch.tensor(rows.positions, dtype=torch.long, device=dev)
         hidden = self.model(embeds, positions, attn)
+        if not rows.sample_rows:  # only non-final prefill chunks: KV written, nothing sampled
+            return []
         picked = hidden[torch.tensor(rows.sample_rows, dtype=torch.long, device=dev)]
         logits = self.model.compute_logits(picked)
         params = [sampling(r) for r in batch.sampled_requests]
