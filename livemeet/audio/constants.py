@@ -18,7 +18,9 @@ MERGE_SIZE = 4  # encoder frames merged into one audio token
 SAMPLES_PER_TOKEN = HOP_LENGTH * 2 * MERGE_SIZE  # 1_280 samples = 80 ms per audio token
 TOKENS_PER_WINDOW = WINDOW_SAMPLES // SAMPLES_PER_TOKEN  # 375 audio tokens per full window
 AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
-TIME_MARKER_EVERY_S = 5  # s between time markers in the shipped processor_config.json (class default 2 is wrong)
+TIME_MARKER_EVERY_S = (
+    5  # s between time markers in the shipped processor_config.json (class default 2 is wrong)
+)
 MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits
 
 MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
@@ -36,3 +38,18 @@ def num_audio_tokens(num_samples: int) -> int:
     if num_samples < 0:
         raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     return -(-num_samples // SAMPLES_PER_TOKEN)
+
+
+# Live layer (livemeet/session/live.py, livemeet/transcript/commit.py); chosen by us, tuned on the
+# demo backend (DESIGN section 5.5).
+COMMIT_HORIZON_S = 1.0  # s; a segment commits only if it ends this far behind the audio edge
+COMMIT_TIME_TOLERANCE_S = 0.5  # s; two hypotheses agree on a segment if its times differ less
+LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
+LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
+LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
+
+# Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).
+ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
+ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
+ENGINE_POLL_S = 0.05  # s an idle worker / the reader thread blocks on its queue per poll
+SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) before it fails
