@@ -18,9 +18,7 @@ MERGE_SIZE = 4  # encoder frames merged into one audio token
 SAMPLES_PER_TOKEN = HOP_LENGTH * 2 * MERGE_SIZE  # 1_280 samples = 80 ms per audio token
 TOKENS_PER_WINDOW = WINDOW_SAMPLES // SAMPLES_PER_TOKEN  # 375 audio tokens per full window
 AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
-TIME_MARKER_EVERY_S = (
-    5  # s between time markers in the shipped processor_config.json (class default 2 is wrong)
-)
+TIME_MARKER_EVERY_S = 5  # s between time markers in the shipped processor_config.json (class default 2 is wrong)
 MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits
 
 MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
