@@ -28,6 +28,10 @@ _INSTALL_HINT = "install the demo extra: pip install 'livemeet[demo]'"
 class DemoCore(RedecodeCore):
     """Whisper tiny.en (faster-whisper, CPU int8, beam 1, English) behind `RedecodeCore`."""
 
+    # Measured on AMI dev00: with the committed text as initial prompt, tiny.en stops writing
+    # timestamps and returns the whole window as one segment, which never commits by agreement.
+    use_committed_prompt = False
+
     def __init__(self, cpu_threads: int = 0) -> None:
         super().__init__()
         self._cpu_threads = cpu_threads  # 0: CTranslate2's default

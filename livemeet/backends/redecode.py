@@ -48,6 +48,9 @@ class _Session:
 class RedecodeCore(abc.ABC):
     """Base class; see the module docstring. Implements the `BackendCore` protocol."""
 
+    # Pass the recent committed text to `transcribe_window` as part of the prompt.
+    use_committed_prompt = True
+
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
 
@@ -165,6 +168,8 @@ class RedecodeCore(abc.ABC):
         return sess.live.hop_due() or sess.live.flush_due()
 
     def _prompt(self, options: SessionOptions, committed: str | None) -> str | None:
+        if not self.use_committed_prompt:
+            committed = None
         parts = [options.prompt or "", " ".join(options.hotwords), committed or ""]
         prompt = " ".join(p for p in parts if p)
         return prompt or None
