@@ -156,8 +156,8 @@ class LiveSession:
         self._buffer_start = self._window_start
         self._chunks = [audio] if audio.size else []
         self._window_edge = self._num_samples
-        prompt = join_texts(s.text for s in self._commit.committed[-20:])
-        prompt = prompt[-self.options.prompt_chars :] if prompt else None
+        recent = join_texts(s.text for s in self._commit.committed[-20:])
+        prompt = recent[-self.options.prompt_chars :] if recent else None
         return Window(audio, self._window_start / SAMPLE_RATE, prompt)
 
     # -- decode results ----------------------------------------------------------------------
