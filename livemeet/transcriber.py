@@ -11,7 +11,7 @@ nothing after `abort()` (the stream simply stops).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
