@@ -36,3 +36,13 @@ def num_audio_tokens(num_samples: int) -> int:
     if num_samples < 0:
         raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     return -(-num_samples // SAMPLES_PER_TOKEN)
+
+# Audio input (livemeet/audio/decode.py, livemeet/audio/pcm.py)
+FILE_RESAMPLE_QUALITY = "VHQ"  # soxr preset for uploads: quality over latency
+LIVE_RESAMPLE_QUALITY = "HQ"  # soxr preset for live PCM: lower group delay than VHQ
+MIN_PCM_SAMPLE_RATE = 8_000  # Hz; lowest client rate accepted on the live socket (telephony)
+MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted on the live socket
+MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-mixed to mono)
+PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
+DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)
+TRUNCATION_TOLERANCE_S = 0.25  # s an exact-duration container may decode short before BadAudio

@@ -1,0 +1,88 @@
+"""Audio fixtures: compressed clips encoded once per session from real speech with PyAV."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import numpy.typing as npt
+import pytest
+import soundfile as sf
+
+SPEECH_FILE = Path("librispeech-lhotse") / "2412-153948-0000.flac"  # 11.66 s, 16 kHz mono s16
+
+
+@dataclass(frozen=True)
+class EncodedClip:
+    """A compressed encoding of `speech` and how it was made."""
+
+    path: Path
+    codec: str  # FFmpeg encoder name
+    sample_rate: int  # Hz the codec ran at
+    channels: int
+    gain: float  # expected amplitude of the decoded mono mix relative to the source
+
+
+# file name -> (container format, encoder, rate, channels, options for the muxer)
+_CLIPS: dict[str, tuple[str, str, int, int, dict[str, str]]] = {
+    "speech.mp3": ("mp3", "libmp3lame", 16_000, 1, {}),
+    "stereo44k.mp3": ("mp3", "libmp3lame", 44_100, 2, {}),
+    "speech.opus": ("ogg", "libopus", 48_000, 1, {}),
+    "speech.m4a": ("mp4", "aac", 16_000, 1, {}),
+    "speech.webm": ("webm", "libopus", 48_000, 1, {}),
+    "live.webm": ("webm", "libopus", 48_000, 1, {"live": "1"}),  # no declared duration
+}
+
+
+@pytest.fixture(scope="session")
+def speech(shared_data: Path) -> npt.NDArray[np.float32]:
+    """The source speech, float32 mono 16 kHz, shape [186_560]."""
+    x, rate = sf.read(shared_data / SPEECH_FILE, dtype="float32")
+    assert rate == 16_000 and x.ndim == 1
+    return np.asarray(x, dtype=np.float32)
+
+
+@pytest.fixture(scope="session")
+def encoded_clips(
+    speech: npt.NDArray[np.float32], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, EncodedClip]:
+    """Every compressed format the upload path must accept, encoded from `speech`.
+
+    Stereo clips carry the speech at full level on the left and half level on the right, so a
+    correct down-mix (the mean) has gain 0.75.
+    """
+    folder = tmp_path_factory.mktemp("encoded")
+    clips = {}
+    for name, (fmt, codec, rate, channels, options) in _CLIPS.items():
+        path = folder / name
+        planes = speech[None, :] if channels == 1 else np.stack([speech, 0.5 * speech])
+        _encode(path, planes, fmt, codec, rate, options)
+        gain = 1.0 if channels == 1 else 0.75
+        clips[name] = EncodedClip(path, codec, rate, channels, gain)
+    return clips
+
+
+def _encode(
+    path: Path,
+    planes: npt.NDArray[np.float32],
+    fmt: str,
+    codec: str,
+    rate: int,
+    options: dict[str, str],
+) -> None:
+    """Encode `planes` ([channels, n] float32 at 16 kHz) with PyAV."""
+    layout = "mono" if planes.shape[0] == 1 else "stereo"
+    with av.open(str(path), "w", format=fmt, options=options) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = layout
+        formats = stream.codec_context.codec.audio_formats or ()
+        resampler = av.AudioResampler(format=formats[0].name, layout=layout, rate=rate)
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planes), "fltp", layout)
+        # pts lets the MP4 muxer write the edit list that trims the AAC priming samples.
+        frame.sample_rate, frame.pts, frame.time_base = 16_000, 0, Fraction(1, 16_000)
+        for resampled in [*resampler.resample(frame), *resampler.resample(None)]:
+            out.mux(stream.encode(resampled))
+        out.mux(stream.encode(None))

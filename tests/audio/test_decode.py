@@ -1,0 +1,289 @@
+"""livemeet.audio.decode against real speech: lossless files, compressed encodings, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import av
+import numpy as np
+import numpy.typing as npt
+import pytest
+import soundfile as sf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from livemeet.audio import decode
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.decode import AudioInfo, decode_file, probe
+from livemeet.errors import BadAudio, TooLong
+from tests.audio.conftest import EncodedClip
+
+F32 = npt.NDArray[np.float32]
+MAX_LAG = 160  # samples (10 ms) of codec delay tolerated when aligning with the source
+
+
+def best_lag_correlation(reference: F32, decoded: F32) -> tuple[int, float]:
+    """(lag, Pearson r) of `decoded` shifted by the lag in [-MAX_LAG, MAX_LAG] that best matches."""
+    n = min(reference.size, decoded.size) - 2 * MAX_LAG
+    best = (0, -1.0)
+    for lag in range(-MAX_LAG, MAX_LAG + 1, 4):
+        a = reference[MAX_LAG : MAX_LAG + n]
+        b = decoded[MAX_LAG + lag : MAX_LAG + lag + n]
+        r = float(np.corrcoef(a, b)[0, 1])
+        best = max(best, (lag, r), key=lambda t: t[1])
+    return best
+
+
+def swresample_mono_16k(path: Path) -> F32:
+    """An independent oracle: FFmpeg's decoder and resampler (libswresample), then the channel
+    mean (swresample's own stereo->mono mix is (L+R)/sqrt(2), not the mean)."""
+    resampler = av.AudioResampler(format="fltp", rate=SAMPLE_RATE)
+    chunks = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(audio=0):
+            chunks += [f.to_ndarray() for f in resampler.resample(frame)]
+        chunks += [f.to_ndarray() for f in resampler.resample(None)]
+    return np.concatenate(chunks, axis=1).mean(axis=0).astype(np.float32)
+
+
+# ---- lossless files from the shared data
+
+
+def test_s16_wav_at_16k_is_returned_sample_exact(shared_data: Path) -> None:
+    path = shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav"
+    pcm, rate = sf.read(path, dtype="int16")
+    assert rate == SAMPLE_RATE
+    out = decode_file(path)
+    assert out.dtype == np.float32 and out.ndim == 1
+    np.testing.assert_array_equal(out, pcm.astype(np.float32) / 32768)
+    assert probe(path) == AudioInfo(6.0, 16_000, 1, "wav/pcm_16")
+
+
+def test_float32_wav(shared_data: Path) -> None:
+    path = shared_data / "ami-pyannote-debug" / "dev00.wav"
+    info = probe(path)
+    assert (info.sample_rate, info.channels, info.codec) == (16_000, 1, "wav/float")
+    assert info.duration_s == pytest.approx(30.0, abs=1e-3)
+    raw, _ = sf.read(path, dtype="float32")
+    np.testing.assert_array_equal(decode_file(path), np.clip(raw, -1, 1))
+
+
+def test_24bit_stereo_44k_flac_matches_ffmpeg_resampler(shared_data: Path) -> None:
+    path = shared_data / "jfk" / "jfk.flac"
+    assert probe(path) == AudioInfo(11.0, 44_100, 2, "flac/pcm_24")
+    out = decode_file(path)
+    assert out.size == pytest.approx(11.0 * SAMPLE_RATE, abs=2)
+    oracle = swresample_mono_16k(path)
+    lag, r = best_lag_correlation(oracle, out)
+    assert abs(lag) <= 8 and r > 0.999
+    # a mean, not a sum, of the two channels
+    assert np.sqrt(np.mean(out**2)) == pytest.approx(np.sqrt(np.mean(oracle**2)), rel=0.01)
+
+
+def test_flac_16k_mono(shared_data: Path, speech: F32) -> None:
+    out = decode_file(shared_data / "librispeech-lhotse" / "2412-153948-0000.flac")
+    np.testing.assert_array_equal(out, speech)
+
+
+# ---- compressed encodings made at test time
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["speech.mp3", "stereo44k.mp3", "speech.opus", "speech.m4a", "speech.webm", "live.webm"],
+)
+def test_compressed_formats_decode_to_the_source(
+    name: str, encoded_clips: dict[str, EncodedClip], speech: F32
+) -> None:
+    clip = encoded_clips[name]
+    info = probe(clip.path)
+    assert (info.sample_rate, info.channels) == (clip.sample_rate, clip.channels)
+    source_s = speech.size / SAMPLE_RATE
+    assert info.duration_s == pytest.approx(source_s, abs=0.07)
+    out = decode_file(clip.path)
+    assert out.dtype == np.float32 and out.ndim == 1
+    # AAC keeps its end padding (<= 64 ms at 16 kHz); the others match to a few ms
+    assert out.size / SAMPLE_RATE == pytest.approx(source_s, abs=0.07)
+    assert np.abs(out).max() <= 1.0
+    lag, r = best_lag_correlation(speech, out)
+    assert abs(lag) <= 40, f"{name}: misaligned by {lag} samples"
+    assert r > 0.95, f"{name}: correlation {r:.3f}"
+    gain = np.sqrt(np.mean(out**2) / np.mean(speech**2))
+    assert gain == pytest.approx(clip.gain, rel=0.05)
+
+
+# ---- limits
+
+
+def test_too_long_is_refused_before_decoding(
+    shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def must_not_decode(*_: object) -> None:
+        raise AssertionError("decoded although the header was over the limit")
+
+    monkeypatch.setattr(decode, "_decode_soundfile", must_not_decode)
+    with pytest.raises(TooLong, match="11.0 s"):
+        decode_file(shared_data / "jfk" / "jfk.flac", max_audio_s=10.0)
+
+
+@pytest.mark.parametrize("name", ["speech.webm", "live.webm"])
+def test_a_lying_container_is_stopped_while_decoding(
+    name: str, encoded_clips: dict[str, EncodedClip], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = encoded_clips[name].path
+    real = decode._probe(path)
+    lie = real._replace(info=AudioInfo(1.0, 48_000, 1, "opus"))
+    monkeypatch.setattr(decode, "_probe", lambda _path: lie)
+    with pytest.raises(TooLong, match="decodes to"):
+        decode_file(path, max_audio_s=5.0)
+
+
+def test_limit_is_inclusive(shared_data: Path) -> None:
+    assert decode_file(shared_data / "jfk" / "jfk.flac", max_audio_s=11.0).size > 0
+
+
+# ---- bad input
+
+
+def test_non_audio_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "upload.bin"
+    path.write_bytes(b"\x00\x01not audio at all\xff" * 200)
+    for fn in (probe, decode_file):
+        with pytest.raises(BadAudio, match="not an audio file"):
+            fn(path)
+
+
+def test_text_file_is_a_container_without_audio(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"  # FFmpeg's tty demuxer opens .txt as a video stream
+    path.write_text("minutes of the meeting\n" * 50)
+    with pytest.raises(BadAudio, match="no audio stream"):
+        decode_file(path)
+
+
+def test_empty_and_missing_files(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.wav"
+    empty.write_bytes(b"")
+    with pytest.raises(BadAudio, match="empty"):
+        decode_file(empty)
+    with pytest.raises(BadAudio, match="cannot read"):
+        decode_file(tmp_path / "absent.wav")
+
+
+def test_zero_length_wav(tmp_path: Path) -> None:
+    path = tmp_path / "zero.wav"
+    sf.write(path, np.zeros(0, np.int16), 16_000, subtype="PCM_16")
+    assert probe(path).duration_s == 0.0
+    with pytest.raises(BadAudio, match="no samples"):
+        decode_file(path)
+
+
+def test_zero_length_webm(tmp_path: Path) -> None:
+    path = tmp_path / "zero.webm"
+    with av.open(str(path), "w", format="webm") as out:
+        out.add_stream("libopus", rate=48_000)
+    with pytest.raises(BadAudio):
+        decode_file(path)
+
+
+def test_non_finite_float_wav(tmp_path: Path) -> None:
+    path = tmp_path / "nan.wav"
+    x = np.zeros(16_000, np.float32)
+    x[100] = np.nan
+    sf.write(path, x, 16_000, subtype="FLOAT")
+    with pytest.raises(BadAudio, match="non-finite"):
+        decode_file(path)
+
+
+def test_float_wav_over_full_scale_is_clipped(tmp_path: Path) -> None:
+    path = tmp_path / "hot.wav"
+    x = np.full(1_000, 1.5, np.float32)
+    x[::2] = -3.0
+    sf.write(path, x, 16_000, subtype="FLOAT")
+    out = decode_file(path)
+    assert out.max() == 1.0 and out.min() == -1.0
+
+
+def test_flac_cut_in_half(shared_data: Path, tmp_path: Path) -> None:
+    data = (shared_data / "jfk" / "jfk.flac").read_bytes()
+    path = tmp_path / "half.flac"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadAudio, match="truncated or corrupt"):
+        decode_file(path)
+
+
+def test_webm_cut_in_half(encoded_clips: dict[str, EncodedClip], tmp_path: Path) -> None:
+    data = encoded_clips["speech.webm"].path.read_bytes()
+    path = tmp_path / "half.webm"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadAudio, match="truncated"):
+        decode_file(path)
+
+
+def test_m4a_cut_before_its_index(encoded_clips: dict[str, EncodedClip], tmp_path: Path) -> None:
+    data = encoded_clips["speech.m4a"].path.read_bytes()
+    path = tmp_path / "half.m4a"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(BadAudio, match="FFmpeg"):
+        decode_file(path)
+
+
+@pytest.mark.parametrize("name", ["speech.mp3", "speech.opus"])
+def test_cut_mp3_and_ogg_yield_a_genuine_prefix(
+    name: str, encoded_clips: dict[str, EncodedClip], speech: F32, tmp_path: Path
+) -> None:
+    data = encoded_clips[name].path.read_bytes()
+    path = tmp_path / f"half.{name}"
+    path.write_bytes(data[: len(data) // 2])
+    out = decode_file(path)
+    assert 3.0 < out.size / SAMPLE_RATE < 8.0
+    _, r = best_lag_correlation(speech[: out.size], out)
+    assert r > 0.95
+
+
+def test_truncated_wav_yields_its_intact_prefix(shared_data: Path, tmp_path: Path) -> None:
+    source = shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav"
+    data = source.read_bytes()
+    path = tmp_path / "half.wav"
+    path.write_bytes(data[: len(data) // 2])
+    out = decode_file(path)
+    full = decode_file(source)
+    assert 0 < out.size < full.size
+    np.testing.assert_array_equal(out, full[: out.size])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    source=st.sampled_from(["speech.webm", "speech.m4a", "speech.mp3", "flac"]),
+    offsets=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8),
+    garbage=st.binary(min_size=1, max_size=8),
+)
+def test_corrupted_files_raise_bad_audio_or_decode_cleanly(
+    source: str,
+    offsets: list[float],
+    garbage: bytes,
+    encoded_clips: dict[str, EncodedClip],
+    shared_data: Path,
+    tmp_path: Path,
+) -> None:
+    """Overwrite bytes anywhere (headers included): only BadAudio may escape, never a raw
+    soundfile/PyAV exception, and whatever decodes is valid model input."""
+    original = (
+        shared_data / "librispeech-lhotse" / "2412-153948-0000.flac"
+        if source == "flac"
+        else encoded_clips[source].path
+    )
+    data = bytearray(original.read_bytes())
+    for offset in offsets:
+        at = int(offset * (len(data) - len(garbage)))
+        data[at : at + len(garbage)] = garbage
+    path = tmp_path / f"corrupt.{source}"
+    path.write_bytes(bytes(data))
+    try:
+        out = decode_file(path)
+    except BadAudio as e:
+        assert e.message
+        return
+    assert out.dtype == np.float32 and out.ndim == 1 and out.size > 0
+    assert np.isfinite(out).all() and np.abs(out).max() <= 1.0
