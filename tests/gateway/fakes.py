@@ -49,7 +49,15 @@ class FakeSessionLog:
 
 
 class FakeSession:
-    def __init__(self, session_id: str, options: SessionOptions, log: FakeSessionLog) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        options: SessionOptions,
+        log: FakeSessionLog,
+        end_gate: asyncio.Event | None = None,
+    ) -> None:
+        self._end_gate = end_gate
+        self._gate_task: asyncio.Task[None] | None = None
         self._id = session_id
         self._options = options
         self.log = log
@@ -89,6 +97,16 @@ class FakeSession:
             raise ProtocolError("end after end/abort")
         self._closed = True
         self.log.ended = True
+        if self._end_gate is not None:
+            self._gate_task = asyncio.create_task(self._end_after_gate(self._end_gate))
+            return
+        self._emit_final()
+
+    async def _end_after_gate(self, gate: asyncio.Event) -> None:
+        await gate.wait()
+        self._emit_final()
+
+    def _emit_final(self) -> None:
         duration_s = self.log.num_samples / SAMPLE_RATE
         if self._options.live:
             self._commit(duration_s)
@@ -111,6 +129,8 @@ class FakeSession:
         self._queue.put_nowait(None)
 
     async def abort(self) -> None:
+        if self._gate_task is not None:
+            self._gate_task.cancel()
         self._closed = True
         self.log.aborted = True
         self._queue.put_nowait(None)
@@ -158,6 +178,7 @@ class FakeTranscriber:
         self._ready = False
         self._start_ready = start_ready
         self.open_error: LivemeetError | None = None
+        self.end_gate: asyncio.Event | None = None  # when set, end() waits for it to emit
         self.sessions: list[FakeSession] = []
         self.num_started = 0
         self.num_closed = 0
@@ -184,7 +205,7 @@ class FakeTranscriber:
         if self.open_error is not None:
             raise self.open_error
         log = FakeSessionLog(options)
-        session = FakeSession(f"fake-{len(self.sessions)}", options, log)
+        session = FakeSession(f"fake-{len(self.sessions)}", options, log, self.end_gate)
         self.sessions.append(session)
         return session
 
