@@ -56,7 +56,6 @@ from livemeet.transcriber import (
     TranscriberSession,
     TranscriptFinal,
 )
-from livemeet.transcript import formats
 from livemeet.transcript.segments import Transcript
 
 log = logging.getLogger(__name__)
@@ -255,6 +254,8 @@ def _parse_bool(value: str, name: str) -> bool:
 
 
 def _check_response_format(fmt: str) -> None:
+    from livemeet.transcript import formats  # TEMP until the audio branch lands formats
+
     try:
         formats.parse_response_format(fmt)
     except LivemeetError:
@@ -296,6 +297,8 @@ def _to_transcript(final: TranscriptFinal, language: str | None) -> Transcript:
 
 
 def _render(transcript: Transcript, fmt: str, language: str | None) -> web.Response:
+    from livemeet.transcript import formats  # TEMP until the audio branch lands formats
+
     body, content_type = formats.render(transcript, fmt, language=language)
     text = body.decode() if isinstance(body, bytes) else body
     mime = content_type.split(";")[0].strip()

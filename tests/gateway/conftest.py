@@ -36,13 +36,19 @@ def server_config(tmp_path: Path) -> ServerConfig:
 
 
 @pytest.fixture
-async def client(aiohttp_client: ClientFactory, server_config: ServerConfig,
-                 fake: FakeTranscriber) -> TestClient:
+async def client(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> TestClient:
     return await aiohttp_client(create_app(server_config, fake))
 
 
-def wav_bytes(duration_s: float, rate: int = 16_000, channels: int = 1,
-              fmt: str = "WAV", subtype: str = "PCM_16") -> bytes:
+def wav_bytes(
+    duration_s: float,
+    rate: int = 16_000,
+    channels: int = 1,
+    fmt: str = "WAV",
+    subtype: str = "PCM_16",
+) -> bytes:
     """A quiet sine (440 Hz) of `duration_s` seconds, encoded in memory."""
     t = np.arange(int(duration_s * rate)) / rate
     mono = (0.1 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)

@@ -17,8 +17,16 @@ from livemeet.gateway.live_protocol import (
     State,
 )
 
-START = json.dumps({"type": "start", "sample_rate": 16000, "channels": 1,
-                    "encoding": "pcm_s16le", "language": "en", "hotwords": ["MOSS"]})
+START = json.dumps(
+    {
+        "type": "start",
+        "sample_rate": 16000,
+        "channels": 1,
+        "encoding": "pcm_s16le",
+        "language": "en",
+        "hotwords": ["MOSS"],
+    }
+)
 
 
 def streaming(channels: int = 1) -> LiveProtocol:

@@ -47,8 +47,9 @@ def test_dangling_bytes_at_end_become_replacement_char() -> None:
     assert f.finish() == "\ufffd"
 
 
-@given(st.text(), st.lists(st.integers(0, 20), max_size=30),
-       st.lists(st.floats(0, 0.2), max_size=30))
+@given(
+    st.text(), st.lists(st.integers(0, 20), max_size=30), st.lists(st.floats(0, 0.2), max_size=30)
+)
 def test_utf8_chunks_reassemble_exactly(text: str, cuts: list[int], gaps: list[float]) -> None:
     data = text.encode()
     pieces, pos = [], 0
