@@ -1,0 +1,297 @@
+"""livemeet.transcript.formats: every writer, checked with independent parsers and schemas.
+
+Oracles: the `srt` and `webvtt-py` libraries parse the subtitles back; openai-python's own
+pydantic models (`Transcription`, `TranscriptionVerbose`, `TranscriptionDiarized`) validate the
+JSON shapes the OpenAI client libraries expect.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import re
+from datetime import timedelta
+
+import pytest
+import srt
+import webvtt
+from hypothesis import given
+from hypothesis import strategies as st
+from openai.types.audio import Transcription, TranscriptionDiarized, TranscriptionVerbose
+
+from livemeet.errors import InvalidRequest
+from livemeet.transcript.formats import (
+    CHARSET,
+    ResponseFormat,
+    parse_response_format,
+    render,
+    srt_timestamp,
+    vtt_timestamp,
+)
+from livemeet.transcript.segments import Segment, Transcript
+
+MEETING = Transcript(
+    segments=(
+        Segment(0.0, 2.5, "S01", "Good morning, everyone.", "seg-0000", True),
+        Segment(2.64, 5.123, "S02", "Morning! Shall we start?", "seg-0001", True),
+        Segment(61.0, 62.345, "S01", "Yes.", "seg-0002", True),
+    ),
+    duration_s=62.5,
+)
+TAG = re.compile(r"\[(S\d+|\d+(\.\d+)?)\]")  # the model's [Sxx] and [ts] tags
+
+
+def segment(start: float, end: float, text: str, speaker: str = "S01") -> Segment:
+    return Segment(start, end, speaker, text, f"seg-{int(start * 1000):07d}", True)
+
+
+def parse_vtt(body: str) -> list[webvtt.Caption]:
+    return list(webvtt.from_buffer(io.StringIO(body)))
+
+
+# ---- parse_response_format
+
+
+@pytest.mark.parametrize("fmt", list(ResponseFormat))
+def test_parse_every_format(fmt: ResponseFormat) -> None:
+    assert parse_response_format(fmt.value) is fmt
+
+
+@pytest.mark.parametrize("value", ["", "JSON", "xml", "srt ", "diarized-json"])
+def test_unknown_format_lists_accepted_values(value: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_response_format(value)
+    for fmt in ResponseFormat:
+        assert fmt.value in info.value.message
+
+
+# ---- JSON shapes
+
+
+def test_json_is_openai_transcription() -> None:
+    body, content_type = render(MEETING, ResponseFormat.JSON)
+    assert content_type == "application/json"
+    obj = json.loads(body)
+    assert obj == {
+        "text": "Good morning, everyone. Morning! Shall we start? Yes.",
+        "usage": {"type": "duration", "seconds": 63},
+    }
+    Transcription.model_validate(obj)
+
+
+def test_verbose_json_is_openai_transcription_verbose() -> None:
+    body, content_type = render(MEETING, ResponseFormat.VERBOSE_JSON, language="en")
+    assert content_type == "application/json"
+    obj = json.loads(body)
+    model = TranscriptionVerbose.model_validate(obj)  # every field the schema requires
+    assert (obj["task"], model.language, model.duration) == ("transcribe", "en", 62.5)
+    assert model.text == MEETING.text
+    assert model.segments is not None
+    assert [s.id for s in model.segments] == [0, 1, 2]
+    assert [(s.start, s.end, s.text) for s in model.segments] == [
+        (0.0, 2.5, "Good morning, everyone."),
+        (2.64, 5.123, "Morning! Shall we start?"),
+        (61.0, 62.345, "Yes."),
+    ]
+    assert [s["speaker"] for s in obj["segments"]] == ["S01", "S02", "S01"]
+    assert obj["segments"][2]["seek"] == 6100  # 10 ms mel frames
+    assert obj["usage"] == {"type": "duration", "seconds": 63}
+
+
+def test_verbose_json_language() -> None:
+    def language(transcript: Transcript, given: str | None) -> str:
+        body, _ = render(transcript, ResponseFormat.VERBOSE_JSON, language=given)
+        return str(json.loads(body)["language"])
+
+    assert language(MEETING, None) == "unknown"
+    tagged = Transcript(MEETING.segments, MEETING.duration_s, language="zh")
+    assert language(tagged, None) == "zh"
+    assert language(tagged, "en") == "en"
+
+
+def test_diarized_json_is_openai_transcription_diarized() -> None:
+    body, content_type = render(MEETING, ResponseFormat.DIARIZED_JSON)
+    assert content_type == "application/json"
+    obj = json.loads(body)
+    model = TranscriptionDiarized.model_validate(obj)
+    assert (model.task, model.duration, model.text) == ("transcribe", 62.5, MEETING.text)
+    assert [(s.type, s.id, s.start, s.end, s.speaker, s.text) for s in model.segments] == [
+        ("transcript.text.segment", "seg-0000", 0.0, 2.5, "S01", "Good morning, everyone."),
+        ("transcript.text.segment", "seg-0001", 2.64, 5.123, "S02", "Morning! Shall we start?"),
+        ("transcript.text.segment", "seg-0002", 61.0, 62.345, "S01", "Yes."),
+    ]
+    assert obj["usage"] == {"type": "duration", "seconds": 63}
+
+
+def test_diarized_segments_without_ids_get_distinct_ones() -> None:
+    t = Transcript((Segment(0, 1, "S01", "a"), Segment(1, 2, "S02", "b")), 2.0)
+    ids = [s["id"] for s in json.loads(render(t, ResponseFormat.DIARIZED_JSON).body)["segments"]]
+    assert len(set(ids)) == 2 and all(isinstance(i, str) and i for i in ids)
+
+
+@pytest.mark.parametrize(
+    ("duration_s", "seconds"), [(0.0, 0), (0.2, 1), (30.0, 30), (30.0000001, 30), (30.01, 31)]
+)
+def test_usage_bills_whole_seconds_rounded_up(duration_s: float, seconds: int) -> None:
+    t = Transcript((), duration_s)
+    assert json.loads(render(t, ResponseFormat.JSON).body)["usage"]["seconds"] == seconds
+
+
+# ---- text
+
+
+def test_text_is_plain_and_newline_terminated() -> None:
+    body, content_type = render(MEETING, ResponseFormat.TEXT)
+    assert content_type == "text/plain"
+    assert body == "Good morning, everyone. Morning! Shall we start? Yes.\n"
+    assert "S01" not in body and not TAG.search(body)
+
+
+def test_cjk_segments_join_without_spaces() -> None:
+    t = Transcript(
+        (segment(0, 1, "大家好。", "S01"), segment(1, 2, "开始吧", "S02"), segment(2, 3, "OK")),
+        3.0,
+    )
+    assert render(t, ResponseFormat.TEXT).body == "大家好。开始吧 OK\n"
+    for fmt in (ResponseFormat.JSON, ResponseFormat.VERBOSE_JSON, ResponseFormat.DIARIZED_JSON):
+        body = render(t, fmt).body
+        assert json.loads(body)["text"] == "大家好。开始吧 OK"
+        assert "大家好" in body  # UTF-8, not \u escapes
+    cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
+    assert [c.content for c in cues] == ["S01: 大家好。", "S02: 开始吧", "S01: OK"]
+    assert render(t, ResponseFormat.SRT).body.encode(CHARSET).decode(CHARSET)
+
+
+# ---- subtitles
+
+
+def test_srt_round_trips_through_the_srt_library() -> None:
+    body, content_type = render(MEETING, ResponseFormat.SRT)
+    assert content_type == "application/x-subrip"
+    cues = list(srt.parse(body))
+    assert [c.index for c in cues] == [1, 2, 3]
+    assert [(c.start, c.end) for c in cues] == [
+        (timedelta(0), timedelta(seconds=2.5)),
+        (timedelta(seconds=2.64), timedelta(seconds=5.123)),
+        (timedelta(seconds=61), timedelta(seconds=62.345)),
+    ]
+    assert [c.content for c in cues] == [
+        "S01: Good morning, everyone.",
+        "S02: Morning! Shall we start?",
+        "S01: Yes.",
+    ]
+    assert "00:01:02,345" in body
+
+
+def test_vtt_round_trips_through_webvtt_py() -> None:
+    body, content_type = render(MEETING, ResponseFormat.VTT)
+    assert content_type == "text/vtt"
+    assert body.startswith("WEBVTT\n\n")
+    cues = parse_vtt(body)
+    assert [(c.start, c.end, c.voice, c.text) for c in cues] == [
+        ("00:00:00.000", "00:00:02.500", "S01", "Good morning, everyone."),
+        ("00:00:02.640", "00:00:05.123", "S02", "Morning! Shall we start?"),
+        ("00:01:01.000", "00:01:02.345", "S01", "Yes."),
+    ]
+    assert "<v S02>Morning! Shall we start?" in body
+
+
+@pytest.mark.parametrize(
+    ("seconds", "srt_text", "vtt_text"),
+    [
+        (0.0, "00:00:00,000", "00:00:00.000"),
+        (62.345, "00:01:02,345", "00:01:02.345"),
+        (59.9996, "00:01:00,000", "00:01:00.000"),  # rounding carries into minutes
+        (99 * 60 + 1.5, "01:39:01,500", "01:39:01.500"),
+        (5400.0, "01:30:00,000", "01:30:00.000"),
+        (100 * 3600 + 0.001, "100:00:00,001", "100:00:00.001"),
+        (-0.01, "00:00:00,000", "00:00:00.000"),
+    ],
+)
+def test_timestamps(seconds: float, srt_text: str, vtt_text: str) -> None:
+    assert srt_timestamp(seconds) == srt_text
+    assert vtt_timestamp(seconds) == vtt_text
+
+
+def test_long_meeting_times_parse_back() -> None:
+    t = Transcript((segment(5399.25, 5400.0, "last words"),), 5400.0)
+    (cue,) = srt.parse(render(t, ResponseFormat.SRT).body)
+    assert cue.start == timedelta(seconds=5399.25) and cue.end == timedelta(seconds=5400)
+    (vcue,) = parse_vtt(render(t, ResponseFormat.VTT).body)
+    assert (vcue.start, vcue.end) == ("01:29:59.250", "01:30:00.000")
+
+
+def test_arrows_newlines_and_markup_in_text_do_not_break_cues() -> None:
+    nasty = "a --> b\n\nsecond paragraph <b>&amp;</b>\r\n3 > 2 < 4"
+    t = Transcript((segment(1, 2, nasty), segment(3, 4, "next", "S02")), 4.0)
+    srt_cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
+    assert len(srt_cues) == 2
+    assert srt_cues[0].content == "S01: a -> b second paragraph <b>&amp;</b> 3 > 2 < 4"
+    assert srt_cues[1].content == "S02: next"
+    vtt_body = render(t, ResponseFormat.VTT).body
+    vtt_cues = parse_vtt(vtt_body)
+    assert len(vtt_cues) == 2
+    assert vtt_body.count("-->") == 2  # only the timing lines
+    assert html.unescape(vtt_cues[0].text) == "a --> b second paragraph <b>&amp;</b> 3 > 2 < 4"
+    assert (vtt_cues[1].voice, vtt_cues[1].text) == ("S02", "next")
+    # JSON keeps the text exactly
+    segs = json.loads(render(t, ResponseFormat.DIARIZED_JSON).body)["segments"]
+    assert segs[0]["text"] == nasty
+
+
+def test_empty_text_segments_make_no_cues() -> None:
+    t = Transcript((segment(0, 1, "  "), segment(1, 2, "words")), 2.0)
+    assert [c.content for c in srt.parse(render(t, ResponseFormat.SRT).body)] == ["S01: words"]
+    assert [c.text for c in parse_vtt(render(t, ResponseFormat.VTT).body)] == ["words"]
+    assert len(json.loads(render(t, ResponseFormat.VERBOSE_JSON).body)["segments"]) == 2
+
+
+def test_empty_transcript() -> None:
+    empty = Transcript((), 0.0)
+    assert render(empty, ResponseFormat.TEXT).body == "\n"
+    assert render(empty, ResponseFormat.SRT).body == ""
+    assert list(srt.parse(render(empty, ResponseFormat.SRT).body)) == []
+    assert render(empty, ResponseFormat.VTT).body == "WEBVTT\n"
+    assert parse_vtt(render(empty, ResponseFormat.VTT).body) == []
+    assert json.loads(render(empty, ResponseFormat.JSON).body)["text"] == ""
+    TranscriptionVerbose.model_validate_json(render(empty, ResponseFormat.VERBOSE_JSON).body)
+    diarized = TranscriptionDiarized.model_validate_json(
+        render(empty, ResponseFormat.DIARIZED_JSON).body
+    )
+    assert diarized.segments == []
+
+
+_texts = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
+    max_size=40,
+)
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 20_000), st.floats(0, 30), st.sampled_from(["S01", "S02"]), _texts),
+        max_size=6,
+    )
+)
+def test_any_text_gives_one_parseable_cue_per_nonempty_segment(
+    rows: list[tuple[float, float, str, str]],
+) -> None:
+    segments = tuple(segment(start, start + length, text, spk) for start, length, spk, text in rows)
+    t = Transcript(segments, 40_000.0)
+    kept = [s for s in segments if s.text.strip()]
+    srt_cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
+    assert len(srt_cues) == len(kept)
+    for cue, s in zip(srt_cues, kept, strict=True):
+        assert abs(cue.start.total_seconds() - s.start_s) <= 0.0005 + 1e-9
+        assert cue.content.startswith(f"{s.speaker}: ")
+        assert "\n" not in cue.content
+    vtt_body = render(t, ResponseFormat.VTT).body
+    assert vtt_body.count(" --> ") == len(kept)
+    for fmt in (ResponseFormat.JSON, ResponseFormat.VERBOSE_JSON, ResponseFormat.DIARIZED_JSON):
+        assert json.loads(render(t, fmt).body)["text"] == t.text
+
+
+def test_no_format_adds_model_tags() -> None:
+    for fmt in ResponseFormat:
+        assert not TAG.search(render(MEETING, fmt).body), fmt
