@@ -78,12 +78,19 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/readyz", health.readyz, name="readyz")
     app.router.add_get("/metrics", health.metrics, name="metrics")
     if WEB_DIR.is_dir():
-        app.router.add_get("/", _index, name="index")
-        app.router.add_static("/", WEB_DIR, name="web")
+        # One route per file rather than a catch-all static resource, so unknown paths still
+        # get the JSON 404 of the error middleware.
+        app.router.add_get("/", _file_handler(WEB_DIR / "index.html"), name="web")
+        for path in sorted(WEB_DIR.iterdir()):
+            if path.is_file():
+                app.router.add_get(f"/{path.name}", _file_handler(path))
 
 
-async def _index(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(WEB_DIR / "index.html")
+def _file_handler(path: Path) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(path)
+
+    return handler
 
 
 async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -56,6 +55,8 @@ from livemeet.transcriber import (
     TranscriberSession,
     TranscriptFinal,
 )
+from livemeet.transcript import formats
+from livemeet.transcript.formats import ResponseFormat
 from livemeet.transcript.segments import Transcript
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class UploadForm:
     filename: str
     num_bytes: int
     model: str | None
-    response_format: str
+    response_format: ResponseFormat
     prompt: str | None
     language: str | None
     stream: bool
@@ -107,7 +108,7 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_transcription(request: web.Request) -> web.Response:
     transcript = await request.app[STORE_KEY].get(request.match_info["id"])
-    fmt = request.query.get("response_format", "json")
+    fmt = formats.parse_response_format(request.query.get("response_format", "json"))
     return _render(transcript, fmt, transcript.language)
 
 
@@ -119,7 +120,6 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     form = await read_upload_form(request, app[CONFIG_KEY])
     try:
-        _check_response_format(form.response_format)
         samples, duration_s = await _decode_upload(app, form.path)
     finally:
         form.path.unlink(missing_ok=True)
@@ -191,7 +191,7 @@ async def read_upload_form(request: web.Request, config: ServerConfig) -> Upload
             filename=filename,
             num_bytes=num_bytes,
             model=fields.get("model") or None,
-            response_format=fields.get("response_format") or "json",
+            response_format=formats.parse_response_format(fields.get("response_format") or "json"),
             prompt=fields.get("prompt") or None,
             language=fields.get("language") or None,
             stream=_parse_bool(fields.get("stream", "false"), "stream"),
@@ -253,17 +253,6 @@ def _parse_bool(value: str, name: str) -> bool:
     raise InvalidRequest(f"{name} must be true or false, not {value!r}")
 
 
-def _check_response_format(fmt: str) -> None:
-    from livemeet.transcript import formats  # TEMP until the audio branch lands formats
-
-    try:
-        formats.parse_response_format(fmt)
-    except LivemeetError:
-        raise
-    except ValueError as exc:
-        raise InvalidRequest(f"unknown response_format {fmt!r}: {exc}") from exc
-
-
 async def _decode_upload(app: web.Application, path: Path) -> tuple[Any, float]:
     """Probe (duration before decoding), then decode under the app's decode semaphore.
 
@@ -296,18 +285,9 @@ def _to_transcript(final: TranscriptFinal, language: str | None) -> Transcript:
     return Transcript(final.segments, final.duration_s, final.finish_reason, language)
 
 
-def _render(transcript: Transcript, fmt: str, language: str | None) -> web.Response:
-    from livemeet.transcript import formats  # TEMP until the audio branch lands formats
-
+def _render(transcript: Transcript, fmt: ResponseFormat, language: str | None) -> web.Response:
     body, content_type = formats.render(transcript, fmt, language=language)
-    text = body.decode() if isinstance(body, bytes) else body
-    mime = content_type.split(";")[0].strip()
-    if mime == "application/json":
-        obj = json.loads(text)
-        if isinstance(obj, dict):
-            obj.setdefault("usage", _usage(transcript.duration_s))
-            text = json.dumps(obj, ensure_ascii=False)
-    return web.Response(text=text, content_type=mime, charset="utf-8")
+    return web.Response(text=body, content_type=content_type, charset="utf-8")
 
 
 def _usage(duration_s: float) -> dict[str, object]:
