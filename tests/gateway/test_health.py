@@ -22,8 +22,9 @@ async def test_health_and_ready(client: TestClient) -> None:
     assert (await client.get("/readyz")).status == 503
 
 
-async def test_transcriber_started_and_closed(aiohttp_client: ClientFactory,
-                                              server_config: ServerConfig) -> None:
+async def test_transcriber_started_and_closed(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
     fake = FakeTranscriber()
     client = await aiohttp_client(create_app(server_config, fake))
     assert fake.num_started == 1 and fake.num_closed == 0
@@ -48,8 +49,9 @@ async def test_metrics_count_requests_errors_audio_and_demo(client: TestClient) 
     assert 'livemeet_sessions_ended_total{kind="live",outcome="invalid_request"} 1.0' in text
 
 
-async def test_two_apps_have_separate_registries(aiohttp_client: ClientFactory,
-                                                 server_config: ServerConfig) -> None:
+async def test_two_apps_have_separate_registries(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
     a = await aiohttp_client(create_app(server_config, FakeTranscriber(demo=False)))
     b = await aiohttp_client(create_app(server_config, FakeTranscriber()))
     assert "livemeet_demo_backend 0.0" in await (await a.get("/metrics")).text()

@@ -31,12 +31,18 @@ async def test_create_json_text_srt(client: TestClient, audio_path: Path) -> Non
         with audio_path.open("rb") as f:
             as_json = oa.audio.transcriptions.create(model="whisper-1", file=f)
         with audio_path.open("rb") as f:
-            as_text = oa.audio.transcriptions.create(model="whisper-1", file=f,
-                                                     response_format="text")
+            as_text = oa.audio.transcriptions.create(
+                model="whisper-1", file=f, response_format="text"
+            )
         with audio_path.open("rb") as f:
             as_verbose = oa.audio.transcriptions.create(
-                model="whisper-1", file=f, response_format="verbose_json", language="en",
-                timestamp_granularities=["segment"], temperature=0.0)
+                model="whisper-1",
+                file=f,
+                response_format="verbose_json",
+                language="en",
+                timestamp_granularities=["segment"],
+                temperature=0.0,
+            )
         return as_json, as_text, as_verbose
 
     as_json, as_text, as_verbose = await asyncio.to_thread(run)
@@ -52,8 +58,9 @@ async def test_stream_true(client: TestClient, audio_path: Path) -> None:
 
     def run() -> list[object]:
         with audio_path.open("rb") as f:
-            stream = oa.audio.transcriptions.create(model="whisper-1", file=f, stream=True,
-                                                    response_format="json")
+            stream = oa.audio.transcriptions.create(
+                model="whisper-1", file=f, stream=True, response_format="json"
+            )
             return list(stream)
 
     events = await asyncio.to_thread(run)
