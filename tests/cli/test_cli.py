@@ -44,16 +44,16 @@ def test_serve_rejects_half_tls(tmp_path: Path) -> None:
 async def test_transcribe_files_and_outputs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeTranscriber()
-    await fake.start()
+    transcriber = FakeTranscriber()
+    await transcriber.start()
     good = write_wav(tmp_path / "good.wav", 3.0)
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"nope" * 100)
-    results = await transcribe.transcribe_files(fake, [good, bad], language="en")
+    results = await transcribe.transcribe_files(transcriber, [good, bad], language="en")
     assert results[0].transcript is not None
     assert results[0].transcript.text == expected_upload_text(3.0)
     assert isinstance(results[1].error, BadAudio)
-    assert fake.sessions[0].log.aborted  # released after use
+    assert transcriber.sessions[0].log.aborted  # released after use
 
     out = tmp_path / "out"
     status = transcribe.write_results(results, ResponseFormat.SRT, out, "en")
