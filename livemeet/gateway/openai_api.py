@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -369,7 +369,7 @@ def _segment_event(event: SegmentFinal) -> dict[str, object]:
 
 async def _timed_events(
     session: TranscriberSession, flusher: DeltaFlusher
-) -> AsyncIterator[Event | None]:
+) -> AsyncGenerator[Event | None, None]:
     """The session's events, with None yielded whenever held text is due to be flushed."""
     queue: asyncio.Queue[Event | None] = asyncio.Queue()
 

@@ -6,7 +6,6 @@ Slow: the server loads the demo model once per module. Quality bar: WER <= 15 % 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import re
 import signal
@@ -160,4 +159,4 @@ async def test_bad_input_against_real_server(server: str) -> None:
             assert resp.status == 200  # still serving after the bad clients
         metrics = await (await http.get(f"{server}/metrics")).text()
         assert 'livemeet_errors_total{code="protocol_error"}' in metrics
-        assert json.dumps("livemeet_demo_backend 1.0")[1:-1] in metrics
+        assert "livemeet_demo_backend 1.0" in metrics
