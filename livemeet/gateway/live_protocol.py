@@ -15,14 +15,20 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from livemeet.audio.constants import (
+    MAX_PCM_CHANNELS,
+    MAX_PCM_SAMPLE_RATE,
+    MIN_PCM_SAMPLE_RATE,
+    PCM_S16LE_BYTES,
+)
 from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
 
 PROTOCOL_VERSION = 0
 PCM_ENCODING = "pcm_s16le"
-BYTES_PER_SAMPLE = 2  # pcm_s16le
-MIN_SAMPLE_RATE = 8_000  # Hz; lowest client rate accepted (telephone audio)
-MAX_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted
-MAX_CHANNELS = 8
+BYTES_PER_SAMPLE = PCM_S16LE_BYTES
+MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE
+MAX_SAMPLE_RATE = MAX_PCM_SAMPLE_RATE
+MAX_CHANNELS = MAX_PCM_CHANNELS
 MAX_PROMPT_CHARS = 4_096
 MAX_HOTWORDS = 256
 

@@ -57,7 +57,7 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
-from livemeet.transcript.segments import Transcript
+from livemeet.transcript.segments import Segment, Transcript
 
 log = logging.getLogger(__name__)
 
@@ -326,6 +326,7 @@ async def _write_stream(
     transcription_id: str,
 ) -> None:
     tracker = TextTracker()
+    num_segments_sent = 0
     async for item in items:
         now = time.monotonic()
         if item is None:  # the flush timer fired
@@ -335,11 +336,15 @@ async def _write_stream(
         elif isinstance(item, SegmentFinal):
             flusher.push(tracker.on_final_segment(item.segment.text), now)
             await _send_delta(response, flusher.finish())
-            await response.write(encode_event(_segment_event(item)))
+            await response.write(encode_event(_segment_event(item.segment)))
+            num_segments_sent += 1
         elif isinstance(item, TranscriptFinal):
             transcript = _to_transcript(item, form.language)
             flusher.push(tracker.final_tail(transcript.text), now)
             await _send_delta(response, flusher.finish())
+            # Backends that commit only at the end send no SegmentFinal: send the rest here.
+            for segment in item.segments[num_segments_sent:]:
+                await response.write(encode_event(_segment_event(segment)))
             await request.app[STORE_KEY].put(transcription_id, transcript)
             done = {
                 "type": "transcript.text.done",
@@ -359,8 +364,8 @@ async def _send_delta(response: web.StreamResponse, text: str) -> None:
         await response.write(encode_event({"type": "transcript.text.delta", "delta": text}))
 
 
-def _segment_event(event: SegmentFinal) -> dict[str, object]:
-    wire = event.segment.to_wire()
+def _segment_event(segment: Segment) -> dict[str, object]:
+    wire = segment.to_wire()
     return {
         "type": "transcript.text.segment",
         **{k: wire[k] for k in ("id", "start", "end", "speaker", "text")},

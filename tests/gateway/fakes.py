@@ -67,6 +67,7 @@ class FakeSession:
         self._committed_end_s = 0.0
         self._finals: list[Segment] = []
         self._closed = False
+        self.segment_events = True
 
     @property
     def id(self) -> str:
@@ -167,7 +168,8 @@ class FakeSession:
         seg = Segment(start, end_s, "S01", fake_text(index), id=f"seg-{index:04d}", is_final=True)
         self._finals.append(seg)
         self._committed_end_s = end_s
-        self._emit(SegmentFinal(seg))
+        if self.segment_events:
+            self._emit(SegmentFinal(seg))
 
 
 class FakeTranscriber:
@@ -179,6 +181,7 @@ class FakeTranscriber:
         self._start_ready = start_ready
         self.open_error: LivemeetError | None = None
         self.end_gate: asyncio.Event | None = None  # when set, end() waits for it to emit
+        self.upload_segment_events = True  # False: uploads emit no SegmentFinal (like the demo)
         self.sessions: list[FakeSession] = []
         self.num_started = 0
         self.num_closed = 0
@@ -206,6 +209,7 @@ class FakeTranscriber:
             raise self.open_error
         log = FakeSessionLog(options)
         session = FakeSession(f"fake-{len(self.sessions)}", options, log, self.end_gate)
+        session.segment_events = options.live or self.upload_segment_events
         self.sessions.append(session)
         return session
 

@@ -6,6 +6,7 @@ Slow: the server loads the demo model once per module. Quality bar: WER <= 15 % 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -160,3 +161,24 @@ async def test_bad_input_against_real_server(server: str) -> None:
         metrics = await (await http.get(f"{server}/metrics")).text()
         assert 'livemeet_errors_total{code="protocol_error"}' in metrics
         assert "livemeet_demo_backend 1.0" in metrics
+
+
+def test_transcribe_cli_demo(shared_data: Path, tmp_path: Path) -> None:
+    from livemeet.__main__ import main
+
+    out = tmp_path / "jfk.json"
+    assert (
+        main(
+            [
+                "transcribe",
+                str(shared_data / "jfk" / "jfk.flac"),
+                "--format",
+                "json",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    text = json.loads(out.read_text())["text"]
+    assert jiwer.wer(normalise(jfk_reference(shared_data)), normalise(text)) <= MAX_WER

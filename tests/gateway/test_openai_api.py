@@ -145,6 +145,24 @@ async def test_stream_sse_events(client: TestClient) -> None:
             assert sent.endswith(events[i]["text"])
 
 
+async def test_stream_sends_segments_when_backend_commits_only_at_end(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    fake.upload_segment_events = False
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(3.0), stream="true"))
+    events = parse_sse(await resp.text())
+    kinds = [e["type"] for e in events]
+    assert kinds[-3:] == [
+        "transcript.text.segment",
+        "transcript.text.segment",
+        "transcript.text.done",
+    ]
+    assert [e["id"] for e in events if e["type"] == "transcript.text.segment"] == [
+        "seg-0000",
+        "seg-0001",
+    ]
+
+
 async def test_stream_backend_error_becomes_error_event(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
