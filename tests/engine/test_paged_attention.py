@@ -185,7 +185,14 @@ def test_cpu_tensors_use_reference_by_default() -> None:
 
 @pytest.mark.parametrize(
     ("batch", "max_len", "expected"),
-    [(1, 36_000, 64), (1, 72_000, 64), (16, 36_000, 4), (64, 36_000, 1), (4, 200, 1), (1, 2048, 8)],
+    [
+        (1, 36_000, 64),
+        (1, 72_000, 64),
+        (16, 36_000, 4),
+        (64, 36_000, 1),
+        (4, 200, 2),
+        (1, 1024, 16),
+    ],
 )
 def test_choose_num_splits_examples(batch: int, max_len: int, expected: int) -> None:
     assert pa.choose_num_splits(batch, max_len, num_kv_heads=8, num_sms=132) == expected
