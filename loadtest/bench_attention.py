@@ -169,11 +169,9 @@ def bench_decode(
         err = (out.float() - expected.float()).abs().max().item()
         ms = time_graph_ms(paged_all) / layers
         tb = kv_bytes_per_layer / (ms * 1e-3) / 1e12
-        rows.append(
-            DecodeRow(
-                "paged-triton", batch, context, block_size, chosen, ms * 1e3, tb, tb / copy_bw, err
-            )  # fmt: skip
-        )
+        fractions = (tb / copy_bw, tb / read_bw)
+        row = ("paged-triton", batch, context, block_size, chosen, ms * 1e3, tb, *fractions, err)
+        rows.append(DecodeRow(*row))
     return rows
 
 
