@@ -1,0 +1,761 @@
+"""Paged attention for the decoder: store-KV, split-K decode and causal extend (Triton), with
+torch reference implementations used by the tests and by the CPU path.
+
+KV layout (the contract with the engine), per layer:
+- `k_cache`, `v_cache`: [num_blocks, block_size, num_kv_heads, head_dim], bf16/fp16/fp32 or
+  float8_e4m3fn (then with a per-tensor `k_scale`/`v_scale`: real value = stored * scale);
+  block_size in {16, 32, 64, 128}.
+- `block_tables`: int32 [num_seqs, max_blocks_per_seq]; token t of sequence b lives in block
+  `block_tables[b, t // block_size]` at offset `t % block_size`.
+- `seq_lens`: int32 [num_seqs], tokens in the cache for each sequence (including new ones).
+- slot of a token = block_id * block_size + offset; slot -1 marks padding.
+- `cu_seqlens_q`: int32 [num_seqs + 1], offsets of each sequence's new tokens in a ragged batch.
+
+Methods: online softmax (Milakov & Gimelshein 2018, "Online normalizer calculation for
+softmax"), FlashAttention-2 tiling (Dao 2023), and Flash-Decoding (Dao et al. 2023, "Flash-Decoding
+for long-context inference"): decode splits each sequence's KV into `num_splits` chunks that run
+as separate programs, each writing a partial output and its log-sum-exp; a second kernel merges
+them. All query heads that share a KV head run in one program, so each KV tile is read once per
+group (GQA). The extend kernel packs those heads into the rows of one query tile the same way.
+
+`impl="auto"` runs Triton on CUDA tensors when Triton imports, and the torch references
+otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from livemeet.errors import ConfigError, InternalError
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # the CPU-only install path
+    HAS_TRITON = False
+
+Impl = Literal["auto", "triton", "torch"]
+
+SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)  # tokens per KV block
+H200_NUM_SMS = 132  # streaming multiprocessors of an H200 SXM (HOPPER/H200 device notes)
+FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (OCP FP8 spec)
+LOG2E = 1.4426950408889634  # log2(e): the kernels use exp2
+
+# Split-K heuristic (see choose_num_splits); checked on an H200 with loadtest/bench_attention.py.
+DECODE_PROGRAMS_PER_SM = 4  # resident decode programs per SM to keep enough loads in flight
+MIN_TOKENS_PER_SPLIT = 64  # below this a split's fixed cost (q load, merge) dominates
+MAX_DECODE_SPLITS = 64  # upper bound; also the mid-buffer size per (seq, head)
+
+# Fixed kernel configurations (no autotuning: deterministic start-up and CUDA-graph capture).
+DECODE_BLOCK_N = 64  # keys per decode tile
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 2
+EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
+EXTEND_ROWS_SMALL = 64  # rows per tile when 128-row tiles would leave SMs idle
+EXTEND_BLOCK_N = 128  # keys per extend tile
+EXTEND_NUM_STAGES = 3
+
+
+def choose_num_splits(
+    batch_size: int,
+    max_seq_len: int,
+    num_kv_heads: int,
+    num_sms: int = H200_NUM_SMS,
+    max_splits: int = MAX_DECODE_SPLITS,
+) -> int:
+    """Number of KV splits per sequence for `paged_decode_attention` (a power of two).
+
+    Stage 1 launches batch_size x num_kv_heads x num_splits programs. We want about
+    `DECODE_PROGRAMS_PER_SM` programs per SM (so a batch-1 decode at 36k tokens uses every SM
+    instead of 8), but each split must keep at least `MIN_TOKENS_PER_SPLIT` tokens of the longest
+    sequence, and at most `max_splits`. The result is rounded down to a power of two so that only a
+    few kernel variants are ever compiled. Examples (8 KV heads, 132 SMs): batch 1 at 36k -> 64,
+    batch 16 at 36k -> 4, batch 64 -> 1, batch 1 at 1k -> 16, any batch at 100 tokens -> 1.
+
+    For CUDA graphs, call it with the bucket's batch size and the largest context the graph will
+    see; the kernel sizes the splits from each sequence's own length at run time.
+    """
+    if batch_size < 1 or num_kv_heads < 1 or num_sms < 1 or max_splits < 1:
+        raise ConfigError("batch_size, num_kv_heads, num_sms and max_splits must be >= 1")
+    wanted = DECODE_PROGRAMS_PER_SM * num_sms // (batch_size * num_kv_heads)
+    by_length = max(1, max_seq_len // MIN_TOKENS_PER_SPLIT)
+    splits = max(1, min(wanted, by_length, max_splits))
+    return 1 << (splits.bit_length() - 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Torch references (gather + SDPA). Correctness oracles and the CPU path.
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Reference of `store_kv`: write k, v [N, kv_heads, D] to their slots in place."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    for new, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        flat = cache.view(-1, cache.shape[2], cache.shape[3])  # [num_blocks * block_size, H, D]
+        flat[slots] = _quantize(new[keep], cache.dtype, scale)
+
+
+def _quantize(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    if dtype == torch.float8_e4m3fn:
+        return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
+    return x.to(dtype)
+
+
+def _gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, scale: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """One sequence's keys or values: [seq_len, kv_heads, D] in `dtype`."""
+    block_size = cache.shape[1]
+    tokens = torch.arange(seq_len, device=cache.device)
+    blocks = block_table[tokens // block_size].long()
+    kv = cache[blocks, tokens % block_size]
+    if cache.dtype == torch.float8_e4m3fn:
+        return (kv.float() * scale).to(dtype)
+    return kv.to(dtype)
+
+
+def _ref_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int
+) -> torch.Tensor:
+    """q [n, H, D] (positions q_offset..q_offset+n-1) over k, v [L, Hkv, D], causal -> [n, H, D]."""
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    group = num_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    q_pos = torch.arange(q.shape[0], device=q.device) + q_offset
+    k_pos = torch.arange(k.shape[0], device=q.device)
+    mask = k_pos[None, :] <= q_pos[:, None]  # [n, L]
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1),
+        k.float().transpose(0, 1),
+        v.float().transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+    )
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def ref_paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """Reference of `paged_decode_attention` (float32 math). A sequence of length 0 gives zeros."""
+    out = torch.zeros_like(q)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
+        k = _gather_kv(k_cache, block_tables[b], seq_len, k_scale, q.dtype)
+        v = _gather_kv(v_cache, block_tables[b], seq_len, v_scale, q.dtype)
+        out[b] = _ref_attention(q[b : b + 1], k, v, scale, q_offset=seq_len - 1)[0]
+    return out
+
+
+def ref_paged_extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """Reference of `paged_extend_attention` (float32 math)."""
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        start, end = cu[b], cu[b + 1]
+        if end == start:
+            continue
+        k = _gather_kv(k_cache, block_tables[b], seq_len, k_scale, q.dtype)
+        v = _gather_kv(v_cache, block_tables[b], seq_len, v_scale, q.dtype)
+        out[start:end] = _ref_attention(q[start:end], k, v, scale, q_offset=seq_len - (end - start))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels.
+# ----------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _store_kv_kernel(
+        K,
+        V,
+        KCache,
+        VCache,
+        Slots,
+        inv_k_scale,
+        inv_v_scale,
+        stride_kn,
+        stride_vn,
+        stride_kc_blk,
+        stride_kc_tok,
+        stride_vc_blk,
+        stride_vc_tok,
+        ROW: tl.constexpr,  # kv_heads * head_dim; a token's heads are contiguous in both
+        ROW_POW2: tl.constexpr,
+        PAGE: tl.constexpr,
+        FP8: tl.constexpr,
+    ):
+        n = tl.program_id(0)
+        slot = tl.load(Slots + n)
+        if slot >= 0:
+            blk = slot // PAGE
+            off = slot % PAGE
+            cols = tl.arange(0, ROW_POW2)
+            cmask = cols < ROW
+            k = tl.load(K + n * stride_kn + cols, mask=cmask)
+            v = tl.load(V + n * stride_vn + cols, mask=cmask)
+            if FP8:
+                k = tl.clamp(k.to(tl.float32) * inv_k_scale, -448.0, 448.0)
+                v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
+            kc = KCache + blk * stride_kc_blk + off * stride_kc_tok + cols
+            vc = VCache + blk * stride_vc_blk + off * stride_vc_tok + cols
+            tl.store(kc, k.to(KCache.dtype.element_ty), mask=cmask)
+            tl.store(vc, v.to(VCache.dtype.element_ty), mask=cmask)
+
+    @triton.jit
+    def _kv_tile_rows(
+        BT, t0, stride_c_blk, stride_c_tok, PAGE: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
+        """Cache element offsets of tokens t0..t0+BLOCK_N-1 (t0 a multiple of BLOCK_N): [BLOCK_N].
+
+        BT points at this sequence's block-table row. Token indices past the sequence give
+        garbage offsets; callers mask the loads.
+        """
+        offs = tl.arange(0, BLOCK_N)
+        if PAGE % BLOCK_N == 0:
+            # the tile lies inside one block: one table read
+            blk = tl.load(BT + t0 // PAGE).to(tl.int64)
+            return blk * stride_c_blk + ((t0 % PAGE) + offs) * stride_c_tok
+        else:
+            toks = t0 + offs
+            blk = tl.load(BT + toks // PAGE).to(tl.int64)
+            return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
+
+    @triton.jit
+    def _decode_split_kernel(
+        Q,
+        KCache,
+        VCache,
+        BlockTables,
+        SeqLens,
+        MidO,
+        MidLse,
+        qk_scale,  # softmax scale * log2(e) * k_scale
+        stride_qb,
+        stride_qh,
+        stride_kc_blk,
+        stride_kc_tok,
+        stride_kc_head,
+        stride_vc_blk,
+        stride_vc_tok,
+        stride_vc_head,
+        stride_bt,
+        GROUP: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        MID_SPLITS: tl.constexpr,
+    ):
+        # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
+        # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        num_heads = tl.num_programs(1) * GROUP
+        seq_len = tl.load(SeqLens + b)
+        split_len = tl.cdiv(tl.cdiv(seq_len, tl.num_programs(2)), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, seq_len)
+
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, HEAD_DIM)
+        hmask = offs_h < GROUP
+        heads = kvh * GROUP + offs_h
+        q = tl.load(
+            Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=hmask[:, None],
+            other=0.0,
+        )  # [BLOCK_H, D]
+        bt = BlockTables + b.to(tl.int64) * stride_bt
+        k_base = KCache + kvh * stride_kc_head
+        v_base = VCache + kvh * stride_vc_head
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+        for t0 in range(start, end, BLOCK_N):
+            tmask = (t0 + tl.arange(0, BLOCK_N)) < end
+            k_rows = _kv_tile_rows(bt, t0, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_H, BLOCK_N]
+            s = tl.where(tmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_rows = _kv_tile_rows(bt, t0, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+            m_i = m_new
+
+        # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        lse = m_i + tl.math.log2(l_i)
+        row = (b * num_heads + heads) * MID_SPLITS + split  # [BLOCK_H]
+        tl.store(MidO + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
+        tl.store(MidLse + row, lse, mask=hmask)
+
+    @triton.jit
+    def _decode_merge_kernel(
+        MidO,
+        MidLse,
+        Out,
+        v_scale,
+        stride_ob,
+        stride_oh,
+        HEAD_DIM: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+    ):
+        # grid: (num_seqs, num_heads)
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        row = b * tl.num_programs(1) + h
+        offs_s = tl.arange(0, NUM_SPLITS)
+        offs_d = tl.arange(0, HEAD_DIM)
+        lse = tl.load(MidLse + row * NUM_SPLITS + offs_s)  # [S]
+        live = lse > float("-inf")
+        lse_max = tl.max(lse, 0)
+        w = tl.where(live, tl.math.exp2(lse - lse_max), 0.0)
+        denom = tl.sum(w, 0)
+        o = tl.load(MidO + (row * NUM_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
+        out = tl.sum(w[:, None] * o, 0) / tl.where(denom > 0, denom, 1.0) * v_scale
+        tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+    @triton.jit
+    def _extend_kernel(
+        Q,
+        KCache,
+        VCache,
+        BlockTables,
+        CuSeqlensQ,
+        SeqLens,
+        Out,
+        qk_scale,  # softmax scale * log2(e) * k_scale
+        v_scale,
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        stride_kc_blk,
+        stride_kc_tok,
+        stride_kc_head,
+        stride_vc_blk,
+        stride_vc_tok,
+        stride_vc_head,
+        stride_bt,
+        GROUP: tl.constexpr,
+        GROUP_POW2: tl.constexpr,
+        BLOCK_M: tl.constexpr,  # query tokens per tile; rows = BLOCK_M * GROUP_POW2
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+    ):
+        # grid: (num_seqs, num_kv_heads, cdiv(max_seqlen_q, BLOCK_M))
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        mt = tl.program_id(2)
+        q_start = tl.load(CuSeqlensQ + b)
+        q_len = tl.load(CuSeqlensQ + b + 1) - q_start
+        if mt * BLOCK_M >= q_len:
+            return
+        seq_len = tl.load(SeqLens + b)
+        prefix_len = seq_len - q_len
+
+        ROWS: tl.constexpr = BLOCK_M * GROUP_POW2
+        rows = tl.arange(0, ROWS)
+        tok = mt * BLOCK_M + rows // GROUP_POW2  # new-token index within the sequence
+        head_in_group = rows % GROUP_POW2
+        rmask = (tok < q_len) & (head_in_group < GROUP)
+        heads = kvh * GROUP + head_in_group
+        offs_d = tl.arange(0, HEAD_DIM)
+        q_tok = (q_start + tok).to(tl.int64)
+        q = tl.load(
+            Q + q_tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=rmask[:, None],
+            other=0.0,
+        )  # [ROWS, D]
+        q_pos = prefix_len + tok
+        bt = BlockTables + b.to(tl.int64) * stride_bt
+        k_base = KCache + kvh * stride_kc_head
+        v_base = VCache + kvh * stride_vc_head
+
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+        # keys before the tile's first query position are visible to every row: no mask
+        full_end = (prefix_len + mt * BLOCK_M) // BLOCK_N * BLOCK_N
+        for t0 in range(0, full_end, BLOCK_N):
+            k_rows = _kv_tile_rows(bt, t0, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :])
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.math.exp2(s - m_new[:, None])
+            alpha = tl.math.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_rows = _kv_tile_rows(bt, t0, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v = tl.load(v_base + v_rows[:, None] + offs_d[None, :])
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+            m_i = m_new
+        # the diagonal band: causal mask
+        band_end = tl.minimum(seq_len, prefix_len + (mt + 1) * BLOCK_M)
+        for t0 in range(full_end, band_end, BLOCK_N):
+            k_pos = t0 + tl.arange(0, BLOCK_N)
+            kmask = k_pos < band_end
+            k_rows = _kv_tile_rows(bt, t0, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            visible = kmask[None, :] & (k_pos[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # a padded row may see nothing in a tile: keep exp2 away from (-inf) - (-inf)
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+            p = tl.math.exp2(s - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v_rows = _kv_tile_rows(bt, t0, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+            m_i = m_new
+
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
+        tl.store(
+            Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=rmask[:, None],
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Python API.
+# ----------------------------------------------------------------------------------------------
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
+    if impl == "torch":
+        return False
+    if impl == "triton":
+        if not HAS_TRITON:
+            raise ConfigError("impl='triton' needs the triton package (pip install triton)")
+        return True
+    return HAS_TRITON and t.is_cuda
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
+    """Validates the KV caches; returns (block_size, num_kv_heads, head_dim)."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise InternalError(
+            "k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.dtype != v_cache.dtype:
+        raise InternalError(f"k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}")
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ConfigError(f"block_size must be one of {SUPPORTED_BLOCK_SIZES}, got {block_size}")
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ConfigError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(3) != 1 or cache.stride(2) != head_dim:
+            raise InternalError(f"{name} must have contiguous [kv_heads, head_dim] rows")
+    return block_size, num_kv_heads, head_dim
+
+
+def _check_query(q: torch.Tensor, num_kv_heads: int, head_dim: int, cache: torch.Tensor) -> int:
+    """Validates q [*, heads, head_dim]; returns the GQA group size heads // kv_heads."""
+    if q.dim() != 3 or q.shape[2] != head_dim:
+        raise InternalError(f"q must be [tokens, heads, {head_dim}], got {tuple(q.shape)}")
+    if q.shape[1] % num_kv_heads:
+        raise ConfigError(f"{q.shape[1]} query heads are not a multiple of {num_kv_heads} KV heads")
+    if q.stride(2) != 1:
+        raise InternalError("q must be contiguous in head_dim")
+    if q.device != cache.device:
+        raise InternalError(f"q is on {q.device} but the KV cache is on {cache.device}")
+    return q.shape[1] // num_kv_heads
+
+
+def _check_int32(name: str, t: torch.Tensor, dims: int) -> None:
+    if t.dtype != torch.int32 or t.dim() != dims:
+        raise InternalError(f"{name} must be int32 with {dims} dims, got {t.dtype} {t.dim()}")
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    impl: Impl = "auto",
+) -> None:
+    """Write new keys and values into the paged cache, in place.
+
+    k, v: [N, kv_heads, head_dim]; slot_mapping: int64 [N], slot = block_id * block_size + offset,
+    -1 for a padding token (skipped). For a float8_e4m3fn cache the values are stored as
+    clamp(x / scale, -448, 448). Raises InternalError on mismatched shapes/dtypes and ConfigError
+    on an unsupported cache geometry.
+    """
+    block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
+    expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
+    if k.shape != expected or v.shape != expected:
+        raise InternalError(
+            f"k and v must be {expected}, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1:
+        raise InternalError(f"slot_mapping must be int64 [N], got {slot_mapping.dtype}")
+    if not _use_triton(impl, k):
+        ref_store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        return
+    if slot_mapping.shape[0] == 0:
+        return
+    k = k.reshape(k.shape[0], -1)  # [N, kv_heads * D]: contiguous rows
+    v = v.reshape(v.shape[0], -1)
+    row = num_kv_heads * head_dim
+    _store_kv_kernel[(slot_mapping.shape[0],)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        1.0 / k_scale,
+        1.0 / v_scale,
+        k.stride(0),
+        v.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        ROW=row,
+        ROW_POW2=_next_pow2(row),
+        PAGE=block_size,
+        FP8=k_cache.dtype == torch.float8_e4m3fn,
+        num_warps=4,
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """One query token per sequence over its paged KV (split-K / Flash-Decoding).
+
+    q: [B, heads, D] (the token at position seq_len - 1, its K/V already stored);
+    block_tables: int32 [B, max_blocks]; seq_lens: int32 [B] (0 for a padded row: output 0);
+    scale: softmax scale (1/sqrt(D) for Qwen3). Returns [B, heads, D] in q's dtype.
+
+    `num_splits` (a power of two is best; at most `MAX_DECODE_SPLITS` is sensible): KV chunks per
+    sequence; None picks `choose_num_splits(B, max_seq_len, kv_heads)`, with `max_seq_len`
+    defaulting to the block-table capacity (no host sync). The grid depends only on B, kv_heads
+    and num_splits, and splits are sized from seq_lens inside the kernel, so one call can be
+    captured in a CUDA graph and replayed for any lengths within the block table.
+    """
+    block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
+    group = _check_query(q, num_kv_heads, head_dim, k_cache)
+    _check_int32("block_tables", block_tables, 2)
+    _check_int32("seq_lens", seq_lens, 1)
+    batch = q.shape[0]
+    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise InternalError(f"block_tables and seq_lens must have {batch} rows")
+    if not _use_triton(impl, q):
+        return ref_paged_decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=k_scale, v_scale=v_scale
+        )
+    if num_splits is None:
+        if max_seq_len is None:
+            max_seq_len = block_tables.shape[1] * block_size
+        num_sms = H200_NUM_SMS
+        if q.is_cuda:
+            num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        num_splits = choose_num_splits(max(batch, 1), max_seq_len, num_kv_heads, num_sms)
+    if num_splits < 1:
+        raise ConfigError(f"num_splits must be >= 1, got {num_splits}")
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    num_heads = q.shape[1]
+    splits_pow2 = _next_pow2(num_splits)
+    # splits past num_splits stay at lse = -inf so the merge can use a power-of-two vector
+    f32 = {"device": q.device, "dtype": torch.float32}
+    mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
+    mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)
+    if splits_pow2 != num_splits:
+        mid_o[:, :, num_splits:].zero_()
+        mid_lse[:, :, num_splits:].fill_(float("-inf"))
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        scale * LOG2E * k_scale,
+        q.stride(0),
+        q.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_H=max(16, _next_pow2(group)),  # tl.dot needs >= 16 rows
+        HEAD_DIM=head_dim,
+        PAGE=block_size,
+        BLOCK_N=DECODE_BLOCK_N,
+        MID_SPLITS=splits_pow2,
+        num_warps=DECODE_NUM_WARPS,
+        num_stages=DECODE_NUM_STAGES,
+    )
+    _decode_merge_kernel[(batch, num_heads)](
+        mid_o,
+        mid_lse,
+        out,
+        v_scale,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=splits_pow2,
+        num_warps=4,
+    )
+    return out
+
+
+def paged_extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_seqlen_q: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix and themselves.
+
+    q: [Nq, heads, D], the new tokens of all sequences concatenated (ragged);
+    cu_seqlens_q: int32 [B + 1] (sequence b owns q rows cu[b]..cu[b+1]-1);
+    seq_lens: int32 [B], tokens in the cache per sequence INCLUDING the new ones, whose K/V must
+    already be stored (`store_kv`); new token i of b sits at position seq_len - q_len + i.
+    Returns [Nq, heads, D] in q's dtype. KV is read in place through the block table.
+
+    `max_seqlen_q` (the longest q_len) sizes the grid; None reads it from cu_seqlens_q, which
+    syncs with the host (pass it when capturing a CUDA graph).
+    """
+    block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
+    group = _check_query(q, num_kv_heads, head_dim, k_cache)
+    _check_int32("block_tables", block_tables, 2)
+    _check_int32("cu_seqlens_q", cu_seqlens_q, 1)
+    _check_int32("seq_lens", seq_lens, 1)
+    num_seqs = seq_lens.shape[0]
+    if block_tables.shape[0] != num_seqs or cu_seqlens_q.shape[0] != num_seqs + 1:
+        raise InternalError(
+            f"block_tables must have {num_seqs} rows and cu_seqlens_q {num_seqs + 1} entries"
+        )
+    if not _use_triton(impl, q):
+        return ref_paged_extend_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            cu_seqlens_q,
+            seq_lens,
+            scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
+    out = torch.empty_like(q)
+    if num_seqs == 0 or q.shape[0] == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+    group_pow2 = _next_pow2(group)
+    rows = EXTEND_ROWS
+    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+    if num_seqs * num_kv_heads * triton.cdiv(max_seqlen_q * group_pow2, rows) < num_sms:
+        rows = EXTEND_ROWS_SMALL  # e.g. one 512-token chunk: 64 programs of 128 rows
+    block_m = max(16, rows // group_pow2)
+    grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
+    _extend_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        out,
+        scale * LOG2E * k_scale,
+        v_scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_POW2=group_pow2,
+        BLOCK_M=block_m,
+        HEAD_DIM=head_dim,
+        PAGE=block_size,
+        BLOCK_N=EXTEND_BLOCK_N,
+        num_warps=8 if rows >= 128 else 4,
+        num_stages=EXTEND_NUM_STAGES,
+    )
+    return out

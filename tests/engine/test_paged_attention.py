@@ -1,0 +1,440 @@
+"""Paged attention kernels against their torch references.
+
+On a CPU-only machine the Triton kernels run under the Triton interpreter (TRITON_INTERPRET=1,
+set before the kernels are decorated), in float32 on small shapes. On a CUDA machine the
+`gpu`-marked tests run the same comparisons in bf16 at the decoder's shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+from livemeet.errors import ConfigError, InternalError
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated
+
+from livemeet.layers import paged_attention as pa  # noqa: E402
+
+if (
+    not HAS_CUDA
+    and pa.HAS_TRITON
+    and type(pa._decode_split_kernel).__name__ != "InterpretedFunction"
+):
+    pa = importlib.reload(pa)  # imported earlier without the interpreter flag
+
+# masked lanes compute log2(0) and (-inf) - (-inf) on purpose; the kernels select them away
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+
+needs_interpreter = pytest.mark.skipif(
+    HAS_CUDA or not pa.HAS_TRITON, reason="Triton interpreter tests run on CPU-only machines"
+)
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not (HAS_CUDA and pa.HAS_TRITON), reason="needs CUDA and Triton")
+
+
+def make_cache(
+    num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    return (
+        torch.randn(shape, device=device).to(dtype),
+        torch.randn(shape, device=device).to(dtype),
+    )
+
+
+def make_block_tables(seq_lens: list[int], block_size: int, num_blocks: int) -> torch.Tensor:
+    """Each sequence gets distinct, shuffled blocks (so page order matters); unused entries 0."""
+    needed = [math.ceil(n / block_size) for n in seq_lens]
+    width = max(max(needed), 1)
+    assert sum(needed) <= num_blocks
+    perm = torch.randperm(num_blocks)
+    table = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(needed):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    return table
+
+
+def check_decode(
+    seq_lens: list[int],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    num_splits: int | None,
+    dtype: torch.dtype,
+    device: str,
+    atol: float,
+) -> None:
+    num_blocks = sum(math.ceil(n / block_size) for n in seq_lens) + 3
+    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, head_dim, dtype, device)
+    tables = make_block_tables(seq_lens, block_size, num_blocks).to(device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    q = torch.randn(len(seq_lens), heads, head_dim, device=device).to(dtype)
+    scale = head_dim**-0.5
+    out = pa.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, scale, num_splits=num_splits, impl="triton"
+    )
+    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)
+
+
+def check_extend(
+    prefix_and_new: list[tuple[int, int]],
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    atol: float,
+) -> None:
+    seq_lens = [p + n for p, n in prefix_and_new]
+    num_blocks = sum(math.ceil(n / block_size) for n in seq_lens) + 2
+    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, head_dim, dtype, device)
+    tables = make_block_tables(seq_lens, block_size, num_blocks).to(device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    new = [n for _, n in prefix_and_new]
+    cu = torch.tensor([0, *torch.tensor(new).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    q = torch.randn(sum(new), heads, head_dim, device=device).to(dtype)
+    scale = head_dim**-0.5
+    out = pa.paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, scale, impl="triton")
+    ref = pa.ref_paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, scale)
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)
+
+
+def naive_attention_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """softmax(q k^T * scale) v for one head: q [D], k, v [L, D] -> [D] (float64)."""
+    w = torch.softmax((k.double() @ q.double()) * scale, dim=0)
+    return w @ v.double()
+
+
+# ---------------------------------------------------------------------------------------------
+# References and policy (plain CPU, no Triton needed)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ref_decode_matches_naive_per_head_softmax() -> None:
+    torch.manual_seed(0)
+    block_size, kv_heads, heads, d = 16, 2, 4, 8
+    k_cache, v_cache = make_cache(6, block_size, kv_heads, d, torch.float32, "cpu")
+    tables = torch.tensor([[4, 1, 3], [0, 5, 2]], dtype=torch.int32)
+    lens = torch.tensor([35, 1], dtype=torch.int32)
+    q = torch.randn(2, heads, d)
+    out = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3)
+    for b in range(2):
+        tokens = range(int(lens[b]))
+        for h in range(heads):
+            kvh = h // (heads // kv_heads)
+            k = torch.stack(
+                [k_cache[tables[b, t // block_size], t % block_size, kvh] for t in tokens]
+            )
+            v = torch.stack(
+                [v_cache[tables[b, t // block_size], t % block_size, kvh] for t in tokens]
+            )
+            expected = naive_attention_row(q[b, h], k, v, 0.3)
+            torch.testing.assert_close(out[b, h].double(), expected, atol=1e-5, rtol=0)
+
+
+def test_ref_extend_last_token_equals_decode() -> None:
+    """The last new token of an extend sees exactly what a decode at that length sees."""
+    torch.manual_seed(1)
+    k_cache, v_cache = make_cache(8, 16, 2, 8, torch.float32, "cpu")
+    tables = make_block_tables([40, 20], 16, 8)
+    lens = torch.tensor([40, 20], dtype=torch.int32)
+    cu = torch.tensor([0, 7, 27], dtype=torch.int32)  # 7 new tokens, then 20 (no prefix)
+    q = torch.randn(27, 4, 8)
+    ext = pa.ref_paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, 0.35)
+    dec = pa.ref_paged_decode_attention(q[[6, 26]], k_cache, v_cache, tables, lens, 0.35)
+    torch.testing.assert_close(ext[[6, 26]], dec)
+    # the first token of the second sequence (position 0) attends only to itself: out = v[0]
+    torch.testing.assert_close(ext[7, :2], v_cache[tables[1, 0], 0, 0].expand(2, 8))
+
+
+def test_ref_store_kv_writes_slots_and_skips_padding() -> None:
+    k_cache = torch.zeros(3, 16, 2, 4)
+    v_cache = torch.zeros(3, 16, 2, 4)
+    k = torch.arange(3 * 8, dtype=torch.float32).reshape(3, 2, 4)
+    slots = torch.tensor([5, -1, 33], dtype=torch.int64)
+    pa.ref_store_kv(k, -k, k_cache, v_cache, slots)
+    torch.testing.assert_close(k_cache[0, 5], k[0])
+    torch.testing.assert_close(k_cache[2, 1], k[2])
+    torch.testing.assert_close(v_cache[2, 1], -k[2])
+    assert k_cache.abs().sum() == k[0].sum() + k[2].sum()
+
+
+def test_cpu_tensors_use_reference_by_default() -> None:
+    torch.manual_seed(2)
+    k_cache, v_cache = make_cache(4, 16, 1, 16, torch.float32, "cpu")
+    tables = torch.tensor([[2, 0]], dtype=torch.int32)
+    lens = torch.tensor([20], dtype=torch.int32)
+    q = torch.randn(1, 2, 16)
+    out = pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
+    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize(
+    ("batch", "max_len", "expected"),
+    [
+        (1, 36_000, 64),
+        (1, 72_000, 64),
+        (16, 36_000, 4),
+        (64, 36_000, 1),
+        (4, 200, 2),
+        (1, 1024, 16),
+    ],
+)
+def test_choose_num_splits_examples(batch: int, max_len: int, expected: int) -> None:
+    assert pa.choose_num_splits(batch, max_len, num_kv_heads=8, num_sms=132) == expected
+
+
+def test_choose_num_splits_is_bounded_power_of_two() -> None:
+    for batch in (1, 2, 3, 7, 16, 33, 128):
+        for max_len in (0, 1, 255, 256, 1000, 36_000, 100_000):
+            n = pa.choose_num_splits(batch, max_len, 8)
+            assert n & (n - 1) == 0 and 1 <= n <= pa.MAX_DECODE_SPLITS
+            assert n == 1 or max_len // n >= pa.MIN_TOKENS_PER_SPLIT
+            assert n == 1 or batch * 8 * n <= 2 * pa.DECODE_PROGRAMS_PER_SM * 132
+
+
+def test_choose_num_splits_rejects_zero() -> None:
+    with pytest.raises(ConfigError):
+        pa.choose_num_splits(0, 100, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input validation (typed errors, raised before any kernel runs)
+# ---------------------------------------------------------------------------------------------
+
+
+def _decode_args() -> dict[str, object]:
+    k_cache, v_cache = make_cache(4, 16, 2, 16, torch.float32, "cpu")
+    return {
+        "q": torch.randn(2, 4, 16),
+        "k_cache": k_cache,
+        "v_cache": v_cache,
+        "block_tables": torch.zeros(2, 2, dtype=torch.int32),
+        "seq_lens": torch.ones(2, dtype=torch.int32),
+        "scale": 0.25,
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"k_cache": torch.zeros(4, 24, 2, 16), "v_cache": torch.zeros(4, 24, 2, 16)}, ConfigError),
+        (
+            {"k_cache": torch.zeros(4, 16, 2, 16), "v_cache": torch.zeros(4, 16, 2, 24)},
+            InternalError,
+        ),
+        ({"k_cache": torch.zeros(4, 16, 3, 16), "v_cache": torch.zeros(4, 16, 3, 16)}, ConfigError),
+        ({"q": torch.randn(2, 4, 8)}, InternalError),  # head_dim mismatch
+        ({"seq_lens": torch.ones(2, dtype=torch.int64)}, InternalError),
+        ({"block_tables": torch.zeros(3, 2, dtype=torch.int32)}, InternalError),
+        ({"v_cache": torch.zeros(4, 16, 2, 16, dtype=torch.float16)}, InternalError),
+    ],
+)
+def test_decode_rejects_bad_input(change: dict[str, object], error: type[Exception]) -> None:
+    args = _decode_args() | change
+    with pytest.raises(error):
+        pa.paged_decode_attention(**args)  # type: ignore[arg-type]
+
+
+def test_extend_rejects_bad_cu_seqlens() -> None:
+    args = _decode_args()
+    args.pop("seq_lens")
+    with pytest.raises(InternalError):
+        pa.paged_extend_attention(
+            cu_seqlens_q=torch.tensor([0, 1], dtype=torch.int32),  # 2 sequences need 3 entries
+            seq_lens=torch.ones(2, dtype=torch.int32),
+            **args,  # type: ignore[arg-type]
+        )
+
+
+def test_store_kv_rejects_bad_slots() -> None:
+    k_cache, v_cache = make_cache(2, 16, 2, 16, torch.float32, "cpu")
+    k = torch.randn(3, 2, 16)
+    with pytest.raises(InternalError):
+        pa.store_kv(k, k, k_cache, v_cache, torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(InternalError):
+        pa.store_kv(k, k, k_cache, v_cache, torch.zeros(2, dtype=torch.int64))
+
+
+def test_triton_impl_without_triton_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pa, "HAS_TRITON", False)
+    with pytest.raises(ConfigError, match="triton"):
+        pa.paged_decode_attention(**_decode_args(), impl="triton")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels under the interpreter (CPU, float32, small shapes)
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_kernel_interpreted(block_size: int, heads: int, kv_heads: int, num_splits: int):
+    torch.manual_seed(block_size + heads + num_splits)
+    check_decode([1, 17, 130, 0], heads, kv_heads, 16, block_size, num_splits, torch.float32,
+                 "cpu", atol=1e-5)  # fmt: skip
+
+
+@needs_interpreter
+def test_decode_kernel_interpreted_default_splits() -> None:
+    torch.manual_seed(3)
+    check_decode([300, 64], 4, 2, 16, 16, None, torch.float32, "cpu", atol=1e-5)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
+@pytest.mark.parametrize("rows", [pa.EXTEND_ROWS, pa.EXTEND_ROWS_SMALL])
+def test_extend_kernel_interpreted(
+    block_size: int, heads: int, kv_heads: int, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pa, "EXTEND_ROWS", rows)  # the CPU path always picks EXTEND_ROWS
+    torch.manual_seed(block_size + heads)
+    # (cached prefix, new tokens): empty prefix, one new token, a chunk spanning two query
+    # tiles after a long prefix, a sequence with nothing new
+    cases = [(0, 5), (17, 1), (100, 70), (9, 0), (63, 2)]
+    check_extend(cases, heads, kv_heads, 16, block_size, torch.float32, "cpu", atol=1e-5)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_store_kv_kernel_interpreted(block_size: int) -> None:
+    torch.manual_seed(4)
+    k_cache, v_cache = make_cache(3, block_size, 2, 16, torch.float32, "cpu")
+    k, v = torch.randn(5, 2, 16), torch.randn(5, 2, 16)
+    slots = torch.tensor([3, -1, block_size + 7, 2 * block_size, -1], dtype=torch.int64)
+    got_k, got_v = k_cache.clone(), v_cache.clone()
+    pa.store_kv(k, v, got_k, got_v, slots, impl="triton")
+    pa.ref_store_kv(k, v, k_cache, v_cache, slots)
+    assert torch.equal(got_k, k_cache) and torch.equal(got_v, v_cache)
+
+
+@needs_interpreter
+def test_fp8_cache_interpreted() -> None:
+    """FP8 store (scale, slots) and in-kernel dequantisation in decode and extend.
+
+    The values are exactly representable after scaling, because the interpreter's float-to-fp8
+    rounding differs from the hardware's (the GPU test covers rounding).
+    """
+    torch.manual_seed(5)
+    fp8 = torch.float8_e4m3fn
+    k_scale, v_scale = 0.5, 0.25
+    k_cache = torch.zeros(4, 16, 2, 16, dtype=fp8)
+    v_cache = torch.zeros(4, 16, 2, 16, dtype=fp8)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    k = torch.randn(40, 2, 16).to(fp8).float() * k_scale
+    v = torch.randn(40, 2, 16).to(fp8).float() * v_scale
+    slots = torch.arange(40, dtype=torch.int64)
+    slots[[5, 20]] = -1
+    pa.store_kv(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale, impl="triton")
+    pa.ref_store_kv(k, v, ref_k, ref_v, slots, k_scale=k_scale, v_scale=v_scale)
+    assert torch.equal(k_cache.view(torch.uint8), ref_k.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
+
+    tables = torch.tensor([[0, 1, 2], [3, 0, 0]], dtype=torch.int32)
+    lens = torch.tensor([40, 9], dtype=torch.int32)
+    scales = {"k_scale": k_scale, "v_scale": v_scale}
+    q = torch.randn(2, 4, 16)
+    out = pa.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", **scales
+    )
+    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25, **scales)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    cu = torch.tensor([0, 6, 9], dtype=torch.int32)
+    qe = torch.randn(9, 4, 16)
+    out = pa.paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, impl="triton",
+                                    **scales)  # fmt: skip
+    ref = pa.ref_paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, **scales)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (bf16, the decoder's shapes: 16 query heads, 8 KV heads, head_dim 128)
+# ---------------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("num_splits", [1, 7, None])
+def test_decode_kernel_cuda(block_size: int, num_splits: int | None) -> None:
+    torch.manual_seed(10)
+    lens = [1, 15, 1000, 4099, 0, 3000]
+    check_decode(lens, 16, 8, 128, block_size, num_splits, torch.bfloat16, "cuda", atol=2e-2)
+    check_decode(lens, 8, 8, 128, block_size, num_splits, torch.bfloat16, "cuda", atol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_extend_kernel_cuda(block_size: int) -> None:
+    torch.manual_seed(11)
+    cases = [(0, 300), (17, 1), (2000, 513), (9, 0), (4096, 64)]
+    check_extend(cases, 16, 8, 128, block_size, torch.bfloat16, "cuda", atol=2e-2)
+    # one short chunk: few programs, so the kernel takes EXTEND_ROWS_SMALL tiles
+    check_extend([(3000, 200)], 16, 8, 128, block_size, torch.bfloat16, "cuda", atol=2e-2)
+
+
+@gpu
+@needs_cuda
+def test_store_kv_and_fp8_cuda() -> None:
+    torch.manual_seed(12)
+    for dtype, k_scale in ((torch.bfloat16, 1.0), (torch.float8_e4m3fn, 0.05)):
+        k_cache = torch.zeros(10, 16, 8, 128, dtype=dtype, device="cuda")
+        v_cache = torch.zeros_like(k_cache)
+        ref_k, ref_v = k_cache.clone(), v_cache.clone()
+        k = torch.randn(150, 8, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        slots = torch.randperm(160, device="cuda")[:150]
+        slots[::7] = -1
+        pa.store_kv(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=k_scale)
+        pa.ref_store_kv(k, v, ref_k, ref_v, slots, k_scale=k_scale, v_scale=k_scale)
+        assert torch.equal(k_cache.view(torch.uint8), ref_k.view(torch.uint8))
+        assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
+        tables = torch.arange(10, dtype=torch.int32, device="cuda").reshape(1, 10)
+        lens = torch.tensor([160], dtype=torch.int32, device="cuda")
+        q = torch.randn(1, 16, 128, device="cuda", dtype=torch.bfloat16)
+        scales = {"k_scale": k_scale, "v_scale": k_scale}
+        out = pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088, **scales)
+        ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088, **scales)
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
+
+
+@gpu
+@needs_cuda
+def test_decode_cuda_graph_replays_with_new_lengths() -> None:
+    """Captured once with a fixed grid, replayed after seq_lens and tables change."""
+    torch.manual_seed(13)
+    block_size, num_blocks = 16, 600
+    k_cache, v_cache = make_cache(num_blocks, block_size, 8, 128, torch.bfloat16, "cuda")
+    tables = make_block_tables([4000, 4000], block_size, num_blocks).cuda()
+    lens = torch.tensor([4000, 10], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 16, 128, device="cuda", dtype=torch.bfloat16)
+    call = lambda: pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088)  # noqa: E731
+    call()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for new_lens in ([4000, 10], [1, 3999], [0, 2500]):
+        lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        q.normal_()
+        graph.replay()
+        ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088)
+        torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
