@@ -21,6 +21,9 @@ AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
 # s between time markers: the shipped processor_config.json says 5 (the class default 2 is wrong)
 TIME_MARKER_EVERY_S = 5
 MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits
+MEL_FMIN_HZ = 0.0  # Hz; lowest edge of the mel filterbank (Whisper feature extractor)
+MEL_FMAX_HZ = 8_000.0  # Hz; highest edge of the mel filterbank (Whisper feature extractor)
+LOG_MEL_MIN = 1e-10  # mel power clamp before log10 (Whisper feature extractor)
 
 MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
 MAX_UPLOAD_BYTES = 1 << 30  # bytes; largest upload body accepted (1 GiB)

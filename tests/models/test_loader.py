@@ -1,0 +1,186 @@
+"""Config parsing (both dialects) and checkpoint loading, including every error path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from livemeet.errors import ConfigError
+from livemeet.models.audio_llm import MossTDModel
+from livemeet.models.config import MossTDConfig
+from livemeet.models.loader import load_model
+from tests.models import tiny
+
+REAL_PARAMS = 908_513_280  # MODEL.md section 0
+
+
+def test_both_config_dialects_parse_to_the_same_geometry(upstream_dir: Path, hf_dir: Path) -> None:
+    assert MossTDConfig.from_file(upstream_dir / "config.json") == tiny.TINY
+    assert MossTDConfig.from_file(hf_dir / "config.json") == tiny.TINY
+
+
+def test_real_size_geometry_has_the_published_parameter_count() -> None:
+    cfg = MossTDConfig.real_size()
+    with torch.device("meta"):
+        model = MossTDModel(cfg)
+    assert sum(p.numel() for p in model.parameters()) == REAL_PARAMS
+    assert cfg.adaptor_input_dim == 4096 and cfg.text.heads * cfg.text.head_dim == 2048
+    hf = tiny.hf_config(cfg).to_dict()
+    assert MossTDConfig.from_dict(hf) == cfg
+    assert MossTDConfig.from_dict(tiny.upstream_config_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c.update(model_type="whisper"), "model_type"),
+        (lambda c: c.update(adaptor_input_dim=1000), "adaptor_input_dim"),
+        (lambda c: c["audio_config"].pop("d_model"), "d_model"),
+        (lambda c: c["text_config"].update(num_key_value_heads=3), "multiple"),
+        (lambda c: c["text_config"].update(rope_scaling={"rope_type": "yarn"}), "yarn"),
+        (lambda c: c.pop("text_config"), "text_config"),
+    ],
+)
+def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
+    raw = tiny.upstream_config_dict(tiny.TINY)
+    edit(raw)
+    with pytest.raises(ConfigError, match=message):
+        MossTDConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize("dialect", ["upstream", "hf"])
+def test_loads_both_dialects_exactly(
+    dialect: str, upstream_dir: Path, hf_dir: Path, tiny_weights: dict[str, torch.Tensor]
+) -> None:
+    model, cfg = load_model(str(upstream_dir if dialect == "upstream" else hf_dir), device="cpu")
+    assert cfg == tiny.TINY and not model.training
+    state = model.state_dict()
+    assert set(state) == set(tiny_weights)
+    assert all(torch.equal(state[n], w) for n, w in tiny_weights.items())
+
+
+def _copy_hf(hf_dir: Path, tmp_path: Path, edit: Any) -> Path:
+    root = tmp_path / "ckpt"
+    shutil.copytree(hf_dir, root)
+    tensors = load_file(str(root / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(root / "model.safetensors"))
+    return root
+
+
+Q0 = "model.language_model.layers.0.self_attn.q_proj.weight"
+
+
+@pytest.mark.parametrize(
+    ("edit", "messages"),
+    [
+        (lambda t: t.pop(Q0), ["missing tensors", "language_model.layers.0.self_attn.q_proj"]),
+        (lambda t: t.update({"model.extra.weight": torch.zeros(2)}), ["model.extra.weight"]),
+        (
+            lambda t: t.update({Q0: torch.zeros(3, 48)}),
+            ["wrong shape", Q0, "(64, 48)", "(3, 48)"],
+        ),
+        (lambda t: t.update({Q0: t[Q0].to(torch.int32)}), ["non-float", Q0]),
+        (lambda t: t.update({"lm_head.weight": torch.zeros_like(t[EMBED])}), ["untied"]),
+    ],
+)
+def test_bad_checkpoints_raise_config_error(
+    hf_dir: Path, tmp_path: Path, edit: Any, messages: list[str]
+) -> None:
+    root = _copy_hf(hf_dir, tmp_path, edit)
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(str(root), device="cpu")
+    for message in messages:
+        assert message in str(excinfo.value)
+
+
+EMBED = "model.language_model.embed_tokens.weight"
+
+
+def test_every_problem_is_reported_at_once(hf_dir: Path, tmp_path: Path) -> None:
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        t.pop(Q0)
+        t.pop("model.audio_tower.conv1.bias")
+
+    root = _copy_hf(hf_dir, tmp_path, edit)
+    with pytest.raises(ConfigError, match=r"conv1\.bias.*q_proj"):
+        load_model(str(root), device="cpu")
+
+
+def test_bf16_checkpoint_casts_and_tied_head_copy_is_accepted(
+    hf_dir: Path, tmp_path: Path, tiny_weights: dict[str, torch.Tensor]
+) -> None:
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        for key in t:
+            t[key] = t[key].to(torch.bfloat16)
+        t["lm_head.weight"] = t[EMBED].clone()
+
+    root = _copy_hf(hf_dir, tmp_path, edit)
+    model, _ = load_model(str(root), device="cpu", dtype=torch.float32)
+    got = model.language_model.embed_tokens.weight
+    assert got.dtype == torch.float32
+    assert torch.equal(got, tiny_weights["language_model.embed_tokens.weight"].bfloat16().float())
+
+
+def test_wrong_model_config_is_rejected(hf_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    shutil.copytree(hf_dir, root)
+    (root / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    with pytest.raises(ConfigError, match="model_type"):
+        load_model(str(root), device="cpu")
+
+
+def test_missing_shard_is_reported(upstream_dir: Path, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    shutil.copytree(upstream_dir, root)
+    (root / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ConfigError, match="model-00002-of-00002"):
+        load_model(str(root), device="cpu")
+
+
+def test_hub_id_resolves_through_the_local_cache(
+    hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny-moss" / "snapshots" / ("a" * 40)
+    shutil.copytree(hf_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, cfg = load_model("someone/tiny-moss", device="cpu")
+    assert cfg == tiny.TINY
+    with pytest.raises(ConfigError, match=r"hf download someone/other-model .*config\.json"):
+        load_model("someone/other-model", device="cpu")
+
+
+def test_unknown_path_and_missing_model_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not a directory"):
+        load_model(str(tmp_path / "no" / "such" / "dir"), device="cpu")
+    with pytest.raises(ConfigError, match="no model given"):
+        load_model(None, device="cpu")
+    with pytest.raises(ConfigError, match="load_format"):
+        load_model(str(tmp_path), load_format="gguf", device="cpu")
+    with pytest.raises(ConfigError, match="no config.json"):
+        load_model(str(tmp_path), device="cpu")
+
+
+def test_dummy_weights_keep_activations_sane(upstream_dir: Path) -> None:
+    model, cfg = load_model(str(upstream_dir), load_format="dummy", device="cpu")
+    from livemeet.layers.attention import DenseAttention
+
+    with torch.no_grad():
+        audio = model.encode_audio(torch.randn(1, 80, 3000), [375])
+        embeds = model.embed_prompt(torch.full((375,), cfg.audio_token_id), audio)
+        hidden = model(embeds, torch.arange(375), DenseAttention([model.new_kv_cache()], [375]))
+        logits = model.compute_logits(hidden[-1:])
+    assert torch.isfinite(logits).all()
+    assert 0.1 < float(hidden.std()) < 10.0
