@@ -60,3 +60,18 @@ KV_BYTES_PER_TOKEN = 28 * 2 * 8 * 128 * 2  # bytes; 112 KiB: layers x (K, V) x k
 CHUNKED_PREFILL_SIZE = 4_096  # tokens; largest prefill chunk of one request in one step
 MAX_CONTEXT_TOKENS = 131_072  # tokens; decoder max_position_embeddings (no RoPE scaling)
 EOS_TOKEN_ID = 151_645  # <|im_end|>
+
+
+# Live layer (livemeet/session/live.py, livemeet/transcript/commit.py); chosen by us, tuned on the
+# demo backend (DESIGN section 5.5).
+COMMIT_HORIZON_S = 1.0  # s; a segment commits only if it ends this far behind the audio edge
+COMMIT_TIME_TOLERANCE_S = 0.5  # s; two hypotheses agree on a segment if its times differ less
+LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
+LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
+LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
+
+# Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).
+ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
+ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
+ENGINE_POLL_S = 0.05  # s an idle worker / the reader thread blocks on its queue per poll
+SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) before it fails

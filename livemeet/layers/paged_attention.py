@@ -48,17 +48,17 @@ LOG2E = 1.4426950408889634  # log2(e): the kernels use exp2
 
 # Split-K heuristic (see choose_num_splits); checked on an H200 with loadtest/bench_attention.py.
 DECODE_PROGRAMS_PER_SM = 4  # resident decode programs per SM to keep enough loads in flight
-MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost (q load, merge) dominates
+MIN_TOKENS_PER_SPLIT = 64  # below this a split's fixed cost (q load, merge) dominates
 MAX_DECODE_SPLITS = 64  # upper bound; also the mid-buffer size per (seq, head)
 
 # Fixed kernel configurations (no autotuning: deterministic start-up and CUDA-graph capture).
 DECODE_BLOCK_N = 64  # keys per decode tile
 DECODE_NUM_WARPS = 4
-DECODE_NUM_STAGES = 3
+DECODE_NUM_STAGES = 2
 EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
-EXTEND_BLOCK_N = 64  # keys per extend tile
-EXTEND_NUM_WARPS = 8
-EXTEND_NUM_STAGES = 2
+EXTEND_ROWS_SMALL = 64  # rows per tile when 128-row tiles would leave SMs idle
+EXTEND_BLOCK_N = 128  # keys per extend tile
+EXTEND_NUM_STAGES = 3
 
 
 def choose_num_splits(
@@ -75,7 +75,7 @@ def choose_num_splits(
     instead of 8), but each split must keep at least `MIN_TOKENS_PER_SPLIT` tokens of the longest
     sequence, and at most `max_splits`. The result is rounded down to a power of two so that only a
     few kernel variants are ever compiled. Examples (8 KV heads, 132 SMs): batch 1 at 36k -> 64,
-    batch 16 at 36k -> 4, batch 64 -> 1, any batch at 200 tokens -> 1.
+    batch 16 at 36k -> 4, batch 64 -> 1, batch 1 at 1k -> 16, any batch at 100 tokens -> 1.
 
     For CUDA graphs, call it with the bucket's batch size and the largest context the graph will
     see; the kernel sizes the splits from each sequence's own length at run time.
@@ -726,7 +726,11 @@ def paged_extend_attention(
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
     group_pow2 = _next_pow2(group)
-    block_m = max(16, EXTEND_ROWS // group_pow2)
+    rows = EXTEND_ROWS
+    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+    if num_seqs * num_kv_heads * triton.cdiv(max_seqlen_q * group_pow2, rows) < num_sms:
+        rows = EXTEND_ROWS_SMALL  # e.g. one 512-token chunk: 64 programs of 128 rows
+    block_m = max(16, rows // group_pow2)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
     _extend_kernel[grid](
         q,
@@ -751,7 +755,7 @@ def paged_extend_attention(
         HEAD_DIM=head_dim,
         PAGE=block_size,
         BLOCK_N=EXTEND_BLOCK_N,
-        num_warps=EXTEND_NUM_WARPS,
+        num_warps=8 if rows >= 128 else 4,
         num_stages=EXTEND_NUM_STAGES,
     )
     return out

@@ -185,7 +185,14 @@ def test_cpu_tensors_use_reference_by_default() -> None:
 
 @pytest.mark.parametrize(
     ("batch", "max_len", "expected"),
-    [(1, 36_000, 64), (1, 72_000, 64), (16, 36_000, 4), (64, 36_000, 1), (4, 200, 1), (1, 2048, 8)],
+    [
+        (1, 36_000, 64),
+        (1, 72_000, 64),
+        (16, 36_000, 4),
+        (64, 36_000, 1),
+        (4, 200, 2),
+        (1, 1024, 16),
+    ],
 )
 def test_choose_num_splits_examples(batch: int, max_len: int, expected: int) -> None:
     assert pa.choose_num_splits(batch, max_len, num_kv_heads=8, num_sms=132) == expected
@@ -293,7 +300,11 @@ def test_decode_kernel_interpreted_default_splits() -> None:
 @needs_interpreter
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
-def test_extend_kernel_interpreted(block_size: int, heads: int, kv_heads: int) -> None:
+@pytest.mark.parametrize("rows", [pa.EXTEND_ROWS, pa.EXTEND_ROWS_SMALL])
+def test_extend_kernel_interpreted(
+    block_size: int, heads: int, kv_heads: int, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pa, "EXTEND_ROWS", rows)  # the CPU path always picks EXTEND_ROWS
     torch.manual_seed(block_size + heads)
     # (cached prefix, new tokens): empty prefix, one new token, a chunk spanning two query
     # tiles after a long prefix, a sequence with nothing new
@@ -376,6 +387,8 @@ def test_extend_kernel_cuda(block_size: int) -> None:
     torch.manual_seed(11)
     cases = [(0, 300), (17, 1), (2000, 513), (9, 0), (4096, 64)]
     check_extend(cases, 16, 8, 128, block_size, torch.bfloat16, "cuda", atol=2e-2)
+    # one short chunk: few programs, so the kernel takes EXTEND_ROWS_SMALL tiles
+    check_extend([(3000, 200)], 16, 8, 128, block_size, torch.bfloat16, "cuda", atol=2e-2)
 
 
 @gpu

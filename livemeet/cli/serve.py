@@ -1,0 +1,108 @@
+"""`livemeet serve`: run the gateway (HTTP upload API, live WebSocket, web page, metrics)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+from pathlib import Path
+
+from aiohttp import web
+
+from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES
+from livemeet.config import GatewayConfig, ModelConfig, ServerConfig
+from livemeet.errors import ConfigError
+
+log = logging.getLogger("livemeet.serve")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve the transcription API and live WebSocket", description=__doc__
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="MOSS-TD checkpoint directory or hub id; omitted: the demo backend",
+    )
+    p.add_argument("--backend", default=None, help="force a registered backend by name")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("./livemeet-data"),
+        help="where uploads are spooled and transcripts kept",
+    )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (enables https)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
+    p.add_argument("--max-upload-bytes", type=int, default=MAX_UPLOAD_BYTES)
+    p.add_argument("--max-audio-s", type=float, default=MAX_AUDIO_S)
+    p.add_argument("--max-sessions", type=int, default=256)
+    p.add_argument(
+        "--in-process-engine",
+        action="store_true",
+        help="run the backend in this process (tests, debugging)",
+    )
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The validated ServerConfig for parsed `serve` arguments. Raises ConfigError."""
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        in_process_engine=args.in_process_engine,
+        model=ModelConfig(model=args.model, backend=args.backend),
+        gateway=GatewayConfig(
+            max_upload_bytes=args.max_upload_bytes,
+            max_audio_s=args.max_audio_s,
+            max_sessions=args.max_sessions,
+        ),
+    )
+    config.validate()
+    return config
+
+
+def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """A server TLS context from --tls-cert/--tls-key (browsers need https for the mic on
+    other machines). Raises ConfigError for unreadable files."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load --tls-cert/--tls-key: {exc}") from exc
+    return context
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from livemeet.gateway.app import create_app
+
+    try:
+        config = config_from_args(args)
+        context = ssl_context(config)
+        app = create_app(config)
+    except ConfigError as exc:
+        log.error("%s", exc.message)
+        return 2
+    scheme = "https" if context else "http"
+    log.info(
+        "livemeet serving on %s://%s:%d (data dir %s)",
+        scheme,
+        config.host,
+        config.port,
+        config.data_dir,
+    )
+    web.run_app(
+        app, host=config.host, port=config.port, ssl_context=context, print=None, access_log=None
+    )
+    return 0

@@ -1,0 +1,170 @@
+"""The engine worker: the loop that owns a `BackendCore` (DESIGN.md section 2).
+
+`run_worker` runs in the engine child process (or, in tests, a thread). It loads the backend,
+posts `WorkerReady` (or `WorkerFailed` with a livemeet.errors code), then loops: drain the
+inbox (blocking briefly only while the core has no work), apply each command to the core, run
+`core.step()` while it has work, and post every event as a `SessionEvent`.
+
+Failures: a command that fails for one session (unknown id, audio after end, ...) becomes an
+`Error` event for that session only, and the session is freed. An exception from `step()`
+cannot be attributed to a session, so the worker posts `WorkerFailed` and exits; the gateway
+then fails every open session with `engine_unavailable`. Every session is freed exactly once:
+by its terminal event, by an abort, or at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+from typing import Any, Protocol
+
+from livemeet.audio.constants import ENGINE_POLL_S
+from livemeet.backends.base import BackendCore
+from livemeet.config import ModelConfig
+from livemeet.engine.messages import (
+    AbortSession,
+    AppendAudio,
+    Command,
+    EndSession,
+    FinalizeSession,
+    OpenSession,
+    SessionEvent,
+    Shutdown,
+    WorkerFailed,
+    WorkerReady,
+)
+from livemeet.errors import LivemeetError
+from livemeet.transcriber import TERMINAL_EVENTS, Error
+
+log = logging.getLogger(__name__)
+
+MAX_COMMANDS_PER_DRAIN = 256  # commands applied between two steps, so steps keep running
+
+
+class Inbox(Protocol):
+    def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
+
+
+class Outbox(Protocol):
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None: ...
+
+
+def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
+    """Serve `config`'s backend until `Shutdown` (or until the parent process dies).
+
+    `inbox` yields `Command`s; `outbox` receives `WorkerMessage`s. Never raises.
+    """
+    try:
+        from livemeet.backends import create_backend
+
+        core = create_backend(config)
+        core.load()
+    except LivemeetError as exc:
+        outbox.put(WorkerFailed(exc.code, exc.message))
+        return
+    except Exception as exc:
+        log.exception("backend failed to load")
+        outbox.put(WorkerFailed("internal_error", f"backend failed to load: {exc!r}"))
+        return
+    outbox.put(WorkerReady(core.info))
+    worker = Worker(core, outbox)
+    try:
+        worker.serve(inbox)
+    except Exception as exc:
+        log.exception("engine worker crashed")
+        outbox.put(WorkerFailed("internal_error", f"engine worker crashed: {exc!r}"))
+    finally:
+        worker.free_all()
+        core.close()
+
+
+class Worker:
+    """Applies commands to `core`, steps it, and posts events; tracks open sessions."""
+
+    def __init__(self, core: BackendCore, outbox: Outbox) -> None:
+        self.core = core
+        self.outbox = outbox
+        self.open_sessions: set[str] = set()
+
+    def serve(self, inbox: Inbox) -> None:
+        """Loop until `Shutdown` or the parent process is gone. Exceptions from `step()`
+        propagate (the caller reports the crash)."""
+        parent = multiprocessing.parent_process()
+        while True:
+            commands = drain(inbox, block=not self.core.has_work())
+            for cmd in commands:
+                if isinstance(cmd, Shutdown):
+                    return
+                self.apply(cmd)
+            if self.core.has_work():
+                self.step()
+            elif not commands and parent is not None and not parent.is_alive():
+                log.warning("gateway process is gone; engine worker exits")
+                return
+
+    def apply(self, cmd: Command) -> None:
+        """Apply one session command; a failure becomes that session's `Error` event."""
+        sid = getattr(cmd, "session_id", "")
+        try:
+            if isinstance(cmd, OpenSession):
+                self.core.open(sid, cmd.options)
+                self.open_sessions.add(sid)
+            elif isinstance(cmd, AppendAudio):
+                self.core.append(sid, cmd.samples)
+            elif isinstance(cmd, FinalizeSession):
+                self.core.finalize(sid)
+            elif isinstance(cmd, EndSession):
+                self.core.end(sid)
+            elif isinstance(cmd, AbortSession):
+                if sid in self.open_sessions:
+                    self.open_sessions.discard(sid)
+                    self.core.abort(sid)
+            else:
+                raise TypeError(f"unknown command {cmd!r}")
+        except LivemeetError as exc:
+            self._fail(sid, Error(exc.code, exc.message, exc.retryable))
+        except KeyError as exc:
+            self._fail(sid, Error("not_found", f"unknown session {exc}"))
+        except Exception as exc:
+            log.exception("command %s failed", type(cmd).__name__)
+            self._fail(sid, Error("internal_error", f"{type(cmd).__name__} failed: {exc!r}"))
+
+    def step(self) -> None:
+        for sid, event in self.core.step():
+            if sid not in self.open_sessions:
+                continue  # already failed or aborted; nothing more may reach the client
+            self.outbox.put(SessionEvent(sid, event))
+            if isinstance(event, TERMINAL_EVENTS):
+                self.open_sessions.discard(sid)  # the core forgets it with its terminal event
+
+    def free_all(self) -> None:
+        """Abort every open session (shutdown or crash); each exactly once."""
+        while self.open_sessions:
+            sid = self.open_sessions.pop()
+            try:
+                self.core.abort(sid)
+            except Exception:
+                log.exception("abort of session %s failed during shutdown", sid)
+
+    def _fail(self, sid: str, error: Error) -> None:
+        if sid in self.open_sessions:
+            self.open_sessions.discard(sid)
+            try:
+                self.core.abort(sid)
+            except Exception:
+                log.exception("abort of failed session %s failed", sid)
+        self.outbox.put(SessionEvent(sid, error))
+
+
+def drain(inbox: Inbox, *, block: bool) -> list[Command]:
+    """Up to MAX_COMMANDS_PER_DRAIN commands; waits up to ENGINE_POLL_S for the first if
+    `block`."""
+    out: list[Command] = []
+    try:
+        out.append(inbox.get(block=block, timeout=ENGINE_POLL_S if block else None))
+        while len(out) < MAX_COMMANDS_PER_DRAIN:
+            out.append(inbox.get(block=False))
+    except queue.Empty:
+        pass
+    return out

@@ -1,0 +1,152 @@
+"""The aiohttp application of the gateway: routes, typed state, lifecycle.
+
+`create_app(config, transcriber)` builds it; `cleanup_ctx` starts and stops the transcriber;
+`on_shutdown` drains: live sockets get an `engine_unavailable` error and a close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from livemeet.config import ServerConfig
+from livemeet.errors import EngineUnavailable, InternalError, LivemeetError, NotFound
+from livemeet.gateway import health, openai_api
+from livemeet.gateway.errors_http import error_response
+from livemeet.gateway.keys import (
+    CONFIG_KEY,
+    LIFECYCLE_KEY,
+    METRICS_KEY,
+    REGISTRY_KEY,
+    STORE_KEY,
+    TRANSCRIBER_KEY,
+    Lifecycle,
+    tmp_dir,
+    transcripts_dir,
+)
+from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.transcript_store import TranscriptStore
+from livemeet.gateway.ws_live import LiveRegistry, live_handler
+from livemeet.transcriber import Transcriber
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> web.Application:
+    """The gateway app. Without `transcriber`, an `EngineClient` for `config.model` is built
+    (the demo backend when no model is given). Raises ConfigError for an invalid config."""
+    config.validate()
+    if transcriber is None:
+        from livemeet.gateway.engine_client import EngineClient
+
+        transcriber = EngineClient(
+            config.model,
+            in_process=config.in_process_engine,
+            max_sessions=config.gateway.max_sessions,
+        )
+    app = web.Application(middlewares=[error_middleware])
+    app[CONFIG_KEY] = config
+    app[TRANSCRIBER_KEY] = transcriber
+    app[REGISTRY_KEY] = LiveRegistry()
+    app[METRICS_KEY] = GatewayMetrics.create()
+    app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
+    app[LIFECYCLE_KEY] = Lifecycle(
+        decode_slots=asyncio.Semaphore(config.gateway.max_concurrent_decodes)
+    )
+    app.cleanup_ctx.append(transcriber_lifecycle)
+    app.on_shutdown.append(close_live_sockets)
+    _add_routes(app)
+    return app
+
+
+def _add_routes(app: web.Application) -> None:
+    app.router.add_post(
+        "/v1/audio/transcriptions", openai_api.create_transcription, name="transcriptions"
+    )
+    app.router.add_get("/v1/models", openai_api.list_models, name="models")
+    app.router.add_get("/v1/transcriptions/{id}", openai_api.get_transcription, name="transcript")
+    app.router.add_get("/v1/live", live_handler, name="live")
+    app.router.add_get("/healthz", health.healthz, name="healthz")
+    app.router.add_get("/readyz", health.readyz, name="readyz")
+    app.router.add_get("/metrics", health.metrics, name="metrics")
+    if WEB_DIR.is_dir():
+        # One route per file rather than a catch-all static resource, so unknown paths still
+        # get the JSON 404 of the error middleware.
+        app.router.add_get("/", _file_handler(WEB_DIR / "index.html"), name="web")
+        for path in sorted(WEB_DIR.iterdir()):
+            if path.is_file():
+                app.router.add_get(f"/{path.name}", _file_handler(path))
+
+
+def _file_handler(path: Path) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(path)
+
+    return handler
+
+
+async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Start the transcriber (and data dirs) before serving; close it after shutdown."""
+    config = app[CONFIG_KEY]
+    tmp_dir(config).mkdir(parents=True, exist_ok=True)
+    transcripts_dir(config).mkdir(parents=True, exist_ok=True)
+    transcriber = app[TRANSCRIBER_KEY]
+    await transcriber.start()
+    try:
+        info = transcriber.info
+        app[METRICS_KEY].demo.set(1 if info.demo else 0)
+        if info.demo:
+            log.warning(
+                "DEMO BACKEND: serving %s (%s), not MOSS-TD: English only, no diarization. "
+                "Pass --model to serve MOSS-Transcribe-Diarize.",
+                info.model_id,
+                info.name,
+            )
+        app[LIFECYCLE_KEY].started = True
+        yield
+    finally:
+        app[LIFECYCLE_KEY].started = False
+        await transcriber.close()
+
+
+async def close_live_sockets(app: web.Application) -> None:
+    app[LIFECYCLE_KEY].draining = True
+    await app[REGISTRY_KEY].close_all(EngineUnavailable("the server is shutting down"))
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Render every LivemeetError (and router 404/405s, and bugs) as an OpenAI-shaped error;
+    count requests by route and status."""
+    metrics = request.app[METRICS_KEY]
+    route = request.match_info.route.name or "unmatched"
+    try:
+        response = await handler(request)
+    except LivemeetError as exc:
+        response = _render_error(request, exc)
+    except web.HTTPNotFound:
+        response = _render_error(request, NotFound(f"no route for {request.path}"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = LivemeetError(exc.reason)
+        response = error_response(error)
+        response.set_status(exc.status)
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        response = _render_error(request, InternalError("internal server error"))
+    metrics.requests.labels(route, str(response.status)).inc()
+    return response
+
+
+def _render_error(request: web.Request, error: LivemeetError) -> web.Response:
+    request.app[METRICS_KEY].errors.labels(error.code).inc()
+    return error_response(error)

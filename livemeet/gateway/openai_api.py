@@ -1,0 +1,404 @@
+"""OpenAI-compatible upload API: `POST /v1/audio/transcriptions`, `GET /v1/models`,
+`GET /v1/transcriptions/{id}`.
+
+Request and response shapes follow OpenAI's audio transcription API (multipart form; JSON,
+text, verbose_json, srt, vtt, diarized_json bodies; SSE events `transcript.text.delta`,
+`transcript.text.segment`, `transcript.text.done`; `usage: {type: "duration", seconds}`), so
+the official `openai` client works unchanged. The transcription id of each upload is returned
+in the `X-Livemeet-Transcription-Id` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aiohttp import BodyPartReader, web
+
+from livemeet.audio import decode
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.config import ServerConfig
+from livemeet.errors import (
+    BadAudio,
+    EngineUnavailable,
+    InvalidRequest,
+    LivemeetError,
+    PayloadTooLarge,
+    TooLong,
+    error_for_code,
+)
+from livemeet.gateway.errors_http import error_body
+from livemeet.gateway.keys import (
+    CONFIG_KEY,
+    LIFECYCLE_KEY,
+    METRICS_KEY,
+    STORE_KEY,
+    TRANSCRIBER_KEY,
+    tmp_dir,
+)
+from livemeet.gateway.sse import DeltaFlusher, TextTracker, encode_event
+from livemeet.gateway.transcript_store import new_transcription_id
+from livemeet.transcriber import (
+    Error,
+    Event,
+    SegmentFinal,
+    SessionOptions,
+    TextDelta,
+    TranscriberSession,
+    TranscriptFinal,
+)
+from livemeet.transcript import formats
+from livemeet.transcript.formats import ResponseFormat
+from livemeet.transcript.segments import Segment, Transcript
+
+log = logging.getLogger(__name__)
+
+ID_HEADER = "X-Livemeet-Transcription-Id"
+READ_CHUNK_BYTES = 1 << 16  # bytes per multipart read
+MAX_FIELD_BYTES = 1 << 16  # bytes; longest non-file form field (prompt etc.)
+IGNORED_FIELDS = frozenset(
+    {
+        "temperature",
+        "timestamp_granularities[]",
+        "timestamp_granularities",
+        "chunking_strategy",
+        "include[]",
+        "include",
+        "known_speaker_names[]",
+        "known_speaker_references[]",
+    }
+)
+TEXT_FIELDS = frozenset({"model", "response_format", "prompt", "language", "stream"})
+
+
+@dataclass(frozen=True)
+class UploadForm:
+    """A parsed multipart upload. `path` is the spooled `file` part (caller deletes it)."""
+
+    path: Path
+    filename: str
+    num_bytes: int
+    model: str | None
+    response_format: ResponseFormat
+    prompt: str | None
+    language: str | None
+    stream: bool
+
+
+async def list_models(request: web.Request) -> web.Response:
+    info = request.app[TRANSCRIBER_KEY].info
+    model = {
+        "id": info.model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "livemeet",
+        "backend": info.name,
+        "demo": info.demo,
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def get_transcription(request: web.Request) -> web.Response:
+    transcript = await request.app[STORE_KEY].get(request.match_info["id"])
+    fmt = formats.parse_response_format(request.query.get("response_format", "json"))
+    return _render(transcript, fmt, transcript.language)
+
+
+async def create_transcription(request: web.Request) -> web.StreamResponse:
+    """The upload endpoint. Raises LivemeetError subclasses, rendered by the error middleware."""
+    app = request.app
+    if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
+        raise EngineUnavailable("the model is not ready; retry shortly")
+    started = time.monotonic()
+    form = await read_upload_form(request, app[CONFIG_KEY])
+    try:
+        samples, duration_s = await _decode_upload(app, form.path)
+    finally:
+        form.path.unlink(missing_ok=True)
+    app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
+    options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
+    session = await app[TRANSCRIBER_KEY].open_session(options)
+    sessions = app[METRICS_KEY].sessions.labels("upload", "transcribing")
+    sessions.inc()
+    try:
+        await session.append(samples)
+        del samples
+        await session.end()
+        transcription_id = new_transcription_id()
+        if form.stream:
+            response = await _stream_sse(request, session, form, transcription_id)
+        else:
+            final = await _collect_final(session)
+            transcript = _to_transcript(final, form.language)
+            await app[STORE_KEY].put(transcription_id, transcript)
+            response = _render(transcript, form.response_format, form.language)
+            response.headers[ID_HEADER] = transcription_id
+        app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
+        return response
+    finally:
+        sessions.dec()
+        await session.abort()  # idempotent; frees the backend session on every path
+
+
+async def read_upload_form(request: web.Request, config: ServerConfig) -> UploadForm:
+    """Stream the multipart body, spooling `file` to the data dir's tmp folder.
+
+    The byte limit is enforced while reading (PayloadTooLarge as soon as it is passed), and
+    up front from Content-Length. Raises InvalidRequest for a missing `file` or a bad field.
+    """
+    limit = config.gateway.max_upload_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit} bytes")
+    if not request.content_type.startswith("multipart/"):
+        raise InvalidRequest("expected a multipart/form-data body with a 'file' field")
+    reader = await request.multipart()
+    fields: dict[str, str] = {}
+    spooled: tuple[Path, str, int] | None = None
+    budget = _ByteBudget(limit)
+    try:
+        async for part in reader:
+            if not isinstance(part, BodyPartReader):
+                raise InvalidRequest("nested multipart bodies are not supported")
+            name = part.name or ""
+            if name == "file":
+                if spooled is not None:
+                    raise InvalidRequest("more than one 'file' field")
+                spooled = await _spool(part, tmp_dir(config), budget)
+            elif name in TEXT_FIELDS or name in IGNORED_FIELDS:
+                value = await _read_field(part, budget)
+                if name in TEXT_FIELDS:
+                    fields[name] = value
+            else:
+                await _read_field(part, budget)  # unknown fields are tolerated like OpenAI
+    except BaseException:
+        if spooled is not None:
+            spooled[0].unlink(missing_ok=True)
+        raise
+    if spooled is None:
+        raise InvalidRequest("the multipart body has no 'file' field")
+    path, filename, num_bytes = spooled
+    try:
+        return UploadForm(
+            path=path,
+            filename=filename,
+            num_bytes=num_bytes,
+            model=fields.get("model") or None,
+            response_format=formats.parse_response_format(fields.get("response_format") or "json"),
+            prompt=fields.get("prompt") or None,
+            language=fields.get("language") or None,
+            stream=_parse_bool(fields.get("stream", "false"), "stream"),
+        )
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+class _ByteBudget:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def spend(self, num_bytes: int) -> None:
+        self.used += num_bytes
+        if self.used > self.limit:
+            raise PayloadTooLarge(f"upload exceeds the limit of {self.limit} bytes")
+
+
+async def _spool(
+    part: BodyPartReader, directory: Path, budget: _ByteBudget
+) -> tuple[Path, str, int]:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"upload-{uuid.uuid4().hex}"
+    num_bytes = 0
+    try:
+        # Local-disk writes of 64 KiB are short; an executor hop per chunk would cost more.
+        with path.open("wb") as f:
+            while chunk := await part.read_chunk(READ_CHUNK_BYTES):
+                budget.spend(len(chunk))
+                num_bytes += len(chunk)
+                f.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path, part.filename or "audio", num_bytes
+
+
+async def _read_field(part: BodyPartReader, budget: _ByteBudget) -> str:
+    data = bytearray()
+    while chunk := await part.read_chunk(READ_CHUNK_BYTES):
+        budget.spend(len(chunk))
+        data += chunk
+        if len(data) > MAX_FIELD_BYTES:
+            raise InvalidRequest(f"form field {part.name!r} exceeds {MAX_FIELD_BYTES} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise InvalidRequest(f"form field {part.name!r} is not UTF-8 text") from None
+
+
+def _parse_bool(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0", ""):
+        return False
+    raise InvalidRequest(f"{name} must be true or false, not {value!r}")
+
+
+async def _decode_upload(app: web.Application, path: Path) -> tuple[Any, float]:
+    """Probe (duration before decoding), then decode under the app's decode semaphore.
+
+    Returns (samples [n] float32 16 kHz, duration in s). Raises BadAudio, TooLong.
+    """
+    max_audio_s = app[CONFIG_KEY].gateway.max_audio_s
+    loop = asyncio.get_running_loop()
+    info = await loop.run_in_executor(None, decode.probe, path)
+    if info.duration_s > max_audio_s:
+        raise TooLong(f"audio of {info.duration_s:.1f} s exceeds the limit of {max_audio_s:.0f} s")
+    async with app[LIFECYCLE_KEY].decode_slots:
+        samples = await loop.run_in_executor(
+            None, partial(decode.decode_file, path, max_audio_s=max_audio_s)
+        )
+    if len(samples) == 0:
+        raise BadAudio("the audio has no samples")
+    return samples, len(samples) / SAMPLE_RATE
+
+
+async def _collect_final(session: TranscriberSession) -> TranscriptFinal:
+    async for event in session.events():
+        if isinstance(event, TranscriptFinal):
+            return event
+        if isinstance(event, Error):
+            raise error_for_code(event.code, event.message)
+    raise EngineUnavailable("the backend session ended without a transcript")
+
+
+def _to_transcript(final: TranscriptFinal, language: str | None) -> Transcript:
+    return Transcript(final.segments, final.duration_s, final.finish_reason, language)
+
+
+def _render(transcript: Transcript, fmt: ResponseFormat, language: str | None) -> web.Response:
+    body, content_type = formats.render(transcript, fmt, language=language)
+    return web.Response(text=body, content_type=content_type, charset="utf-8")
+
+
+def _usage(duration_s: float) -> dict[str, object]:
+    return {"type": "duration", "seconds": round(duration_s, 3)}
+
+
+async def _stream_sse(
+    request: web.Request, session: TranscriberSession, form: UploadForm, transcription_id: str
+) -> web.StreamResponse:
+    """Send the session's events as SSE; store the transcript when it is complete."""
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            ID_HEADER: transcription_id,
+        }
+    )
+    await response.prepare(request)
+    flusher = DeltaFlusher(request.app[CONFIG_KEY].gateway.flush_interval_s)
+    try:
+        async with contextlib.aclosing(_timed_events(session, flusher)) as items:
+            await _write_stream(request, response, items, flusher, form, transcription_id)
+    except LivemeetError as exc:
+        request.app[METRICS_KEY].errors.labels(exc.code).inc()
+        await response.write(encode_event(error_body(exc)))
+    await response.write_eof()
+    return response
+
+
+async def _write_stream(
+    request: web.Request,
+    response: web.StreamResponse,
+    items: AsyncIterator[Event | None],
+    flusher: DeltaFlusher,
+    form: UploadForm,
+    transcription_id: str,
+) -> None:
+    tracker = TextTracker()
+    num_segments_sent = 0
+    async for item in items:
+        now = time.monotonic()
+        if item is None:  # the flush timer fired
+            await _send_delta(response, flusher.poll(now))
+        elif isinstance(item, TextDelta):
+            await _send_delta(response, flusher.push(tracker.on_backend_delta(item.text), now))
+        elif isinstance(item, SegmentFinal):
+            flusher.push(tracker.on_final_segment(item.segment.text), now)
+            await _send_delta(response, flusher.finish())
+            await response.write(encode_event(_segment_event(item.segment)))
+            num_segments_sent += 1
+        elif isinstance(item, TranscriptFinal):
+            transcript = _to_transcript(item, form.language)
+            flusher.push(tracker.final_tail(transcript.text), now)
+            await _send_delta(response, flusher.finish())
+            # Backends that commit only at the end send no SegmentFinal: send the rest here.
+            for segment in item.segments[num_segments_sent:]:
+                await response.write(encode_event(_segment_event(segment)))
+            await request.app[STORE_KEY].put(transcription_id, transcript)
+            done = {
+                "type": "transcript.text.done",
+                "text": transcript.text,
+                "usage": _usage(transcript.duration_s),
+            }
+            await response.write(encode_event(done))
+            break
+        elif isinstance(item, Error):
+            raise error_for_code(item.code, item.message)
+    else:
+        raise EngineUnavailable("the backend session ended without a transcript")
+
+
+async def _send_delta(response: web.StreamResponse, text: str) -> None:
+    if text:
+        await response.write(encode_event({"type": "transcript.text.delta", "delta": text}))
+
+
+def _segment_event(segment: Segment) -> dict[str, object]:
+    wire = segment.to_wire()
+    return {
+        "type": "transcript.text.segment",
+        **{k: wire[k] for k in ("id", "start", "end", "speaker", "text")},
+    }
+
+
+async def _timed_events(
+    session: TranscriberSession, flusher: DeltaFlusher
+) -> AsyncGenerator[Event | None, None]:
+    """The session's events, with None yielded whenever held text is due to be flushed."""
+    queue: asyncio.Queue[Event | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for event in session.events():
+                queue.put_nowait(event)
+        finally:
+            queue.put_nowait(None)
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            due = flusher.due_in(time.monotonic())
+            try:
+                event = await asyncio.wait_for(queue.get(), timeout=due)
+            except TimeoutError:
+                yield None
+                continue
+            if event is None:
+                await task  # re-raises a failure of the event stream
+                return
+            yield event
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,87 @@
+"""The demo backend on real speech (Whisper tiny.en, CPU)."""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import re
+from pathlib import Path
+
+import pytest
+
+from livemeet.backends.demo import DemoCore
+from livemeet.errors import ConfigError
+from livemeet.transcriber import (
+    SegmentFinal,
+    SegmentPartial,
+    SessionOptions,
+    TextDelta,
+    TranscriptFinal,
+)
+from tests.backends.conftest import load_16k
+from tests.backends.helpers import stream
+
+
+def words(text: str) -> str:
+    return " ".join(re.sub(r"[^\w\s']", " ", text.lower()).split())
+
+
+def test_info_says_demo() -> None:
+    info = DemoCore().info
+    assert info.name == "demo" and info.demo and not info.diarization
+    assert info.model_id == "whisper-tiny.en (demo)"
+
+
+def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "faster_whisper":
+            raise ImportError("No module named 'faster_whisper'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    with pytest.raises(ConfigError, match=r"livemeet\[demo\]"):
+        DemoCore().load()
+
+
+def test_load_warns_loudly(demo_core: DemoCore, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="livemeet.backends.demo"):
+        DemoCore().load()
+    assert any("DEMO BACKEND" in r.message for r in caplog.records)
+
+
+def test_upload_jfk_wer(demo_core: DemoCore, shared_data: Path) -> None:
+    import jiwer
+
+    samples = load_16k(shared_data / "jfk" / "jfk.flac")
+    reference = (shared_data / "jfk" / "text").read_text().split(maxsplit=1)[1]
+    events = stream(demo_core, samples, chunk_s=2.0, options=SessionOptions(live=False))
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert text == " ".join(s.text for s in final.segments)  # == Transcript.text
+    assert all(s.speaker == "S01" and s.id for s in final.segments)
+    wer = jiwer.wer(words(reference), words(text))
+    assert wer <= 0.15, (wer, text)
+    assert final.coverage > 0.8
+
+
+@pytest.mark.slow
+def test_live_ami_in_one_second_hops(demo_core: DemoCore, shared_data: Path) -> None:
+    samples = load_16k(shared_data / "ami-pyannote-debug" / "dev00.wav")
+    duration_s = len(samples) / 16_000
+    events = stream(demo_core, samples, chunk_s=1.0)
+    first_final = next(i for i, e in enumerate(events) if isinstance(e, SegmentFinal))
+    partials_before = [e for e in events[:first_final] if isinstance(e, SegmentPartial)]
+    assert len(partials_before) >= 3
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    finals = [e.segment for e in events if isinstance(e, SegmentFinal)]
+    assert list(final.segments) == finals
+    assert final.coverage >= 0.9 and final.duration_s == pytest.approx(duration_s)
+    starts = [s.start_s for s in finals]
+    assert starts == sorted(starts) and all(s.end_s <= duration_s + 0.5 for s in finals)
+    assert {s.speaker for s in finals} == {"S01"}
+    text = words(" ".join(s.text for s in finals))
+    assert "ready to begin" in text and "marketing" in text  # words heard at ~2 s and ~27 s

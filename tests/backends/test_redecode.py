@@ -1,0 +1,143 @@
+"""RedecodeCore through the scripted backend: uploads, errors, scheduling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.backends.redecode import text_deltas, upload_segments
+from livemeet.backends.scripted import Script, ScriptedCore
+from livemeet.errors import InvalidRequest, NotFound, ProtocolError
+from livemeet.transcriber import Error, SessionOptions, TextDelta, TranscriptFinal
+from livemeet.transcript.segments import Segment, Transcript
+from tests.backends.helpers import run_to_idle, stream
+
+UPLOAD = SessionOptions(live=False)
+
+
+def audio(seconds: float) -> np.ndarray:
+    return np.zeros(round(seconds * SAMPLE_RATE), np.float32)
+
+
+def long_reference(duration_s: float, seg_s: float = 7.0) -> tuple[Segment, ...]:
+    out, t, k = [], 0.2, 0
+    while t + seg_s < duration_s:
+        out.append(Segment(t, t + seg_s, f"S0{k % 3 + 1}", f"sentence number {k} is spoken here"))
+        t, k = t + seg_s, k + 1
+    return tuple(out)
+
+
+def test_text_deltas_concatenate_to_transcript_text() -> None:
+    segs = [
+        Segment(0, 1, "S01", " Hello there. "),
+        Segment(1, 2, "S01", "你好"),
+        Segment(2, 3, "S02", "世界"),
+        Segment(3, 4, "S01", ""),
+        Segment(4, 5, "S01", "ok"),
+    ]
+    deltas = text_deltas(segs)
+    assert "".join(deltas) == Transcript(tuple(segs), 5.0).text
+    assert deltas[0] == "Hello there." and deltas[2] == "世界"
+
+
+def test_upload_segments_are_clamped_and_numbered() -> None:
+    segs = upload_segments(
+        [Segment(2, 3, "S01", "a"), Segment(1, 12, "S01", "b"), Segment(3, 4, "S01", " ")],
+        duration_s=10.0,
+    )
+    assert [(s.id, s.start_s, s.end_s) for s in segs] == [("seg-0001", 2, 3), ("seg-0002", 2, 10)]
+    assert all(s.is_final for s in segs)
+
+
+@pytest.mark.parametrize("duration_s", [5.0, 95.0])
+def test_upload_decodes_once_at_end_in_windows(duration_s: float) -> None:
+    reference = long_reference(duration_s, seg_s=4.0 if duration_s < 10 else 7.0)
+    core = ScriptedCore(Script(reference))
+    events = stream(core, audio(duration_s), chunk_s=5.0, options=UPLOAD)
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal) and final.duration_s == duration_s
+    assert all(isinstance(e, TextDelta) for e in events[:-1])
+    assert "".join(e.text for e in events[:-1]) == Transcript(final.segments, duration_s).text
+    assert [s.text for s in final.segments] == [r.text for r in reference]
+    # segments cut by a 30 s window boundary were re-decoded whole from the next window
+    assert [(s.start_s, s.end_s) for s in final.segments] == [
+        (r.start_s, r.end_s) for r in reference
+    ]
+    assert core.num_hops >= duration_s / 30  # one decode per <= 30 s window
+
+
+def test_empty_upload() -> None:
+    events = stream(ScriptedCore(), audio(0), options=UPLOAD)
+    assert len(events) == 1 and isinstance(events[0], TranscriptFinal)
+    assert events[0].segments == () and events[0].coverage == 0.0
+
+
+def test_decode_failure_fails_only_that_session() -> None:
+    core = ScriptedCore(Script(long_reference(20.0), fail_hops=frozenset({0})))
+    core.open("a", SessionOptions())
+    core.open("b", SessionOptions())
+    out: list = []
+    core.append("a", audio(1.0))
+    run_to_idle(core, out)  # hop 0 fails: a gets an Error and is forgotten
+    for _ in range(6):
+        core.append("b", audio(1.0))
+        run_to_idle(core, out)
+    core.end("b")
+    run_to_idle(core, out)
+    a = [e for sid, e in out if sid == "a"]
+    assert len(a) == 1 and isinstance(a[0], Error) and a[0].code == "internal_error"
+    assert isinstance([e for sid, e in out if sid == "b"][-1], TranscriptFinal)
+    with pytest.raises(NotFound):
+        core.append("a", audio(1.0))
+    assert core.num_sessions == 0
+
+
+def test_round_robin_between_sessions() -> None:
+    core = ScriptedCore(Script(long_reference(20.0)))
+    for sid in ("a", "b"):
+        core.open(sid, SessionOptions())
+        core.append(sid, audio(3.0))
+    first = {sid for sid, _ in core.step()}
+    second = {sid for sid, _ in core.step()}
+    assert first | second == {"a", "b"} and first != second
+
+
+def test_command_errors() -> None:
+    core = ScriptedCore()
+    with pytest.raises(NotFound):
+        core.end("nope")
+    core.open("a", UPLOAD)
+    with pytest.raises(InvalidRequest):
+        core.open("a", UPLOAD)
+    with pytest.raises(InvalidRequest):
+        core.open("b", SessionOptions(sample_rate=44_100))
+    core.end("a")
+    with pytest.raises(ProtocolError):
+        core.append("a", audio(1.0))
+    with pytest.raises(ProtocolError):
+        core.end("a")
+    core.abort("a")
+    assert core.num_sessions == 0 and not core.has_work()
+
+
+class PromptRecorder(ScriptedCore):
+    def __init__(self, script: Script) -> None:
+        super().__init__(script)
+        self.prompts: list[str | None] = []
+
+    def transcribe_window(self, samples, offset_s, prompt):  # type: ignore[no-untyped-def]
+        self.prompts.append(prompt)
+        return super().transcribe_window(samples, offset_s, prompt)
+
+
+@pytest.mark.parametrize("use_committed", [True, False])
+def test_prompt_is_options_then_committed_text(use_committed: bool) -> None:
+    reference = long_reference(20.0, seg_s=3.0)
+    core = PromptRecorder(Script(reference))
+    core.use_committed_prompt = use_committed
+    stream(core, audio(12.0), options=SessionOptions(prompt="Agenda:", hotwords=("Ebenezer",)))
+    assert core.prompts[0] == "Agenda: Ebenezer"
+    with_text = [p for p in core.prompts if p and reference[0].text in p]
+    assert bool(with_text) == use_committed
+    assert all(p is not None and p.startswith("Agenda: Ebenezer") for p in core.prompts)

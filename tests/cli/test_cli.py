@@ -1,0 +1,108 @@
+"""CLI subcommands: argument parsing, transcribe and stream against the fake transcriber."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+from aiohttp.test_utils import TestClient
+
+from livemeet.__main__ import build_parser, main
+from livemeet.cli import serve, stream, transcribe
+from livemeet.errors import BadAudio, ConfigError
+from livemeet.transcript.formats import ResponseFormat
+from tests.gateway.conftest import client, fake, server_config  # noqa: F401  (fixtures)
+from tests.gateway.fakes import FakeTranscriber, expected_upload_text
+
+
+def write_wav(path: Path, duration_s: float, rate: int = 16_000) -> Path:
+    t = np.arange(int(duration_s * rate)) / rate
+    sf.write(path, (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate)
+    return path
+
+
+def test_serve_arguments_build_a_config(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["serve", "--port", "0", "--data-dir", str(tmp_path), "--max-audio-s", "10"]
+    )
+    config = serve.config_from_args(args)
+    assert config.port == 0 and config.data_dir == tmp_path
+    assert config.gateway.max_audio_s == 10 and config.model.backend_name == "demo"
+    assert serve.ssl_context(config) is None
+
+
+def test_serve_rejects_half_tls(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["serve", "--tls-cert", str(tmp_path / "c.pem")])
+    with pytest.raises(ConfigError):
+        serve.config_from_args(args)
+    assert main(["serve", "--tls-cert", str(tmp_path / "c.pem")]) == 2
+
+
+async def test_transcribe_files_and_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    good = write_wav(tmp_path / "good.wav", 3.0)
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(b"nope" * 100)
+    results = await transcribe.transcribe_files(transcriber, [good, bad], language="en")
+    assert results[0].transcript is not None
+    assert results[0].transcript.text == expected_upload_text(3.0)
+    assert isinstance(results[1].error, BadAudio)
+    assert transcriber.sessions[0].log.aborted  # released after use
+
+    out = tmp_path / "out"
+    status = transcribe.write_results(results, ResponseFormat.SRT, out, "en")
+    assert status == 1
+    assert "S01: segment 1 café" in (out / "good.srt").read_text()
+    assert "bad_audio" in capsys.readouterr().err
+
+    single = tmp_path / "one.json"
+    assert transcribe.write_results(results[:1], ResponseFormat.JSON, single, None) == 0
+    assert json.loads(single.read_text())["text"] == expected_upload_text(3.0)
+    assert transcribe.write_results(results[:1], ResponseFormat.TEXT, None, None) == 0
+    assert capsys.readouterr().out == expected_upload_text(3.0) + "\n"
+
+
+def test_transcribe_parser() -> None:
+    args = build_parser().parse_args(["transcribe", "a.wav", "b.flac", "--format", "vtt"])
+    assert args.audio == [Path("a.wav"), Path("b.flac")] and args.format == "vtt"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["transcribe", "a.wav", "--format", "mp3"])
+
+
+async def test_stream_paced_in_hops(client: TestClient, fake: FakeTranscriber) -> None:  # noqa: F811
+    samples = (0.1 * np.sin(np.arange(int(3.5 * 16000)) / 10)).astype(np.float32)
+    url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
+    seen: list[str] = []
+    result = await stream.stream_samples(
+        url, samples, hop_s=0.5, speed=20.0, on_event=lambda e: seen.append(e["type"])
+    )
+    assert result.close_code == 1000
+    assert result.final is not None and result.final["duration"] == 3.5
+    assert seen[0] == "session.ready" and seen[-1] == "transcript.final"
+    assert seen.count("segment.partial") == 2  # fake: 1 s hops, hop 3 commits (FINAL_EVERY)
+    # paced: 3.5 s of audio at 20x takes >= 0.175 s before the final can arrive
+    assert result.arrival_s[-1] >= 3.5 / 20
+    assert fake.sessions[0].log.num_samples == 3.5 * 16000
+
+
+async def test_stream_reports_server_error(client: TestClient) -> None:  # noqa: F811
+    samples = np.zeros(1600, dtype=np.float32)
+    url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
+    result = await stream.stream_samples(url, samples, start={"sample_rate": 5})
+    assert result.error is not None and result.error["code"] == "bad_audio"
+    assert result.close_code == 4415 and result.final is None
+
+
+def test_format_event_lines() -> None:
+    seg = {"id": "seg-0001", "start": 1.0, "end": 2.5, "speaker": "S01", "text": "hi"}
+    assert stream.format_event({"type": "segment.final", **seg}).startswith("= [")
+    assert "rev 3" in stream.format_event({"type": "segment.partial", "rev": 3, "segments": [seg]})
+    assert "DEMO" in stream.format_event(
+        {"type": "session.ready", "session_id": "x", "protocol": 0, "demo": True, "model": "m"}
+    )

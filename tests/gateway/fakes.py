@@ -1,0 +1,219 @@
+"""A deterministic in-memory Transcriber for gateway tests (livemeet/transcriber.py protocol).
+
+Live sessions: every `hop_s` of appended audio emits `SegmentPartial(rev, (open tail,))`; every
+`FINAL_EVERY` hops the open tail is committed as a `SegmentFinal`. Uploads: at `end()`, one
+final segment per `SEGMENT_S` of audio, each preceded by its text as `TextDelta`s split into
+two-character pieces. Segment texts include a non-ASCII word to exercise UTF-8 paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.errors import EngineUnavailable, LivemeetError, ProtocolError
+from livemeet.transcriber import (
+    BackendInfo,
+    Event,
+    Samples,
+    SegmentFinal,
+    SegmentPartial,
+    SessionOptions,
+    TextDelta,
+    TranscriptFinal,
+)
+from livemeet.transcript.segments import FinishReason, Segment, join_texts
+
+FINAL_EVERY = 3  # hops per committed segment (live)
+SEGMENT_S = 2.0  # s of audio per segment (uploads)
+
+
+def fake_text(index: int) -> str:
+    return f"segment {index} café"
+
+
+@dataclass
+class FakeSessionLog:
+    """What a test can assert about one session."""
+
+    options: SessionOptions
+    num_samples: int = 0
+    num_finalize: int = 0
+    ended: bool = False
+    aborted: bool = False
+    events: list[Event] = field(default_factory=list)
+
+
+class FakeSession:
+    def __init__(
+        self,
+        session_id: str,
+        options: SessionOptions,
+        log: FakeSessionLog,
+        end_gate: asyncio.Event | None = None,
+    ) -> None:
+        self._end_gate = end_gate
+        self._gate_task: asyncio.Task[None] | None = None
+        self._id = session_id
+        self._options = options
+        self.log = log
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._hops_done = 0
+        self._rev = 0
+        self._committed_end_s = 0.0
+        self._finals: list[Segment] = []
+        self._closed = False
+        self.segment_events = True
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    async def append(self, samples: Samples) -> None:
+        if self._closed:
+            raise ProtocolError("append after end/abort")
+        assert samples.dtype == np.float32 and samples.ndim == 1
+        self.log.num_samples += len(samples)
+        if not self._options.live:
+            return
+        hop = int(self._options.hop_s * SAMPLE_RATE)
+        while self.log.num_samples >= (self._hops_done + 1) * hop:
+            self._hops_done += 1
+            edge_s = self._hops_done * self._options.hop_s
+            if self._hops_done % FINAL_EVERY == 0:
+                self._commit(edge_s)
+            else:
+                self._partial(edge_s)
+
+    async def finalize(self) -> None:
+        self.log.num_finalize += 1
+        self._commit(self.log.num_samples / SAMPLE_RATE)
+
+    async def end(self) -> None:
+        if self._closed:
+            raise ProtocolError("end after end/abort")
+        self._closed = True
+        self.log.ended = True
+        if self._end_gate is not None:
+            self._gate_task = asyncio.create_task(self._end_after_gate(self._end_gate))
+            return
+        self._emit_final()
+
+    async def _end_after_gate(self, gate: asyncio.Event) -> None:
+        await gate.wait()
+        self._emit_final()
+
+    def _emit_final(self) -> None:
+        duration_s = self.log.num_samples / SAMPLE_RATE
+        if self._options.live:
+            self._commit(duration_s)
+        else:
+            start_s = 0.0
+            while start_s < duration_s:
+                end_s = min(duration_s, start_s + SEGMENT_S)
+                text = fake_text(len(self._finals))
+                sep = " " if self._finals else ""
+                piece = sep + text
+                for i in range(0, len(piece), 2):
+                    self._emit(TextDelta(piece[i : i + 2]))
+                self._commit(end_s, start_s=start_s)
+                start_s = end_s
+        self._emit(
+            TranscriptFinal(
+                tuple(self._finals), FinishReason.STOP, 1.0 if self._finals else 0.0, duration_s
+            )
+        )
+        self._queue.put_nowait(None)
+
+    async def abort(self) -> None:
+        if self._gate_task is not None:
+            self._gate_task.cancel()
+        self._closed = True
+        self.log.aborted = True
+        self._queue.put_nowait(None)
+
+    async def events(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self._queue.get()
+            if event is None:
+                return
+            yield event
+
+    def fail(self, error: LivemeetError) -> None:
+        """Test hook: end the stream with an `Error` event."""
+        from livemeet.transcriber import Error
+
+        self._closed = True
+        self._emit(Error(error.code, error.message, error.retryable))
+        self._queue.put_nowait(None)
+
+    def _emit(self, event: Event) -> None:
+        self.log.events.append(event)
+        self._queue.put_nowait(event)
+
+    def _partial(self, edge_s: float) -> None:
+        self._rev += 1
+        tail = Segment(self._committed_end_s, edge_s, "S01", f"partial {self._rev}")
+        self._emit(SegmentPartial(self._rev, (tail,)))
+
+    def _commit(self, end_s: float, start_s: float | None = None) -> None:
+        start = self._committed_end_s if start_s is None else start_s
+        if end_s <= start:
+            return
+        index = len(self._finals)
+        seg = Segment(start, end_s, "S01", fake_text(index), id=f"seg-{index:04d}", is_final=True)
+        self._finals.append(seg)
+        self._committed_end_s = end_s
+        if self.segment_events:
+            self._emit(SegmentFinal(seg))
+
+
+class FakeTranscriber:
+    """Implements livemeet.transcriber.Transcriber. `open_error` makes open_session raise."""
+
+    def __init__(self, *, demo: bool = True, start_ready: bool = True) -> None:
+        self._info = BackendInfo("fake", "fake-model", demo=demo, diarization=False)
+        self._ready = False
+        self._start_ready = start_ready
+        self.open_error: LivemeetError | None = None
+        self.end_gate: asyncio.Event | None = None  # when set, end() waits for it to emit
+        self.upload_segment_events = True  # False: uploads emit no SegmentFinal (like the demo)
+        self.sessions: list[FakeSession] = []
+        self.num_started = 0
+        self.num_closed = 0
+
+    @property
+    def info(self) -> BackendInfo:
+        return self._info
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        self.num_started += 1
+        self._ready = self._start_ready
+
+    async def close(self) -> None:
+        self.num_closed += 1
+        self._ready = False
+
+    async def open_session(self, options: SessionOptions) -> FakeSession:
+        if not self._ready:
+            raise EngineUnavailable("fake transcriber not ready")
+        if self.open_error is not None:
+            raise self.open_error
+        log = FakeSessionLog(options)
+        session = FakeSession(f"fake-{len(self.sessions)}", options, log, self.end_gate)
+        session.segment_events = options.live or self.upload_segment_events
+        self.sessions.append(session)
+        return session
+
+
+def expected_upload_text(duration_s: float) -> str:
+    n = int(np.ceil(duration_s / SEGMENT_S - 1e-9))
+    return join_texts(fake_text(i) for i in range(n))

@@ -1,0 +1,130 @@
+"""The live protocol state machine: order rules, payload validation, typed errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
+from livemeet.gateway.live_protocol import (
+    AppendAudio,
+    EndStream,
+    Finalize,
+    KeepAlive,
+    LiveProtocol,
+    StartSession,
+    State,
+)
+
+START = json.dumps(
+    {
+        "type": "start",
+        "sample_rate": 16000,
+        "channels": 1,
+        "encoding": "pcm_s16le",
+        "language": "en",
+        "hotwords": ["MOSS"],
+    }
+)
+
+
+def streaming(channels: int = 1) -> LiveProtocol:
+    p = LiveProtocol()
+    p.receive_text(json.dumps({"type": "start", "sample_rate": 48000, "channels": channels}))
+    return p
+
+
+def test_happy_path_states_and_actions() -> None:
+    p = LiveProtocol()
+    assert p.state is State.AWAITING_START
+    start = p.receive_text(START)
+    assert start == StartSession(16000, 1, "pcm_s16le", "en", None, ("MOSS",))
+    assert p.state is State.STREAMING
+    assert p.receive_binary(b"\x01\x00" * 160) == AppendAudio(b"\x01\x00" * 160)
+    assert p.receive_text('{"type": "finalize"}') == Finalize()
+    assert p.receive_text('{"type": "keepalive"}') == KeepAlive()
+    assert p.receive_text('{"type": "end"}') == EndStream()
+    assert p.state is State.ENDING
+    assert p.receive_text('{"type": "keepalive"}') == KeepAlive()
+    assert p.num_audio_frames == 160
+    p.close()
+    assert p.state is State.CLOSED
+
+
+def test_stereo_frames_count_per_sample_frame() -> None:
+    p = streaming(channels=2)
+    p.receive_binary(bytes(400))
+    assert p.num_audio_frames == 100
+    with pytest.raises(ProtocolError, match="4-byte"):
+        p.receive_binary(bytes(6))  # 3 samples: not whole stereo frames
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("{not json", InvalidRequest),
+        ("[1, 2]", InvalidRequest),
+        ('{"sample_rate": 16000}', InvalidRequest),
+        ('{"type": "start"}', InvalidRequest),
+        ('{"type": "start", "sample_rate": "16000"}', InvalidRequest),
+        ('{"type": "start", "sample_rate": true}', InvalidRequest),
+        ('{"type": "start", "sample_rate": 100}', BadAudio),
+        ('{"type": "start", "sample_rate": 16000, "channels": 0}', BadAudio),
+        ('{"type": "start", "sample_rate": 16000, "encoding": "opus"}', InvalidRequest),
+        ('{"type": "start", "sample_rate": 16000, "hotwords": "a,b"}', InvalidRequest),
+        ('{"type": "start", "sample_rate": 16000, "prompt": 5}', InvalidRequest),
+        ('{"type": "finalize"}', ProtocolError),
+        ('{"type": "end"}', ProtocolError),
+        ('{"type": "dance"}', ProtocolError),
+    ],
+)
+def test_bad_messages_before_start(text: str, error: type[Exception]) -> None:
+    p = LiveProtocol()
+    with pytest.raises(error):
+        p.receive_text(text)
+    assert p.state is State.AWAITING_START
+
+
+def test_audio_before_start() -> None:
+    with pytest.raises(ProtocolError, match="before 'start'"):
+        LiveProtocol().receive_binary(b"\x00\x00")
+
+
+def test_second_start() -> None:
+    p = streaming()
+    with pytest.raises(ProtocolError, match="second 'start'"):
+        p.receive_text(START)
+
+
+def test_odd_byte_count() -> None:
+    p = streaming()
+    with pytest.raises(ProtocolError, match="not a whole number"):
+        p.receive_binary(b"\x00\x00\x00")
+    assert p.num_audio_bytes == 0
+
+
+def test_end_before_audio() -> None:
+    p = streaming()
+    with pytest.raises(ProtocolError, match="before any audio"):
+        p.receive_text('{"type": "end"}')
+
+
+def test_audio_and_control_after_end() -> None:
+    p = streaming()
+    p.receive_binary(b"\x00\x00")
+    p.receive_text('{"type": "end"}')
+    with pytest.raises(ProtocolError, match="after 'end'"):
+        p.receive_binary(b"\x00\x00")
+    for kind in ("end", "finalize"):
+        with pytest.raises(ProtocolError):
+            p.receive_text(json.dumps({"type": kind}))
+
+
+def test_closed_rejects_everything() -> None:
+    p = streaming()
+    p.close()
+    with pytest.raises(ProtocolError):
+        p.receive_binary(b"\x00\x00")
+    with pytest.raises(ProtocolError):
+        p.receive_text('{"type": "keepalive"}')

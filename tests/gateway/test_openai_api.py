@@ -1,0 +1,296 @@
+"""`POST /v1/audio/transcriptions` and friends, against the fake transcriber."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient
+
+from livemeet.config import ServerConfig
+from livemeet.errors import (
+    BadAudio,
+    EngineUnavailable,
+    InvalidRequest,
+    LivemeetError,
+    NotFound,
+    PayloadTooLarge,
+    TooLong,
+)
+from livemeet.gateway import openai_api
+from livemeet.gateway.app import create_app
+from tests.gateway.conftest import MAX_AUDIO_S, MAX_UPLOAD_BYTES, ClientFactory, wav_bytes
+from tests.gateway.fakes import FakeTranscriber, expected_upload_text
+
+
+def form(audio: bytes | None, **fields: str) -> aiohttp.FormData:
+    data = aiohttp.FormData()
+    if audio is not None:
+        data.add_field("file", audio, filename="a.wav", content_type="audio/wav")
+    data.add_field("model", fields.pop("model", "whisper-1"))
+    for name, value in fields.items():
+        data.add_field(name, value)
+    return data
+
+
+async def assert_error(resp: aiohttp.ClientResponse, error: type[LivemeetError]) -> dict:
+    body = await resp.json()
+    assert resp.status == error.http_status, body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["code"] == error.code and body["error"]["message"]
+    expected_type = "server_error" if error.http_status >= 500 else "invalid_request_error"
+    assert body["error"]["type"] == expected_type
+    return body
+
+
+def spooled_files(config: ServerConfig) -> list[Path]:
+    return list((config.data_dir / "tmp").iterdir())
+
+
+async def test_json_upload_and_stored_transcript(
+    client: TestClient, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    resp = await client.post(
+        "/v1/audio/transcriptions",
+        data=form(
+            wav_bytes(5.0),
+            prompt="Hi",
+            language="fr",
+            temperature="0.2",
+            **{"timestamp_granularities[]": "word", "include[]": "logprobs"},
+        ),
+    )
+    assert resp.status == 200, await resp.text()
+    body = await resp.json()
+    assert body["text"] == expected_upload_text(5.0)
+    assert body["usage"] == {"type": "duration", "seconds": 5.0}
+    options = fake.sessions[0].log.options
+    assert not options.live and options.prompt == "Hi" and options.language == "fr"
+    assert fake.sessions[0].log.num_samples == 5 * 16000 and fake.sessions[0].log.aborted
+    assert spooled_files(server_config) == []
+
+    tid = resp.headers[openai_api.ID_HEADER]
+    got = await client.get(f"/v1/transcriptions/{tid}", params={"response_format": "srt"})
+    assert got.status == 200 and got.content_type == "application/x-subrip"
+    assert "S01: segment 2 café" in await got.text()
+    assert (server_config.data_dir / "transcriptions" / f"{tid}.json").is_file()
+    verbose = await (
+        await client.get(f"/v1/transcriptions/{tid}", params={"response_format": "verbose_json"})
+    ).json()
+    assert verbose["language"] == "fr" and verbose["duration"] == 5.0
+
+
+async def test_stored_transcript_survives_restart(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    first = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    resp = await first.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    tid = resp.headers[openai_api.ID_HEADER]
+    second = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    got = await second.get(f"/v1/transcriptions/{tid}", params={"response_format": "text"})
+    assert await got.text() == expected_upload_text(1.0) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("fmt", "content_type"),
+    [
+        ("json", "application/json"),
+        ("text", "text/plain"),
+        ("verbose_json", "application/json"),
+        ("srt", "application/x-subrip"),
+        ("vtt", "text/vtt"),
+        ("diarized_json", "application/json"),
+    ],
+)
+async def test_response_formats(client: TestClient, fmt: str, content_type: str) -> None:
+    resp = await client.post(
+        "/v1/audio/transcriptions", data=form(wav_bytes(3.0), response_format=fmt)
+    )
+    assert resp.status == 200 and resp.content_type == content_type
+    text = await resp.text()
+    assert "segment 1 café" in text
+    if content_type == "application/json":
+        assert json.loads(text)["usage"]["seconds"] == 3.0
+
+
+def parse_sse(raw: str) -> list[dict[str, Any]]:
+    events = []
+    for block in raw.split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: "), block
+            events.append(json.loads(block[len("data: ") :]))
+    return events
+
+
+async def test_stream_sse_events(client: TestClient) -> None:
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(5.0), stream="true"))
+    assert resp.status == 200 and resp.content_type == "text/event-stream"
+    events = parse_sse(await resp.text())
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "transcript.text.done" and kinds.count("transcript.text.done") == 1
+    assert kinds[0] == "transcript.text.delta"
+    deltas = "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta")
+    assert deltas == events[-1]["text"] == expected_upload_text(5.0)
+    segments = [e for e in events if e["type"] == "transcript.text.segment"]
+    assert [s["id"] for s in segments] == ["seg-0000", "seg-0001", "seg-0002"]
+    assert set(segments[0]) == {"type", "id", "start", "end", "speaker", "text"}
+    # each segment's text was fully sent as deltas before its segment event
+    for i, kind in enumerate(kinds):
+        if kind == "transcript.text.segment":
+            sent = "".join(e["delta"] for e in events[:i] if e["type"] == "transcript.text.delta")
+            assert sent.endswith(events[i]["text"])
+
+
+async def test_stream_sends_segments_when_backend_commits_only_at_end(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    fake.upload_segment_events = False
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(3.0), stream="true"))
+    events = parse_sse(await resp.text())
+    kinds = [e["type"] for e in events]
+    assert kinds[-3:] == [
+        "transcript.text.segment",
+        "transcript.text.segment",
+        "transcript.text.done",
+    ]
+    assert [e["id"] for e in events if e["type"] == "transcript.text.segment"] == [
+        "seg-0000",
+        "seg-0001",
+    ]
+
+
+async def test_stream_backend_error_becomes_error_event(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    fake.end_gate = asyncio.Event()
+    post = asyncio.create_task(
+        client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0), stream="true"))
+    )
+    while not fake.sessions:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    fake.sessions[0].fail(EngineUnavailable("engine died"))
+    resp = await post
+    events = parse_sse(await resp.text())
+    assert events[-1]["error"]["code"] == EngineUnavailable.code
+
+
+async def make_truncated_flac() -> bytes:
+    data = wav_bytes(4.0, fmt="FLAC", subtype="PCM_16")
+    return data[: len(data) // 2]
+
+
+@pytest.mark.parametrize(
+    ("audio", "fields", "error"),
+    [
+        (None, {}, InvalidRequest),  # missing file field
+        (b"this is not audio at all" * 100, {}, BadAudio),
+        (b"", {}, BadAudio),  # zero-length upload
+        (wav_bytes(0.0), {}, BadAudio),  # a valid header, no samples
+        (wav_bytes(1.0), {"response_format": "mp3"}, InvalidRequest),
+        (wav_bytes(1.0), {"stream": "maybe"}, InvalidRequest),
+        (wav_bytes(MAX_AUDIO_S + 1, rate=8000), {}, TooLong),
+    ],
+)
+async def test_bad_uploads(
+    client: TestClient,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    audio: bytes | None,
+    fields: dict[str, str],
+    error: type[LivemeetError],
+) -> None:
+    resp = await client.post("/v1/audio/transcriptions", data=form(audio, **fields))
+    await assert_error(resp, error)
+    assert spooled_files(server_config) == []
+    assert fake.sessions == []
+
+
+async def test_truncated_flac(client: TestClient) -> None:
+    resp = await client.post("/v1/audio/transcriptions", data=form(await make_truncated_flac()))
+    await assert_error(resp, BadAudio)
+
+
+async def test_oversized_upload_with_content_length(
+    client: TestClient, server_config: ServerConfig
+) -> None:
+    resp = await client.post("/v1/audio/transcriptions", data=form(bytes(MAX_UPLOAD_BYTES + 1)))
+    await assert_error(resp, PayloadTooLarge)
+    assert spooled_files(server_config) == []
+
+
+async def test_oversized_upload_is_stopped_while_streaming(
+    client: TestClient, server_config: ServerConfig
+) -> None:
+    """No Content-Length (chunked): the limit must cut the body while it streams in."""
+    sent = 0
+
+    async def body() -> Any:
+        nonlocal sent
+        boundary = b"--xyz\r\n"
+        yield boundary + b'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+        chunk = bytes(1 << 16)
+        while sent < 4 * MAX_UPLOAD_BYTES:
+            sent += len(chunk)
+            yield chunk
+        yield b"\r\n--xyz--\r\n"
+
+    headers = {"Content-Type": "multipart/form-data; boundary=xyz"}
+    try:
+        resp = await client.post("/v1/audio/transcriptions", data=body(), headers=headers)
+        await assert_error(resp, PayloadTooLarge)
+    except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+        pass  # the server may cut the connection before the client reads the 413
+    assert sent < 4 * MAX_UPLOAD_BYTES  # the server stopped reading long before the end
+    assert spooled_files(server_config) == []
+
+
+async def test_not_ready_is_503(aiohttp_client: ClientFactory, server_config: ServerConfig) -> None:
+    client = await aiohttp_client(create_app(server_config, FakeTranscriber(start_ready=False)))
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    await assert_error(resp, EngineUnavailable)
+    assert resp.headers["Retry-After"] == "1"
+    ready = await client.get("/readyz")
+    assert ready.status == 503
+
+
+async def test_unknown_transcription_and_route(client: TestClient) -> None:
+    await assert_error(await client.get("/v1/transcriptions/tr_" + "0" * 32), NotFound)
+    await assert_error(await client.get("/v1/transcriptions/..%2Fetc"), NotFound)
+    await assert_error(await client.get("/v1/nothing"), NotFound)
+
+
+async def test_models(client: TestClient) -> None:
+    body = await (await client.get("/v1/models")).json()
+    assert body["object"] == "list" and body["data"][0]["id"] == "fake-model"
+
+
+async def test_decodes_are_bounded(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from livemeet.audio import decode
+
+    running, peak = 0, 0
+    real = decode.decode_file
+
+    def slow_decode(path: Path, *, max_audio_s: float) -> Any:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            import time
+
+            time.sleep(0.1)
+            return real(path, max_audio_s=max_audio_s)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(decode, "decode_file", slow_decode)
+    audio = wav_bytes(1.0)
+    resps = await asyncio.gather(
+        *(client.post("/v1/audio/transcriptions", data=form(audio)) for _ in range(5))
+    )
+    assert [r.status for r in resps] == [200] * 5
+    assert peak == client.app[openai_api.CONFIG_KEY].gateway.max_concurrent_decodes == 2

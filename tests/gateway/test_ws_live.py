@@ -1,0 +1,240 @@
+"""`/v1/live` over a real aiohttp server with a FakeTranscriber: events, errors, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import WSMsgType
+from aiohttp.test_utils import TestClient
+
+from livemeet.config import GatewayConfig, ServerConfig
+from livemeet.errors import (
+    BadAudio,
+    ClientTimeout,
+    EngineUnavailable,
+    InvalidRequest,
+    LivemeetError,
+    ProtocolError,
+    QueueFull,
+)
+from livemeet.gateway.app import close_live_sockets, create_app
+from livemeet.gateway.keys import REGISTRY_KEY
+from tests.gateway.conftest import ClientFactory, pcm16
+from tests.gateway.fakes import FINAL_EVERY, FakeTranscriber
+
+START = {"type": "start", "sample_rate": 16000, "channels": 1, "encoding": "pcm_s16le"}
+
+
+async def receive_all(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
+    """Every JSON event until the server closes."""
+    events = []
+    async for msg in ws:
+        assert msg.type is WSMsgType.TEXT, msg
+        events.append(json.loads(msg.data))
+    return events
+
+
+async def expect_error(ws: aiohttp.ClientWebSocketResponse, error: type[LivemeetError]) -> dict:
+    events = await asyncio.wait_for(receive_all(ws), 5)
+    assert events[-1]["type"] == "error", events
+    assert events[-1]["code"] == error.code
+    assert isinstance(events[-1]["message"], str) and events[-1]["message"]
+    assert events[-1]["retryable"] is error.retryable
+    assert ws.close_code == error.close_code
+    return events[-1]
+
+
+async def test_stream_partials_finals_and_transcript(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json({**START, "language": "en", "hotwords": ["MOSS"]})
+        ready = await ws.receive_json()
+        assert ready == {
+            "type": "session.ready",
+            "session_id": "fake-0",
+            "protocol": 0,
+            "demo": True,
+            "model": "fake-model",
+        }
+        chunk = pcm16(0.5)
+        for _ in range(13):  # 6.5 s
+            await ws.send_bytes(chunk)
+        await ws.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert ws.close_code == 1000
+    kinds = [e["type"] for e in events]
+    assert kinds[-1] == "transcript.final"
+    revs = [e["rev"] for e in events if e["type"] == "segment.partial"]
+    assert revs == sorted(revs) and len(revs) == 6 - 6 // FINAL_EVERY
+    finals = [e for e in events if e["type"] == "segment.final"]
+    assert [f["id"] for f in finals] == ["seg-0000", "seg-0001", "seg-0002"]
+    assert finals[-1]["end"] == 6.5
+    final = events[-1]
+    assert final["segments"] == [{k: f[k] for k in final["segments"][0]} for f in finals]
+    assert final["finish_reason"] == "stop" and final["duration"] == 6.5
+    log = fake.sessions[0].log
+    assert log.num_samples == 6.5 * 16000 and log.ended
+    assert log.options.live and log.options.language == "en" and log.options.hotwords == ("MOSS",)
+
+
+async def test_resamples_48k_stereo_to_16k_mono(client: TestClient, fake: FakeTranscriber) -> None:
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json({**START, "sample_rate": 48000, "channels": 2})
+        await ws.receive_json()
+        for _ in range(4):
+            await ws.send_bytes(pcm16(0.5, 48000, 2))
+        await ws.send_json({"type": "finalize"})
+        await ws.send_json({"type": "keepalive"})
+        await ws.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert events[-1]["type"] == "transcript.final"
+    log = fake.sessions[0].log
+    assert abs(log.num_samples - 2.0 * 16000) <= 16  # resampler edge effects only
+    assert log.num_finalize == 1
+
+
+@pytest.mark.parametrize(
+    ("frames", "error"),
+    [
+        (["{not json"], InvalidRequest),
+        ([b"\x00\x00"], ProtocolError),  # audio before start
+        ([START, START], ProtocolError),
+        ([START, b"\x00\x00\x00"], ProtocolError),  # odd byte count
+        ([START, {"type": "speaker.dance"}], ProtocolError),
+        ([START, {"type": "end"}], ProtocolError),  # end before any audio
+        ([{**START, "sample_rate": 12}], BadAudio),
+        ([{**START, "encoding": "opus"}], InvalidRequest),
+    ],
+)
+async def test_bad_input_gets_typed_error_and_close_code(
+    client: TestClient, fake: FakeTranscriber, frames: list[Any], error: type[LivemeetError]
+) -> None:
+    async with client.ws_connect("/v1/live") as ws:
+        for frame in frames:
+            if isinstance(frame, bytes):
+                await ws.send_bytes(frame)
+            elif isinstance(frame, str):
+                await ws.send_str(frame)
+            else:
+                await ws.send_json(frame)
+        await expect_error(ws, error)
+    await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 0)
+    assert all(s.log.aborted for s in fake.sessions)
+
+
+async def test_audio_after_end(client: TestClient, fake: FakeTranscriber) -> None:
+    fake.end_gate = asyncio.Event()  # hold transcript.final so the server is still reading
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(0.2))
+        await ws.send_json({"type": "end"})
+        await ws.send_bytes(pcm16(0.2))
+        event = await expect_error(ws, ProtocolError)
+    assert "after 'end'" in event["message"]
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+
+
+async def test_refused_handshake_when_not_ready(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    client = await aiohttp_client(create_app(server_config, FakeTranscriber(start_ready=False)))
+    async with client.ws_connect("/v1/live") as ws:
+        await expect_error(ws, EngineUnavailable)
+
+
+async def test_queue_full_on_start(client: TestClient, fake: FakeTranscriber) -> None:
+    fake.open_error = QueueFull("at capacity")
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await expect_error(ws, QueueFull)
+
+
+async def test_backend_error_event_is_forwarded(client: TestClient, fake: FakeTranscriber) -> None:
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(0.2))
+        await asyncio.sleep(0.05)
+        fake.sessions[0].fail(EngineUnavailable("engine process died"))
+        await expect_error(ws, EngineUnavailable)
+
+
+async def test_idle_timeout(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    config = ServerConfig(
+        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.2)
+    )
+    client = await aiohttp_client(create_app(config, fake))
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await expect_error(ws, ClientTimeout)
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+
+
+async def test_plain_get_is_a_json_400(client: TestClient) -> None:
+    resp = await client.get("/v1/live")
+    assert resp.status == 400
+    assert (await resp.json())["error"]["code"] == InvalidRequest.code
+
+
+async def test_shutdown_closes_live_sockets(client: TestClient, fake: FakeTranscriber) -> None:
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        shutdown = asyncio.create_task(close_live_sockets(client.app))
+        await expect_error(ws, EngineUnavailable)
+        await shutdown
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def wait_until(predicate: Any, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_vanishing_client_is_cleaned_up_while_another_streams(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    await asyncio.sleep(0.05)
+    base_tasks, base_fds = len(asyncio.all_tasks()), open_fds()
+    survivor = await client.ws_connect("/v1/live")
+    await survivor.send_json(START)
+    await survivor.receive_json()
+
+    victim = await client.ws_connect("/v1/live")
+    await victim.send_json(START)
+    await victim.receive_json()
+    await victim.send_bytes(pcm16(1.5))
+    await asyncio.sleep(0.05)
+    victim._response.connection.transport.abort()  # type: ignore[union-attr]  # TCP reset
+    await wait_until(lambda: fake.sessions[1].log.aborted)
+    await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 1)
+    assert not fake.sessions[0].log.aborted
+
+    for _ in range(8):
+        await survivor.send_bytes(pcm16(0.5))
+    await survivor.send_json({"type": "end"})
+    events = await asyncio.wait_for(receive_all(survivor), 5)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 4.0
+    assert survivor.close_code == 1000
+    await survivor.close()
+    await victim.close()
+    await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 0)
+    await wait_until(lambda: len(asyncio.all_tasks()) <= base_tasks)
+    await wait_until(lambda: open_fds() <= base_fds)

@@ -1,0 +1,226 @@
+"""LiveSession + commit policy + speaker mapping, driven by the scripted backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.backends.scripted import Revision, Script, ScriptedCore
+from livemeet.errors import BadAudio, ProtocolError
+from livemeet.session.live import LiveOptions, LiveSession, clean_hypothesis
+from livemeet.transcriber import (
+    Event,
+    SegmentFinal,
+    SegmentPartial,
+    SessionOptions,
+    TranscriptFinal,
+)
+from livemeet.transcript.commit import normalise_text
+from livemeet.transcript.segments import Segment
+from livemeet.transcript.speakers import overlap_s
+from tests.backends.helpers import stream
+
+# Contiguous speech by three speakers, labels in order of first appearance, 40 s.
+REFERENCE = (
+    Segment(0.4, 3.0, "S01", "Good morning everyone, let's get started with the review."),
+    Segment(3.0, 6.2, "S02", "Thanks. The first item on the list is the budget for next year."),
+    Segment(6.2, 9.0, "S01", "We are about ten percent over what we planned in March."),
+    Segment(9.0, 13.5, "S03", "Then we should cut the travel costs and move the offsite online."),
+    Segment(13.5, 16.0, "S02", "I agree, the offsite is the easiest thing to drop."),
+    Segment(16.0, 21.0, "S01", "Fine. Let us also look at the hardware orders before we decide."),
+    Segment(21.0, 27.5, "S03", "The laptops can wait a quarter, the servers cannot wait at all."),
+    Segment(27.5, 32.0, "S02", "Then we order the servers now and the laptops in July."),
+    Segment(32.0, 36.0, "S01", "Agreed. Thanks everyone, see you next week."),
+)
+DURATION_S = 37.0
+
+
+def audio(seconds: float) -> np.ndarray:
+    return np.zeros(round(seconds * SAMPLE_RATE), np.float32)
+
+
+def ref_index(seg: Segment) -> int:
+    """The reference segment an emitted segment belongs to (largest time overlap)."""
+    overlaps = [overlap_s(seg, r) for r in REFERENCE]
+    return int(np.argmax(overlaps))
+
+
+def finals_of(events: list[Event]) -> list[Segment]:
+    return [e.segment for e in events if isinstance(e, SegmentFinal)]
+
+
+def check_invariants(events: list[Event], duration_s: float) -> None:
+    assert isinstance(events[-1], TranscriptFinal)
+    assert sum(isinstance(e, TranscriptFinal) for e in events) == 1
+    finals = finals_of(events)
+    assert [s.id for s in finals] == [f"seg-{i:04d}" for i in range(1, len(finals) + 1)]
+    assert events[-1].segments == tuple(finals)  # finals immutable, never re-emitted
+    starts = [s.start_s for s in finals]
+    assert starts == sorted(starts)
+    assert all(s.start_s <= s.end_s <= duration_s + 0.5 for s in finals)
+    revs = [e.rev for e in events if isinstance(e, SegmentPartial)]
+    assert revs == list(range(1, len(revs) + 1))
+    # a label the client has seen is never renumbered: one label per reference segment
+    label_of: dict[int, str] = {}
+    for e in events:
+        shown = e.segments if isinstance(e, SegmentPartial) else ()
+        shown = (e.segment,) if isinstance(e, SegmentFinal) else shown
+        for s in shown:
+            assert label_of.setdefault(ref_index(s), s.speaker) == s.speaker, (s, label_of)
+    # and no decode loop survives
+    texts = [normalise_text(s.text) for s in finals]
+    assert not any(texts[i] == texts[i + 1] == texts[i + 2] for i in range(len(texts) - 2))
+
+
+def test_clean_script_commits_the_reference_exactly() -> None:
+    core = ScriptedCore(Script(REFERENCE))
+    events = stream(core, audio(DURATION_S), chunk_s=0.5)
+    check_invariants(events, DURATION_S)
+    finals = finals_of(events)
+    assert [(s.speaker, s.text, s.start_s, s.end_s) for s in finals] == [
+        (r.speaker, r.text, r.start_s, r.end_s) for r in REFERENCE
+    ]
+    # finals arrive live, not only at end(): all but the last commit before the stream ends
+    end_index = next(i for i, e in enumerate(events) if isinstance(e, TranscriptFinal))
+    first_final = next(i for i, e in enumerate(events) if isinstance(e, SegmentFinal))
+    assert first_final < end_index - len(REFERENCE)
+    assert events[-1].coverage == pytest.approx(36.0 / DURATION_S)
+
+
+def test_faults_keep_invariants() -> None:
+    script = Script(
+        REFERENCE,
+        revisions=tuple(
+            Revision(h, i, "completely different words here")
+            for h, i in [(3, 0), (7, 1), (8, 2), (15, 4), (20, 5)]
+        ),
+        eos_hops=frozenset({5, 11, 23}),
+        loop_hops=frozenset({9, 17, 29}),
+    )
+    events = stream(ScriptedCore(script), audio(DURATION_S), chunk_s=0.5)
+    check_invariants(events, DURATION_S)
+    finals = finals_of(events)
+    assert [s.text for s in finals] == [r.text for r in REFERENCE]
+    # labels: a bijection onto the reference labels (contiguous speech always gives overlap)
+    pairs = {(r.speaker, f.speaker) for r, f in zip(REFERENCE, finals, strict=True)}
+    assert len(pairs) == len({r.speaker for r in REFERENCE})
+
+
+@pytest.mark.parametrize("relabel_every", [2, 3, 5])
+def test_relabelled_hops_never_flip_a_shown_label(relabel_every: int) -> None:
+    # A speaker heard for the first time at a relabelled hop cannot be told from a returning
+    # one, so labels need not match the reference here; they must never flip.
+    script = Script(REFERENCE, relabel_every=relabel_every, eos_hops=frozenset({5, 11, 23}))
+    events = stream(ScriptedCore(script), audio(DURATION_S))
+    check_invariants(events, DURATION_S)
+    assert [s.text for s in finals_of(events)] == [r.text for r in REFERENCE]
+
+
+def test_unstable_text_is_force_committed_at_the_window_limit() -> None:
+    # every hop misrecognises every segment differently: no two hypotheses ever agree
+    revisions = tuple(
+        Revision(h, i, f"noise {h} {i} words") for h in range(200) for i in range(len(REFERENCE))
+    )
+    core = ScriptedCore(Script(REFERENCE, revisions=revisions))
+    events = stream(core, audio(DURATION_S))
+    check_invariants(events, DURATION_S)
+    end_index = len(events) - 1
+    live_finals = [e for e in events[: end_index - 4] if isinstance(e, SegmentFinal)]
+    assert live_finals, "the full window must force commits before end()"
+
+
+def test_finalize_commits_everything_heard_so_far() -> None:
+    events = stream(ScriptedCore(Script(REFERENCE)), audio(DURATION_S), finalize_at_s=10.0)
+    check_invariants(events, DURATION_S)
+    # right after finalize (at 10 s) the open tail is emptied by an empty partial
+    empties = [e for e in events if isinstance(e, SegmentPartial) and not e.segments]
+    assert empties
+    idx = events.index(empties[0])
+    committed = finals_of(events[:idx])
+    assert committed[-1].end_s == pytest.approx(10.0, abs=0.01)
+    assert committed[-1].text != REFERENCE[3].text  # cut mid-segment: what was heard so far
+
+
+def test_end_without_audio() -> None:
+    events = stream(ScriptedCore(Script(REFERENCE)), audio(0))
+    assert events == [TranscriptFinal((), events[0].finish_reason, 0.0, 0.0)]
+
+
+def test_end_mid_segment_commits_the_heard_part() -> None:
+    events = stream(ScriptedCore(Script(REFERENCE)), audio(4.5), chunk_s=1.5)
+    check_invariants(events, 4.5)
+    finals = finals_of(events)
+    assert [s.text for s in finals][0] == REFERENCE[0].text
+    assert finals[-1].end_s == pytest.approx(4.5)
+
+
+def test_hop_due_every_hop_of_audio_and_skipped_without_audio() -> None:
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    assert not live.hop_due()
+    live.receive_audio(audio(0.6))
+    assert not live.hop_due()
+    live.receive_audio(audio(0.4))
+    assert live.hop_due()
+    win = live.window()
+    assert win.offset_s == 0 and win.end_s == pytest.approx(1.0) and win.prompt is None
+    live.apply_hypothesis([])
+    assert not live.hop_due() and not live.flush_due()
+    live.finalize()
+    assert live.flush_due() and not live.hop_due()
+    live.flush()
+    assert not live.flush_due()
+
+
+def test_silence_never_grows_the_window_past_the_limit() -> None:
+    live = LiveSession(LiveOptions(hop_s=1.0, max_window_s=25.0))
+    for _ in range(60):
+        live.receive_audio(audio(1.0))
+        assert live.hop_due()
+        win = live.window()
+        assert len(win.samples) <= 25.0 * SAMPLE_RATE
+        assert live.apply_hypothesis([]) == []
+
+
+def test_prompt_is_recent_committed_text() -> None:
+    live = LiveSession(LiveOptions(prompt_chars=20))
+    live.receive_audio(audio(3.0))
+    live.window()
+    live.apply_hypothesis([Segment(0, 1, "S01", "one two three four five six")])
+    live.finalize()
+    live.flush()
+    live.receive_audio(audio(1.0))
+    win = live.window()
+    assert win.prompt == "one two three four five six"[-20:]
+    assert win.offset_s == pytest.approx(1.0)
+
+
+def test_bad_input_is_rejected() -> None:
+    live = LiveSession()
+    with pytest.raises(BadAudio):
+        live.receive_audio(np.zeros((2, 10), np.float32))
+    live.end()
+    with pytest.raises(ProtocolError):
+        live.receive_audio(audio(1))
+    with pytest.raises(RuntimeError):
+        live.apply_hypothesis([])
+    with pytest.raises(ValueError):
+        LiveSession(LiveOptions(hop_s=0))
+
+
+def test_clean_hypothesis_clips_and_cuts_loops() -> None:
+    hyp = (
+        [Segment(0.5, 2, "S01", "a"), Segment(1.0, 9, "S01", "b")]
+        + [Segment(2, 3, "S01", "Again.")] * 4
+        + [Segment(3, 4, "S01", "  "), Segment(9, 10, "S01", "late")]
+    )
+    out = clean_hypothesis(hyp, window_start_s=1.0, edge_s=5.0)
+    assert [s.text for s in out] == ["a", "b", "Again.", "Again."]
+    assert out[0].start_s == 1.0 and out[1].end_s == 5.0 and out[1].flags
+
+
+def test_options_hop_is_used() -> None:
+    core = ScriptedCore(Script(REFERENCE))
+    events = stream(core, audio(8.0), options=SessionOptions(hop_s=2.0), chunk_s=0.5)
+    assert core.num_hops == 4  # one per 2 s; end() adds none (no new audio since)
+    check_invariants(events, 8.0)

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+from livemeet.transcript.commit import (
+    CommitBuffer,
+    CommitOptions,
+    agreed_prefix,
+    normalise_text,
+    segments_agree,
+)
+from livemeet.transcript.segments import Segment
+
+OPTS = CommitOptions(horizon_s=1.0, time_tolerance_s=0.5)
+
+
+def seg(a: float, b: float, text: str, spk: str = "S01") -> Segment:
+    return Segment(a, b, spk, text)
+
+
+def test_normalise_ignores_case_and_punctuation() -> None:
+    assert normalise_text("Hello,  World!") == normalise_text("hello world")
+    assert normalise_text("Hello") != normalise_text("Hallo")
+
+
+def test_agreement_needs_speaker_text_and_times() -> None:
+    a = seg(0, 2, "hi there")
+    assert segments_agree(a, seg(0.3, 2.4, "Hi there."), 0.5)
+    assert not segments_agree(a, seg(0, 2, "hi there", "S02"), 0.5)
+    assert not segments_agree(a, seg(0, 2, "hi where"), 0.5)
+    assert not segments_agree(a, seg(0.6, 2, "hi there"), 0.5)
+    assert not segments_agree(a, seg(0, 2.6, "hi there"), 0.5)
+
+
+def test_prefix_stops_at_horizon_and_disagreement() -> None:
+    prev = [seg(0, 2, "a"), seg(2, 4, "b"), seg(4, 6, "c")]
+    cur = [seg(0, 2, "a"), seg(2, 4, "b"), seg(4, 6, "c")]
+    assert agreed_prefix(prev, cur, edge_s=7.0, options=OPTS) == 3
+    assert agreed_prefix(prev, cur, edge_s=6.5, options=OPTS) == 2  # c ends inside the horizon
+    cur[1] = seg(2, 4, "bee")
+    assert agreed_prefix(prev, cur, edge_s=7.0, options=OPTS) == 1
+    assert agreed_prefix([], cur, edge_s=7.0, options=OPTS) == 0
+
+
+def test_buffer_commits_on_second_agreement_with_stable_ids() -> None:
+    buf = CommitBuffer(OPTS)
+    first = buf.update([seg(0, 2, "a"), seg(2, 3, "b")], edge_s=5.0)
+    assert first.finals == () and len(first.tail) == 2
+    second = buf.update([seg(0, 2, "A."), seg(2, 3.2, "b c")], edge_s=6.0)
+    assert [s.id for s in second.finals] == ["seg-0001"]
+    assert second.finals[0].is_final and second.finals[0].text == "A."
+    assert [s.text for s in second.tail] == ["b c"] and second.tail[0].id == ""
+    # the committed segment is never re-emitted; the tail keeps agreeing from where it stands
+    third = buf.update([seg(2, 3.2, "b c")], edge_s=7.0)
+    assert [s.id for s in third.finals] == ["seg-0002"]
+    assert [s.id for s in buf.committed] == ["seg-0001", "seg-0002"]
+    assert buf.committed_end_s == 3.2
+
+
+def test_force_commit_commits_the_tail() -> None:
+    buf = CommitBuffer(OPTS)
+    buf.update([seg(0, 2, "a"), seg(2, 3, "b"), seg(3, 4, "c")], edge_s=4.0)
+    part = buf.force_commit(2)
+    assert [s.text for s in part.finals] == ["a", "b"] and [s.text for s in part.tail] == ["c"]
+    rest = buf.force_commit()
+    assert [s.id for s in rest.finals] == ["seg-0003"] and rest.tail == ()
+    assert buf.force_commit().finals == ()
+
+
+def test_committed_starts_never_decrease() -> None:
+    buf = CommitBuffer(OPTS)
+    buf.update([seg(5, 6, "a")], edge_s=6.0)
+    buf.force_commit()
+    buf.update([seg(4, 7, "b")], edge_s=7.0)
+    buf.force_commit()
+    starts = [s.start_s for s in buf.committed]
+    assert starts == sorted(starts)
