@@ -1,10 +1,19 @@
-"""Shared test fixtures: paths to the real speech in ../shared/data."""
+"""Shared test set-up: the Triton interpreter on CPU-only machines, and the path to the real
+speech in ../shared/data."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton reads this when kernels are decorated (at import of livemeet.layers.paged_attention,
+    # which many test modules import indirectly): without a GPU the kernels can only be
+    # exercised by the interpreter.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

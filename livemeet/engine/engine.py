@@ -74,7 +74,9 @@ class Engine:
     ) -> None:
         self.config = config
         self.model, self.model_config = model or load_model(
-            config.model, load_format=config.load_format, device=config.device,
+            config.model,
+            load_format=config.load_format,
+            device=config.device,
             dtype=config.dtype,
         )
         root = Path(config.model) if config.model and Path(config.model).is_dir() else None
@@ -82,8 +84,11 @@ class Engine:
         self.prompt_config = PromptConfig.from_checkpoint(root) if root else PromptConfig()
         kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8_e4m3" else None
         self.runner = ModelRunner(
-            self.model, self.model_config, block_size=config.block_size,
-            num_kv_blocks=config.num_kv_blocks, mem_fraction=config.mem_fraction,
+            self.model,
+            self.model_config,
+            block_size=config.block_size,
+            num_kv_blocks=config.num_kv_blocks,
+            mem_fraction=config.mem_fraction,
             kv_dtype=kv_dtype,
         )
         self.encoder = EncoderRunner(self.model, cache_windows=config.encoder_cache_windows)
@@ -98,7 +103,10 @@ class Engine:
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
     ) -> PromptIds:
         return build_prompt(
-            self.tokenizer, num_audio_tokens, prompt=prompt, hotwords=hotwords,
+            self.tokenizer,
+            num_audio_tokens,
+            prompt=prompt,
+            hotwords=hotwords,
             config=self.prompt_config,
         )
 
@@ -133,9 +141,14 @@ class Engine:
             duration_s, len(ids), self.scheduler.config.max_model_len
         )
         request = Request(
-            request_id, ids, request_class=request_class, max_new_tokens=budget,
-            deadline_s=deadline_s, arrival_s=self.clock(),
-            audio_positions=tuple(built.audio_positions), ignore_eos=ignore_eos,
+            request_id,
+            ids,
+            request_class=request_class,
+            max_new_tokens=budget,
+            deadline_s=deadline_s,
+            arrival_s=self.clock(),
+            audio_positions=tuple(built.audio_positions),
+            ignore_eos=ignore_eos,
         )
         self.scheduler.add(request)
         self._audio[request_id] = embeds

@@ -68,10 +68,12 @@ class ModelRunner:
             raise ConfigError("the KV pool has no room: lower the model size or raise memory")
         t = cfg.text
         shape = (self.num_kv_blocks, block_size, t.kv_heads, t.head_dim)
-        self.k_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-                         for _ in range(t.layers)]
-        self.v_caches = [torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
-                         for _ in range(t.layers)]
+        self.k_caches = [
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(t.layers)
+        ]
+        self.v_caches = [
+            torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(t.layers)
+        ]
 
     def _blocks_from_memory(self, mem_fraction: float) -> int:
         per_block = kv_bytes_per_token(self.cfg, self.kv_dtype) * self.block_size
@@ -123,9 +125,7 @@ class ModelRunner:
         params = [sampling(r) for r in batch.sampled_requests]
         return sample(logits, params).tolist()
 
-    def _rows(
-        self, batch: ScheduledBatch, audio_embeds: Mapping[str, torch.Tensor]
-    ) -> _StepRows:
+    def _rows(self, batch: ScheduledBatch, audio_embeds: Mapping[str, torch.Tensor]) -> _StepRows:
         rows = _StepRows()
         for chunk in batch.prefills:
             req = chunk.request

@@ -66,10 +66,26 @@ class PagedAttentionBackend:
         store_kv(k, v, kc, vc, m.slot_mapping, k_scale=s, v_scale=s)
         if m.decode_only:
             return paged_decode_attention(
-                q, kc, vc, m.block_tables, m.seq_lens, scale,
-                num_splits=m.num_splits, max_seq_len=m.max_seq_len, k_scale=s, v_scale=s,
+                q,
+                kc,
+                vc,
+                m.block_tables,
+                m.seq_lens,
+                scale,
+                num_splits=m.num_splits,
+                max_seq_len=m.max_seq_len,
+                k_scale=s,
+                v_scale=s,
             )
         return paged_extend_attention(
-            q, kc, vc, m.block_tables, m.cu_seqlens_q, m.seq_lens, scale,
-            max_seqlen_q=m.max_seqlen_q, k_scale=s, v_scale=s,
+            q,
+            kc,
+            vc,
+            m.block_tables,
+            m.cu_seqlens_q,
+            m.seq_lens,
+            scale,
+            max_seqlen_q=m.max_seqlen_q,
+            k_scale=s,
+            v_scale=s,
         )

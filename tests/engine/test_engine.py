@@ -19,14 +19,6 @@ from livemeet.engine.request import RequestClass, Status
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
 from tests.models import tiny
-from tests.models.conftest import (  # noqa: F401  (fixtures)
-    hf_dir,
-    long_speech,
-    our_model,
-    ref_model,
-    tiny_weights,
-    upstream_dir,
-)
 
 NEW_TOKENS = 24
 DURATIONS_S = (1.0, 3.0, 11.0, 20.0, 40.0, 71.3, 100.0, 180.0)
@@ -56,10 +48,20 @@ def reference_tokens(ref_model: Any, batch_clips: list[np.ndarray]) -> list[list
         width = inputs["input_ids"].shape[1]
         with torch.no_grad():
             ids = ref_model.generate(
-                **{k: inputs[k] for k in ("input_ids", "attention_mask", "input_features",
-                                           "input_features_mask")},
-                do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                eos_token_id=tiny.IM_END, pad_token_id=tiny.PAD_ID,
+                **{
+                    k: inputs[k]
+                    for k in (
+                        "input_ids",
+                        "attention_mask",
+                        "input_features",
+                        "input_features_mask",
+                    )
+                },
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                eos_token_id=tiny.IM_END,
+                pad_token_id=tiny.PAD_ID,
             )
         out.append(ids[0, width:].tolist())
     return out
@@ -71,18 +73,14 @@ def _engine(model: MossTDModel, chunk: int, num_blocks: int | None) -> Engine:
     return Engine(config, model=(model, model.cfg), clock=FakeClock())
 
 
-def _run_staggered(
-    engine: Engine, clips: list[np.ndarray], arrive_every: int = 3
-) -> dict[str, list[int]]:
+def _run_staggered(engine: Engine, clips: list[np.ndarray]) -> dict[str, list[int]]:
     done: dict[str, list[int]] = {}
     pending = list(enumerate(clips))
     step = 0
     while pending or engine.has_work():
-        while pending and step % arrive_every == 0:  # arrivals every `arrive_every` steps
+        if pending and step % 3 == 0:  # a new arrival every third step
             i, clip = pending.pop(0)
             engine.add_request(f"r{i}", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
-            if arrive_every > 0 and step > 0:
-                break
         if step == 12:
             engine.abort(f"r{ABORTED}")
         out = engine.step()
@@ -96,7 +94,9 @@ def _run_staggered(
 
 @pytest.mark.parametrize("chunk", [64, 512, 4096])
 def test_mixed_batch_matches_reference(
-    our_model: MossTDModel, batch_clips: list[np.ndarray], reference_tokens: list[list[int]],
+    our_model: MossTDModel,
+    batch_clips: list[np.ndarray],
+    reference_tokens: list[list[int]],
     chunk: int,
 ) -> None:
     engine = _engine(our_model, chunk, num_blocks=None)
@@ -109,26 +109,43 @@ def test_mixed_batch_matches_reference(
 
 
 def test_tiny_pool_preempts_and_still_matches(
-    our_model: MossTDModel, batch_clips: list[np.ndarray], reference_tokens: list[list[int]],
+    our_model: MossTDModel,
+    batch_clips: list[np.ndarray],
+    reference_tokens: list[list[int]],
 ) -> None:
     # 200 blocks x 16 = 3,200 tokens: the 3-minute prompt (~2.4k) fits alone, not with others.
-    engine = _engine(our_model, 512, num_blocks=170)
+    # Uploads r0..r6 arrive first; the 3-minute clip arrives as a live hop while they hold KV,
+    # so uploads must be preempted, and later recomputed to the same tokens.
+    engine = _engine(our_model, 512, num_blocks=200)
+    live = len(batch_clips) - 1
+    for i, clip in enumerate(batch_clips[:live]):
+        engine.add_request(f"r{i}", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    done: dict[str, list[int]] = {}
     preempted: set[str] = set()
-    original_preempt = engine.scheduler._preempt
-
-    def spy(request: Any) -> None:
-        preempted.add(request.request_id)
-        original_preempt(request)
-
-    engine.scheduler._preempt = spy  # type: ignore[method-assign]
-    done = _run_staggered(engine, batch_clips, arrive_every=1)
+    step = 0
+    while engine.has_work():
+        if step == 4:
+            engine.add_request(
+                f"r{live}",
+                batch_clips[live],
+                max_new_tokens=NEW_TOKENS,
+                ignore_eos=True,
+                request_class=RequestClass.LIVE,
+            )
+        out = engine.step()
+        engine.block_manager.audit(engine.scheduler.live_requests())
+        preempted.update(r.request_id for r in engine.scheduler.waiting if r.num_preemptions)
+        done.update({r.request_id: list(r.output_token_ids) for r in out.finished})
+        step += 1
     assert preempted, "the tiny pool should have forced a preemption"
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     for i, ref in enumerate(reference_tokens):
-        if i != ABORTED:
-            assert done[f"r{i}"] == ref
+        assert done[f"r{i}"] == ref, f"request {i} differs"
 
 
-def test_forced_output_substitutes_tokens(our_model: MossTDModel, batch_clips: list[np.ndarray]) -> None:
+def test_forced_output_substitutes_tokens(
+    our_model: MossTDModel, batch_clips: list[np.ndarray]
+) -> None:
     engine = _engine(our_model, 512, num_blocks=None)
     forced = [15, 16, 17, 18]
     req = engine.add_request("f", batch_clips[0], forced_output_ids=forced)
