@@ -116,6 +116,7 @@ class RunResult:
     num_requests: int
     kv_cache_dtype: str
     audio_s: float  # per request
+    prompt_tokens: int  # per request
     output_tokens: int  # per request, EOS included (mean)
     makespan_s: float
     req_per_s: float
@@ -396,6 +397,7 @@ def run_point(
     encode_s = time.perf_counter() - t0
     latencies: list[float] = []
     outputs: list[int] = []
+    prompts: list[int] = []
     step_s: list[float] = []
     while engine.has_work():
         ts = time.perf_counter()
@@ -405,6 +407,7 @@ def run_point(
         for request in out.finished:
             latencies.append(now - t0)
             outputs.append(request.num_output_tokens)
+            prompts.append(request.num_prompt_tokens)
     synchronize(device)
     makespan = time.perf_counter() - t0
     batches = log.batches[first_batch:]
@@ -418,6 +421,7 @@ def run_point(
         num_requests=concurrency,
         kv_cache_dtype=kv,
         audio_s=workload.audio_s,
+        prompt_tokens=max(prompts),
         output_tokens=round(statistics.fmean(outputs)),
         makespan_s=makespan,
         req_per_s=concurrency / makespan,
