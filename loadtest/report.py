@@ -140,7 +140,8 @@ def decode_table(engine: dict[str, Any], hf: Any) -> list[str]:
         "",
         f"copy bandwidth {engine['bandwidth']['copy_tb_per_s']:.2f} TB/s, read-only "
         f"{engine['bandwidth']['read_tb_per_s']:.2f} TB/s, weights "
-        f"{engine['weight_bytes'] / 1e9:.3f} GB per step, KV {engine['kv_bytes_per_token']} B/token",
+        f"{engine['weight_bytes'] / 1e9:.3f} GB per step, "
+        f"KV {engine['kv_bytes_per_token']} B/token",
         "",
         "| KV | batch | context | ms/step | floor ms (copy) | floor ms (read) | x floor "
         "| transformers ms/step |",
