@@ -444,15 +444,21 @@ class Budget:
     """Skips runs that would not finish inside `max_seconds` of the script's start, estimating
     each from the best audio-s/s measured so far on that workload (or ASSUMED_AUDIO_S_PER_S)."""
 
-    def __init__(self, max_seconds: float | None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        max_seconds: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        assumed_rate: float = ASSUMED_AUDIO_S_PER_S,
+    ) -> None:
         self.deadline = None if max_seconds is None else clock() + max_seconds
         self.clock = clock
+        self.assumed_rate = assumed_rate
         self.rates: dict[str, float] = {}
 
     def fits(self, workload: str, audio_s: float) -> bool:
         if self.deadline is None:
             return True
-        rate = self.rates.get(workload, ASSUMED_AUDIO_S_PER_S)
+        rate = self.rates.get(workload, self.assumed_rate)
         return self.clock() + audio_s / rate <= self.deadline
 
     def observe(self, workload: str, audio_s_per_s: float) -> None:

@@ -40,7 +40,7 @@ import aiohttp
 import numpy as np
 
 from loadtest import workloads as wl
-from loadtest.bench_engine import Budget, parse_ints, percentile
+from loadtest.bench_engine import ASSUMED_AUDIO_S_PER_S, Budget, parse_ints, percentile
 
 DEFAULT_SERVE_ARGS = "--load-format dummy --forced-output {forced}"
 READY_POLL_S = 0.5  # s between /readyz polls
@@ -94,7 +94,10 @@ class Server:
         self.cmd = cmd
         self.log = log
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Its own process group, so stop() also reaches the engine worker it spawns.
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
     async def wait_ready(self, timeout_s: float) -> float:
         """Seconds until /readyz answered 200. Raises RuntimeError if the process exits or the
@@ -115,12 +118,18 @@ class Server:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self._signal_group(signal.SIGTERM)
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal_group(signal.SIGKILL)
                 self.proc.wait()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 # ---------------------------------------------------------------- the client
@@ -203,6 +212,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--url", default=None, help="use this running server (one workload only)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--max-seconds", type=float, default=None, help="skip points past this")
+    p.add_argument(
+        "--assumed-audio-s-per-s",
+        type=float,
+        default=ASSUMED_AUDIO_S_PER_S,
+        help="rate used to estimate a workload's first point under --max-seconds",
+    )
     p.add_argument("--out", default="http_sweep.jsonl", help="JSON lines output")
     p.add_argument("--log-dir", default=None, help="server logs (default: next to --out)")
     return p.parse_args(argv)
@@ -281,7 +296,7 @@ async def sweep_points(
 
 
 async def amain(args: argparse.Namespace) -> None:
-    budget = Budget(args.max_seconds)
+    budget = Budget(args.max_seconds, assumed_rate=args.assumed_audio_s_per_s)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     with open(args.out, "a", encoding="utf-8") as out, tempfile.TemporaryDirectory() as tmp:
         for name in names:
