@@ -29,6 +29,8 @@ class ModelConfig:
     device: str = "auto"
     dtype: str = "auto"
     forced_output: str | None = None  # path of a reference transcript to force (benchmarks)
+    num_kv_blocks: int | None = None  # KV pool size in blocks; None sizes it from memory
+    kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
 
     @property
     def backend_name(self) -> str:
@@ -45,6 +47,14 @@ class ModelConfig:
             raise ConfigError(
                 f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}"
             )
+        if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
+            raise ConfigError(
+                f"kv_cache_dtype must be auto or fp8_e4m3, not {self.kv_cache_dtype!r}"
+            )
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
+        if self.forced_output is not None and not Path(self.forced_output).is_file():
+            raise ConfigError(f"--forced-output file not found: {self.forced_output}")
 
 
 @dataclass(frozen=True)

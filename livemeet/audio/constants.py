@@ -75,3 +75,10 @@ ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
 ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
 ENGINE_POLL_S = 0.05  # s an idle worker / the reader thread blocks on its queue per poll
 SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) before it fails
+
+# Repetition guard (livemeet/transcript/repetition.py); chosen by us. Greedy decoding loops on
+# noise and laughter (MODEL.md section 5.5); real meetings repeat short replies ("yeah.") a few
+# times, never this many times in a row, and never a character period over this long a span.
+REPETITION_MAX_SEGMENT_REPEATS = 4  # segments; this many consecutive same-text segments = a loop
+REPETITION_MIN_SPAN_CHARS = 120  # characters; shortest periodic tail of one segment = a loop
+REPETITION_MAX_PERIOD_CHARS = 24  # characters; longest period the in-segment check looks for

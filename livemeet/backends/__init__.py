@@ -22,6 +22,7 @@ BackendFactory = Callable[[ModelConfig], "BackendCore"]
 
 BACKENDS: dict[str, str | BackendFactory] = {
     "demo": "livemeet.backends.demo:create_demo",
+    "moss": "livemeet.backends.moss:create_moss",
     "scripted": "livemeet.backends.scripted:create_scripted",
 }
 

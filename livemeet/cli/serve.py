@@ -29,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="MOSS-TD checkpoint directory or hub id; omitted: the demo backend",
     )
     p.add_argument("--backend", default=None, help="force a registered backend by name")
+    add_model_flags(p)
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -48,6 +49,43 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The MOSS-TD loading flags shared by `serve` and `transcribe` (ModelConfig fields)."""
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "safetensors", "dummy"],
+        help="dummy: real-size random weights (benchmarks; no --model needed)",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"], help="KV pool dtype"
+    )
+    p.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory)"
+    )
+    p.add_argument(
+        "--forced-output",
+        default=None,
+        help="benchmarks: a reference transcript [0.00][S01]text[1.20]... forced as the output",
+    )
+
+
+def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
+    """The ModelConfig for parsed `--model`/`--backend`/`add_model_flags` arguments."""
+    return ModelConfig(
+        model=args.model,
+        backend=args.backend,
+        load_format=args.load_format,
+        device=args.device,
+        dtype=args.dtype,
+        forced_output=args.forced_output,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The validated ServerConfig for parsed `serve` arguments. Raises ConfigError."""
     config = ServerConfig(
@@ -57,7 +95,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         in_process_engine=args.in_process_engine,
-        model=ModelConfig(model=args.model, backend=args.backend),
+        model=model_config_from_args(args),
         gateway=GatewayConfig(
             max_upload_bytes=args.max_upload_bytes,
             max_audio_s=args.max_audio_s,

@@ -12,7 +12,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from livemeet.audio.constants import MAX_AUDIO_S, SAMPLE_RATE
-from livemeet.config import ModelConfig
+from livemeet.cli.serve import add_model_flags, model_config_from_args
 from livemeet.errors import LivemeetError, error_for_code
 from livemeet.transcriber import (
     Error,
@@ -54,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--language", default=None, help="echoed in verbose_json")
     p.add_argument("--prompt", default=None, help="replaces the default instruction")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="output token budget per file (default: scaled with the audio duration)",
+    )
+    add_model_flags(p)
     p.set_defaults(func=run)
 
 
@@ -71,6 +78,7 @@ async def transcribe_file(
     prompt: str | None = None,
     language: str | None = None,
     progress: bool = True,
+    max_new_tokens: int | None = None,
 ) -> Transcript:
     """Decode `path` and transcribe it as one upload session. Raises BadAudio, TooLong and
     whatever the backend reports (as its typed error)."""
@@ -79,7 +87,7 @@ async def transcribe_file(
     samples = await asyncio.to_thread(decode_file, path, max_audio_s=MAX_AUDIO_S)
     duration_s = len(samples) / SAMPLE_RATE
     session = await transcriber.open_session(
-        SessionOptions(live=False, prompt=prompt, language=language)
+        SessionOptions(live=False, prompt=prompt, language=language, max_new_tokens=max_new_tokens)
     )
     bar = tqdm(
         total=round(duration_s, 1),
@@ -115,13 +123,19 @@ async def transcribe_files(
     prompt: str | None = None,
     language: str | None = None,
     progress: bool = True,
+    max_new_tokens: int | None = None,
 ) -> list[FileResult]:
     """Transcribe each file in turn; a bad file is reported and the others still run."""
     results = []
     for path in paths:
         try:
             t = await transcribe_file(
-                transcriber, path, prompt=prompt, language=language, progress=progress
+                transcriber,
+                path,
+                prompt=prompt,
+                language=language,
+                progress=progress,
+                max_new_tokens=max_new_tokens,
             )
             results.append(FileResult(path, t, None))
         except LivemeetError as exc:
@@ -167,7 +181,9 @@ def write_results(
 async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
     from livemeet.gateway.engine_client import EngineClient
 
-    transcriber = EngineClient(ModelConfig(model=args.model, backend=args.backend), in_process=True)
+    model = model_config_from_args(args)
+    model.validate()
+    transcriber = EngineClient(model, in_process=True)
     await transcriber.start()
     try:
         if transcriber.info.demo:
@@ -181,6 +197,7 @@ async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
             prompt=args.prompt,
             language=args.language,
             progress=not args.no_progress,
+            max_new_tokens=args.max_new_tokens,
         )
     finally:
         await transcriber.close()

@@ -124,14 +124,21 @@ class Engine:
         forced_output_ids: Sequence[int] | None = None,
         prefix_token_ids: Sequence[int] = (),
         ignore_eos: bool = False,
+        retain_kv: bool = False,
+        fork_from: str | None = None,
+        num_fork_tokens: int = 0,
     ) -> Request:
         """Encode `samples` (16 kHz mono float32 [n]) and queue a request for them.
 
         `prefix_token_ids` are forced assistant tokens appended after the prompt (DESIGN 5.3).
         `forced_output_ids` (benchmarks): after sampling, the i-th output token is replaced by
         forced_output_ids[i], then EOS once they run out. `ignore_eos` decodes to
-        max_new_tokens (tests, benchmarks). Raises BadAudio (empty or
-        non-finite audio), InvalidRequest (bad prompt), TooLong (no room in the context).
+        max_new_tokens (tests, benchmarks). `retain_kv`, `fork_from`, `num_fork_tokens`: passed
+        to `Scheduler.add` (keep this request's KV after it finishes; share the first tokens' KV
+        of another request); the caller vouches that the audio embeddings at the forked
+        positions are unchanged; `request.num_cached_tokens` then counts the reused tokens.
+        Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
+        room in the context).
         """
         embeds = self.encoder.encode([samples])[0]
         built = self.build_prompt(embeds.shape[0], prompt, hotwords)
@@ -150,7 +157,9 @@ class Engine:
             audio_positions=tuple(built.audio_positions),
             ignore_eos=ignore_eos,
         )
-        self.scheduler.add(request)
+        self.scheduler.add(
+            request, retain_kv=retain_kv, fork_from=fork_from, num_fork_tokens=num_fork_tokens
+        )
         self._audio[request_id] = embeds
         self._sampling[request_id] = sampling or SamplingParams()
         if forced_output_ids is not None:

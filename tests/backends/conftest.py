@@ -33,3 +33,13 @@ def demo_core():  # type: ignore[no-untyped-def]
     core.load()
     yield core
     core.close()
+
+
+# The tiny MOSS-TD checkpoint fixtures of tests/models, for tests/backends/test_moss.py.
+from tests.models.conftest import (  # noqa: E402, F401  (re-exported fixtures)
+    clips,
+    long_speech,
+    our_model,
+    tiny_weights,
+    upstream_dir,
+)

@@ -1,0 +1,346 @@
+"""The MOSS-TD backend (`MossCore`) on the tiny checkpoint, CPU fp32, driven as the worker does.
+
+Random weights write no grammar, so transcript-level checks force a reference transcript
+(`--forced-output`); token-level checks compare against `livemeet.models.audio_llm.generate`,
+which is parity-tested against transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.features import log_mel, split_windows
+from livemeet.backends import create_backend
+from livemeet.backends.moss import MossCore
+from livemeet.config import ModelConfig
+from livemeet.engine.engine import Engine, EngineConfig
+from livemeet.engine.scheduler import StepOutput
+from livemeet.errors import ConfigError, InvalidRequest, NotFound, ProtocolError
+from livemeet.models.audio_llm import MossTDModel, generate
+from livemeet.models.prompt import EOS, build_prompt
+from livemeet.models.tokenizer import load_tokenizer
+from livemeet.transcriber import (
+    Event,
+    SegmentFinal,
+    SegmentPartial,
+    SessionOptions,
+    TextDelta,
+    TranscriptFinal,
+)
+from livemeet.transcript.parser import parse_transcript
+from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
+from tests.backends.helpers import run_to_idle
+
+NUM_BLOCKS = 400  # 6,400 tokens of KV: room for a 40 s prompt and its retained predecessor
+
+REFERENCE = (
+    "[0.00][S01] Hello there.[1.20][1.20][S02]你好[2.50][2.50][S02]世界[3.10]"
+    "[3.10][S01] Okay, [5.00] people.[4.00][4.40][S03] Bye[6.00]"
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+def make_core(
+    model: MossTDModel, tmp_path: Path, forced: str | None = None, num_blocks: int = NUM_BLOCKS
+) -> MossCore:
+    forced_path = None
+    if forced is not None:
+        forced_path = tmp_path / "forced.txt"
+        forced_path.write_text(forced, encoding="utf-8")
+    engine = Engine(
+        EngineConfig(num_kv_blocks=num_blocks), model=(model, model.cfg), clock=FakeClock()
+    )
+    core = MossCore(
+        ModelConfig(forced_output=str(forced_path) if forced_path else None), engine=engine
+    )
+    core.load()
+    return core
+
+
+def record_tokens(core: MossCore) -> dict[str, list[int]]:
+    """Wrap the engine's step to record every request's generated tokens."""
+    assert core.engine is not None
+    engine = core.engine
+    tokens: dict[str, list[int]] = {}
+    inner: Callable[[], StepOutput] = engine.step
+
+    def step() -> StepOutput:
+        out = inner()
+        for rid, token in out.new_tokens:
+            tokens.setdefault(rid, []).append(token)
+        return out
+
+    engine.step = step  # type: ignore[method-assign]
+    return tokens
+
+
+def upload(core: MossCore, audio: np.ndarray, sid: str = "u", **options: object) -> list[Event]:
+    core.open(sid, SessionOptions(live=False, **options))  # type: ignore[arg-type]
+    core.append(sid, audio[: len(audio) // 2])
+    core.append(sid, audio[len(audio) // 2 :])
+    core.end(sid)
+    out: list[tuple[str, Event]] = []
+    run_to_idle(core, out)
+    return [e for s, e in out if s == sid]
+
+
+def assert_pool_clean(core: MossCore) -> None:
+    assert core.engine is not None
+    bm = core.engine.block_manager
+    bm.audit(core.engine.scheduler.live_requests())
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def check_upload_events(events: list[Event]) -> TranscriptFinal:
+    """Deltas and segment finals, then exactly one TranscriptFinal; the deltas join to its
+    text and the segment finals are its segments."""
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert not any(isinstance(e, TranscriptFinal) for e in events[:-1])
+    assert all(isinstance(e, TextDelta | SegmentFinal) for e in events[:-1])
+    deltas = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert deltas == Transcript(final.segments, final.duration_s).text
+    finals = tuple(e.segment for e in events if isinstance(e, SegmentFinal))
+    assert finals == final.segments
+    assert [s.id for s in finals] == [f"seg-{i + 1:04d}" for i in range(len(finals))]
+    return final
+
+
+def same_segments(got: tuple[Segment, ...], want: list[Segment]) -> None:
+    assert [(s.start_s, s.end_s, s.speaker, s.text, s.flags) for s in got] == [
+        (s.start_s, s.end_s, s.speaker, s.text, s.flags) for s in want
+    ]
+
+
+# -- uploads -------------------------------------------------------------------------------
+
+
+def test_forced_upload_gives_the_reference_segments_and_joined_deltas(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path, forced=REFERENCE)
+    events = upload(core, clips[11.0])
+    final = check_upload_events(events)
+    assert final.finish_reason is FinishReason.STOP
+    same_segments(final.segments, parse_transcript(REFERENCE, 11.0))
+    # CJK joins without a space, other joints with one (join_texts rules).
+    assert Transcript(final.segments, 11.0).text == "Hello there. 你好世界 Okay, [5.00] people. Bye"
+    assert final.duration_s == 11.0 and final.coverage == pytest.approx(6.0 / 11.0)
+    # Each delta comes before its segment's final (so the SSE tracker does not add it twice).
+    assert isinstance(events[0], TextDelta) and isinstance(events[1], SegmentFinal)
+    assert_pool_clean(core)
+
+
+def test_parser_departures_survive_the_upload(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    forced = "[0.00][S01] first[2.00][2.50] untagged[20.0][3.00][S02] open end"
+    core = make_core(our_model, tmp_path, forced=forced)
+    final = check_upload_events(upload(core, clips[11.0]))
+    flags = [s.flags for s in final.segments]
+    assert flags == [
+        (),
+        (SegmentFlag.INHERITED_SPEAKER, SegmentFlag.END_CLAMPED),
+        (SegmentFlag.MISSING_END,),
+    ]
+    assert final.segments[1].end_s == 11.0 and final.segments[2].end_s == 11.0
+
+
+def test_generated_tokens_equal_dense_generate(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path)
+    tokens = record_tokens(core)
+    audio = clips[11.0]
+    final = check_upload_events(upload(core, audio, max_new_tokens=20))
+    windows, counts = split_windows(audio)
+    with torch.no_grad():
+        embeds = our_model.encode_audio(log_mel(windows), counts)
+    ids = build_prompt(load_tokenizer(None), embeds.shape[0]).ids
+    want = generate(our_model, torch.tensor(ids), embeds, 20, EOS)
+    assert tokens["u/upload"] == want
+    assert len(set(want)) >= 6  # the tiny model does not just repeat one token
+    expected = FinishReason.STOP if want[-1] == EOS else FinishReason.LENGTH
+    assert final.finish_reason is expected
+    assert_pool_clean(core)
+
+
+def test_repetition_guard_stops_a_forced_loop(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    loop = "".join(f"[{t}.00][S01] Thank you.[{t + 1}.00]" for t in range(1, 9))
+    forced = "[0.00][S02] Hello.[1.00]" + loop
+    core = make_core(our_model, tmp_path, forced=forced)
+    tokens = record_tokens(core)
+    final = check_upload_events(upload(core, clips[11.0]))
+    assert final.finish_reason is FinishReason.REPETITION
+    assert [(s.speaker, s.text) for s in final.segments] == [
+        ("S02", "Hello."),
+        ("S01", "Thank you."),
+    ]
+    assert core.engine is not None
+    forced_len = len(core.engine.tokenizer.encode(forced, add_special_tokens=False).ids)
+    assert len(tokens["u/upload"]) < forced_len  # stopped before the loop ran out
+    assert_pool_clean(core)
+
+
+def test_budget_cut_reports_length_and_keeps_segments(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path, forced=REFERENCE)
+    assert core.engine is not None
+    head = "[0.00][S01] Hello there.[1.20][1.20][S02]你好[2.50]"
+    budget = len(core.engine.tokenizer.encode(head, add_special_tokens=False).ids) + 2
+    final = check_upload_events(upload(core, clips[11.0], max_new_tokens=budget))
+    assert final.finish_reason is FinishReason.LENGTH
+    assert [s.text for s in final.segments[:2]] == ["Hello there.", "你好"]
+    assert_pool_clean(core)
+
+
+def test_abort_mid_decode_frees_every_block(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path)
+    core.open("a", SessionOptions(live=False, max_new_tokens=200))
+    core.append("a", clips[11.0])
+    core.end("a")
+    tokens = record_tokens(core)
+    while not tokens.get("a/upload"):
+        core.step()
+    assert core.engine is not None and core.engine.block_manager.num_free_blocks < NUM_BLOCKS
+    core.abort("a")
+    assert_pool_clean(core)
+    assert not core.has_work() and core.step() == []
+    with pytest.raises(NotFound):
+        core.abort("a")
+
+
+def test_empty_upload_and_bad_input(our_model: MossTDModel, tmp_path: Path) -> None:
+    core = make_core(our_model, tmp_path)
+    core.open("e", SessionOptions(live=False))
+    core.end("e")
+    out: list[tuple[str, Event]] = []
+    run_to_idle(core, out)
+    assert out == [("e", TranscriptFinal((), FinishReason.STOP, 0.0, 0.0))]
+    with pytest.raises(InvalidRequest):
+        core.open("x", SessionOptions(sample_rate=8000))
+    with pytest.raises(InvalidRequest):
+        core.open("x", SessionOptions(live=False, max_new_tokens=0))
+    core.open("x", SessionOptions(live=False))
+    core.end("x")
+    with pytest.raises(ProtocolError):
+        core.append("x", np.zeros(160, np.float32))
+    with pytest.raises(NotFound):
+        core.append("nope", np.zeros(160, np.float32))
+    bad = tmp_path / "empty.txt"
+    bad.write_text("no segments here")
+    with pytest.raises(ConfigError):
+        MossCore(ModelConfig(forced_output=str(bad)), engine=core.engine).load()
+    with pytest.raises(ConfigError):
+        ModelConfig(forced_output=str(tmp_path / "missing.txt")).validate()
+
+
+def test_registry_selects_moss() -> None:
+    assert ModelConfig(model="/some/dir").backend_name == "moss"
+    assert ModelConfig(load_format="dummy").backend_name == "moss"
+    core = create_backend(ModelConfig(load_format="dummy"))
+    assert isinstance(core, MossCore)
+    assert core.info.name == "moss" and core.info.model_id == "moss-td-dummy"
+    assert not core.info.demo and core.info.diarization
+    assert MossCore(ModelConfig(model="/ckpt/moss-td")).info.model_id == "moss-td"
+
+
+# -- live ----------------------------------------------------------------------------------
+
+LIVE_REFERENCE = (
+    "[0.50][S01] one[2.00][2.50][S02] two[4.00][4.50][S01] three[6.00]"
+    "[6.50][S02] four[8.00][8.50][S01] five[10.00]"
+)
+
+
+def stream_live(
+    core: MossCore, audio: np.ndarray, head_s: float, chunk_s: float, hop_s: float
+) -> list[Event]:
+    """Append the first `head_s` at once, then `chunk_s` chunks, stepping to idle after each."""
+    core.open("L", SessionOptions(live=True, hop_s=hop_s))
+    out: list[tuple[str, Event]] = []
+    head = round(head_s * SAMPLE_RATE)
+    core.append("L", audio[:head])
+    run_to_idle(core, out)
+    step = round(chunk_s * SAMPLE_RATE)
+    for i in range(head, len(audio), step):
+        core.append("L", audio[i : i + step])
+        run_to_idle(core, out)
+    core.end("L")
+    run_to_idle(core, out)
+    return [e for s, e in out if s == "L"]
+
+
+@pytest.mark.slow
+def test_live_forced_partials_finals_and_kv_reuse(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE)
+    events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=2.0, hop_s=2.0)
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert sum(isinstance(e, TranscriptFinal) for e in events) == 1
+    finals = [e.segment for e in events if isinstance(e, SegmentFinal)]
+    partial_at = [i for i, e in enumerate(events) if isinstance(e, SegmentPartial)]
+    final_at = [i for i, e in enumerate(events) if isinstance(e, SegmentFinal)]
+    assert partial_at and final_at and partial_at[0] < final_at[0]
+    # Finals are immutable: each id once, in order, and the transcript repeats them unchanged.
+    assert [s.id for s in finals] == [f"seg-{i + 1:04d}" for i in range(len(finals))]
+    assert final.segments == tuple(finals)
+    revs = [e.rev for e in events if isinstance(e, SegmentPartial)]
+    assert revs == list(range(1, len(revs) + 1))
+    # Every reference segment comes out once, with its label: labels never renumbered.
+    want = parse_transcript(LIVE_REFERENCE)
+    assert [(s.speaker, s.text, s.start_s, s.end_s) for s in final.segments] == [
+        (s.speaker, s.text, s.start_s, s.end_s) for s in want
+    ]
+    for e in events:
+        if isinstance(e, SegmentPartial):
+            for seg in e.segments:
+                ref = next(w for w in want if w.text == seg.text)
+                assert seg.speaker == ref.speaker
+    assert final.finish_reason is FinishReason.STOP
+    assert core.num_reused_tokens > 0  # later hops forked the header from the previous hop
+    assert_pool_clean(core)
+
+
+@pytest.mark.slow
+def test_live_hop_with_forked_kv_matches_a_fresh_decode(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path)
+    tokens = record_tokens(core)
+    audio = clips[40.0][: round(32.0 * SAMPLE_RATE)]
+    core.open("L", SessionOptions(live=True, hop_s=1.0, max_new_tokens=12))
+    out: list[tuple[str, Event]] = []
+    core.append("L", audio[: 31 * SAMPLE_RATE])
+    run_to_idle(core, out)
+    core.append("L", audio[31 * SAMPLE_RATE :])
+    run_to_idle(core, out)
+    assert core.num_reused_tokens >= 375  # the second hop forked the first window's KV
+    windows, counts = split_windows(audio)
+    with torch.no_grad():
+        embeds = our_model.encode_audio(log_mel(windows), counts)
+    ids = build_prompt(load_tokenizer(None), embeds.shape[0]).ids
+    assert tokens["L/hop000001"] == generate(our_model, torch.tensor(ids), embeds, 12, EOS)
+    core.abort("L")
+    assert_pool_clean(core)

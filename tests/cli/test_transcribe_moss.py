@@ -1,0 +1,79 @@
+"""`livemeet transcribe --model <tiny checkpoint>` on every speech file of the shared data: it
+runs end to end (decode, worker thread, paged engine, writers), and each prompt carries exactly
+as many audio tokens as the transformers processor gives for the same samples."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from livemeet.__main__ import main
+from livemeet.audio.decode import decode_file
+from livemeet.models.prompt import AUDIO_PAD
+from livemeet.models.tokenizer import load_tokenizer
+from tests.models import tiny
+
+
+@pytest.fixture(scope="module")
+def moss_dir(upstream_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint plus the tokenizer.json a real checkpoint ships."""
+    root = tmp_path_factory.mktemp("moss_ckpt") / "tiny-moss"
+    shutil.copytree(upstream_dir, root)
+    load_tokenizer(None).save(str(root / "tokenizer.json"))
+    return root
+
+
+@pytest.mark.slow
+def test_transcribe_every_shared_file(
+    moss_dir: Path, shared_data: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.models.reference import make_reference_processor
+
+    files = tiny.speech_files(shared_data)
+    assert len(files) >= 5
+    out = tmp_path / "out"
+    caplog.set_level(logging.INFO, logger="livemeet.backends.moss")
+    argv = ["transcribe", *map(str, files), "--model", str(moss_dir), "--format", "json"]
+    argv += ["--output", str(out), "--device", "cpu", "--dtype", "float32"]
+    argv += ["--max-new-tokens", "3", "--num-kv-blocks", "1024", "--no-progress"]
+    assert main(argv) == 0
+    for path in files:
+        body = json.loads((out / (path.stem + ".json")).read_text())
+        assert isinstance(body["text"], str)
+    records = [r for r in caplog.records if hasattr(r, "num_audio_tokens")]
+    assert len(records) == len(files)
+    processor = make_reference_processor()
+    for path, record in zip(files, records, strict=True):
+        samples = decode_file(path)
+        assert record.num_samples == len(samples), path
+        inputs = processor.apply_transcription_request(samples, return_tensors="pt")
+        ids = inputs["input_ids"][0].tolist()
+        assert record.num_audio_tokens == ids.count(AUDIO_PAD), path
+        assert record.num_prompt_tokens == len(ids), path
+
+
+def test_transcribe_rejects_a_missing_forced_output(moss_dir: Path, tmp_path: Path) -> None:
+    wav = tmp_path / "a.wav"
+    wav.write_bytes(b"")
+    argv = ["transcribe", str(wav), "--model", str(moss_dir)]
+    assert main([*argv, "--forced-output", str(tmp_path / "missing.txt")]) == 2
+
+
+def test_serve_model_flags(tmp_path: Path) -> None:
+    from livemeet.__main__ import build_parser
+    from livemeet.cli import serve
+
+    forced = tmp_path / "ref.txt"
+    forced.write_text("[0.00][S01] hi[1.00]")
+    args = build_parser().parse_args(
+        ["serve", "--load-format", "dummy", "--forced-output", str(forced), "--dtype", "bfloat16"]
+    )
+    config = serve.config_from_args(args)
+    assert config.model.backend_name == "moss"
+    assert config.model.forced_output == str(forced) and config.model.dtype == "bfloat16"
+    args = build_parser().parse_args(["serve", "--model", "x", "--kv-cache-dtype", "fp8_e4m3"])
+    assert serve.config_from_args(args).model.kv_cache_dtype == "fp8_e4m3"
