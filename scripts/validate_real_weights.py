@@ -256,6 +256,7 @@ def offline_rows(root: Path, jobs: list[Scored], out: Path) -> tuple[list[Row], 
         "--output",
         str(out),
         "--no-progress",
+        *BACKEND,
     )
     hyps = {a: out / f"{a.stem}.verbose.json" for a in audio}
     if not any(h.is_file() for h in hyps.values()):
@@ -307,6 +308,7 @@ def live_transcript(root: Path, audio: Path, out: Path, speed: float) -> Path:
     """Stream `audio` through a `livemeet serve --model root` started here; the final
     transcript as transcript JSON."""
     port = free_port()
+    out.mkdir(parents=True, exist_ok=True)
     log = (out / "serve.log").open("wb")
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     server = subprocess.Popen(
@@ -423,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
         rows += live_rows(root, args.data_dir, jobs, hyps, out / "live", args.speed)
     except StepFailed as exc:
         failed = str(exc)
+    except Exception as exc:  # still print what was measured; the traceback follows
+        import traceback
+
+        traceback.print_exc()
+        failed = f"{type(exc).__name__}: {exc}"
     print(format_table(rows))
     print(f"work folder: {out}")
     if failed:
