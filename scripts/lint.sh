@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check livemeet tests loadtest scripts
-.venv/bin/mypy --no-error-summary livemeet/gateway livemeet/session livemeet/transcript \
+.venv/bin/mypy --no-error-summary --follow-imports=silent livemeet/gateway livemeet/session livemeet/transcript \
   livemeet/engine/block_manager.py livemeet/engine/scheduler.py livemeet/engine/request.py \
   livemeet/engine/cost_model.py livemeet/engine/worker.py livemeet/backends livemeet/eval \
   livemeet/cli livemeet/audio/decode.py livemeet/audio/pcm.py livemeet/errors.py \
