@@ -36,8 +36,9 @@ class IncrementalDetokenizer:
     `push(token_id)` returns the text that became complete (possibly ""); `flush()` returns
     whatever is left at the end (an unfinished character becomes U+FFFD, as in `decode`).
     Special tokens (`<|im_end|>`, `<|endoftext|>`, ...) are skipped; non-special added tokens
-    (`<think>`) give their text. Raises ConfigError for a tokenizer without a ByteLevel decoder
-    and ValueError for an id outside the vocabulary.
+    (`<think>`) give their text. Ids with no token (the model's embedding has 151,936 rows, the
+    vocabulary 151,672 ids: MODEL.md section 4) give no text, like `Tokenizer.decode`, and are
+    counted in `num_unknown_ids`. Raises ConfigError for a tokenizer without a ByteLevel decoder.
     """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
@@ -49,6 +50,7 @@ class IncrementalDetokenizer:
         self._added_bytes = {i: t.content.encode() for i, t in added.items() if not t.special}
         self._bytes_cache: dict[int, bytes] = {}
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.num_unknown_ids = 0
 
     def push(self, token_id: int) -> str:
         """Add one generated id; return the newly complete text."""
@@ -71,7 +73,10 @@ class IncrementalDetokenizer:
         else:
             piece = self._tokenizer.id_to_token(token_id)
             if piece is None:
-                raise ValueError(f"token id {token_id} is not in the vocabulary")
+                # A padding row of the embedding: sampling it is a model fault, not a reason to
+                # crash the worker that serves every other session.
+                self.num_unknown_ids += 1
+                return b""
             raw = bytes(_BYTE_OF_CHAR[c] for c in piece)
         self._bytes_cache[token_id] = raw
         return raw
