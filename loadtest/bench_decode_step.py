@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-
 from collections.abc import Callable
 
 import torch
