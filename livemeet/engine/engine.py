@@ -5,6 +5,16 @@
 ModelRunner and returns the new tokens and finished requests. The engine is single-threaded:
 the worker process (livemeet/engine/worker.py) owns it. Policy lives in the Scheduler and
 BlockManager (plain Python); the device lives in the ModelRunner and EncoderRunner.
+
+Async decode (CUDA by default): step N+1 is scheduled and launched while the GPU still runs
+step N, and N's tokens are read afterwards. The scheduler sees N's sampled tokens as
+PENDING_TOKEN_ID placeholders (`postprocess` with placeholders right after the launch), so it
+can schedule N+1; decode rows of N+1 read their input ids from N's device tensor. Once N+1 is
+launched, N's ids arrive through a pinned buffer (`TokenTransfer`) and replace the
+placeholders. A request whose real token is EOS is finished then (`Scheduler.finish`), which
+frees its KV once, including the block of its speculative row in N+1; that row's result is
+then dropped by `postprocess(N+1)` because the request is no longer running. A request
+aborted between steps gets nothing more.
 """
 
 from __future__ import annotations
@@ -21,15 +31,22 @@ import torch
 from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE
 from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.encoder_runner import EncoderRunner
-from livemeet.engine.model_runner import ModelRunner
+from livemeet.engine.model_runner import (
+    PENDING_TOKEN_ID,
+    DeviceTokens,
+    ModelRunner,
+    TokenTransfer,
+)
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.sampler import SamplingParams
-from livemeet.engine.scheduler import Scheduler, SchedulerConfig, StepOutput
+from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
+from livemeet.errors import InternalError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
 from livemeet.models.loader import load_model
 from livemeet.models.prompt import EOS, PromptConfig, PromptIds, build_prompt
 from livemeet.models.tokenizer import load_tokenizer
+from livemeet.transcript.segments import FinishReason
 
 MIN_OUTPUT_BUDGET = 512  # tokens; floor of the duration-scaled budget (SGLang-Omni default)
 OUTPUT_TOKENS_PER_AUDIO_S = 10  # tokens per audio second; dense meetings use ~4.5-6 (MODEL 5.5)
@@ -48,7 +65,9 @@ def output_budget(duration_s: float, num_prompt_tokens: int, max_model_len: int)
 class EngineConfig:
     """How the engine is built. `model`: checkpoint dir / hub id, or None with `load_format`
     "dummy" (real-size random weights). `num_kv_blocks`: fixed pool size (tests), else sized
-    from free memory x `mem_fraction`. `kv_cache_dtype`: "auto" (model dtype) or "fp8_e4m3"."""
+    from free memory x `mem_fraction`. `kv_cache_dtype`: "auto" (model dtype) or "fp8_e4m3".
+    `cuda_graphs`: replay captured decode steps (CUDA only). `async_decode`: one-step lookahead
+    (CUDA only unless a TokenTransfer is given to Engine)."""
 
     model: str | None = None
     load_format: str = "auto"
@@ -60,10 +79,26 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     encoder_cache_windows: int = 256
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cuda_graphs: bool = True
+    async_decode: bool = True
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A launched step whose sampled ids are not on the host yet (async decode)."""
+
+    batch: ScheduledBatch
+    tokens: DeviceTokens
+    ticket: int
+    accounted: StepOutput  # what postprocess did with the placeholders
 
 
 class Engine:
-    """See module docstring. `clock` returns seconds (monotonic) for the scheduler."""
+    """See module docstring. `clock` returns seconds (monotonic) for the scheduler.
+
+    `transfer`: the host buffers of async decode; given, it turns async decode on for any
+    device (tests drive the async path on the CPU with it); None builds pinned buffers on CUDA.
+    """
 
     def __init__(
         self,
@@ -71,6 +106,7 @@ class Engine:
         *,
         model: tuple[MossTDModel, MossTDConfig] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        transfer: TokenTransfer | None = None,
     ) -> None:
         self.config = config
         self.model, self.model_config = model or load_model(
@@ -90,6 +126,9 @@ class Engine:
             num_kv_blocks=config.num_kv_blocks,
             mem_fraction=config.mem_fraction,
             kv_dtype=kv_dtype,
+            cuda_graphs=config.cuda_graphs,
+            max_model_len=config.scheduler.max_model_len,
+            max_num_seqs=config.scheduler.max_num_seqs,
         )
         self.encoder = EncoderRunner(self.model, cache_windows=config.encoder_cache_windows)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
@@ -98,6 +137,10 @@ class Engine:
         self._audio: dict[str, torch.Tensor] = {}
         self._sampling: dict[str, SamplingParams] = {}
         self._forced: dict[str, Sequence[int]] = {}
+        if transfer is None and config.async_decode and self.runner.device.type == "cuda":
+            transfer = TokenTransfer(self.runner.device, config.scheduler.max_num_seqs)
+        self.transfer = transfer if config.async_decode else None
+        self._in_flight: _InFlight | None = None
 
     def build_prompt(
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
@@ -172,15 +215,19 @@ class Engine:
         self._forget(request_id)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     def step(self) -> StepOutput:
-        """Run one scheduled batch. Returns the new tokens and the requests that finished."""
+        """Run one step. Returns new tokens and finished requests: of this step (synchronous),
+        or of the step launched by the previous call (async decode)."""
+        if self.transfer is not None:
+            return self._step_async(self.transfer)
         batch = self.scheduler.schedule(self.clock())
         if batch.is_empty:
             return StepOutput((), ())
-        sampled = self.runner.run(batch, self._audio, self._sampling_of)
-        sampled = self._apply_forced(batch.sampled_requests, sampled)
+        sampled = self.runner.run(
+            batch, self._audio, self._sampling_of, forced=self._forced_ids(batch)
+        )
         out = self.scheduler.postprocess(batch, sampled)
         for request in out.finished:
             self._forget(request.request_id)
@@ -194,19 +241,71 @@ class Engine:
                 done[request.request_id] = request
         return done
 
+    def _step_async(self, transfer: TokenTransfer) -> StepOutput:
+        previous, self._in_flight = self._in_flight, None
+        batch = self.scheduler.schedule(self.clock())
+        tokens = None
+        if not batch.is_empty:
+            tokens = self.runner.launch(
+                batch,
+                self._audio,
+                self._sampling_of,
+                forced=self._forced_ids(batch),
+                previous=previous.tokens if previous else None,
+            )
+        # The GPU now has this step queued behind the previous one: read the previous one.
+        out = self._resolve(previous, transfer) if previous else StepOutput((), ())
+        if tokens is not None:
+            ticket = transfer.start(tokens.token_ids)
+            pending = [PENDING_TOKEN_ID] * len(batch.sampled_requests)
+            accounted = self.scheduler.postprocess(batch, pending)
+            self._in_flight = _InFlight(batch, tokens, ticket, accounted)
+        elif not batch.is_empty:  # only non-final prefill chunks: nothing to wait for
+            self.scheduler.postprocess(batch, [])
+        return out
+
+    def _resolve(self, step: _InFlight, transfer: TokenTransfer) -> StepOutput:
+        """Put a launched step's real ids in place of its placeholders; finish on EOS."""
+        values = transfer.wait(step.ticket)
+        accounted = {rid for rid, _ in step.accounted.new_tokens}
+        finished_early = {r.request_id for r in step.accounted.finished}
+        eos = self.scheduler.config.eos_token_id
+        new_tokens: list[tuple[str, int]] = []
+        finished: list[Request] = []
+        for request, token_id in zip(step.batch.sampled_requests, values, strict=True):
+            rid = request.request_id
+            if rid not in accounted:
+                continue  # aborted or evicted before the step was accounted
+            if request.output_token_ids[-1] != PENDING_TOKEN_ID:
+                raise InternalError(f"{rid!r}: its last token is not the pending one")
+            request.output_token_ids[-1] = token_id
+            if request.finish_reason is FinishReason.ABORT:
+                continue  # aborted between steps: nothing more reaches the client
+            new_tokens.append((rid, token_id))
+            if token_id == eos and not request.ignore_eos:
+                if request.is_finished:  # also at its length limit: EOS wins, as in sync
+                    request.finish_reason = FinishReason.STOP
+                else:
+                    self.scheduler.finish(rid, FinishReason.STOP)
+                finished.append(request)
+            elif rid in finished_early:
+                finished.append(request)
+        for request in finished:
+            self._forget(request.request_id)
+        return StepOutput(tuple(new_tokens), tuple(finished))
+
     def _sampling_of(self, request: Request) -> SamplingParams:
         return self._sampling.get(request.request_id, SamplingParams())
 
-    def _apply_forced(self, requests: Sequence[Request], sampled: list[int]) -> list[int]:
+    def _forced_ids(self, batch: ScheduledBatch) -> list[int | None]:
+        """Per sampled row: the forced output id (then EOS once they run out), else None."""
         if not self._forced:
-            return sampled
-        out = list(sampled)
-        for i, request in enumerate(requests):
+            return []
+        out: list[int | None] = []
+        for request in batch.sampled_requests:
             forced = self._forced.get(request.request_id)
-            if forced is None:
-                continue
             k = request.num_output_tokens
-            out[i] = forced[k] if k < len(forced) else EOS
+            out.append(None if forced is None else forced[k] if k < len(forced) else EOS)
         return out
 
     def _forget(self, request_id: str) -> None:

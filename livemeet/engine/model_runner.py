@@ -10,25 +10,45 @@ are concatenated into [N] token ids / positions / slots; audio embeddings replac
 `<|audio_pad|>` positions; the decoder runs once; logits are computed for the sampled rows
 only (the last row of each sampling prefill chunk, then every decode row, in
 `ScheduledBatch.sampled_requests` order).
+
+Decode-only steps replay a CUDA graph (livemeet.engine.cuda_graph) when one fits; prefill and
+mixed steps, and the CPU, run eagerly. `launch` leaves the sampled ids on the device
+(`DeviceTokens`) so that async decode can feed them to the next step without a host round trip:
+a decode row whose request ends in `PENDING_TOKEN_ID` reads its input id from the previous
+step's `DeviceTokens`. `TokenTransfer` brings sampled ids to the host through two buffers.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
+from livemeet.audio.constants import MAX_CONTEXT_TOKENS
+from livemeet.engine.cuda_graph import GraphRunner
 from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from livemeet.engine.request import Request
 from livemeet.engine.sampler import SamplingParams, sample
 from livemeet.engine.scheduler import ScheduledBatch
-from livemeet.errors import ConfigError
+from livemeet.errors import ConfigError, InternalError
 from livemeet.layers.paged_attention import choose_num_splits
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
 
 CPU_DEFAULT_KV_TOKENS = 1 << 18  # tokens of KV on the CPU path when no size is given
+# Placeholder for a sampled token still on the device (async decode); never a vocabulary id.
+PENDING_TOKEN_ID = -1
+
+
+@dataclass(frozen=True)
+class DeviceTokens:
+    """A launched step's sampled ids, still on the device: `token_ids` int64 [M], entry
+    `rows[request_id]` for each sampled request (ScheduledBatch.sampled_requests order)."""
+
+    token_ids: torch.Tensor
+    rows: Mapping[str, int]
 
 
 def kv_bytes_per_token(cfg: MossTDConfig, dtype: torch.dtype) -> int:
@@ -41,7 +61,9 @@ class ModelRunner:
     """Owns the model and the KV pool (see module docstring).
 
     `kv_dtype`: None uses the model dtype; torch.float8_e4m3fn stores KV in FP8 with a fixed
-    per-tensor scale `kv_scale`. Raises ConfigError when the pool would be empty.
+    per-tensor scale `kv_scale`. `cuda_graphs` (CUDA only): capture decode graphs for batches
+    of up to `max_num_seqs` rows and contexts of up to `max_model_len` tokens (`self.graphs`,
+    None otherwise). Raises ConfigError when the pool would be empty.
     """
 
     def __init__(
@@ -54,6 +76,9 @@ class ModelRunner:
         mem_fraction: float = 0.85,
         kv_dtype: torch.dtype | None = None,
         kv_scale: float = 1.0,
+        cuda_graphs: bool = False,
+        max_model_len: int = MAX_CONTEXT_TOKENS,
+        max_num_seqs: int = 128,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -74,6 +99,17 @@ class ModelRunner:
         self.v_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(t.layers)
         ]
+        self.graphs: GraphRunner | None = None
+        if cuda_graphs and self.device.type == "cuda":
+            self.graphs = GraphRunner(
+                self._forward,
+                device=self.device,
+                block_size=block_size,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                num_kv_heads=t.kv_heads,
+            )
+            self.graphs.capture()
 
     def _blocks_from_memory(self, mem_fraction: float) -> int:
         per_block = kv_bytes_per_token(self.cfg, self.kv_dtype) * self.block_size
@@ -92,45 +128,112 @@ class ModelRunner:
                 kc[dst, :n] = kc[src, :n]
                 vc[dst, :n] = vc[src, :n]
 
-    @torch.inference_mode()
     def run(
         self,
         batch: ScheduledBatch,
         audio_embeds: Mapping[str, torch.Tensor],
         sampling: Callable[[Request], SamplingParams],
+        forced: Sequence[int | None] = (),
     ) -> list[int]:
-        """One forward over `batch`; returns one sampled token id per sampled row.
+        """`launch`, then wait for the sampled ids on the host (the synchronous path)."""
+        tokens = self.launch(batch, audio_embeds, sampling, forced=forced)
+        return [] if tokens is None else tokens.token_ids.tolist()
+
+    @torch.inference_mode()
+    def launch(
+        self,
+        batch: ScheduledBatch,
+        audio_embeds: Mapping[str, torch.Tensor],
+        sampling: Callable[[Request], SamplingParams],
+        *,
+        forced: Sequence[int | None] = (),
+        previous: DeviceTokens | None = None,
+    ) -> DeviceTokens | None:
+        """Enqueue one forward over `batch` and the sampling of its sampled rows; returns the
+        sampled ids on the device (None when nothing is sampled). Does not wait for the GPU
+        (greedy sampling; the sampler's non-greedy path uploads parameters synchronously).
 
         `audio_embeds[request_id]`: [num audio positions, hidden], row k for the request's k-th
-        audio position. `sampling(request)` gives each sampled row's parameters.
+        audio position. `sampling(request)` gives each sampled row's parameters. `forced[i]`,
+        when given and not None, replaces the i-th sampled id (benchmarks' forced output).
+        `previous`: the last launched step's ids, read by decode rows whose last token is
+        PENDING_TOKEN_ID. Raises InternalError when such a row has no entry in `previous`, or a
+        prefill chunk contains a pending token.
         """
         self.copy_blocks([(c.src, c.dst, c.num_tokens) for c in batch.block_copies])
-        rows = self._rows(batch, audio_embeds)
+        rows = self._rows(batch, audio_embeds, previous)
         if not rows.token_ids:
-            return []
-        dev = self.device
-        ids = torch.tensor(rows.token_ids, dtype=torch.long, device=dev)
+            return None
+        ids = self._upload(rows.token_ids, torch.long)
+        if rows.deferred_rows:
+            assert previous is not None
+            src = previous.token_ids[self._upload(rows.deferred_sources, torch.long)]
+            ids[self._upload(rows.deferred_rows, torch.long)] = src
+        hidden = self._decode_with_graph(rows, ids)
+        if hidden is None:
+            hidden = self._forward_eager(rows, ids)
+        if not rows.sample_rows:  # only non-final prefill chunks: KV written, nothing sampled
+            return None
+        picked = hidden[self._upload(rows.sample_rows, torch.long)]
+        logits = self.model.compute_logits(picked)
+        params = [sampling(r) for r in batch.sampled_requests]
+        sampled = sample(logits, params)
+        overrides = [(i, t) for i, t in enumerate(forced) if t is not None]
+        if overrides:
+            where = self._upload([i for i, _ in overrides], torch.long)
+            sampled[where] = self._upload([t for _, t in overrides], torch.long)
+        order = {r.request_id: i for i, r in enumerate(batch.sampled_requests)}
+        return DeviceTokens(sampled, order)
+
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
+    ) -> torch.Tensor:
+        """The decoder over flat rows (no audio): what the CUDA graphs capture."""
+        embeds = self.model.language_model.embed(ids)
+        attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
+        return self.model(embeds, positions, attn)
+
+    def _decode_with_graph(self, rows: _StepRows, ids: torch.Tensor) -> torch.Tensor | None:
+        graphs = self.graphs
+        if graphs is None or any(n != 1 for n in rows.q_lens):
+            return None
+        width = max(len(t) for t in rows.block_tables)
+        if not graphs.can_run(len(rows.q_lens), width):
+            graphs.num_eager_fallbacks += 1
+            return None
+        return graphs.run(ids, rows.positions, rows.slots, rows.seq_lens, rows.block_tables)
+
+    def _forward_eager(self, rows: _StepRows, ids: torch.Tensor) -> torch.Tensor:
         embeds = self.model.language_model.embed(ids)
         if rows.audio_rows:
-            index = torch.tensor(rows.audio_rows, dtype=torch.long, device=dev)
+            index = self._upload(rows.audio_rows, torch.long)
             embeds[index] = torch.cat(rows.audio_values).to(embeds.dtype)
         meta = self._metadata(rows)
         attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
-        positions = torch.tensor(rows.positions, dtype=torch.long, device=dev)
-        hidden = self.model(embeds, positions, attn)
-        if not rows.sample_rows:  # only non-final prefill chunks: KV written, nothing sampled
-            return []
-        picked = hidden[torch.tensor(rows.sample_rows, dtype=torch.long, device=dev)]
-        logits = self.model.compute_logits(picked)
-        params = [sampling(r) for r in batch.sampled_requests]
-        return sample(logits, params).tolist()
+        return self.model(embeds, self._upload(rows.positions, torch.long), attn)
 
-    def _rows(self, batch: ScheduledBatch, audio_embeds: Mapping[str, torch.Tensor]) -> _StepRows:
+    def _upload(self, values: list[int] | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Host values -> a device tensor without making the host wait for the GPU (CUDA:
+        pinned source, non_blocking copy; the host allocator keeps the source until it ran)."""
+        host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    def _rows(
+        self,
+        batch: ScheduledBatch,
+        audio_embeds: Mapping[str, torch.Tensor],
+        previous: DeviceTokens | None,
+    ) -> _StepRows:
         rows = _StepRows()
         for chunk in batch.prefills:
             req = chunk.request
             end = chunk.start + chunk.num_tokens
-            rows.add_sequence(req, chunk.start, req.token_ids(chunk.start, end), self.block_size)
+            ids = req.token_ids(chunk.start, end)
+            if PENDING_TOKEN_ID in ids:
+                raise InternalError(f"prefill of {req.request_id!r} reads a pending token")
+            rows.add_sequence(req, chunk.start, ids, self.block_size)
             positions = req.audio_positions_in(chunk.start, end)
             if positions:
                 first = bisect.bisect_left(req.audio_positions, positions[0])
@@ -142,7 +245,15 @@ class ModelRunner:
                 rows.sample_rows.append(len(rows.token_ids) - 1)
         for req in batch.decodes:
             start = req.num_tokens - 1
-            rows.add_sequence(req, start, [req.last_token_id], self.block_size)
+            token = req.last_token_id
+            if token == PENDING_TOKEN_ID:
+                source = None if previous is None else previous.rows.get(req.request_id)
+                if source is None:
+                    raise InternalError(f"{req.request_id!r} decodes a token nobody sampled")
+                rows.deferred_rows.append(len(rows.token_ids))
+                rows.deferred_sources.append(source)
+                token = 0  # overwritten on the device
+            rows.add_sequence(req, start, [token], self.block_size)
             rows.sample_rows.append(len(rows.token_ids) - 1)
         return rows
 
@@ -162,10 +273,10 @@ class ModelRunner:
         if decode_only and dev.type == "cuda":
             splits = choose_num_splits(len(q_lens), max_seq, self.cfg.text.kv_heads)
         return StepMetadata(
-            slot_mapping=torch.tensor(rows.slots, dtype=torch.long, device=dev),
-            block_tables=tables.to(dev),
-            seq_lens=torch.tensor(rows.seq_lens, dtype=torch.int32, device=dev),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            slot_mapping=self._upload(rows.slots, torch.long),
+            block_tables=self._upload(tables, torch.int32),
+            seq_lens=self._upload(rows.seq_lens, torch.int32),
+            cu_seqlens_q=self._upload(cu, torch.int32),
             max_seqlen_q=max(q_lens),
             max_seq_len=max_seq,
             decode_only=decode_only,
@@ -186,6 +297,8 @@ class _StepRows:
         self.sample_rows: list[int] = []
         self.audio_rows: list[int] = []
         self.audio_values: list[torch.Tensor] = []
+        self.deferred_rows: list[int] = []  # rows whose input id is on the device
+        self.deferred_sources: list[int] = []  # their index in the previous DeviceTokens
         self._seq_start_row = 0
         self._seq_start_pos = 0
 
@@ -204,3 +317,60 @@ class _StepRows:
 
     def row_of(self, position: int) -> int:
         return self._seq_start_row + position - self._seq_start_pos
+
+
+class TokenTransfer:
+    """Sampled ids to the host through two buffers (async decode's one-step lookahead).
+
+    `start(tokens)` enqueues the copy of a step's ids into the free buffer and returns a
+    ticket; `wait(ticket)` blocks until that copy is done and returns the ids, freeing the
+    buffer. Two buffers suffice: step N+1 is started before step N is waited for, and step N+2
+    only after. On CUDA the buffers are pinned, the copy is non_blocking and a CUDA event marks
+    its completion; on the CPU the copy is immediate (the fake device of the tests).
+    `capacity`: the most ids one step samples (the scheduler's max_num_seqs). Raises
+    InternalError when a step samples more, when both buffers are busy, or on a wrong ticket.
+    """
+
+    NUM_BUFFERS = 2
+
+    def __init__(self, device: torch.device, capacity: int) -> None:
+        cuda = device.type == "cuda"
+        self.buffers = [
+            torch.zeros(capacity, dtype=torch.int64, pin_memory=cuda)
+            for _ in range(self.NUM_BUFFERS)
+        ]
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(self.NUM_BUFFERS)]
+        self._sizes: list[int | None] = [None] * self.NUM_BUFFERS  # ids held; None when free
+        self._next = 0
+
+    @property
+    def num_busy(self) -> int:
+        return sum(n is not None for n in self._sizes)
+
+    def start(self, tokens: torch.Tensor) -> int:
+        """Enqueue the copy of int64 [n] `tokens` to the host; returns the ticket for `wait`."""
+        slot = self._next
+        n = tokens.shape[0]
+        if self._sizes[slot] is not None:
+            raise InternalError("both host token buffers are busy: wait for a step first")
+        if n > self.buffers[slot].shape[0]:
+            raise InternalError(f"{n} sampled ids exceed the host buffer of {len(self.buffers[0])}")
+        self.buffers[slot][:n].copy_(tokens, non_blocking=True)
+        event = self.events[slot]
+        if event is not None:
+            event.record()
+        self._sizes[slot] = n
+        self._next = (slot + 1) % self.NUM_BUFFERS
+        return slot
+
+    def wait(self, ticket: int) -> list[int]:
+        """The ids of `ticket`, once its copy has completed; frees its buffer."""
+        n = self._sizes[ticket] if 0 <= ticket < self.NUM_BUFFERS else None
+        if n is None:
+            raise InternalError(f"token ticket {ticket} is not in flight")
+        event = self.events[ticket]
+        if event is not None:
+            event.synchronize()
+        values = self.buffers[ticket][:n].tolist()
+        self._sizes[ticket] = None
+        return values

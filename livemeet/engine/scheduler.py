@@ -267,6 +267,15 @@ class Scheduler:
             return self.release(request_id)
         return None
 
+    def finish(self, request_id: str, reason: FinishReason) -> Request | None:
+        """Finish an unfinished request now with `reason`, freeing (or retaining) its KV as
+        `postprocess` would; for callers that learn of a stop token late (async decode).
+        Returns the request, or None when the id is not unfinished."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            self._finish(request, reason)
+        return request
+
     def release(self, request_id: str) -> Request | None:
         """Free a retained cache; returns it, or None when it is not retained."""
         request = self._retained.pop(request_id, None)

@@ -1,0 +1,241 @@
+"""CUDA graphs for decode-only steps at padded batch buckets.
+
+A decode step of a small model is launch-bound: ~28 layers x ~15 kernels, each a few
+microseconds of host work, against ~1-3 ms of GPU work at batch 1 (DESIGN.md section 10). The
+`GraphRunner` captures the whole decoder forward once per (bucket, num_splits) and replays it.
+
+Static inputs, shared by every graph (a graph of bucket B reads rows [:B]):
+token ids int64 [max_bucket], positions int64 [max_bucket], slot_mapping int64 [max_bucket],
+block_tables int32 [max_bucket, max_blocks_per_seq], seq_lens int32 [max_bucket]. A batch of
+n rows runs in the smallest bucket B >= n; rows [n, B) are padding (seq_len 0: the decode
+kernel writes zeros; slot -1: store_kv skips them), and their outputs are dropped.
+
+The split-K decode kernel's grid is fixed by (B, num_splits) while lengths are read on the
+device (livemeet.layers.paged_attention), so each bucket is captured once for every split
+count `choose_num_splits` can pick for it up to max_model_len; `run` picks the graph for the
+actual longest context. Graphs are captured largest first into one shared memory pool, so the
+smaller ones reuse its memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from livemeet.engine.paged_backend import StepMetadata
+from livemeet.errors import ConfigError, InternalError
+from livemeet.layers.paged_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
+
+# Padded batch sizes (rows). Dense at the small end where padding costs most relative to the
+# step; every 16 rows past 32. Scheduler's default max_num_seqs is 128 (DESIGN.md section 4).
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128)
+BUCKET_STEP_PAST_DEFAULTS = 16  # rows between buckets when max_num_seqs > 128
+
+# hidden = forward(token_ids [B], positions [B], metadata) -> [B, hidden]
+DecodeForward = Callable[[torch.Tensor, torch.Tensor, StepMetadata], torch.Tensor]
+
+
+def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """The buckets to capture so that every batch of 1..max_num_seqs rows has one.
+
+    DECODE_BUCKETS up to the first that covers max_num_seqs, continued in steps of 16 rows
+    past 128. Raises ConfigError when max_num_seqs < 1.
+    """
+    if max_num_seqs < 1:
+        raise ConfigError(f"max_num_seqs must be >= 1, not {max_num_seqs}")
+    out: list[int] = []
+    for b in DECODE_BUCKETS:
+        out.append(b)
+        if b >= max_num_seqs:
+            return tuple(out)
+    while out[-1] < max_num_seqs:
+        out.append(out[-1] + BUCKET_STEP_PAST_DEFAULTS)
+    return tuple(out)
+
+
+def choose_bucket(num_rows: int, buckets: Sequence[int]) -> int | None:
+    """Smallest bucket >= num_rows (buckets ascending), or None when none fits or rows < 1."""
+    if num_rows < 1:
+        return None
+    for b in buckets:
+        if b >= num_rows:
+            return b
+    return None
+
+
+def split_variants(
+    bucket: int, max_seq_len: int, num_kv_heads: int, num_sms: int
+) -> tuple[int, ...]:
+    """Every split count `choose_num_splits(bucket, L, ...)` returns for 1 <= L <= max_seq_len,
+    ascending. It only grows with L and changes at multiples of MIN_TOKENS_PER_SPLIT times a
+    power of two, so those lengths (and max_seq_len) cover all values."""
+    lengths = {max_seq_len}
+    n = MIN_TOKENS_PER_SPLIT
+    while n < max_seq_len:
+        lengths.add(n)
+        n *= 2
+    return tuple(sorted({choose_num_splits(bucket, n, num_kv_heads, num_sms) for n in lengths}))
+
+
+class PaddedDecode(NamedTuple):
+    """Host tensors of one decode batch padded to its bucket B (width W = widest table)."""
+
+    positions: torch.Tensor  # int64 [B], 0 for padding
+    slot_mapping: torch.Tensor  # int64 [B], -1 for padding (store_kv skips it)
+    seq_lens: torch.Tensor  # int32 [B], 0 for padding (attention output 0)
+    block_tables: torch.Tensor  # int32 [B, W], 0 past each table and for padding
+
+
+def pad_decode(
+    positions: Sequence[int],
+    slots: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    bucket: int,
+) -> PaddedDecode:
+    """Pad n decode rows to `bucket` rows (see PaddedDecode). Raises InternalError when the
+    lists disagree in length, n is 0 or n > bucket."""
+    n = len(positions)
+    if not (n == len(slots) == len(seq_lens) == len(block_tables)) or not 0 < n <= bucket:
+        raise InternalError(f"cannot pad {n} decode rows to a bucket of {bucket}")
+    width = max(1, max(len(t) for t in block_tables))
+    pad = bucket - n
+    tables = torch.zeros((bucket, width), dtype=torch.int32)
+    for i, t in enumerate(block_tables):
+        tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return PaddedDecode(
+        positions=torch.tensor([*positions, *([0] * pad)], dtype=torch.int64),
+        slot_mapping=torch.tensor([*slots, *([-1] * pad)], dtype=torch.int64),
+        seq_lens=torch.tensor([*seq_lens, *([0] * pad)], dtype=torch.int32),
+        block_tables=tables,
+    )
+
+
+class GraphRunner:
+    """Captured decoder forwards for decode-only steps (see module docstring).
+
+    `forward` runs the decoder (embedding to final norm) over the given static tensors; it must
+    not synchronise with the host. `max_model_len` bounds contexts (tokens) and so the
+    block-table width. Counters for benchmarks: `num_replays`, `num_eager_fallbacks` (decode
+    steps the caller ran eagerly because `can_run` said no).
+    """
+
+    def __init__(
+        self,
+        forward: DecodeForward,
+        *,
+        device: torch.device,
+        block_size: int,
+        max_model_len: int,
+        max_num_seqs: int,
+        num_kv_heads: int,
+    ) -> None:
+        if device.type != "cuda":
+            raise ConfigError(f"CUDA graphs need a CUDA device, not {device}")
+        self.forward = forward
+        self.device = device
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.buckets = decode_buckets(max_num_seqs)
+        self.num_kv_heads = num_kv_heads
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+        rows = self.buckets[-1]
+        i64 = {"dtype": torch.int64, "device": device}
+        i32 = {"dtype": torch.int32, "device": device}
+        self.token_ids = torch.zeros(rows, **i64)
+        self.positions = torch.zeros(rows, **i64)
+        self.slot_mapping = torch.full((rows,), -1, **i64)
+        self.seq_lens = torch.zeros(rows, **i32)
+        self.block_tables = torch.zeros((rows, self.max_blocks_per_seq), **i32)
+        self.cu_seqlens_q = torch.arange(rows + 1, **i32)  # one query per row
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        self.num_replays = 0
+        self.num_eager_fallbacks = 0
+
+    def _meta(self, bucket: int, num_splits: int) -> StepMetadata:
+        return StepMetadata(
+            slot_mapping=self.slot_mapping[:bucket],
+            block_tables=self.block_tables[:bucket],
+            seq_lens=self.seq_lens[:bucket],
+            cu_seqlens_q=self.cu_seqlens_q[: bucket + 1],
+            max_seqlen_q=1,
+            max_seq_len=self.max_model_len,
+            decode_only=True,
+            num_splits=num_splits,
+        )
+
+    def _run_forward(self, bucket: int, num_splits: int) -> torch.Tensor:
+        meta = self._meta(bucket, num_splits)
+        return self.forward(self.token_ids[:bucket], self.positions[:bucket], meta)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Warm up and capture every (bucket, num_splits), largest bucket first, into one pool.
+
+        The static inputs hold padding only (seq_len 0, slot -1), so capture touches no KV.
+        """
+        keys = [
+            (b, s)
+            for b in self.buckets
+            for s in split_variants(b, self.max_model_len, self.num_kv_heads, self.num_sms)
+        ]
+        keys.sort(reverse=True)
+        pool = None
+        for key in keys:
+            self._run_forward(*key)  # warm-up: Triton compiles, cuBLAS picks its kernels
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[key] = self._run_forward(*key)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[key] = graph
+        torch.cuda.synchronize(self.device)
+
+    def can_run(self, num_rows: int, max_blocks: int) -> bool:
+        """True when a decode batch of `num_rows` rows whose widest block table has
+        `max_blocks` blocks can replay a captured graph."""
+        return (
+            bool(self.graphs)
+            and choose_bucket(num_rows, self.buckets) is not None
+            and max_blocks <= self.max_blocks_per_seq
+        )
+
+    def run(
+        self,
+        token_ids: torch.Tensor,
+        positions: Sequence[int],
+        slots: Sequence[int],
+        seq_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+    ) -> torch.Tensor:
+        """Replay the graph for these n decode rows; returns hidden [n, hidden] (a view of the
+        graph's output: use it before the next replay).
+
+        token_ids: int64 [n] on the device (may be the previous step's sampled ids); the rest
+        are host lists (see PaddedDecode). Raises InternalError when `can_run` is false.
+        """
+        n = token_ids.shape[0]
+        width = max(len(t) for t in block_tables) if block_tables else 0
+        if not self.can_run(n, width):
+            raise InternalError(f"no CUDA graph for {n} decode rows of {width} blocks")
+        bucket = choose_bucket(n, self.buckets)
+        assert bucket is not None
+        padded = pad_decode(positions, slots, seq_lens, block_tables, bucket)
+        splits = choose_num_splits(bucket, max(seq_lens), self.num_kv_heads, self.num_sms)
+        # Pinned sources with non_blocking copies: the host does not wait for the GPU here,
+        # and the caching host allocator keeps each source alive until its copy has run.
+        self.token_ids[:n].copy_(token_ids, non_blocking=True)
+        if n < bucket:
+            self.token_ids[n:bucket].zero_()
+        w = padded.block_tables.shape[1]
+        self.positions[:bucket].copy_(padded.positions.pin_memory(), non_blocking=True)
+        self.slot_mapping[:bucket].copy_(padded.slot_mapping.pin_memory(), non_blocking=True)
+        self.seq_lens[:bucket].copy_(padded.seq_lens.pin_memory(), non_blocking=True)
+        self.block_tables[:bucket, :w].copy_(padded.block_tables.pin_memory(), non_blocking=True)
+        self.graphs[(bucket, splits)].replay()
+        self.num_replays += 1
+        return self.outputs[(bucket, splits)][:n]
