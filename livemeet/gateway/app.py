@@ -111,10 +111,9 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         app[METRICS_KEY].demo.set(1 if info.demo else 0)
         if info.demo:
             log.warning(
-                "DEMO BACKEND: serving %s (%s), not MOSS-TD: English only, no diarization. "
+                "DEMO BACKEND: serving %s, not MOSS-TD: English only, no diarization. "
                 "Pass --model to serve MOSS-Transcribe-Diarize.",
                 info.model_id,
-                info.name,
             )
         app[LIFECYCLE_KEY].started = True
         yield
