@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +131,16 @@ async def test_stream_times_out_when_no_final_arrives(aiohttp_server: Any) -> No
     result = await stream.stream_samples(url, samples, speed=100.0, final_timeout_s=0.2)
     assert result.timed_out and result.final is None
     assert [e["type"] for e in result.events] == ["session.ready"]
+
+
+def test_output_cut_off_by_head_is_quiet(shared_data: Path) -> None:
+    # `livemeet eval ... --json | head -1` used to end in a BrokenPipeError traceback.
+    data = shared_data / "meeteval-examples"
+    cmd = [sys.executable, "-m", "livemeet", "eval", "--json"]
+    cmd += ["--ref", str(data / "ref.stm"), "--hyp", str(data / "hyp.stm")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err
