@@ -11,13 +11,22 @@ if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
+# pip install -q, minus the warnings pip prints for configured index locations that do not
+# exist on this machine; pip's own exit status is kept (a failed install must fail setup).
+pip_install() {
+  set +e
+  "${pip[@]}" install -q "$@" 2>&1 | grep -v "is ignored: it is neither"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  return "$rc"
+}
 "${pip[@]}" install -q --upgrade pip >/dev/null 2>&1 || true
 if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) >= (2, 11) else 1)' 2>/dev/null; then
   if ls /opt/wheels/torch-2.13.0* >/dev/null 2>&1 || command -v nvidia-smi >/dev/null 2>&1; then
-    "${pip[@]}" install -q "torch==2.13.0"
+    pip_install "torch==2.13.0"
   else
-    "${pip[@]}" install -q "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
+    pip_install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
   fi
 fi
-"${pip[@]}" install -q -e ".[${extras}]" 2>&1 | grep -v "is ignored: it is neither" || true
+pip_install -e ".[${extras}]"
 .venv/bin/python -c 'import livemeet' || { echo "livemeet failed to install" >&2; exit 1; }

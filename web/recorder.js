@@ -4,7 +4,8 @@ const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", 
                          "#e377c2", "#17becf"];
 
 const $ = (id) => document.getElementById(id);
-const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null, colours: {} };
+const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null, colours: {},
+                opened: false };
 
 function speakerColour(speaker) {
   if (!(speaker in state.colours)) {
@@ -55,8 +56,25 @@ function onEvent(ev) {
   }
 }
 
+// Before any recording, say which model serves (the demo banner must not wait for a session).
+async function showServer() {
+  try {
+    const resp = await fetch("readyz");
+    const info = await resp.json();
+    $("demo-banner").style.display = info.demo ? "block" : "none";
+    setStatus(resp.ok ? `ready (model ${info.model})` : "server not ready: try again shortly");
+  } catch (e) {
+    setStatus(`cannot reach the server: ${e.message}`);
+  }
+}
+
 async function start() {
   $("start").disabled = true;
+  $("finals").replaceChildren();
+  $("partial").replaceChildren();
+  state.colours = {};
+  state.opened = false;
+  setStatus("connecting…");
   state.stream = await navigator.mediaDevices.getUserMedia({
     audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
   });
@@ -69,6 +87,7 @@ async function start() {
   ws.binaryType = "arraybuffer";
   state.ws = ws;
   ws.onopen = () => {
+    state.opened = true;
     ws.send(JSON.stringify({ type: "start", sample_rate: 16000, channels: 1,
                              encoding: "pcm_s16le" }));
     state.node.port.onmessage = (msg) => {
@@ -83,7 +102,8 @@ async function start() {
   ws.onclose = (ev) => {
     clearInterval(state.keepalive);
     stopAudio();
-    if (ev.code !== 1000) setStatus(`${$("status").textContent} (closed ${ev.code})`);
+    if (!state.opened) setStatus(`cannot connect to the server (closed ${ev.code})`);
+    else if (ev.code !== 1000) setStatus(`${$("status").textContent} (closed ${ev.code})`);
     $("start").disabled = false;
     $("stop").disabled = true;
   };
@@ -106,7 +126,9 @@ function stop() {
 }
 
 $("start").addEventListener("click", () => start().catch((e) => {
+  stopAudio(); // release a microphone that was granted before the failure
   setStatus(`cannot start: ${e.message}`);
   $("start").disabled = false;
 }));
 $("stop").addEventListener("click", stop);
+showServer();

@@ -25,7 +25,7 @@ from livemeet.errors import LivemeetError
 from livemeet.transcriber import Samples
 
 FAST_SPEED = 4.0  # x real time for --fast
-CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`
+CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the audio's duration
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,6 +51,7 @@ class StreamResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     arrival_s: list[float] = field(default_factory=list)
     close_code: int | None = None
+    timed_out: bool = False  # no close within the final timeout after `end`
 
     @property
     def final(self) -> dict[str, Any] | None:
@@ -74,9 +75,16 @@ async def stream_samples(
     speed: float = 1.0,
     start: dict[str, Any] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    final_timeout_s: float | None = None,
 ) -> StreamResult:
     """Stream 16 kHz mono float32 `samples` to `url`, paced at `speed` x real time in frames
-    of `hop_s` seconds; then `end`, and collect events until the server closes."""
+    of `hop_s` seconds; then `end`, and collect events until the server closes.
+
+    After `end` it waits `final_timeout_s` (default: CLOSE_TIMEOUT_S + the audio's duration,
+    since a loaded server may still be catching up) and then gives up with
+    `result.timed_out`. Raises OSError / websockets errors when it cannot connect."""
+    if final_timeout_s is None:
+        final_timeout_s = CLOSE_TIMEOUT_S + len(samples) / SAMPLE_RATE
     result = StreamResult()
     pcm = to_pcm16(samples)
     frame_bytes = 2 * max(1, int(hop_s * SAMPLE_RATE))
@@ -112,9 +120,12 @@ async def stream_samples(
                 await asyncio.sleep(max(0.0, t0 + sent_s / speed - time.monotonic()))
             if not receiver.done():
                 await ws.send(json.dumps({"type": "end"}))
-            await asyncio.wait_for(asyncio.shield(receiver), CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(receiver), final_timeout_s)
         except websockets.ConnectionClosed:
             pass
+        except TimeoutError:
+            # TimeoutError is an OSError: caught here so that it never reads as "cannot connect".
+            result.timed_out = True
         finally:
             receiver.cancel()
             await asyncio.gather(receiver, return_exceptions=True)
@@ -175,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         print(f"error: cannot connect to {args.url}: {exc}", file=sys.stderr)
         return 2
+    if result.timed_out:
+        print("error: no transcript.final from the server in time after 'end'", file=sys.stderr)
+        return 1
     if result.final is None:
         print(f"no transcript.final (close code {result.close_code})", file=sys.stderr)
         return 1

@@ -186,11 +186,7 @@ async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
     transcriber = EngineClient(model, in_process=True)
     await transcriber.start()
     try:
-        if transcriber.info.demo:
-            print(
-                f"note: demo backend ({transcriber.info.model_id}): English only, no diarization",
-                file=sys.stderr,
-            )
+        # The demo backend announces itself when it loads (a WARNING on stderr): no second note.
         results = await transcribe_files(
             transcriber,
             args.audio,

@@ -14,7 +14,13 @@ from pathlib import Path
 from aiohttp import web
 
 from livemeet.config import ServerConfig
-from livemeet.errors import EngineUnavailable, InternalError, LivemeetError, NotFound
+from livemeet.errors import (
+    EngineUnavailable,
+    InternalError,
+    InvalidRequest,
+    LivemeetError,
+    NotFound,
+)
 from livemeet.gateway import health, openai_api
 from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.keys import (
@@ -105,10 +111,9 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         app[METRICS_KEY].demo.set(1 if info.demo else 0)
         if info.demo:
             log.warning(
-                "DEMO BACKEND: serving %s (%s), not MOSS-TD: English only, no diarization. "
+                "DEMO BACKEND: serving %s, not MOSS-TD: English only, no diarization. "
                 "Pass --model to serve MOSS-Transcribe-Diarize.",
                 info.model_id,
-                info.name,
             )
         app[LIFECYCLE_KEY].started = True
         yield
@@ -134,6 +139,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = _render_error(request, exc)
     except web.HTTPNotFound:
         response = _render_error(request, NotFound(f"no route for {request.path}"))
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        response = _render_error(request, InvalidRequest(message))
+        response.set_status(exc.status)  # 405 with Allow, as HTTP clients expect
+        response.headers["Allow"] = allowed
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import build_parser, main
@@ -106,3 +110,37 @@ def test_format_event_lines() -> None:
     assert "DEMO" in stream.format_event(
         {"type": "session.ready", "session_id": "x", "protocol": 0, "demo": True, "model": "m"}
     )
+
+
+async def test_stream_times_out_when_no_final_arrives(aiohttp_server: Any) -> None:
+    # A server that accepts the session and then never answers `end`: the client must give
+    # up with `timed_out`, not raise TimeoutError (an OSError, once reported as "cannot connect").
+    async def silent(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"type": "session.ready", "session_id": "s", "demo": True})
+        async for _ in ws:
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/live", silent)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    samples = np.zeros(1600, dtype=np.float32)
+    result = await stream.stream_samples(url, samples, speed=100.0, final_timeout_s=0.2)
+    assert result.timed_out and result.final is None
+    assert [e["type"] for e in result.events] == ["session.ready"]
+
+
+def test_output_cut_off_by_head_is_quiet(shared_data: Path) -> None:
+    # `livemeet eval ... --json | head -1` used to end in a BrokenPipeError traceback.
+    data = shared_data / "meeteval-examples"
+    cmd = [sys.executable, "-m", "livemeet", "eval", "--json"]
+    cmd += ["--ref", str(data / "ref.stm"), "--hyp", str(data / "hyp.stm")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err

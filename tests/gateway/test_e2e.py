@@ -163,7 +163,12 @@ async def test_bad_input_against_real_server(server: str) -> None:
         assert "livemeet_demo_backend 1.0" in metrics
 
 
-def test_transcribe_cli_demo(shared_data: Path, tmp_path: Path) -> None:
+def test_transcribe_cli_demo(
+    shared_data: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     from livemeet.__main__ import main
 
     out = tmp_path / "jfk.json"
@@ -182,3 +187,7 @@ def test_transcribe_cli_demo(shared_data: Path, tmp_path: Path) -> None:
     )
     text = json.loads(out.read_text())["text"]
     assert jiwer.wer(normalise(jfk_reference(shared_data)), normalise(text)) <= MAX_WER
+    # The demo is announced once (the backend's warning, stderr outside pytest), not twice.
+    notices = [r for r in caplog.records if "English only" in r.getMessage()]
+    assert len(notices) == 1 and notices[0].levelname == "WARNING"
+    assert "English only" not in capsys.readouterr().err

@@ -264,6 +264,14 @@ async def test_unknown_transcription_and_route(client: TestClient) -> None:
     await assert_error(await client.get("/v1/nothing"), NotFound)
 
 
+async def test_wrong_method_is_a_client_error(client: TestClient) -> None:
+    resp = await client.get("/v1/audio/transcriptions")
+    assert resp.status == 405 and resp.headers["Allow"] == "POST"
+    error = (await resp.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request"
+    assert "POST" in error["message"]
+
+
 async def test_models(client: TestClient) -> None:
     body = await (await client.get("/v1/models")).json()
     assert body["object"] == "list" and body["data"][0]["id"] == "fake-model"

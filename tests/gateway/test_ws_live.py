@@ -24,6 +24,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import REGISTRY_KEY
+from livemeet.gateway.ws_live import MAX_FRAME_BYTES
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FINAL_EVERY, FakeTranscriber
 
@@ -238,3 +239,14 @@ async def test_vanishing_client_is_cleaned_up_while_another_streams(
     await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 0)
     await wait_until(lambda: len(asyncio.all_tasks()) <= base_tasks)
     await wait_until(lambda: open_fds() <= base_fds)
+
+
+async def test_frame_over_the_limit_closes_1009(client: TestClient) -> None:
+    # docs/protocol.md: the one error without an `error` frame (aiohttp refuses the message).
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_bytes(b"\0" * (MAX_FRAME_BYTES + 2))
+        msg = await ws.receive()
+        assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
+        assert ws.close_code == 1009
