@@ -31,6 +31,7 @@ class ModelConfig:
     forced_output: str | None = None  # path of a reference transcript to force (benchmarks)
     num_kv_blocks: int | None = None  # KV pool size in blocks; None sizes it from memory
     kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
+    max_new_tokens: int | None = None  # cap on output tokens per request (None: duration-scaled)
 
     @property
     def backend_name(self) -> str:
@@ -51,6 +52,8 @@ class ModelConfig:
             raise ConfigError(
                 f"kv_cache_dtype must be auto or fp8_e4m3, not {self.kv_cache_dtype!r}"
             )
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
         if self.forced_output is not None and not Path(self.forced_output).is_file():

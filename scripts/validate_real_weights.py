@@ -405,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backend", default=None, help="force a backend for steps 2-3 (tests: demo)"
     )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=None, help="cap output tokens (tests: random weights)"
+    )
     args = parser.parse_args(argv)
     if not args.checkpoint or not (Path(args.checkpoint) / "config.json").is_file():
         if args.checkpoint:
@@ -413,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     root = Path(args.checkpoint).resolve()
     BACKEND[:] = ["--backend", args.backend] if args.backend else []
+    if args.max_new_tokens:
+        BACKEND.extend(["--max-new-tokens", str(args.max_new_tokens)])
     out = args.out or Path(tempfile.mkdtemp(prefix="livemeet-validate-"))
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []

@@ -380,7 +380,7 @@ class MossCore:
             samples,
             prompt=sess.options.prompt,
             hotwords=sess.options.hotwords,
-            max_new_tokens=sess.options.max_new_tokens,
+            max_new_tokens=self._max_new_tokens(sess.options),
             forced_output_ids=self._forced_ids(None),
         )
         _log_request(request, samples.size)
@@ -425,7 +425,7 @@ class MossCore:
                 prompt=sess.options.prompt,
                 hotwords=sess.options.hotwords,
                 request_class=RequestClass.LIVE,
-                max_new_tokens=sess.options.max_new_tokens,
+                max_new_tokens=self._max_new_tokens(sess.options),
                 deadline_s=engine.clock() + sess.options.hop_s,
                 forced_output_ids=self._forced_ids(window.end_s),
                 retain_kv=True,
@@ -529,6 +529,12 @@ class MossCore:
             raise ConfigError(f"--forced-output {path} holds no [start][Sxx]text[end] segment")
         self._forced_text = text
         self._forced = segments
+
+    def _max_new_tokens(self, options: SessionOptions) -> int | None:
+        """The session's budget, capped by the server's `--max-new-tokens`; None lets the
+        engine scale it with the audio duration."""
+        wanted = [n for n in (options.max_new_tokens, self.config.max_new_tokens) if n]
+        return min(wanted) if wanted else None
 
     def _forced_ids(self, edge_s: float | None) -> list[int] | None:
         """Token ids to force: the whole file (uploads), or the segments ending by `edge_s`."""

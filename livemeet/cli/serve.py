@@ -66,6 +66,12 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory)"
     )
     p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="cap on output tokens per request (default: scaled with the audio duration)",
+    )
+    p.add_argument(
         "--forced-output",
         default=None,
         help="benchmarks: a reference transcript [0.00][S01]text[1.20]... forced as the output",
@@ -83,6 +89,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         forced_output=args.forced_output,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype,
+        max_new_tokens=args.max_new_tokens,
     )
 
 

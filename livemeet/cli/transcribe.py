@@ -54,13 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--language", default=None, help="echoed in verbose_json")
     p.add_argument("--prompt", default=None, help="replaces the default instruction")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    p.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="output token budget per file (default: scaled with the audio duration)",
-    )
-    add_model_flags(p)
+    add_model_flags(p)  # includes --max-new-tokens
     p.set_defaults(func=run)
 
 
