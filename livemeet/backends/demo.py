@@ -40,7 +40,7 @@ class DemoCore(RedecodeCore):
     @property
     def info(self) -> BackendInfo:
         return BackendInfo(
-            name="demo", model_id="whisper-tiny.en (demo)", demo=True, diarization=False
+            name="demo", model_id="whisper-tiny.en-demo", demo=True, diarization=False
         )
 
     def load(self) -> None:
@@ -93,6 +93,9 @@ class DemoCore(RedecodeCore):
             samples,
             language="en",
             beam_size=1,
+            # Greedy only: faster-whisper's default falls back to sampling at higher
+            # temperatures, so the same upload could come back with different text.
+            temperature=0.0,
             initial_prompt=prompt,
             # tiny.en loops easily when fed its own output; each window stands alone.
             condition_on_previous_text=False,

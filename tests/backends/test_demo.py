@@ -7,6 +7,7 @@ import logging
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from livemeet.backends.demo import DemoCore
@@ -29,7 +30,7 @@ def words(text: str) -> str:
 def test_info_says_demo() -> None:
     info = DemoCore().info
     assert info.name == "demo" and info.demo and not info.diarization
-    assert info.model_id == "whisper-tiny.en (demo)"
+    assert info.model_id == "whisper-tiny.en-demo"
 
 
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,3 +86,18 @@ def test_live_ami_in_one_second_hops(demo_core: DemoCore, shared_data: Path) -> 
     assert {s.speaker for s in finals} == {"S01"}
     text = words(" ".join(s.text for s in finals))
     assert "ready to begin" in text and "marketing" in text  # words heard at ~2 s and ~27 s
+
+
+def test_decoding_is_greedy_only(demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # faster-whisper's default temperature schedule falls back to sampling, so the same upload
+    # could come back with different text (seen on the AISHELL clip through the server).
+    seen: dict[str, object] = {}
+    real = demo_core._model.transcribe  # type: ignore[union-attr]
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(demo_core._model, "transcribe", spy)
+    demo_core.transcribe_window(np.zeros(16_000, dtype=np.float32), 0.0, None)
+    assert seen["temperature"] == 0.0 and seen["beam_size"] == 1
