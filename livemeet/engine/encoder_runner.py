@@ -6,6 +6,13 @@ are kept in a bounded LRU cache keyed by a hash of the window's samples: a live 
 complete windows are encoded once, and a repeated upload is free. A partial (last) window is
 never cached: its embeddings change as audio arrives (its mel floor, padding and attention all
 move; MODEL.md section 2).
+
+On CUDA the Whisper encoder (the heavy part: 24 layers over 1,500 frames per window) replays a
+CUDA graph captured per window-count bucket (ENCODER_GRAPH_BUCKETS); a micro-batch of n
+windows runs in the smallest bucket >= n with zero windows as padding, whose outputs are
+dropped. Windows are independent (no cross-window attention), so padding cannot change the
+real windows' outputs beyond kernel-choice rounding. The 4x merge and the adaptor run eagerly
+(they depend on each window's token count).
 """
 
 from __future__ import annotations
@@ -17,9 +24,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from livemeet.audio.constants import TOKENS_PER_WINDOW
+from livemeet.audio.constants import N_FRAMES, N_MELS, TOKENS_PER_WINDOW
 from livemeet.audio.features import log_mel, split_windows
+from livemeet.engine.cuda_graph import choose_bucket
+from livemeet.models.adaptor import merge_frames
 from livemeet.models.audio_llm import MossTDModel
+
+ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8)  # windows per captured encoder graph; 8 = micro-batch
 
 
 class EncoderRunner:
@@ -33,7 +44,8 @@ class EncoderRunner:
         model: MossTDModel,
         *,
         cache_windows: int = 256,
-        max_windows_per_batch: int = 8,
+        max_windows_per_batch: int = ENCODER_GRAPH_BUCKETS[-1],
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         self.cache_windows = cache_windows
@@ -41,6 +53,11 @@ class EncoderRunner:
         self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.num_encoded_windows = 0
         self.num_cache_hits = 0
+        self.num_graph_replays = 0
+        self.num_eager_batches = 0
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        if cuda_graphs and self.device.type == "cuda":
+            self._capture()
 
     @property
     def device(self) -> torch.device:
@@ -76,12 +93,43 @@ class EncoderRunner:
         windows = torch.stack([j[2] for j in jobs]).to(self.device)  # [n, 480000]
         feats = log_mel(windows).to(self.model.adaptor.linear_1.weight.dtype)  # [n, 80, 3000]
         counts = [j[3] for j in jobs]
-        embeds = self.model.encode_audio(feats, counts)  # [sum(counts), hidden]
+        frames = self._encoder_frames(feats)  # [n, 1500, d_audio]
+        merged = merge_frames(frames, counts, self.model.cfg.merge_size)
+        embeds = self.model.adaptor(merged.to(self.model.adaptor.linear_1.weight.dtype))
         self.num_encoded_windows += len(jobs)
         for (a, w, _, _, key), chunk in zip(jobs, embeds.split(counts), strict=True):
             per_audio[a][w] = chunk
             if key is not None:
                 self._store(key, chunk)
+
+    def _encoder_frames(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats [n, 80, 3000] -> encoder frames [n, 1500, d_audio]; a graph when one fits."""
+        n = feats.shape[0]
+        bucket = choose_bucket(n, tuple(self._graphs))
+        if bucket is None:
+            self.num_eager_batches += 1
+            return self.model.audio_encoder(feats)
+        graph, static_in, static_out = self._graphs[bucket]
+        static_in[:n].copy_(feats)
+        static_in[n:].zero_()
+        graph.replay()
+        self.num_graph_replays += 1
+        return static_out[:n].clone()  # the next replay overwrites static_out
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        encoder = self.model.audio_encoder
+        dtype = self.model.adaptor.linear_1.weight.dtype
+        pool = None
+        for bucket in sorted(ENCODER_GRAPH_BUCKETS, reverse=True):  # largest first: one pool
+            static_in = torch.zeros(bucket, N_MELS, N_FRAMES, dtype=dtype, device=self.device)
+            encoder(static_in)  # warm-up outside the graph (kernel selection, allocator)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                static_out = encoder(static_in)
+            pool = graph.pool()
+            self._graphs[bucket] = (graph, static_in, static_out)
 
     @staticmethod
     def _key(window: torch.Tensor) -> bytes:

@@ -130,7 +130,11 @@ class Engine:
             max_model_len=config.scheduler.max_model_len,
             max_num_seqs=config.scheduler.max_num_seqs,
         )
-        self.encoder = EncoderRunner(self.model, cache_windows=config.encoder_cache_windows)
+        self.encoder = EncoderRunner(
+            self.model,
+            cache_windows=config.encoder_cache_windows,
+            cuda_graphs=config.cuda_graphs,
+        )
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.scheduler)
         self.clock = clock

@@ -1,0 +1,65 @@
+"""EncoderRunner: per-window encoding equals the model's whole-audio encoding, the LRU cache
+serves full windows only, micro-batches are bounded, and (GPU) graph replay equals eager."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from livemeet.audio.features import log_mel, split_windows
+from livemeet.engine.encoder_runner import ENCODER_GRAPH_BUCKETS, EncoderRunner
+from livemeet.models.audio_llm import MossTDModel
+
+
+def _reference(model: MossTDModel, samples: np.ndarray) -> torch.Tensor:
+    windows, counts = split_windows(samples)
+    with torch.no_grad():
+        return model.encode_audio(log_mel(windows), counts)
+
+
+def test_batched_windows_equal_whole_audio_encoding(
+    our_model: MossTDModel, long_speech: np.ndarray
+) -> None:
+    clips = [long_speech[: 16_000 * 100], long_speech[: 16_000 * 7], long_speech[: 16_000 * 61]]
+    runner = EncoderRunner(our_model, max_windows_per_batch=3)
+    outs = runner.encode(clips)
+    for clip, out in zip(clips, outs, strict=True):
+        torch.testing.assert_close(out, _reference(our_model, clip), rtol=0, atol=1e-5)
+    assert runner.num_encoded_windows == 4 + 1 + 3
+    assert runner.num_eager_batches == 3  # 8 windows in micro-batches of at most 3
+
+
+def test_cache_serves_full_windows_only(our_model: MossTDModel, long_speech: np.ndarray) -> None:
+    runner = EncoderRunner(our_model, cache_windows=8)
+    first = runner.encode([long_speech[: 16_000 * 65]])[0]  # 2 full windows + 5 s
+    again = runner.encode([long_speech[: 16_000 * 65]])[0]
+    assert runner.num_cache_hits == 2 and runner.num_encoded_windows == 3 + 1
+    torch.testing.assert_close(again[:750], first[:750], rtol=0, atol=0)  # served from cache
+    # the partial window ran alone this time (batch of 1, not 3): rounding may differ
+    torch.testing.assert_close(again[750:], first[750:], rtol=0, atol=1e-5)
+
+
+def test_no_graphs_on_cpu(our_model: MossTDModel) -> None:
+    runner = EncoderRunner(our_model, cuda_graphs=True)
+    assert runner.num_graph_replays == 0 and not runner._graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graph_replay_matches_eager(our_model: MossTDModel, long_speech: np.ndarray) -> None:
+    model = our_model.to("cuda")
+    try:
+        eager = EncoderRunner(model, cache_windows=0)
+        graphs = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
+        assert sorted(graphs._graphs) == sorted(ENCODER_GRAPH_BUCKETS)
+        for seconds in (5, 31, 95, 250, 301):  # 1, 2, 4, 9 (8 + 1), 11 windows
+            clip = long_speech[: 16_000 * seconds] if seconds < 130 else np.tile(
+                long_speech, 3
+            )[: 16_000 * seconds]
+            torch.testing.assert_close(
+                graphs.encode([clip])[0], eager.encode([clip])[0], rtol=1e-4, atol=1e-4
+            )
+        assert graphs.num_graph_replays > 0 and graphs.num_eager_batches == 0
+    finally:
+        our_model.to("cpu")
