@@ -53,8 +53,8 @@ case "$phase" in
     step bench-attention "${ATTN_S:-90}" python3 -m loadtest.bench_attention \
       --json "$OUT/bench_attention.json"
     step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
-      --workloads short,long --short-concurrency 1,16,64 --long-concurrency 1,4 \
-      --decode-batches 1,16 --decode-contexts 1024,36000 --fp8 long:1,long:4 \
+      --workloads short,long --short-concurrency "${SHORT_C:-1,16,64}" --long-concurrency "${LONG_C:-1,4}" \
+      --decode-batches 1,16 --decode-contexts 1024,36000 --fp8 "${FP8_POINTS:-long:1,long:4}" \
       --max-seconds "$(( ${BENCH_S:-230} - 30 ))" --json "$OUT/bench_engine.json"
     step hf-reference "${HF_S:-90}" python3 -m loadtest.hf_reference \
       --contexts 1024,36000 --batches 1,16 --json "$OUT/hf_reference.json"
