@@ -319,7 +319,11 @@ def bench_decode(
     per_token = kv_bytes_per_token(engine.model_config, engine.runner.kv_dtype)
     num_tokens = audio_tokens_for_prompt(engine, context)
     samples = noise(num_tokens * SAMPLES_PER_TOKEN, seed=context)
-    budget = (warmup + steps + 1) * len(batches) + 4
+    # Requests that finish prefill early decode while the others still prefill: the budget
+    # must outlast the whole prefill phase (a 36k prompt is ~10 steps of <= 4k tokens each,
+    # times the batch), or the early ones finish before all `max(batches)` decode together.
+    prefill_steps = max(batches) * (context // 1024 + 1)
+    budget = (warmup + steps + 1) * len(batches) + 4 + prefill_steps
     ids = [f"decode-{context}-{i}" for i in range(max(batches))]
     for i, rid in enumerate(ids):
         engine.add_request(rid, wl.vary(samples, i), max_new_tokens=budget, ignore_eos=True)
