@@ -148,7 +148,7 @@ if HAS_TRITON:
         HALF: tl.constexpr,
         PRECISE_TRIG: tl.constexpr,
     ):
-        """One head [2 * HALF]: RMSNorm, cast, weight, then rotate-half RoPE at `pos`."""
+        # one head [2 * HALF]: RMSNorm, cast, weight, then rotate-half RoPE at `pos`
         cols = tl.arange(0, HALF)
         x1 = tl.load(X + cols)
         x2 = tl.load(X + HALF + cols)
