@@ -170,6 +170,7 @@ class Qwen3Model(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden)
         self.layers = nn.ModuleList(Qwen3Layer(cfg, i) for i in range(cfg.layers))
+        self._typed_layers: list[Qwen3Layer] = list(self.layers)  # type: ignore[arg-type]
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
         # True: fused path (Triton kernels; forced on CPU it runs them in the interpreter);
@@ -179,12 +180,12 @@ class Qwen3Model(nn.Module):
     @property
     def prepared(self) -> bool:
         """Whether `prepare_for_serving` built the fused projection weights."""
-        return all(layer.self_attn.qkv_weight is not None for layer in self.layers)
+        return all(layer.self_attn.qkv_weight is not None for layer in self._typed_layers)
 
     def prepare_for_serving(self) -> None:
         """Build the fused qkv and gate_up weights (after loading; idempotent). The separate
         projection parameters become views into them, so memory does not grow."""
-        for layer in self.layers:
+        for layer in self._typed_layers:
             layer.self_attn.fuse_weights()
             layer.mlp.fuse_weights()
 
@@ -223,9 +224,9 @@ class Qwen3Model(nn.Module):
     ) -> torch.Tensor:
         if not self.prepared:
             raise InternalError("the fused decoder path needs prepare_for_serving() first")
-        inv_freq = self.rotary.inv_freq
+        inv_freq: torch.Tensor = self.rotary.inv_freq  # type: ignore[assignment]
         hidden, residual = input_embeds, None
-        for layer in self.layers:
+        for layer in self._typed_layers:
             hidden, residual = layer.forward_fused(hidden, residual, positions, inv_freq, attn)
         out, _ = fk.fused_add_rms_norm(
             hidden, residual, self.norm.weight, self.norm.eps, impl="triton"
