@@ -99,6 +99,8 @@ class ModelRunner:
         self.v_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(t.layers)
         ]
+        if self.device.type == "cuda":
+            model.prepare_for_serving()  # fused decoder path: ~10 kernels per layer, not ~55
         self.graphs: GraphRunner | None = None
         if cuda_graphs and self.device.type == "cuda":
             self.graphs = GraphRunner(

@@ -71,6 +71,11 @@ class MossTDModel(nn.Module):
         """hidden [M, hidden] -> logits [M, vocab]."""
         return self.language_model.compute_logits(hidden)
 
+    def prepare_for_serving(self) -> None:
+        """Build the decoder's fused projection weights (Qwen3Model.prepare_for_serving); call
+        once after loading. On CUDA with Triton the decoder then takes its fused path."""
+        self.language_model.prepare_for_serving()
+
     def new_kv_cache(self) -> DenseKVCache:
         """An empty dense KV cache for one request, on the model's device and dtype."""
         weight = self.language_model.embed_tokens.weight

@@ -9,6 +9,12 @@ the rows the caller needs (usually each request's last token).
 Per layer: x + o_proj(attn(RoPE(q_norm(q)), RoPE(k_norm(k)), v)), then x + SwiGLU(norm(x)).
 q/k RMSNorms run over head_dim per head, before RoPE. Parameter names match the checkpoint's
 `language_model.` subtree.
+
+Two paths compute the same function. The reference path (the CPU default) is the plain module
+code above. The fused path (the CUDA default once `prepare_for_serving` ran; livemeet.layers.fused)
+carries (hidden, residual) between layers so that each residual add folds into the next RMSNorm,
+and runs per layer: add+norm, qkv GEMM, q/k norm+RoPE, store-KV + attention (1-3 kernels),
+o_proj, add+norm, gate_up GEMM, SiLU*mul, down_proj: ~10 kernels instead of ~55.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from livemeet.errors import InternalError
+from livemeet.layers import fused as fk
 from livemeet.layers.attention import AttentionBackend
 from livemeet.layers.norm import RMSNorm
 from livemeet.layers.rotary import RotaryEmbedding, apply_rotary
@@ -37,6 +45,47 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+        # [(heads + 2 * kv_heads) * head_dim, hidden]; q/k/v_proj weights become views of it
+        self.qkv_weight: torch.Tensor | None
+        self.register_buffer("qkv_weight", None, persistent=False)
+
+    @torch.no_grad()
+    def fuse_weights(self) -> None:
+        """Concatenate q/k/v_proj into `qkv_weight` and re-point them at its slices (one copy
+        in memory; the checkpoint names and the reference path are unchanged). Idempotent."""
+        if self.qkv_weight is not None:
+            return
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = _fuse_linears(projs)
+
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        attn: AttentionBackend,
+    ) -> torch.Tensor:
+        """The fused path (needs `fuse_weights`): x [N, hidden] normed -> o_proj output."""
+        assert self.qkv_weight is not None
+        n, d = x.shape[0], self.head_dim
+        qkv = F.linear(x, self.qkv_weight)
+        q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
+        # strided views into qkv: the kernels read them in place, no copies
+        q = qkv[:, :q_end].view(n, self.heads, d)
+        k = qkv[:, q_end:k_end].view(n, self.kv_heads, d)
+        v = qkv[:, k_end:].view(n, self.kv_heads, d)
+        q, k = fk.qk_norm_rope(
+            q,
+            k,
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.eps,
+            positions,
+            inv_freq,
+            impl="triton",
+        )
+        out = attn.attend(self.layer, q, k, v, self.scale)
+        return self.o_proj(out.reshape(n, self.heads * d))
 
     def forward(
         self,
@@ -62,9 +111,23 @@ class Qwen3MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
         self.up_proj = nn.Linear(cfg.hidden, cfg.intermediate, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+        # [2 * intermediate, hidden]: gate rows, then up rows; gate/up_proj become views of it
+        self.gate_up_weight: torch.Tensor | None
+        self.register_buffer("gate_up_weight", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    @torch.no_grad()
+    def fuse_weights(self) -> None:
+        """Concatenate gate/up_proj into `gate_up_weight` (see Qwen3Attention.fuse_weights)."""
+        if self.gate_up_weight is None:
+            self.gate_up_weight = _fuse_linears((self.gate_proj, self.up_proj))
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.gate_up_weight is not None
+        gate_up = F.linear(x, self.gate_up_weight)
+        return self.down_proj(fk.silu_and_mul(gate_up, impl="triton"))
 
 
 class Qwen3Layer(nn.Module):
@@ -81,6 +144,23 @@ class Qwen3Layer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_fused(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        attn: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) -> (mlp output, residual before it); the layer's output is their
+        sum, which the next layer's (or the final) norm computes. residual None: first layer."""
+        norm = self.input_layernorm
+        h, residual = fk.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps, impl="triton")
+        h = self.self_attn.forward_fused(h, positions, inv_freq, attn)
+        norm = self.post_attention_layernorm
+        h, residual = fk.fused_add_rms_norm(h, residual, norm.weight, norm.eps, impl="triton")
+        return self.mlp.forward_fused(h), residual
+
 
 class Qwen3Model(nn.Module):
     """Embeddings, decoder layers, final norm and the tied LM head (`compute_logits`)."""
@@ -90,8 +170,30 @@ class Qwen3Model(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden)
         self.layers = nn.ModuleList(Qwen3Layer(cfg, i) for i in range(cfg.layers))
+        self._typed_layers: list[Qwen3Layer] = list(self.layers)  # type: ignore[arg-type]
         self.norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        # True: fused path (Triton kernels; forced on CPU it runs them in the interpreter);
+        # False: reference path; None: fused on CUDA with Triton once prepared, else reference.
+        self.fused: bool | None = None
+
+    @property
+    def prepared(self) -> bool:
+        """Whether `prepare_for_serving` built the fused projection weights."""
+        return all(layer.self_attn.qkv_weight is not None for layer in self._typed_layers)
+
+    def prepare_for_serving(self) -> None:
+        """Build the fused qkv and gate_up weights (after loading; idempotent). The separate
+        projection parameters become views into them, so memory does not grow."""
+        for layer in self._typed_layers:
+            layer.self_attn.fuse_weights()
+            layer.mlp.fuse_weights()
+
+    def use_fused(self, x: torch.Tensor) -> bool:
+        """Whether a forward on `x` takes the fused path (see `fused`)."""
+        if self.fused is None:
+            return x.is_cuda and fk.HAS_TRITON and self.prepared
+        return self.fused
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token ids [N] -> embeddings [N, hidden]."""
@@ -109,12 +211,41 @@ class Qwen3Model(nn.Module):
                 f"need input_embeds [N, hidden] and positions [N], got "
                 f"{tuple(input_embeds.shape)} and {tuple(positions.shape)}"
             )
+        if self.use_fused(input_embeds):
+            return self._forward_fused(input_embeds, positions, attn)
         cos, sin = self.rotary.cos_sin(positions, input_embeds.dtype)
         x = input_embeds
         for layer in self.layers:
             x = layer(x, cos, sin, attn)
         return self.norm(x)
 
+    def _forward_fused(
+        self, input_embeds: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        if not self.prepared:
+            raise InternalError("the fused decoder path needs prepare_for_serving() first")
+        inv_freq: torch.Tensor = self.rotary.inv_freq  # type: ignore[assignment]
+        hidden, residual = input_embeds, None
+        for layer in self._typed_layers:
+            hidden, residual = layer.forward_fused(hidden, residual, positions, inv_freq, attn)
+        out, _ = fk.fused_add_rms_norm(
+            hidden, residual, self.norm.weight, self.norm.eps, impl="triton"
+        )
+        return out
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, hidden] -> logits [M, vocab] through the tied embedding matrix."""
         return F.linear(hidden, self.embed_tokens.weight)
+
+
+def _fuse_linears(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
+    """Concatenate bias-free linears' weights along the output dim and make each weight a view
+    of its rows in the result (same values, requires_grad kept); returns the concatenation."""
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        grad = lin.weight.requires_grad
+        lin.weight = nn.Parameter(fused[start : start + rows], requires_grad=grad)
+        start += rows
+    return fused

@@ -1,0 +1,392 @@
+"""Fused decoder kernels (Triton) with torch references of the same signatures.
+
+A decode step at batch 1 is launch-bound: the unfused Qwen3 layer runs ~55 small kernels
+(RMSNorm alone is ~7 elementwise ops). These kernels fold each chain into one launch:
+- `fused_add_rms_norm`: residual add + RMSNorm (livemeet.layers.norm order: statistics in fp32,
+  cast to the input dtype, then times the weight in the input dtype);
+- `qk_norm_rope`: per-head q/k RMSNorm then NeoX rotate-half RoPE with angles computed in fp32
+  from the positions (livemeet.layers.rotary order: cos/sin in fp32, cast to the tensor dtype,
+  then x*cos + rotate_half(x)*sin in the tensor dtype), q and k in one launch;
+- `silu_and_mul`: silu(gate) * up over a fused [N, 2I] gate/up projection.
+
+Every intermediate is rounded to the tensor dtype where the torch reference rounds it, so in
+bf16 the kernels match the references up to the fp32 reduction order and rsqrt/exp ulps.
+
+`impl="auto"` runs Triton on CUDA tensors when Triton imports, and the references otherwise;
+`impl="triton"` forces the kernels (the tests use it on CPU under TRITON_INTERPRET=1).
+Fixed launch configurations, no autotuning, no host syncs: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from livemeet.errors import ConfigError, InternalError
+from livemeet.layers.paged_attention import Impl
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.language.extra import libdevice
+
+    HAS_TRITON = True
+except ImportError:  # the CPU-only install path
+    HAS_TRITON = False
+
+SILU_BLOCK = 1024  # output columns per silu_and_mul program
+NORM_NUM_WARPS = 4  # rows of up to a few thousand elements: one row per program
+
+
+def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
+    if impl == "torch":
+        return False
+    if impl == "triton":
+        if not HAS_TRITON:
+            raise ConfigError("impl='triton' needs the triton package (pip install triton)")
+        return True
+    return HAS_TRITON and t.is_cuda
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# ----------------------------------------------------------------------------------------------
+# torch references
+# ----------------------------------------------------------------------------------------------
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def ref_fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of `fused_add_rms_norm`."""
+    new_residual = x if residual is None else x + residual
+    return _rms_norm(new_residual, weight, eps), new_residual
+
+
+def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    cos, sin = angles.cos().to(x.dtype)[:, None, :], angles.sin().to(x.dtype)[:, None, :]
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def ref_qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of `qk_norm_rope`."""
+    q = _rotate(_rms_norm(q, q_weight, eps), positions, inv_freq)
+    k = _rotate(_rms_norm(k, k_weight, eps), positions, inv_freq)
+    return q, k
+
+
+def ref_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """Reference of `silu_and_mul`."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _add_rms_norm_kernel(
+        X,
+        R,
+        W,
+        Out,
+        ROut,
+        stride_x,
+        stride_r,
+        stride_o,
+        stride_ro,
+        eps,
+        DIM: tl.constexpr,
+        BLOCK: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < DIM
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
+            # the sum rounded to the input dtype, as torch's x + residual
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+            tl.store(ROut + row * stride_ro + cols, x, mask=mask)
+        x32 = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(x32 * x32, axis=0) / DIM + eps)
+        normed = (x32 * rstd).to(x.dtype).to(tl.float32)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(Out + row * stride_o + cols, (normed * w).to(Out.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _norm_rope_head(
+        X,
+        Out,
+        W,
+        pos,
+        InvFreq,
+        eps,
+        HALF: tl.constexpr,
+        PRECISE_TRIG: tl.constexpr,
+    ):
+        # one head [2 * HALF]: RMSNorm, cast, weight, then rotate-half RoPE at `pos`
+        cols = tl.arange(0, HALF)
+        x1 = tl.load(X + cols)
+        x2 = tl.load(X + HALF + cols)
+        dtype = x1.dtype
+        a1 = x1.to(tl.float32)
+        a2 = x2.to(tl.float32)
+        ms = (tl.sum(a1 * a1, axis=0) + tl.sum(a2 * a2, axis=0)) / (2 * HALF)
+        rstd = tl.rsqrt(ms + eps)
+        w1 = tl.load(W + cols).to(tl.float32)
+        w2 = tl.load(W + HALF + cols).to(tl.float32)
+        n1 = ((a1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        n2 = ((a2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+        angle = pos.to(tl.float32) * tl.load(InvFreq + cols)
+        if PRECISE_TRIG:
+            # tl.cos/tl.sin may lower to the approximate PTX instructions, which are far off
+            # at angles of ~1e5 rad; libdevice reduces the range exactly, like torch's cosf
+            c = libdevice.cos(angle)
+            s = libdevice.sin(angle)
+        else:  # the interpreter has no libdevice
+            c = tl.cos(angle)
+            s = tl.sin(angle)
+        c = c.to(dtype).to(tl.float32)
+        s = s.to(dtype).to(tl.float32)
+        # x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), each product rounded
+        o1 = (n1 * c).to(dtype).to(tl.float32) - (n2 * s).to(dtype).to(tl.float32)
+        o2 = (n2 * c).to(dtype).to(tl.float32) + (n1 * s).to(dtype).to(tl.float32)
+        tl.store(Out + cols, o1.to(dtype))
+        tl.store(Out + HALF + cols, o2.to(dtype))
+
+    @triton.jit
+    def _qk_norm_rope_kernel(
+        Q,
+        K,
+        QOut,
+        KOut,
+        QW,
+        KW,
+        Positions,
+        InvFreq,
+        stride_qn,
+        stride_qh,
+        stride_kn,
+        stride_kh,
+        eps,
+        Q_HEADS: tl.constexpr,
+        KV_HEADS: tl.constexpr,
+        HALF: tl.constexpr,
+        PRECISE_TRIG: tl.constexpr,
+    ):
+        n = tl.program_id(0)
+        h = tl.program_id(1)  # q heads first, then kv heads
+        pos = tl.load(Positions + n)
+        if h < Q_HEADS:
+            _norm_rope_head(
+                Q + n * stride_qn + h * stride_qh,
+                QOut + (n * Q_HEADS + h) * (2 * HALF),
+                QW,
+                pos,
+                InvFreq,
+                eps,
+                HALF,
+                PRECISE_TRIG,
+            )
+        else:
+            hk = h - Q_HEADS
+            _norm_rope_head(
+                K + n * stride_kn + hk * stride_kh,
+                KOut + (n * KV_HEADS + hk) * (2 * HALF),
+                KW,
+                pos,
+                InvFreq,
+                eps,
+                HALF,
+                PRECISE_TRIG,
+            )
+
+    @triton.jit
+    def _silu_and_mul_kernel(
+        GateUp,
+        Out,
+        stride_in,
+        stride_out,
+        INTER: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        n = tl.program_id(0)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < INTER
+        g = tl.load(GateUp + n * stride_in + cols, mask=mask, other=0.0)
+        u = tl.load(GateUp + n * stride_in + INTER + cols, mask=mask, other=0.0)
+        g32 = g.to(tl.float32)
+        act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype).to(tl.float32)
+        tl.store(Out + n * stride_out + cols, (act * u.to(tl.float32)).to(g.dtype), mask=mask)
+
+
+def _interpreted(kernel: object) -> bool:
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+# ----------------------------------------------------------------------------------------------
+# public entry points
+# ----------------------------------------------------------------------------------------------
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    *,
+    impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, dim] (+ residual [N, dim]) -> (normed [N, dim], new_residual [N, dim]).
+
+    new_residual = x + residual (x itself when residual is None); normed = weight *
+    (r32 * rsqrt(mean(r32^2) + eps)).to(dtype) with r32 = new_residual in float32. Rows must be
+    contiguous in the last dim. Raises InternalError on mismatched shapes or dtypes.
+    """
+    if x.dim() != 2 or weight.shape != x.shape[1:]:
+        raise InternalError(
+            f"need x [N, dim] and weight [dim], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise InternalError(
+            f"residual {tuple(residual.shape)} {residual.dtype} does not match x "
+            f"{tuple(x.shape)} {x.dtype}"
+        )
+    if not _use_triton(impl, x):
+        return ref_fused_add_rms_norm(x, residual, weight, eps)
+    if x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
+        raise InternalError("fused_add_rms_norm needs rows contiguous in the last dim")
+    n, dim = x.shape
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out = torch.empty((n, dim), dtype=out_dtype, device=x.device)
+    new_residual = x if residual is None else torch.empty_like(x)
+    if n == 0:
+        return out, new_residual
+    r = x if residual is None else residual
+    _add_rms_norm_kernel[(n,)](
+        x,
+        r,
+        weight,
+        out,
+        new_residual,
+        x.stride(0),
+        r.stride(0),
+        out.stride(0),
+        new_residual.stride(0),
+        eps,
+        DIM=dim,
+        BLOCK=_next_pow2(dim),
+        HAS_RESIDUAL=residual is not None,
+        num_warps=NORM_NUM_WARPS,
+    )
+    return out, new_residual
+
+
+def qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head RMSNorm then NeoX RoPE on q [N, Hq, D] and k [N, Hkv, D] -> new contiguous
+    (q, k) of the same shapes and dtype.
+
+    q_weight, k_weight: [D] in the tensors' dtype; positions: int64 [N] (absolute); inv_freq:
+    float32 [D / 2] (livemeet.layers.rotary). q and k may be strided views (e.g. slices of a
+    fused qkv projection) but each head's D values must be contiguous. Raises InternalError on
+    mismatched shapes, ConfigError when D is not a power of two >= 2.
+    """
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise InternalError(f"need q [N, Hq, D] and k [N, Hkv, D], got {q.shape} and {k.shape}")
+    n, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    for w in (q_weight, k_weight):
+        if w.shape != (head_dim,) or w.dtype != q.dtype or k.dtype != q.dtype:
+            raise InternalError(f"q, k and their norm weights [{head_dim}] need one dtype")
+    if positions.shape != (n,) or inv_freq.shape != (head_dim // 2,):
+        raise InternalError(
+            f"need positions [{n}] and inv_freq [{head_dim // 2}], got "
+            f"{tuple(positions.shape)} and {tuple(inv_freq.shape)}"
+        )
+    if not _use_triton(impl, q):
+        return ref_qk_norm_rope(q, k, q_weight, k_weight, eps, positions, inv_freq)
+    if head_dim < 2 or head_dim & (head_dim - 1):
+        raise ConfigError(f"head_dim must be a power of two >= 2, got {head_dim}")
+    if q.stride(2) != 1 or k.stride(2) != 1:
+        raise InternalError("q and k must be contiguous in head_dim")
+    q_out = torch.empty((n, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    k_out = torch.empty((n, kv_heads, head_dim), dtype=k.dtype, device=k.device)
+    if n == 0:
+        return q_out, k_out
+    _qk_norm_rope_kernel[(n, q_heads + kv_heads)](
+        q,
+        k,
+        q_out,
+        k_out,
+        q_weight,
+        k_weight,
+        positions,
+        inv_freq,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        eps,
+        Q_HEADS=q_heads,
+        KV_HEADS=kv_heads,
+        HALF=head_dim // 2,
+        PRECISE_TRIG=not _interpreted(_qk_norm_rope_kernel),
+        num_warps=1,
+    )
+    return q_out, k_out
+
+
+def silu_and_mul(gate_up: torch.Tensor, *, impl: Impl = "auto") -> torch.Tensor:
+    """gate_up [N, 2I] (gate columns first, then up) -> silu(gate) * up [N, I], same dtype.
+
+    Raises InternalError when the last dim is odd or not contiguous.
+    """
+    if gate_up.dim() != 2 or gate_up.shape[1] % 2:
+        raise InternalError(f"need gate_up [N, 2I], got {tuple(gate_up.shape)}")
+    if not _use_triton(impl, gate_up):
+        return ref_silu_and_mul(gate_up)
+    if gate_up.stride(1) != 1:
+        raise InternalError("gate_up must be contiguous in the last dim")
+    n, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty((n, inter), dtype=gate_up.dtype, device=gate_up.device)
+    if n == 0:
+        return out
+    block = min(SILU_BLOCK, _next_pow2(inter))
+    _silu_and_mul_kernel[(n, triton.cdiv(inter, block))](
+        gate_up, out, gate_up.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4
+    )
+    return out

@@ -1,0 +1,340 @@
+"""Fused decoder kernels (livemeet.layers.fused) against their torch references, and the tiny
+decoder's fused path against its reference path.
+
+On a CPU-only machine the kernels run under the Triton interpreter in float32 on small shapes;
+`gpu`-marked tests repeat the comparisons in bf16 on CUDA at the real decoder's shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from livemeet.errors import ConfigError, InternalError
+from livemeet.layers.attention import DenseAttention
+from livemeet.models.audio_llm import MossTDModel
+from livemeet.models.loader import load_model
+from livemeet.models.qwen3 import Qwen3Model
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated
+
+from livemeet.layers import fused  # noqa: E402
+
+if (
+    not HAS_CUDA
+    and fused.HAS_TRITON
+    and type(fused._silu_and_mul_kernel).__name__ != "InterpretedFunction"
+):
+    fused = importlib.reload(fused)  # imported earlier without the interpreter flag
+
+needs_interpreter = pytest.mark.skipif(
+    HAS_CUDA or not fused.HAS_TRITON, reason="Triton interpreter tests run on CPU-only machines"
+)
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not (HAS_CUDA and fused.HAS_TRITON), reason="needs CUDA and Triton")
+
+THETA = 1_000_000.0  # Qwen3's rope_theta (MODEL.md section 4)
+
+
+def inv_freq(head_dim: int, device: str = "cpu") -> torch.Tensor:
+    from livemeet.layers.rotary import RotaryEmbedding
+
+    return RotaryEmbedding(head_dim, THETA).inv_freq.to(device)
+
+
+def check_add_rms_norm(n: int, dim: int, dtype: torch.dtype, device: str, atol: float) -> None:
+    x = torch.randn(n, dim, device=device).to(dtype)
+    res = torch.randn(n, dim, device=device).to(dtype)
+    w = (1 + 0.1 * torch.randn(dim, device=device)).to(dtype)
+    for r in (None, res):
+        out, new_r = fused.fused_add_rms_norm(x, r, w, 1e-6, impl="triton")
+        ref, ref_r = fused.ref_fused_add_rms_norm(x, r, w, 1e-6)
+        assert out.dtype == ref.dtype and new_r.dtype == ref_r.dtype
+        if device == "cuda" or dtype == torch.float32:
+            assert torch.equal(new_r, ref_r)  # one rounded add: exact
+        else:  # the interpreter truncates fp32 -> bf16 instead of rounding to nearest
+            torch.testing.assert_close(new_r.float(), ref_r.float(), atol=atol, rtol=atol)
+        torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+
+
+def check_qk_norm_rope(
+    n: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    max_pos: int,
+    dtype: torch.dtype,
+    device: str,
+    atol: float,
+) -> None:
+    # q and k as strided slices of one fused qkv row, like the decoder's fast path
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * head_dim, device=device).to(dtype)
+    q = qkv[:, : heads * head_dim].view(n, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
+    qw = (3 + 0.3 * torch.randn(head_dim, device=device)).to(dtype)
+    kw = (3 + 0.3 * torch.randn(head_dim, device=device)).to(dtype)
+    pos = torch.randint(0, max_pos, (n,), device=device)
+    pos[0] = max_pos - 1
+    freq = inv_freq(head_dim, device)
+    out_q, out_k = fused.qk_norm_rope(q, k, qw, kw, 1e-6, pos, freq, impl="triton")
+    ref_q, ref_k = fused.ref_qk_norm_rope(q, k, qw, kw, 1e-6, pos, freq)
+    assert out_q.shape == q.shape and out_k.shape == k.shape
+    rtol = min(atol, 1.6e-2)  # bf16: one ulp relative; atol covers one-ulp flips of the
+    # ~3x-weighted products before they cancel in x*cos - y*sin
+    torch.testing.assert_close(out_q.float(), ref_q.float(), atol=atol, rtol=rtol)
+    torch.testing.assert_close(out_k.float(), ref_k.float(), atol=atol, rtol=rtol)
+
+
+def check_silu_and_mul(n: int, inter: int, dtype: torch.dtype, device: str, atol: float) -> None:
+    gate_up = (3 * torch.randn(n, 2 * inter, device=device)).to(dtype)
+    out = fused.silu_and_mul(gate_up, impl="triton")
+    ref = fused.ref_silu_and_mul(gate_up)
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+
+
+# ---------------------------------------------------------------------------------------------
+# references agree with the modules they replace (CPU, always)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_references_match_norm_and_rotary_modules() -> None:
+    from livemeet.layers.norm import RMSNorm
+    from livemeet.layers.rotary import RotaryEmbedding, apply_rotary
+
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        norm = RMSNorm(16, 1e-6).to(dtype)
+        with torch.no_grad():
+            norm.weight.normal_()
+        x = torch.randn(5, 3, 16).to(dtype)
+        k = torch.randn(5, 2, 16).to(dtype)
+        pos = torch.tensor([0, 7, 99_999, 4096, 31])
+        rot = RotaryEmbedding(16, THETA)
+        cos, sin = rot.cos_sin(pos, dtype)
+        q_ref, k_ref = fused.ref_qk_norm_rope(
+            x, k, norm.weight.data, norm.weight.data, 1e-6, pos, rot.inv_freq
+        )
+        with torch.no_grad():
+            assert torch.equal(q_ref, apply_rotary(norm(x), cos, sin))
+            assert torch.equal(k_ref, apply_rotary(norm(k), cos, sin))
+            r = torch.randn(5, 16).to(dtype)
+            out, new_r = fused.ref_fused_add_rms_norm(x[:, 0], r, norm.weight.data, 1e-6)
+            assert torch.equal(new_r, x[:, 0] + r) and torch.equal(out, norm(x[:, 0] + r))
+
+
+def test_bad_shapes_are_internal_errors() -> None:
+    x = torch.randn(3, 8)
+    with pytest.raises(InternalError, match="weight"):
+        fused.fused_add_rms_norm(x, None, torch.ones(4), 1e-6)
+    with pytest.raises(InternalError, match="residual"):
+        fused.fused_add_rms_norm(x, torch.randn(2, 8), torch.ones(8), 1e-6)
+    q, k = torch.randn(3, 4, 8), torch.randn(3, 2, 8)
+    with pytest.raises(InternalError, match="inv_freq"):
+        fused.qk_norm_rope(q, k, torch.ones(8), torch.ones(8), 1e-6, torch.arange(3), x[0])
+    with pytest.raises(InternalError, match="dtype"):
+        fused.qk_norm_rope(q, k, torch.ones(8).double(), torch.ones(8), 1e-6, torch.arange(3),
+                           torch.ones(4))  # fmt: skip
+    with pytest.raises(InternalError, match="2I"):
+        fused.silu_and_mul(torch.randn(3, 7))
+
+
+def test_triton_impl_without_triton_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused, "HAS_TRITON", False)
+    with pytest.raises(ConfigError, match="triton"):
+        fused.silu_and_mul(torch.randn(2, 8), impl="triton")
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernels under the interpreter (CPU, small shapes)
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 1.6e-2)])
+def test_add_rms_norm_interpreted(dtype: torch.dtype, atol: float) -> None:
+    torch.manual_seed(1)
+    check_add_rms_norm(5, 48, dtype, "cpu", atol)  # odd N, non-power-of-two width
+    check_add_rms_norm(0, 48, dtype, "cpu", atol)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 1), (2, 2)])
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 0.125)])
+def test_qk_norm_rope_interpreted(heads: int, kv_heads: int, dtype: torch.dtype, atol: float):
+    torch.manual_seed(2)
+    check_qk_norm_rope(3, heads, kv_heads, 16, 100_000, dtype, "cpu", atol)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 1.6e-2)])
+def test_silu_and_mul_interpreted(dtype: torch.dtype, atol: float) -> None:
+    torch.manual_seed(3)
+    check_silu_and_mul(3, 40, dtype, "cpu", atol)
+    check_silu_and_mul(1, 8, dtype, "cpu", atol)
+
+
+# ---------------------------------------------------------------------------------------------
+# the tiny decoder: fused path (forced, interpreter) against the reference path
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(upstream_dir: Path) -> MossTDModel:
+    """A private copy of the tiny model (the tests flip its `fused` flag)."""
+    model, _ = load_model(str(upstream_dir), device="cpu", dtype="float32")
+    model.prepare_for_serving()
+    return model
+
+
+def _greedy(model: MossTDModel, prompt: torch.Tensor, steps: int) -> tuple[list[int], list]:
+    """Greedy decode on a dense cache; returns the tokens and each step's logits."""
+    lm, dev = model.language_model, prompt.device
+    attn = DenseAttention([model.new_kv_cache()], [len(prompt)])
+    hidden = model(lm.embed(prompt), torch.arange(len(prompt), device=dev), attn)
+    logits = [model.compute_logits(hidden[-1:])]
+    tokens = [int(logits[-1].argmax())]
+    for i in range(steps - 1):
+        attn = DenseAttention(attn.caches, [1])
+        pos = torch.tensor([len(prompt) + i], device=dev)
+        hidden = model(lm.embed(torch.tensor(tokens[-1:], device=dev)), pos, attn)
+        logits.append(model.compute_logits(hidden))
+        tokens.append(int(logits[-1].argmax()))
+    return tokens, logits
+
+
+@needs_interpreter
+@torch.no_grad()
+def test_tiny_decoder_fused_matches_reference(
+    tiny_model: MossTDModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lm = tiny_model.language_model
+    calls = []
+    real = fused.silu_and_mul
+    monkeypatch.setattr(fused, "silu_and_mul", lambda *a, **k: calls.append(k) or real(*a, **k))
+    prompt = torch.tensor([151644, 872, 198, 58, 15, 13, 15, 15, 60, 42474, 16, 60, 220])
+    try:
+        lm.fused = False
+        ref_tokens, ref_logits = _greedy(tiny_model, prompt, 6)
+        lm.fused = True
+        tokens, logits = _greedy(tiny_model, prompt, 6)
+    finally:
+        lm.fused = None
+    # the forced run took the fused path: one Triton silu_and_mul per layer and step
+    assert calls == [{"impl": "triton"}] * (3 * 6)
+    assert tokens == ref_tokens
+    for ours, ref in zip(logits, ref_logits, strict=True):
+        scale = float(ref.abs().max())
+        assert float((ours - ref).abs().max()) <= 1e-5 * scale
+
+
+def test_auto_mode_keeps_the_cpu_on_the_reference_path(tiny_model: MossTDModel) -> None:
+    lm = tiny_model.language_model
+    assert lm.fused is None and not lm.use_fused(torch.zeros(1))
+
+
+def test_forced_fused_needs_prepared_weights() -> None:
+    from tests.models.tiny import TINY
+
+    lm = Qwen3Model(TINY.text)
+    lm.fused = True
+    attn = DenseAttention([MossTDModel(TINY).new_kv_cache()], [2])
+    with pytest.raises(InternalError, match="prepare_for_serving"):
+        lm(torch.zeros(2, TINY.text.hidden), torch.arange(2), attn)
+
+
+def test_prepared_weights_are_views_of_the_fused_tensors(tiny_model: MossTDModel) -> None:
+    layer = tiny_model.language_model.layers[0]
+    att, mlp = layer.self_attn, layer.mlp
+    qkv, gate_up = att.qkv_weight, mlp.gate_up_weight
+    assert qkv is not None and gate_up is not None
+    for p in (att.q_proj.weight, att.k_proj.weight, att.v_proj.weight):
+        assert p.untyped_storage().data_ptr() == qkv.untyped_storage().data_ptr()
+    assert torch.equal(qkv, torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
+    assert torch.equal(gate_up, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    # state_dict (what the loader checks against) is unchanged
+    names = set(tiny_model.state_dict())
+    assert not any("qkv" in n or "gate_up" in n for n in names)
+    tiny_model.prepare_for_serving()  # idempotent
+    assert att.qkv_weight is qkv
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA (bf16, the real decoder's shapes: hidden 1024, 16/8 heads of 128, intermediate 3072)
+# ---------------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+def test_kernels_cuda_bf16() -> None:
+    torch.manual_seed(20)
+    for n in (1, 7, 300):
+        check_add_rms_norm(n, 1024, torch.bfloat16, "cuda", 1.6e-2)
+        check_qk_norm_rope(n, 16, 8, 128, 100_000, torch.bfloat16, "cuda", 0.125)
+        check_silu_and_mul(n, 3072, torch.bfloat16, "cuda", 1.6e-2)
+    check_qk_norm_rope(5, 16, 8, 128, 100_000, torch.float32, "cuda", 2e-5)
+
+
+@gpu
+@needs_cuda
+@torch.no_grad()
+def test_tiny_decoder_fused_cuda_bf16(upstream_dir: Path) -> None:
+    model, _ = load_model(str(upstream_dir), device="cuda", dtype="bfloat16")
+    model.prepare_for_serving()
+    lm = model.language_model
+    assert lm.use_fused(lm.embed_tokens.weight)
+    prompt = torch.tensor([151644, 872, 198, 58, 15, 13, 15, 15, 60, 42474, 16, 60, 220]).cuda()
+    try:
+        lm.fused = False
+        ref_tokens, ref_logits = _greedy(model, prompt, 4)
+        lm.fused = None
+        tokens, logits = _greedy(model, prompt, 4)
+    finally:
+        lm.fused = None
+    # bf16: the two paths round identically except for reduction order, so logits stay close
+    for ours, ref in zip(logits, ref_logits, strict=True):
+        scale = float(ref.float().abs().max())
+        assert float((ours.float() - ref.float()).abs().max()) <= 5e-2 * scale
+    first = ref_logits[0][0].float()
+    # the first greedy token agrees unless the reference's top two are within the tolerance
+    gap = float(first[ref_tokens[0]] - first[tokens[0]])
+    assert tokens[0] == ref_tokens[0] or gap <= 5e-2 * float(first.abs().max())
+
+
+@gpu
+@needs_cuda
+@torch.no_grad()
+def test_fused_decode_step_kernel_count_cuda(upstream_dir: Path) -> None:
+    """One paged decode step of the fused decoder launches ~10 kernels per layer."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from livemeet.engine.model_runner import ModelRunner, _StepRows
+
+    model, _ = load_model(str(upstream_dir), device="cuda", dtype="bfloat16")
+    runner = ModelRunner(model, model.cfg, block_size=16, num_kv_blocks=64)
+    assert model.language_model.prepared  # the runner prepares the fused weights on CUDA
+    rows = _StepRows()
+    rows.token_ids, rows.positions, rows.slots = [5], [40], [40]
+    rows.seq_lens, rows.block_tables, rows.q_lens = [41], [[0, 1, 2]], [1]
+    ids = torch.tensor([5], device="cuda")
+    meta = runner._metadata(rows)
+    positions = torch.tensor([40], device="cuda")
+    runner._forward(ids, positions, meta)  # compile outside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        runner._forward(ids, positions, meta)
+        torch.cuda.synchronize()
+    kernels = [
+        e
+        for e in prof.events()
+        if e.device_type.name == "CUDA" and not e.name.startswith(("Memcpy", "Memset"))
+    ]
+    layers = model.cfg.text.layers
+    # per layer: 2 add+norm, 4 GEMMs (cuBLAS may split one), q/k norm+RoPE, SiLU*mul, store-KV,
+    # decode (+ merge); per step: embedding and the final norm
+    assert len(kernels) <= 12 * layers + 4, [e.name for e in kernels]
