@@ -28,6 +28,7 @@ fi
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ "$limit" = "0" ]; then echo "=== $name: skipped (limit 0)"; return; fi
   echo "=== $name: start at t=$((SECONDS - start)) s, limit ${limit} s"
   timeout -k 10 "$limit" "$@"
   local rc=$?
@@ -48,8 +49,8 @@ except ImportError as exc:
 
 case "$phase" in
   engine)
-    step pytest-gpu "${PYTEST_S:-75}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-      --continue-on-collection-errors tests
+    step pytest-gpu "${PYTEST_S:-75}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+      --continue-on-collection-errors ${GPU_TESTS:-tests}
     step bench-attention "${ATTN_S:-90}" python3 -m loadtest.bench_attention \
       --json "$OUT/bench_attention.json"
     step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
@@ -62,10 +63,10 @@ case "$phase" in
   http)
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
     step http-sweep "${SWEEP_S:-470}" python3 -m loadtest.http_sweep \
-      --workloads short,long --short-concurrency 1,2,4,8,16,32,64 \
-      --long-concurrency 16,1 --long-min-requests 2 --assumed-audio-s-per-s 150 \
+      --workloads short,long --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
+      --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests 2 --assumed-audio-s-per-s 150 \
       --startup-timeout 120 --max-seconds "$(( ${SWEEP_S:-470} - 20 ))" \
-      --out "$OUT/http_sweep.jsonl" --log-dir "$OUT"
+      --out "$OUT/http_sweep.jsonl" --log-dir "${LOG_DIR:-$OUT}"
     ;;
   *)
     echo "usage: $0 engine|http" >&2
