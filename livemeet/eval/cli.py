@@ -17,14 +17,17 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from livemeet.audio.constants import DER_COLLAR_S
 from livemeet.errors import InvalidRequest, LivemeetError
-from livemeet.eval.cp import CpResult, cp_error_rate, delta_error_rate, orc_error_rate
-from livemeet.eval.der import DerResult, diarization_error_rate
 from livemeet.eval.io import has_text, load_segments, load_turns, load_uem
 from livemeet.eval.text import DEFAULT_NORMALIZATION, NO_NORMALIZATION, TokenUnit
-from livemeet.eval.wer import ErrorCounts, ErrorRateResult, error_rate
+
+if TYPE_CHECKING:
+    from livemeet.eval.cp import CpResult
+    from livemeet.eval.der import DerResult
+    from livemeet.eval.wer import ErrorCounts, ErrorRateResult
 
 METRICS = ("cer", "wer", "cpcer", "cpwer", "delta", "der")  # what "all" computes
 EXTRA_METRICS = ("orccer", "orcwer")  # exponential in hypothesis speakers: on request only
@@ -103,6 +106,11 @@ def _der_row(result: DerResult, collar_s: float, skip_overlap: bool) -> MetricRo
 
 def compute(args: argparse.Namespace) -> list[MetricRow]:
     """The rows `args.metric` asks for. Raises LivemeetError for bad input."""
+    # Scoring needs scipy and rapidfuzz: imported here, not when the CLI is registered.
+    from livemeet.eval.cp import cp_error_rate, delta_error_rate, orc_error_rate
+    from livemeet.eval.der import diarization_error_rate
+    from livemeet.eval.wer import error_rate
+
     ref_path, hyp_path = Path(args.ref), Path(args.hyp)
     wanted = METRICS if args.metric == "all" else (args.metric,)
     if args.metric == "all" and not (has_text(ref_path) and has_text(hyp_path)):

@@ -42,10 +42,18 @@ def test_bf16_teacher_forced_parity_real_size(long_speech: np.ndarray, shared_da
     )
     report = parity.run_parity(model, ref, clips, forced, parity.ParitySetup(CHUNK_SIZE))
     print(report.summary())
+    # The optional FP8 KV cache: its effect on the same logits (the "engine" path uses it; the
+    # "direct" path keeps bf16 KV). Reported, not asserted: FP8 is a documented trade-off.
+    fp8_options = {**parity.FAST_DECODE_OPTIONS, "kv_cache_dtype": "fp8_e4m3"}
+    fp8 = parity.run_parity(
+        model, ref, clips, forced, parity.ParitySetup(CHUNK_SIZE, engine_options=fp8_options)
+    )
+    print("FP8 KV cache:\n" + fp8.summary())
     out = os.environ.get("LIVEMEET_BENCH_OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "parity.json").write_text(report.to_json())
+        (Path(out) / "parity_fp8.json").write_text(fp8.to_json())
     for clip in report.clips:
         assert clip.prompt_ids_match_reference
         for path in clip.logits:
