@@ -136,14 +136,9 @@ def window_token_counts(num_samples: int) -> list[int]:
     return counts
 
 
-def split_windows(samples: np.ndarray) -> tuple[torch.Tensor, list[int]]:
-    """Cut mono 16 kHz audio into consecutive zero-padded 30 s windows (MODEL.md 1.2, 1.5).
-
-    `samples`: 1-D float array in [-1, 1]. Returns (windows [n_win, 480000] float32 on CPU,
-    tokens_per_window) where n_win = max(1, ceil(S / 480000)) and tokens_per_window[i] is the
-    number of audio tokens window i contributes (sum = ceil(S / 1280)).
-    Raises BadAudio for empty, non-1-D or non-finite input.
-    """
+def check_samples(samples: np.ndarray) -> np.ndarray:
+    """`samples` as a 1-D float array, or BadAudio for non-1-D, empty, integer or non-finite
+    input (what the encoder cannot take)."""
     audio = np.asarray(samples)
     if audio.ndim != 1:
         raise BadAudio(f"audio must be mono (1-D), got shape {audio.shape}")
@@ -153,6 +148,18 @@ def split_windows(samples: np.ndarray) -> tuple[torch.Tensor, list[int]]:
         raise BadAudio(f"audio must be float samples in [-1, 1], got dtype {audio.dtype}")
     if not np.isfinite(audio).all():
         raise BadAudio("audio contains NaN or infinite samples")
+    return audio
+
+
+def split_windows(samples: np.ndarray) -> tuple[torch.Tensor, list[int]]:
+    """Cut mono 16 kHz audio into consecutive zero-padded 30 s windows (MODEL.md 1.2, 1.5).
+
+    `samples`: 1-D float array in [-1, 1]. Returns (windows [n_win, 480000] float32 on CPU,
+    tokens_per_window) where n_win = max(1, ceil(S / 480000)) and tokens_per_window[i] is the
+    number of audio tokens window i contributes (sum = ceil(S / 1280)).
+    Raises BadAudio for empty, non-1-D or non-finite input.
+    """
+    audio = check_samples(samples)
     counts = window_token_counts(audio.size)
     windows = torch.zeros(len(counts), WINDOW_SAMPLES, dtype=torch.float32)
     flat = torch.from_numpy(audio.astype(np.float32, copy=False))

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE
+from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE, num_audio_tokens
+from livemeet.audio.features import check_samples
 from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.model_runner import (
@@ -138,7 +139,8 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.scheduler)
         self.clock = clock
-        self._audio: dict[str, torch.Tensor] = {}
+        self._audio: dict[str, torch.Tensor] = {}  # [num audio tokens, hidden] per request
+        self._pending_audio: dict[str, np.ndarray] = {}  # samples not yet encoded
         self._sampling: dict[str, SamplingParams] = {}
         self._forced: dict[str, Sequence[int]] = {}
         if transfer is None and config.async_decode and self.runner.device.type == "cuda":
@@ -175,7 +177,8 @@ class Engine:
         fork_from: str | None = None,
         num_fork_tokens: int = 0,
     ) -> Request:
-        """Encode `samples` (16 kHz mono float32 [n]) and queue a request for them.
+        """Queue a request for `samples` (16 kHz mono float32 [n]); they are encoded when the
+        request is first scheduled, together with every other request of that step.
 
         `prefix_token_ids` are forced assistant tokens appended after the prompt (DESIGN 5.3).
         `forced_output_ids` (benchmarks): after sampling, the i-th output token is replaced by
@@ -187,8 +190,8 @@ class Engine:
         Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
         room in the context).
         """
-        embeds = self.encoder.encode([samples])[0]
-        built = self.build_prompt(embeds.shape[0], prompt, hotwords)
+        samples = check_samples(samples)
+        built = self.build_prompt(num_audio_tokens(samples.size), prompt, hotwords)
         ids = built.ids + list(prefix_token_ids)
         duration_s = len(samples) / SAMPLE_RATE
         budget = max_new_tokens or output_budget(
@@ -207,7 +210,7 @@ class Engine:
         self.scheduler.add(
             request, retain_kv=retain_kv, fork_from=fork_from, num_fork_tokens=num_fork_tokens
         )
-        self._audio[request_id] = embeds
+        self._pending_audio[request_id] = samples
         self._sampling[request_id] = sampling or SamplingParams()
         if forced_output_ids is not None:
             self._forced[request_id] = forced_output_ids
@@ -229,6 +232,7 @@ class Engine:
         batch = self.scheduler.schedule(self.clock())
         if batch.is_empty:
             return StepOutput((), ())
+        self._encode_scheduled(batch)
         sampled = self.runner.run(
             batch, self._audio, self._sampling_of, forced=self._forced_ids(batch)
         )
@@ -250,6 +254,7 @@ class Engine:
         batch = self.scheduler.schedule(self.clock())
         tokens = None
         if not batch.is_empty:
+            self._encode_scheduled(batch)
             tokens = self.runner.launch(
                 batch,
                 self._audio,
@@ -298,6 +303,18 @@ class Engine:
             self._forget(request.request_id)
         return StepOutput(tuple(new_tokens), tuple(finished))
 
+    def _encode_scheduled(self, batch: ScheduledBatch) -> None:
+        """Encode, in one batched encoder call, the audio of every request this step prefills
+        for the first time (DESIGN 4: windows are batched across requests)."""
+        ids = [c.request.request_id for c in batch.prefills]
+        todo = [rid for rid in dict.fromkeys(ids) if rid in self._pending_audio]
+        if not todo:
+            return
+        embeds = self.encoder.encode([self._pending_audio[rid] for rid in todo])
+        for rid, e in zip(todo, embeds, strict=True):
+            del self._pending_audio[rid]
+            self._audio[rid] = e
+
     def _sampling_of(self, request: Request) -> SamplingParams:
         return self._sampling.get(request.request_id, SamplingParams())
 
@@ -313,6 +330,7 @@ class Engine:
         return out
 
     def _forget(self, request_id: str) -> None:
+        self._pending_audio.pop(request_id, None)
         self._audio.pop(request_id, None)
         self._sampling.pop(request_id, None)
         self._forced.pop(request_id, None)

@@ -159,3 +159,30 @@ def test_live_requests_are_accepted_and_budget_scales() -> None:
     assert output_budget(3600.0, 48_000, 131_072) == 36_000
     assert output_budget(5400.0, 120_000, 131_072) == 131_072 - 120_000 - 1
     assert RequestClass.LIVE != RequestClass.UPLOAD
+
+
+def test_audio_of_one_step_is_encoded_in_one_batch(
+    our_model: MossTDModel, batch_clips: list[np.ndarray]
+) -> None:
+    # Regression (H200 short-clip benchmark): each add_request ran its own encoder pass, so 16
+    # arrivals cost 16 single-window passes; windows are now batched across the requests a
+    # step first schedules.
+    engine = _engine(our_model, 4096, num_blocks=None)
+    for i, clip in enumerate(batch_clips[:3]):  # 1 s, 3 s, 11 s: one window each
+        engine.add_request(f"e{i}", clip, max_new_tokens=2)
+    assert engine.encoder.num_encoded_windows == 0  # nothing encoded before scheduling
+    engine.step()
+    assert engine.encoder.num_encoded_windows == 3
+    assert engine.encoder.num_eager_batches == 1
+    engine.run_to_completion()
+
+
+def test_bad_audio_is_refused_at_add(our_model: MossTDModel) -> None:
+    from livemeet.errors import BadAudio
+
+    engine = _engine(our_model, 4096, num_blocks=None)
+    with pytest.raises(BadAudio):
+        engine.add_request("nan", np.full(16_000, np.nan, dtype=np.float32))
+    with pytest.raises(BadAudio):
+        engine.add_request("empty", np.zeros(0, dtype=np.float32))
+    assert not engine.has_work()
