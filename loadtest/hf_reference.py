@@ -32,18 +32,13 @@ import torch
 
 from livemeet.audio.constants import N_FRAMES, N_MELS, SAMPLE_RATE, num_audio_tokens
 from livemeet.models.config import MossTDConfig
+from livemeet.models.dialects import checkpoint_key, hf_config
 from livemeet.models.loader import load_model, resolve_device
 from livemeet.models.prompt import build_prompt
 from livemeet.models.tokenizer import load_tokenizer
 from loadtest import workloads as wl
 from loadtest.bench_engine import TINY_CONFIG, StepTimer, parse_ints
 
-# our canonical prefix -> HF-native checkpoint prefix (MODEL.md 8.1; inverse of the loader's map)
-HF_PREFIXES = (
-    ("audio_encoder.", "model.audio_tower."),
-    ("adaptor.", "model.multi_modal_projector."),
-    ("language_model.", "model.language_model."),
-)
 ENCODER_BATCH = 8  # windows per timed audio-tower call
 SHORT_BATCH = 16  # the DESIGN table's transformers short figure is at batch 16
 
@@ -74,42 +69,8 @@ class Projection:
 
 
 def hf_name(name: str) -> str:
-    """Our canonical parameter name -> the HF-native module name."""
-    for ours, theirs in HF_PREFIXES:
-        if name.startswith(ours):
-            return theirs + name[len(ours) :]
-    raise KeyError(name)
-
-
-def hf_config(cfg: MossTDConfig) -> Any:
-    """The transformers-native MossTranscribeDiarizeConfig of `cfg`."""
-    from transformers import MossTranscribeDiarizeConfig
-
-    a, t = cfg.audio, cfg.text
-    return MossTranscribeDiarizeConfig(
-        audio_config={
-            "hidden_size": a.d_model,
-            "num_hidden_layers": a.layers,
-            "num_attention_heads": a.heads,
-            "intermediate_size": a.ffn,
-            "num_mel_bins": a.num_mel_bins,
-            "max_source_positions": a.max_source_positions,
-        },
-        text_config={
-            "vocab_size": t.vocab,
-            "hidden_size": t.hidden,
-            "intermediate_size": t.intermediate,
-            "num_hidden_layers": t.layers,
-            "num_attention_heads": t.heads,
-            "num_key_value_heads": t.kv_heads,
-            "head_dim": t.head_dim,
-            "rms_norm_eps": t.rms_eps,
-            "max_position_embeddings": t.max_position_embeddings,
-            "rope_parameters": {"rope_theta": t.rope_theta, "rope_type": "default"},
-        },
-        audio_token_id=cfg.audio_token_id,
-        audio_merge_size=cfg.merge_size,
-    )
+    """Our canonical parameter name -> the HF-native checkpoint key (MODEL.md 8.1)."""
+    return checkpoint_key(name, "hf")
 
 
 def load_reference(config_name: str, device: str, dtype: str) -> tuple[Any, MossTDConfig]:

@@ -25,16 +25,8 @@ from livemeet.errors import ConfigError
 from livemeet.layers.rotary import RotaryEmbedding
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
+from livemeet.models.dialects import canonical_name
 
-_PREFIX_MAP = (
-    ("model.whisper_encoder.", "audio_encoder."),
-    ("model.audio_tower.", "audio_encoder."),
-    ("model.vq_adaptor.layers.0.", "adaptor.linear_1."),
-    ("model.vq_adaptor.layers.2.", "adaptor.linear_2."),
-    ("model.vq_adaptor.layers.3.", "adaptor.norm."),
-    ("model.multi_modal_projector.", "adaptor."),
-    ("model.language_model.", "language_model."),
-)
 _LM_HEAD = "lm_head.weight"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
@@ -48,14 +40,6 @@ class _TensorInfo:
     key: str  # name inside the file
     shape: tuple[int, ...]
     dtype: str  # safetensors dtype string, e.g. "BF16"
-
-
-def canonical_name(checkpoint_key: str) -> str | None:
-    """Our parameter name for a checkpoint key, or None when the key matches no known prefix."""
-    for prefix, ours in _PREFIX_MAP:
-        if checkpoint_key.startswith(prefix):
-            return ours + checkpoint_key[len(prefix) :]
-    return None
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

@@ -44,7 +44,7 @@ from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.layers.paged_attention import choose_num_splits
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
-from livemeet.models.loader import canonical_name
+from livemeet.models.dialects import canonical_name
 from livemeet.models.prompt import ENDOFTEXT, EOS
 from tests.models.tiny import checkpoint_key, hf_config
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from livemeet.models.loader import canonical_name, load_model
+from livemeet.models.dialects import canonical_name
+from livemeet.models.loader import load_model
 from loadtest import hf_reference
 from tests.loadtest.conftest import run_module
 

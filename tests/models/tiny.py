@@ -23,30 +23,13 @@ from safetensors.torch import save_file
 
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import AudioConfig, MossTDConfig, TextConfig
+from livemeet.models.dialects import checkpoint_key, hf_config  # noqa: F401 (re-exported)
 
 TINY = MossTDConfig(
     audio=AudioConfig(d_model=64, layers=3, heads=4, ffn=128),
     text=TextConfig(hidden=48, intermediate=96, layers=3, heads=4, kv_heads=2, head_dim=16),
 )
 SEED = 1234
-
-# canonical prefix -> (upstream prefix, HF-native prefix); MODEL.md section 8.1
-_DIALECTS = (
-    ("audio_encoder.", "model.whisper_encoder.", "model.audio_tower."),
-    ("adaptor.linear_1.", "model.vq_adaptor.layers.0.", "model.multi_modal_projector.linear_1."),
-    ("adaptor.linear_2.", "model.vq_adaptor.layers.2.", "model.multi_modal_projector.linear_2."),
-    ("adaptor.norm.", "model.vq_adaptor.layers.3.", "model.multi_modal_projector.norm."),
-    ("language_model.", "model.language_model.", "model.language_model."),
-)
-
-
-def checkpoint_key(name: str, dialect: str) -> str:
-    """Our canonical parameter name -> the key in an "upstream" or "hf" checkpoint."""
-    for ours, upstream, native in _DIALECTS:
-        if name.startswith(ours):
-            return (upstream if dialect == "upstream" else native) + name[len(ours) :]
-    raise KeyError(name)
-
 
 def _scale(name: str) -> float:
     if name.endswith("bias"):
@@ -122,37 +105,6 @@ def upstream_config_dict(cfg: MossTDConfig) -> dict[str, Any]:
             "tie_word_embeddings": True,
         },
     }
-
-
-def hf_config(cfg: MossTDConfig) -> Any:
-    """The transformers-native MossTranscribeDiarizeConfig for `cfg`."""
-    from transformers import MossTranscribeDiarizeConfig
-
-    a, t = cfg.audio, cfg.text
-    return MossTranscribeDiarizeConfig(
-        audio_config={
-            "hidden_size": a.d_model,
-            "num_hidden_layers": a.layers,
-            "num_attention_heads": a.heads,
-            "intermediate_size": a.ffn,
-            "num_mel_bins": a.num_mel_bins,
-            "max_source_positions": a.max_source_positions,
-        },
-        text_config={
-            "vocab_size": t.vocab,
-            "hidden_size": t.hidden,
-            "intermediate_size": t.intermediate,
-            "num_hidden_layers": t.layers,
-            "num_attention_heads": t.heads,
-            "num_key_value_heads": t.kv_heads,
-            "head_dim": t.head_dim,
-            "rms_norm_eps": t.rms_eps,
-            "max_position_embeddings": t.max_position_embeddings,
-            "rope_parameters": {"rope_theta": t.rope_theta, "rope_type": "default"},
-        },
-        audio_token_id=cfg.audio_token_id,
-        audio_merge_size=cfg.merge_size,
-    )
 
 
 def write_upstream(root: Path, weights: dict[str, torch.Tensor], cfg: MossTDConfig = TINY) -> Path:
