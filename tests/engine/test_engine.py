@@ -186,3 +186,15 @@ def test_bad_audio_is_refused_at_add(our_model: MossTDModel) -> None:
     with pytest.raises(BadAudio):
         engine.add_request("empty", np.zeros(0, dtype=np.float32))
     assert not engine.has_work()
+
+
+def test_warm_up_runs_every_shape_class_and_leaves_results_unchanged(
+    our_model: MossTDModel, batch_clips: list[np.ndarray], reference_tokens: list[list[int]]
+) -> None:
+    # On CUDA the runner warms up at construction; on the CPU call it by hand: it must run
+    # every warm-up batch and leave no trace in what requests compute afterwards.
+    engine = _engine(our_model, 512, num_blocks=None)
+    engine.runner.warm_up()
+    engine.add_request("w", batch_clips[2], max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    done = engine.run_to_completion()
+    assert done["w"].output_token_ids == reference_tokens[2]
