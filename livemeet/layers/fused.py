@@ -23,7 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.errors import ConfigError, InternalError
-from livemeet.layers.paged_attention import Impl
+from livemeet.layers.norm import rms_norm
+from livemeet.layers.paged_attention import Impl, next_pow2, select_triton
+from livemeet.layers.rotary import apply_rotary, rope_cos_sin
 
 try:
     import triton
@@ -39,17 +41,7 @@ NORM_NUM_WARPS = 4  # rows of up to a few thousand elements: one row per program
 
 
 def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
-    if impl == "torch":
-        return False
-    if impl == "triton":
-        if not HAS_TRITON:
-            raise ConfigError("impl='triton' needs the triton package (pip install triton)")
-        return True
-    return HAS_TRITON and t.is_cuda
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+    return select_triton(impl, t, available=HAS_TRITON)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -57,26 +49,16 @@ def _next_pow2(n: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
-
-
 def ref_fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of `fused_add_rms_norm`."""
     new_residual = x if residual is None else x + residual
-    return _rms_norm(new_residual, weight, eps), new_residual
+    return rms_norm(new_residual, weight, eps), new_residual
 
 
 def _rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
-    angles = torch.cat((angles, angles), dim=-1)
-    cos, sin = angles.cos().to(x.dtype)[:, None, :], angles.sin().to(x.dtype)[:, None, :]
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return apply_rotary(x, *rope_cos_sin(positions, inv_freq, x.dtype))
 
 
 def ref_qk_norm_rope(
@@ -89,8 +71,8 @@ def ref_qk_norm_rope(
     inv_freq: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of `qk_norm_rope`."""
-    q = _rotate(_rms_norm(q, q_weight, eps), positions, inv_freq)
-    k = _rotate(_rms_norm(k, k_weight, eps), positions, inv_freq)
+    q = _rotate(rms_norm(q, q_weight, eps), positions, inv_freq)
+    k = _rotate(rms_norm(k, k_weight, eps), positions, inv_freq)
     return q, k
 
 
@@ -299,7 +281,7 @@ def fused_add_rms_norm(
         new_residual.stride(0),
         eps,
         DIM=dim,
-        BLOCK=_next_pow2(dim),
+        BLOCK=next_pow2(dim),
         HAS_RESIDUAL=residual is not None,
         num_warps=NORM_NUM_WARPS,
     )
@@ -385,7 +367,7 @@ def silu_and_mul(gate_up: torch.Tensor, *, impl: Impl = "auto") -> torch.Tensor:
     out = torch.empty((n, inter), dtype=gate_up.dtype, device=gate_up.device)
     if n == 0:
         return out
-    block = min(SILU_BLOCK, _next_pow2(inter))
+    block = min(SILU_BLOCK, next_pow2(inter))
     _silu_and_mul_kernel[(n, triton.cdiv(inter, block))](
         gate_up, out, gate_up.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4
     )

@@ -19,6 +19,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., dim] -> weight * (x / sqrt(mean(x^2) + eps)): statistics in float32, cast back to
+    x's dtype before the weight multiplies (the reference order)."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)

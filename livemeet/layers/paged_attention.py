@@ -470,18 +470,25 @@ if HAS_TRITON:
 # ----------------------------------------------------------------------------------------------
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, (n - 1).bit_length())
 
 
-def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
+def select_triton(impl: Impl, t: torch.Tensor, *, available: bool) -> bool:
+    """Whether a kernel call on `t` runs in Triton: "torch" never, "triton" always (ConfigError
+    when Triton is not `available`), "auto" when Triton is available and `t` is on CUDA."""
     if impl == "torch":
         return False
     if impl == "triton":
-        if not HAS_TRITON:
+        if not available:
             raise ConfigError("impl='triton' needs the triton package (pip install triton)")
         return True
-    return HAS_TRITON and t.is_cuda
+    return available and t.is_cuda
+
+
+def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
+    return select_triton(impl, t, available=HAS_TRITON)  # read at call time (tests patch it)
 
 
 def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
@@ -571,7 +578,7 @@ def store_kv(
         v_cache.stride(0),
         v_cache.stride(1),
         ROW=row,
-        ROW_POW2=_next_pow2(row),
+        ROW_POW2=next_pow2(row),
         PAGE=block_size,
         FP8=k_cache.dtype == torch.float8_e4m3fn,
         num_warps=4,
@@ -628,7 +635,7 @@ def paged_decode_attention(
     if batch == 0:
         return out
     num_heads = q.shape[1]
-    splits_pow2 = _next_pow2(num_splits)
+    splits_pow2 = next_pow2(num_splits)
     # splits past num_splits stay at lse = -inf so the merge can use a power-of-two vector
     f32 = {"device": q.device, "dtype": torch.float32}
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
@@ -651,7 +658,7 @@ def paged_decode_attention(
         *v_cache.stride()[:3],
         block_tables.stride(0),
         GROUP=group,
-        BLOCK_H=max(16, _next_pow2(group)),  # tl.dot needs >= 16 rows
+        BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
         HEAD_DIM=head_dim,
         PAGE=block_size,
         BLOCK_N=DECODE_BLOCK_N,
@@ -725,7 +732,7 @@ def paged_extend_attention(
         return out
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
-    group_pow2 = _next_pow2(group)
+    group_pow2 = next_pow2(group)
     rows = EXTEND_ROWS
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
     if num_seqs * num_kv_heads * triton.cdiv(max_seqlen_q * group_pow2, rows) < num_sms:

@@ -21,9 +21,17 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """positions [N] int -> (cos, sin), each [N, head_dim] in `dtype`."""
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq.to(positions.device)[None, :]
-        angles = torch.cat((angles, angles), dim=-1)
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+        return rope_cos_sin(positions, self.inv_freq, dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [N] int, inv_freq [head_dim / 2] float32 -> (cos, sin), each [N, head_dim] in
+    `dtype`; angles in float32."""
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
