@@ -41,6 +41,7 @@ def num_audio_tokens(num_samples: int) -> int:
         raise ValueError(f"num_samples must be >= 0, got {num_samples}")
     return -(-num_samples // SAMPLES_PER_TOKEN)
 
+
 # Audio input (livemeet/audio/decode.py, livemeet/audio/pcm.py)
 FILE_RESAMPLE_QUALITY = "VHQ"  # soxr preset for uploads: quality over latency
 LIVE_RESAMPLE_QUALITY = "HQ"  # soxr preset for live PCM: lower group delay than VHQ

@@ -56,9 +56,11 @@ def test_graph_replay_matches_eager(our_model: MossTDModel, long_speech: np.ndar
         graphs = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
         assert sorted(graphs._graphs) == sorted(ENCODER_GRAPH_BUCKETS)
         for seconds in (5, 31, 95, 250, 301):  # 1, 2, 4, 9 (8 + 1), 11 windows
-            clip = long_speech[: 16_000 * seconds] if seconds < 130 else np.tile(
-                long_speech, 3
-            )[: 16_000 * seconds]
+            clip = (
+                long_speech[: 16_000 * seconds]
+                if seconds < 130
+                else np.tile(long_speech, 3)[: 16_000 * seconds]
+            )
             torch.testing.assert_close(
                 graphs.encode([clip])[0], eager.encode([clip])[0], rtol=1e-2, atol=1e-3
             )

@@ -31,6 +31,7 @@ TINY = MossTDConfig(
 )
 SEED = 1234
 
+
 def _scale(name: str) -> float:
     if name.endswith("bias"):
         return 0.1

@@ -46,7 +46,13 @@ def test_runs_end_to_end_on_a_tiny_checkpoint(tmp_path: Path, shared_data: Path)
     forced = [] if "moss" in BACKENDS else ["--backend", "demo"]
     # Random weights rarely emit EOS: cap the output so the CPU run stays short.
     done = _run(
-        str(root), "--out", str(tmp_path / "out"), "--speed", "8", "--max-new-tokens", "16",
+        str(root),
+        "--out",
+        str(tmp_path / "out"),
+        "--speed",
+        "8",
+        "--max-new-tokens",
+        "16",
         *forced,
     )
     assert "FAILED" not in done.stderr, done.stderr[-3000:]
