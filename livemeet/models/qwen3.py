@@ -26,6 +26,7 @@ from torch import nn
 from livemeet.errors import InternalError
 from livemeet.layers import fused as fk
 from livemeet.layers.attention import AttentionBackend
+from livemeet.layers.linear import LinearPlan
 from livemeet.layers.norm import RMSNorm
 from livemeet.layers.rotary import RotaryEmbedding, apply_rotary
 from livemeet.models.config import TextConfig
@@ -64,11 +65,12 @@ class Qwen3Attention(nn.Module):
         positions: torch.Tensor,
         inv_freq: torch.Tensor,
         attn: AttentionBackend,
+        plan: LinearPlan,
     ) -> torch.Tensor:
         """The fused path (needs `fuse_weights`): x [N, hidden] normed -> o_proj output."""
         assert self.qkv_weight is not None
         n, d = x.shape[0], self.head_dim
-        qkv = F.linear(x, self.qkv_weight)
+        qkv = plan.linear(x, self.qkv_weight)
         q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
         # strided views into qkv: the kernels read them in place, no copies
         q = qkv[:, :q_end].view(n, self.heads, d)
@@ -85,7 +87,7 @@ class Qwen3Attention(nn.Module):
             impl="triton",
         )
         out = attn.attend(self.layer, q, k, v, self.scale)
-        return self.o_proj(out.reshape(n, self.heads * d))
+        return plan.linear(out.reshape(n, self.heads * d), self.o_proj.weight)
 
     def forward(
         self,
@@ -124,10 +126,10 @@ class Qwen3MLP(nn.Module):
         if self.gate_up_weight is None:
             self.gate_up_weight = _fuse_linears((self.gate_proj, self.up_proj))
 
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_fused(self, x: torch.Tensor, plan: LinearPlan) -> torch.Tensor:
         assert self.gate_up_weight is not None
-        gate_up = F.linear(x, self.gate_up_weight)
-        return self.down_proj(fk.silu_and_mul(gate_up, impl="triton"))
+        gate_up = plan.linear(x, self.gate_up_weight)
+        return plan.linear(fk.silu_and_mul(gate_up, impl="triton"), self.down_proj.weight)
 
 
 class Qwen3Layer(nn.Module):
@@ -151,15 +153,16 @@ class Qwen3Layer(nn.Module):
         positions: torch.Tensor,
         inv_freq: torch.Tensor,
         attn: AttentionBackend,
+        plan: LinearPlan,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) -> (mlp output, residual before it); the layer's output is their
         sum, which the next layer's (or the final) norm computes. residual None: first layer."""
         norm = self.input_layernorm
         h, residual = fk.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps, impl="triton")
-        h = self.self_attn.forward_fused(h, positions, inv_freq, attn)
+        h = self.self_attn.forward_fused(h, positions, inv_freq, attn, plan)
         norm = self.post_attention_layernorm
         h, residual = fk.fused_add_rms_norm(h, residual, norm.weight, norm.eps, impl="triton")
-        return self.mlp.forward_fused(h), residual
+        return self.mlp.forward_fused(h, plan), residual
 
 
 class Qwen3Model(nn.Module):
@@ -176,6 +179,8 @@ class Qwen3Model(nn.Module):
         # True: fused path (Triton kernels; forced on CPU it runs them in the interpreter);
         # False: reference path; None: fused on CUDA with Triton once prepared, else reference.
         self.fused: bool | None = None
+        # the fused path's projections: cuBLAS or skinny Triton kernels (tune_linears)
+        self.linear_plan = LinearPlan()
 
     @property
     def prepared(self) -> bool:
@@ -188,6 +193,21 @@ class Qwen3Model(nn.Module):
         for layer in self._typed_layers:
             layer.self_attn.fuse_weights()
             layer.mlp.fuse_weights()
+
+    def tune_linears(self) -> None:
+        """Time cuBLAS against the skinny decode kernels for each projection shape (every
+        layer has the same four) and let the fused path use the faster (CUDA; needs
+        `prepare_for_serving`; a few seconds)."""
+        if not self.prepared:
+            raise InternalError("tune_linears needs prepare_for_serving() first")
+        first = self._typed_layers[0]
+        weights = (
+            first.self_attn.qkv_weight,
+            first.self_attn.o_proj.weight,
+            first.mlp.gate_up_weight,
+            first.mlp.down_proj.weight,
+        )
+        self.linear_plan.tune(w for w in weights if w is not None)
 
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether a forward on `x` takes the fused path (see `fused`)."""
@@ -227,7 +247,9 @@ class Qwen3Model(nn.Module):
         inv_freq: torch.Tensor = self.rotary.inv_freq  # type: ignore[assignment]
         hidden, residual = input_embeds, None
         for layer in self._typed_layers:
-            hidden, residual = layer.forward_fused(hidden, residual, positions, inv_freq, attn)
+            hidden, residual = layer.forward_fused(
+                hidden, residual, positions, inv_freq, attn, self.linear_plan
+            )
         out, _ = fk.fused_add_rms_norm(
             hidden, residual, self.norm.weight, self.norm.eps, impl="triton"
         )

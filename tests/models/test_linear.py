@@ -1,0 +1,159 @@
+"""Skinny decode matmuls (livemeet.layers.linear) against F.linear, the plan's dispatch, and the
+warm-up batches that compile every extend-kernel variant.
+
+On a CPU-only machine the kernels run under the Triton interpreter in float32 on small shapes;
+the `gpu` test tunes the real decoder's shapes in bf16 and checks every choice's output.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from livemeet.errors import InternalError
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated
+
+from livemeet.layers import linear  # noqa: E402
+
+if (
+    not HAS_CUDA
+    and linear.HAS_TRITON
+    and type(linear._skinny_rows_kernel).__name__ != "InterpretedFunction"
+):
+    linear = importlib.reload(linear)  # imported earlier without the interpreter flag
+
+needs_interpreter = pytest.mark.skipif(
+    HAS_CUDA or not linear.HAS_TRITON, reason="Triton interpreter tests run on CPU-only machines"
+)
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not (HAS_CUDA and linear.HAS_TRITON), reason="needs CUDA + Triton")
+
+
+@needs_interpreter
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
+@pytest.mark.parametrize(
+    ("n", "k", "config"),
+    [
+        (48, 64, linear.GemmConfig(16, 32)),  # K a multiple of block_k
+        (40, 72, linear.GemmConfig(16, 32)),  # ragged N and K: masked tiles
+        (24, 64, linear.GemmConfig(32, 64)),  # one program wider than N
+    ],
+)
+def test_skinny_linear_matches_f_linear(
+    rows: int, n: int, k: int, config: linear.GemmConfig
+) -> None:
+    torch.manual_seed(rows * 100 + n)
+    x = torch.randn(rows, k)
+    w = torch.randn(n, k)
+    out = linear.skinny_linear(x, w, config, impl="triton")
+    assert out.shape == (rows, n) and out.dtype == x.dtype
+    torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
+def test_skinny_linear_reads_strided_rows() -> None:
+    """The decoder feeds views (e.g. attention output reshaped); row stride != K is fine."""
+    base = torch.randn(3, 96)
+    x = base[:, :64]  # row stride 96
+    w = torch.randn(32, 64)
+    out = linear.skinny_linear(x, w, linear.GemmConfig(16, 32), impl="triton")
+    torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_skinny_linear_rejects_bad_inputs() -> None:
+    config = linear.GemmConfig(16, 32)
+    with pytest.raises(InternalError, match="rows"):
+        linear.skinny_linear(torch.randn(17, 8), torch.randn(4, 8), config)
+    with pytest.raises(InternalError, match=r"\[M, K\]"):
+        linear.skinny_linear(torch.randn(2, 8), torch.randn(4, 9), config)
+    with pytest.raises(InternalError, match="dtype|is torch"):
+        linear.skinny_linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float64), config)
+
+
+def test_row_classes() -> None:
+    assert linear.row_class(1) == 1
+    assert linear.row_class(2) == linear.row_class(16) == linear.SKINNY_MAX_M
+    assert linear.row_class(0) is None and linear.row_class(17) is None
+
+
+@needs_interpreter
+def test_plan_dispatches_by_shape_and_row_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, linear.GemmConfig]] = []
+    real = linear.skinny_linear
+
+    def spy(x: torch.Tensor, w: torch.Tensor, config: linear.GemmConfig, **kw: object):
+        calls.append((x.shape[0], config))
+        return real(x, w, config, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(linear, "skinny_linear", spy)
+    plan = linear.LinearPlan(impl="triton")
+    w = torch.randn(48, 64)
+    one, many = linear.GemmConfig(8, 32), linear.GemmConfig(16, 64)
+    plan.set_choice((48, 64), w.dtype, 1, one)
+    plan.set_choice((48, 64), w.dtype, linear.SKINNY_MAX_M, many)
+    for rows in (1, 4, 16, 17):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(plan.linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-4)
+    assert calls == [(1, one), (4, many), (16, many)]  # 17 rows: cuBLAS
+    other = torch.randn(32, 64)  # an untuned shape: cuBLAS
+    plan.linear(torch.randn(1, 64), other)
+    plan.set_choice((48, 64), w.dtype, 1, None)  # back to cuBLAS
+    plan.linear(torch.randn(1, 64), w)
+    assert len(calls) == 3
+
+
+def test_empty_plan_is_f_linear() -> None:
+    x, w = torch.randn(1, 8), torch.randn(4, 8)
+    assert torch.equal(linear.LinearPlan().linear(x, w), F.linear(x, w))
+    assert linear.LinearPlan().tune([w]) == []  # CPU weights are not tuned
+
+
+def test_warm_up_batches_reach_every_extend_tile() -> None:
+    from livemeet.engine.model_runner import WARM_UP_BATCHES, warm_up_batches
+    from livemeet.layers.paged_attention import (
+        EXTEND_ROWS,
+        EXTEND_ROWS_SMALL,
+        extend_tile_rows,
+    )
+
+    for kv_heads, group, sms in ((8, 2, 132), (8, 2, 78), (2, 4, 132), (4, 1, 16)):
+        batches = warm_up_batches(kv_heads, group, sms)
+        assert batches[: len(WARM_UP_BATCHES)] == list(WARM_UP_BATCHES)
+        tiles = {extend_tile_rows(len(b), kv_heads, max(b), group, sms) for b in batches}
+        assert tiles == {EXTEND_ROWS, EXTEND_ROWS_SMALL}
+    # the burst that missed the warm-up on an H200: 16 short clips of 234 prompt tokens
+    assert extend_tile_rows(16, 8, 234, 2, 132) == EXTEND_ROWS
+
+
+@gpu
+@needs_cuda
+def test_tuned_plan_matches_f_linear_cuda() -> None:
+    """Tune the real decoder's four projection shapes in bf16; every choice computes F.linear
+    up to bf16 rounding at 1, 4 and 16 rows."""
+    shapes = ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))
+    weights = [torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02 for s in shapes]
+    plan = linear.LinearPlan()
+    results = plan.tune(weights)
+    assert len(results) == 2 * len(shapes)
+    for r in results:
+        assert r.cublas_us > 0 and r.best_us > 0
+        print(f"{r.shape} x {r.rows}: cuBLAS {r.cublas_us:.1f} us, Triton {r.best_us:.1f} us")
+    for w in weights:
+        for rows in (1, 4, 16):
+            x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x.float(), w.float())
+            out = plan.linear(x, w).float()
+            assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+        for config in linear.ROW_CANDIDATES + linear.DOT_CANDIDATES:
+            for rows in (1, 16):
+                x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
+                ref = F.linear(x.float(), w.float())
+                out = linear.skinny_linear(x, w, config).float()
+                assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
