@@ -22,10 +22,13 @@ from collections.abc import Callable
 
 import torch
 
+from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.engine.model_runner import ModelRunner
 from livemeet.engine.request import Request, Status
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch
+from livemeet.layers.linear import describe
+from livemeet.layers.paged_attention import choose_num_splits
 from livemeet.models.loader import load_model
 
 BLOCK_SIZE = 16
@@ -60,6 +63,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 32768])
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument(
+        "--profile", action="store_true", help="also print the kernels of one graph replay"
+    )
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8_e4m3"))
     args = parser.parse_args()
     model, cfg = load_model(None, load_format="dummy", device="cuda", dtype="bfloat16")
     max_ctx = max(args.contexts) + BLOCK_SIZE
@@ -73,10 +80,13 @@ def main() -> None:
         cuda_graphs=True,
         max_model_len=max_ctx,
         max_num_seqs=max(args.batches),
+        kv_dtype=torch.float8_e4m3fn if args.kv_cache_dtype == "fp8_e4m3" else None,
     )
     graphs = runner.graphs
     assert graphs is not None
     print(f"capture: {len(graphs.graphs)} graphs in {time.perf_counter() - start:.1f} s")
+    for line in describe(model.language_model.linear_plan.results):
+        print(line, flush=True)
     greedy = SamplingParams()
 
     def sampling(_: Request) -> SamplingParams:
@@ -92,8 +102,68 @@ def main() -> None:
                 run = _time(functools.partial(runner.run, sb, {}, sampling), args.iters)
                 row.append(f"{mode}: launch {launch:.3f} ms, run {run:.3f} ms")
             print(f"batch {batch:3d} context {context:6d}: " + " | ".join(row), flush=True)
+            runner.graphs = graphs
+            _split_host_and_device(runner, sb, sampling, args.iters, args.profile)
     runner.graphs = graphs
     print(f"replays {graphs.num_replays}, eager fallbacks {graphs.num_eager_fallbacks}")
+
+
+def _split_host_and_device(
+    runner: ModelRunner,
+    sb: ScheduledBatch,
+    sampling: Callable[[Request], SamplingParams],
+    iters: int,
+    profile: bool,
+) -> None:
+    """Where a graph step's time goes: host time of one `launch` (inputs, uploads, replay,
+    logits, sampling: CPU only, the GPU left running), device time of the bare graph replay
+    (CUDA events, static inputs as the last launch left them), and device time of one whole
+    `launch` (graph + head + sampling)."""
+    graphs = runner.graphs
+    assert graphs is not None
+    launch = functools.partial(runner.launch, sb, {}, sampling)
+    launch()
+    torch.cuda.synchronize()
+    host = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch()
+        host.append(time.perf_counter() - t0)
+    bucket = choose_bucket(len(sb.decodes), graphs.buckets)
+    assert bucket is not None
+    longest = max(r.num_tokens for r in sb.decodes)
+    splits = choose_num_splits(bucket, longest, graphs.num_kv_heads, graphs.num_sms)
+    graph = graphs.graphs[(bucket, splits)]  # the one the launches above replayed
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    replay_ms = start.elapsed_time(end) / iters
+    start.record()
+    for _ in range(iters):
+        launch()
+    end.record()
+    end.synchronize()
+    whole_ms = start.elapsed_time(end) / iters
+    host_ms = 1e3 * sorted(host)[len(host) // 2]
+    print(
+        f"    host per launch {host_ms:.3f} ms (median) | graph replay {replay_ms:.3f} ms | "
+        f"whole launch on device {whole_ms:.3f} ms",
+        flush=True,
+    )
+    if not profile:
+        return
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            launch()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30), flush=True)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from livemeet.audio.constants import SAMPLES_PER_TOKEN
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.model_runner import kv_bytes_per_token
 from livemeet.engine.scheduler import ScheduledBatch
+from livemeet.layers.linear import describe
 from livemeet.models.loader import load_model
 from loadtest import workloads as wl
 
@@ -124,7 +125,7 @@ class RunResult:
     rtf_mean: float  # latency / audio duration
     latency_mean_s: float
     latency_p95_s: float
-    encode_s: float  # time in add_request (log-mel + encoder + prompt)
+    encode_s: float  # in add_request (prompt) and in the steps' encoder calls (log-mel + encoder)
     prefill_s: float  # steps that held a prefill chunk (mixed steps included)
     decode_s: float  # decode-only steps
     num_steps: int
@@ -399,6 +400,19 @@ def run_point(
         )
     synchronize(device)
     encode_s = time.perf_counter() - t0
+    encoder_s: list[float] = []
+    encode = engine.encoder.encode
+
+    def timed_encode(samples: Any) -> Any:
+        # synchronised so the time is the encoder's own, not the step queued before it
+        synchronize(device)
+        start = time.perf_counter()
+        out = encode(samples)
+        synchronize(device)
+        encoder_s.append(time.perf_counter() - start)
+        return out
+
+    engine.encoder.encode = timed_encode  # type: ignore[method-assign]
     latencies: list[float] = []
     outputs: list[int] = []
     prompts: list[int] = []
@@ -414,6 +428,8 @@ def run_point(
             prompts.append(request.num_prompt_tokens)
     synchronize(device)
     makespan = time.perf_counter() - t0
+    engine.encoder.encode = encode  # type: ignore[method-assign]
+    encode_s += sum(encoder_s)
     batches = log.batches[first_batch:]
     assert len(batches) == len(step_s), "one scheduled batch per engine step"
     is_prefill = [bool(b.prefills) for b in batches]
@@ -434,7 +450,7 @@ def run_point(
         latency_mean_s=statistics.fmean(latencies),
         latency_p95_s=percentile(latencies, 95),
         encode_s=encode_s,
-        prefill_s=sum(s for s, p in zip(step_s, is_prefill, strict=True) if p),
+        prefill_s=sum(s for s, p in zip(step_s, is_prefill, strict=True) if p) - sum(encoder_s),
         decode_s=sum(decode_steps),
         num_steps=len(step_s),
         num_decode_steps=len(decode_steps),
@@ -587,6 +603,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     device = engine.runner.device
     print(f"engine ready in {time.perf_counter() - t0:.1f} s on {device}", flush=True)
+    for line in describe(engine.model.language_model.linear_plan.results):
+        print(line, flush=True)
     bandwidth = measure_bandwidth(device)
     kv_name = "bf16" if args.kv_cache_dtype == "auto" else args.kv_cache_dtype
     if args.kv_cache_dtype == "auto" and engine.runner.kv_dtype == torch.float32:

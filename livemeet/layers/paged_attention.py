@@ -53,6 +53,9 @@ MAX_DECODE_SPLITS = 64  # upper bound; also the mid-buffer size per (seq, head)
 
 # Fixed kernel configurations (no autotuning: deterministic start-up and CUDA-graph capture).
 DECODE_BLOCK_N = 64  # keys per decode tile
+# FP8 KV: twice the keys per tile keeps the bytes in flight per load equal to bf16's (the FP8
+# long-context run at 64-key tiles was slower than bf16: 61.3 vs 70.7 audio-s/s, H200).
+DECODE_BLOCK_N_FP8 = 128
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
 EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
@@ -661,7 +664,7 @@ def paged_decode_attention(
         BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
         HEAD_DIM=head_dim,
         PAGE=block_size,
-        BLOCK_N=DECODE_BLOCK_N,
+        BLOCK_N=DECODE_BLOCK_N_FP8 if k_cache.element_size() == 1 else DECODE_BLOCK_N,
         MID_SPLITS=splits_pow2,
         num_warps=DECODE_NUM_WARPS,
         num_stages=DECODE_NUM_STAGES,
@@ -678,6 +681,17 @@ def paged_decode_attention(
         num_warps=4,
     )
     return out
+
+
+def extend_tile_rows(
+    num_seqs: int, num_kv_heads: int, max_seqlen_q: int, group: int, num_sms: int
+) -> int:
+    """Query rows (tokens x heads of a GQA group) per extend tile: EXTEND_ROWS, or
+    EXTEND_ROWS_SMALL when 128-row tiles would leave SMs idle (e.g. one 512-token chunk: 64
+    programs of 128 rows). Each value is a separately compiled kernel variant, so a server
+    warms both up (ModelRunner.warm_up)."""
+    tiles = -(-max_seqlen_q * next_pow2(group) // EXTEND_ROWS)
+    return EXTEND_ROWS if num_seqs * num_kv_heads * tiles >= num_sms else EXTEND_ROWS_SMALL
 
 
 def paged_extend_attention(
@@ -733,10 +747,8 @@ def paged_extend_attention(
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
     group_pow2 = next_pow2(group)
-    rows = EXTEND_ROWS
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-    if num_seqs * num_kv_heads * triton.cdiv(max_seqlen_q * group_pow2, rows) < num_sms:
-        rows = EXTEND_ROWS_SMALL  # e.g. one 512-token chunk: 64 programs of 128 rows
+    rows = extend_tile_rows(num_seqs, num_kv_heads, max_seqlen_q, group, num_sms)
     block_m = max(16, rows // group_pow2)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
     _extend_kernel[grid](

@@ -18,7 +18,7 @@ from livemeet.engine.cuda_graph import (
     GraphRunner,
     choose_bucket,
     decode_buckets,
-    pad_decode,
+    pad_rows,
     split_variants,
 )
 from livemeet.errors import ConfigError, InternalError
@@ -66,27 +66,22 @@ def test_split_variants_hold_every_split_count_the_runtime_picks(kv_heads: int) 
     assert split_variants(128, max_len, 8, H200_NUM_SMS) == (1,)
 
 
-def test_pad_decode_pads_with_inert_rows() -> None:
-    tables = [[3, 4, 5], [7]]
-    padded = pad_decode([40, 5], [5 * 16 + 8, 7 * 16 + 5], [41, 6], tables, bucket=4)
-    assert padded.positions.tolist() == [40, 5, 0, 0]
-    assert padded.slot_mapping.tolist() == [88, 117, -1, -1]  # -1: store_kv skips the row
-    assert padded.seq_lens.tolist() == [41, 6, 0, 0]  # 0: attention writes zeros
-    assert padded.block_tables.tolist() == [[3, 4, 5], [7, 0, 0], [0, 0, 0], [0, 0, 0]]
-    assert padded.positions.dtype == padded.slot_mapping.dtype == torch.int64
-    assert padded.seq_lens.dtype == padded.block_tables.dtype == torch.int32
-    exact = pad_decode([0], [16], [1], [[1]], bucket=1)
-    assert exact.slot_mapping.tolist() == [16] and exact.block_tables.shape == (1, 1)
+def test_pad_rows_pads_with_inert_rows() -> None:
+    positions, slots, seq_lens = pad_rows([40, 5], [5 * 16 + 8, 7 * 16 + 5], [41, 6], bucket=4)
+    assert positions == [40, 5, 0, 0]
+    assert slots == [88, 117, -1, -1]  # -1: store_kv skips the row
+    assert seq_lens == [41, 6, 0, 0]  # 0: attention writes zeros
+    assert pad_rows([0], [16], [1], bucket=1) == ([0], [16], [1])
 
 
 @pytest.mark.parametrize(
     ("bucket", "lens"),
-    [(4, (0, 0, 0, 0)), (2, (3, 3, 3, 3)), (4, (2, 1, 2, 2))],  # no rows, too many, ragged
+    [(4, (0, 0, 0)), (2, (3, 3, 3)), (4, (2, 1, 2))],  # no rows, too many, ragged
 )
-def test_pad_decode_rejects_bad_rows(bucket: int, lens: tuple[int, ...]) -> None:
-    positions, slots, seq_lens, tables = ([0] * k for k in lens)
+def test_pad_rows_rejects_bad_rows(bucket: int, lens: tuple[int, ...]) -> None:
+    positions, slots, seq_lens = ([0] * k for k in lens)
     with pytest.raises(InternalError):
-        pad_decode(positions, slots, seq_lens, [[0]] * len(tables), bucket)
+        pad_rows(positions, slots, seq_lens, bucket)
 
 
 def test_graph_runner_needs_cuda() -> None:

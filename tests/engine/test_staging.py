@@ -1,0 +1,74 @@
+"""HostStaging: per-step uploads from pinned arenas (livemeet.engine.staging).
+
+CPU: values, shapes and dtypes; nothing is shared between uploads. GPU: the arenas alternate by
+step, a reused arena waits for its copies, growth keeps earlier copies intact, and misuse raises.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from livemeet.engine.staging import HostStaging
+from livemeet.errors import InternalError
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+
+def test_cpu_uploads_are_fresh_tensors() -> None:
+    staging = HostStaging(torch.device("cpu"))
+    a = staging.upload([1, 2, 3], torch.int64)
+    b = staging.upload([4, 5, 6], torch.int64)
+    assert a.tolist() == [1, 2, 3] and b.tolist() == [4, 5, 6]  # b did not overwrite a
+    assert a.dtype == torch.int64
+    m = staging.upload(list(range(6)), torch.int32, shape=(2, 3))
+    assert m.tolist() == [[0, 1, 2], [3, 4, 5]] and m.dtype == torch.int32
+
+
+def test_cpu_stage_rows_zero_fills() -> None:
+    staging = HostStaging(torch.device("cpu"))
+    rows = staging.stage_rows([[3, 4, 5], [7]], 4, torch.int32)
+    assert rows.tolist() == [[3, 4, 5, 0], [7, 0, 0, 0]] and rows.dtype == torch.int32
+
+
+def test_only_integer_dtypes() -> None:
+    staging = HostStaging(torch.device("cpu"))
+    with pytest.raises(InternalError, match="int32/int64"):
+        staging.upload([1.0], torch.float32)
+    with pytest.raises(InternalError, match="int32/int64"):
+        staging.stage_rows([[1]], 1, torch.float16)
+
+
+def test_step_brackets_must_pair() -> None:
+    staging = HostStaging(torch.device("cpu"))
+    with pytest.raises(InternalError, match="without begin_step"):
+        staging.end_step()
+    staging.begin_step()
+    with pytest.raises(InternalError, match="twice"):
+        staging.begin_step()
+    staging.end_step()
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_cuda_arenas_alternate_and_grow() -> None:
+    device = torch.device("cuda")
+    staging = HostStaging(device, arena_bytes=256)
+    with pytest.raises(InternalError, match="outside"):
+        staging.stage([1], torch.int64)
+    outs = []
+    for step in range(6):
+        staging.begin_step()
+        values = [step * 1000 + i for i in range(100)]  # 800 bytes: grows the 256-byte arena
+        host = staging.stage(values, torch.int64)
+        assert host.is_pinned()
+        outs.append((values, host.to(device, non_blocking=True)))
+        small = staging.upload([step, -step], torch.int32)
+        tables = staging.stage_rows([[step] * 5, [step + 1] * 3], 5, torch.int32)
+        assert tables[0].tolist() == [step] * 5 and tables[1, :3].tolist() == [step + 1] * 3
+        staging.end_step()
+        assert small.tolist() == [step, -step]
+    torch.cuda.synchronize()
+    for values, device_copy in outs:
+        assert device_copy.tolist() == values  # no later step overwrote a pending copy
