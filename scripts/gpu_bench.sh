@@ -70,6 +70,7 @@ case "$phase" in
       --batches ${PROFILE_BATCHES:-1 16} --contexts ${PROFILE_CONTEXTS:-1024 36000} --iters 30 --profile
     step decode-profile-fp8 "${PROFILE_FP8_S:-0}" python3 -m loadtest.bench_decode_step \
       --batches 1 16 --contexts 36000 --iters 30 --profile --kv-cache-dtype fp8_e4m3
+    step encoder-profile "${ENCODER_S:-0}" python3 -m loadtest.bench_encoder --profile
     step bench-engine "${BENCH_S:-200}" python3 -m loadtest.bench_engine \
       --workloads "${BENCH_WORKLOADS:-short,long}" --short-concurrency "${SHORT_C:-16,64}" \
       --long-concurrency "${LONG_C:-1}" --decode-batches 1 --decode-contexts 1024 --fp8 "${FP8_POINTS:-}" \

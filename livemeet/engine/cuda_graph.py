@@ -217,16 +217,17 @@ class GraphRunner:
         splits = choose_num_splits(bucket, max(seq_lens), self.num_kv_heads, self.num_sms)
         padded = pad_rows(positions, slots, seq_lens, bucket)
         # Staged in a pinned arena and copied non_blocking: the host does not wait for the GPU
-        # (livemeet.engine.staging).
+        # (livemeet.engine.staging; inside ModelRunner.launch this bracket is the launch's).
         stage = self.staging
-        self.token_ids[:n].copy_(token_ids, non_blocking=True)
-        if n < bucket:
-            self.token_ids[n:bucket].zero_()
-        statics = (self.positions, self.slot_mapping, self.seq_lens)
-        for static, values in zip(statics, padded, strict=True):
-            static[:bucket].copy_(stage.stage(values, static.dtype), non_blocking=True)
-        tables = stage.stage_rows(block_tables, width, torch.int32)
-        self.block_tables[:n, :width].copy_(tables, non_blocking=True)
+        with stage.step():
+            self.token_ids[:n].copy_(token_ids, non_blocking=True)
+            if n < bucket:
+                self.token_ids[n:bucket].zero_()
+            statics = (self.positions, self.slot_mapping, self.seq_lens)
+            for static, values in zip(statics, padded, strict=True):
+                static[:bucket].copy_(stage.stage(values, static.dtype), non_blocking=True)
+            tables = stage.stage_rows(block_tables, width, torch.int32)
+            self.block_tables[:n, :width].copy_(tables, non_blocking=True)
         self.graphs[(bucket, splits)].replay()
         self.num_replays += 1
         return self.outputs[(bucket, splits)][:n]

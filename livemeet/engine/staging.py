@@ -16,7 +16,8 @@ pin or to overlap: `upload` returns a fresh tensor and nothing is reused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -30,27 +31,41 @@ NUMPY_DTYPES = {torch.int64: np.int64, torch.int32: np.int32}
 
 class HostStaging:
     """Two pinned arenas used alternately by steps (see module docstring). Call `begin_step`
-    before staging a step's inputs and `end_step` after enqueueing its copies."""
+    before staging a step's inputs and `end_step` after enqueueing its copies, or use
+    `with staging.step():`. Brackets nest: only the outermost one switches arenas."""
 
     def __init__(self, device: torch.device, arena_bytes: int = ARENA_BYTES) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
         self._arenas = [_Arena(arena_bytes, self.cuda) for _ in range(2)]
         self._current = 0
-        self._in_step = False
+        self._depth = 0  # open begin_step brackets
+
+    @property
+    def _in_step(self) -> bool:
+        return self._depth > 0
 
     def begin_step(self) -> None:
-        if self._in_step:
-            raise InternalError("HostStaging.begin_step called twice without end_step")
-        self._in_step = True
-        self._current ^= 1
-        self._arenas[self._current].reset()
+        self._depth += 1
+        if self._depth == 1:
+            self._current ^= 1
+            self._arenas[self._current].reset()
 
     def end_step(self) -> None:
-        if not self._in_step:
+        if self._depth == 0:
             raise InternalError("HostStaging.end_step without begin_step")
-        self._in_step = False
-        self._arenas[self._current].fence()
+        self._depth -= 1
+        if self._depth == 0:
+            self._arenas[self._current].fence()
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """`begin_step` ... `end_step` around a block (also when it raises)."""
+        self.begin_step()
+        try:
+            yield
+        finally:
+            self.end_step()
 
     def stage(
         self, values: Sequence[int] | np.ndarray, dtype: torch.dtype, shape: tuple[int, ...] = ()
@@ -58,14 +73,10 @@ class HostStaging:
         """A host tensor of `values` (pinned, inside the current arena on CUDA), `shape` if
         given (values are then its row-major contents). Raises InternalError outside a step,
         or for a dtype other than int32/int64."""
-        np_dtype = NUMPY_DTYPES.get(dtype)
-        if np_dtype is None:
-            raise InternalError(f"HostStaging stages int32/int64 only, not {dtype}")
+        np_dtype = self._check(dtype)
         if not self.cuda:
             array = np.asarray(values, dtype=np_dtype)
             return torch.from_numpy(array.reshape(shape or array.shape).copy())
-        if not self._in_step:
-            raise InternalError("HostStaging.stage outside begin_step/end_step")
         count = len(values) if not shape else int(np.prod(shape))
         out = self._arenas[self._current].take(count, np_dtype, shape or (count,))
         out.numpy()[...] = np.asarray(values, dtype=np_dtype).reshape(out.shape)
@@ -76,13 +87,9 @@ class HostStaging:
     ) -> torch.Tensor:
         """[len(rows), width] with row i starting with rows[i]; entries past a row's length are
         left as they were (callers bound reads by sequence length: block tables)."""
-        np_dtype = NUMPY_DTYPES.get(dtype)
-        if np_dtype is None:
-            raise InternalError(f"HostStaging stages int32/int64 only, not {dtype}")
+        np_dtype = self._check(dtype)
         shape = (len(rows), width)
         if self.cuda:
-            if not self._in_step:
-                raise InternalError("HostStaging.stage_rows outside begin_step/end_step")
             out = self._arenas[self._current].take(shape[0] * width, np_dtype, shape)
         else:
             out = torch.zeros(shape, dtype=dtype)
@@ -90,6 +97,16 @@ class HostStaging:
         for i, row in enumerate(rows):
             view[i, : len(row)] = row
         return out
+
+    def _check(self, dtype: torch.dtype) -> type:
+        """The numpy dtype for `dtype`; raises InternalError for other dtypes or when no step
+        is open (enforced on the CPU too, so CPU tests catch a missing bracket)."""
+        np_dtype = NUMPY_DTYPES.get(dtype)
+        if np_dtype is None:
+            raise InternalError(f"HostStaging stages int32/int64 only, not {dtype}")
+        if not self._in_step:
+            raise InternalError("HostStaging used outside begin_step/end_step")
+        return np_dtype
 
     def upload(
         self, values: Sequence[int] | np.ndarray, dtype: torch.dtype, shape: tuple[int, ...] = ()

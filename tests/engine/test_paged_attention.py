@@ -438,3 +438,25 @@ def test_decode_cuda_graph_replays_with_new_lengths() -> None:
         graph.replay()
         ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088)
         torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
+
+
+@needs_interpreter
+def test_fp8_cache_with_bf16_query_interpreted() -> None:
+    """A 16-bit query over an FP8 cache takes the fp16 dot path: it matches the reference up
+    to 16-bit rounding (the fp32 test above covers the exact path)."""
+    torch.manual_seed(6)
+    fp8 = torch.float8_e4m3fn
+    k_cache = (torch.randn(4, 16, 2, 16) * 0.5).to(fp8)
+    v_cache = (torch.randn(4, 16, 2, 16) * 0.5).to(fp8)
+    tables = torch.tensor([[0, 1, 2], [3, 0, 0]], dtype=torch.int32)
+    lens = torch.tensor([40, 9], dtype=torch.int32)
+    scales = {"k_scale": 0.5, "v_scale": 0.25}
+    q = torch.randn(2, 4, 16).to(torch.bfloat16)
+    out = pa.paged_decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", **scales
+    )
+    ref = pa.ref_paged_decode_attention(
+        q.float(), k_cache, v_cache, tables, lens, 0.25, **scales
+    )
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

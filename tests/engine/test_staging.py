@@ -18,36 +18,52 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 
 def test_cpu_uploads_are_fresh_tensors() -> None:
     staging = HostStaging(torch.device("cpu"))
+    staging.begin_step()
     a = staging.upload([1, 2, 3], torch.int64)
     b = staging.upload([4, 5, 6], torch.int64)
     assert a.tolist() == [1, 2, 3] and b.tolist() == [4, 5, 6]  # b did not overwrite a
     assert a.dtype == torch.int64
     m = staging.upload(list(range(6)), torch.int32, shape=(2, 3))
     assert m.tolist() == [[0, 1, 2], [3, 4, 5]] and m.dtype == torch.int32
+    staging.end_step()
 
 
 def test_cpu_stage_rows_zero_fills() -> None:
     staging = HostStaging(torch.device("cpu"))
-    rows = staging.stage_rows([[3, 4, 5], [7]], 4, torch.int32)
+    with staging.step():
+        rows = staging.stage_rows([[3, 4, 5], [7]], 4, torch.int32)
     assert rows.tolist() == [[3, 4, 5, 0], [7, 0, 0, 0]] and rows.dtype == torch.int32
 
 
-def test_only_integer_dtypes() -> None:
+def test_only_integer_dtypes_and_only_inside_a_step() -> None:
     staging = HostStaging(torch.device("cpu"))
+    with pytest.raises(InternalError, match="outside"):
+        staging.upload([1], torch.int64)
+    with pytest.raises(InternalError, match="outside"):
+        staging.stage_rows([[1]], 1, torch.int32)
+    staging.begin_step()
     with pytest.raises(InternalError, match="int32/int64"):
         staging.upload([1.0], torch.float32)
     with pytest.raises(InternalError, match="int32/int64"):
         staging.stage_rows([[1]], 1, torch.float16)
+    staging.end_step()
 
 
-def test_step_brackets_must_pair() -> None:
+def test_step_brackets_nest_and_must_pair() -> None:
     staging = HostStaging(torch.device("cpu"))
     with pytest.raises(InternalError, match="without begin_step"):
         staging.end_step()
-    staging.begin_step()
-    with pytest.raises(InternalError, match="twice"):
-        staging.begin_step()
-    staging.end_step()
+    with staging.step():
+        arena = staging._current
+        with staging.step():  # e.g. GraphRunner.run inside ModelRunner.launch
+            assert staging._current == arena  # the inner bracket does not switch arenas
+        assert staging._in_step
+    assert not staging._in_step
+    with staging.step():
+        assert staging._current != arena  # the next step uses the other arena
+    with pytest.raises(RuntimeError), staging.step():
+        raise RuntimeError("a failing step still closes its bracket")
+    assert not staging._in_step
 
 
 @needs_cuda

@@ -322,7 +322,8 @@ def test_fused_decode_step_kernel_count_cuda(upstream_dir: Path) -> None:
     rows.token_ids, rows.positions, rows.slots = [5], [40], [40]
     rows.seq_lens, rows.block_tables, rows.q_lens = [41], [[0, 1, 2]], [1]
     ids = torch.tensor([5], device="cuda")
-    meta = runner._metadata(rows)
+    with runner.staging.step():
+        meta = runner._metadata(rows)
     positions = torch.tensor([40], device="cuda")
     runner._forward(ids, positions, meta)  # compile outside the profile
     torch.cuda.synchronize()
