@@ -545,6 +545,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workloads", default="short,long")
     p.add_argument("--short-concurrency", type=parse_ints, default=[1, 16, 64])
     p.add_argument("--long-concurrency", type=parse_ints, default=[1, 4])
+    p.add_argument(
+        "--assumed-audio-s-per-s",
+        type=float,
+        default=ASSUMED_AUDIO_S_PER_S,
+        help="rate that sizes a workload's first run against --max-seconds",
+    )
     p.add_argument("--short-audio-s", type=float, default=None, help="override 11.6 s")
     p.add_argument("--long-audio-s", type=float, default=None, help="override 2,240 s")
     p.add_argument("--decode-batches", type=parse_ints, default=[1, 16])
@@ -591,7 +597,7 @@ def run_points(
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    budget = Budget(args.max_seconds)
+    budget = Budget(args.max_seconds, assumed_rate=args.assumed_audio_s_per_s)
     t0 = time.perf_counter()
     engine = build_engine(
         args.config,
