@@ -67,3 +67,18 @@ def test_graph_replay_matches_eager(our_model: MossTDModel, long_speech: np.ndar
         assert graphs.num_graph_replays > 0 and graphs.num_eager_batches == 0
     finally:
         our_model.to("cpu")
+
+
+def test_threaded_window_keys_equal_sequential_ones() -> None:
+    """A long audio's full windows are hashed on threads: same keys, same order, partial last
+    window unkeyed; different samples give different keys."""
+    from livemeet.engine.encoder_runner import PARALLEL_HASH_MIN_WINDOWS
+
+    rng = np.random.default_rng(3)
+    seconds = 30 * (PARALLEL_HASH_MIN_WINDOWS + 1) + 7
+    samples = (0.1 * rng.standard_normal(16_000 * seconds)).astype(np.float32)
+    windows, counts = split_windows(samples)
+    keys = EncoderRunner._keys(windows, counts)
+    assert keys[-1] is None and all(k is not None for k in keys[:-1])
+    assert keys[:-1] == [EncoderRunner._key(w) for w in windows[:-1]]
+    assert len(set(keys[:-1])) == len(keys) - 1

@@ -455,8 +455,6 @@ def test_fp8_cache_with_bf16_query_interpreted() -> None:
     out = pa.paged_decode_attention(
         q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", **scales
     )
-    ref = pa.ref_paged_decode_attention(
-        q.float(), k_cache, v_cache, tables, lens, 0.25, **scales
-    )
+    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 0.25, **scales)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
