@@ -81,7 +81,7 @@ case "$phase" in
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
     step http-sweep "${SWEEP_S:-470}" python3 -m loadtest.http_sweep \
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
-      --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests 2 --assumed-audio-s-per-s 150 \
+      --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s 150 \
       --startup-timeout 120 --max-seconds "$(( ${SWEEP_S:-470} - 20 ))" \
       --out "$OUT/http_sweep.jsonl" --log-dir "${LOG_DIR:-$OUT}"
     ;;
