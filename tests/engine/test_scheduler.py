@@ -80,6 +80,8 @@ def run_until_idle(
         {"step_budget_s": float("nan")},
         {"upload_min_share": 1.0},
         {"max_model_len": 1},
+        {"upload_batch_wait_s": -0.01},
+        {"upload_batch_wait_s": float("inf")},
     ],
 )
 def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
@@ -584,3 +586,65 @@ def test_random_operations_keep_the_allocator_consistent(ops: list[tuple[object,
         sched.abort(r.request_id)
     bm.audit(sched.live_requests())
     assert bm.num_free_blocks == bm.num_blocks
+
+
+# -- upload batching ------------------------------------------------------------------------
+
+
+def _decoding(sched: Scheduler, runner: FakeRunner, clock: FakeClock, n: int) -> None:
+    """n uploads admitted and prefilled at t=0; afterwards they only decode."""
+    for i in range(n):
+        sched.add(req(f"run{i}", 20, max_new=200))
+    run_steps(sched, runner, clock, 1)
+    assert all(r.is_decoding for r in sched.running)
+
+
+def _admitted(batch: ScheduledBatch) -> set[str]:
+    return {c.request.request_id for c in batch.prefills}
+
+
+def test_new_uploads_wait_for_company_while_decodes_run() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=0.05)
+    _decoding(sched, runner, clock, 3)
+    sched.add(req("late", 20, arrival=clock.now_s))
+    arrival = clock.now_s
+    held = []
+    while clock.now_s - arrival < 0.05:
+        (batch,) = run_steps(sched, runner, clock, 1)
+        held.append(_admitted(batch))
+        assert len(batch.decodes) == 3  # decodes go on: pure decode (graph) steps
+    assert held and all(not a for a in held)
+    (batch,) = run_steps(sched, runner, clock, 1)  # the oldest has waited long enough
+    assert _admitted(batch) == {"late"}
+
+
+def test_as_many_waiting_as_decoding_are_admitted_at_once() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=10.0)
+    _decoding(sched, runner, clock, 2)
+    sched.add(req("a", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert not _admitted(batch)
+    sched.add(req("b", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"a", "b"}  # one eager step prefills both
+
+
+def test_uploads_are_not_held_when_nothing_decodes_or_when_disabled() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=10.0)
+    sched.add(req("first", 20))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"first"}  # an idle engine starts at once
+    sched, runner, clock = make(upload_batch_wait_s=0.0)
+    _decoding(sched, runner, clock, 3)
+    sched.add(req("late", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"late"}
+
+
+def test_live_hops_are_never_held() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=10.0)
+    _decoding(sched, runner, clock, 3)
+    sched.add(req("hop", 20, LIVE, deadline=clock.now_s + 1.0, arrival=clock.now_s))
+    sched.add(req("upload", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"hop"}
