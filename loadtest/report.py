@@ -41,10 +41,11 @@ TARGETS = {
 
 @dataclass(frozen=True)
 class FloorModel:
-    """What the floor needs: copy bandwidth (1e12 B/s), weight bytes read per decode step and
-    KV bytes per token (bf16)."""
+    """What the floor needs: memory bandwidth (1e12 B/s; `render` passes the read-only figure
+    measured in the same run, since a decode step reads weights and KV and writes almost
+    nothing), weight bytes read per decode step and KV bytes per token (bf16)."""
 
-    copy_tb_per_s: float
+    bandwidth_tb_per_s: float
     weight_bytes: int
     kv_bytes_per_token: int
 
@@ -55,7 +56,7 @@ class FloorModel:
         per_token = self.kv_bytes_per_token / (2 if kv == "fp8_e4m3" else 1)
         n = outputs
         total = n * self.weight_bytes + concurrency * per_token * (n * prompt + n * n / 2)
-        seconds = total / (self.copy_tb_per_s * 1e12)
+        seconds = total / (self.bandwidth_tb_per_s * 1e12)
         return concurrency * audio_s / seconds
 
 
@@ -179,7 +180,7 @@ def render(engine: Any, hf: Any, sweep: list[dict[str, Any]]) -> str:
     floor = None
     if engine:
         floor = FloorModel(
-            engine["bandwidth"]["copy_tb_per_s"],
+            engine["bandwidth"]["read_tb_per_s"],
             engine["weight_bytes"],
             engine["kv_bytes_per_token"],
         )
@@ -197,7 +198,10 @@ def render(engine: Any, hf: Any, sweep: list[dict[str, Any]]) -> str:
         lines += throughput_table("HTTP sweep", points, floor, figures, outputs)
     if hf:
         lines += hf_table(hf)
-    lines.append(f"Notes: {SGLANG_NOTE}; floors ignore prefill and encoder time.")
+    lines.append(
+        f"Notes: {SGLANG_NOTE}; floors use the read-only bandwidth of the same run and "
+        "ignore prefill and encoder time."
+    )
     return "\n".join(lines)
 
 
