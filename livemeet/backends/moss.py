@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -310,13 +311,30 @@ class MossCore:
                 events = [Error(exc.code, exc.message, exc.retryable)]
             out.extend((sid, e) for e in events)
         if engine.has_work():
-            result = engine.step()
+            result = engine.step()  # a failure here cannot be pinned on a session: it propagates
             for rid, token_id in result.new_tokens:
-                out.extend(self._on_token(rid, token_id))
+                out.extend(self._isolated(rid, partial(self._on_token, rid, token_id)))
             for request in result.finished:
-                reason = request.finish_reason or FinishReason.STOP
-                out.extend(self._on_finished(request.request_id, reason))
+                rid, reason = request.request_id, request.finish_reason or FinishReason.STOP
+                out.extend(self._isolated(rid, partial(self._on_finished, rid, reason)))
         return out
+
+    def _isolated(
+        self, rid: str, handler: Callable[[], list[tuple[str, Event]]]
+    ) -> list[tuple[str, Event]]:
+        """Run one request's output handler; if it raises (detokenizer, parser, transcript),
+        only that request's session fails: its engine requests are aborted (KV freed once) and
+        it gets an `internal_error`, while every other session goes on."""
+        sid = self._owner.get(rid)
+        try:
+            return handler()
+        except Exception as exc:
+            log.exception("output of request %s failed", rid)
+            sess = self._sessions.get(sid) if sid is not None else None
+            if sid is None or sess is None:
+                return []
+            self._drop(sid, sess)
+            return [(sid, Error("internal_error", f"transcript assembly failed: {exc!r}"))]
 
     # -- sessions ----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import torch
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
-from livemeet.backends.moss import MossCore
+from livemeet.backends.moss import MossCore, _Upload
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.scheduler import StepOutput
@@ -26,6 +26,7 @@ from livemeet.models.audio_llm import MossTDModel, generate
 from livemeet.models.prompt import EOS, build_prompt
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcriber import (
+    Error,
     Event,
     SegmentFinal,
     SegmentPartial,
@@ -227,6 +228,37 @@ def test_abort_mid_decode_frees_every_block(
     assert not core.has_work() and core.step() == []
     with pytest.raises(NotFound):
         core.abort("a")
+
+
+def test_a_failing_transcript_fails_only_its_session(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """An exception while turning one request's tokens into events (detokenizer, parser) is
+    that session's internal_error; the other upload finishes and the pool is clean."""
+    core = make_core(our_model, tmp_path)
+    for sid in ("good", "bad"):
+        core.open(sid, SessionOptions(live=False, max_new_tokens=24))
+        core.append(sid, clips[11.0])
+        core.end(sid)
+    tokens = record_tokens(core)
+    out: list[tuple[str, Event]] = []
+    while not tokens.get("bad/upload"):
+        out += core.step()
+    bad = core._sessions["bad"]
+    assert isinstance(bad, _Upload) and bad.stream is not None
+
+    def broken(token_id: int) -> list[Segment]:
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a corrupt byte sequence")
+
+    bad.stream.push = broken  # type: ignore[method-assign]
+    run_to_idle(core, out)
+    errors = [e for s, e in out if s == "bad" and isinstance(e, Error)]
+    assert len(errors) == 1 and errors[0].code == "internal_error"
+    assert not any(isinstance(e, TranscriptFinal) for s, e in out if s == "bad")
+    good = [e for s, e in out if s == "good"]
+    assert isinstance(good[-1], TranscriptFinal) and good[-1].finish_reason is FinishReason.LENGTH
+    assert "bad" not in core._sessions and "good" not in core._sessions
+    assert_pool_clean(core)
 
 
 def test_empty_upload_and_bad_input(our_model: MossTDModel, tmp_path: Path) -> None:
