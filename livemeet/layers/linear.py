@@ -6,7 +6,8 @@ on an H200 (loadtest/bench_decode_step.py --profile: 29 us per layer of GEMMs ag
 to read the weights at 4.3 TB/s). `skinny_linear` is a Triton kernel for M <= SKINNY_MAX_M
 rows: each program reads a [BLOCK_N, K] slab of w once and produces y[:, slab]. M == 1 uses a
 broadcast multiply and row sum (no tensor-core padding); 2..16 rows use tl.dot with M padded
-to 16.
+to 16. `skinny_silu_linear` folds the MLP's SiLU*mul into the one-row down projection (one
+launch fewer per layer).
 
 Which kernel wins depends on the shape and the GPU, so `LinearPlan.tune` times cuBLAS and a
 few fixed Triton configurations per (weight shape, row class) once at start-up, inside CUDA
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.errors import InternalError
+from livemeet.layers import fused as fk
 from livemeet.layers.paged_attention import Impl, select_triton
 
 try:
@@ -119,6 +121,48 @@ if HAS_TRITON:
         y = tl.sum(acc, 1)
         tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
 
+    @triton.jit
+    def _skinny_silu_rows_kernel(
+        GateUp,
+        W,
+        Out,
+        N,
+        K,
+        stride_gm,
+        stride_wn,
+        stride_om,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        EVEN_K: tl.constexpr,
+    ):
+        # grid: (cdiv(N, BLOCK_N), M). The row is silu(gate) * up of GateUp [M, 2K], rounded
+        # to the input dtype where livemeet.layers.fused.silu_and_mul rounds it.
+        pid_n = tl.program_id(0)
+        m = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        nmask = offs_n < N
+        w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
+        gate_row = GateUp + m * stride_gm
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            if EVEN_K:
+                g = tl.load(gate_row + kk)
+                u = tl.load(gate_row + K + kk)
+                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
+            else:
+                kmask = kk < K
+                g = tl.load(gate_row + kk, mask=kmask, other=0.0)
+                u = tl.load(gate_row + K + kk, mask=kmask, other=0.0)
+                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            g32 = g.to(tl.float32)
+            act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype).to(tl.float32)
+            x = (act * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
+        y = tl.sum(acc, 1)
+        tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
+
     @triton.jit(do_not_specialize=["M"])
     def _skinny_dot_kernel(
         X,
@@ -201,6 +245,47 @@ def skinny_linear(
     return out
 
 
+def skinny_silu_linear(
+    gate_up: torch.Tensor, weight: torch.Tensor, config: GemmConfig, *, impl: Impl = "auto"
+) -> torch.Tensor:
+    """silu(gate) * up of gate_up [M, 2K] (gate columns first), times weight[N, K].T ->
+    [M, N]: the MLP's activation fused into its down projection, for decode rows (one
+    program per row along the grid's second axis). Same rounding as silu_and_mul followed by
+    skinny_linear. `impl="torch"` (or no Triton) runs the references. Raises InternalError on
+    mismatched shapes or dtypes, or rows not contiguous in the last dim."""
+    if gate_up.dim() != 2 or weight.dim() != 2 or gate_up.shape[1] != 2 * weight.shape[1]:
+        raise InternalError(
+            f"need gate_up [M, 2K] and weight [N, K], got {tuple(gate_up.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    if gate_up.dtype != weight.dtype:
+        raise InternalError(f"gate_up is {gate_up.dtype} but the weight is {weight.dtype}")
+    if not select_triton(impl, gate_up, available=HAS_TRITON):
+        return F.linear(fk.ref_silu_and_mul(gate_up), weight)
+    if gate_up.stride(1) != 1 or weight.stride(1) != 1:
+        raise InternalError("skinny_silu_linear needs rows contiguous in the last dim")
+    m, n, k = gate_up.shape[0], weight.shape[0], weight.shape[1]
+    out = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
+    if m == 0:
+        return out
+    _skinny_silu_rows_kernel[(triton.cdiv(n, config.block_n), m)](
+        gate_up,
+        weight,
+        out,
+        n,
+        k,
+        gate_up.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        EVEN_K=k % config.block_k == 0,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out
+
+
 @dataclass(frozen=True)
 class TuneResult:
     """One tuned (weight shape, row class): microseconds per call of cuBLAS and of the best
@@ -243,6 +328,17 @@ class LinearPlan:
         if config is None:
             return F.linear(x, weight)
         return skinny_linear(x, weight, config, impl=self.impl)
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of gate_up [M, 2K], times weight[N, K].T -> [M, N]. One row with a
+        tuned Triton choice for the weight runs one fused kernel (`skinny_silu_linear`, the
+        same config); otherwise the SiLU*mul kernel then `linear`."""
+        config = None
+        if gate_up.dim() == 2 and row_class(gate_up.shape[0]) == 1:
+            config = self._choices.get((weight.shape[0], weight.shape[1], weight.dtype, 1))
+        if config is not None:
+            return skinny_silu_linear(gate_up, weight, config, impl=self.impl)
+        return self.linear(fk.silu_and_mul(gate_up, impl="triton"), weight)
 
     def set_choice(
         self, shape: tuple[int, int], dtype: torch.dtype, rows: int, config: GemmConfig | None

@@ -129,7 +129,7 @@ class Qwen3MLP(nn.Module):
     def forward_fused(self, x: torch.Tensor, plan: LinearPlan) -> torch.Tensor:
         assert self.gate_up_weight is not None
         gate_up = plan.linear(x, self.gate_up_weight)
-        return plan.linear(fk.silu_and_mul(gate_up, impl="triton"), self.down_proj.weight)
+        return plan.silu_mul_linear(gate_up, self.down_proj.weight)
 
 
 class Qwen3Layer(nn.Module):

@@ -233,6 +233,40 @@ def test_tiny_decoder_fused_matches_reference(
         assert float((ours - ref).abs().max()) <= 1e-5 * scale
 
 
+@needs_interpreter
+@torch.no_grad()
+def test_tiny_decoder_on_skinny_kernels_matches_reference(tiny_model: MossTDModel) -> None:
+    """Every projection on the Triton skinny kernels (13-row prompt: the tl.dot kernel; 1-row
+    decode: the row kernel, with SiLU*mul fused into the down projection): greedy tokens and
+    logits of the reference path."""
+    from livemeet.layers import linear
+
+    lm = tiny_model.language_model
+    plan = linear.LinearPlan(impl="triton")
+    first = lm._typed_layers[0]
+    for w in (
+        first.self_attn.qkv_weight,
+        first.self_attn.o_proj.weight,
+        first.mlp.gate_up_weight,
+        first.mlp.down_proj.weight,
+    ):
+        assert w is not None
+        for rows in (1, linear.SKINNY_MAX_M):
+            plan.set_choice((w.shape[0], w.shape[1]), w.dtype, rows, linear.GemmConfig(16, 32))
+    prompt = torch.tensor([151644, 872, 198, 58, 15, 13, 15, 15, 60, 42474, 16, 60, 220])
+    saved = lm.linear_plan
+    try:
+        lm.fused = False
+        ref_tokens, ref_logits = _greedy(tiny_model, prompt, 6)
+        lm.fused, lm.linear_plan = True, plan
+        tokens, logits = _greedy(tiny_model, prompt, 6)
+    finally:
+        lm.fused, lm.linear_plan = None, saved
+    assert tokens == ref_tokens
+    for ours, ref in zip(logits, ref_logits, strict=True):
+        assert float((ours - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
 def test_auto_mode_keeps_the_cpu_on_the_reference_path(tiny_model: MossTDModel) -> None:
     lm = tiny_model.language_model
     assert lm.fused is None and not lm.use_fused(torch.zeros(1))

@@ -151,9 +151,59 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
             ref = F.linear(x.float(), w.float())
             out = plan.linear(x, w).float()
             assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+        if w.shape == (1024, 3072):  # the down projection: SiLU*mul fused for one row
+            from livemeet.layers.fused import ref_silu_and_mul
+
+            gate_up = torch.randn(1, 2 * w.shape[1], device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(ref_silu_and_mul(gate_up).float(), w.float())
+            out = plan.silu_mul_linear(gate_up, w).float()
+            assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
         for config in linear.ROW_CANDIDATES + linear.DOT_CANDIDATES:
             for rows in (1, 16):
                 x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
                 ref = F.linear(x.float(), w.float())
                 out = linear.skinny_linear(x, w, config).float()
                 assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    ("k", "config"), [(64, linear.GemmConfig(16, 32)), (72, linear.GemmConfig(8, 32))]
+)
+def test_skinny_silu_linear_matches_silu_then_linear(k: int, config: linear.GemmConfig) -> None:
+    from livemeet.layers.fused import ref_silu_and_mul
+
+    torch.manual_seed(k)
+    gate_up = torch.randn(2, 2 * k)
+    w = torch.randn(40, k)
+    out = linear.skinny_silu_linear(gate_up, w, config, impl="triton")
+    torch.testing.assert_close(out, F.linear(ref_silu_and_mul(gate_up), w), atol=1e-4, rtol=1e-4)
+    with pytest.raises(InternalError, match="2K"):
+        linear.skinny_silu_linear(torch.randn(1, 2 * k + 2), w, config)
+
+
+@needs_interpreter
+def test_plan_fuses_silu_into_the_one_row_down_projection(monkeypatch: pytest.MonkeyPatch) -> None:
+    fused_calls: list[int] = []
+    real = linear.skinny_silu_linear
+
+    def spy(gate_up: torch.Tensor, w: torch.Tensor, config: linear.GemmConfig, **kw: object):
+        fused_calls.append(gate_up.shape[0])
+        return real(gate_up, w, config, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(linear, "skinny_silu_linear", spy)
+    from livemeet.layers.fused import ref_silu_and_mul
+
+    plan = linear.LinearPlan(impl="triton")
+    w = torch.randn(24, 32)
+    for rows in (1, 3):  # untuned: SiLU*mul kernel, then linear
+        gate_up = torch.randn(rows, 64)
+        want = F.linear(ref_silu_and_mul(gate_up), w)
+        torch.testing.assert_close(plan.silu_mul_linear(gate_up, w), want, atol=1e-4, rtol=1e-4)
+    assert fused_calls == []
+    plan.set_choice((24, 32), w.dtype, 1, linear.GemmConfig(8, 32))
+    for rows in (1, 3):  # tuned for one row: fused; 3 rows still unfused
+        gate_up = torch.randn(rows, 64)
+        want = F.linear(ref_silu_and_mul(gate_up), w)
+        torch.testing.assert_close(plan.silu_mul_linear(gate_up, w), want, atol=1e-4, rtol=1e-4)
+    assert fused_calls == [1]
