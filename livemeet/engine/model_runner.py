@@ -446,7 +446,7 @@ class TokenTransfer:
         self.buffers[slot][:n].copy_(tokens, non_blocking=True)
         event = self.events[slot]
         if event is not None:
-            event.record()
+            event.record(torch.cuda.current_stream(tokens.device))  # the copy's stream
         self._sizes[slot] = n
         self._next = (slot + 1) % self.NUM_BUFFERS
         return slot

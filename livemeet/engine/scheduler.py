@@ -16,7 +16,8 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Upload batching: a step with a prefill cannot replay a decode CUDA graph and runs eagerly
   (~15-20 ms of launches on an H200 host against ~1.5 ms for a graph step), so while decodes
   are running, new uploads are held until as many wait as are running, or the oldest has
-  waited `upload_batch_wait_s`; then they are prefilled together. Live hops are never held.
+  waited `upload_batch_wait_s`; then they are prefilled together. Live hops are never held,
+  and a step that prefills anyway (a live hop, a running chunk) takes held uploads at once.
 - Preemption by recompute: to admit or grow a request, evict in this order: retained caches
   (least recently finished first), then lower-priority requests from the lowest up, so every
   upload goes before any live hop. An evicted request loses its KV and is recomputed later.
@@ -307,7 +308,10 @@ class Scheduler:
         """Build the next step at time `now_s` (seconds on the engine's clock)."""
         cfg, cost = self.config, self.cost_model
         usable = max(0.0, cfg.step_budget_s - cost.fixed_s)
-        share = cfg.upload_min_share if self._upload_can_run() else 0.0
+        hold_uploads = self._hold_uploads(now_s)
+        # held uploads do not reserve a share: live work may use the whole step meanwhile
+        can_run = self._upload_can_run(include_waiting=not hold_uploads)
+        share = cfg.upload_min_share if can_run else 0.0
         step = _StepBuilder(
             usable_s=usable,
             live_cap_s=usable * (1 - share),
@@ -315,7 +319,6 @@ class Scheduler:
             live_tokens_cap=int(cfg.max_num_batched_tokens * (1 - share)),
             rows_left=cfg.max_num_seqs,
         )
-        hold_uploads = self._hold_uploads(now_s)
         for request in self._by_priority():
             if step.rows_left == 0 or step.tokens_left == 0:
                 break
@@ -325,8 +328,10 @@ class Scheduler:
                 self._try_decode(request, step)
             elif request.status is Status.RUNNING:
                 self._try_prefill(request, step)
-            elif hold_uploads and request.request_class is RequestClass.UPLOAD:
-                continue
+            elif (
+                hold_uploads and request.request_class is RequestClass.UPLOAD and not step.prefills
+            ):
+                continue  # held; a step that prefills anyway (eager) would take it
             elif not step.admission_blocked:
                 self._try_admit(request, step)
         spent = step.live_spent_s + step.upload_spent_s
@@ -532,11 +537,14 @@ class Scheduler:
                 waiting.append(r)
         return 0 < len(waiting) < num_decoding
 
-    def _upload_can_run(self) -> bool:
+    def _upload_can_run(self, *, include_waiting: bool = True) -> bool:
         bm = self.block_manager
         return any(
             r.request_class is RequestClass.UPLOAD
-            and (r.status is Status.RUNNING or bm.can_allocate(r))
+            and (
+                r.status is Status.RUNNING
+                or ((include_waiting or r.status is Status.PREEMPTED) and bm.can_allocate(r))
+            )
             for r in self._requests.values()
         )
 

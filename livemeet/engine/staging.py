@@ -37,7 +37,7 @@ class HostStaging:
     def __init__(self, device: torch.device, arena_bytes: int = ARENA_BYTES) -> None:
         self.device = device
         self.cuda = device.type == "cuda"
-        self._arenas = [_Arena(arena_bytes, self.cuda) for _ in range(2)]
+        self._arenas = [_Arena(arena_bytes, self.cuda, device) for _ in range(2)]
         self._current = 0
         self._depth = 0  # open begin_step brackets
 
@@ -119,8 +119,9 @@ class HostStaging:
 class _Arena:
     """One pinned byte buffer handed out front to back within a step."""
 
-    def __init__(self, nbytes: int, pinned: bool) -> None:
+    def __init__(self, nbytes: int, pinned: bool, device: torch.device | None = None) -> None:
         self.pinned = pinned
+        self.device = device
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         self.offset = 0
         self.event: torch.cuda.Event | None = None
@@ -133,7 +134,8 @@ class _Arena:
     def fence(self) -> None:
         if self.pinned:
             self.event = torch.cuda.Event()
-            self.event.record()
+            # the stream of the device the copies went to (not the current device's)
+            self.event.record(torch.cuda.current_stream(self.device))
 
     def take(self, count: int, np_dtype: type, shape: tuple[int, ...]) -> torch.Tensor:
         itemsize = np.dtype(np_dtype).itemsize

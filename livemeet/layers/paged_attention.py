@@ -246,21 +246,22 @@ if HAS_TRITON:
 
     @triton.jit
     def _kv_tile_rows(
-        BT, t0, stride_c_blk, stride_c_tok, PAGE: tl.constexpr, BLOCK_N: tl.constexpr
+        BT, t0, limit, stride_c_blk, stride_c_tok, PAGE: tl.constexpr, BLOCK_N: tl.constexpr
     ):
         """Cache element offsets of tokens t0..t0+BLOCK_N-1 (t0 a multiple of BLOCK_N): [BLOCK_N].
 
-        BT points at this sequence's block-table row. Token indices past the sequence give
-        garbage offsets; callers mask the loads.
+        BT points at this sequence's block-table row. Tokens at or past `limit` (the caller's
+        end) do not read the table (whose row may end, or hold stale ids, past the sequence)
+        and give offset 0; callers mask their K/V loads.
         """
         offs = tl.arange(0, BLOCK_N)
         if PAGE % BLOCK_N == 0:
-            # the tile lies inside one block: one table read
+            # the tile lies inside one block: one table read (t0 < limit for every tile)
             blk = tl.load(BT + t0 // PAGE).to(tl.int64)
             return blk * stride_c_blk + ((t0 % PAGE) + offs) * stride_c_tok
         else:
             toks = t0 + offs
-            blk = tl.load(BT + toks // PAGE).to(tl.int64)
+            blk = tl.load(BT + toks // PAGE, mask=toks < limit, other=0).to(tl.int64)
             return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
 
     @triton.jit
@@ -326,7 +327,7 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
         for t0 in range(start, end, BLOCK_N):
             tmask = (t0 + tl.arange(0, BLOCK_N)) < end
-            k_rows = _kv_tile_rows(bt, t0, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k_rows = _kv_tile_rows(bt, t0, end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_H, BLOCK_N]
             s = tl.where(tmask[None, :], s, float("-inf"))
@@ -334,7 +335,7 @@ if HAS_TRITON:
             p = tl.math.exp2(s - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v_rows = _kv_tile_rows(bt, t0, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v_rows = _kv_tile_rows(bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
             m_i = m_new
@@ -436,14 +437,14 @@ if HAS_TRITON:
         # keys before the tile's first query position are visible to every row: no mask
         full_end = (prefix_len + mt * BLOCK_M) // BLOCK_N * BLOCK_N
         for t0 in range(0, full_end, BLOCK_N):
-            k_rows = _kv_tile_rows(bt, t0, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k_rows = _kv_tile_rows(bt, t0, full_end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :])
             s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.math.exp2(s - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v_rows = _kv_tile_rows(bt, t0, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v_rows = _kv_tile_rows(bt, t0, full_end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :])
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
             m_i = m_new
@@ -452,7 +453,7 @@ if HAS_TRITON:
         for t0 in range(full_end, band_end, BLOCK_N):
             k_pos = t0 + tl.arange(0, BLOCK_N)
             kmask = k_pos < band_end
-            k_rows = _kv_tile_rows(bt, t0, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k_rows = _kv_tile_rows(bt, t0, band_end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             visible = kmask[None, :] & (k_pos[None, :] <= q_pos[:, None])
@@ -463,7 +464,7 @@ if HAS_TRITON:
             p = tl.math.exp2(s - m_safe[:, None])
             alpha = tl.math.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
-            v_rows = _kv_tile_rows(bt, t0, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v_rows = _kv_tile_rows(bt, t0, band_end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
             m_i = m_new

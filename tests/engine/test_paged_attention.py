@@ -458,3 +458,38 @@ def test_fp8_cache_with_bf16_query_interpreted() -> None:
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 0.25, **scales)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("fp8", [False, True])
+def test_block_table_entries_past_a_sequence_are_never_used(fp8: bool) -> None:
+    """On the GPU the step's block tables come from a reused pinned arena: entries past a
+    sequence's blocks hold stale ids, and the last row may end exactly at its last block
+    (FP8 decode reads 128-key tiles over 16-token blocks). Results must equal the reference
+    on clean tables."""
+    torch.manual_seed(7)
+    dtype = torch.float8_e4m3fn if fp8 else torch.float32
+    k_cache = (torch.randn(8, 16, 2, 16) * 0.5).to(dtype)
+    v_cache = (torch.randn(8, 16, 2, 16) * 0.5).to(dtype)
+    lens = torch.tensor([37, 20], dtype=torch.int32)
+    clean = torch.tensor([[5, 2, 7], [1, 4, 0]], dtype=torch.int32)
+    stale = clean.clone()
+    stale[1, 2] = 2**30  # past the second sequence's two blocks
+    q = torch.randn(2, 4, 16)
+    got = pa.paged_decode_attention(
+        q, k_cache, v_cache, stale, lens, 0.25, num_splits=1, impl="triton"
+    )
+    want = pa.ref_paged_decode_attention(q, k_cache, v_cache, clean, lens, 0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    narrow = clean[:, :2].contiguous()  # the last row ends at its last block
+    lens2 = torch.tensor([20, 32], dtype=torch.int32)
+    got = pa.paged_decode_attention(
+        q, k_cache, v_cache, narrow, lens2, 0.25, num_splits=1, impl="triton"
+    )
+    want = pa.ref_paged_decode_attention(q, k_cache, v_cache, narrow, lens2, 0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    cu = torch.tensor([0, 5, 9], dtype=torch.int32)
+    qe = torch.randn(9, 4, 16)
+    got = pa.paged_extend_attention(qe, k_cache, v_cache, stale, cu, lens, 0.25, impl="triton")
+    want = pa.ref_paged_extend_attention(qe, k_cache, v_cache, clean, cu, lens, 0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

@@ -591,10 +591,12 @@ def test_random_operations_keep_the_allocator_consistent(ops: list[tuple[object,
 # -- upload batching ------------------------------------------------------------------------
 
 
-def _decoding(sched: Scheduler, runner: FakeRunner, clock: FakeClock, n: int) -> None:
-    """n uploads admitted and prefilled at t=0; afterwards they only decode."""
+def _decoding(
+    sched: Scheduler, runner: FakeRunner, clock: FakeClock, n: int, cls: RequestClass = UPLOAD
+) -> None:
+    """n requests admitted and prefilled at t=0; afterwards they only decode."""
     for i in range(n):
-        sched.add(req(f"run{i}", 20, max_new=200))
+        sched.add(req(f"run{i}", 20, cls, max_new=200, deadline=100.0 if cls is LIVE else None))
     run_steps(sched, runner, clock, 1)
     assert all(r.is_decoding for r in sched.running)
 
@@ -641,10 +643,26 @@ def test_uploads_are_not_held_when_nothing_decodes_or_when_disabled() -> None:
     assert _admitted(batch) == {"late"}
 
 
-def test_live_hops_are_never_held() -> None:
+def test_live_hops_are_never_held_and_take_held_uploads_along() -> None:
     sched, runner, clock = make(upload_batch_wait_s=10.0)
     _decoding(sched, runner, clock, 3)
     sched.add(req("hop", 20, LIVE, deadline=clock.now_s + 1.0, arrival=clock.now_s))
     sched.add(req("upload", 20, arrival=clock.now_s))
     (batch,) = run_steps(sched, runner, clock, 1)
-    assert _admitted(batch) == {"hop"}
+    # the hop makes this step eager anyway, so the upload is not held back for another one
+    assert _admitted(batch) == {"hop", "upload"}
+
+
+def test_held_uploads_leave_the_whole_budget_to_live_work() -> None:
+    """With only live requests running, a held upload reserves no share: the live hop is not
+    capped at (1 - upload_min_share) of the step's tokens."""
+    sched, runner, clock = make(
+        upload_batch_wait_s=10.0, max_num_batched_tokens=2048, chunked_prefill_size=2048
+    )
+    _decoding(sched, runner, clock, 3, LIVE)
+    sched.add(req("hop", 3000, LIVE, deadline=clock.now_s + 1.0, arrival=clock.now_s))
+    sched.add(req("upload", 300, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    chunks = {c.request.request_id: c.num_tokens for c in batch.prefills}
+    # uncapped: with the upload's share reserved the hop would get 0.75 x 2048 = 1536 tokens
+    assert chunks["hop"] > 1536, chunks

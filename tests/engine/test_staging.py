@@ -75,6 +75,7 @@ def test_cuda_arenas_alternate_and_grow() -> None:
         staging.stage([1], torch.int64)
     outs = []
     for step in range(6):
+        torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time: the copies below stay pending
         staging.begin_step()
         values = [step * 1000 + i for i in range(100)]  # 800 bytes: grows the 256-byte arena
         host = staging.stage(values, torch.int64)
