@@ -353,6 +353,7 @@ class LinearPlan:
         """Time cuBLAS and every candidate for each distinct CUDA bf16/fp16 weight shape at 1
         and SKINNY_MAX_M rows; keep the fastest. Returns (and logs) the measurements. Needs no
         graph capture in progress; allocates ~TUNE_L2_DEFEAT_BYTES of scratch per shape."""
+        self.results = []  # a second tune replaces the first one's measurements
         seen: set[tuple[int, int, torch.dtype]] = set()
         for w in weights:
             key = (w.shape[0], w.shape[1], w.dtype)
