@@ -32,6 +32,7 @@ class ModelConfig:
     num_kv_blocks: int | None = None  # KV pool size in blocks; None sizes it from memory
     kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
     max_new_tokens: int | None = None  # cap on output tokens per request (None: duration-scaled)
+    prefill_graphs: bool = False  # piecewise CUDA graphs for prefill steps (not yet measured)
 
     @property
     def backend_name(self) -> str:

@@ -225,6 +225,7 @@ def build_engine(
     eager: bool,
     model: Any = None,
     num_kv_blocks: int | None = None,
+    prefill_graphs: bool = False,
 ) -> Engine:
     """An Engine on dummy weights: real size, or the small `TINY_CONFIG` (smoke tests).
     `model`: a (MossTDModel, MossTDConfig) to reuse (e.g. for the FP8-KV pass)."""
@@ -234,6 +235,7 @@ def build_engine(
         "dtype": dtype,
         "kv_cache_dtype": kv_cache_dtype,
         "num_kv_blocks": num_kv_blocks,
+        "prefill_graphs": prefill_graphs,
     }
     if "cuda_graphs" in {f.name for f in dataclasses.fields(EngineConfig)}:
         kwargs["cuda_graphs"] = not eager
@@ -248,13 +250,12 @@ def build_engine(
 
 
 def graph_counters(engine: Engine) -> tuple[int | None, int | None]:
-    """(num_replays, num_eager_fallbacks) of the engine's CUDA-graph runner, wherever it hangs
-    (runner or engine attribute); (None, None) when there is none."""
-    for owner in (engine.runner, engine):
-        for value in vars(owner).values():
-            if hasattr(value, "num_replays"):
-                return int(value.num_replays), int(getattr(value, "num_eager_fallbacks", 0))
-    return None, None
+    """(num_replays, num_eager_fallbacks) of the engine's decode CUDA graphs; (None, None)
+    when it has none (CPU, --eager)."""
+    graphs = engine.runner.graphs
+    if graphs is None:
+        return None, None
+    return graphs.num_replays, graphs.num_eager_fallbacks
 
 
 def weight_bytes_per_step(engine: Engine) -> int:
@@ -546,6 +547,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--short-concurrency", type=parse_ints, default=[1, 16, 64])
     p.add_argument("--long-concurrency", type=parse_ints, default=[1, 4])
     p.add_argument(
+        "--prefill-graphs", action="store_true", help="piecewise CUDA graphs for prefill steps"
+    )
+    p.add_argument(
         "--assumed-audio-s-per-s",
         type=float,
         default=ASSUMED_AUDIO_S_PER_S,
@@ -606,6 +610,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kv_cache_dtype=args.kv_cache_dtype,
         eager=args.eager,
         num_kv_blocks=args.num_kv_blocks,
+        prefill_graphs=args.prefill_graphs,
     )
     device = engine.runner.device
     print(f"engine ready in {time.perf_counter() - t0:.1f} s on {device}", flush=True)
@@ -663,6 +668,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             eager=args.eager,
             model=model,
             num_kv_blocks=args.num_kv_blocks,
+            prefill_graphs=args.prefill_graphs,
         )
         cache.engine = engine
         run_points(engine, BatchLog(engine), cache, args.fp8, "fp8_e4m3", budget, report)

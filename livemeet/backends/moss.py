@@ -229,6 +229,7 @@ class MossCore:
                     dtype=cfg.dtype,
                     num_kv_blocks=cfg.num_kv_blocks,
                     kv_cache_dtype=cfg.kv_cache_dtype,
+                    prefill_graphs=cfg.prefill_graphs,
                 )
             )
         if self.config.forced_output:

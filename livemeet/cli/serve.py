@@ -76,6 +76,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="benchmarks: a reference transcript [0.00][S01]text[1.20]... forced as the output",
     )
+    p.add_argument(
+        "--prefill-graphs",
+        action="store_true",
+        help="CUDA: run prefill steps as piecewise CUDA graphs (experimental, off by default)",
+    )
 
 
 def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
@@ -90,6 +95,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype,
         max_new_tokens=args.max_new_tokens,
+        prefill_graphs=args.prefill_graphs,
     )
 
 

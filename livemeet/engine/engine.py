@@ -68,7 +68,8 @@ class EngineConfig:
     "dummy" (real-size random weights). `num_kv_blocks`: fixed pool size (tests), else sized
     from free memory x `mem_fraction`. `kv_cache_dtype`: "auto" (model dtype) or "fp8_e4m3".
     `cuda_graphs`: replay captured decode steps (CUDA only). `async_decode`: one-step lookahead
-    (CUDA only unless a TokenTransfer is given to Engine)."""
+    (CUDA only unless a TokenTransfer is given to Engine). `prefill_graphs`: piecewise graphs
+    for steps that prefill (CUDA only; off until measured on a GPU)."""
 
     model: str | None = None
     load_format: str = "auto"
@@ -82,6 +83,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cuda_graphs: bool = True
     async_decode: bool = True
+    prefill_graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ class Engine:
             cuda_graphs=config.cuda_graphs,
             max_model_len=config.scheduler.max_model_len,
             max_num_seqs=config.scheduler.max_num_seqs,
+            prefill_graphs=config.prefill_graphs and config.cuda_graphs,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
         )
         self.encoder = EncoderRunner(
             self.model,

@@ -29,6 +29,7 @@ import torch
 from livemeet.audio.constants import MAX_CONTEXT_TOKENS
 from livemeet.engine.cuda_graph import GraphRunner
 from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
+from livemeet.engine.prefill_graph import PiecewiseRunner
 from livemeet.engine.request import Request
 from livemeet.engine.sampler import SamplingParams, sample
 from livemeet.engine.scheduler import ScheduledBatch
@@ -74,6 +75,8 @@ class ModelRunner:
     `kv_dtype`: None uses the model dtype; torch.float8_e4m3fn stores KV in FP8 with a fixed
     per-tensor scale `kv_scale`. `cuda_graphs` (CUDA only): capture decode graphs for batches
     of up to `max_num_seqs` rows and contexts of up to `max_model_len` tokens (`self.graphs`,
+    None otherwise). `prefill_graphs` (CUDA only): steps that prefill run as piecewise graphs
+    (livemeet.engine.prefill_graph) for up to `max_num_batched_tokens` tokens (`self.piecewise`,
     None otherwise). Raises ConfigError when the pool would be empty.
     """
 
@@ -90,6 +93,8 @@ class ModelRunner:
         cuda_graphs: bool = False,
         max_model_len: int = MAX_CONTEXT_TOKENS,
         max_num_seqs: int = 128,
+        prefill_graphs: bool = False,
+        max_num_batched_tokens: int = 8192,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -127,6 +132,11 @@ class ModelRunner:
                 staging=self.staging,
             )
             self.graphs.capture()
+        self.piecewise: PiecewiseRunner | None = None
+        if prefill_graphs and self.device.type == "cuda":
+            self.piecewise = PiecewiseRunner(
+                model.language_model, device=self.device, max_tokens=max_num_batched_tokens
+            )
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -287,7 +297,10 @@ class ModelRunner:
             embeds[index] = torch.cat(rows.audio_values).to(embeds.dtype)
         meta = self._metadata(rows)
         attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
-        return self.model(embeds, self._upload(rows.positions, torch.long), attn)
+        positions = self._upload(rows.positions, torch.long)
+        if self.piecewise is not None and self.piecewise.fits(len(rows.token_ids)):
+            return self.piecewise.run(embeds, positions, attn)
+        return self.model(embeds, positions, attn)
 
     def _upload(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:
         """Host values -> a device tensor without making the host wait for the GPU (staged in

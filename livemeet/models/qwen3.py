@@ -68,6 +68,14 @@ class Qwen3Attention(nn.Module):
         plan: LinearPlan,
     ) -> torch.Tensor:
         """The fused path (needs `fuse_weights`): x [N, hidden] normed -> o_proj output."""
+        q, k, v = self.project_qkv(x, positions, inv_freq, plan)
+        return self.project_out(attn.attend(self.layer, q, k, v, self.scale), plan)
+
+    def project_qkv(
+        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, plan: LinearPlan
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, hidden] normed -> q [N, heads, D], k and v [N, kv_heads, D]: the fused qkv
+        projection, then q/k RMSNorm and RoPE (needs `fuse_weights`)."""
         assert self.qkv_weight is not None
         n, d = x.shape[0], self.head_dim
         qkv = plan.linear(x, self.qkv_weight)
@@ -86,8 +94,12 @@ class Qwen3Attention(nn.Module):
             inv_freq,
             impl="triton",
         )
-        out = attn.attend(self.layer, q, k, v, self.scale)
-        return plan.linear(out.reshape(n, self.heads * d), self.o_proj.weight)
+        return q, k, v
+
+    def project_out(self, attn_out: torch.Tensor, plan: LinearPlan) -> torch.Tensor:
+        """Attention output [N, heads, D] (or [N, heads * D]) -> o_proj output [N, hidden]."""
+        n = attn_out.shape[0]
+        return plan.linear(attn_out.reshape(n, self.heads * self.head_dim), self.o_proj.weight)
 
     def forward(
         self,
@@ -157,9 +169,32 @@ class Qwen3Layer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) -> (mlp output, residual before it); the layer's output is their
         sum, which the next layer's (or the final) norm computes. residual None: first layer."""
+        q, k, v, residual = self.pre_attention(hidden, residual, positions, inv_freq, plan)
+        out = attn.attend(self.self_attn.layer, q, k, v, self.self_attn.scale)
+        return self.post_attention(out, residual, plan)
+
+    def pre_attention(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        plan: LinearPlan,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The per-token work before attention: (hidden, residual) -> (q, k, v, residual).
+        With `post_attention` it is `forward_fused` cut at the attention call, which is where
+        per-token work (capturable for any row count) meets per-sequence work."""
         norm = self.input_layernorm
         h, residual = fk.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps, impl="triton")
-        h = self.self_attn.forward_fused(h, positions, inv_freq, attn, plan)
+        q, k, v = self.self_attn.project_qkv(h, positions, inv_freq, plan)
+        return q, k, v, residual
+
+    def post_attention(
+        self, attn_out: torch.Tensor, residual: torch.Tensor, plan: LinearPlan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-token work after attention: (attention output, residual) -> (mlp output,
+        residual before the MLP)."""
+        h = self.self_attn.project_out(attn_out, plan)
         norm = self.post_attention_layernorm
         h, residual = fk.fused_add_rms_norm(h, residual, norm.weight, norm.eps, impl="triton")
         return self.mlp.forward_fused(h, plan), residual
@@ -250,6 +285,10 @@ class Qwen3Model(nn.Module):
             hidden, residual = layer.forward_fused(
                 hidden, residual, positions, inv_freq, attn, self.linear_plan
             )
+        return self.final_norm(hidden, residual)
+
+    def final_norm(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The last layer's (mlp output, residual) -> normed hidden states [N, hidden]."""
         out, _ = fk.fused_add_rms_norm(
             hidden, residual, self.norm.weight, self.norm.eps, impl="triton"
         )
