@@ -131,14 +131,13 @@ class GraphRunner:
         self.num_kv_heads = num_kv_heads
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         rows = self.buckets[-1]
-        i64 = {"dtype": torch.int64, "device": device}
-        i32 = {"dtype": torch.int32, "device": device}
-        self.token_ids = torch.zeros(rows, **i64)
-        self.positions = torch.zeros(rows, **i64)
-        self.slot_mapping = torch.full((rows,), -1, **i64)
-        self.seq_lens = torch.zeros(rows, **i32)
-        self.block_tables = torch.zeros((rows, self.max_blocks_per_seq), **i32)
-        self.cu_seqlens_q = torch.arange(rows + 1, **i32)  # one query per row
+        i64, i32 = torch.int64, torch.int32
+        self.token_ids = torch.zeros(rows, dtype=i64, device=device)
+        self.positions = torch.zeros(rows, dtype=i64, device=device)
+        self.slot_mapping = torch.full((rows,), -1, dtype=i64, device=device)
+        self.seq_lens = torch.zeros(rows, dtype=i32, device=device)
+        self.block_tables = torch.zeros((rows, self.max_blocks_per_seq), dtype=i32, device=device)
+        self.cu_seqlens_q = torch.arange(rows + 1, dtype=i32, device=device)  # one query per row
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.num_replays = 0

@@ -75,11 +75,11 @@ class PiecewiseRunner:
         self.layers = lm._typed_layers
         self.buckets = prefill_buckets(max_tokens)
         rows = self.buckets[-1]
-        act = {"dtype": lm.embed_tokens.weight.dtype, "device": device}
-        self.embeds = torch.zeros(rows, cfg.hidden, **act)  # type: ignore[arg-type]
+        dtype = lm.embed_tokens.weight.dtype
+        self.embeds = torch.zeros(rows, cfg.hidden, dtype=dtype, device=device)
         self.positions = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.q = torch.zeros(rows, cfg.heads, cfg.head_dim, **act)  # type: ignore[arg-type]
-        self.k = torch.zeros(rows, cfg.kv_heads, cfg.head_dim, **act)  # type: ignore[arg-type]
+        self.q = torch.zeros(rows, cfg.heads, cfg.head_dim, dtype=dtype, device=device)
+        self.k = torch.zeros(rows, cfg.kv_heads, cfg.head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.residual = torch.zeros_like(self.embeds)
         self.attn_out = torch.zeros_like(self.q)

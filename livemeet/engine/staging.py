@@ -75,7 +75,7 @@ class HostStaging:
         or for a dtype other than int32/int64."""
         np_dtype = self._check(dtype)
         if not self.cuda:
-            array = np.asarray(values, dtype=np_dtype)
+            array: np.ndarray = np.asarray(values, dtype=np_dtype)
             return torch.from_numpy(array.reshape(shape or array.shape).copy())
         count = len(values) if not shape else int(np.prod(shape))
         out = self._arenas[self._current].take(count, np_dtype, shape or (count,))
@@ -133,7 +133,7 @@ class _Arena:
 
     def fence(self) -> None:
         if self.pinned:
-            self.event = torch.cuda.Event()
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             # the stream of the device the copies went to (not the current device's)
             self.event.record(torch.cuda.current_stream(self.device))
 
