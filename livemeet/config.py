@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES
+from livemeet.audio.constants import CHUNKED_PREFILL_SIZE, MAX_AUDIO_S, MAX_UPLOAD_BYTES
 from livemeet.errors import ConfigError
 
 
@@ -33,6 +33,8 @@ class ModelConfig:
     kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
     max_new_tokens: int | None = None  # cap on output tokens per request (None: duration-scaled)
     prefill_graphs: bool = False  # piecewise CUDA graphs for prefill steps (not yet measured)
+    mem_fraction: float = 0.85  # of the GPU's memory the process may fill (KV pool sized last)
+    chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest prefill chunk per step
 
     @property
     def backend_name(self) -> str:
@@ -55,6 +57,10 @@ class ModelConfig:
             )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
+        if not 0.0 < self.mem_fraction < 1.0:
+            raise ConfigError(f"mem_fraction must be in (0, 1), not {self.mem_fraction}")
+        if self.chunked_prefill_size < 1:
+            raise ConfigError(f"chunked_prefill_size must be >= 1, not {self.chunked_prefill_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
         if self.forced_output is not None and not Path(self.forced_output).is_file():

@@ -35,6 +35,7 @@ from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES, num_audio_toke
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.request import Request, RequestClass
+from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.errors import ConfigError, InvalidRequest, LivemeetError, NotFound, ProtocolError
 from livemeet.models.prompt import stable_prefix_len
 from livemeet.session.live import LiveOptions, LiveSession
@@ -230,6 +231,13 @@ class MossCore:
                     num_kv_blocks=cfg.num_kv_blocks,
                     kv_cache_dtype=cfg.kv_cache_dtype,
                     prefill_graphs=cfg.prefill_graphs,
+                    mem_fraction=cfg.mem_fraction,
+                    scheduler=SchedulerConfig(
+                        chunked_prefill_size=cfg.chunked_prefill_size,
+                        max_num_batched_tokens=max(
+                            SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
+                        ),
+                    ),
                 )
             )
         if self.config.forced_output:

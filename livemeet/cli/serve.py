@@ -9,7 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES
+from livemeet.audio.constants import CHUNKED_PREFILL_SIZE, MAX_AUDIO_S, MAX_UPLOAD_BYTES
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig
 from livemeet.errors import ConfigError
 
@@ -77,6 +77,18 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         help="benchmarks: a reference transcript [0.00][S01]text[1.20]... forced as the output",
     )
     p.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=0.85,
+        help="fraction of the GPU's memory to use; the KV pool gets what the model leaves",
+    )
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=CHUNKED_PREFILL_SIZE,
+        help="largest prefill chunk of one request per engine step, in tokens",
+    )
+    p.add_argument(
         "--prefill-graphs",
         action="store_true",
         help="CUDA: run prefill steps as piecewise CUDA graphs (experimental, off by default)",
@@ -96,6 +108,8 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         kv_cache_dtype=args.kv_cache_dtype,
         max_new_tokens=args.max_new_tokens,
         prefill_graphs=args.prefill_graphs,
+        mem_fraction=args.mem_fraction,
+        chunked_prefill_size=args.chunked_prefill_size,
     )
 
 

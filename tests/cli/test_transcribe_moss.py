@@ -80,3 +80,47 @@ def test_serve_model_flags(tmp_path: Path) -> None:
     assert not serve.config_from_args(args).model.prefill_graphs  # off unless asked for
     args = build_parser().parse_args(["serve", "--model", "x", "--prefill-graphs"])
     assert serve.config_from_args(args).model.prefill_graphs
+
+
+def test_serve_engine_sizing_flags() -> None:
+    """--mem-fraction and --chunked-prefill-size reach the ModelConfig and are validated."""
+    from livemeet.__main__ import build_parser
+    from livemeet.cli import serve
+    from livemeet.errors import ConfigError
+
+    args = build_parser().parse_args(["serve", "--model", "x"])
+    config = serve.config_from_args(args).model
+    assert config.mem_fraction == 0.85 and config.chunked_prefill_size == 4096
+    args = build_parser().parse_args(
+        ["serve", "--model", "x", "--mem-fraction", "0.5", "--chunked-prefill-size", "512"]
+    )
+    config = serve.config_from_args(args).model
+    assert config.mem_fraction == 0.5 and config.chunked_prefill_size == 512
+    for bad in (
+        ["--mem-fraction", "1.0"],
+        ["--mem-fraction", "0"],
+        ["--chunked-prefill-size", "0"],
+    ):
+        args = build_parser().parse_args(["serve", "--model", "x", *bad])
+        with pytest.raises(ConfigError):
+            serve.config_from_args(args)
+
+
+def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
+    from livemeet.backends.moss import MossCore
+    from livemeet.config import ModelConfig
+
+    core = MossCore(
+        ModelConfig(
+            model=str(moss_dir), device="cpu", dtype="float32", num_kv_blocks=64,
+            mem_fraction=0.6, chunked_prefill_size=16_384,
+        )
+    )  # fmt: skip
+    core.load()
+    try:
+        assert core.engine is not None
+        assert core.engine.config.mem_fraction == 0.6
+        sched = core.engine.scheduler.config
+        assert sched.chunked_prefill_size == 16_384 and sched.max_num_batched_tokens == 16_384
+    finally:
+        core.close()
