@@ -404,11 +404,11 @@ def run_point(
     encoder_s: list[float] = []
     encode = engine.encoder.encode
 
-    def timed_encode(samples: Any) -> Any:
+    def timed_encode(*args: Any, **kwargs: Any) -> Any:
         # synchronised so the time is the encoder's own, not the step queued before it
         synchronize(device)
         start = time.perf_counter()
-        out = encode(samples)
+        out = encode(*args, **kwargs)
         synchronize(device)
         encoder_s.append(time.perf_counter() - start)
         return out

@@ -33,6 +33,7 @@ import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES, num_audio_tokens
 from livemeet.config import ModelConfig
+from livemeet.engine.encoder_runner import full_window_keys
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.scheduler import SchedulerConfig
@@ -177,7 +178,11 @@ class _Live:
     options: SessionOptions
     live: LiveSession
     chunks: list[np.ndarray] = field(default_factory=list)
-    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    # append-only samples: `buffer[:length]`, grown by doubling (no copy of the whole
+    # meeting per hop)
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    length: int = 0
+    window_keys: list[bytes] = field(default_factory=list)  # of full windows, hashed once
     hop: _Hop | None = None
     retained: _Retained | None = None
     num_hops: int = 0
@@ -185,10 +190,23 @@ class _Live:
     last_reason: FinishReason = FinishReason.STOP
 
     def audio_to(self, edge: int) -> np.ndarray:
-        if self.chunks:
-            self.audio = np.concatenate([self.audio, *self.chunks])
-            self.chunks = []
-        return self.audio[:edge]
+        """The first `edge` samples heard (a view: valid until the next append)."""
+        incoming = sum(c.size for c in self.chunks)
+        if self.length + incoming > self.buffer.size:
+            grown = np.zeros(max(2 * self.buffer.size, self.length + incoming), np.float32)
+            grown[: self.length] = self.buffer[: self.length]
+            self.buffer = grown
+        for chunk in self.chunks:
+            self.buffer[self.length : self.length + chunk.size] = chunk
+            self.length += chunk.size
+        self.chunks = []
+        return self.buffer[: min(edge, self.length)]
+
+    def full_window_keys(self, audio: np.ndarray) -> list[bytes]:
+        """Encoder-cache keys of `audio`'s full windows; each window is hashed once per
+        session (the audio only grows, so a full window never changes)."""
+        self.window_keys = full_window_keys(audio, self.window_keys)
+        return self.window_keys
 
 
 _Session = _Upload | _Live
@@ -458,6 +476,7 @@ class MossCore:
                 retain_kv=True,
                 fork_from=fork_from,
                 num_fork_tokens=num_fork,
+                window_keys=sess.full_window_keys(audio),
             )
         finally:
             if prev is not None:  # a fork released it already; else free it now

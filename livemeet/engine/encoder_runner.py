@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from livemeet.audio.constants import N_FRAMES, N_MELS, TOKENS_PER_WINDOW
-from livemeet.audio.features import log_mel, split_windows
+from livemeet.audio.constants import N_FRAMES, N_MELS, WINDOW_SAMPLES
+from livemeet.audio.features import check_samples, log_mel, window_token_counts
 from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.models.adaptor import merge_frames
 from livemeet.models.audio_llm import MossTDModel
@@ -35,6 +35,36 @@ from livemeet.models.audio_llm import MossTDModel
 ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8)  # windows per captured encoder graph; 8 = micro-batch
 PARALLEL_HASH_MIN_WINDOWS = 8  # full windows from which hashing runs on threads
 HASH_THREADS = 8  # threads hashing window samples (each ~1 ms per 30 s window)
+
+
+def window_key(window: np.ndarray) -> bytes:
+    """Cache key of one full window: 128 bits of SHA-256 over its 480,000 float32 samples, read
+    in place (~1 ms per window on one core)."""
+    data = np.ascontiguousarray(window, dtype=np.float32)
+    return hashlib.sha256(memoryview(data).cast("B")).digest()[:16]
+
+
+def full_window_keys(samples: np.ndarray, known: Sequence[bytes] = ()) -> list[bytes]:
+    """Keys of every full 30 s window of `samples` (float32 [S]), in order; the first
+    len(known) are taken from `known` (the caller vouches for them). Many windows are hashed
+    on threads (hashlib releases the GIL): a 37-minute meeting has 74 full windows."""
+    num_full = samples.size // WINDOW_SAMPLES
+    keys = list(known[:num_full])
+    todo = [
+        samples[w * WINDOW_SAMPLES : (w + 1) * WINDOW_SAMPLES] for w in range(len(keys), num_full)
+    ]
+    if len(todo) < PARALLEL_HASH_MIN_WINDOWS:
+        return keys + [window_key(w) for w in todo]
+    with ThreadPoolExecutor(max_workers=min(HASH_THREADS, os.cpu_count() or 1)) as pool:
+        return keys + list(pool.map(window_key, todo))
+
+
+def _window(samples: np.ndarray, w: int) -> torch.Tensor:
+    """Window w of `samples` as float32 [480000] on the CPU, zero-padded past the audio."""
+    chunk = samples[w * WINDOW_SAMPLES : (w + 1) * WINDOW_SAMPLES]
+    out = torch.zeros(WINDOW_SAMPLES, dtype=torch.float32)
+    out[: chunk.size] = torch.from_numpy(np.ascontiguousarray(chunk))
+    return out
 
 
 class EncoderRunner:
@@ -68,23 +98,33 @@ class EncoderRunner:
         return self.model.language_model.embed_tokens.weight.device
 
     @torch.inference_mode()
-    def encode(self, audios: Sequence[np.ndarray]) -> list[torch.Tensor]:
+    def encode(
+        self,
+        audios: Sequence[np.ndarray],
+        window_keys: Sequence[Sequence[bytes]] | None = None,
+    ) -> list[torch.Tensor]:
         """Each mono 16 kHz float32 audio -> embeddings [ceil(S/1280), hidden] on the device.
 
-        Raises BadAudio for empty or non-finite audio (from split_windows).
+        `window_keys[a]` (optional): cache keys (`window_key`) of the first full windows of
+        audio a, which the caller vouches for (a live session hashes each window once as its
+        append-only audio grows); the other full windows are hashed here. Only windows that
+        miss the cache are copied out of the audio. Raises BadAudio for empty or non-finite
+        audio.
         """
         jobs: list[tuple[int, int, torch.Tensor, int, bytes | None]] = []
         per_audio: list[list[torch.Tensor | None]] = []
-        for a, samples in enumerate(audios):
-            windows, counts = split_windows(samples)
-            keys = self._keys(windows, counts)
+        for a, raw in enumerate(audios):
+            samples = check_samples(raw).astype(np.float32, copy=False)
+            counts = window_token_counts(samples.size)
+            known = window_keys[a] if window_keys is not None else ()
+            keys = full_window_keys(samples, known)
             slots: list[torch.Tensor | None] = []
             for w, count in enumerate(counts):
-                key = keys[w]
+                key = keys[w] if w < len(keys) else None
                 hit = self._lookup(key)
                 slots.append(hit)
                 if hit is None:
-                    jobs.append((a, w, windows[w], count, key))
+                    jobs.append((a, w, _window(samples, w), count, key))
             per_audio.append(slots)
         for start in range(0, len(jobs), self.max_windows_per_batch):
             self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
@@ -135,30 +175,6 @@ class EncoderRunner:
                 static_out = encoder(static_in)
             pool = graph.pool()
             self._graphs[bucket] = (graph, static_in, static_out)
-
-    @staticmethod
-    def _key(window: torch.Tensor) -> bytes:
-        """128 bits of SHA-256 over the window's float32 samples (read in place: ~1 ms per
-        window on one core, half of blake2b over a copy)."""
-        return hashlib.sha256(memoryview(window.numpy()).cast("B")).digest()[:16]
-
-    @staticmethod
-    def _keys(windows: torch.Tensor, counts: list[int]) -> list[bytes | None]:
-        """Cache keys of the full windows (None for a partial one). Many windows are hashed
-        on threads (hashlib releases the GIL): a 37-minute meeting has 74 full windows."""
-        full = [w for w, count in enumerate(counts) if count == TOKENS_PER_WINDOW]
-        keys: list[bytes | None] = [None] * len(counts)
-        if len(full) < PARALLEL_HASH_MIN_WINDOWS:
-            for w in full:
-                keys[w] = EncoderRunner._key(windows[w])
-            return keys
-        workers = min(HASH_THREADS, os.cpu_count() or 1)
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for w, key in zip(
-                full, pool.map(EncoderRunner._key, (windows[w] for w in full)), strict=True
-            ):
-                keys[w] = key
-        return keys
 
     def _lookup(self, key: bytes | None) -> torch.Tensor | None:
         if key is None or key not in self._cache:

@@ -145,6 +145,7 @@ class Engine:
         self.clock = clock
         self._audio: dict[str, torch.Tensor] = {}  # [num audio tokens, hidden] per request
         self._pending_audio: dict[str, np.ndarray] = {}  # samples not yet encoded
+        self._window_keys: dict[str, Sequence[bytes]] = {}  # caller-given encoder-cache keys
         self._sampling: dict[str, SamplingParams] = {}
         self._forced: dict[str, Sequence[int]] = {}
         if transfer is None and config.async_decode and self.runner.device.type == "cuda":
@@ -180,6 +181,7 @@ class Engine:
         retain_kv: bool = False,
         fork_from: str | None = None,
         num_fork_tokens: int = 0,
+        window_keys: Sequence[bytes] = (),
     ) -> Request:
         """Queue a request for `samples` (16 kHz mono float32 [n]); they are encoded when the
         request is first scheduled, together with every other request of that step.
@@ -191,6 +193,8 @@ class Engine:
         to `Scheduler.add` (keep this request's KV after it finishes; share the first tokens' KV
         of another request); the caller vouches that the audio embeddings at the forked
         positions are unchanged; `request.num_cached_tokens` then counts the reused tokens.
+        `window_keys`: encoder-cache keys of the audio's first full windows
+        (`encoder_runner.window_key`), which the caller vouches for; the rest are hashed.
         Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
         room in the context).
         """
@@ -215,6 +219,8 @@ class Engine:
             request, retain_kv=retain_kv, fork_from=fork_from, num_fork_tokens=num_fork_tokens
         )
         self._pending_audio[request_id] = samples
+        if window_keys:
+            self._window_keys[request_id] = window_keys
         self._sampling[request_id] = sampling or SamplingParams()
         if forced_output_ids is not None:
             self._forced[request_id] = forced_output_ids
@@ -314,7 +320,10 @@ class Engine:
         todo = [rid for rid in dict.fromkeys(ids) if rid in self._pending_audio]
         if not todo:
             return
-        embeds = self.encoder.encode([self._pending_audio[rid] for rid in todo])
+        embeds = self.encoder.encode(
+            [self._pending_audio[rid] for rid in todo],
+            window_keys=[self._window_keys.pop(rid, ()) for rid in todo],
+        )
         for rid, e in zip(todo, embeds, strict=True):
             del self._pending_audio[rid]
             self._audio[rid] = e
@@ -335,6 +344,7 @@ class Engine:
 
     def _forget(self, request_id: str) -> None:
         self._pending_audio.pop(request_id, None)
+        self._window_keys.pop(request_id, None)
         self._audio.pop(request_id, None)
         self._sampling.pop(request_id, None)
         self._forced.pop(request_id, None)

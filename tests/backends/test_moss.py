@@ -376,3 +376,34 @@ def test_live_hop_with_forked_kv_matches_a_fresh_decode(
     assert tokens["L/hop000001"] == generate(our_model, torch.tensor(ids), embeds, 12, EOS)
     core.abort("L")
     assert_pool_clean(core)
+
+
+def test_live_audio_grows_in_place_and_hashes_each_window_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A live session's audio is append-only: `audio_to` returns the samples heard so far
+    without copying the whole meeting per hop, and each full window's encoder-cache key is
+    computed once for the session, then handed to every later hop."""
+    import livemeet.engine.encoder_runner as er
+    from livemeet.backends.moss import _Live
+    from livemeet.session.live import LiveOptions, LiveSession
+
+    rng = np.random.default_rng(4)
+    audio = (0.1 * rng.standard_normal(16_000 * 95)).astype(np.float32)
+    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions(hop_s=1.0)))
+    hashed: list[int] = []
+    real = er.window_key
+    monkeypatch.setattr(er, "window_key", lambda w: hashed.append(1) or real(w))
+    fed = 0
+    for edge_s in (7, 31, 33, 61, 95):
+        edge = 16_000 * edge_s
+        for piece in np.array_split(audio[fed:edge], 3):  # uneven chunks, as a client sends
+            sess.chunks.append(piece)
+        fed = edge
+        heard = sess.audio_to(edge)
+        np.testing.assert_array_equal(heard, audio[:edge])
+        keys = sess.full_window_keys(heard)
+        assert len(keys) == edge // (16_000 * 30)
+    assert len(hashed) == 3  # windows 0, 1 and 2, each once over five hops
+    assert keys == er.full_window_keys(audio)
+    assert sess.audio_to(16_000 * 200).size == audio.size  # an edge past the audio: all of it

@@ -70,15 +70,43 @@ def test_graph_replay_matches_eager(our_model: MossTDModel, long_speech: np.ndar
 
 
 def test_threaded_window_keys_equal_sequential_ones() -> None:
-    """A long audio's full windows are hashed on threads: same keys, same order, partial last
-    window unkeyed; different samples give different keys."""
-    from livemeet.engine.encoder_runner import PARALLEL_HASH_MIN_WINDOWS
+    """A long audio's full windows are hashed on threads: same keys as one by one, in order,
+    the partial last window unkeyed; different samples give different keys."""
+    from livemeet.engine.encoder_runner import (
+        PARALLEL_HASH_MIN_WINDOWS,
+        full_window_keys,
+        window_key,
+    )
 
     rng = np.random.default_rng(3)
     seconds = 30 * (PARALLEL_HASH_MIN_WINDOWS + 1) + 7
     samples = (0.1 * rng.standard_normal(16_000 * seconds)).astype(np.float32)
     windows, counts = split_windows(samples)
-    keys = EncoderRunner._keys(windows, counts)
-    assert keys[-1] is None and all(k is not None for k in keys[:-1])
-    assert keys[:-1] == [EncoderRunner._key(w) for w in windows[:-1]]
-    assert len(set(keys[:-1])) == len(keys) - 1
+    keys = full_window_keys(samples)
+    assert len(keys) == len(counts) - 1 == PARALLEL_HASH_MIN_WINDOWS + 1
+    assert keys == [window_key(w.numpy()) for w in windows[:-1]]  # padded copy == slice
+    assert len(set(keys)) == len(keys)
+    assert full_window_keys(samples, keys[:3]) == keys
+    assert full_window_keys(samples[: 16_000 * 29]) == []
+
+
+def test_given_window_keys_are_trusted_and_not_rehashed(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live session passes the keys of windows it has hashed before: encode uses them (no
+    hashing), serves those windows from the cache, and returns what a plain encode does."""
+    import livemeet.engine.encoder_runner as er
+
+    audio = np.tile(long_speech, 3)[: 16_000 * 75]  # two full windows and a partial one
+    runner = EncoderRunner(our_model, cache_windows=8)
+    plain = runner.encode([audio])[0]
+    keys = er.full_window_keys(audio)
+    hashed: list[int] = []
+    real = er.window_key
+    monkeypatch.setattr(er, "window_key", lambda w: hashed.append(1) or real(w))
+    hits = runner.num_cache_hits
+    again = runner.encode([audio], window_keys=[keys])[0]
+    assert hashed == [] and runner.num_cache_hits == hits + 2
+    torch.testing.assert_close(again, plain, rtol=0, atol=0)
+    runner.encode([audio], window_keys=[keys[:1]])  # one known, one hashed here
+    assert hashed == [1]
