@@ -133,6 +133,7 @@ class RunResult:
     decode_ms_per_step: float
     graph_replays: int | None  # None: the engine has no CUDA-graph runner
     graph_eager_fallbacks: int | None
+    prefill_graph_replays: int | None = None  # steps run on piecewise prefill graphs
 
 
 @dataclass(frozen=True)
@@ -389,6 +390,8 @@ def run_point(
     workload, samples, forced = cache.get(name)
     device = engine.runner.device
     replays0, eager0 = graph_counters(engine)
+    piecewise = engine.runner.piecewise
+    pieces0 = None if piecewise is None else piecewise.num_replays
     first_batch = len(log.batches)
     synchronize(device)
     t0 = time.perf_counter()
@@ -458,6 +461,9 @@ def run_point(
         decode_ms_per_step=1e3 * statistics.fmean(decode_steps) if decode_steps else 0.0,
         graph_replays=None if replays0 is None else replays1 - replays0,  # type: ignore[operator]
         graph_eager_fallbacks=None if eager0 is None else eager1 - eager0,  # type: ignore[operator]
+        prefill_graph_replays=(
+            None if piecewise is None or pieces0 is None else piecewise.num_replays - pieces0
+        ),
     )
 
 
@@ -518,6 +524,8 @@ def markdown(report: dict[str, Any]) -> str:
     for r in report["runs"]:
         replays, eager = r["graph_replays"], r["graph_eager_fallbacks"]
         graphs = "-" if replays is None else f"{replays}/{eager}"
+        if r.get("prefill_graph_replays") is not None:
+            graphs += f" (+{r['prefill_graph_replays']} prefill)"
         lines.append(
             f"| {r['workload']} | {r['kv_cache_dtype']} | {r['concurrency']} | "
             f"{r['req_per_s']:.3f} | {r['audio_s_per_s']:.1f} | {r['rtf_mean']:.4f} | "
