@@ -9,8 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from livemeet.audio.constants import CHUNKED_PREFILL_SIZE, MAX_AUDIO_S, MAX_UPLOAD_BYTES
+from livemeet.audio.constants import (
+    CHUNKED_PREFILL_SIZE,
+    KV_BLOCK_SIZE,
+    MAX_AUDIO_S,
+    MAX_CONTEXT_TOKENS,
+    MAX_UPLOAD_BYTES,
+)
 from livemeet.errors import ConfigError
+
+MAX_MEM_FRACTION = 0.95  # leaves >= 7 GB of an H200 for CUDA graphs, the encoder, activations
 
 
 @dataclass(frozen=True)
@@ -33,7 +41,8 @@ class ModelConfig:
     kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
     max_new_tokens: int | None = None  # cap on output tokens per request (None: duration-scaled)
     prefill_graphs: bool = False  # piecewise CUDA graphs for prefill steps (not yet measured)
-    mem_fraction: float = 0.85  # of the GPU's memory the process may fill (KV pool sized last)
+    # of the GPU's memory that weights + KV pool may fill; graphs and activations use the rest
+    mem_fraction: float = 0.85
     chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest prefill chunk per step
 
     @property
@@ -57,10 +66,15 @@ class ModelConfig:
             )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
-        if not 0.0 < self.mem_fraction < 1.0:
-            raise ConfigError(f"mem_fraction must be in (0, 1), not {self.mem_fraction}")
-        if self.chunked_prefill_size < 1:
-            raise ConfigError(f"chunked_prefill_size must be >= 1, not {self.chunked_prefill_size}")
+        if not 0.0 < self.mem_fraction <= MAX_MEM_FRACTION:
+            raise ConfigError(
+                f"mem_fraction must be in (0, {MAX_MEM_FRACTION}], not {self.mem_fraction}"
+            )
+        if not KV_BLOCK_SIZE <= self.chunked_prefill_size <= MAX_CONTEXT_TOKENS:
+            raise ConfigError(
+                f"chunked_prefill_size must be in [{KV_BLOCK_SIZE}, {MAX_CONTEXT_TOKENS}] "
+                f"tokens, not {self.chunked_prefill_size}"
+            )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
         if self.forced_output is not None and not Path(self.forced_output).is_file():

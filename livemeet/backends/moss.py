@@ -57,6 +57,7 @@ from livemeet.transcript.segments import FinishReason, Segment, Transcript, join
 
 log = logging.getLogger(__name__)
 
+LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by at most
 MAX_SUBMITS_PER_STEP = 4  # requests encoded and queued per step(), which bounds a step's time
 DUMMY_MODEL_ID = "moss-td-dummy"
 
@@ -193,7 +194,9 @@ class _Live:
         """The first `edge` samples heard (a view: valid until the next append)."""
         incoming = sum(c.size for c in self.chunks)
         if self.length + incoming > self.buffer.size:
-            grown = np.zeros(max(2 * self.buffer.size, self.length + incoming), np.float32)
+            # doubling, but by at most LIVE_BUFFER_STEP_S at a time (long meetings)
+            step = min(self.buffer.size, LIVE_BUFFER_STEP_S * SAMPLE_RATE)
+            grown = np.zeros(max(self.buffer.size + step, self.length + incoming), np.float32)
             grown[: self.length] = self.buffer[: self.length]
             self.buffer = grown
         for chunk in self.chunks:

@@ -80,7 +80,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
         "--mem-fraction",
         type=float,
         default=0.85,
-        help="fraction of the GPU's memory to use; the KV pool gets what the model leaves",
+        help="fraction of the GPU's memory for weights + KV pool (the pool gets what the "
+        "weights leave; CUDA graphs, prefill graphs and activations use the rest; <= 0.95)",
     )
     p.add_argument(
         "--chunked-prefill-size",

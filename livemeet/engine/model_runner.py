@@ -133,7 +133,7 @@ class ModelRunner:
             )
             self.graphs.capture()
         self.piecewise: PiecewiseRunner | None = None
-        if prefill_graphs and self.device.type == "cuda":
+        if prefill_graphs and model.language_model.use_fused(weight):
             self.piecewise = PiecewiseRunner(
                 model.language_model, device=self.device, max_tokens=max_num_batched_tokens
             )

@@ -97,9 +97,10 @@ def test_serve_engine_sizing_flags() -> None:
     config = serve.config_from_args(args).model
     assert config.mem_fraction == 0.5 and config.chunked_prefill_size == 512
     for bad in (
-        ["--mem-fraction", "1.0"],
+        ["--mem-fraction", "0.97"],  # leaves too little for graphs and activations
         ["--mem-fraction", "0"],
-        ["--chunked-prefill-size", "0"],
+        ["--chunked-prefill-size", "8"],  # below one KV block: non-final chunks would stall
+        ["--chunked-prefill-size", "200000"],  # past the context
     ):
         args = build_parser().parse_args(["serve", "--model", "x", *bad])
         with pytest.raises(ConfigError):
