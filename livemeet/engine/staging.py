@@ -124,18 +124,22 @@ class _Arena:
         self.device = device
         self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         self.offset = 0
+        # one event per arena, re-recorded every step it serves (no per-step creation)
         self.event: torch.cuda.Event | None = None
+        if pinned:
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.recorded = False
 
     def reset(self) -> None:
-        if self.event is not None:
+        if self.event is not None and self.recorded:
             self.event.synchronize()  # copies of the step before last are done
         self.offset = 0
 
     def fence(self) -> None:
-        if self.pinned:
-            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        if self.event is not None:
             # the stream of the device the copies went to (not the current device's)
             self.event.record(torch.cuda.current_stream(self.device))
+            self.recorded = True
 
     def take(self, count: int, np_dtype: type, shape: tuple[int, ...]) -> torch.Tensor:
         itemsize = np.dtype(np_dtype).itemsize
