@@ -110,3 +110,17 @@ def test_given_window_keys_are_trusted_and_not_rehashed(
     torch.testing.assert_close(again, plain, rtol=0, atol=0)
     runner.encode([audio], window_keys=[keys[:1]])  # one known, one hashed here
     assert hashed == [1]
+
+
+def test_padded_windows_are_built_from_the_real_samples_only() -> None:
+    from livemeet.engine.encoder_runner import _padded_windows
+
+    rng = np.random.default_rng(5)
+    full = rng.standard_normal(480_000).astype(np.float32)
+    short = rng.standard_normal(185_600).astype(np.float32)  # an 11.6 s clip
+    windows = _padded_windows([short, full, short[:7]], torch.device("cpu"))
+    assert windows.shape == (3, 480_000) and windows.dtype == torch.float32
+    assert torch.equal(windows[0, :185_600], torch.from_numpy(short))
+    assert not windows[0, 185_600:].any() and not windows[2, 7:].any()
+    assert torch.equal(windows[1], torch.from_numpy(full))
+    assert torch.equal(windows[2, :7], torch.from_numpy(short[:7]))
