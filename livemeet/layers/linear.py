@@ -84,6 +84,25 @@ def row_class(num_rows: int) -> int | None:
 
 if HAS_TRITON:
 
+    @triton.jit
+    def _row_chunk(x_row, kk, K, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr):
+        """Elements kk of one input row as fp32 [BLOCK_K]. SILU_MUL: the row is [gate | up]
+        (2K wide) and the elements are silu(gate) * up, rounded to the input dtype where
+        livemeet.layers.fused.silu_and_mul rounds them."""
+        if EVEN_K:
+            x = tl.load(x_row + kk)
+        else:
+            x = tl.load(x_row + kk, mask=kk < K, other=0.0)
+        if SILU_MUL:
+            if EVEN_K:
+                u = tl.load(x_row + K + kk)
+            else:
+                u = tl.load(x_row + K + kk, mask=kk < K, other=0.0)
+            g32 = x.to(tl.float32)
+            act = (g32 / (1.0 + tl.exp(-g32))).to(x.dtype).to(tl.float32)
+            x = (act * u.to(tl.float32)).to(u.dtype)
+        return x.to(tl.float32)
+
     @triton.jit(do_not_specialize=["M"])
     def _skinny_rows_kernel(
         X,
@@ -98,6 +117,7 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr,
+        SILU_MUL: tl.constexpr,
     ):
         # grid: (cdiv(N, BLOCK_N), M); one row of x per program along axis 1
         pid_n = tl.program_id(0)
@@ -111,54 +131,12 @@ if HAS_TRITON:
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
             if EVEN_K:
-                x = tl.load(x_row + kk)
                 w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
             else:
-                kmask = kk < K
-                x = tl.load(x_row + kk, mask=kmask, other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        y = tl.sum(acc, 1)
-        tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
-
-    @triton.jit
-    def _skinny_silu_rows_kernel(
-        GateUp,
-        W,
-        Out,
-        N,
-        K,
-        stride_gm,
-        stride_wn,
-        stride_om,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr,
-    ):
-        # grid: (cdiv(N, BLOCK_N), M). The row is silu(gate) * up of GateUp [M, 2K], rounded
-        # to the input dtype where livemeet.layers.fused.silu_and_mul rounds it.
-        pid_n = tl.program_id(0)
-        m = tl.program_id(1)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        nmask = offs_n < N
-        w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-        gate_row = GateUp + m * stride_gm
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            if EVEN_K:
-                g = tl.load(gate_row + kk)
-                u = tl.load(gate_row + K + kk)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
-            else:
-                kmask = kk < K
-                g = tl.load(gate_row + kk, mask=kmask, other=0.0)
-                u = tl.load(gate_row + K + kk, mask=kmask, other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            g32 = g.to(tl.float32)
-            act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype).to(tl.float32)
-            x = (act * u.to(tl.float32)).to(g.dtype).to(tl.float32)
+                w = tl.load(
+                    w_rows + kk[None, :], mask=nmask[:, None] & (kk < K)[None, :], other=0.0
+                )
+            x = _row_chunk(x_row, kk, K, EVEN_K, SILU_MUL)
             acc += w.to(tl.float32) * x[None, :]
         y = tl.sum(acc, 1)
         tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
@@ -224,24 +202,54 @@ def skinny_linear(
         return F.linear(x, weight)
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise InternalError("skinny_linear needs rows contiguous in the last dim")
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    even_k = k % config.block_k == 0
-    common = (x, weight, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0))
-    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     if m == 1:
-        grid = (triton.cdiv(n, config.block_n), m)
-        _skinny_rows_kernel[grid](
-            *common, BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=even_k, **launch
-        )
-    else:
-        _skinny_dot_kernel[(triton.cdiv(n, config.block_n),)](
-            *common,
-            BLOCK_M=DOT_BLOCK_M,
-            BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k,
-            EVEN_K=even_k,
-            **launch,
-        )
+        return _rows_launch(x, weight, k, config, silu_mul=False)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _skinny_dot_kernel[(triton.cdiv(n, config.block_n),)](
+        x,
+        weight,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_M=DOT_BLOCK_M,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        EVEN_K=k % config.block_k == 0,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out
+
+
+def _rows_launch(
+    x: torch.Tensor, weight: torch.Tensor, k: int, config: GemmConfig, *, silu_mul: bool
+) -> torch.Tensor:
+    """`_skinny_rows_kernel` over every row of x (checked by the callers): [M, N]."""
+    m, n = x.shape[0], weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    _skinny_rows_kernel[(triton.cdiv(n, config.block_n), m)](
+        x,
+        weight,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        EVEN_K=k % config.block_k == 0,
+        SILU_MUL=silu_mul,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
     return out
 
 
@@ -264,26 +272,7 @@ def skinny_silu_linear(
         return F.linear(fk.ref_silu_and_mul(gate_up), weight)
     if gate_up.stride(1) != 1 or weight.stride(1) != 1:
         raise InternalError("skinny_silu_linear needs rows contiguous in the last dim")
-    m, n, k = gate_up.shape[0], weight.shape[0], weight.shape[1]
-    out = torch.empty((m, n), dtype=gate_up.dtype, device=gate_up.device)
-    if m == 0:
-        return out
-    _skinny_silu_rows_kernel[(triton.cdiv(n, config.block_n), m)](
-        gate_up,
-        weight,
-        out,
-        n,
-        k,
-        gate_up.stride(0),
-        weight.stride(0),
-        out.stride(0),
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        EVEN_K=k % config.block_k == 0,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-    return out
+    return _rows_launch(gate_up, weight, weight.shape[1], config, silu_mul=True)
 
 
 @dataclass(frozen=True)
