@@ -47,8 +47,10 @@ def _batch(batch: int, context: int) -> ScheduledBatch:
     return ScheduledBatch(now_s=0.0, decodes=tuple(requests))
 
 
-def _time(fn: Callable[[], object], iters: int) -> float:
-    for _ in range(3):
+def time_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
+    """Mean wall-clock ms of `fn` over `iters` calls after `warmup` calls, with the GPU
+    synchronised before and after (so queued device work is included)."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -98,8 +100,8 @@ def main() -> None:
             row = []
             for mode in ("eager", "graphs"):
                 runner.graphs = graphs if mode == "graphs" else None
-                launch = _time(functools.partial(runner.launch, sb, {}, sampling), args.iters)
-                run = _time(functools.partial(runner.run, sb, {}, sampling), args.iters)
+                launch = time_ms(functools.partial(runner.launch, sb, {}, sampling), args.iters)
+                run = time_ms(functools.partial(runner.run, sb, {}, sampling), args.iters)
                 row.append(f"{mode}: launch {launch:.3f} ms, run {run:.3f} ms")
             print(f"batch {batch:3d} context {context:6d}: " + " | ".join(row), flush=True)
             runner.graphs = graphs

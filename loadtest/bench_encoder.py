@@ -10,7 +10,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -20,19 +19,14 @@ from livemeet.audio.constants import N_FRAMES, N_MELS, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.engine.encoder_runner import ENCODER_GRAPH_BUCKETS, EncoderRunner, full_window_keys
 from livemeet.models.loader import load_model
+from loadtest.bench_decode_step import time_ms
 
 SHORT_S = 11.6  # the short workload's clip (loadtest/workloads.py)
 LONG_S = 2240.0  # the long workload's meeting
 
 
 def _ms(fn: Callable[[], object], iters: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / iters * 1e3
+    return time_ms(fn, iters, warmup=1)
 
 
 def main() -> None:
