@@ -7,36 +7,20 @@ set before the kernels are decorated), in float32 on small shapes. On a CUDA mac
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 
 import pytest
 import torch
 
 from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import paged_attention as pa
+from tests.kernels import interpreted, kernel_marks
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated
-
-from livemeet.layers import paged_attention as pa  # noqa: E402
-
-if (
-    not HAS_CUDA
-    and pa.HAS_TRITON
-    and type(pa._decode_split_kernel).__name__ != "InterpretedFunction"
-):
-    pa = importlib.reload(pa)  # imported earlier without the interpreter flag
-
+pa = interpreted(pa, "_decode_split_kernel")
 # masked lanes compute log2(0) and (-inf) - (-inf) on purpose; the kernels select them away
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
-
-needs_interpreter = pytest.mark.skipif(
-    HAS_CUDA or not pa.HAS_TRITON, reason="Triton interpreter tests run on CPU-only machines"
-)
+needs_interpreter, needs_cuda = kernel_marks(pa)
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not (HAS_CUDA and pa.HAS_TRITON), reason="needs CUDA and Triton")
 
 
 def make_cache(

@@ -7,37 +7,22 @@ On a CPU-only machine the kernels run under the Triton interpreter in float32 on
 
 from __future__ import annotations
 
-import importlib
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import fused
 from livemeet.layers.attention import DenseAttention
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.loader import load_model
 from livemeet.models.qwen3 import Qwen3Model
+from tests.kernels import interpreted, kernel_marks
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated
-
-from livemeet.layers import fused  # noqa: E402
-
-if (
-    not HAS_CUDA
-    and fused.HAS_TRITON
-    and type(fused._silu_and_mul_kernel).__name__ != "InterpretedFunction"
-):
-    fused = importlib.reload(fused)  # imported earlier without the interpreter flag
-
-needs_interpreter = pytest.mark.skipif(
-    HAS_CUDA or not fused.HAS_TRITON, reason="Triton interpreter tests run on CPU-only machines"
-)
+fused = interpreted(fused, "_silu_and_mul_kernel")
+needs_interpreter, needs_cuda = kernel_marks(fused)
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not (HAS_CUDA and fused.HAS_TRITON), reason="needs CUDA and Triton")
 
 THETA = 1_000_000.0  # Qwen3's rope_theta (MODEL.md section 4)
 

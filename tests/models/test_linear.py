@@ -7,33 +7,17 @@ the `gpu` test tunes the real decoder's shapes in bf16 and checks every choice's
 
 from __future__ import annotations
 
-import importlib
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from livemeet.errors import InternalError
+from livemeet.layers import linear
+from tests.kernels import interpreted, kernel_marks
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are decorated
-
-from livemeet.layers import linear  # noqa: E402
-
-if (
-    not HAS_CUDA
-    and linear.HAS_TRITON
-    and type(linear._skinny_rows_kernel).__name__ != "InterpretedFunction"
-):
-    linear = importlib.reload(linear)  # imported earlier without the interpreter flag
-
-needs_interpreter = pytest.mark.skipif(
-    HAS_CUDA or not linear.HAS_TRITON, reason="Triton interpreter tests run on CPU-only machines"
-)
+linear = interpreted(linear, "_skinny_rows_kernel")
+needs_interpreter, needs_cuda = kernel_marks(linear)
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not (HAS_CUDA and linear.HAS_TRITON), reason="needs CUDA + Triton")
 
 
 @needs_interpreter
