@@ -265,6 +265,22 @@ if HAS_TRITON:
             return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
 
     @triton.jit
+    def _online_softmax_step(s, v, m_i, l_i, acc):
+        """Fold one KV tile into the running softmax state (Milakov & Gimelshein 2018).
+
+        s: scores [R, BLOCK_N] in the log2 domain, -inf where a key is hidden; v: values
+        [BLOCK_N, D] in the dot dtype; m_i, l_i: running max and sum [R]; acc: [R, D] fp32.
+        A row that sees nothing yet keeps m = -inf; exp2 never meets (-inf) - (-inf).
+        Returns the new (m_i, l_i, acc)."""
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _decode_split_kernel(
         Q,
         KCache,
@@ -331,14 +347,9 @@ if HAS_TRITON:
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_H, BLOCK_N]
             s = tl.where(tmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
             v_rows = _kv_tile_rows(bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-            m_i = m_new
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
 
         # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -440,14 +451,9 @@ if HAS_TRITON:
             k_rows = _kv_tile_rows(bt, t0, full_end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :])
             s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.math.exp2(s - m_new[:, None])
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
             v_rows = _kv_tile_rows(bt, t0, full_end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :])
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-            m_i = m_new
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
         # the diagonal band: causal mask
         band_end = tl.minimum(seq_len, prefix_len + (mt + 1) * BLOCK_M)
         for t0 in range(full_end, band_end, BLOCK_N):
@@ -457,17 +463,10 @@ if HAS_TRITON:
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             visible = kmask[None, :] & (k_pos[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # a padded row may see nothing in a tile: keep exp2 away from (-inf) - (-inf)
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-            p = tl.math.exp2(s - m_safe[:, None])
-            alpha = tl.math.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
+            s = tl.where(visible, s, float("-inf"))  # a padded row may see nothing here
             v_rows = _kv_tile_rows(bt, t0, band_end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-            m_i = m_new
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
 
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
         tl.store(
