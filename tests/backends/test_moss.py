@@ -37,6 +37,7 @@ from livemeet.transcriber import (
 from livemeet.transcript.parser import parse_transcript
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
 from tests.backends.helpers import run_to_idle
+from tests.engine.fakes import SteppingClock
 
 NUM_BLOCKS = 400  # 6,400 tokens of KV: room for a 40 s prompt and its retained predecessor
 
@@ -44,15 +45,6 @@ REFERENCE = (
     "[0.00][S01] Hello there.[1.20][1.20][S02]你好[2.50][2.50][S02]世界[3.10]"
     "[3.10][S01] Okay, [5.00] people.[4.00][4.40][S03] Bye[6.00]"
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 0.01
-        return self.now
 
 
 def make_core(
@@ -63,7 +55,7 @@ def make_core(
         forced_path = tmp_path / "forced.txt"
         forced_path.write_text(forced, encoding="utf-8")
     engine = Engine(
-        EngineConfig(num_kv_blocks=num_blocks), model=(model, model.cfg), clock=FakeClock()
+        EngineConfig(num_kv_blocks=num_blocks), model=(model, model.cfg), clock=SteppingClock()
     )
     core = MossCore(
         ModelConfig(forced_output=str(forced_path) if forced_path else None), engine=engine

@@ -1,4 +1,5 @@
-"""Test doubles for the engine policy: a manual clock and a fake model runner with a fake KV.
+"""Test doubles for the engine: a manual clock, a stepping engine clock, and a fake model
+runner with a fake KV.
 
 The fake KV stores, for every slot, the (position, token id) whose KV it holds, so a wrong
 block table, a missed copy-on-write or a block reused while still referenced shows up as a
@@ -15,6 +16,17 @@ from livemeet.engine.request import Request
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler
 
 Slot = tuple[int, int] | None  # (position, token id) whose KV the slot holds
+
+
+class SteppingClock:
+    """An engine clock (seconds) that moves 10 ms each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.01
+        return self.now
 
 
 class FakeClock:

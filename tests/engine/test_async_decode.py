@@ -25,6 +25,7 @@ from livemeet.engine.scheduler import PrefillChunk, ScheduledBatch, SchedulerCon
 from livemeet.errors import InternalError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.transcript.segments import FinishReason
+from tests.engine.fakes import SteppingClock
 from tests.models import tiny
 
 DURATIONS_S = (1.0, 3.0, 5.0, 8.0, 11.0, 2.0)
@@ -36,15 +37,6 @@ LIVE = 5  # arrives last as a live hop: preempts uploads when the pool is small
 CPU = torch.device("cpu")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 0.01
-        return self.now
-
-
 @pytest.fixture(scope="module")
 def short_clips(long_speech: np.ndarray) -> list[np.ndarray]:
     return [long_speech[: int(d * 16_000)] for d in DURATIONS_S]
@@ -54,7 +46,7 @@ def _engine(model: MossTDModel, *, asynchronous: bool, num_blocks: int | None) -
     sched = SchedulerConfig(chunked_prefill_size=64, max_num_batched_tokens=256, max_num_seqs=8)
     config = EngineConfig(num_kv_blocks=num_blocks, scheduler=sched)
     transfer = TokenTransfer(CPU, sched.max_num_seqs) if asynchronous else None
-    return Engine(config, model=(model, model.cfg), clock=Clock(), transfer=transfer)
+    return Engine(config, model=(model, model.cfg), clock=SteppingClock(), transfer=transfer)
 
 
 def _add(engine: Engine, i: int, clip: np.ndarray) -> None:

@@ -179,7 +179,8 @@ def test_graph_replay_matches_eager_for_every_bucket() -> None:
 def test_engine_with_graphs_and_async_matches_eager_sync() -> None:
     from livemeet.engine.engine import Engine, EngineConfig
     from livemeet.engine.scheduler import SchedulerConfig
-    from tests.engine.test_async_decode import FORCED, Clock
+    from tests.engine.fakes import SteppingClock
+    from tests.engine.test_async_decode import FORCED
 
     model = _tiny_model_on_gpu()
     rng = np.random.default_rng(0)  # noise: the GPU machine may not have the shared speech
@@ -190,7 +191,7 @@ def test_engine_with_graphs_and_async_matches_eager_sync() -> None:
         config = EngineConfig(
             num_kv_blocks=2048, scheduler=sched, cuda_graphs=fast, async_decode=fast
         )
-        engine = Engine(config, model=(model, model.cfg), clock=Clock())
+        engine = Engine(config, model=(model, model.cfg), clock=SteppingClock())
         assert (engine.transfer is not None) is fast
         for i, clip in enumerate(clips):
             engine.add_request(f"r{i}", clip, max_new_tokens=24, forced_output_ids=FORCED.get(i))

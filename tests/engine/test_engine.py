@@ -18,20 +18,12 @@ from livemeet.engine.engine import Engine, EngineConfig, output_budget
 from livemeet.engine.request import RequestClass, Status
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
+from tests.engine.fakes import SteppingClock
 from tests.models import tiny
 
 NEW_TOKENS = 24
 DURATIONS_S = (1.0, 3.0, 11.0, 20.0, 40.0, 71.3, 100.0, 180.0)
 ABORTED = 3  # index of the request aborted mid-flight
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 0.01
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +62,7 @@ def reference_tokens(ref_model: Any, batch_clips: list[np.ndarray]) -> list[list
 def _engine(model: MossTDModel, chunk: int, num_blocks: int | None) -> Engine:
     sched = SchedulerConfig(chunked_prefill_size=chunk, max_num_batched_tokens=max(chunk, 1024))
     config = EngineConfig(num_kv_blocks=num_blocks, scheduler=sched)
-    return Engine(config, model=(model, model.cfg), clock=FakeClock())
+    return Engine(config, model=(model, model.cfg), clock=SteppingClock())
 
 
 def _run_staggered(engine: Engine, clips: list[np.ndarray]) -> dict[str, list[int]]:

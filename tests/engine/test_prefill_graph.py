@@ -110,7 +110,7 @@ def test_engine_with_prefill_graphs_streams_the_eager_tokens_cuda() -> None:
 
     from livemeet.engine.engine import Engine, EngineConfig
     from livemeet.engine.scheduler import SchedulerConfig
-    from tests.engine.test_async_decode import Clock
+    from tests.engine.fakes import SteppingClock
     from tests.engine.test_cuda_graph import _tiny_model_on_gpu
 
     model = _tiny_model_on_gpu()
@@ -120,7 +120,7 @@ def test_engine_with_prefill_graphs_streams_the_eager_tokens_cuda() -> None:
     results = []
     for piecewise in (False, True):
         config = EngineConfig(num_kv_blocks=2048, scheduler=sched, prefill_graphs=piecewise)
-        engine = Engine(config, model=(model, model.cfg), clock=Clock())
+        engine = Engine(config, model=(model, model.cfg), clock=SteppingClock())
         streams: dict[str, list[int]] = {}
         for step in range(400):
             if step % 7 == 0 and step // 7 < len(clips):  # arrivals while others decode
@@ -146,7 +146,7 @@ def test_model_runner_routes_steps_through_the_pieces(upstream_dir: object) -> N
 
     from livemeet.engine.engine import Engine, EngineConfig
     from livemeet.engine.scheduler import SchedulerConfig
-    from tests.engine.test_async_decode import Clock
+    from tests.engine.fakes import SteppingClock
 
     m, _ = load_model(str(upstream_dir), device="cpu", dtype="float32")
     m.prepare_for_serving()
@@ -156,7 +156,9 @@ def test_model_runner_routes_steps_through_the_pieces(upstream_dir: object) -> N
     results = []
     for piecewise in (False, True):
         engine = Engine(
-            EngineConfig(num_kv_blocks=256, scheduler=sched), model=(m, m.cfg), clock=Clock()
+            EngineConfig(num_kv_blocks=256, scheduler=sched),
+            model=(m, m.cfg),
+            clock=SteppingClock(),
         )
         if piecewise:
             engine.runner.piecewise = PiecewiseRunner(
