@@ -332,6 +332,8 @@ class LinearPlan:
     def set_choice(
         self, shape: tuple[int, int], dtype: torch.dtype, rows: int, config: GemmConfig | None
     ) -> None:
+        """Use `config` (None: cuBLAS) for weights of `shape` (N, K) and `dtype` at the row
+        class `rows` (1 or SKINNY_MAX_M; see `row_class`)."""
         key = (shape[0], shape[1], dtype, rows)
         if config is None:
             self._choices.pop(key, None)
