@@ -24,6 +24,7 @@ otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRI
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -58,6 +59,39 @@ DECODE_BLOCK_N = 64  # keys per decode tile
 DECODE_BLOCK_N_FP8 = 128
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Launch configuration of the split-K decode kernel (fixed, never autotuned).
+
+    block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
+    parameters; use_dot: QK^T and PV on tensor cores (the GQA group padded to 16 rows) or as
+    fp32 multiply-adds over the group's real rows. `loadtest/sweep_decode_kernel.py` times the
+    choices on a GPU; the defaults below are what it measured best on an H200.
+    """
+
+    block_n: int = DECODE_BLOCK_N
+    num_warps: int = DECODE_NUM_WARPS
+    num_stages: int = DECODE_NUM_STAGES
+    use_dot: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ConfigError(f"block_n must be a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ConfigError("num_warps must be a power of two <= 16 and num_stages >= 1")
+
+
+DECODE_CONFIG_BF16 = DecodeKernelConfig()
+DECODE_CONFIG_FP8 = DecodeKernelConfig(block_n=DECODE_BLOCK_N_FP8)
+
+
+def default_decode_config(fp8: bool) -> DecodeKernelConfig:
+    """The decode kernel configuration for a bf16/fp16/fp32 (False) or FP8 (True) cache."""
+    return DECODE_CONFIG_FP8 if fp8 else DECODE_CONFIG_BF16
+
+
 EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
 EXTEND_ROWS_SMALL = 64  # rows per tile when 128-row tiles would leave SMs idle
 EXTEND_BLOCK_N = 128  # keys per extend tile
@@ -265,19 +299,24 @@ if HAS_TRITON:
             return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
 
     @triton.jit
-    def _online_softmax_step(s, v, m_i, l_i, acc):
+    def _online_softmax_step(s, v, m_i, l_i, acc, USE_DOT: tl.constexpr = True):
         """Fold one KV tile into the running softmax state (Milakov & Gimelshein 2018).
 
         s: scores [R, BLOCK_N] in the log2 domain, -inf where a key is hidden; v: values
         [BLOCK_N, D] in the dot dtype; m_i, l_i: running max and sum [R]; acc: [R, D] fp32.
         A row that sees nothing yet keeps m = -inf; exp2 never meets (-inf) - (-inf).
-        Returns the new (m_i, l_i, acc)."""
+        USE_DOT=False forms P @ V with fp32 multiply-adds instead of tensor cores (decode with a
+        GQA group of a few rows, see DecodeKernelConfig). Returns the new (m_i, l_i, acc)."""
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if USE_DOT:
+            pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], 1)
+        acc = acc * alpha[:, None] + pv
         return m_new, l_i, acc
 
     @triton.jit
@@ -306,6 +345,7 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         MID_SPLITS: tl.constexpr,
         FP16_DOT: tl.constexpr,
+        USE_DOT: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
         # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
@@ -314,6 +354,9 @@ if HAS_TRITON:
         # made FP8 decode slower than bf16 on an H200, 45 vs 39 us per layer at 36k tokens).
         # fp16 holds e4m3, softmax probabilities and normed queries with more precision than
         # bf16. An fp32 query (tests, the parity path) keeps fp32.
+        # USE_DOT=False: QK^T and PV as fp32 multiply-adds over [BLOCK_H, BLOCK_N, D] (no
+        # tensor cores, so no padding of the GQA group to 16 rows and no trip of the converted
+        # tile through shared memory); BLOCK_H is then the group rounded up to a power of two.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -345,11 +388,14 @@ if HAS_TRITON:
             tmask = (t0 + tl.arange(0, BLOCK_N)) < end
             k_rows = _kv_tile_rows(bt, t0, end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_H, BLOCK_N]
-            s = tl.where(tmask[None, :], s, float("-inf"))
+            if USE_DOT:
+                s = tl.dot(q, tl.trans(k.to(q.dtype)))
+            else:
+                s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+            s = tl.where(tmask[None, :], s * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
             v_rows = _kv_tile_rows(bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, USE_DOT)
 
         # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -609,6 +655,7 @@ def paged_decode_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     impl: Impl = "auto",
+    kernel: DecodeKernelConfig | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its paged KV (split-K / Flash-Decoding).
 
@@ -621,6 +668,7 @@ def paged_decode_attention(
     defaulting to the block-table capacity (no host sync). The grid depends only on B, kv_heads
     and num_splits, and splits are sized from seq_lens inside the kernel, so one call can be
     captured in a CUDA graph and replayed for any lengths within the block table.
+    `kernel` overrides the launch configuration (default: `default_decode_config`).
     """
     block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
@@ -647,6 +695,7 @@ def paged_decode_attention(
         return out
     num_heads = q.shape[1]
     fp8 = k_cache.element_size() == 1
+    cfg = kernel or default_decode_config(fp8)
     splits_pow2 = next_pow2(num_splits)
     # splits past num_splits stay at lse = -inf so the merge can use a power-of-two vector
     f32 = {"device": q.device, "dtype": torch.float32}
@@ -670,14 +719,16 @@ def paged_decode_attention(
         *v_cache.stride()[:3],
         block_tables.stride(0),
         GROUP=group,
-        BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
+        # tl.dot needs >= 16 rows; the multiply-add form works on the group's own rows
+        BLOCK_H=max(16, next_pow2(group)) if cfg.use_dot else max(2, next_pow2(group)),
         HEAD_DIM=head_dim,
         PAGE=block_size,
-        BLOCK_N=DECODE_BLOCK_N_FP8 if fp8 else DECODE_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         MID_SPLITS=splits_pow2,
         FP16_DOT=fp8 and q.dtype in (torch.bfloat16, torch.float16),
-        num_warps=DECODE_NUM_WARPS,
-        num_stages=DECODE_NUM_STAGES,
+        USE_DOT=cfg.use_dot,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     _decode_merge_kernel[(batch, num_heads)](
         mid_o,

@@ -57,6 +57,7 @@ def check_decode(
     dtype: torch.dtype,
     device: str,
     atol: float,
+    kernel: pa.DecodeKernelConfig | None = None,
 ) -> None:
     num_blocks = sum(math.ceil(n / block_size) for n in seq_lens) + 3
     k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, head_dim, dtype, device)
@@ -65,8 +66,9 @@ def check_decode(
     q = torch.randn(len(seq_lens), heads, head_dim, device=device).to(dtype)
     scale = head_dim**-0.5
     out = pa.paged_decode_attention(
-        q, k_cache, v_cache, tables, lens, scale, num_splits=num_splits, impl="triton"
-    )
+        q, k_cache, v_cache, tables, lens, scale, num_splits=num_splits, impl="triton",
+        kernel=kernel,
+    )  # fmt: skip
     ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
     assert out.shape == q.shape and out.dtype == dtype
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)
@@ -275,6 +277,28 @@ def test_decode_kernel_interpreted(block_size: int, heads: int, kv_heads: int, n
                  "cpu", atol=1e-5)  # fmt: skip
 
 
+FMA_SMALL = pa.DecodeKernelConfig(block_n=16, num_warps=2, num_stages=1, use_dot=False)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2), (6, 2)])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_decode_kernel_multiply_add_path_interpreted(heads: int, kv_heads: int, block_size: int):
+    """The tensor-core-free form (GQA group of 1, 2 and 3 rows, padded to a power of two)."""
+    torch.manual_seed(heads + block_size)
+    check_decode([1, 17, 130, 0], heads, kv_heads, 16, block_size, 3, torch.float32, "cpu",
+                 atol=1e-5, kernel=FMA_SMALL)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"block_n": 48}, {"block_n": 8}, {"num_warps": 3}, {"num_stages": 0}],
+)
+def test_decode_kernel_config_rejects_bad_values(bad: dict[str, int]) -> None:
+    with pytest.raises(ConfigError):
+        pa.DecodeKernelConfig(**bad)  # type: ignore[arg-type]
+
+
 @needs_interpreter
 def test_decode_kernel_interpreted_default_splits() -> None:
     torch.manual_seed(3)
@@ -366,6 +390,32 @@ def test_decode_kernel_cuda(block_size: int, num_splits: int | None) -> None:
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        pa.DecodeKernelConfig(block_n=64, num_warps=4, num_stages=2, use_dot=False),
+        pa.DecodeKernelConfig(block_n=32, num_warps=8, num_stages=3, use_dot=False),
+        pa.DecodeKernelConfig(block_n=128, num_warps=8, num_stages=3, use_dot=True),
+    ],
+)
+def test_decode_kernel_configs_cuda(kernel: pa.DecodeKernelConfig) -> None:
+    """Every configuration the sweep may pick, bf16 and FP8 caches."""
+    torch.manual_seed(14)
+    lens = [1, 15, 1000, 4099, 0, 3000]
+    check_decode(lens, 16, 8, 128, 16, None, torch.bfloat16, "cuda", atol=2e-2, kernel=kernel)
+    fp8 = torch.float8_e4m3fn
+    k_cache = (torch.randn(40, 16, 8, 128, device="cuda") * 0.5).to(fp8)
+    v_cache = (torch.randn(40, 16, 8, 128, device="cuda") * 0.5).to(fp8)
+    tables = torch.randperm(40, device="cuda").to(torch.int32).reshape(2, 20)
+    seq = torch.tensor([317, 5], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 16, 128, device="cuda", dtype=torch.bfloat16)
+    out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, kernel=kernel)
+    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_extend_kernel_cuda(block_size: int) -> None:
     torch.manual_seed(11)
@@ -436,12 +486,14 @@ def test_fp8_cache_with_bf16_query_interpreted() -> None:
     lens = torch.tensor([40, 9], dtype=torch.int32)
     scales = {"k_scale": 0.5, "v_scale": 0.25}
     q = torch.randn(2, 4, 16).to(torch.bfloat16)
-    out = pa.paged_decode_attention(
-        q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", **scales
-    )
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 0.25, **scales)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    for kernel in (None, FMA_SMALL):
+        out = pa.paged_decode_attention(
+            q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", kernel=kernel,
+            **scales,
+        )  # fmt: skip
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 @needs_interpreter

@@ -1,0 +1,174 @@
+"""Sweep the split-K decode kernel's launch configurations on a GPU (bf16 and FP8 KV caches).
+
+For each cache dtype and (batch, context) point, times `paged_decode_attention` per layer with
+each `DecodeKernelConfig` candidate (tensor-core and multiply-add forms, tile sizes, warps,
+pipeline stages) in CUDA graphs over enough layers to defeat the L2 cache, like
+`loadtest/bench_attention.py`, and reports us per layer, KV TB/s and the fraction of the
+read-only bandwidth measured in the same run. Every candidate's output is checked against the
+torch reference on layer 0 first. The best candidate per point is printed last; the kernel's
+defaults (`default_decode_config`) are set from it.
+
+Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
+       [--max-seconds 150]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from livemeet.layers import paged_attention as pa
+from loadtest.bench_attention import (
+    HEAD_DIM,
+    L2_DEFEAT_BYTES,
+    NUM_HEADS,
+    NUM_KV_HEADS,
+    NUM_LAYERS,
+    read_bandwidth_tb_per_s,
+    time_graph_ms,
+)
+
+BLOCK_SIZE = 16  # the engine's KV block (livemeet.audio.constants.KV_BLOCK_SIZE)
+FP8_SCALE = 0.05  # per-tensor scale of the FP8 caches (values ~N(0, 1) / scale stay < 448)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    kv_dtype: str
+    batch: int
+    context: int
+    num_splits: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    use_dot: bool
+    us_per_layer: float
+    kv_tb_per_s: float
+    frac_of_read: float
+    max_abs_err: float
+
+
+def candidates() -> list[pa.DecodeKernelConfig]:
+    dot = [
+        pa.DecodeKernelConfig(n, w, s, True)
+        for n, w, s in itertools.product((64, 128), (4, 8), (2, 3))
+    ]
+    fma = [
+        pa.DecodeKernelConfig(n, w, s, False)
+        for n, w, s in itertools.product((32, 64), (4, 8), (2, 3))
+    ]
+    # the two defaults first; dict.fromkeys drops their repeats from the grid
+    return list(
+        dict.fromkeys([pa.default_decode_config(False), pa.default_decode_config(True), *dot, *fma])
+    )
+
+
+def make_caches(batch: int, context: int, fp8: bool):
+    """Per-layer (k, v) caches in shuffled blocks, one block table, the lengths, the layer count."""
+    elem = 1 if fp8 else 2
+    kv_bytes = batch * context * NUM_KV_HEADS * HEAD_DIM * 2 * elem
+    layers = max(1, min(NUM_LAYERS, math.ceil(L2_DEFEAT_BYTES / kv_bytes)))
+    blocks_per_seq = math.ceil(context / BLOCK_SIZE)
+    num_blocks = batch * blocks_per_seq
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    caches = []
+    for _ in range(layers):
+        k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        if fp8:
+            k = (k.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+            v = (v.float() / FP8_SCALE).to(torch.float8_e4m3fn)
+        caches.append((k, v))
+    perm = torch.randperm(num_blocks, device="cuda").to(torch.int32)
+    tables = perm.reshape(batch, blocks_per_seq)
+    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+    return caches, tables, lens, kv_bytes
+
+
+def sweep_point(
+    batch: int, context: int, fp8: bool, read_bw: float, deadline: float
+) -> list[SweepRow]:
+    caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
+    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    scale = HEAD_DIM**-0.5
+    s = FP8_SCALE if fp8 else 1.0
+    scales = {"k_scale": s, "v_scale": s}
+    ref = pa.ref_paged_decode_attention(q.float(), *caches[0], tables, lens, scale, **scales)
+    default_splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS)
+    plan = [(cfg, default_splits) for cfg in candidates()]
+    plan += [(None, default_splits * 2), (None, max(1, default_splits // 2))]
+    rows: list[SweepRow] = []
+    for cfg, splits in plan:
+        if time.monotonic() > deadline:
+            print(f"  (time budget spent: skipping the rest of {batch}x{context})")
+            break
+        if cfg is None:  # split-count variations of the best configuration so far
+            best = min(rows, key=lambda r: r.us_per_layer)
+            cfg = pa.DecodeKernelConfig(best.block_n, best.num_warps, best.num_stages, best.use_dot)
+
+        def run(c: pa.DecodeKernelConfig = cfg, n: int = splits) -> None:
+            for k, v in caches:
+                pa.paged_decode_attention(q, k, v, tables, lens, scale, num_splits=n, kernel=c,
+                                          **scales)  # fmt: skip
+
+        try:
+            out = pa.paged_decode_attention(
+                q, *caches[0], tables, lens, scale, num_splits=splits, kernel=cfg, **scales
+            )
+            err = (out.float() - ref).abs().max().item()
+            us = time_graph_ms(run) / len(caches) * 1e3
+        except Exception as exc:  # a configuration Triton cannot compile (shared memory, ...)
+            print(f"  {cfg} splits={splits}: failed: {type(exc).__name__}: {exc}"[:300])
+            continue
+        tb = kv_bytes / (us * 1e-6) / 1e12
+        row = SweepRow(
+            "fp8_e4m3" if fp8 else "bf16", batch, context, splits, cfg.block_n, cfg.num_warps,
+            cfg.num_stages, cfg.use_dot, us, tb, tb / read_bw, err,
+        )  # fmt: skip
+        print(
+            f"  {row.kv_dtype} {batch}x{context} splits={splits} n={cfg.block_n} "
+            f"w={cfg.num_warps} s={cfg.num_stages} dot={cfg.use_dot}: {us:.1f} us "
+            f"{tb:.2f} TB/s ({tb / read_bw:.2f} x read) err {err:.1e}",
+            flush=True,
+        )
+        rows.append(row)
+    caches.clear()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", default="1x36000,16x36000,1x1024", help="BATCHxCONTEXT,...")
+    parser.add_argument("--dtypes", default="bf16,fp8_e4m3")
+    parser.add_argument("--max-seconds", type=float, default=150.0)
+    parser.add_argument("--json", default="sweep_decode_kernel.json")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("sweep_decode_kernel needs a CUDA device")
+    start = time.monotonic()
+    torch.manual_seed(0)
+    read_bw = read_bandwidth_tb_per_s()
+    print(f"read-only bandwidth {read_bw:.2f} TB/s")
+    rows: list[SweepRow] = []
+    work = [(d, p) for d in args.dtypes.split(",") for p in args.points.split(",")]
+    for i, (dtype, point) in enumerate(work):
+        batch, context = (int(x) for x in point.split("x"))
+        deadline = start + args.max_seconds * (i + 1) / len(work)  # an equal share per point
+        rows += sweep_point(batch, context, dtype == "fp8_e4m3", read_bw, deadline)
+    print("best per point:")
+    for key, group in itertools.groupby(rows, key=lambda r: (r.kv_dtype, r.batch, r.context)):
+        best = min(group, key=lambda r: r.us_per_layer)
+        print(f"  {key}: {best}")
+    with open(args.json, "w") as f:
+        json.dump({"read_tb_per_s": read_bw, "rows": [asdict(r) for r in rows]}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
