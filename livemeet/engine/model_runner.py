@@ -77,7 +77,8 @@ class ModelRunner:
     of up to `max_num_seqs` rows and contexts of up to `max_model_len` tokens (`self.graphs`,
     None otherwise). `prefill_graphs` (CUDA only): steps that prefill run as piecewise graphs
     (livemeet.engine.prefill_graph) for up to `max_num_batched_tokens` tokens (`self.piecewise`,
-    None otherwise). Raises ConfigError when the pool would be empty.
+    None otherwise). `warm_up_at_start` (default: on CUDA) runs `warm_up` before any capture.
+    Raises ConfigError when the pool would be empty.
     """
 
     def __init__(
@@ -95,6 +96,7 @@ class ModelRunner:
         max_num_seqs: int = 128,
         prefill_graphs: bool = False,
         max_num_batched_tokens: int = 8192,
+        warm_up_at_start: bool | None = None,
     ) -> None:
         self.model = model
         self.cfg = cfg
@@ -116,11 +118,14 @@ class ModelRunner:
         self.v_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(t.layers)
         ]
+        # set before warm_up, which routes through them (a GPU start once failed on this)
+        self.graphs: GraphRunner | None = None
+        self.piecewise: PiecewiseRunner | None = None
         if self.device.type == "cuda":
             model.prepare_for_serving()  # fused decoder path: ~10 kernels per layer, not ~55
             model.language_model.tune_linears()  # cuBLAS or skinny kernels per projection
+        if self.device.type == "cuda" if warm_up_at_start is None else warm_up_at_start:
             self.warm_up()
-        self.graphs: GraphRunner | None = None
         if cuda_graphs and self.device.type == "cuda":
             self.graphs = GraphRunner(
                 self._forward,
@@ -132,7 +137,6 @@ class ModelRunner:
                 staging=self.staging,
             )
             self.graphs.capture()
-        self.piecewise: PiecewiseRunner | None = None
         if prefill_graphs and model.language_model.use_fused(weight):
             self.piecewise = PiecewiseRunner(
                 model.language_model, device=self.device, max_tokens=max_num_batched_tokens

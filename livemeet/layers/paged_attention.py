@@ -66,15 +66,17 @@ class DecodeKernelConfig:
     """Launch configuration of the split-K decode kernel (fixed, never autotuned).
 
     block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
-    parameters; use_dot: QK^T and PV on tensor cores (the GQA group padded to 16 rows) or as
-    fp32 multiply-adds over the group's real rows. `loadtest/sweep_decode_kernel.py` times the
-    choices on a GPU; the defaults below are what it measured best on an H200.
+    parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
+    k_transposed_load: load K as [D, block_n] rather than transposing a [block_n, D] tile.
+    `loadtest/sweep_decode_kernel.py` times the choices on a GPU; the defaults below are what it
+    measured best on an H200 (docs/benchmarks.md). A tensor-core-free form (fp32 multiply-adds
+    over the real GQA rows) measured 3-10x slower there and was dropped.
     """
 
     block_n: int = DECODE_BLOCK_N
     num_warps: int = DECODE_NUM_WARPS
     num_stages: int = DECODE_NUM_STAGES
-    use_dot: bool = True
+    k_transposed_load: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -299,24 +301,19 @@ if HAS_TRITON:
             return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
 
     @triton.jit
-    def _online_softmax_step(s, v, m_i, l_i, acc, USE_DOT: tl.constexpr = True):
+    def _online_softmax_step(s, v, m_i, l_i, acc):
         """Fold one KV tile into the running softmax state (Milakov & Gimelshein 2018).
 
         s: scores [R, BLOCK_N] in the log2 domain, -inf where a key is hidden; v: values
         [BLOCK_N, D] in the dot dtype; m_i, l_i: running max and sum [R]; acc: [R, D] fp32.
         A row that sees nothing yet keeps m = -inf; exp2 never meets (-inf) - (-inf).
-        USE_DOT=False forms P @ V with fp32 multiply-adds instead of tensor cores (decode with a
-        GQA group of a few rows, see DecodeKernelConfig). Returns the new (m_i, l_i, acc)."""
+        Returns the new (m_i, l_i, acc)."""
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if USE_DOT:
-            pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], 1)
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         return m_new, l_i, acc
 
     @triton.jit
@@ -345,7 +342,7 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         MID_SPLITS: tl.constexpr,
         FP16_DOT: tl.constexpr,
-        USE_DOT: tl.constexpr,
+        K_TRANSPOSED_LOAD: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
         # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
@@ -354,9 +351,8 @@ if HAS_TRITON:
         # made FP8 decode slower than bf16 on an H200, 45 vs 39 us per layer at 36k tokens).
         # fp16 holds e4m3, softmax probabilities and normed queries with more precision than
         # bf16. An fp32 query (tests, the parity path) keeps fp32.
-        # USE_DOT=False: QK^T and PV as fp32 multiply-adds over [BLOCK_H, BLOCK_N, D] (no
-        # tensor cores, so no padding of the GQA group to 16 rows and no trip of the converted
-        # tile through shared memory); BLOCK_H is then the group rounded up to a power of two.
+        # K_TRANSPOSED_LOAD: K is loaded as a [D, BLOCK_N] tile (the dot's B operand as is)
+        # instead of [BLOCK_N, D] followed by a transpose in registers.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -387,15 +383,18 @@ if HAS_TRITON:
         for t0 in range(start, end, BLOCK_N):
             tmask = (t0 + tl.arange(0, BLOCK_N)) < end
             k_rows = _kv_tile_rows(bt, t0, end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
-            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-            if USE_DOT:
-                s = tl.dot(q, tl.trans(k.to(q.dtype)))
+            if K_TRANSPOSED_LOAD:
+                kt_ptrs = k_base + k_rows[None, :] + offs_d[:, None]
+                kt = tl.load(kt_ptrs, mask=tmask[None, :], other=0.0)  # [D, BLOCK_N]
+                s = tl.dot(q, kt.to(q.dtype))
             else:
-                s = tl.sum(q.to(tl.float32)[:, None, :] * k.to(tl.float32)[None, :, :], 2)
+                k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
+                k = tl.load(k_ptrs, mask=tmask[:, None], other=0.0)  # [BLOCK_N, D]
+                s = tl.dot(q, tl.trans(k.to(q.dtype)))
             s = tl.where(tmask[None, :], s * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
             v_rows = _kv_tile_rows(bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc, USE_DOT)
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
 
         # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -719,14 +718,13 @@ def paged_decode_attention(
         *v_cache.stride()[:3],
         block_tables.stride(0),
         GROUP=group,
-        # tl.dot needs >= 16 rows; the multiply-add form works on the group's own rows
-        BLOCK_H=max(16, next_pow2(group)) if cfg.use_dot else max(2, next_pow2(group)),
+        BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
         HEAD_DIM=head_dim,
         PAGE=block_size,
         BLOCK_N=cfg.block_n,
         MID_SPLITS=splits_pow2,
         FP16_DOT=fp8 and q.dtype in (torch.bfloat16, torch.float16),
-        USE_DOT=cfg.use_dot,
+        K_TRANSPOSED_LOAD=cfg.k_transposed_load,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

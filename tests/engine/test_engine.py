@@ -190,3 +190,17 @@ def test_warm_up_runs_every_shape_class_and_leaves_results_unchanged(
     engine.add_request("w", batch_clips[2], max_new_tokens=NEW_TOKENS, ignore_eos=True)
     done = engine.run_to_completion()
     assert done["w"].output_token_ids == reference_tokens[2]
+
+
+def test_runner_warms_up_at_start_with_every_graph_option(our_model: MossTDModel) -> None:
+    """The start-up order of a GPU runner (warm-up before any capture, through a forward that
+    consults `graphs` and `piecewise`), forced on the CPU: a GPU start with prefill graphs
+    once failed on an attribute set only after the warm-up."""
+    from livemeet.engine.model_runner import ModelRunner
+
+    runner = ModelRunner(
+        our_model, our_model.cfg, block_size=16, num_kv_blocks=256, cuda_graphs=True,
+        prefill_graphs=True, warm_up_at_start=True,
+    )  # fmt: skip
+    assert runner.graphs is None and runner.piecewise is None  # CUDA only
+    assert runner.k_caches[0][0].abs().sum() > 0  # the warm-up wrote its scratch KV
