@@ -1,12 +1,12 @@
 """Sweep the split-K decode kernel's launch configurations on a GPU (bf16 and FP8 KV caches).
 
 For each cache dtype and (batch, context) point, times `paged_decode_attention` per layer with
-each `DecodeKernelConfig` candidate (tile sizes, warps, pipeline stages, K loaded transposed
-or not) in CUDA graphs over enough layers to defeat the L2 cache, like
-`loadtest/bench_attention.py`, and reports us per layer, KV TB/s and the fraction of the
-read-only bandwidth measured in the same run. Every candidate's output is checked against the
-torch reference on layer 0 first. The best candidate per point is printed last; the kernel's
-defaults (`default_decode_config`) are set from it.
+each `DecodeKernelConfig` candidate (keys per tile, warps, pipeline stages) in CUDA graphs over
+enough layers to defeat the L2 cache, like `loadtest/bench_attention.py`. Reported: us per
+layer, KV TB/s, and that as a fraction of the read-only bandwidth measured in the same run.
+Each candidate's output is first checked against the torch reference on layer 0. The best
+candidate per point is printed last; the kernel's defaults (`default_decode_config`) come
+from it.
 
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
        [--max-seconds 150]
@@ -47,7 +47,6 @@ class SweepRow:
     block_n: int
     num_warps: int
     num_stages: int
-    k_transposed_load: bool
     us_per_layer: float
     kv_tb_per_s: float
     frac_of_read: float
@@ -56,10 +55,9 @@ class SweepRow:
 
 def candidates() -> list[pa.DecodeKernelConfig]:
     grid = [
-        pa.DecodeKernelConfig(n, w, stages, kt)
-        for (n, w), stages, kt in itertools.product(((64, 4), (128, 4)), (1, 2, 3), (False, True))
+        pa.DecodeKernelConfig(n, w, stages)
+        for n, w, stages in itertools.product((64, 128), (4, 8), (1, 2, 3))
     ]
-    grid += [pa.DecodeKernelConfig(64, 8, 2), pa.DecodeKernelConfig(128, 8, 2)]
     # the two defaults first; dict.fromkeys drops their repeats from the grid
     defaults = [pa.default_decode_config(False), pa.default_decode_config(True)]
     return list(dict.fromkeys([*defaults, *grid]))
@@ -106,9 +104,7 @@ def sweep_point(
             break
         if cfg is None:  # split-count variations of the best configuration so far
             best = min(rows, key=lambda r: r.us_per_layer)
-            cfg = pa.DecodeKernelConfig(
-                best.block_n, best.num_warps, best.num_stages, best.k_transposed_load
-            )
+            cfg = pa.DecodeKernelConfig(best.block_n, best.num_warps, best.num_stages)
 
         def run(c: pa.DecodeKernelConfig = cfg, n: int = splits) -> None:
             for k, v in caches:
@@ -127,11 +123,11 @@ def sweep_point(
         tb = kv_bytes / (us * 1e-6) / 1e12
         row = SweepRow(
             "fp8_e4m3" if fp8 else "bf16", batch, context, splits, cfg.block_n, cfg.num_warps,
-            cfg.num_stages, cfg.k_transposed_load, us, tb, tb / read_bw, err,
+            cfg.num_stages, us, tb, tb / read_bw, err,
         )  # fmt: skip
         print(
             f"  {row.kv_dtype} {batch}x{context} splits={splits} n={cfg.block_n} "
-            f"w={cfg.num_warps} s={cfg.num_stages} kt={cfg.k_transposed_load}: {us:.1f} us "
+            f"w={cfg.num_warps} s={cfg.num_stages}: {us:.1f} us "
             f"{tb:.2f} TB/s ({tb / read_bw:.2f} x read) err {err:.1e}",
             flush=True,
         )

@@ -66,17 +66,16 @@ class DecodeKernelConfig:
     """Launch configuration of the split-K decode kernel (fixed, never autotuned).
 
     block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
-    parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
-    k_transposed_load: load K as [D, block_n] rather than transposing a [block_n, D] tile.
-    `loadtest/sweep_decode_kernel.py` times the choices on a GPU; the defaults below are what it
-    measured best on an H200 (docs/benchmarks.md). A tensor-core-free form (fp32 multiply-adds
-    over the real GQA rows) measured 3-10x slower there and was dropped.
+    parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers).
+    `loadtest/sweep_decode_kernel.py` times the choices on a GPU; the defaults below measured
+    best or within 3 % of the best on an H200 (docs/benchmarks.md). Two forms measured there and
+    dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores (3-10x slower),
+    and K loaded as [D, block_n] instead of transposed in registers (no faster).
     """
 
     block_n: int = DECODE_BLOCK_N
     num_warps: int = DECODE_NUM_WARPS
     num_stages: int = DECODE_NUM_STAGES
-    k_transposed_load: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -342,7 +341,6 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         MID_SPLITS: tl.constexpr,
         FP16_DOT: tl.constexpr,
-        K_TRANSPOSED_LOAD: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
         # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
@@ -351,8 +349,6 @@ if HAS_TRITON:
         # made FP8 decode slower than bf16 on an H200, 45 vs 39 us per layer at 36k tokens).
         # fp16 holds e4m3, softmax probabilities and normed queries with more precision than
         # bf16. An fp32 query (tests, the parity path) keeps fp32.
-        # K_TRANSPOSED_LOAD: K is loaded as a [D, BLOCK_N] tile (the dot's B operand as is)
-        # instead of [BLOCK_N, D] followed by a transpose in registers.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -383,15 +379,9 @@ if HAS_TRITON:
         for t0 in range(start, end, BLOCK_N):
             tmask = (t0 + tl.arange(0, BLOCK_N)) < end
             k_rows = _kv_tile_rows(bt, t0, end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
-            if K_TRANSPOSED_LOAD:
-                kt_ptrs = k_base + k_rows[None, :] + offs_d[:, None]
-                kt = tl.load(kt_ptrs, mask=tmask[None, :], other=0.0)  # [D, BLOCK_N]
-                s = tl.dot(q, kt.to(q.dtype))
-            else:
-                k_ptrs = k_base + k_rows[:, None] + offs_d[None, :]
-                k = tl.load(k_ptrs, mask=tmask[:, None], other=0.0)  # [BLOCK_N, D]
-                s = tl.dot(q, tl.trans(k.to(q.dtype)))
-            s = tl.where(tmask[None, :], s * qk_scale, float("-inf"))  # [BLOCK_H, BLOCK_N]
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [BLOCK_H, BLOCK_N]
+            s = tl.where(tmask[None, :], s, float("-inf"))
             v_rows = _kv_tile_rows(bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
             m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
@@ -724,7 +714,6 @@ def paged_decode_attention(
         BLOCK_N=cfg.block_n,
         MID_SPLITS=splits_pow2,
         FP16_DOT=fp8 and q.dtype in (torch.bfloat16, torch.float16),
-        K_TRANSPOSED_LOAD=cfg.k_transposed_load,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -277,18 +277,18 @@ def test_decode_kernel_interpreted(block_size: int, heads: int, kv_heads: int, n
                  "cpu", atol=1e-5)  # fmt: skip
 
 
-K_TRANSPOSED = pa.DecodeKernelConfig(block_n=16, num_warps=2, num_stages=1, k_transposed_load=True)
+SMALL_TILES = pa.DecodeKernelConfig(block_n=16, num_warps=2, num_stages=1)
 
 
 @needs_interpreter
 @pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2), (6, 2)])
 @pytest.mark.parametrize("block_size", [16, 64])
-def test_decode_kernel_transposed_k_load_interpreted(heads: int, kv_heads: int, block_size: int):
-    """K loaded as [D, BLOCK_N] (GQA groups of 1, 2 and 3 heads; 16-key tiles so that a tile
-    lies inside a block for either block size)."""
+def test_decode_kernel_other_configuration_interpreted(heads: int, kv_heads: int, block_size: int):
+    """A non-default launch configuration (16-key tiles: a tile inside a block for either block
+    size; no pipeline) with GQA groups of 1, 2 and 3 heads."""
     torch.manual_seed(heads + block_size)
     check_decode([1, 17, 130, 0], heads, kv_heads, 16, block_size, 3, torch.float32, "cpu",
-                 atol=1e-5, kernel=K_TRANSPOSED)  # fmt: skip
+                 atol=1e-5, kernel=SMALL_TILES)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -394,8 +394,8 @@ def test_decode_kernel_cuda(block_size: int, num_splits: int | None) -> None:
 @pytest.mark.parametrize(
     "kernel",
     [
-        pa.DecodeKernelConfig(block_n=64, num_warps=4, num_stages=1, k_transposed_load=True),
-        pa.DecodeKernelConfig(block_n=128, num_warps=4, num_stages=2, k_transposed_load=True),
+        pa.DecodeKernelConfig(block_n=64, num_warps=4, num_stages=1),
+        pa.DecodeKernelConfig(block_n=64, num_warps=8, num_stages=3),
         pa.DecodeKernelConfig(block_n=128, num_warps=8, num_stages=3),
     ],
 )
@@ -488,7 +488,7 @@ def test_fp8_cache_with_bf16_query_interpreted() -> None:
     scales = {"k_scale": 0.5, "v_scale": 0.25}
     q = torch.randn(2, 4, 16).to(torch.bfloat16)
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 0.25, **scales)
-    for kernel in (None, K_TRANSPOSED):
+    for kernel in (None, SMALL_TILES):
         out = pa.paged_decode_attention(
             q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", kernel=kernel,
             **scales,
