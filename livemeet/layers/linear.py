@@ -57,13 +57,20 @@ class GemmConfig:
 
 
 # Candidates timed by `LinearPlan.tune`. M == 1 (reduction kernel): narrow slabs keep every SM
-# busy on N = 1024 outputs; 2..16 rows (tl.dot): block_n >= 16.
+# busy on N = 1024 outputs; 2..16 rows (tl.dot): block_n >= 16. The 4- and 8-column slabs with
+# 1024-2048-wide chunks put 128-256 programs on o_proj/down_proj (N = 1024), each issuing its
+# whole slab in one or two loads: at 16 columns those two ran at ~1 TB/s with 64 programs
+# (H200, docs/benchmarks.md, session 3).
 ROW_CANDIDATES = (
     GemmConfig(8, 512),
     GemmConfig(16, 256),
     GemmConfig(16, 512, num_warps=8),
     GemmConfig(32, 256),
     GemmConfig(64, 128),
+    GemmConfig(4, 1024),
+    GemmConfig(8, 1024),
+    GemmConfig(4, 2048),
+    GemmConfig(8, 2048, num_warps=8),
 )
 DOT_CANDIDATES = (
     GemmConfig(16, 256),

@@ -42,6 +42,16 @@ def test_skinny_linear_matches_f_linear(
 
 
 @needs_interpreter
+@pytest.mark.parametrize(("n", "k"), [(40, 72), (32, 256)])
+def test_one_row_narrow_slab_wide_chunk(n: int, k: int) -> None:
+    """The 4-column slabs with a chunk wider than K (masked) or equal to it (one load)."""
+    torch.manual_seed(n + k)
+    x, w = torch.randn(1, k), torch.randn(n, k)
+    out = linear.skinny_linear(x, w, linear.GemmConfig(4, 256), impl="triton")
+    torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
 def test_skinny_linear_reads_strided_rows() -> None:
     """The decoder feeds views (e.g. attention output reshaped); row stride != K is fine."""
     base = torch.randn(3, 96)
@@ -142,12 +152,12 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
             ref = F.linear(ref_silu_and_mul(gate_up).float(), w.float())
             out = plan.silu_mul_linear(gate_up, w).float()
             assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
-        for config in linear.ROW_CANDIDATES + linear.DOT_CANDIDATES:
-            for rows in (1, 16):
-                x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
-                ref = F.linear(x.float(), w.float())
-                out = linear.skinny_linear(x, w, config).float()
-                assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+        pairs = [(c, 1) for c in linear.ROW_CANDIDATES] + [(c, 16) for c in linear.DOT_CANDIDATES]
+        for config, rows in pairs:  # each candidate with the row class it is tuned for
+            x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(x.float(), w.float())
+            out = linear.skinny_linear(x, w, config).float()
+            assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
 
 
 @needs_interpreter
