@@ -15,6 +15,7 @@ Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--jso
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -47,20 +48,24 @@ class SweepRow:
     block_n: int
     num_warps: int
     num_stages: int
+    merge_in_kernel: bool
     us_per_layer: float
     kv_tb_per_s: float
     frac_of_read: float
     max_abs_err: float
 
 
-def candidates() -> list[pa.DecodeKernelConfig]:
+def candidates(full: bool = True) -> list[pa.DecodeKernelConfig]:
+    """The defaults, each with the separate merge kernel, then (full) the tile/warp/stage grid."""
     grid = [
         pa.DecodeKernelConfig(n, w, stages)
         for n, w, stages in itertools.product((64, 128), (4, 8), (1, 2, 3))
     ]
-    # the two defaults first; dict.fromkeys drops their repeats from the grid
+    # the two defaults first, then each with the separate merge kernel; dict.fromkeys drops
+    # repeats from the grid
     defaults = [pa.default_decode_config(False), pa.default_decode_config(True)]
-    return list(dict.fromkeys([*defaults, *grid]))
+    separate = [dataclasses.replace(c, merge_in_kernel=False) for c in defaults]
+    return list(dict.fromkeys([*defaults, *separate, *(grid if full else [])]))
 
 
 def make_caches(batch: int, context: int, fp8: bool):
@@ -86,7 +91,7 @@ def make_caches(batch: int, context: int, fp8: bool):
 
 
 def sweep_point(
-    batch: int, context: int, fp8: bool, read_bw: float, deadline: float
+    batch: int, context: int, fp8: bool, read_bw: float, deadline: float, full: bool
 ) -> list[SweepRow]:
     caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -95,7 +100,7 @@ def sweep_point(
     scales = {"k_scale": s, "v_scale": s}
     ref = pa.ref_paged_decode_attention(q.float(), *caches[0], tables, lens, scale, **scales)
     default_splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS)
-    plan = [(cfg, default_splits) for cfg in candidates()]
+    plan = [(cfg, default_splits) for cfg in candidates(full)]
     plan += [(None, default_splits * 2), (None, max(1, default_splits // 2))]
     rows: list[SweepRow] = []
     for cfg, splits in plan:
@@ -104,7 +109,9 @@ def sweep_point(
             break
         if cfg is None:  # split-count variations of the best configuration so far
             best = min(rows, key=lambda r: r.us_per_layer)
-            cfg = pa.DecodeKernelConfig(best.block_n, best.num_warps, best.num_stages)
+            cfg = pa.DecodeKernelConfig(
+                best.block_n, best.num_warps, best.num_stages, best.merge_in_kernel
+            )
 
         def run(c: pa.DecodeKernelConfig = cfg, n: int = splits) -> None:
             for k, v in caches:
@@ -123,11 +130,11 @@ def sweep_point(
         tb = kv_bytes / (us * 1e-6) / 1e12
         row = SweepRow(
             "fp8_e4m3" if fp8 else "bf16", batch, context, splits, cfg.block_n, cfg.num_warps,
-            cfg.num_stages, us, tb, tb / read_bw, err,
+            cfg.num_stages, cfg.merge_in_kernel, us, tb, tb / read_bw, err,
         )  # fmt: skip
         print(
             f"  {row.kv_dtype} {batch}x{context} splits={splits} n={cfg.block_n} "
-            f"w={cfg.num_warps} s={cfg.num_stages}: {us:.1f} us "
+            f"w={cfg.num_warps} s={cfg.num_stages} merge={int(cfg.merge_in_kernel)}: {us:.1f} us "
             f"{tb:.2f} TB/s ({tb / read_bw:.2f} x read) err {err:.1e}",
             flush=True,
         )
@@ -142,6 +149,9 @@ def main() -> None:
     parser.add_argument("--points", default="1x36000,16x36000", help="BATCHxCONTEXT,...")
     parser.add_argument("--dtypes", default="bf16,fp8_e4m3")
     parser.add_argument("--max-seconds", type=float, default=150.0)
+    parser.add_argument(
+        "--defaults-only", action="store_true", help="only the defaults, merged both ways"
+    )
     parser.add_argument("--json", default="sweep_decode_kernel.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -155,7 +165,8 @@ def main() -> None:
     for i, (dtype, point) in enumerate(work):
         batch, context = (int(x) for x in point.split("x"))
         deadline = start + args.max_seconds * (i + 1) / len(work)  # an equal share per point
-        rows += sweep_point(batch, context, dtype == "fp8_e4m3", read_bw, deadline)
+        fp8 = dtype == "fp8_e4m3"
+        rows += sweep_point(batch, context, fp8, read_bw, deadline, not args.defaults_only)
     print("best per point:")
     for key, group in itertools.groupby(rows, key=lambda r: (r.kv_dtype, r.batch, r.context)):
         best = min(group, key=lambda r: r.us_per_layer)

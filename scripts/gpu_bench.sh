@@ -68,7 +68,8 @@ case "$phase" in
     step pytest-gpu "${PYTEST_S:-0}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
       --continue-on-collection-errors ${GPU_TESTS:-tests}
     step decode-kernel-sweep "${KERNEL_SWEEP_S:-0}" python3 -m loadtest.sweep_decode_kernel \
-      --max-seconds "$(( ${KERNEL_SWEEP_S:-0} - 40 ))" --json "$OUT/sweep_decode_kernel.json"
+      --max-seconds "$(( ${KERNEL_SWEEP_S:-0} - 40 ))" --json "$OUT/sweep_decode_kernel.json" \
+      --points "${KERNEL_SWEEP_POINTS:-1x36000,16x36000}" ${KERNEL_SWEEP_DEFAULTS_ONLY:+--defaults-only}
     step decode-profile "${PROFILE_S:-150}" python3 -m loadtest.bench_decode_step \
       --batches ${PROFILE_BATCHES:-1 16} --contexts ${PROFILE_CONTEXTS:-1024 36000} --iters 30 --profile
     step decode-profile-fp8 "${PROFILE_FP8_S:-0}" python3 -m loadtest.bench_decode_step \

@@ -66,7 +66,9 @@ class DecodeKernelConfig:
     """Launch configuration of the split-K decode kernel (fixed, never autotuned).
 
     block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
-    parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers).
+    parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
+    merge_in_kernel: the last split to finish merges the partials (no merge kernel; one split
+    writes the output directly) instead of a second kernel.
     `loadtest/sweep_decode_kernel.py` times the choices on a GPU; the defaults below measured
     best or within 3 % of the best on an H200 (docs/benchmarks.md). Two forms measured there and
     dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores (3-10x slower),
@@ -76,6 +78,7 @@ class DecodeKernelConfig:
     block_n: int = DECODE_BLOCK_N
     num_warps: int = DECODE_NUM_WARPS
     num_stages: int = DECODE_NUM_STAGES
+    merge_in_kernel: bool = True
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -86,6 +89,30 @@ class DecodeKernelConfig:
 
 DECODE_CONFIG_BF16 = DecodeKernelConfig()
 DECODE_CONFIG_FP8 = DecodeKernelConfig(block_n=DECODE_BLOCK_N_FP8)
+
+
+# How the split kernel's partials reach the output (its MERGE constexpr).
+MERGE_SEPARATE = 0  # partials, then _decode_merge_kernel
+MERGE_NONE_NEEDED = 1  # one split: the output directly
+MERGE_IN_LAST_SPLIT = 2  # partials; the last split of each (sequence, KV head) merges
+MERGE_COUNTERS = 1 << 16  # (sequence, KV head) pairs one device's counter buffer covers
+
+_counters: dict[torch.device, torch.Tensor] = {}
+
+
+def _merge_counters(device: torch.device, needed: int) -> torch.Tensor | None:
+    """The device's zeroed int32 counters for MERGE_IN_LAST_SPLIT (the kernel re-arms each one it
+    uses), or None when `needed` exceeds MERGE_COUNTERS (the caller merges separately). Made
+    once per device, outside any graph capture (the first call is the warm-up's), so every
+    captured graph shares it: graphs replay one at a time on one stream."""
+    if needed > MERGE_COUNTERS:
+        return None
+    buf = _counters.get(device)
+    if buf is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None  # not made before capture: a graph-pool tensor must not outlive it
+        buf = _counters[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
+    return buf
 
 
 def default_decode_config(fp8: bool) -> DecodeKernelConfig:
@@ -324,9 +351,14 @@ if HAS_TRITON:
         SeqLens,
         MidO,
         MidLse,
+        Out,
+        Counters,
         qk_scale,  # softmax scale * log2(e) * k_scale
+        v_scale,
         stride_qb,
         stride_qh,
+        stride_ob,
+        stride_oh,
         stride_kc_blk,
         stride_kc_tok,
         stride_kc_head,
@@ -341,9 +373,13 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         MID_SPLITS: tl.constexpr,
         FP16_DOT: tl.constexpr,
+        MERGE: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
         # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
+        # MERGE: 0 = write partials for _decode_merge_kernel; 1 = one split: write Out directly;
+        # 2 = write partials, and the last split of (b, kv head) to finish merges them into Out
+        # (Counters: int32 [B * kv_heads], zero between calls; see _merge_in_last_split).
         # FP16_DOT (FP8 KV with a 16-bit query): the dot products run in fp16, to which e4m3
         # converts in one instruction per pair on sm_89+ (to bf16 it takes three: the bf16 path
         # made FP8 decode slower than bf16 on an H200, 45 vs 39 us per layer at 36k tokens).
@@ -388,10 +424,64 @@ if HAS_TRITON:
 
         # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        lse = m_i + tl.math.log2(l_i)
-        row = (b * num_heads + heads) * MID_SPLITS + split  # [BLOCK_H]
-        tl.store(MidO + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
-        tl.store(MidLse + row, lse, mask=hmask)
+        if MERGE == 1:
+            out_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+            tl.store(out_ptrs, (out * v_scale).to(Out.dtype.element_ty), mask=hmask[:, None])
+        else:
+            lse = m_i + tl.math.log2(l_i)
+            row = (b * num_heads + heads) * MID_SPLITS + split  # [BLOCK_H]
+            tl.store(MidO + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
+            tl.store(MidLse + row, lse, mask=hmask)
+            if MERGE == 2:
+                _merge_in_last_split(
+                    MidO, MidLse, Out + b * stride_ob + kvh * GROUP * stride_oh,
+                    Counters + b * tl.num_programs(1) + kvh, v_scale, stride_oh,
+                    (b * num_heads + kvh * GROUP) * MID_SPLITS, GROUP, HEAD_DIM, MID_SPLITS,
+                )  # fmt: skip
+
+    @triton.jit
+    def _merge_in_last_split(
+        MidO,
+        MidLse,
+        OutGroup,
+        Counter,
+        v_scale,
+        stride_oh,
+        first_row,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        MID_SPLITS: tl.constexpr,
+    ):
+        """Count this split as done; the last of the sequence's splits for this KV head merges
+        every split's partial into the GROUP heads' outputs (OutGroup + h * stride_oh; partials
+        in rows first_row + h * MID_SPLITS + s of MidO/MidLse) and re-arms the counter. This
+        removes the merge kernel's launch from each decode step. The pattern of split-K
+        semaphores: a CTA barrier, then one release atomic per program; the merging program
+        acquires and reads the partials through L2 (".cg": L1 is not coherent across SMs)."""
+        tl.debug_barrier()  # every thread's partial stores precede the release below
+        done = tl.atomic_add(Counter, 1, sem="acq_rel")
+        if done == tl.num_programs(2) - 1:
+            num_splits = tl.num_programs(2)
+            offs_s = tl.arange(0, MID_SPLITS)
+            offs_d = tl.arange(0, HEAD_DIM)
+            smask = offs_s < num_splits
+            for h in tl.static_range(GROUP):
+                rows = first_row + h * MID_SPLITS + offs_s  # [S]
+                lse = tl.load(MidLse + rows, mask=smask, other=float("-inf"), cache_modifier=".cg")
+                lse_max = tl.max(lse, 0)
+                lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)
+                w = tl.where(lse > float("-inf"), tl.math.exp2(lse - lse_max), 0.0)
+                denom = tl.sum(w, 0)
+                o = tl.load(
+                    MidO + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=smask[:, None],
+                    other=0.0,
+                    cache_modifier=".cg",
+                )  # [S, D]
+                out = tl.sum(w[:, None] * o, 0) / tl.where(denom > 0, denom, 1.0) * v_scale
+                out_ptrs = OutGroup + h * stride_oh + offs_d
+                tl.store(out_ptrs, out.to(OutGroup.dtype.element_ty))
+            tl.atomic_xchg(Counter, 0)  # re-armed for the next call (and graph replay)
 
     @triton.jit
     def _decode_merge_kernel(
@@ -686,11 +776,19 @@ def paged_decode_attention(
     fp8 = k_cache.element_size() == 1
     cfg = kernel or default_decode_config(fp8)
     splits_pow2 = next_pow2(num_splits)
-    # splits past num_splits stay at lse = -inf so the merge can use a power-of-two vector
+    counters = None
+    if num_splits == 1 and cfg.merge_in_kernel:
+        merge = MERGE_NONE_NEEDED
+    elif cfg.merge_in_kernel:
+        counters = _merge_counters(q.device, batch * num_kv_heads)
+        merge = MERGE_IN_LAST_SPLIT if counters is not None else MERGE_SEPARATE
+    else:
+        merge = MERGE_SEPARATE
     f32 = {"device": q.device, "dtype": torch.float32}
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
     mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)
-    if splits_pow2 != num_splits:
+    if merge == MERGE_SEPARATE and splits_pow2 != num_splits:
+        # splits past num_splits stay at lse = -inf so the merge can use a power-of-two vector
         mid_o[:, :, num_splits:].zero_()
         mid_lse[:, :, num_splits:].fill_(float("-inf"))
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
@@ -701,9 +799,14 @@ def paged_decode_attention(
         seq_lens,
         mid_o,
         mid_lse,
+        out,
+        mid_lse if counters is None else counters,  # unused unless MERGE == 2
         scale * LOG2E * k_scale,
+        v_scale,
         q.stride(0),
         q.stride(1),
+        out.stride(0),
+        out.stride(1),
         *k_cache.stride()[:3],
         *v_cache.stride()[:3],
         block_tables.stride(0),
@@ -714,9 +817,12 @@ def paged_decode_attention(
         BLOCK_N=cfg.block_n,
         MID_SPLITS=splits_pow2,
         FP16_DOT=fp8 and q.dtype in (torch.bfloat16, torch.float16),
+        MERGE=merge,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
+    if merge != MERGE_SEPARATE:
+        return out
     _decode_merge_kernel[(batch, num_heads)](
         mid_o,
         mid_lse,

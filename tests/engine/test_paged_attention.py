@@ -291,6 +291,34 @@ def test_decode_kernel_other_configuration_interpreted(heads: int, kv_heads: int
                  atol=1e-5, kernel=SMALL_TILES)  # fmt: skip
 
 
+@needs_interpreter
+@pytest.mark.parametrize("num_splits", [1, 3, 4])
+def test_decode_merge_in_kernel_equals_merge_kernel_and_rearms(num_splits: int) -> None:
+    """The last split merges (or one split writes directly): the same output as the separate
+    merge kernel, the counters are all zero again afterwards, and a second call agrees."""
+    torch.manual_seed(num_splits)
+    k_cache, v_cache = make_cache(20, 16, 2, 16, torch.float32, "cpu")
+    tables = make_block_tables([130, 17, 0], 16, 20)
+    lens = torch.tensor([130, 17, 0], dtype=torch.int32)
+    q = torch.randn(3, 4, 16)
+    args = (q, k_cache, v_cache, tables, lens, 0.25)
+    separate = pa.DecodeKernelConfig(merge_in_kernel=False)
+    want = pa.paged_decode_attention(*args, num_splits=num_splits, impl="triton", kernel=separate)
+    for _ in range(2):
+        got = pa.paged_decode_attention(*args, num_splits=num_splits, impl="triton")
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        assert int(pa._merge_counters(q.device, 1).abs().sum()) == 0
+    ref = pa.ref_paged_decode_attention(*args)
+    torch.testing.assert_close(want, ref, atol=1e-5, rtol=0)
+
+
+def test_merge_counters_are_refused_past_their_size() -> None:
+    assert pa._merge_counters(torch.device("cpu"), pa.MERGE_COUNTERS + 1) is None
+    counters = pa._merge_counters(torch.device("cpu"), 8)
+    assert counters is not None and counters.dtype == torch.int32
+    assert counters is pa._merge_counters(torch.device("cpu"), pa.MERGE_COUNTERS)
+
+
 @pytest.mark.parametrize(
     "bad",
     [{"block_n": 48}, {"block_n": 8}, {"num_warps": 3}, {"num_stages": 0}],
@@ -395,6 +423,8 @@ def test_decode_kernel_cuda(block_size: int, num_splits: int | None) -> None:
     "kernel",
     [
         pa.DecodeKernelConfig(block_n=64, num_warps=4, num_stages=1),
+        pa.DecodeKernelConfig(block_n=64, num_warps=4, num_stages=2, merge_in_kernel=False),
+        pa.DecodeKernelConfig(block_n=128, num_warps=4, num_stages=2, merge_in_kernel=False),
         pa.DecodeKernelConfig(block_n=64, num_warps=8, num_stages=3),
         pa.DecodeKernelConfig(block_n=128, num_warps=8, num_stages=3),
     ],
@@ -530,3 +560,30 @@ def test_block_table_entries_past_a_sequence_are_never_used(fp8: bool) -> None:
     got = pa.paged_extend_attention(qe, k_cache, v_cache, stale, cu, lens, 0.25, impl="triton")
     want = pa.ref_paged_extend_attention(qe, k_cache, v_cache, clean, cu, lens, 0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@gpu
+@needs_cuda
+def test_merge_in_kernel_has_no_race_cuda() -> None:
+    """Many splits per (sequence, KV head) and many back-to-back calls in one graph: a merge
+    that read a partial before its split stored it would differ from the two-kernel path."""
+    torch.manual_seed(15)
+    lens = [4000, 3000, 1, 2500]
+    k_cache, v_cache = make_cache(800, 16, 8, 128, torch.bfloat16, "cuda")
+    tables = make_block_tables(lens, 16, 800).cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    qs = torch.randn(50, 4, 16, 128, device="cuda", dtype=torch.bfloat16)
+    separate = pa.DecodeKernelConfig(merge_in_kernel=False)
+    call = lambda q, kernel=None: pa.paged_decode_attention(  # noqa: E731
+        q, k_cache, v_cache, tables, seq, 0.088, num_splits=64, kernel=kernel
+    )
+    call(qs[0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [call(q) for q in qs]
+    for _ in range(3):
+        graph.replay()
+        for q, out in zip(qs, outs, strict=True):
+            want = call(q, separate)
+            torch.testing.assert_close(out.float(), want.float(), atol=1e-2, rtol=0)
