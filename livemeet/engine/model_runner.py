@@ -286,7 +286,9 @@ class ModelRunner:
 
     def _decode_with_graph(self, rows: _StepRows, ids: torch.Tensor) -> torch.Tensor | None:
         graphs = self.graphs
-        if graphs is None or any(n != 1 for n in rows.q_lens):
+        # one new token per sequence, none of them audio: a 1-token prefill chunk (e.g. a live
+        # hop that adds one audio token) would otherwise replay with the placeholder's embedding
+        if graphs is None or rows.audio_rows or any(n != 1 for n in rows.q_lens):
             return None
         width = max(len(t) for t in rows.block_tables)
         if not graphs.can_run(len(rows.q_lens), width):

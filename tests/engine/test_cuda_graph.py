@@ -207,3 +207,34 @@ def test_engine_with_graphs_and_async_matches_eager_sync() -> None:
             assert engine.runner.graphs.num_eager_fallbacks == 0
         results.append(streams)
     assert results[0] == results[1]
+
+
+class _GraphsThatMustNotRun:
+    """A decode-graph runner stand-in for the CPU: every shape fits, replaying is an error."""
+
+    num_eager_fallbacks = 0
+
+    def can_run(self, num_rows: int, max_blocks: int) -> bool:
+        return True
+
+    def run(self, *args: object) -> torch.Tensor:
+        raise AssertionError("a step with audio rows replayed the decode graph")
+
+
+def test_one_token_audio_chunk_never_replays_the_decode_graph(upstream_dir: object) -> None:
+    """One new token per sequence looks like decode, but when that token is an audio
+    position its embedding must be spliced in, which the captured graphs cannot do."""
+    from livemeet.engine.model_runner import ModelRunner, _StepRows
+    from livemeet.models.loader import load_model
+
+    model, _ = load_model(str(upstream_dir), device="cpu", dtype="float32")
+    runner = ModelRunner(model, model.cfg, block_size=BLOCK_SIZE, num_kv_blocks=8)
+    runner.graphs = _GraphsThatMustNotRun()  # type: ignore[assignment]
+    rows = _StepRows()
+    rows.token_ids, rows.positions, rows.slots = [7], [0], [0]
+    rows.seq_lens, rows.block_tables, rows.q_lens = [1], [[0]], [1]
+    rows.audio_rows, rows.audio_values = [0], [torch.ones(1, model.cfg.text.hidden)]
+    assert runner._decode_with_graph(rows, torch.tensor([7])) is None
+    rows.audio_rows, rows.audio_values = [], []
+    with pytest.raises(AssertionError, match="replayed"):
+        runner._decode_with_graph(rows, torch.tensor([7]))
