@@ -13,7 +13,13 @@ that is why each workload gets its own server. Each meeting's audio is rotated b
 offset, so the encoder's window cache never hits.
 
 Per point one JSON line: req/s, audio-s/s, RTF mean, latency mean and p95, errors; points whose
-estimated time would pass `--max-seconds` are written as skipped. Usage:
+estimated time would pass `--max-seconds` are written as skipped. When the server exports the
+engine's counters (`livemeet_engine_*` on /metrics: the MOSS-TD backend), the point also gets
+their increase over it: `engine_steps` (by kind: decode_graph, decode_eager, prefill_graph,
+prefill_eager), `decode_graph_fallbacks`, `prefill_tokens` and `decode_tokens`. /metrics is
+scraped before the point and after it until two scrapes agree (the idle worker posts exact
+totals), at most STATS_SETTLE_S. With `--url`, other traffic on that server is counted too.
+Usage:
   python -m loadtest.http_sweep --out sweep.jsonl --long-concurrency 1,16 --max-seconds 420
 """
 
@@ -38,7 +44,9 @@ from typing import IO, Any
 
 import aiohttp
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
+from livemeet.audio.constants import ENGINE_STATS_INTERVAL_S
 from loadtest import workloads as wl
 from loadtest.bench_engine import ASSUMED_AUDIO_S_PER_S, Budget, parse_ints, percentile
 
@@ -46,6 +54,9 @@ DEFAULT_SERVE_ARGS = "--load-format dummy --forced-output {forced}"
 READY_POLL_S = 0.5  # s between /readyz polls
 STOP_TIMEOUT_S = 20.0  # s to wait for the server to exit after SIGTERM before SIGKILL
 ENDPOINT = "/v1/audio/transcriptions"
+STEP_KINDS = ("decode_graph", "decode_eager", "prefill_graph", "prefill_eager")
+STATS_SETTLE_S = 1.5 * ENGINE_STATS_INTERVAL_S  # s; longest wait for a point's final stats
+STATS_POLL_S = 0.5 * ENGINE_STATS_INTERVAL_S  # s between /metrics scrapes while settling
 
 
 @dataclass(frozen=True)
@@ -65,6 +76,69 @@ class PointResult:
     latency_p95_s: float
     upload_mb: float  # WAV body size per request
     first_error: str = ""
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    """The `livemeet_engine_*` counters of one /metrics scrape: cumulative since the engine
+    worker started (a restart starts them again from zero), or the increase between two."""
+
+    steps: dict[str, int]  # steps by kind (STEP_KINDS)
+    decode_graph_fallbacks: int  # steps; decode steps run eagerly although graphs exist
+    prefill_tokens: int  # tokens computed by prefill chunks
+    decode_tokens: int  # tokens computed by decode rows
+
+    def minus(self, before: EngineCounters) -> EngineCounters:
+        return EngineCounters(
+            steps={k: v - before.steps.get(k, 0) for k, v in self.steps.items()},
+            decode_graph_fallbacks=self.decode_graph_fallbacks - before.decode_graph_fallbacks,
+            prefill_tokens=self.prefill_tokens - before.prefill_tokens,
+            decode_tokens=self.decode_tokens - before.decode_tokens,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The fields a point's JSON record gets."""
+        return {
+            "engine_steps": dict(self.steps),
+            "decode_graph_fallbacks": self.decode_graph_fallbacks,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+        }
+
+
+def parse_engine_counters(text: str) -> EngineCounters | None:
+    """The engine counters in a Prometheus text exposition; None when it has none (a backend
+    without a step engine, or a server older than them)."""
+    steps: dict[str, int] = {}
+    values: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "livemeet_engine_steps_total":
+                steps[sample.labels["kind"]] = int(sample.value)
+            elif sample.name == "livemeet_engine_tokens_total":
+                values[sample.labels["phase"]] = int(sample.value)
+            elif sample.name == "livemeet_engine_decode_graph_fallbacks_total":
+                values["fallbacks"] = int(sample.value)
+    if not steps:
+        return None
+    return EngineCounters(
+        steps={kind: steps.get(kind, 0) for kind in STEP_KINDS},
+        decode_graph_fallbacks=values.get("fallbacks", 0),
+        prefill_tokens=values.get("prefill", 0),
+        decode_tokens=values.get("decode", 0),
+    )
+
+
+def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -> dict[str, Any]:
+    """A point's engine fields: the counters' increase over it; none when either scrape had no
+    counters or they went down (the engine worker restarted during the point)."""
+    if before is None or after is None:
+        return {}
+    delta = after.minus(before)
+    counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens]
+    if min(counts) < 0 or delta.decode_graph_fallbacks < 0:
+        return {}
+    return delta.record()
 
 
 def free_port() -> int:
@@ -153,6 +227,33 @@ async def upload(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple
             return latency, ""
     except aiohttp.ClientError as exc:
         return time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+
+
+async def scrape_engine_counters(session: aiohttp.ClientSession, url: str) -> EngineCounters | None:
+    """The server's engine counters now; None when /metrics fails or has none."""
+    try:
+        async with session.get(url + "/metrics") as r:
+            if r.status != 200:
+                return None
+            return parse_engine_counters(await r.text())
+    except aiohttp.ClientError:
+        return None
+
+
+async def settled_engine_counters(
+    session: aiohttp.ClientSession, url: str, timeout_s: float = STATS_SETTLE_S
+) -> EngineCounters | None:
+    """Scrape every STATS_POLL_S until two scrapes agree (the worker went idle and posted its
+    exact totals) or `timeout_s` (s) passed; returns the last scrape."""
+    deadline = time.monotonic() + timeout_s
+    last = await scrape_engine_counters(session, url)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(STATS_POLL_S)
+        now = await scrape_engine_counters(session, url)
+        if now == last:
+            break
+        last = now
+    return last
 
 
 async def run_point(
@@ -288,11 +389,14 @@ async def sweep_points(
             )
             continue
         bodies = [wl.wav_bytes(wl.vary(samples, i)) for i in range(n)]
-        result = await run_point(url, workload, c, bodies)
+        async with aiohttp.ClientSession() as scraper:
+            before = await scrape_engine_counters(scraper, url)
+            result = await run_point(url, workload, c, bodies)
+            after = None if before is None else await settled_engine_counters(scraper, url)
         del bodies
         if result.num_errors < result.num_requests:
             budget.observe(workload.name, result.audio_s_per_s)
-        write_line(out, asdict(result))
+        write_line(out, {**asdict(result), **engine_fields(before, after)})
 
 
 async def amain(args: argparse.Namespace) -> None:

@@ -10,6 +10,8 @@ is shown as a ratio to
 - SGLang-Omni's published figures (long c1 75.8 and c16 136.3 audio-s/s on an H200, short c16
   ~380 on an H100: DESIGN.md 10) and the transformers reference (projected by hf_reference.py).
 The plot shows audio-s/s and p95 latency against concurrency, one line per source x workload.
+HTTP sweep points recorded with the engine's counters (`engine_steps`, newer sweeps on the
+MOSS-TD backend) also show decode and prefill steps as CUDA graph / eager; older records show -.
 
 Usage: python -m loadtest.report --engine e.json --hf hf.json --sweep s.jsonl --png plot.png
 """
@@ -90,6 +92,15 @@ def hf_figures(hf: Any) -> dict[tuple[str, int], float]:
     return {(p["workload"], p["batch"]): p["audio_s_per_s"] for p in hf["projections"]}
 
 
+def graph_split(row: dict[str, Any], phase: str) -> str:
+    """Steps of `phase` (decode or prefill) in a sweep point as "graph / eager"; "-" without
+    engine counters (older records, backends without a step engine)."""
+    steps = row.get("engine_steps")
+    if not steps:
+        return "-"
+    return f"{steps.get(f'{phase}_graph', 0):,} / {steps.get(f'{phase}_eager', 0):,}"
+
+
 def throughput_table(
     title: str,
     rows: list[dict[str, Any]],
@@ -97,13 +108,17 @@ def throughput_table(
     hf: dict[tuple[str, int], float],
     output_tokens: dict[str, int],
 ) -> list[str]:
-    """One markdown table of throughput points (engine runs or sweep points)."""
+    """One markdown table of throughput points (engine runs or sweep points); when any row has
+    engine counters, two more columns: decode and prefill steps, CUDA graph / eager."""
+    steps = any(r.get("engine_steps") for r in rows)
+    extra = " decode steps graph / eager | prefill steps graph / eager |" if steps else ""
     lines = [
         f"### {title}",
         "",
         "| workload | KV | c | n | req/s | audio-s/s | RTF mean | latency mean s | p95 s "
-        "| floor | x floor | x SGLang-Omni | x transformers | target | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| floor | x floor | x SGLang-Omni | x transformers | target | errors |" + extra,
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        + ("---|---|" if steps else ""),
     ]
     for r in rows:
         if "skipped" in r:
@@ -127,6 +142,7 @@ def throughput_table(
             f"{_ratio(r['audio_s_per_s'], SGLANG_OMNI.get(key))} | "
             f"{_ratio(r['audio_s_per_s'], hf.get(key))} | "
             f"{'-' if target is None else f'{target:.0f}'} | {r.get('num_errors', 0)} |"
+            + (f" {graph_split(r, 'decode')} | {graph_split(r, 'prefill')} |" if steps else "")
         )
     return lines + [""]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from livemeet.engine.messages import EngineStats
 from livemeet.transcriber import BackendInfo, Event, Samples, SessionOptions
 
 
@@ -21,6 +22,8 @@ class BackendCore(Protocol):
       events produced, as (session_id, event) pairs in order. After `end(sid)`, the events of
       `sid` eventually include exactly one `TranscriptFinal` (or one `Error`), after which the
       core forgets `sid`. After `abort(sid)` no event of `sid` is returned again.
+    - `stats()` returns the engine's cumulative step counters, or None for a backend without
+      a step engine (demo, scripted); it is cheap (no device sync), called between steps.
     """
 
     @property
@@ -41,5 +44,7 @@ class BackendCore(Protocol):
     def has_work(self) -> bool: ...
 
     def step(self) -> list[tuple[str, Event]]: ...
+
+    def stats(self) -> EngineStats | None: ...
 
     def close(self) -> None: ...

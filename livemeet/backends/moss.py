@@ -35,6 +35,7 @@ from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES, num_audio_toke
 from livemeet.config import ModelConfig
 from livemeet.engine.encoder_runner import full_window_keys
 from livemeet.engine.engine import Engine, EngineConfig
+from livemeet.engine.messages import EngineStats
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.errors import ConfigError, InvalidRequest, LivemeetError, NotFound, ProtocolError
@@ -323,6 +324,10 @@ class MossCore:
         if self.engine is not None and self.engine.has_work():
             return True
         return any(self._needs_submit(s) for s in self._sessions.values())
+
+    def stats(self) -> EngineStats | None:
+        """The engine's cumulative step counters; None before `load()`."""
+        return None if self.engine is None else self.engine.stats()
 
     def step(self) -> list[tuple[str, Event]]:
         engine = self._engine()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
+from livemeet.engine.messages import EngineStats
 from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError
 from livemeet.session.live import LiveOptions, LiveSession, Window
 from livemeet.transcriber import (
@@ -136,6 +137,10 @@ class RedecodeCore(abc.ABC):
 
     def has_work(self) -> bool:
         return any(self._ready(s) for s in self._sessions.values())
+
+    def stats(self) -> EngineStats | None:
+        """None: a window re-decoder has no step engine to count."""
+        return None
 
     def step(self) -> list[tuple[str, Event]]:
         for sid, sess in self._sessions.items():

@@ -15,6 +15,10 @@ placeholders. A request whose real token is EOS is finished then (`Scheduler.fin
 frees its KV once, including the block of its speculative row in N+1; that row's result is
 then dropped by `postprocess(N+1)` because the request is no longer running. A request
 aborted between steps gets nothing more.
+
+Counters (`stats()`, posted to the gateway by the worker): steps by kind (decode-only or with a
+prefill; CUDA graph or eager) and tokens by phase, counted at launch from the scheduled batch
+and the graph runners' replay counters (host ints only, no device sync).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE, num_audio_token
 from livemeet.audio.features import check_samples
 from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.encoder_runner import EncoderRunner
+from livemeet.engine.messages import EngineStats
 from livemeet.engine.model_runner import (
     PENDING_TOKEN_ID,
     DeviceTokens,
@@ -152,6 +157,14 @@ class Engine:
             transfer = TokenTransfer(self.runner.device, config.scheduler.max_num_seqs)
         self.transfer = transfer if config.async_decode else None
         self._in_flight: _InFlight | None = None
+        # Cumulative step counters (see `stats()`); steps are counted when launched.
+        self.num_decode_graph_steps = 0
+        self.num_decode_eager_steps = 0
+        self.num_prefill_graph_steps = 0
+        self.num_prefill_eager_steps = 0
+        self.num_decode_graph_fallbacks = 0
+        self.num_prefill_tokens = 0
+        self.num_decode_tokens = 0
 
     def build_prompt(
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
@@ -234,6 +247,18 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None
 
+    def stats(self) -> EngineStats:
+        """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
+        return EngineStats(
+            num_decode_graph_steps=self.num_decode_graph_steps,
+            num_decode_eager_steps=self.num_decode_eager_steps,
+            num_prefill_graph_steps=self.num_prefill_graph_steps,
+            num_prefill_eager_steps=self.num_prefill_eager_steps,
+            num_decode_graph_fallbacks=self.num_decode_graph_fallbacks,
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_decode_tokens=self.num_decode_tokens,
+        )
+
     def step(self) -> StepOutput:
         """Run one step. Returns new tokens and finished requests: of this step (synchronous),
         or of the step launched by the previous call (async decode)."""
@@ -243,9 +268,11 @@ class Engine:
         if batch.is_empty:
             return StepOutput((), ())
         self._encode_scheduled(batch)
+        replays = self._graph_replays()
         sampled = self.runner.run(
             batch, self._audio, self._sampling_of, forced=self._forced_ids(batch)
         )
+        self._count_step(batch, replays)
         out = self.scheduler.postprocess(batch, sampled)
         for request in out.finished:
             self._forget(request.request_id)
@@ -265,6 +292,7 @@ class Engine:
         tokens = None
         if not batch.is_empty:
             self._encode_scheduled(batch)
+            replays = self._graph_replays()
             tokens = self.runner.launch(
                 batch,
                 self._audio,
@@ -272,6 +300,7 @@ class Engine:
                 forced=self._forced_ids(batch),
                 previous=previous.tokens if previous else None,
             )
+            self._count_step(batch, replays)
         # The GPU now has this step queued behind the previous one: read the previous one.
         out = self._resolve(previous, transfer) if previous else StepOutput((), ())
         if tokens is not None:
@@ -327,6 +356,32 @@ class Engine:
         for rid, e in zip(todo, embeds, strict=True):
             del self._pending_audio[rid]
             self._audio[rid] = e
+
+    def _graph_replays(self) -> tuple[int, int]:
+        """(decode graph, piecewise graph) replays so far: host ints, no device sync."""
+        graphs, piecewise = self.runner.graphs, self.runner.piecewise
+        return (
+            0 if graphs is None else graphs.num_replays,
+            0 if piecewise is None else piecewise.num_replays,
+        )
+
+    def _count_step(self, batch: ScheduledBatch, replays_before: tuple[int, int]) -> None:
+        """Count one launched step; `replays_before`: `_graph_replays()` before its launch."""
+        decode_replays, piecewise_replays = self._graph_replays()
+        decode_graph = decode_replays != replays_before[0]
+        self.num_decode_tokens += len(batch.decodes)
+        if batch.prefills:
+            self.num_prefill_tokens += sum(c.num_tokens for c in batch.prefills)
+            if decode_graph or piecewise_replays != replays_before[1]:
+                self.num_prefill_graph_steps += 1
+            else:
+                self.num_prefill_eager_steps += 1
+        elif decode_graph:
+            self.num_decode_graph_steps += 1
+        else:
+            self.num_decode_eager_steps += 1
+            if self.runner.graphs is not None:
+                self.num_decode_graph_fallbacks += 1
 
     def _sampling_of(self, request: Request) -> SamplingParams:
         return self._sampling.get(request.request_id, SamplingParams())

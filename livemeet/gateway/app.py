@@ -34,7 +34,7 @@ from livemeet.gateway.keys import (
     tmp_dir,
     transcripts_dir,
 )
-from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.gateway.ws_live import LiveRegistry, live_handler
 from livemeet.transcriber import Transcriber
@@ -62,7 +62,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[CONFIG_KEY] = config
     app[TRANSCRIBER_KEY] = transcriber
     app[REGISTRY_KEY] = LiveRegistry()
-    app[METRICS_KEY] = GatewayMetrics.create()
+    app[METRICS_KEY] = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
     app[LIFECYCLE_KEY] = Lifecycle(
         decode_slots=asyncio.Semaphore(config.gateway.max_concurrent_decodes)
@@ -71,6 +71,15 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app.on_shutdown.append(close_live_sockets)
     _add_routes(app)
     return app
+
+
+def _engine_stats_of(transcriber: Transcriber) -> StatsSource:
+    """Where /metrics reads the engine's counters: the transcriber's `engine_stats` when it has
+    one (EngineClient), else nowhere."""
+    if isinstance(transcriber, EngineStatsSource):
+        source = transcriber
+        return lambda: source.engine_stats
+    return lambda: None
 
 
 def _add_routes(app: web.Application) -> None:

@@ -13,6 +13,9 @@ text deltas merge, so their concatenation is unchanged). A client still that slo
 `Error(queue_full, retryable=True)` in place of its unread events and the session is aborted in
 the engine: one slow client never makes the engine or other sessions wait.
 
+The worker's latest `EngineStats` (cumulative step counters, livemeet/engine/worker.py says
+how often they come) is kept as `engine_stats` for /metrics.
+
 If the worker dies, every open session gets `Error(engine_unavailable, retryable=True)` and
 `ready` turns False; `open_session` then raises EngineUnavailable.
 """
@@ -46,6 +49,7 @@ from livemeet.engine.messages import (
     AppendAudio,
     Command,
     EndSession,
+    EngineStats,
     FinalizeSession,
     OpenSession,
     SessionEvent,
@@ -202,6 +206,7 @@ class EngineClient:
         self.start_timeout_s = start_timeout_s
         self.event_buffer = event_buffer
         self._info = BackendInfo(name=config.backend_name, model_id="(not loaded)")
+        self._engine_stats: EngineStats | None = None
         self._ready = False
         self._started = False
         self._closing = False
@@ -226,6 +231,12 @@ class EngineClient:
     @property
     def num_sessions(self) -> int:
         return len(self._sessions)
+
+    @property
+    def engine_stats(self) -> EngineStats | None:
+        """The worker's latest cumulative step counters; None before its first report and for
+        backends without a step engine (demo, scripted). Kept after the worker is gone."""
+        return self._engine_stats
 
     async def start(self) -> None:
         """Start the worker and wait until its backend is loaded. Raises the worker's typed
@@ -360,6 +371,8 @@ class EngineClient:
                 session._deliver(msg.event)
                 if isinstance(msg.event, TERMINAL_EVENTS):
                     self._sessions.pop(msg.session_id, None)
+        elif isinstance(msg, EngineStats):
+            self._engine_stats = msg
         elif isinstance(msg, WorkerReady):
             if self._ready_future is not None and not self._ready_future.done():
                 self._ready_future.set_result(msg.info)

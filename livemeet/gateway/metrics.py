@@ -1,17 +1,87 @@
-"""Prometheus metrics of one gateway app, in a registry of its own (tests build many apps)."""
+"""Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
+
+Engine counters (`livemeet_engine_*`) come from the engine worker as cumulative `EngineStats`
+(livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it steps and exact
+when idle. `EngineStatsCollector` exports the latest totals as they are, as counters: the
+gateway never sees increments, so a custom collector rather than `Counter`s (which would need
+deltas). A restarted engine worker (a restarted server) starts again from zero, which
+Prometheus' `rate()`/`increase()` treat as a counter reset.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+
+from livemeet.engine.messages import EngineStats
+
+StatsSource = Callable[[], EngineStats | None]
+
+
+@runtime_checkable
+class EngineStatsSource(Protocol):
+    """A transcriber that reports its engine's counters (EngineClient); None until the first
+    report, and always for backends without a step engine."""
+
+    @property
+    def engine_stats(self) -> EngineStats | None: ...
+
+
+def _no_stats() -> EngineStats | None:
+    return None
+
+
+class EngineStatsCollector:
+    """`livemeet_engine_steps_total{kind}` (kind: decode_graph, decode_eager, prefill_graph,
+    prefill_eager; a prefill step may carry decode rows), `livemeet_engine_tokens_total{phase}`
+    (phase: prefill, decode) and `livemeet_engine_decode_graph_fallbacks_total` (decode steps
+    run eagerly although decode graphs exist: batch too large or contexts too long), from
+    `source()`; nothing while it returns None."""
+
+    def __init__(self, source: StatsSource) -> None:
+        self.source = source
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples (the registry reserves their names)."""
+        return iter(_families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.source()
+        return iter(_families(stats) if stats is not None else [])
+
+
+def _families(stats: EngineStats | None) -> list[Metric]:
+    steps = CounterMetricFamily(
+        "livemeet_engine_steps", "Engine steps by kind (cumulative)", labels=["kind"]
+    )
+    tokens = CounterMetricFamily(
+        "livemeet_engine_tokens", "Tokens computed by the engine, by phase", labels=["phase"]
+    )
+    fallbacks = CounterMetricFamily(
+        "livemeet_engine_decode_graph_fallbacks",
+        "Decode steps run eagerly although CUDA graphs were captured",
+        labels=[],
+    )
+    if stats is not None:
+        steps.add_metric(["decode_graph"], stats.num_decode_graph_steps)
+        steps.add_metric(["decode_eager"], stats.num_decode_eager_steps)
+        steps.add_metric(["prefill_graph"], stats.num_prefill_graph_steps)
+        steps.add_metric(["prefill_eager"], stats.num_prefill_eager_steps)
+        tokens.add_metric(["prefill"], stats.num_prefill_tokens)
+        tokens.add_metric(["decode"], stats.num_decode_tokens)
+        fallbacks.add_metric([], stats.num_decode_graph_fallbacks)
+    return [steps, tokens, fallbacks]
 
 
 @dataclass(frozen=True)
 class GatewayMetrics:
     """The gateway's metrics. Label values: `endpoint` (route name), `status` (HTTP status),
     `state` (live session state), `outcome` (how a session ended), `kind` (upload|live),
-    `code` (LivemeetError.code)."""
+    `code` (LivemeetError.code); `engine` exports the engine's counters (module docstring)."""
 
     registry: CollectorRegistry
     requests: Counter
@@ -21,12 +91,17 @@ class GatewayMetrics:
     errors: Counter
     demo: Gauge
     upload_latency_s: Histogram
+    engine: EngineStatsCollector
 
     @classmethod
-    def create(cls) -> GatewayMetrics:
+    def create(cls, engine_stats: StatsSource = _no_stats) -> GatewayMetrics:
+        """`engine_stats()`: the engine's latest counters (None: no engine metrics)."""
         registry = CollectorRegistry(auto_describe=True)
+        engine = EngineStatsCollector(engine_stats)
+        registry.register(engine)
         return cls(
             registry=registry,
+            engine=engine,
             requests=Counter(
                 "livemeet_requests",
                 "HTTP requests by endpoint and status",

@@ -20,6 +20,7 @@ from livemeet.backends import create_backend
 from livemeet.backends.moss import MossCore, _Upload
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
+from livemeet.engine.messages import EngineStats
 from livemeet.engine.scheduler import StepOutput
 from livemeet.errors import ConfigError, InvalidRequest, NotFound, ProtocolError
 from livemeet.models.audio_llm import MossTDModel, generate
@@ -136,6 +137,22 @@ def test_forced_upload_gives_the_reference_segments_and_joined_deltas(
     # Each delta comes before its segment's final (so the SSE tracker does not add it twice).
     assert isinstance(events[0], TextDelta) and isinstance(events[1], SegmentFinal)
     assert_pool_clean(core)
+
+
+def test_stats_are_the_engine_counters(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    assert MossCore(ModelConfig()).stats() is None  # before load(): no engine
+    core = make_core(our_model, tmp_path, forced=REFERENCE)
+    assert core.stats() == EngineStats()
+    tokens = record_tokens(core)
+    check_upload_events(upload(core, clips[11.0]))
+    stats = core.stats()
+    assert core.engine is not None and stats == core.engine.stats()
+    assert stats.num_prefill_steps >= 1 and stats.num_decode_steps >= 1
+    assert stats.num_prefill_tokens > 0
+    # one request: its first token comes from the prefill, every other one from a decode row
+    assert [len(t) for t in tokens.values()] == [stats.num_decode_tokens + 1]
 
 
 def test_parser_departures_survive_the_upload(

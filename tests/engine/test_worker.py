@@ -18,14 +18,23 @@ from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
     EndSession,
+    EngineStats,
     OpenSession,
     SessionEvent,
     Shutdown,
     WorkerFailed,
     WorkerReady,
 )
-from livemeet.engine.worker import run_worker
-from livemeet.transcriber import Error, SessionOptions, TranscriptFinal
+from livemeet.engine.worker import Worker, run_worker
+from livemeet.transcriber import (
+    BackendInfo,
+    Error,
+    Event,
+    Samples,
+    SessionOptions,
+    TranscriptFinal,
+)
+from tests.engine.fakes import FakeClock
 
 
 class CountingCore(ScriptedCore):
@@ -180,3 +189,102 @@ def test_step_crash_fails_the_worker_and_frees_sessions(counting: list[CountingC
     )
     assert isinstance(out[-1], WorkerFailed) and out[-1].code == "internal_error"
     assert counting[0].freed == Counter({"a": 1}) and counting[0].closed == 1
+
+
+# -- engine stats ----------------------------------------------------------------------------
+
+
+class StatsCore:
+    """A BackendCore whose `step()` does one unit of work, moves `clock` by `step_s` and counts
+    it as a decode step of 3 rows; `stats()` reports the count (None with `has_stats=False`)."""
+
+    def __init__(self, clock: FakeClock, work: int, step_s: float, has_stats: bool = True):
+        self.clock = clock
+        self.work = work
+        self.step_s = step_s
+        self.has_stats = has_stats
+        self.num_steps = 0
+        self.num_stats_calls = 0
+
+    @property
+    def info(self) -> BackendInfo:
+        return BackendInfo("stats", "fake")
+
+    def load(self) -> None: ...
+
+    def open(self, session_id: str, options: SessionOptions) -> None: ...
+
+    def append(self, session_id: str, samples: Samples) -> None: ...
+
+    def finalize(self, session_id: str) -> None: ...
+
+    def end(self, session_id: str) -> None: ...
+
+    def abort(self, session_id: str) -> None: ...
+
+    def has_work(self) -> bool:
+        return self.num_steps < self.work
+
+    def step(self) -> list[tuple[str, Event]]:
+        self.num_steps += 1
+        self.clock.advance(self.step_s)
+        return []
+
+    def stats(self) -> EngineStats | None:
+        self.num_stats_calls += 1
+        if not self.has_stats:
+            return None
+        return EngineStats(
+            num_decode_eager_steps=self.num_steps, num_decode_tokens=3 * self.num_steps
+        )
+
+    def close(self) -> None: ...
+
+
+class IdleShutdownInbox:
+    """No commands; `Shutdown` on the `idle_polls`-th blocking get (the worker blocks only
+    when its core has no work)."""
+
+    def __init__(self, idle_polls: int = 1) -> None:
+        self.idle_polls = idle_polls
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        if block:
+            self.idle_polls -= 1
+            if self.idle_polls == 0:
+                return Shutdown()
+        raise queue.Empty
+
+
+def serve_with_stats(core: StatsCore, clock: FakeClock, idle_polls: int = 1) -> list[object]:
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(core, outbox, clock=lambda: clock.now_s, stats_interval_s=0.5)
+    worker.serve(IdleShutdownInbox(idle_polls))
+    return [outbox.get() for _ in range(outbox.qsize())]
+
+
+def test_stats_posted_at_most_every_interval_while_stepping_and_once_idle() -> None:
+    clock = FakeClock()
+    core = StatsCore(clock, work=9, step_s=0.2)
+    out = serve_with_stats(core, clock)
+    assert all(isinstance(m, EngineStats) for m in out)
+    # first step at 0.2 s posts; then due at 0.7 -> step 4 (0.8 s); due 1.3 -> step 7 (1.4 s);
+    # the last two steps are not due: the idle post carries them, exact
+    assert [m.num_steps for m in out if isinstance(m, EngineStats)] == [1, 4, 7, 9]
+    assert out[-1] == EngineStats(num_decode_eager_steps=9, num_decode_tokens=27)
+
+
+def test_stats_not_reposted_while_idle() -> None:
+    clock = FakeClock()
+    core = StatsCore(clock, work=3, step_s=0.5)  # every step is due: the last post is exact
+    out = serve_with_stats(core, clock, idle_polls=5)
+    assert [m.num_steps for m in out if isinstance(m, EngineStats)] == [1, 2, 3]
+    idle = StatsCore(clock, work=0, step_s=0.5)  # never steps: the zeros once, at start
+    assert serve_with_stats(idle, clock, idle_polls=5) == [EngineStats()]
+
+
+def test_core_without_stats_posts_nothing() -> None:
+    clock = FakeClock()
+    core = StatsCore(clock, work=4, step_s=0.3, has_stats=False)
+    assert serve_with_stats(core, clock) == []
+    assert core.num_steps == 4 and core.num_stats_calls >= 2

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
+import pytest
 from aiohttp.test_utils import TestClient
 
-from livemeet.config import ServerConfig
+from livemeet.backends import BACKENDS
+from livemeet.backends.scripted import ScriptedCore
+from livemeet.config import ModelConfig, ServerConfig
+from livemeet.engine.messages import EngineStats
 from livemeet.gateway.app import create_app
+from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import LIFECYCLE_KEY
+from livemeet.transcriber import Event
 from tests.gateway.conftest import ClientFactory, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_openai_api import form
@@ -65,3 +74,98 @@ async def test_web_page_is_served(client: TestClient) -> None:
     for name in ("recorder.js", "pcm-worklet.js"):
         resp = await client.get(f"/{name}")
         assert resp.status == 200 and "javascript" in resp.content_type
+
+
+class StatsTranscriber(FakeTranscriber):
+    """A FakeTranscriber that reports engine counters, as EngineClient does."""
+
+    def __init__(self, stats: EngineStats | None) -> None:
+        super().__init__(demo=False)
+        self.engine_stats = stats
+
+
+async def test_metrics_export_the_engine_counters(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    fake = StatsTranscriber(None)
+    client = await aiohttp_client(create_app(server_config, fake))
+    assert "livemeet_engine" not in await (await client.get("/metrics")).text()  # no report yet
+    fake.engine_stats = EngineStats(
+        num_decode_graph_steps=900,
+        num_decode_eager_steps=12,
+        num_prefill_graph_steps=40,
+        num_prefill_eager_steps=3,
+        num_decode_graph_fallbacks=12,
+        num_prefill_tokens=51_200,
+        num_decode_tokens=7_000,
+    )
+    text = await (await client.get("/metrics")).text()
+    assert "# TYPE livemeet_engine_steps_total counter" in text
+    assert 'livemeet_engine_steps_total{kind="decode_graph"} 900.0' in text
+    assert 'livemeet_engine_steps_total{kind="decode_eager"} 12.0' in text
+    assert 'livemeet_engine_steps_total{kind="prefill_graph"} 40.0' in text
+    assert 'livemeet_engine_steps_total{kind="prefill_eager"} 3.0' in text
+    assert 'livemeet_engine_tokens_total{phase="prefill"} 51200.0' in text
+    assert 'livemeet_engine_tokens_total{phase="decode"} 7000.0' in text
+    assert "livemeet_engine_decode_graph_fallbacks_total 12.0" in text
+
+
+async def test_transcriber_without_engine_counters_exports_none(client: TestClient) -> None:
+    text = await (await client.get("/metrics")).text()
+    assert "livemeet_requests" in text and "livemeet_engine" not in text
+
+
+class SteppedCore(ScriptedCore):
+    """The scripted backend reporting each of its steps as an eager decode step of 2 tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_steps = 0
+
+    def step(self) -> list[tuple[str, Event]]:
+        self.num_steps += 1
+        return super().step()
+
+    def stats(self) -> EngineStats | None:
+        return EngineStats(
+            num_decode_eager_steps=self.num_steps, num_decode_tokens=2 * self.num_steps
+        )
+
+
+async def metrics_line_until(client: TestClient, line: str, timeout_s: float = 10.0) -> str:
+    """The /metrics text once it contains `line` (the worker reports asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = await (await client.get("/metrics")).text()
+        if line in text or time.monotonic() > deadline:
+            return text
+        await asyncio.sleep(0.02)
+
+
+async def test_worker_counters_reach_metrics_through_the_engine_client(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cores: list[SteppedCore] = []
+
+    def factory(config: ModelConfig) -> SteppedCore:
+        cores.append(SteppedCore())
+        return cores[-1]
+
+    monkeypatch.setitem(BACKENDS, "stepped", factory)
+    engine = EngineClient(ModelConfig(backend="stepped"), in_process=True)
+    client = await aiohttp_client(create_app(server_config, engine))
+    zero = 'livemeet_engine_steps_total{kind="decode_eager"} 0.0'
+    assert zero in await metrics_line_until(client, zero)  # posted once idle at start
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(3.0)))
+    assert resp.status == 200
+    steps = cores[0].num_steps
+    assert steps > 0
+    # the worker went idle after the upload's last step: its exact totals follow
+    text = await metrics_line_until(
+        client, f'livemeet_engine_steps_total{{kind="decode_eager"}} {steps:.1f}'
+    )
+    assert f'livemeet_engine_steps_total{{kind="decode_eager"}} {steps:.1f}' in text
+    assert f'livemeet_engine_tokens_total{{phase="decode"}} {2 * steps:.1f}' in text
+    assert engine.engine_stats == EngineStats(
+        num_decode_eager_steps=steps, num_decode_tokens=2 * steps
+    )

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
-from loadtest.http_sweep import Server, requests_for
+from loadtest import http_sweep
+from loadtest.http_sweep import (
+    EngineCounters,
+    Server,
+    engine_fields,
+    parse_engine_counters,
+    requests_for,
+    settled_engine_counters,
+)
 from tests.loadtest.conftest import run_module
 
 
@@ -54,6 +66,7 @@ def test_sweep_through_real_server(tmp_path: Path) -> None:
             r["num_requests"] * r["audio_s"] / r["makespan_s"]
         )
         assert r["latency_mean_s"] <= r["latency_p95_s"] + 1e-9 or r["num_requests"] == 1
+        assert "engine_steps" not in r  # the scripted backend has no step engine to count
     assert (tmp_path / "server-short.log").stat().st_size > 0
 
 
@@ -73,3 +86,84 @@ def test_requests_per_point() -> None:
     assert requests_for("long", 16, 4, 16) == 16
     assert requests_for("short", 4, 4, 16) == 16
     assert requests_for("short", 64, 4, 16) == 128
+
+
+def metrics_text(
+    steps: tuple[int, int, int, int], tokens: tuple[int, int], fallbacks: int = 0
+) -> str:
+    """A /metrics body as the gateway writes it: (decode graph, decode eager, prefill graph,
+    prefill eager) steps, (prefill, decode) tokens, and an unrelated gateway counter."""
+    lines = [
+        "# HELP livemeet_requests_total HTTP requests by endpoint and status",
+        "# TYPE livemeet_requests_total counter",
+        'livemeet_requests_total{endpoint="transcriptions",status="200"} 32.0',
+        "# HELP livemeet_engine_steps_total Engine steps by kind (cumulative)",
+        "# TYPE livemeet_engine_steps_total counter",
+        *(
+            f'livemeet_engine_steps_total{{kind="{kind}"}} {n}.0'
+            for kind, n in zip(http_sweep.STEP_KINDS, steps, strict=True)
+        ),
+        "# HELP livemeet_engine_tokens_total Tokens computed by the engine, by phase",
+        "# TYPE livemeet_engine_tokens_total counter",
+        f'livemeet_engine_tokens_total{{phase="prefill"}} {tokens[0]}.0',
+        f'livemeet_engine_tokens_total{{phase="decode"}} {tokens[1]}.0',
+        "# HELP livemeet_engine_decode_graph_fallbacks_total Decode steps run eagerly",
+        "# TYPE livemeet_engine_decode_graph_fallbacks_total counter",
+        f"livemeet_engine_decode_graph_fallbacks_total {fallbacks}.0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_engine_counters_parsed_and_differenced() -> None:
+    before = parse_engine_counters(metrics_text((100, 2, 10, 1), (40_000, 3_000), 2))
+    after = parse_engine_counters(metrics_text((1_340, 5, 26, 1), (71_000, 15_500), 5))
+    assert before == EngineCounters(
+        steps={"decode_graph": 100, "decode_eager": 2, "prefill_graph": 10, "prefill_eager": 1},
+        decode_graph_fallbacks=2,
+        prefill_tokens=40_000,
+        decode_tokens=3_000,
+    )
+    assert engine_fields(before, after) == {
+        "engine_steps": {
+            "decode_graph": 1_240,
+            "decode_eager": 3,
+            "prefill_graph": 16,
+            "prefill_eager": 0,
+        },
+        "decode_graph_fallbacks": 3,
+        "prefill_tokens": 31_000,
+        "decode_tokens": 12_500,
+    }
+
+
+def test_no_engine_fields_without_counters_or_after_a_reset() -> None:
+    gateway_only = "\n".join(metrics_text((0, 0, 0, 0), (0, 0)).splitlines()[:3]) + "\n"
+    assert parse_engine_counters(gateway_only) is None
+    counters = parse_engine_counters(metrics_text((50, 0, 5, 0), (9_000, 600)))
+    assert engine_fields(None, counters) == engine_fields(counters, None) == {}
+    restarted = parse_engine_counters(metrics_text((3, 0, 1, 0), (700, 40)))
+    assert engine_fields(counters, restarted) == {}  # totals went down: a restarted worker
+
+
+async def test_settled_counters_wait_until_two_scrapes_agree(
+    aiohttp_server: Callable[[web.Application], Awaitable[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scrapes = [(1, 0, 1, 0), (4, 0, 1, 0), (9, 0, 1, 0), (9, 0, 1, 0), (12, 0, 1, 0)]
+    served: list[int] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        steps = scrapes[min(len(served), len(scrapes) - 1)]
+        served.append(1)
+        return web.Response(text=metrics_text(steps, (0, 0)))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    monkeypatch.setattr(http_sweep, "STATS_POLL_S", 0.01)
+    async with aiohttp.ClientSession() as session:
+        url = str(server.make_url("")).rstrip("/")
+        settled = await settled_engine_counters(session, url, timeout_s=5.0)
+        assert settled is not None and settled.steps["decode_graph"] == 9
+        assert len(served) == 4  # stopped at the first repeat
+        capped = await settled_engine_counters(session, url, timeout_s=0.0)
+        assert capped is not None and capped.steps["decode_graph"] == 12  # one scrape, no wait

@@ -166,3 +166,55 @@ def test_report_tables_and_png(tmp_path: Path) -> None:
 def test_report_with_nothing_is_still_a_report() -> None:
     text = report.render(None, None, [])
     assert text.startswith("## Benchmarks")
+
+
+SWEEP_POINT = {
+    "workload": "short",
+    "concurrency": 16,
+    "num_requests": 32,
+    "num_errors": 0,
+    "audio_s": 11.6,
+    "makespan_s": 0.5,
+    "req_per_s": 64.0,
+    "audio_s_per_s": 742.4,
+    "rtf_mean": 0.01,
+    "latency_mean_s": 0.2,
+    "latency_p95_s": 0.3,
+}
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_http_table_shows_graph_and_eager_steps_when_recorded() -> None:
+    newer = {
+        **SWEEP_POINT,
+        "concurrency": 32,
+        "engine_steps": {
+            "decode_graph": 1_240,
+            "decode_eager": 3,
+            "prefill_graph": 16,
+            "prefill_eager": 0,
+        },
+        "decode_graph_fallbacks": 3,
+        "prefill_tokens": 31_000,
+        "decode_tokens": 12_500,
+    }
+    text = report.render(None, None, [SWEEP_POINT, newer])
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| workload"))
+    assert _cells(header)[-2:] == ["decode steps graph / eager", "prefill steps graph / eager"]
+    separator = lines[lines.index(header) + 1]
+    assert len(_cells(separator)) == len(_cells(header)) == 17
+    rows = {_cells(line)[2]: _cells(line) for line in lines if line.startswith("| short")}
+    assert rows["16"][-2:] == ["-", "-"]  # an older record without the counters
+    assert rows["32"][-2:] == ["1,240 / 3", "16 / 0"]
+    assert len(rows["16"]) == len(rows["32"]) == 17
+
+
+def test_http_table_without_engine_counters_keeps_its_columns() -> None:
+    text = report.render(None, None, [SWEEP_POINT])
+    assert "graph / eager" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| short"))
+    assert len(_cells(row)) == 15 and _cells(row)[-1] == "0"
