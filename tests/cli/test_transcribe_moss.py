@@ -77,9 +77,9 @@ def test_serve_model_flags(tmp_path: Path) -> None:
     assert config.model.forced_output == str(forced) and config.model.dtype == "bfloat16"
     args = build_parser().parse_args(["serve", "--model", "x", "--kv-cache-dtype", "fp8_e4m3"])
     assert serve.config_from_args(args).model.kv_cache_dtype == "fp8_e4m3"
-    assert not serve.config_from_args(args).model.prefill_graphs  # off unless asked for
-    args = build_parser().parse_args(["serve", "--model", "x", "--prefill-graphs"])
-    assert serve.config_from_args(args).model.prefill_graphs
+    assert serve.config_from_args(args).model.prefill_graphs  # on unless turned off
+    args = build_parser().parse_args(["serve", "--model", "x", "--no-prefill-graphs"])
+    assert not serve.config_from_args(args).model.prefill_graphs
 
 
 def test_serve_engine_sizing_flags() -> None:
