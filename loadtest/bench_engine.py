@@ -103,7 +103,7 @@ class DecodeResult:
     ms_per_step_median: float
     floor_ms: float  # bytes / copy bandwidth
     floor_read_ms: float  # bytes / read-only bandwidth
-    x_floor: float  # floor_ms / ms_per_step (1.0 = at the floor)
+    x_floor: float  # floor_read_ms / ms_per_step (1.0 = at the read-only floor)
     weight_bytes: int
     kv_bytes: int
 
@@ -349,7 +349,7 @@ def bench_decode(
             floor_read = (weights + kv) / (bandwidth.read_tb_per_s * 1e12) * 1e3
             mean = statistics.fmean(ms)
             row = (kv_name, batch, seq, steps, mean, statistics.median(ms), floor, floor_read)
-            results.append(DecodeResult(*row, floor / mean, weights, kv))
+            results.append(DecodeResult(*row, floor_read / mean, weights, kv))
     finally:
         for rid in ids:
             engine.abort(rid)

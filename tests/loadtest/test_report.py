@@ -160,6 +160,9 @@ def test_report_tables_and_png(tmp_path: Path) -> None:
     assert short16[12] == f"{742.4 / 380:.2f}"
     assert "skipped: over budget" in text and "skipped: over --max-seconds" in text
     assert "PROJECTED" in text
+    decode = next(line for line in text.splitlines() if line.startswith("| bf16 | 1 | 36000"))
+    # x floor = read-only floor / ms per step (1.2 / 2.0), not the stored copy-floor ratio
+    assert [c.strip() for c in decode.split("|")][5:8] == ["1.30", "1.20", "0.60"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
