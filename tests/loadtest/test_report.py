@@ -166,6 +166,18 @@ def test_report_tables_and_png(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_transformers_row_matches_the_nearest_context() -> None:
+    from loadtest.report import hf_ms_for
+
+    hf = {"decode": [{"batch": 1, "context": 1024, "ms_per_step": 60.0},
+                     {"batch": 1, "context": 36_000, "ms_per_step": 70.0},
+                     {"batch": 16, "context": 1024, "ms_per_step": 72.0}]}  # fmt: skip
+    assert hf_ms_for(hf, 1, 1069) == 60.0  # the engine's context includes the prompt
+    assert hf_ms_for(hf, 1, 36_205) == 70.0
+    assert hf_ms_for(hf, 16, 36_168) is None  # no reference within 10 %
+    assert hf_ms_for(None, 1, 1024) is None
+
+
 def test_report_with_nothing_is_still_a_report() -> None:
     text = report.render(None, None, [])
     assert text.startswith("## Benchmarks")
