@@ -19,6 +19,8 @@ their increase over it: `engine_steps` (by kind: decode_graph, decode_eager, pre
 prefill_eager), `decode_graph_fallbacks`, `prefill_tokens` and `decode_tokens`. /metrics is
 scraped before the point and after it until two scrapes agree (the idle worker posts exact
 totals), at most STATS_SETTLE_S. With `--url`, other traffic on that server is counted too.
+The point also gets `upload_phase_mean_s`: the mean seconds per upload phase (receive, decode,
+transcribe, respond) from the server's `livemeet_upload_phase_seconds` histogram.
 Usage:
   python -m loadtest.http_sweep --out sweep.jsonl --long-concurrency 1,16 --max-seconds 420
 """
@@ -47,6 +49,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from livemeet.audio.constants import ENGINE_STATS_INTERVAL_S
+from livemeet.gateway.metrics import UPLOAD_PHASES
 from loadtest import workloads as wl
 from loadtest.bench_engine import ASSUMED_AUDIO_S_PER_S, Budget, parse_ints, percentile
 
@@ -127,6 +130,43 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         prefill_tokens=values.get("prefill", 0),
         decode_tokens=values.get("decode", 0),
     )
+
+
+@dataclass(frozen=True)
+class PhaseTotals:
+    """`livemeet_upload_phase_seconds` of one /metrics scrape: per phase (UPLOAD_PHASES), the
+    seconds summed over requests and the number of requests."""
+
+    sums: dict[str, float]  # s
+    counts: dict[str, int]  # requests
+
+
+def parse_upload_phases(text: str) -> PhaseTotals | None:
+    """The upload phase histogram's sums and counts; None when /metrics has none (an older
+    server)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "livemeet_upload_phase_seconds_sum":
+                sums[sample.labels["phase"]] = sample.value
+            elif sample.name == "livemeet_upload_phase_seconds_count":
+                counts[sample.labels["phase"]] = int(sample.value)
+    return PhaseTotals(sums, counts) if counts else None
+
+
+def phase_fields(before: PhaseTotals | None, after: PhaseTotals | None) -> dict[str, Any]:
+    """A point's `upload_phase_mean_s`: per phase, the mean seconds of the requests that
+    finished it during the point (where the latency went: receive, decode, transcribe,
+    respond); none when either scrape had no histogram."""
+    if before is None or after is None:
+        return {}
+    means = {}
+    for phase in UPLOAD_PHASES:
+        n = after.counts.get(phase, 0) - before.counts.get(phase, 0)
+        if n > 0:
+            means[phase] = (after.sums.get(phase, 0.0) - before.sums.get(phase, 0.0)) / n
+    return {"upload_phase_mean_s": means} if means else {}
 
 
 def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -> dict[str, Any]:
@@ -229,15 +269,25 @@ async def upload(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple
         return time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
 
 
-async def scrape_engine_counters(session: aiohttp.ClientSession, url: str) -> EngineCounters | None:
-    """The server's engine counters now; None when /metrics fails or has none."""
+async def scrape_metrics(session: aiohttp.ClientSession, url: str) -> str | None:
+    """The server's /metrics text now; None when the request fails."""
     try:
         async with session.get(url + "/metrics") as r:
-            if r.status != 200:
-                return None
-            return parse_engine_counters(await r.text())
+            return await r.text() if r.status == 200 else None
     except aiohttp.ClientError:
         return None
+
+
+async def scrape_engine_counters(session: aiohttp.ClientSession, url: str) -> EngineCounters | None:
+    """The server's engine counters now; None when /metrics fails or has none."""
+    text = await scrape_metrics(session, url)
+    return None if text is None else parse_engine_counters(text)
+
+
+async def scrape_upload_phases(session: aiohttp.ClientSession, url: str) -> PhaseTotals | None:
+    """The server's upload phase totals now; None when /metrics fails or has none."""
+    text = await scrape_metrics(session, url)
+    return None if text is None else parse_upload_phases(text)
 
 
 async def settled_engine_counters(
@@ -391,12 +441,15 @@ async def sweep_points(
         bodies = [wl.wav_bytes(wl.vary(samples, i)) for i in range(n)]
         async with aiohttp.ClientSession() as scraper:
             before = await scrape_engine_counters(scraper, url)
+            phases_before = await scrape_upload_phases(scraper, url)
             result = await run_point(url, workload, c, bodies)
             after = None if before is None else await settled_engine_counters(scraper, url)
+            phases_after = await scrape_upload_phases(scraper, url)
         del bodies
         if result.num_errors < result.num_requests:
             budget.observe(workload.name, result.audio_s_per_s)
-        write_line(out, {**asdict(result), **engine_fields(before, after)})
+        record = {**asdict(result), **engine_fields(before, after)}
+        write_line(out, {**record, **phase_fields(phases_before, phases_after)})
 
 
 async def amain(args: argparse.Namespace) -> None:

@@ -46,6 +46,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="run the backend in this process (tests, debugging)",
     )
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="debug also logs each upload's phases (receive, decode, transcribe, respond)",
+    )
     p.set_defaults(func=run)
 
 
@@ -151,7 +157,8 @@ def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from livemeet.gateway.app import create_app
 

@@ -77,6 +77,10 @@ def _families(stats: EngineStats | None) -> list[Metric]:
     return [steps, tokens, fallbacks]
 
 
+UPLOAD_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # s
+UPLOAD_PHASES = ("receive", "decode", "transcribe", "respond")  # livemeet_upload_phase_seconds
+
+
 @dataclass(frozen=True)
 class GatewayMetrics:
     """The gateway's metrics. Label values: `endpoint` (route name), `status` (HTTP status),
@@ -91,6 +95,7 @@ class GatewayMetrics:
     errors: Counter
     demo: Gauge
     upload_latency_s: Histogram
+    upload_phase_s: Histogram
     engine: EngineStatsCollector
 
     @classmethod
@@ -99,7 +104,7 @@ class GatewayMetrics:
         registry = CollectorRegistry(auto_describe=True)
         engine = EngineStatsCollector(engine_stats)
         registry.register(engine)
-        return cls(
+        metrics = cls(
             registry=registry,
             engine=engine,
             requests=Counter(
@@ -140,7 +145,19 @@ class GatewayMetrics:
             upload_latency_s=Histogram(
                 "livemeet_upload_latency_seconds",
                 "Time from request to complete transcript for uploads",
-                buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+                buckets=UPLOAD_LATENCY_BUCKETS_S,
+                registry=registry,
+            ),
+            upload_phase_s=Histogram(
+                "livemeet_upload_phase_seconds",
+                "Time per phase of an upload request: receive (body to the spool file), decode "
+                "(probe, a decode slot, decoding), transcribe (engine session to final "
+                "transcript, or the whole SSE stream), respond (store and render)",
+                ["phase"],
+                buckets=(0.005, 0.025, *UPLOAD_LATENCY_BUCKETS_S),
                 registry=registry,
             ),
         )
+        for phase in UPLOAD_PHASES:  # exported (at zero) before the first upload
+            metrics.upload_phase_s.labels(phase)
+        return metrics

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import BodyPartReader, web
+from prometheus_client import Histogram
 
 from livemeet.audio import decode
 from livemeet.audio.constants import SAMPLE_RATE
@@ -118,11 +119,14 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
         raise EngineUnavailable("the model is not ready; retry shortly")
     started = time.monotonic()
+    phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
     form = await read_upload_form(request, app[CONFIG_KEY])
+    phases.done("receive")
     try:
         samples, duration_s = await _decode_upload(app, form.path)
     finally:
         form.path.unlink(missing_ok=True)
+    phases.done("decode")
     app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
     options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
     session = await app[TRANSCRIBER_KEY].open_session(options)
@@ -135,17 +139,39 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         transcription_id = new_transcription_id()
         if form.stream:
             response = await _stream_sse(request, session, form, transcription_id)
+            phases.done("transcribe")
         else:
             final = await _collect_final(session)
+            phases.done("transcribe")
             transcript = _to_transcript(final, form.language)
             await app[STORE_KEY].put(transcription_id, transcript)
             response = _render(transcript, form.response_format, form.language)
             response.headers[ID_HEADER] = transcription_id
+            phases.done("respond")
         app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
         return response
     finally:
         sessions.dec()
         await session.abort()  # idempotent; frees the backend session on every path
+
+
+class _PhaseClock:
+    """Observes the time since the previous phase ended into `histogram` (seconds, labelled by
+    phase) and logs the request's phases at DEBUG when it responds: where an upload's latency
+    goes (livemeet_upload_phase_seconds)."""
+
+    def __init__(self, histogram: Histogram, started_s: float) -> None:
+        self.histogram = histogram
+        self.last_s = started_s
+        self.spent: list[str] = []
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.histogram.labels(phase).observe(now - self.last_s)
+        self.spent.append(f"{phase} {1e3 * (now - self.last_s):.1f} ms")
+        self.last_s = now
+        if phase in ("transcribe", "respond") and log.isEnabledFor(logging.DEBUG):
+            log.debug("upload phases: %s", ", ".join(self.spent))
 
 
 async def read_upload_form(request: web.Request, config: ServerConfig) -> UploadForm:

@@ -42,7 +42,7 @@ def test_sweep_through_real_server(tmp_path: Path) -> None:
         "--long-min-requests",
         "2",
         "--serve-args",
-        "--backend scripted",
+        "--backend scripted --log-level debug",
         "--max-seconds",
         "60",
         "--assumed-audio-s-per-s",
@@ -67,7 +67,12 @@ def test_sweep_through_real_server(tmp_path: Path) -> None:
         )
         assert r["latency_mean_s"] <= r["latency_p95_s"] + 1e-9 or r["num_requests"] == 1
         assert "engine_steps" not in r  # the scripted backend has no step engine to count
-    assert (tmp_path / "server-short.log").stat().st_size > 0
+        phases = r["upload_phase_mean_s"]  # the server's per-phase histogram, differenced
+        assert set(phases) == {"receive", "decode", "transcribe", "respond"}
+        assert all(v >= 0 for v in phases.values())
+        assert sum(phases.values()) <= r["latency_mean_s"]  # the client also waits on the wire
+    log_text = (tmp_path / "server-short.log").read_text()
+    assert "upload phases: receive" in log_text and "respond" in log_text  # --log-level debug
 
 
 def test_server_that_exits_is_reported(tmp_path: Path) -> None:
@@ -167,3 +172,25 @@ async def test_settled_counters_wait_until_two_scrapes_agree(
         assert len(served) == 4  # stopped at the first repeat
         capped = await settled_engine_counters(session, url, timeout_s=0.0)
         assert capped is not None and capped.steps["decode_graph"] == 12  # one scrape, no wait
+
+
+def phase_text(sums: dict[str, float], counts: dict[str, int]) -> str:
+    lines = ["# TYPE livemeet_upload_phase_seconds histogram"]
+    for phase, total in sums.items():
+        lines.append(f'livemeet_upload_phase_seconds_sum{{phase="{phase}"}} {total}')
+        lines.append(f'livemeet_upload_phase_seconds_count{{phase="{phase}"}} {counts[phase]}.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_upload_phase_means_over_a_point() -> None:
+    from loadtest.http_sweep import parse_upload_phases, phase_fields
+
+    before = parse_upload_phases(phase_text({"receive": 1.0, "transcribe": 4.0},
+                                            {"receive": 10, "transcribe": 10}))  # fmt: skip
+    after = parse_upload_phases(phase_text({"receive": 1.5, "transcribe": 24.0},
+                                           {"receive": 20, "transcribe": 20}))  # fmt: skip
+    fields = phase_fields(before, after)
+    assert fields == {"upload_phase_mean_s": {"receive": 0.05, "transcribe": 2.0}}
+    assert parse_upload_phases("# nothing here\n") is None
+    assert phase_fields(None, after) == phase_fields(before, None) == {}
+    assert phase_fields(after, after) == {}  # no request finished a phase
