@@ -58,8 +58,11 @@ READY_POLL_S = 0.5  # s between /readyz polls
 STOP_TIMEOUT_S = 20.0  # s to wait for the server to exit after SIGTERM before SIGKILL
 ENDPOINT = "/v1/audio/transcriptions"
 STEP_KINDS = ("decode_graph", "decode_eager", "prefill_graph", "prefill_eager")
-STATS_SETTLE_S = 1.5 * ENGINE_STATS_INTERVAL_S  # s; longest wait for a point's final stats
-STATS_POLL_S = 0.5 * ENGINE_STATS_INTERVAL_S  # s between /metrics scrapes while settling
+STATS_SETTLE_S = 3.0 * ENGINE_STATS_INTERVAL_S  # s; longest wait for a point's final stats
+# s between /metrics scrapes while settling: longer than the interval at which a stepping
+# worker posts, so two equal scrapes mean it stopped stepping (shorter, two scrapes within
+# one interval of a busy worker would agree)
+STATS_POLL_S = 1.2 * ENGINE_STATS_INTERVAL_S
 
 
 @dataclass(frozen=True)

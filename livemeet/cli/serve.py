@@ -55,8 +55,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
-    """The MOSS-TD loading flags shared by `serve` and `transcribe` (ModelConfig fields)."""
+def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) -> None:
+    """The MOSS-TD loading flags shared by `serve` and `transcribe` (ModelConfig fields).
+    `prefill_graphs`: the command's default for --prefill-graphs (a server captures them once;
+    a one-shot `transcribe` would pay ~15 s of captures per run for little)."""
     p.add_argument(
         "--load-format",
         default="auto",
@@ -98,9 +100,9 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="CUDA: run steps that prefill as piecewise CUDA graphs (default: on; "
-        "--no-prefill-graphs runs them eagerly and starts ~15 s faster)",
+        default=prefill_graphs,
+        help="CUDA: run steps that prefill as piecewise CUDA graphs, captured at start-up "
+        f"(~15 s on an H200; default: {'on' if prefill_graphs else 'off'})",
     )
 
 

@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--language", default=None, help="echoed in verbose_json")
     p.add_argument("--prompt", default=None, help="replaces the default instruction")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
-    add_model_flags(p)  # includes --max-new-tokens
+    add_model_flags(p, prefill_graphs=False)  # includes --max-new-tokens
     p.set_defaults(func=run)
 
 

@@ -104,7 +104,10 @@ def _merge_counters(device: torch.device, needed: int) -> torch.Tensor | None:
     """The device's zeroed int32 counters for MERGE_IN_LAST_SPLIT (the kernel re-arms each one it
     uses), or None when `needed` exceeds MERGE_COUNTERS (the caller merges separately). Made
     once per device, outside any graph capture (the first call is the warm-up's), so every
-    captured graph shares it: graphs replay one at a time on one stream."""
+    captured graph shares it. Hazard: sharing is safe only while decode kernels run one after
+    another on one stream (as the engine's steps and graph replays do); two decode launches
+    overlapping (a second stream, or programmatic dependent launch) would corrupt each other's
+    counts."""
     if needed > MERGE_COUNTERS:
         return None
     buf = _counters.get(device)

@@ -80,6 +80,11 @@ def test_serve_model_flags(tmp_path: Path) -> None:
     assert serve.config_from_args(args).model.prefill_graphs  # on unless turned off
     args = build_parser().parse_args(["serve", "--model", "x", "--no-prefill-graphs"])
     assert not serve.config_from_args(args).model.prefill_graphs
+    # a one-shot transcribe does not pay the captures unless asked to
+    args = build_parser().parse_args(["transcribe", "a.wav", "--model", "x"])
+    assert not serve.model_config_from_args(args).prefill_graphs
+    args = build_parser().parse_args(["transcribe", "a.wav", "--model", "x", "--prefill-graphs"])
+    assert serve.model_config_from_args(args).prefill_graphs
 
 
 def test_serve_engine_sizing_flags() -> None:

@@ -568,15 +568,15 @@ def test_merge_in_kernel_has_no_race_cuda() -> None:
     """Many splits per (sequence, KV head) and many back-to-back calls in one graph: a merge
     that read a partial before its split stored it would differ from the two-kernel path."""
     torch.manual_seed(15)
-    lens = [4000, 3000, 1, 2500]
+    lens = [4000, 3000, 1, 0, 2500]  # a padded row (0) and a one-token one
     k_cache, v_cache = make_cache(800, 16, 8, 128, torch.bfloat16, "cuda")
     tables = make_block_tables(lens, 16, 800).cuda()
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    qs = torch.randn(50, 4, 16, 128, device="cuda", dtype=torch.bfloat16)
+    qs = torch.randn(50, len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
     separate = pa.DecodeKernelConfig(merge_in_kernel=False)
     call = lambda q, kernel=None: pa.paged_decode_attention(  # noqa: E731
-        q, k_cache, v_cache, tables, seq, 0.088, num_splits=64, kernel=kernel
-    )
+        q, k_cache, v_cache, tables, seq, 0.088, num_splits=48, kernel=kernel
+    )  # 48: not a power of two
     call(qs[0])
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -587,3 +587,29 @@ def test_merge_in_kernel_has_no_race_cuda() -> None:
         for q, out in zip(qs, outs, strict=True):
             want = call(q, separate)
             torch.testing.assert_close(out.float(), want.float(), atol=1e-2, rtol=0)
+
+
+@gpu
+@needs_cuda
+def test_capture_without_merge_counters_falls_back_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph captured before any eager decode made the counters merges with the separate
+    kernel (no graph-pool tensor may outlive its graph) and is still correct."""
+    torch.manual_seed(16)
+    monkeypatch.setattr(pa, "_counters", {})
+    k_cache, v_cache = make_cache(300, 16, 8, 128, torch.bfloat16, "cuda")
+    tables = make_block_tables([3000, 700], 16, 300).cuda()
+    seq = torch.tensor([3000, 700], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 16, 128, device="cuda", dtype=torch.bfloat16)
+    call = lambda: pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8)  # noqa: E731
+    # compile the two-kernel path eagerly (the separate-merge config makes no counters)
+    pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8,
+                              kernel=pa.DecodeKernelConfig(merge_in_kernel=False))  # fmt: skip
+    torch.cuda.synchronize()
+    assert not pa._counters
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    assert not pa._counters  # nothing made during the capture
+    graph.replay()
+    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088)
+    torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
