@@ -289,16 +289,17 @@ class TuneResult:
 
     shape: tuple[int, int]  # (N, K)
     rows: int  # row class (1 or SKINNY_MAX_M)
-    cublas_us: float
+    cublas_us: float  # with silu: the SiLU*mul kernel, then cuBLAS
     best_us: float
     choice: GemmConfig | None
+    silu: bool = False  # timed as silu(gate) * up of a [rows, 2K] input, then the projection
 
 
 def describe(results: Iterable[TuneResult]) -> list[str]:
     """One line per tuned (shape, row class), for benchmark logs."""
     return [
-        f"linear {r.shape} x {r.rows} rows: cuBLAS {r.cublas_us:.1f} us, best Triton "
-        f"{r.best_us:.1f} us -> {r.choice or 'cuBLAS'}"
+        f"linear {r.shape} x {r.rows} rows{' (SiLU*mul fused)' if r.silu else ''}: cuBLAS "
+        f"{r.cublas_us:.1f} us, best Triton {r.best_us:.1f} us -> {r.choice or 'cuBLAS'}"
         for r in results
     ]
 
@@ -312,7 +313,8 @@ class LinearPlan:
 
     def __init__(self, impl: Impl = "auto") -> None:
         self.impl: Impl = impl
-        self._choices: dict[tuple[int, int, torch.dtype, int], GemmConfig] = {}
+        # (N, K, dtype, row class, SiLU*mul fused) -> config
+        self._choices: dict[tuple[int, int, torch.dtype, int, bool], GemmConfig] = {}
         self.results: list[TuneResult] = []
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -320,51 +322,63 @@ class LinearPlan:
         rows = row_class(x.shape[0]) if x.dim() == 2 else None
         config = None
         if rows is not None:
-            config = self._choices.get((weight.shape[0], weight.shape[1], weight.dtype, rows))
+            config = self._choices.get((*weight.shape, weight.dtype, rows, False))
         if config is None:
             return F.linear(x, weight)
         return skinny_linear(x, weight, config, impl=self.impl)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of gate_up [M, 2K], times weight[N, K].T -> [M, N]. One row with a
-        tuned Triton choice for the weight runs one fused kernel (`skinny_silu_linear`, the
-        same config); otherwise the SiLU*mul kernel then `linear`."""
+        fused Triton choice for the weight (`tune(..., silu_weights=)`, or `set_choice(...,
+        silu=True)`) runs one kernel (`skinny_silu_linear`); otherwise the SiLU*mul kernel then
+        `linear`."""
         config = None
         if gate_up.dim() == 2 and row_class(gate_up.shape[0]) == 1:
-            config = self._choices.get((weight.shape[0], weight.shape[1], weight.dtype, 1))
+            config = self._choices.get((*weight.shape, weight.dtype, 1, True))
         if config is not None:
             return skinny_silu_linear(gate_up, weight, config, impl=self.impl)
         return self.linear(fk.silu_and_mul(gate_up, impl="triton"), weight)
 
     def set_choice(
-        self, shape: tuple[int, int], dtype: torch.dtype, rows: int, config: GemmConfig | None
+        self,
+        shape: tuple[int, int],
+        dtype: torch.dtype,
+        rows: int,
+        config: GemmConfig | None,
+        *,
+        silu: bool = False,
     ) -> None:
         """Use `config` (None: cuBLAS) for weights of `shape` (N, K) and `dtype` at the row
-        class `rows` (1 or SKINNY_MAX_M; see `row_class`)."""
-        key = (shape[0], shape[1], dtype, rows)
+        class `rows` (1 or SKINNY_MAX_M; see `row_class`); `silu`: for `silu_mul_linear`."""
+        key = (shape[0], shape[1], dtype, rows, silu)
         if config is None:
             self._choices.pop(key, None)
         else:
             self._choices[key] = config
 
-    def tune(self, weights: Iterable[torch.Tensor]) -> list[TuneResult]:
+    def tune(
+        self, weights: Iterable[torch.Tensor], *, silu_weights: Iterable[torch.Tensor] = ()
+    ) -> list[TuneResult]:
         """Time cuBLAS and every candidate for each distinct CUDA bf16/fp16 weight shape at 1
-        and SKINNY_MAX_M rows; keep the fastest. Returns (and logs) the measurements. Needs no
-        graph capture in progress; allocates ~TUNE_L2_DEFEAT_BYTES of scratch per shape."""
+        and SKINNY_MAX_M rows, and for each of `silu_weights` (projections fed by SiLU*mul)
+        the fused one-row kernel against SiLU*mul + cuBLAS; keep the fastest. Returns (and
+        logs) the measurements. Needs no graph capture in progress; allocates
+        ~TUNE_L2_DEFEAT_BYTES of scratch per shape."""
         self.results = []  # a second tune replaces the first one's measurements
-        seen: set[tuple[int, int, torch.dtype]] = set()
-        for w in weights:
-            key = (w.shape[0], w.shape[1], w.dtype)
+        plan = [(w, rows, False) for w in weights for rows in (1, SKINNY_MAX_M)]
+        plan += [(w, 1, True) for w in silu_weights]
+        seen: set[tuple[int, int, torch.dtype, int, bool]] = set()
+        for w, rows, silu in plan:
+            key = (w.shape[0], w.shape[1], w.dtype, rows, silu)
             if not (HAS_TRITON and w.is_cuda and w.dim() == 2) or key in seen:
                 continue
             if w.dtype not in TUNED_DTYPES:
                 continue  # fp32 stays on cuBLAS: tl.dot would round it to TF32
             seen.add(key)
-            for rows in (1, SKINNY_MAX_M):
-                result = _tune_one(w, rows)
-                self.set_choice(result.shape, w.dtype, rows, result.choice)
-                self.results.append(result)
-                log.info("%s", describe([result])[0])
+            result = _tune_one(w, rows, silu=silu)
+            self.set_choice(result.shape, w.dtype, rows, result.choice, silu=silu)
+            self.results.append(result)
+            log.info("%s", describe([result])[0])
         return self.results
 
 
@@ -372,11 +386,23 @@ def _skinny(x: torch.Tensor, weight: torch.Tensor, *, config: GemmConfig) -> tor
     return skinny_linear(x, weight, config)
 
 
-def _tune_one(weight: torch.Tensor, rows: int) -> TuneResult:
+def _silu_then_cublas(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.linear(fk.silu_and_mul(gate_up, impl="triton"), weight)
+
+
+def _skinny_silu(
+    gate_up: torch.Tensor, weight: torch.Tensor, *, config: GemmConfig
+) -> torch.Tensor:
+    return skinny_silu_linear(gate_up, weight, config)
+
+
+def _tune_one(weight: torch.Tensor, rows: int, *, silu: bool = False) -> TuneResult:
     n, k = weight.shape
     copies = max(2, -(-TUNE_L2_DEFEAT_BYTES // (weight.numel() * weight.element_size())))
     ws = [torch.randn_like(weight) * 0.02 for _ in range(copies)]
-    x = torch.randn(rows, k, dtype=weight.dtype, device=weight.device)
+    x = torch.randn(rows, 2 * k if silu else k, dtype=weight.dtype, device=weight.device)
+    baseline = _silu_then_cublas if silu else F.linear
+    kernel = _skinny_silu if silu else _skinny
 
     def timed(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
         def run_all() -> None:
@@ -386,15 +412,15 @@ def _tune_one(weight: torch.Tensor, rows: int) -> TuneResult:
         ms = triton.testing.do_bench_cudagraph(run_all, rep=TUNE_REP_MS)
         return 1e3 * float(ms) / copies
 
-    cublas_us = timed(F.linear)
+    cublas_us = timed(baseline)
     candidates = ROW_CANDIDATES if rows == 1 else DOT_CANDIDATES
     best: tuple[float, GemmConfig] | None = None
     for config in candidates:
         if config.block_n > n:
             continue
-        us = timed(functools.partial(_skinny, config=config))
+        us = timed(functools.partial(kernel, config=config))
         if best is None or us < best[0]:
             best = (us, config)
     if best is None or best[0] >= cublas_us:
-        return TuneResult((n, k), rows, cublas_us, best[0] if best else cublas_us, None)
-    return TuneResult((n, k), rows, cublas_us, best[0], best[1])
+        return TuneResult((n, k), rows, cublas_us, best[0] if best else cublas_us, None, silu)
+    return TuneResult((n, k), rows, cublas_us, best[0], best[1], silu)

@@ -242,7 +242,9 @@ class Qwen3Model(nn.Module):
             first.mlp.gate_up_weight,
             first.mlp.down_proj.weight,
         )
-        self.linear_plan.tune(w for w in weights if w is not None)
+        # down_proj at one row runs with SiLU*mul fused in: tuned as that kernel
+        down = first.mlp.down_proj.weight
+        self.linear_plan.tune((w for w in weights if w is not None), silu_weights=(down,))
 
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether a forward on `x` takes the fused path (see `fused`)."""

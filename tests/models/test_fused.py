@@ -238,6 +238,9 @@ def test_tiny_decoder_on_skinny_kernels_matches_reference(tiny_model: MossTDMode
         assert w is not None
         for rows in (1, linear.SKINNY_MAX_M):
             plan.set_choice((w.shape[0], w.shape[1]), w.dtype, rows, linear.GemmConfig(16, 32))
+    down = first.mlp.down_proj.weight
+    plan.set_choice((down.shape[0], down.shape[1]), down.dtype, 1, linear.GemmConfig(16, 32),
+                    silu=True)  # fmt: skip
     prompt = torch.tensor([151644, 872, 198, 58, 15, 13, 15, 15, 60, 42474, 16, 60, 220])
     saved = lm.linear_plan
     try:

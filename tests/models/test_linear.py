@@ -134,11 +134,11 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
     shapes = ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))
     weights = [torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02 for s in shapes]
     plan = linear.LinearPlan()
-    results = plan.tune(weights)
-    assert len(results) == 2 * len(shapes)
-    for r in results:
-        assert r.cublas_us > 0 and r.best_us > 0
-        print(f"{r.shape} x {r.rows}: cuBLAS {r.cublas_us:.1f} us, Triton {r.best_us:.1f} us")
+    results = plan.tune(weights, silu_weights=weights[3:])  # down_proj also as SiLU*mul-fused
+    assert len(results) == 2 * len(shapes) + 1 and results[-1].silu
+    for line in linear.describe(results):
+        print(line)
+    assert all(r.cublas_us > 0 and r.best_us > 0 for r in results)
     for w in weights:
         for rows in (1, 4, 16):
             x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
@@ -195,7 +195,11 @@ def test_plan_fuses_silu_into_the_one_row_down_projection(monkeypatch: pytest.Mo
         want = F.linear(ref_silu_and_mul(gate_up), w)
         torch.testing.assert_close(plan.silu_mul_linear(gate_up, w), want, atol=1e-4, rtol=1e-4)
     assert fused_calls == []
-    plan.set_choice((24, 32), w.dtype, 1, linear.GemmConfig(8, 32))
+    plan.set_choice((24, 32), w.dtype, 1, linear.GemmConfig(8, 32))  # the plain projection's
+    gate_up = torch.randn(1, 64)
+    plan.silu_mul_linear(gate_up, w)
+    assert fused_calls == []  # a plain choice does not make the fused kernel run
+    plan.set_choice((24, 32), w.dtype, 1, linear.GemmConfig(8, 32), silu=True)
     for rows in (1, 3):  # tuned for one row: fused; 3 rows still unfused
         gate_up = torch.randn(rows, 64)
         want = F.linear(ref_silu_and_mul(gate_up), w)
