@@ -6,13 +6,17 @@ on an H200 (loadtest/bench_decode_step.py --profile: 29 us per layer of GEMMs ag
 to read the weights at 4.3 TB/s). `skinny_linear` is a Triton kernel for M <= SKINNY_MAX_M
 rows: each program reads a [BLOCK_N, K] slab of w once and produces y[:, slab]. M == 1 uses a
 broadcast multiply and row sum (no tensor-core padding); 2..16 rows use tl.dot with M padded
-to 16. `skinny_silu_linear` folds the MLP's SiLU*mul into the one-row down projection (one
-launch fewer per layer).
+to 16. Two one-row variants fold the kernel before a projection into it (one launch fewer
+each; at batch 1 every kernel boundary costs ~1.5-2 us of a ~35 us layer):
+`skinny_silu_linear` the MLP's SiLU*mul into the down projection, `skinny_norm_linear` the
+residual add + RMSNorm into the qkv and gate_up projections (each program re-reads the K-wide
+row for its RMS).
 
-Which kernel wins depends on the shape and the GPU, so `LinearPlan.tune` times cuBLAS and a
-few fixed Triton configurations per (weight shape, row class) once at start-up, inside CUDA
-graphs and over enough weight copies to defeat the L2 cache, and `LinearPlan.linear`
-dispatches by that table (cuBLAS for anything not tuned, for more rows, and on the CPU).
+Which kernel wins depends on the shape and the GPU, so `LinearPlan.tune` times cuBLAS (or, for
+the fused variants, the two-kernel path) and a few fixed Triton configurations per (weight
+shape, row class, prologue) once at start-up, inside CUDA graphs and over enough weight copies
+to defeat the L2 cache, and `LinearPlan` dispatches by that table (cuBLAS / the two-kernel
+path for anything not tuned, for more rows, and on the CPU).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -145,6 +150,66 @@ if HAS_TRITON:
                 )
             x = _row_chunk(x_row, kk, K, EVEN_K, SILU_MUL)
             acc += w.to(tl.float32) * x[None, :]
+        y = tl.sum(acc, 1)
+        tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
+
+    @triton.jit(do_not_specialize=["M"])
+    def _skinny_norm_rows_kernel(
+        X,
+        R,
+        NormW,
+        W,
+        Out,
+        ROut,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_rm,
+        stride_wn,
+        stride_om,
+        stride_rom,
+        eps,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+        K_POW2: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr,
+    ):
+        # grid: (cdiv(N, BLOCK_N), M). The decoder's residual add + RMSNorm folded into the
+        # projection that follows it: each program re-reads the row (K elements, a few KB)
+        # for its RMS, and program 0 of the row writes the new residual. Rounding as
+        # fused_add_rms_norm then skinny_linear: the sum, the normed row and the weighted row
+        # each to the input dtype.
+        pid_n = tl.program_id(0)
+        m = tl.program_id(1)
+        cols = tl.arange(0, K_POW2)
+        cmask = cols < K
+        s = tl.load(X + m * stride_xm + cols, mask=cmask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(R + m * stride_rm + cols, mask=cmask, other=0.0)
+            s = (s.to(tl.float32) + r.to(tl.float32)).to(s.dtype)
+            if pid_n == 0:
+                tl.store(ROut + m * stride_rom + cols, s, mask=cmask)
+        s32 = s.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(s32 * s32, axis=0) / K + eps)
+
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        nmask = offs_n < N
+        w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            kmask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            x = tl.load(X + m * stride_xm + kk, mask=kmask, other=0.0)
+            if HAS_RESIDUAL:
+                r = tl.load(R + m * stride_rm + kk, mask=kmask, other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+            normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+            nw = tl.load(NormW + kk, mask=kmask, other=0.0).to(tl.float32)
+            h = (normed * nw).to(x.dtype).to(tl.float32)
+            acc += w.to(tl.float32) * h[None, :]
         y = tl.sum(acc, 1)
         tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
 
@@ -282,62 +347,156 @@ def skinny_silu_linear(
     return _rows_launch(gate_up, weight, weight.shape[1], config, silu_mul=True)
 
 
+def skinny_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    config: GemmConfig,
+    *,
+    impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_add_rms_norm(x, residual, norm_weight, eps)` followed by the projection onto
+    weight [N, K], in one kernel for decode rows: x [M, K] (+ residual [M, K]) ->
+    (y [M, N], new_residual [M, K]), with the same roundings as the two-kernel path (one
+    program per row along the grid's second axis; every program re-reads its row for the
+    RMS). `impl="torch"` (or no Triton) runs the references. Raises InternalError on mismatched
+    shapes or dtypes, or rows not contiguous in the last dim."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
+        raise InternalError(
+            f"need x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    if norm_weight.shape != x.shape[1:] or weight.dtype != x.dtype:
+        raise InternalError("norm weight must be [K] and the weight in x's dtype")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise InternalError(f"residual {tuple(residual.shape)} does not match x")
+    if not select_triton(impl, x, available=HAS_TRITON):
+        normed, new_residual = fk.ref_fused_add_rms_norm(x, residual, norm_weight, eps)
+        return F.linear(normed.to(x.dtype), weight), new_residual
+    contiguous = (
+        t.stride(1) == 1 for t in (x, weight, *([residual] if residual is not None else []))
+    )
+    if not all(contiguous):
+        raise InternalError("skinny_norm_linear needs rows contiguous in the last dim")
+    (m, k), n = x.shape, weight.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    new_residual = x if residual is None else torch.empty_like(x)
+    if m == 0:
+        return out, new_residual
+    r = x if residual is None else residual
+    _skinny_norm_rows_kernel[(triton.cdiv(n, config.block_n), m)](
+        x,
+        r,
+        norm_weight,
+        weight,
+        out,
+        new_residual,
+        m,
+        n,
+        k,
+        x.stride(0),
+        r.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        new_residual.stride(0),
+        eps,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        K_POW2=triton.next_power_of_2(k),
+        HAS_RESIDUAL=residual is not None,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    return out, new_residual
+
+
+Prologue = Literal["none", "silu_mul", "add_rms_norm"]  # what a tuned kernel does to its input
+NORM_TUNE_EPS = 1e-6  # eps of the RMSNorm timed by `tune` (the value does not change the time)
+
+
 @dataclass(frozen=True)
 class TuneResult:
-    """One tuned (weight shape, row class): microseconds per call of cuBLAS and of the best
-    Triton config, and the choice (None = cuBLAS)."""
+    """One tuned (weight shape, row class, prologue): microseconds per call of the baseline and
+    of the best Triton config, and the choice (None = the baseline)."""
 
     shape: tuple[int, int]  # (N, K)
     rows: int  # row class (1 or SKINNY_MAX_M)
-    cublas_us: float  # with silu: the SiLU*mul kernel, then cuBLAS
+    baseline_us: float  # cuBLAS; with a prologue, its kernel then the plan's plain projection
     best_us: float
     choice: GemmConfig | None
-    silu: bool = False  # timed as silu(gate) * up of a [rows, 2K] input, then the projection
+    prologue: Prologue = "none"
 
 
 def describe(results: Iterable[TuneResult]) -> list[str]:
-    """One line per tuned (shape, row class), for benchmark logs."""
-    return [
-        f"linear {r.shape} x {r.rows} rows{' (SiLU*mul fused)' if r.silu else ''}: cuBLAS "
-        f"{r.cublas_us:.1f} us, best Triton {r.best_us:.1f} us -> {r.choice or 'cuBLAS'}"
-        for r in results
-    ]
+    """One line per tuned (shape, row class, prologue), for benchmark logs."""
+    lines = []
+    for r in results:
+        fused = "" if r.prologue == "none" else f" with {r.prologue} fused"
+        baseline = "cuBLAS" if r.prologue == "none" else "two kernels"
+        lines.append(
+            f"linear {r.shape} x {r.rows} rows{fused}: {baseline} {r.baseline_us:.1f} us, "
+            f"best Triton {r.best_us:.1f} us -> {r.choice or baseline}"
+        )
+    return lines
 
 
 class LinearPlan:
-    """Per (weight shape, dtype, row class): cuBLAS or a Triton `GemmConfig` (see module doc).
+    """Per (weight shape, dtype, row class, prologue): the baseline or a Triton `GemmConfig`
+    (see module doc). Prologues: "silu_mul" (`silu_mul_linear`: the MLP activation before the
+    down projection) and "add_rms_norm" (`norm_linear`: the residual add + RMSNorm before the
+    qkv and gate_up projections), tuned for one row (decode at batch 1).
 
-    An empty plan (the default; the CPU) always runs F.linear, so tuning only changes speed.
-    `impl` is passed to `skinny_linear` ("triton" lets CPU tests drive the interpreter).
+    An empty plan (the default; the CPU) runs F.linear after the unfused prologue, so tuning
+    only changes speed. `impl` is passed to the skinny kernels ("triton" lets CPU tests drive
+    the interpreter).
     """
 
     def __init__(self, impl: Impl = "auto") -> None:
         self.impl: Impl = impl
-        # (N, K, dtype, row class, SiLU*mul fused) -> config
-        self._choices: dict[tuple[int, int, torch.dtype, int, bool], GemmConfig] = {}
+        self._choices: dict[tuple[int, int, torch.dtype, int, Prologue], GemmConfig] = {}
         self.results: list[TuneResult] = []
+
+    def _choice(
+        self, weight: torch.Tensor, x: torch.Tensor, prologue: Prologue
+    ) -> GemmConfig | None:
+        rows = row_class(x.shape[0]) if x.dim() == 2 else None
+        if rows is None or (prologue != "none" and rows != 1):
+            return None
+        return self._choices.get((weight.shape[0], weight.shape[1], weight.dtype, rows, prologue))
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x [M, K] @ weight[N, K].T -> [M, N] by the tuned kernel for (N, K, M's class)."""
-        rows = row_class(x.shape[0]) if x.dim() == 2 else None
-        config = None
-        if rows is not None:
-            config = self._choices.get((*weight.shape, weight.dtype, rows, False))
+        config = self._choice(weight, x, "none")
         if config is None:
             return F.linear(x, weight)
         return skinny_linear(x, weight, config, impl=self.impl)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of gate_up [M, 2K], times weight[N, K].T -> [M, N]. One row with a
-        fused Triton choice for the weight (`tune(..., silu_weights=)`, or `set_choice(...,
-        silu=True)`) runs one kernel (`skinny_silu_linear`); otherwise the SiLU*mul kernel then
-        `linear`."""
-        config = None
-        if gate_up.dim() == 2 and row_class(gate_up.shape[0]) == 1:
-            config = self._choices.get((*weight.shape, weight.dtype, 1, True))
+        "silu_mul" choice for the weight runs one kernel (`skinny_silu_linear`); otherwise the
+        SiLU*mul kernel then `linear`."""
+        config = self._choice(weight, gate_up, "silu_mul")
         if config is not None:
             return skinny_silu_linear(gate_up, weight, config, impl=self.impl)
         return self.linear(fk.silu_and_mul(gate_up, impl="triton"), weight)
+
+    def norm_linear(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`fused_add_rms_norm(x, residual, norm_weight, eps)` then the projection onto weight
+        [N, K]: (y [M, N], new_residual [M, K]). One row with an "add_rms_norm" choice for the
+        weight runs one kernel (`skinny_norm_linear`); otherwise the norm kernel then `linear`."""
+        config = self._choice(weight, x, "add_rms_norm")
+        if config is not None:
+            return skinny_norm_linear(x, residual, norm_weight, eps, weight, config, impl=self.impl)
+        h, new_residual = fk.fused_add_rms_norm(x, residual, norm_weight, eps, impl="triton")
+        return self.linear(h, weight), new_residual
 
     def set_choice(
         self,
@@ -346,81 +505,97 @@ class LinearPlan:
         rows: int,
         config: GemmConfig | None,
         *,
-        silu: bool = False,
+        prologue: Prologue = "none",
     ) -> None:
-        """Use `config` (None: cuBLAS) for weights of `shape` (N, K) and `dtype` at the row
-        class `rows` (1 or SKINNY_MAX_M; see `row_class`); `silu`: for `silu_mul_linear`."""
-        key = (shape[0], shape[1], dtype, rows, silu)
+        """Use `config` (None: the baseline) for weights of `shape` (N, K) and `dtype` at the
+        row class `rows` (1 or SKINNY_MAX_M; see `row_class`) with `prologue`."""
+        key = (shape[0], shape[1], dtype, rows, prologue)
         if config is None:
             self._choices.pop(key, None)
         else:
             self._choices[key] = config
 
     def tune(
-        self, weights: Iterable[torch.Tensor], *, silu_weights: Iterable[torch.Tensor] = ()
+        self,
+        weights: Iterable[torch.Tensor],
+        *,
+        silu_weights: Iterable[torch.Tensor] = (),
+        norm_weights: Iterable[torch.Tensor] = (),
     ) -> list[TuneResult]:
         """Time cuBLAS and every candidate for each distinct CUDA bf16/fp16 weight shape at 1
-        and SKINNY_MAX_M rows, and for each of `silu_weights` (projections fed by SiLU*mul)
-        the fused one-row kernel against SiLU*mul + cuBLAS; keep the fastest. Returns (and
-        logs) the measurements. Needs no graph capture in progress; allocates
-        ~TUNE_L2_DEFEAT_BYTES of scratch per shape."""
+        and SKINNY_MAX_M rows; then, at one row, the fused kernels for `silu_weights`
+        (projections fed by SiLU*mul) and `norm_weights` (fed by residual add + RMSNorm)
+        against their two-kernel paths (whose projection uses the plain choice just tuned).
+        Keep the fastest. Returns (and logs) the measurements. Needs no graph capture in
+        progress; allocates ~TUNE_L2_DEFEAT_BYTES of scratch per shape. A candidate that fails
+        to compile is logged and skipped."""
         self.results = []  # a second tune replaces the first one's measurements
-        plan = [(w, rows, False) for w in weights for rows in (1, SKINNY_MAX_M)]
-        plan += [(w, 1, True) for w in silu_weights]
-        seen: set[tuple[int, int, torch.dtype, int, bool]] = set()
-        for w, rows, silu in plan:
-            key = (w.shape[0], w.shape[1], w.dtype, rows, silu)
+        plan: list[tuple[torch.Tensor, int, Prologue]] = [
+            (w, rows, "none") for w in weights for rows in (1, SKINNY_MAX_M)
+        ]
+        plan += [(w, 1, "silu_mul") for w in silu_weights]
+        plan += [(w, 1, "add_rms_norm") for w in norm_weights]
+        seen: set[tuple[int, int, torch.dtype, int, Prologue]] = set()
+        for w, rows, prologue in plan:
+            key = (w.shape[0], w.shape[1], w.dtype, rows, prologue)
             if not (HAS_TRITON and w.is_cuda and w.dim() == 2) or key in seen:
                 continue
             if w.dtype not in TUNED_DTYPES:
                 continue  # fp32 stays on cuBLAS: tl.dot would round it to TF32
             seen.add(key)
-            result = _tune_one(w, rows, silu=silu)
-            self.set_choice(result.shape, w.dtype, rows, result.choice, silu=silu)
+            result = _tune_one(self, w, rows, prologue)
+            self.set_choice(result.shape, w.dtype, rows, result.choice, prologue=prologue)
             self.results.append(result)
             log.info("%s", describe([result])[0])
         return self.results
 
 
-def _skinny(x: torch.Tensor, weight: torch.Tensor, *, config: GemmConfig) -> torch.Tensor:
-    return skinny_linear(x, weight, config)
-
-
-def _silu_then_cublas(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return F.linear(fk.silu_and_mul(gate_up, impl="triton"), weight)
-
-
-def _skinny_silu(
-    gate_up: torch.Tensor, weight: torch.Tensor, *, config: GemmConfig
-) -> torch.Tensor:
-    return skinny_silu_linear(gate_up, weight, config)
-
-
-def _tune_one(weight: torch.Tensor, rows: int, *, silu: bool = False) -> TuneResult:
+def _tune_one(plan: LinearPlan, weight: torch.Tensor, rows: int, prologue: Prologue) -> TuneResult:
+    """Time the baseline and each candidate for one (weight, row class, prologue)."""
     n, k = weight.shape
     copies = max(2, -(-TUNE_L2_DEFEAT_BYTES // (weight.numel() * weight.element_size())))
     ws = [torch.randn_like(weight) * 0.02 for _ in range(copies)]
-    x = torch.randn(rows, 2 * k if silu else k, dtype=weight.dtype, device=weight.device)
-    baseline = _silu_then_cublas if silu else F.linear
-    kernel = _skinny_silu if silu else _skinny
+    like = {"dtype": weight.dtype, "device": weight.device}
+    x = torch.randn(rows, 2 * k if prologue == "silu_mul" else k, **like)
+    residual, norm_w = torch.randn(rows, k, **like), torch.ones(k, **like)
+    eps = NORM_TUNE_EPS
 
-    def timed(fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> float:
+    def baseline(w: torch.Tensor) -> object:
+        if prologue == "silu_mul":
+            return plan.linear(fk.silu_and_mul(x, impl="triton"), w)
+        if prologue == "add_rms_norm":
+            return plan.linear(fk.fused_add_rms_norm(x, residual, norm_w, eps, impl="triton")[0], w)
+        return F.linear(x, w)
+
+    def candidate(w: torch.Tensor, config: GemmConfig) -> object:
+        if prologue == "silu_mul":
+            return skinny_silu_linear(x, w, config)
+        if prologue == "add_rms_norm":
+            return skinny_norm_linear(x, residual, norm_w, eps, w, config)
+        return skinny_linear(x, w, config)
+
+    def timed(fn: Callable[[torch.Tensor], object]) -> float:
         def run_all() -> None:
             for w in ws:
-                fn(x, w)
+                fn(w)
 
         ms = triton.testing.do_bench_cudagraph(run_all, rep=TUNE_REP_MS)
         return 1e3 * float(ms) / copies
 
-    cublas_us = timed(baseline)
+    baseline_us = timed(baseline)
     candidates = ROW_CANDIDATES if rows == 1 else DOT_CANDIDATES
     best: tuple[float, GemmConfig] | None = None
     for config in candidates:
         if config.block_n > n:
             continue
-        us = timed(functools.partial(kernel, config=config))
+        try:
+            us = timed(functools.partial(candidate, config=config))
+        except Exception as exc:  # e.g. out of registers or shared memory on this GPU
+            log.warning("linear %s %s with %s: skipped (%s)", (n, k), prologue, config, exc)
+            continue
         if best is None or us < best[0]:
             best = (us, config)
-    if best is None or best[0] >= cublas_us:
-        return TuneResult((n, k), rows, cublas_us, best[0] if best else cublas_us, None, silu)
-    return TuneResult((n, k), rows, cublas_us, best[0], best[1], silu)
+    if best is None or best[0] >= baseline_us:
+        fallback_us = best[0] if best else baseline_us
+        return TuneResult((n, k), rows, baseline_us, fallback_us, None, prologue)
+    return TuneResult((n, k), rows, baseline_us, best[0], best[1], prologue)

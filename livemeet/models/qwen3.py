@@ -59,26 +59,12 @@ class Qwen3Attention(nn.Module):
         projs = (self.q_proj, self.k_proj, self.v_proj)
         self.qkv_weight = _fuse_linears(projs)
 
-    def forward_fused(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        inv_freq: torch.Tensor,
-        attn: AttentionBackend,
-        plan: LinearPlan,
-    ) -> torch.Tensor:
-        """The fused path (needs `fuse_weights`): x [N, hidden] normed -> o_proj output."""
-        q, k, v = self.project_qkv(x, positions, inv_freq, plan)
-        return self.project_out(attn.attend(self.layer, q, k, v, self.scale), plan)
-
-    def project_qkv(
-        self, x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, plan: LinearPlan
+    def split_qkv(
+        self, qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [N, hidden] normed -> q [N, heads, D], k and v [N, kv_heads, D]: the fused qkv
-        projection, then q/k RMSNorm and RoPE (needs `fuse_weights`)."""
-        assert self.qkv_weight is not None
-        n, d = x.shape[0], self.head_dim
-        qkv = plan.linear(x, self.qkv_weight)
+        """qkv [N, (heads + 2 kv_heads) * D] -> q [N, heads, D], k and v [N, kv_heads, D]:
+        q/k RMSNorm and RoPE."""
+        n, d = qkv.shape[0], self.head_dim
         q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
         # strided views into qkv: the kernels read them in place, no copies
         q = qkv[:, :q_end].view(n, self.heads, d)
@@ -138,11 +124,6 @@ class Qwen3MLP(nn.Module):
         if self.gate_up_weight is None:
             self.gate_up_weight = _fuse_linears((self.gate_proj, self.up_proj))
 
-    def forward_fused(self, x: torch.Tensor, plan: LinearPlan) -> torch.Tensor:
-        assert self.gate_up_weight is not None
-        gate_up = plan.linear(x, self.gate_up_weight)
-        return plan.silu_mul_linear(gate_up, self.down_proj.weight)
-
 
 class Qwen3Layer(nn.Module):
     def __init__(self, cfg: TextConfig, layer: int) -> None:
@@ -184,9 +165,11 @@ class Qwen3Layer(nn.Module):
         """The per-token work before attention: (hidden, residual) -> (q, k, v, residual).
         With `post_attention` it is `forward_fused` cut at the attention call, which is where
         per-token work (capturable for any row count) meets per-sequence work."""
-        norm = self.input_layernorm
-        h, residual = fk.fused_add_rms_norm(hidden, residual, norm.weight, norm.eps, impl="triton")
-        q, k, v = self.self_attn.project_qkv(h, positions, inv_freq, plan)
+        norm, attn = self.input_layernorm, self.self_attn
+        assert attn.qkv_weight is not None
+        # residual add + RMSNorm + qkv projection (one kernel at one row when tuned so)
+        qkv, residual = plan.norm_linear(hidden, residual, norm.weight, norm.eps, attn.qkv_weight)
+        q, k, v = attn.split_qkv(qkv, positions, inv_freq)
         return q, k, v, residual
 
     def post_attention(
@@ -195,9 +178,10 @@ class Qwen3Layer(nn.Module):
         """The per-token work after attention: (attention output, residual) -> (mlp output,
         residual before the MLP)."""
         h = self.self_attn.project_out(attn_out, plan)
-        norm = self.post_attention_layernorm
-        h, residual = fk.fused_add_rms_norm(h, residual, norm.weight, norm.eps, impl="triton")
-        return self.mlp.forward_fused(h, plan), residual
+        norm, mlp = self.post_attention_layernorm, self.mlp
+        assert mlp.gate_up_weight is not None
+        gate_up, residual = plan.norm_linear(h, residual, norm.weight, norm.eps, mlp.gate_up_weight)
+        return plan.silu_mul_linear(gate_up, mlp.down_proj.weight), residual
 
 
 class Qwen3Model(nn.Module):
@@ -242,9 +226,14 @@ class Qwen3Model(nn.Module):
             first.mlp.gate_up_weight,
             first.mlp.down_proj.weight,
         )
-        # down_proj at one row runs with SiLU*mul fused in: tuned as that kernel
-        down = first.mlp.down_proj.weight
-        self.linear_plan.tune((w for w in weights if w is not None), silu_weights=(down,))
+        # at one row down_proj runs with SiLU*mul fused in, qkv and gate_up with the residual
+        # add + RMSNorm before them: each also tuned as that kernel
+        qkv, gate_up, down = weights[0], weights[2], weights[3]
+        self.linear_plan.tune(
+            (w for w in weights if w is not None),
+            silu_weights=(down,),
+            norm_weights=[w for w in (qkv, gate_up) if w is not None],
+        )
 
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether a forward on `x` takes the fused path (see `fused`)."""

@@ -220,11 +220,21 @@ def test_tiny_decoder_fused_matches_reference(
 
 @needs_interpreter
 @torch.no_grad()
-def test_tiny_decoder_on_skinny_kernels_matches_reference(tiny_model: MossTDModel) -> None:
+def test_tiny_decoder_on_skinny_kernels_matches_reference(
+    tiny_model: MossTDModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every projection on the Triton skinny kernels (13-row prompt: the tl.dot kernel; 1-row
-    decode: the row kernel, with SiLU*mul fused into the down projection): greedy tokens and
-    logits of the reference path."""
+    decode: the row kernel, with SiLU*mul fused into the down projection and the residual
+    add + RMSNorm into qkv and gate_up): greedy tokens and logits of the reference path."""
     from livemeet.layers import linear
+
+    norm_fused: list[int] = []
+    real_norm_linear = linear.skinny_norm_linear
+    monkeypatch.setattr(
+        linear,
+        "skinny_norm_linear",
+        lambda x, *a, **k: norm_fused.append(x.shape[0]) or real_norm_linear(x, *a, **k),
+    )
 
     lm = tiny_model.language_model
     plan = linear.LinearPlan(impl="triton")
@@ -240,7 +250,11 @@ def test_tiny_decoder_on_skinny_kernels_matches_reference(tiny_model: MossTDMode
             plan.set_choice((w.shape[0], w.shape[1]), w.dtype, rows, linear.GemmConfig(16, 32))
     down = first.mlp.down_proj.weight
     plan.set_choice((down.shape[0], down.shape[1]), down.dtype, 1, linear.GemmConfig(16, 32),
-                    silu=True)  # fmt: skip
+                    prologue="silu_mul")  # fmt: skip
+    for w in (first.self_attn.qkv_weight, first.mlp.gate_up_weight):  # norm folded in
+        assert w is not None
+        plan.set_choice((w.shape[0], w.shape[1]), w.dtype, 1, linear.GemmConfig(8, 32),
+                        prologue="add_rms_norm")  # fmt: skip
     prompt = torch.tensor([151644, 872, 198, 58, 15, 13, 15, 15, 60, 42474, 16, 60, 220])
     saved = lm.linear_plan
     try:
@@ -253,6 +267,8 @@ def test_tiny_decoder_on_skinny_kernels_matches_reference(tiny_model: MossTDMode
     assert tokens == ref_tokens
     for ours, ref in zip(logits, ref_logits, strict=True):
         assert float((ours - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+    layers = len(lm._typed_layers)
+    assert norm_fused == [1] * (2 * layers * 5)  # 5 one-row decode steps, 2 norms per layer
 
 
 def test_auto_mode_keeps_the_cpu_on_the_reference_path(tiny_model: MossTDModel) -> None:

@@ -134,11 +134,13 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
     shapes = ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))
     weights = [torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02 for s in shapes]
     plan = linear.LinearPlan()
-    results = plan.tune(weights, silu_weights=weights[3:])  # down_proj also as SiLU*mul-fused
-    assert len(results) == 2 * len(shapes) + 1 and results[-1].silu
+    # down_proj also with SiLU*mul fused in; qkv and gate_up with the residual add + RMSNorm
+    results = plan.tune(weights, silu_weights=weights[3:], norm_weights=weights[0:3:2])
+    assert len(results) == 2 * len(shapes) + 3
+    assert [r.prologue for r in results[-3:]] == ["silu_mul", "add_rms_norm", "add_rms_norm"]
     for line in linear.describe(results):
         print(line)
-    assert all(r.cublas_us > 0 and r.best_us > 0 for r in results)
+    assert all(r.baseline_us > 0 and r.best_us > 0 for r in results)
     for w in weights:
         for rows in (1, 4, 16):
             x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
@@ -152,6 +154,16 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
             ref = F.linear(ref_silu_and_mul(gate_up).float(), w.float())
             out = plan.silu_mul_linear(gate_up, w).float()
             assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+        if w.shape[1] == 1024:  # qkv and gate_up: residual add + RMSNorm fused for one row
+            from livemeet.layers.fused import ref_fused_add_rms_norm
+
+            x, res = (torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16) for _ in "xr")
+            nw = torch.rand(1024, device="cuda", dtype=torch.bfloat16) + 0.5
+            normed, want_res = ref_fused_add_rms_norm(x, res, nw, 1e-6)
+            ref = F.linear(normed.float(), w.float())
+            out, got_res = plan.norm_linear(x, res, nw, 1e-6, w)
+            assert float((out.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+            assert torch.equal(got_res, want_res)
         pairs = [(c, 1) for c in linear.ROW_CANDIDATES] + [(c, 16) for c in linear.DOT_CANDIDATES]
         for config, rows in pairs:  # each candidate with the row class it is tuned for
             x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
@@ -199,9 +211,34 @@ def test_plan_fuses_silu_into_the_one_row_down_projection(monkeypatch: pytest.Mo
     gate_up = torch.randn(1, 64)
     plan.silu_mul_linear(gate_up, w)
     assert fused_calls == []  # a plain choice does not make the fused kernel run
-    plan.set_choice((24, 32), w.dtype, 1, linear.GemmConfig(8, 32), silu=True)
+    plan.set_choice((24, 32), w.dtype, 1, linear.GemmConfig(8, 32), prologue="silu_mul")
     for rows in (1, 3):  # tuned for one row: fused; 3 rows still unfused
         gate_up = torch.randn(rows, 64)
         want = F.linear(ref_silu_and_mul(gate_up), w)
         torch.testing.assert_close(plan.silu_mul_linear(gate_up, w), want, atol=1e-4, rtol=1e-4)
     assert fused_calls == [1]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("with_residual", [True, False])
+@pytest.mark.parametrize(
+    ("k", "config"), [(64, linear.GemmConfig(8, 32)), (72, linear.GemmConfig(4, 64))]
+)
+def test_skinny_norm_linear_matches_norm_then_linear(
+    with_residual: bool, k: int, config: linear.GemmConfig
+) -> None:
+    """Residual add + RMSNorm folded into the projection: the two-kernel path's results, and
+    the new residual written once (ragged K: masked chunks; two rows)."""
+    from livemeet.layers.fused import fused_add_rms_norm
+
+    torch.manual_seed(k + with_residual)
+    x, w, nw = torch.randn(2, k), torch.randn(40, k), torch.rand(k) + 0.5
+    residual = torch.randn(2, k) if with_residual else None
+    normed, want_residual = fused_add_rms_norm(x, residual, nw, 1e-6, impl="triton")
+    want = linear.skinny_linear(normed, w, config, impl="triton")
+    got, got_residual = linear.skinny_norm_linear(x, residual, nw, 1e-6, w, config, impl="triton")
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_residual, want_residual, atol=0, rtol=0)
+    ref, ref_residual = linear.skinny_norm_linear(x, residual, nw, 1e-6, w, config, impl="torch")
+    torch.testing.assert_close(ref, want, atol=1e-4, rtol=1e-4)
+    assert torch.equal(ref_residual, want_residual)
