@@ -69,10 +69,12 @@ class DecodeKernelConfig:
     parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
     merge_in_kernel: the last split to finish merges the partials (no merge kernel; one split
     writes the output directly) instead of a second kernel.
-    `loadtest/sweep_decode_kernel.py` times the choices on a GPU; the defaults below measured
-    best or within 3 % of the best on an H200 (docs/benchmarks.md). Two forms measured there and
-    dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores (3-10x slower),
-    and K loaded as [D, block_n] instead of transposed in registers (no faster).
+    `loadtest/sweep_decode_kernel.py` times the choices on a GPU: the tile, warp and stage
+    defaults measured best or within 3 % (bf16) / 10 % (FP8) of the best on an H200
+    (docs/benchmarks.md, session 3); the in-kernel merge passed its GPU race test there but has
+    not been swept against the merge kernel yet (`--defaults-only` does that). Two forms
+    measured and dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores
+    (3-10x slower), and K loaded as [D, block_n] instead of transposed in registers (no faster).
     """
 
     block_n: int = DECODE_BLOCK_N
