@@ -45,18 +45,16 @@ class SweepRow:
     batch: int
     context: int
     num_splits: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-    merge_in_kernel: bool
+    config: pa.DecodeKernelConfig
     us_per_layer: float
     kv_tb_per_s: float
     frac_of_read: float
-    max_abs_err: float
+    max_abs_err: float  # against the torch reference on layer 0 (the FP8 forms are approximate)
 
 
-def candidates(full: bool = True) -> list[pa.DecodeKernelConfig]:
-    """The defaults, each with the separate merge kernel, then (full) the tile/warp/stage grid."""
+def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
+    """The defaults, each with the separate merge kernel, (fp8) the FP8 default with e4m3
+    QK^T and with e4m3 QK^T and PV, then (full) the tile/warp/stage grid."""
     grid = [
         pa.DecodeKernelConfig(n, w, stages)
         for n, w, stages in itertools.product((64, 128), (4, 8), (1, 2, 3))
@@ -65,7 +63,12 @@ def candidates(full: bool = True) -> list[pa.DecodeKernelConfig]:
     # repeats from the grid
     defaults = [pa.default_decode_config(False), pa.default_decode_config(True)]
     separate = [dataclasses.replace(c, merge_in_kernel=False) for c in defaults]
-    return list(dict.fromkeys([*defaults, *separate, *(grid if full else [])]))
+    fp8_forms = [
+        dataclasses.replace(defaults[1], fp8_qk=True),
+        dataclasses.replace(defaults[1], fp8_qk=True, fp8_pv=True),
+    ]
+    chosen = [*defaults, *separate, *(fp8_forms if fp8 else []), *(grid if full else [])]
+    return list(dict.fromkeys(chosen))
 
 
 def make_caches(batch: int, context: int, fp8: bool):
@@ -100,7 +103,7 @@ def sweep_point(
     scales = {"k_scale": s, "v_scale": s}
     ref = pa.ref_paged_decode_attention(q.float(), *caches[0], tables, lens, scale, **scales)
     default_splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS)
-    plan = [(cfg, default_splits) for cfg in candidates(full)]
+    plan = [(cfg, default_splits) for cfg in candidates(full, fp8)]
     plan += [(None, default_splits * 2), (None, max(1, default_splits // 2))]
     rows: list[SweepRow] = []
     for cfg, splits in plan:
@@ -108,10 +111,7 @@ def sweep_point(
             print(f"  (time budget spent: skipping the rest of {batch}x{context})")
             break
         if cfg is None:  # split-count variations of the best configuration so far
-            best = min(rows, key=lambda r: r.us_per_layer)
-            cfg = pa.DecodeKernelConfig(
-                best.block_n, best.num_warps, best.num_stages, best.merge_in_kernel
-            )
+            cfg = min(rows, key=lambda r: r.us_per_layer).config
 
         def run(c: pa.DecodeKernelConfig = cfg, n: int = splits) -> None:
             for k, v in caches:
@@ -128,13 +128,10 @@ def sweep_point(
             print(f"  {cfg} splits={splits}: failed: {type(exc).__name__}: {exc}"[:300])
             continue
         tb = kv_bytes / (us * 1e-6) / 1e12
-        row = SweepRow(
-            "fp8_e4m3" if fp8 else "bf16", batch, context, splits, cfg.block_n, cfg.num_warps,
-            cfg.num_stages, cfg.merge_in_kernel, us, tb, tb / read_bw, err,
-        )  # fmt: skip
+        kv_dtype = "fp8_e4m3" if fp8 else "bf16"
+        row = SweepRow(kv_dtype, batch, context, splits, cfg, us, tb, tb / read_bw, err)
         print(
-            f"  {row.kv_dtype} {batch}x{context} splits={splits} n={cfg.block_n} "
-            f"w={cfg.num_warps} s={cfg.num_stages} merge={int(cfg.merge_in_kernel)}: {us:.1f} us "
+            f"  {kv_dtype} {batch}x{context} splits={splits} {cfg}: {us:.1f} us "
             f"{tb:.2f} TB/s ({tb / read_bw:.2f} x read) err {err:.1e}",
             flush=True,
         )
