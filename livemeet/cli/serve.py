@@ -42,6 +42,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--max-audio-s", type=float, default=MAX_AUDIO_S)
     p.add_argument("--max-sessions", type=int, default=256)
     p.add_argument(
+        "--max-concurrent-decodes",
+        type=int,
+        default=GatewayConfig.max_concurrent_decodes,
+        help="uploads decoded to PCM at once (each holds its decoded audio in memory)",
+    )
+    p.add_argument(
         "--in-process-engine",
         action="store_true",
         help="run the backend in this process (tests, debugging)",
@@ -138,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_upload_bytes=args.max_upload_bytes,
             max_audio_s=args.max_audio_s,
             max_sessions=args.max_sessions,
+            max_concurrent_decodes=args.max_concurrent_decodes,
         ),
     )
     config.validate()

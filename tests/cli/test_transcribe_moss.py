@@ -130,3 +130,18 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         assert sched.chunked_prefill_size == 16_384 and sched.max_num_batched_tokens == 16_384
     finally:
         core.close()
+
+
+def test_serve_gateway_limits_reach_the_config() -> None:
+    from livemeet.__main__ import build_parser
+    from livemeet.cli import serve
+    from livemeet.errors import ConfigError
+
+    args = build_parser().parse_args(["serve", "--max-concurrent-decodes", "6"])
+    assert serve.config_from_args(args).gateway.max_concurrent_decodes == 6
+    default = serve.config_from_args(build_parser().parse_args(["serve"]))
+    assert default.gateway.max_concurrent_decodes == 2
+    with pytest.raises(ConfigError):
+        serve.config_from_args(
+            build_parser().parse_args(["serve", "--max-concurrent-decodes", "0"])
+        )
