@@ -139,7 +139,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         transcription_id = new_transcription_id()
         if form.stream:
             response = await _stream_sse(request, session, form, transcription_id)
-            phases.done("transcribe")
+            phases.done("transcribe", last=True)
         else:
             final = await _collect_final(session)
             phases.done("transcribe")
@@ -147,7 +147,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
             await app[STORE_KEY].put(transcription_id, transcript)
             response = _render(transcript, form.response_format, form.language)
             response.headers[ID_HEADER] = transcription_id
-            phases.done("respond")
+            phases.done("respond", last=True)
         app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
         return response
     finally:
@@ -165,12 +165,12 @@ class _PhaseClock:
         self.last_s = started_s
         self.spent: list[str] = []
 
-    def done(self, phase: str) -> None:
+    def done(self, phase: str, *, last: bool = False) -> None:
         now = time.monotonic()
         self.histogram.labels(phase).observe(now - self.last_s)
         self.spent.append(f"{phase} {1e3 * (now - self.last_s):.1f} ms")
         self.last_s = now
-        if phase in ("transcribe", "respond") and log.isEnabledFor(logging.DEBUG):
+        if last and log.isEnabledFor(logging.DEBUG):
             log.debug("upload phases: %s", ", ".join(self.spent))
 
 

@@ -367,8 +367,8 @@ def skinny_norm_linear(
         raise InternalError(
             f"need x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
         )
-    if norm_weight.shape != x.shape[1:] or weight.dtype != x.dtype:
-        raise InternalError("norm weight must be [K] and the weight in x's dtype")
+    if norm_weight.shape != x.shape[1:] or x.dtype != weight.dtype or x.dtype != norm_weight.dtype:
+        raise InternalError("the norm weight must be [K] and both weights in x's dtype")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise InternalError(f"residual {tuple(residual.shape)} does not match x")
     if not select_triton(impl, x, available=HAS_TRITON):

@@ -68,11 +68,12 @@ class DecodeKernelConfig:
     block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
     parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
     merge_in_kernel: the last split to finish merges the partials (no merge kernel; one split
-    writes the output directly) instead of a second kernel. fp8_qk, fp8_pv (FP8 caches with a
-    16-bit query only; ignored otherwise): QK^T on e4m3 tensor cores with the query scaled per
-    row into e4m3, and PV with the probabilities in e4m3 (x 448), so no K (V) tile is converted.
-    Approximate (the query and the probabilities lose mantissa bits), off by default, for the
-    sweep to measure against the conversion-bound FP8 default.
+    writes the output directly) instead of a second kernel. fp8_qk (FP8 caches with a 16-bit
+    query only; ignored otherwise; head_dim >= 32): the scores on e4m3 tensor cores with the
+    query scaled per row into e4m3, so no K tile is converted. Approximate (the query loses
+    mantissa bits), off by default, for the sweep to measure against the conversion-bound FP8
+    default. (An e4m3 PV as well was dropped unmeasured: with the GQA group as M = 16 rows,
+    Triton converts both e4m3 operands to fp16 on Hopper anyway.)
     `loadtest/sweep_decode_kernel.py` times the choices on a GPU: the tile, warp and stage
     defaults measured best or within 3 % (bf16) / 10 % (FP8) of the best on an H200
     (docs/benchmarks.md, session 3); the in-kernel merge passed its GPU race test there but has
@@ -86,7 +87,6 @@ class DecodeKernelConfig:
     num_stages: int = DECODE_NUM_STAGES
     merge_in_kernel: bool = True
     fp8_qk: bool = False
-    fp8_pv: bool = False
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -338,24 +338,19 @@ if HAS_TRITON:
             return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
 
     @triton.jit
-    def _online_softmax_step(s, v, m_i, l_i, acc, FP8_P: tl.constexpr = False):
+    def _online_softmax_step(s, v, m_i, l_i, acc):
         """Fold one KV tile into the running softmax state (Milakov & Gimelshein 2018).
 
         s: scores [R, BLOCK_N] in the log2 domain, -inf where a key is hidden; v: values
         [BLOCK_N, D] in the dot dtype; m_i, l_i: running max and sum [R]; acc: [R, D] fp32.
         A row that sees nothing yet keeps m = -inf; exp2 never meets (-inf) - (-inf).
-        FP8_P (v in e4m3): the probabilities, in [0, 1], go to e4m3 scaled by its largest
-        finite value (448) and the product is scaled back. Returns the new (m_i, l_i, acc)."""
+        Returns the new (m_i, l_i, acc)."""
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if FP8_P:
-            pv = tl.dot((p * 448.0).to(v.dtype), v) * (1.0 / 448.0)
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         return m_new, l_i, acc
 
     @triton.jit
@@ -391,7 +386,6 @@ if HAS_TRITON:
         FP16_DOT: tl.constexpr,
         MERGE: tl.constexpr,
         FP8_QK: tl.constexpr,
-        FP8_PV: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
         # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
@@ -403,9 +397,12 @@ if HAS_TRITON:
         # made FP8 decode slower than bf16 on an H200, 45 vs 39 us per layer at 36k tokens).
         # fp16 holds e4m3, softmax probabilities and normed queries with more precision than
         # bf16. An fp32 query (tests, the parity path) keeps fp32.
-        # FP8_QK / FP8_PV (FP8 KV, 16-bit query; opt-in, DecodeKernelConfig): QK^T on e4m3
-        # tensor cores with the query scaled per row into e4m3 (K is never converted), and PV
-        # with the probabilities in e4m3 (see _online_softmax_step).
+        # FP8_QK (FP8 KV, 16-bit query; opt-in, DecodeKernelConfig): the scores on e4m3 tensor
+        # cores with the query scaled per row into e4m3, so K is never converted. Computed as
+        # S^T = K Q^T, [BLOCK_N, BLOCK_H]: M = BLOCK_N (64/128) is what Hopper's FP8 MMA needs
+        # (with M = 16 Triton falls back to MMAv2 and converts both operands to fp16), and both
+        # operands are K-major (head_dim contiguous). The transposed scores then feed the
+        # usual softmax; PV stays in fp16.
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -443,16 +440,13 @@ if HAS_TRITON:
             k_rows = _kv_tile_rows(bt, t0, end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
             k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
             if FP8_QK:
-                s = tl.dot(q8, tl.trans(k)) * row_scale  # [BLOCK_H, BLOCK_N]
+                s = tl.trans(tl.dot(k, tl.trans(q8))) * row_scale  # [BLOCK_H, BLOCK_N]
             else:
                 s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
             s = tl.where(tmask[None, :], s, float("-inf"))
             v_rows = _kv_tile_rows(bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
             v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
-            if FP8_PV:
-                m_i, l_i, acc = _online_softmax_step(s, v, m_i, l_i, acc, True)
-            else:
-                m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
 
         # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -808,6 +802,8 @@ def paged_decode_attention(
     fp8 = k_cache.element_size() == 1
     cfg = kernel or default_decode_config(fp8)
     fp16_dot = fp8 and q.dtype in (torch.bfloat16, torch.float16)
+    if fp16_dot and cfg.fp8_qk and head_dim < 32:
+        raise ConfigError(f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}")
     splits_pow2 = next_pow2(num_splits)
     counters = None
     if num_splits == 1 and cfg.merge_in_kernel:
@@ -852,7 +848,6 @@ def paged_decode_attention(
         FP16_DOT=fp16_dot,
         MERGE=merge,
         FP8_QK=fp16_dot and cfg.fp8_qk,
-        FP8_PV=fp16_dot and cfg.fp8_pv,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )

@@ -616,12 +616,10 @@ def test_capture_without_merge_counters_falls_back_cuda(monkeypatch: pytest.Monk
 
 
 @needs_interpreter
-@pytest.mark.parametrize("fp8_pv", [False, True])
-def test_fp8_tensor_core_forms_interpreted(fp8_pv: bool) -> None:
-    """The opt-in e4m3 QK^T (and PV) forms. The query is built so that its per-row scaling into
-    e4m3 is exact (each row's largest magnitude is 448 x 2^-7, every value an e4m3 number
-    times 2^-7): QK^T then matches the reference up to the fp16 V path, and PV's e4m3
-    probabilities stay within a few percent (the interpreter rounds to fp8 unlike the GPU)."""
+def test_fp8_tensor_core_scores_interpreted() -> None:
+    """The opt-in e4m3 scores (S^T = K Q^T). The query is built so that its per-row scaling
+    into e4m3 is exact (each row's largest magnitude is 448 x 2^-7, every value an e4m3 number
+    times 2^-7): the output then matches the reference up to the fp16 V path."""
     torch.manual_seed(8)
     fp8 = torch.float8_e4m3fn
     k_cache = (torch.randn(40, 16, 2, 32) * 40).to(fp8)
@@ -633,37 +631,37 @@ def test_fp8_tensor_core_forms_interpreted(fp8_pv: bool) -> None:
     q = (q8 * 2.0**-7).to(torch.bfloat16)
     assert torch.equal(q.float(), q8 * 2.0**-7)  # exact in bf16 too
     scales = {"k_scale": 0.05, "v_scale": 0.05}
-    kernel = pa.DecodeKernelConfig(block_n=16, num_stages=1, fp8_qk=True, fp8_pv=fp8_pv)
+    kernel = pa.DecodeKernelConfig(block_n=16, num_stages=1, fp8_qk=True)
     out = pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 32**-0.5, num_splits=3,
                                     impl="triton", kernel=kernel, **scales)  # fmt: skip
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 32**-0.5,
                                         **scales)  # fmt: skip
-    atol = (0.05 if fp8_pv else 0.01) * float(ref.abs().max())
-    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=0)
-    # a 16-bit cache ignores the FP8 forms: exactly the default kernel's result
+    torch.testing.assert_close(out.float(), ref, atol=0.01 * float(ref.abs().max()), rtol=0)
+    # a 16-bit cache ignores the FP8 form: exactly the default kernel's result
     kc, vc = k_cache.float().to(torch.bfloat16), v_cache.float().to(torch.bfloat16)
     plain = pa.paged_decode_attention(q, kc, vc, tables, lens, 0.2, num_splits=3, impl="triton")
-    both = pa.DecodeKernelConfig(fp8_qk=True, fp8_pv=True)
-    forms = pa.paged_decode_attention(q, kc, vc, tables, lens, 0.2, num_splits=3, impl="triton",
-                                      kernel=both)  # fmt: skip
-    assert torch.equal(plain, forms)
+    form = pa.paged_decode_attention(q, kc, vc, tables, lens, 0.2, num_splits=3, impl="triton",
+                                     kernel=pa.DecodeKernelConfig(fp8_qk=True))  # fmt: skip
+    assert torch.equal(plain, form)
+    with pytest.raises(ConfigError, match="head_dim"):  # an e4m3 dot reduces over >= 32
+        small = (k_cache[..., :16].contiguous(), v_cache[..., :16].contiguous())
+        pa.paged_decode_attention(q[..., :16].contiguous(), *small, tables, lens, 0.2,
+                                  impl="triton", kernel=kernel)  # fmt: skip
 
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("fp8_pv", [False, True])
-def test_fp8_tensor_core_forms_cuda(fp8_pv: bool) -> None:
-    """The opt-in e4m3 forms on the hardware: approximate (the query, and the probabilities,
-    lose mantissa bits), so within 10 % of the output's range of the reference, and replayable
-    in a CUDA graph like the default."""
+def test_fp8_tensor_core_scores_cuda() -> None:
+    """The opt-in e4m3 scores on the hardware: approximate (the query loses mantissa bits), so
+    within 10 % of the output's range of the reference, and replayable in a CUDA graph."""
     torch.manual_seed(17)
     fp8 = torch.float8_e4m3fn
-    k_cache = (torch.randn(400, 16, 8, 128, device="cuda") * 0.5).to(fp8)
-    v_cache = (torch.randn(400, 16, 8, 128, device="cuda") * 0.5).to(fp8)
-    tables = make_block_tables([4000, 1, 0, 2500], 16, 400).cuda()
+    k_cache = (torch.randn(420, 16, 8, 128, device="cuda") * 0.5).to(fp8)
+    v_cache = (torch.randn(420, 16, 8, 128, device="cuda") * 0.5).to(fp8)
+    tables = make_block_tables([4000, 1, 0, 2500], 16, 420).cuda()
     seq = torch.tensor([4000, 1, 0, 2500], dtype=torch.int32, device="cuda")
     q = torch.randn(4, 16, 128, device="cuda", dtype=torch.bfloat16)
-    kernel = pa.DecodeKernelConfig(block_n=128, fp8_qk=True, fp8_pv=fp8_pv)
+    kernel = pa.DecodeKernelConfig(block_n=128, fp8_qk=True)
     call = lambda: pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, kernel=kernel)  # noqa: E731
     call()
     torch.cuda.synchronize()

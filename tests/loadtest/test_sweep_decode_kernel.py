@@ -20,8 +20,18 @@ def test_defaults_come_first_and_nothing_repeats() -> None:
     assert {(c.block_n, c.num_warps) for c in grid} >= {(64, 8), (128, 4)}
 
 
-def test_fp8_forms_vary_only_the_fp8_default() -> None:
-    fp8_default = pa.default_decode_config(True)
+def test_fp8_form_varies_only_the_fp8_default() -> None:
     forms = [c for c in candidates(False, True) if c.fp8_qk]
-    assert [dataclasses.replace(c, fp8_qk=False, fp8_pv=False) for c in forms] == [fp8_default] * 2
-    assert [c.fp8_pv for c in forms] == [False, True]
+    assert forms == [dataclasses.replace(pa.default_decode_config(True), fp8_qk=True)]
+
+
+def test_the_approximate_form_is_never_the_best() -> None:
+    from loadtest.sweep_decode_kernel import SweepRow, exact
+
+    fast = SweepRow("fp8_e4m3", 1, 36_000, 64, forms_config(), 10.0, 7.0, 1.6, 0.1)
+    slow = SweepRow("fp8_e4m3", 1, 36_000, 64, pa.default_decode_config(True), 40.0, 1.8, 0.4, 0)
+    assert exact([fast, slow]) == [slow]
+
+
+def forms_config() -> pa.DecodeKernelConfig:
+    return dataclasses.replace(pa.default_decode_config(True), fp8_qk=True)
