@@ -89,6 +89,27 @@ def ref_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 if HAS_TRITON:
 
     @triton.jit
+    def add_residual_rstd(X, R, ROut, cols, mask, dim, eps, HAS_RESIDUAL: tl.constexpr, store):
+        """One row's residual add and RMS: x (+ r, the sum rounded to the input dtype as
+        torch's x + residual, written to ROut when `store`) over the `cols` of X/R/ROut (row
+        pointers), and rsqrt(mean(x^2) + eps) in fp32 over `dim` elements. Returns (x, rstd).
+        Shared by _add_rms_norm_kernel and the norm-folded GEMV (livemeet.layers.linear)."""
+        x = tl.load(X + cols, mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(R + cols, mask=mask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+            if store:
+                tl.store(ROut + cols, x, mask=mask)
+        x32 = x.to(tl.float32)
+        return x, tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
+
+    @triton.jit
+    def scale_by_rstd(x, rstd, w32):
+        """RMSNorm's output before its final rounding: (x * rstd) rounded to x's dtype, times
+        the fp32 weight w32; fp32."""
+        return (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32) * w32
+
+    @triton.jit
     def _add_rms_norm_kernel(
         X,
         R,
@@ -107,17 +128,13 @@ if HAS_TRITON:
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < DIM
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0)
-            # the sum rounded to the input dtype, as torch's x + residual
-            x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            tl.store(ROut + row * stride_ro + cols, x, mask=mask)
-        x32 = x.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(x32 * x32, axis=0) / DIM + eps)
-        normed = (x32 * rstd).to(x.dtype).to(tl.float32)
+        x, rstd = add_residual_rstd(
+            X + row * stride_x, R + row * stride_r, ROut + row * stride_ro, cols, mask, DIM, eps,
+            HAS_RESIDUAL, True,
+        )  # fmt: skip
         w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(Out + row * stride_o + cols, (normed * w).to(Out.dtype.element_ty), mask=mask)
+        out = scale_by_rstd(x, rstd, w).to(Out.dtype.element_ty)
+        tl.store(Out + row * stride_o + cols, out, mask=mask)
 
     @triton.jit
     def _norm_rope_head(

@@ -44,6 +44,9 @@ except ImportError:  # the CPU-only install path
 
 log = logging.getLogger(__name__)
 
+Prologue = Literal["none", "silu_mul", "add_rms_norm"]  # what a tuned kernel does to its input
+# _skinny_rows_kernel's PROLOGUE constexpr for each prologue
+PROLOGUE_CODES: dict[Prologue, int] = {"none": 0, "silu_mul": 1, "add_rms_norm": 2}
 TUNED_DTYPES = (torch.bfloat16, torch.float16)  # the serving dtypes; fp32 is the parity path
 SKINNY_MAX_M = 16  # rows; above this a decode batch is a real GEMM and cuBLAS wins
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows; 2..16 rows are padded to it
@@ -95,24 +98,38 @@ def row_class(num_rows: int) -> int | None:
 
 
 if HAS_TRITON:
+    SILU_MUL = tl.constexpr(PROLOGUE_CODES["silu_mul"])
+    ADD_RMS_NORM = tl.constexpr(PROLOGUE_CODES["add_rms_norm"])
 
     @triton.jit
-    def _row_chunk(x_row, kk, K, EVEN_K: tl.constexpr, SILU_MUL: tl.constexpr):
-        """Elements kk of one input row as fp32 [BLOCK_K]. SILU_MUL: the row is [gate | up]
-        (2K wide) and the elements are silu(gate) * up, rounded to the input dtype where
-        livemeet.layers.fused.silu_and_mul rounds them."""
+    def _row_chunk(
+        x_row, kk, K, r_row, norm_w, rstd, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr,
+    ):  # fmt: skip
+        """Elements kk of one input row as fp32 [BLOCK_K], after the prologue, rounded to the
+        input dtype where the unfused kernels round. SILU_MUL: the row is [gate | up] (2K
+        wide) and the elements are silu(gate) * up (livemeet.layers.fused.silu_and_mul).
+        ADD_RMS_NORM: x (+ the residual row r_row) times `rstd`, times norm_w
+        (livemeet.layers.fused.fused_add_rms_norm)."""
+        kmask = kk < K
         if EVEN_K:
             x = tl.load(x_row + kk)
         else:
-            x = tl.load(x_row + kk, mask=kk < K, other=0.0)
-        if SILU_MUL:
+            x = tl.load(x_row + kk, mask=kmask, other=0.0)
+        if PROLOGUE == SILU_MUL:
             if EVEN_K:
                 u = tl.load(x_row + K + kk)
             else:
-                u = tl.load(x_row + K + kk, mask=kk < K, other=0.0)
+                u = tl.load(x_row + K + kk, mask=kmask, other=0.0)
             g32 = x.to(tl.float32)
             act = (g32 / (1.0 + tl.exp(-g32))).to(x.dtype).to(tl.float32)
             x = (act * u.to(tl.float32)).to(u.dtype)
+        elif PROLOGUE == ADD_RMS_NORM:
+            if HAS_RESIDUAL:
+                r = tl.load(r_row + kk, mask=kmask, other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
+            w = tl.load(norm_w + kk, mask=kmask, other=0.0).to(tl.float32)
+            x = fk.scale_by_rstd(x, rstd, w).to(x.dtype)
         return x.to(tl.float32)
 
     @triton.jit(do_not_specialize=["M"])
@@ -126,12 +143,23 @@ if HAS_TRITON:
         stride_xm,
         stride_wn,
         stride_om,
+        R,
+        NormW,
+        ROut,
+        stride_rm,
+        stride_rom,
+        eps,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr,
-        SILU_MUL: tl.constexpr,
+        PROLOGUE: tl.constexpr,
+        K_POW2: tl.constexpr,
+        HAS_RESIDUAL: tl.constexpr,
     ):
-        # grid: (cdiv(N, BLOCK_N), M); one row of x per program along axis 1
+        # grid: (cdiv(N, BLOCK_N), M); one row of x per program along axis 1. PROLOGUE (see
+        # _row_chunk): NONE, SILU_MUL, or ADD_RMS_NORM, where every program first reads its
+        # whole row (K_POW2 >= K elements, a few KB) for the RMS and program 0 of the row
+        # writes the new residual to ROut; R, NormW, ROut, eps serve only ADD_RMS_NORM.
         pid_n = tl.program_id(0)
         m = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -139,6 +167,14 @@ if HAS_TRITON:
         nmask = offs_n < N
         w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
         x_row = X + m * stride_xm
+        r_row = R + m * stride_rm
+        rstd = 1.0
+        if PROLOGUE == ADD_RMS_NORM:
+            cols = tl.arange(0, K_POW2)
+            _, rstd = fk.add_residual_rstd(
+                x_row, r_row, ROut + m * stride_rom, cols, cols < K, K, eps, HAS_RESIDUAL,
+                pid_n == 0,
+            )  # fmt: skip
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
@@ -148,68 +184,8 @@ if HAS_TRITON:
                 w = tl.load(
                     w_rows + kk[None, :], mask=nmask[:, None] & (kk < K)[None, :], other=0.0
                 )
-            x = _row_chunk(x_row, kk, K, EVEN_K, SILU_MUL)
+            x = _row_chunk(x_row, kk, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
             acc += w.to(tl.float32) * x[None, :]
-        y = tl.sum(acc, 1)
-        tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
-
-    @triton.jit(do_not_specialize=["M"])
-    def _skinny_norm_rows_kernel(
-        X,
-        R,
-        NormW,
-        W,
-        Out,
-        ROut,
-        M,
-        N,
-        K,
-        stride_xm,
-        stride_rm,
-        stride_wn,
-        stride_om,
-        stride_rom,
-        eps,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        K_POW2: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr,
-    ):
-        # grid: (cdiv(N, BLOCK_N), M). The decoder's residual add + RMSNorm folded into the
-        # projection that follows it: each program re-reads the row (K elements, a few KB)
-        # for its RMS, and program 0 of the row writes the new residual. Rounding as
-        # fused_add_rms_norm then skinny_linear: the sum, the normed row and the weighted row
-        # each to the input dtype.
-        pid_n = tl.program_id(0)
-        m = tl.program_id(1)
-        cols = tl.arange(0, K_POW2)
-        cmask = cols < K
-        s = tl.load(X + m * stride_xm + cols, mask=cmask, other=0.0)
-        if HAS_RESIDUAL:
-            r = tl.load(R + m * stride_rm + cols, mask=cmask, other=0.0)
-            s = (s.to(tl.float32) + r.to(tl.float32)).to(s.dtype)
-            if pid_n == 0:
-                tl.store(ROut + m * stride_rom + cols, s, mask=cmask)
-        s32 = s.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(s32 * s32, axis=0) / K + eps)
-
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        nmask = offs_n < N
-        w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            kmask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-            x = tl.load(X + m * stride_xm + kk, mask=kmask, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(R + m * stride_rm + kk, mask=kmask, other=0.0)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            normed = (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
-            nw = tl.load(NormW + kk, mask=kmask, other=0.0).to(tl.float32)
-            h = (normed * nw).to(x.dtype).to(tl.float32)
-            acc += w.to(tl.float32) * h[None, :]
         y = tl.sum(acc, 1)
         tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
 
@@ -275,7 +251,7 @@ def skinny_linear(
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise InternalError("skinny_linear needs rows contiguous in the last dim")
     if m == 1:
-        return _rows_launch(x, weight, k, config, silu_mul=False)
+        return _rows_launch(x, weight, k, config)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _skinny_dot_kernel[(triton.cdiv(n, config.block_n),)](
         x,
@@ -298,13 +274,22 @@ def skinny_linear(
 
 
 def _rows_launch(
-    x: torch.Tensor, weight: torch.Tensor, k: int, config: GemmConfig, *, silu_mul: bool
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    k: int,
+    config: GemmConfig,
+    prologue: Prologue = "none",
+    norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """`_skinny_rows_kernel` over every row of x (checked by the callers): [M, N]."""
+    """`_skinny_rows_kernel` over every row of x (checked by the callers): [M, N]. `norm`:
+    (residual or None, norm weight, new residual, eps) for the "add_rms_norm" prologue
+    (without a residual nothing is written to the new residual, which is then x)."""
     m, n = x.shape[0], weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
+    residual, norm_w, r_out, eps = norm if norm is not None else (None, x, x, 0.0)
+    r = x if residual is None else residual  # a valid pointer where the kernel reads none
     _skinny_rows_kernel[(triton.cdiv(n, config.block_n), m)](
         x,
         weight,
@@ -315,10 +300,18 @@ def _rows_launch(
         x.stride(0),
         weight.stride(0),
         out.stride(0),
+        r,
+        norm_w,
+        r_out,
+        r.stride(0),
+        r_out.stride(0),
+        eps,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         EVEN_K=k % config.block_k == 0,
-        SILU_MUL=silu_mul,
+        PROLOGUE=PROLOGUE_CODES[prologue],
+        K_POW2=triton.next_power_of_2(k) if prologue == "add_rms_norm" else 1,
+        HAS_RESIDUAL=residual is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
@@ -344,7 +337,7 @@ def skinny_silu_linear(
         return F.linear(fk.ref_silu_and_mul(gate_up), weight)
     if gate_up.stride(1) != 1 or weight.stride(1) != 1:
         raise InternalError("skinny_silu_linear needs rows contiguous in the last dim")
-    return _rows_launch(gate_up, weight, weight.shape[1], config, silu_mul=True)
+    return _rows_launch(gate_up, weight, weight.shape[1], config, "silu_mul")
 
 
 def skinny_norm_linear(
@@ -379,39 +372,11 @@ def skinny_norm_linear(
     )
     if not all(contiguous):
         raise InternalError("skinny_norm_linear needs rows contiguous in the last dim")
-    (m, k), n = x.shape, weight.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     new_residual = x if residual is None else torch.empty_like(x)
-    if m == 0:
-        return out, new_residual
-    r = x if residual is None else residual
-    _skinny_norm_rows_kernel[(triton.cdiv(n, config.block_n), m)](
-        x,
-        r,
-        norm_weight,
-        weight,
-        out,
-        new_residual,
-        m,
-        n,
-        k,
-        x.stride(0),
-        r.stride(0),
-        weight.stride(0),
-        out.stride(0),
-        new_residual.stride(0),
-        eps,
-        BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k,
-        K_POW2=triton.next_power_of_2(k),
-        HAS_RESIDUAL=residual is not None,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
-    return out, new_residual
+    norm = (residual, norm_weight, new_residual, eps)
+    return _rows_launch(x, weight, x.shape[1], config, "add_rms_norm", norm), new_residual
 
 
-Prologue = Literal["none", "silu_mul", "add_rms_norm"]  # what a tuned kernel does to its input
 NORM_TUNE_EPS = 1e-6  # eps of the RMSNorm timed by `tune` (the value does not change the time)
 
 
