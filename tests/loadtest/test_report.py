@@ -29,6 +29,21 @@ def test_floor_reproduces_design_figures() -> None:
     assert fp8 > 1.8 * floor.audio_s_per_s(16, 2240.0, prompt, 12_320)
 
 
+SWEEP_POINT = {
+    "workload": "short",
+    "concurrency": 16,
+    "num_requests": 32,
+    "num_errors": 0,
+    "audio_s": 11.6,
+    "makespan_s": 0.5,
+    "req_per_s": 64.0,
+    "audio_s_per_s": 742.4,
+    "rtf_mean": 0.01,
+    "latency_mean_s": 0.2,
+    "latency_p95_s": 0.3,
+}
+
+
 def _fixtures(tmp_path: Path) -> tuple[Path, Path, Path]:
     run = {
         "workload": "long",
@@ -107,19 +122,7 @@ def _fixtures(tmp_path: Path) -> tuple[Path, Path, Path]:
     }
     sweep = [
         {"event": "server_ready", "workload": "short", "ready_s": 20.0},
-        {
-            "workload": "short",
-            "concurrency": 16,
-            "num_requests": 32,
-            "num_errors": 0,
-            "audio_s": 11.6,
-            "makespan_s": 0.5,
-            "req_per_s": 64.0,
-            "audio_s_per_s": 742.4,
-            "rtf_mean": 0.01,
-            "latency_mean_s": 0.2,
-            "latency_p95_s": 0.3,
-        },
+        SWEEP_POINT,
         {"workload": "short", "concurrency": 64, "num_requests": 128, "skipped": "over budget"},
     ]
     paths = tmp_path / "e.json", tmp_path / "hf.json", tmp_path / "s.jsonl"
@@ -181,21 +184,6 @@ def test_transformers_row_matches_the_nearest_context() -> None:
 def test_report_with_nothing_is_still_a_report() -> None:
     text = report.render(None, None, [])
     assert text.startswith("## Benchmarks")
-
-
-SWEEP_POINT = {
-    "workload": "short",
-    "concurrency": 16,
-    "num_requests": 32,
-    "num_errors": 0,
-    "audio_s": 11.6,
-    "makespan_s": 0.5,
-    "req_per_s": 64.0,
-    "audio_s_per_s": 742.4,
-    "rtf_mean": 0.01,
-    "latency_mean_s": 0.2,
-    "latency_p95_s": 0.3,
-}
 
 
 def _cells(line: str) -> list[str]:
