@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -157,14 +157,8 @@ class Engine:
             transfer = TokenTransfer(self.runner.device, config.scheduler.max_num_seqs)
         self.transfer = transfer if config.async_decode else None
         self._in_flight: _InFlight | None = None
-        # Cumulative step counters (see `stats()`); steps are counted when launched.
-        self.num_decode_graph_steps = 0
-        self.num_decode_eager_steps = 0
-        self.num_prefill_graph_steps = 0
-        self.num_prefill_eager_steps = 0
-        self.num_decode_graph_fallbacks = 0
-        self.num_prefill_tokens = 0
-        self.num_decode_tokens = 0
+        # Cumulative step counters by EngineStats field (see `stats()`), counted at launch.
+        self._counts = dict.fromkeys((f.name for f in fields(EngineStats)), 0)
 
     def build_prompt(
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
@@ -249,15 +243,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
-        return EngineStats(
-            num_decode_graph_steps=self.num_decode_graph_steps,
-            num_decode_eager_steps=self.num_decode_eager_steps,
-            num_prefill_graph_steps=self.num_prefill_graph_steps,
-            num_prefill_eager_steps=self.num_prefill_eager_steps,
-            num_decode_graph_fallbacks=self.num_decode_graph_fallbacks,
-            num_prefill_tokens=self.num_prefill_tokens,
-            num_decode_tokens=self.num_decode_tokens,
-        )
+        return EngineStats(**self._counts)
 
     def step(self) -> StepOutput:
         """Run one step. Returns new tokens and finished requests: of this step (synchronous),
@@ -369,19 +355,18 @@ class Engine:
         """Count one launched step; `replays_before`: `_graph_replays()` before its launch."""
         decode_replays, piecewise_replays = self._graph_replays()
         decode_graph = decode_replays != replays_before[0]
-        self.num_decode_tokens += len(batch.decodes)
+        counts = self._counts
+        counts["num_decode_tokens"] += len(batch.decodes)
         if batch.prefills:
-            self.num_prefill_tokens += sum(c.num_tokens for c in batch.prefills)
-            if decode_graph or piecewise_replays != replays_before[1]:
-                self.num_prefill_graph_steps += 1
-            else:
-                self.num_prefill_eager_steps += 1
+            counts["num_prefill_tokens"] += sum(c.num_tokens for c in batch.prefills)
+            graphed = decode_graph or piecewise_replays != replays_before[1]
+            counts["num_prefill_graph_steps" if graphed else "num_prefill_eager_steps"] += 1
         elif decode_graph:
-            self.num_decode_graph_steps += 1
+            counts["num_decode_graph_steps"] += 1
         else:
-            self.num_decode_eager_steps += 1
+            counts["num_decode_eager_steps"] += 1
             if self.runner.graphs is not None:
-                self.num_decode_graph_fallbacks += 1
+                counts["num_decode_graph_fallbacks"] += 1
 
     def _sampling_of(self, request: Request) -> SamplingParams:
         return self._sampling.get(request.request_id, SamplingParams())
