@@ -487,27 +487,38 @@ if HAS_TRITON:
         tl.debug_barrier()  # every thread's partial stores precede the release below
         done = tl.atomic_add(Counter, 1, sem="acq_rel")
         if done == tl.num_programs(2) - 1:
-            num_splits = tl.num_programs(2)
-            offs_s = tl.arange(0, MID_SPLITS)
             offs_d = tl.arange(0, HEAD_DIM)
-            smask = offs_s < num_splits
             for h in tl.static_range(GROUP):
-                rows = first_row + h * MID_SPLITS + offs_s  # [S]
-                lse = tl.load(MidLse + rows, mask=smask, other=float("-inf"), cache_modifier=".cg")
-                lse_max = tl.max(lse, 0)
-                lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)
-                w = tl.where(lse > float("-inf"), tl.math.exp2(lse - lse_max), 0.0)
-                denom = tl.sum(w, 0)
-                o = tl.load(
-                    MidO + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=smask[:, None],
-                    other=0.0,
-                    cache_modifier=".cg",
-                )  # [S, D]
-                out = tl.sum(w[:, None] * o, 0) / tl.where(denom > 0, denom, 1.0) * v_scale
+                row0 = first_row + h * MID_SPLITS
+                out = _merge_splits(MidO, MidLse, row0, tl.num_programs(2), HEAD_DIM, MID_SPLITS)
                 out_ptrs = OutGroup + h * stride_oh + offs_d
-                tl.store(out_ptrs, out.to(OutGroup.dtype.element_ty))
+                tl.store(out_ptrs, (out * v_scale).to(OutGroup.dtype.element_ty))
             tl.atomic_xchg(Counter, 0)  # re-armed for the next call (and graph replay)
+
+    @triton.jit
+    def _merge_splits(
+        MidO, MidLse, row0, num_splits, HEAD_DIM: tl.constexpr, MID_SPLITS: tl.constexpr
+    ):
+        """One head's output [HEAD_DIM] fp32 (before v_scale) from its first `num_splits`
+        partials: rows row0..row0+num_splits-1 of MidO [., HEAD_DIM] / MidLse (log2 domain),
+        weighted by exp2(lse - max lse); empty splits (lse -inf) weigh 0 and a head with no
+        live split gives 0. Loads go through L2 (".cg"), as the in-kernel merge needs."""
+        offs_s = tl.arange(0, MID_SPLITS)
+        offs_d = tl.arange(0, HEAD_DIM)
+        smask = offs_s < num_splits
+        rows = row0 + offs_s
+        lse = tl.load(MidLse + rows, mask=smask, other=float("-inf"), cache_modifier=".cg")
+        lse_max = tl.max(lse, 0)
+        lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)
+        w = tl.where(lse > float("-inf"), tl.math.exp2(lse - lse_max), 0.0)
+        denom = tl.sum(w, 0)
+        o = tl.load(
+            MidO + rows[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=smask[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )  # [S, D]
+        return tl.sum(w[:, None] * o, 0) / tl.where(denom > 0, denom, 1.0)
 
     @triton.jit
     def _decode_merge_kernel(
@@ -515,24 +526,18 @@ if HAS_TRITON:
         MidLse,
         Out,
         v_scale,
+        num_splits,
         stride_ob,
         stride_oh,
         HEAD_DIM: tl.constexpr,
-        NUM_SPLITS: tl.constexpr,
+        MID_SPLITS: tl.constexpr,
     ):
         # grid: (num_seqs, num_heads)
         b = tl.program_id(0)
         h = tl.program_id(1)
-        row = b * tl.num_programs(1) + h
-        offs_s = tl.arange(0, NUM_SPLITS)
+        row0 = (b * tl.num_programs(1) + h) * MID_SPLITS
+        out = _merge_splits(MidO, MidLse, row0, num_splits, HEAD_DIM, MID_SPLITS) * v_scale
         offs_d = tl.arange(0, HEAD_DIM)
-        lse = tl.load(MidLse + row * NUM_SPLITS + offs_s)  # [S]
-        live = lse > float("-inf")
-        lse_max = tl.max(lse, 0)
-        w = tl.where(live, tl.math.exp2(lse - lse_max), 0.0)
-        denom = tl.sum(w, 0)
-        o = tl.load(MidO + (row * NUM_SPLITS + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
-        out = tl.sum(w[:, None] * o, 0) / tl.where(denom > 0, denom, 1.0) * v_scale
         tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
 
     @triton.jit
@@ -815,11 +820,7 @@ def paged_decode_attention(
         merge = MERGE_SEPARATE
     f32 = {"device": q.device, "dtype": torch.float32}
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
-    mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)
-    if merge == MERGE_SEPARATE and splits_pow2 != num_splits:
-        # splits past num_splits stay at lse = -inf so the merge can use a power-of-two vector
-        mid_o[:, :, num_splits:].zero_()
-        mid_lse[:, :, num_splits:].fill_(float("-inf"))
+    mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -858,10 +859,11 @@ def paged_decode_attention(
         mid_lse,
         out,
         v_scale,
+        num_splits,
         out.stride(0),
         out.stride(1),
         HEAD_DIM=head_dim,
-        NUM_SPLITS=splits_pow2,
+        MID_SPLITS=splits_pow2,
         num_warps=4,
     )
     return out
