@@ -281,30 +281,26 @@ async def scrape_metrics(session: aiohttp.ClientSession, url: str) -> str | None
         return None
 
 
-async def scrape_engine_counters(session: aiohttp.ClientSession, url: str) -> EngineCounters | None:
-    """The server's engine counters now; None when /metrics fails or has none."""
-    text = await scrape_metrics(session, url)
+def _engine_counters(text: str | None) -> EngineCounters | None:
     return None if text is None else parse_engine_counters(text)
 
 
-async def scrape_upload_phases(session: aiohttp.ClientSession, url: str) -> PhaseTotals | None:
-    """The server's upload phase totals now; None when /metrics fails or has none."""
-    text = await scrape_metrics(session, url)
+def _upload_phases(text: str | None) -> PhaseTotals | None:
     return None if text is None else parse_upload_phases(text)
 
 
-async def settled_engine_counters(
+async def settled_metrics(
     session: aiohttp.ClientSession, url: str, timeout_s: float = STATS_SETTLE_S
-) -> EngineCounters | None:
-    """Scrape every STATS_POLL_S until two scrapes agree (the worker went idle and posted its
-    exact totals) or `timeout_s` (s) passed; returns the last scrape."""
+) -> str | None:
+    """Scrape /metrics every STATS_POLL_S until two scrapes' engine counters agree (the worker
+    went idle and posted its exact totals) or `timeout_s` (s) passed; returns the last text."""
     deadline = time.monotonic() + timeout_s
-    last = await scrape_engine_counters(session, url)
+    last = await scrape_metrics(session, url)
     while time.monotonic() < deadline:
         await asyncio.sleep(STATS_POLL_S)
-        now = await scrape_engine_counters(session, url)
-        if now == last:
-            break
+        now = await scrape_metrics(session, url)
+        if _engine_counters(now) == _engine_counters(last):
+            return now
         last = now
     return last
 
@@ -443,16 +439,17 @@ async def sweep_points(
             continue
         bodies = [wl.wav_bytes(wl.vary(samples, i)) for i in range(n)]
         async with aiohttp.ClientSession() as scraper:
-            before = await scrape_engine_counters(scraper, url)
-            phases_before = await scrape_upload_phases(scraper, url)
+            before = await scrape_metrics(scraper, url)
             result = await run_point(url, workload, c, bodies)
-            after = None if before is None else await settled_engine_counters(scraper, url)
-            phases_after = await scrape_upload_phases(scraper, url)
+            after = None if before is None else await settled_metrics(scraper, url)
         del bodies
         if result.num_errors < result.num_requests:
             budget.observe(workload.name, result.audio_s_per_s)
-        record = {**asdict(result), **engine_fields(before, after)}
-        write_line(out, {**record, **phase_fields(phases_before, phases_after)})
+        record = {
+            **asdict(result),
+            **engine_fields(_engine_counters(before), _engine_counters(after)),
+        }
+        write_line(out, {**record, **phase_fields(_upload_phases(before), _upload_phases(after))})
 
 
 async def amain(args: argparse.Namespace) -> None:

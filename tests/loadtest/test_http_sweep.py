@@ -19,7 +19,7 @@ from loadtest.http_sweep import (
     engine_fields,
     parse_engine_counters,
     requests_for,
-    settled_engine_counters,
+    settled_metrics,
 )
 from tests.loadtest.conftest import run_module
 
@@ -167,10 +167,12 @@ async def test_settled_counters_wait_until_two_scrapes_agree(
     monkeypatch.setattr(http_sweep, "STATS_POLL_S", 0.01)
     async with aiohttp.ClientSession() as session:
         url = str(server.make_url("")).rstrip("/")
-        settled = await settled_engine_counters(session, url, timeout_s=5.0)
+        text = await settled_metrics(session, url, timeout_s=5.0)
+        settled = None if text is None else parse_engine_counters(text)
         assert settled is not None and settled.steps["decode_graph"] == 9
         assert len(served) == 4  # stopped at the first repeat
-        capped = await settled_engine_counters(session, url, timeout_s=0.0)
+        text = await settled_metrics(session, url, timeout_s=0.0)
+        capped = None if text is None else parse_engine_counters(text)
         assert capped is not None and capped.steps["decode_graph"] == 12  # one scrape, no wait
 
 
