@@ -41,6 +41,8 @@ FP8_SCALE = 0.05  # per-tensor scale of the FP8 caches (values ~N(0, 1) / scale 
 
 @dataclass(frozen=True)
 class SweepRow:
+    """One timed (cache dtype, batch, context, splits, launch configuration)."""
+
     kv_dtype: str
     batch: int
     context: int
@@ -99,6 +101,9 @@ def make_caches(batch: int, context: int, fp8: bool):
 def sweep_point(
     batch: int, context: int, fp8: bool, read_bw: float, deadline: float, full: bool
 ) -> list[SweepRow]:
+    """Time `candidates(full, fp8)` and two split counts around the default at one point
+    (batch sequences of `context` tokens) until `deadline` (time.monotonic() seconds);
+    `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
     caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     scale = HEAD_DIM**-0.5

@@ -71,6 +71,18 @@ def test_skinny_linear_rejects_bad_inputs() -> None:
         linear.skinny_linear(torch.randn(2, 8), torch.randn(4, 8, dtype=torch.float64), config)
 
 
+def test_skinny_norm_linear_rejects_bad_inputs() -> None:
+    config, x, w, nw = linear.GemmConfig(8, 32), torch.randn(1, 8), torch.randn(4, 8), torch.ones(8)
+    with pytest.raises(InternalError, match=r"\[M, K\]"):
+        linear.skinny_norm_linear(x, None, nw, 1e-6, torch.randn(4, 9), config)
+    with pytest.raises(InternalError, match="dtype"):  # the fused kernel would round silently
+        linear.skinny_norm_linear(x, None, nw.double(), 1e-6, w, config)
+    with pytest.raises(InternalError, match="norm weight"):
+        linear.skinny_norm_linear(x, None, torch.ones(9), 1e-6, w, config)
+    with pytest.raises(InternalError, match="residual"):
+        linear.skinny_norm_linear(x, torch.randn(2, 8), nw, 1e-6, w, config)
+
+
 def test_row_classes() -> None:
     assert linear.row_class(1) == 1
     assert linear.row_class(2) == linear.row_class(16) == linear.SKINNY_MAX_M
