@@ -55,18 +55,18 @@ class SweepRow:
 
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
-    """The defaults, each with the separate merge kernel, (fp8) the FP8 default with e4m3
-    scores, then (full) the tile/warp/stage grid."""
+    """The defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8 default with
+    e4m3 scores, then (full) the tile/warp/stage grid."""
     grid = [
         pa.DecodeKernelConfig(n, w, stages)
         for n, w, stages in itertools.product((64, 128), (4, 8), (1, 2, 3))
     ]
-    # the two defaults first, then each with the separate merge kernel; dict.fromkeys drops
-    # repeats from the grid
+    # the two defaults first, then each with the other merge; dict.fromkeys drops repeats from
+    # the grid
     defaults = [pa.default_decode_config(False), pa.default_decode_config(True)]
-    separate = [dataclasses.replace(c, merge_in_kernel=False) for c in defaults]
+    other_merge = [dataclasses.replace(c, merge_in_kernel=not c.merge_in_kernel) for c in defaults]
     fp8_forms = [dataclasses.replace(defaults[1], fp8_qk=True)]
-    chosen = [*defaults, *separate, *(fp8_forms if fp8 else []), *(grid if full else [])]
+    chosen = [*defaults, *other_merge, *(fp8_forms if fp8 else []), *(grid if full else [])]
     return list(dict.fromkeys(chosen))
 
 

@@ -51,6 +51,9 @@ TUNED_DTYPES = (torch.bfloat16, torch.float16)  # the serving dtypes; fp32 is th
 SKINNY_MAX_M = 16  # rows; above this a decode batch is a real GEMM and cuBLAS wins
 DOT_BLOCK_M = 16  # tl.dot needs >= 16 rows; 2..16 rows are padded to it
 TUNE_L2_DEFEAT_BYTES = 256 << 20  # weight copies cycled per timing (H200 L2: 50 MB)
+# at most this many copies: a tiny test weight would otherwise take ~10k launches per timing
+# (one GPU test ran past its 4-minute budget tuning a 64-wide model); real sizes need <= 64
+TUNE_MAX_COPIES = 64
 TUNE_REP_MS = 10  # ms of replays per candidate (triton.testing.do_bench_cudagraph)
 
 
@@ -515,10 +518,16 @@ class LinearPlan:
         return self.results
 
 
+def tune_copies(weight_bytes: int) -> int:
+    """Weight copies cycled per timing: enough to cover TUNE_L2_DEFEAT_BYTES (so each call reads
+    HBM, as in a real step), between 2 and TUNE_MAX_COPIES."""
+    return min(TUNE_MAX_COPIES, max(2, -(-TUNE_L2_DEFEAT_BYTES // weight_bytes)))
+
+
 def _tune_one(plan: LinearPlan, weight: torch.Tensor, rows: int, prologue: Prologue) -> TuneResult:
     """Time the baseline and each candidate for one (weight, row class, prologue)."""
     n, k = weight.shape
-    copies = max(2, -(-TUNE_L2_DEFEAT_BYTES // (weight.numel() * weight.element_size())))
+    copies = tune_copies(weight.numel() * weight.element_size())
     ws = [torch.randn_like(weight) * 0.02 for _ in range(copies)]
     like = {"dtype": weight.dtype, "device": weight.device}
     x = torch.randn(rows, 2 * k if prologue == "silu_mul" else k, **like)

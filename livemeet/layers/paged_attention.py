@@ -67,8 +67,8 @@ class DecodeKernelConfig:
 
     block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
     parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
-    merge_in_kernel: the last split to finish merges the partials (no merge kernel; one split
-    writes the output directly) instead of a second kernel. fp8_qk (FP8 caches with a 16-bit
+    merge_in_kernel: the last split to finish merges the partials instead of a second kernel
+    (a single split always writes the output directly). fp8_qk (FP8 caches with a 16-bit
     query only; ignored otherwise; head_dim >= 32): the scores on e4m3 tensor cores with the
     query scaled per row into e4m3, so no K tile is converted. Approximate (the query loses
     mantissa bits), off by default, for the sweep to measure against the conversion-bound FP8
@@ -76,8 +76,10 @@ class DecodeKernelConfig:
     Triton converts both e4m3 operands to fp16 on Hopper anyway.)
     `loadtest/sweep_decode_kernel.py` times the choices on a GPU: the tile, warp and stage
     defaults measured best or within 3 % (bf16) / 10 % (FP8) of the best on an H200
-    (docs/benchmarks.md, session 3); the in-kernel merge passed its GPU race test there but has
-    not been swept against the merge kernel yet (`--defaults-only` does that). Two forms
+    (docs/benchmarks.md, session 3). Session 4's sweep put the merge kernel ahead of the
+    in-kernel merge for bf16 (44.4 vs 46.8 us per layer at 1x36k, 6.9 vs 8.0 at 1x1k) and
+    behind it for FP8 (40.8 vs 43.6-55.4 us at 1x36k, 425 vs 494 at 16x36k): each dtype's
+    default takes its winner. Two forms
     measured and dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores
     (3-10x slower), and K loaded as [D, block_n] instead of transposed in registers (no faster).
     """
@@ -95,7 +97,7 @@ class DecodeKernelConfig:
             raise ConfigError("num_warps must be a power of two <= 16 and num_stages >= 1")
 
 
-DECODE_CONFIG_BF16 = DecodeKernelConfig()
+DECODE_CONFIG_BF16 = DecodeKernelConfig(merge_in_kernel=False)
 DECODE_CONFIG_FP8 = DecodeKernelConfig(block_n=DECODE_BLOCK_N_FP8)
 
 
@@ -811,7 +813,7 @@ def paged_decode_attention(
         raise ConfigError(f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}")
     splits_pow2 = next_pow2(num_splits)
     counters = None
-    if num_splits == 1 and cfg.merge_in_kernel:
+    if num_splits == 1:  # nothing to merge, whichever way merging is configured
         merge = MERGE_NONE_NEEDED
     elif cfg.merge_in_kernel:
         counters = _merge_counters(q.device, batch * num_kv_heads)

@@ -574,7 +574,8 @@ def test_merge_in_kernel_has_no_race_cuda() -> None:
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
     qs = torch.randn(50, len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
     separate = pa.DecodeKernelConfig(merge_in_kernel=False)
-    call = lambda q, kernel=None: pa.paged_decode_attention(  # noqa: E731
+    in_kernel = pa.DecodeKernelConfig(merge_in_kernel=True)
+    call = lambda q, kernel=in_kernel: pa.paged_decode_attention(  # noqa: E731
         q, k_cache, v_cache, tables, seq, 0.088, num_splits=48, kernel=kernel
     )  # 48: not a power of two
     call(qs[0])
@@ -600,7 +601,9 @@ def test_capture_without_merge_counters_falls_back_cuda(monkeypatch: pytest.Monk
     tables = make_block_tables([3000, 700], 16, 300).cuda()
     seq = torch.tensor([3000, 700], dtype=torch.int32, device="cuda")
     q = torch.randn(2, 16, 128, device="cuda", dtype=torch.bfloat16)
-    call = lambda: pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8)  # noqa: E731
+    in_kernel = pa.DecodeKernelConfig(merge_in_kernel=True)
+    call = lambda: pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8,  # noqa: E731
+                                             kernel=in_kernel)  # fmt: skip
     # compile the two-kernel path eagerly (the separate-merge config makes no counters)
     pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8,
                               kernel=pa.DecodeKernelConfig(merge_in_kernel=False))  # fmt: skip

@@ -254,3 +254,14 @@ def test_skinny_norm_linear_matches_norm_then_linear(
     ref, ref_residual = linear.skinny_norm_linear(x, residual, nw, 1e-6, w, config, impl="torch")
     torch.testing.assert_close(ref, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(ref_residual, want_residual)
+
+
+def test_tune_copies_cover_l2_and_stay_bounded() -> None:
+    """Real-size weights cycle enough copies to defeat L2; tiny test weights are capped (a
+    64-wide model once needed ~10k launches per timing and stalled the GPU tests)."""
+    o_proj = 1024 * 2048 * 2  # bytes, bf16
+    gate_up = 6144 * 1024 * 2
+    assert linear.tune_copies(gate_up) * gate_up >= linear.TUNE_L2_DEFEAT_BYTES
+    assert linear.tune_copies(o_proj) * o_proj >= linear.TUNE_L2_DEFEAT_BYTES
+    assert linear.tune_copies(64 * 64 * 2) == linear.TUNE_MAX_COPIES
+    assert linear.tune_copies(1 << 40) == 2
