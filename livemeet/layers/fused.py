@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import pdl
 from livemeet.layers.norm import rms_norm
 from livemeet.layers.paged_attention import Impl, next_pow2, select_triton
 from livemeet.layers.rotary import apply_rotary, rope_cos_sin
@@ -124,7 +125,9 @@ if HAS_TRITON:
         DIM: tl.constexpr,
         BLOCK: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl.dependency_sync(PDL)
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < DIM
@@ -196,7 +199,9 @@ if HAS_TRITON:
         KV_HEADS: tl.constexpr,
         HALF: tl.constexpr,
         PRECISE_TRIG: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl.dependency_sync(PDL)
         n = tl.program_id(0)
         h = tl.program_id(1)  # q heads first, then kv heads
         pos = tl.load(Positions + n)
@@ -232,7 +237,9 @@ if HAS_TRITON:
         stride_out,
         INTER: tl.constexpr,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl.dependency_sync(PDL)
         n = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < INTER
@@ -301,6 +308,7 @@ def fused_add_rms_norm(
         BLOCK=next_pow2(dim),
         HAS_RESIDUAL=residual is not None,
         num_warps=NORM_NUM_WARPS,
+        **pdl.launch_options(x, _add_rms_norm_kernel),
     )
     return out, new_residual
 
@@ -365,6 +373,7 @@ def qk_norm_rope(
         HALF=head_dim // 2,
         PRECISE_TRIG=not _interpreted(_qk_norm_rope_kernel),
         num_warps=1,
+        **pdl.launch_options(q, _qk_norm_rope_kernel),
     )
     return q_out, k_out
 
@@ -386,6 +395,7 @@ def silu_and_mul(gate_up: torch.Tensor, *, impl: Impl = "auto") -> torch.Tensor:
         return out
     block = min(SILU_BLOCK, next_pow2(inter))
     _silu_and_mul_kernel[(n, triton.cdiv(inter, block))](
-        gate_up, out, gate_up.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4
-    )
+        gate_up, out, gate_up.stride(0), out.stride(0), INTER=inter, BLOCK=block, num_warps=4,
+        **pdl.launch_options(gate_up, _silu_and_mul_kernel),
+    )  # fmt: skip
     return out

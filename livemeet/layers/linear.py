@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from livemeet.errors import InternalError
 from livemeet.layers import fused as fk
+from livemeet.layers import pdl
 from livemeet.layers.paged_attention import Impl, select_triton
 
 try:
@@ -135,6 +136,13 @@ if HAS_TRITON:
             x = fk.scale_by_rstd(x, rstd, w).to(x.dtype)
         return x.to(tl.float32)
 
+    @triton.jit
+    def _w_chunk(w_rows, kk, K, nmask, EVEN_K: tl.constexpr):
+        """The [BLOCK_N, BLOCK_K] weight tile at columns kk (zeros past K and past N)."""
+        if EVEN_K:
+            return tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
+        return tl.load(w_rows + kk[None, :], mask=nmask[:, None] & (kk < K)[None, :], other=0.0)
+
     @triton.jit(do_not_specialize=["M"])
     def _skinny_rows_kernel(
         X,
@@ -158,6 +166,7 @@ if HAS_TRITON:
         PROLOGUE: tl.constexpr,
         K_POW2: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid: (cdiv(N, BLOCK_N), M); one row of x per program along axis 1. PROLOGUE (see
         # _row_chunk): NONE, SILU_MUL, or ADD_RMS_NORM, where every program first reads its
@@ -169,6 +178,10 @@ if HAS_TRITON:
         offs_k = tl.arange(0, BLOCK_K)
         nmask = offs_n < N
         w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
+        # the first weight tile is read before the wait: no kernel writes weights (livemeet.
+        # layers.pdl), so under PDL it streams in while the previous kernel finishes
+        w_first = _w_chunk(w_rows, offs_k, K, nmask, EVEN_K)
+        pdl.dependency_sync(PDL)
         x_row = X + m * stride_xm
         r_row = R + m * stride_rm
         rstd = 1.0
@@ -178,15 +191,11 @@ if HAS_TRITON:
                 x_row, r_row, ROut + m * stride_rom, cols, cols < K, K, eps, HAS_RESIDUAL,
                 pid_n == 0,
             )  # fmt: skip
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        x = _row_chunk(x_row, offs_k, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
+        acc = w_first.to(tl.float32) * x[None, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + offs_k
-            if EVEN_K:
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
-            else:
-                w = tl.load(
-                    w_rows + kk[None, :], mask=nmask[:, None] & (kk < K)[None, :], other=0.0
-                )
+            w = _w_chunk(w_rows, kk, K, nmask, EVEN_K)
             x = _row_chunk(x_row, kk, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
             acc += w.to(tl.float32) * x[None, :]
         y = tl.sum(acc, 1)
@@ -207,8 +216,10 @@ if HAS_TRITON:
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         EVEN_K: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid: (cdiv(N, BLOCK_N),); all M <= BLOCK_M rows in one program
+        pdl.dependency_sync(PDL)
         pid_n = tl.program_id(0)
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -272,6 +283,7 @@ def skinny_linear(
         EVEN_K=k % config.block_k == 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **pdl.launch_options(x, _skinny_dot_kernel),
     )
     return out
 
@@ -317,6 +329,7 @@ def _rows_launch(
         HAS_RESIDUAL=residual is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **pdl.launch_options(x, _skinny_rows_kernel),
     )
     return out
 

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import pdl
 
 try:
     import triton
@@ -116,8 +117,9 @@ def _merge_counters(device: torch.device, needed: int) -> torch.Tensor | None:
     once per device, outside any graph capture (the first call is the warm-up's), so every
     captured graph shares it. Hazard: sharing is safe only while decode kernels run one after
     another on one stream (as the engine's steps and graph replays do); two decode launches
-    overlapping (a second stream, or programmatic dependent launch) would corrupt each other's
-    counts."""
+    overlapping (a second stream) would corrupt each other's counts. Programmatic dependent
+    launch keeps them apart: the kernel touches the counters only after its
+    `pdl.dependency_sync`."""
     if needed > MERGE_COUNTERS:
         return None
     buf = _counters.get(device)
@@ -301,7 +303,9 @@ if HAS_TRITON:
         ROW_POW2: tl.constexpr,
         PAGE: tl.constexpr,
         FP8: tl.constexpr,
+        PDL: tl.constexpr,
     ):
+        pdl.dependency_sync(PDL)
         n = tl.program_id(0)
         slot = tl.load(Slots + n)
         if slot >= 0:
@@ -388,6 +392,7 @@ if HAS_TRITON:
         FP16_DOT: tl.constexpr,
         MERGE: tl.constexpr,
         FP8_QK: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
         # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
@@ -405,6 +410,7 @@ if HAS_TRITON:
         # (with M = 16 Triton falls back to MMAv2 and converts both operands to fp16), and both
         # operands are K-major (head_dim contiguous). The transposed scores then feed the
         # usual softmax; PV stays in fp16.
+        pdl.dependency_sync(PDL)  # before the counters too: one decode kernel at a time
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -533,8 +539,10 @@ if HAS_TRITON:
         stride_oh,
         HEAD_DIM: tl.constexpr,
         MID_SPLITS: tl.constexpr,
+        PDL: tl.constexpr,
     ):
         # grid: (num_seqs, num_heads)
+        pdl.dependency_sync(PDL)
         b = tl.program_id(0)
         h = tl.program_id(1)
         row0 = (b * tl.num_programs(1) + h) * MID_SPLITS
@@ -751,6 +759,7 @@ def store_kv(
         PAGE=block_size,
         FP8=k_cache.dtype == torch.float8_e4m3fn,
         num_warps=4,
+        **pdl.launch_options(k, _store_kv_kernel),
     )
 
 
@@ -853,6 +862,7 @@ def paged_decode_attention(
         FP8_QK=fp16_dot and cfg.fp8_qk,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl.launch_options(q, _decode_split_kernel),
     )
     if merge != MERGE_SEPARATE:
         return out
@@ -867,6 +877,7 @@ def paged_decode_attention(
         HEAD_DIM=head_dim,
         MID_SPLITS=splits_pow2,
         num_warps=4,
+        **pdl.launch_options(q, _decode_merge_kernel),
     )
     return out
 
