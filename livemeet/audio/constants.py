@@ -76,6 +76,9 @@ ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
 ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
 ENGINE_POLL_S = 0.05  # s an idle worker / the reader thread blocks on its queue per poll
 ENGINE_STATS_INTERVAL_S = 0.5  # s; most time between two EngineStats posts of a stepping worker
+# s; an engine step this long is logged with its parts and shape: a normal step is ~1.5 ms
+# (decode) to ~0.2 s (a late 4,096-token chunk of a long prompt) on an H200
+ENGINE_SLOW_STEP_S = 0.5
 SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) before it fails
 
 # Repetition guard (livemeet/transcript/repetition.py); chosen by us. Greedy decoding loops on

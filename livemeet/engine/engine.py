@@ -18,11 +18,15 @@ aborted between steps gets nothing more.
 
 Counters (`stats()`, posted to the gateway by the worker): steps by kind (decode-only or with a
 prefill; CUDA graph or eager) and tokens by phase, counted at launch from the scheduled batch
-and the graph runners' replay counters (host ints only, no device sync).
+and the graph runners' replay counters (host ints only, no device sync); and the host seconds
+of each step by part (schedule, encode, launch, wait, other; read from `timer`, five reads per
+step), so a step that stalls on the host (a kernel compiled for a new shape, a library plan,
+an allocation) shows where, with its shape in a warning once it takes ENGINE_SLOW_STEP_S.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -32,11 +36,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE, num_audio_tokens
+from livemeet.audio.constants import (
+    ENGINE_SLOW_STEP_S,
+    KV_BLOCK_SIZE,
+    SAMPLE_RATE,
+    num_audio_tokens,
+)
 from livemeet.audio.features import check_samples
 from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.encoder_runner import EncoderRunner
-from livemeet.engine.messages import EngineStats
+from livemeet.engine.messages import STEP_PARTS, EngineStats
 from livemeet.engine.model_runner import (
     PENDING_TOKEN_ID,
     DeviceTokens,
@@ -53,6 +62,8 @@ from livemeet.models.loader import load_model
 from livemeet.models.prompt import EOS, PromptConfig, PromptIds, build_prompt
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcript.segments import FinishReason
+
+log = logging.getLogger(__name__)
 
 MIN_OUTPUT_BUDGET = 512  # tokens; floor of the duration-scaled budget (SGLang-Omni default)
 OUTPUT_TOKENS_PER_AUDIO_S = 10  # tokens per audio second; dense meetings use ~4.5-6 (MODEL 5.5)
@@ -91,6 +102,25 @@ class EngineConfig:
     prefill_graphs: bool = True
 
 
+class _StepTimer:
+    """Host seconds of one step's parts (messages.STEP_PARTS): each `done(part)` charges the
+    time since the previous one (or the start) to `part`."""
+
+    def __init__(self, timer: Callable[[], float]) -> None:
+        self.timer = timer
+        self.start_s = self.last_s = timer()
+        self.seconds = dict.fromkeys(STEP_PARTS, 0.0)
+
+    def done(self, part: str) -> None:
+        now_s = self.timer()
+        self.seconds[part] += now_s - self.last_s
+        self.last_s = now_s
+
+    @property
+    def total_s(self) -> float:
+        return self.last_s - self.start_s
+
+
 @dataclass(frozen=True)
 class _InFlight:
     """A launched step whose sampled ids are not on the host yet (async decode)."""
@@ -102,7 +132,9 @@ class _InFlight:
 
 
 class Engine:
-    """See module docstring. `clock` returns seconds (monotonic) for the scheduler.
+    """See module docstring. `clock` returns seconds (monotonic) for the scheduler; `timer`
+    seconds for the step-time counters (separate, so measuring never moves the scheduler's
+    time in tests that step a fake clock).
 
     `transfer`: the host buffers of async decode; given, it turns async decode on for any
     device (tests drive the async path on the CPU with it); None builds pinned buffers on CUDA.
@@ -114,6 +146,7 @@ class Engine:
         *,
         model: tuple[MossTDModel, MossTDConfig] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] = time.perf_counter,
         transfer: TokenTransfer | None = None,
     ) -> None:
         self.config = config
@@ -148,6 +181,7 @@ class Engine:
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.scheduler)
         self.clock = clock
+        self.timer = timer
         self._audio: dict[str, torch.Tensor] = {}  # [num audio tokens, hidden] per request
         self._pending_audio: dict[str, np.ndarray] = {}  # samples not yet encoded
         self._window_keys: dict[str, Sequence[bytes]] = {}  # caller-given encoder-cache keys
@@ -157,8 +191,8 @@ class Engine:
             transfer = TokenTransfer(self.runner.device, config.scheduler.max_num_seqs)
         self.transfer = transfer if config.async_decode else None
         self._in_flight: _InFlight | None = None
-        # Cumulative step counters by EngineStats field (see `stats()`), counted at launch.
-        self._counts = dict.fromkeys((f.name for f in fields(EngineStats)), 0)
+        # Cumulative step counters (counted at launch) and host seconds by EngineStats field.
+        self._counts: dict[str, float] = dict.fromkeys((f.name for f in fields(EngineStats)), 0)
 
     def build_prompt(
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
@@ -243,25 +277,19 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
-        return EngineStats(**self._counts)
+        return EngineStats(**self._counts)  # type: ignore[arg-type]
 
     def step(self) -> StepOutput:
         """Run one step. Returns new tokens and finished requests: of this step (synchronous),
         or of the step launched by the previous call (async decode)."""
+        timer = _StepTimer(self.timer)
+        windows_before = self.encoder.num_encoded_windows
         if self.transfer is not None:
-            return self._step_async(self.transfer)
-        batch = self.scheduler.schedule(self.clock())
-        if batch.is_empty:
-            return StepOutput((), ())
-        self._encode_scheduled(batch)
-        replays = self._graph_replays()
-        sampled = self.runner.run(
-            batch, self._audio, self._sampling_of, forced=self._forced_ids(batch)
-        )
-        self._count_step(batch, replays)
-        out = self.scheduler.postprocess(batch, sampled)
-        for request in out.finished:
-            self._forget(request.request_id)
+            batch, out = self._step_async(self.transfer, timer)
+        else:
+            batch, out = self._step_sync(timer)
+        timer.done("other")
+        self._count_time(timer, batch, self.encoder.num_encoded_windows - windows_before)
         return out
 
     def run_to_completion(self) -> dict[str, Request]:
@@ -272,12 +300,36 @@ class Engine:
                 done[request.request_id] = request
         return done
 
-    def _step_async(self, transfer: TokenTransfer) -> StepOutput:
+    def _step_sync(self, timer: _StepTimer) -> tuple[ScheduledBatch, StepOutput]:
+        batch = self.scheduler.schedule(self.clock())
+        timer.done("schedule")
+        if batch.is_empty:
+            return batch, StepOutput((), ())
+        self._encode_scheduled(batch)
+        timer.done("encode")
+        replays = self._graph_replays()
+        tokens = self.runner.launch(
+            batch, self._audio, self._sampling_of, forced=self._forced_ids(batch)
+        )
+        self._count_step(batch, replays)
+        timer.done("launch")
+        sampled = [] if tokens is None else tokens.token_ids.tolist()
+        timer.done("wait")
+        out = self.scheduler.postprocess(batch, sampled)
+        for request in out.finished:
+            self._forget(request.request_id)
+        return batch, out
+
+    def _step_async(
+        self, transfer: TokenTransfer, timer: _StepTimer
+    ) -> tuple[ScheduledBatch, StepOutput]:
         previous, self._in_flight = self._in_flight, None
         batch = self.scheduler.schedule(self.clock())
+        timer.done("schedule")
         tokens = None
         if not batch.is_empty:
             self._encode_scheduled(batch)
+            timer.done("encode")
             replays = self._graph_replays()
             tokens = self.runner.launch(
                 batch,
@@ -287,8 +339,13 @@ class Engine:
                 previous=previous.tokens if previous else None,
             )
             self._count_step(batch, replays)
+            timer.done("launch")
         # The GPU now has this step queued behind the previous one: read the previous one.
-        out = self._resolve(previous, transfer) if previous else StepOutput((), ())
+        out = StepOutput((), ())
+        if previous is not None:
+            values = transfer.wait(previous.ticket)
+            timer.done("wait")
+            out = self._resolve(previous, values)
         if tokens is not None:
             ticket = transfer.start(tokens.token_ids)
             pending = [PENDING_TOKEN_ID] * len(batch.sampled_requests)
@@ -296,11 +353,11 @@ class Engine:
             self._in_flight = _InFlight(batch, tokens, ticket, accounted)
         elif not batch.is_empty:  # only non-final prefill chunks: nothing to wait for
             self.scheduler.postprocess(batch, [])
-        return out
+        return batch, out
 
-    def _resolve(self, step: _InFlight, transfer: TokenTransfer) -> StepOutput:
-        """Put a launched step's real ids in place of its placeholders; finish on EOS."""
-        values = transfer.wait(step.ticket)
+    def _resolve(self, step: _InFlight, values: Sequence[int]) -> StepOutput:
+        """Put a launched step's real ids (`values`, read from its ticket) in place of its
+        placeholders; finish on EOS."""
         accounted = {rid for rid, _ in step.accounted.new_tokens}
         finished_early = {r.request_id for r in step.accounted.finished}
         eos = self.scheduler.config.eos_token_id
@@ -367,6 +424,26 @@ class Engine:
             counts["num_decode_eager_steps"] += 1
             if self.runner.graphs is not None:
                 counts["num_decode_graph_fallbacks"] += 1
+
+    def _count_time(self, timer: _StepTimer, batch: ScheduledBatch, num_windows: int) -> None:
+        """Add a step's host seconds by part; count and log it when it is slow (module doc)."""
+        counts = self._counts
+        for part, seconds in timer.seconds.items():
+            counts[f"{part}_s"] += seconds
+        if timer.total_s < ENGINE_SLOW_STEP_S:
+            return
+        counts["num_slow_steps"] += 1
+        parts = ", ".join(f"{p} {1e3 * s:.1f} ms" for p, s in timer.seconds.items())
+        log.warning(
+            "slow engine step: %.2f s (%s); %d prefill chunks of %d tokens, %d audio windows "
+            "encoded, %d decode rows",
+            timer.total_s,
+            parts,
+            len(batch.prefills),
+            sum(c.num_tokens for c in batch.prefills),
+            num_windows,
+            len(batch.decodes),
+        )
 
     def _sampling_of(self, request: Request) -> SamplingParams:
         return self._sampling.get(request.request_id, SamplingParams())

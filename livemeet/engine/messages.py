@@ -68,9 +68,13 @@ class SessionEvent:
     event: Event
 
 
+STEP_PARTS = ("schedule", "encode", "launch", "wait", "other")  # EngineStats.host_s parts
+
+
 @dataclass(frozen=True)
 class EngineStats:
-    """Cumulative step counters of the engine since its worker started (a restart resets them).
+    """Cumulative step counters and host seconds of the engine since its worker started (a
+    restart resets them).
 
     A step is one forward over a non-empty scheduled batch. It is a prefill step when it holds
     at least one prefill chunk (decode rows may ride along: a mixed step), else a decode step.
@@ -78,6 +82,14 @@ class EngineStats:
     could not is eager and a fallback when decode graphs exist, even if it then ran on the
     piecewise graphs. A prefill step is a graph step when it replayed the piecewise graphs
     (`PiecewiseRunner`), or the decode graphs (every row of the step had one query token).
+    Host seconds inside `Engine.step`, by part (STEP_PARTS): `schedule` (Scheduler.schedule),
+    `encode` (the audio of requests prefilled for the first time), `launch` (building and
+    enqueueing the forward and sampling; the JIT, allocator and library set-up a new shape may
+    need happen here), `wait` (for sampled ids on the host: the device time the host could not
+    overlap; with async decode, the previous step's), `other` (postprocess, bookkeeping).
+    They sum to the time spent stepping, so time outside them is the worker's own (commands,
+    events) or idle. A step of at least ENGINE_SLOW_STEP_S counts in `num_slow_steps` and is
+    logged with its parts and shape.
     The worker posts these at most every ENGINE_STATS_INTERVAL_S while it steps, and once when
     it goes idle.
     """
@@ -89,6 +101,12 @@ class EngineStats:
     num_decode_graph_fallbacks: int = 0  # steps; decode eager steps although decode graphs exist
     num_prefill_tokens: int = 0  # tokens; computed by prefill chunks (cache hits excluded)
     num_decode_tokens: int = 0  # tokens; decode rows computed (one new token each)
+    num_slow_steps: int = 0  # steps; steps that took at least ENGINE_SLOW_STEP_S
+    schedule_s: float = 0.0  # s; host time by part (see above)
+    encode_s: float = 0.0
+    launch_s: float = 0.0
+    wait_s: float = 0.0
+    other_s: float = 0.0
 
     @property
     def num_decode_steps(self) -> int:
@@ -101,6 +119,11 @@ class EngineStats:
     @property
     def num_steps(self) -> int:
         return self.num_decode_steps + self.num_prefill_steps
+
+    @property
+    def host_s(self) -> dict[str, float]:
+        """Host seconds by part, in STEP_PARTS order."""
+        return {part: getattr(self, f"{part}_s") for part in STEP_PARTS}
 
 
 WorkerMessage = WorkerReady | WorkerFailed | SessionEvent | EngineStats

@@ -1,21 +1,27 @@
 """`Engine.stats()` on the tiny CPU model: steps by kind and tokens by phase match the batches the
 scheduler handed out, in the synchronous and the async engine; with stub graph runners (CPU has
-no CUDA graphs) a step is classified by which runner's replay counter moved during its launch.
+no CUDA graphs) a step is classified by which runner's replay counter moved during its launch;
+with a manual timer, each part of a step is charged its own host seconds and a slow step is
+counted and logged with its shape.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from livemeet.audio.constants import ENGINE_SLOW_STEP_S
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.model_runner import TokenTransfer
 from livemeet.engine.scheduler import ScheduledBatch, SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
-from tests.engine.fakes import SteppingClock
+from tests.engine.fakes import FakeClock, SteppingClock
 
 DURATIONS_S = (1.0, 3.0, 5.0)
 MAX_NEW = 6
@@ -27,10 +33,14 @@ def stats_clips(long_speech: np.ndarray) -> list[np.ndarray]:
     return [long_speech[: int(d * 16_000)] for d in DURATIONS_S]
 
 
-def _engine(model: MossTDModel, *, asynchronous: bool) -> Engine:
+def _engine(
+    model: MossTDModel, *, asynchronous: bool, timer: Callable[[], float] = time.perf_counter
+) -> Engine:
     transfer = TokenTransfer(torch.device("cpu"), SCHED.max_num_seqs) if asynchronous else None
     config = EngineConfig(scheduler=SCHED)
-    return Engine(config, model=(model, model.cfg), clock=SteppingClock(), transfer=transfer)
+    return Engine(
+        config, model=(model, model.cfg), clock=SteppingClock(), timer=timer, transfer=transfer
+    )
 
 
 def _record_batches(engine: Engine) -> list[ScheduledBatch]:
@@ -128,3 +138,46 @@ def test_graph_replays_and_fallbacks_classify_steps(
     assert stats.num_decode_eager_steps == launched.count((False, False)) > 0
     # decode graphs exist, so every eager decode step is a fallback
     assert stats.num_decode_graph_fallbacks == stats.num_decode_eager_steps
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_host_seconds_by_part_and_slow_steps(
+    our_model: MossTDModel,
+    stats_clips: list[np.ndarray],
+    asynchronous: bool,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stall inside one part of a step (here: encoding, as a first-time library set-up
+    would) lands in that part's seconds, and the step is counted slow and logged."""
+    timer = FakeClock()
+    engine = _engine(our_model, asynchronous=asynchronous, timer=lambda: timer.now_s)
+    stall_s, launch_s, wait_s = ENGINE_SLOW_STEP_S + 0.25, 0.002, 0.003
+    calls = {"encode": 0, "launch": 0, "wait": 0}
+
+    def timed(name: str, seconds: float, inner: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            timer.advance(seconds)
+            return inner(*args, **kwargs)
+
+        return call
+
+    engine.encoder.encode = timed("encode", stall_s, engine.encoder.encode)  # type: ignore[method-assign]
+    engine.runner.launch = timed("launch", launch_s, engine.runner.launch)  # type: ignore[method-assign]
+    if engine.transfer is not None:
+        engine.transfer.wait = timed("wait", wait_s, engine.transfer.wait)  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="livemeet.engine.engine"):
+        _run(engine, stats_clips)
+    stats = engine.stats()
+    assert calls["encode"] > 0 and calls["launch"] == stats.num_steps
+    assert stats.encode_s == pytest.approx(calls["encode"] * stall_s)
+    assert stats.launch_s == pytest.approx(calls["launch"] * launch_s)
+    assert stats.wait_s == pytest.approx(calls["wait"] * wait_s)  # sync: tolist, no time
+    assert stats.schedule_s == stats.other_s == 0.0  # the timer moved nowhere else
+    assert sum(stats.host_s.values()) == pytest.approx(timer.now_s)
+    # each step that encoded took stall_s + launch_s (+ wait_s): slow; no other step was
+    assert stats.num_slow_steps == calls["encode"]
+    slow = [r.getMessage() for r in caplog.records if "slow engine step" in r.getMessage()]
+    assert len(slow) == calls["encode"]
+    assert f"encode {1e3 * stall_s:.1f} ms" in slow[0]
+    assert "audio windows encoded" in slow[0] and "prefill chunks of" in slow[0]
