@@ -38,8 +38,11 @@ def _no_stats() -> EngineStats | None:
 class EngineStatsCollector:
     """`livemeet_engine_steps_total{kind}` (kind: decode_graph, decode_eager, prefill_graph,
     prefill_eager; a prefill step may carry decode rows), `livemeet_engine_tokens_total{phase}`
-    (phase: prefill, decode) and `livemeet_engine_decode_graph_fallbacks_total` (decode steps
-    run eagerly although decode graphs exist: batch too large or contexts too long), from
+    (phase: prefill, decode), `livemeet_engine_decode_graph_fallbacks_total` (decode steps
+    run eagerly although decode graphs exist: batch too large or contexts too long),
+    `livemeet_engine_step_seconds_total{part}` (host seconds inside steps by part: schedule,
+    encode, launch, wait, other; EngineStats says what each covers) and
+    `livemeet_engine_slow_steps_total` (steps of at least ENGINE_SLOW_STEP_S), from
     `source()`; nothing while it returns None."""
 
     def __init__(self, source: StatsSource) -> None:
@@ -66,6 +69,14 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "Decode steps run eagerly although CUDA graphs were captured",
         labels=[],
     )
+    seconds = CounterMetricFamily(
+        "livemeet_engine_step_seconds",
+        "Host seconds inside engine steps, by part (cumulative)",
+        labels=["part"],
+    )
+    slow = CounterMetricFamily(
+        "livemeet_engine_slow_steps", "Engine steps that took ENGINE_SLOW_STEP_S or more", labels=[]
+    )
     if stats is not None:
         steps.add_metric(["decode_graph"], stats.num_decode_graph_steps)
         steps.add_metric(["decode_eager"], stats.num_decode_eager_steps)
@@ -74,7 +85,10 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         tokens.add_metric(["prefill"], stats.num_prefill_tokens)
         tokens.add_metric(["decode"], stats.num_decode_tokens)
         fallbacks.add_metric([], stats.num_decode_graph_fallbacks)
-    return [steps, tokens, fallbacks]
+        for part, value in stats.host_s.items():
+            seconds.add_metric([part], value)
+        slow.add_metric([], stats.num_slow_steps)
+    return [steps, tokens, fallbacks, seconds, slow]
 
 
 UPLOAD_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # s

@@ -101,6 +101,12 @@ async def test_metrics_export_the_engine_counters(
         num_decode_graph_fallbacks=12,
         num_prefill_tokens=51_200,
         num_decode_tokens=7_000,
+        num_slow_steps=2,
+        schedule_s=0.5,
+        encode_s=2.25,
+        launch_s=1.5,
+        wait_s=4.0,
+        other_s=0.75,
     )
     text = await (await client.get("/metrics")).text()
     assert "# TYPE livemeet_engine_steps_total counter" in text
@@ -111,6 +117,16 @@ async def test_metrics_export_the_engine_counters(
     assert 'livemeet_engine_tokens_total{phase="prefill"} 51200.0' in text
     assert 'livemeet_engine_tokens_total{phase="decode"} 7000.0' in text
     assert "livemeet_engine_decode_graph_fallbacks_total 12.0" in text
+    assert "# TYPE livemeet_engine_step_seconds_total counter" in text
+    for part, value in (
+        ("schedule", 0.5),
+        ("encode", 2.25),
+        ("launch", 1.5),
+        ("wait", 4.0),
+        ("other", 0.75),
+    ):
+        assert f'livemeet_engine_step_seconds_total{{part="{part}"}} {value}' in text
+    assert "livemeet_engine_slow_steps_total 2.0" in text
 
 
 async def test_transcriber_without_engine_counters_exports_none(client: TestClient) -> None:
