@@ -16,7 +16,11 @@ Per point one JSON line: req/s, audio-s/s, RTF mean, latency mean and p95, error
 estimated time would pass `--max-seconds` are written as skipped. When the server exports the
 engine's counters (`livemeet_engine_*` on /metrics: the MOSS-TD backend), the point also gets
 their increase over it: `engine_steps` (by kind: decode_graph, decode_eager, prefill_graph,
-prefill_eager), `decode_graph_fallbacks`, `prefill_tokens` and `decode_tokens`. /metrics is
+prefill_eager), `decode_graph_fallbacks`, `prefill_tokens` and `decode_tokens`; from servers
+that time their steps also `engine_step_s` (host seconds inside steps by part: schedule,
+encode, launch, wait, other) and `slow_steps` (steps of ENGINE_SLOW_STEP_S or more, each in
+the server log with its shape), which say whether a slow point's time went into steps and
+into which part. /metrics is
 scraped before the point and after it until two scrapes agree (the idle worker posts exact
 totals), at most STATS_SETTLE_S. With `--url`, other traffic on that server is counted too.
 The point also gets `upload_phase_mean_s`: the mean seconds per upload phase (receive, decode,
@@ -40,7 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -49,6 +53,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from livemeet.audio.constants import ENGINE_STATS_INTERVAL_S
+from livemeet.engine.messages import STEP_PARTS
 from livemeet.gateway.metrics import UPLOAD_PHASES
 from loadtest import workloads as wl
 from loadtest.bench_engine import ASSUMED_AUDIO_S_PER_S, Budget, parse_ints, percentile
@@ -93,6 +98,9 @@ class EngineCounters:
     decode_graph_fallbacks: int  # steps; decode steps run eagerly although graphs exist
     prefill_tokens: int  # tokens computed by prefill chunks
     decode_tokens: int  # tokens computed by decode rows
+    # s; host seconds inside steps by part (STEP_PARTS); empty from servers that do not time
+    step_s: dict[str, float] = field(default_factory=dict)
+    slow_steps: int = 0  # steps of ENGINE_SLOW_STEP_S or more
 
     def minus(self, before: EngineCounters) -> EngineCounters:
         return EngineCounters(
@@ -100,16 +108,22 @@ class EngineCounters:
             decode_graph_fallbacks=self.decode_graph_fallbacks - before.decode_graph_fallbacks,
             prefill_tokens=self.prefill_tokens - before.prefill_tokens,
             decode_tokens=self.decode_tokens - before.decode_tokens,
+            step_s={k: v - before.step_s.get(k, 0.0) for k, v in self.step_s.items()},
+            slow_steps=self.slow_steps - before.slow_steps,
         )
 
     def record(self) -> dict[str, Any]:
         """The fields a point's JSON record gets."""
-        return {
+        record: dict[str, Any] = {
             "engine_steps": dict(self.steps),
             "decode_graph_fallbacks": self.decode_graph_fallbacks,
             "prefill_tokens": self.prefill_tokens,
             "decode_tokens": self.decode_tokens,
         }
+        if self.step_s:
+            record["engine_step_s"] = dict(self.step_s)
+            record["slow_steps"] = self.slow_steps
+        return record
 
 
 def parse_engine_counters(text: str) -> EngineCounters | None:
@@ -117,6 +131,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
     without a step engine, or a server older than them)."""
     steps: dict[str, int] = {}
     values: dict[str, int] = {}
+    step_s: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "livemeet_engine_steps_total":
@@ -125,6 +140,10 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 values[sample.labels["phase"]] = int(sample.value)
             elif sample.name == "livemeet_engine_decode_graph_fallbacks_total":
                 values["fallbacks"] = int(sample.value)
+            elif sample.name == "livemeet_engine_step_seconds_total":
+                step_s[sample.labels["part"]] = sample.value
+            elif sample.name == "livemeet_engine_slow_steps_total":
+                values["slow"] = int(sample.value)
     if not steps:
         return None
     return EngineCounters(
@@ -132,6 +151,8 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         decode_graph_fallbacks=values.get("fallbacks", 0),
         prefill_tokens=values.get("prefill", 0),
         decode_tokens=values.get("decode", 0),
+        step_s={part: step_s[part] for part in STEP_PARTS if part in step_s},
+        slow_steps=values.get("slow", 0),
     )
 
 
@@ -178,8 +199,9 @@ def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -
     if before is None or after is None:
         return {}
     delta = after.minus(before)
-    counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens]
-    if min(counts) < 0 or delta.decode_graph_fallbacks < 0:
+    counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens, delta.slow_steps]
+    counts += [delta.decode_graph_fallbacks, *delta.step_s.values()]
+    if min(counts) < 0:
         return {}
     return delta.record()
 

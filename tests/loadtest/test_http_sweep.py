@@ -94,10 +94,15 @@ def test_requests_per_point() -> None:
 
 
 def metrics_text(
-    steps: tuple[int, int, int, int], tokens: tuple[int, int], fallbacks: int = 0
+    steps: tuple[int, int, int, int],
+    tokens: tuple[int, int],
+    fallbacks: int = 0,
+    step_s: dict[str, float] | None = None,
+    slow_steps: int = 0,
 ) -> str:
     """A /metrics body as the gateway writes it: (decode graph, decode eager, prefill graph,
-    prefill eager) steps, (prefill, decode) tokens, and an unrelated gateway counter."""
+    prefill eager) steps, (prefill, decode) tokens, and an unrelated gateway counter; with
+    `step_s`, the host seconds by part and the slow steps (servers that time their steps)."""
     lines = [
         "# HELP livemeet_requests_total HTTP requests by endpoint and status",
         "# TYPE livemeet_requests_total counter",
@@ -116,6 +121,13 @@ def metrics_text(
         "# TYPE livemeet_engine_decode_graph_fallbacks_total counter",
         f"livemeet_engine_decode_graph_fallbacks_total {fallbacks}.0",
     ]
+    if step_s is not None:
+        lines += [
+            "# TYPE livemeet_engine_step_seconds_total counter",
+            *(f'livemeet_engine_step_seconds_total{{part="{p}"}} {v}' for p, v in step_s.items()),
+            "# TYPE livemeet_engine_slow_steps_total counter",
+            f"livemeet_engine_slow_steps_total {slow_steps}.0",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -139,6 +151,35 @@ def test_engine_counters_parsed_and_differenced() -> None:
         "prefill_tokens": 31_000,
         "decode_tokens": 12_500,
     }
+
+
+def test_step_seconds_parsed_and_differenced() -> None:
+    """Where a point's engine time went: host seconds by part and slow steps, differenced."""
+    parts = ("schedule", "encode", "launch", "wait", "other")
+    seconds_before = dict(zip(parts, (0.5, 1.0, 2.0, 3.0, 0.25), strict=True))
+    seconds_after = dict(zip(parts, (0.75, 3.5, 2.5, 3.5, 0.5), strict=True))
+    before = parse_engine_counters(
+        metrics_text((100, 0, 10, 0), (9_000, 600), step_s=seconds_before, slow_steps=1)
+    )
+    after = parse_engine_counters(
+        metrics_text((436, 0, 22, 0), (12_744, 1_624), step_s=seconds_after, slow_steps=3)
+    )
+    fields = engine_fields(before, after)
+    assert fields["engine_step_s"] == {
+        "schedule": 0.25,
+        "encode": 2.5,
+        "launch": 0.5,
+        "wait": 0.5,
+        "other": 0.25,
+    }
+    assert fields["slow_steps"] == 2
+    # a server that does not time its steps: the point has no such fields
+    untimed = engine_fields(
+        parse_engine_counters(metrics_text((1, 0, 1, 0), (10, 1))),
+        parse_engine_counters(metrics_text((2, 0, 1, 0), (10, 2))),
+    )
+    assert "engine_step_s" not in untimed and "slow_steps" not in untimed
+    assert untimed["engine_steps"]["decode_graph"] == 1
 
 
 def test_no_engine_fields_without_counters_or_after_a_reset() -> None:
