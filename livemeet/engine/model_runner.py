@@ -50,6 +50,13 @@ CPU_DEFAULT_KV_TOKENS = 1 << 18  # tokens of KV on the CPU path when no size is 
 # and divisible by 16, separately for one and for several sequences. `warm_up_batches` adds wide
 # batches for the extend kernel's large-tile variant.
 WARM_UP_BATCHES = ((16,), (17,), (1,), (16, 16), (5, 27), (1, 1))
+# Columns the block tables of eager steps are padded to a multiple of. Their row stride is an
+# int argument of the attention kernels, which Triton specialises (1, a multiple of 16, the
+# rest: one compiled variant each); the width is the step's longest table, so unpadded, the
+# first step whose longest table reached 16, 32, ... blocks compiled a variant warm-up never
+# had, mid-serving (a JIT compile costs ~2 s on an H200 host: the likely cause of the HTTP
+# short c4/c8 stalls, docs/benchmarks.md). Padded, every eager step has warm-up's variant.
+BLOCK_TABLE_WIDTH_MULTIPLE = 16
 # Placeholder for a sampled token still on the device (async decode); never a vocabulary id.
 PENDING_TOKEN_ID = -1
 
@@ -352,7 +359,9 @@ class ModelRunner:
 
     def _metadata(self, rows: _StepRows) -> StepMetadata:
         dev = self.device
-        width = max(len(t) for t in rows.block_tables)
+        longest = max(len(t) for t in rows.block_tables)
+        # padded entries are never read: kernels stop at each sequence's length
+        width = -(-longest // BLOCK_TABLE_WIDTH_MULTIPLE) * BLOCK_TABLE_WIDTH_MULTIPLE
         tables = self.staging.stage_rows(rows.block_tables, width, torch.int32)
         q_lens = rows.q_lens
         cu = [0]

@@ -204,3 +204,42 @@ def test_runner_warms_up_at_start_with_every_graph_option(our_model: MossTDModel
     )  # fmt: skip
     assert runner.graphs is None and runner.piecewise is None  # CUDA only
     assert runner.k_caches[0][0].abs().sum() > 0  # the warm-up wrote its scratch KV
+
+
+def _int_class(value: int) -> str:
+    """How Triton specialises an int kernel argument: one compiled variant for 1, one for
+    multiples of 16, one for the rest (triton.backends.compiler.BaseBackend)."""
+    return "one" if value == 1 else "multiple_of_16" if value % 16 == 0 else "other"
+
+
+def test_block_tables_keep_the_kernel_variant_warm_up_compiled(our_model: MossTDModel) -> None:
+    """The attention kernels take the block table's row stride (its width: the longest table
+    of the step) as an int argument. A prefill step that carries a decode row whose table has
+    just reached 16 blocks (what the HTTP short c4/c8 points formed: a 234-token prompt
+    admitted while another request was 7 to 22 tokens into decoding) must not need a variant
+    that warm-up did not compile: on an H200 that compile stalled the step for ~2 s."""
+    engine = _engine(our_model, 512, num_blocks=None)
+    strides: list[int] = []
+    metadata = engine.runner._metadata
+
+    def spy(rows: Any) -> Any:
+        meta = metadata(rows)
+        strides.append(meta.block_tables.stride(0))
+        return meta
+
+    engine.runner._metadata = spy  # type: ignore[method-assign]
+    engine.runner.warm_up()
+    warmed = {_int_class(s) for s in strides}
+    strides.clear()
+    clip = np.sin(np.arange(int(11.6 * 16_000), dtype=np.float32) * 0.05) * 0.1
+    first = engine.add_request("decoding", clip, max_new_tokens=64, ignore_eos=True)
+    assert first.num_prompt_tokens <= 240  # 15 blocks; its 16th comes while it decodes
+    while len(first.block_table) < 16:
+        engine.step()
+    second = engine.add_request("admitted", clip, max_new_tokens=64, ignore_eos=True)
+    engine.step()
+    assert second.num_computed_tokens == second.num_prompt_tokens  # prefilled in that step
+    assert len(first.block_table) == 16 and first.num_output_tokens < 64  # ... beside this row
+    engine.run_to_completion()
+    served = {_int_class(s) for s in strides}
+    assert served <= warmed, f"serving needs {served - warmed}, warm-up compiled {warmed}"
