@@ -13,6 +13,11 @@ windows runs in the smallest bucket >= n with zero windows as padding, whose out
 dropped. Windows are independent (no cross-window attention), so padding cannot change the
 real windows' outputs beyond kernel-choice rounding. The 4x merge and the adaptor run eagerly
 (they depend on each window's token count).
+
+On CUDA the log-mel front end runs at the same bucket sizes (padding windows of silence), and
+`warm_up` runs every bucket once at start: the first STFT of a new batch size builds a cuFFT
+plan, which on an H200 stalled a serving step for 0.6 s (1 window) and 1.8 s (2 windows)
+(docs/benchmarks.md, session 4: the HTTP short c4 dip).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from livemeet.audio.constants import N_FRAMES, N_MELS, WINDOW_SAMPLES
+from livemeet.audio.constants import N_FRAMES, N_MELS, SAMPLE_RATE, WINDOW_SAMPLES
 from livemeet.audio.features import check_samples, log_mel, window_token_counts
 from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.models.adaptor import merge_frames
@@ -64,13 +69,17 @@ def _window(samples: np.ndarray, w: int) -> np.ndarray:
     return samples[w * WINDOW_SAMPLES : (w + 1) * WINDOW_SAMPLES]
 
 
-def _padded_windows(chunks: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
-    """[n, 480000] float32 on `device`: chunk i, zero-padded to a full window. Only the real
-    samples cross to the device, padding is made there (an 11.6 s clip is 39 % of a window)."""
+def _padded_windows(
+    chunks: Sequence[np.ndarray], device: torch.device, rows: int | None = None
+) -> torch.Tensor:
+    """[rows, 480000] float32 on `device` (rows defaults to len(chunks)): chunk i, zero-padded
+    to a full window, then windows of silence. Only the real samples cross to the device,
+    padding is made there (an 11.6 s clip is 39 % of a window)."""
     flat = torch.from_numpy(np.concatenate(chunks))
     if device.type == "cuda":
         flat = flat.pin_memory().to(device, non_blocking=True)
-    windows = torch.zeros(len(chunks), WINDOW_SAMPLES, dtype=torch.float32, device=device)
+    rows = len(chunks) if rows is None else rows
+    windows = torch.zeros(rows, WINDOW_SAMPLES, dtype=torch.float32, device=device)
     start = 0
     for i, chunk in enumerate(chunks):
         windows[i, : chunk.size] = flat[start : start + chunk.size]
@@ -82,6 +91,8 @@ class EncoderRunner:
     """Batches encoder + adaptor forwards and caches full-window outputs (see module doc).
 
     `cache_windows`: LRU capacity in windows (each ~0.77 MB in bf16 at real size: 375 x 1024).
+    `batch_buckets`: window counts each micro-batch is padded up to (default: ENCODER_GRAPH_BUCKETS
+    on CUDA, none on the CPU); `warm_up_at_start` (default: on CUDA) runs `warm_up`.
     """
 
     def __init__(
@@ -91,18 +102,26 @@ class EncoderRunner:
         cache_windows: int = 256,
         max_windows_per_batch: int = ENCODER_GRAPH_BUCKETS[-1],
         cuda_graphs: bool = False,
+        batch_buckets: Sequence[int] | None = None,
+        warm_up_at_start: bool | None = None,
     ) -> None:
         self.model = model
         self.cache_windows = cache_windows
         self.max_windows_per_batch = max_windows_per_batch
+        on_cuda = self.device.type == "cuda"
+        if batch_buckets is None:
+            batch_buckets = ENCODER_GRAPH_BUCKETS if on_cuda else ()
+        self.batch_buckets = tuple(sorted(b for b in batch_buckets if b <= max_windows_per_batch))
         self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.num_encoded_windows = 0
         self.num_cache_hits = 0
         self.num_graph_replays = 0
         self.num_eager_batches = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        if cuda_graphs and self.device.type == "cuda":
+        if cuda_graphs and on_cuda:
             self._capture()
+        if on_cuda if warm_up_at_start is None else warm_up_at_start:
+            self.warm_up()
 
     @property
     def device(self) -> torch.device:
@@ -141,15 +160,31 @@ class EncoderRunner:
             self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
         return [torch.cat([s for s in slots if s is not None]) for slots in per_audio]
 
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Encode one micro-batch of each bucket size (silent partial windows, not cached), so
+        no request pays a first-use cost (cuFFT plans, kernel selection); the counters are
+        left as they were."""
+        counters = (self.num_encoded_windows, self.num_graph_replays, self.num_eager_batches)
+        silence = np.zeros(SAMPLE_RATE, dtype=np.float32)  # 1 s: a partial window, never cached
+        count = window_token_counts(silence.size)[0]
+        for bucket in self.batch_buckets or (1,):
+            jobs = [(i, 0, silence, count, None) for i in range(bucket)]
+            self._run(jobs, [[None] for _ in range(bucket)])
+        self.num_encoded_windows, self.num_graph_replays, self.num_eager_batches = counters
+
     def _run(
         self,
         jobs: list[tuple[int, int, np.ndarray, int, bytes | None]],
         per_audio: list[list[torch.Tensor | None]],
     ) -> None:
-        windows = _padded_windows([j[2] for j in jobs], self.device)  # [n, 480000]
-        feats = log_mel(windows).to(self.model.adaptor.linear_1.weight.dtype)  # [n, 80, 3000]
+        n = len(jobs)
+        rows = choose_bucket(n, self.batch_buckets) or n  # padded with silence (module doc)
+        windows = _padded_windows([j[2] for j in jobs], self.device, rows)  # [rows, 480000]
+        dtype = self.model.adaptor.linear_1.weight.dtype
+        feats = log_mel(windows).to(dtype)  # [rows, 80, 3000]
         counts = [j[3] for j in jobs]
-        frames = self._encoder_frames(feats)  # [n, 1500, d_audio]
+        frames = self._encoder_frames(feats)[:n]  # [n, 1500, d_audio]
         merged = merge_frames(frames, counts, self.model.cfg.merge_size)
         embeds = self.model.adaptor(merged.to(self.model.adaptor.linear_1.weight.dtype))
         self.num_encoded_windows += len(jobs)

@@ -124,3 +124,50 @@ def test_padded_windows_are_built_from_the_real_samples_only() -> None:
     assert not windows[0, 185_600:].any() and not windows[2, 7:].any()
     assert torch.equal(windows[1], torch.from_numpy(full))
     assert torch.equal(windows[2, :7], torch.from_numpy(short[:7]))
+
+
+def _spy_log_mel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the window count of every log-mel call the runner makes."""
+    import livemeet.engine.encoder_runner as er
+
+    rows: list[int] = []
+    real = er.log_mel
+    monkeypatch.setattr(er, "log_mel", lambda w: rows.append(w.shape[0]) or real(w))
+    return rows
+
+
+def test_micro_batches_are_padded_to_the_buckets(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With buckets, the front end only ever sees bucket-sized batches (silence as padding),
+    and the real windows' embeddings are what an unpadded runner gives."""
+    clips = [long_speech[: 16_000 * s] for s in (7, 11, 29)]  # 3 windows
+    plain = EncoderRunner(our_model, cache_windows=0, warm_up_at_start=False).encode(clips)
+    rows = _spy_log_mel(monkeypatch)
+    runner = EncoderRunner(
+        our_model, cache_windows=0, batch_buckets=(1, 2, 4, 8), warm_up_at_start=False
+    )
+    padded = runner.encode(clips)
+    assert rows == [4]
+    for a, b in zip(padded, plain, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    assert runner.num_encoded_windows == 3
+
+
+def test_warm_up_runs_every_bucket_and_leaves_no_trace(
+    our_model: MossTDModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first batch of each size paid a cuFFT plan (0.6-1.8 s on an H200) inside a serving
+    step; warm-up pays them at start, caching nothing and counting nothing."""
+    rows = _spy_log_mel(monkeypatch)
+    runner = EncoderRunner(
+        our_model, cache_windows=8, batch_buckets=(1, 2, 4), warm_up_at_start=True
+    )
+    assert rows == [1, 2, 4]
+    assert runner.num_encoded_windows == runner.num_eager_batches == 0
+    assert not runner._cache
+    rows.clear()
+    EncoderRunner(
+        our_model, max_windows_per_batch=2, batch_buckets=(1, 2, 4), warm_up_at_start=True
+    )
+    assert rows == [1, 2]  # no bucket above the micro-batch limit
