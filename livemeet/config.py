@@ -19,6 +19,7 @@ from livemeet.audio.constants import (
 from livemeet.errors import ConfigError
 
 MAX_MEM_FRACTION = 0.95  # leaves >= 7 GB of an H200 for CUDA graphs, the encoder, activations
+MAX_UPLOAD_BATCH_WAIT_MS = 1000.0  # ms; holding an upload longer only adds latency
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ModelConfig:
     # of the GPU's memory that weights + KV pool may fill; graphs and activations use the rest
     mem_fraction: float = 0.85
     chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest prefill chunk per step
+    # ms a new upload may wait, while decodes run, to be prefilled with later arrivals
+    # (livemeet.engine.scheduler's upload batching); 0 admits every upload at once
+    upload_batch_wait_ms: float = 50.0
 
     @property
     def backend_name(self) -> str:
@@ -74,6 +78,11 @@ class ModelConfig:
             raise ConfigError(
                 f"chunked_prefill_size must be in [{KV_BLOCK_SIZE}, {MAX_CONTEXT_TOKENS}] "
                 f"tokens, not {self.chunked_prefill_size}"
+            )
+        if not 0.0 <= self.upload_batch_wait_ms <= MAX_UPLOAD_BATCH_WAIT_MS:
+            raise ConfigError(
+                f"upload_batch_wait_ms must be in [0, {MAX_UPLOAD_BATCH_WAIT_MS:g}], "
+                f"not {self.upload_batch_wait_ms}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")

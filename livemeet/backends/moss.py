@@ -256,6 +256,7 @@ class MossCore:
                     mem_fraction=cfg.mem_fraction,
                     scheduler=SchedulerConfig(
                         chunked_prefill_size=cfg.chunked_prefill_size,
+                        upload_batch_wait_s=cfg.upload_batch_wait_ms / 1000.0,
                         max_num_batched_tokens=max(
                             SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
                         ),

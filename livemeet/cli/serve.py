@@ -104,6 +104,13 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         help="largest prefill chunk of one request per engine step, in tokens",
     )
     p.add_argument(
+        "--upload-batch-wait-ms",
+        type=float,
+        default=ModelConfig.upload_batch_wait_ms,
+        help="ms a new upload may wait, while other requests decode, to be prefilled together "
+        "with later arrivals (0: admit at once; default %(default)g)",
+    )
+    p.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
         default=prefill_graphs,
@@ -127,6 +134,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         prefill_graphs=args.prefill_graphs,
         mem_fraction=args.mem_fraction,
         chunked_prefill_size=args.chunked_prefill_size,
+        upload_batch_wait_ms=args.upload_batch_wait_ms,
     )
 
 

@@ -101,11 +101,16 @@ def test_serve_engine_sizing_flags() -> None:
     )
     config = serve.config_from_args(args).model
     assert config.mem_fraction == 0.5 and config.chunked_prefill_size == 512
+    assert config.upload_batch_wait_ms == 50.0
+    args = build_parser().parse_args(["serve", "--model", "x", "--upload-batch-wait-ms", "0"])
+    assert serve.config_from_args(args).model.upload_batch_wait_ms == 0.0
     for bad in (
         ["--mem-fraction", "0.97"],  # leaves too little for graphs and activations
         ["--mem-fraction", "0"],
         ["--chunked-prefill-size", "8"],  # below one KV block: non-final chunks would stall
         ["--chunked-prefill-size", "200000"],  # past the context
+        ["--upload-batch-wait-ms", "-1"],
+        ["--upload-batch-wait-ms", "5000"],  # holding an upload for seconds is never right
     ):
         args = build_parser().parse_args(["serve", "--model", "x", *bad])
         with pytest.raises(ConfigError):
@@ -119,7 +124,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
     core = MossCore(
         ModelConfig(
             model=str(moss_dir), device="cpu", dtype="float32", num_kv_blocks=64,
-            mem_fraction=0.6, chunked_prefill_size=16_384,
+            mem_fraction=0.6, chunked_prefill_size=16_384, upload_batch_wait_ms=20,
         )
     )  # fmt: skip
     core.load()
@@ -128,6 +133,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         assert core.engine.config.mem_fraction == 0.6
         sched = core.engine.scheduler.config
         assert sched.chunked_prefill_size == 16_384 and sched.max_num_batched_tokens == 16_384
+        assert sched.upload_batch_wait_s == 0.02
     finally:
         core.close()
 
