@@ -596,7 +596,8 @@ def run_points(
     for name, c in points:
         workload = wl.get_workload(name, cache.audio_s.get(name))
         if not budget.fits(name, c * workload.audio_s):
-            skip = Skipped(name, c, kv, "over --max-seconds at the measured rate")
+            rate = "measured" if name in budget.rates else "assumed"
+            skip = Skipped(name, c, kv, f"over --max-seconds at the {rate} rate")
             report["skipped"].append(asdict(skip))
             print(f"skip {name} c={c} {kv}", flush=True)
             continue
