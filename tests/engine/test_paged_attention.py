@@ -295,7 +295,8 @@ def test_decode_kernel_other_configuration_interpreted(heads: int, kv_heads: int
 @pytest.mark.parametrize("num_splits", [1, 3, 4])
 def test_decode_merge_in_kernel_equals_merge_kernel_and_rearms(num_splits: int) -> None:
     """The last split merges (or one split writes directly): the same output as the separate
-    merge kernel, the counters are all zero again afterwards, and a second call agrees."""
+    merge kernel, the counters are all zero again afterwards, and a second call agrees. The
+    in-kernel merge is asked for by name: the float32/bf16 default merges in a second kernel."""
     torch.manual_seed(num_splits)
     k_cache, v_cache = make_cache(20, 16, 2, 16, torch.float32, "cpu")
     tables = make_block_tables([130, 17, 0], 16, 20)
@@ -303,9 +304,12 @@ def test_decode_merge_in_kernel_equals_merge_kernel_and_rearms(num_splits: int) 
     q = torch.randn(3, 4, 16)
     args = (q, k_cache, v_cache, tables, lens, 0.25)
     separate = pa.DecodeKernelConfig(merge_in_kernel=False)
+    in_kernel = pa.DecodeKernelConfig(merge_in_kernel=True)
     want = pa.paged_decode_attention(*args, num_splits=num_splits, impl="triton", kernel=separate)
     for _ in range(2):
-        got = pa.paged_decode_attention(*args, num_splits=num_splits, impl="triton")
+        got = pa.paged_decode_attention(
+            *args, num_splits=num_splits, impl="triton", kernel=in_kernel
+        )
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
         assert int(pa._merge_counters(q.device, 1).abs().sum()) == 0
     ref = pa.ref_paged_decode_attention(*args)
