@@ -56,9 +56,11 @@ class SweepRow:
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
     """The defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8 default with
-    e4m3 scores, then (full) the tile/warp/stage grid."""
+    e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's dtype merges by
+    default (so a grid row differs from that default only in its tiles, warps and stages)."""
+    merge = pa.default_decode_config(fp8).merge_in_kernel
     grid = [
-        pa.DecodeKernelConfig(n, w, stages)
+        pa.DecodeKernelConfig(n, w, stages, merge_in_kernel=merge)
         for n, w, stages in itertools.product((64, 128), (4, 8), (1, 2, 3))
     ]
     # the two defaults first, then each with the other merge; dict.fromkeys drops repeats from

@@ -21,6 +21,17 @@ def test_defaults_come_first_and_nothing_repeats() -> None:
     assert {(c.block_n, c.num_warps) for c in grid} >= {(64, 8), (128, 4)}
 
 
+def test_grid_merges_as_the_dtype_default() -> None:
+    """The tile/warp/stage grid is timed with the point's default merge: bf16 merges in a
+    second kernel since session 4, and a grid of in-kernel merges would both trail the bf16
+    default by the merge's cost and, if one still won, flip the merge with the tiles."""
+    for fp8 in (False, True):
+        grid = set(candidates(True, fp8)) - set(candidates(False, fp8))
+        assert grid and all(
+            c.merge_in_kernel is pa.default_decode_config(fp8).merge_in_kernel for c in grid
+        )
+
+
 def test_fp8_form_varies_only_the_fp8_default() -> None:
     forms = [c for c in candidates(False, True) if c.fp8_qk]
     assert forms == [dataclasses.replace(pa.default_decode_config(True), fp8_qk=True)]
