@@ -3,8 +3,10 @@
 Runs a chain of one-row mini decoder layers (`decoder_chain`) in which every kernel reads the
 kernel before it, eagerly and as a CUDA graph, with PDL off (the reference) and on, and
 compares every intermediate tensor bit for bit: a kernel that read its input before its
-predecessor finished changes the result. Where a mode differs it prints the first (layer,
-stage) that differs, then bisects by enabling PDL for one kernel at a time. Usage:
+predecessor finished changes the result. It runs once over a bf16 KV cache (decode partials
+merged by `_decode_merge_kernel`) and once over an FP8 one (merged in the split kernel through
+the shared counters). Where a mode differs it prints the first (layer, stage) that differs,
+then bisects by enabling PDL for one kernel at a time. Usage:
     python -m loadtest.check_pdl [--layers 100] [--json out.json]
 """
 
@@ -21,6 +23,10 @@ from livemeet.layers import linear, pdl
 from livemeet.layers import paged_attention as pa
 
 STAGES = ("qkv", "attn", "o", "gate_up", "down")  # intermediates of one layer, in order
+# KV splits of every decode attention: at the chain's contexts (<= one token per layer) the
+# default would be 1 split, which writes its output directly and launches no merge at all
+CHAIN_SPLITS = 4
+KV_DTYPES = (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn))  # (name, KV cache dtype)
 PDL_KERNELS = (
     "_skinny_rows_kernel",
     "_store_kv_kernel",
@@ -35,7 +41,7 @@ class ChainState:
 
     hidden, heads, kv_heads, dim, inter, page = 1024, 16, 8, 128, 3072, 16
 
-    def __init__(self, layers: int, device: str) -> None:
+    def __init__(self, layers: int, device: str, kv_dtype: torch.dtype = torch.bfloat16) -> None:
         g = torch.Generator(device=device).manual_seed(3)
         bf16 = torch.bfloat16
 
@@ -50,8 +56,8 @@ class ChainState:
         self.norm_w = torch.ones(self.hidden, device=device, dtype=bf16)
         blocks = -(-layers // self.page)
         shape = (blocks, self.page, self.kv_heads, self.dim)
-        self.k_cache = torch.zeros(shape, device=device, dtype=bf16)
-        self.v_cache = torch.zeros(shape, device=device, dtype=bf16)
+        self.k_cache = torch.zeros(shape, device=device, dtype=kv_dtype)
+        self.v_cache = torch.zeros(shape, device=device, dtype=kv_dtype)
         perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(4))
         self.table = perm.to(torch.int32).view(1, blocks).to(device)  # shuffled pages
         at = {"device": device}
@@ -64,9 +70,11 @@ class ChainState:
 
 def decoder_chain(s: ChainState, x: torch.Tensor) -> list[torch.Tensor]:
     """`s.layers` one-row layers: norm+qkv GEMV, store-KV of the new token, decode attention
-    over every token so far (the one just stored included), o GEMV, norm+gate_up GEMV,
-    SiLU*mul+down GEMV. Returns every intermediate, STAGES per layer (each its own buffer).
-    Each layer stores the slot it then reads, so the caches' earlier contents never matter."""
+    over every token so far (the one just stored included; in CHAIN_SPLITS splits, merged by
+    the merge kernel over a bf16 cache and in the split kernel over an FP8 one), o GEMV,
+    norm+gate_up GEMV, SiLU*mul+down GEMV. Returns every intermediate, STAGES per layer (each
+    its own buffer). Each layer stores the slot it then reads, so the caches' earlier contents
+    never matter."""
     narrow, wide = linear.GemmConfig(8, 512), linear.GemmConfig(4, 2048)
     groups = [s.heads, s.kv_heads, s.kv_heads]
     residual = None
@@ -75,7 +83,9 @@ def decoder_chain(s: ChainState, x: torch.Tensor) -> list[torch.Tensor]:
         qkv, residual = linear.skinny_norm_linear(x, residual, s.norm_w, 1e-6, s.w_qkv, narrow)
         q, k, v = qkv.view(1, sum(groups), s.dim).split(groups, 1)
         pa.store_kv(k, v, s.k_cache, s.v_cache, s.slots[i])
-        attn = pa.paged_decode_attention(q, s.k_cache, s.v_cache, s.table, s.lens[i], 0.088)
+        attn = pa.paged_decode_attention(
+            q, s.k_cache, s.v_cache, s.table, s.lens[i], 0.088, num_splits=CHAIN_SPLITS
+        )
         o = linear.skinny_linear(attn.view(1, -1), s.w_o, wide)
         up, residual = linear.skinny_norm_linear(o, residual, s.norm_w, 1e-6, s.w_up, narrow)
         x = linear.skinny_silu_linear(up, s.w_down, wide)
@@ -131,9 +141,19 @@ def run_mode(
 
 
 def check(layers: int, log: Callable[[str], None] = print) -> dict[str, str]:
-    """Every mode against eager plain launches: {mode: 'equal' or the first difference}."""
+    """Every mode against eager plain launches, for each KV cache dtype:
+    {'<kv> KV, <mode>': 'equal' or the first difference}."""
+    report: dict[str, str] = {}
+    for kv_name, kv_dtype in KV_DTYPES:
+        report.update(_check_kv(layers, kv_name, kv_dtype, log))
+    return report
+
+
+def _check_kv(
+    layers: int, kv_name: str, kv_dtype: torch.dtype, log: Callable[[str], None]
+) -> dict[str, str]:
     torch.manual_seed(21)
-    s = ChainState(layers, "cuda")
+    s = ChainState(layers, "cuda", kv_dtype)
     x = torch.randn(1, s.hidden, device="cuda", dtype=torch.bfloat16)
     pdl.set_enabled(False)
     want = run_mode(s, x, graph=False)[0]
@@ -141,16 +161,17 @@ def check(layers: int, log: Callable[[str], None] = print) -> dict[str, str]:
     modes += [("eager, PDL on", None, False), ("graph, PDL on", None, True)]
     report: dict[str, str] = {}
 
-    def one(name: str, kernels: set[str] | None, graph: bool) -> None:
+    def one(mode: str, kernels: set[str] | None, graph: bool) -> None:
         with pdl_only_for(kernels):
             runs = run_mode(s, x, graph)
         diffs = [first_difference(r, want) for r in runs]
+        name = f"{kv_name} KV, {mode}"
         report[name] = next((d for d in diffs if d), "equal")
         log(f"{name}: {report[name]}")
 
-    for name, kernels, graph in modes:
-        one(name, kernels, graph)
-    if any(report[m] != "equal" for m in ("eager, PDL on", "graph, PDL on")):
+    for mode, kernels, graph in modes:
+        one(mode, kernels, graph)
+    if any(report[f"{kv_name} KV, {m}"] != "equal" for m in ("eager, PDL on", "graph, PDL on")):
         for kernel in PDL_KERNELS:
             one(f"graph, PDL for {kernel} only", {kernel}, True)
     return report

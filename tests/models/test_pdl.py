@@ -5,12 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
 from livemeet.layers import linear, pdl
-from loadtest.check_pdl import STAGES, ChainState, check, decoder_chain, first_difference
+from livemeet.layers import paged_attention as pa
+from loadtest.check_pdl import (
+    CHAIN_SPLITS,
+    KV_DTYPES,
+    STAGES,
+    ChainState,
+    check,
+    decoder_chain,
+    first_difference,
+)
 from tests.kernels import kernel_marks
 
 _, needs_cuda = kernel_marks(linear)
@@ -62,14 +72,28 @@ def test_pdl_off_by_switch_or_without_grid_dependency_control(
     assert pdl.launch_options(fake_tensor(True), compiled_kernel()) == {"PDL": False}  # type: ignore[arg-type]
 
 
-def test_decoder_chain_runs_on_the_cpu_references() -> None:
-    """The chain's shapes and bookkeeping (on a GPU, `check` runs it with and without PDL)."""
-    s = ChainState(20, "cpu")
+@pytest.mark.parametrize("kv_dtype", [dtype for _, dtype in KV_DTYPES])
+def test_decoder_chain_runs_on_the_cpu_references(
+    kv_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chain's shapes and bookkeeping (on a GPU, `check` runs it with and without PDL),
+    over each KV cache dtype, with every decode attention split so that its partials are
+    merged (one split, the default at these contexts, would launch no merge of either kind)."""
+    splits: list[int | None] = []
+    real = pa.paged_decode_attention
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        splits.append(kwargs.get("num_splits"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pa, "paged_decode_attention", spy)
+    s = ChainState(20, "cpu", kv_dtype)
     out = decoder_chain(s, torch.randn(1, 1024, dtype=torch.bfloat16))
     assert len(out) == 20 * len(STAGES) and out[-1].shape == (1, 1024)
     assert all(torch.isfinite(t.float()).all() for t in out)
-    stored = s.k_cache.flatten(2).abs().sum(-1).flatten()  # per slot
+    stored = s.k_cache.float().flatten(2).abs().sum(-1).flatten()  # per slot
     assert int((stored > 0).sum()) == 20  # each layer stored its own token
+    assert s.k_cache.dtype == kv_dtype and splits == [CHAIN_SPLITS] * 20 and CHAIN_SPLITS > 1
     assert first_difference(out, out) is None
     other = [t.clone() for t in out]
     other[7] += 1  # layer 1, "o"
