@@ -256,6 +256,31 @@ def test_skinny_norm_linear_matches_norm_then_linear(
     assert torch.equal(ref_residual, want_residual)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("prologue", ["none", "silu_mul", "add_rms_norm"])
+@pytest.mark.parametrize("k", [24, 64, 80])  # one partial chunk, one exact chunk, one and a bit
+def test_one_row_kernel_first_chunk_peeled_before_the_wait(prologue: str, k: int) -> None:
+    """The one-row kernel reads its first weight chunk before the PDL wait and loops from the
+    second: K shorter than, equal to, and just past one 64-wide chunk, with every prologue,
+    on a ragged N (13 outputs in 8-column slabs)."""
+    from livemeet.layers.fused import ref_fused_add_rms_norm, ref_silu_and_mul
+
+    torch.manual_seed(k)
+    config, w = linear.GemmConfig(8, 64), torch.randn(13, k)
+    if prologue == "none":
+        x = torch.randn(1, k)
+        got, want = linear.skinny_linear(x, w, config, impl="triton"), F.linear(x, w)
+    elif prologue == "silu_mul":
+        gate_up = torch.randn(1, 2 * k)
+        got = linear.skinny_silu_linear(gate_up, w, config, impl="triton")
+        want = F.linear(ref_silu_and_mul(gate_up), w)
+    else:
+        x, residual, nw = torch.randn(1, k), torch.randn(1, k), torch.rand(k) + 0.5
+        got, _ = linear.skinny_norm_linear(x, residual, nw, 1e-6, w, config, impl="triton")
+        want = F.linear(ref_fused_add_rms_norm(x, residual, nw, 1e-6)[0], w)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_tune_copies_cover_l2_and_stay_bounded() -> None:
     """Real-size weights cycle enough copies to defeat L2; tiny test weights are capped (a
     64-wide model once needed ~10k launches per timing and stalled the GPU tests)."""
