@@ -92,7 +92,8 @@ class EncoderRunner:
 
     `cache_windows`: LRU capacity in windows (each ~0.77 MB in bf16 at real size: 375 x 1024).
     `batch_buckets`: window counts each micro-batch is padded up to (default: ENCODER_GRAPH_BUCKETS
-    on CUDA, none on the CPU); `warm_up_at_start` (default: on CUDA) runs `warm_up`.
+    on CUDA, none on the CPU), those below `max_windows_per_batch` and that limit itself;
+    `warm_up_at_start` (default: on CUDA) runs `warm_up`.
     """
 
     def __init__(
@@ -111,7 +112,10 @@ class EncoderRunner:
         on_cuda = self.device.type == "cuda"
         if batch_buckets is None:
             batch_buckets = ENCODER_GRAPH_BUCKETS if on_cuda else ()
-        self.batch_buckets = tuple(sorted(b for b in batch_buckets if b <= max_windows_per_batch))
+        kept = {b for b in batch_buckets if b < max_windows_per_batch}
+        if batch_buckets:  # the limit itself is a bucket, so every batch size is warmed up
+            kept.add(max_windows_per_batch)
+        self.batch_buckets = tuple(sorted(kept))
         self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.num_encoded_windows = 0
         self.num_cache_hits = 0

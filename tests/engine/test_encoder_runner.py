@@ -163,7 +163,7 @@ def test_warm_up_runs_every_bucket_and_leaves_no_trace(
     runner = EncoderRunner(
         our_model, cache_windows=8, batch_buckets=(1, 2, 4), warm_up_at_start=True
     )
-    assert rows == [1, 2, 4]
+    assert rows == [1, 2, 4, 8]  # the micro-batch limit (8) is a bucket too
     assert runner.num_encoded_windows == runner.num_eager_batches == 0
     assert not runner._cache
     rows.clear()
@@ -171,3 +171,9 @@ def test_warm_up_runs_every_bucket_and_leaves_no_trace(
         our_model, max_windows_per_batch=2, batch_buckets=(1, 2, 4), warm_up_at_start=True
     )
     assert rows == [1, 2]  # no bucket above the micro-batch limit
+    rows.clear()
+    runner = EncoderRunner(
+        our_model, max_windows_per_batch=3, batch_buckets=(1, 2, 4), warm_up_at_start=True
+    )
+    assert rows == [1, 2, 3]  # a limit between buckets is a bucket: batches of 3 are warm too
+    assert runner.batch_buckets == (1, 2, 3)
