@@ -19,9 +19,11 @@ aborted between steps gets nothing more.
 Counters (`stats()`, posted to the gateway by the worker): steps by kind (decode-only or with a
 prefill; CUDA graph or eager) and tokens by phase, counted at launch from the scheduled batch
 and the graph runners' replay counters (host ints only, no device sync); and the host seconds
-of each step by part (schedule, encode, launch, wait, other; read from `timer`, five reads per
+of each step by part (schedule, encode, launch, wait, other; read from `timer`, six reads per
 step), so a step that stalls on the host (a kernel compiled for a new shape, a library plan,
 an allocation) shows where, with its shape in a warning once it takes ENGINE_SLOW_STEP_S.
+With async decode a step's `wait` is for the step launched before it, whose shape the warning
+does not give.
 """
 
 from __future__ import annotations
@@ -434,7 +436,7 @@ class Engine:
             return
         counts["num_slow_steps"] += 1
         parts = ", ".join(f"{p} {1e3 * s:.1f} ms" for p, s in timer.seconds.items())
-        log.warning(
+        log.warning(  # with async decode, `wait` belongs to the previous step (module doc)
             "slow engine step: %.2f s (%s); %d prefill chunks of %d tokens, %d audio windows "
             "encoded, %d decode rows",
             timer.total_s,
