@@ -137,11 +137,12 @@ if HAS_TRITON:
         return x.to(tl.float32)
 
     @triton.jit
-    def _w_chunk(w_rows, kk, K, nmask, EVEN_K: tl.constexpr):
-        """The [BLOCK_N, BLOCK_K] weight tile at columns kk (zeros past K and past N)."""
+    def _rows_tile(rows, kk, K, rmask, EVEN_K: tl.constexpr):
+        """The [R, BLOCK_K] tile at columns kk of the R rows whose starts are `rows` ([R, 1]
+        pointers): zeros past K and in rows where `rmask` ([R]) is false."""
         if EVEN_K:
-            return tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
-        return tl.load(w_rows + kk[None, :], mask=nmask[:, None] & (kk < K)[None, :], other=0.0)
+            return tl.load(rows + kk[None, :], mask=rmask[:, None], other=0.0)
+        return tl.load(rows + kk[None, :], mask=rmask[:, None] & (kk < K)[None, :], other=0.0)
 
     @triton.jit(do_not_specialize=["M"])
     def _skinny_rows_kernel(
@@ -180,7 +181,7 @@ if HAS_TRITON:
         w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
         # the first weight tile is read before the wait: no kernel writes weights (livemeet.
         # layers.pdl), so under PDL it streams in while the previous kernel finishes
-        w_first = _w_chunk(w_rows, offs_k, K, nmask, EVEN_K)
+        w_first = _rows_tile(w_rows, offs_k, K, nmask, EVEN_K)
         pdl.dependency_sync(PDL)
         x_row = X + m * stride_xm
         r_row = R + m * stride_rm
@@ -195,7 +196,7 @@ if HAS_TRITON:
         acc = w_first.to(tl.float32) * x[None, :]
         for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + offs_k
-            w = _w_chunk(w_rows, kk, K, nmask, EVEN_K)
+            w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
             x = _row_chunk(x_row, kk, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
             acc += w.to(tl.float32) * x[None, :]
         y = tl.sum(acc, 1)
@@ -231,13 +232,8 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + offs_k
-            if EVEN_K:
-                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None], other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None], other=0.0)
-            else:
-                kmask = kk < K
-                x = tl.load(x_rows + kk[None, :], mask=mmask[:, None] & kmask[None, :], other=0.0)
-                w = tl.load(w_rows + kk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
+            w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
         tl.store(out, acc.to(Out.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
