@@ -250,10 +250,6 @@ if HAS_TRITON:
         tl.store(Out + n * stride_out + cols, (act * u.to(tl.float32)).to(g.dtype), mask=mask)
 
 
-def _interpreted(kernel: object) -> bool:
-    return type(kernel).__name__ == "InterpretedFunction"
-
-
 # ----------------------------------------------------------------------------------------------
 # public entry points
 # ----------------------------------------------------------------------------------------------
@@ -371,7 +367,7 @@ def qk_norm_rope(
         Q_HEADS=q_heads,
         KV_HEADS=kv_heads,
         HALF=head_dim // 2,
-        PRECISE_TRIG=not _interpreted(_qk_norm_rope_kernel),
+        PRECISE_TRIG=not pdl.is_interpreted(_qk_norm_rope_kernel),
         num_warps=1,
         **pdl.launch_options(q, _qk_norm_rope_kernel),
     )

@@ -57,6 +57,12 @@ def is_enabled() -> bool:
     return _enabled
 
 
+def is_interpreted(kernel: object) -> bool:
+    """Whether `kernel` runs under the Triton interpreter (TRITON_INTERPRET=1: the CPU tests),
+    which has no grid dependency control and no libdevice."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
 @functools.cache
 def _capable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= PDL_MIN_CAPABILITY
@@ -66,8 +72,7 @@ def launch_options(t: torch.Tensor, kernel: object) -> dict[str, bool]:
     """Keyword arguments for launching `kernel` (a Triton kernel taking a `PDL` constexpr) on
     `t`'s device: PDL=True and launch_pdl=True on a capable GPU with PDL enabled, else
     PDL=False (the CPU interpreter, older GPUs, Triton without grid dependency control)."""
-    interpreted = type(kernel).__name__ == "InterpretedFunction"
-    if not (_enabled and HAS_GDC and t.is_cuda and not interpreted):
+    if not (_enabled and HAS_GDC and t.is_cuda and not is_interpreted(kernel)):
         return {"PDL": False}
     if not _capable(t.device.index if t.device.index is not None else 0):
         return {"PDL": False}
