@@ -8,8 +8,13 @@ Each candidate's output is first checked against the torch reference on layer 0.
 candidate per point is printed last; the kernel's defaults (`default_decode_config`) come
 from it.
 
+`--splits` times instead each dtype's default configuration at a range of split counts: the
+powers of two up to twice the default, and the counts that make the grid of batch x KV heads x
+splits programs fill the GPU's SMs r times over (r = 1..6), to find where a partial last wave
+of programs costs time.
+
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
-       [--max-seconds 150]
+       [--max-seconds 150] [--defaults-only | --splits]
 """
 
 from __future__ import annotations
@@ -78,6 +83,17 @@ def exact(rows: list[SweepRow]) -> list[SweepRow]:
     return [r for r in rows if not r.config.fp8_qk]
 
 
+def split_candidates(batch: int, context: int, num_sms: int) -> list[int]:
+    """Split counts for `--splits` at one point, ascending: powers of two from a quarter of the
+    default to twice it, and floor(r * num_sms / (batch * kv heads)) for r = 1..6 (the counts
+    whose programs fill every SM r times), each kept to 1..128 and to >= 16 keys per split."""
+    default = pa.choose_num_splits(batch, context, NUM_KV_HEADS, num_sms)
+    pow2 = {1 << k for k in range(8) if default // 4 <= 1 << k <= default * 2}
+    waves = {r * num_sms // (batch * NUM_KV_HEADS) for r in range(1, 7)}
+    limit = min(128, max(1, context // 16))
+    return sorted(n for n in pow2 | waves if 1 <= n <= limit)
+
+
 def make_caches(batch: int, context: int, fp8: bool):
     """Per-layer (k, v) caches in shuffled blocks, one block table, the lengths, the layer count."""
     elem = 1 if fp8 else 2
@@ -101,10 +117,17 @@ def make_caches(batch: int, context: int, fp8: bool):
 
 
 def sweep_point(
-    batch: int, context: int, fp8: bool, read_bw: float, deadline: float, full: bool
+    batch: int,
+    context: int,
+    fp8: bool,
+    read_bw: float,
+    deadline: float,
+    full: bool,
+    splits: bool = False,
 ) -> list[SweepRow]:
     """Time `candidates(full, fp8)` and two split counts around the default at one point
-    (batch sequences of `context` tokens) until `deadline` (time.monotonic() seconds);
+    (batch sequences of `context` tokens) until `deadline` (time.monotonic() seconds), or with
+    `splits`, the dtype's default configuration at every `split_candidates` count;
     `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
     caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -113,8 +136,14 @@ def sweep_point(
     scales = {"k_scale": s, "v_scale": s}
     ref = pa.ref_paged_decode_attention(q.float(), *caches[0], tables, lens, scale, **scales)
     default_splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS)
-    plan = [(cfg, default_splits) for cfg in candidates(full, fp8)]
-    plan += [(None, default_splits * 2), (None, max(1, default_splits // 2))]
+    plan: list[tuple[pa.DecodeKernelConfig | None, int]]
+    if splits:
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+        default_cfg = pa.default_decode_config(fp8)
+        plan = [(default_cfg, n) for n in split_candidates(batch, context, num_sms)]
+    else:
+        plan = [(cfg, default_splits) for cfg in candidates(full, fp8)]
+        plan += [(None, default_splits * 2), (None, max(1, default_splits // 2))]
     rows: list[SweepRow] = []
     for cfg, splits in plan:
         if time.monotonic() > deadline:
@@ -159,6 +188,9 @@ def main() -> None:
     parser.add_argument(
         "--defaults-only", action="store_true", help="only the defaults, merged both ways"
     )
+    parser.add_argument(
+        "--splits", action="store_true", help="the defaults at a range of split counts"
+    )
     parser.add_argument("--json", default="sweep_decode_kernel.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -173,7 +205,9 @@ def main() -> None:
         batch, context = (int(x) for x in point.split("x"))
         deadline = start + args.max_seconds * (i + 1) / len(work)  # an equal share per point
         fp8 = dtype == "fp8_e4m3"
-        rows += sweep_point(batch, context, fp8, read_bw, deadline, not args.defaults_only)
+        rows += sweep_point(
+            batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits
+        )
     print("best per point:")
     for key, group in itertools.groupby(rows, key=lambda r: (r.kv_dtype, r.batch, r.context)):
         best = min(exact(list(group)), key=lambda r: r.us_per_layer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from livemeet.layers import paged_attention as pa
-from loadtest.sweep_decode_kernel import candidates
+from loadtest.sweep_decode_kernel import candidates, split_candidates
 
 
 def test_defaults_come_first_and_nothing_repeats() -> None:
@@ -47,3 +47,16 @@ def test_the_approximate_form_is_never_the_best() -> None:
 
 def forms_config() -> pa.DecodeKernelConfig:
     return dataclasses.replace(pa.default_decode_config(True), fp8_qk=True)
+
+
+def test_split_candidates_cover_powers_of_two_and_full_waves() -> None:
+    """At 1 x 36k on 132 SMs (8 KV heads) the default (64) sits among the powers of two around
+    it and the counts whose 8 x n programs fill the SMs 1..6 times (16, 33, 49, 66, 82, 99)."""
+    got = split_candidates(1, 36000, 132)
+    assert got == sorted(set(got))
+    default = pa.choose_num_splits(1, 36000, 8, 132)
+    assert {default // 2, default, default * 2} <= set(got)
+    assert {33, 49, 66, 99} <= set(got)
+    # a short context caps the count at 16 keys per split; a big batch leaves few waves
+    assert max(split_candidates(1, 256, 132)) <= 16
+    assert split_candidates(16, 36000, 132)[:3] == [1, 2, 3]
