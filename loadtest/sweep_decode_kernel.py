@@ -60,9 +60,8 @@ class SweepRow:
 
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
-    """The defaults, each with the other merge (kernel or in-kernel), each prefetching 0, 1 and
-    4 tiles into L2 before its PDL wait, (fp8) the FP8 default with e4m3 scores, then (full)
-    the tile/warp/stage grid, merged as the point's dtype merges by
+    """The defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8 default with
+    e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's dtype merges by
     default (so a grid row differs from that default only in its tiles, warps and stages)."""
     merge = pa.default_decode_config(fp8).merge_in_kernel
     grid = [
@@ -74,14 +73,7 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
     defaults = [pa.default_decode_config(False), pa.default_decode_config(True)]
     other_merge = [dataclasses.replace(c, merge_in_kernel=not c.merge_in_kernel) for c in defaults]
     fp8_forms = [dataclasses.replace(defaults[1], fp8_qk=True)]
-    prefetch = [dataclasses.replace(c, prefetch_tiles=n) for c in defaults for n in (0, 1, 4)]
-    chosen = [
-        *defaults,
-        *other_merge,
-        *prefetch,
-        *(fp8_forms if fp8 else []),
-        *(grid if full else []),
-    ]
+    chosen = [*defaults, *other_merge, *(fp8_forms if fp8 else []), *(grid if full else [])]
     return list(dict.fromkeys(chosen))
 
 

@@ -60,7 +60,6 @@ DECODE_BLOCK_N = 64  # keys per decode tile
 DECODE_BLOCK_N_FP8 = 128
 DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
-DECODE_PREFETCH_TILES = 2  # tiles of K and V each program prefetches into L2 before its wait
 
 
 @dataclass(frozen=True)
@@ -75,9 +74,7 @@ class DecodeKernelConfig:
     query scaled per row into e4m3, so no K tile is converted. Approximate (the query loses
     mantissa bits), off by default, for the sweep to measure against the conversion-bound FP8
     default. (An e4m3 PV as well was dropped unmeasured: with the GQA group as M = 16 rows,
-    Triton converts both e4m3 operands to fp16 on Hopper anyway.) prefetch_tiles: under PDL,
-    each program asks the L2 for its first tiles of K and V before it waits for the kernels
-    before it (`pdl.prefetch_l2`), so its first loads do not start cold after the wait.
+    Triton converts both e4m3 operands to fp16 on Hopper anyway.)
     `loadtest/sweep_decode_kernel.py` times the choices on a GPU: the tile, warp and stage
     defaults measured best or within 3 % (bf16) / 10 % (FP8) of the best on an H200
     (docs/benchmarks.md, session 3). Session 4's sweep put the merge kernel ahead of the
@@ -93,15 +90,12 @@ class DecodeKernelConfig:
     num_stages: int = DECODE_NUM_STAGES
     merge_in_kernel: bool = True
     fp8_qk: bool = False
-    prefetch_tiles: int = DECODE_PREFETCH_TILES
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ConfigError(f"block_n must be a power of two >= 16, got {self.block_n}")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ConfigError("num_warps must be a power of two <= 16 and num_stages >= 1")
-        if self.prefetch_tiles < 0:
-            raise ConfigError(f"prefetch_tiles must be >= 0, got {self.prefetch_tiles}")
 
 
 DECODE_CONFIG_BF16 = DecodeKernelConfig(merge_in_kernel=False)
@@ -350,18 +344,6 @@ if HAS_TRITON:
             return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
 
     @triton.jit
-    def _prefetch_kv_tile(
-        base, BT, t0, limit, stride_c_blk, stride_c_tok, PAGE: tl.constexpr,
-        BLOCK_N: tl.constexpr, ROW_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
-    ):  # fmt: skip
-        """L2 prefetch of one head's K or V rows for tokens t0..t0+BLOCK_N-1 (t0 < limit):
-        ROW_LINES lines of LINE_ELEMS elements per token row (tokens past `limit` fetch
-        block 0's row, which is harmless)."""
-        rows = _kv_tile_rows(BT, t0, limit, stride_c_blk, stride_c_tok, PAGE, BLOCK_N)
-        lines = tl.arange(0, ROW_LINES) * LINE_ELEMS
-        pdl.prefetch_l2(base + rows[:, None] + lines[None, :], True)
-
-    @triton.jit
     def _online_softmax_step(s, v, m_i, l_i, acc):
         """Fold one KV tile into the running softmax state (Milakov & Gimelshein 2018).
 
@@ -410,9 +392,6 @@ if HAS_TRITON:
         FP16_DOT: tl.constexpr,
         MERGE: tl.constexpr,
         FP8_QK: tl.constexpr,
-        PREFETCH_TILES: tl.constexpr,
-        ROW_LINES: tl.constexpr,
-        LINE_ELEMS: tl.constexpr,
         PDL: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
@@ -431,32 +410,15 @@ if HAS_TRITON:
         # (with M = 16 Triton falls back to MMAv2 and converts both operands to fp16), and both
         # operands are K-major (head_dim contiguous). The transposed scores then feed the
         # usual softmax; PV stays in fp16.
+        pdl.dependency_sync(PDL)  # before the counters too: one decode kernel at a time
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         num_heads = tl.num_programs(1) * GROUP
-        # lengths and block tables are copied in before the step's first kernel (no kernel
-        # writes them), so they may be read before the wait
         seq_len = tl.load(SeqLens + b)
         split_len = tl.cdiv(tl.cdiv(seq_len, tl.num_programs(2)), BLOCK_N) * BLOCK_N
         start = split * split_len
         end = tl.minimum(start + split_len, seq_len)
-        bt = BlockTables + b.to(tl.int64) * stride_bt
-        k_base = KCache + kvh * stride_kc_head
-        v_base = VCache + kvh * stride_vc_head
-        if PDL:  # the first tiles stream into L2 while the kernels before this one finish
-            for i in tl.static_range(PREFETCH_TILES):
-                t0 = start + i * BLOCK_N
-                if t0 < end:
-                    _prefetch_kv_tile(
-                        k_base, bt, t0, end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N,
-                        ROW_LINES, LINE_ELEMS,
-                    )  # fmt: skip
-                    _prefetch_kv_tile(
-                        v_base, bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N,
-                        ROW_LINES, LINE_ELEMS,
-                    )  # fmt: skip
-        pdl.dependency_sync(PDL)  # before q and the counters: one decode kernel at a time
 
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, HEAD_DIM)
@@ -474,6 +436,9 @@ if HAS_TRITON:
             q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
             q8 = (q.to(tl.float32) / q_scale[:, None]).to(KCache.dtype.element_ty)
             row_scale = q_scale[:, None] * qk_scale
+        bt = BlockTables + b.to(tl.int64) * stride_bt
+        k_base = KCache + kvh * stride_kc_head
+        v_base = VCache + kvh * stride_vc_head
 
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -856,9 +821,6 @@ def paged_decode_attention(
     if fp16_dot and cfg.fp8_qk and head_dim < 32:
         raise ConfigError(f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}")
     splits_pow2 = next_pow2(num_splits)
-    # L2 prefetch granularity: one line of pdl.L2_LINE_BYTES per prefetch, whole rows
-    line_elems = pdl.L2_LINE_BYTES // k_cache.element_size()
-    row_lines = next_pow2(max(1, head_dim // line_elems))
     counters = None
     if num_splits == 1:  # nothing to merge, whichever way merging is configured
         merge = MERGE_NONE_NEEDED
@@ -898,9 +860,6 @@ def paged_decode_attention(
         FP16_DOT=fp16_dot,
         MERGE=merge,
         FP8_QK=fp16_dot and cfg.fp8_qk,
-        PREFETCH_TILES=cfg.prefetch_tiles,
-        ROW_LINES=row_lines,
-        LINE_ELEMS=line_elems,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl.launch_options(q, _decode_split_kernel),

@@ -41,7 +41,6 @@ try:
 except ImportError:  # no Triton, or one without grid dependency control
     HAS_GDC = False
 
-L2_LINE_BYTES = 128  # bytes per L2 cache line (NVIDIA GPUs, sm_70 and later)
 PDL_ENV = "LIVEMEET_PDL"
 PDL_MIN_CAPABILITY = (9, 0)  # griddepcontrol needs sm_90
 _enabled = os.environ.get(PDL_ENV, "1") != "0"
@@ -90,21 +89,3 @@ if HAS_TRITON:
         if PDL:
             gdc_launch_dependents()
             gdc_wait()
-
-    @triton.jit
-    def prefetch_l2(ptrs, PDL: tl.constexpr):
-        """Ask the L2 to fetch the line holding each of `ptrs` (any shape; one PTX
-        `prefetch.global.L2` per element, so pass one pointer per L2_LINE_BYTES line). A hint:
-        no result, no effect on any value. Only under PDL (the interpreter has no inline PTX),
-        before `dependency_sync`, for data the kernel reads after it. Even a line that a kernel
-        still in flight writes is safe to fetch: the L2 is the GPU's point of coherence, so the
-        write updates the fetched line and the load after the wait sees it."""
-        if PDL:
-            tl.inline_asm_elementwise(
-                asm="prefetch.global.L2 [$1];\n\tmov.b32 $0, 0;",
-                constraints="=r,l",
-                args=[ptrs],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )

@@ -7,7 +7,6 @@ set before the kernels are decorated), in float32 on small shapes. On a CUDA mac
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -326,7 +325,7 @@ def test_merge_counters_are_refused_past_their_size() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"block_n": 48}, {"block_n": 8}, {"num_warps": 3}, {"num_stages": 0}, {"prefetch_tiles": -1}],
+    [{"block_n": 48}, {"block_n": 8}, {"num_warps": 3}, {"num_stages": 0}],
 )
 def test_decode_kernel_config_rejects_bad_values(bad: dict[str, int]) -> None:
     with pytest.raises(ConfigError):
@@ -681,57 +680,3 @@ def test_fp8_tensor_core_scores_cuda() -> None:
     atol = 0.1 * float(ref.abs().max())
     torch.testing.assert_close(out.float(), ref, atol=atol, rtol=0)
     assert float(out[2].abs().max()) == 0.0  # the padded row
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_l2_prefetch_reads_the_token_stored_just_before_cuda(dtype: torch.dtype) -> None:
-    """Under PDL each decode program prefetches its first K/V tiles into L2 before it waits for
-    store_kv, whose token lies inside those tiles for short sequences (and in the last split's
-    for long ones). Over steps captured in one graph (store a token, attend over it), outputs
-    with prefetching equal those without it bit for bit: nothing stale is read."""
-    torch.manual_seed(17)
-    lens = [5, 63, 64, 700, 3000]  # a token inside the first tile, at tile edges, long
-    block, steps = 16, 6
-    tables = make_block_tables([n + steps for n in lens], block, 400).cuda()
-    qs = torch.randn(steps, len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
-    new_k = torch.randn(steps, len(lens), 8, 128, device="cuda", dtype=torch.bfloat16)
-    new_v = torch.randn_like(new_k)
-    seqs, slots = [], []
-    for i in range(steps):
-        pos = torch.tensor([n + i for n in lens], device="cuda")
-        seqs.append((pos + 1).to(torch.int32))
-        blocks = tables.gather(1, (pos // block)[:, None]).squeeze(1).long()
-        slots.append(blocks * block + pos % block)
-    caches = [c.to(dtype) for c in make_cache(400, block, 8, 128, torch.bfloat16, "cuda")]
-    outs = {}
-    for tiles in (0, 2):
-        kernel = dataclasses.replace(pa.default_decode_config(dtype != torch.bfloat16),
-                                     prefetch_tiles=tiles)  # fmt: skip
-        k_cache, v_cache = (c.clone() for c in caches)
-
-        def run(k_cache: torch.Tensor = k_cache, v_cache: torch.Tensor = v_cache,
-                kernel: pa.DecodeKernelConfig = kernel) -> list[torch.Tensor]:  # fmt: skip
-            got = []
-            for i in range(steps):
-                pa.store_kv(new_k[i], new_v[i], k_cache, v_cache, slots[i])
-                got.append(pa.paged_decode_attention(
-                    qs[i], k_cache, v_cache, tables, seqs[i], 0.088, kernel=kernel))  # fmt: skip
-            return got
-
-        snapshot = (k_cache.clone(), v_cache.clone())
-        run()  # compile and warm up (this also makes the merge counters), then restore
-        k_cache.copy_(snapshot[0])
-        v_cache.copy_(snapshot[1])
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            captured = run()
-        k_cache.copy_(snapshot[0])
-        v_cache.copy_(snapshot[1])
-        graph.replay()
-        torch.cuda.synchronize()
-        outs[tiles] = [o.clone() for o in captured]
-    for got, want in zip(outs[2], outs[0], strict=True):
-        assert torch.equal(got, want)
