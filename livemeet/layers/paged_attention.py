@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.errors import ConfigError, InternalError
-from livemeet.layers import pdl
+from livemeet.layers import pdl, split_k
 
 try:
     import triton
@@ -105,29 +105,7 @@ DECODE_CONFIG_FP8 = DecodeKernelConfig(block_n=DECODE_BLOCK_N_FP8)
 # How the split kernel's partials reach the output (its MERGE constexpr).
 MERGE_SEPARATE = 0  # partials, then _decode_merge_kernel
 MERGE_NONE_NEEDED = 1  # one split: the output directly
-MERGE_IN_LAST_SPLIT = 2  # partials; the last split of each (sequence, KV head) merges
-MERGE_COUNTERS = 1 << 16  # (sequence, KV head) pairs one device's counter buffer covers
-
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _merge_counters(device: torch.device, needed: int) -> torch.Tensor | None:
-    """The device's zeroed int32 counters for MERGE_IN_LAST_SPLIT (the kernel re-arms each one it
-    uses), or None when `needed` exceeds MERGE_COUNTERS (the caller merges separately). Made
-    once per device, outside any graph capture (the first call is the warm-up's), so every
-    captured graph shares it. Hazard: sharing is safe only while decode kernels run one after
-    another on one stream (as the engine's steps and graph replays do); two decode launches
-    overlapping (a second stream) would corrupt each other's counts. Programmatic dependent
-    launch keeps them apart: the kernel touches the counters only after its
-    `pdl.dependency_sync`."""
-    if needed > MERGE_COUNTERS:
-        return None
-    buf = _counters.get(device)
-    if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None  # not made before capture: a graph-pool tensor must not outlive it
-        buf = _counters[device] = torch.zeros(MERGE_COUNTERS, dtype=torch.int32, device=device)
-    return buf
+MERGE_IN_LAST_SPLIT = 2  # partials; the last split of each (sequence, KV head) merges (split_k)
 
 
 def default_decode_config(fp8: bool) -> DecodeKernelConfig:
@@ -488,20 +466,17 @@ if HAS_TRITON:
     ):
         """Count this split as done; the last of the sequence's splits for this KV head merges
         every split's partial into the GROUP heads' outputs (OutGroup + h * stride_oh; partials
-        in rows first_row + h * MID_SPLITS + s of MidO/MidLse) and re-arms the counter. This
-        removes the merge kernel's launch from each decode step. The pattern of split-K
-        semaphores: a CTA barrier, then one release atomic per program; the merging program
-        acquires and reads the partials through L2 (".cg": L1 is not coherent across SMs)."""
-        tl.debug_barrier()  # every thread's partial stores precede the release below
-        done = tl.atomic_add(Counter, 1, sem="acq_rel")
-        if done == tl.num_programs(2) - 1:
+        in rows first_row + h * MID_SPLITS + s of MidO/MidLse) and re-arms the counter (a
+        split-K semaphore: livemeet.layers.split_k). This removes the merge kernel's launch
+        from each decode step."""
+        if split_k.arrive_last(Counter, tl.num_programs(2)):
             offs_d = tl.arange(0, HEAD_DIM)
             for h in tl.static_range(GROUP):
                 row0 = first_row + h * MID_SPLITS
                 out = _merge_splits(MidO, MidLse, row0, tl.num_programs(2), HEAD_DIM, MID_SPLITS)
                 out_ptrs = OutGroup + h * stride_oh + offs_d
                 tl.store(out_ptrs, (out * v_scale).to(OutGroup.dtype.element_ty))
-            tl.atomic_xchg(Counter, 0)  # re-armed for the next call (and graph replay)
+            split_k.rearm(Counter)
 
     @triton.jit
     def _merge_splits(
@@ -825,7 +800,7 @@ def paged_decode_attention(
     if num_splits == 1:  # nothing to merge, whichever way merging is configured
         merge = MERGE_NONE_NEEDED
     elif cfg.merge_in_kernel:
-        counters = _merge_counters(q.device, batch * num_kv_heads)
+        counters = split_k.counters(q.device, batch * num_kv_heads)
         merge = MERGE_IN_LAST_SPLIT if counters is not None else MERGE_SEPARATE
     else:
         merge = MERGE_SEPARATE

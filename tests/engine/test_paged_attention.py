@@ -14,6 +14,7 @@ import torch
 
 from livemeet.errors import ConfigError, InternalError
 from livemeet.layers import paged_attention as pa
+from livemeet.layers import split_k
 from tests.kernels import interpreted, kernel_marks
 
 pa = interpreted(pa, "_decode_split_kernel")
@@ -311,16 +312,16 @@ def test_decode_merge_in_kernel_equals_merge_kernel_and_rearms(num_splits: int) 
             *args, num_splits=num_splits, impl="triton", kernel=in_kernel
         )
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
-        assert int(pa._merge_counters(q.device, 1).abs().sum()) == 0
+        assert int(split_k.counters(q.device, 1).abs().sum()) == 0
     ref = pa.ref_paged_decode_attention(*args)
     torch.testing.assert_close(want, ref, atol=1e-5, rtol=0)
 
 
 def test_merge_counters_are_refused_past_their_size() -> None:
-    assert pa._merge_counters(torch.device("cpu"), pa.MERGE_COUNTERS + 1) is None
-    counters = pa._merge_counters(torch.device("cpu"), 8)
+    assert split_k.counters(torch.device("cpu"), split_k.NUM_COUNTERS + 1) is None
+    counters = split_k.counters(torch.device("cpu"), 8)
     assert counters is not None and counters.dtype == torch.int32
-    assert counters is pa._merge_counters(torch.device("cpu"), pa.MERGE_COUNTERS)
+    assert counters is split_k.counters(torch.device("cpu"), split_k.NUM_COUNTERS)
 
 
 @pytest.mark.parametrize(
@@ -600,7 +601,7 @@ def test_capture_without_merge_counters_falls_back_cuda(monkeypatch: pytest.Monk
     """A graph captured before any eager decode made the counters merges with the separate
     kernel (no graph-pool tensor may outlive its graph) and is still correct."""
     torch.manual_seed(16)
-    monkeypatch.setattr(pa, "_counters", {})
+    monkeypatch.setattr(split_k, "_buffers", {})
     k_cache, v_cache = make_cache(300, 16, 8, 128, torch.bfloat16, "cuda")
     tables = make_block_tables([3000, 700], 16, 300).cuda()
     seq = torch.tensor([3000, 700], dtype=torch.int32, device="cuda")
@@ -612,11 +613,11 @@ def test_capture_without_merge_counters_falls_back_cuda(monkeypatch: pytest.Monk
     pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8,
                               kernel=pa.DecodeKernelConfig(merge_in_kernel=False))  # fmt: skip
     torch.cuda.synchronize()
-    assert not pa._counters
+    assert not split_k._buffers
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = call()
-    assert not pa._counters  # nothing made during the capture
+    assert not split_k._buffers  # nothing made during the capture
     graph.replay()
     ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
