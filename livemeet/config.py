@@ -7,6 +7,7 @@ CLI flags are generated from these fields (livemeet/__main__.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from livemeet.audio.constants import (
@@ -20,6 +21,29 @@ from livemeet.errors import ConfigError
 
 MAX_MEM_FRACTION = 0.95  # leaves >= 7 GB of an H200 for CUDA graphs, the encoder, activations
 MAX_UPLOAD_BATCH_WAIT_MS = 1000.0  # ms; holding an upload longer only adds latency
+
+
+class UploadHold(StrEnum):
+    """What the engine's scheduler waits for before prefilling new uploads together (its upload
+    batching, livemeet.engine.scheduler), always for at most the upload batch wait.
+
+    `ARRIVALS`: while requests decode, until as many uploads wait as decode.
+    `PIPELINE`: that, and also (even on an idle engine) while the gateway still has uploads on
+    their way to the engine (receiving the body or decoding audio), so a wave of uploads that
+    reaches the engine spread over the gateway's decode slots is prefilled together.
+    """
+
+    ARRIVALS = "arrivals"
+    PIPELINE = "pipeline"
+
+
+def parse_upload_hold(value: str) -> UploadHold:
+    """`value` as an UploadHold. Raises ConfigError naming the choices."""
+    try:
+        return UploadHold(value)
+    except ValueError:
+        choices = ", ".join(h.value for h in UploadHold)
+        raise ConfigError(f"upload_hold must be one of {choices}, not {value!r}") from None
 
 
 @dataclass(frozen=True)

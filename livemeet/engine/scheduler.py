@@ -14,10 +14,19 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Admission by KV availability: a request is admitted when blocks for its whole sequence can
   be allocated; the first admission that cannot be met stops admissions for the step.
 - Upload batching: a step with a prefill cannot replay a decode CUDA graph and runs eagerly
-  (~15-20 ms of launches on an H200 host against ~1.5 ms for a graph step), so while decodes
-  are running, new uploads are held until as many wait as are running, or the oldest has
-  waited `upload_batch_wait_s`; then they are prefilled together. Live hops are never held,
-  and a step that prefills anyway (a live hop, a running chunk) takes held uploads at once.
+  (~15-20 ms of launches on an H200 host against ~1.5 ms for a graph step), so new uploads
+  are held to be prefilled together, until the oldest has waited `upload_batch_wait_s`, while
+  (`upload_hold`, livemeet.config.UploadHold):
+  - ARRIVALS: decodes are running and fewer uploads wait than decode;
+  - PIPELINE (default): that (the clients of running requests soon send more: in a closed
+    loop it pays, tests/engine/test_upload_hold_sim.py), or uploads are still on their way to
+    the engine (`set_incoming_uploads`: being received or decoded by the gateway, or not yet
+    added by the backend), running decodes or not, so a wave of uploads that reaches the
+    engine spread over the gateway's decode slots is prefilled in one step rather than as
+    its first arrivals come.
+  A preempted upload (it already waited) and live hops are never held, and a step that
+  prefills anyway (a live hop, a running chunk) takes held uploads at once. `is_holding`
+  says when held uploads are all there is, so the caller can wait instead of stepping.
 - Preemption by recompute: to admit or grow a request, evict in this order: retained caches
   (least recently finished first), then lower-priority requests from the lowest up, so every
   upload goes before any live hop. An evicted request loses its KV and is recomputed later.
@@ -40,6 +49,7 @@ from livemeet.audio.constants import (
     KV_BLOCK_SIZE,
     MAX_CONTEXT_TOKENS,
 )
+from livemeet.config import UploadHold, parse_upload_hold
 from livemeet.engine.block_manager import BlockCopy, BlockManager
 from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.request import Request, RequestClass, Status
@@ -60,9 +70,10 @@ class SchedulerConfig:
     max_num_seqs: int = 128  # rows per step (decode CUDA graphs go up to 128)
     step_budget_s: float = 0.050  # s of estimated GPU time per step (one flush window)
     upload_min_share: float = 0.25  # fraction of the budget kept for uploads when they can run
-    # s a new upload may wait, while decodes run, to be prefilled together with later arrivals
-    # (see `Scheduler._hold_uploads`); 0 admits every upload at once
+    # s a new upload may wait to be prefilled together with later arrivals (module docstring:
+    # upload batching); 0 admits every upload at once
     upload_batch_wait_s: float = 0.05
+    upload_hold: UploadHold = UploadHold.PIPELINE  # what a held upload waits for
     min_prefill_chunk: int = KV_BLOCK_SIZE  # tokens; smaller non-final chunks are not worth it
     max_model_len: int = MAX_CONTEXT_TOKENS  # tokens; prompt + output limit (FinishReason.LENGTH)
     eos_token_id: int = EOS_TOKEN_ID
@@ -80,6 +91,7 @@ class SchedulerConfig:
             raise ConfigError(f"upload_batch_wait_s must be >= 0, not {self.upload_batch_wait_s}")
         if not 0 <= self.upload_min_share < 1:
             raise ConfigError(f"upload_min_share must be in [0, 1), not {self.upload_min_share}")
+        parse_upload_hold(self.upload_hold)
 
 
 class PrefillChunk(NamedTuple):
@@ -190,6 +202,7 @@ class Scheduler:
         self._retain: set[str] = set()
         self._order: dict[str, int] = {}
         self._next_order = 0
+        self._num_incoming_uploads = 0  # on their way to `add` (set_incoming_uploads)
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -217,6 +230,18 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self._requests)
+
+    @property
+    def num_incoming_uploads(self) -> int:
+        return self._num_incoming_uploads
+
+    def is_holding(self, now_s: float) -> bool:
+        """True when every unfinished request is a new upload held for company: `schedule(now_s)`
+        would be empty, and only an `add`, `set_incoming_uploads` or time changes that."""
+        return all(
+            r.status is Status.WAITING and r.request_class is RequestClass.UPLOAD
+            for r in self._requests.values()
+        ) and self._hold_uploads(now_s)
 
     # -- commands --------------------------------------------------------------------------
 
@@ -292,6 +317,13 @@ class Scheduler:
         if request is not None:
             self.block_manager.free(request)
         return request
+
+    def set_incoming_uploads(self, count: int) -> None:
+        """How many uploads are on their way to `add` (accepted upstream, not added yet); the
+        PIPELINE upload hold waits for them. Raises SchedulerError for a negative count."""
+        if count < 0:
+            raise SchedulerError(f"incoming upload count must be >= 0, not {count}")
+        self._num_incoming_uploads = count
 
     def preempt(self, request_id: str) -> bool:
         """Evict an unfinished request's KV now (it will be recomputed); False if it holds
@@ -521,21 +553,24 @@ class Scheduler:
 
     def _hold_uploads(self, now_s: float) -> bool:
         """Whether waiting uploads stay out of this step (module docstring: upload batching):
-        decodes are running, fewer uploads wait than run, and none has waited
-        `upload_batch_wait_s`. A preempted upload is never held (it already waited)."""
+        some wait, none has waited `upload_batch_wait_s` or was preempted (it already waited),
+        and fewer wait than decode or (PIPELINE) more are on their way."""
         wait_s = self.config.upload_batch_wait_s
         if wait_s <= 0:
             return False
-        waiting: list[Request] = []
-        num_decoding = 0
+        num_waiting = num_decoding = 0
         for r in self._requests.values():
             if r.status is Status.RUNNING:
                 num_decoding += r.is_decoding
             elif r.request_class is RequestClass.UPLOAD:
                 if r.status is Status.PREEMPTED or now_s - r.arrival_s >= wait_s:
                     return False
-                waiting.append(r)
-        return 0 < len(waiting) < num_decoding
+                num_waiting += 1
+        if num_waiting == 0:
+            return False
+        if num_waiting < num_decoding:
+            return True
+        return self.config.upload_hold == UploadHold.PIPELINE and self._num_incoming_uploads > 0
 
     def _upload_can_run(self, *, include_waiting: bool = True) -> bool:
         bm = self.block_manager

@@ -110,10 +110,13 @@ def run_steps(
     on_step: Callable[[ScheduledBatch], None] | None = None,
 ) -> list[ScheduledBatch]:
     """Drive schedule -> run -> postprocess, advancing the clock by each step's estimate
-    (or 1 ms for an empty step) and auditing the allocator after every step."""
+    (or 1 ms for an empty step) and auditing the allocator after every step; a step the
+    scheduler said it would hold (`is_holding`) must be empty."""
     batches = []
     for _ in range(num_steps):
+        holding = scheduler.is_holding(clock.now_s)
         batch = scheduler.schedule(clock.now_s)
+        assert batch.is_empty or not holding, "is_holding() but the step is not empty"
         tokens = runner.run(batch)
         clock.advance(batch.estimated_cost_s if not batch.is_empty else 1e-3)
         scheduler.postprocess(batch, tokens)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from livemeet.audio.constants import AUDIO_TOKENS_PER_SECOND, MAX_AUDIO_S, TIME_MARKER_EVERY_S
+from livemeet.config import UploadHold
 from livemeet.engine.block_manager import BlockManager, BlockManagerError
 from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.request import Request, RequestClass, Status
@@ -525,6 +526,7 @@ op = st.one_of(
     st.tuples(st.just("preempt"), st.integers(0, 30)),
     st.tuples(st.just("inflight_abort"), st.integers(0, 30)),
     st.tuples(st.just("fork"), st.integers(0, 30), st.integers(1, 60)),
+    st.tuples(st.just("incoming"), st.integers(0, 3)),
 )
 
 
@@ -556,6 +558,8 @@ def test_random_operations_keep_the_allocator_consistent(ops: list[tuple[object,
             ids.append(rid)
         elif kind == "step":
             run_steps(sched, runner, clock, int(o[1]))  # type: ignore[call-overload]
+        elif kind == "incoming":
+            sched.set_incoming_uploads(int(o[1]))  # type: ignore[call-overload]
         elif kind in ("abort", "preempt"):
             rid = pick(o[1])
             if rid is not None:
@@ -666,3 +670,131 @@ def test_held_uploads_leave_the_whole_budget_to_live_work() -> None:
     chunks = {c.request.request_id: c.num_tokens for c in batch.prefills}
     # uncapped: with the upload's share reserved the hop would get 0.75 x 2048 = 1536 tokens
     assert chunks["hop"] > 1536, chunks
+
+
+# -- upload batching: the pipeline-aware hold ---------------------------------------------------
+
+
+def test_idle_engine_holds_new_uploads_while_more_are_incoming() -> None:
+    """The first arrivals of a wave wait for the rest (the gateway says they are coming) and
+    the wave is prefilled in one step; ARRIVALS would start the first one alone."""
+    sched, runner, clock = make(upload_batch_wait_s=0.05)
+    sched.set_incoming_uploads(2)
+    sched.add(req("a", 20, arrival=clock.now_s))
+    assert sched.is_holding(clock.now_s)
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert batch.is_empty
+    sched.set_incoming_uploads(1)
+    sched.add(req("b", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert batch.is_empty
+    sched.set_incoming_uploads(0)
+    sched.add(req("c", 20, arrival=clock.now_s))
+    assert not sched.is_holding(clock.now_s)
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"a", "b", "c"}
+
+
+def test_incoming_uploads_are_waited_for_at_most_the_batch_wait() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=0.05)
+    sched.set_incoming_uploads(5)  # e.g. long files still decoding in the gateway
+    sched.add(req("a", 20, arrival=clock.now_s))
+    arrival = clock.now_s
+    while clock.now_s - arrival < 0.05:
+        assert sched.is_holding(clock.now_s)
+        (batch,) = run_steps(sched, runner, clock, 1)
+        assert batch.is_empty
+    assert not sched.is_holding(clock.now_s)
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"a"}
+
+
+def test_incoming_uploads_hold_even_when_as_many_wait_as_decode() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=10.0)
+    _decoding(sched, runner, clock, 2)
+    sched.set_incoming_uploads(1)
+    sched.add(req("a", 20, arrival=clock.now_s))
+    sched.add(req("b", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert not _admitted(batch) and len(batch.decodes) == 2  # decodes go on meanwhile
+    assert not sched.is_holding(clock.now_s)  # there is decode work: not idle
+    sched.set_incoming_uploads(0)
+    sched.add(req("c", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"a", "b", "c"}
+
+
+def test_nothing_incoming_keeps_the_fewer_than_decoding_rule() -> None:
+    """With nothing on its way, PIPELINE still holds while fewer wait than decode: in a closed
+    loop the clients of the running requests come back (test_upload_hold_sim.py measures it)."""
+    sched, runner, clock = make(upload_batch_wait_s=10.0)
+    _decoding(sched, runner, clock, 3)
+    sched.set_incoming_uploads(0)
+    sched.add(req("late", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert not _admitted(batch)
+    sched.add(req("late2", 20, arrival=clock.now_s))
+    sched.add(req("late3", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"late", "late2", "late3"}
+
+
+def test_arrivals_policy_ignores_incoming_uploads() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=10.0, upload_hold=UploadHold.ARRIVALS)
+    sched.set_incoming_uploads(7)
+    sched.add(req("first", 20, arrival=clock.now_s))
+    assert not sched.is_holding(clock.now_s)
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"first"}  # an idle engine starts at once
+    sched, runner, clock = make(upload_batch_wait_s=10.0, upload_hold="arrivals")
+    _decoding(sched, runner, clock, 1)
+    sched.set_incoming_uploads(7)
+    sched.add(req("a", 20, arrival=clock.now_s))
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"a"}  # as many wait as decode
+
+
+def test_a_preempted_upload_is_never_held_for_incoming_uploads() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=10.0)
+    sched.add(req("up", 20, max_new=50))
+    run_steps(sched, runner, clock, 2)
+    assert sched.preempt("up")
+    sched.set_incoming_uploads(4)
+    assert not sched.is_holding(clock.now_s)
+    (batch,) = run_steps(sched, runner, clock, 1)
+    assert _admitted(batch) == {"up"}  # it already waited once
+
+
+def test_live_hops_are_never_held_for_incoming_uploads() -> None:
+    sched, runner, clock = make(upload_batch_wait_s=10.0)
+    sched.set_incoming_uploads(4)
+    sched.add(req("upload", 20, arrival=clock.now_s))
+    sched.add(req("hop", 20, LIVE, deadline=clock.now_s + 1.0, arrival=clock.now_s))
+    assert not sched.is_holding(clock.now_s)
+    (batch,) = run_steps(sched, runner, clock, 1)
+    # the hop runs at once and its eager step takes the held upload along
+    assert _admitted(batch) == {"hop", "upload"}
+
+
+def test_incoming_count_is_validated() -> None:
+    sched, _, _ = make()
+    with pytest.raises(SchedulerError):
+        sched.set_incoming_uploads(-1)
+    with pytest.raises(ConfigError):
+        SchedulerConfig(upload_hold="sometimes")  # type: ignore[arg-type]
+
+
+def test_pipeline_hold_is_deterministic() -> None:
+    def trace() -> list[tuple[object, ...]]:
+        sched, runner, clock = make(upload_batch_wait_s=0.02)
+        _decoding(sched, runner, clock, 2)
+        out: list[tuple[object, ...]] = []
+        for i in range(12):
+            sched.set_incoming_uploads((12 - i) % 4)
+            sched.add(req(f"u{i}", 20 + i, arrival=clock.now_s))
+            out += [summary(b) for b in run_steps(sched, runner, clock, 3)]
+        return out
+
+    first = trace()
+    assert first == trace()
+    assert any(b[0] for b in first) and any(not b[0] for b in first)  # holds and admissions
