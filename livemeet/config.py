@@ -69,9 +69,10 @@ class ModelConfig:
     # of the GPU's memory that weights + KV pool may fill; graphs and activations use the rest
     mem_fraction: float = 0.85
     chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest prefill chunk per step
-    # ms a new upload may wait, while decodes run, to be prefilled with later arrivals
-    # (livemeet.engine.scheduler's upload batching); 0 admits every upload at once
+    # ms a new upload may wait to be prefilled with later arrivals (what it waits for:
+    # `upload_hold`; livemeet.engine.scheduler's upload batching); 0 admits every upload at once
     upload_batch_wait_ms: float = 50.0
+    upload_hold: UploadHold = UploadHold.PIPELINE  # what a new upload waits for (UploadHold)
 
     @property
     def backend_name(self) -> str:
@@ -108,6 +109,7 @@ class ModelConfig:
                 f"upload_batch_wait_ms must be in [0, {MAX_UPLOAD_BATCH_WAIT_MS:g}], "
                 f"not {self.upload_batch_wait_ms}"
             )
+        parse_upload_hold(self.upload_hold)
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
         if self.forced_output is not None and not Path(self.forced_output).is_file():

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES, num_audio_tokens
-from livemeet.config import ModelConfig
+from livemeet.config import ModelConfig, parse_upload_hold
 from livemeet.engine.encoder_runner import full_window_keys
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
@@ -257,6 +257,7 @@ class MossCore:
                     scheduler=SchedulerConfig(
                         chunked_prefill_size=cfg.chunked_prefill_size,
                         upload_batch_wait_s=cfg.upload_batch_wait_ms / 1000.0,
+                        upload_hold=parse_upload_hold(cfg.upload_hold),
                         max_num_batched_tokens=max(
                             SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
                         ),

@@ -10,7 +10,7 @@ from pathlib import Path
 from aiohttp import web
 
 from livemeet.audio.constants import CHUNKED_PREFILL_SIZE, MAX_AUDIO_S, MAX_UPLOAD_BYTES
-from livemeet.config import GatewayConfig, ModelConfig, ServerConfig
+from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.errors import ConfigError
 
 log = logging.getLogger("livemeet.serve")
@@ -107,8 +107,16 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "--upload-batch-wait-ms",
         type=float,
         default=ModelConfig.upload_batch_wait_ms,
-        help="ms a new upload may wait, while other requests decode, to be prefilled together "
-        "with later arrivals (0: admit at once; default %(default)g)",
+        help="ms a new upload may wait to be prefilled together with later arrivals (0: admit "
+        "at once; default %(default)g)",
+    )
+    p.add_argument(
+        "--upload-hold",
+        choices=[h.value for h in UploadHold],
+        default=ModelConfig.upload_hold.value,
+        help="what a new upload waits for, up to --upload-batch-wait-ms: arrivals (while others "
+        "decode, until as many wait as decode) or pipeline (that, and while the gateway is "
+        "still receiving or decoding uploads; default %(default)s)",
     )
     p.add_argument(
         "--prefill-graphs",
@@ -135,6 +143,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         mem_fraction=args.mem_fraction,
         chunked_prefill_size=args.chunked_prefill_size,
         upload_batch_wait_ms=args.upload_batch_wait_ms,
+        upload_hold=UploadHold(args.upload_hold),
     )
 
 

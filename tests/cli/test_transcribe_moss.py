@@ -88,9 +88,11 @@ def test_serve_model_flags(tmp_path: Path) -> None:
 
 
 def test_serve_engine_sizing_flags() -> None:
-    """--mem-fraction and --chunked-prefill-size reach the ModelConfig and are validated."""
+    """--mem-fraction, --chunked-prefill-size and the upload hold flags reach the ModelConfig
+    and are validated."""
     from livemeet.__main__ import build_parser
     from livemeet.cli import serve
+    from livemeet.config import ModelConfig, UploadHold
     from livemeet.errors import ConfigError
 
     args = build_parser().parse_args(["serve", "--model", "x"])
@@ -104,6 +106,13 @@ def test_serve_engine_sizing_flags() -> None:
     assert config.upload_batch_wait_ms == 50.0
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-batch-wait-ms", "0"])
     assert serve.config_from_args(args).model.upload_batch_wait_ms == 0.0
+    assert config.upload_hold == UploadHold.PIPELINE
+    args = build_parser().parse_args(["serve", "--model", "x", "--upload-hold", "arrivals"])
+    assert serve.config_from_args(args).model.upload_hold is UploadHold.ARRIVALS
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        build_parser().parse_args(["serve", "--model", "x", "--upload-hold", "always"])
+    with pytest.raises(ConfigError):
+        ModelConfig(upload_hold="always").validate()  # type: ignore[arg-type]
     for bad in (
         ["--mem-fraction", "0.97"],  # leaves too little for graphs and activations
         ["--mem-fraction", "0"],
@@ -119,12 +128,13 @@ def test_serve_engine_sizing_flags() -> None:
 
 def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
     from livemeet.backends.moss import MossCore
-    from livemeet.config import ModelConfig
+    from livemeet.config import ModelConfig, UploadHold
 
     core = MossCore(
         ModelConfig(
             model=str(moss_dir), device="cpu", dtype="float32", num_kv_blocks=64,
             mem_fraction=0.6, chunked_prefill_size=16_384, upload_batch_wait_ms=20,
+            upload_hold=UploadHold.ARRIVALS,
         )
     )  # fmt: skip
     core.load()
@@ -133,7 +143,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         assert core.engine.config.mem_fraction == 0.6
         sched = core.engine.scheduler.config
         assert sched.chunked_prefill_size == 16_384 and sched.max_num_batched_tokens == 16_384
-        assert sched.upload_batch_wait_s == 0.02
+        assert sched.upload_batch_wait_s == 0.02 and sched.upload_hold is UploadHold.ARRIVALS
     finally:
         core.close()
 
