@@ -6,11 +6,12 @@ on an H200 (loadtest/bench_decode_step.py --profile: 29 us per layer of GEMMs ag
 to read the weights at 4.3 TB/s). `skinny_linear` is a Triton kernel for M <= SKINNY_MAX_M
 rows: each program reads a [BLOCK_N, K] slab of w once and produces y[:, slab]. M == 1 uses a
 broadcast multiply and row sum (no tensor-core padding); 2..16 rows use tl.dot with M padded
-to 16. Two one-row variants fold the kernel before a projection into it (one launch fewer
-each; at batch 1 every kernel boundary costs ~1.5-2 us of a ~35 us layer):
-`skinny_silu_linear` the MLP's SiLU*mul into the down projection, `skinny_norm_linear` the
-residual add + RMSNorm into the qkv and gate_up projections (each program re-reads the K-wide
-row for its RMS).
+to 16, optionally with K split across programs whose last one sums the parts in a fixed order
+(`GemmConfig.split_k`, livemeet.layers.split_k). Two one-row variants fold the kernel before a
+projection into it (one launch fewer each; at batch 1 every kernel boundary costs ~1.5-2 us
+of a ~35 us layer): `skinny_silu_linear` the MLP's SiLU*mul into the down projection,
+`skinny_norm_linear` the residual add + RMSNorm into the qkv and gate_up projections (each
+program re-reads the K-wide row for its RMS).
 
 Which kernel wins depends on the shape and the GPU, so `LinearPlan.tune` times cuBLAS (or, for
 the fused variants, the two-kernel path) and a few fixed Triton configurations per (weight
@@ -30,9 +31,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from livemeet.errors import InternalError
+from livemeet.errors import ConfigError, InternalError
 from livemeet.layers import fused as fk
-from livemeet.layers import pdl
+from livemeet.layers import pdl, split_k
 from livemeet.layers.paged_attention import Impl, select_triton
 
 try:
@@ -66,6 +67,15 @@ class GemmConfig:
     block_k: int  # reduction elements per loop iteration
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1  # 2..16 rows only: K cut across this many programs per column tile
+
+    def __post_init__(self) -> None:
+        for name in ("block_n", "block_k", "num_warps", "split_k"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ConfigError(f"GemmConfig.{name} must be a power of two, not {value}")
+        if self.num_stages < 1:
+            raise ConfigError(f"GemmConfig.num_stages must be >= 1, not {self.num_stages}")
 
 
 # Candidates timed by `LinearPlan.tune`. M == 1 (reduction kernel): narrow slabs keep every SM
@@ -84,11 +94,20 @@ ROW_CANDIDATES = (
     GemmConfig(4, 2048),
     GemmConfig(8, 2048, num_warps=8),
 )
+# 2..16 rows: cuBLAS won every shape against the one-pass tiles below (5-8 us per projection,
+# ~1.5 TB/s; H200, session 4), since N = 1024 outputs make only 64 programs of 16 columns.
+# Split-K tiles put 256-512 programs on those shapes, with 2-warp programs for 16 x 16 tiles.
 DOT_CANDIDATES = (
     GemmConfig(16, 256),
     GemmConfig(32, 128),
     GemmConfig(32, 256),
     GemmConfig(64, 128),
+    GemmConfig(16, 512, num_warps=2),
+    GemmConfig(16, 256, num_warps=2, split_k=2),
+    GemmConfig(16, 256, num_warps=2, split_k=4),
+    GemmConfig(16, 512, num_warps=2, split_k=2),
+    GemmConfig(16, 512, split_k=4),
+    GemmConfig(32, 256, split_k=2),
 )
 
 
@@ -207,6 +226,8 @@ if HAS_TRITON:
         X,
         W,
         Out,
+        Partials,
+        Counters,
         M,
         N,
         K,
@@ -216,27 +237,54 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        SPLIT_K: tl.constexpr,
         EVEN_K: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        # grid: (cdiv(N, BLOCK_N),); all M <= BLOCK_M rows in one program
-        pdl.dependency_sync(PDL)
+        # grid: (cdiv(N, BLOCK_N), SPLIT_K); all M <= BLOCK_M rows in one program. With
+        # SPLIT_K > 1 each program reduces a BLOCK_K-aligned 1/SPLIT_K of K into Partials
+        # [SPLIT_K, BLOCK_M, N] fp32 and the last of a column tile's programs sums them in
+        # split order (livemeet.layers.split_k; Counters: one per column tile).
         pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        k_len = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+        k_start = pid_k * k_len
+        k_end = tl.minimum(k_start + k_len, K)
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
         mmask = offs_m < M
         nmask = offs_n < N
-        x_rows = X + offs_m[:, None] * stride_xm
         w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        # the first weight tile is read before the wait, as in _skinny_rows_kernel (an empty
+        # last split reads nothing)
+        # (k_start < K) broadcast as a block: the interpreter rejects block & scalar masks
+        w_first = _rows_tile(
+            w_rows, k_start + offs_k, K, nmask & (offs_n * 0 + k_start < K), EVEN_K
+        )
+        pdl.dependency_sync(PDL)
+        x_rows = X + offs_m[:, None] * stride_xm
+        x = _rows_tile(x_rows, k_start + offs_k, K, mmask & (offs_m * 0 + k_start < K), EVEN_K)
+        acc = tl.dot(x, tl.trans(w_first.to(x.dtype)))
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + offs_k
             x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
             w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
-        tl.store(out, acc.to(Out.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+        omask = mmask[:, None] & nmask[None, :]
+        if SPLIT_K == 1:
+            tl.store(out, acc.to(Out.dtype.element_ty), mask=omask)
+        else:
+            tile = offs_m[:, None] * N + offs_n[None, :]  # [BLOCK_M, BLOCK_N] in one split
+            tl.store(Partials + pid_k * BLOCK_M * N + tile, acc, mask=omask)
+            if split_k.arrive_last(Counters + pid_n, SPLIT_K):
+                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    part = Partials + s * BLOCK_M * N + tile
+                    total += tl.load(part, mask=omask, other=0.0, cache_modifier=".cg")
+                tl.store(out, total.to(Out.dtype.element_ty), mask=omask)
+                split_k.rearm(Counters + pid_n)
 
 
 def skinny_linear(
@@ -263,10 +311,20 @@ def skinny_linear(
     if m == 1:
         return _rows_launch(x, weight, k, config)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _skinny_dot_kernel[(triton.cdiv(n, config.block_n),)](
+    tiles = triton.cdiv(n, config.block_n)
+    parts = config.split_k
+    counters = split_k.counters(x.device, tiles) if parts > 1 else None
+    if counters is None:
+        parts = 1  # no counters (first made inside a capture, or too many tiles): one pass
+    partials = out  # unused with one split
+    if parts > 1:
+        partials = torch.empty((parts, DOT_BLOCK_M, n), dtype=torch.float32, device=x.device)
+    _skinny_dot_kernel[(tiles, parts)](
         x,
         weight,
         out,
+        partials,
+        out if counters is None else counters,
         m,
         n,
         k,
@@ -276,6 +334,7 @@ def skinny_linear(
         BLOCK_M=DOT_BLOCK_M,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
+        SPLIT_K=parts,
         EVEN_K=k % config.block_k == 0,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

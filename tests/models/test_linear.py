@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from livemeet.errors import InternalError
-from livemeet.layers import linear
+from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import linear, split_k
 from tests.kernels import interpreted, kernel_marks
 
 linear = interpreted(linear, "_skinny_rows_kernel")
@@ -39,6 +39,62 @@ def test_skinny_linear_matches_f_linear(
     out = linear.skinny_linear(x, w, config, impl="triton")
     assert out.shape == (rows, n) and out.dtype == x.dtype
     torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("rows", [2, 16])
+@pytest.mark.parametrize(
+    ("n", "k", "config"),
+    [
+        (48, 128, linear.GemmConfig(16, 32, split_k=2)),  # two whole tiles per split
+        (40, 72, linear.GemmConfig(16, 32, split_k=2)),  # ragged N and K: a partial last tile
+        (24, 40, linear.GemmConfig(16, 32, split_k=4)),  # two K tiles over four splits: two empty
+    ],
+)
+def test_split_k_matches_f_linear_deterministically(
+    rows: int, n: int, k: int, config: linear.GemmConfig
+) -> None:
+    """K cut across programs, the last of each column tile summing the partials in split
+    order: F.linear up to rounding, the same bits on every call, every counter re-armed."""
+    torch.manual_seed(rows * 10 + k)
+    x, w = torch.randn(rows, k), torch.randn(n, k)
+    out = linear.skinny_linear(x, w, config, impl="triton")
+    torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+    assert torch.equal(linear.skinny_linear(x, w, config, impl="triton"), out)
+    counters = split_k.counters(torch.device("cpu"), 1)
+    assert counters is not None and int(counters.abs().sum()) == 0
+
+
+@pytest.mark.parametrize(
+    "bad", [{"block_n": 12}, {"block_k": 0}, {"num_warps": 3}, {"split_k": 3}, {"num_stages": 0}]
+)
+def test_gemm_config_rejects_bad_values(bad: dict[str, int]) -> None:
+    fields = {"block_n": 16, "block_k": 32, **bad}
+    with pytest.raises(ConfigError):
+        linear.GemmConfig(**fields)
+
+
+@gpu
+@needs_cuda
+def test_split_k_has_no_race_cuda() -> None:
+    """Back-to-back split-K projections in one CUDA graph, replayed: a reducer that read a
+    partial before its program stored it, or a counter left armed, would differ from the
+    one-pass kernel."""
+    torch.manual_seed(7)
+    w = torch.randn(1024, 3072, device="cuda", dtype=torch.bfloat16) * 0.02
+    xs = torch.randn(40, 16, 3072, device="cuda", dtype=torch.bfloat16)
+    split, whole = linear.GemmConfig(16, 256, split_k=8), linear.GemmConfig(16, 256)
+    linear.skinny_linear(xs[0], w, split)  # compile; makes the counters before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [linear.skinny_linear(x, w, split) for x in xs]
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        for x, out in zip(xs, outs, strict=True):
+            want = linear.skinny_linear(x, w, whole).float()
+            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=0)
 
 
 @needs_interpreter
