@@ -24,6 +24,10 @@ class BackendCore(Protocol):
       core forgets `sid`. After `abort(sid)` no event of `sid` is returned again.
     - `stats()` returns the engine's cumulative step counters, or None for a backend without
       a step engine (demo, scripted); it is cheap (no device sync), called between steps.
+    - `set_incoming_uploads(count)`: how many uploads the gateway is still receiving or
+      decoding (messages.IncomingUploads); a scheduling hint that a backend without upload
+      batching ignores. `has_work()` may be False while the backend holds uploads for them
+      (the worker then blocks on its inbox for at most ENGINE_IDLE_POLL_S).
     """
 
     @property
@@ -46,5 +50,7 @@ class BackendCore(Protocol):
     def step(self) -> list[tuple[str, Event]]: ...
 
     def stats(self) -> EngineStats | None: ...
+
+    def set_incoming_uploads(self, count: int) -> None: ...
 
     def close(self) -> None: ...

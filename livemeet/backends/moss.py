@@ -1,6 +1,10 @@
 """The MOSS-TD backend: `MossCore`, a `BackendCore` over livemeet's paged `Engine`.
 
 Uploads (`SessionOptions.live` False) buffer their audio; `end()` queues one UPLOAD request.
+The scheduler's upload hold is told how many uploads are on their way to it: the gateway's
+(`set_incoming_uploads`: receiving or decoding) plus this core's not yet queued (opened, or
+ended and waiting for a submit slot), so an upload counts from the gateway's accept until the
+scheduler has it, and an upload whose `EndSession` is still in the pipe is not forgotten.
 Every engine step feeds the new tokens through an incremental detokenizer, the transcript
 parser and the repetition guard, so each confirmed segment is sent at once as a `TextDelta`
 (then its `SegmentFinal`, so the gateway's SSE tracker does not derive the text twice); the
@@ -230,6 +234,7 @@ class MossCore:
         self._forced: list[Segment] | None = None
         self._forced_text: str | None = None
         self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
+        self._gateway_incoming_uploads = 0  # set_incoming_uploads: not yet sent to this core
 
     # -- BackendCore: lifecycle --------------------------------------------------------------
 
@@ -323,9 +328,21 @@ class MossCore:
     # -- BackendCore: work -------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        if self.engine is not None and self.engine.has_work():
+        """Something to submit, or an engine step that would do something: False while the
+        engine only holds uploads for incoming ones (the worker then waits on its inbox)."""
+        if any(self._needs_submit(s) for s in self._sessions.values()):
             return True
-        return any(self._needs_submit(s) for s in self._sessions.values())
+        if self.engine is None:
+            return False
+        self._tell_incoming_uploads()
+        return self.engine.has_work() and not self.engine.is_holding()
+
+    def set_incoming_uploads(self, count: int) -> None:
+        """How many uploads the gateway is still receiving or decoding (module docstring).
+        Raises InvalidRequest for a negative count."""
+        if count < 0:
+            raise InvalidRequest(f"incoming upload count must be >= 0, not {count}")
+        self._gateway_incoming_uploads = count
 
     def stats(self) -> EngineStats | None:
         """The engine's cumulative step counters; None before `load()`."""
@@ -347,6 +364,7 @@ class MossCore:
                 self._drop(sid, sess)
                 events = [Error(exc.code, exc.message, exc.retryable)]
             out.extend((sid, e) for e in events)
+        self._tell_incoming_uploads()
         if engine.has_work():
             result = engine.step()  # a failure here cannot be pinned on a session: it propagates
             for rid, token_id in result.new_tokens:
@@ -401,6 +419,12 @@ class MossCore:
             self._owner.pop(rid, None)
             if self.engine is not None:
                 self.engine.abort(rid)
+
+    def _tell_incoming_uploads(self) -> None:
+        unqueued = sum(
+            1 for s in self._sessions.values() if isinstance(s, _Upload) and s.request_id is None
+        )
+        self._engine().set_incoming_uploads(self._gateway_incoming_uploads + unqueued)
 
     def _needs_submit(self, sess: _Session) -> bool:
         if isinstance(sess, _Upload):

@@ -142,6 +142,10 @@ class RedecodeCore(abc.ABC):
         """None: a window re-decoder has no step engine to count."""
         return None
 
+    def set_incoming_uploads(self, count: int) -> None:
+        """Ignored: uploads are decoded one at a time, not batched, so none waits for others."""
+        return None
+
     def step(self) -> list[tuple[str, Event]]:
         for sid, sess in self._sessions.items():
             if self._ready(sess):

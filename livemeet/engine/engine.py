@@ -277,6 +277,17 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None
 
+    def set_incoming_uploads(self, count: int) -> None:
+        """Uploads on their way to `add_request`; the scheduler's upload hold waits for them."""
+        self.scheduler.set_incoming_uploads(count)
+
+    def is_holding(self) -> bool:
+        """True when a step now would do nothing: no step is in flight and the scheduler holds
+        new uploads for the incoming ones (Scheduler.is_holding). Reads the clock only then."""
+        if self._in_flight is not None or self.scheduler.num_incoming_uploads == 0:
+            return False  # with nothing incoming, uploads are held only while others decode
+        return self.scheduler.is_holding(self.clock())
+
     def stats(self) -> EngineStats:
         """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
         return EngineStats(**self._counts)  # type: ignore[arg-type]

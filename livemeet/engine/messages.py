@@ -40,11 +40,29 @@ class AbortSession:
 
 
 @dataclass(frozen=True)
+class IncomingUploads:
+    """How many uploads the gateway has accepted and not yet handed to the engine (receiving
+    the body, waiting for or in a decode slot); the scheduler's upload hold waits for them.
+    Sent when the count changes, and always ahead of any later command, so an upload's
+    `EndSession` finds a count that no longer includes it."""
+
+    count: int
+
+
+@dataclass(frozen=True)
 class Shutdown:
     """Stop the worker after freeing every session."""
 
 
-Command = OpenSession | AppendAudio | FinalizeSession | EndSession | AbortSession | Shutdown
+Command = (
+    OpenSession
+    | AppendAudio
+    | FinalizeSession
+    | EndSession
+    | AbortSession
+    | IncomingUploads
+    | Shutdown
+)
 
 
 @dataclass(frozen=True)

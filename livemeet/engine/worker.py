@@ -3,7 +3,9 @@
 `run_worker` runs in the engine child process (or, in tests, a thread). It loads the backend,
 posts `WorkerReady` (or `WorkerFailed` with a livemeet.errors code), then loops: drain the
 inbox (blocking briefly only while the core has no work), apply each command to the core, run
-`core.step()` while it has work, and post every event as a `SessionEvent`.
+`core.step()` while it has work, and post every event as a `SessionEvent`. `IncomingUploads`
+goes to `core.set_incoming_uploads` in its place among the commands, so the core sees the
+gateway's count exactly as it was when each later session command was sent.
 
 Stats: the core's cumulative `EngineStats` (None for backends without a step engine: nothing is
 posted) go out at most every ENGINE_STATS_INTERVAL_S while the worker steps, and once each time
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from livemeet.audio.constants import ENGINE_POLL_S, ENGINE_STATS_INTERVAL_S
+from livemeet.audio.constants import ENGINE_IDLE_POLL_S, ENGINE_STATS_INTERVAL_S
 from livemeet.backends.base import BackendCore
 from livemeet.config import ModelConfig
 from livemeet.engine.messages import (
@@ -36,6 +38,7 @@ from livemeet.engine.messages import (
     Command,
     EndSession,
     FinalizeSession,
+    IncomingUploads,
     OpenSession,
     SessionEvent,
     Shutdown,
@@ -132,7 +135,11 @@ class Worker:
                 return
 
     def apply(self, cmd: Command) -> None:
-        """Apply one session command; a failure becomes that session's `Error` event."""
+        """Apply one command; a session command's failure becomes that session's `Error`
+        event (a failing `IncomingUploads` is the core's bug: it propagates)."""
+        if isinstance(cmd, IncomingUploads):
+            self.core.set_incoming_uploads(cmd.count)
+            return
         sid = getattr(cmd, "session_id", "")
         try:
             if isinstance(cmd, OpenSession):
@@ -195,11 +202,11 @@ class Worker:
 
 
 def drain(inbox: Inbox, *, block: bool) -> list[Command]:
-    """Up to MAX_COMMANDS_PER_DRAIN commands; waits up to ENGINE_POLL_S for the first if
-    `block`."""
+    """Up to MAX_COMMANDS_PER_DRAIN commands; waits up to ENGINE_IDLE_POLL_S for the first
+    if `block`."""
     out: list[Command] = []
     try:
-        out.append(inbox.get(block=block, timeout=ENGINE_POLL_S if block else None))
+        out.append(inbox.get(block=block, timeout=ENGINE_IDLE_POLL_S if block else None))
         while len(out) < MAX_COMMANDS_PER_DRAIN:
             out.append(inbox.get(block=False))
     except queue.Empty:

@@ -270,6 +270,62 @@ def test_a_failing_transcript_fails_only_its_session(
     assert_pool_clean(core)
 
 
+def test_uploads_are_held_for_incoming_ones_counted_on_both_sides(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """The scheduler waits for the gateway's incoming uploads and for the core's own not yet
+    queued ones; while the engine only holds, `has_work()` is False (no empty steps), and
+    the two uploads are prefilled in one step once the second is in."""
+    core = make_core(our_model, tmp_path, forced=REFERENCE)
+    assert core.engine is not None
+    sched = core.engine.scheduler
+    core.set_incoming_uploads(1)  # the gateway is still decoding "b"
+    core.open("a", SessionOptions(live=False))
+    core.append("a", clips[11.0])
+    assert not core.has_work()
+    assert sched.num_incoming_uploads == 2  # "b" in the gateway, "a" opened here
+    core.end("a")
+    assert core.has_work()  # "a" is to be queued
+    assert core.step() == []
+    assert [r.request_id for r in sched.waiting] == ["a/upload"]
+    assert sched.num_incoming_uploads == 1 and not core.has_work()  # held for "b"
+    core.open("b", SessionOptions(live=False))
+    core.append("b", clips[11.0])
+    core.set_incoming_uploads(0)  # the gateway handed "b" over; its end is still on the way
+    assert not core.has_work() and sched.num_incoming_uploads == 1  # "b", counted here
+    core.end("b")
+    tokens = record_tokens(core)
+    core.step()  # queues "b"; nothing is incoming any more: one prefill step for both
+    assert sorted(tokens) == ["a/upload", "b/upload"] and sched.num_incoming_uploads == 0
+    out: list[tuple[str, Event]] = []
+    run_to_idle(core, out)
+    for sid in ("a", "b"):
+        check_upload_events([e for s, e in out if s == sid])
+    assert_pool_clean(core)
+    with pytest.raises(InvalidRequest):
+        core.set_incoming_uploads(-1)
+
+
+def test_a_held_upload_waits_at_most_the_batch_wait(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path)  # SteppingClock: 10 ms per read; the wait is 50 ms
+    core.set_incoming_uploads(3)  # e.g. long files the gateway decodes for seconds
+    core.open("a", SessionOptions(live=False, max_new_tokens=4))
+    core.append("a", clips[11.0])
+    core.end("a")
+    core.step()
+    polls = 0
+    while not core.has_work():
+        polls += 1
+        assert polls < 10, "the hold outlived its wait"
+    assert polls >= 2  # it was held for a while
+    out: list[tuple[str, Event]] = []
+    run_to_idle(core, out)
+    assert isinstance(out[-1][1], TranscriptFinal)
+    assert_pool_clean(core)
+
+
 def test_empty_upload_and_bad_input(our_model: MossTDModel, tmp_path: Path) -> None:
     core = make_core(our_model, tmp_path)
     core.open("e", SessionOptions(live=False))

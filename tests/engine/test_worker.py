@@ -19,6 +19,7 @@ from livemeet.engine.messages import (
     AppendAudio,
     EndSession,
     EngineStats,
+    IncomingUploads,
     OpenSession,
     SessionEvent,
     Shutdown,
@@ -189,6 +190,64 @@ def test_step_crash_fails_the_worker_and_frees_sessions(counting: list[CountingC
     )
     assert isinstance(out[-1], WorkerFailed) and out[-1].code == "internal_error"
     assert counting[0].freed == Counter({"a": 1}) and counting[0].closed == 1
+
+
+class RecordingCore(ScriptedCore):
+    """Records the commands it is given, in order: (name, session id or incoming count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, object]] = []
+
+    def open(self, session_id, options):  # type: ignore[no-untyped-def]
+        self.calls.append(("open", session_id))
+        super().open(session_id, options)
+
+    def end(self, session_id):  # type: ignore[no-untyped-def]
+        self.calls.append(("end", session_id))
+        super().end(session_id)
+
+    def set_incoming_uploads(self, count):  # type: ignore[no-untyped-def]
+        self.calls.append(("incoming", count))
+        super().set_incoming_uploads(count)
+
+
+def test_incoming_uploads_reach_the_core_in_command_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The count goes to the core in its place among the session commands, so the core sees
+    the gateway's count as it was when each later command was sent; a core without upload
+    batching (scripted) accepts it without an error event."""
+    core = RecordingCore()
+    monkeypatch.setitem(BACKENDS, "recording", lambda config: core)
+    upload = SessionOptions(live=False)
+    cmds: list[object] = [
+        IncomingUploads(2),
+        OpenSession("a", upload),
+        AppendAudio("a", audio(2.0)),
+        IncomingUploads(1),
+        EndSession("a"),
+        OpenSession("b", upload),
+        AppendAudio("b", audio(2.0)),
+        IncomingUploads(0),
+        EndSession("b"),
+    ]
+    out = run(
+        cmds,
+        ModelConfig(backend="recording"),
+        until=lambda o: has_terminal("a")(o) and has_terminal("b")(o),
+    )
+    assert core.calls == [
+        ("incoming", 2),
+        ("open", "a"),
+        ("incoming", 1),
+        ("end", "a"),
+        ("open", "b"),
+        ("incoming", 0),
+        ("end", "b"),
+    ]
+    assert not any(isinstance(m.event, Error) for m in out if isinstance(m, SessionEvent))
+    assert all(isinstance(events_of(out, sid)[-1], TranscriptFinal) for sid in "ab")
 
 
 # -- engine stats ----------------------------------------------------------------------------
