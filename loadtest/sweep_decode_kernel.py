@@ -61,9 +61,8 @@ class SweepRow:
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
     """The defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8 default with
-    e4m3 scores, the CUDA-core form at four tile/warp shapes, then (full) the tile/warp/stage
-    grid, merged as the point's dtype merges by default (so a grid row differs from that
-    default only in its tiles, warps and stages)."""
+    e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's dtype merges by
+    default (so a grid row differs from that default only in its tiles, warps and stages)."""
     merge = pa.default_decode_config(fp8).merge_in_kernel
     grid = [
         pa.DecodeKernelConfig(n, w, stages, merge_in_kernel=merge)
@@ -74,17 +73,7 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
     defaults = [pa.default_decode_config(False), pa.default_decode_config(True)]
     other_merge = [dataclasses.replace(c, merge_in_kernel=not c.merge_in_kernel) for c in defaults]
     fp8_forms = [dataclasses.replace(defaults[1], fp8_qk=True)]
-    fma_forms = [
-        pa.DecodeKernelConfig(n, w, 2, merge_in_kernel=merge, form="fma")
-        for n, w in ((16, 4), (32, 4), (32, 8), (64, 8))
-    ]
-    chosen = [
-        *defaults,
-        *other_merge,
-        *(fp8_forms if fp8 else []),
-        *fma_forms,
-        *(grid if full else []),
-    ]
+    chosen = [*defaults, *other_merge, *(fp8_forms if fp8 else []), *(grid if full else [])]
     return list(dict.fromkeys(chosen))
 
 

@@ -42,7 +42,6 @@ except ImportError:  # the CPU-only install path
     HAS_TRITON = False
 
 Impl = Literal["auto", "triton", "torch"]
-DecodeForm = Literal["mma", "fma"]  # DecodeKernelConfig.form
 
 SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)  # tokens per KV block
 H200_NUM_SMS = 132  # streaming multiprocessors of an H200 SXM (HOPPER/H200 device notes)
@@ -75,11 +74,7 @@ class DecodeKernelConfig:
     query scaled per row into e4m3, so no K tile is converted. Approximate (the query loses
     mantissa bits), off by default, for the sweep to measure against the conversion-bound FP8
     default. (An e4m3 PV as well was dropped unmeasured: with the GQA group as M = 16 rows,
-    Triton converts both e4m3 operands to fp16 on Hopper anyway.) form: "mma", scores and PV
-    on tensor cores with the GQA group padded to 16 rows; "fma", fp32 multiply-adds over the
-    group's real rows with one online softmax per (key slot, head) row and block_n key slots
-    per tile (`_decode_split_fma_kernel`), meant for FP8 caches, where the tensor-core form is
-    bound by converting and staging its operands (fp8_qk applies to "mma" only).
+    Triton converts both e4m3 operands to fp16 on Hopper anyway.)
     `loadtest/sweep_decode_kernel.py` times the choices on a GPU: the tile, warp and stage
     defaults measured best or within 3 % (bf16) / 10 % (FP8) of the best on an H200
     (docs/benchmarks.md, session 3). Session 4's sweep put the merge kernel ahead of the
@@ -95,15 +90,12 @@ class DecodeKernelConfig:
     num_stages: int = DECODE_NUM_STAGES
     merge_in_kernel: bool = True
     fp8_qk: bool = False
-    form: DecodeForm = "mma"
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
             raise ConfigError(f"block_n must be a power of two >= 16, got {self.block_n}")
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ConfigError("num_warps must be a power of two <= 16 and num_stages >= 1")
-        if self.form not in ("mma", "fma"):
-            raise ConfigError(f"form must be 'mma' or 'fma', not {self.form!r}")
 
 
 DECODE_CONFIG_BF16 = DecodeKernelConfig(merge_in_kernel=False)
@@ -400,6 +392,7 @@ if HAS_TRITON:
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
+        num_heads = tl.num_programs(1) * GROUP
         seq_len = tl.load(SeqLens + b)
         split_len = tl.cdiv(tl.cdiv(seq_len, tl.num_programs(2)), BLOCK_N) * BLOCK_N
         start = split * split_len
@@ -443,135 +436,12 @@ if HAS_TRITON:
 
         # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        lse = m_i + tl.math.log2(l_i)
-        _finish_split(
-            out, lse, offs_h, MidO, MidLse, Out, Counters, v_scale, stride_ob, stride_oh,
-            GROUP, HEAD_DIM, MID_SPLITS, MERGE,
-        )  # fmt: skip
-
-    @triton.jit
-    def _decode_split_fma_kernel(
-        Q,
-        KCache,
-        VCache,
-        BlockTables,
-        SeqLens,
-        MidO,
-        MidLse,
-        Out,
-        Counters,
-        qk_scale,  # softmax scale * log2(e) * k_scale
-        v_scale,
-        stride_qb,
-        stride_qh,
-        stride_ob,
-        stride_oh,
-        stride_kc_blk,
-        stride_kc_tok,
-        stride_kc_head,
-        stride_vc_blk,
-        stride_vc_tok,
-        stride_vc_head,
-        stride_bt,
-        GROUP: tl.constexpr,
-        GROUP_P2: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        PAGE: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        MID_SPLITS: tl.constexpr,
-        MERGE: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
-        # grid, outputs and MERGE as _decode_split_kernel; the CUDA-core form
-        # (DecodeKernelConfig.form "fma"). Row r of each [BLOCK_N * GROUP_P2, HEAD_DIM] tile is
-        # (key slot r // GROUP_P2, head r % GROUP_P2): a key's K/V row is loaded once per head
-        # of the group, from the same lines in one warp's request. Scores are fp32 multiply-adds
-        # reduced along HEAD_DIM (no tensor-core padding of the 2-head group to 16 rows, no
-        # operand trip through shared memory), and every row keeps its own online softmax over
-        # the keys of its slot, so nothing is reduced across rows until the end, where each
-        # head's slots are folded like splits.
-        pdl.dependency_sync(PDL)  # before the counters too: one decode kernel at a time
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        split = tl.program_id(2)
-        seq_len = tl.load(SeqLens + b)
-        split_len = tl.cdiv(tl.cdiv(seq_len, tl.num_programs(2)), BLOCK_N) * BLOCK_N
-        start = split * split_len
-        end = tl.minimum(start + split_len, seq_len)
-
-        ROWS: tl.constexpr = BLOCK_N * GROUP_P2
-        offs_r = tl.arange(0, ROWS)
-        slot = offs_r // GROUP_P2
-        head = offs_r % GROUP_P2
-        rmask = head < GROUP
-        offs_d = tl.arange(0, HEAD_DIM)
-        q_ptrs = Q + b * stride_qb + (kvh * GROUP + head)[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=rmask[:, None], other=0.0).to(tl.float32) * qk_scale
-        bt = BlockTables + b.to(tl.int64) * stride_bt
-        k_base = KCache + kvh * stride_kc_head
-        v_base = VCache + kvh * stride_vc_head
-
-        m_i = tl.full([ROWS], float("-inf"), tl.float32)
-        l_i = tl.zeros([ROWS], tl.float32)
-        acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-        for t0 in range(start, end, BLOCK_N):
-            toks = t0 + slot
-            valid = toks < end
-            blk = tl.load(bt + toks // PAGE, mask=valid, other=0).to(tl.int64)
-            k_off = blk * stride_kc_blk + (toks % PAGE) * stride_kc_tok
-            k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-            s = tl.sum(k.to(tl.float32) * q, 1)  # [ROWS], log2 domain
-            s = tl.where(valid & rmask, s, float("-inf"))
-            m_new = tl.maximum(m_i, s)
-            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
-            alpha = tl.math.exp2(m_i - m_safe)
-            p = tl.math.exp2(s - m_safe)
-            l_i = l_i * alpha + p
-            v_off = blk * stride_vc_blk + (toks % PAGE) * stride_vc_tok
-            v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=valid[:, None], other=0.0)
-            acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)
-            m_i = m_new
-
-        # fold each head's slots (an empty split leaves every row at m = -inf: 0, lse = -inf)
-        offs_h = tl.arange(0, GROUP_P2)
-        out = tl.zeros([GROUP_P2, HEAD_DIM], tl.float32)
-        lse = tl.full([GROUP_P2], float("-inf"), tl.float32)
-        for h in tl.static_range(GROUP):
-            mine = head == h
-            m_h = tl.max(tl.where(mine, m_i, float("-inf")), 0)
-            m_h_safe = tl.where(m_h > float("-inf"), m_h, 0.0)
-            w = tl.where(mine & (m_i > float("-inf")), tl.math.exp2(m_i - m_h_safe), 0.0)
-            den = tl.sum(w * l_i, 0)
-            o_h = tl.sum(acc * w[:, None], 0) / tl.where(den > 0, den, 1.0)  # [HEAD_DIM]
-            out = tl.where((offs_h == h)[:, None], o_h[None, :], out)
-            lse = tl.where(offs_h == h, m_h + tl.math.log2(den), lse)
-        _finish_split(
-            out, lse, offs_h, MidO, MidLse, Out, Counters, v_scale, stride_ob, stride_oh,
-            GROUP, HEAD_DIM, MID_SPLITS, MERGE,
-        )  # fmt: skip
-
-    @triton.jit
-    def _finish_split(
-        out, lse, offs_h, MidO, MidLse, Out, Counters, v_scale, stride_ob, stride_oh,
-        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, MID_SPLITS: tl.constexpr,
-        MERGE: tl.constexpr,
-    ):  # fmt: skip
-        """Hand one split's result on (grid as `_decode_split_kernel`): out [R, HEAD_DIM] fp32
-        (before v_scale) and lse [R] (log2 domain) for the group's heads offs_h ([R]; rows
-        offs_h >= GROUP are padding). MERGE 1 writes Out; otherwise the partials, and with
-        MERGE 2 the last split merges them."""
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        split = tl.program_id(2)
-        num_heads = tl.num_programs(1) * GROUP
-        hmask = offs_h < GROUP
-        heads = kvh * GROUP + offs_h
-        offs_d = tl.arange(0, HEAD_DIM)
         if MERGE == 1:
             out_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
             tl.store(out_ptrs, (out * v_scale).to(Out.dtype.element_ty), mask=hmask[:, None])
         else:
-            row = (b * num_heads + heads) * MID_SPLITS + split  # [R]
+            lse = m_i + tl.math.log2(l_i)
+            row = (b * num_heads + heads) * MID_SPLITS + split  # [BLOCK_H]
             tl.store(MidO + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
             tl.store(MidLse + row, lse, mask=hmask)
             if MERGE == 2:
@@ -937,71 +807,38 @@ def paged_decode_attention(
     f32 = {"device": q.device, "dtype": torch.float32}
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
     mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
-    grid = (batch, num_kv_heads, num_splits)
-    if cfg.form == "fma":
-        _decode_split_fma_kernel[grid](
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            mid_o,
-            mid_lse,
-            out,
-            mid_lse if counters is None else counters,  # unused unless MERGE == 2
-            scale * LOG2E * k_scale,
-            v_scale,
-            q.stride(0),
-            q.stride(1),
-            out.stride(0),
-            out.stride(1),
-            *k_cache.stride()[:3],
-            *v_cache.stride()[:3],
-            block_tables.stride(0),
-            GROUP=group,
-            GROUP_P2=next_pow2(group),
-            HEAD_DIM=head_dim,
-            PAGE=block_size,
-            BLOCK_N=cfg.block_n,
-            MID_SPLITS=splits_pow2,
-            MERGE=merge,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-            **pdl.launch_options(q, _decode_split_fma_kernel),
-        )
-    else:
-        _decode_split_kernel[grid](
-            q,
-            k_cache,
-            v_cache,
-            block_tables,
-            seq_lens,
-            mid_o,
-            mid_lse,
-            out,
-            mid_lse if counters is None else counters,  # unused unless MERGE == 2
-            scale * LOG2E * k_scale,
-            v_scale,
-            q.stride(0),
-            q.stride(1),
-            out.stride(0),
-            out.stride(1),
-            *k_cache.stride()[:3],
-            *v_cache.stride()[:3],
-            block_tables.stride(0),
-            GROUP=group,
-            BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
-            HEAD_DIM=head_dim,
-            PAGE=block_size,
-            BLOCK_N=cfg.block_n,
-            MID_SPLITS=splits_pow2,
-            FP16_DOT=fp16_dot,
-            MERGE=merge,
-            FP8_QK=fp16_dot and cfg.fp8_qk,
-            num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-            **pdl.launch_options(q, _decode_split_kernel),
-        )
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        out,
+        mid_lse if counters is None else counters,  # unused unless MERGE == 2
+        scale * LOG2E * k_scale,
+        v_scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
+        HEAD_DIM=head_dim,
+        PAGE=block_size,
+        BLOCK_N=cfg.block_n,
+        MID_SPLITS=splits_pow2,
+        FP16_DOT=fp16_dot,
+        MERGE=merge,
+        FP8_QK=fp16_dot and cfg.fp8_qk,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl.launch_options(q, _decode_split_kernel),
+    )
     if merge != MERGE_SEPARATE:
         return out
     _decode_merge_kernel[(batch, num_heads)](

@@ -7,7 +7,6 @@ set before the kernels are decorated), in float32 on small shapes. On a CUDA mac
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -293,26 +292,6 @@ def test_decode_kernel_other_configuration_interpreted(heads: int, kv_heads: int
                  atol=1e-5, kernel=SMALL_TILES)  # fmt: skip
 
 
-FMA_TILES = pa.DecodeKernelConfig(block_n=16, num_warps=2, num_stages=1, form="fma")
-
-
-@needs_interpreter
-@pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2), (6, 2)])
-@pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("merge_in_kernel", [False, True])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_fma_form_interpreted(
-    heads: int, kv_heads: int, block_size: int, merge_in_kernel: bool, num_splits: int
-) -> None:
-    """The CUDA-core form (one online softmax per (key slot, head) row, folded at the end):
-    GQA groups of 1, 2 and 3 heads (3 pads to 4 rows per slot), lengths inside one tile, across
-    blocks and 0, one split and three, merged either way."""
-    torch.manual_seed(heads + block_size + num_splits)
-    kernel = dataclasses.replace(FMA_TILES, merge_in_kernel=merge_in_kernel)
-    check_decode([1, 17, 130, 0], heads, kv_heads, 16, block_size, num_splits, torch.float32,
-                 "cpu", atol=1e-5, kernel=kernel)  # fmt: skip
-
-
 @needs_interpreter
 @pytest.mark.parametrize("num_splits", [1, 3, 4])
 def test_decode_merge_in_kernel_equals_merge_kernel_and_rearms(num_splits: int) -> None:
@@ -347,9 +326,9 @@ def test_merge_counters_are_refused_past_their_size() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"block_n": 48}, {"block_n": 8}, {"num_warps": 3}, {"num_stages": 0}, {"form": "tensor"}],
+    [{"block_n": 48}, {"block_n": 8}, {"num_warps": 3}, {"num_stages": 0}],
 )
-def test_decode_kernel_config_rejects_bad_values(bad: dict[str, object]) -> None:
+def test_decode_kernel_config_rejects_bad_values(bad: dict[str, int]) -> None:
     with pytest.raises(ConfigError):
         pa.DecodeKernelConfig(**bad)  # type: ignore[arg-type]
 
@@ -453,9 +432,6 @@ def test_decode_kernel_cuda(block_size: int, num_splits: int | None) -> None:
         pa.DecodeKernelConfig(block_n=128, num_warps=4, num_stages=2, merge_in_kernel=False),
         pa.DecodeKernelConfig(block_n=64, num_warps=8, num_stages=3),
         pa.DecodeKernelConfig(block_n=128, num_warps=8, num_stages=3),
-        pa.DecodeKernelConfig(block_n=16, num_warps=4, num_stages=2, form="fma"),
-        pa.DecodeKernelConfig(block_n=32, num_warps=8, num_stages=2, form="fma"),
-        pa.DecodeKernelConfig(block_n=16, num_warps=4, merge_in_kernel=False, form="fma"),
     ],
 )
 def test_decode_kernel_configs_cuda(kernel: pa.DecodeKernelConfig) -> None:
@@ -547,7 +523,7 @@ def test_fp8_cache_with_bf16_query_interpreted() -> None:
     scales = {"k_scale": 0.5, "v_scale": 0.25}
     q = torch.randn(2, 4, 16).to(torch.bfloat16)
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 0.25, **scales)
-    for kernel in (None, SMALL_TILES, FMA_TILES):
+    for kernel in (None, SMALL_TILES):
         out = pa.paged_decode_attention(
             q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", kernel=kernel,
             **scales,
@@ -572,19 +548,18 @@ def test_block_table_entries_past_a_sequence_are_never_used(fp8: bool) -> None:
     stale = clean.clone()
     stale[1, 2] = 2**30  # past the second sequence's two blocks
     q = torch.randn(2, 4, 16)
+    got = pa.paged_decode_attention(
+        q, k_cache, v_cache, stale, lens, 0.25, num_splits=1, impl="triton"
+    )
+    want = pa.ref_paged_decode_attention(q, k_cache, v_cache, clean, lens, 0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     narrow = clean[:, :2].contiguous()  # the last row ends at its last block
     lens2 = torch.tensor([20, 32], dtype=torch.int32)
-    for kernel in (None, FMA_TILES):
-        got = pa.paged_decode_attention(
-            q, k_cache, v_cache, stale, lens, 0.25, num_splits=1, impl="triton", kernel=kernel
-        )
-        want = pa.ref_paged_decode_attention(q, k_cache, v_cache, clean, lens, 0.25)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-        got = pa.paged_decode_attention(
-            q, k_cache, v_cache, narrow, lens2, 0.25, num_splits=1, impl="triton", kernel=kernel
-        )
-        want = pa.ref_paged_decode_attention(q, k_cache, v_cache, narrow, lens2, 0.25)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    got = pa.paged_decode_attention(
+        q, k_cache, v_cache, narrow, lens2, 0.25, num_splits=1, impl="triton"
+    )
+    want = pa.ref_paged_decode_attention(q, k_cache, v_cache, narrow, lens2, 0.25)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     cu = torch.tensor([0, 5, 9], dtype=torch.int32)
     qe = torch.randn(9, 4, 16)
     got = pa.paged_extend_attention(qe, k_cache, v_cache, stale, cu, lens, 0.25, impl="triton")
