@@ -23,6 +23,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway import health, openai_api
 from livemeet.gateway.errors_http import error_response
+from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     CONFIG_KEY,
     LIFECYCLE_KEY,
@@ -62,10 +63,15 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[CONFIG_KEY] = config
     app[TRANSCRIBER_KEY] = transcriber
     app[REGISTRY_KEY] = LiveRegistry()
-    app[METRICS_KEY] = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
+    metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
+    app[METRICS_KEY] = metrics
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
+    listeners: list[CountListener] = [metrics.uploads_incoming.set]
+    if isinstance(transcriber, IncomingUploadsSink):
+        listeners.append(transcriber.set_incoming_uploads)
     app[LIFECYCLE_KEY] = Lifecycle(
-        decode_slots=asyncio.Semaphore(config.gateway.max_concurrent_decodes)
+        decode_slots=asyncio.Semaphore(config.gateway.max_concurrent_decodes),
+        incoming_uploads=IncomingUploadCounter(*listeners),
     )
     app.cleanup_ctx.append(transcriber_lifecycle)
     app.on_shutdown.append(close_live_sockets)

@@ -16,6 +16,13 @@ the engine: one slow client never makes the engine or other sessions wait.
 The worker's latest `EngineStats` (cumulative step counters, livemeet/engine/worker.py says
 how often they come) is kept as `engine_stats` for /metrics.
 
+Incoming uploads (`set_incoming_uploads`, livemeet/gateway/incoming.py): the count goes to the
+worker as `IncomingUploads` when it changes, coalesced: on the next loop iteration, or at the
+latest right before the next command, since commands share one pipe in order. So an upload's
+increment precedes its `OpenSession`, and the decrement the handler makes once the engine has
+its audio precedes its `EndSession`: the engine never queues an upload under a count that
+still includes it.
+
 If the worker dies, every open session gets `Error(engine_unavailable, retryable=True)` and
 `ready` turns False; `open_session` then raises EngineUnavailable.
 """
@@ -51,6 +58,7 @@ from livemeet.engine.messages import (
     EndSession,
     EngineStats,
     FinalizeSession,
+    IncomingUploads,
     OpenSession,
     SessionEvent,
     Shutdown,
@@ -219,6 +227,9 @@ class EngineClient:
         self._worker_thread: threading.Thread | None = None
         self._reader: threading.Thread | None = None
         self._stop_reader = threading.Event()
+        self._incoming_uploads = 0  # the gateway's count (set_incoming_uploads)
+        self._incoming_uploads_sent = 0  # the count the worker was last sent (it starts at 0)
+        self._incoming_flush_due = False  # a call_soon of _flush_incoming_uploads is pending
 
     @property
     def info(self) -> BackendInfo:
@@ -309,6 +320,15 @@ class EngineClient:
         # feeder thread to close them).
         self._inbox = self._outbox = None
 
+    def set_incoming_uploads(self, count: int) -> None:
+        """The gateway's uploads accepted and not yet handed to the engine; sent to the worker
+        coalesced (module docstring). Never raises: before start or after the worker is gone
+        nothing is sent."""
+        self._incoming_uploads = count
+        if self._loop is not None and not self._incoming_flush_due:
+            self._incoming_flush_due = True
+            self._loop.call_soon(self._flush_incoming_uploads)
+
     async def open_session(self, options: SessionOptions) -> EngineSession:
         """Open a session. Raises EngineUnavailable when not ready, QueueFull at
         `max_sessions`, InvalidRequest for a sample rate other than 16 kHz."""
@@ -328,11 +348,24 @@ class EngineClient:
     def _send(self, cmd: Command) -> None:
         if not self._ready:
             raise EngineUnavailable("the engine is not available")
+        self._send_incoming_uploads()
         self._inbox.put_nowait(cmd)
 
     def _forget(self, session_id: str, *, abort: bool) -> None:
         if self._sessions.pop(session_id, None) is not None and abort and self._ready:
+            self._send_incoming_uploads()
             self._inbox.put_nowait(AbortSession(session_id))
+
+    def _flush_incoming_uploads(self) -> None:
+        self._incoming_flush_due = False
+        if self._ready:
+            self._send_incoming_uploads()
+
+    def _send_incoming_uploads(self) -> None:
+        """Put the current count in the pipe if the worker has another one (ready only)."""
+        if self._incoming_uploads != self._incoming_uploads_sent:
+            self._incoming_uploads_sent = self._incoming_uploads
+            self._inbox.put_nowait(IncomingUploads(self._incoming_uploads))
 
     def _worker_alive(self) -> bool:
         if self._process is not None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from livemeet.config import ServerConfig
+from livemeet.gateway.incoming import IncomingUploadCounter
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.transcriber import Transcriber
@@ -25,6 +26,7 @@ class Lifecycle:
     started: bool = False
     draining: bool = False
     decode_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    incoming_uploads: IncomingUploadCounter = field(default_factory=IncomingUploadCounter)
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)

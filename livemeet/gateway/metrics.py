@@ -110,6 +110,7 @@ class GatewayMetrics:
     demo: Gauge
     upload_latency_s: Histogram
     upload_phase_s: Histogram
+    uploads_incoming: Gauge
     engine: EngineStatsCollector
 
     @classmethod
@@ -169,6 +170,12 @@ class GatewayMetrics:
                 "transcript, or the whole SSE stream), respond (store and render)",
                 ["phase"],
                 buckets=(0.005, 0.025, *UPLOAD_LATENCY_BUCKETS_S),
+                registry=registry,
+            ),
+            uploads_incoming=Gauge(
+                "livemeet_uploads_incoming",
+                "Uploads accepted and not yet handed to the engine (receiving the body, waiting "
+                "for or in a decode slot); the engine's upload hold waits for them",
                 registry=registry,
             ),
         )

@@ -114,45 +114,59 @@ async def get_transcription(request: web.Request) -> web.Response:
 
 
 async def create_transcription(request: web.Request) -> web.StreamResponse:
-    """The upload endpoint. Raises LivemeetError subclasses, rendered by the error middleware."""
+    """The upload endpoint. Raises LivemeetError subclasses, rendered by the error middleware.
+
+    From its accept until the engine has its audio, the upload counts as incoming
+    (livemeet.gateway.incoming); it is released before `end()`, so the count the engine is
+    sent no longer includes it when the engine queues it, and on every error path."""
     app = request.app
     if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
         raise EngineUnavailable("the model is not ready; retry shortly")
     started = time.monotonic()
     phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
-    form = await read_upload_form(request, app[CONFIG_KEY])
-    phases.done("receive")
-    try:
-        samples, duration_s = await _decode_upload(app, form.path)
-    finally:
-        form.path.unlink(missing_ok=True)
-    phases.done("decode")
-    app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
-    options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
-    session = await app[TRANSCRIBER_KEY].open_session(options)
-    sessions = app[METRICS_KEY].sessions.labels("upload", "transcribing")
-    sessions.inc()
-    try:
-        await session.append(samples)
-        del samples
-        await session.end()
-        transcription_id = new_transcription_id()
-        if form.stream:
-            response = await _stream_sse(request, session, form, transcription_id)
-            phases.done("transcribe", last=True)
-        else:
-            final = await _collect_final(session)
-            phases.done("transcribe")
-            transcript = _to_transcript(final, form.language)
-            await app[STORE_KEY].put(transcription_id, transcript)
-            response = _render(transcript, form.response_format, form.language)
-            response.headers[ID_HEADER] = transcription_id
-            phases.done("respond", last=True)
-        app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
+    with app[LIFECYCLE_KEY].incoming_uploads.track() as incoming:
+        form = await read_upload_form(request, app[CONFIG_KEY])
+        phases.done("receive")
+        try:
+            samples, duration_s = await _decode_upload(app, form.path)
+        finally:
+            form.path.unlink(missing_ok=True)
+        phases.done("decode")
+        app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
+        options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
+        session = await app[TRANSCRIBER_KEY].open_session(options)
+        sessions = app[METRICS_KEY].sessions.labels("upload", "transcribing")
+        sessions.inc()
+        try:
+            await session.append(samples)
+            del samples
+            incoming.release()  # the engine has the audio; the count goes out before end()
+            await session.end()
+            response = await _transcribe(request, session, form, phases)
+            app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
+            return response
+        finally:
+            sessions.dec()
+            await session.abort()  # idempotent; frees the backend session on every path
+
+
+async def _transcribe(
+    request: web.Request, session: TranscriberSession, form: UploadForm, phases: _PhaseClock
+) -> web.StreamResponse:
+    """The ended session's transcript as the response: SSE, or a body in the form's format."""
+    transcription_id = new_transcription_id()
+    if form.stream:
+        response = await _stream_sse(request, session, form, transcription_id)
+        phases.done("transcribe", last=True)
         return response
-    finally:
-        sessions.dec()
-        await session.abort()  # idempotent; frees the backend session on every path
+    final = await _collect_final(session)
+    phases.done("transcribe")
+    transcript = _to_transcript(final, form.language)
+    await request.app[STORE_KEY].put(transcription_id, transcript)
+    rendered = _render(transcript, form.response_format, form.language)
+    rendered.headers[ID_HEADER] = transcription_id
+    phases.done("respond", last=True)
+    return rendered
 
 
 class _PhaseClock:

@@ -1,5 +1,5 @@
-"""Test doubles for the engine: a manual clock, a stepping engine clock, and a fake model
-runner with a fake KV.
+"""Test doubles for the engine: a manual clock, a stepping engine clock, a fake model
+runner with a fake KV, and a backend core that records its commands.
 
 The fake KV stores, for every slot, the (position, token id) whose KV it holds, so a wrong
 block table, a missed copy-on-write or a block reused while still referenced shows up as a
@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from livemeet.backends.scripted import ScriptedCore
 from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.request import Request
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler
+from livemeet.transcriber import Samples, SessionOptions
 
 Slot = tuple[int, int] | None  # (position, token id) whose KV the slot holds
 
@@ -125,3 +127,28 @@ def run_steps(
         if on_step is not None:
             on_step(batch)
     return batches
+
+
+class RecordingCore(ScriptedCore):
+    """The scripted backend, recording the commands it is given in order as (name, session
+    id) pairs, and ("incoming", count) for set_incoming_uploads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, object]] = []
+
+    def open(self, session_id: str, options: SessionOptions) -> None:
+        self.calls.append(("open", session_id))
+        super().open(session_id, options)
+
+    def append(self, session_id: str, samples: Samples) -> None:
+        self.calls.append(("append", session_id))
+        super().append(session_id, samples)
+
+    def end(self, session_id: str) -> None:
+        self.calls.append(("end", session_id))
+        super().end(session_id)
+
+    def set_incoming_uploads(self, count: int) -> None:
+        self.calls.append(("incoming", count))
+        super().set_incoming_uploads(count)

@@ -35,7 +35,7 @@ from livemeet.transcriber import (
     SessionOptions,
     TranscriptFinal,
 )
-from tests.engine.fakes import FakeClock
+from tests.engine.fakes import FakeClock, RecordingCore
 
 
 class CountingCore(ScriptedCore):
@@ -192,26 +192,6 @@ def test_step_crash_fails_the_worker_and_frees_sessions(counting: list[CountingC
     assert counting[0].freed == Counter({"a": 1}) and counting[0].closed == 1
 
 
-class RecordingCore(ScriptedCore):
-    """Records the commands it is given, in order: (name, session id or incoming count)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, object]] = []
-
-    def open(self, session_id, options):  # type: ignore[no-untyped-def]
-        self.calls.append(("open", session_id))
-        super().open(session_id, options)
-
-    def end(self, session_id):  # type: ignore[no-untyped-def]
-        self.calls.append(("end", session_id))
-        super().end(session_id)
-
-    def set_incoming_uploads(self, count):  # type: ignore[no-untyped-def]
-        self.calls.append(("incoming", count))
-        super().set_incoming_uploads(count)
-
-
 def test_incoming_uploads_reach_the_core_in_command_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -240,9 +220,11 @@ def test_incoming_uploads_reach_the_core_in_command_order(
     assert core.calls == [
         ("incoming", 2),
         ("open", "a"),
+        ("append", "a"),
         ("incoming", 1),
         ("end", "a"),
         ("open", "b"),
+        ("append", "b"),
         ("incoming", 0),
         ("end", "b"),
     ]
@@ -288,6 +270,8 @@ class StatsCore:
         self.num_steps += 1
         self.clock.advance(self.step_s)
         return []
+
+    def set_incoming_uploads(self, count: int) -> None: ...
 
     def stats(self) -> EngineStats | None:
         self.num_stats_calls += 1

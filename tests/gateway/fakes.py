@@ -1,5 +1,8 @@
 """A deterministic in-memory Transcriber for gateway tests (livemeet/transcriber.py protocol).
 
+The transcriber records the incoming-upload counts the gateway sets (`incoming_counts`), and
+each session the count when its audio came and when it ended.
+
 Live sessions: every `hop_s` of appended audio emits `SegmentPartial(rev, (open tail,))`; every
 `FINAL_EVERY` hops the open tail is committed as a `SegmentFinal`. Uploads: at `end()`, one
 final segment per `SEGMENT_S` of audio, each preceded by its text as `TextDelta`s split into
@@ -9,7 +12,7 @@ two-character pieces. Segment texts include a non-ASCII word to exercise UTF-8 p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +49,8 @@ class FakeSessionLog:
     ended: bool = False
     aborted: bool = False
     events: list[Event] = field(default_factory=list)
+    incoming_at_append: list[int] = field(default_factory=list)  # the count at each append
+    incoming_at_end: int | None = None  # the count when end() came
 
 
 class FakeSession:
@@ -55,7 +60,9 @@ class FakeSession:
         options: SessionOptions,
         log: FakeSessionLog,
         end_gate: asyncio.Event | None = None,
+        incoming: Callable[[], int] = lambda: 0,
     ) -> None:
+        self._incoming = incoming
         self._end_gate = end_gate
         self._gate_task: asyncio.Task[None] | None = None
         self._id = session_id
@@ -77,6 +84,7 @@ class FakeSession:
         if self._closed:
             raise ProtocolError("append after end/abort")
         assert samples.dtype == np.float32 and samples.ndim == 1
+        self.log.incoming_at_append.append(self._incoming())
         self.log.num_samples += len(samples)
         if not self._options.live:
             return
@@ -98,6 +106,7 @@ class FakeSession:
             raise ProtocolError("end after end/abort")
         self._closed = True
         self.log.ended = True
+        self.log.incoming_at_end = self._incoming()
         if self._end_gate is not None:
             self._gate_task = asyncio.create_task(self._end_after_gate(self._end_gate))
             return
@@ -185,6 +194,7 @@ class FakeTranscriber:
         self.sessions: list[FakeSession] = []
         self.num_started = 0
         self.num_closed = 0
+        self.incoming_counts: list[int] = []  # every set_incoming_uploads, in order
 
     @property
     def info(self) -> BackendInfo:
@@ -202,13 +212,26 @@ class FakeTranscriber:
         self.num_closed += 1
         self._ready = False
 
+    @property
+    def incoming_uploads(self) -> int:
+        return self.incoming_counts[-1] if self.incoming_counts else 0
+
+    def set_incoming_uploads(self, count: int) -> None:
+        self.incoming_counts.append(count)
+
     async def open_session(self, options: SessionOptions) -> FakeSession:
         if not self._ready:
             raise EngineUnavailable("fake transcriber not ready")
         if self.open_error is not None:
             raise self.open_error
         log = FakeSessionLog(options)
-        session = FakeSession(f"fake-{len(self.sessions)}", options, log, self.end_gate)
+        session = FakeSession(
+            f"fake-{len(self.sessions)}",
+            options,
+            log,
+            self.end_gate,
+            incoming=lambda: self.incoming_uploads,
+        )
         session.segment_events = options.live or self.upload_segment_events
         self.sessions.append(session)
         return session
