@@ -78,9 +78,6 @@ ENGINE_POLL_S = 0.05  # s the gateway's reader thread blocks on the worker's que
 # s an idle worker blocks on its inbox per poll; also how late it can notice that the wait of
 # uploads held for company ran out (nothing but held uploads is idle: BackendCore.has_work)
 ENGINE_IDLE_POLL_S = 0.005
-# windows (30 s each) of held uploads an idle engine encodes ahead of their prefill (at least
-# one upload whatever its length): ~32 min of audio, ~48 MB of bf16 embeddings at 1024 wide
-HELD_ENCODE_MAX_WINDOWS = 64
 ENGINE_STATS_INTERVAL_S = 0.5  # s; most time between two EngineStats posts of a stepping worker
 # s; an engine step this long is logged with its parts and shape: a normal step is ~1.5 ms
 # (decode) to ~0.2 s (a late 4,096-token chunk of a long prompt) on an H200

@@ -28,8 +28,6 @@ class BackendCore(Protocol):
       decoding (messages.IncomingUploads); a scheduling hint that a backend without upload
       batching ignores. `has_work()` may be False while the backend holds uploads for them
       (the worker then blocks on its inbox for at most ENGINE_IDLE_POLL_S).
-    - `use_idle_time()` is called when `has_work()` is False, before the worker blocks on its
-      inbox: bounded work that shortens later steps (MOSS: encoding held uploads' audio).
     """
 
     @property
@@ -54,7 +52,5 @@ class BackendCore(Protocol):
     def stats(self) -> EngineStats | None: ...
 
     def set_incoming_uploads(self, count: int) -> None: ...
-
-    def use_idle_time(self) -> None: ...
 
     def close(self) -> None: ...

@@ -337,12 +337,6 @@ class MossCore:
         self._tell_incoming_uploads()
         return self.engine.has_work() and not self.engine.is_holding()
 
-    def use_idle_time(self) -> None:
-        """While the engine holds uploads for incoming ones, encode the held uploads' audio
-        (`Engine.encode_held`): the GPU is idle, and their prefill then skips the encoder."""
-        if self.engine is not None:
-            self.engine.encode_held()
-
     def set_incoming_uploads(self, count: int) -> None:
         """How many uploads the gateway is still receiving or decoding (module docstring).
         Raises InvalidRequest for a negative count."""

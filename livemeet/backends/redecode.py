@@ -146,10 +146,6 @@ class RedecodeCore(abc.ABC):
         """Ignored: uploads are decoded one at a time, not batched, so none waits for others."""
         return None
 
-    def use_idle_time(self) -> None:
-        """Nothing to do ahead: nothing is ever held."""
-        return None
-
     def step(self) -> list[tuple[str, Event]]:
         for sid, sess in self._sessions.items():
             if self._ready(sess):

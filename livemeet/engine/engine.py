@@ -40,10 +40,8 @@ import torch
 
 from livemeet.audio.constants import (
     ENGINE_SLOW_STEP_S,
-    HELD_ENCODE_MAX_WINDOWS,
     KV_BLOCK_SIZE,
     SAMPLE_RATE,
-    WINDOW_SAMPLES,
     num_audio_tokens,
 )
 from livemeet.audio.features import check_samples
@@ -290,26 +288,6 @@ class Engine:
             return False  # with nothing incoming, uploads are held only while others decode
         return self.scheduler.is_holding(self.clock())
 
-    def encode_held(self, max_windows: int = HELD_ENCODE_MAX_WINDOWS) -> int:
-        """While uploads are held (`is_holding`: nothing is queued on the GPU), encode the audio
-        of the requests not yet encoded, oldest first, up to `max_windows` encoder windows in
-        all (at least one request), so that the step which prefills them when the hold ends
-        does not also wait for the encoder. Returns how many requests were encoded (0 when not
-        holding). Encoding at admission stays the rule otherwise: it bounds the embeddings
-        held in GPU memory to the requests that can run."""
-        if not self._pending_audio or not self.is_holding():
-            return 0
-        todo: list[str] = []
-        windows = 0
-        for rid, samples in self._pending_audio.items():  # in order of add_request
-            n = max(1, -(-len(samples) // WINDOW_SAMPLES))
-            if todo and windows + n > max_windows:
-                break
-            todo.append(rid)
-            windows += n
-        self._encode(todo)
-        return len(todo)
-
     def stats(self) -> EngineStats:
         """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
         return EngineStats(**self._counts)  # type: ignore[arg-type]
@@ -424,10 +402,7 @@ class Engine:
         """Encode, in one batched encoder call, the audio of every request this step prefills
         for the first time (DESIGN 4: windows are batched across requests)."""
         ids = [c.request.request_id for c in batch.prefills]
-        self._encode([rid for rid in dict.fromkeys(ids) if rid in self._pending_audio])
-
-    def _encode(self, todo: Sequence[str]) -> None:
-        """Encode the pending audio of requests `todo` in one batched encoder call."""
+        todo = [rid for rid in dict.fromkeys(ids) if rid in self._pending_audio]
         if not todo:
             return
         embeds = self.encoder.encode(

@@ -246,7 +246,6 @@ class StatsCore:
         self.has_stats = has_stats
         self.num_steps = 0
         self.num_stats_calls = 0
-        self.idle_calls: list[int] = []  # num_steps at each use_idle_time()
 
     @property
     def info(self) -> BackendInfo:
@@ -273,9 +272,6 @@ class StatsCore:
         return []
 
     def set_incoming_uploads(self, count: int) -> None: ...
-
-    def use_idle_time(self) -> None:
-        self.idle_calls.append(self.num_steps)
 
     def stats(self) -> EngineStats | None:
         self.num_stats_calls += 1
@@ -335,13 +331,3 @@ def test_core_without_stats_posts_nothing() -> None:
     core = StatsCore(clock, work=4, step_s=0.3, has_stats=False)
     assert serve_with_stats(core, clock) == []
     assert core.num_steps == 4 and core.num_stats_calls >= 2
-
-
-def test_idle_time_is_offered_only_while_the_core_has_no_work() -> None:
-    """The worker hands its idle moments to the core (MOSS encodes held uploads then), once
-    before each blocking wait, never between steps."""
-    clock = FakeClock()
-    core = StatsCore(clock, work=3, step_s=0.1)
-    serve_with_stats(core, clock, idle_polls=2)
-    assert core.num_steps == 3
-    assert core.idle_calls == [3, 3]  # after the work, once per blocking poll
