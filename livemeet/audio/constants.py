@@ -74,9 +74,9 @@ LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a d
 # Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).
 ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
 ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
-ENGINE_POLL_S = 0.05  # s the gateway's reader thread blocks on the worker's queue per poll
-# s an idle worker blocks on its inbox per poll; also how late it can notice that the wait of
-# uploads held for company ran out (nothing but held uploads is idle: BackendCore.has_work)
+ENGINE_POLL_S = 0.05  # s an idle worker / the gateway's reader thread blocks on its queue per poll
+# s a worker holding uploads for incoming ones blocks on its inbox per poll: how late it can
+# notice that the hold's wait ran out (BackendCore.is_holding)
 ENGINE_IDLE_POLL_S = 0.005
 ENGINE_STATS_INTERVAL_S = 0.5  # s; most time between two EngineStats posts of a stepping worker
 # s; an engine step this long is logged with its parts and shape: a normal step is ~1.5 ms

@@ -26,8 +26,9 @@ class BackendCore(Protocol):
       a step engine (demo, scripted); it is cheap (no device sync), called between steps.
     - `set_incoming_uploads(count)`: how many uploads the gateway is still receiving or
       decoding (messages.IncomingUploads); a scheduling hint that a backend without upload
-      batching ignores. `has_work()` may be False while the backend holds uploads for them
-      (the worker then blocks on its inbox for at most ENGINE_IDLE_POLL_S).
+      batching ignores. `has_work()` may be False while the backend holds uploads for them;
+      `is_holding()` is then True, and the worker blocks on its inbox for at most
+      ENGINE_IDLE_POLL_S (otherwise ENGINE_POLL_S), so it notices the hold's wait running out.
     """
 
     @property
@@ -52,5 +53,7 @@ class BackendCore(Protocol):
     def stats(self) -> EngineStats | None: ...
 
     def set_incoming_uploads(self, count: int) -> None: ...
+
+    def is_holding(self) -> bool: ...
 
     def close(self) -> None: ...

@@ -42,7 +42,14 @@ from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.scheduler import SchedulerConfig
-from livemeet.errors import ConfigError, InvalidRequest, LivemeetError, NotFound, ProtocolError
+from livemeet.errors import (
+    ConfigError,
+    InternalError,
+    InvalidRequest,
+    LivemeetError,
+    NotFound,
+    ProtocolError,
+)
 from livemeet.models.prompt import stable_prefix_len
 from livemeet.session.live import LiveOptions, LiveSession
 from livemeet.transcriber import (
@@ -271,6 +278,7 @@ class MossCore:
             )
         if self.config.forced_output:
             self._load_forced(Path(self.config.forced_output))
+        self._tell_incoming_uploads()  # a count sent before the engine existed
         log.info("MOSS-TD backend ready (%s)", self.info.model_id)
 
     def close(self) -> None:
@@ -295,6 +303,7 @@ class MossCore:
             self._sessions[session_id] = _Live(options, live)
         else:
             self._sessions[session_id] = _Upload(options)
+            self._tell_incoming_uploads()
 
     def append(self, session_id: str, samples: Samples) -> None:
         sess = self._get(session_id)
@@ -334,15 +343,19 @@ class MossCore:
             return True
         if self.engine is None:
             return False
-        self._tell_incoming_uploads()
         return self.engine.has_work() and not self.engine.is_holding()
+
+    def is_holding(self) -> bool:
+        """True when the engine holds uploads for incoming ones and has nothing else to do."""
+        return self.engine is not None and self.engine.is_holding()
 
     def set_incoming_uploads(self, count: int) -> None:
         """How many uploads the gateway is still receiving or decoding (module docstring).
-        Raises InvalidRequest for a negative count."""
+        Raises InternalError for a negative count (a gateway bug)."""
         if count < 0:
-            raise InvalidRequest(f"incoming upload count must be >= 0, not {count}")
+            raise InternalError(f"incoming upload count must be >= 0, not {count}")
         self._gateway_incoming_uploads = count
+        self._tell_incoming_uploads()
 
     def stats(self) -> EngineStats | None:
         """The engine's cumulative step counters; None before `load()`."""
@@ -406,6 +419,8 @@ class MossCore:
 
     def _drop(self, sid: str, sess: _Session) -> None:
         self._sessions.pop(sid, None)
+        if isinstance(sess, _Upload) and sess.request_id is None:
+            self._tell_incoming_uploads()
         rids: list[str] = []
         if isinstance(sess, _Upload) and sess.request_id:
             rids.append(sess.request_id)
@@ -421,10 +436,14 @@ class MossCore:
                 self.engine.abort(rid)
 
     def _tell_incoming_uploads(self) -> None:
+        """Give the scheduler the gateway's count plus this core's uploads not yet queued; run
+        wherever either changes (set_incoming_uploads, open, submit, drop)."""
+        if self.engine is None:
+            return
         unqueued = sum(
             1 for s in self._sessions.values() if isinstance(s, _Upload) and s.request_id is None
         )
-        self._engine().set_incoming_uploads(self._gateway_incoming_uploads + unqueued)
+        self.engine.set_incoming_uploads(self._gateway_incoming_uploads + unqueued)
 
     def _needs_submit(self, sess: _Session) -> bool:
         if isinstance(sess, _Upload):

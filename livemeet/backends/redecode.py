@@ -146,6 +146,10 @@ class RedecodeCore(abc.ABC):
         """Ignored: uploads are decoded one at a time, not batched, so none waits for others."""
         return None
 
+    def is_holding(self) -> bool:
+        """Never: nothing is held."""
+        return False
+
     def step(self) -> list[tuple[str, Event]]:
         for sid, sess in self._sessions.items():
             if self._ready(sess):

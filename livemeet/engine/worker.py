@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from livemeet.audio.constants import ENGINE_IDLE_POLL_S, ENGINE_STATS_INTERVAL_S
+from livemeet.audio.constants import ENGINE_IDLE_POLL_S, ENGINE_POLL_S, ENGINE_STATS_INTERVAL_S
 from livemeet.backends.base import BackendCore
 from livemeet.config import ModelConfig
 from livemeet.engine.messages import (
@@ -119,7 +119,9 @@ class Worker:
             idle = not self.core.has_work()
             if idle and self._stats_stale:
                 self.post_stats(self.clock())  # exact: the totals hold until the next step
-            commands = drain(inbox, block=idle)
+            # while uploads are held, poll often: the hold's wait may run out between commands
+            poll_s = ENGINE_IDLE_POLL_S if idle and self.core.is_holding() else ENGINE_POLL_S
+            commands = drain(inbox, block=idle, timeout_s=poll_s)
             for cmd in commands:
                 if isinstance(cmd, Shutdown):
                     return
@@ -201,12 +203,12 @@ class Worker:
         self.outbox.put(SessionEvent(sid, error))
 
 
-def drain(inbox: Inbox, *, block: bool) -> list[Command]:
-    """Up to MAX_COMMANDS_PER_DRAIN commands; waits up to ENGINE_IDLE_POLL_S for the first
-    if `block`."""
+def drain(inbox: Inbox, *, block: bool, timeout_s: float = ENGINE_POLL_S) -> list[Command]:
+    """Up to MAX_COMMANDS_PER_DRAIN commands; waits up to `timeout_s` for the first if
+    `block`."""
     out: list[Command] = []
     try:
-        out.append(inbox.get(block=block, timeout=ENGINE_IDLE_POLL_S if block else None))
+        out.append(inbox.get(block=block, timeout=timeout_s if block else None))
         while len(out) < MAX_COMMANDS_PER_DRAIN:
             out.append(inbox.get(block=False))
     except queue.Empty:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.constants import ENGINE_IDLE_POLL_S, ENGINE_POLL_S, SAMPLE_RATE
 from livemeet.backends import BACKENDS
 from livemeet.backends.scripted import DEFAULT_SCRIPT, Script, ScriptedCore
 from livemeet.config import ModelConfig
@@ -246,6 +246,7 @@ class StatsCore:
         self.has_stats = has_stats
         self.num_steps = 0
         self.num_stats_calls = 0
+        self.holding = False
 
     @property
     def info(self) -> BackendInfo:
@@ -273,6 +274,9 @@ class StatsCore:
 
     def set_incoming_uploads(self, count: int) -> None: ...
 
+    def is_holding(self) -> bool:
+        return self.holding
+
     def stats(self) -> EngineStats | None:
         self.num_stats_calls += 1
         if not self.has_stats:
@@ -290,9 +294,11 @@ class IdleShutdownInbox:
 
     def __init__(self, idle_polls: int = 1) -> None:
         self.idle_polls = idle_polls
+        self.timeouts: list[float | None] = []  # of each blocking get
 
     def get(self, block: bool = True, timeout: float | None = None) -> object:
         if block:
+            self.timeouts.append(timeout)
             self.idle_polls -= 1
             if self.idle_polls == 0:
                 return Shutdown()
@@ -331,3 +337,17 @@ def test_core_without_stats_posts_nothing() -> None:
     core = StatsCore(clock, work=4, step_s=0.3, has_stats=False)
     assert serve_with_stats(core, clock) == []
     assert core.num_steps == 4 and core.num_stats_calls >= 2
+
+
+@pytest.mark.parametrize(
+    ("holding", "poll_s"), [(False, ENGINE_POLL_S), (True, ENGINE_IDLE_POLL_S)]
+)
+def test_idle_worker_polls_often_only_while_uploads_are_held(holding: bool, poll_s: float) -> None:
+    """An idle worker blocks ENGINE_POLL_S per poll; only a core holding uploads for incoming
+    ones makes it poll every ENGINE_IDLE_POLL_S (to notice the hold's wait running out)."""
+    clock = FakeClock()
+    core = StatsCore(clock, work=0, step_s=0.1)
+    core.holding = holding
+    inbox = IdleShutdownInbox(idle_polls=3)
+    Worker(core, queue.Queue(), clock=lambda: clock.now_s).serve(inbox)
+    assert inbox.timeouts == [poll_s] * 3
