@@ -24,7 +24,8 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
     added by the backend), running decodes or not, so a wave of uploads that reaches the
     engine spread over the gateway's decode slots is prefilled in one step rather than as
     its first arrivals come.
-  A preempted upload (it already waited) and live hops are never held, and a step that
+  A preempted upload (it already waited) and live hops are never held, nor are uploads whose
+  prompts already fill a step's token limit (no more could join their step); a step that
   prefills anyway (a live hop, a running chunk) takes held uploads at once. `is_holding`
   says when held uploads are all there is, so the caller can wait instead of stepping.
 - Preemption by recompute: to admit or grow a request, evict in this order: retained caches
@@ -554,11 +555,12 @@ class Scheduler:
     def _hold_uploads(self, now_s: float) -> bool:
         """Whether waiting uploads stay out of this step (module docstring: upload batching):
         some wait, none has waited `upload_batch_wait_s` or was preempted (it already waited),
+        their prompts do not fill a step's token limit already (no more could join that step),
         and fewer wait than decode or (PIPELINE) more are on their way."""
         wait_s = self.config.upload_batch_wait_s
         if wait_s <= 0:
             return False
-        num_waiting = num_decoding = 0
+        num_waiting = num_decoding = waiting_tokens = 0
         for r in self._requests.values():
             if r.status is Status.RUNNING:
                 num_decoding += r.is_decoding
@@ -566,7 +568,8 @@ class Scheduler:
                 if r.status is Status.PREEMPTED or now_s - r.arrival_s >= wait_s:
                     return False
                 num_waiting += 1
-        if num_waiting == 0:
+                waiting_tokens += r.num_prompt_tokens
+        if num_waiting == 0 or waiting_tokens >= self.config.max_num_batched_tokens:
             return False
         if num_waiting < num_decoding:
             return True

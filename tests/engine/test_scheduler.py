@@ -709,6 +709,26 @@ def test_incoming_uploads_are_waited_for_at_most_the_batch_wait() -> None:
     assert _admitted(batch) == {"a"}
 
 
+def test_uploads_that_fill_a_step_are_not_held() -> None:
+    """Waiting uploads whose prompts already reach the step's token limit go at once: no more
+    could join their prefill step, so waiting for company only adds latency (both rules)."""
+    for hold in (UploadHold.PIPELINE, UploadHold.ARRIVALS):
+        sched, runner, clock = make(
+            upload_batch_wait_s=10.0,
+            max_num_batched_tokens=512,
+            chunked_prefill_size=512,
+            upload_hold=hold,
+        )
+        _decoding(sched, runner, clock, 3)
+        sched.set_incoming_uploads(4)
+        sched.add(req("a", 300, arrival=clock.now_s))
+        (batch,) = run_steps(sched, runner, clock, 1)
+        assert not _admitted(batch)  # 300 of 512 tokens: held
+        sched.add(req("b", 212, arrival=clock.now_s))
+        (batch,) = run_steps(sched, runner, clock, 1)
+        assert _admitted(batch), hold  # 512 tokens wait: a full step
+
+
 def test_incoming_uploads_hold_even_when_as_many_wait_as_decode() -> None:
     sched, runner, clock = make(upload_batch_wait_s=10.0)
     _decoding(sched, runner, clock, 2)
