@@ -1,7 +1,8 @@
 """What an upload's audio decoding costs the gateway's CPU, to size `--max-concurrent-decodes`.
 
-Per format: the time of one upload's decode as the handler runs it (`decode.probe`, then
-`decode.decode_file`, in one executor thread each), and the throughput of N uploads decoded by
+Per format: the time of one upload's decode as the handler's calls make it (`decode.probe`
+then `decode.decode_file`, here back to back in one thread and without the duration limit),
+and the throughput of N uploads decoded by
 k threads at once, which shows whether decoding scales with threads (soundfile, PyAV and soxr
 release the GIL inside their C code) or serializes. Formats: the HTTP benchmark's clip (11.6 s,
 16 kHz mono PCM16 WAV, read by libsndfile), and 30 s of MP3 (44.1 kHz stereo) and of Opus in

@@ -42,7 +42,8 @@ class AbortSession:
 @dataclass(frozen=True)
 class IncomingUploads:
     """How many uploads the gateway has accepted and not yet handed to the engine (receiving
-    the body, waiting for or in a decode slot); the scheduler's upload hold waits for them.
+    the body, probing, waiting for or in a decode slot, opening their session); the
+    scheduler's upload hold waits for them.
     Sent when the count changes, and always ahead of any later command, so an upload's
     `EndSession` finds a count that no longer includes it."""
 

@@ -174,8 +174,9 @@ class GatewayMetrics:
             ),
             uploads_incoming=Gauge(
                 "livemeet_uploads_incoming",
-                "Uploads accepted and not yet handed to the engine (receiving the body, waiting "
-                "for or in a decode slot); the engine's upload hold waits for them",
+                "Uploads accepted and not yet handed to the engine (receiving the body, "
+                "probing, waiting for or in a decode slot, opening a session); the engine's "
+                "upload hold waits for them",
                 registry=registry,
             ),
         )

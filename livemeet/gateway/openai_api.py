@@ -135,12 +135,14 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
         options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
         session = await app[TRANSCRIBER_KEY].open_session(options)
+        # the backend counts its open, unqueued uploads itself from here on; the lower count
+        # goes out ahead of the next command (append), so no upload is counted on both sides
+        incoming.release()
         sessions = app[METRICS_KEY].sessions.labels("upload", "transcribing")
         sessions.inc()
         try:
             await session.append(samples)
             del samples
-            incoming.release()  # the engine has the audio; the count goes out before end()
             await session.end()
             response = await _transcribe(request, session, form, phases)
             app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)

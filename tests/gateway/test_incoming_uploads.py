@@ -85,15 +85,17 @@ def test_a_failing_listener_does_not_leak_the_count() -> None:
     assert counter.count == 0
 
 
-async def test_an_upload_counts_until_the_engine_has_its_audio(
+async def test_an_upload_counts_until_its_engine_session_is_open(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
+    """From its session's open on, the backend counts the upload itself (MossCore's unqueued
+    uploads): the gateway's count drops then, so it is never counted on both sides."""
     assert await gauge(client) == 0.0  # exported before the first upload
     resp = await client.post(URL, data=form(wav_bytes(3.0)))
     assert resp.status == 200, await resp.text()
     log = fake.sessions[0].log
-    assert log.incoming_at_append == [1]  # itself, while its audio goes to the engine
-    assert log.incoming_at_end == 0  # released before end(): the engine does not wait for it
+    assert log.incoming_at_append == [0]  # released once its session was open
+    assert log.incoming_at_end == 0
     assert fake.incoming_counts == [1, 0]
     await assert_released(client, fake)
 
@@ -222,7 +224,8 @@ async def test_the_count_reaches_the_worker_before_each_upload_command(
     resp = await client.post(URL, data=form(wav_bytes(2.0)))
     assert resp.status == 200, await resp.text()
     names = [(name, value if name == "incoming" else "") for name, value in core.calls]
-    assert names == [("incoming", 1), ("open", ""), ("append", ""), ("incoming", 0), ("end", "")]
+    # open, then the lower count ahead of the append: the core counts its open session itself
+    assert names == [("incoming", 1), ("open", ""), ("incoming", 0), ("append", ""), ("end", "")]
 
 
 async def test_engine_client_coalesces_counts_and_sends_them_ahead_of_commands(
