@@ -9,9 +9,9 @@ candidate per point is printed last; the kernel's defaults (`default_decode_conf
 from it.
 
 `--splits` times instead each dtype's default configuration at a range of split counts: the
-powers of two up to twice the default, and the counts that make the grid of batch x KV heads x
-splits programs fill the GPU's SMs r times over (r = 1..6), to find where a partial last wave
-of programs costs time.
+powers of two from a quarter of the default to twice it, and the largest counts whose grid of
+batch x KV heads x splits programs fits r times on the GPU's SMs (r = 1..6), to find where a
+partial last wave of programs costs time.
 
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
        [--max-seconds 150] [--defaults-only | --splits]
@@ -85,8 +85,9 @@ def exact(rows: list[SweepRow]) -> list[SweepRow]:
 
 def split_candidates(batch: int, context: int, num_sms: int) -> list[int]:
     """Split counts for `--splits` at one point, ascending: powers of two from a quarter of the
-    default to twice it, and floor(r * num_sms / (batch * kv heads)) for r = 1..6 (the counts
-    whose programs fill every SM r times), each kept to 1..128 and to >= 16 keys per split."""
+    default to twice it, and floor(r * num_sms / (batch * kv heads)) for r = 1..6 (the largest
+    counts whose programs fit on the SMs r times over), each kept to 1..128 and to >= 16 keys
+    per split."""
     default = pa.choose_num_splits(batch, context, NUM_KV_HEADS, num_sms)
     pow2 = {1 << k for k in range(8) if default // 4 <= 1 << k <= default * 2}
     waves = {r * num_sms // (batch * NUM_KV_HEADS) for r in range(1, 7)}
@@ -123,11 +124,11 @@ def sweep_point(
     read_bw: float,
     deadline: float,
     full: bool,
-    splits: bool = False,
+    split_sweep: bool = False,
 ) -> list[SweepRow]:
     """Time `candidates(full, fp8)` and two split counts around the default at one point
     (batch sequences of `context` tokens) until `deadline` (time.monotonic() seconds), or with
-    `splits`, the dtype's default configuration at every `split_candidates` count;
+    `split_sweep`, the dtype's default configuration at every `split_candidates` count;
     `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
     caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -137,7 +138,7 @@ def sweep_point(
     ref = pa.ref_paged_decode_attention(q.float(), *caches[0], tables, lens, scale, **scales)
     default_splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS)
     plan: list[tuple[pa.DecodeKernelConfig | None, int]]
-    if splits:
+    if split_sweep:
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
         default_cfg = pa.default_decode_config(fp8)
         plan = [(default_cfg, n) for n in split_candidates(batch, context, num_sms)]

@@ -306,7 +306,11 @@ class Engine:
         return out
 
     def run_to_completion(self) -> dict[str, Request]:
-        """Step until idle (offline jobs and tests); returns the finished requests by id."""
+        """Step until idle (offline jobs and tests); returns the finished requests by id.
+        Raises InternalError while uploads are still incoming: the scheduler would hold the
+        waiting ones for them, and nothing here can add them."""
+        if self.scheduler.num_incoming_uploads:
+            raise InternalError("run_to_completion with uploads still incoming")
         done: dict[str, Request] = {}
         while self.has_work():
             for request in self.step().finished:

@@ -169,6 +169,17 @@ def test_audio_of_one_step_is_encoded_in_one_batch(
     engine.run_to_completion()
 
 
+def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:
+    from livemeet.errors import InternalError
+
+    engine = _engine(our_model, 4096, num_blocks=None)
+    engine.set_incoming_uploads(1)  # an offline job never has any: only a caller bug
+    with pytest.raises(InternalError):
+        engine.run_to_completion()
+    engine.set_incoming_uploads(0)
+    assert engine.run_to_completion() == {}
+
+
 def test_bad_audio_is_refused_at_add(our_model: MossTDModel) -> None:
     from livemeet.errors import BadAudio
 

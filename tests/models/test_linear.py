@@ -49,16 +49,28 @@ def test_skinny_linear_matches_f_linear(
         (48, 128, linear.GemmConfig(16, 32, split_k=2)),  # two whole tiles per split
         (40, 72, linear.GemmConfig(16, 32, split_k=2)),  # ragged N and K: a partial last tile
         (24, 40, linear.GemmConfig(16, 32, split_k=4)),  # two K tiles over four splits: two empty
+        (48, 64, linear.GemmConfig(16, 32, split_k=4)),  # the same with K a multiple of block_k
     ],
 )
 def test_split_k_matches_f_linear_deterministically(
-    rows: int, n: int, k: int, config: linear.GemmConfig
+    rows: int, n: int, k: int, config: linear.GemmConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """K cut across programs, the last of each column tile summing the partials in split
-    order: F.linear up to rounding, the same bits on every call, every counter re-armed."""
+    order: F.linear up to rounding, the same bits on every call, every counter re-armed. The
+    split path really runs: the kernel got the counters (without them it runs one pass)."""
+    got_counters: list[bool] = []
+    real = split_k.counters
+
+    def spy(device: torch.device, needed: int) -> torch.Tensor | None:
+        buf = real(device, needed)
+        got_counters.append(buf is not None)
+        return buf
+
+    monkeypatch.setattr(split_k, "counters", spy)
     torch.manual_seed(rows * 10 + k)
     x, w = torch.randn(rows, k), torch.randn(n, k)
     out = linear.skinny_linear(x, w, config, impl="triton")
+    assert got_counters == [True]
     torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
     assert torch.equal(linear.skinny_linear(x, w, config, impl="triton"), out)
     counters = split_k.counters(torch.device("cpu"), 1)
@@ -90,11 +102,14 @@ def test_split_k_has_no_race_cuda() -> None:
     with torch.cuda.graph(graph):
         outs = [linear.skinny_linear(x, w, split) for x in xs]
     for _ in range(3):
+        xs.normal_()  # new inputs: a partial left over from the last replay would show
         graph.replay()
         torch.cuda.synchronize()
         for x, out in zip(xs, outs, strict=True):
             want = linear.skinny_linear(x, w, whole).float()
             torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=0)
+    # deterministic on the GPU too: the parts are summed in split order, not by atomics
+    assert torch.equal(linear.skinny_linear(xs[0], w, split), linear.skinny_linear(xs[0], w, split))
 
 
 @needs_interpreter
