@@ -325,9 +325,10 @@ class EngineClient:
         coalesced (module docstring). Never raises: before start or after the worker is gone
         nothing is sent."""
         self._incoming_uploads = count
-        if self._loop is not None and not self._incoming_flush_due:
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and not self._incoming_flush_due:
             self._incoming_flush_due = True
-            self._loop.call_soon(self._flush_incoming_uploads)
+            loop.call_soon(self._flush_incoming_uploads)
 
     async def open_session(self, options: SessionOptions) -> EngineSession:
         """Open a session. Raises EngineUnavailable when not ready, QueueFull at

@@ -27,7 +27,7 @@ class IncomingUploadsSink(Protocol):
 
 class IncomingUpload:
     """One upload's place in the count; `release()` (idempotent) gives it up early, once the
-    engine has the upload's audio."""
+    upload's engine session is open (the backend counts it from then on)."""
 
     def __init__(self, counter: IncomingUploadCounter) -> None:
         self._counter = counter
@@ -45,7 +45,7 @@ class IncomingUpload:
 
 
 class IncomingUploadCounter:
-    """Counts uploads between the handler's accept and the engine having their audio.
+    """Counts uploads between the handler's accept and the opening of their engine session.
 
     `track()` is the only way to change the count: it counts one upload for its `with` block
     and releases it at the block's end whatever way it ends (an error response, a client that

@@ -116,9 +116,9 @@ async def get_transcription(request: web.Request) -> web.Response:
 async def create_transcription(request: web.Request) -> web.StreamResponse:
     """The upload endpoint. Raises LivemeetError subclasses, rendered by the error middleware.
 
-    From its accept until the engine has its audio, the upload counts as incoming
-    (livemeet.gateway.incoming); it is released before `end()`, so the count the engine is
-    sent no longer includes it when the engine queues it, and on every error path."""
+    From its accept until its engine session is open, the upload counts as incoming
+    (livemeet.gateway.incoming); from then on the backend counts it until it is queued, so it
+    is never counted on both sides. Released on every error path too."""
     app = request.app
     if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
         raise EngineUnavailable("the model is not ready; retry shortly")

@@ -262,3 +262,14 @@ async def test_engine_client_coalesces_counts_and_sends_them_ahead_of_commands(
     engine.set_incoming_uploads(5)  # after close: ignored
     await asyncio.sleep(0)
     assert core.calls[0] == ("incoming", 3)
+
+
+def test_a_count_change_after_the_loop_closed_does_not_raise() -> None:
+    """A handler's release can run during late shutdown, after the event loop closed; the
+    count is a hint, so it is dropped rather than raising from the release (regression)."""
+    engine = EngineClient(ModelConfig(backend="scripted"), in_process=True)
+    loop = asyncio.new_event_loop()
+    loop.close()
+    engine._loop = loop
+    engine.set_incoming_uploads(1)  # call_soon on a closed loop raised RuntimeError
+    assert engine._incoming_uploads == 1
