@@ -121,7 +121,7 @@ class GatewayConfig:
     """Limits the gateway enforces on requests and sessions."""
 
     max_upload_bytes: int = MAX_UPLOAD_BYTES  # bytes; larger bodies get 413
-    max_audio_s: float = MAX_AUDIO_S  # s; longer audio gets 413 (audio_too_long)
+    max_audio_s: float = MAX_AUDIO_S  # s; a longer upload gets 413 (live sessions: no limit)
     max_concurrent_decodes: int = 2  # uploads decoded (ffmpeg/soundfile) at once
     max_sessions: int = 256  # open sessions (live + upload) before QueueFull
     idle_timeout_s: float = 60.0  # s without any client message before a live session closes

@@ -86,6 +86,14 @@ class NotFound(LivemeetError):
     close_code = 4404
 
 
+class MethodNotAllowed(LivemeetError):
+    """An HTTP method the route does not serve (the response carries `Allow`)."""
+
+    code = "method_not_allowed"
+    http_status = 405
+    close_code = 4405
+
+
 class ClientTimeout(LivemeetError):
     """The client sent nothing (not even a keepalive) for too long."""
 
@@ -144,6 +152,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     ProtocolError,
     Unauthorized,
     NotFound,
+    MethodNotAllowed,
     ClientTimeout,
     RequestRejected,
     PayloadTooLarge,

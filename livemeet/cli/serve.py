@@ -38,9 +38,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (enables https)")
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
-    p.add_argument("--max-upload-bytes", type=int, default=MAX_UPLOAD_BYTES)
-    p.add_argument("--max-audio-s", type=float, default=MAX_AUDIO_S)
-    p.add_argument("--max-sessions", type=int, default=256)
+    p.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=MAX_UPLOAD_BYTES,
+        help="largest upload body in bytes (413 payload_too_large)",
+    )
+    p.add_argument(
+        "--max-audio-s",
+        type=float,
+        default=MAX_AUDIO_S,
+        help="longest upload in seconds (413 audio_too_long); live sessions have no length "
+        "limit: they decode a sliding window, so a meeting may run as long as it lasts",
+    )
+    p.add_argument(
+        "--max-sessions", type=int, default=256, help="open sessions (live and upload) at once"
+    )
     p.add_argument(
         "--max-concurrent-decodes",
         type=int,

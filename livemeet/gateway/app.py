@@ -17,8 +17,8 @@ from livemeet.config import ServerConfig
 from livemeet.errors import (
     EngineUnavailable,
     InternalError,
-    InvalidRequest,
     LivemeetError,
+    MethodNotAllowed,
     NotFound,
 )
 from livemeet.gateway import health, openai_api
@@ -157,9 +157,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPMethodNotAllowed as exc:
         allowed = ", ".join(sorted(exc.allowed_methods))
         message = f"{request.method} is not allowed on {request.path}; use {allowed}"
-        response = _render_error(request, InvalidRequest(message))
-        response.set_status(exc.status)  # 405 with Allow, as HTTP clients expect
-        response.headers["Allow"] = allowed
+        response = _render_error(request, MethodNotAllowed(message))
+        response.headers["Allow"] = allowed  # as HTTP clients expect with a 405
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -265,10 +265,11 @@ async def test_unknown_transcription_and_route(client: TestClient) -> None:
 
 
 async def test_wrong_method_is_a_client_error(client: TestClient) -> None:
+    """405 with its own code (the error table maps invalid_request to 400), and Allow."""
     resp = await client.get("/v1/audio/transcriptions")
     assert resp.status == 405 and resp.headers["Allow"] == "POST"
     error = (await resp.json())["error"]
-    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_request"
+    assert error["type"] == "invalid_request_error" and error["code"] == "method_not_allowed"
     assert "POST" in error["message"]
 
 
