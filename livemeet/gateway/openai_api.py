@@ -332,10 +332,6 @@ def _render(transcript: Transcript, fmt: ResponseFormat, language: str | None) -
     return web.Response(text=body, content_type=content_type, charset="utf-8")
 
 
-def _usage(duration_s: float) -> dict[str, object]:
-    return {"type": "duration", "seconds": round(duration_s, 3)}
-
-
 async def _stream_sse(
     request: web.Request, session: TranscriberSession, form: UploadForm, transcription_id: str
 ) -> web.StreamResponse:
@@ -391,7 +387,7 @@ async def _write_stream(
             done = {
                 "type": "transcript.text.done",
                 "text": transcript.text,
-                "usage": _usage(transcript.duration_s),
+                "usage": formats.usage(transcript.duration_s),
             }
             await response.write(encode_event(done))
             break

@@ -79,7 +79,7 @@ def render(transcript: Transcript, fmt: ResponseFormat, *, language: str | None 
         case ResponseFormat.VTT:
             body = to_vtt(transcript.segments)
         case ResponseFormat.JSON:
-            body = _dumps({"text": transcript.text, "usage": _usage(transcript)})
+            body = _dumps({"text": transcript.text, "usage": usage(transcript.duration_s)})
         case ResponseFormat.VERBOSE_JSON:
             body = _dumps(_verbose(transcript, language or transcript.language))
         case ResponseFormat.DIARIZED_JSON:
@@ -157,9 +157,11 @@ def _dumps(obj: dict[str, object]) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _usage(transcript: Transcript) -> dict[str, object]:
-    # OpenAI bills whole seconds; round first so 30.0000001 s is 30, not 31.
-    return {"type": "duration", "seconds": math.ceil(round(transcript.duration_s, 3))}
+def usage(duration_s: float) -> dict[str, object]:
+    """OpenAI's `usage` object for `duration_s` seconds of audio: whole seconds, rounded up
+    as OpenAI bills them, after rounding to ms so 30.0000001 s is 30, not 31. Every response
+    that carries usage (JSON bodies, the SSE done event) uses this one."""
+    return {"type": "duration", "seconds": math.ceil(round(duration_s, 3))}
 
 
 def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
@@ -190,7 +192,7 @@ def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
         "duration": round(transcript.duration_s, 3),
         "text": transcript.text,
         "segments": segments,
-        "usage": _usage(transcript),
+        "usage": usage(transcript.duration_s),
     }
 
 
@@ -213,7 +215,7 @@ def _diarized(transcript: Transcript) -> dict[str, object]:
         "duration": round(transcript.duration_s, 3),
         "text": transcript.text,
         "segments": segments,
-        "usage": _usage(transcript),
+        "usage": usage(transcript.duration_s),
     }
 
 

@@ -67,7 +67,8 @@ async def test_json_upload_and_stored_transcript(
     assert resp.status == 200, await resp.text()
     body = await resp.json()
     assert body["text"] == expected_upload_text(5.0)
-    assert body["usage"] == {"type": "duration", "seconds": 5.0}
+    assert body["usage"] == {"type": "duration", "seconds": 5}
+    assert type(body["usage"]["seconds"]) is int
     options = fake.sessions[0].log.options
     assert not options.live and options.prompt == "Hi" and options.language == "fr"
     assert fake.sessions[0].log.num_samples == 5 * 16000 and fake.sessions[0].log.aborted
@@ -135,6 +136,8 @@ async def test_stream_sse_events(client: TestClient) -> None:
     assert kinds[0] == "transcript.text.delta"
     deltas = "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta")
     assert deltas == events[-1]["text"] == expected_upload_text(5.0)
+    usage = events[-1]["usage"]  # whole seconds, as in the JSON body (it was 5.0 here)
+    assert usage == {"type": "duration", "seconds": 5} and type(usage["seconds"]) is int
     segments = [e for e in events if e["type"] == "transcript.text.segment"]
     assert [s["id"] for s in segments] == ["seg-0000", "seg-0001", "seg-0002"]
     assert set(segments[0]) == {"type", "id", "start", "end", "speaker", "text"}
