@@ -68,6 +68,7 @@ EOS_TOKEN_ID = 151_645  # <|im_end|>
 COMMIT_HORIZON_S = 1.0  # s; a segment commits only if it ends this far behind the audio edge
 COMMIT_TIME_TOLERANCE_S = 0.5  # s; two hypotheses agree on a segment if its times differ less
 LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
+MAX_PROMPT_CHARS = 4_096  # characters; longest client prompt (live `start` or an upload's form)
 LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
 LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
 

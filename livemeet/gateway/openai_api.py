@@ -25,7 +25,7 @@ from aiohttp import BodyPartReader, web
 from prometheus_client import Histogram
 
 from livemeet.audio import decode
-from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.constants import MAX_PROMPT_CHARS, SAMPLE_RATE
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     BadAudio,
@@ -228,13 +228,16 @@ async def read_upload_form(request: web.Request, config: ServerConfig) -> Upload
         raise InvalidRequest("the multipart body has no 'file' field")
     path, filename, num_bytes = spooled
     try:
+        prompt = fields.get("prompt") or None
+        if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+            raise InvalidRequest(f"'prompt' must be at most {MAX_PROMPT_CHARS} characters")
         return UploadForm(
             path=path,
             filename=filename,
             num_bytes=num_bytes,
             model=fields.get("model") or None,
             response_format=formats.parse_response_format(fields.get("response_format") or "json"),
-            prompt=fields.get("prompt") or None,
+            prompt=prompt,
             language=fields.get("language") or None,
             stream=_parse_bool(fields.get("stream", "false"), "stream"),
         )

@@ -306,3 +306,15 @@ async def test_decodes_are_bounded(client: TestClient, monkeypatch: pytest.Monke
     )
     assert [r.status for r in resps] == [200] * 5
     assert peak == client.app[openai_api.CONFIG_KEY].gateway.max_concurrent_decodes == 2
+
+
+async def test_upload_prompt_has_the_live_prompt_limit(client: TestClient) -> None:
+    """An upload's prompt is capped like a live session's (MAX_PROMPT_CHARS), not only by the
+    64 KiB form-field limit; at the limit it is accepted."""
+    from livemeet.audio.constants import MAX_PROMPT_CHARS
+
+    url = "/v1/audio/transcriptions"
+    over = form(wav_bytes(1.0), prompt="x" * (MAX_PROMPT_CHARS + 1))
+    await assert_error(await client.post(url, data=over), InvalidRequest)
+    resp = await client.post(url, data=form(wav_bytes(1.0), prompt="x" * MAX_PROMPT_CHARS))
+    assert resp.status == 200, await resp.text()
