@@ -19,8 +19,15 @@ SUBCOMMAND_MODULES = (
 )
 
 
+DESCRIPTION = (
+    "livemeet: speaker-labelled, timestamped meeting transcripts. `serve` runs the "
+    "OpenAI-compatible upload API and the live WebSocket; `transcribe` works offline on files; "
+    "`stream` sends a file to a running server as a live session; `eval` scores a transcript."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="livemeet", description=__doc__)
+    parser = argparse.ArgumentParser(prog="livemeet", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         try:
