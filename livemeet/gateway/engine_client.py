@@ -19,9 +19,9 @@ how often they come) is kept as `engine_stats` for /metrics.
 Incoming uploads (`set_incoming_uploads`, livemeet/gateway/incoming.py): the count goes to the
 worker as `IncomingUploads` when it changes, coalesced: on the next loop iteration, or at the
 latest right before the next command, since commands share one pipe in order. So an upload's
-increment precedes its `OpenSession`, and the decrement the handler makes once the engine has
-its audio precedes its `EndSession`: the engine never queues an upload under a count that
-still includes it.
+increment precedes its `OpenSession`, and the decrement the handler makes once that session is
+open precedes its next command (the backend counts its open, unqueued uploads itself): an
+upload is never counted on both sides, nor queued under a count that still includes it.
 
 If the worker dies, every open session gets `Error(engine_unavailable, retryable=True)` and
 `ready` turns False; `open_session` then raises EngineUnavailable.

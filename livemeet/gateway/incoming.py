@@ -1,6 +1,6 @@
 """Uploads in flight before the engine: accepted by the upload handler and not yet handed to
 the engine (receiving the body, probing, waiting for a decode slot, decoding, opening the
-engine session and sending the audio).
+engine session; from then on the backend counts the upload until it is queued).
 
 The count is what the engine's upload hold waits for (livemeet.engine.scheduler: upload
 batching): the gateway is the only place that knows how many uploads are on their way. It is
