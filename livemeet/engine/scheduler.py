@@ -234,6 +234,7 @@ class Scheduler:
 
     @property
     def num_incoming_uploads(self) -> int:
+        """Uploads on their way to `add`, as last told by `set_incoming_uploads`."""
         return self._num_incoming_uploads
 
     def is_holding(self, now_s: float) -> bool:

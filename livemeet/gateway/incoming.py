@@ -34,6 +34,7 @@ class IncomingUpload:
         self._counted = False
 
     def acquire(self) -> None:
+        """Count the upload (once; `IncomingUploadCounter.track` calls it)."""
         assert not self._counted, "an upload is counted once"
         self._counted = True
         self._counter._change(+1)
@@ -59,10 +60,12 @@ class IncomingUploadCounter:
 
     @property
     def count(self) -> int:
+        """Uploads counted now (>= 0)."""
         return self._count
 
     @contextmanager
     def track(self) -> Iterator[IncomingUpload]:
+        """Count one upload for the `with` block (see the class docstring)."""
         upload = IncomingUpload(self)
         try:
             upload.acquire()
