@@ -6,6 +6,10 @@ everything else, and the lossy formats libsndfile also claims (MP3, Ogg), goes t
 the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`). Library errors never escape: each is
 mapped to `BadAudio` naming what failed.
 
+A source is a file's path or its whole contents in memory (`AudioSource`, a small upload). Bytes
+decode exactly like a file of the same contents whose name has no extension (the gateway's spool
+files): neither library then has a file name to guess the format from.
+
 Decisions on damaged input:
 - Truncated files that libsndfile reads (FLAC, ...) raise `BadAudio` when the decoder loses sync
   or yields fewer frames than the header declares.
@@ -23,6 +27,7 @@ Decisions on damaged input:
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,9 @@ from livemeet.audio.constants import (
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
+
+AudioSource = Path | bytes
+"""A file on disk, or bytes: a whole file's contents held in memory (e.g. a small upload)."""
 
 # libsndfile major formats sent to FFmpeg instead: lossy codecs with encoder delay/padding.
 _FFMPEG_FORMATS = frozenset({"MP3", "OGG"})
@@ -69,15 +77,16 @@ class AudioInfo:
     codec: str
 
 
-def probe(path: Path) -> AudioInfo:
+def probe(source: AudioSource) -> AudioInfo:
     """Read duration, rate, channels and codec from the header or container (no decoding).
 
+    `source` is the file's Path or its whole contents as bytes; both give the same AudioInfo.
     FFmpeg containers without a declared duration (e.g. MediaRecorder WebM) are demuxed, not
     decoded, and the packet durations summed.
-    Raises BadAudio for a missing file, non-audio bytes, an unreadable container or one with no
-    audio stream.
+    Raises BadAudio for a missing or empty file (or empty bytes), non-audio bytes, an unreadable
+    container or one with no audio stream.
     """
-    return _probe(path).info
+    return _probe(source).info
 
 
 class _Probe(NamedTuple):
@@ -86,14 +95,10 @@ class _Probe(NamedTuple):
     exact_duration: bool  # the container's declared duration is exact, not an estimate
 
 
-def _probe(path: Path) -> _Probe:
-    try:
-        num_bytes = path.stat().st_size
-    except OSError as e:
-        raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
-    if num_bytes == 0:
+def _probe(source: AudioSource) -> _Probe:
+    if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
-    info = _soundfile_info(path)
+    info = _soundfile_info(source)
     if info is not None:
         sf_info = AudioInfo(
             duration_s=info.frames / info.samplerate,
@@ -103,7 +108,7 @@ def _probe(path: Path) -> _Probe:
         )
         return _Probe(sf_info, use_soundfile=True, exact_duration=True)
     try:
-        with _open_container(path) as container:
+        with _open_container(source) as container:
             stream = _audio_stream(container)
             declared = stream.duration is not None or container.duration is not None
             av_info = AudioInfo(
@@ -118,22 +123,24 @@ def _probe(path: Path) -> _Probe:
         raise BadAudio(f"cannot read the audio container: FFmpeg: {_ffmpeg_message(e)}") from e
 
 
-def decode_file(path: Path, *, max_audio_s: float = MAX_AUDIO_S) -> Samples:
-    """Decode `path` to float32 mono 16 kHz samples in [-1, 1], shape [n].
+def decode_file(source: AudioSource, *, max_audio_s: float = MAX_AUDIO_S) -> Samples:
+    """Decode `source` to float32 mono 16 kHz samples in [-1, 1], shape [n].
 
-    Calls `probe` first and raises TooLong before decoding when the declared duration exceeds
-    `max_audio_s` (seconds); decoding stops with TooLong as soon as the decoded audio exceeds it
-    too (containers can lie). Raises BadAudio for non-audio bytes, unreadable or truncated files
-    (see the module docstring), zero-length audio and non-finite samples.
+    `source` is the file's Path or its whole contents as bytes; both give the same samples and
+    errors. Calls `probe` first and raises TooLong before decoding when the declared duration
+    exceeds `max_audio_s` (seconds); decoding stops with TooLong as soon as the decoded audio
+    exceeds it too (containers can lie). Raises BadAudio for a missing or empty file (or empty
+    bytes), non-audio bytes, unreadable or truncated files (see the module docstring),
+    zero-length audio and non-finite samples.
     """
-    probed = _probe(path)
+    probed = _probe(source)
     info = probed.info
     _check_length(info.duration_s, max_audio_s, "declares")
     sink = _Resampler(max_audio_s)
     if probed.use_soundfile:
-        _decode_soundfile(path, sink)
+        _decode_soundfile(source, sink)
     else:
-        _decode_ffmpeg(path, sink)
+        _decode_ffmpeg(source, sink)
     samples = sink.finish()
     if samples.size == 0:
         raise BadAudio("the audio has no samples (zero length)")
@@ -197,10 +204,28 @@ def _check_length(duration_s: float, max_audio_s: float, verb: str) -> None:
         )
 
 
-def _soundfile_info(path: Path) -> sf._SoundFileInfo | None:
+def _num_bytes(source: AudioSource) -> int:
+    if isinstance(source, bytes):
+        return len(source)
+    try:
+        return source.stat().st_size
+    except OSError as e:
+        raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
+
+
+def _openable(source: AudioSource) -> str | io.BytesIO:
+    """What soundfile and PyAV open: the path, or a fresh BytesIO over the bytes.
+
+    A fresh one per open, so no reader depends on where an earlier one left the position. (A
+    BytesIO over bytes shares their buffer until written, so this copies nothing.)
+    """
+    return io.BytesIO(source) if isinstance(source, bytes) else str(source)
+
+
+def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
     """libsndfile's header info, or None when libsndfile cannot open it or FFmpeg should."""
     try:
-        info = sf.info(str(path))
+        info = sf.info(_openable(source))
     except sf.LibsndfileError:
         return None
     if info.format in _FFMPEG_FORMATS or info.samplerate <= 0:
@@ -208,10 +233,10 @@ def _soundfile_info(path: Path) -> sf._SoundFileInfo | None:
     return info
 
 
-def _decode_soundfile(path: Path, sink: _Resampler) -> None:
+def _decode_soundfile(source: AudioSource, sink: _Resampler) -> None:
     num_frames = 0
     try:
-        with sf.SoundFile(str(path)) as f:
+        with sf.SoundFile(_openable(source)) as f:
             declared_frames, kind = f.frames, f.format
             while True:
                 block = f.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)  # [n, ch]
@@ -230,11 +255,11 @@ def _decode_soundfile(path: Path, sink: _Resampler) -> None:
         )
 
 
-def _decode_ffmpeg(path: Path, sink: _Resampler) -> None:
+def _decode_ffmpeg(source: AudioSource, sink: _Resampler) -> None:
     # fltp keeps the stream's rate and layout: [channels, n] float planes per frame.
     resampler = av.AudioResampler(format="fltp")
     try:
-        with _open_container(path) as container:
+        with _open_container(source) as container:
             stream = _audio_stream(container)
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
@@ -245,10 +270,11 @@ def _decode_ffmpeg(path: Path, sink: _Resampler) -> None:
         raise BadAudio(f"cannot decode the audio: FFmpeg: {_ffmpeg_message(e)}") from e
 
 
-def _open_container(path: Path) -> av.container.InputContainer:
-    """Open `path` with FFmpeg; BadAudio when neither libsndfile nor FFmpeg can read it."""
+def _open_container(source: AudioSource) -> av.container.InputContainer:
+    """Open `source` with FFmpeg; BadAudio when neither libsndfile nor FFmpeg can read it."""
     try:
-        return av.open(str(path), mode="r", metadata_errors="ignore")
+        # No format= for bytes: FFmpeg recognises our containers from their content alone.
+        return av.open(_openable(source), mode="r", metadata_errors="ignore")
     except av.FFmpegError as e:
         raise BadAudio(
             f"not an audio file or an unsupported format: FFmpeg: {_ffmpeg_message(e)}"

@@ -16,7 +16,7 @@ from livemeet.audio import decode
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.decode import AudioInfo, decode_file, probe
 from livemeet.errors import BadAudio, TooLong
-from tests.audio.conftest import EncodedClip
+from tests.audio.conftest import SPEECH_FILE, EncodedClip
 
 F32 = npt.NDArray[np.float32]
 MAX_LAG = 160  # samples (10 ms) of codec delay tolerated when aligning with the source
@@ -110,6 +110,75 @@ def test_compressed_formats_decode_to_the_source(
     assert r > 0.95, f"{name}: correlation {r:.3f}"
     gain = np.sqrt(np.mean(out**2) / np.mean(speech**2))
     assert gain == pytest.approx(clip.gain, rel=0.05)
+
+
+# ---- bytes in memory (small uploads)
+
+# the lossless files of the tests above, by a name saying what they are
+SHARED_FILES = {
+    "pcm16.wav": Path("ami-lhotse") / "ES2011a.Headset-0-40s-46s.wav",
+    "float.wav": Path("ami-pyannote-debug") / "dev00.wav",
+    "stereo44k.flac": Path("jfk") / "jfk.flac",
+    "speech.flac": SPEECH_FILE,
+}
+ENCODED = ["speech.mp3", "stereo44k.mp3", "speech.opus", "speech.m4a", "speech.webm", "live.webm"]
+
+
+def fixture_path(name: str, shared_data: Path, encoded_clips: dict[str, EncodedClip]) -> Path:
+    return shared_data / SHARED_FILES[name] if name in SHARED_FILES else encoded_clips[name].path
+
+
+@pytest.mark.parametrize("name", [*SHARED_FILES, *ENCODED])
+def test_bytes_decode_like_the_file(
+    name: str, shared_data: Path, encoded_clips: dict[str, EncodedClip]
+) -> None:
+    path = fixture_path(name, shared_data, encoded_clips)
+    data = path.read_bytes()
+    assert probe(data) == probe(path)
+    np.testing.assert_array_equal(decode_file(data), decode_file(path), strict=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "cut", "max_audio_s", "error"),
+    [
+        ("stereo44k.flac", 0.5, 60.0, "truncated or corrupt"),  # libsndfile loses sync
+        ("speech.webm", 0.5, 60.0, "truncated: the container declares"),
+        ("speech.m4a", 0.5, 60.0, "FFmpeg"),  # cut before its moov atom
+        ("speech.flac", 0.01, 60.0, "not an audio file"),  # too short for either library
+        ("stereo44k.flac", 1.0, 10.0, "declares 11.0 s"),  # TooLong
+        ("garbage", 1.0, 60.0, "not an audio file"),
+    ],
+)
+def test_bad_bytes_raise_like_the_file(
+    name: str,
+    cut: float,
+    max_audio_s: float,
+    error: str,
+    shared_data: Path,
+    encoded_clips: dict[str, EncodedClip],
+    tmp_path: Path,
+) -> None:
+    if name == "garbage":
+        data = b"\x00\x01not audio at all\xff" * 200
+    else:
+        whole = fixture_path(name, shared_data, encoded_clips).read_bytes()
+        data = whole[: int(len(whole) * cut)]
+    path = tmp_path / f"cut.{name}"
+    path.write_bytes(data)
+    with pytest.raises((BadAudio, TooLong), match=error) as from_file:
+        decode_file(path, max_audio_s=max_audio_s)
+    with pytest.raises((BadAudio, TooLong)) as from_bytes:
+        decode_file(data, max_audio_s=max_audio_s)
+    assert (type(from_bytes.value), from_bytes.value.message) == (
+        type(from_file.value),
+        from_file.value.message,
+    )
+
+
+def test_empty_bytes() -> None:
+    for fn in (probe, decode_file):
+        with pytest.raises(BadAudio, match="empty"):
+            fn(b"")
 
 
 # ---- limits
