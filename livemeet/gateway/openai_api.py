@@ -14,18 +14,16 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-from aiohttp import BodyPartReader, web
+from aiohttp import web
 from prometheus_client import Histogram
 
 from livemeet.audio import decode
-from livemeet.audio.constants import MAX_PROMPT_CHARS, SAMPLE_RATE
+from livemeet.audio.constants import MAX_PROMPT_CHARS, SAMPLE_RATE, UPLOAD_MEMORY_BYTES
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     BadAudio,
@@ -47,6 +45,7 @@ from livemeet.gateway.keys import (
 )
 from livemeet.gateway.sse import DeltaFlusher, TextTracker, encode_event
 from livemeet.gateway.transcript_store import new_transcription_id
+from livemeet.gateway.upload_form import FormReader, UploadAudio
 from livemeet.transcriber import (
     Error,
     Event,
@@ -63,30 +62,12 @@ from livemeet.transcript.segments import Segment, Transcript
 log = logging.getLogger(__name__)
 
 ID_HEADER = "X-Livemeet-Transcription-Id"
-READ_CHUNK_BYTES = 1 << 16  # bytes per multipart read
-MAX_FIELD_BYTES = 1 << 16  # bytes; longest non-file form field (prompt etc.)
-IGNORED_FIELDS = frozenset(
-    {
-        "temperature",
-        "timestamp_granularities[]",
-        "timestamp_granularities",
-        "chunking_strategy",
-        "include[]",
-        "include",
-        "known_speaker_names[]",
-        "known_speaker_references[]",
-    }
-)
-TEXT_FIELDS = frozenset({"model", "response_format", "prompt", "language", "stream"})
 
 
 @dataclass(frozen=True)
 class UploadForm:
-    """A parsed multipart upload. `path` is the spooled `file` part (caller deletes it)."""
+    """A parsed multipart upload's fields; its audio is the `UploadAudio` beside it."""
 
-    path: Path
-    filename: str
-    num_bytes: int
     model: str | None
     response_format: ResponseFormat
     prompt: str | None
@@ -125,12 +106,12 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
     with app[LIFECYCLE_KEY].incoming_uploads.track() as incoming:
-        form = await read_upload_form(request, app[CONFIG_KEY])
+        form, audio = await read_upload_form(request, app[CONFIG_KEY])
         phases.done("receive")
         try:
-            samples, duration_s = await _decode_upload(app, form.path)
+            samples, duration_s = await _decode_upload(app, audio.source)
         finally:
-            form.path.unlink(missing_ok=True)
+            audio.discard()
         phases.done("decode")
         app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
         options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
@@ -190,103 +171,47 @@ class _PhaseClock:
             log.debug("upload phases: %s", ", ".join(self.spent))
 
 
-async def read_upload_form(request: web.Request, config: ServerConfig) -> UploadForm:
-    """Stream the multipart body, spooling `file` to the data dir's tmp folder.
+async def read_upload_form(
+    request: web.Request, config: ServerConfig
+) -> tuple[UploadForm, UploadAudio]:
+    """Stream the multipart body through a `FormReader` (livemeet.gateway.upload_form): the
+    `file` part stays in memory up to UPLOAD_MEMORY_BYTES and spills to the data dir's tmp
+    folder past that (the caller discards it).
 
-    The byte limit is enforced while reading (PayloadTooLarge as soon as it is passed), and
-    up front from Content-Length. Raises InvalidRequest for a missing `file` or a bad field.
+    The byte limit is enforced up front from Content-Length and while reading (PayloadTooLarge
+    as soon as it is passed). Raises InvalidRequest for a missing `file` or a bad field.
     """
     limit = config.gateway.max_upload_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit} bytes")
-    if not request.content_type.startswith("multipart/"):
-        raise InvalidRequest("expected a multipart/form-data body with a 'file' field")
-    reader = await request.multipart()
-    fields: dict[str, str] = {}
-    spooled: tuple[Path, str, int] | None = None
-    budget = _ByteBudget(limit)
+    reader = FormReader(
+        request.headers.get("Content-Type", ""),
+        max_body_bytes=limit,
+        spill_dir=tmp_dir(config),
+        memory_bytes=UPLOAD_MEMORY_BYTES,
+    )
     try:
-        async for part in reader:
-            if not isinstance(part, BodyPartReader):
-                raise InvalidRequest("nested multipart bodies are not supported")
-            name = part.name or ""
-            if name == "file":
-                if spooled is not None:
-                    raise InvalidRequest("more than one 'file' field")
-                spooled = await _spool(part, tmp_dir(config), budget)
-            elif name in TEXT_FIELDS or name in IGNORED_FIELDS:
-                value = await _read_field(part, budget)
-                if name in TEXT_FIELDS:
-                    fields[name] = value
-            else:
-                await _read_field(part, budget)  # unknown fields are tolerated like OpenAI
+        async for chunk in request.content.iter_any():
+            reader.feed(chunk)
+        audio = reader.finish()
+        return _form_fields(reader.fields), audio
     except BaseException:
-        if spooled is not None:
-            spooled[0].unlink(missing_ok=True)
-        raise
-    if spooled is None:
-        raise InvalidRequest("the multipart body has no 'file' field")
-    path, filename, num_bytes = spooled
-    try:
-        prompt = fields.get("prompt") or None
-        if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
-            raise InvalidRequest(f"'prompt' must be at most {MAX_PROMPT_CHARS} characters")
-        return UploadForm(
-            path=path,
-            filename=filename,
-            num_bytes=num_bytes,
-            model=fields.get("model") or None,
-            response_format=formats.parse_response_format(fields.get("response_format") or "json"),
-            prompt=prompt,
-            language=fields.get("language") or None,
-            stream=_parse_bool(fields.get("stream", "false"), "stream"),
-        )
-    except BaseException:
-        path.unlink(missing_ok=True)
+        reader.discard()
         raise
 
 
-class _ByteBudget:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def spend(self, num_bytes: int) -> None:
-        self.used += num_bytes
-        if self.used > self.limit:
-            raise PayloadTooLarge(f"upload exceeds the limit of {self.limit} bytes")
-
-
-async def _spool(
-    part: BodyPartReader, directory: Path, budget: _ByteBudget
-) -> tuple[Path, str, int]:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"upload-{uuid.uuid4().hex}"
-    num_bytes = 0
-    try:
-        # Local-disk writes of 64 KiB are short; an executor hop per chunk would cost more.
-        with path.open("wb") as f:
-            while chunk := await part.read_chunk(READ_CHUNK_BYTES):
-                budget.spend(len(chunk))
-                num_bytes += len(chunk)
-                f.write(chunk)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    return path, part.filename or "audio", num_bytes
-
-
-async def _read_field(part: BodyPartReader, budget: _ByteBudget) -> str:
-    data = bytearray()
-    while chunk := await part.read_chunk(READ_CHUNK_BYTES):
-        budget.spend(len(chunk))
-        data += chunk
-        if len(data) > MAX_FIELD_BYTES:
-            raise InvalidRequest(f"form field {part.name!r} exceeds {MAX_FIELD_BYTES} bytes")
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        raise InvalidRequest(f"form field {part.name!r} is not UTF-8 text") from None
+def _form_fields(fields: dict[str, str]) -> UploadForm:
+    """The fields the endpoint reads (others are tolerated and ignored, as OpenAI does)."""
+    prompt = fields.get("prompt") or None
+    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequest(f"'prompt' must be at most {MAX_PROMPT_CHARS} characters")
+    return UploadForm(
+        model=fields.get("model") or None,
+        response_format=formats.parse_response_format(fields.get("response_format") or "json"),
+        prompt=prompt,
+        language=fields.get("language") or None,
+        stream=_parse_bool(fields.get("stream", "false"), "stream"),
+    )
 
 
 def _parse_bool(value: str, name: str) -> bool:
@@ -298,19 +223,19 @@ def _parse_bool(value: str, name: str) -> bool:
     raise InvalidRequest(f"{name} must be true or false, not {value!r}")
 
 
-async def _decode_upload(app: web.Application, path: Path) -> tuple[Any, float]:
+async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tuple[Any, float]:
     """Probe (duration before decoding), then decode under the app's decode semaphore.
 
     Returns (samples [n] float32 16 kHz, duration in s). Raises BadAudio, TooLong.
     """
     max_audio_s = app[CONFIG_KEY].gateway.max_audio_s
     loop = asyncio.get_running_loop()
-    info = await loop.run_in_executor(None, decode.probe, path)
+    info = await loop.run_in_executor(None, decode.probe, source)
     if info.duration_s > max_audio_s:
         raise TooLong(f"audio of {info.duration_s:.1f} s exceeds the limit of {max_audio_s:.0f} s")
     async with app[LIFECYCLE_KEY].decode_slots:
         samples = await loop.run_in_executor(
-            None, partial(decode.decode_file, path, max_audio_s=max_audio_s)
+            None, partial(decode.decode_file, source, max_audio_s=max_audio_s)
         )
     if len(samples) == 0:
         raise BadAudio("the audio has no samples")

@@ -213,6 +213,41 @@ async def test_bad_uploads(
     assert fake.sessions == []
 
 
+@pytest.mark.parametrize("memory_bytes", [1 << 20, 1000])
+async def test_uploads_are_decoded_from_memory_or_their_spill_file(
+    client: TestClient,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    monkeypatch: pytest.MonkeyPatch,
+    memory_bytes: int,
+) -> None:
+    """A file part up to UPLOAD_MEMORY_BYTES is decoded from memory and never touches the
+    disk; a larger one is spilled, decoded from its file, and the file removed."""
+    from livemeet.audio import decode
+
+    monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", memory_bytes)
+    sources: list[decode.AudioSource] = []
+    real = decode.decode_file
+
+    def spy(source: decode.AudioSource, *, max_audio_s: float) -> Any:
+        sources.append(source)
+        if isinstance(source, Path):
+            assert source.parent == server_config.data_dir / "tmp" and source.exists()
+        return real(source, max_audio_s=max_audio_s)
+
+    monkeypatch.setattr(decode, "decode_file", spy)
+    audio = wav_bytes(1.0)
+    resp = await client.post("/v1/audio/transcriptions", data=form(audio))
+    assert resp.status == 200, await resp.text()
+    assert fake.sessions[0].log.num_samples == 16000
+    if len(audio) <= memory_bytes:
+        assert sources == [audio]
+    else:
+        assert len(sources) == 1 and isinstance(sources[0], Path)
+    tmp = server_config.data_dir / "tmp"
+    assert not tmp.exists() or spooled_files(server_config) == []
+
+
 async def test_truncated_flac(client: TestClient) -> None:
     resp = await client.post("/v1/audio/transcriptions", data=form(await make_truncated_flac()))
     await assert_error(resp, BadAudio)

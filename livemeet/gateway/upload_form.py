@@ -1,0 +1,248 @@
+"""The upload endpoint's multipart/form-data body, parsed as it streams in.
+
+`FormReader` is fed the body's chunks as they arrive (`feed`) and gives the parsed form at
+`finish()`; `openai_api.read_upload_form` only moves bytes from the socket to it. Parsing is
+python-multipart's streaming parser, which replaced aiohttp's `BodyPartReader`: that one parsed
+every part's headers through the `email` package and cost ~1 ms of event-loop time per
+11.6-s upload, which serialises across a burst of uploads (docs/benchmarks.md, session 6).
+
+The `file` part is held in memory up to `memory_bytes` (UPLOAD_MEMORY_BYTES) and spilled to a
+file in the data dir's tmp folder past that, so short clips never touch the disk; the spill is
+this module's only I/O.
+
+Errors, each raised as soon as it is detected: PayloadTooLarge once the body passes its byte
+limit; InvalidRequest for a malformed body, a nested multipart part, a second `file`, a text
+field over MAX_FIELD_BYTES or not UTF-8, a body that ends before its closing boundary, and a
+body without a `file` part. After an error, `discard()` frees what was kept (the caller's job,
+as for a finished form's audio).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from python_multipart.exceptions import FormParserError
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from livemeet.audio.decode import AudioSource
+from livemeet.errors import InvalidRequest, PayloadTooLarge
+
+MAX_FIELD_BYTES = 1 << 16  # bytes; longest non-file form field (prompt etc.)
+FILE_FIELD = "file"
+
+
+@dataclass
+class UploadAudio:
+    """The `file` part: its bytes (in memory) or the path of its spill file, until `discard()`.
+
+    `num_bytes`: the part's size; `filename`: as the client named it ("audio" if it did not).
+    """
+
+    source: AudioSource
+    filename: str
+    num_bytes: int
+
+    def discard(self) -> None:
+        """Free the audio: drop the bytes, delete the spill file. Idempotent."""
+        if isinstance(self.source, Path):
+            self.source.unlink(missing_ok=True)
+        self.source = b""
+
+
+class _FileSink:
+    """The `file` part's bytes: a bytearray up to `memory_bytes`, then a file under
+    `directory` (created at the first spill) holding everything written so far."""
+
+    def __init__(self, directory: Path, memory_bytes: int) -> None:
+        self.directory = directory
+        self.memory_bytes = memory_bytes
+        self.num_bytes = 0
+        self._buffer = bytearray()
+        self._path: Path | None = None
+        self._file: BinaryIO | None = None
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.num_bytes += len(data)
+        if self._file is None and self.num_bytes <= self.memory_bytes:
+            self._buffer += data
+            return
+        if self._file is None:
+            self._spill()
+        assert self._file is not None
+        self._file.write(data)
+
+    def _spill(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._path = self.directory / f"upload-{uuid.uuid4().hex}"
+        self._file = self._path.open("wb")
+        self._file.write(self._buffer)
+        self._buffer = bytearray()
+
+    def close(self) -> AudioSource:
+        """The bytes written, or the closed spill file's path."""
+        if self._file is None:
+            return bytes(self._buffer)
+        self._file.close()
+        assert self._path is not None
+        return self._path
+
+    def discard(self) -> None:
+        self._buffer = bytearray()
+        if self._file is not None:
+            self._file.close()
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+
+
+@dataclass
+class _Part:
+    """The part being read: its headers (lower-case names), then where its bytes go."""
+
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    name: str = ""
+    sink: _FileSink | None = None  # the `file` part
+    text: bytearray | None = None  # any other part
+
+
+class FormReader:
+    """Streams one multipart/form-data body (module docstring).
+
+    `content_type`: the request's Content-Type header value (it carries the boundary);
+    `max_body_bytes`: the whole body's limit; `spill_dir`, `memory_bytes`: where and past how
+    many bytes the `file` part goes to disk. Raises InvalidRequest for a Content-Type without a
+    usable multipart boundary.
+    """
+
+    def __init__(
+        self, content_type: str, *, max_body_bytes: int, spill_dir: Path, memory_bytes: int
+    ) -> None:
+        kind, params = parse_options_header(content_type)
+        boundary = params.get(b"boundary", b"")
+        if not kind.startswith(b"multipart/") or not boundary:
+            raise InvalidRequest("expected a multipart/form-data body with a 'file' field")
+        self.max_body_bytes = max_body_bytes
+        self.spill_dir = spill_dir
+        self.memory_bytes = memory_bytes
+        self.fields: dict[str, str] = {}
+        self._received = 0
+        self._ended = False
+        self._part: _Part | None = None
+        self._header_name = bytearray()
+        self._header_value = bytearray()
+        self._file: UploadAudio | None = None
+        self._sink: _FileSink | None = None
+        callbacks = {
+            "on_part_begin": self._on_part_begin,
+            "on_header_field": self._on_header_field,
+            "on_header_value": self._on_header_value,
+            "on_header_end": self._on_header_end,
+            "on_headers_finished": self._on_headers_finished,
+            "on_part_data": self._on_part_data,
+            "on_part_end": self._on_part_end,
+            "on_end": self._on_end,
+        }
+        try:
+            self._parser = MultipartParser(boundary, callbacks)  # type: ignore[arg-type]
+        except FormParserError as exc:
+            raise InvalidRequest(f"bad multipart boundary: {exc}") from None
+
+    def feed(self, chunk: bytes) -> None:
+        """Parse the next bytes of the body."""
+        self._received += len(chunk)
+        if self._received > self.max_body_bytes:
+            raise PayloadTooLarge(f"upload exceeds the limit of {self.max_body_bytes} bytes")
+        try:
+            self._parser.write(chunk)
+        except FormParserError as exc:
+            raise InvalidRequest(f"malformed multipart body: {exc}") from None
+
+    def finish(self) -> UploadAudio:
+        """After the last chunk: the `file` part (the text fields are in `fields`)."""
+        if not self._ended:
+            raise InvalidRequest("the multipart body ended before its closing boundary")
+        if self._file is None:
+            raise InvalidRequest("the multipart body has no 'file' field")
+        return self._file
+
+    def discard(self) -> None:
+        """Free the `file` part, finished or not (after an error)."""
+        if self._sink is not None:
+            self._sink.discard()
+        if self._file is not None:
+            self._file.discard()
+
+    # -- parser callbacks ----------------------------------------------------------------------
+
+    def _on_part_begin(self) -> None:
+        self._part = _Part()
+
+    def _on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_name += data[start:end]
+
+    def _on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_value += data[start:end]
+
+    def _on_header_end(self) -> None:
+        assert self._part is not None
+        name = bytes(self._header_name).strip().lower()
+        self._part.headers[name] = bytes(self._header_value).strip()
+        self._header_name.clear()
+        self._header_value.clear()
+
+    def _on_headers_finished(self) -> None:
+        part = self._part
+        assert part is not None
+        kind, _ = parse_options_header(part.headers.get(b"content-type"))
+        if kind.startswith(b"multipart/"):
+            raise InvalidRequest("nested multipart bodies are not supported")
+        _, params = parse_options_header(part.headers.get(b"content-disposition"))
+        part.name = _header_text(params.get(b"name", b""))
+        if part.name != FILE_FIELD:
+            part.text = bytearray()
+            return
+        if self._file is not None or self._sink is not None:
+            raise InvalidRequest("more than one 'file' field")
+        self._sink = part.sink = _FileSink(self.spill_dir, self.memory_bytes)
+        filename = _header_text(params.get(b"filename", b"")) or "audio"
+        self._file = UploadAudio(b"", filename, 0)
+
+    def _on_part_data(self, data: bytes, start: int, end: int) -> None:
+        part = self._part
+        assert part is not None
+        if part.sink is not None:
+            part.sink.write(memoryview(data)[start:end])
+            return
+        assert part.text is not None
+        part.text += memoryview(data)[start:end]
+        if len(part.text) > MAX_FIELD_BYTES:
+            raise InvalidRequest(f"form field {part.name!r} exceeds {MAX_FIELD_BYTES} bytes")
+
+    def _on_part_end(self) -> None:
+        part, self._part = self._part, None
+        assert part is not None
+        if part.sink is not None:
+            assert self._file is not None
+            self._file.source = part.sink.close()
+            self._file.num_bytes = part.sink.num_bytes
+            self._sink = None
+            return
+        assert part.text is not None
+        try:
+            self.fields[part.name] = part.text.decode()
+        except UnicodeDecodeError:
+            raise InvalidRequest(f"form field {part.name!r} is not UTF-8 text") from None
+
+    def _on_end(self) -> None:
+        self._ended = True
+
+
+def _header_text(value: bytes) -> str:
+    """A header parameter as text: python-multipart passes the header bytes through latin-1;
+    browsers send UTF-8 there, so decode them as such when they are."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")

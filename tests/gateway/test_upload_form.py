@@ -1,0 +1,129 @@
+"""livemeet.gateway.upload_form: the streaming multipart reader, fed bytes directly."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from livemeet.errors import InvalidRequest, PayloadTooLarge
+from livemeet.gateway.upload_form import MAX_FIELD_BYTES, FormReader
+
+BOUNDARY = "b0undary"
+CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
+
+
+def part(name: str, value: bytes, headers: str = "") -> bytes:
+    return (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{name}"{headers}\r\n\r\n'.encode()
+        + value
+        + b"\r\n"
+    )
+
+
+def body(*parts: bytes) -> bytes:
+    return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def reader(tmp_path: Path, *, memory_bytes: int = 1 << 20, limit: int = 1 << 24) -> FormReader:
+    return FormReader(
+        CONTENT_TYPE, max_body_bytes=limit, spill_dir=tmp_path / "tmp", memory_bytes=memory_bytes
+    )
+
+
+def feed(r: FormReader, data: bytes, step: int) -> None:
+    for i in range(0, len(data), step):
+        r.feed(data[i : i + step])
+
+
+AUDIO = bytes(range(256)) * 300  # 76.8 kB with every byte value, "\r\n--" included
+
+
+@pytest.mark.parametrize("step", [1, 7, 4096, 1 << 20])
+def test_any_chunking_gives_the_same_form(tmp_path: Path, step: int) -> None:
+    data = body(
+        part("model", b"moss"),
+        part("file", AUDIO, '; filename="m\u00e9eting.wav"\r\nContent-Type: audio/wav'),
+        part("prompt", "caf\u00e9 names".encode()),
+        part("temperature", b"0.2"),  # unknown to the endpoint: kept, ignored there
+    )
+    r = reader(tmp_path)
+    feed(r, data, step)
+    audio = r.finish()
+    assert audio.source == AUDIO and audio.num_bytes == len(AUDIO)
+    assert audio.filename == "m\u00e9eting.wav"
+    assert r.fields == {"model": "moss", "prompt": "caf\u00e9 names", "temperature": "0.2"}
+    assert not (tmp_path / "tmp").exists()  # held in memory: nothing touched the disk
+
+
+def test_the_file_part_spills_to_disk_past_the_memory_limit(tmp_path: Path) -> None:
+    r = reader(tmp_path, memory_bytes=1000)
+    feed(r, body(part("file", AUDIO)), 333)
+    audio = r.finish()
+    assert isinstance(audio.source, Path) and audio.source.read_bytes() == AUDIO
+    assert audio.filename == "audio"  # none given
+    audio.discard()
+    assert list((tmp_path / "tmp").iterdir()) == [] and audio.source == b""
+    audio.discard()  # idempotent
+
+
+def test_an_oversized_body_is_cut_while_streaming_and_its_spill_removed(tmp_path: Path) -> None:
+    r = reader(tmp_path, memory_bytes=1000, limit=len(AUDIO) // 2)
+    with pytest.raises(PayloadTooLarge):
+        feed(r, body(part("file", AUDIO)), 4096)
+    assert len(list((tmp_path / "tmp").iterdir())) == 1  # spilled before the limit was hit
+    r.discard()
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (body(part("model", b"x")), "no 'file' field"),
+        (body(part("file", b"a"), part("file", b"b")), "more than one 'file'"),
+        (body(part("file", b"a"), part("prompt", b"x" * (MAX_FIELD_BYTES + 1))), "exceeds"),
+        (body(part("file", b"a"), part("prompt", b"\xff\xfe")), "not UTF-8"),
+        (body(part("file", b"a", "\r\nContent-Type: multipart/mixed")), "nested multipart"),
+        (body(part("file", AUDIO))[:-30], "ended before its closing boundary"),
+        (b"--wrong\r\n\r\n", "malformed multipart body"),
+    ],
+)
+def test_bad_bodies_are_invalid_requests(tmp_path: Path, data: bytes, message: str) -> None:
+    r = reader(tmp_path, memory_bytes=100)
+    with pytest.raises(InvalidRequest, match=message):
+        feed(r, data, 1000)
+        r.finish()
+    r.discard()
+    assert not (tmp_path / "tmp").exists() or list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json", "multipart/form-data", "multipart/form-data; boundary="]
+)
+def test_a_content_type_without_a_boundary_is_refused(tmp_path: Path, content_type: str) -> None:
+    with pytest.raises(InvalidRequest, match="multipart/form-data"):
+        FormReader(content_type, max_body_bytes=100, spill_dir=tmp_path, memory_bytes=10)
+
+
+def test_what_aiohttp_clients_send_parses(tmp_path: Path) -> None:
+    """The body an aiohttp (or openai) client builds, with its own boundary and headers."""
+    form = aiohttp.FormData()
+    form.add_field("file", AUDIO, filename="a.wav", content_type="audio/wav")
+    form.add_field("response_format", "srt")
+    payload = form()
+
+    class Sink:
+        data = bytearray()
+
+        async def write(self, chunk: bytes) -> None:
+            self.data += chunk
+
+    sink = Sink()
+    asyncio.run(payload.write(sink))  # type: ignore[arg-type]
+    r = FormReader(
+        payload.content_type, max_body_bytes=1 << 24, spill_dir=tmp_path, memory_bytes=1 << 20
+    )
+    feed(r, bytes(sink.data), 65536)
+    assert r.finish().source == AUDIO and r.fields == {"response_format": "srt"}
