@@ -49,7 +49,7 @@ print('triton', triton.__version__, 'transformers', transformers.__version__)
 from livemeet.models.tokenizer import load_tokenizer; load_tokenizer(None)
 import livemeet.engine.engine, loadtest.bench_engine
 try:
-    import av, soundfile, soxr  # the server's upload decoder
+    import av, soundfile, soxr, python_multipart  # the server's upload decoder and form parser
 except ImportError as exc:
     print('WARNING: the server cannot decode uploads:', exc)
 "
