@@ -16,6 +16,7 @@ from livemeet.audio.constants import (
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
     MAX_UPLOAD_BYTES,
+    UPLOAD_BATCH_WAIT_S,
 )
 from livemeet.errors import ConfigError
 
@@ -71,7 +72,7 @@ class ModelConfig:
     chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest prefill chunk per step
     # ms a new upload may wait to be prefilled with later arrivals (what it waits for:
     # `upload_hold`; livemeet.engine.scheduler's upload batching); 0 admits every upload at once
-    upload_batch_wait_ms: float = 50.0
+    upload_batch_wait_ms: float = 1000.0 * UPLOAD_BATCH_WAIT_S
     upload_hold: UploadHold = UploadHold.PIPELINE  # what a new upload waits for (UploadHold)
 
     @property

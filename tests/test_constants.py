@@ -21,3 +21,31 @@ def test_derived_constants() -> None:
 def test_negative_count_rejected() -> None:
     with pytest.raises(ValueError):
         c.num_audio_tokens(-1)
+
+
+def test_the_upload_hold_has_one_default_for_the_cli_and_the_scheduler() -> None:
+    from livemeet.config import ModelConfig
+    from livemeet.engine.scheduler import SchedulerConfig
+
+    assert ModelConfig().upload_batch_wait_ms == 1000.0 * c.UPLOAD_BATCH_WAIT_S
+    assert SchedulerConfig().upload_batch_wait_s == c.UPLOAD_BATCH_WAIT_S
+
+
+def test_the_engine_worker_sets_the_gil_switch_interval() -> None:
+    """run_worker sets it first, even when its backend then fails to load."""
+    import queue
+    import sys
+
+    from livemeet.config import ModelConfig
+    from livemeet.engine.messages import WorkerFailed
+    from livemeet.engine.worker import run_worker
+
+    before = sys.getswitchinterval()
+    outbox: queue.Queue[object] = queue.Queue()
+    try:
+        sys.setswitchinterval(0.005)
+        run_worker(ModelConfig(backend="no-such-backend"), queue.Queue(), outbox)
+        assert isinstance(outbox.get_nowait(), WorkerFailed)
+        assert sys.getswitchinterval() == pytest.approx(c.GIL_SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(before)

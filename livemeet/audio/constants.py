@@ -82,6 +82,18 @@ ENGINE_POLL_S = 0.05  # s an idle worker / the gateway's reader thread blocks on
 # s a worker holding uploads for incoming ones blocks on its inbox per poll: how late it can
 # notice that the hold's wait ran out (BackendCore.is_holding)
 ENGINE_IDLE_POLL_S = 0.005
+# s a new upload may be held to be prefilled together with uploads still arriving (the
+# scheduler's upload batching; --upload-batch-wait-ms). 100 ms: a burst of 16 short uploads
+# needs ~50-70 ms of gateway work to reach the engine, and a 50 ms cap split such waves into
+# two prefill steps (H200 short c16 through HTTP, same call: 519 -> 646 audio-s/s with 100 ms;
+# docs/benchmarks.md session 6). An upload is only held while others arrive or decode.
+UPLOAD_BATCH_WAIT_S = 0.100
+# s; the GIL switch interval in the gateway and engine worker processes (Python's default is
+# 5 ms). A thread that wants the GIL waits up to this long while another runs Python, and
+# uploads hop between the event loop and decode threads, and engine events between the worker
+# loop and its queue feeder: 0.5 ms gave short c16 through HTTP +6 % (708 -> 749 audio-s/s, same
+# call; docs/benchmarks.md session 6).
+GIL_SWITCH_INTERVAL_S = 0.0005
 ENGINE_STATS_INTERVAL_S = 0.5  # s; most time between two EngineStats posts of a stepping worker
 # s; an engine step this long is logged with its parts and shape: a normal step is ~1.5 ms
 # (decode) to ~0.2 s (a late 4,096-token chunk of a long prompt) on an H200

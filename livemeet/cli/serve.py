@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import ssl
+import sys
 from pathlib import Path
 
 from aiohttp import web
 
-from livemeet.audio.constants import CHUNKED_PREFILL_SIZE, MAX_AUDIO_S, MAX_UPLOAD_BYTES
+from livemeet.audio.constants import (
+    CHUNKED_PREFILL_SIZE,
+    GIL_SWITCH_INTERVAL_S,
+    MAX_AUDIO_S,
+    MAX_UPLOAD_BYTES,
+)
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.errors import ConfigError
 
@@ -208,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("%s", exc.message)
         return 2
+    # the event loop and the decode threads hand each upload back and forth (GIL_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     scheme = "https" if context else "http"
     log.info(
         "livemeet serving on %s://%s:%d (data dir %s)",

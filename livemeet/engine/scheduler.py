@@ -49,6 +49,7 @@ from livemeet.audio.constants import (
     EOS_TOKEN_ID,
     KV_BLOCK_SIZE,
     MAX_CONTEXT_TOKENS,
+    UPLOAD_BATCH_WAIT_S,
 )
 from livemeet.config import UploadHold, parse_upload_hold
 from livemeet.engine.block_manager import BlockCopy, BlockManager
@@ -73,7 +74,7 @@ class SchedulerConfig:
     upload_min_share: float = 0.25  # fraction of the budget kept for uploads when they can run
     # s a new upload may wait to be prefilled together with later arrivals (module docstring:
     # upload batching); 0 admits every upload at once
-    upload_batch_wait_s: float = 0.05
+    upload_batch_wait_s: float = UPLOAD_BATCH_WAIT_S
     upload_hold: UploadHold = UploadHold.PIPELINE  # what a held upload waits for
     min_prefill_chunk: int = KV_BLOCK_SIZE  # tokens; smaller non-final chunks are not worth it
     max_model_len: int = MAX_CONTEXT_TOKENS  # tokens; prompt + output limit (FinishReason.LENGTH)

@@ -25,11 +25,17 @@ import logging
 import math
 import multiprocessing
 import queue
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from livemeet.audio.constants import ENGINE_IDLE_POLL_S, ENGINE_POLL_S, ENGINE_STATS_INTERVAL_S
+from livemeet.audio.constants import (
+    ENGINE_IDLE_POLL_S,
+    ENGINE_POLL_S,
+    ENGINE_STATS_INTERVAL_S,
+    GIL_SWITCH_INTERVAL_S,
+)
 from livemeet.backends.base import BackendCore
 from livemeet.config import ModelConfig
 from livemeet.engine.messages import (
@@ -66,6 +72,8 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
 
     `inbox` yields `Command`s; `outbox` receives `WorkerMessage`s. Never raises.
     """
+    # the loop hands every event to the queue's feeder thread (GIL_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         from livemeet.backends import create_backend
 
