@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from livemeet.__main__ import main
+from livemeet.audio.constants import UPLOAD_BATCH_WAIT_S
 from livemeet.audio.decode import decode_file
 from livemeet.models.prompt import AUDIO_PAD
 from livemeet.models.tokenizer import load_tokenizer
@@ -103,7 +104,7 @@ def test_serve_engine_sizing_flags() -> None:
     )
     config = serve.config_from_args(args).model
     assert config.mem_fraction == 0.5 and config.chunked_prefill_size == 512
-    assert config.upload_batch_wait_ms == 50.0
+    assert config.upload_batch_wait_ms == 1000.0 * UPLOAD_BATCH_WAIT_S == 100.0
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-batch-wait-ms", "0"])
     assert serve.config_from_args(args).model.upload_batch_wait_ms == 0.0
     assert config.upload_hold == UploadHold.PIPELINE
