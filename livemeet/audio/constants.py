@@ -30,6 +30,9 @@ MAX_UPLOAD_BYTES = 1 << 30  # bytes; largest upload body accepted (1 GiB)
 # bytes; an upload's file part is held in memory up to this size and spilled to disk beyond
 # (8 MiB: a 4-minute 16 kHz PCM16 WAV, an hour of 16 kbit/s Opus; 64 sessions hold <= 512 MiB)
 UPLOAD_MEMORY_BYTES = 8 << 20
+# finished upload transcripts kept in memory for GET /v1/transcriptions/{id} (older ones are
+# read back from their files); ~1-100 KB each
+TRANSCRIPT_CACHE_ENTRIES = 1_024
 LIVE_HOP_S = 1.0  # s of new audio between live re-decodes (DESIGN section 5)
 FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
 ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)

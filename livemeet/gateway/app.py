@@ -75,6 +75,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     )
     app.cleanup_ctx.append(transcriber_lifecycle)
     app.on_shutdown.append(close_live_sockets)
+    app.on_cleanup.append(flush_transcripts)
     _add_routes(app)
     return app
 
@@ -86,6 +87,11 @@ def _engine_stats_of(transcriber: Transcriber) -> StatsSource:
         source = transcriber
         return lambda: source.engine_stats
     return lambda: None
+
+
+async def flush_transcripts(app: web.Application) -> None:
+    """At shutdown: every finished upload's transcript file is written before the exit."""
+    await app[STORE_KEY].flush()
 
 
 def _add_routes(app: web.Application) -> None:

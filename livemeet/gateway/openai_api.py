@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -224,15 +225,21 @@ def _parse_bool(value: str, name: str) -> bool:
 
 
 async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tuple[Any, float]:
-    """Probe (duration before decoding), then decode under the app's decode semaphore.
+    """Decode under the app's decode semaphore; a spilled (large) upload is probed first, so
+    one that is too long is refused without waiting for a slot. An upload held in memory is
+    small (UPLOAD_MEMORY_BYTES): `decode_file` checks its declared duration before decoding,
+    which saves a thread hop per upload.
 
     Returns (samples [n] float32 16 kHz, duration in s). Raises BadAudio, TooLong.
     """
     max_audio_s = app[CONFIG_KEY].gateway.max_audio_s
     loop = asyncio.get_running_loop()
-    info = await loop.run_in_executor(None, decode.probe, source)
-    if info.duration_s > max_audio_s:
-        raise TooLong(f"audio of {info.duration_s:.1f} s exceeds the limit of {max_audio_s:.0f} s")
+    if isinstance(source, Path):
+        info = await loop.run_in_executor(None, decode.probe, source)
+        if info.duration_s > max_audio_s:
+            raise TooLong(
+                f"audio of {info.duration_s:.1f} s exceeds the limit of {max_audio_s:.0f} s"
+            )
     async with app[LIFECYCLE_KEY].decode_slots:
         samples = await loop.run_in_executor(
             None, partial(decode.decode_file, source, max_audio_s=max_audio_s)

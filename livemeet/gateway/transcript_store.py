@@ -1,4 +1,4 @@
-"""Finished upload transcripts: kept in memory and as one JSON file each under the data dir.
+"""Finished upload transcripts: the newest in memory, every one as a JSON file under the data dir.
 
 `GET /v1/transcriptions/{id}` reads from here; files let transcripts outlive a restart.
 """
@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from livemeet.audio.constants import TRANSCRIPT_CACHE_ENTRIES
 from livemeet.errors import NotFound
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
+
+log = logging.getLogger(__name__)
 
 TRANSCRIPTION_ID = re.compile(r"^tr_[0-9a-f]{32}$")
 
@@ -53,17 +58,31 @@ def transcript_from_json(d: dict[str, Any]) -> Transcript:
 
 
 class TranscriptStore:
-    """id -> Transcript, in memory, backed by `<directory>/<id>.json`."""
+    """id -> Transcript: the newest `max_cached` in memory, every one as
+    `<directory>/<id>.json`.
 
-    def __init__(self, directory: Path) -> None:
+    `put` keeps the transcript in memory at once and writes its file in the background, so an
+    upload's response never waits for the disk; `get` finds it in memory meanwhile (entries
+    whose file is not written yet are never evicted). A failed write is logged, and the
+    transcript stays readable until it leaves the cache. `flush()` waits for every write
+    (shutdown, tests). The cache exceeds `max_cached` only by the unwritten entries.
+    """
+
+    def __init__(self, directory: Path, max_cached: int = TRANSCRIPT_CACHE_ENTRIES) -> None:
+        if max_cached < 1:
+            raise ValueError(f"max_cached must be >= 1, not {max_cached}")
         self.directory = directory
-        self._memory: dict[str, Transcript] = {}
+        self.max_cached = max_cached
+        self._memory: OrderedDict[str, Transcript] = OrderedDict()  # oldest first
+        self._writing: dict[str, asyncio.Task[None]] = {}
 
     async def put(self, transcription_id: str, transcript: Transcript) -> None:
         assert TRANSCRIPTION_ID.match(transcription_id), transcription_id
-        self._memory[transcription_id] = transcript
         body = json.dumps(transcript_to_json(transcript), ensure_ascii=False)
-        await asyncio.get_running_loop().run_in_executor(None, self._write, transcription_id, body)
+        task = asyncio.get_running_loop().create_task(self._write(transcription_id, body))
+        self._writing[transcription_id] = task  # before _remember: it must not evict this one
+        task.add_done_callback(lambda _: self._written(transcription_id))
+        self._remember(transcription_id, transcript)
 
     async def get(self, transcription_id: str) -> Transcript:
         """Raises NotFound for unknown or malformed ids."""
@@ -71,6 +90,7 @@ class TranscriptStore:
             raise NotFound(f"no transcription {transcription_id!r}")
         cached = self._memory.get(transcription_id)
         if cached is not None:
+            self._memory.move_to_end(transcription_id)
             return cached
         path = self.directory / f"{transcription_id}.json"
         try:
@@ -78,10 +98,42 @@ class TranscriptStore:
         except FileNotFoundError:
             raise NotFound(f"no transcription {transcription_id!r}") from None
         transcript = transcript_from_json(json.loads(text))
-        self._memory[transcription_id] = transcript
+        self._remember(transcription_id, transcript)
         return transcript
 
-    def _write(self, transcription_id: str, body: str) -> None:
+    async def flush(self) -> None:
+        """Wait until every transcript put so far is on disk (or its write failed)."""
+        while self._writing:
+            await asyncio.gather(*self._writing.values(), return_exceptions=True)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._memory)
+
+    def _remember(self, transcription_id: str, transcript: Transcript) -> None:
+        self._memory[transcription_id] = transcript
+        self._memory.move_to_end(transcription_id)
+        self._trim()
+
+    def _written(self, transcription_id: str) -> None:
+        self._writing.pop(transcription_id, None)
+        self._trim()  # entries held back while unwritten may go now
+
+    def _trim(self) -> None:
+        for old in list(self._memory):
+            if len(self._memory) <= self.max_cached:
+                break
+            if old not in self._writing:  # unwritten ones stay: get() has no file to read yet
+                del self._memory[old]
+
+    async def _write(self, transcription_id: str, body: str) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(None, self._write_file, transcription_id, body)
+        except OSError:
+            log.exception("transcript %s was not saved", transcription_id)
+
+    def _write_file(self, transcription_id: str, body: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{transcription_id}.json.tmp"
         tmp.write_text(body)

@@ -70,9 +70,7 @@ class HoldOnlyForIncoming(Scheduler):
         return (
             bool(waiting)
             and self.num_incoming_uploads > 0
-            and all(
-                r.status is Status.WAITING and now_s - r.arrival_s < wait_s for r in waiting
-            )
+            and all(r.status is Status.WAITING and now_s - r.arrival_s < wait_s for r in waiting)
         )
 
 

@@ -23,6 +23,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway import openai_api
 from livemeet.gateway.app import create_app
+from livemeet.gateway.keys import STORE_KEY
 from tests.gateway.conftest import MAX_AUDIO_S, MAX_UPLOAD_BYTES, ClientFactory, wav_bytes
 from tests.gateway.fakes import FakeTranscriber, expected_upload_text
 
@@ -78,6 +79,7 @@ async def test_json_upload_and_stored_transcript(
     got = await client.get(f"/v1/transcriptions/{tid}", params={"response_format": "srt"})
     assert got.status == 200 and got.content_type == "application/x-subrip"
     assert "S01: segment 2 café" in await got.text()
+    await client.app[STORE_KEY].flush()  # written in the background, after the response
     assert (server_config.data_dir / "transcriptions" / f"{tid}.json").is_file()
     verbose = await (
         await client.get(f"/v1/transcriptions/{tid}", params={"response_format": "verbose_json"})
@@ -91,6 +93,7 @@ async def test_stored_transcript_survives_restart(
     first = await aiohttp_client(create_app(server_config, FakeTranscriber()))
     resp = await first.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
     tid = resp.headers[openai_api.ID_HEADER]
+    await first.close()  # a shutdown waits for the transcript files
     second = await aiohttp_client(create_app(server_config, FakeTranscriber()))
     got = await second.get(f"/v1/transcriptions/{tid}", params={"response_format": "text"})
     assert await got.text() == expected_upload_text(1.0) + "\n"
@@ -246,6 +249,22 @@ async def test_uploads_are_decoded_from_memory_or_their_spill_file(
         assert len(sources) == 1 and isinstance(sources[0], Path)
     tmp = server_config.data_dir / "tmp"
     assert not tmp.exists() or spooled_files(server_config) == []
+
+
+async def test_a_spilled_upload_too_long_is_refused_before_decoding(
+    client: TestClient, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spilled uploads are probed first: too long, they never take a decode slot."""
+    from livemeet.audio import decode
+
+    monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", 1000)
+    decoded: list[object] = []
+    monkeypatch.setattr(decode, "decode_file", lambda *a, **k: decoded.append(a))
+    resp = await client.post(
+        "/v1/audio/transcriptions", data=form(wav_bytes(MAX_AUDIO_S + 1, rate=8000))
+    )
+    await assert_error(resp, TooLong)
+    assert decoded == [] and spooled_files(server_config) == []
 
 
 async def test_truncated_flac(client: TestClient) -> None:

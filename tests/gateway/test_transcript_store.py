@@ -1,0 +1,74 @@
+"""livemeet.gateway.transcript_store: a bounded memory cache over one JSON file per id."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from livemeet.errors import NotFound
+from livemeet.gateway.transcript_store import TranscriptStore, new_transcription_id
+from livemeet.transcript.segments import FinishReason, Segment, Transcript
+
+
+def transcript(text: str) -> Transcript:
+    seg = Segment(0.0, 1.0, "S01", text, id="seg-0001", is_final=True)
+    return Transcript((seg,), 1.0, FinishReason.STOP)
+
+
+async def test_the_cache_is_bounded_and_evicted_ones_are_read_back(tmp_path: Path) -> None:
+    store = TranscriptStore(tmp_path, max_cached=2)
+    ids = [new_transcription_id() for _ in range(5)]
+    for i, tid in enumerate(ids):
+        await store.put(tid, transcript(f"t{i}"))
+    await store.flush()
+    assert store.num_cached == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{t}.json" for t in ids)
+    for i, tid in enumerate(ids):
+        assert (await store.get(tid)).segments[0].text == f"t{i}"
+        assert store.num_cached <= 2
+    with pytest.raises(NotFound):
+        await store.get(new_transcription_id())
+
+
+async def test_an_unwritten_transcript_is_never_evicted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While its file is being written, a transcript stays in memory past the bound, so a GET
+    right after the response cannot miss it."""
+    store = TranscriptStore(tmp_path, max_cached=1)
+    gate = asyncio.Event()
+    real = store._write
+
+    async def slow_write(tid: str, body: str) -> None:
+        await gate.wait()
+        await real(tid, body)
+
+    monkeypatch.setattr(store, "_write", slow_write)
+    ids = [new_transcription_id() for _ in range(3)]
+    for i, tid in enumerate(ids):
+        await store.put(tid, transcript(f"t{i}"))
+    assert store.num_cached == 3 and list(tmp_path.iterdir()) == []
+    assert [(await store.get(t)).segments[0].text for t in ids] == ["t0", "t1", "t2"]
+    gate.set()
+    await store.flush()  # each finished write trims the cache back to its bound
+    assert store.num_cached == 1 and len(list(tmp_path.iterdir())) == 3
+
+
+async def test_a_failed_write_is_logged_and_the_transcript_stays_readable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the directory should be")
+    store = TranscriptStore(blocker / "transcripts")
+    tid = new_transcription_id()
+    await store.put(tid, transcript("kept"))
+    await store.flush()
+    assert "was not saved" in caplog.text
+    assert (await store.get(tid)).segments[0].text == "kept"
+
+
+def test_the_bound_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        TranscriptStore(tmp_path, max_cached=0)
