@@ -85,9 +85,6 @@ ENGINE_POLL_S = 0.05  # s an idle worker / the gateway's reader thread blocks on
 # s a worker holding uploads for incoming ones blocks on its inbox per poll: how late it can
 # notice that the hold's wait ran out (BackendCore.is_holding)
 ENGINE_IDLE_POLL_S = 0.005
-# windows (30 s each) of held uploads an idle engine encodes ahead of their prefill in one call
-# (at least one upload whatever its length): ~32 min of audio, ~48 MB of bf16 embeddings
-HELD_ENCODE_MAX_WINDOWS = 64
 # s a new upload may be held to be prefilled together with uploads still arriving (the
 # scheduler's upload batching; --upload-batch-wait-ms). 100 ms: a burst of 16 short uploads
 # needs ~50-70 ms of gateway work to reach the engine, and a 50 ms cap split such waves into

@@ -29,9 +29,6 @@ class BackendCore(Protocol):
       batching ignores. `has_work()` may be False while the backend holds uploads for them;
       `is_holding()` is then True, and the worker blocks on its inbox for at most
       ENGINE_IDLE_POLL_S (otherwise ENGINE_POLL_S), so it notices the hold's wait running out.
-    - `use_idle_time()` is called when `has_work()` is False, before each blocking wait:
-      bounded work that never waits for the GPU and shortens later steps (MOSS: encoding the
-      held uploads' audio).
     """
 
     @property
@@ -58,7 +55,5 @@ class BackendCore(Protocol):
     def set_incoming_uploads(self, count: int) -> None: ...
 
     def is_holding(self) -> bool: ...
-
-    def use_idle_time(self) -> None: ...
 
     def close(self) -> None: ...

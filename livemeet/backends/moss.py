@@ -349,13 +349,6 @@ class MossCore:
         """True when the engine holds uploads for incoming ones and has nothing else to do."""
         return self.engine is not None and self.engine.is_holding()
 
-    def use_idle_time(self) -> None:
-        """While the engine holds uploads for incoming ones, encode the held uploads' audio
-        (`Engine.encode_held`, which never waits for the GPU): the GPU is idle, and their
-        prefill then skips the encoder."""
-        if self.engine is not None:
-            self.engine.encode_held()
-
     def set_incoming_uploads(self, count: int) -> None:
         """How many uploads the gateway is still receiving or decoding (module docstring).
         Raises InternalError for a negative count (a gateway bug)."""

@@ -150,10 +150,6 @@ class RedecodeCore(abc.ABC):
         """Never: nothing is held."""
         return False
 
-    def use_idle_time(self) -> None:
-        """Nothing to do ahead: nothing is ever held."""
-        return None
-
     def step(self) -> list[tuple[str, Event]]:
         for sid, sess in self._sessions.items():
             if self._ready(sess):

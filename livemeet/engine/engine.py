@@ -40,10 +40,8 @@ import torch
 
 from livemeet.audio.constants import (
     ENGINE_SLOW_STEP_S,
-    HELD_ENCODE_MAX_WINDOWS,
     KV_BLOCK_SIZE,
     SAMPLE_RATE,
-    WINDOW_SAMPLES,
     num_audio_tokens,
 )
 from livemeet.audio.features import check_samples
@@ -195,7 +193,6 @@ class Engine:
             transfer = TokenTransfer(self.runner.device, config.scheduler.max_num_seqs)
         self.transfer = transfer if config.async_decode else None
         self._in_flight: _InFlight | None = None
-        self._held_encode: torch.cuda.Event | None = None  # the last encode_held on the GPU
         # Cumulative step counters (counted at launch) and host seconds by EngineStats field.
         self._counts: dict[str, float] = dict.fromkeys((f.name for f in fields(EngineStats)), 0)
 
@@ -290,37 +287,6 @@ class Engine:
         if self._in_flight is not None or self.scheduler.num_incoming_uploads == 0:
             return False  # with nothing incoming, uploads are held only while others decode
         return self.scheduler.is_holding(self.clock())
-
-    def encode_held(self, max_windows: int = HELD_ENCODE_MAX_WINDOWS) -> int:
-        """While uploads are held for incoming ones (`is_holding`: no step is queued on the
-        GPU), encode the audio of the held requests not encoded yet, oldest first, up to
-        `max_windows` encoder windows (at least one request), so that the step which prefills
-        them when the hold ends does not also wait for the encoder. Returns how many requests
-        were encoded.
-
-        Never makes the host wait for the GPU: while the previous call's encode still runs
-        there, it encodes nothing (returns 0) and the worker comes back within
-        ENGINE_IDLE_POLL_S. A worker that blocked here would read the incoming uploads late,
-        and the hold would run out on part of a wave (session 5's measurement,
-        docs/benchmarks.md). Outside a hold, audio is encoded when its prefill is scheduled:
-        that bounds the embeddings kept on the GPU to requests that can run."""
-        if not self._pending_audio or not self.is_holding():
-            return 0
-        if self._held_encode is not None and not self._held_encode.query():
-            return 0
-        todo: list[str] = []
-        windows = 0
-        for rid, samples in self._pending_audio.items():  # in order of add_request
-            n = max(1, -(-len(samples) // WINDOW_SAMPLES))
-            if todo and windows + n > max_windows:
-                break
-            todo.append(rid)
-            windows += n
-        self._encode(todo)
-        if self.runner.device.type == "cuda":
-            self._held_encode = torch.cuda.Event()
-            self._held_encode.record()
-        return len(todo)
 
     def stats(self) -> EngineStats:
         """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
@@ -440,10 +406,7 @@ class Engine:
         """Encode, in one batched encoder call, the audio of every request this step prefills
         for the first time (DESIGN 4: windows are batched across requests)."""
         ids = [c.request.request_id for c in batch.prefills]
-        self._encode([rid for rid in dict.fromkeys(ids) if rid in self._pending_audio])
-
-    def _encode(self, todo: Sequence[str]) -> None:
-        """Encode the pending audio of requests `todo` in one batched encoder call."""
+        todo = [rid for rid in dict.fromkeys(ids) if rid in self._pending_audio]
         if not todo:
             return
         embeds = self.encoder.encode(

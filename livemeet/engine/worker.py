@@ -125,8 +125,6 @@ class Worker:
         parent = multiprocessing.parent_process()
         while True:
             idle = not self.core.has_work()
-            if idle:
-                self.core.use_idle_time()
             if idle and self._stats_stale:
                 self.post_stats(self.clock())  # exact: the totals hold until the next step
             # while uploads are held, poll often: the hold's wait may run out between commands

@@ -18,7 +18,7 @@ from livemeet.engine.engine import Engine, EngineConfig, output_budget
 from livemeet.engine.request import RequestClass, Status
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
-from tests.engine.fakes import FakeClock, SteppingClock
+from tests.engine.fakes import SteppingClock
 from tests.models import tiny
 
 NEW_TOKENS = 24
@@ -167,38 +167,6 @@ def test_audio_of_one_step_is_encoded_in_one_batch(
     assert engine.encoder.num_encoded_windows == 3
     assert engine.encoder.num_eager_batches == 1
     engine.run_to_completion()
-
-
-def test_held_uploads_are_encoded_ahead_and_decode_the_same(
-    our_model: MossTDModel, batch_clips: list[np.ndarray], reference_tokens: list[list[int]]
-) -> None:
-    """While the scheduler holds uploads for incoming ones, `encode_held` encodes them (the GPU
-    is idle then); the step that prefills them encodes nothing more, and tokens stay those of
-    the reference. Not holding, it encodes nothing; `max_windows` bounds it (>= 1 request)."""
-    clock = FakeClock()
-    config = EngineConfig(scheduler=SchedulerConfig(upload_batch_wait_s=0.05))
-    engine = Engine(config, model=(our_model, our_model.cfg), clock=lambda: clock.now_s)
-    engine.add_request("alone", batch_clips[0], max_new_tokens=2)
-    assert engine.encode_held() == 0  # nothing incoming: no hold, encoding waits for prefill
-    engine.run_to_completion()
-    before = engine.encoder.num_encoded_windows
-    engine.set_incoming_uploads(2)
-    for i in (0, 2, 4):  # 1 s, 11 s, 40 s: 1 + 1 + 2 windows
-        engine.add_request(f"h{i}", batch_clips[i], max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    assert engine.is_holding()
-    assert engine.encode_held(max_windows=1) == 1  # the oldest only
-    assert engine.encode_held(max_windows=1) == 1  # then the next
-    assert engine.encode_held() == 1  # the rest (2 windows)
-    assert engine.encode_held() == 0  # nothing left
-    assert engine.encoder.num_encoded_windows == before + 4
-    clock.advance(0.06)  # the hold's wait ran out: no longer holding, nothing encoded ahead
-    engine.add_request("late", batch_clips[1], max_new_tokens=2)
-    assert not engine.is_holding() and engine.encode_held() == 0
-    engine.set_incoming_uploads(0)
-    done = engine.run_to_completion()
-    assert engine.encoder.num_encoded_windows == before + 5  # the prefill encoded "late" only
-    for i in (0, 2, 4):
-        assert list(done[f"h{i}"].output_token_ids) == reference_tokens[i]
 
 
 def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:

@@ -247,7 +247,6 @@ class StatsCore:
         self.num_steps = 0
         self.num_stats_calls = 0
         self.holding = False
-        self.idle_calls: list[int] = []  # num_steps at each use_idle_time()
 
     @property
     def info(self) -> BackendInfo:
@@ -277,9 +276,6 @@ class StatsCore:
 
     def is_holding(self) -> bool:
         return self.holding
-
-    def use_idle_time(self) -> None:
-        self.idle_calls.append(self.num_steps)
 
     def stats(self) -> EngineStats | None:
         self.num_stats_calls += 1
@@ -355,13 +351,3 @@ def test_idle_worker_polls_often_only_while_uploads_are_held(holding: bool, poll
     inbox = IdleShutdownInbox(idle_polls=3)
     Worker(core, queue.Queue(), clock=lambda: clock.now_s).serve(inbox)
     assert inbox.timeouts == [poll_s] * 3
-
-
-def test_idle_time_is_offered_only_while_the_core_has_no_work() -> None:
-    """The worker hands its idle moments to the core (MOSS encodes held uploads then), once
-    before each blocking wait, never between steps."""
-    clock = FakeClock()
-    core = StatsCore(clock, work=3, step_s=0.1)
-    serve_with_stats(core, clock, idle_polls=2)
-    assert core.num_steps == 3
-    assert core.idle_calls == [3, 3]  # after the work, once per blocking poll
