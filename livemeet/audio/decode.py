@@ -243,7 +243,9 @@ def _decode_soundfile(source: AudioSource, sink: _Resampler) -> None:
                 if block.shape[0] == 0:
                     break
                 num_frames += block.shape[0]
-                sink.push(block.mean(axis=1, dtype=np.float32), int(f.samplerate))
+                # mono: the column itself (the mean of one value is that value, bit for bit)
+                mono = block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
+                sink.push(mono, int(f.samplerate))
     except sf.LibsndfileError as e:
         raise BadAudio(
             f"cannot decode the audio (truncated or corrupt?): libsndfile: {e.error_string}"
