@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--data-dir",
         type=Path,
         default=Path("./livemeet-data"),
-        help="where uploads are spooled and transcripts kept",
+        help="where large uploads are spilled and transcripts kept",
     )
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (enables https)")
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")

@@ -38,7 +38,7 @@ LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 
 
 def tmp_dir(config: ServerConfig) -> Path:
-    """Where upload bodies are spooled."""
+    """Where upload files larger than UPLOAD_MEMORY_BYTES are spilled."""
     return config.data_dir / "tmp"
 
 

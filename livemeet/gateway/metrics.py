@@ -165,9 +165,10 @@ class GatewayMetrics:
             ),
             upload_phase_s=Histogram(
                 "livemeet_upload_phase_seconds",
-                "Time per phase of an upload request: receive (body to the spool file), decode "
+                "Time per phase of an upload request: receive (the multipart body read), decode "
                 "(probe, a decode slot, decoding), transcribe (engine session to final "
-                "transcript, or the whole SSE stream), respond (store and render)",
+                "transcript, or the whole SSE stream), respond (render; the transcript file is "
+                "written in the background)",
                 ["phase"],
                 buckets=(0.005, 0.025, *UPLOAD_LATENCY_BUCKETS_S),
                 registry=registry,
