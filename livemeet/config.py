@@ -125,7 +125,9 @@ class GatewayConfig:
     max_audio_s: float = MAX_AUDIO_S  # s; a longer upload gets 413 (live sessions: no limit)
     max_concurrent_decodes: int = 2  # uploads decoded (ffmpeg/soundfile) at once
     max_sessions: int = 256  # open sessions (live + upload) before QueueFull
-    idle_timeout_s: float = 60.0  # s without any client message before a live session closes
+    # s without any client message before a live session closes, or without upload body bytes
+    # before an upload fails (client_timeout)
+    idle_timeout_s: float = 60.0
     flush_interval_s: float = 0.050  # s; SSE / WS text flush window
 
     def validate(self) -> None:

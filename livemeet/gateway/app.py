@@ -37,12 +37,14 @@ from livemeet.gateway.keys import (
 )
 from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
 from livemeet.gateway.transcript_store import TranscriptStore
+from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_live import LiveRegistry, live_handler
 from livemeet.transcriber import Transcriber
 
 log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+CLIENT_CLOSED_STATUS = 499  # requests whose client left before the response (nginx's code)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -124,6 +126,9 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start the transcriber (and data dirs) before serving; close it after shutdown."""
     config = app[CONFIG_KEY]
     tmp_dir(config).mkdir(parents=True, exist_ok=True)
+    stale = remove_spill_files(tmp_dir(config))  # a crashed run's; this run has none yet
+    if stale:
+        log.warning("removed %d upload spill files left by an earlier run", stale)
     transcripts_dir(config).mkdir(parents=True, exist_ok=True)
     transcriber = app[TRANSCRIBER_KEY]
     await transcriber.start()
@@ -171,6 +176,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error = LivemeetError(exc.reason)
         response = error_response(error)
         response.set_status(exc.status)
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError included
+        # the client went away mid-request (mid-upload, most often): nobody to answer, and no
+        # server bug; counted as nginx's 499, "client closed request"
+        log.info("client closed the connection during %s %s", request.method, request.path)
+        response = web.Response(status=CLIENT_CLOSED_STATUS)  # aiohttp drops it: no transport
+    except asyncio.CancelledError:  # aiohttp cancels the handler of a lost connection too
+        log.info("request cancelled: %s %s", request.method, request.path)
+        metrics.requests.labels(route, str(CLIENT_CLOSED_STATUS)).inc()
+        raise
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         response = _render_error(request, InternalError("internal server error"))

@@ -124,7 +124,7 @@ class GatewayMetrics:
             engine=engine,
             requests=Counter(
                 "livemeet_requests",
-                "HTTP requests by endpoint and status",
+                "HTTP requests by endpoint and status (499: the client left before the response)",
                 ["endpoint", "status"],
                 registry=registry,
             ),

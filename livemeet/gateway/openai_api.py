@@ -28,6 +28,7 @@ from livemeet.audio.constants import MAX_PROMPT_CHARS, SAMPLE_RATE, UPLOAD_MEMOR
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     BadAudio,
+    ClientTimeout,
     EngineUnavailable,
     InvalidRequest,
     LivemeetError,
@@ -180,7 +181,9 @@ async def read_upload_form(
     folder past that (the caller discards it).
 
     The byte limit is enforced up front from Content-Length and while reading (PayloadTooLarge
-    as soon as it is passed). Raises InvalidRequest for a missing `file` or a bad field.
+    as soon as it is passed). Raises InvalidRequest for a missing `file` or a bad field, and
+    ClientTimeout when no body bytes arrive for the gateway's idle timeout (a stalled client
+    would otherwise count as an incoming upload, which the engine's upload hold waits for).
     """
     limit = config.gateway.max_upload_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -191,8 +194,16 @@ async def read_upload_form(
         spill_dir=tmp_dir(config),
         memory_bytes=UPLOAD_MEMORY_BYTES,
     )
+    idle_s = config.gateway.idle_timeout_s
     try:
-        async for chunk in request.content.iter_any():
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    chunk = await request.content.readany()
+            except TimeoutError:
+                raise ClientTimeout(f"no upload data for {idle_s:g} s") from None
+            if not chunk:
+                break
             reader.feed(chunk)
         audio = reader.finish()
         return _form_fields(reader.fields), audio
@@ -237,8 +248,9 @@ async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tu
     if isinstance(source, Path):
         info = await loop.run_in_executor(None, decode.probe, source)
         if info.duration_s > max_audio_s:
-            raise TooLong(
-                f"audio of {info.duration_s:.1f} s exceeds the limit of {max_audio_s:.0f} s"
+            raise TooLong(  # the wording of decode_file's own check, used for in-memory uploads
+                f"the audio declares {info.duration_s:.1f} s, longer than the {max_audio_s:g} s "
+                "limit"
             )
     async with app[LIFECYCLE_KEY].decode_slots:
         samples = await loop.run_in_executor(

@@ -11,8 +11,9 @@ file in the data dir's tmp folder past that, so short clips never touch the disk
 this module's only I/O.
 
 Errors, each raised as soon as it is detected: PayloadTooLarge once the body passes its byte
-limit; InvalidRequest for a malformed body, a nested multipart part, a second `file`, a text
-field over MAX_FIELD_BYTES or not UTF-8, a body that ends before its closing boundary, and a
+limit; InvalidRequest for a malformed body, a nested multipart part, a second `file`, a file
+(a part with a filename) under another field name, a text field over MAX_FIELD_BYTES or not
+UTF-8, a body that ends before its closing boundary, and a
 body without a `file` part. After an error, `discard()` frees what was kept (the caller's job,
 as for a finished form's audio).
 """
@@ -32,6 +33,17 @@ from livemeet.errors import InvalidRequest, PayloadTooLarge
 
 MAX_FIELD_BYTES = 1 << 16  # bytes; longest non-file form field (prompt etc.)
 FILE_FIELD = "file"
+SPILL_PREFIX = "upload-"  # spill file names: SPILL_PREFIX + 32 hex digits
+
+
+def remove_spill_files(directory: Path) -> int:
+    """Delete every spill file in `directory` (at start-up: those of a run that crashed; a data
+    dir serves one server). Returns how many were removed."""
+    removed = 0
+    for path in directory.glob(f"{SPILL_PREFIX}*"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
 
 
 @dataclass
@@ -76,7 +88,7 @@ class _FileSink:
 
     def _spill(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._path = self.directory / f"upload-{uuid.uuid4().hex}"
+        self._path = self.directory / f"{SPILL_PREFIX}{uuid.uuid4().hex}"
         self._file = self._path.open("wb")
         self._file.write(self._buffer)
         self._buffer = bytearray()
@@ -164,7 +176,8 @@ class FormReader:
         if not self._ended:
             raise InvalidRequest("the multipart body ended before its closing boundary")
         if self._file is None:
-            raise InvalidRequest("the multipart body has no 'file' field")
+            seen = ", ".join(repr(name) for name in self.fields) or "none"
+            raise InvalidRequest(f"the multipart body has no 'file' field (fields: {seen})")
         return self._file
 
     def discard(self) -> None:
@@ -201,6 +214,10 @@ class FormReader:
         _, params = parse_options_header(part.headers.get(b"content-disposition"))
         part.name = _header_text(params.get(b"name", b""))
         if part.name != FILE_FIELD:
+            if b"filename" in params:  # a file under another name: say where it belongs
+                raise InvalidRequest(
+                    f"the audio goes in the 'file' field; got a file in {part.name!r}"
+                )
             part.text = bytearray()
             return
         if self._file is not None or self._sink is not None:

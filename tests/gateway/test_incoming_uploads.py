@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -27,7 +28,7 @@ from livemeet.errors import (
 from livemeet.gateway.app import create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.incoming import IncomingUploadCounter
-from livemeet.gateway.keys import LIFECYCLE_KEY
+from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY
 from livemeet.transcriber import SessionOptions, TranscriptFinal
 from tests.engine.fakes import RecordingCore
 from tests.gateway.conftest import MAX_AUDIO_S, MAX_UPLOAD_BYTES, ClientFactory, wav_bytes
@@ -176,9 +177,19 @@ async def raw_upload_start(client: TestClient, audio: bytes, sent: int) -> async
     return writer
 
 
+def requests_with(client: TestClient, status: str) -> float:
+    registry = client.app[METRICS_KEY].registry
+    value = registry.get_sample_value(
+        "livemeet_requests_total", {"endpoint": "transcriptions", "status": status}
+    )
+    return value or 0.0
+
+
 async def test_a_client_that_disconnects_mid_upload_releases_the_count(
-    client: TestClient, fake: FakeTranscriber
+    client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """...and is no server error: counted as 499 (client closed request), no internal_error,
+    no traceback in the log."""
     audio = wav_bytes(5.0)
     writer = await raw_upload_start(client, audio, sent=len(audio) // 2)
     await until(lambda: incoming(client).count == 1)  # receiving counts
@@ -186,6 +197,30 @@ async def test_a_client_that_disconnects_mid_upload_releases_the_count(
     await until(lambda: incoming(client).count == 0)
     assert fake.sessions == []
     await assert_released(client, fake)
+    await until(lambda: requests_with(client, "499") == 1.0)
+    assert requests_with(client, "500") == 0.0
+    errors = client.app[METRICS_KEY].registry.get_sample_value(
+        "livemeet_errors_total", {"code": "internal_error"}
+    )
+    assert not errors
+    assert "unhandled error" not in caplog.text
+
+
+async def test_a_stalled_upload_times_out_and_releases_the_count(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A client that stops sending its body mid-way gets 408 client_timeout after the idle
+    timeout: it must not count as incoming (which holds every other upload) for ever."""
+    config = replace(server_config, gateway=replace(server_config.gateway, idle_timeout_s=0.3))
+    client = await aiohttp_client(create_app(config, fake))
+    audio = wav_bytes(5.0)
+    writer = await raw_upload_start(client, audio, sent=len(audio) // 2)
+    await until(lambda: incoming(client).count == 1)
+    await until(lambda: incoming(client).count == 0, timeout_s=5.0)
+    writer.close()
+    await assert_released(client, fake)
+    await until(lambda: requests_with(client, "408") == 1.0)
+    assert list((config.data_dir / "tmp").iterdir()) == []
 
 
 async def test_uploads_waiting_for_a_decode_slot_count(

@@ -267,6 +267,17 @@ async def test_a_spilled_upload_too_long_is_refused_before_decoding(
     assert decoded == [] and spooled_files(server_config) == []
 
 
+async def test_spill_files_of_a_crashed_run_are_removed_at_start(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    tmp = server_config.data_dir / "tmp"
+    tmp.mkdir(parents=True)
+    (tmp / ("upload-" + "0" * 32)).write_bytes(b"half an upload")
+    (tmp / "keep.txt").write_text("not ours")
+    await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    assert [p.name for p in tmp.iterdir()] == ["keep.txt"]
+
+
 async def test_truncated_flac(client: TestClient) -> None:
     resp = await client.post("/v1/audio/transcriptions", data=form(await make_truncated_flac()))
     await assert_error(resp, BadAudio)

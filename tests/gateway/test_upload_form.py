@@ -81,7 +81,11 @@ def test_an_oversized_body_is_cut_while_streaming_and_its_spill_removed(tmp_path
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (body(part("model", b"x")), "no 'file' field"),
+        (body(part("model", b"x")), r"no 'file' field \(fields: 'model'\)"),
+        (
+            body(part("audio", AUDIO, '; filename="a.wav"')),
+            "goes in the 'file' field; got a file in 'audio'",
+        ),
         (body(part("file", b"a"), part("file", b"b")), "more than one 'file'"),
         (body(part("file", b"a"), part("prompt", b"x" * (MAX_FIELD_BYTES + 1))), "exceeds"),
         (body(part("file", b"a"), part("prompt", b"\xff\xfe")), "not UTF-8"),
