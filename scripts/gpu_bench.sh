@@ -38,7 +38,8 @@ step() {
   shift 2
   if [ "$limit" = "0" ]; then echo "=== $name: skipped (limit 0)"; return; fi
   echo "=== $name: start at t=$((SECONDS - start)) s, limit ${limit} s"
-  timeout -k 10 "$limit" "$@"
+  # SIGINT first: Python tools unwind (a sweep stops its server) and py-spy writes its profile
+  timeout -s INT -k 10 "$limit" "$@"
   local rc=$?
   echo "=== $name: rc=$rc at t=$((SECONDS - start)) s"
 }
@@ -95,7 +96,7 @@ case "$phase" in
       spy=(py-spy record --subprocesses ${PYSPY_FLAGS:---idle} --rate "${PYSPY_RATE:-100}" --format raw \
         -o "$OUT/pyspy_http.txt" --)
     fi
-    step http-sweep "${SWEEP_S:-470}" "${spy[@]}" python3 -m loadtest.http_sweep \
+    step http-sweep "${SWEEP_S:-470}" ${spy[@]+"${spy[@]}"} python3 -m loadtest.http_sweep \
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
       --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s 150 \
       --short-min-requests "${HTTP_SHORT_MIN:-16}" \

@@ -31,8 +31,9 @@ def test_the_upload_hold_has_one_default_for_the_cli_and_the_scheduler() -> None
     assert SchedulerConfig().upload_batch_wait_s == c.UPLOAD_BATCH_WAIT_S
 
 
-def test_the_engine_worker_sets_the_gil_switch_interval() -> None:
-    """run_worker sets it first, even when its backend then fails to load."""
+def test_an_engine_worker_thread_leaves_the_gil_switch_interval_alone() -> None:
+    """The interval is process-wide: run_worker sets it only in its own process (the engine
+    child), never in a host process that runs it as a thread (tests, in-process engine)."""
     import queue
     import sys
 
@@ -42,10 +43,6 @@ def test_the_engine_worker_sets_the_gil_switch_interval() -> None:
 
     before = sys.getswitchinterval()
     outbox: queue.Queue[object] = queue.Queue()
-    try:
-        sys.setswitchinterval(0.005)
-        run_worker(ModelConfig(backend="no-such-backend"), queue.Queue(), outbox)
-        assert isinstance(outbox.get_nowait(), WorkerFailed)
-        assert sys.getswitchinterval() == pytest.approx(c.GIL_SWITCH_INTERVAL_S)
-    finally:
-        sys.setswitchinterval(before)
+    run_worker(ModelConfig(backend="no-such-backend"), queue.Queue(), outbox)
+    assert isinstance(outbox.get_nowait(), WorkerFailed)
+    assert sys.getswitchinterval() == before

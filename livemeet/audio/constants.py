@@ -28,8 +28,11 @@ LOG_MEL_MIN = 1e-10  # mel power clamp before log10 (Whisper feature extractor)
 MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
 MAX_UPLOAD_BYTES = 1 << 30  # bytes; largest upload body accepted (1 GiB)
 # bytes; an upload's file part is held in memory up to this size and spilled to disk beyond
-# (8 MiB: a 4-minute 16 kHz PCM16 WAV, an hour of 16 kbit/s Opus; 64 sessions hold <= 512 MiB)
+# (8 MiB: a 4-minute 16 kHz PCM16 WAV, an hour of 16 kbit/s Opus)
 UPLOAD_MEMORY_BYTES = 8 << 20
+# bytes of upload files held in memory at once, all requests together (received, waiting for
+# a decode slot, decoding); past it new bytes are spilled (32 uploads of 8 MiB, 700 short clips)
+UPLOAD_MEMORY_TOTAL_BYTES = 256 << 20
 # finished upload transcripts kept in memory for GET /v1/transcriptions/{id} (older ones are
 # read back from their files); ~1-100 KB each
 TRANSCRIPT_CACHE_ENTRIES = 1_024

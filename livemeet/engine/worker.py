@@ -72,8 +72,9 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
 
     `inbox` yields `Command`s; `outbox` receives `WorkerMessage`s. Never raises.
     """
-    # the loop hands every event to the queue's feeder thread (GIL_SWITCH_INTERVAL_S)
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    if multiprocessing.parent_process() is not None:  # our own process: the setting is ours
+        # the loop hands every event to the queue's feeder thread (GIL_SWITCH_INTERVAL_S)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         from livemeet.backends import create_backend
 

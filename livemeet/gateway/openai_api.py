@@ -64,6 +64,9 @@ from livemeet.transcript.segments import Segment, Transcript
 log = logging.getLogger(__name__)
 
 ID_HEADER = "X-Livemeet-Transcription-Id"
+# the form fields the endpoint reads besides `file`; others (temperature, include[], ...) are
+# accepted and dropped, as OpenAI's API tolerates them
+FORM_FIELDS = frozenset({"model", "response_format", "prompt", "language", "stream"})
 
 
 @dataclass(frozen=True)
@@ -193,6 +196,8 @@ async def read_upload_form(
         max_body_bytes=limit,
         spill_dir=tmp_dir(config),
         memory_bytes=UPLOAD_MEMORY_BYTES,
+        budget=request.app[LIFECYCLE_KEY].upload_memory,
+        keep_fields=FORM_FIELDS,
     )
     idle_s = config.gateway.idle_timeout_s
     try:

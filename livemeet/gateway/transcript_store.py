@@ -11,6 +11,7 @@ import logging
 import re
 import uuid
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +95,9 @@ class TranscriptStore:
             return cached
         path = self.directory / f"{transcription_id}.json"
         try:
-            text = await asyncio.get_running_loop().run_in_executor(None, path.read_text)
+            text = await asyncio.get_running_loop().run_in_executor(
+                None, partial(path.read_text, encoding="utf-8")
+            )
         except FileNotFoundError:
             raise NotFound(f"no transcription {transcription_id!r}") from None
         transcript = transcript_from_json(json.loads(text))
@@ -130,11 +133,11 @@ class TranscriptStore:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self._write_file, transcription_id, body)
-        except OSError:
+        except Exception:  # no one awaits this task: every failure is logged here
             log.exception("transcript %s was not saved", transcription_id)
 
     def _write_file(self, transcription_id: str, body: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{transcription_id}.json.tmp"
-        tmp.write_text(body)
+        tmp.write_text(body, encoding="utf-8")
         tmp.replace(self.directory / f"{transcription_id}.json")  # atomic: never half a file

@@ -32,6 +32,8 @@ from livemeet.audio.decode import AudioSource
 from livemeet.errors import InvalidRequest, PayloadTooLarge
 
 MAX_FIELD_BYTES = 1 << 16  # bytes; longest non-file form field (prompt etc.)
+MAX_FORM_PARTS = 64  # parts per body; OpenAI's form has a dozen fields at most
+MAX_PREAMBLE_BYTES = 1 << 16  # bytes before the first boundary (RFC 2046 allows a preamble)
 FILE_FIELD = "file"
 SPILL_PREFIX = "upload-"  # spill file names: SPILL_PREFIX + 32 hex digits
 
@@ -46,42 +48,74 @@ def remove_spill_files(directory: Path) -> int:
     return removed
 
 
+class MemoryBudget:
+    """Bytes of upload files that may be held in memory at once, across requests; what does not
+    fit is spilled to disk. Plain bookkeeping: `take` reserves, `give` returns."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        if limit_bytes < 0:
+            raise ValueError(f"limit_bytes must be >= 0, not {limit_bytes}")
+        self.limit_bytes = limit_bytes
+        self.in_use = 0
+
+    def take(self, num_bytes: int) -> bool:
+        """Reserve `num_bytes` if they fit; False (nothing reserved) if not."""
+        if self.in_use + num_bytes > self.limit_bytes:
+            return False
+        self.in_use += num_bytes
+        return True
+
+    def give(self, num_bytes: int) -> None:
+        assert 0 <= num_bytes <= self.in_use, (num_bytes, self.in_use)
+        self.in_use -= num_bytes
+
+
 @dataclass
 class UploadAudio:
     """The `file` part: its bytes (in memory) or the path of its spill file, until `discard()`.
 
-    `num_bytes`: the part's size; `filename`: as the client named it ("audio" if it did not).
+    `num_bytes`: the part's size; `filename`: as the client named it ("audio" if it did not);
+    `held`: bytes reserved in `budget` while the bytes are in memory.
     """
 
     source: AudioSource
     filename: str
     num_bytes: int
+    budget: MemoryBudget | None = None
+    held: int = 0
 
     def discard(self) -> None:
-        """Free the audio: drop the bytes, delete the spill file. Idempotent."""
+        """Free the audio: drop the bytes (and their share of the budget), delete the spill
+        file. Idempotent."""
         if isinstance(self.source, Path):
             self.source.unlink(missing_ok=True)
         self.source = b""
+        if self.budget is not None and self.held:
+            self.budget.give(self.held)
+        self.held = 0
 
 
 class _FileSink:
-    """The `file` part's bytes: a bytearray up to `memory_bytes`, then a file under
-    `directory` (created at the first spill) holding everything written so far."""
+    """The `file` part's bytes: a bytearray while it fits both `memory_bytes` and `budget`,
+    else a file under `directory` (created at the first spill) with everything written so far."""
 
-    def __init__(self, directory: Path, memory_bytes: int) -> None:
+    def __init__(self, directory: Path, memory_bytes: int, budget: MemoryBudget) -> None:
         self.directory = directory
         self.memory_bytes = memory_bytes
+        self.budget = budget
         self.num_bytes = 0
+        self.held = 0  # bytes of the buffer reserved in the budget
         self._buffer = bytearray()
         self._path: Path | None = None
         self._file: BinaryIO | None = None
 
     def write(self, data: bytes | memoryview) -> None:
         self.num_bytes += len(data)
-        if self._file is None and self.num_bytes <= self.memory_bytes:
-            self._buffer += data
-            return
         if self._file is None:
+            if self.num_bytes <= self.memory_bytes and self.budget.take(len(data)):
+                self.held += len(data)
+                self._buffer += data
+                return
             self._spill()
         assert self._file is not None
         self._file.write(data)
@@ -91,18 +125,26 @@ class _FileSink:
         self._path = self.directory / f"{SPILL_PREFIX}{uuid.uuid4().hex}"
         self._file = self._path.open("wb")
         self._file.write(self._buffer)
+        self._release_buffer()
+
+    def _release_buffer(self) -> None:
         self._buffer = bytearray()
+        self.budget.give(self.held)
+        self.held = 0
 
     def close(self) -> AudioSource:
-        """The bytes written, or the closed spill file's path."""
+        """The bytes written (still reserved: the caller's UploadAudio returns them), or the
+        closed spill file's path."""
         if self._file is None:
-            return bytes(self._buffer)
+            data = bytes(self._buffer)  # a copy: AudioSource is bytes; the buffer goes now
+            self._buffer = bytearray()
+            return data
         self._file.close()
         assert self._path is not None
         return self._path
 
     def discard(self) -> None:
-        self._buffer = bytearray()
+        self._release_buffer()
         if self._file is not None:
             self._file.close()
         if self._path is not None:
@@ -123,23 +165,39 @@ class FormReader:
     """Streams one multipart/form-data body (module docstring).
 
     `content_type`: the request's Content-Type header value (it carries the boundary);
-    `max_body_bytes`: the whole body's limit; `spill_dir`, `memory_bytes`: where and past how
-    many bytes the `file` part goes to disk. Raises InvalidRequest for a Content-Type without a
-    usable multipart boundary.
+    `max_body_bytes`: the whole body's limit; `spill_dir`, `memory_bytes`, `budget`: where the
+    `file` part goes once it passes `memory_bytes` or the shared in-memory budget; `keep_fields`:
+    the text fields to keep (others are read and dropped, as OpenAI tolerates unknown fields).
+    Raises InvalidRequest for a Content-Type without a usable multipart boundary.
     """
 
     def __init__(
-        self, content_type: str, *, max_body_bytes: int, spill_dir: Path, memory_bytes: int
+        self,
+        content_type: str,
+        *,
+        max_body_bytes: int,
+        spill_dir: Path,
+        memory_bytes: int,
+        budget: MemoryBudget,
+        keep_fields: frozenset[str],
     ) -> None:
-        kind, params = parse_options_header(content_type)
+        try:
+            kind, params = parse_options_header(content_type)
+        except (UnicodeError, ValueError):  # non-latin-1 text in the header
+            raise InvalidRequest("unreadable Content-Type header") from None
         boundary = params.get(b"boundary", b"")
-        if not kind.startswith(b"multipart/") or not boundary:
+        if not kind.lower().startswith(b"multipart/") or not boundary:
             raise InvalidRequest("expected a multipart/form-data body with a 'file' field")
         self.max_body_bytes = max_body_bytes
         self.spill_dir = spill_dir
         self.memory_bytes = memory_bytes
+        self.budget = budget
+        self.keep_fields = keep_fields
         self.fields: dict[str, str] = {}
+        self._delimiter = b"--" + boundary
+        self._preamble: bytearray | None = bytearray()  # None once the first boundary is found
         self._received = 0
+        self._num_parts = 0
         self._ended = False
         self._part: _Part | None = None
         self._header_name = bytearray()
@@ -166,13 +224,33 @@ class FormReader:
         self._received += len(chunk)
         if self._received > self.max_body_bytes:
             raise PayloadTooLarge(f"upload exceeds the limit of {self.max_body_bytes} bytes")
+        if self._preamble is not None:
+            chunk = self._skip_preamble(chunk)
+            if not chunk:
+                return
         try:
             self._parser.write(chunk)
         except FormParserError as exc:
             raise InvalidRequest(f"malformed multipart body: {exc}") from None
 
+    def _skip_preamble(self, chunk: bytes) -> bytes:
+        """Text before the first delimiter line (RFC 2046 5.1.1) is dropped; the parser wants
+        the body to open with it. Returns what to parse: b"" until the delimiter is found."""
+        assert self._preamble is not None
+        self._preamble += chunk
+        buf = self._preamble
+        at = 0 if buf.startswith(self._delimiter) else buf.find(b"\n" + self._delimiter) + 1
+        if at == 0 and not buf.startswith(self._delimiter):
+            if len(buf) > MAX_PREAMBLE_BYTES:
+                raise InvalidRequest("malformed multipart body: no opening boundary")
+            return b""
+        self._preamble = None
+        return bytes(buf[at:])
+
     def finish(self) -> UploadAudio:
-        """After the last chunk: the `file` part (the text fields are in `fields`)."""
+        """After the last chunk: the `file` part (the kept text fields are in `fields`)."""
+        if self._preamble is not None:
+            raise InvalidRequest("malformed multipart body: no opening boundary")
         if not self._ended:
             raise InvalidRequest("the multipart body ended before its closing boundary")
         if self._file is None:
@@ -190,6 +268,9 @@ class FormReader:
     # -- parser callbacks ----------------------------------------------------------------------
 
     def _on_part_begin(self) -> None:
+        self._num_parts += 1
+        if self._num_parts > MAX_FORM_PARTS:
+            raise InvalidRequest(f"the multipart body has more than {MAX_FORM_PARTS} parts")
         self._part = _Part()
 
     def _on_header_field(self, data: bytes, start: int, end: int) -> None:
@@ -209,7 +290,7 @@ class FormReader:
         part = self._part
         assert part is not None
         kind, _ = parse_options_header(part.headers.get(b"content-type"))
-        if kind.startswith(b"multipart/"):
+        if kind.lower().startswith(b"multipart/"):
             raise InvalidRequest("nested multipart bodies are not supported")
         _, params = parse_options_header(part.headers.get(b"content-disposition"))
         part.name = _header_text(params.get(b"name", b""))
@@ -218,13 +299,13 @@ class FormReader:
                 raise InvalidRequest(
                     f"the audio goes in the 'file' field; got a file in {part.name!r}"
                 )
-            part.text = bytearray()
+            part.text = bytearray() if part.name in self.keep_fields else None
             return
         if self._file is not None or self._sink is not None:
             raise InvalidRequest("more than one 'file' field")
-        self._sink = part.sink = _FileSink(self.spill_dir, self.memory_bytes)
+        self._sink = part.sink = _FileSink(self.spill_dir, self.memory_bytes, self.budget)
         filename = _header_text(params.get(b"filename", b"")) or "audio"
-        self._file = UploadAudio(b"", filename, 0)
+        self._file = UploadAudio(b"", filename, 0, self.budget)
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         part = self._part
@@ -232,7 +313,8 @@ class FormReader:
         if part.sink is not None:
             part.sink.write(memoryview(data)[start:end])
             return
-        assert part.text is not None
+        if part.text is None:
+            return  # a field the endpoint does not read
         part.text += memoryview(data)[start:end]
         if len(part.text) > MAX_FIELD_BYTES:
             raise InvalidRequest(f"form field {part.name!r} exceeds {MAX_FIELD_BYTES} bytes")
@@ -244,9 +326,11 @@ class FormReader:
             assert self._file is not None
             self._file.source = part.sink.close()
             self._file.num_bytes = part.sink.num_bytes
+            self._file.held, part.sink.held = part.sink.held, 0  # the audio returns them now
             self._sink = None
             return
-        assert part.text is not None
+        if part.text is None:
+            return
         try:
             self.fields[part.name] = part.text.decode()
         except UnicodeDecodeError:

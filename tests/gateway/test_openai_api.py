@@ -88,8 +88,20 @@ async def test_json_upload_and_stored_transcript(
 
 
 async def test_stored_transcript_survives_restart(
-    aiohttp_client: ClientFactory, server_config: ServerConfig
+    aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The file is written after the response; a shutdown waits for it (a slow disk here)."""
+    import time
+
+    from livemeet.gateway.transcript_store import TranscriptStore
+
+    real_write = TranscriptStore._write_file
+
+    def slow_write(self: TranscriptStore, transcription_id: str, body: str) -> None:
+        time.sleep(0.3)
+        real_write(self, transcription_id, body)
+
+    monkeypatch.setattr(TranscriptStore, "_write_file", slow_write)
     first = await aiohttp_client(create_app(server_config, FakeTranscriber()))
     resp = await first.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
     tid = resp.headers[openai_api.ID_HEADER]

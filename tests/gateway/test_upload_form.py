@@ -9,7 +9,12 @@ import aiohttp
 import pytest
 
 from livemeet.errors import InvalidRequest, PayloadTooLarge
-from livemeet.gateway.upload_form import MAX_FIELD_BYTES, FormReader
+from livemeet.gateway.upload_form import (
+    MAX_FIELD_BYTES,
+    MAX_FORM_PARTS,
+    FormReader,
+    MemoryBudget,
+)
 
 BOUNDARY = "b0undary"
 CONTENT_TYPE = f"multipart/form-data; boundary={BOUNDARY}"
@@ -27,9 +32,24 @@ def body(*parts: bytes) -> bytes:
     return b"".join(parts) + f"--{BOUNDARY}--\r\n".encode()
 
 
-def reader(tmp_path: Path, *, memory_bytes: int = 1 << 20, limit: int = 1 << 24) -> FormReader:
+KEEP = frozenset({"model", "prompt", "response_format"})
+
+
+def reader(
+    tmp_path: Path,
+    *,
+    memory_bytes: int = 1 << 20,
+    limit: int = 1 << 24,
+    budget: MemoryBudget | None = None,
+    content_type: str = CONTENT_TYPE,
+) -> FormReader:
     return FormReader(
-        CONTENT_TYPE, max_body_bytes=limit, spill_dir=tmp_path / "tmp", memory_bytes=memory_bytes
+        content_type,
+        max_body_bytes=limit,
+        spill_dir=tmp_path / "tmp",
+        memory_bytes=memory_bytes,
+        budget=budget or MemoryBudget(1 << 30),
+        keep_fields=KEEP,
     )
 
 
@@ -47,14 +67,14 @@ def test_any_chunking_gives_the_same_form(tmp_path: Path, step: int) -> None:
         part("model", b"moss"),
         part("file", AUDIO, '; filename="m\u00e9eting.wav"\r\nContent-Type: audio/wav'),
         part("prompt", "caf\u00e9 names".encode()),
-        part("temperature", b"0.2"),  # unknown to the endpoint: kept, ignored there
+        part("temperature", b"0.2"),  # not read by the endpoint: dropped
     )
     r = reader(tmp_path)
     feed(r, data, step)
     audio = r.finish()
     assert audio.source == AUDIO and audio.num_bytes == len(AUDIO)
     assert audio.filename == "m\u00e9eting.wav"
-    assert r.fields == {"model": "moss", "prompt": "caf\u00e9 names", "temperature": "0.2"}
+    assert r.fields == {"model": "moss", "prompt": "caf\u00e9 names"}
     assert not (tmp_path / "tmp").exists()  # held in memory: nothing touched the disk
 
 
@@ -91,7 +111,8 @@ def test_an_oversized_body_is_cut_while_streaming_and_its_spill_removed(tmp_path
         (body(part("file", b"a"), part("prompt", b"\xff\xfe")), "not UTF-8"),
         (body(part("file", b"a", "\r\nContent-Type: multipart/mixed")), "nested multipart"),
         (body(part("file", AUDIO))[:-30], "ended before its closing boundary"),
-        (b"--wrong\r\n\r\n", "malformed multipart body"),
+        (b"--wrong\r\n\r\n", "no opening boundary"),
+        (f"--{BOUNDARY}\r\nnot a header\r\n\r\n".encode(), "malformed multipart body"),
     ],
 )
 def test_bad_bodies_are_invalid_requests(tmp_path: Path, data: bytes, message: str) -> None:
@@ -108,7 +129,60 @@ def test_bad_bodies_are_invalid_requests(tmp_path: Path, data: bytes, message: s
 )
 def test_a_content_type_without_a_boundary_is_refused(tmp_path: Path, content_type: str) -> None:
     with pytest.raises(InvalidRequest, match="multipart/form-data"):
-        FormReader(content_type, max_body_bytes=100, spill_dir=tmp_path, memory_bytes=10)
+        reader(tmp_path, content_type=content_type)
+
+
+def test_a_content_type_that_is_not_latin_1_is_an_invalid_request(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequest, match="Content-Type"):
+        reader(tmp_path, content_type=CONTENT_TYPE + "; x=\u20ac")
+
+
+def test_media_type_case_and_a_preamble_are_accepted(tmp_path: Path) -> None:
+    """RFC 2045: media types are case-insensitive; RFC 2046 5.1.1: text before the first
+    delimiter line is a preamble to ignore (aiohttp's reader accepted both)."""
+    r = reader(tmp_path, content_type=f"Multipart/Form-Data; boundary={BOUNDARY}")
+    feed(r, b"This is a preamble.\r\n" + body(part("file", AUDIO)), 5)
+    assert r.finish().source == AUDIO
+
+
+def test_an_endless_preamble_is_refused(tmp_path: Path) -> None:
+    r = reader(tmp_path)
+    with pytest.raises(InvalidRequest, match="no opening boundary"):
+        feed(r, b"x" * (1 << 17), 4096)
+
+
+def test_fields_the_endpoint_does_not_read_are_dropped_and_parts_are_counted(
+    tmp_path: Path,
+) -> None:
+    """An unknown field's bytes are not kept (a body of many 60 KB fields held them all), and
+    the number of parts is capped."""
+    r = reader(tmp_path)
+    feed(r, body(*(part(f"x{i}", b"y" * 60_000) for i in range(20)), part("file", b"a")), 4096)
+    assert r.fields == {} and r.finish().source == b"a"
+    r = reader(tmp_path)
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_FORM_PARTS} parts"):
+        feed(r, body(*(part("x", b"") for _ in range(MAX_FORM_PARTS + 1))), 4096)
+
+
+def test_the_shared_memory_budget_spills_and_is_returned(tmp_path: Path) -> None:
+    """Files share one in-memory budget: one that does not fit goes to disk; each file's
+    share comes back when it is discarded, and after an error too."""
+    budget = MemoryBudget(len(AUDIO) + 100)
+    first, second = reader(tmp_path, budget=budget), reader(tmp_path, budget=budget)
+    feed(first, body(part("file", AUDIO)), 4096)
+    feed(second, body(part("file", AUDIO)), 4096)
+    a, b = first.finish(), second.finish()
+    assert a.source == AUDIO and isinstance(b.source, Path) and b.source.read_bytes() == AUDIO
+    assert budget.in_use == len(AUDIO)
+    a.discard()
+    b.discard()
+    assert budget.in_use == 0 and list((tmp_path / "tmp").iterdir()) == []
+    failed = reader(tmp_path, budget=budget, limit=len(AUDIO) // 2)
+    with pytest.raises(PayloadTooLarge):
+        feed(failed, body(part("file", AUDIO)), 4096)
+    assert budget.in_use > 0
+    failed.discard()
+    assert budget.in_use == 0
 
 
 def test_what_aiohttp_clients_send_parses(tmp_path: Path) -> None:
@@ -119,15 +193,14 @@ def test_what_aiohttp_clients_send_parses(tmp_path: Path) -> None:
     payload = form()
 
     class Sink:
-        data = bytearray()
+        def __init__(self) -> None:
+            self.data = bytearray()
 
         async def write(self, chunk: bytes) -> None:
             self.data += chunk
 
     sink = Sink()
     asyncio.run(payload.write(sink))  # type: ignore[arg-type]
-    r = FormReader(
-        payload.content_type, max_body_bytes=1 << 24, spill_dir=tmp_path, memory_bytes=1 << 20
-    )
+    r = reader(tmp_path, content_type=payload.content_type)
     feed(r, bytes(sink.data), 65536)
     assert r.finish().source == AUDIO and r.fields == {"response_format": "srt"}
