@@ -338,7 +338,9 @@ class EngineClient:
         if not self._ready:
             raise EngineUnavailable("the engine is not ready")
         if len(self._sessions) >= self.max_sessions:
-            raise QueueFull(f"{self.max_sessions} sessions are open; retry later")
+            raise QueueFull(
+                f"all {self.max_sessions} session slots are in use (--max-sessions); retry later"
+            )
         session = EngineSession(self, uuid.uuid4().hex, self.event_buffer)
         self._sessions[session.id] = session
         self._send(OpenSession(session.id, options))
