@@ -225,6 +225,14 @@ def run(args: argparse.Namespace) -> int:
         config.data_dir,
     )
     web.run_app(
-        app, host=config.host, port=config.port, ssl_context=context, print=None, access_log=None
+        app,
+        host=config.host,
+        port=config.port,
+        ssl_context=context,
+        print=None,
+        access_log=None,
+        # a client that disconnects cancels its handler, whose cleanup aborts its engine
+        # session: the GPU stops working for nobody (aiohttp's default lets it run to the end)
+        handler_cancellation=True,
     )
     return 0

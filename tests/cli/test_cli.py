@@ -38,6 +38,27 @@ def test_serve_arguments_build_a_config(tmp_path: Path) -> None:
     assert serve.ssl_context(config) is None
 
 
+def test_serve_cancels_the_handlers_of_clients_that_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiohttp lets a handler run on after its client disconnected unless told otherwise; the
+    upload handler's cleanup (aborting the engine session) needs the cancellation. The GIL
+    switch interval is set for the gateway process."""
+    import sys
+
+    from livemeet.audio.constants import GIL_SWITCH_INTERVAL_S
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(web, "run_app", lambda app, **kw: seen.update(kw))
+    before = sys.getswitchinterval()
+    try:
+        assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 0
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(before)
+    assert seen["handler_cancellation"] is True
+
+
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "--tls-cert", str(tmp_path / "c.pem")])
     with pytest.raises(ConfigError):
