@@ -6,16 +6,18 @@ python-multipart's streaming parser, which replaced aiohttp's `BodyPartReader`: 
 every part's headers through the `email` package and cost ~1 ms of event-loop time per
 11.6-s upload, which serialises across a burst of uploads (docs/benchmarks.md, session 6).
 
-The `file` part is held in memory up to `memory_bytes` (UPLOAD_MEMORY_BYTES) and spilled to a
-file in the data dir's tmp folder past that, so short clips never touch the disk; the spill is
-this module's only I/O.
+The `file` part is held in memory while it fits both `memory_bytes` (UPLOAD_MEMORY_BYTES) and
+a `MemoryBudget` shared by all uploads (UPLOAD_MEMORY_TOTAL_BYTES), and spilled to a file in
+the data dir's tmp folder past that, so short clips never touch the disk; the spill is this
+module's only I/O. Text fields the endpoint does not read are dropped as they stream by.
 
 Errors, each raised as soon as it is detected: PayloadTooLarge once the body passes its byte
-limit; InvalidRequest for a malformed body, a nested multipart part, a second `file`, a file
-(a part with a filename) under another field name, a text field over MAX_FIELD_BYTES or not
-UTF-8, a body that ends before its closing boundary, and a
-body without a `file` part. After an error, `discard()` frees what was kept (the caller's job,
-as for a finished form's audio).
+limit; InvalidRequest for an unreadable Content-Type, a malformed body (no opening boundary
+within MAX_PREAMBLE_BYTES included), more than MAX_FORM_PARTS parts, a nested multipart part,
+a second `file`, a file (a part with a filename) under another field name, a kept text field
+over MAX_FIELD_BYTES or not UTF-8, a body that ends before its closing boundary, and a body
+without a `file` part. After an error, `discard()` frees what was kept (the caller's job, as
+for a finished form's audio: `UploadAudio.discard`).
 """
 
 from __future__ import annotations
