@@ -44,6 +44,7 @@ from livemeet.transcriber import Transcriber
 log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+TRANSCRIPT_FLUSH_TIMEOUT_S = 10.0  # s a shutdown waits for transcript files to be written
 CLIENT_CLOSED_STATUS = 499  # requests whose client left before the response (nginx's code)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -92,8 +93,14 @@ def _engine_stats_of(transcriber: Transcriber) -> StatsSource:
 
 
 async def flush_transcripts(app: web.Application) -> None:
-    """At shutdown: every finished upload's transcript file is written before the exit."""
-    await app[STORE_KEY].flush()
+    """At shutdown: every finished upload's transcript file is written before the exit, unless
+    the disk hangs for TRANSCRIPT_FLUSH_TIMEOUT_S (then the exit goes on, and says so)."""
+    try:
+        await asyncio.wait_for(app[STORE_KEY].flush(), TRANSCRIPT_FLUSH_TIMEOUT_S)
+    except TimeoutError:
+        log.error(
+            "transcript files not written within %g s at shutdown", TRANSCRIPT_FLUSH_TIMEOUT_S
+        )
 
 
 def _add_routes(app: web.Application) -> None:

@@ -111,6 +111,28 @@ async def test_stored_transcript_survives_restart(
     assert await got.text() == expected_upload_text(1.0) + "\n"
 
 
+async def test_a_hung_disk_does_not_hang_the_shutdown(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import time
+
+    from livemeet.gateway import app as app_module
+    from livemeet.gateway.transcript_store import TranscriptStore
+
+    monkeypatch.setattr(app_module, "TRANSCRIPT_FLUSH_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(TranscriptStore, "_write_file", lambda *a: time.sleep(1.0))
+    client = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    assert resp.status == 200
+    started = time.monotonic()
+    await client.close()
+    assert time.monotonic() - started < 0.8
+    assert "transcript files not written" in caplog.text
+
+
 @pytest.mark.parametrize(
     ("fmt", "content_type"),
     [
