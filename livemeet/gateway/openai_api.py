@@ -67,6 +67,9 @@ ID_HEADER = "X-Livemeet-Transcription-Id"
 # the form fields the endpoint reads besides `file`; others (temperature, include[], ...) are
 # accepted and dropped, as OpenAI's API tolerates them
 FORM_FIELDS = frozenset({"model", "response_format", "prompt", "language", "stream"})
+# formats whose content the SSE events carry (text deltas, speaker segments); the others
+# (srt, vtt, verbose_json) are refused with stream=true
+STREAM_FORMATS = frozenset({ResponseFormat.JSON, ResponseFormat.TEXT, ResponseFormat.DIARIZED_JSON})
 
 
 @dataclass(frozen=True)
@@ -222,12 +225,21 @@ def _form_fields(fields: dict[str, str]) -> UploadForm:
     prompt = fields.get("prompt") or None
     if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
         raise InvalidRequest(f"'prompt' must be at most {MAX_PROMPT_CHARS} characters")
+    response_format = formats.parse_response_format(fields.get("response_format") or "json")
+    stream = _parse_bool(fields.get("stream", "false"), "stream")
+    if stream and response_format not in STREAM_FORMATS:
+        # the stream's events are JSON (text deltas, segments, done): a subtitle or verbose
+        # body cannot be streamed, and silently sending something else misleads the client
+        raise InvalidRequest(
+            f"stream=true sends JSON events; response_format {response_format.value!r} cannot "
+            "be streamed (use json, text or diarized_json, or stream=false)"
+        )
     return UploadForm(
         model=fields.get("model") or None,
-        response_format=formats.parse_response_format(fields.get("response_format") or "json"),
+        response_format=response_format,
         prompt=prompt,
         language=fields.get("language") or None,
-        stream=_parse_bool(fields.get("stream", "false"), "stream"),
+        stream=stream,
     )
 
 

@@ -233,6 +233,8 @@ async def make_truncated_flac() -> bytes:
         (wav_bytes(0.0), {}, BadAudio),  # a valid header, no samples
         (wav_bytes(1.0), {"response_format": "mp3"}, InvalidRequest),
         (wav_bytes(1.0), {"stream": "maybe"}, InvalidRequest),
+        (wav_bytes(1.0), {"stream": "true", "response_format": "srt"}, InvalidRequest),
+        (wav_bytes(1.0), {"stream": "true", "response_format": "verbose_json"}, InvalidRequest),
         (wav_bytes(MAX_AUDIO_S + 1, rate=8000), {}, TooLong),
     ],
 )
