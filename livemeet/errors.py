@@ -17,7 +17,8 @@ class LivemeetError(Exception):
     """Base class: a typed, client-visible failure.
 
     Subclasses fix `code` (a stable machine-readable string), `http_status`, `close_code`
-    and whether retrying the same request later may succeed (`retryable`).
+    and whether retrying the same request later may succeed (`retryable`). `param`, when
+    known, names the request parameter at fault (the `param` of OpenAI's error body).
     """
 
     code: ClassVar[str] = "internal_error"
@@ -25,9 +26,10 @@ class LivemeetError(Exception):
     close_code: ClassVar[int] = 4500
     retryable: ClassVar[bool] = False
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
     def to_dict(self) -> dict[str, object]:
         """The WebSocket `error` event body (without its `type` field)."""

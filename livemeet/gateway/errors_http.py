@@ -26,7 +26,7 @@ def error_body(error: LivemeetError, param: str | None = None) -> dict[str, Any]
         "error": {
             "message": error.message,
             "type": openai_error_type(error),
-            "param": param,
+            "param": param if param is not None else error.param,
             "code": error.code,
         }
     }

@@ -118,6 +118,9 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         phases.done("receive")
         try:
             samples, duration_s = await _decode_upload(app, audio.source)
+        except (BadAudio, TooLong) as exc:
+            exc.param = exc.param or "file"  # the part at fault, for OpenAI's error body
+            raise
         finally:
             audio.discard()
         phases.done("decode")
@@ -224,7 +227,9 @@ def _form_fields(fields: dict[str, str]) -> UploadForm:
     """The fields the endpoint reads (others are tolerated and ignored, as OpenAI does)."""
     prompt = fields.get("prompt") or None
     if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidRequest(f"'prompt' must be at most {MAX_PROMPT_CHARS} characters")
+        raise InvalidRequest(
+            f"'prompt' must be at most {MAX_PROMPT_CHARS} characters", param="prompt"
+        )
     response_format = formats.parse_response_format(fields.get("response_format") or "json")
     stream = _parse_bool(fields.get("stream", "false"), "stream")
     if stream and response_format not in STREAM_FORMATS:
@@ -232,7 +237,8 @@ def _form_fields(fields: dict[str, str]) -> UploadForm:
         # body cannot be streamed, and silently sending something else misleads the client
         raise InvalidRequest(
             f"stream=true sends JSON events; response_format {response_format.value!r} cannot "
-            "be streamed (use json, text or diarized_json, or stream=false)"
+            "be streamed (use json, text or diarized_json, or stream=false)",
+            param="response_format",
         )
     return UploadForm(
         model=fields.get("model") or None,
@@ -249,7 +255,7 @@ def _parse_bool(value: str, name: str) -> bool:
         return True
     if lowered in ("false", "0", ""):
         return False
-    raise InvalidRequest(f"{name} must be true or false, not {value!r}")
+    raise InvalidRequest(f"{name} must be true or false, not {value!r}", param=name)
 
 
 async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tuple[Any, float]:

@@ -189,7 +189,9 @@ class FormReader:
             raise InvalidRequest("unreadable Content-Type header") from None
         boundary = params.get(b"boundary", b"")
         if not kind.lower().startswith(b"multipart/") or not boundary:
-            raise InvalidRequest("expected a multipart/form-data body with a 'file' field")
+            raise InvalidRequest(
+                "expected a multipart/form-data body with a 'file' field", param=FILE_FIELD
+            )
         self.max_body_bytes = max_body_bytes
         self.spill_dir = spill_dir
         self.memory_bytes = memory_bytes
@@ -257,7 +259,9 @@ class FormReader:
             raise InvalidRequest("the multipart body ended before its closing boundary")
         if self._file is None:
             seen = ", ".join(repr(name) for name in self.fields) or "none"
-            raise InvalidRequest(f"the multipart body has no 'file' field (fields: {seen})")
+            raise InvalidRequest(
+                f"the multipart body has no 'file' field (fields: {seen})", param=FILE_FIELD
+            )
         return self._file
 
     def discard(self) -> None:
@@ -299,12 +303,13 @@ class FormReader:
         if part.name != FILE_FIELD:
             if b"filename" in params:  # a file under another name: say where it belongs
                 raise InvalidRequest(
-                    f"the audio goes in the 'file' field; got a file in {part.name!r}"
+                    f"the audio goes in the 'file' field; got a file in {part.name!r}",
+                    param=FILE_FIELD,
                 )
             part.text = bytearray() if part.name in self.keep_fields else None
             return
         if self._file is not None or self._sink is not None:
-            raise InvalidRequest("more than one 'file' field")
+            raise InvalidRequest("more than one 'file' field", param=FILE_FIELD)
         self._sink = part.sink = _FileSink(self.spill_dir, self.memory_bytes, self.budget)
         filename = _header_text(params.get(b"filename", b"")) or "audio"
         self._file = UploadAudio(b"", filename, 0, self.budget)
@@ -319,7 +324,9 @@ class FormReader:
             return  # a field the endpoint does not read
         part.text += memoryview(data)[start:end]
         if len(part.text) > MAX_FIELD_BYTES:
-            raise InvalidRequest(f"form field {part.name!r} exceeds {MAX_FIELD_BYTES} bytes")
+            raise InvalidRequest(
+                f"form field {part.name!r} exceeds {MAX_FIELD_BYTES} bytes", param=part.name
+            )
 
     def _on_part_end(self) -> None:
         part, self._part = self._part, None
@@ -336,7 +343,9 @@ class FormReader:
         try:
             self.fields[part.name] = part.text.decode()
         except UnicodeDecodeError:
-            raise InvalidRequest(f"form field {part.name!r} is not UTF-8 text") from None
+            raise InvalidRequest(
+                f"form field {part.name!r} is not UTF-8 text", param=part.name
+            ) from None
 
     def _on_end(self) -> None:
         self._ended = True

@@ -61,7 +61,8 @@ def parse_response_format(value: str) -> ResponseFormat:
     except ValueError:
         accepted = ", ".join(f.value for f in ResponseFormat)
         raise InvalidRequest(
-            f"unsupported response_format {value!r}; accepted: {accepted}"
+            f"unsupported response_format {value!r}; accepted: {accepted}",
+            param="response_format",
         ) from None
 
 

@@ -247,7 +247,9 @@ async def test_bad_uploads(
     error: type[LivemeetError],
 ) -> None:
     resp = await client.post("/v1/audio/transcriptions", data=form(audio, **fields))
-    await assert_error(resp, error)
+    body = await assert_error(resp, error)
+    # OpenAI's `param` names the field at fault: the audio, or the last form field given
+    assert body["error"]["param"] == (list(fields)[-1] if fields else "file")
     assert spooled_files(server_config) == []
     assert fake.sessions == []
 
