@@ -76,25 +76,23 @@ class MemoryBudget:
 class UploadAudio:
     """The `file` part: its bytes (in memory) or the path of its spill file, until `discard()`.
 
-    `num_bytes`: the part's size; `filename`: as the client named it ("audio" if it did not);
-    `held`: bytes reserved in `budget` while the bytes are in memory.
+    `num_bytes`: the part's size; `filename`: as the client named it ("audio" if it did not).
+    Bytes in memory are reserved in `budget` until `discard()`.
     """
 
     source: AudioSource
     filename: str
     num_bytes: int
-    budget: MemoryBudget | None = None
-    held: int = 0
+    budget: MemoryBudget
 
     def discard(self) -> None:
         """Free the audio: drop the bytes (and their share of the budget), delete the spill
         file. Idempotent."""
         if isinstance(self.source, Path):
             self.source.unlink(missing_ok=True)
+        else:
+            self.budget.give(len(self.source))
         self.source = b""
-        if self.budget is not None and self.held:
-            self.budget.give(self.held)
-        self.held = 0
 
 
 class _FileSink:
@@ -106,8 +104,7 @@ class _FileSink:
         self.memory_bytes = memory_bytes
         self.budget = budget
         self.num_bytes = 0
-        self.held = 0  # bytes of the buffer reserved in the budget
-        self._buffer = bytearray()
+        self._buffer = bytearray()  # reserved in the budget, byte for byte
         self._path: Path | None = None
         self._file: BinaryIO | None = None
 
@@ -115,7 +112,6 @@ class _FileSink:
         self.num_bytes += len(data)
         if self._file is None:
             if self.num_bytes <= self.memory_bytes and self.budget.take(len(data)):
-                self.held += len(data)
                 self._buffer += data
                 return
             self._spill()
@@ -130,12 +126,11 @@ class _FileSink:
         self._release_buffer()
 
     def _release_buffer(self) -> None:
+        self.budget.give(len(self._buffer))
         self._buffer = bytearray()
-        self.budget.give(self.held)
-        self.held = 0
 
     def close(self) -> AudioSource:
-        """The bytes written (still reserved: the caller's UploadAudio returns them), or the
+        """The bytes written (their reservation passes to the caller's UploadAudio), or the
         closed spill file's path."""
         if self._file is None:
             data = bytes(self._buffer)  # a copy: AudioSource is bytes; the buffer goes now
@@ -207,7 +202,6 @@ class FormReader:
         self._header_name = bytearray()
         self._header_value = bytearray()
         self._file: UploadAudio | None = None
-        self._sink: _FileSink | None = None
         callbacks = {
             "on_part_begin": self._on_part_begin,
             "on_header_field": self._on_header_field,
@@ -243,11 +237,14 @@ class FormReader:
         assert self._preamble is not None
         self._preamble += chunk
         buf = self._preamble
-        at = 0 if buf.startswith(self._delimiter) else buf.find(b"\n" + self._delimiter) + 1
-        if at == 0 and not buf.startswith(self._delimiter):
-            if len(buf) > MAX_PREAMBLE_BYTES:
-                raise InvalidRequest("malformed multipart body: no opening boundary")
-            return b""
+        if buf.startswith(self._delimiter):
+            at = 0
+        else:
+            at = buf.find(b"\n" + self._delimiter) + 1  # the line after it; 0: not found
+            if at == 0:
+                if len(buf) > MAX_PREAMBLE_BYTES:
+                    raise InvalidRequest("malformed multipart body: no opening boundary")
+                return b""
         self._preamble = None
         return bytes(buf[at:])
 
@@ -266,8 +263,8 @@ class FormReader:
 
     def discard(self) -> None:
         """Free the `file` part, finished or not (after an error)."""
-        if self._sink is not None:
-            self._sink.discard()
+        if self._part is not None and self._part.sink is not None:  # cut off mid-file
+            self._part.sink.discard()
         if self._file is not None:
             self._file.discard()
 
@@ -308,9 +305,9 @@ class FormReader:
                 )
             part.text = bytearray() if part.name in self.keep_fields else None
             return
-        if self._file is not None or self._sink is not None:
+        if self._file is not None:
             raise InvalidRequest("more than one 'file' field", param=FILE_FIELD)
-        self._sink = part.sink = _FileSink(self.spill_dir, self.memory_bytes, self.budget)
+        part.sink = _FileSink(self.spill_dir, self.memory_bytes, self.budget)
         filename = _header_text(params.get(b"filename", b"")) or "audio"
         self._file = UploadAudio(b"", filename, 0, self.budget)
 
@@ -329,15 +326,13 @@ class FormReader:
             )
 
     def _on_part_end(self) -> None:
-        part, self._part = self._part, None
+        part = self._part
         assert part is not None
         if part.sink is not None:
             assert self._file is not None
             self._file.source = part.sink.close()
             self._file.num_bytes = part.sink.num_bytes
-            self._file.held, part.sink.held = part.sink.held, 0  # the audio returns them now
-            self._sink = None
-            return
+        self._part = None  # after close(): until then discard() frees the sink
         if part.text is None:
             return
         try:
