@@ -7,7 +7,7 @@ the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`). Library errors never 
 mapped to `BadAudio` naming what failed.
 
 A source is a file's path or its whole contents in memory (`AudioSource`, a small upload). Bytes
-decode exactly like a file of the same contents whose name has no extension (the gateway's spool
+decode exactly like a file of the same contents whose name has no extension (the gateway's spill
 files): neither library then has a file name to guess the format from.
 
 Decisions on damaged input:
@@ -135,7 +135,7 @@ def decode_file(source: AudioSource, *, max_audio_s: float = MAX_AUDIO_S) -> Sam
     """
     probed = _probe(source)
     info = probed.info
-    _check_length(info.duration_s, max_audio_s, "declares")
+    check_length(info.duration_s, max_audio_s, "declares")
     sink = _Resampler(max_audio_s)
     if probed.use_soundfile:
         _decode_soundfile(source, sink)
@@ -152,7 +152,7 @@ def decode_file(source: AudioSource, *, max_audio_s: float = MAX_AUDIO_S) -> Sam
         )
     if not np.all(np.isfinite(samples)):
         raise BadAudio("the audio contains non-finite samples (NaN or infinity)")
-    _check_length(decoded_s, max_audio_s, "decodes to")
+    check_length(decoded_s, max_audio_s, "decodes to")
     np.clip(samples, -1.0, 1.0, out=samples)
     return samples
 
@@ -184,7 +184,7 @@ class _Resampler:
         elif rate != self._rate:
             raise BadAudio(f"the sample rate changes mid-stream ({self._rate} -> {rate} Hz)")
         self._num_input_frames += mono.shape[0]
-        _check_length(self._num_input_frames / self._rate, self._max_audio_s, "decodes to")
+        check_length(self._num_input_frames / self._rate, self._max_audio_s, "decodes to")
         mono = np.ascontiguousarray(mono, dtype=np.float32)
         self._chunks.append(mono if self._stream is None else self._stream.resample_chunk(mono))
 
@@ -197,7 +197,9 @@ class _Resampler:
         return np.concatenate(self._chunks).astype(np.float32, copy=False)
 
 
-def _check_length(duration_s: float, max_audio_s: float, verb: str) -> None:
+def check_length(duration_s: float, max_audio_s: float, verb: str) -> None:
+    """Raise TooLong when `duration_s` (s; the audio "declares" or "decodes to" it, `verb`)
+    exceeds `max_audio_s` (s); the one wording of that error wherever it is checked."""
     if duration_s > max_audio_s:
         raise TooLong(
             f"the audio {verb} {duration_s:.1f} s, longer than the {max_audio_s:g} s limit"

@@ -20,24 +20,24 @@ def openai_error_type(error: LivemeetError) -> str:
     return "server_error" if error.http_status >= 500 else "invalid_request_error"
 
 
-def error_body(error: LivemeetError, param: str | None = None) -> dict[str, Any]:
-    """The OpenAI-shaped error object."""
+def error_body(error: LivemeetError) -> dict[str, Any]:
+    """The OpenAI-shaped error object; `param` is the error's own (LivemeetError.param)."""
     return {
         "error": {
             "message": error.message,
             "type": openai_error_type(error),
-            "param": param if param is not None else error.param,
+            "param": error.param,
             "code": error.code,
         }
     }
 
 
-def error_response(error: LivemeetError, param: str | None = None) -> web.Response:
+def error_response(error: LivemeetError) -> web.Response:
     """A JSON HTTP response with the error's status. Retryable errors carry Retry-After."""
     headers = {"Retry-After": "1"} if error.retryable else None
     return web.Response(
         status=error.http_status,
-        text=json.dumps(error_body(error, param)),
+        text=json.dumps(error_body(error)),
         content_type="application/json",
         headers=headers,
     )

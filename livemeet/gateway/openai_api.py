@@ -270,11 +270,7 @@ async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tu
     loop = asyncio.get_running_loop()
     if isinstance(source, Path):
         info = await loop.run_in_executor(None, decode.probe, source)
-        if info.duration_s > max_audio_s:
-            raise TooLong(  # the wording of decode_file's own check, used for in-memory uploads
-                f"the audio declares {info.duration_s:.1f} s, longer than the {max_audio_s:g} s "
-                "limit"
-            )
+        decode.check_length(info.duration_s, max_audio_s, "declares")
     async with app[LIFECYCLE_KEY].decode_slots:
         samples = await loop.run_in_executor(
             None, partial(decode.decode_file, source, max_audio_s=max_audio_s)
