@@ -123,11 +123,17 @@ class TranscriptStore:
         self._trim()  # entries held back while unwritten may go now
 
     def _trim(self) -> None:
-        for old in list(self._memory):
-            if len(self._memory) <= self.max_cached:
+        excess = len(self._memory) - self.max_cached
+        if excess <= 0:
+            return
+        victims: list[str] = []
+        for old in self._memory:  # oldest first; stops once enough are found
+            if len(victims) == excess:
                 break
             if old not in self._writing:  # unwritten ones stay: get() has no file to read yet
-                del self._memory[old]
+                victims.append(old)
+        for old in victims:
+            del self._memory[old]
 
     async def _write(self, transcription_id: str, body: str) -> None:
         loop = asyncio.get_running_loop()
