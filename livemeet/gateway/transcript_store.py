@@ -111,6 +111,7 @@ class TranscriptStore:
 
     @property
     def num_cached(self) -> int:
+        """Transcripts held in memory now (<= max_cached plus the unwritten ones)."""
         return len(self._memory)
 
     def _remember(self, transcription_id: str, transcript: Transcript) -> None:

@@ -68,6 +68,7 @@ class MemoryBudget:
         return True
 
     def give(self, num_bytes: int) -> None:
+        """Return `num_bytes` taken earlier (more than is in use is a bug: AssertionError)."""
         assert 0 <= num_bytes <= self.in_use, (num_bytes, self.in_use)
         self.in_use -= num_bytes
 
