@@ -135,7 +135,9 @@ def _split_host_and_device(
     bucket = choose_bucket(len(sb.decodes), graphs.buckets)
     assert bucket is not None
     longest = max(r.num_tokens for r in sb.decodes)
-    splits = choose_num_splits(bucket, longest, graphs.num_kv_heads, graphs.num_sms)
+    splits = choose_num_splits(
+        bucket, longest, graphs.num_kv_heads, graphs.num_sms, programs_per_sm=graphs.programs_per_sm
+    )
     graph = graphs.graphs[(bucket, splits)]  # the one the launches above replayed
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

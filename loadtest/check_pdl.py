@@ -32,7 +32,7 @@ PDL_KERNELS = (
     "_store_kv_kernel",
     "_decode_split_kernel",
     "_decode_merge_kernel",
-)  # the kernels the chain launches
+)  # the Triton kernels the chain launches (the CUDA decode kernel follows pdl.is_enabled())
 
 
 class ChainState:
@@ -56,8 +56,14 @@ class ChainState:
         self.norm_w = torch.ones(self.hidden, device=device, dtype=bf16)
         blocks = -(-layers // self.page)
         shape = (blocks, self.page, self.kv_heads, self.dim)
-        self.k_cache = torch.zeros(shape, device=device, dtype=kv_dtype)
-        self.v_cache = torch.zeros(shape, device=device, dtype=kv_dtype)
+
+        def cache() -> torch.Tensor:
+            return torch.randn(shape, generator=g, device=device).to(kv_dtype)
+
+        # one cache per layer, as in the engine: a layer's earlier tokens come from before the
+        # chain (an earlier step), and only its new token is written inside it
+        self.k_caches = [cache() for _ in range(layers)]
+        self.v_caches = [cache() for _ in range(layers)]
         perm = torch.randperm(blocks, generator=torch.Generator().manual_seed(4))
         self.table = perm.to(torch.int32).view(1, blocks).to(device)  # shuffled pages
         at = {"device": device}
@@ -73,8 +79,9 @@ def decoder_chain(s: ChainState, x: torch.Tensor) -> list[torch.Tensor]:
     over every token so far (the one just stored included; in CHAIN_SPLITS splits, merged by
     the merge kernel over a bf16 cache and in the split kernel over an FP8 one), o GEMV,
     norm+gate_up GEMV, SiLU*mul+down GEMV. Returns every intermediate, STAGES per layer (each
-    its own buffer). Each layer stores the slot it then reads, so the caches' earlier contents
-    never matter."""
+    its own buffer). Layer i has its own cache, filled before the chain, and stores token i,
+    the last one it reads (the engine's contract: the CUDA decode kernel may read the other
+    tokens before its PDL wait)."""
     narrow, wide = linear.GemmConfig(8, 512), linear.GemmConfig(4, 2048)
     groups = [s.heads, s.kv_heads, s.kv_heads]
     residual = None
@@ -82,9 +89,10 @@ def decoder_chain(s: ChainState, x: torch.Tensor) -> list[torch.Tensor]:
     for i in range(s.layers):
         qkv, residual = linear.skinny_norm_linear(x, residual, s.norm_w, 1e-6, s.w_qkv, narrow)
         q, k, v = qkv.view(1, sum(groups), s.dim).split(groups, 1)
-        pa.store_kv(k, v, s.k_cache, s.v_cache, s.slots[i])
+        k_cache, v_cache = s.k_caches[i], s.v_caches[i]
+        pa.store_kv(k, v, k_cache, v_cache, s.slots[i])
         attn = pa.paged_decode_attention(
-            q, s.k_cache, s.v_cache, s.table, s.lens[i], 0.088, num_splits=CHAIN_SPLITS
+            q, k_cache, v_cache, s.table, s.lens[i], 0.088, num_splits=CHAIN_SPLITS
         )
         o = linear.skinny_linear(attn.view(1, -1), s.w_o, wide)
         up, residual = linear.skinny_norm_linear(o, residual, s.norm_w, 1e-6, s.w_up, narrow)

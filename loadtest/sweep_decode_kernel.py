@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from livemeet.layers import cuda_decode
 from livemeet.layers import paged_attention as pa
 from loadtest.bench_attention import (
     HEAD_DIM,
@@ -60,20 +61,38 @@ class SweepRow:
 
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
-    """The defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8 default with
-    e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's dtype merges by
-    default (so a grid row differs from that default only in its tiles, warps and stages)."""
+    """The point's default (the CUDA kernel where it runs) and the CUDA kernel's other forms
+    (pipeline stages, loads before the PDL wait), then the Triton kernel: both dtype defaults,
+    each with the other merge (kernel or in-kernel), (fp8) the FP8 default with e4m3 scores,
+    then (full) the tile/warp/stage grid, merged as the point's dtype merges by default (so a
+    grid row differs from that default only in its tiles, warps and stages)."""
     merge = pa.default_decode_config(fp8).merge_in_kernel
     grid = [
-        pa.DecodeKernelConfig(n, w, stages, merge_in_kernel=merge)
+        pa.DecodeKernelConfig(n, w, stages, merge_in_kernel=merge, backend="triton")
         for n, w, stages in itertools.product((64, 128), (4, 8), (1, 2, 3))
     ]
-    # the two defaults first, then each with the other merge; dict.fromkeys drops repeats from
-    # the grid
-    defaults = [pa.default_decode_config(False), pa.default_decode_config(True)]
-    other_merge = [dataclasses.replace(c, merge_in_kernel=not c.merge_in_kernel) for c in defaults]
-    fp8_forms = [dataclasses.replace(defaults[1], fp8_qk=True)]
-    chosen = [*defaults, *other_merge, *(fp8_forms if fp8 else []), *(grid if full else [])]
+    # the Triton defaults first, then each with the other merge; dict.fromkeys drops repeats
+    # from the grid
+    triton = [
+        dataclasses.replace(pa.default_decode_config(f), backend="triton") for f in (False, True)
+    ]
+    other_merge = [dataclasses.replace(c, merge_in_kernel=not c.merge_in_kernel) for c in triton]
+    fp8_forms = [dataclasses.replace(triton[1], fp8_qk=True)]
+    default = pa.default_decode_config(fp8)
+    max_stages = cuda_decode.MAX_STAGES_FP8 if fp8 else cuda_decode.MAX_STAGES_BF16
+    cuda_forms = [
+        dataclasses.replace(default, cuda_stages=n, cuda_early_loads=early)
+        for n in range(cuda_decode.MIN_STAGES, max_stages + 1)
+        for early in (False, True)
+    ]
+    chosen = [
+        default,
+        *cuda_forms,
+        *triton,
+        *other_merge,
+        *(fp8_forms if fp8 else []),
+        *(grid if full else []),
+    ]
     return list(dict.fromkeys(chosen))
 
 
@@ -136,15 +155,21 @@ def sweep_point(
     s = FP8_SCALE if fp8 else 1.0
     scales = {"k_scale": s, "v_scale": s}
     ref = pa.ref_paged_decode_attention(q.float(), *caches[0], tables, lens, scale, **scales)
-    default_splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    group = NUM_HEADS // NUM_KV_HEADS
+
+    def default_splits(cfg: pa.DecodeKernelConfig) -> int:
+        per_sm = pa.decode_programs_per_sm(q.dtype, caches[0][0], group, cfg)
+        return pa.choose_num_splits(batch, context, NUM_KV_HEADS, num_sms, programs_per_sm=per_sm)
+
     plan: list[tuple[pa.DecodeKernelConfig | None, int]]
     if split_sweep:
-        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
         default_cfg = pa.default_decode_config(fp8)
         plan = [(default_cfg, n) for n in split_candidates(batch, context, num_sms)]
     else:
-        plan = [(cfg, default_splits) for cfg in candidates(full, fp8)]
-        plan += [(None, default_splits * 2), (None, max(1, default_splits // 2))]
+        plan = [(cfg, default_splits(cfg)) for cfg in candidates(full, fp8)]
+        best_splits = default_splits(pa.default_decode_config(fp8))
+        plan += [(None, best_splits * 2), (None, max(1, best_splits // 2))]
     rows: list[SweepRow] = []
     for cfg, splits in plan:
         if time.monotonic() > deadline:

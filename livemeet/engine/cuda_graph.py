@@ -26,7 +26,11 @@ import torch
 from livemeet.engine.paged_backend import StepMetadata
 from livemeet.engine.staging import HostStaging
 from livemeet.errors import ConfigError, InternalError
-from livemeet.layers.paged_attention import MIN_TOKENS_PER_SPLIT, choose_num_splits
+from livemeet.layers.paged_attention import (
+    DECODE_PROGRAMS_PER_SM,
+    MIN_TOKENS_PER_SPLIT,
+    choose_num_splits,
+)
 
 # Padded batch sizes (rows). Dense at the small end where padding costs most relative to the
 # step; every 16 rows past 32. Scheduler's default max_num_seqs is 128 (DESIGN.md section 4).
@@ -66,7 +70,11 @@ def choose_bucket(num_rows: int, buckets: Sequence[int]) -> int | None:
 
 
 def split_variants(
-    bucket: int, max_seq_len: int, num_kv_heads: int, num_sms: int
+    bucket: int,
+    max_seq_len: int,
+    num_kv_heads: int,
+    num_sms: int,
+    programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
 ) -> tuple[int, ...]:
     """Every split count `choose_num_splits(bucket, L, ...)` returns for 1 <= L <= max_seq_len,
     ascending. It only grows with L and changes at multiples of MIN_TOKENS_PER_SPLIT times a
@@ -76,7 +84,11 @@ def split_variants(
     while n < max_seq_len:
         lengths.add(n)
         n *= 2
-    return tuple(sorted({choose_num_splits(bucket, n, num_kv_heads, num_sms) for n in lengths}))
+    picked = {
+        choose_num_splits(bucket, n, num_kv_heads, num_sms, programs_per_sm=programs_per_sm)
+        for n in lengths
+    }
+    return tuple(sorted(picked))
 
 
 PAD_POSITION, PAD_SLOT, PAD_SEQ_LEN = 0, -1, 0  # slot -1: store_kv skips; length 0: output 0
@@ -118,6 +130,7 @@ class GraphRunner:
         max_num_seqs: int,
         num_kv_heads: int,
         staging: HostStaging | None = None,
+        programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
     ) -> None:
         if device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA device, not {device}")
@@ -129,6 +142,7 @@ class GraphRunner:
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         self.buckets = decode_buckets(max_num_seqs)
         self.num_kv_heads = num_kv_heads
+        self.programs_per_sm = programs_per_sm  # the decode kernel's (choose_num_splits)
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         rows = self.buckets[-1]
         i64, i32 = torch.int64, torch.int32
@@ -168,7 +182,9 @@ class GraphRunner:
         keys = [
             (b, s)
             for b in self.buckets
-            for s in split_variants(b, self.max_model_len, self.num_kv_heads, self.num_sms)
+            for s in split_variants(
+                b, self.max_model_len, self.num_kv_heads, self.num_sms, self.programs_per_sm
+            )
         ]
         keys.sort(reverse=True)
         pool = None
@@ -213,7 +229,13 @@ class GraphRunner:
         assert bucket is not None
         if len(block_tables) != n:
             raise InternalError(f"{len(block_tables)} block tables for {n} decode rows")
-        splits = choose_num_splits(bucket, max(seq_lens), self.num_kv_heads, self.num_sms)
+        splits = choose_num_splits(
+            bucket,
+            max(seq_lens),
+            self.num_kv_heads,
+            self.num_sms,
+            programs_per_sm=self.programs_per_sm,
+        )
         padded = pad_rows(positions, slots, seq_lens, bucket)
         # Staged in a pinned arena and copied non_blocking: the host does not wait for the GPU
         # (livemeet.engine.staging; inside ModelRunner.launch this bracket is the launch's).

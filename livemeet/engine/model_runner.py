@@ -36,10 +36,12 @@ from livemeet.engine.scheduler import ScheduledBatch
 from livemeet.engine.staging import HostStaging
 from livemeet.errors import ConfigError, InternalError
 from livemeet.layers.paged_attention import (
+    DECODE_PROGRAMS_PER_SM,
     EXTEND_ROWS,
     EXTEND_ROWS_SMALL,
     H200_NUM_SMS,
     choose_num_splits,
+    decode_programs_per_sm,
     extend_tile_rows,
 )
 from livemeet.models.audio_llm import MossTDModel
@@ -125,12 +127,22 @@ class ModelRunner:
         self.v_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(t.layers)
         ]
+        # the decode kernel's resident programs per SM, which sizes its split count
+        self.decode_programs_per_sm = DECODE_PROGRAMS_PER_SM
+        self.num_sms = H200_NUM_SMS
+        if self.device.type == "cuda":
+            self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            self.decode_programs_per_sm = decode_programs_per_sm(
+                self.dtype, self.k_caches[0], t.heads // t.kv_heads
+            )
         # set before warm_up, which routes through them (a GPU start once failed on this)
         self.graphs: GraphRunner | None = None
         self.piecewise: PiecewiseRunner | None = None
+        self.l2_prefetch: list[tuple[torch.Tensor, ...]] = []
         if self.device.type == "cuda":
             model.prepare_for_serving()  # fused decoder path: 7-10 kernels per layer, not ~55
             model.language_model.tune_linears()  # cuBLAS or skinny kernels per projection
+            self.l2_prefetch = model.language_model.weights_after_attention()
         if self.device.type == "cuda" if warm_up_at_start is None else warm_up_at_start:
             self.warm_up()
         if cuda_graphs and self.device.type == "cuda":
@@ -142,6 +154,7 @@ class ModelRunner:
                 max_num_seqs=max_num_seqs,
                 num_kv_heads=t.kv_heads,
                 staging=self.staging,
+                programs_per_sm=self.decode_programs_per_sm,
             )
             self.graphs.capture()
         if prefill_graphs and model.language_model.use_fused(weight):
@@ -288,7 +301,13 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The decoder over flat rows (no audio): what the CUDA graphs capture."""
         embeds = self.model.language_model.embed(ids)
-        attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
+        attn = PagedAttentionBackend(
+            self.k_caches,
+            self.v_caches,
+            meta,
+            kv_scale=self.kv_scale,
+            l2_prefetch=self.l2_prefetch,
+        )
         return self.model(embeds, positions, attn)
 
     def _decode_with_graph(self, rows: _StepRows, ids: torch.Tensor) -> torch.Tensor | None:
@@ -371,7 +390,13 @@ class ModelRunner:
         max_seq = max(rows.seq_lens)
         splits = None
         if decode_only and dev.type == "cuda":
-            splits = choose_num_splits(len(q_lens), max_seq, self.cfg.text.kv_heads)
+            splits = choose_num_splits(
+                len(q_lens),
+                max_seq,
+                self.cfg.text.kv_heads,
+                self.num_sms,
+                programs_per_sm=self.decode_programs_per_sm,
+            )
         return StepMetadata(
             slot_mapping=self._upload(rows.slots, torch.long),
             block_tables=tables.to(dev, non_blocking=True),

@@ -24,6 +24,7 @@ otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRI
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.errors import ConfigError, InternalError
-from livemeet.layers import pdl, split_k
+from livemeet.layers import cuda_decode, pdl, split_k
 
 try:
     import triton
@@ -69,9 +70,14 @@ class DecodeKernelConfig:
     block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
     parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
     merge_in_kernel: the last split to finish merges the partials instead of a second kernel
-    (a single split always writes the output directly). fp8_qk (FP8 caches with a 16-bit
-    query only; ignored otherwise; head_dim >= 32): the scores on e4m3 tensor cores with the
-    query scaled per row into e4m3, so no K tile is converted. Approximate (the query loses
+    (a single split always writes the output directly). backend "cuda": the tensor-core CUDA
+    kernel (`livemeet.layers.cuda_decode`) wherever it supports the call, with the merge
+    kernel after it; the Triton fields then apply only to the calls it does not support, and
+    cuda_stages (0: the dtype's default) and cuda_early_loads pick its form
+    (`cuda_decode.Variant`).
+    fp8_qk (FP8 caches with a 16-bit query only; ignored otherwise; head_dim >= 32): the
+    scores on e4m3 tensor cores with the query scaled per row into e4m3, so no K tile is
+    converted. Approximate (the query loses
     mantissa bits), off by default, for the sweep to measure against the conversion-bound FP8
     default. (An e4m3 PV as well was dropped unmeasured: with the GQA group as M = 16 rows,
     Triton converts both e4m3 operands to fp16 on Hopper anyway.)
@@ -90,6 +96,9 @@ class DecodeKernelConfig:
     num_stages: int = DECODE_NUM_STAGES
     merge_in_kernel: bool = True
     fp8_qk: bool = False
+    backend: Literal["cuda", "triton"] = "cuda"
+    cuda_stages: int = 0
+    cuda_early_loads: bool = cuda_decode.EARLY_LOADS
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -113,6 +122,36 @@ def default_decode_config(fp8: bool) -> DecodeKernelConfig:
     return DECODE_CONFIG_FP8 if fp8 else DECODE_CONFIG_BF16
 
 
+def cuda_variant(
+    q_dtype: torch.dtype, k_cache: torch.Tensor, group: int, kernel: DecodeKernelConfig | None
+) -> cuda_decode.Variant | None:
+    """The CUDA kernel's form for a decode with this query dtype, cache and GQA group, or None
+    when the Triton kernel runs it (the configuration asks for Triton, or the CUDA kernel does
+    not support the call)."""
+    fp8 = k_cache.element_size() == 1
+    cfg = kernel or default_decode_config(fp8)
+    if cfg.backend != "cuda" or not cuda_decode.supported(q_dtype, k_cache, group):
+        return None
+    default = cuda_decode.default_variant(fp8, k_cache.shape[1])
+    stages = cfg.cuda_stages or default.stages
+    page = k_cache.shape[1]
+    return cuda_decode.Variant(fp8, page, stages, cfg.cuda_early_loads, default.l2_prefetch)
+
+
+def decode_programs_per_sm(
+    q_dtype: torch.dtype,
+    k_cache: torch.Tensor,
+    group: int,
+    kernel: DecodeKernelConfig | None = None,
+) -> int:
+    """Resident decode programs per SM for `choose_num_splits`: the CUDA kernel's occupancy
+    where it runs the call, else DECODE_PROGRAMS_PER_SM (the Triton kernel's)."""
+    variant = cuda_variant(q_dtype, k_cache, group, kernel)
+    if variant is None:
+        return DECODE_PROGRAMS_PER_SM
+    return cuda_decode.programs_per_sm(variant, cuda_decode.device_index(k_cache))
+
+
 EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
 EXTEND_ROWS_SMALL = 64  # rows per tile when 128-row tiles would leave SMs idle
 EXTEND_BLOCK_N = 128  # keys per extend tile
@@ -125,25 +164,32 @@ def choose_num_splits(
     num_kv_heads: int,
     num_sms: int = H200_NUM_SMS,
     max_splits: int = MAX_DECODE_SPLITS,
+    *,
+    programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
 ) -> int:
-    """Number of KV splits per sequence for `paged_decode_attention` (a power of two).
+    """Number of KV splits per sequence for `paged_decode_attention`.
 
-    Stage 1 launches batch_size x num_kv_heads x num_splits programs. We want about
-    `DECODE_PROGRAMS_PER_SM` programs per SM (so a batch-1 decode at 36k tokens uses every SM
-    instead of 8), but each split must keep at least `MIN_TOKENS_PER_SPLIT` tokens of the longest
-    sequence, and at most `max_splits`. The result is rounded down to a power of two so that only a
-    few kernel variants are ever compiled. Examples (8 KV heads, 132 SMs): batch 1 at 36k -> 64,
-    batch 16 at 36k -> 4, batch 64 -> 1, batch 1 at 1k -> 16, any batch at 100 tokens -> 1.
+    The split kernel launches batch_size x num_kv_heads x num_splits programs. We want one full
+    wave of them: `programs_per_sm` resident programs on each SM (the kernel's occupancy:
+    `decode_programs_per_sm`), so a batch-1 decode at 36k tokens uses every SM instead of 8
+    and no second, partial wave trails. Each split must also keep at least
+    `MIN_TOKENS_PER_SPLIT` tokens of the longest sequence (that bound is rounded down to a power
+    of two, so the count changes only at 64 x 2^k tokens and few CUDA graphs cover every
+    length: `split_variants`), and there are at most `max_splits`. Examples (8 KV heads, 132
+    SMs, 4 programs per SM): batch 1 at 36k -> 64, batch 3 at 36k -> 22, batch 16 at 36k -> 4,
+    batch 64 -> 1, batch 1 at 1k -> 16, any batch at 100 tokens -> 1.
 
     For CUDA graphs, call it with the bucket's batch size and the largest context the graph will
     see; the kernel sizes the splits from each sequence's own length at run time.
     """
-    if batch_size < 1 or num_kv_heads < 1 or num_sms < 1 or max_splits < 1:
-        raise ConfigError("batch_size, num_kv_heads, num_sms and max_splits must be >= 1")
-    wanted = DECODE_PROGRAMS_PER_SM * num_sms // (batch_size * num_kv_heads)
+    if min(batch_size, num_kv_heads, num_sms, max_splits, programs_per_sm) < 1:
+        raise ConfigError(
+            "batch_size, num_kv_heads, num_sms, max_splits and programs_per_sm must be >= 1"
+        )
+    wave = programs_per_sm * num_sms // (batch_size * num_kv_heads)
     by_length = max(1, max_seq_len // MIN_TOKENS_PER_SPLIT)
-    splits = max(1, min(wanted, by_length, max_splits))
-    return 1 << (splits.bit_length() - 1)
+    by_length = 1 << (by_length.bit_length() - 1)
+    return max(1, min(wave, by_length, max_splits))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -752,6 +798,7 @@ def paged_decode_attention(
     v_scale: float = 1.0,
     impl: Impl = "auto",
     kernel: DecodeKernelConfig | None = None,
+    l2_prefetch: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """One query token per sequence over its paged KV (split-K / Flash-Decoding).
 
@@ -765,6 +812,8 @@ def paged_decode_attention(
     and num_splits, and splits are sized from seq_lens inside the kernel, so one call can be
     captured in a CUDA graph and replayed for any lengths within the block table.
     `kernel` overrides the launch configuration (default: `default_decode_config`).
+    `l2_prefetch`: weights the kernels after this one read, which the CUDA kernel may ask the
+    L2 to keep (`cuda_decode.launch`); ignored elsewhere.
     """
     block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
@@ -777,13 +826,19 @@ def paged_decode_attention(
         return ref_paged_decode_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=k_scale, v_scale=v_scale
         )
+    variant = cuda_variant(q.dtype, k_cache, group, kernel)
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = block_tables.shape[1] * block_size
         num_sms = H200_NUM_SMS
         if q.is_cuda:
             num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        num_splits = choose_num_splits(max(batch, 1), max_seq_len, num_kv_heads, num_sms)
+        per_sm = DECODE_PROGRAMS_PER_SM
+        if variant is not None:
+            per_sm = cuda_decode.programs_per_sm(variant, cuda_decode.device_index(q))
+        num_splits = choose_num_splits(
+            max(batch, 1), max_seq_len, num_kv_heads, num_sms, programs_per_sm=per_sm
+        )
     if num_splits < 1:
         raise ConfigError(f"num_splits must be >= 1, got {num_splits}")
     out = torch.empty_like(q)
@@ -807,38 +862,18 @@ def paged_decode_attention(
     f32 = {"device": q.device, "dtype": torch.float32}
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
     mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        mid_o,
-        mid_lse,
-        out,
-        mid_lse if counters is None else counters,  # unused unless MERGE == 2
-        scale * LOG2E * k_scale,
-        v_scale,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        *k_cache.stride()[:3],
-        *v_cache.stride()[:3],
-        block_tables.stride(0),
-        GROUP=group,
-        BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
-        HEAD_DIM=head_dim,
-        PAGE=block_size,
-        BLOCK_N=cfg.block_n,
-        MID_SPLITS=splits_pow2,
-        FP16_DOT=fp16_dot,
-        MERGE=merge,
-        FP8_QK=fp16_dot and cfg.fp8_qk,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        **pdl.launch_options(q, _decode_split_kernel),
-    )
+    if variant is not None:
+        merge = MERGE_NONE_NEEDED if num_splits == 1 else MERGE_SEPARATE
+        cuda_decode.launch(
+            q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
+            num_splits=num_splits, group=group, qk_scale=scale * LOG2E * k_scale, v_scale=v_scale,
+            variant=variant, l2_prefetch=l2_prefetch,
+        )  # fmt: skip
+    else:
+        _launch_triton_split(
+            q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, cfg, merge,
+            counters, num_splits, group, scale * LOG2E * k_scale, v_scale, fp16_dot,
+        )  # fmt: skip
     if merge != MERGE_SEPARATE:
         return out
     _decode_merge_kernel[(batch, num_heads)](
@@ -855,6 +890,59 @@ def paged_decode_attention(
         **pdl.launch_options(q, _decode_merge_kernel),
     )
     return out
+
+
+def _launch_triton_split(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    out: torch.Tensor,
+    cfg: DecodeKernelConfig,
+    merge: int,
+    counters: torch.Tensor | None,
+    num_splits: int,
+    group: int,
+    qk_scale: float,
+    v_scale: float,
+    fp16_dot: bool,
+) -> None:
+    """The Triton split kernel over grid (B, kv_heads, num_splits) (see paged_decode_attention)."""
+    _decode_split_kernel[(q.shape[0], k_cache.shape[2], num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        out,
+        mid_lse if counters is None else counters,  # unused unless MERGE == 2
+        qk_scale,
+        v_scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
+        HEAD_DIM=k_cache.shape[3],
+        PAGE=k_cache.shape[1],
+        BLOCK_N=cfg.block_n,
+        MID_SPLITS=mid_o.shape[2],
+        FP16_DOT=fp16_dot,
+        MERGE=merge,
+        FP8_QK=fp16_dot and cfg.fp8_qk,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **pdl.launch_options(q, _decode_split_kernel),
+    )
 
 
 def extend_tile_rows(

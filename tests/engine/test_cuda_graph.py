@@ -53,14 +53,18 @@ def test_choose_bucket_edges() -> None:
 
 
 @pytest.mark.parametrize("kv_heads", [2, 8])
-def test_split_variants_hold_every_split_count_the_runtime_picks(kv_heads: int) -> None:
+@pytest.mark.parametrize("per_sm", [2, 3, 4])
+def test_split_variants_hold_every_split_count_the_runtime_picks(kv_heads: int, per_sm: int):
     rng = random.Random(0)
     max_len = 40_960
     for bucket in DECODE_BUCKETS:
-        variants = split_variants(bucket, max_len, kv_heads, H200_NUM_SMS)
+        variants = split_variants(bucket, max_len, kv_heads, H200_NUM_SMS, per_sm)
         assert list(variants) == sorted(set(variants))
         lengths = [1, 63, 64, 65, max_len] + [rng.randint(1, max_len) for _ in range(200)]
-        picked = {choose_num_splits(bucket, n, kv_heads, H200_NUM_SMS) for n in lengths}
+        picked = {
+            choose_num_splits(bucket, n, kv_heads, H200_NUM_SMS, programs_per_sm=per_sm)
+            for n in lengths
+        }
         assert picked <= set(variants), (bucket, picked, variants)
     assert split_variants(1, max_len, 8, H200_NUM_SMS) == (1, 2, 4, 8, 16, 32, 64)
     assert split_variants(128, max_len, 8, H200_NUM_SMS) == (1,)

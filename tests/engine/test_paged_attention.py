@@ -7,14 +7,15 @@ set before the kernels are decorated), in float32 on small shapes. On a CUDA mac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import cuda_decode, split_k
 from livemeet.layers import paged_attention as pa
-from livemeet.layers import split_k
 from tests.kernels import interpreted, kernel_marks
 
 pa = interpreted(pa, "_decode_split_kernel")
@@ -179,24 +180,40 @@ def test_cpu_tensors_use_reference_by_default() -> None:
         (64, 36_000, 1),
         (4, 200, 2),
         (1, 1024, 16),
+        (3, 36_000, 22),
     ],
 )
 def test_choose_num_splits_examples(batch: int, max_len: int, expected: int) -> None:
     assert pa.choose_num_splits(batch, max_len, num_kv_heads=8, num_sms=132) == expected
 
 
-def test_choose_num_splits_is_bounded_power_of_two() -> None:
-    for batch in (1, 2, 3, 7, 16, 33, 128):
-        for max_len in (0, 1, 255, 256, 1000, 36_000, 100_000):
-            n = pa.choose_num_splits(batch, max_len, 8)
-            assert n & (n - 1) == 0 and 1 <= n <= pa.MAX_DECODE_SPLITS
-            assert n == 1 or max_len // n >= pa.MIN_TOKENS_PER_SPLIT
-            assert n == 1 or batch * 8 * n <= 2 * pa.DECODE_PROGRAMS_PER_SM * 132
+@pytest.mark.parametrize(
+    ("batch", "per_sm", "expected"), [(1, 3, 49), (16, 3, 3), (1, 2, 33), (16, 2, 2)]
+)
+def test_choose_num_splits_fills_one_wave_of_resident_programs(
+    batch: int, per_sm: int, expected: int
+) -> None:
+    """The CUDA kernel's occupancy (2 programs per SM for bf16, 3 for FP8 on an H200) gives
+    the split counts its sweep measured best: one wave, not the next power of two."""
+    got = pa.choose_num_splits(batch, 36_000, 8, 132, programs_per_sm=per_sm)
+    assert got == expected
+
+
+def test_choose_num_splits_is_bounded() -> None:
+    for per_sm in (1, 2, 3, 4):
+        for batch in (1, 2, 3, 7, 16, 33, 128):
+            for max_len in (0, 1, 255, 256, 1000, 36_000, 100_000):
+                n = pa.choose_num_splits(batch, max_len, 8, programs_per_sm=per_sm)
+                assert 1 <= n <= pa.MAX_DECODE_SPLITS
+                assert n == 1 or max_len // n >= pa.MIN_TOKENS_PER_SPLIT
+                assert n == 1 or batch * 8 * n <= per_sm * 132  # at most one wave
 
 
 def test_choose_num_splits_rejects_zero() -> None:
     with pytest.raises(ConfigError):
         pa.choose_num_splits(0, 100, 8)
+    with pytest.raises(ConfigError):
+        pa.choose_num_splits(1, 100, 8, programs_per_sm=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,11 +444,12 @@ def test_decode_kernel_cuda(block_size: int, num_splits: int | None) -> None:
 @pytest.mark.parametrize(
     "kernel",
     [
-        pa.DecodeKernelConfig(block_n=64, num_warps=4, num_stages=1),
-        pa.DecodeKernelConfig(block_n=64, num_warps=4, num_stages=2, merge_in_kernel=False),
-        pa.DecodeKernelConfig(block_n=128, num_warps=4, num_stages=2, merge_in_kernel=False),
-        pa.DecodeKernelConfig(block_n=64, num_warps=8, num_stages=3),
-        pa.DecodeKernelConfig(block_n=128, num_warps=8, num_stages=3),
+        pa.DecodeKernelConfig(64, 4, 1, backend="triton"),
+        pa.DecodeKernelConfig(64, 4, 2, merge_in_kernel=False, backend="triton"),
+        pa.DecodeKernelConfig(128, 4, 2, merge_in_kernel=False, backend="triton"),
+        pa.DecodeKernelConfig(64, 8, 3, backend="triton"),
+        pa.DecodeKernelConfig(128, 8, 3, backend="triton"),
+        pa.DecodeKernelConfig(),  # the CUDA kernel
     ],
 )
 def test_decode_kernel_configs_cuda(kernel: pa.DecodeKernelConfig) -> None:
@@ -448,6 +466,121 @@ def test_decode_kernel_configs_cuda(kernel: pa.DecodeKernelConfig) -> None:
     out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, kernel=kernel)
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("heads", [8, 16, 32, 64])
+def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads: int) -> None:
+    """The tensor-core CUDA kernel (livemeet.layers.cuda_decode) against the fp32 reference
+    and the Triton kernel: GQA groups 1-8, both caches, one split (direct output), an odd
+    split count and more splits than some sequences have tiles; lengths around the 16-key
+    tile, empty rows, and shuffled blocks."""
+    torch.manual_seed(15 + heads)
+    lens = [1, 15, 16, 17, 1000, 4099, 0, 3000, 33]
+    num_blocks = sum(math.ceil(n / block_size) for n in lens) + 3
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    kv_scale = 0.05 if fp8 else 1.0
+    shape = (num_blocks, block_size, 8, 128)
+    # a NaN pattern in every unused slot: a kernel that reads past a sequence poisons its row
+    k_cache, v_cache = (torch.full(shape, float("nan"), device="cuda").to(dtype) for _ in "kv")
+    tables = make_block_tables(lens, block_size, num_blocks).cuda()
+    for cache in (k_cache, v_cache):
+        real = (torch.randn(len(lens), max(lens), 8, 128, device="cuda") / kv_scale).to(dtype)
+        for b, n in enumerate(lens):
+            slots = torch.arange(n, device="cuda")
+            blocks = tables[b, slots // block_size].long()
+            cache[blocks, slots % block_size] = real[b, :n]
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(lens), heads, 128, device="cuda", dtype=torch.bfloat16)
+    assert cuda_decode.supported(q.dtype, k_cache, heads // 8)
+    scales = {"k_scale": kv_scale, "v_scale": kv_scale}
+    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
+    triton = pa.DecodeKernelConfig(backend="triton")
+    for splits in (1, 3, 64):
+        out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
+                                        num_splits=splits, **scales)  # fmt: skip
+        assert out.dtype == torch.bfloat16 and not out.isnan().any()
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+        other = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
+                                          num_splits=splits, kernel=triton, **scales)  # fmt: skip
+        torch.testing.assert_close(out.float(), other.float(), atol=2e-2, rtol=2e-2)
+
+
+def cuda_forms() -> list[pa.DecodeKernelConfig]:
+    forms = []
+    for fp8, most in ((False, cuda_decode.MAX_STAGES_BF16), (True, cuda_decode.MAX_STAGES_FP8)):
+        for stages in range(cuda_decode.MIN_STAGES, most + 1):
+            for early in (False, True):
+                base = pa.default_decode_config(fp8)
+                forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
+    return forms
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("kernel", cuda_forms(), ids=str)
+def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig) -> None:
+    """Every pipeline depth and both load orders, at lengths around the pipeline's prologue
+    (1 to NUM_STAGES tiles per warp) and long ones, one split and many."""
+    torch.manual_seed(16)
+    fp8 = kernel.block_n == pa.DECODE_BLOCK_N_FP8
+    lens = [1, 16, 17, 64, 65, 129, 200, 5000, 0]
+    num_blocks = sum(math.ceil(n / 16) for n in lens) + 3
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    kv_scale = 0.05 if fp8 else 1.0
+    shape = (num_blocks, 16, 8, 128)
+    k_cache, v_cache = ((torch.randn(shape, device="cuda") / kv_scale).to(dtype) for _ in "kv")
+    tables = make_block_tables(lens, 16, num_blocks).cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
+    assert pa.cuda_variant(q.dtype, k_cache, 2, kernel) is not None
+    scales = {"k_scale": kv_scale, "v_scale": kv_scale}
+    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
+    for splits in (1, 5, 64):
+        out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
+                                        num_splits=splits, kernel=kernel, **scales)  # fmt: skip
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["start", "end"])
+def test_cuda_decode_kernel_l2_prefetch_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """Prefetching weight ranges into L2 (and loading KV evict-first) leaves the output equal
+    to the kernel without it, bit for bit, and the prefetched tensors untouched."""
+    torch.manual_seed(17)
+    lens = [5000, 17, 0]
+    num_blocks = sum(math.ceil(n / 16) for n in lens) + 3
+    k_cache, v_cache = make_cache(num_blocks, 16, 8, 128, torch.bfloat16, "cuda")
+    tables = make_block_tables(lens, 16, num_blocks).cuda()
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
+    weights = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in (1 << 20, 77, 3000)]
+    copies = [w.clone() for w in weights]
+    plain = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=7)
+    monkeypatch.setenv(cuda_decode.L2_PREFETCH_ENV, mode)
+    assert pa.cuda_variant(q.dtype, k_cache, 2, None).l2_prefetch != cuda_decode.L2_PREFETCH_OFF
+    out = pa.paged_decode_attention(
+        q, k_cache, v_cache, tables, seq, 0.088, num_splits=7, l2_prefetch=weights
+    )
+    assert torch.equal(out, plain)
+    assert all(torch.equal(w, c) for w, c in zip(weights, copies, strict=True))
+
+
+@gpu
+@needs_cuda
+def test_cuda_decode_kernel_off_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    q = torch.randn(1, 16, 128, device="cuda", dtype=torch.bfloat16)
+    cache = torch.zeros(4, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    assert cuda_decode.supported(q.dtype, cache, 2)
+    assert not cuda_decode.supported(torch.float32, cache, 2)
+    monkeypatch.setenv(cuda_decode.KERNEL_ENV, "triton")
+    assert not cuda_decode.supported(q.dtype, cache, 2)
 
 
 @gpu

@@ -12,10 +12,16 @@ def test_defaults_come_first_and_nothing_repeats() -> None:
     for full in (False, True):
         for fp8 in (False, True):
             got = candidates(full, fp8)
-            assert got[:2] == [pa.default_decode_config(False), pa.default_decode_config(True)]
+            assert got[0] == pa.default_decode_config(fp8)  # the CUDA kernel where it runs
+            triton = [dataclasses.replace(c, backend="triton") for c in got[:1]]
+            assert set(triton) <= set(got[1:])  # next to the same form in Triton
             assert len(set(got)) == len(got)
-            merges = {c.merge_in_kernel for c in got[:4]}
-            assert merges == {True, False}  # both merges of the defaults, side by side
+            triton_forms = [c for c in got if c.backend == "triton"]
+            merges = {c.merge_in_kernel for c in triton_forms[:4]}
+            assert merges == {True, False}  # both merges of the Triton defaults, side by side
+            cuda_forms = [c for c in got if c.backend == "cuda"]
+            assert {c.cuda_early_loads for c in cuda_forms} == {True, False}
+            assert len({c.cuda_stages for c in cuda_forms if c.cuda_stages}) == (3 if fp8 else 1)
             assert any(c.fp8_qk for c in got) is fp8
     grid = set(candidates(True)) - set(candidates(False))
     assert {(c.block_n, c.num_warps) for c in grid} >= {(64, 8), (128, 4)}
@@ -34,7 +40,8 @@ def test_grid_merges_as_the_dtype_default() -> None:
 
 def test_fp8_form_varies_only_the_fp8_default() -> None:
     forms = [c for c in candidates(False, True) if c.fp8_qk]
-    assert forms == [dataclasses.replace(pa.default_decode_config(True), fp8_qk=True)]
+    expected = dataclasses.replace(pa.default_decode_config(True), fp8_qk=True, backend="triton")
+    assert forms == [expected]
 
 
 def test_the_approximate_form_is_never_the_best() -> None:
