@@ -138,11 +138,9 @@ class ModelRunner:
         # set before warm_up, which routes through them (a GPU start once failed on this)
         self.graphs: GraphRunner | None = None
         self.piecewise: PiecewiseRunner | None = None
-        self.l2_prefetch: list[tuple[torch.Tensor, ...]] = []
         if self.device.type == "cuda":
             model.prepare_for_serving()  # fused decoder path: 7-10 kernels per layer, not ~55
             model.language_model.tune_linears()  # cuBLAS or skinny kernels per projection
-            self.l2_prefetch = model.language_model.weights_after_attention()
         if self.device.type == "cuda" if warm_up_at_start is None else warm_up_at_start:
             self.warm_up()
         if cuda_graphs and self.device.type == "cuda":
@@ -301,13 +299,7 @@ class ModelRunner:
     ) -> torch.Tensor:
         """The decoder over flat rows (no audio): what the CUDA graphs capture."""
         embeds = self.model.language_model.embed(ids)
-        attn = PagedAttentionBackend(
-            self.k_caches,
-            self.v_caches,
-            meta,
-            kv_scale=self.kv_scale,
-            l2_prefetch=self.l2_prefetch,
-        )
+        attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
         return self.model(embeds, positions, attn)
 
     def _decode_with_graph(self, rows: _StepRows, ids: torch.Tensor) -> torch.Tensor | None:

@@ -10,7 +10,6 @@ livemeet.layers.paged_attention (gather + SDPA); on CUDA they never gather KV.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,13 +51,11 @@ class PagedAttentionBackend:
         meta: StepMetadata,
         *,
         kv_scale: float = 1.0,
-        l2_prefetch: Sequence[Sequence[torch.Tensor]] = (),
     ) -> None:
         self.k_caches = k_caches
         self.v_caches = v_caches
         self.meta = meta
         self.kv_scale = kv_scale
-        self.l2_prefetch = l2_prefetch  # per layer: weights read after its attention
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
@@ -79,7 +76,6 @@ class PagedAttentionBackend:
                 max_seq_len=m.max_seq_len,
                 k_scale=s,
                 v_scale=s,
-                l2_prefetch=self.l2_prefetch[layer] if self.l2_prefetch else (),
             )
         return paged_extend_attention(
             q,

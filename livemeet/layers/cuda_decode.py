@@ -25,7 +25,6 @@ import ctypes
 import functools
 import logging
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,9 +49,6 @@ MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
 DEFAULT_STAGES_BF16 = 2
 DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (call 2: 299 vs 363 us at 16x36k)
 EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
-L2_PREFETCH_ENV = "LIVEMEET_DECODE_L2_PREFETCH"  # off (default) | start | end
-L2_PREFETCH_OFF, L2_PREFETCH_START, L2_PREFETCH_END = 0, 1, 2
-MAX_PREFETCH_RANGES = 3
 # CUDA driver API constants (cuda.h, CUDA 12/13)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -121,7 +117,6 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DPAGE={variant.page}".encode(),
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
-            f"-DL2_PREFETCH={variant.l2_prefetch}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -142,21 +137,17 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
-    depth (tiles per warp, >= 2; bf16 spills past 2), whether the first tiles load before
-    the PDL wait, and when the weight ranges given to `launch` are prefetched into L2
-    (L2_PREFETCH_*)."""
+    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
+    the PDL wait."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
-    l2_prefetch: int = 0
 
     def __post_init__(self) -> None:
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
             raise ConfigError(f"{self.stages} pipeline stages are not supported for this cache")
-        if self.l2_prefetch not in (L2_PREFETCH_OFF, L2_PREFETCH_START, L2_PREFETCH_END):
-            raise ConfigError(f"unknown L2 prefetch mode {self.l2_prefetch}")
         if self.page % TILE_KEYS:
             raise ConfigError(f"KV blocks of {self.page} tokens do not hold whole 16-key tiles")
 
@@ -164,15 +155,7 @@ class Variant:
 def default_variant(fp8: bool, page: int) -> Variant:
     """The form `paged_decode_attention` runs unless a DecodeKernelConfig says otherwise."""
     stages = DEFAULT_STAGES_FP8 if fp8 else DEFAULT_STAGES_BF16
-    return Variant(fp8, page, stages, EARLY_LOADS, _l2_prefetch_from_env())
-
-
-def _l2_prefetch_from_env() -> int:
-    name = os.environ.get(L2_PREFETCH_ENV, "off")
-    modes = {"off": L2_PREFETCH_OFF, "start": L2_PREFETCH_START, "end": L2_PREFETCH_END}
-    if name not in modes:
-        raise ConfigError(f"{L2_PREFETCH_ENV} must be one of {sorted(modes)}, not {name!r}")
-    return modes[name]
+    return Variant(fp8, page, stages, EARLY_LOADS)
 
 
 @dataclass(frozen=True)
@@ -255,7 +238,6 @@ def launch(
     qk_scale: float,
     v_scale: float,
     variant: Variant | None = None,
-    l2_prefetch: Sequence[torch.Tensor] = (),
 ) -> None:
     """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream.
 
@@ -263,8 +245,6 @@ def launch(
     [B, H, S] fp32 contiguous with S >= num_splits; qk_scale: softmax scale * log2(e) * k_scale.
     With one split it writes `out` (x v_scale) directly, else the partials for the merge.
     `variant` (default: `default_variant`) must match the cache's dtype and block size.
-    `l2_prefetch`: up to MAX_PREFETCH_RANGES contiguous tensors (the weights the next kernels
-    read) that a variant with l2_prefetch on asks the L2 to keep; others ignore them.
 
     Hazard (early loads, PDL): the kernel may start before the kernels ahead of it in the
     stream have finished, and it reads seq_lens, the block tables and the KV of every token but
@@ -302,12 +282,6 @@ def launch(
         ctypes.c_int(group),
         ctypes.c_int(mid_o.shape[2]),
     ]
-    if len(l2_prefetch) > MAX_PREFETCH_RANGES:
-        raise InternalError(f"at most {MAX_PREFETCH_RANGES} L2 prefetch ranges")
-    ranges = [(t.data_ptr(), t.numel() * t.element_size()) for t in l2_prefetch]
-    ranges += [(0, 0)] * (MAX_PREFETCH_RANGES - len(ranges))
-    for ptr, size in ranges:
-        values += [ctypes.c_void_p(ptr), ctypes.c_int64(size)]
     params = (ctypes.c_void_p * len(values))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
     )

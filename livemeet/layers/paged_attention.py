@@ -24,7 +24,6 @@ otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRI
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -134,8 +133,7 @@ def cuda_variant(
         return None
     default = cuda_decode.default_variant(fp8, k_cache.shape[1])
     stages = cfg.cuda_stages or default.stages
-    page = k_cache.shape[1]
-    return cuda_decode.Variant(fp8, page, stages, cfg.cuda_early_loads, default.l2_prefetch)
+    return cuda_decode.Variant(fp8, k_cache.shape[1], stages, cfg.cuda_early_loads)
 
 
 def decode_programs_per_sm(
@@ -798,7 +796,6 @@ def paged_decode_attention(
     v_scale: float = 1.0,
     impl: Impl = "auto",
     kernel: DecodeKernelConfig | None = None,
-    l2_prefetch: Sequence[torch.Tensor] = (),
 ) -> torch.Tensor:
     """One query token per sequence over its paged KV (split-K / Flash-Decoding).
 
@@ -812,8 +809,6 @@ def paged_decode_attention(
     and num_splits, and splits are sized from seq_lens inside the kernel, so one call can be
     captured in a CUDA graph and replayed for any lengths within the block table.
     `kernel` overrides the launch configuration (default: `default_decode_config`).
-    `l2_prefetch`: weights the kernels after this one read, which the CUDA kernel may ask the
-    L2 to keep (`cuda_decode.launch`); ignored elsewhere.
     """
     block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
@@ -867,7 +862,7 @@ def paged_decode_attention(
         cuda_decode.launch(
             q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
             num_splits=num_splits, group=group, qk_scale=scale * LOG2E * k_scale, v_scale=v_scale,
-            variant=variant, l2_prefetch=l2_prefetch,
+            variant=variant,
         )  # fmt: skip
     else:
         _launch_triton_split(

@@ -237,18 +237,6 @@ class Qwen3Model(nn.Module):
             norm_weights=[w for w in (qkv, gate_up) if w is not None],
         )
 
-    def weights_after_attention(self) -> list[tuple[torch.Tensor, ...]]:
-        """Per layer, the weights its decode step reads after attention, in order (o_proj,
-        gate_up, down_proj): what the CUDA decode kernel may prefetch into L2
-        (livemeet.layers.cuda_decode). Needs `prepare_for_serving`."""
-        out = []
-        for layer in self._typed_layers:
-            gate_up = layer.mlp.gate_up_weight
-            if gate_up is None:
-                raise InternalError("weights_after_attention needs prepare_for_serving() first")
-            out.append((layer.self_attn.o_proj.weight, gate_up, layer.mlp.down_proj.weight))
-        return out
-
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether a forward on `x` takes the fused path (see `fused`)."""
         if self.fused is None:

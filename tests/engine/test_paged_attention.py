@@ -547,33 +547,6 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("mode", ["start", "end"])
-def test_cuda_decode_kernel_l2_prefetch_changes_nothing(
-    monkeypatch: pytest.MonkeyPatch, mode: str
-) -> None:
-    """Prefetching weight ranges into L2 (and loading KV evict-first) leaves the output equal
-    to the kernel without it, bit for bit, and the prefetched tensors untouched."""
-    torch.manual_seed(17)
-    lens = [5000, 17, 0]
-    num_blocks = sum(math.ceil(n / 16) for n in lens) + 3
-    k_cache, v_cache = make_cache(num_blocks, 16, 8, 128, torch.bfloat16, "cuda")
-    tables = make_block_tables(lens, 16, num_blocks).cuda()
-    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
-    weights = [torch.randn(n, device="cuda", dtype=torch.bfloat16) for n in (1 << 20, 77, 3000)]
-    copies = [w.clone() for w in weights]
-    plain = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=7)
-    monkeypatch.setenv(cuda_decode.L2_PREFETCH_ENV, mode)
-    assert pa.cuda_variant(q.dtype, k_cache, 2, None).l2_prefetch != cuda_decode.L2_PREFETCH_OFF
-    out = pa.paged_decode_attention(
-        q, k_cache, v_cache, tables, seq, 0.088, num_splits=7, l2_prefetch=weights
-    )
-    assert torch.equal(out, plain)
-    assert all(torch.equal(w, c) for w, c in zip(weights, copies, strict=True))
-
-
-@gpu
-@needs_cuda
 def test_cuda_decode_kernel_off_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
     q = torch.randn(1, 16, 128, device="cuda", dtype=torch.bfloat16)
     cache = torch.zeros(4, 16, 8, 128, device="cuda", dtype=torch.bfloat16)

@@ -11,10 +11,7 @@
 //            mid_o fp32 [B, H, mid_splits, 128] (normalised) and mid_lse fp32 [B, H,
 //            mid_splits] (log2 domain), merged by the Triton merge kernel.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1) and L2_PREFETCH (0/1/2:
-// ask the L2 to keep up to three weight ranges the next kernels read, e.g. the layer's
-// o_proj, gate_up and down weights, issued at the start or after the KV loop; KV then loads
-// with an evict-first policy so that its stream does not push them out).
+// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -51,9 +48,6 @@ typedef unsigned long long u64;
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
 #endif
-#ifndef L2_PREFETCH
-#define L2_PREFETCH 0  // 1: at the start, 2: after the KV loop; 0: never
-#endif
 
 #define HEAD_DIM 128
 #define TILE 16        // keys per warp iteration
@@ -81,28 +75,10 @@ struct Stage {
 
 __device__ __forceinline__ uint4 load_piece(const unsigned char* p) {
     uint4 r;
-#if L2_PREFETCH
-    u64 policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p), "l"(policy));
-#else
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
-#endif
     return r;
-}
-
-// This program's share of 128-byte lines of [p, p + bytes), prefetched into L2 to stay.
-__device__ __forceinline__ void prefetch_l2(const unsigned char* p, long long bytes) {
-    const long long program = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
-    const long long programs = (long long)gridDim.x * gridDim.y * gridDim.z;
-    for (long long off = (program * blockDim.x + threadIdx.x) * 128; off < bytes;
-         off += programs * blockDim.x * 128) {
-        asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p + off));
-    }
 }
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
@@ -316,19 +292,12 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
                       float* __restrict__ mid_lse, unsigned short* __restrict__ out,
                       float qk_scale, float v_scale, long long q_stride_b, long long q_stride_h,
                       long long out_stride_b, long long out_stride_h, long long stride_blk,
-                      long long stride_tok, long long stride_bt, int group, int mid_splits,
-                      const unsigned char* pf0, long long pf0_bytes, const unsigned char* pf1,
-                      long long pf1_bytes, const unsigned char* pf2, long long pf2_bytes) {
+                      long long stride_tok, long long stride_bt, int group, int mid_splits) {
     // PDL (sm_90): let the next kernel be scheduled now; wait for the previous one's writes
     // (q, the KV of this step's token) below. No-ops when launched without the PDL attribute.
     // Before the wait this kernel reads only what no kernel of the step writes: seq_lens and
     // the block tables (copied in before the step's first kernel) and the KV of earlier tokens.
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#if L2_PREFETCH == 1
-    prefetch_l2(pf0, pf0_bytes);
-    prefetch_l2(pf1, pf1_bytes);
-    prefetch_l2(pf2, pf2_bytes);
-#endif
 
     __shared__ float o_s[NUM_WARPS][MAX_GROUP][HEAD_DIM];
     __shared__ float m_s[NUM_WARPS][MAX_GROUP];
@@ -402,12 +371,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
             blk_next = blk_after;
         }
     }
-
-#if L2_PREFETCH == 2
-    prefetch_l2(pf0, pf0_bytes);
-    prefetch_l2(pf1, pf1_bytes);
-    prefetch_l2(pf2, pf2_bytes);
-#endif
 
     // merge the warps: each warp's (m, l, unnormalised O) per query row
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
