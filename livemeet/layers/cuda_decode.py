@@ -43,6 +43,7 @@ MAX_GROUP = 8  # query heads per KV head the kernel's m16 tile holds
 TILE_KEYS = 16  # keys per warp iteration: a KV block must hold whole tiles
 THREADS = 128  # 4 warps per program
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and e4m3 conversion instructions
+MAX_MERGE_SPLITS = 64  # the in-kernel merge's weight buffer (the .cu file's merge_splits)
 MIN_STAGES = 2
 MAX_STAGES_BF16 = 2  # 3 spills registers (ptxas, sm_90: 255 registers, 180 bytes spilled)
 MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
@@ -238,6 +239,7 @@ def launch(
     qk_scale: float,
     v_scale: float,
     variant: Variant | None = None,
+    counters: torch.Tensor | None = None,
 ) -> None:
     """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream.
 
@@ -245,6 +247,9 @@ def launch(
     [B, H, S] fp32 contiguous with S >= num_splits; qk_scale: softmax scale * log2(e) * k_scale.
     With one split it writes `out` (x v_scale) directly, else the partials for the merge.
     `variant` (default: `default_variant`) must match the cache's dtype and block size.
+    `counters` (int32, >= B x kv_heads, zero between calls: `split_k.counters`): the last split
+    of each (sequence, KV head) merges the partials into `out` itself (at most
+    MAX_MERGE_SPLITS splits), so no merge kernel is needed; None leaves the partials.
 
     Hazard (early loads, PDL): the kernel may start before the kernels ahead of it in the
     stream have finished, and it reads seq_lens, the block tables and the KV of every token but
@@ -281,7 +286,10 @@ def launch(
         ctypes.c_int64(block_tables.stride(0)),
         ctypes.c_int(group),
         ctypes.c_int(mid_o.shape[2]),
+        ctypes.c_void_p(counters.data_ptr() if counters is not None else 0),
     ]
+    if counters is not None and num_splits > MAX_MERGE_SPLITS:
+        raise InternalError(f"the in-kernel merge takes at most {MAX_MERGE_SPLITS} splits")
     params = (ctypes.c_void_p * len(values))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
     )

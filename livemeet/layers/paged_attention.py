@@ -73,7 +73,8 @@ class DecodeKernelConfig:
     kernel (`livemeet.layers.cuda_decode`) wherever it supports the call, with the merge
     kernel after it; the Triton fields then apply only to the calls it does not support, and
     cuda_stages (0: the dtype's default) and cuda_early_loads pick its form
-    (`cuda_decode.Variant`).
+    (`cuda_decode.Variant`); cuda_merge_in_kernel: its last split merges (at most
+    `cuda_decode.MAX_MERGE_SPLITS` splits; else the merge kernel runs after it).
     fp8_qk (FP8 caches with a 16-bit query only; ignored otherwise; head_dim >= 32): the
     scores on e4m3 tensor cores with the query scaled per row into e4m3, so no K tile is
     converted. Approximate (the query loses
@@ -98,6 +99,7 @@ class DecodeKernelConfig:
     backend: Literal["cuda", "triton"] = "cuda"
     cuda_stages: int = 0
     cuda_early_loads: bool = cuda_decode.EARLY_LOADS
+    cuda_merge_in_kernel: bool = True
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -858,11 +860,16 @@ def paged_decode_attention(
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
     mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
     if variant is not None:
+        counters = None
         merge = MERGE_NONE_NEEDED if num_splits == 1 else MERGE_SEPARATE
+        if merge == MERGE_SEPARATE and cfg.cuda_merge_in_kernel:
+            if num_splits <= cuda_decode.MAX_MERGE_SPLITS:
+                counters = split_k.counters(q.device, batch * num_kv_heads)
+                merge = MERGE_SEPARATE if counters is None else MERGE_IN_LAST_SPLIT
         cuda_decode.launch(
             q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
             num_splits=num_splits, group=group, qk_scale=scale * LOG2E * k_scale, v_scale=v_scale,
-            variant=variant,
+            variant=variant, counters=counters,
         )  # fmt: skip
     else:
         _launch_triton_split(

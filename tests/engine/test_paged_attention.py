@@ -512,10 +512,11 @@ def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads:
 def cuda_forms() -> list[pa.DecodeKernelConfig]:
     forms = []
     for fp8, most in ((False, cuda_decode.MAX_STAGES_BF16), (True, cuda_decode.MAX_STAGES_FP8)):
+        base = pa.default_decode_config(fp8)
         for stages in range(cuda_decode.MIN_STAGES, most + 1):
             for early in (False, True):
-                base = pa.default_decode_config(fp8)
                 forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
+        forms.append(dataclasses.replace(base, cuda_merge_in_kernel=False))
     return forms
 
 
@@ -523,8 +524,10 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
 @needs_cuda
 @pytest.mark.parametrize("kernel", cuda_forms(), ids=str)
 def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig) -> None:
-    """Every pipeline depth and both load orders, at lengths around the pipeline's prologue
-    (1 to NUM_STAGES tiles per warp) and long ones, one split and many."""
+    """Every pipeline depth, both load orders and both merges, at lengths around the
+    pipeline's prologue (1 to NUM_STAGES tiles per warp) and long ones; one split, several,
+    the most the in-kernel merge takes and more (the merge kernel then runs), each twice (the
+    in-kernel merge re-arms its counters)."""
     torch.manual_seed(16)
     fp8 = kernel.block_n == pa.DECODE_BLOCK_N_FP8
     lens = [1, 16, 17, 64, 65, 129, 200, 5000, 0]
@@ -539,7 +542,7 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
     assert pa.cuda_variant(q.dtype, k_cache, 2, kernel) is not None
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
-    for splits in (1, 5, 64):
+    for splits in (1, 5, 5, cuda_decode.MAX_MERGE_SPLITS, 100, 64):
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
                                         num_splits=splits, kernel=kernel, **scales)  # fmt: skip
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)

@@ -9,7 +9,8 @@
 //   grid     (num_splits, KV_HEADS, B); 128 threads (NUM_WARPS warps)
 //   out      bf16 [B, H, 128] when num_splits == 1, else the partials
 //            mid_o fp32 [B, H, mid_splits, 128] (normalised) and mid_lse fp32 [B, H,
-//            mid_splits] (log2 domain), merged by the Triton merge kernel.
+//            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
+//            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
 // NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
 //
@@ -285,6 +286,81 @@ __device__ __forceinline__ void load_q(u32 (&qf)[K_PIECES][EPP / 2],
     }
 }
 
+__device__ __forceinline__ float load_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float4 load_cg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// The group's outputs from num_splits partials (rows h * mid_splits + s of mid_o/mid_lse,
+// h < group), weighted by exp2(lse - max lse); an empty split (lse -inf) weighs 0 and a head
+// with no live split gives 0 (the Triton merge kernel's rule). scratch: NUM_WARPS x
+// MAX_GROUP x HEAD_DIM floats, weights: NUM_WARPS x MAX_GROUP floats of shared memory
+// (the warp merge's buffers, free by now); num_splits <= 64.
+__device__ __forceinline__ void merge_splits(const float* mid_o, const float* mid_lse,
+                                             unsigned short* out, long long out_stride_h,
+                                             int group, int num_splits, int mid_splits,
+                                             float v_scale, float* scratch, float* weights) {
+    __shared__ float w_s[MAX_GROUP][64];
+    for (int i = threadIdx.x; i < group * num_splits; i += blockDim.x) {
+        int r = i / num_splits, sp = i % num_splits;
+        w_s[r][sp] = load_cg(mid_lse + r * mid_splits + sp);
+    }
+    __syncthreads();
+    if (threadIdx.x < group) {  // per head: max lse, then weights normalised by their sum
+        int r = threadIdx.x;
+        float mx = NEG_INF;
+        for (int sp = 0; sp < num_splits; ++sp) mx = fmaxf(mx, w_s[r][sp]);
+        float sum = 0.f;
+        for (int sp = 0; sp < num_splits; ++sp) {
+            float w = (mx == NEG_INF || w_s[r][sp] == NEG_INF) ? 0.f : fast_exp2(w_s[r][sp] - mx);
+            w_s[r][sp] = w;
+            sum += w;
+        }
+        weights[r] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    __syncthreads();
+    // thread (lane c4, part p): float4 column c4 of every head, splits p, p + 4, ...
+    const int c4 = threadIdx.x % 32, part = threadIdx.x / 32;
+    for (int r = 0; r < group; ++r) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float* base = mid_o + (long long)r * mid_splits * HEAD_DIM + c4 * 4;
+#pragma unroll 4
+        for (int sp = part; sp < num_splits; sp += NUM_WARPS) {
+            float4 v = load_cg4(base + (long long)sp * HEAD_DIM);
+            float w = w_s[r][sp];
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+        }
+        float* dst = scratch + (part * MAX_GROUP + r) * HEAD_DIM + c4 * 4;
+        dst[0] = acc.x;
+        dst[1] = acc.y;
+        dst[2] = acc.z;
+        dst[3] = acc.w;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * HEAD_DIM; i += blockDim.x) {
+        int r = i / HEAD_DIM, d = i % HEAD_DIM;
+        float o = 0.f;
+#pragma unroll
+        for (int p = 0; p < NUM_WARPS; ++p) o += scratch[(p * MAX_GROUP + r) * HEAD_DIM + d];
+        float v = o * weights[r] * v_scale;
+        u32 bits;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(bits) : "f"(v));
+        out[r * out_stride_h + d] = (unsigned short)(bits & 0xffffu);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, 2)
 livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char* __restrict__ k_cache,
                       const unsigned char* __restrict__ v_cache, const int* __restrict__ tables,
@@ -292,7 +368,8 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
                       float* __restrict__ mid_lse, unsigned short* __restrict__ out,
                       float qk_scale, float v_scale, long long q_stride_b, long long q_stride_h,
                       long long out_stride_b, long long out_stride_h, long long stride_blk,
-                      long long stride_tok, long long stride_bt, int group, int mid_splits) {
+                      long long stride_tok, long long stride_bt, int group, int mid_splits,
+                      int* __restrict__ counters) {
     // PDL (sm_90): let the next kernel be scheduled now; wait for the previous one's writes
     // (q, the KV of this step's token) below. No-ops when launched without the PDL attribute.
     // Before the wait this kernel reads only what no kernel of the step writes: seq_lens and
@@ -419,4 +496,22 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
             if (d == 0) mid_lse[row] = l > 0.f ? m + __log2f(l) : NEG_INF;
         }
     }
+    if (counters == nullptr || num_splits == 1) return;
+    // split-K semaphore (livemeet/layers/split_k.py): the last split of (b, kvh) to finish
+    // merges every split's partial; the barrier orders this CTA's partial stores before the
+    // release, and partials are read through L2 (ld.cg), as L1 is not coherent across SMs
+    __shared__ int is_last;
+    __syncthreads();
+    int* counter = counters + b * gridDim.y + kvh;
+    if (threadIdx.x == 0) {
+        int done;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(done) : "l"(counter) : "memory");
+        is_last = done == num_splits - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    const long long row0 = ((long long)b * num_heads + kvh * group) * mid_splits;
+    merge_splits(mid_o + row0 * HEAD_DIM, mid_lse + row0, out + b * out_stride_b + kvh * group * out_stride_h,
+                 out_stride_h, group, num_splits, mid_splits, v_scale, &o_s[0][0][0], &m_s[0][0]);
+    if (threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(counter) : "memory");
 }
