@@ -706,21 +706,30 @@ def test_merge_in_kernel_has_no_race_cuda() -> None:
 
 @gpu
 @needs_cuda
-def test_capture_without_merge_counters_falls_back_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_capture_without_merge_counters_falls_back_cuda(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
     """A graph captured before any eager decode made the counters merges with the separate
-    kernel (no graph-pool tensor may outlive its graph) and is still correct."""
+    kernel (no graph-pool tensor may outlive its graph) and is still correct; for both
+    kernels (an earlier form of this test ran the CUDA one's in-kernel merge by mistake)."""
     torch.manual_seed(16)
     monkeypatch.setattr(split_k, "_buffers", {})
     k_cache, v_cache = make_cache(300, 16, 8, 128, torch.bfloat16, "cuda")
     tables = make_block_tables([3000, 700], 16, 300).cuda()
     seq = torch.tensor([3000, 700], dtype=torch.int32, device="cuda")
     q = torch.randn(2, 16, 128, device="cuda", dtype=torch.bfloat16)
-    in_kernel = pa.DecodeKernelConfig(merge_in_kernel=True)
+    in_kernel = pa.DecodeKernelConfig(merge_in_kernel=True, backend=backend)  # type: ignore[arg-type]
+    separate = pa.DecodeKernelConfig(
+        merge_in_kernel=False,
+        cuda_merge_in_kernel=False,
+        backend=backend,  # type: ignore[arg-type]
+    )
     call = lambda: pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8,  # noqa: E731
                                              kernel=in_kernel)  # fmt: skip
     # compile the two-kernel path eagerly (the separate-merge config makes no counters)
     pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, num_splits=8,
-                              kernel=pa.DecodeKernelConfig(merge_in_kernel=False))  # fmt: skip
+                              kernel=separate)  # fmt: skip
     torch.cuda.synchronize()
     assert not split_k._buffers
     graph = torch.cuda.CUDAGraph()
