@@ -86,7 +86,8 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
         for n in range(cuda_decode.MIN_STAGES, max_stages + 1)
         for early in (False, True)
     ]
-    cuda_forms.append(dataclasses.replace(default, cuda_merge_in_kernel=False))
+    other_merge_cuda = not default.cuda_merge_in_kernel
+    cuda_forms.append(dataclasses.replace(default, cuda_merge_in_kernel=other_merge_cuda))
     chosen = [
         default,
         *cuda_forms,

@@ -516,7 +516,8 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
         for stages in range(cuda_decode.MIN_STAGES, most + 1):
             for early in (False, True):
                 forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
-        forms.append(dataclasses.replace(base, cuda_merge_in_kernel=False))
+        other_merge = not base.cuda_merge_in_kernel
+        forms.append(dataclasses.replace(base, cuda_merge_in_kernel=other_merge))
     return forms
 
 
