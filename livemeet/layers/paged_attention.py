@@ -137,8 +137,7 @@ def cuda_variant(
         return None
     default = cuda_decode.default_variant(fp8, k_cache.shape[1])
     stages = cfg.cuda_stages or default.stages
-    page = k_cache.shape[1]
-    return cuda_decode.Variant(fp8, page, stages, cfg.cuda_early_loads, default.late_trigger)
+    return cuda_decode.Variant(fp8, k_cache.shape[1], stages, cfg.cuda_early_loads)
 
 
 def decode_programs_per_sm(

@@ -12,7 +12,7 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1) and LATE_TRIGGER (0/1).
+// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -48,9 +48,6 @@ typedef unsigned long long u64;
 #endif
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
-#endif
-#ifndef LATE_TRIGGER
-#define LATE_TRIGGER 0  // let the next kernel launch only after the KV loop, not at the start
 #endif
 
 #define HEAD_DIM 128
@@ -377,9 +374,7 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     // (q, the KV of this step's token) below. No-ops when launched without the PDL attribute.
     // Before the wait this kernel reads only what no kernel of the step writes: seq_lens and
     // the block tables (copied in before the step's first kernel) and the KV of earlier tokens.
-#if !LATE_TRIGGER
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 
     __shared__ float o_s[NUM_WARPS][MAX_GROUP][HEAD_DIM];
     __shared__ float m_s[NUM_WARPS][MAX_GROUP];
@@ -453,12 +448,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
             blk_next = blk_after;
         }
     }
-
-#if LATE_TRIGGER
-    // the next kernel's programs, launched early, would hold SM room this grid's last
-    // programs still need (a second, partial wave)
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 
     // merge the warps: each warp's (m, l, unnormalised O) per query row
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
