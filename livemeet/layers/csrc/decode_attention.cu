@@ -111,21 +111,18 @@ __device__ __forceinline__ u32 pack2(float lo, float hi) {
 __device__ __forceinline__ float bf16_lo(u32 x) { return __int_as_float(x << 16); }
 __device__ __forceinline__ float bf16_hi(u32 x) { return __int_as_float(x & 0xffff0000u); }
 
+#if KV_FP8
+#define MMA_AB "f16.f16"  // operand types of the mma: fp16 (e4m3 converts to it in one step)
+#else
+#define MMA_AB "bf16.bf16"
+#endif
+
 __device__ __forceinline__ void mma16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                          u32 b1) {
-#if KV_FP8
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_AB ".f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {
