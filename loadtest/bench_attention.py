@@ -39,7 +39,7 @@ SAMPLES = 5  # timing samples; the median is reported
 
 @dataclass(frozen=True)
 class DecodeRow:
-    impl: str  # "paged-triton" or "sdpa-dense"
+    impl: str  # "paged-cuda" (the CUDA decode kernel), "paged-triton" or "sdpa-dense"
     batch: int
     context: int  # tokens per sequence
     block_size: int  # 0 for the dense SDPA cache
@@ -158,8 +158,14 @@ def bench_decode(
     )
     dense.clear()
 
+    group = NUM_HEADS // NUM_KV_HEADS
+    variant = pa.cuda_variant(q.dtype, caches[0][0], group, None)
+    impl = "paged-triton" if variant is None else "paged-cuda"
+    per_sm = pa.decode_programs_per_sm(q.dtype, caches[0][0], group)
     for num_splits in splits:
-        chosen = num_splits or pa.choose_num_splits(batch, context, NUM_KV_HEADS)
+        chosen = num_splits or pa.choose_num_splits(
+            batch, context, NUM_KV_HEADS, programs_per_sm=per_sm
+        )
 
         def paged_all(n: int = chosen) -> None:
             for k, v in caches:
@@ -170,7 +176,7 @@ def bench_decode(
         ms = time_graph_ms(paged_all) / layers
         tb = kv_bytes_per_layer / (ms * 1e-3) / 1e12
         fractions = (tb / copy_bw, tb / read_bw)
-        row = ("paged-triton", batch, context, block_size, chosen, ms * 1e3, tb, *fractions, err)
+        row = (impl, batch, context, block_size, chosen, ms * 1e3, tb, *fractions, err)
         rows.append(DecodeRow(*row))
     return rows
 

@@ -43,6 +43,7 @@ MAX_GROUP = 8  # query heads per KV head the kernel's m16 tile holds
 TILE_KEYS = 16  # keys per warp iteration: a KV block must hold whole tiles
 THREADS = 128  # 4 warps per program
 MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and e4m3 conversion instructions
+PIECE_BYTES = 16  # the kernel's K/V load width
 MAX_MERGE_SPLITS = 64  # the in-kernel merge's weight buffer (the .cu file's merge_splits)
 MIN_STAGES = 2
 MAX_STAGES_BF16 = 2  # 3 spills registers (ptxas, sm_90: 255 registers, 180 bytes spilled)
@@ -170,8 +171,9 @@ def _kernel(variant: Variant, device_index: int) -> _Kernel:
     capability = torch.cuda.get_device_capability(device_index)
     cubin = compile_cubin(variant, capability)
     _, cuda = _libraries()
+    # cudaSetDevice (inside torch.cuda.device) makes the device's primary context current on
+    # this thread; nothing here is a stream operation, so this is safe inside a graph capture
     with torch.cuda.device(device_index):
-        torch.cuda.synchronize()  # makes the device's primary context current on this thread
         module = ctypes.c_void_p()
         _check_driver(cuda, cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
         fn = ctypes.c_void_p()
@@ -181,12 +183,13 @@ def _kernel(variant: Variant, device_index: int) -> _Kernel:
 
 
 @functools.cache
-def _usable(variant: Variant, device_index: int) -> bool:
-    """Whether the kernel compiles and loads here (logged once when it does not)."""
+def usable(variant: Variant, device_index: int) -> bool:
+    """Whether this form of the kernel compiles and loads on the device (logged once when it
+    does not: NVRTC or the driver missing, a compile or load error); callers then run Triton."""
     try:
         _kernel(variant, device_index)
-    except (OSError, InternalError, AttributeError) as exc:
-        log.warning("CUDA decode kernel unavailable, using Triton: %s", exc)
+    except (OSError, InternalError, AttributeError, RuntimeError) as exc:
+        log.warning("CUDA decode kernel %s unavailable, using Triton: %s", variant, exc)
         return False
     return True
 
@@ -216,7 +219,26 @@ def supported(q_dtype: torch.dtype, k_cache: torch.Tensor, group: int) -> bool:
     index = device_index(k_cache)
     if torch.cuda.get_device_capability(index) < MIN_CAPABILITY:
         return False
-    return _usable(default_variant(k_cache.dtype == torch.float8_e4m3fn, page), index)
+    return usable(default_variant(k_cache.dtype == torch.float8_e4m3fn, page), index)
+
+
+def layout_supported(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
+) -> bool:
+    """Whether the tensors' addresses and strides suit the kernel's loads: 16-byte K/V pieces
+    (both caches' bases, block and token strides on 16-byte boundaries, and one stride pair for
+    both), 4-byte query pairs (q's base and its batch and head strides), and contiguous output
+    rows. A view that fails this runs on Triton, which has no such needs (a misaligned vector
+    load would stop the CUDA context)."""
+    elem = k_cache.element_size()
+    if k_cache.stride() != v_cache.stride():
+        return False
+    for t in (k_cache, v_cache):
+        if t.data_ptr() % PIECE_BYTES or any(st * elem % PIECE_BYTES for st in t.stride()[:2]):
+            return False
+    if q.data_ptr() % 4 or q.stride(0) % 2 or q.stride(1) % 2 or q.stride(2) != 1:
+        return False
+    return out.stride(2) == 1
 
 
 def device_index(t: torch.Tensor) -> int:
@@ -256,15 +278,16 @@ def launch(
     each sequence's last before waiting for them. So no PDL-launched kernel of the same step
     may write those: in the engine they are host copies made before the step, and the step's
     store-KV writes only the new token (the last one)."""
-    if k_cache.stride() != v_cache.stride():
-        raise InternalError("k_cache and v_cache must share strides")
+    if not layout_supported(q, k_cache, v_cache, out):
+        raise InternalError("the tensors' alignment or strides do not suit the kernel")
     batch, num_kv_heads = q.shape[0], k_cache.shape[2]
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     variant = variant or default_variant(fp8, k_cache.shape[1])
     if (variant.fp8, variant.page) != (fp8, k_cache.shape[1]):
         raise InternalError(f"{variant} does not match the cache ({k_cache.dtype}, blocks of "
                             f"{k_cache.shape[1]})")  # fmt: skip
-    kernel = _kernel(variant, device_index(q))
+    index = device_index(q)
+    kernel = _kernel(variant, index)
     _, cuda = _libraries()
     values: list[ctypes._SimpleCData] = [
         ctypes.c_void_p(q.data_ptr()),
@@ -308,8 +331,7 @@ def launch(
         attrs=ctypes.pointer(attr) if use_pdl else None,
         num_attrs=1 if use_pdl else 0,
     )
-    _check_driver(
-        cuda,
-        cuda.cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None),
-        "cuLaunchKernelEx",
-    )
+    # the function belongs to q's device's primary context, which must be current
+    with torch.cuda.device(index):
+        found = cuda.cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None)
+    _check_driver(cuda, found, "cuLaunchKernelEx")

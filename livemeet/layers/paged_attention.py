@@ -137,7 +137,10 @@ def cuda_variant(
         return None
     default = cuda_decode.default_variant(fp8, k_cache.shape[1])
     stages = cfg.cuda_stages or default.stages
-    return cuda_decode.Variant(fp8, k_cache.shape[1], stages, cfg.cuda_early_loads)
+    variant = cuda_decode.Variant(fp8, k_cache.shape[1], stages, cfg.cuda_early_loads)
+    if not cuda_decode.usable(variant, cuda_decode.device_index(k_cache)):
+        return None
+    return variant
 
 
 def decode_programs_per_sm(
@@ -826,6 +829,9 @@ def paged_decode_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=k_scale, v_scale=v_scale
         )
     variant = cuda_variant(q.dtype, k_cache, group, kernel)
+    out = torch.empty_like(q)
+    if variant is not None and not cuda_decode.layout_supported(q, k_cache, v_cache, out):
+        variant = None
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = block_tables.shape[1] * block_size
@@ -840,7 +846,6 @@ def paged_decode_attention(
         )
     if num_splits < 1:
         raise ConfigError(f"num_splits must be >= 1, got {num_splits}")
-    out = torch.empty_like(q)
     if batch == 0:
         return out
     num_heads = q.shape[1]

@@ -92,3 +92,39 @@ def test_every_kernel_form_compiles_without_register_spills(tmp_path: Path, fp8:
 @pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")
 def test_large_blocks_compile(tmp_path: Path) -> None:
     build(tmp_path, cuda_decode.default_variant(True, 128))
+
+
+@pytest.mark.parametrize("error", [OSError("libnvrtc.so.13: cannot open"), RuntimeError("capture")])
+def test_a_kernel_that_does_not_build_or_load_is_reported_unusable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, error: Exception
+) -> None:
+    """NVRTC or the driver missing, a compile error, a load refused: the form is unusable
+    (callers then run Triton) and the reason is logged, never raised."""
+
+    def fails(variant: cuda_decode.Variant, device_index: int) -> None:
+        raise error
+
+    monkeypatch.setattr(cuda_decode, "_kernel", fails)
+    cuda_decode.usable.cache_clear()
+    try:
+        assert not cuda_decode.usable(cuda_decode.default_variant(True, 16), 0)
+    finally:
+        cuda_decode.usable.cache_clear()
+    assert "using Triton" in caplog.text and str(error) in caplog.text
+
+
+def test_layout_supported_wants_aligned_pieces_and_one_stride_pair() -> None:
+    k = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)
+    v = torch.zeros_like(k)
+    q = torch.zeros(3, 16, 128, dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    assert cuda_decode.layout_supported(q, k, v, out)
+    shifted = torch.zeros(k.numel() + 1, dtype=torch.bfloat16)[1:].view(k.shape)  # 2 bytes off
+    assert not cuda_decode.layout_supported(q, shifted, v, out)
+    assert not cuda_decode.layout_supported(q, k, shifted, out)
+    q_shifted = torch.zeros(q.numel() + 1, dtype=torch.bfloat16)[1:].view(q.shape)
+    assert not cuda_decode.layout_supported(q_shifted, k, v, out)
+    wider = torch.zeros(4, 16, 8, 136, dtype=torch.bfloat16)[..., :128]  # other token stride
+    assert not cuda_decode.layout_supported(q, k, wider, out)
+    odd_heads = torch.zeros(3, 16, 129, dtype=torch.bfloat16)[..., :128]  # odd head stride
+    assert not cuda_decode.layout_supported(odd_heads, k, v, out)

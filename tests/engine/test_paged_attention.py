@@ -468,23 +468,16 @@ def test_decode_kernel_configs_cuda(kernel: pa.DecodeKernelConfig) -> None:
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("fp8", [False, True])
-@pytest.mark.parametrize("heads", [8, 16, 32, 64])
-def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads: int) -> None:
-    """The tensor-core CUDA kernel (livemeet.layers.cuda_decode) against the fp32 reference
-    and the Triton kernel: GQA groups 1-8, both caches, one split (direct output), an odd
-    split count and more splits than some sequences have tiles; lengths around the 16-key
-    tile, empty rows, and shuffled blocks."""
-    torch.manual_seed(15 + heads)
-    lens = [1, 15, 16, 17, 1000, 4099, 0, 3000, 33]
+def poisoned_caches(
+    lens: list[int], block_size: int, fp8: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """(k_cache, v_cache, block tables, kv scale) on the GPU, 8 KV heads: random K/V for each
+    sequence's tokens in shuffled blocks, and a NaN pattern in every unused slot, so a kernel
+    that reads past a sequence poisons its row."""
     num_blocks = sum(math.ceil(n / block_size) for n in lens) + 3
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     kv_scale = 0.05 if fp8 else 1.0
     shape = (num_blocks, block_size, 8, 128)
-    # a NaN pattern in every unused slot: a kernel that reads past a sequence poisons its row
     k_cache, v_cache = (torch.full(shape, float("nan"), device="cuda").to(dtype) for _ in "kv")
     tables = make_block_tables(lens, block_size, num_blocks).cuda()
     for cache in (k_cache, v_cache):
@@ -493,9 +486,27 @@ def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads:
             slots = torch.arange(n, device="cuda")
             blocks = tables[b, slots // block_size].long()
             cache[blocks, slots % block_size] = real[b, :n]
+    return k_cache, v_cache, tables, kv_scale
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("heads", [8, 16, 24, 32, 48, 64, 80])
+def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads: int) -> None:
+    """The tensor-core CUDA kernel (livemeet.layers.cuda_decode) against the fp32 reference
+    and the Triton kernel: GQA groups 1-8 (odd and even), both caches, one split (direct
+    output), an odd split count and more splits than some sequences have tiles; lengths around
+    the 16-key tile, empty rows, and shuffled blocks. A group of 10 is beyond the kernel's
+    16-row tile and runs on Triton, still correct."""
+    torch.manual_seed(15 + heads)
+    lens = [1, 15, 16, 17, 1000, 4099, 0, 3000, 33]
+    k_cache, v_cache, tables, kv_scale = poisoned_caches(lens, block_size, fp8)
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(lens), heads, 128, device="cuda", dtype=torch.bfloat16)
-    assert cuda_decode.supported(q.dtype, k_cache, heads // 8)
+    group = heads // 8
+    assert cuda_decode.supported(q.dtype, k_cache, group) is (group <= cuda_decode.MAX_GROUP)
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
     triton = pa.DecodeKernelConfig(backend="triton")
@@ -507,6 +518,29 @@ def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads:
         other = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
                                           num_splits=splits, kernel=triton, **scales)  # fmt: skip
         torch.testing.assert_close(out.float(), other.float(), atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+def test_cuda_decode_kernel_misaligned_views_run_on_triton() -> None:
+    """A cache or query view the kernel's vector loads cannot take (a base 2 bytes off a
+    16-byte boundary) is computed by the Triton kernel instead, correctly."""
+    torch.manual_seed(18)
+    lens = [300, 40]
+    k_cache, v_cache, tables, _ = poisoned_caches(lens, 16, False)
+    flat = torch.empty(k_cache.numel() + 1, device="cuda", dtype=torch.bfloat16)
+    k_view = flat[1:].view(k_cache.shape)
+    k_view.copy_(k_cache)
+    q_flat = torch.randn(2 * 16 * 128 + 1, device="cuda", dtype=torch.bfloat16)
+    q_view = q_flat[1:].view(2, 16, 128)
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q_view)
+    assert not cuda_decode.layout_supported(q_view, k_cache, v_cache, out)
+    assert not cuda_decode.layout_supported(q_view.contiguous(), k_view, v_cache, out)
+    for q, k in ((q_view, k_cache), (q_view.contiguous(), k_view)):
+        got = pa.paged_decode_attention(q, k, v_cache, tables, seq, 0.088, num_splits=4)
+        ref = pa.ref_paged_decode_attention(q.float(), k, v_cache, tables, seq, 0.088)
+        torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 def cuda_forms() -> list[pa.DecodeKernelConfig]:
@@ -532,12 +566,7 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
     torch.manual_seed(16)
     fp8 = kernel.block_n == pa.DECODE_BLOCK_N_FP8
     lens = [1, 16, 17, 64, 65, 129, 200, 5000, 0]
-    num_blocks = sum(math.ceil(n / 16) for n in lens) + 3
-    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    kv_scale = 0.05 if fp8 else 1.0
-    shape = (num_blocks, 16, 8, 128)
-    k_cache, v_cache = ((torch.randn(shape, device="cuda") / kv_scale).to(dtype) for _ in "kv")
-    tables = make_block_tables(lens, 16, num_blocks).cuda()
+    k_cache, v_cache, tables, kv_scale = poisoned_caches(lens, 16, fp8)
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
     assert pa.cuda_variant(q.dtype, k_cache, 2, kernel) is not None
