@@ -6,7 +6,8 @@ every K/V tile through shared memory; for an FP8 cache it is bound by that stagi
 e4m3 conversion (~40 us per layer at 36k tokens on an H200, bf16's time for half the bytes).
 The CUDA kernel loads each lane's pieces of K and V straight into its mma.sync operand
 registers (see the .cu file's header). It writes the same partials (`mid_o`, `mid_lse`) as
-the Triton split kernel, so the Triton merge kernel finishes both.
+the Triton split kernel, so the Triton merge kernel can finish both; given split-K counters,
+its last split to finish merges them instead (the FP8 default).
 
 Launches carry the programmatic-stream-serialization attribute (PDL, as
 `livemeet.layers.pdl` gives the Triton kernels), so the kernel takes part in the decode
@@ -15,8 +16,9 @@ step's launch chain, in CUDA graphs too (cuLaunchKernelEx is capturable).
 The kernel is used where `supported` says so: an sm_90+ GPU, a bf16 query, head_dim 128, at
 most 8 query heads per KV head, blocks of a multiple of 16 tokens, a bf16 or float8_e4m3fn
 cache, NVRTC and the driver found, and `LIVEMEET_DECODE_KERNEL` not set to `triton`.
-Everything else runs the Triton kernel. Compilation happens once per (cache dtype, block
-size, device) and takes ~1 s.
+Everything else runs the Triton kernel, as do tensor views whose alignment the kernel's vector
+loads cannot take (`layout_supported`). Compilation happens once per `Variant` and device and
+takes ~1 s. Figures: docs/benchmarks.md, session 7.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ MIN_STAGES = 2
 MAX_STAGES_BF16 = 2  # 3 spills registers (ptxas, sm_90: 255 registers, 180 bytes spilled)
 MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
 DEFAULT_STAGES_BF16 = 2
-DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (call 2: 299 vs 363 us at 16x36k)
+DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (299 vs 363 us at 16x36k)
 EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
 # CUDA driver API constants (cuda.h, CUDA 12/13)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
