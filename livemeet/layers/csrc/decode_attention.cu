@@ -35,7 +35,6 @@
 //   are a fixed permutation of the real ones (dims_of below), undone when O is written.
 
 typedef unsigned int u32;
-typedef unsigned long long u64;
 
 #ifndef KV_FP8
 #define KV_FP8 0
