@@ -288,6 +288,8 @@ def launch(
     if (variant.fp8, variant.page) != (fp8, k_cache.shape[1]):
         raise InternalError(f"{variant} does not match the cache ({k_cache.dtype}, blocks of "
                             f"{k_cache.shape[1]})")  # fmt: skip
+    if counters is not None and num_splits > MAX_MERGE_SPLITS:
+        raise InternalError(f"the in-kernel merge takes at most {MAX_MERGE_SPLITS} splits")
     index = device_index(q)
     kernel = _kernel(variant, index)
     _, cuda = _libraries()
@@ -313,8 +315,6 @@ def launch(
         ctypes.c_int(mid_o.shape[2]),
         ctypes.c_void_p(counters.data_ptr() if counters is not None else 0),
     ]
-    if counters is not None and num_splits > MAX_MERGE_SPLITS:
-        raise InternalError(f"the in-kernel merge takes at most {MAX_MERGE_SPLITS} splits")
     params = (ctypes.c_void_p * len(values))(
         *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
     )

@@ -70,8 +70,8 @@ class DecodeKernelConfig:
     parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
     merge_in_kernel: the last split to finish merges the partials instead of a second kernel
     (a single split always writes the output directly). backend "cuda": the tensor-core CUDA
-    kernel (`livemeet.layers.cuda_decode`) wherever it supports the call, with the merge
-    kernel after it; the Triton fields then apply only to the calls it does not support, and
+    kernel (`livemeet.layers.cuda_decode`) wherever it supports the call; the Triton fields
+    then apply only to the calls it does not support, and
     cuda_stages (0: the dtype's default) and cuda_early_loads pick its form
     (`cuda_decode.Variant`); cuda_merge_in_kernel: its last split merges (at most
     `cuda_decode.MAX_MERGE_SPLITS` splits; else the merge kernel runs after it).
@@ -151,10 +151,31 @@ def decode_programs_per_sm(
 ) -> int:
     """Resident decode programs per SM for `choose_num_splits`: the CUDA kernel's occupancy
     where it runs the call, else DECODE_PROGRAMS_PER_SM (the Triton kernel's)."""
-    variant = cuda_variant(q_dtype, k_cache, group, kernel)
+    return _programs_per_sm(cuda_variant(q_dtype, k_cache, group, kernel), k_cache)
+
+
+def _programs_per_sm(variant: cuda_decode.Variant | None, t: torch.Tensor) -> int:
+    """The CUDA kernel's occupancy on `t`'s device for `variant`, or DECODE_PROGRAMS_PER_SM
+    when the Triton kernel runs (variant None)."""
     if variant is None:
         return DECODE_PROGRAMS_PER_SM
-    return cuda_decode.programs_per_sm(variant, cuda_decode.device_index(k_cache))
+    return cuda_decode.programs_per_sm(variant, cuda_decode.device_index(t))
+
+
+def _choose_merge(
+    cfg: DecodeKernelConfig, cuda: bool, num_splits: int, device: torch.device, tiles: int
+) -> tuple[int, torch.Tensor | None]:
+    """(MERGE_* mode, the split-K counters it needs or None) for a decode of `num_splits`
+    splits over `tiles` (sequence, KV head) pairs, by the CUDA (`cuda`) or Triton kernel's
+    merge setting; the in-kernel merge falls back to the merge kernel when the counters cannot
+    be had (split_k.counters) or, for the CUDA kernel, past cuda_decode.MAX_MERGE_SPLITS."""
+    if num_splits == 1:  # nothing to merge, whichever way merging is configured
+        return MERGE_NONE_NEEDED, None
+    in_kernel = cfg.cuda_merge_in_kernel if cuda else cfg.merge_in_kernel
+    if not in_kernel or (cuda and num_splits > cuda_decode.MAX_MERGE_SPLITS):
+        return MERGE_SEPARATE, None
+    counters = split_k.counters(device, tiles)
+    return (MERGE_SEPARATE if counters is None else MERGE_IN_LAST_SPLIT), counters
 
 
 EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
@@ -838,9 +859,7 @@ def paged_decode_attention(
         num_sms = H200_NUM_SMS
         if q.is_cuda:
             num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        per_sm = DECODE_PROGRAMS_PER_SM
-        if variant is not None:
-            per_sm = cuda_decode.programs_per_sm(variant, cuda_decode.device_index(q))
+        per_sm = _programs_per_sm(variant, q)
         num_splits = choose_num_splits(
             max(batch, 1), max_seq_len, num_kv_heads, num_sms, programs_per_sm=per_sm
         )
@@ -855,24 +874,12 @@ def paged_decode_attention(
     if fp16_dot and cfg.fp8_qk and head_dim < 32:
         raise ConfigError(f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}")
     splits_pow2 = next_pow2(num_splits)
-    counters = None
-    if num_splits == 1:  # nothing to merge, whichever way merging is configured
-        merge = MERGE_NONE_NEEDED
-    elif cfg.merge_in_kernel:
-        counters = split_k.counters(q.device, batch * num_kv_heads)
-        merge = MERGE_IN_LAST_SPLIT if counters is not None else MERGE_SEPARATE
-    else:
-        merge = MERGE_SEPARATE
+    tiles = batch * num_kv_heads
+    merge, counters = _choose_merge(cfg, variant is not None, num_splits, q.device, tiles)
     f32 = {"device": q.device, "dtype": torch.float32}
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
     mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
     if variant is not None:
-        counters = None
-        merge = MERGE_NONE_NEEDED if num_splits == 1 else MERGE_SEPARATE
-        if merge == MERGE_SEPARATE and cfg.cuda_merge_in_kernel:
-            if num_splits <= cuda_decode.MAX_MERGE_SPLITS:
-                counters = split_k.counters(q.device, batch * num_kv_heads)
-                merge = MERGE_SEPARATE if counters is None else MERGE_IN_LAST_SPLIT
         cuda_decode.launch(
             q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
             num_splits=num_splits, group=group, qk_scale=scale * LOG2E * k_scale, v_scale=v_scale,
