@@ -1,8 +1,9 @@
 """The paged-KV attention backend the decoder calls during one engine step.
 
 Implements `livemeet.layers.attention.AttentionBackend` over the engine's KV pool: per layer a
-`k_cache`/`v_cache` pair of [num_blocks, block_size, kv_heads, head_dim]. Each `attend` stores
-the step's new K/V through `slot_mapping`, then runs the split-K decode kernel when every
+`k_cache`/`v_cache` pair of [num_blocks, block_size, kv_heads, head_dim]. The fused decoder
+path takes `kv_sink(layer)` and stores the step's new K/V in its q/k rotation kernel; otherwise
+`attend` stores them through `slot_mapping`. `attend` then runs the split-K decode kernel when every
 sequence has exactly one new token, else the causal extend kernel (prefill chunks mixed with
 decode rows). On the CPU both fall back to the torch references in
 livemeet.layers.paged_attention (gather + SDPA); on CUDA they never gather KV.
@@ -10,15 +11,23 @@ livemeet.layers.paged_attention (gather + SDPA); on CUDA they never gather KV.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
+from livemeet.errors import InternalError
 from livemeet.layers.paged_attention import (
+    KVSink,
     paged_decode_attention,
     paged_extend_attention,
     store_kv,
 )
+
+# "0": attention stores K/V itself (store_kv) instead of handing out a sink; for side-by-side
+# benchmarks of the fused store (read at import; captured graphs keep what they captured)
+FUSED_KV_STORE_ENV = "LIVEMEET_FUSED_KV_STORE"
+_fused_store = os.environ.get(FUSED_KV_STORE_ENV, "1") != "0"
 
 
 @dataclass
@@ -57,13 +66,30 @@ class PagedAttentionBackend:
         self.meta = meta
         self.kv_scale = kv_scale
 
+    def kv_sink(self, layer: int) -> KVSink | None:
+        """The layer's caches and this step's slots, for the kernel that rotates k to store
+        k and v itself (then `attend` gets k = v = None); None when that is switched off."""
+        if not _fused_store:
+            return None
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        return KVSink(kc, vc, self.meta.slot_mapping, self.kv_scale)
+
     def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        scale: float,
     ) -> torch.Tensor:
+        """Store k, v (unless both are None: a `kv_sink` user stored them), then attend."""
         m = self.meta
         kc, vc = self.k_caches[layer], self.v_caches[layer]
         s = self.kv_scale
-        store_kv(k, v, kc, vc, m.slot_mapping, k_scale=s, v_scale=s)
+        if k is not None and v is not None:
+            store_kv(k, v, kc, vc, m.slot_mapping, k_scale=s, v_scale=s)
+        elif k is not None or v is not None:
+            raise InternalError("attend needs both k and v, or neither (stored through kv_sink)")
         if m.decode_only:
             return paged_decode_attention(
                 q,

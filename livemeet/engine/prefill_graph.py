@@ -148,9 +148,11 @@ class PiecewiseRunner:
         if i == len(self.layers):
             self.out[:bucket].copy_(self.lm.final_norm(hidden, residual))
             return
+        # no KV sink: the attention between pieces runs eagerly and stores k, v itself
         q, k, v, residual = self.layers[i].pre_attention(
             hidden, residual, self.positions[:bucket], inv_freq, plan
         )
+        assert k is not None and v is not None
         # all reads of the static residual are done: the copies may overwrite it
         self.q[:bucket].copy_(q)
         self.k[:bucket].copy_(k)

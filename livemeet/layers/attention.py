@@ -24,6 +24,11 @@ reads kv head h // (num_heads // num_kv_heads). Requests never see each other.
 `attend` is called once per layer, in layer order, within one forward; bookkeeping that must
 happen once per step (advancing lengths, block tables) is the caller's, before or after.
 
+A paged backend may also hand out `kv_sink(layer)`: the layer's caches and the rows' slots, so
+that the kernel that rotates k writes k and v into the cache itself (one kernel fewer per
+layer). A caller that used the sink then calls `attend(layer, q, None, None, scale)`: (1) is
+done. A backend without one returns None, and the caller passes k and v.
+
 `DenseKVCache` + `DenseAttention` are the CPU/GPU reference: one contiguous K/V buffer per
 request and layer, and `torch.nn.functional.scaled_dot_product_attention` per request.
 """
@@ -31,17 +36,27 @@ request and layer, and `torch.nn.functional.scaled_dot_product_attention` per re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # paged_attention pulls in Triton; the dense path needs only the name
+    from livemeet.layers.paged_attention import KVSink
 
 
 class AttentionBackend(Protocol):
     """Stores the new K/V and attends causally over each request's cache (see module doc)."""
 
+    def kv_sink(self, layer: int) -> KVSink | None: ...
+
     def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        scale: float,
     ) -> torch.Tensor: ...
 
 
@@ -122,9 +137,20 @@ class DenseAttention:
         self.cu_seqlens_q = counts.cumsum(0)
         self.context_lens = [c.num_tokens + n for c, n in zip(caches, num_new_tokens, strict=True)]
 
+    def kv_sink(self, layer: int) -> KVSink | None:
+        """None: dense caches take k and v through `attend`."""
+        return None
+
     def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        scale: float,
     ) -> torch.Tensor:
+        if k is None or v is None:
+            raise ValueError("DenseAttention has no KV sink: attend needs k and v")
         bounds = self.cu_seqlens_q.tolist()
         if q.shape[0] != bounds[-1]:
             raise ValueError(f"q has {q.shape[0]} rows, metadata expects {bounds[-1]}")

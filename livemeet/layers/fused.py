@@ -25,7 +25,14 @@ import torch.nn.functional as F
 from livemeet.errors import ConfigError, InternalError
 from livemeet.layers import pdl
 from livemeet.layers.norm import rms_norm
-from livemeet.layers.paged_attention import Impl, next_pow2, select_triton
+from livemeet.layers.paged_attention import (
+    Impl,
+    KVSink,
+    check_cache,
+    next_pow2,
+    select_triton,
+    store_kv,
+)
 from livemeet.layers.rotary import apply_rotary, rope_cos_sin
 
 try:
@@ -142,7 +149,6 @@ if HAS_TRITON:
     @triton.jit
     def _norm_rope_head(
         X,
-        Out,
         W,
         pos,
         InvFreq,
@@ -150,7 +156,8 @@ if HAS_TRITON:
         HALF: tl.constexpr,
         PRECISE_TRIG: tl.constexpr,
     ):
-        # one head [2 * HALF]: RMSNorm, cast, weight, then rotate-half RoPE at `pos`
+        """One head [2 * HALF]: RMSNorm, cast, weight, then rotate-half RoPE at `pos`. Returns
+        the two halves in fp32, each already rounded to the input dtype."""
         cols = tl.arange(0, HALF)
         x1 = tl.load(X + cols)
         x2 = tl.load(X + HALF + cols)
@@ -177,57 +184,86 @@ if HAS_TRITON:
         # x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), each product rounded
         o1 = (n1 * c).to(dtype).to(tl.float32) - (n2 * s).to(dtype).to(tl.float32)
         o2 = (n2 * c).to(dtype).to(tl.float32) + (n1 * s).to(dtype).to(tl.float32)
-        tl.store(Out + cols, o1.to(dtype))
-        tl.store(Out + HALF + cols, o2.to(dtype))
+        return o1.to(dtype).to(tl.float32), o2.to(dtype).to(tl.float32)
+
+    @triton.jit
+    def _store_head(Out, lo, hi, inv_scale, HALF: tl.constexpr, FP8: tl.constexpr):
+        """Write one head's halves (fp32 holding dtype-rounded values) to Out [2 * HALF] in
+        Out's dtype; an e4m3 cache gets clamp(x / scale, -448, 448) as `_store_kv_kernel`."""
+        cols = tl.arange(0, HALF)
+        if FP8:
+            lo = tl.clamp(lo * inv_scale, -448.0, 448.0)
+            hi = tl.clamp(hi * inv_scale, -448.0, 448.0)
+        tl.store(Out + cols, lo.to(Out.dtype.element_ty))
+        tl.store(Out + HALF + cols, hi.to(Out.dtype.element_ty))
 
     @triton.jit
     def _qk_norm_rope_kernel(
         Q,
         K,
+        V,
         QOut,
         KOut,
+        VOut,
         QW,
         KW,
         Positions,
         InvFreq,
+        Slots,
+        inv_scale,
         stride_qn,
         stride_qh,
         stride_kn,
         stride_kh,
+        stride_vn,
+        stride_vh,
+        stride_ko_blk,  # KOut: row r at r // PAGE * stride_ko_blk + r % PAGE * stride_ko_tok
+        stride_ko_tok,
+        stride_ko_h,
+        stride_vo_blk,  # VOut: the same (STORE only)
+        stride_vo_tok,
+        stride_vo_h,
         eps,
         Q_HEADS: tl.constexpr,
         KV_HEADS: tl.constexpr,
         HALF: tl.constexpr,
         PRECISE_TRIG: tl.constexpr,
+        PAGE: tl.constexpr,  # rows per KOut/VOut block: the cache's block size, or 1
+        STORE: tl.constexpr,  # K/V go to cache slots Slots[n] (-1: skipped), V heads too
+        FP8: tl.constexpr,
         PDL: tl.constexpr,
     ):
         pdl.dependency_sync(PDL)
         n = tl.program_id(0)
-        h = tl.program_id(1)  # q heads first, then kv heads
+        h = tl.program_id(1)  # q heads, then k heads, then (STORE) v heads
         pos = tl.load(Positions + n)
         if h < Q_HEADS:
-            _norm_rope_head(
-                Q + n * stride_qn + h * stride_qh,
-                QOut + (n * Q_HEADS + h) * (2 * HALF),
-                QW,
-                pos,
-                InvFreq,
-                eps,
-                HALF,
-                PRECISE_TRIG,
+            lo, hi = _norm_rope_head(
+                Q + n * stride_qn + h * stride_qh, QW, pos, InvFreq, eps, HALF, PRECISE_TRIG
             )
+            _store_head(QOut + (n * Q_HEADS + h) * (2 * HALF), lo, hi, 1.0, HALF, False)
         else:
-            hk = h - Q_HEADS
-            _norm_rope_head(
-                K + n * stride_kn + hk * stride_kh,
-                KOut + (n * KV_HEADS + hk) * (2 * HALF),
-                KW,
-                pos,
-                InvFreq,
-                eps,
-                HALF,
-                PRECISE_TRIG,
-            )
+            row = n
+            if STORE:
+                row = tl.load(Slots + n)
+            if row >= 0:  # a padding row's slot is -1: its K/V are not stored
+                hk = h - Q_HEADS
+                if hk < KV_HEADS:
+                    lo, hi = _norm_rope_head(
+                        K + n * stride_kn + hk * stride_kh, KW, pos, InvFreq, eps, HALF,
+                        PRECISE_TRIG,
+                    )  # fmt: skip
+                    out = KOut + (row // PAGE) * stride_ko_blk + (row % PAGE) * stride_ko_tok
+                    out += hk * stride_ko_h
+                else:
+                    hv = hk - KV_HEADS
+                    cols = tl.arange(0, HALF)
+                    src = V + n * stride_vn + hv * stride_vh
+                    lo = tl.load(src + cols).to(tl.float32)
+                    hi = tl.load(src + HALF + cols).to(tl.float32)
+                    out = VOut + (row // PAGE) * stride_vo_blk + (row % PAGE) * stride_vo_tok
+                    out += hv * stride_vo_h
+                _store_head(out, lo, hi, inv_scale, HALF, FP8)
 
     @triton.jit
     def _silu_and_mul_kernel(
@@ -309,6 +345,34 @@ def fused_add_rms_norm(
     return out, new_residual
 
 
+def _check_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+) -> None:
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise InternalError(f"need q [N, Hq, D] and k [N, Hkv, D], got {q.shape} and {k.shape}")
+    n, _, head_dim = q.shape
+    for w in (q_weight, k_weight):
+        if w.shape != (head_dim,) or w.dtype != q.dtype or k.dtype != q.dtype:
+            raise InternalError(f"q, k and their norm weights [{head_dim}] need one dtype")
+    if positions.shape != (n,) or inv_freq.shape != (head_dim // 2,):
+        raise InternalError(
+            f"need positions [{n}] and inv_freq [{head_dim // 2}], got "
+            f"{tuple(positions.shape)} and {tuple(inv_freq.shape)}"
+        )
+
+
+def _check_kernel_inputs(head_dim: int, *heads: torch.Tensor) -> None:
+    if head_dim < 2 or head_dim & (head_dim - 1):
+        raise ConfigError(f"head_dim must be a power of two >= 2, got {head_dim}")
+    if any(t.stride(2) != 1 for t in heads):
+        raise InternalError("q, k and v must be contiguous in head_dim")
+
+
 def qk_norm_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -328,50 +392,128 @@ def qk_norm_rope(
     fused qkv projection) but each head's D values must be contiguous. Raises InternalError on
     mismatched shapes, ConfigError when D is not a power of two >= 2.
     """
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise InternalError(f"need q [N, Hq, D] and k [N, Hkv, D], got {q.shape} and {k.shape}")
-    n, q_heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    for w in (q_weight, k_weight):
-        if w.shape != (head_dim,) or w.dtype != q.dtype or k.dtype != q.dtype:
-            raise InternalError(f"q, k and their norm weights [{head_dim}] need one dtype")
-    if positions.shape != (n,) or inv_freq.shape != (head_dim // 2,):
-        raise InternalError(
-            f"need positions [{n}] and inv_freq [{head_dim // 2}], got "
-            f"{tuple(positions.shape)} and {tuple(inv_freq.shape)}"
-        )
+    _check_qk(q, k, q_weight, k_weight, positions, inv_freq)
     if not _use_triton(impl, q):
         return ref_qk_norm_rope(q, k, q_weight, k_weight, eps, positions, inv_freq)
-    if head_dim < 2 or head_dim & (head_dim - 1):
-        raise ConfigError(f"head_dim must be a power of two >= 2, got {head_dim}")
-    if q.stride(2) != 1 or k.stride(2) != 1:
-        raise InternalError("q and k must be contiguous in head_dim")
+    n, q_heads, head_dim = q.shape
+    _check_kernel_inputs(head_dim, q, k)
     q_out = torch.empty((n, q_heads, head_dim), dtype=q.dtype, device=q.device)
-    k_out = torch.empty((n, kv_heads, head_dim), dtype=k.dtype, device=k.device)
-    if n == 0:
-        return q_out, k_out
-    _qk_norm_rope_kernel[(n, q_heads + kv_heads)](
+    k_out = torch.empty((n, k.shape[1], head_dim), dtype=k.dtype, device=k.device)
+    if n > 0:
+        # k_out [N, Hkv, D] as blocks of one row; v and its output are unused stand-ins
+        _launch_qk_norm_rope(
+            q, k, k, q_out, k_out, k_out, q_weight, k_weight, eps, positions, inv_freq,
+            slots=positions, inv_scale=1.0, page=1, store=False,
+        )  # fmt: skip
+    return q_out, k_out
+
+
+def qk_norm_rope_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    sink: KVSink,
+    *,
+    impl: Impl = "auto",
+) -> torch.Tensor:
+    """`qk_norm_rope`, then `store_kv` of the rotated k and of v [N, Hkv, D] into
+    `sink`'s paged caches, in one launch (one kernel fewer per layer and no k copy); returns
+    the rotated q [N, Hq, D].
+
+    Stores exactly what the two calls store, e4m3 caches included (clamp(x / scale, -448,
+    448)); rows whose slot is -1 (padding) store nothing. Raises what `qk_norm_rope` and
+    `store_kv` raise.
+    """
+    _check_qk(q, k, q_weight, k_weight, positions, inv_freq)
+    if v.shape != k.shape or v.dtype != k.dtype:
+        raise InternalError(f"v must match k {tuple(k.shape)}, got {tuple(v.shape)} {v.dtype}")
+    block_size, num_kv_heads, head_dim = check_cache(sink.k_cache, sink.v_cache)
+    if k.shape[1:] != (num_kv_heads, head_dim) or sink.slot_mapping.shape != (k.shape[0],):
+        raise InternalError(
+            f"k {tuple(k.shape)} and slots {tuple(sink.slot_mapping.shape)} do not fit caches "
+            f"of [blocks, {block_size}, {num_kv_heads}, {head_dim}]"
+        )
+    if not _use_triton(impl, q):
+        q_out, k_out = ref_qk_norm_rope(q, k, q_weight, k_weight, eps, positions, inv_freq)
+        store_kv(k_out, v, sink.k_cache, sink.v_cache, sink.slot_mapping,
+                 k_scale=sink.scale, v_scale=sink.scale, impl=impl)  # fmt: skip
+        return q_out
+    n, q_heads, _ = q.shape
+    _check_kernel_inputs(head_dim, q, k, v)
+    q_out = torch.empty((n, q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if n > 0:
+        _launch_qk_norm_rope(
+            q, k, v, q_out, sink.k_cache, sink.v_cache, q_weight, k_weight, eps, positions,
+            inv_freq, slots=sink.slot_mapping, inv_scale=1.0 / sink.scale, page=block_size,
+            store=True,
+        )  # fmt: skip
+    return q_out
+
+
+def _launch_qk_norm_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    slots: torch.Tensor,
+    inv_scale: float,
+    page: int,
+    store: bool,
+) -> None:
+    """k_out/v_out: [rows, page, Hkv, D] caches, or (page 1) [N, Hkv, D] read as such."""
+    n, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    if page == 1 and k_out.dim() == 3:
+        k_out, v_out = k_out.unsqueeze(1), v_out.unsqueeze(1)  # [N, 1, Hkv, D]
+    _qk_norm_rope_kernel[(n, q_heads + kv_heads * (2 if store else 1))](
         q,
         k,
+        v,
         q_out,
         k_out,
+        v_out,
         q_weight,
         k_weight,
         positions,
         inv_freq,
+        slots,
+        inv_scale,
         q.stride(0),
         q.stride(1),
         k.stride(0),
         k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_out.stride(0),
+        k_out.stride(1),
+        k_out.stride(2),
+        v_out.stride(0),
+        v_out.stride(1),
+        v_out.stride(2),
         eps,
         Q_HEADS=q_heads,
         KV_HEADS=kv_heads,
         HALF=head_dim // 2,
         PRECISE_TRIG=not pdl.is_interpreted(_qk_norm_rope_kernel),
+        PAGE=page,
+        STORE=store,
+        FP8=k_out.dtype == torch.float8_e4m3fn,
         num_warps=1,
         **pdl.launch_options(q, _qk_norm_rope_kernel),
     )
-    return q_out, k_out
 
 
 def silu_and_mul(gate_up: torch.Tensor, *, impl: Impl = "auto") -> torch.Tensor:

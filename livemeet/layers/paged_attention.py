@@ -715,7 +715,24 @@ def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
     return select_triton(impl, t, available=HAS_TRITON)  # read at call time (tests patch it)
 
 
-def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
+@dataclass(frozen=True)
+class KVSink:
+    """Where one layer's new K/V go in a step: its paged caches, each token's slot
+    (slot = block * block_size + offset; -1 for a padding row, never stored) and the e4m3
+    scale (1.0 for a bf16/fp16 cache). A kernel ahead of attention that takes a sink writes K/V
+    itself (livemeet.layers.fused.qk_norm_rope_store_kv); attention then reads them from the
+    caches.
+
+    k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim]; slot_mapping: int64 [N].
+    """
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    scale: float = 1.0
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
     """Validates the KV caches; returns (block_size, num_kv_heads, head_dim)."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise InternalError(
@@ -771,7 +788,7 @@ def store_kv(
     clamp(x / scale, -448, 448). Raises InternalError on mismatched shapes/dtypes and ConfigError
     on an unsupported cache geometry.
     """
-    block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
+    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
     if k.shape != expected or v.shape != expected:
         raise InternalError(
@@ -838,7 +855,7 @@ def paged_decode_attention(
     captured in a CUDA graph and replayed for any lengths within the block table.
     `kernel` overrides the launch configuration (default: `default_decode_config`).
     """
-    block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
+    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
     _check_int32("block_tables", block_tables, 2)
     _check_int32("seq_lens", seq_lens, 1)
@@ -997,7 +1014,7 @@ def paged_extend_attention(
     `max_seqlen_q` (the longest q_len) sizes the grid; None reads it from cu_seqlens_q, which
     syncs with the host (pass it when capturing a CUDA graph).
     """
-    block_size, num_kv_heads, head_dim = _check_cache(k_cache, v_cache)
+    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
     _check_int32("block_tables", block_tables, 2)
     _check_int32("cu_seqlens_q", cu_seqlens_q, 1)

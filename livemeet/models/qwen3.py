@@ -30,6 +30,7 @@ from livemeet.layers import fused as fk
 from livemeet.layers.attention import AttentionBackend
 from livemeet.layers.linear import LinearPlan
 from livemeet.layers.norm import RMSNorm
+from livemeet.layers.paged_attention import KVSink
 from livemeet.layers.rotary import RotaryEmbedding, apply_rotary
 from livemeet.models.config import TextConfig
 
@@ -62,26 +63,28 @@ class Qwen3Attention(nn.Module):
         self.qkv_weight = _fuse_linears(projs)
 
     def split_qkv(
-        self, qkv: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        sink: KVSink | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """qkv [N, (heads + 2 kv_heads) * D] -> q [N, heads, D], k and v [N, kv_heads, D]:
-        q/k RMSNorm and RoPE."""
+        q/k RMSNorm and RoPE. With a `sink` the same kernel writes k and v into its caches
+        and returns (q, None, None)."""
         n, d = qkv.shape[0], self.head_dim
         q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
         # strided views into qkv: the kernels read them in place, no copies
         q = qkv[:, :q_end].view(n, self.heads, d)
         k = qkv[:, q_end:k_end].view(n, self.kv_heads, d)
         v = qkv[:, k_end:].view(n, self.kv_heads, d)
-        q, k = fk.qk_norm_rope(
-            q,
-            k,
-            self.q_norm.weight,
-            self.k_norm.weight,
-            self.q_norm.eps,
-            positions,
-            inv_freq,
-            impl="triton",
-        )
+        qw, kw, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        if sink is not None:
+            q = fk.qk_norm_rope_store_kv(
+                q, k, v, qw, kw, eps, positions, inv_freq, sink, impl="triton"
+            )
+            return q, None, None
+        q, k = fk.qk_norm_rope(q, k, qw, kw, eps, positions, inv_freq, impl="triton")
         return q, k, v
 
     def project_out(self, attn_out: torch.Tensor, plan: LinearPlan) -> torch.Tensor:
@@ -152,8 +155,10 @@ class Qwen3Layer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) -> (mlp output, residual before it); the layer's output is their
         sum, which the next layer's (or the final) norm computes. residual None: first layer."""
-        q, k, v, residual = self.pre_attention(hidden, residual, positions, inv_freq, plan)
-        out = attn.attend(self.self_attn.layer, q, k, v, self.self_attn.scale)
+        layer = self.self_attn.layer
+        sink = attn.kv_sink(layer)
+        q, k, v, residual = self.pre_attention(hidden, residual, positions, inv_freq, plan, sink)
+        out = attn.attend(layer, q, k, v, self.self_attn.scale)
         return self.post_attention(out, residual, plan)
 
     def pre_attention(
@@ -163,15 +168,17 @@ class Qwen3Layer(nn.Module):
         positions: torch.Tensor,
         inv_freq: torch.Tensor,
         plan: LinearPlan,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The per-token work before attention: (hidden, residual) -> (q, k, v, residual).
-        With `post_attention` it is `forward_fused` cut at the attention call, which is where
-        per-token work (capturable for any row count) meets per-sequence work."""
+        sink: KVSink | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """The per-token work before attention: (hidden, residual) -> (q, k, v, residual);
+        k = v = None when `sink` took them (`split_qkv`). With `post_attention` it is
+        `forward_fused` cut at the attention call, which is where per-token work (capturable
+        for any row count) meets per-sequence work."""
         norm, attn = self.input_layernorm, self.self_attn
         assert attn.qkv_weight is not None
         # residual add + RMSNorm + qkv projection (one kernel at one row when tuned so)
         qkv, residual = plan.norm_linear(hidden, residual, norm.weight, norm.eps, attn.qkv_weight)
-        q, k, v = attn.split_qkv(qkv, positions, inv_freq)
+        q, k, v = attn.split_qkv(qkv, positions, inv_freq, sink)
         return q, k, v, residual
 
     def post_attention(

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from livemeet.errors import ConfigError, InternalError
-from livemeet.layers import fused
+from livemeet.layers import fused, paged_attention
 from livemeet.layers.attention import DenseAttention
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.loader import load_model
@@ -21,6 +21,7 @@ from livemeet.models.qwen3 import Qwen3Model
 from tests.kernels import interpreted, kernel_marks
 
 fused = interpreted(fused, "_silu_and_mul_kernel")
+pa = interpreted(paged_attention, "_store_kv_kernel")
 needs_interpreter, needs_cuda = kernel_marks(fused)
 gpu = pytest.mark.gpu
 
@@ -74,6 +75,54 @@ def check_qk_norm_rope(
     # ~3x-weighted products before they cancel in x*cos - y*sin
     torch.testing.assert_close(out_q.float(), ref_q.float(), atol=atol, rtol=rtol)
     torch.testing.assert_close(out_k.float(), ref_k.float(), atol=atol, rtol=rtol)
+
+
+def check_qk_norm_rope_store_kv(
+    n: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    device: str,
+) -> None:
+    """The one-launch rotate-and-store against `qk_norm_rope` then `store_kv` (both Triton):
+    the same q, and caches equal byte for byte, padding rows (slot -1) and every other slot
+    untouched; for an fp32 cache also against the torch references."""
+    qkv = (2 * torch.randn(n, (heads + 2 * kv_heads) * head_dim, device=device)).to(dtype)
+    q = qkv[:, : heads * head_dim].view(n, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(n, kv_heads, head_dim)
+    v = qkv[:, (heads + kv_heads) * head_dim :].view(n, kv_heads, head_dim)
+    qw = (3 + 0.3 * torch.randn(head_dim, device=device)).to(dtype)
+    kw = (3 + 0.3 * torch.randn(head_dim, device=device)).to(dtype)
+    pos = torch.randint(0, 100_000, (n,), device=device)
+    freq = inv_freq(head_dim, device)
+    num_blocks = n // block_size + 3
+    slots = torch.randperm(num_blocks * block_size, device=device)[:n]
+    slots[::3] = -1  # padding rows
+    # stale values everywhere: a slot written by mistake shows
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, device=device).to(cache_dtype)
+    v_cache = torch.randn(shape, device=device).to(cache_dtype)
+    scale = 0.5 if cache_dtype == torch.float8_e4m3fn else 1.0
+    got_k, got_v = k_cache.clone(), v_cache.clone()
+    sink = pa.KVSink(got_k, got_v, slots, scale)
+    got_q = fused.qk_norm_rope_store_kv(q, k, v, qw, kw, 1e-6, pos, freq, sink, impl="triton")
+    want_q, want_k = fused.qk_norm_rope(q, k, qw, kw, 1e-6, pos, freq, impl="triton")
+    two_k, two_v = k_cache.clone(), v_cache.clone()
+    pa.store_kv(want_k, v, two_k, two_v, slots, k_scale=scale, v_scale=scale, impl="triton")
+    assert torch.equal(got_q, want_q)
+    for got, want in ((got_k, two_k), (got_v, two_v)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    if cache_dtype == torch.float32:
+        ref_q, ref_k = fused.ref_qk_norm_rope(q, k, qw, kw, 1e-6, pos, freq)
+        ref_kc, ref_vc = k_cache.clone(), v_cache.clone()
+        pa.ref_store_kv(ref_k, v, ref_kc, ref_vc, slots)
+        atol = 2e-6 if dtype == torch.float32 else 0.125
+        torch.testing.assert_close(got_q.float(), ref_q.float(), atol=atol, rtol=1.6e-2)
+        torch.testing.assert_close(got_k, ref_kc, atol=atol, rtol=1.6e-2)
+        assert torch.equal(got_v, ref_vc)  # v is only copied
 
 
 def check_silu_and_mul(n: int, inter: int, dtype: torch.dtype, device: str, atol: float) -> None:
@@ -157,6 +206,34 @@ def test_qk_norm_rope_interpreted(heads: int, kv_heads: int, dtype: torch.dtype,
 
 
 @needs_interpreter
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [(torch.float32, torch.float32), (torch.float32, torch.float8_e4m3fn)],
+)
+def test_qk_norm_rope_store_kv_interpreted(
+    block_size: int, dtype: torch.dtype, cache_dtype: torch.dtype
+) -> None:
+    torch.manual_seed(3)
+    check_qk_norm_rope_store_kv(7, 4, 2, 16, block_size, dtype, cache_dtype, "cpu")
+
+
+def test_qk_norm_rope_store_kv_checks_its_sink() -> None:
+    q, k = torch.randn(3, 4, 16), torch.randn(3, 2, 16)
+    cache = torch.zeros(2, 16, 2, 16)
+    args = (torch.ones(16), torch.ones(16), 1e-6, torch.arange(3), inv_freq(16))
+    with pytest.raises(InternalError, match="slots"):
+        sink = pa.KVSink(cache, cache.clone(), torch.arange(2))
+        fused.qk_norm_rope_store_kv(q, k, k, *args, sink)
+    with pytest.raises(InternalError, match="v must match"):
+        sink = pa.KVSink(cache, cache.clone(), torch.arange(3))
+        fused.qk_norm_rope_store_kv(q, k, k[:, :1], *args, sink)
+    with pytest.raises(InternalError, match="do not fit"):
+        sink = pa.KVSink(torch.zeros(2, 16, 1, 16), torch.zeros(2, 16, 1, 16), torch.arange(3))
+        fused.qk_norm_rope_store_kv(q, k, k, *args, sink)
+
+
+@needs_interpreter
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 1.6e-2)])
 def test_silu_and_mul_interpreted(dtype: torch.dtype, atol: float) -> None:
     torch.manual_seed(3)
@@ -216,6 +293,70 @@ def test_tiny_decoder_fused_matches_reference(
     for ours, ref in zip(logits, ref_logits, strict=True):
         scale = float(ref.abs().max())
         assert float((ours - ref).abs().max()) <= 1e-5 * scale
+
+
+def _paged_steps(model: MossTDModel, prompt: torch.Tensor, steps: int, block_size: int = 16):
+    """Prefill `prompt`, then `steps` one-token steps, on a fresh paged KV pool (block table
+    0, 1, 2, ...); returns each forward's hidden states and the pool's caches."""
+    from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
+
+    lm, cfg = model.language_model, model.language_model.cfg
+    shape = (4, block_size, cfg.kv_heads, cfg.head_dim)
+    k_caches = [torch.zeros(shape) for _ in range(cfg.layers)]
+    v_caches = [torch.zeros(shape) for _ in range(cfg.layers)]
+    table = torch.arange(4, dtype=torch.int32)[None]
+    ids, start, outputs = prompt, 0, []
+    for _ in range(steps + 1):
+        n = len(ids)
+        meta = StepMetadata(
+            slot_mapping=torch.arange(start, start + n),
+            block_tables=table,
+            seq_lens=torch.tensor([start + n], dtype=torch.int32),
+            cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32),
+            max_seqlen_q=n,
+            max_seq_len=start + n,
+            decode_only=n == 1,
+        )
+        attn = PagedAttentionBackend(k_caches, v_caches, meta)
+        hidden = lm(lm.embed(ids), torch.arange(start, start + n), attn)
+        outputs.append(hidden)
+        ids, start = model.compute_logits(hidden[-1:]).argmax(-1), start + n
+    return outputs, k_caches + v_caches
+
+
+@needs_interpreter
+@torch.no_grad()
+def test_tiny_decoder_stores_kv_through_the_sink(
+    tiny_model: MossTDModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused path on paged KV: with the sink the rotation kernel stores K/V (store_kv
+    never runs) and every output and cache equals the run where attention stores them."""
+    from livemeet.engine import paged_backend
+
+    lm = tiny_model.language_model
+    prompt = torch.tensor([151644, 872, 198, 58, 15, 13, 15, 15, 60, 42474, 16, 60, 220])
+    stores: list[int] = []
+    real_store = paged_backend.store_kv
+
+    def counted_store(k: torch.Tensor, *args: object, **kwargs: object) -> None:
+        stores.append(k.shape[0])
+        real_store(k, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(paged_backend, "store_kv", counted_store)
+    try:
+        lm.fused = True
+        monkeypatch.setattr(paged_backend, "_fused_store", False)
+        want, want_caches = _paged_steps(tiny_model, prompt, 3)
+        assert stores == [13] * 3 + [1] * (3 * 3)  # 3 layers: prefill, then 3 decode steps
+        monkeypatch.setattr(paged_backend, "_fused_store", True)
+        stores.clear()
+        got, got_caches = _paged_steps(tiny_model, prompt, 3)
+    finally:
+        lm.fused = None
+    assert stores == []
+    for ours, ref in zip(got + got_caches, want + want_caches, strict=True):
+        assert torch.equal(ours, ref)
+    assert all(float(c[0, :13].abs().sum()) > 0 for c in got_caches)  # the prompt was stored
 
 
 @needs_interpreter
@@ -315,7 +456,13 @@ def test_kernels_cuda_bf16() -> None:
         check_add_rms_norm(n, 1024, torch.bfloat16, "cuda", 1.6e-2)
         check_qk_norm_rope(n, 16, 8, 128, 100_000, torch.bfloat16, "cuda", 0.125)
         check_silu_and_mul(n, 3072, torch.bfloat16, "cuda", 1.6e-2)
+        for block_size in (16, 64):
+            for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+                check_qk_norm_rope_store_kv(
+                    n, 16, 8, 128, block_size, torch.bfloat16, cache_dtype, "cuda"
+                )
     check_qk_norm_rope(5, 16, 8, 128, 100_000, torch.float32, "cuda", 2e-5)
+    check_qk_norm_rope_store_kv(5, 16, 8, 128, 16, torch.float32, torch.float32, "cuda")
 
 
 @gpu
