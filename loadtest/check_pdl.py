@@ -19,17 +19,18 @@ from contextlib import contextmanager
 
 import torch
 
-from livemeet.layers import linear, pdl
+from livemeet.layers import fused, linear, pdl
 from livemeet.layers import paged_attention as pa
+from livemeet.layers.rotary import RotaryEmbedding
 
-STAGES = ("qkv", "attn", "o", "gate_up", "down")  # intermediates of one layer, in order
+STAGES = ("qkv", "q", "attn", "o", "gate_up", "down")  # intermediates of one layer, in order
 # KV splits of every decode attention: at the chain's contexts (<= one token per layer) the
 # default would be 1 split, which writes its output directly and launches no merge at all
 CHAIN_SPLITS = 4
 KV_DTYPES = (("bf16", torch.bfloat16), ("fp8", torch.float8_e4m3fn))  # (name, KV cache dtype)
 PDL_KERNELS = (
     "_skinny_rows_kernel",
-    "_store_kv_kernel",
+    "_qk_norm_rope_kernel",
     "_decode_split_kernel",
     "_decode_merge_kernel",
 )  # the Triton kernels the chain launches (the CUDA decode kernel follows pdl.is_enabled())
@@ -72,10 +73,14 @@ class ChainState:
             for i in range(layers)
         ]
         self.lens = [torch.full((1,), i + 1, dtype=torch.int32, **at) for i in range(layers)]
+        self.positions = [torch.full((1,), i, dtype=torch.int64, **at) for i in range(layers)]
+        self.head_norm_w = torch.ones(self.dim, device=device, dtype=bf16)
+        self.inv_freq = RotaryEmbedding(self.dim, 1_000_000.0).inv_freq.to(device)
 
 
 def decoder_chain(s: ChainState, x: torch.Tensor) -> list[torch.Tensor]:
-    """`s.layers` one-row layers: norm+qkv GEMV, store-KV of the new token, decode attention
+    """`s.layers` one-row layers: norm+qkv GEMV, q/k norm + RoPE storing the new token's K/V
+    (as the engine's fused path: `qk_norm_rope_store_kv`), decode attention
     over every token so far (the one just stored included; in CHAIN_SPLITS splits, merged by
     the merge kernel over a bf16 cache and in the split kernel over an FP8 one), o GEMV,
     norm+gate_up GEMV, SiLU*mul+down GEMV. Returns every intermediate, STAGES per layer (each
@@ -90,14 +95,16 @@ def decoder_chain(s: ChainState, x: torch.Tensor) -> list[torch.Tensor]:
         qkv, residual = linear.skinny_norm_linear(x, residual, s.norm_w, 1e-6, s.w_qkv, narrow)
         q, k, v = qkv.view(1, sum(groups), s.dim).split(groups, 1)
         k_cache, v_cache = s.k_caches[i], s.v_caches[i]
-        pa.store_kv(k, v, k_cache, v_cache, s.slots[i])
+        sink = pa.KVSink(k_cache, v_cache, s.slots[i])
+        w, pos = s.head_norm_w, s.positions[i]
+        q = fused.qk_norm_rope_store_kv(q, k, v, w, w, 1e-6, pos, s.inv_freq, sink)
         attn = pa.paged_decode_attention(
             q, k_cache, v_cache, s.table, s.lens[i], 0.088, num_splits=CHAIN_SPLITS
         )
         o = linear.skinny_linear(attn.view(1, -1), s.w_o, wide)
         up, residual = linear.skinny_norm_linear(o, residual, s.norm_w, 1e-6, s.w_up, narrow)
         x = linear.skinny_silu_linear(up, s.w_down, wide)
-        out += [qkv, attn, o, up, x]
+        out += [qkv, q, attn, o, up, x]
     return out
 
 
