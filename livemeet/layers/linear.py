@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -59,10 +58,6 @@ TUNE_L2_DEFEAT_BYTES = 256 << 20  # weight copies cycled per timing (H200 L2: 50
 # (one GPU test ran past its 4-minute budget tuning a 64-wide model); real sizes need <= 64
 TUNE_MAX_COPIES = 64
 TUNE_REP_MS = 10  # ms of replays per candidate (triton.testing.do_bench_cudagraph)
-# "0": prologues are tuned (so fused) at one row only, as before session 8; for side-by-side
-# benchmarks of the fused 2..16-row kernels (read at import)
-DOT_PROLOGUES_ENV = "LIVEMEET_DOT_PROLOGUES"
-_prologue_row_classes = (1, SKINNY_MAX_M) if os.environ.get(DOT_PROLOGUES_ENV, "1") != "0" else (1,)
 
 
 @dataclass(frozen=True)
@@ -688,9 +683,8 @@ class LinearPlan:
         plan: list[tuple[torch.Tensor, int, Prologue]] = [
             (w, rows, "none") for w in weights for rows in (1, SKINNY_MAX_M)
         ]
-        classes = _prologue_row_classes
-        plan += [(w, rows, "silu_mul") for w in silu_weights for rows in classes]
-        plan += [(w, rows, "add_rms_norm") for w in norm_weights for rows in classes]
+        plan += [(w, rows, "silu_mul") for w in silu_weights for rows in (1, SKINNY_MAX_M)]
+        plan += [(w, rows, "add_rms_norm") for w in norm_weights for rows in (1, SKINNY_MAX_M)]
         seen: set[tuple[int, int, torch.dtype, int, Prologue]] = set()
         for w, rows, prologue in plan:
             key = (w.shape[0], w.shape[1], w.dtype, rows, prologue)
