@@ -7,12 +7,11 @@ to read the weights at 4.3 TB/s). `skinny_linear` is a Triton kernel for M <= SK
 rows: each program reads a [BLOCK_N, K] slab of w once and produces y[:, slab]. M == 1 uses a
 broadcast multiply and row sum (no tensor-core padding); 2..16 rows use tl.dot with M padded
 to 16, optionally with K split across programs whose last one sums the parts in a fixed order
-(`GemmConfig.split_k`, livemeet.layers.split_k). Two variants of both kernels fold the kernel
-before a projection into it (one launch fewer each; at batch 1 every kernel boundary costs
-~1.5-2 us of a ~35 us layer, and at batch 16 and short contexts the projections and the
-kernels between them are most of a ~1.6 ms step): `skinny_silu_linear` the MLP's SiLU*mul
-into the down projection, `skinny_norm_linear` the residual add + RMSNorm into the qkv and
-gate_up projections (each program re-reads its K-wide rows for their RMS).
+(`GemmConfig.split_k`, livemeet.layers.split_k). Two one-row variants fold the kernel before a
+projection into it (one launch fewer each; at batch 1 every kernel boundary costs ~1.5-2 us
+of a ~35 us layer): `skinny_silu_linear` the MLP's SiLU*mul into the down projection,
+`skinny_norm_linear` the residual add + RMSNorm into the qkv and gate_up projections (each
+program re-reads the K-wide row for its RMS).
 
 Which kernel wins depends on the shape and the GPU, so `LinearPlan.tune` times cuBLAS (or, for
 the fused variants, the two-kernel path) and a few fixed Triton configurations per (weight
@@ -167,50 +166,6 @@ if HAS_TRITON:
             return tl.load(rows + kk[None, :], mask=rmask[:, None], other=0.0)
         return tl.load(rows + kk[None, :], mask=rmask[:, None] & (kk < K)[None, :], other=0.0)
 
-    @triton.jit
-    def _dot_x_tile(
-        x_rows, kk, K, mmask, r_rows, norm_w, rstd, EVEN_K: tl.constexpr,
-        PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    ):  # fmt: skip
-        """`_row_chunk` for the dot kernel: the [R, BLOCK_K] input tile at columns kk of the R
-        rows `x_rows` ([R, 1] pointers; `r_rows` the residual's, `rstd` [R] fp32), after the
-        prologue, in the input dtype (tl.dot's operand); zeros past K and in masked rows."""
-        x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
-        if PROLOGUE == SILU_MUL:
-            u = _rows_tile(x_rows + K, kk, K, mmask, EVEN_K)
-            g32 = x.to(tl.float32)
-            act = (g32 / (1.0 + tl.exp(-g32))).to(x.dtype).to(tl.float32)
-            x = (act * u.to(tl.float32)).to(u.dtype)
-        elif PROLOGUE == ADD_RMS_NORM:
-            if HAS_RESIDUAL:
-                r = _rows_tile(r_rows, kk, K, mmask, EVEN_K)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            w = tl.load(norm_w + kk, mask=kk < K, other=0.0).to(tl.float32)
-            x = fk.scale_by_rstd(x, rstd[:, None], w[None, :]).to(x.dtype)
-        return x
-
-    @triton.jit
-    def _dot_rows_rstd(
-        x_rows, r_rows, ro_rows, K, mmask, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, store,
-    ):  # fmt: skip
-        """RMSNorm's rsqrt(mean(x^2) + eps) of each of the R rows `x_rows` ([R, 1] pointers)
-        over K, x being x + residual rounded to the input dtype (written to `ro_rows` when
-        `store`), as `fk.add_residual_rstd` row by row (fp32 sums in BLOCK_K chunks): [R]."""
-        offs_k = tl.arange(0, BLOCK_K)
-        sq = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
-            if HAS_RESIDUAL:
-                r = _rows_tile(r_rows, kk, K, mmask, EVEN_K)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-                if store:
-                    tl.store(ro_rows + kk[None, :], x, mask=mmask[:, None] & (kk < K)[None, :])
-            x32 = x.to(tl.float32)
-            sq += x32 * x32
-        return tl.rsqrt(tl.sum(sq, 1) / K + eps)
-
     @triton.jit(do_not_specialize=["M"])
     def _skinny_rows_kernel(
         X,
@@ -282,27 +237,17 @@ if HAS_TRITON:
         stride_xm,
         stride_wn,
         stride_om,
-        R,
-        NormW,
-        ROut,
-        stride_rm,
-        stride_rom,
-        eps,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
         EVEN_K: tl.constexpr,
-        PROLOGUE: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr,
         PDL: tl.constexpr,
     ):
         # grid: (cdiv(N, BLOCK_N), SPLIT_K); all M <= BLOCK_M rows in one program. With
         # SPLIT_K > 1 each program reduces a BLOCK_K-aligned 1/SPLIT_K of K into Partials
         # [SPLIT_K, BLOCK_M, N] fp32 and the last of a column tile's programs sums them in
-        # split order (livemeet.layers.split_k; Counters: one per column tile). PROLOGUE as in
-        # _skinny_rows_kernel: with ADD_RMS_NORM every program first reads its rows whole for
-        # their RMS, and program (0, 0) writes the new residual to ROut.
+        # split order (livemeet.layers.split_k; Counters: one per column tile).
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         k_len = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
@@ -322,24 +267,11 @@ if HAS_TRITON:
         )
         pdl.dependency_sync(PDL)
         x_rows = X + offs_m[:, None] * stride_xm
-        r_rows = R + offs_m[:, None] * stride_rm
-        rstd = tl.full([BLOCK_M], 1.0, tl.float32)
-        if PROLOGUE == ADD_RMS_NORM:
-            first = (pid_n == 0) & (pid_k == 0)
-            rstd = _dot_rows_rstd(
-                x_rows, r_rows, ROut + offs_m[:, None] * stride_rom, K, mmask, eps, BLOCK_M,
-                BLOCK_K, EVEN_K, HAS_RESIDUAL, first,
-            )  # fmt: skip
-        x = _dot_x_tile(
-            x_rows, k_start + offs_k, K, mmask & (offs_m * 0 + k_start < K), r_rows, NormW,
-            rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL,
-        )  # fmt: skip
+        x = _rows_tile(x_rows, k_start + offs_k, K, mmask & (offs_m * 0 + k_start < K), EVEN_K)
         acc = tl.dot(x, tl.trans(w_first.to(x.dtype)))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + offs_k
-            x = _dot_x_tile(
-                x_rows, kk, K, mmask, r_rows, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL
-            )
+            x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
             w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -372,6 +304,7 @@ def skinny_linear(
     if x.dtype != weight.dtype:
         raise InternalError(f"x is {x.dtype} but the weight is {weight.dtype}")
     m, k = x.shape
+    n = weight.shape[0]
     if not 1 <= m <= SKINNY_MAX_M:
         raise InternalError(f"skinny_linear takes 1..{SKINNY_MAX_M} rows, not {m}")
     if not select_triton(impl, x, available=HAS_TRITON):
@@ -380,20 +313,6 @@ def skinny_linear(
         raise InternalError("skinny_linear needs rows contiguous in the last dim")
     if m == 1:
         return _rows_launch(x, weight, k, config)
-    return _dot_launch(x, weight, k, config)
-
-
-def _dot_launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    k: int,
-    config: GemmConfig,
-    prologue: Prologue = "none",
-    norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None = None,
-) -> torch.Tensor:
-    """`_skinny_dot_kernel` over the 2..SKINNY_MAX_M rows of x (checked by the callers):
-    [M, N]. `prologue` and `norm` as in `_rows_launch`."""
-    m, n = x.shape[0], weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, config.block_n)
     parts = config.split_k
@@ -403,8 +322,6 @@ def _dot_launch(
     partials = out  # unused with one split
     if parts > 1:
         partials = torch.empty((parts, DOT_BLOCK_M, n), dtype=torch.float32, device=x.device)
-    residual, norm_w, r_out, eps = norm if norm is not None else (None, x, x, 0.0)
-    r = x if residual is None else residual  # a valid pointer where the kernel reads none
     _skinny_dot_kernel[(tiles, parts)](
         x,
         weight,
@@ -417,19 +334,11 @@ def _dot_launch(
         x.stride(0),
         weight.stride(0),
         out.stride(0),
-        r,
-        norm_w,
-        r_out,
-        r.stride(0),
-        r_out.stride(0),
-        eps,
         BLOCK_M=DOT_BLOCK_M,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         SPLIT_K=parts,
         EVEN_K=k % config.block_k == 0,
-        PROLOGUE=PROLOGUE_CODES[prologue],
-        HAS_RESIDUAL=residual is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl.launch_options(x, _skinny_dot_kernel),
@@ -487,10 +396,9 @@ def skinny_silu_linear(
     gate_up: torch.Tensor, weight: torch.Tensor, config: GemmConfig, *, impl: Impl = "auto"
 ) -> torch.Tensor:
     """silu(gate) * up of gate_up [M, 2K] (gate columns first), times weight[N, K].T ->
-    [M, N]: the MLP's activation fused into its down projection, for decode rows (the kernel
-    `_prologue_launch` picks by M: for 2..SKINNY_MAX_M rows `config` must be a dot-kernel
-    tile, block_n >= 16). Same rounding as silu_and_mul followed by skinny_linear.
-    `impl="torch"` (or no Triton) runs the references. Raises InternalError on
+    [M, N]: the MLP's activation fused into its down projection, for decode rows (one
+    program per row along the grid's second axis). Same rounding as silu_and_mul followed by
+    skinny_linear. `impl="torch"` (or no Triton) runs the references. Raises InternalError on
     mismatched shapes or dtypes, or rows not contiguous in the last dim."""
     if gate_up.dim() != 2 or weight.dim() != 2 or gate_up.shape[1] != 2 * weight.shape[1]:
         raise InternalError(
@@ -503,7 +411,7 @@ def skinny_silu_linear(
         return F.linear(fk.ref_silu_and_mul(gate_up), weight)
     if gate_up.stride(1) != 1 or weight.stride(1) != 1:
         raise InternalError("skinny_silu_linear needs rows contiguous in the last dim")
-    return _prologue_launch(gate_up, weight, weight.shape[1], config, "silu_mul")
+    return _rows_launch(gate_up, weight, weight.shape[1], config, "silu_mul")
 
 
 def skinny_norm_linear(
@@ -518,10 +426,9 @@ def skinny_norm_linear(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`fused_add_rms_norm(x, residual, norm_weight, eps)` followed by the projection onto
     weight [N, K], in one kernel for decode rows: x [M, K] (+ residual [M, K]) ->
-    (y [M, N], new_residual [M, K]), with the same roundings as the two-kernel path (the
-    kernel by M as in `skinny_silu_linear`; every program re-reads its rows for the RMS, whose
-    fp32 sum may differ from the norm kernel's in order only). `impl="torch"` (or no Triton)
-    runs the references. Raises InternalError on mismatched
+    (y [M, N], new_residual [M, K]), with the same roundings as the two-kernel path (one
+    program per row along the grid's second axis; every program re-reads its row for the
+    RMS). `impl="torch"` (or no Triton) runs the references. Raises InternalError on mismatched
     shapes or dtypes, or rows not contiguous in the last dim."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise InternalError(
@@ -541,24 +448,7 @@ def skinny_norm_linear(
         raise InternalError("skinny_norm_linear needs rows contiguous in the last dim")
     new_residual = x if residual is None else torch.empty_like(x)
     norm = (residual, norm_weight, new_residual, eps)
-    out = _prologue_launch(x, weight, x.shape[1], config, "add_rms_norm", norm)
-    return out, new_residual
-
-
-def _prologue_launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    k: int,
-    config: GemmConfig,
-    prologue: Prologue,
-    norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None = None,
-) -> torch.Tensor:
-    """A prologue-fused projection on the kernel for x's row count, as `skinny_linear`
-    chooses: the dot kernel for 2..SKINNY_MAX_M rows (`config` one of its tiles), else the
-    row kernel (one program per row)."""
-    if 2 <= x.shape[0] <= SKINNY_MAX_M:
-        return _dot_launch(x, weight, k, config, prologue, norm)
-    return _rows_launch(x, weight, k, config, prologue, norm)
+    return _rows_launch(x, weight, x.shape[1], config, "add_rms_norm", norm), new_residual
 
 
 NORM_TUNE_EPS = 1e-6  # eps of the RMSNorm timed by `tune` (the value does not change the time)
@@ -594,7 +484,7 @@ class LinearPlan:
     """Per (weight shape, dtype, row class, prologue): the baseline or a Triton `GemmConfig`
     (see module doc). Prologues: "silu_mul" (`silu_mul_linear`: the MLP activation before the
     down projection) and "add_rms_norm" (`norm_linear`: the residual add + RMSNorm before the
-    qkv and gate_up projections), tuned for both row classes like the plain projections.
+    qkv and gate_up projections), tuned for one row (decode at batch 1).
 
     An empty plan (the default; the CPU) runs F.linear after the unfused prologue, so tuning
     only changes speed. `impl` is passed to the skinny kernels ("triton" lets CPU tests drive
@@ -610,7 +500,7 @@ class LinearPlan:
         self, weight: torch.Tensor, x: torch.Tensor, prologue: Prologue
     ) -> GemmConfig | None:
         rows = row_class(x.shape[0]) if x.dim() == 2 else None
-        if rows is None:
+        if rows is None or (prologue != "none" and rows != 1):
             return None
         return self._choices.get((weight.shape[0], weight.shape[1], weight.dtype, rows, prologue))
 
@@ -622,9 +512,9 @@ class LinearPlan:
         return skinny_linear(x, weight, config, impl=self.impl)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of gate_up [M, 2K], times weight[N, K].T -> [M, N]. A row count
-        whose class has a "silu_mul" choice for the weight runs one kernel
-        (`skinny_silu_linear`); otherwise the SiLU*mul kernel then `linear`."""
+        """silu(gate) * up of gate_up [M, 2K], times weight[N, K].T -> [M, N]. One row with a
+        "silu_mul" choice for the weight runs one kernel (`skinny_silu_linear`); otherwise the
+        SiLU*mul kernel then `linear`."""
         config = self._choice(weight, gate_up, "silu_mul")
         if config is not None:
             return skinny_silu_linear(gate_up, weight, config, impl=self.impl)
@@ -639,9 +529,8 @@ class LinearPlan:
         weight: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`fused_add_rms_norm(x, residual, norm_weight, eps)` then the projection onto weight
-        [N, K]: (y [M, N], new_residual [M, K]). A row count whose class has an "add_rms_norm"
-        choice for the weight runs one kernel (`skinny_norm_linear`); otherwise the norm kernel
-        then `linear`."""
+        [N, K]: (y [M, N], new_residual [M, K]). One row with an "add_rms_norm" choice for the
+        weight runs one kernel (`skinny_norm_linear`); otherwise the norm kernel then `linear`."""
         config = self._choice(weight, x, "add_rms_norm")
         if config is not None:
             return skinny_norm_linear(x, residual, norm_weight, eps, weight, config, impl=self.impl)
@@ -673,7 +562,7 @@ class LinearPlan:
         norm_weights: Iterable[torch.Tensor] = (),
     ) -> list[TuneResult]:
         """Time cuBLAS and every candidate for each distinct CUDA bf16/fp16 weight shape at 1
-        and SKINNY_MAX_M rows; then, at both, the fused kernels for `silu_weights`
+        and SKINNY_MAX_M rows; then, at one row, the fused kernels for `silu_weights`
         (projections fed by SiLU*mul) and `norm_weights` (fed by residual add + RMSNorm)
         against their two-kernel paths (whose projection uses the plain choice just tuned).
         Keep the fastest. Returns (and logs) the measurements. Needs no graph capture in
@@ -683,8 +572,8 @@ class LinearPlan:
         plan: list[tuple[torch.Tensor, int, Prologue]] = [
             (w, rows, "none") for w in weights for rows in (1, SKINNY_MAX_M)
         ]
-        plan += [(w, rows, "silu_mul") for w in silu_weights for rows in (1, SKINNY_MAX_M)]
-        plan += [(w, rows, "add_rms_norm") for w in norm_weights for rows in (1, SKINNY_MAX_M)]
+        plan += [(w, 1, "silu_mul") for w in silu_weights]
+        plan += [(w, 1, "add_rms_norm") for w in norm_weights]
         seen: set[tuple[int, int, torch.dtype, int, Prologue]] = set()
         for w, rows, prologue in plan:
             key = (w.shape[0], w.shape[1], w.dtype, rows, prologue)
