@@ -87,6 +87,11 @@ case "$phase" in
     step decode-profile-fp8 "${PROFILE_FP8_S:-0}" python3 -m loadtest.bench_decode_step \
       --batches 1 16 --contexts 36000 --iters 30 --profile --kv-cache-dtype fp8_e4m3
     step encoder-profile "${ENCODER_S:-0}" python3 -m loadtest.bench_encoder --profile
+    # which kernels gain from PDL at which batch (loadtest/pdl_study.py), bf16 then FP8 KV
+    for kv in ${PDL_STUDY_KV:-auto fp8_e4m3}; do
+      step "pdl-study-$kv" "${PDL_STUDY_S:-0}" python3 -m loadtest.pdl_study --kv-cache-dtype "$kv" \
+        --points ${PDL_STUDY_POINTS:-1x36000 16x36000} --json "$OUT/pdl_study.jsonl"
+    done
     step bench-engine "${BENCH_S:-200}" python3 -m loadtest.bench_engine \
       --workloads "${BENCH_WORKLOADS:-short,long}" --short-concurrency "${SHORT_C:-16,64}" \
       --long-concurrency "${LONG_C:-1}" --decode-batches 1 --decode-contexts 1024 --fp8 "${FP8_POINTS:-}" \

@@ -108,3 +108,29 @@ def test_decoder_chain_runs_on_the_cpu_references(
 def test_pdl_chain_equals_plain_launches_cuda(restore_pdl: None) -> None:
     report = check(100)
     assert report == dict.fromkeys(report, "equal")
+
+
+def test_pdl_study_mode_selects_kernels_and_restores(
+    monkeypatch: pytest.MonkeyPatch, restore_pdl: None
+) -> None:
+    """loadtest.pdl_study's modes: PDL for the named Triton kernels only, the CUDA decode
+    kernel's flag through `pdl.is_enabled`, and both restored afterwards."""
+    from loadtest.pdl_study import MODES, pdl_mode
+
+    monkeypatch.setattr(pdl, "HAS_GDC", True)
+    monkeypatch.setattr(pdl, "_capable", lambda index: True)
+
+    def kernel(name: str) -> object:  # a compiled kernel: its `fn` carries the name
+        return SimpleNamespace(fn=type(name, (), {}))
+
+    full, enabled = pdl.launch_options, pdl.is_enabled
+    cuda = fake_tensor(True)
+    on = {"PDL": True, "launch_pdl": True}
+    with pdl_mode(*MODES["dot off"]):
+        assert pdl.is_enabled()
+        assert pdl.launch_options(cuda, kernel("_skinny_dot_kernel")) == {"PDL": False}  # type: ignore[arg-type]
+        assert pdl.launch_options(cuda, kernel("_skinny_rows_kernel")) == on  # type: ignore[arg-type]
+    with pdl_mode(*MODES["attention off"]):
+        assert not pdl.is_enabled()
+        assert pdl.launch_options(cuda, kernel("_decode_merge_kernel")) == {"PDL": False}  # type: ignore[arg-type]
+    assert pdl.launch_options is full and pdl.is_enabled is enabled
