@@ -105,6 +105,13 @@ ENGINE_STATS_INTERVAL_S = 0.5  # s; most time between two EngineStats posts of a
 # (decode) to ~0.2 s (a late 4,096-token chunk of a long prompt) on an H200
 ENGINE_SLOW_STEP_S = 0.5
 SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) before it fails
+# bytes; an array this large crosses to the engine process in shared memory, a smaller one inside
+# its pickled command (livemeet/engine/shared_audio.py). Measured on a CPU box: the pipe costs
+# ~0.16 ms per second of audio (64 KB) and holds the worker in its inbox read meanwhile; a block
+# costs ~0.1 ms fixed (file, thread hop, one more message) plus ~0.6 ms per MiB. At 1 MiB (16.4 s
+# of float32 audio) live frames (20-100 ms, a few KB) never take the block path, and what stays
+# in the pipe costs at most ~3 ms.
+SHARED_AUDIO_MIN_BYTES = 1 << 20
 
 # Repetition guard (livemeet/transcript/repetition.py); chosen by us. Greedy decoding loops on
 # noise and laughter (MODEL.md section 5.5); real meetings repeat short replies ("yeah.") a few

@@ -1,8 +1,10 @@
 """Typed messages that cross the gateway <-> engine process boundary (pickled over queues).
 
 Commands go to the engine worker; `SessionEvent`s and status messages (`WorkerReady`,
-`WorkerFailed`, `EngineStats`) come back. Names follow DESIGN.md section 3. Audio crosses as
-float32 numpy arrays at 16 kHz.
+`WorkerFailed`, `EngineStats`, `SharedAudioConsumed`) come back. Names follow DESIGN.md
+section 3. Audio crosses as float32 numpy arrays at 16 kHz: inside `AppendAudio`, or, for an
+array of at least SHARED_AUDIO_MIN_BYTES sent to a worker process, in a shared-memory block that
+`AppendSharedAudio` names (livemeet/engine/shared_audio.py: who owns the block when).
 """
 
 from __future__ import annotations
@@ -22,6 +24,17 @@ class OpenSession:
 class AppendAudio:
     session_id: str
     samples: Samples  # [n] float32, 16 kHz mono
+
+
+@dataclass(frozen=True)
+class AppendSharedAudio:
+    """`AppendAudio` whose samples wait in shared-memory block `block_name`; the worker copies
+    them out and answers `SharedAudioConsumed`, and the gateway unlinks the block."""
+
+    session_id: str
+    block_name: str  # POSIX shared-memory object name (a file in /dev/shm)
+    num_samples: int  # samples at the start of the block (16 kHz mono)
+    dtype: str  # numpy dtype string of the samples ("<f4")
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,7 @@ class Shutdown:
 Command = (
     OpenSession
     | AppendAudio
+    | AppendSharedAudio
     | FinalizeSession
     | EndSession
     | AbortSession
@@ -79,6 +93,14 @@ class WorkerFailed:
 
     code: str
     message: str
+
+
+@dataclass(frozen=True)
+class SharedAudioConsumed:
+    """The worker copied block `block_name` out (whether or not its session then took the
+    samples); the gateway may unlink it."""
+
+    block_name: str
 
 
 @dataclass(frozen=True)
@@ -145,4 +167,4 @@ class EngineStats:
         return {part: getattr(self, f"{part}_s") for part in STEP_PARTS}
 
 
-WorkerMessage = WorkerReady | WorkerFailed | SessionEvent | EngineStats
+WorkerMessage = WorkerReady | WorkerFailed | SessionEvent | EngineStats | SharedAudioConsumed

@@ -12,6 +12,10 @@ posted) go out at most every ENGINE_STATS_INTERVAL_S while the worker steps, and
 it goes idle (and once at start), so the gateway's copy is at most one interval stale under
 load and exact when idle. The per-step cost is one clock read and a comparison.
 
+Audio: `AppendSharedAudio` names a shared-memory block; the worker copies the samples out before
+applying the command and then posts `SharedAudioConsumed`, whatever the command's fate, so the
+gateway can unlink the block (livemeet/engine/shared_audio.py).
+
 Failures: a command that fails for one session (unknown id, audio after end, ...) becomes an
 `Error` event for that session only, and the session is freed. An exception from `step()`
 cannot be attributed to a session, so the worker posts `WorkerFailed` and exits; the gateway
@@ -41,18 +45,21 @@ from livemeet.config import ModelConfig
 from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
+    AppendSharedAudio,
     Command,
     EndSession,
     FinalizeSession,
     IncomingUploads,
     OpenSession,
     SessionEvent,
+    SharedAudioConsumed,
     Shutdown,
     WorkerFailed,
     WorkerReady,
 )
+from livemeet.engine.shared_audio import read_shared_audio
 from livemeet.errors import LivemeetError
-from livemeet.transcriber import TERMINAL_EVENTS, Error
+from livemeet.transcriber import TERMINAL_EVENTS, Error, Samples
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +165,8 @@ class Worker:
                 self.open_sessions.add(sid)
             elif isinstance(cmd, AppendAudio):
                 self.core.append(sid, cmd.samples)
+            elif isinstance(cmd, AppendSharedAudio):
+                self.core.append(sid, self._read_shared(cmd))
             elif isinstance(cmd, FinalizeSession):
                 self.core.finalize(sid)
             elif isinstance(cmd, EndSession):
@@ -201,6 +210,13 @@ class Worker:
                 self.core.abort(sid)
             except Exception:
                 log.exception("abort of session %s failed during shutdown", sid)
+
+    def _read_shared(self, cmd: AppendSharedAudio) -> Samples:
+        """The block's samples; the gateway hears it may unlink the block on every path."""
+        try:
+            return read_shared_audio(cmd.block_name, cmd.num_samples, cmd.dtype)
+        finally:
+            self.outbox.put(SharedAudioConsumed(cmd.block_name))
 
     def _fail(self, sid: str, error: Error) -> None:
         if sid in self.open_sessions:

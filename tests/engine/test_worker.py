@@ -17,15 +17,18 @@ from livemeet.config import ModelConfig
 from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
+    AppendSharedAudio,
     EndSession,
     EngineStats,
     IncomingUploads,
     OpenSession,
     SessionEvent,
+    SharedAudioConsumed,
     Shutdown,
     WorkerFailed,
     WorkerReady,
 )
+from livemeet.engine.shared_audio import SharedAudioBlock, shared_audio_supported
 from livemeet.engine.worker import Worker, run_worker
 from livemeet.transcriber import (
     BackendInfo,
@@ -36,6 +39,8 @@ from livemeet.transcriber import (
     TranscriptFinal,
 )
 from tests.engine.fakes import FakeClock, RecordingCore
+
+needs_shm = pytest.mark.skipif(not shared_audio_supported(), reason="no /dev/shm")
 
 
 class CountingCore(ScriptedCore):
@@ -230,6 +235,86 @@ def test_incoming_uploads_reach_the_core_in_command_order(
     ]
     assert not any(isinstance(m.event, Error) for m in out if isinstance(m, SessionEvent))
     assert all(isinstance(events_of(out, sid)[-1], TranscriptFinal) for sid in "ab")
+
+
+# -- audio through shared memory ---------------------------------------------------------------
+
+
+class SamplesCore(ScriptedCore):
+    """Records every append's samples in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.appended: list[tuple[str, np.ndarray]] = []
+
+    def append(self, session_id: str, samples: Samples) -> None:
+        super().append(session_id, samples)
+        self.appended.append((session_id, samples))
+
+
+def consumed(out: list[object]) -> list[str]:
+    return [m.block_name for m in out if isinstance(m, SharedAudioConsumed)]
+
+
+@needs_shm
+def test_shared_audio_is_read_in_order_and_reported_consumed() -> None:
+    core = SamplesCore()
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(core, outbox)
+    rng = np.random.default_rng(1)
+    small, large, tail = (rng.standard_normal(n).astype(np.float32) for n in (800, 40_000, 400))
+    block = SharedAudioBlock(large)
+    try:
+        for cmd in [
+            OpenSession("a", SessionOptions(live=False)),
+            AppendAudio("a", small),
+            AppendSharedAudio("a", block.name, block.num_samples, block.dtype),
+            AppendAudio("a", tail),
+            EndSession("a"),
+        ]:
+            worker.apply(cmd)
+    finally:
+        block.release()  # the gateway's part once the worker reported it consumed
+    out = list(outbox.queue)
+    assert consumed(out) == [block.name] and events_of(out, "a") == []
+    assert [sid for sid, _ in core.appended] == ["a", "a", "a"]
+    for (_, got), sent in zip(core.appended, (small, large, tail), strict=True):
+        assert got.dtype == np.float32 and np.array_equal(got, sent)
+    while core.has_work():
+        worker.step()
+    assert isinstance(events_of(list(outbox.queue), "a")[-1], TranscriptFinal)
+
+
+@needs_shm
+def test_shared_audio_is_reported_consumed_when_its_command_fails() -> None:
+    """Unknown session, audio after end, a block that is gone: each fails its session only,
+    and the gateway still hears it may unlink the block."""
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(ScriptedCore(), outbox)
+    worker.apply(OpenSession("ended", SessionOptions(live=False)))
+    worker.apply(AppendAudio("ended", audio(1.0)))
+    worker.apply(EndSession("ended"))
+    worker.apply(OpenSession("gone", SessionOptions(live=False)))
+    blocks = [SharedAudioBlock(audio(1.0)) for _ in range(2)]
+    try:
+        worker.apply(AppendSharedAudio("nobody", blocks[0].name, 16_000, "<f4"))
+        worker.apply(AppendSharedAudio("ended", blocks[1].name, 16_000, "<f4"))
+    finally:
+        for block in blocks:
+            block.release()
+    worker.apply(AppendSharedAudio("gone", blocks[0].name, 16_000, "<f4"))  # released above
+    out = list(outbox.queue)
+    assert consumed(out) == [blocks[0].name, blocks[1].name, blocks[0].name]
+    codes = {
+        sid: [e.code for e in events_of(out, sid) if isinstance(e, Error)]
+        for sid in ("nobody", "ended", "gone")
+    }
+    assert codes == {
+        "nobody": ["not_found"],
+        "ended": ["protocol_error"],
+        "gone": ["internal_error"],
+    }
+    assert worker.open_sessions == set()
 
 
 # -- engine stats ----------------------------------------------------------------------------
