@@ -7,6 +7,17 @@ with `in_process=True` (tests only), in a thread with `queue.Queue`s. Commands g
 blocks on the pipe). A reader thread takes worker messages and hands them to the event loop
 with `call_soon_threadsafe`, which routes each `SessionEvent` to its session's buffer.
 
+Audio: `append` copies the caller's samples (it may reuse its buffer) into the command. An
+array of at least SHARED_AUDIO_MIN_BYTES bound for a worker process is written to a
+shared-memory block instead, on a thread (~55 ms for 143 MB that the event loop does not wait
+for), and the command only names the block (`AppendSharedAudio`): a long upload no longer goes
+through the pipe. A session's append, finalize and end hold its send lock while they send, so a
+later command waits for the block to be written and the session's commands keep their order.
+The client keeps each block in `_blocks` until the worker says it read it
+(`SharedAudioConsumed`), the send fails, or the worker is gone; then it unlinks it, once
+(livemeet/engine/shared_audio.py says who owns a block when). Where no block can be made (not
+Linux, /dev/shm full) the array goes through the pipe. A worker thread is sent arrays.
+
 Backpressure: each session buffers at most `event_buffer` events for its reader. Superseded
 events are coalesced first (a partial replaces an unread partial just before it; consecutive
 text deltas merge, so their concatenation is unchanged). A client still that slow gets
@@ -49,11 +60,13 @@ from livemeet.audio.constants import (
     ENGINE_START_TIMEOUT_S,
     SAMPLE_RATE,
     SESSION_EVENT_BUFFER,
+    SHARED_AUDIO_MIN_BYTES,
 )
 from livemeet.config import ModelConfig
 from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
+    AppendSharedAudio,
     Command,
     EndSession,
     EngineStats,
@@ -61,10 +74,12 @@ from livemeet.engine.messages import (
     IncomingUploads,
     OpenSession,
     SessionEvent,
+    SharedAudioConsumed,
     Shutdown,
     WorkerFailed,
     WorkerReady,
 )
+from livemeet.engine.shared_audio import SharedAudioBlock, shared_audio_supported
 from livemeet.engine.worker import run_worker
 from livemeet.errors import (
     BadAudio,
@@ -111,6 +126,7 @@ class EngineSession:
         self._closed_by: Error | None = None  # the terminal Error delivered, if any
         self._finished = False  # terminal event delivered (or aborted)
         self._aborted = False
+        self._send_lock = asyncio.Lock()  # held by append/finalize/end while they send
 
     @property
     def id(self) -> str:
@@ -118,22 +134,26 @@ class EngineSession:
 
     async def append(self, samples: Samples) -> None:
         """Send [n] float32 16 kHz mono samples. Raises ProtocolError after end()/abort(),
-        BadAudio for a non-1-D array, or the session's own error once it failed."""
-        self._check_open("append")
-        arr = np.array(samples, dtype=np.float32, copy=True)  # the caller may reuse its buffer
-        if arr.ndim != 1:
-            raise BadAudio(f"expected 1-D mono samples, got shape {arr.shape}")
-        if arr.size:
-            self._client._send(AppendAudio(self._id, arr))
+        BadAudio for a non-1-D array, or the session's own error once it failed (also when
+        that happens while a large array is being written to shared memory)."""
+        async with self._send_lock:
+            self._check_open("append")
+            arr = np.asarray(samples, dtype=np.float32)
+            if arr.ndim != 1:
+                raise BadAudio(f"expected 1-D mono samples, got shape {arr.shape}")
+            if arr.size:
+                await self._client._send_samples(self, arr)
 
     async def finalize(self) -> None:
-        self._check_open("finalize")
-        self._client._send(FinalizeSession(self._id))
+        async with self._send_lock:
+            self._check_open("finalize")
+            self._client._send(FinalizeSession(self._id))
 
     async def end(self) -> None:
-        self._check_open("end")
-        self._ended = True
-        self._client._send(EndSession(self._id))
+        async with self._send_lock:
+            self._check_open("end")
+            self._ended = True
+            self._client._send(EndSession(self._id))
 
     async def abort(self) -> None:
         """Free the session in the engine now; idempotent; `events()` stops."""
@@ -230,6 +250,7 @@ class EngineClient:
         self._incoming_uploads = 0  # the gateway's count (set_incoming_uploads)
         self._incoming_uploads_sent = 0  # the count the worker was last sent (it starts at 0)
         self._incoming_flush_due = False  # a call_soon of _flush_incoming_uploads is pending
+        self._blocks: dict[str, SharedAudioBlock] = {}  # sent, not yet consumed, by name
 
     @property
     def info(self) -> BackendInfo:
@@ -306,6 +327,7 @@ class EngineClient:
         except (ValueError, OSError):
             pass  # queue already closed
         await self._join_worker()
+        self._release_all_blocks()  # the worker is gone: what it did not consume, it never will
         self._stop_reader.set()
         await _wait_until(lambda: self._reader is None or not self._reader.is_alive(), 5.0)
         if self._process is not None:
@@ -353,6 +375,42 @@ class EngineClient:
             raise EngineUnavailable("the engine is not available")
         self._send_incoming_uploads()
         self._inbox.put_nowait(cmd)
+
+    async def _send_samples(self, session: EngineSession, samples: Samples) -> None:
+        """Send a copy of `samples` ([n] float32, n > 0) for `session` (whose send lock the
+        caller holds): inside `AppendAudio`, or through a shared-memory block (module
+        docstring)."""
+        block = None
+        if (
+            self._process is not None
+            and samples.nbytes >= SHARED_AUDIO_MIN_BYTES
+            and shared_audio_supported()
+        ):
+            if not self._ready:
+                raise EngineUnavailable("the engine is not available")
+            block = await _write_block(samples)
+        if block is None:
+            self._send(AppendAudio(session.id, samples.copy()))  # the queue pickles it later
+            return
+        self._blocks[block.name] = block
+        try:
+            session._check_open("append")  # it may have closed while the block was written
+            self._send(AppendSharedAudio(session.id, block.name, block.num_samples, block.dtype))
+        except BaseException:
+            self._release_block(block.name)
+            raise
+
+    def _release_block(self, name: str) -> None:
+        """Unlink block `name` if it is still the client's to release (a late
+        `SharedAudioConsumed` after the worker was found gone finds nothing)."""
+        block = self._blocks.pop(name, None)
+        if block is not None:
+            block.release()
+
+    def _release_all_blocks(self) -> None:
+        """Only once the worker process is gone: it can no longer read any of them."""
+        for name in list(self._blocks):
+            self._release_block(name)
 
     def _forget(self, session_id: str, *, abort: bool) -> None:
         if self._sessions.pop(session_id, None) is not None and abort and self._ready:
@@ -407,6 +465,8 @@ class EngineClient:
                 session._deliver(msg.event)
                 if isinstance(msg.event, TERMINAL_EVENTS):
                     self._sessions.pop(msg.session_id, None)
+        elif isinstance(msg, SharedAudioConsumed):
+            self._release_block(msg.block_name)
         elif isinstance(msg, EngineStats):
             self._engine_stats = msg
         elif isinstance(msg, WorkerReady):
@@ -415,6 +475,8 @@ class EngineClient:
         elif isinstance(msg, WorkerFailed):
             self._lost(error_for_code(msg.code, msg.message))
         elif isinstance(msg, _WorkerExited):
+            if not self._worker_alive():  # not so when only the queue broke: close() releases
+                self._release_all_blocks()
             self._lost(EngineUnavailable(msg.detail))
 
     def _lost(self, error: LivemeetError) -> None:
@@ -442,6 +504,30 @@ class EngineClient:
             self._process.join()  # reaps the killed or exited child at once
         elif self._worker_thread is not None and self._worker_thread.is_alive():
             log.error("engine worker thread did not stop within %.0f s", ENGINE_CLOSE_TIMEOUT_S)
+
+
+async def _write_block(samples: Samples) -> SharedAudioBlock | None:
+    """`samples` in a new shared-memory block, written on a thread of the loop's default
+    executor; None (logged) if none can be made (/dev/shm full). If the caller is cancelled,
+    the block is released once written."""
+    future = asyncio.get_running_loop().run_in_executor(None, SharedAudioBlock, samples)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_release_abandoned_block)
+        raise
+    except OSError as exc:
+        log.warning(
+            "no shared memory for %.0f MB of audio (%s); it goes through the pipe",
+            samples.nbytes / 1e6,
+            exc,
+        )
+        return None
+
+
+def _release_abandoned_block(future: asyncio.Future[SharedAudioBlock]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
 
 
 async def _wait_until(predicate: Any, timeout_s: float) -> bool:

@@ -1,21 +1,34 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from multiprocessing import resource_tracker
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.constants import SAMPLE_RATE, SHARED_AUDIO_MIN_BYTES
 from livemeet.backends import BACKENDS
 from livemeet.backends.scripted import DEFAULT_SCRIPT, Script, ScriptedCore
 from livemeet.config import ModelConfig
+from livemeet.engine.messages import AppendSharedAudio
+from livemeet.engine.shared_audio import (
+    BLOCK_PREFIX,
+    SHM_DIR,
+    SharedAudioBlock,
+    shared_audio_supported,
+)
 from livemeet.errors import (
     BadAudio,
     ConfigError,
@@ -24,10 +37,12 @@ from livemeet.errors import (
     ProtocolError,
     QueueFull,
 )
+from livemeet.gateway import engine_client
 from livemeet.gateway.engine_client import EngineClient, EngineSession
 from livemeet.transcriber import (
     Error,
     Event,
+    Samples,
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
@@ -273,3 +288,308 @@ async def test_child_process_round_trip_crash_and_clean_close() -> None:
             break
         await asyncio.sleep(0.02)
     assert open_fds() <= fds_before
+
+
+# -- large appends through shared memory (livemeet/engine/shared_audio.py) ---------------------
+
+needs_shm = pytest.mark.skipif(not shared_audio_supported(), reason="no /dev/shm")
+LARGE_S = 20.0  # s of audio: 1.28 MB, past SHARED_AUDIO_MIN_BYTES
+
+
+def shm_blocks() -> set[str]:
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(BLOCK_PREFIX)}
+
+
+class BlockSpy:
+    """Records the blocks the client creates and releases; `gate.clear()` holds writers."""
+
+    def __init__(self) -> None:
+        self.created: list[str] = []
+        self.released: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.writing = threading.Event()
+
+    async def wait_released(self, count: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.released) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert len(self.released) == count, (self.created, self.released)
+
+
+@pytest.fixture
+def block_spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[BlockSpy]:
+    """Every block is released exactly once (release() asserts that) and no file is left."""
+    spy = BlockSpy()
+
+    class SpiedBlock(SharedAudioBlock):
+        def __init__(self, samples: Samples) -> None:
+            spy.writing.set()
+            assert spy.gate.wait(10)
+            super().__init__(samples)
+            spy.created.append(self.name)
+
+        def release(self) -> None:
+            super().release()
+            spy.released.append(self.name)
+
+    monkeypatch.setattr(engine_client, "SharedAudioBlock", SpiedBlock)
+    before = shm_blocks()
+    yield spy
+    spy.gate.set()
+    assert sorted(spy.released) == sorted(spy.created)
+    assert shm_blocks() == before
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[EngineClient]:
+    """A client with its real worker process (scripted backend)."""
+    client = EngineClient(SCRIPTED, start_timeout_s=60)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def test_in_process_worker_is_sent_arrays(monkeypatch: pytest.MonkeyPatch) -> None:
+    class SamplesCore(ScriptedCore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.appended: list[np.ndarray] = []
+
+        def append(self, session_id: str, samples: Samples) -> None:
+            super().append(session_id, samples)
+            self.appended.append(samples)
+
+    core = SamplesCore()
+    monkeypatch.setitem(BACKENDS, "samples", lambda config: core)
+    before = shm_blocks() if shared_audio_supported() else set()
+    client = EngineClient(ModelConfig(backend="samples"), in_process=True)
+    await client.start()
+    try:
+        session = await client.open_session(SessionOptions(live=False))
+        large = np.random.default_rng(0).standard_normal(round(LARGE_S * SAMPLE_RATE))
+        assert large.astype(np.float32).nbytes >= SHARED_AUDIO_MIN_BYTES
+        with pytest.raises(BadAudio):
+            await session.append(large.reshape(2, -1))
+        await session.append(large)  # float64 in: float32 out
+        await session.end()
+        assert isinstance((await collect(session))[-1], TranscriptFinal)
+    finally:
+        await client.close()
+    (got,) = core.appended
+    assert got.dtype == np.float32 and np.array_equal(got, large.astype(np.float32))
+    assert not client._blocks and (not shared_audio_supported() or shm_blocks() == before)
+
+
+@needs_shm
+async def test_large_append_goes_through_shared_memory_in_order(
+    block_spy: BlockSpy, engine: EngineClient
+) -> None:
+    """A large append between small ones, then end: the worker applies them in order (end
+    first would make the append fail with "audio after end") and the block is released once
+    the worker has read it. The transcript is the one the same audio gets from a thread."""
+    chunks = [audio(0.5), audio(LARGE_S), audio(0.5)]
+    session = await engine.open_session(SessionOptions(live=False))
+    for chunk in chunks:
+        await session.append(chunk)
+    await session.end()
+    events = await collect(session)
+    assert len(block_spy.created) == 1
+    await block_spy.wait_released(1)
+    assert not engine._blocks
+
+    reference = EngineClient(SCRIPTED, in_process=True)
+    await reference.start()
+    try:
+        same = await reference.open_session(SessionOptions(live=False))
+        for chunk in chunks:
+            await same.append(chunk)
+        await same.end()
+        expected = (await collect(same))[-1]
+    finally:
+        await reference.close()
+    assert isinstance(events[-1], TranscriptFinal) and events[-1].segments
+    assert events[-1] == expected
+
+
+@needs_shm
+async def test_end_waits_for_a_large_append_still_being_written(
+    block_spy: BlockSpy, engine: EngineClient
+) -> None:
+    session = await engine.open_session(SessionOptions(live=False))
+    block_spy.gate.clear()
+    append = asyncio.create_task(session.append(audio(LARGE_S)))
+    assert await asyncio.to_thread(block_spy.writing.wait, 10)
+    end = asyncio.create_task(session.end())
+    await asyncio.sleep(0.05)
+    assert not append.done() and not end.done()  # the event loop is not blocked meanwhile
+    block_spy.gate.set()
+    await append
+    await end
+    events = await collect(session)
+    assert isinstance(events[-1], TranscriptFinal), events[-1]
+    await block_spy.wait_released(1)
+
+
+@needs_shm
+async def test_block_released_when_the_worker_rejects_the_command(
+    block_spy: BlockSpy, engine: EngineClient
+) -> None:
+    """The worker reads the block, then fails the command (unknown session): released."""
+    unknown = EngineSession(engine, "no-such-session", 8)
+    await engine._send_samples(unknown, audio(LARGE_S))
+    await block_spy.wait_released(1)
+    assert engine.ready and not engine._blocks
+
+
+@needs_shm
+async def test_block_released_when_the_session_closes_while_it_is_written(
+    block_spy: BlockSpy, engine: EngineClient
+) -> None:
+    session = await engine.open_session(SessionOptions(live=False))
+    block_spy.gate.clear()
+    append = asyncio.create_task(session.append(audio(LARGE_S)))
+    assert await asyncio.to_thread(block_spy.writing.wait, 10)
+    await session.abort()
+    block_spy.gate.set()
+    with pytest.raises(ProtocolError):
+        await append
+    await block_spy.wait_released(1)
+
+
+@needs_shm
+async def test_block_released_when_the_append_is_cancelled(
+    block_spy: BlockSpy, engine: EngineClient
+) -> None:
+    session = await engine.open_session(SessionOptions(live=False))
+    block_spy.gate.clear()
+    append = asyncio.create_task(session.append(audio(LARGE_S)))
+    assert await asyncio.to_thread(block_spy.writing.wait, 10)
+    append.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await append
+    assert block_spy.created == []  # still being written
+    block_spy.gate.set()
+    await block_spy.wait_released(1)
+    assert not engine._blocks
+
+
+@needs_shm
+async def test_block_released_when_the_send_fails(
+    block_spy: BlockSpy, engine: EngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = await engine.open_session(SessionOptions(live=False))
+    put_nowait = engine._inbox.put_nowait
+
+    def fail_audio(cmd: object) -> None:
+        if isinstance(cmd, AppendSharedAudio):
+            raise ValueError("Queue is closed")
+        put_nowait(cmd)
+
+    monkeypatch.setattr(engine._inbox, "put_nowait", fail_audio)
+    with pytest.raises(ValueError, match="closed"):
+        await session.append(audio(LARGE_S))
+    assert block_spy.released == block_spy.created and len(block_spy.created) == 1
+    assert not engine._blocks
+
+
+@needs_shm
+async def test_no_shared_memory_falls_back_to_the_pipe(
+    engine: EngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = shm_blocks()
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    session = await engine.open_session(SessionOptions(live=False))
+    await session.append(audio(LARGE_S))
+    await session.end()
+    assert isinstance((await collect(session))[-1], TranscriptFinal)
+    assert shm_blocks() == before and not engine._blocks
+
+
+@needs_shm
+async def test_unread_blocks_released_when_the_worker_dies(
+    block_spy: BlockSpy, engine: EngineClient
+) -> None:
+    assert engine._process is not None and engine._process.pid is not None
+    session = await engine.open_session(SessionOptions(live=False))
+    os.kill(engine._process.pid, signal.SIGSTOP)  # the worker reads nothing from here on
+    await session.append(audio(LARGE_S))
+    assert len(block_spy.created) == 1 and block_spy.created[0] in shm_blocks()
+    engine._process.kill()
+    events = await collect(session)
+    assert isinstance(events[-1], Error) and events[-1].code == "engine_unavailable"
+    await block_spy.wait_released(1)
+    assert not engine._blocks
+
+
+@needs_shm
+async def test_close_releases_blocks_left_in_the_queue(
+    block_spy: BlockSpy, engine: EngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown with an append still queued: the worker never reads it; close() joins (here:
+    kills) the worker, then releases the block."""
+    monkeypatch.setattr(engine_client, "ENGINE_CLOSE_TIMEOUT_S", 0.2)
+    assert engine._process is not None and engine._process.pid is not None
+    session = await engine.open_session(SessionOptions(live=False))
+    os.kill(engine._process.pid, signal.SIGSTOP)
+    await session.append(audio(LARGE_S))
+    await session.append(audio(LARGE_S))
+    assert len(block_spy.created) == 2 and not block_spy.released
+    await engine.close()
+    assert sorted(block_spy.released) == sorted(block_spy.created)
+    assert not engine._blocks
+
+
+@needs_shm
+@pytest.mark.slow
+def test_no_resource_tracker_warnings_in_a_gateway_process() -> None:
+    """A fresh interpreter sends large appends to its worker process (consumed; and left unread
+    when the worker is killed), then exits: its resource tracker, which the worker shares,
+    reports nothing leaked and no unregister of an unknown name (CPython issue 82300)."""
+    code = textwrap.dedent(
+        """
+        import asyncio, os, signal
+        import numpy as np
+        from livemeet.config import ModelConfig
+        from livemeet.gateway.engine_client import EngineClient
+        from livemeet.transcriber import SessionOptions, TranscriptFinal
+
+        async def main():
+            client = EngineClient(ModelConfig(backend="scripted"), start_timeout_s=60)
+            await client.start()
+            try:
+                session = await client.open_session(SessionOptions(live=False))
+                await session.append(np.zeros(320_000, np.float32))
+                await session.end()
+                events = [e async for e in session.events()]
+                assert isinstance(events[-1], TranscriptFinal), events[-1]
+                victim = await client.open_session(SessionOptions(live=False))
+                os.kill(client._process.pid, signal.SIGSTOP)
+                await victim.append(np.zeros(320_000, np.float32))
+                assert len(client._blocks) == 1
+                client._process.kill()
+                [e async for e in victim.events()]
+                assert not client._blocks
+            finally:
+                await client.close()
+            print("ok", flush=True)
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+    assert "resource_tracker" not in done.stderr and "Traceback" not in done.stderr, done.stderr
