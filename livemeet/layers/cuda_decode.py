@@ -264,6 +264,7 @@ def launch(
     v_scale: float,
     variant: Variant | None = None,
     counters: torch.Tensor | None = None,
+    launch_early: bool = True,
 ) -> None:
     """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream.
 
@@ -274,6 +275,8 @@ def launch(
     `counters` (int32, >= B x kv_heads, zero between calls: `split_k.counters`): the last split
     of each (sequence, KV head) merges the partials into `out` itself (at most
     MAX_MERGE_SPLITS splits), so no merge kernel is needed; None leaves the partials.
+    `launch_early` False launches without the PDL attribute even where PDL is on (the kernel
+    still lets its successor launch early).
 
     Hazard (early loads, PDL): the kernel may start before the kernels ahead of it in the
     stream have finished, and it reads seq_lens, the block tables and the KV of every token but
@@ -320,7 +323,7 @@ def launch(
     )
     attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed = 1
-    use_pdl = pdl.is_enabled()
+    use_pdl = launch_early and pdl.is_enabled()
     config = _LaunchConfig(
         grid_x=num_splits,
         grid_y=num_kv_heads,

@@ -62,6 +62,16 @@ DECODE_NUM_WARPS = 4
 DECODE_NUM_STAGES = 2
 
 
+# Decode attention launches with PDL only at batch 1. Replays of the real-size decode graph on
+# an H200 (loadtest/pdl_study.py, docs/benchmarks.md session 8), ms, PDL on every kernel /
+# on every kernel but attention: FP8 1x36k 1.20 / 1.24, 4x36k 3.41 / 3.01, 16x36k 10.93 / 9.08;
+# bf16 1x36k 1.55 / 1.60, 4x36k 5.84 / 4.67, 16x36k 20.38 / 15.64, 16x1k 1.49 / 1.46. Batches
+# of 2..16 rows run the tl.dot projections, and attention launched early together with them
+# costs more than it hides; with PDL off for the projections instead it is as slow (9.22,
+# 15.77 ms at 16x36k) but loses batch 1's gain.
+DECODE_PDL_MAX_ROWS = 1
+
+
 @dataclass(frozen=True)
 class DecodeKernelConfig:
     """Launch configuration of the split-K decode kernel (fixed, never autotuned).
@@ -89,6 +99,9 @@ class DecodeKernelConfig:
     default takes its winner. Two forms
     measured and dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores
     (3-10x slower), and K loaded as [D, block_n] instead of transposed in registers (no faster).
+    pdl_max_rows: the split and merge kernels launch with PDL (livemeet.layers.pdl) only for
+    batches of at most this many rows; larger batches launch them after the kernels ahead have
+    finished (see DECODE_PDL_MAX_ROWS).
     """
 
     block_n: int = DECODE_BLOCK_N
@@ -100,6 +113,7 @@ class DecodeKernelConfig:
     cuda_stages: int = 0
     cuda_early_loads: bool = cuda_decode.EARLY_LOADS
     cuda_merge_in_kernel: bool = True
+    pdl_max_rows: int = DECODE_PDL_MAX_ROWS
 
     def __post_init__(self) -> None:
         if self.block_n < 16 or self.block_n & (self.block_n - 1):
@@ -896,16 +910,17 @@ def paged_decode_attention(
     f32 = {"device": q.device, "dtype": torch.float32}
     mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
     mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
+    early = batch <= cfg.pdl_max_rows  # DECODE_PDL_MAX_ROWS
     if variant is not None:
         cuda_decode.launch(
             q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
             num_splits=num_splits, group=group, qk_scale=scale * LOG2E * k_scale, v_scale=v_scale,
-            variant=variant, counters=counters,
+            variant=variant, counters=counters, launch_early=early,
         )  # fmt: skip
     else:
         _launch_triton_split(
             q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, cfg, merge,
-            counters, num_splits, group, scale * LOG2E * k_scale, v_scale, fp16_dot,
+            counters, num_splits, group, scale * LOG2E * k_scale, v_scale, fp16_dot, early,
         )  # fmt: skip
     if merge != MERGE_SEPARATE:
         return out
@@ -920,9 +935,14 @@ def paged_decode_attention(
         HEAD_DIM=head_dim,
         MID_SPLITS=splits_pow2,
         num_warps=4,
-        **pdl.launch_options(q, _decode_merge_kernel),
+        **_pdl_options(q, _decode_merge_kernel, early),
     )
     return out
+
+
+def _pdl_options(q: torch.Tensor, kernel: object, early: bool) -> dict[str, bool]:
+    """`pdl.launch_options`, or no PDL when the batch is too large for it (`early` False)."""
+    return pdl.launch_options(q, kernel) if early else {"PDL": False}
 
 
 def _launch_triton_split(
@@ -942,8 +962,10 @@ def _launch_triton_split(
     qk_scale: float,
     v_scale: float,
     fp16_dot: bool,
+    early: bool,
 ) -> None:
-    """The Triton split kernel over grid (B, kv_heads, num_splits) (see paged_decode_attention)."""
+    """The Triton split kernel over grid (B, kv_heads, num_splits) (see paged_decode_attention);
+    with PDL (where on) when `early`."""
     _decode_split_kernel[(q.shape[0], k_cache.shape[2], num_splits)](
         q,
         k_cache,
@@ -974,7 +996,7 @@ def _launch_triton_split(
         FP8_QK=fp16_dot and cfg.fp8_qk,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **pdl.launch_options(q, _decode_split_kernel),
+        **_pdl_options(q, _decode_split_kernel, early),
     )
 
 

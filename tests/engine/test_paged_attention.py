@@ -357,6 +357,32 @@ def test_decode_kernel_interpreted_default_splits() -> None:
 
 
 @needs_interpreter
+@pytest.mark.parametrize("max_rows", [1, 2])
+def test_decode_attention_asks_for_pdl_only_up_to_its_row_limit(
+    max_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The split and merge kernels take PDL's launch options only for batches of at most
+    `pdl_max_rows` rows (pa.DECODE_PDL_MAX_ROWS: 1); larger ones launch plainly. Results
+    are the same either way."""
+    asked: list[str] = []
+    real = pa.pdl.launch_options
+
+    def spy(t: torch.Tensor, kernel: object) -> dict[str, bool]:
+        asked.append(getattr(getattr(kernel, "fn", kernel), "__name__", "?"))
+        return real(t, kernel)
+
+    monkeypatch.setattr(pa.pdl, "launch_options", spy)
+    kernel = pa.DecodeKernelConfig(merge_in_kernel=False, pdl_max_rows=max_rows)
+    assert pa.DecodeKernelConfig().pdl_max_rows == pa.DECODE_PDL_MAX_ROWS == 1
+    torch.manual_seed(4)
+    for lens in ([90], [90, 40]):
+        asked.clear()
+        check_decode(lens, 4, 2, 16, 16, 2, torch.float32, "cpu", atol=1e-5, kernel=kernel)
+        expected = ["_decode_split_kernel", "_decode_merge_kernel"]
+        assert asked == (expected if len(lens) <= max_rows else [])
+
+
+@needs_interpreter
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
 @pytest.mark.parametrize("rows", [pa.EXTEND_ROWS, pa.EXTEND_ROWS_SMALL])
