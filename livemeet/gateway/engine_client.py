@@ -389,6 +389,8 @@ class EngineClient:
             if not self._ready:
                 raise EngineUnavailable("the engine is not available")
             block = await _write_block(samples)
+            if block is None:  # no room: the pipe, unless the session closed meanwhile
+                session._check_open("append")
         if block is None:
             self._send(AppendAudio(session.id, samples.copy()))  # the queue pickles it later
             return

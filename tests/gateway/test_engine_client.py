@@ -512,6 +512,38 @@ async def test_no_shared_memory_falls_back_to_the_pipe(
 
 
 @needs_shm
+async def test_fallback_to_the_pipe_sends_nothing_when_the_session_closed_meanwhile(
+    engine: EngineClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No room in /dev/shm, and the session is aborted while the block was being tried: the
+    append raises as after an abort, and no AppendAudio follows the AbortSession."""
+    trying, gate = threading.Event(), threading.Event()
+
+    def full(fd: int, offset: int, length: int) -> None:
+        trying.set()
+        assert gate.wait(10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    sent: list[object] = []
+    put_nowait = engine._inbox.put_nowait
+
+    def record(cmd: object) -> None:
+        sent.append(cmd)
+        put_nowait(cmd)
+
+    monkeypatch.setattr(engine._inbox, "put_nowait", record)
+    session = await engine.open_session(SessionOptions(live=False))
+    append = asyncio.create_task(session.append(audio(LARGE_S)))
+    assert await asyncio.to_thread(trying.wait, 10)
+    await session.abort()
+    gate.set()
+    with pytest.raises(ProtocolError):
+        await append
+    assert [type(c).__name__ for c in sent] == ["OpenSession", "AbortSession"]
+
+
+@needs_shm
 async def test_unread_blocks_released_when_the_worker_dies(
     block_spy: BlockSpy, engine: EngineClient
 ) -> None:
