@@ -13,6 +13,7 @@ PDL off (10.94 vs 9.18 ms), while at 1 x 36k it made it 0.2 ms faster (H200).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 from collections.abc import Callable, Iterator
@@ -24,13 +25,14 @@ from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.engine.model_runner import ModelRunner
 from livemeet.engine.request import Request
 from livemeet.engine.sampler import SamplingParams
+from livemeet.layers import paged_attention as pa
 from livemeet.layers import pdl
-from livemeet.layers.paged_attention import choose_num_splits
 from livemeet.models.loader import load_model
 from loadtest.bench_decode_step import BLOCK_SIZE, _batch
 
 ATTENTION = {"_decode_split_kernel", "_decode_merge_kernel"}  # and the CUDA decode kernel
 DOT = {"_skinny_dot_kernel"}
+ANY_BATCH = 1 << 30  # rows: a pdl_max_rows no decode batch reaches
 # mode -> (Triton kernel names launched with PDL, or None for all; CUDA decode kernel with PDL)
 MODES: dict[str, tuple[set[str] | None, bool]] = {
     "all": (None, True),
@@ -62,8 +64,11 @@ MODES: dict[str, tuple[set[str] | None, bool]] = {
 @contextmanager
 def pdl_mode(kernels: set[str] | None, attention: bool) -> Iterator[None]:
     """PDL on for the named Triton kernels (None: all) and, when `attention`, the CUDA decode
-    kernel (which follows `pdl.is_enabled()` at launch)."""
-    full, enabled = pdl.launch_options, pdl.is_enabled
+    kernel (which follows `pdl.is_enabled()` at launch), at every batch: the decode configs'
+    `pdl_max_rows` (pa.DECODE_PDL_MAX_ROWS) is lifted meanwhile, else attention would launch
+    with PDL at batch 1 only whatever the mode."""
+    full, enabled, was_on = pdl.launch_options, pdl.is_enabled, pdl.is_enabled()
+    configs = pa.DECODE_CONFIG_BF16, pa.DECODE_CONFIG_FP8
 
     def some(t: torch.Tensor, kernel: object) -> dict[str, bool]:
         name = getattr(getattr(kernel, "fn", kernel), "__name__", "")
@@ -72,11 +77,16 @@ def pdl_mode(kernels: set[str] | None, attention: bool) -> Iterator[None]:
     pdl.set_enabled(True)
     pdl.launch_options = some  # type: ignore[assignment]
     pdl.is_enabled = lambda: attention  # type: ignore[assignment]
+    pa.DECODE_CONFIG_BF16, pa.DECODE_CONFIG_FP8 = (
+        dataclasses.replace(c, pdl_max_rows=ANY_BATCH) for c in configs
+    )
     try:
         yield
     finally:
         pdl.launch_options = full  # type: ignore[assignment]
         pdl.is_enabled = enabled  # type: ignore[assignment]
+        pdl.set_enabled(was_on)
+        pa.DECODE_CONFIG_BF16, pa.DECODE_CONFIG_FP8 = configs
 
 
 def replay_ms(runner: ModelRunner, batch: int, context: int, iters: int) -> float:
@@ -90,7 +100,7 @@ def replay_ms(runner: ModelRunner, batch: int, context: int, iters: int) -> floa
     assert graphs is not None
     bucket = choose_bucket(batch, graphs.buckets)
     assert bucket is not None
-    splits = choose_num_splits(
+    splits = pa.choose_num_splits(
         bucket, context + 1, graphs.num_kv_heads, graphs.num_sms,
         programs_per_sm=graphs.programs_per_sm,
     )  # fmt: skip

@@ -3,6 +3,7 @@ kernels launched with it computes exactly what it computes without it."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -134,3 +135,21 @@ def test_pdl_study_mode_selects_kernels_and_restores(
         assert not pdl.is_enabled()
         assert pdl.launch_options(cuda, kernel("_decode_merge_kernel")) == {"PDL": False}  # type: ignore[arg-type]
     assert pdl.launch_options is full and pdl.is_enabled is enabled
+
+
+def test_pdl_study_modes_apply_at_every_batch(restore_pdl: None) -> None:
+    """The engine launches decode attention with PDL at batch 1 only (pdl_max_rows); the
+    study's modes choose for every batch it times, and the limit returns afterwards."""
+    from loadtest.pdl_study import MODES, pdl_mode
+
+    pdl.set_enabled(False)
+    defaults = [pa.default_decode_config(fp8) for fp8 in (False, True)]
+    assert all(c.pdl_max_rows == pa.DECODE_PDL_MAX_ROWS for c in defaults)
+    for mode in ("all", "attention only", "dot off"):
+        with pdl_mode(*MODES[mode]):
+            for fp8, default in zip((False, True), defaults, strict=True):
+                cfg = pa.default_decode_config(fp8)
+                assert cfg.pdl_max_rows >= 1024, mode
+                assert cfg == dataclasses.replace(default, pdl_max_rows=cfg.pdl_max_rows)
+    assert [pa.default_decode_config(fp8) for fp8 in (False, True)] == defaults
+    assert not pdl.is_enabled()  # set_enabled(True) inside the mode is undone
