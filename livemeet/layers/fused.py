@@ -438,6 +438,8 @@ def qk_norm_rope_store_kv(
             f"k {tuple(k.shape)} and slots {tuple(sink.slot_mapping.shape)} do not fit caches "
             f"of [blocks, {block_size}, {num_kv_heads}, {head_dim}]"
         )
+    if sink.slot_mapping.dtype != torch.int64:  # int32 slots would overflow slot * stride
+        raise InternalError(f"slot_mapping must be int64 [N], got {sink.slot_mapping.dtype}")
     if not _use_triton(impl, q):
         q_out, k_out = ref_qk_norm_rope(q, k, q_weight, k_weight, eps, positions, inv_freq)
         store_kv(k_out, v, sink.k_cache, sink.v_cache, sink.slot_mapping,

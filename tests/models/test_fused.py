@@ -231,6 +231,10 @@ def test_qk_norm_rope_store_kv_checks_its_sink() -> None:
     with pytest.raises(InternalError, match="do not fit"):
         sink = pa.KVSink(torch.zeros(2, 16, 1, 16), torch.zeros(2, 16, 1, 16), torch.arange(3))
         fused.qk_norm_rope_store_kv(q, k, k, *args, sink)
+    for impl in ("torch", "triton"):  # as store_kv: the kernel's slot * stride needs int64
+        with pytest.raises(InternalError, match="int64"):
+            sink = pa.KVSink(cache, cache.clone(), torch.arange(3, dtype=torch.int32))
+            fused.qk_norm_rope_store_kv(q, k, k, *args, sink, impl=impl)  # type: ignore[arg-type]
 
 
 @needs_interpreter
