@@ -100,11 +100,15 @@ class SharedAudioBlock:
         return os.path.join(SHM_DIR, self.name)
 
     def release(self) -> None:
-        """Unlink the block (its memory goes once no reader has it open)."""
+        """Unlink the block (its memory goes once no reader has it open). A block someone
+        else removed (a /dev/shm cleaner) counts as released: the client's bulk release at
+        close() must not stop at it."""
         assert not self._released, f"shared audio block {self.name} released twice"
         self._released = True
         try:
             os.unlink(self._path)
+        except FileNotFoundError:
+            pass
         finally:  # even if someone else removed it: the tracker must not unlink it again
             resource_tracker.unregister("/" + self.name, _TRACKER_TYPE)
 

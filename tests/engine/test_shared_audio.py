@@ -76,6 +76,17 @@ def test_read_errors_are_typed() -> None:
         block.release()
 
 
+def test_release_of_a_block_someone_else_removed(
+    tracker_calls: list[tuple[str, str, str]],
+) -> None:
+    """Nothing raised (EngineClient.close releases every block in one loop) and the tracker
+    still forgets it."""
+    block = SharedAudioBlock(np.ones(10, np.float32))
+    os.unlink(os.path.join(SHM_DIR, block.name))
+    block.release()
+    assert [call[0] for call in tracker_calls] == ["register", "unregister"]
+
+
 def test_full_shm_raises_enospc_and_leaves_nothing(
     monkeypatch: pytest.MonkeyPatch, tracker_calls: list[tuple[str, str, str]]
 ) -> None:
