@@ -8,7 +8,7 @@ Static inputs, shared by every graph (a graph of bucket B reads rows [:B]):
 token ids int64 [max_bucket], positions int64 [max_bucket], slot_mapping int64 [max_bucket],
 block_tables int32 [max_bucket, max_blocks_per_seq], seq_lens int32 [max_bucket]. A batch of
 n rows runs in the smallest bucket B >= n; rows [n, B) are padding (seq_len 0: the decode
-kernel writes zeros; slot -1: store_kv skips them), and their outputs are dropped.
+kernel writes zeros; slot -1: the K/V store skips them), and their outputs are dropped.
 
 The split-K decode kernel's grid is fixed by (B, num_splits) while lengths are read on the
 device (livemeet.layers.paged_attention), so each bucket is captured once for every split

@@ -282,7 +282,8 @@ def launch(
     stream have finished, and it reads seq_lens, the block tables and the KV of every token but
     each sequence's last before waiting for them. So no PDL-launched kernel of the same step
     may write those: in the engine they are host copies made before the step, and the step's
-    store-KV writes only the new token (the last one)."""
+    K/V store (the q/k rotation kernel through a `KVSink`, or store_kv) writes only the new
+    token (the last one)."""
     if not layout_supported(q, k_cache, v_cache, out):
         raise InternalError("the tensors' alignment or strides do not suit the kernel")
     batch, num_kv_heads = q.shape[0], k_cache.shape[2]

@@ -13,10 +13,12 @@ q/k RMSNorms run over head_dim per head, before RoPE. Parameter names match the 
 Two paths compute the same function. The reference path (the CPU default) is the plain module
 code above. The fused path (the CUDA default once `prepare_for_serving` ran; livemeet.layers.fused)
 carries (hidden, residual) between layers so that each residual add folds into the next RMSNorm,
-and runs per layer: add+norm, qkv GEMM, q/k norm+RoPE, store-KV + attention (2 kernels; the
-decode kernel merges its own splits), o_proj, add+norm, gate_up GEMM, SiLU*mul, down_proj:
-~10 kernels instead of ~55. At one row (decode at batch 1) `LinearPlan` may fold each add+norm
-into the GEMM after it and SiLU*mul into down_proj (livemeet.layers.linear), leaving 7.
+and runs per layer: add+norm, qkv GEMM, q/k norm+RoPE (which also stores K/V when the backend
+hands out a `kv_sink`; else attention stores them, one kernel more), attention (the FP8 decode
+kernel merges its own splits; bf16 adds a merge kernel), o_proj, add+norm, gate_up GEMM,
+SiLU*mul, down_proj: ~9 kernels instead of ~55. At one row (decode at batch 1) `LinearPlan` may
+fold each add+norm into the GEMM after it and SiLU*mul into down_proj (livemeet.layers.linear),
+leaving 6.
 """
 
 from __future__ import annotations
