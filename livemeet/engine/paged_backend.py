@@ -88,7 +88,8 @@ class PagedAttentionBackend:
         s = self.kv_scale
         if k is not None and v is not None:
             store_kv(k, v, kc, vc, m.slot_mapping, k_scale=s, v_scale=s)
-        elif k is not None or v is not None:
+        elif k is not None or v is not None or not _fused_store:
+            # without a sink handed out, nothing would have stored this step's K/V
             raise InternalError("attend needs both k and v, or neither (stored through kv_sink)")
         if m.decode_only:
             return paged_decode_attention(

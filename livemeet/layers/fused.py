@@ -7,6 +7,8 @@ A decode step at batch 1 is launch-bound: the unfused Qwen3 layer runs ~55 small
 - `qk_norm_rope`: per-head q/k RMSNorm then NeoX rotate-half RoPE with angles computed in fp32
   from the positions (livemeet.layers.rotary order: cos/sin in fp32, cast to the tensor dtype,
   then x*cos + rotate_half(x)*sin in the tensor dtype), q and k in one launch;
+  `qk_norm_rope_store_kv` the same, writing the rotated k and v straight into a paged KV
+  cache (`paged_attention.KVSink`, e4m3 included) instead of returning k: `store_kv` fused in;
 - `silu_and_mul`: silu(gate) * up over a fused [N, 2I] gate/up projection.
 
 Every intermediate is rounded to the tensor dtype where the torch reference rounds it, so in

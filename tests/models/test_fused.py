@@ -531,3 +531,27 @@ def test_fused_decode_step_kernel_count_cuda(upstream_dir: Path) -> None:
     assert len(kernels) <= 11 * layers + 4, names
     assert not any("_store_kv_kernel" in name for name in names), names
     assert sum("_qk_norm_rope_kernel" in name for name in names) == layers, names
+
+
+def test_paged_attend_without_k_v_needs_a_sink_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """attend(q, None, None) means "the sink stored them": refused when no sink could have
+    been handed out (the fused store switched off), and with only one of k and v."""
+    from livemeet.engine import paged_backend
+
+    cache = torch.zeros(2, 16, 2, 16)
+    meta = paged_backend.StepMetadata(
+        slot_mapping=torch.arange(1), block_tables=torch.zeros(1, 2, dtype=torch.int32),
+        seq_lens=torch.ones(1, dtype=torch.int32), cu_seqlens_q=torch.tensor([0, 1]),
+        max_seqlen_q=1, max_seq_len=1, decode_only=True,
+    )  # fmt: skip
+    attn = paged_backend.PagedAttentionBackend([cache], [cache.clone()], meta)
+    q, k = torch.randn(1, 4, 16), torch.randn(1, 2, 16)
+    with pytest.raises(InternalError, match="both k and v"):
+        attn.attend(0, q, k, None, 0.25)
+    monkeypatch.setattr(paged_backend, "_fused_store", False)
+    assert attn.kv_sink(0) is None
+    with pytest.raises(InternalError, match="both k and v"):
+        attn.attend(0, q, None, None, 0.25)
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    assert attn.kv_sink(0) is not None
+    assert attn.attend(0, q, None, None, 0.25).shape == q.shape
