@@ -29,6 +29,8 @@ from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch
 from livemeet.layers.linear import describe
 from livemeet.layers.paged_attention import choose_num_splits
+from livemeet.models.audio_llm import MossTDModel
+from livemeet.models.config import MossTDConfig
 from livemeet.models.loader import load_model
 
 BLOCK_SIZE = 16
@@ -45,6 +47,48 @@ def _batch(batch: int, context: int) -> ScheduledBatch:
         req.block_table = list(range(b * per, (b + 1) * per))
         requests.append(req)
     return ScheduledBatch(now_s=0.0, decodes=tuple(requests))
+
+
+def make_runner(
+    model: MossTDModel, cfg: MossTDConfig, max_batch: int, max_context: int, fp8: bool
+) -> ModelRunner:
+    """A runner with CUDA graphs and a KV pool for `max_batch` rows of `max_context` tokens
+    each on distinct blocks (bf16 KV, or e4m3 when `fp8`)."""
+    max_ctx = max_context + BLOCK_SIZE
+    return ModelRunner(
+        model,
+        cfg,
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=max_batch * (-(-max_ctx // BLOCK_SIZE)),
+        cuda_graphs=True,
+        max_model_len=max_ctx,
+        max_num_seqs=max_batch,
+        kv_dtype=torch.float8_e4m3fn if fp8 else None,
+    )
+
+
+def step_graph(runner: ModelRunner, sb: ScheduledBatch) -> torch.cuda.CUDAGraph:
+    """The captured decode graph a launch of `sb` replays (its bucket and split count)."""
+    graphs = runner.graphs
+    assert graphs is not None
+    bucket = choose_bucket(len(sb.decodes), graphs.buckets)
+    assert bucket is not None
+    longest = max(r.num_tokens for r in sb.decodes)
+    splits = choose_num_splits(
+        bucket, longest, graphs.num_kv_heads, graphs.num_sms, programs_per_sm=graphs.programs_per_sm
+    )
+    return graphs.graphs[(bucket, splits)]
+
+
+def device_ms(fn: Callable[[], object], iters: int) -> float:
+    """Mean device ms of `fn` over `iters` back-to-back calls, by CUDA events around them."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
 
 
 def time_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> float:
@@ -71,18 +115,9 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8_e4m3"))
     args = parser.parse_args()
     model, cfg = load_model(None, load_format="dummy", device="cuda", dtype="bfloat16")
-    max_ctx = max(args.contexts) + BLOCK_SIZE
-    blocks = max(args.batches) * (-(-max_ctx // BLOCK_SIZE))
     start = time.perf_counter()
-    runner = ModelRunner(
-        model,
-        cfg,
-        block_size=BLOCK_SIZE,
-        num_kv_blocks=blocks,
-        cuda_graphs=True,
-        max_model_len=max_ctx,
-        max_num_seqs=max(args.batches),
-        kv_dtype=torch.float8_e4m3fn if args.kv_cache_dtype == "fp8_e4m3" else None,
+    runner = make_runner(
+        model, cfg, max(args.batches), max(args.contexts), args.kv_cache_dtype == "fp8_e4m3"
     )
     graphs = runner.graphs
     assert graphs is not None
@@ -132,26 +167,8 @@ def _split_host_and_device(
         t0 = time.perf_counter()
         launch()
         host.append(time.perf_counter() - t0)
-    bucket = choose_bucket(len(sb.decodes), graphs.buckets)
-    assert bucket is not None
-    longest = max(r.num_tokens for r in sb.decodes)
-    splits = choose_num_splits(
-        bucket, longest, graphs.num_kv_heads, graphs.num_sms, programs_per_sm=graphs.programs_per_sm
-    )
-    graph = graphs.graphs[(bucket, splits)]  # the one the launches above replayed
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    replay_ms = start.elapsed_time(end) / iters
-    start.record()
-    for _ in range(iters):
-        launch()
-    end.record()
-    end.synchronize()
-    whole_ms = start.elapsed_time(end) / iters
+    replay_ms = device_ms(step_graph(runner, sb).replay, iters)  # the graph launch() replayed
+    whole_ms = device_ms(launch, iters)
     host_ms = 1e3 * sorted(host)[len(host) // 2]
     print(
         f"    host per launch {host_ms:.3f} ms (median) | graph replay {replay_ms:.3f} ms | "

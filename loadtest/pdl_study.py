@@ -21,14 +21,13 @@ from contextlib import contextmanager
 
 import torch
 
-from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.engine.model_runner import ModelRunner
 from livemeet.engine.request import Request
 from livemeet.engine.sampler import SamplingParams
 from livemeet.layers import paged_attention as pa
 from livemeet.layers import pdl
 from livemeet.models.loader import load_model
-from loadtest.bench_decode_step import BLOCK_SIZE, _batch
+from loadtest.bench_decode_step import _batch, device_ms, make_runner, step_graph
 
 ATTENTION = {"_decode_split_kernel", "_decode_merge_kernel"}  # and the CUDA decode kernel
 DOT = {"_skinny_dot_kernel"}
@@ -96,24 +95,10 @@ def replay_ms(runner: ModelRunner, batch: int, context: int, iters: int) -> floa
     greedy = SamplingParams()
     sampling: Callable[[Request], SamplingParams] = lambda _: greedy  # noqa: E731
     runner.launch(sb, {}, sampling)
-    graphs = runner.graphs
-    assert graphs is not None
-    bucket = choose_bucket(batch, graphs.buckets)
-    assert bucket is not None
-    splits = pa.choose_num_splits(
-        bucket, context + 1, graphs.num_kv_heads, graphs.num_sms,
-        programs_per_sm=graphs.programs_per_sm,
-    )  # fmt: skip
-    graph = graphs.graphs[(bucket, splits)]
+    graph = step_graph(runner, sb)
     for _ in range(3):
         graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
+    return device_ms(graph.replay, iters)
 
 
 def main() -> None:
@@ -126,16 +111,11 @@ def main() -> None:
     args = parser.parse_args()
     points = [tuple(int(v) for v in p.split("x")) for p in args.points]
     model, cfg = load_model(None, load_format="dummy", device="cuda", dtype="bfloat16")
-    max_ctx = max(c for _, c in points) + BLOCK_SIZE
+    max_ctx = max(c for _, c in points)
     max_batch = max(b for b, _ in points)
-    kv_dtype = torch.float8_e4m3fn if args.kv_cache_dtype == "fp8_e4m3" else None
     for mode in args.modes:
         with pdl_mode(*MODES[mode]):
-            runner = ModelRunner(
-                model, cfg, block_size=BLOCK_SIZE,
-                num_kv_blocks=max_batch * (-(-max_ctx // BLOCK_SIZE)), cuda_graphs=True,
-                max_model_len=max_ctx, max_num_seqs=max_batch, kv_dtype=kv_dtype,
-            )  # fmt: skip
+            runner = make_runner(model, cfg, max_batch, max_ctx, args.kv_cache_dtype == "fp8_e4m3")
         for batch, context in points:
             ms = replay_ms(runner, batch, context, args.iters)
             row = {"kv": args.kv_cache_dtype, "mode": mode, "batch": batch, "context": context,
