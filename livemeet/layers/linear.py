@@ -68,6 +68,10 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # 2..16 rows only: K cut across this many programs per column tile
+    # 2..16 rows only: compute out^T = W x^T, the weight tile as the MMA's M side (BLOCK_N
+    # >= 64 lets Hopper use wgmma with the weights streamed through shared memory) and the
+    # padded 16 rows as its N side, instead of 16 rows x BLOCK_N columns on mma.sync
+    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps", "split_k"):
@@ -111,6 +115,13 @@ DOT_CANDIDATES = (
     GemmConfig(16, 512, num_warps=2, split_k=2),
     GemmConfig(16, 512, split_k=4),
     GemmConfig(32, 256, split_k=2),
+    # swapped operands (GemmConfig.swap_ab): 64-128 weight rows per program, K split so that
+    # N = 1024 still makes 128 programs
+    GemmConfig(64, 256, swap_ab=True),
+    GemmConfig(64, 256, split_k=2, swap_ab=True),
+    GemmConfig(64, 128, split_k=4, swap_ab=True),
+    GemmConfig(64, 256, split_k=8, swap_ab=True),
+    GemmConfig(128, 128, split_k=4, swap_ab=True, num_warps=8),
 )
 
 
@@ -242,9 +253,11 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
         EVEN_K: tl.constexpr,
+        SWAP_AB: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        # grid: (cdiv(N, BLOCK_N), SPLIT_K); all M <= BLOCK_M rows in one program. With
+        # grid: (cdiv(N, BLOCK_N), SPLIT_K); all M <= BLOCK_M rows in one program. SWAP_AB:
+        # the tiles are accumulated transposed, [BLOCK_N, BLOCK_M] = W x^T (GemmConfig). With
         # SPLIT_K > 1 each program reduces a BLOCK_K-aligned 1/SPLIT_K of K into Partials
         # [SPLIT_K, BLOCK_M, N] fp32 and the last of a column tile's programs sums them in
         # split order (livemeet.layers.split_k; Counters: one per column tile).
@@ -268,12 +281,20 @@ if HAS_TRITON:
         pdl.dependency_sync(PDL)
         x_rows = X + offs_m[:, None] * stride_xm
         x = _rows_tile(x_rows, k_start + offs_k, K, mmask & (offs_m * 0 + k_start < K), EVEN_K)
-        acc = tl.dot(x, tl.trans(w_first.to(x.dtype)))
+        if SWAP_AB:
+            acc_t = tl.dot(w_first.to(x.dtype), tl.trans(x))  # [BLOCK_N, BLOCK_M]
+        else:
+            acc = tl.dot(x, tl.trans(w_first.to(x.dtype)))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + offs_k
             x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
             w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+            if SWAP_AB:
+                acc_t += tl.dot(w.to(x.dtype), tl.trans(x))
+            else:
+                acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+        if SWAP_AB:
+            acc = tl.trans(acc_t)
         out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
         omask = mmask[:, None] & nmask[None, :]
         if SPLIT_K == 1:
@@ -339,6 +360,7 @@ def skinny_linear(
         BLOCK_K=config.block_k,
         SPLIT_K=parts,
         EVEN_K=k % config.block_k == 0,
+        SWAP_AB=config.swap_ab,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl.launch_options(x, _skinny_dot_kernel),

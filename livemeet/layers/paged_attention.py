@@ -639,8 +639,11 @@ if HAS_TRITON:
         HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        FP16_DOT: tl.constexpr,
     ):
         # grid: (num_seqs, num_kv_heads, cdiv(max_seqlen_q, BLOCK_M))
+        # FP16_DOT (FP8 KV with a 16-bit query): dots in fp16, as in _decode_split_kernel
+        # (e4m3 -> fp16 is one instruction per pair on sm_89+, e4m3 -> bf16 three)
         b = tl.program_id(0)
         kvh = tl.program_id(1)
         mt = tl.program_id(2)
@@ -664,6 +667,8 @@ if HAS_TRITON:
             mask=rmask[:, None],
             other=0.0,
         )  # [ROWS, D]
+        if FP16_DOT:
+            q = q.to(tl.float16)
         q_pos = prefix_len + tok
         bt = BlockTables + b.to(tl.int64) * stride_bt
         k_base = KCache + kvh * stride_kc_head
@@ -1091,6 +1096,7 @@ def paged_extend_attention(
         HEAD_DIM=head_dim,
         PAGE=block_size,
         BLOCK_N=EXTEND_BLOCK_N,
+        FP16_DOT=k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16),
         num_warps=8 if rows >= 128 else 4,
         num_stages=EXTEND_NUM_STAGES,
     )

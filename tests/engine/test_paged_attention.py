@@ -8,6 +8,7 @@ set before the kernels are decorated), in float32 on small shapes. On a CUDA mac
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -628,6 +629,26 @@ def test_extend_kernel_cuda(block_size: int) -> None:
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_extend_kernel_fp8_cache_cuda(block_size: int) -> None:
+    """bf16 queries over an e4m3 cache (the fp16-dot path) against the fp32 reference."""
+    torch.manual_seed(15)
+    lens = [300, 2513, 64]
+    q_lens = [300, 513, 1]
+    k_cache, v_cache, tables, kv_scale = poisoned_caches(lens, block_size, fp8=True)
+    cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device="cuda")
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(q_lens), 16, 128, device="cuda", dtype=torch.bfloat16)
+    scales = {"k_scale": kv_scale, "v_scale": kv_scale}
+    out = pa.paged_extend_attention(q, k_cache, v_cache, tables, cu, seq, 0.088, **scales)
+    ref = pa.ref_paged_extend_attention(q.float(), k_cache, v_cache, tables, cu, seq, 0.088,
+                                        **scales)  # fmt: skip
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
 def test_store_kv_and_fp8_cuda() -> None:
     torch.manual_seed(12)
     for dtype, k_scale in ((torch.bfloat16, 1.0), (torch.float8_e4m3fn, 0.05)):
@@ -695,6 +716,15 @@ def test_fp8_cache_with_bf16_query_interpreted() -> None:
         )  # fmt: skip
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    # extend (prefill chunks) takes the same fp16 path: two chunks after cached prefixes
+    cu = torch.tensor([0, 6, 9], dtype=torch.int32)
+    qe = torch.randn(9, 4, 16).to(torch.bfloat16)
+    ref = pa.ref_paged_extend_attention(qe.float(), k_cache, v_cache, tables, cu, lens, 0.25,
+                                        **scales)  # fmt: skip
+    out = pa.paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, impl="triton",
+                                    **scales)  # fmt: skip
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
 @needs_interpreter

@@ -28,6 +28,7 @@ gpu = pytest.mark.gpu
         (48, 64, linear.GemmConfig(16, 32)),  # K a multiple of block_k
         (40, 72, linear.GemmConfig(16, 32)),  # ragged N and K: masked tiles
         (24, 64, linear.GemmConfig(32, 64)),  # one program wider than N
+        (80, 72, linear.GemmConfig(64, 32, swap_ab=True)),  # W x^T: ragged N and K
     ],
 )
 def test_skinny_linear_matches_f_linear(
@@ -50,6 +51,8 @@ def test_skinny_linear_matches_f_linear(
         (40, 72, linear.GemmConfig(16, 32, split_k=2)),  # ragged N and K: a partial last tile
         (24, 40, linear.GemmConfig(16, 32, split_k=4)),  # two K tiles over four splits: two empty
         (48, 64, linear.GemmConfig(16, 32, split_k=4)),  # the same with K a multiple of block_k
+        (80, 72, linear.GemmConfig(64, 32, split_k=2, swap_ab=True)),  # W x^T, ragged
+        (64, 40, linear.GemmConfig(64, 32, split_k=4, swap_ab=True)),  # W x^T, empty splits
     ],
 )
 def test_split_k_matches_f_linear_deterministically(
