@@ -82,7 +82,10 @@ class WhisperEncoder(nn.Module):
         x = features.to(dtype=self.conv1.weight.dtype, device=self.conv1.weight.device)
         x = F.gelu(self.conv1(x))
         x = F.gelu(self.conv2(x))  # [n_win, d, 1500]
-        x = x.transpose(1, 2) + self.embed_positions.weight
+        # .contiguous(): the sum would keep the transposed layout of its first operand, and
+        # every layer's LayerNorm would then copy x and every residual add run strided (a
+        # third of an 8-window encode on an H200 went to those; same values either way)
+        x = (x.transpose(1, 2) + self.embed_positions.weight).contiguous()
         for layer in self.layers:
             x = layer(x)
         return self.layer_norm(x)

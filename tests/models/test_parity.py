@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.layers.attention import DenseAttention
@@ -163,3 +164,31 @@ def test_runs_in_bf16(
     assert audio.dtype == dtype
     tokens = generate(model, torch.tensor(tiny.our_prompt_ids(num_tokens)), audio, 8, [])
     assert len(tokens) == 8
+
+
+def test_encoder_layers_run_on_contiguous_frames(our_model: MossTDModel) -> None:
+    """The position add after the conv stem must not hand the layers a transposed layout: every
+    LayerNorm would copy it and every residual add run strided (a third of the encoder's time
+    on an H200, docs/benchmarks.md session 9). Values are the same in either layout."""
+    encoder = our_model.audio_encoder
+    seen: list[bool] = []
+    hooks = [
+        layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].is_contiguous()))
+        for layer in encoder.layers
+    ]
+    features = torch.randn(2, encoder.cfg.num_mel_bins, 2 * encoder.cfg.max_source_positions)
+    try:
+        with torch.no_grad():
+            out = encoder(features)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert seen == [True] * len(encoder.layers)
+    with torch.no_grad():  # the same encoder with the strided layout kept (the old form)
+        x = F.gelu(encoder.conv2(F.gelu(encoder.conv1(features))))
+        x = x.transpose(1, 2) + encoder.embed_positions.weight
+        assert not x.is_contiguous()
+        for layer in encoder.layers:
+            x = layer(x)
+        strided = encoder.layer_norm(x)
+    torch.testing.assert_close(out, strided, atol=1e-6, rtol=0)
