@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -115,14 +116,38 @@ DOT_CANDIDATES = (
     GemmConfig(16, 512, num_warps=2, split_k=2),
     GemmConfig(16, 512, split_k=4),
     GemmConfig(32, 256, split_k=2),
-    # swapped operands (GemmConfig.swap_ab): 64-128 weight rows per program, K split so that
-    # N = 1024 still makes 128 programs
-    GemmConfig(64, 256, swap_ab=True),
+    # swapped operands (GemmConfig.swap_ab): 64 weight rows per program, K split so that
+    # each shape still gets a full wave of programs (see `full_wave`)
     GemmConfig(64, 256, split_k=2, swap_ab=True),
-    GemmConfig(64, 128, split_k=4, swap_ab=True),
-    GemmConfig(64, 256, split_k=8, swap_ab=True),
-    GemmConfig(128, 128, split_k=4, swap_ab=True, num_warps=8),
+    GemmConfig(64, 256, split_k=4, swap_ab=True),
+    GemmConfig(64, 128, split_k=8, swap_ab=True),
+    GemmConfig(64, 128, split_k=16, swap_ab=True),
+    GemmConfig(64, 64, split_k=16, swap_ab=True),
 )
+SWAP_AB_ENV = "LIVEMEET_SWAP_AB"  # "0": tune without the swapped-operand candidates
+_swap_ab = os.environ.get(SWAP_AB_ENV, "1") != "0"
+
+
+def full_wave(config: GemmConfig, n: int, num_sms: int) -> bool:
+    """Whether a 2..16-row launch of `config` on N = n outputs has a program for every SM.
+
+    The tuner times copies of one projection back to back, and under PDL each copy's programs
+    start on the SMs its predecessor leaves idle; in a decode step the neighbours are other
+    kernels that wait for it, so a narrow grid that timed well there leaves SMs idle. (Swapped
+    configurations of 64 and 96 programs won the tuning on an H200 by 0.3-0.4 us and made the
+    16 x 36k FP8 decode step 0.4 ms slower: docs/benchmarks.md, session 9.)"""
+    tiles = -(-n // config.block_n)
+    return tiles * config.split_k >= num_sms
+
+
+def dot_candidates(n: int, num_sms: int) -> list[GemmConfig]:
+    """The DOT_CANDIDATES `LinearPlan.tune` times for 2..16 rows on N = n outputs: those with
+    a full wave of programs, without the swapped ones when LIVEMEET_SWAP_AB=0."""
+    return [
+        c
+        for c in DOT_CANDIDATES
+        if c.block_n <= n and full_wave(c, n, num_sms) and (_swap_ab or not c.swap_ab)
+    ]
 
 
 def row_class(num_rows: int) -> int | None:
@@ -650,7 +675,8 @@ def _tune_one(plan: LinearPlan, weight: torch.Tensor, rows: int, prologue: Prolo
         return 1e3 * float(ms) / copies
 
     baseline_us = timed(baseline)
-    candidates = ROW_CANDIDATES if rows == 1 else DOT_CANDIDATES
+    num_sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
+    candidates = ROW_CANDIDATES if rows == 1 else dot_candidates(n, num_sms)
     best: tuple[float, GemmConfig] | None = None
     for config in candidates:
         if config.block_n > n:

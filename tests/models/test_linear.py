@@ -364,3 +364,20 @@ def test_tune_copies_cover_l2_and_stay_bounded() -> None:
     assert linear.tune_copies(o_proj) * o_proj >= linear.TUNE_L2_DEFEAT_BYTES
     assert linear.tune_copies(64 * 64 * 2) == linear.TUNE_MAX_COPIES
     assert linear.tune_copies(1 << 40) == 2
+
+
+@pytest.mark.parametrize("n", [1024, 2048, 4096, 6144])
+def test_dot_candidates_fill_every_sm(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 2..16-row candidates the tuner times each put a program on every SM (a narrow grid
+    times well back to back but idles SMs in a decode step), and LIVEMEET_SWAP_AB=0 leaves
+    out exactly the swapped ones."""
+    num_sms = 132
+    picked = linear.dot_candidates(n, num_sms)
+    assert picked, "every decoder shape keeps some candidates"
+    for c in picked:
+        assert -(-n // c.block_n) * c.split_k >= num_sms and c.block_n <= n
+    dropped = [c for c in linear.DOT_CANDIDATES if c not in picked]
+    assert all(not linear.full_wave(c, n, num_sms) or c.block_n > n for c in dropped)
+    assert any(c.swap_ab for c in picked)
+    monkeypatch.setattr(linear, "_swap_ab", False)
+    assert linear.dot_candidates(n, num_sms) == [c for c in picked if not c.swap_ab]
