@@ -625,3 +625,12 @@ def test_no_resource_tracker_warnings_in_a_gateway_process() -> None:
     )
     assert done.stdout.strip() == "ok", done.stderr
     assert "resource_tracker" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def test_shared_audio_threshold_splits_live_frames_from_uploads() -> None:
+    """Live frames (up to 1 s) stay in the pipe; a short uploaded clip (11.6 s, the HTTP
+    benchmark's) crosses in shared memory, so a burst of them does not hold the worker in its
+    inbox read (docs/benchmarks.md, session 9)."""
+    float32 = np.dtype(np.float32).itemsize
+    assert 1.0 * SAMPLE_RATE * float32 < SHARED_AUDIO_MIN_BYTES
+    assert 11.6 * SAMPLE_RATE * float32 >= SHARED_AUDIO_MIN_BYTES
