@@ -110,8 +110,8 @@ SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) be
 # ~0.16 ms per second of audio (64 KB) and holds the worker in its inbox read meanwhile; a block
 # costs ~0.1 ms fixed (file, thread hop, one more message) plus ~0.6 ms per MiB. At 256 KiB (4.1 s
 # of float32 audio) typical live frames (20 ms-1 s: at most 64 KB) stay in the pipe while a
-# short uploaded clip takes a block (an 11.6-s clip through the pipe held the worker ~1.9 ms, and a burst of
-# 16 of them ~30 ms in front of their prefill), and what stays in the pipe costs at most ~0.7 ms.
+# short uploaded clip takes a block (an 11.6-s clip through the pipe held the worker ~1.9 ms,
+# a burst of 16 of them ~30 ms in front of their prefill); the pipe's share costs <= ~0.7 ms.
 SHARED_AUDIO_MIN_BYTES = 1 << 18
 
 # Repetition guard (livemeet/transcript/repetition.py); chosen by us. Greedy decoding loops on
