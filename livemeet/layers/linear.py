@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -69,10 +68,6 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # 2..16 rows only: K cut across this many programs per column tile
-    # 2..16 rows only: compute out^T = W x^T, the weight tile as the MMA's M side (BLOCK_N
-    # >= 64 lets Hopper use wgmma with the weights streamed through shared memory) and the
-    # padded 16 rows as its N side, instead of 16 rows x BLOCK_N columns on mma.sync
-    swap_ab: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps", "split_k"):
@@ -116,16 +111,7 @@ DOT_CANDIDATES = (
     GemmConfig(16, 512, num_warps=2, split_k=2),
     GemmConfig(16, 512, split_k=4),
     GemmConfig(32, 256, split_k=2),
-    # swapped operands (GemmConfig.swap_ab): 64 weight rows per program, K split so that
-    # each shape still gets a full wave of programs (see `full_wave`)
-    GemmConfig(64, 256, split_k=2, swap_ab=True),
-    GemmConfig(64, 256, split_k=4, swap_ab=True),
-    GemmConfig(64, 128, split_k=8, swap_ab=True),
-    GemmConfig(64, 128, split_k=16, swap_ab=True),
-    GemmConfig(64, 64, split_k=16, swap_ab=True),
 )
-SWAP_AB_ENV = "LIVEMEET_SWAP_AB"  # "0": tune without the swapped-operand candidates
-_swap_ab = os.environ.get(SWAP_AB_ENV, "1") != "0"
 
 
 def full_wave(config: GemmConfig, n: int, num_sms: int) -> bool:
@@ -133,21 +119,18 @@ def full_wave(config: GemmConfig, n: int, num_sms: int) -> bool:
 
     The tuner times copies of one projection back to back, and under PDL each copy's programs
     start on the SMs its predecessor leaves idle; in a decode step the neighbours are other
-    kernels that wait for it, so a narrow grid that timed well there leaves SMs idle. (Swapped
-    configurations of 64 and 96 programs won the tuning on an H200 by 0.3-0.4 us and made the
-    16 x 36k FP8 decode step 0.4 ms slower: docs/benchmarks.md, session 9.)"""
+    kernels that wait for it, so a narrow grid that timed well there leaves SMs idle. (Tiles
+    of 64 weight rows with swapped operands, W x^T on wgmma, in grids of 64 and 96 programs
+    won the tuning on an H200 by 0.3-0.4 us and made the 16 x 36k FP8 decode step 0.4 ms
+    slower; with full waves they never won and were dropped: docs/benchmarks.md, session 9.)"""
     tiles = -(-n // config.block_n)
     return tiles * config.split_k >= num_sms
 
 
 def dot_candidates(n: int, num_sms: int) -> list[GemmConfig]:
     """The DOT_CANDIDATES `LinearPlan.tune` times for 2..16 rows on N = n outputs: those with
-    a full wave of programs, without the swapped ones when LIVEMEET_SWAP_AB=0."""
-    return [
-        c
-        for c in DOT_CANDIDATES
-        if c.block_n <= n and full_wave(c, n, num_sms) and (_swap_ab or not c.swap_ab)
-    ]
+    a full wave of programs."""
+    return [c for c in DOT_CANDIDATES if c.block_n <= n and full_wave(c, n, num_sms)]
 
 
 def row_class(num_rows: int) -> int | None:
@@ -278,11 +261,9 @@ if HAS_TRITON:
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
         EVEN_K: tl.constexpr,
-        SWAP_AB: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        # grid: (cdiv(N, BLOCK_N), SPLIT_K); all M <= BLOCK_M rows in one program. SWAP_AB:
-        # the tiles are accumulated transposed, [BLOCK_N, BLOCK_M] = W x^T (GemmConfig). With
+        # grid: (cdiv(N, BLOCK_N), SPLIT_K); all M <= BLOCK_M rows in one program. With
         # SPLIT_K > 1 each program reduces a BLOCK_K-aligned 1/SPLIT_K of K into Partials
         # [SPLIT_K, BLOCK_M, N] fp32 and the last of a column tile's programs sums them in
         # split order (livemeet.layers.split_k; Counters: one per column tile).
@@ -306,20 +287,12 @@ if HAS_TRITON:
         pdl.dependency_sync(PDL)
         x_rows = X + offs_m[:, None] * stride_xm
         x = _rows_tile(x_rows, k_start + offs_k, K, mmask & (offs_m * 0 + k_start < K), EVEN_K)
-        if SWAP_AB:
-            acc_t = tl.dot(w_first.to(x.dtype), tl.trans(x))  # [BLOCK_N, BLOCK_M]
-        else:
-            acc = tl.dot(x, tl.trans(w_first.to(x.dtype)))
+        acc = tl.dot(x, tl.trans(w_first.to(x.dtype)))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + offs_k
             x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
             w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
-            if SWAP_AB:
-                acc_t += tl.dot(w.to(x.dtype), tl.trans(x))
-            else:
-                acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-        if SWAP_AB:
-            acc = tl.trans(acc_t)
+            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
         omask = mmask[:, None] & nmask[None, :]
         if SPLIT_K == 1:
@@ -385,7 +358,6 @@ def skinny_linear(
         BLOCK_K=config.block_k,
         SPLIT_K=parts,
         EVEN_K=k % config.block_k == 0,
-        SWAP_AB=config.swap_ab,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl.launch_options(x, _skinny_dot_kernel),

@@ -28,7 +28,6 @@ gpu = pytest.mark.gpu
         (48, 64, linear.GemmConfig(16, 32)),  # K a multiple of block_k
         (40, 72, linear.GemmConfig(16, 32)),  # ragged N and K: masked tiles
         (24, 64, linear.GemmConfig(32, 64)),  # one program wider than N
-        (80, 72, linear.GemmConfig(64, 32, swap_ab=True)),  # W x^T: ragged N and K
     ],
 )
 def test_skinny_linear_matches_f_linear(
@@ -51,8 +50,6 @@ def test_skinny_linear_matches_f_linear(
         (40, 72, linear.GemmConfig(16, 32, split_k=2)),  # ragged N and K: a partial last tile
         (24, 40, linear.GemmConfig(16, 32, split_k=4)),  # two K tiles over four splits: two empty
         (48, 64, linear.GemmConfig(16, 32, split_k=4)),  # the same with K a multiple of block_k
-        (80, 72, linear.GemmConfig(64, 32, split_k=2, swap_ab=True)),  # W x^T, ragged
-        (64, 40, linear.GemmConfig(64, 32, split_k=4, swap_ab=True)),  # W x^T, empty splits
     ],
 )
 def test_split_k_matches_f_linear_deterministically(
@@ -367,10 +364,9 @@ def test_tune_copies_cover_l2_and_stay_bounded() -> None:
 
 
 @pytest.mark.parametrize("n", [1024, 2048, 4096, 6144])
-def test_dot_candidates_fill_every_sm(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dot_candidates_fill_every_sm(n: int) -> None:
     """The 2..16-row candidates the tuner times each put a program on every SM (a narrow grid
-    times well back to back but idles SMs in a decode step), and LIVEMEET_SWAP_AB=0 leaves
-    out exactly the swapped ones."""
+    times well back to back but idles SMs in a decode step); the others are left out."""
     num_sms = 132
     picked = linear.dot_candidates(n, num_sms)
     assert picked, "every decoder shape keeps some candidates"
@@ -378,6 +374,5 @@ def test_dot_candidates_fill_every_sm(n: int, monkeypatch: pytest.MonkeyPatch) -
         assert -(-n // c.block_n) * c.split_k >= num_sms and c.block_n <= n
     dropped = [c for c in linear.DOT_CANDIDATES if c not in picked]
     assert all(not linear.full_wave(c, n, num_sms) or c.block_n > n for c in dropped)
-    assert any(c.swap_ab for c in picked)
-    monkeypatch.setattr(linear, "_swap_ab", False)
-    assert linear.dot_candidates(n, num_sms) == [c for c in picked if not c.swap_ab]
+    assert linear.GemmConfig(16, 512, split_k=4) in picked  # the H200's pick for N = 1024
+    assert linear.GemmConfig(64, 128) not in picked  # 16-64 programs
