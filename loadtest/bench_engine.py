@@ -469,7 +469,9 @@ def run_point(
 
 class Budget:
     """Skips runs that would not finish inside `max_seconds` of the script's start, estimating
-    each from the best audio-s/s measured so far on that workload (or ASSUMED_AUDIO_S_PER_S)."""
+    each from the best audio-s/s measured so far under the same key (a workload, or a
+    workload and KV dtype: an FP8 point is never estimated from a bf16 rate) or, before any,
+    from `assumed_rate` (ASSUMED_AUDIO_S_PER_S by default)."""
 
     def __init__(
         self,
@@ -482,14 +484,28 @@ class Budget:
         self.assumed_rate = assumed_rate
         self.rates: dict[str, float] = {}
 
-    def fits(self, workload: str, audio_s: float) -> bool:
+    def fits(self, key: str, audio_s: float) -> bool:
         if self.deadline is None:
             return True
-        rate = self.rates.get(workload, self.assumed_rate)
-        return self.clock() + audio_s / rate <= self.deadline
+        return self.clock() + self.estimate_s(key, audio_s) <= self.deadline
 
-    def observe(self, workload: str, audio_s_per_s: float) -> None:
-        self.rates[workload] = max(self.rates.get(workload, 0.0), audio_s_per_s)
+    def estimate_s(self, key: str, audio_s: float) -> float:
+        """Seconds `audio_s` of audio should take at the rate `fits` uses for `key`."""
+        return audio_s / self.rates.get(key, self.assumed_rate)
+
+    def observe(self, key: str, audio_s_per_s: float) -> None:
+        self.rates[key] = max(self.rates.get(key, 0.0), audio_s_per_s)
+
+    def why_skipped(self, key: str, audio_s: float) -> str:
+        """The reason a run `fits` refused: its estimate, the rate's origin, the time left
+        (so a benchmark script's budget can be set from the log)."""
+        rate = self.rates.get(key, self.assumed_rate)
+        origin = "measured" if key in self.rates else "assumed"
+        left = float("inf") if self.deadline is None else self.deadline - self.clock()
+        return (
+            f"over --max-seconds: ~{self.estimate_s(key, audio_s):.0f} s at the {origin} "
+            f"{rate:.0f} audio-s/s, {left:.0f} s left"
+        )
 
 
 # ---------------------------------------------------------------- report
@@ -595,14 +611,14 @@ def run_points(
 ) -> None:
     for name, c in points:
         workload = wl.get_workload(name, cache.audio_s.get(name))
-        if not budget.fits(name, c * workload.audio_s):
-            rate = "measured" if name in budget.rates else "assumed"
-            skip = Skipped(name, c, kv, f"over --max-seconds at the {rate} rate")
+        key = f"{name}/{kv}"
+        if not budget.fits(key, c * workload.audio_s):
+            skip = Skipped(name, c, kv, budget.why_skipped(key, c * workload.audio_s))
             report["skipped"].append(asdict(skip))
-            print(f"skip {name} c={c} {kv}", flush=True)
+            print(f"skip {name} c={c} {kv}: {skip.reason}", flush=True)
             continue
         result = run_point(engine, log, cache, name, c, kv)
-        budget.observe(name, result.audio_s_per_s)
+        budget.observe(key, result.audio_s_per_s)
         report["runs"].append(asdict(result))
         print(
             f"{name} c={c} {kv}: {result.audio_s_per_s:.1f} audio-s/s, "

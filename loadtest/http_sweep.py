@@ -455,7 +455,7 @@ async def sweep_points(
                     "workload": workload.name,
                     "concurrency": c,
                     "num_requests": n,
-                    "skipped": "over --max-seconds at the measured rate",
+                    "skipped": budget.why_skipped(workload.name, n * workload.audio_s),
                 },
             )
             continue

@@ -107,7 +107,7 @@ case "$phase" in
     fi
     step http-sweep "${SWEEP_S:-470}" ${spy[@]+"${spy[@]}"} python3 -m loadtest.http_sweep \
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
-      --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s 150 \
+      --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s "${HTTP_ASSUMED_RATE:-150}" \
       --short-min-requests "${HTTP_SHORT_MIN:-16}" \
       --startup-timeout 240 --max-seconds "$(( ${SWEEP_S:-470} - 20 ))" \
       --serve-args "--load-format dummy --forced-output {forced}$( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo " --no-prefill-graphs" )${SERVE_EXTRA:+ $SERVE_EXTRA}" \

@@ -71,6 +71,21 @@ def test_budget_skips_runs_that_do_not_fit() -> None:
     assert Budget(None).fits("long", 1e9)
 
 
+def test_budget_says_why_it_skipped_and_keeps_kv_dtypes_apart() -> None:
+    """A skipped point records its estimate, where the rate came from and the time left; a
+    bf16 rate never estimates an FP8 point (two device calls lost FP8 long c16 that way)."""
+    now = [0.0]
+    budget = Budget(200.0, clock=lambda: now[0], assumed_rate=330.0)
+    budget.observe("long/bf16", 105.0)
+    now[0] = 20.0
+    audio_s = 16 * 2240.0
+    assert not budget.fits("long/bf16", audio_s)
+    assert budget.fits("long/fp8_e4m3", audio_s)  # the assumed 330, not bf16's 105
+    reason = budget.why_skipped("long/bf16", audio_s)
+    assert reason == "over --max-seconds: ~341 s at the measured 105 audio-s/s, 180 s left"
+    assert "assumed 330" in budget.why_skipped("short/bf16", 1e6)
+
+
 def test_parse_points() -> None:
     assert parse_points("long:1, short:16") == [("long", 1), ("short", 16)]
     for bad in ("long", "medium:2", "long:x"):
