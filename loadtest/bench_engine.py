@@ -468,10 +468,14 @@ def run_point(
 
 
 class Budget:
-    """Skips runs that would not finish inside `max_seconds` of the script's start, estimating
-    each from the best audio-s/s measured so far under the same key (a workload, or a
-    workload and KV dtype: an FP8 point is never estimated from a bf16 rate) or, before any,
-    from `assumed_rate` (ASSUMED_AUDIO_S_PER_S by default)."""
+    """Skips runs that would not finish inside `max_seconds` of the script's start.
+
+    A run of `key` (a workload, or a workload and KV dtype: an FP8 point is never estimated
+    from a bf16 rate) at concurrency c is estimated from the best audio-s/s measured at c, else
+    from `assumed_rate` (ASSUMED_AUDIO_S_PER_S by default) raised to the best rate measured at
+    a lower concurrency: throughput grows with concurrency, so a lower one's rate is a floor,
+    and a higher one's would under-estimate the run.
+    """
 
     def __init__(
         self,
@@ -482,28 +486,38 @@ class Budget:
         self.deadline = None if max_seconds is None else clock() + max_seconds
         self.clock = clock
         self.assumed_rate = assumed_rate
-        self.rates: dict[str, float] = {}
+        self.rates: dict[tuple[str, int], float] = {}  # (key, concurrency) -> best audio-s/s
 
-    def fits(self, key: str, audio_s: float) -> bool:
+    def fits(self, key: str, audio_s: float, concurrency: int = 1) -> bool:
         if self.deadline is None:
             return True
-        return self.clock() + self.estimate_s(key, audio_s) <= self.deadline
+        return self.clock() + self.estimate_s(key, audio_s, concurrency) <= self.deadline
 
-    def estimate_s(self, key: str, audio_s: float) -> float:
-        """Seconds `audio_s` of audio should take at the rate `fits` uses for `key`."""
-        return audio_s / self.rates.get(key, self.assumed_rate)
+    def rate(self, key: str, concurrency: int = 1) -> tuple[float, str]:
+        """(audio-s/s, where it comes from) for a run of `key` at `concurrency`."""
+        measured = self.rates.get((key, concurrency))
+        if measured is not None:
+            return measured, "measured"
+        floors = [r for (k, c), r in self.rates.items() if k == key and c < concurrency]
+        if floors and max(floors) > self.assumed_rate:
+            return max(floors), "lower-concurrency"
+        return self.assumed_rate, "assumed"
 
-    def observe(self, key: str, audio_s_per_s: float) -> None:
-        self.rates[key] = max(self.rates.get(key, 0.0), audio_s_per_s)
+    def estimate_s(self, key: str, audio_s: float, concurrency: int = 1) -> float:
+        """Seconds `audio_s` of audio should take at the rate `fits` uses."""
+        return audio_s / self.rate(key, concurrency)[0]
 
-    def why_skipped(self, key: str, audio_s: float) -> str:
+    def observe(self, key: str, audio_s_per_s: float, concurrency: int = 1) -> None:
+        best = max(self.rates.get((key, concurrency), 0.0), audio_s_per_s)
+        self.rates[(key, concurrency)] = best
+
+    def why_skipped(self, key: str, audio_s: float, concurrency: int = 1) -> str:
         """The reason a run `fits` refused: its estimate, the rate's origin, the time left
         (so a benchmark script's budget can be set from the log)."""
-        rate = self.rates.get(key, self.assumed_rate)
-        origin = "measured" if key in self.rates else "assumed"
+        rate, origin = self.rate(key, concurrency)
         left = float("inf") if self.deadline is None else self.deadline - self.clock()
         return (
-            f"over --max-seconds: ~{self.estimate_s(key, audio_s):.0f} s at the {origin} "
+            f"over --max-seconds: ~{audio_s / rate:.0f} s at the {origin} "
             f"{rate:.0f} audio-s/s, {left:.0f} s left"
         )
 
@@ -612,13 +626,13 @@ def run_points(
     for name, c in points:
         workload = wl.get_workload(name, cache.audio_s.get(name))
         key = f"{name}/{kv}"
-        if not budget.fits(key, c * workload.audio_s):
-            skip = Skipped(name, c, kv, budget.why_skipped(key, c * workload.audio_s))
+        if not budget.fits(key, c * workload.audio_s, c):
+            skip = Skipped(name, c, kv, budget.why_skipped(key, c * workload.audio_s, c))
             report["skipped"].append(asdict(skip))
             print(f"skip {name} c={c} {kv}: {skip.reason}", flush=True)
             continue
         result = run_point(engine, log, cache, name, c, kv)
-        budget.observe(key, result.audio_s_per_s)
+        budget.observe(key, result.audio_s_per_s, c)
         report["runs"].append(asdict(result))
         print(
             f"{name} c={c} {kv}: {result.audio_s_per_s:.1f} audio-s/s, "

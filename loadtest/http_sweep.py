@@ -448,14 +448,14 @@ async def sweep_points(
 ) -> None:
     for c in getattr(args, f"{workload.name}_concurrency"):
         n = requests_for(workload.name, c, args.long_min_requests, args.short_min_requests)
-        if not budget.fits(workload.name, n * workload.audio_s):
+        if not budget.fits(workload.name, n * workload.audio_s, c):
             write_line(
                 out,
                 {
                     "workload": workload.name,
                     "concurrency": c,
                     "num_requests": n,
-                    "skipped": budget.why_skipped(workload.name, n * workload.audio_s),
+                    "skipped": budget.why_skipped(workload.name, n * workload.audio_s, c),
                 },
             )
             continue
@@ -466,7 +466,7 @@ async def sweep_points(
             after = None if before is None else await settled_metrics(scraper, url)
         del bodies
         if result.num_errors < result.num_requests:
-            budget.observe(workload.name, result.audio_s_per_s)
+            budget.observe(workload.name, result.audio_s_per_s, c)
         record = {
             **asdict(result),
             **engine_fields(_engine_counters(before), _engine_counters(after)),

@@ -113,6 +113,9 @@ SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) be
 # short uploaded clip takes a block (an 11.6-s clip through the pipe held the worker ~1.9 ms,
 # a burst of 16 of them ~30 ms in front of their prefill); the pipe's share costs <= ~0.7 ms.
 SHARED_AUDIO_MIN_BYTES = 1 << 18
+# s between warnings that appends fall back to the pipe for lack of /dev/shm room: with
+# Docker's 64 MB /dev/shm a burst of ~80 short uploads fills it, and each append would warn
+SHM_FALLBACK_WARNING_INTERVAL_S = 60.0
 
 # Repetition guard (livemeet/transcript/repetition.py); chosen by us. Greedy decoding loops on
 # noise and laughter (MODEL.md section 5.5); real meetings repeat short replies ("yeah.") a few

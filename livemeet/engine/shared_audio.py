@@ -7,8 +7,9 @@ stepping no session. Through a block it takes ~0.1 s, ~40 ms of it the worker's 
 The gateway (livemeet/gateway/engine_client.py) writes an array of at least
 SHARED_AUDIO_MIN_BYTES into a POSIX shared-memory object and sends `AppendSharedAudio` (its
 name, the number of samples, the dtype) in the array's place among the session's commands, so
-the session's order holds; the worker reads the samples out. Smaller arrays (live audio) still
-travel inside `AppendAudio`, and a worker thread (`in_process=True`) is sent arrays directly.
+the session's order holds; the worker reads the samples out. Smaller arrays (typical live
+frames) still travel inside `AppendAudio`, and a worker thread (`in_process=True`) is sent
+arrays directly.
 
 Blocks are files in SHM_DIR, the tmpfs where Linux keeps POSIX shared memory (shm_overview(7)),
 written and read with write()/read() rather than through `multiprocessing.shared_memory`'s

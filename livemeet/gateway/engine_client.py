@@ -10,11 +10,11 @@ with `call_soon_threadsafe`, which routes each `SessionEvent` to its session's b
 Audio: `append` copies the caller's samples (it may reuse its buffer) into the command. An
 array of at least SHARED_AUDIO_MIN_BYTES bound for a worker process is written to a
 shared-memory block instead, on a thread (~55 ms for 143 MB that the event loop does not wait
-for), and the command only names the block (`AppendSharedAudio`): a long upload no longer goes
-through the pipe. A session's append, finalize and end hold its send lock while they send, so a
-later command waits for the block to be written and the session's commands keep their order.
-The client keeps each block in `_blocks` until the worker says it read it
-(`SharedAudioConsumed`), the send fails, or the worker is gone; then it unlinks it, once
+for), and the command only names the block (`AppendSharedAudio`): an upload (or a live frame of
+4 s or more) does not go through the pipe. A session's append, finalize and end hold its send
+lock while they send, so a later command waits for the block to be written and the session's
+commands keep their order. The client keeps each block in `_blocks` until the worker says it
+read it (`SharedAudioConsumed`), the send fails, or the worker is gone; then it unlinks it, once
 (livemeet/engine/shared_audio.py says who owns a block when). Where no block can be made (not
 Linux, /dev/shm full) the array goes through the pipe. A worker thread is sent arrays.
 
@@ -48,7 +48,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -61,6 +61,7 @@ from livemeet.audio.constants import (
     SAMPLE_RATE,
     SESSION_EVENT_BUFFER,
     SHARED_AUDIO_MIN_BYTES,
+    SHM_FALLBACK_WARNING_INTERVAL_S,
 )
 from livemeet.config import ModelConfig
 from livemeet.engine.messages import (
@@ -519,12 +520,38 @@ async def _write_block(samples: Samples) -> SharedAudioBlock | None:
         future.add_done_callback(_release_abandoned_block)
         raise
     except OSError as exc:
-        log.warning(
-            "no shared memory for %.0f MB of audio (%s); it goes through the pipe",
-            samples.nbytes / 1e6,
-            exc,
-        )
+        _pipe_fallbacks.note(samples.nbytes, exc)
         return None
+
+
+class _FallbackWarnings:
+    """Warns that appends go through the pipe for lack of shared memory at most once per
+    `interval_s`, counting the ones in between (a full /dev/shm fails every append)."""
+
+    def __init__(
+        self, interval_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.unreported = 0  # fallbacks since the last warning
+        self._last_s: float | None = None
+
+    def note(self, num_bytes: int, exc: OSError) -> None:
+        self.unreported += 1
+        now = self.clock()
+        if self._last_s is not None and now - self._last_s < self.interval_s:
+            return
+        log.warning(
+            "no shared memory for %.1f MB of audio (%s): %d append(s) went through the pipe "
+            "since the last warning",
+            num_bytes / 1e6,
+            exc,
+            self.unreported,
+        )
+        self._last_s, self.unreported = now, 0
+
+
+_pipe_fallbacks = _FallbackWarnings(SHM_FALLBACK_WARNING_INTERVAL_S)
 
 
 def _release_abandoned_block(future: asyncio.Future[SharedAudioBlock]) -> None:

@@ -697,7 +697,7 @@ def test_decode_cuda_graph_replays_with_new_lengths() -> None:
 
 
 @needs_interpreter
-def test_fp8_cache_with_bf16_query_interpreted() -> None:
+def test_fp8_cache_with_bf16_query_interpreted(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 16-bit query over an FP8 cache takes the fp16 dot path: it matches the reference up
     to 16-bit rounding (the fp32 test above covers the exact path)."""
     torch.manual_seed(6)
@@ -721,10 +721,31 @@ def test_fp8_cache_with_bf16_query_interpreted() -> None:
     qe = torch.randn(9, 4, 16).to(torch.bfloat16)
     ref = pa.ref_paged_extend_attention(qe.float(), k_cache, v_cache, tables, cu, lens, 0.25,
                                         **scales)  # fmt: skip
+    fp16_dot = _spy_extend_fp16_dot(monkeypatch)
     out = pa.paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, impl="triton",
                                     **scales)  # fmt: skip
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == torch.bfloat16 and fp16_dot == [True]
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    pa.paged_extend_attention(qe.float(), k_cache, v_cache, tables, cu, lens, 0.25,
+                              impl="triton", **scales)  # fmt: skip
+    assert fp16_dot == [True, False]  # an fp32 query keeps the exact path
+
+
+def _spy_extend_fp16_dot(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The FP16_DOT value of every later `_extend_kernel` launch."""
+    seen: list[bool] = []
+    real = pa._extend_kernel
+
+    class Spy:
+        def __getitem__(self, grid: object) -> object:
+            def launch(*args: object, **kwargs: object) -> object:
+                seen.append(bool(kwargs["FP16_DOT"]))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(pa, "_extend_kernel", Spy())
+    return seen
 
 
 @needs_interpreter

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import logging
 import multiprocessing
 import os
 import signal
@@ -50,6 +51,7 @@ from livemeet.transcriber import (
     TranscriptFinal,
 )
 from livemeet.transcript.segments import FinishReason, Segment
+from loadtest.workloads import SHORT_AUDIO_S
 
 SCRIPTED = ModelConfig(backend="scripted")
 
@@ -627,10 +629,34 @@ def test_no_resource_tracker_warnings_in_a_gateway_process() -> None:
     assert "resource_tracker" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
-def test_shared_audio_threshold_splits_live_frames_from_uploads() -> None:
-    """Live frames (up to 1 s) stay in the pipe; a short uploaded clip (11.6 s, the HTTP
-    benchmark's) crosses in shared memory, so a burst of them does not hold the worker in its
-    inbox read (docs/benchmarks.md, session 9)."""
-    float32 = np.dtype(np.float32).itemsize
-    assert 1.0 * SAMPLE_RATE * float32 < SHARED_AUDIO_MIN_BYTES
-    assert 11.6 * SAMPLE_RATE * float32 >= SHARED_AUDIO_MIN_BYTES
+@needs_shm
+async def test_live_frames_take_the_pipe_and_short_uploads_a_block(
+    block_spy: BlockSpy, engine: EngineClient
+) -> None:
+    """A 1-s live frame goes through the pipe; a short uploaded clip (the HTTP benchmark's
+    11.6 s) crosses in shared memory, so a burst of them does not hold the worker in its inbox
+    read (docs/benchmarks.md, session 9)."""
+    live = await engine.open_session(SessionOptions(live=True))
+    await live.append(audio(1.0))
+    upload = await engine.open_session(SessionOptions(live=False))
+    await upload.append(audio(SHORT_AUDIO_S))
+    await upload.end()
+    assert isinstance((await collect(upload))[-1], TranscriptFinal)
+    await live.abort()
+    assert len(block_spy.created) == 1
+    await block_spy.wait_released(1)
+
+
+def test_pipe_fallback_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    """With /dev/shm full every append falls back; one warning per interval says how many."""
+    now = [0.0]
+    warnings = engine_client._FallbackWarnings(60.0, clock=lambda: now[0])
+    full = OSError(errno.ENOSPC, "No space left on device")
+    with caplog.at_level(logging.WARNING, logger=engine_client.__name__):
+        for t in (0.0, 1.0, 30.0, 59.0, 61.0):
+            now[0] = t
+            warnings.note(742_400, full)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert "1 append(s)" in messages[0] and "4 append(s)" in messages[1]
+    assert warnings.unreported == 0

@@ -71,19 +71,27 @@ def test_budget_skips_runs_that_do_not_fit() -> None:
     assert Budget(None).fits("long", 1e9)
 
 
-def test_budget_says_why_it_skipped_and_keeps_kv_dtypes_apart() -> None:
-    """A skipped point records its estimate, where the rate came from and the time left; a
-    bf16 rate never estimates an FP8 point (two device calls lost FP8 long c16 that way)."""
+def test_budget_estimates_per_dtype_and_concurrency_and_says_why_it_skipped() -> None:
+    """Session 8 lost FP8 long c16 twice: it was estimated from the c1 rate. A point uses the
+    rate measured at its own concurrency, else the assumed rate raised to any lower
+    concurrency's (a floor); a bf16 rate never estimates an FP8 point; a skipped point records
+    its estimate, the rate's origin and the time left."""
     now = [0.0]
-    budget = Budget(200.0, clock=lambda: now[0], assumed_rate=330.0)
-    budget.observe("long/bf16", 105.0)
-    now[0] = 20.0
-    audio_s = 16 * 2240.0
-    assert not budget.fits("long/bf16", audio_s)
-    assert budget.fits("long/fp8_e4m3", audio_s)  # the assumed 330, not bf16's 105
-    reason = budget.why_skipped("long/bf16", audio_s)
-    assert reason == "over --max-seconds: ~341 s at the measured 105 audio-s/s, 180 s left"
-    assert "assumed 330" in budget.why_skipped("short/bf16", 1e6)
+    budget = Budget(250.0, clock=lambda: now[0], assumed_rate=280.0)
+    budget.observe("long/fp8_e4m3", 131.2, 1)
+    budget.observe("long/bf16", 105.0, 1)
+    now[0] = 120.0
+    c16 = 16 * 2240.0
+    assert budget.rate("long/fp8_e4m3", 16) == (280.0, "assumed")  # not c1's 131.2
+    assert budget.fits("long/fp8_e4m3", c16, 16)  # ~128 s of 130 left
+    assert budget.rate("long/fp8_e4m3", 1) == (131.2, "measured")
+    assert not budget.fits("long/fp8_e4m3", c16, 1)
+    budget.observe("long/fp8_e4m3", 300.0, 4)  # a floor above the assumed rate is used
+    assert budget.rate("long/fp8_e4m3", 16) == (300.0, "lower-concurrency")
+    assert budget.rate("long/fp8_e4m3", 2) == (280.0, "assumed")  # c4 is no floor for c2
+    assert budget.rate("long/bf16", 16) == (280.0, "assumed")
+    reason = budget.why_skipped("long/fp8_e4m3", c16, 1)
+    assert reason == "over --max-seconds: ~273 s at the measured 131 audio-s/s, 130 s left"
 
 
 def test_parse_points() -> None:
