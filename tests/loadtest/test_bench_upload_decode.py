@@ -15,11 +15,12 @@ def test_bench_upload_decode_end_to_end(tmp_path: Path) -> None:
     args = ("--threads", "1,2", "--files", "2", "--iters", "1", "--json", str(out))
     proc = run_module("loadtest.bench_upload_decode", *args)
     report = json.loads(out.read_text())
-    durations = {r["format"].split()[0]: r["audio_s"] for r in report["results"]}
+    durations = {r["format"]: r["audio_s"] for r in report["results"]}
     assert durations == {
-        "wav": pytest.approx(11.6, abs=1e-3),
-        "mp3": pytest.approx(30.0, abs=0.1),
-        "opus/webm": pytest.approx(30.0, abs=0.1),
+        "wav 11.6 s 16 kHz mono": pytest.approx(11.6, abs=1e-3),
+        "wav 37.3 min 16 kHz mono": pytest.approx(2240.0, abs=1e-3),
+        "mp3 30 s 44.1 kHz stereo": pytest.approx(30.0, abs=0.1),
+        "opus/webm 30 s 48 kHz mono": pytest.approx(30.0, abs=0.1),
     }
     for result in report["results"]:
         assert result["probe_decode_ms"] > result["probe_ms"] > 0
