@@ -528,9 +528,7 @@ class _FallbackWarnings:
     """Warns that appends go through the pipe for lack of shared memory at most once per
     `interval_s`, counting the ones in between (a full /dev/shm fails every append)."""
 
-    def __init__(
-        self, interval_s: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval_s = interval_s
         self.clock = clock
         self.unreported = 0  # fallbacks since the last warning

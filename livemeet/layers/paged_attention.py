@@ -906,7 +906,7 @@ def paged_decode_attention(
     num_heads = q.shape[1]
     fp8 = k_cache.element_size() == 1
     cfg = kernel or default_decode_config(fp8)
-    fp16_dot = fp8 and q.dtype in (torch.bfloat16, torch.float16)
+    fp16_dot = _fp16_dots(q, k_cache)
     if fp16_dot and cfg.fp8_qk and head_dim < 32:
         raise ConfigError(f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}")
     splits_pow2 = next_pow2(num_splits)
@@ -943,6 +943,13 @@ def paged_decode_attention(
         **_pdl_options(q, _decode_merge_kernel, early),
     )
     return out
+
+
+def _fp16_dots(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the Triton attention kernels run their dots in fp16 (their FP16_DOT): an e4m3
+    cache read by a 16-bit query. e4m3 converts to fp16 in one instruction per pair on sm_89+
+    and to bf16 in three; an fp32 query (tests, the parity path) keeps fp32."""
+    return k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16)
 
 
 def _pdl_options(q: torch.Tensor, kernel: object, early: bool) -> dict[str, bool]:
@@ -1096,7 +1103,7 @@ def paged_extend_attention(
         HEAD_DIM=head_dim,
         PAGE=block_size,
         BLOCK_N=EXTEND_BLOCK_N,
-        FP16_DOT=k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16),
+        FP16_DOT=_fp16_dots(q, k_cache),
         num_warps=8 if rows >= 128 else 4,
         num_stages=EXTEND_NUM_STAGES,
     )
