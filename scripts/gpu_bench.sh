@@ -87,6 +87,10 @@ case "$phase" in
     step decode-profile-fp8 "${PROFILE_FP8_S:-0}" python3 -m loadtest.bench_decode_step \
       --batches 1 16 --contexts 36000 --iters 30 --profile --kv-cache-dtype fp8_e4m3
     step encoder-profile "${ENCODER_S:-0}" python3 -m loadtest.bench_encoder --profile
+    # the Engine's own loop at one point: GPU busy vs idle per step, host parts, kernels
+    # (ENGINE_PROFILE_ARGS, e.g. "--batch 16 --context 29700 --prefill --kv-cache-dtype fp8_e4m3")
+    step engine-profile "${ENGINE_PROFILE_S:-0}" python3 -m loadtest.profile_engine \
+      ${ENGINE_PROFILE_ARGS:---batch 1 --context 36000} --json "$OUT/profile_engine.json"
     # which kernels gain from PDL at which batch (loadtest/pdl_study.py), bf16 then FP8 KV
     for kv in ${PDL_STUDY_KV:-auto fp8_e4m3}; do
       step "pdl-study-$kv" "${PDL_STUDY_S:-0}" python3 -m loadtest.pdl_study --kv-cache-dtype "$kv" \
