@@ -52,6 +52,8 @@ CPU_DEFAULT_KV_TOKENS = 1 << 18  # tokens of KV on the CPU path when no size is 
 # and divisible by 16, separately for one and for several sequences. `warm_up_batches` adds wide
 # batches for the extend kernel's large-tile variant.
 WARM_UP_BATCHES = ((16,), (17,), (1,), (16, 16), (5, 27), (1, 1))
+# A mixed step: a 16-token chunk, then two decode rows (the decode kernel in an eager step)
+WARM_UP_MIXED, WARM_UP_MIXED_DECODES = (16, 40, 17), 2
 # Columns the block tables of eager steps are padded to a multiple of. Their row stride is an
 # int argument of the attention kernels, which Triton specialises (1, a multiple of 16, the
 # rest: one compiled variant each); the width is the step's longest table, so unpadded, the
@@ -173,22 +175,30 @@ class ModelRunner:
             num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         t = self.cfg.text
         for lengths in warm_up_batches(t.kv_heads, t.heads // t.kv_heads, num_sms):
-            rows = _StepRows()
-            for i, n in enumerate(lengths):
-                blocks = -(-(n + 1) // self.block_size)
-                scratch = Request(f"warm-up-{i}", [0] * n)
-                scratch.block_table = list(range(i * blocks, (i + 1) * blocks))
-                rows.add_sequence(scratch, 0, [0] * n, self.block_size)
-                rows.sample_rows.append(len(rows.token_ids) - 1)
-            if max(len(t) for t in rows.block_tables) * len(lengths) > self.num_kv_blocks:
-                continue  # a pool this small only happens in tests
-            self.staging.begin_step()
-            try:
-                hidden = self._forward_eager(rows, self._upload(rows.token_ids, torch.long))
-                picked = hidden[self._upload(rows.sample_rows, torch.long)]
-                sample(self.model.compute_logits(picked), [SamplingParams()] * len(lengths))
-            finally:
-                self.staging.end_step()
+            self._warm_up_step(lengths)
+        self._warm_up_step(WARM_UP_MIXED, num_decode=WARM_UP_MIXED_DECODES)
+
+    def _warm_up_step(self, lengths: tuple[int, ...], num_decode: int = 0) -> None:
+        """One eager step over scratch sequences of `lengths` tokens: each prefilled whole,
+        except the last `num_decode`, which are decode rows (one new token after the rest)."""
+        rows = _StepRows()
+        for i, n in enumerate(lengths):
+            blocks = -(-(n + 1) // self.block_size)
+            scratch = Request(f"warm-up-{i}", [0] * n)
+            scratch.block_table = list(range(i * blocks, (i + 1) * blocks))
+            start = n - 1 if i >= len(lengths) - num_decode else 0
+            rows.add_sequence(scratch, start, [0] * (n - start), self.block_size)
+            rows.sample_rows.append(len(rows.token_ids) - 1)
+        rows.num_decode_seqs = num_decode
+        if max(len(t) for t in rows.block_tables) * len(lengths) > self.num_kv_blocks:
+            return  # a pool this small only happens in tests
+        self.staging.begin_step()
+        try:
+            hidden = self._forward_eager(rows, self._upload(rows.token_ids, torch.long))
+            picked = hidden[self._upload(rows.sample_rows, torch.long)]
+            sample(self.model.compute_logits(picked), [SamplingParams()] * len(lengths))
+        finally:
+            self.staging.end_step()
 
     def _blocks_from_memory(self, mem_fraction: float) -> int:
         per_block = kv_bytes_per_token(self.cfg, self.kv_dtype) * self.block_size
@@ -366,6 +376,7 @@ class ModelRunner:
                 token = 0  # overwritten on the device
             rows.add_sequence(req, start, [token], self.block_size)
             rows.sample_rows.append(len(rows.token_ids) - 1)
+        rows.num_decode_seqs = len(batch.decodes)
         return rows
 
     def _metadata(self, rows: _StepRows) -> StepMetadata:
@@ -380,11 +391,15 @@ class ModelRunner:
             cu.append(cu[-1] + n)
         decode_only = all(n == 1 for n in q_lens)
         max_seq = max(rows.seq_lens)
+        # decode rows follow the prefill chunks (_rows); in a mixed step the decode kernel
+        # takes them (PagedAttentionBackend), sized by their own count and longest context
+        num_decode = 0 if decode_only else rows.num_decode_seqs
+        decode_lens = rows.seq_lens[len(q_lens) - num_decode :] if num_decode else rows.seq_lens
         splits = None
-        if decode_only and dev.type == "cuda":
+        if (decode_only or num_decode) and dev.type == "cuda":
             splits = choose_num_splits(
-                len(q_lens),
-                max_seq,
+                len(decode_lens),
+                max(decode_lens),
                 self.cfg.text.kv_heads,
                 self.num_sms,
                 programs_per_sm=self.decode_programs_per_sm,
@@ -398,6 +413,7 @@ class ModelRunner:
             max_seq_len=max_seq,
             decode_only=decode_only,
             num_splits=splits,
+            num_decode_seqs=num_decode,
         )
 
 
@@ -432,6 +448,7 @@ class _StepRows:
         self.audio_values: list[torch.Tensor] = []
         self.deferred_rows: list[int] = []  # rows whose input id is on the device
         self.deferred_sources: list[int] = []  # their index in the previous DeviceTokens
+        self.num_decode_seqs = 0  # the last sequences: decode rows (one token each)
         self._seq_start_row = 0
         self._seq_start_pos = 0
 

@@ -4,9 +4,13 @@ Implements `livemeet.layers.attention.AttentionBackend` over the engine's KV poo
 `k_cache`/`v_cache` pair of [num_blocks, block_size, kv_heads, head_dim]. The fused decoder
 path takes `kv_sink(layer)` and stores the step's new K/V in its q/k rotation kernel; otherwise
 `attend` stores them through `slot_mapping`. `attend` then runs the split-K decode kernel when every
-sequence has exactly one new token, else the causal extend kernel (prefill chunks mixed with
-decode rows). On the CPU both fall back to the torch references in
-livemeet.layers.paged_attention (gather + SDPA); on CUDA they never gather KV.
+sequence has exactly one new token, else the causal extend kernel over the prefill chunks and,
+in a mixed step, the split-K decode kernel over the decode rows that follow them (the extend
+kernel walks a sequence's whole context in one program per KV head: a 30k-token decode row
+became the step's tail; long c16 FP8 on an H200, loadtest/profile_engine.py: prefill steps with
+15 decode rows ran the extend kernel at 173 TFLOP/s against 281 with none). On the CPU both
+fall back to the torch references in livemeet.layers.paged_attention (gather + SDPA); on CUDA
+they never gather KV.
 """
 
 from __future__ import annotations
@@ -37,7 +41,10 @@ class StepMetadata:
     slot_mapping: int64 [N] (slot = block * block_size + offset, -1 for padding rows);
     block_tables: int32 [B, max_blocks]; seq_lens: int32 [B] (cached + new tokens);
     cu_seqlens_q: int32 [B + 1]; max_seqlen_q: longest new-token count; max_seq_len: longest
-    context; decode_only: every sequence has exactly one new token.
+    context; decode_only: every sequence has exactly one new token. num_decode_seqs: in a step
+    that is not decode_only, how many sequences at the end are decode rows (one new token each,
+    after every prefill chunk's rows), run by the decode kernel; num_splits: the decode kernel's
+    split count (None: chosen from max_seq_len).
     """
 
     slot_mapping: torch.Tensor
@@ -48,6 +55,7 @@ class StepMetadata:
     max_seq_len: int
     decode_only: bool
     num_splits: int | None = None
+    num_decode_seqs: int = 0
 
 
 class PagedAttentionBackend:
@@ -104,15 +112,57 @@ class PagedAttentionBackend:
                 k_scale=s,
                 v_scale=s,
             )
-        return paged_extend_attention(
-            q,
+        if not m.num_decode_seqs:
+            return paged_extend_attention(
+                q,
+                kc,
+                vc,
+                m.block_tables,
+                m.cu_seqlens_q,
+                m.seq_lens,
+                scale,
+                max_seqlen_q=m.max_seqlen_q,
+                k_scale=s,
+                v_scale=s,
+            )
+        return self._mixed(q, kc, vc, scale)
+
+    def _mixed(
+        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, scale: float
+    ) -> torch.Tensor:
+        """A step of prefill chunks followed by decode rows: the extend kernel over the chunks'
+        rows, the decode kernel over the last `num_decode_seqs` rows, into one output."""
+        m, s = self.meta, self.kv_scale
+        d = m.num_decode_seqs
+        p = m.seq_lens.shape[0] - d  # prefill sequences: their rows come first
+        t = q.shape[0] - d  # rows of the prefill chunks
+        if p < 1 or t < p:
+            raise InternalError(f"a mixed step of {q.shape[0]} rows cannot end in {d} decode rows")
+        out = torch.empty_like(q)
+        paged_extend_attention(
+            q[:t],
             kc,
             vc,
-            m.block_tables,
-            m.cu_seqlens_q,
-            m.seq_lens,
+            m.block_tables[:p],
+            m.cu_seqlens_q[: p + 1],
+            m.seq_lens[:p],
             scale,
             max_seqlen_q=m.max_seqlen_q,
             k_scale=s,
             v_scale=s,
+            out=out[:t],
         )
+        paged_decode_attention(
+            q[t:],
+            kc,
+            vc,
+            m.block_tables[p:],
+            m.seq_lens[p:],
+            scale,
+            num_splits=m.num_splits,
+            max_seq_len=m.max_seq_len,
+            k_scale=s,
+            v_scale=s,
+            out=out[t:],
+        )
+        return out

@@ -198,6 +198,20 @@ EXTEND_BLOCK_N = 128  # keys per extend tile
 EXTEND_NUM_STAGES = 3
 
 
+@dataclass(frozen=True)
+class ExtendKernelConfig:
+    """Launch configuration of the extend (prefill) kernel; the defaults are the module's
+    EXTEND_* constants. rows: query rows per tile (None: `extend_tile_rows` picks EXTEND_ROWS
+    or EXTEND_ROWS_SMALL); block_n: keys per tile; num_warps: for tiles of >= 128 rows
+    (num_warps_small below). For benchmarks (loadtest/sweep_extend_kernel.py)."""
+
+    rows: int | None = None
+    block_n: int = EXTEND_BLOCK_N
+    num_stages: int = EXTEND_NUM_STAGES
+    num_warps: int = 8
+    num_warps_small: int = 4
+
+
 def choose_num_splits(
     batch_size: int,
     max_seq_len: int,
@@ -860,6 +874,7 @@ def paged_decode_attention(
     v_scale: float = 1.0,
     impl: Impl = "auto",
     kernel: DecodeKernelConfig | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token per sequence over its paged KV (split-K / Flash-Decoding).
 
@@ -872,7 +887,8 @@ def paged_decode_attention(
     defaulting to the block-table capacity (no host sync). The grid depends only on B, kv_heads
     and num_splits, and splits are sized from seq_lens inside the kernel, so one call can be
     captured in a CUDA graph and replayed for any lengths within the block table.
-    `kernel` overrides the launch configuration (default: `default_decode_config`).
+    `kernel` overrides the launch configuration (default: `default_decode_config`). `out`: the
+    [B, heads, D] tensor (a view is fine) to write and return instead of a new one.
     """
     block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
@@ -881,12 +897,14 @@ def paged_decode_attention(
     batch = q.shape[0]
     if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
         raise InternalError(f"block_tables and seq_lens must have {batch} rows")
+    _check_out(out, q)
     if not _use_triton(impl, q):
-        return ref_paged_decode_attention(
+        ref = ref_paged_decode_attention(
             q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=k_scale, v_scale=v_scale
         )
+        return ref if out is None else out.copy_(ref)
     variant = cuda_variant(q.dtype, k_cache, group, kernel)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
     if variant is not None and not cuda_decode.layout_supported(q, k_cache, v_cache, out):
         variant = None
     if num_splits is None:
@@ -943,6 +961,15 @@ def paged_decode_attention(
         **_pdl_options(q, _decode_merge_kernel, early),
     )
     return out
+
+
+def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> None:
+    """An attention output given by the caller must match q's shape, dtype and device."""
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise InternalError(
+            f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
 
 
 def _fp16_dots(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -1036,6 +1063,8 @@ def paged_extend_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     impl: Impl = "auto",
+    out: torch.Tensor | None = None,
+    kernel: ExtendKernelConfig | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its cached prefix and themselves.
 
@@ -1046,7 +1075,9 @@ def paged_extend_attention(
     Returns [Nq, heads, D] in q's dtype. KV is read in place through the block table.
 
     `max_seqlen_q` (the longest q_len) sizes the grid; None reads it from cu_seqlens_q, which
-    syncs with the host (pass it when capturing a CUDA graph).
+    syncs with the host (pass it when capturing a CUDA graph). `out`: the [Nq, heads, D]
+    tensor (a view is fine) to write and return instead of a new one. `kernel` overrides the
+    launch configuration (ExtendKernelConfig).
     """
     block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
@@ -1058,8 +1089,9 @@ def paged_extend_attention(
         raise InternalError(
             f"block_tables must have {num_seqs} rows and cu_seqlens_q {num_seqs + 1} entries"
         )
+    _check_out(out, q)
     if not _use_triton(impl, q):
-        return ref_paged_extend_attention(
+        ref = ref_paged_extend_attention(
             q,
             k_cache,
             v_cache,
@@ -1070,14 +1102,16 @@ def paged_extend_attention(
             k_scale=k_scale,
             v_scale=v_scale,
         )
-    out = torch.empty_like(q)
+        return ref if out is None else out.copy_(ref)
+    out = torch.empty_like(q) if out is None else out
     if num_seqs == 0 or q.shape[0] == 0:
         return out
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
     group_pow2 = next_pow2(group)
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-    rows = extend_tile_rows(num_seqs, num_kv_heads, max_seqlen_q, group, num_sms)
+    cfg = kernel or ExtendKernelConfig()
+    rows = cfg.rows or extend_tile_rows(num_seqs, num_kv_heads, max_seqlen_q, group, num_sms)
     block_m = max(16, rows // group_pow2)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
     _extend_kernel[grid](
@@ -1102,9 +1136,9 @@ def paged_extend_attention(
         BLOCK_M=block_m,
         HEAD_DIM=head_dim,
         PAGE=block_size,
-        BLOCK_N=EXTEND_BLOCK_N,
+        BLOCK_N=cfg.block_n,
         FP16_DOT=_fp16_dots(q, k_cache),
-        num_warps=8 if rows >= 128 else 4,
-        num_stages=EXTEND_NUM_STAGES,
+        num_warps=cfg.num_warps if rows >= 128 else cfg.num_warps_small,
+        num_stages=cfg.num_stages,
     )
     return out

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
+from livemeet.engine.paged_backend import PagedAttentionBackend
 from livemeet.engine.request import RequestClass, Status
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
@@ -90,9 +91,20 @@ def test_mixed_batch_matches_reference(
     batch_clips: list[np.ndarray],
     reference_tokens: list[list[int]],
     chunk: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # staggered arrivals make mixed steps: their decode rows take the decode kernel
+    mixed_calls: list[int] = []  # decode rows of each layer's mixed attention call
+    real_mixed = PagedAttentionBackend._mixed
+
+    def spy(self: PagedAttentionBackend, q: torch.Tensor, *args: Any) -> torch.Tensor:
+        mixed_calls.append(self.meta.num_decode_seqs)
+        return real_mixed(self, q, *args)
+
+    monkeypatch.setattr(PagedAttentionBackend, "_mixed", spy)
     engine = _engine(our_model, chunk, num_blocks=None)
     done = _run_staggered(engine, batch_clips)
+    assert mixed_calls and min(mixed_calls) >= 1, "no step mixed chunks with decode rows"
     assert f"r{ABORTED}" not in done
     for i, ref in enumerate(reference_tokens):
         if i != ABORTED:

@@ -1,0 +1,164 @@
+"""PagedAttentionBackend: a mixed step (prefill chunks, then decode rows) runs the extend kernel
+over the chunks and the decode kernel over the decode rows, into one output equal to the
+extend reference over every row; the model runner marks which sequences are decode rows."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from livemeet.engine import paged_backend
+from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
+from livemeet.errors import InternalError
+from livemeet.layers import paged_attention as pa
+from tests.engine.test_paged_attention import make_block_tables, poisoned_caches
+from tests.kernels import interpreted, kernel_marks
+
+pa = interpreted(pa, "_decode_split_kernel")
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
+needs_interpreter, needs_cuda = kernel_marks(pa)
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 16, 16
+
+
+def _step(
+    prefix_and_new: list[tuple[int, int]], num_decode: int, device: str, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, StepMetadata]:
+    """(q, k_cache, v_cache, metadata) of one step; the last `num_decode` sequences have one
+    new token each (decode rows)."""
+    lens = [p + n for p, n in prefix_and_new]
+    num_blocks = sum(math.ceil(n / BLOCK) for n in lens) + 2
+    shape = (num_blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    kc, vc = (torch.randn(shape, device=device).to(dtype) for _ in "kv")
+    tables = make_block_tables(lens, BLOCK, num_blocks).to(device)
+    q_lens = [n for _, n in prefix_and_new]
+    cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
+    meta = StepMetadata(
+        slot_mapping=torch.full((sum(q_lens),), -1, dtype=torch.long, device=device),
+        block_tables=tables,
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        cu_seqlens_q=cu,
+        max_seqlen_q=max(q_lens),
+        max_seq_len=max(lens),
+        decode_only=False,
+        num_decode_seqs=num_decode,
+    )
+    q = torch.randn(sum(q_lens), HEADS, HEAD_DIM, device=device).to(dtype)
+    return q, kc, vc, meta
+
+
+def _reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: StepMetadata):
+    return pa.ref_paged_extend_attention(
+        q, kc, vc, m.block_tables, m.cu_seqlens_q, m.seq_lens, HEAD_DIM**-0.5
+    )
+
+
+def test_mixed_step_sends_decode_rows_to_the_decode_kernel(monkeypatch: pytest.MonkeyPatch):
+    torch.manual_seed(3)
+    # two prefill chunks (one after a prefix), then three decode rows with long contexts
+    q, kc, vc, meta = _step([(0, 7), (40, 9), (90, 1), (33, 1), (200, 1)], 3, "cpu", torch.float32)
+    calls: list[tuple[str, tuple[int, ...], int]] = []
+    # seq_lens is the 6th argument of the extend kernel, the 5th of the decode kernel
+    for name, lens_arg in (("paged_extend_attention", 4), ("paged_decode_attention", 3)):
+        real = getattr(paged_backend, name)
+
+        def spy(q: torch.Tensor, *args, _real=real, _name=name, _i=lens_arg, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append((_name, tuple(q.shape), args[_i].shape[0]))
+            return _real(q, *args, **kwargs)
+
+        monkeypatch.setattr(paged_backend, name, spy)
+    backend = PagedAttentionBackend([kc], [vc], meta)
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    out = backend.attend(0, q, None, None, HEAD_DIM**-0.5)
+    assert calls == [
+        ("paged_extend_attention", (16, HEADS, HEAD_DIM), 2),
+        ("paged_decode_attention", (3, HEADS, HEAD_DIM), 3),
+    ]
+    torch.testing.assert_close(out, _reference(q, kc, vc, meta), atol=1e-6, rtol=0)
+
+
+def test_step_without_decode_rows_runs_the_extend_kernel_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    q, kc, vc, meta = _step([(0, 7), (90, 1)], 0, "cpu", torch.float32)
+    monkeypatch.setattr(paged_backend, "paged_decode_attention", None)  # must not be called
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    out = PagedAttentionBackend([kc], [vc], meta).attend(0, q, None, None, HEAD_DIM**-0.5)
+    torch.testing.assert_close(out, _reference(q, kc, vc, meta), atol=1e-6, rtol=0)
+
+
+def test_mixed_step_that_is_only_decode_rows_is_refused(monkeypatch: pytest.MonkeyPatch):
+    q, kc, vc, meta = _step([(9, 1), (4, 1)], 2, "cpu", torch.float32)
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    with pytest.raises(InternalError, match="mixed step"):
+        PagedAttentionBackend([kc], [vc], meta).attend(0, q, None, None, HEAD_DIM**-0.5)
+
+
+@pytest.mark.parametrize("fn", ["decode", "extend"])
+def test_out_must_match_the_query(fn: str) -> None:
+    q, kc, vc, meta = _step([(9, 1), (4, 1)], 0, "cpu", torch.float32)
+    bad = torch.empty(q.shape[0] + 1, HEADS, HEAD_DIM)
+    with pytest.raises(InternalError, match="out must be"):
+        if fn == "decode":
+            pa.paged_decode_attention(q, kc, vc, meta.block_tables, meta.seq_lens, 0.25, out=bad)
+        else:
+            pa.paged_extend_attention(
+                q, kc, vc, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, 0.25, out=bad
+            )
+
+
+@needs_interpreter
+def test_kernels_write_only_their_slice_of_out_interpreted() -> None:
+    """The Triton kernels (interpreted) write into row slices of one output and nothing else."""
+    torch.manual_seed(5)
+    q, kc, vc, m = _step([(0, 20), (37, 5), (70, 1), (18, 1)], 2, "cpu", torch.float32)
+    out = torch.full_like(q, 7.0)
+    t, p = q.shape[0] - 2, 2
+    scale = HEAD_DIM**-0.5
+    extend_out = pa.paged_extend_attention(
+        q[:t], kc, vc, m.block_tables[:p], m.cu_seqlens_q[: p + 1], m.seq_lens[:p], scale,
+        impl="triton", out=out[:t],
+    )  # fmt: skip
+    assert extend_out.data_ptr() == out.data_ptr()
+    assert (out[t:] == 7.0).all()  # the decode rows' slice is untouched
+    pa.paged_decode_attention(
+        q[t:], kc, vc, m.block_tables[p:], m.seq_lens[p:], scale, num_splits=2, impl="triton",
+        out=out[t:],
+    )  # fmt: skip
+    torch.testing.assert_close(out, _reference(q, kc, vc, m), atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("fp8", [False, True])
+def test_mixed_step_cuda(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real shapes (16 heads, 8 KV heads, head_dim 128), bf16 queries over a bf16 or e4m3
+    cache with NaN in every unused slot: two chunks, then decode rows of long contexts."""
+    torch.manual_seed(21)
+    chunks, decodes = [(0, 300), (2000, 513)], [3001, 64, 1]
+    lens = [p + n for p, n in chunks] + decodes
+    kc, vc, tables, scale_kv = poisoned_caches(lens, 16, fp8=fp8)
+    q_lens = [n for _, n in chunks] + [1] * len(decodes)
+    cu = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device="cuda")
+    meta = StepMetadata(
+        slot_mapping=torch.full((sum(q_lens),), -1, dtype=torch.long, device="cuda"),
+        block_tables=tables,
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        cu_seqlens_q=cu,
+        max_seqlen_q=max(q_lens),
+        max_seq_len=max(lens),
+        decode_only=False,
+        num_splits=8,
+        num_decode_seqs=len(decodes),
+    )
+    q = torch.randn(sum(q_lens), 16, 128, device="cuda", dtype=torch.bfloat16)
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    out = PagedAttentionBackend([kc], [vc], meta, kv_scale=scale_kv).attend(0, q, None, None, 0.088)
+    ref = pa.ref_paged_extend_attention(
+        q.float(), kc, vc, tables, cu, meta.seq_lens, 0.088, k_scale=scale_kv, v_scale=scale_kv
+    )
+    assert out.dtype == torch.bfloat16 and not out.isnan().any()
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
