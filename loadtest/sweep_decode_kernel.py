@@ -13,14 +13,8 @@ powers of two from a quarter of the default to twice it, and the largest counts 
 batch x KV heads x splits programs fits r times on the GPU's SMs (r = 1..6), to find where a
 partial last wave of programs costs time.
 
-`--layouts` times the Triton default on the engine's token-major cache ([blocks, block,
-kv_heads, D]) and on a head-major one ([blocks, kv_heads, block, D], viewed as token-major;
-each block's keys of one head are then one contiguous piece), with the CUDA default on
-token-major for reference: whether a head-major pool would read faster (rows of a head-major
-cache have "/head-major" after their dtype).
-
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
-       [--max-seconds 150] [--defaults-only | --splits | --layouts]
+       [--max-seconds 150] [--defaults-only | --splits]
 """
 
 from __future__ import annotations
@@ -123,10 +117,8 @@ def split_candidates(batch: int, context: int, num_sms: int) -> list[int]:
     return sorted(n for n in pow2 | waves if 1 <= n <= limit)
 
 
-def make_caches(batch: int, context: int, fp8: bool, head_major: bool = False):
-    """Per-layer (k, v) caches in shuffled blocks, one block table, the lengths, the KV bytes
-    per layer; `head_major`: stored [blocks, kv_heads, block, D], returned as views of the
-    engine's shape."""
+def make_caches(batch: int, context: int, fp8: bool):
+    """Per-layer (k, v) caches in shuffled blocks, one block table, the lengths, the layer count."""
     elem = 1 if fp8 else 2
     kv_bytes = batch * context * NUM_KV_HEADS * HEAD_DIM * 2 * elem
     layers = max(1, min(NUM_LAYERS, math.ceil(L2_DEFEAT_BYTES / kv_bytes)))
@@ -140,8 +132,6 @@ def make_caches(batch: int, context: int, fp8: bool, head_major: bool = False):
         if fp8:
             k = (k.float() / FP8_SCALE).to(torch.float8_e4m3fn)
             v = (v.float() / FP8_SCALE).to(torch.float8_e4m3fn)
-        if head_major:
-            k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
         caches.append((k, v))
     perm = torch.randperm(num_blocks, device="cuda").to(torch.int32)
     tables = perm.reshape(batch, blocks_per_seq)
@@ -157,14 +147,12 @@ def sweep_point(
     deadline: float,
     full: bool,
     split_sweep: bool = False,
-    head_major: bool | None = None,
 ) -> list[SweepRow]:
     """Time `candidates(full, fp8)` and two split counts around the default at one point
     (batch sequences of `context` tokens) until `deadline` (time.monotonic() seconds), or with
     `split_sweep`, the dtype's default configuration at every `split_candidates` count;
-    `read_bw`: the read-only bandwidth (TB/s) the fractions are of. `head_major` (not None):
-    the --layouts plan on that cache layout."""
-    caches, tables, lens, kv_bytes = make_caches(batch, context, fp8, bool(head_major))
+    `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
+    caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     scale = HEAD_DIM**-0.5
     s = FP8_SCALE if fp8 else 1.0
@@ -178,13 +166,7 @@ def sweep_point(
         return pa.choose_num_splits(batch, context, NUM_KV_HEADS, num_sms, programs_per_sm=per_sm)
 
     plan: list[tuple[pa.DecodeKernelConfig | None, int]]
-    if head_major is not None:
-        triton = dataclasses.replace(pa.default_decode_config(fp8), backend="triton")
-        plan = [(triton, default_splits(triton))]
-        if not head_major:
-            cuda = pa.default_decode_config(fp8)
-            plan.append((cuda, default_splits(cuda)))
-    elif split_sweep:
+    if split_sweep:
         default_cfg = pa.default_decode_config(fp8)
         plan = [(default_cfg, n) for n in split_candidates(batch, context, num_sms)]
     else:
@@ -214,7 +196,7 @@ def sweep_point(
             print(f"  {cfg} splits={splits}: failed: {type(exc).__name__}: {exc}"[:300])
             continue
         tb = kv_bytes / (us * 1e-6) / 1e12
-        kv_dtype = ("fp8_e4m3" if fp8 else "bf16") + ("/head-major" if head_major else "")
+        kv_dtype = "fp8_e4m3" if fp8 else "bf16"
         row = SweepRow(kv_dtype, batch, context, splits, cfg, us, tb, tb / read_bw, err)
         print(
             f"  {kv_dtype} {batch}x{context} splits={splits} {cfg}: {us:.1f} us "
@@ -238,9 +220,6 @@ def main() -> None:
     parser.add_argument(
         "--splits", action="store_true", help="the defaults at a range of split counts"
     )
-    parser.add_argument(
-        "--layouts", action="store_true", help="token-major vs head-major caches (Triton)"
-    )
     parser.add_argument("--json", default="sweep_decode_kernel.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -255,10 +234,9 @@ def main() -> None:
         batch, context = (int(x) for x in point.split("x"))
         deadline = start + args.max_seconds * (i + 1) / len(work)  # an equal share per point
         fp8 = dtype == "fp8_e4m3"
-        for layout in (False, True) if args.layouts else (None,):
-            rows += sweep_point(
-                batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits, layout
-            )
+        rows += sweep_point(
+            batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits
+        )
     print("best per point:")
     for key, group in itertools.groupby(rows, key=lambda r: (r.kv_dtype, r.batch, r.context)):
         best = min(exact(list(group)), key=lambda r: r.us_per_layer)

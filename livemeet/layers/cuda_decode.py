@@ -229,14 +229,12 @@ def layout_supported(
 ) -> bool:
     """Whether the tensors' addresses and strides suit the kernel's loads: 16-byte K/V pieces
     (both caches' bases, block and token strides on 16-byte boundaries, and one stride pair for
-    both), a token's heads contiguous, 4-byte query pairs (q's base and its batch and head
-    strides), and contiguous output rows. A view that fails this runs on Triton, which has no
-    such needs (a misaligned vector load would stop the CUDA context)."""
+    both), 4-byte query pairs (q's base and its batch and head strides), and contiguous output
+    rows. A view that fails this runs on Triton, which has no such needs (a misaligned vector
+    load would stop the CUDA context)."""
     elem = k_cache.element_size()
     if k_cache.stride() != v_cache.stride():
         return False
-    if k_cache.stride(3) != 1 or k_cache.stride(2) != k_cache.shape[3]:
-        return False  # the kernel puts head h at h x head_dim within a token (head_off)
     for t in (k_cache, v_cache):
         if t.data_ptr() % PIECE_BYTES or any(st * elem % PIECE_BYTES for st in t.stride()[:2]):
             return False

@@ -570,35 +570,6 @@ def test_cuda_decode_kernel_misaligned_views_run_on_triton() -> None:
         torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
 
 
-def test_head_major_cache_views_are_not_for_the_cuda_kernel() -> None:
-    """A cache stored head-major ([blocks, kv_heads, block, D] viewed as [blocks, block,
-    kv_heads, D]) passes every alignment check, but the CUDA kernel places head h at
-    h x head_dim within a token: such a view must go to Triton (it read the wrong keys)."""
-    base = torch.zeros(4, 8, 16, 128, dtype=torch.bfloat16)
-    head_major = base.permute(0, 2, 1, 3)
-    token_major = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)
-    q = torch.zeros(2, 16, 128, dtype=torch.bfloat16)
-    out = torch.empty_like(q)
-    assert cuda_decode.layout_supported(q, token_major, token_major.clone(), out)
-    assert not cuda_decode.layout_supported(q, head_major, head_major.clone(), out)
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("fp8", [False, True])
-def test_head_major_cache_views_decode_correctly_cuda(fp8: bool) -> None:
-    torch.manual_seed(19)
-    lens = [3000, 40]
-    k_cache, v_cache, tables, scale_kv = poisoned_caches(lens, 16, fp8)
-    views = [c.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for c in (k_cache, v_cache)]
-    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(2, 16, 128, device="cuda", dtype=torch.bfloat16)
-    scales = {"k_scale": scale_kv, "v_scale": scale_kv}
-    got = pa.paged_decode_attention(q, *views, tables, seq, 0.088, num_splits=4, **scales)
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
-    torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
-
-
 def cuda_forms() -> list[pa.DecodeKernelConfig]:
     forms = []
     for fp8, most in ((False, cuda_decode.MAX_STAGES_BF16), (True, cuda_decode.MAX_STAGES_FP8)):
