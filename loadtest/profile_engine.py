@@ -237,6 +237,8 @@ def profile_decode(
 ) -> dict[str, Any]:
     """Steady-state decode: wall ms/step and host parts, then a profiled window."""
     while not (log.batches and not log.last.prefills and len(log.last.decodes) == batch):
+        if not engine.has_work():
+            raise RuntimeError(f"the requests finished before all {batch} decoded together")
         engine.step()
     for _ in range(8):  # past the first lookahead steps
         engine.step()
@@ -248,6 +250,7 @@ def profile_decode(
     _sync(cuda)
     wall_ms = (time.perf_counter() - t0) * 1e3 / steps
     after = engine.stats()
+    _check_full(log, batch)
     host_ms = {
         part: 1e3 * (getattr(after, f"{part}_s") - getattr(before, f"{part}_s")) / steps
         for part in ("schedule", "encode", "launch", "wait", "other")
@@ -255,6 +258,7 @@ def profile_decode(
     context = statistics.fmean(r.num_tokens for r in log.last.decodes)
     syncs = host_syncs(engine, 5, cuda)
     acts, profiled_ms = _profiled(engine.step, profile_steps, cuda)
+    _check_full(log, batch)
     tl = timeline(acts)
     return {
         "batch": batch,
@@ -291,6 +295,14 @@ def host_syncs(engine: Engine, steps: int, cuda: bool) -> list[str]:
     return sorted({short_name(str(w.message), 200) for w in caught})
 
 
+def _check_full(log: BatchLog, batch: int) -> None:
+    """Raises RuntimeError when the last step no longer decoded all `batch` requests (one
+    finished inside a timed window, which would then mix batch sizes)."""
+    rows = len(log.last.decodes)
+    if rows != batch or log.last.prefills:
+        raise RuntimeError(f"the batch shrank from {batch} to {rows} decode rows while timed")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--config", choices=("real", "tiny"), default="real")
@@ -317,7 +329,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     cuda = engine.runner.device.type == "cuda"
     log = BatchLog(engine)
-    submit(engine, args.batch, args.context, args.steps + args.profile_steps + 64)
+    # Requests that finish prefill early decode in the mixed steps while the others prefill
+    # (~one step per 1k prompt tokens each): their budget must outlast that, or the batch
+    # shrinks inside the timed window.
+    prefill_steps = args.batch * (args.context // 1024 + 1)
+    submit(engine, args.batch, args.context, args.steps + args.profile_steps + 64 + prefill_steps)
     report: dict[str, Any] = {"argv": vars(args)}
     if args.prefill:
         report["prefill"] = profile_prefill(engine, log, cuda)

@@ -212,6 +212,9 @@ class ExtendKernelConfig:
     num_warps_small: int = 4
 
 
+DEFAULT_EXTEND_KERNEL = ExtendKernelConfig()
+
+
 def choose_num_splits(
     batch_size: int,
     max_seq_len: int,
@@ -1110,7 +1113,7 @@ def paged_extend_attention(
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
     group_pow2 = next_pow2(group)
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-    cfg = kernel or ExtendKernelConfig()
+    cfg = kernel or DEFAULT_EXTEND_KERNEL
     rows = cfg.rows or extend_tile_rows(num_seqs, num_kv_heads, max_seqlen_q, group, num_sms)
     block_m = max(16, rows // group_pow2)
     grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))

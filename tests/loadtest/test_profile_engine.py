@@ -112,3 +112,16 @@ def test_tiny_run_on_cpu(tmp_path: Path) -> None:
     assert decode["batch"] == 2 and decode["steps"] == 5
     assert decode["wall_ms_per_step"] > 0
     assert set(decode["host_ms_per_step"]) == {"schedule", "encode", "launch", "wait", "other"}
+
+
+def test_a_batch_that_shrinks_while_timed_is_an_error() -> None:
+    """A request whose budget ends inside the timed window makes the figures mix batch sizes
+    (session 10's first c16 profile): the tool must refuse, not report them."""
+    from loadtest.bench_engine import BatchLog, build_engine
+    from loadtest.profile_engine import profile_decode, submit
+
+    engine = build_engine("tiny", device="cpu", dtype="float32", kv_cache_dtype="auto", eager=True)
+    log = BatchLog(engine)
+    submit(engine, 2, 300, new_tokens=16)
+    with pytest.raises(RuntimeError, match="shrank|finished"):
+        profile_decode(engine, log, 2, steps=30, profile_steps=2, cuda=False)
