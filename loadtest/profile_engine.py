@@ -2,9 +2,10 @@
 
 `bench_decode_step` times one `ModelRunner.launch` in isolation; the Engine adds scheduling,
 async decode's one-step lookahead, the token transfer and postprocessing, and runs for minutes.
-When its decode ms/step exceeds the bare launch's device time (long c1 on an H200 in session 9:
-1.67 against 1.34 ms), either the GPU idles between steps (the host does not keep it fed) or
-its kernels run slower than in isolation. This tool tells which:
+Where its decode ms/step exceeds the bare launch's device time, either the GPU idles between
+steps (the host does not keep it fed) or its kernels run slower than in isolation. This tool
+tells which (docs/benchmarks.md, session 10: at long c1 bf16 on an H200 neither; the Engine's
+1.683 ms per step is the bare launch's 1.695 ms):
 
 1. Decode: `--batch` requests of `--context` prompt tokens are prefilled, then `--steps` decode
    steps are timed by wall clock (GPU synchronised at both ends only), with the engine's host
@@ -129,7 +130,7 @@ def timeline(acts: Sequence[DeviceActivity], top: int = 8) -> Timeline:
     busy += cur_end - cur_start
     ranked = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:top]
     return Timeline(
-        span_us=acts[-1].end_us - acts[0].start_us if acts else 0.0,
+        span_us=max(a.end_us for a in acts) - acts[0].start_us,
         busy_us=busy,
         idle_us=idle,
         num_gaps=sum(len(v) for v in groups.values()),

@@ -52,8 +52,10 @@ CPU_DEFAULT_KV_TOKENS = 1 << 18  # tokens of KV on the CPU path when no size is 
 # and divisible by 16, separately for one and for several sequences. `warm_up_batches` adds wide
 # batches for the extend kernel's large-tile variant.
 WARM_UP_BATCHES = ((16,), (17,), (1,), (16, 16), (5, 27), (1, 1))
-# A mixed step: a 16-token chunk, then two decode rows (the decode kernel in an eager step)
-WARM_UP_MIXED, WARM_UP_MIXED_DECODES = (16, 40, 17), 2
+# Mixed steps (sequence lengths, how many at the end are decode rows): a 16-token chunk, then
+# one or two decode rows of 300 tokens, so the decode kernel runs in an eager step split (>= 2
+# x MIN_TOKENS_PER_SPLIT keys) and merged, with PDL (one row) and without (two rows)
+WARM_UP_MIXED = (((16, 300), 1), ((16, 300, 300), 2))
 # Columns the block tables of eager steps are padded to a multiple of. Their row stride is an
 # int argument of the attention kernels, which Triton specialises (1, a multiple of 16, the
 # rest: one compiled variant each); the width is the step's longest table, so unpadded, the
@@ -176,21 +178,24 @@ class ModelRunner:
         t = self.cfg.text
         for lengths in warm_up_batches(t.kv_heads, t.heads // t.kv_heads, num_sms):
             self._warm_up_step(lengths)
-        self._warm_up_step(WARM_UP_MIXED, num_decode=WARM_UP_MIXED_DECODES)
+        for lengths, num_decode in WARM_UP_MIXED:
+            self._warm_up_step(lengths, num_decode=num_decode)
 
     def _warm_up_step(self, lengths: tuple[int, ...], num_decode: int = 0) -> None:
         """One eager step over scratch sequences of `lengths` tokens: each prefilled whole,
         except the last `num_decode`, which are decode rows (one new token after the rest)."""
         rows = _StepRows()
+        first = 0  # each scratch sequence on its own blocks
         for i, n in enumerate(lengths):
             blocks = -(-(n + 1) // self.block_size)
             scratch = Request(f"warm-up-{i}", [0] * n)
-            scratch.block_table = list(range(i * blocks, (i + 1) * blocks))
+            scratch.block_table = list(range(first, first + blocks))
+            first += blocks
             start = n - 1 if i >= len(lengths) - num_decode else 0
             rows.add_sequence(scratch, start, [0] * (n - start), self.block_size)
             rows.sample_rows.append(len(rows.token_ids) - 1)
         rows.num_decode_seqs = num_decode
-        if max(len(t) for t in rows.block_tables) * len(lengths) > self.num_kv_blocks:
+        if first > self.num_kv_blocks:
             return  # a pool this small only happens in tests
         self.staging.begin_step()
         try:
@@ -392,17 +397,16 @@ class ModelRunner:
         decode_only = all(n == 1 for n in q_lens)
         max_seq = max(rows.seq_lens)
         # decode rows follow the prefill chunks (_rows); in a mixed step the decode kernel
-        # takes them (PagedAttentionBackend), sized by their own count and longest context
+        # takes them (PagedAttentionBackend)
         num_decode = 0 if decode_only else rows.num_decode_seqs
-        decode_lens = rows.seq_lens[len(q_lens) - num_decode :] if num_decode else rows.seq_lens
         splits = None
         if (decode_only or num_decode) and dev.type == "cuda":
-            splits = choose_num_splits(
-                len(decode_lens),
-                max(decode_lens),
+            splits = decode_kernel_splits(
+                rows.seq_lens,
+                len(q_lens) if decode_only else num_decode,
                 self.cfg.text.kv_heads,
                 self.num_sms,
-                programs_per_sm=self.decode_programs_per_sm,
+                self.decode_programs_per_sm,
             )
         return StepMetadata(
             slot_mapping=self._upload(rows.slots, torch.long),
@@ -415,6 +419,24 @@ class ModelRunner:
             num_splits=splits,
             num_decode_seqs=num_decode,
         )
+
+
+def decode_kernel_splits(
+    seq_lens: Sequence[int],
+    num_decode: int,
+    num_kv_heads: int,
+    num_sms: int,
+    programs_per_sm: int,
+) -> int:
+    """The decode kernel's split count for the last `num_decode` of a step's sequences (its
+    decode rows: all of a decode-only step, the tail of a mixed one), sized by their own
+    count and longest context, not the prefill chunks' (`choose_num_splits`)."""
+    if not 0 < num_decode <= len(seq_lens):
+        raise InternalError(f"{num_decode} decode rows in a step of {len(seq_lens)} sequences")
+    lens = seq_lens[len(seq_lens) - num_decode :]
+    return choose_num_splits(
+        num_decode, max(lens), num_kv_heads, num_sms, programs_per_sm=programs_per_sm
+    )
 
 
 def warm_up_batches(num_kv_heads: int, group: int, num_sms: int) -> list[tuple[int, ...]]:

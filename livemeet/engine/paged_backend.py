@@ -7,10 +7,10 @@ path takes `kv_sink(layer)` and stores the step's new K/V in its q/k rotation ke
 sequence has exactly one new token, else the causal extend kernel over the prefill chunks and,
 in a mixed step, the split-K decode kernel over the decode rows that follow them (the extend
 kernel walks a sequence's whole context in one program per KV head: a 30k-token decode row
-became the step's tail; long c16 FP8 on an H200, loadtest/profile_engine.py: prefill steps with
-15 decode rows ran the extend kernel at 173 TFLOP/s against 281 with none). On the CPU both
-fall back to the torch references in livemeet.layers.paged_attention (gather + SDPA); on CUDA
-they never gather KV.
+became the step's tail; long c16 FP8 on an H200, docs/benchmarks.md session 10, call 1:
+prefill steps with 15 decode rows ran the extend kernel at 173 TFLOP/s against 281 with
+none). On the CPU both fall back to the torch references in livemeet.layers.paged_attention
+(gather + SDPA); on CUDA they never gather KV.
 """
 
 from __future__ import annotations
@@ -159,8 +159,7 @@ class PagedAttentionBackend:
             m.block_tables[p:],
             m.seq_lens[p:],
             scale,
-            num_splits=m.num_splits,
-            max_seq_len=m.max_seq_len,
+            num_splits=m.num_splits,  # the decode rows' own (ModelRunner); None on the CPU
             k_scale=s,
             v_scale=s,
             out=out[t:],

@@ -967,12 +967,17 @@ def paged_decode_attention(
 
 
 def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> None:
-    """An attention output given by the caller must match q's shape, dtype and device."""
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+    """An attention output given by the caller must match q's shape, dtype and device, and be
+    contiguous in head_dim (the kernels take its token and head strides only)."""
+    if out is None:
+        return
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
         raise InternalError(
             f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
             f"{tuple(out.shape)} {out.dtype} on {out.device}"
         )
+    if out.stride(2) != 1:
+        raise InternalError("out must be contiguous in head_dim")
 
 
 def _fp16_dots(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

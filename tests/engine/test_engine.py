@@ -93,18 +93,35 @@ def test_mixed_batch_matches_reference(
     chunk: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # staggered arrivals make mixed steps: their decode rows take the decode kernel
-    mixed_calls: list[int] = []  # decode rows of each layer's mixed attention call
-    real_mixed = PagedAttentionBackend._mixed
-
-    def spy(self: PagedAttentionBackend, q: torch.Tensor, *args: Any) -> torch.Tensor:
-        mixed_calls.append(self.meta.num_decode_seqs)
-        return real_mixed(self, q, *args)
-
-    monkeypatch.setattr(PagedAttentionBackend, "_mixed", spy)
+    # staggered arrivals make mixed steps: their decode rows must take the decode kernel
     engine = _engine(our_model, chunk, num_blocks=None)
+    runner = engine.runner
+    launch, metadata, mixed = runner.launch, runner._metadata, PagedAttentionBackend._mixed
+    batches: list[Any] = []
+    marked: list[tuple[int, int]] = []  # (decode rows scheduled, decode rows marked) per step
+    mixed_calls: list[int] = []
+
+    def spy_launch(batch: Any, *args: Any, **kwargs: Any) -> Any:
+        batches.append(batch)
+        return launch(batch, *args, **kwargs)
+
+    def spy_metadata(rows: Any) -> Any:
+        meta = metadata(rows)
+        if batches[-1].prefills:
+            marked.append((len(batches[-1].decodes), meta.num_decode_seqs))
+        return meta
+
+    def spy_mixed(self: PagedAttentionBackend, q: torch.Tensor, *args: Any) -> torch.Tensor:
+        mixed_calls.append(self.meta.num_decode_seqs)
+        return mixed(self, q, *args)
+
+    monkeypatch.setattr(runner, "launch", spy_launch)
+    monkeypatch.setattr(runner, "_metadata", spy_metadata)
+    monkeypatch.setattr(PagedAttentionBackend, "_mixed", spy_mixed)
     done = _run_staggered(engine, batch_clips)
-    assert mixed_calls and min(mixed_calls) >= 1, "no step mixed chunks with decode rows"
+    assert all(scheduled == got for scheduled, got in marked), marked
+    assert any(scheduled for scheduled, _ in marked), "no step mixed chunks with decode rows"
+    assert len(mixed_calls) == our_model.cfg.text.layers * sum(1 for s, _ in marked if s)
     assert f"r{ABORTED}" not in done
     for i, ref in enumerate(reference_tokens):
         if i != ABORTED:
@@ -227,6 +244,25 @@ def test_runner_warms_up_at_start_with_every_graph_option(our_model: MossTDModel
     )  # fmt: skip
     assert runner.graphs is None and runner.piecewise is None  # CUDA only
     assert runner.k_caches[0][0].abs().sum() > 0  # the warm-up wrote its scratch KV
+
+
+def test_warm_up_runs_mixed_steps(our_model: MossTDModel, monkeypatch: pytest.MonkeyPatch):
+    """Warm-up's mixed steps (WARM_UP_MIXED) reach the decode kernel from an eager step, with
+    one decode row and with two."""
+    from livemeet.engine.model_runner import WARM_UP_MIXED, ModelRunner
+
+    decode_rows: list[int] = []
+    real = PagedAttentionBackend._mixed
+
+    def spy(self: PagedAttentionBackend, q: torch.Tensor, *args: Any) -> torch.Tensor:
+        decode_rows.append(self.meta.num_decode_seqs)
+        return real(self, q, *args)
+
+    monkeypatch.setattr(PagedAttentionBackend, "_mixed", spy)
+    runner = ModelRunner(our_model, our_model.cfg, block_size=16, num_kv_blocks=256)
+    runner.warm_up()
+    layers = our_model.cfg.text.layers
+    assert decode_rows == [n for _, n in WARM_UP_MIXED for _ in range(layers)]
 
 
 def _int_class(value: int) -> str:

@@ -1,6 +1,8 @@
 """PagedAttentionBackend: a mixed step (prefill chunks, then decode rows) runs the extend kernel
 over the chunks and the decode kernel over the decode rows, into one output equal to the
-extend reference over every row; the model runner marks which sequences are decode rows."""
+extend reference over every row; the decode kernel's split count comes from the decode rows
+alone. (That the model runner marks the scheduled decode rows is checked by the fp32 parity
+test of mixed batches, tests/engine/test_engine.py.)"""
 
 from __future__ import annotations
 
@@ -97,10 +99,21 @@ def test_mixed_step_that_is_only_decode_rows_is_refused(monkeypatch: pytest.Monk
         PagedAttentionBackend([kc], [vc], meta).attend(0, q, None, None, HEAD_DIM**-0.5)
 
 
+def _bad_outs(q: torch.Tensor) -> list[torch.Tensor]:
+    """Outputs the kernels cannot write: a row too many, another dtype, head_dim strided."""
+    n, h, d = q.shape
+    return [
+        torch.empty(n + 1, h, d),
+        torch.empty(n, h, d, dtype=torch.float64),
+        torch.empty(n, h, 2 * d)[:, :, ::2],
+    ]
+
+
 @pytest.mark.parametrize("fn", ["decode", "extend"])
-def test_out_must_match_the_query(fn: str) -> None:
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_out_must_match_the_query(fn: str, which: int) -> None:
     q, kc, vc, meta = _step([(9, 1), (4, 1)], 0, "cpu", torch.float32)
-    bad = torch.empty(q.shape[0] + 1, HEADS, HEAD_DIM)
+    bad = _bad_outs(q)[which]
     with pytest.raises(InternalError, match="out must be"):
         if fn == "decode":
             pa.paged_decode_attention(q, kc, vc, meta.block_tables, meta.seq_lens, 0.25, out=bad)
@@ -108,6 +121,22 @@ def test_out_must_match_the_query(fn: str) -> None:
             pa.paged_extend_attention(
                 q, kc, vc, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, 0.25, out=bad
             )
+
+
+def test_decode_splits_come_from_the_decode_rows_alone() -> None:
+    """A mixed step's decode rows (100 tokens) beside a 30k-token chunk are split for their own
+    length: sized by the chunk they would get as many splits as a 30k decode."""
+    from livemeet.engine.model_runner import decode_kernel_splits
+
+    lens = [30_000, 100, 90]
+    got = decode_kernel_splits(lens, 2, 8, 132, 2)
+    assert got == pa.choose_num_splits(2, 100, 8, 132, programs_per_sm=2) == 1
+    assert pa.choose_num_splits(2, 30_000, 8, 132, programs_per_sm=2) > 1
+    assert decode_kernel_splits([300, 300], 2, 8, 132, 2) == pa.choose_num_splits(
+        2, 300, 8, 132, programs_per_sm=2
+    )
+    with pytest.raises(InternalError):
+        decode_kernel_splits(lens, 0, 8, 132, 2)
 
 
 @needs_interpreter

@@ -46,6 +46,8 @@ def test_timeline_names_the_gap_after_the_activity_that_ended_last() -> None:
     tl = timeline(acts)
     assert tl.top_gaps[0].before == "long"
     assert tl.busy_us == 110
+    # the span ends with the activity that ends last, not the one that starts last
+    assert timeline(acts[:2]).span_us == 100
 
 
 def test_device_activities_keep_device_events_only_sorted() -> None:
@@ -123,5 +125,5 @@ def test_a_batch_that_shrinks_while_timed_is_an_error() -> None:
     engine = build_engine("tiny", device="cpu", dtype="float32", kv_cache_dtype="auto", eager=True)
     log = BatchLog(engine)
     submit(engine, 2, 300, new_tokens=16)
-    with pytest.raises(RuntimeError, match="shrank|finished"):
+    with pytest.raises(RuntimeError, match="shrank"):
         profile_decode(engine, log, 2, steps=30, profile_steps=2, cuda=False)
