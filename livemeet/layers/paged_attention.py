@@ -891,7 +891,8 @@ def paged_decode_attention(
     and num_splits, and splits are sized from seq_lens inside the kernel, so one call can be
     captured in a CUDA graph and replayed for any lengths within the block table.
     `kernel` overrides the launch configuration (default: `default_decode_config`). `out`: the
-    [B, heads, D] tensor (a view is fine) to write and return instead of a new one.
+    [B, heads, D] tensor (a view contiguous in head_dim) to write and return instead of a new
+    one.
     """
     block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
@@ -1084,8 +1085,8 @@ def paged_extend_attention(
 
     `max_seqlen_q` (the longest q_len) sizes the grid; None reads it from cu_seqlens_q, which
     syncs with the host (pass it when capturing a CUDA graph). `out`: the [Nq, heads, D]
-    tensor (a view is fine) to write and return instead of a new one. `kernel` overrides the
-    launch configuration (ExtendKernelConfig).
+    tensor (a view contiguous in head_dim) to write and return instead of a new one. `kernel`
+    overrides the launch configuration (ExtendKernelConfig).
     """
     block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
     group = _check_query(q, num_kv_heads, head_dim, k_cache)
