@@ -320,22 +320,14 @@ def bench_decode(
     timer = StepTimer(engine.runner.device)
     weights = weight_bytes_per_step(engine)
     per_token = kv_bytes_per_token(engine.model_config, engine.runner.kv_dtype)
-    num_tokens = audio_tokens_for_prompt(engine, context)
-    samples = noise(num_tokens * SAMPLES_PER_TOKEN, seed=context)
-    # Requests that finish prefill early decode while the others still prefill: the budget
-    # must outlast the whole prefill phase (a 36k prompt is ~10 steps of <= 4k tokens each,
-    # times the batch), or the early ones finish before all `max(batches)` decode together.
-    prefill_steps = max(batches) * (context // 1024 + 1)
-    budget = (warmup + steps + 1) * len(batches) + 4 + prefill_steps
-    ids = [f"decode-{context}-{i}" for i in range(max(batches))]
-    for i, rid in enumerate(ids):
-        engine.add_request(rid, wl.vary(samples, i), max_new_tokens=budget, ignore_eos=True)
+    decode_steps = (warmup + steps + 1) * len(batches) + 4
+    ids = add_noise_requests(engine, f"decode-{context}", max(batches), context, decode_steps)
     results = []
     try:
         for batch in sorted(batches, reverse=True):
             for rid in ids[batch:]:
                 engine.abort(rid)
-            _step_until_decoding(engine, log, batch)
+            step_until_decoding(engine, log, batch)
             for _ in range(warmup):
                 engine.step()
             ms: list[float] = []
@@ -356,12 +348,32 @@ def bench_decode(
     return results
 
 
-def _step_until_decoding(engine: Engine, log: BatchLog, batch: int) -> None:
-    for _ in range(100_000):
+def add_noise_requests(
+    engine: Engine, prefix: str, count: int, context: int, decode_steps: int
+) -> list[str]:
+    """Add `count` requests (ids `prefix`-i) whose prompts are ~`context` ids of noise audio,
+    each rotated, that ignore EOS; returns their ids. Their token budget is `decode_steps`
+    plus the steps the prefill of all of them can take: requests that finish prefill early
+    decode while the others still prefill (a 36k prompt is ~10 steps of <= 4k tokens each,
+    times the count), and must not finish before all `count` decode together."""
+    num_tokens = audio_tokens_for_prompt(engine, context)
+    samples = noise(num_tokens * SAMPLES_PER_TOKEN, seed=context)
+    budget = decode_steps + count * (context // 1024 + 1)
+    ids = [f"{prefix}-{i}" for i in range(count)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, wl.vary(samples, i), max_new_tokens=budget, ignore_eos=True)
+    return ids
+
+
+def step_until_decoding(engine: Engine, log: BatchLog, batch: int) -> None:
+    """Step until a step decodes exactly `batch` requests and prefills nothing. Raises
+    RuntimeError when the engine runs out of work first (requests finished early)."""
+    while True:
+        if not engine.has_work():
+            raise RuntimeError(f"the requests finished before {batch} decoded together")
         engine.step()
         if log.batches and not log.last.prefills and len(log.last.decodes) == batch:
             return
-    raise RuntimeError("requests never reached pure decode")
 
 
 # ---------------------------------------------------------------- workload runs

@@ -41,15 +41,14 @@ from typing import Any
 
 import torch
 
-from livemeet.audio.constants import SAMPLES_PER_TOKEN
 from livemeet.engine.engine import Engine
 from livemeet.engine.scheduler import ScheduledBatch
-from loadtest import workloads as wl
 from loadtest.bench_engine import (
     BatchLog,
-    audio_tokens_for_prompt,
+    add_noise_requests,
     build_engine,
-    noise,
+    step_until_decoding,
+    synchronize,
 )
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # chrome-trace "cat" of device work
@@ -175,18 +174,19 @@ def by_family(acts: Iterable[DeviceActivity]) -> dict[str, float]:
 # ------------------------------------------------------------------ running the engine
 
 
-def _profiled(fn: Any, steps: int, cuda: bool) -> tuple[list[DeviceActivity], float]:
+def _profiled(fn: Any, steps: int, device: torch.device) -> tuple[list[DeviceActivity], float]:
     """Run `fn()` `steps` times under torch.profiler (CUDA activity only: the host keeps its
     pace); returns the device activities and the wall ms per call."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = device.type == "cuda"
     activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
-        _sync(cuda)
+        synchronize(device)
         t0 = time.perf_counter()
         for _ in range(steps):
             fn()
-        _sync(cuda)
+        synchronize(device)
         wall_ms = (time.perf_counter() - t0) * 1e3 / steps
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
@@ -195,27 +195,12 @@ def _profiled(fn: Any, steps: int, cuda: bool) -> tuple[list[DeviceActivity], fl
     return device_activities(trace), wall_ms
 
 
-def _sync(cuda: bool) -> None:
-    if cuda:
-        torch.cuda.synchronize()
-
-
-def submit(engine: Engine, batch: int, context: int, new_tokens: int) -> list[str]:
-    """`batch` requests whose prompts are ~`context` ids (noise audio, each rotated)."""
-    num_tokens = audio_tokens_for_prompt(engine, context)
-    samples = noise(num_tokens * SAMPLES_PER_TOKEN, seed=context)
-    ids = [f"profile-{i}" for i in range(batch)]
-    for i, rid in enumerate(ids):
-        engine.add_request(rid, wl.vary(samples, i), max_new_tokens=new_tokens, ignore_eos=True)
-    return ids
-
-
-def profile_prefill(engine: Engine, log: BatchLog, cuda: bool) -> list[dict[str, Any]]:
+def profile_prefill(engine: Engine, log: BatchLog) -> list[dict[str, Any]]:
     """Step until the first pure decode step, each step synchronised and profiled on its own;
     per prefill step its shape, wall ms and device microseconds by kernel family."""
     rows: list[dict[str, Any]] = []
     while True:
-        acts, wall_ms = _profiled(engine.step, 1, cuda)
+        acts, wall_ms = _profiled(engine.step, 1, engine.runner.device)
         batch = log.last
         if not batch.prefills:
             return rows
@@ -234,31 +219,26 @@ def step_shape(batch: ScheduledBatch) -> dict[str, Any]:
 
 
 def profile_decode(
-    engine: Engine, log: BatchLog, batch: int, steps: int, profile_steps: int, cuda: bool
+    engine: Engine, log: BatchLog, batch: int, steps: int, profile_steps: int
 ) -> dict[str, Any]:
     """Steady-state decode: wall ms/step and host parts, then a profiled window."""
-    while not (log.batches and not log.last.prefills and len(log.last.decodes) == batch):
-        if not engine.has_work():
-            raise RuntimeError(f"the requests finished before all {batch} decoded together")
-        engine.step()
+    device = engine.runner.device
+    step_until_decoding(engine, log, batch)
     for _ in range(8):  # past the first lookahead steps
         engine.step()
-    before = engine.stats()
-    _sync(cuda)
+    before = engine.stats().host_s
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         engine.step()
-    _sync(cuda)
+    synchronize(device)
     wall_ms = (time.perf_counter() - t0) * 1e3 / steps
-    after = engine.stats()
+    after = engine.stats().host_s
     _check_full(log, batch)
-    host_ms = {
-        part: 1e3 * (getattr(after, f"{part}_s") - getattr(before, f"{part}_s")) / steps
-        for part in ("schedule", "encode", "launch", "wait", "other")
-    }
+    host_ms = {part: 1e3 * (after[part] - before[part]) / steps for part in after}
     context = statistics.fmean(r.num_tokens for r in log.last.decodes)
-    syncs = host_syncs(engine, 5, cuda)
-    acts, profiled_ms = _profiled(engine.step, profile_steps, cuda)
+    syncs = host_syncs(engine, 5)
+    acts, profiled_ms = _profiled(engine.step, profile_steps, device)
     _check_full(log, batch)
     tl = timeline(acts)
     return {
@@ -279,11 +259,11 @@ def profile_decode(
     }
 
 
-def host_syncs(engine: Engine, steps: int, cuda: bool) -> list[str]:
+def host_syncs(engine: Engine, steps: int) -> list[str]:
     """Warnings of torch's CUDA sync debug mode over `steps` engine steps: every operation
     that made the host wait for the GPU (the token transfer's own wait does not count: it
     waits on an event). Empty on the CPU."""
-    if not cuda:
+    if engine.runner.device.type != "cuda":
         return []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -328,19 +308,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         kv_cache_dtype=args.kv_cache_dtype,
         eager=False,
     )
-    cuda = engine.runner.device.type == "cuda"
     log = BatchLog(engine)
-    # Requests that finish prefill early decode in the mixed steps while the others prefill
-    # (~one step per 1k prompt tokens each): their budget must outlast that, or the batch
-    # shrinks inside the timed window.
-    prefill_steps = args.batch * (args.context // 1024 + 1)
-    submit(engine, args.batch, args.context, args.steps + args.profile_steps + 64 + prefill_steps)
+    decode_steps = args.steps + args.profile_steps + 64  # and the lookahead and sync steps
+    add_noise_requests(engine, "profile", args.batch, args.context, decode_steps)
     report: dict[str, Any] = {"argv": vars(args)}
     if args.prefill:
-        report["prefill"] = profile_prefill(engine, log, cuda)
+        report["prefill"] = profile_prefill(engine, log)
         for row in report["prefill"]:
             print(json.dumps(row), flush=True)
-    report["decode"] = profile_decode(engine, log, args.batch, args.steps, args.profile_steps, cuda)
+    report["decode"] = profile_decode(engine, log, args.batch, args.steps, args.profile_steps)
     print(summary(report["decode"]), flush=True)
     for request in [*engine.scheduler.running, *engine.scheduler.waiting]:
         engine.abort(request.request_id)

@@ -28,6 +28,7 @@ from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
 from livemeet.layers import paged_attention as pa
+from loadtest.bench_decode_step import device_ms
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
 FP8_SCALE = 0.05  # per-tensor scale of the FP8 cache (values ~N(0, 1) / scale stay < 448)
@@ -101,18 +102,6 @@ def pair_flop(chunks: list[tuple[int, int]]) -> float:
     return pairs * 4 * HEADS * HEAD_DIM
 
 
-def time_ms(fn: object, iters: int = 8) -> float:
-    fn()  # type: ignore[operator]
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()  # type: ignore[operator]
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def sweep(fp8: bool, deadline: float) -> list[Row]:
     rows: list[Row] = []
     name = "fp8_e4m3" if fp8 else "bf16"
@@ -131,7 +120,7 @@ def sweep(fp8: bool, deadline: float) -> list[Row]:
                 print(f"{name} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                 break
             delta = (out.float() - base[shape].float()).abs().max().item()
-            ms = time_ms(call)
+            ms = device_ms(call, 8)  # after `call()` above: compiled and warm
             row = Row(name, shape, cfg, ms, pair_flop(SHAPES[shape]) / ms / 1e9, delta)
             rows.append(row)
             print(

@@ -119,11 +119,12 @@ def test_tiny_run_on_cpu(tmp_path: Path) -> None:
 def test_a_batch_that_shrinks_while_timed_is_an_error() -> None:
     """A request whose budget ends inside the timed window makes the figures mix batch sizes
     (session 10's first c16 profile): the tool must refuse, not report them."""
-    from loadtest.bench_engine import BatchLog, build_engine
-    from loadtest.profile_engine import profile_decode, submit
+    from loadtest.bench_engine import BatchLog, add_noise_requests, build_engine
+    from loadtest.profile_engine import profile_decode
 
     engine = build_engine("tiny", device="cpu", dtype="float32", kv_cache_dtype="auto", eager=True)
     log = BatchLog(engine)
-    submit(engine, 2, 300, new_tokens=16)
+    # 16 tokens each: 14 decode steps plus the 2 the prefill of two 300-id prompts may take
+    add_noise_requests(engine, "p", 2, 300, decode_steps=14)
     with pytest.raises(RuntimeError, match="shrank"):
-        profile_decode(engine, log, 2, steps=30, profile_steps=2, cuda=False)
+        profile_decode(engine, log, 2, steps=30, profile_steps=2)
