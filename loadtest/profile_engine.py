@@ -138,10 +138,12 @@ def timeline(acts: Sequence[DeviceActivity], top: int = 8) -> Timeline:
 
 
 def short_name(name: str, width: int = 60) -> str:
+    """`name` cut to `width` characters (kernel names from C++ templates run to hundreds)."""
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
 def family(name: str) -> str:
+    """The kernel family (FAMILIES) of a device activity's name; "other" when none matches."""
     lowered = name.lower()
     for fragment, fam in FAMILIES:
         if fragment.lower() in lowered:
@@ -325,6 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def summary(d: dict[str, Any]) -> str:
+    """Printable lines of `profile_decode`'s report."""
     host = ", ".join(f"{k} {v:.3f}" for k, v in d["host_ms_per_step"].items())
     lines = [
         f"decode {d['batch']} x {d['context']}: wall {d['wall_ms_per_step']:.3f} ms/step "

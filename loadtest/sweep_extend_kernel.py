@@ -47,6 +47,8 @@ SHAPES: dict[str, list[tuple[int, int]]] = {
 
 @dataclass(frozen=True)
 class Row:
+    """One timed (KV dtype, chunk shape, configuration): ms per call of one layer."""
+
     kv_dtype: str
     shape: str
     config: pa.ExtendKernelConfig
@@ -103,6 +105,8 @@ def pair_flop(chunks: list[tuple[int, int]]) -> float:
 
 
 def sweep(fp8: bool, deadline: float) -> list[Row]:
+    """Time every candidate at every shape of SHAPES over a bf16 (or, with `fp8`, e4m3) cache
+    until `deadline` (time.monotonic() seconds); prints each row as it is timed."""
     rows: list[Row] = []
     name = "fp8_e4m3" if fp8 else "bf16"
     steps = {shape: make_step(chunks, fp8) for shape, chunks in SHAPES.items()}
