@@ -13,8 +13,15 @@ powers of two from a quarter of the default to twice it, and the largest counts 
 batch x KV heads x splits programs fits r times on the GPU's SMs (r = 1..6), to find where a
 partial last wave of programs costs time.
 
+`--layouts` times each dtype's default (and, for FP8, its integer-conversion forms) on two
+arrangements of the same bytes with the same grid: the pool's token-major cache (a token's
+KV heads side by side, so a program reads one head's 128- or 256-byte row every 1 or 2 KiB)
+and one KV head per sequence (batch x KV heads sequences of one head each: every block's keys
+of a head contiguous, as a head-major pool would hold them). It tells whether a head-major
+pool would read faster before any kernel is changed for one.
+
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
-       [--max-seconds 150] [--defaults-only | --splits]
+       [--max-seconds 150] [--defaults-only | --splits | --layouts]
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ from loadtest.bench_attention import (
 
 BLOCK_SIZE = 16  # the engine's KV block (livemeet.audio.constants.KV_BLOCK_SIZE)
 FP8_SCALE = 0.05  # per-tensor scale of the FP8 caches (values ~N(0, 1) / scale stay < 448)
+TOKEN_MAJOR = "token-major"  # the pool's layout: [blocks, block size, KV heads, head dim]
+HEAD_PER_SEQUENCE = "head-per-sequence"  # the same bytes as B x KV heads one-head sequences
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class SweepRow:
     kv_tb_per_s: float
     frac_of_read: float
     max_abs_err: float  # against the torch reference on layer 0 (the FP8 forms are approximate)
+    layout: str = TOKEN_MAJOR
 
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
@@ -88,6 +98,8 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
     ]
     other_merge_cuda = not default.cuda_merge_in_kernel
     cuda_forms.append(dataclasses.replace(default, cuda_merge_in_kernel=other_merge_cuda))
+    if fp8:
+        cuda_forms += int_convert_forms(default)
     chosen = [
         default,
         *cuda_forms,
@@ -97,6 +109,14 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
         *(grid if full else []),
     ]
     return list(dict.fromkeys(chosen))
+
+
+def int_convert_forms(default: pa.DecodeKernelConfig) -> list[pa.DecodeKernelConfig]:
+    """The FP8 default with K, V, then both tiles converted by integer ops (the CUDA kernel)."""
+    pairs = ((True, False), (False, True), (True, True))
+    return [
+        dataclasses.replace(default, cuda_k_int_convert=k, cuda_v_int_convert=v) for k, v in pairs
+    ]
 
 
 def exact(rows: list[SweepRow]) -> list[SweepRow]:
@@ -117,14 +137,15 @@ def split_candidates(batch: int, context: int, num_sms: int) -> list[int]:
     return sorted(n for n in pow2 | waves if 1 <= n <= limit)
 
 
-def make_caches(batch: int, context: int, fp8: bool):
-    """Per-layer (k, v) caches in shuffled blocks, one block table, the lengths, the layer count."""
+def make_caches(batch: int, context: int, fp8: bool, kv_heads: int = NUM_KV_HEADS):
+    """Per-layer (k, v) caches of `kv_heads` heads in shuffled blocks, one block table, the
+    lengths, and the KV bytes a layer reads."""
     elem = 1 if fp8 else 2
-    kv_bytes = batch * context * NUM_KV_HEADS * HEAD_DIM * 2 * elem
+    kv_bytes = batch * context * kv_heads * HEAD_DIM * 2 * elem
     layers = max(1, min(NUM_LAYERS, math.ceil(L2_DEFEAT_BYTES / kv_bytes)))
     blocks_per_seq = math.ceil(context / BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq
-    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    shape = (num_blocks, BLOCK_SIZE, kv_heads, HEAD_DIM)
     caches = []
     for _ in range(layers):
         k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
@@ -154,10 +175,10 @@ def sweep_point(
     `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
     caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
     q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    scale = HEAD_DIM**-0.5
     s = FP8_SCALE if fp8 else 1.0
-    scales = {"k_scale": s, "v_scale": s}
-    ref = pa.ref_paged_decode_attention(q.float(), *caches[0], tables, lens, scale, **scales)
+    ref = pa.ref_paged_decode_attention(
+        q.float(), *caches[0], tables, lens, HEAD_DIM**-0.5, k_scale=s, v_scale=s
+    )
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     group = NUM_HEADS // NUM_KV_HEADS
 
@@ -181,32 +202,114 @@ def sweep_point(
         if cfg is None:  # split-count variations of the best exact configuration so far
             cfg = min(exact(rows), key=lambda r: r.us_per_layer).config
 
-        def run(c: pa.DecodeKernelConfig = cfg, n: int = splits) -> None:
-            for k, v in caches:
-                pa.paged_decode_attention(q, k, v, tables, lens, scale, num_splits=n, kernel=c,
-                                          **scales)  # fmt: skip
-
-        try:
-            out = pa.paged_decode_attention(
-                q, *caches[0], tables, lens, scale, num_splits=splits, kernel=cfg, **scales
-            )
-            err = (out.float() - ref).abs().max().item()
-            us = time_graph_ms(run) / len(caches) * 1e3
-        except Exception as exc:  # a configuration Triton cannot compile (shared memory, ...)
-            print(f"  {cfg} splits={splits}: failed: {type(exc).__name__}: {exc}"[:300])
+        timed = time_config(q, caches, tables, lens, ref, cfg, splits, fp8)
+        if timed is None:
             continue
-        tb = kv_bytes / (us * 1e-6) / 1e12
-        kv_dtype = "fp8_e4m3" if fp8 else "bf16"
-        row = SweepRow(kv_dtype, batch, context, splits, cfg, us, tb, tb / read_bw, err)
-        print(
-            f"  {kv_dtype} {batch}x{context} splits={splits} {cfg}: {us:.1f} us "
-            f"{tb:.2f} TB/s ({tb / read_bw:.2f} x read) err {err:.1e}",
-            flush=True,
-        )
-        rows.append(row)
+        us, err = timed
+        rows.append(report_row(fp8, batch, context, splits, cfg, us, kv_bytes / us, read_bw, err))
     caches.clear()
     torch.cuda.empty_cache()
     return rows
+
+
+def time_config(
+    q: torch.Tensor,
+    caches: list[tuple[torch.Tensor, torch.Tensor]],
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    ref: torch.Tensor,
+    cfg: pa.DecodeKernelConfig,
+    splits: int,
+    fp8: bool,
+) -> tuple[float, float] | None:
+    """(us per layer over `caches` in a CUDA graph, max |error| on layer 0 against `ref`), or
+    None (printed) when the configuration fails to build or run."""
+    scale = HEAD_DIM**-0.5
+    s = FP8_SCALE if fp8 else 1.0
+    scales = {"k_scale": s, "v_scale": s}
+
+    def run() -> None:
+        for k, v in caches:
+            pa.paged_decode_attention(q, k, v, tables, lens, scale, num_splits=splits, kernel=cfg,
+                                      **scales)  # fmt: skip
+
+    try:
+        out = pa.paged_decode_attention(
+            q, *caches[0], tables, lens, scale, num_splits=splits, kernel=cfg, **scales
+        )
+        err = (out.float() - ref).abs().max().item()
+        return time_graph_ms(run) / len(caches) * 1e3, err
+    except Exception as exc:  # a configuration Triton cannot compile (shared memory, ...)
+        print(f"  {cfg} splits={splits}: failed: {type(exc).__name__}: {exc}"[:300])
+        return None
+
+
+def report_row(
+    fp8: bool,
+    batch: int,
+    context: int,
+    splits: int,
+    cfg: pa.DecodeKernelConfig,
+    us: float,
+    bytes_per_us: float,
+    read_bw: float,
+    err: float,
+    layout: str = TOKEN_MAJOR,
+) -> SweepRow:
+    """The timed row, printed."""
+    tb = bytes_per_us * 1e-6
+    kv_dtype = "fp8_e4m3" if fp8 else "bf16"
+    row = SweepRow(kv_dtype, batch, context, splits, cfg, us, tb, tb / read_bw, err, layout)
+    print(
+        f"  {kv_dtype} {batch}x{context} {layout} splits={splits} {cfg}: {us:.1f} us "
+        f"{tb:.2f} TB/s ({tb / read_bw:.2f} x read) err {err:.1e}",
+        flush=True,
+    )
+    return row
+
+
+def layout_point(
+    batch: int, context: int, fp8: bool, read_bw: float, deadline: float
+) -> list[SweepRow]:
+    """`--layouts` at one point: the dtype's default (and its FP8 integer-conversion forms)
+    on the token-major cache and on the same bytes as one KV head per sequence, each form at
+    the token-major default's split count on both (so the grids are the same size)."""
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    group = NUM_HEADS // NUM_KV_HEADS
+    default = pa.default_decode_config(fp8)
+    forms = [default, *(int_convert_forms(default) if fp8 else [])]
+    rows: list[SweepRow] = []
+    splits = 0
+    # (layout, sequences, KV heads each): the same sequences x heads x context either way
+    for layout, seqs, heads in ((TOKEN_MAJOR, batch, NUM_KV_HEADS), (HEAD_PER_SEQUENCE,
+                                batch * NUM_KV_HEADS, 1)):  # fmt: skip
+        caches, tables, lens, kv_bytes = make_caches(seqs, context, fp8, kv_heads=heads)
+        q = torch.randn(seqs, heads * group, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        s = FP8_SCALE if fp8 else 1.0
+        ref = pa.ref_paged_decode_attention(
+            q.float(), *caches[0], tables, lens, HEAD_DIM**-0.5, k_scale=s, v_scale=s
+        )
+        if not splits:
+            per_sm = pa.decode_programs_per_sm(q.dtype, caches[0][0], group, default)
+            splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS, num_sms,
+                                          programs_per_sm=per_sm)  # fmt: skip
+        for cfg in forms:
+            if time.monotonic() > deadline:
+                print(f"  (time budget spent: skipping the rest of {batch}x{context})")
+                break
+            timed = time_config(q, caches, tables, lens, ref, cfg, splits, fp8)
+            if timed is not None:
+                us, err = timed
+                rows.append(report_row(fp8, batch, context, splits, cfg, us, kv_bytes / us,
+                                       read_bw, err, layout))  # fmt: skip
+        caches.clear()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def point_key(row: SweepRow) -> tuple[str, int, int, str]:
+    """What the best configuration is chosen per: dtype, batch, context, layout."""
+    return row.kv_dtype, row.batch, row.context, row.layout
 
 
 def main() -> None:
@@ -219,6 +322,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--splits", action="store_true", help="the defaults at a range of split counts"
+    )
+    parser.add_argument(
+        "--layouts", action="store_true", help="token-major vs one KV head per sequence"
     )
     parser.add_argument("--json", default="sweep_decode_kernel.json")
     args = parser.parse_args()
@@ -234,11 +340,14 @@ def main() -> None:
         batch, context = (int(x) for x in point.split("x"))
         deadline = start + args.max_seconds * (i + 1) / len(work)  # an equal share per point
         fp8 = dtype == "fp8_e4m3"
+        if args.layouts:
+            rows += layout_point(batch, context, fp8, read_bw, deadline)
+            continue
         rows += sweep_point(
             batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits
         )
     print("best per point:")
-    for key, group in itertools.groupby(rows, key=lambda r: (r.kv_dtype, r.batch, r.context)):
+    for key, group in itertools.groupby(rows, key=point_key):
         best = min(exact(list(group)), key=lambda r: r.us_per_layer)
         print(f"  {key}: {best}")
     with open(args.json, "w") as f:

@@ -121,6 +121,8 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DPAGE={variant.page}".encode(),
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
+            f"-DK_INT_CVT={int(variant.k_int_convert)}".encode(),
+            f"-DV_INT_CVT={int(variant.v_int_convert)}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -141,15 +143,20 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
-    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
-    the PDL wait."""
+    depth (tiles per warp, >= 2; bf16 spills past 2), whether the first tiles load before
+    the PDL wait, and (FP8 only) whether K / V tiles convert to fp16 by integer ops instead of
+    the conversion instruction (bit-identical output; the .cu file's e4m3_hi_to_f16x2_scaled)."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
+    k_int_convert: bool = False
+    v_int_convert: bool = False
 
     def __post_init__(self) -> None:
+        if (self.k_int_convert or self.v_int_convert) and not self.fp8:
+            raise ConfigError("integer conversion applies to an FP8 cache only")
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
             raise ConfigError(f"{self.stages} pipeline stages are not supported for this cache")
         if self.page % TILE_KEYS:

@@ -68,3 +68,21 @@ def test_split_candidates_cover_powers_of_two_and_full_waves() -> None:
     # a short context caps the count at 16 keys per split; a big batch leaves few waves
     assert max(split_candidates(1, 256, 132)) <= 16
     assert split_candidates(16, 36000, 132)[:3] == [1, 2, 3]
+
+
+def test_integer_conversion_forms_are_fp8_only() -> None:
+    """FP8 candidates include the default with K, V and both converted by integer ops; bf16
+    candidates none (the Variant refuses them)."""
+    for fp8 in (False, True):
+        forms = {(c.cuda_k_int_convert, c.cuda_v_int_convert) for c in candidates(False, fp8)}
+        want = {(False, False), (True, False), (False, True), (True, True)}
+        assert forms == (want if fp8 else {(False, False)})
+
+
+def test_rows_are_grouped_per_layout() -> None:
+    from loadtest.sweep_decode_kernel import HEAD_PER_SEQUENCE, TOKEN_MAJOR, SweepRow, point_key
+
+    cfg = pa.default_decode_config(True)
+    rows = [SweepRow("fp8_e4m3", 16, 36_000, 3, cfg, 1.0, 1.0, 1.0, 0.0, layout)
+            for layout in (TOKEN_MAJOR, HEAD_PER_SEQUENCE)]  # fmt: skip
+    assert point_key(rows[0]) != point_key(rows[1])

@@ -12,7 +12,9 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
+// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1), and for an FP8 cache
+// K_INT_CVT / V_INT_CVT (0/1): convert K / V with integer ops instead of cvt (see
+// e4m3_hi_to_f16x2_scaled; the output is bit-identical either way).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -48,6 +50,12 @@ typedef unsigned int u32;
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
 #endif
+#ifndef K_INT_CVT
+#define K_INT_CVT 0    // FP8: K tiles to f16 by integer ops (scaled 2^-8, undone in qk_scale)
+#endif
+#ifndef V_INT_CVT
+#define V_INT_CVT 0    // FP8: V tiles to f16 by integer ops (scaled 2^-8, undone on the output)
+#endif
 
 #define HEAD_DIM 128
 #define TILE 16        // keys per warp iteration
@@ -64,6 +72,17 @@ typedef unsigned int u32;
 #define V_PIECES (ROW_BYTES / (8 * PIECE))         // pieces of a value row per lane (8 lanes)
 #define EPP (PIECE / ELEM_BYTES)                   // elements per piece
 #define NEG_INF __int_as_float(0xff800000)
+#define INT_CVT_UNSCALE 256.f  // 2^8: undoes e4m3_hi_to_f16x2_scaled's scale (exact)
+#if KV_FP8 && K_INT_CVT
+#define K_UNSCALE INT_CVT_UNSCALE
+#else
+#define K_UNSCALE 1.f
+#endif
+#if KV_FP8 && V_INT_CVT
+#define V_UNSCALE INT_CVT_UNSCALE
+#else
+#define V_UNSCALE 1.f
+#endif
 
 static_assert(PAGE % TILE == 0, "a tile must lie inside one KV block");
 static_assert(NUM_STAGES >= 2, "one tile computed while the next loads");
@@ -94,6 +113,17 @@ __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair16) {
         : "=r"(d)
         : "r"(pair16));
     return d;
+}
+
+// The two e4m3 bytes in bits 15..8 and 31..24 of d (the other bytes are ignored) as an f16x2
+// scaled by 2^-8, exactly: with the sign in place, e4m3's exponent and mantissa bits moved one
+// place down are the low exponent and high mantissa bits of an f16 whose exponent bias (15)
+// exceeds e4m3's (7) by 8; e4m3 subnormals land on f16 subnormals of the same scale. Four ALU
+// ops per pair (prmt, shift, two lop3) against one conversion-pipe op for cvt, whose
+// throughput on sm_90 is a quarter of the ALU's: splitting the tiles between the two pipes is
+// the point. NaN bytes (never stored: the cache writer saturates) would become finite.
+__device__ __forceinline__ u32 e4m3_hi_to_f16x2_scaled(u32 d) {
+    return ((d >> 1) & 0x3f803f80u) | (d & 0x80008000u);
 }
 
 // (lo, hi) fp32 to the mma's 16-bit pair: f16 for an FP8 cache, else bf16.
@@ -191,7 +221,11 @@ __device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_P
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 u32 x = word(s.k[n][c], w);
-#if KV_FP8
+#if KV_FP8 && K_INT_CVT
+                // bytes 0, 1 (then 2, 3) into the high bytes of the two halves
+                kr[2 * w] = e4m3_hi_to_f16x2_scaled(prmt(x, x, 0x1100u));
+                kr[2 * w + 1] = e4m3_hi_to_f16x2_scaled(prmt(x, x, 0x3322u));
+#elif KV_FP8
                 kr[2 * w] = e4m3x2_to_f16x2(x & 0xffffu);
                 kr[2 * w + 1] = e4m3x2_to_f16x2(x >> 16);
 #else
@@ -238,7 +272,18 @@ __device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_P
         st.acc[mt][1] *= alpha1;
         st.acc[mt][3] *= alpha1;
         u32 a[4];  // (dim g, keys 2t..), (dim g + 8, keys 2t..), (dim g, keys 2t + 8..), (g + 8, ..)
-#if KV_FP8
+#if KV_FP8 && V_INT_CVT
+        // piece word mt / 2 holds dims 4 (mt / 2) .. + 3; byte j of key A into the low half's
+        // high byte, of key B into the high half's (selector nibbles: j, j, 4 + j, 4 + j)
+        int w = mt >> 1, j = 2 * (mt & 1);
+        u32 sel0 = 0x4400u + 0x1111u * j, sel1 = sel0 + 0x1111u;
+        u32 xa = word(s.v[0][0], w), xb = word(s.v[1][0], w);
+        u32 xc = word(s.v[2][0], w), xd = word(s.v[3][0], w);
+        a[0] = e4m3_hi_to_f16x2_scaled(prmt(xa, xb, sel0));
+        a[1] = e4m3_hi_to_f16x2_scaled(prmt(xa, xb, sel1));
+        a[2] = e4m3_hi_to_f16x2_scaled(prmt(xc, xd, sel0));
+        a[3] = e4m3_hi_to_f16x2_scaled(prmt(xc, xd, sel1));
+#elif KV_FP8
         // piece word mt / 2 holds dims 4 (mt / 2) .. + 3; bytes of keys A, B interleaved
         int w = mt >> 1;
         u32 sel = (mt & 1) ? 0x7362u : 0x5140u;
@@ -411,7 +456,7 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     };
     auto compute = [&](const Stage& s, int i) {
         if (!tile_exists(i)) return;
-        compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale, g, t, st);
+        compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale * K_UNSCALE, g, t, st);
     };
 
     // NUM_STAGES tiles in registers: tiles i + 1 .. i + NUM_STAGES - 1 are in flight while
@@ -479,7 +524,7 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
                 o += o_s[w][r][d] * scale;
             }
         }
-        float res = l > 0.f ? o / l : 0.f;
+        float res = l > 0.f ? o / l * V_UNSCALE : 0.f;
         int h = kvh * group + r;
         if (num_splits == 1) {
             float v = res * v_scale;
