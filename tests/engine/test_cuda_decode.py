@@ -26,6 +26,7 @@ from livemeet.layers import paged_attention as pa
         {"page": 24},
         {"k_int_convert": True},
         {"v_int_convert": True},
+        {"fp8": True, "l2_prefetch": 64},
     ],
 )
 def test_variant_rejects_forms_the_kernel_does_not_build(bad: dict[str, object]) -> None:
@@ -70,6 +71,7 @@ def build(tmp_path: Path, variant: cuda_decode.Variant) -> str:
         f"-DEARLY_LOADS={int(variant.early_loads)}",
         f"-DK_INT_CVT={int(variant.k_int_convert)}",
         f"-DV_INT_CVT={int(variant.v_int_convert)}",
+        f"-DL2_PREFETCH={variant.l2_prefetch}",
         str(cuda_decode.SOURCE),
         "-o",
         str(out),
@@ -94,6 +96,7 @@ def test_every_kernel_form_compiles_without_register_spills(tmp_path: Path, fp8:
     ]
     forms += [cuda_decode.Variant(fp8, 16, cuda_decode.DEFAULT_STAGES_FP8, True, k, v)
               for k, v in converts]  # fmt: skip
+    forms += [cuda_decode.Variant(fp8, 16, 2, True, l2_prefetch=n) for n in (128, 256)]
     for variant in forms:
         report = build(tmp_path, variant)
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]

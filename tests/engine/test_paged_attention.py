@@ -579,7 +579,9 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
                 forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
         other_merge = not base.cuda_merge_in_kernel
         forms.append(dataclasses.replace(base, cuda_merge_in_kernel=other_merge))
-    return forms + int_convert_forms()
+    prefetch = [dataclasses.replace(pa.default_decode_config(fp8), cuda_l2_prefetch=n)
+                for fp8 in (False, True) for n in (128, 256)]  # fmt: skip
+    return forms + int_convert_forms() + prefetch
 
 
 def int_convert_forms() -> list[pa.DecodeKernelConfig]:

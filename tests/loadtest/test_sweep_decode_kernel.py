@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from livemeet.layers import cuda_decode
 from livemeet.layers import paged_attention as pa
 from loadtest.sweep_decode_kernel import candidates, split_candidates
 
@@ -86,3 +87,9 @@ def test_rows_are_grouped_per_layout() -> None:
     rows = [SweepRow("fp8_e4m3", 16, 36_000, 3, cfg, 1.0, 1.0, 1.0, 0.0, layout)
             for layout in (TOKEN_MAJOR, HEAD_PER_SEQUENCE)]  # fmt: skip
     assert point_key(rows[0]) != point_key(rows[1])
+
+
+def test_every_prefetch_size_is_a_candidate() -> None:
+    for fp8 in (False, True):
+        sizes = {c.cuda_l2_prefetch for c in candidates(False, fp8) if c.backend == "cuda"}
+        assert sizes == set(cuda_decode.L2_PREFETCH_SIZES)

@@ -12,7 +12,9 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1), and for an FP8 cache
+// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1), L2_PREFETCH (0, 128 or
+// 256: the L2 prefetch size of the K/V loads; a lane's 16-byte piece is a quarter of its
+// 64-byte share of a key row, so a load touches 64 bytes of each of 8 rows), and for an FP8 cache
 // K_INT_CVT / V_INT_CVT (0/1): convert K / V with integer ops instead of cvt (see
 // e4m3_hi_to_f16x2_scaled; the output is bit-identical either way).
 //
@@ -49,6 +51,9 @@ typedef unsigned int u32;
 #endif
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
+#endif
+#ifndef L2_PREFETCH
+#define L2_PREFETCH 0  // bytes L2 fetches around each K/V load (PTX prefetch size): 0, 128, 256
 #endif
 #ifndef K_INT_CVT
 #define K_INT_CVT 0    // FP8: K tiles to f16 by integer ops (scaled 2^-8, undone in qk_scale)
@@ -92,9 +97,17 @@ struct Stage {
     uint4 v[4][V_PIECES];  // keys 2t, 2t + 1, 2t + 8, 2t + 9
 };
 
+#if L2_PREFETCH == 256
+#define LOAD_HINT ".L2::256B"
+#elif L2_PREFETCH == 128
+#define LOAD_HINT ".L2::128B"
+#else
+#define LOAD_HINT ""
+#endif
+
 __device__ __forceinline__ uint4 load_piece(const unsigned char* p) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate" LOAD_HINT ".v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
