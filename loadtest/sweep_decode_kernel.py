@@ -120,10 +120,17 @@ def int_convert_forms(default: pa.DecodeKernelConfig) -> list[pa.DecodeKernelCon
     ]
 
 
+PREFETCH_TILE_CHOICES = (0, 1, 2, 4)  # tiles ahead a warp prefetches into L2
+
+
 def prefetch_forms(default: pa.DecodeKernelConfig) -> list[pa.DecodeKernelConfig]:
-    """The default with each L2 prefetch size of the CUDA kernel's K/V loads."""
+    """The default with each L2 prefetch size of the CUDA kernel's K/V loads, then with each
+    prefetch distance (tiles ahead of the register loads)."""
     sizes = [n for n in cuda_decode.L2_PREFETCH_SIZES if n != default.cuda_l2_prefetch]
-    return [dataclasses.replace(default, cuda_l2_prefetch=n) for n in sizes]
+    ahead = [n for n in PREFETCH_TILE_CHOICES if n != default.cuda_prefetch_tiles]
+    return [dataclasses.replace(default, cuda_l2_prefetch=n) for n in sizes] + [
+        dataclasses.replace(default, cuda_prefetch_tiles=n) for n in ahead
+    ]
 
 
 def exact(rows: list[SweepRow]) -> list[SweepRow]:

@@ -83,7 +83,7 @@ class DecodeKernelConfig:
     kernel (`livemeet.layers.cuda_decode`) wherever it supports the call; the Triton fields
     then apply only to the calls it does not support, and
     cuda_stages (0: the dtype's default), cuda_early_loads and (FP8 caches; ignored otherwise)
-    cuda_k_int_convert / cuda_v_int_convert, cuda_l2_prefetch pick its form
+    cuda_k_int_convert / cuda_v_int_convert, cuda_l2_prefetch, cuda_prefetch_tiles pick its form
     (`cuda_decode.Variant`);
     cuda_merge_in_kernel: its last split merges (at most `cuda_decode.MAX_MERGE_SPLITS`
     splits; else the merge kernel runs after it).
@@ -117,6 +117,7 @@ class DecodeKernelConfig:
     cuda_k_int_convert: bool = False
     cuda_v_int_convert: bool = False
     cuda_l2_prefetch: int = 0
+    cuda_prefetch_tiles: int = 0
     cuda_merge_in_kernel: bool = True
     pdl_max_rows: int = DECODE_PDL_MAX_ROWS
 
@@ -164,6 +165,7 @@ def cuda_variant(
         k_int_convert=fp8 and cfg.cuda_k_int_convert,
         v_int_convert=fp8 and cfg.cuda_v_int_convert,
         l2_prefetch=cfg.cuda_l2_prefetch,
+        prefetch_tiles=cfg.cuda_prefetch_tiles,
     )
     if not cuda_decode.usable(variant, cuda_decode.device_index(k_cache)):
         return None

@@ -27,6 +27,8 @@ from livemeet.layers import paged_attention as pa
         {"k_int_convert": True},
         {"v_int_convert": True},
         {"fp8": True, "l2_prefetch": 64},
+        {"prefetch_tiles": -1},
+        {"prefetch_tiles": cuda_decode.MAX_PREFETCH_TILES + 1},
     ],
 )
 def test_variant_rejects_forms_the_kernel_does_not_build(bad: dict[str, object]) -> None:
@@ -72,6 +74,7 @@ def build(tmp_path: Path, variant: cuda_decode.Variant) -> str:
         f"-DK_INT_CVT={int(variant.k_int_convert)}",
         f"-DV_INT_CVT={int(variant.v_int_convert)}",
         f"-DL2_PREFETCH={variant.l2_prefetch}",
+        f"-DPREFETCH_TILES={variant.prefetch_tiles}",
         str(cuda_decode.SOURCE),
         "-o",
         str(out),
@@ -97,6 +100,7 @@ def test_every_kernel_form_compiles_without_register_spills(tmp_path: Path, fp8:
     forms += [cuda_decode.Variant(fp8, 16, cuda_decode.DEFAULT_STAGES_FP8, True, k, v)
               for k, v in converts]  # fmt: skip
     forms += [cuda_decode.Variant(fp8, 16, 2, True, l2_prefetch=n) for n in (128, 256)]
+    forms.append(cuda_decode.Variant(fp8, 16, 2, True, prefetch_tiles=1))
     for variant in forms:
         report = build(tmp_path, variant)
         spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]

@@ -581,6 +581,8 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
         forms.append(dataclasses.replace(base, cuda_merge_in_kernel=other_merge))
     prefetch = [dataclasses.replace(pa.default_decode_config(fp8), cuda_l2_prefetch=n)
                 for fp8 in (False, True) for n in (128, 256)]  # fmt: skip
+    prefetch += [dataclasses.replace(pa.default_decode_config(fp8), cuda_prefetch_tiles=n)
+                 for fp8 in (False, True) for n in (1, 4)]  # fmt: skip
     return forms + int_convert_forms() + prefetch
 
 

@@ -93,3 +93,11 @@ def test_every_prefetch_size_is_a_candidate() -> None:
     for fp8 in (False, True):
         sizes = {c.cuda_l2_prefetch for c in candidates(False, fp8) if c.backend == "cuda"}
         assert sizes == set(cuda_decode.L2_PREFETCH_SIZES)
+
+
+def test_every_prefetch_distance_is_a_candidate() -> None:
+    from loadtest.sweep_decode_kernel import PREFETCH_TILE_CHOICES
+
+    for fp8 in (False, True):
+        ahead = {c.cuda_prefetch_tiles for c in candidates(False, fp8) if c.backend == "cuda"}
+        assert ahead == set(PREFETCH_TILE_CHOICES)

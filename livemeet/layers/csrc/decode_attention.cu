@@ -12,7 +12,8 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1), L2_PREFETCH (0, 128 or
+// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1), PREFETCH_TILES (>= 0: how
+// many of its tiles ahead of its register loads a warp prefetches into L2), L2_PREFETCH (0, 128 or
 // 256: the L2 prefetch size of the K/V loads; a lane's 16-byte piece is a quarter of its
 // 64-byte share of a key row, so a load touches 64 bytes of each of 8 rows), and for an FP8 cache
 // K_INT_CVT / V_INT_CVT (0/1): convert K / V with integer ops instead of cvt (see
@@ -54,6 +55,16 @@ typedef unsigned int u32;
 #endif
 #ifndef L2_PREFETCH
 #define L2_PREFETCH 0  // bytes L2 fetches around each K/V load (PTX prefetch size): 0, 128, 256
+#endif
+#ifndef MIN_BLOCKS  // programs per SM the register allocation must allow (__launch_bounds__)
+#if KV_FP8 && NUM_STAGES == 2
+#define MIN_BLOCKS 3   // <= 168 registers: 12 warps per SM, which the L2 prefetch must keep
+#else
+#define MIN_BLOCKS 2   // deeper pipelines need the registers of 2 programs per SM
+#endif
+#endif
+#ifndef PREFETCH_TILES
+#define PREFETCH_TILES 0  // L2 prefetch of a warp's tile i + PREFETCH_TILES while tile i loads
 #endif
 #ifndef K_INT_CVT
 #define K_INT_CVT 0    // FP8: K tiles to f16 by integer ops (scaled 2^-8, undone in qk_scale)
@@ -111,6 +122,14 @@ __device__ __forceinline__ uint4 load_piece(const unsigned char* p) {
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
+}
+
+// Bring one 128-byte line into L2 without a register or an L1 line: bytes in flight that cost
+// no registers, which bound the pipeline depth (NUM_STAGES). Safe before the PDL wait: L2 is
+// where every SM's writes land, so a line prefetched before the previous kernel writes it is
+// updated there.
+__device__ __forceinline__ void prefetch_l2(const unsigned char* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
@@ -415,7 +434,7 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, 2)
+extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, MIN_BLOCKS)
 livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char* __restrict__ k_cache,
                       const unsigned char* __restrict__ v_cache, const int* __restrict__ tables,
                       const int* __restrict__ seq_lens, float* __restrict__ mid_o,
@@ -467,6 +486,16 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
         long long base = (long long)blk * stride_blk * ELEM_BYTES + (key0 % PAGE) * tok_bytes + head_off;
         load_stage(s, k_cache + base, v_cache + base, tok_bytes, min(TILE, end - key0), g, t);
     };
+    // L2 prefetch of tile i: lane l takes the K (l < 16) or V row of key l % 16 (a tile lies
+    // inside one block, so every row is in block blk, valid keys or not)
+    auto prefetch = [&](int i, int blk) {
+        if (PREFETCH_TILES == 0 || !tile_exists(i)) return;
+        int key = tile_key(i) % PAGE + (lane & 15);
+        long long off = (long long)blk * stride_blk * ELEM_BYTES + key * tok_bytes + head_off;
+        const unsigned char* row = (lane < 16 ? k_cache : v_cache) + off;
+#pragma unroll
+        for (int c = 0; c < ROW_BYTES; c += 128) prefetch_l2(row + c);
+    };
     auto compute = [&](const Stage& s, int i) {
         if (!tile_exists(i)) return;
         compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale * K_UNSCALE, g, t, st);
@@ -477,6 +506,9 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     // The block id of the next tile to load is read one step ahead, so a table read never
     // holds up a KV load.
     Stage ring[NUM_STAGES];
+    // the loop's first PREFETCH_TILES register loads (tiles NUM_STAGES - 1, ...) find L2 warm
+#pragma unroll
+    for (int p = 0; p < PREFETCH_TILES; ++p) prefetch(NUM_STAGES - 1 + p, tile_block(NUM_STAGES - 1 + p));
 #pragma unroll
     for (int j = 0; j < NUM_STAGES - 1; ++j) {
         // EARLY_LOADS: a prologue tile that ends before the step's new token (the only KV the
@@ -492,14 +524,18 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     }
     load_q(qf, q, b, kvh, group, q_stride_b, q_stride_h, g, t);
     int blk_next = tile_block(NUM_STAGES - 1);
+    int blk_prefetch = PREFETCH_TILES ? tile_block(NUM_STAGES - 1 + PREFETCH_TILES) : 0;
     for (int i = 0; tile_exists(i); i += NUM_STAGES) {
 #pragma unroll
         for (int j = 0; j < NUM_STAGES; ++j) {
             const int ahead = i + j + NUM_STAGES - 1;
             const int blk_after = tile_block(ahead + 1);
+            const int prefetch_after = PREFETCH_TILES ? tile_block(ahead + 1 + PREFETCH_TILES) : 0;
             load(ring[(j + NUM_STAGES - 1) % NUM_STAGES], ahead, blk_next);
+            prefetch(ahead + PREFETCH_TILES, blk_prefetch);
             compute(ring[j], i + j);
             blk_next = blk_after;
+            blk_prefetch = prefetch_after;
         }
     }
 
