@@ -13,7 +13,7 @@ powers of two from a quarter of the default to twice it, and the largest counts 
 batch x KV heads x splits programs fits r times on the GPU's SMs (r = 1..6), to find where a
 partial last wave of programs costs time.
 
-`--layouts` times each dtype's default (and its L2 prefetch sizes) on two
+`--layouts` times each dtype's default on two
 arrangements of the same bytes with the same grid: the pool's token-major cache (a token's
 KV heads side by side, so a program reads one head's 128- or 256-byte row every 1 or 2 KiB)
 and one KV head per sequence (batch x KV heads sequences of one head each: every block's keys
@@ -98,9 +98,6 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
     ]
     other_merge_cuda = not default.cuda_merge_in_kernel
     cuda_forms.append(dataclasses.replace(default, cuda_merge_in_kernel=other_merge_cuda))
-    cuda_forms += prefetch_forms(default)
-    if fp8:
-        cuda_forms += int_convert_forms(default)
     chosen = [
         default,
         *cuda_forms,
@@ -110,27 +107,6 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
         *(grid if full else []),
     ]
     return list(dict.fromkeys(chosen))
-
-
-def int_convert_forms(default: pa.DecodeKernelConfig) -> list[pa.DecodeKernelConfig]:
-    """The FP8 default with K, V, then both tiles converted by integer ops (the CUDA kernel)."""
-    pairs = ((True, False), (False, True), (True, True))
-    return [
-        dataclasses.replace(default, cuda_k_int_convert=k, cuda_v_int_convert=v) for k, v in pairs
-    ]
-
-
-PREFETCH_TILE_CHOICES = (0, 1, 2, 4)  # tiles ahead a warp prefetches into L2
-
-
-def prefetch_forms(default: pa.DecodeKernelConfig) -> list[pa.DecodeKernelConfig]:
-    """The default with each L2 prefetch size of the CUDA kernel's K/V loads, then with each
-    prefetch distance (tiles ahead of the register loads)."""
-    sizes = [n for n in cuda_decode.L2_PREFETCH_SIZES if n != default.cuda_l2_prefetch]
-    ahead = [n for n in PREFETCH_TILE_CHOICES if n != default.cuda_prefetch_tiles]
-    return [dataclasses.replace(default, cuda_l2_prefetch=n) for n in sizes] + [
-        dataclasses.replace(default, cuda_prefetch_tiles=n) for n in ahead
-    ]
 
 
 def exact(rows: list[SweepRow]) -> list[SweepRow]:
@@ -285,13 +261,13 @@ def report_row(
 def layout_point(
     batch: int, context: int, fp8: bool, read_bw: float, deadline: float
 ) -> list[SweepRow]:
-    """`--layouts` at one point: the dtype's default (and its other L2 prefetch sizes)
-    on the token-major cache and on the same bytes as one KV head per sequence, each form at
-    the token-major default's split count on both (so the grids are the same size)."""
+    """`--layouts` at one point: the dtype's default on the token-major cache and on the same
+    bytes as one KV head per sequence, at the token-major default's split count on both (so
+    the grids are the same size)."""
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     group = NUM_HEADS // NUM_KV_HEADS
     default = pa.default_decode_config(fp8)
-    forms = [default, *prefetch_forms(default)]
+    forms = [default]
     rows: list[SweepRow] = []
     splits = 0
     # (layout, sequences, KV heads each): the same sequences x heads x context either way

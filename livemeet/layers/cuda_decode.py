@@ -53,8 +53,6 @@ MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
 DEFAULT_STAGES_BF16 = 2
 DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (299 vs 363 us at 16x36k)
 EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
-L2_PREFETCH_SIZES = (0, 128, 256)  # the PTX ld prefetch-size qualifiers (.L2::128B, ...)
-MAX_PREFETCH_TILES = 8  # beyond, a wave's prefetched lines (~6 MB per tile ahead) crowd L2
 # CUDA driver API constants (cuda.h, CUDA 12/13)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -123,10 +121,6 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DPAGE={variant.page}".encode(),
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
-            f"-DK_INT_CVT={int(variant.k_int_convert)}".encode(),
-            f"-DV_INT_CVT={int(variant.v_int_convert)}".encode(),
-            f"-DL2_PREFETCH={variant.l2_prefetch}".encode(),
-            f"-DPREFETCH_TILES={variant.prefetch_tiles}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -147,30 +141,15 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
-    depth (tiles per warp, >= 2; bf16 spills past 2), whether the first tiles load before
-    the PDL wait, and (FP8 only) whether K / V tiles convert to fp16 by integer ops instead of
-    the conversion instruction (bit-identical output; the .cu file's e4m3_hi_to_f16x2_scaled),
-    the L2 prefetch size (bytes) its K/V loads ask for (0: none), and how many of its tiles
-    ahead of its register loads each warp prefetches into L2 (0: none)."""
+    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
+    the PDL wait."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
-    k_int_convert: bool = False
-    v_int_convert: bool = False
-    l2_prefetch: int = 0
-    prefetch_tiles: int = 0
 
     def __post_init__(self) -> None:
-        if not 0 <= self.prefetch_tiles <= MAX_PREFETCH_TILES:
-            raise ConfigError(f"prefetch_tiles must be in [0, {MAX_PREFETCH_TILES}]")
-        if self.l2_prefetch not in L2_PREFETCH_SIZES:
-            raise ConfigError(
-                f"L2 prefetch size {self.l2_prefetch} is not one of {L2_PREFETCH_SIZES}"
-            )
-        if (self.k_int_convert or self.v_int_convert) and not self.fp8:
-            raise ConfigError("integer conversion applies to an FP8 cache only")
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
             raise ConfigError(f"{self.stages} pipeline stages are not supported for this cache")
         if self.page % TILE_KEYS:

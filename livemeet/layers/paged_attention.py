@@ -82,11 +82,9 @@ class DecodeKernelConfig:
     (a single split always writes the output directly). backend "cuda": the tensor-core CUDA
     kernel (`livemeet.layers.cuda_decode`) wherever it supports the call; the Triton fields
     then apply only to the calls it does not support, and
-    cuda_stages (0: the dtype's default), cuda_early_loads and (FP8 caches; ignored otherwise)
-    cuda_k_int_convert / cuda_v_int_convert, cuda_l2_prefetch, cuda_prefetch_tiles pick its form
-    (`cuda_decode.Variant`);
-    cuda_merge_in_kernel: its last split merges (at most `cuda_decode.MAX_MERGE_SPLITS`
-    splits; else the merge kernel runs after it).
+    cuda_stages (0: the dtype's default) and cuda_early_loads pick its form
+    (`cuda_decode.Variant`); cuda_merge_in_kernel: its last split merges (at most
+    `cuda_decode.MAX_MERGE_SPLITS` splits; else the merge kernel runs after it).
     fp8_qk (FP8 caches with a 16-bit query only; ignored otherwise; head_dim >= 32): the
     scores on e4m3 tensor cores with the query scaled per row into e4m3, so no K tile is
     converted. Approximate (the query loses
@@ -114,10 +112,6 @@ class DecodeKernelConfig:
     backend: Literal["cuda", "triton"] = "cuda"
     cuda_stages: int = 0
     cuda_early_loads: bool = cuda_decode.EARLY_LOADS
-    cuda_k_int_convert: bool = False
-    cuda_v_int_convert: bool = False
-    cuda_l2_prefetch: int = 0
-    cuda_prefetch_tiles: int = 0
     cuda_merge_in_kernel: bool = True
     pdl_max_rows: int = DECODE_PDL_MAX_ROWS
 
@@ -157,16 +151,7 @@ def cuda_variant(
         return None
     default = cuda_decode.default_variant(fp8, k_cache.shape[1])
     stages = cfg.cuda_stages or default.stages
-    variant = cuda_decode.Variant(
-        fp8,
-        k_cache.shape[1],
-        stages,
-        cfg.cuda_early_loads,
-        k_int_convert=fp8 and cfg.cuda_k_int_convert,
-        v_int_convert=fp8 and cfg.cuda_v_int_convert,
-        l2_prefetch=cfg.cuda_l2_prefetch,
-        prefetch_tiles=cfg.cuda_prefetch_tiles,
-    )
+    variant = cuda_decode.Variant(fp8, k_cache.shape[1], stages, cfg.cuda_early_loads)
     if not cuda_decode.usable(variant, cuda_decode.device_index(k_cache)):
         return None
     return variant

@@ -579,18 +579,7 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
                 forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
         other_merge = not base.cuda_merge_in_kernel
         forms.append(dataclasses.replace(base, cuda_merge_in_kernel=other_merge))
-    prefetch = [dataclasses.replace(pa.default_decode_config(fp8), cuda_l2_prefetch=n)
-                for fp8 in (False, True) for n in (128, 256)]  # fmt: skip
-    prefetch += [dataclasses.replace(pa.default_decode_config(fp8), cuda_prefetch_tiles=n)
-                 for fp8 in (False, True) for n in (1, 4)]  # fmt: skip
-    return forms + int_convert_forms() + prefetch
-
-
-def int_convert_forms() -> list[pa.DecodeKernelConfig]:
-    """The FP8 default with K, V and both converted by integer ops."""
-    base = pa.default_decode_config(True)
-    pairs = ((True, False), (False, True), (True, True))
-    return [dataclasses.replace(base, cuda_k_int_convert=k, cuda_v_int_convert=v) for k, v in pairs]
+    return forms
 
 
 @gpu
@@ -614,37 +603,6 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
                                         num_splits=splits, kernel=kernel, **scales)  # fmt: skip
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("kernel", int_convert_forms(), ids=str)
-def test_fp8_integer_conversion_is_bit_identical_cuda(kernel: pa.DecodeKernelConfig) -> None:
-    """K and/or V converted from e4m3 by integer ops (scaled by 2^-8, unscaled exactly in the
-    softmax and output scales) give the very bits of the conversion instruction's output, over
-    caches holding every non-NaN e4m3 byte (subnormals, both zeros, +-448), for one split
-    (direct output), several merged in the kernel, and more than it merges."""
-    torch.manual_seed(19)
-    lens = [1, 17, 300, 2000, 0, 4099]
-    k_cache, v_cache, tables, kv_scale = poisoned_caches(lens, 16, True)
-    codes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
-    for cache in (k_cache, v_cache):
-        raw = cache.view(torch.uint8)
-        raw.copy_(codes[torch.randint(len(codes), raw.shape)].cuda())
-    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
-    variant = pa.cuda_variant(q.dtype, k_cache, 2, kernel)
-    assert variant is not None
-    assert (variant.k_int_convert, variant.v_int_convert) == (
-        kernel.cuda_k_int_convert, kernel.cuda_v_int_convert)  # fmt: skip
-    scales = {"k_scale": kv_scale, "v_scale": kv_scale}
-    for splits in (1, 5, 100):
-        want = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
-                                         num_splits=splits, **scales)  # fmt: skip
-        got = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
-                                        num_splits=splits, kernel=kernel, **scales)  # fmt: skip
-        assert not want.isnan().any()
-        assert torch.equal(got, want), (got.float() - want.float()).abs().max()
 
 
 @gpu

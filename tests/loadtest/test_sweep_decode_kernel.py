@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from livemeet.layers import cuda_decode
 from livemeet.layers import paged_attention as pa
 from loadtest.sweep_decode_kernel import candidates, split_candidates
 
@@ -71,15 +70,6 @@ def test_split_candidates_cover_powers_of_two_and_full_waves() -> None:
     assert split_candidates(16, 36000, 132)[:3] == [1, 2, 3]
 
 
-def test_integer_conversion_forms_are_fp8_only() -> None:
-    """FP8 candidates include the default with K, V and both converted by integer ops; bf16
-    candidates none (the Variant refuses them)."""
-    for fp8 in (False, True):
-        forms = {(c.cuda_k_int_convert, c.cuda_v_int_convert) for c in candidates(False, fp8)}
-        want = {(False, False), (True, False), (False, True), (True, True)}
-        assert forms == (want if fp8 else {(False, False)})
-
-
 def test_rows_are_grouped_per_layout() -> None:
     from loadtest.sweep_decode_kernel import HEAD_PER_SEQUENCE, TOKEN_MAJOR, SweepRow, point_key
 
@@ -87,17 +77,3 @@ def test_rows_are_grouped_per_layout() -> None:
     rows = [SweepRow("fp8_e4m3", 16, 36_000, 3, cfg, 1.0, 1.0, 1.0, 0.0, layout)
             for layout in (TOKEN_MAJOR, HEAD_PER_SEQUENCE)]  # fmt: skip
     assert point_key(rows[0]) != point_key(rows[1])
-
-
-def test_every_prefetch_size_is_a_candidate() -> None:
-    for fp8 in (False, True):
-        sizes = {c.cuda_l2_prefetch for c in candidates(False, fp8) if c.backend == "cuda"}
-        assert sizes == set(cuda_decode.L2_PREFETCH_SIZES)
-
-
-def test_every_prefetch_distance_is_a_candidate() -> None:
-    from loadtest.sweep_decode_kernel import PREFETCH_TILE_CHOICES
-
-    for fp8 in (False, True):
-        ahead = {c.cuda_prefetch_tiles for c in candidates(False, fp8) if c.backend == "cuda"}
-        assert ahead == set(PREFETCH_TILE_CHOICES)

@@ -12,12 +12,7 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1), PREFETCH_TILES (>= 0: how
-// many of its tiles ahead of its register loads a warp prefetches into L2), L2_PREFETCH (0, 128 or
-// 256: the L2 prefetch size of the K/V loads; a lane's 16-byte piece is a quarter of its
-// 64-byte share of a key row, so a load touches 64 bytes of each of 8 rows), and for an FP8 cache
-// K_INT_CVT / V_INT_CVT (0/1): convert K / V with integer ops instead of cvt (see
-// e4m3_hi_to_f16x2_scaled; the output is bit-identical either way).
+// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -53,25 +48,6 @@ typedef unsigned int u32;
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
 #endif
-#ifndef L2_PREFETCH
-#define L2_PREFETCH 0  // bytes L2 fetches around each K/V load (PTX prefetch size): 0, 128, 256
-#endif
-#ifndef MIN_BLOCKS  // programs per SM the register allocation must allow (__launch_bounds__)
-#if KV_FP8 && NUM_STAGES == 2
-#define MIN_BLOCKS 3   // <= 168 registers: 12 warps per SM, which the L2 prefetch must keep
-#else
-#define MIN_BLOCKS 2   // deeper pipelines need the registers of 2 programs per SM
-#endif
-#endif
-#ifndef PREFETCH_TILES
-#define PREFETCH_TILES 0  // L2 prefetch of a warp's tile i + PREFETCH_TILES while tile i loads
-#endif
-#ifndef K_INT_CVT
-#define K_INT_CVT 0    // FP8: K tiles to f16 by integer ops (scaled 2^-8, undone in qk_scale)
-#endif
-#ifndef V_INT_CVT
-#define V_INT_CVT 0    // FP8: V tiles to f16 by integer ops (scaled 2^-8, undone on the output)
-#endif
 
 #define HEAD_DIM 128
 #define TILE 16        // keys per warp iteration
@@ -88,17 +64,6 @@ typedef unsigned int u32;
 #define V_PIECES (ROW_BYTES / (8 * PIECE))         // pieces of a value row per lane (8 lanes)
 #define EPP (PIECE / ELEM_BYTES)                   // elements per piece
 #define NEG_INF __int_as_float(0xff800000)
-#define INT_CVT_UNSCALE 256.f  // 2^8: undoes e4m3_hi_to_f16x2_scaled's scale (exact)
-#if KV_FP8 && K_INT_CVT
-#define K_UNSCALE INT_CVT_UNSCALE
-#else
-#define K_UNSCALE 1.f
-#endif
-#if KV_FP8 && V_INT_CVT
-#define V_UNSCALE INT_CVT_UNSCALE
-#else
-#define V_UNSCALE 1.f
-#endif
 
 static_assert(PAGE % TILE == 0, "a tile must lie inside one KV block");
 static_assert(NUM_STAGES >= 2, "one tile computed while the next loads");
@@ -108,28 +73,12 @@ struct Stage {
     uint4 v[4][V_PIECES];  // keys 2t, 2t + 1, 2t + 8, 2t + 9
 };
 
-#if L2_PREFETCH == 256
-#define LOAD_HINT ".L2::256B"
-#elif L2_PREFETCH == 128
-#define LOAD_HINT ".L2::128B"
-#else
-#define LOAD_HINT ""
-#endif
-
 __device__ __forceinline__ uint4 load_piece(const unsigned char* p) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate" LOAD_HINT ".v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
     return r;
-}
-
-// Bring one 128-byte line into L2 without a register or an L1 line: bytes in flight that cost
-// no registers, which bound the pipeline depth (NUM_STAGES). Safe before the PDL wait: L2 is
-// where every SM's writes land, so a line prefetched before the previous kernel writes it is
-// updated there.
-__device__ __forceinline__ void prefetch_l2(const unsigned char* p) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
@@ -145,17 +94,6 @@ __device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair16) {
         : "=r"(d)
         : "r"(pair16));
     return d;
-}
-
-// The two e4m3 bytes in bits 15..8 and 31..24 of d (the other bytes are ignored) as an f16x2
-// scaled by 2^-8, exactly: with the sign in place, e4m3's exponent and mantissa bits moved one
-// place down are the low exponent and high mantissa bits of an f16 whose exponent bias (15)
-// exceeds e4m3's (7) by 8; e4m3 subnormals land on f16 subnormals of the same scale. Four ALU
-// ops per pair (prmt, shift, two lop3) against one conversion-pipe op for cvt, whose
-// throughput on sm_90 is a quarter of the ALU's: splitting the tiles between the two pipes is
-// the point. NaN bytes (never stored: the cache writer saturates) would become finite.
-__device__ __forceinline__ u32 e4m3_hi_to_f16x2_scaled(u32 d) {
-    return ((d >> 1) & 0x3f803f80u) | (d & 0x80008000u);
 }
 
 // (lo, hi) fp32 to the mma's 16-bit pair: f16 for an FP8 cache, else bf16.
@@ -253,11 +191,7 @@ __device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_P
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
                 u32 x = word(s.k[n][c], w);
-#if KV_FP8 && K_INT_CVT
-                // bytes 0, 1 (then 2, 3) into the high bytes of the two halves
-                kr[2 * w] = e4m3_hi_to_f16x2_scaled(prmt(x, x, 0x1100u));
-                kr[2 * w + 1] = e4m3_hi_to_f16x2_scaled(prmt(x, x, 0x3322u));
-#elif KV_FP8
+#if KV_FP8
                 kr[2 * w] = e4m3x2_to_f16x2(x & 0xffffu);
                 kr[2 * w + 1] = e4m3x2_to_f16x2(x >> 16);
 #else
@@ -304,18 +238,7 @@ __device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_P
         st.acc[mt][1] *= alpha1;
         st.acc[mt][3] *= alpha1;
         u32 a[4];  // (dim g, keys 2t..), (dim g + 8, keys 2t..), (dim g, keys 2t + 8..), (g + 8, ..)
-#if KV_FP8 && V_INT_CVT
-        // piece word mt / 2 holds dims 4 (mt / 2) .. + 3; byte j of key A into the low half's
-        // high byte, of key B into the high half's (selector nibbles: j, j, 4 + j, 4 + j)
-        int w = mt >> 1, j = 2 * (mt & 1);
-        u32 sel0 = 0x4400u + 0x1111u * j, sel1 = sel0 + 0x1111u;
-        u32 xa = word(s.v[0][0], w), xb = word(s.v[1][0], w);
-        u32 xc = word(s.v[2][0], w), xd = word(s.v[3][0], w);
-        a[0] = e4m3_hi_to_f16x2_scaled(prmt(xa, xb, sel0));
-        a[1] = e4m3_hi_to_f16x2_scaled(prmt(xa, xb, sel1));
-        a[2] = e4m3_hi_to_f16x2_scaled(prmt(xc, xd, sel0));
-        a[3] = e4m3_hi_to_f16x2_scaled(prmt(xc, xd, sel1));
-#elif KV_FP8
+#if KV_FP8
         // piece word mt / 2 holds dims 4 (mt / 2) .. + 3; bytes of keys A, B interleaved
         int w = mt >> 1;
         u32 sel = (mt & 1) ? 0x7362u : 0x5140u;
@@ -434,7 +357,7 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, 2)
 livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char* __restrict__ k_cache,
                       const unsigned char* __restrict__ v_cache, const int* __restrict__ tables,
                       const int* __restrict__ seq_lens, float* __restrict__ mid_o,
@@ -486,19 +409,9 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
         long long base = (long long)blk * stride_blk * ELEM_BYTES + (key0 % PAGE) * tok_bytes + head_off;
         load_stage(s, k_cache + base, v_cache + base, tok_bytes, min(TILE, end - key0), g, t);
     };
-    // L2 prefetch of tile i: lane l takes the K (l < 16) or V row of key l % 16 (a tile lies
-    // inside one block, so every row is in block blk, valid keys or not)
-    auto prefetch = [&](int i, int blk) {
-        if (PREFETCH_TILES == 0 || !tile_exists(i)) return;
-        int key = tile_key(i) % PAGE + (lane & 15);
-        long long off = (long long)blk * stride_blk * ELEM_BYTES + key * tok_bytes + head_off;
-        const unsigned char* row = (lane < 16 ? k_cache : v_cache) + off;
-#pragma unroll
-        for (int c = 0; c < ROW_BYTES; c += 128) prefetch_l2(row + c);
-    };
     auto compute = [&](const Stage& s, int i) {
         if (!tile_exists(i)) return;
-        compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale * K_UNSCALE, g, t, st);
+        compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale, g, t, st);
     };
 
     // NUM_STAGES tiles in registers: tiles i + 1 .. i + NUM_STAGES - 1 are in flight while
@@ -506,9 +419,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     // The block id of the next tile to load is read one step ahead, so a table read never
     // holds up a KV load.
     Stage ring[NUM_STAGES];
-    // the loop's first PREFETCH_TILES register loads (tiles NUM_STAGES - 1, ...) find L2 warm
-#pragma unroll
-    for (int p = 0; p < PREFETCH_TILES; ++p) prefetch(NUM_STAGES - 1 + p, tile_block(NUM_STAGES - 1 + p));
 #pragma unroll
     for (int j = 0; j < NUM_STAGES - 1; ++j) {
         // EARLY_LOADS: a prologue tile that ends before the step's new token (the only KV the
@@ -524,18 +434,14 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     }
     load_q(qf, q, b, kvh, group, q_stride_b, q_stride_h, g, t);
     int blk_next = tile_block(NUM_STAGES - 1);
-    int blk_prefetch = PREFETCH_TILES ? tile_block(NUM_STAGES - 1 + PREFETCH_TILES) : 0;
     for (int i = 0; tile_exists(i); i += NUM_STAGES) {
 #pragma unroll
         for (int j = 0; j < NUM_STAGES; ++j) {
             const int ahead = i + j + NUM_STAGES - 1;
             const int blk_after = tile_block(ahead + 1);
-            const int prefetch_after = PREFETCH_TILES ? tile_block(ahead + 1 + PREFETCH_TILES) : 0;
             load(ring[(j + NUM_STAGES - 1) % NUM_STAGES], ahead, blk_next);
-            prefetch(ahead + PREFETCH_TILES, blk_prefetch);
             compute(ring[j], i + j);
             blk_next = blk_after;
-            blk_prefetch = prefetch_after;
         }
     }
 
@@ -573,7 +479,7 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
                 o += o_s[w][r][d] * scale;
             }
         }
-        float res = l > 0.f ? o / l * V_UNSCALE : 0.f;
+        float res = l > 0.f ? o / l : 0.f;
         int h = kvh * group + r;
         if (num_splits == 1) {
             float v = res * v_scale;
