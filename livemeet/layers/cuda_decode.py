@@ -121,7 +121,6 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DPAGE={variant.page}".encode(),
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
-            f"-DLAZY_RESCALE={int(variant.lazy_rescale)}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -142,15 +141,13 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
-    depth (tiles per warp, >= 2; bf16 spills past 2), whether the first tiles load before
-    the PDL wait, and whether the online softmax rescales only when a tile's max passes the
-    running one by 2^8 (the .cu file's compute_tile)."""
+    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
+    the PDL wait."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
-    lazy_rescale: bool = False
 
     def __post_init__(self) -> None:
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):

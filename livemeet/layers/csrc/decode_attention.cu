@@ -12,8 +12,7 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1) and LAZY_RESCALE (0/1: see
-// compute_tile).
+// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -49,11 +48,6 @@ typedef unsigned int u32;
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
 #endif
-
-#ifndef LAZY_RESCALE
-#define LAZY_RESCALE 0  // rescale the running softmax only when a tile's max passes it by 2^8
-#endif
-#define RESCALE_BITS 8.f  // log2 units: a lazily kept max lets probabilities reach 2^8
 
 #define HEAD_DIM 128
 #define TILE 16        // keys per warp iteration
@@ -221,46 +215,28 @@ __device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_P
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-#if LAZY_RESCALE
-    // Keep the reference max while no row's tile max passes it by more than RESCALE_BITS: the
-    // tile's probabilities are then <= 2^RESCALE_BITS (fine in fp32 sums and in the 16-bit P
-    // operand), and the 32 accumulator rescales, their shuffles and exp2 are skipped (a
-    // warp-uniform branch: one row past the bound rescales every row). The reference max need
-    // not be the true max: l and O share it, and the merges weigh by m + log2(l).
-    const bool rescale = __any_sync(0xffffffffu, mx > st.m + RESCALE_BITS);
-#else
-    const bool rescale = true;
-#endif
-    float m_new = rescale ? fmaxf(st.m, mx) : st.m;
+    float m_new = fmaxf(st.m, mx);
     float m_use = m_new == NEG_INF ? 0.f : m_new;  // never (-inf) - (-inf)
+    float alpha = fast_exp2(st.m - m_use);
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         p[i] = fast_exp2(p[i] - m_use);
         sum += p[i];
     }
-    if (rescale) {
-        float alpha = fast_exp2(st.m - m_use);
-        st.l = st.l * alpha + sum;
-        st.m = m_new;
-        // the O^T columns of this lane are queries 2t and 2t + 1, whose rows live on lanes
-        // 8t, 8t + 4
-        float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
-        float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
-#pragma unroll
-        for (int mt = 0; mt < 8; ++mt) {
-            st.acc[mt][0] *= alpha0;
-            st.acc[mt][2] *= alpha0;
-            st.acc[mt][1] *= alpha1;
-            st.acc[mt][3] *= alpha1;
-        }
-    } else {
-        st.l += sum;
-    }
+    st.l = st.l * alpha + sum;
+    st.m = m_new;
+    // the O^T columns of this lane are queries 2t and 2t + 1, whose rows live on lanes 8t, 8t + 4
+    float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+    float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
     u32 pb0 = pack2(p[0], p[1]);
     u32 pb1 = pack2(p[2], p[3]);
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
+        st.acc[mt][0] *= alpha0;
+        st.acc[mt][2] *= alpha0;
+        st.acc[mt][1] *= alpha1;
+        st.acc[mt][3] *= alpha1;
         u32 a[4];  // (dim g, keys 2t..), (dim g + 8, keys 2t..), (dim g, keys 2t + 8..), (g + 8, ..)
 #if KV_FP8
         // piece word mt / 2 holds dims 4 (mt / 2) .. + 3; bytes of keys A, B interleaved
