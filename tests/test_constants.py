@@ -28,6 +28,7 @@ def test_the_upload_hold_has_one_default_for_the_cli_and_the_scheduler() -> None
     from livemeet.engine.scheduler import SchedulerConfig
 
     assert ModelConfig().upload_batch_wait_ms == 1000.0 * c.UPLOAD_BATCH_WAIT_S
+    assert ModelConfig().upload_step_budget_ms == 1000.0 * c.UPLOAD_STEP_BUDGET_S
     assert SchedulerConfig().upload_batch_wait_s == c.UPLOAD_BATCH_WAIT_S
 
 

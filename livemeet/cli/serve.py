@@ -138,6 +138,14 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "still receiving or decoding uploads; default %(default)s)",
     )
     p.add_argument(
+        "--upload-step-budget-ms",
+        type=float,
+        default=ModelConfig.upload_step_budget_ms,
+        help="ms of estimated GPU time per engine step while only uploads are served (live "
+        "work keeps 50 ms steps; a live hop arriving meanwhile waits at most one such step; "
+        "default %(default)g)",
+    )
+    p.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
         default=prefill_graphs,
@@ -163,6 +171,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         chunked_prefill_size=args.chunked_prefill_size,
         upload_batch_wait_ms=args.upload_batch_wait_ms,
         upload_hold=UploadHold(args.upload_hold),
+        upload_step_budget_ms=args.upload_step_budget_ms,
     )
 
 

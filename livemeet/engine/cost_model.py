@@ -12,9 +12,10 @@ The quadratic term is why a late 4,096-token chunk of a 90-minute prompt (~71k t
 context) costs ~170 ms while the first chunk of the same prompt costs ~13 ms (DESIGN.md
 section 4).
 
-Default coefficients, derived from the H200 figures of DESIGN.md section 10 and the decoder
-shape of MODEL.md section 3 (28 layers, 16 query heads, 8 KV heads, head_dim 128, ~0.44 B
-non-embedding parameters):
+Default coefficients (a bf16 KV cache), derived from the H200 figures of DESIGN.md section 10,
+the kernels as measured on an H200 (docs/benchmarks.md) and the decoder shape of MODEL.md
+section 3 (28 layers, 16 query heads, 8 KV heads, head_dim 128, ~0.44 B non-embedding
+parameters):
 - `weights_read_s` = 1.19 GB / 4.1 TB/s (measured copy bandwidth) = 0.29 ms.
 - `step_overhead_s` = 0.4 ms: batch 16 at 36k context measured 16.8 ms against a 16.4 ms floor.
   (Batch 1 at 36k measured 3.44 ms with SDPA against a 1.30 ms floor; the split-K decode kernel
@@ -22,8 +23,15 @@ non-embedding parameters):
 - `per_token_s` = 2 x 0.44e9 FLOP / ~450 TFLOP/s (about half of the H200's dense bf16 peak)
   ~ 2.0 us per query token.
 - `attention_s_per_pair` = 28 x 16 x 128 x 4 FLOP (QK^T and PV, multiply-add) = 229,376 FLOP
-  per (query, key) pair, at ~400 TFLOP/s for flash attention ~ 0.57 ns.
+  per (query, key) pair, at the extend kernel's ~300 TFLOP/s ~ 0.76 ns. (300: the kernel on a
+  late 2,500-token chunk over ~30k tokens of context, the shape the budget cuts; 278-370 over
+  four shapes; loadtest/sweep_extend_kernel.py, docs/benchmarks.md session 10.)
 - `kv_read_s_per_token` = 112 KiB / 4.1 TB/s ~ 28 ns per context token per decode row.
+
+`for_kv_cache("fp8_e4m3")` keeps the rest and takes the FP8 kernels' rates: the extend kernel
+converts every e4m3 tile to fp16 and runs ~240 TFLOP/s on the late chunk (229-297 over the
+four shapes) ~ 0.96 ns per pair; decode reads 56 KiB per token at 0.92 x 4.32 TB/s (16 x 36k,
+session 10) ~ 14 ns. With the bf16 figures an FP8 step planned for 50 ms ran 70-95 ms.
 """
 
 from __future__ import annotations
@@ -36,6 +44,11 @@ from livemeet.errors import ConfigError
 
 H200_COPY_BANDWIDTH_B_PER_S = 4.1e12  # bytes/s, measured (DESIGN.md section 10)
 DECODER_WEIGHT_BYTES = 1.19e9  # bytes read per decode step (DESIGN.md section 10)
+ATTENTION_FLOP_PER_PAIR = 28 * 16 * 128 * 4  # layers x heads x head_dim x (QK^T, PV) x 2
+EXTEND_FLOP_PER_S_BF16 = 300e12  # the extend kernel on a late chunk, bf16 cache (H200)
+EXTEND_FLOP_PER_S_FP8 = 240e12  # the same over an FP8 cache (docs/benchmarks.md, session 10)
+DECODE_READ_B_PER_S_FP8 = 0.92 * 4.32e12  # FP8 decode attention at 16 x 36k (session 10)
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # livemeet.config: the model's dtype, or e4m3
 
 
 @dataclass(frozen=True)
@@ -45,8 +58,22 @@ class StepCostModel:
     weights_read_s: float = DECODER_WEIGHT_BYTES / H200_COPY_BANDWIDTH_B_PER_S
     step_overhead_s: float = 0.4e-3
     per_token_s: float = 2.0e-6
-    attention_s_per_pair: float = 0.57e-9
+    attention_s_per_pair: float = ATTENTION_FLOP_PER_PAIR / EXTEND_FLOP_PER_S_BF16
     kv_read_s_per_token: float = KV_BYTES_PER_TOKEN / H200_COPY_BANDWIDTH_B_PER_S
+
+    @classmethod
+    def for_kv_cache(cls, kv_cache_dtype: str) -> StepCostModel:
+        """The model for a KV cache of `kv_cache_dtype` ("auto": the model's 16-bit dtype, the
+        defaults; "fp8_e4m3": the FP8 kernels' rates, see the module docstring). Raises
+        ConfigError for any other name."""
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"no step cost model for a {kv_cache_dtype!r} KV cache")
+        if kv_cache_dtype == "auto":
+            return cls()
+        return cls(
+            attention_s_per_pair=ATTENTION_FLOP_PER_PAIR / EXTEND_FLOP_PER_S_FP8,
+            kv_read_s_per_token=KV_BYTES_PER_TOKEN / 2 / DECODE_READ_B_PER_S_FP8,
+        )
 
     def __post_init__(self) -> None:
         for f in fields(self):

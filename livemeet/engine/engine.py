@@ -46,6 +46,7 @@ from livemeet.audio.constants import (
 )
 from livemeet.audio.features import check_samples
 from livemeet.engine.block_manager import BlockManager
+from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.messages import STEP_PARTS, EngineStats
 from livemeet.engine.model_runner import (
@@ -181,7 +182,8 @@ class Engine:
             cuda_graphs=config.cuda_graphs,
         )
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
-        self.scheduler = Scheduler(self.block_manager, config.scheduler)
+        cost = StepCostModel.for_kv_cache(config.kv_cache_dtype)
+        self.scheduler = Scheduler(self.block_manager, config.scheduler, cost)
         self.clock = clock
         self.timer = timer
         self._audio: dict[str, torch.Tensor] = {}  # [num audio tokens, hidden] per request

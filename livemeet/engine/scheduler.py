@@ -11,6 +11,12 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
+- The budget is `step_budget_s` (one 50-ms flush window) while any live request is queued or
+  a live session's cache is retained between hops; a step with only uploads to serve gets
+  `upload_step_budget_s`, so late chunks of long uploads stay whole instead of being cut into
+  pieces that leave the GPU's last wave of attention programs part-empty. A live hop that
+  arrives during such a step waits for it (at most one upload step) and then has the short
+  budget again.
 - Admission by KV availability: a request is admitted when blocks for its whole sequence can
   be allocated; the first admission that cannot be met stops admissions for the step.
 - Upload batching: a step with a prefill cannot replay a decode CUDA graph and runs eagerly
@@ -47,9 +53,11 @@ from typing import NamedTuple
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
     EOS_TOKEN_ID,
+    FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
     MAX_CONTEXT_TOKENS,
     UPLOAD_BATCH_WAIT_S,
+    UPLOAD_STEP_BUDGET_S,
 )
 from livemeet.config import UploadHold, parse_upload_hold
 from livemeet.engine.block_manager import BlockCopy, BlockManager
@@ -70,7 +78,9 @@ class SchedulerConfig:
     chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest chunk per request/step
     max_num_batched_tokens: int = 8_192  # tokens per step (prefill chunks + decode rows)
     max_num_seqs: int = 128  # rows per step (decode CUDA graphs go up to 128)
-    step_budget_s: float = 0.050  # s of estimated GPU time per step (one flush window)
+    step_budget_s: float = FLUSH_INTERVAL_S  # s of estimated GPU time per step (one flush)
+    # s of estimated GPU time of a step while no live work is queued or retained
+    upload_step_budget_s: float = UPLOAD_STEP_BUDGET_S
     upload_min_share: float = 0.25  # fraction of the budget kept for uploads when they can run
     # s a new upload may wait to be prefilled together with later arrivals (module docstring:
     # upload batching); 0 admits every upload at once
@@ -89,6 +99,14 @@ class SchedulerConfig:
             raise ConfigError("max_num_seqs must be >= 1 and max_model_len >= 2")
         if not (math.isfinite(self.step_budget_s) and self.step_budget_s > 0):
             raise ConfigError(f"step_budget_s must be > 0, not {self.step_budget_s}")
+        if not (
+            math.isfinite(self.upload_step_budget_s)
+            and self.upload_step_budget_s >= self.step_budget_s
+        ):
+            raise ConfigError(
+                f"upload_step_budget_s must be finite and >= step_budget_s "
+                f"({self.step_budget_s}), not {self.upload_step_budget_s}"
+            )
         if not (math.isfinite(self.upload_batch_wait_s) and self.upload_batch_wait_s >= 0):
             raise ConfigError(f"upload_batch_wait_s must be >= 0, not {self.upload_batch_wait_s}")
         if not 0 <= self.upload_min_share < 1:
@@ -342,7 +360,7 @@ class Scheduler:
     def schedule(self, now_s: float) -> ScheduledBatch:
         """Build the next step at time `now_s` (seconds on the engine's clock)."""
         cfg, cost = self.config, self.cost_model
-        usable = max(0.0, cfg.step_budget_s - cost.fixed_s)
+        usable = max(0.0, self.step_budget_s() - cost.fixed_s)
         hold_uploads = self._hold_uploads(now_s)
         # held uploads do not reserve a share: live work may use the whole step meanwhile
         can_run = self._upload_can_run(include_waiting=not hold_uploads)
@@ -378,6 +396,14 @@ class Scheduler:
             block_copies=tuple(self.block_manager.take_copies()),
             estimated_cost_s=0.0 if step.is_empty else cost.fixed_s + spent,
         )
+
+    def step_budget_s(self) -> float:
+        """The estimated GPU time the next step may take: `step_budget_s` while live work is
+        queued or a live cache retained, else `upload_step_budget_s` (module docstring)."""
+        live = any(r.request_class is RequestClass.LIVE for r in self._requests.values()) or any(
+            r.request_class is RequestClass.LIVE for r in self._retained.values()
+        )
+        return self.config.step_budget_s if live else self.config.upload_step_budget_s
 
     def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Sequence[int]) -> StepOutput:
         """Account a finished step: advance computed tokens, append sampled tokens, finish.

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from livemeet.__main__ import main
-from livemeet.audio.constants import UPLOAD_BATCH_WAIT_S
+from livemeet.audio.constants import UPLOAD_BATCH_WAIT_S, UPLOAD_STEP_BUDGET_S
 from livemeet.audio.decode import decode_file
+from livemeet.engine.cost_model import StepCostModel
 from livemeet.models.prompt import AUDIO_PAD
 from livemeet.models.tokenizer import load_tokenizer
 from tests.models import tiny
@@ -108,6 +109,9 @@ def test_serve_engine_sizing_flags() -> None:
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-batch-wait-ms", "0"])
     assert serve.config_from_args(args).model.upload_batch_wait_ms == 0.0
     assert config.upload_hold == UploadHold.PIPELINE
+    assert config.upload_step_budget_ms == 1000.0 * UPLOAD_STEP_BUDGET_S == 200.0
+    args = build_parser().parse_args(["serve", "--model", "x", "--upload-step-budget-ms", "80"])
+    assert serve.config_from_args(args).model.upload_step_budget_ms == 80.0
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-hold", "arrivals"])
     assert serve.config_from_args(args).model.upload_hold is UploadHold.ARRIVALS
     with pytest.raises(SystemExit):  # argparse: not one of the choices
@@ -121,6 +125,8 @@ def test_serve_engine_sizing_flags() -> None:
         ["--chunked-prefill-size", "200000"],  # past the context
         ["--upload-batch-wait-ms", "-1"],
         ["--upload-batch-wait-ms", "5000"],  # holding an upload for seconds is never right
+        ["--upload-step-budget-ms", "20"],  # below a live step's 50 ms
+        ["--upload-step-budget-ms", "9000"],  # a live hop would wait seconds behind one step
     ):
         args = build_parser().parse_args(["serve", "--model", "x", *bad])
         with pytest.raises(ConfigError):
@@ -135,7 +141,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         ModelConfig(
             model=str(moss_dir), device="cpu", dtype="float32", num_kv_blocks=64,
             mem_fraction=0.6, chunked_prefill_size=16_384, upload_batch_wait_ms=20,
-            upload_hold=UploadHold.ARRIVALS,
+            upload_hold=UploadHold.ARRIVALS, upload_step_budget_ms=120, kv_cache_dtype="fp8_e4m3",
         )
     )  # fmt: skip
     core.load()
@@ -145,6 +151,9 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         sched = core.engine.scheduler.config
         assert sched.chunked_prefill_size == 16_384 and sched.max_num_batched_tokens == 16_384
         assert sched.upload_batch_wait_s == 0.02 and sched.upload_hold is UploadHold.ARRIVALS
+        assert sched.upload_step_budget_s == 0.12
+        cost = core.engine.scheduler.cost_model
+        assert cost == StepCostModel.for_kv_cache("fp8_e4m3") != StepCostModel()
     finally:
         core.close()
 

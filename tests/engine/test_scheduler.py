@@ -78,6 +78,8 @@ def run_until_idle(
         {"max_num_batched_tokens": 100, "chunked_prefill_size": 200},
         {"max_num_seqs": 0},
         {"step_budget_s": 0.0},
+        {"upload_step_budget_s": 0.01},  # below step_budget_s
+        {"upload_step_budget_s": float("inf")},
         {"step_budget_s": float("nan")},
         {"upload_min_share": 1.0},
         {"max_model_len": 1},
@@ -180,32 +182,76 @@ def test_postprocess_rejects_wrong_token_count() -> None:
 # -- budget, priorities, share ------------------------------------------------------------------
 
 
-def test_late_chunk_of_a_90_minute_prompt_costs_150_to_200_ms() -> None:
+def test_late_chunk_of_a_90_minute_prompt_costs_150_to_250_ms() -> None:
+    """DESIGN.md section 4 puts it at ~150-200 ms; the extend kernel as measured on an H200
+    (~300 TFLOP/s on late chunks, the model's bf16 coefficient) makes it ~230 ms."""
     markers = MAX_AUDIO_S // TIME_MARKER_EVERY_S
     prompt = int(MAX_AUDIO_S * AUDIO_TOKENS_PER_SECOND) + markers * 4 + 86
     model = StepCostModel()
     late = model.prefill_cost_s(prompt - 4096, 4096)
     early = model.prefill_cost_s(0, 4096)
-    assert 0.150 <= late <= 0.200
+    assert 0.150 <= late <= 0.250
     assert late > 10 * early
 
 
 def test_budget_shrinks_chunks_as_context_grows() -> None:
     sched, runner, clock = make(num_blocks=2048, step_budget_s=0.030)
-    r = req("long", 30_000, max_new=1)
+    r = req("long", 30_000, LIVE, max_new=1, deadline=1e9)  # live: the short budget
     sched.add(r)
     batches = run_until_idle(sched, runner, clock)
     sizes = [c.num_tokens for b in batches for c in b.prefills]
     assert sum(sizes) == 30_000
     assert sizes[0] == 4096  # the budget pays for a whole early chunk
     assert all(a >= b for a, b in zip(sizes[:-1], sizes[1:-1], strict=False))
-    # late in the prompt a token costs ~0.57 ns x 28k context + 2 us ~ 18 us: ~1.6k per step
-    assert sizes[-2] < 2000
+    # late in the prompt a token costs ~0.76 ns x 28k context + 2 us ~ 23 us: ~1.3k per step
+    assert sizes[-2] < 1500
     usable = 0.030 - sched.cost_model.fixed_s
     for c in [c for b in batches for c in b.prefills][:-1]:
         if c.num_tokens < 4096:  # cut by the budget: one more token would not fit
             assert sched.cost_model.prefill_cost_s(c.start, c.num_tokens + 1) > usable
     assert all(b.estimated_cost_s <= 0.030 + 1e-9 for b in batches)
+
+
+def test_uploads_alone_get_the_upload_budget_and_whole_chunks() -> None:
+    """With no live work, late chunks of a long upload stay whole (the upload budget pays for
+    them) and no step is planned past that budget; the same upload next to a retained live
+    cache or a queued live hop is cut to the short budget again."""
+    budget, upload_budget = 0.050, 0.200
+    for company in (None, "retained", "queued"):
+        sched, runner, clock = make(
+            num_blocks=8192, step_budget_s=budget, upload_step_budget_s=upload_budget
+        )
+        if company == "retained":
+            sched.add(req("hop", 20, LIVE, max_new=1, deadline=1e9, base=500_000), retain_kv=True)
+            run_until_idle(sched, runner, clock)
+            assert [r.request_id for r in sched.retained] == ["hop"]
+        elif company == "queued":  # a live hop whose prompt outlasts the upload's
+            sched.add(req("hop", 60_000, LIVE, max_new=1, deadline=1e9, base=500_000))
+        assert sched.step_budget_s() == (upload_budget if company is None else budget)
+        up = req("up", 30_000, max_new=50)  # still running after the steps
+        sched.add(up)
+        batches = run_steps(sched, runner, clock, 12)
+        chunks = [c for b in batches for c in b.prefills if c.request is up]
+        assert 0 < sum(c.num_tokens for c in chunks) == min(up.num_computed_tokens, 30_000)
+        if company is None:
+            assert all(c.num_tokens == 4096 for c in chunks if not c.samples)  # all but the tail
+            assert all(b.estimated_cost_s <= upload_budget + 1e-9 for b in batches)
+        else:
+            late = [c for c in chunks if c.start >= 12_000]
+            assert late and all(c.num_tokens < 4096 for c in late)
+            assert all(b.estimated_cost_s <= budget + 1e-9 for b in batches[1:])
+
+
+def test_an_fp8_cache_makes_prefill_attention_dearer_and_decode_cheaper() -> None:
+    """The FP8 model (its kernels' measured rates) plans smaller late chunks and cheaper
+    decode rows than the bf16 one; another cache dtype has no model."""
+    bf16, fp8 = StepCostModel.for_kv_cache("auto"), StepCostModel.for_kv_cache("fp8_e4m3")
+    assert bf16 == StepCostModel()
+    assert fp8.attention_s_per_pair > bf16.attention_s_per_pair
+    assert fp8.decode_cost_s(36_000) < bf16.decode_cost_s(36_000)
+    assert fp8.max_prefill_tokens(25_000, 0.05, 4096) < bf16.max_prefill_tokens(25_000, 0.05, 4096)
+    with pytest.raises(ConfigError):
+        StepCostModel.for_kv_cache("int8")
 
 
 def test_live_before_upload_and_earliest_deadline_first() -> None:
