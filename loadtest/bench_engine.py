@@ -125,8 +125,8 @@ class RunResult:
     rtf_mean: float  # latency / audio duration
     latency_mean_s: float
     latency_p95_s: float
-    encode_s: float  # in add_request (prompt) and in the steps' encoder calls (log-mel + encoder)
-    prefill_s: float  # steps that held a prefill chunk (mixed steps included)
+    encode_s: float  # host s in add_request and in the steps' encoder calls (EncodeTimer)
+    prefill_s: float  # steps that held a prefill chunk (mixed steps included), less encode_s
     decode_s: float  # decode-only steps
     num_steps: int
     num_decode_steps: int
@@ -134,6 +134,7 @@ class RunResult:
     graph_replays: int | None  # None: the engine has no CUDA-graph runner
     graph_eager_fallbacks: int | None
     prefill_graph_replays: int | None = None  # steps run on piecewise prefill graphs
+    encoder_device_s: float | None = None  # device s of the encoder calls (CUDA events)
 
 
 @dataclass(frozen=True)
@@ -395,10 +396,57 @@ class WorkloadCache:
         return self._made[name]
 
 
+class EncodeTimer:
+    """Stands in for an encoder's `encode` and times each call without changing the run: host
+    seconds inside the call, and on CUDA the device time between events recorded on the stream
+    around it (`device_s`, read once the device is idle). The engine's one-step lookahead still
+    overlaps the encoder with the step queued before it. `sync=True` synchronises around each
+    call instead (the form before session 11: the encoder's own time, bought by serialising it
+    with the neighbouring steps)."""
+
+    def __init__(self, encode: Callable[..., Any], device: torch.device, sync: bool = False):
+        self.encode = encode
+        self.device = device
+        self.sync = sync
+        self.host_s: list[float] = []
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.sync:
+            synchronize(self.device)
+        events = None
+        if self.device.type == "cuda":
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        start = time.perf_counter()
+        out = self.encode(*args, **kwargs)
+        if events is not None:
+            events[1].record()
+            self._events.append(events)
+        if self.sync:
+            synchronize(self.device)
+        self.host_s.append(time.perf_counter() - start)
+        return out
+
+    def device_s(self) -> float | None:
+        """Device seconds of every call so far (None off CUDA); synchronises first."""
+        if self.device.type != "cuda":
+            return None
+        synchronize(self.device)
+        return sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+
+
 def run_point(
-    engine: Engine, log: BatchLog, cache: WorkloadCache, name: str, concurrency: int, kv: str
+    engine: Engine,
+    log: BatchLog,
+    cache: WorkloadCache,
+    name: str,
+    concurrency: int,
+    kv: str,
+    sync_encoder: bool = False,
 ) -> RunResult:
-    """Submit `concurrency` requests of workload `name` at once; step until all finish."""
+    """Submit `concurrency` requests of workload `name` at once; step until all finish.
+    `sync_encoder`: time the encoder calls by synchronising around them (EncodeTimer)."""
     workload, samples, forced = cache.get(name)
     device = engine.runner.device
     replays0, eager0 = graph_counters(engine)
@@ -414,21 +462,9 @@ def run_point(
             forced_output_ids=forced.token_ids,
             max_new_tokens=workload.num_output_tokens + 16,
         )
-    synchronize(device)
-    encode_s = time.perf_counter() - t0
-    encoder_s: list[float] = []
-    encode = engine.encoder.encode
-
-    def timed_encode(*args: Any, **kwargs: Any) -> Any:
-        # synchronised so the time is the encoder's own, not the step queued before it
-        synchronize(device)
-        start = time.perf_counter()
-        out = encode(*args, **kwargs)
-        synchronize(device)
-        encoder_s.append(time.perf_counter() - start)
-        return out
-
-    engine.encoder.encode = timed_encode  # type: ignore[method-assign]
+    add_s = time.perf_counter() - t0
+    timer = EncodeTimer(engine.encoder.encode, device, sync=sync_encoder)
+    engine.encoder.encode = timer  # type: ignore[method-assign]
     latencies: list[float] = []
     outputs: list[int] = []
     prompts: list[int] = []
@@ -444,8 +480,8 @@ def run_point(
             prompts.append(request.num_prompt_tokens)
     synchronize(device)
     makespan = time.perf_counter() - t0
-    engine.encoder.encode = encode  # type: ignore[method-assign]
-    encode_s += sum(encoder_s)
+    engine.encoder.encode = timer.encode  # type: ignore[method-assign]
+    encode_s = add_s + sum(timer.host_s)
     batches = log.batches[first_batch:]
     assert len(batches) == len(step_s), "one scheduled batch per engine step"
     is_prefill = [bool(b.prefills) for b in batches]
@@ -466,7 +502,7 @@ def run_point(
         latency_mean_s=statistics.fmean(latencies),
         latency_p95_s=percentile(latencies, 95),
         encode_s=encode_s,
-        prefill_s=sum(s for s, p in zip(step_s, is_prefill, strict=True) if p) - sum(encoder_s),
+        prefill_s=sum(s for s, p in zip(step_s, is_prefill, strict=True) if p) - sum(timer.host_s),
         decode_s=sum(decode_steps),
         num_steps=len(step_s),
         num_decode_steps=len(decode_steps),
@@ -476,6 +512,7 @@ def run_point(
         prefill_graph_replays=(
             None if piecewise is None or pieces0 is None else piecewise.num_replays - pieces0
         ),
+        encoder_device_s=timer.device_s(),
     )
 
 
@@ -622,6 +659,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="points to rerun with an fp8_e4m3 KV cache, e.g. long:1,short:16",
     )
     p.add_argument("--max-seconds", type=float, default=None, help="skip runs past this budget")
+    p.add_argument(
+        "--sync-encoder",
+        action="store_true",
+        help="time encoder calls by synchronising around them (serialises them: EncodeTimer)",
+    )
     p.add_argument("--json", default="bench_engine.json")
     return p.parse_args(argv)
 
@@ -634,6 +676,7 @@ def run_points(
     kv: str,
     budget: Budget,
     report: dict[str, Any],
+    sync_encoder: bool = False,
 ) -> None:
     for name, c in points:
         workload = wl.get_workload(name, cache.audio_s.get(name))
@@ -643,7 +686,7 @@ def run_points(
             report["skipped"].append(asdict(skip))
             print(f"skip {name} c={c} {kv}: {skip.reason}", flush=True)
             continue
-        result = run_point(engine, log, cache, name, c, kv)
+        result = run_point(engine, log, cache, name, c, kv, sync_encoder)
         budget.observe(key, result.audio_s_per_s, c)
         report["runs"].append(asdict(result))
         print(
@@ -708,7 +751,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
     points = [(n, c) for n in names for c in getattr(args, f"{n}_concurrency")]
     cache = WorkloadCache(engine, {"short": args.short_audio_s, "long": args.long_audio_s})
-    run_points(engine, log, cache, points, kv_name, budget, report)
+    run_points(engine, log, cache, points, kv_name, budget, report, args.sync_encoder)
     if args.fp8:
         model = (engine.model, engine.model_config)
         del engine, log
@@ -725,7 +768,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             prefill_graphs=args.prefill_graphs,
         )
         cache.engine = engine
-        run_points(engine, BatchLog(engine), cache, args.fp8, "fp8_e4m3", budget, report)
+        fp8_log = BatchLog(engine)
+        run_points(engine, fp8_log, cache, args.fp8, "fp8_e4m3", budget, report, args.sync_encoder)
     report["elapsed_s"] = time.perf_counter() - t0
     print(markdown(report), flush=True)
     Path(args.json).write_text(json.dumps(report, indent=2))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench_engine import Budget, parse_points
+from loadtest.bench_engine import Budget, EncodeTimer, parse_points
 from tests.loadtest.conftest import run_module
 
 
@@ -55,6 +55,7 @@ def test_tiny_engine_bench_end_to_end(tmp_path: Path) -> None:
             r["concurrency"] * r["audio_s"] / r["makespan_s"]
         )
         assert r["latency_p95_s"] <= r["makespan_s"] + 1e-6
+        assert r["encode_s"] > 0 and r["encoder_device_s"] is None  # no CUDA events on a CPU
     decode = {(d["batch"]): d for d in report["decode"]}
     assert set(decode) == {1, 2} and all(d["ms_per_step"] > 0 for d in decode.values())
     assert decode[2]["kv_bytes"] == 2 * decode[2]["context"] * report["kv_bytes_per_token"]
@@ -99,3 +100,20 @@ def test_parse_points() -> None:
     for bad in ("long", "medium:2", "long:x"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_points(bad)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_encode_timer_passes_calls_through_and_counts_each(sync: bool) -> None:
+    import torch
+
+    calls: list[tuple[object, ...]] = []
+
+    def encode(*args: object, **kwargs: object) -> str:
+        calls.append((args, tuple(kwargs.items())))
+        return "embeddings"
+
+    timer = EncodeTimer(encode, torch.device("cpu"), sync=sync)
+    assert timer("a", window_keys=None) == "embeddings" and timer("b") == "embeddings"
+    assert calls == [(("a",), (("window_keys", None),)), (("b",), ())]
+    assert len(timer.host_s) == 2 and all(t >= 0 for t in timer.host_s)
+    assert timer.device_s() is None

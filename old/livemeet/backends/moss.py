@@ -1,0 +1,673 @@
+"""The MOSS-TD backend: `MossCore`, a `BackendCore` over livemeet's paged `Engine`.
+
+Uploads (`SessionOptions.live` False) buffer their audio; `end()` queues one UPLOAD request.
+The scheduler's upload hold is told how many uploads are on their way to it: the gateway's
+(`set_incoming_uploads`: receiving or decoding) plus this core's not yet queued (opened, or
+ended and waiting for a submit slot), so an upload counts from the gateway's accept until the
+scheduler has it, and an upload whose `EndSession` is still in the pipe is not forgotten.
+Every engine step feeds the new tokens through an incremental detokenizer, the transcript
+parser and the repetition guard, so each confirmed segment is sent at once as a `TextDelta`
+(then its `SegmentFinal`, so the gateway's SSE tracker does not derive the text twice); the
+deltas concatenate to the final text (`join_texts`). The last event is `TranscriptFinal`.
+
+Live sessions re-decode ALL audio so far every hop (cumulative re-decode, MODEL.md section 10:
+the instruction follows the audio, so generation restarts each hop). A hop is a LIVE request
+with a deadline one hop ahead; it keeps its KV after finishing (`retain_kv`) and the next hop
+forks the stable prefix of it (header plus the span over audio whose embeddings were final and
+whose markers were placed, `stable_prefix_len`). While a hop is in flight no other starts for
+that session, so the hop grows with load. `LiveSession` owns the commit policy and speaker
+labels: each hop's hypothesis is cut to the speech after the last final, mapped and committed
+there.
+
+Benchmarks: `ModelConfig.forced_output` names a reference transcript (`[0.00][S01]text[1.20]...`)
+whose tokens replace the sampled ones (DESIGN section 4); a live hop forces the segments that end
+by its audio edge.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES, num_audio_tokens
+from livemeet.config import ModelConfig, parse_upload_hold
+from livemeet.engine.encoder_runner import full_window_keys
+from livemeet.engine.engine import Engine, EngineConfig
+from livemeet.engine.messages import EngineStats
+from livemeet.engine.request import Request, RequestClass
+from livemeet.engine.scheduler import SchedulerConfig
+from livemeet.errors import (
+    ConfigError,
+    InternalError,
+    InvalidRequest,
+    LivemeetError,
+    NotFound,
+    ProtocolError,
+)
+from livemeet.models.prompt import stable_prefix_len
+from livemeet.session.live import LiveOptions, LiveSession
+from livemeet.transcriber import (
+    BackendInfo,
+    Error,
+    Event,
+    Samples,
+    SegmentFinal,
+    SessionOptions,
+    TextDelta,
+    TranscriptFinal,
+)
+from livemeet.transcript.detok import IncrementalDetokenizer
+from livemeet.transcript.parser import TranscriptParser, parse_transcript
+from livemeet.transcript.repetition import RepetitionGuard
+from livemeet.transcript.segments import FinishReason, Segment, Transcript, join_texts
+
+log = logging.getLogger(__name__)
+
+LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by at most
+MAX_SUBMITS_PER_STEP = 4  # requests encoded and queued per step(), which bounds a step's time
+DUMMY_MODEL_ID = "moss-td-dummy"
+
+
+class SegmentStream:
+    """Generated token ids -> confirmed segments, through detokenizer, parser and guard.
+
+    `push(token_id)` returns the segments released by that token; `looping` turns true when the
+    repetition guard sees a loop (stop the request then). `close()` ends the stream and returns
+    the rest (the open segment kept with MISSING_END, ends clamped: parser departures).
+    """
+
+    def __init__(self, detok: IncrementalDetokenizer, duration_s: float) -> None:
+        self._detok = detok
+        self._parser = TranscriptParser(duration_s)
+        self._guard = RepetitionGuard()
+        self._closed = False
+
+    @property
+    def looping(self) -> bool:
+        return self._guard.tripped
+
+    def push(self, token_id: int) -> list[Segment]:
+        if self._closed or self.looping:
+            return []
+        text = self._detok.push(token_id)
+        return self._feed(text) if text else []
+
+    def close(self) -> list[Segment]:
+        if self._closed:
+            return []
+        self._closed = True
+        tail = self._detok.flush()
+        if self.looping:
+            return []
+        out = self._feed(tail) if tail else []
+        for seg in self._parser.close():
+            out.extend(self._guard.push(seg).release)
+        return out + list(self._guard.flush())
+
+    def _feed(self, text: str) -> list[Segment]:
+        out: list[Segment] = []
+        for seg in self._parser.feed(text):
+            result = self._guard.push(seg)
+            out.extend(result.release)
+            if result.looping:
+                return out
+        pending = self._parser.pending()
+        if pending is not None:
+            self._guard.check_pending(pending.text)
+        return out
+
+
+class UploadTranscript:
+    """The final segments of an upload as they are confirmed: ids "seg-0001"..., starts made
+    non-decreasing and clamped to [0, duration_s], texts stripped; with the text delta of each
+    (their concatenation equals `join_texts` of the segments)."""
+
+    def __init__(self, duration_s: float) -> None:
+        self.duration_s = duration_s
+        self.segments: list[Segment] = []
+        self.text = ""
+
+    def add(self, seg: Segment) -> tuple[Segment, str] | None:
+        text = seg.text.strip()
+        if not text:
+            return None
+        prev_start = self.segments[-1].start_s if self.segments else 0.0
+        start = min(max(seg.start_s, prev_start), self.duration_s)
+        end = min(max(seg.end_s, start), self.duration_s)
+        final = replace(
+            seg,
+            start_s=start,
+            end_s=end,
+            text=text,
+            id=f"seg-{len(self.segments) + 1:04d}",
+            is_final=True,
+        )
+        self.segments.append(final)
+        longer = join_texts((self.text, text))
+        assert longer.startswith(self.text), "join_texts only appends"
+        delta, self.text = longer[len(self.text) :], longer
+        return final, delta
+
+    def final(self, reason: FinishReason) -> TranscriptFinal:
+        t = Transcript(tuple(self.segments), self.duration_s, reason)
+        return TranscriptFinal(t.segments, reason, t.coverage, self.duration_s)
+
+
+@dataclass
+class _Upload:
+    options: SessionOptions
+    chunks: list[np.ndarray] = field(default_factory=list)
+    ended: bool = False
+    request_id: str | None = None
+    stream: SegmentStream | None = None
+    transcript: UploadTranscript | None = None
+
+
+@dataclass
+class _Hop:
+    request_id: str
+    edge_samples: int  # audio edge the hop decodes up to
+    offset_s: float  # end of the committed speech when the hop started
+    num_prompt_ids: list[int]
+    stream: SegmentStream
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass
+class _Retained:
+    request_id: str
+    num_audio_tokens: int
+    num_complete_windows: int
+
+
+@dataclass
+class _Live:
+    options: SessionOptions
+    live: LiveSession
+    chunks: list[np.ndarray] = field(default_factory=list)
+    # append-only samples: `buffer[:length]`, grown by doubling (no copy of the whole
+    # meeting per hop)
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    length: int = 0
+    window_keys: list[bytes] = field(default_factory=list)  # of full windows, hashed once
+    hop: _Hop | None = None
+    retained: _Retained | None = None
+    num_hops: int = 0
+    num_reused_tokens: int = 0
+    last_reason: FinishReason = FinishReason.STOP
+
+    def audio_to(self, edge: int) -> np.ndarray:
+        """The first `edge` samples heard (a view: valid until the next append)."""
+        incoming = sum(c.size for c in self.chunks)
+        if self.length + incoming > self.buffer.size:
+            # doubling, but by at most LIVE_BUFFER_STEP_S at a time (long meetings)
+            step = min(self.buffer.size, LIVE_BUFFER_STEP_S * SAMPLE_RATE)
+            grown = np.zeros(max(self.buffer.size + step, self.length + incoming), np.float32)
+            grown[: self.length] = self.buffer[: self.length]
+            self.buffer = grown
+        for chunk in self.chunks:
+            self.buffer[self.length : self.length + chunk.size] = chunk
+            self.length += chunk.size
+        self.chunks = []
+        return self.buffer[: min(edge, self.length)]
+
+    def full_window_keys(self, audio: np.ndarray) -> list[bytes]:
+        """Encoder-cache keys of `audio`'s full windows; each window is hashed once per
+        session (the audio only grows, so a full window never changes)."""
+        self.window_keys = full_window_keys(audio, self.window_keys)
+        return self.window_keys
+
+
+_Session = _Upload | _Live
+
+
+class MossCore:
+    """MOSS-TD behind the `BackendCore` protocol (see the module docstring).
+
+    `engine`: a ready Engine (tests); otherwise `load()` builds one from `config`.
+    """
+
+    def __init__(self, config: ModelConfig, *, engine: Engine | None = None) -> None:
+        self.config = config
+        self.engine: Engine | None = engine
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._owner: dict[str, str] = {}  # engine request id -> session id
+        self._forced: list[Segment] | None = None
+        self._forced_text: str | None = None
+        self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
+        self._gateway_incoming_uploads = 0  # set_incoming_uploads: not yet sent to this core
+
+    # -- BackendCore: lifecycle --------------------------------------------------------------
+
+    @property
+    def info(self) -> BackendInfo:
+        model_id = Path(self.config.model).name if self.config.model else DUMMY_MODEL_ID
+        return BackendInfo(name="moss", model_id=model_id, demo=False, diarization=True)
+
+    def load(self) -> None:
+        """Build the engine (checkpoint dir or hub id; `load_format` "dummy" for real-size
+        random weights) and read the forced-output file. Raises ConfigError."""
+        self.config.validate()
+        if self.engine is None:
+            cfg = self.config
+            self.engine = Engine(
+                EngineConfig(
+                    model=cfg.model,
+                    load_format=cfg.load_format,
+                    device=cfg.device,
+                    dtype=cfg.dtype,
+                    num_kv_blocks=cfg.num_kv_blocks,
+                    kv_cache_dtype=cfg.kv_cache_dtype,
+                    prefill_graphs=cfg.prefill_graphs,
+                    mem_fraction=cfg.mem_fraction,
+                    scheduler=SchedulerConfig(
+                        chunked_prefill_size=cfg.chunked_prefill_size,
+                        upload_batch_wait_s=cfg.upload_batch_wait_ms / 1000.0,
+                        upload_hold=parse_upload_hold(cfg.upload_hold),
+                        max_num_batched_tokens=max(
+                            SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
+                        ),
+                    ),
+                )
+            )
+        if self.config.forced_output:
+            self._load_forced(Path(self.config.forced_output))
+        self._tell_incoming_uploads()  # a count sent before the engine existed
+        log.info("MOSS-TD backend ready (%s)", self.info.model_id)
+
+    def close(self) -> None:
+        for sid in list(self._sessions):
+            self.abort(sid)
+        self.engine = None
+
+    # -- BackendCore: commands ---------------------------------------------------------------
+
+    def open(self, session_id: str, options: SessionOptions) -> None:
+        if session_id in self._sessions:
+            raise InvalidRequest(f"session {session_id!r} is already open")
+        if options.sample_rate != SAMPLE_RATE:
+            raise InvalidRequest(f"sample_rate must be {SAMPLE_RATE}, not {options.sample_rate}")
+        if options.max_new_tokens is not None and options.max_new_tokens < 1:
+            raise InvalidRequest(f"max_new_tokens must be >= 1, not {options.max_new_tokens}")
+        if options.live:
+            try:
+                live = LiveSession(LiveOptions(hop_s=options.hop_s))
+            except ValueError as exc:
+                raise InvalidRequest(f"bad live settings: {exc}") from exc
+            self._sessions[session_id] = _Live(options, live)
+        else:
+            self._sessions[session_id] = _Upload(options)
+            self._tell_incoming_uploads()
+
+    def append(self, session_id: str, samples: Samples) -> None:
+        sess = self._get(session_id)
+        if isinstance(sess, _Live):
+            sess.live.receive_audio(samples)  # raises ProtocolError after end, BadAudio if not 1-D
+            sess.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
+            return
+        if sess.ended:
+            raise ProtocolError("audio after end")
+        sess.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
+
+    def finalize(self, session_id: str) -> None:
+        sess = self._get(session_id)
+        if isinstance(sess, _Live):
+            sess.live.finalize()
+
+    def end(self, session_id: str) -> None:
+        sess = self._get(session_id)
+        if isinstance(sess, _Live):
+            sess.live.end()
+            return
+        if sess.ended:
+            raise ProtocolError("end after end")
+        sess.ended = True
+
+    def abort(self, session_id: str) -> None:
+        """Free the session and every engine request it holds (each exactly once)."""
+        sess = self._get(session_id)
+        self._drop(session_id, sess)
+
+    # -- BackendCore: work -------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        """Something to submit, or an engine step that would do something: False while the
+        engine only holds uploads for incoming ones (the worker then waits on its inbox)."""
+        if any(self._needs_submit(s) for s in self._sessions.values()):
+            return True
+        if self.engine is None:
+            return False
+        return self.engine.has_work() and not self.engine.is_holding()
+
+    def is_holding(self) -> bool:
+        """True when the engine holds uploads for incoming ones and has nothing else to do."""
+        return self.engine is not None and self.engine.is_holding()
+
+    def set_incoming_uploads(self, count: int) -> None:
+        """How many uploads the gateway is still receiving or decoding (module docstring).
+        Raises InternalError for a negative count (a gateway bug)."""
+        if count < 0:
+            raise InternalError(f"incoming upload count must be >= 0, not {count}")
+        self._gateway_incoming_uploads = count
+        self._tell_incoming_uploads()
+
+    def stats(self) -> EngineStats | None:
+        """The engine's cumulative step counters; None before `load()`."""
+        return None if self.engine is None else self.engine.stats()
+
+    def step(self) -> list[tuple[str, Event]]:
+        engine = self._engine()
+        out: list[tuple[str, Event]] = []
+        submitted = 0
+        for sid, sess in list(self._sessions.items()):
+            if submitted >= MAX_SUBMITS_PER_STEP:
+                break
+            if not self._needs_submit(sess):
+                continue
+            submitted += 1
+            try:
+                events = self._submit(sid, sess)
+            except LivemeetError as exc:
+                self._drop(sid, sess)
+                events = [Error(exc.code, exc.message, exc.retryable)]
+            out.extend((sid, e) for e in events)
+        self._tell_incoming_uploads()
+        if engine.has_work():
+            result = engine.step()  # a failure here cannot be pinned on a session: it propagates
+            for rid, token_id in result.new_tokens:
+                out.extend(self._isolated(rid, partial(self._on_token, rid, token_id)))
+            for request in result.finished:
+                rid, reason = request.request_id, request.finish_reason or FinishReason.STOP
+                out.extend(self._isolated(rid, partial(self._on_finished, rid, reason)))
+        return out
+
+    def _isolated(
+        self, rid: str, handler: Callable[[], list[tuple[str, Event]]]
+    ) -> list[tuple[str, Event]]:
+        """Run one request's output handler; if it raises (detokenizer, parser, transcript),
+        only that request's session fails: its engine requests are aborted (KV freed once) and
+        it gets an `internal_error`, while every other session goes on."""
+        sid = self._owner.get(rid)
+        try:
+            return handler()
+        except Exception as exc:
+            log.exception("output of request %s failed", rid)
+            sess = self._sessions.get(sid) if sid is not None else None
+            if sid is None or sess is None:
+                return []
+            self._drop(sid, sess)
+            return [(sid, Error("internal_error", f"transcript assembly failed: {exc!r}"))]
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def _engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError("MossCore used before load()")
+        return self.engine
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise NotFound(f"unknown session {session_id!r}") from None
+
+    def _drop(self, sid: str, sess: _Session) -> None:
+        self._sessions.pop(sid, None)
+        if isinstance(sess, _Upload) and sess.request_id is None:
+            self._tell_incoming_uploads()
+        rids: list[str] = []
+        if isinstance(sess, _Upload) and sess.request_id:
+            rids.append(sess.request_id)
+        if isinstance(sess, _Live):
+            if sess.hop is not None:
+                rids.append(sess.hop.request_id)
+            if sess.retained is not None:
+                rids.append(sess.retained.request_id)
+            sess.hop = sess.retained = None
+        for rid in rids:
+            self._owner.pop(rid, None)
+            if self.engine is not None:
+                self.engine.abort(rid)
+
+    def _tell_incoming_uploads(self) -> None:
+        """Give the scheduler the gateway's count plus this core's uploads not yet queued; run
+        wherever either changes (set_incoming_uploads, open, submit, drop)."""
+        if self.engine is None:
+            return
+        unqueued = sum(
+            1 for s in self._sessions.values() if isinstance(s, _Upload) and s.request_id is None
+        )
+        self.engine.set_incoming_uploads(self._gateway_incoming_uploads + unqueued)
+
+    def _needs_submit(self, sess: _Session) -> bool:
+        if isinstance(sess, _Upload):
+            return sess.ended and sess.request_id is None
+        if sess.hop is not None:
+            return False  # adaptive hop: one decode in flight per session
+        return sess.live.hop_due() or sess.live.flush_due()
+
+    def _submit(self, sid: str, sess: _Session) -> list[Event]:
+        if isinstance(sess, _Upload):
+            return self._submit_upload(sid, sess)
+        if sess.live.hop_due():
+            self._submit_hop(sid, sess)
+            return []
+        events = sess.live.flush()
+        return self._after_live_events(sid, sess, events)
+
+    # -- uploads -----------------------------------------------------------------------------
+
+    def _submit_upload(self, sid: str, sess: _Upload) -> list[Event]:
+        engine = self._engine()
+        samples = np.concatenate(sess.chunks) if sess.chunks else np.zeros(0, np.float32)
+        sess.chunks = []
+        duration_s = samples.size / SAMPLE_RATE
+        sess.transcript = UploadTranscript(duration_s)
+        if samples.size == 0:
+            self._sessions.pop(sid, None)
+            return [sess.transcript.final(FinishReason.STOP)]
+        rid = f"{sid}/upload"
+        request = engine.add_request(
+            rid,
+            samples,
+            prompt=sess.options.prompt,
+            hotwords=sess.options.hotwords,
+            max_new_tokens=self._max_new_tokens(sess.options),
+            forced_output_ids=self._forced_ids(None),
+        )
+        _log_request(request, samples.size)
+        sess.request_id = rid
+        sess.stream = SegmentStream(IncrementalDetokenizer(engine.tokenizer), duration_s)
+        self._owner[rid] = sid
+        return []
+
+    def _upload_events(self, sess: _Upload, segments: Sequence[Segment]) -> list[Event]:
+        assert sess.transcript is not None
+        events: list[Event] = []
+        for seg in segments:
+            added = sess.transcript.add(seg)
+            if added is not None:
+                final, delta = added
+                events.append(TextDelta(delta))
+                events.append(SegmentFinal(final))
+        return events
+
+    # -- live --------------------------------------------------------------------------------
+
+    def _submit_hop(self, sid: str, sess: _Live) -> None:
+        engine = self._engine()
+        window = sess.live.window()  # fixes the hop's audio edge and the committed end
+        edge = round(window.end_s * SAMPLE_RATE)
+        audio = sess.audio_to(edge)
+        rid = f"{sid}/hop{sess.num_hops:06d}"
+        sess.num_hops += 1
+        fork_from, num_fork = None, 0
+        prev = sess.retained
+        if prev is not None:
+            # Stable with respect to the previous hop's audio: its pads over windows that were
+            # complete then (final embeddings) and the markers it had already placed.
+            num_fork = stable_prefix_len(
+                prev.num_audio_tokens, prev.num_complete_windows, config=engine.prompt_config
+            )
+            fork_from = prev.request_id
+        try:
+            request = engine.add_request(
+                rid,
+                audio,
+                prompt=sess.options.prompt,
+                hotwords=sess.options.hotwords,
+                request_class=RequestClass.LIVE,
+                max_new_tokens=self._max_new_tokens(sess.options),
+                deadline_s=engine.clock() + sess.options.hop_s,
+                forced_output_ids=self._forced_ids(window.end_s),
+                retain_kv=True,
+                fork_from=fork_from,
+                num_fork_tokens=num_fork,
+                window_keys=sess.full_window_keys(audio),
+            )
+        finally:
+            if prev is not None:  # a fork released it already; else free it now
+                self._owner.pop(prev.request_id, None)
+                engine.abort(prev.request_id)
+                sess.retained = None
+        _log_request(request, audio.size)
+        sess.num_reused_tokens += request.num_cached_tokens
+        self.num_reused_tokens += request.num_cached_tokens
+        sess.hop = _Hop(
+            rid,
+            edge,
+            window.offset_s,
+            request.prompt_token_ids,
+            SegmentStream(IncrementalDetokenizer(engine.tokenizer), edge / SAMPLE_RATE),
+        )
+        self._owner[rid] = sid
+
+    def _finish_hop(self, sid: str, sess: _Live, reason: FinishReason) -> list[Event]:
+        hop = sess.hop
+        assert hop is not None
+        sess.hop = None
+        hop.segments.extend(hop.stream.close())
+        if hop.stream.looping:
+            reason = FinishReason.REPETITION
+        else:
+            sess.retained = _Retained(
+                hop.request_id,
+                num_audio_tokens(hop.edge_samples),
+                hop.edge_samples // WINDOW_SAMPLES,
+            )
+        sess.last_reason = reason
+        # The hypothesis covers all audio; keep what lies after the last final (by midpoint).
+        new = [s for s in hop.segments if (s.start_s + s.end_s) / 2 > hop.offset_s]
+        events = sess.live.apply_hypothesis(new)
+        return self._after_live_events(sid, sess, events)
+
+    def _after_live_events(self, sid: str, sess: _Live, events: list[Event]) -> list[Event]:
+        if sess.live.ended:
+            events.append(sess.live.finish(sess.last_reason))
+            self._drop(sid, sess)
+        return events
+
+    # -- engine output -----------------------------------------------------------------------
+
+    def _on_token(self, rid: str, token_id: int) -> list[tuple[str, Event]]:
+        sid = self._owner.get(rid)
+        if sid is None:
+            return []
+        sess = self._sessions[sid]
+        if isinstance(sess, _Upload):
+            assert sess.stream is not None
+            events = self._upload_events(sess, sess.stream.push(token_id))
+            if sess.stream.looping:
+                self._engine().abort(rid)
+                events += self._finish_upload(sid, sess, FinishReason.REPETITION)
+            return [(sid, e) for e in events]
+        hop = sess.hop
+        assert hop is not None and hop.request_id == rid
+        hop.segments.extend(hop.stream.push(token_id))
+        if hop.stream.looping:
+            self._owner.pop(rid, None)
+            self._engine().abort(rid)
+            return [(sid, e) for e in self._finish_hop(sid, sess, FinishReason.REPETITION)]
+        return []
+
+    def _on_finished(self, rid: str, reason: FinishReason) -> list[tuple[str, Event]]:
+        sid = self._owner.pop(rid, None)
+        if sid is None:
+            return []
+        sess = self._sessions[sid]
+        if isinstance(sess, _Upload):
+            events = self._finish_upload(sid, sess, reason)
+        else:
+            events = self._finish_hop(sid, sess, reason)
+        return [(sid, e) for e in events]
+
+    def _finish_upload(self, sid: str, sess: _Upload, reason: FinishReason) -> list[Event]:
+        assert sess.stream is not None and sess.transcript is not None
+        events = self._upload_events(sess, sess.stream.close())
+        if sess.stream.looping:
+            reason = FinishReason.REPETITION
+        events.append(sess.transcript.final(reason))
+        self._drop(sid, sess)
+        return events
+
+    # -- forced output (benchmarks) ----------------------------------------------------------
+
+    def _load_forced(self, path: Path) -> None:
+        try:
+            text = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --forced-output {path}: {exc}") from exc
+        segments = parse_transcript(text)
+        if not segments:
+            raise ConfigError(f"--forced-output {path} holds no [start][Sxx]text[end] segment")
+        self._forced_text = text
+        self._forced = segments
+
+    def _max_new_tokens(self, options: SessionOptions) -> int | None:
+        """The session's budget, capped by the server's `--max-new-tokens`; None lets the
+        engine scale it with the audio duration."""
+        wanted = [n for n in (options.max_new_tokens, self.config.max_new_tokens) if n]
+        return min(wanted) if wanted else None
+
+    def _forced_ids(self, edge_s: float | None) -> list[int] | None:
+        """Token ids to force: the whole file (uploads), or the segments ending by `edge_s`."""
+        if self._forced is None or self._forced_text is None:
+            return None
+        if edge_s is None:
+            text = self._forced_text
+        else:
+            text = "".join(render_segment(s) for s in self._forced if s.end_s <= edge_s)
+        tokenizer = self._engine().tokenizer
+        return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def render_segment(seg: Segment) -> str:
+    """A segment in the model's output grammar (MODEL.md section 6), times to 2 decimals."""
+    return f"[{seg.start_s:.2f}][{seg.speaker}]{seg.text}[{seg.end_s:.2f}]"
+
+
+def _log_request(request: Request, num_samples: int) -> None:
+    log.info(
+        "request %s: %d audio tokens, %d prompt tokens, %d reused, budget %d",
+        request.request_id,
+        len(request.audio_positions),
+        request.num_prompt_tokens,
+        request.num_cached_tokens,
+        request.max_new_tokens,
+        extra={
+            "num_audio_tokens": len(request.audio_positions),
+            "num_prompt_tokens": request.num_prompt_tokens,
+            "num_samples": num_samples,
+        },
+    )
+
+
+def create_moss(config: ModelConfig) -> MossCore:
+    """Registry factory."""
+    return MossCore(config)

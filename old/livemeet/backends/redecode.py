@@ -1,0 +1,255 @@
+"""`RedecodeCore`: a generic `BackendCore` for backends that can transcribe a window of audio.
+
+Live sessions re-decode their open window every hop through `LiveSession` (commit policy and
+speaker mapping live there). Upload sessions (`SessionOptions.live` False) buffer all audio and
+decode once at `end()`: `TextDelta` events whose concatenation equals the transcript's `.text`,
+then `TranscriptFinal`. A subclass provides `info`, `load()` and `transcribe_window()`; it may
+override `transcribe_upload()` (the default walks consecutive <= 30 s windows).
+
+One `step()` runs at most one decode (one session's hop or one upload), round-robin over the
+sessions with work, so a step's duration is bounded by one window decode.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
+from livemeet.engine.messages import EngineStats
+from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError
+from livemeet.session.live import LiveOptions, LiveSession, Window
+from livemeet.transcriber import (
+    BackendInfo,
+    Error,
+    Event,
+    Samples,
+    SessionOptions,
+    TextDelta,
+    TranscriptFinal,
+)
+from livemeet.transcript.segments import FinishReason, Segment, Transcript, join_texts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Session:
+    options: SessionOptions
+    live: LiveSession | None  # None for an upload
+    upload: list[Samples] = field(default_factory=list)
+    ended: bool = False
+
+
+class RedecodeCore(abc.ABC):
+    """Base class; see the module docstring. Implements the `BackendCore` protocol."""
+
+    # Pass the recent committed text to `transcribe_window` as part of the prompt.
+    use_committed_prompt = True
+
+    def __init__(self) -> None:
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    # -- what a subclass provides -------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def info(self) -> BackendInfo: ...
+
+    @abc.abstractmethod
+    def load(self) -> None: ...
+
+    @abc.abstractmethod
+    def transcribe_window(
+        self, samples: Samples, offset_s: float, prompt: str | None
+    ) -> list[Segment]:
+        """Transcribe `samples` [n] float32 16 kHz (n <= 30 s) that start `offset_s` s into the
+        session. Returns segments with absolute times (s from the session start)."""
+
+    def transcribe_upload(self, samples: Samples, prompt: str | None) -> list[Segment]:
+        """Transcribe a whole file [n] float32 16 kHz, any length, times from 0.
+
+        Default: consecutive 30 s windows; a window's last segment, possibly cut by the window
+        boundary, is re-decoded at the start of the next window."""
+        out: list[Segment] = []
+        start = 0
+        while start < samples.size:
+            stop = min(start + WINDOW_SAMPLES, samples.size)
+            offset_s = start / SAMPLE_RATE
+            segs = list(self.transcribe_window(samples[start:stop], offset_s, prompt))
+            next_start = stop
+            if stop < samples.size and len(segs) >= 2:
+                cut = round(segs[-1].start_s * SAMPLE_RATE)
+                if cut > start:
+                    segs, next_start = segs[:-1], cut
+            out.extend(segs)
+            start = next_start
+        return out
+
+    def close(self) -> None:
+        """Free the model; a subclass that holds one overrides this and calls super()."""
+        self._sessions.clear()
+
+    # -- BackendCore --------------------------------------------------------------------------
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+    def open(self, session_id: str, options: SessionOptions) -> None:
+        if session_id in self._sessions:
+            raise InvalidRequest(f"session {session_id!r} is already open")
+        if options.sample_rate != SAMPLE_RATE:
+            raise InvalidRequest(f"sample_rate must be {SAMPLE_RATE}, not {options.sample_rate}")
+        live = LiveSession(LiveOptions(hop_s=options.hop_s)) if options.live else None
+        self._sessions[session_id] = _Session(options, live)
+
+    def append(self, session_id: str, samples: Samples) -> None:
+        sess = self._get(session_id)
+        if sess.ended:
+            raise ProtocolError("audio after end")
+        if sess.live is not None:
+            sess.live.receive_audio(samples)
+        else:
+            sess.upload.append(np.asarray(samples, dtype=np.float32).reshape(-1))
+
+    def finalize(self, session_id: str) -> None:
+        sess = self._get(session_id)
+        if sess.live is not None:
+            sess.live.finalize()
+
+    def end(self, session_id: str) -> None:
+        sess = self._get(session_id)
+        if sess.ended:
+            raise ProtocolError("end after end")
+        sess.ended = True
+        if sess.live is not None:
+            sess.live.end()
+
+    def abort(self, session_id: str) -> None:
+        self._get(session_id)
+        del self._sessions[session_id]
+
+    def has_work(self) -> bool:
+        return any(self._ready(s) for s in self._sessions.values())
+
+    def stats(self) -> EngineStats | None:
+        """None: a window re-decoder has no step engine to count."""
+        return None
+
+    def set_incoming_uploads(self, count: int) -> None:
+        """Ignored: uploads are decoded one at a time, not batched, so none waits for others."""
+        return None
+
+    def is_holding(self) -> bool:
+        """Never: nothing is held."""
+        return False
+
+    def step(self) -> list[tuple[str, Event]]:
+        for sid, sess in self._sessions.items():
+            if self._ready(sess):
+                self._sessions.move_to_end(sid)  # round-robin
+                try:
+                    events = self._run(sess)
+                except LivemeetError as exc:
+                    events = [Error(exc.code, exc.message, exc.retryable)]
+                except Exception as exc:  # one session's decode failure must not stop others
+                    log.exception("decode failed for session %s", sid)
+                    events = [Error("internal_error", f"decode failed: {exc!r}")]
+                if events and isinstance(events[-1], TranscriptFinal | Error):
+                    del self._sessions[sid]
+                return [(sid, e) for e in events]
+        return []
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _get(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise NotFound(f"unknown session {session_id!r}") from None
+
+    @staticmethod
+    def _ready(sess: _Session) -> bool:
+        if sess.live is None:
+            return sess.ended
+        return sess.live.hop_due() or sess.live.flush_due()
+
+    def _prompt(self, options: SessionOptions, committed: str | None) -> str | None:
+        if not self.use_committed_prompt:
+            committed = None
+        parts = [options.prompt or "", " ".join(options.hotwords), committed or ""]
+        prompt = " ".join(p for p in parts if p)
+        return prompt or None
+
+    def _run(self, sess: _Session) -> list[Event]:
+        if sess.live is None:
+            return self._run_upload(sess)
+        live = sess.live
+        if live.hop_due():
+            win: Window = live.window()
+            segs = self.transcribe_window(
+                win.samples, win.offset_s, self._prompt(sess.options, win.prompt)
+            )
+            events = live.apply_hypothesis(segs)
+        else:
+            events = live.flush()
+        if live.ended:
+            events.append(live.finish())
+        return events
+
+    def _run_upload(self, sess: _Session) -> list[Event]:
+        samples = np.concatenate(sess.upload) if sess.upload else np.zeros(0, np.float32)
+        sess.upload = []
+        duration_s = samples.size / SAMPLE_RATE
+        segs = (
+            self.transcribe_upload(samples, self._prompt(sess.options, None))
+            if samples.size
+            else []
+        )
+        finals = upload_segments(segs, duration_s)
+        transcript = Transcript(finals, duration_s, FinishReason.STOP)
+        events: list[Event] = [TextDelta(d) for d in text_deltas(finals)]
+        events.append(TranscriptFinal(finals, FinishReason.STOP, transcript.coverage, duration_s))
+        return events
+
+
+def upload_segments(segments: Sequence[Segment], duration_s: float) -> tuple[Segment, ...]:
+    """Final segments of an upload: empty texts dropped, times clamped to [0, duration_s] with
+    non-decreasing starts, ids "seg-0001"..."""
+    out: list[Segment] = []
+    for seg in segments:
+        text = seg.text.strip()
+        if not text:
+            continue
+        start = min(max(seg.start_s, out[-1].start_s if out else 0.0), duration_s)
+        end = min(max(seg.end_s, start), duration_s)
+        out.append(
+            replace(
+                seg,
+                start_s=start,
+                end_s=end,
+                text=text,
+                id=f"seg-{len(out) + 1:04d}",
+                is_final=True,
+            )
+        )
+    return tuple(out)
+
+
+def text_deltas(segments: Sequence[Segment]) -> list[str]:
+    """One text delta per segment; their concatenation equals `join_texts` of all segments."""
+    deltas: list[str] = []
+    text = ""
+    for seg in segments:
+        longer = join_texts((text, seg.text))  # == join_texts of the prefix: it only appends
+        assert longer.startswith(text), "join_texts must only append"
+        if len(longer) > len(text):
+            deltas.append(longer[len(text) :])
+        text = longer
+    return deltas

@@ -1,0 +1,238 @@
+"""`livemeet serve`: run the gateway (HTTP upload API, live WebSocket, web page, metrics)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import ssl
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from livemeet.audio.constants import (
+    CHUNKED_PREFILL_SIZE,
+    GIL_SWITCH_INTERVAL_S,
+    MAX_AUDIO_S,
+    MAX_UPLOAD_BYTES,
+)
+from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
+from livemeet.errors import ConfigError
+
+log = logging.getLogger("livemeet.serve")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve the transcription API and live WebSocket", description=__doc__
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="MOSS-TD checkpoint directory or hub id; omitted: the demo backend",
+    )
+    p.add_argument("--backend", default=None, help="force a registered backend by name")
+    add_model_flags(p)
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("./livemeet-data"),
+        help="where large uploads are spilled and transcripts kept",
+    )
+    p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (enables https)")
+    p.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
+    p.add_argument(
+        "--max-upload-bytes",
+        type=int,
+        default=MAX_UPLOAD_BYTES,
+        help="largest upload body in bytes (413 payload_too_large)",
+    )
+    p.add_argument(
+        "--max-audio-s",
+        type=float,
+        default=MAX_AUDIO_S,
+        help="longest upload in seconds (413 audio_too_long); live sessions have no length "
+        "limit: they decode a sliding window, so a meeting may run as long as it lasts",
+    )
+    p.add_argument(
+        "--max-sessions", type=int, default=256, help="open sessions (live and upload) at once"
+    )
+    p.add_argument(
+        "--max-concurrent-decodes",
+        type=int,
+        default=GatewayConfig.max_concurrent_decodes,
+        help="uploads decoded to PCM at once (each holds its decoded audio in memory)",
+    )
+    p.add_argument(
+        "--in-process-engine",
+        action="store_true",
+        help="run the backend in this process (tests, debugging)",
+    )
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning", "error"),
+        default="info",
+        help="debug also logs each upload's phases (receive, decode, transcribe, respond)",
+    )
+    p.set_defaults(func=run)
+
+
+def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) -> None:
+    """The MOSS-TD loading flags shared by `serve` and `transcribe` (ModelConfig fields).
+    `prefill_graphs`: the command's default for --prefill-graphs (a server captures them once;
+    a one-shot `transcribe` would pay ~15 s of captures per run for little)."""
+    p.add_argument(
+        "--load-format",
+        default="auto",
+        choices=["auto", "safetensors", "dummy"],
+        help="dummy: real-size random weights (benchmarks; no --model needed)",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"], help="KV pool dtype"
+    )
+    p.add_argument(
+        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory)"
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="cap on output tokens per request (default: scaled with the audio duration)",
+    )
+    p.add_argument(
+        "--forced-output",
+        default=None,
+        help="benchmarks: a reference transcript [0.00][S01]text[1.20]... forced as the output",
+    )
+    p.add_argument(
+        "--mem-fraction",
+        type=float,
+        default=0.85,
+        help="fraction of the GPU's memory for weights + KV pool (the pool gets what the "
+        "weights leave; CUDA graphs, prefill graphs and activations use the rest; <= 0.95)",
+    )
+    p.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=CHUNKED_PREFILL_SIZE,
+        help="largest prefill chunk of one request per engine step, in tokens",
+    )
+    p.add_argument(
+        "--upload-batch-wait-ms",
+        type=float,
+        default=ModelConfig.upload_batch_wait_ms,
+        help="ms a new upload may wait to be prefilled together with later arrivals (0: admit "
+        "at once; default %(default)g)",
+    )
+    p.add_argument(
+        "--upload-hold",
+        choices=[h.value for h in UploadHold],
+        default=ModelConfig.upload_hold.value,
+        help="what a new upload waits for, up to --upload-batch-wait-ms: arrivals (while others "
+        "decode, until as many wait as decode) or pipeline (that, and while the gateway is "
+        "still receiving or decoding uploads; default %(default)s)",
+    )
+    p.add_argument(
+        "--prefill-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=prefill_graphs,
+        help="CUDA: run steps that prefill as piecewise CUDA graphs, captured at start-up "
+        f"(~15 s on an H200; default: {'on' if prefill_graphs else 'off'})",
+    )
+
+
+def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
+    """The ModelConfig for parsed `--model`/`--backend`/`add_model_flags` arguments."""
+    return ModelConfig(
+        model=args.model,
+        backend=args.backend,
+        load_format=args.load_format,
+        device=args.device,
+        dtype=args.dtype,
+        forced_output=args.forced_output,
+        num_kv_blocks=args.num_kv_blocks,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_new_tokens=args.max_new_tokens,
+        prefill_graphs=args.prefill_graphs,
+        mem_fraction=args.mem_fraction,
+        chunked_prefill_size=args.chunked_prefill_size,
+        upload_batch_wait_ms=args.upload_batch_wait_ms,
+        upload_hold=UploadHold(args.upload_hold),
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The validated ServerConfig for parsed `serve` arguments. Raises ConfigError."""
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        in_process_engine=args.in_process_engine,
+        model=model_config_from_args(args),
+        gateway=GatewayConfig(
+            max_upload_bytes=args.max_upload_bytes,
+            max_audio_s=args.max_audio_s,
+            max_sessions=args.max_sessions,
+            max_concurrent_decodes=args.max_concurrent_decodes,
+        ),
+    )
+    config.validate()
+    return config
+
+
+def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """A server TLS context from --tls-cert/--tls-key (browsers need https for the mic on
+    other machines). Raises ConfigError for unreadable files."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load --tls-cert/--tls-key: {exc}") from exc
+    return context
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from livemeet.gateway.app import create_app
+
+    try:
+        config = config_from_args(args)
+        context = ssl_context(config)
+        app = create_app(config)
+    except ConfigError as exc:
+        log.error("%s", exc.message)
+        return 2
+    # the event loop and the decode threads hand each upload back and forth (GIL_SWITCH_INTERVAL_S)
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    scheme = "https" if context else "http"
+    log.info(
+        "livemeet serving on %s://%s:%d (data dir %s)",
+        scheme,
+        config.host,
+        config.port,
+        config.data_dir,
+    )
+    web.run_app(
+        app,
+        host=config.host,
+        port=config.port,
+        ssl_context=context,
+        print=None,
+        access_log=None,
+        # a client that disconnects cancels its handler, whose cleanup aborts its engine
+        # session: the GPU stops working for nobody (aiohttp's default lets it run to the end)
+        handler_cancellation=True,
+    )
+    return 0

@@ -1,0 +1,195 @@
+"""`livemeet stream FILE --url ws://HOST:PORT/v1/live`: stream a file as a live session.
+
+Audio goes out in hop-sized PCM16 frames paced in audio time: real time by default, `--fast`
+(or `--speed X`) divides every wait, so the server still sees a growing stream and sends
+partials. Events are printed as they arrive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import websockets
+
+from livemeet.audio.constants import LIVE_HOP_S, MAX_AUDIO_S, SAMPLE_RATE
+from livemeet.errors import LivemeetError
+from livemeet.transcriber import Samples
+
+FAST_SPEED = 4.0  # x real time for --fast
+CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the audio's duration
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "stream", help="stream an audio file to a live session", description=__doc__
+    )
+    p.add_argument("file", type=Path)
+    p.add_argument("--url", default="ws://127.0.0.1:8000/v1/live")
+    p.add_argument("--fast", action="store_true", help=f"send at {FAST_SPEED:g}x real time")
+    p.add_argument("--speed", type=float, default=None, help="send at this multiple of real time")
+    p.add_argument("--hop-s", type=float, default=LIVE_HOP_S, help="seconds of audio per frame")
+    p.add_argument("--language", default=None)
+    p.add_argument("--prompt", default=None)
+    p.add_argument("--json", action="store_true", help="print raw JSON events")
+    p.set_defaults(func=run)
+
+
+@dataclass
+class StreamResult:
+    """Every server event with its arrival time (s since the first audio frame) and the
+    close code."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    arrival_s: list[float] = field(default_factory=list)
+    close_code: int | None = None
+    timed_out: bool = False  # no close within the final timeout after `end`
+
+    @property
+    def final(self) -> dict[str, Any] | None:
+        return next((e for e in self.events if e["type"] == "transcript.final"), None)
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return next((e for e in self.events if e["type"] == "error"), None)
+
+
+def to_pcm16(samples: Samples) -> bytes:
+    """float32 [-1, 1] -> PCM16 LE bytes."""
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+
+
+async def stream_samples(
+    url: str,
+    samples: Samples,
+    *,
+    hop_s: float = LIVE_HOP_S,
+    speed: float = 1.0,
+    start: dict[str, Any] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    final_timeout_s: float | None = None,
+) -> StreamResult:
+    """Stream 16 kHz mono float32 `samples` to `url`, paced at `speed` x real time in frames
+    of `hop_s` seconds; then `end`, and collect events until the server closes.
+
+    After `end` it waits `final_timeout_s` (default: CLOSE_TIMEOUT_S + the audio's duration,
+    since a loaded server may still be catching up) and then gives up with
+    `result.timed_out`. Raises OSError / websockets errors when it cannot connect."""
+    if final_timeout_s is None:
+        final_timeout_s = CLOSE_TIMEOUT_S + len(samples) / SAMPLE_RATE
+    result = StreamResult()
+    pcm = to_pcm16(samples)
+    frame_bytes = 2 * max(1, int(hop_s * SAMPLE_RATE))
+    async with websockets.connect(url, max_size=None, close_timeout=5) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "start",
+                    "sample_rate": SAMPLE_RATE,
+                    "channels": 1,
+                    "encoding": "pcm_s16le",
+                    **(start or {}),
+                }
+            )
+        )
+        t0 = time.monotonic()
+
+        async def receive() -> None:
+            async for message in ws:
+                event = json.loads(message)
+                result.events.append(event)
+                result.arrival_s.append(time.monotonic() - t0)
+                if on_event is not None:
+                    on_event(event)
+
+        receiver = asyncio.create_task(receive())
+        try:
+            for offset in range(0, len(pcm), frame_bytes):
+                if receiver.done():
+                    break  # the server closed (error) before all audio was sent
+                await ws.send(pcm[offset : offset + frame_bytes])
+                sent_s = (offset + frame_bytes) / 2 / SAMPLE_RATE
+                await asyncio.sleep(max(0.0, t0 + sent_s / speed - time.monotonic()))
+            if not receiver.done():
+                await ws.send(json.dumps({"type": "end"}))
+            await asyncio.wait_for(asyncio.shield(receiver), final_timeout_s)
+        except websockets.ConnectionClosed:
+            pass
+        except TimeoutError:
+            # TimeoutError is an OSError: caught here so that it never reads as "cannot connect".
+            result.timed_out = True
+        finally:
+            receiver.cancel()
+            await asyncio.gather(receiver, return_exceptions=True)
+        result.close_code = ws.close_code
+    return result
+
+
+def format_event(event: dict[str, Any]) -> str:
+    """One human-readable line per event."""
+    kind = event.get("type")
+
+    def seg(s: dict[str, Any]) -> str:
+        return f"[{s['start']:7.2f}-{s['end']:7.2f}] {s['speaker']}: {s['text']}"
+
+    if kind == "segment.partial":
+        tail = " | ".join(seg(s) for s in event["segments"]) or "(empty)"
+        return f"~ rev {event['rev']}: {tail}"
+    if kind == "segment.final":
+        return f"= {seg(event)}"
+    if kind == "transcript.final":
+        return (
+            f"# transcript.final: {len(event['segments'])} segments, "
+            f"{event['duration']:.2f} s, coverage {event['coverage']:.2f}, "
+            f"{event['finish_reason']}"
+        )
+    if kind == "session.ready":
+        demo = " (DEMO backend)" if event.get("demo") else ""
+        return f"# session {event['session_id']} ready, model {event['model']}{demo}"
+    if kind == "error":
+        return f"! error {event['code']}: {event['message']}"
+    return json.dumps(event, ensure_ascii=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from livemeet.audio.decode import decode_file
+
+    speed = args.speed if args.speed is not None else (FAST_SPEED if args.fast else 1.0)
+    if speed <= 0 or args.hop_s <= 0:
+        print("error: --speed and --hop-s must be positive", file=sys.stderr)
+        return 2
+    try:
+        samples = decode_file(args.file, max_audio_s=MAX_AUDIO_S)
+    except LivemeetError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+
+    def show(event: dict[str, Any]) -> None:
+        line = json.dumps(event, ensure_ascii=False) if args.json else format_event(event)
+        print(line, flush=True)
+
+    start = {k: v for k, v in (("language", args.language), ("prompt", args.prompt)) if v}
+    try:
+        result = asyncio.run(
+            stream_samples(
+                args.url, samples, hop_s=args.hop_s, speed=speed, start=start, on_event=show
+            )
+        )
+    except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
+        print(f"error: cannot connect to {args.url}: {exc}", file=sys.stderr)
+        return 2
+    if result.timed_out:
+        print("error: no transcript.final from the server in time after 'end'", file=sys.stderr)
+        return 1
+    if result.final is None:
+        print(f"no transcript.final (close code {result.close_code})", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,203 @@
+"""`livemeet transcribe AUDIO...`: transcribe files locally (no server), any backend."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from livemeet.audio.constants import MAX_AUDIO_S, SAMPLE_RATE
+from livemeet.cli.serve import add_model_flags, model_config_from_args
+from livemeet.errors import LivemeetError, error_for_code
+from livemeet.transcriber import (
+    Error,
+    SegmentFinal,
+    SessionOptions,
+    Transcriber,
+    TranscriptFinal,
+)
+from livemeet.transcript import formats
+from livemeet.transcript.formats import ResponseFormat
+from livemeet.transcript.segments import Transcript
+
+PROGRESS_MIN_S = 60.0  # s; files at least this long get a progress bar
+APPEND_CHUNK_S = 30.0  # s of audio per append() call
+EXTENSIONS = {
+    ResponseFormat.JSON: ".json",
+    ResponseFormat.TEXT: ".txt",
+    ResponseFormat.VERBOSE_JSON: ".verbose.json",
+    ResponseFormat.SRT: ".srt",
+    ResponseFormat.VTT: ".vtt",
+    ResponseFormat.DIARIZED_JSON: ".diarized.json",
+}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "transcribe", help="transcribe audio files locally", description=__doc__
+    )
+    p.add_argument("audio", nargs="+", type=Path, help="audio files (any format FFmpeg reads)")
+    p.add_argument("--model", default=None, help="MOSS-TD checkpoint or hub id; omitted: demo")
+    p.add_argument("--backend", default=None, help="force a registered backend by name")
+    p.add_argument("--format", default="text", choices=[f.value for f in ResponseFormat])
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="output file (one input) or directory; omitted: stdout",
+    )
+    p.add_argument("--language", default=None, help="echoed in verbose_json")
+    p.add_argument("--prompt", default=None, help="replaces the default instruction")
+    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    add_model_flags(p, prefill_graphs=False)  # includes --max-new-tokens
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class FileResult:
+    path: Path
+    transcript: Transcript | None
+    error: LivemeetError | None
+
+
+async def transcribe_file(
+    transcriber: Transcriber,
+    path: Path,
+    *,
+    prompt: str | None = None,
+    language: str | None = None,
+    progress: bool = True,
+    max_new_tokens: int | None = None,
+) -> Transcript:
+    """Decode `path` and transcribe it as one upload session. Raises BadAudio, TooLong and
+    whatever the backend reports (as its typed error)."""
+    from livemeet.audio.decode import decode_file
+
+    samples = await asyncio.to_thread(decode_file, path, max_audio_s=MAX_AUDIO_S)
+    duration_s = len(samples) / SAMPLE_RATE
+    session = await transcriber.open_session(
+        SessionOptions(live=False, prompt=prompt, language=language, max_new_tokens=max_new_tokens)
+    )
+    bar = tqdm(
+        total=round(duration_s, 1),
+        unit="s",
+        desc=path.name,
+        file=sys.stderr,
+        disable=not progress or duration_s < PROGRESS_MIN_S,
+        leave=False,
+    )
+    try:
+        chunk = int(APPEND_CHUNK_S * SAMPLE_RATE)
+        for i in range(0, len(samples), chunk):
+            await session.append(samples[i : i + chunk])
+        await session.end()
+        async for event in session.events():
+            if isinstance(event, SegmentFinal):
+                bar.update(max(0.0, round(event.segment.end_s, 1) - bar.n))
+            elif isinstance(event, TranscriptFinal):
+                bar.update(bar.total - bar.n)
+                return Transcript(event.segments, event.duration_s, event.finish_reason, language)
+            elif isinstance(event, Error):
+                raise error_for_code(event.code, event.message)
+        raise error_for_code("engine_unavailable", "the backend ended without a transcript")
+    finally:
+        bar.close()
+        await session.abort()
+
+
+async def transcribe_files(
+    transcriber: Transcriber,
+    paths: Sequence[Path],
+    *,
+    prompt: str | None = None,
+    language: str | None = None,
+    progress: bool = True,
+    max_new_tokens: int | None = None,
+) -> list[FileResult]:
+    """Transcribe each file in turn; a bad file is reported and the others still run."""
+    results = []
+    for path in paths:
+        try:
+            t = await transcribe_file(
+                transcriber,
+                path,
+                prompt=prompt,
+                language=language,
+                progress=progress,
+                max_new_tokens=max_new_tokens,
+            )
+            results.append(FileResult(path, t, None))
+        except LivemeetError as exc:
+            results.append(FileResult(path, None, exc))
+    return results
+
+
+def output_path(output: Path | None, source: Path, fmt: ResponseFormat, many: bool) -> Path | None:
+    """Where to write one result: None for stdout; inside `output` when it is a directory or
+    several inputs were given; `output` itself otherwise."""
+    if output is None:
+        return None
+    if many or output.is_dir():
+        return output / (source.stem + EXTENSIONS[fmt])
+    return output
+
+
+def write_results(
+    results: Sequence[FileResult], fmt: ResponseFormat, output: Path | None, language: str | None
+) -> int:
+    """Write or print each transcript; errors go to stderr. Returns the exit status."""
+    status = 0
+    many = len(results) > 1
+    if output is not None and many:
+        output.mkdir(parents=True, exist_ok=True)
+    for result in results:
+        if result.transcript is None:
+            assert result.error is not None
+            print(f"{result.path}: {result.error.code}: {result.error.message}", file=sys.stderr)
+            status = 1
+            continue
+        body, _ = formats.render(result.transcript, fmt, language=language)
+        target = output_path(output, result.path, fmt, many)
+        if target is None:
+            if many:
+                print(f"==> {result.path} <==")
+            sys.stdout.write(body if body.endswith("\n") else body + "\n")
+        else:
+            target.write_text(body, encoding="utf-8")
+    return status
+
+
+async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
+    from livemeet.gateway.engine_client import EngineClient
+
+    model = model_config_from_args(args)
+    model.validate()
+    transcriber = EngineClient(model, in_process=True)
+    await transcriber.start()
+    try:
+        # The demo backend announces itself when it loads (a WARNING on stderr): no second note.
+        results = await transcribe_files(
+            transcriber,
+            args.audio,
+            prompt=args.prompt,
+            language=args.language,
+            progress=not args.no_progress,
+            max_new_tokens=args.max_new_tokens,
+        )
+    finally:
+        await transcriber.close()
+    return write_results(results, fmt, args.output, args.language)
+
+
+def run(args: argparse.Namespace) -> int:
+    fmt = formats.parse_response_format(args.format)
+    try:
+        return asyncio.run(_run(args, fmt))
+    except LivemeetError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2

@@ -1,0 +1,159 @@
+"""Frozen configuration dataclasses. They hold settings only, never runtime values.
+
+Each is validated by `validate()`, which raises ConfigError with an actionable message.
+CLI flags are generated from these fields (livemeet/__main__.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from livemeet.audio.constants import (
+    CHUNKED_PREFILL_SIZE,
+    KV_BLOCK_SIZE,
+    MAX_AUDIO_S,
+    MAX_CONTEXT_TOKENS,
+    MAX_UPLOAD_BYTES,
+    UPLOAD_BATCH_WAIT_S,
+)
+from livemeet.errors import ConfigError
+
+MAX_MEM_FRACTION = 0.95  # leaves >= 7 GB of an H200 for CUDA graphs, the encoder, activations
+MAX_UPLOAD_BATCH_WAIT_MS = 1000.0  # ms; holding an upload longer only adds latency
+
+
+class UploadHold(StrEnum):
+    """What the engine's scheduler waits for before prefilling new uploads together (its upload
+    batching, livemeet.engine.scheduler), always for at most the upload batch wait.
+
+    `ARRIVALS`: while requests decode, until as many uploads wait as decode.
+    `PIPELINE`: that, and also (even on an idle engine) while the gateway still has uploads on
+    their way to the engine (receiving the body or decoding audio), so a wave of uploads that
+    reaches the engine spread over the gateway's decode slots is prefilled together.
+    """
+
+    ARRIVALS = "arrivals"
+    PIPELINE = "pipeline"
+
+
+def parse_upload_hold(value: str) -> UploadHold:
+    """`value` as an UploadHold. Raises ConfigError naming the choices."""
+    try:
+        return UploadHold(value)
+    except ValueError:
+        choices = ", ".join(h.value for h in UploadHold)
+        raise ConfigError(f"upload_hold must be one of {choices}, not {value!r}") from None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which backend serves and how it is loaded.
+
+    `model`: None selects the demo backend (Whisper tiny.en); a local directory or a hub id
+    selects MOSS-TD. `backend` forces a registered backend name ("demo", "moss", "scripted").
+    `load_format`: "auto" reads safetensors; "dummy" builds real-size random weights.
+    `device`: "auto" picks CUDA when available. `dtype`: "auto" is bf16 on CUDA, fp32 on CPU.
+    """
+
+    model: str | None = None
+    backend: str | None = None
+    load_format: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    forced_output: str | None = None  # path of a reference transcript to force (benchmarks)
+    num_kv_blocks: int | None = None  # KV pool size in blocks; None sizes it from memory
+    kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
+    max_new_tokens: int | None = None  # cap on output tokens per request (None: duration-scaled)
+    prefill_graphs: bool = True  # piecewise CUDA graphs for steps that prefill (CUDA only)
+    # of the GPU's memory that weights + KV pool may fill; graphs and activations use the rest
+    mem_fraction: float = 0.85
+    chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest prefill chunk per step
+    # ms a new upload may wait to be prefilled with later arrivals (what it waits for:
+    # `upload_hold`; livemeet.engine.scheduler's upload batching); 0 admits every upload at once
+    upload_batch_wait_ms: float = 1000.0 * UPLOAD_BATCH_WAIT_S
+    upload_hold: UploadHold = UploadHold.PIPELINE  # what a new upload waits for (UploadHold)
+
+    @property
+    def backend_name(self) -> str:
+        if self.backend:
+            return self.backend
+        return "demo" if self.model is None and self.load_format != "dummy" else "moss"
+
+    def validate(self) -> None:
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ConfigError(
+                f"load_format must be auto, safetensors or dummy, not {self.load_format!r}"
+            )
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(
+                f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}"
+            )
+        if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
+            raise ConfigError(
+                f"kv_cache_dtype must be auto or fp8_e4m3, not {self.kv_cache_dtype!r}"
+            )
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
+        if not 0.0 < self.mem_fraction <= MAX_MEM_FRACTION:
+            raise ConfigError(
+                f"mem_fraction must be in (0, {MAX_MEM_FRACTION}], not {self.mem_fraction}"
+            )
+        if not KV_BLOCK_SIZE <= self.chunked_prefill_size <= MAX_CONTEXT_TOKENS:
+            raise ConfigError(
+                f"chunked_prefill_size must be in [{KV_BLOCK_SIZE}, {MAX_CONTEXT_TOKENS}] "
+                f"tokens, not {self.chunked_prefill_size}"
+            )
+        if not 0.0 <= self.upload_batch_wait_ms <= MAX_UPLOAD_BATCH_WAIT_MS:
+            raise ConfigError(
+                f"upload_batch_wait_ms must be in [0, {MAX_UPLOAD_BATCH_WAIT_MS:g}], "
+                f"not {self.upload_batch_wait_ms}"
+            )
+        parse_upload_hold(self.upload_hold)
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
+        if self.forced_output is not None and not Path(self.forced_output).is_file():
+            raise ConfigError(f"--forced-output file not found: {self.forced_output}")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Limits the gateway enforces on requests and sessions."""
+
+    max_upload_bytes: int = MAX_UPLOAD_BYTES  # bytes; larger bodies get 413
+    max_audio_s: float = MAX_AUDIO_S  # s; a longer upload gets 413 (live sessions: no limit)
+    max_concurrent_decodes: int = 2  # uploads decoded (ffmpeg/soundfile) at once
+    max_sessions: int = 256  # open sessions (live + upload) before QueueFull
+    # s without any client message before a live session closes, or without upload body bytes
+    # before an upload fails (client_timeout)
+    idle_timeout_s: float = 60.0
+    flush_interval_s: float = 0.050  # s; SSE / WS text flush window
+
+    def validate(self) -> None:
+        if self.max_upload_bytes <= 0 or self.max_audio_s <= 0:
+            raise ConfigError("max_upload_bytes and max_audio_s must be positive")
+        if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
+            raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`livemeet serve`: where to listen and where to keep data."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    data_dir: Path = Path("./livemeet-data")
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    in_process_engine: bool = False  # tests only: run the backend in a thread, not a child process
+    model: ModelConfig = field(default_factory=ModelConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+
+    def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key must be given together")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, not {self.port}")
+        self.model.validate()
+        self.gateway.validate()

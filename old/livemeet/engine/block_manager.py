@@ -1,0 +1,293 @@
+"""Paged KV cache allocator: fixed-size blocks, a block table per request, reference counts.
+
+Plain Python (no torch): the model runner owns the KV tensor of `num_blocks` blocks and reads
+each request's `block_table`; this module only decides which block ids hold which tokens.
+
+Block size: 16 tokens (`KV_BLOCK_SIZE`).
+- The paged decode kernel tiles keys in multiples of 16 (tensor-core MMA tiles and 16-token
+  loads of 128-dim bf16 heads, 4 KiB per head per block), so the block size is a multiple of 16.
+- Larger blocks cost more: copy-on-write after truncating inside a shared block copies up to
+  block_size - 1 tokens (16: <= 1.7 MiB at 112 KiB per token; 256: <= 28 MiB per live hop), and
+  every request wastes on average half a block (256-token blocks x 128 requests ~ 1.75 GiB).
+- Smaller blocks cost table length: a 90-minute prompt (~71k tokens) needs ~4.5k entries at 16,
+  which is still a small int32 row on the GPU and O(1) Python work per decode token.
+
+Sharing: `fork` gives a second request the blocks of a prefix (refcount + 1 each). A block is
+never written while shared: before a request writes into a shared block (its first write after
+a fork or a truncate that ends inside a shared block) the block is copied into a fresh one
+(copy-on-write) and a `BlockCopy` is queued; the model runner must perform the queued copies
+(`take_copies()`) before the forward of the step that was scheduled with them.
+
+Invariant checked by `audit`: every block is either free (refcount 0, in the free list once)
+or held, and a held block's refcount equals the number of live requests whose table holds it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from livemeet.audio.constants import KV_BLOCK_SIZE
+from livemeet.engine.request import Request
+from livemeet.errors import InternalError
+
+
+class BlockManagerError(InternalError):
+    """The block manager was used wrongly (a bug in the caller); nothing was changed."""
+
+
+class OutOfBlocks(BlockManagerError):
+    """Not enough free blocks; call the matching `can_*` first. Nothing was changed."""
+
+
+class BlockCopy(NamedTuple):
+    """Copy KV slots [0, num_tokens) of block `src` into block `dst` (copy-on-write)."""
+
+    src: int
+    dst: int
+    num_tokens: int
+
+
+class BlockManager:
+    """Allocates KV blocks to requests. Check/act pairs: `can_allocate`/`allocate`,
+    `can_append`/`append_slots`; the act raises OutOfBlocks when its check would be False.
+
+    Raises BlockManagerError for invalid sizes (constructor) and for misuse (see each method).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = KV_BLOCK_SIZE) -> None:
+        if num_blocks < 1:
+            raise BlockManagerError(f"num_blocks must be >= 1, not {num_blocks}")
+        if block_size < 16 or block_size % 16:
+            raise BlockManagerError(f"block_size must be a multiple of 16, not {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref_counts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._holders: dict[str, Request] = {}
+        self._copies: list[BlockCopy] = []
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    def ref_count(self, block_id: int) -> int:
+        return self._ref_counts[block_id]
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens: ceil(num_tokens / block_size)."""
+        return -(-num_tokens // self.block_size)
+
+    def is_holder(self, request: Request) -> bool:
+        return self._holders.get(request.request_id) is request
+
+    def num_exclusive_blocks(self, request: Request) -> int:
+        """Blocks that freeing `request` would return to the pool (refcount 1)."""
+        return sum(1 for b in request.block_table if self._ref_counts[b] == 1)
+
+    def blocks_needed(self, request: Request, num_tokens: int) -> int:
+        """Free blocks needed so that `request` can write KV for tokens up to `num_tokens`
+        (new table entries plus one copy-on-write of a shared block at the write position)."""
+        new = max(0, self.num_blocks_for(num_tokens) - len(request.block_table))
+        return new + len(self._shared_write_blocks(request, num_tokens))
+
+    # -- allocation ------------------------------------------------------------------------
+
+    def can_allocate(self, request: Request, num_tokens: int | None = None) -> bool:
+        """True when `allocate(request, num_tokens)` would succeed."""
+        target = request.num_tokens if num_tokens is None else num_tokens
+        return self.blocks_needed(request, target) <= len(self._free)
+
+    def allocate(self, request: Request, num_tokens: int | None = None) -> None:
+        """Make the table cover `num_tokens` tokens (default: all of prompt + outputs).
+
+        Keeps any blocks the request already holds (a forked prefix). Raises OutOfBlocks.
+        """
+        target = request.num_tokens if num_tokens is None else num_tokens
+        self._ensure(request, target)
+
+    def can_append(self, request: Request, num_new_tokens: int = 1) -> bool:
+        """True when `append_slots(request, num_new_tokens)` would succeed."""
+        return self.can_allocate(request, request.num_computed_tokens + num_new_tokens)
+
+    def append_slots(self, request: Request, num_new_tokens: int = 1) -> None:
+        """Make room for KV of `num_new_tokens` tokens after the computed ones (decode: 1).
+
+        Raises OutOfBlocks; BlockManagerError when num_new_tokens < 1.
+        """
+        if num_new_tokens < 1:
+            raise BlockManagerError(f"num_new_tokens must be >= 1, not {num_new_tokens}")
+        self._ensure(request, request.num_computed_tokens + num_new_tokens)
+
+    def append_slot(self, request: Request) -> None:
+        """`append_slots(request, 1)`: the slot of one decode token."""
+        self.append_slots(request, 1)
+
+    # -- truncate, fork, free --------------------------------------------------------------
+
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Keep the KV of the first `num_tokens` tokens only; release the blocks past them.
+
+        A shared block that now ends the table is copied on the request's next write, so the
+        other holders' KV is never touched. Sets num_computed_tokens (and num_cached_tokens)
+        to at most num_tokens. Raises BlockManagerError unless
+        0 <= num_tokens <= request.num_computed_tokens.
+        """
+        if not 0 <= num_tokens <= request.num_computed_tokens:
+            raise BlockManagerError(
+                f"truncate {request.request_id!r} to {num_tokens} tokens: must be in "
+                f"0..{request.num_computed_tokens} (its computed tokens)"
+            )
+        self._check_holder_or_empty(request)
+        keep = self.num_blocks_for(num_tokens)
+        while len(request.block_table) > keep:
+            self._release(request.block_table.pop())
+        request.num_computed_tokens = num_tokens
+        request.num_cached_tokens = min(request.num_cached_tokens, num_tokens)
+        if not request.block_table:
+            self._holders.pop(request.request_id, None)
+
+    def fork(self, src: Request, dst: Request, num_tokens: int) -> None:
+        """Share the KV of `src`'s first `num_tokens` tokens with `dst` (refcounts + 1).
+
+        `dst` must hold no blocks, have no computed tokens and the same first `num_tokens`
+        token ids (audio embeddings cannot be compared here; the caller vouches for them).
+        Afterwards dst.num_computed_tokens == dst.num_cached_tokens == num_tokens.
+        Raises BlockManagerError on any of these violations.
+        """
+        self._check_holder_or_empty(src)
+        if not 1 <= num_tokens <= src.num_computed_tokens:
+            raise BlockManagerError(
+                f"fork {num_tokens} tokens of {src.request_id!r}: must be in "
+                f"1..{src.num_computed_tokens} (its computed tokens)"
+            )
+        if dst.block_table or dst.request_id in self._holders or dst.num_computed_tokens:
+            raise BlockManagerError(f"fork into {dst.request_id!r}: it already has KV")
+        if num_tokens > dst.num_tokens or (
+            src.token_ids(0, num_tokens) != dst.token_ids(0, num_tokens)
+        ):
+            raise BlockManagerError(
+                f"fork {src.request_id!r} -> {dst.request_id!r}: the first {num_tokens} "
+                "token ids differ"
+            )
+        for block_id in src.block_table[: self.num_blocks_for(num_tokens)]:
+            self._ref_counts[block_id] += 1
+            dst.block_table.append(block_id)
+        dst.num_computed_tokens = num_tokens
+        dst.num_cached_tokens = num_tokens
+        self._holders[dst.request_id] = dst
+
+    def free(self, request: Request) -> None:
+        """Release every block of `request` (each exactly once) and forget its KV.
+
+        A request that holds nothing is a no-op, so freeing twice is harmless; a request
+        whose table was not handed out by this manager raises BlockManagerError.
+        """
+        self._check_holder_or_empty(request)
+        while request.block_table:
+            self._release(request.block_table.pop())
+        request.num_computed_tokens = 0
+        request.num_cached_tokens = 0
+        self._holders.pop(request.request_id, None)
+
+    def take_copies(self) -> list[BlockCopy]:
+        """The copy-on-write copies queued since the last call, in order; clears the queue."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    # -- audit -----------------------------------------------------------------------------
+
+    def audit(self, live_requests: Iterable[Request]) -> None:
+        """Check the allocator invariant against every request that may hold blocks.
+
+        Every block is free (refcount 0, in the free list exactly once) or its refcount equals
+        the number of `live_requests` whose table holds it; every holder is live and every
+        live request with a table is a holder; a table covers its computed tokens and has no
+        repeated block. Raises BlockManagerError listing every violation.
+        """
+        problems: list[str] = []
+        holders = {r.request_id: r for r in live_requests if r.block_table}
+        expected = [0] * self.num_blocks
+        for rid, req in holders.items():
+            if self._holders.get(rid) is not req:
+                problems.append(f"{rid!r} has a table this manager did not hand out")
+            if len(set(req.block_table)) != len(req.block_table):
+                problems.append(f"{rid!r} holds a block twice: {req.block_table}")
+            if len(req.block_table) < self.num_blocks_for(req.num_computed_tokens):
+                problems.append(f"{rid!r}: table shorter than its computed tokens")
+            for block_id in req.block_table:
+                expected[block_id] += 1
+        for rid in self._holders.keys() - holders.keys():
+            problems.append(f"{rid!r} holds blocks but is not live (leak)")
+        free = list(self._free)
+        if len(set(free)) != len(free):
+            problems.append("a block is in the free list twice")
+        free_set = set(free)
+        for block_id in range(self.num_blocks):
+            ref = self._ref_counts[block_id]
+            if ref != expected[block_id]:
+                problems.append(f"block {block_id}: refcount {ref}, held {expected[block_id]}x")
+            if (ref == 0) != (block_id in free_set):
+                problems.append(f"block {block_id}: refcount {ref} but free={ref == 0}")
+        if problems:
+            raise BlockManagerError("KV allocator audit failed: " + "; ".join(problems))
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _shared_write_blocks(self, request: Request, num_tokens: int) -> list[int]:
+        """Table indexes of shared blocks that writing tokens up to num_tokens would touch."""
+        first = request.num_computed_tokens // self.block_size
+        last = min(len(request.block_table), self.num_blocks_for(num_tokens))
+        return [i for i in range(first, last) if self._ref_counts[request.block_table[i]] > 1]
+
+    def _ensure(self, request: Request, num_tokens: int) -> None:
+        self._check_holder_or_empty(request)
+        if num_tokens < request.num_computed_tokens:
+            raise BlockManagerError(
+                f"{request.request_id!r}: cannot allocate {num_tokens} tokens, fewer than its "
+                f"{request.num_computed_tokens} computed ones (use truncate)"
+            )
+        needed = self.blocks_needed(request, num_tokens)
+        if needed > len(self._free):
+            raise OutOfBlocks(
+                f"{request.request_id!r} needs {needed} blocks, {len(self._free)} free"
+            )
+        for index in self._shared_write_blocks(request, num_tokens):
+            # only the block holding the write position can be shared (forks and truncates
+            # keep tables no longer than their computed tokens)
+            assert index == request.num_computed_tokens // self.block_size
+            src = request.block_table[index]
+            dst = self._take_free()
+            self._copies.append(BlockCopy(src, dst, request.num_computed_tokens % self.block_size))
+            self._release(src)
+            request.block_table[index] = dst
+        while len(request.block_table) < self.num_blocks_for(num_tokens):
+            request.block_table.append(self._take_free())
+        if request.block_table:
+            self._holders[request.request_id] = request
+
+    def _take_free(self) -> int:
+        block_id = self._free.popleft()
+        assert self._ref_counts[block_id] == 0, f"free block {block_id} is referenced"
+        self._ref_counts[block_id] = 1
+        return block_id
+
+    def _release(self, block_id: int) -> None:
+        assert self._ref_counts[block_id] > 0, f"block {block_id} freed twice"
+        self._ref_counts[block_id] -= 1
+        if self._ref_counts[block_id] == 0:
+            self._free.append(block_id)
+
+    def _check_holder_or_empty(self, request: Request) -> None:
+        holder = self._holders.get(request.request_id)
+        if request.block_table and holder is not request:
+            raise BlockManagerError(
+                f"{request.request_id!r} has a block table this manager did not hand out"
+            )
+        if not request.block_table and holder is not None:
+            raise BlockManagerError(
+                f"request id {request.request_id!r} is already held by another request"
+            )

@@ -1,0 +1,242 @@
+"""Encoder runner: audio samples -> audio embeddings [T, hidden], window by window.
+
+30 s windows are independent (MODEL.md section 2), so windows from any number of requests are
+encoded together in micro-batches of at most `max_windows_per_batch`. Outputs of FULL windows
+are kept in a bounded LRU cache keyed by a hash of the window's samples: a live session's
+complete windows are encoded once, and a repeated upload is free. A partial (last) window is
+never cached: its embeddings change as audio arrives (its mel floor, padding and attention all
+move; MODEL.md section 2).
+
+On CUDA the Whisper encoder (the heavy part: 24 layers over 1,500 frames per window) replays a
+CUDA graph captured per window-count bucket (ENCODER_GRAPH_BUCKETS); a micro-batch of n
+windows runs in the smallest bucket >= n with zero windows as padding, whose outputs are
+dropped. Windows are independent (no cross-window attention), so padding cannot change the
+real windows' outputs beyond kernel-choice rounding. The 4x merge and the adaptor run eagerly
+(they depend on each window's token count).
+
+On CUDA the log-mel front end runs at the same bucket sizes (padding windows of silence), and
+`warm_up` runs every bucket once at start: the first STFT of a new batch size builds a cuFFT
+plan, which on an H200 stalled a serving step for 0.6 s (1 window) and 1.8 s (2 windows)
+(docs/benchmarks.md, session 4: the HTTP short c4 dip).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from livemeet.audio.constants import N_FRAMES, N_MELS, SAMPLE_RATE, WINDOW_SAMPLES
+from livemeet.audio.features import check_samples, log_mel, window_token_counts
+from livemeet.engine.cuda_graph import choose_bucket
+from livemeet.models.adaptor import merge_frames
+from livemeet.models.audio_llm import MossTDModel
+
+ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8)  # windows per captured encoder graph; 8 = micro-batch
+PARALLEL_HASH_MIN_WINDOWS = 8  # full windows from which hashing runs on threads
+HASH_THREADS = 8  # threads hashing window samples (each ~1 ms per 30 s window)
+
+
+def window_key(window: np.ndarray) -> bytes:
+    """Cache key of one full window: 128 bits of SHA-256 over its 480,000 float32 samples, read
+    in place (~1 ms per window on one core)."""
+    data = np.ascontiguousarray(window, dtype=np.float32)
+    return hashlib.sha256(memoryview(data).cast("B")).digest()[:16]
+
+
+def full_window_keys(samples: np.ndarray, known: Sequence[bytes] = ()) -> list[bytes]:
+    """Keys of every full 30 s window of `samples` (float32 [S]), in order; the first
+    len(known) are taken from `known` (the caller vouches for them). Many windows are hashed
+    on threads (hashlib releases the GIL): a 37-minute meeting has 74 full windows."""
+    num_full = samples.size // WINDOW_SAMPLES
+    keys = list(known[:num_full])
+    todo = [
+        samples[w * WINDOW_SAMPLES : (w + 1) * WINDOW_SAMPLES] for w in range(len(keys), num_full)
+    ]
+    if len(todo) < PARALLEL_HASH_MIN_WINDOWS:
+        return keys + [window_key(w) for w in todo]
+    with ThreadPoolExecutor(max_workers=min(HASH_THREADS, os.cpu_count() or 1)) as pool:
+        return keys + list(pool.map(window_key, todo))
+
+
+def _window(samples: np.ndarray, w: int) -> np.ndarray:
+    """The samples of window w (float32, at most 480,000; a view, not padded)."""
+    return samples[w * WINDOW_SAMPLES : (w + 1) * WINDOW_SAMPLES]
+
+
+def _padded_windows(
+    chunks: Sequence[np.ndarray], device: torch.device, rows: int | None = None
+) -> torch.Tensor:
+    """[rows, 480000] float32 on `device` (rows defaults to len(chunks)): chunk i, zero-padded
+    to a full window, then windows of silence. Only the real samples cross to the device,
+    padding is made there (an 11.6 s clip is 39 % of a window)."""
+    flat = torch.from_numpy(np.concatenate(chunks))
+    if device.type == "cuda":
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    rows = len(chunks) if rows is None else rows
+    windows = torch.zeros(rows, WINDOW_SAMPLES, dtype=torch.float32, device=device)
+    start = 0
+    for i, chunk in enumerate(chunks):
+        windows[i, : chunk.size] = flat[start : start + chunk.size]
+        start += chunk.size
+    return windows
+
+
+class EncoderRunner:
+    """Batches encoder + adaptor forwards and caches full-window outputs (see module doc).
+
+    `cache_windows`: LRU capacity in windows (each ~0.77 MB in bf16 at real size: 375 x 1024).
+    `batch_buckets`: window counts each micro-batch is padded up to (default: ENCODER_GRAPH_BUCKETS
+    on CUDA, none on the CPU), those below `max_windows_per_batch` and that limit itself;
+    `warm_up_at_start` (default: on CUDA) runs `warm_up`.
+    """
+
+    def __init__(
+        self,
+        model: MossTDModel,
+        *,
+        cache_windows: int = 256,
+        max_windows_per_batch: int = ENCODER_GRAPH_BUCKETS[-1],
+        cuda_graphs: bool = False,
+        batch_buckets: Sequence[int] | None = None,
+        warm_up_at_start: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.cache_windows = cache_windows
+        self.max_windows_per_batch = max_windows_per_batch
+        on_cuda = self.device.type == "cuda"
+        if batch_buckets is None:
+            batch_buckets = ENCODER_GRAPH_BUCKETS if on_cuda else ()
+        kept = {b for b in batch_buckets if b < max_windows_per_batch}
+        if batch_buckets:  # the limit itself is a bucket, so every batch size is warmed up
+            kept.add(max_windows_per_batch)
+        self.batch_buckets = tuple(sorted(kept))
+        self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.num_encoded_windows = 0
+        self.num_cache_hits = 0
+        self.num_graph_replays = 0
+        self.num_eager_batches = 0
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        if cuda_graphs and on_cuda:
+            self._capture()
+        if on_cuda if warm_up_at_start is None else warm_up_at_start:
+            self.warm_up()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.language_model.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        audios: Sequence[np.ndarray],
+        window_keys: Sequence[Sequence[bytes]] | None = None,
+    ) -> list[torch.Tensor]:
+        """Each mono 16 kHz float32 audio -> embeddings [ceil(S/1280), hidden] on the device.
+
+        `window_keys[a]` (optional): cache keys (`window_key`) of the first full windows of
+        audio a, which the caller vouches for (a live session hashes each window once as its
+        append-only audio grows); the other full windows are hashed here. Only windows that
+        miss the cache are copied out of the audio. Raises BadAudio for empty or non-finite
+        audio.
+        """
+        jobs: list[tuple[int, int, np.ndarray, int, bytes | None]] = []
+        per_audio: list[list[torch.Tensor | None]] = []
+        for a, raw in enumerate(audios):
+            samples = check_samples(raw).astype(np.float32, copy=False)
+            counts = window_token_counts(samples.size)
+            known = window_keys[a] if window_keys is not None else ()
+            keys = full_window_keys(samples, known)
+            slots: list[torch.Tensor | None] = []
+            for w, count in enumerate(counts):
+                key = keys[w] if w < len(keys) else None
+                hit = self._lookup(key)
+                slots.append(hit)
+                if hit is None:
+                    jobs.append((a, w, _window(samples, w), count, key))
+            per_audio.append(slots)
+        for start in range(0, len(jobs), self.max_windows_per_batch):
+            self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
+        return [torch.cat([s for s in slots if s is not None]) for slots in per_audio]
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Encode one micro-batch of each bucket size (silent partial windows, not cached), so
+        no request pays a first-use cost (cuFFT plans, kernel selection); the counters are
+        left as they were."""
+        counters = (self.num_encoded_windows, self.num_graph_replays, self.num_eager_batches)
+        silence = np.zeros(SAMPLE_RATE, dtype=np.float32)  # 1 s: a partial window, never cached
+        count = window_token_counts(silence.size)[0]
+        for bucket in self.batch_buckets or (1,):
+            jobs = [(i, 0, silence, count, None) for i in range(bucket)]
+            self._run(jobs, [[None] for _ in range(bucket)])
+        self.num_encoded_windows, self.num_graph_replays, self.num_eager_batches = counters
+
+    def _run(
+        self,
+        jobs: list[tuple[int, int, np.ndarray, int, bytes | None]],
+        per_audio: list[list[torch.Tensor | None]],
+    ) -> None:
+        n = len(jobs)
+        rows = choose_bucket(n, self.batch_buckets) or n  # padded with silence (module doc)
+        windows = _padded_windows([j[2] for j in jobs], self.device, rows)  # [rows, 480000]
+        dtype = self.model.adaptor.linear_1.weight.dtype
+        feats = log_mel(windows).to(dtype)  # [rows, 80, 3000]
+        counts = [j[3] for j in jobs]
+        frames = self._encoder_frames(feats)[:n]  # [n, 1500, d_audio]
+        merged = merge_frames(frames, counts, self.model.cfg.merge_size)
+        embeds = self.model.adaptor(merged.to(self.model.adaptor.linear_1.weight.dtype))
+        self.num_encoded_windows += len(jobs)
+        for (a, w, _, _, key), chunk in zip(jobs, embeds.split(counts), strict=True):
+            per_audio[a][w] = chunk
+            if key is not None:
+                self._store(key, chunk)
+
+    def _encoder_frames(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats [n, 80, 3000] -> encoder frames [n, 1500, d_audio]; a graph when one fits."""
+        n = feats.shape[0]
+        bucket = choose_bucket(n, tuple(self._graphs))
+        if bucket is None:
+            self.num_eager_batches += 1
+            return self.model.audio_encoder(feats)
+        graph, static_in, static_out = self._graphs[bucket]
+        static_in[:n].copy_(feats)
+        static_in[n:].zero_()
+        graph.replay()
+        self.num_graph_replays += 1
+        return static_out[:n].clone()  # the next replay overwrites static_out
+
+    @torch.inference_mode()
+    def _capture(self) -> None:
+        encoder = self.model.audio_encoder
+        dtype = self.model.adaptor.linear_1.weight.dtype
+        pool = None
+        for bucket in sorted(ENCODER_GRAPH_BUCKETS, reverse=True):  # largest first: one pool
+            static_in = torch.zeros(bucket, N_MELS, N_FRAMES, dtype=dtype, device=self.device)
+            encoder(static_in)  # warm-up outside the graph (kernel selection, allocator)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                static_out = encoder(static_in)
+            pool = graph.pool()
+            self._graphs[bucket] = (graph, static_in, static_out)
+
+    def _lookup(self, key: bytes | None) -> torch.Tensor | None:
+        if key is None or key not in self._cache:
+            return None
+        self._cache.move_to_end(key)
+        self.num_cache_hits += 1
+        return self._cache[key]
+
+    def _store(self, key: bytes, value: torch.Tensor) -> None:
+        if self.cache_windows <= 0:
+            return
+        self._cache[key] = value
+        self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_windows:
+            self._cache.popitem(last=False)

@@ -1,0 +1,484 @@
+"""The serving engine: schedule -> encode -> run -> sample -> postprocess, one step at a time.
+
+`Engine.add_request` turns audio into a prompt (livemeet.models.prompt) and audio embeddings
+(EncoderRunner), and queues a `Request`; `Engine.step()` runs one scheduled batch on the
+ModelRunner and returns the new tokens and finished requests. The engine is single-threaded:
+the worker process (livemeet/engine/worker.py) owns it. Policy lives in the Scheduler and
+BlockManager (plain Python); the device lives in the ModelRunner and EncoderRunner.
+
+Async decode (CUDA by default): step N+1 is scheduled and launched while the GPU still runs
+step N, and N's tokens are read afterwards. The scheduler sees N's sampled tokens as
+PENDING_TOKEN_ID placeholders (`postprocess` with placeholders right after the launch), so it
+can schedule N+1; decode rows of N+1 read their input ids from N's device tensor. Once N+1 is
+launched, N's ids arrive through a pinned buffer (`TokenTransfer`) and replace the
+placeholders. A request whose real token is EOS is finished then (`Scheduler.finish`), which
+frees its KV once, including the block of its speculative row in N+1; that row's result is
+then dropped by `postprocess(N+1)` because the request is no longer running. A request
+aborted between steps gets nothing more.
+
+Counters (`stats()`, posted to the gateway by the worker): steps by kind (decode-only or with a
+prefill; CUDA graph or eager) and tokens by phase, counted at launch from the scheduled batch
+and the graph runners' replay counters (host ints only, no device sync); and the host seconds
+of each step by part (schedule, encode, launch, wait, other; read from `timer`, six reads per
+step), so a step that stalls on the host (a kernel compiled for a new shape, a library plan,
+an allocation) shows where, with its shape in a warning once it takes ENGINE_SLOW_STEP_S.
+With async decode a step's `wait` is for the step launched before it, whose shape the warning
+does not give.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from livemeet.audio.constants import (
+    ENGINE_SLOW_STEP_S,
+    KV_BLOCK_SIZE,
+    SAMPLE_RATE,
+    num_audio_tokens,
+)
+from livemeet.audio.features import check_samples
+from livemeet.engine.block_manager import BlockManager
+from livemeet.engine.encoder_runner import EncoderRunner
+from livemeet.engine.messages import STEP_PARTS, EngineStats
+from livemeet.engine.model_runner import (
+    PENDING_TOKEN_ID,
+    DeviceTokens,
+    ModelRunner,
+    TokenTransfer,
+)
+from livemeet.engine.request import Request, RequestClass
+from livemeet.engine.sampler import SamplingParams
+from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
+from livemeet.errors import InternalError
+from livemeet.models.audio_llm import MossTDModel
+from livemeet.models.config import MossTDConfig
+from livemeet.models.loader import load_model
+from livemeet.models.prompt import EOS, PromptConfig, PromptIds, build_prompt
+from livemeet.models.tokenizer import load_tokenizer
+from livemeet.transcript.segments import FinishReason
+
+log = logging.getLogger(__name__)
+
+MIN_OUTPUT_BUDGET = 512  # tokens; floor of the duration-scaled budget (SGLang-Omni default)
+OUTPUT_TOKENS_PER_AUDIO_S = 10  # tokens per audio second; dense meetings use ~4.5-6 (MODEL 5.5)
+
+
+def output_budget(duration_s: float, num_prompt_tokens: int, max_model_len: int) -> int:
+    """Duration-scaled max_new_tokens: max(512, ceil(10 x duration)), clamped to the context.
+
+    Source: SGLang-Omni's MOSS-TD budget (MODEL.md section 5.5). Returns >= 1.
+    """
+    wanted = max(MIN_OUTPUT_BUDGET, math.ceil(OUTPUT_TOKENS_PER_AUDIO_S * duration_s))
+    return max(1, min(wanted, max_model_len - num_prompt_tokens - 1))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine is built. `model`: checkpoint dir / hub id, or None with `load_format`
+    "dummy" (real-size random weights). `num_kv_blocks`: fixed pool size (tests), else sized
+    from free memory x `mem_fraction`. `kv_cache_dtype`: "auto" (model dtype) or "fp8_e4m3".
+    `cuda_graphs`: replay captured decode steps (CUDA only). `async_decode`: one-step lookahead
+    (CUDA only unless a TokenTransfer is given to Engine). `prefill_graphs`: piecewise graphs
+    for steps that prefill (CUDA only, with `cuda_graphs`)."""
+
+    model: str | None = None
+    load_format: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    block_size: int = KV_BLOCK_SIZE
+    num_kv_blocks: int | None = None
+    mem_fraction: float = 0.85
+    kv_cache_dtype: str = "auto"
+    encoder_cache_windows: int = 256
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cuda_graphs: bool = True
+    async_decode: bool = True
+    prefill_graphs: bool = True
+
+
+class _StepTimer:
+    """Host seconds of one step's parts (messages.STEP_PARTS): each `done(part)` charges the
+    time since the previous one (or the start) to `part`."""
+
+    def __init__(self, timer: Callable[[], float]) -> None:
+        self.timer = timer
+        self.start_s = self.last_s = timer()
+        self.seconds = dict.fromkeys(STEP_PARTS, 0.0)
+
+    def done(self, part: str) -> None:
+        now_s = self.timer()
+        self.seconds[part] += now_s - self.last_s
+        self.last_s = now_s
+
+    @property
+    def total_s(self) -> float:
+        return self.last_s - self.start_s
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A launched step whose sampled ids are not on the host yet (async decode)."""
+
+    batch: ScheduledBatch
+    tokens: DeviceTokens
+    ticket: int
+    accounted: StepOutput  # what postprocess did with the placeholders
+
+
+class Engine:
+    """See module docstring. `clock` returns seconds (monotonic) for the scheduler; `timer`
+    seconds for the step-time counters (separate, so measuring never moves the scheduler's
+    time in tests that step a fake clock).
+
+    `transfer`: the host buffers of async decode; given, it turns async decode on for any
+    device (tests drive the async path on the CPU with it); None builds pinned buffers on CUDA.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        model: tuple[MossTDModel, MossTDConfig] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] = time.perf_counter,
+        transfer: TokenTransfer | None = None,
+    ) -> None:
+        self.config = config
+        self.model, self.model_config = model or load_model(
+            config.model,
+            load_format=config.load_format,
+            device=config.device,
+            dtype=config.dtype,
+        )
+        root = Path(config.model) if config.model and Path(config.model).is_dir() else None
+        self.tokenizer = load_tokenizer(root)
+        self.prompt_config = PromptConfig.from_checkpoint(root) if root else PromptConfig()
+        kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8_e4m3" else None
+        self.runner = ModelRunner(
+            self.model,
+            self.model_config,
+            block_size=config.block_size,
+            num_kv_blocks=config.num_kv_blocks,
+            mem_fraction=config.mem_fraction,
+            kv_dtype=kv_dtype,
+            cuda_graphs=config.cuda_graphs,
+            max_model_len=config.scheduler.max_model_len,
+            max_num_seqs=config.scheduler.max_num_seqs,
+            prefill_graphs=config.prefill_graphs and config.cuda_graphs,
+            max_num_batched_tokens=config.scheduler.max_num_batched_tokens,
+        )
+        self.encoder = EncoderRunner(
+            self.model,
+            cache_windows=config.encoder_cache_windows,
+            cuda_graphs=config.cuda_graphs,
+        )
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
+        self.scheduler = Scheduler(self.block_manager, config.scheduler)
+        self.clock = clock
+        self.timer = timer
+        self._audio: dict[str, torch.Tensor] = {}  # [num audio tokens, hidden] per request
+        self._pending_audio: dict[str, np.ndarray] = {}  # samples not yet encoded
+        self._window_keys: dict[str, Sequence[bytes]] = {}  # caller-given encoder-cache keys
+        self._sampling: dict[str, SamplingParams] = {}
+        self._forced: dict[str, Sequence[int]] = {}
+        if transfer is None and config.async_decode and self.runner.device.type == "cuda":
+            transfer = TokenTransfer(self.runner.device, config.scheduler.max_num_seqs)
+        self.transfer = transfer if config.async_decode else None
+        self._in_flight: _InFlight | None = None
+        # Cumulative step counters (counted at launch) and host seconds by EngineStats field.
+        self._counts: dict[str, float] = dict.fromkeys((f.name for f in fields(EngineStats)), 0)
+
+    def build_prompt(
+        self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
+    ) -> PromptIds:
+        return build_prompt(
+            self.tokenizer,
+            num_audio_tokens,
+            prompt=prompt,
+            hotwords=hotwords,
+            config=self.prompt_config,
+        )
+
+    def add_request(
+        self,
+        request_id: str,
+        samples: np.ndarray,
+        *,
+        prompt: str | None = None,
+        hotwords: Sequence[str] = (),
+        request_class: RequestClass = RequestClass.UPLOAD,
+        max_new_tokens: int | None = None,
+        deadline_s: float | None = None,
+        sampling: SamplingParams | None = None,
+        forced_output_ids: Sequence[int] | None = None,
+        prefix_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+        retain_kv: bool = False,
+        fork_from: str | None = None,
+        num_fork_tokens: int = 0,
+        window_keys: Sequence[bytes] = (),
+    ) -> Request:
+        """Queue a request for `samples` (16 kHz mono float32 [n]); they are encoded when the
+        request is first scheduled, together with every other request of that step.
+
+        `prefix_token_ids` are forced assistant tokens appended after the prompt (DESIGN 5.3).
+        `forced_output_ids` (benchmarks): after sampling, the i-th output token is replaced by
+        forced_output_ids[i], then EOS once they run out. `ignore_eos` decodes to
+        max_new_tokens (tests, benchmarks). `retain_kv`, `fork_from`, `num_fork_tokens`: passed
+        to `Scheduler.add` (keep this request's KV after it finishes; share the first tokens' KV
+        of another request); the caller vouches that the audio embeddings at the forked
+        positions are unchanged; `request.num_cached_tokens` then counts the reused tokens.
+        `window_keys`: encoder-cache keys of the audio's first full windows
+        (`encoder_runner.window_key`), which the caller vouches for; the rest are hashed.
+        Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
+        room in the context).
+        """
+        samples = check_samples(samples)
+        built = self.build_prompt(num_audio_tokens(samples.size), prompt, hotwords)
+        ids = built.ids + list(prefix_token_ids)
+        duration_s = len(samples) / SAMPLE_RATE
+        budget = max_new_tokens or output_budget(
+            duration_s, len(ids), self.scheduler.config.max_model_len
+        )
+        request = Request(
+            request_id,
+            ids,
+            request_class=request_class,
+            max_new_tokens=budget,
+            deadline_s=deadline_s,
+            arrival_s=self.clock(),
+            audio_positions=tuple(built.audio_positions),
+            ignore_eos=ignore_eos,
+        )
+        self.scheduler.add(
+            request, retain_kv=retain_kv, fork_from=fork_from, num_fork_tokens=num_fork_tokens
+        )
+        self._pending_audio[request_id] = samples
+        if window_keys:
+            self._window_keys[request_id] = window_keys
+        self._sampling[request_id] = sampling or SamplingParams()
+        if forced_output_ids is not None:
+            self._forced[request_id] = forced_output_ids
+        return request
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request at any phase; frees its KV exactly once. Unknown ids are ignored."""
+        self.scheduler.abort(request_id)
+        self._forget(request_id)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or self._in_flight is not None
+
+    def set_incoming_uploads(self, count: int) -> None:
+        """Uploads on their way to `add_request`; the scheduler's upload hold waits for them."""
+        self.scheduler.set_incoming_uploads(count)
+
+    def is_holding(self) -> bool:
+        """True when a step now would do nothing: no step is in flight and the scheduler holds
+        new uploads for the incoming ones (Scheduler.is_holding). Reads the clock only then."""
+        if self._in_flight is not None or self.scheduler.num_incoming_uploads == 0:
+            return False  # with nothing incoming, uploads are held only while others decode
+        return self.scheduler.is_holding(self.clock())
+
+    def stats(self) -> EngineStats:
+        """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
+        return EngineStats(**self._counts)  # type: ignore[arg-type]
+
+    def step(self) -> StepOutput:
+        """Run one step. Returns new tokens and finished requests: of this step (synchronous),
+        or of the step launched by the previous call (async decode)."""
+        timer = _StepTimer(self.timer)
+        windows_before = self.encoder.num_encoded_windows
+        if self.transfer is not None:
+            batch, out = self._step_async(self.transfer, timer)
+        else:
+            batch, out = self._step_sync(timer)
+        timer.done("other")
+        self._count_time(timer, batch, self.encoder.num_encoded_windows - windows_before)
+        return out
+
+    def run_to_completion(self) -> dict[str, Request]:
+        """Step until idle (offline jobs and tests); returns the finished requests by id.
+        Raises InternalError while uploads are still incoming: the scheduler would hold the
+        waiting ones for them, and nothing here can add them."""
+        if self.scheduler.num_incoming_uploads:
+            raise InternalError("run_to_completion with uploads still incoming")
+        done: dict[str, Request] = {}
+        while self.has_work():
+            for request in self.step().finished:
+                done[request.request_id] = request
+        return done
+
+    def _step_sync(self, timer: _StepTimer) -> tuple[ScheduledBatch, StepOutput]:
+        batch = self.scheduler.schedule(self.clock())
+        timer.done("schedule")
+        if batch.is_empty:
+            return batch, StepOutput((), ())
+        self._encode_scheduled(batch)
+        timer.done("encode")
+        replays = self._graph_replays()
+        tokens = self.runner.launch(
+            batch, self._audio, self._sampling_of, forced=self._forced_ids(batch)
+        )
+        self._count_step(batch, replays)
+        timer.done("launch")
+        sampled = [] if tokens is None else tokens.token_ids.tolist()
+        timer.done("wait")
+        out = self.scheduler.postprocess(batch, sampled)
+        for request in out.finished:
+            self._forget(request.request_id)
+        return batch, out
+
+    def _step_async(
+        self, transfer: TokenTransfer, timer: _StepTimer
+    ) -> tuple[ScheduledBatch, StepOutput]:
+        previous, self._in_flight = self._in_flight, None
+        batch = self.scheduler.schedule(self.clock())
+        timer.done("schedule")
+        tokens = None
+        if not batch.is_empty:
+            self._encode_scheduled(batch)
+            timer.done("encode")
+            replays = self._graph_replays()
+            tokens = self.runner.launch(
+                batch,
+                self._audio,
+                self._sampling_of,
+                forced=self._forced_ids(batch),
+                previous=previous.tokens if previous else None,
+            )
+            self._count_step(batch, replays)
+            timer.done("launch")
+        # The GPU now has this step queued behind the previous one: read the previous one.
+        out = StepOutput((), ())
+        if previous is not None:
+            values = transfer.wait(previous.ticket)
+            timer.done("wait")
+            out = self._resolve(previous, values)
+        if tokens is not None:
+            ticket = transfer.start(tokens.token_ids)
+            pending = [PENDING_TOKEN_ID] * len(batch.sampled_requests)
+            accounted = self.scheduler.postprocess(batch, pending)
+            self._in_flight = _InFlight(batch, tokens, ticket, accounted)
+        elif not batch.is_empty:  # only non-final prefill chunks: nothing to wait for
+            self.scheduler.postprocess(batch, [])
+        return batch, out
+
+    def _resolve(self, step: _InFlight, values: Sequence[int]) -> StepOutput:
+        """Put a launched step's real ids (`values`, read from its ticket) in place of its
+        placeholders; finish on EOS."""
+        accounted = {rid for rid, _ in step.accounted.new_tokens}
+        finished_early = {r.request_id for r in step.accounted.finished}
+        eos = self.scheduler.config.eos_token_id
+        new_tokens: list[tuple[str, int]] = []
+        finished: list[Request] = []
+        for request, token_id in zip(step.batch.sampled_requests, values, strict=True):
+            rid = request.request_id
+            if rid not in accounted:
+                continue  # aborted or evicted before the step was accounted
+            if request.output_token_ids[-1] != PENDING_TOKEN_ID:
+                raise InternalError(f"{rid!r}: its last token is not the pending one")
+            request.output_token_ids[-1] = token_id
+            if request.finish_reason is FinishReason.ABORT:
+                continue  # aborted between steps: nothing more reaches the client
+            new_tokens.append((rid, token_id))
+            if token_id == eos and not request.ignore_eos:
+                if request.is_finished:  # also at its length limit: EOS wins, as in sync
+                    request.finish_reason = FinishReason.STOP
+                else:
+                    self.scheduler.finish(rid, FinishReason.STOP)
+                finished.append(request)
+            elif rid in finished_early:
+                finished.append(request)
+        for request in finished:
+            self._forget(request.request_id)
+        return StepOutput(tuple(new_tokens), tuple(finished))
+
+    def _encode_scheduled(self, batch: ScheduledBatch) -> None:
+        """Encode, in one batched encoder call, the audio of every request this step prefills
+        for the first time (DESIGN 4: windows are batched across requests)."""
+        ids = [c.request.request_id for c in batch.prefills]
+        todo = [rid for rid in dict.fromkeys(ids) if rid in self._pending_audio]
+        if not todo:
+            return
+        embeds = self.encoder.encode(
+            [self._pending_audio[rid] for rid in todo],
+            window_keys=[self._window_keys.pop(rid, ()) for rid in todo],
+        )
+        for rid, e in zip(todo, embeds, strict=True):
+            del self._pending_audio[rid]
+            self._audio[rid] = e
+
+    def _graph_replays(self) -> tuple[int, int]:
+        """(decode graph, piecewise graph) replays so far: host ints, no device sync."""
+        graphs, piecewise = self.runner.graphs, self.runner.piecewise
+        return (
+            0 if graphs is None else graphs.num_replays,
+            0 if piecewise is None else piecewise.num_replays,
+        )
+
+    def _count_step(self, batch: ScheduledBatch, replays_before: tuple[int, int]) -> None:
+        """Count one launched step; `replays_before`: `_graph_replays()` before its launch."""
+        decode_replays, piecewise_replays = self._graph_replays()
+        decode_graph = decode_replays != replays_before[0]
+        counts = self._counts
+        counts["num_decode_tokens"] += len(batch.decodes)
+        if batch.prefills:
+            counts["num_prefill_tokens"] += sum(c.num_tokens for c in batch.prefills)
+            graphed = decode_graph or piecewise_replays != replays_before[1]
+            counts["num_prefill_graph_steps" if graphed else "num_prefill_eager_steps"] += 1
+        elif decode_graph:
+            counts["num_decode_graph_steps"] += 1
+        else:
+            counts["num_decode_eager_steps"] += 1
+            if self.runner.graphs is not None:
+                counts["num_decode_graph_fallbacks"] += 1
+
+    def _count_time(self, timer: _StepTimer, batch: ScheduledBatch, num_windows: int) -> None:
+        """Add a step's host seconds by part; count and log it when it is slow (module doc)."""
+        counts = self._counts
+        for part, seconds in timer.seconds.items():
+            counts[f"{part}_s"] += seconds
+        if timer.total_s < ENGINE_SLOW_STEP_S:
+            return
+        counts["num_slow_steps"] += 1
+        parts = ", ".join(f"{p} {1e3 * s:.1f} ms" for p, s in timer.seconds.items())
+        log.warning(  # with async decode, `wait` belongs to the previous step (module doc)
+            "slow engine step: %.2f s (%s); %d prefill chunks of %d tokens, %d audio windows "
+            "encoded, %d decode rows",
+            timer.total_s,
+            parts,
+            len(batch.prefills),
+            sum(c.num_tokens for c in batch.prefills),
+            num_windows,
+            len(batch.decodes),
+        )
+
+    def _sampling_of(self, request: Request) -> SamplingParams:
+        return self._sampling.get(request.request_id, SamplingParams())
+
+    def _forced_ids(self, batch: ScheduledBatch) -> list[int | None]:
+        """Per sampled row: the forced output id (then EOS once they run out), else None."""
+        if not self._forced:
+            return []
+        out: list[int | None] = []
+        for request in batch.sampled_requests:
+            forced = self._forced.get(request.request_id)
+            k = request.num_output_tokens
+            out.append(None if forced is None else forced[k] if k < len(forced) else EOS)
+        return out
+
+    def _forget(self, request_id: str) -> None:
+        self._pending_audio.pop(request_id, None)
+        self._window_keys.pop(request_id, None)
+        self._audio.pop(request_id, None)
+        self._sampling.pop(request_id, None)
+        self._forced.pop(request_id, None)

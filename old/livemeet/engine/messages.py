@@ -1,0 +1,170 @@
+"""Typed messages that cross the gateway <-> engine process boundary (pickled over queues).
+
+Commands go to the engine worker; `SessionEvent`s and status messages (`WorkerReady`,
+`WorkerFailed`, `EngineStats`, `SharedAudioConsumed`) come back. Names follow DESIGN.md
+section 3. Audio crosses as float32 numpy arrays at 16 kHz: inside `AppendAudio`, or, for an
+array of at least SHARED_AUDIO_MIN_BYTES sent to a worker process, in a shared-memory block that
+`AppendSharedAudio` names (livemeet/engine/shared_audio.py: who owns the block when).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from livemeet.transcriber import BackendInfo, Event, Samples, SessionOptions
+
+
+@dataclass(frozen=True)
+class OpenSession:
+    session_id: str
+    options: SessionOptions
+
+
+@dataclass(frozen=True)
+class AppendAudio:
+    session_id: str
+    samples: Samples  # [n] float32, 16 kHz mono
+
+
+@dataclass(frozen=True)
+class AppendSharedAudio:
+    """`AppendAudio` whose samples wait in shared-memory block `block_name`; the worker copies
+    them out and answers `SharedAudioConsumed`, and the gateway unlinks the block."""
+
+    session_id: str
+    block_name: str  # POSIX shared-memory object name (a file in /dev/shm)
+    num_samples: int  # samples at the start of the block (16 kHz mono)
+    dtype: str  # numpy dtype string of the samples ("<f4")
+
+
+@dataclass(frozen=True)
+class FinalizeSession:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class EndSession:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class AbortSession:
+    session_id: str
+
+
+@dataclass(frozen=True)
+class IncomingUploads:
+    """How many uploads the gateway has accepted and not yet handed to the engine (receiving
+    the body, probing, waiting for or in a decode slot, opening their session); the
+    scheduler's upload hold waits for them.
+    Sent when the count changes, and always ahead of any later command, so an upload's
+    `EndSession` finds a count that no longer includes it."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Stop the worker after freeing every session."""
+
+
+Command = (
+    OpenSession
+    | AppendAudio
+    | AppendSharedAudio
+    | FinalizeSession
+    | EndSession
+    | AbortSession
+    | IncomingUploads
+    | Shutdown
+)
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    """The backend loaded; the worker accepts sessions."""
+
+    info: BackendInfo
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """The worker could not start or crashed; `code`/`message` as in livemeet.errors."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class SharedAudioConsumed:
+    """The worker copied block `block_name` out (whether or not its session then took the
+    samples); the gateway may unlink it."""
+
+    block_name: str
+
+
+@dataclass(frozen=True)
+class SessionEvent:
+    session_id: str
+    event: Event
+
+
+STEP_PARTS = ("schedule", "encode", "launch", "wait", "other")  # EngineStats.host_s parts
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Cumulative step counters and host seconds of the engine since its worker started (a
+    restart resets them).
+
+    A step is one forward over a non-empty scheduled batch. It is a prefill step when it holds
+    at least one prefill chunk (decode rows may ride along: a mixed step), else a decode step.
+    A decode step is a graph step when it replayed the decode graphs (`GraphRunner`); one that
+    could not is eager and a fallback when decode graphs exist, even if it then ran on the
+    piecewise graphs. A prefill step is a graph step when it replayed the piecewise graphs
+    (`PiecewiseRunner`), or the decode graphs (every row of the step had one query token).
+    Host seconds inside `Engine.step`, by part (STEP_PARTS): `schedule` (Scheduler.schedule),
+    `encode` (the audio of requests prefilled for the first time), `launch` (building and
+    enqueueing the forward and sampling; the JIT, allocator and library set-up a new shape may
+    need happen here), `wait` (for sampled ids on the host: the device time the host could not
+    overlap; with async decode, the previous step's), `other` (postprocess, bookkeeping).
+    They sum to the time spent stepping, so time outside them is the worker's own (commands,
+    events) or idle. A step of at least ENGINE_SLOW_STEP_S counts in `num_slow_steps` and is
+    logged with its parts and shape.
+    The worker posts these at most every ENGINE_STATS_INTERVAL_S while it steps, and once when
+    it goes idle.
+    """
+
+    num_decode_graph_steps: int = 0  # steps; decode-only steps replayed on the decode graphs
+    num_decode_eager_steps: int = 0  # steps; decode-only steps run without them
+    num_prefill_graph_steps: int = 0  # steps; steps with a prefill replayed on CUDA graphs
+    num_prefill_eager_steps: int = 0  # steps; steps with a prefill run eagerly
+    num_decode_graph_fallbacks: int = 0  # steps; decode eager steps although decode graphs exist
+    num_prefill_tokens: int = 0  # tokens; computed by prefill chunks (cache hits excluded)
+    num_decode_tokens: int = 0  # tokens; decode rows computed (one new token each)
+    num_slow_steps: int = 0  # steps; steps that took at least ENGINE_SLOW_STEP_S
+    schedule_s: float = 0.0  # s; host time by part (see above)
+    encode_s: float = 0.0
+    launch_s: float = 0.0
+    wait_s: float = 0.0
+    other_s: float = 0.0
+
+    @property
+    def num_decode_steps(self) -> int:
+        return self.num_decode_graph_steps + self.num_decode_eager_steps
+
+    @property
+    def num_prefill_steps(self) -> int:
+        return self.num_prefill_graph_steps + self.num_prefill_eager_steps
+
+    @property
+    def num_steps(self) -> int:
+        return self.num_decode_steps + self.num_prefill_steps
+
+    @property
+    def host_s(self) -> dict[str, float]:
+        """Host seconds by part, in STEP_PARTS order."""
+        return {part: getattr(self, f"{part}_s") for part in STEP_PARTS}
+
+
+WorkerMessage = WorkerReady | WorkerFailed | SessionEvent | EngineStats | SharedAudioConsumed

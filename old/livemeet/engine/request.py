@@ -1,0 +1,136 @@
+"""One decoder request as the scheduler and block manager see it (no torch, no I/O).
+
+A request is a prompt of token ids (audio positions hold the `<|audio_pad|>` placeholder whose
+embedding the model runner splices in, MODEL.md section 2) plus the tokens sampled so far.
+Every token of `all_token_ids` needs KV; `num_computed_tokens` of them have it. A step computes
+tokens [num_computed_tokens, num_computed_tokens + n); when that reaches `num_tokens`, the last
+logit is sampled and the new token appended. After a preemption the KV is gone and the whole
+sequence (prompt and outputs) is recomputed by chunked prefill.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from enum import Enum
+
+from livemeet.errors import InvalidRequest
+from livemeet.transcript.segments import FinishReason
+
+
+class Status(Enum):
+    """Where a request is in its life."""
+
+    WAITING = "waiting"  # added, not admitted yet (may hold forked prefix blocks)
+    RUNNING = "running"  # admitted: holds blocks for every token it must compute
+    PREEMPTED = "preempted"  # evicted under memory pressure; waits to be recomputed
+    FINISHED = "finished"  # done or aborted; `finish_reason` says which
+
+
+class RequestClass(Enum):
+    """Scheduling class: live hops outrank uploads (DESIGN.md section 4)."""
+
+    LIVE = "live"
+    UPLOAD = "upload"
+
+
+@dataclass(eq=False)
+class Request:
+    """A prompt to prefill and a completion to decode.
+
+    `prompt_token_ids`: [num_prompt_tokens] token ids. `audio_positions`: sorted positions in the
+    prompt whose embeddings are audio (spliced in by the model runner). `deadline_s`: absolute
+    time on the scheduler's clock by which a live hop should finish (None: no deadline).
+    `arrival_s`: time on the same clock when it was submitted (orders uploads).
+    `block_table`: KV block ids, owned and mutated by the BlockManager only; block i holds the
+    KV of tokens [i * block_size, (i + 1) * block_size).
+
+    Raises InvalidRequest for an empty prompt, a non-positive `max_new_tokens`, or audio
+    positions that are unsorted, duplicated or outside the prompt.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    request_class: RequestClass = RequestClass.UPLOAD
+    max_new_tokens: int = 5120
+    deadline_s: float | None = None
+    arrival_s: float = 0.0
+    audio_positions: tuple[int, ...] = ()
+    ignore_eos: bool = False  # benchmarks (--forced-output) decode to max_new_tokens
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: FinishReason | None = None
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = 0  # of those, tokens reused from another request (fork)
+    num_preemptions: int = 0
+    block_table: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise InvalidRequest(f"request {self.request_id!r}: empty prompt")
+        if self.max_new_tokens < 1:
+            raise InvalidRequest(
+                f"request {self.request_id!r}: max_new_tokens must be >= 1, "
+                f"not {self.max_new_tokens}"
+            )
+        pos = self.audio_positions
+        if pos and (
+            pos[0] < 0
+            or pos[-1] >= len(self.prompt_token_ids)
+            or any(b <= a for a, b in zip(pos, pos[1:], strict=False))
+        ):
+            raise InvalidRequest(
+                f"request {self.request_id!r}: audio positions must be strictly increasing "
+                f"and inside the {len(self.prompt_token_ids)}-token prompt"
+            )
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus sampled tokens."""
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    @property
+    def is_decoding(self) -> bool:
+        """True when the only token without KV is the last sampled one (a decode row)."""
+        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Token ids [start, end) of prompt + outputs."""
+        assert 0 <= start <= end <= self.num_tokens
+        p = self.num_prompt_tokens
+        if end <= p:
+            return self.prompt_token_ids[start:end]
+        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def audio_positions_in(self, start: int, end: int) -> tuple[int, ...]:
+        """Audio positions p with start <= p < end (the ones a prefill chunk must splice)."""
+        lo = bisect.bisect_left(self.audio_positions, start)
+        hi = bisect.bisect_left(self.audio_positions, end)
+        return self.audio_positions[lo:hi]
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)

@@ -1,0 +1,598 @@
+"""The engine's step scheduler: plain Python, no torch, no I/O; time comes in as `now_s`.
+
+Each `schedule(now_s)` builds one step (a `ScheduledBatch`): prefill chunks and decode rows,
+in priority order, until the step's estimated time (`StepCostModel`) reaches
+`step_budget_s`, the token limit or the row limit. Policy (DESIGN.md section 4):
+- Priority: live hops before uploads; live hops earliest deadline first; uploads first come
+  first served (arrival time, then the order of `add`).
+- Uploads keep a minimum share: while an upload can run, live work may spend at most
+  (1 - upload_min_share) of the step's time budget and of its token limit; uploads get the
+  rest.
+- Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
+  and to what the remaining budget pays for, which shrinks chunks late in long prompts
+  (attention cost grows with tokens x context).
+- Admission by KV availability: a request is admitted when blocks for its whole sequence can
+  be allocated; the first admission that cannot be met stops admissions for the step.
+- Upload batching: a step with a prefill cannot replay a decode CUDA graph and runs eagerly
+  (~15-20 ms of launches on an H200 host against ~1.5 ms for a graph step), so new uploads
+  are held to be prefilled together, until the oldest has waited `upload_batch_wait_s`, while
+  (`upload_hold`, livemeet.config.UploadHold):
+  - ARRIVALS: decodes are running and fewer uploads wait than decode;
+  - PIPELINE (default): that (the clients of running requests soon send more: in a closed
+    loop it pays, tests/engine/test_upload_hold_sim.py), or uploads are still on their way to
+    the engine (`set_incoming_uploads`: being received or decoded by the gateway, or not yet
+    added by the backend), running decodes or not, so a wave of uploads that reaches the
+    engine spread over the gateway's decode slots is prefilled in one step rather than as
+    its first arrivals come.
+  A preempted upload (it already waited) and live hops are never held, nor are uploads whose
+  prompts already fill a step's token limit (no more could join their step); a step that
+  prefills anyway (a live hop, a running chunk) takes held uploads at once. `is_holding`
+  says when held uploads are all there is, so the caller can wait instead of stepping.
+- Preemption by recompute: to admit or grow a request, evict in this order: retained caches
+  (least recently finished first), then lower-priority requests from the lowest up, so every
+  upload goes before any live hop. An evicted request loses its KV and is recomputed later.
+- A step always contains its first item even over budget, so everything progresses.
+- Abort at any point frees the request's blocks exactly once; results of a step that was in
+  flight during an abort are ignored for that request.
+Deterministic: the same calls with the same arguments give the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from livemeet.audio.constants import (
+    CHUNKED_PREFILL_SIZE,
+    EOS_TOKEN_ID,
+    KV_BLOCK_SIZE,
+    MAX_CONTEXT_TOKENS,
+    UPLOAD_BATCH_WAIT_S,
+)
+from livemeet.config import UploadHold, parse_upload_hold
+from livemeet.engine.block_manager import BlockCopy, BlockManager
+from livemeet.engine.cost_model import StepCostModel
+from livemeet.engine.request import Request, RequestClass, Status
+from livemeet.errors import ConfigError, InternalError, InvalidRequest, TooLong
+from livemeet.transcript.segments import FinishReason
+
+
+class SchedulerError(InternalError):
+    """The scheduler was driven wrongly (e.g. sampled tokens that do not match the batch)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduling limits. Raises ConfigError on construction when a value is out of range."""
+
+    chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest chunk per request/step
+    max_num_batched_tokens: int = 8_192  # tokens per step (prefill chunks + decode rows)
+    max_num_seqs: int = 128  # rows per step (decode CUDA graphs go up to 128)
+    step_budget_s: float = 0.050  # s of estimated GPU time per step (one flush window)
+    upload_min_share: float = 0.25  # fraction of the budget kept for uploads when they can run
+    # s a new upload may wait to be prefilled together with later arrivals (module docstring:
+    # upload batching); 0 admits every upload at once
+    upload_batch_wait_s: float = UPLOAD_BATCH_WAIT_S
+    upload_hold: UploadHold = UploadHold.PIPELINE  # what a held upload waits for
+    min_prefill_chunk: int = KV_BLOCK_SIZE  # tokens; smaller non-final chunks are not worth it
+    max_model_len: int = MAX_CONTEXT_TOKENS  # tokens; prompt + output limit (FinishReason.LENGTH)
+    eos_token_id: int = EOS_TOKEN_ID
+
+    def __post_init__(self) -> None:
+        if self.chunked_prefill_size < 1 or self.min_prefill_chunk < 1:
+            raise ConfigError("chunked_prefill_size and min_prefill_chunk must be >= 1")
+        if self.max_num_batched_tokens < self.chunked_prefill_size:
+            raise ConfigError("max_num_batched_tokens must be >= chunked_prefill_size")
+        if self.max_num_seqs < 1 or self.max_model_len < 2:
+            raise ConfigError("max_num_seqs must be >= 1 and max_model_len >= 2")
+        if not (math.isfinite(self.step_budget_s) and self.step_budget_s > 0):
+            raise ConfigError(f"step_budget_s must be > 0, not {self.step_budget_s}")
+        if not (math.isfinite(self.upload_batch_wait_s) and self.upload_batch_wait_s >= 0):
+            raise ConfigError(f"upload_batch_wait_s must be >= 0, not {self.upload_batch_wait_s}")
+        if not 0 <= self.upload_min_share < 1:
+            raise ConfigError(f"upload_min_share must be in [0, 1), not {self.upload_min_share}")
+        parse_upload_hold(self.upload_hold)
+
+
+class PrefillChunk(NamedTuple):
+    """Compute KV for tokens [start, start + num_tokens) of `request`; when `samples` is true
+    the chunk reaches the end of the sequence and its last logit is sampled."""
+
+    request: Request
+    start: int
+    num_tokens: int
+    samples: bool
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    """One engine step. The model runner must first perform `block_copies` (copy-on-write),
+    then run `prefills` and `decodes` (decode row r feeds `last_token_id` at position
+    `num_tokens - 1`), then return one sampled token per `sampled_requests` entry, in order."""
+
+    now_s: float
+    prefills: tuple[PrefillChunk, ...] = ()
+    decodes: tuple[Request, ...] = ()
+    preempted_ids: tuple[str, ...] = ()
+    block_copies: tuple[BlockCopy, ...] = ()
+    estimated_cost_s: float = 0.0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    @property
+    def num_tokens(self) -> int:
+        """Query tokens in the step."""
+        return sum(c.num_tokens for c in self.prefills) + len(self.decodes)
+
+    @property
+    def sampled_requests(self) -> tuple[Request, ...]:
+        """Requests that get a token: sampling prefill chunks in order, then the decodes."""
+        return tuple(c.request for c in self.prefills if c.samples) + self.decodes
+
+
+class StepOutput(NamedTuple):
+    """What `postprocess` did: tokens appended (request id, token id) and finished requests."""
+
+    new_tokens: tuple[tuple[str, int], ...]
+    finished: tuple[Request, ...]
+
+
+@dataclass
+class _StepBuilder:
+    usable_s: float  # budget left after the fixed per-step cost
+    live_cap_s: float
+    tokens_left: int
+    live_tokens_cap: int
+    rows_left: int
+    live_tokens: int = 0
+    live_spent_s: float = 0.0
+    upload_spent_s: float = 0.0
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    admission_blocked: bool = False
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+    def budget_left_s(self, request_class: RequestClass) -> float:
+        if request_class is RequestClass.LIVE:
+            return self.live_cap_s - self.live_spent_s
+        return self.usable_s - self.live_spent_s - self.upload_spent_s
+
+    def tokens_left_for(self, request_class: RequestClass) -> int:
+        if request_class is RequestClass.LIVE:
+            return min(self.tokens_left, self.live_tokens_cap - self.live_tokens)
+        return self.tokens_left
+
+    def charge(self, request_class: RequestClass, cost_s: float, num_tokens: int) -> None:
+        if request_class is RequestClass.LIVE:
+            self.live_spent_s += cost_s
+            self.live_tokens += num_tokens
+        else:
+            self.upload_spent_s += cost_s
+        self.tokens_left -= num_tokens
+        self.rows_left -= 1
+
+
+class Scheduler:
+    """Waiting/running queues over one BlockManager. See the module docstring for the policy.
+
+    Life of a request: `add` -> (admitted) RUNNING -> prefill chunks -> decode rows ->
+    FINISHED through `postprocess` (EOS: STOP; max_new_tokens or max_model_len: LENGTH;
+    KV pool too small for the sequence: LENGTH) or `abort` (ABORT). A request with
+    `retain_kv=True` keeps its KV after finishing (a retained cache, evictable under pressure)
+    until `release`, `abort`, or a later `add(..., fork_from=its id)` takes it over.
+    """
+
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        config: SchedulerConfig | None = None,
+        cost_model: StepCostModel | None = None,
+    ) -> None:
+        self.block_manager = block_manager
+        self.config = config or SchedulerConfig()
+        self.cost_model = cost_model or StepCostModel()
+        self._requests: dict[str, Request] = {}  # unfinished, in order of add
+        self._retained: dict[str, Request] = {}  # finished with KV kept, least recent first
+        self._retain: set[str] = set()
+        self._order: dict[str, int] = {}
+        self._next_order = 0
+        self._num_incoming_uploads = 0  # on their way to `add` (set_incoming_uploads)
+
+    # -- queues ----------------------------------------------------------------------------
+
+    @property
+    def waiting(self) -> list[Request]:
+        """Unadmitted requests (WAITING or PREEMPTED), highest priority first."""
+        return [r for r in self._by_priority() if r.status is not Status.RUNNING]
+
+    @property
+    def running(self) -> list[Request]:
+        """Admitted requests, highest priority first."""
+        return [r for r in self._by_priority() if r.status is Status.RUNNING]
+
+    @property
+    def retained(self) -> list[Request]:
+        """Finished requests whose KV is kept, least recently finished first."""
+        return list(self._retained.values())
+
+    def get(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id) or self._retained.get(request_id)
+
+    def live_requests(self) -> list[Request]:
+        """Every request that may hold KV blocks (for `BlockManager.audit`)."""
+        return list(self._requests.values()) + list(self._retained.values())
+
+    def has_work(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_incoming_uploads(self) -> int:
+        """Uploads on their way to `add`, as last told by `set_incoming_uploads`."""
+        return self._num_incoming_uploads
+
+    def is_holding(self, now_s: float) -> bool:
+        """True when every unfinished request is a new upload held for company: `schedule(now_s)`
+        would be empty, and only an `add`, `set_incoming_uploads` or time changes that."""
+        return all(
+            r.status is Status.WAITING and r.request_class is RequestClass.UPLOAD
+            for r in self._requests.values()
+        ) and self._hold_uploads(now_s)
+
+    # -- commands --------------------------------------------------------------------------
+
+    def add(
+        self,
+        request: Request,
+        *,
+        retain_kv: bool = False,
+        fork_from: str | None = None,
+        num_fork_tokens: int = 0,
+    ) -> int:
+        """Queue `request`; returns how many of its tokens reuse KV (0 without a fork).
+
+        `fork_from`: a running or retained request whose first `num_fork_tokens` tokens'
+        KV `request` shares (clamped to what the source has computed and to all but the last
+        token of `request`, which must be recomputed to sample). A retained source is
+        released afterwards. An unknown or evicted source just means no reuse.
+        Raises InvalidRequest (duplicate id, a request that is not fresh), TooLong (the
+        prompt does not fit the context or the whole KV pool) and BlockManagerError (the
+        forked token ids differ).
+        """
+        rid = request.request_id
+        if rid in self._requests or rid in self._retained:
+            raise InvalidRequest(f"request id {rid!r} is already queued")
+        if (
+            request.status is not Status.WAITING
+            or request.block_table
+            or (request.num_computed_tokens or request.output_token_ids)
+        ):
+            raise InvalidRequest(f"request {rid!r} is not fresh (status {request.status.value})")
+        if request.num_tokens >= self.config.max_model_len:
+            raise TooLong(
+                f"prompt of {request.num_tokens} tokens leaves no room in the "
+                f"{self.config.max_model_len}-token context"
+            )
+        bm = self.block_manager
+        if bm.num_blocks_for(request.num_tokens + 1) > bm.num_blocks:
+            raise TooLong(
+                f"prompt of {request.num_tokens} tokens needs more KV than the whole pool "
+                f"({bm.num_blocks} blocks of {bm.block_size})"
+            )
+        reused = self._fork(request, fork_from, num_fork_tokens)
+        self._requests[rid] = request
+        self._order[rid] = self._next_order
+        self._next_order += 1
+        if retain_kv:
+            self._retain.add(rid)
+        return reused
+
+    def abort(self, request_id: str) -> Request | None:
+        """Stop a request at any phase and free its KV exactly once; also drops a retained
+        cache. Returns the request, or None when the id is unknown (already finished)."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            self._finish(request, FinishReason.ABORT)
+            return request
+        if request_id in self._retained:
+            return self.release(request_id)
+        return None
+
+    def finish(self, request_id: str, reason: FinishReason) -> Request | None:
+        """Finish an unfinished request now with `reason`, freeing (or retaining) its KV as
+        `postprocess` would; for callers that learn of a stop token late (async decode).
+        Returns the request, or None when the id is not unfinished."""
+        request = self._requests.get(request_id)
+        if request is not None:
+            self._finish(request, reason)
+        return request
+
+    def release(self, request_id: str) -> Request | None:
+        """Free a retained cache; returns it, or None when it is not retained."""
+        request = self._retained.pop(request_id, None)
+        if request is not None:
+            self.block_manager.free(request)
+        return request
+
+    def set_incoming_uploads(self, count: int) -> None:
+        """How many uploads are on their way to `add` (accepted upstream, not added yet); the
+        PIPELINE upload hold waits for them. Raises SchedulerError for a negative count."""
+        if count < 0:
+            raise SchedulerError(f"incoming upload count must be >= 0, not {count}")
+        self._num_incoming_uploads = count
+
+    def preempt(self, request_id: str) -> bool:
+        """Evict an unfinished request's KV now (it will be recomputed); False if it holds
+        none or is unknown."""
+        request = self._requests.get(request_id)
+        if request is None or not request.block_table:
+            return False
+        self._preempt(request)
+        return True
+
+    # -- one step --------------------------------------------------------------------------
+
+    def schedule(self, now_s: float) -> ScheduledBatch:
+        """Build the next step at time `now_s` (seconds on the engine's clock)."""
+        cfg, cost = self.config, self.cost_model
+        usable = max(0.0, cfg.step_budget_s - cost.fixed_s)
+        hold_uploads = self._hold_uploads(now_s)
+        # held uploads do not reserve a share: live work may use the whole step meanwhile
+        can_run = self._upload_can_run(include_waiting=not hold_uploads)
+        share = cfg.upload_min_share if can_run else 0.0
+        step = _StepBuilder(
+            usable_s=usable,
+            live_cap_s=usable * (1 - share),
+            tokens_left=cfg.max_num_batched_tokens,
+            live_tokens_cap=int(cfg.max_num_batched_tokens * (1 - share)),
+            rows_left=cfg.max_num_seqs,
+        )
+        for request in self._by_priority():
+            if step.rows_left == 0 or step.tokens_left == 0:
+                break
+            if request.is_finished or request.request_id in step.preempted:
+                continue  # finished for lack of KV, or evicted earlier in this step
+            if request.status is Status.RUNNING and request.is_decoding:
+                self._try_decode(request, step)
+            elif request.status is Status.RUNNING:
+                self._try_prefill(request, step)
+            elif (
+                hold_uploads and request.request_class is RequestClass.UPLOAD and not step.prefills
+            ):
+                continue  # held; a step that prefills anyway (eager) would take it
+            elif not step.admission_blocked:
+                self._try_admit(request, step)
+        spent = step.live_spent_s + step.upload_spent_s
+        return ScheduledBatch(
+            now_s=now_s,
+            prefills=tuple(step.prefills),
+            decodes=tuple(step.decodes),
+            preempted_ids=tuple(step.preempted),
+            block_copies=tuple(self.block_manager.take_copies()),
+            estimated_cost_s=0.0 if step.is_empty else cost.fixed_s + spent,
+        )
+
+    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Sequence[int]) -> StepOutput:
+        """Account a finished step: advance computed tokens, append sampled tokens, finish.
+
+        `sampled_token_ids[i]` belongs to `batch.sampled_requests[i]`. Requests aborted or
+        evicted while the step was in flight are skipped. Raises SchedulerError when the
+        count of sampled tokens does not match the batch.
+        """
+        sampled = batch.sampled_requests
+        if len(sampled_token_ids) != len(sampled):
+            raise SchedulerError(
+                f"{len(sampled_token_ids)} sampled tokens for {len(sampled)} sampling rows"
+            )
+        intact: set[str] = set()
+        for chunk in batch.prefills:
+            if self._still_owns(chunk.request, chunk.start):
+                chunk.request.num_computed_tokens += chunk.num_tokens
+                intact.add(chunk.request.request_id)
+        for request in batch.decodes:
+            if self._still_owns(request, request.num_tokens - 1):
+                request.num_computed_tokens += 1
+                intact.add(request.request_id)
+        new_tokens: list[tuple[str, int]] = []
+        finished: list[Request] = []
+        for request, token_id in zip(sampled, sampled_token_ids, strict=True):
+            if request.request_id not in intact:
+                continue
+            request.append_token(token_id)
+            new_tokens.append((request.request_id, token_id))
+            reason = self._finish_reason(request, token_id)
+            if reason is not None:
+                self._finish(request, reason)
+                finished.append(request)
+        return StepOutput(tuple(new_tokens), tuple(finished))
+
+    # -- scheduling one request ------------------------------------------------------------
+
+    def _try_decode(self, request: Request, step: _StepBuilder) -> None:
+        bm = self.block_manager
+        if bm.num_blocks_for(request.num_tokens) > bm.num_blocks:
+            self._finish(request, FinishReason.LENGTH)  # the pool cannot hold one more token
+            return
+        cost_s = self.cost_model.decode_cost_s(request.num_tokens)
+        cls = request.request_class
+        if not step.is_empty and (
+            cost_s > step.budget_left_s(cls) or step.tokens_left_for(cls) < 1
+        ):
+            return
+        if not self._make_room(request, request.num_tokens, step):
+            return
+        bm.append_slot(request)
+        step.decodes.append(request)
+        step.charge(request.request_class, cost_s, 1)
+
+    def _try_prefill(self, request: Request, step: _StepBuilder) -> None:
+        num_tokens = self._chunk_size(request, step)
+        if num_tokens == 0:
+            return
+        start = request.num_computed_tokens
+        assert len(request.block_table) >= self.block_manager.num_blocks_for(start + num_tokens)
+        samples = start + num_tokens == request.num_tokens
+        step.prefills.append(PrefillChunk(request, start, num_tokens, samples))
+        cost_s = self.cost_model.prefill_cost_s(start, num_tokens)
+        step.charge(request.request_class, cost_s, num_tokens)
+
+    def _try_admit(self, request: Request, step: _StepBuilder) -> None:
+        if self._chunk_size(request, step) == 0:
+            return  # no budget to start it; do not take its memory yet
+        if not self._make_room(request, request.num_tokens, step):
+            step.admission_blocked = True
+            return
+        self.block_manager.allocate(request)
+        request.status = Status.RUNNING
+        self._try_prefill(request, step)
+
+    def _chunk_size(self, request: Request, step: _StepBuilder) -> int:
+        cfg = self.config
+        start = request.num_computed_tokens
+        remaining = request.num_tokens - start
+        limit = min(
+            remaining, cfg.chunked_prefill_size, step.tokens_left_for(request.request_class)
+        )
+        budget_s = step.budget_left_s(request.request_class)
+        n = self.cost_model.max_prefill_tokens(start, budget_s, limit)
+        if n < remaining and n < cfg.min_prefill_chunk:
+            n = min(limit, cfg.min_prefill_chunk) if step.is_empty else 0
+        return n
+
+    # -- memory pressure -------------------------------------------------------------------
+
+    def _make_room(self, request: Request, num_tokens: int, step: _StepBuilder) -> bool:
+        """Evict retained caches, then lower-priority requests (lowest first), until
+        `request` can hold `num_tokens` tokens. Evicts nothing when that cannot succeed."""
+        bm = self.block_manager
+        if bm.blocks_needed(request, num_tokens) <= bm.num_free_blocks:
+            return True
+        victims = self._victims(request)
+        freeable = bm.num_free_blocks + sum(bm.num_exclusive_blocks(v) for v in victims)
+        if freeable < bm.blocks_needed(request, num_tokens):
+            return False
+        # what is freed here is for `request`: admitting others later in this step would
+        # only be evicted again by the requests just preempted
+        step.admission_blocked = True
+        for victim in victims:
+            if victim.is_finished:
+                self.release(victim.request_id)
+            else:
+                self._preempt(victim)
+                step.preempted.append(victim.request_id)
+            if bm.blocks_needed(request, num_tokens) <= bm.num_free_blocks:
+                return True
+        return False
+
+    def _victims(self, request: Request) -> list[Request]:
+        key = self._priority_key(request)
+        lower = [
+            r
+            for r in self._requests.values()
+            if r.block_table and r is not request and self._priority_key(r) > key
+        ]
+        lower.sort(key=self._priority_key, reverse=True)
+        return list(self._retained.values()) + lower
+
+    def _preempt(self, request: Request) -> None:
+        assert not request.is_finished
+        self.block_manager.free(request)
+        request.status = Status.PREEMPTED
+        request.num_preemptions += 1
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _fork(self, request: Request, fork_from: str | None, num_fork_tokens: int) -> int:
+        if fork_from is None or num_fork_tokens <= 0:
+            return 0
+        source = self._requests.get(fork_from) or self._retained.get(fork_from)
+        if source is None or not source.block_table:
+            return 0
+        n = min(num_fork_tokens, source.num_computed_tokens, request.num_tokens - 1)
+        if n <= 0:
+            return 0
+        self.block_manager.fork(source, request, n)
+        if fork_from in self._retained:
+            self.release(fork_from)
+        return n
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        rid = request.request_id
+        request.status = Status.FINISHED
+        request.finish_reason = reason
+        del self._requests[rid]
+        self._order.pop(rid, None)
+        keep = rid in self._retain and reason is not FinishReason.ABORT and request.block_table
+        self._retain.discard(rid)
+        if keep:
+            self._retained[rid] = request
+        else:
+            self.block_manager.free(request)
+
+    def _finish_reason(self, request: Request, token_id: int) -> FinishReason | None:
+        if not request.ignore_eos and token_id == self.config.eos_token_id:
+            return FinishReason.STOP
+        if request.num_output_tokens >= request.max_new_tokens:
+            return FinishReason.LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _still_owns(self, request: Request, start: int) -> bool:
+        """True if the step's results still apply: same request object, not finished or
+        evicted since, and its computed tokens are where the step started."""
+        return (
+            self._requests.get(request.request_id) is request
+            and request.status is Status.RUNNING
+            and request.num_computed_tokens == start
+        )
+
+    def _hold_uploads(self, now_s: float) -> bool:
+        """Whether waiting uploads stay out of this step (module docstring: upload batching):
+        some wait, none has waited `upload_batch_wait_s` or was preempted (it already waited),
+        their prompts do not fill a step's token limit already (no more could join that step),
+        and fewer wait than decode or (PIPELINE) more are on their way."""
+        wait_s = self.config.upload_batch_wait_s
+        if wait_s <= 0:
+            return False
+        num_waiting = num_decoding = waiting_tokens = 0
+        for r in self._requests.values():
+            if r.status is Status.RUNNING:
+                num_decoding += r.is_decoding
+            elif r.request_class is RequestClass.UPLOAD:
+                if r.status is Status.PREEMPTED or now_s - r.arrival_s >= wait_s:
+                    return False
+                num_waiting += 1
+                waiting_tokens += r.num_prompt_tokens
+        if num_waiting == 0 or waiting_tokens >= self.config.max_num_batched_tokens:
+            return False
+        if num_waiting < num_decoding:
+            return True
+        return self.config.upload_hold == UploadHold.PIPELINE and self._num_incoming_uploads > 0
+
+    def _upload_can_run(self, *, include_waiting: bool = True) -> bool:
+        bm = self.block_manager
+        return any(
+            r.request_class is RequestClass.UPLOAD
+            and (
+                r.status is Status.RUNNING
+                or ((include_waiting or r.status is Status.PREEMPTED) and bm.can_allocate(r))
+            )
+            for r in self._requests.values()
+        )
+
+    def _priority_key(self, request: Request) -> tuple[int, float, float, int]:
+        if request.request_class is RequestClass.LIVE:
+            deadline = math.inf if request.deadline_s is None else request.deadline_s
+            return (0, deadline, request.arrival_s, self._order.get(request.request_id, -1))
+        return (1, 0.0, request.arrival_s, self._order.get(request.request_id, -1))
+
+    def _by_priority(self) -> list[Request]:
+        return sorted(self._requests.values(), key=self._priority_key)

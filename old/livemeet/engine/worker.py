@@ -1,0 +1,241 @@
+"""The engine worker: the loop that owns a `BackendCore` (DESIGN.md section 2).
+
+`run_worker` runs in the engine child process (or, in tests, a thread). It loads the backend,
+posts `WorkerReady` (or `WorkerFailed` with a livemeet.errors code), then loops: drain the
+inbox (blocking briefly only while the core has no work), apply each command to the core, run
+`core.step()` while it has work, and post every event as a `SessionEvent`. `IncomingUploads`
+goes to `core.set_incoming_uploads` in its place among the commands, so the core sees the
+gateway's count exactly as it was when each later session command was sent.
+
+Stats: the core's cumulative `EngineStats` (None for backends without a step engine: nothing is
+posted) go out at most every ENGINE_STATS_INTERVAL_S while the worker steps, and once each time
+it goes idle (and once at start), so the gateway's copy is at most one interval stale under
+load and exact when idle. The per-step cost is one clock read and a comparison.
+
+Audio: `AppendSharedAudio` names a shared-memory block; the worker copies the samples out before
+applying the command and then posts `SharedAudioConsumed`, whatever the command's fate, so the
+gateway can unlink the block (livemeet/engine/shared_audio.py).
+
+Failures: a command that fails for one session (unknown id, audio after end, ...) becomes an
+`Error` event for that session only, and the session is freed. An exception from `step()`
+cannot be attributed to a session, so the worker posts `WorkerFailed` and exits; the gateway
+then fails every open session with `engine_unavailable`. Every session is freed exactly once:
+by its terminal event, by an abort, or at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+import queue
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from livemeet.audio.constants import (
+    ENGINE_IDLE_POLL_S,
+    ENGINE_POLL_S,
+    ENGINE_STATS_INTERVAL_S,
+    GIL_SWITCH_INTERVAL_S,
+)
+from livemeet.backends.base import BackendCore
+from livemeet.config import ModelConfig
+from livemeet.engine.messages import (
+    AbortSession,
+    AppendAudio,
+    AppendSharedAudio,
+    Command,
+    EndSession,
+    FinalizeSession,
+    IncomingUploads,
+    OpenSession,
+    SessionEvent,
+    SharedAudioConsumed,
+    Shutdown,
+    WorkerFailed,
+    WorkerReady,
+)
+from livemeet.engine.shared_audio import read_shared_audio
+from livemeet.errors import LivemeetError
+from livemeet.transcriber import TERMINAL_EVENTS, Error, Samples
+
+log = logging.getLogger(__name__)
+
+MAX_COMMANDS_PER_DRAIN = 256  # commands applied between two steps, so steps keep running
+
+
+class Inbox(Protocol):
+    def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
+
+
+class Outbox(Protocol):
+    def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None: ...
+
+
+def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
+    """Serve `config`'s backend until `Shutdown` (or until the parent process dies).
+
+    `inbox` yields `Command`s; `outbox` receives `WorkerMessage`s. Never raises.
+    """
+    if multiprocessing.parent_process() is not None:  # our own process: the setting is ours
+        # the loop hands every event to the queue's feeder thread (GIL_SWITCH_INTERVAL_S)
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    try:
+        from livemeet.backends import create_backend
+
+        core = create_backend(config)
+        core.load()
+    except LivemeetError as exc:
+        outbox.put(WorkerFailed(exc.code, exc.message))
+        return
+    except Exception as exc:
+        log.exception("backend failed to load")
+        outbox.put(WorkerFailed("internal_error", f"backend failed to load: {exc!r}"))
+        return
+    outbox.put(WorkerReady(core.info))
+    worker = Worker(core, outbox)
+    try:
+        worker.serve(inbox)
+    except Exception as exc:
+        log.exception("engine worker crashed")
+        outbox.put(WorkerFailed("internal_error", f"engine worker crashed: {exc!r}"))
+    finally:
+        worker.free_all()
+        core.close()
+
+
+class Worker:
+    """Applies commands to `core`, steps it, and posts events and stats (module docstring);
+    tracks open sessions. `clock`: monotonic seconds; `stats_interval_s`: s between two stats
+    posts while stepping."""
+
+    def __init__(
+        self,
+        core: BackendCore,
+        outbox: Outbox,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        stats_interval_s: float = ENGINE_STATS_INTERVAL_S,
+    ) -> None:
+        self.core = core
+        self.outbox = outbox
+        self.clock = clock
+        self.stats_interval_s = stats_interval_s
+        self.open_sessions: set[str] = set()
+        self._stats_due_s = -math.inf  # clock time from which a stepping worker posts stats
+        self._stats_stale = True  # the core may have counted something since the last post
+
+    def serve(self, inbox: Inbox) -> None:
+        """Loop until `Shutdown` or the parent process is gone. Exceptions from `step()`
+        propagate (the caller reports the crash)."""
+        parent = multiprocessing.parent_process()
+        while True:
+            idle = not self.core.has_work()
+            if idle and self._stats_stale:
+                self.post_stats(self.clock())  # exact: the totals hold until the next step
+            # while uploads are held, poll often: the hold's wait may run out between commands
+            poll_s = ENGINE_IDLE_POLL_S if idle and self.core.is_holding() else ENGINE_POLL_S
+            commands = drain(inbox, block=idle, timeout_s=poll_s)
+            for cmd in commands:
+                if isinstance(cmd, Shutdown):
+                    return
+                self.apply(cmd)
+            if self.core.has_work():
+                self.step()
+                self._stats_stale = True
+                now_s = self.clock()
+                if now_s >= self._stats_due_s:
+                    self.post_stats(now_s)
+            elif not commands and parent is not None and not parent.is_alive():
+                log.warning("gateway process is gone; engine worker exits")
+                return
+
+    def apply(self, cmd: Command) -> None:
+        """Apply one command; a session command's failure becomes that session's `Error`
+        event (a failing `IncomingUploads` is the core's bug: it propagates)."""
+        if isinstance(cmd, IncomingUploads):
+            self.core.set_incoming_uploads(cmd.count)
+            return
+        sid = getattr(cmd, "session_id", "")
+        try:
+            if isinstance(cmd, OpenSession):
+                self.core.open(sid, cmd.options)
+                self.open_sessions.add(sid)
+            elif isinstance(cmd, AppendAudio):
+                self.core.append(sid, cmd.samples)
+            elif isinstance(cmd, AppendSharedAudio):
+                self.core.append(sid, self._read_shared(cmd))
+            elif isinstance(cmd, FinalizeSession):
+                self.core.finalize(sid)
+            elif isinstance(cmd, EndSession):
+                self.core.end(sid)
+            elif isinstance(cmd, AbortSession):
+                if sid in self.open_sessions:
+                    self.open_sessions.discard(sid)
+                    self.core.abort(sid)
+            else:
+                raise TypeError(f"unknown command {cmd!r}")
+        except LivemeetError as exc:
+            self._fail(sid, Error(exc.code, exc.message, exc.retryable))
+        except KeyError as exc:
+            self._fail(sid, Error("not_found", f"unknown session {exc}"))
+        except Exception as exc:
+            log.exception("command %s failed", type(cmd).__name__)
+            self._fail(sid, Error("internal_error", f"{type(cmd).__name__} failed: {exc!r}"))
+
+    def step(self) -> None:
+        for sid, event in self.core.step():
+            if sid not in self.open_sessions:
+                continue  # already failed or aborted; nothing more may reach the client
+            self.outbox.put(SessionEvent(sid, event))
+            if isinstance(event, TERMINAL_EVENTS):
+                self.open_sessions.discard(sid)  # the core forgets it with its terminal event
+
+    def post_stats(self, now_s: float) -> None:
+        """Post the core's `EngineStats` (when it has any); the next post is due
+        `stats_interval_s` after `now_s` (clock seconds)."""
+        self._stats_stale = False
+        self._stats_due_s = now_s + self.stats_interval_s
+        stats = self.core.stats()
+        if stats is not None:
+            self.outbox.put(stats)
+
+    def free_all(self) -> None:
+        """Abort every open session (shutdown or crash); each exactly once."""
+        while self.open_sessions:
+            sid = self.open_sessions.pop()
+            try:
+                self.core.abort(sid)
+            except Exception:
+                log.exception("abort of session %s failed during shutdown", sid)
+
+    def _read_shared(self, cmd: AppendSharedAudio) -> Samples:
+        """The block's samples; the gateway hears it may unlink the block on every path."""
+        try:
+            return read_shared_audio(cmd.block_name, cmd.num_samples, cmd.dtype)
+        finally:
+            self.outbox.put(SharedAudioConsumed(cmd.block_name))
+
+    def _fail(self, sid: str, error: Error) -> None:
+        if sid in self.open_sessions:
+            self.open_sessions.discard(sid)
+            try:
+                self.core.abort(sid)
+            except Exception:
+                log.exception("abort of failed session %s failed", sid)
+        self.outbox.put(SessionEvent(sid, error))
+
+
+def drain(inbox: Inbox, *, block: bool, timeout_s: float = ENGINE_POLL_S) -> list[Command]:
+    """Up to MAX_COMMANDS_PER_DRAIN commands; waits up to `timeout_s` for the first if
+    `block`."""
+    out: list[Command] = []
+    try:
+        out.append(inbox.get(block=block, timeout=timeout_s if block else None))
+        while len(out) < MAX_COMMANDS_PER_DRAIN:
+            out.append(inbox.get(block=False))
+    except queue.Empty:
+        pass
+    return out

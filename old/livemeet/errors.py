@@ -1,0 +1,175 @@
+"""The error classes of livemeet and the one table that maps each to an HTTP status and a
+WebSocket close code.
+
+Every error that reaches a client is a `LivemeetError`. The gateway renders it as an
+OpenAI-shaped JSON body (`{"error": {"message", "type", "code"}}`) with `http_status`, or, on a
+WebSocket, as an `{"type": "error", "code", "message", "retryable"}` frame followed by a close
+with `close_code`. Close codes 4000-4999 are reserved for applications by RFC 6455 section 7.4.2;
+ours mirror the HTTP status where that status is used by one class only.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class LivemeetError(Exception):
+    """Base class: a typed, client-visible failure.
+
+    Subclasses fix `code` (a stable machine-readable string), `http_status`, `close_code`
+    and whether retrying the same request later may succeed (`retryable`). `param`, when
+    known, names the request parameter at fault (the `param` of OpenAI's error body).
+    """
+
+    code: ClassVar[str] = "internal_error"
+    http_status: ClassVar[int] = 500
+    close_code: ClassVar[int] = 4500
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def to_dict(self) -> dict[str, object]:
+        """The WebSocket `error` event body (without its `type` field)."""
+        return {"code": self.code, "message": self.message, "retryable": self.retryable}
+
+
+class InternalError(LivemeetError):
+    """A bug or an unexpected failure inside livemeet."""
+
+
+class ConfigError(LivemeetError):
+    """Invalid configuration or checkpoint; raised at start-up or when loading a model."""
+
+    code = "config_error"
+    http_status = 500
+    close_code = 4501
+
+
+class InvalidRequest(LivemeetError):
+    """A malformed request: missing field, bad parameter value, bad JSON."""
+
+    code = "invalid_request"
+    http_status = 400
+    close_code = 4400
+
+
+class BadAudio(LivemeetError):
+    """Audio that cannot be decoded or used: not audio, truncated, empty, bad sample rate."""
+
+    code = "bad_audio"
+    http_status = 400
+    close_code = 4415
+
+
+class ProtocolError(LivemeetError):
+    """A live-protocol violation: message out of order, unknown type, odd PCM byte count."""
+
+    code = "protocol_error"
+    http_status = 400
+    close_code = 4402
+
+
+class Unauthorized(LivemeetError):
+    """Missing or wrong API key or resume token."""
+
+    code = "unauthorized"
+    http_status = 401
+    close_code = 4401
+
+
+class NotFound(LivemeetError):
+    """An unknown transcription, session or model."""
+
+    code = "not_found"
+    http_status = 404
+    close_code = 4404
+
+
+class MethodNotAllowed(LivemeetError):
+    """An HTTP method the route does not serve (the response carries `Allow`)."""
+
+    code = "method_not_allowed"
+    http_status = 405
+    close_code = 4405
+
+
+class ClientTimeout(LivemeetError):
+    """The client sent nothing (not even a keepalive) for too long."""
+
+    code = "client_timeout"
+    http_status = 408
+    close_code = 4408
+
+
+class RequestRejected(LivemeetError):
+    """A well-formed request that livemeet refuses by policy."""
+
+    code = "request_rejected"
+    http_status = 400
+    close_code = 4403
+
+
+class PayloadTooLarge(RequestRejected):
+    """An upload body over the configured byte limit."""
+
+    code = "payload_too_large"
+    http_status = 413
+    close_code = 4413
+
+
+class TooLong(RequestRejected):
+    """Audio longer than `MAX_AUDIO_S` (or the configured limit)."""
+
+    code = "audio_too_long"
+    http_status = 413
+    close_code = 4414
+
+
+class QueueFull(RequestRejected):
+    """The server is at capacity; retry later."""
+
+    code = "queue_full"
+    http_status = 429
+    close_code = 4429
+    retryable = True
+
+
+class EngineUnavailable(LivemeetError):
+    """The engine is not ready, has failed, or the server is draining."""
+
+    code = "engine_unavailable"
+    http_status = 503
+    close_code = 4503
+    retryable = True
+
+
+ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
+    InternalError,
+    ConfigError,
+    InvalidRequest,
+    BadAudio,
+    ProtocolError,
+    Unauthorized,
+    NotFound,
+    MethodNotAllowed,
+    ClientTimeout,
+    RequestRejected,
+    PayloadTooLarge,
+    TooLong,
+    QueueFull,
+    EngineUnavailable,
+)
+
+
+def error_for_code(code: str, message: str) -> LivemeetError:
+    """Rebuild a typed error from its `code` (e.g. after crossing the engine process boundary).
+
+    Unknown codes become `InternalError`.
+    """
+    for cls in ERROR_CLASSES:
+        if cls.code == code:
+            return cls(message)
+    return InternalError(message)

@@ -1,0 +1,204 @@
+"""`livemeet eval`: score a hypothesis transcript against a reference.
+
+    livemeet eval --ref REF --hyp HYP [--uem UEM] [--collar 0.25] [--skip-overlap]
+                  [--metric cer|wer|cpcer|cpwer|delta|der|orccer|orcwer|all]
+                  [--normalize default|none] [--json]
+
+Formats are detected from the extension or the content (see livemeet.eval.io). `all` computes
+the text metrics when both files carry text and DER always. Exit status: 0 on success, 2 on
+bad input (the message names the file and line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from livemeet.audio.constants import DER_COLLAR_S
+from livemeet.errors import InvalidRequest, LivemeetError
+from livemeet.eval.io import has_text, load_segments, load_turns, load_uem
+from livemeet.eval.text import DEFAULT_NORMALIZATION, NO_NORMALIZATION, TokenUnit
+
+if TYPE_CHECKING:
+    from livemeet.eval.cp import CpResult
+    from livemeet.eval.der import DerResult
+    from livemeet.eval.wer import ErrorCounts, ErrorRateResult
+
+METRICS = ("cer", "wer", "cpcer", "cpwer", "delta", "der")  # what "all" computes
+EXTRA_METRICS = ("orccer", "orcwer")  # exponential in hypothesis speakers: on request only
+NORMALIZATIONS = {"default": DEFAULT_NORMALIZATION, "none": NO_NORMALIZATION}
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One scored metric: its value, a one-line breakdown, and its JSON form."""
+
+    name: str
+    value: float
+    breakdown: str
+    details: dict[str, object]
+
+
+def _json_float(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _counts_dict(counts: ErrorCounts) -> dict[str, object]:
+    return {
+        "rate": _json_float(counts.rate),
+        "errors": counts.errors,
+        "substitutions": counts.substitutions,
+        "deletions": counts.deletions,
+        "insertions": counts.insertions,
+        "ref_length": counts.ref_length,
+        "hyp_length": counts.hyp_length,
+    }
+
+
+def _counts_text(counts: ErrorCounts) -> str:
+    return (
+        f"S={counts.substitutions} D={counts.deletions} I={counts.insertions} N={counts.ref_length}"
+    )
+
+
+def _rate_row(name: str, result: ErrorRateResult) -> MetricRow:
+    details = _counts_dict(result.counts)
+    details["sessions"] = {s.session: _counts_dict(s.counts) for s in result.sessions}
+    return MetricRow(name, result.rate, _counts_text(result.counts), details)
+
+
+def _cp_row(name: str, result: CpResult) -> MetricRow:
+    details = _counts_dict(result.counts)
+    details["sessions"] = {
+        s.session: {**_counts_dict(s.counts), "assignment": s.assignment} for s in result.sessions
+    }
+    prefix = len(result.sessions) > 1
+    mapping = " ".join(
+        f"{s.session + ':' if prefix else ''}{r}->{h}"
+        for s in result.sessions
+        for r, h in sorted(s.assignment.items())
+    )
+    return MetricRow(name, result.rate, f"{_counts_text(result.counts)}  {mapping}", details)
+
+
+def _der_row(result: DerResult, collar_s: float, skip_overlap: bool) -> MetricRow:
+    c = result.components
+    details: dict[str, object] = {
+        "total_s": c.total_s,
+        "missed_s": c.missed_s,
+        "false_alarm_s": c.false_alarm_s,
+        "confusion_s": c.confusion_s,
+        "collar_s": collar_s,
+        "skip_overlap": skip_overlap,
+        "mapping": {s.session: dict(s.mapping) for s in result.sessions},
+    }
+    breakdown = (
+        f"miss={c.missed_s:.3f}s fa={c.false_alarm_s:.3f}s conf={c.confusion_s:.3f}s "
+        f"total={c.total_s:.3f}s"
+    )
+    return MetricRow("der", c.der, breakdown, details)
+
+
+def compute(args: argparse.Namespace) -> list[MetricRow]:
+    """The rows `args.metric` asks for. Raises LivemeetError for bad input."""
+    # Scoring needs scipy and rapidfuzz: imported here, not when the CLI is registered.
+    from livemeet.eval.cp import cp_error_rate, delta_error_rate, orc_error_rate
+    from livemeet.eval.der import diarization_error_rate
+    from livemeet.eval.wer import error_rate
+
+    ref_path, hyp_path = Path(args.ref), Path(args.hyp)
+    wanted = METRICS if args.metric == "all" else (args.metric,)
+    if args.metric == "all" and not (has_text(ref_path) and has_text(hyp_path)):
+        wanted = ("der",)
+    options = NORMALIZATIONS[args.normalize]
+    rows: list[MetricRow] = []
+    if set(wanted) & {"cer", "wer", "cpcer", "cpwer", "delta", *EXTRA_METRICS}:
+        ref, hyp = load_segments(ref_path), load_segments(hyp_path)
+        mixed, word = TokenUnit.MIXED, TokenUnit.WORD
+        if "cer" in wanted:
+            rows.append(_rate_row("cer", error_rate(ref, hyp, mixed, options)))
+        if "wer" in wanted:
+            rows.append(_rate_row("wer", error_rate(ref, hyp, word, options)))
+        if "cpcer" in wanted:
+            rows.append(_cp_row("cpcer", cp_error_rate(ref, hyp, mixed, options)))
+        if "cpwer" in wanted:
+            rows.append(_cp_row("cpwer", cp_error_rate(ref, hyp, word, options)))
+        if "delta" in wanted:
+            delta = delta_error_rate(ref, hyp, mixed, options)
+            text = f"cpCER={delta.cp.rate:.6f} - CER={delta.agnostic.rate:.6f}"
+            rows.append(MetricRow("delta_cer", delta.delta, text, {}))
+        for name in set(wanted) & set(EXTRA_METRICS):
+            unit = mixed if name == "orccer" else word
+            orc = orc_error_rate(ref, hyp, unit, options)
+            text = f"errors={orc.errors} N={orc.ref_length}"
+            rows.append(MetricRow(name, orc.rate, text, {"errors": orc.errors}))
+    if "der" in wanted:
+        uem = load_uem(Path(args.uem)) if args.uem else None
+        result = diarization_error_rate(
+            load_turns(ref_path), load_turns(hyp_path), uem, args.collar, args.skip_overlap
+        )
+        rows.append(_der_row(result, args.collar, args.skip_overlap))
+    return rows
+
+
+def format_table(rows: list[MetricRow]) -> str:
+    """A plain-text table: metric, value (6 decimals), breakdown."""
+    lines = [f"{'metric':<10} {'value':>10}  breakdown"]
+    lines += [f"{r.name:<10} {r.value:>10.6f}  {r.breakdown}" for r in rows]
+    return "\n".join(lines)
+
+
+def format_json(rows: list[MetricRow]) -> str:
+    """`{metric: {"value": ..., **details}}` as indented JSON (non-finite values as null)."""
+    body = {r.name: {"value": _json_float(r.value), **r.details} for r in rows}
+    return json.dumps(body, indent=2, ensure_ascii=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `eval` subcommand: print the table (or JSON); 2 with a message on bad input."""
+    try:
+        if args.collar < 0:
+            raise InvalidRequest(f"--collar must be >= 0 s, got {args.collar}")
+        rows = compute(args)
+    except LivemeetError as exc:
+        print(f"livemeet eval: error: {exc.message}", file=sys.stderr)
+        return 2
+    print(format_json(rows) if args.json else format_table(rows))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `eval` subcommand to the `livemeet` parser."""
+    parser = subparsers.add_parser(
+        "eval",
+        help="score a transcript: CER/WER, cpCER/cpWER, delta CER, DER",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--ref", required=True, help="reference (STM, RTTM, CTM, SegLST, JSON)")
+    parser.add_argument("--hyp", required=True, help="hypothesis (same formats)")
+    parser.add_argument("--uem", help="UEM file: DER scores only the time inside it")
+    parser.add_argument(
+        "--collar",
+        type=float,
+        default=DER_COLLAR_S,
+        help="DER collar in seconds PER SIDE of each reference boundary (md-eval -c; "
+        "pyannote's collar is twice this)",
+    )
+    parser.add_argument(
+        "--skip-overlap", action="store_true", help="DER: do not score reference overlap"
+    )
+    parser.add_argument("--metric", choices=(*METRICS, *EXTRA_METRICS, "all"), default="all")
+    parser.add_argument(
+        "--normalize",
+        choices=tuple(NORMALIZATIONS),
+        default="default",
+        help="default: NFKC, case fold, punctuation removed; none: text as written (meeteval)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(func=run)

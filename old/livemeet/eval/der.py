@@ -1,0 +1,200 @@
+"""Speaker-timestamp diarization error rate (DER), as NIST md-eval and pyannote.metrics define it.
+
+DER = (missed + false alarm + confusion) / total, all in seconds of speaker time over the scored
+region (NIST RT-09 evaluation plan). Per elementary interval of duration d with N_ref reference
+and N_hyp hypothesis speakers active, and N_correct mapped pairs active on both sides:
+total += d * N_ref; missed += d * max(0, N_ref - N_hyp); false alarm += d * max(0, N_hyp - N_ref);
+confusion += d * (min(N_ref, N_hyp) - N_correct).
+
+Scored region, per session:
+- the UEM regions of the session; without a UEM, [first start, last end] over both sides
+  (pyannote.metrics' approximation when no UEM is given);
+- minus a collar of `collar_s` on EACH side of every reference turn start and end (md-eval
+  `-c 0.25` = pyannote `collar=0.5`, which is the total width); the boundaries are those of the
+  turns as written, before a speaker's touching turns are merged; zero-length turns get none;
+- minus, with `skip_overlap`, the time where two or more reference speakers talk (pyannote
+  `skip_overlap=True`).
+The speaker mapping is the one-to-one reference-to-hypothesis mapping that maximises the
+overlap time inside the scored region (Hungarian algorithm), as pyannote.metrics computes it.
+A speaker's overlapping turns count once (its turns are merged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from livemeet.audio.constants import DER_COLLAR_S
+from livemeet.errors import InvalidRequest
+from livemeet.eval.io import SpeakerTurn, UemRegion
+from livemeet.eval.wer import group_by_session, pair_sessions
+
+
+@dataclass(frozen=True)
+class DerComponents:
+    """Seconds of speaker time: scored reference total and the three error kinds."""
+
+    total_s: float = 0.0
+    missed_s: float = 0.0
+    false_alarm_s: float = 0.0
+    confusion_s: float = 0.0
+
+    @property
+    def error_s(self) -> float:
+        return self.missed_s + self.false_alarm_s + self.confusion_s
+
+    @property
+    def der(self) -> float:
+        """error_s / total_s; 0.0 when nothing is scored and nothing is wrong, else inf."""
+        if self.total_s == 0.0:
+            return 0.0 if self.error_s == 0.0 else float("inf")
+        return self.error_s / self.total_s
+
+    def __add__(self, other: DerComponents) -> DerComponents:
+        return DerComponents(
+            self.total_s + other.total_s,
+            self.missed_s + other.missed_s,
+            self.false_alarm_s + other.false_alarm_s,
+            self.confusion_s + other.confusion_s,
+        )
+
+
+@dataclass(frozen=True)
+class DerSession:
+    """DER components of one session and its speaker mapping (ref -> hyp, overlap > 0 only)."""
+
+    session: str
+    components: DerComponents
+    mapping: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class DerResult:
+    """DER: components summed over sessions, and per session."""
+
+    components: DerComponents
+    sessions: tuple[DerSession, ...]
+
+    @property
+    def der(self) -> float:
+        return self.components.der
+
+
+Intervals = np.ndarray  # [n, 2] float64 seconds, sorted by start, disjoint after `_merge`
+
+
+def _merge(pairs: Iterable[tuple[float, float]]) -> Intervals:
+    """The union of intervals as sorted disjoint [start, end] rows (empty ones dropped)."""
+    merged: list[list[float]] = []
+    for start, end in sorted(pairs):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return np.asarray(merged, dtype=np.float64).reshape(-1, 2)
+
+
+def _inside(intervals: Intervals, points: np.ndarray) -> np.ndarray:
+    """[len(points)] bool: whether each point lies strictly inside one of the intervals."""
+    index = np.searchsorted(intervals[:, 0], points, side="right") - 1
+    safe = np.clip(index, 0, None)
+    return (index >= 0) & (points < intervals[safe, 1]) if len(intervals) else points < -np.inf
+
+
+def _activity(turns: list[SpeakerTurn]) -> dict[str, Intervals]:
+    by_speaker: dict[str, list[tuple[float, float]]] = {}
+    for turn in turns:
+        by_speaker.setdefault(turn.speaker, []).append((turn.start_s, turn.end_s))
+    return {spk: _merge(pairs) for spk, pairs in sorted(by_speaker.items())}
+
+
+def _session_der(
+    session: str,
+    ref: list[SpeakerTurn],
+    hyp: list[SpeakerTurn],
+    region: Intervals,
+    collar_s: float,
+    skip_overlap: bool,
+) -> DerSession:
+    ref_act, hyp_act = _activity(ref), _activity(hyp)
+    # a zero-length turn carries no speech and gets no collar (pyannote drops empty segments)
+    spoken = [turn for turn in ref if turn.end_s > turn.start_s]
+    ref_bounds = [t for turn in spoken for t in (turn.start_s, turn.end_s)]
+    collars = _merge((t - collar_s, t + collar_s) for t in ref_bounds) if collar_s > 0 else None
+    edges = [region.ravel()] + [a.ravel() for a in (*ref_act.values(), *hyp_act.values())]
+    if collars is not None:
+        edges.append(collars.ravel())
+    cuts = np.unique(np.concatenate(edges))  # [K + 1] elementary interval boundaries
+    mids = (cuts[:-1] + cuts[1:]) / 2  # [K]
+    weight = np.diff(cuts) * _inside(region, mids)  # [K] scored seconds
+    if collars is not None:
+        weight *= ~_inside(collars, mids)
+    ref_on = np.array([_inside(a, mids) for a in ref_act.values()]).reshape(-1, len(mids))
+    hyp_on = np.array([_inside(a, mids) for a in hyp_act.values()]).reshape(-1, len(mids))
+    n_ref, n_hyp = ref_on.sum(axis=0), hyp_on.sum(axis=0)  # [K] each
+    if skip_overlap:
+        weight *= n_ref < 2
+    overlap = (ref_on * weight) @ hyp_on.T.astype(np.float64)  # [n_ref_spk, n_hyp_spk] seconds
+    rows, cols = linear_sum_assignment(overlap, maximize=True)
+    n_correct = np.zeros(len(mids))
+    ref_names, hyp_names = list(ref_act), list(hyp_act)
+    mapping = []
+    for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
+        if overlap[i, j] > 0:
+            mapping.append((ref_names[i], hyp_names[j]))
+            n_correct += ref_on[i] & hyp_on[j]
+    components = DerComponents(
+        total_s=float(weight @ n_ref),
+        missed_s=float(weight @ np.maximum(0, n_ref - n_hyp)),
+        false_alarm_s=float(weight @ np.maximum(0, n_hyp - n_ref)),
+        confusion_s=float(weight @ (np.minimum(n_ref, n_hyp) - n_correct)),
+    )
+    return DerSession(session, components, tuple(mapping))
+
+
+def _regions(
+    session: str,
+    ref: list[SpeakerTurn],
+    hyp: list[SpeakerTurn],
+    uem: dict[str, list[UemRegion]] | None,
+) -> Intervals:
+    if uem is None:
+        turns = ref + hyp
+        return _merge([(min(t.start_s for t in turns), max(t.end_s for t in turns))])
+    if session not in uem:
+        if ref:
+            raise InvalidRequest(f"session {session!r} of the reference has no UEM region")
+        return _merge([])
+    return _merge((r.start_s, r.end_s) for r in uem[session])
+
+
+def diarization_error_rate(
+    ref: Iterable[SpeakerTurn],
+    hyp: Iterable[SpeakerTurn],
+    uem: Iterable[UemRegion] | None = None,
+    collar_s: float = DER_COLLAR_S,
+    skip_overlap: bool = False,
+) -> DerResult:
+    """DER of hypothesis turns against reference turns (see the module docstring).
+
+    `collar_s` is per side (seconds, >= 0). With a UEM, time outside it is not scored and a
+    hypothesis session it does not list is ignored. Raises InvalidRequest for a negative collar
+    or a reference session missing from the UEM.
+    """
+    if collar_s < 0:
+        raise InvalidRequest(f"collar must be >= 0 s, got {collar_s}")
+    uem_by_session = None if uem is None else group_by_session(uem)
+    sessions = []
+    total = DerComponents()
+    paired = pair_sessions(group_by_session(ref), group_by_session(hyp))
+    for session, ref_turns, hyp_turns in paired:
+        region = _regions(session, ref_turns, hyp_turns, uem_by_session)
+        result = _session_der(session, ref_turns, hyp_turns, region, collar_s, skip_overlap)
+        sessions.append(result)
+        total = total + result.components
+    return DerResult(total, tuple(sessions))

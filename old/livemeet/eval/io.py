@@ -1,0 +1,300 @@
+"""Readers for the reference and hypothesis formats that `livemeet eval` scores.
+
+Formats (one record per line unless noted; times in seconds):
+
+- STM (NIST sclite): `session channel speaker start end [<label>] text...`; `;;` starts a comment.
+- RTTM (NIST md-eval): `SPEAKER session channel start duration <NA> <NA> speaker <NA> <NA>`;
+  lines of other types (SPKR-INFO, LEXEME...) are skipped.
+- UEM (NIST md-eval): `session channel start end`.
+- CTM (NIST sclite): `session channel start duration word [confidence]`; one word a line and no
+  speaker, so the whole file is one speaker stream (as meeteval reads it).
+- SegLST (meeteval, JSON): a list of `{session_id, speaker, start_time, end_time, words}`.
+- livemeet transcript JSON (verbose_json / diarized_json): `{"segments": [{start, end, speaker,
+  text}, ...]}`; it names no session, so its records get `session=DEFAULT_SESSION`.
+
+Channels are read and dropped: sessions are keyed by id alone (md-eval silently ignores a UEM
+whose channel does not match; we do not). Malformed input raises `InvalidRequest` naming
+`file:line`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from livemeet.errors import InvalidRequest
+
+DEFAULT_SESSION = "default"  # session id of records read from a format that names none
+CTM_SPEAKER = "ctm"  # speaker label of records read from a CTM (which has no speaker field)
+
+
+@dataclass(frozen=True)
+class TextSegment:
+    """One timed, speaker-labelled stretch of text (`start_s <= end_s`, seconds)."""
+
+    session: str
+    speaker: str
+    start_s: float
+    end_s: float
+    text: str
+
+
+@dataclass(frozen=True)
+class SpeakerTurn:
+    """One stretch of time in which `speaker` talks (`start_s <= end_s`, seconds)."""
+
+    session: str
+    speaker: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class UemRegion:
+    """One scored region of a session (`start_s <= end_s`, seconds)."""
+
+    session: str
+    start_s: float
+    end_s: float
+
+
+def _lines(text: str) -> Iterator[tuple[int, list[str]]]:
+    """(1-based line number, whitespace fields) of each non-blank, non-comment line."""
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith(";;"):
+            yield lineno, stripped.split()
+
+
+def _number(value: object, where: str, name: str) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidRequest(f"{where}: {name} is not a number: {value!r}") from None
+    if not math.isfinite(number):
+        raise InvalidRequest(f"{where}: {name} is not finite: {value!r}")
+    return number
+
+
+def _interval(start: object, end: object, where: str) -> tuple[float, float]:
+    start_s = _number(start, where, "start time")
+    end_s = _number(end, where, "end time")
+    if start_s < 0 or end_s < start_s:
+        raise InvalidRequest(f"{where}: bad interval {start_s}..{end_s} (need 0 <= start <= end)")
+    return start_s, end_s
+
+
+def parse_stm(text: str, source: str = "<stm>") -> tuple[TextSegment, ...]:
+    """STM lines -> segments in file order. The optional `<...>` label field is skipped."""
+    out = []
+    for lineno, fields in _lines(text):
+        where = f"{source}:{lineno}"
+        if len(fields) < 5:
+            raise InvalidRequest(f"{where}: STM needs 'session channel speaker start end text'")
+        start_s, end_s = _interval(fields[3], fields[4], where)
+        words = fields[5:]
+        if words and words[0].startswith("<") and words[0].endswith(">"):
+            words = words[1:]
+        out.append(TextSegment(fields[0], fields[2], start_s, end_s, " ".join(words)))
+    return tuple(out)
+
+
+def parse_rttm(text: str, source: str = "<rttm>") -> tuple[SpeakerTurn, ...]:
+    """RTTM `SPEAKER` lines -> turns in file order (end = start + duration)."""
+    out = []
+    for lineno, fields in _lines(text):
+        where = f"{source}:{lineno}"
+        if fields[0] != "SPEAKER":
+            continue
+        if len(fields) < 8:
+            raise InvalidRequest(f"{where}: RTTM SPEAKER line needs at least 8 fields")
+        start_s = _number(fields[3], where, "start time")
+        duration_s = _number(fields[4], where, "duration")
+        start_s, end_s = _interval(start_s, start_s + duration_s, where)
+        out.append(SpeakerTurn(fields[1], fields[7], start_s, end_s))
+    return tuple(out)
+
+
+def parse_uem(text: str, source: str = "<uem>") -> tuple[UemRegion, ...]:
+    """UEM lines -> scored regions in file order."""
+    out = []
+    for lineno, fields in _lines(text):
+        where = f"{source}:{lineno}"
+        if len(fields) != 4:
+            raise InvalidRequest(f"{where}: UEM needs 'session channel start end'")
+        start_s, end_s = _interval(fields[2], fields[3], where)
+        out.append(UemRegion(fields[0], start_s, end_s))
+    return tuple(out)
+
+
+def parse_ctm(text: str, source: str = "<ctm>") -> tuple[TextSegment, ...]:
+    """CTM lines -> one single-word segment per line, speaker `CTM_SPEAKER`."""
+    out = []
+    for lineno, fields in _lines(text):
+        where = f"{source}:{lineno}"
+        if len(fields) not in (5, 6):
+            raise InvalidRequest(f"{where}: CTM needs 'session channel start duration word [conf]'")
+        start_s = _number(fields[2], where, "start time")
+        duration_s = _number(fields[3], where, "duration")
+        start_s, end_s = _interval(start_s, start_s + duration_s, where)
+        out.append(TextSegment(fields[0], CTM_SPEAKER, start_s, end_s, fields[4]))
+    return tuple(out)
+
+
+def _load_json(text: str, source: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{source}:{exc.lineno}: bad JSON: {exc.msg}") from None
+
+
+def _field(record: object, keys: tuple[str, ...], where: str) -> object:
+    if not isinstance(record, dict):
+        raise InvalidRequest(f"{where}: expected an object, got {type(record).__name__}")
+    for key in keys:
+        if key in record:
+            return record[key]
+    raise InvalidRequest(f"{where}: missing field {keys[0]!r}")
+
+
+def parse_seglst(text: str, source: str = "<seglst>") -> tuple[TextSegment, ...]:
+    """SegLST JSON -> segments in list order. `where` in errors is `file:#index`."""
+    data = _load_json(text, source)
+    if not isinstance(data, list):
+        raise InvalidRequest(f"{source}: SegLST must be a JSON list")
+    out = []
+    for index, record in enumerate(data):
+        where = f"{source}:#{index}"
+        start_s, end_s = _interval(
+            _field(record, ("start_time",), where), _field(record, ("end_time",), where), where
+        )
+        words = _field(record, ("words",), where)
+        if isinstance(words, list):
+            words = " ".join(str(w) for w in words)
+        out.append(
+            TextSegment(
+                str(_field(record, ("session_id",), where)),
+                str(_field(record, ("speaker",), where)),
+                start_s,
+                end_s,
+                str(words),
+            )
+        )
+    return tuple(out)
+
+
+def parse_transcript_json(text: str, source: str = "<json>") -> tuple[TextSegment, ...]:
+    """livemeet verbose_json/diarized_json -> segments, all in session `DEFAULT_SESSION`.
+
+    Accepts `start`/`end` or `start_s`/`end_s`. A segment without `speaker` gets speaker "".
+    """
+    data = _load_json(text, source)
+    if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
+        raise InvalidRequest(f"{source}: transcript JSON needs a 'segments' list")
+    out = []
+    for index, record in enumerate(data["segments"]):
+        where = f"{source}:segments[{index}]"
+        start_s, end_s = _interval(
+            _field(record, ("start", "start_s"), where),
+            _field(record, ("end", "end_s"), where),
+            where,
+        )
+        speaker = record.get("speaker") or ""
+        text_value = _field(record, ("text",), where)
+        out.append(TextSegment(DEFAULT_SESSION, str(speaker), start_s, end_s, str(text_value)))
+    return tuple(out)
+
+
+def turns_from_segments(segments: tuple[TextSegment, ...]) -> tuple[SpeakerTurn, ...]:
+    """The speaker turns of timed text segments (their text dropped)."""
+    return tuple(SpeakerTurn(s.session, s.speaker, s.start_s, s.end_s) for s in segments)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InvalidRequest(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"{path}: cannot read: {exc}") from None
+
+
+def detect_format(path: Path, text: str) -> str:
+    """One of "stm", "rttm", "uem", "ctm", "seglst", "json", from the extension or content.
+
+    Raises InvalidRequest when neither tells.
+    """
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in ("stm", "rttm", "uem", "ctm"):
+        return suffix
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        return "seglst"
+    if stripped.startswith("{"):
+        return "json"
+    first = next((fields for _, fields in _lines(text)), None)
+    if first is None:
+        raise InvalidRequest(f"{path}: empty file of unknown format")
+    if first[0] == "SPEAKER" or first[0] == "SPKR-INFO":
+        return "rttm"
+    if len(first) == 4:
+        return "uem"
+    if len(first) in (5, 6) and _is_number(first[2]) and _is_number(first[3]):
+        return "ctm"
+    if len(first) >= 5 and _is_number(first[3]) and _is_number(first[4]):
+        return "stm"
+    raise InvalidRequest(f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json name")
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+_TEXT_PARSERS = {
+    "stm": parse_stm,
+    "ctm": parse_ctm,
+    "seglst": parse_seglst,
+    "json": parse_transcript_json,
+}
+
+
+def load_segments(path: Path) -> tuple[TextSegment, ...]:
+    """Timed text segments from any text-bearing format (STM, CTM, SegLST, transcript JSON).
+
+    Raises InvalidRequest for a missing or malformed file or a format without text (RTTM, UEM).
+    """
+    text = _read_text(path)
+    fmt = detect_format(path, text)
+    parser = _TEXT_PARSERS.get(fmt)
+    if parser is None:
+        raise InvalidRequest(f"{path}: {fmt.upper()} has no text to score")
+    return parser(text, str(path))
+
+
+def load_turns(path: Path) -> tuple[SpeakerTurn, ...]:
+    """Speaker turns from an RTTM or any text-bearing format. Raises InvalidRequest."""
+    text = _read_text(path)
+    fmt = detect_format(path, text)
+    if fmt == "rttm":
+        return parse_rttm(text, str(path))
+    if fmt == "uem":
+        raise InvalidRequest(f"{path}: a UEM holds no speaker turns")
+    return turns_from_segments(_TEXT_PARSERS[fmt](text, str(path)))
+
+
+def load_uem(path: Path) -> tuple[UemRegion, ...]:
+    """Scored regions from a UEM file. Raises InvalidRequest."""
+    return parse_uem(_read_text(path), str(path))
+
+
+def has_text(path: Path) -> bool:
+    """Whether the file's format carries text (so text metrics can be computed from it)."""
+    text = _read_text(path)
+    return detect_format(path, text) in _TEXT_PARSERS

@@ -1,0 +1,204 @@
+"""The aiohttp application of the gateway: routes, typed state, lifecycle.
+
+`create_app(config, transcriber)` builds it; `cleanup_ctx` starts and stops the transcriber;
+`on_shutdown` drains: live sockets get an `engine_unavailable` error and a close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from livemeet.config import ServerConfig
+from livemeet.errors import (
+    EngineUnavailable,
+    InternalError,
+    LivemeetError,
+    MethodNotAllowed,
+    NotFound,
+)
+from livemeet.gateway import health, openai_api
+from livemeet.gateway.errors_http import error_response
+from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
+from livemeet.gateway.keys import (
+    CONFIG_KEY,
+    LIFECYCLE_KEY,
+    METRICS_KEY,
+    REGISTRY_KEY,
+    STORE_KEY,
+    TRANSCRIBER_KEY,
+    Lifecycle,
+    tmp_dir,
+    transcripts_dir,
+)
+from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
+from livemeet.gateway.transcript_store import TranscriptStore
+from livemeet.gateway.upload_form import remove_spill_files
+from livemeet.gateway.ws_live import LiveRegistry, live_handler
+from livemeet.transcriber import Transcriber
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+TRANSCRIPT_FLUSH_TIMEOUT_S = 10.0  # s a shutdown waits for transcript files to be written
+CLIENT_CLOSED_STATUS = 499  # requests whose client left before the response (nginx's code)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> web.Application:
+    """The gateway app. Without `transcriber`, an `EngineClient` for `config.model` is built
+    (the demo backend when no model is given). Raises ConfigError for an invalid config."""
+    config.validate()
+    if transcriber is None:
+        from livemeet.gateway.engine_client import EngineClient
+
+        transcriber = EngineClient(
+            config.model,
+            in_process=config.in_process_engine,
+            max_sessions=config.gateway.max_sessions,
+        )
+    app = web.Application(middlewares=[error_middleware])
+    app[CONFIG_KEY] = config
+    app[TRANSCRIBER_KEY] = transcriber
+    app[REGISTRY_KEY] = LiveRegistry()
+    metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
+    app[METRICS_KEY] = metrics
+    app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
+    listeners: list[CountListener] = [metrics.uploads_incoming.set]
+    if isinstance(transcriber, IncomingUploadsSink):
+        listeners.append(transcriber.set_incoming_uploads)
+    app[LIFECYCLE_KEY] = Lifecycle(
+        decode_slots=asyncio.Semaphore(config.gateway.max_concurrent_decodes),
+        incoming_uploads=IncomingUploadCounter(*listeners),
+    )
+    app.cleanup_ctx.append(transcriber_lifecycle)
+    app.on_shutdown.append(close_live_sockets)
+    app.on_cleanup.append(flush_transcripts)
+    _add_routes(app)
+    return app
+
+
+def _engine_stats_of(transcriber: Transcriber) -> StatsSource:
+    """Where /metrics reads the engine's counters: the transcriber's `engine_stats` when it has
+    one (EngineClient), else nowhere."""
+    if isinstance(transcriber, EngineStatsSource):
+        source = transcriber
+        return lambda: source.engine_stats
+    return lambda: None
+
+
+async def flush_transcripts(app: web.Application) -> None:
+    """At shutdown: every finished upload's transcript file is written before the exit, unless
+    the disk hangs for TRANSCRIPT_FLUSH_TIMEOUT_S (then the exit goes on, and says so)."""
+    try:
+        await asyncio.wait_for(app[STORE_KEY].flush(), TRANSCRIPT_FLUSH_TIMEOUT_S)
+    except TimeoutError:
+        log.error(
+            "transcript files not written within %g s at shutdown", TRANSCRIPT_FLUSH_TIMEOUT_S
+        )
+
+
+def _add_routes(app: web.Application) -> None:
+    app.router.add_post(
+        "/v1/audio/transcriptions", openai_api.create_transcription, name="transcriptions"
+    )
+    app.router.add_get("/v1/models", openai_api.list_models, name="models")
+    app.router.add_get("/v1/transcriptions/{id}", openai_api.get_transcription, name="transcript")
+    app.router.add_get("/v1/live", live_handler, name="live")
+    app.router.add_get("/healthz", health.healthz, name="healthz")
+    app.router.add_get("/readyz", health.readyz, name="readyz")
+    app.router.add_get("/metrics", health.metrics, name="metrics")
+    if WEB_DIR.is_dir():
+        # One route per file rather than a catch-all static resource, so unknown paths still
+        # get the JSON 404 of the error middleware.
+        app.router.add_get("/", _file_handler(WEB_DIR / "index.html"), name="web")
+        for path in sorted(WEB_DIR.iterdir()):
+            if path.is_file():
+                app.router.add_get(f"/{path.name}", _file_handler(path))
+
+
+def _file_handler(path: Path) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(path)
+
+    return handler
+
+
+async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Start the transcriber (and data dirs) before serving; close it after shutdown."""
+    config = app[CONFIG_KEY]
+    tmp_dir(config).mkdir(parents=True, exist_ok=True)
+    stale = remove_spill_files(tmp_dir(config))  # a crashed run's; this run has none yet
+    if stale:
+        log.warning("removed %d upload spill files left by an earlier run", stale)
+    transcripts_dir(config).mkdir(parents=True, exist_ok=True)
+    transcriber = app[TRANSCRIBER_KEY]
+    await transcriber.start()
+    try:
+        info = transcriber.info
+        app[METRICS_KEY].demo.set(1 if info.demo else 0)
+        if info.demo:
+            log.warning(
+                "DEMO BACKEND: serving %s, not MOSS-TD: English only, no diarization. "
+                "Pass --model to serve MOSS-Transcribe-Diarize.",
+                info.model_id,
+            )
+        app[LIFECYCLE_KEY].started = True
+        yield
+    finally:
+        app[LIFECYCLE_KEY].started = False
+        await transcriber.close()
+
+
+async def close_live_sockets(app: web.Application) -> None:
+    app[LIFECYCLE_KEY].draining = True
+    await app[REGISTRY_KEY].close_all(EngineUnavailable("the server is shutting down"))
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Render every LivemeetError (and router 404/405s, and bugs) as an OpenAI-shaped error;
+    count requests by route and status."""
+    metrics = request.app[METRICS_KEY]
+    route = request.match_info.route.name or "unmatched"
+    try:
+        response = await handler(request)
+    except LivemeetError as exc:
+        response = _render_error(request, exc)
+    except web.HTTPNotFound:
+        response = _render_error(request, NotFound(f"no route for {request.path}"))
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        message = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        response = _render_error(request, MethodNotAllowed(message))
+        response.headers["Allow"] = allowed  # as HTTP clients expect with a 405
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = LivemeetError(exc.reason)
+        response = error_response(error)
+        response.set_status(exc.status)
+    except ConnectionResetError:  # aiohttp's ClientConnectionResetError included
+        # the client went away mid-request (mid-upload, most often): nobody to answer, and no
+        # server bug; counted as nginx's 499, "client closed request"
+        log.info("client closed the connection during %s %s", request.method, request.path)
+        response = web.Response(status=CLIENT_CLOSED_STATUS)  # aiohttp drops it: no transport
+    except asyncio.CancelledError:  # aiohttp cancels the handler of a lost connection too
+        log.info("request cancelled: %s %s", request.method, request.path)
+        metrics.requests.labels(route, str(CLIENT_CLOSED_STATUS)).inc()
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        response = _render_error(request, InternalError("internal server error"))
+    metrics.requests.labels(route, str(response.status)).inc()
+    return response
+
+
+def _render_error(request: web.Request, error: LivemeetError) -> web.Response:
+    request.app[METRICS_KEY].errors.labels(error.code).inc()
+    return error_response(error)

@@ -1,0 +1,567 @@
+"""`EngineClient`: the gateway-side `Transcriber` over the engine worker (DESIGN.md sections 2-3).
+
+The worker (livemeet/engine/worker.py) runs in a child process started with the multiprocessing
+"spawn" context (the gateway never imports CUDA; a forked CUDA context would be unusable), or,
+with `in_process=True` (tests only), in a thread with `queue.Queue`s. Commands go out with
+`put_nowait` (the multiprocessing queue pickles in its feeder thread, so the event loop never
+blocks on the pipe). A reader thread takes worker messages and hands them to the event loop
+with `call_soon_threadsafe`, which routes each `SessionEvent` to its session's buffer.
+
+Audio: `append` copies the caller's samples (it may reuse its buffer) into the command. An
+array of at least SHARED_AUDIO_MIN_BYTES bound for a worker process is written to a
+shared-memory block instead, on a thread (~55 ms for 143 MB that the event loop does not wait
+for), and the command only names the block (`AppendSharedAudio`): an upload (or a live frame of
+4 s or more) does not go through the pipe. A session's append, finalize and end hold its send
+lock while they send, so a later command waits for the block to be written and the session's
+commands keep their order. The client keeps each block in `_blocks` until the worker says it
+read it (`SharedAudioConsumed`), the send fails, or the worker is gone; then it unlinks it, once
+(livemeet/engine/shared_audio.py says who owns a block when). Where no block can be made (not
+Linux, /dev/shm full) the array goes through the pipe. A worker thread is sent arrays.
+
+Backpressure: each session buffers at most `event_buffer` events for its reader. Superseded
+events are coalesced first (a partial replaces an unread partial just before it; consecutive
+text deltas merge, so their concatenation is unchanged). A client still that slow gets
+`Error(queue_full, retryable=True)` in place of its unread events and the session is aborted in
+the engine: one slow client never makes the engine or other sessions wait.
+
+The worker's latest `EngineStats` (cumulative step counters, livemeet/engine/worker.py says
+how often they come) is kept as `engine_stats` for /metrics.
+
+Incoming uploads (`set_incoming_uploads`, livemeet/gateway/incoming.py): the count goes to the
+worker as `IncomingUploads` when it changes, coalesced: on the next loop iteration, or at the
+latest right before the next command, since commands share one pipe in order. So an upload's
+increment precedes its `OpenSession`, and the decrement the handler makes once that session is
+open precedes its next command (the backend counts its open, unqueued uploads itself): an
+upload is never counted on both sides, nor queued under a count that still includes it.
+
+If the worker dies, every open session gets `Error(engine_unavailable, retryable=True)` and
+`ready` turns False; `open_session` then raises EngineUnavailable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import numpy as np
+
+from livemeet.audio.constants import (
+    ENGINE_CLOSE_TIMEOUT_S,
+    ENGINE_POLL_S,
+    ENGINE_START_TIMEOUT_S,
+    SAMPLE_RATE,
+    SESSION_EVENT_BUFFER,
+    SHARED_AUDIO_MIN_BYTES,
+    SHM_FALLBACK_WARNING_INTERVAL_S,
+)
+from livemeet.config import ModelConfig
+from livemeet.engine.messages import (
+    AbortSession,
+    AppendAudio,
+    AppendSharedAudio,
+    Command,
+    EndSession,
+    EngineStats,
+    FinalizeSession,
+    IncomingUploads,
+    OpenSession,
+    SessionEvent,
+    SharedAudioConsumed,
+    Shutdown,
+    WorkerFailed,
+    WorkerReady,
+)
+from livemeet.engine.shared_audio import SharedAudioBlock, shared_audio_supported
+from livemeet.engine.worker import run_worker
+from livemeet.errors import (
+    BadAudio,
+    EngineUnavailable,
+    InvalidRequest,
+    LivemeetError,
+    ProtocolError,
+    QueueFull,
+    error_for_code,
+)
+from livemeet.transcriber import (
+    TERMINAL_EVENTS,
+    BackendInfo,
+    Error,
+    Event,
+    Samples,
+    SegmentPartial,
+    SessionOptions,
+    TextDelta,
+)
+
+log = logging.getLogger(__name__)
+
+_JOIN_POLL_S = 0.02  # s between liveness polls while waiting for the worker to exit
+
+
+class _WorkerExited:
+    """Posted by the reader thread when the worker process/thread is gone."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+class EngineSession:
+    """One session on the engine; implements `TranscriberSession`. Loop-thread only."""
+
+    def __init__(self, client: EngineClient, session_id: str, buffer_limit: int) -> None:
+        self._client = client
+        self._id = session_id
+        self._buffer: deque[Event] = deque()
+        self._buffer_limit = buffer_limit
+        self._wakeup = asyncio.Event()
+        self._ended = False  # end() called
+        self._closed_by: Error | None = None  # the terminal Error delivered, if any
+        self._finished = False  # terminal event delivered (or aborted)
+        self._aborted = False
+        self._send_lock = asyncio.Lock()  # held by append/finalize/end while they send
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    async def append(self, samples: Samples) -> None:
+        """Send [n] float32 16 kHz mono samples. Raises ProtocolError after end()/abort(),
+        BadAudio for a non-1-D array, or the session's own error once it failed (also when
+        that happens while a large array is being written to shared memory)."""
+        async with self._send_lock:
+            self._check_open("append")
+            arr = np.asarray(samples, dtype=np.float32)
+            if arr.ndim != 1:
+                raise BadAudio(f"expected 1-D mono samples, got shape {arr.shape}")
+            if arr.size:
+                await self._client._send_samples(self, arr)
+
+    async def finalize(self) -> None:
+        async with self._send_lock:
+            self._check_open("finalize")
+            self._client._send(FinalizeSession(self._id))
+
+    async def end(self) -> None:
+        async with self._send_lock:
+            self._check_open("end")
+            self._ended = True
+            self._client._send(EndSession(self._id))
+
+    async def abort(self) -> None:
+        """Free the session in the engine now; idempotent; `events()` stops."""
+        if self._aborted:
+            return
+        self._aborted = True
+        self._buffer.clear()
+        self._wakeup.set()
+        if not self._finished:
+            self._finished = True
+            self._client._forget(self._id, abort=True)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """This session's events in order; ends after the terminal event or an abort."""
+        while True:
+            while not self._buffer:
+                if self._aborted or (self._finished and not self._buffer):
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            event = self._buffer.popleft()
+            yield event
+            if isinstance(event, TERMINAL_EVENTS):
+                return
+
+    # -- called by the client on the loop thread ------------------------------------------------
+
+    def _deliver(self, event: Event) -> None:
+        if self._aborted:
+            return
+        last = self._buffer[-1] if self._buffer else None
+        if isinstance(event, SegmentPartial) and isinstance(last, SegmentPartial):
+            self._buffer[-1] = event
+        elif isinstance(event, TextDelta) and isinstance(last, TextDelta):
+            self._buffer[-1] = TextDelta(last.text + event.text)
+        else:
+            self._buffer.append(event)
+        if isinstance(event, TERMINAL_EVENTS):
+            self._finished = True
+            self._closed_by = event if isinstance(event, Error) else None
+        elif len(self._buffer) > self._buffer_limit:
+            self._buffer.clear()
+            error = Error(QueueFull.code, "events were not read fast enough", True)
+            self._buffer.append(error)
+            self._finished = True
+            self._closed_by = error
+            self._client._forget(self._id, abort=True)
+        self._wakeup.set()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed_by is not None:
+            raise error_for_code(self._closed_by.code, self._closed_by.message)
+        if self._aborted or self._finished:
+            raise ProtocolError(f"{what} on a closed session")
+        if self._ended:
+            raise ProtocolError(f"{what} after end")
+
+
+class EngineClient:
+    """The `Transcriber` the gateway uses: a worker process (or thread) behind typed messages.
+
+    `max_sessions`: open sessions before `open_session` raises QueueFull. `start_timeout_s`: s
+    to wait for the model to load. `event_buffer`: events buffered per session (module doc).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        in_process: bool = False,
+        max_sessions: int = 256,
+        start_timeout_s: float = ENGINE_START_TIMEOUT_S,
+        event_buffer: int = SESSION_EVENT_BUFFER,
+    ) -> None:
+        self.config = config
+        self.in_process = in_process
+        self.max_sessions = max_sessions
+        self.start_timeout_s = start_timeout_s
+        self.event_buffer = event_buffer
+        self._info = BackendInfo(name=config.backend_name, model_id="(not loaded)")
+        self._engine_stats: EngineStats | None = None
+        self._ready = False
+        self._started = False
+        self._closing = False
+        self._sessions: dict[str, EngineSession] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready_future: asyncio.Future[BackendInfo] | None = None
+        self._inbox: Any = None
+        self._outbox: Any = None
+        self._process: BaseProcess | None = None
+        self._worker_thread: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
+        self._stop_reader = threading.Event()
+        self._incoming_uploads = 0  # the gateway's count (set_incoming_uploads)
+        self._incoming_uploads_sent = 0  # the count the worker was last sent (it starts at 0)
+        self._incoming_flush_due = False  # a call_soon of _flush_incoming_uploads is pending
+        self._blocks: dict[str, SharedAudioBlock] = {}  # sent, not yet consumed, by name
+
+    @property
+    def info(self) -> BackendInfo:
+        return self._info
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def num_sessions(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def engine_stats(self) -> EngineStats | None:
+        """The worker's latest cumulative step counters; None before its first report and for
+        backends without a step engine (demo, scripted). Kept after the worker is gone."""
+        return self._engine_stats
+
+    async def start(self) -> None:
+        """Start the worker and wait until its backend is loaded. Raises the worker's typed
+        error (e.g. ConfigError) if loading fails, EngineUnavailable on timeout or if the worker
+        exits first. Idempotent."""
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._ready_future = self._loop.create_future()
+        if self.in_process:
+            self._inbox, self._outbox = queue.Queue(), queue.Queue()
+            self._worker_thread = threading.Thread(
+                target=run_worker,
+                args=(self.config, self._inbox, self._outbox),
+                name="livemeet-engine-worker",
+                daemon=True,
+            )
+            self._worker_thread.start()
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
+            self._process = ctx.Process(
+                target=run_worker,
+                args=(self.config, self._inbox, self._outbox),
+                name="livemeet-engine",
+                daemon=True,
+            )
+            self._process.start()
+        self._reader = threading.Thread(
+            target=self._read, name="livemeet-engine-reader", daemon=True
+        )
+        self._reader.start()
+        try:
+            self._info = await asyncio.wait_for(self._ready_future, self.start_timeout_s)
+        except TimeoutError:
+            await self.close()
+            raise EngineUnavailable(
+                f"engine did not become ready within {self.start_timeout_s:.0f} s"
+            ) from None
+        except LivemeetError:
+            await self.close()
+            raise
+        self._ready = True
+
+    async def close(self) -> None:
+        """Fail open sessions (engine_unavailable), stop the worker (Shutdown, then a kill after
+        ENGINE_CLOSE_TIMEOUT_S) and the reader thread, and release the queues. Idempotent."""
+        if self._closing or not self._started:
+            return
+        self._closing = True
+        self._ready = False
+        self._fail_all("the engine is shutting down")
+        try:
+            self._inbox.put_nowait(Shutdown())
+        except (ValueError, OSError):
+            pass  # queue already closed
+        await self._join_worker()
+        self._release_all_blocks()  # the worker is gone: what it did not consume, it never will
+        self._stop_reader.set()
+        await _wait_until(lambda: self._reader is None or not self._reader.is_alive(), 5.0)
+        if self._process is not None:
+            if self._process.exitcode != 0:
+                # The worker died without draining its pipe: the feeder thread may never flush.
+                self._inbox.cancel_join_thread()
+            self._inbox.close()
+            self._inbox.join_thread()
+            self._outbox.close()
+            self._process.close()
+        # Dropping the queues closes their pipe ends (a queue that was never written to has no
+        # feeder thread to close them).
+        self._inbox = self._outbox = None
+
+    def set_incoming_uploads(self, count: int) -> None:
+        """The gateway's uploads accepted and not yet handed to the engine; sent to the worker
+        coalesced (module docstring). Never raises: before start or after the worker is gone
+        nothing is sent."""
+        self._incoming_uploads = count
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and not self._incoming_flush_due:
+            self._incoming_flush_due = True
+            loop.call_soon(self._flush_incoming_uploads)
+
+    async def open_session(self, options: SessionOptions) -> EngineSession:
+        """Open a session. Raises EngineUnavailable when not ready, QueueFull at
+        `max_sessions`, InvalidRequest for a sample rate other than 16 kHz."""
+        if options.sample_rate != SAMPLE_RATE:
+            raise InvalidRequest(f"sample_rate must be {SAMPLE_RATE}, not {options.sample_rate}")
+        if not self._ready:
+            raise EngineUnavailable("the engine is not ready")
+        if len(self._sessions) >= self.max_sessions:
+            raise QueueFull(
+                f"all {self.max_sessions} session slots are in use (--max-sessions); retry later"
+            )
+        session = EngineSession(self, uuid.uuid4().hex, self.event_buffer)
+        self._sessions[session.id] = session
+        self._send(OpenSession(session.id, options))
+        return session
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _send(self, cmd: Command) -> None:
+        if not self._ready:
+            raise EngineUnavailable("the engine is not available")
+        self._send_incoming_uploads()
+        self._inbox.put_nowait(cmd)
+
+    async def _send_samples(self, session: EngineSession, samples: Samples) -> None:
+        """Send a copy of `samples` ([n] float32, n > 0) for `session` (whose send lock the
+        caller holds): inside `AppendAudio`, or through a shared-memory block (module
+        docstring)."""
+        block = None
+        if (
+            self._process is not None
+            and samples.nbytes >= SHARED_AUDIO_MIN_BYTES
+            and shared_audio_supported()
+        ):
+            if not self._ready:
+                raise EngineUnavailable("the engine is not available")
+            block = await _write_block(samples)
+            if block is None:  # no room: the pipe, unless the session closed meanwhile
+                session._check_open("append")
+        if block is None:
+            self._send(AppendAudio(session.id, samples.copy()))  # the queue pickles it later
+            return
+        self._blocks[block.name] = block
+        try:
+            session._check_open("append")  # it may have closed while the block was written
+            self._send(AppendSharedAudio(session.id, block.name, block.num_samples, block.dtype))
+        except BaseException:
+            self._release_block(block.name)
+            raise
+
+    def _release_block(self, name: str) -> None:
+        """Unlink block `name` if it is still the client's to release (a late
+        `SharedAudioConsumed` after the worker was found gone finds nothing)."""
+        block = self._blocks.pop(name, None)
+        if block is not None:
+            block.release()
+
+    def _release_all_blocks(self) -> None:
+        """Only once the worker process is gone: it can no longer read any of them."""
+        for name in list(self._blocks):
+            self._release_block(name)
+
+    def _forget(self, session_id: str, *, abort: bool) -> None:
+        if self._sessions.pop(session_id, None) is not None and abort and self._ready:
+            self._send_incoming_uploads()
+            self._inbox.put_nowait(AbortSession(session_id))
+
+    def _flush_incoming_uploads(self) -> None:
+        self._incoming_flush_due = False
+        if self._ready:
+            self._send_incoming_uploads()
+
+    def _send_incoming_uploads(self) -> None:
+        """Put the current count in the pipe if the worker has another one (ready only)."""
+        if self._incoming_uploads != self._incoming_uploads_sent:
+            self._incoming_uploads_sent = self._incoming_uploads
+            self._inbox.put_nowait(IncomingUploads(self._incoming_uploads))
+
+    def _worker_alive(self) -> bool:
+        if self._process is not None:
+            return self._process.exitcode is None
+        return self._worker_thread is not None and self._worker_thread.is_alive()
+
+    def _read(self) -> None:
+        """Reader thread: worker messages -> the event loop, until stopped or the worker dies."""
+        assert self._loop is not None
+        while not self._stop_reader.is_set():
+            try:
+                msg: object = self._outbox.get(timeout=ENGINE_POLL_S)
+            except queue.Empty:
+                if self._worker_alive():
+                    continue
+                msg = _WorkerExited(self._exit_detail())
+            except (EOFError, OSError, ValueError) as exc:
+                msg = _WorkerExited(f"engine queue broke: {exc!r}")
+            try:
+                self._loop.call_soon_threadsafe(self._dispatch, msg)
+            except RuntimeError:
+                return  # the event loop is closed
+            if isinstance(msg, _WorkerExited):
+                return
+
+    def _exit_detail(self) -> str:
+        if self._process is not None:
+            return f"engine process exited with code {self._process.exitcode}"
+        return "engine worker thread exited"
+
+    def _dispatch(self, msg: object) -> None:
+        """Loop thread: route one worker message."""
+        if isinstance(msg, SessionEvent):
+            session = self._sessions.get(msg.session_id)
+            if session is not None:
+                session._deliver(msg.event)
+                if isinstance(msg.event, TERMINAL_EVENTS):
+                    self._sessions.pop(msg.session_id, None)
+        elif isinstance(msg, SharedAudioConsumed):
+            self._release_block(msg.block_name)
+        elif isinstance(msg, EngineStats):
+            self._engine_stats = msg
+        elif isinstance(msg, WorkerReady):
+            if self._ready_future is not None and not self._ready_future.done():
+                self._ready_future.set_result(msg.info)
+        elif isinstance(msg, WorkerFailed):
+            self._lost(error_for_code(msg.code, msg.message))
+        elif isinstance(msg, _WorkerExited):
+            if not self._worker_alive():  # not so when only the queue broke: close() releases
+                self._release_all_blocks()
+            self._lost(EngineUnavailable(msg.detail))
+
+    def _lost(self, error: LivemeetError) -> None:
+        if self._ready_future is not None and not self._ready_future.done():
+            self._ready_future.set_exception(error)
+            return
+        if self._closing:
+            return
+        log.error("engine lost: %s", error.message)
+        self._ready = False
+        self._fail_all(f"the engine failed: {error.message}")
+
+    def _fail_all(self, message: str) -> None:
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            session._deliver(Error(EngineUnavailable.code, message, True))
+
+    async def _join_worker(self) -> None:
+        deadline = time.monotonic() + ENGINE_CLOSE_TIMEOUT_S
+        await _wait_until(lambda: not self._worker_alive(), deadline - time.monotonic())
+        if self._process is not None:
+            if self._process.exitcode is None:
+                log.warning("engine process ignored Shutdown; killing it")
+                self._process.kill()
+            self._process.join()  # reaps the killed or exited child at once
+        elif self._worker_thread is not None and self._worker_thread.is_alive():
+            log.error("engine worker thread did not stop within %.0f s", ENGINE_CLOSE_TIMEOUT_S)
+
+
+async def _write_block(samples: Samples) -> SharedAudioBlock | None:
+    """`samples` in a new shared-memory block, written on a thread of the loop's default
+    executor; None (logged) if none can be made (/dev/shm full). If the caller is cancelled,
+    the block is released once written."""
+    future = asyncio.get_running_loop().run_in_executor(None, SharedAudioBlock, samples)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(_release_abandoned_block)
+        raise
+    except OSError as exc:
+        _pipe_fallbacks.note(samples.nbytes, exc)
+        return None
+
+
+class _FallbackWarnings:
+    """Warns that appends go through the pipe for lack of shared memory at most once per
+    `interval_s`, counting the ones in between (a full /dev/shm fails every append)."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self.unreported = 0  # fallbacks since the last warning
+        self._last_s: float | None = None
+
+    def note(self, num_bytes: int, exc: OSError) -> None:
+        self.unreported += 1
+        now = self.clock()
+        if self._last_s is not None and now - self._last_s < self.interval_s:
+            return
+        log.warning(
+            "no shared memory for %.1f MB of audio (%s): %d append(s) went through the pipe "
+            "since the last warning",
+            num_bytes / 1e6,
+            exc,
+            self.unreported,
+        )
+        self._last_s, self.unreported = now, 0
+
+
+_pipe_fallbacks = _FallbackWarnings(SHM_FALLBACK_WARNING_INTERVAL_S)
+
+
+def _release_abandoned_block(future: asyncio.Future[SharedAudioBlock]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().release()
+
+
+async def _wait_until(predicate: Any, timeout_s: float) -> bool:
+    """Poll `predicate()` every _JOIN_POLL_S without blocking the loop; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(_JOIN_POLL_S)
+    return True

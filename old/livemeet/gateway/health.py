@@ -1,0 +1,33 @@
+"""`/healthz` (the process is alive), `/readyz` (model loaded, engine up), `/metrics`."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, REGISTRY_KEY, TRANSCRIBER_KEY
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 when the backend is ready and the server is not draining; 503 otherwise."""
+    app = request.app
+    transcriber = app[TRANSCRIBER_KEY]
+    ready = transcriber.ready and app[LIFECYCLE_KEY].started and not app[LIFECYCLE_KEY].draining
+    body = {
+        "status": "ready" if ready else "unavailable",
+        "backend": transcriber.info.name,
+        "model": transcriber.info.model_id,
+        "demo": transcriber.info.demo,
+        "draining": app[LIFECYCLE_KEY].draining,
+        "live_sessions": len(app[REGISTRY_KEY]),
+    }
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS_KEY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

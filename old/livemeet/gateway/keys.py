@@ -1,0 +1,52 @@
+"""Typed application state of the gateway (aiohttp `AppKey`s), shared by every handler."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from livemeet.audio.constants import UPLOAD_MEMORY_TOTAL_BYTES
+from livemeet.config import ServerConfig
+from livemeet.gateway.incoming import IncomingUploadCounter
+from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.transcript_store import TranscriptStore
+from livemeet.gateway.upload_form import MemoryBudget
+from livemeet.transcriber import Transcriber
+
+if TYPE_CHECKING:
+    from livemeet.gateway.ws_live import LiveRegistry
+
+
+@dataclass
+class Lifecycle:
+    """Runtime facts of the app (not configuration): set by the cleanup context and shutdown."""
+
+    started: bool = False
+    draining: bool = False
+    decode_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
+    incoming_uploads: IncomingUploadCounter = field(default_factory=IncomingUploadCounter)
+    # upload file bytes held in memory across requests (the rest is spilled to disk)
+    upload_memory: MemoryBudget = field(
+        default_factory=lambda: MemoryBudget(UPLOAD_MEMORY_TOTAL_BYTES)
+    )
+
+
+CONFIG_KEY = web.AppKey("config", ServerConfig)
+TRANSCRIBER_KEY = web.AppKey("transcriber", Transcriber)
+REGISTRY_KEY: web.AppKey[LiveRegistry] = web.AppKey("live_registry")
+METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
+STORE_KEY = web.AppKey("transcripts", TranscriptStore)
+LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
+
+
+def tmp_dir(config: ServerConfig) -> Path:
+    """Where upload files larger than UPLOAD_MEMORY_BYTES are spilled."""
+    return config.data_dir / "tmp"
+
+
+def transcripts_dir(config: ServerConfig) -> Path:
+    return config.data_dir / "transcriptions"

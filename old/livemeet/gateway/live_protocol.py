@@ -1,0 +1,203 @@
+"""The live WebSocket protocol v0 (docs/protocol.md) as a Sans-I/O state machine.
+
+No sockets, no asyncio: the transport (ws_live.py) feeds each received frame to
+`receive_text()` / `receive_binary()` and acts on the typed action returned. Violations raise
+`ProtocolError` (message out of order, unknown type, misaligned PCM) or `InvalidRequest`
+(bad JSON, bad field types); the transport renders them and closes.
+
+States: AWAITING_START -> (start) -> STREAMING -> (end) -> ENDING -> CLOSED.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from livemeet.audio.constants import (
+    MAX_PCM_CHANNELS,
+    MAX_PCM_SAMPLE_RATE,
+    MAX_PROMPT_CHARS,
+    MIN_PCM_SAMPLE_RATE,
+    PCM_S16LE_BYTES,
+)
+from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
+
+PROTOCOL_VERSION = 0
+PCM_ENCODING = "pcm_s16le"
+BYTES_PER_SAMPLE = PCM_S16LE_BYTES
+MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE
+MAX_SAMPLE_RATE = MAX_PCM_SAMPLE_RATE
+MAX_CHANNELS = MAX_PCM_CHANNELS
+MAX_HOTWORDS = 256
+
+
+class State(StrEnum):
+    AWAITING_START = "awaiting_start"
+    STREAMING = "streaming"
+    ENDING = "ending"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class StartSession:
+    """`start`: open a session for audio at `sample_rate` Hz with `channels` interleaved."""
+
+    sample_rate: int
+    channels: int
+    encoding: str
+    language: str | None
+    prompt: str | None
+    hotwords: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AppendAudio:
+    """A binary frame: PCM16 LE, whole sample frames (`len(pcm) % (2 * channels) == 0`)."""
+
+    pcm: bytes
+
+
+@dataclass(frozen=True)
+class Finalize:
+    """`finalize`: commit everything heard so far; the session stays open."""
+
+
+@dataclass(frozen=True)
+class EndStream:
+    """`end`: no more audio; the server answers with `transcript.final`, then closes."""
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """`keepalive`: resets the idle timer; no other effect."""
+
+
+Action = StartSession | AppendAudio | Finalize | EndStream | KeepAlive
+
+
+class LiveProtocol:
+    """The client side of protocol v0 as seen by the server: validates order and payloads.
+
+    Counters: `num_audio_bytes` (PCM bytes accepted), `num_audio_frames` (sample frames).
+    """
+
+    def __init__(self) -> None:
+        self.state = State.AWAITING_START
+        self.channels = 1
+        self.sample_rate = 0
+        self.num_audio_bytes = 0
+
+    @property
+    def num_audio_frames(self) -> int:
+        return self.num_audio_bytes // (BYTES_PER_SAMPLE * self.channels)
+
+    def receive_text(self, text: str) -> Action:
+        """Parse one JSON text frame. Raises InvalidRequest (bad JSON/fields), ProtocolError."""
+        self._check_open()
+        message = _parse_json_object(text)
+        kind = message.get("type")
+        if not isinstance(kind, str):
+            raise InvalidRequest("every message needs a string 'type' field")
+        if kind == "keepalive":
+            return KeepAlive()
+        if kind == "start":
+            return self._receive_start(message)
+        if kind == "finalize":
+            self._require(State.STREAMING, "finalize")
+            return Finalize()
+        if kind == "end":
+            self._require(State.STREAMING, "end")
+            if self.num_audio_bytes == 0:
+                raise ProtocolError("'end' before any audio: send audio frames first")
+            self.state = State.ENDING
+            return EndStream()
+        raise ProtocolError(f"unknown message type {kind!r}")
+
+    def receive_binary(self, data: bytes) -> AppendAudio:
+        """Accept one PCM16 LE frame. Raises ProtocolError out of order or misaligned."""
+        self._check_open()
+        if self.state is State.AWAITING_START:
+            raise ProtocolError("audio before 'start': send a start message first")
+        if self.state is State.ENDING:
+            raise ProtocolError("audio after 'end'")
+        frame_bytes = BYTES_PER_SAMPLE * self.channels
+        if len(data) % frame_bytes:
+            raise ProtocolError(
+                f"binary frame of {len(data)} bytes is not a whole number of "
+                f"{frame_bytes}-byte PCM16 sample frames"
+            )
+        self.num_audio_bytes += len(data)
+        return AppendAudio(bytes(data))
+
+    def close(self) -> None:
+        """The connection is gone (either side); every later frame is a ProtocolError."""
+        self.state = State.CLOSED
+
+    def _receive_start(self, message: dict[str, Any]) -> StartSession:
+        if self.state is not State.AWAITING_START:
+            raise ProtocolError("a second 'start' on one connection")
+        start = _parse_start(message)
+        self.state = State.STREAMING
+        self.channels = start.channels
+        self.sample_rate = start.sample_rate
+        return start
+
+    def _require(self, state: State, what: str) -> None:
+        if self.state is not state:
+            raise ProtocolError(f"{what!r} is not allowed in state {self.state.value}")
+
+    def _check_open(self) -> None:
+        if self.state is State.CLOSED:
+            raise ProtocolError("the connection is closed")
+
+
+def _parse_json_object(text: str) -> dict[str, Any]:
+    try:
+        message = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"text frame is not valid JSON: {exc.msg} at {exc.pos}") from exc
+    if not isinstance(message, dict):
+        raise InvalidRequest("a text frame must be a JSON object")
+    return message
+
+
+def _parse_start(m: dict[str, Any]) -> StartSession:
+    sample_rate = _int_field(m, "sample_rate", None)
+    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
+        raise BadAudio(
+            f"sample_rate {sample_rate} Hz outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz"
+        )
+    channels = _int_field(m, "channels", 1)
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise BadAudio(f"channels must be in 1..{MAX_CHANNELS}, not {channels}")
+    encoding = m.get("encoding", PCM_ENCODING)
+    if encoding != PCM_ENCODING:
+        raise InvalidRequest(f"encoding must be {PCM_ENCODING!r}, not {encoding!r}")
+    language = _optional_str(m, "language", 32)
+    prompt = _optional_str(m, "prompt", MAX_PROMPT_CHARS)
+    hotwords = m.get("hotwords", [])
+    if not isinstance(hotwords, list) or not all(isinstance(h, str) for h in hotwords):
+        raise InvalidRequest("hotwords must be a list of strings")
+    if len(hotwords) > MAX_HOTWORDS:
+        raise InvalidRequest(f"at most {MAX_HOTWORDS} hotwords")
+    return StartSession(sample_rate, channels, encoding, language, prompt, tuple(hotwords))
+
+
+def _int_field(m: dict[str, Any], name: str, default: int | None) -> int:
+    value = m.get(name, default)
+    if value is None:
+        raise InvalidRequest(f"'start' needs the field {name!r}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{name!r} must be an integer, not {value!r}")
+    return value
+
+
+def _optional_str(m: dict[str, Any], name: str, max_chars: int) -> str | None:
+    value = m.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > max_chars:
+        raise InvalidRequest(f"{name!r} must be a string of at most {max_chars} characters")
+    return value

@@ -1,0 +1,186 @@
+"""Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
+
+Engine counters (`livemeet_engine_*`) come from the engine worker as cumulative `EngineStats`
+(livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it steps and exact
+when idle. `EngineStatsCollector` exports the latest totals as they are, as counters: the
+gateway never sees increments, so a custom collector rather than `Counter`s (which would need
+deltas). A restarted engine worker (a restarted server) starts again from zero, which
+Prometheus' `rate()`/`increase()` treat as a counter reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+
+from livemeet.engine.messages import EngineStats
+
+StatsSource = Callable[[], EngineStats | None]
+
+
+@runtime_checkable
+class EngineStatsSource(Protocol):
+    """A transcriber that reports its engine's counters (EngineClient); None until the first
+    report, and always for backends without a step engine."""
+
+    @property
+    def engine_stats(self) -> EngineStats | None: ...
+
+
+def _no_stats() -> EngineStats | None:
+    return None
+
+
+class EngineStatsCollector:
+    """`livemeet_engine_steps_total{kind}` (kind: decode_graph, decode_eager, prefill_graph,
+    prefill_eager; a prefill step may carry decode rows), `livemeet_engine_tokens_total{phase}`
+    (phase: prefill, decode), `livemeet_engine_decode_graph_fallbacks_total` (decode steps
+    run eagerly although decode graphs exist: batch too large or contexts too long),
+    `livemeet_engine_step_seconds_total{part}` (host seconds inside steps by part: schedule,
+    encode, launch, wait, other; EngineStats says what each covers) and
+    `livemeet_engine_slow_steps_total` (steps of at least ENGINE_SLOW_STEP_S), from
+    `source()`; nothing while it returns None."""
+
+    def __init__(self, source: StatsSource) -> None:
+        self.source = source
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples (the registry reserves their names)."""
+        return iter(_families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.source()
+        return iter(_families(stats) if stats is not None else [])
+
+
+def _families(stats: EngineStats | None) -> list[Metric]:
+    steps = CounterMetricFamily(
+        "livemeet_engine_steps", "Engine steps by kind (cumulative)", labels=["kind"]
+    )
+    tokens = CounterMetricFamily(
+        "livemeet_engine_tokens", "Tokens computed by the engine, by phase", labels=["phase"]
+    )
+    fallbacks = CounterMetricFamily(
+        "livemeet_engine_decode_graph_fallbacks",
+        "Decode steps run eagerly although CUDA graphs were captured",
+        labels=[],
+    )
+    seconds = CounterMetricFamily(
+        "livemeet_engine_step_seconds",
+        "Host seconds inside engine steps, by part (cumulative)",
+        labels=["part"],
+    )
+    slow = CounterMetricFamily(
+        "livemeet_engine_slow_steps", "Engine steps that took ENGINE_SLOW_STEP_S or more", labels=[]
+    )
+    if stats is not None:
+        steps.add_metric(["decode_graph"], stats.num_decode_graph_steps)
+        steps.add_metric(["decode_eager"], stats.num_decode_eager_steps)
+        steps.add_metric(["prefill_graph"], stats.num_prefill_graph_steps)
+        steps.add_metric(["prefill_eager"], stats.num_prefill_eager_steps)
+        tokens.add_metric(["prefill"], stats.num_prefill_tokens)
+        tokens.add_metric(["decode"], stats.num_decode_tokens)
+        fallbacks.add_metric([], stats.num_decode_graph_fallbacks)
+        for part, value in stats.host_s.items():
+            seconds.add_metric([part], value)
+        slow.add_metric([], stats.num_slow_steps)
+    return [steps, tokens, fallbacks, seconds, slow]
+
+
+UPLOAD_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # s
+UPLOAD_PHASES = ("receive", "decode", "transcribe", "respond")  # livemeet_upload_phase_seconds
+
+
+@dataclass(frozen=True)
+class GatewayMetrics:
+    """The gateway's metrics. Label values: `endpoint` (route name), `status` (HTTP status),
+    `state` (live session state), `outcome` (how a session ended), `kind` (upload|live),
+    `code` (LivemeetError.code); `engine` exports the engine's counters (module docstring)."""
+
+    registry: CollectorRegistry
+    requests: Counter
+    sessions: Gauge
+    sessions_ended: Counter
+    audio_seconds_in: Counter
+    errors: Counter
+    demo: Gauge
+    upload_latency_s: Histogram
+    upload_phase_s: Histogram
+    uploads_incoming: Gauge
+    engine: EngineStatsCollector
+
+    @classmethod
+    def create(cls, engine_stats: StatsSource = _no_stats) -> GatewayMetrics:
+        """`engine_stats()`: the engine's latest counters (None: no engine metrics)."""
+        registry = CollectorRegistry(auto_describe=True)
+        engine = EngineStatsCollector(engine_stats)
+        registry.register(engine)
+        metrics = cls(
+            registry=registry,
+            engine=engine,
+            requests=Counter(
+                "livemeet_requests",
+                "HTTP requests by endpoint and status (499: the client left before the response)",
+                ["endpoint", "status"],
+                registry=registry,
+            ),
+            sessions=Gauge(
+                "livemeet_sessions",
+                "Open sessions by kind and state",
+                ["kind", "state"],
+                registry=registry,
+            ),
+            sessions_ended=Counter(
+                "livemeet_sessions_ended",
+                "Sessions ended, by kind and outcome",
+                ["kind", "outcome"],
+                registry=registry,
+            ),
+            audio_seconds_in=Counter(
+                "livemeet_audio_seconds_in",
+                "Seconds of audio received, by kind",
+                ["kind"],
+                registry=registry,
+            ),
+            errors=Counter(
+                "livemeet_errors",
+                "Errors sent to clients, by code",
+                ["code"],
+                registry=registry,
+            ),
+            demo=Gauge(
+                "livemeet_demo_backend",
+                "1 when the demo backend (not MOSS-TD) serves",
+                registry=registry,
+            ),
+            upload_latency_s=Histogram(
+                "livemeet_upload_latency_seconds",
+                "Time from request to complete transcript for uploads",
+                buckets=UPLOAD_LATENCY_BUCKETS_S,
+                registry=registry,
+            ),
+            upload_phase_s=Histogram(
+                "livemeet_upload_phase_seconds",
+                "Time per phase of an upload request: receive (the multipart body read), decode "
+                "(probe, a decode slot, decoding), transcribe (engine session to final "
+                "transcript, or the whole SSE stream), respond (render; the transcript file is "
+                "written in the background)",
+                ["phase"],
+                buckets=(0.005, 0.025, *UPLOAD_LATENCY_BUCKETS_S),
+                registry=registry,
+            ),
+            uploads_incoming=Gauge(
+                "livemeet_uploads_incoming",
+                "Uploads accepted and not yet handed to the engine (receiving the body, "
+                "probing, waiting for or in a decode slot, opening a session); the engine's "
+                "upload hold waits for them",
+                registry=registry,
+            ),
+        )
+        for phase in UPLOAD_PHASES:  # exported (at zero) before the first upload
+            metrics.upload_phase_s.labels(phase)
+        return metrics

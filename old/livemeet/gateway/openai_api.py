@@ -1,0 +1,408 @@
+"""OpenAI-compatible upload API: `POST /v1/audio/transcriptions`, `GET /v1/models`,
+`GET /v1/transcriptions/{id}`.
+
+Request and response shapes follow OpenAI's audio transcription API (multipart form; JSON,
+text, verbose_json, srt, vtt, diarized_json bodies; SSE events `transcript.text.delta`,
+`transcript.text.segment`, `transcript.text.done`; `usage: {type: "duration", seconds}`), so
+the official `openai` client works unchanged. The transcription id of each upload is returned
+in the `X-Livemeet-Transcription-Id` header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Histogram
+
+from livemeet.audio import decode
+from livemeet.audio.constants import MAX_PROMPT_CHARS, SAMPLE_RATE, UPLOAD_MEMORY_BYTES
+from livemeet.config import ServerConfig
+from livemeet.errors import (
+    BadAudio,
+    ClientTimeout,
+    EngineUnavailable,
+    InvalidRequest,
+    LivemeetError,
+    PayloadTooLarge,
+    TooLong,
+    error_for_code,
+)
+from livemeet.gateway.errors_http import error_body
+from livemeet.gateway.keys import (
+    CONFIG_KEY,
+    LIFECYCLE_KEY,
+    METRICS_KEY,
+    STORE_KEY,
+    TRANSCRIBER_KEY,
+    tmp_dir,
+)
+from livemeet.gateway.sse import DeltaFlusher, TextTracker, encode_event
+from livemeet.gateway.transcript_store import new_transcription_id
+from livemeet.gateway.upload_form import FormReader, UploadAudio
+from livemeet.transcriber import (
+    Error,
+    Event,
+    SegmentFinal,
+    SessionOptions,
+    TextDelta,
+    TranscriberSession,
+    TranscriptFinal,
+)
+from livemeet.transcript import formats
+from livemeet.transcript.formats import ResponseFormat
+from livemeet.transcript.segments import Segment, Transcript
+
+log = logging.getLogger(__name__)
+
+ID_HEADER = "X-Livemeet-Transcription-Id"
+# the form fields the endpoint reads besides `file`; others (temperature, include[], ...) are
+# accepted and dropped, as OpenAI's API tolerates them
+FORM_FIELDS = frozenset({"model", "response_format", "prompt", "language", "stream"})
+# formats whose content the SSE events carry (text deltas, speaker segments); the others
+# (srt, vtt, verbose_json) are refused with stream=true
+STREAM_FORMATS = frozenset({ResponseFormat.JSON, ResponseFormat.TEXT, ResponseFormat.DIARIZED_JSON})
+
+
+@dataclass(frozen=True)
+class UploadForm:
+    """A parsed multipart upload's fields; its audio is the `UploadAudio` beside it."""
+
+    model: str | None
+    response_format: ResponseFormat
+    prompt: str | None
+    language: str | None
+    stream: bool
+
+
+async def list_models(request: web.Request) -> web.Response:
+    info = request.app[TRANSCRIBER_KEY].info
+    model = {
+        "id": info.model_id,
+        "object": "model",
+        "created": 0,
+        "owned_by": "livemeet",
+        "backend": info.name,
+        "demo": info.demo,
+    }
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def get_transcription(request: web.Request) -> web.Response:
+    transcript = await request.app[STORE_KEY].get(request.match_info["id"])
+    fmt = formats.parse_response_format(request.query.get("response_format", "json"))
+    return _render(transcript, fmt, transcript.language)
+
+
+async def create_transcription(request: web.Request) -> web.StreamResponse:
+    """The upload endpoint. Raises LivemeetError subclasses, rendered by the error middleware.
+
+    From its accept until its engine session is open, the upload counts as incoming
+    (livemeet.gateway.incoming); from then on the backend counts it until it is queued, so it
+    is never counted on both sides. Released on every error path too."""
+    app = request.app
+    if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
+        raise EngineUnavailable("the model is not ready; retry shortly")
+    started = time.monotonic()
+    phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
+    with app[LIFECYCLE_KEY].incoming_uploads.track() as incoming:
+        form, audio = await read_upload_form(request, app[CONFIG_KEY])
+        phases.done("receive")
+        try:
+            samples, duration_s = await _decode_upload(app, audio.source)
+        except (BadAudio, TooLong) as exc:
+            exc.param = exc.param or "file"  # the part at fault, for OpenAI's error body
+            raise
+        finally:
+            audio.discard()
+        phases.done("decode")
+        app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
+        options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
+        session = await app[TRANSCRIBER_KEY].open_session(options)
+        # the backend counts its open, unqueued uploads itself from here on; the lower count
+        # goes out ahead of the next command (append), so no upload is counted on both sides
+        incoming.release()
+        sessions = app[METRICS_KEY].sessions.labels("upload", "transcribing")
+        sessions.inc()
+        try:
+            await session.append(samples)
+            del samples
+            await session.end()
+            response = await _transcribe(request, session, form, phases)
+            app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
+            return response
+        finally:
+            sessions.dec()
+            await session.abort()  # idempotent; frees the backend session on every path
+
+
+async def _transcribe(
+    request: web.Request, session: TranscriberSession, form: UploadForm, phases: _PhaseClock
+) -> web.StreamResponse:
+    """The ended session's transcript as the response: SSE, or a body in the form's format."""
+    transcription_id = new_transcription_id()
+    if form.stream:
+        response = await _stream_sse(request, session, form, transcription_id)
+        phases.done("transcribe", last=True)
+        return response
+    final = await _collect_final(session)
+    phases.done("transcribe")
+    transcript = _to_transcript(final, form.language)
+    await request.app[STORE_KEY].put(transcription_id, transcript)
+    rendered = _render(transcript, form.response_format, form.language)
+    rendered.headers[ID_HEADER] = transcription_id
+    phases.done("respond", last=True)
+    return rendered
+
+
+class _PhaseClock:
+    """Observes the time since the previous phase ended into `histogram` (seconds, labelled by
+    phase) and logs the request's phases at DEBUG when it responds: where an upload's latency
+    goes (livemeet_upload_phase_seconds)."""
+
+    def __init__(self, histogram: Histogram, started_s: float) -> None:
+        self.histogram = histogram
+        self.last_s = started_s
+        self.spent: list[str] = []
+
+    def done(self, phase: str, *, last: bool = False) -> None:
+        now = time.monotonic()
+        self.histogram.labels(phase).observe(now - self.last_s)
+        self.spent.append(f"{phase} {1e3 * (now - self.last_s):.1f} ms")
+        self.last_s = now
+        if last and log.isEnabledFor(logging.DEBUG):
+            log.debug("upload phases: %s", ", ".join(self.spent))
+
+
+async def read_upload_form(
+    request: web.Request, config: ServerConfig
+) -> tuple[UploadForm, UploadAudio]:
+    """Stream the multipart body through a `FormReader` (livemeet.gateway.upload_form): the
+    `file` part stays in memory up to UPLOAD_MEMORY_BYTES and spills to the data dir's tmp
+    folder past that (the caller discards it).
+
+    The byte limit is enforced up front from Content-Length and while reading (PayloadTooLarge
+    as soon as it is passed). Raises InvalidRequest for a missing `file` or a bad field, and
+    ClientTimeout when no body bytes arrive for the gateway's idle timeout (a stalled client
+    would otherwise count as an incoming upload, which the engine's upload hold waits for).
+    """
+    limit = config.gateway.max_upload_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit} bytes")
+    reader = FormReader(
+        request.headers.get("Content-Type", ""),
+        max_body_bytes=limit,
+        spill_dir=tmp_dir(config),
+        memory_bytes=UPLOAD_MEMORY_BYTES,
+        budget=request.app[LIFECYCLE_KEY].upload_memory,
+        keep_fields=FORM_FIELDS,
+    )
+    idle_s = config.gateway.idle_timeout_s
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(idle_s):
+                    chunk = await request.content.readany()
+            except TimeoutError:
+                raise ClientTimeout(f"no upload data for {idle_s:g} s") from None
+            if not chunk:
+                break
+            reader.feed(chunk)
+        audio = reader.finish()
+        return _form_fields(reader.fields), audio
+    except BaseException:
+        reader.discard()
+        raise
+
+
+def _form_fields(fields: dict[str, str]) -> UploadForm:
+    """The fields the endpoint reads (others are tolerated and ignored, as OpenAI does)."""
+    prompt = fields.get("prompt") or None
+    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequest(
+            f"'prompt' must be at most {MAX_PROMPT_CHARS} characters", param="prompt"
+        )
+    response_format = formats.parse_response_format(fields.get("response_format") or "json")
+    stream = _parse_bool(fields.get("stream", "false"), "stream")
+    if stream and response_format not in STREAM_FORMATS:
+        # the stream's events are JSON (text deltas, segments, done): a subtitle or verbose
+        # body cannot be streamed, and silently sending something else misleads the client
+        raise InvalidRequest(
+            f"stream=true sends JSON events; response_format {response_format.value!r} cannot "
+            "be streamed (use json, text or diarized_json, or stream=false)",
+            param="response_format",
+        )
+    return UploadForm(
+        model=fields.get("model") or None,
+        response_format=response_format,
+        prompt=prompt,
+        language=fields.get("language") or None,
+        stream=stream,
+    )
+
+
+def _parse_bool(value: str, name: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("true", "1"):
+        return True
+    if lowered in ("false", "0", ""):
+        return False
+    raise InvalidRequest(f"{name} must be true or false, not {value!r}", param=name)
+
+
+async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tuple[Any, float]:
+    """Decode under the app's decode semaphore; a spilled (large) upload is probed first, so
+    one that is too long is refused without waiting for a slot. An upload held in memory is
+    small (UPLOAD_MEMORY_BYTES): `decode_file` checks its declared duration before decoding,
+    which saves a thread hop per upload.
+
+    Returns (samples [n] float32 16 kHz, duration in s). Raises BadAudio, TooLong.
+    """
+    max_audio_s = app[CONFIG_KEY].gateway.max_audio_s
+    loop = asyncio.get_running_loop()
+    if isinstance(source, Path):
+        info = await loop.run_in_executor(None, decode.probe, source)
+        decode.check_length(info.duration_s, max_audio_s, "declares")
+    async with app[LIFECYCLE_KEY].decode_slots:
+        samples = await loop.run_in_executor(
+            None, partial(decode.decode_file, source, max_audio_s=max_audio_s)
+        )
+    if len(samples) == 0:
+        raise BadAudio("the audio has no samples")
+    return samples, len(samples) / SAMPLE_RATE
+
+
+async def _collect_final(session: TranscriberSession) -> TranscriptFinal:
+    async for event in session.events():
+        if isinstance(event, TranscriptFinal):
+            return event
+        if isinstance(event, Error):
+            raise error_for_code(event.code, event.message)
+    raise EngineUnavailable("the backend session ended without a transcript")
+
+
+def _to_transcript(final: TranscriptFinal, language: str | None) -> Transcript:
+    return Transcript(final.segments, final.duration_s, final.finish_reason, language)
+
+
+def _render(transcript: Transcript, fmt: ResponseFormat, language: str | None) -> web.Response:
+    body, content_type = formats.render(transcript, fmt, language=language)
+    return web.Response(text=body, content_type=content_type, charset="utf-8")
+
+
+async def _stream_sse(
+    request: web.Request, session: TranscriberSession, form: UploadForm, transcription_id: str
+) -> web.StreamResponse:
+    """Send the session's events as SSE; store the transcript when it is complete."""
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            ID_HEADER: transcription_id,
+        }
+    )
+    await response.prepare(request)
+    flusher = DeltaFlusher(request.app[CONFIG_KEY].gateway.flush_interval_s)
+    try:
+        async with contextlib.aclosing(_timed_events(session, flusher)) as items:
+            await _write_stream(request, response, items, flusher, form, transcription_id)
+    except LivemeetError as exc:
+        request.app[METRICS_KEY].errors.labels(exc.code).inc()
+        await response.write(encode_event(error_body(exc)))
+    await response.write_eof()
+    return response
+
+
+async def _write_stream(
+    request: web.Request,
+    response: web.StreamResponse,
+    items: AsyncIterator[Event | None],
+    flusher: DeltaFlusher,
+    form: UploadForm,
+    transcription_id: str,
+) -> None:
+    tracker = TextTracker()
+    num_segments_sent = 0
+    async for item in items:
+        now = time.monotonic()
+        if item is None:  # the flush timer fired
+            await _send_delta(response, flusher.poll(now))
+        elif isinstance(item, TextDelta):
+            await _send_delta(response, flusher.push(tracker.on_backend_delta(item.text), now))
+        elif isinstance(item, SegmentFinal):
+            flusher.push(tracker.on_final_segment(item.segment.text), now)
+            await _send_delta(response, flusher.finish())
+            await response.write(encode_event(_segment_event(item.segment)))
+            num_segments_sent += 1
+        elif isinstance(item, TranscriptFinal):
+            transcript = _to_transcript(item, form.language)
+            flusher.push(tracker.final_tail(transcript.text), now)
+            await _send_delta(response, flusher.finish())
+            # Backends that commit only at the end send no SegmentFinal: send the rest here.
+            for segment in item.segments[num_segments_sent:]:
+                await response.write(encode_event(_segment_event(segment)))
+            await request.app[STORE_KEY].put(transcription_id, transcript)
+            done = {
+                "type": "transcript.text.done",
+                "text": transcript.text,
+                "usage": formats.usage(transcript.duration_s),
+            }
+            await response.write(encode_event(done))
+            break
+        elif isinstance(item, Error):
+            raise error_for_code(item.code, item.message)
+    else:
+        raise EngineUnavailable("the backend session ended without a transcript")
+
+
+async def _send_delta(response: web.StreamResponse, text: str) -> None:
+    if text:
+        await response.write(encode_event({"type": "transcript.text.delta", "delta": text}))
+
+
+def _segment_event(segment: Segment) -> dict[str, object]:
+    wire = segment.to_wire()
+    return {
+        "type": "transcript.text.segment",
+        **{k: wire[k] for k in ("id", "start", "end", "speaker", "text")},
+    }
+
+
+async def _timed_events(
+    session: TranscriberSession, flusher: DeltaFlusher
+) -> AsyncGenerator[Event | None, None]:
+    """The session's events, with None yielded whenever held text is due to be flushed."""
+    queue: asyncio.Queue[Event | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for event in session.events():
+                queue.put_nowait(event)
+        finally:
+            queue.put_nowait(None)
+
+    task = asyncio.create_task(pump())
+    try:
+        while True:
+            due = flusher.due_in(time.monotonic())
+            try:
+                event = await asyncio.wait_for(queue.get(), timeout=due)
+            except TimeoutError:
+                yield None
+                continue
+            if event is None:
+                await task  # re-raises a failure of the event stream
+                return
+            yield event
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

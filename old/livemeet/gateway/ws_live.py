@@ -1,0 +1,279 @@
+"""`GET /v1/live`: the live WebSocket transport (protocol v0, docs/protocol.md).
+
+A thin asyncio shell around `LiveProtocol` (the rules) and a `TranscriberSession` (the work):
+handshake, `async for msg in ws`, one task forwarding session events to the socket. Each
+connection is registered in `try` and deregistered, with its backend session aborted, in
+`finally`. Every failure reaches the client as an `error` frame, then a close with the error
+class's 4xxx close code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from livemeet.audio.pcm import PcmStreamDecoder
+from livemeet.errors import (
+    ClientTimeout,
+    EngineUnavailable,
+    InternalError,
+    InvalidRequest,
+    LivemeetError,
+    error_for_code,
+)
+from livemeet.gateway.errors_http import ws_error_frame
+from livemeet.gateway.keys import CONFIG_KEY, LIFECYCLE_KEY, METRICS_KEY, TRANSCRIBER_KEY
+from livemeet.gateway.live_protocol import (
+    PROTOCOL_VERSION,
+    AppendAudio,
+    EndStream,
+    Finalize,
+    KeepAlive,
+    LiveProtocol,
+    StartSession,
+)
+from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.transcriber import (
+    Error,
+    Event,
+    SegmentFinal,
+    SegmentPartial,
+    SessionOptions,
+    TranscriberSession,
+    TranscriptFinal,
+    TranscriptRevised,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES = 1 << 20  # bytes; largest WS message accepted (~32 s of 16 kHz PCM16)
+NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1
+
+
+def event_to_wire(event: Event) -> dict[str, Any] | None:
+    """The server frame for a backend event (None for events the live protocol does not carry)."""
+    if isinstance(event, SegmentPartial):
+        return {
+            "type": "segment.partial",
+            "rev": event.rev,
+            "segments": [s.to_wire() for s in event.segments],
+        }
+    if isinstance(event, SegmentFinal):
+        return {"type": "segment.final", **event.segment.to_wire()}
+    if isinstance(event, TranscriptFinal):
+        return {
+            "type": "transcript.final",
+            "segments": [s.to_wire() for s in event.segments],
+            "finish_reason": event.finish_reason.value,
+            "coverage": round(event.coverage, 4),
+            "duration": round(event.duration_s, 3),
+        }
+    if isinstance(event, TranscriptRevised):
+        return {
+            "type": "transcript.revised",
+            "segments": [s.to_wire() for s in event.segments],
+            "supersedes": list(event.supersedes),
+        }
+    if isinstance(event, Error):
+        return {
+            "type": "error",
+            "code": event.code,
+            "message": event.message,
+            "retryable": event.retryable,
+        }
+    return None  # TextDelta: uploads only
+
+
+class LiveRegistry:
+    """The open live connections of one app (for shutdown and metrics)."""
+
+    def __init__(self) -> None:
+        self._connections: set[LiveConnection] = set()
+
+    def __len__(self) -> int:
+        return len(self._connections)
+
+    def add(self, connection: LiveConnection) -> None:
+        self._connections.add(connection)
+
+    def discard(self, connection: LiveConnection) -> None:
+        self._connections.discard(connection)
+
+    async def close_all(self, error: LivemeetError) -> None:
+        """Send `error` on every connection and close it (server shutdown)."""
+        await asyncio.gather(
+            *(c.fail(error) for c in list(self._connections)), return_exceptions=True
+        )
+
+
+class LiveConnection:
+    """One `/v1/live` WebSocket and, once `start` arrives, its backend session."""
+
+    def __init__(self, app: web.Application, ws: web.WebSocketResponse) -> None:
+        self.app = app
+        self.ws = ws
+        self.protocol = LiveProtocol()
+        self.session: TranscriberSession | None = None
+        self._decoder: PcmStreamDecoder | None = None
+        self._forwarder: asyncio.Task[None] | None = None
+        self._metrics: GatewayMetrics = app[METRICS_KEY]
+        self._state_label = "connecting"
+        self._metrics.sessions.labels("live", self._state_label).inc()
+        self.outcome = "disconnected"
+
+    async def run(self) -> None:
+        """Serve the connection until it closes. Never raises a LivemeetError."""
+        if not self.app[TRANSCRIBER_KEY].ready or self.app[LIFECYCLE_KEY].draining:
+            await self.fail(EngineUnavailable("the model is not ready; retry shortly"))
+            return
+        try:
+            async for msg in self.ws:
+                if msg.type is WSMsgType.TEXT:
+                    await self._on_action(self.protocol.receive_text(msg.data))
+                elif msg.type is WSMsgType.BINARY:
+                    await self._on_action(self.protocol.receive_binary(msg.data))
+                elif msg.type is WSMsgType.ERROR:
+                    log.info("live connection error: %s", self.ws.exception())
+                    break
+        except LivemeetError as exc:
+            await self.fail(exc)
+        except TimeoutError:
+            await self.fail(ClientTimeout("no message from the client within the idle timeout"))
+        except Exception as exc:
+            log.exception("live connection failed")
+            await self.fail(InternalError(f"internal error: {type(exc).__name__}"))
+
+    async def cleanup(self) -> None:
+        """Release everything; safe after any failure (the `finally` of the handler)."""
+        self.protocol.close()
+        if self._forwarder is not None:
+            self._forwarder.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._forwarder
+        if self.session is not None:
+            await self.session.abort()  # idempotent; the only way a vanished client frees it
+        if not self.ws.closed:
+            with contextlib.suppress(ConnectionError):
+                await self.ws.close()
+        self._set_state(None)
+        self._metrics.sessions_ended.labels("live", self.outcome).inc()
+
+    async def fail(self, error: LivemeetError) -> None:
+        """Send `error`, then close with its close code (no-op on a closed socket)."""
+        self.outcome = error.code
+        self._metrics.errors.labels(error.code).inc()
+        if self.ws.closed:
+            return
+        with contextlib.suppress(ConnectionError):
+            await self.ws.send_str(ws_error_frame(error))
+            await self.ws.close(code=error.close_code, message=error.code.encode())
+
+    async def _on_action(self, action: object) -> None:
+        if isinstance(action, AppendAudio):
+            await self._append(action.pcm)
+        elif isinstance(action, StartSession):
+            await self._start(action)
+        elif isinstance(action, Finalize):
+            await self._require_session().finalize()
+        elif isinstance(action, EndStream):
+            await self._end()
+        elif not isinstance(action, KeepAlive):
+            raise InternalError(f"unhandled live action {action!r}")
+
+    async def _start(self, start: StartSession) -> None:
+        options = SessionOptions(
+            live=True, prompt=start.prompt, hotwords=start.hotwords, language=start.language
+        )
+        self._decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
+        self.session = await self.app[TRANSCRIBER_KEY].open_session(options)
+        info = self.app[TRANSCRIBER_KEY].info
+        await self.ws.send_json(
+            {
+                "type": "session.ready",
+                "session_id": self.session.id,
+                "protocol": PROTOCOL_VERSION,
+                "demo": info.demo,
+                "model": info.model_id,
+            }
+        )
+        self._forwarder = asyncio.create_task(self._forward(self.session))
+        self._set_state("streaming")
+
+    async def _append(self, pcm: bytes) -> None:
+        assert self._decoder is not None, "protocol admits audio only after start"
+        samples = self._decoder.feed(pcm)
+        self._metrics.audio_seconds_in.labels("live").inc(
+            len(pcm) / (2 * self.protocol.channels * self.protocol.sample_rate)
+        )
+        if len(samples):
+            await self._require_session().append(samples)
+
+    async def _end(self) -> None:
+        assert self._decoder is not None
+        session = self._require_session()
+        tail = self._decoder.flush()
+        if len(tail):
+            await session.append(tail)
+        await session.end()
+        self._set_state("ending")
+
+    async def _forward(self, session: TranscriberSession) -> None:
+        """Send every session event; close after the terminal one."""
+        try:
+            await self._forward_events(session)
+        except ConnectionError:
+            pass  # the client vanished; the handler's finally aborts the session
+
+    async def _forward_events(self, session: TranscriberSession) -> None:
+        async for event in session.events():
+            frame = event_to_wire(event)
+            if frame is not None:
+                await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
+            if isinstance(event, TranscriptFinal):
+                self.outcome = "completed"
+                await self.ws.close(code=NORMAL_CLOSE)
+                return
+            if isinstance(event, Error):
+                error = error_for_code(event.code, event.message)
+                self.outcome = error.code
+                self._metrics.errors.labels(error.code).inc()
+                await self.ws.close(code=error.close_code, message=error.code.encode())
+                return
+
+    def _require_session(self) -> TranscriberSession:
+        if self.session is None:
+            raise InvalidRequest("no session: send 'start' first")
+        return self.session
+
+    def _set_state(self, state: str | None) -> None:
+        self._metrics.sessions.labels("live", self._state_label).dec()
+        if state is not None:
+            self._metrics.sessions.labels("live", state).inc()
+            self._state_label = state
+
+
+async def live_handler(request: web.Request) -> web.WebSocketResponse:
+    """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade."""
+    from livemeet.gateway.keys import REGISTRY_KEY
+
+    ws = web.WebSocketResponse(
+        max_msg_size=MAX_FRAME_BYTES,
+        receive_timeout=request.app[CONFIG_KEY].gateway.idle_timeout_s,
+    )
+    if not ws.can_prepare(request).ok:
+        raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
+    await ws.prepare(request)
+    connection = LiveConnection(request.app, ws)
+    registry = request.app[REGISTRY_KEY]
+    registry.add(connection)
+    try:
+        await connection.run()
+    finally:
+        registry.discard(connection)
+        await connection.cleanup()
+    return ws

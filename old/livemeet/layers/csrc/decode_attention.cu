@@ -1,0 +1,513 @@
+// Split-K paged decode attention on tensor cores, for one query token per sequence.
+// Compiled at run time by NVRTC (livemeet/layers/cuda_decode.py); no headers needed.
+//
+// Contract (the same as the Triton kernel in livemeet/layers/paged_attention.py):
+//   q        bf16 [B, H, 128] (strides in elements)
+//   caches   [num_blocks, PAGE, KV_HEADS, 128], bf16 or float8_e4m3fn (KV_FP8); a token's
+//            heads are contiguous (stride_tok elements), blocks stride_blk elements apart
+//   tables   int32 [B, stride_bt]; seq_lens int32 [B] (0: the row is padding)
+//   grid     (num_splits, KV_HEADS, B); 128 threads (NUM_WARPS warps)
+//   out      bf16 [B, H, 128] when num_splits == 1, else the partials
+//            mid_o fp32 [B, H, mid_splits, 128] (normalised) and mid_lse fp32 [B, H,
+//            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
+//            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
+// Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
+// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
+//
+// Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
+// 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
+// conversion and the staging bound it at ~40 us per layer at 36k tokens, the time of bf16,
+// although it reads half the bytes (docs/benchmarks.md, sessions 3-5). Here each lane loads
+// its own 16-byte pieces of K and V straight into registers in the layout the mma.sync
+// operands need, converts them there and never touches shared memory until the final
+// cross-warp merge.
+//
+// Layout (PTX ISA, "Matrix fragments for mma.m16n8k16"; lane = 4 g + t):
+//   S = Q K^T per 16-key tile as two m16n8k16 products per 16 dims: A = Q (rows = query heads
+//   of the group, row g real when g < group), B = K^T (8 keys, lane g holds key g). The dot
+//   product is over the head dimension, so the order of dims inside a k16 step is free: lane t
+//   takes 4 consecutive dims per step from its own 16-byte piece of the key row, for Q and K
+//   alike, and no lane ever needs a neighbour's bytes.
+//   O^T = V^T P^T: A = V^T (16 dims x 16 keys; lane (g, t) needs keys 2t, 2t+1, 2t+8, 2t+9 at
+//   dims g and g+8 of each m-tile), B = P^T, whose fragment is exactly the S fragment of the
+//   same lane (keys 2t, 2t+1 of each 8-key half, query g). V pieces of two keys are
+//   interleaved with prmt into the key pairs the fragment wants. The head dims of each m-tile
+//   are a fixed permutation of the real ones (dims_of below), undone when O is written.
+
+typedef unsigned int u32;
+
+#ifndef KV_FP8
+#define KV_FP8 0
+#endif
+#ifndef PAGE
+#define PAGE 16
+#endif
+#ifndef NUM_STAGES
+#define NUM_STAGES 2   // tiles per warp in registers: 1 computed, NUM_STAGES - 1 in flight
+#endif
+#ifndef EARLY_LOADS
+#define EARLY_LOADS 0  // load the first tiles before the PDL wait
+#endif
+
+#define HEAD_DIM 128
+#define TILE 16        // keys per warp iteration
+#define NUM_WARPS 4
+#define MAX_GROUP 8    // query heads per KV head: rows 0..7 of the m16 tile
+#define PIECE 16       // bytes per load
+#if KV_FP8
+#define ELEM_BYTES 1
+#else
+#define ELEM_BYTES 2
+#endif
+#define ROW_BYTES (HEAD_DIM * ELEM_BYTES)          // one key's head, bytes
+#define K_PIECES (ROW_BYTES / (4 * PIECE))         // pieces of a key row per lane (4 lanes)
+#define V_PIECES (ROW_BYTES / (8 * PIECE))         // pieces of a value row per lane (8 lanes)
+#define EPP (PIECE / ELEM_BYTES)                   // elements per piece
+#define NEG_INF __int_as_float(0xff800000)
+
+static_assert(PAGE % TILE == 0, "a tile must lie inside one KV block");
+static_assert(NUM_STAGES >= 2, "one tile computed while the next loads");
+
+struct Stage {
+    uint4 k[2][K_PIECES];  // keys g and 8 + g of the tile
+    uint4 v[4][V_PIECES];  // keys 2t, 2t + 1, 2t + 8, 2t + 9
+};
+
+__device__ __forceinline__ uint4 load_piece(const unsigned char* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// Two e4m3 (low byte -> low half) to an f16x2.
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair16) {
+    u32 d;
+    asm("{\n .reg .b16 lo;\n cvt.u16.u32 lo, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}"
+        : "=r"(d)
+        : "r"(pair16));
+    return d;
+}
+
+// (lo, hi) fp32 to the mma's 16-bit pair: f16 for an FP8 cache, else bf16.
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 d;
+#if KV_FP8
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+#endif
+    return d;
+}
+
+__device__ __forceinline__ float bf16_lo(u32 x) { return __int_as_float(x << 16); }
+__device__ __forceinline__ float bf16_hi(u32 x) { return __int_as_float(x & 0xffff0000u); }
+
+#if KV_FP8
+#define MMA_AB "f16.f16"  // operand types of the mma: fp16 (e4m3 converts to it in one step)
+#else
+#define MMA_AB "bf16.bf16"
+#endif
+
+__device__ __forceinline__ void mma16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_AB ".f32 {%0, %1, %2, %3}, "
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Physical head dims of O^T fragment rows (m-tile mt, row g) and (mt, row g + 8): the first is
+// returned, the second is one past it (see the V piece layout in load_stage).
+__device__ __forceinline__ int dims_of(int mt, int g) {
+#if KV_FP8
+    return g * 16 + 2 * mt;  // one 16-byte piece of 16 dims per lane
+#else
+    return (mt >> 2) * 64 + g * 8 + 2 * (mt & 3);  // two pieces of 8 dims, 64 dims apart
+#endif
+}
+
+__device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head,
+                                           const unsigned char* v_head, long long tok_bytes,
+                                           int valid, int g, int t) {
+    // valid: keys of the tile that exist (1..16); the rest load zeros (stale cache bytes
+    // may be NaN patterns, and 0 * NaN would poison the accumulators).
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        int key = n * 8 + g;
+        const unsigned char* row = k_head + key * tok_bytes;
+#pragma unroll
+        for (int c = 0; c < K_PIECES; ++c) {
+            s.k[n][c] = key < valid ? load_piece(row + c * 4 * PIECE + t * PIECE)
+                                    : make_uint4(0, 0, 0, 0);
+        }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+        int key = 2 * t + (kk & 1) + (kk >> 1) * 8;
+        const unsigned char* row = v_head + key * tok_bytes;
+#pragma unroll
+        for (int c = 0; c < V_PIECES; ++c) {
+            s.v[kk][c] = key < valid ? load_piece(row + c * 8 * PIECE + g * PIECE)
+                                     : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+__device__ __forceinline__ u32 word(const uint4& x, int i) {
+    return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w;
+}
+
+struct SoftmaxState {
+    float m;  // running max of row g (log2 domain), identical on the row's 4 lanes
+    float l;  // this lane's part of row g's sum of exp2(s - m)
+    float acc[8][4];  // O^T fragments: m-tile mt, rows (dims) g / g + 8, cols (queries) 2t / 2t + 1
+};
+
+// One 16-key tile: scores, online softmax (Milakov & Gimelshein 2018), P V.
+__device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_PIECES][EPP / 2],
+                                             int valid, float qk_scale, int g, int t,
+                                             SoftmaxState& st) {
+    float sc[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+        for (int c = 0; c < K_PIECES; ++c) {
+            u32 kr[EPP / 2];
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {
+                u32 x = word(s.k[n][c], w);
+#if KV_FP8
+                kr[2 * w] = e4m3x2_to_f16x2(x & 0xffffu);
+                kr[2 * w + 1] = e4m3x2_to_f16x2(x >> 16);
+#else
+                kr[w] = x;
+#endif
+            }
+#pragma unroll
+            for (int u = 0; u < EPP / 4; ++u) {
+                mma16816(sc[n], qf[c][2 * u], 0u, qf[c][2 * u + 1], 0u, kr[2 * u], kr[2 * u + 1]);
+            }
+        }
+    }
+    // row g, keys 2t, 2t + 1 (half 0) and 8 + 2t, 9 + 2t (half 1); rows g + 8 are padding
+    float p[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+    int keys[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
+    float mx = NEG_INF;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        p[i] = keys[i] < valid ? p[i] * qk_scale : NEG_INF;
+        mx = fmaxf(mx, p[i]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float m_new = fmaxf(st.m, mx);
+    float m_use = m_new == NEG_INF ? 0.f : m_new;  // never (-inf) - (-inf)
+    float alpha = fast_exp2(st.m - m_use);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        p[i] = fast_exp2(p[i] - m_use);
+        sum += p[i];
+    }
+    st.l = st.l * alpha + sum;
+    st.m = m_new;
+    // the O^T columns of this lane are queries 2t and 2t + 1, whose rows live on lanes 8t, 8t + 4
+    float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
+    float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+    u32 pb0 = pack2(p[0], p[1]);
+    u32 pb1 = pack2(p[2], p[3]);
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+        st.acc[mt][0] *= alpha0;
+        st.acc[mt][2] *= alpha0;
+        st.acc[mt][1] *= alpha1;
+        st.acc[mt][3] *= alpha1;
+        u32 a[4];  // (dim g, keys 2t..), (dim g + 8, keys 2t..), (dim g, keys 2t + 8..), (g + 8, ..)
+#if KV_FP8
+        // piece word mt / 2 holds dims 4 (mt / 2) .. + 3; bytes of keys A, B interleaved
+        int w = mt >> 1;
+        u32 sel = (mt & 1) ? 0x7362u : 0x5140u;
+        u32 lo = prmt(word(s.v[0][0], w), word(s.v[1][0], w), sel);
+        u32 hi = prmt(word(s.v[2][0], w), word(s.v[3][0], w), sel);
+        a[0] = e4m3x2_to_f16x2(lo & 0xffffu);
+        a[1] = e4m3x2_to_f16x2(lo >> 16);
+        a[2] = e4m3x2_to_f16x2(hi & 0xffffu);
+        a[3] = e4m3x2_to_f16x2(hi >> 16);
+#else
+        // piece mt / 4, word mt % 4 holds dims 2 (mt % 4), + 1 of the piece
+        int c = mt >> 2, w = mt & 3;
+        u32 x0 = word(s.v[0][c], w), x1 = word(s.v[1][c], w);
+        u32 x2 = word(s.v[2][c], w), x3 = word(s.v[3][c], w);
+        a[0] = prmt(x0, x1, 0x5410u);
+        a[1] = prmt(x0, x1, 0x7632u);
+        a[2] = prmt(x2, x3, 0x5410u);
+        a[3] = prmt(x2, x3, 0x7632u);
+#endif
+        mma16816(st.acc[mt], a[0], a[1], a[2], a[3], pb0, pb1);
+    }
+}
+
+// Q fragments: lane (g, t) holds query head g of the group at the dims of its K pieces.
+__device__ __forceinline__ void load_q(u32 (&qf)[K_PIECES][EPP / 2],
+                                       const unsigned short* __restrict__ q, int b, int kvh,
+                                       int group, long long q_stride_b, long long q_stride_h,
+                                       int g, int t) {
+    const unsigned short* qrow = q + b * q_stride_b + (kvh * group + g) * q_stride_h;
+#pragma unroll
+    for (int c = 0; c < K_PIECES; ++c) {
+        const int d0 = c * 4 * EPP + t * EPP;  // the piece's first dim
+#pragma unroll
+        for (int w = 0; w < EPP / 2; ++w) {
+            u32 x = g < group ? *(const u32*)(qrow + d0 + 2 * w) : 0u;  // dims d0 + 2w, + 1
+#if KV_FP8
+            x = pack2(bf16_lo(x), bf16_hi(x));  // bf16 -> f16
+#endif
+            qf[c][w] = x;
+        }
+    }
+}
+
+__device__ __forceinline__ float load_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float4 load_cg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// The group's outputs from num_splits partials (rows h * mid_splits + s of mid_o/mid_lse,
+// h < group), weighted by exp2(lse - max lse); an empty split (lse -inf) weighs 0 and a head
+// with no live split gives 0 (the Triton merge kernel's rule). scratch: NUM_WARPS x
+// MAX_GROUP x HEAD_DIM floats, weights: NUM_WARPS x MAX_GROUP floats of shared memory
+// (the warp merge's buffers, free by now); num_splits <= 64.
+__device__ __forceinline__ void merge_splits(const float* mid_o, const float* mid_lse,
+                                             unsigned short* out, long long out_stride_h,
+                                             int group, int num_splits, int mid_splits,
+                                             float v_scale, float* scratch, float* weights) {
+    __shared__ float w_s[MAX_GROUP][64];
+    for (int i = threadIdx.x; i < group * num_splits; i += blockDim.x) {
+        int r = i / num_splits, sp = i % num_splits;
+        w_s[r][sp] = load_cg(mid_lse + r * mid_splits + sp);
+    }
+    __syncthreads();
+    if (threadIdx.x < group) {  // per head: max lse, then weights normalised by their sum
+        int r = threadIdx.x;
+        float mx = NEG_INF;
+        for (int sp = 0; sp < num_splits; ++sp) mx = fmaxf(mx, w_s[r][sp]);
+        float sum = 0.f;
+        for (int sp = 0; sp < num_splits; ++sp) {
+            float w = (mx == NEG_INF || w_s[r][sp] == NEG_INF) ? 0.f : fast_exp2(w_s[r][sp] - mx);
+            w_s[r][sp] = w;
+            sum += w;
+        }
+        weights[r] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    __syncthreads();
+    // thread (lane c4, part p): float4 column c4 of every head, splits p, p + 4, ...
+    const int c4 = threadIdx.x % 32, part = threadIdx.x / 32;
+    for (int r = 0; r < group; ++r) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        const float* base = mid_o + (long long)r * mid_splits * HEAD_DIM + c4 * 4;
+#pragma unroll 4
+        for (int sp = part; sp < num_splits; sp += NUM_WARPS) {
+            float4 v = load_cg4(base + (long long)sp * HEAD_DIM);
+            float w = w_s[r][sp];
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+        }
+        float* dst = scratch + (part * MAX_GROUP + r) * HEAD_DIM + c4 * 4;
+        dst[0] = acc.x;
+        dst[1] = acc.y;
+        dst[2] = acc.z;
+        dst[3] = acc.w;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * HEAD_DIM; i += blockDim.x) {
+        int r = i / HEAD_DIM, d = i % HEAD_DIM;
+        float o = 0.f;
+#pragma unroll
+        for (int p = 0; p < NUM_WARPS; ++p) o += scratch[(p * MAX_GROUP + r) * HEAD_DIM + d];
+        float v = o * weights[r] * v_scale;
+        u32 bits;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(bits) : "f"(v));
+        out[r * out_stride_h + d] = (unsigned short)(bits & 0xffffu);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, 2)
+livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char* __restrict__ k_cache,
+                      const unsigned char* __restrict__ v_cache, const int* __restrict__ tables,
+                      const int* __restrict__ seq_lens, float* __restrict__ mid_o,
+                      float* __restrict__ mid_lse, unsigned short* __restrict__ out,
+                      float qk_scale, float v_scale, long long q_stride_b, long long q_stride_h,
+                      long long out_stride_b, long long out_stride_h, long long stride_blk,
+                      long long stride_tok, long long stride_bt, int group, int mid_splits,
+                      int* __restrict__ counters) {
+    // PDL (sm_90): let the next kernel be scheduled now; wait for the previous one's writes
+    // (q, the KV of this step's token) below. No-ops when launched without the PDL attribute.
+    // Before the wait this kernel reads only what no kernel of the step writes: seq_lens and
+    // the block tables (copied in before the step's first kernel) and the KV of earlier tokens.
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
+    __shared__ float o_s[NUM_WARPS][MAX_GROUP][HEAD_DIM];
+    __shared__ float m_s[NUM_WARPS][MAX_GROUP];
+    __shared__ float l_s[NUM_WARPS][MAX_GROUP];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+    const int num_splits = gridDim.x, num_heads = gridDim.y * group;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+
+    const int seq_len = seq_lens[b];
+    const int per_split = (seq_len + num_splits - 1) / num_splits;
+    const int split_len = (per_split + TILE - 1) / TILE * TILE;
+    const int start = split * split_len;
+    const int end = min(start + split_len, seq_len);
+    const int num_tiles = end > start ? (end - start + TILE - 1) / TILE : 0;
+
+    u32 qf[K_PIECES][EPP / 2];
+
+    SoftmaxState st;
+    st.m = NEG_INF;
+    st.l = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) st.acc[mt][0] = st.acc[mt][1] = st.acc[mt][2] = st.acc[mt][3] = 0.f;
+
+    const int* bt = tables + b * stride_bt;
+    const long long tok_bytes = stride_tok * ELEM_BYTES;
+    const long long head_off = (long long)kvh * HEAD_DIM * ELEM_BYTES;
+    // tile i of this warp is the split's tile warp + i * NUM_WARPS
+    auto tile_key = [&](int i) { return start + (warp + i * NUM_WARPS) * TILE; };
+    auto tile_exists = [&](int i) { return warp + i * NUM_WARPS < num_tiles; };
+    auto tile_block = [&](int i) { return tile_exists(i) ? bt[tile_key(i) / PAGE] : 0; };
+    auto load = [&](Stage& s, int i, int blk) {
+        if (!tile_exists(i)) return;
+        int key0 = tile_key(i);
+        long long base = (long long)blk * stride_blk * ELEM_BYTES + (key0 % PAGE) * tok_bytes + head_off;
+        load_stage(s, k_cache + base, v_cache + base, tok_bytes, min(TILE, end - key0), g, t);
+    };
+    auto compute = [&](const Stage& s, int i) {
+        if (!tile_exists(i)) return;
+        compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale, g, t, st);
+    };
+
+    // NUM_STAGES tiles in registers: tiles i + 1 .. i + NUM_STAGES - 1 are in flight while
+    // tile i is computed (a ring indexed by compile-time constants, so it stays in registers).
+    // The block id of the next tile to load is read one step ahead, so a table read never
+    // holds up a KV load.
+    Stage ring[NUM_STAGES];
+#pragma unroll
+    for (int j = 0; j < NUM_STAGES - 1; ++j) {
+        // EARLY_LOADS: a prologue tile that ends before the step's new token (the only KV the
+        // kernels before this one write) is loaded before the PDL wait
+        if (!EARLY_LOADS || tile_key(j) + TILE >= seq_len) continue;
+        load(ring[j], j, tile_block(j));
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < NUM_STAGES - 1; ++j) {
+        if (EARLY_LOADS && tile_key(j) + TILE < seq_len) continue;
+        load(ring[j], j, tile_block(j));
+    }
+    load_q(qf, q, b, kvh, group, q_stride_b, q_stride_h, g, t);
+    int blk_next = tile_block(NUM_STAGES - 1);
+    for (int i = 0; tile_exists(i); i += NUM_STAGES) {
+#pragma unroll
+        for (int j = 0; j < NUM_STAGES; ++j) {
+            const int ahead = i + j + NUM_STAGES - 1;
+            const int blk_after = tile_block(ahead + 1);
+            load(ring[(j + NUM_STAGES - 1) % NUM_STAGES], ahead, blk_next);
+            compute(ring[j], i + j);
+            blk_next = blk_after;
+        }
+    }
+
+    // merge the warps: each warp's (m, l, unnormalised O) per query row
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+    if (t == 0 && g < group) {
+        m_s[warp][g] = st.m;
+        l_s[warp][g] = st.l;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+        int d = dims_of(mt, g);
+        if (2 * t < group) {
+            o_s[warp][2 * t][d] = st.acc[mt][0];
+            o_s[warp][2 * t][d + 1] = st.acc[mt][2];
+        }
+        if (2 * t + 1 < group) {
+            o_s[warp][2 * t + 1][d] = st.acc[mt][1];
+            o_s[warp][2 * t + 1][d + 1] = st.acc[mt][3];
+        }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < group * HEAD_DIM; idx += NUM_WARPS * 32) {
+        int r = idx / HEAD_DIM, d = idx % HEAD_DIM;
+        float m = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, m_s[w][r]);
+        float l = 0.f, o = 0.f;
+        if (m != NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < NUM_WARPS; ++w) {
+                float scale = m_s[w][r] == NEG_INF ? 0.f : fast_exp2(m_s[w][r] - m);
+                l += l_s[w][r] * scale;
+                o += o_s[w][r][d] * scale;
+            }
+        }
+        float res = l > 0.f ? o / l : 0.f;
+        int h = kvh * group + r;
+        if (num_splits == 1) {
+            float v = res * v_scale;
+            u32 bits;
+            asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(bits) : "f"(v));
+            out[b * out_stride_b + h * out_stride_h + d] = (unsigned short)(bits & 0xffffu);
+        } else {
+            long long row = ((long long)b * num_heads + h) * mid_splits + split;
+            mid_o[row * HEAD_DIM + d] = res;
+            if (d == 0) mid_lse[row] = l > 0.f ? m + __log2f(l) : NEG_INF;
+        }
+    }
+    if (counters == nullptr || num_splits == 1) return;
+    // split-K semaphore (livemeet/layers/split_k.py): the last split of (b, kvh) to finish
+    // merges every split's partial; the barrier orders this CTA's partial stores before the
+    // release, and partials are read through L2 (ld.cg), as L1 is not coherent across SMs
+    __shared__ int is_last;
+    __syncthreads();
+    int* counter = counters + b * gridDim.y + kvh;
+    if (threadIdx.x == 0) {
+        int done;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(done) : "l"(counter) : "memory");
+        is_last = done == num_splits - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    const long long row0 = ((long long)b * num_heads + kvh * group) * mid_splits;
+    merge_splits(mid_o + row0 * HEAD_DIM, mid_lse + row0, out + b * out_stride_b + kvh * group * out_stride_h,
+                 out_stride_h, group, num_splits, mid_splits, v_scale, &o_s[0][0][0], &m_s[0][0]);
+    if (threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(counter) : "memory");
+}

@@ -1,0 +1,343 @@
+"""The tensor-core split-K decode kernel (`csrc/decode_attention.cu`): run-time compilation with
+NVRTC and launches through the CUDA driver, both over ctypes.
+
+Why not Triton: the Triton decode kernel pads the GQA group to 16 tensor-core rows and stages
+every K/V tile through shared memory; for an FP8 cache it is bound by that staging and the
+e4m3 conversion (~40 us per layer at 36k tokens on an H200, bf16's time for half the bytes).
+The CUDA kernel loads each lane's pieces of K and V straight into its mma.sync operand
+registers (see the .cu file's header). It writes the same partials (`mid_o`, `mid_lse`) as
+the Triton split kernel, so the Triton merge kernel can finish both; given split-K counters,
+its last split to finish merges them instead (the FP8 default).
+
+Launches carry the programmatic-stream-serialization attribute (PDL, as
+`livemeet.layers.pdl` gives the Triton kernels), so the kernel takes part in the decode
+step's launch chain, in CUDA graphs too (cuLaunchKernelEx is capturable).
+
+The kernel is used where `supported` says so: an sm_90+ GPU, a bf16 query, head_dim 128, at
+most 8 query heads per KV head, blocks of a multiple of 16 tokens, a bf16 or float8_e4m3fn
+cache, NVRTC and the driver found, and `LIVEMEET_DECODE_KERNEL` not set to `triton`.
+Everything else runs the Triton kernel, as do tensor views whose alignment the kernel's vector
+loads cannot take (`layout_supported`). Compilation happens once per `Variant` and device and
+takes ~1 s. Figures: docs/benchmarks.md, session 7.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import pdl
+
+log = logging.getLogger(__name__)
+
+KERNEL_ENV = "LIVEMEET_DECODE_KERNEL"  # "cuda" (default where supported) or "triton"
+SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cu"
+KERNEL_NAME = b"livemeet_decode_split"
+HEAD_DIM = 128  # the kernel's fixed head size (Qwen3's)
+MAX_GROUP = 8  # query heads per KV head the kernel's m16 tile holds
+TILE_KEYS = 16  # keys per warp iteration: a KV block must hold whole tiles
+THREADS = 128  # 4 warps per program
+MIN_CAPABILITY = (9, 0)  # griddepcontrol (PDL) and e4m3 conversion instructions
+PIECE_BYTES = 16  # the kernel's K/V load width
+MAX_MERGE_SPLITS = 64  # the in-kernel merge's weight buffer (the .cu file's merge_splits)
+MIN_STAGES = 2
+MAX_STAGES_BF16 = 2  # 3 spills registers (ptxas, sm_90: 255 registers, 180 bytes spilled)
+MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
+DEFAULT_STAGES_BF16 = 2
+DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (299 vs 363 us at 16x36k)
+EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
+# CUDA driver API constants (cuda.h, CUDA 12/13)
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: an enum id, padding to 8 bytes, a 64-byte value union
+    _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    # CUlaunchConfig
+    _fields_ = [
+        ("grid_x", ctypes.c_uint),
+        ("grid_y", ctypes.c_uint),
+        ("grid_z", ctypes.c_uint),
+        ("block_x", ctypes.c_uint),
+        ("block_y", ctypes.c_uint),
+        ("block_z", ctypes.c_uint),
+        ("shared_mem_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
+
+
+def _enabled_by_env() -> bool:
+    return os.environ.get(KERNEL_ENV, "cuda") != "triton"
+
+
+@functools.cache
+def _libraries() -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    """(NVRTC, the CUDA driver); OSError when either is missing."""
+    major = (torch.version.cuda or "13").split(".")[0]
+    nvrtc = None
+    for name in (f"libnvrtc.so.{major}", "libnvrtc.so"):
+        try:
+            nvrtc = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if nvrtc is None:
+        raise OSError("NVRTC (libnvrtc) not found")
+    return nvrtc, ctypes.CDLL("libcuda.so.1")
+
+
+def _check_driver(lib: ctypes.CDLL, result: int, what: str) -> None:
+    if result != 0:
+        msg = ctypes.c_char_p()
+        lib.cuGetErrorString(result, ctypes.byref(msg))
+        raise InternalError(f"{what} failed: {(msg.value or b'?').decode()} ({result})")
+
+
+def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
+    """The kernel compiled for one variant and sm_XY. Raises InternalError with NVRTC's log
+    when compilation fails, OSError when NVRTC is missing."""
+    nvrtc, _ = _libraries()
+    prog = ctypes.c_void_p()
+    src = SOURCE.read_bytes()
+    if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, b"decode_attention.cu", 0, None, None):
+        raise InternalError("nvrtcCreateProgram failed")
+    try:
+        opts = [
+            f"--gpu-architecture=sm_{capability[0]}{capability[1]}".encode(),
+            b"-std=c++17",
+            f"-DKV_FP8={int(variant.fp8)}".encode(),
+            f"-DPAGE={variant.page}".encode(),
+            f"-DNUM_STAGES={variant.stages}".encode(),
+            f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
+        ]
+        arr = (ctypes.c_char_p * len(opts))(*opts)
+        if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
+            size = ctypes.c_size_t()
+            nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+            text = ctypes.create_string_buffer(size.value)
+            nvrtc.nvrtcGetProgramLog(prog, text)
+            raise InternalError(f"decode kernel compilation failed:\n{text.value.decode()}")
+        size = ctypes.c_size_t()
+        nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        cubin = ctypes.create_string_buffer(size.value)
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+        return cubin.raw
+    finally:
+        nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
+    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
+    the PDL wait."""
+
+    fp8: bool
+    page: int
+    stages: int
+    early_loads: bool
+
+    def __post_init__(self) -> None:
+        if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
+            raise ConfigError(f"{self.stages} pipeline stages are not supported for this cache")
+        if self.page % TILE_KEYS:
+            raise ConfigError(f"KV blocks of {self.page} tokens do not hold whole 16-key tiles")
+
+
+def default_variant(fp8: bool, page: int) -> Variant:
+    """The form `paged_decode_attention` runs unless a DecodeKernelConfig says otherwise."""
+    stages = DEFAULT_STAGES_FP8 if fp8 else DEFAULT_STAGES_BF16
+    return Variant(fp8, page, stages, EARLY_LOADS)
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    module: ctypes.c_void_p
+    function: ctypes.c_void_p
+
+
+@functools.cache
+def _kernel(variant: Variant, device_index: int) -> _Kernel:
+    capability = torch.cuda.get_device_capability(device_index)
+    cubin = compile_cubin(variant, capability)
+    _, cuda = _libraries()
+    # cudaSetDevice (inside torch.cuda.device) makes the device's primary context current on
+    # this thread; nothing here is a stream operation, so this is safe inside a graph capture
+    with torch.cuda.device(device_index):
+        module = ctypes.c_void_p()
+        _check_driver(cuda, cuda.cuModuleLoadData(ctypes.byref(module), cubin), "cuModuleLoadData")
+        fn = ctypes.c_void_p()
+        found = cuda.cuModuleGetFunction(ctypes.byref(fn), module, KERNEL_NAME)
+        _check_driver(cuda, found, "cuModuleGetFunction")
+    return _Kernel(module, fn)
+
+
+@functools.cache
+def usable(variant: Variant, device_index: int) -> bool:
+    """Whether this form of the kernel compiles and loads on the device (logged once when it
+    does not: NVRTC or the driver missing, a compile or load error); callers then run Triton."""
+    try:
+        _kernel(variant, device_index)
+    except (OSError, InternalError, AttributeError, RuntimeError) as exc:
+        log.warning("CUDA decode kernel %s unavailable, using Triton: %s", variant, exc)
+        return False
+    return True
+
+
+@functools.cache
+def programs_per_sm(variant: Variant, device_index: int) -> int:
+    """How many programs of this variant fit on one SM at once (the driver's occupancy
+    calculator: registers and shared memory), the unit `choose_num_splits` fills waves in."""
+    _, cuda = _libraries()
+    count = ctypes.c_int()
+    fn = _kernel(variant, device_index).function
+    found = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(count), fn, THREADS, 0)
+    _check_driver(cuda, found, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    return max(1, count.value)
+
+
+def supported(q_dtype: torch.dtype, k_cache: torch.Tensor, group: int) -> bool:
+    """Whether `launch` can run a decode with this query dtype over this cache (see the module
+    docstring)."""
+    if not (_enabled_by_env() and k_cache.is_cuda and q_dtype == torch.bfloat16):
+        return False
+    if k_cache.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+        return False
+    page, head_dim = k_cache.shape[1], k_cache.shape[3]
+    if head_dim != HEAD_DIM or group > MAX_GROUP or page % TILE_KEYS:
+        return False
+    index = device_index(k_cache)
+    if torch.cuda.get_device_capability(index) < MIN_CAPABILITY:
+        return False
+    return usable(default_variant(k_cache.dtype == torch.float8_e4m3fn, page), index)
+
+
+def layout_supported(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
+) -> bool:
+    """Whether the tensors' addresses and strides suit the kernel's loads: 16-byte K/V pieces
+    (both caches' bases, block and token strides on 16-byte boundaries, and one stride pair for
+    both), 4-byte query pairs (q's base and its batch and head strides), and contiguous output
+    rows. A view that fails this runs on Triton, which has no such needs (a misaligned vector
+    load would stop the CUDA context)."""
+    elem = k_cache.element_size()
+    if k_cache.stride() != v_cache.stride():
+        return False
+    for t in (k_cache, v_cache):
+        if t.data_ptr() % PIECE_BYTES or any(st * elem % PIECE_BYTES for st in t.stride()[:2]):
+            return False
+    if q.data_ptr() % 4 or q.stride(0) % 2 or q.stride(1) % 2 or q.stride(2) != 1:
+        return False
+    return out.stride(2) == 1
+
+
+def device_index(t: torch.Tensor) -> int:
+    """The CUDA device index of `t` (the current device for an index-less cuda tensor)."""
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    num_splits: int,
+    group: int,
+    qk_scale: float,
+    v_scale: float,
+    variant: Variant | None = None,
+    counters: torch.Tensor | None = None,
+    launch_early: bool = True,
+) -> None:
+    """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream.
+
+    Shapes as `paged_decode_attention` validated them; mid_o [B, H, S, 128] and mid_lse
+    [B, H, S] fp32 contiguous with S >= num_splits; qk_scale: softmax scale * log2(e) * k_scale.
+    With one split it writes `out` (x v_scale) directly, else the partials for the merge.
+    `variant` (default: `default_variant`) must match the cache's dtype and block size.
+    `counters` (int32, >= B x kv_heads, zero between calls: `split_k.counters`): the last split
+    of each (sequence, KV head) merges the partials into `out` itself (at most
+    MAX_MERGE_SPLITS splits), so no merge kernel is needed; None leaves the partials.
+    `launch_early` False launches without the PDL attribute even where PDL is on (the kernel
+    still lets its successor launch early).
+
+    Hazard (early loads, PDL): the kernel may start before the kernels ahead of it in the
+    stream have finished, and it reads seq_lens, the block tables and the KV of every token but
+    each sequence's last before waiting for them. So no PDL-launched kernel of the same step
+    may write those: in the engine they are host copies made before the step, and the step's
+    K/V store (the q/k rotation kernel through a `KVSink`, or store_kv) writes only the new
+    token (the last one)."""
+    if not layout_supported(q, k_cache, v_cache, out):
+        raise InternalError("the tensors' alignment or strides do not suit the kernel")
+    batch, num_kv_heads = q.shape[0], k_cache.shape[2]
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    variant = variant or default_variant(fp8, k_cache.shape[1])
+    if (variant.fp8, variant.page) != (fp8, k_cache.shape[1]):
+        raise InternalError(f"{variant} does not match the cache ({k_cache.dtype}, blocks of "
+                            f"{k_cache.shape[1]})")  # fmt: skip
+    if counters is not None and num_splits > MAX_MERGE_SPLITS:
+        raise InternalError(f"the in-kernel merge takes at most {MAX_MERGE_SPLITS} splits")
+    index = device_index(q)
+    kernel = _kernel(variant, index)
+    _, cuda = _libraries()
+    values: list[ctypes._SimpleCData] = [
+        ctypes.c_void_p(q.data_ptr()),
+        ctypes.c_void_p(k_cache.data_ptr()),
+        ctypes.c_void_p(v_cache.data_ptr()),
+        ctypes.c_void_p(block_tables.data_ptr()),
+        ctypes.c_void_p(seq_lens.data_ptr()),
+        ctypes.c_void_p(mid_o.data_ptr()),
+        ctypes.c_void_p(mid_lse.data_ptr()),
+        ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_float(qk_scale),
+        ctypes.c_float(v_scale),
+        ctypes.c_int64(q.stride(0)),
+        ctypes.c_int64(q.stride(1)),
+        ctypes.c_int64(out.stride(0)),
+        ctypes.c_int64(out.stride(1)),
+        ctypes.c_int64(k_cache.stride(0)),
+        ctypes.c_int64(k_cache.stride(1)),
+        ctypes.c_int64(block_tables.stride(0)),
+        ctypes.c_int(group),
+        ctypes.c_int(mid_o.shape[2]),
+        ctypes.c_void_p(counters.data_ptr() if counters is not None else 0),
+    ]
+    params = (ctypes.c_void_p * len(values))(
+        *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
+    )
+    attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed = 1
+    use_pdl = launch_early and pdl.is_enabled()
+    config = _LaunchConfig(
+        grid_x=num_splits,
+        grid_y=num_kv_heads,
+        grid_z=batch,
+        block_x=THREADS,
+        block_y=1,
+        block_z=1,
+        shared_mem_bytes=0,
+        stream=ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream),
+        attrs=ctypes.pointer(attr) if use_pdl else None,
+        num_attrs=1 if use_pdl else 0,
+    )
+    # the function belongs to q's device's primary context, which must be current
+    with torch.cuda.device(index):
+        found = cuda.cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None)
+    _check_driver(cuda, found, "cuLaunchKernelEx")

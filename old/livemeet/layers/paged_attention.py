@@ -1,0 +1,1153 @@
+"""Paged attention for the decoder: store-KV, split-K decode and causal extend (Triton), with
+torch reference implementations used by the tests and by the CPU path.
+
+KV layout (the contract with the engine), per layer:
+- `k_cache`, `v_cache`: [num_blocks, block_size, num_kv_heads, head_dim], bf16/fp16/fp32 or
+  float8_e4m3fn (then with a per-tensor `k_scale`/`v_scale`: real value = stored * scale);
+  block_size in {16, 32, 64, 128}.
+- `block_tables`: int32 [num_seqs, max_blocks_per_seq]; token t of sequence b lives in block
+  `block_tables[b, t // block_size]` at offset `t % block_size`.
+- `seq_lens`: int32 [num_seqs], tokens in the cache for each sequence (including new ones).
+- slot of a token = block_id * block_size + offset; slot -1 marks padding.
+- `cu_seqlens_q`: int32 [num_seqs + 1], offsets of each sequence's new tokens in a ragged batch.
+
+Methods: online softmax (Milakov & Gimelshein 2018, "Online normalizer calculation for
+softmax"), FlashAttention-2 tiling (Dao 2023), and Flash-Decoding (Dao et al. 2023, "Flash-Decoding
+for long-context inference"): decode splits each sequence's KV into `num_splits` chunks that run
+as separate programs, each writing a partial output and its log-sum-exp; a second kernel merges
+them. All query heads that share a KV head run in one program, so each KV tile is read once per
+group (GQA). The extend kernel packs those heads into the rows of one query tile the same way.
+
+`impl="auto"` runs Triton on CUDA tensors when Triton imports, and the torch references
+otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from livemeet.errors import ConfigError, InternalError
+from livemeet.layers import cuda_decode, pdl, split_k
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except ImportError:  # the CPU-only install path
+    HAS_TRITON = False
+
+Impl = Literal["auto", "triton", "torch"]
+
+SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)  # tokens per KV block
+H200_NUM_SMS = 132  # streaming multiprocessors of an H200 SXM (HOPPER/H200 device notes)
+FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (OCP FP8 spec)
+LOG2E = 1.4426950408889634  # log2(e): the kernels use exp2
+
+# Split-K heuristic (see choose_num_splits); checked on an H200 with loadtest/bench_attention.py.
+DECODE_PROGRAMS_PER_SM = 4  # resident decode programs per SM to keep enough loads in flight
+MIN_TOKENS_PER_SPLIT = 64  # below this a split's fixed cost (q load, merge) dominates
+MAX_DECODE_SPLITS = 64  # upper bound; also the mid-buffer size per (seq, head)
+
+# Fixed kernel configurations (no autotuning: deterministic start-up and CUDA-graph capture).
+DECODE_BLOCK_N = 64  # keys per decode tile
+# FP8 KV: twice the keys per tile keeps the bytes in flight per load equal to bf16's (the FP8
+# long-context run at 64-key tiles was slower than bf16: 61.3 vs 70.7 audio-s/s, H200).
+DECODE_BLOCK_N_FP8 = 128
+DECODE_NUM_WARPS = 4
+DECODE_NUM_STAGES = 2
+
+
+# Decode attention launches with PDL only at batch 1. Replays of the real-size decode graph on
+# an H200 (loadtest/pdl_study.py, docs/benchmarks.md session 8), ms, PDL on every kernel /
+# on every kernel but attention: FP8 1x36k 1.20 / 1.24, 4x36k 3.41 / 3.01, 16x36k 10.93 / 9.08;
+# bf16 1x36k 1.55 / 1.60, 4x36k 5.84 / 4.67, 16x36k 20.38 / 15.64, 16x1k 1.49 / 1.46. Batches
+# of 2..16 rows run the tl.dot projections, and attention launched early together with them
+# costs more than it hides; with PDL off for the projections instead it is as slow (9.22,
+# 15.77 ms at 16x36k) but loses batch 1's gain.
+DECODE_PDL_MAX_ROWS = 1
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Launch configuration of the split-K decode kernel (fixed, never autotuned).
+
+    block_n: keys per tile (a power of two >= 16); num_warps, num_stages: Triton launch
+    parameters (num_stages=1: no cp.async pipeline, tiles go straight to registers);
+    merge_in_kernel: the last split to finish merges the partials instead of a second kernel
+    (a single split always writes the output directly). backend "cuda": the tensor-core CUDA
+    kernel (`livemeet.layers.cuda_decode`) wherever it supports the call; the Triton fields
+    then apply only to the calls it does not support, and
+    cuda_stages (0: the dtype's default) and cuda_early_loads pick its form
+    (`cuda_decode.Variant`); cuda_merge_in_kernel: its last split merges (at most
+    `cuda_decode.MAX_MERGE_SPLITS` splits; else the merge kernel runs after it).
+    fp8_qk (FP8 caches with a 16-bit query only; ignored otherwise; head_dim >= 32): the
+    scores on e4m3 tensor cores with the query scaled per row into e4m3, so no K tile is
+    converted. Approximate (the query loses
+    mantissa bits), off by default, for the sweep to measure against the conversion-bound FP8
+    default. (An e4m3 PV as well was dropped unmeasured: with the GQA group as M = 16 rows,
+    Triton converts both e4m3 operands to fp16 on Hopper anyway.)
+    `loadtest/sweep_decode_kernel.py` times the choices on a GPU: the tile, warp and stage
+    defaults measured best or within 3 % (bf16) / 10 % (FP8) of the best on an H200
+    (docs/benchmarks.md, session 3). Session 4's sweep put the merge kernel ahead of the
+    in-kernel merge for bf16 (44.4 vs 46.8 us per layer at 1x36k, 6.9 vs 8.0 at 1x1k) and
+    behind it for FP8 (40.8 vs 43.6-55.4 us at 1x36k, 425 vs 494 at 16x36k): each dtype's
+    default takes its winner. Two forms
+    measured and dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores
+    (3-10x slower), and K loaded as [D, block_n] instead of transposed in registers (no faster).
+    pdl_max_rows: the split and merge kernels launch with PDL (livemeet.layers.pdl) only for
+    batches of at most this many rows; larger batches launch them after the kernels ahead have
+    finished (see DECODE_PDL_MAX_ROWS).
+    """
+
+    block_n: int = DECODE_BLOCK_N
+    num_warps: int = DECODE_NUM_WARPS
+    num_stages: int = DECODE_NUM_STAGES
+    merge_in_kernel: bool = True
+    fp8_qk: bool = False
+    backend: Literal["cuda", "triton"] = "cuda"
+    cuda_stages: int = 0
+    cuda_early_loads: bool = cuda_decode.EARLY_LOADS
+    cuda_merge_in_kernel: bool = True
+    pdl_max_rows: int = DECODE_PDL_MAX_ROWS
+
+    def __post_init__(self) -> None:
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ConfigError(f"block_n must be a power of two >= 16, got {self.block_n}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ConfigError("num_warps must be a power of two <= 16 and num_stages >= 1")
+
+
+# bf16: the merge kernel after either split kernel (CUDA at 1x36k on an H200: 40.4 us with it,
+# 41.1 merging in the last split; long c1 on the engine 104.3 vs 102.8 audio-s/s)
+DECODE_CONFIG_BF16 = DecodeKernelConfig(merge_in_kernel=False, cuda_merge_in_kernel=False)
+DECODE_CONFIG_FP8 = DecodeKernelConfig(block_n=DECODE_BLOCK_N_FP8)
+
+
+# How the split kernel's partials reach the output (its MERGE constexpr).
+MERGE_SEPARATE = 0  # partials, then _decode_merge_kernel
+MERGE_NONE_NEEDED = 1  # one split: the output directly
+MERGE_IN_LAST_SPLIT = 2  # partials; the last split of each (sequence, KV head) merges (split_k)
+
+
+def default_decode_config(fp8: bool) -> DecodeKernelConfig:
+    """The decode kernel configuration for a bf16/fp16/fp32 (False) or FP8 (True) cache."""
+    return DECODE_CONFIG_FP8 if fp8 else DECODE_CONFIG_BF16
+
+
+def cuda_variant(
+    q_dtype: torch.dtype, k_cache: torch.Tensor, group: int, kernel: DecodeKernelConfig | None
+) -> cuda_decode.Variant | None:
+    """The CUDA kernel's form for a decode with this query dtype, cache and GQA group, or None
+    when the Triton kernel runs it (the configuration asks for Triton, or the CUDA kernel does
+    not support the call)."""
+    fp8 = k_cache.element_size() == 1
+    cfg = kernel or default_decode_config(fp8)
+    if cfg.backend != "cuda" or not cuda_decode.supported(q_dtype, k_cache, group):
+        return None
+    default = cuda_decode.default_variant(fp8, k_cache.shape[1])
+    stages = cfg.cuda_stages or default.stages
+    variant = cuda_decode.Variant(fp8, k_cache.shape[1], stages, cfg.cuda_early_loads)
+    if not cuda_decode.usable(variant, cuda_decode.device_index(k_cache)):
+        return None
+    return variant
+
+
+def decode_programs_per_sm(
+    q_dtype: torch.dtype,
+    k_cache: torch.Tensor,
+    group: int,
+    kernel: DecodeKernelConfig | None = None,
+) -> int:
+    """Resident decode programs per SM for `choose_num_splits`: the CUDA kernel's occupancy
+    where it runs the call, else DECODE_PROGRAMS_PER_SM (the Triton kernel's)."""
+    return _programs_per_sm(cuda_variant(q_dtype, k_cache, group, kernel), k_cache)
+
+
+def _programs_per_sm(variant: cuda_decode.Variant | None, t: torch.Tensor) -> int:
+    """The CUDA kernel's occupancy on `t`'s device for `variant`, or DECODE_PROGRAMS_PER_SM
+    when the Triton kernel runs (variant None)."""
+    if variant is None:
+        return DECODE_PROGRAMS_PER_SM
+    return cuda_decode.programs_per_sm(variant, cuda_decode.device_index(t))
+
+
+def _choose_merge(
+    cfg: DecodeKernelConfig, cuda: bool, num_splits: int, device: torch.device, tiles: int
+) -> tuple[int, torch.Tensor | None]:
+    """(MERGE_* mode, the split-K counters it needs or None) for a decode of `num_splits`
+    splits over `tiles` (sequence, KV head) pairs, by the CUDA (`cuda`) or Triton kernel's
+    merge setting; the in-kernel merge falls back to the merge kernel when the counters cannot
+    be had (split_k.counters) or, for the CUDA kernel, past cuda_decode.MAX_MERGE_SPLITS."""
+    if num_splits == 1:  # nothing to merge, whichever way merging is configured
+        return MERGE_NONE_NEEDED, None
+    in_kernel = cfg.cuda_merge_in_kernel if cuda else cfg.merge_in_kernel
+    if not in_kernel or (cuda and num_splits > cuda_decode.MAX_MERGE_SPLITS):
+        return MERGE_SEPARATE, None
+    counters = split_k.counters(device, tiles)
+    return (MERGE_SEPARATE if counters is None else MERGE_IN_LAST_SPLIT), counters
+
+
+EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
+EXTEND_ROWS_SMALL = 64  # rows per tile when 128-row tiles would leave SMs idle
+EXTEND_BLOCK_N = 128  # keys per extend tile
+EXTEND_NUM_STAGES = 3
+
+
+@dataclass(frozen=True)
+class ExtendKernelConfig:
+    """Launch configuration of the extend (prefill) kernel; the defaults are the module's
+    EXTEND_* constants. rows: query rows per tile (None: `extend_tile_rows` picks EXTEND_ROWS
+    or EXTEND_ROWS_SMALL); block_n: keys per tile; num_warps: for tiles of >= 128 rows
+    (num_warps_small below). For benchmarks (loadtest/sweep_extend_kernel.py)."""
+
+    rows: int | None = None
+    block_n: int = EXTEND_BLOCK_N
+    num_stages: int = EXTEND_NUM_STAGES
+    num_warps: int = 8
+    num_warps_small: int = 4
+
+
+DEFAULT_EXTEND_KERNEL = ExtendKernelConfig()
+
+
+def choose_num_splits(
+    batch_size: int,
+    max_seq_len: int,
+    num_kv_heads: int,
+    num_sms: int = H200_NUM_SMS,
+    max_splits: int = MAX_DECODE_SPLITS,
+    *,
+    programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
+) -> int:
+    """Number of KV splits per sequence for `paged_decode_attention`.
+
+    The split kernel launches batch_size x num_kv_heads x num_splits programs. We want one full
+    wave of them: `programs_per_sm` resident programs on each SM (the kernel's occupancy:
+    `decode_programs_per_sm`), so a batch-1 decode at 36k tokens uses every SM instead of 8
+    and no second, partial wave trails. Each split must also keep at least
+    `MIN_TOKENS_PER_SPLIT` tokens of the longest sequence (that bound is rounded down to a power
+    of two, so the count changes only at 64 x 2^k tokens and few CUDA graphs cover every
+    length: `split_variants`), and there are at most `max_splits`. Examples (8 KV heads, 132
+    SMs, 4 programs per SM): batch 1 at 36k -> 64, batch 3 at 36k -> 22, batch 16 at 36k -> 4,
+    batch 64 -> 1, batch 1 at 1k -> 16, any batch at 100 tokens -> 1.
+
+    For CUDA graphs, call it with the bucket's batch size and the largest context the graph will
+    see; the kernel sizes the splits from each sequence's own length at run time.
+    """
+    if min(batch_size, num_kv_heads, num_sms, max_splits, programs_per_sm) < 1:
+        raise ConfigError(
+            "batch_size, num_kv_heads, num_sms, max_splits and programs_per_sm must be >= 1"
+        )
+    wave = programs_per_sm * num_sms // (batch_size * num_kv_heads)
+    by_length = max(1, max_seq_len // MIN_TOKENS_PER_SPLIT)
+    by_length = 1 << (by_length.bit_length() - 1)
+    return max(1, min(wave, by_length, max_splits))
+
+
+# ----------------------------------------------------------------------------------------------
+# Torch references (gather + SDPA). Correctness oracles and the CPU path.
+# ----------------------------------------------------------------------------------------------
+
+
+def ref_store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> None:
+    """Reference of `store_kv`: write k, v [N, kv_heads, D] to their slots in place."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    for new, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        flat = cache.view(-1, cache.shape[2], cache.shape[3])  # [num_blocks * block_size, H, D]
+        flat[slots] = _quantize(new[keep], cache.dtype, scale)
+
+
+def _quantize(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    if dtype == torch.float8_e4m3fn:
+        return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
+    return x.to(dtype)
+
+
+def _gather_kv(
+    cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, scale: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """One sequence's keys or values: [seq_len, kv_heads, D] in `dtype`."""
+    block_size = cache.shape[1]
+    tokens = torch.arange(seq_len, device=cache.device)
+    blocks = block_table[tokens // block_size].long()
+    kv = cache[blocks, tokens % block_size]
+    if cache.dtype == torch.float8_e4m3fn:
+        return (kv.float() * scale).to(dtype)
+    return kv.to(dtype)
+
+
+def _ref_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, q_offset: int
+) -> torch.Tensor:
+    """q [n, H, D] (positions q_offset..q_offset+n-1) over k, v [L, Hkv, D], causal -> [n, H, D]."""
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    group = num_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    q_pos = torch.arange(q.shape[0], device=q.device) + q_offset
+    k_pos = torch.arange(k.shape[0], device=q.device)
+    mask = k_pos[None, :] <= q_pos[:, None]  # [n, L]
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1),
+        k.float().transpose(0, 1),
+        v.float().transpose(0, 1),
+        attn_mask=mask,
+        scale=scale,
+    )
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def ref_paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """Reference of `paged_decode_attention` (float32 math). A sequence of length 0 gives zeros."""
+    out = torch.zeros_like(q)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
+        k = _gather_kv(k_cache, block_tables[b], seq_len, k_scale, q.dtype)
+        v = _gather_kv(v_cache, block_tables[b], seq_len, v_scale, q.dtype)
+        out[b] = _ref_attention(q[b : b + 1], k, v, scale, q_offset=seq_len - 1)[0]
+    return out
+
+
+def ref_paged_extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+) -> torch.Tensor:
+    """Reference of `paged_extend_attention` (float32 math)."""
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        start, end = cu[b], cu[b + 1]
+        if end == start:
+            continue
+        k = _gather_kv(k_cache, block_tables[b], seq_len, k_scale, q.dtype)
+        v = _gather_kv(v_cache, block_tables[b], seq_len, v_scale, q.dtype)
+        out[start:end] = _ref_attention(q[start:end], k, v, scale, q_offset=seq_len - (end - start))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels.
+# ----------------------------------------------------------------------------------------------
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _store_kv_kernel(
+        K,
+        V,
+        KCache,
+        VCache,
+        Slots,
+        inv_k_scale,
+        inv_v_scale,
+        stride_kn,
+        stride_vn,
+        stride_kc_blk,
+        stride_kc_tok,
+        stride_vc_blk,
+        stride_vc_tok,
+        ROW: tl.constexpr,  # kv_heads * head_dim; a token's heads are contiguous in both
+        ROW_POW2: tl.constexpr,
+        PAGE: tl.constexpr,
+        FP8: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        pdl.dependency_sync(PDL)
+        n = tl.program_id(0)
+        slot = tl.load(Slots + n)
+        if slot >= 0:
+            blk = slot // PAGE
+            off = slot % PAGE
+            cols = tl.arange(0, ROW_POW2)
+            cmask = cols < ROW
+            k = tl.load(K + n * stride_kn + cols, mask=cmask)
+            v = tl.load(V + n * stride_vn + cols, mask=cmask)
+            if FP8:
+                k = tl.clamp(k.to(tl.float32) * inv_k_scale, -448.0, 448.0)
+                v = tl.clamp(v.to(tl.float32) * inv_v_scale, -448.0, 448.0)
+            kc = KCache + blk * stride_kc_blk + off * stride_kc_tok + cols
+            vc = VCache + blk * stride_vc_blk + off * stride_vc_tok + cols
+            tl.store(kc, k.to(KCache.dtype.element_ty), mask=cmask)
+            tl.store(vc, v.to(VCache.dtype.element_ty), mask=cmask)
+
+    @triton.jit
+    def _kv_tile_rows(
+        BT, t0, limit, stride_c_blk, stride_c_tok, PAGE: tl.constexpr, BLOCK_N: tl.constexpr
+    ):
+        """Cache element offsets of tokens t0..t0+BLOCK_N-1 (t0 a multiple of BLOCK_N): [BLOCK_N].
+
+        BT points at this sequence's block-table row. Tokens at or past `limit` (the caller's
+        end) do not read the table (whose row may end, or hold stale ids, past the sequence)
+        and give offset 0; callers mask their K/V loads.
+        """
+        offs = tl.arange(0, BLOCK_N)
+        if PAGE % BLOCK_N == 0:
+            # the tile lies inside one block: one table read (t0 < limit for every tile)
+            blk = tl.load(BT + t0 // PAGE).to(tl.int64)
+            return blk * stride_c_blk + ((t0 % PAGE) + offs) * stride_c_tok
+        else:
+            toks = t0 + offs
+            blk = tl.load(BT + toks // PAGE, mask=toks < limit, other=0).to(tl.int64)
+            return blk * stride_c_blk + (toks % PAGE) * stride_c_tok
+
+    @triton.jit
+    def _online_softmax_step(s, v, m_i, l_i, acc):
+        """Fold one KV tile into the running softmax state (Milakov & Gimelshein 2018).
+
+        s: scores [R, BLOCK_N] in the log2 domain, -inf where a key is hidden; v: values
+        [BLOCK_N, D] in the dot dtype; m_i, l_i: running max and sum [R]; acc: [R, D] fp32.
+        A row that sees nothing yet keeps m = -inf; exp2 never meets (-inf) - (-inf).
+        Returns the new (m_i, l_i, acc)."""
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _decode_split_kernel(
+        Q,
+        KCache,
+        VCache,
+        BlockTables,
+        SeqLens,
+        MidO,
+        MidLse,
+        Out,
+        Counters,
+        qk_scale,  # softmax scale * log2(e) * k_scale
+        v_scale,
+        stride_qb,
+        stride_qh,
+        stride_ob,
+        stride_oh,
+        stride_kc_blk,
+        stride_kc_tok,
+        stride_kc_head,
+        stride_vc_blk,
+        stride_vc_tok,
+        stride_vc_head,
+        stride_bt,
+        GROUP: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        MID_SPLITS: tl.constexpr,
+        FP16_DOT: tl.constexpr,
+        MERGE: tl.constexpr,
+        FP8_QK: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        # grid: (num_seqs, num_kv_heads, num_splits); MidO [B, H, MID_SPLITS, D] fp32,
+        # MidLse [B, H, MID_SPLITS] fp32 (log2 domain), both contiguous.
+        # MERGE: 0 = write partials for _decode_merge_kernel; 1 = one split: write Out directly;
+        # 2 = write partials, and the last split of (b, kv head) to finish merges them into Out
+        # (Counters: int32 [B * kv_heads], zero between calls; see _merge_in_last_split).
+        # FP16_DOT (FP8 KV with a 16-bit query): the dot products run in fp16, to which e4m3
+        # converts in one instruction per pair on sm_89+ (to bf16 it takes three: the bf16 path
+        # made FP8 decode slower than bf16 on an H200, 45 vs 39 us per layer at 36k tokens).
+        # fp16 holds e4m3, softmax probabilities and normed queries with more precision than
+        # bf16. An fp32 query (tests, the parity path) keeps fp32.
+        # FP8_QK (FP8 KV, 16-bit query; opt-in, DecodeKernelConfig): the scores on e4m3 tensor
+        # cores with the query scaled per row into e4m3, so K is never converted. Computed as
+        # S^T = K Q^T, [BLOCK_N, BLOCK_H]: M = BLOCK_N (64/128) is what Hopper's FP8 MMA needs
+        # (with M = 16 Triton falls back to MMAv2 and converts both operands to fp16), and both
+        # operands are K-major (head_dim contiguous). The transposed scores then feed the
+        # usual softmax; PV stays in fp16.
+        pdl.dependency_sync(PDL)  # before the counters too: one decode kernel at a time
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        split = tl.program_id(2)
+        num_heads = tl.num_programs(1) * GROUP
+        seq_len = tl.load(SeqLens + b)
+        split_len = tl.cdiv(tl.cdiv(seq_len, tl.num_programs(2)), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, seq_len)
+
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, HEAD_DIM)
+        hmask = offs_h < GROUP
+        heads = kvh * GROUP + offs_h
+        q = tl.load(
+            Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=hmask[:, None],
+            other=0.0,
+        )  # [BLOCK_H, D]
+        if FP16_DOT:
+            q = q.to(tl.float16)
+        if FP8_QK:
+            q_amax = tl.max(tl.abs(q.to(tl.float32)), 1)  # [BLOCK_H]
+            q_scale = tl.where(q_amax > 0, q_amax / 448.0, 1.0)
+            q8 = (q.to(tl.float32) / q_scale[:, None]).to(KCache.dtype.element_ty)
+            row_scale = q_scale[:, None] * qk_scale
+        bt = BlockTables + b.to(tl.int64) * stride_bt
+        k_base = KCache + kvh * stride_kc_head
+        v_base = VCache + kvh * stride_vc_head
+
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+        for t0 in range(start, end, BLOCK_N):
+            tmask = (t0 + tl.arange(0, BLOCK_N)) < end
+            k_rows = _kv_tile_rows(bt, t0, end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
+            if FP8_QK:
+                s = tl.trans(tl.dot(k, tl.trans(q8))) * row_scale  # [BLOCK_H, BLOCK_N]
+            else:
+                s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            s = tl.where(tmask[None, :], s, float("-inf"))
+            v_rows = _kv_tile_rows(bt, t0, end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=tmask[:, None], other=0.0)
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
+
+        # an empty split (start >= end) leaves l_i = 0: it writes 0 and lse = -inf
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        if MERGE == 1:
+            out_ptrs = Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+            tl.store(out_ptrs, (out * v_scale).to(Out.dtype.element_ty), mask=hmask[:, None])
+        else:
+            lse = m_i + tl.math.log2(l_i)
+            row = (b * num_heads + heads) * MID_SPLITS + split  # [BLOCK_H]
+            tl.store(MidO + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hmask[:, None])
+            tl.store(MidLse + row, lse, mask=hmask)
+            if MERGE == 2:
+                _merge_in_last_split(
+                    MidO, MidLse, Out + b * stride_ob + kvh * GROUP * stride_oh,
+                    Counters + b * tl.num_programs(1) + kvh, v_scale, stride_oh,
+                    (b * num_heads + kvh * GROUP) * MID_SPLITS, GROUP, HEAD_DIM, MID_SPLITS,
+                )  # fmt: skip
+
+    @triton.jit
+    def _merge_in_last_split(
+        MidO,
+        MidLse,
+        OutGroup,
+        Counter,
+        v_scale,
+        stride_oh,
+        first_row,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        MID_SPLITS: tl.constexpr,
+    ):
+        """Count this split as done; the last of the sequence's splits for this KV head merges
+        every split's partial into the GROUP heads' outputs (OutGroup + h * stride_oh; partials
+        in rows first_row + h * MID_SPLITS + s of MidO/MidLse) and re-arms the counter (a
+        split-K semaphore: livemeet.layers.split_k). This removes the merge kernel's launch
+        from each decode step."""
+        if split_k.arrive_last(Counter, tl.num_programs(2)):
+            offs_d = tl.arange(0, HEAD_DIM)
+            for h in tl.static_range(GROUP):
+                row0 = first_row + h * MID_SPLITS
+                out = _merge_splits(MidO, MidLse, row0, tl.num_programs(2), HEAD_DIM, MID_SPLITS)
+                out_ptrs = OutGroup + h * stride_oh + offs_d
+                tl.store(out_ptrs, (out * v_scale).to(OutGroup.dtype.element_ty))
+            split_k.rearm(Counter)
+
+    @triton.jit
+    def _merge_splits(
+        MidO, MidLse, row0, num_splits, HEAD_DIM: tl.constexpr, MID_SPLITS: tl.constexpr
+    ):
+        """One head's output [HEAD_DIM] fp32 (before v_scale) from its first `num_splits`
+        partials: rows row0..row0+num_splits-1 of MidO [., HEAD_DIM] / MidLse (log2 domain),
+        weighted by exp2(lse - max lse); empty splits (lse -inf) weigh 0 and a head with no
+        live split gives 0. Loads go through L2 (".cg"), as the in-kernel merge needs."""
+        offs_s = tl.arange(0, MID_SPLITS)
+        offs_d = tl.arange(0, HEAD_DIM)
+        smask = offs_s < num_splits
+        rows = row0 + offs_s
+        lse = tl.load(MidLse + rows, mask=smask, other=float("-inf"), cache_modifier=".cg")
+        lse_max = tl.max(lse, 0)
+        lse_max = tl.where(lse_max > float("-inf"), lse_max, 0.0)
+        w = tl.where(lse > float("-inf"), tl.math.exp2(lse - lse_max), 0.0)
+        denom = tl.sum(w, 0)
+        o = tl.load(
+            MidO + rows[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=smask[:, None],
+            other=0.0,
+            cache_modifier=".cg",
+        )  # [S, D]
+        return tl.sum(w[:, None] * o, 0) / tl.where(denom > 0, denom, 1.0)
+
+    @triton.jit
+    def _decode_merge_kernel(
+        MidO,
+        MidLse,
+        Out,
+        v_scale,
+        num_splits,
+        stride_ob,
+        stride_oh,
+        HEAD_DIM: tl.constexpr,
+        MID_SPLITS: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        # grid: (num_seqs, num_heads)
+        pdl.dependency_sync(PDL)
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        row0 = (b * tl.num_programs(1) + h) * MID_SPLITS
+        out = _merge_splits(MidO, MidLse, row0, num_splits, HEAD_DIM, MID_SPLITS) * v_scale
+        offs_d = tl.arange(0, HEAD_DIM)
+        tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+    @triton.jit
+    def _extend_kernel(
+        Q,
+        KCache,
+        VCache,
+        BlockTables,
+        CuSeqlensQ,
+        SeqLens,
+        Out,
+        qk_scale,  # softmax scale * log2(e) * k_scale
+        v_scale,
+        stride_qt,
+        stride_qh,
+        stride_ot,
+        stride_oh,
+        stride_kc_blk,
+        stride_kc_tok,
+        stride_kc_head,
+        stride_vc_blk,
+        stride_vc_tok,
+        stride_vc_head,
+        stride_bt,
+        GROUP: tl.constexpr,
+        GROUP_POW2: tl.constexpr,
+        BLOCK_M: tl.constexpr,  # query tokens per tile; rows = BLOCK_M * GROUP_POW2
+        HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        FP16_DOT: tl.constexpr,
+    ):
+        # grid: (num_seqs, num_kv_heads, cdiv(max_seqlen_q, BLOCK_M))
+        # FP16_DOT (FP8 KV with a 16-bit query): dots in fp16, as in _decode_split_kernel
+        # (e4m3 -> fp16 is one instruction per pair on sm_89+, e4m3 -> bf16 three)
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        mt = tl.program_id(2)
+        q_start = tl.load(CuSeqlensQ + b)
+        q_len = tl.load(CuSeqlensQ + b + 1) - q_start
+        if mt * BLOCK_M >= q_len:
+            return
+        seq_len = tl.load(SeqLens + b)
+        prefix_len = seq_len - q_len
+
+        ROWS: tl.constexpr = BLOCK_M * GROUP_POW2
+        rows = tl.arange(0, ROWS)
+        tok = mt * BLOCK_M + rows // GROUP_POW2  # new-token index within the sequence
+        head_in_group = rows % GROUP_POW2
+        rmask = (tok < q_len) & (head_in_group < GROUP)
+        heads = kvh * GROUP + head_in_group
+        offs_d = tl.arange(0, HEAD_DIM)
+        q_tok = (q_start + tok).to(tl.int64)
+        q = tl.load(
+            Q + q_tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=rmask[:, None],
+            other=0.0,
+        )  # [ROWS, D]
+        if FP16_DOT:
+            q = q.to(tl.float16)
+        q_pos = prefix_len + tok
+        bt = BlockTables + b.to(tl.int64) * stride_bt
+        k_base = KCache + kvh * stride_kc_head
+        v_base = VCache + kvh * stride_vc_head
+
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+        # keys before the tile's first query position are visible to every row: no mask
+        full_end = (prefix_len + mt * BLOCK_M) // BLOCK_N * BLOCK_N
+        for t0 in range(0, full_end, BLOCK_N):
+            k_rows = _kv_tile_rows(bt, t0, full_end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :])
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            v_rows = _kv_tile_rows(bt, t0, full_end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v = tl.load(v_base + v_rows[:, None] + offs_d[None, :])
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
+        # the diagonal band: causal mask
+        band_end = tl.minimum(seq_len, prefix_len + (mt + 1) * BLOCK_M)
+        for t0 in range(full_end, band_end, BLOCK_N):
+            k_pos = t0 + tl.arange(0, BLOCK_N)
+            kmask = k_pos < band_end
+            k_rows = _kv_tile_rows(bt, t0, band_end, stride_kc_blk, stride_kc_tok, PAGE, BLOCK_N)
+            k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
+            visible = kmask[None, :] & (k_pos[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))  # a padded row may see nothing here
+            v_rows = _kv_tile_rows(bt, t0, band_end, stride_vc_blk, stride_vc_tok, PAGE, BLOCK_N)
+            v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kmask[:, None], other=0.0)
+            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
+
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
+        tl.store(
+            Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+            out.to(Out.dtype.element_ty),
+            mask=rmask[:, None],
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# Python API.
+# ----------------------------------------------------------------------------------------------
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def select_triton(impl: Impl, t: torch.Tensor, *, available: bool) -> bool:
+    """Whether a kernel call on `t` runs in Triton: "torch" never, "triton" always (ConfigError
+    when Triton is not `available`), "auto" when Triton is available and `t` is on CUDA."""
+    if impl == "torch":
+        return False
+    if impl == "triton":
+        if not available:
+            raise ConfigError("impl='triton' needs the triton package (pip install triton)")
+        return True
+    return available and t.is_cuda
+
+
+def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
+    return select_triton(impl, t, available=HAS_TRITON)  # read at call time (tests patch it)
+
+
+@dataclass(frozen=True)
+class KVSink:
+    """Where one layer's new K/V go in a step: its paged caches, each token's slot
+    (slot = block * block_size + offset; -1 for a padding row, never stored) and the e4m3
+    scale (1.0 for a bf16/fp16 cache). A kernel ahead of attention that takes a sink writes K/V
+    itself (livemeet.layers.fused.qk_norm_rope_store_kv); attention then reads them from the
+    caches.
+
+    k_cache, v_cache: [num_blocks, block_size, kv_heads, head_dim]; slot_mapping: int64 [N].
+    """
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    scale: float = 1.0
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
+    """Validates the KV caches; returns (block_size, num_kv_heads, head_dim)."""
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise InternalError(
+            "k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.dtype != v_cache.dtype:
+        raise InternalError(f"k_cache is {k_cache.dtype} but v_cache is {v_cache.dtype}")
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ConfigError(f"block_size must be one of {SUPPORTED_BLOCK_SIZES}, got {block_size}")
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ConfigError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if cache.stride(3) != 1 or cache.stride(2) != head_dim:
+            raise InternalError(f"{name} must have contiguous [kv_heads, head_dim] rows")
+    return block_size, num_kv_heads, head_dim
+
+
+def _check_query(q: torch.Tensor, num_kv_heads: int, head_dim: int, cache: torch.Tensor) -> int:
+    """Validates q [*, heads, head_dim]; returns the GQA group size heads // kv_heads."""
+    if q.dim() != 3 or q.shape[2] != head_dim:
+        raise InternalError(f"q must be [tokens, heads, {head_dim}], got {tuple(q.shape)}")
+    if q.shape[1] % num_kv_heads:
+        raise ConfigError(f"{q.shape[1]} query heads are not a multiple of {num_kv_heads} KV heads")
+    if q.stride(2) != 1:
+        raise InternalError("q must be contiguous in head_dim")
+    if q.device != cache.device:
+        raise InternalError(f"q is on {q.device} but the KV cache is on {cache.device}")
+    return q.shape[1] // num_kv_heads
+
+
+def _check_int32(name: str, t: torch.Tensor, dims: int) -> None:
+    if t.dtype != torch.int32 or t.dim() != dims:
+        raise InternalError(f"{name} must be int32 with {dims} dims, got {t.dtype} {t.dim()}")
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    impl: Impl = "auto",
+) -> None:
+    """Write new keys and values into the paged cache, in place.
+
+    k, v: [N, kv_heads, head_dim]; slot_mapping: int64 [N], slot = block_id * block_size + offset,
+    -1 for a padding token (skipped). For a float8_e4m3fn cache the values are stored as
+    clamp(x / scale, -448, 448). Raises InternalError on mismatched shapes/dtypes and ConfigError
+    on an unsupported cache geometry.
+    """
+    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
+    expected = (slot_mapping.shape[0], num_kv_heads, head_dim)
+    if k.shape != expected or v.shape != expected:
+        raise InternalError(
+            f"k and v must be {expected}, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1:
+        raise InternalError(f"slot_mapping must be int64 [N], got {slot_mapping.dtype}")
+    if not _use_triton(impl, k):
+        ref_store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+        return
+    if slot_mapping.shape[0] == 0:
+        return
+    k = k.reshape(k.shape[0], -1)  # [N, kv_heads * D]: contiguous rows
+    v = v.reshape(v.shape[0], -1)
+    row = num_kv_heads * head_dim
+    _store_kv_kernel[(slot_mapping.shape[0],)](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        1.0 / k_scale,
+        1.0 / v_scale,
+        k.stride(0),
+        v.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        ROW=row,
+        ROW_POW2=next_pow2(row),
+        PAGE=block_size,
+        FP8=k_cache.dtype == torch.float8_e4m3fn,
+        num_warps=4,
+        **pdl.launch_options(k, _store_kv_kernel),
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    impl: Impl = "auto",
+    kernel: DecodeKernelConfig | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query token per sequence over its paged KV (split-K / Flash-Decoding).
+
+    q: [B, heads, D] (the token at position seq_len - 1, its K/V already stored);
+    block_tables: int32 [B, max_blocks]; seq_lens: int32 [B] (0 for a padded row: output 0);
+    scale: softmax scale (1/sqrt(D) for Qwen3). Returns [B, heads, D] in q's dtype.
+
+    `num_splits` (a power of two is best; at most `MAX_DECODE_SPLITS` is sensible): KV chunks per
+    sequence; None picks `choose_num_splits(B, max_seq_len, kv_heads)`, with `max_seq_len`
+    defaulting to the block-table capacity (no host sync). The grid depends only on B, kv_heads
+    and num_splits, and splits are sized from seq_lens inside the kernel, so one call can be
+    captured in a CUDA graph and replayed for any lengths within the block table.
+    `kernel` overrides the launch configuration (default: `default_decode_config`). `out`: the
+    [B, heads, D] tensor (a view contiguous in head_dim) to write and return instead of a new
+    one.
+    """
+    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
+    group = _check_query(q, num_kv_heads, head_dim, k_cache)
+    _check_int32("block_tables", block_tables, 2)
+    _check_int32("seq_lens", seq_lens, 1)
+    batch = q.shape[0]
+    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
+        raise InternalError(f"block_tables and seq_lens must have {batch} rows")
+    _check_out(out, q)
+    if not _use_triton(impl, q):
+        ref = ref_paged_decode_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=k_scale, v_scale=v_scale
+        )
+        return ref if out is None else out.copy_(ref)
+    variant = cuda_variant(q.dtype, k_cache, group, kernel)
+    out = torch.empty_like(q) if out is None else out
+    if variant is not None and not cuda_decode.layout_supported(q, k_cache, v_cache, out):
+        variant = None
+    if num_splits is None:
+        if max_seq_len is None:
+            max_seq_len = block_tables.shape[1] * block_size
+        num_sms = H200_NUM_SMS
+        if q.is_cuda:
+            num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        per_sm = _programs_per_sm(variant, q)
+        num_splits = choose_num_splits(
+            max(batch, 1), max_seq_len, num_kv_heads, num_sms, programs_per_sm=per_sm
+        )
+    if num_splits < 1:
+        raise ConfigError(f"num_splits must be >= 1, got {num_splits}")
+    if batch == 0:
+        return out
+    num_heads = q.shape[1]
+    fp8 = k_cache.element_size() == 1
+    cfg = kernel or default_decode_config(fp8)
+    fp16_dot = _fp16_dots(q, k_cache)
+    if fp16_dot and cfg.fp8_qk and head_dim < 32:
+        raise ConfigError(f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}")
+    splits_pow2 = next_pow2(num_splits)
+    tiles = batch * num_kv_heads
+    merge, counters = _choose_merge(cfg, variant is not None, num_splits, q.device, tiles)
+    f32 = {"device": q.device, "dtype": torch.float32}
+    mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
+    mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
+    early = batch <= cfg.pdl_max_rows  # DECODE_PDL_MAX_ROWS
+    if variant is not None:
+        cuda_decode.launch(
+            q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
+            num_splits=num_splits, group=group, qk_scale=scale * LOG2E * k_scale, v_scale=v_scale,
+            variant=variant, counters=counters, launch_early=early,
+        )  # fmt: skip
+    else:
+        _launch_triton_split(
+            q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, cfg, merge,
+            counters, num_splits, group, scale * LOG2E * k_scale, v_scale, fp16_dot, early,
+        )  # fmt: skip
+    if merge != MERGE_SEPARATE:
+        return out
+    _decode_merge_kernel[(batch, num_heads)](
+        mid_o,
+        mid_lse,
+        out,
+        v_scale,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        MID_SPLITS=splits_pow2,
+        num_warps=4,
+        **_pdl_options(q, _decode_merge_kernel, early),
+    )
+    return out
+
+
+def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> None:
+    """An attention output given by the caller must match q's shape, dtype and device, and be
+    contiguous in head_dim (the kernels take its token and head strides only)."""
+    if out is None:
+        return
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise InternalError(
+            f"out must be {tuple(q.shape)} {q.dtype} on {q.device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    if out.stride(2) != 1:
+        raise InternalError("out must be contiguous in head_dim")
+
+
+def _fp16_dots(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the Triton attention kernels run their dots in fp16 (their FP16_DOT): an e4m3
+    cache read by a 16-bit query. e4m3 converts to fp16 in one instruction per pair on sm_89+
+    and to bf16 in three; an fp32 query (tests, the parity path) keeps fp32."""
+    return k_cache.element_size() == 1 and q.dtype in (torch.bfloat16, torch.float16)
+
+
+def _pdl_options(q: torch.Tensor, kernel: object, early: bool) -> dict[str, bool]:
+    """`pdl.launch_options`, or no PDL when the batch is too large for it (`early` False)."""
+    return pdl.launch_options(q, kernel) if early else {"PDL": False}
+
+
+def _launch_triton_split(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    out: torch.Tensor,
+    cfg: DecodeKernelConfig,
+    merge: int,
+    counters: torch.Tensor | None,
+    num_splits: int,
+    group: int,
+    qk_scale: float,
+    v_scale: float,
+    fp16_dot: bool,
+    early: bool,
+) -> None:
+    """The Triton split kernel over grid (B, kv_heads, num_splits) (see paged_decode_attention);
+    with PDL (where on) when `early`."""
+    _decode_split_kernel[(q.shape[0], k_cache.shape[2], num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        out,
+        mid_lse if counters is None else counters,  # unused unless MERGE == 2
+        qk_scale,
+        v_scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_H=max(16, next_pow2(group)),  # tl.dot needs >= 16 rows
+        HEAD_DIM=k_cache.shape[3],
+        PAGE=k_cache.shape[1],
+        BLOCK_N=cfg.block_n,
+        MID_SPLITS=mid_o.shape[2],
+        FP16_DOT=fp16_dot,
+        MERGE=merge,
+        FP8_QK=fp16_dot and cfg.fp8_qk,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **_pdl_options(q, _decode_split_kernel, early),
+    )
+
+
+def extend_tile_rows(
+    num_seqs: int, num_kv_heads: int, max_seqlen_q: int, group: int, num_sms: int
+) -> int:
+    """Query rows (tokens x heads of a GQA group) per extend tile: EXTEND_ROWS, or
+    EXTEND_ROWS_SMALL when 128-row tiles would leave SMs idle (e.g. one 512-token chunk: 64
+    programs of 128 rows). Each value is a separately compiled kernel variant, so a server
+    warms both up (ModelRunner.warm_up)."""
+    tiles = -(-max_seqlen_q * next_pow2(group) // EXTEND_ROWS)
+    return EXTEND_ROWS if num_seqs * num_kv_heads * tiles >= num_sms else EXTEND_ROWS_SMALL
+
+
+def paged_extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_seqlen_q: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    impl: Impl = "auto",
+    out: torch.Tensor | None = None,
+    kernel: ExtendKernelConfig | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its cached prefix and themselves.
+
+    q: [Nq, heads, D], the new tokens of all sequences concatenated (ragged);
+    cu_seqlens_q: int32 [B + 1] (sequence b owns q rows cu[b]..cu[b+1]-1);
+    seq_lens: int32 [B], tokens in the cache per sequence INCLUDING the new ones, whose K/V must
+    already be stored (`store_kv`); new token i of b sits at position seq_len - q_len + i.
+    Returns [Nq, heads, D] in q's dtype. KV is read in place through the block table.
+
+    `max_seqlen_q` (the longest q_len) sizes the grid; None reads it from cu_seqlens_q, which
+    syncs with the host (pass it when capturing a CUDA graph). `out`: the [Nq, heads, D]
+    tensor (a view contiguous in head_dim) to write and return instead of a new one. `kernel`
+    overrides the launch configuration (ExtendKernelConfig).
+    """
+    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
+    group = _check_query(q, num_kv_heads, head_dim, k_cache)
+    _check_int32("block_tables", block_tables, 2)
+    _check_int32("cu_seqlens_q", cu_seqlens_q, 1)
+    _check_int32("seq_lens", seq_lens, 1)
+    num_seqs = seq_lens.shape[0]
+    if block_tables.shape[0] != num_seqs or cu_seqlens_q.shape[0] != num_seqs + 1:
+        raise InternalError(
+            f"block_tables must have {num_seqs} rows and cu_seqlens_q {num_seqs + 1} entries"
+        )
+    _check_out(out, q)
+    if not _use_triton(impl, q):
+        ref = ref_paged_extend_attention(
+            q,
+            k_cache,
+            v_cache,
+            block_tables,
+            cu_seqlens_q,
+            seq_lens,
+            scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
+        return ref if out is None else out.copy_(ref)
+    out = torch.empty_like(q) if out is None else out
+    if num_seqs == 0 or q.shape[0] == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+    group_pow2 = next_pow2(group)
+    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+    cfg = kernel or DEFAULT_EXTEND_KERNEL
+    rows = cfg.rows or extend_tile_rows(num_seqs, num_kv_heads, max_seqlen_q, group, num_sms)
+    block_m = max(16, rows // group_pow2)
+    grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
+    _extend_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        out,
+        scale * LOG2E * k_scale,
+        v_scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_POW2=group_pow2,
+        BLOCK_M=block_m,
+        HEAD_DIM=head_dim,
+        PAGE=block_size,
+        BLOCK_N=cfg.block_n,
+        FP16_DOT=_fp16_dots(q, k_cache),
+        num_warps=cfg.num_warps if rows >= 128 else cfg.num_warps_small,
+        num_stages=cfg.num_stages,
+    )
+    return out

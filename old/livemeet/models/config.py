@@ -1,0 +1,217 @@
+"""MOSS-TD geometry, parsed from either config.json dialect (MODEL.md section 8.2).
+
+Two dialects exist for the same model:
+- upstream (OpenMOSS-Team/MOSS-Transcribe-Diarize): `audio_config` uses WhisperConfig names
+  (`d_model`, `encoder_layers`, `encoder_attention_heads`, `encoder_ffn_dim`), the top level has
+  `adaptor_input_dim`, `text_config` may carry `rope_theta` directly;
+- HF-native (transformers >= 5.24): `audio_config` uses `hidden_size`, `num_hidden_layers`,
+  `num_attention_heads`, `intermediate_size`; RoPE lives in `text_config.rope_parameters`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from livemeet.errors import ConfigError
+
+MODEL_TYPE = "moss_transcribe_diarize"
+_AUDIO_MODEL_TYPES = ("whisper", "moss_transcribe_diarize_audio")
+_TEXT_MODEL_TYPES = ("qwen3",)
+
+# (our field, upstream Whisper name, HF-native name)
+_AUDIO_FIELDS = (
+    ("d_model", "d_model", "hidden_size"),
+    ("layers", "encoder_layers", "num_hidden_layers"),
+    ("heads", "encoder_attention_heads", "num_attention_heads"),
+    ("ffn", "encoder_ffn_dim", "intermediate_size"),
+)
+
+
+@dataclass(frozen=True)
+class AudioConfig:
+    """Whisper encoder geometry (MODEL.md section 2)."""
+
+    d_model: int
+    layers: int
+    heads: int
+    ffn: int
+    num_mel_bins: int = 80
+    max_source_positions: int = 1500  # encoder frames per 30 s window
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """Qwen3 decoder geometry (MODEL.md section 4)."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int = 151_936
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    max_position_embeddings: int = 131_072
+    tie_word_embeddings: bool = True
+
+
+@dataclass(frozen=True)
+class MossTDConfig:
+    """The whole model: encoder, 4x merge + adaptor, decoder, and the audio placeholder id."""
+
+    audio: AudioConfig
+    text: TextConfig
+    audio_token_id: int = 151_671
+    merge_size: int = 4
+
+    @property
+    def adaptor_input_dim(self) -> int:
+        return self.audio.d_model * self.merge_size
+
+    @staticmethod
+    def real_size() -> MossTDConfig:
+        """The published MOSS-TD 0.9B geometry (MODEL.md sections 0, 2, 4)."""
+        return MossTDConfig(
+            audio=AudioConfig(d_model=1024, layers=24, heads=16, ffn=4096),
+            text=TextConfig(
+                hidden=1024, intermediate=3072, layers=28, heads=16, kv_heads=8, head_dim=128
+            ),
+        )
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> MossTDConfig:
+        """Parse a config.json mapping of either dialect. Raises ConfigError with the bad field."""
+        if raw.get("model_type") != MODEL_TYPE:
+            raise ConfigError(
+                f"config model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r} "
+                "(is this a MOSS-Transcribe-Diarize checkpoint?)"
+            )
+        cfg = MossTDConfig(
+            audio=_parse_audio(_section(raw, "audio_config")),
+            text=_parse_text(_section(raw, "text_config"), raw),
+            audio_token_id=_int(raw, "audio_token_id", 151_671),
+            merge_size=_int(raw, "audio_merge_size", 4),
+        )
+        declared = raw.get("adaptor_input_dim")
+        if declared is not None and declared != cfg.adaptor_input_dim:
+            raise ConfigError(
+                f"adaptor_input_dim {declared} != audio d_model {cfg.audio.d_model} "
+                f"x audio_merge_size {cfg.merge_size}"
+            )
+        cfg.validate()
+        return cfg
+
+    @staticmethod
+    def from_file(path: str | Path) -> MossTDConfig:
+        """Read and parse a config.json. Raises ConfigError if unreadable or invalid."""
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read model config {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"model config {path} is not a JSON object")
+        return MossTDConfig.from_dict(raw)
+
+    def validate(self) -> None:
+        """Raise ConfigError for geometry the model code cannot run."""
+        a, t = self.audio, self.text
+        checks = [
+            (
+                a.d_model % a.heads == 0,
+                f"audio d_model {a.d_model} not divisible by {a.heads} heads",
+            ),
+            (t.heads % t.kv_heads == 0, f"text heads {t.heads} not a multiple of {t.kv_heads}"),
+            (t.head_dim % 2 == 0, f"text head_dim {t.head_dim} must be even for RoPE"),
+            (self.merge_size >= 1, f"audio_merge_size {self.merge_size} must be >= 1"),
+            (a.max_source_positions % self.merge_size == 0, "merge size must divide 1500 frames"),
+            (
+                0 <= self.audio_token_id < t.vocab,
+                f"audio_token_id {self.audio_token_id} not in vocab",
+            ),
+            (t.tie_word_embeddings, "untied LM heads are not supported (MOSS-TD ties them)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(f"unsupported model config: {message}")
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    section = raw.get(name)
+    if not isinstance(section, dict):
+        raise ConfigError(f"model config has no {name!r} object")
+    return section
+
+
+def _int(raw: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"model config field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _parse_audio(raw: dict[str, Any]) -> AudioConfig:
+    model_type = raw.get("model_type", "whisper")
+    if model_type not in _AUDIO_MODEL_TYPES:
+        raise ConfigError(
+            f"audio_config model_type {model_type!r} is not one of {_AUDIO_MODEL_TYPES}"
+        )
+    act = raw.get("activation_function", "gelu")
+    if act != "gelu":
+        raise ConfigError(f"audio activation_function {act!r} unsupported (expected 'gelu')")
+    values: dict[str, int] = {}
+    for ours, upstream, native in _AUDIO_FIELDS:
+        key = upstream if upstream in raw else native
+        if key not in raw:
+            raise ConfigError(f"audio_config needs {upstream!r} or {native!r}")
+        values[ours] = _int(raw, key)
+    return AudioConfig(
+        **values,
+        num_mel_bins=_int(raw, "num_mel_bins", 80),
+        max_source_positions=_int(raw, "max_source_positions", 1500),
+    )
+
+
+def _rope_theta(raw: dict[str, Any]) -> float:
+    params = raw.get("rope_parameters") or raw.get("rope_scaling")
+    if isinstance(params, dict):
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type != "default":
+            raise ConfigError(f"RoPE type {rope_type!r} unsupported (MOSS-TD uses 'default')")
+        if "rope_theta" in params:
+            return float(params["rope_theta"])
+    return float(raw.get("rope_theta", 1_000_000.0))
+
+
+def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
+    model_type = raw.get("model_type", "qwen3")
+    if model_type not in _TEXT_MODEL_TYPES:
+        raise ConfigError(f"text_config model_type {model_type!r} is not 'qwen3'")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(
+            f"text hidden_act {raw.get('hidden_act')!r} unsupported (expected 'silu')"
+        )
+    if raw.get("attention_bias", False) or raw.get("use_sliding_window", False):
+        raise ConfigError("text attention_bias / sliding windows are unsupported")
+    heads = _int(raw, "num_attention_heads")
+    hidden = _int(raw, "hidden_size")
+    return TextConfig(
+        hidden=hidden,
+        intermediate=_int(raw, "intermediate_size"),
+        layers=_int(raw, "num_hidden_layers"),
+        heads=heads,
+        kv_heads=_int(raw, "num_key_value_heads", heads),
+        head_dim=_int(raw, "head_dim", hidden // heads),
+        vocab=_int(raw, "vocab_size", 151_936),
+        rope_theta=_rope_theta(raw),
+        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=_int(raw, "max_position_embeddings", 131_072),
+        tie_word_embeddings=bool(top.get("tie_word_embeddings", True)),
+    )

@@ -1,0 +1,256 @@
+"""Build a MossTDModel from a safetensors checkpoint (either key dialect) or dummy weights.
+
+Checkpoint names (MODEL.md section 8.1) map to our canonical module names:
+  model.whisper_encoder.* | model.audio_tower.*            -> audio_encoder.*
+  model.vq_adaptor.layers.{0,2,3}.*                         -> adaptor.{linear_1,linear_2,norm}.*
+  model.multi_modal_projector.{linear_1,linear_2,norm}.*    -> adaptor.{linear_1,linear_2,norm}.*
+  model.language_model.*                                    -> language_model.*
+There is no lm_head.weight: the head is tied to language_model.embed_tokens.weight (one equal
+to the embedding is accepted and dropped). Every mismatch is reported at once in a ConfigError.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from livemeet.errors import ConfigError
+from livemeet.layers.rotary import RotaryEmbedding
+from livemeet.models.audio_llm import MossTDModel
+from livemeet.models.config import MossTDConfig
+from livemeet.models.dialects import canonical_name
+
+_LM_HEAD = "lm_head.weight"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
+# Residual-branch output projections get an extra 1/sqrt(2 * layers) in dummy init.
+_RESIDUAL_OUTPUTS = ("out_proj.weight", "fc2.weight", "o_proj.weight", "down_proj.weight")
+
+
+@dataclass(frozen=True)
+class _TensorInfo:
+    file: Path
+    key: str  # name inside the file
+    shape: tuple[int, ...]
+    dtype: str  # safetensors dtype string, e.g. "BF16"
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """ "auto" -> cuda when available, else cpu."""
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """ "auto" -> bfloat16 on CUDA, float32 elsewhere; names like "bfloat16" -> torch dtypes."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    named = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in named:
+        raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, not {dtype!r}")
+    return named[dtype]
+
+
+def load_model(
+    path_or_id: str | Path | None,
+    *,
+    load_format: str = "auto",
+    device: str | torch.device = "auto",
+    dtype: str | torch.dtype = "auto",
+) -> tuple[MossTDModel, MossTDConfig]:
+    """Load MOSS-TD for inference (eval mode, no grad needed). Returns (model, config).
+
+    `path_or_id`: a local checkpoint directory, or a hub id resolved through the local Hugging
+    Face cache only (no network). `load_format`: "auto"/"safetensors" reads the checkpoint;
+    "dummy" builds random weights of the checkpoint's geometry (real size when path is None).
+    Raises ConfigError for a missing/unreadable checkpoint, a config of another model, missing,
+    unexpected, misshapen or integer tensors.
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if load_format == "dummy":
+        cfg = MossTDConfig.real_size() if path_or_id is None else _read_config(_resolve(path_or_id))
+        model = _empty_model(cfg, dev, dt)
+        _init_dummy(model, cfg)
+        return model.eval(), cfg
+    if load_format not in ("auto", "safetensors"):
+        raise ConfigError(f"load_format must be auto, safetensors or dummy, not {load_format!r}")
+    if path_or_id is None:
+        raise ConfigError("no model given: pass a checkpoint directory or hub id, or use dummy")
+    root = _resolve(path_or_id)
+    cfg = _read_config(root)
+    model = _empty_model(cfg, dev, dt)
+    tensors = _index_checkpoint(root)
+    _check_against_model(model, tensors)
+    _copy_weights(model, tensors)
+    return model.eval(), cfg
+
+
+def _resolve(path_or_id: str | Path) -> Path:
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        return path
+    text = str(path_or_id)
+    if not _HUB_ID.match(text):
+        raise ConfigError(f"model path {text!r} is not a directory (nor a hub id owner/name)")
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(text, local_files_only=True))
+    except Exception as exc:  # the hub raises several unrelated types for "not cached"
+        raise ConfigError(
+            f"model {text!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
+            f"livemeet does not download at run time. On a machine with network access run "
+            f"`hf download {text} --include {' '.join(_CHECKPOINT_FILES)}` (with HF_HOME pointing "
+            f"at this cache), or pass the checkpoint directory instead ({type(exc).__name__})"
+        ) from exc
+
+
+def _read_config(root: Path) -> MossTDConfig:
+    config_file = root / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"no config.json in {root}")
+    return MossTDConfig.from_file(config_file)
+
+
+def _empty_model(cfg: MossTDConfig, device: torch.device, dtype: torch.dtype) -> MossTDModel:
+    with torch.device("meta"):
+        model = MossTDModel(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    # The RoPE table is a non-persistent buffer: rebuild it, it was never in a checkpoint.
+    model.language_model.rotary = RotaryEmbedding(cfg.text.head_dim, cfg.text.rope_theta).to(device)
+    return model
+
+
+def _shard_files(root: Path) -> list[Path]:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"unreadable checkpoint index {index}: {exc}") from exc
+        files = sorted({root / name for name in weight_map.values()})
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ConfigError(f"checkpoint shards listed in {index.name} are missing: {missing}")
+        return files
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"no *.safetensors files in {root}")
+    return files
+
+
+def _index_checkpoint(root: Path) -> dict[str, _TensorInfo]:
+    tensors: dict[str, _TensorInfo] = {}
+    unknown: list[str] = []
+    for file in _shard_files(root):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    tensor_slice = handle.get_slice(key)
+                    name = _LM_HEAD if key == _LM_HEAD else canonical_name(key)
+                    if name is None:
+                        unknown.append(key)
+                        continue
+                    if name in tensors:
+                        raise ConfigError(f"checkpoint has two tensors for {name}: {key}")
+                    info = _TensorInfo(
+                        file, key, tuple(tensor_slice.get_shape()), tensor_slice.get_dtype()
+                    )
+                    tensors[name] = info
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"cannot read safetensors file {file}: {exc}") from exc
+    if unknown:
+        raise ConfigError(f"unexpected tensors in checkpoint: {sorted(unknown)}")
+    return tensors
+
+
+def _expected(model: MossTDModel) -> dict[str, torch.Tensor]:
+    return dict(model.state_dict())
+
+
+def _check_against_model(model: MossTDModel, tensors: dict[str, _TensorInfo]) -> None:
+    expected = _expected(model)
+    problems = []
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected) - {_LM_HEAD})
+    if missing:
+        problems.append(f"missing tensors: {missing}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {[tensors[n].key for n in unexpected]}")
+    for name in sorted(set(expected) & set(tensors)):
+        want, got = tuple(expected[name].shape), tensors[name].shape
+        if want != got:
+            problems.append(f"wrong shape for {tensors[name].key}: expected {want}, got {got}")
+    for info in tensors.values():
+        if not info.dtype.startswith(("F", "BF")):
+            problems.append(f"tensor {info.key} has non-float dtype {info.dtype}")
+    if _LM_HEAD in tensors:
+        embed = tuple(expected["language_model.embed_tokens.weight"].shape)
+        if tensors[_LM_HEAD].shape != embed:
+            problems.append(
+                f"wrong shape for {_LM_HEAD}: expected {embed}, got {tensors[_LM_HEAD].shape}"
+            )
+    if problems:
+        raise ConfigError("checkpoint does not match the model config: " + "; ".join(problems))
+
+
+def _by_file(tensors: dict[str, _TensorInfo]) -> Iterator[tuple[Path, list[tuple[str, str]]]]:
+    files: dict[Path, list[tuple[str, str]]] = {}
+    for name, info in tensors.items():
+        files.setdefault(info.file, []).append((name, info.key))
+    yield from files.items()
+
+
+@torch.no_grad()
+def _copy_weights(model: MossTDModel, tensors: dict[str, _TensorInfo]) -> None:
+    params = _expected(model)
+    lm_head: torch.Tensor | None = None
+    for file, names in _by_file(tensors):
+        with safe_open(str(file), framework="pt") as handle:
+            for name, key in names:
+                if name == _LM_HEAD:
+                    lm_head = handle.get_tensor(key)
+                    continue
+                params[name].copy_(handle.get_tensor(key))
+    if lm_head is not None:
+        embed = params["language_model.embed_tokens.weight"]
+        if not torch.equal(lm_head.to(embed.device, embed.dtype), embed):
+            raise ConfigError(
+                "checkpoint has an lm_head.weight that differs from embed_tokens; "
+                "untied heads are not supported (MOSS-TD ties them)"
+            )
+
+
+@torch.no_grad()
+def _init_dummy(model: MossTDModel, cfg: MossTDConfig, seed: int = 0) -> None:
+    """Random weights with unit-scale activations: matrices ~ N(0, 1/fan_in), residual output
+    projections further / sqrt(2 * layers), embeddings ~ N(0, 1), norms 1, biases 0."""
+    first = next(model.parameters())
+    gen = torch.Generator(device=first.device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("bias"):
+            param.zero_()
+        elif param.ndim == 1:
+            param.fill_(1.0)
+        elif "embed" in name:
+            param.normal_(0.0, 1.0 if "embed_tokens" in name else 0.02, generator=gen)
+        else:
+            fan_in = math.prod(param.shape[1:])
+            std = fan_in**-0.5
+            if name.endswith(_RESIDUAL_OUTPUTS):
+                layers = cfg.audio.layers if name.startswith("audio") else cfg.text.layers
+                std /= math.sqrt(2 * layers)
+            param.normal_(0.0, std, generator=gen)

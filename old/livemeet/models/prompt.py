@@ -1,0 +1,283 @@
+"""MOSS-TD prompt building: the chat-template rendering with the audio span expanded in place.
+
+Layout (MODEL.md 5.1 and 5.3), for T audio tokens:
+
+    header (15 ids)  <|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n
+                     <|im_start|>user\\n<|audio_start|>
+    span             T x <|audio_pad|>, with decimal time markers "5", "10", ... interleaved
+    suffix           <|audio_end|>\\n{instruction}<|im_end|>\\n<|im_start|>assistant\\n
+
+The ids equal those of the transformers 5.24 `MossTranscribeDiarizeProcessor` built with the
+shipped `time_marker_every_seconds=5` (tests/models/test_prompt.py checks this).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from tokenizers import Tokenizer
+
+from livemeet.audio.constants import AUDIO_TOKENS_PER_SECOND, TIME_MARKER_EVERY_S, TOKENS_PER_WINDOW
+from livemeet.errors import BadAudio, ConfigError, InvalidRequest
+
+log = logging.getLogger(__name__)
+
+# Special ids of the MOSS-TD vocabulary (MODEL.md 0 and 5.4).
+special_tokens = SimpleNamespace(
+    ENDOFTEXT=151_643,  # <|endoftext|>, the pad id of batched generation
+    IM_START=151_644,  # <|im_start|>
+    IM_END=151_645,  # <|im_end|>, EOS
+    AUDIO_START=151_669,  # <|audio_start|>
+    AUDIO_END=151_670,  # <|audio_end|>
+    AUDIO_PAD=151_671,  # <|audio_pad|> = config.audio_token_id; one audio embedding each
+    DIGIT_0=15,  # "0"; digits "0".."9" are ids 15..24, one token each
+)
+IM_START = special_tokens.IM_START
+IM_END = special_tokens.IM_END
+EOS = IM_END
+ENDOFTEXT = special_tokens.ENDOFTEXT
+AUDIO_START = special_tokens.AUDIO_START
+AUDIO_END = special_tokens.AUDIO_END
+AUDIO_PAD = special_tokens.AUDIO_PAD
+DIGIT_IDS = tuple(range(special_tokens.DIGIT_0, special_tokens.DIGIT_0 + 10))
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+# The model authors' default instruction (upstream processor; MODEL.md 5.2): 64 tokens.
+DEFAULT_INSTRUCTION = (
+    "请将音频转写为文本，每一段需以起始时间戳和说话人编号（[S01]、[S02]、[S03]…）开头，"
+    "正文为对应的语音内容，并在段末标注结束时间戳，以清晰标明该段语音范围。"
+)
+# Hotword suffixes in the upstream README form (MODEL.md 5.2), appended with no separator.
+HOTWORDS_PREFIX_ZH = "热词提示："
+HOTWORDS_PREFIX_EN = " Hotwords: "
+HOTWORDS_JOIN = ", "
+
+HEADER_TEXT = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n<|audio_start|>"
+HEADER_LEN = 15  # ids in HEADER_TEXT with the Qwen tokenizer (MODEL.md 5.1)
+_SUFFIX_TEMPLATE = "<|audio_end|>\n{instruction}<|im_end|>\n<|im_start|>assistant\n"
+
+PROCESSOR_CONFIG_FILE = "processor_config.json"
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """How the prompt is laid out.
+
+    `time_marker_every_s`: seconds between time markers in the audio span (0 disables them);
+    the shipped processor_config.json says 5, the transformers/upstream class default of 2 is
+    wrong for this checkpoint (MODEL.md 9, surprise 1).
+    `audio_tokens_per_second`: 12.5 (one token per 80 ms).
+    `instruction`: the text after the audio when the request gives no prompt.
+    """
+
+    time_marker_every_s: int = TIME_MARKER_EVERY_S
+    audio_tokens_per_second: float = AUDIO_TOKENS_PER_SECOND
+    instruction: str = DEFAULT_INSTRUCTION
+
+    @property
+    def pads_per_marker(self) -> int:
+        """Pads between markers: int(12.5 * 5) = 62, not 62.5 (MODEL.md 5.3); 0 = no markers."""
+        return int(self.audio_tokens_per_second * self.time_marker_every_s)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: Path) -> PromptConfig:
+        """Read `processor_config.json` (keys `time_marker_every_seconds`,
+        `audio_tokens_per_second`, `enable_time_marker`) from a checkpoint directory.
+
+        A missing file gives the shipped values (markers every 5 s) with a warning. Raises
+        ConfigError for an unreadable file or bad values.
+        """
+        path = Path(checkpoint_dir) / PROCESSOR_CONFIG_FILE
+        if not path.is_file():
+            log.warning(
+                "%s not found; using time markers every %d s (the shipped value)",
+                path,
+                TIME_MARKER_EVERY_S,
+            )
+            return cls()
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path} must hold a JSON object")
+        every = raw.get("time_marker_every_seconds", TIME_MARKER_EVERY_S)
+        rate = raw.get("audio_tokens_per_second", AUDIO_TOKENS_PER_SECOND)
+        if not isinstance(every, int) or every < 0:
+            raise ConfigError(
+                f"{path}: time_marker_every_seconds must be an int >= 0, not {every!r}"
+            )
+        if not isinstance(rate, int | float) or rate <= 0:
+            raise ConfigError(f"{path}: audio_tokens_per_second must be > 0, not {rate!r}")
+        if raw.get("enable_time_marker", True) is False:
+            every = 0
+        return cls(time_marker_every_s=every, audio_tokens_per_second=float(rate))
+
+
+@dataclass(frozen=True)
+class PromptIds:
+    """A built prompt.
+
+    `ids`: all prompt token ids, length header_len + span_len + suffix_len.
+    `audio_positions`: indices into `ids` of the T `<|audio_pad|>` tokens, ascending; audio
+    embedding i goes to `ids[audio_positions[i]]`.
+    `header_len`: ids before the span (ending with `<|audio_start|>`); `span_len`: pads plus
+    marker digits; `suffix_len`: ids from `<|audio_end|>` to the end.
+    """
+
+    ids: list[int]
+    audio_positions: list[int]
+    header_len: int
+    span_len: int
+    suffix_len: int
+
+    @property
+    def num_audio_tokens(self) -> int:
+        return len(self.audio_positions)
+
+
+def build_prompt(
+    tokenizer: Tokenizer,
+    num_audio_tokens: int,
+    *,
+    prompt: str | None = None,
+    hotwords: Sequence[str] = (),
+    config: PromptConfig = PromptConfig(),  # noqa: B008  (frozen, so a shared default is safe)
+) -> PromptIds:
+    """Build the prompt ids for `num_audio_tokens` (T >= 1) audio tokens.
+
+    `prompt` replaces the instruction after the audio; None or blank uses `config.instruction`.
+    `hotwords` (blank entries dropped) are appended to the instruction in the upstream README form:
+    `热词提示：w1, w2` when the instruction contains CJK text (the default does), else
+    ` Hotwords: w1, w2`. This is a choice: the transformers hub template uses a different
+    `热词列表：` line, but the upstream form is the model authors' (MODEL.md 5.2).
+    Raises BadAudio for T < 1 and InvalidRequest when the prompt or a hotword contains the text of
+    a special token (it would be encoded as that token and break the chat structure).
+    """
+    if num_audio_tokens < 1:
+        raise BadAudio(f"audio gives {num_audio_tokens} audio tokens; at least 1 is needed")
+    instruction = render_instruction(tokenizer, prompt, hotwords, config)
+    header = _encode(tokenizer, HEADER_TEXT)
+    span, pad_offsets = audio_span(num_audio_tokens, config)
+    suffix = _encode(tokenizer, _SUFFIX_TEMPLATE.format(instruction=instruction))
+    return PromptIds(
+        ids=header + span + suffix,
+        audio_positions=[len(header) + i for i in pad_offsets],
+        header_len=len(header),
+        span_len=len(span),
+        suffix_len=len(suffix),
+    )
+
+
+def render_instruction(
+    tokenizer: Tokenizer,
+    prompt: str | None,
+    hotwords: Sequence[str],
+    config: PromptConfig,
+) -> str:
+    """The instruction text after the audio (see `build_prompt` for the rules)."""
+    if isinstance(hotwords, str):
+        raise InvalidRequest("hotwords must be a list of strings, not one string")
+    instruction = prompt if prompt is not None and prompt.strip() else config.instruction
+    words = [w.strip() for w in hotwords if w.strip()]
+    for text in (instruction, *words):
+        _reject_special_text(tokenizer, text)
+    if words:
+        prefix = HOTWORDS_PREFIX_ZH if _has_cjk(instruction) else HOTWORDS_PREFIX_EN
+        instruction = instruction + prefix + HOTWORDS_JOIN.join(words)
+    return instruction
+
+
+def audio_span(num_audio_tokens: int, config: PromptConfig) -> tuple[list[int], list[int]]:
+    """The audio span ids and the offsets of its pads within it.
+
+    Marker k (k = 1..K) is the decimal string of k * every seconds, one id per digit, placed
+    after pad `pads_per_marker * k`; K = int(int(T / rate) / every), so a marker appears only
+    once T >= 62.5 k although it sits after pad 62 k (MODEL.md 5.3, quirks 1 and 2).
+    """
+    per = config.pads_per_marker
+    span: list[int] = []
+    pad_offsets: list[int] = []
+    pads = 0
+
+    def add_pads(n: int) -> None:
+        nonlocal pads
+        pad_offsets.extend(range(len(span), len(span) + n))
+        span.extend([AUDIO_PAD] * n)
+        pads += n
+
+    for k in range(1, num_markers(num_audio_tokens, config) + 1):
+        add_pads(per * k - pads)
+        span.extend(DIGIT_IDS[int(d)] for d in str(k * config.time_marker_every_s))
+    add_pads(num_audio_tokens - pads)
+    return span, pad_offsets
+
+
+def num_markers(num_audio_tokens: int, config: PromptConfig) -> int:
+    """Time markers in the span for T audio tokens: int(int(T / rate) / every); 0 if disabled."""
+    if config.pads_per_marker <= 0:
+        return 0
+    whole_seconds = int(num_audio_tokens / config.audio_tokens_per_second)
+    return whole_seconds // config.time_marker_every_s
+
+
+def stable_prefix_len(
+    num_audio_tokens_now: int,
+    num_complete_windows: int,
+    *,
+    config: PromptConfig = PromptConfig(),  # noqa: B008
+    header_len: int = HEADER_LEN,
+) -> int:
+    """Leading prompt ids (header plus span prefix) that stay the same, with final audio
+    embeddings at their pads, however the audio grows (MODEL.md 10, item 2).
+
+    With T = `num_audio_tokens_now` and W = `num_complete_windows` (30 s windows already
+    encoded for good), the stable pads are min(T, 375 W, 62 (K + 1)), K = markers present now:
+    marker K + 1 will be inserted after pad 62 (K + 1) once T reaches 62.5 (K + 1). The digits of
+    markers placed at or before that pad count too. The KV cache of these ids can be reused.
+    Raises ValueError if 375 W > T (more complete windows than audio).
+    """
+    if num_complete_windows * TOKENS_PER_WINDOW > num_audio_tokens_now or num_complete_windows < 0:
+        raise ValueError(
+            f"{num_complete_windows} complete windows need at least "
+            f"{num_complete_windows * TOKENS_PER_WINDOW} audio tokens, have {num_audio_tokens_now}"
+        )
+    per = config.pads_per_marker
+    present = num_markers(num_audio_tokens_now, config)
+    next_marker_pad = per * (present + 1) if per > 0 else math.inf
+    stable_pads = int(
+        min(num_audio_tokens_now, num_complete_windows * TOKENS_PER_WINDOW, next_marker_pad)
+    )
+    digits = 0
+    for k in range(1, present + 1):
+        if per * k > stable_pads:
+            break
+        digits += len(str(k * config.time_marker_every_s))
+    return header_len + stable_pads + digits
+
+
+def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def _reject_special_text(tokenizer: Tokenizer, text: str) -> None:
+    for token in tokenizer.get_added_tokens_decoder().values():
+        if token.content in text:
+            raise InvalidRequest(f"prompt and hotwords must not contain {token.content!r}")
+
+
+def _has_cjk(text: str) -> bool:
+    # CJK unified ideographs, ext A, kana, hangul and full-width forms.
+    return any(
+        0x3040 <= ord(c) <= 0x30FF
+        or 0x3400 <= ord(c) <= 0x9FFF
+        or 0xAC00 <= ord(c) <= 0xD7AF
+        or 0xFF00 <= ord(c) <= 0xFFEF
+        for c in text
+    )

@@ -1,0 +1,277 @@
+"""`LiveSession`: the Sans-I/O state machine of one live transcription (DESIGN.md section 5).
+
+The owner feeds audio (`receive_audio`), asks whether a hop is due (`hop_due`), decodes the open
+window (`window()`: audio from the end of the last final to the audio edge) with any backend,
+and hands the hypothesis back (`apply_hypothesis`), which returns the events to send:
+`SegmentFinal` for each newly committed segment, then a `SegmentPartial` when the open tail
+changed. `finalize()` and `end()` make the next `apply_hypothesis` (or `flush()` when no new
+audio needs decoding) commit everything; `finish()` then gives the `TranscriptFinal`.
+
+No I/O, no asyncio, no clock: time is audio time (samples received at 16 kHz).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import numpy as np
+
+from livemeet.audio.constants import (
+    LIVE_HOP_S,
+    LIVE_MAX_WINDOW_S,
+    LIVE_PROMPT_CHARS,
+    LOOP_MAX_REPEATS,
+    SAMPLE_RATE,
+)
+from livemeet.errors import BadAudio, ProtocolError
+from livemeet.transcriber import Event, Samples, SegmentFinal, SegmentPartial, TranscriptFinal
+from livemeet.transcript.commit import CommitBuffer, CommitOptions, CommitUpdate, normalise_text
+from livemeet.transcript.segments import (
+    FinishReason,
+    Segment,
+    SegmentFlag,
+    Transcript,
+    join_texts,
+)
+from livemeet.transcript.speakers import SpeakerMapper
+
+
+@dataclass(frozen=True)
+class LiveOptions:
+    """`hop_s`: s of new audio between decodes. `max_window_s`: s of open window beyond which
+    the tail is force-committed. `prompt_chars`: characters of committed text in `Window.prompt`.
+    """
+
+    hop_s: float = LIVE_HOP_S
+    max_window_s: float = LIVE_MAX_WINDOW_S
+    prompt_chars: int = LIVE_PROMPT_CHARS
+    commit: CommitOptions = field(default_factory=CommitOptions)
+
+
+class Window(NamedTuple):
+    """The open window to decode: `samples` [n] float32 16 kHz starting at `offset_s` (s from the
+    session start); `prompt` is the most recent committed text (None before any final)."""
+
+    samples: Samples
+    offset_s: float
+    prompt: str | None
+
+    @property
+    def end_s(self) -> float:
+        return self.offset_s + len(self.samples) / SAMPLE_RATE
+
+
+class LiveSession:
+    """One live session's audio, commit state and speaker labels. Single-threaded."""
+
+    def __init__(self, options: LiveOptions | None = None) -> None:
+        self.options = options or LiveOptions()
+        if self.options.hop_s <= 0 or self.options.max_window_s <= self.options.hop_s:
+            raise ValueError(f"need 0 < hop_s < max_window_s, got {self.options}")
+        self._commit = CommitBuffer(self.options.commit)
+        self._speakers = SpeakerMapper()
+        self._chunks: list[Samples] = []
+        self._buffer_start = 0  # sample index of _chunks[0][0]
+        self._num_samples = 0  # samples received in total (the audio edge)
+        self._window_start = 0  # sample index where the open window starts
+        self._decoded_edge = 0  # audio edge of the last applied hypothesis
+        self._window_edge: int | None = None  # edge of the window handed out, not yet applied
+        self._flush_pending = False
+        self._end_pending = False
+        self._ended = False
+        self._rev = 0
+        self._sent_tail: tuple[Segment, ...] = ()
+        # Uncommitted segments the client has seen, in session labels: the last partial plus
+        # older partial segments lying beyond it (retracted by a shorter hypothesis, e.g. an
+        # early EOS). Speaker-mapping evidence, so a label once shown keeps its speech.
+        self._shown: tuple[Segment, ...] = ()
+
+    # -- input -------------------------------------------------------------------------------
+
+    def receive_audio(self, samples: Samples) -> None:
+        """Append [n] float32 samples at 16 kHz. Raises ProtocolError after `end()`, BadAudio for
+        a non-1-D array."""
+        if self._end_pending or self._ended:
+            raise ProtocolError("audio after end")
+        arr = np.asarray(samples, dtype=np.float32)
+        if arr.ndim != 1:
+            raise BadAudio(f"expected 1-D mono samples, got shape {arr.shape}")
+        if arr.size:
+            self._chunks.append(arr)
+            self._num_samples += arr.size
+
+    def finalize(self) -> None:
+        """Commit everything heard so far at the next decode or flush."""
+        if self._ended:
+            raise ProtocolError("finalize after end")
+        self._flush_pending = True
+
+    def end(self) -> None:
+        """No more audio; the next decode or flush commits everything and ends the session."""
+        if self._ended:
+            raise ProtocolError("end after end")
+        self._flush_pending = True
+        self._end_pending = True
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def edge_s(self) -> float:
+        """Audio received so far, in s."""
+        return self._num_samples / SAMPLE_RATE
+
+    @property
+    def ended(self) -> bool:
+        """True once `end()` has been applied (all audio committed)."""
+        return self._ended
+
+    @property
+    def committed(self) -> tuple[Segment, ...]:
+        return self._commit.committed
+
+    @property
+    def new_samples(self) -> int:
+        """Samples received since the last applied hypothesis."""
+        return self._num_samples - self._decoded_edge
+
+    def hop_due(self) -> bool:
+        """True when the open window should be decoded now: a hop of new audio arrived, or a
+        finalize/end waits on audio not yet decoded."""
+        if self._ended:
+            return False
+        if self._flush_pending:
+            return self.new_samples > 0
+        return self.new_samples >= round(self.options.hop_s * SAMPLE_RATE)
+
+    def flush_due(self) -> bool:
+        """True when a finalize/end can be applied without decoding (no new audio)."""
+        return not self._ended and self._flush_pending and self.new_samples == 0
+
+    def window(self) -> Window:
+        """The open window to decode now (from the end of the last final to the audio edge)."""
+        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
+        audio = audio[self._window_start - self._buffer_start :]
+        self._buffer_start = self._window_start
+        self._chunks = [audio] if audio.size else []
+        self._window_edge = self._num_samples
+        recent = join_texts(s.text for s in self._commit.committed[-20:])
+        prompt = recent[-self.options.prompt_chars :] if recent else None
+        return Window(audio, self._window_start / SAMPLE_RATE, prompt)
+
+    # -- decode results ----------------------------------------------------------------------
+
+    def apply_hypothesis(self, segments: Sequence[Segment]) -> list[Event]:
+        """Apply the decode of the last `window()`: `segments` in absolute times (s from session
+        start) and the backend's own labels. Returns SegmentFinal events, then a SegmentPartial
+        if the open tail changed."""
+        if self._window_edge is None:
+            raise RuntimeError("apply_hypothesis without a window()")
+        edge_samples, self._window_edge = self._window_edge, None
+        edge_s = edge_samples / SAMPLE_RATE
+        hyp = clean_hypothesis(segments, self._window_start / SAMPLE_RATE, edge_s)
+        seen = self._commit.committed[-50:] + self._shown
+        mapped = self._speakers.map(hyp, seen)
+        finals = list(self._commit.update(mapped, edge_s).finals)
+        window_s = (edge_samples - self._committed_end_sample()) / SAMPLE_RATE
+        if window_s + self.options.hop_s > self.options.max_window_s:
+            finals += self._force_window_commit(edge_samples)
+        self._decoded_edge = edge_samples
+        return self._events(finals, edge_samples)
+
+    def flush(self) -> list[Event]:
+        """Apply a pending finalize/end without a new decode (the last tail is current)."""
+        if not self.flush_due():
+            return []
+        return self._events([], self._num_samples)
+
+    def finish(self, finish_reason: FinishReason = FinishReason.STOP) -> TranscriptFinal:
+        """The final transcript: every committed segment. Call after `ended`."""
+        transcript = Transcript(self._commit.committed, self.edge_s, finish_reason)
+        return TranscriptFinal(
+            segments=transcript.segments,
+            finish_reason=finish_reason,
+            coverage=transcript.coverage,
+            duration_s=transcript.duration_s,
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _committed_end_sample(self) -> int:
+        return max(self._window_start, round(self._commit.committed_end_s * SAMPLE_RATE))
+
+    def _force_window_commit(self, edge_samples: int) -> list[Segment]:
+        """The window is full: commit all but the last tail segment (it may be cut mid-word), or
+        everything if that would still leave the window full; with no segments, drop silence."""
+        edge_s = edge_samples / SAMPLE_RATE
+        tail = self._commit.tail
+        keep_last = len(tail) >= 2 and edge_s - tail[-1].start_s + self.options.hop_s <= (
+            self.options.max_window_s
+        )
+        update: CommitUpdate = self._commit.force_commit(len(tail) - 1 if keep_last else None)
+        if not tail:
+            horizon = round(self.options.commit.horizon_s * SAMPLE_RATE)
+            self._window_start = max(self._window_start, edge_samples - horizon)
+        return list(update.finals)
+
+    def _events(self, finals: list[Segment], edge_samples: int) -> list[Event]:
+        if self._flush_pending and edge_samples == self._num_samples:
+            finals += list(self._commit.force_commit().finals)
+            self._flush_pending = False
+            if self._end_pending:
+                self._ended = True
+        self._advance_window()
+        events: list[Event] = [SegmentFinal(s) for s in finals]
+        tail = self._commit.tail
+        if tail != self._sent_tail:
+            self._rev += 1
+            self._sent_tail = tail
+            events.append(SegmentPartial(self._rev, tail))
+        self._shown = shown_segments(self._shown, tail, self._commit.committed_end_s)
+        return events
+
+    def _advance_window(self) -> None:
+        start = min(self._committed_end_sample(), self._num_samples)
+        self._window_start = max(self._window_start, start)
+        # Drop whole chunks before the window: they will never be decoded again.
+        while self._chunks and self._buffer_start + self._chunks[0].size <= self._window_start:
+            self._buffer_start += self._chunks.pop(0).size
+
+
+def shown_segments(
+    shown: Sequence[Segment], tail: Sequence[Segment], committed_end_s: float
+) -> tuple[Segment, ...]:
+    """Uncommitted segments the client has seen once `tail` is the partial: `tail`, then the
+    earlier `shown` segments that start after it ends (not yet re-decoded)."""
+    covered_to = max(tail[-1].end_s if tail else 0.0, committed_end_s)
+    beyond = [s for s in shown if s.start_s >= covered_to]
+    return (*tail, *beyond)
+
+
+def clean_hypothesis(
+    segments: Sequence[Segment], window_start_s: float, edge_s: float
+) -> tuple[Segment, ...]:
+    """Hypothesis segments clipped to the window [window_start_s, edge_s]: empty texts dropped,
+    starts made non-decreasing, ends past the edge clamped (flagged END_CLAMPED), and runs of
+    more than LOOP_MAX_REPEATS identical consecutive texts (a decode loop) cut."""
+    out: list[Segment] = []
+    run = 0
+    for seg in segments:
+        norm = normalise_text(seg.text)
+        if not norm or seg.start_s >= edge_s:
+            continue
+        if out and normalise_text(out[-1].text) == norm:
+            run += 1
+            if run >= LOOP_MAX_REPEATS:
+                continue
+        else:
+            run = 0
+        start = max(seg.start_s, window_start_s, out[-1].start_s if out else 0.0)
+        end, flags = seg.end_s, seg.flags
+        if end > edge_s:
+            end = edge_s
+            flags = (*flags, SegmentFlag.END_CLAMPED)
+        text = seg.text.strip()
+        out.append(replace(seg, start_s=start, end_s=max(start, end), flags=flags, text=text))
+    return tuple(out)

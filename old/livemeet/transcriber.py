@@ -1,0 +1,151 @@
+"""The Transcriber interface: the one boundary between the gateway / live layer and a backend.
+
+DESIGN.md section 3. A backend (MOSS-TD engine, demo, scripted) implements `Transcriber`; the
+gateway uses nothing else. An upload is a session that receives all its audio, then `end()`.
+
+Events are frozen dataclasses; segments cross the boundary, never tokens. Every session's event
+stream ends with exactly one terminal event: `TranscriptFinal` (after `end()`), or `Error`, or
+nothing after `abort()` (the stream simply stops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from livemeet.audio.constants import LIVE_HOP_S, SAMPLE_RATE
+from livemeet.transcript.segments import FinishReason, Segment
+
+Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a session is opened with.
+
+    `sample_rate` is always 16 kHz after the gateway; it is kept for assertion.
+    `live` selects live behaviour (hops, partials, commits) over upload behaviour (decode once
+    at `end()`, text deltas). `prompt` replaces the default instruction; `hotwords` are appended
+    to it in the upstream form (MODEL.md section 5.2). `hop_s` is the live re-decode interval in
+    audio seconds. `language` is echoed only: MOSS-TD has no language conditioning.
+    """
+
+    sample_rate: int = SAMPLE_RATE
+    live: bool = True
+    prompt: str | None = None
+    hotwords: tuple[str, ...] = ()
+    language: str | None = None
+    hop_s: float = LIVE_HOP_S
+    max_new_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """A backend: its registered name, the model id it serves, and whether it is the demo."""
+
+    name: str
+    model_id: str
+    demo: bool = False
+    diarization: bool = True
+
+
+@dataclass(frozen=True)
+class SegmentPartial:
+    """The open (uncommitted) tail, as a full replacement of the previous partial.
+
+    `rev` increases by one with every partial of a session; `segments` may be empty.
+    """
+
+    rev: int
+    segments: tuple[Segment, ...]
+
+
+@dataclass(frozen=True)
+class SegmentFinal:
+    """One committed segment; immutable from now on, with a stable `segment.id`."""
+
+    segment: Segment
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Text appended to the plain transcript (uploads with streaming): the concatenation of all
+    deltas of a session equals `TranscriptFinal.transcript.text`. Never splits a character."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TranscriptFinal:
+    """The whole transcript after `end()`: committed segments plus the decoded tail."""
+
+    segments: tuple[Segment, ...]
+    finish_reason: FinishReason
+    coverage: float  # fraction of the audio duration covered by segments, in [0, 1]
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class TranscriptRevised:
+    """An offline-quality re-decode of the whole meeting that replaces earlier finals."""
+
+    segments: tuple[Segment, ...]
+    supersedes: tuple[str, ...]  # ids of the replaced segments
+
+
+@dataclass(frozen=True)
+class Error:
+    """A failure of this session. Terminal: nothing follows it."""
+
+    code: str
+    message: str
+    retryable: bool = False
+
+
+Event = SegmentPartial | SegmentFinal | TextDelta | TranscriptFinal | TranscriptRevised | Error
+TERMINAL_EVENTS = (TranscriptFinal, Error)
+
+
+class TranscriberSession(Protocol):
+    """One audio stream being transcribed. Methods never block the event loop."""
+
+    @property
+    def id(self) -> str: ...
+
+    async def append(self, samples: Samples) -> None:
+        """New audio, 16 kHz mono float32 [n]. Raises ProtocolError after end()/abort()."""
+
+    async def finalize(self) -> None:
+        """Commit everything heard so far; the session stays open."""
+
+    async def end(self) -> None:
+        """No more audio: produce `TranscriptFinal` (and later maybe `TranscriptRevised`)."""
+
+    async def abort(self) -> None:
+        """Free everything now. Idempotent. The event stream stops."""
+
+    def events(self) -> AsyncIterator[Event]:
+        """The session's events in order; ends after the terminal event or an abort."""
+        ...
+
+
+class Transcriber(Protocol):
+    """A backend. `start()` loads the model; `close()` frees it. Both idempotent."""
+
+    @property
+    def info(self) -> BackendInfo: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def open_session(self, options: SessionOptions) -> TranscriberSession:
+        """Open a session. Raises QueueFull at capacity, EngineUnavailable when not ready."""
+        ...

@@ -1,0 +1,226 @@
+"""Transcript writers: the one set of renderers shared by the CLI, HTTP and WebSocket paths.
+
+Formats follow OpenAI's `POST /v1/audio/transcriptions` `response_format` values (DESIGN.md
+section 6) so the OpenAI client libraries work unchanged; the JSON shapes are those of the
+openai-python models `Transcription` (json), `TranscriptionVerbose` (verbose_json) and
+`TranscriptionDiarized` (diarized_json, as returned by gpt-4o-transcribe-diarize). Subtitles:
+SRT cues carry the speaker as a `S01: ` prefix, WebVTT cues as a `<v S01>` voice span (W3C
+WebVTT section 4.2.2). Plain text never carries speaker or time tags.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from enum import StrEnum
+from typing import NamedTuple
+
+from livemeet.errors import InvalidRequest
+from livemeet.transcript.segments import Segment, Transcript
+
+CHARSET = "utf-8"  # every body is text in this encoding; content types carry no charset
+UNKNOWN_LANGUAGE = "unknown"  # verbose_json's required `language` when none was given
+_CUE_ARROW = "-->"  # the SRT/WebVTT timing separator; must never appear in cue text
+_SEEK_FRAMES_PER_S = 100  # Whisper's `seek` unit: mel frames of 10 ms
+
+
+class ResponseFormat(StrEnum):
+    """The accepted `response_format` values (OpenAI's names)."""
+
+    JSON = "json"
+    TEXT = "text"
+    VERBOSE_JSON = "verbose_json"
+    SRT = "srt"
+    VTT = "vtt"
+    DIARIZED_JSON = "diarized_json"
+
+
+CONTENT_TYPES: dict[ResponseFormat, str] = {
+    ResponseFormat.JSON: "application/json",
+    ResponseFormat.TEXT: "text/plain",
+    ResponseFormat.VERBOSE_JSON: "application/json",
+    ResponseFormat.SRT: "application/x-subrip",
+    ResponseFormat.VTT: "text/vtt",
+    ResponseFormat.DIARIZED_JSON: "application/json",
+}
+
+
+class Rendered(NamedTuple):
+    """A rendered transcript: `body` (encode with CHARSET) and its bare MIME `content_type`
+    (aiohttp adds the charset itself when given `text=`)."""
+
+    body: str
+    content_type: str
+
+
+def parse_response_format(value: str) -> ResponseFormat:
+    """The ResponseFormat named `value`; InvalidRequest listing the accepted values otherwise."""
+    try:
+        return ResponseFormat(value)
+    except ValueError:
+        accepted = ", ".join(f.value for f in ResponseFormat)
+        raise InvalidRequest(
+            f"unsupported response_format {value!r}; accepted: {accepted}",
+            param="response_format",
+        ) from None
+
+
+def render(transcript: Transcript, fmt: ResponseFormat, *, language: str | None = None) -> Rendered:
+    """Render `transcript` as `fmt`; returns (body, content_type).
+
+    `language` (echoed, MOSS-TD has no language conditioning) overrides `transcript.language`
+    in verbose_json. Subtitle cues drop segments whose text is empty; JSON keeps every segment.
+    """
+    match fmt:
+        case ResponseFormat.TEXT:
+            body = transcript.text + "\n"
+        case ResponseFormat.SRT:
+            body = to_srt(transcript.segments)
+        case ResponseFormat.VTT:
+            body = to_vtt(transcript.segments)
+        case ResponseFormat.JSON:
+            body = _dumps({"text": transcript.text, "usage": usage(transcript.duration_s)})
+        case ResponseFormat.VERBOSE_JSON:
+            body = _dumps(_verbose(transcript, language or transcript.language))
+        case ResponseFormat.DIARIZED_JSON:
+            body = _dumps(_diarized(transcript))
+    return Rendered(body, CONTENT_TYPES[fmt])
+
+
+# ---- subtitles
+
+
+def srt_timestamp(seconds: float) -> str:
+    """`HH:MM:SS,mmm` (SubRip); hours grow past two digits; negative times clamp to 0."""
+    return _timestamp(seconds, ",")
+
+
+def vtt_timestamp(seconds: float) -> str:
+    """`HH:MM:SS.mmm` (WebVTT, hours always written); negative times clamp to 0."""
+    return _timestamp(seconds, ".")
+
+
+def to_srt(segments: tuple[Segment, ...]) -> str:
+    """SubRip: numbered cues from 1, one text line each, `S01: ` speaker prefix.
+
+    Newlines inside a segment become spaces (a blank line would end the cue) and `-->` becomes
+    `->` (SRT has no escape for it).
+    """
+    cues: list[str] = []
+    for segment in _cue_segments(segments):
+        text = _one_line(segment.text).replace(_CUE_ARROW, "->")
+        prefix = f"{_one_line(segment.speaker)}: " if segment.speaker.strip() else ""
+        timing = f"{srt_timestamp(segment.start_s)} {_CUE_ARROW} {srt_timestamp(segment.end_s)}"
+        cues.append(f"{len(cues) + 1}\n{timing}\n{prefix}{text}\n")
+    return "\n".join(cues)
+
+
+def to_vtt(segments: tuple[Segment, ...]) -> str:
+    """WebVTT: a `WEBVTT` header and one cue per segment, text in a `<v S01>` voice span.
+
+    Text is one line with `&`, `<`, `>` escaped as character references (so `-->` cannot occur,
+    WebVTT section 4.1).
+    """
+    cues = ["WEBVTT\n"]
+    for segment in _cue_segments(segments):
+        text = _vtt_escape(_one_line(segment.text))
+        speaker = _vtt_escape(_one_line(segment.speaker))
+        timing = f"{vtt_timestamp(segment.start_s)} {_CUE_ARROW} {vtt_timestamp(segment.end_s)}"
+        cues.append(f"{timing}\n<v {speaker}>{text}</v>\n" if speaker else f"{timing}\n{text}\n")
+    return "\n".join(cues)
+
+
+def _timestamp(seconds: float, decimal_marker: str) -> str:
+    total_ms = round(max(0.0, seconds) * 1000)
+    hours, rest = divmod(total_ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    secs, ms = divmod(rest, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{ms:03d}"
+
+
+def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
+    return [s for s in segments if s.text.strip()]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _vtt_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# ---- JSON
+
+
+def _dumps(obj: dict[str, object]) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def usage(duration_s: float) -> dict[str, object]:
+    """OpenAI's `usage` object for `duration_s` seconds of audio: whole seconds, rounded up
+    as OpenAI bills them, after rounding to ms so 30.0000001 s is 30, not 31. Every response
+    that carries usage (JSON bodies, the SSE done event) uses this one."""
+    return {"type": "duration", "seconds": math.ceil(round(duration_s, 3))}
+
+
+def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
+    """openai-python `TranscriptionVerbose`. Whisper's per-segment fields (seek, tokens,
+    temperature, avg_logprob, compression_ratio, no_speech_prob) are required by its schema;
+    MOSS-TD computes none of them but compression_ratio and seek, so the others hold neutral
+    values (no tokens, temperature 0, avg_logprob 0, no_speech_prob 0) that pass Whisper-style
+    client filters. `speaker` is our addition."""
+    segments = [
+        {
+            "id": i,
+            "seek": round(s.start_s * _SEEK_FRAMES_PER_S),
+            "start": round(s.start_s, 3),
+            "end": round(s.end_s, 3),
+            "text": s.text,
+            "speaker": s.speaker,
+            "tokens": [],
+            "temperature": 0.0,
+            "avg_logprob": 0.0,
+            "compression_ratio": _compression_ratio(s.text),
+            "no_speech_prob": 0.0,
+        }
+        for i, s in enumerate(transcript.segments)
+    ]
+    return {
+        "task": "transcribe",
+        "language": language or UNKNOWN_LANGUAGE,
+        "duration": round(transcript.duration_s, 3),
+        "text": transcript.text,
+        "segments": segments,
+        "usage": usage(transcript.duration_s),
+    }
+
+
+def _diarized(transcript: Transcript) -> dict[str, object]:
+    """openai-python `TranscriptionDiarized`: segment ids are strings (ours, or `seg_<index>`
+    for a segment without one)."""
+    segments = [
+        {
+            "type": "transcript.text.segment",
+            "id": s.id or f"seg_{i}",
+            "start": round(s.start_s, 3),
+            "end": round(s.end_s, 3),
+            "text": s.text,
+            "speaker": s.speaker,
+        }
+        for i, s in enumerate(transcript.segments)
+    ]
+    return {
+        "task": "transcribe",
+        "duration": round(transcript.duration_s, 3),
+        "text": transcript.text,
+        "segments": segments,
+        "usage": usage(transcript.duration_s),
+    }
+
+
+def _compression_ratio(text: str) -> float:
+    """UTF-8 bytes over zlib-compressed bytes, Whisper's repetition signal (1.0 when empty)."""
+    data = text.encode(CHARSET)
+    return round(len(data) / len(zlib.compress(data)), 3) if data else 1.0

@@ -1,0 +1,104 @@
+"""Repetition guard: detects greedy-decoding loops in a parsed MOSS-TD stream.
+
+Greedy decoding can loop on non-speech audio (MODEL.md section 5.5). Two shapes are caught:
+- a run of `max_segment_repeats` consecutive segments with the same normalised text (the model
+  keeps writing `[t][S01]Thank you.[t']` with new times);
+- a segment whose text ends in a span of at least `min_span_chars` characters that repeats
+  with a period of at most `max_period_chars` characters ("the the the ...", "哈哈哈...").
+
+The guard holds back each segment that repeats its predecessor's text until the run either
+breaks (the held copies are real and released) or reaches the limit (a loop: the copies beyond
+the first are dropped). Plain Python: no I/O, no tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from livemeet.audio.constants import (
+    REPETITION_MAX_PERIOD_CHARS,
+    REPETITION_MAX_SEGMENT_REPEATS,
+    REPETITION_MIN_SPAN_CHARS,
+)
+from livemeet.transcript.commit import normalise_text
+from livemeet.transcript.segments import Segment
+
+
+@dataclass(frozen=True)
+class RepetitionOptions:
+    """Thresholds (units in the names; defaults in livemeet/audio/constants.py)."""
+
+    max_segment_repeats: int = REPETITION_MAX_SEGMENT_REPEATS
+    min_span_chars: int = REPETITION_MIN_SPAN_CHARS
+    max_period_chars: int = REPETITION_MAX_PERIOD_CHARS
+
+    def __post_init__(self) -> None:
+        if self.max_segment_repeats < 2 or self.min_span_chars < 2 or self.max_period_chars < 1:
+            raise ValueError(f"repetition thresholds out of range: {self}")
+
+
+class GuardResult(NamedTuple):
+    """`release`: segments safe to emit now, in order. `looping`: a loop was detected; stop
+    decoding (the repeated copies have been dropped)."""
+
+    release: tuple[Segment, ...]
+    looping: bool
+
+
+def periodic_tail(text: str, min_span: int, max_period: int) -> int | None:
+    """The smallest period p <= `max_period` such that the last `min_span` characters of `text`
+    each equal the character p before them, or None. Cost O(max_period x min_span)."""
+    for p in range(1, max_period + 1):
+        if len(text) < min_span + p:
+            return None
+        if text[-min_span:] == text[-min_span - p : -p]:
+            return p
+    return None
+
+
+class RepetitionGuard:
+    """Feed confirmed segments with `push`, the text of the segment being written with
+    `check_pending`; `flush` at a normal end releases held segments. Once a loop is seen the
+    guard is tripped: `push` releases nothing more."""
+
+    def __init__(self, options: RepetitionOptions | None = None) -> None:
+        self.options = options or RepetitionOptions()
+        self._last_norm: str | None = None
+        self._held: list[Segment] = []
+        self.tripped = False
+
+    def push(self, segment: Segment) -> GuardResult:
+        """A newly confirmed segment."""
+        if self.tripped:
+            return GuardResult((), True)
+        norm = normalise_text(segment.text)
+        if norm and norm == self._last_norm:
+            self._held.append(segment)
+            if len(self._held) + 1 >= self.options.max_segment_repeats:
+                self._held.clear()
+                self.tripped = True
+                return GuardResult((), True)
+            return GuardResult((), False)
+        released = (*self._held, segment)
+        self._held.clear()
+        self._last_norm = norm
+        return GuardResult(released, False)
+
+    def check_pending(self, text: str) -> bool:
+        """True (and tripped) when the text of the open segment ends in a periodic span."""
+        if self.tripped:
+            return True
+        o = self.options
+        if periodic_tail(text, o.min_span_chars, o.max_period_chars) is not None:
+            self._held.clear()
+            self.tripped = True
+        return self.tripped
+
+    def flush(self) -> tuple[Segment, ...]:
+        """End of a decode that did not loop: the held repeats were real."""
+        if self.tripped:
+            return ()
+        out = tuple(self._held)
+        self._held.clear()
+        return out

@@ -1,0 +1,86 @@
+"""Stable session speaker labels across live hypotheses (DESIGN.md section 5.6).
+
+Each decode of the open window numbers its speakers afresh ("S01" is whoever it heard first),
+so a hypothesis's labels are mapped onto session labels by time overlap with segments the
+client has already seen (committed finals and the previous partial, both in session labels).
+A session label once shown is never renumbered. A hypothesis speaker with no overlap (a speaker
+returning after others talked) takes the session label it was mapped to for the most speech in
+earlier hypotheses, else the lowest free session label.
+
+Plain Python: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from livemeet.transcript.segments import Segment
+
+
+def session_label(number: int) -> str:
+    """ "S01", "S02", ... (the form MOSS-TD writes, MODEL.md section 6)."""
+    return f"S{number:02d}"
+
+
+def overlap_s(a: Segment, b: Segment) -> float:
+    """Seconds during which `a` and `b` both run (0.0 if disjoint)."""
+    return max(0.0, min(a.end_s, b.end_s) - max(a.start_s, b.start_s))
+
+
+class SpeakerMapper:
+    """Maps hypothesis labels to session labels; remembers every label it has handed out."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        # (hypothesis label, session label) -> s of speech mapped so, over all hypotheses
+        self._votes: dict[tuple[str, str], float] = defaultdict(float)
+
+    @property
+    def seen(self) -> frozenset[str]:
+        return frozenset(self._seen)
+
+    def map(self, hypothesis: Sequence[Segment], seen: Iterable[Segment]) -> tuple[Segment, ...]:
+        """`hypothesis` relabelled into session labels.
+
+        `seen`: segments already shown to the client, in session labels. Each pair (hypothesis
+        label, session label) scores the total overlap of their segments; pairs are assigned
+        greedily by score, one session label per hypothesis label.
+        """
+        scores: dict[tuple[str, str], float] = defaultdict(float)
+        seen_list = list(seen)
+        for h in hypothesis:
+            for s in seen_list:
+                ov = overlap_s(h, s)
+                if ov > 0:
+                    scores[(h.speaker, s.speaker)] += ov
+        mapping: dict[str, str] = {}
+        taken: set[str] = set()
+        for (hyp_label, sess_label), _ in sorted(scores.items(), key=lambda kv: (-kv[1], kv[0])):
+            if hyp_label not in mapping and sess_label not in taken:
+                mapping[hyp_label] = sess_label
+                taken.add(sess_label)
+        for h in hypothesis:
+            if h.speaker in mapping:
+                continue
+            label = self._remembered(h.speaker, taken) or self._next_free(taken)
+            mapping[h.speaker] = label
+            taken.add(label)
+        self._seen.update(mapping.values())
+        for h in hypothesis:
+            self._votes[(h.speaker, mapping[h.speaker])] += h.end_s - h.start_s
+        return tuple(replace(h, speaker=mapping[h.speaker]) for h in hypothesis)
+
+    def _remembered(self, hyp_label: str, taken: set[str]) -> str | None:
+        best: tuple[float, str] | None = None
+        for (h, s), votes in self._votes.items():
+            if h == hyp_label and s not in taken and (best is None or votes > best[0]):
+                best = (votes, s)
+        return best[1] if best else None
+
+    def _next_free(self, taken: set[str]) -> str:
+        n = 1
+        while session_label(n) in self._seen or session_label(n) in taken:
+            n += 1
+        return session_label(n)

@@ -1,0 +1,490 @@
+"""The published HTTP sweep: uploads through the real server at increasing concurrency.
+
+For each workload a `livemeet serve` subprocess is started on a free port with dummy real-size
+weights and that workload's forced transcript (`--load-format dummy --forced-output FILE`), and
+the sweep waits for /readyz. Each point keeps `c` uploads in flight (closed loop) until its
+requests are done: short at c = 1, 2, 4, 8, 16, 32, 64 (max(16, 2c) clips per point); long at
+c = 1, 2, 4, 8, 16 (max(4, c) meetings per point). Uploads are multipart POSTs to
+/v1/audio/transcriptions with in-memory 16 kHz PCM16 WAV bodies (aiohttp).
+
+Forced output is server-side and per server, so every request of one workload has the same
+duration and its transcript matches it (330 tokens per audio minute for long, 64 for short);
+that is why each workload gets its own server. Each meeting's audio is rotated by a different
+offset, so the encoder's window cache never hits.
+
+Per point one JSON line: req/s, audio-s/s, RTF mean, latency mean and p95, errors; points whose
+estimated time would pass `--max-seconds` are written as skipped. When the server exports the
+engine's counters (`livemeet_engine_*` on /metrics: the MOSS-TD backend), the point also gets
+their increase over it: `engine_steps` (by kind: decode_graph, decode_eager, prefill_graph,
+prefill_eager), `decode_graph_fallbacks`, `prefill_tokens` and `decode_tokens`; from servers
+that time their steps also `engine_step_s` (host seconds inside steps by part: schedule,
+encode, launch, wait, other) and `slow_steps` (steps of ENGINE_SLOW_STEP_S or more, each in
+the server log with its shape), which say whether a slow point's time went into steps and
+into which part. /metrics is
+scraped before the point and after it until two scrapes agree (the idle worker posts exact
+totals), at most STATS_SETTLE_S. With `--url`, other traffic on that server is counted too.
+The point also gets `upload_phase_mean_s`: the mean seconds per upload phase (receive, decode,
+transcribe, respond) from the server's `livemeet_upload_phase_seconds` histogram.
+Usage:
+  python -m loadtest.http_sweep --out sweep.jsonl --long-concurrency 1,16 --max-seconds 420
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from livemeet.audio.constants import ENGINE_STATS_INTERVAL_S
+from livemeet.engine.messages import STEP_PARTS
+from livemeet.gateway.metrics import UPLOAD_PHASES
+from loadtest import workloads as wl
+from loadtest.bench_engine import ASSUMED_AUDIO_S_PER_S, Budget, parse_ints, percentile
+
+DEFAULT_SERVE_ARGS = "--load-format dummy --forced-output {forced}"
+READY_POLL_S = 0.5  # s between /readyz polls
+STOP_TIMEOUT_S = 20.0  # s to wait for the server to exit after SIGTERM before SIGKILL
+ENDPOINT = "/v1/audio/transcriptions"
+STEP_KINDS = ("decode_graph", "decode_eager", "prefill_graph", "prefill_eager")
+STATS_SETTLE_S = 3.0 * ENGINE_STATS_INTERVAL_S  # s; longest wait for a point's final stats
+# s between /metrics scrapes while settling: longer than the interval at which a stepping
+# worker posts, so two equal scrapes mean it stopped stepping (shorter, two scrapes within
+# one interval of a busy worker would agree)
+STATS_POLL_S = 1.2 * ENGINE_STATS_INTERVAL_S
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One sweep point."""
+
+    workload: str
+    concurrency: int
+    num_requests: int
+    num_errors: int
+    audio_s: float  # per request
+    makespan_s: float
+    req_per_s: float
+    audio_s_per_s: float
+    rtf_mean: float
+    latency_mean_s: float
+    latency_p95_s: float
+    upload_mb: float  # WAV body size per request
+    first_error: str = ""
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    """The `livemeet_engine_*` counters of one /metrics scrape: cumulative since the engine
+    worker started (a restart starts them again from zero), or the increase between two."""
+
+    steps: dict[str, int]  # steps by kind (STEP_KINDS)
+    decode_graph_fallbacks: int  # steps; decode steps run eagerly although graphs exist
+    prefill_tokens: int  # tokens computed by prefill chunks
+    decode_tokens: int  # tokens computed by decode rows
+    # s; host seconds inside steps by part (STEP_PARTS); empty from servers that do not time
+    step_s: dict[str, float] = field(default_factory=dict)
+    slow_steps: int = 0  # steps of ENGINE_SLOW_STEP_S or more
+
+    def minus(self, before: EngineCounters) -> EngineCounters:
+        return EngineCounters(
+            steps={k: v - before.steps.get(k, 0) for k, v in self.steps.items()},
+            decode_graph_fallbacks=self.decode_graph_fallbacks - before.decode_graph_fallbacks,
+            prefill_tokens=self.prefill_tokens - before.prefill_tokens,
+            decode_tokens=self.decode_tokens - before.decode_tokens,
+            step_s={k: v - before.step_s.get(k, 0.0) for k, v in self.step_s.items()},
+            slow_steps=self.slow_steps - before.slow_steps,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """The fields a point's JSON record gets."""
+        record: dict[str, Any] = {
+            "engine_steps": dict(self.steps),
+            "decode_graph_fallbacks": self.decode_graph_fallbacks,
+            "prefill_tokens": self.prefill_tokens,
+            "decode_tokens": self.decode_tokens,
+        }
+        if self.step_s:
+            record["engine_step_s"] = dict(self.step_s)
+            record["slow_steps"] = self.slow_steps
+        return record
+
+
+def parse_engine_counters(text: str) -> EngineCounters | None:
+    """The engine counters in a Prometheus text exposition; None when it has none (a backend
+    without a step engine, or a server older than them)."""
+    steps: dict[str, int] = {}
+    values: dict[str, int] = {}
+    step_s: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "livemeet_engine_steps_total":
+                steps[sample.labels["kind"]] = int(sample.value)
+            elif sample.name == "livemeet_engine_tokens_total":
+                values[sample.labels["phase"]] = int(sample.value)
+            elif sample.name == "livemeet_engine_decode_graph_fallbacks_total":
+                values["fallbacks"] = int(sample.value)
+            elif sample.name == "livemeet_engine_step_seconds_total":
+                step_s[sample.labels["part"]] = sample.value
+            elif sample.name == "livemeet_engine_slow_steps_total":
+                values["slow"] = int(sample.value)
+    if not steps:
+        return None
+    return EngineCounters(
+        steps={kind: steps.get(kind, 0) for kind in STEP_KINDS},
+        decode_graph_fallbacks=values.get("fallbacks", 0),
+        prefill_tokens=values.get("prefill", 0),
+        decode_tokens=values.get("decode", 0),
+        step_s={part: step_s[part] for part in STEP_PARTS if part in step_s},
+        slow_steps=values.get("slow", 0),
+    )
+
+
+@dataclass(frozen=True)
+class PhaseTotals:
+    """`livemeet_upload_phase_seconds` of one /metrics scrape: per phase (UPLOAD_PHASES), the
+    seconds summed over requests and the number of requests."""
+
+    sums: dict[str, float]  # s
+    counts: dict[str, int]  # requests
+
+
+def parse_upload_phases(text: str) -> PhaseTotals | None:
+    """The upload phase histogram's sums and counts; None when /metrics has none (an older
+    server)."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "livemeet_upload_phase_seconds_sum":
+                sums[sample.labels["phase"]] = sample.value
+            elif sample.name == "livemeet_upload_phase_seconds_count":
+                counts[sample.labels["phase"]] = int(sample.value)
+    return PhaseTotals(sums, counts) if counts else None
+
+
+def phase_fields(before: PhaseTotals | None, after: PhaseTotals | None) -> dict[str, Any]:
+    """A point's `upload_phase_mean_s`: per phase, the mean seconds of the requests that
+    finished it during the point (where the latency went: receive, decode, transcribe,
+    respond); none when either scrape had no histogram."""
+    if before is None or after is None:
+        return {}
+    means = {}
+    for phase in UPLOAD_PHASES:
+        n = after.counts.get(phase, 0) - before.counts.get(phase, 0)
+        if n > 0:
+            means[phase] = (after.sums.get(phase, 0.0) - before.sums.get(phase, 0.0)) / n
+    return {"upload_phase_mean_s": means} if means else {}
+
+
+def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -> dict[str, Any]:
+    """A point's engine fields: the counters' increase over it; none when either scrape had no
+    counters or they went down (the engine worker restarted during the point)."""
+    if before is None or after is None:
+        return {}
+    delta = after.minus(before)
+    counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens, delta.slow_steps]
+    counts += [delta.decode_graph_fallbacks, *delta.step_s.values()]
+    if min(counts) < 0:
+        return {}
+    return delta.record()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def requests_for(workload: str, concurrency: int, min_long: int, min_short: int) -> int:
+    """Requests per point: long max(min_long, c); short max(min_short, 2c)."""
+    if workload == "long":
+        return max(min_long, concurrency)
+    return max(min_short, 2 * concurrency)
+
+
+# ---------------------------------------------------------------- the server
+
+
+class Server:
+    """A `livemeet serve` child process on a free port; `stop()` ends it (SIGTERM, then kill)."""
+
+    def __init__(self, serve_args: Sequence[str], data_dir: Path, log: IO[bytes]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "livemeet", "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--data-dir", str(data_dir), *serve_args]
+        self.cmd = cmd
+        self.log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Its own process group, so stop() also reaches the engine worker it spawns.
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+
+    async def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until /readyz answered 200. Raises RuntimeError if the process exits or the
+        timeout passes."""
+        start = time.monotonic()
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() - start < timeout_s:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}: {self.cmd}")
+                try:
+                    async with session.get(self.url + "/readyz") as r:
+                        if r.status == 200:
+                            return time.monotonic() - start
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(READY_POLL_S)
+        raise RuntimeError(f"server not ready after {timeout_s:.0f} s: {self.cmd}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.proc.wait()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+# ---------------------------------------------------------------- the client
+
+
+async def upload(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, str]:
+    """POST one WAV; returns (latency s, "" or an error description)."""
+    form = aiohttp.FormData()
+    form.add_field("file", body, filename="meeting.wav", content_type="audio/wav")
+    form.add_field("model", "moss-transcribe-diarize")
+    form.add_field("response_format", "json")
+    start = time.perf_counter()
+    try:
+        async with session.post(url + ENDPOINT, data=form) as r:
+            payload = await r.read()
+            latency = time.perf_counter() - start
+            if r.status != 200:
+                return latency, f"HTTP {r.status}: {payload[:200]!r}"
+            if "text" not in json.loads(payload):
+                return latency, f"no text in response: {payload[:200]!r}"
+            return latency, ""
+    except aiohttp.ClientError as exc:
+        return time.perf_counter() - start, f"{type(exc).__name__}: {exc}"
+
+
+async def scrape_metrics(session: aiohttp.ClientSession, url: str) -> str | None:
+    """The server's /metrics text now; None when the request fails."""
+    try:
+        async with session.get(url + "/metrics") as r:
+            return await r.text() if r.status == 200 else None
+    except aiohttp.ClientError:
+        return None
+
+
+def _engine_counters(text: str | None) -> EngineCounters | None:
+    return None if text is None else parse_engine_counters(text)
+
+
+def _upload_phases(text: str | None) -> PhaseTotals | None:
+    return None if text is None else parse_upload_phases(text)
+
+
+async def settled_metrics(
+    session: aiohttp.ClientSession, url: str, timeout_s: float = STATS_SETTLE_S
+) -> str | None:
+    """Scrape /metrics every STATS_POLL_S until two scrapes' engine counters agree (the worker
+    went idle and posted its exact totals) or `timeout_s` (s) passed; returns the last text."""
+    deadline = time.monotonic() + timeout_s
+    last = await scrape_metrics(session, url)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(STATS_POLL_S)
+        now = await scrape_metrics(session, url)
+        if _engine_counters(now) == _engine_counters(last):
+            return now
+        last = now
+    return last
+
+
+async def run_point(
+    url: str, workload: wl.Workload, concurrency: int, bodies: list[bytes]
+) -> PointResult:
+    """Keep `concurrency` uploads in flight until every body has been sent."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    queue = list(range(len(bodies)))
+    timeout = aiohttp.ClientTimeout(total=None)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+        async def worker() -> None:
+            while queue:
+                latency, error = await upload(session, url, bodies[queue.pop()])
+                latencies.append(latency)
+                if error:
+                    errors.append(error)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        makespan = time.perf_counter() - start
+    n = len(bodies)
+    ok = n - len(errors)
+    mean = statistics.fmean(latencies)
+    return PointResult(
+        workload=workload.name,
+        concurrency=concurrency,
+        num_requests=n,
+        num_errors=len(errors),
+        audio_s=workload.audio_s,
+        makespan_s=makespan,
+        req_per_s=ok / makespan,
+        audio_s_per_s=ok * workload.audio_s / makespan,
+        rtf_mean=mean / workload.audio_s,
+        latency_mean_s=mean,
+        latency_p95_s=percentile(latencies, 95),
+        upload_mb=len(bodies[0]) / 1e6,
+        first_error=errors[0] if errors else "",
+    )
+
+
+# ---------------------------------------------------------------- the sweep
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workloads", default="short,long")
+    p.add_argument("--short-concurrency", type=parse_ints, default=[1, 2, 4, 8, 16, 32, 64])
+    p.add_argument("--long-concurrency", type=parse_ints, default=[1, 2, 4, 8, 16])
+    p.add_argument("--long-min-requests", type=int, default=4, help="meetings per long point")
+    p.add_argument("--short-min-requests", type=int, default=16, help="clips per short point")
+    p.add_argument("--short-audio-s", type=float, default=None, help="override 11.6 s")
+    p.add_argument("--long-audio-s", type=float, default=None, help="override 2,240 s")
+    p.add_argument("--serve-args", default=DEFAULT_SERVE_ARGS, help="{forced}: transcript path")
+    p.add_argument("--url", default=None, help="use this running server (one workload only)")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--max-seconds", type=float, default=None, help="skip points past this")
+    p.add_argument(
+        "--assumed-audio-s-per-s",
+        type=float,
+        default=ASSUMED_AUDIO_S_PER_S,
+        help="rate used to estimate a workload's first point under --max-seconds",
+    )
+    p.add_argument("--out", default="http_sweep.jsonl", help="JSON lines output")
+    p.add_argument("--log-dir", default=None, help="server logs (default: next to --out)")
+    return p.parse_args(argv)
+
+
+def write_line(out: IO[str], record: dict[str, Any]) -> None:
+    out.write(json.dumps(record) + "\n")
+    out.flush()
+    print(json.dumps(record), flush=True)
+
+
+async def sweep_workload(
+    args: argparse.Namespace, name: str, budget: Budget, out: IO[str], work_dir: Path
+) -> None:
+    from livemeet.models.tokenizer import load_tokenizer
+
+    workload = wl.get_workload(name, getattr(args, f"{name}_audio_s"))
+    samples, forced = wl.make_forced(load_tokenizer(None), workload, seed=1)
+    forced_path = work_dir / f"forced-{name}.txt"
+    forced_path.write_text(forced.text, encoding="utf-8")
+    (work_dir / f"forced-{name}.json").write_text(json.dumps(list(forced.token_ids)))
+    server = None
+    log_dir = Path(args.log_dir) if args.log_dir else Path(args.out).resolve().parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"server-{name}.log", "wb") as log:
+        try:
+            url = args.url
+            if url is None:
+                serve_args = shlex.split(args.serve_args.format(forced=forced_path))
+                server = Server(serve_args, work_dir / f"data-{name}", log)
+                ready_s = await server.wait_ready(args.startup_timeout)
+                write_line(
+                    out,
+                    {
+                        "event": "server_ready",
+                        "workload": name,
+                        "ready_s": ready_s,
+                        "cmd": server.cmd,
+                        "forced_tokens": len(forced.token_ids) + 1,
+                    },
+                )
+                url = server.url
+            await sweep_points(args, workload, samples, url, budget, out)
+        finally:
+            if server is not None:
+                server.stop()
+
+
+async def sweep_points(
+    args: argparse.Namespace,
+    workload: wl.Workload,
+    samples: np.ndarray,
+    url: str,
+    budget: Budget,
+    out: IO[str],
+) -> None:
+    for c in getattr(args, f"{workload.name}_concurrency"):
+        n = requests_for(workload.name, c, args.long_min_requests, args.short_min_requests)
+        if not budget.fits(workload.name, n * workload.audio_s, c):
+            write_line(
+                out,
+                {
+                    "workload": workload.name,
+                    "concurrency": c,
+                    "num_requests": n,
+                    "skipped": budget.why_skipped(workload.name, n * workload.audio_s, c),
+                },
+            )
+            continue
+        bodies = [wl.wav_bytes(wl.vary(samples, i)) for i in range(n)]
+        async with aiohttp.ClientSession() as scraper:
+            before = await scrape_metrics(scraper, url)
+            result = await run_point(url, workload, c, bodies)
+            after = None if before is None else await settled_metrics(scraper, url)
+        del bodies
+        if result.num_errors < result.num_requests:
+            budget.observe(workload.name, result.audio_s_per_s, c)
+        record = {
+            **asdict(result),
+            **engine_fields(_engine_counters(before), _engine_counters(after)),
+        }
+        write_line(out, {**record, **phase_fields(_upload_phases(before), _upload_phases(after))})
+
+
+async def amain(args: argparse.Namespace) -> None:
+    budget = Budget(args.max_seconds, assumed_rate=args.assumed_audio_s_per_s)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    with open(args.out, "a", encoding="utf-8") as out, tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            await sweep_workload(args, name, budget, out, Path(tmp))
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(amain(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()
