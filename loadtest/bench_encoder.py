@@ -3,8 +3,14 @@
 Prints, per step of `EncoderRunner.encode`: host-side window cutting and hashing, log-mel, the
 Whisper encoder (graph replay per window bucket; eager for comparison), and the whole call for
 bursts of short clips and one long meeting; then the kernel table of one 8-window encode.
+
+`--blocking` asks whether `encode` waits for the GPU, which would stall the engine's one-step
+lookahead: the host time of one meeting's encode with the GPU idle and with ~BUSY_MS of work
+queued ahead of it (a non-blocking encode takes the same host time either way), the syncs
+torch's sync-debug mode reports inside it, and the CUDA runtime calls that took longest on
+the host (cudaFree, cudaHostAlloc and synchronising copies block).
 Usage:
-    python -m loadtest.bench_encoder [--profile]
+    python -m loadtest.bench_encoder [--profile] [--blocking]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from livemeet.models.loader import load_model
 from loadtest.bench_decode_step import time_ms
 
 SHORT_S = 11.6  # the short workload's clip (loadtest/workloads.py)
+BUSY_MS = 300.0  # GPU work queued ahead of the encode in --blocking
 LONG_S = 2240.0  # the long workload's meeting
 
 
@@ -32,6 +39,7 @@ def _ms(fn: Callable[[], object], iters: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--blocking", action="store_true", help="does encode wait for the GPU?")
     args = parser.parse_args()
     model, _ = load_model(None, load_format="dummy", device="cuda", dtype="bfloat16")
     runner = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
@@ -62,6 +70,59 @@ def main() -> None:
             runner.encode([short] * 8)
             torch.cuda.synchronize()
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+    if args.blocking:
+        blocking_report(runner, long)
+
+
+def blocking_report(runner: EncoderRunner, audio: np.ndarray) -> None:
+    """See the module docstring (`--blocking`)."""
+    import time
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    one = _ms(lambda: a @ a, 5)
+    reps = max(1, int(BUSY_MS / one))
+
+    def busy() -> None:
+        for _ in range(reps):
+            a @ a
+
+    def host_ms(queue_work: bool) -> float:
+        torch.cuda.synchronize()
+        if queue_work:
+            busy()
+        start = time.perf_counter()
+        runner.encode([audio])
+        host = (time.perf_counter() - start) * 1e3
+        torch.cuda.synchronize()
+        return host
+
+    host_ms(False)  # warm
+    idle = [host_ms(False) for _ in range(3)]
+    queued = [host_ms(True) for _ in range(3)]
+    print(f"encode one meeting, host ms: GPU idle {min(idle):.1f}, with {reps * one:.0f} ms of "
+          f"GPU work queued ahead {min(queued):.1f} (equal: encode does not wait)")  # fmt: skip
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            busy()
+            runner.encode([audio])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    for message in sorted({str(w.message)[:200] for w in caught}):
+        print(f"  sync-debug: {message}")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        busy()
+        runner.encode([audio])
+    torch.cuda.synchronize()
+    calls = [e for e in prof.key_averages() if e.key.startswith("cuda")]
+    for e in sorted(calls, key=lambda e: e.cpu_time_total, reverse=True)[:12]:
+        print(f"  {e.key}: {e.count} calls, {e.cpu_time_total / 1e3:.1f} ms on the host")
 
 
 if __name__ == "__main__":
