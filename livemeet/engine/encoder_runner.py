@@ -18,6 +18,15 @@ On CUDA the log-mel front end runs at the same bucket sizes (padding windows of 
 `warm_up` runs every bucket once at start: the first STFT of a new batch size builds a cuFFT
 plan, which on an H200 stalled a serving step for 0.6 s (1 window) and 1.8 s (2 windows)
 (docs/benchmarks.md, session 4: the HTTP short c4 dip).
+
+Buckets go up to 64 windows, so a 37-minute upload (75 windows) is two graph launches (64 and
+16) rather than ten of 8. Launching a graph whose previous launch has not finished blocks the
+host until it has: with 8-window micro-batches the engine thread sat in cudaGraphLaunch for
+the whole of each meeting's encoder work, and for the step queued before it, so its one-step
+lookahead stalled (H200: 361 ms of host time in 10 launches for one meeting behind 300 ms of
+queued GPU work, against 198 ms with the GPU idle; `loadtest/bench_encoder.py --blocking`,
+docs/benchmarks.md session 11). The 64-window graph holds ~2 GB of activations in the
+buckets' shared pool.
 """
 
 from __future__ import annotations
@@ -37,7 +46,8 @@ from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.models.adaptor import merge_frames
 from livemeet.models.audio_llm import MossTDModel
 
-ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8)  # windows per captured encoder graph; 8 = micro-batch
+# windows per captured encoder graph; the largest is the micro-batch (module docstring)
+ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PARALLEL_HASH_MIN_WINDOWS = 8  # full windows from which hashing runs on threads
 HASH_THREADS = 8  # threads hashing window samples (each ~1 ms per 30 s window)
 

@@ -55,12 +55,9 @@ def test_graph_replay_matches_eager(our_model: MossTDModel, long_speech: np.ndar
         eager = EncoderRunner(model, cache_windows=0)
         graphs = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
         assert sorted(graphs._graphs) == sorted(ENCODER_GRAPH_BUCKETS)
-        for seconds in (5, 31, 95, 250, 301):  # 1, 2, 4, 9 (8 + 1), 11 windows
-            clip = (
-                long_speech[: 16_000 * seconds]
-                if seconds < 130
-                else np.tile(long_speech, 3)[: 16_000 * seconds]
-            )
+        for seconds in (5, 31, 95, 250, 301, 2100):  # 1, 2, 4, 9, 11, 70 (64 + 6) windows
+            reps = -(-16_000 * seconds // long_speech.size)
+            clip = np.tile(long_speech, reps)[: 16_000 * seconds]
             torch.testing.assert_close(
                 graphs.encode([clip])[0], eager.encode([clip])[0], rtol=1e-2, atol=1e-3
             )
@@ -163,7 +160,8 @@ def test_warm_up_runs_every_bucket_and_leaves_no_trace(
     runner = EncoderRunner(
         our_model, cache_windows=8, batch_buckets=(1, 2, 4), warm_up_at_start=True
     )
-    assert rows == [1, 2, 4, 8]  # the micro-batch limit (8) is a bucket too
+    limit = ENCODER_GRAPH_BUCKETS[-1]
+    assert rows == [1, 2, 4, limit]  # the micro-batch limit is a bucket too
     assert runner.num_encoded_windows == runner.num_eager_batches == 0
     assert not runner._cache
     rows.clear()
