@@ -207,10 +207,18 @@ class EncoderRunner:
             if key is not None:
                 self._store(key, chunk)
 
+    def graph_bucket(self, num_windows: int) -> int | None:
+        """The captured graph a micro-batch of `num_windows` replays: the smallest that holds
+        it (None: none does, or no graphs). The graphs are captured largest first (one shared
+        pool), so their dict is in descending order; until session 11 it was passed as is to
+        the ascending `choose_bucket`, and every micro-batch ran the largest graph (a live
+        session's single window cost 8 windows of encoder time)."""
+        return choose_bucket(num_windows, sorted(self._graphs))
+
     def _encoder_frames(self, feats: torch.Tensor) -> torch.Tensor:
         """feats [n, 80, 3000] -> encoder frames [n, 1500, d_audio]; a graph when one fits."""
         n = feats.shape[0]
-        bucket = choose_bucket(n, tuple(self._graphs))
+        bucket = self.graph_bucket(n)
         if bucket is None:
             self.num_eager_batches += 1
             return self.model.audio_encoder(feats)

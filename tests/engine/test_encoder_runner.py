@@ -40,6 +40,20 @@ def test_cache_serves_full_windows_only(our_model: MossTDModel, long_speech: np.
     torch.testing.assert_close(again[750:], first[750:], rtol=0, atol=1e-5)
 
 
+def test_a_micro_batch_replays_the_smallest_graph_that_holds_it(our_model: MossTDModel) -> None:
+    """Graphs are captured largest first, so their dict is in descending order; a batch of n
+    windows must still get the smallest bucket >= n (it got the largest until session 11)."""
+    runner = EncoderRunner(our_model)
+    descending = sorted(ENCODER_GRAPH_BUCKETS, reverse=True)
+    runner._graphs = dict.fromkeys(descending)  # type: ignore[assignment]
+    assert runner.graph_bucket(1) == 1
+    assert runner.graph_bucket(3) == 4
+    assert runner.graph_bucket(11) == 16
+    assert runner.graph_bucket(ENCODER_GRAPH_BUCKETS[-1]) == ENCODER_GRAPH_BUCKETS[-1]
+    assert runner.graph_bucket(ENCODER_GRAPH_BUCKETS[-1] + 1) is None
+    assert runner.graph_bucket(0) is None
+
+
 def test_no_graphs_on_cpu(our_model: MossTDModel) -> None:
     runner = EncoderRunner(our_model, cuda_graphs=True)
     assert runner.num_graph_replays == 0 and not runner._graphs
