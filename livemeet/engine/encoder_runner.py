@@ -48,6 +48,9 @@ from livemeet.models.audio_llm import MossTDModel
 
 # windows per captured encoder graph; the largest is the micro-batch (module docstring)
 ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# windows per micro-batch on the CPU (no graphs there): bounds the log-mel front end's
+# transient memory (~70 MB of STFT per 8 windows)
+CPU_WINDOWS_PER_BATCH = 8
 PARALLEL_HASH_MIN_WINDOWS = 8  # full windows from which hashing runs on threads
 HASH_THREADS = 8  # threads hashing window samples (each ~1 ms per 30 s window)
 
@@ -101,6 +104,8 @@ class EncoderRunner:
     """Batches encoder + adaptor forwards and caches full-window outputs (see module doc).
 
     `cache_windows`: LRU capacity in windows (each ~0.77 MB in bf16 at real size: 375 x 1024).
+    `max_windows_per_batch`: windows per micro-batch (default: the largest graph bucket on
+    CUDA, CPU_WINDOWS_PER_BATCH on the CPU).
     `batch_buckets`: window counts each micro-batch is padded up to (default: ENCODER_GRAPH_BUCKETS
     on CUDA, none on the CPU), those below `max_windows_per_batch` and that limit itself;
     `warm_up_at_start` (default: on CUDA) runs `warm_up`.
@@ -111,15 +116,17 @@ class EncoderRunner:
         model: MossTDModel,
         *,
         cache_windows: int = 256,
-        max_windows_per_batch: int = ENCODER_GRAPH_BUCKETS[-1],
+        max_windows_per_batch: int | None = None,
         cuda_graphs: bool = False,
         batch_buckets: Sequence[int] | None = None,
         warm_up_at_start: bool | None = None,
     ) -> None:
         self.model = model
         self.cache_windows = cache_windows
-        self.max_windows_per_batch = max_windows_per_batch
         on_cuda = self.device.type == "cuda"
+        if max_windows_per_batch is None:
+            max_windows_per_batch = ENCODER_GRAPH_BUCKETS[-1] if on_cuda else CPU_WINDOWS_PER_BATCH
+        self.max_windows_per_batch = max_windows_per_batch
         if batch_buckets is None:
             batch_buckets = ENCODER_GRAPH_BUCKETS if on_cuda else ()
         kept = {b for b in batch_buckets if b < max_windows_per_batch}

@@ -8,7 +8,11 @@ import pytest
 import torch
 
 from livemeet.audio.features import log_mel, split_windows
-from livemeet.engine.encoder_runner import ENCODER_GRAPH_BUCKETS, EncoderRunner
+from livemeet.engine.encoder_runner import (
+    CPU_WINDOWS_PER_BATCH,
+    ENCODER_GRAPH_BUCKETS,
+    EncoderRunner,
+)
 from livemeet.models.audio_llm import MossTDModel
 
 
@@ -57,6 +61,7 @@ def test_a_micro_batch_replays_the_smallest_graph_that_holds_it(our_model: MossT
 def test_no_graphs_on_cpu(our_model: MossTDModel) -> None:
     runner = EncoderRunner(our_model, cuda_graphs=True)
     assert runner.num_graph_replays == 0 and not runner._graphs
+    assert runner.max_windows_per_batch == CPU_WINDOWS_PER_BATCH  # memory, not launches
 
 
 @pytest.mark.gpu
@@ -69,6 +74,7 @@ def test_graph_replay_matches_eager(our_model: MossTDModel, long_speech: np.ndar
         eager = EncoderRunner(model, cache_windows=0)
         graphs = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
         assert sorted(graphs._graphs) == sorted(ENCODER_GRAPH_BUCKETS)
+        assert graphs.max_windows_per_batch == ENCODER_GRAPH_BUCKETS[-1]  # one launch each
         for seconds in (5, 31, 95, 250, 301, 2100):  # 1, 2, 4, 9, 11, 70 (64 + 6) windows
             reps = -(-16_000 * seconds // long_speech.size)
             clip = np.tile(long_speech, reps)[: 16_000 * seconds]
@@ -174,8 +180,7 @@ def test_warm_up_runs_every_bucket_and_leaves_no_trace(
     runner = EncoderRunner(
         our_model, cache_windows=8, batch_buckets=(1, 2, 4), warm_up_at_start=True
     )
-    limit = ENCODER_GRAPH_BUCKETS[-1]
-    assert rows == [1, 2, 4, limit]  # the micro-batch limit is a bucket too
+    assert rows == [1, 2, 4, CPU_WINDOWS_PER_BATCH]  # the micro-batch limit is a bucket too
     assert runner.num_encoded_windows == runner.num_eager_batches == 0
     assert not runner._cache
     rows.clear()
