@@ -94,12 +94,17 @@ ENGINE_IDLE_POLL_S = 0.005
 # two prefill steps (H200 short c16 through HTTP, same call: 519 -> 646 audio-s/s with 100 ms;
 # docs/benchmarks.md session 6). An upload is only held while others arrive or decode.
 UPLOAD_BATCH_WAIT_S = 0.100
-# s of estimated GPU time per engine step while no live work is queued or retained (the
-# scheduler's upload budget; --upload-step-budget-ms). Live work keeps 50 ms steps (one flush
-# window); uploads alone take 200 ms, which pays for a whole 4,096-token chunk at the end of a
-# 37-minute prompt (~0.11 s in bf16, ~0.13 s over an FP8 cache; StepCostModel), where a 50-ms
-# budget cut it into pieces that leave the last wave of attention programs part-empty.
+# s of estimated GPU time per engine step while no live session is open and no live request
+# queued (the scheduler's upload budget; --upload-step-budget-ms). Live work keeps 50 ms steps
+# (one flush window); uploads alone take 200 ms, which pays for a whole 4,096-token chunk at the
+# end of a 37-minute prompt (the chunk alone ~0.10 s in bf16, ~0.12 s over an FP8 cache, with
+# 15 decode rows ~0.11 / ~0.13 s; StepCostModel), where a 50-ms budget cut it into pieces that
+# leave the last wave of attention programs part-empty.
 UPLOAD_STEP_BUDGET_S = 0.200
+# s; the upload budget's bound. A live session's first hop can find up to three upload steps
+# ahead of it (one running, one queued by the async lookahead, one scheduled), so the bound
+# keeps that under a hop (LIVE_HOP_S).
+MAX_UPLOAD_STEP_BUDGET_S = LIVE_HOP_S / 4
 # s; the GIL switch interval in the gateway and engine worker processes (Python's default is
 # 5 ms). A thread that wants the GIL waits up to this long while another runs Python, and
 # uploads hop between the event loop and decode threads, and engine events between the worker

@@ -379,6 +379,7 @@ class MossCore:
                 events = [Error(exc.code, exc.message, exc.retryable)]
             out.extend((sid, e) for e in events)
         self._tell_incoming_uploads()
+        engine.set_live_sessions(sum(isinstance(s, _Live) for s in self._sessions.values()))
         if engine.has_work():
             result = engine.step()  # a failure here cannot be pinned on a session: it propagates
             for rid, token_id in result.new_tokens:

@@ -20,13 +20,14 @@ plan, which on an H200 stalled a serving step for 0.6 s (1 window) and 1.8 s (2 
 (docs/benchmarks.md, session 4: the HTTP short c4 dip).
 
 Buckets go up to 64 windows, so a 37-minute upload (75 windows) is two graph launches (64 and
-16) rather than ten of 8. Launching a graph whose previous launch has not finished blocks the
-host until it has: with 8-window micro-batches the engine thread sat in cudaGraphLaunch for
-the whole of each meeting's encoder work, and for the step queued before it, so its one-step
-lookahead stalled (H200: 361 ms of host time in 10 launches for one meeting behind 300 ms of
-queued GPU work, against 198 ms with the GPU idle; `loadtest/bench_encoder.py --blocking`,
-docs/benchmarks.md session 11). The 64-window graph holds ~2 GB of activations in the
-buckets' shared pool.
+16) rather than ten of 8. cudaGraphLaunch holds the host while earlier work is still pending
+on the GPU, so every launch of an encode can stall the engine thread and with it the one-step
+lookahead (H200, `loadtest/bench_encoder.py --blocking`, docs/benchmarks.md session 11: one
+meeting's encode took 198 ms of host time with the GPU idle and 501.5 ms behind 300 ms of
+queued work, 361 ms of it in 10 launches; with 64-window buckets 104.8 and 215.0 ms, 103 ms in
+2 launches). The 64-window graph holds ~2 GB of activations in the buckets' shared pool
+(estimated from the activations, not measured; FP8 long c16 ran with it at the default
+--mem-fraction 0.85), and log-mel runs in slices of 8 windows.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ from livemeet.models.audio_llm import MossTDModel
 
 # windows per captured encoder graph; the largest is the micro-batch (module docstring)
 ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# windows per micro-batch on the CPU (no graphs there): bounds the log-mel front end's
-# transient memory (~70 MB of STFT per 8 windows)
+# windows per micro-batch on the CPU (no graphs there)
 CPU_WINDOWS_PER_BATCH = 8
+LOG_MEL_WINDOWS = 8  # windows per log-mel slice: bounds the STFT's transient memory
 PARALLEL_HASH_MIN_WINDOWS = 8  # full windows from which hashing runs on threads
 HASH_THREADS = 8  # threads hashing window samples (each ~1 ms per 30 s window)
 
@@ -203,7 +204,7 @@ class EncoderRunner:
         rows = choose_bucket(n, self.batch_buckets) or n  # padded with silence (module doc)
         windows = _padded_windows([j[2] for j in jobs], self.device, rows)  # [rows, 480000]
         dtype = self.model.adaptor.linear_1.weight.dtype
-        feats = log_mel(windows).to(dtype)  # [rows, 80, 3000]
+        feats = self._log_mel(windows, dtype)  # [rows, 80, 3000]
         counts = [j[3] for j in jobs]
         frames = self._encoder_frames(feats)[:n]  # [n, 1500, d_audio]
         merged = merge_frames(frames, counts, self.model.cfg.merge_size)
@@ -214,12 +215,23 @@ class EncoderRunner:
             if key is not None:
                 self._store(key, chunk)
 
+    @staticmethod
+    def _log_mel(windows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Log-mel of [rows, 480000] windows in slices of at most LOG_MEL_WINDOWS: the STFT's
+        intermediates (~70 MB per 8 windows) stay bounded at the 64-window bucket, and every
+        slice is a size warm-up has planned (rows <= 8, or whole slices of 8)."""
+        rows = windows.shape[0]
+        out = torch.empty(rows, N_MELS, N_FRAMES, dtype=dtype, device=windows.device)
+        for start in range(0, rows, LOG_MEL_WINDOWS):
+            out[start : start + LOG_MEL_WINDOWS] = log_mel(windows[start : start + LOG_MEL_WINDOWS])
+        return out
+
     def graph_bucket(self, num_windows: int) -> int | None:
         """The captured graph a micro-batch of `num_windows` replays: the smallest that holds
         it (None: none does, or no graphs). The graphs are captured largest first (one shared
-        pool), so their dict is in descending order; until session 11 it was passed as is to
-        the ascending `choose_bucket`, and every micro-batch ran the largest graph (a live
-        session's single window cost 8 windows of encoder time)."""
+        pool); until session 11 their dict went in that order to the ascending
+        `choose_bucket`, and every micro-batch ran the largest graph (a live session's single
+        window cost 8 windows of encoder time)."""
         return choose_bucket(num_windows, sorted(self._graphs))
 
     def _encoder_frames(self, feats: torch.Tensor) -> torch.Tensor:

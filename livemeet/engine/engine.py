@@ -283,6 +283,10 @@ class Engine:
         """Uploads on their way to `add_request`; the scheduler's upload hold waits for them."""
         self.scheduler.set_incoming_uploads(count)
 
+    def set_live_sessions(self, count: int) -> None:
+        """Open live sessions; while any is, the scheduler keeps short steps for their hops."""
+        self.scheduler.set_live_sessions(count)
+
     def is_holding(self) -> bool:
         """True when a step now would do nothing: no step is in flight and the scheduler holds
         new uploads for the incoming ones (Scheduler.is_holding). Reads the clock only then."""

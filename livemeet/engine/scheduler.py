@@ -11,12 +11,12 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
-- The budget is `step_budget_s` (one 50-ms flush window) while any live request is queued or
-  a live session's cache is retained between hops; a step with only uploads to serve gets
-  `upload_step_budget_s`, so late chunks of long uploads stay whole instead of being cut into
-  pieces that leave the GPU's last wave of attention programs part-empty. A live hop that
-  arrives during such a step waits for it (at most one upload step) and then has the short
-  budget again.
+- The budget is `step_budget_s` (one 50-ms flush window) while a live session is open
+  (`set_live_sessions`), a live request is queued, or a live cache is retained; otherwise a
+  step gets `upload_step_budget_s`, so late chunks of long uploads stay whole instead of being
+  cut into pieces that leave the GPU's last wave of attention programs part-empty. A session
+  that opens meanwhile finds up to three upload steps ahead of its first hop (one running, one
+  queued by the engine's async lookahead, one scheduled), hence MAX_UPLOAD_STEP_BUDGET_S.
 - Admission by KV availability: a request is admitted when blocks for its whole sequence can
   be allocated; the first admission that cannot be met stops admissions for the step.
 - Upload batching: a step with a prefill cannot replay a decode CUDA graph and runs eagerly
@@ -56,6 +56,7 @@ from livemeet.audio.constants import (
     FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
     MAX_CONTEXT_TOKENS,
+    MAX_UPLOAD_STEP_BUDGET_S,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_STEP_BUDGET_S,
 )
@@ -99,13 +100,10 @@ class SchedulerConfig:
             raise ConfigError("max_num_seqs must be >= 1 and max_model_len >= 2")
         if not (math.isfinite(self.step_budget_s) and self.step_budget_s > 0):
             raise ConfigError(f"step_budget_s must be > 0, not {self.step_budget_s}")
-        if not (
-            math.isfinite(self.upload_step_budget_s)
-            and self.upload_step_budget_s >= self.step_budget_s
-        ):
+        if not self.step_budget_s <= self.upload_step_budget_s <= MAX_UPLOAD_STEP_BUDGET_S:
             raise ConfigError(
-                f"upload_step_budget_s must be finite and >= step_budget_s "
-                f"({self.step_budget_s}), not {self.upload_step_budget_s}"
+                f"upload_step_budget_s must be in [step_budget_s ({self.step_budget_s}), "
+                f"{MAX_UPLOAD_STEP_BUDGET_S}], not {self.upload_step_budget_s}"
             )
         if not (math.isfinite(self.upload_batch_wait_s) and self.upload_batch_wait_s >= 0):
             raise ConfigError(f"upload_batch_wait_s must be >= 0, not {self.upload_batch_wait_s}")
@@ -223,6 +221,7 @@ class Scheduler:
         self._order: dict[str, int] = {}
         self._next_order = 0
         self._num_incoming_uploads = 0  # on their way to `add` (set_incoming_uploads)
+        self._num_live_sessions = 0  # open live sessions (set_live_sessions)
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -346,6 +345,13 @@ class Scheduler:
             raise SchedulerError(f"incoming upload count must be >= 0, not {count}")
         self._num_incoming_uploads = count
 
+    def set_live_sessions(self, count: int) -> None:
+        """How many live sessions are open, hops queued or not; while any is, steps keep the
+        short budget (module docstring). Raises SchedulerError for a negative count."""
+        if count < 0:
+            raise SchedulerError(f"live session count must be >= 0, not {count}")
+        self._num_live_sessions = count
+
     def preempt(self, request_id: str) -> bool:
         """Evict an unfinished request's KV now (it will be recomputed); False if it holds
         none or is unknown."""
@@ -360,7 +366,7 @@ class Scheduler:
     def schedule(self, now_s: float) -> ScheduledBatch:
         """Build the next step at time `now_s` (seconds on the engine's clock)."""
         cfg, cost = self.config, self.cost_model
-        usable = max(0.0, self.step_budget_s() - cost.fixed_s)
+        usable = max(0.0, self.current_step_budget_s() - cost.fixed_s)
         hold_uploads = self._hold_uploads(now_s)
         # held uploads do not reserve a share: live work may use the whole step meanwhile
         can_run = self._upload_can_run(include_waiting=not hold_uploads)
@@ -397,11 +403,14 @@ class Scheduler:
             estimated_cost_s=0.0 if step.is_empty else cost.fixed_s + spent,
         )
 
-    def step_budget_s(self) -> float:
-        """The estimated GPU time the next step may take: `step_budget_s` while live work is
-        queued or a live cache retained, else `upload_step_budget_s` (module docstring)."""
-        live = any(r.request_class is RequestClass.LIVE for r in self._requests.values()) or any(
-            r.request_class is RequestClass.LIVE for r in self._retained.values()
+    def current_step_budget_s(self) -> float:
+        """The estimated GPU time the next step may take: `step_budget_s` while a live session
+        is open, a live request queued or a live cache retained, else `upload_step_budget_s`
+        (module docstring)."""
+        live = (
+            self._num_live_sessions > 0
+            or any(r.request_class is RequestClass.LIVE for r in self._requests.values())
+            or any(r.request_class is RequestClass.LIVE for r in self._retained.values())
         )
         return self.config.step_budget_s if live else self.config.upload_step_budget_s
 

@@ -306,6 +306,29 @@ def test_uploads_are_held_for_incoming_ones_counted_on_both_sides(
         core.set_incoming_uploads(-1)
 
 
+def test_open_live_sessions_keep_the_engine_on_short_steps(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """Every core step tells the scheduler how many live sessions are open, hops queued or
+    not, so uploads get the long step budget only while none is."""
+    core = make_core(our_model, tmp_path, forced=REFERENCE)
+    assert core.engine is not None
+    sched = core.engine.scheduler
+    core.open("u", SessionOptions(live=False))
+    core.append("u", clips[11.0])
+    core.end("u")
+    core.step()
+    assert sched.current_step_budget_s() == sched.config.upload_step_budget_s
+    core.open("L", SessionOptions(live=True, hop_s=1.0))  # no audio yet: no hop queued
+    core.step()
+    assert sched.current_step_budget_s() == sched.config.step_budget_s
+    core.abort("L")
+    core.step()
+    assert sched.current_step_budget_s() == sched.config.upload_step_budget_s
+    run_to_idle(core, [])
+    assert_pool_clean(core)
+
+
 def test_a_held_upload_waits_at_most_the_batch_wait(
     our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
 ) -> None:

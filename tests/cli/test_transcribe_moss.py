@@ -126,7 +126,7 @@ def test_serve_engine_sizing_flags() -> None:
         ["--upload-batch-wait-ms", "-1"],
         ["--upload-batch-wait-ms", "5000"],  # holding an upload for seconds is never right
         ["--upload-step-budget-ms", "20"],  # below a live step's 50 ms
-        ["--upload-step-budget-ms", "9000"],  # a live hop would wait seconds behind one step
+        ["--upload-step-budget-ms", "300"],  # three such steps would outlast a live hop
     ):
         args = build_parser().parse_args(["serve", "--model", "x", *bad])
         with pytest.raises(ConfigError):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from livemeet.audio.constants import N_FRAMES, N_MELS
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.engine.encoder_runner import (
     CPU_WINDOWS_PER_BATCH,
@@ -44,18 +45,48 @@ def test_cache_serves_full_windows_only(our_model: MossTDModel, long_speech: np.
     torch.testing.assert_close(again[750:], first[750:], rtol=0, atol=1e-5)
 
 
+class _FakeGraph:
+    """Stands in for a captured CUDA graph: records its bucket when replayed."""
+
+    def __init__(self, bucket: int, replayed: list[int]) -> None:
+        self.bucket, self.replayed = bucket, replayed
+
+    def replay(self) -> None:
+        self.replayed.append(self.bucket)
+
+
 def test_a_micro_batch_replays_the_smallest_graph_that_holds_it(our_model: MossTDModel) -> None:
     """Graphs are captured largest first, so their dict is in descending order; a batch of n
-    windows must still get the smallest bucket >= n (it got the largest until session 11)."""
+    windows must still replay the smallest bucket >= n (it replayed the largest until session
+    11, which only the time showed: padding leaves the outputs unchanged)."""
     runner = EncoderRunner(our_model)
-    descending = sorted(ENCODER_GRAPH_BUCKETS, reverse=True)
-    runner._graphs = dict.fromkeys(descending)  # type: ignore[assignment]
-    assert runner.graph_bucket(1) == 1
-    assert runner.graph_bucket(3) == 4
-    assert runner.graph_bucket(11) == 16
-    assert runner.graph_bucket(ENCODER_GRAPH_BUCKETS[-1]) == ENCODER_GRAPH_BUCKETS[-1]
-    assert runner.graph_bucket(ENCODER_GRAPH_BUCKETS[-1] + 1) is None
-    assert runner.graph_bucket(0) is None
+    replayed: list[int] = []
+    d = our_model.cfg.audio.d_model
+    runner._graphs = {  # type: ignore[assignment]
+        b: (_FakeGraph(b, replayed), torch.zeros(b, N_MELS, N_FRAMES), torch.zeros(b, 1500, d))
+        for b in sorted(ENCODER_GRAPH_BUCKETS, reverse=True)
+    }
+    for n, bucket in ((1, 1), (3, 4), (11, 16), (64, 64)):
+        frames = runner._encoder_frames(torch.ones(n, N_MELS, N_FRAMES))
+        assert replayed[-1] == bucket and frames.shape[0] == n
+        static_in = runner._graphs[bucket][1]
+        assert static_in[:n].eq(1).all() and static_in[n:].eq(0).all()  # padding is silence
+    assert runner.graph_bucket(65) is None and runner.graph_bucket(0) is None
+    frames = runner._encoder_frames(torch.ones(65, N_MELS, N_FRAMES))  # no graph holds it
+    assert runner.num_eager_batches == 1 and frames.shape[0] == 65
+
+
+def test_log_mel_in_slices_equals_one_pass() -> None:
+    """The runner's log-mel in slices of LOG_MEL_WINDOWS equals one pass over every window
+    (each window's floor is its own), for a count that is not a multiple of the slice."""
+    from livemeet.audio.features import log_mel
+    from livemeet.engine.encoder_runner import LOG_MEL_WINDOWS
+
+    rows = 2 * LOG_MEL_WINDOWS + 3
+    windows = 0.1 * torch.randn(rows, 480_000, generator=torch.Generator().manual_seed(5))
+    windows[-1] = 0.0  # a window of silence, as padding rows are
+    got = EncoderRunner._log_mel(windows, torch.float32)
+    torch.testing.assert_close(got, log_mel(windows), rtol=0, atol=0)
 
 
 def test_no_graphs_on_cpu(our_model: MossTDModel) -> None:

@@ -79,6 +79,7 @@ def run_until_idle(
         {"max_num_seqs": 0},
         {"step_budget_s": 0.0},
         {"upload_step_budget_s": 0.01},  # below step_budget_s
+        {"upload_step_budget_s": 0.3},  # three such steps would outlast a live hop
         {"upload_step_budget_s": float("inf")},
         {"step_budget_s": float("nan")},
         {"upload_min_share": 1.0},
@@ -213,33 +214,58 @@ def test_budget_shrinks_chunks_as_context_grows() -> None:
 
 
 def test_uploads_alone_get_the_upload_budget_and_whole_chunks() -> None:
-    """With no live work, late chunks of a long upload stay whole (the upload budget pays for
-    them) and no step is planned past that budget; the same upload next to a retained live
-    cache or a queued live hop is cut to the short budget again."""
+    """With no live session, late chunks of a long upload stay whole (the upload budget pays for
+    them) and no step is planned past that budget; the same upload beside an open live session
+    (hop queued or not) or a retained live cache is cut to the short budget again, while a
+    retained upload cache changes nothing."""
     budget, upload_budget = 0.050, 0.200
-    for company in (None, "retained", "queued"):
+    for company in (None, "retained upload", "open session", "retained live", "queued hop"):
         sched, runner, clock = make(
             num_blocks=8192, step_budget_s=budget, upload_step_budget_s=upload_budget
         )
-        if company == "retained":
-            sched.add(req("hop", 20, LIVE, max_new=1, deadline=1e9, base=500_000), retain_kv=True)
+        if company in ("retained live", "retained upload"):
+            cls = LIVE if company == "retained live" else UPLOAD
+            sched.add(req("kept", 20, cls, max_new=1, deadline=1e9, base=500_000), retain_kv=True)
             run_until_idle(sched, runner, clock)
-            assert [r.request_id for r in sched.retained] == ["hop"]
-        elif company == "queued":  # a live hop whose prompt outlasts the upload's
+            assert [r.request_id for r in sched.retained] == ["kept"]
+        elif company == "open session":
+            sched.set_live_sessions(1)
+        elif company == "queued hop":  # a live hop whose prompt outlasts the upload's
             sched.add(req("hop", 60_000, LIVE, max_new=1, deadline=1e9, base=500_000))
-        assert sched.step_budget_s() == (upload_budget if company is None else budget)
+        short = company not in (None, "retained upload")
+        assert sched.current_step_budget_s() == (budget if short else upload_budget)
         up = req("up", 30_000, max_new=50)  # still running after the steps
         sched.add(up)
         batches = run_steps(sched, runner, clock, 12)
         chunks = [c for b in batches for c in b.prefills if c.request is up]
         assert 0 < sum(c.num_tokens for c in chunks) == min(up.num_computed_tokens, 30_000)
-        if company is None:
+        if not short:
             assert all(c.num_tokens == 4096 for c in chunks if not c.samples)  # all but the tail
             assert all(b.estimated_cost_s <= upload_budget + 1e-9 for b in batches)
         else:
             late = [c for c in chunks if c.start >= 12_000]
             assert late and all(c.num_tokens < 4096 for c in late)
             assert all(b.estimated_cost_s <= budget + 1e-9 for b in batches[1:])
+
+
+def test_a_live_hop_cuts_the_next_step_back_to_the_short_budget() -> None:
+    """Uploads run whole 4,096-token chunks until a live hop arrives; the very next step is
+    planned within the short budget, and closing the session gives uploads the long one back."""
+    sched, runner, clock = make(num_blocks=8192, step_budget_s=0.050, upload_step_budget_s=0.200)
+    up = req("up", 60_000, max_new=50)
+    sched.add(up)
+    first = run_steps(sched, runner, clock, 4)
+    assert all(b.prefills[0].num_tokens == 4096 for b in first)
+    sched.set_live_sessions(1)
+    sched.add(req("hop", 300, LIVE, max_new=2, deadline=clock.now_s + 1.0, base=900_000))
+    batch = run_steps(sched, runner, clock, 1)[0]
+    assert batch.prefills[0].request.request_class is LIVE
+    assert batch.estimated_cost_s <= 0.050 + 1e-9
+    run_steps(sched, runner, clock, 3)  # the hop finishes
+    sched.set_live_sessions(0)
+    assert sched.current_step_budget_s() == 0.200
+    with pytest.raises(SchedulerError):
+        sched.set_live_sessions(-1)
 
 
 def test_an_fp8_cache_makes_prefill_attention_dearer_and_decode_cheaper() -> None:
