@@ -14,6 +14,7 @@ from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
     FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
+    KV_CACHE_DTYPES,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
     MAX_UPLOAD_BYTES,
@@ -96,7 +97,7 @@ class ModelConfig:
             raise ConfigError(
                 f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}"
             )
-        if self.kv_cache_dtype not in ("auto", "fp8_e4m3"):
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(
                 f"kv_cache_dtype must be auto or fp8_e4m3, not {self.kv_cache_dtype!r}"
             )

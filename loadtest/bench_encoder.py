@@ -16,10 +16,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import time
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from livemeet.audio.constants import N_FRAMES, N_MELS, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
@@ -64,8 +67,6 @@ def main() -> None:
     ms = _ms(lambda: runner.encode([long]), 2)
     print(f"encode one {LONG_S:.0f} s meeting (75 windows): {ms:.1f} ms")
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             runner.encode([short] * 8)
             torch.cuda.synchronize()
@@ -76,11 +77,6 @@ def main() -> None:
 
 def blocking_report(runner: EncoderRunner, audio: np.ndarray) -> None:
     """See the module docstring (`--blocking`)."""
-    import time
-    import warnings
-
-    from torch.profiler import ProfilerActivity, profile
-
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     one = _ms(lambda: a @ a, 5)
     reps = max(1, int(BUSY_MS / one))

@@ -402,7 +402,9 @@ class EncodeTimer:
     around it (`device_s`, read once the device is idle). The engine's one-step lookahead still
     overlaps the encoder with the step queued before it. `sync=True` synchronises around each
     call instead (the form before session 11: the encoder's own time, bought by serialising it
-    with the neighbouring steps)."""
+    with the neighbouring steps). Limits: the events bracket the whole call, so device time
+    includes GPU idle gaps inside it (host work before the first launch), and host time
+    includes any wait inside `encode` for the step queued before it."""
 
     def __init__(self, encode: Callable[..., Any], device: torch.device, sync: bool = False):
         self.encode = encode
@@ -436,6 +438,27 @@ class EncodeTimer:
         return sum(a.elapsed_time(b) for a, b in self._events) / 1e3
 
 
+def _step_to_idle(
+    engine: Engine, t0: float
+) -> tuple[list[float], list[float], list[int], list[int]]:
+    """Step until the engine is idle: (wall s per step, latency from t0 and output and prompt
+    tokens per finished request)."""
+    latencies: list[float] = []
+    outputs: list[int] = []
+    prompts: list[int] = []
+    step_s: list[float] = []
+    while engine.has_work():
+        ts = time.perf_counter()
+        out = engine.step()
+        now = time.perf_counter()
+        step_s.append(now - ts)
+        for request in out.finished:
+            latencies.append(now - t0)
+            outputs.append(request.num_output_tokens)
+            prompts.append(request.num_prompt_tokens)
+    return step_s, latencies, outputs, prompts
+
+
 def run_point(
     engine: Engine,
     log: BatchLog,
@@ -465,22 +488,12 @@ def run_point(
     add_s = time.perf_counter() - t0
     timer = EncodeTimer(engine.encoder.encode, device, sync=sync_encoder)
     engine.encoder.encode = timer  # type: ignore[method-assign]
-    latencies: list[float] = []
-    outputs: list[int] = []
-    prompts: list[int] = []
-    step_s: list[float] = []
-    while engine.has_work():
-        ts = time.perf_counter()
-        out = engine.step()
-        now = time.perf_counter()
-        step_s.append(now - ts)
-        for request in out.finished:
-            latencies.append(now - t0)
-            outputs.append(request.num_output_tokens)
-            prompts.append(request.num_prompt_tokens)
+    try:
+        step_s, latencies, outputs, prompts = _step_to_idle(engine, t0)
+    finally:
+        engine.encoder.encode = timer.encode  # type: ignore[method-assign]
     synchronize(device)
     makespan = time.perf_counter() - t0
-    engine.encoder.encode = timer.encode  # type: ignore[method-assign]
     encode_s = add_s + sum(timer.host_s)
     batches = log.batches[first_batch:]
     assert len(batches) == len(step_s), "one scheduled batch per engine step"

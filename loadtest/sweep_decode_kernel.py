@@ -267,7 +267,6 @@ def layout_point(
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     group = NUM_HEADS // NUM_KV_HEADS
     default = pa.default_decode_config(fp8)
-    forms = [default]
     rows: list[SweepRow] = []
     splits = 0
     # (layout, sequences, KV heads each): the same sequences x heads x context either way
@@ -283,15 +282,14 @@ def layout_point(
             per_sm = pa.decode_programs_per_sm(q.dtype, caches[0][0], group, default)
             splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS, num_sms,
                                           programs_per_sm=per_sm)  # fmt: skip
-        for cfg in forms:
-            if time.monotonic() > deadline:
-                print(f"  (time budget spent: skipping the rest of {batch}x{context})")
-                break
-            timed = time_config(q, caches, tables, lens, ref, cfg, splits, fp8)
-            if timed is not None:
-                us, err = timed
-                rows.append(report_row(fp8, batch, context, splits, cfg, us, kv_bytes / us,
-                                       read_bw, err, layout))  # fmt: skip
+        if time.monotonic() > deadline:
+            print(f"  (time budget spent: skipping the rest of {batch}x{context})")
+            break
+        timed = time_config(q, caches, tables, lens, ref, default, splits, fp8)
+        if timed is not None:
+            us, err = timed
+            rows.append(report_row(fp8, batch, context, splits, default, us, kv_bytes / us,
+                                   read_bw, err, layout))  # fmt: skip
         caches.clear()
         torch.cuda.empty_cache()
     return rows
@@ -307,13 +305,12 @@ def main() -> None:
     parser.add_argument("--points", default="1x36000,16x36000", help="BATCHxCONTEXT,...")
     parser.add_argument("--dtypes", default="bf16,fp8_e4m3")
     parser.add_argument("--max-seconds", type=float, default=150.0)
-    parser.add_argument(
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument(
         "--defaults-only", action="store_true", help="only the defaults, merged both ways"
     )
-    parser.add_argument(
-        "--splits", action="store_true", help="the defaults at a range of split counts"
-    )
-    parser.add_argument(
+    mode.add_argument("--splits", action="store_true", help="the defaults at a range of splits")
+    mode.add_argument(
         "--layouts", action="store_true", help="token-major vs one KV head per sequence"
     )
     parser.add_argument("--json", default="sweep_decode_kernel.json")

@@ -102,7 +102,7 @@ case "$phase" in
       --workloads "${BENCH_WORKLOADS:-short,long}" --short-concurrency "${SHORT_C:-16,64}" \
       --long-concurrency "${LONG_C:-1}" --decode-batches 1 --decode-contexts 1024 --fp8 "${FP8_POINTS:-}" \
       --assumed-audio-s-per-s "${ASSUMED_RATE:-100}" $( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo --no-prefill-graphs ) \
-      ${BENCH_SYNC_ENCODER:+--sync-encoder} \
+      $( [ "${BENCH_SYNC_ENCODER:-0}" = 1 ] && echo --sync-encoder ) \
       --max-seconds "$(( ${BENCH_S:-200} - 30 ))" --json "$OUT/bench_engine.json"
     ;;
   http)

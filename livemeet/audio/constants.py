@@ -101,6 +101,7 @@ UPLOAD_BATCH_WAIT_S = 0.100
 # 15 decode rows ~0.11 / ~0.13 s; StepCostModel), where a 50-ms budget cut it into pieces that
 # leave the last wave of attention programs part-empty.
 UPLOAD_STEP_BUDGET_S = 0.200
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # the KV pool: the model's 16-bit dtype, or e4m3
 # s; the upload budget's bound. A live session's first hop can find up to three upload steps
 # ahead of it (one running, one queued by the async lookahead, one scheduled), so the bound
 # keeps that under a hop (LIVE_HOP_S).

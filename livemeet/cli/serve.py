@@ -13,6 +13,7 @@ from aiohttp import web
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
     GIL_SWITCH_INTERVAL_S,
+    KV_CACHE_DTYPES,
     MAX_AUDIO_S,
     MAX_UPLOAD_BYTES,
 )
@@ -93,7 +94,7 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument(
-        "--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"], help="KV pool dtype"
+        "--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV pool dtype"
     )
     p.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory)"
@@ -141,9 +142,9 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "--upload-step-budget-ms",
         type=float,
         default=ModelConfig.upload_step_budget_ms,
-        help="ms of estimated GPU time per engine step while only uploads are served (live "
-        "work keeps 50 ms steps; a live hop arriving meanwhile waits at most one such step; "
-        "default %(default)g)",
+        help="ms of estimated GPU time per engine step while no live session is open (live "
+        "sessions keep 50 ms steps; one that opens meanwhile can find up to three such steps "
+        "ahead of its first hop; at most a quarter hop; default %(default)g)",
     )
     p.add_argument(
         "--prefill-graphs",

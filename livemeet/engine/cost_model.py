@@ -9,8 +9,9 @@ and some decode rows (one query token each). Its time is modelled as
          + kv_read_per_token * context of each decode    decode attention (bandwidth-bound)
 
 The quadratic term is why a late 4,096-token chunk of a 90-minute prompt (~71k tokens of
-context) costs ~170 ms while the first chunk of the same prompt costs ~13 ms (DESIGN.md
-section 4).
+context) costs ~230 ms in bf16 (~280 ms over an FP8 cache) while the first chunk of the same
+prompt costs ~15 ms (DESIGN.md section 4 says ~150-200 ms, for faster attention than the
+extend kernel measures).
 
 Default coefficients (a bf16 KV cache), derived from the H200 figures of DESIGN.md section 10,
 the kernels as measured on an H200 (docs/benchmarks.md) and the decoder shape of MODEL.md
@@ -39,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from livemeet.audio.constants import KV_BYTES_PER_TOKEN
+from livemeet.audio.constants import KV_BYTES_PER_TOKEN, KV_CACHE_DTYPES
 from livemeet.errors import ConfigError
 
 H200_COPY_BANDWIDTH_B_PER_S = 4.1e12  # bytes/s, measured (DESIGN.md section 10)
@@ -48,7 +49,6 @@ ATTENTION_FLOP_PER_PAIR = 28 * 16 * 128 * 4  # layers x heads x head_dim x (QK^T
 EXTEND_FLOP_PER_S_BF16 = 300e12  # the extend kernel on a late chunk, bf16 cache (H200)
 EXTEND_FLOP_PER_S_FP8 = 240e12  # the same over an FP8 cache (docs/benchmarks.md, session 10)
 DECODE_READ_B_PER_S_FP8 = 0.92 * 4.32e12  # FP8 decode attention at 16 x 36k (session 10)
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # livemeet.config: the model's dtype, or e4m3
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.models.adaptor import merge_frames
 from livemeet.models.audio_llm import MossTDModel
 
-# windows per captured encoder graph; the largest is the micro-batch (module docstring)
+# windows per captured encoder graph; on CUDA the largest is the micro-batch (module docstring)
 ENCODER_GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 # windows per micro-batch on the CPU (no graphs there)
 CPU_WINDOWS_PER_BATCH = 8

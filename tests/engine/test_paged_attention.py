@@ -609,7 +609,7 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
 @needs_cuda
 @pytest.mark.parametrize("fp8", [False, True])
 def test_cuda_decode_kernel_follows_rising_scores(fp8: bool) -> None:
-    """Scores that climb along the sequence by steps of 3 log2 units (45 in all) and one late
+    """Scores that climb along the sequence by steps of 3 log2 units (42 in all) and one late
     spike, so the running max moves over and over inside a split and between splits and the
     accumulators are rescaled each time; one split and several, against the fp32 reference."""
     torch.manual_seed(21)
