@@ -80,7 +80,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8_192  # tokens per step (prefill chunks + decode rows)
     max_num_seqs: int = 128  # rows per step (decode CUDA graphs go up to 128)
     step_budget_s: float = FLUSH_INTERVAL_S  # s of estimated GPU time per step (one flush)
-    # s of estimated GPU time of a step while no live work is queued or retained
+    # s of estimated GPU time of a step while no live session is open (module docstring)
     upload_step_budget_s: float = UPLOAD_STEP_BUDGET_S
     upload_min_share: float = 0.25  # fraction of the budget kept for uploads when they can run
     # s a new upload may wait to be prefilled together with later arrivals (module docstring:
