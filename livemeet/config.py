@@ -99,7 +99,8 @@ class ModelConfig:
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(
-                f"kv_cache_dtype must be auto or fp8_e4m3, not {self.kv_cache_dtype!r}"
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"not {self.kv_cache_dtype!r}"
             )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")

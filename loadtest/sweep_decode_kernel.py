@@ -164,11 +164,7 @@ def sweep_point(
     `split_sweep`, the dtype's default configuration at every `split_candidates` count;
     `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
     caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
-    q = torch.randn(batch, NUM_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    s = FP8_SCALE if fp8 else 1.0
-    ref = pa.ref_paged_decode_attention(
-        q.float(), *caches[0], tables, lens, HEAD_DIM**-0.5, k_scale=s, v_scale=s
-    )
+    q, ref = query_and_reference(NUM_HEADS, caches, tables, lens, fp8)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     group = NUM_HEADS // NUM_KV_HEADS
 
@@ -200,6 +196,23 @@ def sweep_point(
     caches.clear()
     torch.cuda.empty_cache()
     return rows
+
+
+def query_and_reference(
+    num_heads: int,
+    caches: list[tuple[torch.Tensor, torch.Tensor]],
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    fp8: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random bf16 query [sequences, num_heads, HEAD_DIM] for `caches` and the fp32 torch
+    reference output over their first layer, at the caches' scale (FP8_SCALE for FP8)."""
+    q = torch.randn(len(lens), num_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    s = FP8_SCALE if fp8 else 1.0
+    ref = pa.ref_paged_decode_attention(
+        q.float(), *caches[0], tables, lens, HEAD_DIM**-0.5, k_scale=s, v_scale=s
+    )
+    return q, ref
 
 
 def time_config(
@@ -272,19 +285,15 @@ def layout_point(
     # (layout, sequences, KV heads each): the same sequences x heads x context either way
     for layout, seqs, heads in ((TOKEN_MAJOR, batch, NUM_KV_HEADS), (HEAD_PER_SEQUENCE,
                                 batch * NUM_KV_HEADS, 1)):  # fmt: skip
+        if time.monotonic() > deadline:  # before building caches that would go unused
+            print(f"  (time budget spent: skipping the rest of {batch}x{context})")
+            break
         caches, tables, lens, kv_bytes = make_caches(seqs, context, fp8, kv_heads=heads)
-        q = torch.randn(seqs, heads * group, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        s = FP8_SCALE if fp8 else 1.0
-        ref = pa.ref_paged_decode_attention(
-            q.float(), *caches[0], tables, lens, HEAD_DIM**-0.5, k_scale=s, v_scale=s
-        )
+        q, ref = query_and_reference(heads * group, caches, tables, lens, fp8)
         if not splits:
             per_sm = pa.decode_programs_per_sm(q.dtype, caches[0][0], group, default)
             splits = pa.choose_num_splits(batch, context, NUM_KV_HEADS, num_sms,
                                           programs_per_sm=per_sm)  # fmt: skip
-        if time.monotonic() > deadline:
-            print(f"  (time budget spent: skipping the rest of {batch}x{context})")
-            break
         timed = time_config(q, caches, tables, lens, ref, default, splits, fp8)
         if timed is not None:
             us, err = timed

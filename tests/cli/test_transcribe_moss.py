@@ -118,6 +118,8 @@ def test_serve_engine_sizing_flags() -> None:
         build_parser().parse_args(["serve", "--model", "x", "--upload-hold", "always"])
     with pytest.raises(ConfigError):
         ModelConfig(upload_hold="always").validate()  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="auto, fp8_e4m3"):
+        ModelConfig(kv_cache_dtype="int8").validate()
     for bad in (
         ["--mem-fraction", "0.97"],  # leaves too little for graphs and activations
         ["--mem-fraction", "0"],
