@@ -72,8 +72,7 @@ class SweepRow:
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
     """The point's default (the CUDA kernel where it runs) and the CUDA kernel's other forms
-    (pipeline stages, loads before the PDL wait, registers or a shared-memory ring for the
-    tiles in flight, the merge kernel), then the Triton kernel:
+    (pipeline stages, loads before the PDL wait, the merge kernel), then the Triton kernel:
     both dtype defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8
     default with e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's
     dtype merges by default (so a grid row differs from that default only in its tiles, warps
@@ -96,11 +95,6 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
         dataclasses.replace(default, cuda_stages=n, cuda_early_loads=early)
         for n in range(cuda_decode.MIN_STAGES, max_stages + 1)
         for early in (False, True)
-    ]
-    # the other place for tiles in flight (registers / shared-memory ring) at every depth
-    cuda_forms += [
-        dataclasses.replace(default, cuda_stages=n, cuda_async_copy=not default.cuda_async_copy)
-        for n in range(cuda_decode.MIN_STAGES, cuda_decode.MAX_STAGES_ASYNC + 1)
     ]
     other_merge_cuda = not default.cuda_merge_in_kernel
     cuda_forms.append(dataclasses.replace(default, cuda_merge_in_kernel=other_merge_cuda))

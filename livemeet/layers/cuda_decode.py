@@ -50,17 +50,10 @@ MAX_MERGE_SPLITS = 64  # the in-kernel merge's weight buffer (the .cu file's mer
 MIN_STAGES = 2
 MAX_STAGES_BF16 = 2  # 3 spills registers (ptxas, sm_90: 255 registers, 180 bytes spilled)
 MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
-# with the tiles in flight in shared memory (ASYNC_COPY) registers no longer bound the depth;
-# shared memory does: per program 4 warps x stages x 4 KiB (FP8) or 8 KiB (bf16) of ring
-MAX_STAGES_ASYNC = 4
 DEFAULT_STAGES_BF16 = 2
 DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (299 vs 363 us at 16x36k)
 EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
-ASYNC_COPY = False  # tiles in flight in registers (the ring form is measured by the sweep)
-WARPS = THREADS // 32
-STATIC_SMEM_LIMIT = 48 << 10  # bytes of dynamic shared memory a launch may take unasked
 # CUDA driver API constants (cuda.h, CUDA 12/13)
-CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
@@ -128,7 +121,6 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DPAGE={variant.page}".encode(),
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
-            f"-DASYNC_COPY={int(variant.async_copy)}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -148,40 +140,26 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 
 @dataclass(frozen=True)
 class Variant:
-    """One compiled form of the kernel: cache dtype, KV block size (tokens), pipeline depth
-    (tiles per warp, >= 2), whether the first tiles load before the PDL wait, and where the
-    tiles in flight wait: registers (bf16 spills past 2 stages) or, with `async_copy`, a
-    per-warp shared-memory ring filled by cp.async (`ring_bytes` of dynamic shared memory)."""
+    """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
+    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
+    the PDL wait."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
-    async_copy: bool = False
 
     def __post_init__(self) -> None:
-        most = MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16
-        if self.async_copy:
-            most = MAX_STAGES_ASYNC
-        if not MIN_STAGES <= self.stages <= most:
-            raise ConfigError(f"{self.stages} pipeline stages are not supported for this form")
+        if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
+            raise ConfigError(f"{self.stages} pipeline stages are not supported for this cache")
         if self.page % TILE_KEYS:
             raise ConfigError(f"KV blocks of {self.page} tokens do not hold whole 16-key tiles")
-
-    @property
-    def ring_bytes(self) -> int:
-        """Dynamic shared memory per program (0 without `async_copy`): every warp's ring of
-        `stages` tiles, each 16 keys of K and V at one head (the .cu file's RING_BYTES)."""
-        if not self.async_copy:
-            return 0
-        tile_bytes = 2 * TILE_KEYS * HEAD_DIM * (1 if self.fp8 else 2)
-        return WARPS * self.stages * tile_bytes
 
 
 def default_variant(fp8: bool, page: int) -> Variant:
     """The form `paged_decode_attention` runs unless a DecodeKernelConfig says otherwise."""
     stages = DEFAULT_STAGES_FP8 if fp8 else DEFAULT_STAGES_BF16
-    return Variant(fp8, page, stages, EARLY_LOADS, ASYNC_COPY)
+    return Variant(fp8, page, stages, EARLY_LOADS)
 
 
 @dataclass(frozen=True)
@@ -203,10 +181,6 @@ def _kernel(variant: Variant, device_index: int) -> _Kernel:
         fn = ctypes.c_void_p()
         found = cuda.cuModuleGetFunction(ctypes.byref(fn), module, KERNEL_NAME)
         _check_driver(cuda, found, "cuModuleGetFunction")
-        if variant.ring_bytes > STATIC_SMEM_LIMIT:  # launches past 48 KiB must be allowed first
-            attr = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            done = cuda.cuFuncSetAttribute(fn, attr, ctypes.c_int(variant.ring_bytes))
-            _check_driver(cuda, done, "cuFuncSetAttribute")
     return _Kernel(module, fn)
 
 
@@ -229,9 +203,7 @@ def programs_per_sm(variant: Variant, device_index: int) -> int:
     _, cuda = _libraries()
     count = ctypes.c_int()
     fn = _kernel(variant, device_index).function
-    found = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctypes.byref(count), fn, THREADS, ctypes.c_size_t(variant.ring_bytes)
-    )
+    found = cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(count), fn, THREADS, 0)
     _check_driver(cuda, found, "cuOccupancyMaxActiveBlocksPerMultiprocessor")
     return max(1, count.value)
 
@@ -360,7 +332,7 @@ def launch(
         block_x=THREADS,
         block_y=1,
         block_z=1,
-        shared_mem_bytes=variant.ring_bytes,
+        shared_mem_bytes=0,
         stream=ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream),
         attrs=ctypes.pointer(attr) if use_pdl else None,
         num_attrs=1 if use_pdl else 0,

@@ -24,8 +24,6 @@ from livemeet.layers import paged_attention as pa
         {"stages": cuda_decode.MAX_STAGES_BF16 + 1},
         {"fp8": True, "stages": cuda_decode.MAX_STAGES_FP8 + 1},
         {"page": 24},
-        {"async_copy": True, "stages": cuda_decode.MAX_STAGES_ASYNC + 1},
-        {"async_copy": True, "stages": 1},
     ],
 )
 def test_variant_rejects_forms_the_kernel_does_not_build(bad: dict[str, object]) -> None:
@@ -68,7 +66,6 @@ def build(tmp_path: Path, variant: cuda_decode.Variant) -> str:
         f"-DPAGE={variant.page}",
         f"-DNUM_STAGES={variant.stages}",
         f"-DEARLY_LOADS={int(variant.early_loads)}",
-        f"-DASYNC_COPY={int(variant.async_copy)}",
         str(cuda_decode.SOURCE),
         "-o",
         str(out),
@@ -85,23 +82,11 @@ def test_every_kernel_form_compiles_without_register_spills(tmp_path: Path, fp8:
     """Each pipeline depth the Variant accepts builds, and none spills registers to local
     memory (the reason bf16 stops at 2 stages: 3 spilled)."""
     most = cuda_decode.MAX_STAGES_FP8 if fp8 else cuda_decode.MAX_STAGES_BF16
-    forms = [(stages, False) for stages in range(cuda_decode.MIN_STAGES, most + 1)]
-    forms += [(n, True) for n in range(cuda_decode.MIN_STAGES, cuda_decode.MAX_STAGES_ASYNC + 1)]
-    for stages, ring in forms:
+    for stages in range(cuda_decode.MIN_STAGES, most + 1):
         for early in (False, True):
-            report = build(tmp_path, cuda_decode.Variant(fp8, 16, stages, early, ring))
+            report = build(tmp_path, cuda_decode.Variant(fp8, 16, stages, early))
             spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
             assert spills and not any(spills), report
-
-
-def test_ring_bytes_follow_the_tiles_in_flight() -> None:
-    """The launch's dynamic shared memory: none for the register form, else each warp's
-    `stages` tiles of 16 keys x 128 dims of K and V at the cache's element size."""
-    for fp8, elem in ((False, 2), (True, 1)):
-        assert cuda_decode.Variant(fp8, 16, 2, True).ring_bytes == 0
-        for stages in range(cuda_decode.MIN_STAGES, cuda_decode.MAX_STAGES_ASYNC + 1):
-            ring = cuda_decode.Variant(fp8, 16, stages, True, async_copy=True).ring_bytes
-            assert ring == cuda_decode.WARPS * stages * 2 * 16 * 128 * elem
 
 
 @pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")

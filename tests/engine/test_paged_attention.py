@@ -577,11 +577,6 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
         for stages in range(cuda_decode.MIN_STAGES, most + 1):
             for early in (False, True):
                 forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
-        for stages in range(cuda_decode.MIN_STAGES, cuda_decode.MAX_STAGES_ASYNC + 1):
-            for early in (False, True):
-                ring = not base.cuda_async_copy
-                forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early,
-                                                 cuda_async_copy=ring))  # fmt: skip
         other_merge = not base.cuda_merge_in_kernel
         forms.append(dataclasses.replace(base, cuda_merge_in_kernel=other_merge))
     return forms
@@ -591,8 +586,7 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
 @needs_cuda
 @pytest.mark.parametrize("kernel", cuda_forms(), ids=str)
 def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig) -> None:
-    """Every pipeline depth, both load orders, both places for the tiles in flight (registers,
-    the shared-memory ring) and both merges, at lengths around the
+    """Every pipeline depth, both load orders and both merges, at lengths around the
     pipeline's prologue (1 to NUM_STAGES tiles per warp) and long ones; one split, several,
     the most the in-kernel merge takes and more (the merge kernel then runs), each twice (the
     in-kernel merge re-arms its counters)."""
@@ -613,13 +607,11 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("ring", [False, True])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_cuda_decode_kernel_follows_rising_scores(fp8: bool, ring: bool) -> None:
+def test_cuda_decode_kernel_follows_rising_scores(fp8: bool) -> None:
     """Scores that climb along the sequence by steps of 3 log2 units (42 in all) and one late
     spike, so the running max moves over and over inside a split and between splits and the
-    accumulators are rescaled each time; one split and several, against the fp32 reference;
-    tiles in flight in registers and in the shared-memory ring."""
+    accumulators are rescaled each time; one split and several, against the fp32 reference."""
     torch.manual_seed(21)
     lens = [3000, 777]
     k_cache, v_cache, tables, kv_scale = poisoned_caches(lens, 16, fp8)
@@ -639,12 +631,10 @@ def test_cuda_decode_kernel_follows_rising_scores(fp8: bool, ring: bool) -> None
         k_cache[blocks, pos % 16] = (k / kv_scale).clamp(-400, 400).to(k_cache.dtype)  # e4m3
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, scale, **scales)
-    kernel = dataclasses.replace(pa.default_decode_config(fp8), cuda_async_copy=ring)
-    variant = pa.cuda_variant(q.dtype, k_cache, 2, kernel)
-    assert variant is not None and variant.async_copy is ring
+    assert pa.cuda_variant(q.dtype, k_cache, 2, None) is not None
     for splits in (1, 7):
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, scale,
-                                        num_splits=splits, kernel=kernel, **scales)  # fmt: skip
+                                        num_splits=splits, **scales)  # fmt: skip
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
@@ -828,11 +818,9 @@ def test_block_table_entries_past_a_sequence_are_never_used(fp8: bool) -> None:
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("ring", [False, True])
-def test_merge_in_kernel_has_no_race_cuda(ring: bool) -> None:
+def test_merge_in_kernel_has_no_race_cuda() -> None:
     """Many splits per (sequence, KV head) and many back-to-back calls in one graph: a merge
-    that read a partial before its split stored it would differ from the two-kernel path. With
-    the shared-memory ring (whose bytes the merge reuses) and without."""
+    that read a partial before its split stored it would differ from the two-kernel path."""
     torch.manual_seed(15)
     lens = [4000, 3000, 1, 0, 2500]  # a padded row (0) and a one-token one
     k_cache, v_cache = make_cache(800, 16, 8, 128, torch.bfloat16, "cuda")
@@ -840,8 +828,7 @@ def test_merge_in_kernel_has_no_race_cuda(ring: bool) -> None:
     seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
     qs = torch.randn(50, len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
     separate = pa.DecodeKernelConfig(merge_in_kernel=False)
-    in_kernel = pa.DecodeKernelConfig(merge_in_kernel=True, cuda_async_copy=ring)
-    assert pa.cuda_variant(torch.bfloat16, k_cache, 2, in_kernel).async_copy is ring  # type: ignore[union-attr]
+    in_kernel = pa.DecodeKernelConfig(merge_in_kernel=True)
     call = lambda q, kernel=in_kernel: pa.paged_decode_attention(  # noqa: E731
         q, k_cache, v_cache, tables, seq, 0.088, num_splits=48, kernel=kernel
     )  # 48: not a power of two

@@ -12,9 +12,7 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (pipeline depth in tiles per warp, >= 2), EARLY_LOADS (0/1) and ASYNC_COPY (0/1:
-// the tiles in flight wait in a per-warp shared-memory ring, filled by cp.async, instead of in
-// registers; dynamic shared memory of RING_BYTES, given at launch).
+// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -50,9 +48,6 @@ typedef unsigned int u32;
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
 #endif
-#ifndef ASYNC_COPY
-#define ASYNC_COPY 0   // tiles in flight in shared memory (cp.async) rather than registers
-#endif
 
 #define HEAD_DIM 128
 #define TILE 16        // keys per warp iteration
@@ -68,23 +63,10 @@ typedef unsigned int u32;
 #define K_PIECES (ROW_BYTES / (4 * PIECE))         // pieces of a key row per lane (4 lanes)
 #define V_PIECES (ROW_BYTES / (8 * PIECE))         // pieces of a value row per lane (8 lanes)
 #define EPP (PIECE / ELEM_BYTES)                   // elements per piece
-#define STAGE_PIECES (2 * K_PIECES + 4 * V_PIECES)  // 16-byte pieces per lane per tile
-// ASYNC_COPY: per warp NUM_STAGES tiles of STAGE_PIECES x 32 lanes x 16 bytes (FP8 4 KiB a
-// tile, bf16 8 KiB); the same bytes hold the cross-warp merge's buffers after the loop
-#define RING_BYTES (NUM_WARPS * NUM_STAGES * STAGE_PIECES * 32 * PIECE)
-#define MERGE_BYTES (NUM_WARPS * MAX_GROUP * (HEAD_DIM + 2) * 4)
-// programs per SM the register allocation must allow: the FP8 ring form fits 4 in 128
-// registers (its shared memory allows 4 up to 3 stages); the others 2
-#if ASYNC_COPY && KV_FP8
-#define MIN_PROGRAMS 4
-#else
-#define MIN_PROGRAMS 2
-#endif
 #define NEG_INF __int_as_float(0xff800000)
 
 static_assert(PAGE % TILE == 0, "a tile must lie inside one KV block");
 static_assert(NUM_STAGES >= 2, "one tile computed while the next loads");
-static_assert(!ASYNC_COPY || RING_BYTES >= MERGE_BYTES, "the ring must hold the merge buffers");
 
 struct Stage {
     uint4 k[2][K_PIECES];  // keys g and 8 + g of the tile
@@ -181,75 +163,6 @@ __device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head
         for (int c = 0; c < V_PIECES; ++c) {
             s.v[kk][c] = key < valid ? load_piece(row + c * 8 * PIECE + g * PIECE)
                                      : make_uint4(0, 0, 0, 0);
-        }
-    }
-}
-
-// Shared-memory ring (ASYNC_COPY). Piece p of a lane's tile sits at [p][lane] of its stage
-// slot, so a warp's 16-byte accesses to one piece cover 512 contiguous bytes (no bank
-// conflicts), and every lane reads back only the bytes its own copies wrote: cp.async.wait_group
-// makes them visible to it, no barrier needed.
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    unsigned long long a;
-    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
-    return (u32)a;
-}
-
-// 16 bytes global -> shared, bypassing L1; !valid writes zeros and reads nothing.
-__device__ __forceinline__ void copy_piece(uint4* dst, const unsigned char* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                 :
-                 : "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-__device__ __forceinline__ void commit_copies() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Wait until at most NUM_STAGES - 1 copy groups of this thread are pending.
-__device__ __forceinline__ void wait_copies() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(NUM_STAGES - 1) : "memory");
-}
-
-// load_stage's pieces, copied into ring slot `slot` instead of registers.
-__device__ __forceinline__ void copy_stage(uint4* slot, const unsigned char* k_head,
-                                           const unsigned char* v_head, long long tok_bytes,
-                                           int valid, int g, int t, int lane) {
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-        int key = n * 8 + g;
-        const unsigned char* row = k_head + key * tok_bytes;
-#pragma unroll
-        for (int c = 0; c < K_PIECES; ++c) {
-            copy_piece(slot + (n * K_PIECES + c) * 32 + lane, row + c * 4 * PIECE + t * PIECE,
-                       key < valid);
-        }
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-        int key = 2 * t + (kk & 1) + (kk >> 1) * 8;
-        const unsigned char* row = v_head + key * tok_bytes;
-#pragma unroll
-        for (int c = 0; c < V_PIECES; ++c) {
-            copy_piece(slot + (2 * K_PIECES + kk * V_PIECES + c) * 32 + lane,
-                       row + c * 8 * PIECE + g * PIECE, key < valid);
-        }
-    }
-}
-
-// A copied tile from its ring slot into the registers compute_tile reads.
-__device__ __forceinline__ void read_stage(Stage& s, const uint4* slot, int lane) {
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-        for (int c = 0; c < K_PIECES; ++c) s.k[n][c] = slot[(n * K_PIECES + c) * 32 + lane];
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-#pragma unroll
-        for (int c = 0; c < V_PIECES; ++c) {
-            s.v[kk][c] = slot[(2 * K_PIECES + kk * V_PIECES + c) * 32 + lane];
         }
     }
 }
@@ -444,7 +357,7 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, MIN_PROGRAMS)
+extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, 2)
 livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char* __restrict__ k_cache,
                       const unsigned char* __restrict__ v_cache, const int* __restrict__ tables,
                       const int* __restrict__ seq_lens, float* __restrict__ mid_o,
@@ -459,19 +372,9 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     // the block tables (copied in before the step's first kernel) and the KV of earlier tokens.
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
-#if ASYNC_COPY
-    // the tile ring during the loop, then (after a barrier) the merge buffers
-    extern __shared__ __align__(16) unsigned char dyn_smem[];
-    typedef float OBuf[NUM_WARPS][MAX_GROUP][HEAD_DIM];
-    typedef float RowBuf[NUM_WARPS][MAX_GROUP];
-    OBuf& o_s = *reinterpret_cast<OBuf*>(dyn_smem);
-    RowBuf& m_s = *reinterpret_cast<RowBuf*>(dyn_smem + sizeof(OBuf));
-    RowBuf& l_s = *reinterpret_cast<RowBuf*>(dyn_smem + sizeof(OBuf) + sizeof(RowBuf));
-#else
     __shared__ float o_s[NUM_WARPS][MAX_GROUP][HEAD_DIM];
     __shared__ float m_s[NUM_WARPS][MAX_GROUP];
     __shared__ float l_s[NUM_WARPS][MAX_GROUP];
-#endif
 
     const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
     const int num_splits = gridDim.x, num_heads = gridDim.y * group;
@@ -500,56 +403,17 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     auto tile_key = [&](int i) { return start + (warp + i * NUM_WARPS) * TILE; };
     auto tile_exists = [&](int i) { return warp + i * NUM_WARPS < num_tiles; };
     auto tile_block = [&](int i) { return tile_exists(i) ? bt[tile_key(i) / PAGE] : 0; };
-    auto tile_base = [&](int i, int blk) {  // byte offset of tile i's first key at this head
-        return (long long)blk * stride_blk * ELEM_BYTES + (tile_key(i) % PAGE) * tok_bytes + head_off;
+    auto load = [&](Stage& s, int i, int blk) {
+        if (!tile_exists(i)) return;
+        int key0 = tile_key(i);
+        long long base = (long long)blk * stride_blk * ELEM_BYTES + (key0 % PAGE) * tok_bytes + head_off;
+        load_stage(s, k_cache + base, v_cache + base, tok_bytes, min(TILE, end - key0), g, t);
     };
     auto compute = [&](const Stage& s, int i) {
         if (!tile_exists(i)) return;
         compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale, g, t, st);
     };
 
-#if ASYNC_COPY
-    // NUM_STAGES - 1 tiles of each warp in flight in its ring while one is computed; one copy
-    // group per tile, committed in tile order (empty for tiles past the split), so waiting
-    // until NUM_STAGES - 1 groups are pending means tile i has landed. Tile i's slot is
-    // refilled only after its pieces were read into registers and used (iteration i + 1).
-    uint4* ring = reinterpret_cast<uint4*>(dyn_smem) + warp * NUM_STAGES * STAGE_PIECES * 32;
-    auto slot = [&](int i) { return ring + (i % NUM_STAGES) * STAGE_PIECES * 32; };
-    auto issue = [&](int i, int blk) {
-        if (tile_exists(i)) {
-            long long base = tile_base(i, blk);
-            copy_stage(slot(i), k_cache + base, v_cache + base, tok_bytes, min(TILE, end - tile_key(i)),
-                       g, t, lane);
-        }
-        commit_copies();
-    };
-    // EARLY_LOADS: the prologue tiles that end before the step's new token are copied before
-    // the PDL wait; they are a prefix of the prologue (keys rise with the tile index)
-    int j0 = 0;
-    if (EARLY_LOADS) {
-        for (; j0 < NUM_STAGES - 1 && tile_key(j0) + TILE < seq_len; ++j0) issue(j0, tile_block(j0));
-    }
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    for (int j = j0; j < NUM_STAGES - 1; ++j) issue(j, tile_block(j));
-    load_q(qf, q, b, kvh, group, q_stride_b, q_stride_h, g, t);
-    int blk_next = tile_block(NUM_STAGES - 1);
-    for (int i = 0; tile_exists(i); ++i) {
-        const int ahead = i + NUM_STAGES - 1;
-        const int blk_after = tile_block(ahead + 1);
-        issue(ahead, blk_next);
-        blk_next = blk_after;
-        wait_copies();
-        Stage s;
-        read_stage(s, slot(i), lane);
-        compute(s, i);
-    }
-    __syncthreads();  // every warp is done with its ring before the merge buffers reuse it
-#else
-    auto load = [&](Stage& s, int i, int blk) {
-        if (!tile_exists(i)) return;
-        long long base = tile_base(i, blk);
-        load_stage(s, k_cache + base, v_cache + base, tok_bytes, min(TILE, end - tile_key(i)), g, t);
-    };
     // NUM_STAGES tiles in registers: tiles i + 1 .. i + NUM_STAGES - 1 are in flight while
     // tile i is computed (a ring indexed by compile-time constants, so it stays in registers).
     // The block id of the next tile to load is read one step ahead, so a table read never
@@ -580,8 +444,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
             blk_next = blk_after;
         }
     }
-
-#endif
 
     // merge the warps: each warp's (m, l, unnormalised O) per query row
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
