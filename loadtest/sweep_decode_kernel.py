@@ -73,8 +73,8 @@ class SweepRow:
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
     """The point's default (the CUDA kernel where it runs) and the CUDA kernel's other forms
     (pipeline stages, loads before the PDL wait, the split K/V form, the merge kernel), then
-    the Triton kernel: both dtype defaults, each with the other merge (kernel or in-kernel),
-    (fp8) the FP8 default with e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's
+    the Triton kernel: both dtype defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8
+    default with e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's
     dtype merges by default (so a grid row differs from that default only in its tiles, warps
     and stages)."""
     merge = pa.default_decode_config(fp8).merge_in_kernel
