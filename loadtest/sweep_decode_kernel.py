@@ -72,8 +72,8 @@ class SweepRow:
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
     """The point's default (the CUDA kernel where it runs) and the CUDA kernel's other forms
-    (pipeline stages, loads before the PDL wait, the split K/V form, the merge kernel), then
-    the Triton kernel: both dtype defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8
+    (pipeline stages, loads before the PDL wait, the merge kernel), then the Triton kernel:
+    both dtype defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8
     default with e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's
     dtype merges by default (so a grid row differs from that default only in its tiles, warps
     and stages)."""
@@ -96,12 +96,6 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
         for n in range(cuda_decode.MIN_STAGES, max_stages + 1)
         for early in (False, True)
     ]
-    # one tile in registers, K and V reloaded once dead (more programs per SM), or not
-    cuda_forms += [
-        dataclasses.replace(default, cuda_stages=cuda_decode.MIN_STAGES, cuda_early_loads=early,
-                            cuda_split_kv=not default.cuda_split_kv)
-        for early in (False, True)
-    ]  # fmt: skip
     other_merge_cuda = not default.cuda_merge_in_kernel
     cuda_forms.append(dataclasses.replace(default, cuda_merge_in_kernel=other_merge_cuda))
     chosen = [

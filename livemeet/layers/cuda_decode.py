@@ -53,9 +53,6 @@ MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
 DEFAULT_STAGES_BF16 = 2
 DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (299 vs 363 us at 16x36k)
 EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
-# one tile in registers, K and V each reloaded once dead (the .cu file's SPLIT_KV): ~a stage of
-# registers fewer, so 4 FP8 / 3 bf16 programs per SM instead of 3 / 2 (measured by the sweep)
-SPLIT_KV = False
 # CUDA driver API constants (cuda.h, CUDA 12/13)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -124,7 +121,6 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DPAGE={variant.page}".encode(),
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
-            f"-DSPLIT_KV={int(variant.split_kv)}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -145,21 +141,17 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
-    depth (tiles per warp, >= 2; bf16 spills past 2), whether the first tiles load before the
-    PDL wait, and `split_kv`: one tile in registers whose K and V are each reloaded with the
-    next tile's once dead (stages must then be MIN_STAGES)."""
+    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
+    the PDL wait."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
-    split_kv: bool = False
 
     def __post_init__(self) -> None:
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
             raise ConfigError(f"{self.stages} pipeline stages are not supported for this cache")
-        if self.split_kv and self.stages != MIN_STAGES:  # the split form has no stage ring
-            raise ConfigError(f"the split K/V form is one tile deep, not {self.stages} stages")
         if self.page % TILE_KEYS:
             raise ConfigError(f"KV blocks of {self.page} tokens do not hold whole 16-key tiles")
 
@@ -167,7 +159,7 @@ class Variant:
 def default_variant(fp8: bool, page: int) -> Variant:
     """The form `paged_decode_attention` runs unless a DecodeKernelConfig says otherwise."""
     stages = DEFAULT_STAGES_FP8 if fp8 else DEFAULT_STAGES_BF16
-    return Variant(fp8, page, stages, EARLY_LOADS, SPLIT_KV)
+    return Variant(fp8, page, stages, EARLY_LOADS)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ from livemeet.layers import paged_attention as pa
         {"stages": cuda_decode.MAX_STAGES_BF16 + 1},
         {"fp8": True, "stages": cuda_decode.MAX_STAGES_FP8 + 1},
         {"page": 24},
-        {"split_kv": True, "stages": 3},
     ],
 )
 def test_variant_rejects_forms_the_kernel_does_not_build(bad: dict[str, object]) -> None:
@@ -67,7 +66,6 @@ def build(tmp_path: Path, variant: cuda_decode.Variant) -> str:
         f"-DPAGE={variant.page}",
         f"-DNUM_STAGES={variant.stages}",
         f"-DEARLY_LOADS={int(variant.early_loads)}",
-        f"-DSPLIT_KV={int(variant.split_kv)}",
         str(cuda_decode.SOURCE),
         "-o",
         str(out),
@@ -89,26 +87,6 @@ def test_every_kernel_form_compiles_without_register_spills(tmp_path: Path, fp8:
             report = build(tmp_path, cuda_decode.Variant(fp8, 16, stages, early))
             spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
             assert spills and not any(spills), report
-
-
-# the FP8 split K/V form is held to 128 registers (4 programs per SM): ptxas spills a few
-# scalars (36 bytes with nvcc 13.0), L1-resident; more would mean its register budget is gone
-SPLIT_KV_FP8_SPILL_BYTES = 64
-
-
-@pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")
-@pytest.mark.parametrize("fp8", [False, True])
-def test_split_kv_form_fits_its_register_budget(tmp_path: Path, fp8: bool) -> None:
-    """The split K/V form builds under its launch bound (bf16: 3 programs per SM, no spill;
-    FP8: 4, at most SPLIT_KV_FP8_SPILL_BYTES spilled)."""
-    for early in (False, True):
-        variant = cuda_decode.Variant(fp8, 16, cuda_decode.MIN_STAGES, early, split_kv=True)
-        report = build(tmp_path, variant)
-        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
-        registers = [int(n) for n in re.findall(r"Used (\d+) registers", report)]
-        assert spills and registers, report
-        assert max(registers) <= (128 if fp8 else 168), report  # 65536 / (128 threads x 4 or 3)
-        assert max(spills) <= (SPLIT_KV_FP8_SPILL_BYTES if fp8 else 0), report
 
 
 @pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")

@@ -577,10 +577,6 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
         for stages in range(cuda_decode.MIN_STAGES, most + 1):
             for early in (False, True):
                 forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
-        for early in (False, True):
-            forms.append(dataclasses.replace(base, cuda_stages=cuda_decode.MIN_STAGES,
-                                             cuda_early_loads=early,
-                                             cuda_split_kv=not base.cuda_split_kv))  # fmt: skip
         other_merge = not base.cuda_merge_in_kernel
         forms.append(dataclasses.replace(base, cuda_merge_in_kernel=other_merge))
     return forms
@@ -590,8 +586,7 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
 @needs_cuda
 @pytest.mark.parametrize("kernel", cuda_forms(), ids=str)
 def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig) -> None:
-    """Every pipeline depth, both load orders, the split K/V form and both merges, at lengths
-    around the
+    """Every pipeline depth, both load orders and both merges, at lengths around the
     pipeline's prologue (1 to NUM_STAGES tiles per warp) and long ones; one split, several,
     the most the in-kernel merge takes and more (the merge kernel then runs), each twice (the
     in-kernel merge re-arms its counters)."""
@@ -612,13 +607,11 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("split_kv", [False, True])
 @pytest.mark.parametrize("fp8", [False, True])
-def test_cuda_decode_kernel_follows_rising_scores(fp8: bool, split_kv: bool) -> None:
+def test_cuda_decode_kernel_follows_rising_scores(fp8: bool) -> None:
     """Scores that climb along the sequence by steps of 3 log2 units (42 in all) and one late
     spike, so the running max moves over and over inside a split and between splits and the
-    accumulators are rescaled each time; one split and several, against the fp32 reference;
-    the register ring and the split K/V form."""
+    accumulators are rescaled each time; one split and several, against the fp32 reference."""
     torch.manual_seed(21)
     lens = [3000, 777]
     k_cache, v_cache, tables, kv_scale = poisoned_caches(lens, 16, fp8)
@@ -638,12 +631,10 @@ def test_cuda_decode_kernel_follows_rising_scores(fp8: bool, split_kv: bool) -> 
         k_cache[blocks, pos % 16] = (k / kv_scale).clamp(-400, 400).to(k_cache.dtype)  # e4m3
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
     ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, scale, **scales)
-    kernel = dataclasses.replace(pa.default_decode_config(fp8), cuda_split_kv=split_kv)
-    variant = pa.cuda_variant(q.dtype, k_cache, 2, kernel)
-    assert variant is not None and variant.split_kv is split_kv
+    assert pa.cuda_variant(q.dtype, k_cache, 2, None) is not None
     for splits in (1, 7):
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, scale,
-                                        num_splits=splits, kernel=kernel, **scales)  # fmt: skip
+                                        num_splits=splits, **scales)  # fmt: skip
         torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 

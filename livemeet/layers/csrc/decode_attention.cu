@@ -12,9 +12,7 @@
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1) and SPLIT_KV (0/1: one tile in
-// registers, whose keys are reloaded with the next tile's after its scores and whose values
-// after its P V, instead of NUM_STAGES whole tiles: fewer registers, more programs per SM).
+// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -49,17 +47,6 @@ typedef unsigned int u32;
 #endif
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
-#endif
-#ifndef SPLIT_KV
-#define SPLIT_KV 0     // one tile in registers, K and V each reloaded as soon as they are dead
-#endif
-// programs per SM the register allocation must allow (SPLIT_KV frees ~a stage of registers)
-#if SPLIT_KV && KV_FP8
-#define MIN_PROGRAMS 4
-#elif SPLIT_KV
-#define MIN_PROGRAMS 3
-#else
-#define MIN_PROGRAMS 2
 #endif
 
 #define HEAD_DIM 128
@@ -153,41 +140,31 @@ __device__ __forceinline__ int dims_of(int mt, int g) {
 #endif
 }
 
-// valid: keys of the tile that exist (1..16); the rest load zeros (stale cache bytes may be
-// NaN patterns, and 0 * NaN would poison the accumulators).
-__device__ __forceinline__ void load_keys(uint4 (&kp)[2][K_PIECES], const unsigned char* k_head,
-                                          long long tok_bytes, int valid, int g, int t) {
+__device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head,
+                                           const unsigned char* v_head, long long tok_bytes,
+                                           int valid, int g, int t) {
+    // valid: keys of the tile that exist (1..16); the rest load zeros (stale cache bytes
+    // may be NaN patterns, and 0 * NaN would poison the accumulators).
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
         int key = n * 8 + g;
         const unsigned char* row = k_head + key * tok_bytes;
 #pragma unroll
         for (int c = 0; c < K_PIECES; ++c) {
-            kp[n][c] = key < valid ? load_piece(row + c * 4 * PIECE + t * PIECE)
-                                   : make_uint4(0, 0, 0, 0);
+            s.k[n][c] = key < valid ? load_piece(row + c * 4 * PIECE + t * PIECE)
+                                    : make_uint4(0, 0, 0, 0);
         }
     }
-}
-
-__device__ __forceinline__ void load_values(uint4 (&vp)[4][V_PIECES], const unsigned char* v_head,
-                                            long long tok_bytes, int valid, int g, int t) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
         int key = 2 * t + (kk & 1) + (kk >> 1) * 8;
         const unsigned char* row = v_head + key * tok_bytes;
 #pragma unroll
         for (int c = 0; c < V_PIECES; ++c) {
-            vp[kk][c] = key < valid ? load_piece(row + c * 8 * PIECE + g * PIECE)
-                                    : make_uint4(0, 0, 0, 0);
+            s.v[kk][c] = key < valid ? load_piece(row + c * 8 * PIECE + g * PIECE)
+                                     : make_uint4(0, 0, 0, 0);
         }
     }
-}
-
-__device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head,
-                                           const unsigned char* v_head, long long tok_bytes,
-                                           int valid, int g, int t) {
-    load_keys(s.k, k_head, tok_bytes, valid, g, t);
-    load_values(s.v, v_head, tok_bytes, valid, g, t);
 }
 
 __device__ __forceinline__ u32 word(const uint4& x, int i) {
@@ -200,18 +177,10 @@ struct SoftmaxState {
     float acc[8][4];  // O^T fragments: m-tile mt, rows (dims) g / g + 8, cols (queries) 2t / 2t + 1
 };
 
-// What the scores of a tile hand to its P V: P^T's fragment and the rescale of the two
-// query columns this lane accumulates.
-struct TileProbs {
-    u32 pb0, pb1;
-    float alpha0, alpha1;
-};
-
-// A 16-key tile's scores from its K pieces and the online softmax update (Milakov & Gimelshein
-// 2018); the keys are dead afterwards.
-__device__ __forceinline__ TileProbs tile_scores(const uint4 (&kp)[2][K_PIECES],
-                                                 const u32 (&qf)[K_PIECES][EPP / 2], int valid,
-                                                 float qk_scale, int g, int t, SoftmaxState& st) {
+// One 16-key tile: scores, online softmax (Milakov & Gimelshein 2018), P V.
+__device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_PIECES][EPP / 2],
+                                             int valid, float qk_scale, int g, int t,
+                                             SoftmaxState& st) {
     float sc[2][4];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -221,7 +190,7 @@ __device__ __forceinline__ TileProbs tile_scores(const uint4 (&kp)[2][K_PIECES],
             u32 kr[EPP / 2];
 #pragma unroll
             for (int w = 0; w < 4; ++w) {
-                u32 x = word(kp[n][c], w);
+                u32 x = word(s.k[n][c], w);
 #if KV_FP8
                 kr[2 * w] = e4m3x2_to_f16x2(x & 0xffffu);
                 kr[2 * w + 1] = e4m3x2_to_f16x2(x >> 16);
@@ -260,14 +229,8 @@ __device__ __forceinline__ TileProbs tile_scores(const uint4 (&kp)[2][K_PIECES],
     // the O^T columns of this lane are queries 2t and 2t + 1, whose rows live on lanes 8t, 8t + 4
     float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t);
     float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
-    return TileProbs{pack2(p[0], p[1]), pack2(p[2], p[3]), alpha0, alpha1};
-}
-
-// The tile's P V from its V pieces into the rescaled accumulators.
-__device__ __forceinline__ void tile_pv(const uint4 (&vp)[4][V_PIECES], const TileProbs& pr,
-                                        SoftmaxState& st) {
-    const float alpha0 = pr.alpha0, alpha1 = pr.alpha1;
-    const u32 pb0 = pr.pb0, pb1 = pr.pb1;
+    u32 pb0 = pack2(p[0], p[1]);
+    u32 pb1 = pack2(p[2], p[3]);
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
         st.acc[mt][0] *= alpha0;
@@ -279,8 +242,8 @@ __device__ __forceinline__ void tile_pv(const uint4 (&vp)[4][V_PIECES], const Ti
         // piece word mt / 2 holds dims 4 (mt / 2) .. + 3; bytes of keys A, B interleaved
         int w = mt >> 1;
         u32 sel = (mt & 1) ? 0x7362u : 0x5140u;
-        u32 lo = prmt(word(vp[0][0], w), word(vp[1][0], w), sel);
-        u32 hi = prmt(word(vp[2][0], w), word(vp[3][0], w), sel);
+        u32 lo = prmt(word(s.v[0][0], w), word(s.v[1][0], w), sel);
+        u32 hi = prmt(word(s.v[2][0], w), word(s.v[3][0], w), sel);
         a[0] = e4m3x2_to_f16x2(lo & 0xffffu);
         a[1] = e4m3x2_to_f16x2(lo >> 16);
         a[2] = e4m3x2_to_f16x2(hi & 0xffffu);
@@ -288,8 +251,8 @@ __device__ __forceinline__ void tile_pv(const uint4 (&vp)[4][V_PIECES], const Ti
 #else
         // piece mt / 4, word mt % 4 holds dims 2 (mt % 4), + 1 of the piece
         int c = mt >> 2, w = mt & 3;
-        u32 x0 = word(vp[0][c], w), x1 = word(vp[1][c], w);
-        u32 x2 = word(vp[2][c], w), x3 = word(vp[3][c], w);
+        u32 x0 = word(s.v[0][c], w), x1 = word(s.v[1][c], w);
+        u32 x2 = word(s.v[2][c], w), x3 = word(s.v[3][c], w);
         a[0] = prmt(x0, x1, 0x5410u);
         a[1] = prmt(x0, x1, 0x7632u);
         a[2] = prmt(x2, x3, 0x5410u);
@@ -297,13 +260,6 @@ __device__ __forceinline__ void tile_pv(const uint4 (&vp)[4][V_PIECES], const Ti
 #endif
         mma16816(st.acc[mt], a[0], a[1], a[2], a[3], pb0, pb1);
     }
-}
-
-// One 16-key tile: scores, online softmax, P V.
-__device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_PIECES][EPP / 2],
-                                             int valid, float qk_scale, int g, int t,
-                                             SoftmaxState& st) {
-    tile_pv(s.v, tile_scores(s.k, qf, valid, qk_scale, g, t, st), st);
 }
 
 // Q fragments: lane (g, t) holds query head g of the group at the dims of its K pieces.
@@ -401,7 +357,7 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
     }
 }
 
-extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, MIN_PROGRAMS)
+extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, 2)
 livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char* __restrict__ k_cache,
                       const unsigned char* __restrict__ v_cache, const int* __restrict__ tables,
                       const int* __restrict__ seq_lens, float* __restrict__ mid_o,
@@ -447,42 +403,17 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     auto tile_key = [&](int i) { return start + (warp + i * NUM_WARPS) * TILE; };
     auto tile_exists = [&](int i) { return warp + i * NUM_WARPS < num_tiles; };
     auto tile_block = [&](int i) { return tile_exists(i) ? bt[tile_key(i) / PAGE] : 0; };
-    auto tile_base = [&](int i, int blk) {  // byte offset of tile i's first key at this head
-        return (long long)blk * stride_blk * ELEM_BYTES + (tile_key(i) % PAGE) * tok_bytes + head_off;
-    };
-    auto tile_valid = [&](int i) { return min(TILE, end - tile_key(i)); };
     auto load = [&](Stage& s, int i, int blk) {
         if (!tile_exists(i)) return;
-        long long base = tile_base(i, blk);
-        load_stage(s, k_cache + base, v_cache + base, tok_bytes, tile_valid(i), g, t);
+        int key0 = tile_key(i);
+        long long base = (long long)blk * stride_blk * ELEM_BYTES + (key0 % PAGE) * tok_bytes + head_off;
+        load_stage(s, k_cache + base, v_cache + base, tok_bytes, min(TILE, end - key0), g, t);
     };
-
-#if SPLIT_KV
-    // One tile in registers. Its keys are dead once its scores are taken and its values once
-    // P V is accumulated; each half is reloaded with the next tile's right then, so the next
-    // keys load during this tile's softmax and P V, the next values during the next scores.
-    Stage cur;
-    const bool early = EARLY_LOADS && tile_key(0) + TILE < seq_len;  // see the register ring
-    if (early) load(cur, 0, tile_block(0));
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (!early) load(cur, 0, tile_block(0));
-    load_q(qf, q, b, kvh, group, q_stride_b, q_stride_h, g, t);
-    int blk_next = tile_block(1);
-    for (int i = 0; tile_exists(i); ++i) {
-        const int blk_after = tile_block(i + 2);
-        const TileProbs pr = tile_scores(cur.k, qf, tile_valid(i), qk_scale, g, t, st);
-        const bool more = tile_exists(i + 1);
-        const long long next = more ? tile_base(i + 1, blk_next) : 0;
-        if (more) load_keys(cur.k, k_cache + next, tok_bytes, tile_valid(i + 1), g, t);
-        tile_pv(cur.v, pr, st);
-        if (more) load_values(cur.v, v_cache + next, tok_bytes, tile_valid(i + 1), g, t);
-        blk_next = blk_after;
-    }
-#else
     auto compute = [&](const Stage& s, int i) {
         if (!tile_exists(i)) return;
         compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale, g, t, st);
     };
+
     // NUM_STAGES tiles in registers: tiles i + 1 .. i + NUM_STAGES - 1 are in flight while
     // tile i is computed (a ring indexed by compile-time constants, so it stays in registers).
     // The block id of the next tile to load is read one step ahead, so a table read never
@@ -513,8 +444,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
             blk_next = blk_after;
         }
     }
-
-#endif
 
     // merge the warps: each warp's (m, l, unnormalised O) per query row
     st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
