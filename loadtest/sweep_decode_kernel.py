@@ -72,7 +72,8 @@ class SweepRow:
 
 def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConfig]:
     """The point's default (the CUDA kernel where it runs) and the CUDA kernel's other forms
-    (pipeline stages, loads before the PDL wait, the merge kernel), then the Triton kernel:
+    (pipeline stages, loads before the PDL wait, the merge kernel, the other grid order with
+    either merge), then the Triton kernel:
     both dtype defaults, each with the other merge (kernel or in-kernel), (fp8) the FP8
     default with e4m3 scores, then (full) the tile/warp/stage grid, merged as the point's
     dtype merges by default (so a grid row differs from that default only in its tiles, warps
@@ -98,6 +99,10 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
     ]
     other_merge_cuda = not default.cuda_merge_in_kernel
     cuda_forms.append(dataclasses.replace(default, cuda_merge_in_kernel=other_merge_cuda))
+    # the other grid order (KV head or split fastest), both merges
+    other_order = dataclasses.replace(default, cuda_heads_inner=not default.cuda_heads_inner)
+    cuda_forms.append(other_order)
+    cuda_forms.append(dataclasses.replace(other_order, cuda_merge_in_kernel=other_merge_cuda))
     chosen = [
         default,
         *cuda_forms,

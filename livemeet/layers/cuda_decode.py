@@ -53,6 +53,7 @@ MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
 DEFAULT_STAGES_BF16 = 2
 DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (299 vs 363 us at 16x36k)
 EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
+HEADS_INNER = False  # the grid's fastest index: the split (False) or the KV head (the .cu file)
 # CUDA driver API constants (cuda.h, CUDA 12/13)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -121,6 +122,7 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DPAGE={variant.page}".encode(),
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
+            f"-DHEADS_INNER={int(variant.heads_inner)}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -141,13 +143,15 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
-    depth (tiles per warp, >= 2; bf16 spills past 2) and whether the first tiles load before
-    the PDL wait."""
+    depth (tiles per warp, >= 2; bf16 spills past 2), whether the first tiles load before
+    the PDL wait, and whether the KV head is the grid's fastest index (`heads_inner`: grid
+    (kv_heads, num_splits, B), so a (sequence, split)'s programs are dispatched together)."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
+    heads_inner: bool = HEADS_INNER
 
     def __post_init__(self) -> None:
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
@@ -159,7 +163,7 @@ class Variant:
 def default_variant(fp8: bool, page: int) -> Variant:
     """The form `paged_decode_attention` runs unless a DecodeKernelConfig says otherwise."""
     stages = DEFAULT_STAGES_FP8 if fp8 else DEFAULT_STAGES_BF16
-    return Variant(fp8, page, stages, EARLY_LOADS)
+    return Variant(fp8, page, stages, EARLY_LOADS, HEADS_INNER)
 
 
 @dataclass(frozen=True)
@@ -266,7 +270,8 @@ def launch(
     counters: torch.Tensor | None = None,
     launch_early: bool = True,
 ) -> None:
-    """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream.
+    """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream
+    ((kv_heads, num_splits, B) for a `heads_inner` variant).
 
     Shapes as `paged_decode_attention` validated them; mid_o [B, H, S, 128] and mid_lse
     [B, H, S] fp32 contiguous with S >= num_splits; qk_scale: softmax scale * log2(e) * k_scale.
@@ -325,9 +330,10 @@ def launch(
     attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
     attr.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed = 1
     use_pdl = launch_early and pdl.is_enabled()
+    inner, outer = (num_kv_heads, num_splits) if variant.heads_inner else (num_splits, num_kv_heads)
     config = _LaunchConfig(
-        grid_x=num_splits,
-        grid_y=num_kv_heads,
+        grid_x=inner,
+        grid_y=outer,
         grid_z=batch,
         block_x=THREADS,
         block_y=1,

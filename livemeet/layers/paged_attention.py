@@ -81,9 +81,9 @@ class DecodeKernelConfig:
     merge_in_kernel: the last split to finish merges the partials instead of a second kernel
     (a single split always writes the output directly). backend "cuda": the tensor-core CUDA
     kernel (`livemeet.layers.cuda_decode`) wherever it supports the call; the Triton fields
-    then apply only to the calls it does not support, and
-    cuda_stages (0: the dtype's default) and cuda_early_loads pick its form
-    (`cuda_decode.Variant`); cuda_merge_in_kernel: its last split merges (at most
+    then apply only to the calls it does not support, and cuda_stages (0: the dtype's
+    default), cuda_early_loads and cuda_heads_inner pick its form (`cuda_decode.Variant`);
+    cuda_merge_in_kernel: its last split merges (at most
     `cuda_decode.MAX_MERGE_SPLITS` splits; else the merge kernel runs after it).
     fp8_qk (FP8 caches with a 16-bit query only; ignored otherwise; head_dim >= 32): the
     scores on e4m3 tensor cores with the query scaled per row into e4m3, so no K tile is
@@ -112,6 +112,7 @@ class DecodeKernelConfig:
     backend: Literal["cuda", "triton"] = "cuda"
     cuda_stages: int = 0
     cuda_early_loads: bool = cuda_decode.EARLY_LOADS
+    cuda_heads_inner: bool = cuda_decode.HEADS_INNER
     cuda_merge_in_kernel: bool = True
     pdl_max_rows: int = DECODE_PDL_MAX_ROWS
 
@@ -151,7 +152,9 @@ def cuda_variant(
         return None
     default = cuda_decode.default_variant(fp8, k_cache.shape[1])
     stages = cfg.cuda_stages or default.stages
-    variant = cuda_decode.Variant(fp8, k_cache.shape[1], stages, cfg.cuda_early_loads)
+    variant = cuda_decode.Variant(
+        fp8, k_cache.shape[1], stages, cfg.cuda_early_loads, cfg.cuda_heads_inner
+    )
     if not cuda_decode.usable(variant, cuda_decode.device_index(k_cache)):
         return None
     return variant

@@ -66,6 +66,7 @@ def build(tmp_path: Path, variant: cuda_decode.Variant) -> str:
         f"-DPAGE={variant.page}",
         f"-DNUM_STAGES={variant.stages}",
         f"-DEARLY_LOADS={int(variant.early_loads)}",
+        f"-DHEADS_INNER={int(variant.heads_inner)}",
         str(cuda_decode.SOURCE),
         "-o",
         str(out),
@@ -87,6 +88,20 @@ def test_every_kernel_form_compiles_without_register_spills(tmp_path: Path, fp8:
             report = build(tmp_path, cuda_decode.Variant(fp8, 16, stages, early))
             spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
             assert spills and not any(spills), report
+
+
+@pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")
+@pytest.mark.parametrize("fp8", [False, True])
+def test_both_grid_orders_use_the_same_registers(tmp_path: Path, fp8: bool) -> None:
+    """The KV-head-fastest grid order only renames block indices: it must not cost registers
+    (which would change how many programs fit per SM) or spill."""
+    reports = [
+        build(tmp_path, cuda_decode.Variant(fp8, 16, 2, True, heads_inner))
+        for heads_inner in (False, True)
+    ]
+    regs = [re.findall(r"Used (\d+) registers", r) for r in reports]
+    assert regs[0] and regs[0] == regs[1], reports
+    assert not any(int(n) for n in re.findall(r"(\d+) bytes spill stores", reports[1]))
 
 
 @pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")

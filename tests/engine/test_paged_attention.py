@@ -579,6 +579,9 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
                 forms.append(dataclasses.replace(base, cuda_stages=stages, cuda_early_loads=early))
         other_merge = not base.cuda_merge_in_kernel
         forms.append(dataclasses.replace(base, cuda_merge_in_kernel=other_merge))
+        other_order = dataclasses.replace(base, cuda_heads_inner=not base.cuda_heads_inner)
+        forms.append(other_order)
+        forms.append(dataclasses.replace(other_order, cuda_merge_in_kernel=other_merge))
     return forms
 
 
@@ -586,7 +589,9 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
 @needs_cuda
 @pytest.mark.parametrize("kernel", cuda_forms(), ids=str)
 def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig) -> None:
-    """Every pipeline depth, both load orders and both merges, at lengths around the
+    """Every pipeline depth, both load orders, both merges and both grid orders (KV head or
+    split fastest; the in-kernel merge's counters are indexed the same either way), at lengths
+    around the
     pipeline's prologue (1 to NUM_STAGES tiles per warp) and long ones; one split, several,
     the most the in-kernel merge takes and more (the merge kernel then runs), each twice (the
     in-kernel merge re-arms its counters)."""

@@ -22,6 +22,8 @@ def test_defaults_come_first_and_nothing_repeats() -> None:
             cuda_forms = [c for c in got if c.backend == "cuda"]
             assert {c.cuda_early_loads for c in cuda_forms} == {True, False}
             assert {c.cuda_merge_in_kernel for c in cuda_forms} == {True, False}
+            other_order = [c for c in cuda_forms if c.cuda_heads_inner]
+            assert {c.cuda_merge_in_kernel for c in other_order} == {True, False}
             assert len({c.cuda_stages for c in cuda_forms if c.cuda_stages}) == (3 if fp8 else 1)
             assert any(c.fp8_qk for c in got) is fp8
     grid = set(candidates(True)) - set(candidates(False))

@@ -6,13 +6,17 @@
 //   caches   [num_blocks, PAGE, KV_HEADS, 128], bf16 or float8_e4m3fn (KV_FP8); a token's
 //            heads are contiguous (stride_tok elements), blocks stride_blk elements apart
 //   tables   int32 [B, stride_bt]; seq_lens int32 [B] (0: the row is padding)
-//   grid     (num_splits, KV_HEADS, B); 128 threads (NUM_WARPS warps)
+//   grid     (num_splits, KV_HEADS, B), or (KV_HEADS, num_splits, B) with HEADS_INNER;
+//            128 threads (NUM_WARPS warps)
 //   out      bf16 [B, H, 128] when num_splits == 1, else the partials
 //            mid_o fp32 [B, H, mid_splits, 128] (normalised) and mid_lse fp32 [B, H,
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
-// NUM_STAGES (register pipeline depth, >= 2) and EARLY_LOADS (0/1).
+// NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1) and HEADS_INNER (0/1: the KV
+// head is the grid's fastest index, so the programs of one (sequence, split) start side by
+// side and read the same 1-KiB (FP8) or 2-KiB (bf16) token rows at about the same time; else
+// the split is, and each token row's heads are read by programs launched far apart).
 //
 // Why this kernel exists: the Triton form pads the GQA group (2 query heads per KV head) to
 // 16 tensor-core rows and stages every K/V tile through shared memory; for an FP8 cache the
@@ -47,6 +51,9 @@ typedef unsigned int u32;
 #endif
 #ifndef EARLY_LOADS
 #define EARLY_LOADS 0  // load the first tiles before the PDL wait
+#endif
+#ifndef HEADS_INNER
+#define HEADS_INNER 0  // grid (KV_HEADS, num_splits, B) instead of (num_splits, KV_HEADS, B)
 #endif
 
 #define HEAD_DIM 128
@@ -376,8 +383,12 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     __shared__ float m_s[NUM_WARPS][MAX_GROUP];
     __shared__ float l_s[NUM_WARPS][MAX_GROUP];
 
-    const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-    const int num_splits = gridDim.x, num_heads = gridDim.y * group;
+#if HEADS_INNER
+    const int split = blockIdx.y, kvh = blockIdx.x, num_splits = gridDim.y, num_kv_heads = gridDim.x;
+#else
+    const int split = blockIdx.x, kvh = blockIdx.y, num_splits = gridDim.x, num_kv_heads = gridDim.y;
+#endif
+    const int b = blockIdx.z, num_heads = num_kv_heads * group;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
 
@@ -498,7 +509,7 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
     // release, and partials are read through L2 (ld.cg), as L1 is not coherent across SMs
     __shared__ int is_last;
     __syncthreads();
-    int* counter = counters + b * gridDim.y + kvh;
+    int* counter = counters + b * num_kv_heads + kvh;
     if (threadIdx.x == 0) {
         int done;
         asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(done) : "l"(counter) : "memory");
