@@ -9,6 +9,11 @@ token ids int64 [max_bucket], positions int64 [max_bucket], slot_mapping int64 [
 block_tables int32 [max_bucket, max_blocks_per_seq], seq_lens int32 [max_bucket]. A batch of
 n rows runs in the smallest bucket B >= n; rows [n, B) are padding (seq_len 0: the decode
 kernel writes zeros; slot -1: the K/V store skips them), and their outputs are dropped.
+Positions, slots and sequence lengths are views of one packed int64 buffer (`packed_views`),
+so a step uploads them in one host-to-device copy (`pack_step_inputs`) rather than three:
+on the device each copy between kernels is an engine switch of a few microseconds, ~2 % of
+a 1.6-ms batch-1 step for the five copies a step made (docs/benchmarks.md, session 10's
+engine profile).
 
 The split-K decode kernel's grid is fixed by (B, num_splits) while lengths are read on the
 device (livemeet.layers.paged_attention), so each bucket is captured once for every split
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 
 from livemeet.engine.paged_backend import StepMetadata
@@ -94,6 +100,36 @@ def split_variants(
 PAD_POSITION, PAD_SLOT, PAD_SEQ_LEN = 0, -1, 0  # slot -1: store_kv skips; length 0: output 0
 
 
+def packed_views(packed: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+    """(positions int64 [rows], slot_mapping int64 [rows], seq_lens int32 [rows]): views of
+    `packed`, int64 [3 * rows], laid out as `pack_step_inputs` writes it. Raises InternalError
+    for another shape or dtype."""
+    if packed.dtype != torch.int64 or packed.shape != (3 * rows,):
+        raise InternalError(f"packed inputs must be int64 [{3 * rows}], got {packed.dtype} "
+                            f"{tuple(packed.shape)}")  # fmt: skip
+    seq_lens = packed[2 * rows :].view(torch.int32)[:rows]
+    return packed[:rows], packed[rows : 2 * rows], seq_lens
+
+
+def pack_step_inputs(
+    positions: Sequence[int], slots: Sequence[int], seq_lens: Sequence[int], rows: int
+) -> np.ndarray:
+    """The prefix of the packed buffer (`packed_views`) a step of len(positions) padded rows
+    needs, int64 [2 * rows + ceil(len / 2)]: positions and slots each in a region of `rows`
+    entries (past the step's rows: padding no graph of this size reads), then the int32
+    sequence lengths two per int64. Raises InternalError when the lists differ in length or
+    exceed `rows`."""
+    n = len(positions)
+    if not (n == len(slots) == len(seq_lens)) or n > rows:
+        raise InternalError(f"cannot pack {n} rows into a buffer of {rows}")
+    out = np.zeros(2 * rows + -(-n // 2), dtype=np.int64)
+    out[:n] = positions
+    out[rows : rows + n] = slots
+    out[rows + n : 2 * rows] = PAD_SLOT
+    out[2 * rows :].view(np.int32)[:n] = seq_lens
+    return out
+
+
 def pad_rows(
     positions: Sequence[int], slots: Sequence[int], seq_lens: Sequence[int], bucket: int
 ) -> tuple[list[int], list[int], list[int]]:
@@ -147,9 +183,9 @@ class GraphRunner:
         rows = self.buckets[-1]
         i64, i32 = torch.int64, torch.int32
         self.token_ids = torch.zeros(rows, dtype=i64, device=device)
-        self.positions = torch.zeros(rows, dtype=i64, device=device)
-        self.slot_mapping = torch.full((rows,), -1, dtype=i64, device=device)
-        self.seq_lens = torch.zeros(rows, dtype=i32, device=device)
+        self.packed = torch.zeros(3 * rows, dtype=i64, device=device)  # see packed_views
+        self.positions, self.slot_mapping, self.seq_lens = packed_views(self.packed, rows)
+        self.slot_mapping.fill_(PAD_SLOT)
         self.block_tables = torch.zeros((rows, self.max_blocks_per_seq), dtype=i32, device=device)
         self.cu_seqlens_q = torch.arange(rows + 1, dtype=i32, device=device)  # one query per row
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -236,7 +272,7 @@ class GraphRunner:
             self.num_sms,
             programs_per_sm=self.programs_per_sm,
         )
-        padded = pad_rows(positions, slots, seq_lens, bucket)
+        packed = pack_step_inputs(*pad_rows(positions, slots, seq_lens, bucket), self.buckets[-1])
         # Staged in a pinned arena and copied non_blocking: the host does not wait for the GPU
         # (livemeet.engine.staging; inside ModelRunner.launch this bracket is the launch's).
         stage = self.staging
@@ -244,9 +280,8 @@ class GraphRunner:
             self.token_ids[:n].copy_(token_ids, non_blocking=True)
             if n < bucket:
                 self.token_ids[n:bucket].zero_()
-            statics = (self.positions, self.slot_mapping, self.seq_lens)
-            for static, values in zip(statics, padded, strict=True):
-                static[:bucket].copy_(stage.stage(values, static.dtype), non_blocking=True)
+            host = stage.stage(packed, torch.int64)
+            self.packed[: packed.size].copy_(host, non_blocking=True)
             tables = stage.stage_rows(block_tables, width, torch.int32)
             self.block_tables[:n, :width].copy_(tables, non_blocking=True)
         self.graphs[(bucket, splits)].replay()

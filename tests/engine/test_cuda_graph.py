@@ -15,9 +15,12 @@ import torch
 
 from livemeet.engine.cuda_graph import (
     DECODE_BUCKETS,
+    PAD_SLOT,
     GraphRunner,
     choose_bucket,
     decode_buckets,
+    pack_step_inputs,
+    packed_views,
     pad_rows,
     split_variants,
 )
@@ -68,6 +71,45 @@ def test_split_variants_hold_every_split_count_the_runtime_picks(kv_heads: int, 
         assert picked <= set(variants), (bucket, picked, variants)
     assert split_variants(1, max_len, 8, H200_NUM_SMS) == (1, 2, 4, 8, 16, 32, 64)
     assert split_variants(128, max_len, 8, H200_NUM_SMS) == (1,)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 16, 128])
+def test_packed_step_inputs_land_in_the_graphs_static_views(n: int) -> None:
+    """One copy of `pack_step_inputs`' prefix into the packed buffer sets exactly the first n
+    positions, slots and (int32) sequence lengths the graphs read, over a buffer holding an
+    earlier, larger step's values (the padding slots past n stay inert)."""
+    rows = 128
+    rng = np.random.default_rng(n)
+
+    def draw(count: int, low: int, high: int) -> list[int]:
+        return [int(x) for x in rng.integers(low, high, count)]
+
+    packed = torch.zeros(3 * rows, dtype=torch.int64)
+    positions, slots, seq_lens = packed_views(packed, rows)
+    assert (positions.dtype, slots.dtype, seq_lens.dtype) == (torch.int64, torch.int64, torch.int32)
+    assert {t.shape for t in (positions, slots, seq_lens)} == {(rows,)}
+    earlier = pack_step_inputs(draw(rows, 1, 2**40), draw(rows, 1, 2**40), draw(rows, 1, 2**31),
+                               rows)  # fmt: skip
+    packed.copy_(torch.from_numpy(np.concatenate([earlier, earlier[: 3 * rows - earlier.size]])))
+    pos, slot, lens = draw(n, 0, 2**40), draw(n, -1, 2**40), draw(n, 0, 2**31 - 1)
+    values = pack_step_inputs(pos, slot, lens, rows)
+    assert values.shape == (2 * rows + (n + 1) // 2,)
+    packed[: values.size].copy_(torch.from_numpy(values))
+    assert positions[:n].tolist() == pos
+    assert slots[:n].tolist() == slot
+    assert seq_lens[:n].tolist() == lens
+    assert (slots[n:] == PAD_SLOT).all()  # never a stale slot a wider graph could store to
+
+
+def test_pack_step_inputs_rejects_bad_rows() -> None:
+    with pytest.raises(InternalError):
+        pack_step_inputs([1, 2], [3], [4, 5], rows=4)
+    with pytest.raises(InternalError):
+        pack_step_inputs([1] * 5, [1] * 5, [1] * 5, rows=4)
+    with pytest.raises(InternalError):
+        packed_views(torch.zeros(11, dtype=torch.int64), rows=4)
+    with pytest.raises(InternalError):
+        packed_views(torch.zeros(12, dtype=torch.int32), rows=4)
 
 
 def test_pad_rows_pads_with_inert_rows() -> None:
