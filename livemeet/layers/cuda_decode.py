@@ -53,7 +53,10 @@ MAX_STAGES_FP8 = 4  # 232 registers at 4, no spill
 DEFAULT_STAGES_BF16 = 2
 DEFAULT_STAGES_FP8 = 2  # 3 programs per SM; 3 stages fit only 2 (299 vs 363 us at 16x36k)
 EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
-HEADS_INNER = False  # the grid's fastest index: the split (False) or the KV head (the .cu file)
+# The grid's fastest index: the KV head (True) or the split. Kernel alone on an H200 (session
+# 13, docs/benchmarks.md), us per layer, KV head / split fastest: FP8 16x36k 293.4 / 294.6-295.7,
+# bf16 1x36k 40.2 / 40.6, FP8 4x36k 79.6 / 80.3, FP8 1x36k 27.3 / 27.2, bf16 16x36k 534.2 / 534.3
+HEADS_INNER = True
 # CUDA driver API constants (cuda.h, CUDA 12/13)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
