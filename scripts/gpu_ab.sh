@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A/B of one gpu_bench.sh phase within one device call: the working tree ("new") against an
+# older commit ("old", a `git archive` copy beside it), arms run in the order AB_ARMS gives, so
+# both see the same loan (loans differ by up to ~6 % in decode-step time; docs/benchmarks.md).
+#   AB_OLD=<commit> AB_ARMS="new old new" BENCH_S=110 ... bash scripts/gpu_ab.sh profile
+# Every other variable is passed through to gpu_bench.sh. Arm i writes to $OUT/<i>_<arm>/;
+# its summary lines (rates, decode ms per step, step results) are printed as it ends.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase="${1:?usage: AB_OLD=<commit> bash scripts/gpu_ab.sh <gpu_bench.sh phase>}"
+old_rev="${AB_OLD:?AB_OLD must name the commit to compare against}"
+OUT="${OUT:-$PWD/bench-out}"
+old_dir=$(mktemp -d)
+git archive "$old_rev" livemeet loadtest scripts pyproject.toml | tar -x -C "$old_dir" \
+  || { echo "cannot export $old_rev"; exit 1; }
+[ -d .whl ] && cp -r .whl "$old_dir/"
+i=0
+for arm in ${AB_ARMS:-new old}; do
+  i=$((i + 1))
+  case "$arm" in
+    new) dir=$PWD ;;
+    old) dir=$old_dir ;;
+    *) echo "unknown arm $arm (new or old)"; exit 1 ;;
+  esac
+  out="$OUT/${i}_$arm"
+  mkdir -p "$out"
+  echo "=== arm $i: $arm ($([ "$arm" = new ] && git rev-parse --short HEAD || echo "$old_rev"))"
+  (cd "$dir" && OUT="$out" LIVEMEET_BENCH_OUT="$out" bash scripts/gpu_bench.sh "$phase" > /dev/null)
+  grep -hE "audio-s/s, p95|^\| (long|short) \||=== .*rc=|passed|failed" "$out/$phase.log" | tail -n 20
+done
