@@ -3,6 +3,7 @@
 #   bash scripts/gpu_bench.sh engine   # GPU tests, attention bench, engine bench, HF projection
 #   bash scripts/gpu_bench.sh http     # the HTTP sweep through `livemeet serve`
 #   bash scripts/gpu_bench.sh profile  # decode-step breakdown (host/graph/kernels), short + long c1
+#   bash scripts/gpu_bench.sh live     # live partial latency: sessions alone and beside uploads
 # Each phase writes into $OUT (default ./bench-out) and is sized to finish in ~8.5 minutes with
 # real-size dummy weights; every step has its own `timeout`, so one stuck step cannot eat the call.
 # PREFILL_GRAPHS=0 turns off piecewise prefill graphs (on by default) in the engine bench and the
@@ -120,8 +121,17 @@ case "$phase" in
       --serve-args "--load-format dummy --forced-output {forced}$( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo " --no-prefill-graphs" )${SERVE_EXTRA:+ $SERVE_EXTRA}" \
       --out "$OUT/http_sweep.jsonl" --log-dir "${LOG_DIR:-$OUT}"
     ;;
+  live)
+    # live sessions streaming in real time, alone and beside long uploads (loadtest/bench_live.py)
+    step bench-live "${LIVE_S:-470}" python3 -m loadtest.bench_live \
+      --sessions "${LIVE_SESSIONS:-1,16,64}" --uploads "${LIVE_UPLOADS:-0,2}" \
+      --duration-s "${LIVE_DURATION_S:-60}" --startup-timeout 240 \
+      --max-seconds "$(( ${LIVE_S:-470} - 20 ))" \
+      --serve-args "--load-format dummy --forced-output {forced}${SERVE_EXTRA:+ $SERVE_EXTRA}" \
+      --out "$OUT/bench_live.jsonl" --log-dir "${LOG_DIR:-$OUT}"
+    ;;
   *)
-    echo "usage: $0 engine|http|profile" >&2
+    echo "usage: $0 engine|http|profile|live" >&2
     exit 2
     ;;
 esac

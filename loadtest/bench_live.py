@@ -1,0 +1,369 @@
+"""Live partial latency through the real server: live WebSocket sessions streaming audio in
+real time, alone or beside long uploads.
+
+DESIGN.md section 10 defines partial latency as the time from the reference end of a word to the
+first partial that contains it, measured with `--forced-output` on random weights. Here the
+unit is a segment of the forced transcript (its words end with it): for each segment of the
+long workload's transcript (loadtest.workloads.make_forced) that ends inside the streamed
+audio, latency = receive time of the first `segment.partial` or `segment.final` holding a
+segment with its start and end (within TIME_TOL_S) minus the moment its end was spoken, t0 +
+end in real time (plus the client's own delay, should it send that frame late).
+
+Each point starts `sessions` live sessions (starts spread over one FRAME_S-spaced second) and
+keeps `uploads` long uploads in flight beside them (closed loop, started first). Every session
+streams `--duration-s` of its own rotation of the meeting (so the encoder's window cache never
+hits across sessions) in FRAME_S frames of PCM16, each sent once its audio has been spoken,
+then sends `end` and waits for `transcript.final`. The server runs one forced transcript for
+every request (the upload's whole text; a live hop's segments that end by its audio edge).
+
+One JSON line per point: latency mean, p50, p95, p99 and max over every session's segments,
+how many segments were first seen only after `end` (the final flush) or never, the client's
+largest send lag, errors, and the uploads completed during the point with their audio-s/s.
+Usage:
+  python -m loadtest.bench_live --sessions 1,16,64 --uploads 0,2 --duration-s 60 \
+      --out live.jsonl --max-seconds 420
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import shlex
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import numpy as np
+
+from livemeet.audio.constants import SAMPLE_RATE
+from loadtest import workloads as wl
+from loadtest.bench_engine import parse_ints, percentile
+from loadtest.http_sweep import DEFAULT_SERVE_ARGS, Server, upload, write_line
+
+LIVE_PATH = "/v1/live"
+FRAME_S = 0.1  # s of audio per binary frame (a browser recorder sends 20-250 ms)
+TIME_TOL_S = 0.011  # s; the forced transcript has 2-decimal times, the protocol 3
+FINAL_TIMEOUT_S = 120.0  # s to wait for transcript.final after `end`
+READY_TIMEOUT_S = 60.0  # s to wait for session.ready
+POINT_MARGIN_S = 30.0  # s a point needs beyond its audio (server drain, the final flush)
+UPLOAD_LEAD_S = 5.0  # s the uploads run before the first live session starts (in the engine)
+BODIES_PER_UPLOAD = 4  # distinct meetings per closed-loop client: no encoder cache hits
+
+
+@dataclass
+class SessionLog:
+    """What one live session sent and received; times are time.monotonic() seconds.
+
+    t0: when its first sample was spoken (frame k holds audio [k FRAME_S, (k + 1) FRAME_S)
+    and is due at t0 + (k + 1) FRAME_S); sent[k]: when frame k went out; events: (receive
+    time, message type, segments as (start, end) s) for every partial, final segment and
+    final transcript; end_sent: when `end` went out (None if it never did)."""
+
+    t0: float = 0.0
+    sent: list[float] = field(default_factory=list)
+    events: list[tuple[float, str, list[tuple[float, float]]]] = field(default_factory=list)
+    end_sent: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class SegmentLatency:
+    """One session's segments against the reference: latencies (s) of those first seen while
+    streaming, and counts of those seen only after `end` and never."""
+
+    latencies: tuple[float, ...]
+    after_end: int
+    missed: int
+    expected: int
+
+
+def frame_of(time_s: float) -> int:
+    """The index of the frame holding the audio just before `time_s` (s >= 0)."""
+    return max(0, math.ceil(round(time_s / FRAME_S, 6)) - 1)
+
+
+def spoken_at(log: SessionLog, end_s: float) -> float:
+    """When audio time `end_s` was spoken: t0 + end_s, later by as much as the frame holding it
+    went out past its due time (a client that fell behind is not the server's latency; the
+    framing itself, up to FRAME_S, is, as a recorder's would be); inf if never sent."""
+    k = frame_of(end_s)
+    if k >= len(log.sent):
+        return math.inf
+    return log.t0 + end_s + max(0.0, log.sent[k] - (log.t0 + (k + 1) * FRAME_S))
+
+
+def _holds(segments: Sequence[tuple[float, float]], start_s: float, end_s: float) -> bool:
+    return any(abs(s - start_s) <= TIME_TOL_S and abs(e - end_s) <= TIME_TOL_S for s, e in segments)
+
+
+def segment_latencies(turns: Sequence[wl.Turn], log: SessionLog, audio_s: float) -> SegmentLatency:
+    """Latency of each reference segment ending within the first `audio_s` s (module doc)."""
+    latencies: list[float] = []
+    after_end = missed = expected = 0
+    for turn in turns:
+        if turn.end_s > audio_s + 1e-9:
+            continue
+        expected += 1
+        first = next(
+            (t for t, _, segs in log.events if _holds(segs, turn.start_s, turn.end_s)), None
+        )
+        if first is None:
+            missed += 1
+        elif log.end_sent is not None and first >= log.end_sent:
+            after_end += 1
+        else:
+            latencies.append(first - spoken_at(log, turn.end_s))
+    return SegmentLatency(tuple(latencies), after_end, missed, expected)
+
+
+def send_lag_s(log: SessionLog) -> float:
+    """The client's largest delay (s) sending a frame after it was due."""
+    lags = [t - (log.t0 + (k + 1) * FRAME_S) for k, t in enumerate(log.sent)]
+    return max(lags, default=0.0)
+
+
+def message_segments(msg: dict[str, Any]) -> list[tuple[float, float]] | None:
+    """(start, end) of the segments a server message carries; None for other messages."""
+    kind = msg.get("type")
+    if kind in ("segment.partial", "transcript.final"):
+        return [(float(s["start"]), float(s["end"])) for s in msg.get("segments", [])]
+    if kind == "segment.final":
+        return [(float(msg["start"]), float(msg["end"]))]
+    return None
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    """float32 [-1, 1] samples as little-endian PCM16 bytes."""
+    return bytes((np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes())
+
+
+def scripted_reference(forced_text: str) -> str:
+    """The scripted backend's script (livemeet.backends.scripted.Script JSON) of a forced
+    transcript: a server started with `--backend scripted --model {script}` emits the same
+    segments as one running the forced output (tests of this benchmark, on the CPU)."""
+    from livemeet.backends.scripted import Script
+    from livemeet.transcript.parser import parse_transcript
+
+    return Script(tuple(parse_transcript(forced_text))).to_json()
+
+
+# ---------------------------------------------------------------- the client
+
+
+async def _read(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -> None:
+    async for msg in ws:
+        if msg.type != aiohttp.WSMsgType.TEXT:
+            continue
+        payload = json.loads(msg.data)
+        if payload.get("type") == "error":
+            log.error = log.error or f"{payload.get('code')}: {payload.get('message')}"
+            return
+        segments = message_segments(payload)
+        if segments is not None:
+            log.events.append((time.monotonic(), payload["type"], segments))
+        if payload.get("type") == "transcript.final":
+            return
+
+
+async def live_session(
+    session: aiohttp.ClientSession, url: str, samples: np.ndarray, delay_s: float
+) -> SessionLog:
+    """Stream `samples` (16 kHz float32) in real time after `delay_s`, then `end`; the log."""
+    log = SessionLog()
+    await asyncio.sleep(delay_s)
+    frame = round(FRAME_S * SAMPLE_RATE)
+    try:
+        async with session.ws_connect(url.replace("http", "ws", 1) + LIVE_PATH) as ws:
+            await ws.send_json({"type": "start", "sample_rate": SAMPLE_RATE})
+            ready = await ws.receive_json(timeout=READY_TIMEOUT_S)
+            if ready.get("type") != "session.ready":
+                log.error = f"no session.ready: {ready}"
+                return log
+            reader = asyncio.create_task(_read(ws, log))
+            log.t0 = time.monotonic()
+            for k in range(math.ceil(samples.size / frame)):
+                await asyncio.sleep(max(0.0, log.t0 + (k + 1) * FRAME_S - time.monotonic()))
+                await ws.send_bytes(pcm16(samples[k * frame : (k + 1) * frame]))
+                log.sent.append(time.monotonic())
+            await ws.send_json({"type": "end"})
+            log.end_sent = time.monotonic()
+            await asyncio.wait_for(reader, FINAL_TIMEOUT_S)
+    except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+        log.error = log.error or f"{type(exc).__name__}: {exc}"
+    return log
+
+
+@dataclass
+class UploadTally:
+    completed: int = 0
+    errors: int = 0
+    first_error: str = ""
+
+
+async def upload_loop(
+    session: aiohttp.ClientSession, url: str, bodies: list[bytes], tally: UploadTally
+) -> None:
+    """Upload the next of `bodies` (shared by every client, cycled) until cancelled: one
+    closed-loop client."""
+    while True:
+        body = bodies[(tally.completed + tally.errors) % len(bodies)]
+        _, error = await upload(session, url, body)
+        if error:
+            tally.errors += 1
+            tally.first_error = tally.first_error or error
+        else:
+            tally.completed += 1
+
+
+# ---------------------------------------------------------------- a point
+
+
+async def run_point(
+    url: str,
+    samples: np.ndarray,
+    turns: Sequence[wl.Turn],
+    num_sessions: int,
+    num_uploads: int,
+    duration_s: float,
+    upload_audio_s: float,
+) -> dict[str, Any]:
+    """One point (module doc): its JSON record."""
+    audio = samples[: round(duration_s * SAMPLE_RATE)]
+    tally = UploadTally()
+    # built before the clock starts: a 37-minute WAV takes the client ~0.3 s to make
+    bodies = [wl.wav_bytes(wl.vary(samples, 100 + j))
+              for j in range(BODIES_PER_UPLOAD * num_uploads)]  # fmt: skip
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        uploads = [
+            asyncio.create_task(upload_loop(http, url, bodies, tally)) for _ in range(num_uploads)
+        ]
+        if uploads:
+            await asyncio.sleep(UPLOAD_LEAD_S)
+        start = time.monotonic()
+        logs = await asyncio.gather(
+            *(
+                live_session(http, url, wl.vary(audio, i + 1), i / max(num_sessions, 1))
+                for i in range(num_sessions)
+            )
+        )
+        wall = time.monotonic() - start
+        for task in uploads:
+            task.cancel()
+        await asyncio.gather(*uploads, return_exceptions=True)
+    results = [segment_latencies(turns, log, audio.size / SAMPLE_RATE) for log in logs]
+    lat = [x for r in results for x in r.latencies]
+    errors = [log.error for log in logs if log.error]
+    return {
+        "sessions": num_sessions,
+        "uploads": num_uploads,
+        "duration_s": duration_s,
+        "segments_expected": sum(r.expected for r in results),
+        "segments_live": len(lat),
+        "segments_after_end": sum(r.after_end for r in results),
+        "segments_missed": sum(r.missed for r in results),
+        "latency_mean_s": float(np.mean(lat)) if lat else None,
+        "latency_p50_s": percentile(lat, 50) if lat else None,
+        "latency_p95_s": percentile(lat, 95) if lat else None,
+        "latency_p99_s": percentile(lat, 99) if lat else None,
+        "latency_max_s": max(lat) if lat else None,
+        "send_lag_max_s": max((send_lag_s(log) for log in logs), default=0.0),
+        "num_errors": len(errors),
+        "first_error": errors[0] if errors else "",
+        "uploads_completed": tally.completed,
+        "upload_errors": tally.errors,
+        "upload_first_error": tally.first_error,
+        "upload_audio_s_per_s": tally.completed * upload_audio_s / wall,
+        "wall_s": wall,
+    }
+
+
+# ---------------------------------------------------------------- the run
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=parse_ints, default=[1, 16, 64], help="live sessions")
+    p.add_argument("--uploads", type=parse_ints, default=[0, 2], help="long uploads beside")
+    p.add_argument("--duration-s", type=float, default=60.0, help="audio per session, s")
+    p.add_argument("--long-audio-s", type=float, default=None, help="override 2,240 s")
+    p.add_argument(
+        "--serve-args",
+        default=DEFAULT_SERVE_ARGS,
+        help="{forced}: the transcript's path; {script}: the same as a scripted-backend script",
+    )
+    p.add_argument("--url", default=None, help="use this running server (its forced output)")
+    p.add_argument("--startup-timeout", type=float, default=300.0)
+    p.add_argument("--max-seconds", type=float, default=None, help="skip points past this")
+    p.add_argument("--out", default="bench_live.jsonl", help="JSON lines output")
+    p.add_argument("--log-dir", default=None, help="server log (default: next to --out)")
+    return p.parse_args(argv)
+
+
+async def amain(args: argparse.Namespace) -> None:
+    from livemeet.models.tokenizer import load_tokenizer
+
+    deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
+    workload = wl.get_workload("long", args.long_audio_s)
+    samples, forced = wl.make_forced(load_tokenizer(None), workload, seed=1)
+    log_dir = Path(args.log_dir) if args.log_dir else Path(args.out).resolve().parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (
+        open(args.out, "a", encoding="utf-8") as out,
+        tempfile.TemporaryDirectory() as tmp,
+        open(log_dir / "server-live.log", "wb") as server_log,
+    ):
+        server, url = None, args.url
+        try:
+            if url is None:
+                forced_path = Path(tmp) / "forced-long.txt"
+                forced_path.write_text(forced.text, encoding="utf-8")
+                script_path = Path(tmp) / "script-long.json"
+                script_path.write_text(scripted_reference(forced.text), encoding="utf-8")
+                filled = args.serve_args.format(forced=forced_path, script=script_path)
+                serve_args = shlex.split(filled)
+                server = Server(serve_args, Path(tmp) / "data", server_log)
+                ready_s = await server.wait_ready(args.startup_timeout)
+                write_line(out, {"event": "server_ready", "ready_s": ready_s, "cmd": server.cmd})
+                url = server.url
+            await _points(args, url, samples, forced.turns, workload.audio_s, deadline, out)
+        finally:
+            if server is not None:
+                server.stop()
+
+
+async def _points(
+    args: argparse.Namespace,
+    url: str,
+    samples: np.ndarray,
+    turns: Sequence[wl.Turn],
+    upload_audio_s: float,
+    deadline: float | None,
+    out: IO[str],
+) -> None:
+    for num_uploads in args.uploads:
+        for num_sessions in args.sessions:
+            need = args.duration_s + POINT_MARGIN_S + (UPLOAD_LEAD_S if num_uploads else 0.0)
+            if deadline is not None and time.monotonic() + need > deadline:
+                why = f"needs ~{need:.0f} s, {deadline - time.monotonic():.0f} s left"
+                write_line(out, {"sessions": num_sessions, "uploads": num_uploads, "skipped": why})
+                continue
+            record = await run_point(
+                url, samples, turns, num_sessions, num_uploads, args.duration_s, upload_audio_s
+            )
+            write_line(out, record)
+            print(json.dumps(record), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(amain(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

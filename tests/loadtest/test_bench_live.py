@@ -1,0 +1,117 @@
+"""bench_live: the latency bookkeeping on made-up logs, and the benchmark end to end against a
+real `livemeet serve` running the scripted backend on the same reference (CPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadtest import workloads as wl
+from loadtest.bench_live import (
+    FRAME_S,
+    SessionLog,
+    frame_of,
+    message_segments,
+    pcm16,
+    segment_latencies,
+    send_lag_s,
+    spoken_at,
+)
+from tests.loadtest.conftest import run_module
+
+TURNS = (wl.Turn(0, 0.0, 1.25), wl.Turn(1, 1.3, 2.0), wl.Turn(0, 2.1, 2.6), wl.Turn(1, 2.7, 3.5))
+
+
+def on_time_log(num_frames: int, t0: float = 100.0) -> SessionLog:
+    """Every frame sent exactly when due: frame k at t0 + (k + 1) FRAME_S."""
+    return SessionLog(t0=t0, sent=[t0 + (k + 1) * FRAME_S for k in range(num_frames)])
+
+
+def test_frames_hold_the_audio_just_before_a_time() -> None:
+    assert frame_of(0.0) == 0
+    assert frame_of(0.05) == 0
+    assert frame_of(0.1) == 0  # the sample just before 0.1 s is the last of frame 0
+    assert frame_of(0.10001) == 1
+    assert frame_of(1.25) == 12
+    assert frame_of(2.0) == 19
+
+
+def test_spoken_at_is_real_time_unless_the_client_sent_late() -> None:
+    log = on_time_log(30)
+    assert spoken_at(log, 1.25) == pytest.approx(101.25)
+    log.sent[12] += 0.4  # frame 12 (1.2-1.3 s) went out 0.4 s late
+    assert spoken_at(log, 1.25) == pytest.approx(101.65)
+    assert spoken_at(log, 5.0) == float("inf")  # never sent
+    assert send_lag_s(log) == pytest.approx(0.4)
+
+
+def test_segment_latencies_count_live_late_and_missed_segments() -> None:
+    log = on_time_log(35)  # 3.5 s of audio
+    log.events = [
+        (101.5, "segment.partial", [(0.0, 1.25)]),  # turn 0, 0.25 s after it was spoken
+        (102.05, "segment.partial", [(0.0, 1.25), (1.3, 1.9)]),  # a cut turn 1: no match yet
+        (102.4, "segment.final", [(1.3, 2.0)]),  # turn 1 whole, 3-decimal protocol times
+        (102.9, "segment.partial", [(1.3004, 2.0005), (2.1, 2.6)]),  # turn 2; turn 1 again
+    ]
+    log.end_sent = 103.6
+    log.events.append((104.0, "transcript.final", [(0.0, 1.25), (1.3, 2.0), (2.7, 3.5)]))
+    got = segment_latencies(TURNS, log, audio_s=3.5)
+    assert got.expected == 4
+    assert got.latencies == pytest.approx((0.25, 0.4, 0.3))
+    assert (got.after_end, got.missed) == (1, 0)  # turn 3 only in the final transcript
+    # a shorter stream does not expect the turns that end past it; a turn never sent is missed
+    shorter = segment_latencies(TURNS, SessionLog(t0=100.0, sent=[], events=[]), audio_s=2.0)
+    assert (shorter.expected, shorter.missed, shorter.latencies) == (2, 2, ())
+
+
+def test_message_segments_reads_partials_finals_and_the_transcript() -> None:
+    seg = {"id": "", "start": 1.3, "end": 2.0, "speaker": "S02", "text": "a"}
+    assert message_segments({"type": "segment.partial", "rev": 3, "segments": [seg]}) == [
+        (1.3, 2.0)
+    ]
+    assert message_segments({"type": "segment.partial", "rev": 4, "segments": []}) == []
+    assert message_segments({"type": "segment.final", **seg, "id": "seg-0001"}) == [(1.3, 2.0)]
+    assert message_segments({"type": "transcript.final", "segments": [seg, seg]}) == [
+        (1.3, 2.0),
+        (1.3, 2.0),
+    ]
+    assert message_segments({"type": "session.ready", "session_id": "x"}) is None
+
+
+def test_pcm16_clips_and_scales() -> None:
+    got = np.frombuffer(pcm16(np.array([0.0, 0.5, -1.5, 1.0], np.float32)), "<i2")
+    assert got.tolist() == [0, 16383, -32767, 32767]
+
+
+@pytest.mark.slow
+def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
+    """Two live sessions alone, then beside one upload loop, against the scripted backend
+    serving the forced transcript's own segments: every segment that ends inside the stream
+    arrives live, within a hop (1 s) plus slack, and the uploads complete."""
+    out = tmp_path / "live.jsonl"
+    run_module(
+        "loadtest.bench_live",
+        "--sessions", "2",
+        "--uploads", "0,1",
+        "--duration-s", "7",
+        "--long-audio-s", "30",
+        "--serve-args", "--backend scripted --model {script}",
+        "--max-seconds", "120",
+        "--out", str(out),
+    )  # fmt: skip
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0]["event"] == "server_ready"
+    points = {r["uploads"]: r for r in lines[1:]}
+    assert set(points) == {0, 1}
+    for r in points.values():
+        assert r["num_errors"] == 0, r["first_error"]
+        assert r["sessions"] == 2 and r["segments_expected"] >= 2
+        assert r["segments_live"] == r["segments_expected"]
+        assert r["segments_missed"] == r["segments_after_end"] == 0
+        assert 0.0 < r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_max_s"] < 1.5
+        assert r["send_lag_max_s"] < 0.5
+    assert points[0]["uploads_completed"] == 0
+    assert points[1]["uploads_completed"] >= 1 and points[1]["upload_errors"] == 0
