@@ -16,9 +16,12 @@ hits across sessions) in FRAME_S frames of PCM16, each sent once its audio has b
 then sends `end` and waits for `transcript.final`. The server runs one forced transcript for
 every request (the upload's whole text; a live hop's segments that end by its audio edge).
 
-One JSON line per point: latency mean, p50, p95, p99 and max over every session's segments,
-how many segments were first seen only after `end` (the final flush) or never, the client's
-largest send lag, errors, and the uploads completed during the point with their audio-s/s.
+One JSON line per point: latency mean, p50, p95, p99 and max over every session's segments
+(and p50, p95 by when in the meeting the segment ends: `latency_by_time`), how many segments
+were first seen only after `end` (the final flush) or never, the client's largest send lag,
+errors, the uploads completed during the point with their audio-s/s, and the increase of the
+engine's counters over the point (steps by kind, prefill and decode tokens, host time in
+steps by part: loadtest.http_sweep.engine_fields).
 Usage:
   python -m loadtest.bench_live --sessions 1,16,64 --uploads 0,2 --duration-s 60 \
       --out live.jsonl --max-seconds 420
@@ -44,7 +47,17 @@ import numpy as np
 from livemeet.audio.constants import SAMPLE_RATE
 from loadtest import workloads as wl
 from loadtest.bench_engine import parse_ints, percentile
-from loadtest.http_sweep import DEFAULT_SERVE_ARGS, Server, upload, write_line
+from loadtest.http_sweep import (
+    DEFAULT_SERVE_ARGS,
+    EngineCounters,
+    Server,
+    engine_fields,
+    parse_engine_counters,
+    scrape_metrics,
+    settled_metrics,
+    upload,
+    write_line,
+)
 
 LIVE_PATH = "/v1/live"
 FRAME_S = 0.1  # s of audio per binary frame (a browser recorder sends 20-250 ms)
@@ -54,6 +67,7 @@ READY_TIMEOUT_S = 60.0  # s to wait for session.ready
 POINT_MARGIN_S = 30.0  # s a point needs beyond its audio (server drain, the final flush)
 UPLOAD_LEAD_S = 5.0  # s the uploads run before the first live session starts (in the engine)
 BODIES_PER_UPLOAD = 4  # distinct meetings per closed-loop client: no encoder cache hits
+LATENCY_BUCKET_S = 30.0  # s of meeting time per `latency_by_time` bucket (hops re-decode it all)
 
 
 @dataclass
@@ -75,12 +89,14 @@ class SessionLog:
 @dataclass(frozen=True)
 class SegmentLatency:
     """One session's segments against the reference: latencies (s) of those first seen while
-    streaming, and counts of those seen only after `end` and never."""
+    streaming with the end times (s of meeting) of their segments, and counts of those seen
+    only after `end` and never."""
 
     latencies: tuple[float, ...]
     after_end: int
     missed: int
     expected: int
+    end_times: tuple[float, ...] = ()
 
 
 def frame_of(time_s: float) -> int:
@@ -105,6 +121,7 @@ def _holds(segments: Sequence[tuple[float, float]], start_s: float, end_s: float
 def segment_latencies(turns: Sequence[wl.Turn], log: SessionLog, audio_s: float) -> SegmentLatency:
     """Latency of each reference segment ending within the first `audio_s` s (module doc)."""
     latencies: list[float] = []
+    end_times: list[float] = []
     after_end = missed = expected = 0
     for turn in turns:
         if turn.end_s > audio_s + 1e-9:
@@ -119,7 +136,26 @@ def segment_latencies(turns: Sequence[wl.Turn], log: SessionLog, audio_s: float)
             after_end += 1
         else:
             latencies.append(first - spoken_at(log, turn.end_s))
-    return SegmentLatency(tuple(latencies), after_end, missed, expected)
+            end_times.append(turn.end_s)
+    return SegmentLatency(tuple(latencies), after_end, missed, expected, tuple(end_times))
+
+
+def latency_by_time(results: Sequence[SegmentLatency]) -> dict[str, dict[str, float]]:
+    """p50 and p95 latency (s) and the count of segments by when in the meeting they end, in
+    LATENCY_BUCKET_S buckets keyed "start-end" (s): each hop re-decodes the whole meeting, so
+    latency grows with its length."""
+    buckets: dict[int, list[float]] = {}
+    for r in results:
+        for lat, end in zip(r.latencies, r.end_times, strict=True):
+            buckets.setdefault(int(end // LATENCY_BUCKET_S), []).append(lat)
+    return {
+        f"{b * LATENCY_BUCKET_S:.0f}-{(b + 1) * LATENCY_BUCKET_S:.0f}": {
+            "p50_s": percentile(v, 50),
+            "p95_s": percentile(v, 95),
+            "count": len(v),
+        }
+        for b, v in sorted(buckets.items())
+    }
 
 
 def send_lag_s(log: SessionLog) -> float:
@@ -241,6 +277,7 @@ async def run_point(
               for j in range(BODIES_PER_UPLOAD * num_uploads)]  # fmt: skip
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as http:
+        before = await scrape_metrics(http, url)
         uploads = [
             asyncio.create_task(upload_loop(http, url, bodies, tally)) for _ in range(num_uploads)
         ]
@@ -257,6 +294,7 @@ async def run_point(
         for task in uploads:
             task.cancel()
         await asyncio.gather(*uploads, return_exceptions=True)
+        after = None if before is None else await settled_metrics(http, url)
     results = [segment_latencies(turns, log, audio.size / SAMPLE_RATE) for log in logs]
     lat = [x for r in results for x in r.latencies]
     errors = [log.error for log in logs if log.error]
@@ -281,7 +319,13 @@ async def run_point(
         "upload_first_error": tally.first_error,
         "upload_audio_s_per_s": tally.completed * upload_audio_s / wall,
         "wall_s": wall,
+        "latency_by_time": latency_by_time(results),
+        **engine_fields(_counters(before), _counters(after)),
     }
+
+
+def _counters(text: str | None) -> EngineCounters | None:
+    return None if text is None else parse_engine_counters(text)
 
 
 # ---------------------------------------------------------------- the run

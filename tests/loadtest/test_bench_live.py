@@ -12,8 +12,10 @@ import pytest
 from loadtest import workloads as wl
 from loadtest.bench_live import (
     FRAME_S,
+    SegmentLatency,
     SessionLog,
     frame_of,
+    latency_by_time,
     message_segments,
     pcm16,
     segment_latencies,
@@ -67,6 +69,17 @@ def test_segment_latencies_count_live_late_and_missed_segments() -> None:
     assert (shorter.expected, shorter.missed, shorter.latencies) == (2, 2, ())
 
 
+def test_latency_by_time_buckets_segments_by_their_end_in_the_meeting() -> None:
+    a = SegmentLatency((0.5, 0.7, 2.0), 0, 0, 3, end_times=(5.0, 29.9, 31.0))
+    b = SegmentLatency((0.9,), 1, 0, 2, end_times=(30.0,))
+    got = latency_by_time([a, b])
+    assert list(got) == ["0-30", "30-60"]
+    assert got["0-30"]["count"] == 2 and got["30-60"]["count"] == 2
+    assert got["0-30"]["p50_s"] == pytest.approx(0.6)
+    assert got["30-60"]["p95_s"] == pytest.approx(0.9 + 0.95 * 1.1)
+    assert latency_by_time([]) == {}
+
+
 def test_message_segments_reads_partials_finals_and_the_transcript() -> None:
     seg = {"id": "", "start": 1.3, "end": 2.0, "speaker": "S02", "text": "a"}
     assert message_segments({"type": "segment.partial", "rev": 3, "segments": [seg]}) == [
@@ -113,5 +126,7 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert r["segments_missed"] == r["segments_after_end"] == 0
         assert 0.0 < r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_max_s"] < 1.5
         assert r["send_lag_max_s"] < 0.5
+        assert sum(b["count"] for b in r["latency_by_time"].values()) == r["segments_live"]
+        assert "engine_steps" not in r  # the scripted backend has no step engine to count
     assert points[0]["uploads_completed"] == 0
     assert points[1]["uploads_completed"] >= 1 and points[1]["upload_errors"] == 0
