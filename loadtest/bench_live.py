@@ -19,6 +19,7 @@ every request (the upload's whole text; a live hop's segments that end by its au
 One JSON line per point: latency mean, p50, p95, p99 and max over every session's segments
 (and p50, p95 by when in the meeting the segment ends: `latency_by_time`), how many segments
 were first seen only after `end` (the final flush) or never, the client's largest send lag,
+the time from `end` to `transcript.final` (median and worst session),
 errors, the uploads completed during the point with their audio-s/s, and the increase of the
 engine's counters over the point (steps by kind, prefill and decode tokens, host time in
 steps by part: loadtest.http_sweep.engine_fields).
@@ -83,7 +84,15 @@ class SessionLog:
     sent: list[float] = field(default_factory=list)
     events: list[tuple[float, str, list[tuple[float, float]]]] = field(default_factory=list)
     end_sent: float | None = None
+    final_at: float | None = None  # when transcript.final arrived
     error: str = ""
+
+    def final_after_end_s(self) -> float | None:
+        """Seconds from `end` to transcript.final (how long a finished meeting waits for its
+        transcript); None when either is missing."""
+        if self.end_sent is None or self.final_at is None:
+            return None
+        return self.final_at - self.end_sent
 
 
 @dataclass(frozen=True)
@@ -204,6 +213,7 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -> None:
         if segments is not None:
             log.events.append((time.monotonic(), payload["type"], segments))
         if payload.get("type") == "transcript.final":
+            log.final_at = time.monotonic()
             return
 
 
@@ -298,6 +308,7 @@ async def run_point(
     results = [segment_latencies(turns, log, audio.size / SAMPLE_RATE) for log in logs]
     lat = [x for r in results for x in r.latencies]
     errors = [log.error for log in logs if log.error]
+    finals = [t for t in (log.final_after_end_s() for log in logs) if t is not None]
     return {
         "sessions": num_sessions,
         "uploads": num_uploads,
@@ -312,6 +323,8 @@ async def run_point(
         "latency_p99_s": percentile(lat, 99) if lat else None,
         "latency_max_s": max(lat) if lat else None,
         "send_lag_max_s": max((send_lag_s(log) for log in logs), default=0.0),
+        "final_after_end_p50_s": percentile(finals, 50) if finals else None,
+        "final_after_end_max_s": max(finals) if finals else None,
         "num_errors": len(errors),
         "first_error": errors[0] if errors else "",
         "uploads_completed": tally.completed,

@@ -31,7 +31,12 @@ for arm in ${AB_ARMS:-new old}; do
   esac
   out="$OUT/${i}_$arm"
   mkdir -p "$out"
-  echo "=== arm $i: $arm ($([ "$arm" = new ] && git rev-parse --short HEAD || echo "$old_rev"))"
+  if [ "$arm" = new ]; then
+    label=$(git rev-parse --short HEAD 2> /dev/null || echo "the working tree")
+  else
+    label=$old_rev
+  fi
+  echo "=== arm $i: $arm ($label)"
   (cd "$dir" && OUT="$out" LIVEMEET_BENCH_OUT="$out" bash scripts/gpu_bench.sh "$phase" > /dev/null)
   grep -hE "audio-s/s, p95|^\| (long|short) \||=== .*rc=|passed|failed" "$out/$phase.log" | tail -n 20
 done

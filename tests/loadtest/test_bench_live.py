@@ -60,6 +60,8 @@ def test_segment_latencies_count_live_late_and_missed_segments() -> None:
     ]
     log.end_sent = 103.6
     log.events.append((104.0, "transcript.final", [(0.0, 1.25), (1.3, 2.0), (2.7, 3.5)]))
+    log.final_at = 104.0
+    assert log.final_after_end_s() == pytest.approx(0.4)
     got = segment_latencies(TURNS, log, audio_s=3.5)
     assert got.expected == 4
     assert got.latencies == pytest.approx((0.25, 0.4, 0.3))
@@ -127,6 +129,7 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert 0.0 < r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_max_s"] < 1.5
         assert r["send_lag_max_s"] < 0.5
         assert sum(b["count"] for b in r["latency_by_time"].values()) == r["segments_live"]
+        assert 0.0 <= r["final_after_end_p50_s"] <= r["final_after_end_max_s"] < 5.0
         assert "engine_steps" not in r  # the scripted backend has no step engine to count
     assert points[0]["uploads_completed"] == 0
     assert points[1]["uploads_completed"] >= 1 and points[1]["upload_errors"] == 0
