@@ -123,7 +123,12 @@ case "$phase" in
     ;;
   live)
     # live sessions streaming in real time, alone and beside long uploads (loadtest/bench_live.py)
-    step bench-live "${LIVE_S:-470}" python3 -m loadtest.bench_live \
+    spy=()
+    if [ -n "${PYSPY:-}" ]; then
+      spy=(py-spy record --subprocesses ${PYSPY_FLAGS:---idle} --rate "${PYSPY_RATE:-100}" --format raw \
+        -o "$OUT/pyspy_live.txt" --)
+    fi
+    step bench-live "${LIVE_S:-470}" ${spy[@]+"${spy[@]}"} python3 -m loadtest.bench_live \
       --sessions "${LIVE_SESSIONS:-1,16,64}" --uploads "${LIVE_UPLOADS:-0,2}" \
       --duration-s "${LIVE_DURATION_S:-60}" --startup-timeout 240 \
       --max-seconds "$(( ${LIVE_S:-470} - 20 ))" \
