@@ -27,6 +27,7 @@ import ctypes
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,60 @@ class _LaunchConfig(ctypes.Structure):
         ("attrs", ctypes.POINTER(_LaunchAttribute)),
         ("num_attrs", ctypes.c_uint),
     ]
+
+
+# The kernel's parameters in order (the .cu file's livemeet_decode_split signature): 8 pointers
+# (q, k_cache, v_cache, tables, seq_lens, mid_o, mid_lse, out), 2 floats (qk_scale, v_scale),
+# 7 int64 strides, 2 ints (group, mid_splits), the counters pointer.
+PARAM_TYPES: tuple[type[ctypes._SimpleCData], ...] = (
+    *([ctypes.c_void_p] * 8),
+    ctypes.c_float,
+    ctypes.c_float,
+    *([ctypes.c_int64] * 7),
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_void_p,
+)
+
+
+class LaunchArgs:
+    """The kernel's parameters as ctypes values and the void* array pointing at them, made once
+    and refilled per launch. Building twenty ctypes objects and casting a pointer to each on
+    every launch was ~16 % of the engine's host time in steps that launch eagerly (a prefill
+    step runs 28 decode launches; py-spy of 128 live sessions, docs/benchmarks.md session 13).
+    Refilling is safe because cuLaunchKernelEx copies the values at the call (and into the
+    node during a graph capture). One per thread (`_thread_args`): a launch fills then reads
+    them."""
+
+    def __init__(self) -> None:
+        self.values = [t() for t in PARAM_TYPES]
+        self.params = (ctypes.c_void_p * len(PARAM_TYPES))(
+            *[ctypes.addressof(v) for v in self.values]
+        )
+
+    def fill(self, *args: int | float) -> ctypes.Array[ctypes.c_void_p]:
+        """Set the values (in PARAM_TYPES order; pointers as ints, 0 for null); returns the
+        array to pass as the kernel's parameters. Raises InternalError on a wrong count."""
+        if len(args) != len(self.values):
+            raise InternalError(f"the decode kernel takes {len(self.values)} parameters")
+        for slot, value in zip(self.values, args, strict=True):
+            slot.value = value
+        return self.params
+
+
+_THREAD_STATE = threading.local()
+
+# The PDL launch attribute, constant (the driver only reads it during a launch).
+_PDL_ATTR = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+_PDL_ATTR.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed = 1
+_PDL_ATTR_POINTER = ctypes.pointer(_PDL_ATTR)
+
+
+def _thread_args() -> LaunchArgs:
+    args: LaunchArgs | None = getattr(_THREAD_STATE, "args", None)
+    if args is None:
+        args = _THREAD_STATE.args = LaunchArgs()
+    return args
 
 
 def _enabled_by_env() -> bool:
@@ -305,33 +360,28 @@ def launch(
     index = device_index(q)
     kernel = _kernel(variant, index)
     _, cuda = _libraries()
-    values: list[ctypes._SimpleCData] = [
-        ctypes.c_void_p(q.data_ptr()),
-        ctypes.c_void_p(k_cache.data_ptr()),
-        ctypes.c_void_p(v_cache.data_ptr()),
-        ctypes.c_void_p(block_tables.data_ptr()),
-        ctypes.c_void_p(seq_lens.data_ptr()),
-        ctypes.c_void_p(mid_o.data_ptr()),
-        ctypes.c_void_p(mid_lse.data_ptr()),
-        ctypes.c_void_p(out.data_ptr()),
-        ctypes.c_float(qk_scale),
-        ctypes.c_float(v_scale),
-        ctypes.c_int64(q.stride(0)),
-        ctypes.c_int64(q.stride(1)),
-        ctypes.c_int64(out.stride(0)),
-        ctypes.c_int64(out.stride(1)),
-        ctypes.c_int64(k_cache.stride(0)),
-        ctypes.c_int64(k_cache.stride(1)),
-        ctypes.c_int64(block_tables.stride(0)),
-        ctypes.c_int(group),
-        ctypes.c_int(mid_o.shape[2]),
-        ctypes.c_void_p(counters.data_ptr() if counters is not None else 0),
-    ]
-    params = (ctypes.c_void_p * len(values))(
-        *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
+    params = _thread_args().fill(
+        q.data_ptr(),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        block_tables.data_ptr(),
+        seq_lens.data_ptr(),
+        mid_o.data_ptr(),
+        mid_lse.data_ptr(),
+        out.data_ptr(),
+        qk_scale,
+        v_scale,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        block_tables.stride(0),
+        group,
+        mid_o.shape[2],
+        counters.data_ptr() if counters is not None else 0,
     )
-    attr = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attr.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed = 1
     use_pdl = launch_early and pdl.is_enabled()
     inner, outer = (num_kv_heads, num_splits) if variant.heads_inner else (num_splits, num_kv_heads)
     config = _LaunchConfig(
@@ -343,10 +393,14 @@ def launch(
         block_z=1,
         shared_mem_bytes=0,
         stream=ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream),
-        attrs=ctypes.pointer(attr) if use_pdl else None,
+        attrs=_PDL_ATTR_POINTER if use_pdl else None,
         num_attrs=1 if use_pdl else 0,
     )
-    # the function belongs to q's device's primary context, which must be current
-    with torch.cuda.device(index):
+    # the function belongs to q's device's primary context, which must be current (switching
+    # devices only when another one is)
+    if torch.cuda.current_device() == index:
         found = cuda.cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None)
+    else:
+        with torch.cuda.device(index):
+            found = cuda.cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None)
     _check_driver(cuda, found, "cuLaunchKernelEx")

@@ -4,15 +4,17 @@ the `gpu`-marked tests of test_paged_attention.py)."""
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from livemeet.errors import ConfigError
+from livemeet.errors import ConfigError, InternalError
 from livemeet.layers import cuda_decode
 from livemeet.layers import paged_attention as pa
 
@@ -143,3 +145,89 @@ def test_layout_supported_wants_aligned_pieces_and_one_stride_pair() -> None:
     assert not cuda_decode.layout_supported(q, k, wider, out)
     odd_heads = torch.zeros(3, 16, 129, dtype=torch.bfloat16)[..., :128]  # odd head stride
     assert not cuda_decode.layout_supported(odd_heads, k, v, out)
+
+
+def kernel_signature() -> list[str]:
+    """The C types of the kernel's parameters, in order, read from the .cu source."""
+    src = cuda_decode.SOURCE.read_text()
+    params = src.split("livemeet_decode_split(", 1)[1].split(")", 1)[0]
+    return [" ".join(p.split()[:-1]) for p in params.split(",")]
+
+
+def test_launch_parameter_types_follow_the_kernel_signature() -> None:
+    """PARAM_TYPES is what the driver copies per parameter: a size or kind that drifted from
+    the .cu signature would shift every later argument."""
+    expected = {"float": ctypes.c_float, "long long": ctypes.c_int64, "int": ctypes.c_int}
+    got = []
+    for decl in kernel_signature():
+        got.append(ctypes.c_void_p if "*" in decl else expected[decl.replace("const ", "")])
+    assert tuple(got) == cuda_decode.PARAM_TYPES
+
+
+def read_params(params: ctypes.Array[ctypes.c_void_p]) -> list[int | float | None]:
+    """The values the driver would read: parameter i at the address params[i], as PARAM_TYPES[i]."""
+    return [
+        t.from_address(addr).value  # type: ignore[attr-defined]
+        for t, addr in zip(cuda_decode.PARAM_TYPES, params, strict=True)
+    ]
+
+
+def test_launch_args_are_refilled_in_place() -> None:
+    args = cuda_decode.LaunchArgs()
+    first = (*range(1, 9), 0.5, 2.0, *range(10, 17), 2, 64, 0)
+    params = args.fill(*first)
+    addresses = list(params)
+    assert read_params(params) == [*first[:-1], None]  # a null c_void_p reads as None
+    second = (*range(101, 109), -1.25, 3.0, *range(-7, 0), 8, 3, 0xDEAD00)
+    assert list(args.fill(*second)) == addresses  # the same slots, new values
+    assert read_params(params) == list(second)
+    with pytest.raises(InternalError):
+        args.fill(1, 2)
+
+
+@pytest.mark.parametrize("heads_inner", [False, True])
+def test_launch_passes_every_argument_and_the_grid(
+    monkeypatch: pytest.MonkeyPatch, heads_inner: bool
+) -> None:
+    """`launch` end to end on the CPU with the driver faked: what cuLaunchKernelEx receives is
+    each tensor's address and stride in the signature's order, the grid of the variant's order
+    and the current stream."""
+    seen: dict[str, object] = {}
+
+    class FakeDriver:
+        def cuLaunchKernelEx(self, config_ref, function, params, extra) -> int:  # noqa: N802
+            config = config_ref._obj
+            seen["grid"] = (config.grid_x, config.grid_y, config.grid_z)
+            seen["block"] = config.block_x
+            seen["stream"] = config.stream
+            seen["function"] = function
+            seen["params"] = read_params(params)
+            return 0
+
+    monkeypatch.setattr(cuda_decode, "_libraries", lambda: (None, FakeDriver()))
+    monkeypatch.setattr(cuda_decode, "_kernel", lambda v, i: cuda_decode._Kernel(None, "fn"))
+    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77)
+    )
+    batch, heads, kv_heads, splits, page = 3, 16, 8, 5, 16
+    q = torch.zeros(batch, heads, 128, dtype=torch.bfloat16)
+    k = torch.zeros(10, page, kv_heads, 128, dtype=torch.float8_e4m3fn)
+    v = torch.zeros_like(k)
+    tables = torch.zeros(batch, 7, dtype=torch.int32)
+    lens = torch.zeros(batch, dtype=torch.int32)
+    mid_o = torch.zeros(batch, heads, 8, 128)
+    mid_lse = torch.zeros(batch, heads, 8)
+    out = torch.zeros_like(q)
+    counters = torch.zeros(64, dtype=torch.int32)
+    variant = cuda_decode.Variant(True, page, 2, True, heads_inner)
+    cuda_decode.launch(q, k, v, tables, lens, mid_o, mid_lse, out, num_splits=splits, group=2,
+                       qk_scale=0.25, v_scale=1.5, variant=variant, counters=counters)  # fmt: skip
+    grid = (kv_heads, splits, batch) if heads_inner else (splits, kv_heads, batch)
+    assert seen["grid"] == grid and seen["block"] == cuda_decode.THREADS
+    assert seen["stream"] == 77 and seen["function"] == "fn"
+    pointers = [t.data_ptr() for t in (q, k, v, tables, lens, mid_o, mid_lse, out)]
+    strides = [q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1)]
+    expected = [*pointers, 0.25, 1.5, *strides, tables.stride(0), 2, 8, counters.data_ptr()]
+    assert seen["params"] == expected
