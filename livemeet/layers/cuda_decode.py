@@ -280,10 +280,16 @@ def supported(q_dtype: torch.dtype, k_cache: torch.Tensor, group: int) -> bool:
     page, head_dim = k_cache.shape[1], k_cache.shape[3]
     if head_dim != HEAD_DIM or group > MAX_GROUP or page % TILE_KEYS:
         return False
-    index = device_index(k_cache)
+    return _device_supports(device_index(k_cache), k_cache.dtype == torch.float8_e4m3fn, page)
+
+
+@functools.cache
+def _device_supports(index: int, fp8: bool, page: int) -> bool:
+    """The device-dependent part of `supported`, once per (device, dtype, block size): it is
+    asked per layer of every eagerly launched step."""
     if torch.cuda.get_device_capability(index) < MIN_CAPABILITY:
         return False
-    return usable(default_variant(k_cache.dtype == torch.float8_e4m3fn, page), index)
+    return usable(default_variant(fp8, page), index)
 
 
 def layout_supported(
