@@ -19,7 +19,8 @@ every request (the upload's whole text; a live hop's segments that end by its au
 One JSON line per point: latency mean, p50, p95, p99 and max over every session's segments
 (and p50, p95 by when in the meeting the segment ends: `latency_by_time`), how many segments
 were first seen only after `end` (the final flush) or never, the client's largest send lag,
-the time from `end` to `transcript.final` (median and worst session),
+the time from `end` to `transcript.final` and from connecting to `session.ready` (median and
+worst session),
 errors, the uploads completed during the point with their audio-s/s, and the increase of the
 engine's counters over the point (steps by kind, prefill and decode tokens, host time in
 steps by part: loadtest.http_sweep.engine_fields).
@@ -85,6 +86,7 @@ class SessionLog:
     events: list[tuple[float, str, list[tuple[float, float]]]] = field(default_factory=list)
     end_sent: float | None = None
     final_at: float | None = None  # when transcript.final arrived
+    ready_s: float | None = None  # s from opening the connection to session.ready
     error: str = ""
 
     def final_after_end_s(self) -> float | None:
@@ -225,12 +227,14 @@ async def live_session(
     await asyncio.sleep(delay_s)
     frame = round(FRAME_S * SAMPLE_RATE)
     try:
+        opened = time.monotonic()
         async with session.ws_connect(url.replace("http", "ws", 1) + LIVE_PATH) as ws:
             await ws.send_json({"type": "start", "sample_rate": SAMPLE_RATE})
             ready = await ws.receive_json(timeout=READY_TIMEOUT_S)
             if ready.get("type") != "session.ready":
                 log.error = f"no session.ready: {ready}"
                 return log
+            log.ready_s = time.monotonic() - opened
             reader = asyncio.create_task(_read(ws, log))
             log.t0 = time.monotonic()
             for k in range(math.ceil(samples.size / frame)):
@@ -309,6 +313,7 @@ async def run_point(
     lat = [x for r in results for x in r.latencies]
     errors = [log.error for log in logs if log.error]
     finals = [t for t in (log.final_after_end_s() for log in logs) if t is not None]
+    readies = [log.ready_s for log in logs if log.ready_s is not None]
     return {
         "sessions": num_sessions,
         "uploads": num_uploads,
@@ -323,6 +328,8 @@ async def run_point(
         "latency_p99_s": percentile(lat, 99) if lat else None,
         "latency_max_s": max(lat) if lat else None,
         "send_lag_max_s": max((send_lag_s(log) for log in logs), default=0.0),
+        "ready_p50_s": percentile(readies, 50) if readies else None,
+        "ready_max_s": max(readies) if readies else None,
         "final_after_end_p50_s": percentile(finals, 50) if finals else None,
         "final_after_end_max_s": max(finals) if finals else None,
         "num_errors": len(errors),

@@ -130,6 +130,7 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert r["send_lag_max_s"] < 0.5
         assert sum(b["count"] for b in r["latency_by_time"].values()) == r["segments_live"]
         assert 0.0 <= r["final_after_end_p50_s"] <= r["final_after_end_max_s"] < 5.0
+        assert 0.0 < r["ready_p50_s"] <= r["ready_max_s"] < 5.0
         assert "engine_steps" not in r  # the scripted backend has no step engine to count
     assert points[0]["uploads_completed"] == 0
     assert points[1]["uploads_completed"] >= 1 and points[1]["upload_errors"] == 0
