@@ -290,7 +290,10 @@ async def run_point(
     bodies = [wl.wav_bytes(wl.vary(samples, 100 + j))
               for j in range(BODIES_PER_UPLOAD * num_uploads)]  # fmt: skip
     timeout = aiohttp.ClientTimeout(total=None)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
+    # no connection limit: aiohttp's default of 100 would hold sessions past the 100th (with the
+    # uploads) until earlier ones close, and measure a different, smaller point
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         before = await scrape_metrics(http, url)
         uploads = [
             asyncio.create_task(upload_loop(http, url, bodies, tally)) for _ in range(num_uploads)

@@ -134,3 +134,26 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert "engine_steps" not in r  # the scripted backend has no step engine to count
     assert points[0]["uploads_completed"] == 0
     assert points[1]["uploads_completed"] >= 1 and points[1]["upload_errors"] == 0
+
+
+@pytest.mark.slow
+def test_more_sessions_than_the_http_clients_default_pool_all_stream_at_once(
+    tmp_path: Path,
+) -> None:
+    """110 sessions (aiohttp's default pool holds 100 connections): every one is ready at
+    once and the point lasts its audio plus a little, not twice it (session 13's 128-session
+    points ran 100 sessions, then the other 28)."""
+    out = tmp_path / "live.jsonl"
+    run_module(
+        "loadtest.bench_live",
+        "--sessions", "110",
+        "--uploads", "0",
+        "--duration-s", "3",
+        "--long-audio-s", "30",
+        "--serve-args", "--backend scripted --model {script}",
+        "--out", str(out),
+    )  # fmt: skip
+    (r,) = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    assert r["num_errors"] == 0, r["first_error"]
+    assert r["ready_max_s"] < 2.0
+    assert r["wall_s"] < 3.0 + 1.0 + 2.0 + r["final_after_end_max_s"]
