@@ -1,29 +1,36 @@
-"""Live partial latency through the real server: live WebSocket sessions streaming audio in
-real time, alone or beside long uploads.
+"""Live partial latency through the real server, alone or beside long uploads.
+
+Live WebSocket sessions stream audio in real time; uploads run beside them in a closed loop.
 
 DESIGN.md section 10 defines partial latency as the time from the reference end of a word to the
 first partial that contains it, measured with `--forced-output` on random weights. Here the
 unit is a segment of the forced transcript (its words end with it): for each segment of the
 long workload's transcript (loadtest.workloads.make_forced) that ends inside the streamed
-audio, latency = receive time of the first `segment.partial` or `segment.final` holding a
-segment with its start and end (within TIME_TOL_S) minus the moment its end was spoken, t0 +
-end in real time (plus the client's own delay, should it send that frame late).
+audio, latency = receive time of the first `segment.partial`, `segment.final` or
+`transcript.final` holding a segment with its start and end (within TIME_TOL_S) minus the
+moment its end was spoken, t0 + end in real time (plus the client's own delay, should it send
+that frame late). A segment counts once its end is there, i.e. at its last word; the latency
+includes the client's framing (up to FRAME_S), as a recorder's would. Segments first seen only
+after the client sent `end` (right after its last frame; the final flush commits them) are
+counted separately and included in the latency figures.
 
-Each point starts `sessions` live sessions (starts spread over one FRAME_S-spaced second) and
-keeps `uploads` long uploads in flight beside them (closed loop, started first). Every session
-streams `--duration-s` of its own rotation of the meeting (so the encoder's window cache never
-hits across sessions) in FRAME_S frames of PCM16, each sent once its audio has been spoken,
-then sends `end` and waits for `transcript.final`. The server runs one forced transcript for
-every request (the upload's whole text; a live hop's segments that end by its audio edge).
+Each point starts `sessions` live sessions (session i after i / sessions s) and keeps
+`uploads` long uploads in flight beside them (closed loop, started UPLOAD_LEAD_S earlier).
+Every session streams `--duration-s` of its own rotation of the meeting (so the encoder's
+window cache never hits across sessions) in FRAME_S frames of PCM16, each sent once its audio
+has been spoken, then sends `end` and waits for `transcript.final`. The server runs one forced
+transcript for every request (the upload's whole text; a live hop's segments that end by its
+audio edge).
 
-One JSON line per point: latency mean, p50, p95, p99 and max over every session's segments
-(and p50, p95 by when in the meeting the segment ends: `latency_by_time`), how many segments
-were first seen only after `end` (the final flush) or never, the client's largest send lag,
-the time from `end` to `transcript.final` and from connecting to `session.ready` (median and
-worst session),
-errors, the uploads completed during the point with their audio-s/s, and the increase of the
-engine's counters over the point (steps by kind, prefill and decode tokens, host time in
-steps by part: loadtest.http_sweep.engine_fields).
+One JSON line per point (appended to --out, and printed): latency mean, p50, p95, p99 and max
+over every session's segments (and p50, p95 by when in the meeting the segment ends:
+`latency_by_time`), how many segments were seen before `end`, only after it (the final flush)
+or never, the client's largest send lag, the time from `end` to `transcript.final` and from
+connecting to `session.ready` (median and worst session), errors, the uploads completed during
+the point with their audio-s/s (over the uploads' own time), and the increase of the engine's
+counters over the point (steps by kind, prefill and decode tokens, host time in steps by part:
+loadtest.http_sweep.engine_fields). On the scripted backend (CPU) uploads finish at once, so
+their fields say nothing there.
 Usage:
   python -m loadtest.bench_live --sessions 1,16,64 --uploads 0,2 --duration-s 60 \
       --out live.jsonl --max-seconds 420
@@ -33,12 +40,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import shlex
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -99,9 +107,9 @@ class SessionLog:
 
 @dataclass(frozen=True)
 class SegmentLatency:
-    """One session's segments against the reference: latencies (s) of those first seen while
-    streaming with the end times (s of meeting) of their segments, and counts of those seen
-    only after `end` and never."""
+    """One session's segments against the reference: the latency (s) of every segment seen and
+    the end time (s of meeting) of each, how many of them were first seen only after `end`,
+    how many never (or whose audio was never sent), and how many were expected."""
 
     latencies: tuple[float, ...]
     after_end: int
@@ -141,13 +149,14 @@ def segment_latencies(turns: Sequence[wl.Turn], log: SessionLog, audio_s: float)
         first = next(
             (t for t, _, segs in log.events if _holds(segs, turn.start_s, turn.end_s)), None
         )
-        if first is None:
+        spoken = spoken_at(log, turn.end_s)
+        if first is None or math.isinf(spoken):  # never shown, or its audio never sent
             missed += 1
-        elif log.end_sent is not None and first >= log.end_sent:
+            continue
+        if log.end_sent is not None and first >= log.end_sent:
             after_end += 1
-        else:
-            latencies.append(first - spoken_at(log, turn.end_s))
-            end_times.append(turn.end_s)
+        latencies.append(first - spoken)
+        end_times.append(turn.end_s)
     return SegmentLatency(tuple(latencies), after_end, missed, expected, tuple(end_times))
 
 
@@ -204,6 +213,12 @@ def scripted_reference(forced_text: str) -> str:
 
 
 async def _read(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -> None:
+    await _read_messages(ws, log)
+    if log.final_at is None and not log.error:
+        log.error = f"closed without transcript.final (close code {ws.close_code})"
+
+
+async def _read_messages(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -> None:
     async for msg in ws:
         if msg.type != aiohttp.WSMsgType.TEXT:
             continue
@@ -244,7 +259,7 @@ async def live_session(
             await ws.send_json({"type": "end"})
             log.end_sent = time.monotonic()
             await asyncio.wait_for(reader, FINAL_TIMEOUT_S)
-    except (aiohttp.ClientError, ConnectionError, TimeoutError) as exc:
+    except Exception as exc:  # one failed session is reported, never aborts the point
         log.error = log.error or f"{type(exc).__name__}: {exc}"
     return log
 
@@ -257,13 +272,12 @@ class UploadTally:
 
 
 async def upload_loop(
-    session: aiohttp.ClientSession, url: str, bodies: list[bytes], tally: UploadTally
+    session: aiohttp.ClientSession, url: str, bodies: Iterator[bytes], tally: UploadTally
 ) -> None:
-    """Upload the next of `bodies` (shared by every client, cycled) until cancelled: one
-    closed-loop client."""
+    """Upload the next of `bodies` (an iterator every client shares, so no two uploads in
+    flight carry the same meeting) until cancelled: one closed-loop client."""
     while True:
-        body = bodies[(tally.completed + tally.errors) % len(bodies)]
-        _, error = await upload(session, url, body)
+        _, error = await upload(session, url, next(bodies))
         if error:
             tally.errors += 1
             tally.first_error = tally.first_error or error
@@ -295,23 +309,28 @@ async def run_point(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         before = await scrape_metrics(http, url)
+        shared = itertools.cycle(bodies)
+        uploads_start = time.monotonic()
         uploads = [
-            asyncio.create_task(upload_loop(http, url, bodies, tally)) for _ in range(num_uploads)
+            asyncio.create_task(upload_loop(http, url, shared, tally)) for _ in range(num_uploads)
         ]
-        if uploads:
-            await asyncio.sleep(UPLOAD_LEAD_S)
-        start = time.monotonic()
-        logs = await asyncio.gather(
-            *(
-                live_session(http, url, wl.vary(audio, i + 1), i / max(num_sessions, 1))
-                for i in range(num_sessions)
+        try:
+            if uploads:
+                await asyncio.sleep(UPLOAD_LEAD_S)
+            start = time.monotonic()
+            logs = await asyncio.gather(
+                *(
+                    live_session(http, url, wl.vary(audio, i + 1), i / max(num_sessions, 1))
+                    for i in range(num_sessions)
+                )
             )
-        )
-        wall = time.monotonic() - start
-        for task in uploads:
-            task.cancel()
-        await asyncio.gather(*uploads, return_exceptions=True)
+            end = time.monotonic()
+        finally:
+            for task in uploads:
+                task.cancel()
+            await asyncio.gather(*uploads, return_exceptions=True)
         after = None if before is None else await settled_metrics(http, url)
+    wall = end - start
     results = [segment_latencies(turns, log, audio.size / SAMPLE_RATE) for log in logs]
     lat = [x for r in results for x in r.latencies]
     errors = [log.error for log in logs if log.error]
@@ -322,7 +341,8 @@ async def run_point(
         "uploads": num_uploads,
         "duration_s": duration_s,
         "segments_expected": sum(r.expected for r in results),
-        "segments_live": len(lat),
+        "segments_seen": len(lat),
+        "segments_live": len(lat) - sum(r.after_end for r in results),  # before `end`
         "segments_after_end": sum(r.after_end for r in results),
         "segments_missed": sum(r.missed for r in results),
         "latency_mean_s": float(np.mean(lat)) if lat else None,
@@ -340,7 +360,8 @@ async def run_point(
         "uploads_completed": tally.completed,
         "upload_errors": tally.errors,
         "upload_first_error": tally.first_error,
-        "upload_audio_s_per_s": tally.completed * upload_audio_s / wall,
+        # over the uploads' own time (they start UPLOAD_LEAD_S before the sessions)
+        "upload_audio_s_per_s": tally.completed * upload_audio_s / (end - uploads_start),
         "wall_s": wall,
         "latency_by_time": latency_by_time(results),
         **engine_fields(_counters(before), _counters(after)),
@@ -355,11 +376,19 @@ def _counters(text: str | None) -> EngineCounters | None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--sessions", type=parse_ints, default=[1, 16, 64], help="live sessions")
     p.add_argument("--uploads", type=parse_ints, default=[0, 2], help="long uploads beside")
     p.add_argument("--duration-s", type=float, default=60.0, help="audio per session, s")
-    p.add_argument("--long-audio-s", type=float, default=None, help="override 2,240 s")
+    p.add_argument(
+        "--long-audio-s",
+        type=float,
+        default=None,
+        help="length of the long meeting (s; default its 2,240 s)",
+    )
     p.add_argument(
         "--serve-args",
         default=DEFAULT_SERVE_ARGS,
@@ -368,7 +397,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--url", default=None, help="use this running server (its forced output)")
     p.add_argument("--startup-timeout", type=float, default=300.0)
     p.add_argument("--max-seconds", type=float, default=None, help="skip points past this")
-    p.add_argument("--out", default="bench_live.jsonl", help="JSON lines output")
+    p.add_argument("--out", default="bench_live.jsonl", help="JSON lines output (appended)")
     p.add_argument("--log-dir", default=None, help="server log (default: next to --out)")
     return p.parse_args(argv)
 
@@ -424,8 +453,7 @@ async def _points(
             record = await run_point(
                 url, samples, turns, num_sessions, num_uploads, args.duration_s, upload_audio_s
             )
-            write_line(out, record)
-            print(json.dumps(record), flush=True)
+            write_line(out, record)  # to --out and stdout
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,12 +3,17 @@ real `livemeet serve` running the scripted backend on the same reference (CPU)."
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import aiohttp
 import numpy as np
 import pytest
 
+from loadtest import bench_live
 from loadtest import workloads as wl
 from loadtest.bench_live import (
     FRAME_S,
@@ -64,11 +69,16 @@ def test_segment_latencies_count_live_late_and_missed_segments() -> None:
     assert log.final_after_end_s() == pytest.approx(0.4)
     got = segment_latencies(TURNS, log, audio_s=3.5)
     assert got.expected == 4
-    assert got.latencies == pytest.approx((0.25, 0.4, 0.3))
-    assert (got.after_end, got.missed) == (1, 0)  # turn 3 only in the final transcript
+    # turn 3 only in the final transcript: counted after `end`, its latency kept
+    assert got.latencies == pytest.approx((0.25, 0.4, 0.3, 0.5))
+    assert got.end_times == (1.25, 2.0, 2.6, 3.5)
+    assert (got.after_end, got.missed) == (1, 0)
     # a shorter stream does not expect the turns that end past it; a turn never sent is missed
     shorter = segment_latencies(TURNS, SessionLog(t0=100.0, sent=[], events=[]), audio_s=2.0)
     assert (shorter.expected, shorter.missed, shorter.latencies) == (2, 2, ())
+    # shown, but its audio never went out (a session that failed mid-stream): missed, no -inf
+    unsent = SessionLog(t0=100.0, sent=[100.1], events=[(101.0, "segment.final", [(0.0, 1.25)])])
+    assert segment_latencies(TURNS[:1], unsent, audio_s=1.25).missed == 1
 
 
 def test_latency_by_time_buckets_segments_by_their_end_in_the_meeting() -> None:
@@ -94,6 +104,72 @@ def test_message_segments_reads_partials_finals_and_the_transcript() -> None:
         (1.3, 2.0),
     ]
     assert message_segments({"type": "session.ready", "session_id": "x"}) is None
+
+
+class FakeSocket:
+    """What `_read` uses of a client WebSocket: async iteration over text messages."""
+
+    def __init__(self, payloads: list[dict[str, object]], close_code: int = 1011) -> None:
+        self.messages = [
+            SimpleNamespace(type=aiohttp.WSMsgType.TEXT, data=json.dumps(p)) for p in payloads
+        ]
+        self.close_code = close_code
+
+    def __aiter__(self) -> FakeSocket:
+        return self
+
+    async def __anext__(self) -> SimpleNamespace:
+        if not self.messages:
+            raise StopAsyncIteration
+        return self.messages.pop(0)
+
+
+def test_a_socket_closed_before_the_final_transcript_is_an_error() -> None:
+    seg = {"id": "", "start": 0.0, "end": 1.25, "speaker": "S01", "text": "a"}
+    log = SessionLog()
+    partial = {"type": "segment.partial", "rev": 1, "segments": [seg]}
+    asyncio.run(bench_live._read(FakeSocket([partial]), log))  # type: ignore[arg-type]
+    assert len(log.events) == 1 and log.final_at is None
+    assert "closed without transcript.final" in log.error and "1011" in log.error
+    done = SessionLog()
+    final = {"type": "transcript.final", "segments": [seg]}
+    asyncio.run(bench_live._read(FakeSocket([partial, final]), done))  # type: ignore[arg-type]
+    assert done.final_at is not None and not done.error
+
+
+def test_upload_clients_never_send_the_same_meeting_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clients share one cycle of bodies: two uploads in flight carry two meetings (the
+    same one twice would hit the encoder's window cache)."""
+    in_flight: list[bytes] = []
+    overlaps: list[bool] = []
+
+    async def fake_upload(session: object, url: str, body: bytes) -> tuple[float, str]:
+        overlaps.append(body in in_flight)
+        in_flight.append(body)
+        await asyncio.sleep(0.01)
+        in_flight.remove(body)
+        return 0.01, ""
+
+    monkeypatch.setattr(bench_live, "upload", fake_upload)
+
+    async def run() -> bench_live.UploadTally:
+        tally = bench_live.UploadTally()
+        shared = itertools.cycle([b"a", b"b", b"c", b"d"])
+        tasks = [
+            asyncio.create_task(bench_live.upload_loop(None, "", shared, tally))  # type: ignore[arg-type]
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.1)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return tally
+
+    tally = asyncio.run(run())
+    assert tally.completed >= 4 and tally.errors == 0
+    assert not any(overlaps)
 
 
 def test_pcm16_clips_and_scales() -> None:
@@ -124,11 +200,11 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
     for r in points.values():
         assert r["num_errors"] == 0, r["first_error"]
         assert r["sessions"] == 2 and r["segments_expected"] >= 2
-        assert r["segments_live"] == r["segments_expected"]
-        assert r["segments_missed"] == r["segments_after_end"] == 0
+        assert r["segments_seen"] == r["segments_live"] + r["segments_after_end"]
+        assert r["segments_seen"] == r["segments_expected"] and r["segments_missed"] == 0
         assert 0.0 < r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_max_s"] < 1.5
         assert r["send_lag_max_s"] < 0.5
-        assert sum(b["count"] for b in r["latency_by_time"].values()) == r["segments_live"]
+        assert sum(b["count"] for b in r["latency_by_time"].values()) == r["segments_seen"]
         assert 0.0 <= r["final_after_end_p50_s"] <= r["final_after_end_max_s"] < 5.0
         assert 0.0 < r["ready_p50_s"] <= r["ready_max_s"] < 5.0
         assert "engine_steps" not in r  # the scripted backend has no step engine to count
