@@ -59,10 +59,9 @@ from loadtest import workloads as wl
 from loadtest.bench_engine import parse_ints, percentile
 from loadtest.http_sweep import (
     DEFAULT_SERVE_ARGS,
-    EngineCounters,
     Server,
+    engine_counters,
     engine_fields,
-    parse_engine_counters,
     scrape_metrics,
     settled_metrics,
     upload,
@@ -194,11 +193,6 @@ def message_segments(msg: dict[str, Any]) -> list[tuple[float, float]] | None:
     return None
 
 
-def pcm16(samples: np.ndarray) -> bytes:
-    """float32 [-1, 1] samples as little-endian PCM16 bytes."""
-    return bytes((np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes())
-
-
 def scripted_reference(forced_text: str) -> str:
     """The scripted backend's script (livemeet.backends.scripted.Script JSON) of a forced
     transcript: a server started with `--backend scripted --model {script}` emits the same
@@ -254,7 +248,7 @@ async def live_session(
             log.t0 = time.monotonic()
             for k in range(math.ceil(samples.size / frame)):
                 await asyncio.sleep(max(0.0, log.t0 + (k + 1) * FRAME_S - time.monotonic()))
-                await ws.send_bytes(pcm16(samples[k * frame : (k + 1) * frame]))
+                await ws.send_bytes(wl.pcm16(samples[k * frame : (k + 1) * frame]))
                 log.sent.append(time.monotonic())
             await ws.send_json({"type": "end"})
             log.end_sent = time.monotonic()
@@ -364,12 +358,8 @@ async def run_point(
         "upload_audio_s_per_s": tally.completed * upload_audio_s / (end - uploads_start),
         "wall_s": wall,
         "latency_by_time": latency_by_time(results),
-        **engine_fields(_counters(before), _counters(after)),
+        **engine_fields(engine_counters(before), engine_counters(after)),
     }
-
-
-def _counters(text: str | None) -> EngineCounters | None:
-    return None if text is None else parse_engine_counters(text)
 
 
 # ---------------------------------------------------------------- the run

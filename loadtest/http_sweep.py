@@ -303,7 +303,9 @@ async def scrape_metrics(session: aiohttp.ClientSession, url: str) -> str | None
         return None
 
 
-def _engine_counters(text: str | None) -> EngineCounters | None:
+def engine_counters(text: str | None) -> EngineCounters | None:
+    """The engine counters of a /metrics scrape (`scrape_metrics`); None when the scrape failed
+    or had none."""
     return None if text is None else parse_engine_counters(text)
 
 
@@ -321,7 +323,7 @@ async def settled_metrics(
     while time.monotonic() < deadline:
         await asyncio.sleep(STATS_POLL_S)
         now = await scrape_metrics(session, url)
-        if _engine_counters(now) == _engine_counters(last):
+        if engine_counters(now) == engine_counters(last):
             return now
         last = now
     return last
@@ -469,7 +471,7 @@ async def sweep_points(
             budget.observe(workload.name, result.audio_s_per_s, c)
         record = {
             **asdict(result),
-            **engine_fields(_engine_counters(before), _engine_counters(after)),
+            **engine_fields(engine_counters(before), engine_counters(after)),
         }
         write_line(out, {**record, **phase_fields(_upload_phases(before), _upload_phases(after))})
 

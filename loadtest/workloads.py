@@ -167,15 +167,21 @@ def vary(samples: np.ndarray, index: int) -> np.ndarray:
     return np.roll(samples, 7_919 * index)
 
 
+def pcm16(samples: np.ndarray) -> bytes:
+    """float32 samples in [-1, 1] (clipped) as little-endian PCM16 bytes (scaled by 32767,
+    truncated)."""
+    return bytes((np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes())
+
+
 def wav_bytes(samples: np.ndarray) -> bytes:
     """A 16 kHz mono PCM16 WAV file of float32 `samples` (stdlib `wave`, no soundfile)."""
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
+    pcm = pcm16(samples)
     buf = io.BytesIO()
     with wave.open(buf, "wb") as w:
         w.setnchannels(1)
         w.setsampwidth(2)
         w.setframerate(SAMPLE_RATE)
-        w.writeframes(pcm.tobytes())
+        w.writeframes(pcm)
     return buf.getvalue()
 
 

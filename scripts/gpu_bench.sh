@@ -47,6 +47,16 @@ step() {
   echo "=== $name: rc=$rc at t=$((SECONDS - start)) s"
 }
 
+# pyspy_prefix NAME: with PYSPY set, `spy` becomes the py-spy command that samples what follows it
+# (every process, into $OUT/pyspy_NAME.txt); else it is empty.
+pyspy_prefix() {
+  spy=()
+  if [ -n "${PYSPY:-}" ]; then
+    spy=(py-spy record --subprocesses ${PYSPY_FLAGS:---idle} --rate "${PYSPY_RATE:-100}" --format raw \
+      -o "$OUT/pyspy_$1.txt" --)
+  fi
+}
+
 step preflight 60 python3 -c "
 import torch, triton, transformers, aiohttp, numpy
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name())
@@ -108,11 +118,7 @@ case "$phase" in
     ;;
   http)
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
-    spy=()
-    if [ -n "${PYSPY:-}" ]; then
-      spy=(py-spy record --subprocesses ${PYSPY_FLAGS:---idle} --rate "${PYSPY_RATE:-100}" --format raw \
-        -o "$OUT/pyspy_http.txt" --)
-    fi
+    pyspy_prefix http
     step http-sweep "${SWEEP_S:-470}" ${spy[@]+"${spy[@]}"} python3 -m loadtest.http_sweep \
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
       --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s "${HTTP_ASSUMED_RATE:-150}" \
@@ -123,11 +129,7 @@ case "$phase" in
     ;;
   live)
     # live sessions streaming in real time, alone and beside long uploads (loadtest/bench_live.py)
-    spy=()
-    if [ -n "${PYSPY:-}" ]; then
-      spy=(py-spy record --subprocesses ${PYSPY_FLAGS:---idle} --rate "${PYSPY_RATE:-100}" --format raw \
-        -o "$OUT/pyspy_live.txt" --)
-    fi
+    pyspy_prefix live
     step bench-live "${LIVE_S:-470}" ${spy[@]+"${spy[@]}"} python3 -m loadtest.bench_live \
       --sessions "${LIVE_SESSIONS:-1,16,64}" --uploads "${LIVE_UPLOADS:-0,2}" \
       --duration-s "${LIVE_DURATION_S:-60}" --startup-timeout 240 \

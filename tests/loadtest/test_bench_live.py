@@ -22,7 +22,6 @@ from loadtest.bench_live import (
     frame_of,
     latency_by_time,
     message_segments,
-    pcm16,
     segment_latencies,
     send_lag_s,
     spoken_at,
@@ -173,7 +172,7 @@ def test_upload_clients_never_send_the_same_meeting_at_once(
 
 
 def test_pcm16_clips_and_scales() -> None:
-    got = np.frombuffer(pcm16(np.array([0.0, 0.5, -1.5, 1.0], np.float32)), "<i2")
+    got = np.frombuffer(wl.pcm16(np.array([0.0, 0.5, -1.5, 1.0], np.float32)), "<i2")
     assert got.tolist() == [0, 16383, -32767, 32767]
 
 
