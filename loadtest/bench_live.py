@@ -260,6 +260,9 @@ async def live_session(
 
 @dataclass
 class UploadTally:
+    """Uploads of one point's closed-loop clients: completed, failed, and the first failure's
+    description (status and body excerpt, or the client exception)."""
+
     completed: int = 0
     errors: int = 0
     first_error: str = ""
