@@ -15,6 +15,7 @@ from livemeet.audio.constants import (
     FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
     KV_CACHE_DTYPES,
+    LIVE_FORCED_TRANSCRIPT_TOKENS,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
     MAX_UPLOAD_BYTES,
@@ -81,6 +82,9 @@ class ModelConfig:
     # ms of estimated GPU time per engine step while no live session is open
     # (livemeet.engine.scheduler); live work keeps one flush window (FLUSH_INTERVAL_S)
     upload_step_budget_ms: float = 1000.0 * UPLOAD_STEP_BUDGET_S
+    # tokens of committed transcript a live hop prefills as forced assistant tokens before it
+    # decodes the new tail (DESIGN 5.3); 0: every hop re-decodes the whole meeting
+    live_forced_transcript_tokens: int = LIVE_FORCED_TRANSCRIPT_TOKENS
 
     @property
     def backend_name(self) -> str:
@@ -124,6 +128,11 @@ class ModelConfig:
             raise ConfigError(
                 f"upload_step_budget_ms must be in [{low:g}, {high:g}], "
                 f"not {self.upload_step_budget_ms}"
+            )
+        if not 0 <= self.live_forced_transcript_tokens <= MAX_CONTEXT_TOKENS:
+            raise ConfigError(
+                f"live_forced_transcript_tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
+                f"not {self.live_forced_transcript_tokens}"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")

@@ -79,6 +79,10 @@ COMMIT_TIME_TOLERANCE_S = 0.5  # s; two hypotheses agree on a segment if its tim
 LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
 MAX_PROMPT_CHARS = 4_096  # characters; longest client prompt (live `start` or an upload's form)
 LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
+# tokens of committed transcript a live hop prefills as forced assistant tokens, so it decodes
+# only the new tail (DESIGN 5.3: the whole committed transcript up to 2,048 tokens, then its most
+# recent 2,048); 0 re-decodes the whole meeting every hop (MODEL.md section 10)
+LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
 LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
 
 # Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).

@@ -10,14 +10,18 @@ parser and the repetition guard, so each confirmed segment is sent at once as a 
 (then its `SegmentFinal`, so the gateway's SSE tracker does not derive the text twice); the
 deltas concatenate to the final text (`join_texts`). The last event is `TranscriptFinal`.
 
-Live sessions re-decode ALL audio so far every hop (cumulative re-decode, MODEL.md section 10:
-the instruction follows the audio, so generation restarts each hop). A hop is a LIVE request
-with a deadline one hop ahead; it keeps its KV after finishing (`retain_kv`) and the next hop
-forks the stable prefix of it (header plus the span over audio whose embeddings were final and
-whose markers were placed, `stable_prefix_len`). While a hop is in flight no other starts for
-that session, so the hop grows with load. `LiveSession` owns the commit policy and speaker
-labels: each hop's hypothesis is cut to the speech after the last final, mapped and committed
-there.
+Live sessions prefill ALL audio so far every hop (MODEL.md section 10: the instruction follows
+the audio, so generation restarts each hop), then the committed transcript as forced assistant
+tokens, and decode only the new tail (DESIGN 5.3: the most recent whole segments within
+`ModelConfig.live_forced_transcript_tokens`, 2,048 by default; our technique, not the
+reference's, unvalidated on real weights). With 0 tokens a hop re-decodes the whole meeting
+(cumulative re-decode, as SGLang-Omni does), whose decode grows ~330 tokens per meeting minute.
+A hop is a LIVE request with a deadline one hop ahead; it keeps its KV after finishing
+(`retain_kv`) and the next hop forks the stable prefix of it (header plus the span over audio
+whose embeddings were final and whose markers were placed, `stable_prefix_len`). While a hop is
+in flight no other starts for that session, so the hop grows with load. `LiveSession` owns the
+commit policy and speaker labels: each hop's hypothesis is cut to the speech after the last
+final, mapped and committed there.
 
 Benchmarks: `ModelConfig.forced_output` names a reference transcript (`[0.00][S01]text[1.20]...`)
 whose tokens replace the sampled ones (DESIGN section 4); a live hop forces the segments that end
@@ -38,7 +42,7 @@ import numpy as np
 from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES, num_audio_tokens
 from livemeet.config import ModelConfig, parse_upload_hold
 from livemeet.engine.encoder_runner import full_window_keys
-from livemeet.engine.engine import Engine, EngineConfig
+from livemeet.engine.engine import Engine, EngineConfig, output_budget
 from livemeet.engine.messages import EngineStats
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.scheduler import SchedulerConfig
@@ -51,7 +55,7 @@ from livemeet.errors import (
     ProtocolError,
 )
 from livemeet.models.prompt import stable_prefix_len
-from livemeet.session.live import LiveOptions, LiveSession
+from livemeet.session.live import LiveOptions, LiveSession, Window
 from livemeet.transcriber import (
     BackendInfo,
     Error,
@@ -63,7 +67,7 @@ from livemeet.transcriber import (
     TranscriptFinal,
 )
 from livemeet.transcript.detok import IncrementalDetokenizer
-from livemeet.transcript.parser import TranscriptParser, parse_transcript
+from livemeet.transcript.parser import TranscriptParser, parse_transcript, render_segment
 from livemeet.transcript.repetition import RepetitionGuard
 from livemeet.transcript.segments import FinishReason, Segment, Transcript, join_texts
 
@@ -196,6 +200,11 @@ class _Live:
     buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     length: int = 0
     window_keys: list[bytes] = field(default_factory=list)  # of full windows, hashed once
+    # forced transcript (DESIGN 5.3): tokens of each committed segment rendered alone, and the
+    # last prefix built with the number of committed segments it was built from
+    segment_tokens: list[int] = field(default_factory=list)
+    prefix_ids: list[int] = field(default_factory=list)
+    prefix_num_committed: int = 0
     hop: _Hop | None = None
     retained: _Retained | None = None
     num_hops: int = 0
@@ -216,6 +225,29 @@ class _Live:
             self.length += chunk.size
         self.chunks = []
         return self.buffer[: min(edge, self.length)]
+
+    def forced_transcript_ids(
+        self, encode: Callable[[str], list[int]], max_tokens: int
+    ) -> list[int]:
+        """The committed transcript to prefill as forced assistant tokens (DESIGN 5.3): its
+        most recent whole segments in the output grammar, at most `max_tokens` ids in the
+        canonical tokenization of their joined text. Rebuilt only when a segment commits
+        (the committed list only grows); each segment is tokenized alone once, to count."""
+        committed = self.live.committed
+        if max_tokens <= 0 or len(committed) == self.prefix_num_committed:
+            return self.prefix_ids
+        for seg in committed[len(self.segment_tokens) :]:
+            self.segment_tokens.append(len(encode(render_segment(seg))))
+        first, total = len(committed), 0
+        while first > 0 and total + self.segment_tokens[first - 1] <= max_tokens:
+            first -= 1
+            total += self.segment_tokens[first]
+        ids = encode("".join(render_segment(s) for s in committed[first:]))
+        while len(ids) > max_tokens:  # joined text can tokenize longer than its parts
+            first += 1
+            ids = encode("".join(render_segment(s) for s in committed[first:]))
+        self.prefix_ids, self.prefix_num_committed = ids, len(committed)
+        return ids
 
     def full_window_keys(self, audio: np.ndarray) -> list[bytes]:
         """Encoder-cache keys of `audio`'s full windows; each window is hashed once per
@@ -518,6 +550,8 @@ class MossCore:
                 prev.num_audio_tokens, prev.num_complete_windows, config=engine.prompt_config
             )
             fork_from = prev.request_id
+        prefix = sess.forced_transcript_ids(self._encode, self.config.live_forced_transcript_tokens)
+        tail_from_s = window.offset_s if prefix else None
         try:
             request = engine.add_request(
                 rid,
@@ -525,9 +559,10 @@ class MossCore:
                 prompt=sess.options.prompt,
                 hotwords=sess.options.hotwords,
                 request_class=RequestClass.LIVE,
-                max_new_tokens=self._max_new_tokens(sess.options),
+                max_new_tokens=self._hop_max_new_tokens(sess.options, window, prefix),
                 deadline_s=engine.clock() + sess.options.hop_s,
-                forced_output_ids=self._forced_ids(window.end_s),
+                forced_output_ids=self._forced_ids(window.end_s, tail_from_s),
+                prefix_token_ids=prefix,
                 retain_kv=True,
                 fork_from=fork_from,
                 num_fork_tokens=num_fork,
@@ -637,21 +672,39 @@ class MossCore:
         wanted = [n for n in (options.max_new_tokens, self.config.max_new_tokens) if n]
         return min(wanted) if wanted else None
 
-    def _forced_ids(self, edge_s: float | None) -> list[int] | None:
-        """Token ids to force: the whole file (uploads), or the segments ending by `edge_s`."""
+    def _hop_max_new_tokens(
+        self, options: SessionOptions, window: Window, prefix: Sequence[int]
+    ) -> int | None:
+        """A hop that decodes only the tail after a forced transcript gets the budget of the
+        open window's audio (`output_budget`), not the whole meeting's."""
+        budget = self._max_new_tokens(options)
+        if not prefix:
+            return budget
+        max_model_len = self._engine().scheduler.config.max_model_len
+        tail = output_budget(window.end_s - window.offset_s, 0, max_model_len)
+        return min(budget, tail) if budget else tail
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self._engine().tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def _forced_ids(
+        self, edge_s: float | None, tail_from_s: float | None = None
+    ) -> list[int] | None:
+        """Token ids to force: the whole file (uploads), or the segments ending by `edge_s`;
+        with `tail_from_s` (a hop after a forced transcript) only those whose midpoint lies
+        past it, as the hop keeps (`_finish_hop`)."""
         if self._forced is None or self._forced_text is None:
             return None
         if edge_s is None:
-            text = self._forced_text
-        else:
-            text = "".join(render_segment(s) for s in self._forced if s.end_s <= edge_s)
-        tokenizer = self._engine().tokenizer
-        return list(tokenizer.encode(text, add_special_tokens=False).ids)
-
-
-def render_segment(seg: Segment) -> str:
-    """A segment in the model's output grammar (MODEL.md section 6), times to 2 decimals."""
-    return f"[{seg.start_s:.2f}][{seg.speaker}]{seg.text}[{seg.end_s:.2f}]"
+            return self._encode(self._forced_text)
+        after = -1.0 if tail_from_s is None else tail_from_s
+        return self._encode(
+            "".join(
+                render_segment(s)
+                for s in self._forced
+                if s.end_s <= edge_s and (s.start_s + s.end_s) / 2 > after
+            )
+        )
 
 
 def _log_request(request: Request, num_samples: int) -> None:

@@ -147,6 +147,14 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "ahead of its first hop; at most a quarter hop; default %(default)g)",
     )
     p.add_argument(
+        "--live-forced-transcript-tokens",
+        type=int,
+        default=ModelConfig.live_forced_transcript_tokens,
+        help="tokens of committed transcript a live hop prefills as forced assistant tokens, "
+        "so it decodes only the new tail (our technique, not the reference's: unvalidated on "
+        "real weights; 0 re-decodes the whole meeting every hop; default %(default)d)",
+    )
+    p.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
         default=prefill_graphs,
@@ -173,6 +181,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         upload_batch_wait_ms=args.upload_batch_wait_ms,
         upload_hold=UploadHold(args.upload_hold),
         upload_step_budget_ms=args.upload_step_budget_ms,
+        live_forced_transcript_tokens=args.live_forced_transcript_tokens,
     )
 
 

@@ -26,6 +26,7 @@ Three deliberate departures, each recorded on the segment as a `SegmentFlag`:
 
 from __future__ import annotations
 
+import unicodedata
 from enum import Enum, auto
 
 from livemeet.transcript.segments import Segment, SegmentFlag
@@ -290,3 +291,14 @@ def parse_transcript(text: str, audio_duration_s: float | None = None) -> list[S
     """All segments of a complete output text (feed + close)."""
     parser = TranscriptParser(audio_duration_s)
     return parser.feed(text) + parser.close()
+
+
+def render_segment(seg: Segment) -> str:
+    """`seg` in the model's output grammar (MODEL.md section 6): `[start][Sxx] text[end]`, times
+    to 2 decimals. The text gets back the leading space the model writes before it (BPE's
+    word-initial space; parsers strip it) unless it starts with a wide character (CJK text has
+    none), so a rendered transcript tokenizes as the model would have written it."""
+    text = seg.text.strip()
+    if text and unicodedata.east_asian_width(text[0]) not in ("W", "F"):
+        text = " " + text
+    return f"[{seg.start_s:.2f}][{seg.speaker}]{text}[{seg.end_s:.2f}]"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,7 +37,7 @@ from livemeet.transcriber import (
     TextDelta,
     TranscriptFinal,
 )
-from livemeet.transcript.parser import parse_transcript
+from livemeet.transcript.parser import parse_transcript, render_segment
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
 from tests.backends.helpers import run_to_idle
 from tests.engine.fakes import SteppingClock
@@ -49,7 +51,11 @@ REFERENCE = (
 
 
 def make_core(
-    model: MossTDModel, tmp_path: Path, forced: str | None = None, num_blocks: int = NUM_BLOCKS
+    model: MossTDModel,
+    tmp_path: Path,
+    forced: str | None = None,
+    num_blocks: int = NUM_BLOCKS,
+    **model_options: Any,
 ) -> MossCore:
     forced_path = None
     if forced is not None:
@@ -59,7 +65,8 @@ def make_core(
         EngineConfig(num_kv_blocks=num_blocks), model=(model, model.cfg), clock=SteppingClock()
     )
     core = MossCore(
-        ModelConfig(forced_output=str(forced_path) if forced_path else None), engine=engine
+        ModelConfig(forced_output=str(forced_path) if forced_path else None, **model_options),
+        engine=engine,
     )
     core.load()
     return core
@@ -464,6 +471,98 @@ def test_live_hop_with_forked_kv_matches_a_fresh_decode(
     assert tokens["L/hop000001"] == generate(our_model, torch.tensor(ids), embeds, 12, EOS)
     core.abort("L")
     assert_pool_clean(core)
+
+
+def record_prefixes(core: MossCore) -> dict[str, list[int]]:
+    """Wrap the engine's add_request to record each request's forced assistant prefix."""
+    assert core.engine is not None
+    engine = core.engine
+    prefixes: dict[str, list[int]] = {}
+    inner = engine.add_request
+
+    def add_request(rid: str, *args: Any, **kwargs: Any) -> Any:
+        prefixes[rid] = list(kwargs.get("prefix_token_ids", ()))
+        return inner(rid, *args, **kwargs)
+
+    engine.add_request = add_request  # type: ignore[method-assign]
+    return prefixes
+
+
+@pytest.mark.slow
+def test_live_hops_prefill_the_committed_transcript_and_decode_only_the_tail(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """DESIGN 5.3: a hop prefills the committed transcript (rendered in the output grammar,
+    session labels) as forced assistant tokens and decodes only what follows, so the decode
+    work per hop stops growing with the meeting; the transcript is the same as with
+    cumulative re-decode (`live_forced_transcript_tokens=0`)."""
+    want = [(s.speaker, s.text, s.start_s, s.end_s) for s in parse_transcript(LIVE_REFERENCE)]
+    decoded: dict[int, int] = {}
+    for budget in (0, 2_048):
+        core = make_core(
+            our_model, tmp_path, forced=LIVE_REFERENCE, live_forced_transcript_tokens=budget
+        )
+        tokens, prefixes = record_tokens(core), record_prefixes(core)
+        events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)
+        final = events[-1]
+        assert isinstance(final, TranscriptFinal)
+        got = [(s.speaker, s.text, s.start_s, s.end_s) for s in final.segments]
+        assert got == want, budget
+        decoded[budget] = sum(len(t) for t in tokens.values())
+        assert core.engine is not None
+        lengths = []
+        for rid, prefix in prefixes.items():
+            forced = parse_transcript(core.engine.tokenizer.decode(prefix))
+            # the prefix is the committed finals so far, whole and in order
+            assert [(s.speaker, s.text, s.start_s, s.end_s) for s in forced] == want[
+                : len(forced)
+            ], rid
+            lengths.append(len(forced))
+        if budget == 0:
+            assert not any(prefixes.values())
+        else:
+            assert lengths == sorted(lengths) and lengths[-1] >= 3
+        assert_pool_clean(core)
+    assert decoded[2_048] < 0.6 * decoded[0], decoded
+
+
+def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() -> None:
+    """The cap keeps the newest whole segments whose joined text fits; the ids are rebuilt
+    only when a segment commits, and each segment is tokenized alone once."""
+    from livemeet.backends.moss import _Live
+    from livemeet.session.live import LiveOptions, LiveSession
+
+    calls: list[str] = []
+
+    def encode(text: str) -> list[int]:  # one id per character
+        calls.append(text)
+        return [ord(c) for c in text]
+
+    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    committed = [
+        Segment(start_s=1.0 * i, end_s=i + 0.5, speaker=f"S0{1 + i % 2}", text=f"w{i}")
+        for i in range(6)
+    ]
+    rendered = [render_segment(s) for s in committed]
+    assert len(set(map(len, rendered))) == 1  # each "[ss.ss][S0n] wi[ee.ee]": equal lengths
+    one = len(rendered[0])
+    fake = SimpleNamespace(committed=())
+    sess.live = fake  # type: ignore[assignment]
+    assert sess.forced_transcript_ids(encode, 3 * one) == []  # nothing committed yet
+    fake.committed = tuple(committed[:4])
+    ids = sess.forced_transcript_ids(encode, 3 * one + 5)
+    assert "".join(map(chr, ids)) == "".join(rendered[1:4])  # newest three, whole
+    n = len(calls)
+    assert sess.forced_transcript_ids(encode, 3 * one + 5) == ids and len(calls) == n  # cached
+    fake.committed = tuple(committed)
+    ids = sess.forced_transcript_ids(encode, 3 * one + 5)
+    assert "".join(map(chr, ids)) == "".join(rendered[3:6])
+    assert len(calls) == n + 2 + 1  # the two new segments alone, then the joined text
+    assert sess.forced_transcript_ids(encode, one - 1) == ids  # unchanged set: kept as built
+    fresh = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    fresh.live = fake  # type: ignore[assignment]
+    assert fresh.forced_transcript_ids(encode, one - 1) == []  # no whole segment fits
+    assert fresh.forced_transcript_ids(encode, 0) == []
 
 
 def test_live_audio_grows_in_place_and_hashes_each_window_once(

@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from livemeet.__main__ import main
-from livemeet.audio.constants import UPLOAD_BATCH_WAIT_S, UPLOAD_STEP_BUDGET_S
+from livemeet.audio.constants import (
+    LIVE_FORCED_TRANSCRIPT_TOKENS,
+    UPLOAD_BATCH_WAIT_S,
+    UPLOAD_STEP_BUDGET_S,
+)
 from livemeet.audio.decode import decode_file
 from livemeet.engine.cost_model import StepCostModel
 from livemeet.models.prompt import AUDIO_PAD
@@ -112,6 +116,11 @@ def test_serve_engine_sizing_flags() -> None:
     assert config.upload_step_budget_ms == 1000.0 * UPLOAD_STEP_BUDGET_S == 200.0
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-step-budget-ms", "80"])
     assert serve.config_from_args(args).model.upload_step_budget_ms == 80.0
+    assert config.live_forced_transcript_tokens == LIVE_FORCED_TRANSCRIPT_TOKENS == 2048
+    args = build_parser().parse_args(
+        ["serve", "--model", "x", "--live-forced-transcript-tokens", "0"]
+    )
+    assert serve.config_from_args(args).model.live_forced_transcript_tokens == 0
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-hold", "arrivals"])
     assert serve.config_from_args(args).model.upload_hold is UploadHold.ARRIVALS
     with pytest.raises(SystemExit):  # argparse: not one of the choices
@@ -129,6 +138,8 @@ def test_serve_engine_sizing_flags() -> None:
         ["--upload-batch-wait-ms", "5000"],  # holding an upload for seconds is never right
         ["--upload-step-budget-ms", "20"],  # below a live step's 50 ms
         ["--upload-step-budget-ms", "300"],  # three such steps would outlast a live hop
+        ["--live-forced-transcript-tokens", "-1"],
+        ["--live-forced-transcript-tokens", "200000"],  # past the context
     ):
         args = build_parser().parse_args(["serve", "--model", "x", *bad])
         with pytest.raises(ConfigError):

@@ -302,3 +302,37 @@ def test_block_tables_keep_the_kernel_variant_warm_up_compiled(our_model: MossTD
     engine.run_to_completion()
     served = {_int_class(s) for s in strides}
     assert served <= warmed, f"serving needs {served - warmed}, warm-up compiled {warmed}"
+
+
+def test_forced_assistant_prefix_matches_reference(
+    our_model: MossTDModel, ref_model: Any, batch_clips: list[np.ndarray]
+) -> None:
+    """DESIGN 5.3 (a live hop's committed transcript): forced assistant tokens after the prompt
+    are prefilled, in 64-token chunks here, and greedy decoding goes on from them exactly as the
+    transformers reference does with the same tokens appended to its input ids."""
+    engine = _engine(our_model, 64, num_blocks=None)
+    clip = batch_clips[2]  # 11 s
+    text = "[0.00][S01] Hello there.[1.20][1.20][S02]你好[2.50][2.50][S01] Okay[3.10]"
+    prefix = list(engine.tokenizer.encode(text, add_special_tokens=False).ids)
+    req = engine.add_request(
+        "p", clip, prefix_token_ids=prefix, max_new_tokens=NEW_TOKENS, ignore_eos=True
+    )
+    engine.run_to_completion()
+    assert req.prompt_token_ids[-len(prefix) :] == prefix
+    inputs = tiny.reference_inputs([clip])
+    ids = torch.cat([inputs["input_ids"], torch.tensor([prefix])], dim=1)
+    mask = torch.cat([inputs["attention_mask"], torch.ones(1, len(prefix), dtype=torch.long)], 1)
+    with torch.no_grad():
+        out = ref_model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            input_features=inputs["input_features"],
+            input_features_mask=inputs["input_features_mask"],
+            do_sample=False,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            eos_token_id=tiny.IM_END,
+            pad_token_id=tiny.PAD_ID,
+        )
+    assert req.output_token_ids == out[0, ids.shape[1] :].tolist()
+    assert len(set(req.output_token_ids)) >= 8

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from livemeet.transcript.parser import TranscriptParser, parse_transcript
+from livemeet.transcript.parser import TranscriptParser, parse_transcript, render_segment
 from livemeet.transcript.segments import Segment, SegmentFlag
 
 INHERITED = SegmentFlag.INHERITED_SPEAKER
@@ -193,3 +193,22 @@ def test_rendered_segments_round_trip_in_any_chunking(
         for s, d, spk, body in segments
     ]
     assert _tuples(_parse_chunked(text, cuts, None)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(segments=st.lists(segment_strategy, min_size=1, max_size=8))
+def test_render_segment_round_trips_and_restores_the_word_space(
+    segments: list[tuple[int, int, int, str]],
+) -> None:
+    parsed = parse_transcript(
+        "".join(
+            f"[{s / 100:.2f}][S{spk:02d}]{body}[{(s + d) / 100:.2f}]"
+            for s, d, spk, body in segments
+        )
+    )
+    rendered = [render_segment(seg) for seg in parsed]
+    assert parse_transcript("".join(rendered)) == parsed
+    for seg, text in zip(parsed, rendered, strict=True):
+        body = text.split("]", 2)[2].rsplit("[", 1)[0]
+        # BPE's word-initial space comes back before Latin text, never before CJK
+        assert body == (seg.text if seg.text[0] in "你好世界" else " " + seg.text)
