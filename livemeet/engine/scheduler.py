@@ -8,6 +8,17 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Uploads keep a minimum share: while an upload can run, live work may spend at most
   (1 - upload_min_share) of the step's time budget and of its token limit; uploads get the
   rest.
+- Uploads also keep that share of estimated time across steps, because a decoding upload
+  gains one token per step: in steps that live prefill fills to the budget, a share of each
+  step's budget is a few ms, not upload throughput. An upload deficit (estimated seconds)
+  gains share / (1 - share) of each step's live time and loses its upload time (a step's
+  fixed cost split by its rows' costs); it is clamped to +-step_budget_s and reset while no
+  upload can run (held uploads do not count), so no credit is banked for long. While it is
+  positive the step is an upload turn: live prefill and admissions wait, live decode rows
+  ride along (live time: their hops move), and uploads may use the whole budget and token
+  limit; a turn of decode rows only is a cheap graph step, so a decoding upload gets many
+  tokens per live step. A run of turns ends after step_budget_s of estimated time, so live
+  prefill waits at most one step budget (and the turn that crosses it) between live steps.
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
@@ -82,7 +93,9 @@ class SchedulerConfig:
     step_budget_s: float = FLUSH_INTERVAL_S  # s of estimated GPU time per step (one flush)
     # s of estimated GPU time of a step while no live session is open (module docstring)
     upload_step_budget_s: float = UPLOAD_STEP_BUDGET_S
-    upload_min_share: float = 0.25  # fraction of the budget kept for uploads when they can run
+    # fraction of each step's budget, and of estimated time across steps, kept for uploads
+    # while they can run (module docstring); 0: live work has pure priority
+    upload_min_share: float = 0.25
     # s a new upload may wait to be prefilled together with later arrivals (module docstring:
     # upload batching); 0 admits every upload at once
     upload_batch_wait_s: float = UPLOAD_BATCH_WAIT_S
@@ -134,6 +147,7 @@ class ScheduledBatch:
     preempted_ids: tuple[str, ...] = ()
     block_copies: tuple[BlockCopy, ...] = ()
     estimated_cost_s: float = 0.0
+    upload_turn: bool = False  # live prefill waited for uploads' time share (module docstring)
 
     @property
     def is_empty(self) -> bool:
@@ -171,6 +185,7 @@ class _StepBuilder:
     decodes: list[Request] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     admission_blocked: bool = False
+    live_left_out: bool = False  # an upload turn kept live prefill or admission out
 
     @property
     def is_empty(self) -> bool:
@@ -222,6 +237,10 @@ class Scheduler:
         self._next_order = 0
         self._num_incoming_uploads = 0  # on their way to `add` (set_incoming_uploads)
         self._num_live_sessions = 0  # open live sessions (set_live_sessions)
+        # s of estimated GPU time uploads are behind their share across steps, and s the
+        # current run of upload turns has lasted (module docstring)
+        self._upload_deficit_s = 0.0
+        self._upload_turns_s = 0.0
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -365,42 +384,34 @@ class Scheduler:
 
     def schedule(self, now_s: float) -> ScheduledBatch:
         """Build the next step at time `now_s` (seconds on the engine's clock)."""
-        cfg, cost = self.config, self.cost_model
-        usable = max(0.0, self.current_step_budget_s() - cost.fixed_s)
         hold_uploads = self._hold_uploads(now_s)
         # held uploads do not reserve a share: live work may use the whole step meanwhile
         can_run = self._upload_can_run(include_waiting=not hold_uploads)
-        share = cfg.upload_min_share if can_run else 0.0
-        step = _StepBuilder(
-            usable_s=usable,
-            live_cap_s=usable * (1 - share),
-            tokens_left=cfg.max_num_batched_tokens,
-            live_tokens_cap=int(cfg.max_num_batched_tokens * (1 - share)),
-            rows_left=cfg.max_num_seqs,
+        if not can_run or self.config.upload_min_share == 0:
+            self._upload_deficit_s = 0.0  # bank no credit for uploads that cannot use it
+        upload_turn = (
+            self._upload_deficit_s > 0 and self._upload_turns_s < self.config.step_budget_s
         )
-        for request in self._by_priority():
-            if step.rows_left == 0 or step.tokens_left == 0:
-                break
-            if request.is_finished or request.request_id in step.preempted:
-                continue  # finished for lack of KV, or evicted earlier in this step
-            if request.status is Status.RUNNING and request.is_decoding:
-                self._try_decode(request, step)
-            elif request.status is Status.RUNNING:
-                self._try_prefill(request, step)
-            elif (
-                hold_uploads and request.request_class is RequestClass.UPLOAD and not step.prefills
-            ):
-                continue  # held; a step that prefills anyway (eager) would take it
-            elif not step.admission_blocked:
-                self._try_admit(request, step)
-        spent = step.live_spent_s + step.upload_spent_s
+        step = self._fill_step(hold_uploads, can_run, upload_turn)
+        if upload_turn and step.is_empty:
+            # the uploads could not use their turn (no KV for their next token): an empty
+            # step would repeat forever, so live work goes on
+            self._upload_deficit_s = 0.0
+            step = self._fill_step(hold_uploads, can_run, upload_turn=False)
+        cost_s = 0.0
+        if not step.is_empty:
+            cost_s = self.cost_model.fixed_s + step.live_spent_s + step.upload_spent_s
+        if can_run:
+            self._account_upload_share(step, cost_s)
+        self._upload_turns_s = self._upload_turns_s + cost_s if step.live_left_out else 0.0
         return ScheduledBatch(
             now_s=now_s,
             prefills=tuple(step.prefills),
             decodes=tuple(step.decodes),
             preempted_ids=tuple(step.preempted),
             block_copies=tuple(self.block_manager.take_copies()),
-            estimated_cost_s=0.0 if step.is_empty else cost.fixed_s + spent,
+            estimated_cost_s=cost_s,
+            upload_turn=step.live_left_out,
         )
 
     def current_step_budget_s(self) -> float:
@@ -447,6 +458,56 @@ class Scheduler:
                 self._finish(request, reason)
                 finished.append(request)
         return StepOutput(tuple(new_tokens), tuple(finished))
+
+    # -- filling one step ------------------------------------------------------------------
+
+    def _fill_step(self, hold_uploads: bool, can_run: bool, upload_turn: bool) -> _StepBuilder:
+        """Take requests in priority order until the step's budget, tokens or rows run out.
+        In an upload turn live requests only add decode rows (module docstring)."""
+        cfg = self.config
+        usable = max(0.0, self.current_step_budget_s() - self.cost_model.fixed_s)
+        share = cfg.upload_min_share if can_run else 0.0
+        step = _StepBuilder(
+            usable_s=usable,
+            live_cap_s=usable * (1 - share),
+            tokens_left=cfg.max_num_batched_tokens,
+            live_tokens_cap=int(cfg.max_num_batched_tokens * (1 - share)),
+            rows_left=cfg.max_num_seqs,
+        )
+        for request in self._by_priority():
+            if step.rows_left == 0 or step.tokens_left == 0:
+                break
+            if request.is_finished or request.request_id in step.preempted:
+                continue  # finished for lack of KV, or evicted earlier in this step
+            if request.status is Status.RUNNING and request.is_decoding:
+                self._try_decode(request, step)
+            elif upload_turn and request.request_class is RequestClass.LIVE:
+                step.live_left_out = True  # its prefill would fill the step the uploads are owed
+            elif request.status is Status.RUNNING:
+                self._try_prefill(request, step)
+            elif (
+                hold_uploads and request.request_class is RequestClass.UPLOAD and not step.prefills
+            ):
+                continue  # held; a step that prefills anyway (eager) would take it
+            elif not step.admission_blocked:
+                self._try_admit(request, step)
+        return step
+
+    def _account_upload_share(self, step: _StepBuilder, cost_s: float) -> None:
+        """Move the upload deficit by one step of `cost_s` estimated seconds: it gains
+        share / (1 - share) of the live time and loses the upload time, within
+        +-step_budget_s (one step's worth of credit either way, never more)."""
+        share = self.config.upload_min_share
+        # The fixed cost is split by the rows' costs. Live decode rows riding along in an
+        # upload turn count as live time like anywhere else: their hops move, so it is time
+        # live work received, and charging it to uploads would leave them little of their
+        # share when many live rows decode at long context. The cap on a run of turns, not
+        # this charge, bounds how long live prefill waits.
+        rows_s = step.live_spent_s + step.upload_spent_s
+        live_s = cost_s * step.live_spent_s / rows_s if rows_s > 0 else 0.0
+        deficit_s = self._upload_deficit_s + share / (1 - share) * live_s - (cost_s - live_s)
+        cap_s = self.config.step_budget_s
+        self._upload_deficit_s = min(cap_s, max(-cap_s, deficit_s))
 
     # -- scheduling one request ------------------------------------------------------------
 

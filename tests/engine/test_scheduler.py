@@ -307,11 +307,175 @@ def test_uploads_keep_their_minimum_share() -> None:
 
     batches = run_steps(sched, runner, clock, 12)
     for batch in batches:
+        if batch.upload_turn:  # the share across steps: live prefill waits this step
+            assert [c.request for c in batch.prefills] == [up]
+            continue
         assert batch.prefills[0].request.request_class is LIVE
         # the share of the time budget (less one token's worth) or of the token limit
         up_tokens = sum(c.num_tokens for c in batch.prefills if c.request is up)
         assert upload_cost(batch) >= share * usable - 2e-4 or up_tokens >= int(share * 8192)
     assert up.num_computed_tokens > 0
+
+
+# -- the uploads' share across steps -------------------------------------------------------------
+
+
+def _turn_runs_s(batches: list[ScheduledBatch]) -> list[float]:
+    """Estimated seconds of each run of consecutive upload turns, in order."""
+    runs: list[float] = []
+    previous_is_turn = False
+    for batch in batches:
+        if batch.upload_turn and previous_is_turn:
+            runs[-1] += batch.estimated_cost_s
+        elif batch.upload_turn:
+            runs.append(batch.estimated_cost_s)
+        previous_is_turn = batch.upload_turn
+    return runs
+
+
+def _live_rows(batch: ScheduledBatch) -> tuple[object, ...]:
+    return (
+        tuple(
+            (c.request.request_id, c.start, c.num_tokens)
+            for c in batch.prefills
+            if c.request.request_class is LIVE
+        ),
+        tuple(r.request_id for r in batch.decodes if r.request_class is LIVE),
+    )
+
+
+def _live_work(sched: Scheduler) -> list[Request]:
+    """Four live rows that decode for a while and one long hop to prefill (deadline first)."""
+    live = [
+        req(f"dec{i}", 500, LIVE, max_new=120, deadline=50.0 + i, base=10_000 * (i + 1))
+        for i in range(4)
+    ]
+    live.append(req("hop", 20_000, LIVE, max_new=4, deadline=10.0, base=500_000))
+    for r in live:
+        sched.add(r)
+    return live
+
+
+def _run_live(share: float, with_upload: bool) -> list[ScheduledBatch]:
+    """Steps until `_live_work` is done, beside a decoding upload or not."""
+    sched, runner, clock = make(num_blocks=4096, upload_min_share=share)
+    runner.check_reads = False  # many long decode rows: the other tests check KV reads
+    if with_upload:
+        sched.add(req("up", 1_000, max_new=10_000, base=900_000))
+        run_steps(sched, runner, clock, 1)
+        assert sched.get("up").is_decoding  # type: ignore[union-attr]
+    live = _live_work(sched)
+    batches: list[ScheduledBatch] = []
+    while not all(r.is_finished for r in live):
+        batches += run_steps(sched, runner, clock, 1)
+        assert len(batches) < 2_000
+    return batches
+
+
+def test_share_zero_gives_live_work_pure_priority() -> None:
+    """With upload_min_share = 0 a decoding upload changes no live row of any step (it gets
+    what live work leaves); with the default share the same work gives uploads turns."""
+    alone = _run_live(0.0, with_upload=False)
+    beside = _run_live(0.0, with_upload=True)
+    assert [_live_rows(b) for b in beside] == [_live_rows(b) for b in alone]
+    assert not any(b.upload_turn for b in beside)
+    shared = _run_live(0.25, with_upload=True)
+    assert any(b.upload_turn for b in shared)
+    for batch in shared:
+        if batch.upload_turn:  # live prefill waits; live decode rows ride along
+            assert all(c.request.request_class is UPLOAD for c in batch.prefills)
+            assert any(r.request_class is UPLOAD for r in batch.decodes)
+
+
+@pytest.mark.parametrize("work", ["live only", "uploads only"])
+def test_the_share_changes_nothing_without_uploads_or_without_live_work(work: str) -> None:
+    """No upload that can run: live batches are those of pure priority. No live work: uploads
+    run as they would with no share."""
+
+    cls = LIVE if work == "live only" else UPLOAD
+
+    def trace(share: float) -> list[tuple[object, ...]]:
+        sched, runner, clock = make(num_blocks=4096, upload_min_share=share)
+        runner.check_reads = False  # long contexts: the other tests check KV reads
+        out: list[ScheduledBatch] = []
+        for wave in range(3):
+            at_s = clock.now_s
+            for i in range(3):
+                deadline = at_s + 1.0 + i if cls is LIVE else None
+                n = 3_000 + 1_500 * i
+                base = 100_000 * (3 * wave + i)
+                sched.add(req(f"w{wave}r{i}", n, cls, max_new=30, deadline=deadline, base=base))
+            out += run_steps(sched, runner, clock, 25)
+        out += run_until_idle(sched, runner, clock)
+        assert not any(b.upload_turn for b in out)
+        return [summary(b) for b in out]
+
+    assert trace(0.25) == trace(0.0)
+
+
+def _decoding_beside_live_rows(num_steps: int) -> tuple[Scheduler, FakeRunner, FakeClock]:
+    """An upload decodes beside eight live rows that decode only (no live prefill waits) for
+    about `num_steps` steps and then finish: the uploads fall behind their share of time,
+    which the deficit holds, clamped."""
+    sched, runner, clock = make(num_blocks=4096, upload_batch_wait_s=0.0)
+    runner.check_reads = False  # long contexts, many steps: the other tests check KV reads
+    sched.set_live_sessions(1)
+    for i in range(8):
+        sched.add(
+            req(
+                f"dec{i}", 2_000, LIVE, max_new=num_steps, deadline=100.0 + i, base=10_000 * (i + 1)
+            )
+        )
+    sched.add(req("up", 1_000, max_new=100_000, base=900_000))
+    while any(r.request_class is LIVE for r in sched.running + sched.waiting):
+        run_steps(sched, runner, clock, 1)
+        assert clock.now_s < 10.0
+    assert sched.get("up").is_decoding  # type: ignore[union-attr]
+    return sched, runner, clock
+
+
+def _prefill_hop(sched: Scheduler, runner: FakeRunner, clock: FakeClock) -> list[ScheduledBatch]:
+    """A long live hop arrives; the steps until its prefill is done."""
+    hop = req("hop", 30_000, LIVE, max_new=2, deadline=clock.now_s + 1.0, base=500_000)
+    sched.add(hop)
+    batches: list[ScheduledBatch] = []
+    while hop.num_output_tokens == 0:
+        batches += run_steps(sched, runner, clock, 1)
+        assert len(batches) < 1_000
+    return batches
+
+
+def test_banked_upload_credit_is_capped_at_one_step_budget() -> None:
+    """After a long stretch in which the upload fell behind its share (unclamped, the deficit
+    would reach ~0.15 s, three step budgets), a live hop waits for at most one step budget of
+    upload turns (and the turn crossing it) before its prefill starts, and later turns only
+    pay back share / (1 - share) of the live steps' time: the deficit held one budget."""
+    share, budget_s = 0.25, SchedulerConfig().step_budget_s
+    sched, runner, clock = _decoding_beside_live_rows(num_steps=500)
+    batches = _prefill_hop(sched, runner, clock)
+    runs = _turn_runs_s(batches)
+    longest_turn_s = max(b.estimated_cost_s for b in batches if b.upload_turn)
+    assert batches[0].upload_turn and 0.5 * budget_s <= runs[0] <= budget_s + longest_turn_s
+    live_steps_s = sum(b.estimated_cost_s for b in batches if not b.upload_turn)
+    assert sum(runs) <= budget_s + share / (1 - share) * live_steps_s + 2 * longest_turn_s
+    assert not batches[-1].upload_turn
+
+
+def test_no_credit_is_kept_while_no_upload_can_run() -> None:
+    """An upload that was behind its share leaves (aborted); live work runs alone; a new upload
+    that comes with the next live hop starts from no credit: its first turns pay back only the
+    share of the live time since it came, not what the first upload was owed."""
+    share = 0.25
+    sched, runner, clock = _decoding_beside_live_rows(num_steps=500)
+    sched.abort("up")
+    sched.add(req("live", 3_000, LIVE, max_new=20, deadline=clock.now_s + 1.0, base=600_000))
+    run_until_idle(sched, runner, clock)
+    sched.add(req("up2", 500, max_new=100_000, arrival=clock.now_s, base=700_000))
+    batches = _prefill_hop(sched, runner, clock)
+    first_turn = next(i for i, b in enumerate(batches) if b.upload_turn)
+    live_before_s = sum(b.estimated_cost_s for b in batches[:first_turn])
+    longest_turn_s = max(b.estimated_cost_s for b in batches if b.upload_turn)
+    assert _turn_runs_s(batches)[0] <= share / (1 - share) * live_before_s + longest_turn_s
 
 
 # -- memory: admission, preemption, retained caches --------------------------------------------
