@@ -161,7 +161,10 @@ class ModelRunner:
             self.graphs.capture()
         if prefill_graphs and model.language_model.use_fused(weight):
             self.piecewise = PiecewiseRunner(
-                model.language_model, device=self.device, max_tokens=max_num_batched_tokens
+                model.language_model,
+                device=self.device,
+                max_tokens=max_num_batched_tokens,
+                kv_caches=(self.k_caches, self.v_caches, self.kv_scale),
             )
 
     @torch.inference_mode()
@@ -338,7 +341,7 @@ class ModelRunner:
         attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
         positions = self._upload(rows.positions, torch.long)
         if self.piecewise is not None and self.piecewise.fits(len(rows.token_ids)):
-            return self.piecewise.run(embeds, positions, attn)
+            return self.piecewise.run(embeds, positions, attn, meta.slot_mapping)
         return self.model(embeds, positions, attn)
 
     def _upload(self, values: list[int], dtype: torch.dtype) -> torch.Tensor:

@@ -34,6 +34,11 @@ FUSED_KV_STORE_ENV = "LIVEMEET_FUSED_KV_STORE"
 _fused_store = os.environ.get(FUSED_KV_STORE_ENV, "1") != "0"
 
 
+def fused_store_enabled() -> bool:
+    """Whether kernels ahead of attention store K/V through a sink (read at call time)."""
+    return _fused_store
+
+
 @dataclass
 class StepMetadata:
     """Per-step attention metadata (device tensors).

@@ -23,21 +23,32 @@ out [T, hidden] (the final hidden states).
 With `use_graphs=False` the same pieces run eagerly over the same buffers (the CPU tests check
 the decomposition against the model's own forward).
 
+Given the KV pool (`kv_caches`, the engine's path), each piece's q/k rotation kernel also writes
+the layer's K and V into the paged caches through a `KVSink` over a static slot buffer (int64
+[T]; the step's slots in its first n rows, -1, never stored, in the rest), so the eager part
+between pieces is the attention kernels alone: one kernel launch per layer fewer on the host,
+whose Python time bounds live-heavy serving (docs/benchmarks.md, session 13's py-spy: 11 % of
+the engine loop in `store_kv` at ~100 live sessions), and no k, v copies into static buffers.
+`LIVEMEET_FUSED_KV_STORE=0` turns it off with the decoder's other sinks.
+
 On by default (ModelConfig.prefill_graphs; `--no-prefill-graphs`). Measured on an H200
 (docs/benchmarks.md, session 3): the (L + 1) x buckets captures (29 x 10 for MOSS-TD at the
 default 8,192-token step limit) add ~15 s to start-up; in the HTTP sweeps every prefill step
 replayed them (no eager step), short c64 moved from 864 to 825-963 audio-s/s and long c16 from
-163.1 to 164.0. Per layer one copy each of q, k, v, residual and the attention output goes into
-the static buffers (kernels writing into them directly would remove it).
+163.1 to 164.0. Per layer one copy each of q, residual and the attention output (and of k and v
+when the pieces do not store them) goes into the static buffers (kernels writing into them
+directly would remove it).
 """
 
 from __future__ import annotations
 
 import torch
 
+from livemeet.engine import paged_backend
 from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.errors import ConfigError, InternalError
 from livemeet.layers.attention import AttentionBackend
+from livemeet.layers.paged_attention import KVSink
 from livemeet.models.qwen3 import Qwen3Model
 
 PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)  # tokens per step
@@ -61,8 +72,11 @@ def prefill_buckets(max_tokens: int) -> tuple[int, ...]:
 class PiecewiseRunner:
     """The decoder forward of prefill/mixed steps as L + 1 captured pieces (module docstring).
 
-    `lm` must be prepared for serving (fused weights). Counters: `num_replays` (steps run on
-    graphs), `num_eager_runs` (steps run piece by piece without graphs).
+    `lm` must be prepared for serving (fused weights). `kv_caches`: the paged KV pool's
+    per-layer (k caches, v caches) and its e4m3 scale (1.0 otherwise), for the pieces to store
+    K/V themselves (module docstring); `run` then needs the step's slots. Counters:
+    `num_replays` (steps run on graphs), `num_eager_runs` (steps run piece by piece without
+    graphs).
     """
 
     def __init__(
@@ -72,6 +86,7 @@ class PiecewiseRunner:
         device: torch.device,
         max_tokens: int,
         use_graphs: bool = True,
+        kv_caches: tuple[list[torch.Tensor], list[torch.Tensor], float] | None = None,
     ) -> None:
         if use_graphs and device.type != "cuda":
             raise ConfigError(f"prefill CUDA graphs need a CUDA device, not {device}")
@@ -91,6 +106,11 @@ class PiecewiseRunner:
         self.residual = torch.zeros_like(self.embeds)
         self.attn_out = torch.zeros_like(self.q)
         self.out = torch.zeros_like(self.embeds)
+        # the pool's caches when the pieces store K/V (module docstring), and the static slots
+        self.kv_caches = kv_caches if kv_caches and paged_backend.fused_store_enabled() else None
+        self.slots = torch.full((rows,), -1, dtype=torch.int64, device=device)
+        if self.kv_caches is not None and len(self.kv_caches[0]) != len(self.layers):
+            raise InternalError(f"{len(self.kv_caches[0])} KV caches for {len(self.layers)} layers")
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.num_replays = 0
         self.num_eager_runs = 0
@@ -104,19 +124,35 @@ class PiecewiseRunner:
     def fits(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_tokens
 
+    @property
+    def stores_kv(self) -> bool:
+        """Whether the pieces write K/V into the pool themselves (module docstring)."""
+        return self.kv_caches is not None
+
     @torch.inference_mode()
     def run(
-        self, embeds: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+        self,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionBackend,
+        slot_mapping: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """embeds [n, hidden] and positions int64 [n] (on the device) of one flat ragged step;
-        `attn` holds the step's metadata for its n rows. Returns hidden [n, hidden], a view of
-        `out` (use it before the next step). Raises InternalError when n does not fit."""
+        `attn` holds the step's metadata for its n rows; `slot_mapping` int64 [n] (each row's
+        KV slot, -1 for none) is required when the pieces store K/V (`stores_kv`). Returns
+        hidden [n, hidden], a view of `out` (use it before the next step). Raises
+        InternalError when n does not fit or the slots are missing or of another length."""
         n = embeds.shape[0]
         bucket = choose_bucket(n, self.buckets)
         if bucket is None or positions.shape != (n,):
             raise InternalError(f"no prefill graph bucket for {n} rows (largest {self.max_tokens})")
         self.embeds[:n].copy_(embeds)
         self.positions[:n].copy_(positions)
+        if self.stores_kv:
+            if slot_mapping is None or slot_mapping.shape != (n,):
+                raise InternalError(f"pieces that store K/V need the step's {n} slots")
+            self.slots[:n].copy_(slot_mapping)
+            self.slots[n:bucket].fill_(-1)  # padding rows: stale slots would overwrite live KV
         use_graphs = bool(self.graphs)
         for i in range(len(self.layers) + 1):
             if use_graphs:
@@ -125,7 +161,8 @@ class PiecewiseRunner:
                 self._piece(i, bucket)
             if i < len(self.layers):
                 layer = self.layers[i].self_attn
-                out = attn.attend(i, self.q[:n], self.k[:n], self.v[:n], layer.scale)
+                k, v = (None, None) if self.stores_kv else (self.k[:n], self.v[:n])
+                out = attn.attend(i, self.q[:n], k, v, layer.scale)
                 self.attn_out[:n].copy_(out.reshape(n, layer.heads, layer.head_dim))
         if use_graphs:
             self.num_replays += 1
@@ -148,16 +185,22 @@ class PiecewiseRunner:
         if i == len(self.layers):
             self.out[:bucket].copy_(self.lm.final_norm(hidden, residual))
             return
-        # no KV sink: the attention between pieces runs eagerly and stores k, v itself
         q, k, v, residual = self.layers[i].pre_attention(
-            hidden, residual, self.positions[:bucket], inv_freq, plan
+            hidden, residual, self.positions[:bucket], inv_freq, plan, self._sink(i, bucket)
         )
-        assert k is not None and v is not None
         # all reads of the static residual are done: the copies may overwrite it
         self.q[:bucket].copy_(q)
-        self.k[:bucket].copy_(k)
-        self.v[:bucket].copy_(v)
+        if k is not None and v is not None:  # no sink: attention stores them between pieces
+            self.k[:bucket].copy_(k)
+            self.v[:bucket].copy_(v)
         self.residual[:bucket].copy_(residual)
+
+    def _sink(self, layer: int, bucket: int) -> KVSink | None:
+        """Layer `layer`'s caches over the first `bucket` static slots, or None."""
+        if self.kv_caches is None:
+            return None
+        k_caches, v_caches, scale = self.kv_caches
+        return KVSink(k_caches[layer], v_caches[layer], self.slots[:bucket], scale)
 
     @torch.inference_mode()
     def capture(self) -> None:

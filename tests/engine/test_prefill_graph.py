@@ -139,14 +139,29 @@ def test_engine_with_prefill_graphs_streams_the_eager_tokens_cuda() -> None:
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="interpreter test (CPU-only machines)")
-def test_model_runner_routes_steps_through_the_pieces(upstream_dir: object) -> None:
+@pytest.mark.parametrize("pieces_store_kv", [False, True])
+def test_model_runner_routes_steps_through_the_pieces(
+    upstream_dir: object, pieces_store_kv: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A runner holding a PiecewiseRunner sends its eager steps (prefill and decode) through
-    it; the token streams equal the reference forward's (fused kernels match it to ~1e-6)."""
+    it; the token streams equal the reference forward's (fused kernels match it to ~1e-6).
+    Given the pool, the pieces store K/V themselves: attention never calls `store_kv`, and
+    padding rows store nothing even where the static slots held stale ones."""
     import numpy as np
 
+    from livemeet.engine import paged_backend
     from livemeet.engine.engine import Engine, EngineConfig
     from livemeet.engine.scheduler import SchedulerConfig
     from tests.engine.fakes import SteppingClock
+
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    stores: list[int] = []
+    real_store = paged_backend.store_kv
+    monkeypatch.setattr(
+        paged_backend,
+        "store_kv",
+        lambda k, *a, **kw: stores.append(k.shape[0]) or real_store(k, *a, **kw),
+    )
 
     m, _ = load_model(str(upstream_dir), device="cpu", dtype="float32")
     m.prepare_for_serving()
@@ -160,15 +175,32 @@ def test_model_runner_routes_steps_through_the_pieces(upstream_dir: object) -> N
             model=(m, m.cfg),
             clock=SteppingClock(),
         )
+        runner = engine.runner
+        spare: list[torch.Tensor] = []
         if piecewise:
-            engine.runner.piecewise = PiecewiseRunner(
-                m.language_model, device=torch.device("cpu"), max_tokens=64, use_graphs=False
+            pool = (runner.k_caches, runner.v_caches, runner.kv_scale)
+            runner.piecewise = PiecewiseRunner(
+                m.language_model,
+                device=torch.device("cpu"),
+                max_tokens=64,
+                use_graphs=False,
+                kv_caches=pool if pieces_store_kv else None,
             )
+            assert runner.piecewise.stores_kv is pieces_store_kv
+            # stale slots from "earlier steps" in every row, pointing at the last 4 blocks,
+            # which no request of this test reaches
+            num_blocks, block_size = runner.k_caches[0].shape[:2]
+            runner.piecewise.slots.copy_(torch.arange(64) + (num_blocks - 4) * block_size)
+            spare = [c[-4:].clone() for c in (*runner.k_caches, *runner.v_caches)]
+            stores.clear()
         for i, clip in enumerate(clips):
             engine.add_request(f"r{i}", clip, max_new_tokens=4, ignore_eos=True)
         done = engine.run_to_completion()
         results.append({rid: r.output_token_ids for rid, r in done.items()})
         if piecewise:
-            assert engine.runner.piecewise is not None
-            assert engine.runner.piecewise.num_eager_runs > 4  # prefill chunks and decodes
+            assert runner.piecewise is not None
+            assert runner.piecewise.num_eager_runs > 4  # prefill chunks and decodes
+            assert bool(stores) is not pieces_store_kv, stores
+            after = [c[-4:] for c in (*runner.k_caches, *runner.v_caches)]
+            assert all(torch.equal(a, b) for a, b in zip(spare, after, strict=True))
     assert results[0] == results[1]
