@@ -74,6 +74,7 @@ from livemeet.transcript.segments import FinishReason, Segment, Transcript, join
 log = logging.getLogger(__name__)
 
 LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by at most
+SPECIAL_TOKEN_MARK = "<|"  # how every Qwen special token's text starts (<|im_end|>, ...)
 MAX_SUBMITS_PER_STEP = 4  # requests encoded and queued per step(), which bounds a step's time
 DUMMY_MODEL_ID = "moss-td-dummy"
 
@@ -86,10 +87,15 @@ class SegmentStream:
     the rest (the open segment kept with MISSING_END, ends clamped: parser departures).
     """
 
-    def __init__(self, detok: IncrementalDetokenizer, duration_s: float) -> None:
+    def __init__(
+        self, detok: IncrementalDetokenizer, duration_s: float, history: Sequence[str] = ()
+    ) -> None:
+        """`history`: texts of the segments forced before this decode (oldest first), whose
+        trailing run counts toward the repetition guard's limit."""
         self._detok = detok
         self._parser = TranscriptParser(duration_s)
         self._guard = RepetitionGuard()
+        self._guard.seed(history)
         self._closed = False
 
     @property
@@ -180,6 +186,7 @@ class _Hop:
     offset_s: float  # end of the committed speech when the hop started
     num_prompt_ids: list[int]
     stream: SegmentStream
+    session_labels: frozenset[str]  # speakers of the forced transcript prefix
     segments: list[Segment] = field(default_factory=list)
 
 
@@ -201,9 +208,10 @@ class _Live:
     length: int = 0
     window_keys: list[bytes] = field(default_factory=list)  # of full windows, hashed once
     # forced transcript (DESIGN 5.3): tokens of each committed segment rendered alone, and the
-    # last prefix built with the number of committed segments it was built from
+    # last prefix built: its ids, the committed segments it holds, and how many were committed
     segment_tokens: list[int] = field(default_factory=list)
     prefix_ids: list[int] = field(default_factory=list)
+    prefix_segments: tuple[Segment, ...] = ()
     prefix_num_committed: int = 0
     hop: _Hop | None = None
     retained: _Retained | None = None
@@ -230,22 +238,33 @@ class _Live:
         self, encode: Callable[[str], list[int]], max_tokens: int
     ) -> list[int]:
         """The committed transcript to prefill as forced assistant tokens (DESIGN 5.3): its
-        most recent whole segments in the output grammar, at most `max_tokens` ids in the
-        canonical tokenization of their joined text. Rebuilt only when a segment commits
-        (the committed list only grows); each segment is tokenized alone once, to count."""
+        most recent whole segments in the output grammar, at most `max_tokens` ids, less the
+        last segment's closing `]`. Mid-transcript the model writes an end stamp's `]` merged
+        with the next segment's `[` (one `][` token; a lone `]` there precedes only the end of
+        the output), so the ids stop before it and the decode starts with `][` or `]` (token
+        healing; the parser skips text before a segment's `[`). A segment whose text holds
+        special-token text (`<|`) would encode as that token: it and older ones stay out.
+        Rebuilt only when a segment commits (the committed list only grows); each segment is
+        tokenized alone once, to count."""
         committed = self.live.committed
         if max_tokens <= 0 or len(committed) == self.prefix_num_committed:
             return self.prefix_ids
         for seg in committed[len(self.segment_tokens) :]:
-            self.segment_tokens.append(len(encode(render_segment(seg))))
+            special = SPECIAL_TOKEN_MARK in seg.text
+            self.segment_tokens.append(
+                max_tokens + 1 if special else len(encode(render_segment(seg)))
+            )
         first, total = len(committed), 0
         while first > 0 and total + self.segment_tokens[first - 1] <= max_tokens:
             first -= 1
             total += self.segment_tokens[first]
-        ids = encode("".join(render_segment(s) for s in committed[first:]))
-        while len(ids) > max_tokens:  # joined text can tokenize longer than its parts
+        ids: list[int] = []
+        while first < len(committed):
+            ids = encode("".join(render_segment(s) for s in committed[first:])[:-1])
+            if len(ids) <= max_tokens:  # joined text can tokenize longer than its parts
+                break
             first += 1
-            ids = encode("".join(render_segment(s) for s in committed[first:]))
+        self.prefix_segments = committed[first:] if ids else ()
         self.prefix_ids, self.prefix_num_committed = ids, len(committed)
         return ids
 
@@ -576,12 +595,18 @@ class MossCore:
         _log_request(request, audio.size)
         sess.num_reused_tokens += request.num_cached_tokens
         self.num_reused_tokens += request.num_cached_tokens
+        forced = sess.prefix_segments if prefix else ()
         sess.hop = _Hop(
             rid,
             edge,
             window.offset_s,
             request.prompt_token_ids,
-            SegmentStream(IncrementalDetokenizer(engine.tokenizer), edge / SAMPLE_RATE),
+            SegmentStream(
+                IncrementalDetokenizer(engine.tokenizer),
+                edge / SAMPLE_RATE,
+                [s.text for s in forced],
+            ),
+            frozenset(s.speaker for s in forced),
         )
         self._owner[rid] = sid
 
@@ -592,6 +617,9 @@ class MossCore:
         hop.segments.extend(hop.stream.close())
         if hop.stream.looping:
             reason = FinishReason.REPETITION
+            # a loop seen only at close: the engine finished the hop normally and kept its KV
+            # for a next hop that will not fork it (a no-op when _on_token aborted it)
+            self._engine().abort(hop.request_id)
         else:
             sess.retained = _Retained(
                 hop.request_id,
@@ -601,7 +629,7 @@ class MossCore:
         sess.last_reason = reason
         # The hypothesis covers all audio; keep what lies after the last final (by midpoint).
         new = [s for s in hop.segments if (s.start_s + s.end_s) / 2 > hop.offset_s]
-        events = sess.live.apply_hypothesis(new)
+        events = sess.live.apply_hypothesis(new, hop.session_labels)
         return self._after_live_events(sid, sess, events)
 
     def _after_live_events(self, sid: str, sess: _Live, events: list[Event]) -> list[Event]:
@@ -691,20 +719,20 @@ class MossCore:
         self, edge_s: float | None, tail_from_s: float | None = None
     ) -> list[int] | None:
         """Token ids to force: the whole file (uploads), or the segments ending by `edge_s`;
-        with `tail_from_s` (a hop after a forced transcript) only those whose midpoint lies
-        past it, as the hop keeps (`_finish_hop`)."""
+        with `tail_from_s` (a hop after a forced transcript, which ends before its last `]`)
+        the `]` and then only those whose midpoint lies past it, as the hop keeps
+        (`_finish_hop`)."""
         if self._forced is None or self._forced_text is None:
             return None
         if edge_s is None:
             return self._encode(self._forced_text)
         after = -1.0 if tail_from_s is None else tail_from_s
-        return self._encode(
-            "".join(
-                render_segment(s)
-                for s in self._forced
-                if s.end_s <= edge_s and (s.start_s + s.end_s) / 2 > after
-            )
+        text = "".join(
+            render_segment(s)
+            for s in self._forced
+            if s.end_s <= edge_s and (s.start_s + s.end_s) / 2 > after
         )
+        return self._encode(text if tail_from_s is None else "]" + text)
 
 
 def _log_request(request: Request, num_samples: int) -> None:

@@ -12,7 +12,7 @@ No I/O, no asyncio, no clock: time is audio time (samples received at 16 kHz).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -162,17 +162,21 @@ class LiveSession:
 
     # -- decode results ----------------------------------------------------------------------
 
-    def apply_hypothesis(self, segments: Sequence[Segment]) -> list[Event]:
+    def apply_hypothesis(
+        self, segments: Sequence[Segment], session_labels: Collection[str] = ()
+    ) -> list[Event]:
         """Apply the decode of the last `window()`: `segments` in absolute times (s from session
-        start) and the backend's own labels. Returns SegmentFinal events, then a SegmentPartial
-        if the open tail changed."""
+        start) and the backend's own labels, except `session_labels`, which the decode already
+        wrote in session terms (the committed transcript forced as its prefix carried them).
+        Returns SegmentFinal events, then a SegmentPartial if the open tail changed."""
         if self._window_edge is None:
             raise RuntimeError("apply_hypothesis without a window()")
         edge_samples, self._window_edge = self._window_edge, None
         edge_s = edge_samples / SAMPLE_RATE
-        hyp = clean_hypothesis(segments, self._window_start / SAMPLE_RATE, edge_s)
+        history = [s.text for s in self._commit.committed[-LOOP_MAX_REPEATS:]]
+        hyp = clean_hypothesis(segments, self._window_start / SAMPLE_RATE, edge_s, history)
         seen = self._commit.committed[-50:] + self._shown
-        mapped = self._speakers.map(hyp, seen)
+        mapped = self._speakers.map(hyp, seen, session_labels)
         finals = list(self._commit.update(mapped, edge_s).finals)
         window_s = (edge_samples - self._committed_end_sample()) / SAMPLE_RATE
         if window_s + self.options.hop_s > self.options.max_window_s:
@@ -250,18 +254,27 @@ def shown_segments(
 
 
 def clean_hypothesis(
-    segments: Sequence[Segment], window_start_s: float, edge_s: float
+    segments: Sequence[Segment],
+    window_start_s: float,
+    edge_s: float,
+    history: Sequence[str] = (),
 ) -> tuple[Segment, ...]:
     """Hypothesis segments clipped to the window [window_start_s, edge_s]: empty texts dropped,
     starts made non-decreasing, ends past the edge clamped (flagged END_CLAMPED), and runs of
-    more than LOOP_MAX_REPEATS identical consecutive texts (a decode loop) cut."""
+    more than LOOP_MAX_REPEATS identical consecutive texts (a decode loop) cut, counting the
+    committed texts just before the window (`history`, oldest first) into a run they start."""
     out: list[Segment] = []
-    run = 0
+    last = normalise_text(history[-1]) if history else None
+    run = -1  # copies of `last` beyond the first so far
+    for text in reversed(history):
+        if normalise_text(text) != last:
+            break
+        run += 1
     for seg in segments:
         norm = normalise_text(seg.text)
         if not norm or seg.start_s >= edge_s:
             continue
-        if out and normalise_text(out[-1].text) == norm:
+        if norm == (normalise_text(out[-1].text) if out else last):
             run += 1
             if run >= LOOP_MAX_REPEATS:
                 continue

@@ -296,9 +296,10 @@ def parse_transcript(text: str, audio_duration_s: float | None = None) -> list[S
 def render_segment(seg: Segment) -> str:
     """`seg` in the model's output grammar (MODEL.md section 6): `[start][Sxx] text[end]`, times
     to 2 decimals. The text gets back the leading space the model writes before it (BPE's
-    word-initial space; parsers strip it) unless it starts with a wide character (CJK text has
-    none), so a rendered transcript tokenizes as the model would have written it."""
+    word-initial space; parsers strip it) unless it holds a wide character (CJK text has none,
+    also when it starts with digits or a quote: `2024年`), so a rendered transcript tokenizes as
+    the model would have written it."""
     text = seg.text.strip()
-    if text and unicodedata.east_asian_width(text[0]) not in ("W", "F"):
+    if text and not any(unicodedata.east_asian_width(c) in ("W", "F") for c in text):
         text = " " + text
     return f"[{seg.start_s:.2f}][{seg.speaker}]{text}[{seg.end_s:.2f}]"

@@ -13,6 +13,7 @@ the first are dropped). Plain Python: no I/O, no tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -66,7 +67,20 @@ class RepetitionGuard:
         self.options = options or RepetitionOptions()
         self._last_norm: str | None = None
         self._held: list[Segment] = []
+        self._prior_copies = 0  # copies of _last_norm emitted before this decode (`seed`)
         self.tripped = False
+
+    def seed(self, history: Sequence[str]) -> None:
+        """Texts emitted before this decode (a forced transcript prefix), oldest first: the
+        copies in their trailing run of one text count toward the loop limit, so a loop that
+        crosses the prefix is still seen."""
+        run, last = 0, None
+        for text in reversed(history):
+            norm = normalise_text(text)
+            if not norm or (last is not None and norm != last):
+                break
+            last, run = norm, run + 1
+        self._last_norm, self._prior_copies = last, run
 
     def push(self, segment: Segment) -> GuardResult:
         """A newly confirmed segment."""
@@ -75,14 +89,14 @@ class RepetitionGuard:
         norm = normalise_text(segment.text)
         if norm and norm == self._last_norm:
             self._held.append(segment)
-            if len(self._held) + 1 >= self.options.max_segment_repeats:
+            if len(self._held) + max(1, self._prior_copies) >= self.options.max_segment_repeats:
                 self._held.clear()
                 self.tripped = True
                 return GuardResult((), True)
             return GuardResult((), False)
         released = (*self._held, segment)
         self._held.clear()
-        self._last_norm = norm
+        self._last_norm, self._prior_copies = norm, 0
         return GuardResult(released, False)
 
     def check_pending(self, text: str) -> bool:

@@ -13,7 +13,7 @@ Plain Python: no I/O.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 
 from livemeet.transcript.segments import Segment
@@ -41,22 +41,31 @@ class SpeakerMapper:
     def seen(self) -> frozenset[str]:
         return frozenset(self._seen)
 
-    def map(self, hypothesis: Sequence[Segment], seen: Iterable[Segment]) -> tuple[Segment, ...]:
+    def map(
+        self,
+        hypothesis: Sequence[Segment],
+        seen: Iterable[Segment],
+        session_labels: Collection[str] = (),
+    ) -> tuple[Segment, ...]:
         """`hypothesis` relabelled into session labels.
 
         `seen`: segments already shown to the client, in session labels. Each pair (hypothesis
         label, session label) scores the total overlap of their segments; pairs are assigned
-        greedily by score, one session label per hypothesis label.
+        greedily by score, one session label per hypothesis label. `session_labels`: labels
+        the decode already writes in session terms (a forced transcript prefix carried them);
+        they keep their meaning and cast no votes.
         """
+        mapping = {label: label for label in session_labels}
+        taken = set(mapping.values())
         scores: dict[tuple[str, str], float] = defaultdict(float)
         seen_list = list(seen)
         for h in hypothesis:
+            if h.speaker in mapping:
+                continue
             for s in seen_list:
                 ov = overlap_s(h, s)
                 if ov > 0:
                     scores[(h.speaker, s.speaker)] += ov
-        mapping: dict[str, str] = {}
-        taken: set[str] = set()
         for (hyp_label, sess_label), _ in sorted(scores.items(), key=lambda kv: (-kv[1], kv[0])):
             if hyp_label not in mapping and sess_label not in taken:
                 mapping[hyp_label] = sess_label
@@ -67,9 +76,10 @@ class SpeakerMapper:
             label = self._remembered(h.speaker, taken) or self._next_free(taken)
             mapping[h.speaker] = label
             taken.add(label)
-        self._seen.update(mapping.values())
+        self._seen.update(mapping[h.speaker] for h in hypothesis)
         for h in hypothesis:
-            self._votes[(h.speaker, mapping[h.speaker])] += h.end_s - h.start_s
+            if h.speaker not in session_labels:
+                self._votes[(h.speaker, mapping[h.speaker])] += h.end_s - h.start_s
         return tuple(replace(h, speaker=mapping[h.speaker]) for h in hypothesis)
 
     def _remembered(self, hyp_label: str, taken: set[str]) -> str | None:

@@ -512,7 +512,10 @@ def test_live_hops_prefill_the_committed_transcript_and_decode_only_the_tail(
         assert core.engine is not None
         lengths = []
         for rid, prefix in prefixes.items():
-            forced = parse_transcript(core.engine.tokenizer.decode(prefix))
+            # the prefix stops before its last `]` (token healing: the decode writes `][`)
+            text = core.engine.tokenizer.decode(prefix)
+            assert not prefix or not text.endswith("]")
+            forced = parse_transcript(text + "]" if prefix else "")
             # the prefix is the committed finals so far, whole and in order
             assert [(s.speaker, s.text, s.start_s, s.end_s) for s in forced] == want[
                 : len(forced)
@@ -524,6 +527,61 @@ def test_live_hops_prefill_the_committed_transcript_and_decode_only_the_tail(
             assert lengths == sorted(lengths) and lengths[-1] >= 3
         assert_pool_clean(core)
     assert decoded[2_048] < 0.6 * decoded[0], decoded
+
+
+LOOP_REFERENCE = (
+    "[0.50][S01] one[1.50]"
+    + "".join(f"[{t + 1.5:.2f}][S01] Thank you.[{t + 2.5:.2f}]" for t in range(7))
+    + "[8.50][S02] two[10.00]"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0, 2_048])
+def test_a_loop_does_not_grow_past_the_forced_transcript(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, budget: int
+) -> None:
+    """A decode loop that crosses the forced prefix (each hop decodes only a segment or two of
+    it) is still cut: the hop's repetition guard and the session's hypothesis cleaning count
+    the prefix's trailing copies. In both modes a hop whose loop shows only at its close
+    frees the KV the engine kept for it (it leaked once)."""
+    core = make_core(
+        our_model, tmp_path, forced=LOOP_REFERENCE, live_forced_transcript_tokens=budget
+    )
+    events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    texts = [s.text for s in final.segments]
+    longest, run = 1, 1
+    for prev, cur in zip(texts, texts[1:], strict=False):
+        run = run + 1 if prev == cur else 1
+        longest = max(longest, run)
+    assert texts[0] == "one" and longest <= 3, texts
+    assert_pool_clean(core)
+
+
+def test_the_forced_prefix_is_a_token_prefix_of_the_transcript_going_on() -> None:
+    """Token healing: the prefix stops before its last `]`, so its ids begin the canonical
+    tokenization of the transcript as the model goes on writing it (`][` merges the end
+    stamp's `]` with the next `[`; a lone `]` there would precede only the end of output)."""
+    from livemeet.backends.moss import _Live
+    from livemeet.session.live import LiveOptions, LiveSession
+
+    tok = load_tokenizer(None)
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    a = Segment(start_s=0.0, end_s=1.2, speaker="S01", text="Hello there.")
+    b = Segment(start_s=1.2, end_s=2.5, speaker="S02", text="你好")
+    c = Segment(start_s=2.5, end_s=3.1, speaker="S01", text="Okay then")
+    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    sess.live = SimpleNamespace(committed=(a, b))  # type: ignore[assignment]
+    prefix = sess.forced_transcript_ids(encode, 2_048)
+    for going_on in (render_segment(c), ""):
+        whole = encode(render_segment(a) + render_segment(b) + going_on)
+        assert whole[: len(prefix)] == prefix and len(whole) > len(prefix)
+    assert sess.prefix_segments == (a, b)
 
 
 def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() -> None:
@@ -551,18 +609,27 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     assert sess.forced_transcript_ids(encode, 3 * one) == []  # nothing committed yet
     fake.committed = tuple(committed[:4])
     ids = sess.forced_transcript_ids(encode, 3 * one + 5)
-    assert "".join(map(chr, ids)) == "".join(rendered[1:4])  # newest three, whole
+    # newest three, whole but for the closing `]` (token healing)
+    assert "".join(map(chr, ids)) == "".join(rendered[1:4])[:-1]
+    assert sess.prefix_segments == tuple(committed[1:4])
     n = len(calls)
     assert sess.forced_transcript_ids(encode, 3 * one + 5) == ids and len(calls) == n  # cached
     fake.committed = tuple(committed)
     ids = sess.forced_transcript_ids(encode, 3 * one + 5)
-    assert "".join(map(chr, ids)) == "".join(rendered[3:6])
+    assert "".join(map(chr, ids)) == "".join(rendered[3:6])[:-1]
     assert len(calls) == n + 2 + 1  # the two new segments alone, then the joined text
     assert sess.forced_transcript_ids(encode, one - 1) == ids  # unchanged set: kept as built
     fresh = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
     fresh.live = fake  # type: ignore[assignment]
     assert fresh.forced_transcript_ids(encode, one - 1) == []  # no whole segment fits
     assert fresh.forced_transcript_ids(encode, 0) == []
+    # text that would encode as a special token (<|im_end|>) is never forced: it and what
+    # came before it stay out
+    odd = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    special = Segment(start_s=6.0, end_s=6.5, speaker="S01", text="<|im_end|>")
+    odd.live = SimpleNamespace(committed=(*committed[:5], special, committed[5]))  # type: ignore[assignment]
+    ids = odd.forced_transcript_ids(encode, 100 * one)
+    assert "".join(map(chr, ids)) == rendered[5][:-1]
 
 
 def test_live_audio_grows_in_place_and_hashes_each_window_once(

@@ -224,3 +224,47 @@ def test_options_hop_is_used() -> None:
     events = stream(core, audio(8.0), options=SessionOptions(hop_s=2.0), chunk_s=0.5)
     assert core.num_hops == 4  # one per 2 s; end() adds none (no new audio since)
     check_invariants(events, 8.0)
+
+
+def _hop(live: LiveSession, seconds: float, hyp: list[Segment], labels: tuple[str, ...] = ()):
+    """One hop as MossCore runs it: the window, then the hypothesis past the last final."""
+    offset = live.window().offset_s
+    kept = [s for s in hyp if (s.start_s + s.end_s) / 2 > offset]
+    live.receive_audio(np.zeros(int(seconds * SAMPLE_RATE), np.float32))
+    return live.apply_hypothesis(kept, labels)
+
+
+def test_labels_written_in_session_terms_keep_their_meaning() -> None:
+    """A decode after a forced transcript prefix writes the prefix's session labels: they are
+    kept as they are (a returning speaker with no overlap to go on is not renumbered through
+    votes cast when labels meant something else); a label the prefix lacks is still mapped."""
+
+    def seg(a: float, b: float, spk: str, text: str) -> Segment:
+        return Segment(start_s=a, end_s=b, speaker=spk, text=text)
+
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(np.zeros(3 * SAMPLE_RATE, np.float32))
+    _hop(live, 1.0, [seg(1.6, 2.0, "S01", "bee one")])  # B heard first: S01 = B here
+    full = [seg(0.0, 1.5, "S01", "ay one"), seg(1.6, 2.0, "S02", "bee one")]
+    _hop(live, 1.0, full)
+    _hop(live, 2.0, full)
+    labels = {s.text: s.speaker for s in live.committed}
+    assert labels == {"ay one": "S02", "bee one": "S01"}
+    # A (S02 in the session, and in the prefix the decode saw) speaks again, then a newcomer
+    # whom this decode calls S01, a label the prefix does not give it
+    tail = [seg(3.0, 4.0, "S02", "ay two"), seg(4.2, 5.0, "S03", "cee one")]
+    for _ in range(2):
+        _hop(live, 1.0, tail, labels=("S02", "S01"))
+    got = {s.text: s.speaker for s in (*live.committed, *live._commit.tail)}
+    assert got["ay two"] == "S02" and got["cee one"] == "S03"
+
+
+def test_a_loop_across_the_commit_point_is_cut() -> None:
+    """Copies of the last committed text at the start of a hypothesis count toward the
+    LOOP_MAX_REPEATS run: a decode that sees only the tail cannot grow a loop past it."""
+    thanks = [Segment(float(i), i + 0.9, "S01", "Thank you.") for i in range(4)]
+    assert [s.start_s for s in clean_hypothesis(thanks, 0.0, 10.0)] == [0.0, 1.0]
+    assert clean_hypothesis(thanks, 0.0, 10.0, ["one", "Thank you.", "Thank you."]) == ()
+    kept = clean_hypothesis(thanks, 0.0, 10.0, ["Thank you.", "one"])
+    assert [s.start_s for s in kept] == [0.0, 1.0]
+    assert len(clean_hypothesis(thanks, 0.0, 10.0, ["Thank you!"])) == 1

@@ -211,4 +211,18 @@ def test_render_segment_round_trips_and_restores_the_word_space(
     for seg, text in zip(parsed, rendered, strict=True):
         body = text.split("]", 2)[2].rsplit("[", 1)[0]
         # BPE's word-initial space comes back before Latin text, never before CJK
-        assert body == (seg.text if seg.text[0] in "你好世界" else " " + seg.text)
+        assert body == (seg.text if set(seg.text) & set("你好世界") else " " + seg.text)
+
+
+@pytest.mark.parametrize(
+    ("text", "body"),
+    [
+        ("Okay.", " Okay."),
+        ("2024年的计划", "2024年的计划"),
+        ("“你好”他说", "“你好”他说"),
+        ("3 pm", " 3 pm"),
+    ],
+)
+def test_render_segment_spaces_latin_text_only(text: str, body: str) -> None:
+    seg = Segment(start_s=0.0, end_s=1.0, speaker="S01", text=text)
+    assert render_segment(seg) == f"[0.00][S01]{body}[1.00]"

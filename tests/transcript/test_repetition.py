@@ -57,3 +57,23 @@ def test_pending_text_loop_trips() -> None:
 def test_options_are_validated() -> None:
     with pytest.raises(ValueError):
         RepetitionOptions(max_segment_repeats=1)
+
+
+def test_a_seeded_run_counts_toward_the_limit() -> None:
+    """A forced transcript prefix that ends in copies of one text: the decode's copies add to
+    them (a loop that crosses the prefix), while other history or other text changes nothing."""
+    guard = RepetitionGuard(RepetitionOptions(max_segment_repeats=4))
+    guard.seed(["one", "Thank you.", "thank you"])  # two copies (normalised) at the end
+    assert guard.push(seg(1, "Thank you!")).release == ()  # the third copy is held
+    result = guard.push(seg(2, "Thank you."))  # the fourth trips
+    assert result.looping and guard.tripped
+    fresh = RepetitionGuard(RepetitionOptions(max_segment_repeats=4))
+    fresh.seed(["Thank you.", "Thank you.", "one"])  # the run is not at the end
+    assert [s.text for s in fresh.push(seg(3, "one")).release] == []  # held: 2nd copy of "one"
+    assert not fresh.push(seg(4, "one")).looping  # 3rd
+    assert fresh.push(seg(5, "one")).looping  # 4th, counting the seeded one
+    other = RepetitionGuard(RepetitionOptions(max_segment_repeats=4))
+    other.seed(["a", "a", "a"])
+    assert [s.text for s in other.push(seg(6, "b")).release] == ["b"]
+    for _ in range(2):
+        assert not other.push(seg(7, "b")).looping
