@@ -14,11 +14,11 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
   gains share / (1 - share) of each step's live time and loses its upload time (a step's
   fixed cost split by its rows' costs); it is clamped to +-step_budget_s and reset while no
   upload can run (held uploads do not count), so no credit is banked for long. While it is
-  positive the step is an upload turn: live prefill and admissions wait, live decode rows
-  ride along (live time: their hops move), and uploads may use the whole budget and token
-  limit; a turn of decode rows only is a cheap graph step, so a decoding upload gets many
-  tokens per live step. A run of turns ends after step_budget_s of estimated time, so live
-  prefill waits at most one step budget (and the turn that crosses it) between live steps.
+  positive the step is an upload turn: live work waits, and uploads may use the whole budget
+  and token limit; a turn of upload decode rows only is a cheap graph step, so a decoding
+  upload gets many tokens per live step. A run of turns ends after share / (1 - share) of
+  step_budget_s of estimated time (16.7 ms at 0.25), so live work waits at most that (and the
+  turn that crosses it) between live steps.
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
@@ -389,9 +389,7 @@ class Scheduler:
         can_run = self._upload_can_run(include_waiting=not hold_uploads)
         if not can_run or self.config.upload_min_share == 0:
             self._upload_deficit_s = 0.0  # bank no credit for uploads that cannot use it
-        upload_turn = (
-            self._upload_deficit_s > 0 and self._upload_turns_s < self.config.step_budget_s
-        )
+        upload_turn = self._upload_deficit_s > 0 and self._upload_turns_s < self._max_turns_s()
         step = self._fill_step(hold_uploads, can_run, upload_turn)
         if upload_turn and step.is_empty:
             # the uploads could not use their turn (no KV for their next token): an empty
@@ -479,10 +477,13 @@ class Scheduler:
                 break
             if request.is_finished or request.request_id in step.preempted:
                 continue  # finished for lack of KV, or evicted earlier in this step
-            if request.status is Status.RUNNING and request.is_decoding:
+            if upload_turn and request.request_class is RequestClass.LIVE:
+                # the turn is the uploads' alone: a live decode row riding along would take
+                # most of a turn at long context and move later-deadline hops ahead of an
+                # urgent prefill, while the uploads' time barely moved
+                step.live_left_out = True
+            elif request.status is Status.RUNNING and request.is_decoding:
                 self._try_decode(request, step)
-            elif upload_turn and request.request_class is RequestClass.LIVE:
-                step.live_left_out = True  # its prefill would fill the step the uploads are owed
             elif request.status is Status.RUNNING:
                 self._try_prefill(request, step)
             elif (
@@ -493,16 +494,19 @@ class Scheduler:
                 self._try_admit(request, step)
         return step
 
+    def _max_turns_s(self) -> float:
+        """Estimated s a run of upload turns may last: the share's part of one step budget,
+        share / (1 - share) of it (16.7 ms at 0.25), so live work waits at most that (and the
+        turn crossing it) per live step."""
+        share = self.config.upload_min_share
+        return share / (1 - share) * self.config.step_budget_s
+
     def _account_upload_share(self, step: _StepBuilder, cost_s: float) -> None:
         """Move the upload deficit by one step of `cost_s` estimated seconds: it gains
         share / (1 - share) of the live time and loses the upload time, within
         +-step_budget_s (one step's worth of credit either way, never more)."""
         share = self.config.upload_min_share
-        # The fixed cost is split by the rows' costs. Live decode rows riding along in an
-        # upload turn count as live time like anywhere else: their hops move, so it is time
-        # live work received, and charging it to uploads would leave them little of their
-        # share when many live rows decode at long context. The cap on a run of turns, not
-        # this charge, bounds how long live prefill waits.
+        # the fixed cost is split by the rows' costs (an upload turn holds no live rows)
         rows_s = step.live_spent_s + step.upload_spent_s
         live_s = cost_s * step.live_spent_s / rows_s if rows_s > 0 else 0.0
         deficit_s = self._upload_deficit_s + share / (1 - share) * live_s - (cost_s - live_s)
