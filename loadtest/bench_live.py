@@ -27,7 +27,9 @@ over every session's segments (and p50, p95 by when in the meeting the segment e
 `latency_by_time`), how many segments were seen before `end`, only after it (the final flush)
 or never, the client's largest send lag, the time from `end` to `transcript.final` and from
 connecting to `session.ready` (median and worst session), errors, the uploads completed during
-the point with their audio-s/s (over the uploads' own time), and the increase of the engine's
+the point with their audio-s/s (over the uploads' own time), the audio seconds the uploads had
+transcribed by the point's end, finished or not (they stream: `stream=true`, each segment's end
+as it arrives) and that rate, and the increase of the engine's
 counters over the point (steps by kind, prefill and decode tokens, host time in steps by part:
 loadtest.http_sweep.engine_fields). On the scripted backend (CPU) uploads finish at once, so
 their fields say nothing there.
@@ -46,7 +48,7 @@ import math
 import shlex
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -59,12 +61,12 @@ from loadtest import workloads as wl
 from loadtest.bench_engine import parse_ints, percentile
 from loadtest.http_sweep import (
     DEFAULT_SERVE_ARGS,
+    ENDPOINT,
     Server,
     engine_counters,
     engine_fields,
     scrape_metrics,
     settled_metrics,
-    upload,
     write_line,
 )
 
@@ -260,12 +262,46 @@ async def live_session(
 
 @dataclass
 class UploadTally:
-    """Uploads of one point's closed-loop clients: completed, failed, and the first failure's
-    description (status and body excerpt, or the client exception)."""
+    """Uploads of one point's closed-loop clients: completed, failed, the first failure's
+    description (status and body excerpt, an error event, or the client exception), and the
+    audio seconds transcribed so far, finished uploads or not (each upload's furthest segment
+    end received), which shows the uploads' progress when a point is too short to finish one."""
 
     completed: int = 0
     errors: int = 0
     first_error: str = ""
+    transcribed_s: float = 0.0
+
+
+async def streamed_upload(
+    session: aiohttp.ClientSession, url: str, body: bytes, on_segment: Callable[[float], None]
+) -> str:
+    """POST one WAV with `stream=true`; `on_segment(end_s)` for each transcript segment as its
+    server-sent event arrives. Returns "" or an error description."""
+    form = aiohttp.FormData()
+    form.add_field("file", body, filename="meeting.wav", content_type="audio/wav")
+    form.add_field("model", "moss-transcribe-diarize")
+    form.add_field("response_format", "json")
+    form.add_field("stream", "true")
+    try:
+        async with session.post(url + ENDPOINT, data=form) as r:
+            if r.status != 200:
+                return f"HTTP {r.status}: {(await r.read())[:200]!r}"
+            pending = b""
+            async for chunk in r.content.iter_any():  # events can outgrow a line buffer
+                pending += chunk
+                *events, pending = pending.split(b"\n\n")
+                for raw in events:
+                    event = json.loads(raw.removeprefix(b"data: "))
+                    if event.get("type") == "transcript.text.segment":
+                        on_segment(float(event["end"]))
+                    elif event.get("type") == "transcript.text.done":
+                        return ""
+                    elif event.get("type") == "error":
+                        return f"error event: {str(event)[:200]}"
+            return "the stream ended without transcript.text.done"
+    except (aiohttp.ClientError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
 
 
 async def upload_loop(
@@ -274,7 +310,14 @@ async def upload_loop(
     """Upload the next of `bodies` (an iterator every client shares, so no two uploads in
     flight carry the same meeting) until cancelled: one closed-loop client."""
     while True:
-        _, error = await upload(session, url, next(bodies))
+        reached_s = 0.0
+
+        def on_segment(end_s: float) -> None:
+            nonlocal reached_s
+            tally.transcribed_s += max(0.0, end_s - reached_s)
+            reached_s = max(reached_s, end_s)
+
+        error = await streamed_upload(session, url, next(bodies), on_segment)
         if error:
             tally.errors += 1
             tally.first_error = tally.first_error or error
@@ -359,6 +402,8 @@ async def run_point(
         "upload_first_error": tally.first_error,
         # over the uploads' own time (they start UPLOAD_LEAD_S before the sessions)
         "upload_audio_s_per_s": tally.completed * upload_audio_s / (end - uploads_start),
+        "upload_transcribed_audio_s": tally.transcribed_s,
+        "upload_progress_audio_s_per_s": tally.transcribed_s / (end - uploads_start),
         "wall_s": wall,
         "latency_by_time": latency_by_time(results),
         **engine_fields(engine_counters(before), engine_counters(after)),

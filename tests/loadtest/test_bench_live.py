@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -144,14 +145,19 @@ def test_upload_clients_never_send_the_same_meeting_at_once(
     in_flight: list[bytes] = []
     overlaps: list[bool] = []
 
-    async def fake_upload(session: object, url: str, body: bytes) -> tuple[float, str]:
+    async def fake_upload(
+        session: object, url: str, body: bytes, on_segment: Callable[[float], None]
+    ) -> str:
         overlaps.append(body in in_flight)
         in_flight.append(body)
+        on_segment(2.0)
         await asyncio.sleep(0.01)
+        on_segment(5.0)
+        on_segment(3.0)  # an earlier end (overlapping speech) adds no progress
         in_flight.remove(body)
-        return 0.01, ""
+        return ""
 
-    monkeypatch.setattr(bench_live, "upload", fake_upload)
+    monkeypatch.setattr(bench_live, "streamed_upload", fake_upload)
 
     async def run() -> bench_live.UploadTally:
         tally = bench_live.UploadTally()
@@ -169,6 +175,8 @@ def test_upload_clients_never_send_the_same_meeting_at_once(
     tally = asyncio.run(run())
     assert tally.completed >= 4 and tally.errors == 0
     assert not any(overlaps)
+    # each upload's furthest segment end, 5 s per finished one, 2 s per one cut off
+    assert tally.transcribed_s in (5.0 * tally.completed + 2.0 * k for k in range(3))
 
 
 def test_pcm16_clips_and_scales() -> None:
@@ -209,6 +217,10 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert "engine_steps" not in r  # the scripted backend has no step engine to count
     assert points[0]["uploads_completed"] == 0
     assert points[1]["uploads_completed"] >= 1 and points[1]["upload_errors"] == 0
+    # streamed uploads report their progress: ~30 s of meeting per finished upload
+    assert points[0]["upload_transcribed_audio_s"] == 0.0
+    done = points[1]["uploads_completed"]
+    assert 20.0 * done <= points[1]["upload_transcribed_audio_s"] <= 30.0 * (done + 1)
 
 
 @pytest.mark.slow
