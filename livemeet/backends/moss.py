@@ -183,7 +183,7 @@ class _Upload:
 class _Hop:
     request_id: str
     edge_samples: int  # audio edge the hop decodes up to
-    offset_s: float  # end of the committed speech when the hop started
+    offset_s: float  # end of the committed speech when the hop started (marker time)
     num_prompt_ids: list[int]
     stream: SegmentStream
     session_labels: frozenset[str]  # speakers of the forced transcript prefix
@@ -349,7 +349,8 @@ class MossCore:
             raise InvalidRequest(f"max_new_tokens must be >= 1, not {options.max_new_tokens}")
         if options.live:
             try:
-                live = LiveSession(LiveOptions(hop_s=options.hop_s))
+                scale = self._engine().prompt_config.marker_time_scale
+                live = LiveSession(LiveOptions(hop_s=options.hop_s, time_scale=scale))
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
             self._sessions[session_id] = _Live(options, live)
@@ -570,7 +571,9 @@ class MossCore:
             )
             fork_from = prev.request_id
         prefix = sess.forced_transcript_ids(self._encode, self.config.live_forced_transcript_tokens)
-        tail_from_s = window.offset_s if prefix else None
+        # the model writes marker time (LiveOptions.time_scale): so do the hop's cut and edge
+        offset_s, edge_s = sess.live.stamp_s(window.offset_s), sess.live.stamp_s(window.end_s)
+        tail_from_s = offset_s if prefix else None
         try:
             request = engine.add_request(
                 rid,
@@ -580,6 +583,8 @@ class MossCore:
                 request_class=RequestClass.LIVE,
                 max_new_tokens=self._hop_max_new_tokens(sess.options, window, prefix),
                 deadline_s=engine.clock() + sess.options.hop_s,
+                # benchmarks: the reference's times stand for real time, so a segment is never
+                # forced before it is heard (bench_live measures latency from its end)
                 forced_output_ids=self._forced_ids(window.end_s, tail_from_s),
                 prefix_token_ids=prefix,
                 retain_kv=True,
@@ -599,11 +604,11 @@ class MossCore:
         sess.hop = _Hop(
             rid,
             edge,
-            window.offset_s,
+            offset_s,
             request.prompt_token_ids,
             SegmentStream(
                 IncrementalDetokenizer(engine.tokenizer),
-                edge / SAMPLE_RATE,
+                edge_s,
                 [s.text for s in forced],
             ),
             frozenset(s.speaker for s in forced),

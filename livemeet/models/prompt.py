@@ -85,6 +85,16 @@ class PromptConfig:
         """Pads between markers: int(12.5 * 5) = 62, not 62.5 (MODEL.md 5.3); 0 = no markers."""
         return int(self.audio_tokens_per_second * self.time_marker_every_s)
 
+    @property
+    def marker_time_scale(self) -> float:
+        """Seconds of marker time per second of audio: marker k reads 5 k s but sits after pad
+        62 k, at 4.96 k s (MODEL.md 5.3), so a model that reads markers literally writes times
+        62.5 / 62 = 1.008 times the audio's (29 s ahead at 1 h); 1.0 without markers."""
+        per = self.pads_per_marker
+        if per <= 0:
+            return 1.0
+        return self.time_marker_every_s * self.audio_tokens_per_second / per
+
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: Path) -> PromptConfig:
         """Read `processor_config.json` (keys `time_marker_every_seconds`,

@@ -42,12 +42,17 @@ from livemeet.transcript.speakers import SpeakerMapper
 class LiveOptions:
     """`hop_s`: s of new audio between decodes. `max_window_s`: s of open window beyond which
     the tail is force-committed. `prompt_chars`: characters of committed text in `Window.prompt`.
+    `time_scale`: seconds of the backend's timestamps per second of audio. MOSS-TD writes
+    marker time (`PromptConfig.marker_time_scale`, 62.5 / 62), so hypotheses are clipped and
+    committed against the audio edge in marker time (DESIGN 5.5); 1.0 for backends that write
+    audio time. Segments keep the backend's times (as offline transcripts do).
     """
 
     hop_s: float = LIVE_HOP_S
     max_window_s: float = LIVE_MAX_WINDOW_S
     prompt_chars: int = LIVE_PROMPT_CHARS
     commit: CommitOptions = field(default_factory=CommitOptions)
+    time_scale: float = 1.0
 
 
 class Window(NamedTuple):
@@ -70,6 +75,8 @@ class LiveSession:
         self.options = options or LiveOptions()
         if self.options.hop_s <= 0 or self.options.max_window_s <= self.options.hop_s:
             raise ValueError(f"need 0 < hop_s < max_window_s, got {self.options}")
+        if not 0.5 <= self.options.time_scale <= 2.0:
+            raise ValueError(f"time_scale must be in [0.5, 2], got {self.options.time_scale}")
         self._commit = CommitBuffer(self.options.commit)
         self._speakers = SpeakerMapper()
         self._chunks: list[Samples] = []
@@ -122,6 +129,14 @@ class LiveSession:
         """Audio received so far, in s."""
         return self._num_samples / SAMPLE_RATE
 
+    def stamp_s(self, audio_s: float) -> float:
+        """Seconds of audio -> the backend's timestamps (`LiveOptions.time_scale`)."""
+        return audio_s * self.options.time_scale
+
+    def _stamp_sample(self, stamp_s: float) -> int:
+        """The backend's timestamp -> the sample index it stands for."""
+        return round(stamp_s / self.options.time_scale * SAMPLE_RATE)
+
     @property
     def ended(self) -> bool:
         """True once `end()` has been applied (all audio committed)."""
@@ -172,9 +187,10 @@ class LiveSession:
         if self._window_edge is None:
             raise RuntimeError("apply_hypothesis without a window()")
         edge_samples, self._window_edge = self._window_edge, None
-        edge_s = edge_samples / SAMPLE_RATE
+        edge_s = self.stamp_s(edge_samples / SAMPLE_RATE)  # in the hypothesis's times
         history = [s.text for s in self._commit.committed[-LOOP_MAX_REPEATS:]]
-        hyp = clean_hypothesis(segments, self._window_start / SAMPLE_RATE, edge_s, history)
+        start_s = self.stamp_s(self._window_start / SAMPLE_RATE)
+        hyp = clean_hypothesis(segments, start_s, edge_s, history)
         seen = self._commit.committed[-50:] + self._shown
         mapped = self._speakers.map(hyp, seen, session_labels)
         finals = list(self._commit.update(mapped, edge_s).finals)
@@ -203,15 +219,15 @@ class LiveSession:
     # -- internals ---------------------------------------------------------------------------
 
     def _committed_end_sample(self) -> int:
-        return max(self._window_start, round(self._commit.committed_end_s * SAMPLE_RATE))
+        return max(self._window_start, self._stamp_sample(self._commit.committed_end_s))
 
     def _force_window_commit(self, edge_samples: int) -> list[Segment]:
         """The window is full: commit all but the last tail segment (it may be cut mid-word), or
         everything if that would still leave the window full; with no segments, drop silence."""
-        edge_s = edge_samples / SAMPLE_RATE
+        edge_s = self.stamp_s(edge_samples / SAMPLE_RATE)
         tail = self._commit.tail
         keep_last = len(tail) >= 2 and edge_s - tail[-1].start_s + self.options.hop_s <= (
-            self.options.max_window_s
+            self.stamp_s(self.options.max_window_s)
         )
         update: CommitUpdate = self._commit.force_commit(len(tail) - 1 if keep_last else None)
         if not tail:

@@ -308,3 +308,14 @@ def test_suffix_matches_golden_fixture(tok: Tokenizer) -> None:
     built = build_prompt(tok, 501)
     assert built.ids[-built.suffix_len :] == GOLDEN_SUFFIX
     assert len(built.ids) == 602  # that clip gives 501 audio tokens: 8 markers, 5 trailing pads
+
+
+def test_marker_time_runs_62_5_over_62_times_the_audio() -> None:
+    """Marker k reads 5 k s but sits after pad 62 k (4.96 k s): a model that reads markers
+    literally writes times 1.008 times the audio's, ~28.8 s ahead at 1 h (MODEL.md 5.3)."""
+    scale = PromptConfig().marker_time_scale
+    assert scale == pytest.approx(62.5 / 62)
+    one_hour = 3600.0
+    assert one_hour * scale - one_hour == pytest.approx(29.0, abs=0.1)
+    assert PromptConfig(time_marker_every_s=0).marker_time_scale == 1.0
+    assert PromptConfig(time_marker_every_s=2).marker_time_scale == pytest.approx(1.0)  # 25 pads

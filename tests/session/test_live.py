@@ -268,3 +268,38 @@ def test_a_loop_across_the_commit_point_is_cut() -> None:
     kept = clean_hypothesis(thanks, 0.0, 10.0, ["Thank you.", "one"])
     assert [s.start_s for s in kept] == [0.0, 1.0]
     assert len(clean_hypothesis(thanks, 0.0, 10.0, ["Thank you!"])) == 1
+
+
+def test_hypotheses_in_marker_time_are_clipped_and_committed_at_the_marker_edge() -> None:
+    """A backend writing marker time (stamps `time_scale` times the audio's: MOSS-TD's 1.008,
+    exaggerated here to 1.5) has its speech near the audio edge kept and committed against the
+    edge in marker time, and the next window starts at the audio time of the committed end;
+    read as audio time, the same stamps lose that speech (DESIGN 5.5)."""
+
+    def seg(a: float, b: float, text: str) -> Segment:
+        return Segment(start_s=a, end_s=b, speaker="S01", text=text)
+
+    # speech at 0-4, 5-9 and 12-17.5 s of audio, in stamps 1.5 times that
+    hyp = [seg(0.0, 6.0, "one"), seg(7.5, 13.5, "two"), seg(18.0, 26.25, "three")]
+    outcome = {}
+    for scale in (1.0, 1.5):
+        live = LiveSession(LiveOptions(hop_s=1.0, time_scale=scale))
+        live.receive_audio(np.zeros(20 * SAMPLE_RATE, np.float32))
+        for _ in range(2):  # two agreeing hypotheses commit
+            live.window()
+            events = live.apply_hypothesis(hyp)
+            live.receive_audio(np.zeros(SAMPLE_RATE, np.float32))
+        outcome[scale] = (live, events)
+    live, _ = outcome[1.5]
+    assert [(s.text, s.start_s, s.end_s) for s in live.committed] == [
+        ("one", 0.0, 6.0),
+        ("two", 7.5, 13.5),
+        ("three", 18.0, 26.25),
+    ]
+    assert all(not s.flags for s in live.committed)
+    assert live.window().offset_s == pytest.approx(26.25 / 1.5)  # back in audio time
+    flat, _ = outcome[1.0]
+    shown = (*flat.committed, *flat._commit.tail)
+    assert "three" not in [s.text for s in shown if not s.flags]  # clamped or lost
+    with pytest.raises(ValueError, match="time_scale"):
+        LiveSession(LiveOptions(time_scale=0.0))
