@@ -135,11 +135,14 @@ class SegmentStream:
 
 class UploadTranscript:
     """The final segments of an upload as they are confirmed: ids "seg-0001"..., starts made
-    non-decreasing and clamped to [0, duration_s], texts stripped; with the text delta of each
-    (their concatenation equals `join_texts` of the segments)."""
+    non-decreasing and clamped to [0, max_stamp_s], texts stripped; with the text delta of each
+    (their concatenation equals `join_texts` of the segments). `max_stamp_s` (default
+    `duration_s`) is the audio's end in the model's times: in marker time for MOSS-TD
+    (`PromptConfig.marker_time_scale`), whose stamps run 1.008 times the audio's."""
 
-    def __init__(self, duration_s: float) -> None:
+    def __init__(self, duration_s: float, max_stamp_s: float | None = None) -> None:
         self.duration_s = duration_s
+        self.max_stamp_s = duration_s if max_stamp_s is None else max_stamp_s
         self.segments: list[Segment] = []
         self.text = ""
 
@@ -148,8 +151,8 @@ class UploadTranscript:
         if not text:
             return None
         prev_start = self.segments[-1].start_s if self.segments else 0.0
-        start = min(max(seg.start_s, prev_start), self.duration_s)
-        end = min(max(seg.end_s, start), self.duration_s)
+        start = min(max(seg.start_s, prev_start), self.max_stamp_s)
+        end = min(max(seg.end_s, start), self.max_stamp_s)
         final = replace(
             seg,
             start_s=start,
@@ -522,7 +525,9 @@ class MossCore:
         samples = np.concatenate(sess.chunks) if sess.chunks else np.zeros(0, np.float32)
         sess.chunks = []
         duration_s = samples.size / SAMPLE_RATE
-        sess.transcript = UploadTranscript(duration_s)
+        # the model's stamps are marker time: the audio ends at this stamp, not at duration_s
+        max_stamp_s = duration_s * engine.prompt_config.marker_time_scale
+        sess.transcript = UploadTranscript(duration_s, max_stamp_s)
         if samples.size == 0:
             self._sessions.pop(sid, None)
             return [sess.transcript.final(FinishReason.STOP)]
@@ -537,7 +542,7 @@ class MossCore:
         )
         _log_request(request, samples.size)
         sess.request_id = rid
-        sess.stream = SegmentStream(IncrementalDetokenizer(engine.tokenizer), duration_s)
+        sess.stream = SegmentStream(IncrementalDetokenizer(engine.tokenizer), max_stamp_s)
         self._owner[rid] = sid
         return []
 

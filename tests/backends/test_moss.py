@@ -174,7 +174,22 @@ def test_parser_departures_survive_the_upload(
         (SegmentFlag.INHERITED_SPEAKER, SegmentFlag.END_CLAMPED),
         (SegmentFlag.MISSING_END,),
     ]
-    assert final.segments[1].end_s == 11.0 and final.segments[2].end_s == 11.0
+    # clamped to the audio's end in marker time (MOSS-TD's stamps run 62.5 / 62 of the audio's)
+    end = 11.0 * 62.5 / 62
+    assert final.segments[1].end_s == pytest.approx(end)
+    assert final.segments[2].end_s == pytest.approx(end)
+    assert final.duration_s == 11.0
+
+
+def test_upload_stamps_in_marker_time_past_the_audio_end_are_kept(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """A last segment ending at 11.05 s of an 11.0-s upload is inside the audio in marker time
+    (11.09 s): it keeps its end, unflagged, where an audio-time clamp cut it to 11.0."""
+    forced = "[0.00][S01] first[2.00][10.40][S02] last words[11.05]"
+    core = make_core(our_model, tmp_path, forced=forced)
+    final = check_upload_events(upload(core, clips[11.0]))
+    assert [(s.end_s, s.flags) for s in final.segments] == [(2.0, ()), (11.05, ())]
 
 
 def test_generated_tokens_equal_dense_generate(
