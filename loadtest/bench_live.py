@@ -297,8 +297,8 @@ async def streamed_upload(
                         on_segment(float(event["end"]))
                     elif event.get("type") == "transcript.text.done":
                         return ""
-                    elif event.get("type") == "error":
-                        return f"error event: {str(event)[:200]}"
+                    elif "error" in event:  # the gateway's error body: {"error": {...}}
+                        return f"error event: {str(event['error'])[:200]}"
             return "the stream ended without transcript.text.done"
     except (aiohttp.ClientError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"

@@ -352,8 +352,7 @@ class MossCore:
             raise InvalidRequest(f"max_new_tokens must be >= 1, not {options.max_new_tokens}")
         if options.live:
             try:
-                scale = self._engine().prompt_config.marker_time_scale
-                live = LiveSession(LiveOptions(hop_s=options.hop_s, time_scale=scale))
+                live = LiveSession(LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()))
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
             self._sessions[session_id] = _Live(options, live)
@@ -526,7 +525,7 @@ class MossCore:
         sess.chunks = []
         duration_s = samples.size / SAMPLE_RATE
         # the model's stamps are marker time: the audio ends at this stamp, not at duration_s
-        max_stamp_s = duration_s * engine.prompt_config.marker_time_scale
+        max_stamp_s = duration_s * self._time_scale()
         sess.transcript = UploadTranscript(duration_s, max_stamp_s)
         if samples.size == 0:
             self._sessions.pop(sid, None)
@@ -576,8 +575,12 @@ class MossCore:
             )
             fork_from = prev.request_id
         prefix = sess.forced_transcript_ids(self._encode, self.config.live_forced_transcript_tokens)
-        # the model writes marker time (LiveOptions.time_scale): so do the hop's cut and edge
-        offset_s, edge_s = sess.live.stamp_s(window.offset_s), sess.live.stamp_s(window.end_s)
+        # the model writes marker time (LiveOptions.time_scale): so do the hop's cut and edge.
+        # The cut is never below the committed end itself: the window start is that end
+        # rounded to a sample, and a committed zero-length segment would pass it again.
+        live = sess.live
+        offset_s = max(live.stamp_s(window.offset_s), live.committed_end_s)
+        edge_s = live.stamp_s(window.end_s)
         tail_from_s = offset_s if prefix else None
         try:
             request = engine.add_request(
@@ -588,9 +591,7 @@ class MossCore:
                 request_class=RequestClass.LIVE,
                 max_new_tokens=self._hop_max_new_tokens(sess.options, window, prefix),
                 deadline_s=engine.clock() + sess.options.hop_s,
-                # benchmarks: the reference's times stand for real time, so a segment is never
-                # forced before it is heard (bench_live measures latency from its end)
-                forced_output_ids=self._forced_ids(window.end_s, tail_from_s),
+                forced_output_ids=self._forced_ids(edge_s, tail_from_s),
                 prefix_token_ids=prefix,
                 retain_kv=True,
                 fork_from=fork_from,
@@ -721,6 +722,15 @@ class MossCore:
         max_model_len = self._engine().scheduler.config.max_model_len
         tail = output_budget(window.end_s - window.offset_s, 0, max_model_len)
         return min(budget, tail) if budget else tail
+
+    def _time_scale(self) -> float:
+        """Seconds of the model's timestamps per second of audio: marker time
+        (`PromptConfig.marker_time_scale`), or 1.0 with a forced output, whose reference
+        transcript is in audio time (benchmarks measure latency from its ends, so a segment
+        must never be forced before it is heard)."""
+        if self._forced is not None:
+            return 1.0
+        return self._engine().prompt_config.marker_time_scale
 
     def _encode(self, text: str) -> list[int]:
         return list(self._engine().tokenizer.encode(text, add_special_tokens=False).ids)

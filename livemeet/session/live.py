@@ -129,6 +129,11 @@ class LiveSession:
         """Audio received so far, in s."""
         return self._num_samples / SAMPLE_RATE
 
+    @property
+    def committed_end_s(self) -> float:
+        """End of the committed speech, in the backend's timestamps (0.0 before any final)."""
+        return self._commit.committed_end_s
+
     def stamp_s(self, audio_s: float) -> float:
         """Seconds of audio -> the backend's timestamps (`LiveOptions.time_scale`)."""
         return audio_s * self.options.time_scale

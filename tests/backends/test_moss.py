@@ -174,22 +174,32 @@ def test_parser_departures_survive_the_upload(
         (SegmentFlag.INHERITED_SPEAKER, SegmentFlag.END_CLAMPED),
         (SegmentFlag.MISSING_END,),
     ]
-    # clamped to the audio's end in marker time (MOSS-TD's stamps run 62.5 / 62 of the audio's)
-    end = 11.0 * 62.5 / 62
-    assert final.segments[1].end_s == pytest.approx(end)
-    assert final.segments[2].end_s == pytest.approx(end)
-    assert final.duration_s == 11.0
+    # a forced reference is in audio time: clamped to the audio's end
+    assert final.segments[1].end_s == 11.0 and final.segments[2].end_s == 11.0
 
 
 def test_upload_stamps_in_marker_time_past_the_audio_end_are_kept(
-    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A last segment ending at 11.05 s of an 11.0-s upload is inside the audio in marker time
-    (11.09 s): it keeps its end, unflagged, where an audio-time clamp cut it to 11.0."""
-    forced = "[0.00][S01] first[2.00][10.40][S02] last words[11.05]"
+    """The model's stamps are marker time (62.5 / 62 of the audio's): a last segment ending at
+    11.05 s of an 11.0-s upload lies inside the audio (11.09 s in marker time) and keeps its
+    end, unflagged, where an audio-time clamp cut it to 11.0; the reported duration stays the
+    audio's. (A forced reference is in audio time, so the test gives the core the scale a
+    model's own output has.)"""
+    forced = "[0.00][S01] first[2.00][10.40][S02] last words[11.05][11.05][S01] late[11.50]"
     core = make_core(our_model, tmp_path, forced=forced)
+    assert core._time_scale() == 1.0
+    scale = core._engine().prompt_config.marker_time_scale
+    assert scale == pytest.approx(62.5 / 62)
+    monkeypatch.setattr(core, "_time_scale", lambda: scale)
     final = check_upload_events(upload(core, clips[11.0]))
-    assert [(s.end_s, s.flags) for s in final.segments] == [(2.0, ()), (11.05, ())]
+    got = [(s.end_s, s.flags) for s in final.segments]
+    assert got[:2] == [(2.0, ()), (11.05, ())]
+    assert got[2][0] == pytest.approx(11.0 * scale) and got[2][1] == (SegmentFlag.END_CLAMPED,)
+    assert final.duration_s == 11.0
 
 
 def test_generated_tokens_equal_dense_generate(
@@ -542,6 +552,44 @@ def test_live_hops_prefill_the_committed_transcript_and_decode_only_the_tail(
             assert lengths == sorted(lengths) and lengths[-1] >= 3
         assert_pool_clean(core)
     assert decoded[2_048] < 0.6 * decoded[0], decoded
+
+
+def test_live_sessions_read_the_models_stamps_in_marker_time_unless_forced(
+    our_model: MossTDModel, tmp_path: Path
+) -> None:
+    """The model writes marker time (62.5 / 62 of the audio's); a forced reference transcript is
+    in audio time (bench_live measures latency from its ends: nothing may be forced, cut or
+    committed early by a scale it does not have)."""
+    for forced, scale in ((None, 62.5 / 62), (LIVE_REFERENCE, 1.0)):
+        core = make_core(our_model, tmp_path, forced=forced)
+        core.open("L", SessionOptions(live=True))
+        live = core._sessions["L"].live  # type: ignore[union-attr]
+        assert live.options.time_scale == pytest.approx(scale)
+        core.abort("L")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0, 2_048])
+def test_a_committed_zero_length_segment_is_not_cut_in_again_in_marker_time(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    budget: int,
+) -> None:
+    """In marker time the window start (the committed end rounded to a sample) converts back
+    to a stamp up to ~31 us below the committed end: a hop's cut must not go below the end
+    itself, or a committed zero-length segment at it is decoded past the cut and committed
+    again. (The core is given the scale a model's own output has; 2.02 s is such a stamp.)"""
+    reference = "[1.00][S01] hello[2.02][2.02][S01] uh[2.02][6.00][S01] next[7.00]"
+    core = make_core(our_model, tmp_path, forced=reference, live_forced_transcript_tokens=budget)
+    scale = core._engine().prompt_config.marker_time_scale
+    monkeypatch.setattr(core, "_time_scale", lambda: scale)
+    events = stream_live(core, clips[11.0][: 9 * SAMPLE_RATE], head_s=1.0, chunk_s=1.0, hop_s=1.0)
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert [s.text for s in final.segments] == ["hello", "uh", "next"]
+    assert_pool_clean(core)
 
 
 LOOP_REFERENCE = (

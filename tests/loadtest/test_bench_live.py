@@ -244,3 +244,63 @@ def test_more_sessions_than_the_http_clients_default_pool_all_stream_at_once(
     assert r["num_errors"] == 0, r["first_error"]
     assert r["ready_max_s"] < 2.0
     assert r["wall_s"] < 3.0 + 1.0 + 2.0 + r["final_after_end_max_s"]
+
+
+def _serve_sse_and_upload(chunks: list[bytes]) -> tuple[str, list[float]]:
+    """`bench_live.streamed_upload` against a local server that writes `chunks` as its SSE
+    body, each in its own write; returns its error description and the segment ends seen."""
+    from aiohttp import web
+
+    from loadtest.http_sweep import ENDPOINT
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.post()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for chunk in chunks:
+            await response.write(chunk)
+            await asyncio.sleep(0.01)  # separate reads on the client
+        await response.write_eof()
+        return response
+
+    async def run() -> tuple[str, list[float]]:
+        app = web.Application()
+        app.router.add_post(ENDPOINT, handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        ends: list[float] = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                url = f"http://127.0.0.1:{port}"
+                error = await bench_live.streamed_upload(http, url, b"RIFF", ends.append)
+        finally:
+            await runner.cleanup()
+        return error, ends
+
+    return asyncio.run(run())
+
+
+def test_streamed_upload_reads_split_events_and_the_gateways_error_body() -> None:
+    """Events split across reads (inside a multi-byte character too) parse; the gateway's error
+    body (`{"error": {...}}`, no "type") is reported as such; `transcript.text.done` ends it."""
+    from livemeet.errors import EngineUnavailable
+    from livemeet.gateway.errors_http import error_body
+    from livemeet.gateway.sse import encode_event
+
+    segment = encode_event(
+        {"type": "transcript.text.segment", "id": "seg-0001", "start": 0.0, "end": 4.5,
+         "speaker": "S01", "text": "你好 world"}
+    )  # fmt: skip
+    cut = segment.index("你".encode()) + 1
+    error, ends = _serve_sse_and_upload(
+        [segment[:cut], segment[cut:], encode_event(error_body(EngineUnavailable("engine died")))]
+    )
+    assert ends == [4.5] and error.startswith("error event") and "engine died" in error
+    done = encode_event({"type": "transcript.text.done", "text": "x"})
+    error, ends = _serve_sse_and_upload([segment, done])
+    assert (error, ends) == ("", [4.5])
+    error, _ = _serve_sse_and_upload([segment])
+    assert error == "the stream ended without transcript.text.done"
