@@ -35,29 +35,10 @@ def batch_clips(long_speech: np.ndarray) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def reference_tokens(ref_model: Any, batch_clips: list[np.ndarray]) -> list[list[int]]:
-    out = []
-    for clip in batch_clips:
-        inputs = tiny.reference_inputs([clip])
-        width = inputs["input_ids"].shape[1]
-        with torch.no_grad():
-            ids = ref_model.generate(
-                **{
-                    k: inputs[k]
-                    for k in (
-                        "input_ids",
-                        "attention_mask",
-                        "input_features",
-                        "input_features_mask",
-                    )
-                },
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                eos_token_id=tiny.IM_END,
-                pad_token_id=tiny.PAD_ID,
-            )
-        out.append(ids[0, width:].tolist())
-    return out
+    return [
+        tiny.reference_greedy(ref_model, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
+        for clip in batch_clips
+    ]
 
 
 def _engine(model: MossTDModel, chunk: int, num_blocks: int | None) -> Engine:
@@ -320,19 +301,6 @@ def test_forced_assistant_prefix_matches_reference(
     engine.run_to_completion()
     assert req.prompt_token_ids[-len(prefix) :] == prefix
     inputs = tiny.reference_inputs([clip])
-    ids = torch.cat([inputs["input_ids"], torch.tensor([prefix])], dim=1)
-    mask = torch.cat([inputs["attention_mask"], torch.ones(1, len(prefix), dtype=torch.long)], 1)
-    with torch.no_grad():
-        out = ref_model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            input_features=inputs["input_features"],
-            input_features_mask=inputs["input_features_mask"],
-            do_sample=False,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            eos_token_id=tiny.IM_END,
-            pad_token_id=tiny.PAD_ID,
-        )
-    assert req.output_token_ids == out[0, ids.shape[1] :].tolist()
+    (want,) = tiny.reference_greedy(ref_model, inputs, NEW_TOKENS, prefix)
+    assert req.output_token_ids == want
     assert len(set(req.output_token_ids)) >= 8

@@ -47,21 +47,7 @@ def test_teacher_forced_logits_match_reference(
 
 
 def _reference_generate(ref: Any, clips: list[np.ndarray], side: str = "left") -> list[list[int]]:
-    inputs = tiny.reference_inputs(clips, side=side)
-    width = inputs["input_ids"].shape[1]
-    with torch.no_grad():
-        out = ref.generate(
-            input_ids=inputs["input_ids"],
-            attention_mask=inputs["attention_mask"],
-            input_features=inputs["input_features"],
-            input_features_mask=inputs["input_features_mask"],
-            do_sample=False,
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            eos_token_id=tiny.IM_END,
-            pad_token_id=tiny.PAD_ID,
-        )
-    return [row[width:].tolist() for row in out]
+    return tiny.reference_greedy(ref, tiny.reference_inputs(clips, side=side), NEW_TOKENS)
 
 
 def test_greedy_batch_1_matches_reference_and_is_diverse(

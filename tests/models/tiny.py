@@ -186,6 +186,32 @@ def reference_inputs(clips: list[Any], side: str = "left") -> Any:
     return inputs
 
 
+def reference_greedy(
+    ref: Any, inputs: Any, num_tokens: int, prefix: list[int] | None = None
+) -> list[list[int]]:
+    """The transformers reference's greedy tokens for each row of `inputs` (`reference_inputs`),
+    exactly `num_tokens` per row (EOS does not stop it); `prefix`: ids appended to every row's
+    prompt (forced assistant tokens, DESIGN 5.3)."""
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    if prefix:
+        extra = torch.tensor([prefix] * ids.shape[0], dtype=ids.dtype)
+        ids = torch.cat([ids, extra], dim=1)
+        mask = torch.cat([mask, torch.ones_like(extra, dtype=mask.dtype)], dim=1)
+    with torch.no_grad():
+        out = ref.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            input_features=inputs["input_features"],
+            input_features_mask=inputs["input_features_mask"],
+            do_sample=False,
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            eos_token_id=IM_END,
+            pad_token_id=PAD_ID,
+        )
+    return [row[ids.shape[1] :].tolist() for row in out]
+
+
 def our_hidden(model: MossTDModel, clip: Any, ids: list[int]) -> torch.Tensor:
     """Our pipeline, one prefill: split_windows -> log_mel -> encode -> splice -> decoder."""
     from livemeet.audio.features import log_mel, split_windows
