@@ -639,7 +639,7 @@ class MossCore:
             )
         sess.last_reason = reason
         # The hypothesis covers all audio; keep what lies after the last final (by midpoint).
-        new = [s for s in hop.segments if (s.start_s + s.end_s) / 2 > hop.offset_s]
+        new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]
         events = sess.live.apply_hypothesis(new, hop.session_labels)
         return self._after_live_events(sid, sess, events)
 
@@ -748,11 +748,14 @@ class MossCore:
             return self._encode(self._forced_text)
         after = -1.0 if tail_from_s is None else tail_from_s
         text = "".join(
-            render_segment(s)
-            for s in self._forced
-            if s.end_s <= edge_s and (s.start_s + s.end_s) / 2 > after
+            render_segment(s) for s in self._forced if s.end_s <= edge_s and _past_cut(s, after)
         )
         return self._encode(text if tail_from_s is None else "]" + text)
+
+
+def _past_cut(seg: Segment, cut_s: float) -> bool:
+    """Whether a hop keeps `seg`: its midpoint lies past the hop's cut (the committed end)."""
+    return (seg.start_s + seg.end_s) / 2 > cut_s
 
 
 def _log_request(request: Request, num_samples: int) -> None:

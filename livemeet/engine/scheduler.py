@@ -147,7 +147,7 @@ class ScheduledBatch:
     preempted_ids: tuple[str, ...] = ()
     block_copies: tuple[BlockCopy, ...] = ()
     estimated_cost_s: float = 0.0
-    upload_turn: bool = False  # live prefill waited for uploads' time share (module docstring)
+    upload_turn: bool = False  # live work waited for the uploads' time share (module docstring)
 
     @property
     def is_empty(self) -> bool:
@@ -185,7 +185,7 @@ class _StepBuilder:
     decodes: list[Request] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
     admission_blocked: bool = False
-    live_left_out: bool = False  # an upload turn kept live prefill or admission out
+    live_left_out: bool = False  # an upload turn kept live work out
 
     @property
     def is_empty(self) -> bool:
