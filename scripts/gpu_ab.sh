@@ -6,37 +6,48 @@
 # Where the device copy has no git history, export the old tree here and carry it instead:
 #   git archive <commit> livemeet loadtest scripts pyproject.toml | tar -x -C .ab-old
 #   (carry [".whl", ".ab-old"]) AB_OLD=<commit> AB_OLD_DIR=.ab-old bash scripts/gpu_ab.sh ...
+# An "env" arm runs the working tree with AB_ENV's assignments exported (a switch read at
+# import, e.g. AB_ENV="LIVEMEET_QKV_ROPE=0" AB_ARMS="new env new"); AB_OLD is then unused.
 # Every other variable is passed through to gpu_bench.sh. Arm i writes to $OUT/<i>_<arm>/;
 # its summary lines (rates, decode ms per step, step results) are printed as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:?usage: AB_OLD=<commit> bash scripts/gpu_ab.sh <gpu_bench.sh phase>}"
-old_rev="${AB_OLD:?AB_OLD must name the commit to compare against}"
+arms="${AB_ARMS:-new old}"
 OUT="${OUT:-$PWD/bench-out}"
-if [ -n "${AB_OLD_DIR:-}" ]; then
+if [[ " $arms " != *" old "* ]]; then
+  old_rev=none old_dir=$PWD
+elif [ -z "${AB_OLD:-}" ]; then
+  echo "AB_OLD must name the commit to compare against"; exit 2
+elif [ -n "${AB_OLD_DIR:-}" ]; then
+  old_rev=$AB_OLD
   old_dir=$(cd "$AB_OLD_DIR" && pwd)
 else
-  old_dir=$(mktemp -d)
+  old_rev=$AB_OLD old_dir=$(mktemp -d)
   git archive "$old_rev" livemeet loadtest scripts pyproject.toml | tar -x -C "$old_dir" \
     || { echo "cannot export $old_rev"; exit 1; }
 fi
 [ -d .whl ] && [ ! -d "$old_dir/.whl" ] && cp -r .whl "$old_dir/"
 i=0
-for arm in ${AB_ARMS:-new old}; do
+for arm in $arms; do
   i=$((i + 1))
+  env_args=()
   case "$arm" in
     new) dir=$PWD ;;
     old) dir=$old_dir ;;
-    *) echo "unknown arm $arm (new or old)"; exit 1 ;;
+    env) dir=$PWD; read -r -a env_args <<< "${AB_ENV:?an env arm needs AB_ENV}" ;;
+    *) echo "unknown arm $arm (new, old or env)"; exit 1 ;;
   esac
   out="$OUT/${i}_$arm"
   mkdir -p "$out"
-  if [ "$arm" = new ]; then
+  if [ "$arm" != old ]; then
     label=$(git rev-parse --short HEAD 2> /dev/null || echo "the working tree")
+    [ "$arm" = env ] && label="$label with ${AB_ENV}"
   else
     label=$old_rev
   fi
   echo "=== arm $i: $arm ($label)"
-  (cd "$dir" && OUT="$out" LIVEMEET_BENCH_OUT="$out" bash scripts/gpu_bench.sh "$phase" > /dev/null)
+  (cd "$dir" && env ${env_args[@]+"${env_args[@]}"} OUT="$out" LIVEMEET_BENCH_OUT="$out" \
+    bash scripts/gpu_bench.sh "$phase" > /dev/null)
   grep -hE "audio-s/s, p95|^\| (long|short) \||=== .*rc=|passed|failed" "$out/$phase.log" | tail -n 20
 done
