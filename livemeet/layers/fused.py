@@ -149,7 +149,7 @@ if HAS_TRITON:
         tl.store(Out + row * stride_o + cols, out, mask=mask)
 
     @triton.jit
-    def norm_rope_head(
+    def _norm_rope_head(
         X,
         W,
         pos,
@@ -157,18 +157,12 @@ if HAS_TRITON:
         eps,
         HALF: tl.constexpr,
         PRECISE_TRIG: tl.constexpr,
-        CG: tl.constexpr,
     ):
         """One head [2 * HALF]: RMSNorm, cast, weight, then rotate-half RoPE at `pos`. Returns
-        the two halves in fp32, each already rounded to the input dtype. CG: X is read
-        through L2 (".cg"), for a head other programs just wrote (L1 is not coherent)."""
+        the two halves in fp32, each already rounded to the input dtype."""
         cols = tl.arange(0, HALF)
-        if CG:
-            x1 = tl.load(X + cols, cache_modifier=".cg")
-            x2 = tl.load(X + HALF + cols, cache_modifier=".cg")
-        else:
-            x1 = tl.load(X + cols)
-            x2 = tl.load(X + HALF + cols)
+        x1 = tl.load(X + cols)
+        x2 = tl.load(X + HALF + cols)
         dtype = x1.dtype
         a1 = x1.to(tl.float32)
         a2 = x2.to(tl.float32)
@@ -195,7 +189,7 @@ if HAS_TRITON:
         return o1.to(dtype).to(tl.float32), o2.to(dtype).to(tl.float32)
 
     @triton.jit
-    def store_head(Out, lo, hi, inv_scale, HALF: tl.constexpr, FP8: tl.constexpr):
+    def _store_head(Out, lo, hi, inv_scale, HALF: tl.constexpr, FP8: tl.constexpr):
         """Write one head's halves (fp32 holding dtype-rounded values) to Out [2 * HALF] in
         Out's dtype; an e4m3 cache gets clamp(x / scale, -448, 448) as `_store_kv_kernel`."""
         cols = tl.arange(0, HALF)
@@ -246,17 +240,10 @@ if HAS_TRITON:
         h = tl.program_id(1)  # q heads, then k heads, then (STORE) v heads
         pos = tl.load(Positions + n)
         if h < Q_HEADS:
-            lo, hi = norm_rope_head(
-                Q + n * stride_qn + h * stride_qh,
-                QW,
-                pos,
-                InvFreq,
-                eps,
-                HALF,
-                PRECISE_TRIG,
-                False,
+            lo, hi = _norm_rope_head(
+                Q + n * stride_qn + h * stride_qh, QW, pos, InvFreq, eps, HALF, PRECISE_TRIG
             )
-            store_head(QOut + (n * Q_HEADS + h) * (2 * HALF), lo, hi, 1.0, HALF, False)
+            _store_head(QOut + (n * Q_HEADS + h) * (2 * HALF), lo, hi, 1.0, HALF, False)
         else:
             row = n
             if STORE:
@@ -264,9 +251,9 @@ if HAS_TRITON:
             if row >= 0:  # a padding row's slot is -1: its K/V are not stored
                 hk = h - Q_HEADS
                 if hk < KV_HEADS:
-                    lo, hi = norm_rope_head(
+                    lo, hi = _norm_rope_head(
                         K + n * stride_kn + hk * stride_kh, KW, pos, InvFreq, eps, HALF,
-                        PRECISE_TRIG, False,
+                        PRECISE_TRIG,
                     )  # fmt: skip
                     out = KOut + (row // PAGE) * stride_ko_blk + (row % PAGE) * stride_ko_tok
                     out += hk * stride_ko_h
@@ -278,7 +265,7 @@ if HAS_TRITON:
                     hi = tl.load(src + HALF + cols).to(tl.float32)
                     out = VOut + (row // PAGE) * stride_vo_blk + (row % PAGE) * stride_vo_tok
                     out += hv * stride_vo_h
-                store_head(out, lo, hi, inv_scale, HALF, FP8)
+                _store_head(out, lo, hi, inv_scale, HALF, FP8)
 
     @triton.jit
     def _silu_and_mul_kernel(

@@ -186,45 +186,6 @@ if HAS_TRITON:
             return tl.load(rows + kk[None, :], mask=rmask[:, None], other=0.0)
         return tl.load(rows + kk[None, :], mask=rmask[:, None] & (kk < K)[None, :], other=0.0)
 
-    @triton.jit
-    def row_slab(
-        X, W, m, pid_n, N, K, stride_xm, stride_wn, R, NormW, ROut, stride_rm, stride_rom, eps,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-        PROLOGUE: tl.constexpr, K_POW2: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-        PDL: tl.constexpr,
-    ):  # fmt: skip
-        """Row m of x (after PROLOGUE, see _row_chunk) times the [BLOCK_N, K] slab pid_n of W:
-        (y fp32 [BLOCK_N], its columns, their mask). Waits for the previous kernel (PDL) after
-        the first weight tile's load. Shared by _skinny_rows_kernel and the qkv projection
-        with the q/k rotation as its epilogue (livemeet.layers.qkv_rope). ADD_RMS_NORM: every
-        program first reads its whole row (K_POW2 >= K elements, a few KB) for the RMS and
-        program 0 writes the new residual to ROut; R, NormW, ROut, eps serve only it."""
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        nmask = offs_n < N
-        w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-        # the first weight tile is read before the wait: no kernel writes weights (livemeet.
-        # layers.pdl), so under PDL it streams in while the previous kernel finishes
-        w_first = _rows_tile(w_rows, offs_k, K, nmask, EVEN_K)
-        pdl.dependency_sync(PDL)
-        x_row = X + m * stride_xm
-        r_row = R + m * stride_rm
-        rstd = 1.0
-        if PROLOGUE == ADD_RMS_NORM:
-            cols = tl.arange(0, K_POW2)
-            _, rstd = fk.add_residual_rstd(
-                x_row, r_row, ROut + m * stride_rom, cols, cols < K, K, eps, HAS_RESIDUAL,
-                pid_n == 0,
-            )  # fmt: skip
-        x = _row_chunk(x_row, offs_k, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
-        acc = w_first.to(tl.float32) * x[None, :]
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            kk = k0 + offs_k
-            w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
-            x = _row_chunk(x_row, kk, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
-            acc += w.to(tl.float32) * x[None, :]
-        return tl.sum(acc, 1), offs_n, nmask
-
     @triton.jit(do_not_specialize=["M"])
     def _skinny_rows_kernel(
         X,
@@ -250,12 +211,37 @@ if HAS_TRITON:
         HAS_RESIDUAL: tl.constexpr,
         PDL: tl.constexpr,
     ):
-        # grid: (cdiv(N, BLOCK_N), M); one row of x per program along axis 1 (row_slab)
+        # grid: (cdiv(N, BLOCK_N), M); one row of x per program along axis 1. PROLOGUE (see
+        # _row_chunk): NONE, SILU_MUL, or ADD_RMS_NORM, where every program first reads its
+        # whole row (K_POW2 >= K elements, a few KB) for the RMS and program 0 of the row
+        # writes the new residual to ROut; R, NormW, ROut, eps serve only ADD_RMS_NORM.
+        pid_n = tl.program_id(0)
         m = tl.program_id(1)
-        y, offs_n, nmask = row_slab(
-            X, W, m, tl.program_id(0), N, K, stride_xm, stride_wn, R, NormW, ROut, stride_rm,
-            stride_rom, eps, BLOCK_N, BLOCK_K, EVEN_K, PROLOGUE, K_POW2, HAS_RESIDUAL, PDL,
-        )  # fmt: skip
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        nmask = offs_n < N
+        w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
+        # the first weight tile is read before the wait: no kernel writes weights (livemeet.
+        # layers.pdl), so under PDL it streams in while the previous kernel finishes
+        w_first = _rows_tile(w_rows, offs_k, K, nmask, EVEN_K)
+        pdl.dependency_sync(PDL)
+        x_row = X + m * stride_xm
+        r_row = R + m * stride_rm
+        rstd = 1.0
+        if PROLOGUE == ADD_RMS_NORM:
+            cols = tl.arange(0, K_POW2)
+            _, rstd = fk.add_residual_rstd(
+                x_row, r_row, ROut + m * stride_rom, cols, cols < K, K, eps, HAS_RESIDUAL,
+                pid_n == 0,
+            )  # fmt: skip
+        x = _row_chunk(x_row, offs_k, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
+        acc = w_first.to(tl.float32) * x[None, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            kk = k0 + offs_k
+            w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
+            x = _row_chunk(x_row, kk, K, r_row, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
+            acc += w.to(tl.float32) * x[None, :]
+        y = tl.sum(acc, 1)
         tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
 
     @triton.jit(do_not_specialize=["M"])
@@ -529,13 +515,6 @@ class LinearPlan:
         self.impl: Impl = impl
         self._choices: dict[tuple[int, int, torch.dtype, int, Prologue], GemmConfig] = {}
         self.results: list[TuneResult] = []
-
-    def choice(
-        self, weight: torch.Tensor, x: torch.Tensor, prologue: Prologue = "none"
-    ) -> GemmConfig | None:
-        """The tuned Triton config for x [M, K] onto weight [N, K] with `prologue`, or None
-        (the baseline runs); prologues have choices at one row only."""
-        return self._choice(weight, x, prologue)
 
     def _choice(
         self, weight: torch.Tensor, x: torch.Tensor, prologue: Prologue

@@ -29,7 +29,6 @@ from torch import nn
 
 from livemeet.errors import InternalError
 from livemeet.layers import fused as fk
-from livemeet.layers import qkv_rope, split_k
 from livemeet.layers.attention import AttentionBackend
 from livemeet.layers.linear import LinearPlan
 from livemeet.layers.norm import RMSNorm
@@ -179,16 +178,6 @@ class Qwen3Layer(nn.Module):
         for any row count) meets per-sequence work."""
         norm, attn = self.input_layernorm, self.self_attn
         assert attn.qkv_weight is not None
-        config = plan.choice(attn.qkv_weight, hidden, "add_rms_norm") if sink else None
-        if sink is not None and config is not None:
-            # one kernel for all of it at one row (livemeet.layers.qkv_rope), where it applies
-            done = qkv_rope.norm_qkv_rope_store_kv(
-                hidden, residual, norm.weight, norm.eps, attn.qkv_weight, config,
-                attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, positions, inv_freq,
-                sink, num_heads=attn.heads, impl=plan.impl,
-            )  # fmt: skip
-            if done is not None:
-                return done[0], None, None, done[1]
         # residual add + RMSNorm + qkv projection (one kernel at one row when tuned so)
         qkv, residual = plan.norm_linear(hidden, residual, norm.weight, norm.eps, attn.qkv_weight)
         q, k, v = attn.split_qkv(qkv, positions, inv_freq, sink)
@@ -256,8 +245,6 @@ class Qwen3Model(nn.Module):
             silu_weights=(down,),
             norm_weights=[w for w in (qkv, gate_up) if w is not None],
         )
-        if qkv is not None:  # the one-row qkv epilogue's semaphores, made before any capture
-            split_k.counters(qkv.device, 1)
 
     def use_fused(self, x: torch.Tensor) -> bool:
         """Whether a forward on `x` takes the fused path (see `fused`)."""
