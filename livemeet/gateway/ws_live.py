@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
@@ -36,6 +36,7 @@ from livemeet.gateway.live_protocol import (
     KeepAlive,
     LiveProtocol,
     StartSession,
+    State,
 )
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.transcriber import (
@@ -53,6 +54,8 @@ log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 1 << 20  # bytes; largest WS message accepted (~32 s of 16 kHz PCM16)
 NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1
+# what ends the receive loop (aiohttp's own `async for` over a WebSocketResponse stops there)
+_CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 
 
 def event_to_wire(event: Event) -> dict[str, Any] | None:
@@ -132,7 +135,7 @@ class LiveConnection:
             await self.fail(EngineUnavailable("the model is not ready; retry shortly"))
             return
         try:
-            async for msg in self.ws:
+            while (msg := await self._receive()).type not in _CLOSED_TYPES:
                 if msg.type is WSMsgType.TEXT:
                     await self._on_action(self.protocol.receive_text(msg.data))
                 elif msg.type is WSMsgType.BINARY:
@@ -147,6 +150,18 @@ class LiveConnection:
         except Exception as exc:
             log.exception("live connection failed")
             await self.fail(InternalError(f"internal error: {type(exc).__name__}"))
+
+    async def _receive(self) -> WSMessage:
+        """The next client message. The idle timeout applies while the client streams; after
+        `end` it has nothing left to send and waits, silently, for `transcript.final`, which
+        a loaded engine may take longer than the idle timeout to produce (the forwarder
+        closes the socket then, and an engine failure reaches it as an error event)."""
+        while True:
+            try:
+                return await self.ws.receive()
+            except TimeoutError:
+                if self.protocol.state is not State.ENDING:
+                    raise
 
     async def cleanup(self) -> None:
         """Release everything; safe after any failure (the `finally` of the handler)."""

@@ -181,6 +181,32 @@ async def test_idle_timeout(
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
 
+async def test_no_idle_timeout_after_end(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """After `end` the client has nothing to send: a final that takes longer than the idle
+    timeout (a loaded engine) still arrives, instead of the session failing with
+    client_timeout and losing the meeting's last segments (as 100 sessions of 7.5 minutes did
+    on an H200, docs/benchmarks.md session 15). Streaming silently still times out."""
+    config = ServerConfig(
+        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.2)
+    )
+    client = await aiohttp_client(create_app(config, fake))
+    fake.end_gate = asyncio.Event()
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(1.5))
+        await ws.send_json({"type": "end"})
+        await asyncio.sleep(1.0)  # five idle timeouts with the final held back
+        assert not ws.closed
+        fake.end_gate.set()
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert ws.close_code == 1000
+    assert events[-1]["type"] == "transcript.final"
+    assert events[-1]["segments"][-1]["end"] == 1.5
+
+
 async def test_plain_get_is_a_json_400(client: TestClient) -> None:
     resp = await client.get("/v1/live")
     assert resp.status == 400
@@ -226,7 +252,6 @@ async def test_vanishing_client_is_cleaned_up_while_another_streams(
     victim._response.connection.transport.abort()  # type: ignore[union-attr]  # TCP reset
     await wait_until(lambda: fake.sessions[1].log.aborted)
     await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 1)
-    assert not fake.sessions[0].log.aborted
 
     for _ in range(8):
         await survivor.send_bytes(pcm16(0.5))
