@@ -18,14 +18,17 @@ Each point starts `sessions` live sessions (session i after i / sessions s) and 
 `uploads` long uploads in flight beside them (closed loop, started UPLOAD_LEAD_S earlier).
 Every session streams `--duration-s` of its own rotation of the meeting (so the encoder's
 window cache never hits across sessions) in FRAME_S frames of PCM16, each sent once its audio
-has been spoken, then sends `end` and waits for `transcript.final`. The server runs one forced
+has been spoken, then sends `end` and waits for `transcript.final` (at most FINAL_TIMEOUT_S,
+and never past the point's share of --max-seconds: an overloaded engine still catching up
+then leaves a record with the finals missing, not none). The server runs one forced
 transcript for every request (the upload's whole text; a live hop's segments that end by its
 audio edge).
 
 One JSON line per point (appended to --out, and printed): latency mean, p50, p95, p99 and max
 over every session's segments (and p50, p95 by when in the meeting the segment ends:
 `latency_by_time`), how many segments were seen before `end`, only after it (the final flush)
-or never, the client's largest send lag, the time from `end` to `transcript.final` and from
+or never, the client's largest send lag, how many finals arrived, the time from `end` to
+`transcript.final` and from
 connecting to `session.ready` (median and worst session), errors, the uploads completed during
 the point with their audio-s/s (over the uploads' own time), the audio seconds the uploads had
 transcribed by the point's end, finished or not (they stream: `stream=true`, each segment's end
@@ -74,6 +77,9 @@ LIVE_PATH = "/v1/live"
 FRAME_S = 0.1  # s of audio per binary frame (a browser recorder sends 20-250 ms)
 TIME_TOL_S = 0.011  # s; the forced transcript has 2-decimal times, the protocol 3
 FINAL_TIMEOUT_S = 120.0  # s to wait for transcript.final after `end`
+MIN_FINAL_WAIT_S = 1.0  # s; the least wait for it when the point's budget is nearly spent
+# s of a point's budget kept after the finals' wait: metrics settling and the record
+FINAL_BUDGET_MARGIN_S = 15.0
 READY_TIMEOUT_S = 60.0  # s to wait for session.ready
 POINT_MARGIN_S = 30.0  # s a point needs beyond its audio (server drain, the final flush)
 UPLOAD_LEAD_S = 5.0  # s the uploads run before the first live session starts (in the engine)
@@ -230,10 +236,24 @@ async def _read_messages(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -
             return
 
 
+def final_wait_s(final_by: float | None, now: float) -> float:
+    """s to wait for transcript.final after `end`: FINAL_TIMEOUT_S, cut to what is left before
+    `final_by` (a monotonic time: the point's budget; at least MIN_FINAL_WAIT_S), so that an
+    engine still catching up cannot hold the point past its budget with nothing recorded."""
+    if final_by is None:
+        return FINAL_TIMEOUT_S
+    return max(MIN_FINAL_WAIT_S, min(FINAL_TIMEOUT_S, final_by - now))
+
+
 async def live_session(
-    session: aiohttp.ClientSession, url: str, samples: np.ndarray, delay_s: float
+    session: aiohttp.ClientSession,
+    url: str,
+    samples: np.ndarray,
+    delay_s: float,
+    final_by: float | None = None,
 ) -> SessionLog:
-    """Stream `samples` (16 kHz float32) in real time after `delay_s`, then `end`; the log."""
+    """Stream `samples` (16 kHz float32) in real time after `delay_s`, then `end`, and wait
+    for the final transcript (`final_wait_s`); the log."""
     log = SessionLog()
     await asyncio.sleep(delay_s)
     frame = round(FRAME_S * SAMPLE_RATE)
@@ -254,7 +274,11 @@ async def live_session(
                 log.sent.append(time.monotonic())
             await ws.send_json({"type": "end"})
             log.end_sent = time.monotonic()
-            await asyncio.wait_for(reader, FINAL_TIMEOUT_S)
+            wait_s = final_wait_s(final_by, log.end_sent)
+            try:
+                await asyncio.wait_for(reader, wait_s)
+            except TimeoutError:
+                log.error = f"no transcript.final within {wait_s:.0f} s of end"
     except Exception as exc:  # one failed session is reported, never aborts the point
         log.error = log.error or f"{type(exc).__name__}: {exc}"
     return log
@@ -336,8 +360,11 @@ async def run_point(
     num_uploads: int,
     duration_s: float,
     upload_audio_s: float,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
-    """One point (module doc): its JSON record."""
+    """One point (module doc): its JSON record. `deadline` (monotonic): the sessions stop
+    waiting for their finals FINAL_BUDGET_MARGIN_S before it (`final_wait_s`)."""
+    final_by = None if deadline is None else deadline - FINAL_BUDGET_MARGIN_S
     audio = samples[: round(duration_s * SAMPLE_RATE)]
     tally = UploadTally()
     # built before the clock starts: a 37-minute WAV takes the client ~0.3 s to make
@@ -360,7 +387,9 @@ async def run_point(
             start = time.monotonic()
             logs = await asyncio.gather(
                 *(
-                    live_session(http, url, wl.vary(audio, i + 1), i / max(num_sessions, 1))
+                    live_session(
+                        http, url, wl.vary(audio, i + 1), i / max(num_sessions, 1), final_by
+                    )
                     for i in range(num_sessions)
                 )
             )
@@ -393,6 +422,7 @@ async def run_point(
         "send_lag_max_s": max((send_lag_s(log) for log in logs), default=0.0),
         "ready_p50_s": percentile(readies, 50) if readies else None,
         "ready_max_s": max(readies) if readies else None,
+        "finals_received": len(finals),
         "final_after_end_p50_s": percentile(finals, 50) if finals else None,
         "final_after_end_max_s": max(finals) if finals else None,
         "num_errors": len(errors),
@@ -489,8 +519,9 @@ async def _points(
                 write_line(out, {"sessions": num_sessions, "uploads": num_uploads, "skipped": why})
                 continue
             record = await run_point(
-                url, samples, turns, num_sessions, num_uploads, args.duration_s, upload_audio_s
-            )
+                url, samples, turns, num_sessions, num_uploads, args.duration_s,
+                upload_audio_s, deadline,
+            )  # fmt: skip
             write_line(out, record)  # to --out and stdout
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -304,3 +305,57 @@ def test_streamed_upload_reads_split_events_and_the_gateways_error_body() -> Non
     assert (error, ends) == ("", [4.5])
     error, _ = _serve_sse_and_upload([segment])
     assert error == "the stream ended without transcript.text.done"
+
+
+def test_final_wait_stops_at_the_points_budget() -> None:
+    """FINAL_TIMEOUT_S without a budget; cut to what the budget leaves, never below
+    MIN_FINAL_WAIT_S (session 15: 100 sessions of 7 minutes, whose finals were still minutes
+    away, ran the point past its budget and it was killed with no record at all)."""
+    assert bench_live.final_wait_s(None, 100.0) == bench_live.FINAL_TIMEOUT_S
+    assert bench_live.final_wait_s(130.0, 100.0) == 30.0
+    assert bench_live.final_wait_s(1000.0, 100.0) == bench_live.FINAL_TIMEOUT_S
+    assert bench_live.final_wait_s(90.0, 100.0) == bench_live.MIN_FINAL_WAIT_S
+
+
+def test_a_session_whose_final_never_comes_is_recorded_as_such() -> None:
+    """Against a server that acknowledges the stream but never sends the final: the session
+    returns once its wait is spent, with the partials it saw and a "no transcript.final"
+    error, instead of holding the point."""
+    from aiohttp import web
+
+    seg = {"id": "", "start": 0.0, "end": 0.05, "speaker": "S01", "text": "a"}
+
+    async def handler(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.receive_json()
+        await ws.send_json({"type": "session.ready", "session_id": "x"})
+        await ws.send_json({"type": "segment.partial", "rev": 1, "segments": [seg]})
+        async for _ in ws:  # audio and `end`; the final never comes
+            pass
+        return ws
+
+    async def run() -> tuple[SessionLog, float]:
+        app = web.Application()
+        app.router.add_get(bench_live.LIVE_PATH, handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with aiohttp.ClientSession() as http:
+                start = time.monotonic()
+                samples = np.zeros(1600, dtype=np.float32)  # 0.1 s: one frame
+                log = await bench_live.live_session(
+                    http, f"http://127.0.0.1:{port}", samples, 0.0, final_by=start + 0.5
+                )
+                return log, time.monotonic() - start
+        finally:
+            await runner.cleanup()
+
+    log, took = asyncio.run(run())
+    assert log.final_at is None and log.end_sent is not None
+    assert log.error.startswith("no transcript.final within")
+    assert len(log.events) == 1
+    assert took < bench_live.MIN_FINAL_WAIT_S + 1.0
