@@ -18,6 +18,11 @@ MERGE_SIZE = 4  # encoder frames merged into one audio token
 SAMPLES_PER_TOKEN = HOP_LENGTH * 2 * MERGE_SIZE  # 1_280 samples = 80 ms per audio token
 TOKENS_PER_WINDOW = WINDOW_SAMPLES // SAMPLES_PER_TOKEN  # 375 audio tokens per full window
 AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
+# windows live sessions may hold in the encoder cache, all together: a session's full windows
+# stay cached until it ends, so each is encoded once (DESIGN 5.1). 2,048 windows = 100
+# sessions x 10 minutes (DESIGN 10's live target), ~1.5 GB of bf16 embeddings at real size
+# (375 x 1,024 per window), ~2 % of those sessions' KV
+ENCODER_MAX_HELD_WINDOWS = 2_048
 # s between time markers: the shipped processor_config.json says 5 (the class default 2 is wrong)
 TIME_MARKER_EVERY_S = 5
 MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits

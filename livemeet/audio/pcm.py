@@ -104,3 +104,9 @@ class PcmStreamDecoder:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_finite(samples: np.ndarray) -> None:
+    """BadAudio when float `samples` hold a NaN or an infinity (what the encoder cannot take)."""
+    if not np.isfinite(samples).all():
+        raise BadAudio("audio contains NaN or infinite samples")

@@ -490,6 +490,8 @@ class MossCore:
             self._owner.pop(rid, None)
             if self.engine is not None:
                 self.engine.abort(rid)
+        if isinstance(sess, _Live) and self.engine is not None:
+            self.engine.release_windows(sid)  # the holds of _submit_hop
 
     def _tell_incoming_uploads(self) -> None:
         """Give the scheduler the gateway's count plus this core's uploads not yet queued; run
@@ -575,6 +577,8 @@ class MossCore:
             )
             fork_from = prev.request_id
         prefix = sess.forced_transcript_ids(self._encode, self.config.live_forced_transcript_tokens)
+        window_keys = sess.full_window_keys(audio)
+        engine.hold_windows(sid, window_keys)  # encoded once for the session (released: _drop)
         # the model writes marker time (LiveOptions.time_scale): so do the hop's cut and edge.
         # The cut is never below the committed end itself: the window start is that end
         # rounded to a sample, and a committed zero-length segment would pass it again.
@@ -596,7 +600,8 @@ class MossCore:
                 retain_kv=True,
                 fork_from=fork_from,
                 num_fork_tokens=num_fork,
-                window_keys=sess.full_window_keys(audio),
+                window_keys=window_keys,
+                samples_checked=True,  # LiveSession.receive_audio checked every chunk
             )
         finally:
             if prev is not None:  # a fork released it already; else free it now

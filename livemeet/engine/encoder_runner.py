@@ -2,10 +2,11 @@
 
 30 s windows are independent (MODEL.md section 2), so windows from any number of requests are
 encoded together in micro-batches of at most `max_windows_per_batch`. Outputs of FULL windows
-are kept in a bounded LRU cache keyed by a hash of the window's samples: a live session's
-complete windows are encoded once, and a repeated upload is free. A partial (last) window is
+are kept in a bounded LRU cache keyed by a hash of the window's samples (a repeated upload is
+free), and a live session holds its complete windows out of the LRU for its life (`hold` /
+`release`), so each is encoded once however many sessions are open. A partial (last) window is
 never cached: its embeddings change as audio arrives (its mel floor, padding and attention all
-move; MODEL.md section 2).
+move; MODEL.md section 2). Samples are checked for NaN/inf only in the windows encoded.
 
 On CUDA the Whisper encoder (the heavy part: 24 layers over 1,500 frames per window) replays a
 CUDA graph captured per window-count bucket (ENCODER_GRAPH_BUCKETS); a micro-batch of n
@@ -41,8 +42,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from livemeet.audio.constants import N_FRAMES, N_MELS, SAMPLE_RATE, WINDOW_SAMPLES
+from livemeet.audio.constants import (
+    ENCODER_MAX_HELD_WINDOWS,
+    N_FRAMES,
+    N_MELS,
+    SAMPLE_RATE,
+    WINDOW_SAMPLES,
+)
 from livemeet.audio.features import check_samples, log_mel, window_token_counts
+from livemeet.audio.pcm import check_finite
 from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.models.adaptor import merge_frames
 from livemeet.models.audio_llm import MossTDModel
@@ -105,6 +113,7 @@ class EncoderRunner:
     """Batches encoder + adaptor forwards and caches full-window outputs (see module doc).
 
     `cache_windows`: LRU capacity in windows (each ~0.77 MB in bf16 at real size: 375 x 1024).
+    `max_held_windows`: windows `hold` may keep out of the LRU, all owners together.
     `max_windows_per_batch`: windows per micro-batch (default: the largest graph bucket on
     CUDA, CPU_WINDOWS_PER_BATCH on the CPU).
     `batch_buckets`: window counts each micro-batch is padded up to (default: ENCODER_GRAPH_BUCKETS
@@ -117,6 +126,7 @@ class EncoderRunner:
         model: MossTDModel,
         *,
         cache_windows: int = 256,
+        max_held_windows: int = ENCODER_MAX_HELD_WINDOWS,
         max_windows_per_batch: int | None = None,
         cuda_graphs: bool = False,
         batch_buckets: Sequence[int] | None = None,
@@ -135,6 +145,11 @@ class EncoderRunner:
             kept.add(max_windows_per_batch)
         self.batch_buckets = tuple(sorted(kept))
         self._cache: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        # held windows (`hold`): out of the LRU while any owner holds them
+        self.max_held_windows = max_held_windows
+        self._held: dict[bytes, torch.Tensor] = {}
+        self._holders: dict[bytes, int] = {}  # key -> number of owners holding it
+        self._holds: dict[str, set[bytes]] = {}  # owner -> keys it holds
         self.num_encoded_windows = 0
         self.num_cache_hits = 0
         self.num_graph_replays = 0
@@ -166,7 +181,9 @@ class EncoderRunner:
         jobs: list[tuple[int, int, np.ndarray, int, bytes | None]] = []
         per_audio: list[list[torch.Tensor | None]] = []
         for a, raw in enumerate(audios):
-            samples = check_samples(raw).astype(np.float32, copy=False)
+            # only the windows encoded now are scanned for NaN/inf: a cached window's samples
+            # were when it was encoded (its key hashes them, or its caller vouches for them)
+            samples = check_samples(raw, finite=False).astype(np.float32, copy=False)
             counts = window_token_counts(samples.size)
             known = window_keys[a] if window_keys is not None else ()
             keys = full_window_keys(samples, known)
@@ -176,7 +193,9 @@ class EncoderRunner:
                 hit = self._lookup(key)
                 slots.append(hit)
                 if hit is None:
-                    jobs.append((a, w, _window(samples, w), count, key))
+                    window = _window(samples, w)
+                    check_finite(window)
+                    jobs.append((a, w, window, count, key))
             per_audio.append(slots)
         for start in range(0, len(jobs), self.max_windows_per_batch):
             self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
@@ -263,14 +282,65 @@ class EncoderRunner:
             pool = graph.pool()
             self._graphs[bucket] = (graph, static_in, static_out)
 
+    # -- the cache: an LRU of full windows, and the windows owners hold out of it ---------------
+
+    @property
+    def num_held_windows(self) -> int:
+        """Windows held (`hold`) and cached now; ~0.77 MB of device memory each at real size."""
+        return len(self._held)
+
+    def hold(self, owner: str, keys: Sequence[bytes]) -> None:
+        """Keep the full windows of `keys` cached for `owner` (a live session) until
+        `release(owner)`: held windows are never evicted, so each is encoded once however many
+        other windows pass through the LRU (DESIGN 5.1; with only the LRU, 100 sessions of
+        7 minutes on an H200 re-encoded their whole meetings every hop once their windows
+        outgrew it, and latency diverged: docs/benchmarks.md, session 15). A key not cached
+        yet is held from when it is stored. Past `max_held_windows` distinct keys (all owners)
+        further keys are not held and stay in the LRU. Idempotent per (owner, key)."""
+        held = self._holds.setdefault(owner, set())
+        for key in keys:
+            if key in held:
+                continue
+            if key not in self._holders and len(self._holders) >= self.max_held_windows:
+                return
+            held.add(key)
+            self._holders[key] = self._holders.get(key, 0) + 1
+            if key in self._cache:
+                self._held[key] = self._cache.pop(key)
+
+    def release(self, owner: str) -> None:
+        """End every hold of `owner` (no-op for an owner holding nothing): windows no other
+        owner holds go back to the LRU, most recently used first out of it last."""
+        for key in self._holds.pop(owner, ()):
+            left = self._holders[key] - 1
+            if left:
+                self._holders[key] = left
+                continue
+            del self._holders[key]
+            value = self._held.pop(key, None)
+            if value is not None:
+                self._store_lru(key, value)
+
     def _lookup(self, key: bytes | None) -> torch.Tensor | None:
-        if key is None or key not in self._cache:
+        if key is None:
             return None
-        self._cache.move_to_end(key)
-        self.num_cache_hits += 1
-        return self._cache[key]
+        hit = self._held.get(key)
+        if hit is None and key in self._cache:
+            self._cache.move_to_end(key)
+            hit = self._cache[key]
+        if hit is not None:
+            self.num_cache_hits += 1
+        return hit
 
     def _store(self, key: bytes, value: torch.Tensor) -> None:
+        # a copy: `value` is a view into its whole micro-batch's output, which a cached
+        # window would otherwise keep alive (up to 64 windows' worth) for as long as it stays
+        if key in self._holders:
+            self._held[key] = value.clone()
+        elif self.cache_windows > 0:
+            self._store_lru(key, value.clone())
+
+    def _store_lru(self, key: bytes, value: torch.Tensor) -> None:
         if self.cache_windows <= 0:
             return
         self._cache[key] = value

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from livemeet.audio.constants import (
+    ENCODER_MAX_HELD_WINDOWS,
     ENGINE_SLOW_STEP_S,
     KV_BLOCK_SIZE,
     SAMPLE_RATE,
@@ -99,6 +100,8 @@ class EngineConfig:
     mem_fraction: float = 0.85
     kv_cache_dtype: str = "auto"
     encoder_cache_windows: int = 256
+    # windows live sessions may hold in the encoder cache (EncoderRunner.hold)
+    encoder_max_held_windows: int = ENCODER_MAX_HELD_WINDOWS
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     cuda_graphs: bool = True
     async_decode: bool = True
@@ -179,6 +182,7 @@ class Engine:
         self.encoder = EncoderRunner(
             self.model,
             cache_windows=config.encoder_cache_windows,
+            max_held_windows=config.encoder_max_held_windows,
             cuda_graphs=config.cuda_graphs,
         )
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size)
@@ -227,6 +231,7 @@ class Engine:
         fork_from: str | None = None,
         num_fork_tokens: int = 0,
         window_keys: Sequence[bytes] = (),
+        samples_checked: bool = False,
     ) -> Request:
         """Queue a request for `samples` (16 kHz mono float32 [n]); they are encoded when the
         request is first scheduled, together with every other request of that step.
@@ -240,10 +245,12 @@ class Engine:
         positions are unchanged; `request.num_cached_tokens` then counts the reused tokens.
         `window_keys`: encoder-cache keys of the audio's first full windows
         (`encoder_runner.window_key`), which the caller vouches for; the rest are hashed.
+        `samples_checked`: the caller has checked every sample finite (a live session checks
+        each chunk as it arrives), so the O(n) scan is skipped here.
         Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
         room in the context).
         """
-        samples = check_samples(samples)
+        samples = check_samples(samples, finite=not samples_checked)
         built = self.build_prompt(num_audio_tokens(samples.size), prompt, hotwords)
         ids = built.ids + list(prefix_token_ids)
         duration_s = len(samples) / SAMPLE_RATE
@@ -275,6 +282,16 @@ class Engine:
         """Stop a request at any phase; frees its KV exactly once. Unknown ids are ignored."""
         self.scheduler.abort(request_id)
         self._forget(request_id)
+
+    def hold_windows(self, owner: str, keys: Sequence[bytes]) -> None:
+        """Keep the encoder's outputs for these full-window keys (`window_keys` of a request)
+        cached until `release_windows(owner)`, e.g. a live session's windows for its life
+        (EncoderRunner.hold). Every hold needs its release."""
+        self.encoder.hold(owner, keys)
+
+    def release_windows(self, owner: str) -> None:
+        """End `owner`'s holds (EncoderRunner.release); a no-op when it holds nothing."""
+        self.encoder.release(owner)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None

@@ -25,6 +25,7 @@ from livemeet.audio.constants import (
     LOOP_MAX_REPEATS,
     SAMPLE_RATE,
 )
+from livemeet.audio.pcm import check_finite
 from livemeet.errors import BadAudio, ProtocolError
 from livemeet.transcriber import Event, Samples, SegmentFinal, SegmentPartial, TranscriptFinal
 from livemeet.transcript.commit import CommitBuffer, CommitOptions, CommitUpdate, normalise_text
@@ -99,12 +100,14 @@ class LiveSession:
 
     def receive_audio(self, samples: Samples) -> None:
         """Append [n] float32 samples at 16 kHz. Raises ProtocolError after `end()`, BadAudio for
-        a non-1-D array."""
+        a non-1-D array or a NaN or infinite sample (each chunk is checked once, here: decodes
+        take the session's audio as checked)."""
         if self._end_pending or self._ended:
             raise ProtocolError("audio after end")
         arr = np.asarray(samples, dtype=np.float32)
         if arr.ndim != 1:
             raise BadAudio(f"expected 1-D mono samples, got shape {arr.shape}")
+        check_finite(arr)
         if arr.size:
             self._chunks.append(arr)
             self._num_samples += arr.size

@@ -724,3 +724,36 @@ def test_live_audio_grows_in_place_and_hashes_each_window_once(
     assert len(hashed) == 3  # windows 0, 1 and 2, each once over five hops
     assert keys == er.full_window_keys(audio)
     assert sess.audio_to(16_000 * 200).size == audio.size  # an edge past the audio: all of it
+
+
+def test_live_sessions_hold_their_full_windows_until_they_end(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """Each live session holds its full windows in the encoder cache from its first hop past
+    30 s until it ends or is aborted (so a hop re-encodes only the partial window, whatever
+    passes through the LRU meanwhile); then nothing is held and the pool is clean."""
+    core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE)
+    engine = core.engine
+    assert engine is not None
+    out: list[tuple[str, Event]] = []
+    for sid in ("ended", "aborted"):
+        core.open(sid, SessionOptions(live=True, hop_s=4.0))
+    audio = clips[40.0]
+    for start in range(0, audio.size, 4 * SAMPLE_RATE):
+        for sid in ("ended", "aborted"):
+            core.append(sid, audio[start : start + 4 * SAMPLE_RATE])
+        run_to_idle(core, out)
+    held = engine.encoder.num_held_windows
+    assert held == 1  # one full window, the same audio: both sessions hold one key
+    encoded = engine.encoder.num_encoded_windows
+    core.append("ended", audio[: 4 * SAMPLE_RATE])  # one more hop: the partial window only
+    run_to_idle(core, out)
+    assert engine.encoder.num_encoded_windows == encoded + 1
+    core.end("ended")
+    run_to_idle(core, out)
+    assert any(isinstance(e, TranscriptFinal) for s, e in out if s == "ended")
+    assert engine.encoder.num_held_windows == 1  # still held by the other session
+    core.abort("aborted")
+    assert engine.encoder.num_held_windows == 0
+    assert engine.encoder._holds == {} and engine.encoder._holders == {}
+    assert_pool_clean(core)

@@ -225,3 +225,80 @@ def test_warm_up_runs_every_bucket_and_leaves_no_trace(
     )
     assert rows == [1, 2, 3]  # a limit between buckets is a bucket: batches of 3 are warm too
     assert runner.batch_buckets == (1, 2, 3)
+
+
+def test_held_windows_are_encoded_once_under_lru_pressure(
+    our_model: MossTDModel, long_speech: np.ndarray
+) -> None:
+    """A live session's full windows, held, stay cached while other audio churns the LRU (one
+    window here): re-encoding its meeting costs only the partial window. Released, they go
+    back to the LRU and are evicted like any other (session 15: with only the LRU, 100 live
+    sessions re-encoded their whole meetings every hop once their windows outgrew it)."""
+    from livemeet.engine.encoder_runner import full_window_keys
+
+    runner = EncoderRunner(our_model, cache_windows=1)
+    meeting = long_speech[: 16_000 * 65]  # 2 full windows + 5 s
+    keys = full_window_keys(meeting)
+    runner.hold("live-1", keys)  # before the first encode: held once stored
+    first = runner.encode([meeting], window_keys=[keys])[0]
+    assert runner.num_encoded_windows == 3 and runner.num_held_windows == 2
+    for k in range(3):  # other audio through the one-window LRU
+        runner.encode([long_speech[16_000 * (70 + 30 * k) :][: 16_000 * 30]])
+    encoded = runner.num_encoded_windows
+    again = runner.encode([meeting], window_keys=[keys])[0]
+    assert runner.num_encoded_windows == encoded + 1  # the partial window only
+    torch.testing.assert_close(again[:750], first[:750], rtol=0, atol=0)
+    runner.release("live-1")
+    runner.release("live-1")  # a second release is a no-op
+    assert runner.num_held_windows == 0
+    runner.encode([long_speech[16_000 * 100 :][: 16_000 * 30]])  # evicts them
+    encoded = runner.num_encoded_windows
+    runner.encode([meeting], window_keys=[keys])
+    assert runner.num_encoded_windows == encoded + 3
+
+
+def test_holds_are_counted_per_owner_and_capped(
+    our_model: MossTDModel, long_speech: np.ndarray
+) -> None:
+    """Two owners holding one window keep it until both release; past max_held_windows keys
+    are left to the LRU; cached windows are copies, not views of their micro-batch (which a
+    held window would keep alive whole)."""
+    from livemeet.engine.encoder_runner import full_window_keys
+
+    runner = EncoderRunner(our_model, cache_windows=0, max_held_windows=2)
+    meeting = long_speech[: 16_000 * 95]  # 3 full windows + 5 s
+    keys = full_window_keys(meeting)
+    runner.hold("a", keys[:1])
+    runner.hold("b", keys)  # the third key is past the cap
+    runner.encode([meeting], window_keys=[keys])
+    assert runner.num_held_windows == 2
+    held = runner._held[keys[0]]
+    assert held.untyped_storage().nbytes() == held.numel() * held.element_size()
+    runner.release("b")
+    assert runner.num_held_windows == 1  # "a" still holds the first window
+    runner.release("a")
+    assert runner.num_held_windows == 0  # an LRU of 0 windows keeps nothing
+    encoded = runner.num_encoded_windows
+    runner.encode([meeting], window_keys=[keys])
+    assert runner.num_encoded_windows == encoded + 4
+
+
+def test_only_the_windows_encoded_are_scanned_for_nan(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A NaN in a window the encoder has to encode is BadAudio; the cached windows are not
+    rescanned per call (a live hop at minute 10 would scan 9.6M samples)."""
+    import livemeet.engine.encoder_runner as er
+    from livemeet.errors import BadAudio
+
+    runner = EncoderRunner(our_model, cache_windows=8)
+    meeting = long_speech[: 16_000 * 65].copy()
+    runner.encode([meeting])
+    scanned: list[int] = []
+    real = er.check_finite
+    monkeypatch.setattr(er, "check_finite", lambda w: scanned.append(w.size) or real(w))
+    runner.encode([meeting])
+    assert scanned == [16_000 * 5]  # the partial window; both full windows came from the cache
+    meeting[16_000 * 62] = np.nan  # in the partial window, encoded on every call
+    with pytest.raises(BadAudio, match="NaN"):
+        runner.encode([meeting])

@@ -199,6 +199,14 @@ def test_bad_input_is_rejected() -> None:
     live = LiveSession()
     with pytest.raises(BadAudio):
         live.receive_audio(np.zeros((2, 10), np.float32))
+    other = LiveSession()
+    other.receive_audio(audio(1.0))
+    for bad in (np.nan, np.inf):  # checked once, here: decodes take the audio as checked
+        chunk = audio(0.5)
+        chunk[100] = bad
+        with pytest.raises(BadAudio, match="NaN or infinite"):
+            other.receive_audio(chunk)
+    assert other.window().samples.size == 16_000  # the rejected chunks were not kept
     live.end()
     with pytest.raises(ProtocolError):
         live.receive_audio(audio(1))
