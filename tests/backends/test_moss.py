@@ -757,3 +757,40 @@ def test_live_sessions_hold_their_full_windows_until_they_end(
     assert engine.encoder.num_held_windows == 0
     assert engine.encoder._holds == {} and engine.encoder._holders == {}
     assert_pool_clean(core)
+
+
+@pytest.mark.slow
+def test_a_hops_work_does_not_grow_with_the_meeting(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Over 100 s of meeting in 5-s hops, each hop prefills at most the audio since the last
+    window complete at the previous hop (forked KV covers the rest) plus its forced
+    transcript, and encodes at most the partial window and one window completed since: no
+    per-hop cost may grow with the meeting (session 15: the encoder's did, and 100 live
+    sessions fell minutes behind). The forced reference covers the whole clip, so the forced
+    prefix grows; it is counted apart."""
+    forced = "".join(f"[{t:.2f}][S0{1 + (t // 5) % 2}] w{t}[{t + 4:.2f}]" for t in range(0, 100, 5))
+    core = make_core(our_model, tmp_path, forced=forced)
+    engine = core.engine
+    assert engine is not None
+    engine.encoder.cache_windows = 1  # the LRU cannot keep the meeting: only the holds can
+    hops: list[tuple[int, int]] = []  # (prefilled tokens less the forced prefix, encoded)
+    real_add = engine.add_request
+
+    def spy(rid: str, samples: np.ndarray, **kw: Any) -> Any:
+        encoded = engine.encoder.num_encoded_windows
+        request = real_add(rid, samples, **kw)
+        prefix = len(kw.get("prefix_token_ids", ()))
+        hops.append((request.num_prompt_tokens - request.num_cached_tokens - prefix, encoded))
+        return request
+
+    monkeypatch.setattr(engine, "add_request", spy)
+    events = stream_live(core, clips[100.0], head_s=5.0, chunk_s=5.0, hop_s=5.0)
+    assert isinstance(events[-1], TranscriptFinal)
+    counts = [b - a for (_, a), (_, b) in zip(hops, hops[1:], strict=False)]
+    assert len(hops) >= 19
+    assert max(counts) <= 2  # windows encoded between two hops: the partial one, one completed
+    prefilled = [p for p, _ in hops[1:]]  # the first hop prefills everything
+    assert max(prefilled) <= 2 * 375 + 64  # two windows' tokens, time markers, prompt tail
+    assert max(prefilled[-5:]) <= max(prefilled[:8]) + 64, prefilled
+    assert_pool_clean(core)
