@@ -151,6 +151,10 @@ class GatewayConfig:
     # s without any client message before a live session closes, or without upload body bytes
     # before an upload fails (client_timeout)
     idle_timeout_s: float = 60.0
+    # s a live session waits for its final transcript after the client's `end` (the client
+    # sends nothing then; a loaded engine may take minutes) before it fails with
+    # engine_unavailable: bounds a client gone without a TCP close
+    final_timeout_s: float = 600.0
     flush_interval_s: float = 0.050  # s; SSE / WS text flush window
 
     def validate(self) -> None:
@@ -158,6 +162,8 @@ class GatewayConfig:
             raise ConfigError("max_upload_bytes and max_audio_s must be positive")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
+        if self.idle_timeout_s <= 0 or self.final_timeout_s <= 0:
+            raise ConfigError("idle_timeout_s and final_timeout_s must be positive")
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ Each point starts `sessions` live sessions (session i after i / sessions s) and 
 Every session streams `--duration-s` of its own rotation of the meeting (so the encoder's
 window cache never hits across sessions) in FRAME_S frames of PCM16, each sent once its audio
 has been spoken, then sends `end` and waits for `transcript.final` (at most FINAL_TIMEOUT_S,
-and never past the point's share of --max-seconds: an overloaded engine still catching up
-then leaves a record with the finals missing, not none). The server runs one forced
+and never past the run's --max-seconds less FINAL_BUDGET_MARGIN_S: an overloaded engine still
+catching up then leaves a record with the finals missing, not none; the `end`-to-final times
+cover only the finals that came, `finals_received` of them). The server runs one forced
 transcript for every request (the upload's whole text; a live hop's segments that end by its
 audio edge).
 

@@ -302,7 +302,7 @@ class EncoderRunner:
             if key in held:
                 continue
             if key not in self._holders and len(self._holders) >= self.max_held_windows:
-                return
+                continue  # a key another owner holds already costs no slot: it is still held
             held.add(key)
             self._holders[key] = self._holders.get(key, 0) + 1
             if key in self._cache:
@@ -310,7 +310,8 @@ class EncoderRunner:
 
     def release(self, owner: str) -> None:
         """End every hold of `owner` (no-op for an owner holding nothing): windows no other
-        owner holds go back to the LRU, most recently used first out of it last."""
+        owner holds go to the LRU's cold end, evicted before anything used since (an ended
+        session's windows are rarely asked for again)."""
         for key in self._holds.pop(owner, ()):
             left = self._holders[key] - 1
             if left:
@@ -319,7 +320,7 @@ class EncoderRunner:
             del self._holders[key]
             value = self._held.pop(key, None)
             if value is not None:
-                self._store_lru(key, value)
+                self._store_lru(key, value, cold=True)
 
     def _lookup(self, key: bytes | None) -> torch.Tensor | None:
         if key is None:
@@ -340,10 +341,11 @@ class EncoderRunner:
         elif self.cache_windows > 0:
             self._store_lru(key, value.clone())
 
-    def _store_lru(self, key: bytes, value: torch.Tensor) -> None:
+    def _store_lru(self, key: bytes, value: torch.Tensor, cold: bool = False) -> None:
+        """Insert as most recently used (`cold`: least recently used), then trim the LRU."""
         if self.cache_windows <= 0:
             return
         self._cache[key] = value
-        self._cache.move_to_end(key)
+        self._cache.move_to_end(key, last=not cold)
         while len(self._cache) > self.cache_windows:
             self._cache.popitem(last=False)

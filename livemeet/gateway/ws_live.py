@@ -126,6 +126,7 @@ class LiveConnection:
         self._forwarder: asyncio.Task[None] | None = None
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
+        self._ended_at: float | None = None  # loop time of the client's `end`
         self._metrics.sessions.labels("live", self._state_label).inc()
         self.outcome = "disconnected"
 
@@ -155,13 +156,21 @@ class LiveConnection:
         """The next client message. The idle timeout applies while the client streams; after
         `end` it has nothing left to send and waits, silently, for `transcript.final`, which
         a loaded engine may take longer than the idle timeout to produce (the forwarder
-        closes the socket then, and an engine failure reaches it as an error event)."""
+        closes the socket then, and an engine failure reaches it as an error event), up to
+        `final_timeout_s` after `end`. Raises TimeoutError (idle) and EngineUnavailable (no
+        final in time)."""
         while True:
             try:
                 return await self.ws.receive()
             except TimeoutError:
-                if self.protocol.state is not State.ENDING:
+                if self.protocol.state is not State.ENDING or self._ended_at is None:
                     raise
+                waited = asyncio.get_running_loop().time() - self._ended_at
+                limit = self.app[CONFIG_KEY].gateway.final_timeout_s
+                if waited >= limit:
+                    raise EngineUnavailable(
+                        f"no final transcript within {limit:g} s of end"
+                    ) from None
 
     async def cleanup(self) -> None:
         """Release everything; safe after any failure (the `finally` of the handler)."""
@@ -235,6 +244,7 @@ class LiveConnection:
         if len(tail):
             await session.append(tail)
         await session.end()
+        self._ended_at = asyncio.get_running_loop().time()
         self._set_state("ending")
 
     async def _forward(self, session: TranscriberSession) -> None:

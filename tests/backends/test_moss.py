@@ -24,7 +24,14 @@ from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
 from livemeet.engine.scheduler import StepOutput
-from livemeet.errors import ConfigError, InternalError, InvalidRequest, NotFound, ProtocolError
+from livemeet.errors import (
+    BadAudio,
+    ConfigError,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    ProtocolError,
+)
 from livemeet.models.audio_llm import MossTDModel, generate
 from livemeet.models.prompt import EOS, build_prompt
 from livemeet.models.tokenizer import load_tokenizer
@@ -793,4 +800,29 @@ def test_a_hops_work_does_not_grow_with_the_meeting(
     prefilled = [p for p, _ in hops[1:]]  # the first hop prefills everything
     assert max(prefilled) <= 2 * 375 + 64  # two windows' tokens, time markers, prompt tail
     assert max(prefilled[-5:]) <= max(prefilled[:8]) + 64, prefilled
+    assert_pool_clean(core)
+
+
+def test_a_live_chunk_with_nan_is_rejected_whole_and_the_session_goes_on(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """Live audio is checked once, as it arrives (hops then skip the scan): a chunk holding a
+    NaN or an infinity is BadAudio and none of it is kept, so no hop can carry it into the
+    engine's step, where it could not be pinned on the session."""
+    core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE)
+    core.open("L", SessionOptions(live=True, hop_s=2.0))
+    audio = clips[11.0]
+    out: list[tuple[str, Event]] = []
+    core.append("L", audio[: 4 * SAMPLE_RATE])
+    run_to_idle(core, out)
+    for bad in (np.nan, np.inf):
+        chunk = audio[4 * SAMPLE_RATE : 6 * SAMPLE_RATE].copy()
+        chunk[10] = bad
+        with pytest.raises(BadAudio, match="NaN or infinite"):
+            core.append("L", chunk)
+    core.append("L", audio[4 * SAMPLE_RATE :])
+    core.end("L")
+    run_to_idle(core, out)
+    final = out[-1][1]
+    assert isinstance(final, TranscriptFinal) and final.duration_s == pytest.approx(11.0)
     assert_pool_clean(core)

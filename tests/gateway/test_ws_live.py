@@ -199,12 +199,32 @@ async def test_no_idle_timeout_after_end(
         await ws.send_bytes(pcm16(1.5))
         await ws.send_json({"type": "end"})
         await asyncio.sleep(1.0)  # five idle timeouts with the final held back
-        assert not ws.closed
+        assert len(client.app[REGISTRY_KEY]) == 1 and not fake.sessions[0].log.aborted
         fake.end_gate.set()
         events = await asyncio.wait_for(receive_all(ws), 5)
     assert ws.close_code == 1000
     assert events[-1]["type"] == "transcript.final"
     assert events[-1]["segments"][-1]["end"] == 1.5
+
+
+async def test_a_final_that_never_comes_ends_the_session_after_the_final_timeout(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """The wait after `end` is bounded (final_timeout_s): a client that vanished without a
+    TCP close, or an engine that lost the session, cannot hold it open forever."""
+    gateway = GatewayConfig(idle_timeout_s=0.1, final_timeout_s=0.5)
+    config = ServerConfig(data_dir=server_config.data_dir, gateway=gateway)
+    client = await aiohttp_client(create_app(config, fake))
+    fake.end_gate = asyncio.Event()  # never set
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        error = await expect_error(ws, EngineUnavailable)
+    assert "final" in error["message"]
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+    await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 0)
 
 
 async def test_plain_get_is_a_json_400(client: TestClient) -> None:
@@ -252,6 +272,7 @@ async def test_vanishing_client_is_cleaned_up_while_another_streams(
     victim._response.connection.transport.abort()  # type: ignore[union-attr]  # TCP reset
     await wait_until(lambda: fake.sessions[1].log.aborted)
     await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 1)
+    assert not fake.sessions[0].log.aborted
 
     for _ in range(8):
         await survivor.send_bytes(pcm16(0.5))
