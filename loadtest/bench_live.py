@@ -34,7 +34,8 @@ connecting to `session.ready` (median and worst session), errors, the uploads co
 the point with their audio-s/s (over the uploads' own time), the audio seconds the uploads had
 transcribed by the point's end, finished or not (they stream: `stream=true`, each segment's end
 as it arrives) and that rate, and the increase of the engine's
-counters over the point (steps by kind, prefill and decode tokens, host time in steps by part:
+counters over the point (steps by kind, prefill and decode tokens, host time in steps by part,
+windows encoded, live hops finished and their mean time from submission to end:
 loadtest.http_sweep.engine_fields). On the scripted backend (CPU) uploads finish at once, so
 their fields say nothing there.
 Usage:

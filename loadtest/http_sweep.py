@@ -101,6 +101,9 @@ class EngineCounters:
     # s; host seconds inside steps by part (STEP_PARTS); empty from servers that do not time
     step_s: dict[str, float] = field(default_factory=dict)
     slow_steps: int = 0  # steps of ENGINE_SLOW_STEP_S or more
+    encoded_windows: int = 0  # 30-s windows the encoder computed (cache hits excluded)
+    live_hops: int = 0  # live decodes finished
+    live_hop_s: float = 0.0  # s; their summed time from submission to end
 
     def minus(self, before: EngineCounters) -> EngineCounters:
         return EngineCounters(
@@ -110,6 +113,9 @@ class EngineCounters:
             decode_tokens=self.decode_tokens - before.decode_tokens,
             step_s={k: v - before.step_s.get(k, 0.0) for k, v in self.step_s.items()},
             slow_steps=self.slow_steps - before.slow_steps,
+            encoded_windows=self.encoded_windows - before.encoded_windows,
+            live_hops=self.live_hops - before.live_hops,
+            live_hop_s=self.live_hop_s - before.live_hop_s,
         )
 
     def record(self) -> dict[str, Any]:
@@ -123,6 +129,11 @@ class EngineCounters:
         if self.step_s:
             record["engine_step_s"] = dict(self.step_s)
             record["slow_steps"] = self.slow_steps
+        if self.encoded_windows:  # servers before session 15 do not count them
+            record["encoded_windows"] = self.encoded_windows
+        if self.live_hops:
+            record["live_hops"] = self.live_hops
+            record["live_hop_mean_s"] = self.live_hop_s / self.live_hops
         return record
 
 
@@ -144,6 +155,12 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 step_s[sample.labels["part"]] = sample.value
             elif sample.name == "livemeet_engine_slow_steps_total":
                 values["slow"] = int(sample.value)
+            elif sample.name == "livemeet_engine_encoded_windows_total":
+                values["windows"] = int(sample.value)
+            elif sample.name == "livemeet_live_hops_total":
+                values["hops"] = int(sample.value)
+            elif sample.name == "livemeet_live_hop_seconds_total":
+                step_s["live_hop"] = sample.value
     if not steps:
         return None
     return EngineCounters(
@@ -153,6 +170,9 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         decode_tokens=values.get("decode", 0),
         step_s={part: step_s[part] for part in STEP_PARTS if part in step_s},
         slow_steps=values.get("slow", 0),
+        encoded_windows=values.get("windows", 0),
+        live_hops=values.get("hops", 0),
+        live_hop_s=step_s.get("live_hop", 0.0),
     )
 
 
@@ -201,6 +221,7 @@ def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -
     delta = after.minus(before)
     counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens, delta.slow_steps]
     counts += [delta.decode_graph_fallbacks, *delta.step_s.values()]
+    counts += [delta.encoded_windows, delta.live_hops, delta.live_hop_s]
     if min(counts) < 0:
         return {}
     return delta.record()

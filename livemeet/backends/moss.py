@@ -190,6 +190,7 @@ class _Hop:
     num_prompt_ids: list[int]
     stream: SegmentStream
     session_labels: frozenset[str]  # speakers of the forced transcript prefix
+    submitted_s: float  # engine clock at submission
     segments: list[Segment] = field(default_factory=list)
 
 
@@ -295,6 +296,8 @@ class MossCore:
         self._forced: list[Segment] | None = None
         self._forced_text: str | None = None
         self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
+        self.num_live_hops = 0  # live decodes finished, and their summed time (EngineStats)
+        self.live_hop_s = 0.0
         self._gateway_incoming_uploads = 0  # set_incoming_uploads: not yet sent to this core
 
     # -- BackendCore: lifecycle --------------------------------------------------------------
@@ -413,8 +416,13 @@ class MossCore:
         self._tell_incoming_uploads()
 
     def stats(self) -> EngineStats | None:
-        """The engine's cumulative step counters; None before `load()`."""
-        return None if self.engine is None else self.engine.stats()
+        """The engine's cumulative step counters with this core's live hops; None before
+        `load()`."""
+        if self.engine is None:
+            return None
+        return replace(
+            self.engine.stats(), num_live_hops=self.num_live_hops, live_hop_s=self.live_hop_s
+        )
 
     def step(self) -> list[tuple[str, Event]]:
         engine = self._engine()
@@ -623,6 +631,7 @@ class MossCore:
                 [s.text for s in forced],
             ),
             frozenset(s.speaker for s in forced),
+            engine.clock(),
         )
         self._owner[rid] = sid
 
@@ -630,6 +639,8 @@ class MossCore:
         hop = sess.hop
         assert hop is not None
         sess.hop = None
+        self.num_live_hops += 1
+        self.live_hop_s += self._engine().clock() - hop.submitted_s
         hop.segments.extend(hop.stream.close())
         if hop.stream.looping:
             reason = FinishReason.REPETITION

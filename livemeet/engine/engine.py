@@ -470,6 +470,7 @@ class Engine:
         counts = self._counts
         for part, seconds in timer.seconds.items():
             counts[f"{part}_s"] += seconds
+        counts["num_encoded_windows"] += num_windows
         if timer.total_s < ENGINE_SLOW_STEP_S:
             return
         counts["num_slow_steps"] += 1

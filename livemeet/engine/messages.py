@@ -131,6 +131,10 @@ class EngineStats:
     They sum to the time spent stepping, so time outside them is the worker's own (commands,
     events) or idle. A step of at least ENGINE_SLOW_STEP_S counts in `num_slow_steps` and is
     logged with its parts and shape.
+    `num_encoded_windows` counts the 30-s windows the encoder computed (cache hits excluded);
+    `num_live_hops` and `live_hop_s` the live decodes that finished and their summed engine
+    time from submission to end (the backend's: MossCore), whose ratio is the mean hop time a
+    live session waits for, and which grows when live serving falls behind.
     The worker posts these at most every ENGINE_STATS_INTERVAL_S while it steps, and once when
     it goes idle.
     """
@@ -148,6 +152,9 @@ class EngineStats:
     launch_s: float = 0.0
     wait_s: float = 0.0
     other_s: float = 0.0
+    num_encoded_windows: int = 0  # windows; computed by the encoder (cache hits excluded)
+    num_live_hops: int = 0  # live decodes finished (set by the backend)
+    live_hop_s: float = 0.0  # s; their summed time from submission to end (engine clock)
 
     @property
     def num_decode_steps(self) -> int:

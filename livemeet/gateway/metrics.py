@@ -1,6 +1,7 @@
 """Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
 
-Engine counters (`livemeet_engine_*`) come from the engine worker as cumulative `EngineStats`
+Engine counters (`livemeet_engine_*`, and the live hops' `livemeet_live_hops` and
+`livemeet_live_hop_seconds`) come from the engine worker as cumulative `EngineStats`
 (livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it steps and exact
 when idle. `EngineStatsCollector` exports the latest totals as they are, as counters: the
 gateway never sees increments, so a custom collector rather than `Counter`s (which would need
@@ -77,6 +78,17 @@ def _families(stats: EngineStats | None) -> list[Metric]:
     slow = CounterMetricFamily(
         "livemeet_engine_slow_steps", "Engine steps that took ENGINE_SLOW_STEP_S or more", labels=[]
     )
+    windows = CounterMetricFamily(
+        "livemeet_engine_encoded_windows",
+        "30-s audio windows the encoder computed (cache hits excluded)",
+        labels=[],
+    )
+    hops = CounterMetricFamily("livemeet_live_hops", "Live decodes (hops) finished", labels=[])
+    hop_seconds = CounterMetricFamily(
+        "livemeet_live_hop_seconds",
+        "Seconds from a live hop's submission to its end, summed (divided by hops: the mean)",
+        labels=[],
+    )
     if stats is not None:
         steps.add_metric(["decode_graph"], stats.num_decode_graph_steps)
         steps.add_metric(["decode_eager"], stats.num_decode_eager_steps)
@@ -88,7 +100,10 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         for part, value in stats.host_s.items():
             seconds.add_metric([part], value)
         slow.add_metric([], stats.num_slow_steps)
-    return [steps, tokens, fallbacks, seconds, slow]
+        windows.add_metric([], stats.num_encoded_windows)
+        hops.add_metric([], stats.num_live_hops)
+        hop_seconds.add_metric([], stats.live_hop_s)
+    return [steps, tokens, fallbacks, seconds, slow, windows, hops, hop_seconds]
 
 
 UPLOAD_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # s

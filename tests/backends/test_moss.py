@@ -762,6 +762,9 @@ def test_live_sessions_hold_their_full_windows_until_they_end(
     assert engine.encoder.num_held_windows == 1  # still held by the other session
     core.abort("aborted")
     assert engine.encoder.num_held_windows == 0
+    stats = core.stats()  # the hops and the windows they encoded, for /metrics
+    assert stats is not None and stats.num_live_hops >= 2 * 10 and stats.live_hop_s > 0
+    assert stats.num_encoded_windows == engine.encoder.num_encoded_windows
     assert engine.encoder._holds == {} and engine.encoder._holders == {}
     assert_pool_clean(core)
 

@@ -107,6 +107,9 @@ async def test_metrics_export_the_engine_counters(
         launch_s=1.5,
         wait_s=4.0,
         other_s=0.75,
+        num_encoded_windows=77,
+        num_live_hops=30,
+        live_hop_s=12.5,
     )
     text = await (await client.get("/metrics")).text()
     assert "# TYPE livemeet_engine_steps_total counter" in text
@@ -127,6 +130,9 @@ async def test_metrics_export_the_engine_counters(
     ):
         assert f'livemeet_engine_step_seconds_total{{part="{part}"}} {value}' in text
     assert "livemeet_engine_slow_steps_total 2.0" in text
+    assert "livemeet_engine_encoded_windows_total 77.0" in text
+    assert "livemeet_live_hops_total 30.0" in text
+    assert "livemeet_live_hop_seconds_total 12.5" in text
 
 
 async def test_transcriber_without_engine_counters_exports_none(client: TestClient) -> None:

@@ -182,6 +182,33 @@ def test_step_seconds_parsed_and_differenced() -> None:
     assert untimed["engine_steps"]["decode_graph"] == 1
 
 
+def test_encoder_windows_and_live_hops_parsed_and_differenced() -> None:
+    """The encoder's windows and the live hops (count, summed time) of a point: its mean hop
+    time says how far behind live serving ran."""
+
+    def text(windows: int, hops: int, hop_s: float) -> str:
+        return (
+            metrics_text((10, 0, 5, 0), (900, 60))
+            + "\n".join(
+                [
+                    "# TYPE livemeet_engine_encoded_windows_total counter",
+                    f"livemeet_engine_encoded_windows_total {windows}.0",
+                    "# TYPE livemeet_live_hops_total counter",
+                    f"livemeet_live_hops_total {hops}.0",
+                    "# TYPE livemeet_live_hop_seconds_total counter",
+                    f"livemeet_live_hop_seconds_total {hop_s}",
+                ]
+            )
+            + "\n"
+        )
+
+    fields = engine_fields(
+        parse_engine_counters(text(40, 100, 30.0)), parse_engine_counters(text(52, 300, 130.0))
+    )
+    assert fields["encoded_windows"] == 12
+    assert fields["live_hops"] == 200 and fields["live_hop_mean_s"] == 0.5
+
+
 def test_no_engine_fields_without_counters_or_after_a_reset() -> None:
     gateway_only = "\n".join(metrics_text((0, 0, 0, 0), (0, 0)).splitlines()[:3]) + "\n"
     assert parse_engine_counters(gateway_only) is None
