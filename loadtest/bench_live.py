@@ -29,8 +29,8 @@ One JSON line per point (appended to --out, and printed): latency mean, p50, p95
 over every session's segments (and p50, p95 by when in the meeting the segment ends:
 `latency_by_time`), how many segments were seen before `end`, only after it (the final flush)
 or never, the client's largest send lag, how many finals arrived, the time from `end` to
-`transcript.final` and from
-connecting to `session.ready` (median and worst session), errors, the uploads completed during
+`transcript.final` and from connecting to `session.ready` (median and worst session), errors,
+the uploads completed during
 the point with their audio-s/s (over the uploads' own time), the audio seconds the uploads had
 transcribed by the point's end, finished or not (they stream: `stream=true`, each segment's end
 as it arrives) and that rate, and the increase of the engine's
@@ -240,8 +240,8 @@ async def _read_messages(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -
 
 def final_wait_s(final_by: float | None, now: float) -> float:
     """s to wait for transcript.final after `end`: FINAL_TIMEOUT_S, cut to what is left before
-    `final_by` (a monotonic time: the point's budget; at least MIN_FINAL_WAIT_S), so that an
-    engine still catching up cannot hold the point past its budget with nothing recorded."""
+    `final_by` (a monotonic time: the run's budget less a margin; at least MIN_FINAL_WAIT_S),
+    so that an engine still catching up cannot hold the point past it with nothing recorded."""
     if final_by is None:
         return FINAL_TIMEOUT_S
     return max(MIN_FINAL_WAIT_S, min(FINAL_TIMEOUT_S, final_by - now))

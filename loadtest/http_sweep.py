@@ -143,6 +143,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
     steps: dict[str, int] = {}
     values: dict[str, int] = {}
     step_s: dict[str, float] = {}
+    hop_s = 0.0  # livemeet_live_hop_seconds: absent from servers before session 15
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "livemeet_engine_steps_total":
@@ -160,7 +161,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
             elif sample.name == "livemeet_live_hops_total":
                 values["hops"] = int(sample.value)
             elif sample.name == "livemeet_live_hop_seconds_total":
-                step_s["live_hop"] = sample.value
+                hop_s = sample.value
     if not steps:
         return None
     return EngineCounters(
@@ -172,7 +173,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         slow_steps=values.get("slow", 0),
         encoded_windows=values.get("windows", 0),
         live_hops=values.get("hops", 0),
-        live_hop_s=step_s.get("live_hop", 0.0),
+        live_hop_s=hop_s,
     )
 
 

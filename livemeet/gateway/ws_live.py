@@ -36,7 +36,6 @@ from livemeet.gateway.live_protocol import (
     KeepAlive,
     LiveProtocol,
     StartSession,
-    State,
 )
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.transcriber import (
@@ -163,7 +162,7 @@ class LiveConnection:
             try:
                 return await self.ws.receive()
             except TimeoutError:
-                if self.protocol.state is not State.ENDING or self._ended_at is None:
+                if self._ended_at is None:  # still streaming: the idle timeout applies
                     raise
                 waited = asyncio.get_running_loop().time() - self._ended_at
                 limit = self.app[CONFIG_KEY].gateway.final_timeout_s
