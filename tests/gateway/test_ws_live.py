@@ -296,3 +296,12 @@ async def test_frame_over_the_limit_closes_1009(client: TestClient) -> None:
         msg = await ws.receive()
         assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
         assert ws.close_code == 1009
+
+
+@pytest.mark.parametrize("bad", [{"idle_timeout_s": 0.0}, {"final_timeout_s": -1.0}])
+def test_gateway_timeouts_must_be_positive(bad: dict[str, float]) -> None:
+    from livemeet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="must be positive"):
+        GatewayConfig(**bad).validate()
+    GatewayConfig().validate()
