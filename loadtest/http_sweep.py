@@ -104,6 +104,9 @@ class EngineCounters:
     encoded_windows: int = 0  # 30-s windows the encoder computed (cache hits excluded)
     live_hops: int = 0  # live decodes finished
     live_hop_s: float = 0.0  # s; their summed time from submission to end
+    audio_commands: int = 0  # audio appends the worker applied with a send time
+    audio_lag_s: float = 0.0  # s; their summed wait from the gateway's queue to the worker
+    audio_lag_max_s: float = 0.0  # s; the longest such wait since the worker started (a gauge)
 
     def minus(self, before: EngineCounters) -> EngineCounters:
         return EngineCounters(
@@ -116,6 +119,9 @@ class EngineCounters:
             encoded_windows=self.encoded_windows - before.encoded_windows,
             live_hops=self.live_hops - before.live_hops,
             live_hop_s=self.live_hop_s - before.live_hop_s,
+            audio_commands=self.audio_commands - before.audio_commands,
+            audio_lag_s=self.audio_lag_s - before.audio_lag_s,
+            audio_lag_max_s=self.audio_lag_max_s,  # not a counter: since the worker started
         )
 
     def record(self) -> dict[str, Any]:
@@ -134,6 +140,10 @@ class EngineCounters:
         if self.live_hops:
             record["live_hops"] = self.live_hops
             record["live_hop_mean_s"] = self.live_hop_s / self.live_hops
+        if self.audio_commands:  # servers before session 16 do not time them
+            record["audio_commands"] = self.audio_commands
+            record["audio_lag_mean_s"] = self.audio_lag_s / self.audio_commands
+            record["audio_lag_max_s"] = self.audio_lag_max_s
         return record
 
 
@@ -144,6 +154,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
     values: dict[str, int] = {}
     step_s: dict[str, float] = {}
     hop_s = 0.0  # livemeet_live_hop_seconds: absent from servers before session 15
+    lag_s = lag_max_s = 0.0  # the audio-command waits: absent from servers before session 16
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "livemeet_engine_steps_total":
@@ -162,6 +173,12 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 values["hops"] = int(sample.value)
             elif sample.name == "livemeet_live_hop_seconds_total":
                 hop_s = sample.value
+            elif sample.name == "livemeet_engine_audio_commands_total":
+                values["audio_commands"] = int(sample.value)
+            elif sample.name == "livemeet_engine_audio_command_lag_seconds_total":
+                lag_s = sample.value
+            elif sample.name == "livemeet_engine_audio_command_lag_max_seconds":
+                lag_max_s = sample.value
     if not steps:
         return None
     return EngineCounters(
@@ -174,6 +191,9 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         encoded_windows=values.get("windows", 0),
         live_hops=values.get("hops", 0),
         live_hop_s=hop_s,
+        audio_commands=values.get("audio_commands", 0),
+        audio_lag_s=lag_s,
+        audio_lag_max_s=lag_max_s,
     )
 
 
@@ -223,6 +243,7 @@ def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -
     counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens, delta.slow_steps]
     counts += [delta.decode_graph_fallbacks, *delta.step_s.values()]
     counts += [delta.encoded_windows, delta.live_hops, delta.live_hop_s]
+    counts += [delta.audio_commands, delta.audio_lag_s]
     if min(counts) < 0:
         return {}
     return delta.record()

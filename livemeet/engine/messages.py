@@ -22,8 +22,13 @@ class OpenSession:
 
 @dataclass(frozen=True)
 class AppendAudio:
+    """`sent_s`: the gateway's `time.monotonic()` when it queued the command (0: unknown). The
+    clock is system-wide (CLOCK_MONOTONIC on Linux), so the worker's time at applying it less
+    `sent_s` is the command's wait in the queue and the pipe (EngineStats.audio_command_lag_s)."""
+
     session_id: str
     samples: Samples  # [n] float32, 16 kHz mono
+    sent_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class AppendSharedAudio:
     block_name: str  # POSIX shared-memory object name (a file in /dev/shm)
     num_samples: int  # samples at the start of the block (16 kHz mono)
     dtype: str  # numpy dtype string of the samples ("<f4")
+    sent_s: float = 0.0  # as AppendAudio.sent_s
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,10 @@ class EngineStats:
     `num_live_hops` and `live_hop_s` the live decodes that finished and their summed engine
     time from submission to end (the backend's: MossCore), whose ratio is the mean hop time a
     live session waits for, and which grows when live serving falls behind.
+    `num_audio_commands`, `audio_command_lag_s` and `audio_command_lag_max_s` (the worker's):
+    audio commands applied with a send time, their summed and their longest wait from the
+    gateway's queue to the worker (AppendAudio.sent_s); audio that waits there is heard late
+    by every hop, so a lag that grows is live latency that grows.
     The worker posts these at most every ENGINE_STATS_INTERVAL_S while it steps, and once when
     it goes idle.
     """
@@ -155,6 +165,9 @@ class EngineStats:
     num_encoded_windows: int = 0  # windows; computed by the encoder (cache hits excluded)
     num_live_hops: int = 0  # live decodes finished (set by the backend)
     live_hop_s: float = 0.0  # s; their summed time from submission to end (engine clock)
+    num_audio_commands: int = 0  # commands; audio appends applied that carried a send time
+    audio_command_lag_s: float = 0.0  # s; their summed wait from the gateway's queue
+    audio_command_lag_max_s: float = 0.0  # s; the longest such wait since the worker started
 
     @property
     def num_decode_steps(self) -> int:

@@ -14,7 +14,10 @@ load and exact when idle. The per-step cost is one clock read and a comparison.
 
 Audio: `AppendSharedAudio` names a shared-memory block; the worker copies the samples out before
 applying the command and then posts `SharedAudioConsumed`, whatever the command's fate, so the
-gateway can unlink the block (livemeet/engine/shared_audio.py).
+gateway can unlink the block (livemeet/engine/shared_audio.py). Each audio command's wait since
+the gateway queued it (`sent_s`, on the shared monotonic clock) goes into the posted stats
+(`EngineStats.audio_command_lag_s`): the inbox is read only between steps, so this is where a
+worker that falls behind its inbox shows.
 
 Failures: a command that fails for one session (unknown id, audio after end, ...) becomes an
 `Error` event for that session only, and the session is freed. An exception from `step()`
@@ -32,6 +35,7 @@ import queue
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from livemeet.audio.constants import (
@@ -126,6 +130,9 @@ class Worker:
         self.open_sessions: set[str] = set()
         self._stats_due_s = -math.inf  # clock time from which a stepping worker posts stats
         self._stats_stale = True  # the core may have counted something since the last post
+        self.num_audio_commands = 0  # audio commands applied with a send time, and their waits
+        self.audio_command_lag_s = 0.0
+        self.audio_command_lag_max_s = 0.0
 
     def serve(self, inbox: Inbox) -> None:
         """Loop until `Shutdown` or the parent process is gone. Exceptions from `step()`
@@ -164,8 +171,10 @@ class Worker:
                 self.core.open(sid, cmd.options)
                 self.open_sessions.add(sid)
             elif isinstance(cmd, AppendAudio):
+                self._note_lag(cmd.sent_s)
                 self.core.append(sid, cmd.samples)
             elif isinstance(cmd, AppendSharedAudio):
+                self._note_lag(cmd.sent_s)
                 self.core.append(sid, self._read_shared(cmd))
             elif isinstance(cmd, FinalizeSession):
                 self.core.finalize(sid)
@@ -200,7 +209,23 @@ class Worker:
         self._stats_due_s = now_s + self.stats_interval_s
         stats = self.core.stats()
         if stats is not None:
-            self.outbox.put(stats)
+            self.outbox.put(
+                replace(
+                    stats,
+                    num_audio_commands=self.num_audio_commands,
+                    audio_command_lag_s=self.audio_command_lag_s,
+                    audio_command_lag_max_s=self.audio_command_lag_max_s,
+                )
+            )
+
+    def _note_lag(self, sent_s: float) -> None:
+        """Count an audio command's wait since the gateway queued it (`sent_s` > 0: known)."""
+        if sent_s <= 0:
+            return
+        lag_s = max(0.0, self.clock() - sent_s)
+        self.num_audio_commands += 1
+        self.audio_command_lag_s += lag_s
+        self.audio_command_lag_max_s = max(self.audio_command_lag_max_s, lag_s)
 
     def free_all(self) -> None:
         """Abort every open session (shutdown or crash); each exactly once."""

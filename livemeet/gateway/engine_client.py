@@ -16,7 +16,8 @@ lock while they send, so a later command waits for the block to be written and t
 commands keep their order. The client keeps each block in `_blocks` until the worker says it
 read it (`SharedAudioConsumed`), the send fails, or the worker is gone; then it unlinks it, once
 (livemeet/engine/shared_audio.py says who owns a block when). Where no block can be made (not
-Linux, /dev/shm full) the array goes through the pipe. A worker thread is sent arrays.
+Linux, /dev/shm full) the array goes through the pipe. A worker thread is sent arrays. Each
+audio command carries its send time, and the worker reports how long they waited (EngineStats).
 
 Backpressure: each session buffers at most `event_buffer` events for its reader. Superseded
 events are coalesced first (a partial replaces an unread partial just before it; consecutive
@@ -393,12 +394,17 @@ class EngineClient:
             if block is None:  # no room: the pipe, unless the session closed meanwhile
                 session._check_open("append")
         if block is None:
-            self._send(AppendAudio(session.id, samples.copy()))  # the queue pickles it later
+            # the queue pickles it later
+            self._send(AppendAudio(session.id, samples.copy(), time.monotonic()))
             return
         self._blocks[block.name] = block
         try:
             session._check_open("append")  # it may have closed while the block was written
-            self._send(AppendSharedAudio(session.id, block.name, block.num_samples, block.dtype))
+            self._send(
+                AppendSharedAudio(
+                    session.id, block.name, block.num_samples, block.dtype, time.monotonic()
+                )
+            )
         except BaseException:
             self._release_block(block.name)
             raise

@@ -1,11 +1,12 @@
 """Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
 
 Engine counters (`livemeet_engine_*`, and the live hops' `livemeet_live_hops` and
-`livemeet_live_hop_seconds`) come from the engine worker as cumulative `EngineStats`
-(livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it steps and exact
-when idle. `EngineStatsCollector` exports the latest totals as they are, as counters: the
-gateway never sees increments, so a custom collector rather than `Counter`s (which would need
-deltas). A restarted engine worker (a restarted server) starts again from zero, which
+`livemeet_live_hop_seconds`; one gauge among them, the worker's longest audio-command wait
+`livemeet_engine_audio_command_lag_max_seconds`) come from the engine worker as cumulative
+`EngineStats` (livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it
+steps and exact when idle. `EngineStatsCollector` exports the latest totals as they are, as
+counters (the lag maximum as a gauge): the gateway never sees increments, so a custom
+collector rather than `Counter`s (which would need deltas). A restarted engine worker (a restarted server) starts again from zero, which
 Prometheus' `rate()`/`increase()` treat as a counter reset.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from livemeet.engine.messages import EngineStats
 
@@ -89,6 +90,21 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "Seconds from a live hop's submission to its end, summed (divided by hops: the mean)",
         labels=[],
     )
+    audio_commands = CounterMetricFamily(
+        "livemeet_engine_audio_commands",
+        "Audio appends the engine worker applied (with a send time)",
+        labels=[],
+    )
+    audio_lag = CounterMetricFamily(
+        "livemeet_engine_audio_command_lag_seconds",
+        "Seconds audio appends waited from the gateway's queue to the worker, summed",
+        labels=[],
+    )
+    audio_lag_max = GaugeMetricFamily(
+        "livemeet_engine_audio_command_lag_max_seconds",
+        "The longest wait of an audio append from the gateway's queue to the worker",
+        labels=[],
+    )
     if stats is not None:
         steps.add_metric(["decode_graph"], stats.num_decode_graph_steps)
         steps.add_metric(["decode_eager"], stats.num_decode_eager_steps)
@@ -103,7 +119,22 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         windows.add_metric([], stats.num_encoded_windows)
         hops.add_metric([], stats.num_live_hops)
         hop_seconds.add_metric([], stats.live_hop_s)
-    return [steps, tokens, fallbacks, seconds, slow, windows, hops, hop_seconds]
+        audio_commands.add_metric([], stats.num_audio_commands)
+        audio_lag.add_metric([], stats.audio_command_lag_s)
+        audio_lag_max.add_metric([], stats.audio_command_lag_max_s)
+    return [
+        steps,
+        tokens,
+        fallbacks,
+        seconds,
+        slow,
+        windows,
+        hops,
+        hop_seconds,
+        audio_commands,
+        audio_lag,
+        audio_lag_max,
+    ]
 
 
 UPLOAD_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # s

@@ -424,6 +424,29 @@ def test_core_without_stats_posts_nothing() -> None:
     assert core.num_steps == 4 and core.num_stats_calls >= 2
 
 
+def test_audio_command_waits_reach_the_stats() -> None:
+    """Each audio append's wait since the gateway queued it (`sent_s`, on the monotonic clock
+    both processes share) is summed and its longest kept, beside the core's own counters;
+    commands without a send time are not counted."""
+    clock = FakeClock()
+    clock.advance(10.0)
+    core = StatsCore(clock, work=0, step_s=0.1)
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(core, outbox, clock=lambda: clock.now_s)
+    samples = np.zeros(SAMPLE_RATE // 10, np.float32)
+    worker.apply(AppendAudio("s", samples, sent_s=9.75))
+    worker.apply(AppendAudio("s", samples, sent_s=9.5))
+    worker.apply(AppendAudio("s", samples))  # no send time (an older gateway): not counted
+    worker.post_stats(clock.now_s)
+    stats = outbox.get_nowait()
+    assert isinstance(stats, EngineStats)
+    lags = (stats.audio_command_lag_s, stats.audio_command_lag_max_s)
+    assert stats.num_audio_commands == 2 and lags == (0.75, 0.5)
+    assert stats == EngineStats(
+        num_audio_commands=2, audio_command_lag_s=0.75, audio_command_lag_max_s=0.5
+    )
+
+
 @pytest.mark.parametrize(
     ("holding", "poll_s"), [(False, ENGINE_POLL_S), (True, ENGINE_IDLE_POLL_S)]
 )

@@ -125,9 +125,15 @@ async def test_live_stream_dev00(server: str, shared_data: Path) -> None:
     kinds = [e["type"] for e in result.events]
     assert kinds[0] == "session.ready" and result.events[0]["demo"] is True
     assert result.close_code == 1000, result.events[-3:]
+    # Partials stream before anything is final: the first speech turn (0-4 s) is shown growing,
+    # hop by hop, before its commit. Not "3 partials first": VAD commits at the turn's end
+    # (DESIGN 5.4), so whether a third hop lands before it depends on the host's speed.
     first_final = kinds.index("segment.final") if "segment.final" in kinds else len(kinds)
-    partial_revs = {e["rev"] for e in result.events[:first_final] if e["type"] == "segment.partial"}
-    assert len(partial_revs) >= 3, kinds[:first_final]
+    early = [e for e in result.events[:first_final] if e["type"] == "segment.partial"]
+    assert len({e["rev"] for e in early}) >= 2, kinds[:first_final]
+    shown = [(s["start"], s["end"]) for e in early for s in e["segments"]]
+    first = result.events[first_final]
+    assert any(start < first["end"] and end > first["start"] for start, end in shown), shown
     finals = [e for e in result.events if e["type"] == "segment.final"]
     starts = [f["start"] for f in finals]
     assert starts == sorted(starts)

@@ -110,6 +110,9 @@ async def test_metrics_export_the_engine_counters(
         num_encoded_windows=77,
         num_live_hops=30,
         live_hop_s=12.5,
+        num_audio_commands=4_000,
+        audio_command_lag_s=20.5,
+        audio_command_lag_max_s=0.25,
     )
     text = await (await client.get("/metrics")).text()
     assert "# TYPE livemeet_engine_steps_total counter" in text
@@ -133,6 +136,10 @@ async def test_metrics_export_the_engine_counters(
     assert "livemeet_engine_encoded_windows_total 77.0" in text
     assert "livemeet_live_hops_total 30.0" in text
     assert "livemeet_live_hop_seconds_total 12.5" in text
+    assert "livemeet_engine_audio_commands_total 4000.0" in text
+    assert "livemeet_engine_audio_command_lag_seconds_total 20.5" in text
+    assert "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge" in text
+    assert "livemeet_engine_audio_command_lag_max_seconds 0.25" in text
 
 
 async def test_transcriber_without_engine_counters_exports_none(client: TestClient) -> None:
@@ -191,6 +198,16 @@ async def test_worker_counters_reach_metrics_through_the_engine_client(
     )
     assert f'livemeet_engine_steps_total{{kind="decode_eager"}} {steps:.1f}' in text
     assert f'livemeet_engine_tokens_total{{phase="decode"}} {2 * steps:.1f}' in text
-    assert engine.engine_stats == EngineStats(
-        num_decode_eager_steps=steps, num_decode_tokens=2 * steps
+    stats = engine.engine_stats
+    assert stats is not None
+    # the upload's one append carried its send time: the worker timed its wait in the queue
+    assert stats.num_audio_commands == 1
+    assert 0 <= stats.audio_command_lag_s == stats.audio_command_lag_max_s < 60
+    assert stats == EngineStats(
+        num_decode_eager_steps=steps,
+        num_decode_tokens=2 * steps,
+        num_audio_commands=1,
+        audio_command_lag_s=stats.audio_command_lag_s,
+        audio_command_lag_max_s=stats.audio_command_lag_max_s,
     )
+    assert "livemeet_engine_audio_commands_total 1.0" in text

@@ -207,6 +207,35 @@ def test_encoder_windows_and_live_hops_parsed_and_differenced() -> None:
     )
     assert fields["encoded_windows"] == 12
     assert fields["live_hops"] == 200 and fields["live_hop_mean_s"] == 0.5
+    assert "audio_commands" not in fields  # a server before session 16: no such fields
+
+
+def test_audio_command_lag_parsed_and_differenced() -> None:
+    """How long a point's audio appends waited for the engine worker: the mean over the point
+    (differenced sums) and the longest since the worker started (a gauge, taken as it is)."""
+
+    def text(commands: int, lag_s: float, lag_max_s: float) -> str:
+        return (
+            metrics_text((10, 0, 5, 0), (900, 60))
+            + "\n".join(
+                [
+                    "# TYPE livemeet_engine_audio_commands_total counter",
+                    f"livemeet_engine_audio_commands_total {commands}.0",
+                    "# TYPE livemeet_engine_audio_command_lag_seconds_total counter",
+                    f"livemeet_engine_audio_command_lag_seconds_total {lag_s}",
+                    "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge",
+                    f"livemeet_engine_audio_command_lag_max_seconds {lag_max_s}",
+                ]
+            )
+            + "\n"
+        )
+
+    fields = engine_fields(
+        parse_engine_counters(text(1_000, 5.0, 0.5)), parse_engine_counters(text(5_000, 25.0, 0.75))
+    )
+    assert fields["audio_commands"] == 4_000
+    assert fields["audio_lag_mean_s"] == 20.0 / 4_000
+    assert fields["audio_lag_max_s"] == 0.75
 
 
 def test_no_engine_fields_without_counters_or_after_a_reset() -> None:
