@@ -6,8 +6,9 @@ Engine counters (`livemeet_engine_*`, and the live hops' `livemeet_live_hops` an
 `EngineStats` (livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it
 steps and exact when idle. `EngineStatsCollector` exports the latest totals as they are, as
 counters (the lag maximum as a gauge): the gateway never sees increments, so a custom
-collector rather than `Counter`s (which would need deltas). A restarted engine worker (a restarted server) starts again from zero, which
-Prometheus' `rate()`/`increase()` treat as a counter reset.
+collector rather than `Counter`s (which would need deltas). A restarted engine worker (a
+restarted server) starts again from zero, which Prometheus' `rate()`/`increase()` treat as a
+counter reset.
 """
 
 from __future__ import annotations
