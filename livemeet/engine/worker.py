@@ -36,6 +36,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from livemeet.audio.constants import (
@@ -46,6 +47,7 @@ from livemeet.audio.constants import (
 )
 from livemeet.backends.base import BackendCore
 from livemeet.config import ModelConfig
+from livemeet.engine.channel import CommandReceiver
 from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
@@ -67,7 +69,10 @@ from livemeet.transcriber import TERMINAL_EVENTS, Error, Samples
 
 log = logging.getLogger(__name__)
 
-MAX_COMMANDS_PER_DRAIN = 256  # commands applied between two steps, so steps keep running
+# commands applied between two steps, so steps keep running: ~20 ms of appends. 100 live
+# sessions sending 20-ms frames queue ~1,000 commands behind a 200-ms step; fewer per drain
+# than arrive per step and the inbox would grow without end.
+MAX_COMMANDS_PER_DRAIN = 1024
 
 
 class Inbox(Protocol):
@@ -108,6 +113,12 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
     finally:
         worker.free_all()
         core.close()
+
+
+def run_worker_on_pipe(config: ModelConfig, conn: Connection, outbox: Outbox) -> None:
+    """`run_worker` reading its commands from `conn`, the reading end of the gateway's command
+    channel (livemeet/engine/channel.py): the engine process's entry point."""
+    run_worker(config, CommandReceiver(conn), outbox)
 
 
 class Worker:

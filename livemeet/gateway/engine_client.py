@@ -3,8 +3,10 @@
 The worker (livemeet/engine/worker.py) runs in a child process started with the multiprocessing
 "spawn" context (the gateway never imports CUDA; a forked CUDA context would be unusable), or,
 with `in_process=True` (tests only), in a thread with `queue.Queue`s. Commands go out with
-`put_nowait` (the multiprocessing queue pickles in its feeder thread, so the event loop never
-blocks on the pipe). A reader thread takes worker messages and hands them to the event loop
+`put_nowait` through the command channel (livemeet/engine/channel.py: its thread pickles and
+writes in batches, so the event loop never blocks on the pipe, and a worker busy in a step
+receives everything sent meanwhile at its next read); events come back through a
+multiprocessing queue. A reader thread takes worker messages and hands them to the event loop
 with `call_soon_threadsafe`, which routes each `SessionEvent` to its session's buffer.
 
 Audio: `append` copies the caller's samples (it may reuse its buffer) into the command. An
@@ -65,6 +67,7 @@ from livemeet.audio.constants import (
     SHM_FALLBACK_WARNING_INTERVAL_S,
 )
 from livemeet.config import ModelConfig
+from livemeet.engine.channel import CommandSender
 from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
@@ -82,7 +85,7 @@ from livemeet.engine.messages import (
     WorkerReady,
 )
 from livemeet.engine.shared_audio import SharedAudioBlock, shared_audio_supported
-from livemeet.engine.worker import run_worker
+from livemeet.engine.worker import run_worker, run_worker_on_pipe
 from livemeet.errors import (
     BadAudio,
     EngineUnavailable,
@@ -292,14 +295,17 @@ class EngineClient:
             self._worker_thread.start()
         else:
             ctx = multiprocessing.get_context("spawn")
-            self._inbox, self._outbox = ctx.Queue(), ctx.Queue()
+            reader, writer = ctx.Pipe(duplex=False)
+            self._outbox = ctx.Queue()
             self._process = ctx.Process(
-                target=run_worker,
-                args=(self.config, self._inbox, self._outbox),
+                target=run_worker_on_pipe,
+                args=(self.config, reader, self._outbox),
                 name="livemeet-engine",
                 daemon=True,
             )
             self._process.start()
+            reader.close()  # the child has its copy; with ours, writes would outlive the child
+            self._inbox = CommandSender(writer)
         self._reader = threading.Thread(
             target=self._read, name="livemeet-engine-reader", daemon=True
         )

@@ -1,0 +1,105 @@
+"""The command channel (livemeet/engine/channel.py): batches, order, and both ends' lifetimes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.engine.channel import CommandReceiver, CommandSender
+from livemeet.engine.messages import AppendAudio, EndSession, Shutdown
+
+FRAME = np.arange(SAMPLE_RATE // 10, dtype=np.float32)  # 100 ms: 6.4 KB, ~10 fill a 64 KiB pipe
+
+
+@pytest.fixture
+def channel() -> Iterator[tuple[CommandSender, CommandReceiver]]:
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sender = CommandSender(writer)
+    yield sender, CommandReceiver(reader)
+    sender.close()
+    sender.join_thread(5.0)
+    reader.close()
+
+
+def receive(receiver: CommandReceiver, n: int) -> list[object]:
+    return [receiver.get(timeout=5.0) for _ in range(n)]
+
+
+def test_a_busy_reader_gets_every_command_in_order_in_few_messages(
+    channel: tuple[CommandSender, CommandReceiver],
+) -> None:
+    """A worker in a long step reads nothing: 1,000 frames (a second of 100 live sessions,
+    6.4 MB, a hundred times what the pipe holds) pile up on the sender's side, and cross as a
+    handful of messages once it reads, in order. One message per command (a multiprocessing
+    queue) would need the reader back ~100 times to move them."""
+    sender, receiver = channel
+    for i in range(1_000):
+        sender.put_nowait(AppendAudio(f"s{i % 100}", FRAME + i, sent_s=float(i)))
+    sender.put_nowait(EndSession("s0"))
+    got = receive(receiver, 1_001)
+    assert [c.sent_s for c in got[:-1]] == [float(i) for i in range(1_000)]  # type: ignore[attr-defined]
+    assert all(c.samples[0] == i for i, c in enumerate(got[:-1]))  # type: ignore[attr-defined]
+    assert got[-1] == EndSession("s0")
+    assert sender.num_batches <= 30  # the pipe's ~10 single frames, then the rest as batches
+    with pytest.raises(queue.Empty):
+        receiver.get(block=False)
+
+
+def test_non_blocking_get_returns_what_has_arrived_or_empty(
+    channel: tuple[CommandSender, CommandReceiver],
+) -> None:
+    sender, receiver = channel
+    with pytest.raises(queue.Empty):
+        receiver.get(block=False)
+    with pytest.raises(queue.Empty):
+        receiver.get(timeout=0.05)
+    sender.put_nowait(EndSession("a"))
+    assert receiver.get(timeout=5.0) == EndSession("a")
+
+
+def test_closing_the_sender_flushes_then_the_receiver_reads_shutdown() -> None:
+    """The gateway closed (or died): what it sent arrives, then `Shutdown`, every time."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sender, receiver = CommandSender(writer), CommandReceiver(reader)
+    sender.put_nowait(EndSession("a"))
+    sender.put_nowait(EndSession("b"))
+    sender.close()
+    with pytest.raises(ValueError, match="closed"):
+        sender.put_nowait(EndSession("c"))
+    sender.join_thread(5.0)
+    assert receive(receiver, 4) == [EndSession("a"), EndSession("b"), Shutdown(), Shutdown()]
+    reader.close()
+
+
+def test_a_vanished_reader_never_blocks_or_raises_on_the_sender() -> None:
+    """The worker died (its end of the pipe closed): writes fail, the sender drops what it
+    holds, puts still return at once, and close ends the thread."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sender = CommandSender(writer)
+    reader.close()
+    for i in range(50):  # more than the pipe holds: a blocked write would hang here
+        sender.put_nowait(AppendAudio("s", FRAME, sent_s=float(i)))
+    sender.close()
+    sender.join_thread(5.0)
+    assert not sender._thread.is_alive()
+
+
+def test_after_cancel_nothing_more_is_written() -> None:
+    """`cancel_join_thread` (the worker died without reading): what is pending then and put
+    after is dropped, not written into a pipe no one reads."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sender, receiver = CommandSender(writer), CommandReceiver(reader)
+    sender.put_nowait(EndSession("a"))
+    assert receiver.get(timeout=5.0) == EndSession("a")
+    sender.cancel_join_thread()
+    sender.put_nowait(EndSession("b"))
+    sender.close()
+    sender.join_thread(5.0)
+    assert not sender._thread.is_alive()
+    assert receiver.get(timeout=5.0) == Shutdown()  # the pipe's end, with no "b" before it
+    reader.close()
