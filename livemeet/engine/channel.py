@@ -97,10 +97,13 @@ class CommandSender:
 
 
 class CommandReceiver:
-    """The worker's end over `conn` (the reading end): the `Inbox` protocol."""
+    """The worker's end over `conn` (the reading end): the `Inbox` protocol. A read takes
+    batches while more are in the pipe, until it holds `fill_limit` commands: a sender that
+    keeps writing cannot hold the worker in its inbox."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, fill_limit: int = 1024) -> None:
         self._conn = conn
+        self._fill_limit = fill_limit
         self._ready: deque[Command] = deque()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Command:
@@ -118,6 +121,6 @@ class CommandReceiver:
             ready = self._conn.poll(timeout_s)
             while ready:
                 self._ready.extend(pickle.loads(self._conn.recv_bytes()))
-                ready = self._conn.poll(0)
+                ready = len(self._ready) < self._fill_limit and self._conn.poll(0)
         except (EOFError, OSError):
             self._ready.append(Shutdown())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -102,4 +103,26 @@ def test_after_cancel_nothing_more_is_written() -> None:
     sender.join_thread(5.0)
     assert not sender._thread.is_alive()
     assert receiver.get(timeout=5.0) == Shutdown()  # the pipe's end, with no "b" before it
+    reader.close()
+
+
+def test_a_read_stops_at_the_fill_limit_and_the_rest_waits_in_the_pipe() -> None:
+    """A read takes whole batches while more are there, until it holds `fill_limit` commands;
+    later gets take the rest, in order."""
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sender, receiver = CommandSender(writer), CommandReceiver(reader, fill_limit=2)
+    sender.put_nowait(EndSession("a"))
+    assert receiver.get(timeout=5.0) == EndSession("a")  # the thread is idle again
+    for name in "bcde":  # one write each: the thread writes as soon as each is put
+        sender.put_nowait(EndSession(name))
+        deadline = time.monotonic() + 5.0
+        while sender.num_batches < 2 + "bcde".index(name) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert sender.num_batches == 5
+    assert receiver.get(timeout=5.0) == EndSession("b")
+    assert len(receiver._ready) == 1  # "c": the limit of 2 reached, "d" and "e" still queued
+    assert reader.poll(0)
+    assert receive(receiver, 3) == [EndSession(n) for n in "cde"]
+    sender.close()
+    sender.join_thread(5.0)
     reader.close()
