@@ -63,7 +63,7 @@ from livemeet.errors import InternalError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
 from livemeet.models.loader import load_model
-from livemeet.models.prompt import EOS, PromptConfig, PromptIds, build_prompt
+from livemeet.models.prompt import EOS, PromptBuilder, PromptConfig, PromptIds
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcript.segments import FinishReason
 
@@ -165,6 +165,7 @@ class Engine:
         root = Path(config.model) if config.model and Path(config.model).is_dir() else None
         self.tokenizer = load_tokenizer(root)
         self.prompt_config = PromptConfig.from_checkpoint(root) if root else PromptConfig()
+        self.prompts = PromptBuilder(self.tokenizer, self.prompt_config)
         kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8_e4m3" else None
         self.runner = ModelRunner(
             self.model,
@@ -205,13 +206,7 @@ class Engine:
     def build_prompt(
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
     ) -> PromptIds:
-        return build_prompt(
-            self.tokenizer,
-            num_audio_tokens,
-            prompt=prompt,
-            hotwords=hotwords,
-            config=self.prompt_config,
-        )
+        return self.prompts.build(num_audio_tokens, prompt, hotwords)
 
     def add_request(
         self,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,6 +184,104 @@ def build_prompt(
         span_len=len(span),
         suffix_len=len(suffix),
     )
+
+
+PROMPT_SUFFIX_CACHE_SIZE = 256  # (prompt, hotwords) pairs a PromptBuilder keeps tokenized
+SPAN_TEMPLATE_MIN_PADS = 8_192  # pads of a PromptBuilder's first span template (~11 minutes)
+
+
+class PromptBuilder:
+    """`build_prompt` for one tokenizer and config, with O(1) Python work per call in the
+    number of audio tokens: the header and each instruction's suffix are tokenized once, and
+    the span is a slice of a template that holds every marker (grown by doubling), patched in
+    the quirk window where a marker's pad is past but the marker is not yet present
+    (`audio_span`). Why: a live session builds its whole prompt every hop, and the direct
+    build took ~0.7 ms at 7.5 minutes of audio; a 100-session H200 run spent 6.5 % of its
+    worker's time there (docs/benchmarks.md, session 16). Equal to `build_prompt` for every T,
+    prompt and hotwords (tests/models/test_prompt.py); raises what it raises."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        config: PromptConfig = PromptConfig(),  # noqa: B008  (frozen: a shared default is safe)
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.config = config
+        self._header = _encode(tokenizer, HEADER_TEXT)
+        self._suffixes: OrderedDict[tuple[str | None, tuple[str, ...]], list[int]] = OrderedDict()
+        self._span: list[int] = []  # template: pads, with marker k after pad per * k
+        self._positions: list[int] = []  # ids index of each template pad (header included)
+        self._digits_through: list[int] = [0]  # [k]: digit ids of markers 1..k
+
+    def build(
+        self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
+    ) -> PromptIds:
+        """As `build_prompt(tokenizer, num_audio_tokens, prompt=..., hotwords=..., config=...)`."""
+        if num_audio_tokens < 1:
+            raise BadAudio(f"audio gives {num_audio_tokens} audio tokens; at least 1 is needed")
+        suffix = self._suffix(prompt, hotwords)
+        span, positions = self._audio_span(num_audio_tokens)
+        return PromptIds(
+            ids=self._header + span + suffix,
+            audio_positions=positions,
+            header_len=len(self._header),
+            span_len=len(span),
+            suffix_len=len(suffix),
+        )
+
+    def _suffix(self, prompt: str | None, hotwords: Sequence[str]) -> list[int]:
+        if isinstance(hotwords, str):  # before the key: tuple("ab") would look like a list
+            raise InvalidRequest("hotwords must be a list of strings, not one string")
+        key = (prompt, tuple(hotwords))
+        suffix = self._suffixes.get(key)
+        if suffix is None:
+            instruction = render_instruction(self.tokenizer, prompt, hotwords, self.config)
+            suffix = _encode(self.tokenizer, _SUFFIX_TEMPLATE.format(instruction=instruction))
+            self._suffixes[key] = suffix
+            if len(self._suffixes) > PROMPT_SUFFIX_CACHE_SIZE:
+                self._suffixes.popitem(last=False)
+        else:
+            self._suffixes.move_to_end(key)
+        return suffix
+
+    def _audio_span(self, num_audio_tokens: int) -> tuple[list[int], list[int]]:
+        """The span ids and the ids indices of its pads (header included) for T tokens."""
+        per, base = self.config.pads_per_marker, len(self._header)
+        if per <= 0:
+            return [AUDIO_PAD] * num_audio_tokens, list(range(base, base + num_audio_tokens))
+        if len(self._positions) < num_audio_tokens:
+            self._grow(max(num_audio_tokens, 2 * len(self._positions), SPAN_TEMPLATE_MIN_PADS))
+        present = num_markers(num_audio_tokens, self.config)
+        split = per * (present + 1)  # marker `present + 1` sits after this pad, once present
+        if num_audio_tokens <= split:
+            end = num_audio_tokens + self._digits_through[present]
+            return self._span[:end], self._positions[:num_audio_tokens]
+        # the quirk window: pads past `split` come before marker `present + 1` is due
+        end = split + self._digits_through[present]
+        extra = num_audio_tokens - split
+        span = self._span[:end] + [AUDIO_PAD] * extra
+        return span, self._positions[:split] + list(range(base + end, base + end + extra))
+
+    def _grow(self, num_pads: int) -> None:
+        """Rebuild the template for `num_pads` pads (and every marker whose pad they reach)."""
+        per, every, base = (
+            self.config.pads_per_marker,
+            self.config.time_marker_every_s,
+            len(self._header),
+        )
+        span: list[int] = []
+        positions: list[int] = []
+        digits_through = [0]
+        for k in range(1, num_pads // per + 1):
+            positions.extend(range(base + len(span), base + len(span) + per))
+            span.extend([AUDIO_PAD] * per)
+            marker = [DIGIT_IDS[int(d)] for d in str(k * every)]
+            span.extend(marker)
+            digits_through.append(digits_through[-1] + len(marker))
+        rest = num_pads - len(positions)
+        positions.extend(range(base + len(span), base + len(span) + rest))
+        span.extend([AUDIO_PAD] * rest)
+        self._span, self._positions, self._digits_through = span, positions, digits_through
 
 
 def render_instruction(

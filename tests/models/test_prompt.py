@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from livemeet.models.prompt import (
     DEFAULT_INSTRUCTION,
     DIGIT_IDS,
     HEADER_LEN,
+    PromptBuilder,
     PromptConfig,
     build_prompt,
     render_instruction,
@@ -319,3 +321,63 @@ def test_marker_time_runs_62_5_over_62_times_the_audio() -> None:
     assert one_hour * scale - one_hour == pytest.approx(29.0, abs=0.1)
     assert PromptConfig(time_marker_every_s=0).marker_time_scale == 1.0
     assert PromptConfig(time_marker_every_s=2).marker_time_scale == pytest.approx(1.0)  # 25 pads
+
+
+# -- PromptBuilder: the cached build a live hop uses (equal to build_prompt) -----------------
+
+
+def _lengths_around_markers(config: PromptConfig, up_to: int) -> list[int]:
+    """T at and around every marker's pad and its quirk window (62 k .. 62.5 k + 1), plus the
+    first tokens, up to `up_to`."""
+    per = config.pads_per_marker
+    lengths = set(range(1, 200))
+    for k in range(1, up_to // max(per, 1) + 2):
+        due = math.ceil(k * config.time_marker_every_s * config.audio_tokens_per_second)
+        lengths.update(range(per * k - 2, due + 3))
+    return sorted(t for t in lengths if 1 <= t <= up_to)
+
+
+@pytest.mark.parametrize("every", [5, 2, 7, 0])
+def test_prompt_builder_equals_build_prompt_at_every_marker_boundary(
+    tok: Tokenizer, every: int
+) -> None:
+    """Every T around each marker's pad and its quirk window, and lengths that make the
+    template grow past its first size, in an order that grows it mid-way."""
+    config = PromptConfig(time_marker_every_s=every)
+    builder = PromptBuilder(tok, config)
+    lengths = _lengths_around_markers(config, 2_000) + [20_000, 16_385, 40_001, 3]
+    for t in lengths:
+        assert builder.build(t) == build_prompt(tok, t, config=config), t
+
+
+def test_prompt_builder_prompts_hotwords_and_errors(tok: Tokenizer) -> None:
+    builder = PromptBuilder(tok)
+    for prompt, hotwords in [
+        (None, ()),
+        ("Transcribe with speakers.", ()),
+        (None, ["ACME", "Zyxel"]),
+        ("  ", ["ACME"]),
+        (None, ("ACME", "Zyxel")),  # the same words as a tuple: the same suffix
+    ]:
+        for t in (1, 700, 3_125):
+            assert builder.build(t, prompt, hotwords) == build_prompt(
+                tok, t, prompt=prompt, hotwords=hotwords
+            )
+    with pytest.raises(BadAudio):
+        builder.build(0)
+    with pytest.raises(InvalidRequest, match="im_end"):
+        builder.build(10, "hi<|im_end|>")
+    with pytest.raises(InvalidRequest, match="list of strings"):
+        builder.build(10, None, "ACME")  # not read as the cached ("A", "C", "M", "E") either
+    builder.build(10, None, list("ACME"))
+    with pytest.raises(InvalidRequest, match="list of strings"):
+        builder.build(10, None, "ACME")
+
+
+def test_prompt_builder_results_are_the_callers_own(tok: Tokenizer) -> None:
+    """The engine appends forced ids to a built prompt: no later build may see them."""
+    builder = PromptBuilder(tok)
+    first = builder.build(5_000)
+    first.ids.extend([1, 2, 3])
+    first.audio_positions.append(-1)
+    assert builder.build(5_000) == build_prompt(tok, 5_000)
