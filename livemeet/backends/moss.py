@@ -68,6 +68,12 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript.detok import IncrementalDetokenizer
 from livemeet.transcript.parser import TranscriptParser, parse_transcript, render_segment
+from livemeet.transcript.pieces import (
+    Pieces,
+    join_pieces,
+    segment_pieces,
+    splits_after_digits,
+)
 from livemeet.transcript.repetition import RepetitionGuard
 from livemeet.transcript.segments import FinishReason, Segment, Transcript, join_texts
 
@@ -211,9 +217,9 @@ class _Live:
     buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     length: int = 0
     window_keys: list[bytes] = field(default_factory=list)  # of full windows, hashed once
-    # forced transcript (DESIGN 5.3): tokens of each committed segment rendered alone, and the
+    # forced transcript (DESIGN 5.3): ids of each committed segment (tokenized once), and the
     # last prefix built: its ids, the committed segments it holds, and how many were committed
-    segment_tokens: list[int] = field(default_factory=list)
+    segment_pieces: list[Pieces | None] = field(default_factory=list)  # None: special text
     prefix_ids: list[int] = field(default_factory=list)
     prefix_segments: tuple[Segment, ...] = ()
     prefix_num_committed: int = 0
@@ -239,7 +245,7 @@ class _Live:
         return self.buffer[: min(edge, self.length)]
 
     def forced_transcript_ids(
-        self, encode: Callable[[str], list[int]], max_tokens: int
+        self, encode: Callable[[str], list[int]], max_tokens: int, exact: bool = True
     ) -> list[int]:
         """The committed transcript to prefill as forced assistant tokens (DESIGN 5.3): its
         most recent whole segments in the output grammar, at most `max_tokens` ids, less the
@@ -248,26 +254,31 @@ class _Live:
         the output), so the ids stop before it and the decode starts with `][` or `]` (token
         healing; the parser skips text before a segment's `[`). A segment whose text holds
         special-token text (`<|`) would encode as that token: it and older ones stay out.
-        Rebuilt only when a segment commits (the committed list only grows); each segment is
-        tokenized alone once, to count."""
+        Rebuilt only when a segment commits (the committed list only grows), from each
+        segment's ids tokenized once (livemeet/transcript/pieces.py); `exact=False` (a
+        tokenizer whose pieces do not join: `splits_after_digits`) tokenizes the joined text."""
         committed = self.live.committed
         if max_tokens <= 0 or len(committed) == self.prefix_num_committed:
             return self.prefix_ids
-        for seg in committed[len(self.segment_tokens) :]:
+        for seg in committed[len(self.segment_pieces) :]:
             special = SPECIAL_TOKEN_MARK in seg.text
-            self.segment_tokens.append(
-                max_tokens + 1 if special else len(encode(render_segment(seg)))
+            self.segment_pieces.append(
+                None if special else segment_pieces(encode, render_segment(seg))
             )
-        first, total = len(committed), 0
-        while first > 0 and total + self.segment_tokens[first - 1] <= max_tokens:
+        first, conts = len(committed), 0  # conts: the `cont` ids of the segments taken
+        while first > 0:
+            piece = self.segment_pieces[first - 1]
+            if piece is None or len(piece.lead) + conts > max_tokens:
+                break
             first -= 1
-            total += self.segment_tokens[first]
-        ids: list[int] = []
-        while first < len(committed):
+            conts += len(piece.cont)
+        # none of the pieces taken is None (the walk stopped at one): the filter is for types
+        ids = join_pieces([p for p in self.segment_pieces[first:] if p is not None])
+        while not exact and first < len(committed):
             ids = encode("".join(render_segment(s) for s in committed[first:])[:-1])
             if len(ids) <= max_tokens:  # joined text can tokenize longer than its parts
                 break
-            first += 1
+            first, ids = first + 1, []
         self.prefix_segments = committed[first:] if ids else ()
         self.prefix_ids, self.prefix_num_committed = ids, len(committed)
         return ids
@@ -295,6 +306,8 @@ class MossCore:
         self._owner: dict[str, str] = {}  # engine request id -> session id
         self._forced: list[Segment] | None = None
         self._forced_text: str | None = None
+        self._forced_pieces: list[Pieces] = []  # each forced segment's ids (transcript/pieces.py)
+        self._exact_pieces: bool | None = None  # splits_after_digits of the engine's tokenizer
         self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
         self.num_live_hops = 0  # live decodes finished, and their summed time (EngineStats)
         self.live_hop_s = 0.0
@@ -584,7 +597,9 @@ class MossCore:
                 prev.num_audio_tokens, prev.num_complete_windows, config=engine.prompt_config
             )
             fork_from = prev.request_id
-        prefix = sess.forced_transcript_ids(self._encode, self.config.live_forced_transcript_tokens)
+        prefix = sess.forced_transcript_ids(
+            self._encode, self.config.live_forced_transcript_tokens, self._pieces_join()
+        )
         window_keys = sess.full_window_keys(audio)
         engine.hold_windows(sid, window_keys)  # encoded once for the session (released: _drop)
         # the model writes marker time (LiveOptions.time_scale): so do the hop's cut and edge.
@@ -720,6 +735,7 @@ class MossCore:
             raise ConfigError(f"--forced-output {path} holds no [start][Sxx]text[end] segment")
         self._forced_text = text
         self._forced = segments
+        self._forced_pieces = [segment_pieces(self._encode, render_segment(s)) for s in segments]
 
     def _max_new_tokens(self, options: SessionOptions) -> int | None:
         """The session's budget, capped by the server's `--max-new-tokens`; None lets the
@@ -757,16 +773,29 @@ class MossCore:
         """Token ids to force: the whole file (uploads), or the segments ending by `edge_s`;
         with `tail_from_s` (a hop after a forced transcript, which ends before its last `]`)
         the `]` and then only those whose midpoint lies past it, as the hop keeps
-        (`_finish_hop`)."""
+        (`_finish_hop`). A hop's ids come from each segment's, tokenized once at load."""
         if self._forced is None or self._forced_text is None:
             return None
         if edge_s is None:
             return self._encode(self._forced_text)
         after = -1.0 if tail_from_s is None else tail_from_s
-        text = "".join(
-            render_segment(s) for s in self._forced if s.end_s <= edge_s and _past_cut(s, after)
-        )
-        return self._encode(text if tail_from_s is None else "]" + text)
+        kept = [i for i, s in enumerate(self._forced) if s.end_s <= edge_s and _past_cut(s, after)]
+        if not self._pieces_join():
+            text = "".join(render_segment(self._forced[i]) for i in kept)
+            return self._encode(text if tail_from_s is None else "]" + text)
+        if not kept:
+            return [] if tail_from_s is None else self._encode("]")
+        pieces = [self._forced_pieces[i] for i in kept]
+        return join_pieces(pieces, after_close=tail_from_s is not None) + self._encode("]")
+
+    def _pieces_join(self) -> bool:
+        """Whether the engine's tokenizer joins per-segment ids exactly (`splits_after_digits`,
+        checked once)."""
+        if self._exact_pieces is None:
+            self._exact_pieces = splits_after_digits(self._encode)
+            if not self._exact_pieces:
+                log.warning("the tokenizer does not split after digits: forced ids are re-encoded")
+        return self._exact_pieces
 
 
 def _past_cut(seg: Segment, cut_s: float) -> bool:

@@ -655,8 +655,9 @@ def test_the_forced_prefix_is_a_token_prefix_of_the_transcript_going_on() -> Non
 
 
 def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() -> None:
-    """The cap keeps the newest whole segments whose joined text fits; the ids are rebuilt
-    only when a segment commits, and each segment is tokenized alone once."""
+    """The cap keeps the newest whole segments whose ids fit; the ids are rebuilt only when a
+    segment commits, from each segment's two tokenizations made once (first of the run, and
+    after a `]`: livemeet/transcript/pieces.py); the joined text is never tokenized."""
     from livemeet.backends.moss import _Live
     from livemeet.session.live import LiveOptions, LiveSession
 
@@ -687,11 +688,15 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     fake.committed = tuple(committed)
     ids = sess.forced_transcript_ids(encode, 3 * one + 5)
     assert "".join(map(chr, ids)) == "".join(rendered[3:6])[:-1]
-    assert len(calls) == n + 2 + 1  # the two new segments alone, then the joined text
-    assert sess.forced_transcript_ids(encode, one - 1) == ids  # unchanged set: kept as built
+    assert len(calls) == n + 2 * 2  # the two new segments, two tokenizations each
+    assert sess.forced_transcript_ids(encode, one - 2) == ids  # unchanged set: kept as built
     fresh = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
     fresh.live = fake  # type: ignore[assignment]
-    assert fresh.forced_transcript_ids(encode, one - 1) == []  # no whole segment fits
+    assert fresh.forced_transcript_ids(encode, one - 2) == []  # no whole segment fits
+    fits = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    fits.live = fake  # type: ignore[assignment]
+    # the newest segment less its `]` is one - 1 ids: it fits a cap of one - 1
+    assert "".join(map(chr, fits.forced_transcript_ids(encode, one - 1))) == rendered[5][:-1]
     assert fresh.forced_transcript_ids(encode, 0) == []
     # text that would encode as a special token (<|im_end|>) is never forced: it and what
     # came before it stay out
@@ -700,6 +705,38 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     odd.live = SimpleNamespace(committed=(*committed[:5], special, committed[5]))  # type: ignore[assignment]
     ids = odd.forced_transcript_ids(encode, 100 * one)
     assert "".join(map(chr, ids)) == rendered[5][:-1]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_forced_transcript_ids_equal_the_joined_texts_tokens(exact: bool) -> None:
+    """With the Qwen tokenizer the assembled ids are those of the joined text (less its last
+    `]`), for texts with punctuation, digits and CJK next to the stamps, as the cap slides;
+    `exact=False` (a tokenizer whose pieces do not join) tokenizes the joined text instead."""
+    from livemeet.backends.moss import _Live
+    from livemeet.session.live import LiveOptions, LiveSession
+
+    tok = load_tokenizer(None)
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    texts = ["Okay, 12 items.", "你好，2024年", "Right:3", "'quoted' end!", "9", "mm-hmm..."]
+    committed = [
+        Segment(start_s=2.0 * i, end_s=2.0 * i + 1.25, speaker=f"S0{1 + i % 3}", text=t)
+        for i, t in enumerate(texts * 4)
+    ]
+    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    fake = SimpleNamespace(committed=())
+    sess.live = fake  # type: ignore[assignment]
+    for n in range(1, len(committed) + 1):
+        fake.committed = tuple(committed[:n])
+        ids = sess.forced_transcript_ids(encode, 60, exact)
+        kept = sess.prefix_segments
+        assert kept == tuple(committed[n - len(kept) : n]) and 0 < len(ids) <= 60
+        assert ids == encode("".join(render_segment(s) for s in kept)[:-1])
+        older = committed[n - len(kept) - 1 : n] if len(kept) < n else None
+        if older:  # one segment more would not have fitted
+            assert len(encode("".join(render_segment(s) for s in older)[:-1])) > 60
 
 
 def test_live_audio_grows_in_place_and_hashes_each_window_once(
@@ -829,3 +866,32 @@ def test_a_live_chunk_with_nan_is_rejected_whole_and_the_session_goes_on(
     final = out[-1][1]
     assert isinstance(final, TranscriptFinal) and final.duration_s == pytest.approx(11.0)
     assert_pool_clean(core)
+
+
+def test_forced_hop_ids_equal_the_joined_texts_tokens(tmp_path: Path) -> None:
+    """A benchmark hop's forced ids, assembled from each forced segment's tokenized once at
+    load, are those of the kept segments' joined text (after a `]` when the hop follows a
+    forced transcript), for every edge and cut."""
+    tok = load_tokenizer(None)
+    texts = ["Okay, 12 items.", "你好", "Right:3", "", "fine"]
+    segments = [
+        Segment(start_s=3.0 * i, end_s=3.0 * i + 2.5, speaker=f"S0{1 + i % 2}", text=t)
+        for i, t in enumerate(texts * 3)
+    ]
+    path = tmp_path / "forced.txt"
+    path.write_text("".join(render_segment(s) for s in segments), encoding="utf-8")
+    core = MossCore(ModelConfig(), engine=SimpleNamespace(tokenizer=tok))  # type: ignore[arg-type]
+    core._load_forced(path)
+    assert core._forced is not None and len(core._forced) >= 12
+    segments = core._forced  # as parsed from the file (the empty text is not a segment)
+
+    def joined(edge_s: float, tail_from_s: float | None) -> list[int]:
+        after = -1.0 if tail_from_s is None else tail_from_s
+        kept = [s for s in segments if s.end_s <= edge_s and (s.start_s + s.end_s) / 2 > after]
+        text = "".join(render_segment(s) for s in kept)
+        return list(tok.encode(text if tail_from_s is None else "]" + text).ids)
+
+    for edge_s in np.arange(0.0, 46.0, 1.75):
+        for tail_from_s in (None, 0.0, 4.0, 10.1, edge_s):
+            assert core._forced_ids(float(edge_s), tail_from_s) == joined(edge_s, tail_from_s)
+    assert core._pieces_join()
