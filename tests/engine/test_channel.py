@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
+import threading
 import time
 from collections.abc import Iterator
 
@@ -126,3 +127,60 @@ def test_a_read_stops_at_the_fill_limit_and_the_rest_waits_in_the_pipe() -> None
     sender.close()
     sender.join_thread(5.0)
     reader.close()
+
+
+class BusyCore:
+    """A core always at work whose every step takes `step_s` (sleeping): its worker reads
+    the inbox only between steps, as an engine's does."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self.num_appends = 0
+
+    def append(self, session_id: str, samples: object) -> None:
+        self.num_appends += 1
+
+    def has_work(self) -> bool:
+        return True
+
+    def is_holding(self) -> bool:
+        return False
+
+    def step(self) -> list[tuple[str, object]]:
+        time.sleep(self.step_s)
+        return []
+
+    def stats(self) -> None:
+        return None
+
+
+def test_live_frames_reach_a_worker_busy_in_long_steps_without_falling_behind() -> None:
+    """Session 16's divergence, in small: 40 live sessions send 100-ms frames (400 a second)
+    in real time to a worker whose steps take 100 ms. A multiprocessing queue, one message per
+    frame, let ~10 frames cross per step, so their wait grew by about a second every second
+    (2.6 s at most over this test's 2.5 s, on a 2-core CPU); through the channel each frame
+    waits about one step."""
+    from livemeet.engine.worker import Worker
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    sender = CommandSender(writer)
+    core = BusyCore(step_s=0.1)
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(core, outbox)  # type: ignore[arg-type]
+    thread = threading.Thread(target=worker.serve, args=(CommandReceiver(reader),), daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        for k in range(25):  # 2.5 s of audio
+            for s in range(40):
+                sender.put_nowait(AppendAudio(f"s{s}", FRAME, sent_s=time.monotonic()))
+            time.sleep(max(0.0, t0 + (k + 1) * 0.1 - time.monotonic()))
+        sender.put_nowait(Shutdown())
+        thread.join(10.0)
+    finally:
+        sender.close()
+        sender.join_thread(5.0)
+        reader.close()
+    assert not thread.is_alive()
+    assert worker.num_audio_commands == core.num_appends == 1_000
+    assert worker.audio_command_lag_max_s < 0.5  # ~0.1-0.2 s
