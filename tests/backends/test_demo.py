@@ -75,7 +75,13 @@ def test_live_ami_in_one_second_hops(demo_core: DemoCore, shared_data: Path) -> 
     events = stream(demo_core, samples, chunk_s=1.0)
     first_final = next(i for i, e in enumerate(events) if isinstance(e, SegmentFinal))
     partials_before = [e for e in events[:first_final] if isinstance(e, SegmentPartial)]
-    assert len(partials_before) >= 3
+    # the first turn (0-4 s) is shown growing before its commit; how many hops pass before two
+    # hypotheses agree on it depends on tiny.en's int8 numerics, which differ between CPUs
+    # (3 partials in session 15's CI, 2 on session 16's machine)
+    assert len(partials_before) >= 2
+    first = events[first_final].segment  # type: ignore[attr-defined]
+    shown = [s for p in partials_before for s in p.segments]
+    assert any(s.start_s < first.end_s and s.end_s > first.start_s for s in shown)
     final = events[-1]
     assert isinstance(final, TranscriptFinal)
     finals = [e.segment for e in events if isinstance(e, SegmentFinal)]

@@ -127,8 +127,8 @@ async def test_live_stream_dev00(server: str, shared_data: Path) -> None:
     assert result.close_code == 1000, result.events[-3:]
     # Partials stream before anything is final: the first speech turn (0-4 s) is shown growing,
     # hop by hop, before its commit. Not "3 partials first": the turn commits once two
-    # consecutive hypotheses agree on it, and how many hops that takes depends on where the
-    # hops fall, which on the adaptive hop depends on the host's speed.
+    # consecutive hypotheses agree on it, and how many hops that takes depends on tiny.en's
+    # int8 numerics (they differ between CPUs) and on where the adaptive hops fall.
     first_final = kinds.index("segment.final") if "segment.final" in kinds else len(kinds)
     early = [e for e in result.events[:first_final] if e["type"] == "segment.partial"]
     assert len({e["rev"] for e in early}) >= 2, kinds[:first_final]
