@@ -143,7 +143,7 @@ class EngineCounters:
         if self.audio_commands:  # servers before session 16 do not time them
             record["audio_commands"] = self.audio_commands
             record["audio_lag_mean_s"] = self.audio_lag_s / self.audio_commands
-            record["audio_lag_max_s"] = self.audio_lag_max_s
+            record["audio_lag_max_since_start_s"] = self.audio_lag_max_s
         return record
 
 

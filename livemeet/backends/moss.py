@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -80,7 +80,7 @@ from livemeet.transcript.segments import FinishReason, Segment, Transcript, join
 log = logging.getLogger(__name__)
 
 LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by at most
-SPECIAL_TOKEN_MARK = "<|"  # how every Qwen special token's text starts (<|im_end|>, ...)
+SPECIAL_TOKEN_MARK = "<|"  # how Qwen's control tokens start (<|im_end|>); other added ones: by id
 MAX_SUBMITS_PER_STEP = 4  # requests encoded and queued per step(), which bounds a step's time
 DUMMY_MODEL_ID = "moss-td-dummy"
 
@@ -245,7 +245,11 @@ class _Live:
         return self.buffer[: min(edge, self.length)]
 
     def forced_transcript_ids(
-        self, encode: Callable[[str], list[int]], max_tokens: int, exact: bool = True
+        self,
+        encode: Callable[[str], list[int]],
+        max_tokens: int,
+        exact: bool = True,
+        added_ids: Collection[int] = frozenset(),
     ) -> list[int]:
         """The committed transcript to prefill as forced assistant tokens (DESIGN 5.3): its
         most recent whole segments in the output grammar, at most `max_tokens` ids, less the
@@ -253,7 +257,8 @@ class _Live:
         with the next segment's `[` (one `][` token; a lone `]` there precedes only the end of
         the output), so the ids stop before it and the decode starts with `][` or `]` (token
         healing; the parser skips text before a segment's `[`). A segment whose text holds
-        special-token text (`<|`) would encode as that token: it and older ones stay out.
+        special-token text would encode as that token (`<|...|>`, or any of `added_ids`,
+        the tokenizer's added tokens, such as `</think>`): it and older ones stay out.
         Rebuilt only when a segment commits (the committed list only grows), from each
         segment's ids tokenized once (livemeet/transcript/pieces.py); `exact=False` (a
         tokenizer whose pieces do not join: `splits_after_digits`) tokenizes the joined text."""
@@ -261,10 +266,12 @@ class _Live:
         if max_tokens <= 0 or len(committed) == self.prefix_num_committed:
             return self.prefix_ids
         for seg in committed[len(self.segment_pieces) :]:
-            special = SPECIAL_TOKEN_MARK in seg.text
-            self.segment_pieces.append(
-                None if special else segment_pieces(encode, render_segment(seg))
-            )
+            piece = None
+            if SPECIAL_TOKEN_MARK not in seg.text:
+                piece = segment_pieces(encode, render_segment(seg))
+                if any(i in added_ids for i in piece.lead):
+                    piece = None
+            self.segment_pieces.append(piece)
         first, conts = len(committed), 0  # conts: the `cont` ids of the segments taken
         while first > 0:
             piece = self.segment_pieces[first - 1]
@@ -308,6 +315,7 @@ class MossCore:
         self._forced_text: str | None = None
         self._forced_pieces: list[Pieces] = []  # each forced segment's ids (transcript/pieces.py)
         self._exact_pieces: bool | None = None  # splits_after_digits of the engine's tokenizer
+        self._added: frozenset[int] | None = None  # the tokenizer's added-token ids
         self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
         self.num_live_hops = 0  # live decodes finished, and their summed time (EngineStats)
         self.live_hop_s = 0.0
@@ -598,7 +606,10 @@ class MossCore:
             )
             fork_from = prev.request_id
         prefix = sess.forced_transcript_ids(
-            self._encode, self.config.live_forced_transcript_tokens, self._pieces_join()
+            self._encode,
+            self.config.live_forced_transcript_tokens,
+            self._pieces_join(),
+            self._added_ids(),
         )
         window_keys = sess.full_window_keys(audio)
         engine.hold_windows(sid, window_keys)  # encoded once for the session (released: _drop)
@@ -787,6 +798,12 @@ class MossCore:
             return [] if tail_from_s is None else self._encode("]")
         pieces = [self._forced_pieces[i] for i in kept]
         return join_pieces(pieces, after_close=tail_from_s is not None) + self._encode("]")
+
+    def _added_ids(self) -> frozenset[int]:
+        """Ids of the tokenizer's added (special) tokens, read once."""
+        if self._added is None:
+            self._added = frozenset(self._engine().tokenizer.get_added_tokens_decoder())
+        return self._added
 
     def _pieces_join(self) -> bool:
         """Whether the engine's tokenizer joins per-segment ids exactly (`splits_after_digits`,

@@ -87,13 +87,29 @@ class CommandSender:
                 if self._cancelled:
                     continue
                 try:
-                    self._conn.send_bytes(pickle.dumps(batch, pickle.HIGHEST_PROTOCOL))
+                    self._conn.send_bytes(_dumps(batch))
                     self.num_batches += 1
-                except OSError as exc:  # the worker is gone; its loss is reported elsewhere
+                except (OSError, ValueError) as exc:  # the worker is gone (reported elsewhere)
                     log.debug("engine command pipe closed: %r", exc)
                     self.cancel_join_thread()
         finally:
             self._conn.close()
+
+
+def _dumps(batch: list[Command]) -> bytes:
+    """`batch` pickled; a command that cannot be (a bug) is logged and left out, so it costs
+    its own session, not the batch or the channel."""
+    try:
+        return pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        good = []
+        for cmd in batch:
+            try:
+                pickle.dumps(cmd, pickle.HIGHEST_PROTOCOL)
+                good.append(cmd)
+            except Exception:
+                log.exception("dropped an engine command that cannot be pickled: %r", cmd)
+        return pickle.dumps(good, pickle.HIGHEST_PROTOCOL)
 
 
 class CommandReceiver:

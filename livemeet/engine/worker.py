@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import os
 import queue
 import sys
 import time
@@ -118,6 +119,9 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
 def run_worker_on_pipe(config: ModelConfig, conn: Connection, outbox: Outbox) -> None:
     """`run_worker` reading its commands from `conn`, the reading end of the gateway's command
     channel (livemeet/engine/channel.py): the engine process's entry point."""
+    # not inherited by any process the engine starts: a copy of the reading end there would
+    # keep the gateway's writes blocking after this process is gone
+    os.set_inheritable(conn.fileno(), False)
     run_worker(config, CommandReceiver(conn), outbox)
 
 
@@ -234,6 +238,7 @@ class Worker:
         if sent_s <= 0:
             return
         lag_s = max(0.0, self.clock() - sent_s)
+        self._stats_stale = True  # an append may not make work: the idle post carries it
         self.num_audio_commands += 1
         self.audio_command_lag_s += lag_s
         self.audio_command_lag_max_s = max(self.audio_command_lag_max_s, lag_s)

@@ -343,7 +343,7 @@ class EngineClient:
                 # The worker died without draining its pipe: the feeder thread may never flush.
                 self._inbox.cancel_join_thread()
             self._inbox.close()
-            self._inbox.join_thread()
+            self._inbox.join_thread(ENGINE_CLOSE_TIMEOUT_S)  # a write blocks on a live reader only
             self._outbox.close()
             self._process.close()
         # Dropping the queues closes their pipe ends (a queue that was never written to has no

@@ -232,10 +232,11 @@ class PromptBuilder:
     def _suffix(self, prompt: str | None, hotwords: Sequence[str]) -> list[int]:
         if isinstance(hotwords, str):  # before the key: tuple("ab") would look like a list
             raise InvalidRequest("hotwords must be a list of strings, not one string")
-        key = (prompt, tuple(hotwords))
+        words = tuple(hotwords)  # read once: an iterator would be empty the second time
+        key = (prompt, words)
         suffix = self._suffixes.get(key)
         if suffix is None:
-            instruction = render_instruction(self.tokenizer, prompt, hotwords, self.config)
+            instruction = render_instruction(self.tokenizer, prompt, words, self.config)
             suffix = _encode(self.tokenizer, _SUFFIX_TEMPLATE.format(instruction=instruction))
             self._suffixes[key] = suffix
             if len(self._suffixes) > PROMPT_SUFFIX_CACHE_SIZE:

@@ -707,6 +707,27 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     assert "".join(map(chr, ids)) == rendered[5][:-1]
 
 
+def test_text_of_any_added_token_keeps_a_segment_out_of_the_forced_transcript() -> None:
+    """Not only `<|...|>`: `</think>` and `<tool_call>` are added tokens of the Qwen
+    vocabulary too, and a segment whose text holds one (and every older one) is not forced."""
+    from livemeet.backends.moss import _Live
+    from livemeet.session.live import LiveOptions, LiveSession
+
+    tok = load_tokenizer(None)
+
+    def encode(text: str) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=False).ids)
+
+    added = frozenset(tok.get_added_tokens_decoder())
+    texts = ["fine", "ok </think> then", "and <tool_call> too", "last one"]
+    segs = [Segment(2.0 * i, 2.0 * i + 1.0, "S01", t) for i, t in enumerate(texts)]
+    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    sess.live = SimpleNamespace(committed=tuple(segs))  # type: ignore[assignment]
+    ids = sess.forced_transcript_ids(encode, 2_048, True, added)
+    assert sess.prefix_segments == (segs[3],)
+    assert ids == encode(render_segment(segs[3])[:-1]) and not added & set(ids)
+
+
 @pytest.mark.parametrize("exact", [True, False])
 def test_forced_transcript_ids_equal_the_joined_texts_tokens(exact: bool) -> None:
     """With the Qwen tokenizer the assembled ids are those of the joined text (less its last

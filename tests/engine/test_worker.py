@@ -447,6 +447,21 @@ def test_audio_command_waits_reach_the_stats() -> None:
     )
 
 
+def test_audio_waits_reach_the_stats_of_a_worker_that_stays_idle() -> None:
+    """Appends too short to make work never step the worker: its idle post carries them."""
+    clock = FakeClock()
+    clock.advance(5.0)
+    core = StatsCore(clock, work=0, step_s=0.1)
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(core, outbox, clock=lambda: clock.now_s)
+    worker.serve(IdleShutdownInbox(idle_polls=1))  # the start's post, all zeros
+    worker.apply(AppendAudio("s", np.zeros(160, np.float32), sent_s=4.0))
+    worker.serve(IdleShutdownInbox(idle_polls=2))
+    posts = [outbox.get_nowait() for _ in range(outbox.qsize())]
+    waited = EngineStats(num_audio_commands=1, audio_command_lag_s=1.0, audio_command_lag_max_s=1.0)
+    assert posts == [EngineStats(), waited]
+
+
 @pytest.mark.parametrize(
     ("holding", "poll_s"), [(False, ENGINE_POLL_S), (True, ENGINE_IDLE_POLL_S)]
 )

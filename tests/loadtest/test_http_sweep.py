@@ -235,7 +235,7 @@ def test_audio_command_lag_parsed_and_differenced() -> None:
     )
     assert fields["audio_commands"] == 4_000
     assert fields["audio_lag_mean_s"] == 20.0 / 4_000
-    assert fields["audio_lag_max_s"] == 0.75
+    assert fields["audio_lag_max_since_start_s"] == 0.75  # the gauge, not per point
 
 
 def test_no_engine_fields_without_counters_or_after_a_reset() -> None:

@@ -381,3 +381,10 @@ def test_prompt_builder_results_are_the_callers_own(tok: Tokenizer) -> None:
     first.ids.extend([1, 2, 3])
     first.audio_positions.append(-1)
     assert builder.build(5_000) == build_prompt(tok, 5_000)
+
+
+def test_prompt_builder_reads_hotwords_given_as_an_iterator_once(tok: Tokenizer) -> None:
+    builder = PromptBuilder(tok)
+    expected = build_prompt(tok, 100, hotwords=["alpha", "beta"])
+    assert builder.build(100, None, iter(["alpha", "beta"])) == expected
+    assert builder.build(100, None, iter(["alpha", "beta"])) == expected  # from the cache
