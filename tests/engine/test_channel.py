@@ -159,7 +159,7 @@ def test_live_frames_reach_a_worker_busy_in_long_steps_without_falling_behind() 
     in real time to a worker whose steps take 100 ms. A multiprocessing queue, one message per
     frame, let ~10 frames cross per step, so their wait grew by about a second every second
     (2.6 s at most over this test's 2.5 s, on a 2-core CPU); through the channel each frame
-    waits about one step."""
+    waits about one step (at most 1 s asserted: a loaded CI host)."""
     from livemeet.engine.worker import Worker
 
     reader, writer = multiprocessing.Pipe(duplex=False)
@@ -183,4 +183,4 @@ def test_live_frames_reach_a_worker_busy_in_long_steps_without_falling_behind() 
         reader.close()
     assert not thread.is_alive()
     assert worker.num_audio_commands == core.num_appends == 1_000
-    assert worker.audio_command_lag_max_s < 0.5  # ~0.1-0.2 s
+    assert worker.audio_command_lag_max_s < 1.0  # ~0.1-0.2 s; margin for a loaded host
