@@ -97,8 +97,8 @@ class CommandSender:
 
 
 def _dumps(batch: list[Command]) -> bytes:
-    """`batch` pickled; a command that cannot be (a bug) is logged and left out, so it costs
-    its own session, not the batch or the channel."""
+    """`batch` pickled; a command that cannot be (a bug) is logged and left out: only it is
+    lost, not the rest of its batch or the channel."""
     try:
         return pickle.dumps(batch, pickle.HIGHEST_PROTOCOL)
     except Exception:
