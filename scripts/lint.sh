@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/mypy --no-error-summary --follow-imports=silent livemeet/gateway livemeet/session livemeet/transcript \
   livemeet/engine/block_manager.py livemeet/engine/scheduler.py livemeet/engine/request.py \
   livemeet/engine/cost_model.py livemeet/engine/worker.py livemeet/engine/shared_audio.py \
+  livemeet/engine/channel.py livemeet/models/prompt.py \
   livemeet/engine/staging.py \
   livemeet/engine/prefill_graph.py livemeet/engine/cuda_graph.py livemeet/backends livemeet/eval \
   livemeet/cli livemeet/audio/decode.py livemeet/audio/pcm.py livemeet/errors.py \
