@@ -30,14 +30,13 @@ over every session's segments (and p50, p95 by when in the meeting the segment e
 `latency_by_time`), how many segments were seen before `end`, only after it (the final flush)
 or never, the client's largest send lag, how many finals arrived, the time from `end` to
 `transcript.final` and from connecting to `session.ready` (median and worst session), errors,
-the uploads completed during
-the point with their audio-s/s (over the uploads' own time), the audio seconds the uploads had
-transcribed by the point's end, finished or not (they stream: `stream=true`, each segment's end
-as it arrives) and that rate, and the increase of the engine's
-counters over the point (steps by kind, prefill and decode tokens, host time in steps by part,
-windows encoded, live hops finished and their mean time from submission to end:
-loadtest.http_sweep.engine_fields). On the scripted backend (CPU) uploads finish at once, so
-their fields say nothing there.
+the uploads completed during the point with their audio-s/s (over the uploads' own time), the
+audio seconds the uploads had transcribed by the point's end, finished or not (they stream:
+`stream=true`, each segment's end as it arrives) and that rate, and the increase of the
+engine's counters over the point (steps by kind, prefill and decode tokens, host time in steps
+by part, windows encoded, live hops finished and their mean time from submission to end, audio
+commands and their mean wait: loadtest.http_sweep.engine_fields). On the scripted backend
+(CPU) uploads finish at once, so their fields say nothing there.
 Usage:
   python -m loadtest.bench_live --sessions 1,16,64 --uploads 0,2 --duration-s 60 \
       --out live.jsonl --max-seconds 420

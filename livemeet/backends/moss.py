@@ -314,6 +314,7 @@ class MossCore:
         self._forced: list[Segment] | None = None
         self._forced_text: str | None = None
         self._forced_pieces: list[Pieces] = []  # each forced segment's ids (transcript/pieces.py)
+        self._close_ids: list[int] = []  # the ids of "]"
         self._exact_pieces: bool | None = None  # splits_after_digits of the engine's tokenizer
         self._added: frozenset[int] | None = None  # the tokenizer's added-token ids
         self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
@@ -747,6 +748,7 @@ class MossCore:
         self._forced_text = text
         self._forced = segments
         self._forced_pieces = [segment_pieces(self._encode, render_segment(s)) for s in segments]
+        self._close_ids = self._encode("]")  # a hop's forced ids end with it
 
     def _max_new_tokens(self, options: SessionOptions) -> int | None:
         """The session's budget, capped by the server's `--max-new-tokens`; None lets the
@@ -795,9 +797,9 @@ class MossCore:
             text = "".join(render_segment(self._forced[i]) for i in kept)
             return self._encode(text if tail_from_s is None else "]" + text)
         if not kept:
-            return [] if tail_from_s is None else self._encode("]")
+            return [] if tail_from_s is None else list(self._close_ids)
         pieces = [self._forced_pieces[i] for i in kept]
-        return join_pieces(pieces, after_close=tail_from_s is not None) + self._encode("]")
+        return join_pieces(pieces, after_close=tail_from_s is not None) + self._close_ids
 
     def _added_ids(self) -> frozenset[int]:
         """Ids of the tokenizer's added (special) tokens, read once."""

@@ -340,7 +340,7 @@ class EngineClient:
         await _wait_until(lambda: self._reader is None or not self._reader.is_alive(), 5.0)
         if self._process is not None:
             if self._process.exitcode != 0:
-                # The worker died without draining its pipe: the feeder thread may never flush.
+                # The worker died without draining its pipe: the sender may never flush.
                 self._inbox.cancel_join_thread()
             self._inbox.close()
             self._inbox.join_thread(ENGINE_CLOSE_TIMEOUT_S)  # a write blocks on a live reader only
@@ -400,7 +400,7 @@ class EngineClient:
             if block is None:  # no room: the pipe, unless the session closed meanwhile
                 session._check_open("append")
         if block is None:
-            # the queue pickles it later
+            # the channel's thread pickles it later
             self._send(AppendAudio(session.id, samples.copy(), time.monotonic()))
             return
         self._blocks[block.name] = block

@@ -182,24 +182,22 @@ def test_step_seconds_parsed_and_differenced() -> None:
     assert untimed["engine_steps"]["decode_graph"] == 1
 
 
+def with_samples(*samples: tuple[str, str, float]) -> str:
+    """A small engine exposition plus one sample per (name, type, value), each under its own
+    `# TYPE` line (the name as exposed: `_total` for a counter)."""
+    lines = [f"# TYPE {name} {kind}\n{name} {float(value)}" for name, kind, value in samples]
+    return metrics_text((10, 0, 5, 0), (900, 60)) + "\n".join(lines) + "\n"
+
+
 def test_encoder_windows_and_live_hops_parsed_and_differenced() -> None:
     """The encoder's windows and the live hops (count, summed time) of a point: its mean hop
     time says how far behind live serving ran."""
 
     def text(windows: int, hops: int, hop_s: float) -> str:
-        return (
-            metrics_text((10, 0, 5, 0), (900, 60))
-            + "\n".join(
-                [
-                    "# TYPE livemeet_engine_encoded_windows_total counter",
-                    f"livemeet_engine_encoded_windows_total {windows}.0",
-                    "# TYPE livemeet_live_hops_total counter",
-                    f"livemeet_live_hops_total {hops}.0",
-                    "# TYPE livemeet_live_hop_seconds_total counter",
-                    f"livemeet_live_hop_seconds_total {hop_s}",
-                ]
-            )
-            + "\n"
+        return with_samples(
+            ("livemeet_engine_encoded_windows_total", "counter", windows),
+            ("livemeet_live_hops_total", "counter", hops),
+            ("livemeet_live_hop_seconds_total", "counter", hop_s),
         )
 
     fields = engine_fields(
@@ -215,19 +213,10 @@ def test_audio_command_lag_parsed_and_differenced() -> None:
     (differenced sums) and the longest since the worker started (a gauge, taken as it is)."""
 
     def text(commands: int, lag_s: float, lag_max_s: float) -> str:
-        return (
-            metrics_text((10, 0, 5, 0), (900, 60))
-            + "\n".join(
-                [
-                    "# TYPE livemeet_engine_audio_commands_total counter",
-                    f"livemeet_engine_audio_commands_total {commands}.0",
-                    "# TYPE livemeet_engine_audio_command_lag_seconds_total counter",
-                    f"livemeet_engine_audio_command_lag_seconds_total {lag_s}",
-                    "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge",
-                    f"livemeet_engine_audio_command_lag_max_seconds {lag_max_s}",
-                ]
-            )
-            + "\n"
+        return with_samples(
+            ("livemeet_engine_audio_commands_total", "counter", commands),
+            ("livemeet_engine_audio_command_lag_seconds_total", "counter", lag_s),
+            ("livemeet_engine_audio_command_lag_max_seconds", "gauge", lag_max_s),
         )
 
     fields = engine_fields(
