@@ -198,7 +198,9 @@ class PromptBuilder:
     (`audio_span`). Why: a live session builds its whole prompt every hop, and the direct
     build took ~0.7 ms at 7.5 minutes of audio; a 100-session H200 run spent 6.5 % of its
     worker's time there (docs/benchmarks.md, session 16). Equal to `build_prompt` for every T,
-    prompt and hotwords (tests/models/test_prompt.py); raises what it raises."""
+    prompt and hotwords (tests/models/test_prompt.py). `build` raises as `build_prompt` does:
+    BadAudio for T < 1, InvalidRequest for special-token text in the prompt or a hotword, or
+    hotwords given as one string."""
 
     def __init__(
         self,
