@@ -91,15 +91,56 @@ def _window(samples: np.ndarray, w: int) -> np.ndarray:
     return samples[w * WINDOW_SAMPLES : (w + 1) * WINDOW_SAMPLES]
 
 
+class PinnedSamples:
+    """One reusable pinned float32 buffer that an encode's samples cross to the GPU from.
+    `np.concatenate` into a fresh array and `pin_memory()` of it copied the samples twice per
+    micro-batch and faulted in new pages each time: `_padded_windows` was 5.5 % of the engine
+    worker's time at 100 live sessions (a hop re-encodes its partial window: ~1 MB of samples;
+    py-spy, docs/benchmarks.md session 16). Now they are written once, into this buffer.
+
+    Hazard: the buffer must not be rewritten while its last copy to the device may be
+    pending; `upload` waits on the event recorded after that copy (done long before in
+    practice: the encoder's kernels that read it have run by the next encode)."""
+
+    def __init__(self) -> None:
+        self.buffer: torch.Tensor | None = None
+        self.event: torch.cuda.Event | None = None
+
+    def upload(self, chunks: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
+        """The chunks concatenated, float32 [sum of sizes] on the CUDA `device`."""
+        total = sum(c.size for c in chunks)
+        if self.event is not None:
+            self.event.synchronize()
+        if self.buffer is None or self.buffer.numel() < total:
+            # a copy still pending from a dropped buffer keeps it alive (the caching host
+            # allocator records the stream's use)
+            size = max(total, 2 * (0 if self.buffer is None else self.buffer.numel()))
+            self.buffer = torch.empty(size, dtype=torch.float32, pin_memory=True)
+        host = self.buffer[:total]
+        np.concatenate(chunks, out=host.numpy(), casting="same_kind")
+        flat = host.to(device, non_blocking=True)
+        if self.event is None:
+            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.event.record(torch.cuda.current_stream(device))
+        return flat
+
+
 def _padded_windows(
-    chunks: Sequence[np.ndarray], device: torch.device, rows: int | None = None
+    chunks: Sequence[np.ndarray],
+    device: torch.device,
+    rows: int | None = None,
+    pinned: PinnedSamples | None = None,
 ) -> torch.Tensor:
     """[rows, 480000] float32 on `device` (rows defaults to len(chunks)): chunk i, zero-padded
     to a full window, then windows of silence. Only the real samples cross to the device,
-    padding is made there (an 11.6 s clip is 39 % of a window)."""
-    flat = torch.from_numpy(np.concatenate(chunks))
-    if device.type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
+    padding is made there (an 11.6 s clip is 39 % of a window); on CUDA through `pinned`
+    when given."""
+    if device.type == "cuda" and pinned is not None:
+        flat = pinned.upload(chunks, device)
+    else:
+        flat = torch.from_numpy(np.concatenate(chunks))
+        if device.type == "cuda":
+            flat = flat.pin_memory().to(device, non_blocking=True)
     rows = len(chunks) if rows is None else rows
     windows = torch.zeros(rows, WINDOW_SAMPLES, dtype=torch.float32, device=device)
     start = 0
@@ -154,6 +195,7 @@ class EncoderRunner:
         self.num_cache_hits = 0
         self.num_graph_replays = 0
         self.num_eager_batches = 0
+        self._pinned = PinnedSamples()  # the samples' way to the GPU (_padded_windows)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         if cuda_graphs and on_cuda:
             self._capture()
@@ -221,7 +263,9 @@ class EncoderRunner:
     ) -> None:
         n = len(jobs)
         rows = choose_bucket(n, self.batch_buckets) or n  # padded with silence (module doc)
-        windows = _padded_windows([j[2] for j in jobs], self.device, rows)  # [rows, 480000]
+        windows = _padded_windows(
+            [j[2] for j in jobs], self.device, rows, self._pinned
+        )  # [rows, 480000]
         dtype = self.model.adaptor.linear_1.weight.dtype
         feats = self._log_mel(windows, dtype)  # [rows, 80, 3000]
         counts = [j[3] for j in jobs]

@@ -11,20 +11,25 @@ became the step's tail; long c16 FP8 on an H200, docs/benchmarks.md session 10, 
 prefill steps with 15 decode rows ran the extend kernel at 173 TFLOP/s against 281 with
 none). On the CPU both fall back to the torch references in livemeet.layers.paged_attention
 (gather + SDPA); on CUDA they never gather KV.
+
+Every layer of a step attends with the same metadata, so the first `attend` of a step
+resolves its launches (`StepAttention`: checks, kernel choice, grid, split-K buffers) and the
+others only launch them over their own caches.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from livemeet.errors import InternalError
 from livemeet.layers.paged_attention import (
+    DecodeLaunch,
+    ExtendLaunch,
     KVSink,
-    paged_decode_attention,
-    paged_extend_attention,
+    default_decode_config,
     store_kv,
 )
 
@@ -78,6 +83,7 @@ class PagedAttentionBackend:
         self.v_caches = v_caches
         self.meta = meta
         self.kv_scale = kv_scale
+        self._plan: StepAttention | None = None
 
     def kv_sink(self, layer: int) -> KVSink | None:
         """The layer's caches and this step's slots, for the kernel that rotates k to store
@@ -94,8 +100,12 @@ class PagedAttentionBackend:
         k: torch.Tensor | None,
         v: torch.Tensor | None,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Store k, v (unless both are None: a `kv_sink` user stored them), then attend."""
+        """Store k, v (unless both are None: a `kv_sink` user stored them), then attend; into
+        `out` ([N, heads, D], contiguous in head_dim) when given. The first call of a step
+        resolves its launches for every layer (`StepAttention`); every layer must then pass
+        q of the same shape and the same scale."""
         m = self.meta
         kc, vc = self.k_caches[layer], self.v_caches[layer]
         s = self.kv_scale
@@ -104,69 +114,96 @@ class PagedAttentionBackend:
         elif k is not None or v is not None or not _fused_store:
             # without a sink handed out, nothing would have stored this step's K/V
             raise InternalError("attend needs both k and v, or neither (stored through kv_sink)")
-        if m.decode_only:
-            return paged_decode_attention(
-                q,
-                kc,
-                vc,
-                m.block_tables,
-                m.seq_lens,
-                scale,
-                num_splits=m.num_splits,
-                max_seq_len=m.max_seq_len,
-                k_scale=s,
-                v_scale=s,
-            )
-        if not m.num_decode_seqs:
-            return paged_extend_attention(
-                q,
-                kc,
-                vc,
-                m.block_tables,
-                m.cu_seqlens_q,
-                m.seq_lens,
-                scale,
-                max_seqlen_q=m.max_seqlen_q,
-                k_scale=s,
-                v_scale=s,
-            )
-        return self._mixed(q, kc, vc, scale)
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = StepAttention(q, kc, vc, m, scale, s)
+        elif scale != plan.scale:
+            raise InternalError(f"layer {layer} attends with scale {scale}, not {plan.scale}")
+        return plan(q, kc, vc, out)
 
-    def _mixed(
-        self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, scale: float
-    ) -> torch.Tensor:
-        """A step of prefill chunks followed by decode rows: the extend kernel over the chunks'
-        rows, the decode kernel over the last `num_decode_seqs` rows, into one output."""
-        m, s = self.meta, self.kv_scale
+
+class StepAttention:
+    """One step's attention launches, resolved at its first layer and run for every layer
+    (`DecodeLaunch`, `ExtendLaunch`): the split-K decode kernel when every sequence has one new
+    token, else the extend kernel over the prefill chunks and, in a mixed step, the decode
+    kernel over the decode rows after them (module docstring). The decode rows of a mixed step
+    merge their splits in the kernel (where the kernel can): such steps launch eagerly, and a
+    merge kernel's launch costs the host more than the in-kernel merge costs the GPU."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        meta: StepMetadata,
+        scale: float,
+        kv_scale: float,
+    ) -> None:
+        m, s = meta, kv_scale
+        self.scale = scale
+        self.decode: DecodeLaunch | None = None
+        self.extend: ExtendLaunch | None = None
+        self.num_prefill_rows = q.shape[0]  # rows before the decode rows
+        if m.decode_only:
+            self.decode = DecodeLaunch(
+                q, kc, vc, m.block_tables, m.seq_lens, scale,
+                num_splits=m.num_splits, max_seq_len=m.max_seq_len, k_scale=s, v_scale=s,
+            )  # fmt: skip
+            self.num_prefill_rows = 0
+            return
         d = m.num_decode_seqs
         p = m.seq_lens.shape[0] - d  # prefill sequences: their rows come first
         t = q.shape[0] - d  # rows of the prefill chunks
         if p < 1 or t < p:
             raise InternalError(f"a mixed step of {q.shape[0]} rows cannot end in {d} decode rows")
-        out = torch.empty_like(q)
-        paged_extend_attention(
-            q[:t],
-            kc,
-            vc,
-            m.block_tables[:p],
-            m.cu_seqlens_q[: p + 1],
-            m.seq_lens[:p],
-            scale,
-            max_seqlen_q=m.max_seqlen_q,
-            k_scale=s,
-            v_scale=s,
-            out=out[:t],
-        )
-        paged_decode_attention(
-            q[t:],
-            kc,
-            vc,
-            m.block_tables[p:],
-            m.seq_lens[p:],
-            scale,
-            num_splits=m.num_splits,  # the decode rows' own (ModelRunner); None on the CPU
-            k_scale=s,
-            v_scale=s,
-            out=out[t:],
-        )
+        self.num_prefill_rows = t
+        self.extend = ExtendLaunch(
+            q[:t], kc, vc, m.block_tables[:p], m.cu_seqlens_q[: p + 1], m.seq_lens[:p], scale,
+            max_seqlen_q=m.max_seqlen_q, k_scale=s, v_scale=s,
+        )  # fmt: skip
+        if d:
+            cfg = replace(
+                default_decode_config(kc.element_size() == 1),
+                merge_in_kernel=True,
+                cuda_merge_in_kernel=True,
+            )
+            self.decode = DecodeLaunch(
+                q[t:], kc, vc, m.block_tables[p:], m.seq_lens[p:], scale,
+                num_splits=m.num_splits,  # the decode rows' own (ModelRunner); None on the CPU
+                k_scale=s, v_scale=s, kernel=cfg,
+            )  # fmt: skip
+        self._views: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._views_of: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention of q over one layer's caches, into `out` or a new tensor; returns it."""
+        if self.extend is None:
+            assert self.decode is not None
+            return self.decode(q, kc, vc, out)
+        if self.decode is None:
+            return self.extend(q, kc, vc, out)
+        out = torch.empty_like(q) if out is None else out
+        q_ext, q_dec, out_ext, out_dec = self._split(q, out)
+        self.extend(q_ext, kc, vc, out_ext)
+        self.decode(q_dec, kc, vc, out_dec)
         return out
+
+    def _split(
+        self, q: torch.Tensor, out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q's prefill rows, q's decode rows, the same of out); the views are kept while the
+        layers pass the same q and out tensors (the piecewise runner's static buffers)."""
+        views_of = self._views_of
+        if self._views is not None and views_of is not None:
+            if views_of[0] is q and views_of[1] is out:
+                return self._views
+        t = self.num_prefill_rows
+        self._views = (q[:t], q[t:], out[:t], out[t:])
+        self._views_of = (q, out)
+        return self._views

@@ -35,9 +35,14 @@ On by default (ModelConfig.prefill_graphs; `--no-prefill-graphs`). Measured on a
 (docs/benchmarks.md, session 3): the (L + 1) x buckets captures (29 x 10 for MOSS-TD at the
 default 8,192-token step limit) add ~15 s to start-up; in the HTTP sweeps every prefill step
 replayed them (no eager step), short c64 moved from 864 to 825-963 audio-s/s and long c16 from
-163.1 to 164.0. Per layer one copy each of q, residual and the attention output (and of k and v
-when the pieces do not store them) goes into the static buffers (kernels writing into them
-directly would remove it).
+163.1 to 164.0. Per layer one copy each of q and residual (and of k and v when the pieces do
+not store them) goes into the static buffers (kernels writing into them directly would remove
+it); attention writes its output into the static buffer itself.
+
+The attention between pieces is resolved once per step for all layers
+(`livemeet.engine.paged_backend.StepAttention`): at 100 live sessions, checks, configuration
+and allocations repeated per layer were ~316 us of host time per layer, 31 % of the engine
+worker (py-spy, docs/benchmarks.md session 16).
 """
 
 from __future__ import annotations
@@ -154,16 +159,19 @@ class PiecewiseRunner:
             self.slots[:n].copy_(slot_mapping)
             self.slots[n:bucket].fill_(-1)  # padding rows: stale slots would overwrite live KV
         use_graphs = bool(self.graphs)
+        # one view of each static buffer for every layer: the step's attention keeps its
+        # slices of them (PagedAttentionBackend) and writes the output in place
+        q, attn_out = self.q[:n], self.attn_out[:n]
+        k, v = (None, None) if self.stores_kv else (self.k[:n], self.v[:n])
         for i in range(len(self.layers) + 1):
             if use_graphs:
                 self.graphs[(bucket, i)].replay()
             else:
                 self._piece(i, bucket)
             if i < len(self.layers):
-                layer = self.layers[i].self_attn
-                k, v = (None, None) if self.stores_kv else (self.k[:n], self.v[:n])
-                out = attn.attend(i, self.q[:n], k, v, layer.scale)
-                self.attn_out[:n].copy_(out.reshape(n, layer.heads, layer.head_dim))
+                out = attn.attend(i, q, k, v, self.layers[i].self_attn.scale, attn_out)
+                if out.data_ptr() != attn_out.data_ptr():  # a backend that ignored `out`
+                    attn_out.copy_(out.reshape(attn_out.shape))
         if use_graphs:
             self.num_replays += 1
         else:

@@ -57,7 +57,11 @@ class AttentionBackend(Protocol):
         k: torch.Tensor | None,
         v: torch.Tensor | None,
         scale: float,
-    ) -> torch.Tensor: ...
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q [N, heads, D]; k, v [N, kv_heads, D] or both None (stored through `kv_sink`);
+        returns [N, heads, D], written into `out` (same shape and dtype) when given."""
+        ...
 
 
 class DenseKVCache:
@@ -148,6 +152,7 @@ class DenseAttention:
         k: torch.Tensor | None,
         v: torch.Tensor | None,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if k is None or v is None:
             raise ValueError("DenseAttention has no KV sink: attend needs k and v")
@@ -159,7 +164,9 @@ class DenseAttention:
             start, end = bounds[i], bounds[i + 1]
             keys, values = cache.append(layer, k[start:end], v[start:end])
             outputs.append(_causal_attention(q[start:end], keys, values, scale))
-        return torch.cat(outputs, dim=0)
+        if out is None:
+            return torch.cat(outputs, dim=0)
+        return torch.cat(outputs, dim=0, out=out)
 
 
 def _causal_attention(

@@ -27,7 +27,6 @@ import ctypes
 import functools
 import logging
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,12 +98,11 @@ PARAM_TYPES: tuple[type[ctypes._SimpleCData], ...] = (
 
 class LaunchArgs:
     """The kernel's parameters as ctypes values and the void* array pointing at them, made once
-    and refilled per launch. Building twenty ctypes objects and casting a pointer to each on
-    every launch was ~16 % of the engine's host time in steps that launch eagerly (a prefill
-    step runs 28 decode launches; py-spy of 128 live sessions, docs/benchmarks.md session 13).
-    Refilling is safe because cuLaunchKernelEx copies the values at the call (and into the
-    node during a graph capture). One per thread (`_thread_args`): a launch fills then reads
-    them."""
+    per `PreparedLaunch` and refilled per layer. Building twenty ctypes objects and casting a
+    pointer to each on every launch was ~16 % of the engine's host time in steps that launch
+    eagerly (a prefill step runs 28 decode launches; py-spy of 128 live sessions,
+    docs/benchmarks.md session 13). Refilling is safe because cuLaunchKernelEx copies the
+    values at the call (and into the node during a graph capture)."""
 
     def __init__(self) -> None:
         self.values = [t() for t in PARAM_TYPES]
@@ -122,19 +120,10 @@ class LaunchArgs:
         return self.params
 
 
-_THREAD_STATE = threading.local()
-
 # The PDL launch attribute, constant (the driver only reads it during a launch).
 _PDL_ATTR = _LaunchAttribute(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
 _PDL_ATTR.value = (1).to_bytes(4, "little")  # programmaticStreamSerializationAllowed = 1
 _PDL_ATTR_POINTER = ctypes.pointer(_PDL_ATTR)
-
-
-def _thread_args() -> LaunchArgs:
-    args: LaunchArgs | None = getattr(_THREAD_STATE, "args", None)
-    if args is None:
-        args = _THREAD_STATE.args = LaunchArgs()
-    return args
 
 
 def _enabled_by_env() -> bool:
@@ -335,78 +324,168 @@ def launch(
     launch_early: bool = True,
 ) -> None:
     """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream
-    ((kv_heads, num_splits, B) for a `heads_inner` variant).
+    ((kv_heads, num_splits, B) for a `heads_inner` variant): `PreparedLaunch` made and run
+    once (see it for the arguments and the PDL hazard)."""
+    prepared = PreparedLaunch(
+        k_cache, block_tables, seq_lens, mid_o, mid_lse,
+        batch=q.shape[0], num_splits=num_splits, group=group, qk_scale=qk_scale,
+        v_scale=v_scale, variant=variant, counters=counters, launch_early=launch_early,
+    )  # fmt: skip
+    prepared(q, k_cache, v_cache, out)
 
-    Shapes as `paged_decode_attention` validated them; mid_o [B, H, S, 128] and mid_lse
-    [B, H, S] fp32 contiguous with S >= num_splits; qk_scale: softmax scale * log2(e) * k_scale.
-    With one split it writes `out` (x v_scale) directly, else the partials for the merge.
-    `variant` (default: `default_variant`) must match the cache's dtype and block size.
-    `counters` (int32, >= B x kv_heads, zero between calls: `split_k.counters`): the last split
-    of each (sequence, KV head) merges the partials into `out` itself (at most
-    MAX_MERGE_SPLITS splits), so no merge kernel is needed; None leaves the partials.
-    `launch_early` False launches without the PDL attribute even where PDL is on (the kernel
-    still lets its successor launch early).
+
+class PreparedLaunch:
+    """One step's decode launch resolved once, run per layer: the kernel, grid, stream and
+    every parameter but the per-layer tensors (q, the layer's caches, out) are fixed here, so
+    a layer's launch sets eight parameter values and calls the driver. In a step that
+    launches attention eagerly between graph pieces (28 layers), resolving all of that per
+    layer was ~60 us of the ~316 us of host time per layer (py-spy of 100 live sessions,
+    docs/benchmarks.md session 16).
+
+    `k_cache` gives the geometry every layer's caches must share (shape, strides, dtype);
+    block_tables [B, max_blocks] and seq_lens [B] int32; mid_o [B, H, S, 128] and mid_lse
+    [B, H, S] fp32 contiguous with S >= num_splits; qk_scale: softmax scale * log2(e) *
+    k_scale. With one split a call writes `out` (x v_scale) directly, else the partials for
+    the merge. `variant` (default: `default_variant`) must match the cache's dtype and block
+    size. `counters` (int32, >= B x kv_heads, zero between calls: `split_k.counters`): the
+    last split of each (sequence, KV head) merges the partials into `out` itself (at most
+    MAX_MERGE_SPLITS splits); None leaves the partials. `launch_early` False launches without
+    the PDL attribute even where PDL is on (the kernel still lets its successor launch early).
+    The stream is the current one when the launch is prepared. Raises InternalError on a
+    variant that does not match the cache, too many splits for the in-kernel merge, or
+    tensors whose alignment the kernel's loads cannot take.
 
     Hazard (early loads, PDL): the kernel may start before the kernels ahead of it in the
     stream have finished, and it reads seq_lens, the block tables and the KV of every token but
     each sequence's last before waiting for them. So no PDL-launched kernel of the same step
     may write those: in the engine they are host copies made before the step, and the step's
     K/V store (the q/k rotation kernel through a `KVSink`, or store_kv) writes only the new
-    token (the last one)."""
-    if not layout_supported(q, k_cache, v_cache, out):
-        raise InternalError("the tensors' alignment or strides do not suit the kernel")
-    batch, num_kv_heads = q.shape[0], k_cache.shape[2]
-    fp8 = k_cache.dtype == torch.float8_e4m3fn
-    variant = variant or default_variant(fp8, k_cache.shape[1])
-    if (variant.fp8, variant.page) != (fp8, k_cache.shape[1]):
-        raise InternalError(f"{variant} does not match the cache ({k_cache.dtype}, blocks of "
-                            f"{k_cache.shape[1]})")  # fmt: skip
-    if counters is not None and num_splits > MAX_MERGE_SPLITS:
-        raise InternalError(f"the in-kernel merge takes at most {MAX_MERGE_SPLITS} splits")
-    index = device_index(q)
-    kernel = _kernel(variant, index)
-    _, cuda = _libraries()
-    params = _thread_args().fill(
-        q.data_ptr(),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        block_tables.data_ptr(),
-        seq_lens.data_ptr(),
-        mid_o.data_ptr(),
-        mid_lse.data_ptr(),
-        out.data_ptr(),
-        qk_scale,
-        v_scale,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        block_tables.stride(0),
-        group,
-        mid_o.shape[2],
-        counters.data_ptr() if counters is not None else 0,
-    )
-    use_pdl = launch_early and pdl.is_enabled()
-    inner, outer = (num_kv_heads, num_splits) if variant.heads_inner else (num_splits, num_kv_heads)
-    config = _LaunchConfig(
-        grid_x=inner,
-        grid_y=outer,
-        grid_z=batch,
-        block_x=THREADS,
-        block_y=1,
-        block_z=1,
-        shared_mem_bytes=0,
-        stream=ctypes.c_void_p(torch.cuda.current_stream(q.device).cuda_stream),
-        attrs=_PDL_ATTR_POINTER if use_pdl else None,
-        num_attrs=1 if use_pdl else 0,
-    )
-    # the function belongs to q's device's primary context, which must be current (switching
-    # devices only when another one is)
-    if torch.cuda.current_device() == index:
-        found = cuda.cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None)
-    else:
-        with torch.cuda.device(index):
-            found = cuda.cuLaunchKernelEx(ctypes.byref(config), kernel.function, params, None)
-    _check_driver(cuda, found, "cuLaunchKernelEx")
+    token (the last one). Layers may share mid_o and mid_lse: a layer's kernel writes them only
+    after its PDL wait, when every kernel ahead of it, the previous layer's merge included,
+    has finished."""
+
+    def __init__(
+        self,
+        k_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        mid_o: torch.Tensor,
+        mid_lse: torch.Tensor,
+        *,
+        batch: int,
+        num_splits: int,
+        group: int,
+        qk_scale: float,
+        v_scale: float,
+        variant: Variant | None = None,
+        counters: torch.Tensor | None = None,
+        launch_early: bool = True,
+    ) -> None:
+        fp8 = k_cache.dtype == torch.float8_e4m3fn
+        variant = variant or default_variant(fp8, k_cache.shape[1])
+        if (variant.fp8, variant.page) != (fp8, k_cache.shape[1]):
+            raise InternalError(f"{variant} does not match the cache ({k_cache.dtype}, blocks of "
+                                f"{k_cache.shape[1]})")  # fmt: skip
+        if counters is not None and num_splits > MAX_MERGE_SPLITS:
+            raise InternalError(f"the in-kernel merge takes at most {MAX_MERGE_SPLITS} splits")
+        elem = k_cache.element_size()
+        if any(st * elem % PIECE_BYTES for st in k_cache.stride()[:2]):
+            raise InternalError("the cache's block and token strides do not suit the kernel")
+        self.cache_shape = k_cache.shape
+        self.cache_stride = k_cache.stride()
+        self.cache_dtype = k_cache.dtype
+        self.batch = batch
+        self.device_index = device_index(k_cache)
+        self.function = _kernel(variant, self.device_index).function
+        self.driver = _libraries()[1]
+        self.args = LaunchArgs()  # its own: the values below stay set between layers
+        self.args.fill(
+            0, 0, 0,  # q, k_cache, v_cache: per layer
+            block_tables.data_ptr(),
+            seq_lens.data_ptr(),
+            mid_o.data_ptr(),
+            mid_lse.data_ptr(),
+            0,  # out: per layer
+            qk_scale,
+            v_scale,
+            0, 0, 0, 0,  # q and out strides: per layer
+            k_cache.stride(0),
+            k_cache.stride(1),
+            block_tables.stride(0),
+            group,
+            mid_o.shape[2],
+            counters.data_ptr() if counters is not None else 0,
+        )  # fmt: skip
+        use_pdl = launch_early and pdl.is_enabled()
+        num_kv_heads = k_cache.shape[2]
+        inner, outer = (
+            (num_kv_heads, num_splits) if variant.heads_inner else (num_splits, num_kv_heads)
+        )
+        stream = torch.cuda.current_stream(k_cache.device).cuda_stream
+        self.config = _LaunchConfig(
+            grid_x=inner,
+            grid_y=outer,
+            grid_z=batch,
+            block_x=THREADS,
+            block_y=1,
+            block_z=1,
+            shared_mem_bytes=0,
+            stream=ctypes.c_void_p(stream),
+            attrs=_PDL_ATTR_POINTER if use_pdl else None,
+            num_attrs=1 if use_pdl else 0,
+        )
+        self.config_ref = ctypes.byref(self.config)
+
+    def accepts(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
+    ) -> bool:
+        """Whether a call can launch over these tensors: caches of the prepared geometry,
+        q of the prepared batch, and addresses and strides the kernel's loads can take (as
+        `layout_supported`; the cache strides were checked with the geometry)."""
+        for cache in (k_cache, v_cache):
+            if (
+                cache.shape != self.cache_shape
+                or cache.stride() != self.cache_stride
+                or cache.dtype != self.cache_dtype
+            ):
+                return False
+        return not (
+            q.shape[0] != self.batch
+            or (k_cache.data_ptr() | v_cache.data_ptr()) % PIECE_BYTES
+            or q.data_ptr() % 4
+            or q.stride(0) % 2
+            or q.stride(1) % 2
+            or q.stride(2) != 1
+            or out.stride(2) != 1
+        )
+
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
+    ) -> None:
+        """Launch over one layer: q [B, H, 128] and out [B, H, 128] (views contiguous in
+        head_dim), that layer's caches. Raises InternalError where `accepts` is False."""
+        if not self.accepts(q, k_cache, v_cache, out):
+            raise InternalError(
+                "the tensors' geometry, alignment or strides do not suit the kernel"
+            )
+        values = self.args.values
+        values[0].value = q.data_ptr()
+        values[1].value = k_cache.data_ptr()
+        values[2].value = v_cache.data_ptr()
+        values[7].value = out.data_ptr()
+        values[10].value = q.stride(0)
+        values[11].value = q.stride(1)
+        values[12].value = out.stride(0)
+        values[13].value = out.stride(1)
+        # the function belongs to the device's primary context, which must be current
+        # (switching devices only when another one is)
+        if torch.cuda.current_device() == self.device_index:
+            found = self.driver.cuLaunchKernelEx(
+                self.config_ref, self.function, self.args.params, None
+            )
+        else:
+            with torch.cuda.device(self.device_index):
+                found = self.driver.cuLaunchKernelEx(
+                    self.config_ref, self.function, self.args.params, None
+                )
+        _check_driver(self.driver, found, "cuLaunchKernelEx")

@@ -895,79 +895,185 @@ def paged_decode_attention(
     captured in a CUDA graph and replayed for any lengths within the block table.
     `kernel` overrides the launch configuration (default: `default_decode_config`). `out`: the
     [B, heads, D] tensor (a view contiguous in head_dim) to write and return instead of a new
-    one.
+    one. A `DecodeLaunch` made and run once; a caller that runs the same decode over many
+    layers' caches makes one and calls it per layer.
     """
-    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
-    group = _check_query(q, num_kv_heads, head_dim, k_cache)
-    _check_int32("block_tables", block_tables, 2)
-    _check_int32("seq_lens", seq_lens, 1)
-    batch = q.shape[0]
-    if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
-        raise InternalError(f"block_tables and seq_lens must have {batch} rows")
-    _check_out(out, q)
-    if not _use_triton(impl, q):
-        ref = ref_paged_decode_attention(
-            q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=k_scale, v_scale=v_scale
+    launch = DecodeLaunch(
+        q, k_cache, v_cache, block_tables, seq_lens, scale,
+        num_splits=num_splits, max_seq_len=max_seq_len, k_scale=k_scale, v_scale=v_scale,
+        impl=impl, kernel=kernel,
+    )  # fmt: skip
+    return launch(q, k_cache, v_cache, out)
+
+
+@dataclass(frozen=True)
+class CacheGeometry:
+    """What every layer's caches share in a prepared launch, K and V alike: shape, strides,
+    dtype and device (the engine's pool gives every layer the same)."""
+
+    shape: torch.Size
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, cache: torch.Tensor) -> CacheGeometry:
+        return cls(cache.shape, cache.stride(), cache.dtype, cache.device)
+
+    def check(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Raises InternalError when either cache has another shape, strides, dtype or
+        device, or q is on another device."""
+        for cache in (k_cache, v_cache):
+            if (
+                cache.shape != self.shape
+                or cache.stride() != self.stride
+                or cache.dtype != self.dtype
+                or cache.device != self.device
+            ):
+                raise InternalError(
+                    f"a layer's cache is {tuple(cache.shape)} {cache.stride()} {cache.dtype} on "
+                    f"{cache.device}, not the prepared {tuple(self.shape)} {self.stride} "
+                    f"{self.dtype} on {self.device}"
+                )
+        if q.device != self.device:
+            raise InternalError(f"q is on {q.device} but the KV cache is on {self.device}")
+
+
+class DecodeLaunch:
+    """`paged_decode_attention` resolved once for one step's metadata and run per layer.
+
+    The constructor takes the arguments of `paged_decode_attention` with q and the caches of
+    any one layer, validates them and resolves everything that is the same for every layer:
+    the kernel (CUDA or Triton) and its configuration, the split count, the merge mode and
+    its counters, the partial buffers (shared by the layers: see
+    `cuda_decode.PreparedLaunch`), the grid. A call then launches over one layer's caches.
+    Launched eagerly between the piecewise graph's pieces, doing that per layer cost a prefill
+    step ~15 % of the worker's time at 100 live sessions (py-spy, docs/benchmarks.md session
+    16). Raises as `paged_decode_attention`.
+    """
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        *,
+        num_splits: int | None = None,
+        max_seq_len: int | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        impl: Impl = "auto",
+        kernel: DecodeKernelConfig | None = None,
+    ) -> None:
+        block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
+        group = _check_query(q, num_kv_heads, head_dim, k_cache)
+        _check_int32("block_tables", block_tables, 2)
+        _check_int32("seq_lens", seq_lens, 1)
+        batch = q.shape[0]
+        if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
+            raise InternalError(f"block_tables and seq_lens must have {batch} rows")
+        self.geometry = CacheGeometry.of(k_cache)
+        self.q_shape, self.q_dtype = q.shape, q.dtype
+        self.block_tables, self.seq_lens = block_tables, seq_lens
+        self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
+        self.triton = _use_triton(impl, q)
+        self.cuda: cuda_decode.PreparedLaunch | None = None
+        if not self.triton:
+            return
+        variant = cuda_variant(q.dtype, k_cache, group, kernel)
+        if variant is not None and not cuda_decode.layout_supported(q, k_cache, v_cache, q):
+            variant = None
+        if num_splits is None:
+            if max_seq_len is None:
+                max_seq_len = block_tables.shape[1] * block_size
+            num_sms = H200_NUM_SMS
+            if q.is_cuda:
+                num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            per_sm = _programs_per_sm(variant, q)
+            num_splits = choose_num_splits(
+                max(batch, 1), max_seq_len, num_kv_heads, num_sms, programs_per_sm=per_sm
+            )
+        if num_splits < 1:
+            raise ConfigError(f"num_splits must be >= 1, got {num_splits}")
+        cfg = kernel or default_decode_config(k_cache.element_size() == 1)
+        self.cfg = cfg
+        self.fp16_dot = _fp16_dots(q, k_cache)
+        if self.fp16_dot and cfg.fp8_qk and head_dim < 32:
+            raise ConfigError(
+                f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}"
+            )
+        self.num_splits, self.group = num_splits, group
+        if batch == 0:
+            return
+        tiles = batch * num_kv_heads
+        self.merge, self.counters = _choose_merge(
+            cfg, variant is not None, num_splits, q.device, tiles
         )
-        return ref if out is None else out.copy_(ref)
-    variant = cuda_variant(q.dtype, k_cache, group, kernel)
-    out = torch.empty_like(q) if out is None else out
-    if variant is not None and not cuda_decode.layout_supported(q, k_cache, v_cache, out):
-        variant = None
-    if num_splits is None:
-        if max_seq_len is None:
-            max_seq_len = block_tables.shape[1] * block_size
-        num_sms = H200_NUM_SMS
-        if q.is_cuda:
-            num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-        per_sm = _programs_per_sm(variant, q)
-        num_splits = choose_num_splits(
-            max(batch, 1), max_seq_len, num_kv_heads, num_sms, programs_per_sm=per_sm
+        f32 = {"device": q.device, "dtype": torch.float32}
+        splits_pow2 = next_pow2(num_splits)
+        num_heads = q.shape[1]
+        self.mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
+        self.mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: unread
+        self.early = batch <= cfg.pdl_max_rows  # DECODE_PDL_MAX_ROWS
+        self.qk_scale = scale * LOG2E * k_scale
+        if variant is not None:
+            self.cuda = cuda_decode.PreparedLaunch(
+                k_cache, block_tables, seq_lens, self.mid_o, self.mid_lse,
+                batch=batch, num_splits=num_splits, group=group, qk_scale=self.qk_scale,
+                v_scale=v_scale, variant=variant, counters=self.counters, launch_early=self.early,
+            )  # fmt: skip
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Decode attention of q [B, heads, D] (the prepared shape and dtype) over one layer's
+        caches (the prepared geometry), into `out` (as in `paged_decode_attention`) or a new
+        tensor; returns it. Raises InternalError on another shape, dtype or geometry."""
+        if q.shape != self.q_shape or q.dtype != self.q_dtype or q.stride(2) != 1:
+            raise InternalError(f"q must be {tuple(self.q_shape)} {self.q_dtype}, contiguous "
+                                f"in head_dim, got {tuple(q.shape)} {q.dtype}")  # fmt: skip
+        self.geometry.check(q, k_cache, v_cache)
+        _check_out(out, q)
+        if not self.triton:
+            ref = ref_paged_decode_attention(
+                q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale,
+                k_scale=self.k_scale, v_scale=self.v_scale,
+            )  # fmt: skip
+            return ref if out is None else out.copy_(ref)
+        out = torch.empty_like(q) if out is None else out
+        if q.shape[0] == 0:
+            return out
+        if self.cuda is not None and self.cuda.accepts(q, k_cache, v_cache, out):
+            self.cuda(q, k_cache, v_cache, out)
+        else:  # the Triton kernel takes any layout (a view the CUDA kernel's loads cannot)
+            _launch_triton_split(
+                q, k_cache, v_cache, self.block_tables, self.seq_lens, self.mid_o,
+                self.mid_lse, out, self.cfg, self.merge, self.counters, self.num_splits,
+                self.group, self.qk_scale, self.v_scale, self.fp16_dot, self.early,
+            )  # fmt: skip
+        if self.merge != MERGE_SEPARATE:
+            return out
+        _decode_merge_kernel[(q.shape[0], q.shape[1])](
+            self.mid_o,
+            self.mid_lse,
+            out,
+            self.v_scale,
+            self.num_splits,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=q.shape[2],
+            MID_SPLITS=self.mid_o.shape[2],
+            num_warps=4,
+            **_pdl_options(q, _decode_merge_kernel, self.early),
         )
-    if num_splits < 1:
-        raise ConfigError(f"num_splits must be >= 1, got {num_splits}")
-    if batch == 0:
         return out
-    num_heads = q.shape[1]
-    fp8 = k_cache.element_size() == 1
-    cfg = kernel or default_decode_config(fp8)
-    fp16_dot = _fp16_dots(q, k_cache)
-    if fp16_dot and cfg.fp8_qk and head_dim < 32:
-        raise ConfigError(f"fp8_qk needs head_dim >= 32 (an e4m3 dot's reduction), not {head_dim}")
-    splits_pow2 = next_pow2(num_splits)
-    tiles = batch * num_kv_heads
-    merge, counters = _choose_merge(cfg, variant is not None, num_splits, q.device, tiles)
-    f32 = {"device": q.device, "dtype": torch.float32}
-    mid_o = torch.empty(batch, num_heads, splits_pow2, head_dim, **f32)
-    mid_lse = torch.empty(batch, num_heads, splits_pow2, **f32)  # past num_splits: never read
-    early = batch <= cfg.pdl_max_rows  # DECODE_PDL_MAX_ROWS
-    if variant is not None:
-        cuda_decode.launch(
-            q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out,
-            num_splits=num_splits, group=group, qk_scale=scale * LOG2E * k_scale, v_scale=v_scale,
-            variant=variant, counters=counters, launch_early=early,
-        )  # fmt: skip
-    else:
-        _launch_triton_split(
-            q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, cfg, merge,
-            counters, num_splits, group, scale * LOG2E * k_scale, v_scale, fp16_dot, early,
-        )  # fmt: skip
-    if merge != MERGE_SEPARATE:
-        return out
-    _decode_merge_kernel[(batch, num_heads)](
-        mid_o,
-        mid_lse,
-        out,
-        v_scale,
-        num_splits,
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=head_dim,
-        MID_SPLITS=splits_pow2,
-        num_warps=4,
-        **_pdl_options(q, _decode_merge_kernel, early),
-    )
-    return out
 
 
 def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> None:
@@ -1089,68 +1195,121 @@ def paged_extend_attention(
     `max_seqlen_q` (the longest q_len) sizes the grid; None reads it from cu_seqlens_q, which
     syncs with the host (pass it when capturing a CUDA graph). `out`: the [Nq, heads, D]
     tensor (a view contiguous in head_dim) to write and return instead of a new one. `kernel`
-    overrides the launch configuration (ExtendKernelConfig).
+    overrides the launch configuration (ExtendKernelConfig). An `ExtendLaunch` made and run
+    once; a caller that runs the same step over many layers' caches makes one and calls it
+    per layer.
     """
-    block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
-    group = _check_query(q, num_kv_heads, head_dim, k_cache)
-    _check_int32("block_tables", block_tables, 2)
-    _check_int32("cu_seqlens_q", cu_seqlens_q, 1)
-    _check_int32("seq_lens", seq_lens, 1)
-    num_seqs = seq_lens.shape[0]
-    if block_tables.shape[0] != num_seqs or cu_seqlens_q.shape[0] != num_seqs + 1:
-        raise InternalError(
-            f"block_tables must have {num_seqs} rows and cu_seqlens_q {num_seqs + 1} entries"
+    launch = ExtendLaunch(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
+        max_seqlen_q=max_seqlen_q, k_scale=k_scale, v_scale=v_scale, impl=impl, kernel=kernel,
+    )  # fmt: skip
+    return launch(q, k_cache, v_cache, out)
+
+
+class ExtendLaunch:
+    """`paged_extend_attention` resolved once for one step's metadata and run per layer: the
+    constructor takes its arguments with q and the caches of any one layer, validates them and
+    fixes the grid, tile size, warps and scales; a call launches the kernel over one layer's
+    caches (see `DecodeLaunch` for why). Raises as `paged_extend_attention`."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        scale: float,
+        *,
+        max_seqlen_q: int | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+        impl: Impl = "auto",
+        kernel: ExtendKernelConfig | None = None,
+    ) -> None:
+        block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
+        group = _check_query(q, num_kv_heads, head_dim, k_cache)
+        _check_int32("block_tables", block_tables, 2)
+        _check_int32("cu_seqlens_q", cu_seqlens_q, 1)
+        _check_int32("seq_lens", seq_lens, 1)
+        num_seqs = seq_lens.shape[0]
+        if block_tables.shape[0] != num_seqs or cu_seqlens_q.shape[0] != num_seqs + 1:
+            raise InternalError(
+                f"block_tables must have {num_seqs} rows and cu_seqlens_q {num_seqs + 1} entries"
+            )
+        self.geometry = CacheGeometry.of(k_cache)
+        self.q_shape, self.q_dtype = q.shape, q.dtype
+        self.block_tables, self.cu_seqlens_q, self.seq_lens = block_tables, cu_seqlens_q, seq_lens
+        self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
+        self.triton = _use_triton(impl, q)
+        self.empty = num_seqs == 0 or q.shape[0] == 0
+        if not self.triton or self.empty:
+            return
+        if max_seqlen_q is None:
+            max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+        group_pow2 = next_pow2(group)
+        num_sms = (
+            torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         )
-    _check_out(out, q)
-    if not _use_triton(impl, q):
-        ref = ref_paged_extend_attention(
+        cfg = kernel or DEFAULT_EXTEND_KERNEL
+        rows = cfg.rows or extend_tile_rows(num_seqs, num_kv_heads, max_seqlen_q, group, num_sms)
+        block_m = max(16, rows // group_pow2)
+        self.grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
+        self.qk_scale = scale * LOG2E * k_scale
+        self.cache_strides = (*k_cache.stride()[:3], *k_cache.stride()[:3])  # v: the geometry's
+        self.constexprs = {
+            "GROUP": group,
+            "GROUP_POW2": group_pow2,
+            "BLOCK_M": block_m,
+            "HEAD_DIM": head_dim,
+            "PAGE": block_size,
+            "BLOCK_N": cfg.block_n,
+            "FP16_DOT": _fp16_dots(q, k_cache),
+            "num_warps": cfg.num_warps if rows >= 128 else cfg.num_warps_small,
+            "num_stages": cfg.num_stages,
+        }
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Extend attention of q [Nq, heads, D] (the prepared shape and dtype) over one layer's
+        caches (the prepared geometry), into `out` (as in `paged_extend_attention`) or a new
+        tensor; returns it. Raises InternalError on another shape, dtype or geometry."""
+        if q.shape != self.q_shape or q.dtype != self.q_dtype or q.stride(2) != 1:
+            raise InternalError(f"q must be {tuple(self.q_shape)} {self.q_dtype}, contiguous "
+                                f"in head_dim, got {tuple(q.shape)} {q.dtype}")  # fmt: skip
+        self.geometry.check(q, k_cache, v_cache)
+        _check_out(out, q)
+        if not self.triton:
+            ref = ref_paged_extend_attention(
+                q, k_cache, v_cache, self.block_tables, self.cu_seqlens_q, self.seq_lens,
+                self.scale, k_scale=self.k_scale, v_scale=self.v_scale,
+            )  # fmt: skip
+            return ref if out is None else out.copy_(ref)
+        out = torch.empty_like(q) if out is None else out
+        if self.empty:
+            return out
+        _extend_kernel[self.grid](
             q,
             k_cache,
             v_cache,
-            block_tables,
-            cu_seqlens_q,
-            seq_lens,
-            scale,
-            k_scale=k_scale,
-            v_scale=v_scale,
+            self.block_tables,
+            self.cu_seqlens_q,
+            self.seq_lens,
+            out,
+            self.qk_scale,
+            self.v_scale,
+            q.stride(0),
+            q.stride(1),
+            out.stride(0),
+            out.stride(1),
+            *self.cache_strides,
+            self.block_tables.stride(0),
+            **self.constexprs,
         )
-        return ref if out is None else out.copy_(ref)
-    out = torch.empty_like(q) if out is None else out
-    if num_seqs == 0 or q.shape[0] == 0:
         return out
-    if max_seqlen_q is None:
-        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
-    group_pow2 = next_pow2(group)
-    num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-    cfg = kernel or DEFAULT_EXTEND_KERNEL
-    rows = cfg.rows or extend_tile_rows(num_seqs, num_kv_heads, max_seqlen_q, group, num_sms)
-    block_m = max(16, rows // group_pow2)
-    grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
-    _extend_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        cu_seqlens_q,
-        seq_lens,
-        out,
-        scale * LOG2E * k_scale,
-        v_scale,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        *k_cache.stride()[:3],
-        *v_cache.stride()[:3],
-        block_tables.stride(0),
-        GROUP=group,
-        GROUP_POW2=group_pow2,
-        BLOCK_M=block_m,
-        HEAD_DIM=head_dim,
-        PAGE=block_size,
-        BLOCK_N=cfg.block_n,
-        FP16_DOT=_fp16_dots(q, k_cache),
-        num_warps=cfg.num_warps if rows >= 128 else cfg.num_warps_small,
-        num_stages=cfg.num_stages,
-    )
-    return out

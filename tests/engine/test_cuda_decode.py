@@ -231,3 +231,56 @@ def test_launch_passes_every_argument_and_the_grid(
     strides = [q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1)]
     expected = [*pointers, 0.25, 1.5, *strides, tables.stride(0), 2, 8, counters.data_ptr()]
     assert seen["params"] == expected
+
+
+def test_prepared_launch_sets_only_the_layer_tensors_per_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One PreparedLaunch run for two layers: each launch carries that layer's q, caches and
+    out (addresses and q/out strides) and the step's fixed values; a cache of another geometry
+    or a misaligned query is refused (accepts False, the call raises)."""
+    launches: list[list[int | float | None]] = []
+
+    class FakeDriver:
+        def cuLaunchKernelEx(self, config_ref, function, params, extra) -> int:  # noqa: N802
+            launches.append(read_params(params))
+            return 0
+
+    monkeypatch.setattr(cuda_decode, "_libraries", lambda: (None, FakeDriver()))
+    monkeypatch.setattr(cuda_decode, "_kernel", lambda v, i: cuda_decode._Kernel(None, "fn"))
+    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77)
+    )
+    batch, heads, kv_heads, page = 2, 16, 8, 16
+    caches = [torch.zeros(6, page, kv_heads, 128, dtype=torch.bfloat16) for _ in range(4)]
+    tables = torch.zeros(batch, 3, dtype=torch.int32)
+    lens = torch.zeros(batch, dtype=torch.int32)
+    mid_o, mid_lse = torch.zeros(batch, heads, 4, 128), torch.zeros(batch, heads, 4)
+    prepared = cuda_decode.PreparedLaunch(
+        caches[0], tables, lens, mid_o, mid_lse, batch=batch, num_splits=4, group=2,
+        qk_scale=0.5, v_scale=1.0,
+    )  # fmt: skip
+    qs = [torch.zeros(batch, heads, 128, dtype=torch.bfloat16) for _ in range(2)]
+    wide = torch.zeros(batch, heads, 256, dtype=torch.bfloat16)[:, :, :128]  # other strides
+    outs = [torch.zeros_like(qs[0]), wide]
+    for layer in range(2):
+        q, k, v, out = qs[layer], caches[2 * layer], caches[2 * layer + 1], outs[layer]
+        prepared(q, k, v, out)
+        got = launches[-1]
+        assert got[:3] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+        assert got[3:7] == [t.data_ptr() for t in (tables, lens, mid_o, mid_lse)]
+        assert got[7] == out.data_ptr()
+        assert got[8:10] == [0.5, 1.0]
+        assert got[10:14] == [q.stride(0), q.stride(1), out.stride(0), out.stride(1)]
+        assert got[14:] == [caches[0].stride(0), caches[0].stride(1), 3, 2, 4, None]
+    other = torch.zeros(7, page, kv_heads, 128, dtype=torch.bfloat16)
+    assert not prepared.accepts(qs[0], other, caches[1], outs[0])
+    misaligned = torch.zeros(batch * heads * 128 + 1, dtype=torch.bfloat16)[1:].view(
+        batch, heads, 128
+    )
+    assert not prepared.accepts(misaligned, caches[0], caches[1], outs[0])
+    with pytest.raises(InternalError, match="do not suit"):
+        prepared(misaligned, caches[0], caches[1], outs[0])
+    assert len(launches) == 2

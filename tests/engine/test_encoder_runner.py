@@ -174,6 +174,29 @@ def test_padded_windows_are_built_from_the_real_samples_only() -> None:
     assert torch.equal(windows[2, :7], torch.from_numpy(short[:7]))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_padded_windows_through_the_reused_pinned_buffer_cuda() -> None:
+    """Three encodes through one PinnedSamples (the second grows it, the third reuses it while
+    the second's windows are still in use): each equals the CPU build of the same chunks."""
+    from livemeet.engine.encoder_runner import PinnedSamples, _padded_windows
+
+    rng = np.random.default_rng(6)
+    pinned = PinnedSamples()
+    batches = [
+        [rng.standard_normal(16_000).astype(np.float32)],
+        [
+            rng.standard_normal(480_000).astype(np.float32),
+            rng.standard_normal(9).astype(np.float32),
+        ],
+        [rng.standard_normal(300_000).astype(np.float32)],
+    ]
+    built = [_padded_windows(b, torch.device("cuda"), 4, pinned) for b in batches]
+    for chunks, got in zip(batches, built, strict=True):
+        want = _padded_windows(chunks, torch.device("cpu"), 4)
+        assert torch.equal(got.cpu(), want)
+
+
 def _spy_log_mel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record the window count of every log-mel call the runner makes."""
     import livemeet.engine.encoder_runner as er

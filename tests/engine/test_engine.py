@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
-from livemeet.engine.paged_backend import PagedAttentionBackend
+from livemeet.engine.paged_backend import StepAttention
 from livemeet.engine.request import RequestClass, Status
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
@@ -77,7 +77,7 @@ def test_mixed_batch_matches_reference(
     # staggered arrivals make mixed steps: their decode rows must take the decode kernel
     engine = _engine(our_model, chunk, num_blocks=None)
     runner = engine.runner
-    launch, metadata, mixed = runner.launch, runner._metadata, PagedAttentionBackend._mixed
+    launch, metadata, attend = runner.launch, runner._metadata, StepAttention.__call__
     batches: list[Any] = []
     marked: list[tuple[int, int]] = []  # (decode rows scheduled, decode rows marked) per step
     mixed_calls: list[int] = []
@@ -92,13 +92,14 @@ def test_mixed_batch_matches_reference(
             marked.append((len(batches[-1].decodes), meta.num_decode_seqs))
         return meta
 
-    def spy_mixed(self: PagedAttentionBackend, q: torch.Tensor, *args: Any) -> torch.Tensor:
-        mixed_calls.append(self.meta.num_decode_seqs)
-        return mixed(self, q, *args)
+    def spy_attend(self: StepAttention, q: torch.Tensor, *args: Any) -> torch.Tensor:
+        if self.extend is not None and self.decode is not None:  # a mixed step's layer
+            mixed_calls.append(q.shape[0] - self.num_prefill_rows)
+        return attend(self, q, *args)
 
     monkeypatch.setattr(runner, "launch", spy_launch)
     monkeypatch.setattr(runner, "_metadata", spy_metadata)
-    monkeypatch.setattr(PagedAttentionBackend, "_mixed", spy_mixed)
+    monkeypatch.setattr(StepAttention, "__call__", spy_attend)
     done = _run_staggered(engine, batch_clips)
     assert all(scheduled == got for scheduled, got in marked), marked
     assert any(scheduled for scheduled, _ in marked), "no step mixed chunks with decode rows"
@@ -233,13 +234,14 @@ def test_warm_up_runs_mixed_steps(our_model: MossTDModel, monkeypatch: pytest.Mo
     from livemeet.engine.model_runner import WARM_UP_MIXED, ModelRunner
 
     decode_rows: list[int] = []
-    real = PagedAttentionBackend._mixed
+    real = StepAttention.__call__
 
-    def spy(self: PagedAttentionBackend, q: torch.Tensor, *args: Any) -> torch.Tensor:
-        decode_rows.append(self.meta.num_decode_seqs)
+    def spy(self: StepAttention, q: torch.Tensor, *args: Any) -> torch.Tensor:
+        if self.extend is not None and self.decode is not None:  # a mixed step's layer
+            decode_rows.append(q.shape[0] - self.num_prefill_rows)
         return real(self, q, *args)
 
-    monkeypatch.setattr(PagedAttentionBackend, "_mixed", spy)
+    monkeypatch.setattr(StepAttention, "__call__", spy)
     runner = ModelRunner(our_model, our_model.cfg, block_size=16, num_kv_blocks=256)
     runner.warm_up()
     layers = our_model.cfg.text.layers

@@ -58,26 +58,32 @@ def _reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: StepMetad
     )
 
 
+def _spy_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...], int]]:
+    """Record each ExtendLaunch / DecodeLaunch the backend makes: (class, q shape, rows of
+    seq_lens)."""
+    made: list[tuple[str, tuple[int, ...], int]] = []
+    # seq_lens is the 6th argument of the extend launch, the 5th of the decode launch
+    for name, lens_arg in (("ExtendLaunch", 4), ("DecodeLaunch", 3)):
+        real = getattr(paged_backend, name)
+
+        def spy(q: torch.Tensor, *args, _real=real, _name=name, _i=lens_arg, **kwargs):  # type: ignore[no-untyped-def]
+            made.append((_name, tuple(q.shape), args[_i].shape[0]))
+            return _real(q, *args, **kwargs)
+
+        monkeypatch.setattr(paged_backend, name, spy)
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    return made
+
+
 def test_mixed_step_sends_decode_rows_to_the_decode_kernel(monkeypatch: pytest.MonkeyPatch):
     torch.manual_seed(3)
     # two prefill chunks (one after a prefix), then three decode rows with long contexts
     q, kc, vc, meta = _step([(0, 7), (40, 9), (90, 1), (33, 1), (200, 1)], 3, "cpu", torch.float32)
-    calls: list[tuple[str, tuple[int, ...], int]] = []
-    # seq_lens is the 6th argument of the extend kernel, the 5th of the decode kernel
-    for name, lens_arg in (("paged_extend_attention", 4), ("paged_decode_attention", 3)):
-        real = getattr(paged_backend, name)
-
-        def spy(q: torch.Tensor, *args, _real=real, _name=name, _i=lens_arg, **kwargs):  # type: ignore[no-untyped-def]
-            calls.append((_name, tuple(q.shape), args[_i].shape[0]))
-            return _real(q, *args, **kwargs)
-
-        monkeypatch.setattr(paged_backend, name, spy)
-    backend = PagedAttentionBackend([kc], [vc], meta)
-    monkeypatch.setattr(paged_backend, "_fused_store", True)
-    out = backend.attend(0, q, None, None, HEAD_DIM**-0.5)
-    assert calls == [
-        ("paged_extend_attention", (16, HEADS, HEAD_DIM), 2),
-        ("paged_decode_attention", (3, HEADS, HEAD_DIM), 3),
+    made = _spy_launches(monkeypatch)
+    out = PagedAttentionBackend([kc], [vc], meta).attend(0, q, None, None, HEAD_DIM**-0.5)
+    assert made == [
+        ("ExtendLaunch", (16, HEADS, HEAD_DIM), 2),
+        ("DecodeLaunch", (3, HEADS, HEAD_DIM), 3),
     ]
     torch.testing.assert_close(out, _reference(q, kc, vc, meta), atol=1e-6, rtol=0)
 
@@ -86,10 +92,88 @@ def test_step_without_decode_rows_runs_the_extend_kernel_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     q, kc, vc, meta = _step([(0, 7), (90, 1)], 0, "cpu", torch.float32)
-    monkeypatch.setattr(paged_backend, "paged_decode_attention", None)  # must not be called
-    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    made = _spy_launches(monkeypatch)
     out = PagedAttentionBackend([kc], [vc], meta).attend(0, q, None, None, HEAD_DIM**-0.5)
+    assert [m[0] for m in made] == ["ExtendLaunch"]
     torch.testing.assert_close(out, _reference(q, kc, vc, meta), atol=1e-6, rtol=0)
+
+
+def _layers(kc: torch.Tensor, vc: torch.Tensor, n: int) -> tuple[list[torch.Tensor], ...]:
+    """n layers' caches of kc's geometry with other contents (layer 0 is kc, vc)."""
+    ks, vs = [kc], [vc]
+    for i in range(1, n):
+        ks.append(torch.randn_like(kc) * (i + 1))
+        vs.append(torch.randn_like(vc) - i)
+    return ks, vs
+
+
+@pytest.mark.parametrize("num_decode", [0, 2])
+def test_launches_are_resolved_once_per_step_and_run_per_layer(
+    monkeypatch: pytest.MonkeyPatch, num_decode: int
+) -> None:
+    """Every layer attends over its own caches through the step's one set of launches, into
+    the `out` it passes (the piecewise runner's static buffer), and equals its reference."""
+    torch.manual_seed(5)
+    q, kc, vc, meta = _step([(0, 7), (40, 9), (90, 1), (33, 1)], num_decode, "cpu", torch.float32)
+    ks, vs = _layers(kc, vc, 3)
+    made = _spy_launches(monkeypatch)
+    backend = PagedAttentionBackend(ks, vs, meta)
+    out = torch.full_like(q, float("nan"))
+    for layer in (0, 1, 2, 1):
+        got = backend.attend(layer, q, None, None, HEAD_DIM**-0.5, out)
+        assert got.data_ptr() == out.data_ptr()
+        want = _reference(q, ks[layer], vs[layer], meta)
+        torch.testing.assert_close(out, want, atol=1e-6, rtol=0)
+    assert len(made) == (2 if num_decode else 1)
+
+
+def test_a_layer_of_another_geometry_or_scale_is_refused(monkeypatch: pytest.MonkeyPatch):
+    q, kc, vc, meta = _step([(0, 7), (90, 1)], 1, "cpu", torch.float32)
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    other = torch.zeros(kc.shape[0] + 1, *kc.shape[1:])
+    backend = PagedAttentionBackend([kc, other, kc], [vc, other, vc.double()], meta)
+    backend.attend(0, q, None, None, HEAD_DIM**-0.5)
+    with pytest.raises(InternalError, match="prepared"):
+        backend.attend(1, q, None, None, HEAD_DIM**-0.5)
+    with pytest.raises(InternalError, match="prepared"):
+        backend.attend(2, q, None, None, HEAD_DIM**-0.5)
+    with pytest.raises(InternalError, match="scale"):
+        backend.attend(0, q, None, None, 0.5)
+
+
+def test_launch_refuses_a_query_of_another_shape() -> None:
+    q, kc, vc, meta = _step([(0, 7), (90, 1)], 0, "cpu", torch.float32)
+    launch = pa.ExtendLaunch(
+        q, kc, vc, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, HEAD_DIM**-0.5
+    )
+    with pytest.raises(InternalError, match="q must be"):
+        launch(q[:-1], kc, vc)
+    decode = pa.DecodeLaunch(q[:2], kc, vc, meta.block_tables, meta.seq_lens, HEAD_DIM**-0.5)
+    with pytest.raises(InternalError, match="q must be"):
+        decode(q[:2].double(), kc, vc)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
+def test_one_decode_launch_over_many_layers_interpreted(merge_in_kernel: bool) -> None:
+    """The Triton kernels through one DecodeLaunch / ExtendLaunch per step: the partial
+    buffers and counters the layers share carry nothing from one layer to the next."""
+    torch.manual_seed(7)
+    q, kc, vc, meta = _step([(30, 1), (70, 1), (5, 1)], 0, "cpu", torch.float32)
+    ks, vs = _layers(kc, vc, 2)
+    cfg = pa.DecodeKernelConfig(merge_in_kernel=merge_in_kernel, backend="triton")
+    decode = pa.DecodeLaunch(
+        q, kc, vc, meta.block_tables, meta.seq_lens, HEAD_DIM**-0.5, num_splits=4,
+        impl="triton", kernel=cfg,
+    )  # fmt: skip
+    extend = pa.ExtendLaunch(
+        q, kc, vc, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, HEAD_DIM**-0.5,
+        impl="triton",
+    )  # fmt: skip
+    for layer in (0, 1, 0):
+        want = _reference(q, ks[layer], vs[layer], meta)
+        torch.testing.assert_close(decode(q, ks[layer], vs[layer]), want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(extend(q, ks[layer], vs[layer]), want, atol=1e-5, rtol=0)
 
 
 def test_mixed_step_that_is_only_decode_rows_is_refused(monkeypatch: pytest.MonkeyPatch):
@@ -185,9 +269,16 @@ def test_mixed_step_cuda(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     q = torch.randn(sum(q_lens), 16, 128, device="cuda", dtype=torch.bfloat16)
     monkeypatch.setattr(paged_backend, "_fused_store", True)
-    out = PagedAttentionBackend([kc], [vc], meta, kv_scale=scale_kv).attend(0, q, None, None, 0.088)
-    ref = pa.ref_paged_extend_attention(
-        q.float(), kc, vc, tables, cu, meta.seq_lens, 0.088, k_scale=scale_kv, v_scale=scale_kv
-    )
-    assert out.dtype == torch.bfloat16 and not out.isnan().any()
-    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    # a second layer: the same geometry, other values (NaN stays NaN in the unused slots)
+    ks = [kc, (kc.float() * -0.5).to(kc.dtype)]
+    vs = [vc, (vc.float() * 2.0).to(vc.dtype)]
+    backend = PagedAttentionBackend(ks, vs, meta, kv_scale=scale_kv)
+    out = torch.empty_like(q)
+    for layer in (0, 1, 0):  # one set of launches for the step, the partials shared
+        backend.attend(layer, q, None, None, 0.088, out)
+        ref = pa.ref_paged_extend_attention(
+            q.float(), ks[layer], vs[layer], tables, cu, meta.seq_lens, 0.088,
+            k_scale=scale_kv, v_scale=scale_kv,
+        )  # fmt: skip
+        assert out.dtype == torch.bfloat16 and not out.isnan().any()
+        torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
