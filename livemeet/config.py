@@ -15,6 +15,7 @@ from livemeet.audio.constants import (
     FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
     KV_CACHE_DTYPES,
+    LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
@@ -24,6 +25,7 @@ from livemeet.audio.constants import (
     UPLOAD_STEP_BUDGET_S,
 )
 from livemeet.errors import ConfigError
+from livemeet.session.forced_budget import ForcedBudget
 
 MAX_MEM_FRACTION = 0.95  # leaves >= 7 GB of an H200 for CUDA graphs, the encoder, activations
 MAX_UPLOAD_BATCH_WAIT_MS = 1000.0  # ms; holding an upload longer only adds latency
@@ -85,6 +87,9 @@ class ModelConfig:
     # tokens of committed transcript a live hop prefills as forced assistant tokens before it
     # decodes the new tail (DESIGN 5.3); 0: every hop re-decodes the whole meeting
     live_forced_transcript_tokens: int = LIVE_FORCED_TRANSCRIPT_TOKENS
+    # the floor that budget halves towards after hops slower than half a hop interval
+    # (livemeet/session/forced_budget.py); >= live_forced_transcript_tokens: a fixed budget
+    live_forced_transcript_min_tokens: int = LIVE_FORCED_TRANSCRIPT_MIN_TOKENS
 
     @property
     def backend_name(self) -> str:
@@ -134,6 +139,12 @@ class ModelConfig:
                 f"live_forced_transcript_tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
                 f"not {self.live_forced_transcript_tokens}"
             )
+        if not 0 <= self.live_forced_transcript_min_tokens <= MAX_CONTEXT_TOKENS:
+            raise ConfigError(
+                f"live_forced_transcript_min_tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
+                f"not {self.live_forced_transcript_min_tokens}"
+            )
+        ForcedBudget(self.live_forced_transcript_tokens, self.live_forced_transcript_min_tokens)
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
         if self.forced_output is not None and not Path(self.forced_output).is_file():

@@ -104,6 +104,7 @@ class EngineCounters:
     encoded_windows: int = 0  # 30-s windows the encoder computed (cache hits excluded)
     live_hops: int = 0  # live decodes finished
     live_hop_s: float = 0.0  # s; their summed time from submission to end
+    live_forced_tokens: int = 0  # forced-transcript tokens of the hops submitted, summed
     audio_commands: int = 0  # audio appends the worker applied with a send time
     audio_lag_s: float = 0.0  # s; their summed wait from the gateway's queue to the worker
     audio_lag_max_s: float = 0.0  # s; the longest such wait since the worker started (a gauge)
@@ -119,6 +120,7 @@ class EngineCounters:
             encoded_windows=self.encoded_windows - before.encoded_windows,
             live_hops=self.live_hops - before.live_hops,
             live_hop_s=self.live_hop_s - before.live_hop_s,
+            live_forced_tokens=self.live_forced_tokens - before.live_forced_tokens,
             audio_commands=self.audio_commands - before.audio_commands,
             audio_lag_s=self.audio_lag_s - before.audio_lag_s,
             audio_lag_max_s=self.audio_lag_max_s,  # not a counter: since the worker started
@@ -140,6 +142,8 @@ class EngineCounters:
         if self.live_hops:
             record["live_hops"] = self.live_hops
             record["live_hop_mean_s"] = self.live_hop_s / self.live_hops
+            # per hop finished: a hop submitted but not finished counts in the sum only
+            record["live_forced_mean_tokens"] = self.live_forced_tokens / self.live_hops
         if self.audio_commands:  # servers before session 16 do not time them
             record["audio_commands"] = self.audio_commands
             record["audio_lag_mean_s"] = self.audio_lag_s / self.audio_commands
@@ -173,6 +177,8 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 values["hops"] = int(sample.value)
             elif sample.name == "livemeet_live_hop_seconds_total":
                 hop_s = sample.value
+            elif sample.name == "livemeet_live_forced_tokens_total":
+                values["forced"] = int(sample.value)
             elif sample.name == "livemeet_engine_audio_commands_total":
                 values["audio_commands"] = int(sample.value)
             elif sample.name == "livemeet_engine_audio_command_lag_seconds_total":
@@ -191,6 +197,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         encoded_windows=values.get("windows", 0),
         live_hops=values.get("hops", 0),
         live_hop_s=hop_s,
+        live_forced_tokens=values.get("forced", 0),
         audio_commands=values.get("audio_commands", 0),
         audio_lag_s=lag_s,
         audio_lag_max_s=lag_max_s,
@@ -242,7 +249,7 @@ def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -
     delta = after.minus(before)
     counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens, delta.slow_steps]
     counts += [delta.decode_graph_fallbacks, *delta.step_s.values()]
-    counts += [delta.encoded_windows, delta.live_hops, delta.live_hop_s]
+    counts += [delta.encoded_windows, delta.live_hops, delta.live_hop_s, delta.live_forced_tokens]
     counts += [delta.audio_commands, delta.audio_lag_s]
     if min(counts) < 0:
         return {}

@@ -88,6 +88,17 @@ LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode pro
 # only the new tail (DESIGN 5.3: the whole committed transcript up to 2,048 tokens, then its most
 # recent 2,048); 0 re-decodes the whole meeting every hop (MODEL.md section 10)
 LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
+# tokens a hop still forces when the GPU is behind (livemeet/session/forced_budget.py): the
+# floor of the budget that halves after slow hops. 512 is the cap measured at 100 live
+# sessions on an H200 (docs/benchmarks.md, session 17); >= the cap turns adaptation off
+LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 512
+# a hop slower than this fraction of the hop interval halves its session's budget, one faster
+# than the next fraction grows it by the step (additive increase, multiplicative decrease).
+# 0.5: partial latency is about the wait for the next hop (up to one interval) plus the hop
+# itself, so hops of half an interval keep it near DESIGN's 1.5 s at the default 1-s hop
+LIVE_FORCED_BUDGET_SLOW_FRACTION = 0.5
+LIVE_FORCED_BUDGET_FAST_FRACTION = 0.25
+LIVE_FORCED_BUDGET_STEP_TOKENS = 256  # tokens the budget grows by after a fast hop
 LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
 
 # Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).

@@ -14,8 +14,11 @@ Live sessions prefill ALL audio so far every hop (MODEL.md section 10: the instr
 the audio, so generation restarts each hop), then the committed transcript as forced assistant
 tokens, and decode only the new tail (DESIGN 5.3: the most recent whole segments within
 `ModelConfig.live_forced_transcript_tokens`, 2,048 by default; our technique, not the
-reference's, unvalidated on real weights). With 0 tokens a hop re-decodes the whole meeting
-(cumulative re-decode, as SGLang-Omni does), whose decode grows ~330 tokens per meeting minute.
+reference's, unvalidated on real weights). Each session's budget adapts to load: it halves,
+down to `live_forced_transcript_min_tokens`, after a hop slower than half a hop interval and
+grows back after fast ones (livemeet/session/forced_budget.py). With 0 tokens a hop
+re-decodes the whole meeting (cumulative re-decode, as SGLang-Omni does), whose decode grows
+~330 tokens per meeting minute.
 A hop is a LIVE request with a deadline one hop ahead; it keeps its KV after finishing
 (`retain_kv`) and the next hop forks the stable prefix of it (header plus the span over audio
 whose embeddings were final and whose markers were placed, `stable_prefix_len`). While a hop is
@@ -55,6 +58,7 @@ from livemeet.errors import (
     ProtocolError,
 )
 from livemeet.models.prompt import stable_prefix_len
+from livemeet.session.forced_budget import ForcedBudget
 from livemeet.session.live import LiveOptions, LiveSession, Window
 from livemeet.transcriber import (
     BackendInfo,
@@ -223,6 +227,9 @@ class _Live:
     prefix_ids: list[int] = field(default_factory=list)
     prefix_segments: tuple[Segment, ...] = ()
     prefix_num_committed: int = 0
+    prefix_max_tokens: int = 0  # the budget the last prefix was built for
+    # tokens the next hop may force (ForcedBudget: the cap, halved after slow hops)
+    forced_budget_tokens: int = 0
     hop: _Hop | None = None
     retained: _Retained | None = None
     num_hops: int = 0
@@ -259,11 +266,14 @@ class _Live:
         healing; the parser skips text before a segment's `[`). A segment whose text holds
         special-token text would encode as that token (`<|...|>`, or any of `added_ids`,
         the tokenizer's added tokens, such as `</think>`): it and older ones stay out.
-        Rebuilt only when a segment commits (the committed list only grows), from each
+        Rebuilt only when a segment commits (the committed list only grows) or the budget
+        changes (`ForcedBudget`), from each
         segment's ids tokenized once (livemeet/transcript/pieces.py); `exact=False` (a
         tokenizer whose pieces do not join: `splits_after_digits`) tokenizes the joined text."""
         committed = self.live.committed
-        if max_tokens <= 0 or len(committed) == self.prefix_num_committed:
+        if max_tokens <= 0:
+            return []
+        if len(committed) == self.prefix_num_committed and max_tokens == self.prefix_max_tokens:
             return self.prefix_ids
         for seg in committed[len(self.segment_pieces) :]:
             piece = None
@@ -288,6 +298,7 @@ class _Live:
             first, ids = first + 1, []
         self.prefix_segments = committed[first:] if ids else ()
         self.prefix_ids, self.prefix_num_committed = ids, len(committed)
+        self.prefix_max_tokens = max_tokens
         return ids
 
     def full_window_keys(self, audio: np.ndarray) -> list[bytes]:
@@ -320,6 +331,11 @@ class MossCore:
         self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
         self.num_live_hops = 0  # live decodes finished, and their summed time (EngineStats)
         self.live_hop_s = 0.0
+        self.live_forced_tokens = 0  # forced-transcript tokens of the hops submitted, summed
+        # each live session's forced-transcript budget adapts to load (DESIGN 5.1, 5.3)
+        self.forced_budget = ForcedBudget(
+            config.live_forced_transcript_tokens, config.live_forced_transcript_min_tokens
+        )
         self._gateway_incoming_uploads = 0  # set_incoming_uploads: not yet sent to this core
 
     # -- BackendCore: lifecycle --------------------------------------------------------------
@@ -380,7 +396,9 @@ class MossCore:
                 live = LiveSession(LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()))
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
-            self._sessions[session_id] = _Live(options, live)
+            self._sessions[session_id] = _Live(
+                options, live, forced_budget_tokens=self.forced_budget.start()
+            )
         else:
             self._sessions[session_id] = _Upload(options)
             self._tell_incoming_uploads()
@@ -443,7 +461,10 @@ class MossCore:
         if self.engine is None:
             return None
         return replace(
-            self.engine.stats(), num_live_hops=self.num_live_hops, live_hop_s=self.live_hop_s
+            self.engine.stats(),
+            num_live_hops=self.num_live_hops,
+            live_hop_s=self.live_hop_s,
+            live_forced_tokens=self.live_forced_tokens,
         )
 
     def step(self) -> list[tuple[str, Event]]:
@@ -608,7 +629,7 @@ class MossCore:
             fork_from = prev.request_id
         prefix = sess.forced_transcript_ids(
             self._encode,
-            self.config.live_forced_transcript_tokens,
+            sess.forced_budget_tokens,
             self._pieces_join(),
             self._added_ids(),
         )
@@ -646,6 +667,7 @@ class MossCore:
         _log_request(request, audio.size)
         sess.num_reused_tokens += request.num_cached_tokens
         self.num_reused_tokens += request.num_cached_tokens
+        self.live_forced_tokens += len(prefix)
         forced = sess.prefix_segments if prefix else ()
         sess.hop = _Hop(
             rid,
@@ -667,7 +689,11 @@ class MossCore:
         assert hop is not None
         sess.hop = None
         self.num_live_hops += 1
-        self.live_hop_s += self._engine().clock() - hop.submitted_s
+        duration_s = self._engine().clock() - hop.submitted_s
+        self.live_hop_s += duration_s
+        sess.forced_budget_tokens = self.forced_budget.after_hop(
+            sess.forced_budget_tokens, duration_s, sess.options.hop_s
+        )
         hop.segments.extend(hop.stream.close())
         if hop.stream.looping:
             reason = FinishReason.REPETITION

@@ -155,6 +155,15 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "real weights; 0 re-decodes the whole meeting every hop; default %(default)d)",
     )
     p.add_argument(
+        "--live-forced-transcript-min-tokens",
+        type=int,
+        default=ModelConfig.live_forced_transcript_min_tokens,
+        help="the least a session's hops force while the GPU is behind: the budget halves "
+        "towards it after a hop slower than half a hop interval and grows back after fast "
+        "ones (a value >= --live-forced-transcript-tokens keeps the budget fixed; default "
+        "%(default)d)",
+    )
+    p.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
         default=prefill_graphs,
@@ -182,6 +191,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         upload_hold=UploadHold(args.upload_hold),
         upload_step_budget_ms=args.upload_step_budget_ms,
         live_forced_transcript_tokens=args.live_forced_transcript_tokens,
+        live_forced_transcript_min_tokens=args.live_forced_transcript_min_tokens,
     )
 
 

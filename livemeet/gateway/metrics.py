@@ -1,14 +1,14 @@
 """Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
 
-Engine counters (`livemeet_engine_*`, and the live hops' `livemeet_live_hops` and
-`livemeet_live_hop_seconds`; one gauge among them, the worker's longest audio-command wait
-`livemeet_engine_audio_command_lag_max_seconds`) come from the engine worker as cumulative
-`EngineStats` (livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it
-steps and exact when idle. `EngineStatsCollector` exports the latest totals as they are, as
-counters (the lag maximum as a gauge): the gateway never sees increments, so a custom
-collector rather than `Counter`s (which would need deltas). A restarted engine worker (a
-restarted server) starts again from zero, which Prometheus' `rate()`/`increase()` treat as a
-counter reset.
+Engine counters (`livemeet_engine_*`, and the live hops' `livemeet_live_hops`,
+`livemeet_live_hop_seconds` and `livemeet_live_forced_tokens`; one gauge among them, the
+worker's longest audio-command wait `livemeet_engine_audio_command_lag_max_seconds`) come
+from the engine worker as cumulative `EngineStats` (livemeet/engine/messages.py) at most
+ENGINE_STATS_INTERVAL_S stale while it steps and exact when idle. `EngineStatsCollector`
+exports the latest totals as they are, as counters (the lag maximum as a gauge): the gateway
+never sees increments, so a custom collector rather than `Counter`s (which would need deltas).
+A restarted engine worker (a restarted server) starts again from zero, which Prometheus'
+`rate()`/`increase()` treat as a counter reset.
 """
 
 from __future__ import annotations
@@ -91,6 +91,11 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "Seconds from a live hop's submission to its end, summed (divided by hops: the mean)",
         labels=[],
     )
+    forced_tokens = CounterMetricFamily(
+        "livemeet_live_forced_tokens",
+        "Committed-transcript tokens live hops prefilled as forced assistant tokens, summed",
+        labels=[],
+    )
     audio_commands = CounterMetricFamily(
         "livemeet_engine_audio_commands",
         "Audio appends the engine worker applied (with a send time)",
@@ -120,6 +125,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         windows.add_metric([], stats.num_encoded_windows)
         hops.add_metric([], stats.num_live_hops)
         hop_seconds.add_metric([], stats.live_hop_s)
+        forced_tokens.add_metric([], stats.live_forced_tokens)
         audio_commands.add_metric([], stats.num_audio_commands)
         audio_lag.add_metric([], stats.audio_command_lag_s)
         audio_lag_max.add_metric([], stats.audio_command_lag_max_s)
@@ -132,6 +138,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         windows,
         hops,
         hop_seconds,
+        forced_tokens,
         audio_commands,
         audio_lag,
         audio_lag_max,

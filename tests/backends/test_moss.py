@@ -561,6 +561,48 @@ def test_live_hops_prefill_the_committed_transcript_and_decode_only_the_tail(
     assert decoded[2_048] < 0.6 * decoded[0], decoded
 
 
+@pytest.mark.slow
+def test_slow_hops_shrink_the_forced_transcript_and_the_transcript_stays_whole(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """Under load (every hop "slow" here) each hop forces at most its session's budget, which
+    halves hop by hop to the floor (livemeet/session/forced_budget.py): hops then force only
+    the newest committed segments that fit, and the transcript is still every reference
+    segment once, in order. The hops' forced tokens are counted for /metrics."""
+    from livemeet.session.forced_budget import ForcedBudget
+
+    want = [(s.speaker, s.text, s.start_s, s.end_s) for s in parse_transcript(LIVE_REFERENCE)]
+    core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE)
+    # any hop is slow: the budget goes 80, 40, 20 and stays (a segment is ~16 ids: 20 holds one)
+    core.forced_budget = ForcedBudget(80, 20, slow_fraction=1e-9, fast_fraction=1e-9, step_tokens=1)
+    prefixes = record_prefixes(core)
+    budgets: list[int] = []
+    inner = core._submit_hop
+
+    def submit_hop(sid: str, sess: Any) -> None:
+        budgets.append(sess.forced_budget_tokens)
+        inner(sid, sess)
+
+    core._submit_hop = submit_hop  # type: ignore[method-assign]
+    events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert [(s.speaker, s.text, s.start_s, s.end_s) for s in final.segments] == want
+    assert budgets[:4] == [80, 40, 20, 20] and set(budgets[3:]) == {20}
+    lengths = [len(p) for p in prefixes.values()]
+    assert all(n <= b for n, b in zip(lengths, budgets, strict=True))
+    assert core.engine is not None
+    forced_segments = []
+    for prefix in prefixes.values():
+        text = core.engine.tokenizer.decode(prefix)
+        forced_segments.append(len(parse_transcript(text + "]" if prefix else "")))
+    assert max(forced_segments[3:]) == 1  # late hops: only the newest segment fits
+    assert max(forced_segments) >= 1
+    stats = core.stats()
+    assert stats is not None and stats.live_forced_tokens == sum(lengths) > 0
+    assert_pool_clean(core)
+
+
 def test_live_sessions_read_the_models_stamps_in_marker_time_unless_forced(
     our_model: MossTDModel, tmp_path: Path
 ) -> None:
@@ -689,7 +731,15 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     ids = sess.forced_transcript_ids(encode, 3 * one + 5)
     assert "".join(map(chr, ids)) == "".join(rendered[3:6])[:-1]
     assert len(calls) == n + 2 * 2  # the two new segments, two tokenizations each
-    assert sess.forced_transcript_ids(encode, one - 2) == ids  # unchanged set: kept as built
+    # a new budget (ForcedBudget adapts it to load) rebuilds from the pieces, tokenizing
+    # nothing: a smaller one keeps the newest segments that fit, a larger one more
+    assert (
+        "".join(map(chr, sess.forced_transcript_ids(encode, 2 * one)))
+        == "".join(rendered[4:6])[:-1]
+    )
+    assert sess.prefix_segments == tuple(committed[4:6])
+    assert sess.forced_transcript_ids(encode, 3 * one + 5) == ids
+    assert len(calls) == n + 2 * 2
     fresh = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
     fresh.live = fake  # type: ignore[assignment]
     assert fresh.forced_transcript_ids(encode, one - 2) == []  # no whole segment fits

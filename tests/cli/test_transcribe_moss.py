@@ -13,6 +13,7 @@ import pytest
 
 from livemeet.__main__ import main
 from livemeet.audio.constants import (
+    LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_STEP_BUDGET_S,
@@ -121,6 +122,11 @@ def test_serve_engine_sizing_flags() -> None:
         ["serve", "--model", "x", "--live-forced-transcript-tokens", "0"]
     )
     assert serve.config_from_args(args).model.live_forced_transcript_tokens == 0
+    assert config.live_forced_transcript_min_tokens == LIVE_FORCED_TRANSCRIPT_MIN_TOKENS == 512
+    args = build_parser().parse_args(
+        ["serve", "--model", "x", "--live-forced-transcript-min-tokens", "2048"]  # fixed
+    )
+    assert serve.config_from_args(args).model.live_forced_transcript_min_tokens == 2048
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-hold", "arrivals"])
     assert serve.config_from_args(args).model.upload_hold is UploadHold.ARRIVALS
     with pytest.raises(SystemExit):  # argparse: not one of the choices
@@ -138,6 +144,8 @@ def test_serve_engine_sizing_flags() -> None:
         ["--upload-batch-wait-ms", "5000"],  # holding an upload for seconds is never right
         ["--upload-step-budget-ms", "20"],  # below a live step's 50 ms
         ["--upload-step-budget-ms", "300"],  # three such steps would outlast a live hop
+        ["--live-forced-transcript-min-tokens", "-1"],
+        ["--live-forced-transcript-min-tokens", "100"],  # adaptive, but would hold no segment
         ["--live-forced-transcript-tokens", "-1"],
         ["--live-forced-transcript-tokens", "200000"],  # past the context
     ):

@@ -1,0 +1,94 @@
+"""How much committed transcript a live hop forces, adapted to load (DESIGN 5.1 and 5.3).
+
+A hop prefills the whole audio span and then the committed transcript as forced assistant
+tokens (at most `ModelConfig.live_forced_transcript_tokens`, 2,048 by default). The audio
+span's KV is reused, but the forced transcript follows it, so it is prefilled again by every
+hop: at 100 live sessions that is ~2,300 tokens per hop late in a meeting over contexts of
+~8-10k tokens, ~6 TFLOP, and 100 such hops a second would need ~650 TFLOP/s, more than an
+H200 sustains in prefill (docs/benchmarks.md, session 17: the engine held ~80k prefill tokens
+per second and partial latency grew with the meeting to 6.6 s p95 at 7.5 minutes).
+
+DESIGN 5.1 lets the hop grow when the GPU is behind; that alone keeps the work per hop and
+lets latency grow. `ForcedBudget` also shrinks what each hop forces: after a hop slower than
+`slow_fraction` of the hop interval the session's budget halves (down to `min_tokens`), after
+one faster than `fast_fraction` it grows by `step_tokens` (up to the cap), so the sessions
+together settle near what the GPU can prefill (additive increase, multiplicative decrease:
+they converge to a fair share, as TCP's congestion windows do). Fewer forced tokens keep the
+newest segments only; what the model loses is older context, an unvalidated trade until real
+weights are available (DESIGN section 9), made only under load.
+
+Plain Python: no clock, no I/O; the backend passes each hop's duration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from livemeet.audio.constants import (
+    LIVE_FORCED_BUDGET_FAST_FRACTION,
+    LIVE_FORCED_BUDGET_SLOW_FRACTION,
+    LIVE_FORCED_BUDGET_STEP_TOKENS,
+)
+from livemeet.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ForcedBudget:
+    """The per-session forced-transcript budget's rule (module docstring).
+
+    `max_tokens`: the cap (0: hops force nothing and re-decode the meeting); `min_tokens`:
+    the floor under load (>= max_tokens: a fixed budget, never adapted); `slow_fraction`,
+    `fast_fraction`: hop durations, as fractions of the hop interval, above which the budget
+    halves and below which it grows by `step_tokens`. Raises ConfigError on negative token
+    counts, a step < 1, an adaptive floor below the step, or fractions not in
+    0 < fast <= slow.
+    """
+
+    max_tokens: int
+    min_tokens: int
+    slow_fraction: float = LIVE_FORCED_BUDGET_SLOW_FRACTION
+    fast_fraction: float = LIVE_FORCED_BUDGET_FAST_FRACTION
+    step_tokens: int = LIVE_FORCED_BUDGET_STEP_TOKENS
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0 or self.min_tokens < 0:
+            raise ConfigError(
+                f"forced transcript tokens must be >= 0, not {self.max_tokens} / {self.min_tokens}"
+            )
+        if self.step_tokens < 1:
+            raise ConfigError(f"step_tokens must be >= 1, not {self.step_tokens}")
+        if self.adaptive and self.min_tokens < self.step_tokens:
+            # a budget that holds no whole segment forces nothing: the hop would re-decode
+            # the whole meeting, the most costly hop there is
+            raise ConfigError(
+                f"an adaptive budget's floor must be >= {self.step_tokens} tokens, not "
+                f"{self.min_tokens} (or >= the cap, {self.max_tokens}, for a fixed budget)"
+            )
+        if not 0.0 < self.fast_fraction <= self.slow_fraction:
+            raise ConfigError(
+                f"need 0 < fast_fraction <= slow_fraction, not {self.fast_fraction} / "
+                f"{self.slow_fraction}"
+            )
+
+    @property
+    def adaptive(self) -> bool:
+        return self.min_tokens < self.max_tokens
+
+    @property
+    def floor(self) -> int:
+        return min(self.min_tokens, self.max_tokens)
+
+    def start(self) -> int:
+        """A new session's budget: the cap (a meeting starts with little to force)."""
+        return self.max_tokens
+
+    def after_hop(self, budget: int, hop_duration_s: float, hop_s: float) -> int:
+        """The budget for the next hop, given this hop's `budget` (tokens), its duration
+        (submission to finish, s) and the session's hop interval (s)."""
+        if not self.adaptive:
+            return self.max_tokens
+        if hop_duration_s > self.slow_fraction * hop_s:
+            return max(self.floor, budget // 2)
+        if hop_duration_s < self.fast_fraction * hop_s:
+            return min(self.max_tokens, budget + self.step_tokens)
+        return min(max(budget, self.floor), self.max_tokens)
