@@ -142,6 +142,7 @@ class EngineCounters:
         if self.live_hops:
             record["live_hops"] = self.live_hops
             record["live_hop_mean_s"] = self.live_hop_s / self.live_hops
+        if self.live_hops and self.live_forced_tokens:  # servers before session 17: none
             # per hop finished: a hop submitted but not finished counts in the sum only
             record["live_forced_mean_tokens"] = self.live_forced_tokens / self.live_hops
         if self.audio_commands:  # servers before session 16 do not time them

@@ -23,6 +23,10 @@ AUDIO_TOKENS_PER_SECOND = SAMPLE_RATE / SAMPLES_PER_TOKEN  # 12.5 tokens/s
 # sessions x 10 minutes (DESIGN 10's live target), ~1.5 GB of bf16 embeddings at real size
 # (375 x 1,024 per window), ~2 % of those sessions' KV
 ENCODER_MAX_HELD_WINDOWS = 2_048
+# windows of samples a micro-batch may send through the encoder's reused pinned buffers
+# (livemeet/engine/encoder_runner.py, PinnedSamples): live hops' partial windows fit; larger
+# batches (long uploads) are pinned per batch. 8 windows: 15 MB per buffer, two buffers
+PINNED_SAMPLES_MAX_WINDOWS = 8
 # s between time markers: the shipped processor_config.json says 5 (the class default 2 is wrong)
 TIME_MARKER_EVERY_S = 5
 MEL_FLOOR_DB = 8.0  # log10 units below the window's maximum that the mel floor sits

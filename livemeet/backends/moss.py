@@ -42,7 +42,12 @@ from pathlib import Path
 
 import numpy as np
 
-from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES, num_audio_tokens
+from livemeet.audio.constants import (
+    LIVE_FORCED_TRANSCRIPT_TOKENS,
+    SAMPLE_RATE,
+    WINDOW_SAMPLES,
+    num_audio_tokens,
+)
 from livemeet.config import ModelConfig, parse_upload_hold
 from livemeet.engine.encoder_runner import full_window_keys
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
@@ -227,9 +232,10 @@ class _Live:
     prefix_ids: list[int] = field(default_factory=list)
     prefix_segments: tuple[Segment, ...] = ()
     prefix_num_committed: int = 0
-    prefix_max_tokens: int = 0  # the budget the last prefix was built for
-    # tokens the next hop may force (ForcedBudget: the cap, halved after slow hops)
-    forced_budget_tokens: int = 0
+    prefix_limits: tuple[int, int] = (0, 0)  # the (budget, cap) the last prefix was built for
+    # tokens the next hop may force (ForcedBudget: the cap, halved after slow hops; MossCore
+    # sets it from its config when it opens the session)
+    forced_budget_tokens: int = LIVE_FORCED_TRANSCRIPT_TOKENS
     hop: _Hop | None = None
     retained: _Retained | None = None
     num_hops: int = 0
@@ -257,6 +263,7 @@ class _Live:
         max_tokens: int,
         exact: bool = True,
         added_ids: Collection[int] = frozenset(),
+        cap: int | None = None,
     ) -> list[int]:
         """The committed transcript to prefill as forced assistant tokens (DESIGN 5.3): its
         most recent whole segments in the output grammar, at most `max_tokens` ids, less the
@@ -269,11 +276,17 @@ class _Live:
         Rebuilt only when a segment commits (the committed list only grows) or the budget
         changes (`ForcedBudget`), from each
         segment's ids tokenized once (livemeet/transcript/pieces.py); `exact=False` (a
-        tokenizer whose pieces do not join: `splits_after_digits`) tokenizes the joined text."""
+        tokenizer whose pieces do not join: `splits_after_digits`) tokenizes the joined text.
+        `cap` (default `max_tokens`): the newest segment alone is taken even past `max_tokens`
+        while it fits `cap`. A budget cut under load (`ForcedBudget`) must not leave a long
+        last turn out: a hop that forces nothing re-decodes the whole meeting, the costliest
+        hop there is."""
         committed = self.live.committed
         if max_tokens <= 0:
             return []
-        if len(committed) == self.prefix_num_committed and max_tokens == self.prefix_max_tokens:
+        cap = max(max_tokens, max_tokens if cap is None else cap)
+        limits = (max_tokens, cap)
+        if len(committed) == self.prefix_num_committed and limits == self.prefix_limits:
             return self.prefix_ids
         for seg in committed[len(self.segment_pieces) :]:
             piece = None
@@ -285,7 +298,8 @@ class _Live:
         first, conts = len(committed), 0  # conts: the `cont` ids of the segments taken
         while first > 0:
             piece = self.segment_pieces[first - 1]
-            if piece is None or len(piece.lead) + conts > max_tokens:
+            limit = cap if first == len(committed) else max_tokens  # the newest: up to cap
+            if piece is None or len(piece.lead) + conts > limit:
                 break
             first -= 1
             conts += len(piece.cont)
@@ -293,12 +307,13 @@ class _Live:
         ids = join_pieces([p for p in self.segment_pieces[first:] if p is not None])
         while not exact and first < len(committed):
             ids = encode("".join(render_segment(s) for s in committed[first:])[:-1])
-            if len(ids) <= max_tokens:  # joined text can tokenize longer than its parts
+            limit = cap if first == len(committed) - 1 else max_tokens
+            if len(ids) <= limit:  # joined text can tokenize longer than its parts
                 break
             first, ids = first + 1, []
         self.prefix_segments = committed[first:] if ids else ()
         self.prefix_ids, self.prefix_num_committed = ids, len(committed)
-        self.prefix_max_tokens = max_tokens
+        self.prefix_limits = limits
         return ids
 
     def full_window_keys(self, audio: np.ndarray) -> list[bytes]:
@@ -632,6 +647,7 @@ class MossCore:
             sess.forced_budget_tokens,
             self._pieces_join(),
             self._added_ids(),
+            cap=self.config.live_forced_transcript_tokens,
         )
         window_keys = sess.full_window_keys(audio)
         engine.hold_windows(sid, window_keys)  # encoded once for the session (released: _drop)
@@ -691,9 +707,6 @@ class MossCore:
         self.num_live_hops += 1
         duration_s = self._engine().clock() - hop.submitted_s
         self.live_hop_s += duration_s
-        sess.forced_budget_tokens = self.forced_budget.after_hop(
-            sess.forced_budget_tokens, duration_s, sess.options.hop_s
-        )
         hop.segments.extend(hop.stream.close())
         if hop.stream.looping:
             reason = FinishReason.REPETITION
@@ -707,6 +720,11 @@ class MossCore:
                 hop.edge_samples // WINDOW_SAMPLES,
             )
         sess.last_reason = reason
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            # a hop cut short (a loop) would look fast: only whole hops say how loaded the GPU is
+            sess.forced_budget_tokens = self.forced_budget.after_hop(
+                sess.forced_budget_tokens, duration_s, sess.options.hop_s
+            )
         # The hypothesis covers all audio; keep what lies after the last final (by midpoint).
         new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]
         events = sess.live.apply_hypothesis(new, hop.session_labels)

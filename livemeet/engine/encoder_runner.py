@@ -46,6 +46,7 @@ from livemeet.audio.constants import (
     ENCODER_MAX_HELD_WINDOWS,
     N_FRAMES,
     N_MELS,
+    PINNED_SAMPLES_MAX_WINDOWS,
     SAMPLE_RATE,
     WINDOW_SAMPLES,
 )
@@ -92,36 +93,45 @@ def _window(samples: np.ndarray, w: int) -> np.ndarray:
 
 
 class PinnedSamples:
-    """One reusable pinned float32 buffer that an encode's samples cross to the GPU from.
-    `np.concatenate` into a fresh array and `pin_memory()` of it copied the samples twice per
-    micro-batch and faulted in new pages each time: `_padded_windows` was 5.5 % of the engine
-    worker's time at 100 live sessions (a hop re-encodes its partial window: ~1 MB of samples;
-    py-spy, docs/benchmarks.md session 16). Now they are written once, into this buffer.
+    """Two reusable pinned float32 buffers, used in turn, through which a micro-batch's
+    samples cross to the GPU. `np.concatenate` into a fresh array and `pin_memory()` of it
+    copied the samples twice per micro-batch and faulted in new pages each time:
+    `_padded_windows` was 5.5 % of the engine worker's time at 100 live sessions (a hop
+    re-encodes its partial window: ~1 MB of samples; py-spy, docs/benchmarks.md session 16).
+    Batches of more than `max_samples` (long uploads, where that cost is amortised) keep the
+    old way, so the buffers stay small (8 windows: 15 MB each).
 
-    Hazard: the buffer must not be rewritten while its last copy to the device may be
-    pending; `upload` waits on the event recorded after that copy (done long before in
-    practice: the encoder's kernels that read it have run by the next encode)."""
+    Hazard: a buffer must not be rewritten while its last copy to the device may be pending;
+    `upload` waits on the event recorded after that copy, two micro-batches back (done long
+    before in practice: the encoder's kernels that read it have run)."""
 
-    def __init__(self) -> None:
-        self.buffer: torch.Tensor | None = None
-        self.event: torch.cuda.Event | None = None
+    def __init__(self, max_samples: int = PINNED_SAMPLES_MAX_WINDOWS * WINDOW_SAMPLES) -> None:
+        self.max_samples = max_samples
+        self.buffers: list[torch.Tensor | None] = [None, None]
+        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
 
-    def upload(self, chunks: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
-        """The chunks concatenated, float32 [sum of sizes] on the CUDA `device`."""
+    def upload(self, chunks: Sequence[np.ndarray], device: torch.device) -> torch.Tensor | None:
+        """The chunks concatenated, float32 [sum of sizes] on the CUDA `device`; None when
+        they exceed `max_samples` (the caller copies them another way)."""
         total = sum(c.size for c in chunks)
-        if self.event is not None:
-            self.event.synchronize()
-        if self.buffer is None or self.buffer.numel() < total:
-            # a copy still pending from a dropped buffer keeps it alive (the caching host
-            # allocator records the stream's use)
-            size = max(total, 2 * (0 if self.buffer is None else self.buffer.numel()))
-            self.buffer = torch.empty(size, dtype=torch.float32, pin_memory=True)
-        host = self.buffer[:total]
+        if total > self.max_samples:
+            return None
+        self.turn ^= 1
+        event, buffer = self.events[self.turn], self.buffers[self.turn]
+        if event is None:
+            event = self.events[self.turn] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        else:
+            event.synchronize()  # this buffer's last copy is done
+        if buffer is None or buffer.numel() < total:
+            size = min(self.max_samples, max(total, 2 * (0 if buffer is None else buffer.numel())))
+            buffer = self.buffers[self.turn] = torch.empty(
+                size, dtype=torch.float32, pin_memory=True
+            )
+        host = buffer[:total]
         np.concatenate(chunks, out=host.numpy(), casting="same_kind")
         flat = host.to(device, non_blocking=True)
-        if self.event is None:
-            self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-        self.event.record(torch.cuda.current_stream(device))
+        event.record(torch.cuda.current_stream(device))
         return flat
 
 
@@ -135,9 +145,10 @@ def _padded_windows(
     to a full window, then windows of silence. Only the real samples cross to the device,
     padding is made there (an 11.6 s clip is 39 % of a window); on CUDA through `pinned`
     when given."""
+    flat = None
     if device.type == "cuda" and pinned is not None:
         flat = pinned.upload(chunks, device)
-    else:
+    if flat is None:
         flat = torch.from_numpy(np.concatenate(chunks))
         if device.type == "cuda":
             flat = flat.pin_memory().to(device, non_blocking=True)

@@ -351,7 +351,9 @@ class PreparedLaunch:
     last split of each (sequence, KV head) merges the partials into `out` itself (at most
     MAX_MERGE_SPLITS splits); None leaves the partials. `launch_early` False launches without
     the PDL attribute even where PDL is on (the kernel still lets its successor launch early).
-    The stream is the current one when the launch is prepared. Raises InternalError on a
+    The stream is the current one when the launch is prepared: run it on that stream only
+    (`StepAttention` is made per forward, inside any graph capture). It keeps the step's
+    tensors whose addresses it holds alive. Raises InternalError on a
     variant that does not match the cache, too many splits for the in-kernel merge, or
     tensors whose alignment the kernel's loads cannot take.
 
@@ -391,6 +393,8 @@ class PreparedLaunch:
         elem = k_cache.element_size()
         if any(st * elem % PIECE_BYTES for st in k_cache.stride()[:2]):
             raise InternalError("the cache's block and token strides do not suit the kernel")
+        # the tensors whose addresses the parameters hold stay alive as long as the launch
+        self._tensors = (block_tables, seq_lens, mid_o, mid_lse, counters)
         self.cache_shape = k_cache.shape
         self.cache_stride = k_cache.stride()
         self.cache_dtype = k_cache.dtype

@@ -908,31 +908,33 @@ def paged_decode_attention(
 
 @dataclass(frozen=True)
 class CacheGeometry:
-    """What every layer's caches share in a prepared launch, K and V alike: shape, strides,
-    dtype and device (the engine's pool gives every layer the same)."""
+    """What every layer's caches share in a prepared launch: shape, dtype and device (K and V
+    alike, `check_cache`) and each one's strides (the engine's pool gives every layer the
+    same)."""
 
     shape: torch.Size
-    stride: tuple[int, ...]
+    k_stride: tuple[int, ...]
+    v_stride: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
 
     @classmethod
-    def of(cls, cache: torch.Tensor) -> CacheGeometry:
-        return cls(cache.shape, cache.stride(), cache.dtype, cache.device)
+    def of(cls, k_cache: torch.Tensor, v_cache: torch.Tensor) -> CacheGeometry:
+        return cls(k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.dtype, k_cache.device)
 
     def check(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         """Raises InternalError when either cache has another shape, strides, dtype or
         device, or q is on another device."""
-        for cache in (k_cache, v_cache):
+        for cache, stride in ((k_cache, self.k_stride), (v_cache, self.v_stride)):
             if (
                 cache.shape != self.shape
-                or cache.stride() != self.stride
+                or cache.stride() != stride
                 or cache.dtype != self.dtype
                 or cache.device != self.device
             ):
                 raise InternalError(
                     f"a layer's cache is {tuple(cache.shape)} {cache.stride()} {cache.dtype} on "
-                    f"{cache.device}, not the prepared {tuple(self.shape)} {self.stride} "
+                    f"{cache.device}, not the prepared {tuple(self.shape)} {stride} "
                     f"{self.dtype} on {self.device}"
                 )
         if q.device != self.device:
@@ -975,7 +977,7 @@ class DecodeLaunch:
         batch = q.shape[0]
         if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
             raise InternalError(f"block_tables and seq_lens must have {batch} rows")
-        self.geometry = CacheGeometry.of(k_cache)
+        self.geometry = CacheGeometry.of(k_cache, v_cache)
         self.q_shape, self.q_dtype = q.shape, q.dtype
         self.block_tables, self.seq_lens = block_tables, seq_lens
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
@@ -1238,7 +1240,7 @@ class ExtendLaunch:
             raise InternalError(
                 f"block_tables must have {num_seqs} rows and cu_seqlens_q {num_seqs + 1} entries"
             )
-        self.geometry = CacheGeometry.of(k_cache)
+        self.geometry = CacheGeometry.of(k_cache, v_cache)
         self.q_shape, self.q_dtype = q.shape, q.dtype
         self.block_tables, self.cu_seqlens_q, self.seq_lens = block_tables, cu_seqlens_q, seq_lens
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
@@ -1257,7 +1259,7 @@ class ExtendLaunch:
         block_m = max(16, rows // group_pow2)
         self.grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
         self.qk_scale = scale * LOG2E * k_scale
-        self.cache_strides = (*k_cache.stride()[:3], *k_cache.stride()[:3])  # v: the geometry's
+        self.cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
         self.constexprs = {
             "GROUP": group,
             "GROUP_POW2": group_pow2,

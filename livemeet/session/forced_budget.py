@@ -84,11 +84,15 @@ class ForcedBudget:
 
     def after_hop(self, budget: int, hop_duration_s: float, hop_s: float) -> int:
         """The budget for the next hop, given this hop's `budget` (tokens), its duration
-        (submission to finish, s) and the session's hop interval (s)."""
+        (submission to finish, s) and the session's hop interval (s); always within
+        [floor, cap]. A slow hop halves the budget even when its forced transcript was
+        shorter than the budget (early in a meeting): whatever made it slow (uploads, the
+        encoder), fewer forced tokens are less prefill for the shared GPU, and fast hops
+        give them back."""
         if not self.adaptive:
             return self.max_tokens
         if hop_duration_s > self.slow_fraction * hop_s:
             return max(self.floor, budget // 2)
         if hop_duration_s < self.fast_fraction * hop_s:
-            return min(self.max_tokens, budget + self.step_tokens)
+            return min(self.max_tokens, max(self.floor, budget + self.step_tokens))
         return min(max(budget, self.floor), self.max_tokens)

@@ -656,11 +656,33 @@ def test_a_loop_does_not_grow_past_the_forced_transcript(
     """A decode loop that crosses the forced prefix (each hop decodes only a segment or two of
     it) is still cut: the hop's repetition guard and the session's hypothesis cleaning count
     the prefix's trailing copies. In both modes a hop whose loop shows only at its close
-    frees the KV the engine kept for it (it leaked once)."""
+    frees the KV the engine kept for it (it leaked once). A hop cut by the guard looks fast,
+    so it leaves the session's forced budget as it was (ForcedBudget)."""
     core = make_core(
         our_model, tmp_path, forced=LOOP_REFERENCE, live_forced_transcript_tokens=budget
     )
+    reasons: list[FinishReason] = []
+    budget_updates: list[float] = []
+    rule, finish = core.forced_budget, core._finish_hop
+
+    class Recorder:
+        def start(self) -> int:
+            return rule.start()
+
+        def after_hop(self, tokens: int, hop_duration_s: float, hop_s: float) -> int:
+            budget_updates.append(hop_duration_s)
+            return rule.after_hop(tokens, hop_duration_s, hop_s)
+
+    def finish_hop(sid: str, sess: Any, reason: FinishReason) -> Any:
+        events = finish(sid, sess, reason)
+        reasons.append(sess.last_reason)
+        return events
+
+    core.forced_budget = Recorder()  # type: ignore[assignment]
+    core._finish_hop = finish_hop  # type: ignore[method-assign]
     events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)
+    assert FinishReason.REPETITION in reasons
+    assert len(budget_updates) == sum(r is not FinishReason.REPETITION for r in reasons)
     final = events[-1]
     assert isinstance(final, TranscriptFinal)
     texts = [s.text for s in final.segments]
@@ -748,6 +770,17 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     # the newest segment less its `]` is one - 1 ids: it fits a cap of one - 1
     assert "".join(map(chr, fits.forced_transcript_ids(encode, one - 1))) == rendered[5][:-1]
     assert fresh.forced_transcript_ids(encode, 0) == []
+    # a budget cut under load never leaves the newest segment out while it fits the cap (a
+    # hop forcing nothing would re-decode the meeting); older ones still keep to the budget
+    capped = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    capped.live = fake  # type: ignore[assignment]
+    newest = capped.forced_transcript_ids(encode, one - 2, cap=one)
+    assert "".join(map(chr, newest)) == rendered[5][:-1]
+    assert (
+        "".join(map(chr, capped.forced_transcript_ids(encode, one + 3, cap=9 * one)))
+        == (rendered[5][:-1])
+    )
+    assert capped.forced_transcript_ids(encode, one - 2, cap=one - 2) == []
     # text that would encode as a special token (<|im_end|>) is never forced: it and what
     # came before it stay out
     odd = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))

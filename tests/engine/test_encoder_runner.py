@@ -177,12 +177,14 @@ def test_padded_windows_are_built_from_the_real_samples_only() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_padded_windows_through_the_reused_pinned_buffer_cuda() -> None:
-    """Three encodes through one PinnedSamples (the second grows it, the third reuses it while
-    the second's windows are still in use): each equals the CPU build of the same chunks."""
+    """Encodes through one PinnedSamples while the GPU is busy (so every copy is still
+    pending when the next batch is written): the third batch reuses the first buffer, the
+    second grows its own, and a batch past the bound goes the per-batch way. Each equals the
+    CPU build of the same chunks."""
     from livemeet.engine.encoder_runner import PinnedSamples, _padded_windows
 
     rng = np.random.default_rng(6)
-    pinned = PinnedSamples()
+    pinned = PinnedSamples(max_samples=600_000)
     batches = [
         [rng.standard_normal(16_000).astype(np.float32)],
         [
@@ -190,8 +192,11 @@ def test_padded_windows_through_the_reused_pinned_buffer_cuda() -> None:
             rng.standard_normal(9).astype(np.float32),
         ],
         [rng.standard_normal(300_000).astype(np.float32)],
+        [rng.standard_normal(480_000).astype(np.float32)] * 2,  # past the bound
     ]
+    torch.cuda._sleep(500_000_000)  # type: ignore[attr-defined]  # ~0.3 s of queued GPU work
     built = [_padded_windows(b, torch.device("cuda"), 4, pinned) for b in batches]
+    assert pinned.upload(batches[3], torch.device("cuda")) is None
     for chunks, got in zip(batches, built, strict=True):
         want = _padded_windows(chunks, torch.device("cpu"), 4)
         assert torch.equal(got.cpu(), want)

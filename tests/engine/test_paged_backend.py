@@ -127,6 +127,24 @@ def test_launches_are_resolved_once_per_step_and_run_per_layer(
     assert len(made) == (2 if num_decode else 1)
 
 
+def test_layers_may_pass_other_query_and_output_tensors(monkeypatch: pytest.MonkeyPatch):
+    """The model's own forward hands each layer a new q (and no out): a mixed step's views
+    of q and out are taken again, never reused from another layer's tensors."""
+    torch.manual_seed(9)
+    q, kc, vc, meta = _step([(0, 7), (40, 9), (90, 1), (33, 1)], 2, "cpu", torch.float32)
+    ks, vs = _layers(kc, vc, 2)
+    monkeypatch.setattr(paged_backend, "_fused_store", True)
+    backend = PagedAttentionBackend(ks, vs, meta)
+    for layer, query in ((0, q), (1, torch.randn_like(q)), (0, q * 2.0)):
+        got = backend.attend(layer, query, None, None, HEAD_DIM**-0.5)
+        want = _reference(query, ks[layer], vs[layer], meta)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    out = torch.empty_like(q)
+    for query in (q, q + 1.0):  # the same out, another q: the views follow q
+        backend.attend(1, query, None, None, HEAD_DIM**-0.5, out)
+        torch.testing.assert_close(out, _reference(query, ks[1], vs[1], meta), atol=1e-6, rtol=0)
+
+
 def test_a_layer_of_another_geometry_or_scale_is_refused(monkeypatch: pytest.MonkeyPatch):
     q, kc, vc, meta = _step([(0, 7), (90, 1)], 1, "cpu", torch.float32)
     monkeypatch.setattr(paged_backend, "_fused_store", True)

@@ -27,6 +27,14 @@ def test_fast_hops_grow_it_back_by_steps_up_to_the_cap() -> None:
     assert seen == [768, 1_024, 1_280, 1_536, 1_792, 2_048, 2_048, 2_048]
 
 
+def test_the_budget_stays_within_floor_and_cap_from_any_start() -> None:
+    rule = ForcedBudget(2_048, 512)
+    assert rule.after_hop(0, hop_duration_s=0.1, hop_s=1.0) == 512  # fast: at least the floor
+    assert rule.after_hop(100, hop_duration_s=0.9, hop_s=1.0) == 512
+    assert rule.after_hop(9_999, hop_duration_s=0.3, hop_s=1.0) == 2_048
+    assert rule.after_hop(9_999, hop_duration_s=0.1, hop_s=1.0) == 2_048
+
+
 def test_hops_between_the_thresholds_keep_the_budget() -> None:
     rule = ForcedBudget(2_048, 512)  # slow above 0.5 hop, fast below 0.25
     assert rule.after_hop(1_000, hop_duration_s=0.3, hop_s=1.0) == 1_000
