@@ -986,6 +986,8 @@ class DecodeLaunch:
         if not self.triton:
             return
         variant = cuda_variant(q.dtype, k_cache, group, kernel)
+        # the output's only need (contiguous head_dim) is every out's (_check_out): q stands in;
+        # a layer whose tensors the kernel cannot take runs on Triton (PreparedLaunch.accepts)
         if variant is not None and not cuda_decode.layout_supported(q, k_cache, v_cache, q):
             variant = None
         if num_splits is None:
