@@ -35,8 +35,11 @@ audio seconds the uploads had transcribed by the point's end, finished or not (t
 `stream=true`, each segment's end as it arrives) and that rate, and the increase of the
 engine's counters over the point (steps by kind, prefill and decode tokens, host time in steps
 by part, windows encoded, live hops finished and their mean time from submission to end, audio
-commands and their mean wait: loadtest.http_sweep.engine_fields). On the scripted backend
-(CPU) uploads finish at once, so their fields say nothing there.
+commands and their mean wait: loadtest.http_sweep.engine_fields), and the same increase per
+LATENCY_BUCKET_S of the sessions' time (`engine_by_time`, from /metrics scraped every bucket
+while they stream): whether what grows with the meeting is the hops' time, their prefill, the
+forced transcript or the encoder. On the scripted backend (CPU) uploads finish at once, so
+their fields say nothing there.
 Usage:
   python -m loadtest.bench_live --sessions 1,16,64 --uploads 0,2 --duration-s 60 \
       --out live.jsonl --max-seconds 420
@@ -52,7 +55,7 @@ import math
 import shlex
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -378,6 +381,8 @@ async def run_point(
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
         before = await scrape_metrics(http, url)
         shared = itertools.cycle(bodies)
+        scrapes: list[tuple[float, str | None]] = []  # engine_by_time
+        timeline: asyncio.Task[None] | None = None
         uploads_start = time.monotonic()
         uploads = [
             asyncio.create_task(upload_loop(http, url, shared, tally)) for _ in range(num_uploads)
@@ -386,6 +391,9 @@ async def run_point(
             if uploads:
                 await asyncio.sleep(UPLOAD_LEAD_S)
             start = time.monotonic()
+            timeline = asyncio.create_task(
+                scrape_every(lambda: scrape_metrics(http, url), LATENCY_BUCKET_S, start, scrapes)
+            )
             logs = await asyncio.gather(
                 *(
                     live_session(
@@ -396,9 +404,11 @@ async def run_point(
             )
             end = time.monotonic()
         finally:
-            for task in uploads:
+            tasks = [*uploads, *([timeline] if timeline is not None else [])]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*uploads, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        scrapes.append((time.monotonic() - start, await scrape_metrics(http, url)))  # the tail
         after = None if before is None else await settled_metrics(http, url)
     wall = end - start
     results = [segment_latencies(turns, log, audio.size / SAMPLE_RATE) for log in logs]
@@ -438,7 +448,35 @@ async def run_point(
         "wall_s": wall,
         "latency_by_time": latency_by_time(results),
         **engine_fields(engine_counters(before), engine_counters(after)),
+        **({"engine_by_time": by_time} if (by_time := engine_by_time(scrapes)) else {}),
     }
+
+
+async def scrape_every(
+    scrape: Callable[[], Awaitable[str | None]],
+    every_s: float,
+    start: float,
+    into: list[tuple[float, str | None]],
+) -> None:
+    """Append (s since `start` (monotonic), `scrape()`'s text) to `into` at `start` and every
+    `every_s` after it, until cancelled; a late scrape does not shift the later ones."""
+    k = 0
+    while True:
+        await asyncio.sleep(max(0.0, start + k * every_s - time.monotonic()))
+        into.append((time.monotonic() - start, await scrape()))
+        k += 1
+
+
+def engine_by_time(scrapes: Sequence[tuple[float, str | None]]) -> dict[str, dict[str, Any]]:
+    """The engine counters' increase between consecutive scrapes (`scrape_every`), keyed
+    "a-b" by their times (s, rounded); a pair without counters (failed scrape, a backend with
+    no step engine, a restarted worker) is left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for (t0, a), (t1, b) in itertools.pairwise(scrapes):
+        fields = engine_fields(engine_counters(a), engine_counters(b))
+        if fields:
+            out[f"{round(t0)}-{round(t1)}"] = fields
+    return out
 
 
 # ---------------------------------------------------------------- the run

@@ -21,9 +21,11 @@ from loadtest.bench_live import (
     FRAME_S,
     SegmentLatency,
     SessionLog,
+    engine_by_time,
     frame_of,
     latency_by_time,
     message_segments,
+    scrape_every,
     segment_latencies,
     send_lag_s,
     spoken_at,
@@ -91,6 +93,67 @@ def test_latency_by_time_buckets_segments_by_their_end_in_the_meeting() -> None:
     assert got["0-30"]["p50_s"] == pytest.approx(0.6)
     assert got["30-60"]["p95_s"] == pytest.approx(0.9 + 0.95 * 1.1)
     assert latency_by_time([]) == {}
+
+
+def test_engine_by_time_differences_consecutive_scrapes() -> None:
+    """Each bucket is the counters' increase between two scrapes: hops, their mean time and
+    their forced tokens per bucket, so a record shows which grows with the meeting; failed
+    scrapes and reset counters leave their buckets out."""
+    from tests.loadtest.test_http_sweep import with_samples
+
+    def text(hops: int, hop_s: float, forced: int, windows: int) -> str:
+        return with_samples(
+            ("livemeet_live_hops_total", "counter", hops),
+            ("livemeet_live_hop_seconds_total", "counter", hop_s),
+            ("livemeet_live_forced_tokens_total", "counter", forced),
+            ("livemeet_engine_encoded_windows_total", "counter", windows),
+        )
+
+    scrapes = [
+        (0.0, text(0, 0.0, 0, 0)),
+        (30.2, text(300, 60.0, 30_000, 310)),
+        (60.1, text(600, 240.0, 180_000, 620)),
+        (90.0, None),  # a failed scrape: neither bucket around it
+        (120.0, text(1_200, 600.0, 500_000, 1_240)),
+    ]
+    got = engine_by_time(scrapes)
+    assert list(got) == ["0-30", "30-60"]
+    assert got["0-30"]["live_hops"] == 300 and got["0-30"]["live_hop_mean_s"] == 0.2
+    assert got["30-60"]["live_hop_mean_s"] == 0.6
+    assert got["30-60"]["live_forced_mean_tokens"] == 500.0
+    assert got["30-60"]["encoded_windows"] == 310
+    assert engine_by_time([]) == engine_by_time(scrapes[:1]) == {}
+
+
+def test_scrape_every_keeps_its_schedule_until_cancelled() -> None:
+    """Scrapes at start, start + every, ...: a slow scrape does not shift the later ones (the
+    fifth comes at 4 intervals, not 4 intervals plus the slow one's delay)."""
+    every_s, slow_s = 0.2, 0.3
+
+    async def run() -> list[tuple[float, str | None]]:
+        into: list[tuple[float, str | None]] = []
+        calls = itertools.count()
+
+        async def scrape() -> str | None:
+            n = next(calls)
+            if n == 1:
+                await asyncio.sleep(slow_s)
+            return f"scrape {n}"
+
+        task = asyncio.create_task(scrape_every(scrape, every_s, time.monotonic(), into))
+        for _ in range(300):  # at most 3 s
+            if len(into) >= 5:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return into
+
+    into = asyncio.run(run())
+    assert [text for _, text in into][:5] == [f"scrape {n}" for n in range(5)]
+    times = [t for t, _ in into]
+    assert all(t >= every_s * k for k, t in enumerate(times[:5]))
+    assert times[4] < 4 * every_s + slow_s / 2  # no drift from the slow scrape
 
 
 def test_message_segments_reads_partials_finals_and_the_transcript() -> None:
