@@ -24,6 +24,7 @@ import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from livemeet.audio.constants import MAX_CONTEXT_TOKENS
@@ -65,6 +66,9 @@ WARM_UP_MIXED = (((16, 300), 1), ((16, 300, 300), 2))
 BLOCK_TABLE_WIDTH_MULTIPLE = 16
 # Placeholder for a sampled token still on the device (async decode); never a vocabulary id.
 PENDING_TOKEN_ID = -1
+# tokens of a prefill chunk from which its positions and slots are computed with numpy (below
+# it the per-token loop is as fast: a decode row is one token)
+VECTOR_ROWS_MIN = 32
 
 
 @dataclass(frozen=True)
@@ -481,11 +485,20 @@ class _StepRows:
         self._seq_start_row = len(self.token_ids)
         self._seq_start_pos = start
         table = req.block_table
-        for i, token in enumerate(ids):
-            pos = start + i
-            self.token_ids.append(token)
-            self.positions.append(pos)
-            self.slots.append(table[pos // block_size] * block_size + pos % block_size)
+        self.token_ids.extend(ids)
+        if len(ids) < VECTOR_ROWS_MIN:
+            for pos in range(start, start + len(ids)):
+                self.positions.append(pos)
+                self.slots.append(table[pos // block_size] * block_size + pos % block_size)
+        else:
+            # a chunk's positions and slots with numpy: per token in Python this was ~0.3 ms
+            # per 1,000 tokens of host time in every prefill step (a live hop's ~700-2,300)
+            pos = np.arange(start, start + len(ids), dtype=np.int64)
+            first = start // block_size
+            blocks = np.array(table[first : (pos[-1] // block_size) + 1], dtype=np.int64)
+            slots = blocks[pos // block_size - first] * block_size + pos % block_size
+            self.positions.extend(pos.tolist())
+            self.slots.extend(slots.tolist())
         self.block_tables.append(table)  # not copied: read within this step's launch
         self.seq_lens.append(start + len(ids))
         self.q_lens.append(len(ids))

@@ -89,3 +89,30 @@ def test_cuda_arenas_alternate_and_grow() -> None:
     torch.cuda.synchronize()
     for values, device_copy in outs:
         assert device_copy.tolist() == values  # no later step overwrote a pending copy
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize(("start", "length"), [(0, 31), (0, 32), (5, 300), (37, 1_000), (511, 33)])
+def test_step_rows_positions_and_slots_of_a_chunk(block_size: int, start: int, length: int):
+    """A chunk's rows (numpy from VECTOR_ROWS_MIN tokens, a loop below it) hold each token's
+    position and slot = its block's id * block_size + offset, through a shuffled table."""
+    import random
+
+    from livemeet.engine.model_runner import VECTOR_ROWS_MIN, _StepRows
+    from livemeet.engine.request import Request
+
+    assert VECTOR_ROWS_MIN == 32  # so (0, 31) and (0, 32) take the two paths
+    rng = random.Random(start * 7 + length)
+    req = Request("r", list(range(start + length)))
+    req.block_table = rng.sample(range(10_000), -(-(start + length) // block_size))
+    rows = _StepRows()
+    rows.add_sequence(req, 0, [1], block_size)  # a decode-like row first: offsets carry on
+    rows.add_sequence(req, start, req.token_ids(start, start + length), block_size)
+    positions = list(range(start, start + length))
+    assert rows.token_ids == [1, *req.token_ids(start, start + length)]
+    assert rows.positions == [0, *positions]
+    table = req.block_table
+    want = [table[p // block_size] * block_size + p % block_size for p in positions]
+    assert rows.slots == [table[0] * block_size, *want]
+    assert all(type(s) is int for s in rows.slots)  # plain ints: the uploads stage them
+    assert rows.row_of(start + 3) == 4 and rows.block_tables[-1] is table
