@@ -260,8 +260,8 @@ def programs_per_sm(variant: Variant, device_index: int) -> int:
 
 
 def supported(q_dtype: torch.dtype, k_cache: torch.Tensor, group: int) -> bool:
-    """Whether `launch` can run a decode with this query dtype over this cache (see the module
-    docstring)."""
+    """Whether `PreparedLaunch` can run a decode with this query dtype over this cache (see the
+    module docstring)."""
     if not (_enabled_by_env() and k_cache.is_cuda and q_dtype == torch.bfloat16):
         return False
     if k_cache.dtype not in (torch.bfloat16, torch.float8_e4m3fn):
@@ -303,35 +303,6 @@ def layout_supported(
 def device_index(t: torch.Tensor) -> int:
     """The CUDA device index of `t` (the current device for an index-less cuda tensor)."""
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
-
-
-def launch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    mid_o: torch.Tensor,
-    mid_lse: torch.Tensor,
-    out: torch.Tensor,
-    *,
-    num_splits: int,
-    group: int,
-    qk_scale: float,
-    v_scale: float,
-    variant: Variant | None = None,
-    counters: torch.Tensor | None = None,
-    launch_early: bool = True,
-) -> None:
-    """Run the split kernel over grid (num_splits, kv_heads, B) on the current stream
-    ((kv_heads, num_splits, B) for a `heads_inner` variant): `PreparedLaunch` made and run
-    once (see it for the arguments and the PDL hazard)."""
-    prepared = PreparedLaunch(
-        k_cache, block_tables, seq_lens, mid_o, mid_lse,
-        batch=q.shape[0], num_splits=num_splits, group=group, qk_scale=qk_scale,
-        v_scale=v_scale, variant=variant, counters=counters, launch_early=launch_early,
-    )  # fmt: skip
-    prepared(q, k_cache, v_cache, out)
 
 
 class PreparedLaunch:

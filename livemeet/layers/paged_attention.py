@@ -907,11 +907,13 @@ def paged_decode_attention(
 
 
 @dataclass(frozen=True)
-class CacheGeometry:
-    """What every layer's caches share in a prepared launch: shape, dtype and device (K and V
-    alike, `check_cache`) and each one's strides (the engine's pool gives every layer the
-    same)."""
+class LayerGeometry:
+    """What every layer's inputs share in a prepared launch: the query's shape and dtype, and
+    the caches' shape, dtype and device (K and V alike, `check_cache`) and each one's strides
+    (the engine's pool gives every layer the same)."""
 
+    q_shape: torch.Size
+    q_dtype: torch.dtype
     shape: torch.Size
     k_stride: tuple[int, ...]
     v_stride: tuple[int, ...]
@@ -919,12 +921,23 @@ class CacheGeometry:
     device: torch.device
 
     @classmethod
-    def of(cls, k_cache: torch.Tensor, v_cache: torch.Tensor) -> CacheGeometry:
-        return cls(k_cache.shape, k_cache.stride(), v_cache.stride(), k_cache.dtype, k_cache.device)
+    def of(cls, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> LayerGeometry:
+        k = k_cache
+        return cls(q.shape, q.dtype, k.shape, k.stride(), v_cache.stride(), k.dtype, k.device)
 
-    def check(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-        """Raises InternalError when either cache has another shape, strides, dtype or
-        device, or q is on another device."""
+    def check(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor | None,
+    ) -> None:
+        """Raises InternalError when q has another shape or dtype or is not contiguous in
+        head_dim, either cache has another shape, strides, dtype or device, q is on another
+        device, or `out` does not match q (`_check_out`)."""
+        if q.shape != self.q_shape or q.dtype != self.q_dtype or q.stride(2) != 1:
+            raise InternalError(f"q must be {tuple(self.q_shape)} {self.q_dtype}, contiguous "
+                                f"in head_dim, got {tuple(q.shape)} {q.dtype}")  # fmt: skip
         for cache, stride in ((k_cache, self.k_stride), (v_cache, self.v_stride)):
             if (
                 cache.shape != self.shape
@@ -939,6 +952,7 @@ class CacheGeometry:
                 )
         if q.device != self.device:
             raise InternalError(f"q is on {q.device} but the KV cache is on {self.device}")
+        _check_out(out, q)
 
 
 class DecodeLaunch:
@@ -977,8 +991,7 @@ class DecodeLaunch:
         batch = q.shape[0]
         if block_tables.shape[0] != batch or seq_lens.shape[0] != batch:
             raise InternalError(f"block_tables and seq_lens must have {batch} rows")
-        self.geometry = CacheGeometry.of(k_cache, v_cache)
-        self.q_shape, self.q_dtype = q.shape, q.dtype
+        self.geometry = LayerGeometry.of(q, k_cache, v_cache)
         self.block_tables, self.seq_lens = block_tables, seq_lens
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
         self.triton = _use_triton(impl, q)
@@ -1040,11 +1053,7 @@ class DecodeLaunch:
         """Decode attention of q [B, heads, D] (the prepared shape and dtype) over one layer's
         caches (the prepared geometry), into `out` (as in `paged_decode_attention`) or a new
         tensor; returns it. Raises InternalError on another shape, dtype or geometry."""
-        if q.shape != self.q_shape or q.dtype != self.q_dtype or q.stride(2) != 1:
-            raise InternalError(f"q must be {tuple(self.q_shape)} {self.q_dtype}, contiguous "
-                                f"in head_dim, got {tuple(q.shape)} {q.dtype}")  # fmt: skip
-        self.geometry.check(q, k_cache, v_cache)
-        _check_out(out, q)
+        self.geometry.check(q, k_cache, v_cache, out)
         if not self.triton:
             ref = ref_paged_decode_attention(
                 q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale,
@@ -1242,8 +1251,7 @@ class ExtendLaunch:
             raise InternalError(
                 f"block_tables must have {num_seqs} rows and cu_seqlens_q {num_seqs + 1} entries"
             )
-        self.geometry = CacheGeometry.of(k_cache, v_cache)
-        self.q_shape, self.q_dtype = q.shape, q.dtype
+        self.geometry = LayerGeometry.of(q, k_cache, v_cache)
         self.block_tables, self.cu_seqlens_q, self.seq_lens = block_tables, cu_seqlens_q, seq_lens
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
         self.triton = _use_triton(impl, q)
@@ -1284,11 +1292,7 @@ class ExtendLaunch:
         """Extend attention of q [Nq, heads, D] (the prepared shape and dtype) over one layer's
         caches (the prepared geometry), into `out` (as in `paged_extend_attention`) or a new
         tensor; returns it. Raises InternalError on another shape, dtype or geometry."""
-        if q.shape != self.q_shape or q.dtype != self.q_dtype or q.stride(2) != 1:
-            raise InternalError(f"q must be {tuple(self.q_shape)} {self.q_dtype}, contiguous "
-                                f"in head_dim, got {tuple(q.shape)} {q.dtype}")  # fmt: skip
-        self.geometry.check(q, k_cache, v_cache)
-        _check_out(out, q)
+        self.geometry.check(q, k_cache, v_cache, out)
         if not self.triton:
             ref = ref_paged_extend_attention(
                 q, k_cache, v_cache, self.block_tables, self.cu_seqlens_q, self.seq_lens,

@@ -185,23 +185,22 @@ def test_launch_args_are_refilled_in_place() -> None:
         args.fill(1, 2)
 
 
-@pytest.mark.parametrize("heads_inner", [False, True])
-def test_launch_passes_every_argument_and_the_grid(
-    monkeypatch: pytest.MonkeyPatch, heads_inner: bool
-) -> None:
-    """`launch` end to end on the CPU with the driver faked: what cuLaunchKernelEx receives is
-    each tensor's address and stride in the signature's order, the grid of the variant's order
-    and the current stream."""
-    seen: dict[str, object] = {}
+@pytest.fixture
+def fake_driver(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, object]]:
+    """The CUDA driver, kernel lookup, device and stream faked on the CPU: each
+    cuLaunchKernelEx is recorded (grid, block, stream, function, the parameters' values)."""
+    launches: list[dict[str, object]] = []
 
     class FakeDriver:
         def cuLaunchKernelEx(self, config_ref, function, params, extra) -> int:  # noqa: N802
             config = config_ref._obj
-            seen["grid"] = (config.grid_x, config.grid_y, config.grid_z)
-            seen["block"] = config.block_x
-            seen["stream"] = config.stream
-            seen["function"] = function
-            seen["params"] = read_params(params)
+            launches.append({
+                "grid": (config.grid_x, config.grid_y, config.grid_z),
+                "block": config.block_x,
+                "stream": config.stream,
+                "function": function,
+                "params": read_params(params),
+            })  # fmt: skip
             return 0
 
     monkeypatch.setattr(cuda_decode, "_libraries", lambda: (None, FakeDriver()))
@@ -211,6 +210,16 @@ def test_launch_passes_every_argument_and_the_grid(
     monkeypatch.setattr(
         torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77)
     )
+    return launches
+
+
+@pytest.mark.parametrize("heads_inner", [False, True])
+def test_launch_passes_every_argument_and_the_grid(
+    fake_driver: list[dict[str, object]], heads_inner: bool
+) -> None:
+    """A PreparedLaunch run once on the CPU with the driver faked: what cuLaunchKernelEx
+    receives is each tensor's address and stride in the signature's order, the grid of the
+    variant's order and the current stream."""
     batch, heads, kv_heads, splits, page = 3, 16, 8, 5, 16
     q = torch.zeros(batch, heads, 128, dtype=torch.bfloat16)
     k = torch.zeros(10, page, kv_heads, 128, dtype=torch.float8_e4m3fn)
@@ -222,8 +231,11 @@ def test_launch_passes_every_argument_and_the_grid(
     out = torch.zeros_like(q)
     counters = torch.zeros(64, dtype=torch.int32)
     variant = cuda_decode.Variant(True, page, 2, True, heads_inner)
-    cuda_decode.launch(q, k, v, tables, lens, mid_o, mid_lse, out, num_splits=splits, group=2,
-                       qk_scale=0.25, v_scale=1.5, variant=variant, counters=counters)  # fmt: skip
+    cuda_decode.PreparedLaunch(
+        k, tables, lens, mid_o, mid_lse, batch=batch, num_splits=splits, group=2,
+        qk_scale=0.25, v_scale=1.5, variant=variant, counters=counters,
+    )(q, k, v, out)  # fmt: skip
+    (seen,) = fake_driver
     grid = (kv_heads, splits, batch) if heads_inner else (splits, kv_heads, batch)
     assert seen["grid"] == grid and seen["block"] == cuda_decode.THREADS
     assert seen["stream"] == 77 and seen["function"] == "fn"
@@ -234,25 +246,11 @@ def test_launch_passes_every_argument_and_the_grid(
 
 
 def test_prepared_launch_sets_only_the_layer_tensors_per_call(
-    monkeypatch: pytest.MonkeyPatch,
+    fake_driver: list[dict[str, object]],
 ) -> None:
     """One PreparedLaunch run for two layers: each launch carries that layer's q, caches and
     out (addresses and q/out strides) and the step's fixed values; a cache of another geometry
     or a misaligned query is refused (accepts False, the call raises)."""
-    launches: list[list[int | float | None]] = []
-
-    class FakeDriver:
-        def cuLaunchKernelEx(self, config_ref, function, params, extra) -> int:  # noqa: N802
-            launches.append(read_params(params))
-            return 0
-
-    monkeypatch.setattr(cuda_decode, "_libraries", lambda: (None, FakeDriver()))
-    monkeypatch.setattr(cuda_decode, "_kernel", lambda v, i: cuda_decode._Kernel(None, "fn"))
-    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(
-        torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77)
-    )
     batch, heads, kv_heads, page = 2, 16, 8, 16
     caches = [torch.zeros(6, page, kv_heads, 128, dtype=torch.bfloat16) for _ in range(4)]
     tables = torch.zeros(batch, 3, dtype=torch.int32)
@@ -268,7 +266,8 @@ def test_prepared_launch_sets_only_the_layer_tensors_per_call(
     for layer in range(2):
         q, k, v, out = qs[layer], caches[2 * layer], caches[2 * layer + 1], outs[layer]
         prepared(q, k, v, out)
-        got = launches[-1]
+        got = fake_driver[-1]["params"]
+        assert isinstance(got, list)
         assert got[:3] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
         assert got[3:7] == [t.data_ptr() for t in (tables, lens, mid_o, mid_lse)]
         assert got[7] == out.data_ptr()
@@ -283,4 +282,4 @@ def test_prepared_launch_sets_only_the_layer_tensors_per_call(
     assert not prepared.accepts(misaligned, caches[0], caches[1], outs[0])
     with pytest.raises(InternalError, match="do not suit"):
         prepared(misaligned, caches[0], caches[1], outs[0])
-    assert len(launches) == 2
+    assert len(fake_driver) == 2
