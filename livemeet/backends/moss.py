@@ -284,7 +284,7 @@ class _Live:
         committed = self.live.committed
         if max_tokens <= 0:
             return []
-        cap = max(max_tokens, max_tokens if cap is None else cap)
+        cap = max_tokens if cap is None else max(cap, max_tokens)
         limits = (max_tokens, cap)
         if len(committed) == self.prefix_num_committed and limits == self.prefix_limits:
             return self.prefix_ids
