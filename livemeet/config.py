@@ -17,6 +17,9 @@ from livemeet.audio.constants import (
     KV_CACHE_DTYPES,
     LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
+    LIVE_HOP_MAX_S,
+    LIVE_HOP_MIN_S,
+    LIVE_HOP_S,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
     MAX_UPLOAD_BYTES,
@@ -167,6 +170,9 @@ class GatewayConfig:
     # engine_unavailable: bounds a client gone without a TCP close
     final_timeout_s: float = 600.0
     flush_interval_s: float = 0.050  # s; SSE / WS text flush window
+    # s of new audio between a live session's re-decodes (DESIGN 5.1): shorter hops cut the
+    # partial latency's wait for the next hop and cost GPU time in proportion
+    live_hop_s: float = LIVE_HOP_S
 
     def validate(self) -> None:
         if self.max_upload_bytes <= 0 or self.max_audio_s <= 0:
@@ -175,6 +181,11 @@ class GatewayConfig:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
         if self.idle_timeout_s <= 0 or self.final_timeout_s <= 0:
             raise ConfigError("idle_timeout_s and final_timeout_s must be positive")
+        if not LIVE_HOP_MIN_S <= self.live_hop_s <= LIVE_HOP_MAX_S:
+            raise ConfigError(
+                f"live_hop_s must be in [{LIVE_HOP_MIN_S}, {LIVE_HOP_MAX_S}] s, "
+                f"not {self.live_hop_s}"
+            )
 
 
 @dataclass(frozen=True)

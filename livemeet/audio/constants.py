@@ -46,6 +46,9 @@ UPLOAD_MEMORY_TOTAL_BYTES = 256 << 20
 # read back from their files); ~1-100 KB each
 TRANSCRIPT_CACHE_ENTRIES = 1_024
 LIVE_HOP_S = 1.0  # s of new audio between live re-decodes (DESIGN section 5)
+# `serve --live-hop-s` range: a hop shorter than a client's 100-ms frames decodes per frame; a
+# hop that reaches the open window's limit (LIVE_MAX_WINDOW_S) would commit by force each hop
+LIVE_HOP_MIN_S, LIVE_HOP_MAX_S = 0.1, 5.0
 FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
 ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)
 

@@ -68,6 +68,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="uploads decoded to PCM at once (each holds its decoded audio in memory)",
     )
     p.add_argument(
+        "--live-hop-s",
+        type=float,
+        default=GatewayConfig.live_hop_s,
+        help="seconds of new audio between a live session's re-decodes: a shorter hop shows "
+        "words sooner and costs GPU time in proportion (default %(default)g)",
+    )
+    p.add_argument(
         "--in-process-engine",
         action="store_true",
         help="run the backend in this process (tests, debugging)",
@@ -210,6 +217,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_audio_s=args.max_audio_s,
             max_sessions=args.max_sessions,
             max_concurrent_decodes=args.max_concurrent_decodes,
+            live_hop_s=args.live_hop_s,
         ),
     )
     config.validate()

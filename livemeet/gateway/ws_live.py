@@ -210,7 +210,11 @@ class LiveConnection:
 
     async def _start(self, start: StartSession) -> None:
         options = SessionOptions(
-            live=True, prompt=start.prompt, hotwords=start.hotwords, language=start.language
+            live=True,
+            prompt=start.prompt,
+            hotwords=start.hotwords,
+            language=start.language,
+            hop_s=self.app[CONFIG_KEY].gateway.live_hop_s,
         )
         self._decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
         self.session = await self.app[TRANSCRIBER_KEY].open_session(options)

@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import build_parser, main
+from livemeet.audio.constants import LIVE_HOP_S
 from livemeet.cli import serve, stream, transcribe
 from livemeet.errors import BadAudio, ConfigError
 from livemeet.transcript.formats import ResponseFormat
@@ -36,6 +37,15 @@ def test_serve_arguments_build_a_config(tmp_path: Path) -> None:
     assert config.port == 0 and config.data_dir == tmp_path
     assert config.gateway.max_audio_s == 10 and config.model.backend_name == "demo"
     assert serve.ssl_context(config) is None
+
+
+def test_serve_live_hop_flag(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path), "--live-hop-s", "0.5"])
+    assert serve.config_from_args(args).gateway.live_hop_s == 0.5
+    assert build_parser().parse_args(["serve"]).live_hop_s == LIVE_HOP_S
+    for bad in ("0", "-1", "60", "nan"):
+        with pytest.raises(ConfigError, match="live_hop_s"):
+            serve.config_from_args(build_parser().parse_args(["serve", "--live-hop-s", bad]))
 
 
 def test_serve_cancels_the_handlers_of_clients_that_left(

@@ -84,6 +84,25 @@ async def test_stream_partials_finals_and_transcript(
     assert log.options.live and log.options.language == "en" and log.options.hotwords == ("MOSS",)
 
 
+async def test_sessions_decode_at_the_servers_hop(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """`serve --live-hop-s` reaches every live session: at 0.5 s the fake backend, which
+    emits a partial per hop of audio, sends twice the default's partials for the same audio."""
+    gateway = GatewayConfig(live_hop_s=0.5)
+    config = ServerConfig(data_dir=server_config.data_dir, gateway=gateway)
+    client = await aiohttp_client(create_app(config, fake))
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        for _ in range(4):  # 2 s
+            await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert fake.sessions[0].log.options.hop_s == 0.5
+    assert len([e for e in events if e["type"] == "segment.partial"]) == 4 - 4 // FINAL_EVERY
+
+
 async def test_resamples_48k_stereo_to_16k_mono(client: TestClient, fake: FakeTranscriber) -> None:
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json({**START, "sample_rate": 48000, "channels": 2})
