@@ -99,13 +99,17 @@ LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
 # floor of the budget that halves after slow hops. 512 is the cap measured at 100 live
 # sessions on an H200 (docs/benchmarks.md, session 17); >= the cap turns adaptation off
 LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 512
-# a hop slower than this fraction of the hop interval halves its session's budget, one faster
-# than the next fraction grows it by the step (additive increase, multiplicative decrease).
+# a session whose hops' smoothed duration passes this fraction of the hop interval halves its
+# budget, one below the next fraction grows it by the step (additive increase, multiplicative
+# decrease).
 # 0.5: partial latency is about the wait for the next hop (up to one interval) plus the hop
 # itself, so hops of half an interval keep it near DESIGN's 1.5 s at the default 1-s hop
 LIVE_FORCED_BUDGET_SLOW_FRACTION = 0.5
 LIVE_FORCED_BUDGET_FAST_FRACTION = 0.25
 LIVE_FORCED_BUDGET_STEP_TOKENS = 256  # tokens the budget grows by after a fast hop
+# weight of the newest hop in a session's smoothed load (the fractions above apply to it): at
+# one hop a second ~3 s of memory; a hop moves the load by 0.3 of its own difference from it
+LIVE_FORCED_BUDGET_SMOOTHING = 0.3
 LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
 
 # Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).

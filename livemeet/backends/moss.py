@@ -15,10 +15,10 @@ the audio, so generation restarts each hop), then the committed transcript as fo
 tokens, and decode only the new tail (DESIGN 5.3: the most recent whole segments within
 `ModelConfig.live_forced_transcript_tokens`, 2,048 by default; our technique, not the
 reference's, unvalidated on real weights). Each session's budget adapts to load: it halves,
-down to `live_forced_transcript_min_tokens`, after a hop slower than half a hop interval and
-grows back after fast ones (livemeet/session/forced_budget.py). With 0 tokens a hop
-re-decodes the whole meeting (cumulative re-decode, as SGLang-Omni does), whose decode grows
-~330 tokens per meeting minute.
+down to `live_forced_transcript_min_tokens`, while its hops take more than half a hop interval
+(smoothed over hops) and grows back while they are fast (livemeet/session/forced_budget.py).
+With 0 tokens a hop re-decodes the whole meeting (cumulative re-decode, as SGLang-Omni
+does), whose decode grows ~330 tokens per meeting minute.
 A hop is a LIVE request with a deadline one hop ahead; it keeps its KV after finishing
 (`retain_kv`) and the next hop forks the stable prefix of it (header plus the span over audio
 whose embeddings were final and whose markers were placed, `stable_prefix_len`). While a hop is
@@ -63,7 +63,7 @@ from livemeet.errors import (
     ProtocolError,
 )
 from livemeet.models.prompt import stable_prefix_len
-from livemeet.session.forced_budget import ForcedBudget
+from livemeet.session.forced_budget import BudgetState, ForcedBudget
 from livemeet.session.live import LiveOptions, LiveSession, Window
 from livemeet.transcriber import (
     BackendInfo,
@@ -233,9 +233,9 @@ class _Live:
     prefix_segments: tuple[Segment, ...] = ()
     prefix_num_committed: int = 0
     prefix_limits: tuple[int, int] = (0, 0)  # the (budget, cap) the last prefix was built for
-    # tokens the next hop may force (ForcedBudget: the cap, halved after slow hops; MossCore
-    # sets it from its config when it opens the session)
-    forced_budget_tokens: int = LIVE_FORCED_TRANSCRIPT_TOKENS
+    # tokens the next hop may force and the hops' smoothed load (ForcedBudget: the cap,
+    # halved while hops are slow; MossCore sets it from its config when it opens the session)
+    forced_budget: BudgetState = BudgetState(LIVE_FORCED_TRANSCRIPT_TOKENS)
     hop: _Hop | None = None
     retained: _Retained | None = None
     num_hops: int = 0
@@ -412,7 +412,7 @@ class MossCore:
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
             self._sessions[session_id] = _Live(
-                options, live, forced_budget_tokens=self.forced_budget.start()
+                options, live, forced_budget=self.forced_budget.start()
             )
         else:
             self._sessions[session_id] = _Upload(options)
@@ -644,7 +644,7 @@ class MossCore:
             fork_from = prev.request_id
         prefix = sess.forced_transcript_ids(
             self._encode,
-            sess.forced_budget_tokens,
+            sess.forced_budget.tokens,
             self._pieces_join(),
             self._added_ids(),
             cap=self.config.live_forced_transcript_tokens,
@@ -722,8 +722,8 @@ class MossCore:
         sess.last_reason = reason
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             # a hop cut short (a loop) would look fast: only whole hops say how loaded the GPU is
-            sess.forced_budget_tokens = self.forced_budget.after_hop(
-                sess.forced_budget_tokens, duration_s, sess.options.hop_s
+            sess.forced_budget = self.forced_budget.after_hop(
+                sess.forced_budget, duration_s, sess.options.hop_s
             )
         # The hypothesis covers all audio; keep what lies after the last final (by midpoint).
         new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]

@@ -9,13 +9,17 @@ H200 sustains in prefill (docs/benchmarks.md, session 17: the engine held ~80k p
 per second and partial latency grew with the meeting to 6.6 s p95 at 7.5 minutes).
 
 DESIGN 5.1 lets the hop grow when the GPU is behind; that alone keeps the work per hop and
-lets latency grow. `ForcedBudget` also shrinks what each hop forces: after a hop slower than
-`slow_fraction` of the hop interval the session's budget halves (down to `min_tokens`), after
-one faster than `fast_fraction` it grows by `step_tokens` (up to the cap), so the sessions
+lets latency grow. `ForcedBudget` also shrinks what each hop forces. A session's load is its
+hops' duration over the hop interval, smoothed (an exponentially weighted mean, the newest hop
+weighing `smoothing`): when it passes `slow_fraction` the session's budget halves (down to
+`min_tokens`), below `fast_fraction` it grows by `step_tokens` (up to the cap), so the sessions
 together settle near what the GPU can prefill (additive increase, multiplicative decrease:
-they converge to a fair share, as TCP's congestion windows do). Fewer forced tokens keep the
-newest segments only; what the model loses is older context, an unvalidated trade until real
-weights are available (DESIGN section 9), made only under load.
+they converge to a fair share, as TCP's congestion windows do). The smoothing is there
+because single hops say little: on an overloaded GPU a hop that lands in a gap between
+batches is fast while its neighbours queue, and a rule on single hops grew the budget on those
+and hovered at ~720 tokens over a 512 floor (100 sessions, docs/benchmarks.md, session 18).
+Fewer forced tokens keep the newest segments only; what the model loses is older context, an
+unvalidated trade until real weights are available (DESIGN section 9), made only under load.
 
 Plain Python: no clock, no I/O; the backend passes each hop's duration.
 """
@@ -27,9 +31,19 @@ from dataclasses import dataclass
 from livemeet.audio.constants import (
     LIVE_FORCED_BUDGET_FAST_FRACTION,
     LIVE_FORCED_BUDGET_SLOW_FRACTION,
+    LIVE_FORCED_BUDGET_SMOOTHING,
     LIVE_FORCED_BUDGET_STEP_TOKENS,
 )
 from livemeet.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """A session's budget: `tokens` the next hop may force, `load` its hops' smoothed
+    duration over the hop interval (0 before the first hop)."""
+
+    tokens: int
+    load: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -38,10 +52,10 @@ class ForcedBudget:
 
     `max_tokens`: the cap (0: hops force nothing and re-decode the meeting); `min_tokens`:
     the floor under load (>= max_tokens: a fixed budget, never adapted); `slow_fraction`,
-    `fast_fraction`: hop durations, as fractions of the hop interval, above which the budget
-    halves and below which it grows by `step_tokens`. Raises ConfigError on negative token
-    counts, a step < 1, an adaptive floor below the step, or fractions not in
-    0 < fast <= slow.
+    `fast_fraction`: loads (hop durations as fractions of the hop interval, smoothed with
+    weight `smoothing` on the newest) above which the budget halves and below which it grows
+    by `step_tokens`. Raises ConfigError on negative token counts, a step < 1, an adaptive
+    floor below the step, fractions not in 0 < fast <= slow, or smoothing not in (0, 1].
     """
 
     max_tokens: int
@@ -49,6 +63,7 @@ class ForcedBudget:
     slow_fraction: float = LIVE_FORCED_BUDGET_SLOW_FRACTION
     fast_fraction: float = LIVE_FORCED_BUDGET_FAST_FRACTION
     step_tokens: int = LIVE_FORCED_BUDGET_STEP_TOKENS
+    smoothing: float = LIVE_FORCED_BUDGET_SMOOTHING
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0 or self.min_tokens < 0:
@@ -69,6 +84,8 @@ class ForcedBudget:
                 f"need 0 < fast_fraction <= slow_fraction, not {self.fast_fraction} / "
                 f"{self.slow_fraction}"
             )
+        if not 0.0 < self.smoothing <= 1.0:
+            raise ConfigError(f"smoothing must be in (0, 1], not {self.smoothing}")
 
     @property
     def adaptive(self) -> bool:
@@ -78,21 +95,22 @@ class ForcedBudget:
     def floor(self) -> int:
         return min(self.min_tokens, self.max_tokens)
 
-    def start(self) -> int:
+    def start(self) -> BudgetState:
         """A new session's budget: the cap (a meeting starts with little to force)."""
-        return self.max_tokens
+        return BudgetState(self.max_tokens)
 
-    def after_hop(self, budget: int, hop_duration_s: float, hop_s: float) -> int:
-        """The budget for the next hop, given this hop's `budget` (tokens), its duration
-        (submission to finish, s) and the session's hop interval (s); always within
-        [floor, cap]. A slow hop halves the budget even when its forced transcript was
-        shorter than the budget (early in a meeting): whatever made it slow (uploads, the
-        encoder), fewer forced tokens are less prefill for the shared GPU, and fast hops
-        give them back."""
+    def after_hop(self, state: BudgetState, hop_duration_s: float, hop_s: float) -> BudgetState:
+        """The budget for the next hop, given this hop's `state`, its duration (submission to
+        finish, s) and the session's hop interval (s); its tokens always within [floor, cap].
+        A slow load halves the budget even when the forced transcript was shorter than the
+        budget (early in a meeting): whatever made hops slow (uploads, the encoder), fewer
+        forced tokens are less prefill for the shared GPU, and fast hops give them back."""
         if not self.adaptive:
-            return self.max_tokens
-        if hop_duration_s > self.slow_fraction * hop_s:
-            return max(self.floor, budget // 2)
-        if hop_duration_s < self.fast_fraction * hop_s:
-            return min(self.max_tokens, max(self.floor, budget + self.step_tokens))
-        return min(max(budget, self.floor), self.max_tokens)
+            return BudgetState(self.max_tokens)
+        load = state.load + self.smoothing * (hop_duration_s / hop_s - state.load)
+        tokens = min(max(state.tokens, self.floor), self.max_tokens)
+        if load > self.slow_fraction:
+            tokens = max(self.floor, tokens // 2)
+        elif load < self.fast_fraction:
+            tokens = min(self.max_tokens, tokens + self.step_tokens)
+        return BudgetState(tokens, load)

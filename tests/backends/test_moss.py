@@ -35,6 +35,7 @@ from livemeet.errors import (
 from livemeet.models.audio_llm import MossTDModel, generate
 from livemeet.models.prompt import EOS, build_prompt
 from livemeet.models.tokenizer import load_tokenizer
+from livemeet.session.forced_budget import BudgetState
 from livemeet.transcriber import (
     Error,
     Event,
@@ -580,7 +581,7 @@ def test_slow_hops_shrink_the_forced_transcript_and_the_transcript_stays_whole(
     inner = core._submit_hop
 
     def submit_hop(sid: str, sess: Any) -> None:
-        budgets.append(sess.forced_budget_tokens)
+        budgets.append(sess.forced_budget.tokens)
         inner(sid, sess)
 
     core._submit_hop = submit_hop  # type: ignore[method-assign]
@@ -666,12 +667,12 @@ def test_a_loop_does_not_grow_past_the_forced_transcript(
     rule, finish = core.forced_budget, core._finish_hop
 
     class Recorder:
-        def start(self) -> int:
+        def start(self) -> BudgetState:
             return rule.start()
 
-        def after_hop(self, tokens: int, hop_duration_s: float, hop_s: float) -> int:
+        def after_hop(self, state: BudgetState, hop_duration_s: float, hop_s: float) -> BudgetState:
             budget_updates.append(hop_duration_s)
-            return rule.after_hop(tokens, hop_duration_s, hop_s)
+            return rule.after_hop(state, hop_duration_s, hop_s)
 
     def finish_hop(sid: str, sess: Any, reason: FinishReason) -> Any:
         events = finish(sid, sess, reason)
