@@ -110,6 +110,14 @@ LIVE_FORCED_BUDGET_STEP_TOKENS = 256  # tokens the budget grows by after a fast 
 # weight of the newest hop in a session's smoothed load (the fractions above apply to it): at
 # one hop a second ~3 s of memory; a hop moves the load by 0.3 of its own difference from it
 LIVE_FORCED_BUDGET_SMOOTHING = 0.3
+# An upload whose decode ends (EOS) at least UPLOAD_CONTINUE_GAP_S of audio before the audio's
+# end is continued (DESIGN 5.8: the model tends to stop near ~16k output tokens, 40-48 minutes
+# of dense speech): a new request over the same audio with the transcript's most recent
+# segments forced (DESIGN 5.3), at most UPLOAD_MAX_CONTINUATIONS times, each only while the
+# previous one added segments. 30 s: one encoder window, longer than a pause in a meeting and
+# short against what an early stop loses (a 90-minute upload, MAX_AUDIO_S, needs ~2)
+UPLOAD_CONTINUE_GAP_S = 30.0
+UPLOAD_MAX_CONTINUATIONS = 4
 LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
 
 # Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).

@@ -9,6 +9,9 @@ Every engine step feeds the new tokens through an incremental detokenizer, the t
 parser and the repetition guard, so each confirmed segment is sent at once as a `TextDelta`
 (then its `SegmentFinal`, so the gateway's SSE tracker does not derive the text twice); the
 deltas concatenate to the final text (`join_texts`). The last event is `TranscriptFinal`.
+A decode that ends well before the audio's end (the model tends to stop near ~16k output
+tokens, DESIGN 5.8) is continued by a request whose forced prefix is the transcript's most
+recent segments (`MossCore._continue_upload`), so a long upload loses nothing to it.
 
 Live sessions prefill ALL audio so far every hop (MODEL.md section 10: the instruction follows
 the audio, so generation restarts each hop), then the committed transcript as forced assistant
@@ -45,6 +48,8 @@ import numpy as np
 from livemeet.audio.constants import (
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     SAMPLE_RATE,
+    UPLOAD_CONTINUE_GAP_S,
+    UPLOAD_MAX_CONTINUATIONS,
     WINDOW_SAMPLES,
     num_audio_tokens,
 )
@@ -187,6 +192,48 @@ class UploadTranscript:
         return TranscriptFinal(t.segments, reason, t.coverage, self.duration_s)
 
 
+def forced_piece(
+    seg: Segment, encode: Callable[[str], list[int]], added_ids: Collection[int]
+) -> Pieces | None:
+    """A committed segment's ids for a forced prefix (livemeet/transcript/pieces.py), or None
+    when its text holds special-token text, which would encode as that token (`<|...|>`, or
+    any of `added_ids`, the tokenizer's added tokens such as `</think>`)."""
+    if SPECIAL_TOKEN_MARK in seg.text:
+        return None
+    piece = segment_pieces(encode, render_segment(seg))
+    return None if any(i in added_ids for i in piece.lead) else piece
+
+
+def forced_prefix(
+    segments: Sequence[Segment],
+    pieces: Sequence[Pieces | None],
+    encode: Callable[[str], list[int]],
+    max_tokens: int,
+    cap: int,
+    exact: bool = True,
+) -> tuple[int, list[int]]:
+    """(first, ids): the most recent whole `segments` (their `forced_piece`s, one each) whose
+    ids fit `max_tokens`, the newest alone up to `cap`, as forced ids less the last `]`
+    (token healing, `_Live.forced_transcript_ids`); segments[first:] are the ones taken, none
+    of them a None piece. `exact=False`: the joined text is tokenized whole."""
+    first, conts = len(segments), 0  # conts: the `cont` ids of the segments taken
+    while first > 0:
+        piece = pieces[first - 1]
+        limit = cap if first == len(segments) else max_tokens  # the newest: up to cap
+        if piece is None or len(piece.lead) + conts > limit:
+            break
+        first -= 1
+        conts += len(piece.cont)
+    ids = join_pieces([p for p in pieces[first:] if p is not None])
+    while not exact and first < len(segments):
+        ids = encode("".join(render_segment(s) for s in segments[first:])[:-1])
+        limit = cap if first == len(segments) - 1 else max_tokens
+        if len(ids) <= limit:  # joined text can tokenize longer than its parts
+            break
+        first, ids = first + 1, []
+    return (first, ids) if ids else (len(segments), [])
+
+
 @dataclass
 class _Upload:
     options: SessionOptions
@@ -195,6 +242,10 @@ class _Upload:
     request_id: str | None = None
     stream: SegmentStream | None = None
     transcript: UploadTranscript | None = None
+    samples: np.ndarray | None = None  # the whole audio, kept for continuations (DESIGN 5.8)
+    continuations: int = 0
+    cut_s: float = -1.0  # the request's segments count past it (by midpoint): a continuation's
+    # forced segments come out again before its new ones
 
 
 @dataclass
@@ -289,28 +340,8 @@ class _Live:
         if len(committed) == self.prefix_num_committed and limits == self.prefix_limits:
             return self.prefix_ids
         for seg in committed[len(self.segment_pieces) :]:
-            piece = None
-            if SPECIAL_TOKEN_MARK not in seg.text:
-                piece = segment_pieces(encode, render_segment(seg))
-                if any(i in added_ids for i in piece.lead):
-                    piece = None
-            self.segment_pieces.append(piece)
-        first, conts = len(committed), 0  # conts: the `cont` ids of the segments taken
-        while first > 0:
-            piece = self.segment_pieces[first - 1]
-            limit = cap if first == len(committed) else max_tokens  # the newest: up to cap
-            if piece is None or len(piece.lead) + conts > limit:
-                break
-            first -= 1
-            conts += len(piece.cont)
-        # none of the pieces taken is None (the walk stopped at one): the filter is for types
-        ids = join_pieces([p for p in self.segment_pieces[first:] if p is not None])
-        while not exact and first < len(committed):
-            ids = encode("".join(render_segment(s) for s in committed[first:])[:-1])
-            limit = cap if first == len(committed) - 1 else max_tokens
-            if len(ids) <= limit:  # joined text can tokenize longer than its parts
-                break
-            first, ids = first + 1, []
+            self.segment_pieces.append(forced_piece(seg, encode, added_ids))
+        first, ids = forced_prefix(committed, self.segment_pieces, encode, max_tokens, cap, exact)
         self.prefix_segments = committed[first:] if ids else ()
         self.prefix_ids, self.prefix_num_committed = ids, len(committed)
         self.prefix_limits = limits
@@ -347,6 +378,7 @@ class MossCore:
         self.num_live_hops = 0  # live decodes finished, and their summed time (EngineStats)
         self.live_hop_s = 0.0
         self.live_forced_tokens = 0  # forced-transcript tokens of the hops submitted, summed
+        self.num_upload_continuations = 0  # uploads continued after an early stop (DESIGN 5.8)
         # each live session's forced-transcript budget adapts to load (DESIGN 5.1, 5.3)
         self.forced_budget = ForcedBudget(
             config.live_forced_transcript_tokens, config.live_forced_transcript_min_tokens
@@ -480,6 +512,7 @@ class MossCore:
             num_live_hops=self.num_live_hops,
             live_hop_s=self.live_hop_s,
             live_forced_tokens=self.live_forced_tokens,
+            num_upload_continuations=self.num_upload_continuations,
         )
 
     def step(self) -> list[tuple[str, Event]]:
@@ -595,6 +628,7 @@ class MossCore:
         # the model's stamps are marker time: the audio ends at this stamp, not at duration_s
         max_stamp_s = duration_s * self._time_scale()
         sess.transcript = UploadTranscript(duration_s, max_stamp_s)
+        sess.samples = samples
         if samples.size == 0:
             self._sessions.pop(sid, None)
             return [sess.transcript.final(FinishReason.STOP)]
@@ -617,12 +651,69 @@ class MossCore:
         assert sess.transcript is not None
         events: list[Event] = []
         for seg in segments:
+            if not _past_cut(seg, sess.cut_s):
+                continue  # a continuation's forced segment, written again
             added = sess.transcript.add(seg)
             if added is not None:
                 final, delta = added
                 events.append(TextDelta(delta))
                 events.append(SegmentFinal(final))
         return events
+
+    def _continue_upload(self, sid: str, sess: _Upload, reason: FinishReason) -> bool:
+        """Continue an upload whose decode ended (EOS) UPLOAD_CONTINUE_GAP_S or more before its
+        audio's end, with segments added since the last continuation (DESIGN 5.8): a new
+        request over the same audio (its full windows hit the encoder cache) whose forced
+        prefix is the transcript's most recent whole segments within the forced-transcript
+        cap (DESIGN 5.3, as a live hop's), so the model goes on after them. Returns whether
+        it was submitted; a request the engine refuses (no room in the context) ends the
+        upload as it stands."""
+        transcript, samples = sess.transcript, sess.samples
+        assert transcript is not None
+        segments = transcript.segments
+        if reason is not FinishReason.STOP or not segments or samples is None:
+            return False
+        cut_s = segments[-1].end_s
+        if sess.continuations >= UPLOAD_MAX_CONTINUATIONS or cut_s <= sess.cut_s:
+            return False
+        if transcript.max_stamp_s - cut_s < UPLOAD_CONTINUE_GAP_S:
+            return False
+        cap = self.config.live_forced_transcript_tokens
+        # a rendered segment is >= 4 ids (each stamp digit is one): no more can fit the cap
+        tail = segments[-(cap // 4 + 1) :]
+        pieces = [forced_piece(seg, self._encode, self._added_ids()) for seg in tail]
+        first, prefix = forced_prefix(tail, pieces, self._encode, cap, cap, self._pieces_join())
+        if not prefix:
+            return False  # nothing to force: the same decode would stop in the same place
+        engine, rid = self._engine(), f"{sid}/upload{sess.continuations + 1}"
+        try:
+            request = engine.add_request(
+                rid,
+                samples,
+                prompt=sess.options.prompt,
+                hotwords=sess.options.hotwords,
+                max_new_tokens=self._max_new_tokens(sess.options),
+                forced_output_ids=self._forced_ids(transcript.max_stamp_s, cut_s),
+                prefix_token_ids=prefix,
+                samples_checked=True,
+            )
+        except LivemeetError as exc:
+            log.warning("upload %s stopped at %.1f s and cannot continue: %s", sid, cut_s, exc)
+            return False
+        _log_request(request, samples.size)
+        log.info(
+            "upload %s stopped at %.1f s of %.1f: continuing with %d forced ids (%d of %d)",
+            sid, cut_s, transcript.max_stamp_s, len(prefix), sess.continuations + 1,
+            UPLOAD_MAX_CONTINUATIONS,
+        )  # fmt: skip
+        sess.request_id, self._owner[rid] = rid, sid
+        forced_texts = [seg.text for seg in tail[first:]]
+        sess.stream = SegmentStream(
+            IncrementalDetokenizer(engine.tokenizer), transcript.max_stamp_s, forced_texts
+        )
+        sess.cut_s, sess.continuations = cut_s, sess.continuations + 1
+        self.num_upload_continuations += 1
+        return True
 
     # -- live --------------------------------------------------------------------------------
 
@@ -775,6 +866,8 @@ class MossCore:
         events = self._upload_events(sess, sess.stream.close())
         if sess.stream.looping:
             reason = FinishReason.REPETITION
+        if self._continue_upload(sid, sess, reason):
+            return events
         events.append(sess.transcript.final(reason))
         self._drop(sid, sess)
         return events

@@ -1,7 +1,8 @@
 """Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
 
-Engine counters (`livemeet_engine_*`, and the live hops' `livemeet_live_hops`,
-`livemeet_live_hop_seconds` and `livemeet_live_forced_tokens`; one gauge among them, the
+Engine counters (`livemeet_engine_*`, the live hops' `livemeet_live_hops`,
+`livemeet_live_hop_seconds` and `livemeet_live_forced_tokens`, and
+`livemeet_upload_continuations`; one gauge among them, the
 worker's longest audio-command wait `livemeet_engine_audio_command_lag_max_seconds`) come
 from the engine worker as cumulative `EngineStats` (livemeet/engine/messages.py) at most
 ENGINE_STATS_INTERVAL_S stale while it steps and exact when idle. `EngineStatsCollector`
@@ -96,6 +97,11 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "Committed-transcript tokens live hops prefilled as forced assistant tokens, summed",
         labels=[],
     )
+    continuations = CounterMetricFamily(
+        "livemeet_upload_continuations",
+        "Uploads whose decode stopped well before their audio's end and was continued",
+        labels=[],
+    )
     audio_commands = CounterMetricFamily(
         "livemeet_engine_audio_commands",
         "Audio appends the engine worker applied (with a send time)",
@@ -126,6 +132,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         hops.add_metric([], stats.num_live_hops)
         hop_seconds.add_metric([], stats.live_hop_s)
         forced_tokens.add_metric([], stats.live_forced_tokens)
+        continuations.add_metric([], stats.num_upload_continuations)
         audio_commands.add_metric([], stats.num_audio_commands)
         audio_lag.add_metric([], stats.audio_command_lag_s)
         audio_lag_max.add_metric([], stats.audio_command_lag_max_s)
@@ -139,6 +146,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         hops,
         hop_seconds,
         forced_tokens,
+        continuations,
         audio_commands,
         audio_lag,
         audio_lag_max,

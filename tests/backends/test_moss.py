@@ -389,6 +389,93 @@ def test_a_held_upload_waits_at_most_the_batch_wait(
     assert_pool_clean(core)
 
 
+CONTINUED_REFERENCE = (
+    "[0.00][S01] Hello there.[1.20][1.40][S02] Second one.[2.80][3.00][S01] Third part.[4.50]"
+    "[5.00][S02] After the stop.[6.80][7.00][S01] And the end.[10.50]"
+)
+
+
+def stop_early_at(core: MossCore, first_s: float, later_s: float | None = None) -> None:
+    """The model stops early (DESIGN 5.8): an upload's first request gets the forced ids of
+    the segments ending by `first_s` only, then EOS; a continuation (forced after a cut) those
+    ending by `later_s` (None: the whole rest)."""
+    inner = core._forced_ids
+
+    def forced_ids(edge_s: float | None, tail_from_s: float | None = None) -> Any:
+        if edge_s is None:
+            return inner(first_s)
+        return inner(edge_s if later_s is None else later_s, tail_from_s)
+
+    core._forced_ids = forced_ids  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("gap_s", [3.0, 30.0])
+def test_an_upload_that_stops_early_is_continued_after_its_last_segments(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gap_s: float,
+) -> None:
+    """DESIGN 5.8: a decode that ends at 4.5 s of an 11-s upload, 6.5 s before its end, is
+    continued when that is at least UPLOAD_CONTINUE_GAP_S (3 s here): one request over the same
+    audio whose forced prefix is the transcript so far (whole segments, less the last `]`), so
+    the transcript is every reference segment once, in order, with one id sequence and joined
+    deltas. With the default 30 s the upload ends where the model stopped."""
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", gap_s)
+    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    stop_early_at(core, 4.5)
+    prefixes = record_prefixes(core)
+    final = check_upload_events(upload(core, clips[11.0]))
+    want = parse_transcript(CONTINUED_REFERENCE, 11.0)
+    assert final.finish_reason is FinishReason.STOP
+    stats = core.stats()
+    assert stats is not None
+    if gap_s == 30.0:
+        same_segments(final.segments, want[:3])
+        assert list(prefixes) == ["u/upload"] and stats.num_upload_continuations == 0
+    else:
+        same_segments(final.segments, want)
+        assert list(prefixes) == ["u/upload", "u/upload1"] and prefixes["u/upload"] == []
+        assert core.engine is not None
+        forced = parse_transcript(core.engine.tokenizer.decode(prefixes["u/upload1"]) + "]")
+        same_segments(tuple(forced), want[:3])
+        assert stats.num_upload_continuations == 1
+    assert_pool_clean(core)
+
+
+def test_continuations_stop_when_they_add_nothing_and_at_the_limit(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A continuation that adds no segment (the model stops at once again) is not followed by
+    another, and no upload continues more than UPLOAD_MAX_CONTINUATIONS times, even while each
+    adds a segment."""
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
+    want = parse_transcript(CONTINUED_REFERENCE, 11.0)
+    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    stop_early_at(core, 4.5, later_s=4.5)  # the continuation writes nothing new
+    prefixes = record_prefixes(core)
+    final = check_upload_events(upload(core, clips[11.0]))
+    same_segments(final.segments, want[:3])
+    assert list(prefixes) == ["u/upload", "u/upload1"]
+    assert_pool_clean(core)
+
+    monkeypatch.setattr(moss, "UPLOAD_MAX_CONTINUATIONS", 1)
+    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    stop_early_at(core, 1.2, later_s=2.8)  # each continuation could add one segment more
+    final = check_upload_events(upload(core, clips[11.0], sid="v"))
+    same_segments(final.segments, want[:2])
+    assert core.num_upload_continuations == 1
+    assert_pool_clean(core)
+
+
 def test_empty_upload_and_bad_input(our_model: MossTDModel, tmp_path: Path) -> None:
     core = make_core(our_model, tmp_path)
     core.open("e", SessionOptions(live=False))

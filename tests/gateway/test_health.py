@@ -111,6 +111,7 @@ async def test_metrics_export_the_engine_counters(
         num_live_hops=30,
         live_hop_s=12.5,
         live_forced_tokens=9_000,
+        num_upload_continuations=3,
         num_audio_commands=4_000,
         audio_command_lag_s=20.5,
         audio_command_lag_max_s=0.25,
@@ -138,6 +139,7 @@ async def test_metrics_export_the_engine_counters(
     assert "livemeet_live_hops_total 30.0" in text
     assert "livemeet_live_hop_seconds_total 12.5" in text
     assert "livemeet_live_forced_tokens_total 9000.0" in text
+    assert "livemeet_upload_continuations_total 3.0" in text
     assert "livemeet_engine_audio_commands_total 4000.0" in text
     assert "livemeet_engine_audio_command_lag_seconds_total 20.5" in text
     assert "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge" in text
