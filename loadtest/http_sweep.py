@@ -105,6 +105,7 @@ class EngineCounters:
     live_hops: int = 0  # live decodes finished
     live_hop_s: float = 0.0  # s; their summed time from submission to end
     live_forced_tokens: int = 0  # forced-transcript tokens of the hops submitted, summed
+    live_hop_wait_s: float = 0.0  # s; the hops' summed wait from due to submission
     audio_commands: int = 0  # audio appends the worker applied with a send time
     audio_lag_s: float = 0.0  # s; their summed wait from the gateway's queue to the worker
     audio_lag_max_s: float = 0.0  # s; the longest such wait since the worker started (a gauge)
@@ -121,6 +122,7 @@ class EngineCounters:
             live_hops=self.live_hops - before.live_hops,
             live_hop_s=self.live_hop_s - before.live_hop_s,
             live_forced_tokens=self.live_forced_tokens - before.live_forced_tokens,
+            live_hop_wait_s=self.live_hop_wait_s - before.live_hop_wait_s,
             audio_commands=self.audio_commands - before.audio_commands,
             audio_lag_s=self.audio_lag_s - before.audio_lag_s,
             audio_lag_max_s=self.audio_lag_max_s,  # not a counter: since the worker started
@@ -145,6 +147,9 @@ class EngineCounters:
         if self.live_hops and self.live_forced_tokens:  # servers before session 17: none
             # per hop finished: a hop submitted but not finished counts in the sum only
             record["live_forced_mean_tokens"] = self.live_forced_tokens / self.live_hops
+        if self.live_hops and self.live_hop_wait_s:  # servers before session 18: none
+            # the wait before submission, which live_hop_mean_s does not hold
+            record["live_hop_wait_mean_s"] = self.live_hop_wait_s / self.live_hops
         if self.audio_commands:  # servers before session 16 do not time them
             record["audio_commands"] = self.audio_commands
             record["audio_lag_mean_s"] = self.audio_lag_s / self.audio_commands
@@ -159,6 +164,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
     values: dict[str, int] = {}
     step_s: dict[str, float] = {}
     hop_s = 0.0  # livemeet_live_hop_seconds: absent from servers before session 15
+    hop_wait_s = 0.0  # livemeet_live_hop_wait_seconds: absent before session 18
     lag_s = lag_max_s = 0.0  # the audio-command waits: absent from servers before session 16
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -178,6 +184,8 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 values["hops"] = int(sample.value)
             elif sample.name == "livemeet_live_hop_seconds_total":
                 hop_s = sample.value
+            elif sample.name == "livemeet_live_hop_wait_seconds_total":
+                hop_wait_s = sample.value
             elif sample.name == "livemeet_live_forced_tokens_total":
                 values["forced"] = int(sample.value)
             elif sample.name == "livemeet_engine_audio_commands_total":
@@ -199,6 +207,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         live_hops=values.get("hops", 0),
         live_hop_s=hop_s,
         live_forced_tokens=values.get("forced", 0),
+        live_hop_wait_s=hop_wait_s,
         audio_commands=values.get("audio_commands", 0),
         audio_lag_s=lag_s,
         audio_lag_max_s=lag_max_s,

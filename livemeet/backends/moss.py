@@ -95,7 +95,12 @@ log = logging.getLogger(__name__)
 
 LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by at most
 SPECIAL_TOKEN_MARK = "<|"  # how Qwen's control tokens start (<|im_end|>); other added ones: by id
-MAX_SUBMITS_PER_STEP = 4  # requests encoded and queued per step(), which bounds a step's time
+# requests queued per step(), the longest-due first: each costs ~1 ms of host time (prompt,
+# forced ids, hashes of new full windows; the encoder runs in the engine's step), so a burst
+# of due sessions (a restart, many joining at once) cannot hold one step long. At 4, 100 live
+# sessions late in a meeting, whose steps ran ~20 a second, could queue only ~80 hops a
+# second: their hops waited before submission, unseen by the forced budget (session 18)
+MAX_SUBMITS_PER_STEP = 16
 DUMMY_MODEL_ID = "moss-td-dummy"
 
 
@@ -243,6 +248,7 @@ class _Upload:
     stream: SegmentStream | None = None
     transcript: UploadTranscript | None = None
     samples: np.ndarray | None = None  # the whole audio, kept for continuations (DESIGN 5.8)
+    due_s: float | None = None  # engine clock when step() first found it due for submission
     continuations: int = 0
     cut_s: float = -1.0  # the request's segments count past it (by midpoint): a continuation's
     # forced segments come out again before its new ones
@@ -257,6 +263,7 @@ class _Hop:
     stream: SegmentStream
     session_labels: frozenset[str]  # speakers of the forced transcript prefix
     submitted_s: float  # engine clock at submission
+    due_s: float  # engine clock when it was found due (<= submitted_s: it waited its turn)
     segments: list[Segment] = field(default_factory=list)
 
 
@@ -292,6 +299,7 @@ class _Live:
     num_hops: int = 0
     num_reused_tokens: int = 0
     last_reason: FinishReason = FinishReason.STOP
+    due_s: float | None = None  # engine clock when step() first found a hop or flush due
 
     def audio_to(self, edge: int) -> np.ndarray:
         """The first `edge` samples heard (a view: valid until the next append)."""
@@ -378,6 +386,7 @@ class MossCore:
         self.num_live_hops = 0  # live decodes finished, and their summed time (EngineStats)
         self.live_hop_s = 0.0
         self.live_forced_tokens = 0  # forced-transcript tokens of the hops submitted, summed
+        self.live_hop_wait_s = 0.0  # s the hops waited from due to submission, summed
         self.num_upload_continuations = 0  # uploads continued after an early stop (DESIGN 5.8)
         # each live session's forced-transcript budget adapts to load (DESIGN 5.1, 5.3)
         self.forced_budget = ForcedBudget(
@@ -512,19 +521,14 @@ class MossCore:
             num_live_hops=self.num_live_hops,
             live_hop_s=self.live_hop_s,
             live_forced_tokens=self.live_forced_tokens,
+            live_hop_wait_s=self.live_hop_wait_s,
             num_upload_continuations=self.num_upload_continuations,
         )
 
     def step(self) -> list[tuple[str, Event]]:
         engine = self._engine()
         out: list[tuple[str, Event]] = []
-        submitted = 0
-        for sid, sess in list(self._sessions.items()):
-            if submitted >= MAX_SUBMITS_PER_STEP:
-                break
-            if not self._needs_submit(sess):
-                continue
-            submitted += 1
+        for sid, sess in self._due_sessions(engine.clock())[:MAX_SUBMITS_PER_STEP]:
             try:
                 events = self._submit(sid, sess)
             except LivemeetError as exc:
@@ -602,6 +606,19 @@ class MossCore:
         )
         self.engine.set_incoming_uploads(self._gateway_incoming_uploads + unqueued)
 
+    def _due_sessions(self, now: float) -> list[tuple[str, _Session]]:
+        """Sessions with a request to submit, the longest-due first (each is stamped the
+        first time it is found due, so a session waits at most its turn, whatever its place
+        among the sessions)."""
+        due: list[tuple[str, _Session]] = []
+        for sid, sess in self._sessions.items():
+            if self._needs_submit(sess):
+                if sess.due_s is None:
+                    sess.due_s = now
+                due.append((sid, sess))
+        due.sort(key=lambda item: item[1].due_s or 0.0)
+        return due
+
     def _needs_submit(self, sess: _Session) -> bool:
         if isinstance(sess, _Upload):
             return sess.ended and sess.request_id is None
@@ -610,10 +627,11 @@ class MossCore:
         return sess.live.hop_due() or sess.live.flush_due()
 
     def _submit(self, sid: str, sess: _Session) -> list[Event]:
+        due_s, sess.due_s = sess.due_s, None
         if isinstance(sess, _Upload):
             return self._submit_upload(sid, sess)
         if sess.live.hop_due():
-            self._submit_hop(sid, sess)
+            self._submit_hop(sid, sess, due_s)
             return []
         events = sess.live.flush()
         return self._after_live_events(sid, sess, events)
@@ -717,7 +735,7 @@ class MossCore:
 
     # -- live --------------------------------------------------------------------------------
 
-    def _submit_hop(self, sid: str, sess: _Live) -> None:
+    def _submit_hop(self, sid: str, sess: _Live, due_s: float | None = None) -> None:
         engine = self._engine()
         window = sess.live.window()  # fixes the hop's audio edge and the committed end
         edge = round(window.end_s * SAMPLE_RATE)
@@ -776,6 +794,7 @@ class MossCore:
         self.num_reused_tokens += request.num_cached_tokens
         self.live_forced_tokens += len(prefix)
         forced = sess.prefix_segments if prefix else ()
+        now = engine.clock()
         sess.hop = _Hop(
             rid,
             edge,
@@ -787,8 +806,10 @@ class MossCore:
                 [s.text for s in forced],
             ),
             frozenset(s.speaker for s in forced),
-            engine.clock(),
+            now,
+            now if due_s is None else min(due_s, now),
         )
+        self.live_hop_wait_s += now - sess.hop.due_s
         self._owner[rid] = sid
 
     def _finish_hop(self, sid: str, sess: _Live, reason: FinishReason) -> list[Event]:
@@ -796,8 +817,8 @@ class MossCore:
         assert hop is not None
         sess.hop = None
         self.num_live_hops += 1
-        duration_s = self._engine().clock() - hop.submitted_s
-        self.live_hop_s += duration_s
+        now = self._engine().clock()
+        self.live_hop_s += now - hop.submitted_s
         hop.segments.extend(hop.stream.close())
         if hop.stream.looping:
             reason = FinishReason.REPETITION
@@ -813,8 +834,9 @@ class MossCore:
         sess.last_reason = reason
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             # a hop cut short (a loop) would look fast: only whole hops say how loaded the GPU is
+            # from when the hop was due: a wait for submission is load the GPU did not take
             sess.forced_budget = self.forced_budget.after_hop(
-                sess.forced_budget, duration_s, sess.options.hop_s
+                sess.forced_budget, now - hop.due_s, sess.options.hop_s
             )
         # The hypothesis covers all audio; keep what lies after the last final (by midpoint).
         new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]

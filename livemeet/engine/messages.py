@@ -143,6 +143,8 @@ class EngineStats:
     live session waits for, and which grows when live serving falls behind;
     `live_forced_tokens` the forced-transcript tokens of the hops submitted, summed (their
     budget adapts to load: livemeet/session/forced_budget.py).
+    `live_hop_wait_s`: the hops' summed wait from being due (step() first found the session's
+    hop due) to submission, a queue in front of the engine that `live_hop_s` does not see.
     `num_upload_continuations`: uploads whose decode stopped well before their audio's end
     and was continued (DESIGN 5.8; the backend's: MossCore).
     `num_audio_commands`, `audio_command_lag_s` and `audio_command_lag_max_s` (the worker's):
@@ -170,6 +172,7 @@ class EngineStats:
     num_live_hops: int = 0  # live decodes finished (set by the backend)
     live_hop_s: float = 0.0  # s; their summed time from submission to end (engine clock)
     live_forced_tokens: int = 0  # tokens; forced transcript the live hops submitted prefilled
+    live_hop_wait_s: float = 0.0  # s; the hops' summed wait from due to submission
     num_upload_continuations: int = 0  # requests; uploads continued after an early stop
     num_audio_commands: int = 0  # commands; audio appends applied that carried a send time
     audio_command_lag_s: float = 0.0  # s; their summed wait from the gateway's queue

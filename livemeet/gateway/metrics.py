@@ -1,7 +1,8 @@
 """Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
 
 Engine counters (`livemeet_engine_*`, the live hops' `livemeet_live_hops`,
-`livemeet_live_hop_seconds` and `livemeet_live_forced_tokens`, and
+`livemeet_live_hop_seconds`, `livemeet_live_hop_wait_seconds` and
+`livemeet_live_forced_tokens`, and
 `livemeet_upload_continuations`; one gauge among them, the
 worker's longest audio-command wait `livemeet_engine_audio_command_lag_max_seconds`) come
 from the engine worker as cumulative `EngineStats` (livemeet/engine/messages.py) at most
@@ -97,6 +98,11 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "Committed-transcript tokens live hops prefilled as forced assistant tokens, summed",
         labels=[],
     )
+    hop_wait = CounterMetricFamily(
+        "livemeet_live_hop_wait_seconds",
+        "Seconds live hops waited from being due to their submission to the engine, summed",
+        labels=[],
+    )
     continuations = CounterMetricFamily(
         "livemeet_upload_continuations",
         "Uploads whose decode stopped well before their audio's end and was continued",
@@ -132,6 +138,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         hops.add_metric([], stats.num_live_hops)
         hop_seconds.add_metric([], stats.live_hop_s)
         forced_tokens.add_metric([], stats.live_forced_tokens)
+        hop_wait.add_metric([], stats.live_hop_wait_s)
         continuations.add_metric([], stats.num_upload_continuations)
         audio_commands.add_metric([], stats.num_audio_commands)
         audio_lag.add_metric([], stats.audio_command_lag_s)
@@ -146,6 +153,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         hops,
         hop_seconds,
         forced_tokens,
+        hop_wait,
         continuations,
         audio_commands,
         audio_lag,

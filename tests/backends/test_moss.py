@@ -667,9 +667,9 @@ def test_slow_hops_shrink_the_forced_transcript_and_the_transcript_stays_whole(
     budgets: list[int] = []
     inner = core._submit_hop
 
-    def submit_hop(sid: str, sess: Any) -> None:
+    def submit_hop(sid: str, sess: Any, due_s: float | None = None) -> None:
         budgets.append(sess.forced_budget.tokens)
-        inner(sid, sess)
+        inner(sid, sess, due_s)
 
     core._submit_hop = submit_hop  # type: ignore[method-assign]
     events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)
@@ -779,6 +779,58 @@ def test_a_loop_does_not_grow_past_the_forced_transcript(
         run = run + 1 if prev == cur else 1
         longest = max(longest, run)
     assert texts[0] == "one" and longest <= 3, texts
+    assert_pool_clean(core)
+
+
+def test_due_sessions_are_submitted_longest_due_first_and_their_wait_counts(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step submits at most MAX_SUBMITS_PER_STEP requests, the sessions due longest first
+    (not in the order they opened: with 4 per step, 100 sessions' hops queued unseen before
+    submission, docs/benchmarks.md session 18). A hop's wait from due to submission is summed
+    for /metrics, and the forced budget judges the hop from when it was due."""
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "MAX_SUBMITS_PER_STEP", 2)
+    core = make_core(our_model, tmp_path, forced=REFERENCE)
+    for sid in ("a", "b", "c"):
+        core.open(sid, SessionOptions(live=True))
+        core.append(sid, clips[11.0][: 2 * SAMPLE_RATE])
+    sessions = core._sessions
+    sessions["b"].due_s, sessions["c"].due_s = -3.0, -2.0  # due before "a" (unstamped)
+    assert core.engine is not None
+    now = core.engine.clock()
+    assert [sid for sid, _ in core._due_sessions(now)] == ["b", "c", "a"]
+    assert sessions["a"].due_s == now
+    durations: list[float] = []
+    rule = core.forced_budget
+
+    class Recorder:
+        def start(self) -> BudgetState:
+            return rule.start()
+
+        def after_hop(self, state: BudgetState, hop_duration_s: float, hop_s: float) -> BudgetState:
+            durations.append(hop_duration_s)
+            return rule.after_hop(state, hop_duration_s, hop_s)
+
+    core.forced_budget = Recorder()  # type: ignore[assignment]
+    core.step()
+    hops = {sid: s.hop for sid, s in sessions.items()}  # type: ignore[union-attr]
+    assert hops["b"] is not None and hops["c"] is not None and hops["a"] is None
+    assert hops["b"].due_s == -3.0 and hops["c"].due_s == -2.0
+    waited = (hops["b"].submitted_s + 3.0) + (hops["c"].submitted_s + 2.0)
+    assert core.live_hop_wait_s == pytest.approx(waited)
+    out: list[tuple[str, Event]] = []
+    run_to_idle(core, out)  # "a" goes next; every hop finishes
+    assert sessions["a"].hop is None and core.live_hop_wait_s > waited
+    assert len(durations) == 3 and sorted(durations)[-1] > 3.0  # "b": due 3 s before 0
+    stats = core.stats()
+    assert stats is not None and stats.live_hop_wait_s == core.live_hop_wait_s
+    for sid in ("a", "b", "c"):
+        core.abort(sid)
     assert_pool_clean(core)
 
 

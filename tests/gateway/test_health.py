@@ -112,6 +112,7 @@ async def test_metrics_export_the_engine_counters(
         live_hop_s=12.5,
         live_forced_tokens=9_000,
         num_upload_continuations=3,
+        live_hop_wait_s=4.5,
         num_audio_commands=4_000,
         audio_command_lag_s=20.5,
         audio_command_lag_max_s=0.25,
@@ -140,6 +141,7 @@ async def test_metrics_export_the_engine_counters(
     assert "livemeet_live_hop_seconds_total 12.5" in text
     assert "livemeet_live_forced_tokens_total 9000.0" in text
     assert "livemeet_upload_continuations_total 3.0" in text
+    assert "livemeet_live_hop_wait_seconds_total 4.5" in text
     assert "livemeet_engine_audio_commands_total 4000.0" in text
     assert "livemeet_engine_audio_command_lag_seconds_total 20.5" in text
     assert "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge" in text

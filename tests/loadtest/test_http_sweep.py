@@ -193,21 +193,23 @@ def test_encoder_windows_and_live_hops_parsed_and_differenced() -> None:
     """The encoder's windows and the live hops (count, summed time) of a point: its mean hop
     time says how far behind live serving ran."""
 
-    def text(windows: int, hops: int, hop_s: float, forced: int) -> str:
+    def text(windows: int, hops: int, hop_s: float, forced: int, wait_s: float) -> str:
         return with_samples(
             ("livemeet_engine_encoded_windows_total", "counter", windows),
             ("livemeet_live_hops_total", "counter", hops),
             ("livemeet_live_hop_seconds_total", "counter", hop_s),
             ("livemeet_live_forced_tokens_total", "counter", forced),
+            ("livemeet_live_hop_wait_seconds_total", "counter", wait_s),
         )
 
     fields = engine_fields(
-        parse_engine_counters(text(40, 100, 30.0, 5_000)),
-        parse_engine_counters(text(52, 300, 130.0, 105_000)),
+        parse_engine_counters(text(40, 100, 30.0, 5_000, 1.0)),
+        parse_engine_counters(text(52, 300, 130.0, 105_000, 21.0)),
     )
     assert fields["encoded_windows"] == 12
     assert fields["live_hops"] == 200 and fields["live_hop_mean_s"] == 0.5
     assert fields["live_forced_mean_tokens"] == 500.0  # the hops' forced transcript
+    assert fields["live_hop_wait_mean_s"] == 0.1  # their wait before submission
     assert "audio_commands" not in fields  # a server before session 16: no such fields
 
 
