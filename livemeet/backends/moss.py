@@ -97,9 +97,10 @@ LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by a
 SPECIAL_TOKEN_MARK = "<|"  # how Qwen's control tokens start (<|im_end|>); other added ones: by id
 # requests queued per step(), the longest-due first: each costs ~1 ms of host time (prompt,
 # forced ids, hashes of new full windows; the encoder runs in the engine's step), so a burst
-# of due sessions (a restart, many joining at once) cannot hold one step long. At 4, 100 live
-# sessions late in a meeting, whose steps ran ~20 a second, could queue only ~80 hops a
-# second: their hops waited before submission, unseen by the forced budget (session 18)
+# of due sessions (a restart, many joining at once) cannot hold one step long. At 4 per step,
+# 100 live sessions late in a meeting, whose steps ran ~20 a second, could queue at most ~80
+# hops a second for the ~100 due (72 finished): a wait before submission that neither the
+# forced budget nor live_hop_s saw (docs/benchmarks.md, session 18)
 MAX_SUBMITS_PER_STEP = 16
 DUMMY_MODEL_ID = "moss-td-dummy"
 
