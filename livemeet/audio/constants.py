@@ -101,11 +101,12 @@ LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
 LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 512
 # a session whose hops' smoothed duration passes this fraction of the hop interval halves its
 # budget, one below the next fraction grows it by the step (additive increase, multiplicative
-# decrease).
-# 0.5: partial latency is about the wait for the next hop (up to one interval) plus the hop
-# itself, so hops of half an interval keep it near DESIGN's 1.5 s at the default 1-s hop
-LIVE_FORCED_BUDGET_SLOW_FRACTION = 0.5
-LIVE_FORCED_BUDGET_FAST_FRACTION = 0.25
+# decrease). p95 partial latency is about 0.95 of the wait for the next hop, a 0.1-s frame and
+# the hop at its own p95, ~1.5-2x its mean: 64 sessions whose hops averaged 0.35-0.41 s of a
+# 1-s interval saw ~2.0 s p95 (docs/benchmarks.md, session 18), so DESIGN's 1.5 s needs hops
+# of ~0.25 s on average: the load is held between 0.15 and 0.3 (0.25 and 0.5 until then)
+LIVE_FORCED_BUDGET_SLOW_FRACTION = 0.3
+LIVE_FORCED_BUDGET_FAST_FRACTION = 0.15
 LIVE_FORCED_BUDGET_STEP_TOKENS = 256  # tokens the budget grows by after a fast hop
 # weight of the newest hop in a session's smoothed load (the fractions above apply to it): at
 # one hop a second ~3 s of memory; a hop moves the load by 0.3 of its own difference from it

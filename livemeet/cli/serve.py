@@ -166,7 +166,7 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         type=int,
         default=ModelConfig.live_forced_transcript_min_tokens,
         help="the least a session's hops force while the GPU is behind: the budget halves "
-        "towards it while its hops take over half a hop interval (smoothed) and grows back "
+        "towards it while its hops take over 0.3 of a hop interval (smoothed) and grows back "
         "while they are fast (a value >= --live-forced-transcript-tokens keeps the budget "
         "fixed; default %(default)d)",
     )

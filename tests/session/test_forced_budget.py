@@ -10,6 +10,9 @@ import pytest
 from livemeet.errors import ConfigError
 from livemeet.session.forced_budget import BudgetState, ForcedBudget
 
+# the fractions these tests were written for (the defaults are LIVE_FORCED_BUDGET_*_FRACTION)
+HALF = {"slow_fraction": 0.5, "fast_fraction": 0.25}
+
 
 def tokens_after(rule: ForcedBudget, state: BudgetState, durations: list[float]) -> list[int]:
     """The budget's tokens after each of `durations` (s; 1-s hops)."""
@@ -21,7 +24,7 @@ def tokens_after(rule: ForcedBudget, state: BudgetState, durations: list[float])
 
 
 def test_slow_hops_halve_the_budget_down_to_the_floor() -> None:
-    rule = ForcedBudget(2_048, 512)  # the newest hop weighs 0.3: 2-s hops pass 0.5 at once
+    rule = ForcedBudget(2_048, 512)  # the newest hop weighs 0.3: 2-s hops are slow at once
     assert rule.start() == BudgetState(2_048, 0.0)
     assert tokens_after(rule, rule.start(), [2.0] * 4) == [1_024, 512, 512, 512]
 
@@ -33,14 +36,14 @@ def test_fast_hops_grow_it_back_by_steps_up_to_the_cap() -> None:
 
 
 def test_the_load_is_the_hops_smoothed_duration_over_the_interval() -> None:
-    rule = ForcedBudget(2_048, 512, smoothing=0.25)
+    rule = ForcedBudget(2_048, 512, smoothing=0.25, **HALF)
     state = rule.after_hop(BudgetState(1_000, 0.2), hop_duration_s=1.2, hop_s=2.0)
     assert state.load == pytest.approx(0.2 + 0.25 * (0.6 - 0.2))  # scales with the hop
     assert state.tokens == 1_000  # 0.3: between the thresholds
 
 
 def test_one_slow_hop_among_fast_ones_keeps_the_budget() -> None:
-    rule = ForcedBudget(2_048, 512)
+    rule = ForcedBudget(2_048, 512, **HALF)
     state = BudgetState(1_024, 0.1)
     state = rule.after_hop(state, hop_duration_s=1.2, hop_s=1.0)  # load 0.1 + 0.3 x 1.1
     assert state.tokens == 1_024 and state.load == pytest.approx(0.43)
@@ -54,14 +57,16 @@ def test_hops_fast_and_slow_in_turn_on_an_overloaded_gpu_reach_the_floor() -> No
     turn (0.65 of the interval on average) take the budget to the floor and keep it there;
     a rule on single hops (smoothing 1) hovers above it."""
     durations = [0.1, 1.2] * 10
-    smoothed = tokens_after(ForcedBudget(2_048, 512), BudgetState(2_048), durations)
+    smoothed = tokens_after(ForcedBudget(2_048, 512, **HALF), BudgetState(2_048), durations)
     assert set(smoothed[-10:]) == {512}
-    single = tokens_after(ForcedBudget(2_048, 512, smoothing=1.0), BudgetState(2_048), durations)
+    single = tokens_after(
+        ForcedBudget(2_048, 512, smoothing=1.0, **HALF), BudgetState(2_048), durations
+    )
     assert min(single[-10:]) == 512 and max(single[-10:]) == 768
 
 
 def test_the_budget_stays_within_floor_and_cap_from_any_start() -> None:
-    rule = ForcedBudget(2_048, 512)
+    rule = ForcedBudget(2_048, 512, **HALF)
     assert rule.after_hop(BudgetState(0), 0.1, 1.0).tokens == 768  # the floor, then a step
     assert rule.after_hop(BudgetState(100, 0.9), 0.9, 1.0).tokens == 512
     assert rule.after_hop(BudgetState(9_999, 0.3), 0.3, 1.0).tokens == 2_048
@@ -69,7 +74,7 @@ def test_the_budget_stays_within_floor_and_cap_from_any_start() -> None:
 
 
 def test_loads_between_the_thresholds_keep_the_budget() -> None:
-    rule = ForcedBudget(2_048, 512)  # slow above 0.5 of the interval, fast below 0.25
+    rule = ForcedBudget(2_048, 512, **HALF)  # slow above 0.5 of the interval, fast below 0.25
     assert rule.after_hop(BudgetState(1_000, 0.3), 0.3, 1.0).tokens == 1_000
     assert rule.after_hop(BudgetState(1_000, 0.5), 0.5, 1.0).tokens == 1_000  # not above
     assert rule.after_hop(BudgetState(1_000, 0.5), 0.6, 1.2).tokens == 1_000  # scales with hop
@@ -102,12 +107,14 @@ def test_bad_settings_are_config_errors(kwargs: dict[str, float]) -> None:
         ForcedBudget(**kwargs)  # type: ignore[arg-type]
 
 
-def test_overloaded_sessions_settle_near_what_the_gpu_prefills() -> None:
+@pytest.mark.parametrize("fractions", [HALF, {}], ids=["half", "defaults"])
+def test_overloaded_sessions_settle_near_what_the_gpu_prefills(fractions: dict) -> None:
     """A toy shared GPU: every hop takes (sessions x budget) / capacity seconds. 100 sessions
     that would need 2,048 forced tokens each (4x what it prefills per hop interval) shrink
-    their budgets until hops take about half an interval, and no further than the floor; when
-    the load goes, the budgets grow back to the cap."""
-    rule = ForcedBudget(2_048, 256, step_tokens=128)
+    their budgets until hops take between the fast and the slow fraction of an interval (a
+    quarter to a half; with the defaults 0.15-0.3), and no further than the floor; when the
+    load goes, the budgets grow back to the cap."""
+    rule = ForcedBudget(2_048, 256, step_tokens=128, **fractions)
     capacity = 51_200  # forced tokens per second
     states = [rule.start()] * 100
     durations = []
@@ -117,7 +124,8 @@ def test_overloaded_sessions_settle_near_what_the_gpu_prefills() -> None:
         states = [rule.after_hop(s, duration, hop_s=1.0) for s in states]
     late = durations[-20:]
     assert durations[0] == pytest.approx(4.0)
-    assert max(late) <= 0.5 + 100 * 128 / capacity and min(late) >= 0.25 - 1e-9
+    assert max(late) <= rule.slow_fraction + 100 * 128 / capacity
+    assert min(late) >= rule.fast_fraction - 1e-9
     assert all(256 <= s.tokens <= 2_048 for s in states)
     alone = states[0]
     for _ in range(30):  # one session left
