@@ -49,6 +49,7 @@ from livemeet.audio.constants import (
 )
 from livemeet.engine.cost_model import StepCostModel
 from livemeet.models.prompt import HEADER_LEN, PromptConfig, audio_span, stable_prefix_len
+from loadtest.bench_live import HEAD_SPEED, meeting_s
 
 # ids from <|audio_end|> to the assistant turn with the default (Chinese) instruction and the
 # Qwen tokenizer (livemeet.models.prompt.build_prompt: 71; a test checks it)
@@ -155,8 +156,11 @@ def against_record(
     model: LiveCostModel, record: dict[str, Any], hop_s: float
 ) -> list[dict[str, Any]]:
     """Per `engine_by_time` bucket of a bench_live point: the hops and forced tokens it ran,
-    the model's GPU seconds for them, and the engine thread's seconds in steps (launch + wait +
-    encode: the GPU's time where it was the limit)."""
+    the model's GPU seconds for them (at the bucket's middle in meeting time: a head start
+    streams faster, `loadtest.bench_live.meeting_s`), and the engine thread's seconds in
+    steps (launch + wait + encode: the GPU's time where it was the limit)."""
+    head_s = record.get("head_start_s", 0.0)
+    head_speed = record.get("head_speed", HEAD_SPEED)
     rows = []
     for name, b in record.get("engine_by_time", {}).items():
         lo, hi = (float(x) for x in name.split("-"))
@@ -165,12 +169,13 @@ def against_record(
             continue
         steps = b.get("engine_step_s", {})
         forced = round(b.get("live_forced_mean_tokens", 0.0))
+        at_s = meeting_s((lo + hi) / 2, head_s, head_speed)
         rows.append(
             {
                 "bucket": name,
                 "hops": hops,
                 "forced": forced,
-                "model_gpu_s": round(hops * model.hop_s((lo + hi) / 2, hop_s, forced), 2),
+                "model_gpu_s": round(hops * model.hop_s(at_s, hop_s, forced), 2),
                 "engine_s": round(sum(steps.get(k, 0.0) for k in ("launch", "wait", "encode")), 2),
                 "seconds": hi - lo,
             }

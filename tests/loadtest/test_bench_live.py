@@ -15,6 +15,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from livemeet.models.tokenizer import load_tokenizer
 from loadtest import bench_live
 from loadtest import workloads as wl
 from loadtest.bench_live import (
@@ -24,6 +25,7 @@ from loadtest.bench_live import (
     engine_by_time,
     frame_of,
     latency_by_time,
+    meeting_s,
     message_segments,
     scrape_every,
     segment_latencies,
@@ -82,6 +84,27 @@ def test_segment_latencies_count_live_late_and_missed_segments() -> None:
     # shown, but its audio never went out (a session that failed mid-stream): missed, no -inf
     unsent = SessionLog(t0=100.0, sent=[100.1], events=[(101.0, "segment.final", [(0.0, 1.25)])])
     assert segment_latencies(TURNS[:1], unsent, audio_s=1.25).missed == 1
+
+
+def test_a_head_start_is_left_out_of_latency_and_send_lag() -> None:
+    """Frames of a head start go out ahead of real time: they are not late, and segments
+    ending within the head do not count; after it, frame k is due at t0 + (k + 1) FRAME_S."""
+    log = on_time_log(35)
+    log.head_frames = 20  # the first 2 s were streamed fast, 1.5 s early at most
+    for k in range(20):
+        log.sent[k] = log.t0 + 1.5 + (k + 1) * FRAME_S / 4
+    assert send_lag_s(log) == pytest.approx(0.0)
+    log.events = [(103.0, "segment.final", [(0.0, 1.25), (1.3, 2.0), (2.1, 2.6)])]
+    got = segment_latencies(TURNS, log, audio_s=3.5, from_s=2.0)
+    assert got.expected == 2 and got.end_times == (2.6,) and got.missed == 1
+    assert got.latencies == pytest.approx((103.0 - 102.6,))
+
+
+def test_meeting_time_runs_fast_through_the_head_then_in_real_time() -> None:
+    assert meeting_s(10.0) == 10.0
+    assert meeting_s(10.0, head_s=300.0, head_speed=4.0) == 40.0
+    assert meeting_s(75.0, head_s=300.0, head_speed=4.0) == 300.0
+    assert meeting_s(100.0, head_s=300.0, head_speed=4.0) == 325.0
 
 
 def test_latency_by_time_buckets_segments_by_their_end_in_the_meeting() -> None:
@@ -285,6 +308,33 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
     assert points[0]["upload_transcribed_audio_s"] == 0.0
     done = points[1]["uploads_completed"]
     assert 20.0 * done <= points[1]["upload_transcribed_audio_s"] <= 30.0 * (done + 1)
+
+
+@pytest.mark.slow
+def test_a_head_start_reaches_late_in_the_meeting_in_less_time(tmp_path: Path) -> None:
+    """--head-start-s 8 at 4x: 14 s of meeting in ~8 s; only segments ending after 8 s
+    count, each live within a hop plus slack, and the client is never late in real time."""
+    out = tmp_path / "live.jsonl"
+    run_module(
+        "loadtest.bench_live",
+        "--sessions", "2",
+        "--uploads", "0",
+        "--duration-s", "14",
+        "--head-start-s", "8",
+        "--long-audio-s", "30",
+        "--serve-args", "--backend scripted --model {script}",
+        "--out", str(out),
+    )  # fmt: skip
+    (r,) = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    assert r["num_errors"] == 0, r["first_error"]
+    assert r["head_start_s"] == 8.0 and r["head_speed"] == 4.0
+    turns = wl.make_forced(load_tokenizer(None), wl.get_workload("long", 30.0), seed=1)[1].turns
+    late = [t for t in turns if 8.0 < t.end_s <= 14.0]
+    assert r["segments_expected"] == 2 * len(late) > 0
+    assert r["segments_seen"] == r["segments_expected"]
+    assert 0.0 < r["latency_p95_s"] <= r["latency_max_s"] < 1.5
+    assert r["send_lag_max_s"] < 0.5
+    assert r["wall_s"] < 14.0 - 8.0 + 8.0 / 4 + 1.0 + r["final_after_end_max_s"]
 
 
 @pytest.mark.slow

@@ -70,6 +70,14 @@ def test_against_record_prices_each_bucket_of_a_bench_live_point() -> None:
     (row,) = lc.against_record(model, record, hop_s=1.0)
     assert row["bucket"] == "60-90" and row["forced"] == 600 and row["engine_s"] == 3.5
     assert row["model_gpu_s"] == pytest.approx(100 * model.hop_s(75.0, 1.0, 600), abs=0.01)
+    # a head start (bench_live --head-start-s 300 at 4x): the buckets are priced in meeting
+    # time, 4x faster through the head's 75 s, then real time
+    fast = {"head_start_s": 300.0, "head_speed": 4.0, "engine_by_time": {"0-30": bucket}}
+    late = {**fast, "engine_by_time": {"75-105": bucket}}
+    (head,) = lc.against_record(model, fast, hop_s=1.0)
+    (after,) = lc.against_record(model, late, hop_s=1.0)
+    assert head["model_gpu_s"] == pytest.approx(100 * model.hop_s(60.0, 1.0, 600), abs=0.01)
+    assert after["model_gpu_s"] == pytest.approx(100 * model.hop_s(315.0, 1.0, 600), abs=0.01)
 
 
 def test_cli_prints_the_table_and_a_records_buckets(tmp_path) -> None:  # noqa: ANN001
