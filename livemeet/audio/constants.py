@@ -119,6 +119,9 @@ LIVE_FORCED_BUDGET_SMOOTHING = 0.3
 # short against what an early stop loses (a 90-minute upload, MAX_AUDIO_S, needs ~2)
 UPLOAD_CONTINUE_GAP_S = 30.0
 UPLOAD_MAX_CONTINUATIONS = 4
+# ids of committed transcript a continuation forces: DESIGN 5.3's 2,048, whatever the live
+# setting (`--live-forced-transcript-tokens 0` still continues uploads)
+UPLOAD_CONTINUE_FORCED_TOKENS = 2_048
 LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
 
 # Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).

@@ -37,6 +37,7 @@ by its audio edge.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,6 +49,7 @@ import numpy as np
 from livemeet.audio.constants import (
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     SAMPLE_RATE,
+    UPLOAD_CONTINUE_FORCED_TOKENS,
     UPLOAD_CONTINUE_GAP_S,
     UPLOAD_MAX_CONTINUATIONS,
     WINDOW_SAMPLES,
@@ -89,7 +91,13 @@ from livemeet.transcript.pieces import (
     splits_after_digits,
 )
 from livemeet.transcript.repetition import RepetitionGuard
-from livemeet.transcript.segments import FinishReason, Segment, Transcript, join_texts
+from livemeet.transcript.segments import (
+    FinishReason,
+    Segment,
+    SegmentFlag,
+    Transcript,
+    join_texts,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +110,7 @@ SPECIAL_TOKEN_MARK = "<|"  # how Qwen's control tokens start (<|im_end|>); other
 # hops a second for the ~100 due (72 finished): a wait before submission that neither the
 # forced budget nor live_hop_s saw (docs/benchmarks.md, session 18)
 MAX_SUBMITS_PER_STEP = 16
+MAX_UPLOAD_SUBMITS_PER_STEP = 4  # of them uploads (the bound all requests had until then)
 DUMMY_MODEL_ID = "moss-td-dummy"
 
 
@@ -251,6 +260,7 @@ class _Upload:
     samples: np.ndarray | None = None  # the whole audio, kept for continuations (DESIGN 5.8)
     due_s: float | None = None  # engine clock when step() first found it due for submission
     continuations: int = 0
+    num_generated: int = 0  # tokens its requests generated (a cap spans the continuations)
     cut_s: float = -1.0  # the request's segments count past it (by midpoint): a continuation's
     # forced segments come out again before its new ones
 
@@ -529,7 +539,7 @@ class MossCore:
     def step(self) -> list[tuple[str, Event]]:
         engine = self._engine()
         out: list[tuple[str, Event]] = []
-        for sid, sess in self._due_sessions(engine.clock())[:MAX_SUBMITS_PER_STEP]:
+        for sid, sess in self._submits_now(engine.clock()):
             try:
                 events = self._submit(sid, sess)
             except LivemeetError as exc:
@@ -620,6 +630,22 @@ class MossCore:
         due.sort(key=lambda item: item[1].due_s or 0.0)
         return due
 
+    def _submits_now(self, now: float) -> list[tuple[str, _Session]]:
+        """The due sessions this step submits: the longest-due first, at most
+        MAX_SUBMITS_PER_STEP, of them at most MAX_UPLOAD_SUBMITS_PER_STEP uploads (an upload's
+        submit joins and scans its whole audio: ~0.1 s for 90 minutes)."""
+        chosen: list[tuple[str, _Session]] = []
+        uploads = 0
+        for sid, sess in self._due_sessions(now):
+            if len(chosen) == MAX_SUBMITS_PER_STEP:
+                break
+            if isinstance(sess, _Upload):
+                if uploads == MAX_UPLOAD_SUBMITS_PER_STEP:
+                    continue
+                uploads += 1
+            chosen.append((sid, sess))
+        return chosen
+
     def _needs_submit(self, sess: _Session) -> bool:
         if isinstance(sess, _Upload):
             return sess.ended and sess.request_id is None
@@ -647,7 +673,8 @@ class MossCore:
         # the model's stamps are marker time: the audio ends at this stamp, not at duration_s
         max_stamp_s = duration_s * self._time_scale()
         sess.transcript = UploadTranscript(duration_s, max_stamp_s)
-        sess.samples = samples
+        if max_stamp_s >= UPLOAD_CONTINUE_GAP_S:  # long enough to stop early (DESIGN 5.8)
+            sess.samples = samples
         if samples.size == 0:
             self._sessions.pop(sid, None)
             return [sess.transcript.final(FinishReason.STOP)]
@@ -683,8 +710,9 @@ class MossCore:
         """Continue an upload whose decode ended (EOS) UPLOAD_CONTINUE_GAP_S or more before its
         audio's end, with segments added since the last continuation (DESIGN 5.8): a new
         request over the same audio (its full windows hit the encoder cache) whose forced
-        prefix is the transcript's most recent whole segments within the forced-transcript
-        cap (DESIGN 5.3, as a live hop's), so the model goes on after them. Returns whether
+        prefix is the transcript's most recent whole segments within
+        UPLOAD_CONTINUE_FORCED_TOKENS (DESIGN 5.3, as a live hop's), so the model goes on
+        after them; a `max_new_tokens` cap spans all of the upload's requests. Returns whether
         it was submitted; a request the engine refuses (no room in the context) ends the
         upload as it stands."""
         transcript, samples = sess.transcript, sess.samples
@@ -697,7 +725,14 @@ class MossCore:
             return False
         if transcript.max_stamp_s - cut_s < UPLOAD_CONTINUE_GAP_S:
             return False
-        cap = self.config.live_forced_transcript_tokens
+        if self._forced is not None and not any(_past_cut(s, cut_s) for s in self._forced):
+            return False  # benchmarks: the reference has nothing after the cut to force
+        budget = self._max_new_tokens(sess.options)
+        if budget is not None:
+            budget -= sess.num_generated
+            if budget <= 0:
+                return False
+        cap = UPLOAD_CONTINUE_FORCED_TOKENS
         # a rendered segment is >= 4 ids (each stamp digit is one): no more can fit the cap
         tail = segments[-(cap // 4 + 1) :]
         pieces = [forced_piece(seg, self._encode, self._added_ids()) for seg in tail]
@@ -711,8 +746,8 @@ class MossCore:
                 samples,
                 prompt=sess.options.prompt,
                 hotwords=sess.options.hotwords,
-                max_new_tokens=self._max_new_tokens(sess.options),
-                forced_output_ids=self._forced_ids(transcript.max_stamp_s, cut_s),
+                max_new_tokens=budget,
+                forced_output_ids=self._forced_ids(math.inf, cut_s),
                 prefix_token_ids=prefix,
                 samples_checked=True,
             )
@@ -731,6 +766,8 @@ class MossCore:
             IncrementalDetokenizer(engine.tokenizer), transcript.max_stamp_s, forced_texts
         )
         sess.cut_s, sess.continuations = cut_s, sess.continuations + 1
+        if sess.continuations >= UPLOAD_MAX_CONTINUATIONS:
+            sess.samples = None  # no further continuation: the engine holds what it needs
         self.num_upload_continuations += 1
         return True
 
@@ -859,6 +896,7 @@ class MossCore:
         sess = self._sessions[sid]
         if isinstance(sess, _Upload):
             assert sess.stream is not None
+            sess.num_generated += 1
             events = self._upload_events(sess, sess.stream.push(token_id))
             if sess.stream.looping:
                 self._engine().abort(rid)
@@ -886,11 +924,17 @@ class MossCore:
 
     def _finish_upload(self, sid: str, sess: _Upload, reason: FinishReason) -> list[Event]:
         assert sess.stream is not None and sess.transcript is not None
-        events = self._upload_events(sess, sess.stream.close())
+        segments = sess.stream.close()
+        # a segment the decode left open (EOS before its end stamp) is given the audio's end:
+        # it must not hide an early stop, so the decision is taken on the closed ones, and a
+        # continuation decodes it again
+        open_tail = segments[-1:] if segments and _open(segments[-1]) else []
+        events = self._upload_events(sess, segments[: len(segments) - len(open_tail)])
         if sess.stream.looping:
             reason = FinishReason.REPETITION
         if self._continue_upload(sid, sess, reason):
             return events
+        events += self._upload_events(sess, open_tail)
         events.append(sess.transcript.final(reason))
         self._drop(sid, sess)
         return events
@@ -975,6 +1019,11 @@ class MossCore:
             if not self._exact_pieces:
                 log.warning("the tokenizer does not split after digits: forced ids are re-encoded")
         return self._exact_pieces
+
+
+def _open(seg: Segment) -> bool:
+    """Whether the decode ended inside `seg` (no end stamp: its end is the audio's)."""
+    return SegmentFlag.MISSING_END in seg.flags
 
 
 def _past_cut(seg: Segment, cut_s: float) -> bool:

@@ -11,8 +11,9 @@ per second and partial latency grew with the meeting to 6.6 s p95 at 7.5 minutes
 DESIGN 5.1 lets the hop grow when the GPU is behind; that alone keeps the work per hop and
 lets latency grow. `ForcedBudget` also shrinks what each hop forces. A session's load is its
 hops' duration over the hop interval, smoothed (an exponentially weighted mean, the newest hop
-weighing `smoothing`): when it passes `slow_fraction` the session's budget halves (down to
-`min_tokens`), below `fast_fraction` it grows by `step_tokens` (up to the cap), so the sessions
+weighing `smoothing`): after a hop slower than `slow_fraction` while the load is over it too,
+the session's budget halves (down to `min_tokens`); while the load is below `fast_fraction` it
+grows by `step_tokens` (up to the cap), so the sessions
 together settle near what the GPU can prefill (additive increase, multiplicative decrease:
 they converge to a fair share, as TCP's congestion windows do). The smoothing is there
 because single hops say little: on an overloaded GPU a hop that lands in a gap between
@@ -107,9 +108,12 @@ class ForcedBudget:
         forced tokens are less prefill for the shared GPU, and fast hops give them back."""
         if not self.adaptive:
             return BudgetState(self.max_tokens)
-        load = state.load + self.smoothing * (hop_duration_s / hop_s - state.load)
+        ratio = hop_duration_s / hop_s
+        load = state.load + self.smoothing * (ratio - state.load)
         tokens = min(max(state.tokens, self.floor), self.max_tokens)
-        if load > self.slow_fraction:
+        if load > self.slow_fraction and ratio > self.slow_fraction:
+            # halving on the fast hops that follow a spike too would cut once per hop while
+            # the smoothed load decays: one spike would take the budget to the floor
             tokens = max(self.floor, tokens // 2)
         elif load < self.fast_fraction:
             tokens = min(self.max_tokens, tokens + self.step_tokens)

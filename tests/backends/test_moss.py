@@ -476,6 +476,111 @@ def test_continuations_stop_when_they_add_nothing_and_at_the_limit(
     assert_pool_clean(core)
 
 
+def test_a_decode_that_stops_inside_a_segment_is_continued_from_the_last_closed_one(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """EOS inside a segment (no end stamp) gives it the audio's end (MISSING_END), which must
+    not pass for full coverage: the decision is taken on the closed segments, the open one
+    is held back, and the continuation writes it whole, once."""
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
+    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    inner = core._forced_ids
+    cut_off = CONTINUED_REFERENCE[: CONTINUED_REFERENCE.index("stop.")]  # "... After the "
+
+    def forced_ids(edge_s: float | None, tail_from_s: float | None = None) -> Any:
+        return core._encode(cut_off) if edge_s is None else inner(edge_s, tail_from_s)
+
+    core._forced_ids = forced_ids  # type: ignore[method-assign]
+    prefixes = record_prefixes(core)
+    final = check_upload_events(upload(core, clips[11.0]))
+    same_segments(final.segments, parse_transcript(CONTINUED_REFERENCE, 11.0))
+    assert list(prefixes) == ["u/upload", "u/upload1"]
+    assert_pool_clean(core)
+
+
+def test_a_max_new_tokens_cap_spans_the_continuations(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
+    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    stop_early_at(core, 4.5)
+    tokens = record_tokens(core)
+    assert core.engine is not None
+    budgets: dict[str, int | None] = {}
+    inner = core.engine.add_request
+
+    def add_request(rid: str, *args: Any, **kwargs: Any) -> Any:
+        budgets[rid] = kwargs.get("max_new_tokens")
+        return inner(rid, *args, **kwargs)
+
+    core.engine.add_request = add_request  # type: ignore[method-assign]
+    final = check_upload_events(upload(core, clips[11.0], max_new_tokens=60))
+    assert set(budgets) == {"u/upload", "u/upload1"}
+    assert budgets["u/upload1"] == 60 - len(tokens["u/upload"]) > 0
+    assert len(tokens["u/upload"]) + len(tokens["u/upload1"]) <= 60
+    assert final.finish_reason is FinishReason.LENGTH
+    assert_pool_clean(core)
+
+
+def test_a_forced_reference_with_nothing_past_the_cut_is_not_continued(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Benchmarks: a reference that ends 6.5 s before the audio (trailing silence) has
+    nothing to force after it; the upload ends without a useless continuation. An upload
+    too short to stop early keeps no copy of its audio."""
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
+    short = CONTINUED_REFERENCE[: CONTINUED_REFERENCE.index("[5.00]")]
+    core = make_core(our_model, tmp_path, forced=short)
+    prefixes = record_prefixes(core)
+    final = check_upload_events(upload(core, clips[11.0]))
+    assert len(final.segments) == 3 and list(prefixes) == ["u/upload"]
+    assert core.num_upload_continuations == 0
+    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 30.0)
+    core.open("v", SessionOptions(live=False))
+    core.append("v", clips[11.0])
+    core.end("v")
+    core.step()
+    sess = core._sessions["v"]
+    assert isinstance(sess, _Upload) and sess.request_id is not None and sess.samples is None
+    core.abort("v")
+    assert_pool_clean(core)
+
+
+def test_a_step_submits_at_most_its_share_of_uploads(
+    our_model: MossTDModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload's submit joins and scans its whole audio: a step takes at most
+    MAX_UPLOAD_SUBMITS_PER_STEP of them (the longest-due), and live sessions beside them."""
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "MAX_UPLOAD_SUBMITS_PER_STEP", 2)
+    core = make_core(our_model, tmp_path)
+    for i in range(4):
+        core.open(f"u{i}", SessionOptions(live=False))
+        core.append(f"u{i}", np.zeros(SAMPLE_RATE, np.float32))
+        core.end(f"u{i}")
+    core.open("L", SessionOptions(live=True))
+    core.append("L", np.zeros(2 * SAMPLE_RATE, np.float32))
+    assert [sid for sid, _ in core._submits_now(0.0)] == ["u0", "u1", "L"]
+    for sid in ("u0", "u1", "u2", "u3", "L"):
+        core.abort(sid)
+
+
 def test_empty_upload_and_bad_input(our_model: MossTDModel, tmp_path: Path) -> None:
     core = make_core(our_model, tmp_path)
     core.open("e", SessionOptions(live=False))

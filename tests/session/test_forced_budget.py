@@ -50,6 +50,15 @@ def test_one_slow_hop_among_fast_ones_keeps_the_budget() -> None:
     assert rule.after_hop(state, hop_duration_s=1.2, hop_s=1.0).tokens == 512  # a second: 0.66
 
 
+def test_one_spike_halves_the_budget_once() -> None:
+    """A slow hop halves the budget; the fast hops after it do not, although the smoothed
+    load stays over the slow fraction for a while (it would take the budget to the floor, one
+    halving per hop); once the load is below the fast fraction the budget grows back."""
+    rule = ForcedBudget(2_048, 512)  # slow 0.3, fast 0.15, smoothing 0.3
+    seen = tokens_after(rule, BudgetState(2_048, 0.1), [1.2] + [0.1] * 6)
+    assert seen == [1_024] * 6 + [1_280]
+
+
 def test_hops_fast_and_slow_in_turn_on_an_overloaded_gpu_reach_the_floor() -> None:
     """On an overloaded GPU a hop that lands between batches is fast while its neighbours
     queue (100 sessions at 7.5 minutes: 0.86 s mean hop, yet forced ~720 tokens over a 512
