@@ -3,15 +3,16 @@ sessions one GPU holds (DESIGN.md section 10: partial latency is reported for ho
 and 2 s against a written cost model).
 
 A hop of a session whose meeting has run `t` s re-encodes the open 30-s window and prefills
-everything after the prompt's stable prefix: the open window's pads and time markers, the
-suffix (`<|audio_end|>`, instruction, assistant turn: SUFFIX_TOKENS) and the forced committed
-transcript (F ids), then decodes the open tail (D ids). With the engine's step cost model
-(livemeet.engine.cost_model.StepCostModel, H200 coefficients):
+everything after the stable prefix of the previous hop's prompt (whose KV it forks): the
+open window's pads and time markers, the suffix (`<|audio_end|>`, instruction, assistant
+turn: SUFFIX_TOKENS) and the forced committed transcript (F ids, at most what the meeting has
+produced), then decodes the open tail (D ids: the prefill samples the first). With the
+engine's step cost model (livemeet.engine.cost_model.StepCostModel, H200 coefficients):
 
     hop(t) = encode                                     the open window, ENCODER_WINDOW_S
            + hop / 30 s * encode                        full windows, once each
            + prefill_cost_s(stable, n)                  n = span after stable + suffix + F
-           + sum over D rows of decode_cost_s(context)  each row reads the whole context's KV
+           + sum over D - 1 rows of decode_cost_s(ctx)  each row reads the whole context's KV
 
 and N sessions with hop interval `hop` keep the GPU busy a fraction
 
@@ -19,7 +20,8 @@ and N sessions with hop interval `hop` keep the GPU busy a fraction
 
 A segment's partial latency is at least the wait for the first hop whose audio edge passes its
 end (uniform over one hop interval), plus the frame that carries its last audio, plus the hop
-itself: `latency_floor_p95` = 0.95 hop + FRAME_S + hop(t). Queueing adds to it as the load
+itself: `latency_floor_p95` = 0.95 hop + FRAME_S + hop(t) + the fixed cost of the hop's D
+steps (alone on the GPU; under load steps are shared). Queueing adds to it as the load
 nears 1. The step cost model prices what the GPU must do, not the engine thread's host time:
 early in a meeting, when hops are small, the host is the limit (docs/benchmarks.md, session
 17), so the model under-states the time there.
@@ -61,6 +63,9 @@ ENCODER_WINDOW_S = 3.0e-3
 # ids a hop decodes after its forced transcript: the open tail (segments not yet committed)
 # and the end token; 100 sessions x 7.5 minutes decoded 13.6 per hop (session 18, call 1)
 DECODE_TOKENS_PER_HOP = 14
+# output ids per second of meeting: the long workload's 330 per minute, the reference model's
+# rate on dense meetings (DESIGN 10); a hop forces no more than the meeting has produced
+OUTPUT_TOKENS_PER_S = 330 / 60
 FRAME_S = 0.1  # s of audio per client frame (loadtest.bench_live sends 100-ms frames)
 
 
@@ -76,23 +81,30 @@ class LiveCostModel:
 
     def hop_s(self, meeting_s: float, hop_s: float, forced_tokens: int) -> float:
         """GPU seconds of one hop at `meeting_s` (s of audio so far), averaged over the open
-        window's phase: hops at every `hop_s` of the 30-s window ending nearest meeting_s.
-        Raises ValueError for meeting_s <= 0, hop_s <= 0 or forced_tokens < 0."""
-        if meeting_s <= 0 or hop_s <= 0 or forced_tokens < 0:
-            raise ValueError(f"need meeting_s, hop_s > 0 and forced >= 0: {meeting_s, hop_s}")
+        window's phase: hops at every `hop_s` of the 30-s window that holds meeting_s. The
+        forced transcript is at most what the meeting has produced (OUTPUT_TOKENS_PER_S).
+        Raises ValueError for meeting_s <= 0, hop_s not in (0, 30] or forced_tokens < 0."""
+        if meeting_s <= 0 or not 0 < hop_s <= WINDOW_S or forced_tokens < 0:
+            raise ValueError(
+                f"need meeting_s > 0, 0 < hop_s <= 30, forced >= 0: {meeting_s, hop_s}"
+            )
         edges = list(_window_edges(meeting_s, hop_s))
-        prefill = sum(self._prefill_s(e, forced_tokens) for e in edges) / len(edges)
+        prefill = sum(self._prefill_s(e, hop_s, forced_tokens) for e in edges) / len(edges)
         encode = self.encoder_window_s * (1 + hop_s / WINDOW_S)
         return encode + prefill
 
-    def _prefill_s(self, edge_s: float, forced_tokens: int) -> float:
-        """The prefill and decode of one hop whose audio edge is `edge_s`."""
+    def _prefill_s(self, edge_s: float, hop_s: float, forced_tokens: int) -> float:
+        """The prefill and decode of one hop whose audio edge is `edge_s`, after a hop at
+        edge_s - hop_s whose KV it forks (MossCore: the stable prefix of the previous hop's
+        audio); the prefill samples the first output id, so D ids take D - 1 decode rows."""
         tokens = num_audio_tokens(round(edge_s * SAMPLE_RATE))
+        prev = num_audio_tokens(round(max(0.0, edge_s - hop_s) * SAMPLE_RATE))
         span, _ = audio_span(tokens, self.prompt)
-        stable = stable_prefix_len(tokens, tokens // TOKENS_PER_WINDOW, config=self.prompt)
-        context = HEADER_LEN + len(span) + self.suffix_tokens + forced_tokens
+        stable = stable_prefix_len(prev, prev // TOKENS_PER_WINDOW, config=self.prompt)
+        forced = min(forced_tokens, math.floor(OUTPUT_TOKENS_PER_S * edge_s))
+        context = HEADER_LEN + len(span) + self.suffix_tokens + forced
         cost = self.step.prefill_cost_s(stable, context - stable)
-        rows = range(context, context + self.decode_tokens)
+        rows = range(context + 1, context + self.decode_tokens)
         return cost + sum(self.step.decode_cost_s(c) for c in rows)
 
     def load(self, sessions: int, meeting_s: float, hop_s: float, forced_tokens: int) -> float:
@@ -107,8 +119,10 @@ class LiveCostModel:
 
     def latency_floor_p95(self, meeting_s: float, hop_s: float, forced_tokens: int) -> float:
         """p95 partial latency of an idle GPU (s): 0.95 of the wait for the next hop, the last
-        frame, and the hop itself; queueing under load comes on top."""
-        return 0.95 * hop_s + FRAME_S + self.hop_s(meeting_s, hop_s, forced_tokens)
+        frame, and the hop itself with its steps' fixed cost (a prefill step and D - 1
+        decode steps, which under load the hops share); queueing under load comes on top."""
+        steps_s = self.decode_tokens * self.step.fixed_s
+        return 0.95 * hop_s + FRAME_S + self.hop_s(meeting_s, hop_s, forced_tokens) + steps_s
 
 
 def _window_edges(meeting_s: float, hop_s: float) -> Iterator[float]:

@@ -25,20 +25,26 @@ def test_window_edges_cover_one_window_at_every_hop() -> None:
     assert list(lc._window_edges(0.3, 1.0)) == [float(s) for s in range(1, 31)]
 
 
-def test_a_hops_prefill_is_what_follows_the_stable_prefix() -> None:
+def test_a_hops_prefill_is_what_follows_the_previous_hops_stable_prefix() -> None:
     """With the encoder, attention and decode priced at zero and 1 s per token, a hop costs
-    exactly its prefill token count: the real prompt after the stable prefix plus F."""
+    exactly its prefill token count: the real prompt after the stable prefix of the hop one
+    interval before (whose KV it forks, as MossCore does) plus F. Across a window boundary
+    that is the whole window just completed; F is at most what the meeting produced."""
     step = StepCostModel(
         weights_read_s=0, step_overhead_s=0, per_token_s=1.0, attention_s_per_pair=0,
         kv_read_s_per_token=0,
     )  # fmt: skip
     model = lc.LiveCostModel(step=step, encoder_window_s=0.0, decode_tokens=0)
     tokenizer = load_tokenizer(None)
-    edge_s, forced = 47.0, 300
-    tokens = num_audio_tokens(round(edge_s * SAMPLE_RATE))
-    prompt = build_prompt(tokenizer, tokens)
-    stable = stable_prefix_len(tokens, tokens // 375)
-    assert model._prefill_s(edge_s, forced) == len(prompt.ids) - stable + forced
+    for edge_s, forced in ((47.0, 300), (60.5, 300), (10.0, 2_048)):
+        tokens = num_audio_tokens(round(edge_s * SAMPLE_RATE))
+        prev = num_audio_tokens(round((edge_s - 1.0) * SAMPLE_RATE))
+        prompt = build_prompt(tokenizer, tokens)
+        stable = stable_prefix_len(prev, prev // 375)
+        kept = min(forced, int(lc.OUTPUT_TOKENS_PER_S * edge_s))
+        assert model._prefill_s(edge_s, 1.0, forced) == len(prompt.ids) - stable + kept
+    # 60.5 s: the previous hop (59.5 s) had one complete window; its stable prefix ends there
+    assert model._prefill_s(60.5, 1.0, 0) > model._prefill_s(47.0, 1.0, 0)
 
 
 def test_costs_grow_with_the_meeting_the_forced_transcript_and_the_hop_rate() -> None:
@@ -57,6 +63,8 @@ def test_costs_grow_with_the_meeting_the_forced_transcript_and_the_hop_rate() ->
         model.hop_s(0, 1.0, 512)
     with pytest.raises(ValueError):
         model.hop_s(60, 1.0, -1)
+    with pytest.raises(ValueError):
+        model.hop_s(60, 31.0, 512)
 
 
 def test_against_record_prices_each_bucket_of_a_bench_live_point() -> None:
