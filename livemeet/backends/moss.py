@@ -813,7 +813,8 @@ class MossCore:
                 hotwords=sess.options.hotwords,
                 request_class=RequestClass.LIVE,
                 max_new_tokens=self._hop_max_new_tokens(sess.options, window, prefix),
-                deadline_s=engine.clock() + sess.options.hop_s,
+                # from when it was due: a hop that waited its turn to be submitted goes first
+                deadline_s=(engine.clock() if due_s is None else due_s) + sess.options.hop_s,
                 forced_output_ids=self._forced_ids(edge_s, tail_from_s),
                 prefix_token_ids=prefix,
                 retain_kv=True,

@@ -922,7 +922,17 @@ def test_due_sessions_are_submitted_longest_due_first_and_their_wait_counts(
             return rule.after_hop(state, hop_duration_s, hop_s)
 
     core.forced_budget = Recorder()  # type: ignore[assignment]
+    deadlines: dict[str, float] = {}
+    inner = core.engine.add_request
+
+    def add_request(rid: str, *args: Any, **kwargs: Any) -> Any:
+        deadlines[rid.split("/")[0]] = kwargs["deadline_s"]
+        return inner(rid, *args, **kwargs)
+
+    core.engine.add_request = add_request  # type: ignore[method-assign]
     core.step()
+    # a hop's deadline runs from when it was due: those that waited longest go first
+    assert deadlines == {"b": -3.0 + 1.0, "c": -2.0 + 1.0}
     hops = {sid: s.hop for sid, s in sessions.items()}  # type: ignore[union-attr]
     assert hops["b"] is not None and hops["c"] is not None and hops["a"] is None
     assert hops["b"].due_s == -3.0 and hops["c"].due_s == -2.0
