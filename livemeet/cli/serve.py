@@ -71,8 +71,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--live-hop-s",
         type=float,
         default=GatewayConfig.live_hop_s,
-        help="seconds of new audio between a live session's re-decodes: a shorter hop shows "
-        "words sooner and costs GPU time in proportion (default %(default)g)",
+        help="seconds of new audio between a live session's re-decodes, 0.1-5: a shorter hop "
+        "shows words sooner and costs GPU time in proportion (default %(default)g)",
     )
     p.add_argument(
         "--in-process-engine",

@@ -132,27 +132,37 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         incoming.release()
         sessions = app[METRICS_KEY].sessions.labels("upload", "transcribing")
         sessions.inc()
+        outcome = "disconnected"  # the client left: the handler is cancelled
         try:
             await session.append(samples)
             del samples
             await session.end()
-            response = await _transcribe(request, session, form, phases)
+            response, outcome = await _transcribe(request, session, form, phases)
             app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
             return response
+        except LivemeetError as exc:
+            outcome = exc.code
+            raise
+        except Exception:
+            outcome = "internal_error"
+            raise
         finally:
             sessions.dec()
+            app[METRICS_KEY].sessions_ended.labels("upload", outcome).inc()
             await session.abort()  # idempotent; frees the backend session on every path
 
 
 async def _transcribe(
     request: web.Request, session: TranscriberSession, form: UploadForm, phases: _PhaseClock
-) -> web.StreamResponse:
-    """The ended session's transcript as the response: SSE, or a body in the form's format."""
+) -> tuple[web.StreamResponse, str]:
+    """The ended session's transcript as the response (SSE, or a body in the form's format)
+    and the session's outcome: "completed", or the code of the error an SSE stream ended
+    with (other errors raise)."""
     transcription_id = new_transcription_id()
     if form.stream:
-        response = await _stream_sse(request, session, form, transcription_id)
+        response, outcome = await _stream_sse(request, session, form, transcription_id)
         phases.done("transcribe", last=True)
-        return response
+        return response, outcome
     final = await _collect_final(session)
     phases.done("transcribe")
     transcript = _to_transcript(final, form.language)
@@ -160,7 +170,7 @@ async def _transcribe(
     rendered = _render(transcript, form.response_format, form.language)
     rendered.headers[ID_HEADER] = transcription_id
     phases.done("respond", last=True)
-    return rendered
+    return rendered, "completed"
 
 
 class _PhaseClock:
@@ -300,8 +310,10 @@ def _render(transcript: Transcript, fmt: ResponseFormat, language: str | None) -
 
 async def _stream_sse(
     request: web.Request, session: TranscriberSession, form: UploadForm, transcription_id: str
-) -> web.StreamResponse:
-    """Send the session's events as SSE; store the transcript when it is complete."""
+) -> tuple[web.StreamResponse, str]:
+    """Send the session's events as SSE; store the transcript when it is complete. Returns
+    the response and the outcome ("completed", or the code of the error event it ended
+    with)."""
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -311,14 +323,16 @@ async def _stream_sse(
     )
     await response.prepare(request)
     flusher = DeltaFlusher(request.app[CONFIG_KEY].gateway.flush_interval_s)
+    outcome = "completed"
     try:
         async with contextlib.aclosing(_timed_events(session, flusher)) as items:
             await _write_stream(request, response, items, flusher, form, transcription_id)
     except LivemeetError as exc:
         request.app[METRICS_KEY].errors.labels(exc.code).inc()
         await response.write(encode_event(error_body(exc)))
+        outcome = exc.code
     await response.write_eof()
-    return response
+    return response, outcome
 
 
 async def _write_stream(

@@ -56,6 +56,9 @@ async def test_metrics_count_requests_errors_audio_and_demo(client: TestClient) 
     assert 'livemeet_audio_seconds_in_total{kind="upload"} 2.0' in text
     assert "livemeet_demo_backend 1.0" in text
     assert 'livemeet_sessions_ended_total{kind="live",outcome="invalid_request"} 1.0' in text
+    # an upload ends as a session once it has one: the garbage never got that far
+    assert 'livemeet_sessions_ended_total{kind="upload",outcome="completed"} 1.0' in text
+    assert 'kind="upload",outcome="bad_audio"' not in text
     # the good upload went through every phase once; the garbage one stopped at decode
     for phase, n in (("receive", 2), ("decode", 1), ("transcribe", 1), ("respond", 1)):
         assert f'livemeet_upload_phase_seconds_count{{phase="{phase}"}} {n}.0' in text

@@ -217,6 +217,24 @@ async def test_stream_backend_error_becomes_error_event(
     resp = await post
     events = parse_sse(await resp.text())
     assert events[-1]["error"]["code"] == EngineUnavailable.code
+    # the session ended with that error, although the response itself is a 200 stream
+    text = await (await client.get("/metrics")).text()
+    assert 'livemeet_sessions_ended_total{kind="upload",outcome="engine_unavailable"} 1.0' in text
+
+
+async def test_a_failed_upload_session_ends_with_its_error_code(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    fake.end_gate = asyncio.Event()
+    post = asyncio.create_task(client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0))))
+    while not fake.sessions:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    fake.sessions[0].fail(EngineUnavailable("engine died"))
+    resp = await post
+    assert resp.status == 503
+    text = await (await client.get("/metrics")).text()
+    assert 'livemeet_sessions_ended_total{kind="upload",outcome="engine_unavailable"} 1.0' in text
 
 
 async def make_truncated_flac() -> bytes:
