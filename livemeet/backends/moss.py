@@ -666,7 +666,6 @@ class MossCore:
     # -- uploads -----------------------------------------------------------------------------
 
     def _submit_upload(self, sid: str, sess: _Upload) -> list[Event]:
-        engine = self._engine()
         samples = np.concatenate(sess.chunks) if sess.chunks else np.zeros(0, np.float32)
         sess.chunks = []
         duration_s = samples.size / SAMPLE_RATE
@@ -678,20 +677,44 @@ class MossCore:
         if samples.size == 0:
             self._sessions.pop(sid, None)
             return [sess.transcript.final(FinishReason.STOP)]
-        rid = f"{sid}/upload"
+        self._queue_upload_request(
+            sid, sess, samples, self._max_new_tokens(sess.options), self._forced_ids(None)
+        )
+        return []
+
+    def _queue_upload_request(
+        self,
+        sid: str,
+        sess: _Upload,
+        samples: np.ndarray,
+        max_new_tokens: int | None,
+        forced_output_ids: Sequence[int] | None,
+        prefix: Sequence[Segment] = (),
+        prefix_ids: Sequence[int] = (),
+    ) -> None:
+        """Queue the upload's next request (its first, or a continuation forcing `prefix`'s
+        segments as `prefix_ids`) over `samples` and make it the session's: its id, owner and
+        output stream. Raises as `Engine.add_request`."""
+        assert sess.transcript is not None
+        engine = self._engine()
+        rid = f"{sid}/upload{sess.continuations or ''}"
         request = engine.add_request(
             rid,
             samples,
             prompt=sess.options.prompt,
             hotwords=sess.options.hotwords,
-            max_new_tokens=self._max_new_tokens(sess.options),
-            forced_output_ids=self._forced_ids(None),
+            max_new_tokens=max_new_tokens,
+            forced_output_ids=forced_output_ids,
+            prefix_token_ids=prefix_ids,
+            samples_checked=bool(prefix_ids),  # a continuation's audio was checked before
         )
         _log_request(request, samples.size)
-        sess.request_id = rid
-        sess.stream = SegmentStream(IncrementalDetokenizer(engine.tokenizer), max_stamp_s)
-        self._owner[rid] = sid
-        return []
+        sess.request_id, self._owner[rid] = rid, sid
+        sess.stream = SegmentStream(
+            IncrementalDetokenizer(engine.tokenizer),
+            sess.transcript.max_stamp_s,
+            [seg.text for seg in prefix],
+        )
 
     def _upload_events(self, sess: _Upload, segments: Sequence[Segment]) -> list[Event]:
         assert sess.transcript is not None
@@ -739,33 +762,21 @@ class MossCore:
         first, prefix = forced_prefix(tail, pieces, self._encode, cap, cap, self._pieces_join())
         if not prefix:
             return False  # nothing to force: the same decode would stop in the same place
-        engine, rid = self._engine(), f"{sid}/upload{sess.continuations + 1}"
+        sess.continuations += 1
         try:
-            request = engine.add_request(
-                rid,
-                samples,
-                prompt=sess.options.prompt,
-                hotwords=sess.options.hotwords,
-                max_new_tokens=budget,
-                forced_output_ids=self._forced_ids(math.inf, cut_s),
-                prefix_token_ids=prefix,
-                samples_checked=True,
+            self._queue_upload_request(
+                sid, sess, samples, budget, self._forced_ids(math.inf, cut_s), tail[first:], prefix
             )
         except LivemeetError as exc:
+            sess.continuations -= 1
             log.warning("upload %s stopped at %.1f s and cannot continue: %s", sid, cut_s, exc)
             return False
-        _log_request(request, samples.size)
         log.info(
             "upload %s stopped at %.1f s of %.1f: continuing with %d forced ids (%d of %d)",
-            sid, cut_s, transcript.max_stamp_s, len(prefix), sess.continuations + 1,
+            sid, cut_s, transcript.max_stamp_s, len(prefix), sess.continuations,
             UPLOAD_MAX_CONTINUATIONS,
         )  # fmt: skip
-        sess.request_id, self._owner[rid] = rid, sid
-        forced_texts = [seg.text for seg in tail[first:]]
-        sess.stream = SegmentStream(
-            IncrementalDetokenizer(engine.tokenizer), transcript.max_stamp_s, forced_texts
-        )
-        sess.cut_s, sess.continuations = cut_s, sess.continuations + 1
+        sess.cut_s = cut_s
         if sess.continuations >= UPLOAD_MAX_CONTINUATIONS:
             sess.samples = None  # no further continuation: the engine holds what it needs
         self.num_upload_continuations += 1

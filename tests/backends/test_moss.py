@@ -395,6 +395,20 @@ CONTINUED_REFERENCE = (
 )
 
 
+def continuing_core(
+    model: MossTDModel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    forced: str = CONTINUED_REFERENCE,
+    gap_s: float = 3.0,
+) -> MossCore:
+    """A core forcing `forced` that continues uploads stopping `gap_s` before their end."""
+    from livemeet.backends import moss
+
+    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", gap_s)
+    return make_core(model, tmp_path, forced=forced)
+
+
 def stop_early_at(core: MossCore, first_s: float, later_s: float | None = None) -> None:
     """The model stops early (DESIGN 5.8): an upload's first request gets the forced ids of
     the segments ending by `first_s` only, then EOS; a continuation (forced after a cut) those
@@ -422,10 +436,7 @@ def test_an_upload_that_stops_early_is_continued_after_its_last_segments(
     audio whose forced prefix is the transcript so far (whole segments, less the last `]`), so
     the transcript is every reference segment once, in order, with one id sequence and joined
     deltas. With the default 30 s the upload ends where the model stopped."""
-    from livemeet.backends import moss
-
-    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", gap_s)
-    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    core = continuing_core(our_model, tmp_path, monkeypatch, gap_s=gap_s)
     stop_early_at(core, 4.5)
     prefixes = record_prefixes(core)
     final = check_upload_events(upload(core, clips[11.0]))
@@ -457,9 +468,8 @@ def test_continuations_stop_when_they_add_nothing_and_at_the_limit(
     adds a segment."""
     from livemeet.backends import moss
 
-    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
     want = parse_transcript(CONTINUED_REFERENCE, 11.0)
-    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    core = continuing_core(our_model, tmp_path, monkeypatch)
     stop_early_at(core, 4.5, later_s=4.5)  # the continuation writes nothing new
     prefixes = record_prefixes(core)
     final = check_upload_events(upload(core, clips[11.0]))
@@ -485,10 +495,7 @@ def test_a_decode_that_stops_inside_a_segment_is_continued_from_the_last_closed_
     """EOS inside a segment (no end stamp) gives it the audio's end (MISSING_END), which must
     not pass for full coverage: the decision is taken on the closed segments, the open one
     is held back, and the continuation writes it whole, once."""
-    from livemeet.backends import moss
-
-    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
-    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    core = continuing_core(our_model, tmp_path, monkeypatch)
     inner = core._forced_ids
     cut_off = CONTINUED_REFERENCE[: CONTINUED_REFERENCE.index("stop.")]  # "... After the "
 
@@ -509,10 +516,7 @@ def test_a_max_new_tokens_cap_spans_the_continuations(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from livemeet.backends import moss
-
-    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
-    core = make_core(our_model, tmp_path, forced=CONTINUED_REFERENCE)
+    core = continuing_core(our_model, tmp_path, monkeypatch)
     stop_early_at(core, 4.5)
     tokens = record_tokens(core)
     assert core.engine is not None
@@ -543,9 +547,8 @@ def test_a_forced_reference_with_nothing_past_the_cut_is_not_continued(
     too short to stop early keeps no copy of its audio."""
     from livemeet.backends import moss
 
-    monkeypatch.setattr(moss, "UPLOAD_CONTINUE_GAP_S", 3.0)
     short = CONTINUED_REFERENCE[: CONTINUED_REFERENCE.index("[5.00]")]
-    core = make_core(our_model, tmp_path, forced=short)
+    core = continuing_core(our_model, tmp_path, monkeypatch, forced=short)
     prefixes = record_prefixes(core)
     final = check_upload_events(upload(core, clips[11.0]))
     assert len(final.segments) == 3 and list(prefixes) == ["u/upload"]
