@@ -20,10 +20,12 @@ from livemeet.audio.constants import (
     LIVE_HOP_MAX_S,
     LIVE_HOP_MIN_S,
     LIVE_HOP_S,
+    LIVE_STEP_BUDGET_S,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_STEP_BUDGET_S,
+    MIN_LIVE_STEP_BUDGET_S,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_STEP_BUDGET_S,
 )
@@ -87,6 +89,9 @@ class ModelConfig:
     # ms of estimated GPU time per engine step while no live session is open
     # (livemeet.engine.scheduler); live work keeps one flush window (FLUSH_INTERVAL_S)
     upload_step_budget_ms: float = 1000.0 * UPLOAD_STEP_BUDGET_S
+    # ms of estimated GPU time per engine step while live sessions are open: a hop decodes its
+    # new tail one step per token, so this bounds its time under load
+    live_step_budget_ms: float = 1000.0 * LIVE_STEP_BUDGET_S
     # tokens of committed transcript a live hop prefills as forced assistant tokens before it
     # decodes the new tail (DESIGN 5.3); 0: every hop re-decodes the whole meeting
     live_forced_transcript_tokens: int = LIVE_FORCED_TRANSCRIPT_TOKENS
@@ -131,6 +136,12 @@ class ModelConfig:
                 f"not {self.upload_batch_wait_ms}"
             )
         parse_upload_hold(self.upload_hold)
+        low, high = 1000.0 * MIN_LIVE_STEP_BUDGET_S, 1000.0 * LIVE_STEP_BUDGET_S
+        if not low <= self.live_step_budget_ms <= high:
+            raise ConfigError(
+                f"live_step_budget_ms must be in [{low:g}, {high:g}], "
+                f"not {self.live_step_budget_ms}"
+            )
         low, high = 1000.0 * FLUSH_INTERVAL_S, 1000.0 * MAX_UPLOAD_STEP_BUDGET_S
         if not low <= self.upload_step_budget_ms <= high:
             raise ConfigError(

@@ -144,6 +144,11 @@ UPLOAD_BATCH_WAIT_S = 0.100
 # 15 decode rows ~0.11 / ~0.13 s; StepCostModel), where a 50-ms budget cut it into pieces that
 # leave the last wave of attention programs part-empty.
 UPLOAD_STEP_BUDGET_S = 0.200
+# s of estimated GPU time per engine step while live sessions are open (--live-step-budget-ms):
+# one flush window. A hop's new segment takes one decode step per token (~26 for a 3-6 s turn
+# at 330 tokens a minute), so under load a hop lasts ~27 steps of this budget.
+LIVE_STEP_BUDGET_S = FLUSH_INTERVAL_S
+MIN_LIVE_STEP_BUDGET_S = 0.005  # s; below it a step's fixed cost (~0.7 ms) is >15 % of it
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # the KV pool: the model's 16-bit dtype, or e4m3
 # s; the upload budget's bound. A live session's first hop can find up to three upload steps
 # ahead of it (one running, one queued by the async lookahead, one scheduled), so the bound

@@ -433,6 +433,7 @@ class MossCore:
                         upload_batch_wait_s=cfg.upload_batch_wait_ms / 1000.0,
                         upload_hold=parse_upload_hold(cfg.upload_hold),
                         upload_step_budget_s=cfg.upload_step_budget_ms / 1000.0,
+                        step_budget_s=cfg.live_step_budget_ms / 1000.0,
                         max_num_batched_tokens=max(
                             SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
                         ),

@@ -150,8 +150,16 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         type=float,
         default=ModelConfig.upload_step_budget_ms,
         help="ms of estimated GPU time per engine step while no live session is open (live "
-        "sessions keep 50 ms steps; one that opens meanwhile can find up to three such steps "
-        "ahead of its first hop; at most a quarter hop; default %(default)g)",
+        "sessions keep --live-step-budget-ms steps; one that opens meanwhile can find up to "
+        "three such steps ahead of its first hop; at most a quarter hop; default %(default)g)",
+    )
+    p.add_argument(
+        "--live-step-budget-ms",
+        type=float,
+        default=ModelConfig.live_step_budget_ms,
+        help="ms of estimated GPU time per engine step while live sessions are open (5-50): "
+        "a hop decodes its new text one step per token, so under load a hop lasts about "
+        "that many steps of this budget (default %(default)g)",
     )
     p.add_argument(
         "--live-forced-transcript-tokens",
@@ -197,6 +205,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         upload_batch_wait_ms=args.upload_batch_wait_ms,
         upload_hold=UploadHold(args.upload_hold),
         upload_step_budget_ms=args.upload_step_budget_ms,
+        live_step_budget_ms=args.live_step_budget_ms,
         live_forced_transcript_tokens=args.live_forced_transcript_tokens,
         live_forced_transcript_min_tokens=args.live_forced_transcript_min_tokens,
     )

@@ -22,12 +22,13 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
-- The budget is `step_budget_s` (one 50-ms flush window) while a live session is open
-  (`set_live_sessions`), a live request is queued, or a live cache is retained; otherwise a
-  step gets `upload_step_budget_s`, so late chunks of long uploads stay whole instead of being
-  cut into pieces that leave the GPU's last wave of attention programs part-empty. A session
-  that opens meanwhile finds up to three upload steps ahead of its first hop (one running, one
-  queued by the engine's async lookahead, one scheduled), hence MAX_UPLOAD_STEP_BUDGET_S.
+- The budget is `step_budget_s` (--live-step-budget-ms, default one 50-ms flush window)
+  while a live session is open (`set_live_sessions`), a live request is queued, or a live
+  cache is retained; otherwise a step gets `upload_step_budget_s`, so late chunks of long
+  uploads stay whole instead of being cut into pieces that leave the GPU's last wave of
+  attention programs part-empty. A session that opens meanwhile finds up to three upload
+  steps ahead of its first hop (one running, one queued by the engine's async lookahead, one
+  scheduled), hence MAX_UPLOAD_STEP_BUDGET_S.
 - Admission by KV availability: a request is admitted when blocks for its whole sequence can
   be allocated; the first admission that cannot be met stops admissions for the step.
 - Upload batching: a step with a prefill cannot replay a decode CUDA graph and runs eagerly
@@ -64,8 +65,8 @@ from typing import NamedTuple
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
     EOS_TOKEN_ID,
-    FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
+    LIVE_STEP_BUDGET_S,
     MAX_CONTEXT_TOKENS,
     MAX_UPLOAD_STEP_BUDGET_S,
     UPLOAD_BATCH_WAIT_S,
@@ -90,7 +91,8 @@ class SchedulerConfig:
     chunked_prefill_size: int = CHUNKED_PREFILL_SIZE  # tokens; largest chunk per request/step
     max_num_batched_tokens: int = 8_192  # tokens per step (prefill chunks + decode rows)
     max_num_seqs: int = 128  # rows per step (decode CUDA graphs go up to 128)
-    step_budget_s: float = FLUSH_INTERVAL_S  # s of estimated GPU time per step (one flush)
+    # s of estimated GPU time per step while live work is there (module docstring)
+    step_budget_s: float = LIVE_STEP_BUDGET_S
     # s of estimated GPU time of a step while no live session is open (module docstring)
     upload_step_budget_s: float = UPLOAD_STEP_BUDGET_S
     # fraction of each step's budget, and of estimated time across steps, kept for uploads
