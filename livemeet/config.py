@@ -98,6 +98,9 @@ class ModelConfig:
     # the floor that budget halves towards while hops take over 0.3 of a hop interval
     # (livemeet/session/forced_budget.py); >= live_forced_transcript_tokens: a fixed budget
     live_forced_transcript_min_tokens: int = LIVE_FORCED_TRANSCRIPT_MIN_TOKENS
+    # a hop drafts what the previous one decoded after the same forced transcript; the engine
+    # verifies it greedily (livemeet/session/draft.py): same transcript, fewer decode steps
+    live_draft: bool = True
 
     @property
     def backend_name(self) -> str:

@@ -106,6 +106,8 @@ class EngineCounters:
     live_hop_s: float = 0.0  # s; their summed time from submission to end
     live_forced_tokens: int = 0  # forced-transcript tokens of the hops submitted, summed
     live_hop_wait_s: float = 0.0  # s; the hops' summed wait from due to submission
+    draft_tokens: int = 0  # draft ids the requests carried
+    accepted_draft_tokens: int = 0  # of them, accepted by their verifying prefill
     audio_commands: int = 0  # audio appends the worker applied with a send time
     audio_lag_s: float = 0.0  # s; their summed wait from the gateway's queue to the worker
     audio_lag_max_s: float = 0.0  # s; the longest such wait since the worker started (a gauge)
@@ -123,6 +125,8 @@ class EngineCounters:
             live_hop_s=self.live_hop_s - before.live_hop_s,
             live_forced_tokens=self.live_forced_tokens - before.live_forced_tokens,
             live_hop_wait_s=self.live_hop_wait_s - before.live_hop_wait_s,
+            draft_tokens=self.draft_tokens - before.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens - before.accepted_draft_tokens,
             audio_commands=self.audio_commands - before.audio_commands,
             audio_lag_s=self.audio_lag_s - before.audio_lag_s,
             audio_lag_max_s=self.audio_lag_max_s,  # not a counter: since the worker started
@@ -150,6 +154,9 @@ class EngineCounters:
         if self.live_hops and self.live_hop_wait_s:  # servers before session 18: none
             # the wait before submission, which live_hop_mean_s does not hold
             record["live_hop_wait_mean_s"] = self.live_hop_wait_s / self.live_hops
+        if self.draft_tokens:  # servers before session 19: none
+            record["draft_tokens"] = self.draft_tokens
+            record["accepted_draft_tokens"] = self.accepted_draft_tokens
         if self.audio_commands:  # servers before session 16 do not time them
             record["audio_commands"] = self.audio_commands
             record["audio_lag_mean_s"] = self.audio_lag_s / self.audio_commands
@@ -188,6 +195,8 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 hop_wait_s = sample.value
             elif sample.name == "livemeet_live_forced_tokens_total":
                 values["forced"] = int(sample.value)
+            elif sample.name == "livemeet_engine_draft_tokens_total":
+                values[f"draft_{sample.labels['outcome']}"] = int(sample.value)
             elif sample.name == "livemeet_engine_audio_commands_total":
                 values["audio_commands"] = int(sample.value)
             elif sample.name == "livemeet_engine_audio_command_lag_seconds_total":
@@ -208,6 +217,8 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         live_hop_s=hop_s,
         live_forced_tokens=values.get("forced", 0),
         live_hop_wait_s=hop_wait_s,
+        draft_tokens=values.get("draft_proposed", 0),
+        accepted_draft_tokens=values.get("draft_accepted", 0),
         audio_commands=values.get("audio_commands", 0),
         audio_lag_s=lag_s,
         audio_lag_max_s=lag_max_s,
@@ -260,7 +271,7 @@ def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -
     counts = [*delta.steps.values(), delta.prefill_tokens, delta.decode_tokens, delta.slow_steps]
     counts += [delta.decode_graph_fallbacks, *delta.step_s.values()]
     counts += [delta.encoded_windows, delta.live_hops, delta.live_hop_s, delta.live_forced_tokens]
-    counts += [delta.audio_commands, delta.audio_lag_s]
+    counts += [delta.audio_commands, delta.audio_lag_s, delta.draft_tokens]
     if min(counts) < 0:
         return {}
     return delta.record()

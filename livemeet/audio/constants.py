@@ -99,6 +99,10 @@ LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
 # floor of the budget that halves after slow hops. 512 is the cap measured at 100 live
 # sessions on an H200 (docs/benchmarks.md, session 17); >= the cap turns adaptation off
 LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 512
+# ids of a draft a request may carry (livemeet.engine.request: draft verification): a live hop
+# drafts what the previous hop decoded after the same forced transcript, ~8-14 ids at 1-s hops
+# (the open tail; docs/benchmarks.md session 18: 13.6 decoded per hop)
+MAX_DRAFT_TOKENS = 64
 # a session whose hops' smoothed duration passes this fraction of the hop interval halves its
 # budget, one below the next fraction grows it by the step (additive increase, multiplicative
 # decrease). p95 partial latency is about 0.95 of the wait for the next hop, a 0.1-s frame and

@@ -69,7 +69,8 @@ from livemeet.errors import (
     NotFound,
     ProtocolError,
 )
-from livemeet.models.prompt import stable_prefix_len
+from livemeet.models.prompt import EOS, stable_prefix_len
+from livemeet.session.draft import hop_draft
 from livemeet.session.forced_budget import BudgetState, ForcedBudget
 from livemeet.session.live import LiveOptions, LiveSession, Window
 from livemeet.transcriber import (
@@ -275,7 +276,9 @@ class _Hop:
     session_labels: frozenset[str]  # speakers of the forced transcript prefix
     submitted_s: float  # engine clock at submission
     due_s: float  # engine clock when it was found due (<= submitted_s: it waited its turn)
+    prefix_ids: list[int]  # its forced transcript
     segments: list[Segment] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)  # what it decoded
 
 
 @dataclass
@@ -306,6 +309,10 @@ class _Live:
     # halved while hops are slow; MossCore sets it from its config when it opens the session)
     forced_budget: BudgetState = BudgetState(LIVE_FORCED_TRANSCRIPT_TOKENS)
     hop: _Hop | None = None
+    # the last whole hop's forced transcript and decode (less the stop token), and the length
+    # of the former: the next hop's draft (livemeet/session/draft.py)
+    assistant_ids: list[int] = field(default_factory=list)
+    assistant_prefix_len: int = 0
     retained: _Retained | None = None
     num_hops: int = 0
     num_reused_tokens: int = 0
@@ -808,6 +815,9 @@ class MossCore:
             self._added_ids(),
             cap=self.config.live_forced_transcript_tokens,
         )
+        draft = []
+        if self.config.live_draft:
+            draft = hop_draft(sess.assistant_ids, sess.assistant_prefix_len, prefix)
         window_keys = sess.full_window_keys(audio)
         engine.hold_windows(sid, window_keys)  # encoded once for the session (released: _drop)
         # the model writes marker time (LiveOptions.time_scale): so do the hop's cut and edge.
@@ -829,6 +839,7 @@ class MossCore:
                 deadline_s=(engine.clock() if due_s is None else due_s) + sess.options.hop_s,
                 forced_output_ids=self._forced_ids(edge_s, tail_from_s),
                 prefix_token_ids=prefix,
+                draft_token_ids=draft,
                 retain_kv=True,
                 fork_from=fork_from,
                 num_fork_tokens=num_fork,
@@ -859,6 +870,7 @@ class MossCore:
             frozenset(s.speaker for s in forced),
             now,
             now if due_s is None else min(due_s, now),
+            list(prefix),
         )
         self.live_hop_wait_s += now - sess.hop.due_s
         self._owner[rid] = sid
@@ -883,6 +895,11 @@ class MossCore:
                 hop.edge_samples // WINDOW_SAMPLES,
             )
         sess.last_reason = reason
+        sess.assistant_ids, sess.assistant_prefix_len = [], 0
+        if reason is FinishReason.STOP:  # a whole hop (not a loop, not cut): the next's draft
+            decoded = hop.output_ids[:-1] if hop.output_ids[-1:] == [EOS] else hop.output_ids
+            sess.assistant_ids = hop.prefix_ids + decoded
+            sess.assistant_prefix_len = len(hop.prefix_ids)
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             # a hop cut short (a loop) would look fast: only whole hops say how loaded the GPU is
             # from when the hop was due: a wait for submission is load the GPU did not take
@@ -917,6 +934,7 @@ class MossCore:
             return [(sid, e) for e in events]
         hop = sess.hop
         assert hop is not None and hop.request_id == rid
+        hop.output_ids.append(token_id)
         hop.segments.extend(hop.stream.push(token_id))
         if hop.stream.looping:
             self._owner.pop(rid, None)

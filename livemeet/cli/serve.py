@@ -179,6 +179,14 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "fixed; default %(default)d)",
     )
     p.add_argument(
+        "--live-draft",
+        action=argparse.BooleanOptionalAction,
+        default=ModelConfig.live_draft,
+        help="a live hop drafts what the previous hop decoded after the same forced transcript "
+        "and the engine verifies it greedily in the prefill: the same transcript in fewer "
+        "decode steps (default: on)",
+    )
+    p.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
         default=prefill_graphs,
@@ -206,6 +214,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         upload_hold=UploadHold(args.upload_hold),
         upload_step_budget_ms=args.upload_step_budget_ms,
         live_step_budget_ms=args.live_step_budget_ms,
+        live_draft=args.live_draft,
         live_forced_transcript_tokens=args.live_forced_transcript_tokens,
         live_forced_transcript_min_tokens=args.live_forced_transcript_min_tokens,
     )

@@ -42,6 +42,7 @@ from livemeet.audio.constants import (
     ENCODER_MAX_HELD_WINDOWS,
     ENGINE_SLOW_STEP_S,
     KV_BLOCK_SIZE,
+    MAX_DRAFT_TOKENS,
     SAMPLE_RATE,
     num_audio_tokens,
 )
@@ -197,7 +198,10 @@ class Engine:
         self._sampling: dict[str, SamplingParams] = {}
         self._forced: dict[str, Sequence[int]] = {}
         if transfer is None and config.async_decode and self.runner.device.type == "cuda":
-            transfer = TokenTransfer(self.runner.device, config.scheduler.max_num_seqs)
+            # a step samples at most one row per query token (draft verification: several)
+            sched = config.scheduler
+            capacity = max(sched.max_num_seqs, sched.max_num_batched_tokens)
+            transfer = TokenTransfer(self.runner.device, capacity)
         self.transfer = transfer if config.async_decode else None
         self._in_flight: _InFlight | None = None
         # Cumulative step counters (counted at launch) and host seconds by EngineStats field.
@@ -221,6 +225,7 @@ class Engine:
         sampling: SamplingParams | None = None,
         forced_output_ids: Sequence[int] | None = None,
         prefix_token_ids: Sequence[int] = (),
+        draft_token_ids: Sequence[int] = (),
         ignore_eos: bool = False,
         retain_kv: bool = False,
         fork_from: str | None = None,
@@ -232,6 +237,10 @@ class Engine:
         request is first scheduled, together with every other request of that step.
 
         `prefix_token_ids` are forced assistant tokens appended after the prompt (DESIGN 5.3).
+        `draft_token_ids`: a guess of the first outputs, verified by the last prefill chunk
+        (livemeet.engine.request: draft verification); the outputs are the greedy ones either
+        way. Kept to its first MAX_DRAFT_TOKENS ids (and fewer than a prefill chunk); dropped
+        for a request that does not sample greedily.
         `forced_output_ids` (benchmarks): after sampling, the i-th output token is replaced by
         forced_output_ids[i], then EOS once they run out. `ignore_eos` decodes to
         max_new_tokens (tests, benchmarks). `retain_kv`, `fork_from`, `num_fork_tokens`: passed
@@ -247,7 +256,10 @@ class Engine:
         """
         samples = check_samples(samples, finite=not samples_checked)
         built = self.build_prompt(num_audio_tokens(samples.size), prompt, hotwords)
-        ids = built.ids + list(prefix_token_ids)
+        sampling = sampling or SamplingParams()
+        cap = min(MAX_DRAFT_TOKENS, self.scheduler.config.chunked_prefill_size - 1)
+        draft = list(draft_token_ids[:cap]) if sampling.greedy else []
+        ids = built.ids + list(prefix_token_ids) + draft
         duration_s = len(samples) / SAMPLE_RATE
         budget = max_new_tokens or output_budget(
             duration_s, len(ids), self.scheduler.config.max_model_len
@@ -261,6 +273,7 @@ class Engine:
             arrival_s=self.clock(),
             audio_positions=tuple(built.audio_positions),
             ignore_eos=ignore_eos,
+            num_draft_tokens=len(draft),
         )
         self.scheduler.add(
             request, retain_kv=retain_kv, fork_from=fork_from, num_fork_tokens=num_fork_tokens
@@ -268,7 +281,8 @@ class Engine:
         self._pending_audio[request_id] = samples
         if window_keys:
             self._window_keys[request_id] = window_keys
-        self._sampling[request_id] = sampling or SamplingParams()
+        self._sampling[request_id] = sampling
+        self._counts["num_draft_tokens"] += len(draft)
         if forced_output_ids is not None:
             self._forced[request_id] = forced_output_ids
         return request
@@ -351,6 +365,7 @@ class Engine:
         sampled = [] if tokens is None else tokens.token_ids.tolist()
         timer.done("wait")
         out = self.scheduler.postprocess(batch, sampled)
+        self._count_accepted(batch)
         for request in out.finished:
             self._forget(request.request_id)
         return batch, out
@@ -383,8 +398,8 @@ class Engine:
             out = self._resolve(previous, values)
         if tokens is not None:
             ticket = transfer.start(tokens.token_ids)
-            pending = [PENDING_TOKEN_ID] * len(batch.sampled_requests)
-            accounted = self.scheduler.postprocess(batch, pending)
+            pending = [PENDING_TOKEN_ID] * sum(batch.sample_counts)
+            accounted = self.scheduler.postprocess(batch, pending, pending=True)
             self._in_flight = _InFlight(batch, tokens, ticket, accounted)
         elif not batch.is_empty:  # only non-final prefill chunks: nothing to wait for
             self.scheduler.postprocess(batch, [])
@@ -398,8 +413,19 @@ class Engine:
         eos = self.scheduler.config.eos_token_id
         new_tokens: list[tuple[str, int]] = []
         finished: list[Request] = []
-        for request, token_id in zip(step.batch.sampled_requests, values, strict=True):
+        batch, first = step.batch, 0
+        for request, count in zip(batch.sampled_requests, batch.sample_counts, strict=True):
             rid = request.request_id
+            row, first = values[first : first + count], first + count
+            if count > 1:  # a draft to verify, unless aborted or evicted since
+                if self.scheduler.is_verifying(request):
+                    tokens, reason = self.scheduler.accept_draft(request, row)
+                    self._counts["num_accepted_draft_tokens"] += request.num_accepted_draft_tokens
+                    new_tokens.extend((rid, t) for t in tokens)
+                    if reason is not None:
+                        finished.append(request)
+                continue
+            token_id = row[0]
             if rid not in accounted:
                 continue  # aborted or evicted before the step was accounted
             if request.output_token_ids[-1] != PENDING_TOKEN_ID:
@@ -481,18 +507,25 @@ class Engine:
             len(batch.decodes),
         )
 
+    def _count_accepted(self, batch: ScheduledBatch) -> None:
+        """Count the draft ids a synchronous step's verifying chunks accepted."""
+        for chunk in batch.prefills:
+            if chunk.num_verify and not chunk.request.num_draft_tokens:
+                self._counts["num_accepted_draft_tokens"] += chunk.request.num_accepted_draft_tokens
+
     def _sampling_of(self, request: Request) -> SamplingParams:
         return self._sampling.get(request.request_id, SamplingParams())
 
     def _forced_ids(self, batch: ScheduledBatch) -> list[int | None]:
-        """Per sampled row: the forced output id (then EOS once they run out), else None."""
+        """Per sampled row: the forced output id (then EOS once they run out), else None. A
+        verifying chunk's rows are the outputs from the request's next one on."""
         if not self._forced:
             return []
         out: list[int | None] = []
-        for request in batch.sampled_requests:
+        for request, count in zip(batch.sampled_requests, batch.sample_counts, strict=True):
             forced = self._forced.get(request.request_id)
-            k = request.num_output_tokens
-            out.append(None if forced is None else forced[k] if k < len(forced) else EOS)
+            for k in range(request.num_output_tokens, request.num_output_tokens + count):
+                out.append(None if forced is None else forced[k] if k < len(forced) else EOS)
         return out
 
     def _forget(self, request_id: str) -> None:

@@ -145,6 +145,8 @@ class EngineStats:
     budget adapts to load: livemeet/session/forced_budget.py).
     `live_hop_wait_s`: the hops' summed wait from being due (step() first found the session's
     hop due) to submission, a queue in front of the engine that `live_hop_s` does not see.
+    `num_draft_tokens` and `num_accepted_draft_tokens`: draft ids added with requests and
+    those their verifying chunks accepted (livemeet.engine.request: draft verification).
     `num_upload_continuations`: uploads whose decode stopped well before their audio's end
     and was continued (DESIGN 5.8; the backend's: MossCore).
     `num_audio_commands`, `audio_command_lag_s` and `audio_command_lag_max_s` (the worker's):
@@ -174,6 +176,8 @@ class EngineStats:
     live_forced_tokens: int = 0  # tokens; forced transcript the live hops submitted prefilled
     live_hop_wait_s: float = 0.0  # s; the hops' summed wait from due to submission
     num_upload_continuations: int = 0  # requests; uploads continued after an early stop
+    num_draft_tokens: int = 0  # ids; drafts the requests carried (draft verification)
+    num_accepted_draft_tokens: int = 0  # ids; of them, accepted: decode steps saved
     num_audio_commands: int = 0  # commands; audio appends applied that carried a send time
     audio_command_lag_s: float = 0.0  # s; their summed wait from the gateway's queue
     audio_command_lag_max_s: float = 0.0  # s; the longest such wait since the worker started

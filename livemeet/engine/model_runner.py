@@ -8,8 +8,8 @@ memory times `mem_fraction` (CUDA) or from `num_kv_blocks` (given, or a CPU defa
 Per step: block copies (copy-on-write), then the inputs of every prefill chunk and decode row
 are concatenated into [N] token ids / positions / slots; audio embeddings replace the rows at
 `<|audio_pad|>` positions; the decoder runs once; logits are computed for the sampled rows
-only (the last row of each sampling prefill chunk, then every decode row, in
-`ScheduledBatch.sampled_requests` order).
+only (the last row of each sampling prefill chunk, the rows before it that verify a draft,
+then every decode row, in `ScheduledBatch.sampled_requests` order).
 
 Decode-only steps replay a CUDA graph (livemeet.engine.cuda_graph) when one fits; prefill and
 mixed steps, and the CPU, run eagerly. `launch` leaves the sampled ids on the device
@@ -73,8 +73,9 @@ VECTOR_ROWS_MIN = 32
 
 @dataclass(frozen=True)
 class DeviceTokens:
-    """A launched step's sampled ids, still on the device: `token_ids` int64 [M], entry
-    `rows[request_id]` for each sampled request (ScheduledBatch.sampled_requests order)."""
+    """A launched step's sampled ids, still on the device: `token_ids` int64 [M], from entry
+    `rows[request_id]` on for each sampled request (ScheduledBatch.sampled_requests order;
+    `sample_counts` entries each)."""
 
     token_ids: torch.Tensor
     rows: Mapping[str, int]
@@ -289,7 +290,12 @@ class ModelRunner:
         every_row = len(rows.sample_rows) == len(rows.token_ids)
         picked = hidden if every_row else hidden[self._upload(rows.sample_rows, torch.long)]
         logits = self.model.compute_logits(picked)
-        params = [sampling(r) for r in batch.sampled_requests]
+        counts = batch.sample_counts
+        params = [
+            p
+            for r, n in zip(batch.sampled_requests, counts, strict=True)
+            for p in [sampling(r)] * n
+        ]
         sampled = sample(logits, params)
         overrides = [(i, t) for i, t in enumerate(forced) if t is not None]
         if overrides and len(overrides) == len(params):  # every row forced (benchmarks)
@@ -297,7 +303,10 @@ class ModelRunner:
         elif overrides:
             where = self._upload([i for i, _ in overrides], torch.long)
             sampled[where] = self._upload([t for _, t in overrides], torch.long)
-        order = {r.request_id: i for i, r in enumerate(batch.sampled_requests)}
+        # a request's first row (a verifying chunk's later rows follow it; it decodes only
+        # once its draft is accepted, so no decode row reads them)
+        firsts = np.cumsum((0, *counts[:-1])).tolist()
+        order = {r.request_id: i for r, i in zip(batch.sampled_requests, firsts, strict=True)}
         return DeviceTokens(sampled, order)
 
     def _input_ids(self, rows: _StepRows, previous: DeviceTokens | None) -> torch.Tensor:
@@ -374,8 +383,9 @@ class ModelRunner:
                 rows.audio_values.append(
                     audio_embeds[req.request_id][first : first + len(positions)]
                 )
-            if chunk.samples:
-                rows.sample_rows.append(len(rows.token_ids) - 1)
+            if chunk.samples:  # the last row; verifying a draft, the rows before it too
+                last = len(rows.token_ids) - 1
+                rows.sample_rows.extend(range(last - chunk.num_verify, last + 1))
         for req in batch.decodes:
             start = req.num_tokens - 1
             token = req.last_token_id

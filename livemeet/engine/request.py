@@ -6,6 +6,15 @@ Every token of `all_token_ids` needs KV; `num_computed_tokens` of them have it. 
 tokens [num_computed_tokens, num_computed_tokens + n); when that reaches `num_tokens`, the last
 logit is sampled and the new token appended. After a preemption the KV is gone and the whole
 sequence (prompt and outputs) is recomputed by chunked prefill.
+
+Draft verification (speculative decoding with a given draft): the last `num_draft_tokens`
+prompt ids may be a guess of the first outputs (a live hop's: what the previous hop decoded
+after the same forced transcript). The final prefill chunk then samples greedily at the row
+before the draft and at every draft row (k + 1 rows for k draft ids); the longest prefix of
+the draft that equals those samples is accepted, followed by the sample after it
+(`Scheduler.accept_draft`). The outputs are exactly what greedy decoding would produce, in
+one step instead of j + 1 (j accepted); the rejected draft ids leave the prompt and their KV
+is truncated.
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ class Request:
     arrival_s: float = 0.0
     audio_positions: tuple[int, ...] = ()
     ignore_eos: bool = False  # benchmarks (--forced-output) decode to max_new_tokens
+    num_draft_tokens: int = 0  # the prompt's last ids are a draft of the outputs (module doc)
+    num_accepted_draft_tokens: int = 0  # of them, accepted (set once verified)
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: FinishReason | None = None
@@ -72,6 +83,11 @@ class Request:
             raise InvalidRequest(
                 f"request {self.request_id!r}: max_new_tokens must be >= 1, "
                 f"not {self.max_new_tokens}"
+            )
+        if not 0 <= self.num_draft_tokens < len(self.prompt_token_ids):
+            raise InvalidRequest(
+                f"request {self.request_id!r}: {self.num_draft_tokens} draft ids in a "
+                f"{len(self.prompt_token_ids)}-token prompt (at most all but one)"
             )
         pos = self.audio_positions
         if pos and (
@@ -108,6 +124,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
+
+    @property
+    def verify_from(self) -> int:
+        """The first position whose logits are sampled: the one before the draft (the last
+        prompt position without a draft). A prefill chunk that samples starts at or before it."""
+        return self.num_prompt_tokens - self.num_draft_tokens - 1
 
     @property
     def is_decoding(self) -> bool:

@@ -129,12 +129,15 @@ class SchedulerConfig:
 
 class PrefillChunk(NamedTuple):
     """Compute KV for tokens [start, start + num_tokens) of `request`; when `samples` is true
-    the chunk reaches the end of the sequence and its last logit is sampled."""
+    the chunk reaches the end of the sequence and its last logit is sampled, and with
+    `num_verify` draft ids (livemeet.engine.request: draft verification) the `num_verify`
+    logits before it too: num_verify + 1 sampled rows, in position order."""
 
     request: Request
     start: int
     num_tokens: int
     samples: bool
+    num_verify: int = 0
 
 
 @dataclass(frozen=True)
@@ -164,6 +167,13 @@ class ScheduledBatch:
     def sampled_requests(self) -> tuple[Request, ...]:
         """Requests that get a token: sampling prefill chunks in order, then the decodes."""
         return tuple(c.request for c in self.prefills if c.samples) + self.decodes
+
+    @property
+    def sample_counts(self) -> tuple[int, ...]:
+        """Sampled rows per `sampled_requests` entry: 1, or num_verify + 1 for a chunk that
+        verifies a draft (its rows in position order)."""
+        chunks = tuple(c.num_verify + 1 for c in self.prefills if c.samples)
+        return chunks + (1,) * len(self.decodes)
 
 
 class StepOutput(NamedTuple):
@@ -425,17 +435,23 @@ class Scheduler:
         )
         return self.config.step_budget_s if live else self.config.upload_step_budget_s
 
-    def postprocess(self, batch: ScheduledBatch, sampled_token_ids: Sequence[int]) -> StepOutput:
+    def postprocess(
+        self, batch: ScheduledBatch, sampled_token_ids: Sequence[int], *, pending: bool = False
+    ) -> StepOutput:
         """Account a finished step: advance computed tokens, append sampled tokens, finish.
 
-        `sampled_token_ids[i]` belongs to `batch.sampled_requests[i]`. Requests aborted or
-        evicted while the step was in flight are skipped. Raises SchedulerError when the
-        count of sampled tokens does not match the batch.
+        `sampled_token_ids` holds `batch.sample_counts[i]` ids for `batch.sampled_requests[i]`,
+        in order; a chunk that verifies a draft is accepted here (`accept_draft`). With
+        `pending` (async decode) the ids are placeholders: decode rows and plain chunks get
+        theirs appended, and a verifying request waits, unchanged, for `accept_draft` with
+        the real ids. Requests aborted or evicted while the step was in flight are skipped.
+        Raises SchedulerError when the count of sampled tokens does not match the batch.
         """
         sampled = batch.sampled_requests
-        if len(sampled_token_ids) != len(sampled):
+        counts = batch.sample_counts
+        if len(sampled_token_ids) != sum(counts):
             raise SchedulerError(
-                f"{len(sampled_token_ids)} sampled tokens for {len(sampled)} sampling rows"
+                f"{len(sampled_token_ids)} sampled tokens for {sum(counts)} sampling rows"
             )
         intact: set[str] = set()
         for chunk in batch.prefills:
@@ -448,16 +464,70 @@ class Scheduler:
                 intact.add(request.request_id)
         new_tokens: list[tuple[str, int]] = []
         finished: list[Request] = []
-        for request, token_id in zip(sampled, sampled_token_ids, strict=True):
-            if request.request_id not in intact:
+        first = 0
+        for request, count in zip(sampled, counts, strict=True):
+            values, first = sampled_token_ids[first : first + count], first + count
+            rid = request.request_id
+            if rid not in intact or (count > 1 and pending):
                 continue
+            if count > 1:
+                tokens, reason = self.accept_draft(request, values)
+            else:
+                request.append_token(values[0])
+                tokens, reason = [values[0]], self._finish_reason(request, values[0])
+                if reason is not None:
+                    self._finish(request, reason)
+            new_tokens.extend((rid, t) for t in tokens)
+            if reason is not None:
+                finished.append(request)
+        return StepOutput(tuple(new_tokens), tuple(finished))
+
+    def is_verifying(self, request: Request) -> bool:
+        """True when `request` is unfinished, holds the KV of its whole prompt and its draft
+        is not verified yet: `accept_draft` applies (after async decode's placeholders; a
+        request evicted since is recomputed and verified again instead)."""
+        return (
+            self._requests.get(request.request_id) is request
+            and request.status is Status.RUNNING
+            and request.num_draft_tokens > 0
+            and not request.output_token_ids
+            and request.num_computed_tokens == request.num_tokens
+        )
+
+    def accept_draft(
+        self, request: Request, values: Sequence[int]
+    ) -> tuple[list[int], FinishReason | None]:
+        """Verify `request`'s draft of k ids with `values`, the k + 1 greedy samples of its
+        verifying chunk (values[i] follows the prompt and draft[:i]). Accepts the longest
+        prefix draft[:j] that equals values[:j] and the sample after it: the outputs become
+        values[:j + 1] (cut at a stop token or the length limit, which finish the request);
+        the draft leaves the prompt and the KV past the accepted ids is truncated. Returns the
+        tokens appended and the finish reason (None while it goes on decoding). Raises
+        SchedulerError unless `is_verifying(request)` and len(values) == k + 1."""
+        k = request.num_draft_tokens
+        if not self.is_verifying(request) or len(values) != k + 1:
+            raise SchedulerError(
+                f"{request.request_id!r}: cannot verify {len(values)} samples against its "
+                f"{k}-id draft in state {request.status.value}"
+            )
+        base = request.num_prompt_tokens - k
+        draft = request.prompt_token_ids[base:]
+        j = 0
+        while j < k and values[j] == draft[j]:
+            j += 1
+        request.prompt_token_ids = request.prompt_token_ids[:base]
+        request.num_draft_tokens = 0
+        request.num_accepted_draft_tokens = j
+        self.block_manager.truncate(request, base + j)  # the accepted ids keep their KV
+        tokens: list[int] = []
+        for token_id in values[: j + 1]:
             request.append_token(token_id)
-            new_tokens.append((request.request_id, token_id))
+            tokens.append(token_id)
             reason = self._finish_reason(request, token_id)
             if reason is not None:
                 self._finish(request, reason)
-                finished.append(request)
-        return StepOutput(tuple(new_tokens), tuple(finished))
+                return tokens, reason
+        return tokens, None
 
     # -- filling one step ------------------------------------------------------------------
 
@@ -541,7 +611,8 @@ class Scheduler:
         start = request.num_computed_tokens
         assert len(request.block_table) >= self.block_manager.num_blocks_for(start + num_tokens)
         samples = start + num_tokens == request.num_tokens
-        step.prefills.append(PrefillChunk(request, start, num_tokens, samples))
+        verify = request.num_draft_tokens if samples else 0
+        step.prefills.append(PrefillChunk(request, start, num_tokens, samples, verify))
         cost_s = self.cost_model.prefill_cost_s(start, num_tokens)
         step.charge(request.request_class, cost_s, num_tokens)
 
@@ -566,6 +637,13 @@ class Scheduler:
         n = self.cost_model.max_prefill_tokens(start, budget_s, limit)
         if n < remaining and n < cfg.min_prefill_chunk:
             n = min(limit, cfg.min_prefill_chunk) if step.is_empty else 0
+        if request.num_draft_tokens and 0 < n < remaining and start + n > request.verify_from:
+            # the sampling chunk must hold every row that verifies the draft: stop before
+            # them, or take them all (at most MAX_DRAFT_TOKENS + 1, < 1 ms at 30k context)
+            # even a little over budget, so that leftovers in busy steps never starve them
+            n = request.verify_from - start
+            if n <= 0:
+                n = remaining if remaining <= limit else 0
         return n
 
     # -- memory pressure -------------------------------------------------------------------
@@ -617,7 +695,8 @@ class Scheduler:
         source = self._requests.get(fork_from) or self._retained.get(fork_from)
         if source is None or not source.block_table:
             return 0
-        n = min(num_fork_tokens, source.num_computed_tokens, request.num_tokens - 1)
+        # the rows that verify a draft are computed by the request itself
+        n = min(num_fork_tokens, source.num_computed_tokens, request.verify_from)
         if n <= 0:
             return 0
         self.block_manager.fork(source, request, n)

@@ -2,8 +2,8 @@
 
 Engine counters (`livemeet_engine_*`, the live hops' `livemeet_live_hops`,
 `livemeet_live_hop_seconds`, `livemeet_live_hop_wait_seconds` and
-`livemeet_live_forced_tokens`, and
-`livemeet_upload_continuations`; one gauge among them, the
+`livemeet_live_forced_tokens`, the drafts `livemeet_engine_draft_tokens` (labels: proposed,
+accepted), and `livemeet_upload_continuations`; one gauge among them, the
 worker's longest audio-command wait `livemeet_engine_audio_command_lag_max_seconds`) come
 from the engine worker as cumulative `EngineStats` (livemeet/engine/messages.py) at most
 ENGINE_STATS_INTERVAL_S stale while it steps and exact when idle. `EngineStatsCollector`
@@ -103,6 +103,12 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "Seconds live hops waited from being due to their submission to the engine, summed",
         labels=[],
     )
+    drafts = CounterMetricFamily(
+        "livemeet_engine_draft_tokens",
+        "Draft ids requests carried (proposed) and those their prefill verified (accepted): "
+        "each accepted id is a decode step saved",
+        labels=["outcome"],
+    )
     continuations = CounterMetricFamily(
         "livemeet_upload_continuations",
         "Uploads whose decode stopped well before their audio's end and was continued",
@@ -140,6 +146,8 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         forced_tokens.add_metric([], stats.live_forced_tokens)
         hop_wait.add_metric([], stats.live_hop_wait_s)
         continuations.add_metric([], stats.num_upload_continuations)
+        drafts.add_metric(["proposed"], stats.num_draft_tokens)
+        drafts.add_metric(["accepted"], stats.num_accepted_draft_tokens)
         audio_commands.add_metric([], stats.num_audio_commands)
         audio_lag.add_metric([], stats.audio_command_lag_s)
         audio_lag_max.add_metric([], stats.audio_command_lag_max_s)
@@ -154,6 +162,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         hop_seconds,
         forced_tokens,
         hop_wait,
+        drafts,
         continuations,
         audio_commands,
         audio_lag,

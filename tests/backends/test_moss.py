@@ -1257,3 +1257,27 @@ def test_forced_hop_ids_equal_the_joined_texts_tokens(tmp_path: Path) -> None:
         for tail_from_s in (None, 0.0, 4.0, 10.1, edge_s):
             assert core._forced_ids(float(edge_s), tail_from_s) == joined(edge_s, tail_from_s)
     assert core._pieces_join()
+
+
+@pytest.mark.slow
+def test_live_drafts_change_no_event_and_save_decode_steps(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """Each hop drafts what the previous one decoded after the same forced transcript
+    (livemeet/session/draft.py): the events are the same as without drafts, most draft ids
+    are accepted (forced output: the tail repeats exactly), and fewer decode rows run."""
+    runs = {}
+    for draft in (False, True):
+        core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE, live_draft=draft)
+        events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)
+        stats = core.stats()
+        assert stats is not None
+        runs[draft] = (events, stats)
+        assert_pool_clean(core)
+    (plain, plain_stats), (drafted, stats) = runs[False], runs[True]
+    assert drafted == plain
+    assert plain_stats.num_draft_tokens == 0
+    assert stats.num_draft_tokens > 0
+    assert stats.num_accepted_draft_tokens >= 0.8 * stats.num_draft_tokens
+    saved = plain_stats.num_decode_tokens - stats.num_decode_tokens
+    assert saved >= stats.num_accepted_draft_tokens > 0

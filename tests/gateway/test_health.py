@@ -119,6 +119,8 @@ async def test_metrics_export_the_engine_counters(
         num_audio_commands=4_000,
         audio_command_lag_s=20.5,
         audio_command_lag_max_s=0.25,
+        num_draft_tokens=600,
+        num_accepted_draft_tokens=450,
     )
     text = await (await client.get("/metrics")).text()
     assert "# TYPE livemeet_engine_steps_total counter" in text
@@ -144,6 +146,8 @@ async def test_metrics_export_the_engine_counters(
     assert "livemeet_live_hop_seconds_total 12.5" in text
     assert "livemeet_live_forced_tokens_total 9000.0" in text
     assert "livemeet_upload_continuations_total 3.0" in text
+    assert 'livemeet_engine_draft_tokens_total{outcome="proposed"} 600.0' in text
+    assert 'livemeet_engine_draft_tokens_total{outcome="accepted"} 450.0' in text
     assert "livemeet_live_hop_wait_seconds_total 4.5" in text
     assert "livemeet_engine_audio_commands_total 4000.0" in text
     assert "livemeet_engine_audio_command_lag_seconds_total 20.5" in text

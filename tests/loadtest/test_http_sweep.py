@@ -213,6 +213,26 @@ def test_encoder_windows_and_live_hops_parsed_and_differenced() -> None:
     assert "audio_commands" not in fields  # a server before session 16: no such fields
 
 
+def test_draft_tokens_parsed_and_differenced() -> None:
+    """The draft ids a point's requests carried and those accepted (each a decode step saved);
+    none from a server without drafts."""
+
+    def text(proposed: int, accepted: int) -> str:
+        family = "livemeet_engine_draft_tokens_total"
+        return metrics_text((10, 0, 5, 0), (900, 60)) + (
+            f"# TYPE {family} counter\n"
+            f'{family}{{outcome="proposed"}} {float(proposed)}\n'
+            f'{family}{{outcome="accepted"}} {float(accepted)}\n'
+        )
+
+    fields = engine_fields(
+        parse_engine_counters(text(100, 80)), parse_engine_counters(text(700, 530))
+    )
+    assert fields["draft_tokens"] == 600 and fields["accepted_draft_tokens"] == 450
+    plain = engine_fields(parse_engine_counters(text(0, 0)), parse_engine_counters(text(0, 0)))
+    assert "draft_tokens" not in plain
+
+
 def test_audio_command_lag_parsed_and_differenced() -> None:
     """How long a point's audio appends waited for the engine worker: the mean over the point
     (differenced sums) and the longest since the worker started (a gauge, taken as it is)."""
