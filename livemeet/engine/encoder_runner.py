@@ -231,6 +231,62 @@ class EncoderRunner:
         miss the cache are copied out of the audio. Raises BadAudio for empty or non-finite
         audio.
         """
+        out = self.encode_filling(audios, window_keys)
+        return [e for e in out if e is not None]
+
+    @torch.inference_mode()
+    def encode_filling(
+        self,
+        audios: Sequence[np.ndarray],
+        window_keys: Sequence[Sequence[bytes]] | None = None,
+        extra: Sequence[np.ndarray] = (),
+        extra_keys: Sequence[Sequence[bytes]] = (),
+    ) -> list[torch.Tensor | None]:
+        """`encode(audios, window_keys)`, plus each of `extra` (in order, with `extra_keys`)
+        whose windows that miss the cache fit in the silence the last micro-batch would be
+        padded with up to its bucket: those windows ride along at no encoder cost (a bucket's
+        graph runs all its rows). Returns the embeddings of every audio, then per extra audio
+        its embeddings or None (not encoded). Raises BadAudio as `encode`."""
+        jobs, per_audio = self._jobs(audios, window_keys)
+        free = self._padding_rows(len(jobs))
+        taken: list[bool] = []
+        for i, raw in enumerate(extra):
+            keys = [extra_keys[i] if i < len(extra_keys) else ()]
+            more, slots = self._jobs([raw], keys, first=len(per_audio))
+            fits = len(more) <= free  # none missing: assembled from the cache
+            taken.append(fits)
+            if fits:
+                jobs += more
+                per_audio += slots
+                free -= len(more)
+        for start in range(0, len(jobs), self.max_windows_per_batch):
+            self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
+        out: list[torch.Tensor | None] = [
+            torch.cat([s for s in slots if s is not None]) for slots in per_audio[: len(audios)]
+        ]
+        extras = iter(per_audio[len(audios) :])
+        for fits in taken:
+            out.append(torch.cat([s for s in next(extras) if s is not None]) if fits else None)
+        return out
+
+    def _padding_rows(self, num_jobs: int) -> int:
+        """Rows of silence the last micro-batch of `num_jobs` windows gets padded with."""
+        if num_jobs == 0:
+            return 0
+        last = (num_jobs - 1) % self.max_windows_per_batch + 1
+        bucket = choose_bucket(last, self.batch_buckets) or last
+        return bucket - last
+
+    def _jobs(
+        self,
+        audios: Sequence[np.ndarray],
+        window_keys: Sequence[Sequence[bytes]] | None,
+        first: int = 0,
+    ) -> tuple[
+        list[tuple[int, int, np.ndarray, int, bytes | None]], list[list[torch.Tensor | None]]
+    ]:
+        """The windows of `audios` that miss the cache (audio index from `first`, window,
+        samples, tokens, key) and each audio's slots, cache hits filled in."""
         jobs: list[tuple[int, int, np.ndarray, int, bytes | None]] = []
         per_audio: list[list[torch.Tensor | None]] = []
         for a, raw in enumerate(audios):
@@ -248,11 +304,9 @@ class EncoderRunner:
                 if hit is None:
                     window = _window(samples, w)
                     check_finite(window)
-                    jobs.append((a, w, window, count, key))
+                    jobs.append((first + a, w, window, count, key))
             per_audio.append(slots)
-        for start in range(0, len(jobs), self.max_windows_per_batch):
-            self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
-        return [torch.cat([s for s in slots if s is not None]) for slots in per_audio]
+        return jobs, per_audio
 
     @torch.inference_mode()
     def warm_up(self) -> None:

@@ -70,6 +70,9 @@ from livemeet.transcript.segments import FinishReason
 
 log = logging.getLogger(__name__)
 
+# queued live requests considered for the encoder batch's padding per step (each holds ~1
+# window to encode: a hop's open window); the largest bucket below the top one holds 32
+ENCODE_AHEAD_REQUESTS = 32
 MIN_OUTPUT_BUDGET = 512  # tokens; floor of the duration-scaled budget (SGLang-Omni default)
 OUTPUT_TOKENS_PER_AUDIO_S = 10  # tokens per audio second; dense meetings use ~4.5-6 (MODEL 5.5)
 
@@ -453,13 +456,36 @@ class Engine:
         todo = [rid for rid in dict.fromkeys(ids) if rid in self._pending_audio]
         if not todo:
             return
-        embeds = self.encoder.encode(
+        extra = self._encode_ahead(set(todo))
+        embeds = self.encoder.encode_filling(
             [self._pending_audio[rid] for rid in todo],
-            window_keys=[self._window_keys.pop(rid, ()) for rid in todo],
+            [self._window_keys.get(rid, ()) for rid in todo],
+            extra=[self._pending_audio[rid] for rid in extra],
+            extra_keys=[self._window_keys.get(rid, ()) for rid in extra],
         )
-        for rid, e in zip(todo, embeds, strict=True):
-            del self._pending_audio[rid]
-            self._audio[rid] = e
+        for rid, e in zip(todo + extra, embeds, strict=True):
+            if e is not None:
+                del self._pending_audio[rid]
+                self._window_keys.pop(rid, None)
+                self._audio[rid] = e
+
+    def _encode_ahead(self, scheduled: set[str]) -> list[str]:
+        """Queued live requests whose audio may ride in the encoder batch's padding (the
+        bucket's graph runs its silent rows anyway; EncoderRunner.encode_filling), earliest
+        deadline first, at most ENCODE_AHEAD_REQUESTS: a hop later found encoded skips its
+        encode, whose micro-batches would be padded in turn."""
+        waiting = []
+        for rid in self._pending_audio:
+            request = self.scheduler.get(rid)
+            if (
+                rid in scheduled
+                or request is None
+                or request.request_class is not RequestClass.LIVE
+            ):
+                continue
+            waiting.append((math.inf if request.deadline_s is None else request.deadline_s, rid))
+        waiting.sort()
+        return [rid for _, rid in waiting[:ENCODE_AHEAD_REQUESTS]]
 
     def _graph_replays(self) -> tuple[int, int]:
         """(decode graph, piecewise graph) replays so far: host ints, no device sync."""

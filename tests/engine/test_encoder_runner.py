@@ -331,3 +331,40 @@ def test_only_the_windows_encoded_are_scanned_for_nan(
     meeting[16_000 * 62] = np.nan  # in the partial window, encoded on every call
     with pytest.raises(BadAudio, match="NaN"):
         runner.encode([meeting])
+
+
+def test_extra_audio_rides_in_the_padding_of_the_last_micro_batch(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 windows pad to a bucket of 4: one extra one-window audio fills the free row, the next
+    one (and a longer one) would need another batch and are left; what rides along is what
+    encoding it alone gives."""
+    clips = [long_speech[: 16_000 * s] for s in (7, 11, 29)]
+    extra = [long_speech[: 16_000 * 5], long_speech[: 16_000 * 9], long_speech[: 16_000 * 70]]
+    plain = EncoderRunner(our_model, cache_windows=0, warm_up_at_start=False)
+    want = plain.encode(clips + extra)
+    rows = _spy_log_mel(monkeypatch)
+    runner = EncoderRunner(
+        our_model, cache_windows=0, batch_buckets=(1, 2, 4, 8), warm_up_at_start=False
+    )
+    got = runner.encode_filling(clips, None, extra=extra)
+    assert rows == [4] and runner.num_encoded_windows == 4
+    assert [g is None for g in got] == [False, False, False, False, True, True]
+    for a, b in zip(got[:4], want[:4], strict=True):
+        assert a is not None
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    # nothing required: nothing encoded, not even extras
+    assert runner.encode_filling([], None, extra=extra[:1]) == [None]
+
+
+def test_extra_audio_all_in_the_cache_is_assembled_without_encoding(
+    our_model: MossTDModel, long_speech: np.ndarray
+) -> None:
+    runner = EncoderRunner(our_model, cache_windows=8, batch_buckets=(1, 2), warm_up_at_start=False)
+    full = long_speech[: 16_000 * 60]  # two full windows
+    first = runner.encode([full])[0]
+    encoded = runner.num_encoded_windows
+    got = runner.encode_filling([long_speech[: 16_000 * 3]], None, extra=[full])
+    assert runner.num_encoded_windows == encoded + 1  # the required one only
+    assert got[1] is not None
+    torch.testing.assert_close(got[1], first, rtol=0, atol=0)

@@ -1,0 +1,53 @@
+"""Queued live requests' audio rides in the encoder batch's padding (Engine._encode_ahead):
+hops encoded ahead skip their own encode later, and every output is what the engine gives
+without it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from livemeet.engine.encoder_runner import EncoderRunner
+from livemeet.engine.engine import Engine, EngineConfig
+from livemeet.engine.request import RequestClass
+from livemeet.engine.scheduler import SchedulerConfig
+from livemeet.models.audio_llm import MossTDModel
+from tests.engine.fakes import SteppingClock
+
+SECONDS = (65.0, 4.0, 5.0, 6.0)
+
+
+def _run(model: MossTDModel, clips: list[np.ndarray], buckets: tuple[int, ...]) -> tuple:
+    # a budget that admits one hop's prefill per step, so the others wait queued
+    sched = SchedulerConfig(chunked_prefill_size=64, max_num_batched_tokens=64, max_num_seqs=8)
+    engine = Engine(EngineConfig(scheduler=sched), model=(model, model.cfg), clock=SteppingClock())
+    engine.encoder = EncoderRunner(
+        model, cache_windows=0, batch_buckets=buckets, warm_up_at_start=False
+    )
+    for i, clip in enumerate(clips):
+        engine.add_request(
+            f"h{i}", clip, max_new_tokens=4, request_class=RequestClass.LIVE, deadline_s=float(i)
+        )
+    first_step_encoded = None
+    outputs = {}
+    while engine.has_work():
+        out = engine.step()
+        if first_step_encoded is None:
+            first_step_encoded = set(engine._audio)
+        for r in out.finished:
+            outputs[r.request_id] = r.output_token_ids
+    return outputs, first_step_encoded, engine.encoder.num_encoded_windows
+
+
+def test_queued_live_audio_rides_in_the_padding_and_outputs_do_not_change(
+    our_model: MossTDModel, long_speech: np.ndarray
+) -> None:
+    """The first hop's 3 windows pad to a bucket of 4: the earliest-deadline queued hop's one
+    window rides in the free row, the next would not fit; outputs and the windows encoded are
+    those of an engine without padding."""
+    clips = [long_speech[: int(s * 16_000)] for s in SECONDS]
+    plain, plain_first, plain_windows = _run(our_model, clips, ())
+    ahead, ahead_first, ahead_windows = _run(our_model, clips, (1, 2, 4))
+    assert ahead == plain and len(ahead) == len(SECONDS)
+    assert plain_first == {"h0"}  # no buckets, no padding: only the scheduled hop
+    assert ahead_first == {"h0", "h1"}
+    assert ahead_windows == plain_windows == 3 + len(SECONDS) - 1
