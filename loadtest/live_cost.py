@@ -6,13 +6,15 @@ A hop of a session whose meeting has run `t` s re-encodes the open 30-s window a
 everything after the stable prefix of the previous hop's prompt (whose KV it forks): the
 open window's pads and time markers, the suffix (`<|audio_end|>`, instruction, assistant
 turn: SUFFIX_TOKENS) and the forced committed transcript (F ids, at most what the meeting has
-produced), then decodes the open tail (D ids: the prefill samples the first). With the
-engine's step cost model (livemeet.engine.cost_model.StepCostModel, H200 coefficients):
+produced), then decodes the open tail (D ids: the prefill samples the first). With a draft
+(the previous hop's tail, livemeet/session/draft.py) the prefill also verifies A ids of it,
+which then need no decode row. With the engine's step cost model
+(livemeet.engine.cost_model.StepCostModel, H200 coefficients):
 
     hop(t) = encode                                     the open window, ENCODER_WINDOW_S
            + hop / 30 s * encode                        full windows, once each
-           + prefill_cost_s(stable, n)                  n = span after stable + suffix + F
-           + sum over D - 1 rows of decode_cost_s(ctx)  each row reads the whole context's KV
+           + prefill_cost_s(stable, n)                  n = span after stable + suffix + F + A
+           + sum over D - A - 1 rows of decode_cost_s   each row reads the whole context's KV
 
 and N sessions with hop interval `hop` keep the GPU busy a fraction
 
@@ -29,7 +31,7 @@ early in a meeting, when hops are small, the host is the limit (docs/benchmarks.
 Prompt lengths are exact (livemeet.models.prompt: markers every 5 s, pads per marker 62); the
 open window is averaged over the window's phase (a hop at every `hop` seconds of a 30-s
 window). Usage: python -m loadtest.live_cost [--forced 2048,512] [--hops 0.5,1,2]
-    [--minutes 1,5,10,30] [--sessions 100] [--record bench_live.jsonl]
+    [--minutes 1,5,10,30] [--sessions 100] [--record bench_live.jsonl] [--no-draft]
 (`--record`: set the model beside a bench_live point's engine_by_time, bucket by bucket).
 """
 
@@ -39,7 +41,7 @@ import argparse
 import json
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,16 +69,21 @@ DECODE_TOKENS_PER_HOP = 14
 # rate on dense meetings (DESIGN 10); a hop forces no more than the meeting has produced
 OUTPUT_TOKENS_PER_S = 330 / 60
 FRAME_S = 0.1  # s of audio per client frame (loadtest.bench_live sends 100-ms frames)
+# of those, ids a hop's draft gets accepted: 100 sessions x 10 minutes accepted 7.0 per hop
+# (96.6 % of the drafts) and decoded 6.9 more (session 19, call 3)
+ACCEPTED_DRAFT_PER_HOP = 7
 
 
 @dataclass(frozen=True)
 class LiveCostModel:
-    """The live hop's cost (module docstring). `forced_tokens`: F; `decode_tokens`: D."""
+    """The live hop's cost (module docstring). `forced_tokens`: F; `decode_tokens`: D;
+    `accepted_draft_tokens`: A (0: no drafts, `--no-live-draft`)."""
 
     step: StepCostModel = field(default_factory=StepCostModel)
     encoder_window_s: float = ENCODER_WINDOW_S
     suffix_tokens: int = SUFFIX_TOKENS
     decode_tokens: int = DECODE_TOKENS_PER_HOP
+    accepted_draft_tokens: int = ACCEPTED_DRAFT_PER_HOP
     prompt: PromptConfig = field(default_factory=PromptConfig)
 
     def hop_s(self, meeting_s: float, hop_s: float, forced_tokens: int) -> float:
@@ -102,9 +109,10 @@ class LiveCostModel:
         span, _ = audio_span(tokens, self.prompt)
         stable = stable_prefix_len(prev, prev // TOKENS_PER_WINDOW, config=self.prompt)
         forced = min(forced_tokens, math.floor(OUTPUT_TOKENS_PER_S * edge_s))
-        context = HEADER_LEN + len(span) + self.suffix_tokens + forced
+        accepted = min(self.accepted_draft_tokens, max(0, self.decode_tokens - 1))
+        context = HEADER_LEN + len(span) + self.suffix_tokens + forced + accepted
         cost = self.step.prefill_cost_s(stable, context - stable)
-        rows = range(context + 1, context + self.decode_tokens)
+        rows = range(context + 1, context + self.decode_tokens - accepted)
         return cost + sum(self.step.decode_cost_s(c) for c in rows)
 
     def load(self, sessions: int, meeting_s: float, hop_s: float, forced_tokens: int) -> float:
@@ -121,7 +129,7 @@ class LiveCostModel:
         """p95 partial latency of an idle GPU (s): 0.95 of the wait for the next hop, the last
         frame, and the hop itself with its steps' fixed cost (a prefill step and D - 1
         decode steps, which under load the hops share); queueing under load comes on top."""
-        steps_s = self.decode_tokens * self.step.fixed_s
+        steps_s = (self.decode_tokens - self.accepted_draft_tokens) * self.step.fixed_s
         return 0.95 * hop_s + FRAME_S + self.hop_s(meeting_s, hop_s, forced_tokens) + steps_s
 
 
@@ -184,12 +192,16 @@ def against_record(
         steps = b.get("engine_step_s", {})
         forced = round(b.get("live_forced_mean_tokens", 0.0))
         at_s = meeting_s((lo + hi) / 2, head_s, head_speed)
+        # the bucket's own accepted drafts per hop (none from servers before session 19)
+        accepted = round(b.get("accepted_draft_tokens", 0) / hops)
+        priced = replace(model, accepted_draft_tokens=accepted)
         rows.append(
             {
                 "bucket": name,
                 "hops": hops,
                 "forced": forced,
-                "model_gpu_s": round(hops * model.hop_s(at_s, hop_s, forced), 2),
+                "accepted_draft": accepted,
+                "model_gpu_s": round(hops * priced.hop_s(at_s, hop_s, forced), 2),
                 "engine_s": round(sum(steps.get(k, 0.0) for k in ("launch", "wait", "encode")), 2),
                 "seconds": hi - lo,
             }
@@ -205,12 +217,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sessions", type=int, default=100, help="sessions whose load to report")
     p.add_argument("--record", type=Path, default=None, help="a bench_live JSONL to set beside")
     p.add_argument("--record-hop-s", type=float, default=1.0, help="that record's hop (s)")
+    p.add_argument(
+        "--no-draft", action="store_true", help="price hops without drafts (--no-live-draft)"
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    model = LiveCostModel()
+    model = LiveCostModel(accepted_draft_tokens=0 if args.no_draft else ACCEPTED_DRAFT_PER_HOP)
     rows = table(
         model,
         [float(x) for x in args.minutes.split(",")],

@@ -34,7 +34,9 @@ def test_a_hops_prefill_is_what_follows_the_previous_hops_stable_prefix() -> Non
         weights_read_s=0, step_overhead_s=0, per_token_s=1.0, attention_s_per_pair=0,
         kv_read_s_per_token=0,
     )  # fmt: skip
-    model = lc.LiveCostModel(step=step, encoder_window_s=0.0, decode_tokens=0)
+    model = lc.LiveCostModel(
+        step=step, encoder_window_s=0.0, decode_tokens=0, accepted_draft_tokens=0
+    )
     tokenizer = load_tokenizer(None)
     for edge_s, forced in ((47.0, 300), (60.5, 300), (10.0, 2_048)):
         tokens = num_audio_tokens(round(edge_s * SAMPLE_RATE))
@@ -73,19 +75,32 @@ def test_against_record_prices_each_bucket_of_a_bench_live_point() -> None:
         "live_forced_mean_tokens": 600.4,
         "engine_step_s": {"launch": 1.0, "wait": 2.0, "encode": 0.5, "schedule": 9.0},
     }
-    record = {"engine_by_time": {"60-90": bucket, "90-93": bucket, "93-123": {"live_hops": 0}}}
+    drafted = {**bucket, "accepted_draft_tokens": 500}  # 5 per hop
+    record = {
+        "engine_by_time": {
+            "60-90": bucket,
+            "90-93": bucket,
+            "93-123": {"live_hops": 0},
+            "123-153": drafted,
+        }
+    }
     model = lc.LiveCostModel()
-    (row,) = lc.against_record(model, record, hop_s=1.0)
+    row, later = lc.against_record(model, record, hop_s=1.0)
     assert row["bucket"] == "60-90" and row["forced"] == 600 and row["engine_s"] == 3.5
-    assert row["model_gpu_s"] == pytest.approx(100 * model.hop_s(75.0, 1.0, 600), abs=0.01)
+    plain = lc.LiveCostModel(accepted_draft_tokens=0)  # the bucket had no drafts
+    assert row["accepted_draft"] == 0
+    assert row["model_gpu_s"] == pytest.approx(100 * plain.hop_s(75.0, 1.0, 600), abs=0.01)
+    five = lc.LiveCostModel(accepted_draft_tokens=5)
+    assert later["accepted_draft"] == 5
+    assert later["model_gpu_s"] == pytest.approx(100 * five.hop_s(138.0, 1.0, 600), abs=0.01)
     # a head start (bench_live --head-start-s 300 at 4x): the buckets are priced in meeting
     # time, 4x faster through the head's 75 s, then real time
     fast = {"head_start_s": 300.0, "head_speed": 4.0, "engine_by_time": {"0-30": bucket}}
     late = {**fast, "engine_by_time": {"75-105": bucket}}
     (head,) = lc.against_record(model, fast, hop_s=1.0)
     (after,) = lc.against_record(model, late, hop_s=1.0)
-    assert head["model_gpu_s"] == pytest.approx(100 * model.hop_s(60.0, 1.0, 600), abs=0.01)
-    assert after["model_gpu_s"] == pytest.approx(100 * model.hop_s(315.0, 1.0, 600), abs=0.01)
+    assert head["model_gpu_s"] == pytest.approx(100 * plain.hop_s(60.0, 1.0, 600), abs=0.01)
+    assert after["model_gpu_s"] == pytest.approx(100 * plain.hop_s(315.0, 1.0, 600), abs=0.01)
 
 
 def test_cli_prints_the_table_and_a_records_buckets(tmp_path) -> None:  # noqa: ANN001
@@ -101,3 +116,20 @@ def test_cli_prints_the_table_and_a_records_buckets(tmp_path) -> None:  # noqa: 
     assert [(r["hop_s"], r["minute"]) for r in rows[:2]] == [(0.5, 10.0), (1.0, 10.0)]
     assert rows[0]["load_at_64"] > rows[1]["load_at_64"] > 0
     assert rows[2]["sessions"] == 4 and rows[2]["bucket"] == "0-30" and rows[2]["engine_s"] == 1.0
+
+
+def test_an_accepted_draft_trades_decode_rows_for_prefill_rows() -> None:
+    """A ids of a hop's D verified in its prefill: A fewer decode rows (each reading the whole
+    context's KV) and A more prefill rows, cheaper at 10 minutes; none accepted is the plain
+    hop."""
+    plain = lc.LiveCostModel(accepted_draft_tokens=0)
+    drafted = lc.LiveCostModel(accepted_draft_tokens=7)
+    assert drafted.hop_s(600, 1.0, 512) < plain.hop_s(600, 1.0, 512)
+    step = plain.step
+    rows_saved = 7 * step.decode_cost_s(8_000)
+    saved = plain.hop_s(600, 1.0, 512) - drafted.hop_s(600, 1.0, 512)
+    assert 0.5 * rows_saved < saved < rows_saved
+    # never more accepted than the hop decodes after its first sample
+    assert lc.LiveCostModel(accepted_draft_tokens=99).hop_s(600, 1.0, 512) == pytest.approx(
+        lc.LiveCostModel(accepted_draft_tokens=lc.DECODE_TOKENS_PER_HOP - 1).hop_s(600, 1.0, 512)
+    )
