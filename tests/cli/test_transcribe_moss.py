@@ -125,7 +125,7 @@ def test_serve_engine_sizing_flags() -> None:
         ["serve", "--model", "x", "--live-forced-transcript-tokens", "0"]
     )
     assert serve.config_from_args(args).model.live_forced_transcript_tokens == 0
-    assert config.live_forced_transcript_min_tokens == LIVE_FORCED_TRANSCRIPT_MIN_TOKENS == 512
+    assert config.live_forced_transcript_min_tokens == LIVE_FORCED_TRANSCRIPT_MIN_TOKENS == 256
     args = build_parser().parse_args(
         ["serve", "--model", "x", "--live-forced-transcript-min-tokens", "2048"]  # fixed
     )
