@@ -98,7 +98,7 @@ LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
 # tokens a hop still forces when the GPU is behind (livemeet/session/forced_budget.py): the
 # floor of the budget that halves after slow hops (~45 s of transcript at 330 tokens a
 # minute). 100 sessions x 10 minutes on an H200 (docs/benchmarks.md, session 19): p95 3.05 s
-# at 512, 2.48 s at 256 (8.2 against 10.1 engine-ms per hop). What a shorter forced context
+# at 512, 2.48 s at 256 (7.8 against 9.6 engine-ms per hop). What a shorter forced context
 # does to the model's output is unvalidated, as the forced transcript itself (DESIGN 5.3);
 # >= the cap turns adaptation off
 LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 256
