@@ -103,17 +103,22 @@ class LiveCostModel:
     def _prefill_s(self, edge_s: float, hop_s: float, forced_tokens: int) -> float:
         """The prefill and decode of one hop whose audio edge is `edge_s`, after a hop at
         edge_s - hop_s whose KV it forks (MossCore: the stable prefix of the previous hop's
-        audio); the prefill samples the first output id, so D ids take D - 1 decode rows."""
+        audio); the prefill samples the first output id and verifies A draft ids, so D ids
+        take D - A - 1 decode rows (rejected draft rows, ~3 %, are left out)."""
         tokens = num_audio_tokens(round(edge_s * SAMPLE_RATE))
         prev = num_audio_tokens(round(max(0.0, edge_s - hop_s) * SAMPLE_RATE))
         span, _ = audio_span(tokens, self.prompt)
         stable = stable_prefix_len(prev, prev // TOKENS_PER_WINDOW, config=self.prompt)
         forced = min(forced_tokens, math.floor(OUTPUT_TOKENS_PER_S * edge_s))
-        accepted = min(self.accepted_draft_tokens, max(0, self.decode_tokens - 1))
+        accepted = self._accepted()
         context = HEADER_LEN + len(span) + self.suffix_tokens + forced + accepted
         cost = self.step.prefill_cost_s(stable, context - stable)
         rows = range(context + 1, context + self.decode_tokens - accepted)
         return cost + sum(self.step.decode_cost_s(c) for c in rows)
+
+    def _accepted(self) -> int:
+        """A, at most the D - 1 ids after the prefill's own sample."""
+        return min(self.accepted_draft_tokens, max(0, self.decode_tokens - 1))
 
     def load(self, sessions: int, meeting_s: float, hop_s: float, forced_tokens: int) -> float:
         """Fraction of the GPU's time `sessions` sessions at `meeting_s` keep it busy."""
@@ -127,9 +132,9 @@ class LiveCostModel:
 
     def latency_floor_p95(self, meeting_s: float, hop_s: float, forced_tokens: int) -> float:
         """p95 partial latency of an idle GPU (s): 0.95 of the wait for the next hop, the last
-        frame, and the hop itself with its steps' fixed cost (a prefill step and D - 1
+        frame, and the hop itself with its steps' fixed cost (a prefill step and D - A - 1
         decode steps, which under load the hops share); queueing under load comes on top."""
-        steps_s = (self.decode_tokens - self.accepted_draft_tokens) * self.step.fixed_s
+        steps_s = (self.decode_tokens - self._accepted()) * self.step.fixed_s
         return 0.95 * hop_s + FRAME_S + self.hop_s(meeting_s, hop_s, forced_tokens) + steps_s
 
 

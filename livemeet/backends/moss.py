@@ -271,7 +271,6 @@ class _Hop:
     request_id: str
     edge_samples: int  # audio edge the hop decodes up to
     offset_s: float  # end of the committed speech when the hop started (marker time)
-    num_prompt_ids: list[int]
     stream: SegmentStream
     session_labels: frozenset[str]  # speakers of the forced transcript prefix
     submitted_s: float  # engine clock at submission
@@ -861,7 +860,6 @@ class MossCore:
             rid,
             edge,
             offset_s,
-            request.prompt_token_ids,
             SegmentStream(
                 IncrementalDetokenizer(engine.tokenizer),
                 edge_s,

@@ -53,6 +53,7 @@ from livemeet.audio.constants import (
 from livemeet.audio.features import check_samples, log_mel, window_token_counts
 from livemeet.audio.pcm import check_finite
 from livemeet.engine.cuda_graph import choose_bucket
+from livemeet.errors import BadAudio
 from livemeet.models.adaptor import merge_frames
 from livemeet.models.audio_llm import MossTDModel
 
@@ -246,19 +247,25 @@ class EncoderRunner:
         whose windows that miss the cache fit in the silence the last micro-batch would be
         padded with up to its bucket: those windows ride along at no encoder cost (a bucket's
         graph runs all its rows). Returns the embeddings of every audio, then per extra audio
-        its embeddings or None (not encoded). Raises BadAudio as `encode`."""
+        its embeddings or None (not encoded: no room, or bad audio, which its own request
+        reports when it is encoded). Raises BadAudio for `audios` as `encode`."""
         jobs, per_audio = self._jobs(audios, window_keys)
         free = self._padding_rows(len(jobs))
-        taken: list[bool] = []
+        taken = [False] * len(extra)
         for i, raw in enumerate(extra):
-            keys = [extra_keys[i] if i < len(extra_keys) else ()]
-            more, slots = self._jobs([raw], keys, first=len(per_audio))
-            fits = len(more) <= free  # none missing: assembled from the cache
-            taken.append(fits)
-            if fits:
-                jobs += more
-                per_audio += slots
-                free -= len(more)
+            if free == 0:
+                break
+            keys = extra_keys[i] if i < len(extra_keys) else ()
+            if not 0 < self._num_missing(raw.size, keys) <= free:
+                continue  # no room, or nothing to encode (assembled when it is scheduled)
+            try:
+                more, slots = self._jobs([raw], [keys], first=len(per_audio))
+            except BadAudio:
+                continue
+            jobs += more
+            per_audio += slots
+            free -= len(more)
+            taken[i] = True
         for start in range(0, len(jobs), self.max_windows_per_batch):
             self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
         out: list[torch.Tensor | None] = [
@@ -268,6 +275,17 @@ class EncoderRunner:
         for fits in taken:
             out.append(torch.cat([s for s in next(extras) if s is not None]) if fits else None)
         return out
+
+    def _num_missing(self, num_samples: int, keys: Sequence[bytes]) -> int:
+        """Windows of an audio of `num_samples` that miss the cache, its full windows' keys
+        being `keys` (a full window without one counts as missing); the LRU is not touched."""
+        num_windows = len(window_token_counts(num_samples))
+        cached = sum(
+            1
+            for key in keys[: num_samples // WINDOW_SAMPLES]
+            if key in self._held or key in self._cache
+        )
+        return num_windows - cached
 
     def _padding_rows(self, num_jobs: int) -> int:
         """Rows of silence the last micro-batch of `num_jobs` windows gets padded with."""

@@ -356,7 +356,7 @@ class Engine:
         batch = self.scheduler.schedule(self.clock())
         timer.done("schedule")
         if batch.is_empty:
-            return batch, StepOutput((), ())
+            return batch, self._with_scheduled_finishes(StepOutput((), ()), batch)
         self._encode_scheduled(batch)
         timer.done("encode")
         replays = self._graph_replays()
@@ -371,7 +371,7 @@ class Engine:
         self._count_accepted(batch)
         for request in out.finished:
             self._forget(request.request_id)
-        return batch, out
+        return batch, self._with_scheduled_finishes(out, batch)
 
     def _step_async(
         self, transfer: TokenTransfer, timer: _StepTimer
@@ -406,7 +406,19 @@ class Engine:
             self._in_flight = _InFlight(batch, tokens, ticket, accounted)
         elif not batch.is_empty:  # only non-final prefill chunks: nothing to wait for
             self.scheduler.postprocess(batch, [])
-        return batch, out
+        return batch, self._with_scheduled_finishes(out, batch)
+
+    def _with_scheduled_finishes(self, out: StepOutput, batch: ScheduledBatch) -> StepOutput:
+        """`out` with the requests the scheduler finished while building `batch` (LENGTH: the
+        pool cannot hold their next token) after its own, forgotten here. With async decode
+        such a request's last token, still in flight then, came in `out` (resolved first)."""
+        if not batch.finished:
+            return out
+        for request in batch.finished:
+            self._forget(request.request_id)
+        done = {r.request_id for r in out.finished}
+        extra = tuple(r for r in batch.finished if r.request_id not in done)
+        return StepOutput(out.new_tokens, out.finished + extra)
 
     def _resolve(self, step: _InFlight, values: Sequence[int]) -> StepOutput:
         """Put a launched step's real ids (`values`, read from its ticket) in place of its

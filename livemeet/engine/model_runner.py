@@ -525,7 +525,8 @@ class TokenTransfer:
     buffer. Two buffers suffice: step N+1 is started before step N is waited for, and step N+2
     only after. On CUDA the buffers are pinned, the copy is non_blocking and a CUDA event marks
     its completion; on the CPU the copy is immediate (the fake device of the tests).
-    `capacity`: the most ids one step samples (the scheduler's max_num_seqs). Raises
+    `capacity`: the most ids one step samples (one per decode row and sampling chunk, and a
+    verifying chunk's rows: the engine gives max(max_num_seqs, max_num_batched_tokens)). Raises
     InternalError when a step samples more, when both buffers are busy, or on a wrong ticket.
     """
 

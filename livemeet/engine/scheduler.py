@@ -144,7 +144,8 @@ class PrefillChunk(NamedTuple):
 class ScheduledBatch:
     """One engine step. The model runner must first perform `block_copies` (copy-on-write),
     then run `prefills` and `decodes` (decode row r feeds `last_token_id` at position
-    `num_tokens - 1`), then return one sampled token per `sampled_requests` entry, in order."""
+    `num_tokens - 1`), then return `sample_counts[i]` sampled tokens for `sampled_requests[i]`
+    (one, or a verifying chunk's rows), in order."""
 
     now_s: float
     prefills: tuple[PrefillChunk, ...] = ()
@@ -153,6 +154,9 @@ class ScheduledBatch:
     block_copies: tuple[BlockCopy, ...] = ()
     estimated_cost_s: float = 0.0
     upload_turn: bool = False  # live work waited for the uploads' time share (module docstring)
+    # requests finished while this step was built (the whole pool cannot hold their next
+    # token: LENGTH); the engine reports them with the step's output
+    finished: tuple[Request, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -196,6 +200,7 @@ class _StepBuilder:
     prefills: list[PrefillChunk] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
     admission_blocked: bool = False
     live_left_out: bool = False  # an upload turn kept live work out
 
@@ -307,8 +312,9 @@ class Scheduler:
         """Queue `request`; returns how many of its tokens reuse KV (0 without a fork).
 
         `fork_from`: a running or retained request whose first `num_fork_tokens` tokens'
-        KV `request` shares (clamped to what the source has computed and to all but the last
-        token of `request`, which must be recomputed to sample). A retained source is
+        KV `request` shares (clamped to what the source has computed and to `verify_from`:
+        all but the last token of `request`, which must be recomputed to sample, or with a
+        draft all before the rows that verify it). A retained source is
         released afterwards. An unknown or evicted source just means no reuse.
         Raises InvalidRequest (duplicate id, a request that is not fresh), TooLong (the
         prompt does not fit the context or the whole KV pool) and BlockManagerError (the
@@ -422,6 +428,7 @@ class Scheduler:
             block_copies=tuple(self.block_manager.take_copies()),
             estimated_cost_s=cost_s,
             upload_turn=step.live_left_out,
+            finished=tuple(step.finished),
         )
 
     def current_step_budget_s(self) -> float:
@@ -501,7 +508,8 @@ class Scheduler:
         verifying chunk (values[i] follows the prompt and draft[:i]). Accepts the longest
         prefix draft[:j] that equals values[:j] and the sample after it: the outputs become
         values[:j + 1] (cut at a stop token or the length limit, which finish the request);
-        the draft leaves the prompt and the KV past the accepted ids is truncated. Returns the
+        the draft leaves the prompt and the KV past the outputs but the last is truncated
+        (`num_accepted_draft_tokens`: outputs - 1, the decode steps saved). Returns the
         tokens appended and the finish reason (None while it goes on decoding). Raises
         SchedulerError unless `is_verifying(request)` and len(values) == k + 1."""
         k = request.num_draft_tokens
@@ -517,17 +525,21 @@ class Scheduler:
             j += 1
         request.prompt_token_ids = request.prompt_token_ids[:base]
         request.num_draft_tokens = 0
-        request.num_accepted_draft_tokens = j
-        self.block_manager.truncate(request, base + j)  # the accepted ids keep their KV
         tokens: list[int] = []
+        reason = None
         for token_id in values[: j + 1]:
             request.append_token(token_id)
             tokens.append(token_id)
             reason = self._finish_reason(request, token_id)
             if reason is not None:
-                self._finish(request, reason)
-                return tokens, reason
-        return tokens, None
+                break
+        # the outputs but the last have KV (draft ids the chunk computed), as after decoding
+        # them one by one; a stop or the limit may come before all j accepted ids
+        request.num_accepted_draft_tokens = len(tokens) - 1
+        self.block_manager.truncate(request, request.num_tokens - 1)
+        if reason is not None:
+            self._finish(request, reason)
+        return tokens, reason
 
     # -- filling one step ------------------------------------------------------------------
 
@@ -591,6 +603,7 @@ class Scheduler:
         bm = self.block_manager
         if bm.num_blocks_for(request.num_tokens) > bm.num_blocks:
             self._finish(request, FinishReason.LENGTH)  # the pool cannot hold one more token
+            step.finished.append(request)
             return
         cost_s = self.cost_model.decode_cost_s(request.num_tokens)
         cls = request.request_class
@@ -640,10 +653,12 @@ class Scheduler:
         if request.num_draft_tokens and 0 < n < remaining and start + n > request.verify_from:
             # the sampling chunk must hold every row that verifies the draft: stop before
             # them, or take them all (at most MAX_DRAFT_TOKENS + 1, < 1 ms at 30k context)
-            # even a little over budget, so that leftovers in busy steps never starve them
+            # even a little over the time budget and the live share of tokens, which a
+            # large draft could otherwise never fit beside a running upload
             n = request.verify_from - start
             if n <= 0:
-                n = remaining if remaining <= limit else 0
+                fits = remaining <= min(cfg.chunked_prefill_size, step.tokens_left)
+                n = remaining if fits else 0
         return n
 
     # -- memory pressure -------------------------------------------------------------------

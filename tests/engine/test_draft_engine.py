@@ -16,6 +16,7 @@ from livemeet.engine.request import RequestClass
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
+from livemeet.transcript.segments import FinishReason
 from tests.engine.fakes import SteppingClock
 from tests.models import tiny
 
@@ -71,11 +72,11 @@ def greedy(our_model: MossTDModel, clips: list[np.ndarray]) -> list[list[int]]:
 
 
 def _drafts(greedy: list[list[int]]) -> list[tuple[list[int], int]]:
-    """(draft, ids it should get accepted) per clip: right then wrong, all right past the
+    """(draft, decode steps it should save) per clip: right then wrong, all right past the
     length limit, wrong at once, right up to one before the limit."""
     return [
         (greedy[0][:5] + [WRONG, WRONG], 5),
-        (greedy[1] + [WRONG] * 4, MAX_NEW),
+        (greedy[1] + [WRONG] * 4, MAX_NEW - 1),  # the limit cuts it: 11 steps saved
         ([WRONG] * 6, 0),
         (greedy[3][: MAX_NEW - 1], MAX_NEW - 1),
     ]
@@ -143,3 +144,38 @@ def test_a_sampled_request_drops_its_draft(our_model: MossTDModel, clips: list[n
         "s", clips[0], max_new_tokens=4, draft_token_ids=[1, 2], sampling=SamplingParams(0.7)
     )
     assert request.num_draft_tokens == 0 and engine.stats().num_draft_tokens == 0
+
+
+@pytest.mark.parametrize("action", ["preempt", "abort"])
+def test_a_verifying_request_evicted_or_aborted_while_its_ids_are_in_flight(
+    our_model: MossTDModel, clips: list[np.ndarray], greedy: list[list[int]], action: str
+) -> None:
+    """Async decode: the verifying chunk is launched and accounted with placeholders; the
+    request is then evicted (it is recomputed and verified again: the greedy outputs) or
+    aborted (nothing more comes out) before its ids are read; the pool ends clean."""
+    engine = _engine(our_model, asynchronous=True)
+    engine.add_request("r", clips[0], max_new_tokens=MAX_NEW, draft_token_ids=greedy[0][:4])
+    streams: list[int] = []
+    done = {}
+    request = engine.scheduler.get("r")
+    assert request is not None
+    for _ in range(200):
+        out = engine.step()
+        streams += [t for rid, t in out.new_tokens if rid == "r"]
+        done.update((q.request_id, q) for q in out.finished)
+        if engine.scheduler.is_verifying(request) and action not in ("done",):
+            if action == "preempt":
+                assert engine.scheduler.preempt("r")
+            else:
+                engine.abort("r")
+            action = "done"
+        if not engine.has_work():
+            break
+    assert action == "done", "the verifying chunk was never in flight"
+    engine.block_manager.audit(engine.scheduler.live_requests())
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    if "r" in done and done["r"].finish_reason is not FinishReason.ABORT:
+        assert streams == done["r"].output_token_ids == greedy[0]
+        assert done["r"].num_accepted_draft_tokens == 4
+    else:
+        assert streams == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from livemeet.engine.block_manager import BlockManager
-from livemeet.engine.request import Request
+from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.scheduler import Scheduler, SchedulerConfig, SchedulerError
 from livemeet.errors import InvalidRequest
 from livemeet.transcript.segments import FinishReason
@@ -87,12 +87,40 @@ def test_a_stop_token_or_the_length_limit_among_the_accepted_ids_finishes() -> N
     out = sched.postprocess(sched.schedule(0.0), [900, 901, EOS, 903, 5])
     assert r.output_token_ids == [900, 901, EOS] and out.finished == (r,)
     assert r.finish_reason is FinishReason.STOP
+    assert r.num_accepted_draft_tokens == 2  # 3 outputs in one step
     r2 = drafted("r2", 40, [1, 2, 3, 4, 5], max_new=3)
-    sched.add(r2)
+    sched.add(r2, retain_kv=True)
     out = sched.postprocess(sched.schedule(0.0), [1, 2, 3, 4, 5, 6])
     assert r2.output_token_ids == [1, 2, 3] and r2.finish_reason is FinishReason.LENGTH
+    # as after decoding them one by one: every output but the last has KV, 2 steps saved
+    assert r2.num_accepted_draft_tokens == 2 and r2.num_computed_tokens == r2.num_tokens - 1
+    audit(sched)
+    # the retained cache forks like any other (its KV ends where its tokens say)
+    nxt = Request("n", r2.all_token_ids + [9], max_new_tokens=2)
+    assert sched.add(nxt, fork_from="r2", num_fork_tokens=10_000) == r2.num_tokens - 1
+    sched.abort("n")
     audit(sched)
     assert sched.block_manager.num_free_blocks == sched.block_manager.num_blocks
+
+
+def test_the_verifying_rows_fit_beside_a_running_upload_past_the_live_share() -> None:
+    """Live work may use (1 - upload_min_share) of a step's tokens while an upload runs: 48 of
+    64 here. A 63-id draft's 64 verifying rows still go in one chunk (they cannot be split)
+    instead of waiting for the upload to end."""
+    sched = make(chunked_prefill_size=64, max_num_batched_tokens=64, max_num_seqs=8)
+    upload = Request("u", list(range(20)), max_new_tokens=50)
+    sched.add(upload)
+    sched.postprocess(sched.schedule(0.0), [7])  # the upload decodes from now on
+    hop = drafted("h", 100, [500 + i for i in range(63)])
+    hop.request_class = RequestClass.LIVE
+    sched.add(hop)
+    for _ in range(4):
+        batch = sched.schedule(0.0)
+        sched.postprocess(batch, [7] * sum(batch.sample_counts))
+        if hop.output_token_ids:
+            break
+    assert hop.output_token_ids and hop.num_draft_tokens == 0
+    audit(sched)
 
 
 def test_async_placeholders_leave_the_request_verifying_until_accepted() -> None:

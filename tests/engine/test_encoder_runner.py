@@ -357,14 +357,21 @@ def test_extra_audio_rides_in_the_padding_of_the_last_micro_batch(
     assert runner.encode_filling([], None, extra=extra[:1]) == [None]
 
 
-def test_extra_audio_all_in_the_cache_is_assembled_without_encoding(
+def test_extra_audio_all_in_the_cache_or_bad_is_left_for_its_own_encode(
     our_model: MossTDModel, long_speech: np.ndarray
 ) -> None:
-    runner = EncoderRunner(our_model, cache_windows=8, batch_buckets=(1, 2), warm_up_at_start=False)
+    """An extra whose windows are all cached needs no encoder row: it is left (assembled when
+    its own request is scheduled, not held early); one with non-finite samples is left too,
+    for its own request to report, and the required audio is encoded all the same."""
+    runner = EncoderRunner(
+        our_model, cache_windows=8, batch_buckets=(1, 2, 4), warm_up_at_start=False
+    )
     full = long_speech[: 16_000 * 60]  # two full windows
-    first = runner.encode([full])[0]
+    runner.encode([full])
     encoded = runner.num_encoded_windows
-    got = runner.encode_filling([long_speech[: 16_000 * 3]], None, extra=[full])
-    assert runner.num_encoded_windows == encoded + 1  # the required one only
-    assert got[1] is not None
-    torch.testing.assert_close(got[1], first, rtol=0, atol=0)
+    bad = long_speech[: 16_000 * 4].copy()
+    bad[100] = np.nan
+    short = [long_speech[: 16_000 * 3], long_speech[: 16_000 * 7], long_speech[: 16_000 * 9]]
+    got = runner.encode_filling(short, None, extra=[full, bad, long_speech[: 16_000 * 5]])
+    assert [g is None for g in got] == [False, False, False, True, True, False]
+    assert runner.num_encoded_windows == encoded + 4  # 3 required, 1 extra in the 4-bucket

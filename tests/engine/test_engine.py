@@ -306,3 +306,43 @@ def test_forced_assistant_prefix_matches_reference(
     (want,) = tiny.reference_greedy(ref_model, inputs, NEW_TOKENS, prefix)
     assert req.output_token_ids == want
     assert len(set(req.output_token_ids)) >= 8
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_request_the_whole_pool_cannot_grow_is_reported_finished(
+    our_model: MossTDModel, batch_clips: list[np.ndarray], asynchronous: bool
+) -> None:
+    """The scheduler finishes a decoding request whose next token needs more blocks than the
+    whole pool (LENGTH). The step reports it, once, after its last token (with async decode
+    that token was still in flight), and the engine forgets it; before, nobody was told and
+    its session waited for ever."""
+    from livemeet.engine.model_runner import TokenTransfer
+
+    clip = batch_clips[0]
+    prompt_len = len(_engine(our_model, 64, None).build_prompt(13).ids)  # 1 s: 13 audio tokens
+    blocks = -(-(prompt_len + 1) // 16)
+    sched = SchedulerConfig(chunked_prefill_size=64, max_num_batched_tokens=1024)
+    transfer = TokenTransfer(torch.device("cpu"), 1024) if asynchronous else None
+    engine = Engine(
+        EngineConfig(num_kv_blocks=blocks, scheduler=sched),
+        model=(our_model, our_model.cfg),
+        clock=SteppingClock(),
+        transfer=transfer,
+    )
+    engine.add_request("r", clip, max_new_tokens=1_000, ignore_eos=True)
+    streamed: list[int] = []
+    finished = []
+    for _ in range(200):
+        out = engine.step()
+        assert not finished, "a token or a finish after the request finished"
+        streamed += [t for _, t in out.new_tokens]
+        finished += list(out.finished)
+        if not engine.has_work():
+            break
+    assert [r.request_id for r in finished] == ["r"]
+    request = finished[0]
+    assert request.finish_reason.value == "length"
+    assert streamed == request.output_token_ids
+    assert request.num_tokens == blocks * 16 + 1  # grew until the pool was full
+    assert "r" not in engine._audio and "r" not in engine._sampling
+    assert engine.block_manager.num_free_blocks == blocks

@@ -37,6 +37,7 @@ def test_drafts_give_the_greedy_outputs_on_cuda(kv_cache_dtype: str) -> None:
     engine = Engine(config, model=model)
     clips = [synthetic_audio(s, seed=i) for i, s in enumerate(CLIP_SECONDS)]
     greedy = [r.output_token_ids for r in _outputs(engine, clips)]
+    assert all(len(g) >= 10 for g in greedy), "a dummy model stopped early: no draft to test"
     vocab = model[1].text.vocab
     wrong = [(g[0] + 1) % vocab for g in greedy]
     drafts = [
@@ -50,6 +51,6 @@ def test_drafts_give_the_greedy_outputs_on_cuda(kv_cache_dtype: str) -> None:
         assert r.output_token_ids == greedy[i], i
     accepted = [r.num_accepted_draft_tokens for r in got]
     assert accepted[:2] == [9, 0] and accepted[3] == MAX_NEW - 1, accepted
-    assert accepted[2] >= len(greedy[2]), accepted  # all of it, past the limit
+    assert accepted[2] == len(greedy[2]) - 1, accepted  # all of it, cut by the limit
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks
