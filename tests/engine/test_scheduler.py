@@ -107,6 +107,8 @@ def test_request_validation() -> None:
         Request("a", [1, 2, 3], audio_positions=(1, 1))
     with pytest.raises(InvalidRequest):
         Request("a", [1, 2, 3], audio_positions=(3,))
+    with pytest.raises(InvalidRequest):
+        Request("a", [1, 2, 3], audio_positions=(0, 2, 1))
     r = Request("a", list(range(10)), audio_positions=(2, 3, 4, 8))
     assert r.audio_positions_in(3, 8) == (3, 4)
 
