@@ -1,0 +1,162 @@
+"""Host time of live hops on the engine thread, by part, on a small random model (CPU).
+
+A live hop's host work does not depend on the model's size: the prompt (header, the meeting's
+audio pads and time markers, suffix, forced transcript, draft), the request and its fork of
+the previous hop's KV, the scheduler's and the model runner's per-step bookkeeping, and the
+tokens' way through the detokenizer, parser and commit policy are the same for the real
+model. So a small random MOSS-TD (loadtest.bench_engine.TINY_CONFIG, dummy weights) with
+forced output shows where the engine thread's own time goes at a given point of a meeting:
+at 100 live sessions on an H200 it was ~28 % of the wall time outside engine steps
+(docs/benchmarks.md, session 19).
+
+One session streams `--minute` minutes of the long workload's meeting (its first part at
+once, then `--hops` one-second chunks, stepping to idle after each) with a fixed forced budget;
+each part is timed over the last `--hops` hops with `time.perf_counter` wrappers (no profiler:
+cProfile inflates Python-heavy parts several times). Prints one JSON line: ms per hop for
+hop-level parts (submission and its pieces, tokens, the end of the hop) and ms per engine
+step for step-level parts (schedule, the runner's rows and metadata, postprocess), with the
+steps per hop. The model's own forward and encoder time are left out (`encode` and
+`launch` are the device's; `wait` is nothing on the CPU).
+
+Usage: python -m loadtest.live_host_cost [--minute 10] [--hops 20] [--forced 512]
+    [--no-draft]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.backends.moss import MossCore
+from livemeet.config import ModelConfig
+from livemeet.engine.engine import Engine, EngineConfig
+from livemeet.models.loader import load_model
+from livemeet.models.tokenizer import load_tokenizer
+from livemeet.transcriber import SessionOptions
+from loadtest.bench_engine import TINY_CONFIG
+from loadtest.workloads import Workload, make_forced
+
+HOP_PARTS = ("submit_hop", "add_request", "on_token", "finish_hop")
+STEP_PARTS = ("schedule", "rows", "metadata", "postprocess")
+KV_BLOCKS = 4_096  # 64k tokens of the small model's KV: two hops of a 30-minute meeting
+
+
+class PartTimer:
+    """Seconds and calls per named part, gathered by wrapping methods in place."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: Counter[str] = Counter()
+
+    def wrap(self, obj: Any, method: str, part: str) -> None:
+        inner: Callable[..., Any] = getattr(obj, method)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.perf_counter() - start
+                self.calls[part] += 1
+
+        setattr(obj, method, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
+def build_core(meeting_s: float, forced_tokens: int, draft: bool, root: Path) -> tuple[Any, ...]:
+    """A MossCore over the small model forcing the long workload's transcript of
+    `meeting_s`; returns (core, engine, audio)."""
+    (root / "config.json").write_text(json.dumps(TINY_CONFIG))
+    model = load_model(str(root), load_format="dummy", device="cpu", dtype="float32")
+    workload = Workload("live", meeting_s, round(330 * meeting_s / 60))
+    audio, forced = make_forced(load_tokenizer(None), workload)
+    forced_path = root / "forced.txt"
+    forced_path.write_text(forced.text)
+    engine = Engine(EngineConfig(device="cpu", num_kv_blocks=KV_BLOCKS), model=model)
+    config = ModelConfig(
+        forced_output=str(forced_path),
+        live_forced_transcript_tokens=forced_tokens,
+        live_forced_transcript_min_tokens=forced_tokens,
+        live_draft=draft,
+    )
+    core = MossCore(config, engine=engine)
+    core.load()
+    return core, engine, audio
+
+
+def measure(minute: float, hops: int, forced_tokens: int, draft: bool) -> dict[str, Any]:
+    """Stream one session to `minute` and time the last `hops` hops' host parts."""
+    torch.set_num_threads(1)  # the small model is launch-bound
+    with tempfile.TemporaryDirectory() as tmp:
+        meeting_s = 60.0 * minute
+        core, engine, audio = build_core(meeting_s + 1.0, forced_tokens, draft, Path(tmp))
+        timer = PartTimer()
+        timer.wrap(core, "_submit_hop", "submit_hop")
+        timer.wrap(core, "_on_token", "on_token")
+        timer.wrap(core, "_finish_hop", "finish_hop")
+        timer.wrap(engine, "add_request", "add_request")
+        timer.wrap(engine.scheduler, "schedule", "schedule")
+        timer.wrap(engine.scheduler, "postprocess", "postprocess")
+        timer.wrap(engine.runner, "_rows", "rows")
+        timer.wrap(engine.runner, "_metadata", "metadata")
+        core.open("L", SessionOptions(live=True, hop_s=1.0))
+        second = SAMPLE_RATE
+        head = round(meeting_s - hops - 2) * second
+        core.append("L", audio[:head])
+        _run_to_idle(core)
+        for i in range(hops + 2):  # two warm hops, then the timed ones
+            if i == 2:
+                timer.reset()
+            core.append("L", audio[head + i * second : head + (i + 1) * second])
+            _run_to_idle(core)
+        core.abort("L")
+    steps = timer.calls["schedule"]
+    record: dict[str, Any] = {
+        "minute": minute,
+        "hops": hops,
+        "forced_tokens": forced_tokens,
+        "draft": draft,
+        "steps_per_hop": round(steps / hops, 2),
+        "tokens_per_hop": round(timer.calls["on_token"] / hops, 2),
+        "ms_per_hop": {p: round(1e3 * timer.seconds[p] / hops, 3) for p in HOP_PARTS},
+        "ms_per_step": {p: round(1e3 * timer.seconds[p] / max(1, steps), 3) for p in STEP_PARTS},
+    }
+    return record
+
+
+def _run_to_idle(core: MossCore) -> None:
+    while core.has_work():
+        core.step()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minute", type=float, default=10.0, help="meeting minute of the hops")
+    p.add_argument("--hops", type=int, default=20, help="hops timed")
+    p.add_argument("--forced", type=int, default=512, help="forced transcript tokens (fixed)")
+    p.add_argument("--no-draft", action="store_true", help="hops without drafts")
+    args = p.parse_args(argv)
+    if args.minute * 60 < args.hops + 10 or args.hops < 1:
+        p.error("need --hops >= 1 and a meeting at least 10 s longer than the hops")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    print(json.dumps(measure(args.minute, args.hops, args.forced, not args.no_draft)))
+
+
+if __name__ == "__main__":
+    main()
