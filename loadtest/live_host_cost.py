@@ -18,14 +18,17 @@ step for step-level parts (schedule, the runner's rows and metadata, postprocess
 steps per hop. The model's own forward and encoder time are left out (`encode` and
 `launch` are the device's; `wait` is nothing on the CPU).
 
+`--stream` times only the tokens' path (`stream_us_per_token`), without a model.
+
 Usage: python -m loadtest.live_host_cost [--minute 10] [--hops 20] [--forced 512]
-    [--no-draft]
+    [--no-draft] [--stream]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from collections import Counter, defaultdict
@@ -36,12 +39,13 @@ from typing import Any
 import torch
 
 from livemeet.audio.constants import SAMPLE_RATE
-from livemeet.backends.moss import MossCore
+from livemeet.backends.moss import MossCore, SegmentStream
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.models.loader import load_model
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcriber import SessionOptions
+from livemeet.transcript.detok import IncrementalDetokenizer
 from loadtest.bench_engine import TINY_CONFIG
 from loadtest.workloads import Workload, make_forced
 
@@ -136,6 +140,26 @@ def measure(minute: float, hops: int, forced_tokens: int, draft: bool) -> dict[s
     return record
 
 
+def stream_us_per_token(ids_per_hop: int = 14, repeats: int = 5) -> float:
+    """Microseconds per token through a hop's SegmentStream (detokenizer, parser, repetition
+    guard), a fresh stream per `ids_per_hop` ids of the long workload's 10-minute transcript
+    as live hops have, seeded with 20 forced segments; the best of `repeats` passes."""
+    tokenizer = load_tokenizer(None)
+    _, forced = make_forced(tokenizer, Workload("live", 600.0, 3_300))
+    ids = list(forced.token_ids)
+    history = ["hello there"] * 20
+    best_s = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for k in range(0, len(ids), ids_per_hop):
+            stream = SegmentStream(IncrementalDetokenizer(tokenizer), 600.0, history)
+            for token_id in ids[k : k + ids_per_hop]:
+                stream.push(token_id)
+            stream.close()
+        best_s = min(best_s, time.perf_counter() - start)
+    return 1e6 * best_s / len(ids)
+
+
 def _run_to_idle(core: MossCore) -> None:
     while core.has_work():
         core.step()
@@ -147,6 +171,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hops", type=int, default=20, help="hops timed")
     p.add_argument("--forced", type=int, default=512, help="forced transcript tokens (fixed)")
     p.add_argument("--no-draft", action="store_true", help="hops without drafts")
+    p.add_argument(
+        "--stream", action="store_true", help="only the token path: us per token (no model)"
+    )
     args = p.parse_args(argv)
     if args.minute * 60 < args.hops + 10 or args.hops < 1:
         p.error("need --hops >= 1 and a meeting at least 10 s longer than the hops")
@@ -155,6 +182,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.stream:
+        print(json.dumps({"stream_us_per_token": round(stream_us_per_token(), 2)}))
+        return
     print(json.dumps(measure(args.minute, args.hops, args.forced, not args.no_draft)))
 
 

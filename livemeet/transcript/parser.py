@@ -27,6 +27,7 @@ Three deliberate departures, each recorded on the segment as a `SegmentFlag`:
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from enum import Enum, auto
 
 from livemeet.transcript.segments import Segment, SegmentFlag
@@ -44,6 +45,10 @@ class _State(Enum):
     READ_TEXT = auto()  # segment text
     READ_END = auto()  # inside a candidate "[end"
     AFTER_END = auto()  # after a valid "[end]": waiting for "[" to confirm it
+
+    # members are singletons compared by identity: hash them by identity too, in C (Enum's
+    # own hashes the name in Python, once per character fed)
+    __hash__ = object.__hash__
 
 
 class TranscriptParser:
@@ -71,14 +76,9 @@ class TranscriptParser:
         self._last_speaker: str | None = None
         self._closed = False
         self._out: list[Segment] = []
-
-    def feed(self, text: str) -> list[Segment]:
-        """Consume more output text; return the segments it confirmed, in order."""
-        if self._closed:
-            raise RuntimeError("feed() after close()")
-        if not isinstance(text, str):
-            raise TypeError(f"text must be str, not {type(text).__name__}")
-        step = {
+        # the handler of each state, built once: a live hop feeds its parser ~14 tokens and
+        # the engine thread feeds every hop's (an Enum hashes in Python: keep it off the path)
+        self._step: dict[_State, Callable[[str], None]] = {
             _State.SEEK_START: self._seek_start,
             _State.READ_START: self._read_start,
             _State.EXPECT_SPEAKER: self._expect_speaker,
@@ -87,6 +87,14 @@ class TranscriptParser:
             _State.READ_END: self._read_end,
             _State.AFTER_END: self._after_end,
         }
+
+    def feed(self, text: str) -> list[Segment]:
+        """Consume more output text; return the segments it confirmed, in order."""
+        if self._closed:
+            raise RuntimeError("feed() after close()")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, not {type(text).__name__}")
+        step = self._step
         for ch in text:
             step[self._state](ch)
         return self._take()

@@ -32,3 +32,8 @@ def test_cli_prints_one_record_and_refuses_a_meeting_shorter_than_its_hops() -> 
     assert record["hops"] == 2 and record["draft"] is True
     with pytest.raises(SystemExit):
         lhc.parse_args(["--minute", "0.1", "--hops", "20"])
+
+
+def test_the_token_path_alone_is_timed_per_token() -> None:
+    us = lhc.stream_us_per_token(repeats=1)
+    assert 0 < us < 1_000
