@@ -98,9 +98,9 @@ LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
 # tokens a hop still forces when the GPU is behind (livemeet/session/forced_budget.py): the
 # floor of the budget that halves after slow hops (~45 s of transcript at 330 tokens a
 # minute). 100 sessions x 10 minutes on an H200 (docs/benchmarks.md, session 19): p95 3.05 s
-# at 512, 2.48 s at 256 (7.8 against 9.6 engine-ms per hop). What a shorter forced context
-# does to the model's output is unvalidated, as the forced transcript itself (DESIGN 5.3);
-# >= the cap turns adaptation off
+# at 512, 2.48 s at 256 with the encoder padding fill (7.8 against 9.6 engine-ms per hop; 547
+# against 794 prefill ids). What a shorter forced context does to the model's output is
+# unvalidated, as the forced transcript itself (DESIGN 5.3); >= the cap turns adaptation off
 LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 256
 # ids of a draft a request may carry (livemeet.engine.request: draft verification): a live hop
 # drafts what the previous hop decoded after the same forced transcript, ~8-14 ids at 1-s hops
