@@ -325,7 +325,12 @@ class Engine:
 
     def stats(self) -> EngineStats:
         """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
-        return EngineStats(**self._counts)  # type: ignore[arg-type]
+        # accepted draft ids are counted where they are accepted (Scheduler.accept_draft)
+        counts = {
+            **self._counts,
+            "num_accepted_draft_tokens": self.scheduler.num_accepted_draft_tokens,
+        }
+        return EngineStats(**counts)  # type: ignore[arg-type]
 
     def step(self) -> StepOutput:
         """Run one step. Returns new tokens and finished requests: of this step (synchronous),
@@ -368,7 +373,6 @@ class Engine:
         sampled = [] if tokens is None else tokens.token_ids.tolist()
         timer.done("wait")
         out = self.scheduler.postprocess(batch, sampled)
-        self._count_accepted(batch)
         for request in out.finished:
             self._forget(request.request_id)
         return batch, self._with_scheduled_finishes(out, batch)
@@ -435,7 +439,6 @@ class Engine:
             if count > 1:  # a draft to verify, unless aborted or evicted since
                 if self.scheduler.is_verifying(request):
                     tokens, reason = self.scheduler.accept_draft(request, row)
-                    self._counts["num_accepted_draft_tokens"] += request.num_accepted_draft_tokens
                     new_tokens.extend((rid, t) for t in tokens)
                     if reason is not None:
                         finished.append(request)
@@ -544,12 +547,6 @@ class Engine:
             num_windows,
             len(batch.decodes),
         )
-
-    def _count_accepted(self, batch: ScheduledBatch) -> None:
-        """Count the draft ids a synchronous step's verifying chunks accepted."""
-        for chunk in batch.prefills:
-            if chunk.num_verify and not chunk.request.num_draft_tokens:
-                self._counts["num_accepted_draft_tokens"] += chunk.request.num_accepted_draft_tokens
 
     def _sampling_of(self, request: Request) -> SamplingParams:
         return self._sampling.get(request.request_id, SamplingParams())

@@ -258,6 +258,7 @@ class Scheduler:
         # current run of upload turns has lasted (module docstring)
         self._upload_deficit_s = 0.0
         self._upload_turns_s = 0.0
+        self.num_accepted_draft_tokens = 0  # ids accepted by `accept_draft`, all requests
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -536,6 +537,7 @@ class Scheduler:
         # the outputs but the last have KV (draft ids the chunk computed), as after decoding
         # them one by one; a stop or the limit may come before all j accepted ids
         request.num_accepted_draft_tokens = len(tokens) - 1
+        self.num_accepted_draft_tokens += request.num_accepted_draft_tokens
         self.block_manager.truncate(request, request.num_tokens - 1)
         if reason is not None:
             self._finish(request, reason)
