@@ -62,6 +62,7 @@ class PartTimer:
         self.calls: Counter[str] = Counter()
 
     def wrap(self, obj: Any, method: str, part: str) -> None:
+        """Replace `obj.method` by a wrapper that adds its seconds and calls to `part`."""
         inner: Callable[..., Any] = getattr(obj, method)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -75,6 +76,7 @@ class PartTimer:
         setattr(obj, method, timed)
 
     def reset(self) -> None:
+        """Forget what was timed so far (the warm-up hops)."""
         self.seconds.clear()
         self.calls.clear()
 
