@@ -36,12 +36,15 @@ FP8_SCALE = 0.05  # per-tensor scale of the FP8 cache (values ~N(0, 1) / scale s
 # by a few bf16 ulps, a wrong kernel by far more
 MAX_DELTA = 0.02
 # (cached prefix, new tokens) per sequence: a first chunk, a middle one, a late one of a
-# 29.7k-token prompt, and two requests' chunks in one step (what long c16 schedules)
+# 29.7k-token prompt, two requests' chunks in one step (what long c16 schedules), and five live
+# hops at minute ~8.5 of a meeting (a hop prefills ~550 ids after ~6.2k stable tokens; 100
+# sessions' mixed steps held ~5: docs/benchmarks.md, session 19)
 SHAPES: dict[str, list[tuple[int, int]]] = {
     "first": [(0, 4096)],
     "mid": [(16_384, 4096)],
     "late": [(26_000, 2_500)],
     "two": [(8_192, 4096), (4_096, 4096)],
+    "live": [(6_200, 547)] * 5,
 }
 
 

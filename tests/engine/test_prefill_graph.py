@@ -19,10 +19,21 @@ HAS_CUDA = torch.cuda.is_available()
 def test_buckets_cover_the_token_limit() -> None:
     assert prefill_buckets(8192) == PREFILL_BUCKETS
     assert prefill_buckets(100) == (16, 32, 64, 128)
+    assert prefill_buckets(2100) == (*prefill_buckets(2048), 2560)
     assert prefill_buckets(1) == (16,)
     assert prefill_buckets(20_000)[-3:] == (8192, 16384, 32768)
     with pytest.raises(ConfigError):
         prefill_buckets(0)
+
+
+def test_buckets_pad_a_large_step_by_at_most_a_third() -> None:
+    """Above 512 rows no step runs in a bucket more than 1.5x its rows: the projections run
+    over the whole bucket (a 2,100-row live step ran in 4,096 with powers of two)."""
+    buckets = prefill_buckets(8192)
+    assert list(buckets) == sorted(set(buckets))
+    for n in range(513, 8193):
+        bucket = next(b for b in buckets if b >= n)
+        assert bucket <= 1.5 * n, (n, bucket)
 
 
 @pytest.fixture(scope="module")
