@@ -47,6 +47,21 @@ step() {
   echo "=== $name: rc=$rc at t=$((SECONDS - start)) s"
 }
 
+# gpu_util_start NAME / gpu_util_stop: with GPU_UTIL_MS set, nvidia-smi samples the GPU every
+# GPU_UTIL_MS ms (utilization.gpu: the share of the sample period in which any kernel ran) into
+# $OUT/gpu_util_NAME.csv, with a wall-clock time stamp per row; else both do nothing.
+gpu_util_pid=""
+gpu_util_start() {
+  [ -n "${GPU_UTIL_MS:-}" ] || return 0
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,utilization.memory,clocks.sm,power.draw \
+    --format=csv,noheader,nounits -lms "$GPU_UTIL_MS" > "$OUT/gpu_util_$1.csv" 2>&1 &
+  gpu_util_pid=$!
+}
+gpu_util_stop() {
+  [ -n "$gpu_util_pid" ] || return 0
+  kill "$gpu_util_pid" 2>/dev/null; wait "$gpu_util_pid" 2>/dev/null; gpu_util_pid=""
+}
+
 # pyspy_prefix NAME: with PYSPY set, `spy` becomes the py-spy command that samples what follows it
 # (every process, into $OUT/pyspy_NAME.txt); else it is empty.
 pyspy_prefix() {
@@ -119,6 +134,7 @@ case "$phase" in
   http)
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
     pyspy_prefix http
+    gpu_util_start http
     step http-sweep "${SWEEP_S:-470}" ${spy[@]+"${spy[@]}"} python3 -m loadtest.http_sweep \
       --workloads "${HTTP_WORKLOADS:-short,long}" --short-concurrency "${HTTP_SHORT_C:-1,2,4,8,16,32,64}" \
       --long-concurrency "${HTTP_LONG_C:-16,1}" --long-min-requests "${HTTP_LONG_MIN:-2}" --assumed-audio-s-per-s "${HTTP_ASSUMED_RATE:-150}" \
@@ -126,10 +142,12 @@ case "$phase" in
       --startup-timeout 240 --max-seconds "$(( ${SWEEP_S:-470} - 20 ))" \
       --serve-args "--load-format dummy --forced-output {forced}$( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo " --no-prefill-graphs" )${SERVE_EXTRA:+ $SERVE_EXTRA}" \
       --out "$OUT/http_sweep.jsonl" --log-dir "${LOG_DIR:-$OUT}"
+    gpu_util_stop
     ;;
   live)
     # live sessions streaming in real time, alone and beside long uploads (loadtest/bench_live.py)
     pyspy_prefix live
+    gpu_util_start live
     step bench-live "${LIVE_S:-470}" ${spy[@]+"${spy[@]}"} python3 -m loadtest.bench_live \
       --sessions "${LIVE_SESSIONS:-1,16,64}" --uploads "${LIVE_UPLOADS:-0,2}" \
       --duration-s "${LIVE_DURATION_S:-60}" --startup-timeout 240 \
@@ -137,6 +155,7 @@ case "$phase" in
       --max-seconds "$(( ${LIVE_S:-470} - 20 ))" \
       --serve-args "--load-format dummy --forced-output {forced}${SERVE_EXTRA:+ $SERVE_EXTRA}" \
       --out "$OUT/bench_live.jsonl" --log-dir "${LOG_DIR:-$OUT}"
+    gpu_util_stop
     ;;
   *)
     echo "usage: $0 engine|http|profile|live" >&2
