@@ -62,6 +62,9 @@ gpu_util_stop() {
   kill "$gpu_util_pid" 2>/dev/null; wait "$gpu_util_pid" 2>/dev/null; gpu_util_pid=""
 }
 
+# LIVEMEET_TRACE_AFTER_S (with LIVEMEET_TRACE_S, LIVEMEET_TRACE_DIR=$OUT) has the live server's
+# engine write a device trace of that window, summarised after the phase (loadtest/trace_summary.py).
+
 # pyspy_prefix NAME: with PYSPY set, `spy` becomes the py-spy command that samples what follows it
 # (every process, into $OUT/pyspy_NAME.txt); else it is empty.
 pyspy_prefix() {
@@ -156,6 +159,11 @@ case "$phase" in
       --serve-args "--load-format dummy --forced-output {forced}${SERVE_EXTRA:+ $SERVE_EXTRA}" \
       --out "$OUT/bench_live.jsonl" --log-dir "${LOG_DIR:-$OUT}"
     gpu_util_stop
+    # a device trace of the server's engine (LIVEMEET_TRACE_AFTER_S, livemeet/engine/trace_window.py)
+    if [ -f "${LIVEMEET_TRACE_DIR:-.}/trace_engine.json.gz" ]; then
+      step trace-summary 120 python3 -m loadtest.trace_summary "${LIVEMEET_TRACE_DIR:-.}/trace_engine.json.gz" \
+        --json "$OUT/trace_summary.json"
+    fi
     ;;
   *)
     echo "usage: $0 engine|http|profile|live" >&2

@@ -65,6 +65,7 @@ from livemeet.engine.messages import (
     WorkerReady,
 )
 from livemeet.engine.shared_audio import read_shared_audio
+from livemeet.engine.trace_window import TraceConfig, TraceWindow
 from livemeet.errors import LivemeetError
 from livemeet.transcriber import TERMINAL_EVENTS, Error, Samples
 
@@ -95,6 +96,7 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
     try:
         from livemeet.backends import create_backend
 
+        trace_config = TraceConfig.from_env()
         core = create_backend(config)
         core.load()
     except LivemeetError as exc:
@@ -105,7 +107,7 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
         outbox.put(WorkerFailed("internal_error", f"backend failed to load: {exc!r}"))
         return
     outbox.put(WorkerReady(core.info))
-    worker = Worker(core, outbox)
+    worker = Worker(core, outbox, trace=TraceWindow(trace_config) if trace_config else None)
     try:
         worker.serve(inbox)
     except Exception as exc:
@@ -128,7 +130,8 @@ def run_worker_on_pipe(config: ModelConfig, conn: Connection, outbox: Outbox) ->
 class Worker:
     """Applies commands to `core`, steps it, and posts events and stats (module docstring);
     tracks open sessions. `clock`: monotonic seconds; `stats_interval_s`: s between two stats
-    posts while stepping."""
+    posts while stepping; `trace`: a device trace window ticked after every step
+    (livemeet/engine/trace_window.py; benchmarks only)."""
 
     def __init__(
         self,
@@ -137,8 +140,10 @@ class Worker:
         *,
         clock: Callable[[], float] = time.monotonic,
         stats_interval_s: float = ENGINE_STATS_INTERVAL_S,
+        trace: TraceWindow | None = None,
     ) -> None:
         self.core = core
+        self.trace = trace
         self.outbox = outbox
         self.clock = clock
         self.stats_interval_s = stats_interval_s
@@ -168,6 +173,8 @@ class Worker:
                 self.step()
                 self._stats_stale = True
                 now_s = self.clock()
+                if self.trace is not None:
+                    self.trace.tick(now_s)
                 if now_s >= self._stats_due_s:
                     self.post_stats(now_s)
             elif not commands and parent is not None and not parent.is_alive():
