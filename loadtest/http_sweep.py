@@ -111,6 +111,9 @@ class EngineCounters:
     audio_commands: int = 0  # audio appends the worker applied with a send time
     audio_lag_s: float = 0.0  # s; their summed wait from the gateway's queue to the worker
     audio_lag_max_s: float = 0.0  # s; the longest such wait since the worker started (a gauge)
+    gc_full_collections: int = 0  # the engine process's full garbage collections
+    gc_pause_s: float = 0.0  # s; its time in collections of any generation
+    gc_pause_max_s: float = 0.0  # s; its longest collection since the worker started (a gauge)
 
     def minus(self, before: EngineCounters) -> EngineCounters:
         return EngineCounters(
@@ -130,6 +133,9 @@ class EngineCounters:
             audio_commands=self.audio_commands - before.audio_commands,
             audio_lag_s=self.audio_lag_s - before.audio_lag_s,
             audio_lag_max_s=self.audio_lag_max_s,  # not a counter: since the worker started
+            gc_full_collections=self.gc_full_collections - before.gc_full_collections,
+            gc_pause_s=self.gc_pause_s - before.gc_pause_s,
+            gc_pause_max_s=self.gc_pause_max_s,  # not a counter either
         )
 
     def record(self) -> dict[str, Any]:
@@ -161,6 +167,10 @@ class EngineCounters:
             record["audio_commands"] = self.audio_commands
             record["audio_lag_mean_s"] = self.audio_lag_s / self.audio_commands
             record["audio_lag_max_since_start_s"] = self.audio_lag_max_s
+        if self.gc_pause_s or self.gc_pause_max_s:  # servers before session 20: none
+            record["gc_full_collections"] = self.gc_full_collections
+            record["gc_pause_s"] = self.gc_pause_s
+            record["gc_pause_max_since_start_s"] = self.gc_pause_max_s
         return record
 
 
@@ -173,6 +183,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
     hop_s = 0.0  # livemeet_live_hop_seconds: absent from servers before session 15
     hop_wait_s = 0.0  # livemeet_live_hop_wait_seconds: absent before session 18
     lag_s = lag_max_s = 0.0  # the audio-command waits: absent from servers before session 16
+    gc_s = gc_max_s = 0.0  # the engine's garbage collections: absent before session 20
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "livemeet_engine_steps_total":
@@ -203,6 +214,12 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 lag_s = sample.value
             elif sample.name == "livemeet_engine_audio_command_lag_max_seconds":
                 lag_max_s = sample.value
+            elif sample.name == "livemeet_engine_gc_collections_total":
+                values[f"gc_{sample.labels['generation']}"] = int(sample.value)
+            elif sample.name == "livemeet_engine_gc_pause_seconds_total":
+                gc_s = sample.value
+            elif sample.name == "livemeet_engine_gc_pause_max_seconds":
+                gc_max_s = sample.value
     if not steps:
         return None
     return EngineCounters(
@@ -222,6 +239,9 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         audio_commands=values.get("audio_commands", 0),
         audio_lag_s=lag_s,
         audio_lag_max_s=lag_max_s,
+        gc_full_collections=values.get("gc_full", 0),
+        gc_pause_s=gc_s,
+        gc_pause_max_s=gc_max_s,
     )
 
 

@@ -32,6 +32,8 @@ from loadtest.profile_engine import (
 )
 
 GRAPH_LAUNCH = "cudaGraphLaunch"
+# host calls that launch device work: the runtime's, and the driver's (Triton launches)
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 LOG_MEL_MARKER = "fft"  # cuFFT's kernels: the log-mel's STFT (eager, before the encoder graph)
 ENCODER_MARKERS = ("conv", "fprop")  # kernel-name fragments only the audio encoder's graph has
 
@@ -56,7 +58,7 @@ def kernels(trace: dict[str, Any]) -> list[Kernel]:
     events = trace.get("traceEvents", [])
     launchers: dict[int, str] = {}
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime":
+        if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES:
             corr = (e.get("args") or {}).get("correlation")
             if corr is not None:
                 launchers[int(corr)] = str(e.get("name", ""))

@@ -18,6 +18,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_BYTES,
 )
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
+from livemeet.engine.gc_pauses import freeze_startup_heap
 from livemeet.errors import ConfigError
 
 log = logging.getLogger("livemeet.serve")
@@ -271,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     # the event loop and the decode threads hand each upload back and forth (GIL_SWITCH_INTERVAL_S)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    # full collections would walk the imports' objects while events wait (engine/gc_pauses.py)
+    freeze_startup_heap()
     scheme = "https" if context else "http"
     log.info(
         "livemeet serving on %s://%s:%d (data dir %s)",

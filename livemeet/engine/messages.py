@@ -153,6 +153,10 @@ class EngineStats:
     audio commands applied with a send time, their summed and their longest wait from the
     gateway's queue to the worker (AppendAudio.sent_s); audio that waits there is heard late
     by every hop, so a lag that grows is live latency that grows.
+    `num_gc_collections`, `num_gc_full_collections`, `gc_pause_s` and `gc_pause_max_s` (the
+    worker's, livemeet/engine/gc_pauses.py): the garbage collector's runs in the engine
+    process, those of the oldest generation, their summed and their longest time; the engine
+    thread launches nothing meanwhile.
     The worker posts these at most every ENGINE_STATS_INTERVAL_S while it steps, and once when
     it goes idle.
     """
@@ -181,6 +185,10 @@ class EngineStats:
     num_audio_commands: int = 0  # commands; audio appends applied that carried a send time
     audio_command_lag_s: float = 0.0  # s; their summed wait from the gateway's queue
     audio_command_lag_max_s: float = 0.0  # s; the longest such wait since the worker started
+    num_gc_collections: int = 0  # collections of any generation in the engine process
+    num_gc_full_collections: int = 0  # of them, of the oldest generation
+    gc_pause_s: float = 0.0  # s; their summed time
+    gc_pause_max_s: float = 0.0  # s; the longest since the worker started
 
     @property
     def num_decode_steps(self) -> int:

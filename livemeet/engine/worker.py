@@ -49,6 +49,7 @@ from livemeet.audio.constants import (
 from livemeet.backends.base import BackendCore
 from livemeet.config import ModelConfig
 from livemeet.engine.channel import CommandReceiver
+from livemeet.engine.gc_pauses import GcPauses, freeze_startup_heap
 from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
@@ -106,14 +107,24 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
         log.exception("backend failed to load")
         outbox.put(WorkerFailed("internal_error", f"backend failed to load: {exc!r}"))
         return
+    gc_pauses = GcPauses()
+    if multiprocessing.parent_process() is not None:  # our own process: its heap is ours
+        freeze_startup_heap()  # full collections would walk the model's objects (gc_pauses.py)
     outbox.put(WorkerReady(core.info))
-    worker = Worker(core, outbox, trace=TraceWindow(trace_config) if trace_config else None)
+    worker = Worker(
+        core,
+        outbox,
+        trace=TraceWindow(trace_config) if trace_config else None,
+        gc_pauses=gc_pauses,
+    )
+    gc_pauses.install()
     try:
         worker.serve(inbox)
     except Exception as exc:
         log.exception("engine worker crashed")
         outbox.put(WorkerFailed("internal_error", f"engine worker crashed: {exc!r}"))
     finally:
+        gc_pauses.remove()
         worker.free_all()
         core.close()
 
@@ -131,7 +142,8 @@ class Worker:
     """Applies commands to `core`, steps it, and posts events and stats (module docstring);
     tracks open sessions. `clock`: monotonic seconds; `stats_interval_s`: s between two stats
     posts while stepping; `trace`: a device trace window ticked after every step
-    (livemeet/engine/trace_window.py; benchmarks only)."""
+    (livemeet/engine/trace_window.py; benchmarks only); `gc_pauses`: the collector's timings
+    that go into the posted stats (installed by the caller)."""
 
     def __init__(
         self,
@@ -141,9 +153,11 @@ class Worker:
         clock: Callable[[], float] = time.monotonic,
         stats_interval_s: float = ENGINE_STATS_INTERVAL_S,
         trace: TraceWindow | None = None,
+        gc_pauses: GcPauses | None = None,
     ) -> None:
         self.core = core
         self.trace = trace
+        self.gc_pauses = gc_pauses
         self.outbox = outbox
         self.clock = clock
         self.stats_interval_s = stats_interval_s
@@ -231,14 +245,22 @@ class Worker:
         self._stats_due_s = now_s + self.stats_interval_s
         stats = self.core.stats()
         if stats is not None:
-            self.outbox.put(
-                replace(
-                    stats,
-                    num_audio_commands=self.num_audio_commands,
-                    audio_command_lag_s=self.audio_command_lag_s,
-                    audio_command_lag_max_s=self.audio_command_lag_max_s,
-                )
+            stats = replace(
+                stats,
+                num_audio_commands=self.num_audio_commands,
+                audio_command_lag_s=self.audio_command_lag_s,
+                audio_command_lag_max_s=self.audio_command_lag_max_s,
             )
+            if self.gc_pauses is not None:
+                gcp = self.gc_pauses
+                stats = replace(
+                    stats,
+                    num_gc_collections=gcp.num_collections,
+                    num_gc_full_collections=gcp.num_full_collections,
+                    gc_pause_s=gcp.pause_s,
+                    gc_pause_max_s=gcp.pause_max_s,
+                )
+            self.outbox.put(stats)
 
     def _note_lag(self, sent_s: float) -> None:
         """Count an audio command's wait since the gateway queued it (`sent_s` > 0: known)."""

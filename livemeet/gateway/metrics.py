@@ -129,6 +129,21 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "The longest wait of an audio append from the gateway's queue to the worker",
         labels=[],
     )
+    gc_collections = CounterMetricFamily(
+        "livemeet_engine_gc_collections",
+        "The engine process's garbage collections, young or full (the oldest generation)",
+        labels=["generation"],
+    )
+    gc_pause = CounterMetricFamily(
+        "livemeet_engine_gc_pause_seconds",
+        "Seconds the engine process spent in garbage collections, summed",
+        labels=[],
+    )
+    gc_pause_max = GaugeMetricFamily(
+        "livemeet_engine_gc_pause_max_seconds",
+        "The engine process's longest garbage collection",
+        labels=[],
+    )
     if stats is not None:
         steps.add_metric(["decode_graph"], stats.num_decode_graph_steps)
         steps.add_metric(["decode_eager"], stats.num_decode_eager_steps)
@@ -151,6 +166,11 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         audio_commands.add_metric([], stats.num_audio_commands)
         audio_lag.add_metric([], stats.audio_command_lag_s)
         audio_lag_max.add_metric([], stats.audio_command_lag_max_s)
+        full = stats.num_gc_full_collections
+        gc_collections.add_metric(["young"], stats.num_gc_collections - full)
+        gc_collections.add_metric(["full"], full)
+        gc_pause.add_metric([], stats.gc_pause_s)
+        gc_pause_max.add_metric([], stats.gc_pause_max_s)
     return [
         steps,
         tokens,
@@ -167,6 +187,9 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         audio_commands,
         audio_lag,
         audio_lag_max,
+        gc_collections,
+        gc_pause,
+        gc_pause_max,
     ]
 
 

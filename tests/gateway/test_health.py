@@ -121,6 +121,10 @@ async def test_metrics_export_the_engine_counters(
         audio_command_lag_max_s=0.25,
         num_draft_tokens=600,
         num_accepted_draft_tokens=450,
+        num_gc_collections=40,
+        num_gc_full_collections=3,
+        gc_pause_s=0.5,
+        gc_pause_max_s=0.125,
     )
     text = await (await client.get("/metrics")).text()
     assert "# TYPE livemeet_engine_steps_total counter" in text
@@ -153,6 +157,11 @@ async def test_metrics_export_the_engine_counters(
     assert "livemeet_engine_audio_command_lag_seconds_total 20.5" in text
     assert "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge" in text
     assert "livemeet_engine_audio_command_lag_max_seconds 0.25" in text
+    assert 'livemeet_engine_gc_collections_total{generation="young"} 37.0' in text
+    assert 'livemeet_engine_gc_collections_total{generation="full"} 3.0' in text
+    assert "livemeet_engine_gc_pause_seconds_total 0.5" in text
+    assert "# TYPE livemeet_engine_gc_pause_max_seconds gauge" in text
+    assert "livemeet_engine_gc_pause_max_seconds 0.125" in text
 
 
 async def test_transcriber_without_engine_counters_exports_none(client: TestClient) -> None:
@@ -216,11 +225,18 @@ async def test_worker_counters_reach_metrics_through_the_engine_client(
     # the upload's one append carried its send time: the worker timed its wait in the queue
     assert stats.num_audio_commands == 1
     assert 0 <= stats.audio_command_lag_s == stats.audio_command_lag_max_s < 60
+    # the worker (a thread here) times the process's garbage collections, whatever ran them
+    assert 0 <= stats.num_gc_full_collections <= stats.num_gc_collections
+    assert stats.gc_pause_max_s <= stats.gc_pause_s
     assert stats == EngineStats(
         num_decode_eager_steps=steps,
         num_decode_tokens=2 * steps,
         num_audio_commands=1,
         audio_command_lag_s=stats.audio_command_lag_s,
         audio_command_lag_max_s=stats.audio_command_lag_max_s,
+        num_gc_collections=stats.num_gc_collections,
+        num_gc_full_collections=stats.num_gc_full_collections,
+        gc_pause_s=stats.gc_pause_s,
+        gc_pause_max_s=stats.gc_pause_max_s,
     )
     assert "livemeet_engine_audio_commands_total 1.0" in text

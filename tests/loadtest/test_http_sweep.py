@@ -252,6 +252,33 @@ def test_audio_command_lag_parsed_and_differenced() -> None:
     assert fields["audio_lag_max_since_start_s"] == 0.75  # the gauge, not per point
 
 
+def test_gc_pauses_parsed_and_differenced() -> None:
+    """The engine process's garbage collections over a point: full ones and the time in all
+    (differenced), the longest since the worker started (a gauge); none from older servers."""
+
+    def text(young: int, full: int, pause_s: float, max_s: float) -> str:
+        family = "livemeet_engine_gc_collections_total"
+        return with_samples(
+            ("livemeet_engine_gc_pause_seconds_total", "counter", pause_s),
+            ("livemeet_engine_gc_pause_max_seconds", "gauge", max_s),
+        ) + (
+            f"# TYPE {family} counter\n"
+            f'{family}{{generation="young"}} {float(young)}\n'
+            f'{family}{{generation="full"}} {float(full)}\n'
+        )
+
+    fields = engine_fields(
+        parse_engine_counters(text(100, 1, 0.25, 0.125)),
+        parse_engine_counters(text(400, 4, 1.0, 0.25)),
+    )
+    assert fields["gc_full_collections"] == 3
+    assert fields["gc_pause_s"] == 0.75
+    assert fields["gc_pause_max_since_start_s"] == 0.25
+    older = engine_fields(parse_engine_counters(text(0, 0, 0.0, 0.0)),
+                          parse_engine_counters(text(0, 0, 0.0, 0.0)))  # fmt: skip
+    assert "gc_pause_s" not in older
+
+
 def test_no_engine_fields_without_counters_or_after_a_reset() -> None:
     gateway_only = "\n".join(metrics_text((0, 0, 0, 0), (0, 0)).splitlines()[:3]) + "\n"
     assert parse_engine_counters(gateway_only) is None
