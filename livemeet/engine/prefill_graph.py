@@ -33,7 +33,7 @@ the engine loop in `store_kv` at ~100 live sessions), and no k, v copies into st
 
 On by default (ModelConfig.prefill_graphs; `--no-prefill-graphs`). Measured on an H200
 (docs/benchmarks.md, session 3): the (L + 1) x buckets captures (then 29 x 10 for MOSS-TD
-at the default 8,192-token step limit; 29 x 14 since session 20) added ~15 s to start-up;
+at the default 8,192-token step limit; 29 x 16 since session 20) added ~15 s to start-up;
 in the HTTP sweeps every prefill step replayed them (no eager step), short c64 moved from 864
 to 825-963 audio-s/s and long c16 from 163.1 to 164.0. Per layer one copy each of q and
 residual (and of k and v when the pieces do not store them) goes into the static buffers
@@ -57,15 +57,16 @@ from livemeet.layers.attention import AttentionBackend
 from livemeet.layers.paged_attention import KVSink
 from livemeet.models.qwen3 import Qwen3Model
 
-# Tokens per step. A step runs every per-token op (the projections: ~2 us a row on an H200,
-# livemeet.engine.cost_model) over its whole bucket, so above 1,024 the buckets grow by at most
+# Tokens per step. A step runs every per-token op (the projections: ~1.5-2 us a row on an H200,
+# livemeet.engine.cost_model) over its whole bucket, so above 512 the buckets grow by at most
 # 1.5x: with powers of two, 100 live sessions' prefill steps (~2,400-2,900 rows in real time)
-# all ran in the 4,096 bucket; with 2,560 and 3,072 among 16 buckets they took ~1 % less
-# engine time per hop (docs/benchmarks.md, session 20). Every bucket costs L + 1 captures at
-# start-up (those 16 took ~28 s more than 10), so 768 and 5,120 were dropped again: live steps
-# of one hop (~550 rows) run when the GPU has time to spare, and uploads' steps are cut to
-# 8,192.
-PREFILL_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 2560, 3072, 4096, 6144, 8192)
+# all ran in the 4,096 bucket; with these they took ~1 % less engine time per hop
+# (docs/benchmarks.md, session 20). The extra captures did not move a cold server's start
+# (45-52 s to ready in sessions 19 and 20, most of it Triton compiles).
+PREFILL_BUCKETS = (
+    *(16, 32, 64, 128, 256, 512),
+    *(768, 1024, 1536, 2048, 2560, 3072, 4096, 5120, 6144, 8192),
+)
 
 
 def prefill_buckets(max_tokens: int) -> tuple[int, ...]:

@@ -27,11 +27,11 @@ def test_buckets_cover_the_token_limit() -> None:
 
 
 def test_buckets_pad_a_large_step_by_at_most_a_third() -> None:
-    """Above 1,024 rows no step runs in a bucket more than 1.5x its rows: the projections run
+    """Above 512 rows no step runs in a bucket more than 1.5x its rows: the projections run
     over the whole bucket (~2,500-row live steps ran in 4,096 with powers of two)."""
     buckets = prefill_buckets(8192)
     assert list(buckets) == sorted(set(buckets))
-    for n in range(1025, 8193):
+    for n in range(513, 8193):
         bucket = next(b for b in buckets if b >= n)
         assert bucket <= 1.5 * n, (n, bucket)
 
