@@ -21,6 +21,8 @@ Fixed launch configurations, no autotuning, no host syncs: CUDA-graph capturable
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -48,6 +50,13 @@ except ImportError:  # the CPU-only install path
 
 SILU_BLOCK = 1024  # output columns per silu_and_mul program
 NORM_NUM_WARPS = 4  # rows of up to a few thousand elements: one row per program
+# qk_norm_rope from this many rows: one program per row and all its heads (16 + 8 + 8 of 128),
+# so the row's angles are computed once and a prefill step of n rows is n programs. Per (row,
+# head), a ~3k-row live step was ~100k one-warp programs: 171 us a layer, 7.5 % of the GPU's
+# time at 100 live sessions (docs/benchmarks.md, session 20). Below it (decode batches) the
+# per-head form spreads a few rows over more SMs, as measured in every decode step so far.
+QK_ROWS_KERNEL_MIN_ROWS = 128
+QK_ROWS_NUM_WARPS = 4
 
 
 def _use_triton(impl: Impl, t: torch.Tensor) -> bool:
@@ -268,6 +277,137 @@ if HAS_TRITON:
                 _store_head(out, lo, hi, inv_scale, HALF, FP8)
 
     @triton.jit
+    def _rope_cos_sin(pos, InvFreq, HALF: tl.constexpr, PRECISE_TRIG: tl.constexpr):
+        """cos and sin [HALF] of one row's angles in fp32 (`_norm_rope_heads` rounds them to the
+        tensors' dtype, as livemeet.layers.rotary does)."""
+        angle = pos.to(tl.float32) * tl.load(InvFreq + tl.arange(0, HALF))
+        if PRECISE_TRIG:
+            # tl.cos/tl.sin may lower to the approximate PTX instructions, which are far off
+            # at angles of ~1e5 rad; libdevice reduces the range exactly, like torch's cosf
+            c = libdevice.cos(angle)
+            s = libdevice.sin(angle)
+        else:  # the interpreter has no libdevice
+            c = tl.cos(angle)
+            s = tl.sin(angle)
+        return c, s
+
+    @triton.jit
+    def _norm_rope_heads(
+        X, stride_h, W, c, s, eps, NUM_HEADS: tl.constexpr, HEADS_POW2: tl.constexpr,
+        HALF: tl.constexpr,
+    ):  # fmt: skip
+        """One row's heads [HEADS_POW2, 2 * HALF] (heads past NUM_HEADS masked): per head
+        RMSNorm, cast, weight, then rotate-half RoPE with the row's fp32 `c`, `s` [HALF]. Returns
+        the two halves [HEADS_POW2, HALF] in fp32, each already rounded to the input dtype."""
+        heads = tl.arange(0, HEADS_POW2)
+        cols = tl.arange(0, HALF)
+        mask = (heads < NUM_HEADS)[:, None]
+        offs = heads[:, None] * stride_h + cols[None, :]
+        x1 = tl.load(X + offs, mask=mask, other=0.0)
+        x2 = tl.load(X + HALF + offs, mask=mask, other=0.0)
+        dtype = x1.dtype
+        a1 = x1.to(tl.float32)
+        a2 = x2.to(tl.float32)
+        ms = (tl.sum(a1 * a1, axis=1) + tl.sum(a2 * a2, axis=1)) / (2 * HALF)
+        rstd = tl.rsqrt(ms + eps)[:, None]
+        w1 = tl.load(W + cols).to(tl.float32)[None, :]
+        w2 = tl.load(W + HALF + cols).to(tl.float32)[None, :]
+        n1 = ((a1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        n2 = ((a2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+        c = c.to(dtype).to(tl.float32)[None, :]
+        s = s.to(dtype).to(tl.float32)[None, :]
+        # x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), each product rounded
+        o1 = (n1 * c).to(dtype).to(tl.float32) - (n2 * s).to(dtype).to(tl.float32)
+        o2 = (n2 * c).to(dtype).to(tl.float32) + (n1 * s).to(dtype).to(tl.float32)
+        return o1.to(dtype).to(tl.float32), o2.to(dtype).to(tl.float32)
+
+    @triton.jit
+    def _store_heads(
+        Out, stride_h, lo, hi, inv_scale, NUM_HEADS: tl.constexpr, HEADS_POW2: tl.constexpr,
+        HALF: tl.constexpr, FP8: tl.constexpr,
+    ):  # fmt: skip
+        """Write one row's heads' halves (fp32 holding dtype-rounded values) to Out (head h at
+        h * stride_h) in Out's dtype; an e4m3 cache gets clamp(x / scale, -448, 448) as
+        `_store_kv_kernel`."""
+        heads = tl.arange(0, HEADS_POW2)
+        cols = tl.arange(0, HALF)
+        mask = (heads < NUM_HEADS)[:, None]
+        offs = heads[:, None] * stride_h + cols[None, :]
+        if FP8:
+            lo = tl.clamp(lo * inv_scale, -448.0, 448.0)
+            hi = tl.clamp(hi * inv_scale, -448.0, 448.0)
+        tl.store(Out + offs, lo.to(Out.dtype.element_ty), mask=mask)
+        tl.store(Out + HALF + offs, hi.to(Out.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _qk_norm_rope_rows_kernel(
+        Q,
+        K,
+        V,
+        QOut,
+        KOut,
+        VOut,
+        QW,
+        KW,
+        Positions,
+        InvFreq,
+        Slots,
+        inv_scale,
+        stride_qn,
+        stride_qh,
+        stride_kn,
+        stride_kh,
+        stride_vn,
+        stride_vh,
+        stride_ko_blk,  # KOut: row r at r // PAGE * stride_ko_blk + r % PAGE * stride_ko_tok
+        stride_ko_tok,
+        stride_ko_h,
+        stride_vo_blk,  # VOut: the same (STORE only)
+        stride_vo_tok,
+        stride_vo_h,
+        eps,
+        Q_HEADS: tl.constexpr,
+        KV_HEADS: tl.constexpr,
+        Q_POW2: tl.constexpr,
+        KV_POW2: tl.constexpr,
+        HALF: tl.constexpr,
+        PRECISE_TRIG: tl.constexpr,
+        PAGE: tl.constexpr,  # rows per KOut/VOut block: the cache's block size, or 1
+        STORE: tl.constexpr,  # K/V go to cache slots Slots[n] (-1: skipped), V heads too
+        FP8: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        # one program per row and all its heads (QK_ROWS_KERNEL_MIN_ROWS says why)
+        pdl.dependency_sync(PDL)
+        n = tl.program_id(0)
+        pos = tl.load(Positions + n)
+        c, s = _rope_cos_sin(pos, InvFreq, HALF, PRECISE_TRIG)
+        lo, hi = _norm_rope_heads(
+            Q + n * stride_qn, stride_qh, QW, c, s, eps, Q_HEADS, Q_POW2, HALF
+        )
+        _store_heads(
+            QOut + n * Q_HEADS * (2 * HALF), 2 * HALF, lo, hi, 1.0, Q_HEADS, Q_POW2, HALF, False
+        )
+        row = n
+        if STORE:
+            row = tl.load(Slots + n)
+        if row >= 0:  # a padding row's slot is -1: its K/V are not stored
+            lo, hi = _norm_rope_heads(
+                K + n * stride_kn, stride_kh, KW, c, s, eps, KV_HEADS, KV_POW2, HALF
+            )
+            out = KOut + (row // PAGE) * stride_ko_blk + (row % PAGE) * stride_ko_tok
+            _store_heads(out, stride_ko_h, lo, hi, inv_scale, KV_HEADS, KV_POW2, HALF, FP8)
+            if STORE:
+                heads = tl.arange(0, KV_POW2)
+                cols = tl.arange(0, HALF)
+                mask = (heads < KV_HEADS)[:, None]
+                src = V + n * stride_vn + heads[:, None] * stride_vh + cols[None, :]
+                lo = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+                hi = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+                out = VOut + (row // PAGE) * stride_vo_blk + (row % PAGE) * stride_vo_tok
+                _store_heads(out, stride_vo_h, lo, hi, inv_scale, KV_HEADS, KV_POW2, HALF, FP8)
+
+    @triton.jit
     def _silu_and_mul_kernel(
         GateUp,
         Out,
@@ -459,6 +599,12 @@ def qk_norm_rope_store_kv(
     return q_out
 
 
+def qk_rows_kernel(num_rows: int) -> bool:
+    """Whether `qk_norm_rope` over `num_rows` rows runs one program per row (True) or per (row,
+    head) (QK_ROWS_KERNEL_MIN_ROWS says why)."""
+    return num_rows >= QK_ROWS_KERNEL_MIN_ROWS
+
+
 def _launch_qk_norm_rope(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -476,13 +622,25 @@ def _launch_qk_norm_rope(
     inv_scale: float,
     page: int,
     store: bool,
+    rows_kernel: bool | None = None,
 ) -> None:
-    """k_out/v_out: [rows, page, Hkv, D] caches, or (page 1) [N, Hkv, D] read as such."""
+    """k_out/v_out: [rows, page, Hkv, D] caches, or (page 1) [N, Hkv, D] read as such.
+    `rows_kernel`: one program per row (`_qk_norm_rope_rows_kernel`) or per (row, head)
+    (`_qk_norm_rope_kernel`); None picks by the row count (QK_ROWS_KERNEL_MIN_ROWS)."""
     n, q_heads, head_dim = q.shape
     kv_heads = k.shape[1]
     if page == 1 and k_out.dim() == 3:
         k_out, v_out = k_out.unsqueeze(1), v_out.unsqueeze(1)  # [N, 1, Hkv, D]
-    _qk_norm_rope_kernel[(n, q_heads + kv_heads * (2 if store else 1))](
+    if rows_kernel is None:
+        rows_kernel = qk_rows_kernel(n)
+    if rows_kernel:
+        kernel, grid = _qk_norm_rope_rows_kernel, (n,)
+        shape: dict[str, Any] = {"Q_POW2": next_pow2(q_heads), "KV_POW2": next_pow2(kv_heads)}
+        shape["num_warps"] = QK_ROWS_NUM_WARPS
+    else:
+        kernel, grid = _qk_norm_rope_kernel, (n, q_heads + kv_heads * (2 if store else 1))
+        shape = {"num_warps": 1}
+    kernel[grid](
         q,
         k,
         v,
@@ -511,12 +669,12 @@ def _launch_qk_norm_rope(
         Q_HEADS=q_heads,
         KV_HEADS=kv_heads,
         HALF=head_dim // 2,
-        PRECISE_TRIG=not pdl.is_interpreted(_qk_norm_rope_kernel),
+        PRECISE_TRIG=not pdl.is_interpreted(kernel),
         PAGE=page,
         STORE=store,
         FP8=k_out.dtype == torch.float8_e4m3fn,
-        num_warps=1,
-        **pdl.launch_options(q, _qk_norm_rope_kernel),
+        **shape,
+        **pdl.launch_options(q, kernel),
     )
 
 

@@ -197,25 +197,81 @@ def test_add_rms_norm_interpreted(dtype: torch.dtype, atol: float) -> None:
     check_add_rms_norm(0, 48, dtype, "cpu", atol)
 
 
+# both forms of the qk kernel: per (row, head) below QK_ROWS_KERNEL_MIN_ROWS rows, per row from
+# it (a threshold of 1 runs the small tests on the row form)
+KERNEL_FORMS = pytest.mark.parametrize("min_rows", [fused.QK_ROWS_KERNEL_MIN_ROWS, 1])
+
+
 @needs_interpreter
+@KERNEL_FORMS
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 1), (2, 2)])
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-6), (torch.bfloat16, 0.125)])
-def test_qk_norm_rope_interpreted(heads: int, kv_heads: int, dtype: torch.dtype, atol: float):
+def test_qk_norm_rope_interpreted(
+    heads: int,
+    kv_heads: int,
+    dtype: torch.dtype,
+    atol: float,
+    min_rows: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fused, "QK_ROWS_KERNEL_MIN_ROWS", min_rows)
     torch.manual_seed(2)
     check_qk_norm_rope(3, heads, kv_heads, 16, 100_000, dtype, "cpu", atol)
 
 
 @needs_interpreter
+@KERNEL_FORMS
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize(
     "dtype,cache_dtype",
     [(torch.float32, torch.float32), (torch.float32, torch.float8_e4m3fn)],
 )
 def test_qk_norm_rope_store_kv_interpreted(
-    block_size: int, dtype: torch.dtype, cache_dtype: torch.dtype
+    block_size: int,
+    dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    min_rows: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(fused, "QK_ROWS_KERNEL_MIN_ROWS", min_rows)
     torch.manual_seed(3)
     check_qk_norm_rope_store_kv(7, 4, 2, 16, block_size, dtype, cache_dtype, "cpu")
+
+
+@needs_interpreter
+def test_qk_kernel_forms_store_the_same_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row form against the (row, head) form over one step, padding rows included: q and
+    the caches agree within the fp32 reduction order (a head's sum of squares is reduced in
+    another order), e4m3 caches byte for byte but for such one-ulp flips."""
+    torch.manual_seed(4)
+    n, heads, kv_heads, dim, block = 9, 4, 2, 16, 16
+    qkv = (2 * torch.randn(n, (heads + 2 * kv_heads) * dim)).to(torch.float32)
+    q = qkv[:, : heads * dim].view(n, heads, dim)
+    k = qkv[:, heads * dim : (heads + kv_heads) * dim].view(n, kv_heads, dim)
+    v = qkv[:, (heads + kv_heads) * dim :].view(n, kv_heads, dim)
+    qw, kw = (3 + 0.3 * torch.randn(dim) for _ in "qk")
+    pos = torch.randint(0, 100_000, (n,))
+    slots = torch.randperm(4 * block)[:n]
+    slots[::4] = -1
+    outs = []
+    for min_rows in (n + 1, 1):  # the (row, head) form, then the row form
+        monkeypatch.setattr(fused, "QK_ROWS_KERNEL_MIN_ROWS", min_rows)
+        caches = [torch.full((4, block, kv_heads, dim), 7.0) for _ in "kv"]
+        sink = pa.KVSink(caches[0], caches[1], slots, 1.0)
+        q_out = fused.qk_norm_rope_store_kv(
+            q, k, v, qw, kw, 1e-6, pos, inv_freq(dim, "cpu"), sink, impl="triton"
+        )
+        outs.append((q_out, *caches))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-6)
+    assert torch.equal(outs[0][2], outs[1][2])  # v is copied: exact
+    assert torch.equal(outs[1][1][4:] == 7.0, outs[0][1][4:] == 7.0)  # untouched slots
+
+
+def test_qk_kernel_form_by_rows() -> None:
+    assert fused.qk_rows_kernel(fused.QK_ROWS_KERNEL_MIN_ROWS)
+    assert not fused.qk_rows_kernel(fused.QK_ROWS_KERNEL_MIN_ROWS - 1)
+    assert fused.qk_rows_kernel(3072) and not fused.qk_rows_kernel(1)
 
 
 def test_qk_norm_rope_store_kv_checks_its_sink() -> None:
