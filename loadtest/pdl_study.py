@@ -41,6 +41,7 @@ MODES: dict[str, tuple[set[str] | None, bool]] = {
             "_skinny_rows_kernel",
             "_skinny_dot_kernel",
             "_qk_norm_rope_kernel",
+            "_qk_norm_rope_rows_kernel",
             "_add_rms_norm_kernel",
             "_silu_and_mul_kernel",
         },
@@ -51,6 +52,7 @@ MODES: dict[str, tuple[set[str] | None, bool]] = {
         {
             "_skinny_rows_kernel",
             "_qk_norm_rope_kernel",
+            "_qk_norm_rope_rows_kernel",
             "_add_rms_norm_kernel",
             "_silu_and_mul_kernel",
             *ATTENTION,

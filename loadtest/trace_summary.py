@@ -35,7 +35,9 @@ GRAPH_LAUNCH = "cudaGraphLaunch"
 # host calls that launch device work: the runtime's, and the driver's (Triton launches)
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 LOG_MEL_MARKER = "fft"  # cuFFT's kernels: the log-mel's STFT (eager, before the encoder graph)
-ENCODER_MARKERS = ("conv", "fprop")  # kernel-name fragments only the audio encoder's graph has
+# kernel-name fragments only the audio encoder's graph has: cuDNN's convolutions (forward
+# "fprop" implicit GEMMs, and the layout changes around them)
+ENCODER_MARKERS = ("fprop", "nchwtonhwc", "nhwctonchw")
 
 
 @dataclass(frozen=True)

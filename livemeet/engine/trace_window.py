@@ -10,7 +10,7 @@ the host keeps its pace) from `LIVEMEET_TRACE_AFTER_S` seconds after its first s
 loadtest.trace_summary`). Writing it holds the worker for a few seconds, so put the window
 where a stall does not matter (the end of a benchmark point).
 
-Unset (the default), nothing is imported and `tick` is never called.
+Unset (the default), the worker makes no window and torch.profiler is never imported.
 """
 
 from __future__ import annotations
@@ -97,9 +97,12 @@ class CudaRecorder:
 
 
 class TraceWindow:
-    """Records one window of device activity (module docstring). `tick(now_s)` once per worker
-    step, with monotonic seconds; the first tick starts the clock. A failure to record or to
-    write is logged, never raised: a benchmark aid must not take the server down."""
+    """Records one window of device activity (module docstring). `tick(now_s, stepped)` once
+    per worker loop, with monotonic seconds and whether the loop ran a step: the first step
+    starts the clock, recording starts at a step `after_s` later and stops `duration_s` after
+    it started, at a step or not (so an idle engine still ends it); `close()` ends a window
+    still open (shutdown). A failure to record or to write is logged, never raised: a
+    benchmark aid must not take the server down."""
 
     def __init__(
         self, config: TraceConfig, recorder_factory: Callable[[], Recorder] = CudaRecorder
@@ -108,33 +111,50 @@ class TraceWindow:
         self._factory = recorder_factory
         self._recorder: Recorder | None = None
         self._t0: float | None = None
+        self._started_s = 0.0
         self.done = False
 
     @property
     def recording(self) -> bool:
         return self._recorder is not None
 
-    def tick(self, now_s: float) -> None:
+    def tick(self, now_s: float, stepped: bool = True) -> None:
         if self.done:
+            return
+        if self._recorder is not None:
+            if now_s - self._started_s >= self.config.duration_s:
+                self._finish()
+            return
+        if not stepped:
             return
         if self._t0 is None:
             self._t0 = now_s
-        elapsed = now_s - self._t0
-        try:
-            if self._recorder is None and elapsed >= self.config.after_s:
-                self._recorder = self._factory()
-                self._recorder.start()
-                log.info("device trace: recording for %.1f s", self.config.duration_s)
-            elif (
-                self._recorder is not None
-                and elapsed >= self.config.after_s + self.config.duration_s
-            ):
-                recorder, self._recorder = self._recorder, None
+        if now_s - self._t0 >= self.config.after_s:
+            try:
+                recorder = self._factory()
+                recorder.start()
+            except Exception:
+                log.exception("device trace failed to start")
                 self.done = True
-                path = self.config.out_dir / TRACE_FILE
-                path.parent.mkdir(parents=True, exist_ok=True)
-                recorder.stop_and_write(path)
-                log.info("device trace written to %s", path)
+                return
+            self._recorder, self._started_s = recorder, now_s
+            log.info("device trace: recording for %.1f s", self.config.duration_s)
+
+    def close(self) -> None:
+        """Write a window still recording (the worker is stopping); nothing otherwise."""
+        if self._recorder is not None:
+            self._finish()
+
+    def _finish(self) -> None:
+        recorder, self._recorder = self._recorder, None
+        self.done = True
+        if recorder is None:
+            return
+        path = self.config.out_dir / TRACE_FILE
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            recorder.stop_and_write(path)
         except Exception:
-            log.exception("device trace failed")
-            self._recorder, self.done = None, True
+            log.exception("device trace failed to write")
+            return
+        log.info("device trace written to %s", path)

@@ -125,6 +125,8 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
         outbox.put(WorkerFailed("internal_error", f"engine worker crashed: {exc!r}"))
     finally:
         gc_pauses.remove()
+        if worker.trace is not None:
+            worker.trace.close()
         worker.free_all()
         core.close()
 
@@ -141,9 +143,9 @@ def run_worker_on_pipe(config: ModelConfig, conn: Connection, outbox: Outbox) ->
 class Worker:
     """Applies commands to `core`, steps it, and posts events and stats (module docstring);
     tracks open sessions. `clock`: monotonic seconds; `stats_interval_s`: s between two stats
-    posts while stepping; `trace`: a device trace window ticked after every step
-    (livemeet/engine/trace_window.py; benchmarks only); `gc_pauses`: the collector's timings
-    that go into the posted stats (installed by the caller)."""
+    posts while stepping; `trace`: a device trace window ticked every loop
+    (livemeet/engine/trace_window.py; benchmarks only; its owner closes it); `gc_pauses`: the
+    collector's timings that go into the posted stats (installed by the caller)."""
 
     def __init__(
         self,
@@ -183,15 +185,16 @@ class Worker:
                 if isinstance(cmd, Shutdown):
                     return
                 self.apply(cmd)
-            if self.core.has_work():
+            stepped = self.core.has_work()
+            if stepped:
                 self.step()
                 self._stats_stale = True
                 now_s = self.clock()
-                if self.trace is not None:
-                    self.trace.tick(now_s)
                 if now_s >= self._stats_due_s:
                     self.post_stats(now_s)
-            elif not commands and parent is not None and not parent.is_alive():
+            if self.trace is not None:  # idle loops too: a window ends on time without steps
+                self.trace.tick(self.clock(), stepped)
+            if not stepped and not commands and parent is not None and not parent.is_alive():
                 log.warning("gateway process is gone; engine worker exits")
                 return
 

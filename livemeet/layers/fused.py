@@ -53,9 +53,12 @@ NORM_NUM_WARPS = 4  # rows of up to a few thousand elements: one row per program
 # qk_norm_rope from this many rows: one program per row and all its heads (16 + 8 + 8 of 128),
 # so the row's angles are computed once and a prefill step of n rows is n programs. Per (row,
 # head), a ~3k-row live step was ~100k one-warp programs: 171 us a layer, 7.5 % of the GPU's
-# time at 100 live sessions (docs/benchmarks.md, session 20). Below it (decode batches) the
-# per-head form spreads a few rows over more SMs, as measured in every decode step so far.
-QK_ROWS_KERNEL_MIN_ROWS = 128
+# time at 100 live sessions (docs/benchmarks.md, session 20). Above the largest decode batch
+# (Scheduler max_num_seqs, 128): decode steps keep the per-head form, which spreads a few rows
+# over more SMs, as measured in every decode step so far. (The forms reduce a head's sum of
+# squares in other orders: a token's k may differ by an ulp between a small and a large step,
+# as attention already does between the decode and extend kernels.)
+QK_ROWS_KERNEL_MIN_ROWS = 256
 QK_ROWS_NUM_WARPS = 4
 
 

@@ -55,18 +55,32 @@ def test_config_from_env(tmp_path: Path) -> None:
 def test_records_once_from_after_s_for_duration_s(tmp_path: Path) -> None:
     log: list[str] = []
     window = TraceWindow(TraceConfig(10.0, 2.0, tmp_path / "out"), lambda: FakeRecorder(log))
-    for now in (100.0, 105.0, 109.9):  # the first tick starts the clock
+    window.tick(50.0, stepped=False)  # idle before the first step: the clock has not started
+    for now in (100.0, 105.0, 109.9):  # the first step starts the clock
         window.tick(now)
     assert log == [] and not window.recording
-    window.tick(110.0)
+    window.tick(110.5, stepped=False)  # due, but recording starts at a step
+    assert not window.recording
+    window.tick(111.0)
     assert log == ["start"] and window.recording
-    window.tick(111.9)
+    window.tick(112.9)
     assert log == ["start"]
-    window.tick(112.0)
+    window.tick(113.0, stepped=False)  # two seconds after it started, idle or not
     assert log == ["start", f"write {TRACE_FILE}"] and window.done and not window.recording
     assert (tmp_path / "out" / TRACE_FILE).exists()
     window.tick(200.0)
+    window.close()
     assert len(log) == 2  # one window only
+
+
+def test_close_writes_a_window_still_recording(tmp_path: Path) -> None:
+    log: list[str] = []
+    window = TraceWindow(TraceConfig(0.0, 5.0, tmp_path), lambda: FakeRecorder(log))
+    window.close()  # nothing recorded yet: nothing written
+    assert log == [] and not window.done
+    window.tick(1.0)
+    window.close()
+    assert log == ["start", f"write {TRACE_FILE}"] and window.done
 
 
 @pytest.mark.parametrize("fail_on", ["start", "write"])
@@ -77,6 +91,7 @@ def test_a_failing_recorder_is_logged_never_raised(
     window = TraceWindow(TraceConfig(0.0, 1.0, tmp_path), lambda: FakeRecorder(log, fail_on))
     for now in (0.0, 0.5, 1.0, 2.0):
         window.tick(now)
+    window.close()
     assert window.done and not window.recording
     assert "device trace failed" in caplog.text
     assert log.count("start") == 1
@@ -92,3 +107,30 @@ def test_worker_ticks_the_window_after_each_step(tmp_path: Path) -> None:
     worker.serve(IdleShutdownInbox())
     # first step ends at 1 s (the clock's start), recording from 3 s, written at 5 s
     assert log == ["start", f"write {TRACE_FILE}"] and window.done
+
+
+def test_an_idle_worker_ends_the_window_on_time(tmp_path: Path) -> None:
+    """Load that stops mid-window: the idle loop's ticks end and write it."""
+    clock = FakeClock()
+    core = StatsCore(clock, work=3, step_s=1.0)
+    log: list[str] = []
+    window = TraceWindow(TraceConfig(2.0, 0.5, tmp_path), lambda: FakeRecorder(log))
+    inbox = AdvancingIdleInbox(clock, idle_polls=3)
+    Worker(core, queue.Queue(), clock=lambda: clock.now_s, trace=window).serve(inbox)
+    # steps end at 1, 2 and 3 s: recording from the last; no step follows, the first idle
+    # poll (4 s) ends it
+    assert core.num_steps == 3
+    assert log == ["start", f"write {TRACE_FILE}"] and window.done
+
+
+class AdvancingIdleInbox(IdleShutdownInbox):
+    """An idle inbox whose blocking polls take 1 s of the fake clock."""
+
+    def __init__(self, clock: FakeClock, idle_polls: int) -> None:
+        super().__init__(idle_polls)
+        self.clock = clock
+
+    def get(self, block: bool = True, timeout: float | None = None) -> object:
+        if block:
+            self.clock.advance(1.0)
+        return super().get(block, timeout)

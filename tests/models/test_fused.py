@@ -236,13 +236,16 @@ def test_qk_norm_rope_store_kv_interpreted(
     monkeypatch.setattr(fused, "QK_ROWS_KERNEL_MIN_ROWS", min_rows)
     torch.manual_seed(3)
     check_qk_norm_rope_store_kv(7, 4, 2, 16, block_size, dtype, cache_dtype, "cpu")
+    # head counts that are not powers of two: the row form masks the padded heads' stores
+    check_qk_norm_rope_store_kv(5, 6, 3, 16, block_size, dtype, cache_dtype, "cpu")
+    check_qk_norm_rope_store_kv(5, 3, 1, 16, block_size, dtype, cache_dtype, "cpu")
 
 
 @needs_interpreter
 def test_qk_kernel_forms_store_the_same_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The row form against the (row, head) form over one step, padding rows included: q and
-    the caches agree within the fp32 reduction order (a head's sum of squares is reduced in
-    another order), e4m3 caches byte for byte but for such one-ulp flips."""
+    """The row form against the (row, head) form over one step of fp32 tensors, padding rows
+    included: q and the caches agree within the fp32 reduction order (a head's sum of squares
+    is reduced in another order), v exactly, and slots no row owns keep their stale values."""
     torch.manual_seed(4)
     n, heads, kv_heads, dim, block = 9, 4, 2, 16, 16
     qkv = (2 * torch.randn(n, (heads + 2 * kv_heads) * dim)).to(torch.float32)
@@ -265,7 +268,13 @@ def test_qk_kernel_forms_store_the_same_cache(monkeypatch: pytest.MonkeyPatch) -
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=2e-6)
     assert torch.equal(outs[0][2], outs[1][2])  # v is copied: exact
-    assert torch.equal(outs[1][1][4:] == 7.0, outs[0][1][4:] == 7.0)  # untouched slots
+    written = torch.zeros(4 * block, dtype=torch.bool)
+    written[slots[slots >= 0]] = True
+    for _, k_cache, v_cache in outs:
+        for cache in (k_cache, v_cache):
+            rows = cache.view(4 * block, -1)
+            assert bool((rows[~written] == 7.0).all())  # never written: stale
+            assert not bool((rows[written] == 7.0).any())  # every owned slot written
 
 
 def test_qk_kernel_form_by_rows() -> None:
