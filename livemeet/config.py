@@ -101,6 +101,9 @@ class ModelConfig:
     # a hop drafts what the previous one decoded after the same forced transcript; the engine
     # verifies it greedily (livemeet/session/draft.py): same transcript, fewer decode steps
     live_draft: bool = True
+    # a live session's VAD finds speech ends and a hop is due at one instead of after a whole
+    # hop of new audio (livemeet/session/vad.py; DESIGN 5.4)
+    live_vad: bool = True
 
     @property
     def backend_name(self) -> str:

@@ -111,6 +111,7 @@ class EngineCounters:
     audio_commands: int = 0  # audio appends the worker applied with a send time
     audio_lag_s: float = 0.0  # s; their summed wait from the gateway's queue to the worker
     audio_lag_max_s: float = 0.0  # s; the longest such wait since the worker started (a gauge)
+    live_endpoint_hops: int = 0  # live hops due early: their session's speech ended (VAD)
     gc_full_collections: int = 0  # the engine process's full garbage collections
     gc_pause_s: float = 0.0  # s; its time in collections of any generation
     gc_pause_max_s: float = 0.0  # s; its longest collection since the worker started (a gauge)
@@ -133,6 +134,7 @@ class EngineCounters:
             audio_commands=self.audio_commands - before.audio_commands,
             audio_lag_s=self.audio_lag_s - before.audio_lag_s,
             audio_lag_max_s=self.audio_lag_max_s,  # not a counter: since the worker started
+            live_endpoint_hops=self.live_endpoint_hops - before.live_endpoint_hops,
             gc_full_collections=self.gc_full_collections - before.gc_full_collections,
             gc_pause_s=self.gc_pause_s - before.gc_pause_s,
             gc_pause_max_s=self.gc_pause_max_s,  # not a counter either
@@ -167,6 +169,8 @@ class EngineCounters:
             record["audio_commands"] = self.audio_commands
             record["audio_lag_mean_s"] = self.audio_lag_s / self.audio_commands
             record["audio_lag_max_since_start_s"] = self.audio_lag_max_s
+        if self.live_endpoint_hops:  # servers before session 20 (or without VAD): none
+            record["live_endpoint_hops"] = self.live_endpoint_hops
         if self.gc_pause_s or self.gc_pause_max_s:  # servers before session 20: none
             record["gc_full_collections"] = self.gc_full_collections
             record["gc_pause_s"] = self.gc_pause_s
@@ -214,6 +218,8 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 lag_s = sample.value
             elif sample.name == "livemeet_engine_audio_command_lag_max_seconds":
                 lag_max_s = sample.value
+            elif sample.name == "livemeet_live_endpoint_hops_total":
+                values["endpoint_hops"] = int(sample.value)
             elif sample.name == "livemeet_engine_gc_collections_total":
                 values[f"gc_{sample.labels['generation']}"] = int(sample.value)
             elif sample.name == "livemeet_engine_gc_pause_seconds_total":
@@ -239,6 +245,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         audio_commands=values.get("audio_commands", 0),
         audio_lag_s=lag_s,
         audio_lag_max_s=lag_max_s,
+        live_endpoint_hops=values.get("endpoint_hops", 0),
         gc_full_collections=values.get("gc_full", 0),
         gc_pause_s=gc_s,
         gc_pause_max_s=gc_max_s,

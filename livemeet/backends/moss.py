@@ -73,6 +73,7 @@ from livemeet.models.prompt import EOS, stable_prefix_len
 from livemeet.session.draft import hop_draft
 from livemeet.session.forced_budget import BudgetState, ForcedBudget
 from livemeet.session.live import LiveOptions, LiveSession, Window
+from livemeet.session.vad import Endpointer, webrtc_classifier
 from livemeet.transcriber import (
     BackendInfo,
     Error,
@@ -401,6 +402,7 @@ class MossCore:
         self._added: frozenset[int] | None = None  # the tokenizer's added-token ids
         self.num_reused_tokens = 0  # prompt tokens whose KV live hops took from the last hop
         self.num_live_hops = 0  # live decodes finished, and their summed time (EngineStats)
+        self.num_live_endpoint_hops = 0  # hops due early: speech ended (LiveSession)
         self.live_hop_s = 0.0
         self.live_forced_tokens = 0  # forced-transcript tokens of the hops submitted, summed
         self.live_hop_wait_s = 0.0  # s the hops waited from due to submission, summed
@@ -466,8 +468,11 @@ class MossCore:
         if options.max_new_tokens is not None and options.max_new_tokens < 1:
             raise InvalidRequest(f"max_new_tokens must be >= 1, not {options.max_new_tokens}")
         if options.live:
+            endpointer = Endpointer(webrtc_classifier()) if self.config.live_vad else None
             try:
-                live = LiveSession(LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()))
+                live = LiveSession(
+                    LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()), endpointer
+                )
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
             self._sessions[session_id] = _Live(
@@ -541,6 +546,7 @@ class MossCore:
             live_forced_tokens=self.live_forced_tokens,
             live_hop_wait_s=self.live_hop_wait_s,
             num_upload_continuations=self.num_upload_continuations,
+            num_live_endpoint_hops=self.num_live_endpoint_hops,
         )
 
     def step(self) -> list[tuple[str, Event]]:
@@ -665,6 +671,8 @@ class MossCore:
         if isinstance(sess, _Upload):
             return self._submit_upload(sid, sess)
         if sess.live.hop_due():
+            if sess.live.hop_due_early():
+                self.num_live_endpoint_hops += 1
             self._submit_hop(sid, sess, due_s)
             return []
         events = sess.live.flush()

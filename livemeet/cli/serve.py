@@ -188,6 +188,13 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "decode steps (default: on)",
     )
     p.add_argument(
+        "--live-vad",
+        action=argparse.BooleanOptionalAction,
+        default=ModelConfig.live_vad,
+        help="a live session's voice activity detector (webrtcvad) makes a hop due as soon as "
+        "speech ends, instead of after a whole hop of new audio (default: on)",
+    )
+    p.add_argument(
         "--prefill-graphs",
         action=argparse.BooleanOptionalAction,
         default=prefill_graphs,
@@ -216,6 +223,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         upload_step_budget_ms=args.upload_step_budget_ms,
         live_step_budget_ms=args.live_step_budget_ms,
         live_draft=args.live_draft,
+        live_vad=args.live_vad,
         live_forced_transcript_tokens=args.live_forced_transcript_tokens,
         live_forced_transcript_min_tokens=args.live_forced_transcript_min_tokens,
     )

@@ -149,6 +149,8 @@ class EngineStats:
     those their verifying chunks accepted (livemeet.engine.request: draft verification).
     `num_upload_continuations`: uploads whose decode stopped well before their audio's end
     and was continued (DESIGN 5.8; the backend's: MossCore).
+    `num_live_endpoint_hops`: live hops submitted before a whole hop of new audio because the
+    session's VAD heard speech end (livemeet/session/vad.py; the backend's: MossCore).
     `num_audio_commands`, `audio_command_lag_s` and `audio_command_lag_max_s` (the worker's):
     audio commands applied with a send time, their summed and their longest wait from the
     gateway's queue to the worker (AppendAudio.sent_s); audio that waits there is heard late
@@ -180,6 +182,7 @@ class EngineStats:
     live_forced_tokens: int = 0  # tokens; forced transcript the live hops submitted prefilled
     live_hop_wait_s: float = 0.0  # s; the hops' summed wait from due to submission
     num_upload_continuations: int = 0  # requests; uploads continued after an early stop
+    num_live_endpoint_hops: int = 0  # live hops due early: their session's speech ended
     num_draft_tokens: int = 0  # ids; drafts the requests carried (draft verification)
     num_accepted_draft_tokens: int = 0  # ids; of them, accepted: decode steps saved
     num_audio_commands: int = 0  # commands; audio appends applied that carried a send time

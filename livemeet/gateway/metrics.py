@@ -129,6 +129,11 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "The longest wait of an audio append from the gateway's queue to the worker",
         labels=[],
     )
+    endpoint_hops = CounterMetricFamily(
+        "livemeet_live_endpoint_hops",
+        "Live hops due before a whole hop of new audio because the session's speech ended",
+        labels=[],
+    )
     gc_collections = CounterMetricFamily(
         "livemeet_engine_gc_collections",
         "The engine process's garbage collections, young or full (the oldest generation)",
@@ -166,6 +171,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         audio_commands.add_metric([], stats.num_audio_commands)
         audio_lag.add_metric([], stats.audio_command_lag_s)
         audio_lag_max.add_metric([], stats.audio_command_lag_max_s)
+        endpoint_hops.add_metric([], stats.num_live_endpoint_hops)
         full = stats.num_gc_full_collections
         gc_collections.add_metric(["young"], stats.num_gc_collections - full)
         gc_collections.add_metric(["full"], full)
@@ -187,6 +193,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         audio_commands,
         audio_lag,
         audio_lag_max,
+        endpoint_hops,
         gc_collections,
         gc_pause,
         gc_pause_max,

@@ -27,6 +27,7 @@ from livemeet.audio.constants import (
 )
 from livemeet.audio.pcm import check_finite
 from livemeet.errors import BadAudio, ProtocolError
+from livemeet.session.vad import Endpointer
 from livemeet.transcriber import Event, Samples, SegmentFinal, SegmentPartial, TranscriptFinal
 from livemeet.transcript.commit import CommitBuffer, CommitOptions, CommitUpdate, normalise_text
 from livemeet.transcript.segments import (
@@ -70,10 +71,17 @@ class Window(NamedTuple):
 
 
 class LiveSession:
-    """One live session's audio, commit state and speaker labels. Single-threaded."""
+    """One live session's audio, commit state and speaker labels. Single-threaded.
 
-    def __init__(self, options: LiveOptions | None = None) -> None:
+    `endpointer` (optional, livemeet/session/vad.py) hears the audio as it is received; a
+    speech end it finds past the decoded audio makes a hop due at once (`hop_due`), instead of
+    after a whole hop of new audio."""
+
+    def __init__(
+        self, options: LiveOptions | None = None, endpointer: Endpointer | None = None
+    ) -> None:
         self.options = options or LiveOptions()
+        self.endpointer = endpointer
         if self.options.hop_s <= 0 or self.options.max_window_s <= self.options.hop_s:
             raise ValueError(f"need 0 < hop_s < max_window_s, got {self.options}")
         if not 0.5 <= self.options.time_scale <= 2.0:
@@ -111,6 +119,8 @@ class LiveSession:
         if arr.size:
             self._chunks.append(arr)
             self._num_samples += arr.size
+            if self.endpointer is not None:
+                self.endpointer.feed(arr)
 
     def finalize(self) -> None:
         """Commit everything heard so far at the next decode or flush."""
@@ -160,13 +170,27 @@ class LiveSession:
         return self._num_samples - self._decoded_edge
 
     def hop_due(self) -> bool:
-        """True when the open window should be decoded now: a hop of new audio arrived, or a
-        finalize/end waits on audio not yet decoded."""
+        """True when the open window should be decoded now: a hop of new audio arrived, a
+        speech end past the decoded audio (`speech_end_due`), or a finalize/end waits on audio
+        not yet decoded."""
         if self._ended:
             return False
         if self._flush_pending:
             return self.new_samples > 0
-        return self.new_samples >= round(self.options.hop_s * SAMPLE_RATE)
+        return self.new_samples >= round(self.options.hop_s * SAMPLE_RATE) or self.speech_end_due()
+
+    def hop_due_early(self) -> bool:
+        """True when a hop is due only because speech ended: less than a hop of new audio,
+        no finalize or end waiting (what the backend counts as an endpoint hop)."""
+        hop = round(self.options.hop_s * SAMPLE_RATE)
+        early = not self._flush_pending and self.new_samples < hop
+        return early and not self._ended and self.speech_end_due()
+
+    def speech_end_due(self) -> bool:
+        """True when the endpointer found speech ending after the audio the last hypothesis
+        decoded (its words are not decoded yet)."""
+        ep = self.endpointer
+        return ep is not None and ep.last_end is not None and ep.last_end > self._decoded_edge
 
     def flush_due(self) -> bool:
         """True when a finalize/end can be applied without decoding (no new audio)."""

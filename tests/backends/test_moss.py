@@ -1281,3 +1281,31 @@ def test_live_drafts_change_no_event_and_save_decode_steps(
     assert stats.num_accepted_draft_tokens >= 0.8 * stats.num_draft_tokens
     saved = plain_stats.num_decode_tokens - stats.num_decode_tokens
     assert saved >= stats.num_accepted_draft_tokens > 0
+
+
+@pytest.mark.slow
+def test_live_vad_decodes_at_speech_ends_and_commits_the_same(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """With the session's VAD (livemeet/session/vad.py), hops also fall due where speech ends
+    in the real-speech clip: they are counted, and the meeting's final transcript is the one
+    without VAD (the forced output fixes what each edge holds)."""
+    runs = {}
+    for vad in (False, True):
+        core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE, live_vad=vad)
+        events = stream_live(core, clips[11.0], head_s=0.5, chunk_s=0.25, hop_s=2.0)
+        stats = core.stats()
+        assert stats is not None
+        runs[vad] = (events, stats)
+        assert_pool_clean(core)
+    (plain, plain_stats), (voiced, stats) = runs[False], runs[True]
+    assert plain_stats.num_live_endpoint_hops == 0
+    assert stats.num_live_endpoint_hops > 0
+    # an early hop restarts the count to the next whole hop: at most one extra hop each
+    hops, plain_hops = stats.num_live_hops, plain_stats.num_live_hops
+    assert plain_hops <= hops <= plain_hops + stats.num_live_endpoint_hops
+    final, plain_final = voiced[-1], plain[-1]
+    assert isinstance(final, TranscriptFinal) and isinstance(plain_final, TranscriptFinal)
+    assert [(s.start_s, s.end_s, s.text) for s in final.segments] == [
+        (s.start_s, s.end_s, s.text) for s in plain_final.segments
+    ]

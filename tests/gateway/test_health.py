@@ -121,6 +121,7 @@ async def test_metrics_export_the_engine_counters(
         audio_command_lag_max_s=0.25,
         num_draft_tokens=600,
         num_accepted_draft_tokens=450,
+        num_live_endpoint_hops=7,
         num_gc_collections=40,
         num_gc_full_collections=3,
         gc_pause_s=0.5,
@@ -157,6 +158,7 @@ async def test_metrics_export_the_engine_counters(
     assert "livemeet_engine_audio_command_lag_seconds_total 20.5" in text
     assert "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge" in text
     assert "livemeet_engine_audio_command_lag_max_seconds 0.25" in text
+    assert "livemeet_live_endpoint_hops_total 7.0" in text
     assert 'livemeet_engine_gc_collections_total{generation="young"} 37.0' in text
     assert 'livemeet_engine_gc_collections_total{generation="full"} 3.0' in text
     assert "livemeet_engine_gc_pause_seconds_total 0.5" in text

@@ -252,13 +252,15 @@ def test_audio_command_lag_parsed_and_differenced() -> None:
     assert fields["audio_lag_max_since_start_s"] == 0.75  # the gauge, not per point
 
 
-def test_gc_pauses_parsed_and_differenced() -> None:
+def test_gc_pauses_and_endpoint_hops_parsed_and_differenced() -> None:
     """The engine process's garbage collections over a point: full ones and the time in all
-    (differenced), the longest since the worker started (a gauge); none from older servers."""
+    (differenced), the longest since the worker started (a gauge); the live hops due early at
+    speech ends; none of them from older servers."""
 
     def text(young: int, full: int, pause_s: float, max_s: float) -> str:
         family = "livemeet_engine_gc_collections_total"
         return with_samples(
+            ("livemeet_live_endpoint_hops_total", "counter", young // 10),
             ("livemeet_engine_gc_pause_seconds_total", "counter", pause_s),
             ("livemeet_engine_gc_pause_max_seconds", "gauge", max_s),
         ) + (
@@ -272,11 +274,12 @@ def test_gc_pauses_parsed_and_differenced() -> None:
         parse_engine_counters(text(400, 4, 1.0, 0.25)),
     )
     assert fields["gc_full_collections"] == 3
+    assert fields["live_endpoint_hops"] == 30  # hops due early at speech ends (VAD)
     assert fields["gc_pause_s"] == 0.75
     assert fields["gc_pause_max_since_start_s"] == 0.25
     older = engine_fields(parse_engine_counters(text(0, 0, 0.0, 0.0)),
                           parse_engine_counters(text(0, 0, 0.0, 0.0)))  # fmt: skip
-    assert "gc_pause_s" not in older
+    assert "gc_pause_s" not in older and "live_endpoint_hops" not in older
 
 
 def test_no_engine_fields_without_counters_or_after_a_reset() -> None:
