@@ -242,14 +242,18 @@ class EncoderRunner:
         window_keys: Sequence[Sequence[bytes]] | None = None,
         extra: Sequence[np.ndarray] = (),
         extra_keys: Sequence[Sequence[bytes]] = (),
+        checked: Sequence[bool] = (),
     ) -> list[torch.Tensor | None]:
         """`encode(audios, window_keys)`, plus each of `extra` (in order, with `extra_keys`)
         whose windows that miss the cache fit in the silence the last micro-batch would be
         padded with up to its bucket: those windows ride along at no encoder cost (a bucket's
         graph runs all its rows). Returns the embeddings of every audio, then per extra audio
         its embeddings or None (not encoded: no room, or bad audio, which its own request
-        reports when it is encoded). Raises BadAudio for `audios` as `encode`."""
-        jobs, per_audio = self._jobs(audios, window_keys)
+        reports when it is encoded). `checked[i]` (audios, then extra; False where missing):
+        the caller checked that audio finite, so its windows are not scanned again (a live
+        hop's open window, every hop). Raises BadAudio for `audios` as `encode`."""
+        flags = list(checked) + [False] * (len(audios) + len(extra) - len(checked))
+        jobs, per_audio = self._jobs(audios, window_keys, checked=flags[: len(audios)])
         free = self._padding_rows(len(jobs))
         taken = [False] * len(extra)
         for i, raw in enumerate(extra):
@@ -259,7 +263,9 @@ class EncoderRunner:
             if not 0 < self._num_missing(raw.size, keys) <= free:
                 continue  # no room, or nothing to encode (assembled when it is scheduled)
             try:
-                more, slots = self._jobs([raw], [keys], first=len(per_audio))
+                more, slots = self._jobs(
+                    [raw], [keys], first=len(per_audio), checked=flags[len(audios) + i :][:1]
+                )
             except BadAudio:
                 continue
             jobs += more
@@ -300,11 +306,13 @@ class EncoderRunner:
         audios: Sequence[np.ndarray],
         window_keys: Sequence[Sequence[bytes]] | None,
         first: int = 0,
+        checked: Sequence[bool] = (),
     ) -> tuple[
         list[tuple[int, int, np.ndarray, int, bytes | None]], list[list[torch.Tensor | None]]
     ]:
         """The windows of `audios` that miss the cache (audio index from `first`, window,
-        samples, tokens, key) and each audio's slots, cache hits filled in."""
+        samples, tokens, key) and each audio's slots, cache hits filled in. The windows encoded
+        are scanned for NaN/inf unless `checked[a]` (BadAudio)."""
         jobs: list[tuple[int, int, np.ndarray, int, bytes | None]] = []
         per_audio: list[list[torch.Tensor | None]] = []
         for a, raw in enumerate(audios):
@@ -321,7 +329,8 @@ class EncoderRunner:
                 slots.append(hit)
                 if hit is None:
                     window = _window(samples, w)
-                    check_finite(window)
+                    if not (a < len(checked) and checked[a]):
+                        check_finite(window)
                     jobs.append((first + a, w, window, count, key))
             per_audio.append(slots)
         return jobs, per_audio

@@ -5,6 +5,7 @@ without it."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.engine import Engine, EngineConfig
@@ -51,3 +52,31 @@ def test_queued_live_audio_rides_in_the_padding_and_outputs_do_not_change(
     assert plain_first == {"h0"}  # no buckets, no padding: only the scheduled hop
     assert ahead_first == {"h0", "h1"}
     assert ahead_windows == plain_windows == 3 + len(SECONDS) - 1
+
+
+def test_audio_a_caller_checked_is_not_scanned_by_the_encoder(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`add_request(samples_checked=True)` (live hops: each chunk was checked on arrival)
+    reaches the encoder, scheduled or riding in the padding: none of its windows is scanned
+    for NaN again; a request without it is scanned as before."""
+    import livemeet.engine.encoder_runner as er
+
+    scanned: list[int] = []
+    real = er.check_finite
+    monkeypatch.setattr(er, "check_finite", lambda w: scanned.append(w.size) or real(w))
+    engine = Engine(EngineConfig(), model=(our_model, our_model.cfg), clock=SteppingClock())
+    engine.encoder = EncoderRunner(
+        our_model, cache_windows=0, batch_buckets=(1, 2, 4), warm_up_at_start=False
+    )
+    for rid, seconds, checked in (("a", 7, True), ("b", 5, True), ("c", 3, False)):
+        engine.add_request(
+            rid,
+            long_speech[: seconds * 16_000],
+            max_new_tokens=2,
+            request_class=RequestClass.LIVE,
+            samples_checked=checked,
+        )
+    engine.run_to_completion()
+    assert scanned == [3 * 16_000]
+    assert not engine._checked_audio  # forgotten with the requests

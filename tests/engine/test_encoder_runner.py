@@ -333,6 +333,30 @@ def test_only_the_windows_encoded_are_scanned_for_nan(
         runner.encode([meeting])
 
 
+def test_audio_the_caller_checked_is_not_scanned_again(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`checked` (a live hop's audio, checked chunk by chunk as it arrived) skips the scan of
+    the windows encoded, for the scheduled audio and for audio riding in the padding; the
+    others are scanned as before."""
+    import livemeet.engine.encoder_runner as er
+
+    runner = EncoderRunner(
+        our_model, cache_windows=0, batch_buckets=(1, 2, 4, 8), warm_up_at_start=False
+    )
+    clips = [long_speech[: 16_000 * s] for s in (7, 11, 29)]
+    extra = [long_speech[: 16_000 * 5]]  # rides in the 4-window bucket's free row
+    scanned: list[int] = []
+    real = er.check_finite
+    monkeypatch.setattr(er, "check_finite", lambda w: scanned.append(w.size) or real(w))
+    out = runner.encode_filling(clips, extra=extra, checked=[True, False, True, True])
+    assert all(e is not None for e in out)
+    assert scanned == [16_000 * 11]  # the one audio not vouched for
+    scanned.clear()
+    runner.encode_filling(clips, extra=extra)
+    assert sorted(scanned) == sorted(16_000 * s for s in (7, 11, 29, 5))
+
+
 def test_extra_audio_rides_in_the_padding_of_the_last_micro_batch(
     our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
