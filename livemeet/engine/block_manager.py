@@ -143,8 +143,10 @@ class BlockManager:
             )
         self._check_holder_or_empty(request)
         keep = self.num_blocks_for(num_tokens)
-        while len(request.block_table) > keep:
-            self._release(request.block_table.pop())
+        table = request.block_table
+        if len(table) > keep:
+            self._release_all(table[keep:])
+            del table[keep:]
         request.num_computed_tokens = num_tokens
         request.num_cached_tokens = min(request.num_cached_tokens, num_tokens)
         if not request.block_table:
@@ -173,9 +175,11 @@ class BlockManager:
                 f"fork {src.request_id!r} -> {dst.request_id!r}: the first {num_tokens} "
                 "token ids differ"
             )
-        for block_id in src.block_table[: self.num_blocks_for(num_tokens)]:
-            self._ref_counts[block_id] += 1
-            dst.block_table.append(block_id)
+        shared = src.block_table[: self.num_blocks_for(num_tokens)]
+        refs = self._ref_counts
+        for block_id in shared:
+            refs[block_id] += 1
+        dst.block_table.extend(shared)
         dst.num_computed_tokens = num_tokens
         dst.num_cached_tokens = num_tokens
         self._holders[dst.request_id] = dst
@@ -187,8 +191,9 @@ class BlockManager:
         whose table was not handed out by this manager raises BlockManagerError.
         """
         self._check_holder_or_empty(request)
-        while request.block_table:
-            self._release(request.block_table.pop())
+        if request.block_table:
+            self._release_all(request.block_table)
+            request.block_table.clear()
         request.num_computed_tokens = 0
         request.num_cached_tokens = 0
         self._holders.pop(request.request_id, None)
@@ -274,6 +279,20 @@ class BlockManager:
         assert self._ref_counts[block_id] == 0, f"free block {block_id} is referenced"
         self._ref_counts[block_id] = 1
         return block_id
+
+    def _release_all(self, blocks: list[int]) -> None:
+        """`_release` of each of `blocks`, last first (the order a table is popped in), in one
+        loop: a live hop at minute 10 frees its predecessor's ~500 blocks every hop."""
+        refs = self._ref_counts
+        freed = []
+        for block_id in reversed(blocks):
+            ref = refs[block_id]
+            if ref <= 0:
+                raise BlockManagerError(f"block {block_id} freed twice")
+            refs[block_id] = ref - 1
+            if ref == 1:
+                freed.append(block_id)
+        self._free.extend(freed)
 
     def _release(self, block_id: int) -> None:
         assert self._ref_counts[block_id] > 0, f"block {block_id} freed twice"
