@@ -101,8 +101,8 @@ class ModelConfig:
     # a hop drafts what the previous one decoded after the same forced transcript; the engine
     # verifies it greedily (livemeet/session/draft.py): same transcript, fewer decode steps
     live_draft: bool = True
-    # a live session's VAD finds speech ends and a hop is due at one instead of after a whole
-    # hop of new audio (livemeet/session/vad.py; DESIGN 5.4)
+    # a live session's VAD finds speech ends, where a hop is due at once instead of after a
+    # whole hop of new audio, and skips hops over silence (livemeet/session/vad.py; DESIGN 5.4)
     live_vad: bool = True
 
     @property

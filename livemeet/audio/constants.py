@@ -51,6 +51,9 @@ VAD_FRAME_S = 0.03  # s per classified frame (webrtcvad takes 10, 20 or 30 ms)
 VAD_MODE = 2  # webrtcvad aggressiveness, 0-3
 VAD_END_SILENCE_S = 0.15  # s of non-speech after speech that make a speech end
 VAD_MIN_SPEECH_S = 0.09  # s of speech frames before a silence for it to count as an end
+# s of new audio without speech after which a live hop runs anyway: hops in silence are skipped
+# (LiveSession.hop_due), this bounds how late speech the VAD missed is decoded
+LIVE_SILENCE_HOP_S = 5.0
 # `serve --live-hop-s` range: a hop shorter than a client's 100-ms frames decodes per frame; a
 # hop that reaches the open window's limit (LIVE_MAX_WINDOW_S) would commit by force each hop
 LIVE_HOP_MIN_S, LIVE_HOP_MAX_S = 0.1, 5.0

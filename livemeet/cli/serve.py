@@ -192,7 +192,8 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         action=argparse.BooleanOptionalAction,
         default=ModelConfig.live_vad,
         help="a live session's voice activity detector (webrtcvad) makes a hop due as soon as "
-        "speech ends, instead of after a whole hop of new audio (default: on)",
+        "speech ends, instead of after a whole hop of new audio, and skips hops over audio "
+        "without speech once everything heard is committed (at most 5 s; default: on)",
     )
     p.add_argument(
         "--prefill-graphs",

@@ -22,6 +22,7 @@ from livemeet.audio.constants import (
     LIVE_HOP_S,
     LIVE_MAX_WINDOW_S,
     LIVE_PROMPT_CHARS,
+    LIVE_SILENCE_HOP_S,
     LOOP_MAX_REPEATS,
     SAMPLE_RATE,
 )
@@ -73,9 +74,12 @@ class Window(NamedTuple):
 class LiveSession:
     """One live session's audio, commit state and speaker labels. Single-threaded.
 
-    `endpointer` (optional, livemeet/session/vad.py) hears the audio as it is received; a
-    speech end it finds past the decoded audio makes a hop due at once (`hop_due`), instead of
-    after a whole hop of new audio."""
+    `endpointer` (optional, livemeet/session/vad.py) hears the audio as it is received (DESIGN
+    5.4: VAD moves hops, it never removes audio): a speech end it finds past the decoded audio
+    makes a hop due at once (`hop_due`), instead of after a whole hop of new audio; and a hop
+    of new audio in which it heard no speech is skipped while the open tail is empty (nothing
+    left to commit), up to LIVE_SILENCE_HOP_S of it. The window still holds that audio: the
+    next hop decodes it."""
 
     def __init__(
         self, options: LiveOptions | None = None, endpointer: Endpointer | None = None
@@ -177,7 +181,21 @@ class LiveSession:
             return False
         if self._flush_pending:
             return self.new_samples > 0
-        return self.new_samples >= round(self.options.hop_s * SAMPLE_RATE) or self.speech_end_due()
+        if self.speech_end_due():
+            return True
+        if self.new_samples < round(self.options.hop_s * SAMPLE_RATE):
+            return False
+        return not self.silence_skipped()
+
+    def silence_skipped(self) -> bool:
+        """True when a hop of new audio is not decoded because it is silence: the endpointer
+        heard no speech after the decoded audio, no uncommitted segment waits for a hop to
+        commit it, and it is less than LIVE_SILENCE_HOP_S of audio."""
+        ep = self.endpointer
+        if ep is None or self._sent_tail or self._commit.tail:
+            return False
+        silent = ep.last_speech_end <= self._decoded_edge
+        return silent and self.new_samples < round(LIVE_SILENCE_HOP_S * SAMPLE_RATE)
 
     def hop_due_early(self) -> bool:
         """True when a hop is due only because speech ended: less than a hop of new audio,

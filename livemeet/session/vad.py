@@ -76,7 +76,7 @@ class Endpointer:
         self._frames = 0  # frames classified
         self._speech_frames = 0  # speech frames since the last end
         self._silent_frames = 0  # non-speech frames since the last speech frame
-        self._last_speech_end = 0  # sample index after the last speech frame
+        self.last_speech_end = 0  # sample index after the last speech frame (0: none yet)
         self.last_end: int | None = None  # sample index of the latest speech end, if any
         self.num_ends = 0
 
@@ -100,11 +100,11 @@ class Endpointer:
         if speech:
             self._speech_frames += 1
             self._silent_frames = 0
-            self._last_speech_end = self._frames * FRAME_SAMPLES
+            self.last_speech_end = self._frames * FRAME_SAMPLES
             return
         self._silent_frames += 1
         if self._silent_frames == self.end_frames:
             if self._speech_frames >= self.min_speech_frames:
-                self.last_end = self._last_speech_end
+                self.last_end = self.last_speech_end
                 self.num_ends += 1
             self._speech_frames = 0  # blips apart by a silence never add up to speech

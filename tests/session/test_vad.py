@@ -8,6 +8,8 @@ import pytest
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.session.live import LiveOptions, LiveSession
 from livemeet.session.vad import FRAME_SAMPLES, Endpointer, webrtc_classifier
+from livemeet.transcriber import SegmentPartial
+from livemeet.transcript.segments import Segment
 from loadtest import workloads as wl
 
 
@@ -104,10 +106,47 @@ def test_a_speech_end_makes_the_hop_due_at_once() -> None:
     assert window.end_s == pytest.approx(0.68)
     live.apply_hypothesis([])
     assert not live.speech_end_due() and not live.hop_due()  # decoded past the end
-    live.receive_audio(silence(0.9))
+    live.receive_audio(tone(1.0))
+    assert live.hop_due() and not live.speech_end_due()  # a whole hop of speech, as without VAD
+
+
+def test_hops_in_silence_are_skipped_up_to_a_bound() -> None:
+    """A hop of audio without speech is not decoded while nothing waits to be committed; after
+    LIVE_SILENCE_HOP_S of it a hop runs anyway (speech the VAD missed is decoded that late at
+    most); speech makes hops due again."""
+    live = LiveSession(LiveOptions(hop_s=1.0), Endpointer(loud))
+    live.receive_audio(silence(1.0))
+    assert live.silence_skipped() and not live.hop_due()  # a session opened in silence
+    live.receive_audio(silence(3.9))
     assert not live.hop_due()
     live.receive_audio(silence(0.1))
-    assert live.hop_due() and not live.speech_end_due()  # a whole hop, as without VAD
+    assert live.hop_due() and not live.silence_skipped()  # 5 s of it: decoded anyway
+    live.window()
+    live.apply_hypothesis([])
+    live.receive_audio(np.concatenate([silence(0.5), tone(0.6)]))
+    assert not live.silence_skipped() and live.hop_due()  # speech in the new audio
+
+
+def test_silence_is_decoded_while_a_segment_waits_to_be_committed() -> None:
+    """After speech the open tail needs hops to commit (two agreeing hypotheses): they run
+    through the silence that follows; once the tail is committed, silence is skipped."""
+    live = LiveSession(LiveOptions(hop_s=1.0), Endpointer(loud))
+    live.receive_audio(np.concatenate([tone(0.8), silence(0.2)]))
+    assert live.hop_due()  # the speech end
+    live.window()
+    seg = Segment(0.0, 0.8, "S01", "hello there")
+    events = live.apply_hypothesis([seg])
+    assert any(isinstance(e, SegmentPartial) for e in events)  # an open tail
+    skipped = []
+    for _ in range(4):
+        live.receive_audio(silence(1.0))
+        skipped.append(live.silence_skipped())
+        if live.hop_due():
+            live.window()
+            live.apply_hypothesis([seg])
+    # the tail waits for its commit: decoded; committed by that hop, the rest is skipped
+    assert skipped == [False, True, True, True]
+    assert [s.text for s in live.committed] == ["hello there"]
 
 
 def test_an_end_heard_while_a_hop_decodes_is_due_after_it() -> None:
