@@ -70,7 +70,7 @@ import aiohttp
 import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE
-from livemeet.engine.gc_pauses import freeze_startup_heap
+from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from loadtest import workloads as wl
 from loadtest.bench_engine import parse_ints, percentile
 from loadtest.http_sweep import (
@@ -599,6 +599,7 @@ async def amain(args: argparse.Namespace) -> None:
             freeze_startup_heap()
             await _points(args, url, samples, forced.turns, workload.audio_s, deadline, out)
         finally:
+            thaw_heap()
             if server is not None:
                 server.stop()
 

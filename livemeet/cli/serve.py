@@ -18,7 +18,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_BYTES,
 )
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
-from livemeet.engine.gc_pauses import freeze_startup_heap
+from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError
 
 log = logging.getLogger("livemeet.serve")
@@ -291,6 +291,14 @@ def run(args: argparse.Namespace) -> int:
         config.port,
         config.data_dir,
     )
+    try:
+        _run_app(app, config, context)
+    finally:
+        thaw_heap()
+    return 0
+
+
+def _run_app(app: web.Application, config: ServerConfig, context: ssl.SSLContext | None) -> None:
     web.run_app(
         app,
         host=config.host,
@@ -302,4 +310,3 @@ def run(args: argparse.Namespace) -> int:
         # session: the GPU stops working for nobody (aiohttp's default lets it run to the end)
         handler_cancellation=True,
     )
-    return 0

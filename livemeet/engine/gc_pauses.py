@@ -31,10 +31,16 @@ OLDEST_GENERATION = 2  # CPython's generations: 0, 1, 2 (the "full" collection)
 def freeze_startup_heap() -> int:
     """Collect, then freeze every object alive (module docstring). Returns how many objects
     are frozen. Call once, after start-up, only in a process of our own (a test runner's heap
-    would stay frozen)."""
+    would stay frozen), and `thaw_heap` before it exits."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def thaw_heap() -> None:
+    """Hand the frozen objects back to the collector (shutdown: extension modules that count
+    their objects at exit, such as Triton's bindings, report the frozen ones as leaked)."""
+    gc.unfreeze()
 
 
 class GcPauses:

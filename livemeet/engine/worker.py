@@ -49,7 +49,7 @@ from livemeet.audio.constants import (
 from livemeet.backends.base import BackendCore
 from livemeet.config import ModelConfig
 from livemeet.engine.channel import CommandReceiver
-from livemeet.engine.gc_pauses import GcPauses, freeze_startup_heap
+from livemeet.engine.gc_pauses import GcPauses, freeze_startup_heap, thaw_heap
 from livemeet.engine.messages import (
     AbortSession,
     AppendAudio,
@@ -108,7 +108,8 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
         outbox.put(WorkerFailed("internal_error", f"backend failed to load: {exc!r}"))
         return
     gc_pauses = GcPauses()
-    if multiprocessing.parent_process() is not None:  # our own process: its heap is ours
+    own_process = multiprocessing.parent_process() is not None  # its heap is ours
+    if own_process:
         freeze_startup_heap()  # full collections would walk the model's objects (gc_pauses.py)
     outbox.put(WorkerReady(core.info))
     worker = Worker(
@@ -129,6 +130,8 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
             worker.trace.close()
         worker.free_all()
         core.close()
+        if own_process:
+            thaw_heap()
 
 
 def run_worker_on_pipe(config: ModelConfig, conn: Connection, outbox: Outbox) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import queue
 
-from livemeet.engine.gc_pauses import GcPauses, freeze_startup_heap
+from livemeet.engine.gc_pauses import GcPauses, freeze_startup_heap, thaw_heap
 from livemeet.engine.messages import EngineStats
 from livemeet.engine.worker import Worker
 from tests.engine.fakes import FakeClock
@@ -46,14 +46,14 @@ def test_a_stop_without_its_start_is_ignored() -> None:
     assert pauses.num_collections == 0 and pauses.pause_s == 0.0
 
 
-def test_freeze_moves_the_live_heap_out_of_collections() -> None:
+def test_freeze_moves_the_live_heap_out_of_collections_and_thaw_back() -> None:
     try:
         frozen = freeze_startup_heap()
         assert frozen == gc.get_freeze_count() > 1000  # at least pytest's and torch's objects
         tracked = len(gc.get_objects())  # frozen objects are not in any generation
         assert tracked < frozen
     finally:
-        gc.unfreeze()  # the test runner's heap goes back to the collector
+        thaw_heap()  # the test runner's heap goes back to the collector
     assert gc.get_freeze_count() == 0
 
 
