@@ -671,9 +671,9 @@ class MossCore:
         if isinstance(sess, _Upload):
             return self._submit_upload(sid, sess)
         if sess.live.hop_due():
-            if sess.live.hop_due_early():
-                self.num_live_endpoint_hops += 1
+            early = sess.live.hop_due_early()
             self._submit_hop(sid, sess, due_s)
+            self.num_live_endpoint_hops += early  # submitted: a refused hop raised
             return []
         events = sess.live.flush()
         return self._after_live_events(sid, sess, events)

@@ -284,18 +284,19 @@ class BlockManager:
         """`_release` of each of `blocks`, last first (the order a table is popped in), in one
         loop: a live hop at minute 10 frees its predecessor's ~500 blocks every hop."""
         refs = self._ref_counts
+        if any(refs[block_id] <= 0 for block_id in blocks):  # before any change
+            raise BlockManagerError(f"a block of {blocks} freed twice")
         freed = []
         for block_id in reversed(blocks):
             ref = refs[block_id]
-            if ref <= 0:
-                raise BlockManagerError(f"block {block_id} freed twice")
             refs[block_id] = ref - 1
             if ref == 1:
                 freed.append(block_id)
         self._free.extend(freed)
 
     def _release(self, block_id: int) -> None:
-        assert self._ref_counts[block_id] > 0, f"block {block_id} freed twice"
+        if self._ref_counts[block_id] <= 0:
+            raise BlockManagerError(f"block {block_id} freed twice")
         self._ref_counts[block_id] -= 1
         if self._ref_counts[block_id] == 0:
             self._free.append(block_id)

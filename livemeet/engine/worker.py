@@ -128,10 +128,12 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
         gc_pauses.remove()
         if worker.trace is not None:
             worker.trace.close()
-        worker.free_all()
-        core.close()
-        if own_process:
-            thaw_heap()
+        try:
+            worker.free_all()
+            core.close()
+        finally:
+            if own_process:
+                thaw_heap()
 
 
 def run_worker_on_pipe(config: ModelConfig, conn: Connection, outbox: Outbox) -> None:

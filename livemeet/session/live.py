@@ -188,14 +188,22 @@ class LiveSession:
         return not self.silence_skipped()
 
     def silence_skipped(self) -> bool:
-        """True when a hop of new audio is not decoded because it is silence: the endpointer
-        heard no speech after the decoded audio, no uncommitted segment waits for a hop to
-        commit it, and it is less than LIVE_SILENCE_HOP_S of audio."""
+        """True when a hop of new audio is not decoded because it is silence: the last hop
+        decoded at least an end's silence (VAD_END_SILENCE_S) past the last speech the
+        endpointer heard (a word cut at its edge is decoded again), no uncommitted segment
+        waits for a hop to commit it, it is less than LIVE_SILENCE_HOP_S of audio, and the
+        open window stays within max_window_s with one more hop (whose forced commit skipping
+        would otherwise postpone)."""
         ep = self.endpointer
         if ep is None or self._sent_tail or self._commit.tail:
             return False
-        silent = ep.last_speech_end <= self._decoded_edge
-        return silent and self.new_samples < round(LIVE_SILENCE_HOP_S * SAMPLE_RATE)
+        heard = ep.last_speech_end > 0  # speech at all (a session may open in silence)
+        if heard and ep.last_speech_end + ep.end_silence_samples > self._decoded_edge:
+            return False
+        window_s = (self._num_samples - self._committed_end_sample()) / SAMPLE_RATE
+        if window_s + self.options.hop_s > self.options.max_window_s:
+            return False
+        return self.new_samples < round(LIVE_SILENCE_HOP_S * SAMPLE_RATE)
 
     def hop_due_early(self) -> bool:
         """True when a hop is due only because speech ended: less than a hop of new audio,

@@ -74,11 +74,18 @@ class Endpointer:
         self.min_speech_frames = -(-round(min_speech_s * SAMPLE_RATE) // FRAME_SAMPLES)
         self._pending = np.zeros(0, dtype=np.int16)  # samples of the frame not yet complete
         self._frames = 0  # frames classified
-        self._speech_frames = 0  # speech frames since the last end
+        self._speech_frames = 0  # speech frames since the last end-length silence
         self._silent_frames = 0  # non-speech frames since the last speech frame
-        self.last_speech_end = 0  # sample index after the last speech frame (0: none yet)
+        # sample index after the last speech frame (0: none yet); a single frame moves it, so
+        # a noisy room's blips keep hops from being skipped as silence (LiveSession)
+        self.last_speech_end = 0
         self.last_end: int | None = None  # sample index of the latest speech end, if any
         self.num_ends = 0
+
+    @property
+    def end_silence_samples(self) -> int:
+        """Samples of silence that make a speech end (whole frames)."""
+        return self.end_frames * FRAME_SAMPLES
 
     @property
     def num_samples(self) -> int:

@@ -246,9 +246,18 @@ def test_audit_reports_leaks_and_corruption(bm: BlockManager) -> None:
     bm.audit([a])
 
 
-def test_release_asserts_on_double_free(bm: BlockManager) -> None:
-    with pytest.raises(AssertionError, match="freed twice"):
+def test_a_double_free_raises_and_changes_nothing(bm: BlockManager) -> None:
+    with pytest.raises(BlockManagerError, match="freed twice"):
         bm._release(0)
+    a = make("a", 40)
+    bm.allocate(a)
+    table = list(a.block_table)
+    refs, free = list(bm._ref_counts), list(bm._free)
+    bm._ref_counts[table[-1]] = 0  # as if its last block had been freed already
+    with pytest.raises(BlockManagerError, match="freed twice"):
+        bm.free(a)
+    assert a.block_table == table and bm._ref_counts[table[0]] == refs[table[0]]
+    assert list(bm._free) == free  # the check runs before any block is released
 
 
 class BlockManagerMachine(RuleBasedStateMachine):

@@ -58,8 +58,8 @@ def test_audio_a_caller_checked_is_not_scanned_by_the_encoder(
     our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`add_request(samples_checked=True)` (live hops: each chunk was checked on arrival)
-    reaches the encoder, scheduled or riding in the padding: none of its windows is scanned
-    for NaN again; a request without it is scanned as before."""
+    reaches the encoder: none of its windows is scanned for NaN again; a request without it
+    is scanned as before. (Audio riding in the padding: test_encoder_runner.py.)"""
     import livemeet.engine.encoder_runner as er
 
     scanned: list[int] = []

@@ -163,3 +163,30 @@ def test_without_an_endpointer_hops_wait_for_a_whole_hop() -> None:
     live = LiveSession(LiveOptions(hop_s=1.0))
     live.receive_audio(np.concatenate([tone(0.5), silence(0.3)]))
     assert not live.speech_end_due() and not live.hop_due()
+
+
+def test_speech_just_before_a_hops_edge_is_decoded_again() -> None:
+    """Speech that stopped less than an end's silence before the last hop's edge (a word the
+    hop may have cut) keeps the next hop from being skipped."""
+    live = LiveSession(LiveOptions(hop_s=1.0), Endpointer(loud))
+    live.receive_audio(np.concatenate([silence(0.9), tone(0.06)]))  # speech up to the edge
+    live.receive_audio(silence(0.04))
+    assert live.hop_due()
+    live.window()
+    live.apply_hypothesis([])  # nothing decoded: the word was cut
+    live.receive_audio(silence(1.0))
+    assert not live.silence_skipped() and live.hop_due()
+
+
+def test_skipping_never_lets_the_open_window_pass_its_limit() -> None:
+    """The hop whose forced commit keeps the open window within max_window_s is not skipped,
+    silence or not."""
+    options = LiveOptions(hop_s=1.0, max_window_s=6.0)
+    live = LiveSession(options, Endpointer(loud))
+    live.receive_audio(np.concatenate([tone(1.0), silence(0.5)]))
+    live.window()
+    live.apply_hypothesis([])
+    live.receive_audio(silence(3.5))  # a 5-s window: one more hop reaches 6 s, not past it
+    assert live.silence_skipped() and not live.hop_due()
+    live.receive_audio(silence(0.1))  # 5.1 s: one more hop would pass the limit
+    assert live.hop_due() and not live.silence_skipped()
