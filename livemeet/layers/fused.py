@@ -161,6 +161,21 @@ if HAS_TRITON:
         tl.store(Out + row * stride_o + cols, out, mask=mask)
 
     @triton.jit
+    def _rope_cos_sin(pos, InvFreq, HALF: tl.constexpr, PRECISE_TRIG: tl.constexpr):
+        """cos and sin [HALF] of one row's angles in fp32 (`_norm_rope_head(s)` round them to
+        the tensors' dtype, as livemeet.layers.rotary does)."""
+        angle = pos.to(tl.float32) * tl.load(InvFreq + tl.arange(0, HALF))
+        if PRECISE_TRIG:
+            # tl.cos/tl.sin may lower to the approximate PTX instructions, which are far off
+            # at angles of ~1e5 rad; libdevice reduces the range exactly, like torch's cosf
+            c = libdevice.cos(angle)
+            s = libdevice.sin(angle)
+        else:  # the interpreter has no libdevice
+            c = tl.cos(angle)
+            s = tl.sin(angle)
+        return c, s
+
+    @triton.jit
     def _norm_rope_head(
         X,
         W,
@@ -184,15 +199,7 @@ if HAS_TRITON:
         w2 = tl.load(W + HALF + cols).to(tl.float32)
         n1 = ((a1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
         n2 = ((a2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-        angle = pos.to(tl.float32) * tl.load(InvFreq + cols)
-        if PRECISE_TRIG:
-            # tl.cos/tl.sin may lower to the approximate PTX instructions, which are far off
-            # at angles of ~1e5 rad; libdevice reduces the range exactly, like torch's cosf
-            c = libdevice.cos(angle)
-            s = libdevice.sin(angle)
-        else:  # the interpreter has no libdevice
-            c = tl.cos(angle)
-            s = tl.sin(angle)
+        c, s = _rope_cos_sin(pos, InvFreq, HALF, PRECISE_TRIG)
         c = c.to(dtype).to(tl.float32)
         s = s.to(dtype).to(tl.float32)
         # x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), each product rounded
@@ -278,21 +285,6 @@ if HAS_TRITON:
                     out = VOut + (row // PAGE) * stride_vo_blk + (row % PAGE) * stride_vo_tok
                     out += hv * stride_vo_h
                 _store_head(out, lo, hi, inv_scale, HALF, FP8)
-
-    @triton.jit
-    def _rope_cos_sin(pos, InvFreq, HALF: tl.constexpr, PRECISE_TRIG: tl.constexpr):
-        """cos and sin [HALF] of one row's angles in fp32 (`_norm_rope_heads` rounds them to the
-        tensors' dtype, as livemeet.layers.rotary does)."""
-        angle = pos.to(tl.float32) * tl.load(InvFreq + tl.arange(0, HALF))
-        if PRECISE_TRIG:
-            # tl.cos/tl.sin may lower to the approximate PTX instructions, which are far off
-            # at angles of ~1e5 rad; libdevice reduces the range exactly, like torch's cosf
-            c = libdevice.cos(angle)
-            s = libdevice.sin(angle)
-        else:  # the interpreter has no libdevice
-            c = tl.cos(angle)
-            s = tl.sin(angle)
-        return c, s
 
     @triton.jit
     def _norm_rope_heads(

@@ -1259,6 +1259,22 @@ def test_forced_hop_ids_equal_the_joined_texts_tokens(tmp_path: Path) -> None:
     assert core._pieces_join()
 
 
+def live_runs_without_and_with(
+    option: str, model: MossTDModel, tmp_path: Path, audio: np.ndarray, **stream: float
+) -> list[tuple[list[Event], EngineStats]]:
+    """`stream_live` of `audio` on a forced-output core with ModelConfig `option` off, then
+    on: each run's events and stats, the pool checked clean after each."""
+    runs = []
+    for on in (False, True):
+        core = make_core(model, tmp_path, forced=LIVE_REFERENCE, **{option: on})
+        events = stream_live(core, audio, **stream)
+        stats = core.stats()
+        assert stats is not None
+        runs.append((events, stats))
+        assert_pool_clean(core)
+    return runs
+
+
 @pytest.mark.slow
 def test_live_drafts_change_no_event_and_save_decode_steps(
     our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
@@ -1266,15 +1282,10 @@ def test_live_drafts_change_no_event_and_save_decode_steps(
     """Each hop drafts what the previous one decoded after the same forced transcript
     (livemeet/session/draft.py): the events are the same as without drafts, most draft ids
     are accepted (forced output: the tail repeats exactly), and fewer decode rows run."""
-    runs = {}
-    for draft in (False, True):
-        core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE, live_draft=draft)
-        events = stream_live(core, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)
-        stats = core.stats()
-        assert stats is not None
-        runs[draft] = (events, stats)
-        assert_pool_clean(core)
-    (plain, plain_stats), (drafted, stats) = runs[False], runs[True]
+    runs = live_runs_without_and_with(
+        "live_draft", our_model, tmp_path, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0
+    )
+    (plain, plain_stats), (drafted, stats) = runs
     assert drafted == plain
     assert plain_stats.num_draft_tokens == 0
     assert stats.num_draft_tokens > 0
@@ -1290,15 +1301,10 @@ def test_live_vad_decodes_at_speech_ends_and_commits_the_same(
     """With the session's VAD (livemeet/session/vad.py), hops also fall due where speech ends
     in the real-speech clip: they are counted, and the meeting's final transcript is the one
     without VAD (the forced output fixes what each edge holds)."""
-    runs = {}
-    for vad in (False, True):
-        core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE, live_vad=vad)
-        events = stream_live(core, clips[11.0], head_s=0.5, chunk_s=0.25, hop_s=2.0)
-        stats = core.stats()
-        assert stats is not None
-        runs[vad] = (events, stats)
-        assert_pool_clean(core)
-    (plain, plain_stats), (voiced, stats) = runs[False], runs[True]
+    runs = live_runs_without_and_with(
+        "live_vad", our_model, tmp_path, clips[11.0], head_s=0.5, chunk_s=0.25, hop_s=2.0
+    )
+    (plain, plain_stats), (voiced, stats) = runs
     assert plain_stats.num_live_endpoint_hops == 0
     assert stats.num_live_endpoint_hops > 0
     # an early hop restarts the count to the next whole hop: at most one extra hop each

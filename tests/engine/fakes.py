@@ -21,13 +21,14 @@ Slot = tuple[int, int] | None  # (position, token id) whose KV the slot holds
 
 
 class SteppingClock:
-    """An engine clock (seconds) that moves 10 ms each time it is read."""
+    """An engine clock (seconds) that moves `step_s` (10 ms) each time it is read."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_s: float = 0.01) -> None:
         self.now = 0.0
+        self.step_s = step_s
 
     def __call__(self) -> float:
-        self.now += 0.01
+        self.now += self.step_s
         return self.now
 
 

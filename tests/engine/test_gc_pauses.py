@@ -9,23 +9,17 @@ import queue
 from livemeet.engine.gc_pauses import GcPauses, freeze_startup_heap, thaw_heap
 from livemeet.engine.messages import EngineStats
 from livemeet.engine.worker import Worker
-from tests.engine.fakes import FakeClock
+from tests.engine.fakes import FakeClock, SteppingClock
 from tests.engine.test_worker import StatsCore
 
 
-class TickingClock:
+def ticking_clock() -> SteppingClock:
     """Each read is 0.25 s after the previous one: a collection lasts one tick."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 0.25
-        return self.now
+    return SteppingClock(0.25)
 
 
 def test_collections_counted_and_timed_while_installed() -> None:
-    pauses = GcPauses(clock=TickingClock())
+    pauses = GcPauses(clock=ticking_clock())
     with pauses:
         gc.collect(0)
         gc.collect(1)
@@ -41,7 +35,7 @@ def test_collections_counted_and_timed_while_installed() -> None:
 
 
 def test_a_stop_without_its_start_is_ignored() -> None:
-    pauses = GcPauses(clock=TickingClock())
+    pauses = GcPauses(clock=ticking_clock())
     pauses._on_gc("stop", {"generation": 2})  # installed mid-collection
     assert pauses.num_collections == 0 and pauses.pause_s == 0.0
 
@@ -59,7 +53,7 @@ def test_freeze_moves_the_live_heap_out_of_collections_and_thaw_back() -> None:
 
 def test_worker_stats_carry_the_collections() -> None:
     clock = FakeClock()
-    pauses = GcPauses(clock=TickingClock())
+    pauses = GcPauses(clock=ticking_clock())
     outbox: queue.Queue[object] = queue.Queue()
     worker = Worker(StatsCore(clock, work=0, step_s=0.1), outbox, gc_pauses=pauses)
     with pauses:
