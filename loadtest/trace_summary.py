@@ -50,6 +50,8 @@ class Kernel:
 
 
 def load_trace(path: Path) -> dict[str, Any]:
+    """The chrome trace (torch.profiler's export_chrome_trace JSON) at `path`, gzipped when
+    its name ends in .gz. Raises OSError or json.JSONDecodeError for an unreadable file."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:  # type: ignore[operator]
         return json.load(f)  # type: ignore[no-any-return]
@@ -119,6 +121,9 @@ def launch_kinds(ks: Sequence[Kernel]) -> dict[str, dict[str, float]]:
 
 
 def summarise(trace: dict[str, Any], top: int = 25) -> dict[str, Any]:
+    """The printed summary as a dict (module docstring): span, busy and idle time in ms with
+    the busy fraction, the idle-gap groups, device ms per part, launch kinds and the `top`
+    kernels by device time."""
     ks = kernels(trace)
     acts = [k.activity for k in ks]
     tl = timeline(acts)

@@ -57,11 +57,13 @@ class GcPauses:
         self._installed = False
 
     def install(self) -> None:
+        """Start timing collections (once; a second call does nothing)."""
         if not self._installed:
             gc.callbacks.append(self._on_gc)
             self._installed = True
 
     def remove(self) -> None:
+        """Stop timing them; the counts stay (no-op when not installed)."""
         if self._installed:
             gc.callbacks.remove(self._on_gc)
             self._installed = False
