@@ -377,30 +377,32 @@ if HAS_TRITON:
         n = tl.program_id(0)
         pos = tl.load(Positions + n)
         c, s = _rope_cos_sin(pos, InvFreq, HALF, PRECISE_TRIG)
-        lo, hi = _norm_rope_heads(
+        # q, k and v get their own names: Triton types a name once per scope, and the q heads'
+        # [Q_POW2, HALF] may not be rebound to the k heads' [KV_POW2, HALF] inside the branch
+        q_lo, q_hi = _norm_rope_heads(
             Q + n * stride_qn, stride_qh, QW, c, s, eps, Q_HEADS, Q_POW2, HALF
         )
         _store_heads(
-            QOut + n * Q_HEADS * (2 * HALF), 2 * HALF, lo, hi, 1.0, Q_HEADS, Q_POW2, HALF, False
+            QOut + n * Q_HEADS * (2 * HALF), 2 * HALF, q_lo, q_hi, 1.0, Q_HEADS, Q_POW2, HALF, False
         )
         row = n
         if STORE:
             row = tl.load(Slots + n)
         if row >= 0:  # a padding row's slot is -1: its K/V are not stored
-            lo, hi = _norm_rope_heads(
+            k_lo, k_hi = _norm_rope_heads(
                 K + n * stride_kn, stride_kh, KW, c, s, eps, KV_HEADS, KV_POW2, HALF
             )
             out = KOut + (row // PAGE) * stride_ko_blk + (row % PAGE) * stride_ko_tok
-            _store_heads(out, stride_ko_h, lo, hi, inv_scale, KV_HEADS, KV_POW2, HALF, FP8)
+            _store_heads(out, stride_ko_h, k_lo, k_hi, inv_scale, KV_HEADS, KV_POW2, HALF, FP8)
             if STORE:
                 heads = tl.arange(0, KV_POW2)
                 cols = tl.arange(0, HALF)
                 mask = (heads < KV_HEADS)[:, None]
                 src = V + n * stride_vn + heads[:, None] * stride_vh + cols[None, :]
-                lo = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-                hi = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
+                v_lo = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+                v_hi = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
                 out = VOut + (row // PAGE) * stride_vo_blk + (row % PAGE) * stride_vo_tok
-                _store_heads(out, stride_vo_h, lo, hi, inv_scale, KV_HEADS, KV_POW2, HALF, FP8)
+                _store_heads(out, stride_vo_h, v_lo, v_hi, inv_scale, KV_HEADS, KV_POW2, HALF, FP8)
 
     @triton.jit
     def _silu_and_mul_kernel(
