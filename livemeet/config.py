@@ -15,6 +15,7 @@ from livemeet.audio.constants import (
     FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
     KV_CACHE_DTYPES,
+    LIVE_DECODE_STEPS,
     LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     LIVE_HOP_MAX_S,
@@ -23,6 +24,7 @@ from livemeet.audio.constants import (
     LIVE_STEP_BUDGET_S,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
+    MAX_LIVE_DECODE_STEPS,
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_STEP_BUDGET_S,
     MIN_LIVE_STEP_BUDGET_S,
@@ -92,6 +94,9 @@ class ModelConfig:
     # ms of estimated GPU time per engine step while live sessions are open: a hop decodes its
     # new tail one step per token, so this bounds its time under load
     live_step_budget_ms: float = 1000.0 * LIVE_STEP_BUDGET_S
+    # decode-only engine steps after each step that prefilled, while a live hop decodes: its
+    # new text gets that many more ids per prefill step (livemeet.engine.scheduler)
+    live_decode_steps: int = LIVE_DECODE_STEPS
     # tokens of committed transcript a live hop prefills as forced assistant tokens before it
     # decodes the new tail (DESIGN 5.3); 0: every hop re-decodes the whole meeting
     live_forced_transcript_tokens: int = LIVE_FORCED_TRANSCRIPT_TOKENS
@@ -147,6 +152,11 @@ class ModelConfig:
             raise ConfigError(
                 f"live_step_budget_ms must be in [{low:g}, {high:g}], "
                 f"not {self.live_step_budget_ms}"
+            )
+        if not 0 <= self.live_decode_steps <= MAX_LIVE_DECODE_STEPS:
+            raise ConfigError(
+                f"live_decode_steps must be in [0, {MAX_LIVE_DECODE_STEPS}], "
+                f"not {self.live_decode_steps}"
             )
         low, high = 1000.0 * FLUSH_INTERVAL_S, 1000.0 * MAX_UPLOAD_STEP_BUDGET_S
         if not low <= self.upload_step_budget_ms <= high:

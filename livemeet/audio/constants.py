@@ -163,6 +163,11 @@ UPLOAD_STEP_BUDGET_S = 0.200
 # one flush window. A hop's new segment takes one decode step per token (~26 for a 3-6 s turn
 # at 330 tokens a minute), so under load a hop lasts ~27 steps of this budget.
 LIVE_STEP_BUDGET_S = FLUSH_INTERVAL_S
+# decode-only steps after each engine step that prefilled, while a live request decodes
+# (--live-decode-steps; livemeet.engine.scheduler): a hop's new segment decodes ~3 ids per
+# prefill step instead of one, for ~0.4 ms of weights and launch per extra step (H200)
+LIVE_DECODE_STEPS = 2
+MAX_LIVE_DECODE_STEPS = 8
 MIN_LIVE_STEP_BUDGET_S = 0.005  # s; below it a step's fixed cost (~0.7 ms) is >15 % of it
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # the KV pool: the model's 16-bit dtype, or e4m3
 # s; the upload budget's bound. A live session's first hop can find up to three upload steps

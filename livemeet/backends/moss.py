@@ -442,6 +442,7 @@ class MossCore:
                         upload_hold=parse_upload_hold(cfg.upload_hold),
                         upload_step_budget_s=cfg.upload_step_budget_ms / 1000.0,
                         step_budget_s=cfg.live_step_budget_ms / 1000.0,
+                        live_decode_steps=cfg.live_decode_steps,
                         max_num_batched_tokens=max(
                             SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
                         ),

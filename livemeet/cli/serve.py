@@ -163,6 +163,14 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "that many steps of this budget (default %(default)g)",
     )
     p.add_argument(
+        "--live-decode-steps",
+        type=int,
+        default=ModelConfig.live_decode_steps,
+        help="decode-only engine steps after each step that prefills, while a live hop "
+        "decodes (0-8): its new text gets that many more tokens per prefill step, for one "
+        "more pass over the weights each (default %(default)s)",
+    )
+    p.add_argument(
         "--live-forced-transcript-tokens",
         type=int,
         default=ModelConfig.live_forced_transcript_tokens,
@@ -223,6 +231,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         upload_hold=UploadHold(args.upload_hold),
         upload_step_budget_ms=args.upload_step_budget_ms,
         live_step_budget_ms=args.live_step_budget_ms,
+        live_decode_steps=args.live_decode_steps,
         live_draft=args.live_draft,
         live_vad=args.live_vad,
         live_forced_transcript_tokens=args.live_forced_transcript_tokens,

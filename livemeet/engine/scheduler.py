@@ -19,6 +19,12 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
   upload gets many tokens per live step. A run of turns ends after share / (1 - share) of
   step_budget_s of estimated time (16.7 ms at 0.25), so live work waits at most that (and the
   turn that crosses it) between live steps.
+- Decode-only steps between live prefills (`live_decode_steps`): after a step that prefilled,
+  up to that many steps hold decode rows only while a live request decodes. A hop's new
+  segment is ~26 ids, one step each: riding along ~25-ms prefill steps they take ~0.8 s,
+  with two ~3-ms decode-only steps after each prefill ~0.3 s. A decode row costs the same
+  KV read in either kind of step; what an extra step adds is one more pass over the weights
+  and the launch (~0.4 ms on an H200), so the GPU pays ~3 % for two of them per prefill.
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
@@ -68,6 +74,7 @@ from livemeet.audio.constants import (
     KV_BLOCK_SIZE,
     LIVE_STEP_BUDGET_S,
     MAX_CONTEXT_TOKENS,
+    MAX_LIVE_DECODE_STEPS,
     MAX_UPLOAD_STEP_BUDGET_S,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_STEP_BUDGET_S,
@@ -102,6 +109,10 @@ class SchedulerConfig:
     # upload batching); 0 admits every upload at once
     upload_batch_wait_s: float = UPLOAD_BATCH_WAIT_S
     upload_hold: UploadHold = UploadHold.PIPELINE  # what a held upload waits for
+    # decode-only steps after each step that prefilled, while a live request decodes (module
+    # docstring); 0 (the bare policy): decode rows only ride along the steps the budget
+    # fills. The server passes --live-decode-steps (LIVE_DECODE_STEPS by default).
+    live_decode_steps: int = 0
     min_prefill_chunk: int = KV_BLOCK_SIZE  # tokens; smaller non-final chunks are not worth it
     max_model_len: int = MAX_CONTEXT_TOKENS  # tokens; prompt + output limit (FinishReason.LENGTH)
     eos_token_id: int = EOS_TOKEN_ID
@@ -122,6 +133,11 @@ class SchedulerConfig:
             )
         if not (math.isfinite(self.upload_batch_wait_s) and self.upload_batch_wait_s >= 0):
             raise ConfigError(f"upload_batch_wait_s must be >= 0, not {self.upload_batch_wait_s}")
+        if not 0 <= self.live_decode_steps <= MAX_LIVE_DECODE_STEPS:
+            raise ConfigError(
+                f"live_decode_steps must be in [0, {MAX_LIVE_DECODE_STEPS}], "
+                f"not {self.live_decode_steps}"
+            )
         if not 0 <= self.upload_min_share < 1:
             raise ConfigError(f"upload_min_share must be in [0, 1), not {self.upload_min_share}")
         parse_upload_hold(self.upload_hold)
@@ -258,6 +274,7 @@ class Scheduler:
         # current run of upload turns has lasted (module docstring)
         self._upload_deficit_s = 0.0
         self._upload_turns_s = 0.0
+        self._decode_only_steps = 0  # decode-only steps since the last step that prefilled
         self.num_accepted_draft_tokens = 0  # ids accepted by `accept_draft`, all requests
 
     # -- queues ----------------------------------------------------------------------------
@@ -409,12 +426,20 @@ class Scheduler:
         if not can_run or self.config.upload_min_share == 0:
             self._upload_deficit_s = 0.0  # bank no credit for uploads that cannot use it
         upload_turn = self._upload_deficit_s > 0 and self._upload_turns_s < self._max_turns_s()
-        step = self._fill_step(hold_uploads, can_run, upload_turn)
+        decode_only = not upload_turn and self._decode_only_due()
+        step = self._fill_step(hold_uploads, can_run, upload_turn, decode_only)
         if upload_turn and step.is_empty:
             # the uploads could not use their turn (no KV for their next token): an empty
             # step would repeat forever, so live work goes on
             self._upload_deficit_s = 0.0
             step = self._fill_step(hold_uploads, can_run, upload_turn=False)
+        elif decode_only and step.is_empty:  # no decode row could take a slot (KV)
+            decode_only = False
+            step = self._fill_step(hold_uploads, can_run, upload_turn)
+        if step.prefills:
+            self._decode_only_steps = 0
+        elif decode_only:
+            self._decode_only_steps += 1
         cost_s = 0.0
         if not step.is_empty:
             cost_s = self.cost_model.fixed_s + step.live_spent_s + step.upload_spent_s
@@ -545,9 +570,23 @@ class Scheduler:
 
     # -- filling one step ------------------------------------------------------------------
 
-    def _fill_step(self, hold_uploads: bool, can_run: bool, upload_turn: bool) -> _StepBuilder:
+    def _decode_only_due(self) -> bool:
+        """Whether the next step holds decode rows only: fewer than `live_decode_steps` of
+        them since the last step that prefilled, and a live request decoding (module
+        docstring)."""
+        if self._decode_only_steps >= self.config.live_decode_steps:
+            return False
+        return any(
+            r.request_class is RequestClass.LIVE and r.status is Status.RUNNING and r.is_decoding
+            for r in self._requests.values()
+        )
+
+    def _fill_step(
+        self, hold_uploads: bool, can_run: bool, upload_turn: bool, decode_only: bool = False
+    ) -> _StepBuilder:
         """Take requests in priority order until the step's budget, tokens or rows run out.
-        In an upload turn live requests only add decode rows (module docstring)."""
+        In an upload turn live requests add no rows (module docstring); in a decode-only step
+        only decode rows are taken."""
         cfg = self.config
         usable = max(0.0, self.current_step_budget_s() - self.cost_model.fixed_s)
         share = cfg.upload_min_share if can_run else 0.0
@@ -570,6 +609,8 @@ class Scheduler:
                 step.live_left_out = True
             elif request.status is Status.RUNNING and request.is_decoding:
                 self._try_decode(request, step)
+            elif decode_only:
+                continue
             elif request.status is Status.RUNNING:
                 self._try_prefill(request, step)
             elif (

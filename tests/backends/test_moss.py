@@ -23,7 +23,7 @@ from livemeet.backends.moss import MossCore, _Upload
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
-from livemeet.engine.scheduler import StepOutput
+from livemeet.engine.scheduler import SchedulerConfig, StepOutput
 from livemeet.errors import (
     BadAudio,
     ConfigError,
@@ -63,15 +63,15 @@ def make_core(
     tmp_path: Path,
     forced: str | None = None,
     num_blocks: int = NUM_BLOCKS,
+    scheduler: SchedulerConfig | None = None,
     **model_options: Any,
 ) -> MossCore:
     forced_path = None
     if forced is not None:
         forced_path = tmp_path / "forced.txt"
         forced_path.write_text(forced, encoding="utf-8")
-    engine = Engine(
-        EngineConfig(num_kv_blocks=num_blocks), model=(model, model.cfg), clock=SteppingClock()
-    )
+    config = EngineConfig(num_kv_blocks=num_blocks, scheduler=scheduler or SchedulerConfig())
+    engine = Engine(config, model=(model, model.cfg), clock=SteppingClock())
     core = MossCore(
         ModelConfig(forced_output=str(forced_path) if forced_path else None, **model_options),
         engine=engine,
@@ -1315,3 +1315,38 @@ def test_live_vad_decodes_at_speech_ends_and_commits_the_same(
     assert [(s.start_s, s.end_s, s.text) for s in final.segments] == [
         (s.start_s, s.end_s, s.text) for s in plain_final.segments
     ]
+
+
+@pytest.mark.slow
+def test_live_decode_only_steps_change_no_event(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """Two live sessions, B's hop queued while A's decodes: with decode-only steps between
+    prefills (SchedulerConfig.live_decode_steps) A's row takes steps of its own before B's
+    prefill, more steps run, and every event of both sessions is the one without them."""
+    audio, chunk = clips[11.0], 2 * SAMPLE_RATE
+    runs = []
+    for decode_steps in (0, 2):
+        scheduler = SchedulerConfig(live_decode_steps=decode_steps)
+        core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE, scheduler=scheduler)
+        out: list[tuple[str, Event]] = []
+        for sid in "AB":
+            core.open(sid, SessionOptions(live=True, hop_s=2.0))
+        for i in range(0, len(audio), chunk):
+            core.append("A", audio[i : i + chunk])
+            out.extend(core.step())  # A's hop is prefilled and decodes from here
+            core.append("B", audio[i : i + chunk])
+            run_to_idle(core, out)
+        for sid in "AB":
+            core.end(sid)
+        run_to_idle(core, out)
+        stats = core.stats()
+        assert stats is not None
+        runs.append((out, stats))
+        assert_pool_clean(core)
+    (plain, plain_stats), (interleaved, stats) = runs
+    for sid in "AB":
+        events = [e for s, e in interleaved if s == sid]
+        assert events == [e for s, e in plain if s == sid]
+        assert isinstance(events[-1], TranscriptFinal) and events[-1].segments
+    assert stats.num_decode_steps > plain_stats.num_decode_steps

@@ -13,6 +13,7 @@ import pytest
 
 from livemeet.__main__ import main
 from livemeet.audio.constants import (
+    LIVE_DECODE_STEPS,
     LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     UPLOAD_BATCH_WAIT_S,
@@ -120,6 +121,9 @@ def test_serve_engine_sizing_flags() -> None:
     assert config.live_step_budget_ms == 50.0
     args = build_parser().parse_args(["serve", "--model", "x", "--live-step-budget-ms", "16"])
     assert serve.config_from_args(args).model.live_step_budget_ms == 16.0
+    assert config.live_decode_steps == LIVE_DECODE_STEPS == 2
+    args = build_parser().parse_args(["serve", "--model", "x", "--live-decode-steps", "0"])
+    assert serve.config_from_args(args).model.live_decode_steps == 0
     assert config.live_forced_transcript_tokens == LIVE_FORCED_TRANSCRIPT_TOKENS == 2048
     args = build_parser().parse_args(
         ["serve", "--model", "x", "--live-forced-transcript-tokens", "0"]
@@ -149,6 +153,8 @@ def test_serve_engine_sizing_flags() -> None:
         ["--upload-step-budget-ms", "300"],  # three such steps would outlast a live hop
         ["--live-step-budget-ms", "2"],  # the fixed cost of a step would dominate it
         ["--live-step-budget-ms", "80"],  # longer than a flush window
+        ["--live-decode-steps", "-1"],
+        ["--live-decode-steps", "9"],  # prefill would wait on a run of decode steps
         ["--live-forced-transcript-min-tokens", "-1"],
         ["--live-forced-transcript-min-tokens", "100"],  # adaptive, but would hold no segment
         ["--live-forced-transcript-tokens", "-1"],
@@ -168,7 +174,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
             model=str(moss_dir), device="cpu", dtype="float32", num_kv_blocks=64,
             mem_fraction=0.6, chunked_prefill_size=16_384, upload_batch_wait_ms=20,
             upload_hold=UploadHold.ARRIVALS, upload_step_budget_ms=120, kv_cache_dtype="fp8_e4m3",
-            live_step_budget_ms=20,
+            live_step_budget_ms=20, live_decode_steps=3,
         )
     )  # fmt: skip
     core.load()
@@ -179,6 +185,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         assert sched.chunked_prefill_size == 16_384 and sched.max_num_batched_tokens == 16_384
         assert sched.upload_batch_wait_s == 0.02 and sched.upload_hold is UploadHold.ARRIVALS
         assert sched.upload_step_budget_s == 0.12 and sched.step_budget_s == 0.02
+        assert sched.live_decode_steps == 3
         cost = core.engine.scheduler.cost_model
         assert cost == StepCostModel.for_kv_cache("fp8_e4m3") != StepCostModel()
     finally:

@@ -86,6 +86,8 @@ def run_until_idle(
         {"max_model_len": 1},
         {"upload_batch_wait_s": -0.01},
         {"upload_batch_wait_s": float("inf")},
+        {"live_decode_steps": -1},
+        {"live_decode_steps": 9},
     ],
 )
 def test_config_rejects_bad_values(bad: dict[str, object]) -> None:
@@ -1120,3 +1122,71 @@ def test_upload_turns_slow_an_urgent_hop_by_the_share_at_most(rows: int) -> None
     shared_s = _hop_latency_beside(share, rows)
     assert shared_s <= alone_s / (1 - share) + budget_s
     assert shared_s <= 1.0
+
+
+# -- decode-only steps between live prefills --------------------------------------------------
+
+
+def _hop_decoding_beside_prefills(
+    decode_steps: int, cls: RequestClass = LIVE
+) -> tuple[Request, list[ScheduledBatch]]:
+    """A request of `cls` decoding 40 ids while long live hops keep every step's budget in
+    prefill; the steps until it has finished."""
+    sched, runner, clock = make(
+        num_blocks=4096, live_decode_steps=decode_steps, upload_min_share=0.0
+    )
+    runner.check_reads = False  # long prompts: the other tests check KV reads
+    deadline = 5.0 if cls is LIVE else None
+    hop = req("new-text", 300, cls, max_new=40, deadline=deadline, base=800_000)
+    sched.add(hop)
+    run_steps(sched, runner, clock, 1)
+    assert hop.is_decoding
+    for i in range(24):  # each needs two 50-ms steps of prefill: they outlast the hop
+        # one id each, sampled by the last chunk: no decode row of their own
+        sched.add(req(f"hop{i}", 12_000, LIVE, max_new=1, deadline=6.0 + i, base=i * 20_000))
+    batches: list[ScheduledBatch] = []
+    while not hop.is_finished:
+        batches += run_steps(sched, runner, clock, 1)
+        assert len(batches) < 500
+    return hop, batches
+
+
+def _prefilled(batch: ScheduledBatch) -> bool:
+    return bool(batch.prefills)
+
+
+def test_decode_only_steps_follow_each_prefill_while_a_live_hop_decodes() -> None:
+    """With two decode-only steps per prefill, every step that prefills is followed by two
+    that only decode (the hop's row in both) while the hop decodes; its 39 further ids take
+    a third of the prefill steps they take when its row only rides along."""
+    hop, batches = _hop_decoding_beside_prefills(2)
+    kinds = ["P" if _prefilled(b) else "D" for b in batches]
+    # the hop's own prefill came just before: two decode-only steps, then the hops' prefills
+    assert "".join(kinds).startswith("DDPDDPDDP"), kinds
+    for i, batch in enumerate(batches):
+        assert hop in batch.decodes
+        if _prefilled(batch) and i + 2 < len(batches) - 1:
+            assert kinds[i + 1 : i + 3] == ["D", "D"]
+    interleaved = sum(map(_prefilled, batches))
+    _, along = _hop_decoding_beside_prefills(0)
+    assert all(map(_prefilled, along))  # with none, every step prefills
+    assert interleaved <= len(along) // 3 + 1
+    # decode-only steps cost a fixed part and the row: far less than a prefill step
+    decode_only = [b.estimated_cost_s for b in batches if not _prefilled(b)]
+    assert max(decode_only) < 0.2 * min(b.estimated_cost_s for b in along)
+
+
+def test_no_decode_only_steps_for_upload_rows_alone() -> None:
+    """Only a live row decoding makes steps decode-only: beside an upload's row (which, with
+    no upload share, waits for the live prefills) every step prefills while prefill waits."""
+    _, batches = _hop_decoding_beside_prefills(2, cls=UPLOAD)
+    kinds = "".join("P" if _prefilled(b) else "D" for b in batches)
+    assert "D" not in kinds[: kinds.rindex("P")], kinds
+
+
+def test_decode_only_steps_do_not_hold_back_a_prefill_with_nothing_decoding() -> None:
+    """A live hop queued while nothing decodes is prefilled at once, whatever the setting."""
+    sched, runner, clock = make(num_blocks=4096, live_decode_steps=2)
+    sched.add(req("hop", 3_000, LIVE, max_new=1, deadline=1.0))
+    first = run_steps(sched, runner, clock, 1)[0]
+    assert first.prefills and first.prefills[0].request.request_id == "hop"
