@@ -163,9 +163,11 @@ UPLOAD_STEP_BUDGET_S = 0.200
 # one flush window. A hop's new segment takes one decode step per token (~26 for a 3-6 s turn
 # at 330 tokens a minute), so under load a hop lasts ~27 steps of this budget.
 LIVE_STEP_BUDGET_S = FLUSH_INTERVAL_S
-# decode-only steps after each engine step that prefilled, while a live request decodes
-# (--live-decode-steps; livemeet.engine.scheduler): a hop's new segment decodes ~3 ids per
-# prefill step instead of one, for ~0.4 ms of weights and launch per extra step (H200)
+# decode-only steps after each engine step that prefilled live work, while the most urgent live
+# request decodes (--live-decode-steps; livemeet.engine.scheduler): a hop's new segment decodes
+# up to 3 ids per prefill step instead of one, for a pass over the weights and a launch per
+# extra step (StepCostModel.fixed_s); latency within the spread at 100 sessions, engine time
+# per hop -6 % (docs/benchmarks.md, session 21)
 LIVE_DECODE_STEPS = 2
 MAX_LIVE_DECODE_STEPS = 8
 MIN_LIVE_STEP_BUDGET_S = 0.005  # s; below it a step's fixed cost (~0.7 ms) is >15 % of it

@@ -15,6 +15,7 @@ from livemeet.audio.constants import (
     GIL_SWITCH_INTERVAL_S,
     KV_CACHE_DTYPES,
     MAX_AUDIO_S,
+    MAX_LIVE_DECODE_STEPS,
     MAX_UPLOAD_BYTES,
 )
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
@@ -166,9 +167,10 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "--live-decode-steps",
         type=int,
         default=ModelConfig.live_decode_steps,
-        help="decode-only engine steps after each step that prefills, while a live hop "
-        "decodes (0-8): its new text gets that many more tokens per prefill step, for one "
-        "more pass over the weights each (default %(default)s)",
+        help=f"decode-only engine steps after each step that prefills live work, while the "
+        f"most urgent live hop decodes (0-{MAX_LIVE_DECODE_STEPS}): its new text gets that many "
+        "more tokens per prefill step, for one more pass over the weights each "
+        "(default %(default)s)",
     )
     p.add_argument(
         "--live-forced-transcript-tokens",

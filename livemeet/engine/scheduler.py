@@ -19,12 +19,17 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
   upload gets many tokens per live step. A run of turns ends after share / (1 - share) of
   step_budget_s of estimated time (16.7 ms at 0.25), so live work waits at most that (and the
   turn that crosses it) between live steps.
-- Decode-only steps between live prefills (`live_decode_steps`): after a step that prefilled,
-  up to that many steps hold decode rows only while a live request decodes. A hop's new
-  segment is ~26 ids, one step each: riding along ~25-ms prefill steps they take ~0.8 s,
-  with two ~3-ms decode-only steps after each prefill ~0.3 s. A decode row costs the same
-  KV read in either kind of step; what an extra step adds is one more pass over the weights
-  and the launch (~0.4 ms on an H200), so the GPU pays ~3 % for two of them per prefill.
+- Decode-only steps between live prefills (`live_decode_steps`): after a step that prefilled
+  live work, up to that many steps hold live decode rows only, while the most urgent live
+  request (earliest deadline) is one of them. A hop's new segment is ~26 ids, one step each:
+  riding along ~25-ms prefill steps they take ~0.65 s, with two decode-only steps after each
+  prefill about a third of that. A decode row costs the same KV read in either kind of step;
+  an extra step adds a pass over the weights and the launch (StepCostModel.fixed_s, ~0.7 ms).
+  Hops queued meanwhile wait for those steps, and a hop due sooner than every decoding row is
+  never held back by them. Upload turns keep their place (the run resumes after them), and
+  upload decode rows stay out of these steps (their share is kept across steps as before).
+  On the 100-session live point (docs/benchmarks.md, session 21) two of them gave latency
+  within the spread between calls and ~6 % less engine time per hop.
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
@@ -430,13 +435,14 @@ class Scheduler:
         step = self._fill_step(hold_uploads, can_run, upload_turn, decode_only)
         if upload_turn and step.is_empty:
             # the uploads could not use their turn (no KV for their next token): an empty
-            # step would repeat forever, so live work goes on
+            # step would repeat forever, so live work goes on (with what the empty one
+            # finished or evicted, which must still be reported)
             self._upload_deficit_s = 0.0
-            step = self._fill_step(hold_uploads, can_run, upload_turn=False)
-        elif decode_only and step.is_empty:  # no decode row could take a slot (KV)
+            step = self._fill_step(hold_uploads, can_run, upload_turn=False, carried=step)
+        elif decode_only and step.is_empty:  # no live decode row could take a slot (KV)
             decode_only = False
-            step = self._fill_step(hold_uploads, can_run, upload_turn)
-        if step.prefills:
+            step = self._fill_step(hold_uploads, can_run, upload_turn, carried=step)
+        if any(c.request.request_class is RequestClass.LIVE for c in step.prefills):
             self._decode_only_steps = 0
         elif decode_only:
             self._decode_only_steps += 1
@@ -571,22 +577,29 @@ class Scheduler:
     # -- filling one step ------------------------------------------------------------------
 
     def _decode_only_due(self) -> bool:
-        """Whether the next step holds decode rows only: fewer than `live_decode_steps` of
-        them since the last step that prefilled, and a live request decoding (module
-        docstring)."""
+        """Whether the next step holds live decode rows only: fewer than `live_decode_steps`
+        of them since the last step that prefilled live work, and the most urgent live
+        request is decoding (module docstring)."""
         if self._decode_only_steps >= self.config.live_decode_steps:
             return False
-        return any(
-            r.request_class is RequestClass.LIVE and r.status is Status.RUNNING and r.is_decoding
-            for r in self._requests.values()
-        )
+        live = [r for r in self._requests.values() if r.request_class is RequestClass.LIVE]
+        if not live:
+            return False
+        first = min(live, key=self._priority_key)
+        return first.status is Status.RUNNING and first.is_decoding
 
     def _fill_step(
-        self, hold_uploads: bool, can_run: bool, upload_turn: bool, decode_only: bool = False
+        self,
+        hold_uploads: bool,
+        can_run: bool,
+        upload_turn: bool,
+        decode_only: bool = False,
+        carried: _StepBuilder | None = None,
     ) -> _StepBuilder:
         """Take requests in priority order until the step's budget, tokens or rows run out.
-        In an upload turn live requests add no rows (module docstring); in a decode-only step
-        only decode rows are taken."""
+        In an upload turn live requests add no rows (module docstring); a decode-only step
+        takes live decode rows only. `carried`: an empty attempt at this step, whose finished
+        and evicted requests the step reports."""
         cfg = self.config
         usable = max(0.0, self.current_step_budget_s() - self.cost_model.fixed_s)
         share = cfg.upload_min_share if can_run else 0.0
@@ -597,6 +610,9 @@ class Scheduler:
             live_tokens_cap=int(cfg.max_num_batched_tokens * (1 - share)),
             rows_left=cfg.max_num_seqs,
         )
+        if carried is not None:
+            step.preempted.extend(carried.preempted)
+            step.finished.extend(carried.finished)
         for request in self._by_priority():
             if step.rows_left == 0 or step.tokens_left == 0:
                 break
@@ -607,10 +623,14 @@ class Scheduler:
                 # most of a turn at long context and move later-deadline hops ahead of an
                 # urgent prefill, while the uploads' time barely moved
                 step.live_left_out = True
+            elif decode_only and not (
+                request.request_class is RequestClass.LIVE
+                and request.status is Status.RUNNING
+                and request.is_decoding
+            ):
+                continue
             elif request.status is Status.RUNNING and request.is_decoding:
                 self._try_decode(request, step)
-            elif decode_only:
-                continue
             elif request.status is Status.RUNNING:
                 self._try_prefill(request, step)
             elif (

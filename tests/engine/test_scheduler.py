@@ -1190,3 +1190,87 @@ def test_decode_only_steps_do_not_hold_back_a_prefill_with_nothing_decoding() ->
     sched.add(req("hop", 3_000, LIVE, max_new=1, deadline=1.0))
     first = run_steps(sched, runner, clock, 1)[0]
     assert first.prefills and first.prefills[0].request.request_id == "hop"
+
+
+def test_a_hop_due_before_every_decoding_row_is_not_held_back() -> None:
+    """Decode-only steps run only while the most urgent live request decodes: a hop queued
+    with an earlier deadline than the decoding row is prefilled in the very next step."""
+    sched, runner, clock = make(num_blocks=4096, live_decode_steps=2, upload_min_share=0.0)
+    runner.check_reads = False
+    row = req("row", 300, LIVE, max_new=40, deadline=5.0, base=800_000)
+    sched.add(row)
+    run_steps(sched, runner, clock, 1)
+    assert row.is_decoding
+    sched.add(req("urgent", 3_000, LIVE, max_new=1, deadline=1.0))
+    batch = run_steps(sched, runner, clock, 1)[0]
+    assert [c.request.request_id for c in batch.prefills] == ["urgent"]
+    sched.add(req("later", 3_000, LIVE, max_new=1, deadline=9.0, base=100_000))
+    after = run_steps(sched, runner, clock, 3)
+    assert [bool(b.prefills) for b in after] == [False, False, True]
+
+
+def test_decode_only_steps_take_live_rows_only() -> None:
+    """An upload decoding beside the live row gets no row in the decode-only steps (its
+    share across steps is the upload turns'); it keeps its rows in the other steps."""
+    sched, runner, clock = make(num_blocks=8192, live_decode_steps=2, upload_min_share=0.0)
+    runner.check_reads = False
+    sched.add(req("up", 300, max_new=400, base=900_000))
+    sched.add(req("row", 300, LIVE, max_new=40, deadline=5.0, base=800_000))
+    run_steps(sched, runner, clock, 1)
+    for i in range(6):
+        sched.add(req(f"hop{i}", 3_000, LIVE, max_new=1, deadline=6.0 + i, base=i * 10_000))
+    batches = run_steps(sched, runner, clock, 9)
+    decode_only = [b for b in batches if not b.prefills]
+    assert decode_only
+    for batch in decode_only:
+        assert [r.request_id for r in batch.decodes] == ["row"]
+
+
+def test_upload_turns_do_not_restart_the_run_of_decode_only_steps() -> None:
+    """Uploads arriving every step take turns that prefill; those turns do not count as the
+    live prefill that starts a new run of decode-only steps, so queued hops are still
+    prefilled (a reset on every prefill starved them: D, turns, D, turns... for 400 steps;
+    the hops now finish in ~250)."""
+    sched, runner, clock = make(num_blocks=400_000, live_decode_steps=2, upload_batch_wait_s=0.0)
+    runner.check_reads = False
+    rows = [  # the most urgent live work, decoding for longer than the test runs
+        req(f"row{i}", 20_000, LIVE, max_new=4_000, deadline=1.0, base=1 + i * 30_000)
+        for i in range(8)
+    ]
+    for r in rows:
+        sched.add(r)
+    while not all(r.is_decoding for r in rows):
+        run_steps(sched, runner, clock, 1)
+    hops = [
+        req(f"hop{i}", 12_000, LIVE, max_new=1, deadline=100.0 + i, base=50_000_000 + i * 20_000)
+        for i in range(6)
+    ]
+    for hop in hops:
+        sched.add(hop)
+    batches: list[ScheduledBatch] = []
+    while not all(h.is_finished for h in hops):
+        upload = req(f"u{len(batches)}", 200, max_new=2, arrival=clock.now_s,
+                     base=90_000_000 + 1_000 * len(batches))  # fmt: skip
+        sched.add(upload)
+        batches += run_steps(sched, runner, clock, 1)
+        assert len(batches) < 400, "live prefill starved"
+    assert any(b.upload_turn for b in batches)
+    assert any(not b.prefills and not b.upload_turn for b in batches)  # decode-only ran
+
+
+@pytest.mark.parametrize("decode_steps", [0, 2])
+def test_a_request_finished_for_lack_of_kv_in_a_fallback_step_is_reported(
+    decode_steps: int,
+) -> None:
+    """A live row that cannot grow (the pool is two blocks) finishes with LENGTH inside a
+    decode-only attempt that comes out empty; the step built instead reports it."""
+    sched, runner, clock = make(num_blocks=2, live_decode_steps=decode_steps)
+    row = req("row", 30, LIVE, max_new=100, deadline=5.0)
+    sched.add(row)
+    reported: list[str] = []
+    while sched.has_work():
+        batch = run_steps(sched, runner, clock, 1)[0]
+        reported += [r.request_id for r in batch.finished]
+        assert len(reported) <= 1
+    assert row.finish_reason is FinishReason.LENGTH
+    assert reported == ["row"]
