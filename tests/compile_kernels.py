@@ -6,13 +6,16 @@ constexpr used as a tensor, a dtype a `tl.dot` refuses. This module calls the pu
 entry points at the real model's shapes (MOSS-TD's Qwen3 decoder: hidden 1024, 16 query and
 8 KV heads of 128, MLP 3072; livemeet.models.config) on CPU tensors with the launches
 captured instead of run, then compiles each captured launch to a cubin for sm_90 (H100 /
-H200) with the ptxas that Triton's wheel ships. Kernels that take a `PDL` constexpr are
-compiled with PDL=True, as an sm_90 GPU launches them (CPU tensors capture PDL=False, which
-only drops the grid-dependency calls).
+H200) with the ptxas that Triton's wheel ships, specialized as Triton's launcher specializes
+it on a GPU (`specialize`), and checks its shared memory against the block limit. Kernels
+that take a `PDL` constexpr are compiled with it on, as an sm_90 launches them (CPU tensors
+capture it off), and decode attention also with it off (NO_PDL_KERNELS).
+Not covered: fp16 models, and decode batches other than DECODE_ROWS (the kernels do not
+specialize on the batch).
 
 Run it in a process where TRITON_INTERPRET is unset (kernels decorated under the interpreter
 cannot be compiled): `python -m tests.compile_kernels [--shard I/N]` prints one JSON object per
-compiled variant ({"kernel", "variant", "ok", "error"}) of its shard and exits 1 if any
+compiled variant ({"kernel", "pdl", "variant", "ok", "error"}) of its shard and exits 1 if any
 failed, or if a kernel known to be wrong compiled (the harness itself checked).
 """
 
@@ -30,20 +33,12 @@ import torch
 
 CUDA_ARCH = 90  # H100 / H200 (sm_90), the GPUs livemeet is benchmarked on
 WARP_SIZE = 32
-# options of CUDAOptions that a launch may pass beside the kernel's arguments
-COMPILE_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
-
-_DTYPES = {
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.float32: "fp32",
-    torch.float8_e4m3fn: "fp8e4nv",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.bool: "i1",
-}
+# bytes of shared memory one block may use on compute capability 9.0 (227 KiB; CUDA C++
+# Programming Guide, "Technical Specifications per Compute Capability")
+SM90_MAX_SHARED_BYTES = 232_448
+# kernels the engine launches with PDL off as well as on: decode attention over batches of
+# more than DecodeKernelConfig.pdl_max_rows rows (every other kernel runs with it on an sm_90)
+NO_PDL_KERNELS = frozenset({"_decode_split_kernel", "_decode_merge_kernel"})
 
 
 @dataclass
@@ -77,60 +72,70 @@ def captured_launches() -> Iterator[list[Launch]]:
         JITFunction.__getitem__ = original  # type: ignore[method-assign]
 
 
-def _arg_type(value: object) -> str:
-    if isinstance(value, torch.Tensor):
-        return "*" + _DTYPES[value.dtype]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"no Triton type for {type(value).__name__}")
-
-
-def signature(launch: Launch) -> tuple[dict[str, str], dict[str, object], dict[str, object]]:
-    """(signature, constexprs, compile options) of a captured launch."""
-    fn = launch.kernel
-    values = dict(zip(fn.arg_names, launch.args, strict=False))
-    values.update({k: v for k, v in launch.kwargs.items() if k in fn.arg_names})
-    sig: dict[str, str] = {}
-    constexprs: dict[str, object] = {}
-    for param in fn.params:
-        value = values[param.name]
-        if param.is_constexpr or value is None:
-            sig[param.name] = "constexpr"
-            constexprs[param.name] = value
-        else:
-            sig[param.name] = _arg_type(value)
-    options = {k: launch.kwargs[k] for k in COMPILE_OPTIONS if k in launch.kwargs}
-    return sig, constexprs, options
-
-
-def compile_launch(launch: Launch, *, pdl: bool | None = None) -> None:
-    """Compile `launch` for sm_90 (raises Triton's CompilationError, or ptxas's error); `pdl`
-    overrides its PDL constexpr and the matching launch option."""
-    import triton
+def _target() -> Any:
     from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", CUDA_ARCH, WARP_SIZE)
+
+
+def specialize(launch: Launch, *, pdl: bool | None = None) -> tuple[Any, dict, dict, dict]:
+    """(options, signature, constexprs, attrs) of `launch` as `JITFunction.run` derives them
+    on an sm_90 GPU: Triton's own binder types and specializes every argument (dtypes,
+    pointers aligned to 16 bytes, ints divisible by 16 or equal to 1), so the variant compiled
+    here is the one a launch on the GPU compiles (cp.async pipelines, shared memory).
+    `pdl` overrides the kernel's PDL constexpr and the matching launch option. Hazard: this
+    reaches into Triton's runtime (`create_function_from_signature`, `_pack_args`, 3.9)."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    fn = launch.kernel
+    kwargs = dict(launch.kwargs)
+    if pdl is not None:
+        kwargs.update(PDL=pdl, launch_pdl=pdl)
+    backend = make_backend(_target())
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*launch.args, **kwargs)
+    return fn._pack_args(backend, kwargs, bound, specialization, options)  # type: ignore[no-any-return]
+
+
+def compile_launch(launch: Launch, *, pdl: bool | None = None) -> Any:
+    """Compile `launch` for sm_90 and return the compiled kernel. Raises Triton's
+    CompilationError (or ptxas's error), or ResourceError when the kernel needs more shared
+    memory than a block may have (Triton checks that only when loading it on a GPU)."""
+    import triton
     from triton.compiler import ASTSource
 
-    sig, constexprs, options = signature(launch)
-    if pdl is not None:
-        constexprs["PDL"] = pdl
-        options["launch_pdl"] = pdl
-    source = ASTSource(launch.kernel, sig, constexprs)
-    triton.compile(source, target=GPUTarget("cuda", CUDA_ARCH, WARP_SIZE), options=options)
+    options, sig, constexprs, attrs = specialize(launch, pdl=pdl)
+    source = ASTSource(launch.kernel, sig, constexprs, attrs)
+    kernel = triton.compile(source, target=_target(), options=options.__dict__)
+    if kernel.metadata.shared > SM90_MAX_SHARED_BYTES:
+        raise ResourceError(
+            f"{kernel.metadata.shared} bytes of shared memory, over sm_90's {SM90_MAX_SHARED_BYTES}"
+        )
+    return kernel
+
+
+class ResourceError(Exception):
+    """A compiled kernel that cannot be launched on sm_90 (shared memory)."""
 
 
 def variants(launches: list[Launch]) -> dict[tuple[str, str], tuple[Launch, bool | None]]:
-    """Distinct (kernel, constexprs + options) variants of the launches, with PDL=True where
-    the kernel takes a PDL constexpr (None: it takes none)."""
+    """Distinct variants of the launches by kernel, argument types, specializations,
+    constexprs and options: with PDL on where the kernel takes a PDL constexpr, and off too
+    for the kernels the engine also launches without it (NO_PDL_KERNELS); as captured
+    otherwise (None)."""
     out: dict[tuple[str, str], tuple[Launch, bool | None]] = {}
     for launch in launches:
-        _, constexprs, options = signature(launch)
-        pdl = True if "PDL" in constexprs else None
-        key = {**constexprs, **options, **({"PDL": pdl} if pdl else {})}
-        out[(launch.name, repr(sorted(key.items())))] = (launch, pdl)
+        settings: tuple[bool | None, ...] = (None,)
+        if "PDL" in launch.kernel.arg_names:
+            settings = (True, False) if launch.name in NO_PDL_KERNELS else (True,)
+        names = launch.kernel.arg_names
+        for pdl in settings:
+            options, sig, constexprs, attrs = specialize(launch, pdl=pdl)
+            named = {names[path[0]]: value for path, value in constexprs.items()}
+            parts = (sig.items(), named.items(), attrs.items(), vars(options).items())
+            key = repr([sorted(map(repr, part)) for part in parts])
+            out[(launch.name, key)] = (launch, pdl)
     return out
 
 
@@ -148,6 +153,21 @@ def _known_bad_kernel() -> Any:
         tl.store(X + tl.arange(0, 64), tl.sum(lo, axis=0))
 
     return known_bad_kernel
+
+
+def _known_good_kernel() -> Any:
+    """The known-bad kernel with the shapes kept apart: it must compile to a cubin."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def known_good_kernel(X, flag):
+        lo = tl.zeros([16, 64], tl.float32)
+        if flag > 0:
+            lo = lo + 1.0
+        tl.store(X + tl.arange(0, 64), tl.sum(lo, axis=0))
+
+    return known_good_kernel
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,11 +237,15 @@ def _attention_calls() -> None:
                     q, k_cache, v_cache, tables, seq_lens, scale, num_splits=splits,
                     impl="triton", kernel=config,
                 )  # fmt: skip
-        for q_len in (1, 64, 512):  # small and large extend tiles
+        # both tile heights (extend_tile_rows picks by the GPU's SM count: 1 on a CPU)
+        for rows in (pa.EXTEND_ROWS, pa.EXTEND_ROWS_SMALL):
+            q_len = 64
             cu = torch.arange(DECODE_ROWS + 1, dtype=torch.int32) * q_len
-            pa.paged_extend_attention(_bf16(DECODE_ROWS * q_len, HEADS, HEAD_DIM), k_cache,
-                                      v_cache, tables, cu, seq_lens, scale, max_seqlen_q=q_len,
-                                      impl="triton")  # fmt: skip
+            pa.paged_extend_attention(
+                _bf16(DECODE_ROWS * q_len, HEADS, HEAD_DIM), k_cache, v_cache, tables, cu,
+                seq_lens, scale, max_seqlen_q=q_len, impl="triton",
+                kernel=pa.ExtendKernelConfig(rows=rows),
+            )  # fmt: skip
 
 
 def _linear_calls() -> None:
@@ -237,13 +261,13 @@ def _linear_calls() -> None:
             linear.skinny_linear(_bf16(1, k), weight, config, impl="triton")
         for config in linear.DOT_CANDIDATES:
             linear.skinny_linear(_bf16(8, k), weight, config, impl="triton")
-    config = linear.ROW_CANDIDATES[0]
-    linear.skinny_silu_linear(_bf16(1, 2 * INTERMEDIATE), _bf16(HIDDEN, INTERMEDIATE), config,
-                              impl="triton")  # fmt: skip
     x = _bf16(1, HIDDEN)
-    for residual in (None, x):
-        linear.skinny_norm_linear(x, residual, _bf16(HIDDEN), EPS, _bf16(2 * HIDDEN, HIDDEN),
+    for config in linear.ROW_CANDIDATES:  # the tuner times every one with each prologue
+        linear.skinny_silu_linear(_bf16(1, 2 * INTERMEDIATE), _bf16(HIDDEN, INTERMEDIATE),
                                   config, impl="triton")  # fmt: skip
+        for residual in (None, x):
+            linear.skinny_norm_linear(x, residual, _bf16(HIDDEN), EPS,
+                                      _bf16(2 * HIDDEN, HIDDEN), config, impl="triton")  # fmt: skip
 
 
 ENTRY_POINTS: dict[str, Callable[[], None]] = {
@@ -253,14 +277,20 @@ ENTRY_POINTS: dict[str, Callable[[], None]] = {
 }
 
 
-def _self_check() -> bool:
-    """Whether the known-bad kernel fails to compile, as it must."""
-    bad = Launch(_known_bad_kernel(), (torch.zeros(64), 1))
+def _self_check() -> str:
+    """'' when the harness tells the known kernels apart: the bad one fails with Triton's
+    CompilationError and the good one gives a cubin (flag 2: a 1 would be specialized away)."""
+    from triton.compiler.errors import CompilationError
+
+    args = (torch.zeros(64), 2)
     try:
-        compile_launch(bad)
-    except Exception:  # noqa: BLE001 (any compile error is the expected outcome)
-        return True
-    return False
+        compile_launch(Launch(_known_bad_kernel(), args))
+        return "the known-bad kernel compiled"
+    except CompilationError:
+        pass
+    if not compile_launch(Launch(_known_good_kernel(), args)).asm.get("cubin"):
+        return "the known-good kernel gave no cubin"
+    return ""
 
 
 def main(argv: list[str]) -> int:
@@ -274,9 +304,9 @@ def main(argv: list[str]) -> int:
         for entry in ENTRY_POINTS.values():
             entry()
     failed = 0
-    if shard == 0 and not _self_check():
-        print(json.dumps({"kernel": "known_bad_kernel", "variant": "", "ok": False,
-                          "error": "compiled, but it must not"}), flush=True)  # fmt: skip
+    if shard == 0 and (problem := _self_check()):
+        print(json.dumps({"kernel": "self-check", "pdl": None, "variant": "", "ok": False,
+                          "error": problem}), flush=True)  # fmt: skip
         failed += 1
     for (name, key), (launch, pdl) in sorted(variants(launches).items())[shard::shards]:
         error = ""
@@ -285,8 +315,8 @@ def main(argv: list[str]) -> int:
         except Exception as exc:  # report every failure, then exit 1
             error = f"{type(exc).__name__}: {exc}"
             failed += 1
-        print(json.dumps({"kernel": name, "variant": key, "ok": not error, "error": error}),
-              flush=True)  # fmt: skip
+        row = {"kernel": name, "pdl": pdl, "variant": key, "ok": not error, "error": error}
+        print(json.dumps(row), flush=True)
     return 1 if failed else 0
 
 
