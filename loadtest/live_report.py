@@ -1,0 +1,174 @@
+"""The live point's figures over its real-time part, from bench_live records.
+
+`loadtest.bench_live` writes one JSON record per point with the engine's counters per
+LATENCY_BUCKET_S of the sessions' time (`engine_by_time`, keys "START-END" in seconds).
+With a head start the first buckets stream faster than real time; this report sums the
+buckets that start within [--from-s, --to-s) and gives, per record: latency p50 / p95 / p99 /
+max (the whole point, as bench_live measured it), hops a second, endpoint hops a second, engine
+ms per hop (of it waiting on the GPU and encoding), prefill and decode-only steps a second,
+prefill and decode ids per hop and forced ids per hop; then latency p50 / p95 by bucket of
+meeting time (`latency_by_time`). docs/benchmarks.md's live tables are these rows.
+
+Usage: python -m loadtest.live_report call1_bench_live.jsonl call2_bench_live.jsonl \
+    [--from-s 120 --to-s 240] [--all-records]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_FROM_S = 120.0  # s of the sessions' time: past the head start's catch-up (session 19)
+DEFAULT_TO_S = 240.0
+
+
+@dataclass(frozen=True)
+class LiveFigures:
+    """One record's engine figures over the chosen buckets (rates per second of wall time)."""
+
+    seconds: float
+    hops_per_s: float
+    endpoint_hops_per_s: float
+    engine_ms_per_hop: float
+    wait_ms_per_hop: float
+    encode_ms_per_hop: float
+    prefill_steps_per_s: float
+    decode_steps_per_s: float
+    prefill_ids_per_hop: float
+    decode_ids_per_hop: float
+    forced_ids_per_hop: float
+
+
+def bucket_span(name: str) -> tuple[float, float]:
+    """(start, end) seconds of an engine_by_time key "START-END". Raises ValueError."""
+    start, end = name.split("-")
+    return float(start), float(end)
+
+
+def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigures:
+    """Sum the record's engine_by_time buckets starting in [from_s, to_s). Raises ValueError
+    when none does or they hold no hop."""
+    buckets = [
+        (bucket_span(name), b)
+        for name, b in record.get("engine_by_time", {}).items()
+        if from_s <= bucket_span(name)[0] < to_s
+    ]
+    if not buckets:
+        raise ValueError(f"no engine_by_time bucket starts in [{from_s:g}, {to_s:g}) s")
+    seconds = sum(end - start for (start, end), _ in buckets)
+    hops = sum(b["live_hops"] for _, b in buckets)
+    if hops == 0:
+        raise ValueError("the buckets hold no live hop")
+
+    def total(get: Any) -> float:
+        return float(sum(get(b) for _, b in buckets))
+
+    steps = [b["engine_steps"] for _, b in buckets]
+    return LiveFigures(
+        seconds=seconds,
+        hops_per_s=hops / seconds,
+        endpoint_hops_per_s=total(lambda b: b.get("live_endpoint_hops", 0)) / seconds,
+        engine_ms_per_hop=1000.0 * total(lambda b: sum(b["engine_step_s"].values())) / hops,
+        wait_ms_per_hop=1000.0 * total(lambda b: b["engine_step_s"]["wait"]) / hops,
+        encode_ms_per_hop=1000.0 * total(lambda b: b["engine_step_s"]["encode"]) / hops,
+        prefill_steps_per_s=sum(s["prefill_graph"] + s["prefill_eager"] for s in steps) / seconds,
+        decode_steps_per_s=sum(s["decode_graph"] + s["decode_eager"] for s in steps) / seconds,
+        prefill_ids_per_hop=total(lambda b: b["prefill_tokens"]) / hops,
+        decode_ids_per_hop=total(lambda b: b["decode_tokens"]) / hops,
+        forced_ids_per_hop=total(lambda b: b["live_forced_mean_tokens"] * b["live_hops"]) / hops,
+    )
+
+
+def latency_cell(record: Mapping[str, Any]) -> str:
+    keys = ("latency_p50_s", "latency_p95_s", "latency_p99_s", "latency_max_s")
+    return " / ".join(f"{record[k]:.2f}" for k in keys)
+
+
+def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
+    cells = [
+        label,
+        latency_cell(record),
+        f"{f.hops_per_s:.1f}",
+        f"{f.endpoint_hops_per_s:.2f}",
+        f"{f.engine_ms_per_hop:.2f}",
+        f"{f.wait_ms_per_hop:.2f}",
+        f"{f.encode_ms_per_hop:.2f}",
+        f"{f.prefill_steps_per_s:.1f}",
+        f"{f.decode_steps_per_s:.1f}",
+        f"{f.prefill_ids_per_hop:.0f}",
+        f"{f.decode_ids_per_hop:.1f}",
+        f"{f.forced_ids_per_hop:.0f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+FIGURES_HEADER = (
+    "| record | p50 / p95 / p99 / max (s) | hops / s | endpoint hops / s | engine ms / hop "
+    "| of it waiting | of it encoding | prefill steps / s | decode-only steps / s "
+    "| prefill ids / hop | decode ids / hop | forced ids / hop |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def bucket_rows(labelled: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """Latency p50 / p95 by meeting-time bucket, one column per record."""
+    names: list[str] = []
+    for _, record in labelled:
+        for name in record.get("latency_by_time", {}):
+            if name not in names:
+                names.append(name)
+    names.sort(key=bucket_span)
+    rows = ["| bucket (s) | " + " | ".join(label for label, _ in labelled) + " |"]
+    rows.append("|---" * (len(labelled) + 1) + "|")
+    for name in names:
+        cells = []
+        for _, record in labelled:
+            b = record.get("latency_by_time", {}).get(name)
+            cells.append("-" if b is None else f"{b['p50_s']:.2f} / {b['p95_s']:.2f}")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def load_records(path: Path, all_records: bool) -> list[Mapping[str, Any]]:
+    """The records of a bench_live JSON-lines file: the last one, or every one."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return records if all_records else records[-1:]
+
+
+def report(
+    labelled: Sequence[tuple[str, Mapping[str, Any]]], from_s: float, to_s: float
+) -> list[str]:
+    lines = [FIGURES_HEADER]
+    for label, record in labelled:
+        lines.append(figures_row(label, record, figures(record, from_s, to_s)))
+    lines.append("")
+    lines += bucket_rows(labelled)
+    return lines
+
+
+def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("records", nargs="+", type=Path, help="bench_live JSON-lines files")
+    p.add_argument("--from-s", type=float, default=DEFAULT_FROM_S)
+    p.add_argument("--to-s", type=float, default=DEFAULT_TO_S)
+    p.add_argument("--all-records", action="store_true", help="every record, not the last")
+    return p.parse_args(list(argv) if argv is not None else None)
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    args = parse_args(argv)
+    labelled = []
+    for path in args.records:
+        records = load_records(path, args.all_records)
+        for i, record in enumerate(records):
+            label = path.stem if len(records) == 1 else f"{path.stem}[{i}]"
+            labelled.append((label, record))
+    print("\n".join(report(labelled, args.from_s, args.to_s)))
+
+
+if __name__ == "__main__":
+    main()

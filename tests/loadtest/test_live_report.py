@@ -1,0 +1,98 @@
+"""loadtest.live_report: the real-time part's engine figures from bench_live records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import live_report
+
+
+def _bucket(hops: int, endpoint: int, wait_s: float, prefill_steps: int) -> dict[str, Any]:
+    return {
+        "engine_steps": {
+            "decode_graph": 10,
+            "decode_eager": 2,
+            "prefill_graph": prefill_steps,
+            "prefill_eager": 1,
+        },
+        "engine_step_s": {"schedule": 0.1, "encode": 0.2, "launch": 0.3, "wait": wait_s},
+        "live_hops": hops,
+        "live_endpoint_hops": endpoint,
+        "prefill_tokens": 500 * hops,
+        "decode_tokens": 6 * hops,
+        "live_forced_mean_tokens": 250.0 if hops < 3000 else 300.0,
+    }
+
+
+def _record() -> dict[str, Any]:
+    return {
+        "latency_p50_s": 1.234,
+        "latency_p95_s": 2.0,
+        "latency_p99_s": 2.5,
+        "latency_max_s": 3.0,
+        "engine_by_time": {
+            "90-120": _bucket(9_999, 99, 99.0, 99),  # the head start's catch-up: left out
+            "120-150": _bucket(2_000, 60, 4.0, 500),
+            "150-180": _bucket(4_000, 120, 8.0, 700),
+            "240-270": _bucket(9_999, 99, 99.0, 99),  # past the window: left out
+        },
+        "latency_by_time": {
+            "450-480": {"p50_s": 1.5, "p95_s": 2.25},
+            "1020-1050": {"p50_s": 1.75, "p95_s": 2.5},
+        },
+    }
+
+
+def test_figures_sum_the_buckets_that_start_in_the_window() -> None:
+    f = live_report.figures(_record(), 120.0, 240.0)
+    hops = 6_000
+    assert f.seconds == 60.0
+    assert f.hops_per_s == pytest.approx(hops / 60)
+    assert f.endpoint_hops_per_s == pytest.approx(180 / 60)
+    assert f.engine_ms_per_hop == pytest.approx(1000 * (0.6 + 4.0 + 0.6 + 8.0) / hops)
+    assert f.wait_ms_per_hop == pytest.approx(1000 * 12.0 / hops)
+    assert f.encode_ms_per_hop == pytest.approx(1000 * 0.4 / hops)
+    assert f.prefill_steps_per_s == pytest.approx((501 + 701) / 60)
+    assert f.decode_steps_per_s == pytest.approx(24 / 60)
+    assert f.prefill_ids_per_hop == pytest.approx(500)
+    assert f.decode_ids_per_hop == pytest.approx(6)
+    # forced ids weighted by each bucket's hops, not the buckets' plain mean
+    assert f.forced_ids_per_hop == pytest.approx((250 * 2_000 + 300 * 4_000) / hops)
+
+
+def test_an_empty_window_or_one_without_hops_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no engine_by_time bucket"):
+        live_report.figures(_record(), 300.0, 400.0)
+    record = _record()
+    record["engine_by_time"] = {"120-150": _bucket(0, 0, 1.0, 1)}
+    with pytest.raises(ValueError, match="no live hop"):
+        live_report.figures(record, 120.0, 240.0)
+
+
+def test_buckets_are_ordered_by_time_and_missing_cells_marked() -> None:
+    other = {"latency_by_time": {"480-510": {"p50_s": 1.0, "p95_s": 2.0}}}
+    rows = live_report.bucket_rows([("a", _record()), ("b", other)])
+    names = [row.split(" | ")[0].strip("| ") for row in rows[2:]]
+    assert names == ["450-480", "480-510", "1020-1050"]  # numeric, not lexical, order
+    assert rows[2] == "| 450-480 | 1.50 / 2.25 | - |"
+    assert rows[3] == "| 480-510 | - | 1.00 / 2.00 |"
+
+
+def test_the_command_reads_the_last_record_of_each_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "call1_bench_live.jsonl"
+    first = _record() | {"latency_p50_s": 9.0}
+    path.write_text(json.dumps(first) + "\n" + json.dumps(_record()) + "\n")
+    live_report.main([str(path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == live_report.FIGURES_HEADER.splitlines()[0]
+    row = out[2]
+    assert row.startswith("| call1_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | 100.0 | 3.00 |")
+    live_report.main([str(path), "--all-records"])
+    labels = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()[2:4]]
+    assert labels == ["| call1_bench_live[0]", "| call1_bench_live[1]"]
