@@ -58,6 +58,17 @@ def test_chunking_does_not_move_the_ends(chunk: int) -> None:
     assert (whole.last_end, whole.num_ends) == (last_frame_end, 2)
 
 
+def test_blips_are_not_heard_as_speech() -> None:
+    """Clicks of one or two frames, apart by end-length silences, move neither the ends nor
+    the last speech heard; a run of min_speech_s does, from its last frame."""
+    ep = Endpointer(loud, end_silence_s=0.15, min_speech_s=0.09)
+    # every length a whole number of 30-ms frames, so each click fills its frames
+    ep.feed(np.concatenate([tone(0.03), silence(0.51), tone(0.06), silence(0.51)]))
+    assert ep.last_speech_end == 0 and ep.last_end is None
+    ep.feed(np.concatenate([tone(0.03), silence(0.06), tone(0.06)]))  # a short pause joins them
+    assert ep.last_speech_end == ep.num_samples  # three speech frames: heard, up to here
+
+
 def test_short_pauses_and_blips_are_not_ends() -> None:
     ep = Endpointer(loud, end_silence_s=0.15, min_speech_s=0.09)
     ep.feed(np.concatenate([tone(1.0), silence(0.09), tone(1.0)]))  # a pause inside a turn
@@ -169,13 +180,27 @@ def test_speech_just_before_a_hops_edge_is_decoded_again() -> None:
     """Speech that stopped less than an end's silence before the last hop's edge (a word the
     hop may have cut) keeps the next hop from being skipped."""
     live = LiveSession(LiveOptions(hop_s=1.0), Endpointer(loud))
-    live.receive_audio(np.concatenate([silence(0.9), tone(0.06)]))  # speech up to the edge
-    live.receive_audio(silence(0.04))
+    live.receive_audio(np.concatenate([silence(0.88), tone(0.12)]))  # speech up to the edge
     assert live.hop_due()
     live.window()
     live.apply_hypothesis([])  # nothing decoded: the word was cut
     live.receive_audio(silence(1.0))
     assert not live.silence_skipped() and live.hop_due()
+
+
+def test_blips_in_a_noisy_room_do_not_keep_silence_hops_running() -> None:
+    """Once the tail is committed, hops over audio holding only clicks (a frame or two at a
+    time) are skipped as silence; a word among them makes the next hop due."""
+    live = LiveSession(LiveOptions(hop_s=1.0), Endpointer(loud))
+    live.receive_audio(np.concatenate([tone(0.81), silence(0.21)]))  # whole 30-ms frames
+    live.window()
+    live.apply_hypothesis([])  # nothing to commit
+    clicks = np.concatenate([silence(0.3), tone(0.03), silence(0.42), tone(0.03), silence(0.24)])
+    for _ in range(3):
+        live.receive_audio(clicks)
+        assert live.silence_skipped() and not live.hop_due()
+    live.receive_audio(np.concatenate([tone(0.3), silence(0.72)]))
+    assert live.hop_due() and not live.silence_skipped()
 
 
 def test_skipping_never_lets_the_open_window_pass_its_limit() -> None:
