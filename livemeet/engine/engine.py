@@ -198,7 +198,6 @@ class Engine:
         self._audio: dict[str, torch.Tensor] = {}  # [num audio tokens, hidden] per request
         self._pending_audio: dict[str, np.ndarray] = {}  # samples not yet encoded
         self._window_keys: dict[str, Sequence[bytes]] = {}  # caller-given encoder-cache keys
-        self._checked_audio: set[str] = set()  # pending audio the caller checked finite
         self._sampling: dict[str, SamplingParams] = {}
         self._forced: dict[str, Sequence[int]] = {}
         if transfer is None and config.async_decode and self.runner.device.type == "cuda":
@@ -254,7 +253,8 @@ class Engine:
         `window_keys`: encoder-cache keys of the audio's first full windows
         (`encoder_runner.window_key`), which the caller vouches for; the rest are hashed.
         `samples_checked`: the caller has checked every sample finite (a live session checks
-        each chunk as it arrives), so the O(n) scan is skipped here and in the encoder.
+        each chunk as it arrives), so the O(n) scan is skipped; either way the encoder does
+        not scan the audio again.
         Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
         room in the context).
         """
@@ -285,8 +285,6 @@ class Engine:
         self._pending_audio[request_id] = samples
         if window_keys:
             self._window_keys[request_id] = window_keys
-        if samples_checked:
-            self._checked_audio.add(request_id)
         self._sampling[request_id] = sampling
         self._counts["num_draft_tokens"] += len(draft)
         if forced_output_ids is not None:
@@ -480,13 +478,13 @@ class Engine:
             [self._window_keys.get(rid, ()) for rid in todo],
             extra=[self._pending_audio[rid] for rid in extra],
             extra_keys=[self._window_keys.get(rid, ()) for rid in extra],
-            checked=[rid in self._checked_audio for rid in todo + extra],
+            # every pending audio is finite: add_request scanned it, or its caller had
+            checked=[True] * (len(todo) + len(extra)),
         )
         for rid, e in zip(todo + extra, embeds, strict=True):
             if e is not None:
                 del self._pending_audio[rid]
                 self._window_keys.pop(rid, None)
-                self._checked_audio.discard(rid)
                 self._audio[rid] = e
 
     def _encode_ahead(self, scheduled: set[str]) -> list[str]:
@@ -571,7 +569,6 @@ class Engine:
     def _forget(self, request_id: str) -> None:
         self._pending_audio.pop(request_id, None)
         self._window_keys.pop(request_id, None)
-        self._checked_audio.discard(request_id)
         self._audio.pop(request_id, None)
         self._sampling.pop(request_id, None)
         self._forced.pop(request_id, None)

@@ -11,6 +11,7 @@ from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.request import RequestClass
 from livemeet.engine.scheduler import SchedulerConfig
+from livemeet.errors import BadAudio
 from livemeet.models.audio_llm import MossTDModel
 from tests.engine.fakes import SteppingClock
 
@@ -57,9 +58,10 @@ def test_queued_live_audio_rides_in_the_padding_and_outputs_do_not_change(
 def test_audio_a_caller_checked_is_not_scanned_by_the_encoder(
     our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`add_request(samples_checked=True)` (live hops: each chunk was checked on arrival)
-    reaches the encoder: none of its windows is scanned for NaN again; a request without it
-    is scanned as before. (Audio riding in the padding: test_encoder_runner.py.)"""
+    """Audio reaches the encoder checked: `add_request` scans what its caller did not vouch
+    for (`samples_checked`, as a live session checks each chunk on arrival) and refuses
+    non-finite samples, so the encoder scans no window again. (Audio riding in the padding:
+    test_encoder_runner.py.)"""
     import livemeet.engine.encoder_runner as er
 
     scanned: list[int] = []
@@ -78,5 +80,9 @@ def test_audio_a_caller_checked_is_not_scanned_by_the_encoder(
             samples_checked=checked,
         )
     engine.run_to_completion()
-    assert scanned == [3 * 16_000]
-    assert not engine._checked_audio  # forgotten with the requests
+    assert scanned == []
+    bad = long_speech[: 2 * 16_000].copy()
+    bad[123] = np.nan
+    with pytest.raises(BadAudio):
+        engine.add_request("d", bad, max_new_tokens=2)
+    assert engine.scheduler.get("d") is None  # refused before it was queued
