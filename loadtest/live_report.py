@@ -60,26 +60,36 @@ def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigure
     if not buckets:
         raise ValueError(f"no engine_by_time bucket starts in [{from_s:g}, {to_s:g}) s")
     seconds = sum(end - start for (start, end), _ in buckets)
-    hops = sum(b["live_hops"] for _, b in buckets)
+    # bench_live leaves out counters that stayed zero or were not measured
+    hops = sum(b.get("live_hops", 0) for _, b in buckets)
     if hops == 0:
         raise ValueError("the buckets hold no live hop")
 
     def total(get: Any) -> float:
         return float(sum(get(b) for _, b in buckets))
 
-    steps = [b["engine_steps"] for _, b in buckets]
+    def part_s(b: Mapping[str, Any], name: str) -> float:
+        return float(b.get("engine_step_s", {}).get(name, 0.0))
+
+    def steps(b: Mapping[str, Any], kind: str) -> int:
+        s = b.get("engine_steps", {})
+        return int(s.get(f"{kind}_graph", 0) + s.get(f"{kind}_eager", 0))
+
     return LiveFigures(
         seconds=seconds,
         hops_per_s=hops / seconds,
         endpoint_hops_per_s=total(lambda b: b.get("live_endpoint_hops", 0)) / seconds,
-        engine_ms_per_hop=1000.0 * total(lambda b: sum(b["engine_step_s"].values())) / hops,
-        wait_ms_per_hop=1000.0 * total(lambda b: b["engine_step_s"]["wait"]) / hops,
-        encode_ms_per_hop=1000.0 * total(lambda b: b["engine_step_s"]["encode"]) / hops,
-        prefill_steps_per_s=sum(s["prefill_graph"] + s["prefill_eager"] for s in steps) / seconds,
-        decode_steps_per_s=sum(s["decode_graph"] + s["decode_eager"] for s in steps) / seconds,
-        prefill_ids_per_hop=total(lambda b: b["prefill_tokens"]) / hops,
-        decode_ids_per_hop=total(lambda b: b["decode_tokens"]) / hops,
-        forced_ids_per_hop=total(lambda b: b["live_forced_mean_tokens"] * b["live_hops"]) / hops,
+        engine_ms_per_hop=1000.0 * total(lambda b: sum(b.get("engine_step_s", {}).values())) / hops,
+        wait_ms_per_hop=1000.0 * total(lambda b: part_s(b, "wait")) / hops,
+        encode_ms_per_hop=1000.0 * total(lambda b: part_s(b, "encode")) / hops,
+        prefill_steps_per_s=total(lambda b: steps(b, "prefill")) / seconds,
+        decode_steps_per_s=total(lambda b: steps(b, "decode")) / seconds,
+        prefill_ids_per_hop=total(lambda b: b.get("prefill_tokens", 0)) / hops,
+        decode_ids_per_hop=total(lambda b: b.get("decode_tokens", 0)) / hops,
+        forced_ids_per_hop=total(
+            lambda b: b.get("live_forced_mean_tokens", 0.0) * b.get("live_hops", 0)
+        )
+        / hops,
     )
 
 

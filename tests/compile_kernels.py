@@ -10,8 +10,7 @@ H200) with the ptxas that Triton's wheel ships, specialized as Triton's launcher
 it on a GPU (`specialize`), and checks its shared memory against the block limit. Kernels
 that take a `PDL` constexpr are compiled with it on, as an sm_90 launches them (CPU tensors
 capture it off), and decode attention also with it off (NO_PDL_KERNELS).
-Not covered: fp16 models, and decode batches other than DECODE_ROWS (the kernels do not
-specialize on the batch).
+Not covered: fp16 models.
 
 Run it in a process where TRITON_INTERPRET is unset (kernels decorated under the interpreter
 cannot be compiled): `python -m tests.compile_kernels [--shard I/N]` prints one JSON object per
@@ -227,16 +226,17 @@ def _attention_calls() -> None:
         tables = tables.view(DECODE_ROWS, BLOCKS_PER_SEQ) % NUM_BLOCKS
         seq_lens = torch.full((DECODE_ROWS,), BLOCKS_PER_SEQ * KV_BLOCK_SIZE, dtype=torch.int32)
         q = _bf16(DECODE_ROWS, HEADS, HEAD_DIM)
-        triton_configs = [
-            pa.DecodeKernelConfig(backend="triton", merge_in_kernel=merge)
-            for merge in (False, True)
-        ]
-        for config in (pa.default_decode_config(dtype != torch.bfloat16), *triton_configs):
-            for splits in (1, 4):
-                pa.paged_decode_attention(
-                    q, k_cache, v_cache, tables, seq_lens, scale, num_splits=splits,
-                    impl="triton", kernel=config,
-                )  # fmt: skip
+        # the default configuration per cache dtype: bf16 merges in its own kernel, FP8 in
+        # the last split (MERGE_SEPARATE, MERGE_IN_LAST_SPLIT); the Triton kernel runs where
+        # the CUDA one does not apply (cuda_variant), as on these CPU tensors
+        config = pa.default_decode_config(dtype != torch.bfloat16)
+        # the split and merge kernels compile per next_pow2(splits) (choose_num_splits: 64 for
+        # one row at 36k of context, 8 for 8 rows at 20k): none, a few, the most
+        for splits in (1, 4, 64):
+            pa.paged_decode_attention(
+                q, k_cache, v_cache, tables, seq_lens, scale, num_splits=splits,
+                impl="triton", kernel=config,
+            )  # fmt: skip
         # both tile heights (extend_tile_rows picks by the GPU's SM count: 1 on a CPU)
         for rows in (pa.EXTEND_ROWS, pa.EXTEND_ROWS_SMALL):
             q_len = 64

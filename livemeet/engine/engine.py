@@ -47,6 +47,7 @@ from livemeet.audio.constants import (
     num_audio_tokens,
 )
 from livemeet.audio.features import check_samples
+from livemeet.audio.pcm import check_finite
 from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.encoder_runner import EncoderRunner
@@ -258,7 +259,10 @@ class Engine:
         Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
         room in the context).
         """
-        samples = check_samples(samples, finite=not samples_checked)
+        # float32 first: float64 samples beyond float32's range would become inf in the cast
+        samples = check_samples(samples, finite=False).astype(np.float32, copy=False)
+        if not samples_checked:
+            check_finite(samples)
         built = self.build_prompt(num_audio_tokens(samples.size), prompt, hotwords)
         sampling = sampling or SamplingParams()
         cap = min(MAX_DRAFT_TOKENS, self.scheduler.config.chunked_prefill_size - 1)

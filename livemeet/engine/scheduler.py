@@ -431,17 +431,20 @@ class Scheduler:
         if not can_run or self.config.upload_min_share == 0:
             self._upload_deficit_s = 0.0  # bank no credit for uploads that cannot use it
         upload_turn = self._upload_deficit_s > 0 and self._upload_turns_s < self._max_turns_s()
-        decode_only = not upload_turn and self._decode_only_due()
-        step = self._fill_step(hold_uploads, can_run, upload_turn, decode_only)
+        # sorted once: priorities do not change within a step (a retry skips what the empty
+        # attempt finished or evicted)
+        ordered = self._by_priority()
+        decode_only = not upload_turn and self._decode_only_due(ordered)
+        step = self._fill_step(ordered, hold_uploads, can_run, upload_turn, decode_only)
         if upload_turn and step.is_empty:
             # the uploads could not use their turn (no KV for their next token): an empty
             # step would repeat forever, so live work goes on (with what the empty one
             # finished or evicted, which must still be reported)
             self._upload_deficit_s = 0.0
-            step = self._fill_step(hold_uploads, can_run, upload_turn=False, carried=step)
+            step = self._fill_step(ordered, hold_uploads, can_run, False, carried=step)
         elif decode_only and step.is_empty:  # no live decode row could take a slot (KV)
             decode_only = False
-            step = self._fill_step(hold_uploads, can_run, upload_turn, carried=step)
+            step = self._fill_step(ordered, hold_uploads, can_run, upload_turn, carried=step)
         if any(c.request.request_class is RequestClass.LIVE for c in step.prefills):
             self._decode_only_steps = 0
         elif decode_only:
@@ -576,20 +579,20 @@ class Scheduler:
 
     # -- filling one step ------------------------------------------------------------------
 
-    def _decode_only_due(self) -> bool:
+    def _decode_only_due(self, ordered: Sequence[Request]) -> bool:
         """Whether the next step holds live decode rows only: fewer than `live_decode_steps`
         of them since the last step that prefilled live work, and the most urgent live
-        request is decoding (module docstring)."""
-        if self._decode_only_steps >= self.config.live_decode_steps:
+        request (the first of `ordered`, by priority: live requests come first) is decoding
+        (module docstring)."""
+        if self._decode_only_steps >= self.config.live_decode_steps or not ordered:
             return False
-        live = [r for r in self._requests.values() if r.request_class is RequestClass.LIVE]
-        if not live:
-            return False
-        first = min(live, key=self._priority_key)
-        return first.status is Status.RUNNING and first.is_decoding
+        first = ordered[0]
+        live = first.request_class is RequestClass.LIVE
+        return live and first.status is Status.RUNNING and first.is_decoding
 
     def _fill_step(
         self,
+        ordered: Sequence[Request],
         hold_uploads: bool,
         can_run: bool,
         upload_turn: bool,
@@ -598,8 +601,8 @@ class Scheduler:
     ) -> _StepBuilder:
         """Take requests in priority order until the step's budget, tokens or rows run out.
         In an upload turn live requests add no rows (module docstring); a decode-only step
-        takes live decode rows only. `carried`: an empty attempt at this step, whose finished
-        and evicted requests the step reports."""
+        takes live decode rows only. `ordered`: the unfinished requests by priority. `carried`:
+        an empty attempt at this step, whose finished and evicted requests the step reports."""
         cfg = self.config
         usable = max(0.0, self.current_step_budget_s() - self.cost_model.fixed_s)
         share = cfg.upload_min_share if can_run else 0.0
@@ -613,7 +616,7 @@ class Scheduler:
         if carried is not None:
             step.preempted.extend(carried.preempted)
             step.finished.extend(carried.finished)
-        for request in self._by_priority():
+        for request in ordered:
             if step.rows_left == 0 or step.tokens_left == 0:
                 break
             if request.is_finished or request.request_id in step.preempted:

@@ -85,4 +85,8 @@ def test_audio_a_caller_checked_is_not_scanned_by_the_encoder(
     bad[123] = np.nan
     with pytest.raises(BadAudio):
         engine.add_request("d", bad, max_new_tokens=2)
+    huge = long_speech[: 2 * 16_000].astype(np.float64)
+    huge[5] = 1e300  # finite in float64, inf once cast to the encoder's float32
+    with pytest.raises(BadAudio):
+        engine.add_request("e", huge, max_new_tokens=2)
     assert engine.scheduler.get("d") is None  # refused before it was queued

@@ -64,6 +64,18 @@ def test_figures_sum_the_buckets_that_start_in_the_window() -> None:
     assert f.forced_ids_per_hop == pytest.approx((250 * 2_000 + 300 * 4_000) / hops)
 
 
+def test_counters_bench_live_leaves_out_count_as_zero() -> None:
+    """A bucket where no hop finished has no live_hops; a run forcing no transcript has no
+    live_forced_mean_tokens; neither breaks the sums."""
+    record = _record()
+    del record["engine_by_time"]["150-180"]["live_forced_mean_tokens"]
+    record["engine_by_time"]["180-210"] = {"engine_steps": {"decode_graph": 6}}
+    f = live_report.figures(record, 120.0, 240.0)
+    assert f.seconds == 90.0 and f.hops_per_s == pytest.approx(6_000 / 90)
+    assert f.forced_ids_per_hop == pytest.approx(250 * 2_000 / 6_000)
+    assert f.decode_steps_per_s == pytest.approx((12 + 12 + 6) / 90)
+
+
 def test_an_empty_window_or_one_without_hops_is_an_error() -> None:
     with pytest.raises(ValueError, match="no engine_by_time bucket"):
         live_report.figures(_record(), 300.0, 400.0)
