@@ -259,8 +259,10 @@ class Engine:
         Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
         room in the context).
         """
-        # float32 first: float64 samples beyond float32's range would become inf in the cast
-        samples = check_samples(samples, finite=False).astype(np.float32, copy=False)
+        # float32 first: float64 samples beyond float32's range become inf in the cast, which
+        # the scan below refuses (so numpy's overflow warning says nothing new)
+        with np.errstate(over="ignore"):
+            samples = check_samples(samples, finite=False).astype(np.float32, copy=False)
         if not samples_checked:
             check_finite(samples)
         built = self.build_prompt(num_audio_tokens(samples.size), prompt, hotwords)
