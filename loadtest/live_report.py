@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,11 +52,8 @@ def bucket_span(name: str) -> tuple[float, float]:
 def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigures:
     """Sum the record's engine_by_time buckets starting in [from_s, to_s). Raises ValueError
     when none does or they hold no hop."""
-    buckets = [
-        (bucket_span(name), b)
-        for name, b in record.get("engine_by_time", {}).items()
-        if from_s <= bucket_span(name)[0] < to_s
-    ]
+    spans = [(bucket_span(name), b) for name, b in record.get("engine_by_time", {}).items()]
+    buckets = [(span, b) for span, b in spans if from_s <= span[0] < to_s]
     if not buckets:
         raise ValueError(f"no engine_by_time bucket starts in [{from_s:g}, {to_s:g}) s")
     seconds = sum(end - start for (start, end), _ in buckets)
@@ -65,7 +62,7 @@ def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigure
     if hops == 0:
         raise ValueError("the buckets hold no live hop")
 
-    def total(get: Any) -> float:
+    def total(get: Callable[[Mapping[str, Any]], float]) -> float:
         return float(sum(get(b) for _, b in buckets))
 
     def part_s(b: Mapping[str, Any], name: str) -> float:
@@ -94,11 +91,13 @@ def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigure
 
 
 def latency_cell(record: Mapping[str, Any]) -> str:
+    """The record's latency "p50 / p95 / p99 / max" in seconds, two decimals."""
     keys = ("latency_p50_s", "latency_p95_s", "latency_p99_s", "latency_max_s")
     return " / ".join(f"{record[k]:.2f}" for k in keys)
 
 
 def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
+    """One markdown row of FIGURES_HEADER's columns."""
     cells = [
         label,
         latency_cell(record),
@@ -152,6 +151,8 @@ def load_records(path: Path, all_records: bool) -> list[Mapping[str, Any]]:
 def report(
     labelled: Sequence[tuple[str, Mapping[str, Any]]], from_s: float, to_s: float
 ) -> list[str]:
+    """The figures table (a row per labelled record, `figures` over [from_s, to_s)), a blank
+    line, then the latency-by-bucket table. Raises ValueError as `figures` does."""
     lines = [FIGURES_HEADER]
     for label, record in labelled:
         lines.append(figures_row(label, record, figures(record, from_s, to_s)))
@@ -161,6 +162,7 @@ def report(
 
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
+    """The command line (module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("records", nargs="+", type=Path, help="bench_live JSON-lines files")
     p.add_argument("--from-s", type=float, default=DEFAULT_FROM_S)
@@ -170,6 +172,8 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Iterable[str] | None = None) -> None:
+    """Print the report of the files on the command line, each record labelled by its file's
+    stem (with its index under --all-records)."""
     args = parse_args(argv)
     labelled = []
     for path in args.records:

@@ -294,6 +294,8 @@ def _self_check() -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Capture, then compile this shard's variants (module docstring); 0 when every one
+    compiled and the self-check held, 1 otherwise, 2 under the interpreter."""
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
         return 2

@@ -249,6 +249,12 @@ class _StepBuilder:
         self.rows_left -= 1
 
 
+def _is_live_decode_row(request: Request) -> bool:
+    """A running live request whose next step is a decode row (what decode-only steps take)."""
+    live = request.request_class is RequestClass.LIVE
+    return live and request.status is Status.RUNNING and request.is_decoding
+
+
 class Scheduler:
     """Waiting/running queues over one BlockManager. See the module docstring for the policy.
 
@@ -586,9 +592,7 @@ class Scheduler:
         (module docstring)."""
         if self._decode_only_steps >= self.config.live_decode_steps or not ordered:
             return False
-        first = ordered[0]
-        live = first.request_class is RequestClass.LIVE
-        return live and first.status is Status.RUNNING and first.is_decoding
+        return _is_live_decode_row(ordered[0])
 
     def _fill_step(
         self,
@@ -626,11 +630,7 @@ class Scheduler:
                 # most of a turn at long context and move later-deadline hops ahead of an
                 # urgent prefill, while the uploads' time barely moved
                 step.live_left_out = True
-            elif decode_only and not (
-                request.request_class is RequestClass.LIVE
-                and request.status is Status.RUNNING
-                and request.is_decoding
-            ):
+            elif decode_only and not _is_live_decode_row(request):
                 continue
             elif request.status is Status.RUNNING and request.is_decoding:
                 self._try_decode(request, step)
