@@ -1,8 +1,10 @@
 """Where the audio encoder's time goes on a GPU: real-size random weights, bf16.
 
 Prints, per step of `EncoderRunner.encode`: host-side window cutting and hashing, log-mel, the
-Whisper encoder (graph replay per window bucket; eager for comparison), and the whole call for
-bursts of short clips and one long meeting; then the kernel table of one 8-window encode.
+Whisper encoder (graph replay per window bucket, on the serving (fused) path and on the
+reference path side by side, arms alternating, with the largest difference between their
+outputs; eager for comparison), and the whole call for bursts of short clips and one long
+meeting; then the kernel table of one 8-window encode.
 
 `--blocking` asks whether `encode` waits for the GPU, which would stall the engine's one-step
 lookahead: the host time of one meeting's encode with the GPU idle and with ~BUSY_MS of work
@@ -45,6 +47,10 @@ def main() -> None:
     parser.add_argument("--blocking", action="store_true", help="does encode wait for the GPU?")
     args = parser.parse_args()
     model, _ = load_model(None, load_format="dummy", device="cuda", dtype="bfloat16")
+    model.audio_encoder.fused = False  # graphs of the reference path first
+    reference = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
+    model.audio_encoder.fused = None
+    model.audio_encoder.prepare_for_serving()
     runner = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
     rng = np.random.default_rng(0)
     short = (0.1 * rng.standard_normal(int(SHORT_S * SAMPLE_RATE))).astype(np.float32)
@@ -56,9 +62,7 @@ def main() -> None:
     print(f"hash 74 full windows (host): {_ms(lambda: full_window_keys(long)):.1f} ms")
     print(f"log_mel 8 windows: {_ms(lambda: log_mel(windows)):.2f} ms")
     with torch.inference_mode():
-        for bucket in ENCODER_GRAPH_BUCKETS:
-            graph = runner._graphs[bucket][0]
-            print(f"encoder graph, {bucket} windows: {_ms(graph.replay, 10):.2f} ms")
+        compare_paths(reference, runner)
         eager = _ms(lambda: model.audio_encoder(feats))
         print(f"encoder eager, 8 windows: {eager:.2f} ms")
     for n in (1, 8, 16, 64):
@@ -73,6 +77,29 @@ def main() -> None:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
     if args.blocking:
         blocking_report(runner, long)
+
+
+def compare_paths(reference: EncoderRunner, fused: EncoderRunner) -> None:
+    """Graph replay ms per bucket on both paths (best of two rounds, arms alternating) and the
+    largest |difference| between their outputs on the same random features."""
+    torch.manual_seed(0)
+    for bucket in ENCODER_GRAPH_BUCKETS:
+        (ref_graph, ref_in, ref_out), (graph, static_in, out) = (
+            reference._graphs[bucket],
+            fused._graphs[bucket],
+        )
+        feats = torch.randn(ref_in.shape, device="cuda").to(ref_in.dtype)
+        ref_in.copy_(feats)
+        static_in.copy_(feats)
+        times: dict[str, list[float]] = {"reference": [], "fused": []}
+        for _ in range(2):
+            times["reference"].append(_ms(ref_graph.replay, 10))
+            times["fused"].append(_ms(graph.replay, 10))
+        ref_ms, ms = min(times["reference"]), min(times["fused"])
+        diff = float((out.float() - ref_out.float()).abs().max())
+        scale = float(ref_out.float().abs().max())
+        print(f"encoder graph, {bucket} windows: fused {ms:.2f} ms, reference {ref_ms:.2f} ms "
+              f"({ms / ref_ms:.3f}x); max |diff| {diff:.3g} of max |out| {scale:.3g}")  # fmt: skip
 
 
 def blocking_report(runner: EncoderRunner, audio: np.ndarray) -> None:

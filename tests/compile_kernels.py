@@ -200,6 +200,9 @@ def _fused_calls() -> None:
         fused.fused_add_rms_norm(x, None, _bf16(HIDDEN), EPS, impl="triton")
         fused.fused_add_rms_norm(x, x, _bf16(HIDDEN), EPS, impl="triton")
         fused.silu_and_mul(_bf16(rows, 2 * INTERMEDIATE), impl="triton")
+        # the encoder's residual add + LayerNorm (its width is the decoder's hidden, 1024)
+        fused.add_layer_norm(x, None, _bf16(HIDDEN), _bf16(HIDDEN), 1e-5, impl="triton")
+        fused.add_layer_norm(x, x, _bf16(HIDDEN), _bf16(HIDDEN), 1e-5, impl="triton")
         qkv = _bf16(rows, HEADS + 2 * KV_HEADS, HEAD_DIM)  # the fused projection's output
         q, k, v = qkv.split([HEADS, KV_HEADS, KV_HEADS], dim=1)
         positions = torch.arange(rows, dtype=torch.int64)

@@ -1,4 +1,4 @@
-"""Fused decoder kernels (Triton) with torch references of the same signatures.
+"""Fused decoder and encoder kernels (Triton) with torch references of the same signatures.
 
 A decode step at batch 1 is launch-bound: the unfused Qwen3 layer runs ~55 small kernels
 (RMSNorm alone is ~7 elementwise ops). These kernels fold each chain into one launch:
@@ -9,7 +9,11 @@ A decode step at batch 1 is launch-bound: the unfused Qwen3 layer runs ~55 small
   then x*cos + rotate_half(x)*sin in the tensor dtype), q and k in one launch;
   `qk_norm_rope_store_kv` the same, writing the rotated k and v straight into a paged KV
   cache (`paged_attention.KVSink`, e4m3 included) instead of returning k: `store_kv` fused in;
-- `silu_and_mul`: silu(gate) * up over a fused [N, 2I] gate/up projection.
+- `silu_and_mul`: silu(gate) * up over a fused [N, 2I] gate/up projection;
+- `add_layer_norm`: the Whisper encoder's residual add + the next LayerNorm (statistics and the
+  affine in fp32, rounded once), so each residual sum is read once instead of twice: the
+  encoder's elementwise kernels were ~21 % of its graph's time at 100 live sessions
+  (docs/benchmarks.md, session 21).
 
 Every intermediate is rounded to the tensor dtype where the torch reference rounds it, so in
 bf16 the kernels match the references up to the fp32 reduction order and rsqrt/exp ulps.
@@ -102,6 +106,18 @@ def ref_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """Reference of `silu_and_mul`."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def ref_add_layer_norm(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of `add_layer_norm`: the ops of the encoder's layer, in its order."""
+    h = x if delta is None else x + delta
+    return F.layer_norm(h, h.shape[-1:], weight, bias, eps), h
 
 
 # ----------------------------------------------------------------------------------------------
@@ -424,6 +440,43 @@ if HAS_TRITON:
         act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype).to(tl.float32)
         tl.store(Out + n * stride_out + cols, (act * u.to(tl.float32)).to(g.dtype), mask=mask)
 
+    @triton.jit
+    def _add_layer_norm_kernel(
+        X,
+        D,
+        W,
+        B,
+        Out,
+        HOut,
+        stride_x,
+        stride_d,
+        stride_o,
+        stride_h,
+        eps,
+        DIM: tl.constexpr,
+        BLOCK: tl.constexpr,
+        HAS_DELTA: tl.constexpr,
+        PDL: tl.constexpr,
+    ):
+        pdl.dependency_sync(PDL)
+        row = tl.program_id(0).to(tl.int64)  # rows * stride passes 2**31 at 64 windows
+        cols = tl.arange(0, BLOCK)
+        mask = cols < DIM
+        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
+        if HAS_DELTA:
+            d = tl.load(D + row * stride_d + cols, mask=mask, other=0.0)
+            # rounded to the input dtype, as torch's x + delta, before the statistics read it
+            x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+            tl.store(HOut + row * stride_h + cols, x, mask=mask)
+        x32 = x.to(tl.float32)
+        mean = tl.sum(x32, axis=0) / DIM
+        centred = tl.where(mask, x32 - mean, 0.0)
+        rstd = tl.rsqrt(tl.sum(centred * centred, axis=0) / DIM + eps)
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        out = centred * rstd * w + b
+        tl.store(Out + row * stride_o + cols, out.to(Out.dtype.element_ty), mask=mask)
+
 
 # ----------------------------------------------------------------------------------------------
 # public entry points
@@ -696,3 +749,48 @@ def silu_and_mul(gate_up: torch.Tensor, *, impl: Impl = "auto") -> torch.Tensor:
         **pdl.launch_options(gate_up, _silu_and_mul_kernel),
     )  # fmt: skip
     return out
+
+
+def add_layer_norm(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    eps: float,
+    *,
+    impl: Impl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [N, dim] (+ delta [N, dim]) -> (normed [N, dim], h [N, dim]).
+
+    h = x + delta (x itself when delta is None), rounded to x's dtype; normed =
+    (h - mean) * rsqrt(var + eps) * weight + bias over the last dim (biased variance, as
+    torch.nn.LayerNorm), computed in float32 and rounded once to x's dtype. The kernel takes
+    the mean first and then the centred squares (torch's CUDA kernel uses Welford's update), so
+    in bf16 the two agree up to the fp32 reduction order. Rows must be contiguous in the last
+    dim. Raises InternalError on mismatched shapes or dtypes.
+    """
+    if x.dim() != 2 or weight.shape != x.shape[1:] or bias.shape != x.shape[1:]:
+        raise InternalError(
+            f"need x [N, dim], weight and bias [dim], got {tuple(x.shape)}, "
+            f"{tuple(weight.shape)} and {tuple(bias.shape)}"
+        )
+    if delta is not None and (delta.shape != x.shape or delta.dtype != x.dtype):
+        raise InternalError(
+            f"delta {tuple(delta.shape)} {delta.dtype} does not match x {tuple(x.shape)} {x.dtype}"
+        )
+    if not _use_triton(impl, x):
+        return ref_add_layer_norm(x, delta, weight, bias, eps)
+    if x.stride(1) != 1 or (delta is not None and delta.stride(1) != 1):
+        raise InternalError("add_layer_norm needs rows contiguous in the last dim")
+    n, dim = x.shape
+    out = torch.empty((n, dim), dtype=x.dtype, device=x.device)
+    h = x if delta is None else torch.empty_like(x)
+    if n == 0:
+        return out, h
+    d = x if delta is None else delta
+    _add_layer_norm_kernel[(n,)](
+        x, d, weight, bias, out, h, x.stride(0), d.stride(0), out.stride(0), h.stride(0), eps,
+        DIM=dim, BLOCK=next_pow2(dim), HAS_DELTA=delta is not None, num_warps=NORM_NUM_WARPS,
+        **pdl.launch_options(x, _add_layer_norm_kernel),
+    )  # fmt: skip
+    return out, h

@@ -72,9 +72,11 @@ class MossTDModel(nn.Module):
         return self.language_model.compute_logits(hidden)
 
     def prepare_for_serving(self) -> None:
-        """Build the decoder's fused projection weights (Qwen3Model.prepare_for_serving); call
-        once after loading. On CUDA with Triton the decoder then takes its fused path."""
+        """Build the decoder's and the encoder's fused projection weights
+        (Qwen3Model.prepare_for_serving, WhisperEncoder.prepare_for_serving); call once after
+        loading. On CUDA with Triton both then take their fused paths."""
         self.language_model.prepare_for_serving()
+        self.audio_encoder.prepare_for_serving()
 
     def new_kv_cache(self) -> DenseKVCache:
         """An empty dense KV cache for one request, on the model's device and dtype."""

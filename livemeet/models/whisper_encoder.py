@@ -4,6 +4,12 @@ Conv stem (k3 s1, then k3 s2, exact GELU after each), a learned position table, 
 with bidirectional multi-head attention (k_proj has no bias; q is scaled before the product)
 and an exact-GELU MLP, then a final LayerNorm. No attention mask: zero padding is attended.
 Parameter names match the checkpoint's `whisper_encoder.` subtree.
+
+The serving path (CUDA with Triton, once `prepare_for_serving` ran; `fused` below) computes
+the same ops with fewer passes over the activations: q, k and v come from one projection whose
+q rows and bias are pre-multiplied by the attention scale (a power of two, so the products are
+the reference's exactly, and the scaling kernel goes), and each residual add runs in one
+kernel with the LayerNorm after it (livemeet.layers.fused.add_layer_norm).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from livemeet.errors import InternalError
+from livemeet.layers import fused as fk
 from livemeet.models.config import AudioConfig
 
 
@@ -26,6 +34,34 @@ class EncoderAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        # [3 d, d] and [3 d]: scale * q rows, k rows, v rows (k_proj/v_proj become views)
+        self.qkv_weight: torch.Tensor | None
+        self.qkv_bias: torch.Tensor | None
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    @torch.no_grad()
+    def fuse_weights(self) -> None:
+        """Build `qkv_weight`/`qkv_bias` (idempotent). The q rows and bias are multiplied by
+        `scale` = head_dim**-0.5, a power of two for Whisper's 64-wide heads, so each q is the
+        reference's (x W_q^T + b_q) * scale exactly (barring subnormal weights); k's bias is
+        zero (adding it changes nothing). k_proj and v_proj weights (and v's bias) become views
+        of the fused tensors; q_proj keeps its own unscaled copy for the reference path.
+        Raises InternalError when the scale is not a power of two."""
+        if self.qkv_weight is not None:
+            return
+        mantissa, _ = torch.frexp(torch.tensor(self.scale, dtype=torch.float64))
+        if mantissa.item() != 0.5:
+            raise InternalError(f"attention scale {self.scale} is not a power of two")
+        q, k, v = self.q_proj, self.k_proj, self.v_proj
+        assert q.bias is not None and v.bias is not None
+        width = q.weight.shape[0]
+        weight = torch.cat([q.weight * self.scale, k.weight, v.weight])
+        bias = torch.cat([q.bias * self.scale, torch.zeros_like(q.bias), v.bias])
+        k.weight = nn.Parameter(weight[width : 2 * width], requires_grad=k.weight.requires_grad)
+        v.weight = nn.Parameter(weight[2 * width :], requires_grad=v.weight.requires_grad)
+        v.bias = nn.Parameter(bias[2 * width :], requires_grad=v.bias.requires_grad)
+        self.qkv_weight, self.qkv_bias = weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, frames, width = x.shape  # [n_win, 1500, d]
@@ -36,8 +72,22 @@ class EncoderAttention(nn.Module):
         # Scaling q before the product (not inside softmax) is the reference's rounding order.
         q = split(self.q_proj(x) * self.scale)
         k, v = split(self.k_proj(x)), split(self.v_proj(x))
+        return self._attend(q, k, v)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` with the one qkv projection (needs `fuse_weights`)."""
+        if self.qkv_weight is None:
+            raise InternalError("the fused encoder path needs prepare_for_serving() first")
+        batch, frames, _ = x.shape
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [n_win, 1500, 3 d]
+        # strided views [n_win, H, 1500, hd] of it, last dim contiguous (what SDPA needs)
+        q, k, v = qkv.view(batch, frames, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return self._attend(q, k, v)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        batch, _, frames, _ = q.shape
         out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
-        return self.out_proj(out.transpose(1, 2).reshape(batch, frames, width))
+        return self.out_proj(out.transpose(1, 2).reshape(batch, frames, -1))
 
 
 class EncoderLayer(nn.Module):
@@ -51,9 +101,13 @@ class EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(cfg.ffn, cfg.d_model)
         self.final_layer_norm = nn.LayerNorm(cfg.d_model)
 
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP branch on normed input: fc2(gelu(fc1(x)))."""
+        return self.fc2(F.gelu(self.fc1(x)))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.self_attn_layer_norm(x))
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        return x + self.mlp(self.final_layer_norm(x))
 
 
 class WhisperEncoder(nn.Module):
@@ -70,7 +124,27 @@ class WhisperEncoder(nn.Module):
         self.conv2 = nn.Conv1d(cfg.d_model, cfg.d_model, kernel_size=3, stride=2, padding=1)
         self.embed_positions = nn.Embedding(cfg.max_source_positions, cfg.d_model)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.layers))
+        self._typed_layers: list[EncoderLayer] = list(self.layers)  # type: ignore[arg-type]
         self.layer_norm = nn.LayerNorm(cfg.d_model)
+        # True: fused path (Triton kernels; forced on CPU it runs them in the interpreter);
+        # False: reference path; None: fused on CUDA with Triton once prepared, else reference.
+        self.fused: bool | None = None
+
+    @property
+    def prepared(self) -> bool:
+        """Whether `prepare_for_serving` built the fused qkv weights."""
+        return all(layer.self_attn.qkv_weight is not None for layer in self._typed_layers)
+
+    def prepare_for_serving(self) -> None:
+        """Build every layer's fused qkv projection (after loading; idempotent)."""
+        for layer in self._typed_layers:
+            layer.self_attn.fuse_weights()
+
+    def use_fused(self, x: torch.Tensor) -> bool:
+        """Whether a forward on `x` takes the fused path (see `fused`)."""
+        if self.fused is None:
+            return x.is_cuda and fk.HAS_TRITON and self.prepared
+        return self.fused
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         expected = (self.cfg.num_mel_bins, 2 * self.cfg.max_source_positions)
@@ -86,6 +160,29 @@ class WhisperEncoder(nn.Module):
         # every layer's LayerNorm would then copy x and every residual add run strided (a
         # third of an 8-window encode on an H200 went to those; same values either way)
         x = (x.transpose(1, 2) + self.embed_positions.weight).contiguous()
+        if self.use_fused(x):
+            return self._forward_fused(x)
         for layer in self.layers:
             x = layer(x)
         return self.layer_norm(x)
+
+    def _forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers as (residual add + next LayerNorm) kernels around the two branches:
+        LN1 of layer i+1 (or the final LN) follows layer i's MLP add."""
+        if not self.prepared:
+            raise InternalError("the fused encoder path needs prepare_for_serving() first")
+        shape, width = x.shape, x.shape[-1]
+        norms = [layer.self_attn_layer_norm for layer in self._typed_layers]
+        normed, h = self._add_norm(x.view(-1, width), None, norms[0])
+        for i, layer in enumerate(self._typed_layers):
+            attn = layer.self_attn.forward_fused(normed.view(shape))
+            normed, h = self._add_norm(h, attn.view(-1, width), layer.final_layer_norm)
+            after = norms[i + 1] if i + 1 < len(norms) else self.layer_norm
+            normed, h = self._add_norm(h, layer.mlp(normed), after)
+        return normed.view(shape)
+
+    def _add_norm(
+        self, h: torch.Tensor, delta: torch.Tensor | None, norm: nn.LayerNorm
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert norm.bias is not None  # Whisper's LayerNorms are affine with a bias
+        return fk.add_layer_norm(h, delta, norm.weight, norm.bias, norm.eps, impl="triton")
