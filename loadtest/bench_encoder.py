@@ -47,10 +47,12 @@ def main() -> None:
     parser.add_argument("--blocking", action="store_true", help="does encode wait for the GPU?")
     args = parser.parse_args()
     model, _ = load_model(None, load_format="dummy", device="cuda", dtype="bfloat16")
-    model.audio_encoder.fused = False  # graphs of the reference path first
+    # prepared before any capture: it re-points k/v_proj at the fused weights, and a graph
+    # captured earlier would read the freed originals (an illegal address on the first run)
+    model.audio_encoder.prepare_for_serving()
+    model.audio_encoder.fused = False
     reference = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
     model.audio_encoder.fused = None
-    model.audio_encoder.prepare_for_serving()
     runner = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
     rng = np.random.default_rng(0)
     short = (0.1 * rng.standard_normal(int(SHORT_S * SAMPLE_RATE))).astype(np.float32)

@@ -136,7 +136,9 @@ class WhisperEncoder(nn.Module):
         return all(layer.self_attn.qkv_weight is not None for layer in self._typed_layers)
 
     def prepare_for_serving(self) -> None:
-        """Build every layer's fused qkv projection (after loading; idempotent)."""
+        """Build every layer's fused qkv projection (after loading; idempotent). Call it before
+        capturing any CUDA graph of the encoder: k_proj and v_proj are re-pointed at the fused
+        weights, and a graph captured earlier would read their freed originals."""
         for layer in self._typed_layers:
             layer.self_attn.fuse_weights()
 
