@@ -47,10 +47,7 @@ def main() -> None:
     parser.add_argument("--blocking", action="store_true", help="does encode wait for the GPU?")
     args = parser.parse_args()
     model, _ = load_model(None, load_format="dummy", device="cuda", dtype="bfloat16")
-    # prepared before any capture: it re-points k/v_proj at the fused weights, and a graph
-    # captured earlier would read the freed originals (an illegal address on the first run)
-    model.audio_encoder.prepare_for_serving()
-    model.audio_encoder.fused = False
+    model.audio_encoder.fused = False  # (EncoderRunner prepares the encoder before capturing)
     reference = EncoderRunner(model, cache_windows=0, cuda_graphs=True)
     model.audio_encoder.fused = None
     runner = EncoderRunner(model, cache_windows=0, cuda_graphs=True)

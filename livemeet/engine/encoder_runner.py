@@ -406,6 +406,9 @@ class EncoderRunner:
     @torch.inference_mode()
     def _capture(self) -> None:
         encoder = self.model.audio_encoder
+        # before any capture: preparing re-points the projection weights, and a graph captured
+        # earlier would read the freed originals (idempotent; ModelRunner prepares too)
+        encoder.prepare_for_serving()
         dtype = self.model.adaptor.linear_1.weight.dtype
         pool = None
         for bucket in sorted(ENCODER_GRAPH_BUCKETS, reverse=True):  # largest first: one pool

@@ -459,7 +459,7 @@ if HAS_TRITON:
         PDL: tl.constexpr,
     ):
         pdl.dependency_sync(PDL)
-        row = tl.program_id(0).to(tl.int64)  # rows * stride passes 2**31 at 64 windows
+        row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < DIM
         x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
@@ -780,8 +780,9 @@ def add_layer_norm(
         )
     if not _use_triton(impl, x):
         return ref_add_layer_norm(x, delta, weight, bias, eps)
-    if x.stride(1) != 1 or (delta is not None and delta.stride(1) != 1):
-        raise InternalError("add_layer_norm needs rows contiguous in the last dim")
+    strided = [t for t in (x, delta, weight, bias) if t is not None and t.stride(-1) != 1]
+    if strided:
+        raise InternalError("add_layer_norm needs rows, weight and bias contiguous in the last dim")
     n, dim = x.shape
     out = torch.empty((n, dim), dtype=x.dtype, device=x.device)
     h = x if delta is None else torch.empty_like(x)

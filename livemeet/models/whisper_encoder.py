@@ -6,10 +6,12 @@ and an exact-GELU MLP, then a final LayerNorm. No attention mask: zero padding i
 Parameter names match the checkpoint's `whisper_encoder.` subtree.
 
 The serving path (CUDA with Triton, once `prepare_for_serving` ran; `fused` below) computes
-the same ops with fewer passes over the activations: q, k and v come from one projection whose
-q rows and bias are pre-multiplied by the attention scale (a power of two, so the products are
-the reference's exactly, and the scaling kernel goes), and each residual add runs in one
-kernel with the LayerNorm after it (livemeet.layers.fused.add_layer_norm).
+the same ops with fewer passes over the activations: q, k and v come from one projection (the
+separate weights become views of it), the attention kernel applies the scale to the scores
+instead of a kernel scaling q first, and each residual add runs in one kernel with the
+LayerNorm after it (livemeet.layers.fused.add_layer_norm). Whisper's scale is 64**-0.5 =
+1/8, a power of two, so scaling the fp32 scores gives the reference's scores of the
+pre-scaled q bit for bit (flash and cuDNN attention multiply the fp32 scores by it).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class EncoderAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=False)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        # [3 d, d] and [3 d]: scale * q rows, k rows, v rows (k_proj/v_proj become views)
+        # [3 d, d] and [3 d]: the q, k and v rows (q/k/v_proj weights and biases become views;
+        # k has no bias: zeros)
         self.qkv_weight: torch.Tensor | None
         self.qkv_bias: torch.Tensor | None
         self.register_buffer("qkv_weight", None, persistent=False)
@@ -42,25 +45,21 @@ class EncoderAttention(nn.Module):
 
     @torch.no_grad()
     def fuse_weights(self) -> None:
-        """Build `qkv_weight`/`qkv_bias` (idempotent). The q rows and bias are multiplied by
-        `scale` = head_dim**-0.5, a power of two for Whisper's 64-wide heads, so each q is the
-        reference's (x W_q^T + b_q) * scale exactly (barring subnormal weights); k's bias is
-        zero (adding it changes nothing). k_proj and v_proj weights (and v's bias) become views
-        of the fused tensors; q_proj keeps its own unscaled copy for the reference path.
-        Raises InternalError when the scale is not a power of two."""
+        """Build `qkv_weight`/`qkv_bias` and re-point q/k/v_proj's weights and q/v's biases at
+        their slices (one copy in memory; the checkpoint names and the reference path are
+        unchanged). Idempotent."""
         if self.qkv_weight is not None:
             return
-        mantissa, _ = torch.frexp(torch.tensor(self.scale, dtype=torch.float64))
-        if mantissa.item() != 0.5:
-            raise InternalError(f"attention scale {self.scale} is not a power of two")
         q, k, v = self.q_proj, self.k_proj, self.v_proj
         assert q.bias is not None and v.bias is not None
         width = q.weight.shape[0]
-        weight = torch.cat([q.weight * self.scale, k.weight, v.weight])
-        bias = torch.cat([q.bias * self.scale, torch.zeros_like(q.bias), v.bias])
-        k.weight = nn.Parameter(weight[width : 2 * width], requires_grad=k.weight.requires_grad)
-        v.weight = nn.Parameter(weight[2 * width :], requires_grad=v.weight.requires_grad)
-        v.bias = nn.Parameter(bias[2 * width :], requires_grad=v.bias.requires_grad)
+        weight = torch.cat([q.weight, k.weight, v.weight])
+        bias = torch.cat([q.bias, torch.zeros_like(q.bias), v.bias])
+        for i, lin in enumerate((q, k, v)):
+            rows = slice(i * width, (i + 1) * width)
+            lin.weight = nn.Parameter(weight[rows], requires_grad=lin.weight.requires_grad)
+            if lin.bias is not None:
+                lin.bias = nn.Parameter(bias[rows], requires_grad=lin.bias.requires_grad)
         self.qkv_weight, self.qkv_bias = weight, bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,11 +81,13 @@ class EncoderAttention(nn.Module):
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [n_win, 1500, 3 d]
         # strided views [n_win, H, 1500, hd] of it, last dim contiguous (what SDPA needs)
         q, k, v = qkv.view(batch, frames, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-        return self._attend(q, k, v)
+        return self._attend(q, k, v, self.scale)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float = 1.0
+    ) -> torch.Tensor:
         batch, _, frames, _ = q.shape
-        out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        out = F.scaled_dot_product_attention(q, k, v, scale=scale)
         return self.out_proj(out.transpose(1, 2).reshape(batch, frames, -1))
 
 
@@ -136,9 +137,10 @@ class WhisperEncoder(nn.Module):
         return all(layer.self_attn.qkv_weight is not None for layer in self._typed_layers)
 
     def prepare_for_serving(self) -> None:
-        """Build every layer's fused qkv projection (after loading; idempotent). Call it before
-        capturing any CUDA graph of the encoder: k_proj and v_proj are re-pointed at the fused
-        weights, and a graph captured earlier would read their freed originals."""
+        """Build every layer's fused qkv projection (after loading; idempotent). Before any
+        CUDA graph of the encoder is captured (EncoderRunner does it first): q/k/v_proj are
+        re-pointed at the fused weights, and a graph captured earlier would read their freed
+        originals."""
         for layer in self._typed_layers:
             layer.self_attn.fuse_weights()
 

@@ -1,6 +1,6 @@
-"""The Whisper encoder's serving path (livemeet.models.whisper_encoder: one qkv projection with
-the attention scale folded in, residual adds fused with the next LayerNorm) against its
-reference path, and `add_layer_norm` against its torch reference.
+"""The Whisper encoder's serving path (livemeet.models.whisper_encoder: one qkv projection, the
+attention scale applied to the scores, residual adds fused with the next LayerNorm) against
+its reference path, and `add_layer_norm` against its torch reference.
 
 On a CPU-only machine the kernel runs under the Triton interpreter in float32 (and bf16) on
 small shapes; `gpu`-marked tests repeat the comparisons in bf16 on CUDA at real size.
@@ -27,14 +27,17 @@ gpu = pytest.mark.gpu
 EPS = 1e-5  # the encoder's LayerNorm eps (MODEL.md section 2)
 
 
-def check_add_layer_norm(n: int, dim: int, dtype: torch.dtype, device: str, atol: float) -> None:
-    x = torch.randn(n, dim, device=device).to(dtype)
+def check_add_layer_norm(
+    n: int, dim: int, dtype: torch.dtype, device: str, atol: float, eps: float = EPS
+) -> None:
+    # rows of a wider buffer: a row stride that is not the width
+    x = torch.randn(n, dim + 16, device=device).to(dtype)[:, :dim]
     delta = (3 * torch.randn(n, dim, device=device) + 1).to(dtype)  # a mean to take out
     w = (1 + 0.1 * torch.randn(dim, device=device)).to(dtype)
     b = (0.1 * torch.randn(dim, device=device)).to(dtype)
     for d in (None, delta):
-        out, h = fused.add_layer_norm(x, d, w, b, EPS, impl="triton")
-        ref, ref_h = fused.ref_add_layer_norm(x, d, w, b, EPS)
+        out, h = fused.add_layer_norm(x, d, w, b, eps, impl="triton")
+        ref, ref_h = fused.ref_add_layer_norm(x, d, w, b, eps)
         assert out.dtype == ref.dtype == dtype and h.dtype == dtype
         if d is None:
             assert h is x  # nothing added: the input is the residual
@@ -51,6 +54,7 @@ def test_add_layer_norm_interpreted(dtype: torch.dtype, atol: float) -> None:
     torch.manual_seed(3)
     check_add_layer_norm(5, 48, dtype, "cpu", atol)  # odd N, non-power-of-two width
     check_add_layer_norm(3, 64, dtype, "cpu", atol)
+    check_add_layer_norm(3, 64, dtype, "cpu", atol, eps=0.5)  # the eps passed is the one used
     check_add_layer_norm(0, 48, dtype, "cpu", atol)
 
 
@@ -63,6 +67,9 @@ def test_add_layer_norm_bad_shapes_are_internal_errors() -> None:
                              torch.zeros(8), EPS)  # fmt: skip
     with pytest.raises(InternalError, match="need x"):
         fused.add_layer_norm(x[None], None, torch.ones(8), torch.zeros(8), EPS)
+    if fused.HAS_TRITON:
+        with pytest.raises(InternalError, match="contiguous"):
+            fused.add_layer_norm(x, None, torch.ones(16)[::2], torch.zeros(8), EPS, impl="triton")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,31 +85,21 @@ def tiny_model(upstream_dir: Path) -> MossTDModel:
     return model
 
 
-def test_prepared_qkv_folds_the_scale_and_shares_k_v(tiny_model: MossTDModel) -> None:
+def test_prepared_projections_are_views_of_the_fused_qkv(tiny_model: MossTDModel) -> None:
     att: EncoderAttention = tiny_model.audio_encoder.layers[0].self_attn
     qkv, bias = att.qkv_weight, att.qkv_bias
     assert qkv is not None and bias is not None
     d = att.q_proj.weight.shape[0]
-    for p in (att.k_proj.weight, att.v_proj.weight, att.v_proj.bias):
-        assert p.untyped_storage().data_ptr() in (
-            qkv.untyped_storage().data_ptr(),
-            bias.untyped_storage().data_ptr(),
-        )
+    storage = {qkv.untyped_storage().data_ptr(), bias.untyped_storage().data_ptr()}
+    for p in (att.q_proj.weight, att.k_proj.weight, att.v_proj.weight):
+        assert p.untyped_storage().data_ptr() in storage
+    for p in (att.q_proj.bias, att.v_proj.bias):
+        assert p is not None and p.untyped_storage().data_ptr() in storage
+    assert torch.equal(qkv, torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]))
     assert torch.equal(bias[d : 2 * d], torch.zeros(d))  # k has no bias
-    # q through the fused rows is the reference's (x W_q^T + b_q) * scale, bit for bit: the
-    # scale is a power of two (same GEMM shape on both sides, so the same summation order)
-    x = torch.randn(7, d)
-    q_fused = torch.nn.functional.linear(x, qkv[:d], bias[:d])
-    assert torch.equal(q_fused, att.q_proj(x) * att.scale)
     assert not any("qkv" in n for n in tiny_model.state_dict())  # the loader's view unchanged
     tiny_model.prepare_for_serving()  # idempotent
     assert att.qkv_weight is qkv
-
-
-def test_a_scale_that_is_not_a_power_of_two_is_refused() -> None:
-    att = EncoderAttention(48, 4)  # head_dim 12: 12**-0.5 is not exact under scaling
-    with pytest.raises(InternalError, match="power of two"):
-        att.fuse_weights()
 
 
 def test_auto_mode_keeps_the_cpu_encoder_on_the_reference_path(tiny_model: MossTDModel) -> None:
@@ -156,26 +153,40 @@ def test_add_layer_norm_cuda_bf16() -> None:
     check_add_layer_norm(5, 1024, torch.float32, "cuda", 2e-5)
 
 
+def _real_size_encoder() -> WhisperEncoder:
+    """Whisper-medium's geometry with random weights that make attention matter: LayerNorm
+    weights near 1, linear weights of std fan_in**-0.5 (scores of std ~1), small biases."""
+    torch.manual_seed(22)
+    enc = WhisperEncoder(AudioConfig(d_model=1024, layers=24, heads=16, ffn=4096))
+    for name, p in enc.named_parameters():
+        if "layer_norm" in name and name.endswith("weight"):
+            p.data = 1 + 0.1 * torch.randn_like(p)
+        elif name.endswith("bias"):
+            p.data.normal_(0.0, 0.02)
+        elif p.dim() >= 2:  # linears [out, in], convs [out, in, k]
+            p.data.normal_(0.0, (p[0].numel()) ** -0.5)
+        else:
+            p.data.normal_(0.0, 0.02)
+    return enc
+
+
 @gpu
 @needs_cuda
 @torch.no_grad()
 def test_real_size_encoder_fused_cuda_bf16() -> None:
-    """Real-size random weights (Whisper-medium: 24 layers of 1024): the fused path against the
-    reference path on two windows, bf16, as the engine's graphs run it."""
-    torch.manual_seed(22)
-    enc = WhisperEncoder(AudioConfig(d_model=1024, layers=24, heads=16, ffn=4096))
-    enc = enc.to("cuda", torch.bfloat16)
-    for p in enc.parameters():
-        p.normal_(0.0, 0.02)
-    enc.prepare_for_serving()
-    assert enc.use_fused(torch.zeros(1, device="cuda"))
+    """The fused path in bf16 is as close to the fp32 reference as the bf16 reference path is
+    (two windows; a bug in q, k or the norms would move it far more than rounding does)."""
+    enc = _real_size_encoder().to("cuda")
     features = torch.randn(2, 80, 3000, device="cuda")
+    exact = enc(features)  # fp32, reference path (not prepared yet)
+    enc = enc.to(torch.bfloat16)
+    enc.prepare_for_serving()
+    assert enc.use_fused(features)
     enc.fused = False
     ref = enc(features).float()
     enc.fused = None
     ours = enc(features).float()
-    err = (ours - ref).abs()
-    # bf16: the two paths round the same values in other orders (Welford against two-pass
-    # statistics, one GEMM against three); a few ulps of the output's scale
-    assert float(err.max()) <= 0.05 * float(ref.abs().max())
-    assert float(err.mean()) <= 0.01 * float(ref.abs().mean())
+    ref_err, err = (ref - exact).abs(), (ours - exact).abs()
+    assert float(ref_err.mean()) > 0  # bf16 rounds: the bound below is not vacuous
+    assert float(err.mean()) <= 1.5 * float(ref_err.mean())
+    assert float(err.max()) <= 2.0 * float(ref_err.max())
