@@ -25,6 +25,7 @@ from livemeet.audio.constants import (
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
     MAX_LIVE_DECODE_STEPS,
+    MAX_LIVE_STEP_BUDGET_S,
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_STEP_BUDGET_S,
     MIN_LIVE_STEP_BUDGET_S,
@@ -89,7 +90,7 @@ class ModelConfig:
     upload_batch_wait_ms: float = 1000.0 * UPLOAD_BATCH_WAIT_S
     upload_hold: UploadHold = UploadHold.PIPELINE  # what a new upload waits for (UploadHold)
     # ms of estimated GPU time per engine step while no live session is open
-    # (livemeet.engine.scheduler); live work keeps one flush window (FLUSH_INTERVAL_S)
+    # (livemeet.engine.scheduler); live work keeps live_step_budget_ms steps
     upload_step_budget_ms: float = 1000.0 * UPLOAD_STEP_BUDGET_S
     # ms of estimated GPU time per engine step while live sessions are open: a hop decodes its
     # new tail one step per token, so this bounds its time under load
@@ -147,7 +148,7 @@ class ModelConfig:
                 f"not {self.upload_batch_wait_ms}"
             )
         parse_upload_hold(self.upload_hold)
-        low, high = 1000.0 * MIN_LIVE_STEP_BUDGET_S, 1000.0 * LIVE_STEP_BUDGET_S
+        low, high = 1000.0 * MIN_LIVE_STEP_BUDGET_S, 1000.0 * MAX_LIVE_STEP_BUDGET_S
         if not low <= self.live_step_budget_ms <= high:
             raise ConfigError(
                 f"live_step_budget_ms must be in [{low:g}, {high:g}], "

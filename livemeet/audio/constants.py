@@ -153,16 +153,22 @@ ENGINE_IDLE_POLL_S = 0.005
 # docs/benchmarks.md session 6). An upload is only held while others arrive or decode.
 UPLOAD_BATCH_WAIT_S = 0.100
 # s of estimated GPU time per engine step while no live session is open and no live request
-# queued (the scheduler's upload budget; --upload-step-budget-ms). Live work keeps 50 ms steps
-# (one flush window); uploads alone take 200 ms, which pays for a whole 4,096-token chunk at the
-# end of a 37-minute prompt (the chunk alone ~0.10 s in bf16, ~0.12 s over an FP8 cache, with
-# 15 decode rows ~0.11 / ~0.13 s; StepCostModel), where a 50-ms budget cut it into pieces that
-# leave the last wave of attention programs part-empty.
+# queued (the scheduler's upload budget; --upload-step-budget-ms). Live work keeps its shorter
+# steps (LIVE_STEP_BUDGET_S); uploads alone take 200 ms, which pays for a whole 4,096-token
+# chunk at the end of a 37-minute prompt (the chunk alone ~0.10 s in bf16, ~0.12 s over an FP8
+# cache, with 15 decode rows ~0.11 / ~0.13 s; StepCostModel), where a 50-ms budget cut it into
+# pieces that leave the last wave of attention programs part-empty.
 UPLOAD_STEP_BUDGET_S = 0.200
-# s of estimated GPU time per engine step while live sessions are open (--live-step-budget-ms):
-# one flush window. A hop's new segment takes one decode step per token (~26 for a 3-6 s turn
-# at 330 tokens a minute), so under load a hop lasts ~27 steps of this budget.
-LIVE_STEP_BUDGET_S = FLUSH_INTERVAL_S
+# s of estimated GPU time per engine step while live sessions are open (--live-step-budget-ms).
+# A hop's new segment takes one decode step per token (~26 for a 3-6 s turn at 330 tokens a
+# minute), so under load a hop lasts ~27 steps of this budget. At 100 live sessions over
+# minutes 7.5-10 of 10-minute meetings (H200, docs/benchmarks.md session 22) partial latency
+# p50 / p95 was 1.72 / 2.40 s at 50 ms, 1.57 / 2.47 s at 25 ms and 1.29 / 2.29 s at 15 ms
+# (with the fused encoder path, ~4 % of the GPU's time less): ~70 steps a second instead of
+# ~32, no fewer hops (their fixed cost was the feared one; session 19 measured 15 ms worse
+# before the host path was cut).
+LIVE_STEP_BUDGET_S = 0.015
+MAX_LIVE_STEP_BUDGET_S = FLUSH_INTERVAL_S  # s; one flush window, the default until session 22
 # decode-only steps after each engine step that prefilled live work, while the most urgent live
 # request decodes (--live-decode-steps; livemeet.engine.scheduler): a hop's new segment decodes
 # up to 3 ids per prefill step instead of one, for a pass over the weights and a launch per

@@ -33,7 +33,7 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context).
-- The budget is `step_budget_s` (--live-step-budget-ms, default one 50-ms flush window)
+- The budget is `step_budget_s` (--live-step-budget-ms, default 15 ms: LIVE_STEP_BUDGET_S)
   while a live session is open (`set_live_sessions`), a live request is queued, or a live
   cache is retained; otherwise a step gets `upload_step_budget_s`, so late chunks of long
   uploads stay whole instead of being cut into pieces that leave the GPU's last wave of

@@ -16,6 +16,7 @@ from livemeet.audio.constants import (
     LIVE_DECODE_STEPS,
     LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
+    LIVE_STEP_BUDGET_S,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_STEP_BUDGET_S,
 )
@@ -118,9 +119,11 @@ def test_serve_engine_sizing_flags() -> None:
     assert config.upload_step_budget_ms == 1000.0 * UPLOAD_STEP_BUDGET_S == 200.0
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-step-budget-ms", "80"])
     assert serve.config_from_args(args).model.upload_step_budget_ms == 80.0
-    assert config.live_step_budget_ms == 50.0
+    assert config.live_step_budget_ms == 1000.0 * LIVE_STEP_BUDGET_S == 15.0
     args = build_parser().parse_args(["serve", "--model", "x", "--live-step-budget-ms", "16"])
     assert serve.config_from_args(args).model.live_step_budget_ms == 16.0
+    args = build_parser().parse_args(["serve", "--model", "x", "--live-step-budget-ms", "50"])
+    assert serve.config_from_args(args).model.live_step_budget_ms == 50.0  # the old default
     assert config.live_decode_steps == LIVE_DECODE_STEPS == 2
     args = build_parser().parse_args(["serve", "--model", "x", "--live-decode-steps", "0"])
     assert serve.config_from_args(args).model.live_decode_steps == 0

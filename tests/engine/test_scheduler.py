@@ -1231,7 +1231,10 @@ def test_upload_turns_do_not_restart_the_run_of_decode_only_steps() -> None:
     live prefill that starts a new run of decode-only steps, so queued hops are still
     prefilled (a reset on every prefill starved them: D, turns, D, turns... for 400 steps;
     the hops now finish in ~250)."""
-    sched, runner, clock = make(num_blocks=400_000, live_decode_steps=2, upload_batch_wait_s=0.0)
+    # the 50-ms steps of session 21, where the starvation was found (step counts scale with it)
+    sched, runner, clock = make(
+        num_blocks=400_000, live_decode_steps=2, upload_batch_wait_s=0.0, step_budget_s=0.050
+    )
     runner.check_reads = False
     rows = [  # the most urgent live work, decoding for longer than the test runs
         req(f"row{i}", 20_000, LIVE, max_new=4_000, deadline=1.0, base=1 + i * 30_000)
