@@ -942,12 +942,17 @@ class MossCore:
         hop = sess.hop
         assert hop is not None and hop.request_id == rid
         hop.output_ids.append(token_id)
-        hop.segments.extend(hop.stream.push(token_id))
+        released = hop.stream.push(token_id)
+        hop.segments.extend(released)
         if hop.stream.looping:
             self._owner.pop(rid, None)
             self._engine().abort(rid)
             return [(sid, e) for e in self._finish_hop(sid, sess, FinishReason.REPETITION)]
-        return []
+        if not released:
+            return []
+        # a segment closed mid-hop goes out now, not when the hop ends (LiveSession.preview)
+        new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]
+        return [(sid, e) for e in sess.live.preview(new, hop.session_labels)]
 
     def _on_finished(self, rid: str, reason: FinishReason) -> list[tuple[str, Event]]:
         sid = self._owner.pop(rid, None)

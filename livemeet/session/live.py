@@ -30,7 +30,13 @@ from livemeet.audio.pcm import check_finite
 from livemeet.errors import BadAudio, ProtocolError
 from livemeet.session.vad import Endpointer
 from livemeet.transcriber import Event, Samples, SegmentFinal, SegmentPartial, TranscriptFinal
-from livemeet.transcript.commit import CommitBuffer, CommitOptions, CommitUpdate, normalise_text
+from livemeet.transcript.commit import (
+    CommitBuffer,
+    CommitOptions,
+    CommitUpdate,
+    as_partial,
+    normalise_text,
+)
 from livemeet.transcript.segments import (
     FinishReason,
     Segment,
@@ -258,6 +264,33 @@ class LiveSession:
         self._decoded_edge = edge_samples
         return self._events(finals, edge_samples)
 
+    def preview(
+        self, segments: Sequence[Segment], session_labels: Collection[str] = ()
+    ) -> list[Event]:
+        """A SegmentPartial for the decode of the last `window()` while it still runs:
+        `segments` are its segments closed so far (as for `apply_hypothesis`), shown as the
+        open tail as soon as one ends past everything the client was last sent, so a segment
+        the decode has closed is not held back while the decode goes on (a real model goes on
+        to the words still being spoken). Nothing is committed; `apply_hypothesis` follows as
+        usual and sends a partial only if its tail differs. Returns [] (wait for the whole
+        decode) without a pending window, when nothing reaches past the sent tail (an earlier
+        part of the decode would retract segments still shown), or when a speaker is not in
+        `session_labels` (mapping the others casts votes and may take labels: only the whole
+        decode does that)."""
+        if self._window_edge is None or self._ended:
+            return []
+        edge_s = self.stamp_s(self._window_edge / SAMPLE_RATE)
+        history = [s.text for s in self._commit.committed[-LOOP_MAX_REPEATS:]]
+        start_s = self.stamp_s(self._window_start / SAMPLE_RATE)
+        hyp = clean_hypothesis(segments, start_s, edge_s, history)
+        if not hyp or any(seg.speaker not in session_labels for seg in hyp):
+            return []
+        shown_to = max((seg.end_s for seg in self._sent_tail), default=self._commit.committed_end_s)
+        if hyp[-1].end_s <= shown_to:
+            return []
+        tail = tuple(as_partial(seg) for seg in hyp)
+        return self._send_tail(tail)
+
     def flush(self) -> list[Event]:
         """Apply a pending finalize/end without a new decode (the last tail is current)."""
         if not self.flush_due():
@@ -301,7 +334,11 @@ class LiveSession:
                 self._ended = True
         self._advance_window()
         events: list[Event] = [SegmentFinal(s) for s in finals]
-        tail = self._commit.tail
+        return events + self._send_tail(self._commit.tail)
+
+    def _send_tail(self, tail: tuple[Segment, ...]) -> list[Event]:
+        """The partial for `tail` if it differs from the last one sent ([] otherwise)."""
+        events: list[Event] = []
         if tail != self._sent_tail:
             self._rev += 1
             self._sent_tail = tail

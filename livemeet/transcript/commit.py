@@ -102,7 +102,7 @@ class CommitBuffer:
         current = tuple(hypothesis)
         n = agreed_prefix(self._tail, current, edge_s, self.options)
         finals = self._commit(current[:n])
-        self._tail = tuple(_as_partial(s) for s in current[n:])
+        self._tail = tuple(as_partial(s) for s in current[n:])
         return CommitUpdate(finals, self._tail)
 
     def force_commit(self, count: int | None = None) -> CommitUpdate:
@@ -130,5 +130,6 @@ class CommitBuffer:
         return tuple(out)
 
 
-def _as_partial(seg: Segment) -> Segment:
+def as_partial(seg: Segment) -> Segment:
+    """`seg` as an open-tail segment: no id, not final."""
     return replace(seg, id="", is_final=False)

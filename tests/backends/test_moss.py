@@ -36,6 +36,7 @@ from livemeet.models.audio_llm import MossTDModel, generate
 from livemeet.models.prompt import EOS, build_prompt
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.session.forced_budget import BudgetState
+from livemeet.session.live import LiveSession
 from livemeet.transcriber import (
     Error,
     Event,
@@ -640,6 +641,24 @@ def stream_live(
     for i in range(head, len(audio), step):
         core.append("L", audio[i : i + step])
         run_to_idle(core, out)
+    core.end("L")
+    run_to_idle(core, out)
+    return [e for s, e in out if s == "L"]
+
+
+def stream_chunks(
+    core: MossCore, audio: np.ndarray, sizes_s: list[float], hop_s: float
+) -> list[Event]:
+    """`stream_live` with chunks of the given sizes (s), then the rest of `audio` at once."""
+    core.open("L", SessionOptions(live=True, hop_s=hop_s))
+    out: list[tuple[str, Event]] = []
+    start = 0
+    for size in [*sizes_s, len(audio) / SAMPLE_RATE]:
+        end = min(len(audio), start + round(size * SAMPLE_RATE))
+        if end > start:
+            core.append("L", audio[start:end])
+            run_to_idle(core, out)
+        start = end
     core.end("L")
     run_to_idle(core, out)
     return [e for s, e in out if s == "L"]
@@ -1292,6 +1311,54 @@ def test_live_drafts_change_no_event_and_save_decode_steps(
     assert stats.num_accepted_draft_tokens >= 0.8 * stats.num_draft_tokens
     saved = plain_stats.num_decode_tokens - stats.num_decode_tokens
     assert saved >= stats.num_accepted_draft_tokens > 0
+
+
+@pytest.mark.slow
+def test_live_segments_closed_mid_hop_go_out_before_the_hop_ends(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A segment a hop closes goes out as a partial right away (LiveSession.preview, from the
+    token that closes it), not when the hop ends. 1-s chunks until both speakers are in the
+    forced transcript, then 4.5 s at once: that hop decodes two new segments after it. The
+    meeting's finals are the same as with previews off, and every partial keeps the
+    reference's labels."""
+    previews: list[Event] = []
+    real = LiveSession.preview
+
+    def recorded(self: LiveSession, *args: Any, **kwargs: Any) -> list[Event]:
+        events = real(self, *args, **kwargs)
+        previews.extend(events)
+        return events
+
+    runs = []
+    for on in (False, True):
+        core = make_core(our_model, tmp_path, forced=LIVE_REFERENCE)
+        preview = recorded if on else (lambda self, *a, **k: [])
+        monkeypatch.setattr(LiveSession, "preview", preview)
+        sizes = [2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.5]
+        runs.append(stream_chunks(core, clips[11.0], sizes, hop_s=1.0))
+        assert_pool_clean(core)
+    plain, early = runs
+    assert previews and all(isinstance(e, SegmentPartial) for e in previews)
+    assert [e for e in early if isinstance(e, SegmentFinal)] == [
+        e for e in plain if isinstance(e, SegmentFinal)
+    ]
+    assert early[-1] == plain[-1]  # the same TranscriptFinal
+    want = {s.text: s.speaker for s in parse_transcript(LIVE_REFERENCE)}
+    seen: set[str] = set()
+    first_by_preview = 0
+    for e in early:
+        if isinstance(e, SegmentPartial):
+            assert e.rev == 1 + sum(isinstance(x, SegmentPartial) for x in early[: early.index(e)])
+            new = {s.text for s in e.segments} - seen
+            first_by_preview += bool(new) and any(e is p for p in previews)
+            assert all(want[s.text] == s.speaker for s in e.segments)
+        segs = e.segments if isinstance(e, SegmentPartial) else ()
+        seen |= {s.text for s in segs}
+    assert first_by_preview > 0  # some segment was first shown by a preview
 
 
 @pytest.mark.slow

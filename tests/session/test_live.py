@@ -311,3 +311,54 @@ def test_hypotheses_in_marker_time_are_clipped_and_committed_at_the_marker_edge(
     assert "three" not in [s.text for s in shown if not s.flags]  # clamped or lost
     with pytest.raises(ValueError, match="time_scale"):
         LiveSession(LiveOptions(time_scale=0.0))
+
+
+def test_preview_sends_a_closed_segment_before_the_decode_ends() -> None:
+    """`preview` shows the segments a running decode has closed once one reaches past the last
+    partial, in session labels only; the decode's own `apply_hypothesis` then sends nothing
+    new for the same tail, and commits as without the preview."""
+
+    def seg(a: float, b: float, spk: str, text: str) -> Segment:
+        return Segment(start_s=a, end_s=b, speaker=spk, text=text)
+
+    one, two = seg(0.2, 1.5, "S01", "one"), seg(1.7, 2.8, "S02", "two")
+    labels = ("S01", "S02")
+    runs = {}
+    for use_preview in (False, True):
+        live = LiveSession(LiveOptions(hop_s=1.0))
+        live.receive_audio(np.zeros(2 * SAMPLE_RATE, np.float32))
+        live.window()
+        first = live.apply_hypothesis([one], labels)
+        assert [type(e) for e in first] == [SegmentPartial]
+        live.receive_audio(np.zeros(SAMPLE_RATE, np.float32))
+        live.window()
+        early = []
+        if use_preview:
+            assert live.preview([one], labels) == []  # nothing past the partial sent
+            assert live.preview([one, two], ("S01",)) == []  # S02 would need mapping
+            early = live.preview([one, two], labels)
+            assert [type(e) for e in early] == [SegmentPartial]
+            assert [s.text for s in early[0].segments] == ["one", "two"]
+            assert all(not s.is_final and not s.id for s in early[0].segments)
+            assert live.preview([one, two], labels) == []  # sent already
+        late = live.apply_hypothesis([one, two], labels)
+        runs[use_preview] = (early, late, live.committed)
+    (_, plain_late, plain_committed), (early, late, committed) = runs[False], runs[True]
+    assert committed == plain_committed  # the preview commits nothing
+    # the decode's end sends its finals, and a partial only where the tail changed since
+    assert [e for e in late if not isinstance(e, SegmentPartial)] == [
+        e for e in plain_late if not isinstance(e, SegmentPartial)
+    ]
+    sent = early[0].segments
+    for e in late:
+        if isinstance(e, SegmentPartial):
+            assert e.segments != sent and e.rev == early[0].rev + 1
+
+
+def test_preview_needs_a_pending_window() -> None:
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(np.zeros(2 * SAMPLE_RATE, np.float32))
+    seg = Segment(start_s=0.2, end_s=1.5, speaker="S01", text="one")
+    assert live.preview([seg], ("S01",)) == []  # no window() handed out
+    live.window()
+    assert [type(e) for e in live.preview([seg], ("S01",))] == [SegmentPartial]
