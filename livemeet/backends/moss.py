@@ -948,7 +948,7 @@ class MossCore:
             self._owner.pop(rid, None)
             self._engine().abort(rid)
             return [(sid, e) for e in self._finish_hop(sid, sess, FinishReason.REPETITION)]
-        if not released:
+        if not released or not hop.session_labels:  # no preview without forced labels
             return []
         # a segment closed mid-hop goes out now, not when the hop ends (LiveSession.preview)
         new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]

@@ -4,8 +4,9 @@ The owner feeds audio (`receive_audio`), asks whether a hop is due (`hop_due`), 
 window (`window()`: audio from the end of the last final to the audio edge) with any backend,
 and hands the hypothesis back (`apply_hypothesis`), which returns the events to send:
 `SegmentFinal` for each newly committed segment, then a `SegmentPartial` when the open tail
-changed. `finalize()` and `end()` make the next `apply_hypothesis` (or `flush()` when no new
-audio needs decoding) commit everything; `finish()` then gives the `TranscriptFinal`.
+changed (`preview` sends the segments a decode has closed so far while it still runs).
+`finalize()` and `end()` make the next `apply_hypothesis` (or `flush()` when no new audio needs
+decoding) commit everything; `finish()` then gives the `TranscriptFinal`.
 
 No I/O, no asyncio, no clock: time is audio time (samples received at 16 kHz).
 """
@@ -288,8 +289,10 @@ class LiveSession:
         shown_to = max((seg.end_s for seg in self._sent_tail), default=self._commit.committed_end_s)
         if hyp[-1].end_s <= shown_to:
             return []
-        tail = tuple(as_partial(seg) for seg in hyp)
-        return self._send_tail(tail)
+        # `_shown` stays as it is: the same decode's `apply_hypothesis` maps its other
+        # speakers against it, and the preview's tail would drop the retracted segments the
+        # client saw (an earlier hop's, cut short) from that evidence
+        return self._send_tail(tuple(as_partial(seg) for seg in hyp))
 
     def flush(self) -> list[Event]:
         """Apply a pending finalize/end without a new decode (the last tail is current)."""
@@ -334,17 +337,17 @@ class LiveSession:
                 self._ended = True
         self._advance_window()
         events: list[Event] = [SegmentFinal(s) for s in finals]
-        return events + self._send_tail(self._commit.tail)
+        events += self._send_tail(self._commit.tail)
+        self._shown = shown_segments(self._shown, self._commit.tail, self._commit.committed_end_s)
+        return events
 
     def _send_tail(self, tail: tuple[Segment, ...]) -> list[Event]:
         """The partial for `tail` if it differs from the last one sent ([] otherwise)."""
-        events: list[Event] = []
-        if tail != self._sent_tail:
-            self._rev += 1
-            self._sent_tail = tail
-            events.append(SegmentPartial(self._rev, tail))
-        self._shown = shown_segments(self._shown, tail, self._commit.committed_end_s)
-        return events
+        if tail == self._sent_tail:
+            return []
+        self._rev += 1
+        self._sent_tail = tail
+        return [SegmentPartial(self._rev, tail)]
 
     def _advance_window(self) -> None:
         start = min(self._committed_end_sample(), self._num_samples)

@@ -349,16 +349,47 @@ def test_preview_sends_a_closed_segment_before_the_decode_ends() -> None:
     assert [e for e in late if not isinstance(e, SegmentPartial)] == [
         e for e in plain_late if not isinstance(e, SegmentPartial)
     ]
-    sent = early[0].segments
-    for e in late:
-        if isinstance(e, SegmentPartial):
-            assert e.segments != sent and e.rev == early[0].rev + 1
+    # "one" commits at the decode's end: the tail shrinks to "two", sent once, next rev
+    partials = [e for e in late if isinstance(e, SegmentPartial)]
+    assert [[s.text for s in e.segments] for e in partials] == [["two"]]
+    assert partials[0].rev == early[0].rev + 1
+    assert [s.text for s in finals_of(late)] == ["one"]
 
 
-def test_preview_needs_a_pending_window() -> None:
-    live = LiveSession(LiveOptions(hop_s=1.0))
+def test_preview_keeps_the_speaker_evidence_of_retracted_segments() -> None:
+    """A segment the client saw and a later, shorter decode retracted (an early stop) still
+    counts when the next decode maps a speaker it writes under a new label; a preview in
+    that decode must not drop it (the speech shown as S02 would come back as S03)."""
+
+    def seg(a: float, b: float, spk: str, text: str) -> Segment:
+        return Segment(start_s=a, end_s=b, speaker=spk, text=text)
+
+    tails = {}
+    for use_preview in (False, True):
+        live = LiveSession(LiveOptions(hop_s=1.0))
+        live.receive_audio(np.zeros(6 * SAMPLE_RATE, np.float32))
+        live.window()
+        live.apply_hypothesis([seg(0.2, 1.5, "S01", "one"), seg(1.7, 5.5, "S02", "two")])
+        live.receive_audio(np.zeros(SAMPLE_RATE, np.float32))
+        live.window()
+        live.apply_hypothesis([seg(0.2, 1.5, "S01", "one")])  # stops early: "two" retracted
+        live.receive_audio(np.zeros(SAMPLE_RATE, np.float32))
+        live.window()
+        uh, two = seg(1.6, 2.0, "S01", "uh"), seg(2.0, 5.5, "S05", "two")
+        if use_preview:
+            assert [type(e) for e in live.preview([uh], {"S01"})] == [SegmentPartial]
+        events = live.apply_hypothesis([uh, two], {"S01"})
+        tails[use_preview] = [e for e in events if isinstance(e, SegmentPartial)][-1].segments
+    assert [(s.speaker, s.text) for s in tails[True]] == [("S01", "uh"), ("S02", "two")]
+    assert tails[True] == tails[False]
+
+
+def test_preview_clips_at_the_edge_in_marker_time() -> None:
+    """A backend writing marker time (`time_scale` 1.5 here) is clipped at the edge in marker
+    time, as `apply_hypothesis` does (in audio time the segment would end at 2.0)."""
+    live = LiveSession(LiveOptions(hop_s=1.0, time_scale=1.5))
     live.receive_audio(np.zeros(2 * SAMPLE_RATE, np.float32))
-    seg = Segment(start_s=0.2, end_s=1.5, speaker="S01", text="one")
-    assert live.preview([seg], ("S01",)) == []  # no window() handed out
     live.window()
-    assert [type(e) for e in live.preview([seg], ("S01",))] == [SegmentPartial]
+    # ends at 2.8 in marker time: inside the 2-s audio edge (3.0 in marker time)
+    events = live.preview([Segment(start_s=0.3, end_s=2.8, speaker="S01", text="one")], {"S01"})
+    assert [s.end_s for s in events[0].segments] == [2.8]
