@@ -12,7 +12,6 @@ from pathlib import Path
 
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
-    FLUSH_INTERVAL_S,
     KV_BLOCK_SIZE,
     KV_CACHE_DTYPES,
     LIVE_DECODE_STEPS,
@@ -159,7 +158,8 @@ class ModelConfig:
                 f"live_decode_steps must be in [0, {MAX_LIVE_DECODE_STEPS}], "
                 f"not {self.live_decode_steps}"
             )
-        low, high = 1000.0 * FLUSH_INTERVAL_S, 1000.0 * MAX_UPLOAD_STEP_BUDGET_S
+        # never below the longest live step: the scheduler needs live <= upload budgets
+        low, high = 1000.0 * MAX_LIVE_STEP_BUDGET_S, 1000.0 * MAX_UPLOAD_STEP_BUDGET_S
         if not low <= self.upload_step_budget_ms <= high:
             raise ConfigError(
                 f"upload_step_budget_ms must be in [{low:g}, {high:g}], "

@@ -17,13 +17,13 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
   positive the step is an upload turn: live work waits, and uploads may use the whole budget
   and token limit; a turn of upload decode rows only is a cheap graph step, so a decoding
   upload gets many tokens per live step. A run of turns ends after share / (1 - share) of
-  step_budget_s of estimated time (16.7 ms at 0.25), so live work waits at most that (and the
-  turn that crosses it) between live steps.
+  step_budget_s of estimated time (5 ms at 0.25 and 15-ms steps), so live work waits at most
+  that (and the turn that crosses it) between live steps.
 - Decode-only steps between live prefills (`live_decode_steps`): after a step that prefilled
   live work, up to that many steps hold live decode rows only, while the most urgent live
   request (earliest deadline) is one of them. A hop's new segment is ~26 ids, one step each:
-  riding along ~25-ms prefill steps they take ~0.65 s, with two decode-only steps after each
-  prefill about a third of that. A decode row costs the same KV read in either kind of step;
+  riding along the prefill steps alone they take ~26 of them, with two decode-only steps after
+  each prefill about a third as many. A decode row costs the same KV read in either kind of step;
   an extra step adds a pass over the weights and the launch (StepCostModel.fixed_s, ~0.7 ms).
   Hops queued meanwhile wait for those steps, and a hop due sooner than every decoding row is
   never held back by them. Upload turns keep their place (the run resumes after them), and
@@ -646,8 +646,8 @@ class Scheduler:
 
     def _max_turns_s(self) -> float:
         """Estimated s a run of upload turns may last: the share's part of one step budget,
-        share / (1 - share) of it (16.7 ms at 0.25), so live work waits at most that (and the
-        turn crossing it) per live step."""
+        share / (1 - share) of it (5 ms at 0.25 and 15-ms steps), so live work waits at most
+        that (and the turn crossing it) per live step."""
         share = self.config.upload_min_share
         return share / (1 - share) * self.config.step_budget_s
 

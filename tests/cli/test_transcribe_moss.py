@@ -152,7 +152,7 @@ def test_serve_engine_sizing_flags() -> None:
         ["--chunked-prefill-size", "200000"],  # past the context
         ["--upload-batch-wait-ms", "-1"],
         ["--upload-batch-wait-ms", "5000"],  # holding an upload for seconds is never right
-        ["--upload-step-budget-ms", "20"],  # below a live step's 50 ms
+        ["--upload-step-budget-ms", "20"],  # below the longest live step (50 ms)
         ["--upload-step-budget-ms", "300"],  # three such steps would outlast a live hop
         ["--live-step-budget-ms", "2"],  # the fixed cost of a step would dominate it
         ["--live-step-budget-ms", "80"],  # longer than a flush window

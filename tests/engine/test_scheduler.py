@@ -1133,7 +1133,7 @@ def _hop_decoding_beside_prefills(
     """A request of `cls` decoding 40 ids while long live hops keep every step's budget in
     prefill; the steps until it has finished."""
     sched, runner, clock = make(
-        num_blocks=4096, live_decode_steps=decode_steps, upload_min_share=0.0
+        num_blocks=4096, live_decode_steps=decode_steps, upload_min_share=0.0, step_budget_s=0.050
     )
     runner.check_reads = False  # long prompts: the other tests check KV reads
     deadline = 5.0 if cls is LIVE else None
