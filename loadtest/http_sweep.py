@@ -106,6 +106,7 @@ class EngineCounters:
     live_hop_s: float = 0.0  # s; their summed time from submission to end
     live_forced_tokens: int = 0  # forced-transcript tokens of the hops submitted, summed
     live_hop_wait_s: float = 0.0  # s; the hops' summed wait from due to submission
+    live_hop_first_token_s: float = 0.0  # s; their summed time to the first sampled id
     draft_tokens: int = 0  # draft ids the requests carried
     accepted_draft_tokens: int = 0  # of them, accepted by their verifying prefill
     audio_commands: int = 0  # audio appends the worker applied with a send time
@@ -129,6 +130,7 @@ class EngineCounters:
             live_hop_s=self.live_hop_s - before.live_hop_s,
             live_forced_tokens=self.live_forced_tokens - before.live_forced_tokens,
             live_hop_wait_s=self.live_hop_wait_s - before.live_hop_wait_s,
+            live_hop_first_token_s=self.live_hop_first_token_s - before.live_hop_first_token_s,
             draft_tokens=self.draft_tokens - before.draft_tokens,
             accepted_draft_tokens=self.accepted_draft_tokens - before.accepted_draft_tokens,
             audio_commands=self.audio_commands - before.audio_commands,
@@ -162,6 +164,9 @@ class EngineCounters:
         if self.live_hops and self.live_hop_wait_s:  # servers before session 18: none
             # the wait before submission, which live_hop_mean_s does not hold
             record["live_hop_wait_mean_s"] = self.live_hop_wait_s / self.live_hops
+        if self.live_hops and self.live_hop_first_token_s:  # servers before session 22: none
+            # submission to the first sampled id; the rest of live_hop_mean_s is decoding
+            record["live_hop_first_token_mean_s"] = self.live_hop_first_token_s / self.live_hops
         if self.draft_tokens:  # servers before session 19: none
             record["draft_tokens"] = self.draft_tokens
             record["accepted_draft_tokens"] = self.accepted_draft_tokens
@@ -186,6 +191,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
     step_s: dict[str, float] = {}
     hop_s = 0.0  # livemeet_live_hop_seconds: absent from servers before session 15
     hop_wait_s = 0.0  # livemeet_live_hop_wait_seconds: absent before session 18
+    first_token_s = 0.0  # livemeet_live_hop_first_token_seconds: absent before session 22
     lag_s = lag_max_s = 0.0  # the audio-command waits: absent from servers before session 16
     gc_s = gc_max_s = 0.0  # the engine's garbage collections: absent before session 20
     for family in text_string_to_metric_families(text):
@@ -208,6 +214,8 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
                 hop_s = sample.value
             elif sample.name == "livemeet_live_hop_wait_seconds_total":
                 hop_wait_s = sample.value
+            elif sample.name == "livemeet_live_hop_first_token_seconds_total":
+                first_token_s = sample.value
             elif sample.name == "livemeet_live_forced_tokens_total":
                 values["forced"] = int(sample.value)
             elif sample.name == "livemeet_engine_draft_tokens_total":
@@ -240,6 +248,7 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
         live_hop_s=hop_s,
         live_forced_tokens=values.get("forced", 0),
         live_hop_wait_s=hop_wait_s,
+        live_hop_first_token_s=first_token_s,
         draft_tokens=values.get("draft_proposed", 0),
         accepted_draft_tokens=values.get("draft_accepted", 0),
         audio_commands=values.get("audio_commands", 0),

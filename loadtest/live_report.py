@@ -6,8 +6,10 @@ With a head start the first buckets stream faster than real time; this report su
 buckets that start within [--from-s, --to-s) and gives, per record: latency p50 / p95 / p99 /
 max (the whole point, as bench_live measured it), hops a second, endpoint hops a second, engine
 ms per hop (of it waiting on the GPU and encoding), prefill and decode-only steps a second,
-prefill and decode ids per hop and forced ids per hop; then latency p50 / p95 by bucket of
-meeting time (`latency_by_time`). docs/benchmarks.md's live tables are these rows.
+prefill and decode ids per hop, forced ids per hop, and a hop's mean time from submission to
+its end and to its first sampled id (servers since session 22; the rest is its decoding);
+then latency p50 / p95 by bucket of meeting time (`latency_by_time`). docs/benchmarks.md's
+live tables are these rows.
 
 Usage: python -m loadtest.live_report call1_bench_live.jsonl call2_bench_live.jsonl \
     [--from-s 120 --to-s 240] [--all-records]
@@ -41,6 +43,8 @@ class LiveFigures:
     prefill_ids_per_hop: float
     decode_ids_per_hop: float
     forced_ids_per_hop: float
+    hop_s: float  # mean s from a hop's submission to its end
+    first_id_s: float | None  # of it, to its first sampled id (None: not in the records)
 
 
 def bucket_span(name: str) -> tuple[float, float]:
@@ -72,6 +76,10 @@ def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigure
         s = b.get("engine_steps", {})
         return int(s.get(f"{kind}_graph", 0) + s.get(f"{kind}_eager", 0))
 
+    def per_hop(b: Mapping[str, Any], key: str) -> float:  # the records keep means per bucket
+        return float(b.get(key, 0.0)) * b.get("live_hops", 0)
+
+    has_first_id = any("live_hop_first_token_mean_s" in b for _, b in buckets)
     return LiveFigures(
         seconds=seconds,
         hops_per_s=hops / seconds,
@@ -83,10 +91,13 @@ def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigure
         decode_steps_per_s=total(lambda b: steps(b, "decode")) / seconds,
         prefill_ids_per_hop=total(lambda b: b.get("prefill_tokens", 0)) / hops,
         decode_ids_per_hop=total(lambda b: b.get("decode_tokens", 0)) / hops,
-        forced_ids_per_hop=total(
-            lambda b: b.get("live_forced_mean_tokens", 0.0) * b.get("live_hops", 0)
-        )
-        / hops,
+        forced_ids_per_hop=total(lambda b: per_hop(b, "live_forced_mean_tokens")) / hops,
+        hop_s=total(lambda b: per_hop(b, "live_hop_mean_s")) / hops,
+        first_id_s=(
+            total(lambda b: per_hop(b, "live_hop_first_token_mean_s")) / hops
+            if has_first_id
+            else None
+        ),
     )
 
 
@@ -111,6 +122,7 @@ def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
         f"{f.prefill_ids_per_hop:.0f}",
         f"{f.decode_ids_per_hop:.1f}",
         f"{f.forced_ids_per_hop:.0f}",
+        f"{f.hop_s:.2f} / " + ("-" if f.first_id_s is None else f"{f.first_id_s:.2f}"),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -118,8 +130,8 @@ def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
 FIGURES_HEADER = (
     "| record | p50 / p95 / p99 / max (s) | hops / s | endpoint hops / s | engine ms / hop "
     "| of it waiting | of it encoding | prefill steps / s | decode-only steps / s "
-    "| prefill ids / hop | decode ids / hop | forced ids / hop |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| prefill ids / hop | decode ids / hop | forced ids / hop | hop s / to first id |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -279,6 +279,7 @@ class _Hop:
     prefix_ids: list[int]  # its forced transcript
     segments: list[Segment] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)  # what it decoded
+    first_token_s: float | None = None  # engine clock at its first sampled id (prefill done)
 
 
 @dataclass
@@ -406,6 +407,9 @@ class MossCore:
         self.live_hop_s = 0.0
         self.live_forced_tokens = 0  # forced-transcript tokens of the hops submitted, summed
         self.live_hop_wait_s = 0.0  # s the hops waited from due to submission, summed
+        # s from submission to the first sampled id (encode, queue, prefill), summed: the rest
+        # of live_hop_s is the hops' decoding
+        self.live_hop_first_token_s = 0.0
         self.num_upload_continuations = 0  # uploads continued after an early stop (DESIGN 5.8)
         # each live session's forced-transcript budget adapts to load (DESIGN 5.1, 5.3)
         self.forced_budget = ForcedBudget(
@@ -546,6 +550,7 @@ class MossCore:
             live_hop_s=self.live_hop_s,
             live_forced_tokens=self.live_forced_tokens,
             live_hop_wait_s=self.live_hop_wait_s,
+            live_hop_first_token_s=self.live_hop_first_token_s,
             num_upload_continuations=self.num_upload_continuations,
             num_live_endpoint_hops=self.num_live_endpoint_hops,
         )
@@ -889,6 +894,8 @@ class MossCore:
         self.num_live_hops += 1
         now = self._engine().clock()
         self.live_hop_s += now - hop.submitted_s
+        first = now if hop.first_token_s is None else hop.first_token_s
+        self.live_hop_first_token_s += first - hop.submitted_s
         hop.segments.extend(hop.stream.close())
         if hop.stream.looping:
             reason = FinishReason.REPETITION
@@ -941,6 +948,8 @@ class MossCore:
             return [(sid, e) for e in events]
         hop = sess.hop
         assert hop is not None and hop.request_id == rid
+        if hop.first_token_s is None:
+            hop.first_token_s = self._engine().clock()
         hop.output_ids.append(token_id)
         released = hop.stream.push(token_id)
         hop.segments.extend(released)

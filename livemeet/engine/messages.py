@@ -145,6 +145,9 @@ class EngineStats:
     budget adapts to load: livemeet/session/forced_budget.py).
     `live_hop_wait_s`: the hops' summed wait from being due (step() first found the session's
     hop due) to submission, a queue in front of the engine that `live_hop_s` does not see.
+    `live_hop_first_token_s`: the finished hops' summed time from submission to their first
+    sampled id (encode, the wait for a step, prefill); the rest of `live_hop_s` is decoding,
+    one step per new id.
     `num_draft_tokens` and `num_accepted_draft_tokens`: draft ids added with requests and
     those their verifying chunks accepted (livemeet.engine.request: draft verification).
     `num_upload_continuations`: uploads whose decode stopped well before their audio's end
@@ -181,6 +184,7 @@ class EngineStats:
     live_hop_s: float = 0.0  # s; their summed time from submission to end (engine clock)
     live_forced_tokens: int = 0  # tokens; forced transcript the live hops submitted prefilled
     live_hop_wait_s: float = 0.0  # s; the hops' summed wait from due to submission
+    live_hop_first_token_s: float = 0.0  # s; their summed time to the first sampled id
     num_upload_continuations: int = 0  # requests; uploads continued after an early stop
     num_live_endpoint_hops: int = 0  # live hops due early: their session's speech ended
     num_draft_tokens: int = 0  # ids; drafts the requests carried (draft verification)

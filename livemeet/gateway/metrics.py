@@ -1,16 +1,16 @@
 """Prometheus metrics of one gateway app, in a registry of its own (tests build many apps).
 
 Engine counters (`livemeet_engine_*`, the live hops' `livemeet_live_hops`,
-`livemeet_live_hop_seconds`, `livemeet_live_hop_wait_seconds` and
-`livemeet_live_forced_tokens`, the drafts `livemeet_engine_draft_tokens` (labels: proposed,
-accepted), and `livemeet_upload_continuations`; one gauge among them, the
-worker's longest audio-command wait `livemeet_engine_audio_command_lag_max_seconds`) come
-from the engine worker as cumulative `EngineStats` (livemeet/engine/messages.py) at most
-ENGINE_STATS_INTERVAL_S stale while it steps and exact when idle. `EngineStatsCollector`
-exports the latest totals as they are, as counters (the lag maximum as a gauge): the gateway
-never sees increments, so a custom collector rather than `Counter`s (which would need deltas).
-A restarted engine worker (a restarted server) starts again from zero, which Prometheus'
-`rate()`/`increase()` treat as a counter reset.
+`livemeet_live_hop_seconds`, `livemeet_live_hop_wait_seconds`,
+`livemeet_live_hop_first_token_seconds` and `livemeet_live_forced_tokens`, the drafts
+`livemeet_engine_draft_tokens` (labels: proposed, accepted), and
+`livemeet_upload_continuations`; one gauge among them, the worker's longest audio-command wait
+`livemeet_engine_audio_command_lag_max_seconds`) come from the engine worker as cumulative
+`EngineStats` (livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it steps
+and exact when idle. `EngineStatsCollector` exports the latest totals as they are, as counters
+(the lag maximum as a gauge): the gateway never sees increments, so a custom collector rather
+than `Counter`s (which would need deltas). A restarted engine worker (a restarted server) starts
+again from zero, which Prometheus' `rate()`/`increase()` treat as a counter reset.
 """
 
 from __future__ import annotations
@@ -103,6 +103,12 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "Seconds live hops waited from being due to their submission to the engine, summed",
         labels=[],
     )
+    hop_first_token = CounterMetricFamily(
+        "livemeet_live_hop_first_token_seconds",
+        "Seconds from a live hop's submission to its first sampled id (encode, the wait for a "
+        "step, prefill), summed over finished hops; the rest of the hop's time is decoding",
+        labels=[],
+    )
     drafts = CounterMetricFamily(
         "livemeet_engine_draft_tokens",
         "Draft ids requests carried (proposed) and those their prefill verified (accepted): "
@@ -165,6 +171,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         hop_seconds.add_metric([], stats.live_hop_s)
         forced_tokens.add_metric([], stats.live_forced_tokens)
         hop_wait.add_metric([], stats.live_hop_wait_s)
+        hop_first_token.add_metric([], stats.live_hop_first_token_s)
         continuations.add_metric([], stats.num_upload_continuations)
         drafts.add_metric(["proposed"], stats.num_draft_tokens)
         drafts.add_metric(["accepted"], stats.num_accepted_draft_tokens)
@@ -188,6 +195,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         hop_seconds,
         forced_tokens,
         hop_wait,
+        hop_first_token,
         drafts,
         continuations,
         audio_commands,

@@ -966,6 +966,8 @@ def test_due_sessions_are_submitted_longest_due_first_and_their_wait_counts(
     assert len(durations) == 3 and sorted(durations)[-1] > 3.0  # "b": due 3 s before 0
     stats = core.stats()
     assert stats is not None and stats.live_hop_wait_s == core.live_hop_wait_s
+    # each hop's first sampled id came after its submission and before its end
+    assert 0 < stats.live_hop_first_token_s < stats.live_hop_s
     for sid in ("a", "b", "c"):
         core.abort(sid)
     assert_pool_clean(core)

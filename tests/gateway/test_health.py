@@ -116,6 +116,7 @@ async def test_metrics_export_the_engine_counters(
         live_forced_tokens=9_000,
         num_upload_continuations=3,
         live_hop_wait_s=4.5,
+        live_hop_first_token_s=3.25,
         num_audio_commands=4_000,
         audio_command_lag_s=20.5,
         audio_command_lag_max_s=0.25,
@@ -154,6 +155,7 @@ async def test_metrics_export_the_engine_counters(
     assert 'livemeet_engine_draft_tokens_total{outcome="proposed"} 600.0' in text
     assert 'livemeet_engine_draft_tokens_total{outcome="accepted"} 450.0' in text
     assert "livemeet_live_hop_wait_seconds_total 4.5" in text
+    assert "livemeet_live_hop_first_token_seconds_total 3.25" in text
     assert "livemeet_engine_audio_commands_total 4000.0" in text
     assert "livemeet_engine_audio_command_lag_seconds_total 20.5" in text
     assert "# TYPE livemeet_engine_audio_command_lag_max_seconds gauge" in text

@@ -200,12 +200,14 @@ def test_encoder_windows_and_live_hops_parsed_and_differenced() -> None:
             ("livemeet_live_hop_seconds_total", "counter", hop_s),
             ("livemeet_live_forced_tokens_total", "counter", forced),
             ("livemeet_live_hop_wait_seconds_total", "counter", wait_s),
+            ("livemeet_live_hop_first_token_seconds_total", "counter", hop_s / 4),
         )
 
     fields = engine_fields(
         parse_engine_counters(text(40, 100, 30.0, 5_000, 1.0)),
         parse_engine_counters(text(52, 300, 130.0, 105_000, 21.0)),
     )
+    assert fields["live_hop_first_token_mean_s"] == 0.125  # (32.5 - 7.5) s over 200 hops
     assert fields["encoded_windows"] == 12
     assert fields["live_hops"] == 200 and fields["live_hop_mean_s"] == 0.5
     assert fields["live_forced_mean_tokens"] == 500.0  # the hops' forced transcript

@@ -25,6 +25,8 @@ def _bucket(hops: int, endpoint: int, wait_s: float, prefill_steps: int) -> dict
         "prefill_tokens": 500 * hops,
         "decode_tokens": 6 * hops,
         "live_forced_mean_tokens": 250.0 if hops < 3000 else 300.0,
+        "live_hop_mean_s": 0.5 if hops < 3000 else 0.8,
+        "live_hop_first_token_mean_s": 0.2 if hops < 3000 else 0.25,
     }
 
 
@@ -62,6 +64,18 @@ def test_figures_sum_the_buckets_that_start_in_the_window() -> None:
     assert f.decode_ids_per_hop == pytest.approx(6)
     # forced ids weighted by each bucket's hops, not the buckets' plain mean
     assert f.forced_ids_per_hop == pytest.approx((250 * 2_000 + 300 * 4_000) / hops)
+    assert f.hop_s == pytest.approx((0.5 * 2_000 + 0.8 * 4_000) / hops)
+    assert f.first_id_s == pytest.approx((0.2 * 2_000 + 0.25 * 4_000) / hops)
+    assert live_report.figures_row("x", _record(), f).endswith(" | 0.70 / 0.23 |")
+
+
+def test_records_of_servers_without_first_id_times_show_a_dash() -> None:
+    record = _record()
+    for bucket in record["engine_by_time"].values():
+        del bucket["live_hop_first_token_mean_s"]
+    f = live_report.figures(record, 120.0, 240.0)
+    assert f.first_id_s is None
+    assert live_report.figures_row("x", record, f).endswith(" | 0.70 / - |")
 
 
 def test_counters_bench_live_leaves_out_count_as_zero() -> None:
