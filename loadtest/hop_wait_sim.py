@@ -41,6 +41,7 @@ class HopWaits:
     waits_s: tuple[float, ...]
 
     def percentile(self, q: float) -> float:
+        """The q-th percentile (0-100) of the waits, in s."""
         return float(np.percentile(self.waits_s, q))
 
 

@@ -127,17 +127,24 @@ def ref_add_layer_norm(
 if HAS_TRITON:
 
     @triton.jit
-    def add_residual_rstd(X, R, ROut, cols, mask, dim, eps, HAS_RESIDUAL: tl.constexpr, store):
-        """One row's residual add and RMS: x (+ r, the sum rounded to the input dtype as
-        torch's x + residual, written to ROut when `store`) over the `cols` of X/R/ROut (row
-        pointers), and rsqrt(mean(x^2) + eps) in fp32 over `dim` elements. Returns (x, rstd).
-        Shared by _add_rms_norm_kernel and the norm-folded GEMV (livemeet.layers.linear)."""
+    def add_residual(X, R, ROut, cols, mask, HAS_RESIDUAL: tl.constexpr, store):
+        """One row's residual add: x (+ r, the sum rounded to the input dtype as torch's
+        x + residual, written to ROut when `store`) over the `cols` of X/R/ROut (row pointers).
+        Returns x in the input dtype. Shared by the norm kernels (RMSNorm and LayerNorm)."""
         x = tl.load(X + cols, mask=mask, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(R + cols, mask=mask, other=0.0)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
             if store:
                 tl.store(ROut + cols, x, mask=mask)
+        return x
+
+    @triton.jit
+    def add_residual_rstd(X, R, ROut, cols, mask, dim, eps, HAS_RESIDUAL: tl.constexpr, store):
+        """One row's `add_residual` and RMS: rsqrt(mean(x^2) + eps) in fp32 over `dim`
+        elements. Returns (x, rstd). Shared by _add_rms_norm_kernel and the norm-folded GEMV
+        (livemeet.layers.linear)."""
+        x = add_residual(X, R, ROut, cols, mask, HAS_RESIDUAL, store)
         x32 = x.to(tl.float32)
         return x, tl.rsqrt(tl.sum(x32 * x32, axis=0) / dim + eps)
 
@@ -462,12 +469,10 @@ if HAS_TRITON:
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK)
         mask = cols < DIM
-        x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0)
-        if HAS_DELTA:
-            d = tl.load(D + row * stride_d + cols, mask=mask, other=0.0)
-            # rounded to the input dtype, as torch's x + delta, before the statistics read it
-            x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
-            tl.store(HOut + row * stride_h + cols, x, mask=mask)
+        x = add_residual(
+            X + row * stride_x, D + row * stride_d, HOut + row * stride_h, cols, mask, HAS_DELTA,
+            True,
+        )  # fmt: skip
         x32 = x.to(tl.float32)
         mean = tl.sum(x32, axis=0) / DIM
         centred = tl.where(mask, x32 - mean, 0.0)
