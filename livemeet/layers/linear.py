@@ -115,6 +115,37 @@ DOT_CANDIDATES = (
 )
 
 
+@torch.no_grad()
+def fuse_linears(
+    linears: tuple[torch.nn.Linear, ...],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One projection for several over the same input: their weights [out_i, in] concatenated
+    along the output dim, and their biases too when any has one (zeros for those without),
+    each weight and bias then re-pointed at its rows of the result (one copy in memory, the
+    same values, requires_grad kept). Returns (weight [sum out_i, in], bias [sum out_i] or
+    None). Hazard: the old parameters are freed; a CUDA graph captured over them must not
+    replay afterwards."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    biases = [lin.bias for lin in linears if lin.bias is not None]
+    bias = None
+    if biases:
+        like = biases[0]
+        bias = torch.cat(
+            [
+                lin.bias.detach() if lin.bias is not None else like.new_zeros(lin.out_features)
+                for lin in linears
+            ]
+        )
+    start = 0
+    for lin in linears:
+        rows = slice(start, start + lin.weight.shape[0])
+        lin.weight = torch.nn.Parameter(weight[rows], requires_grad=lin.weight.requires_grad)
+        if bias is not None and lin.bias is not None:
+            lin.bias = torch.nn.Parameter(bias[rows], requires_grad=lin.bias.requires_grad)
+        start = rows.stop
+    return weight, bias
+
+
 def full_wave(config: GemmConfig, n: int, num_sms: int) -> bool:
     """Whether a 2..16-row launch of `config` on N = n outputs has a program for every SM.
 

@@ -30,7 +30,7 @@ from torch import nn
 from livemeet.errors import InternalError
 from livemeet.layers import fused as fk
 from livemeet.layers.attention import AttentionBackend
-from livemeet.layers.linear import LinearPlan
+from livemeet.layers.linear import LinearPlan, fuse_linears
 from livemeet.layers.norm import RMSNorm
 from livemeet.layers.paged_attention import KVSink
 from livemeet.layers.rotary import RotaryEmbedding, apply_rotary
@@ -62,7 +62,7 @@ class Qwen3Attention(nn.Module):
         if self.qkv_weight is not None:
             return
         projs = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_weight = _fuse_linears(projs)
+        self.qkv_weight, _ = fuse_linears(projs)
 
     def split_qkv(
         self,
@@ -129,7 +129,7 @@ class Qwen3MLP(nn.Module):
     def fuse_weights(self) -> None:
         """Concatenate gate/up_proj into `gate_up_weight` (see Qwen3Attention.fuse_weights)."""
         if self.gate_up_weight is None:
-            self.gate_up_weight = _fuse_linears((self.gate_proj, self.up_proj))
+            self.gate_up_weight, _ = fuse_linears((self.gate_proj, self.up_proj))
 
 
 class Qwen3Layer(nn.Module):
@@ -299,16 +299,3 @@ class Qwen3Model(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, hidden] -> logits [M, vocab] through the tied embedding matrix."""
         return F.linear(hidden, self.embed_tokens.weight)
-
-
-def _fuse_linears(linears: tuple[nn.Linear, ...]) -> torch.Tensor:
-    """Concatenate bias-free linears' weights along the output dim and make each weight a view
-    of its rows in the result (same values, requires_grad kept); returns the concatenation."""
-    fused = torch.cat([lin.weight.detach() for lin in linears])
-    start = 0
-    for lin in linears:
-        rows = lin.weight.shape[0]
-        grad = lin.weight.requires_grad
-        lin.weight = nn.Parameter(fused[start : start + rows], requires_grad=grad)
-        start += rows
-    return fused

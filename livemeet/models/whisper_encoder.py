@@ -22,6 +22,7 @@ from torch import nn
 
 from livemeet.errors import InternalError
 from livemeet.layers import fused as fk
+from livemeet.layers.linear import fuse_linears
 from livemeet.models.config import AudioConfig
 
 
@@ -50,20 +51,10 @@ class EncoderAttention(nn.Module):
         unchanged). Idempotent."""
         if self.qkv_weight is not None:
             return
-        q, k, v = self.q_proj, self.k_proj, self.v_proj
-        assert q.bias is not None and v.bias is not None
-        width = q.weight.shape[0]
-        weight = torch.cat([q.weight, k.weight, v.weight])
-        bias = torch.cat([q.bias, torch.zeros_like(q.bias), v.bias])
-        for i, lin in enumerate((q, k, v)):
-            rows = slice(i * width, (i + 1) * width)
-            lin.weight = nn.Parameter(weight[rows], requires_grad=lin.weight.requires_grad)
-            if lin.bias is not None:
-                lin.bias = nn.Parameter(bias[rows], requires_grad=lin.bias.requires_grad)
-        self.qkv_weight, self.qkv_bias = weight, bias
+        self.qkv_weight, self.qkv_bias = fuse_linears((self.q_proj, self.k_proj, self.v_proj))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, frames, width = x.shape  # [n_win, 1500, d]
+        batch, frames, _ = x.shape  # [n_win, 1500, d]
 
         def split(t: torch.Tensor) -> torch.Tensor:
             return t.view(batch, frames, self.heads, -1).transpose(1, 2)  # [n_win, H, 1500, hd]
