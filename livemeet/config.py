@@ -13,6 +13,7 @@ from pathlib import Path
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
     KV_BLOCK_SIZE,
+    KV_BLOCK_SIZES,
     KV_CACHE_DTYPES,
     LIVE_DECODE_STEPS,
     LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
@@ -79,6 +80,7 @@ class ModelConfig:
     forced_output: str | None = None  # path of a reference transcript to force (benchmarks)
     num_kv_blocks: int | None = None  # KV pool size in blocks; None sizes it from memory
     kv_cache_dtype: str = "auto"  # "auto" (model dtype) or "fp8_e4m3"
+    kv_block_size: int = KV_BLOCK_SIZE  # tokens per paged-KV block, one of KV_BLOCK_SIZES
     max_new_tokens: int | None = None  # cap on output tokens per request (None: duration-scaled)
     prefill_graphs: bool = True  # piecewise CUDA graphs for steps that prefill (CUDA only)
     # of the GPU's memory that weights + KV pool may fill; graphs and activations use the rest
@@ -129,6 +131,11 @@ class ModelConfig:
             raise ConfigError(
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"not {self.kv_cache_dtype!r}"
+            )
+        if self.kv_block_size not in KV_BLOCK_SIZES:
+            raise ConfigError(
+                f"kv_block_size must be one of {', '.join(map(str, KV_BLOCK_SIZES))}, "
+                f"not {self.kv_block_size}"
             )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")

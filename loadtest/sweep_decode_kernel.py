@@ -21,7 +21,8 @@ of a head contiguous, as a head-major pool would hold them). It tells whether a 
 pool would read faster before any kernel is changed for one.
 
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
-       [--max-seconds 150] [--defaults-only | --splits | --layouts]
+       [--max-seconds 150] [--defaults-only | --splits | --layouts] [--block-size 16]
+(`--block-size`: tokens per KV block of the caches, 16 as the engine's by default)
 """
 
 from __future__ import annotations
@@ -132,15 +133,17 @@ def split_candidates(batch: int, context: int, num_sms: int) -> list[int]:
     return sorted(n for n in pow2 | waves if 1 <= n <= limit)
 
 
-def make_caches(batch: int, context: int, fp8: bool, kv_heads: int = NUM_KV_HEADS):
-    """Per-layer (k, v) caches of `kv_heads` heads in shuffled blocks, one block table, the
-    lengths, and the KV bytes a layer reads."""
+def make_caches(
+    batch: int, context: int, fp8: bool, kv_heads: int = NUM_KV_HEADS, block_size: int = BLOCK_SIZE
+):
+    """Per-layer (k, v) caches of `kv_heads` heads in shuffled blocks of `block_size` tokens,
+    one block table, the lengths, and the KV bytes a layer reads."""
     elem = 1 if fp8 else 2
     kv_bytes = batch * context * kv_heads * HEAD_DIM * 2 * elem
     layers = max(1, min(NUM_LAYERS, math.ceil(L2_DEFEAT_BYTES / kv_bytes)))
-    blocks_per_seq = math.ceil(context / BLOCK_SIZE)
+    blocks_per_seq = math.ceil(context / block_size)
     num_blocks = batch * blocks_per_seq
-    shape = (num_blocks, BLOCK_SIZE, kv_heads, HEAD_DIM)
+    shape = (num_blocks, block_size, kv_heads, HEAD_DIM)
     caches = []
     for _ in range(layers):
         k = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
@@ -163,12 +166,13 @@ def sweep_point(
     deadline: float,
     full: bool,
     split_sweep: bool = False,
+    block_size: int = BLOCK_SIZE,
 ) -> list[SweepRow]:
     """Time `candidates(full, fp8)` and two split counts around the default at one point
     (batch sequences of `context` tokens) until `deadline` (time.monotonic() seconds), or with
     `split_sweep`, the dtype's default configuration at every `split_candidates` count;
     `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
-    caches, tables, lens, kv_bytes = make_caches(batch, context, fp8)
+    caches, tables, lens, kv_bytes = make_caches(batch, context, fp8, block_size=block_size)
     q, ref = query_and_reference(NUM_HEADS, caches, tables, lens, fp8)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     group = NUM_HEADS // NUM_KV_HEADS
@@ -328,6 +332,9 @@ def main() -> None:
         "--layouts", action="store_true", help="token-major vs one KV head per sequence"
     )
     parser.add_argument("--json", default="sweep_decode_kernel.json")
+    parser.add_argument(
+        "--block-size", type=int, default=BLOCK_SIZE, help="tokens per KV block of the caches"
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_decode_kernel needs a CUDA device")
@@ -345,8 +352,9 @@ def main() -> None:
             rows += layout_point(batch, context, fp8, read_bw, deadline)
             continue
         rows += sweep_point(
-            batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits
-        )
+            batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits,
+            args.block_size,
+        )  # fmt: skip
     print("best per point:")
     for key, group in itertools.groupby(rows, key=point_key):
         best = min(exact(list(group)), key=lambda r: r.us_per_layer)

@@ -11,7 +11,12 @@ first compared with the default configuration's (max |delta|; above MAX_DELTA it
 chosen); one that does not compile (too much shared memory) is reported and skipped. The best
 candidate per dtype, by total time over the shapes, is printed last.
 
+`--block-sizes 16,64,128` times instead the default configuration at every shape over caches
+paged in blocks of each size (a tile of 128 keys then lies in one block from 128 on: one
+block-table read per tile instead of one per key).
+
 Usage: python -m loadtest.sweep_extend_kernel [--json out.json] [--max-seconds 200]
+    [--block-sizes 16,64,128]
 """
 
 from __future__ import annotations
@@ -72,11 +77,14 @@ def candidates() -> list[pa.ExtendKernelConfig]:
     return out
 
 
-def make_step(chunks: list[tuple[int, int]], fp8: bool) -> dict[str, object]:
-    """Caches, block tables, lengths and queries of one step over `chunks`."""
+def make_step(
+    chunks: list[tuple[int, int]], fp8: bool, block_size: int = BLOCK_SIZE
+) -> dict[str, object]:
+    """Caches (in shuffled blocks of `block_size` tokens), block tables, lengths and queries of
+    one step over `chunks`."""
     lens = [p + n for p, n in chunks]
-    blocks = [math.ceil(n / BLOCK_SIZE) for n in lens]
-    shape = (sum(blocks) + 1, BLOCK_SIZE, KV_HEADS, HEAD_DIM)
+    blocks = [math.ceil(n / block_size) for n in lens]
+    shape = (sum(blocks) + 1, block_size, KV_HEADS, HEAD_DIM)
     dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
     scale = FP8_SCALE if fp8 else 1.0
     k, v = ((torch.randn(shape, device="cuda") / scale).to(dtype) for _ in "kv")
@@ -138,6 +146,31 @@ def sweep(fp8: bool, deadline: float) -> list[Row]:
     return rows
 
 
+def block_size_sweep(fp8: bool, sizes: list[int], deadline: float) -> list[Row]:
+    """The default configuration at every shape over caches in blocks of each of `sizes`
+    tokens (a row's `shape` is "NAME/bBLOCK"), until `deadline` (time.monotonic() seconds)."""
+    rows: list[Row] = []
+    name = "fp8_e4m3" if fp8 else "bf16"
+    scale = HEAD_DIM**-0.5
+    for shape, chunks in SHAPES.items():
+        for size in sizes:
+            if time.monotonic() > deadline:
+                print(f"{name}: out of time at {shape}, blocks of {size}", flush=True)
+                return rows
+            args = make_step(chunks, fp8, size)
+            call = lambda a=args: pa.paged_extend_attention(scale=scale, **a)  # noqa: E731
+            call()
+            ms = device_ms(call, 8)
+            row = Row(name, f"{shape}/b{size}", pa.ExtendKernelConfig(), ms,
+                      pair_flop(chunks) / ms / 1e9, 0.0)  # fmt: skip
+            rows.append(row)
+            print(f"{name} {shape:5s} blocks of {size:3d}: {ms:8.3f} ms "
+                  f"{row.tflop_per_s:6.1f} TFLOP/s", flush=True)  # fmt: skip
+            del args
+            torch.cuda.empty_cache()
+    return rows
+
+
 def best(rows: list[Row]) -> dict[str, tuple[pa.ExtendKernelConfig, float]]:
     """Per KV dtype, the configuration with the least total time over every shape, among those
     whose output stayed within MAX_DELTA of the default's on every shape."""
@@ -157,9 +190,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", default="sweep_extend_kernel.json")
     parser.add_argument("--max-seconds", type=float, default=200.0)
+    parser.add_argument("--block-sizes", default="", help="e.g. 16,64,128 (module docstring)")
     args = parser.parse_args()
     deadline = time.monotonic() + args.max_seconds
     torch.manual_seed(0)
+    if args.block_sizes:
+        sizes = [int(b) for b in args.block_sizes.split(",")]
+        rows = block_size_sweep(False, sizes, deadline - args.max_seconds / 2)
+        rows += block_size_sweep(True, sizes, deadline)
+        with open(args.json, "w") as f:
+            json.dump([{**asdict(r), "config": asdict(r.config)} for r in rows], f, indent=1)
+        return
     rows = sweep(False, deadline - args.max_seconds / 2) + sweep(True, deadline)
     default = {r.kv_dtype: 0.0 for r in rows}
     for r in rows:

@@ -429,30 +429,7 @@ class MossCore:
         random weights) and read the forced-output file. Raises ConfigError."""
         self.config.validate()
         if self.engine is None:
-            cfg = self.config
-            self.engine = Engine(
-                EngineConfig(
-                    model=cfg.model,
-                    load_format=cfg.load_format,
-                    device=cfg.device,
-                    dtype=cfg.dtype,
-                    num_kv_blocks=cfg.num_kv_blocks,
-                    kv_cache_dtype=cfg.kv_cache_dtype,
-                    prefill_graphs=cfg.prefill_graphs,
-                    mem_fraction=cfg.mem_fraction,
-                    scheduler=SchedulerConfig(
-                        chunked_prefill_size=cfg.chunked_prefill_size,
-                        upload_batch_wait_s=cfg.upload_batch_wait_ms / 1000.0,
-                        upload_hold=parse_upload_hold(cfg.upload_hold),
-                        upload_step_budget_s=cfg.upload_step_budget_ms / 1000.0,
-                        step_budget_s=cfg.live_step_budget_ms / 1000.0,
-                        live_decode_steps=cfg.live_decode_steps,
-                        max_num_batched_tokens=max(
-                            SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
-                        ),
-                    ),
-                )
-            )
+            self.engine = Engine(engine_config(self.config))
         if self.config.forced_output:
             self._load_forced(Path(self.config.forced_output))
         self._tell_incoming_uploads()  # a count sent before the engine existed
@@ -1071,6 +1048,32 @@ class MossCore:
             if not self._exact_pieces:
                 log.warning("the tokenizer does not split after digits: forced ids are re-encoded")
         return self._exact_pieces
+
+
+def engine_config(cfg: ModelConfig) -> EngineConfig:
+    """The Engine's configuration for a backend's ModelConfig (its flags, scheduler included)."""
+    return EngineConfig(
+        model=cfg.model,
+        load_format=cfg.load_format,
+        device=cfg.device,
+        dtype=cfg.dtype,
+        num_kv_blocks=cfg.num_kv_blocks,
+        kv_cache_dtype=cfg.kv_cache_dtype,
+        block_size=cfg.kv_block_size,
+        prefill_graphs=cfg.prefill_graphs,
+        mem_fraction=cfg.mem_fraction,
+        scheduler=SchedulerConfig(
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            upload_batch_wait_s=cfg.upload_batch_wait_ms / 1000.0,
+            upload_hold=parse_upload_hold(cfg.upload_hold),
+            upload_step_budget_s=cfg.upload_step_budget_ms / 1000.0,
+            step_budget_s=cfg.live_step_budget_ms / 1000.0,
+            live_decode_steps=cfg.live_decode_steps,
+            max_num_batched_tokens=max(
+                SchedulerConfig.max_num_batched_tokens, cfg.chunked_prefill_size
+            ),
+        ),
+    )
 
 
 def _open(seg: Segment) -> bool:

@@ -13,6 +13,7 @@ from aiohttp import web
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
     GIL_SWITCH_INTERVAL_S,
+    KV_BLOCK_SIZES,
     KV_CACHE_DTYPES,
     MAX_AUDIO_S,
     MAX_LIVE_DECODE_STEPS,
@@ -104,6 +105,13 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument(
         "--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV pool dtype"
+    )
+    p.add_argument(
+        "--kv-block-size",
+        type=int,
+        default=ModelConfig.kv_block_size,
+        choices=KV_BLOCK_SIZES,
+        help="tokens per paged-KV block",
     )
     p.add_argument(
         "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory)"
@@ -225,6 +233,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         forced_output=args.forced_output,
         num_kv_blocks=args.num_kv_blocks,
         kv_cache_dtype=args.kv_cache_dtype,
+        kv_block_size=args.kv_block_size,
         max_new_tokens=args.max_new_tokens,
         prefill_graphs=args.prefill_graphs,
         mem_fraction=args.mem_fraction,

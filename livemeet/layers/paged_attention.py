@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from livemeet.audio.constants import KV_BLOCK_SIZES
 from livemeet.errors import ConfigError, InternalError
 from livemeet.layers import cuda_decode, pdl, split_k
 
@@ -43,7 +44,7 @@ except ImportError:  # the CPU-only install path
 
 Impl = Literal["auto", "triton", "torch"]
 
-SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)  # tokens per KV block
+SUPPORTED_BLOCK_SIZES = KV_BLOCK_SIZES  # tokens per KV block
 H200_NUM_SMS = 132  # streaming multiprocessors of an H200 SXM (HOPPER/H200 device notes)
 FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (OCP FP8 spec)
 LOG2E = 1.4426950408889634  # log2(e): the kernels use exp2

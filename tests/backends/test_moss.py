@@ -19,7 +19,7 @@ import torch
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
-from livemeet.backends.moss import MossCore, _Upload
+from livemeet.backends.moss import MossCore, _Upload, engine_config
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
@@ -608,6 +608,32 @@ def test_empty_upload_and_bad_input(our_model: MossTDModel, tmp_path: Path) -> N
         MossCore(ModelConfig(forced_output=str(bad)), engine=core.engine).load()
     with pytest.raises(ConfigError):
         ModelConfig(forced_output=str(tmp_path / "missing.txt")).validate()
+
+
+def test_engine_config_carries_the_model_flags() -> None:
+    """What `serve` parses reaches the Engine: the KV pool's dtype and block size, and the
+    scheduler's budgets (ms flags in seconds); a block size no kernel pages by is refused."""
+    cfg = ModelConfig(
+        load_format="dummy",
+        kv_cache_dtype="fp8_e4m3",
+        kv_block_size=128,
+        live_step_budget_ms=10.0,
+        live_decode_steps=3,
+        chunked_prefill_size=16_384,
+    )
+    engine = engine_config(cfg)
+    assert (engine.kv_cache_dtype, engine.block_size, engine.load_format) == (
+        "fp8_e4m3",
+        128,
+        "dummy",
+    )
+    assert engine.scheduler.step_budget_s == pytest.approx(0.010)
+    assert engine.scheduler.live_decode_steps == 3
+    assert engine.scheduler.chunked_prefill_size == 16_384
+    assert engine.scheduler.max_num_batched_tokens == 16_384  # room for one whole chunk
+    assert engine_config(ModelConfig()).block_size == 16
+    with pytest.raises(ConfigError, match="kv_block_size"):
+        ModelConfig(kv_block_size=24).validate()
 
 
 def test_registry_selects_moss() -> None:

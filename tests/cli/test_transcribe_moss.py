@@ -86,6 +86,11 @@ def test_serve_model_flags(tmp_path: Path) -> None:
     assert config.model.forced_output == str(forced) and config.model.dtype == "bfloat16"
     args = build_parser().parse_args(["serve", "--model", "x", "--kv-cache-dtype", "fp8_e4m3"])
     assert serve.config_from_args(args).model.kv_cache_dtype == "fp8_e4m3"
+    assert serve.config_from_args(args).model.kv_block_size == 16  # the default block
+    args = build_parser().parse_args(["serve", "--model", "x", "--kv-block-size", "128"])
+    assert serve.config_from_args(args).model.kv_block_size == 128
+    with pytest.raises(SystemExit):  # a size no attention kernel pages by
+        build_parser().parse_args(["serve", "--model", "x", "--kv-block-size", "24"])
     assert serve.config_from_args(args).model.prefill_graphs  # on unless turned off
     args = build_parser().parse_args(["serve", "--model", "x", "--no-prefill-graphs"])
     assert not serve.config_from_args(args).model.prefill_graphs
