@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from livemeet.audio.constants import SAMPLES_PER_TOKEN
+from livemeet.audio.constants import KV_BLOCK_SIZE, KV_BLOCK_SIZES, SAMPLES_PER_TOKEN
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.model_runner import kv_bytes_per_token
 from livemeet.engine.scheduler import ScheduledBatch
@@ -228,9 +228,11 @@ def build_engine(
     model: Any = None,
     num_kv_blocks: int | None = None,
     prefill_graphs: bool = True,
+    block_size: int = KV_BLOCK_SIZE,
 ) -> Engine:
     """An Engine on dummy weights: real size, or the small `TINY_CONFIG` (smoke tests).
-    `model`: a (MossTDModel, MossTDConfig) to reuse (e.g. for the FP8-KV pass)."""
+    `model`: a (MossTDModel, MossTDConfig) to reuse (e.g. for the FP8-KV pass); `block_size`:
+    tokens per KV block."""
     kwargs: dict[str, Any] = {
         "load_format": "dummy",
         "device": device,
@@ -238,6 +240,7 @@ def build_engine(
         "kv_cache_dtype": kv_cache_dtype,
         "num_kv_blocks": num_kv_blocks,
         "prefill_graphs": prefill_graphs,
+        "block_size": block_size,
     }
     if "cuda_graphs" in {f.name for f in dataclasses.fields(EngineConfig)}:
         kwargs["cuda_graphs"] = not eager
@@ -641,6 +644,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto", help="auto: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8_e4m3"))
+    p.add_argument("--kv-block-size", type=int, default=KV_BLOCK_SIZE, choices=KV_BLOCK_SIZES)
     p.add_argument("--eager", action="store_true", help="disable CUDA graphs when supported")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="fixed KV pool (tests)")
     p.add_argument("--workloads", default="short,long")
@@ -721,6 +725,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         eager=args.eager,
         num_kv_blocks=args.num_kv_blocks,
         prefill_graphs=args.prefill_graphs,
+        block_size=args.kv_block_size,
     )
     device = engine.runner.device
     print(f"engine ready in {time.perf_counter() - t0:.1f} s on {device}", flush=True)
@@ -779,6 +784,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model=model,
             num_kv_blocks=args.num_kv_blocks,
             prefill_graphs=args.prefill_graphs,
+            block_size=args.kv_block_size,
         )
         cache.engine = engine
         fp8_log = BatchLog(engine)

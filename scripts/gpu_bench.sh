@@ -132,7 +132,7 @@ case "$phase" in
       --long-concurrency "${LONG_C:-1}" --decode-batches 1 --decode-contexts 1024 --fp8 "${FP8_POINTS:-}" \
       --assumed-audio-s-per-s "${ASSUMED_RATE:-100}" $( [ "${PREFILL_GRAPHS:-1}" = 0 ] && echo --no-prefill-graphs ) \
       $( [ "${BENCH_SYNC_ENCODER:-0}" = 1 ] && echo --sync-encoder ) \
-      --max-seconds "$(( ${BENCH_S:-200} - 30 ))" --json "$OUT/bench_engine.json"
+      ${BENCH_BLOCK:+--kv-block-size "$BENCH_BLOCK"} --max-seconds "$(( ${BENCH_S:-200} - 30 ))" --json "$OUT/bench_engine.json"
     ;;
   http)
     # short first (cheap), then long c16 (the headline) before c1; 2 meetings at c1.
