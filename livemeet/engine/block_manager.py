@@ -11,6 +11,10 @@ Block size: 16 tokens (`KV_BLOCK_SIZE`).
   every request wastes on average half a block (256-token blocks x 128 requests ~ 1.75 GiB).
 - Smaller blocks cost table length: a 90-minute prompt (~71k tokens) needs ~4.5k entries at 16,
   which is still a small int32 row on the GPU and O(1) Python work per decode token.
+- Blocks of 128 tokens hold whole 128-key tiles of the extend kernel (one table read per tile
+  instead of one per key): 4-12 % less extend time on an H200 (docs/benchmarks.md, session 23).
+  `serve --kv-block-size` takes any of KV_BLOCK_SIZES; 16 stays the default until the decode
+  throughput points are measured at both sizes side by side.
 
 Sharing: `fork` gives a second request the blocks of a prefix (refcount + 1 each). A block is
 never written while shared: before a request writes into a shared block (its first write after

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
 from livemeet.backends.moss import MossCore, _Upload, engine_config
@@ -65,13 +65,18 @@ def make_core(
     forced: str | None = None,
     num_blocks: int = NUM_BLOCKS,
     scheduler: SchedulerConfig | None = None,
+    block_size: int = KV_BLOCK_SIZE,
     **model_options: Any,
 ) -> MossCore:
     forced_path = None
     if forced is not None:
         forced_path = tmp_path / "forced.txt"
         forced_path.write_text(forced, encoding="utf-8")
-    config = EngineConfig(num_kv_blocks=num_blocks, scheduler=scheduler or SchedulerConfig())
+    config = EngineConfig(
+        num_kv_blocks=num_blocks,
+        block_size=block_size,
+        scheduler=scheduler or SchedulerConfig(),
+    )
     engine = Engine(config, model=(model, model.cfg), clock=SteppingClock())
     core = MossCore(
         ModelConfig(forced_output=str(forced_path) if forced_path else None, **model_options),
@@ -724,10 +729,16 @@ def test_live_forced_partials_finals_and_kv_reuse(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("block_size", [KV_BLOCK_SIZE, 128])
 def test_live_hop_with_forked_kv_matches_a_fresh_decode(
-    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, block_size: int
 ) -> None:
-    core = make_core(our_model, tmp_path)
+    """The second hop forks the first's stable prefix, which ends inside a KV block (copied
+    on write: up to 127 tokens with `--kv-block-size 128`), and decodes what a fresh decode
+    of the whole audio does."""
+    core = make_core(
+        our_model, tmp_path, num_blocks=NUM_BLOCKS * 16 // block_size, block_size=block_size
+    )
     tokens = record_tokens(core)
     audio = clips[40.0][: round(32.0 * SAMPLE_RATE)]
     core.open("L", SessionOptions(live=True, hop_s=1.0, max_new_tokens=12))

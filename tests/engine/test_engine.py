@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
 from livemeet.engine.paged_backend import StepAttention
 from livemeet.engine.request import RequestClass, Status
@@ -41,9 +42,11 @@ def reference_tokens(ref_model: Any, batch_clips: list[np.ndarray]) -> list[list
     ]
 
 
-def _engine(model: MossTDModel, chunk: int, num_blocks: int | None) -> Engine:
+def _engine(
+    model: MossTDModel, chunk: int, num_blocks: int | None, block_size: int = KV_BLOCK_SIZE
+) -> Engine:
     sched = SchedulerConfig(chunked_prefill_size=chunk, max_num_batched_tokens=max(chunk, 1024))
-    config = EngineConfig(num_kv_blocks=num_blocks, scheduler=sched)
+    config = EngineConfig(num_kv_blocks=num_blocks, block_size=block_size, scheduler=sched)
     return Engine(config, model=(model, model.cfg), clock=SteppingClock())
 
 
@@ -66,16 +69,22 @@ def _run_staggered(engine: Engine, clips: list[np.ndarray]) -> dict[str, list[in
     return done
 
 
-@pytest.mark.parametrize("chunk", [64, 512, 4096])
+@pytest.mark.parametrize(
+    ("chunk", "block_size"),
+    [(64, KV_BLOCK_SIZE), (512, KV_BLOCK_SIZE), (4096, KV_BLOCK_SIZE), (512, 128)],
+)
 def test_mixed_batch_matches_reference(
     our_model: MossTDModel,
     batch_clips: list[np.ndarray],
     reference_tokens: list[list[int]],
     chunk: int,
+    block_size: int,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # staggered arrivals make mixed steps: their decode rows must take the decode kernel
-    engine = _engine(our_model, chunk, num_blocks=None)
+    # staggered arrivals make mixed steps: their decode rows must take the decode kernel;
+    # blocks of 128 (`serve --kv-block-size`) hold whole extend tiles and copy up to 127
+    # tokens on write after a fork
+    engine = _engine(our_model, chunk, num_blocks=None, block_size=block_size)
     runner = engine.runner
     launch, metadata, attend = runner.launch, runner._metadata, StepAttention.__call__
     batches: list[Any] = []
