@@ -249,16 +249,6 @@ def _attention_calls() -> None:
                 seq_lens, scale, max_seqlen_q=q_len, impl="triton",
                 kernel=pa.ExtendKernelConfig(rows=rows),
             )  # fmt: skip
-        # the TMA form, over blocks that hold whole tiles of keys (the same tokens per sequence)
-        per_block = BLOCKS_PER_SEQ * KV_BLOCK_SIZE // 2
-        shape = (NUM_BLOCKS, per_block, KV_HEADS, HEAD_DIM)
-        big_k, big_v = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
-        q_len = 64
-        pa.paged_extend_attention(
-            _bf16(DECODE_ROWS * q_len, HEADS, HEAD_DIM), big_k, big_v, tables[:, :2].contiguous(),
-            torch.arange(DECODE_ROWS + 1, dtype=torch.int32) * q_len, seq_lens, scale,
-            max_seqlen_q=q_len, impl="triton", kernel=pa.ExtendKernelConfig(tma=True),
-        )  # fmt: skip
 
 
 def _linear_calls() -> None:

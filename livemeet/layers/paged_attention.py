@@ -17,9 +17,6 @@ for long-context inference"): decode splits each sequence's KV into `num_splits`
 as separate programs, each writing a partial output and its log-sum-exp; a second kernel merges
 them. All query heads that share a KV head run in one program, so each KV tile is read once per
 group (GQA). The extend kernel packs those heads into the rows of one query tile the same way.
-Where a KV block holds whole tiles of keys, its TMA form (`ExtendKernelConfig.tma`) copies each
-K/V tile with one tensor-memory-accelerator box load (CUDA Programming Guide, "Tensor Memory
-Access") after one block-table read, instead of gathering keys by address.
 
 `impl="auto"` runs Triton on CUDA tensors when Triton imports, and the torch references
 otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRITON_INTERPRET=1).
@@ -27,7 +24,6 @@ otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRI
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,12 +41,6 @@ try:
     HAS_TRITON = True
 except ImportError:  # the CPU-only install path
     HAS_TRITON = False
-try:  # host-side TMA descriptors (Triton >= 3.3): ExtendKernelConfig.tma
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    HAS_TMA = HAS_TRITON
-except ImportError:
-    HAS_TMA = False
 
 Impl = Literal["auto", "triton", "torch"]
 
@@ -210,10 +200,6 @@ EXTEND_ROWS = 128  # query rows (tokens x heads of a group) per extend tile
 EXTEND_ROWS_SMALL = 64  # rows per tile when 128-row tiles would leave SMs idle
 EXTEND_BLOCK_N = 128  # keys per extend tile
 EXTEND_NUM_STAGES = 3
-# the TMA form (ExtendKernelConfig.tma) is off until measured; LIVEMEET_EXTEND_TMA=1 in the
-# environment turns it on where it fits (side-by-side benchmarks)
-EXTEND_TMA_ENV = "LIVEMEET_EXTEND_TMA"
-EXTEND_TMA = os.environ.get(EXTEND_TMA_ENV, "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -221,17 +207,13 @@ class ExtendKernelConfig:
     """Launch configuration of the extend (prefill) kernel; the defaults are the module's
     EXTEND_* constants. rows: query rows per tile (None: `extend_tile_rows` picks EXTEND_ROWS
     or EXTEND_ROWS_SMALL); block_n: keys per tile; num_warps: for tiles of >= 128 rows
-    (num_warps_small below); tma: K/V tiles through tensor-memory-accelerator descriptors
-    (`_extend_kernel_tma`) where a KV block holds whole tiles (block size a multiple of
-    block_n) and the cache is contiguous, else the gather form. For benchmarks
-    (loadtest/sweep_extend_kernel.py)."""
+    (num_warps_small below). For benchmarks (loadtest/sweep_extend_kernel.py)."""
 
     rows: int | None = None
     block_n: int = EXTEND_BLOCK_N
     num_stages: int = EXTEND_NUM_STAGES
     num_warps: int = 8
     num_warps_small: int = 4
-    tma: bool = EXTEND_TMA
 
 
 DEFAULT_EXTEND_KERNEL = ExtendKernelConfig()
@@ -746,94 +728,6 @@ if HAS_TRITON:
             mask=rmask[:, None],
         )
 
-    @triton.jit
-    def _extend_kernel_tma(
-        Q,
-        KDesc,
-        VDesc,
-        BlockTables,
-        CuSeqlensQ,
-        SeqLens,
-        Out,
-        qk_scale,  # softmax scale * log2(e) * k_scale
-        v_scale,
-        stride_qt,
-        stride_qh,
-        stride_ot,
-        stride_oh,
-        stride_bt,
-        GROUP: tl.constexpr,
-        GROUP_POW2: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        PAGE: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        FP16_DOT: tl.constexpr,
-    ):
-        # `_extend_kernel` with its K/V tiles copied by the tensor memory accelerator: KDesc and
-        # VDesc see a cache as 2-D [num_blocks * PAGE, kv_heads * HEAD_DIM] (a token's heads
-        # side by side) in boxes of [BLOCK_N, HEAD_DIM]. PAGE % BLOCK_N == 0, so a tile's keys
-        # are BLOCK_N consecutive rows of one block: one table read and one copy per tile.
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        mt = tl.program_id(2)
-        q_start = tl.load(CuSeqlensQ + b)
-        q_len = tl.load(CuSeqlensQ + b + 1) - q_start
-        if mt * BLOCK_M >= q_len:
-            return
-        seq_len = tl.load(SeqLens + b)
-        prefix_len = seq_len - q_len
-
-        ROWS: tl.constexpr = BLOCK_M * GROUP_POW2
-        rows = tl.arange(0, ROWS)
-        tok = mt * BLOCK_M + rows // GROUP_POW2  # new-token index within the sequence
-        head_in_group = rows % GROUP_POW2
-        rmask = (tok < q_len) & (head_in_group < GROUP)
-        heads = kvh * GROUP + head_in_group
-        offs_d = tl.arange(0, HEAD_DIM)
-        q_tok = (q_start + tok).to(tl.int64)
-        q = tl.load(
-            Q + q_tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=rmask[:, None],
-            other=0.0,
-        )  # [ROWS, D]
-        if FP16_DOT:
-            q = q.to(tl.float16)
-        q_pos = prefix_len + tok
-        bt = BlockTables + b.to(tl.int64) * stride_bt
-        col = kvh * HEAD_DIM
-
-        m_i = tl.full([ROWS], float("-inf"), tl.float32)
-        l_i = tl.zeros([ROWS], tl.float32)
-        acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-        full_end = (prefix_len + mt * BLOCK_M) // BLOCK_N * BLOCK_N
-        for t0 in range(0, full_end, BLOCK_N):
-            row = tl.load(bt + t0 // PAGE) * PAGE + t0 % PAGE
-            k = KDesc.load([row, col])
-            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-            v = VDesc.load([row, col])
-            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
-        band_end = tl.minimum(seq_len, prefix_len + (mt + 1) * BLOCK_M)
-        for t0 in range(full_end, band_end, BLOCK_N):
-            k_pos = t0 + tl.arange(0, BLOCK_N)
-            kmask = k_pos < band_end
-            row = tl.load(bt + t0 // PAGE) * PAGE + t0 % PAGE
-            # rows past band_end hold other tokens' or stale bytes (NaN patterns among them):
-            # their scores are masked below and their values zeroed (0 * NaN is NaN)
-            k = KDesc.load([row, col])
-            s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale
-            visible = kmask[None, :] & (k_pos[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s, float("-inf"))
-            v = tl.where(kmask[:, None], VDesc.load([row, col]).to(q.dtype), 0.0)
-            m_i, l_i, acc = _online_softmax_step(s, v.to(q.dtype), m_i, l_i, acc)
-
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None] * v_scale
-        tl.store(
-            Out + q_tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-            out.to(Out.dtype.element_ty),
-            mask=rmask[:, None],
-        )
-
 
 # ----------------------------------------------------------------------------------------------
 # Python API.
@@ -1277,13 +1171,6 @@ def _launch_triton_split(
     )
 
 
-def tma_tiles_fit(k_cache: torch.Tensor, v_cache: torch.Tensor, block_n: int) -> bool:
-    """Whether `_extend_kernel_tma` can read these caches: a KV block holds whole tiles of
-    `block_n` keys, and each cache is contiguous [num_blocks, block_size, kv_heads, head_dim]
-    (so it is 2-D [tokens, kv_heads * head_dim] with 16-byte rows, as a TMA box wants)."""
-    return k_cache.shape[1] % block_n == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
-
-
 def extend_tile_rows(
     num_seqs: int, num_kv_heads: int, max_seqlen_q: int, group: int, num_sms: int
 ) -> int:
@@ -1384,7 +1271,6 @@ class ExtendLaunch:
         self.grid = (num_seqs, num_kv_heads, triton.cdiv(max(max_seqlen_q, 1), block_m))
         self.qk_scale = scale * LOG2E * k_scale
         self.cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
-        self.tma = cfg.tma and HAS_TMA and tma_tiles_fit(k_cache, v_cache, cfg.block_n)
         self.constexprs = {
             "GROUP": group,
             "GROUP_POW2": group_pow2,
@@ -1416,29 +1302,6 @@ class ExtendLaunch:
             return ref if out is None else out.copy_(ref)
         out = torch.empty_like(q) if out is None else out
         if self.empty:
-            return out
-        if self.tma:
-            box = [self.constexprs["BLOCK_N"], self.constexprs["HEAD_DIM"]]
-            descs = [
-                TensorDescriptor.from_tensor(c.view(c.shape[0] * c.shape[1], -1), box)
-                for c in (k_cache, v_cache)
-            ]
-            _extend_kernel_tma[self.grid](
-                q,
-                *descs,
-                self.block_tables,
-                self.cu_seqlens_q,
-                self.seq_lens,
-                out,
-                self.qk_scale,
-                self.v_scale,
-                q.stride(0),
-                q.stride(1),
-                out.stride(0),
-                out.stride(1),
-                self.block_tables.stride(0),
-                **self.constexprs,
-            )
             return out
         _extend_kernel[self.grid](
             q,
