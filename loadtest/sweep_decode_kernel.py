@@ -32,6 +32,7 @@ import dataclasses
 import itertools
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -281,7 +282,12 @@ def report_row(
 
 
 def layout_point(
-    batch: int, context: int, fp8: bool, read_bw: float, deadline: float
+    batch: int,
+    context: int,
+    fp8: bool,
+    read_bw: float,
+    deadline: float,
+    block_size: int = BLOCK_SIZE,
 ) -> list[SweepRow]:
     """`--layouts` at one point: the dtype's default on the token-major cache and on the same
     bytes as one KV head per sequence, at the token-major default's split count on both (so
@@ -297,7 +303,7 @@ def layout_point(
         if time.monotonic() > deadline:  # before building caches that would go unused
             print(f"  (time budget spent: skipping the rest of {batch}x{context})")
             break
-        caches, tables, lens, kv_bytes = make_caches(seqs, context, fp8, kv_heads=heads)
+        caches, tables, lens, kv_bytes = make_caches(seqs, context, fp8, heads, block_size)
         q, ref = query_and_reference(heads * group, caches, tables, lens, fp8)
         if not splits:
             per_sm = pa.decode_programs_per_sm(q.dtype, caches[0][0], group, default)
@@ -349,7 +355,7 @@ def main() -> None:
         deadline = start + args.max_seconds * (i + 1) / len(work)  # an equal share per point
         fp8 = dtype == "fp8_e4m3"
         if args.layouts:
-            rows += layout_point(batch, context, fp8, read_bw, deadline)
+            rows += layout_point(batch, context, fp8, read_bw, deadline, args.block_size)
             continue
         rows += sweep_point(
             batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits,
@@ -360,7 +366,8 @@ def main() -> None:
         best = min(exact(list(group)), key=lambda r: r.us_per_layer)
         print(f"  {key}: {best}")
     with open(args.json, "w") as f:
-        json.dump({"read_tb_per_s": read_bw, "rows": [asdict(r) for r in rows]}, f, indent=2)
+        record = {"read_tb_per_s": read_bw, "block_size": args.block_size, "argv": sys.argv[1:]}
+        json.dump({**record, "rows": [asdict(r) for r in rows]}, f, indent=2)
 
 
 if __name__ == "__main__":

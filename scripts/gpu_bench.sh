@@ -16,6 +16,9 @@
 # av, ...). A GPU test running past 90 s dumps every thread's stack (faulthandler).
 # GPU_TESTS lists test paths (split on spaces); GPU_TESTS_K is pytest's -k expression, passed
 # whole (a -k inside GPU_TESTS would be split apart). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
+# KV block size (tokens): BENCH_BLOCK for the engine bench (both phases), KERNEL_SWEEP_BLOCK for
+# the decode kernel sweep, EXTEND_SWEEP_BLOCKS (a list) for the extend kernel sweep; the server's
+# goes in SERVE_EXTRA (`--kv-block-size 128`). Unset: the engine's 16.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:-}"
@@ -97,7 +100,8 @@ case "$phase" in
     step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
       --workloads short,long --short-concurrency "${SHORT_C:-1,16,64}" --long-concurrency "${LONG_C:-1,4}" \
       --decode-batches 1,16 --decode-contexts 1024,36000 --fp8 "${FP8_POINTS:-long:1,long:4}" \
-      --max-seconds "$(( ${BENCH_S:-230} - 30 ))" --json "$OUT/bench_engine.json"
+      ${BENCH_BLOCK:+--kv-block-size "$BENCH_BLOCK"} --max-seconds "$(( ${BENCH_S:-230} - 30 ))" \
+      --json "$OUT/bench_engine.json"
     step hf-reference "${HF_S:-90}" python3 -m loadtest.hf_reference \
       --contexts 1024,36000 --batches 1,16 --json "$OUT/hf_reference.json"
     ;;

@@ -114,7 +114,10 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         help="tokens per paged-KV block",
     )
     p.add_argument(
-        "--num-kv-blocks", type=int, default=None, help="KV pool size in blocks (default: memory)"
+        "--num-kv-blocks",
+        type=int,
+        default=None,
+        help="KV pool size in blocks of --kv-block-size tokens (default: from free memory)",
     )
     p.add_argument(
         "--max-new-tokens",

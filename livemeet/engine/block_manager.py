@@ -3,7 +3,7 @@
 Plain Python (no torch): the model runner owns the KV tensor of `num_blocks` blocks and reads
 each request's `block_table`; this module only decides which block ids hold which tokens.
 
-Block size: 16 tokens (`KV_BLOCK_SIZE`).
+Block size: 16 tokens by default (`KV_BLOCK_SIZE`; any of `KV_BLOCK_SIZES` by configuration).
 - The paged decode kernel tiles keys in multiples of 16 (tensor-core MMA tiles and 16-token
   loads of 128-dim bf16 heads, 4 KiB per head per block), so the block size is a multiple of 16.
 - Larger blocks cost more: copy-on-write after truncating inside a shared block copies up to

@@ -20,7 +20,7 @@ from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
 from livemeet.backends.moss import MossCore, _Upload, engine_config
-from livemeet.config import ModelConfig
+from livemeet.config import ModelConfig, UploadHold
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
 from livemeet.engine.scheduler import SchedulerConfig, StepOutput
@@ -616,27 +616,48 @@ def test_empty_upload_and_bad_input(our_model: MossTDModel, tmp_path: Path) -> N
 
 
 def test_engine_config_carries_the_model_flags() -> None:
-    """What `serve` parses reaches the Engine: the KV pool's dtype and block size, and the
-    scheduler's budgets (ms flags in seconds); a block size no kernel pages by is refused."""
+    """Every ModelConfig field `serve` parses for the engine reaches its EngineConfig (each set
+    to a value other than its default, the ms flags in seconds); a block size no kernel pages
+    by is refused."""
     cfg = ModelConfig(
+        model="/ckpt/moss",
         load_format="dummy",
+        device="cpu",
+        dtype="float32",
+        num_kv_blocks=123,
         kv_cache_dtype="fp8_e4m3",
         kv_block_size=128,
+        prefill_graphs=False,
+        mem_fraction=0.5,
+        chunked_prefill_size=16_384,
+        upload_batch_wait_ms=30.0,
+        upload_hold="arrivals",
+        upload_step_budget_ms=120.0,
         live_step_budget_ms=10.0,
         live_decode_steps=3,
-        chunked_prefill_size=16_384,
     )
     engine = engine_config(cfg)
-    assert (engine.kv_cache_dtype, engine.block_size, engine.load_format) == (
+    assert (engine.model, engine.load_format, engine.device, engine.dtype) == (
+        "/ckpt/moss",
+        "dummy",
+        "cpu",
+        "float32",
+    )
+    assert (engine.num_kv_blocks, engine.kv_cache_dtype, engine.block_size) == (
+        123,
         "fp8_e4m3",
         128,
-        "dummy",
     )
-    assert engine.scheduler.step_budget_s == pytest.approx(0.010)
-    assert engine.scheduler.live_decode_steps == 3
-    assert engine.scheduler.chunked_prefill_size == 16_384
-    assert engine.scheduler.max_num_batched_tokens == 16_384  # room for one whole chunk
-    assert engine_config(ModelConfig()).block_size == 16
+    assert not engine.prefill_graphs and engine.mem_fraction == 0.5
+    sched = engine.scheduler
+    assert sched.chunked_prefill_size == 16_384
+    assert sched.max_num_batched_tokens == 16_384  # room for one whole chunk
+    assert sched.upload_batch_wait_s == pytest.approx(0.030)
+    assert sched.upload_hold is UploadHold.ARRIVALS
+    assert sched.upload_step_budget_s == pytest.approx(0.120)
+    assert sched.step_budget_s == pytest.approx(0.010)
+    assert sched.live_decode_steps == 3
+    assert engine_config(ModelConfig()).block_size == KV_BLOCK_SIZE
     with pytest.raises(ConfigError, match="kv_block_size"):
         ModelConfig(kv_block_size=24).validate()
 

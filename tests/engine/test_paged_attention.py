@@ -287,7 +287,7 @@ def test_triton_impl_without_triton_is_a_config_error(monkeypatch: pytest.Monkey
 
 
 @needs_interpreter
-@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_decode_kernel_interpreted(block_size: int, heads: int, kv_heads: int, num_splits: int):
@@ -384,7 +384,7 @@ def test_decode_attention_asks_for_pdl_only_up_to_its_row_limit(
 
 
 @needs_interpreter
-@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
 @pytest.mark.parametrize(("heads", "kv_heads"), [(2, 2), (4, 2)])
 @pytest.mark.parametrize("rows", [pa.EXTEND_ROWS, pa.EXTEND_ROWS_SMALL])
 def test_extend_kernel_interpreted(
@@ -457,7 +457,7 @@ def test_fp8_cache_interpreted() -> None:
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("block_size", pa.SUPPORTED_BLOCK_SIZES)
 @pytest.mark.parametrize("num_splits", [1, 7, None])
 def test_decode_kernel_cuda(block_size: int, num_splits: int | None) -> None:
     torch.manual_seed(10)
@@ -518,7 +518,7 @@ def poisoned_caches(
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("block_size", pa.SUPPORTED_BLOCK_SIZES)
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("heads", [8, 16, 24, 32, 48, 64, 80])
 def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads: int) -> None:
@@ -656,7 +656,7 @@ def test_cuda_decode_kernel_off_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("block_size", pa.SUPPORTED_BLOCK_SIZES)
 def test_extend_kernel_cuda(block_size: int) -> None:
     torch.manual_seed(11)
     cases = [(0, 300), (17, 1), (2000, 513), (9, 0), (4096, 64)]
@@ -667,7 +667,7 @@ def test_extend_kernel_cuda(block_size: int) -> None:
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("block_size", pa.SUPPORTED_BLOCK_SIZES)
 def test_extend_kernel_fp8_cache_cuda(block_size: int) -> None:
     """bf16 queries over an e4m3 cache (the fp16-dot path) against the fp32 reference."""
     torch.manual_seed(15)
