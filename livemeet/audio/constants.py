@@ -89,6 +89,7 @@ KV_BLOCK_SIZE = 16  # tokens per paged-KV block (why 16: livemeet/engine/block_m
 KV_BLOCK_SIZES = (16, 32, 64, 128)  # tokens per KV block the attention kernels support
 KV_BYTES_PER_TOKEN = 28 * 2 * 8 * 128 * 2  # bytes; 112 KiB: layers x (K, V) x kv-heads x dim x bf16
 CHUNKED_PREFILL_SIZE = 4_096  # tokens; largest prefill chunk of one request in one step
+MIN_PREFILL_CHUNK = 16  # tokens; a budget-cut chunk smaller than this waits for a step with room
 MAX_CONTEXT_TOKENS = 131_072  # tokens; decoder max_position_embeddings (no RoPE scaling)
 EOS_TOKEN_ID = 151_645  # <|im_end|>
 

@@ -76,11 +76,11 @@ from typing import NamedTuple
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
     EOS_TOKEN_ID,
-    KV_BLOCK_SIZE,
     LIVE_STEP_BUDGET_S,
     MAX_CONTEXT_TOKENS,
     MAX_LIVE_DECODE_STEPS,
     MAX_UPLOAD_STEP_BUDGET_S,
+    MIN_PREFILL_CHUNK,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_STEP_BUDGET_S,
 )
@@ -118,7 +118,7 @@ class SchedulerConfig:
     # docstring); 0 (the bare policy): decode rows only ride along the steps the budget
     # fills. The server passes --live-decode-steps (LIVE_DECODE_STEPS by default).
     live_decode_steps: int = 0
-    min_prefill_chunk: int = KV_BLOCK_SIZE  # tokens; smaller non-final chunks are not worth it
+    min_prefill_chunk: int = MIN_PREFILL_CHUNK  # tokens; smaller non-final chunks are not worth it
     max_model_len: int = MAX_CONTEXT_TOKENS  # tokens; prompt + output limit (FinishReason.LENGTH)
     eos_token_id: int = EOS_TOKEN_ID
 

@@ -49,7 +49,7 @@ from livemeet.transcriber import (
 from livemeet.transcript.parser import parse_transcript, render_segment
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
 from tests.backends.helpers import run_to_idle
-from tests.engine.fakes import SteppingClock
+from tests.engine.fakes import TEST_BLOCK_SIZE, SteppingClock
 
 NUM_BLOCKS = 400  # 6,400 tokens of KV: room for a 40 s prompt and its retained predecessor
 
@@ -65,7 +65,7 @@ def make_core(
     forced: str | None = None,
     num_blocks: int = NUM_BLOCKS,
     scheduler: SchedulerConfig | None = None,
-    block_size: int = KV_BLOCK_SIZE,
+    block_size: int = TEST_BLOCK_SIZE,
     **model_options: Any,
 ) -> MossCore:
     forced_path = None
@@ -750,7 +750,7 @@ def test_live_forced_partials_finals_and_kv_reuse(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block_size", [KV_BLOCK_SIZE, 128])
+@pytest.mark.parametrize("block_size", [TEST_BLOCK_SIZE, 128])
 def test_live_hop_with_forked_kv_matches_a_fresh_decode(
     our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, block_size: int
 ) -> None:

@@ -18,6 +18,9 @@ from livemeet.engine.scheduler import ScheduledBatch, Scheduler
 from livemeet.transcriber import Samples, SessionOptions
 
 Slot = tuple[int, int] | None  # (position, token id) whose KV the slot holds
+# tokens per KV block the tests' pools are sized in (tiny pools that must preempt, block
+# arithmetic), stated rather than taken from the production default (KV_BLOCK_SIZE)
+TEST_BLOCK_SIZE = 16
 
 
 class SteppingClock:

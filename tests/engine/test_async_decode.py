@@ -25,7 +25,7 @@ from livemeet.engine.scheduler import PrefillChunk, ScheduledBatch, SchedulerCon
 from livemeet.errors import InternalError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.transcript.segments import FinishReason
-from tests.engine.fakes import SteppingClock
+from tests.engine.fakes import TEST_BLOCK_SIZE, SteppingClock
 from tests.models import tiny
 
 DURATIONS_S = (1.0, 3.0, 5.0, 8.0, 11.0, 2.0)
@@ -44,7 +44,7 @@ def short_clips(long_speech: np.ndarray) -> list[np.ndarray]:
 
 def _engine(model: MossTDModel, *, asynchronous: bool, num_blocks: int | None) -> Engine:
     sched = SchedulerConfig(chunked_prefill_size=64, max_num_batched_tokens=256, max_num_seqs=8)
-    config = EngineConfig(num_kv_blocks=num_blocks, scheduler=sched)
+    config = EngineConfig(num_kv_blocks=num_blocks, block_size=TEST_BLOCK_SIZE, scheduler=sched)
     transfer = TokenTransfer(CPU, sched.max_num_seqs) if asynchronous else None
     return Engine(config, model=(model, model.cfg), clock=SteppingClock(), transfer=transfer)
 

@@ -7,6 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.engine.block_manager import BlockCopy, BlockManager, BlockManagerError, OutOfBlocks
 from livemeet.engine.request import Request
 from tests.engine.fakes import FakeKV
@@ -45,7 +46,7 @@ def test_constructor_rejects_bad_sizes() -> None:
         BlockManager(0)
     with pytest.raises(BlockManagerError):
         BlockManager(4, block_size=24)
-    assert BlockManager(4).block_size == 16
+    assert BlockManager(4).block_size == KV_BLOCK_SIZE
 
 
 def test_allocate_covers_sequence_and_free_returns_everything(bm: BlockManager) -> None:

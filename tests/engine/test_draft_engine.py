@@ -17,7 +17,7 @@ from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.transcript.segments import FinishReason
-from tests.engine.fakes import SteppingClock
+from tests.engine.fakes import TEST_BLOCK_SIZE, SteppingClock
 from tests.models import tiny
 
 MAX_NEW = 12
@@ -27,7 +27,7 @@ WRONG = 5  # an id no greedy output below starts with (checked)
 
 def _engine(model: MossTDModel, *, asynchronous: bool, num_blocks: int | None = None) -> Engine:
     sched = SchedulerConfig(chunked_prefill_size=64, max_num_batched_tokens=256, max_num_seqs=8)
-    config = EngineConfig(num_kv_blocks=num_blocks, scheduler=sched)
+    config = EngineConfig(num_kv_blocks=num_blocks, block_size=TEST_BLOCK_SIZE, scheduler=sched)
     transfer = TokenTransfer(torch.device("cpu"), 256) if asynchronous else None
     return Engine(config, model=(model, model.cfg), clock=SteppingClock(), transfer=transfer)
 

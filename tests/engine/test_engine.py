@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
 from livemeet.engine.paged_backend import StepAttention
 from livemeet.engine.request import RequestClass, Status
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
-from tests.engine.fakes import SteppingClock
+from tests.engine.fakes import TEST_BLOCK_SIZE, SteppingClock
 from tests.models import tiny
 
 NEW_TOKENS = 24
@@ -43,7 +42,7 @@ def reference_tokens(ref_model: Any, batch_clips: list[np.ndarray]) -> list[list
 
 
 def _engine(
-    model: MossTDModel, chunk: int, num_blocks: int | None, block_size: int = KV_BLOCK_SIZE
+    model: MossTDModel, chunk: int, num_blocks: int | None, block_size: int = TEST_BLOCK_SIZE
 ) -> Engine:
     sched = SchedulerConfig(chunked_prefill_size=chunk, max_num_batched_tokens=max(chunk, 1024))
     config = EngineConfig(num_kv_blocks=num_blocks, block_size=block_size, scheduler=sched)
@@ -71,7 +70,7 @@ def _run_staggered(engine: Engine, clips: list[np.ndarray]) -> dict[str, list[in
 
 @pytest.mark.parametrize(
     ("chunk", "block_size"),
-    [(64, KV_BLOCK_SIZE), (512, KV_BLOCK_SIZE), (4096, KV_BLOCK_SIZE), (512, 128)],
+    [(64, TEST_BLOCK_SIZE), (512, TEST_BLOCK_SIZE), (4096, TEST_BLOCK_SIZE), (512, 128)],
 )
 def test_mixed_batch_matches_reference(
     our_model: MossTDModel,
@@ -329,11 +328,11 @@ def test_a_request_the_whole_pool_cannot_grow_is_reported_finished(
 
     clip = batch_clips[0]
     prompt_len = len(_engine(our_model, 64, None).build_prompt(13).ids)  # 1 s: 13 audio tokens
-    blocks = -(-(prompt_len + 1) // 16)
+    blocks = -(-(prompt_len + 1) // TEST_BLOCK_SIZE)
     sched = SchedulerConfig(chunked_prefill_size=64, max_num_batched_tokens=1024)
     transfer = TokenTransfer(torch.device("cpu"), 1024) if asynchronous else None
     engine = Engine(
-        EngineConfig(num_kv_blocks=blocks, scheduler=sched),
+        EngineConfig(num_kv_blocks=blocks, block_size=TEST_BLOCK_SIZE, scheduler=sched),
         model=(our_model, our_model.cfg),
         clock=SteppingClock(),
         transfer=transfer,

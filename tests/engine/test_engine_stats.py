@@ -21,7 +21,7 @@ from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.model_runner import TokenTransfer
 from livemeet.engine.scheduler import ScheduledBatch, SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
-from tests.engine.fakes import FakeClock, SteppingClock
+from tests.engine.fakes import TEST_BLOCK_SIZE, FakeClock, SteppingClock
 
 DURATIONS_S = (1.0, 3.0, 5.0)
 MAX_NEW = 6
@@ -37,7 +37,7 @@ def _engine(
     model: MossTDModel, *, asynchronous: bool, timer: Callable[[], float] = time.perf_counter
 ) -> Engine:
     transfer = TokenTransfer(torch.device("cpu"), SCHED.max_num_seqs) if asynchronous else None
-    config = EngineConfig(scheduler=SCHED)
+    config = EngineConfig(block_size=TEST_BLOCK_SIZE, scheduler=SCHED)
     return Engine(
         config, model=(model, model.cfg), clock=SteppingClock(), timer=timer, transfer=transfer
     )

@@ -17,7 +17,7 @@ from livemeet.engine.request import Request, RequestClass, Status
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SchedulerError
 from livemeet.errors import ConfigError, InvalidRequest, TooLong
 from livemeet.transcript.segments import FinishReason
-from tests.engine.fakes import FakeClock, FakeRunner, run_steps, scripted_tokens
+from tests.engine.fakes import TEST_BLOCK_SIZE, FakeClock, FakeRunner, run_steps, scripted_tokens
 
 LIVE, UPLOAD = RequestClass.LIVE, RequestClass.UPLOAD
 
@@ -43,7 +43,7 @@ def req(
 
 
 def make(num_blocks: int = 256, **cfg: object) -> tuple[Scheduler, FakeRunner, FakeClock]:
-    bm = BlockManager(num_blocks)
+    bm = BlockManager(num_blocks, TEST_BLOCK_SIZE)
     sched = Scheduler(bm, SchedulerConfig(**cfg))  # type: ignore[arg-type]
     return sched, FakeRunner(bm), FakeClock()
 
@@ -1084,7 +1084,8 @@ def _hop_latency_beside(share: float, rows: int) -> float:
     sessions decode their tails at 30k context (later deadlines) beside a decoding upload.
     The scheduler alone (no fake KV): the clock moves by each step's estimate."""
     sched = Scheduler(
-        BlockManager(40_000), SchedulerConfig(upload_min_share=share, upload_batch_wait_s=0.0)
+        BlockManager(40_000, TEST_BLOCK_SIZE),
+        SchedulerConfig(upload_min_share=share, upload_batch_wait_s=0.0),
     )
     sched.set_live_sessions(rows + 1)
     now_s = 0.0
