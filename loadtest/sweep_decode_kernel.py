@@ -339,7 +339,11 @@ def main() -> None:
     )
     parser.add_argument("--json", default="sweep_decode_kernel.json")
     parser.add_argument(
-        "--block-size", type=int, default=BLOCK_SIZE, help="tokens per KV block of the caches"
+        "--block-size",
+        type=int,
+        default=BLOCK_SIZE,
+        choices=pa.SUPPORTED_BLOCK_SIZES,
+        help="tokens per KV block of the caches",
     )
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -758,7 +758,10 @@ def test_live_hop_with_forked_kv_matches_a_fresh_decode(
     on write: up to 127 tokens with `--kv-block-size 128`), and decodes what a fresh decode
     of the whole audio does."""
     core = make_core(
-        our_model, tmp_path, num_blocks=NUM_BLOCKS * 16 // block_size, block_size=block_size
+        our_model,
+        tmp_path,
+        num_blocks=NUM_BLOCKS * TEST_BLOCK_SIZE // block_size,
+        block_size=block_size,
     )
     tokens = record_tokens(core)
     audio = clips[40.0][: round(32.0 * SAMPLE_RATE)]
