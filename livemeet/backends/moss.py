@@ -1051,7 +1051,9 @@ class MossCore:
 
 
 def engine_config(cfg: ModelConfig) -> EngineConfig:
-    """The Engine's configuration for a backend's ModelConfig (its flags, scheduler included)."""
+    """The Engine's configuration for a backend's ModelConfig (its flags, scheduler included;
+    ms flags become seconds). Raises ConfigError for an unknown `upload_hold`; the rest is
+    validated by `ModelConfig.validate` and the Engine's own configs."""
     return EngineConfig(
         model=cfg.model,
         load_format=cfg.load_format,
