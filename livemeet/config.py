@@ -29,6 +29,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_STEP_BUDGET_S,
     MIN_LIVE_STEP_BUDGET_S,
+    MIN_PREFILL_CHUNK,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_STEP_BUDGET_S,
 )
@@ -143,9 +144,9 @@ class ModelConfig:
             raise ConfigError(
                 f"mem_fraction must be in (0, {MAX_MEM_FRACTION}], not {self.mem_fraction}"
             )
-        if not KV_BLOCK_SIZE <= self.chunked_prefill_size <= MAX_CONTEXT_TOKENS:
+        if not MIN_PREFILL_CHUNK <= self.chunked_prefill_size <= MAX_CONTEXT_TOKENS:
             raise ConfigError(
-                f"chunked_prefill_size must be in [{KV_BLOCK_SIZE}, {MAX_CONTEXT_TOKENS}] "
+                f"chunked_prefill_size must be in [{MIN_PREFILL_CHUNK}, {MAX_CONTEXT_TOKENS}] "
                 f"tokens, not {self.chunked_prefill_size}"
             )
         if not 0.0 <= self.upload_batch_wait_ms <= MAX_UPLOAD_BATCH_WAIT_MS:

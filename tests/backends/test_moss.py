@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE
+from livemeet.audio.constants import KV_BLOCK_SIZE, MIN_PREFILL_CHUNK, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
 from livemeet.backends.moss import MossCore, _Upload, engine_config
@@ -660,6 +660,10 @@ def test_engine_config_carries_the_model_flags() -> None:
     assert engine_config(ModelConfig()).block_size == KV_BLOCK_SIZE
     with pytest.raises(ConfigError, match="kv_block_size"):
         ModelConfig(kv_block_size=24).validate()
+    # a prefill chunk need not fill a KV block: 64-token chunks over 128-token blocks are valid
+    ModelConfig(kv_block_size=128, chunked_prefill_size=64).validate()
+    with pytest.raises(ConfigError, match="chunked_prefill_size"):
+        ModelConfig(chunked_prefill_size=MIN_PREFILL_CHUNK - 1).validate()
 
 
 def test_registry_selects_moss() -> None:

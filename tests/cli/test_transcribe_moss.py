@@ -13,6 +13,7 @@ import pytest
 
 from livemeet.__main__ import main
 from livemeet.audio.constants import (
+    KV_BLOCK_SIZE,
     LIVE_DECODE_STEPS,
     LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
@@ -86,9 +87,9 @@ def test_serve_model_flags(tmp_path: Path) -> None:
     assert config.model.forced_output == str(forced) and config.model.dtype == "bfloat16"
     args = build_parser().parse_args(["serve", "--model", "x", "--kv-cache-dtype", "fp8_e4m3"])
     assert serve.config_from_args(args).model.kv_cache_dtype == "fp8_e4m3"
-    assert serve.config_from_args(args).model.kv_block_size == 16  # the default block
-    args = build_parser().parse_args(["serve", "--model", "x", "--kv-block-size", "128"])
-    assert serve.config_from_args(args).model.kv_block_size == 128
+    assert serve.config_from_args(args).model.kv_block_size == KV_BLOCK_SIZE  # the default
+    args = build_parser().parse_args(["serve", "--model", "x", "--kv-block-size", "32"])
+    assert serve.config_from_args(args).model.kv_block_size == 32
     with pytest.raises(SystemExit):  # a size no attention kernel pages by
         build_parser().parse_args(["serve", "--model", "x", "--kv-block-size", "24"])
     assert serve.config_from_args(args).model.prefill_graphs  # on unless turned off
@@ -153,7 +154,7 @@ def test_serve_engine_sizing_flags() -> None:
     for bad in (
         ["--mem-fraction", "0.97"],  # leaves too little for graphs and activations
         ["--mem-fraction", "0"],
-        ["--chunked-prefill-size", "8"],  # below one KV block: non-final chunks would stall
+        ["--chunked-prefill-size", "8"],  # below MIN_PREFILL_CHUNK: non-final chunks would stall
         ["--chunked-prefill-size", "200000"],  # past the context
         ["--upload-batch-wait-ms", "-1"],
         ["--upload-batch-wait-ms", "5000"],  # holding an upload for seconds is never right
