@@ -3,16 +3,22 @@
 Live WebSocket sessions stream audio in real time; uploads run beside them in a closed loop.
 
 DESIGN.md section 10 defines partial latency as the time from the reference end of a word to the
-first partial that contains it, measured with `--forced-output` on random weights. Here the
-unit is a segment of the forced transcript (its words end with it): for each segment of the
-long workload's transcript (loadtest.workloads.make_forced) that ends inside the streamed
-audio, latency = receive time of the first `segment.partial`, `segment.final` or
-`transcript.final` holding a segment with its start and end (within TIME_TOL_S) minus the
-moment its end was spoken, t0 + end in real time (plus the client's own delay, should it send
-that frame late). A segment counts once its end is there, i.e. at its last word; the latency
-includes the client's framing (up to FRAME_S), as a recorder's would. Segments first seen only
-after the client sent `end` (right after its last frame; the final flush commits them) are
-counted separately and included in the latency figures.
+first partial that contains it, measured with `--forced-output` on random weights. The forced
+transcript has no word times, so its words are taken as spoken at a uniform rate over their
+segment (livemeet.transcript.segments.word_end_times), and a forced live hop writes, after the
+segments ending by its audio edge, the words of the one being spoken that end by it, as a model
+writes a turn still going on. Per word (`word_latencies`, DESIGN's figure): receive time of the
+first message holding a segment with the word's segment's start and at least its words up to
+that one, minus the moment the word's end was spoken. Per segment (`segment_latencies`, the
+figure sessions 18-23 reported, at the segment's last word): for each segment of the long
+workload's transcript (loadtest.workloads.make_forced) that ends inside the streamed audio,
+latency = receive time of the first `segment.partial`, `segment.final` or `transcript.final`
+holding a segment with its start and end (within TIME_TOL_S) minus the moment its end was
+spoken, t0 + end in real time (plus the client's own delay, should it send that frame late). A
+segment counts once its end is there, i.e. at its last word; the latency includes the client's
+framing (up to FRAME_S), as a recorder's would. Segments first seen only after the client sent
+`end` (right after its last frame; the final flush commits them) are counted separately and
+included in the latency figures.
 
 With `--head-start-s H` each session streams its first H s HEAD_SPEED times faster than real
 time, then the rest in real time, and only segments ending after H count: the late minutes
@@ -29,23 +35,24 @@ and never past the run's --max-seconds less FINAL_BUDGET_MARGIN_S: an overloaded
 catching up then leaves a record with the finals missing, not none; the `end`-to-final times
 cover only the finals that came, `finals_received` of them). The server runs one forced
 transcript for every request (the upload's whole text; a live hop's segments that end by its
-audio edge).
+audio edge, then the words spoken by it of the one going on).
 
 One JSON line per point (appended to --out, and printed): latency mean, p50, p95, p99 and max
 over every session's segments (and p50, p95 by when in the meeting the segment ends:
-`latency_by_time`), how many segments were seen before `end`, only after it (the final flush)
-or never, the client's largest send lag, how many finals arrived, the time from `end` to
-`transcript.final` and from connecting to `session.ready` (median and worst session), errors,
-the uploads completed during the point with their audio-s/s (over the uploads' own time), the
-audio seconds the uploads had transcribed by the point's end, finished or not (they stream:
-`stream=true`, each segment's end as it arrives) and that rate, and the increase of the
-engine's counters over the point (steps by kind, prefill and decode tokens, host time in steps
-by part, windows encoded, live hops finished and their mean time from submission to end, audio
-commands and their mean wait: loadtest.http_sweep.engine_fields), and the same increase per
-LATENCY_BUCKET_S of the sessions' time (`engine_by_time`, from /metrics scraped every bucket
-while they stream): whether what grows with the meeting is the hops' time, their prefill, the
-forced transcript or the encoder. On the scripted backend (CPU) uploads finish at once, so
-their fields say nothing there.
+`latency_by_time`), the same per word (`word_latency_*`, `word_latency_by_time`), how many
+segments were seen before `end`, only after it (the final flush) or never, the client's largest
+send lag, how many finals arrived, the time from `end` to `transcript.final` and from connecting
+to `session.ready` (median and worst session), errors, the uploads completed during the point
+with their audio-s/s (over the uploads' own time), the audio seconds the uploads had transcribed
+by the point's end, finished or not (they stream: `stream=true`, each segment's end as it
+arrives) and that rate, and the increase of the engine's counters over the point (steps by kind,
+prefill and decode tokens, host time in steps by part, windows encoded, live hops finished and
+their mean time from submission to end, audio commands and their mean wait:
+loadtest.http_sweep.engine_fields), and the same increase per LATENCY_BUCKET_S of the sessions'
+time (`engine_by_time`, from /metrics scraped every bucket while they stream): whether what
+grows with the meeting is the hops' time, their prefill, the forced transcript or the encoder.
+On the scripted backend (CPU) uploads finish at once, so their fields say nothing there.
+
 Usage:
   python -m loadtest.bench_live --sessions 1,16,64 --uploads 0,2 --duration-s 60 \
       --out live.jsonl --max-seconds 420
@@ -71,6 +78,8 @@ import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
+from livemeet.transcript.parser import parse_transcript
+from livemeet.transcript.segments import Segment, word_end_times
 from loadtest import workloads as wl
 from loadtest.bench_engine import parse_ints, percentile
 from loadtest.http_sweep import (
@@ -107,12 +116,12 @@ class SessionLog:
 
     t0: when its first sample was spoken (frame k holds audio [k FRAME_S, (k + 1) FRAME_S)
     and is due at t0 + (k + 1) FRAME_S); sent[k]: when frame k went out; events: (receive
-    time, message type, segments as (start, end) s) for every partial, final segment and
-    final transcript; end_sent: when `end` went out (None if it never did)."""
+    time, message type, segments as (start s, end s, word count)) for every partial, final
+    segment and final transcript; end_sent: when `end` went out (None if it never did)."""
 
     t0: float = 0.0
     sent: list[float] = field(default_factory=list)
-    events: list[tuple[float, str, list[tuple[float, float]]]] = field(default_factory=list)
+    events: list[tuple[float, str, list[tuple[float, float, int]]]] = field(default_factory=list)
     end_sent: float | None = None
     final_at: float | None = None  # when transcript.final arrived
     ready_s: float | None = None  # s from opening the connection to session.ready
@@ -155,8 +164,15 @@ def spoken_at(log: SessionLog, end_s: float) -> float:
     return log.t0 + end_s + max(0.0, log.sent[k] - (log.t0 + (k + 1) * FRAME_S))
 
 
-def _holds(segments: Sequence[tuple[float, float]], start_s: float, end_s: float) -> bool:
-    return any(abs(s - start_s) <= TIME_TOL_S and abs(e - end_s) <= TIME_TOL_S for s, e in segments)
+def _holds(segments: Sequence[tuple[float, ...]], start_s: float, end_s: float) -> bool:
+    return any(
+        abs(s[0] - start_s) <= TIME_TOL_S and abs(s[1] - end_s) <= TIME_TOL_S for s in segments
+    )
+
+
+def _holds_words(segments: Sequence[tuple[float, ...]], start_s: float, num_words: int) -> bool:
+    """Whether a segment starting at `start_s` holds at least its first `num_words` words."""
+    return any(abs(s[0] - start_s) <= TIME_TOL_S and s[2] >= num_words for s in segments)
 
 
 def segment_latencies(
@@ -182,6 +198,37 @@ def segment_latencies(
             after_end += 1
         latencies.append(first - spoken)
         end_times.append(turn.end_s)
+    return SegmentLatency(tuple(latencies), after_end, missed, expected, tuple(end_times))
+
+
+def word_latencies(
+    reference: Sequence[Segment], log: SessionLog, audio_s: float, from_s: float = 0.0
+) -> SegmentLatency:
+    """DESIGN 10's partial latency, per word: for each word of the `reference` segments ending
+    within the first `audio_s` s and after `from_s` (`word_end_times`: the synthetic meeting's
+    words are spoken at a uniform rate over their segment), the receive time of the first
+    message holding a segment with the reference's start and at least the words up to it (a
+    partial's open segment holds the words spoken so far), less when the word's end was
+    spoken. Counts as `segment_latencies`, per word."""
+    latencies: list[float] = []
+    end_times: list[float] = []
+    after_end = missed = expected = 0
+    for ref in reference:
+        for i, end_s in enumerate(word_end_times(ref)):
+            if end_s > audio_s + 1e-9 or end_s <= from_s:
+                continue
+            expected += 1
+            first = next(
+                (t for t, _, segs in log.events if _holds_words(segs, ref.start_s, i + 1)), None
+            )
+            spoken = spoken_at(log, end_s)
+            if first is None or math.isinf(spoken):
+                missed += 1
+                continue
+            if log.end_sent is not None and first >= log.end_sent:
+                after_end += 1
+            latencies.append(first - spoken)
+            end_times.append(end_s)
     return SegmentLatency(tuple(latencies), after_end, missed, expected, tuple(end_times))
 
 
@@ -212,14 +259,17 @@ def send_lag_s(log: SessionLog) -> float:
     return max(lags, default=0.0)
 
 
-def message_segments(msg: dict[str, Any]) -> list[tuple[float, float]] | None:
-    """(start, end) of the segments a server message carries; None for other messages."""
+def message_segments(msg: dict[str, Any]) -> list[tuple[float, float, int]] | None:
+    """(start, end, word count) of the segments a server message carries; None for other
+    messages."""
     kind = msg.get("type")
     if kind in ("segment.partial", "transcript.final"):
-        return [(float(s["start"]), float(s["end"])) for s in msg.get("segments", [])]
-    if kind == "segment.final":
-        return [(float(msg["start"]), float(msg["end"]))]
-    return None
+        segments = msg.get("segments", [])
+    elif kind == "segment.final":
+        segments = [msg]
+    else:
+        return None
+    return [(float(s["start"]), float(s["end"]), len(str(s["text"]).split())) for s in segments]
 
 
 def scripted_reference(forced_text: str) -> str:
@@ -389,6 +439,7 @@ async def run_point(
     url: str,
     samples: np.ndarray,
     turns: Sequence[wl.Turn],
+    reference: Sequence[Segment],
     num_sessions: int,
     num_uploads: int,
     duration_s: float,
@@ -453,6 +504,8 @@ async def run_point(
     wall = end - start
     results = [segment_latencies(turns, log, audio.size / SAMPLE_RATE, head_s) for log in logs]
     lat = [x for r in results for x in r.latencies]
+    words = [word_latencies(reference, log, audio.size / SAMPLE_RATE, head_s) for log in logs]
+    word_lat = [x for r in words for x in r.latencies]
     errors = [log.error for log in logs if log.error]
     finals = [t for t in (log.final_after_end_s() for log in logs) if t is not None]
     readies = [log.ready_s for log in logs if log.ready_s is not None]
@@ -471,6 +524,16 @@ async def run_point(
         "latency_p95_s": percentile(lat, 95) if lat else None,
         "latency_p99_s": percentile(lat, 99) if lat else None,
         "latency_max_s": max(lat) if lat else None,
+        # DESIGN 10's definition, per word (`word_latencies`); the fields above are per segment,
+        # at its last word, as sessions 18-23 reported them
+        "words_expected": sum(r.expected for r in words),
+        "words_seen": len(word_lat),
+        "words_missed": sum(r.missed for r in words),
+        "word_latency_mean_s": float(np.mean(word_lat)) if word_lat else None,
+        "word_latency_p50_s": percentile(word_lat, 50) if word_lat else None,
+        "word_latency_p95_s": percentile(word_lat, 95) if word_lat else None,
+        "word_latency_p99_s": percentile(word_lat, 99) if word_lat else None,
+        "word_latency_max_s": max(word_lat) if word_lat else None,
         "send_lag_max_s": max((send_lag_s(log) for log in logs), default=0.0),
         "ready_p50_s": percentile(readies, 50) if readies else None,
         "ready_max_s": max(readies) if readies else None,
@@ -488,6 +551,7 @@ async def run_point(
         "upload_progress_audio_s_per_s": tally.transcribed_s / (end - uploads_start),
         "wall_s": wall,
         "latency_by_time": latency_by_time(results),
+        "word_latency_by_time": latency_by_time(words),
         **engine_fields(engine_counters(before), engine_counters(after)),
         **({"engine_by_time": by_time} if (by_time := engine_by_time(scrapes)) else {}),
     }
@@ -597,7 +661,10 @@ async def amain(args: argparse.Namespace) -> None:
                 url = server.url
             # the client's own collections would delay the receive times it measures
             freeze_startup_heap()
-            await _points(args, url, samples, forced.turns, workload.audio_s, deadline, out)
+            reference = parse_transcript(forced.text)
+            await _points(
+                args, url, samples, forced.turns, reference, workload.audio_s, deadline, out
+            )
         finally:
             thaw_heap()
             if server is not None:
@@ -609,6 +676,7 @@ async def _points(
     url: str,
     samples: np.ndarray,
     turns: Sequence[wl.Turn],
+    reference: Sequence[Segment],
     upload_audio_s: float,
     deadline: float | None,
     out: IO[str],
@@ -623,7 +691,7 @@ async def _points(
                 write_line(out, {"sessions": num_sessions, "uploads": num_uploads, "skipped": why})
                 continue
             record = await run_point(
-                url, samples, turns, num_sessions, num_uploads, args.duration_s,
+                url, samples, turns, reference, num_sessions, num_uploads, args.duration_s,
                 upload_audio_s, deadline, head_s, args.head_speed,
             )  # fmt: skip
             write_line(out, record)  # to --out and stdout

@@ -1,15 +1,15 @@
 """The live point's figures over its real-time part, from bench_live records.
 
 `loadtest.bench_live` writes one JSON record per point with the engine's counters per
-LATENCY_BUCKET_S of the sessions' time (`engine_by_time`, keys "START-END" in seconds).
-With a head start the first buckets stream faster than real time; this report sums the
-buckets that start within [--from-s, --to-s) and gives, per record: latency p50 / p95 / p99 /
-max (the whole point, as bench_live measured it), hops a second, endpoint hops a second, engine
-ms per hop (of it waiting on the GPU and encoding), prefill and decode-only steps a second,
-prefill and decode ids per hop, forced ids per hop, and a hop's mean time from submission to
-its end and to its first sampled id (servers since session 22; the rest is its decoding);
-then latency p50 / p95 by bucket of meeting time (`latency_by_time`). docs/benchmarks.md's
-live tables are these rows.
+LATENCY_BUCKET_S of the sessions' time (`engine_by_time`, keys "START-END" in seconds). With a
+head start the first buckets stream faster than real time; this report sums the buckets that
+start within [--from-s, --to-s) and gives, per record: latency p50 / p95 / p99 / max (the whole
+point, as bench_live measured it: per segment, then per word), hops a second, endpoint hops a
+second, engine ms per hop (of it waiting on the GPU and encoding), prefill and decode-only steps
+a second, prefill and decode ids per hop, forced ids per hop, and a hop's mean time from
+submission to its end and to its first sampled id (servers since session 22; the rest is its
+decoding); then latency p50 / p95 by bucket of meeting time (`latency_by_time`).
+docs/benchmarks.md's live tables are these rows.
 
 Usage: python -m loadtest.live_report call1_bench_live.jsonl call2_bench_live.jsonl \
     [--from-s 120 --to-s 240] [--all-records]
@@ -101,9 +101,12 @@ def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigure
     )
 
 
-def latency_cell(record: Mapping[str, Any]) -> str:
-    """The record's latency "p50 / p95 / p99 / max" in seconds, two decimals."""
-    keys = ("latency_p50_s", "latency_p95_s", "latency_p99_s", "latency_max_s")
+def latency_cell(record: Mapping[str, Any], prefix: str = "") -> str:
+    """The record's latency "p50 / p95 / p99 / max" in seconds, two decimals: per segment, or
+    with `prefix` "word_" per word ("-" for records from before bench_live measured words)."""
+    keys = [f"{prefix}latency_{q}_s" for q in ("p50", "p95", "p99", "max")]
+    if any(record.get(k) is None for k in keys):
+        return "-"
     return " / ".join(f"{record[k]:.2f}" for k in keys)
 
 
@@ -112,6 +115,7 @@ def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
     cells = [
         label,
         latency_cell(record),
+        latency_cell(record, "word_"),
         f"{f.hops_per_s:.1f}",
         f"{f.endpoint_hops_per_s:.2f}",
         f"{f.engine_ms_per_hop:.2f}",
@@ -128,10 +132,11 @@ def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
 
 
 FIGURES_HEADER = (
-    "| record | p50 / p95 / p99 / max (s) | hops / s | endpoint hops / s | engine ms / hop "
-    "| of it waiting | of it encoding | prefill steps / s | decode-only steps / s "
-    "| prefill ids / hop | decode ids / hop | forced ids / hop | hop s / to first id |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| record | p50 / p95 / p99 / max (s) | per word | hops / s | endpoint hops / s "
+    "| engine ms / hop | of it waiting | of it encoding | prefill steps / s "
+    "| decode-only steps / s | prefill ids / hop | decode ids / hop | forced ids / hop "
+    "| hop s / to first id |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

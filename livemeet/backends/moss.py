@@ -99,6 +99,7 @@ from livemeet.transcript.segments import (
     SegmentFlag,
     Transcript,
     join_texts,
+    spoken_words,
 )
 
 log = logging.getLogger(__name__)
@@ -1016,23 +1017,44 @@ class MossCore:
     def _forced_ids(
         self, edge_s: float | None, tail_from_s: float | None = None
     ) -> list[int] | None:
-        """Token ids to force: the whole file (uploads), or the segments ending by `edge_s`;
-        with `tail_from_s` (a hop after a forced transcript, which ends before its last `]`)
-        the `]` and then only those whose midpoint lies past it, as the hop keeps
-        (`_finish_hop`). A hop's ids come from each segment's, tokenized once at load."""
+        """Token ids to force: the whole file (uploads), or what a perfect model writes for the
+        audio up to `edge_s` (a live hop): the segments ending by it, then the words ending by it
+        of a segment still being spoken (`spoken_words`), with no end stamp: EOS follows and the
+        parser keeps that segment open (MISSING_END), as a real model's in-progress one. With
+        `tail_from_s` (a hop after a forced transcript, which ends before its last `]`) the `]`
+        and then only segments whose midpoint lies past it, as the hop keeps (`_finish_hop`).
+        A hop's whole segments' ids come from each segment's, tokenized once at load."""
         if self._forced is None or self._forced_text is None:
             return None
         if edge_s is None:
             return self._encode(self._forced_text)
         after = -1.0 if tail_from_s is None else tail_from_s
         kept = [i for i, s in enumerate(self._forced) if s.end_s <= edge_s and _past_cut(s, after)]
+        spoken = self._spoken_body(edge_s, after)
+        close = "]" if tail_from_s is not None else ""  # closes the forced transcript's last
         if not self._pieces_join():
             text = "".join(render_segment(self._forced[i]) for i in kept)
-            return self._encode(text if tail_from_s is None else "]" + text)
+            return self._encode(close + text + spoken)
+        ids = join_pieces([self._forced_pieces[i] for i in kept], after_close=bool(close))
+        if spoken:  # after a whole segment (less its `]`) or a forced transcript: `][` first
+            return ids + self._encode("]" * bool(kept or close) + spoken)
         if not kept:
             return [] if tail_from_s is None else list(self._close_ids)
-        pieces = [self._forced_pieces[i] for i in kept]
-        return join_pieces(pieces, after_close=tail_from_s is not None) + self._close_ids
+        return ids + self._close_ids
+
+    def _spoken_body(self, edge_s: float, after_s: float) -> str:
+        """The forced segment being spoken at `edge_s` (it starts before and ends after it), its
+        midpoint past `after_s`, rendered up to the words that end by `edge_s`
+        (`spoken_words`) and without its end stamp; "" when none is, or none of its words."""
+        assert self._forced is not None
+        for seg in self._forced:
+            if seg.start_s < edge_s < seg.end_s and _past_cut(seg, after_s):
+                words = seg.text.split()[: spoken_words(seg, edge_s)]
+                if not words:
+                    return ""
+                rendered = render_segment(replace(seg, text=" ".join(words)))
+                return rendered[: rendered.rindex("[")]
+        return ""
 
     def _added_ids(self) -> frozenset[int]:
         """Ids of the tokenizer's added (special) tokens, read once."""

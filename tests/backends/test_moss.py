@@ -754,6 +754,41 @@ def test_live_forced_partials_finals_and_kv_reuse(
 
 
 @pytest.mark.slow
+def test_forced_live_hops_write_the_words_spoken_so_far(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """A forced hop whose audio edge falls inside a reference segment writes the words that end
+    by the edge (`word_end_times`: a uniform rate over the segment) and no end stamp, as a
+    model does with a turn still being spoken: the partial shows that segment open
+    (MISSING_END, its end at the edge), one word more each hop, and the transcript is the
+    reference whole."""
+    reference = "[0.50][S01] one two three four[4.50][5.00][S02] five six seven[8.00]"
+    core = make_core(our_model, tmp_path, forced=reference)
+    events = stream_live(core, clips[11.0], head_s=1.0, chunk_s=1.0, hop_s=1.0)
+    want = parse_transcript(reference)
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert [(s.speaker, s.text, s.start_s, s.end_s) for s in final.segments] == [
+        (s.speaker, s.text, s.start_s, s.end_s) for s in want
+    ]
+    shown: dict[float, list[str]] = {}  # reference start -> texts shown open, in order
+    for e in events:
+        if isinstance(e, SegmentPartial):
+            for seg in e.segments:
+                ref = next(w for w in want if w.start_s == seg.start_s)
+                assert seg.speaker == ref.speaker
+                if SegmentFlag.MISSING_END in seg.flags:
+                    assert ref.start_s < seg.end_s < ref.end_s
+                    shown.setdefault(ref.start_s, []).append(seg.text)
+                else:
+                    assert (seg.text, seg.end_s) == (ref.text, ref.end_s)
+    # edges 1, 2, 3, 4 s: 0, 1, 2, 3 of the first turn's words (ending 1.5, 2.5, 3.5, 4.5 s)
+    assert shown[0.5] == ["one", "one two", "one two three"]
+    assert shown[5.0] == ["five", "five six"]  # words end at 6, 7, 8 s; edges 6 and 7 s
+    assert_pool_clean(core)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [TEST_BLOCK_SIZE, 128])
 def test_live_hop_with_forked_kv_matches_a_fresh_decode(
     our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, block_size: int
@@ -1335,14 +1370,32 @@ def test_forced_hop_ids_equal_the_joined_texts_tokens(tmp_path: Path) -> None:
 
     def joined(edge_s: float, tail_from_s: float | None) -> list[int]:
         after = -1.0 if tail_from_s is None else tail_from_s
-        kept = [s for s in segments if s.end_s <= edge_s and (s.start_s + s.end_s) / 2 > after]
-        text = "".join(render_segment(s) for s in kept)
+        past = [s for s in segments if (s.start_s + s.end_s) / 2 > after]
+        text = "".join(render_segment(s) for s in past if s.end_s <= edge_s)
+        for s in past:  # the segment being spoken: its words ended by the edge, no end stamp
+            if s.start_s < edge_s < s.end_s:
+                words = s.text.split()
+                step = (s.end_s - s.start_s) / len(words)
+                spoken = [w for i, w in enumerate(words) if s.start_s + (i + 1) * step <= edge_s]
+                if spoken:
+                    text += f"[{s.start_s:.2f}][{s.speaker}]{render_text(' '.join(spoken))}"
         return list(tok.encode(text if tail_from_s is None else "]" + text).ids)
 
-    for edge_s in np.arange(0.0, 46.0, 1.75):
+    in_progress = 0
+    for edge_s in np.arange(0.0, 46.0, 0.25):
         for tail_from_s in (None, 0.0, 4.0, 10.1, edge_s):
-            assert core._forced_ids(float(edge_s), tail_from_s) == joined(edge_s, tail_from_s)
+            ids = core._forced_ids(float(edge_s), tail_from_s)
+            assert ids == joined(edge_s, tail_from_s), (edge_s, tail_from_s)
+            in_progress += bool(ids) and not tok.decode(ids).endswith("]")
+    assert in_progress > 10  # edges inside "Okay, 12 items." write its first words
     assert core._pieces_join()
+
+
+def render_text(text: str) -> str:
+    """A segment's text as `render_segment` writes it (the model's leading space, none before a
+    wide character)."""
+    rendered = render_segment(Segment(0.0, 0.0, "S01", text))
+    return rendered[len("[0.00][S01]") : -len("[0.00]")]
 
 
 def live_runs_without_and_with(

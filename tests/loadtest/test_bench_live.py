@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from livemeet.models.tokenizer import load_tokenizer
+from livemeet.transcript.segments import Segment
 from loadtest import bench_live
 from loadtest import workloads as wl
 from loadtest.bench_live import (
@@ -31,6 +32,7 @@ from loadtest.bench_live import (
     segment_latencies,
     send_lag_s,
     spoken_at,
+    word_latencies,
 )
 from tests.loadtest.conftest import run_module
 
@@ -84,6 +86,32 @@ def test_segment_latencies_count_live_late_and_missed_segments() -> None:
     # shown, but its audio never went out (a session that failed mid-stream): missed, no -inf
     unsent = SessionLog(t0=100.0, sent=[100.1], events=[(101.0, "segment.final", [(0.0, 1.25)])])
     assert segment_latencies(TURNS[:1], unsent, audio_s=1.25).missed == 1
+
+
+def test_word_latencies_count_each_word_from_its_own_end() -> None:
+    """A word counts from its end (`word_end_times`: uniform over its segment) to the first
+    message holding its segment's start and at least the words up to it: an open partial
+    segment shows the first ones before the segment ends."""
+    reference = [Segment(0.0, 1.5, "S01", "one two three"), Segment(2.0, 3.0, "S02", "four five")]
+    log = on_time_log(35)
+    log.events = [
+        (100.8, "segment.partial", [(0.0, 0.6, 1)]),  # "one" (ended 0.5 s), open
+        (101.3, "segment.partial", [(0.0, 1.2, 2)]),  # "one two" (two ended 1.0 s)
+        (101.9, "segment.final", [(0.0, 1.5, 3)]),  # whole: "three" ended 1.5 s
+        (102.7, "segment.partial", [(2.05, 2.6, 1)]),  # another start: not segment 2
+    ]
+    log.end_sent = 103.5
+    log.events.append((103.8, "transcript.final", [(0.0, 1.5, 3), (2.0, 3.0, 2)]))
+    got = word_latencies(reference, log, audio_s=3.5)
+    assert got.expected == 5 and got.missed == 0 and got.after_end == 2
+    assert got.end_times == pytest.approx((0.5, 1.0, 1.5, 2.5, 3.0))
+    assert got.latencies == pytest.approx((0.3, 0.3, 0.4, 1.3, 0.8))
+    # a head start leaves out words ending within it; a stream cut short expects fewer
+    assert word_latencies(reference, log, audio_s=3.5, from_s=1.0).expected == 3
+    assert word_latencies(reference, log, audio_s=1.2).expected == 2
+    # message_segments reads each segment's word count from its text
+    msg = {"type": "segment.partial", "segments": [{"start": 2.0, "end": 2.6, "text": " a b "}]}
+    assert message_segments(msg) == [(2.0, 2.6, 2)]
 
 
 def test_a_head_start_is_left_out_of_latency_and_send_lag() -> None:
@@ -180,15 +208,16 @@ def test_scrape_every_keeps_its_schedule_until_cancelled() -> None:
 
 
 def test_message_segments_reads_partials_finals_and_the_transcript() -> None:
-    seg = {"id": "", "start": 1.3, "end": 2.0, "speaker": "S02", "text": "a"}
+    seg = {"id": "", "start": 1.3, "end": 2.0, "speaker": "S02", "text": "a b"}
     assert message_segments({"type": "segment.partial", "rev": 3, "segments": [seg]}) == [
-        (1.3, 2.0)
+        (1.3, 2.0, 2)
     ]
     assert message_segments({"type": "segment.partial", "rev": 4, "segments": []}) == []
-    assert message_segments({"type": "segment.final", **seg, "id": "seg-0001"}) == [(1.3, 2.0)]
+    final = {"type": "segment.final", **seg, "id": "seg-0001"}
+    assert message_segments(final) == [(1.3, 2.0, 2)]
     assert message_segments({"type": "transcript.final", "segments": [seg, seg]}) == [
-        (1.3, 2.0),
-        (1.3, 2.0),
+        (1.3, 2.0, 2),
+        (1.3, 2.0, 2),
     ]
     assert message_segments({"type": "session.ready", "session_id": "x"}) is None
 
@@ -299,6 +328,12 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert 0.0 < r["latency_p50_s"] <= r["latency_p95_s"] <= r["latency_max_s"] < 1.5
         assert r["send_lag_max_s"] < 0.5
         assert sum(b["count"] for b in r["latency_by_time"].values()) == r["segments_seen"]
+        # per word (DESIGN 10): the scripted backend writes the words spoken so far, so a
+        # word is seen within a hop of its own end, sooner than its segment's last word
+        assert r["words_seen"] == r["words_expected"] > r["segments_expected"]
+        assert r["words_missed"] == 0
+        assert 0.0 < r["word_latency_p50_s"] <= r["word_latency_p95_s"] < 1.5
+        assert sum(b["count"] for b in r["word_latency_by_time"].values()) == r["words_seen"]
         assert 0.0 <= r["final_after_end_p50_s"] <= r["final_after_end_max_s"] < 5.0
         assert 0.0 < r["ready_p50_s"] <= r["ready_max_s"] < 5.0
         assert "engine_steps" not in r  # the scripted backend has no step engine to count

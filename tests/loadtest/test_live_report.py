@@ -118,7 +118,16 @@ def test_the_command_reads_the_last_record_of_each_file(
     out = capsys.readouterr().out.splitlines()
     assert out[0] == live_report.FIGURES_HEADER.splitlines()[0]
     row = out[2]
-    assert row.startswith("| call1_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | 100.0 | 3.00 |")
+    # the per-word cell: "-" for a record from before bench_live measured words
+    assert row.startswith("| call1_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | - | 100.0 | 3.00 |")
     live_report.main([str(path), "--all-records"])
     labels = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()[2:4]]
     assert labels == ["| call1_bench_live[0]", "| call1_bench_live[1]"]
+    words = {"word_latency_p50_s": 0.5, "word_latency_p95_s": 1.25}
+    words |= {"word_latency_p99_s": 1.5, "word_latency_max_s": 2.0}
+    (path := tmp_path / "call2_bench_live.jsonl").write_text(json.dumps(_record() | words) + "\n")
+    live_report.main([str(path)])
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith(
+        "| call2_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | 0.50 / 1.25 / 1.50 / 2.00 |"
+    )
