@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.layers import cuda_decode
 from livemeet.layers import paged_attention as pa
 from loadtest.bench_attention import (
@@ -50,7 +51,7 @@ from loadtest.bench_attention import (
     time_graph_ms,
 )
 
-BLOCK_SIZE = 16  # the engine's KV block (livemeet.audio.constants.KV_BLOCK_SIZE)
+BLOCK_SIZE = KV_BLOCK_SIZE  # the engine's default KV block
 FP8_SCALE = 0.05  # per-tensor scale of the FP8 caches (values ~N(0, 1) / scale stay < 448)
 TOKEN_MAJOR = "token-major"  # the pool's layout: [blocks, block size, KV heads, head dim]
 HEAD_PER_SEQUENCE = "head-per-sequence"  # the same bytes as B x KV heads one-head sequences

@@ -3,13 +3,13 @@
 Long prompts spend most of their prefill in this kernel: on an H200 the 16 prompts of long c16
 (29.7k tokens each, FP8 KV) ran it for 7.4 s of device time in 13.9 s of prefill steps, at 281
 TFLOP/s in the steps without decode rows (docs/benchmarks.md, session 10, call 1). For each KV
-dtype (bf16, e4m3 with bf16 queries) and
-chunk shape, times `paged_extend_attention` for one layer (16 query heads, 8 KV heads,
-head_dim 128, blocks of 16 in shuffled order) with each `ExtendKernelConfig` candidate, and
-reports TFLOP/s ((query, key) pairs x 4 x heads x head_dim / time). A candidate's output is
-first compared with the default configuration's (max |delta|; above MAX_DELTA it cannot be
-chosen); one that does not compile (too much shared memory) is reported and skipped. The best
-candidate per dtype, by total time over the shapes, is printed last.
+dtype (bf16, e4m3 with bf16 queries) and chunk shape, times `paged_extend_attention` for one
+layer (16 query heads, 8 KV heads, head_dim 128, blocks of the engine's KV_BLOCK_SIZE tokens in
+shuffled order) with each `ExtendKernelConfig` candidate, and reports TFLOP/s ((query, key)
+pairs x 4 x heads x head_dim / time). A candidate's output is first compared with the default
+configuration's (max |delta|; above MAX_DELTA it cannot be chosen); one that does not compile
+(too much shared memory) is reported and skipped. The best candidate per dtype, by total time
+over the shapes, is printed last.
 
 `--block-sizes 16,64,128` times instead the default configuration at every shape over caches
 paged in blocks of each size (a tile of 128 keys then lies in one block from 128 on: one
@@ -32,10 +32,11 @@ import torch
 from triton.compiler.errors import CompilationError
 from triton.runtime.errors import OutOfResources
 
+from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.layers import paged_attention as pa
 from loadtest.bench_decode_step import device_ms
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, KV_BLOCK_SIZE
 FP8_SCALE = 0.05  # per-tensor scale of the FP8 cache (values ~N(0, 1) / scale stay < 448)
 # outputs are softmax-weighted averages of ~N(0, 1) values; another summation order moves them
 # by a few bf16 ulps, a wrong kernel by far more

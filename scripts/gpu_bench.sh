@@ -18,7 +18,7 @@
 # whole (a -k inside GPU_TESTS would be split apart). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
 # KV block size (tokens): BENCH_BLOCK for the engine bench (both phases), KERNEL_SWEEP_BLOCK for
 # the decode kernel sweep, EXTEND_SWEEP_BLOCKS (a list) for the extend kernel sweep; the server's
-# goes in SERVE_EXTRA (`--kv-block-size 128`). Unset: the engine's 16.
+# goes in SERVE_EXTRA (`--kv-block-size 16`). Unset: the engine's default, 128 (KV_BLOCK_SIZE).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase="${1:-}"

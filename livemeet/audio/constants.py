@@ -85,7 +85,7 @@ TRUNCATION_TOLERANCE_S = 0.25  # s an exact-duration container may decode short 
 DER_COLLAR_S = 0.25  # s per side of each reference boundary not scored by DER (md-eval `-c 0.25`)
 
 # Engine (KV cache, scheduler); sources: MODEL.md sections 2-3 and 7, DESIGN.md sections 4, 10.
-KV_BLOCK_SIZE = 16  # tokens per paged-KV block (why 16: livemeet/engine/block_manager.py)
+KV_BLOCK_SIZE = 128  # tokens per paged-KV block (why 128: livemeet/engine/block_manager.py)
 KV_BLOCK_SIZES = (16, 32, 64, 128)  # tokens per KV block the attention kernels support
 KV_BYTES_PER_TOKEN = 28 * 2 * 8 * 128 * 2  # bytes; 112 KiB: layers x (K, V) x kv-heads x dim x bf16
 CHUNKED_PREFILL_SIZE = 4_096  # tokens; largest prefill chunk of one request in one step

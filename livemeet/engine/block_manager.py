@@ -3,18 +3,19 @@
 Plain Python (no torch): the model runner owns the KV tensor of `num_blocks` blocks and reads
 each request's `block_table`; this module only decides which block ids hold which tokens.
 
-Block size: 16 tokens by default (`KV_BLOCK_SIZE`; any of `KV_BLOCK_SIZES` by configuration).
+Block size: 128 tokens by default (`KV_BLOCK_SIZE`; any of `KV_BLOCK_SIZES` by configuration).
 - The paged decode kernel tiles keys in multiples of 16 (tensor-core MMA tiles and 16-token
-  loads of 128-dim bf16 heads, 4 KiB per head per block), so the block size is a multiple of 16.
-- Larger blocks cost more: copy-on-write after truncating inside a shared block copies up to
-  block_size - 1 tokens (16: <= 1.7 MiB at 112 KiB per token; 256: <= 28 MiB per live hop), and
-  every request wastes on average half a block (256-token blocks x 128 requests ~ 1.75 GiB).
-- Smaller blocks cost table length: a 90-minute prompt (~71k tokens) needs ~4.5k entries at 16,
-  which is still a small int32 row on the GPU and O(1) Python work per decode token.
+  loads of 128-dim bf16 heads, 4 KiB per head per 16 tokens), so a block is a multiple of 16.
 - Blocks of 128 tokens hold whole 128-key tiles of the extend kernel (one table read per tile
-  instead of one per key): 4-12 % less extend time on an H200 (docs/benchmarks.md, session 23).
-  `serve --kv-block-size` takes any of KV_BLOCK_SIZES; 16 stays the default until the decode
-  throughput points are measured at both sizes side by side.
+  instead of one per key): 4-12 % less extend time than blocks of 16 on an H200, and side by
+  side in one call long c1 bf16 106.5 against 105.2 audio-s/s and long c16 over an FP8 cache
+  291.5 against 289.7 (docs/benchmarks.md, sessions 23-24).
+- Larger blocks cost more: copy-on-write after truncating inside a shared block copies up to
+  block_size - 1 tokens (128: <= 14 MiB at 112 KiB per token, once per live hop), and every
+  request wastes on average half a block (128-token blocks x 200 requests ~ 1.4 GiB, ~1 % of
+  an H200's pool); 256 would double both for no kernel gain (the extend tile is 128 keys).
+- Smaller blocks cost table length: a 90-minute prompt (~71k tokens) needs ~4.5k entries at 16
+  (~560 at 128), O(1) Python work per decode token either way.
 
 Sharing: `fork` gives a second request the blocks of a prefix (refcount + 1 each). A block is
 never written while shared: before a request writes into a shared block (its first write after
