@@ -62,16 +62,18 @@ SUFFIX_TOKENS = 71
 # 2.49 ms per window and one window alone 4.0 ms on an H200 (docs/benchmarks.md, session 11);
 # 100 live sessions encoded ~2.3 windows per prefill step (session 18, call 1)
 ENCODER_WINDOW_S = 3.0e-3
-# ids a hop decodes after its forced transcript: the open tail (segments not yet committed)
-# and the end token; 100 sessions x 7.5 minutes decoded 13.6 per hop (session 18, call 1)
-DECODE_TOKENS_PER_HOP = 14
+# ids a hop decodes after its forced transcript: the open tail (segments not yet committed,
+# with the words of the turn going on) and the end token; 100 sessions over minutes 7.5-10 of
+# 10-minute meetings: 25.6 per hop, 17.7 of them accepted draft (docs/benchmarks.md session
+# 24, since forced hops write a turn's words as it goes; 13.6 before, session 18)
+DECODE_TOKENS_PER_HOP = 26
 # output ids per second of meeting: the long workload's 330 per minute, the reference model's
 # rate on dense meetings (DESIGN 10); a hop forces no more than the meeting has produced
 OUTPUT_TOKENS_PER_S = 330 / 60
 FRAME_S = 0.1  # s of audio per client frame (loadtest.bench_live sends 100-ms frames)
-# of those, ids a hop's draft gets accepted: 100 sessions x 10 minutes accepted 7.0 per hop
-# (96.6 % of the drafts) and decoded 6.9 more (session 19, call 3)
-ACCEPTED_DRAFT_PER_HOP = 7
+# of those, ids a hop's draft gets accepted: the same point accepted 17.7 per hop (99.3 % of the
+# drafts) and decoded 7.8 more (session 24, call 3; 7.0 and 6.9 in session 19)
+ACCEPTED_DRAFT_PER_HOP = 18
 
 
 @dataclass(frozen=True)
