@@ -10,7 +10,7 @@ torch SDPA over a contiguous [B, kv_heads, L, D] cache. Extend: one prefill chun
 in TFLOP/s, next to causal SDPA without the prefix (a lower bound on SDPA's work).
 
 Fixed kernel configurations, no autotuning; about a minute on an H200.
-Usage: python loadtest/bench_attention.py [--json out.json] [--block-size 16] [--sweep-splits]
+Usage: python loadtest/bench_attention.py [--json out.json] [--block-size 128] [--sweep-splits]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.layers import paged_attention as pa
 
 NUM_HEADS = 16  # Qwen3-0.6B query heads
@@ -234,7 +235,9 @@ def markdown(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default="bench_attention.json", help="output JSON path")
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument(
+        "--block-size", type=int, default=KV_BLOCK_SIZE, help="tokens per KV block (the engine's)"
+    )
     parser.add_argument("--sweep-splits", action="store_true", help="also time fixed splits")
     args = parser.parse_args()
     if not torch.cuda.is_available():

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.engine.cuda_graph import choose_bucket
 from livemeet.engine.model_runner import ModelRunner
 from livemeet.engine.request import Request, Status
@@ -33,7 +34,7 @@ from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
 from livemeet.models.loader import load_model
 
-BLOCK_SIZE = 16
+BLOCK_SIZE = KV_BLOCK_SIZE  # the engine's default KV block
 
 
 def _batch(batch: int, context: int) -> ScheduledBatch:

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import itertools
 import json
 import math
@@ -170,11 +171,6 @@ def _holds(segments: Sequence[tuple[float, ...]], start_s: float, end_s: float) 
     )
 
 
-def _holds_words(segments: Sequence[tuple[float, ...]], start_s: float, num_words: int) -> bool:
-    """Whether a segment starting at `start_s` holds at least its first `num_words` words."""
-    return any(abs(s[0] - start_s) <= TIME_TOL_S and s[2] >= num_words for s in segments)
-
-
 def segment_latencies(
     turns: Sequence[wl.Turn], log: SessionLog, audio_s: float, from_s: float = 0.0
 ) -> SegmentLatency:
@@ -209,27 +205,45 @@ def word_latencies(
     words are spoken at a uniform rate over their segment), the receive time of the first
     message holding a segment with the reference's start and at least the words up to it (a
     partial's open segment holds the words spoken so far), less when the word's end was
-    spoken. Counts as `segment_latencies`, per word."""
+    spoken. A segment is known by its start alone: the synthetic turns never overlap
+    (loadtest.workloads.plan_turns), so no two start within TIME_TOL_S. Counts as
+    `segment_latencies`, per word; one pass over the log (`first_word_times`)."""
+    seen = first_word_times(reference, log)
     latencies: list[float] = []
     end_times: list[float] = []
     after_end = missed = expected = 0
-    for ref in reference:
+    for ref, times in zip(reference, seen, strict=True):
         for i, end_s in enumerate(word_end_times(ref)):
             if end_s > audio_s + 1e-9 or end_s <= from_s:
                 continue
             expected += 1
-            first = next(
-                (t for t, _, segs in log.events if _holds_words(segs, ref.start_s, i + 1)), None
-            )
             spoken = spoken_at(log, end_s)
-            if first is None or math.isinf(spoken):
+            if i >= len(times) or math.isinf(spoken):  # never shown, or never sent
                 missed += 1
                 continue
-            if log.end_sent is not None and first >= log.end_sent:
+            if log.end_sent is not None and times[i] >= log.end_sent:
                 after_end += 1
-            latencies.append(first - spoken)
+            latencies.append(times[i] - spoken)
             end_times.append(end_s)
     return SegmentLatency(tuple(latencies), after_end, missed, expected, tuple(end_times))
+
+
+def first_word_times(reference: Sequence[Segment], log: SessionLog) -> list[list[float]]:
+    """For each reference segment, the receive time of the first message holding its first
+    k + 1 words, at index k (as many as were ever shown): one pass over the log's events (in
+    receive order), each event segment found among the references by its start (bisection)."""
+    order = sorted(range(len(reference)), key=lambda j: reference[j].start_s)
+    starts = [reference[j].start_s for j in order]
+    counts = [len(reference[j].text.split()) for j in order]
+    seen: list[list[float]] = [[] for _ in reference]
+    for t, _, segments in log.events:
+        for seg in segments:
+            k = bisect.bisect_left(starts, seg[0] - TIME_TOL_S)
+            if k == len(starts) or starts[k] > seg[0] + TIME_TOL_S:
+                continue
+            times = seen[order[k]]
+            times.extend([t] * (min(seg[2], counts[k]) - len(times)))
+    return seen
 
 
 def latency_by_time(results: Sequence[SegmentLatency]) -> dict[str, dict[str, float]]:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE
 from livemeet.backends.moss import MossCore, SegmentStream
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
@@ -51,7 +51,8 @@ from loadtest.workloads import Workload, make_forced
 
 HOP_PARTS = ("submit_hop", "add_request", "on_token", "finish_hop")
 STEP_PARTS = ("schedule", "rows", "metadata", "postprocess")
-KV_BLOCKS = 4_096  # 64k tokens of the small model's KV: two hops of a 30-minute meeting
+# 64k tokens of the small model's KV: two hops of a 30-minute meeting
+KV_BLOCKS = 65_536 // KV_BLOCK_SIZE
 
 
 class PartTimer:

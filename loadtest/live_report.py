@@ -8,8 +8,8 @@ point, as bench_live measured it: per segment, then per word), hops a second, en
 second, engine ms per hop (of it waiting on the GPU and encoding), prefill and decode-only steps
 a second, prefill and decode ids per hop, forced ids per hop, and a hop's mean time from
 submission to its end and to its first sampled id (servers since session 22; the rest is its
-decoding); then latency p50 / p95 by bucket of meeting time (`latency_by_time`).
-docs/benchmarks.md's live tables are these rows.
+decoding); then latency p50 / p95 by bucket of meeting time (`latency_by_time`, then
+`word_latency_by_time`). docs/benchmarks.md's live tables are these rows.
 
 Usage: python -m loadtest.live_report call1_bench_live.jsonl call2_bench_live.jsonl \
     [--from-s 120 --to-s 240] [--all-records]
@@ -140,20 +140,24 @@ FIGURES_HEADER = (
 )
 
 
-def bucket_rows(labelled: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
-    """Latency p50 / p95 by meeting-time bucket, one column per record."""
+def bucket_rows(
+    labelled: Sequence[tuple[str, Mapping[str, Any]]], key: str = "latency_by_time"
+) -> list[str]:
+    """Latency p50 / p95 by meeting-time bucket, one column per record: per segment, or with
+    `key` "word_latency_by_time" per word."""
     names: list[str] = []
     for _, record in labelled:
-        for name in record.get("latency_by_time", {}):
+        for name in record.get(key, {}):
             if name not in names:
                 names.append(name)
     names.sort(key=bucket_span)
-    rows = ["| bucket (s) | " + " | ".join(label for label, _ in labelled) + " |"]
+    head = "bucket (s)" if key == "latency_by_time" else "bucket (s), per word"
+    rows = [f"| {head} | " + " | ".join(label for label, _ in labelled) + " |"]
     rows.append("|---" * (len(labelled) + 1) + "|")
     for name in names:
         cells = []
         for _, record in labelled:
-            b = record.get("latency_by_time", {}).get(name)
+            b = record.get(key, {}).get(name)
             cells.append("-" if b is None else f"{b['p50_s']:.2f} / {b['p95_s']:.2f}")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return rows
@@ -169,12 +173,15 @@ def report(
     labelled: Sequence[tuple[str, Mapping[str, Any]]], from_s: float, to_s: float
 ) -> list[str]:
     """The figures table (a row per labelled record, `figures` over [from_s, to_s)), a blank
-    line, then the latency-by-bucket table. Raises ValueError as `figures` does."""
+    line, then the latency-by-bucket table (and the per-word one, when a record has it).
+    Raises ValueError as `figures` does."""
     lines = [FIGURES_HEADER]
     for label, record in labelled:
         lines.append(figures_row(label, record, figures(record, from_s, to_s)))
     lines.append("")
     lines += bucket_rows(labelled)
+    if any("word_latency_by_time" in record for _, record in labelled):
+        lines += ["", *bucket_rows(labelled, "word_latency_by_time")]
     return lines
 
 

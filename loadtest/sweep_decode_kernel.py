@@ -21,8 +21,8 @@ of a head contiguous, as a head-major pool would hold them). It tells whether a 
 pool would read faster before any kernel is changed for one.
 
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
-       [--max-seconds 150] [--defaults-only | --splits | --layouts] [--block-size 16]
-(`--block-size`: tokens per KV block of the caches, 16 as the engine's by default)
+       [--max-seconds 150] [--defaults-only | --splits | --layouts] [--block-size 128]
+(`--block-size`: tokens per KV block of the caches, by default the engine's, KV_BLOCK_SIZE)
 """
 
 from __future__ import annotations

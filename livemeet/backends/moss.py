@@ -30,8 +30,9 @@ commit policy and speaker labels: each hop's hypothesis is cut to the speech aft
 final, mapped and committed there.
 
 Benchmarks: `ModelConfig.forced_output` names a reference transcript (`[0.00][S01]text[1.20]...`)
-whose tokens replace the sampled ones (DESIGN section 4); a live hop forces the segments that end
-by its audio edge.
+whose tokens replace the sampled ones (DESIGN section 4); a live hop forces what a perfect model
+writes for its audio (`forced_hop_parts`): the words spoken by its edge, a turn in progress left
+open.
 """
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ from livemeet.transcriber import (
     TranscriptFinal,
 )
 from livemeet.transcript.detok import IncrementalDetokenizer
-from livemeet.transcript.parser import TranscriptParser, parse_transcript, render_segment
+from livemeet.transcript.parser import (
+    TranscriptParser,
+    parse_transcript,
+    render_segment,
+    takes_leading_space,
+)
 from livemeet.transcript.pieces import (
     Pieces,
     join_pieces,
@@ -99,7 +105,7 @@ from livemeet.transcript.segments import (
     SegmentFlag,
     Transcript,
     join_texts,
-    spoken_words,
+    word_end_times,
 )
 
 log = logging.getLogger(__name__)
@@ -250,6 +256,60 @@ def forced_prefix(
             break
         first, ids = first + 1, []
     return (first, ids) if ids else (len(segments), [])
+
+
+# s; a word ending this little after a hop's cut lies before it: the cut is a committed end
+# rounded to a sample (~31 us), and forced stamps have 2 decimals
+FORCED_CUT_TOLERANCE_S = 1e-3
+
+
+@dataclass(frozen=True)
+class ForcedPart:
+    """One segment of a forced hop's output: the reference segment `index` whole (its ids were
+    tokenized at load), or (index None) `rendered`, a part of one in the output grammar:
+    from the cut and/or up to the words spoken, with its end stamp only when `closed`."""
+
+    index: int | None
+    rendered: str
+    closed: bool
+
+
+def forced_hop_parts(
+    reference: Sequence[Segment], edge_s: float, after_s: float
+) -> list[ForcedPart]:
+    """What a perfect model writes for audio up to `edge_s` after a cut at `after_s` (-1: none),
+    the reference's words timed by `word_end_times`: each segment's words that end after the
+    cut and by the edge, in order. A segment cut by `after_s` (a committed segment that was
+    still being spoken, by `finalize` or a full window) goes on from the cut, as a new
+    segment starting there; one whose spoken words stop before its end is left open, and
+    nothing follows it (the model writes in order). Its leading space is the whole text's
+    (`takes_leading_space`), so each hop's ids are a prefix of the next one's."""
+    parts: list[ForcedPart] = []
+    for index, seg in enumerate(reference):
+        if seg.start_s >= edge_s:
+            break
+        ends = word_end_times(seg)
+        left = [k for k, t in enumerate(ends) if t > after_s + FORCED_CUT_TOLERANCE_S]
+        if not left:
+            continue  # before the cut: committed already
+        spoken = [k for k in left if ends[k] <= edge_s + 1e-9]
+        if not spoken:
+            break  # being spoken, not one of its words yet
+        closed = len(spoken) == len(left)  # its last word, and so its end, by the edge
+        if closed and len(left) == len(ends):
+            parts.append(ForcedPart(index, render_segment(seg), True))
+            continue
+        words = seg.text.split()
+        part = replace(
+            seg,
+            start_s=seg.start_s if len(left) == len(ends) else after_s,
+            text=" ".join(words[k] for k in spoken),
+        )
+        space = takes_leading_space(seg.text)
+        parts.append(ForcedPart(None, render_segment(part, space=space, closed=closed), closed))
+        if not closed:
+            break
+    return parts
 
 
 @dataclass
@@ -1018,43 +1078,34 @@ class MossCore:
         self, edge_s: float | None, tail_from_s: float | None = None
     ) -> list[int] | None:
         """Token ids to force: the whole file (uploads), or what a perfect model writes for the
-        audio up to `edge_s` (a live hop): the segments ending by it, then the words ending by it
-        of a segment still being spoken (`spoken_words`), with no end stamp: EOS follows and the
-        parser keeps that segment open (MISSING_END), as a real model's in-progress one. With
-        `tail_from_s` (a hop after a forced transcript, which ends before its last `]`) the `]`
-        and then only segments whose midpoint lies past it, as the hop keeps (`_finish_hop`).
-        A hop's whole segments' ids come from each segment's, tokenized once at load."""
+        audio up to `edge_s` (a live hop, `forced_hop_parts`): the words spoken by the edge,
+        after `tail_from_s` when the hop follows a forced transcript (which ends before its last
+        `]`: the ids then start with it). A segment still being spoken ends with its last word
+        spoken, no end stamp: EOS follows and the parser keeps it open (MISSING_END), as a
+        model's turn in progress. Whole segments' ids come from each one's, tokenized once at
+        load; a part of a segment is tokenized per hop."""
         if self._forced is None or self._forced_text is None:
             return None
         if edge_s is None:
             return self._encode(self._forced_text)
         after = -1.0 if tail_from_s is None else tail_from_s
-        kept = [i for i, s in enumerate(self._forced) if s.end_s <= edge_s and _past_cut(s, after)]
-        spoken = self._spoken_body(edge_s, after)
-        close = "]" if tail_from_s is not None else ""  # closes the forced transcript's last
+        parts = forced_hop_parts(self._forced, edge_s, after)
+        close = tail_from_s is not None  # the forced transcript's last `]` is still to come
         if not self._pieces_join():
-            text = "".join(render_segment(self._forced[i]) for i in kept)
-            return self._encode(close + text + spoken)
-        ids = join_pieces([self._forced_pieces[i] for i in kept], after_close=bool(close))
-        if spoken:  # after a whole segment (less its `]`) or a forced transcript: `][` first
-            return ids + self._encode("]" * bool(kept or close) + spoken)
-        if not kept:
-            return [] if tail_from_s is None else list(self._close_ids)
-        return ids + self._close_ids
-
-    def _spoken_body(self, edge_s: float, after_s: float) -> str:
-        """The forced segment being spoken at `edge_s` (it starts before and ends after it), its
-        midpoint past `after_s`, rendered up to the words that end by `edge_s`
-        (`spoken_words`) and without its end stamp; "" when none is, or none of its words."""
-        assert self._forced is not None
-        for seg in self._forced:
-            if seg.start_s < edge_s < seg.end_s and _past_cut(seg, after_s):
-                words = seg.text.split()[: spoken_words(seg, edge_s)]
-                if not words:
-                    return ""
-                rendered = render_segment(replace(seg, text=" ".join(words)))
-                return rendered[: rendered.rindex("[")]
-        return ""
+            text = "".join(part.rendered for part in parts)
+            return self._encode("]" * close + text)
+        ids: list[int] = []
+        for k, part in enumerate(parts):
+            after_close = k > 0 or close
+            if part.index is not None:  # a whole segment
+                piece = self._forced_pieces[part.index]
+                ids += piece.cont if after_close else piece.lead
+            else:
+                body = part.rendered[:-1] if part.closed else part.rendered
+                ids += self._encode("]" * after_close + body)
+        if not parts:
+            return list(self._close_ids) if close else []
+        return ids + self._close_ids if parts[-1].closed else ids
 
     def _added_ids(self) -> frozenset[int]:
         """Ids of the tokenizer's added (special) tokens, read once."""

@@ -301,13 +301,22 @@ def parse_transcript(text: str, audio_duration_s: float | None = None) -> list[S
     return parser.feed(text) + parser.close()
 
 
-def render_segment(seg: Segment) -> str:
+def takes_leading_space(text: str) -> bool:
+    """Whether the model writes a space before `text` after its speaker tag (BPE's word-initial
+    space; parsers strip it): unless the text holds a wide character (CJK text has none, also
+    when it starts with digits or a quote: `2024年`)."""
+    text = text.strip()
+    return bool(text) and not any(unicodedata.east_asian_width(c) in ("W", "F") for c in text)
+
+
+def render_segment(seg: Segment, *, space: bool | None = None, closed: bool = True) -> str:
     """`seg` in the model's output grammar (MODEL.md section 6): `[start][Sxx] text[end]`, times
-    to 2 decimals. The text gets back the leading space the model writes before it (BPE's
-    word-initial space; parsers strip it) unless it holds a wide character (CJK text has none,
-    also when it starts with digits or a quote: `2024年`), so a rendered transcript tokenizes as
-    the model would have written it."""
+    to 2 decimals, so a rendered transcript tokenizes as the model would have written it. The
+    text gets back the leading space the model writes before it (`takes_leading_space`; `space`
+    decides it instead, e.g. from a whole segment of which `seg` holds the first words);
+    `closed=False` leaves out the end stamp (a segment still being written)."""
     text = seg.text.strip()
-    if text and not any(unicodedata.east_asian_width(c) in ("W", "F") for c in text):
+    if text and (takes_leading_space(text) if space is None else space):
         text = " " + text
-    return f"[{seg.start_s:.2f}][{seg.speaker}]{text}[{seg.end_s:.2f}]"
+    end = f"[{seg.end_s:.2f}]" if closed else ""
+    return f"[{seg.start_s:.2f}][{seg.speaker}]{text}{end}"

@@ -124,16 +124,12 @@ def join_texts(texts: Iterable[str]) -> str:
 def word_end_times(seg: Segment) -> tuple[float, ...]:
     """End times (s) of `seg`'s words in a synthetic meeting, whose reference transcript has no
     word times: by the benchmarks' convention (docs/benchmarks.md, "partial latency") a
-    segment's n words (its text's whitespace-separated parts) are spoken at a uniform rate, word
-    i (0-based) ending at start + (i + 1) (end - start) / n; the last ends with the segment.
-    Empty for a text with no word. `--forced-output` live hops write the words spoken by their
-    audio edge, and `loadtest.bench_live` measures each word's latency from its end."""
+    segment's n words (its text's whitespace-separated parts: CJK text without spaces is one
+    word, shown only whole) are spoken at a uniform rate, word i (0-based) ending at start +
+    (i + 1) (end - start) / n; the last ends with the segment. Empty for a text with no
+    word. `--forced-output` live hops write the words spoken by their audio edge, and
+    `loadtest.bench_live` measures each word's latency from its end."""
     n = len(seg.text.split())
     span = seg.end_s - seg.start_s
     ends = [seg.start_s + (i + 1) * span / n for i in range(n - 1)]
     return (*ends, seg.end_s) if n else ()  # the last exactly at the end, whatever the rounding
-
-
-def spoken_words(seg: Segment, until_s: float) -> int:
-    """How many of `seg`'s words end by `until_s` (s) under `word_end_times`' convention."""
-    return sum(1 for t in word_end_times(seg) if t <= until_s + 1e-9)

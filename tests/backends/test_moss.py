@@ -7,6 +7,7 @@ which is parity-tested against transformers.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -417,8 +418,8 @@ def continuing_core(
 
 def stop_early_at(core: MossCore, first_s: float, later_s: float | None = None) -> None:
     """The model stops early (DESIGN 5.8): an upload's first request gets the forced ids of
-    the segments ending by `first_s` only, then EOS; a continuation (forced after a cut) those
-    ending by `later_s` (None: the whole rest)."""
+    its audio up to `first_s` only (`forced_hop_parts`: the words spoken by then), then EOS; a
+    continuation (forced after a cut) those up to `later_s` (None: the whole rest)."""
     inner = core._forced_ids
 
     def forced_ids(edge_s: float | None, tail_from_s: float | None = None) -> Any:
@@ -785,6 +786,54 @@ def test_forced_live_hops_write_the_words_spoken_so_far(
     # edges 1, 2, 3, 4 s: 0, 1, 2, 3 of the first turn's words (ending 1.5, 2.5, 3.5, 4.5 s)
     assert shown[0.5] == ["one", "one two", "one two three"]
     assert shown[5.0] == ["five", "five six"]  # words end at 6, 7, 8 s; edges 6 and 7 s
+    assert_pool_clean(core)
+
+
+def stream_with_finalize(
+    core: MossCore, audio: np.ndarray, finalize_after_s: int | None
+) -> list[Event]:
+    """1-s chunks at 1-s hops, stepping to idle after each; `finalize` after the given second."""
+    core.open("L", SessionOptions(live=True, hop_s=1.0))
+    out: list[tuple[str, Event]] = []
+    for k in range(0, len(audio), SAMPLE_RATE):
+        core.append("L", audio[k : k + SAMPLE_RATE])
+        run_to_idle(core, out)
+        if k // SAMPLE_RATE + 1 == finalize_after_s:
+            core.finalize("L")
+            run_to_idle(core, out)
+    core.end("L")
+    run_to_idle(core, out)
+    return [e for s, e in out if s == "L"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("words", "finalize_after_s", "clip_s"), [(10, 4, 11.0), (10, 7, 11.0), (35, None, 40.0)]
+)
+def test_a_turn_committed_while_spoken_goes_on_from_the_commit(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    words: int,
+    finalize_after_s: int | None,
+    clip_s: float,
+) -> None:
+    """A forced turn committed while it is spoken (`finalize` mid-turn, or a turn longer than
+    the 25-s window, force-committed) goes on in the next hops from the commit: the transcript
+    holds each of its words once, in order, from its start to its end (a word a second)."""
+    text = " ".join(f"w{i}" for i in range(words))
+    reference = f"[0.50][S01] {text}[{0.5 + words:.2f}]"
+    core = make_core(our_model, tmp_path, forced=reference)
+    final = stream_with_finalize(core, clips[clip_s], finalize_after_s)[-1]
+    assert isinstance(final, TranscriptFinal)
+    segments = final.segments
+    assert " ".join(s.text for s in segments) == text
+    assert len(segments) >= 2  # committed in pieces
+    assert segments[0].start_s == 0.5 and segments[-1].end_s == 0.5 + words
+    for a, b in zip(segments, segments[1:], strict=False):
+        assert a.end_s == pytest.approx(b.start_s, abs=0.01)  # each goes on where one stopped
+    if finalize_after_s is not None:  # the words ending by then (0.5 + i + 1 s) come first
+        assert segments[0].text == " ".join(f"w{i}" for i in range(finalize_after_s - 1))
     assert_pool_clean(core)
 
 
@@ -1351,12 +1400,20 @@ def test_a_live_chunk_with_nan_is_rejected_whole_and_the_session_goes_on(
     assert_pool_clean(core)
 
 
-def test_forced_hop_ids_equal_the_joined_texts_tokens(tmp_path: Path) -> None:
-    """A benchmark hop's forced ids, assembled from each forced segment's tokenized once at
-    load, are those of the kept segments' joined text (after a `]` when the hop follows a
-    forced transcript), for every edge and cut."""
+@pytest.mark.parametrize("pieces_join", [True, False])
+def test_forced_hop_ids_are_the_words_spoken_between_cut_and_edge(
+    tmp_path: Path, pieces_join: bool
+) -> None:
+    """A benchmark hop's forced ids are those of what a perfect model writes (after a `]` when
+    the hop follows a forced transcript): for each reference segment in order, its words (at
+    a uniform rate over it) ending after the cut and by the edge; a segment the cut falls in
+    goes on from the cut as a new one; one still being spoken stays open (no end stamp) and
+    ends the output. Whole segments come from ids tokenized once at load (or the joined text
+    re-encoded, for a tokenizer whose pieces do not join); while the last segment is open a
+    hop's ids are a prefix of a later hop's, also where mixed-width text renders without the
+    leading space."""
     tok = load_tokenizer(None)
-    texts = ["Okay, 12 items.", "你好", "Right:3", "", "fine"]
+    texts = ["Okay, 12 items.", "你好", "Right:3", "", "fine one two", "Hello 世界 again"]
     segments = [
         Segment(start_s=3.0 * i, end_s=3.0 * i + 2.5, speaker=f"S0{1 + i % 2}", text=t)
         for i, t in enumerate(texts * 3)
@@ -1365,37 +1422,48 @@ def test_forced_hop_ids_equal_the_joined_texts_tokens(tmp_path: Path) -> None:
     path.write_text("".join(render_segment(s) for s in segments), encoding="utf-8")
     core = MossCore(ModelConfig(), engine=SimpleNamespace(tokenizer=tok))  # type: ignore[arg-type]
     core._load_forced(path)
+    core._exact_pieces = pieces_join
     assert core._forced is not None and len(core._forced) >= 12
     segments = core._forced  # as parsed from the file (the empty text is not a segment)
 
-    def joined(edge_s: float, tail_from_s: float | None) -> list[int]:
+    def expected(edge_s: float, tail_from_s: float | None) -> list[int]:
         after = -1.0 if tail_from_s is None else tail_from_s
-        past = [s for s in segments if (s.start_s + s.end_s) / 2 > after]
-        text = "".join(render_segment(s) for s in past if s.end_s <= edge_s)
-        for s in past:  # the segment being spoken: its words ended by the edge, no end stamp
-            if s.start_s < edge_s < s.end_s:
-                words = s.text.split()
-                step = (s.end_s - s.start_s) / len(words)
-                spoken = [w for i, w in enumerate(words) if s.start_s + (i + 1) * step <= edge_s]
-                if spoken:
-                    text += f"[{s.start_s:.2f}][{s.speaker}]{render_text(' '.join(spoken))}"
-        return list(tok.encode(text if tail_from_s is None else "]" + text).ids)
+        text = "" if tail_from_s is None else "]"
+        for s in segments:
+            words = s.text.split()
+            step = (s.end_s - s.start_s) / len(words)
+            ends = [s.start_s + (i + 1) * step for i in range(len(words))]
+            left = [i for i, t in enumerate(ends) if t > after + 1e-3]
+            spoken = [i for i in left if ends[i] <= edge_s + 1e-9]
+            if left and not spoken:
+                break
+            if not left:
+                continue
+            start = s.start_s if len(left) == len(words) else after
+            wide = any(unicodedata.east_asian_width(c) in "WF" for c in s.text)
+            text += f"[{start:.2f}][{s.speaker}]" + ("" if wide else " ")
+            text += " ".join(words[i] for i in spoken)
+            if len(spoken) < len(left):
+                break  # open: no end stamp, nothing after it
+            text += f"[{s.end_s:.2f}]"
+        return list(tok.encode(text).ids)
 
-    in_progress = 0
-    for edge_s in np.arange(0.0, 46.0, 0.25):
-        for tail_from_s in (None, 0.0, 4.0, 10.1, edge_s):
+    in_progress = resumed = 0
+    for tail_from_s in (None, 0.0, 1.0, 4.0, 10.1, 13.0, 16.0):
+        earlier: list[int] = []
+        for edge_s in np.arange(0.0, 52.0, 0.25):
+            if tail_from_s is not None and edge_s <= tail_from_s:
+                continue
             ids = core._forced_ids(float(edge_s), tail_from_s)
-            assert ids == joined(edge_s, tail_from_s), (edge_s, tail_from_s)
-            in_progress += bool(ids) and not tok.decode(ids).endswith("]")
-    assert in_progress > 10  # edges inside "Okay, 12 items." write its first words
-    assert core._pieces_join()
-
-
-def render_text(text: str) -> str:
-    """A segment's text as `render_segment` writes it (the model's leading space, none before a
-    wide character)."""
-    rendered = render_segment(Segment(0.0, 0.0, "S01", text))
-    return rendered[len("[0.00][S01]") : -len("[0.00]")]
+            assert ids == expected(float(edge_s), tail_from_s), (edge_s, tail_from_s)
+            text = tok.decode(ids)
+            if earlier:  # the last hop ended in an open segment: this one goes on from it
+                assert ids[: len(earlier)] == earlier, (edge_s, tail_from_s)
+            earlier = ids if ids and not text.endswith("]") else []
+            in_progress += bool(earlier)
+            resumed += tail_from_s in (1.0, 13.0, 16.0) and f"[{tail_from_s:.2f}]" in text
+        assert core._forced_ids(1e9, tail_from_s) == expected(1e9, tail_from_s)
+    assert in_progress > 50 and resumed > 20  # both paths ran many times
 
 
 def live_runs_without_and_with(

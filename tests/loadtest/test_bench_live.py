@@ -24,6 +24,7 @@ from loadtest.bench_live import (
     SegmentLatency,
     SessionLog,
     engine_by_time,
+    first_word_times,
     frame_of,
     latency_by_time,
     meeting_s,
@@ -106,6 +107,10 @@ def test_word_latencies_count_each_word_from_its_own_end() -> None:
     assert got.expected == 5 and got.missed == 0 and got.after_end == 2
     assert got.end_times == pytest.approx((0.5, 1.0, 1.5, 2.5, 3.0))
     assert got.latencies == pytest.approx((0.3, 0.3, 0.4, 1.3, 0.8))
+    # the first time each count was reached, whatever the order of the references; a later
+    # partial with fewer words (retracted) or more than the reference holds changes nothing
+    log.events.insert(3, (102.0, "segment.partial", [(2.0, 2.4, 9), (0.0, 1.5, 1)]))
+    assert first_word_times(reference[::-1], log) == [[102.0, 102.0], [100.8, 101.3, 101.9]]
     # a head start leaves out words ending within it; a stream cut short expects fewer
     assert word_latencies(reference, log, audio_s=3.5, from_s=1.0).expected == 3
     assert word_latencies(reference, log, audio_s=1.2).expected == 2

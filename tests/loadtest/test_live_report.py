@@ -131,3 +131,11 @@ def test_the_command_reads_the_last_record_of_each_file(
     assert row.startswith(
         "| call2_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | 0.50 / 1.25 / 1.50 / 2.00 |"
     )
+    # the per-word buckets get their own table, after the per-segment one
+    by_word = {"word_latency_by_time": {"450-480": {"p50_s": 0.75, "p95_s": 1.5}}}
+    path.write_text(json.dumps(_record() | words | by_word) + "\n")
+    live_report.main([str(path)])
+    out = capsys.readouterr().out.splitlines()
+    at = out.index("| bucket (s), per word | call2_bench_live |")
+    assert out[at + 2] == "| 450-480 | 0.75 / 1.50 |"
+    assert out.index("| bucket (s) | call2_bench_live |") < at

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from livemeet.transcript.parser import TranscriptParser, parse_transcript, render_segment
+from livemeet.transcript.parser import (
+    TranscriptParser,
+    parse_transcript,
+    render_segment,
+    takes_leading_space,
+)
 from livemeet.transcript.segments import Segment, SegmentFlag
 
 INHERITED = SegmentFlag.INHERITED_SPEAKER
@@ -226,3 +231,18 @@ def test_render_segment_round_trips_and_restores_the_word_space(
 def test_render_segment_spaces_latin_text_only(text: str, body: str) -> None:
     seg = Segment(start_s=0.0, end_s=1.0, speaker="S01", text=text)
     assert render_segment(seg) == f"[0.00][S01]{body}[1.00]"
+
+
+def test_render_segment_open_or_with_the_space_of_a_whole_text() -> None:
+    """A segment still being written renders without its end stamp; the first words of a
+    mixed-width text take the whole text's space (none), so each rendering is a prefix of the
+    whole one."""
+    whole = Segment(0.0, 4.0, "S01", "Hello 世界 again")
+    assert not takes_leading_space(whole.text) and takes_leading_space(" Hello ")
+    assert not takes_leading_space("  ")
+    first = Segment(0.0, 4.0, "S01", "Hello")
+    assert render_segment(first, closed=False) == "[0.00][S01] Hello"
+    space = takes_leading_space(whole.text)
+    opened = render_segment(first, space=space, closed=False)
+    assert opened == "[0.00][S01]Hello" and render_segment(whole).startswith(opened)
+    assert render_segment(Segment(0.0, 1.0, "S01", ""), space=True) == "[0.00][S01][1.00]"
