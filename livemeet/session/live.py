@@ -172,6 +172,12 @@ class LiveSession:
         return self._ended
 
     @property
+    def flush_pending(self) -> bool:
+        """True from `finalize()` or `end()` until the decode (or `flush()`) that commits
+        everything heard by then: the client is waiting on the next hop."""
+        return self._flush_pending
+
+    @property
     def committed(self) -> tuple[Segment, ...]:
         return self._commit.committed
 

@@ -789,6 +789,44 @@ def test_forced_live_hops_write_the_words_spoken_so_far(
     assert_pool_clean(core)
 
 
+def test_a_hop_that_a_finalize_or_end_waits_on_has_no_slack(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """A live hop's deadline is a hop after it was due; the one a `finalize` or `end` waits on
+    (the client waits for the commit, or for transcript.final) is due at once, so it goes
+    before the hops of other sessions that fell due with it."""
+    core = make_core(our_model, tmp_path)
+    assert core.engine is not None
+    engine = core.engine
+    slack: dict[str, float] = {}  # request id -> deadline less the clock at submission
+    inner = engine.add_request
+
+    def add_request(rid: str, *args: Any, **kwargs: Any) -> Any:
+        slack[rid] = kwargs["deadline_s"] - engine.clock.now  # type: ignore[attr-defined]
+        return inner(rid, *args, **kwargs)
+
+    engine.add_request = add_request  # type: ignore[method-assign]
+    audio = clips[11.0]
+    out: list[tuple[str, Event]] = []
+    core.open("L", SessionOptions(live=True, hop_s=1.0, max_new_tokens=4))
+    core.append("L", audio[: 2 * SAMPLE_RATE])
+    run_to_idle(core, out)
+    core.append("L", audio[2 * SAMPLE_RATE : 5 * SAMPLE_RATE // 2])
+    core.finalize("L")  # half a hop of new audio: due only because of the finalize
+    run_to_idle(core, out)
+    core.append("L", audio[5 * SAMPLE_RATE // 2 : 4 * SAMPLE_RATE])
+    run_to_idle(core, out)
+    core.append("L", audio[4 * SAMPLE_RATE : 9 * SAMPLE_RATE // 2])
+    core.end("L")  # half a hop again: the last hop, due because of the end
+    run_to_idle(core, out)
+    hops = sorted(slack)
+    assert len(hops) == 4, hops
+    assert 0.9 < slack[hops[0]] <= 1.0 and 0.9 < slack[hops[2]] <= 1.0  # due after a hop
+    assert slack[hops[1]] <= 0.0 and slack[hops[3]] <= 0.0  # the finalize's and the end's
+    assert isinstance(out[-1][1], TranscriptFinal)
+    assert_pool_clean(core)
+
+
 def stream_with_finalize(
     core: MossCore, audio: np.ndarray, finalize_after_s: int | None
 ) -> list[Event]:
