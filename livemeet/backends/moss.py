@@ -878,7 +878,7 @@ class MossCore:
         offset_s = max(live.stamp_s(window.offset_s), live.committed_end_s)
         edge_s = live.stamp_s(window.end_s)
         tail_from_s = offset_s if prefix else None
-        slack_s = 0.0 if live.flush_pending else sess.options.hop_s
+        slack_s = 0.0 if live.end_pending else sess.options.hop_s
         try:
             request = engine.add_request(
                 rid,
@@ -888,8 +888,9 @@ class MossCore:
                 request_class=RequestClass.LIVE,
                 max_new_tokens=self._hop_max_new_tokens(sess.options, window, prefix),
                 # from when it was due: a hop that waited its turn to be submitted goes first;
-                # one that a finalize or end waits on has no hop of slack (the client waits
-                # for the commit, or for transcript.final: DESIGN 5.7, within ~2 s of `end`)
+                # a session's last hop, after `end`, has no hop of slack (its client waits for
+                # transcript.final: DESIGN 5.7, within ~2 s of `end`; once per session, unlike
+                # `finalize`, which a client could send with every frame to go first)
                 deadline_s=(engine.clock() if due_s is None else due_s) + slack_s,
                 forced_output_ids=self._forced_ids(edge_s, tail_from_s),
                 prefix_token_ids=prefix,

@@ -172,10 +172,10 @@ class LiveSession:
         return self._ended
 
     @property
-    def flush_pending(self) -> bool:
-        """True from `finalize()` or `end()` until the decode (or `flush()`) that commits
-        everything heard by then: the client is waiting on the next hop."""
-        return self._flush_pending
+    def end_pending(self) -> bool:
+        """True from `end()` until the decode (or `flush()`) that ends the session: the client
+        waits on the next hop for its transcript."""
+        return self._end_pending and not self._ended
 
     @property
     def committed(self) -> tuple[Segment, ...]:

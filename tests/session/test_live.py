@@ -155,6 +155,21 @@ def test_end_mid_segment_commits_the_heard_part() -> None:
     assert finals[-1].end_s == pytest.approx(4.5)
 
 
+def test_end_is_pending_until_the_decode_that_ends_the_session() -> None:
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(0.5))
+    live.finalize()
+    assert not live.end_pending  # a finalize is not an end
+    live.window()
+    live.apply_hypothesis([])
+    live.receive_audio(audio(0.5))
+    live.end()
+    assert live.end_pending and live.hop_due()
+    live.window()
+    live.apply_hypothesis([])
+    assert live.ended and not live.end_pending
+
+
 def test_hop_due_every_hop_of_audio_and_skipped_without_audio() -> None:
     live = LiveSession(LiveOptions(hop_s=1.0))
     assert not live.hop_due()
