@@ -258,9 +258,10 @@ def forced_prefix(
     return (first, ids) if ids else (len(segments), [])
 
 
-# s; a word ending this little after a hop's cut lies before it: the cut is a committed end
-# rounded to a sample (~31 us), and forced stamps have 2 decimals
-FORCED_CUT_TOLERANCE_S = 1e-3
+# s; float noise in comparing word ends with edges and cuts: one tolerance on both sides, so a
+# word ending just past a hop's edge is written by the next hop, whose cut is that edge (with
+# forced output the time scale is 1, and edges and 2-decimal stamps lie on the sample grid)
+FORCED_TIME_TOLERANCE_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -282,17 +283,20 @@ def forced_hop_parts(
     cut and by the edge, in order. A segment cut by `after_s` (a committed segment that was
     still being spoken, by `finalize` or a full window) goes on from the cut, as a new
     segment starting there; one whose spoken words stop before its end is left open, and
-    nothing follows it (the model writes in order). Its leading space is the whole text's
-    (`takes_leading_space`), so each hop's ids are a prefix of the next one's."""
+    nothing follows it (the model writes in order; references are taken not to overlap, as a
+    benchmark's turns do not). A remainder starts at the cut's stamp rounded up, so that the
+    hop keeps it (`_past_cut`). Its leading space is the whole text's (`takes_leading_space`),
+    so each hop's ids are a prefix of the next one's. Every word is written by exactly one of
+    two hops where the second's cut is the first's edge (the `finalize` / full-window case)."""
     parts: list[ForcedPart] = []
     for index, seg in enumerate(reference):
-        if seg.start_s >= edge_s:
+        if seg.start_s > edge_s:
             break
         ends = word_end_times(seg)
-        left = [k for k, t in enumerate(ends) if t > after_s + FORCED_CUT_TOLERANCE_S]
+        left = [k for k, t in enumerate(ends) if t > after_s + FORCED_TIME_TOLERANCE_S]
         if not left:
             continue  # before the cut: committed already
-        spoken = [k for k in left if ends[k] <= edge_s + 1e-9]
+        spoken = [k for k in left if ends[k] <= edge_s + FORCED_TIME_TOLERANCE_S]
         if not spoken:
             break  # being spoken, not one of its words yet
         closed = len(spoken) == len(left)  # its last word, and so its end, by the edge
@@ -302,7 +306,10 @@ def forced_hop_parts(
         words = seg.text.split()
         part = replace(
             seg,
-            start_s=seg.start_s if len(left) == len(ends) else after_s,
+            # from the cut, rounded up to its 2-decimal stamp: not before it (`_past_cut`)
+            start_s=seg.start_s
+            if len(left) == len(ends)
+            else math.ceil(after_s * 100 - 1e-6) / 100,
             text=" ".join(words[k] for k in spoken),
         )
         space = takes_leading_space(seg.text)

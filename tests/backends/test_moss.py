@@ -7,6 +7,7 @@ which is parity-tested against transformers.
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 from livemeet.audio.constants import KV_BLOCK_SIZE, MIN_PREFILL_CHUNK, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
-from livemeet.backends.moss import MossCore, _Upload, engine_config
+from livemeet.backends.moss import MossCore, _Upload, engine_config, forced_hop_parts
 from livemeet.config import ModelConfig, UploadHold
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
@@ -828,6 +829,28 @@ def test_the_hop_an_end_waits_on_has_no_slack(
     assert_pool_clean(core)
 
 
+def test_a_cut_at_a_hops_edge_leaves_each_word_to_exactly_one_of_the_two_hops() -> None:
+    """The hop after a commit at the previous hop's edge (`finalize`, a full window) writes
+    exactly the words that hop did not, for every edge: words ending a hair past the edge
+    (w2 at 1.321 s), a zero-length segment at the edge, a one-word turn."""
+    reference = parse_transcript(
+        "[1.00][S01] w0 w1 w2 w3 w4 w5 w6 w7 w8 w9[2.07][3.00][S02] hi[3.00]"
+        "[3.50][S01] one two three[5.00][5.20][S02] solo[6.00]"
+    )
+
+    def words(edge_s: float, after_s: float) -> list[str]:
+        text = "".join(p.rendered for p in forced_hop_parts(reference, edge_s, after_s))
+        return " ".join(s.text for s in parse_transcript(text)).split()
+
+    every = " ".join(s.text for s in reference).split()
+    for edge_s in [*np.arange(0.0, 7.0, 0.02), 1.321, 1.3205, 3.0, 4.0, 5.0]:
+        first = words(float(edge_s), -1.0)
+        assert first + words(math.inf, float(edge_s)) == every, edge_s
+        assert first == every[: len(first)]  # in order, none skipped
+    for part in forced_hop_parts(reference, 6.0, 1.3205):  # a remainder starts past the cut
+        assert parse_transcript(part.rendered)[0].start_s >= 1.3205
+
+
 def stream_with_finalize(
     core: MossCore, audio: np.ndarray, finalize_after_s: int | None
 ) -> list[Event]:
@@ -1472,8 +1495,8 @@ def test_forced_hop_ids_are_the_words_spoken_between_cut_and_edge(
             words = s.text.split()
             step = (s.end_s - s.start_s) / len(words)
             ends = [s.start_s + (i + 1) * step for i in range(len(words))]
-            left = [i for i, t in enumerate(ends) if t > after + 1e-3]
-            spoken = [i for i in left if ends[i] <= edge_s + 1e-9]
+            left = [i for i, t in enumerate(ends) if t > after + 1e-6]
+            spoken = [i for i in left if ends[i] <= edge_s + 1e-6]
             if left and not spoken:
                 break
             if not left:
