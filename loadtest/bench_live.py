@@ -69,7 +69,7 @@ import math
 import shlex
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -176,25 +176,15 @@ def segment_latencies(
 ) -> SegmentLatency:
     """Latency of each reference segment ending within the first `audio_s` s and after
     `from_s` (a head start's end: the head is not streamed in real time) (module doc)."""
-    latencies: list[float] = []
-    end_times: list[float] = []
-    after_end = missed = expected = 0
-    for turn in turns:
-        if turn.end_s > audio_s + 1e-9 or turn.end_s <= from_s:
-            continue
-        expected += 1
-        first = next(
-            (t for t, _, segs in log.events if _holds(segs, turn.start_s, turn.end_s)), None
+    shown = (
+        (
+            turn.end_s,
+            next((t for t, _, segs in log.events if _holds(segs, turn.start_s, turn.end_s)), None),
         )
-        spoken = spoken_at(log, turn.end_s)
-        if first is None or math.isinf(spoken):  # never shown, or its audio never sent
-            missed += 1
-            continue
-        if log.end_sent is not None and first >= log.end_sent:
-            after_end += 1
-        latencies.append(first - spoken)
-        end_times.append(turn.end_s)
-    return SegmentLatency(tuple(latencies), after_end, missed, expected, tuple(end_times))
+        for turn in turns
+        if from_s < turn.end_s <= audio_s + 1e-9
+    )
+    return tally_latencies(shown, log)
 
 
 def word_latencies(
@@ -209,22 +199,32 @@ def word_latencies(
     (loadtest.workloads.plan_turns), so no two start within TIME_TOL_S. Counts as
     `segment_latencies`, per word; one pass over the log (`first_word_times`)."""
     seen = first_word_times(reference, log)
+    shown = (
+        (end_s, times[i] if i < len(times) else None)
+        for ref, times in zip(reference, seen, strict=True)
+        for i, end_s in enumerate(word_end_times(ref))
+        if from_s < end_s <= audio_s + 1e-9
+    )
+    return tally_latencies(shown, log)
+
+
+def tally_latencies(shown: Iterable[tuple[float, float | None]], log: SessionLog) -> SegmentLatency:
+    """The `SegmentLatency` of expected items given as (end s in the meeting, receive time of
+    the first message holding the item or None): never shown or whose audio was never sent
+    count as missed, those first shown after `end` as after_end (their latency kept)."""
     latencies: list[float] = []
     end_times: list[float] = []
     after_end = missed = expected = 0
-    for ref, times in zip(reference, seen, strict=True):
-        for i, end_s in enumerate(word_end_times(ref)):
-            if end_s > audio_s + 1e-9 or end_s <= from_s:
-                continue
-            expected += 1
-            spoken = spoken_at(log, end_s)
-            if i >= len(times) or math.isinf(spoken):  # never shown, or never sent
-                missed += 1
-                continue
-            if log.end_sent is not None and times[i] >= log.end_sent:
-                after_end += 1
-            latencies.append(times[i] - spoken)
-            end_times.append(end_s)
+    for end_s, first in shown:
+        expected += 1
+        spoken = spoken_at(log, end_s)
+        if first is None or math.isinf(spoken):  # never shown, or its audio never sent
+            missed += 1
+            continue
+        if log.end_sent is not None and first >= log.end_sent:
+            after_end += 1
+        latencies.append(first - spoken)
+        end_times.append(end_s)
     return SegmentLatency(tuple(latencies), after_end, missed, expected, tuple(end_times))
 
 
@@ -246,6 +246,20 @@ def first_word_times(reference: Sequence[Segment], log: SessionLog) -> list[list
             times = seen[order[k]]
             times.extend([t] * (min(seg[2], counts[k]) - len(times)))
     return seen
+
+
+def latency_summary(name: str, latencies: Sequence[float]) -> dict[str, float | None]:
+    """`{name}_mean_s`, `_p50_s`, `_p95_s`, `_p99_s` and `_max_s` of `latencies` (s; all None
+    when there are none)."""
+    if not latencies:
+        return {f"{name}_{k}_s": None for k in ("mean", "p50", "p95", "p99", "max")}
+    return {
+        f"{name}_mean_s": float(np.mean(latencies)),
+        f"{name}_p50_s": percentile(latencies, 50),
+        f"{name}_p95_s": percentile(latencies, 95),
+        f"{name}_p99_s": percentile(latencies, 99),
+        f"{name}_max_s": max(latencies),
+    }
 
 
 def latency_by_time(results: Sequence[SegmentLatency]) -> dict[str, dict[str, float]]:
@@ -535,21 +549,13 @@ async def run_point(
         "segments_live": len(lat) - sum(r.after_end for r in results),  # before `end`
         "segments_after_end": sum(r.after_end for r in results),
         "segments_missed": sum(r.missed for r in results),
-        "latency_mean_s": float(np.mean(lat)) if lat else None,
-        "latency_p50_s": percentile(lat, 50) if lat else None,
-        "latency_p95_s": percentile(lat, 95) if lat else None,
-        "latency_p99_s": percentile(lat, 99) if lat else None,
-        "latency_max_s": max(lat) if lat else None,
+        **latency_summary("latency", lat),
         # DESIGN 10's definition, per word (`word_latencies`); the fields above are per segment,
         # at its last word, as sessions 18-23 reported them
         "words_expected": sum(r.expected for r in words),
         "words_seen": len(word_lat),
         "words_missed": sum(r.missed for r in words),
-        "word_latency_mean_s": float(np.mean(word_lat)) if word_lat else None,
-        "word_latency_p50_s": percentile(word_lat, 50) if word_lat else None,
-        "word_latency_p95_s": percentile(word_lat, 95) if word_lat else None,
-        "word_latency_p99_s": percentile(word_lat, 99) if word_lat else None,
-        "word_latency_max_s": max(word_lat) if word_lat else None,
+        **latency_summary("word_latency", word_lat),
         "send_lag_max_s": max((send_lag_s(log) for log in logs), default=0.0),
         "ready_p50_s": percentile(readies, 50) if readies else None,
         "ready_max_s": max(readies) if readies else None,
