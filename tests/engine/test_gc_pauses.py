@@ -43,7 +43,10 @@ def test_a_stop_without_its_start_is_ignored() -> None:
 def test_freeze_moves_the_live_heap_out_of_collections_and_thaw_back() -> None:
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 1000  # at least pytest's and torch's objects
+        assert frozen > 1000  # at least pytest's and torch's objects
+        # A frozen object that dies leaves the count (another thread may drop one meanwhile:
+        # CI once saw 2 fewer), so the count can only have fallen since the freeze.
+        assert 0.99 * frozen <= gc.get_freeze_count() <= frozen
         tracked = len(gc.get_objects())  # frozen objects are not in any generation
         assert tracked < frozen
     finally:
