@@ -285,9 +285,11 @@ def forced_hop_parts(
     segment starting there; one whose spoken words stop before its end is left open, and
     nothing follows it (the model writes in order; references are taken not to overlap, as a
     benchmark's turns do not). A remainder starts at the cut's stamp rounded up, so that the
-    hop keeps it (`_past_cut`). Its leading space is the whole text's (`takes_leading_space`),
-    so each hop's ids are a prefix of the next one's. Every word is written by exactly one of
-    two hops where the second's cut is the first's edge (the `finalize` / full-window case)."""
+    hop keeps it (`_past_cut`); that may be the edge's, which the session keeps
+    (`clean_hypothesis`: a start within one stamp step of the edge). Its leading space is the
+    whole text's (`takes_leading_space`), so each hop's ids are a prefix of the next one's.
+    Every word is written by exactly one of two hops where the second's cut is the first's
+    edge (the `finalize` / full-window case)."""
     parts: list[ForcedPart] = []
     for index, seg in enumerate(reference):
         if seg.start_s > edge_s:
@@ -551,6 +553,10 @@ class MossCore:
         sess = self._get(session_id)
         if isinstance(sess, _Live):
             sess.live.end()
+            if sess.hop is not None and self.engine is not None:
+                # the client now waits on this hop (and the last one, after it): it loses its
+                # hop of slack, as the last one has none (`_submit_hop`)
+                self.engine.advance_deadline(sess.hop.request_id, sess.hop.due_s)
             return
         if sess.ended:
             raise ProtocolError("end after end")

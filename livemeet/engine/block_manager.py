@@ -11,7 +11,9 @@ Block size: 128 tokens by default (`KV_BLOCK_SIZE`; any of `KV_BLOCK_SIZES` by c
   side in one call long c1 bf16 106.5 against 105.2 audio-s/s and long c16 over an FP8 cache
   291.5 against 289.7 (docs/benchmarks.md, sessions 23-24).
 - Larger blocks cost more: copy-on-write after truncating inside a shared block copies up to
-  block_size - 1 tokens (128: <= 14 MiB at 112 KiB per token, once per live hop), and every
+  block_size - 1 tokens (128: <= 14 MiB at 112 KiB per token; a fork from a request still
+  running; a live hop forks its retained predecessor, released at the fork, and writes into
+  the block in place), and every
   request wastes on average half a block (128-token blocks x 200 requests ~ 1.4 GiB, ~1 % of
   an H200's pool); 256 would double both for no kernel gain (the extend tile is 128 keys).
 - Smaller blocks cost table length: a 90-minute prompt (~71k tokens) needs ~4.5k entries at 16

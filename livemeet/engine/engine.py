@@ -302,6 +302,11 @@ class Engine:
         self.scheduler.abort(request_id)
         self._forget(request_id)
 
+    def advance_deadline(self, request_id: str, deadline_s: float) -> bool:
+        """Bring a live request's deadline forward (Scheduler.advance_deadline): e.g. the hop a
+        session's `end` now waits on. False when it is not an unfinished live request."""
+        return self.scheduler.advance_deadline(request_id, deadline_s)
+
     def hold_windows(self, owner: str, keys: Sequence[bytes]) -> None:
         """Keep the encoder's outputs for these full-window keys (`window_keys` of a request)
         cached until `release_windows(owner)`, e.g. a live session's windows for its life

@@ -388,6 +388,18 @@ class Scheduler:
             return self.release(request_id)
         return None
 
+    def advance_deadline(self, request_id: str, deadline_s: float) -> bool:
+        """Bring an unfinished live request's deadline forward to `deadline_s` (s, the
+        scheduler's clock; a later one leaves it as it is): from the next step it goes before
+        the live requests due after it. Returns False when the id is not an unfinished live
+        request."""
+        request = self._requests.get(request_id)
+        if request is None or request.request_class is not RequestClass.LIVE:
+            return False
+        if request.deadline_s is None or deadline_s < request.deadline_s:
+            request.deadline_s = deadline_s
+        return True
+
     def finish(self, request_id: str, reason: FinishReason) -> Request | None:
         """Finish an unfinished request now with `reason`, freeing (or retaining) its KV as
         `postprocess` would; for callers that learn of a stop token late (async decode).

@@ -26,6 +26,7 @@ from livemeet.audio.constants import (
     LIVE_SILENCE_HOP_S,
     LOOP_MAX_REPEATS,
     SAMPLE_RATE,
+    STAMP_RESOLUTION_S,
 )
 from livemeet.audio.pcm import check_finite
 from livemeet.errors import BadAudio, ProtocolError
@@ -380,7 +381,10 @@ def clean_hypothesis(
     history: Sequence[str] = (),
 ) -> tuple[Segment, ...]:
     """Hypothesis segments clipped to the window [window_start_s, edge_s]: empty texts dropped,
-    starts made non-decreasing, ends past the edge clamped (flagged END_CLAMPED), and runs of
+    and segments starting one stamp step (STAMP_RESOLUTION_S) or more past the edge (a start
+    stamp just past the edge may be speech before it, rounded up: the word is kept, its start
+    clamped to the edge), starts made non-decreasing, ends past the edge clamped (flagged
+    END_CLAMPED), and runs of
     more than LOOP_MAX_REPEATS identical consecutive texts (a decode loop) cut, counting the
     committed texts just before the window (`history`, oldest first) into a run they start."""
     out: list[Segment] = []
@@ -392,7 +396,7 @@ def clean_hypothesis(
         run += 1
     for seg in segments:
         norm = normalise_text(seg.text)
-        if not norm or seg.start_s >= edge_s:
+        if not norm or seg.start_s - edge_s > STAMP_RESOLUTION_S - 1e-9:  # 1e-9: float noise
             continue
         if norm == (normalise_text(out[-1].text) if out else last):
             run += 1
@@ -400,7 +404,7 @@ def clean_hypothesis(
                 continue
         else:
             run = 0
-        start = max(seg.start_s, window_start_s, out[-1].start_s if out else 0.0)
+        start = min(max(seg.start_s, window_start_s, out[-1].start_s if out else 0.0), edge_s)
         end, flags = seg.end_s, seg.flags
         if end > edge_s:
             end = edge_s

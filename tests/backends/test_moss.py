@@ -628,7 +628,7 @@ def test_engine_config_carries_the_model_flags() -> None:
         dtype="float32",
         num_kv_blocks=123,
         kv_cache_dtype="fp8_e4m3",
-        kv_block_size=128,
+        kv_block_size=32,
         prefill_graphs=False,
         mem_fraction=0.5,
         chunked_prefill_size=16_384,
@@ -638,6 +638,11 @@ def test_engine_config_carries_the_model_flags() -> None:
         live_step_budget_ms=10.0,
         live_decode_steps=3,
     )
+    defaults = ModelConfig()
+    changed = ("num_kv_blocks", "kv_cache_dtype", "kv_block_size", "prefill_graphs")
+    changed += ("mem_fraction", "chunked_prefill_size", "upload_batch_wait_ms", "upload_hold")
+    changed += ("upload_step_budget_ms", "live_step_budget_ms", "live_decode_steps")
+    assert all(getattr(cfg, f) != getattr(defaults, f) for f in changed)  # else proves nothing
     engine = engine_config(cfg)
     assert (engine.model, engine.load_format, engine.device, engine.dtype) == (
         "/ckpt/moss",
@@ -648,7 +653,7 @@ def test_engine_config_carries_the_model_flags() -> None:
     assert (engine.num_kv_blocks, engine.kv_cache_dtype, engine.block_size) == (
         123,
         "fp8_e4m3",
-        128,
+        32,
     )
     assert not engine.prefill_graphs and engine.mem_fraction == 0.5
     sched = engine.scheduler
@@ -829,6 +834,27 @@ def test_the_hop_an_end_waits_on_has_no_slack(
     assert_pool_clean(core)
 
 
+def test_an_end_during_a_hop_brings_that_hops_deadline_to_when_it_fell_due(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """`end` while a hop runs: the client now waits on that hop, so it loses its hop of slack
+    (found by a review: only a hop submitted after `end` had none); the final still comes."""
+    core = make_core(our_model, tmp_path)
+    assert core.engine is not None
+    core.open("L", SessionOptions(live=True, hop_s=1.0, max_new_tokens=4))
+    core.append("L", clips[11.0][: 2 * SAMPLE_RATE])
+    out: list[tuple[str, Event]] = list(core.step())  # submits the hop; it does not finish
+    hop = core._sessions["L"].hop  # type: ignore[union-attr]
+    assert hop is not None
+    request = core.engine.scheduler.get(hop.request_id)
+    assert request is not None and request.deadline_s == pytest.approx(hop.due_s + 1.0)
+    core.end("L")
+    assert request.deadline_s == hop.due_s
+    run_to_idle(core, out)
+    assert isinstance(out[-1][1], TranscriptFinal)
+    assert_pool_clean(core)
+
+
 def test_a_cut_at_a_hops_edge_leaves_each_word_to_exactly_one_of_the_two_hops() -> None:
     """The hop after a commit at the previous hop's edge (`finalize`, a full window) writes
     exactly the words that hop did not, for every edge: words ending a hair past the edge
@@ -904,9 +930,10 @@ def test_a_turn_committed_while_spoken_goes_on_from_the_commit(
 def test_live_hop_with_forked_kv_matches_a_fresh_decode(
     our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, block_size: int
 ) -> None:
-    """The second hop forks the first's stable prefix, which ends inside a KV block (copied
-    on write: up to 127 tokens with `--kv-block-size 128`), and decodes what a fresh decode
-    of the whole audio does."""
+    """The second hop forks the first's stable prefix, which ends inside a KV block (the
+    first hop's KV is released at the fork, so the block is written in place, not copied:
+    tests/engine/test_engine.py forks a running request), and decodes what a fresh decode of
+    the whole audio does."""
     core = make_core(
         our_model,
         tmp_path,
@@ -1526,6 +1553,33 @@ def test_forced_hop_ids_are_the_words_spoken_between_cut_and_edge(
             resumed += tail_from_s in (1.0, 13.0, 16.0) and f"[{tail_from_s:.2f}]" in text
         assert core._forced_ids(1e9, tail_from_s) == expected(1e9, tail_from_s)
     assert in_progress > 50 and resumed > 20  # both paths ran many times
+
+
+@pytest.mark.parametrize("finalize_at", [47_840, 47_920])  # samples: 2.990 s and 2.995 s
+def test_a_word_spoken_between_an_off_grid_finalize_and_end_reaches_the_final(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, finalize_at: int
+) -> None:
+    """`finalize` at 2.995 s cuts inside a turn whose word "b" ends at 3.000 s, where `end`
+    comes: the end hop writes "b" from the cut's stamp rounded up, 3.00, the audio edge. A
+    start stamp at the edge was dropped as past the audio, and with it the last word (found by
+    a review); one within a stamp step of the edge is kept. At 2.990 s the stamp is before the
+    edge (the case that always worked)."""
+    core = make_core(our_model, tmp_path, forced="[1.00][S01] a b c d[5.00]")
+    core.open("L", SessionOptions(live=True, hop_s=1.0))
+    audio = clips[11.0]
+    out: list[tuple[str, Event]] = []
+    core.append("L", audio[:finalize_at])
+    run_to_idle(core, out)
+    core.finalize("L")
+    run_to_idle(core, out)
+    core.append("L", audio[finalize_at : 3 * SAMPLE_RATE])
+    core.end("L")
+    run_to_idle(core, out)
+    final = out[-1][1]
+    assert isinstance(final, TranscriptFinal)
+    assert " ".join(seg.text for seg in final.segments) == "a b"
+    assert all(seg.end_s <= 3.0 for seg in final.segments)
+    assert_pool_clean(core)
 
 
 def live_runs_without_and_with(

@@ -81,8 +81,8 @@ def test_mixed_batch_matches_reference(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # staggered arrivals make mixed steps: their decode rows must take the decode kernel;
-    # blocks of 128 (`serve --kv-block-size`) hold whole extend tiles and copy up to 127
-    # tokens on write after a fork
+    # blocks of 128 (the default) hold whole extend tiles; 16 puts many block boundaries
+    # inside each chunk
     engine = _engine(our_model, chunk, num_blocks=None, block_size=block_size)
     runner = engine.runner
     launch, metadata, attend = runner.launch, runner._metadata, StepAttention.__call__
@@ -354,3 +354,50 @@ def test_a_request_the_whole_pool_cannot_grow_is_reported_finished(
     assert request.num_tokens == blocks * 16 + 1  # grew until the pool was full
     assert "r" not in engine._audio and "r" not in engine._sampling
     assert engine.block_manager.num_free_blocks == blocks
+
+
+@pytest.mark.parametrize("block_size", [TEST_BLOCK_SIZE, 128])
+def test_a_fork_from_a_running_request_copies_on_write_and_changes_no_token(
+    our_model: MossTDModel,
+    batch_clips: list[np.ndarray],
+    block_size: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request forks the prompt of one still decoding, up to a position inside a KV block:
+    the shared partial block is copied before either writes into it (the model runner's
+    `copy_blocks`, up to 127 tokens at 128), and each decodes exactly what it decodes alone."""
+    clip, prefix = batch_clips[2], [11, 12, 13]  # 11 s; B = A's prompt + forced prefix
+
+    def run(fork: bool) -> tuple[dict[str, list[int]], list[tuple[int, int, int]]]:
+        engine = _engine(our_model, 512, num_blocks=None, block_size=block_size)
+        copies: list[tuple[int, int, int]] = []
+        inner = engine.runner.copy_blocks
+        monkeypatch.setattr(engine.runner, "copy_blocks", lambda c: (copies.extend(c), inner(c)))
+        a = engine.add_request("a", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+        done: dict[str, list[int]] = {}
+        while engine.has_work():
+            if a.num_output_tokens == 4 and engine.scheduler.get("b") is None and "b" not in done:
+                n = a.num_prompt_tokens - 3
+                n -= n % block_size == 0  # the fork ends inside a block
+                n *= fork
+                engine.add_request(
+                    "b",
+                    clip,
+                    max_new_tokens=NEW_TOKENS,
+                    ignore_eos=True,
+                    prefix_token_ids=prefix,
+                    fork_from="a" if fork else None,
+                    num_fork_tokens=n,
+                )
+            out = engine.step()
+            engine.block_manager.audit(engine.scheduler.live_requests())
+            done.update({r.request_id: list(r.output_token_ids) for r in out.finished})
+        assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+        return done, copies
+
+    alone, no_copies = run(fork=False)
+    forked, copies = run(fork=True)
+    assert not no_copies and len(copies) == 1
+    (_, _, num_tokens) = copies[0]
+    assert 0 < num_tokens < block_size
+    assert forked == alone and set(alone) == {"a", "b"}

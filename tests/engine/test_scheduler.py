@@ -294,6 +294,19 @@ def test_live_before_upload_and_earliest_deadline_first() -> None:
     assert [r.request_id for r in sched.waiting] == ["up"]
 
 
+def test_an_advanced_deadline_moves_a_live_request_ahead_and_never_back() -> None:
+    sched, _, clock = make(max_num_seqs=1, upload_min_share=0.0)
+    sched.add(req("up", 10, arrival=0.0))
+    sched.add(req("soon", 10, LIVE, deadline=2.0, arrival=0.0))
+    late = req("late", 10, LIVE, deadline=5.0, arrival=1.0)
+    sched.add(late)
+    assert sched.advance_deadline("late", 1.5) and late.deadline_s == 1.5
+    assert sched.advance_deadline("late", 9.0) and late.deadline_s == 1.5  # never later
+    assert not sched.advance_deadline("up", 0.0) and not sched.advance_deadline("nobody", 0.0)
+    batch = sched.schedule(clock.now_s)
+    assert [c.request.request_id for c in batch.prefills] == ["late"]
+
+
 def test_uploads_keep_their_minimum_share() -> None:
     share, budget = 0.3, 0.040
     sched, runner, clock = make(num_blocks=8192, step_budget_s=budget, upload_min_share=share)

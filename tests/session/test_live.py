@@ -242,6 +242,16 @@ def test_clean_hypothesis_clips_and_cuts_loops() -> None:
     assert out[0].start_s == 1.0 and out[1].end_s == 5.0 and out[1].flags
 
 
+def test_clean_hypothesis_keeps_a_start_stamp_within_one_step_past_the_edge() -> None:
+    """Stamps have 2 decimals: speech from 4.996 s is written [5.00], past an edge at 4.995 s.
+    Such a segment is kept, its start clamped to the edge; one a whole step past it is not."""
+    hyp = [Segment(5.0, 5.0, "S01", "b"), Segment(5.005, 5.5, "S01", "c")]
+    assert [(s.start_s, s.end_s, s.text) for s in clean_hypothesis(hyp, 0.0, 4.995)] == [
+        (4.995, 4.995, "b")
+    ]
+    assert clean_hypothesis([Segment(5.0, 5.2, "S01", "b")], 0.0, 4.99) == ()
+
+
 def test_options_hop_is_used() -> None:
     core = ScriptedCore(Script(REFERENCE))
     events = stream(core, audio(8.0), options=SessionOptions(hop_s=2.0), chunk_s=0.5)
