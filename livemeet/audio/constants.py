@@ -74,8 +74,8 @@ def num_audio_tokens(num_samples: int) -> int:
 # Audio input (livemeet/audio/decode.py, livemeet/audio/pcm.py)
 FILE_RESAMPLE_QUALITY = "VHQ"  # soxr preset for uploads: quality over latency
 LIVE_RESAMPLE_QUALITY = "HQ"  # soxr preset for live PCM: lower group delay than VHQ
-MIN_PCM_SAMPLE_RATE = 8_000  # Hz; lowest client rate accepted on the live socket (telephony)
-MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted on the live socket
+MIN_PCM_SAMPLE_RATE = 8_000  # Hz; lowest client rate accepted (live socket, files; telephony)
+MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted (live socket, files)
 MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-mixed to mono)
 PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
 DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)
@@ -103,6 +103,7 @@ COMMIT_TIME_TOLERANCE_S = 0.5  # s; two hypotheses agree on a segment if its tim
 STAMP_RESOLUTION_S = 0.01
 LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
 MAX_PROMPT_CHARS = 4_096  # characters; longest client prompt (live `start` or an upload's form)
+MAX_LANGUAGE_CHARS = 32  # characters; longest `language` (live `start` or an upload's form)
 LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
 # tokens of committed transcript a live hop prefills as forced assistant tokens, so it decodes
 # only the new tail (DESIGN 5.3: the whole committed transcript up to 2,048 tokens, then its most

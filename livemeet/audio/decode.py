@@ -44,6 +44,8 @@ from livemeet.audio.constants import (
     DECODE_BLOCK_FRAMES,
     FILE_RESAMPLE_QUALITY,
     MAX_AUDIO_S,
+    MAX_PCM_SAMPLE_RATE,
+    MIN_PCM_SAMPLE_RATE,
     SAMPLE_RATE,
     TRUNCATION_TOLERANCE_S,
 )
@@ -84,7 +86,8 @@ def probe(source: AudioSource) -> AudioInfo:
     FFmpeg containers without a declared duration (e.g. MediaRecorder WebM) are demuxed, not
     decoded, and the packet durations summed.
     Raises BadAudio for a missing or empty file (or empty bytes), non-audio bytes, an unreadable
-    container or one with no audio stream.
+    container, one with no audio stream, or a declared rate outside MIN_PCM_SAMPLE_RATE ..
+    MAX_PCM_SAMPLE_RATE (the live socket's range).
     """
     return _probe(source).info
 
@@ -96,6 +99,18 @@ class _Probe(NamedTuple):
 
 
 def _probe(source: AudioSource) -> _Probe:
+    probed = _probe_header(source)
+    rate = probed.info.sample_rate
+    # a rate from a damaged header (1 Hz) would otherwise read as hours of audio: TooLong
+    if not MIN_PCM_SAMPLE_RATE <= rate <= MAX_PCM_SAMPLE_RATE:
+        raise BadAudio(
+            f"the audio declares a sample rate of {rate} Hz, outside "
+            f"{MIN_PCM_SAMPLE_RATE}..{MAX_PCM_SAMPLE_RATE} Hz"
+        )
+    return probed
+
+
+def _probe_header(source: AudioSource) -> _Probe:
     if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
     info = _soundfile_info(source)

@@ -66,7 +66,7 @@ class DemoCore(RedecodeCore):
         except (OSError, RuntimeError, ValueError) as exc:
             raise ConfigError(f"cannot load the demo model from {path}: {exc}") from exc
         log.warning(
-            "DEMO BACKEND SERVING: Whisper tiny.en on the CPU, English only, no speaker "
+            "DEMO BACKEND: Whisper tiny.en on the CPU, English only, no speaker "
             "labels (every segment is S01). Pass --model PATH|hub-id to serve MOSS-TD."
         )
 

@@ -44,7 +44,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("audio", nargs="+", type=Path, help="audio files (any format FFmpeg reads)")
     p.add_argument("--model", default=None, help="MOSS-TD checkpoint or hub id; omitted: demo")
     p.add_argument("--backend", default=None, help="force a registered backend by name")
-    p.add_argument("--format", default="text", choices=[f.value for f in ResponseFormat])
+    p.add_argument(
+        "--format",
+        default=None,
+        choices=[f.value for f in ResponseFormat],
+        help="output format; omitted: from the --output file's name (.srt, .vtt, .json, "
+        ".verbose.json, .diarized.json, .txt), else text",
+    )
     p.add_argument(
         "--output",
         type=Path,
@@ -137,6 +143,20 @@ async def transcribe_files(
     return results
 
 
+def format_for(requested: str | None, output: Path | None) -> ResponseFormat:
+    """`--format` when given; else the format whose extension (EXTENSIONS) ends the name of
+    `output`, an output file (the longest match: "x.diarized.json" is diarized_json); else
+    text. Raises InvalidRequest for an unknown `requested`."""
+    if requested is not None:
+        return formats.parse_response_format(requested)
+    if output is not None and not output.is_dir():
+        by_length = sorted(EXTENSIONS.items(), key=lambda item: -len(item[1]))
+        for fmt, ext in by_length:
+            if output.name.lower().endswith(ext):
+                return fmt
+    return ResponseFormat.TEXT
+
+
 def output_path(output: Path | None, source: Path, fmt: ResponseFormat, many: bool) -> Path | None:
     """Where to write one result: None for stdout; inside `output` when it is a directory or
     several inputs were given; `output` itself otherwise."""
@@ -195,7 +215,7 @@ async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    fmt = formats.parse_response_format(args.format)
+    fmt = format_for(args.format, args.output if len(args.audio) == 1 else None)
     try:
         return asyncio.run(_run(args, fmt))
     except LivemeetError as exc:

@@ -187,8 +187,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--collar",
         type=float,
         default=DER_COLLAR_S,
-        help="DER collar in seconds PER SIDE of each reference boundary (md-eval -c; "
-        "pyannote's collar is twice this)",
+        help="DER collar in seconds PER SIDE of each reference boundary (default %(default)s; "
+        "md-eval -c; pyannote's collar is twice this; 0 scores every frame)",
     )
     parser.add_argument(
         "--skip-overlap", action="store_true", help="DER: do not score reference overlap"

@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any
 
 from livemeet.audio.constants import (
+    MAX_LANGUAGE_CHARS,
     MAX_PCM_CHANNELS,
     MAX_PCM_SAMPLE_RATE,
     MAX_PROMPT_CHARS,
@@ -175,7 +176,7 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
     encoding = m.get("encoding", PCM_ENCODING)
     if encoding != PCM_ENCODING:
         raise InvalidRequest(f"encoding must be {PCM_ENCODING!r}, not {encoding!r}")
-    language = _optional_str(m, "language", 32)
+    language = _optional_str(m, "language", MAX_LANGUAGE_CHARS)
     prompt = _optional_str(m, "prompt", MAX_PROMPT_CHARS)
     hotwords = m.get("hotwords", [])
     if not isinstance(hotwords, list) or not all(isinstance(h, str) for h in hotwords):

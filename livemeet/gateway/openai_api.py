@@ -24,7 +24,12 @@ from aiohttp import web
 from prometheus_client import Histogram
 
 from livemeet.audio import decode
-from livemeet.audio.constants import MAX_PROMPT_CHARS, SAMPLE_RATE, UPLOAD_MEMORY_BYTES
+from livemeet.audio.constants import (
+    MAX_LANGUAGE_CHARS,
+    MAX_PROMPT_CHARS,
+    SAMPLE_RATE,
+    UPLOAD_MEMORY_BYTES,
+)
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     BadAudio,
@@ -240,6 +245,11 @@ def _form_fields(fields: dict[str, str]) -> UploadForm:
         raise InvalidRequest(
             f"'prompt' must be at most {MAX_PROMPT_CHARS} characters", param="prompt"
         )
+    language = fields.get("language") or None
+    if language is not None and len(language) > MAX_LANGUAGE_CHARS:  # as the live `start`'s
+        raise InvalidRequest(
+            f"'language' must be at most {MAX_LANGUAGE_CHARS} characters", param="language"
+        )
     response_format = formats.parse_response_format(fields.get("response_format") or "json")
     stream = _parse_bool(fields.get("stream", "false"), "stream")
     if stream and response_format not in STREAM_FORMATS:
@@ -254,7 +264,7 @@ def _form_fields(fields: dict[str, str]) -> UploadForm:
         model=fields.get("model") or None,
         response_format=response_format,
         prompt=prompt,
-        language=fields.get("language") or None,
+        language=language,
         stream=stream,
     )
 

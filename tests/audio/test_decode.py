@@ -288,6 +288,26 @@ def test_zero_length_webm(tmp_path: Path) -> None:
         decode_file(path)
 
 
+@pytest.mark.parametrize("rate", [1, 7_999, 192_001])
+def test_a_declared_rate_outside_the_accepted_range_is_bad_audio(tmp_path: Path, rate: int) -> None:
+    """A damaged header's 1 Hz would read as 16,000 s for 32 KB of samples: TooLong, the
+    wrong error (found by a user trial); the live socket's range applies to files too."""
+    path = tmp_path / "odd-rate.wav"
+    sf.write(path, np.zeros(16_000, np.int16), rate, subtype="PCM_16")
+    for source in (path, path.read_bytes()):
+        with pytest.raises(BadAudio, match=f"sample rate of {rate} Hz"):
+            decode_file(source)
+        with pytest.raises(BadAudio, match="outside 8000..192000 Hz"):
+            probe(source)
+
+
+@pytest.mark.parametrize("rate", [8_000, 192_000])
+def test_the_accepted_rate_range_is_inclusive(tmp_path: Path, rate: int) -> None:
+    path = tmp_path / "edge-rate.wav"
+    sf.write(path, np.zeros(rate // 10, np.int16), rate, subtype="PCM_16")
+    assert decode_file(path).size == SAMPLE_RATE // 10
+
+
 def test_non_finite_float_wav(tmp_path: Path) -> None:
     path = tmp_path / "nan.wav"
     x = np.zeros(16_000, np.float32)

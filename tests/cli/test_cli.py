@@ -110,6 +110,31 @@ def test_transcribe_parser() -> None:
         build_parser().parse_args(["transcribe", "a.wav", "--format", "mp3"])
 
 
+@pytest.mark.parametrize(
+    ("requested", "output", "expected"),
+    [
+        (None, "out.srt", ResponseFormat.SRT),
+        (None, "OUT.VTT", ResponseFormat.VTT),
+        (None, "hyp.json", ResponseFormat.JSON),
+        (None, "hyp.diarized.json", ResponseFormat.DIARIZED_JSON),
+        (None, "hyp.verbose.json", ResponseFormat.VERBOSE_JSON),
+        (None, "notes.md", ResponseFormat.TEXT),
+        (None, None, ResponseFormat.TEXT),
+        ("vtt", "out.srt", ResponseFormat.VTT),  # --format wins
+    ],
+)
+def test_transcribe_takes_the_format_from_the_output_name(
+    requested: str | None, output: str | None, expected: ResponseFormat
+) -> None:
+    """`--output out.srt` without `--format` writes SRT (a user trial found plain text in it)."""
+    path = None if output is None else Path(output)
+    assert transcribe.format_for(requested, path) is expected
+
+
+def test_transcribe_into_a_directory_keeps_the_default_format(tmp_path: Path) -> None:
+    assert transcribe.format_for(None, tmp_path) is ResponseFormat.TEXT
+
+
 async def test_stream_paced_in_hops(client: TestClient, fake: FakeTranscriber) -> None:  # noqa: F811
     samples = (0.1 * np.sin(np.arange(int(3.5 * 16000)) / 10)).astype(np.float32)
     url = str(client.make_url("/v1/live")).replace("http", "ws", 1)

@@ -244,3 +244,13 @@ async def test_worker_counters_reach_metrics_through_the_engine_client(
         gc_pause_max_s=stats.gc_pause_max_s,
     )
     assert "livemeet_engine_audio_commands_total 1.0" in text
+
+
+async def test_the_pages_files_are_counted_by_name(client: TestClient) -> None:
+    """The recorder's scripts are counted under their own endpoint label, not "unmatched"
+    (found by a user trial), which stays for paths no route serves."""
+    assert (await client.get("/recorder.js")).status == 200
+    assert (await client.get("/nowhere")).status == 404
+    text = await (await client.get("/metrics")).text()
+    assert 'livemeet_requests_total{endpoint="web.recorder",status="200"} 1.0' in text
+    assert 'livemeet_requests_total{endpoint="unmatched",status="404"} 1.0' in text

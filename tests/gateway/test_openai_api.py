@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
+import soundfile as sf
 from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
@@ -439,3 +442,27 @@ async def test_upload_prompt_has_the_live_prompt_limit(client: TestClient) -> No
     await assert_error(await client.post(url, data=over), InvalidRequest)
     resp = await client.post(url, data=form(wav_bytes(1.0), prompt="x" * MAX_PROMPT_CHARS))
     assert resp.status == 200, await resp.text()
+
+
+async def test_upload_language_has_the_live_language_limit(client: TestClient) -> None:
+    """`language` is capped as in a live `start` (MAX_LANGUAGE_CHARS; found by a user trial:
+    an upload echoed 5,000 characters where `start` refused 40); at the limit it is echoed."""
+    from livemeet.audio.constants import MAX_LANGUAGE_CHARS
+
+    url = "/v1/audio/transcriptions"
+    over = form(wav_bytes(1.0), language="x" * (MAX_LANGUAGE_CHARS + 1))
+    await assert_error(await client.post(url, data=over), InvalidRequest)
+    at = "x" * MAX_LANGUAGE_CHARS
+    resp = await client.post(
+        url, data=form(wav_bytes(1.0), language=at, response_format="verbose_json")
+    )
+    assert resp.status == 200 and (await resp.json())["language"] == at
+
+
+async def test_a_file_declaring_a_1_hz_rate_is_bad_audio_not_too_long(client: TestClient) -> None:
+    """32 KB of samples under a damaged header's 1 Hz read as 16,000 s: 413 audio_too_long,
+    the wrong error (found by a user trial); it is 400 bad_audio, as on the live socket."""
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(16_000, np.int16), 1, format="WAV", subtype="PCM_16")
+    resp = await client.post("/v1/audio/transcriptions", data=form(buf.getvalue()))
+    await assert_error(resp, BadAudio)
