@@ -2,19 +2,13 @@
 # Creates ./.venv and installs livemeet into it with the given extras (default: demo).
 #   bash scripts/setup.sh [demo,test]
 # torch: a CUDA build is several GB, so on a machine without an NVIDIA driver we ask for the CPU
-# build explicitly. Where the system Python already imports a torch >= 2.11 (GPU images) it is
-# reused: the venv is then made with --system-site-packages.
+# build explicitly. A torch >= 2.11 already in .venv is kept (a second run skips the download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-demo}"
 py="${PYTHON:-python3}"
-torch_ok='import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) >= (2, 11) else 1)'
 if [ ! -x .venv/bin/python ]; then
-  venv_flags=()
-  if "$py" -c "$torch_ok" 2>/dev/null; then
-    venv_flags=(--system-site-packages)
-  fi
-  "$py" -m venv ${venv_flags[@]+"${venv_flags[@]}"} .venv
+  "$py" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
 # pip install -q, minus the warnings pip prints for configured index locations that do not
@@ -27,7 +21,7 @@ pip_install() {
   return "$rc"
 }
 "${pip[@]}" install -q --upgrade pip >/dev/null 2>&1 || true
-if ! .venv/bin/python -c "$torch_ok" 2>/dev/null; then
+if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])) >= (2, 11) else 1)' 2>/dev/null; then
   if ls /opt/wheels/torch-2.13.0* >/dev/null 2>&1 || command -v nvidia-smi >/dev/null 2>&1; then
     pip_install "torch==2.13.0"
   else

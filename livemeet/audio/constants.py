@@ -74,8 +74,14 @@ def num_audio_tokens(num_samples: int) -> int:
 # Audio input (livemeet/audio/decode.py, livemeet/audio/pcm.py)
 FILE_RESAMPLE_QUALITY = "VHQ"  # soxr preset for uploads: quality over latency
 LIVE_RESAMPLE_QUALITY = "HQ"  # soxr preset for live PCM: lower group delay than VHQ
-MIN_PCM_SAMPLE_RATE = 8_000  # Hz; lowest client rate accepted (live socket, files; telephony)
-MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted (live socket, files)
+MIN_PCM_SAMPLE_RATE = 8_000  # Hz; lowest client rate accepted on the live socket (telephony)
+MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted on the live socket
+# Hz; the rates a file may declare or decode at: below 1 kHz no speech is left and a header
+# saying so is damaged (1 Hz made 32 KB read as 16,000 s: audio_too_long, the wrong error);
+# 768 kHz is the highest rate audio formats use (PCM/DXD); 0 in a container means not known
+# before decoding (MPEG-TS), and the decoded frames' rate is checked instead
+MIN_FILE_SAMPLE_RATE = 1_000
+MAX_FILE_SAMPLE_RATE = 768_000
 MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-mixed to mono)
 PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
 DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)

@@ -44,8 +44,8 @@ from livemeet.audio.constants import (
     DECODE_BLOCK_FRAMES,
     FILE_RESAMPLE_QUALITY,
     MAX_AUDIO_S,
-    MAX_PCM_SAMPLE_RATE,
-    MIN_PCM_SAMPLE_RATE,
+    MAX_FILE_SAMPLE_RATE,
+    MIN_FILE_SAMPLE_RATE,
     SAMPLE_RATE,
     TRUNCATION_TOLERANCE_S,
 )
@@ -86,8 +86,8 @@ def probe(source: AudioSource) -> AudioInfo:
     FFmpeg containers without a declared duration (e.g. MediaRecorder WebM) are demuxed, not
     decoded, and the packet durations summed.
     Raises BadAudio for a missing or empty file (or empty bytes), non-audio bytes, an unreadable
-    container, one with no audio stream, or a declared rate outside MIN_PCM_SAMPLE_RATE ..
-    MAX_PCM_SAMPLE_RATE (the live socket's range).
+    container, one with no audio stream, or a declared rate outside MIN_FILE_SAMPLE_RATE ..
+    MAX_FILE_SAMPLE_RATE (0, not known before decoding, passes: `sample_rate` is then 0).
     """
     return _probe(source).info
 
@@ -100,14 +100,18 @@ class _Probe(NamedTuple):
 
 def _probe(source: AudioSource) -> _Probe:
     probed = _probe_header(source)
-    rate = probed.info.sample_rate
-    # a rate from a damaged header (1 Hz) would otherwise read as hours of audio: TooLong
-    if not MIN_PCM_SAMPLE_RATE <= rate <= MAX_PCM_SAMPLE_RATE:
-        raise BadAudio(
-            f"the audio declares a sample rate of {rate} Hz, outside "
-            f"{MIN_PCM_SAMPLE_RATE}..{MAX_PCM_SAMPLE_RATE} Hz"
-        )
+    if probed.info.sample_rate != 0:  # 0: not known before decoding
+        _check_rate(probed.info.sample_rate, "declares")
     return probed
+
+
+def _check_rate(rate: int, verb: str) -> None:
+    """Raise BadAudio unless `rate` (Hz; the audio `verb`s it) is a file's (constants)."""
+    if not MIN_FILE_SAMPLE_RATE <= rate <= MAX_FILE_SAMPLE_RATE:
+        raise BadAudio(
+            f"the audio {verb} a sample rate of {rate} Hz, outside "
+            f"{MIN_FILE_SAMPLE_RATE}..{MAX_FILE_SAMPLE_RATE} Hz"
+        )
 
 
 def _probe_header(source: AudioSource) -> _Probe:
@@ -189,8 +193,7 @@ class _Resampler:
     def push(self, mono: npt.NDArray[np.float32], rate: int) -> None:
         """Add `mono` ([n] float32) sampled at `rate` Hz; the rate must not change."""
         if self._rate == 0:
-            if rate <= 0:
-                raise BadAudio(f"the audio stream has an invalid sample rate ({rate} Hz)")
+            _check_rate(rate, "decodes at")
             self._rate = rate
             if rate != SAMPLE_RATE:
                 self._stream = soxr.ResampleStream(

@@ -106,8 +106,12 @@ class DemoCore(RedecodeCore):
             text = p.text.strip()
             if not text:
                 continue
-            # Whisper times can run past the audio it was given (it sees 30 s of padding).
-            start = min(offset_s + p.start, end_s)
+            # Whisper times can run past the audio it was given (it sees 30 s of padding): a
+            # segment starting past it is made up from the padding (kept at the edge, the last
+            # live decode would commit it), one ending past it is clamped
+            start = offset_s + p.start
+            if start >= end_s:
+                continue
             out.append(Segment(start, min(max(offset_s + p.end, start), end_s), DEMO_SPEAKER, text))
         return out
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from livemeet.audio.constants import MAX_AUDIO_S, SAMPLE_RATE
+from livemeet.audio.constants import MAX_AUDIO_S, MAX_LANGUAGE_CHARS, SAMPLE_RATE
 from livemeet.cli.serve import add_model_flags, model_config_from_args
-from livemeet.errors import LivemeetError, error_for_code
+from livemeet.errors import InvalidRequest, LivemeetError, error_for_code
 from livemeet.transcriber import (
     Error,
     SegmentFinal,
@@ -217,6 +217,8 @@ async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
 def run(args: argparse.Namespace) -> int:
     fmt = format_for(args.format, args.output if len(args.audio) == 1 else None)
     try:
+        if args.language is not None and len(args.language) > MAX_LANGUAGE_CHARS:
+            raise InvalidRequest(f"--language must be at most {MAX_LANGUAGE_CHARS} characters")
         return asyncio.run(_run(args, fmt))
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)

@@ -118,8 +118,8 @@ def _add_routes(app: web.Application) -> None:
         # get the JSON 404 of the error middleware.
         app.router.add_get("/", _file_handler(WEB_DIR / "index.html"), name="web")
         for path in sorted(WEB_DIR.iterdir()):
-            if path.is_file():  # named for the requests metric's `endpoint` label
-                app.router.add_get(f"/{path.name}", _file_handler(path), name=f"web.{path.stem}")
+            if path.is_file():  # unnamed (any file name): `endpoint` label "web"
+                app.router.add_get(f"/{path.name}", _file_handler(path))
 
 
 def _file_handler(path: Path) -> Handler:
@@ -165,7 +165,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Render every LivemeetError (and router 404/405s, and bugs) as an OpenAI-shaped error;
     count requests by route and status."""
     metrics = request.app[METRICS_KEY]
-    route = request.match_info.route.name or "unmatched"
+    match = request.match_info
+    # the page's files are the only unnamed routes; no route (404, 405) is "unmatched"
+    route = match.route.name or ("unmatched" if match.http_exception is not None else "web")
     try:
         response = await handler(request)
     except LivemeetError as exc:

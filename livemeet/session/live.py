@@ -262,7 +262,12 @@ class LiveSession:
         edge_s = self.stamp_s(edge_samples / SAMPLE_RATE)  # in the hypothesis's times
         history = [s.text for s in self._commit.committed[-LOOP_MAX_REPEATS:]]
         start_s = self.stamp_s(self._window_start / SAMPLE_RATE)
-        hyp = clean_hypothesis(segments, start_s, edge_s, history)
+        # the last decode (after `end`, of all the audio) keeps a start stamp rounded up past
+        # the edge: no later hop writes it again (a forced remainder after an off-grid cut
+        # starts at the edge's stamp). Not before: the next hop writes it from more audio.
+        last = self._end_pending and edge_samples == self._num_samples
+        tolerance_s = STAMP_RESOLUTION_S if last else 0.0
+        hyp = clean_hypothesis(segments, start_s, edge_s, history, start_tolerance_s=tolerance_s)
         seen = self._commit.committed[-50:] + self._shown
         mapped = self._speakers.map(hyp, seen, session_labels)
         finals = list(self._commit.update(mapped, edge_s).finals)
@@ -379,14 +384,17 @@ def clean_hypothesis(
     window_start_s: float,
     edge_s: float,
     history: Sequence[str] = (),
+    *,
+    start_tolerance_s: float = 0.0,
 ) -> tuple[Segment, ...]:
-    """Hypothesis segments clipped to the window [window_start_s, edge_s]: empty texts dropped,
-    and segments starting one stamp step (STAMP_RESOLUTION_S) or more past the edge (a start
-    stamp just past the edge may be speech before it, rounded up: the word is kept, its start
-    clamped to the edge), starts made non-decreasing, ends past the edge clamped (flagged
-    END_CLAMPED), and runs of
-    more than LOOP_MAX_REPEATS identical consecutive texts (a decode loop) cut, counting the
-    committed texts just before the window (`history`, oldest first) into a run they start."""
+    """Hypothesis segments clipped to the window [window_start_s, edge_s]: empty texts and
+    segments starting at or past the edge dropped, starts made non-decreasing, ends past the
+    edge clamped (flagged END_CLAMPED), and runs of more than LOOP_MAX_REPEATS identical
+    consecutive texts (a decode loop) cut, counting the committed texts just before the window
+    (`history`, oldest first) into a run they start. With `start_tolerance_s` (s) a segment
+    starting less than that past the edge is kept, its start clamped to the edge: a stamp
+    rounded up past the edge may be speech before it; for a session's last decode, after
+    which nothing writes it again."""
     out: list[Segment] = []
     last = normalise_text(history[-1]) if history else None
     run = -1  # copies of `last` beyond the first so far
@@ -396,7 +404,7 @@ def clean_hypothesis(
         run += 1
     for seg in segments:
         norm = normalise_text(seg.text)
-        if not norm or seg.start_s - edge_s > STAMP_RESOLUTION_S - 1e-9:  # 1e-9: float noise
+        if not norm or seg.start_s >= edge_s + start_tolerance_s * (1 - 1e-6):
             continue
         if norm == (normalise_text(out[-1].text) if out else last):
             run += 1

@@ -6,6 +6,7 @@ import builtins
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -107,3 +108,22 @@ def test_decoding_is_greedy_only(demo_core: DemoCore, monkeypatch: pytest.Monkey
     monkeypatch.setattr(demo_core._model, "transcribe", spy)
     demo_core.transcribe_window(np.zeros(16_000, dtype=np.float32), 0.0, None)
     assert seen["temperature"] == 0.0 and seen["beam_size"] == 1
+
+
+def test_pieces_timed_past_the_audio_are_dropped_and_ends_clamped(
+    demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whisper sees 30 s of padding and may time text after the audio it was given: a piece
+    starting there is made up and dropped (it was clamped to the edge, where the session's
+    last decode keeps a segment: found by a review); one ending there is clamped."""
+    pieces = [
+        SimpleNamespace(start=0.2, end=1.5, text=" heard"),
+        SimpleNamespace(start=1.8, end=2.4, text=" cut"),
+        SimpleNamespace(start=2.5, end=3.0, text=" Thank you."),
+    ]
+    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
+    out = demo_core.transcribe_window(np.zeros(2 * 16_000, dtype=np.float32), 10.0, None)
+    assert [(s.start_s, s.end_s, s.text) for s in out] == [
+        (10.2, 11.5, "heard"),
+        (11.8, 12.0, "cut"),
+    ]

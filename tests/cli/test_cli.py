@@ -135,6 +135,12 @@ def test_transcribe_into_a_directory_keeps_the_default_format(tmp_path: Path) ->
     assert transcribe.format_for(None, tmp_path) is ResponseFormat.TEXT
 
 
+def test_transcribe_caps_language_as_the_server_does(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["transcribe", "a.wav", "--language", "x" * 33])
+    assert transcribe.run(args) == 2  # before any model loads or file is read
+    assert "at most 32 characters" in capsys.readouterr().err
+
+
 async def test_stream_paced_in_hops(client: TestClient, fake: FakeTranscriber) -> None:  # noqa: F811
     samples = (0.1 * np.sin(np.arange(int(3.5 * 16000)) / 10)).astype(np.float32)
     url = str(client.make_url("/v1/live")).replace("http", "ws", 1)

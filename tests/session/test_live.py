@@ -242,14 +242,37 @@ def test_clean_hypothesis_clips_and_cuts_loops() -> None:
     assert out[0].start_s == 1.0 and out[1].end_s == 5.0 and out[1].flags
 
 
-def test_clean_hypothesis_keeps_a_start_stamp_within_one_step_past_the_edge() -> None:
+def test_clean_hypothesis_keeps_a_start_stamp_within_the_tolerance_past_the_edge() -> None:
     """Stamps have 2 decimals: speech from 4.996 s is written [5.00], past an edge at 4.995 s.
-    Such a segment is kept, its start clamped to the edge; one a whole step past it is not."""
+    With a tolerance of one stamp step such a segment is kept, its start clamped to the edge;
+    one a whole step past it is not; without one, neither is."""
     hyp = [Segment(5.0, 5.0, "S01", "b"), Segment(5.005, 5.5, "S01", "c")]
-    assert [(s.start_s, s.end_s, s.text) for s in clean_hypothesis(hyp, 0.0, 4.995)] == [
-        (4.995, 4.995, "b")
-    ]
-    assert clean_hypothesis([Segment(5.0, 5.2, "S01", "b")], 0.0, 4.99) == ()
+    kept = clean_hypothesis(hyp, 0.0, 4.995, start_tolerance_s=0.01)
+    assert [(s.start_s, s.end_s, s.text) for s in kept] == [(4.995, 4.995, "b")]
+    assert (
+        clean_hypothesis([Segment(5.0, 5.2, "S01", "b")], 0.0, 4.99, start_tolerance_s=0.01) == ()
+    )
+    assert clean_hypothesis(hyp, 0.0, 4.995) == ()
+
+
+def test_only_the_last_decode_keeps_a_segment_starting_at_the_edge() -> None:
+    """A segment whose start stamp is the edge's, rounded up, is kept only by the decode
+    `end` waits on: before it the next hop writes it again from more audio, and keeping it
+    would commit text from no audio at a forced window commit (found by a review: a final
+    "So" at [3.0, 3.0] and the window start moved past the commit horizon)."""
+    live = LiveSession(LiveOptions(hop_s=1.0, max_window_s=3.0))
+    events = []
+    for _ in range(3):
+        live.receive_audio(np.zeros(SAMPLE_RATE + 64, np.float32))  # edges off the stamp grid
+        edge_s = live.window().end_s
+        events += live.apply_hypothesis([Segment(edge_s + 0.004, edge_s + 0.004, "S01", "So")])
+    assert not [e for e in events if isinstance(e, SegmentFinal)]
+    assert live.committed_end_s < live.edge_s - 0.5  # the horizon kept: nothing committed
+    live.end()
+    edge_s = live.window().end_s
+    events = live.apply_hypothesis([Segment(edge_s + 0.004, edge_s + 0.004, "S01", "So")])
+    finals = [e.segment for e in events if isinstance(e, SegmentFinal)]
+    assert [(s.start_s, s.text) for s in finals] == [(pytest.approx(edge_s), "So")]
 
 
 def test_options_hop_is_used() -> None:
