@@ -40,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--backend", default=None, help="force a registered backend by name")
     add_model_flags(p)
+    add_scheduling_flags(p)
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -92,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) -> None:
-    """The MOSS-TD loading flags shared by `serve` and `transcribe` (ModelConfig fields).
+    """The MOSS-TD loading and engine flags shared by `serve` and `transcribe` (ModelConfig
+    fields).
     `prefill_graphs`: the command's default for --prefill-graphs (a server captures them once;
     a one-shot `transcribe` would pay ~15 s of captures per run for little)."""
     p.add_argument(
@@ -143,6 +145,18 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         default=CHUNKED_PREFILL_SIZE,
         help="largest prefill chunk of one request per engine step, in tokens",
     )
+    p.add_argument(
+        "--prefill-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=prefill_graphs,
+        help="CUDA: run steps that prefill as piecewise CUDA graphs, captured at start-up "
+        f"(~15 s on an H200; default: {'on' if prefill_graphs else 'off'})",
+    )
+
+
+def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
+    """The engine's scheduling flags for uploads beside live sessions (ModelConfig fields):
+    `serve` only; `transcribe` runs one upload at a time on the defaults."""
     p.add_argument(
         "--upload-batch-wait-ms",
         type=float,
@@ -216,17 +230,28 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "speech ends, instead of after a whole hop of new audio, and skips hops over audio "
         "without speech once everything heard is committed (at most 5 s; default: on)",
     )
-    p.add_argument(
-        "--prefill-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=prefill_graphs,
-        help="CUDA: run steps that prefill as piecewise CUDA graphs, captured at start-up "
-        f"(~15 s on an H200; default: {'on' if prefill_graphs else 'off'})",
-    )
+
+
+# ModelConfig fields that only `add_scheduling_flags` sets (absent: the defaults)
+SCHEDULING_FIELDS = (
+    "upload_batch_wait_ms",
+    "upload_hold",
+    "upload_step_budget_ms",
+    "live_step_budget_ms",
+    "live_decode_steps",
+    "live_draft",
+    "live_vad",
+    "live_forced_transcript_tokens",
+    "live_forced_transcript_min_tokens",
+)
 
 
 def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
-    """The ModelConfig for parsed `--model`/`--backend`/`add_model_flags` arguments."""
+    """The ModelConfig for parsed `--model`/`--backend`/`add_model_flags` arguments, and
+    `add_scheduling_flags` ones where the command has them."""
+    scheduling = {f: getattr(args, f) for f in SCHEDULING_FIELDS if hasattr(args, f)}
+    if "upload_hold" in scheduling:
+        scheduling["upload_hold"] = UploadHold(scheduling["upload_hold"])
     return ModelConfig(
         model=args.model,
         backend=args.backend,
@@ -241,15 +266,7 @@ def model_config_from_args(args: argparse.Namespace) -> ModelConfig:
         prefill_graphs=args.prefill_graphs,
         mem_fraction=args.mem_fraction,
         chunked_prefill_size=args.chunked_prefill_size,
-        upload_batch_wait_ms=args.upload_batch_wait_ms,
-        upload_hold=UploadHold(args.upload_hold),
-        upload_step_budget_ms=args.upload_step_budget_ms,
-        live_step_budget_ms=args.live_step_budget_ms,
-        live_decode_steps=args.live_decode_steps,
-        live_draft=args.live_draft,
-        live_vad=args.live_vad,
-        live_forced_transcript_tokens=args.live_forced_transcript_tokens,
-        live_forced_transcript_min_tokens=args.live_forced_transcript_min_tokens,
+        **scheduling,
     )
 
 

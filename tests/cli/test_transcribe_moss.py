@@ -102,6 +102,25 @@ def test_serve_model_flags(tmp_path: Path) -> None:
     assert serve.model_config_from_args(args).prefill_graphs
 
 
+def test_transcribe_has_no_serving_flags_and_takes_their_defaults() -> None:
+    """The scheduling flags (uploads beside live sessions) are `serve`'s: `transcribe --help`
+    listed them (a user trial); its ModelConfig has their defaults."""
+    from livemeet.__main__ import build_parser
+    from livemeet.cli import serve
+    from livemeet.config import ModelConfig
+
+    args = build_parser().parse_args(["transcribe", "a.wav", "--model", "x"])
+    config = serve.model_config_from_args(args)
+    defaults = ModelConfig(model="x")
+    assert all(getattr(config, f) == getattr(defaults, f) for f in serve.SCHEDULING_FIELDS)
+    for flag in ("--live-vad", "--live-decode-steps=0", "--upload-hold=arrivals"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["transcribe", "a.wav", flag])
+    args = build_parser().parse_args(["serve", "--model", "x", "--no-live-vad"])
+    assert not serve.config_from_args(args).model.live_vad  # serve still has them all
+    assert all(hasattr(args, f) for f in serve.SCHEDULING_FIELDS)
+
+
 def test_serve_engine_sizing_flags() -> None:
     """--mem-fraction, --chunked-prefill-size and the upload hold flags reach the ModelConfig
     and are validated."""
