@@ -179,7 +179,9 @@ class SegmentStream:
 
 class UploadTranscript:
     """The final segments of an upload as they are confirmed: ids "seg-0001"..., starts made
-    non-decreasing and clamped to [0, max_stamp_s], texts stripped; with the text delta of each
+    non-decreasing, ends clamped to max_stamp_s, texts stripped, and a segment starting at or
+    past max_stamp_s dropped (no audio under it: made up; kept, it was a zero-length cue at
+    the end, which WebVTT does not allow); with the text delta of each
     (their concatenation equals `join_texts` of the segments). `max_stamp_s` (default
     `duration_s`) is the audio's end in the model's times: in marker time for MOSS-TD
     (`PromptConfig.marker_time_scale`), whose stamps run 1.008 times the audio's."""
@@ -192,10 +194,10 @@ class UploadTranscript:
 
     def add(self, seg: Segment) -> tuple[Segment, str] | None:
         text = seg.text.strip()
-        if not text:
+        if not text or seg.start_s >= self.max_stamp_s:
             return None
         prev_start = self.segments[-1].start_s if self.segments else 0.0
-        start = min(max(seg.start_s, prev_start), self.max_stamp_s)
+        start = max(seg.start_s, prev_start)
         end = min(max(seg.end_s, start), self.max_stamp_s)
         final = replace(
             seg,

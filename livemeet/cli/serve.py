@@ -21,7 +21,7 @@ from livemeet.audio.constants import (
 )
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
-from livemeet.errors import ConfigError
+from livemeet.errors import ConfigError, LivemeetError
 
 log = logging.getLogger("livemeet.serve")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -325,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
     freeze_startup_heap()
     scheme = "https" if context else "http"
     log.info(
-        "livemeet serving on %s://%s:%d (data dir %s)",
+        "livemeet starting on %s://%s:%d (data dir %s): it listens once the model is loaded",
         scheme,
         config.host,
         config.port,
@@ -333,6 +333,9 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         _run_app(app, config, context)
+    except LivemeetError as exc:  # the model failed to load (a bad checkpoint: ConfigError)
+        log.error("%s: %s", exc.code, exc.message)
+        return 2
     finally:
         thaw_heap()
     return 0

@@ -41,6 +41,7 @@ from livemeet.layers.paged_attention import (
     EXTEND_ROWS,
     EXTEND_ROWS_SMALL,
     H200_NUM_SMS,
+    check_cache,
     choose_num_splits,
     decode_programs_per_sm,
     extend_tile_rows,
@@ -136,6 +137,7 @@ class ModelRunner:
         self.v_caches = [
             torch.zeros(shape, dtype=self.kv_dtype, device=self.device) for _ in range(t.layers)
         ]
+        check_cache(self.k_caches[0], self.v_caches[0])  # a geometry the kernels refuse: now
         # the decode kernel's resident programs per SM, which sizes its split count
         self.decode_programs_per_sm = DECODE_PROGRAMS_PER_SM
         self.num_sms = H200_NUM_SMS

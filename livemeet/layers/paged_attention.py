@@ -773,7 +773,10 @@ class KVSink:
 
 
 def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
-    """Validates the KV caches; returns (block_size, num_kv_heads, head_dim)."""
+    """Validates the KV caches; returns (block_size, num_kv_heads, head_dim). Raises
+    InternalError for mismatched caches, ConfigError for a block size no kernel pages by and,
+    on CUDA, for a head_dim the kernels do not tile (a power of two >= 16; the torch path on
+    the CPU takes any, e.g. MODEL.md section 9's tiny config's 8)."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise InternalError(
             "k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], got "
@@ -784,8 +787,10 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if block_size not in SUPPORTED_BLOCK_SIZES:
         raise ConfigError(f"block_size must be one of {SUPPORTED_BLOCK_SIZES}, got {block_size}")
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ConfigError(f"head_dim must be a power of two >= 16, got {head_dim}")
+    if k_cache.is_cuda and (head_dim < 16 or head_dim & (head_dim - 1)):
+        raise ConfigError(
+            f"the CUDA kernels need a head_dim that is a power of two >= 16, got {head_dim}"
+        )
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.stride(3) != 1 or cache.stride(2) != head_dim:
             raise InternalError(f"{name} must have contiguous [kv_heads, head_dim] rows")

@@ -218,6 +218,25 @@ def test_upload_stamps_in_marker_time_past_the_audio_end_are_kept(
     assert final.duration_s == 11.0
 
 
+def test_upload_segments_starting_past_the_audio_end_are_dropped(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+) -> None:
+    """A segment that starts at or after the audio's end has no audio under it: dropped, with
+    no text delta (an independent trial got zero-length cues at the end, "00:00:04.204 -->
+    00:00:04.204", which WebVTT does not allow); one crossing the end is clamped."""
+    forced = "[0.00][S01] first[2.00][10.00][S02] across[12.00][11.00][S01] after[12.50]"
+    forced += "[13.00][S02] later[14.00]"
+    core = make_core(our_model, tmp_path, forced=forced)
+    events = upload(core, clips[11.0])
+    final = check_upload_events(events)
+    assert [(s.start_s, s.end_s, s.text) for s in final.segments] == [
+        (0.0, 2.0, "first"),
+        (10.0, 11.0, "across"),
+    ]
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "first across"
+    assert_pool_clean(core)
+
+
 def test_generated_tokens_equal_dense_generate(
     our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
 ) -> None:

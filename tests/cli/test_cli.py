@@ -195,6 +195,17 @@ async def test_stream_times_out_when_no_final_arrives(aiohttp_server: Any) -> No
     assert [e["type"] for e in result.events] == ["session.ready"]
 
 
+def test_serve_with_a_broken_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:
+    """A model that fails to load stops `serve` with its typed error in one log line and
+    exit status 2, as `transcribe` does (an independent trial got a 40-line traceback)."""
+    cmd = [sys.executable, "-m", "livemeet", "serve", "--model", str(tmp_path), "--port", "0"]
+    cmd += ["--data-dir", str(tmp_path / "data")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "config_error: no config.json in" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_output_cut_off_by_head_is_quiet(shared_data: Path) -> None:
     # `livemeet eval ... --json | head -1` used to end in a BrokenPipeError traceback.
     data = shared_data / "meeteval-examples"

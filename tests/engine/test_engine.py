@@ -401,3 +401,40 @@ def test_a_fork_from_a_running_request_copies_on_write_and_changes_no_token(
     (_, _, num_tokens) = copies[0]
     assert 0 < num_tokens < block_size
     assert forked == alone and set(alone) == {"a", "b"}
+
+
+@pytest.mark.parametrize("head_dim", [8, 12])
+def test_model_md_tiny_geometry_with_small_head_dims_matches_reference(
+    batch_clips: list[np.ndarray], head_dim: int, tmp_path: Any
+) -> None:
+    """MODEL.md section 9's tiny config (widths 32, 2 layers, 4 heads over 2 KV heads,
+    head_dim 8) and a head_dim that is no power of two (12) run on the CPU path: the CUDA
+    kernels' head_dim rule refused them at the first request (found by an independent trial:
+    the server said ready, then every request failed). Greedy tokens equal the reference's."""
+    from livemeet.models.config import AudioConfig, MossTDConfig, TextConfig
+    from livemeet.models.loader import load_model
+
+    transformers = pytest.importorskip("transformers")
+    cfg = MossTDConfig(
+        audio=AudioConfig(d_model=32, layers=2, heads=2, ffn=64),
+        text=TextConfig(
+            hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2, head_dim=head_dim
+        ),
+    )
+    weights = tiny.random_weights(cfg)
+    ours, _ = load_model(
+        str(tiny.write_upstream(tmp_path / "up", weights, cfg)), device="cpu", dtype="float32"
+    )
+    ref = transformers.MossTranscribeDiarizeForConditionalGeneration.from_pretrained(
+        str(tiny.write_hf_native(tmp_path / "hf", weights, cfg)), dtype=torch.float32
+    ).eval()
+    clips = [batch_clips[1], batch_clips[4]]  # 3 s and 40 s (two windows)
+    engine = _engine(ours, 64, num_blocks=None)
+    for i, clip in enumerate(clips):
+        engine.add_request(f"r{i}", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    done: dict[str, list[int]] = {}
+    while engine.has_work():
+        done.update({r.request_id: list(r.output_token_ids) for r in engine.step().finished})
+    for i, clip in enumerate(clips):
+        expected = tiny.reference_greedy(ref, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
+        assert done[f"r{i}"] == expected, i
