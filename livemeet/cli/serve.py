@@ -21,7 +21,7 @@ from livemeet.audio.constants import (
 )
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
-from livemeet.errors import ConfigError, LivemeetError
+from livemeet.errors import ConfigError, EngineUnavailable
 
 log = logging.getLogger("livemeet.serve")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         _run_app(app, config, context)
-    except LivemeetError as exc:  # the model failed to load (a bad checkpoint: ConfigError)
+    except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
         return 2
     finally:

@@ -128,6 +128,10 @@ class MossTDConfig:
                 a.d_model % a.heads == 0,
                 f"audio d_model {a.d_model} not divisible by {a.heads} heads",
             ),
+            (
+                a.layers >= 1 and t.layers >= 1,
+                f"need >= 1 layer: {a.layers} audio, {t.layers} text",
+            ),
             (t.heads % t.kv_heads == 0, f"text heads {t.heads} not a multiple of {t.kv_heads}"),
             (t.head_dim % 2 == 0, f"text head_dim {t.head_dim} must be even for RoPE"),
             (self.merge_size >= 1, f"audio_merge_size {self.merge_size} must be >= 1"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from dataclasses import replace
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -140,7 +141,19 @@ def _timestamp(seconds: float, decimal_marker: str) -> str:
 
 
 def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
-    return [s for s in segments if s.text.strip()]
+    """Segments with text, each lasting at least 1 ms once written in whole ms: a cue's end
+    must come after its start (WebVTT section 4.1; players drop or misplace zero-length
+    SubRip cues), and a model may stamp a segment with one time or a start pushed up to the
+    previous one's."""
+    cues = []
+    for s in segments:
+        if not s.text.strip():
+            continue
+        start_ms = round(max(0.0, s.start_s) * 1000)
+        if round(max(0.0, s.end_s) * 1000) <= start_ms:
+            s = replace(s, end_s=(start_ms + 1) / 1000)
+        cues.append(s)
+    return cues
 
 
 def _one_line(text: str) -> str:

@@ -43,6 +43,8 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         (lambda c: c.update(adaptor_input_dim=1000), "adaptor_input_dim"),
         (lambda c: c["audio_config"].pop("d_model"), "d_model"),
         (lambda c: c["text_config"].update(num_key_value_heads=3), "multiple"),
+        (lambda c: c["text_config"].update(num_hidden_layers=0), "need >= 1 layer"),
+        (lambda c: c["text_config"].update(head_dim=7), "even for RoPE"),
         (lambda c: c["text_config"].update(rope_scaling={"rope_type": "yarn"}), "yarn"),
         (lambda c: c.pop("text_config"), "text_config"),
     ],

@@ -248,6 +248,21 @@ def test_empty_text_segments_make_no_cues() -> None:
     assert len(json.loads(render(t, ResponseFormat.VERBOSE_JSON).body)["segments"]) == 2
 
 
+def test_zero_length_segments_make_cues_of_one_millisecond() -> None:
+    """A cue's end must come after its start (WebVTT 4.1): a segment stamped with one time,
+    or one whose end rounds to its start's millisecond, lasts 1 ms in SRT and VTT (a review
+    found 00:00:05.000 --> 00:00:05.000); JSON keeps the model's times."""
+    t = Transcript((segment(5.0, 5.0, "one"), segment(10.9996, 11.0, "two")), 11.0)
+    assert [(c.start, c.end) for c in parse_vtt(render(t, ResponseFormat.VTT).body)] == [
+        ("00:00:05.000", "00:00:05.001"),
+        ("00:00:11.000", "00:00:11.001"),
+    ]
+    cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
+    assert all(c.end - c.start == timedelta(milliseconds=1) for c in cues)
+    verbose = json.loads(render(t, ResponseFormat.VERBOSE_JSON).body)["segments"]
+    assert [(s["start"], s["end"]) for s in verbose] == [(5.0, 5.0), (11.0, 11.0)]
+
+
 def test_empty_transcript() -> None:
     empty = Transcript((), 0.0)
     assert render(empty, ResponseFormat.TEXT).body == "\n"
