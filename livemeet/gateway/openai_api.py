@@ -240,16 +240,8 @@ async def read_upload_form(
 
 def _form_fields(fields: dict[str, str]) -> UploadForm:
     """The fields the endpoint reads (others are tolerated and ignored, as OpenAI does)."""
-    prompt = fields.get("prompt") or None
-    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
-        raise InvalidRequest(
-            f"'prompt' must be at most {MAX_PROMPT_CHARS} characters", param="prompt"
-        )
-    language = fields.get("language") or None
-    if language is not None and len(language) > MAX_LANGUAGE_CHARS:  # as the live `start`'s
-        raise InvalidRequest(
-            f"'language' must be at most {MAX_LANGUAGE_CHARS} characters", param="language"
-        )
+    prompt = _capped_field(fields, "prompt", MAX_PROMPT_CHARS)
+    language = _capped_field(fields, "language", MAX_LANGUAGE_CHARS)
     response_format = formats.parse_response_format(fields.get("response_format") or "json")
     stream = _parse_bool(fields.get("stream", "false"), "stream")
     if stream and response_format not in STREAM_FORMATS:
@@ -267,6 +259,15 @@ def _form_fields(fields: dict[str, str]) -> UploadForm:
         language=language,
         stream=stream,
     )
+
+
+def _capped_field(fields: dict[str, str], name: str, max_chars: int) -> str | None:
+    """Form field `name` (None when absent or empty), capped at `max_chars` characters as in a
+    live `start`. Raises InvalidRequest (param `name`) past the cap."""
+    value = fields.get(name) or None
+    if value is not None and len(value) > max_chars:
+        raise InvalidRequest(f"'{name}' must be at most {max_chars} characters", param=name)
+    return value
 
 
 def _parse_bool(value: str, name: str) -> bool:

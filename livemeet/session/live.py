@@ -404,6 +404,7 @@ def clean_hypothesis(
         run += 1
     for seg in segments:
         norm = normalise_text(seg.text)
+        # (1 - 1e-6): a start a whole tolerance past the edge is dropped despite float noise
         if not norm or seg.start_s >= edge_s + start_tolerance_s * (1 - 1e-6):
             continue
         if norm == (normalise_text(out[-1].text) if out else last):

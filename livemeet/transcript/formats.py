@@ -133,11 +133,16 @@ def to_vtt(segments: tuple[Segment, ...]) -> str:
 
 
 def _timestamp(seconds: float, decimal_marker: str) -> str:
-    total_ms = round(max(0.0, seconds) * 1000)
+    total_ms = _whole_ms(seconds)
     hours, rest = divmod(total_ms, 3_600_000)
     minutes, rest = divmod(rest, 60_000)
     secs, ms = divmod(rest, 1000)
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{ms:03d}"
+
+
+def _whole_ms(seconds: float) -> int:
+    """A cue time as written: whole milliseconds, negative times clamped to 0."""
+    return round(max(0.0, seconds) * 1000)
 
 
 def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
@@ -149,8 +154,8 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
     for s in segments:
         if not s.text.strip():
             continue
-        start_ms = round(max(0.0, s.start_s) * 1000)
-        if round(max(0.0, s.end_s) * 1000) <= start_ms:
+        start_ms = _whole_ms(s.start_s)
+        if _whole_ms(s.end_s) <= start_ms:
             s = replace(s, end_s=(start_ms + 1) / 1000)
         cues.append(s)
     return cues
