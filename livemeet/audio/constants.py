@@ -104,7 +104,7 @@ EOS_TOKEN_ID = 151_645  # <|im_end|>
 # demo backend (DESIGN section 5.5).
 COMMIT_HORIZON_S = 1.0  # s; a segment commits only if it ends this far behind the audio edge
 COMMIT_TIME_TOLERANCE_S = 0.5  # s; two hypotheses agree on a segment if its times differ less
-# s; the output grammar's time resolution (MODEL.md section 5: stamps usually have 2 decimals):
+# s; the output grammar's time resolution (MODEL.md section 6: stamps usually have 2 decimals):
 # a start stamp within one step past the audio edge may denote speech before it
 STAMP_RESOLUTION_S = 0.01
 LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
