@@ -16,6 +16,7 @@ from livemeet.audio.constants import (
     KV_BLOCK_SIZES,
     KV_CACHE_DTYPES,
     LIVE_DECODE_STEPS,
+    LIVE_FORCED_BUDGET_SLOW_FRACTION,
     LIVE_FORCED_TRANSCRIPT_MIN_TOKENS,
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     LIVE_HOP_MAX_S,
@@ -25,6 +26,7 @@ from livemeet.audio.constants import (
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
     MAX_LIVE_DECODE_STEPS,
+    MAX_LIVE_HOP_LOAD,
     MAX_LIVE_STEP_BUDGET_S,
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_STEP_BUDGET_S,
@@ -106,6 +108,9 @@ class ModelConfig:
     # the floor that budget halves towards while hops take over 0.3 of a hop interval
     # (livemeet/session/forced_budget.py); >= live_forced_transcript_tokens: a fixed budget
     live_forced_transcript_min_tokens: int = LIVE_FORCED_TRANSCRIPT_MIN_TOKENS
+    # the share of a hop interval a session's hops may take (smoothed) before its forced
+    # budget halves; it grows back below half of it. Lower: faster partials, less context
+    live_hop_load: float = LIVE_FORCED_BUDGET_SLOW_FRACTION
     # a hop drafts what the previous one decoded after the same forced transcript; the engine
     # verifies it greedily (livemeet/session/draft.py): same transcript, fewer decode steps
     live_draft: bool = True
@@ -183,7 +188,15 @@ class ModelConfig:
                 f"live_forced_transcript_min_tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
                 f"not {self.live_forced_transcript_min_tokens}"
             )
-        ForcedBudget(self.live_forced_transcript_tokens, self.live_forced_transcript_min_tokens)
+        if not 0.0 < self.live_hop_load <= MAX_LIVE_HOP_LOAD:
+            raise ConfigError(
+                f"live_hop_load must be in (0, {MAX_LIVE_HOP_LOAD:g}], not {self.live_hop_load}"
+            )
+        ForcedBudget.for_hop_load(
+            self.live_forced_transcript_tokens,
+            self.live_forced_transcript_min_tokens,
+            self.live_hop_load,
+        )
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
         if self.forced_output is not None and not Path(self.forced_output).is_file():

@@ -18,8 +18,9 @@ the audio, so generation restarts each hop), then the committed transcript as fo
 tokens, and decode only the new tail (DESIGN 5.3: the most recent whole segments within
 `ModelConfig.live_forced_transcript_tokens`, 2,048 by default; our technique, not the
 reference's, unvalidated on real weights). Each session's budget adapts to load: it halves,
-down to `live_forced_transcript_min_tokens`, while its hops take more than 0.3 of a hop interval
-(smoothed over hops) and grows back while they are fast (livemeet/session/forced_budget.py).
+down to `live_forced_transcript_min_tokens`, while its hops take more than `live_hop_load`
+(0.3) of a hop interval (smoothed over hops) and grows back while they are fast
+(livemeet/session/forced_budget.py).
 With 0 tokens a hop re-decodes the whole meeting (cumulative re-decode, as SGLang-Omni
 does), whose decode grows ~330 tokens per meeting minute.
 A hop is a LIVE request with a deadline one hop ahead; it keeps its KV after finishing
@@ -484,8 +485,10 @@ class MossCore:
         self.live_hop_first_token_s = 0.0
         self.num_upload_continuations = 0  # uploads continued after an early stop (DESIGN 5.8)
         # each live session's forced-transcript budget adapts to load (DESIGN 5.1, 5.3)
-        self.forced_budget = ForcedBudget(
-            config.live_forced_transcript_tokens, config.live_forced_transcript_min_tokens
+        self.forced_budget = ForcedBudget.for_hop_load(
+            config.live_forced_transcript_tokens,
+            config.live_forced_transcript_min_tokens,
+            config.live_hop_load,
         )
         self._gateway_incoming_uploads = 0  # set_incoming_uploads: not yet sent to this core
 

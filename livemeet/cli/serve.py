@@ -17,6 +17,7 @@ from livemeet.audio.constants import (
     KV_CACHE_DTYPES,
     MAX_AUDIO_S,
     MAX_LIVE_DECODE_STEPS,
+    MAX_LIVE_HOP_LOAD,
     MAX_UPLOAD_BYTES,
 )
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
@@ -210,9 +211,18 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=ModelConfig.live_forced_transcript_min_tokens,
         help="the least a session's hops force while the GPU is behind: the budget halves "
-        "towards it while its hops take over 0.3 of a hop interval (smoothed) and grows back "
-        "while they are fast (a value >= --live-forced-transcript-tokens keeps the budget "
-        "fixed; default %(default)d)",
+        "towards it while its hops take over --live-hop-load of a hop interval (smoothed) and "
+        "grows back while they are fast (a value >= --live-forced-transcript-tokens keeps "
+        "the budget fixed; default %(default)d)",
+    )
+    p.add_argument(
+        "--live-hop-load",
+        type=float,
+        default=ModelConfig.live_hop_load,
+        help="the share of a hop interval a live session's hops may take (smoothed) before its "
+        "forced transcript budget halves; below half of it the budget grows back. Lower gives "
+        "faster partials under load and hops with less context (in (0, "
+        f"{MAX_LIVE_HOP_LOAD:g}]; default %(default)s)",
     )
     p.add_argument(
         "--live-draft",
@@ -243,6 +253,7 @@ SCHEDULING_FIELDS = (
     "live_vad",
     "live_forced_transcript_tokens",
     "live_forced_transcript_min_tokens",
+    "live_hop_load",
 )
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from livemeet.audio.constants import (
     LIVE_FORCED_BUDGET_FAST_FRACTION,
+    LIVE_FORCED_BUDGET_GROW_SHARE,
     LIVE_FORCED_BUDGET_SLOW_FRACTION,
     LIVE_FORCED_BUDGET_SMOOTHING,
     LIVE_FORCED_BUDGET_STEP_TOKENS,
@@ -65,6 +66,18 @@ class ForcedBudget:
     fast_fraction: float = LIVE_FORCED_BUDGET_FAST_FRACTION
     step_tokens: int = LIVE_FORCED_BUDGET_STEP_TOKENS
     smoothing: float = LIVE_FORCED_BUDGET_SMOOTHING
+
+    @classmethod
+    def for_hop_load(cls, max_tokens: int, min_tokens: int, hop_load: float) -> ForcedBudget:
+        """The rule that halves above `hop_load` (a fraction of the hop interval, the slow
+        fraction) and grows below LIVE_FORCED_BUDGET_GROW_SHARE of it, the other settings at
+        their defaults (`serve --live-hop-load`). Raises ConfigError as the constructor does."""
+        return cls(
+            max_tokens,
+            min_tokens,
+            slow_fraction=hop_load,
+            fast_fraction=hop_load * LIVE_FORCED_BUDGET_GROW_SHARE,
+        )
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0 or self.min_tokens < 0:

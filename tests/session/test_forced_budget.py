@@ -90,6 +90,23 @@ def test_loads_between_the_thresholds_keep_the_budget() -> None:
     assert rule.after_hop(BudgetState(1_000, 0.5), 0.61, 1.2).tokens == 512
 
 
+def test_a_lower_hop_load_halves_where_the_default_holds() -> None:
+    """`serve --live-hop-load`: hops of a quarter interval sit between the default's
+    thresholds (0.15, 0.3) but over 0.2; under 0.1 (half of it) the budget grows."""
+    default, tight = ForcedBudget(2_048, 256), ForcedBudget.for_hop_load(2_048, 256, 0.2)
+    assert (default.slow_fraction, default.fast_fraction) == (0.3, 0.15)
+    assert (tight.slow_fraction, tight.fast_fraction) == (0.2, 0.1)
+    state = BudgetState(1_024, 0.25)
+    assert default.after_hop(state, 0.25, 1.0).tokens == 1_024
+    assert tight.after_hop(state, 0.25, 1.0).tokens == 512
+    assert tight.after_hop(BudgetState(1_024, 0.12), 0.12, 1.0).tokens == 1_024  # in between
+    assert tight.after_hop(BudgetState(1_024, 0.05), 0.05, 1.0).tokens == 1_280
+    assert ForcedBudget.for_hop_load(2_048, 256, 0.3) == default
+    for bad in (0.0, -0.2):
+        with pytest.raises(ConfigError):
+            ForcedBudget.for_hop_load(2_048, 256, bad)
+
+
 @pytest.mark.parametrize(("cap", "floor"), [(2_048, 2_048), (512, 4_096), (0, 512), (0, 0)])
 def test_a_fixed_budget_never_moves(cap: int, floor: int) -> None:
     rule = ForcedBudget(cap, floor)
