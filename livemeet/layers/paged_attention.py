@@ -45,6 +45,10 @@ except ImportError:  # the CPU-only install path
 Impl = Literal["auto", "triton", "torch"]
 
 SUPPORTED_BLOCK_SIZES = KV_BLOCK_SIZES  # tokens per KV block
+# head sizes the GPU kernels tile: powers of two (tl.arange, MMA shapes) from 16 (the smallest
+# MMA reduction) to 128 (Qwen3's and MODEL.md's; the CUDA decode kernel's only size, and the
+# largest every Triton tile configuration here was sized and tested for on the GPU)
+MIN_CUDA_HEAD_DIM, MAX_CUDA_HEAD_DIM = 16, 128
 H200_NUM_SMS = 132  # streaming multiprocessors of an H200 SXM (HOPPER/H200 device notes)
 FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (OCP FP8 spec)
 LOG2E = 1.4426950408889634  # log2(e): the kernels use exp2
@@ -772,11 +776,20 @@ class KVSink:
     scale: float = 1.0
 
 
+def cuda_head_dim_ok(head_dim: int) -> bool:
+    """Whether the GPU kernels take this head size: a power of two within
+    [MIN_CUDA_HEAD_DIM, MAX_CUDA_HEAD_DIM]. A larger one would fail only when its kernels
+    compile, after the model had loaded: at 256 the extend kernel's three stages of 128-key
+    K and V tiles alone need 384 KiB of shared memory (an H200 SM has 228 KiB)."""
+    power_of_two = head_dim > 0 and not head_dim & (head_dim - 1)
+    return power_of_two and MIN_CUDA_HEAD_DIM <= head_dim <= MAX_CUDA_HEAD_DIM
+
+
 def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int, int]:
     """Validates the KV caches; returns (block_size, num_kv_heads, head_dim). Raises
     InternalError for mismatched caches, ConfigError for a block size no kernel pages by and,
-    on CUDA, for a head_dim the kernels do not tile (a power of two >= 16; the torch path on
-    the CPU takes any, e.g. MODEL.md section 9's tiny config's 8)."""
+    on CUDA, for a head_dim the kernels do not tile (`cuda_head_dim_ok`; the torch path on the
+    CPU takes any, e.g. MODEL.md section 9's tiny config's 8)."""
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise InternalError(
             "k_cache and v_cache must both be [num_blocks, block_size, kv_heads, head_dim], got "
@@ -787,9 +800,10 @@ def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int, int,
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     if block_size not in SUPPORTED_BLOCK_SIZES:
         raise ConfigError(f"block_size must be one of {SUPPORTED_BLOCK_SIZES}, got {block_size}")
-    if k_cache.is_cuda and (head_dim < 16 or head_dim & (head_dim - 1)):
+    if k_cache.is_cuda and not cuda_head_dim_ok(head_dim):
         raise ConfigError(
-            f"the CUDA kernels need a head_dim that is a power of two >= 16, got {head_dim}"
+            f"the CUDA kernels need a head_dim that is a power of two in "
+            f"[{MIN_CUDA_HEAD_DIM}, {MAX_CUDA_HEAD_DIM}], got {head_dim}"
         )
     for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
         if cache.stride(3) != 1 or cache.stride(2) != head_dim:

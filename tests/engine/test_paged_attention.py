@@ -455,6 +455,13 @@ def test_fp8_cache_interpreted() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def test_cuda_head_dims_are_the_tiled_powers_of_two() -> None:
+    """The GPU path's head_dim rule (check_cache raises ConfigError on a CUDA cache outside
+    it; the CPU path takes any): 16 to 128, powers of two only."""
+    assert [d for d in range(0, 520) if pa.cuda_head_dim_ok(d)] == [16, 32, 64, 128]
+    assert not pa.cuda_head_dim_ok(-128)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("block_size", pa.SUPPORTED_BLOCK_SIZES)
