@@ -537,6 +537,34 @@ def test_a_decode_that_stops_inside_a_segment_is_continued_from_the_last_closed_
     assert_pool_clean(core)
 
 
+def test_a_segment_past_the_audio_is_dropped_and_the_upload_continued_from_the_last_kept(
+    our_model: MossTDModel,
+    clips: dict[float, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decode that jumps past the audio's end (a segment at 12 s of 11 s: no audio under it,
+    dropped) and stops there has still transcribed only up to 4.5 s: the continuation
+    decision is taken on the kept segments, so the rest is written by a continuation, and the
+    made-up segment is in no event."""
+    core = continuing_core(our_model, tmp_path, monkeypatch)
+    inner = core._forced_ids
+    head = CONTINUED_REFERENCE[: CONTINUED_REFERENCE.index("[5.00]")]
+    jumped = head + "[12.00][S02] Made up.[13.00]"
+
+    def forced_ids(edge_s: float | None, tail_from_s: float | None = None) -> Any:
+        return core._encode(jumped) if edge_s is None else inner(edge_s, tail_from_s)
+
+    core._forced_ids = forced_ids  # type: ignore[method-assign]
+    prefixes = record_prefixes(core)
+    events = upload(core, clips[11.0])
+    final = check_upload_events(events)
+    same_segments(final.segments, parse_transcript(CONTINUED_REFERENCE, 11.0))
+    assert list(prefixes) == ["u/upload", "u/upload1"]
+    assert not any("Made up" in repr(event) for event in events)
+    assert_pool_clean(core)
+
+
 def test_a_max_new_tokens_cap_spans_the_continuations(
     our_model: MossTDModel,
     clips: dict[float, np.ndarray],
