@@ -126,6 +126,8 @@ class LiveConnection:
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
         self._ended_at: float | None = None  # loop time of the client's `end`
+        # loop time of the client's last data message (pings and pongs are not messages)
+        self._last_message_at = asyncio.get_running_loop().time()
         self._metrics.sessions.labels("live", self._state_label).inc()
         self.outcome = "disconnected"
 
@@ -152,24 +154,31 @@ class LiveConnection:
             await self.fail(InternalError(f"internal error: {type(exc).__name__}"))
 
     async def _receive(self) -> WSMessage:
-        """The next client message. The idle timeout applies while the client streams; after
-        `end` it has nothing left to send and waits, silently, for `transcript.final`, which
-        a loaded engine may take longer than the idle timeout to produce (the forwarder
-        closes the socket then, and an engine failure reaches it as an error event), up to
-        `final_timeout_s` after `end`. Raises TimeoutError (idle) and EngineUnavailable (no
+        """The next client message. The idle timeout runs from the client's last message
+        while it streams; after `end` it has nothing left to send and waits, silently, for
+        `transcript.final`, which a loaded engine may take longer than the idle timeout to
+        produce (the forwarder closes the socket then, and an engine failure reaches it as
+        an error event), up to `final_timeout_s` after `end`. The deadlines are ours, not
+        aiohttp's `receive_timeout`: aiohttp answers a ping inside `receive` and starts its
+        timeout again, so a stalled client whose library pings (websockets does, every 20 s)
+        would hold its session forever. Raises TimeoutError (idle) and EngineUnavailable (no
         final in time)."""
-        while True:
-            try:
-                return await self.ws.receive()
-            except TimeoutError:
-                if self._ended_at is None:  # still streaming: the idle timeout applies
-                    raise
-                waited = asyncio.get_running_loop().time() - self._ended_at
-                limit = self.app[CONFIG_KEY].gateway.final_timeout_s
-                if waited >= limit:
-                    raise EngineUnavailable(
-                        f"no final transcript within {limit:g} s of end"
-                    ) from None
+        gateway = self.app[CONFIG_KEY].gateway
+        if self._ended_at is None:
+            deadline = self._last_message_at + gateway.idle_timeout_s
+        else:
+            deadline = self._ended_at + gateway.final_timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                msg = await self.ws.receive()
+        except TimeoutError:
+            if self._ended_at is None:
+                raise
+            raise EngineUnavailable(
+                f"no final transcript within {gateway.final_timeout_s:g} s of end"
+            ) from None
+        self._last_message_at = asyncio.get_running_loop().time()
+        return msg
 
     async def cleanup(self) -> None:
         """Release everything; safe after any failure (the `finally` of the handler)."""
@@ -289,10 +298,7 @@ async def live_handler(request: web.Request) -> web.WebSocketResponse:
     """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade."""
     from livemeet.gateway.keys import REGISTRY_KEY
 
-    ws = web.WebSocketResponse(
-        max_msg_size=MAX_FRAME_BYTES,
-        receive_timeout=request.app[CONFIG_KEY].gateway.idle_timeout_s,
-    )
+    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)  # timeouts: LiveConnection
     if not ws.can_prepare(request).ok:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
     await ws.prepare(request)

@@ -200,6 +200,36 @@ async def test_idle_timeout(
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
 
+async def test_pings_do_not_keep_a_silent_session_open(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A client whose library pings (websockets pings every 20 s by default) but sends no
+    message is idle: aiohttp's own receive timeout restarted at every ping, so such a
+    session was never closed (found by an independent trial: still open after 100 s of a
+    60-s timeout)."""
+    config = ServerConfig(
+        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.3)
+    )
+    client = await aiohttp_client(create_app(config, fake))
+    async with client.ws_connect("/v1/live") as ws:  # autoping: pongs are not events
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(0.2))
+
+        async def ping() -> None:
+            while True:
+                await asyncio.sleep(0.05)
+                await ws.ping()
+
+        pinger = asyncio.create_task(ping())
+        try:
+            error = await asyncio.wait_for(expect_error(ws, ClientTimeout), 3)
+        finally:
+            pinger.cancel()
+    assert "idle" in error["message"]
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+
+
 async def test_no_idle_timeout_after_end(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
