@@ -167,6 +167,30 @@ def output_path(output: Path | None, source: Path, fmt: ResponseFormat, many: bo
     return output
 
 
+def check_outputs(paths: Sequence[Path], fmt: ResponseFormat, output: Path | None) -> None:
+    """Refuse, before any work, outputs that could not all be written: two inputs whose
+    outputs would share a name (same stem: "a.flac" and "a.mp3" both give "a.srt"), several
+    inputs with `output` an existing file, or an output file in a missing directory. Raises
+    InvalidRequest."""
+    if output is None:
+        return
+    many = len(paths) > 1
+    if many and output.exists() and not output.is_dir():
+        raise InvalidRequest(f"--output {output} is a file; several inputs need a directory")
+    if not many and not output.is_dir() and not output.parent.is_dir():
+        raise InvalidRequest(f"--output {output}: directory {output.parent} does not exist")
+    sources: dict[Path, Path] = {}
+    for path in paths:
+        target = output_path(output, path, fmt, many)
+        assert target is not None
+        if target in sources:
+            raise InvalidRequest(
+                f"{sources[target]} and {path} would both be written to {target}: "
+                "rename one, or transcribe them in separate runs"
+            )
+        sources[target] = path
+
+
 def write_results(
     results: Sequence[FileResult], fmt: ResponseFormat, output: Path | None, language: str | None
 ) -> int:
@@ -188,7 +212,11 @@ def write_results(
                 print(f"==> {result.path} <==")
             sys.stdout.write(body if body.endswith("\n") else body + "\n")
         else:
-            target.write_text(body, encoding="utf-8")
+            try:
+                target.write_text(body, encoding="utf-8")
+            except OSError as exc:  # e.g. permissions, a full disk: the others still go out
+                print(f"{result.path}: cannot write {target}: {exc.strerror}", file=sys.stderr)
+                status = 1
     return status
 
 
@@ -219,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.language is not None and len(args.language) > MAX_LANGUAGE_CHARS:
             raise InvalidRequest(f"--language must be at most {MAX_LANGUAGE_CHARS} characters")
+        check_outputs(args.audio, fmt, args.output)
         return asyncio.run(_run(args, fmt))
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)

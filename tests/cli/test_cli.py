@@ -135,6 +135,52 @@ def test_transcribe_into_a_directory_keeps_the_default_format(tmp_path: Path) ->
     assert transcribe.format_for(None, tmp_path) is ResponseFormat.TEXT
 
 
+@pytest.mark.parametrize(
+    ("inputs", "output", "message"),
+    [
+        (["a.flac", "sub/a.mp3"], "out", "would both be written to"),  # same stem: a.srt
+        (["a.wav", "b.wav"], "taken.txt", "several inputs need a directory"),
+        (["a.wav"], "missing/o.srt", "does not exist"),
+    ],
+)
+def test_transcribe_refuses_outputs_it_could_not_all_write_before_any_work(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    inputs: list[str],
+    output: str,
+    message: str,
+) -> None:
+    """An independent trial found the second of "a.flac a.mp3" overwriting the first's
+    output silently, and an output in a missing directory failing with a traceback after
+    the whole transcription. Now exit 2 with one line, before any model loads (the inputs
+    need not even exist)."""
+    (tmp_path / "taken.txt").write_text("keep me")
+    argv = ["transcribe", *(str(tmp_path / p) for p in inputs), "--output", str(tmp_path / output)]
+    assert transcribe.run(build_parser().parse_args([*argv, "--format", "srt"])) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert (tmp_path / "taken.txt").read_text() == "keep me"
+    assert not (tmp_path / "out").exists()
+
+
+async def test_transcribe_output_distinct_stems_and_unwritable_targets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Distinct stems in one directory pass the check; a target that cannot be written (here
+    a directory in its place) is reported for its file (status 1), the others still written."""
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    paths = [write_wav(tmp_path / "a.wav", 1.0), write_wav(tmp_path / "b.wav", 1.0)]
+    out = tmp_path / "out"
+    transcribe.check_outputs(paths, ResponseFormat.SRT, out)
+    transcribe.check_outputs(paths[:1], ResponseFormat.SRT, tmp_path / "one.srt")
+    results = await transcribe.transcribe_files(transcriber, paths, progress=False)
+    (out / "a.srt").mkdir(parents=True)  # cannot be written as a file
+    assert transcribe.write_results(results, ResponseFormat.SRT, out, None) == 1
+    assert "cannot write" in capsys.readouterr().err
+    assert "S01" in (out / "b.srt").read_text()
+
+
 def test_transcribe_caps_language_as_the_server_does(capsys: pytest.CaptureFixture[str]) -> None:
     args = build_parser().parse_args(["transcribe", "a.wav", "--language", "x" * 33])
     assert transcribe.run(args) == 2  # before any model loads or file is read
