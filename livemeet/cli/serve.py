@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import ssl
 import sys
 from pathlib import Path
@@ -326,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         context = ssl_context(config)
+        check_listen(config.host, config.port)
         app = create_app(config)
     except ConfigError as exc:
         log.error("%s", exc.message)
@@ -347,9 +349,32 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
         return 2
+    except OSError as exc:  # the bind, after check_listen passed (another process was faster)
+        log.error("config_error: cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return 2
     finally:
         thaw_heap()
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise ConfigError when `host:port` cannot be listened on now (an unknown host, a port
+    another process holds, no permission), so `serve` says so in one line before it loads a
+    model for minutes. A bind that fails later anyway (a race) is reported the same way."""
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            # as asyncio's server does: a port in TIME_WAIT is free, one LISTENing is not
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
 def _run_app(app: web.Application, config: ServerConfig, context: ssl.SSLContext | None) -> None:

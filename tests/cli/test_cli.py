@@ -69,6 +69,26 @@ def test_serve_cancels_the_handlers_of_clients_that_left(
     assert seen["handler_cancellation"] is True
 
 
+def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An independent trial got a traceback and exit 1, after the model had loaded, from a
+    port in use and from `--host 256.1.1.1`."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host, p in (("127.0.0.1", port), ("256.1.1.1", 8000)):
+            argv = ["serve", "--host", host, "--port", str(p), "--data-dir", str(tmp_path)]
+            with caplog.at_level("ERROR"):
+                assert serve.run(build_parser().parse_args(argv)) == 2
+            assert f"cannot listen on {host}:{p}" in caplog.text
+            caplog.clear()
+    serve.check_listen("127.0.0.1", port)  # free again: no error
+
+
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "--tls-cert", str(tmp_path / "c.pem")])
     with pytest.raises(ConfigError):
