@@ -43,10 +43,26 @@ class _TensorInfo:
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """ "auto" -> cuda when available, else cpu."""
+    """ "auto" -> cuda when available, else cpu. Raises ConfigError for a name torch does not
+    know, or a CUDA device this torch build or machine does not have (torch's own errors for
+    them are an AssertionError or a late RuntimeError)."""
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ConfigError(f"unknown device {str(device)!r}: use auto, cpu, cuda or cuda:N") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {str(device)!r}: no CUDA GPU is available to this torch build "
+                f"({torch.__version__}); use --device cpu"
+            )
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return dev
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:

@@ -186,3 +186,22 @@ def test_dummy_weights_keep_activations_sane(upstream_dir: Path) -> None:
         logits = model.compute_logits(hidden[-1:])
     assert torch.isfinite(logits).all()
     assert 0.1 < float(hidden.std()) < 10.0
+
+
+def test_devices_this_machine_lacks_are_config_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--device cuda` on a CPU-only torch build failed with an AssertionError reported as
+    internal_error (found by an independent trial); now a config error naming the fix."""
+    from livemeet.models import loader
+
+    assert loader.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="unknown device"):
+        loader.resolve_device("gpu0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        loader.resolve_device("cuda")
+    assert loader.resolve_device("auto") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert loader.resolve_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(ConfigError, match="only 1 CUDA device"):
+        loader.resolve_device("cuda:3")
