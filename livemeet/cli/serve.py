@@ -61,8 +61,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-audio-s",
         type=float,
         default=MAX_AUDIO_S,
-        help="longest upload in seconds (413 audio_too_long); live sessions have no length "
-        "limit: they decode a sliding window, so a meeting may run as long as it lasts",
+        help="longest upload in seconds (413 audio_too_long); live sessions have no limit "
+        "of their own: each hop prefills all audio heard so far, so a meeting is bounded by "
+        "the model's 131,072-token context (~2.8 h of audio)",
     )
     p.add_argument(
         "--max-sessions", type=int, default=256, help="open sessions (live and upload) at once"

@@ -211,7 +211,9 @@ async def read_upload_form(
     """
     limit = config.gateway.max_upload_bytes
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit} bytes")
+        raise PayloadTooLarge(
+            f"body of {request.content_length} bytes exceeds {limit} bytes", param="file"
+        )
     reader = FormReader(
         request.headers.get("Content-Type", ""),
         max_body_bytes=limit,

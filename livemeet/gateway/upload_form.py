@@ -222,7 +222,9 @@ class FormReader:
         """Parse the next bytes of the body."""
         self._received += len(chunk)
         if self._received > self.max_body_bytes:
-            raise PayloadTooLarge(f"upload exceeds the limit of {self.max_body_bytes} bytes")
+            raise PayloadTooLarge(
+                f"upload exceeds the limit of {self.max_body_bytes} bytes", param="file"
+            )
         if self._preamble is not None:
             chunk = self._skip_preamble(chunk)
             if not chunk:

@@ -178,9 +178,11 @@ def _dumps(obj: dict[str, object]) -> str:
 
 def usage(duration_s: float) -> dict[str, object]:
     """OpenAI's `usage` object for `duration_s` seconds of audio: whole seconds, rounded up
-    as OpenAI bills them, after rounding to ms so 30.0000001 s is 30, not 31. Every response
+    as OpenAI bills them, after rounding to ms so 30.0000001 s is 30, not 31; any audio at
+    all is at least 1 s (a one-sample file rounded to 0 ms was billed 0). Every response
     that carries usage (JSON bodies, the SSE done event) uses this one."""
-    return {"type": "duration", "seconds": math.ceil(round(duration_s, 3))}
+    seconds = math.ceil(round(duration_s, 3))
+    return {"type": "duration", "seconds": max(seconds, 1) if duration_s > 0 else 0}
 
 
 def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
@@ -188,7 +190,7 @@ def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
     temperature, avg_logprob, compression_ratio, no_speech_prob) are required by its schema;
     MOSS-TD computes none of them but compression_ratio and seek, so the others hold neutral
     values (no tokens, temperature 0, avg_logprob 0, no_speech_prob 0) that pass Whisper-style
-    client filters. `speaker` is our addition."""
+    client filters. `speaker` and `flags` (when any) are our additions."""
     segments = [
         {
             "id": i,
@@ -202,6 +204,7 @@ def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
             "avg_logprob": 0.0,
             "compression_ratio": _compression_ratio(s.text),
             "no_speech_prob": 0.0,
+            **_flags(s),
         }
         for i, s in enumerate(transcript.segments)
     ]
@@ -217,7 +220,7 @@ def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
 
 def _diarized(transcript: Transcript) -> dict[str, object]:
     """openai-python `TranscriptionDiarized`: segment ids are strings (ours, or `seg_<index>`
-    for a segment without one)."""
+    for a segment without one); `flags` (when any) is our addition."""
     segments = [
         {
             "type": "transcript.text.segment",
@@ -226,6 +229,7 @@ def _diarized(transcript: Transcript) -> dict[str, object]:
             "end": round(s.end_s, 3),
             "text": s.text,
             "speaker": s.speaker,
+            **_flags(s),
         }
         for i, s in enumerate(transcript.segments)
     ]
@@ -236,6 +240,12 @@ def _diarized(transcript: Transcript) -> dict[str, object]:
         "segments": segments,
         "usage": usage(transcript.duration_s),
     }
+
+
+def _flags(segment: Segment) -> dict[str, list[str]]:
+    """`{"flags": [...]}` when the segment has any (SegmentFlag values, as on the live wire),
+    else nothing: our addition to OpenAI's segment objects, which clients ignore."""
+    return {"flags": [f.value for f in segment.flags]} if segment.flags else {}
 
 
 def _compression_ratio(text: str) -> float:

@@ -29,7 +29,7 @@ from livemeet.transcript.formats import (
     srt_timestamp,
     vtt_timestamp,
 )
-from livemeet.transcript.segments import Segment, Transcript
+from livemeet.transcript.segments import Segment, SegmentFlag, Transcript
 
 MEETING = Transcript(
     segments=(
@@ -132,7 +132,8 @@ def test_diarized_segments_without_ids_get_distinct_ones() -> None:
 
 
 @pytest.mark.parametrize(
-    ("duration_s", "seconds"), [(0.0, 0), (0.2, 1), (30.0, 30), (30.0000001, 30), (30.01, 31)]
+    ("duration_s", "seconds"),
+    [(0.0, 0), (1 / 16_000, 1), (0.0004, 1), (0.2, 1), (30.0, 30), (30.0000001, 30), (30.01, 31)],
 )
 def test_usage_bills_whole_seconds_rounded_up(duration_s: float, seconds: int) -> None:
     t = Transcript((), duration_s)
@@ -311,3 +312,14 @@ def test_any_text_gives_one_parseable_cue_per_nonempty_segment(
 def test_no_format_adds_model_tags() -> None:
     for fmt in ResponseFormat:
         assert not TAG.search(render(MEETING, fmt).body), fmt
+
+
+def test_segment_flags_reach_the_verbose_and_diarized_bodies() -> None:
+    """protocol.md names `end_clamped` for uploads, but only live events carried flags (found
+    by an independent trial); a segment without flags keeps OpenAI's fields only."""
+    clamped = Segment(0.0, 2.0, "S01", "a", flags=(SegmentFlag.END_CLAMPED,))
+    t = Transcript((clamped, Segment(2.0, 3.0, "S02", "b")), 2.0)
+    for fmt in (ResponseFormat.VERBOSE_JSON, ResponseFormat.DIARIZED_JSON):
+        segments = json.loads(render(t, fmt).body)["segments"]
+        assert segments[0]["flags"] == ["end_clamped"]
+        assert "flags" not in segments[1]
