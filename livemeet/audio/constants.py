@@ -58,6 +58,11 @@ LIVE_SILENCE_HOP_S = 5.0
 # hop that reaches the open window's limit (LIVE_MAX_WINDOW_S) would commit by force each hop
 LIVE_HOP_MIN_S, LIVE_HOP_MAX_S = 0.1, 5.0
 FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
+# s a shutting-down server gives its live sessions to receive their final transcript after
+# it ends them (a session's last hop took 0.2-2.6 s under the load of 100 sessions,
+# docs/benchmarks.md session 26); under aiohttp's 60-s shutdown_timeout and a pod's usual
+# 30-s grace period
+LIVE_DRAIN_TIMEOUT_S = 20.0
 ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)
 
 

@@ -1,7 +1,9 @@
 """The aiohttp application of the gateway: routes, typed state, lifecycle.
 
 `create_app(config, transcriber)` builds it; `cleanup_ctx` starts and stops the transcriber;
-`on_shutdown` drains: live sockets get an `engine_unavailable` error and a close.
+`on_shutdown` drains: each live session is ended as by its client's `end` and gets its final
+transcript, then a 1001 close (one with nothing to transcribe, or whose final is late, gets an
+`engine_unavailable` error).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from aiohttp import web
 
 from livemeet.config import ServerConfig
 from livemeet.errors import (
-    EngineUnavailable,
     InternalError,
     LivemeetError,
     MethodNotAllowed,
@@ -156,8 +157,11 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def close_live_sockets(app: web.Application) -> None:
+    """`on_shutdown` (the listener is closed; the engine still runs): readiness fails, new
+    live connections are refused, and open live sessions are drained (LiveRegistry.drain_all:
+    each ended as by its client's `end`, its final transcript sent, then closed)."""
     app[LIFECYCLE_KEY].draining = True
-    await app[REGISTRY_KEY].close_all(EngineUnavailable("the server is shutting down"))
+    await app[REGISTRY_KEY].drain_all()
 
 
 @web.middleware

@@ -5,7 +5,10 @@ No sockets, no asyncio: the transport (ws_live.py) feeds each received frame to
 `ProtocolError` (message out of order, unknown type, misaligned PCM) or `InvalidRequest`
 (bad JSON, bad field types); the transport renders them and closes.
 
-States: AWAITING_START -> (start) -> STREAMING -> (end) -> ENDING -> CLOSED.
+States: AWAITING_START -> (start) -> STREAMING -> (end) -> ENDING -> CLOSED; a server that
+shuts down ends a STREAMING session itself (`server_end`) -> DRAINING, where what the client
+still sends is ignored (`Ignored`): its final transcript is on its way and says how much
+audio it covers.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class State(StrEnum):
     AWAITING_START = "awaiting_start"
     STREAMING = "streaming"
     ENDING = "ending"
+    DRAINING = "draining"  # ended by the server (shutdown): the client's frames are ignored
     CLOSED = "closed"
 
 
@@ -75,7 +79,15 @@ class KeepAlive:
     """`keepalive`: resets the idle timer; no other effect."""
 
 
-Action = StartSession | AppendAudio | Finalize | EndStream | KeepAlive
+@dataclass(frozen=True)
+class Ignored:
+    """A frame that arrived after the server ended the session (DRAINING): no effect;
+    `audio_bytes` of PCM it held are not transcribed."""
+
+    audio_bytes: int = 0
+
+
+Action = StartSession | AppendAudio | Finalize | EndStream | KeepAlive | Ignored
 
 
 class LiveProtocol:
@@ -97,6 +109,8 @@ class LiveProtocol:
     def receive_text(self, text: str) -> Action:
         """Parse one JSON text frame. Raises InvalidRequest (bad JSON/fields), ProtocolError."""
         self._check_open()
+        if self.state is State.DRAINING:
+            return Ignored()
         message = _parse_json_object(text)
         kind = message.get("type")
         if not isinstance(kind, str):
@@ -116,9 +130,11 @@ class LiveProtocol:
             return EndStream()
         raise ProtocolError(f"unknown message type {kind!r}")
 
-    def receive_binary(self, data: bytes) -> AppendAudio:
+    def receive_binary(self, data: bytes) -> AppendAudio | Ignored:
         """Accept one PCM16 LE frame. Raises ProtocolError out of order or misaligned."""
         self._check_open()
+        if self.state is State.DRAINING:
+            return Ignored(len(data))
         if self.state is State.AWAITING_START:
             raise ProtocolError("audio before 'start': send a start message first")
         if self.state is State.ENDING:
@@ -131,6 +147,16 @@ class LiveProtocol:
             )
         self.num_audio_bytes += len(data)
         return AppendAudio(bytes(data))
+
+    def server_end(self) -> bool:
+        """The server is shutting down: end a STREAMING session that has audio as the
+        client's `end` would (-> DRAINING; True: the transport ends the backend session). In
+        any other state nothing changes (False): ENDING already ends, and a session without
+        audio has nothing to transcribe."""
+        if self.state is not State.STREAMING or self.num_audio_bytes == 0:
+            return False
+        self.state = State.DRAINING
+        return True
 
     def close(self) -> None:
         """The connection is gone (either side); every later frame is a ProtocolError."""

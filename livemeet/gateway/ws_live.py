@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import WSMessage, WSMsgType, web
 
+from livemeet.audio.constants import LIVE_DRAIN_TIMEOUT_S
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
     ClientTimeout,
@@ -33,9 +34,11 @@ from livemeet.gateway.live_protocol import (
     AppendAudio,
     EndStream,
     Finalize,
+    Ignored,
     KeepAlive,
     LiveProtocol,
     StartSession,
+    State,
 )
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.transcriber import (
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 1 << 20  # bytes; largest WS message accepted (~32 s of 16 kHz PCM16)
 NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1
+GOING_AWAY = 1001  # RFC 6455 section 7.4.1: the server goes down (after a drained final)
 # what ends the receive loop (aiohttp's own `async for` over a WebSocketResponse stops there)
 _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 
@@ -106,10 +110,20 @@ class LiveRegistry:
     def discard(self, connection: LiveConnection) -> None:
         self._connections.discard(connection)
 
-    async def close_all(self, error: LivemeetError) -> None:
-        """Send `error` on every connection and close it (server shutdown)."""
+    async def drain_all(self, timeout_s: float = LIVE_DRAIN_TIMEOUT_S) -> None:
+        """Server shutdown: end every streaming session as its client's `end` would, so each
+        gets its last segments and `transcript.final` (then close 1001), within `timeout_s`;
+        a session with nothing to transcribe, and one whose final is not out by then, gets
+        an `engine_unavailable` error and its close."""
+        connections = list(self._connections)
+        await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
+        forwarders = [c.forwarder for c in connections if c.forwarder is not None]
+        if forwarders:
+            await asyncio.wait(forwarders, timeout=timeout_s)
+        late = [c for c in connections if not c.ws.closed]
         await asyncio.gather(
-            *(c.fail(error) for c in list(self._connections)), return_exceptions=True
+            *(c.fail(EngineUnavailable("the server is shutting down")) for c in late),
+            return_exceptions=True,
         )
 
 
@@ -123,6 +137,9 @@ class LiveConnection:
         self.session: TranscriberSession | None = None
         self._decoder: PcmStreamDecoder | None = None
         self._forwarder: asyncio.Task[None] | None = None
+        # one frame's action at a time, and a drain's end between two of them, never inside
+        self._actions = asyncio.Lock()
+        self._drained = False  # ended by the server's shutdown: close 1001 after the final
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
         self._ended_at: float | None = None  # loop time of the client's `end`
@@ -139,9 +156,11 @@ class LiveConnection:
         try:
             while (msg := await self._receive()).type not in _CLOSED_TYPES:
                 if msg.type is WSMsgType.TEXT:
-                    await self._on_action(self.protocol.receive_text(msg.data))
+                    async with self._actions:
+                        await self._on_action(self.protocol.receive_text(msg.data))
                 elif msg.type is WSMsgType.BINARY:
-                    await self._on_action(self.protocol.receive_binary(msg.data))
+                    async with self._actions:
+                        await self._on_action(self.protocol.receive_binary(msg.data))
                 elif msg.type is WSMsgType.ERROR:
                     log.info("live connection error: %s", self.ws.exception())
                     break
@@ -180,6 +199,25 @@ class LiveConnection:
         self._last_message_at = asyncio.get_running_loop().time()
         return msg
 
+    @property
+    def forwarder(self) -> asyncio.Task[None] | None:
+        """The task sending the session's events; done once the socket is closed after the
+        terminal one (None before `start`)."""
+        return self._forwarder
+
+    async def drain(self) -> None:
+        """Server shutdown: a streaming session with audio is ended as by the client's `end`
+        (`LiveProtocol.server_end`); its final transcript then closes the socket with
+        GOING_AWAY. A session already ending is left to finish; any other connection (no
+        `start`, or no audio yet: nothing to transcribe) fails with engine_unavailable."""
+        async with self._actions:
+            if self.protocol.server_end():
+                self._drained = True
+                await self._end()
+                return
+        if self.protocol.state is not State.ENDING:
+            await self.fail(EngineUnavailable("the server is shutting down"))
+
     async def cleanup(self) -> None:
         """Release everything; safe after any failure (the `finally` of the handler)."""
         self.protocol.close()
@@ -214,6 +252,11 @@ class LiveConnection:
             await self._require_session().finalize()
         elif isinstance(action, EndStream):
             await self._end()
+        elif isinstance(action, Ignored):
+            if action.audio_bytes:
+                log.debug(
+                    "live audio after the server ended the session: %d bytes", action.audio_bytes
+                )
         elif not isinstance(action, KeepAlive):
             raise InternalError(f"unhandled live action {action!r}")
 
@@ -273,7 +316,10 @@ class LiveConnection:
                 await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
             if isinstance(event, TranscriptFinal):
                 self.outcome = "completed"
-                await self.ws.close(code=NORMAL_CLOSE)
+                if self._drained:
+                    await self.ws.close(code=GOING_AWAY, message=b"server shutting down")
+                else:
+                    await self.ws.close(code=NORMAL_CLOSE)
                 return
             if isinstance(event, Error):
                 error = error_for_code(event.code, event.message)

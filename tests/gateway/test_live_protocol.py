@@ -11,6 +11,7 @@ from livemeet.gateway.live_protocol import (
     AppendAudio,
     EndStream,
     Finalize,
+    Ignored,
     KeepAlive,
     LiveProtocol,
     StartSession,
@@ -128,3 +129,32 @@ def test_closed_rejects_everything() -> None:
         p.receive_binary(b"\x00\x00")
     with pytest.raises(ProtocolError):
         p.receive_text('{"type": "keepalive"}')
+
+
+def test_server_end_drains_a_streaming_session_and_ignores_the_rest() -> None:
+    """Shutdown ends a session with audio as the client's `end` would; what the client still
+    sends (it has not heard yet) is ignored, not a protocol error that would close the socket
+    before its final transcript."""
+    p = streaming()
+    p.receive_binary(b"\x00\x00" * 4)
+    assert p.server_end() and p.state is State.DRAINING
+    assert p.receive_binary(b"\x01\x00" * 3) == Ignored(6)
+    for kind in ("end", "finalize", "keepalive"):
+        assert p.receive_text(json.dumps({"type": kind})) == Ignored()
+    assert p.receive_text("not json") == Ignored()
+    assert p.num_audio_frames == 4  # ignored audio is not counted as received
+    assert not p.server_end()  # once
+    p.close()
+    with pytest.raises(ProtocolError):
+        p.receive_binary(b"\x00\x00")
+
+
+def test_server_end_leaves_other_states_alone() -> None:
+    waiting = LiveProtocol()
+    silent = streaming()  # started, no audio: nothing to transcribe
+    ending = streaming()
+    ending.receive_binary(b"\x00\x00")
+    ending.receive_text('{"type": "end"}')
+    for p, state in ((waiting, State.AWAITING_START), (silent, State.STREAMING),
+                     (ending, State.ENDING)):  # fmt: skip
+        assert not p.server_end() and p.state is state

@@ -23,8 +23,8 @@ from livemeet.errors import (
     QueueFull,
 )
 from livemeet.gateway.app import close_live_sockets, create_app
-from livemeet.gateway.keys import REGISTRY_KEY
-from livemeet.gateway.ws_live import MAX_FRAME_BYTES
+from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY
+from livemeet.gateway.ws_live import GOING_AWAY, MAX_FRAME_BYTES
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FINAL_EVERY, FakeTranscriber
 
@@ -289,6 +289,49 @@ async def test_shutdown_closes_live_sockets(client: TestClient, fake: FakeTransc
         shutdown = asyncio.create_task(close_live_sockets(client.app))
         await expect_error(ws, EngineUnavailable)
         await shutdown
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+
+
+async def test_shutdown_drains_a_streaming_session_to_its_final(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """A server that shuts down ends a live session as its client's `end` would: the client
+    gets every segment of the audio it sent and `transcript.final`, then a 1001 close; audio
+    it sends meanwhile is ignored, not an error (it lost the whole meeting's unsent finals
+    to an immediate engine_unavailable before: found by an independent trial)."""
+    fake.end_gate = asyncio.Event()
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(2.5))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == 2.5 * 16000)
+        shutdown = asyncio.create_task(close_live_sockets(client.app))
+        await wait_until(lambda: client.app[LIFECYCLE_KEY].draining)
+        await ws.send_bytes(pcm16(0.5))  # the client has not heard yet: ignored
+        await ws.send_json({"type": "end"})
+        fake.end_gate.set()
+        events = await asyncio.wait_for(receive_all(ws), 5)
+        await shutdown
+    assert ws.close_code == GOING_AWAY
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.5
+    assert events[-1]["segments"][-1]["end"] == 2.5
+    assert not any(e["type"] == "error" for e in events)
+    assert fake.sessions[0].log.num_samples == 2.5 * 16000
+
+
+async def test_a_drain_whose_final_is_late_ends_in_engine_unavailable(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    fake.end_gate = asyncio.Event()  # never set: the final does not come
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(1.0))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+        drain = asyncio.create_task(client.app[REGISTRY_KEY].drain_all(timeout_s=0.3))
+        error = await expect_error(ws, EngineUnavailable)
+        await drain
+    assert "shutting down" in error["message"]
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
 
