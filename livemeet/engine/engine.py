@@ -33,7 +33,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -64,7 +63,7 @@ from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from livemeet.errors import InternalError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
-from livemeet.models.loader import load_model
+from livemeet.models.loader import load_model, resolve_checkpoint
 from livemeet.models.prompt import EOS, PromptBuilder, PromptConfig, PromptIds
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcript.segments import FinishReason
@@ -167,7 +166,8 @@ class Engine:
             device=config.device,
             dtype=config.dtype,
         )
-        root = Path(config.model) if config.model and Path(config.model).is_dir() else None
+        # a hub id's cached snapshot too: its tokenizer and prompt settings, not the defaults
+        root = resolve_checkpoint(config.model) if config.model else None
         self.tokenizer = load_tokenizer(root)
         self.prompt_config = PromptConfig.from_checkpoint(root) if root else PromptConfig()
         self.prompts = PromptBuilder(self.tokenizer, self.prompt_config)

@@ -29,7 +29,16 @@ from livemeet.models.dialects import canonical_name
 
 _LM_HEAD = "lm_head.weight"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_CHECKPOINT_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json")
+# what a cached hub checkpoint must hold: the weights, and the tokenizer and prompt settings
+# the engine reads from the same directory (livemeet.models.tokenizer, PromptConfig)
+_CHECKPOINT_FILES = (
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "processor_config.json",
+)
 # Residual-branch output projections get an extra 1/sqrt(2 * layers) in dummy init.
 _RESIDUAL_OUTPUTS = ("out_proj.weight", "fc2.weight", "o_proj.weight", "down_proj.weight")
 
@@ -95,7 +104,11 @@ def load_model(
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if load_format == "dummy":
-        cfg = MossTDConfig.real_size() if path_or_id is None else _read_config(_resolve(path_or_id))
+        cfg = (
+            MossTDConfig.real_size()
+            if path_or_id is None
+            else _read_config(resolve_checkpoint(path_or_id))
+        )
         model = _empty_model(cfg, dev, dt)
         _init_dummy(model, cfg)
         return model.eval(), cfg
@@ -103,7 +116,7 @@ def load_model(
         raise ConfigError(f"load_format must be auto, safetensors or dummy, not {load_format!r}")
     if path_or_id is None:
         raise ConfigError("no model given: pass a checkpoint directory or hub id, or use dummy")
-    root = _resolve(path_or_id)
+    root = resolve_checkpoint(path_or_id)
     cfg = _read_config(root)
     model = _empty_model(cfg, dev, dt)
     tensors = _index_checkpoint(root)
@@ -112,7 +125,11 @@ def load_model(
     return model.eval(), cfg
 
 
-def _resolve(path_or_id: str | Path) -> Path:
+def resolve_checkpoint(path_or_id: str | Path) -> Path:
+    """The checkpoint directory of `path_or_id`: a local directory as given, a hub id
+    (owner/name) as its snapshot in the local Hugging Face cache (never downloaded). The
+    weights, the tokenizer and the prompt settings are all read from it. Raises ConfigError
+    for neither, or a hub id that is not cached."""
     path = Path(path_or_id).expanduser()
     if path.is_dir():
         return path

@@ -162,6 +162,37 @@ def test_hub_id_resolves_through_the_local_cache(
     assert cfg == tiny.TINY
     with pytest.raises(ConfigError, match=r"hf download someone/other-model .*config\.json"):
         load_model("someone/other-model", device="cpu")
+    with pytest.raises(ConfigError, match=r"tokenizer\.json tokenizer_config\.json processor"):
+        load_model("someone/other-model", device="cpu")
+
+
+def test_a_hub_id_engine_reads_the_snapshots_tokenizer_and_prompt_settings(
+    hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hub id went only to the weights: the engine took the built-in tokenizer and the
+    default prompt settings instead of the checkpoint's own, where a local directory had
+    to hold them (found by an independent trial). Now both come from the cached snapshot."""
+    from huggingface_hub import constants
+
+    from livemeet.engine.engine import Engine, EngineConfig
+    from livemeet.models.tokenizer import load_tokenizer
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny-moss" / "snapshots" / ("b" * 40)
+    shutil.copytree(hf_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("b" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = EngineConfig(model="someone/tiny-moss", device="cpu", num_kv_blocks=64)
+    with pytest.raises(ConfigError, match="no tokenizer.json"):
+        Engine(config)  # as for a local directory without it
+    load_tokenizer(None).save(str(snapshot / "tokenizer.json"))
+    shipped = {"audio_tokens_per_second": 12.5, "audio_merge_size": 4,
+               "time_marker_every_seconds": 2, "enable_time_marker": True}  # fmt: skip
+    (snapshot / "processor_config.json").write_text(json.dumps(shipped))
+    engine = Engine(config)
+    assert engine.prompt_config.time_marker_every_s == 2
 
 
 def test_unknown_path_and_missing_model_are_rejected(tmp_path: Path) -> None:
