@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from livemeet.audio.constants import DER_COLLAR_S
 from livemeet.errors import InvalidRequest, LivemeetError
-from livemeet.eval.io import has_text, load_segments, load_turns, load_uem
+from livemeet.eval.io import has_text, has_times, load_segments, load_turns, load_uem
 from livemeet.eval.text import DEFAULT_NORMALIZATION, NO_NORMALIZATION, TokenUnit
 
 if TYPE_CHECKING:
@@ -112,9 +112,11 @@ def compute(args: argparse.Namespace) -> list[MetricRow]:
     from livemeet.eval.wer import error_rate
 
     ref_path, hyp_path = Path(args.ref), Path(args.hyp)
-    wanted = METRICS if args.metric == "all" else (args.metric,)
+    wanted: tuple[str, ...] = METRICS if args.metric == "all" else (args.metric,)
     if args.metric == "all" and not (has_text(ref_path) and has_text(hyp_path)):
         wanted = ("der",)
+    elif args.metric == "all" and not (has_times(ref_path) and has_times(hyp_path)):
+        wanted = tuple(m for m in wanted if m != "der")  # e.g. a Kaldi text reference
     options = NORMALIZATIONS[args.normalize]
     rows: list[MetricRow] = []
     if set(wanted) & {"cer", "wer", "cpcer", "cpwer", "delta", *EXTRA_METRICS}:

@@ -9,6 +9,9 @@ Formats (one record per line unless noted; times in seconds):
 - CTM (NIST sclite): `session channel start duration word [confidence]`; one word a line and no
   speaker, so the whole file is one speaker stream (as meeteval reads it).
 - SegLST (meeteval, JSON): a list of `{session_id, speaker, start_time, end_time, words}`.
+- Kaldi `text` (a Kaldi data directory's file of that name): `utterance-id word...`, untimed
+  and without speakers: each utterance is a session of one `KALDI_SPEAKER` segment at 0..0,
+  for the text metrics only (no DER).
 - livemeet transcript JSON (verbose_json / diarized_json): `{"segments": [{start, end, speaker,
   text}, ...]}`; it names no session, so its records get `session=DEFAULT_SESSION`.
 
@@ -29,6 +32,8 @@ from livemeet.errors import InvalidRequest
 
 DEFAULT_SESSION = "default"  # session id of records read from a format that names none
 CTM_SPEAKER = "ctm"  # speaker label of records read from a CTM (which has no speaker field)
+KALDI_SPEAKER = "kaldi"  # speaker label of records read from a Kaldi text file (none there)
+KALDI_TEXT_NAME = "text"  # the file name of a Kaldi data directory's transcripts
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,16 @@ def parse_uem(text: str, source: str = "<uem>") -> tuple[UemRegion, ...]:
     return tuple(out)
 
 
+def parse_kaldi_text(text: str, source: str = "<text>") -> tuple[TextSegment, ...]:
+    """Kaldi `text` lines (`utterance-id word...`) -> one untimed segment per utterance, its
+    id the session (an id alone: an empty utterance)."""
+    del source  # every non-blank line parses
+    return tuple(
+        TextSegment(fields[0], KALDI_SPEAKER, 0.0, 0.0, " ".join(fields[1:]))
+        for _, fields in _lines(text)
+    )
+
+
 def parse_ctm(text: str, source: str = "<ctm>") -> tuple[TextSegment, ...]:
     """CTM lines -> one single-word segment per line, speaker `CTM_SPEAKER`."""
     out = []
@@ -223,10 +238,12 @@ def _read_text(path: Path) -> str:
 
 
 def detect_format(path: Path, text: str) -> str:
-    """One of "stm", "rttm", "uem", "ctm", "seglst", "json", from the extension or content.
-
-    Raises InvalidRequest when neither tells.
+    """One of "stm", "rttm", "uem", "ctm", "seglst", "json", from the extension or content,
+    or "kaldi" for a file named `text` (KALDI_TEXT_NAME). Raises InvalidRequest when neither
+    tells.
     """
+    if path.name == KALDI_TEXT_NAME:
+        return "kaldi"
     suffix = path.suffix.lower().lstrip(".")
     if suffix in ("stm", "rttm", "uem", "ctm"):
         return suffix
@@ -246,7 +263,9 @@ def detect_format(path: Path, text: str) -> str:
         return "ctm"
     if len(first) >= 5 and _is_number(first[3]) and _is_number(first[4]):
         return "stm"
-    raise InvalidRequest(f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json name")
+    raise InvalidRequest(
+        f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json name (or `text` for Kaldi)"
+    )
 
 
 def _is_number(value: str) -> bool:
@@ -262,7 +281,9 @@ _TEXT_PARSERS = {
     "ctm": parse_ctm,
     "seglst": parse_seglst,
     "json": parse_transcript_json,
+    "kaldi": parse_kaldi_text,
 }
+_UNTIMED = ("kaldi",)  # text formats without times: no speaker turns, no DER
 
 
 def load_segments(path: Path) -> tuple[TextSegment, ...]:
@@ -286,12 +307,19 @@ def load_turns(path: Path) -> tuple[SpeakerTurn, ...]:
         return parse_rttm(text, str(path))
     if fmt == "uem":
         raise InvalidRequest(f"{path}: a UEM holds no speaker turns")
+    if fmt in _UNTIMED:
+        raise InvalidRequest(f"{path}: a Kaldi text file has no times; DER needs RTTM/STM/JSON")
     return turns_from_segments(_TEXT_PARSERS[fmt](text, str(path)))
 
 
 def load_uem(path: Path) -> tuple[UemRegion, ...]:
     """Scored regions from a UEM file. Raises InvalidRequest."""
     return parse_uem(_read_text(path), str(path))
+
+
+def has_times(path: Path) -> bool:
+    """Whether the file's format carries times (so speaker turns, and DER, can come from it)."""
+    return detect_format(path, _read_text(path)) not in _UNTIMED
 
 
 def has_text(path: Path) -> bool:

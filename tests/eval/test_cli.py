@@ -159,3 +159,22 @@ def test_subprocess_entry_point(shared_data: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["wer"]["value"] == pytest.approx(2 / 31, abs=1e-6)
+
+
+def test_a_kaldi_text_reference_scores_text_metrics_and_skips_der(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shared data's Kaldi-style `text` references (`utt-id words...`) were "cannot tell
+    the format" (found by an independent trial). A transcript JSON with one word changed
+    against jfk/text: WER 1/22 (normalized), and `all` leaves DER out (no times)."""
+    ref = shared_data / "jfk" / "text"
+    words = ref.read_text().split(maxsplit=1)[1].replace("country", "county", 1)
+    hyp = tmp_path / "hyp.json"
+    hyp.write_text(json.dumps({"segments": [{"start": 0, "end": 11, "speaker": "S01",
+                                             "text": words}]}))  # fmt: skip
+    out = run_json(capsys, "--ref", str(ref), "--hyp", str(hyp), "--metric", "all")
+    assert "der" not in out
+    assert out["wer"]["value"] == pytest.approx(1 / 22)
+    assert out["cpwer"]["value"] == pytest.approx(1 / 22)
+    assert main(["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", "der"]) == 2
+    assert "no times" in capsys.readouterr().err

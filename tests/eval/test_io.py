@@ -11,11 +11,13 @@ from livemeet.errors import InvalidRequest
 from livemeet.eval.io import (
     CTM_SPEAKER,
     DEFAULT_SESSION,
+    KALDI_SPEAKER,
     SpeakerTurn,
     TextSegment,
     UemRegion,
     detect_format,
     has_text,
+    has_times,
     load_segments,
     load_turns,
     load_uem,
@@ -148,3 +150,17 @@ def test_file_errors(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\xfa")
     with pytest.raises(InvalidRequest, match="cannot read"):
         load_segments(binary)
+
+
+def test_kaldi_text_is_one_untimed_segment_per_utterance(tmp_path: Path) -> None:
+    path = tmp_path / "text"
+    path.write_text("utt1 HELLO THERE\nutt2\n\nutt3 A  B\n")
+    assert detect_format(path, path.read_text()) == "kaldi"
+    assert load_segments(path) == (
+        TextSegment("utt1", KALDI_SPEAKER, 0.0, 0.0, "HELLO THERE"),
+        TextSegment("utt2", KALDI_SPEAKER, 0.0, 0.0, ""),
+        TextSegment("utt3", KALDI_SPEAKER, 0.0, 0.0, "A B"),
+    )
+    assert has_text(path) and not has_times(path)
+    with pytest.raises(InvalidRequest, match="no times"):
+        load_turns(path)
