@@ -11,9 +11,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from livemeet.audio.constants import MAX_AUDIO_S, MAX_LANGUAGE_CHARS, SAMPLE_RATE
+from livemeet.audio.constants import MAX_AUDIO_S, MAX_LANGUAGE_CHARS, MAX_UPLOAD_BYTES, SAMPLE_RATE
 from livemeet.cli.serve import add_model_flags, model_config_from_args
-from livemeet.errors import InvalidRequest, LivemeetError, error_for_code
+from livemeet.errors import (
+    BadAudio,
+    InvalidRequest,
+    LivemeetError,
+    PayloadTooLarge,
+    error_for_code,
+)
 from livemeet.transcriber import (
     Error,
     SegmentFinal,
@@ -41,7 +47,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "transcribe", help="transcribe audio files locally", description=__doc__
     )
-    p.add_argument("audio", nargs="+", type=Path, help="audio files (any format FFmpeg reads)")
+    p.add_argument(
+        "audio",
+        nargs="+",
+        type=Path,
+        help="audio files (any format FFmpeg reads); - reads one from standard input",
+    )
     p.add_argument("--model", default=None, help="MOSS-TD checkpoint or hub id; omitted: demo")
     p.add_argument("--backend", default=None, help="force a registered backend by name")
     p.add_argument(
@@ -71,6 +82,24 @@ class FileResult:
     error: LivemeetError | None
 
 
+STDIN = Path("-")  # the audio argument that reads standard input
+
+
+def read_source(path: Path) -> Path | bytes:
+    """What `decode_file` reads for one audio argument: a regular file's path, or the bytes
+    of standard input (`-`) or of a pipe or device (`/dev/stdin`, a FIFO), which have no size
+    to probe. Raises BadAudio for a directory, PayloadTooLarge past MAX_UPLOAD_BYTES."""
+    if path == STDIN or (path.exists() and not path.is_file() and not path.is_dir()):
+        with open(sys.stdin.fileno() if path == STDIN else path, "rb", closefd=path != STDIN) as f:
+            data = f.read(MAX_UPLOAD_BYTES + 1)
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise PayloadTooLarge(f"{path}: more than {MAX_UPLOAD_BYTES} bytes of audio")
+        return data
+    if path.is_dir():
+        raise BadAudio(f"{path} is a directory, not an audio file")
+    return path
+
+
 async def transcribe_file(
     transcriber: Transcriber,
     path: Path,
@@ -84,7 +113,8 @@ async def transcribe_file(
     whatever the backend reports (as its typed error)."""
     from livemeet.audio.decode import decode_file
 
-    samples = await asyncio.to_thread(decode_file, path, max_audio_s=MAX_AUDIO_S)
+    source = await asyncio.to_thread(read_source, path)
+    samples = await asyncio.to_thread(decode_file, source, max_audio_s=MAX_AUDIO_S)
     duration_s = len(samples) / SAMPLE_RATE
     session = await transcriber.open_session(
         SessionOptions(live=False, prompt=prompt, language=language, max_new_tokens=max_new_tokens)
@@ -163,7 +193,7 @@ def output_path(output: Path | None, source: Path, fmt: ResponseFormat, many: bo
     if output is None:
         return None
     if many or output.is_dir():
-        return output / (source.stem + EXTENSIONS[fmt])
+        return output / (("stdin" if source == STDIN else source.stem) + EXTENSIONS[fmt])
     return output
 
 

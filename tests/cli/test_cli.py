@@ -201,6 +201,34 @@ async def test_transcribe_output_distinct_stems_and_unwritable_targets(
     assert "S01" in (out / "b.srt").read_text()
 
 
+def test_transcribe_reads_standard_input_and_pipes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-` and a pipe (/dev/stdin, a FIFO) are read whole: a pipe has no size, so probing it
+    said "the audio file is empty (0 bytes)" (found by an independent trial)."""
+    import os
+    import threading
+
+    wav = write_wav(tmp_path / "a.wav", 0.5).read_bytes()
+    read_end, write_end = os.pipe()
+    os.write(write_end, wav)
+    os.close(write_end)
+    with open(read_end, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert transcribe.read_source(Path("-")) == wav
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(wav))
+    writer.start()
+    assert transcribe.read_source(fifo) == wav
+    writer.join()
+    assert transcribe.read_source(tmp_path / "a.wav") == tmp_path / "a.wav"  # by path
+    with pytest.raises(BadAudio, match="directory"):
+        transcribe.read_source(tmp_path)
+    out = transcribe.output_path(tmp_path, Path("-"), ResponseFormat.SRT, many=True)
+    assert out == tmp_path / "stdin.srt"
+
+
 def test_transcribe_caps_language_as_the_server_does(capsys: pytest.CaptureFixture[str]) -> None:
     args = build_parser().parse_args(["transcribe", "a.wav", "--language", "x" * 33])
     assert transcribe.run(args) == 2  # before any model loads or file is read
