@@ -63,6 +63,7 @@ FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
 # docs/benchmarks.md session 26); under aiohttp's 60-s shutdown_timeout and a pod's usual
 # 30-s grace period
 LIVE_DRAIN_TIMEOUT_S = 20.0
+LIVE_DRAIN_CLOSE_S = 2.0  # s for the error frames and closes of the sessions still open then
 ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)
 
 

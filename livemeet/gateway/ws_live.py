@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import WSMessage, WSMsgType, web
 
-from livemeet.audio.constants import LIVE_DRAIN_TIMEOUT_S
+from livemeet.audio.constants import LIVE_DRAIN_CLOSE_S, LIVE_DRAIN_TIMEOUT_S
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
     ClientTimeout,
@@ -116,15 +116,19 @@ class LiveRegistry:
         a session with nothing to transcribe, and one whose final is not out by then, gets
         an `engine_unavailable` error and its close."""
         connections = list(self._connections)
-        await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
-        forwarders = [c.forwarder for c in connections if c.forwarder is not None]
-        if forwarders:
-            await asyncio.wait(forwarders, timeout=timeout_s)
+        with contextlib.suppress(TimeoutError):  # bounded whole: shutdown must go on
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
+                forwarders = [c.forwarder for c in connections if c.forwarder is not None]
+                if forwarders:
+                    await asyncio.wait(forwarders)
         late = [c for c in connections if not c.ws.closed]
-        await asyncio.gather(
-            *(c.fail(EngineUnavailable("the server is shutting down")) for c in late),
-            return_exceptions=True,
-        )
+        with contextlib.suppress(TimeoutError):  # a client that stopped reading
+            async with asyncio.timeout(LIVE_DRAIN_CLOSE_S):
+                await asyncio.gather(
+                    *(c.fail(EngineUnavailable("the server is shutting down")) for c in late),
+                    return_exceptions=True,
+                )
 
 
 class LiveConnection:
@@ -183,21 +187,25 @@ class LiveConnection:
         would hold its session forever. Raises TimeoutError (idle) and EngineUnavailable (no
         final in time)."""
         gateway = self.app[CONFIG_KEY].gateway
-        if self._ended_at is None:
-            deadline = self._last_message_at + gateway.idle_timeout_s
-        else:
-            deadline = self._ended_at + gateway.final_timeout_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                msg = await self.ws.receive()
-        except TimeoutError:
-            if self._ended_at is None:
-                raise
-            raise EngineUnavailable(
-                f"no final transcript within {gateway.final_timeout_s:g} s of end"
-            ) from None
-        self._last_message_at = asyncio.get_running_loop().time()
-        return msg
+        while True:
+            ended_at = self._ended_at
+            if ended_at is None:
+                deadline = self._last_message_at + gateway.idle_timeout_s
+            else:
+                deadline = ended_at + gateway.final_timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    msg = await self.ws.receive()
+            except TimeoutError:
+                if ended_at is None and self._ended_at is not None:
+                    continue  # a drain ended the session during the wait: the final's limit
+                if ended_at is None:
+                    raise
+                raise EngineUnavailable(
+                    f"no final transcript within {gateway.final_timeout_s:g} s of end"
+                ) from None
+            self._last_message_at = asyncio.get_running_loop().time()
+            return msg
 
     @property
     def forwarder(self) -> asyncio.Task[None] | None:
@@ -210,12 +218,14 @@ class LiveConnection:
         (`LiveProtocol.server_end`); its final transcript then closes the socket with
         GOING_AWAY. A session already ending is left to finish; any other connection (no
         `start`, or no audio yet: nothing to transcribe) fails with engine_unavailable."""
+        if self.ws.closed:
+            return
         async with self._actions:
             if self.protocol.server_end():
                 self._drained = True
                 await self._end()
                 return
-        if self.protocol.state is not State.ENDING:
+        if self.protocol.state not in (State.ENDING, State.DRAINING, State.CLOSED):
             await self.fail(EngineUnavailable("the server is shutting down"))
 
     async def cleanup(self) -> None:

@@ -319,6 +319,30 @@ async def test_shutdown_drains_a_streaming_session_to_its_final(
     assert fake.sessions[0].log.num_samples == 2.5 * 16000
 
 
+async def test_a_drain_outlives_the_idle_deadline_its_receive_was_waiting_on(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A quiet client (a muted microphone) whose idle deadline passes during the drain gets
+    its final: the receive loop was waiting with the idle deadline, which then read as the
+    final's and failed the session with "no final within 600 s" (a fresh-eyes review)."""
+    config = ServerConfig(
+        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.5)
+    )
+    client = await aiohttp_client(create_app(config, fake))
+    fake.end_gate = asyncio.Event()
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(1.0))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+        await asyncio.sleep(0.2)
+        drain = asyncio.create_task(client.app[REGISTRY_KEY].drain_all(timeout_s=5))
+        asyncio.get_running_loop().call_later(0.6, fake.end_gate.set)  # past the idle deadline
+        events = await asyncio.wait_for(receive_all(ws), 5)
+        await drain
+    assert events[-1]["type"] == "transcript.final" and ws.close_code == GOING_AWAY
+
+
 async def test_a_drain_whose_final_is_late_ends_in_engine_unavailable(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
