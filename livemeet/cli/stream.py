@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+GOING_AWAY = 1001  # RFC 6455: the server drained the session as it shut down
+
+
 @dataclass
 class StreamResult:
     """Every server event with its arrival time (s since the first audio frame) and the
@@ -60,6 +63,19 @@ class StreamResult:
     @property
     def error(self) -> dict[str, Any] | None:
         return next((e for e in self.events if e["type"] == "error"), None)
+
+    def shortfall(self, audio_s: float) -> str | None:
+        """Why the final transcript does not cover all `audio_s` seconds streamed, or None:
+        a server that shuts down drains the session (ends it early, closes 1001; protocol.md)
+        and its final covers only the audio it had received then."""
+        final = self.final
+        if final is None or (self.close_code != GOING_AWAY and final["duration"] >= audio_s):
+            return None
+        return (
+            f"the server ended the session (close {self.close_code}) after "
+            f"{final['duration']:.2f} s of the {audio_s:.2f} s streamed; the transcript "
+            "covers only that part"
+        )
 
 
 def to_pcm16(samples: Samples) -> bytes:
@@ -191,5 +207,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if result.final is None:
         print(f"no transcript.final (close code {result.close_code})", file=sys.stderr)
+        return 1
+    if (why := result.shortfall(len(samples) / SAMPLE_RATE)) is not None:
+        print(f"error: {why}", file=sys.stderr)
         return 1
     return 0

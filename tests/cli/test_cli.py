@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -257,6 +258,27 @@ async def test_stream_reports_server_error(client: TestClient) -> None:  # noqa:
     result = await stream.stream_samples(url, samples, start={"sample_rate": 5})
     assert result.error is not None and result.error["code"] == "bad_audio"
     assert result.close_code == 4415 and result.final is None
+
+
+async def test_stream_reports_a_transcript_cut_short_by_a_drain(
+    client: TestClient,  # noqa: F811
+) -> None:
+    """A server shutting down drains the session: its final covers only the audio received,
+    then it closes 1001. `stream` exited 0 on that as if complete (a fresh-eyes review)."""
+    from livemeet.gateway.app import close_live_sockets
+
+    samples = (0.1 * np.sin(np.arange(4 * 16000) / 10)).astype(np.float32)
+    url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
+    asyncio.get_running_loop().call_later(
+        0.3, lambda: asyncio.ensure_future(close_live_sockets(client.app))
+    )
+    result = await stream.stream_samples(url, samples, hop_s=0.1, speed=4.0)
+    assert result.close_code == stream.GOING_AWAY and result.final is not None
+    assert result.final["duration"] < 4.0
+    why = result.shortfall(4.0)
+    assert why is not None and "1001" in why
+    full = stream.StreamResult([{"type": "transcript.final", "duration": 4.0}], [0.0], 1000)
+    assert full.shortfall(4.0) is None
 
 
 def test_format_event_lines() -> None:
