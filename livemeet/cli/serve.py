@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import socket
 import ssl
@@ -350,32 +351,53 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
         return 2
-    except OSError as exc:  # the bind, after check_listen passed (another process was faster)
-        log.error("config_error: cannot listen on %s:%d: %s", config.host, config.port, exc)
+    except OSError as exc:
+        if exc.errno not in _BIND_ERRNOS:
+            raise
+        # the bind, after check_listen passed (another process was faster)
+        where = _endpoint(config.host, config.port)
+        log.error("config_error: cannot listen on %s: %s", where, exc.strerror)
         return 2
     finally:
         thaw_heap()
     return 0
 
 
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def check_listen(host: str, port: int) -> None:
     """Raise ConfigError when `host:port` cannot be listened on now (an unknown host, a port
     another process holds, no permission), so `serve` says so in one line before it loads a
-    model for minutes. A bind that fails later anyway (a race) is reported the same way."""
+    model for minutes. Probes as asyncio's server binds: every address the host resolves to,
+    SO_REUSEADDR (a port in TIME_WAIT is free, one LISTENing is not), IPv6 sockets IPv6-only,
+    address families the kernel lacks skipped. A bind that fails later anyway (a race) is
+    reported the same way."""
+    where = _endpoint(host, port)
     try:
         infos = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
     except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+        raise ConfigError(f"cannot listen on {where}: {exc.strerror}") from exc
     for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as probe:
-            # as asyncio's server does: a port in TIME_WAIT is free, one LISTENing is not
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError:
+            continue  # e.g. no IPv6 in this kernel: asyncio skips the family too
+        with probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind(address)
             except OSError as exc:
-                raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+                raise ConfigError(f"cannot listen on {where}: {exc.strerror}") from exc
+
+
+# what a failed bind raises: the only OSErrors `serve` reports as "cannot listen"
+_BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
 def _run_app(app: web.Application, config: ServerConfig, context: ssl.SSLContext | None) -> None:

@@ -90,6 +90,32 @@ def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(
     serve.check_listen("127.0.0.1", port)  # free again: no error
 
 
+def test_check_listen_probes_ipv6_as_asyncio_binds() -> None:
+    """IPv6 probes are IPv6-only, as asyncio's sockets: `--host ::` is free while another
+    process holds the IPv4 port (a fresh-eyes review found it refused)."""
+    import socket
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        try:
+            serve.check_listen("::", port)
+        except ConfigError as exc:
+            assert "Address family" in exc.message or "assign" in exc.message, exc.message
+    with socket.socket(socket.AF_INET6) as taken6:
+        try:
+            taken6.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback here")
+        taken6.listen()
+        port = taken6.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"cannot listen on \[::1\]:{port}"):
+            serve.check_listen("::1", port)
+
+
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "--tls-cert", str(tmp_path / "c.pem")])
     with pytest.raises(ConfigError):
