@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,25 +86,53 @@ class FileResult:
 STDIN = Path("-")  # the audio argument that reads standard input
 
 
+def is_stream(path: Path) -> bool:
+    """Whether an audio argument is read as a stream: `-`, or a pipe, FIFO or device."""
+    return path == STDIN or (path.exists() and not path.is_file() and not path.is_dir())
+
+
 def read_source(path: Path) -> Path | bytes:
     """What `decode_file` reads for one audio argument: a regular file's path, or the bytes
     of standard input (`-`) or of a pipe or device (`/dev/stdin`, a FIFO), which have no size
-    to probe. Raises BadAudio for a directory, PayloadTooLarge past MAX_UPLOAD_BYTES."""
-    if path == STDIN or (path.exists() and not path.is_file() and not path.is_dir()):
-        with open(sys.stdin.fileno() if path == STDIN else path, "rb", closefd=path != STDIN) as f:
-            data = f.read(MAX_UPLOAD_BYTES + 1)
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise PayloadTooLarge(f"{path}: more than {MAX_UPLOAD_BYTES} bytes of audio")
-        return data
+    to probe. Blocks until the writer closes: call it where Ctrl-C can interrupt it (the main
+    thread). Raises BadAudio for a directory, an unreadable stream or `-` at a terminal,
+    PayloadTooLarge past MAX_UPLOAD_BYTES."""
     if path.is_dir():
         raise BadAudio(f"{path} is a directory, not an audio file")
-    return path
+    if not is_stream(path):
+        return path
+    if path == STDIN and sys.stdin.isatty():
+        raise BadAudio("- reads audio from standard input, which is a terminal: pipe a file in")
+    try:
+        with open(sys.stdin.fileno() if path == STDIN else path, "rb", closefd=path != STDIN) as f:
+            data = f.read(MAX_UPLOAD_BYTES + 1)
+    except OSError as exc:  # e.g. a socket path, a device that refuses reads
+        raise BadAudio(f"cannot read {path}: {exc.strerror}") from exc
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise PayloadTooLarge(f"{path}: more than {MAX_UPLOAD_BYTES} bytes of audio")
+    return data
+
+
+def read_streams(paths: Sequence[Path]) -> dict[Path, bytes | LivemeetError]:
+    """The bytes (or the error) of every stream argument (`is_stream`), read in the calling
+    thread before any model loads, so Ctrl-C stops a read that waits on a silent pipe."""
+    out: dict[Path, bytes | LivemeetError] = {}
+    for path in paths:
+        if is_stream(path):
+            try:
+                data = read_source(path)
+                assert isinstance(data, bytes)
+                out[path] = data
+            except LivemeetError as exc:
+                out[path] = exc
+    return out
 
 
 async def transcribe_file(
     transcriber: Transcriber,
     path: Path,
     *,
+    source: Path | bytes | None = None,
     prompt: str | None = None,
     language: str | None = None,
     progress: bool = True,
@@ -113,7 +142,8 @@ async def transcribe_file(
     whatever the backend reports (as its typed error)."""
     from livemeet.audio.decode import decode_file
 
-    source = await asyncio.to_thread(read_source, path)
+    if source is None:
+        source = await asyncio.to_thread(read_source, path)
     samples = await asyncio.to_thread(decode_file, source, max_audio_s=MAX_AUDIO_S)
     duration_s = len(samples) / SAMPLE_RATE
     session = await transcriber.open_session(
@@ -154,14 +184,20 @@ async def transcribe_files(
     language: str | None = None,
     progress: bool = True,
     max_new_tokens: int | None = None,
+    streams: Mapping[Path, bytes | LivemeetError] | None = None,
 ) -> list[FileResult]:
-    """Transcribe each file in turn; a bad file is reported and the others still run."""
+    """Transcribe each file in turn; a bad file is reported and the others still run.
+    `streams`: stream arguments already read (`read_streams`), by path."""
     results = []
     for path in paths:
         try:
+            source = (streams or {}).get(path)
+            if isinstance(source, LivemeetError):
+                raise source
             t = await transcribe_file(
                 transcriber,
                 path,
+                source=source,
                 prompt=prompt,
                 language=language,
                 progress=progress,
@@ -200,8 +236,8 @@ def output_path(output: Path | None, source: Path, fmt: ResponseFormat, many: bo
 def check_outputs(paths: Sequence[Path], fmt: ResponseFormat, output: Path | None) -> None:
     """Refuse, before any work, outputs that could not all be written: two inputs whose
     outputs would share a name (same stem: "a.flac" and "a.mp3" both give "a.srt"), several
-    inputs with `output` an existing file, or an output file in a missing directory. Raises
-    InvalidRequest."""
+    inputs with `output` an existing file or a directory that cannot be created (it is
+    created here), or an output file in a missing directory. Raises InvalidRequest."""
     if output is None:
         return
     many = len(paths) > 1
@@ -219,6 +255,11 @@ def check_outputs(paths: Sequence[Path], fmt: ResponseFormat, output: Path | Non
                 "rename one, or transcribe them in separate runs"
             )
         sources[target] = path
+    if many:
+        try:  # now, not after the work: a parent that is a file fails here
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidRequest(f"--output {output}: cannot create it: {exc.strerror}") from exc
 
 
 def write_results(
@@ -228,7 +269,8 @@ def write_results(
     status = 0
     many = len(results) > 1
     if output is not None and many:
-        output.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # then each write below reports its own failure
+            output.mkdir(parents=True, exist_ok=True)
     for result in results:
         if result.transcript is None:
             assert result.error is not None
@@ -250,7 +292,9 @@ def write_results(
     return status
 
 
-async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
+async def _run(
+    args: argparse.Namespace, fmt: ResponseFormat, streams: Mapping[Path, bytes | LivemeetError]
+) -> int:
     from livemeet.gateway.engine_client import EngineClient
 
     model = model_config_from_args(args)
@@ -266,6 +310,7 @@ async def _run(args: argparse.Namespace, fmt: ResponseFormat) -> int:
             language=args.language,
             progress=not args.no_progress,
             max_new_tokens=args.max_new_tokens,
+            streams=streams,
         )
     finally:
         await transcriber.close()
@@ -277,8 +322,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.language is not None and len(args.language) > MAX_LANGUAGE_CHARS:
             raise InvalidRequest(f"--language must be at most {MAX_LANGUAGE_CHARS} characters")
+        if args.audio.count(STDIN) > 1:
+            raise InvalidRequest("- (standard input) can be given once")
         check_outputs(args.audio, fmt, args.output)
-        return asyncio.run(_run(args, fmt))
+        streams = read_streams(args.audio)
+        return asyncio.run(_run(args, fmt, streams))
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2

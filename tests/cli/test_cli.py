@@ -188,6 +188,8 @@ def test_transcribe_into_a_directory_keeps_the_default_format(tmp_path: Path) ->
         (["a.flac", "sub/a.mp3"], "out", "would both be written to"),  # same stem: a.srt
         (["a.wav", "b.wav"], "taken.txt", "several inputs need a directory"),
         (["a.wav"], "missing/o.srt", "does not exist"),
+        (["a.wav", "b.wav"], "taken.txt/sub", "cannot create it"),
+        (["-", "-"], "out", "can be given once"),
     ],
 )
 def test_transcribe_refuses_outputs_it_could_not_all_write_before_any_work(
@@ -202,7 +204,8 @@ def test_transcribe_refuses_outputs_it_could_not_all_write_before_any_work(
     the whole transcription. Now exit 2 with one line, before any model loads (the inputs
     need not even exist)."""
     (tmp_path / "taken.txt").write_text("keep me")
-    argv = ["transcribe", *(str(tmp_path / p) for p in inputs), "--output", str(tmp_path / output)]
+    paths = [p if p == "-" else str(tmp_path / p) for p in inputs]
+    argv = ["transcribe", *paths, "--output", str(tmp_path / output)]
     assert transcribe.run(build_parser().parse_args([*argv, "--format", "srt"])) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
@@ -254,6 +257,32 @@ def test_transcribe_reads_standard_input_and_pipes(
         transcribe.read_source(tmp_path)
     out = transcribe.output_path(tmp_path, Path("-"), ResponseFormat.SRT, many=True)
     assert out == tmp_path / "stdin.srt"
+
+
+def test_transcribe_stream_errors_are_per_file_and_read_up_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream that cannot be read is that file's bad_audio, not a crash of the whole run,
+    and `-` at a terminal is refused rather than waiting for typed audio (a fresh-eyes
+    review); streams are read by `read_streams`, in the caller's thread, before the model."""
+    import socket
+
+    sock_path = tmp_path / "s.sock"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(sock_path))
+        with pytest.raises(BadAudio, match="cannot read"):
+            transcribe.read_source(sock_path)
+        wav = write_wav(tmp_path / "a.wav", 0.5)
+        streams = transcribe.read_streams([wav, sock_path])
+        assert list(streams) == [sock_path] and isinstance(streams[sock_path], BadAudio)
+
+    class Terminal:
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    with pytest.raises(BadAudio, match="terminal"):
+        transcribe.read_source(Path("-"))
 
 
 def test_transcribe_caps_language_as_the_server_does(capsys: pytest.CaptureFixture[str]) -> None:
