@@ -30,6 +30,7 @@ from livemeet.audio.constants import (
     MAX_LIVE_STEP_BUDGET_S,
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_STEP_BUDGET_S,
+    MIN_LIVE_HOP_LOAD,
     MIN_LIVE_STEP_BUDGET_S,
     MIN_PREFILL_CHUNK,
     UPLOAD_BATCH_WAIT_S,
@@ -188,9 +189,10 @@ class ModelConfig:
                 f"live_forced_transcript_min_tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
                 f"not {self.live_forced_transcript_min_tokens}"
             )
-        if not 0.0 < self.live_hop_load <= MAX_LIVE_HOP_LOAD:
+        if not MIN_LIVE_HOP_LOAD <= self.live_hop_load <= MAX_LIVE_HOP_LOAD:
             raise ConfigError(
-                f"live_hop_load must be in (0, {MAX_LIVE_HOP_LOAD:g}], not {self.live_hop_load}"
+                f"live_hop_load must be in [{MIN_LIVE_HOP_LOAD:g}, {MAX_LIVE_HOP_LOAD:g}], "
+                f"not {self.live_hop_load}"
             )
         ForcedBudget.for_hop_load(
             self.live_forced_transcript_tokens,

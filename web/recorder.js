@@ -103,7 +103,11 @@ async function start() {
     clearInterval(state.keepalive);
     stopAudio();
     if (!state.opened) setStatus(`cannot connect to the server (closed ${ev.code})`);
-    else if (ev.code !== 1000) setStatus(`${$("status").textContent} (closed ${ev.code})`);
+    else if (ev.code === 1001) {
+      // the server shut down and drained the session: the transcript above is final up to
+      // where it stopped; a new recording continues on a server that is up
+      setStatus("the server restarted: the transcript is final up to here; press Start to go on");
+    } else if (ev.code !== 1000) setStatus(`${$("status").textContent} (closed ${ev.code})`);
     $("start").disabled = false;
     $("stop").disabled = true;
   };

@@ -144,6 +144,7 @@ LIVE_FORCED_BUDGET_SLOW_FRACTION = 0.3
 LIVE_FORCED_BUDGET_GROW_SHARE = 0.5  # the budget grows below this share of the slow fraction
 LIVE_FORCED_BUDGET_FAST_FRACTION = LIVE_FORCED_BUDGET_SLOW_FRACTION * LIVE_FORCED_BUDGET_GROW_SHARE
 MAX_LIVE_HOP_LOAD = 1.0  # a hop as long as its interval: the session's hops run back to back
+MIN_LIVE_HOP_LOAD = 0.01  # 10 ms of a 1-s hop: below it every hop halves the budget anyway
 LIVE_FORCED_BUDGET_STEP_TOKENS = 256  # tokens the budget grows by after a fast hop
 # weight of the newest hop in a session's smoothed load (the fractions above apply to it): at
 # one hop a second ~3 s of memory; a hop moves the load by 0.3 of its own difference from it

@@ -21,6 +21,7 @@ from livemeet.audio.constants import (
     MAX_LIVE_DECODE_STEPS,
     MAX_LIVE_HOP_LOAD,
     MAX_UPLOAD_BYTES,
+    MIN_LIVE_HOP_LOAD,
 )
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
@@ -224,8 +225,8 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
         default=ModelConfig.live_hop_load,
         help="the share of a hop interval a live session's hops may take (smoothed) before its "
         "forced transcript budget halves; below half of it the budget grows back. Lower gives "
-        "faster partials under load and hops with less context (in (0, "
-        f"{MAX_LIVE_HOP_LOAD:g}]; default %(default)s)",
+        f"faster partials under load and hops with less context ({MIN_LIVE_HOP_LOAD:g}-"
+        f"{MAX_LIVE_HOP_LOAD:g}; default %(default)s)",
     )
     p.add_argument(
         "--live-draft",

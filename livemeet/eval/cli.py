@@ -116,7 +116,9 @@ def compute(args: argparse.Namespace) -> list[MetricRow]:
     if args.metric == "all" and not (has_text(ref_path) and has_text(hyp_path)):
         wanted = ("der",)
     elif args.metric == "all" and not (has_times(ref_path) and has_times(hyp_path)):
-        wanted = tuple(m for m in wanted if m != "der")  # e.g. a Kaldi text reference
+        # a Kaldi text has neither times nor speakers: no DER, and a cp metric would score
+        # every hypothesis speaker but one against nothing
+        wanted = ("cer", "wer")
     options = NORMALIZATIONS[args.normalize]
     rows: list[MetricRow] = []
     if set(wanted) & {"cer", "wer", "cpcer", "cpwer", "delta", *EXTRA_METRICS}:

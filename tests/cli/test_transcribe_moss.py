@@ -193,6 +193,7 @@ def test_serve_engine_sizing_flags() -> None:
         ["--live-forced-transcript-tokens", "-1"],
         ["--live-forced-transcript-tokens", "200000"],  # past the context
         ["--live-hop-load", "0"],  # every hop would halve the budget
+        ["--live-hop-load", "1e-320"],  # the same in effect (a fresh-eyes review)
         ["--live-hop-load", "1.5"],  # hops could never be slower than that: never halves
     ):
         args = build_parser().parse_args(["serve", "--model", "x", *bad])

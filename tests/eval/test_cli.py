@@ -166,15 +166,17 @@ def test_a_kaldi_text_reference_scores_text_metrics_and_skips_der(
 ) -> None:
     """The shared data's Kaldi-style `text` references (`utt-id words...`) were "cannot tell
     the format" (found by an independent trial). A transcript JSON with one word changed
-    against jfk/text: WER 1/22 (normalized), and `all` leaves DER out (no times)."""
+    against jfk/text: WER 1/22 (normalized); `all` gives CER and WER only (no times for DER,
+    no speakers for the cp metrics), which can still be asked for by name."""
     ref = shared_data / "jfk" / "text"
     words = ref.read_text().split(maxsplit=1)[1].replace("country", "county", 1)
     hyp = tmp_path / "hyp.json"
     hyp.write_text(json.dumps({"segments": [{"start": 0, "end": 11, "speaker": "S01",
                                              "text": words}]}))  # fmt: skip
     out = run_json(capsys, "--ref", str(ref), "--hyp", str(hyp), "--metric", "all")
-    assert "der" not in out
+    assert set(out) == {"cer", "wer"}
     assert out["wer"]["value"] == pytest.approx(1 / 22)
+    out = run_json(capsys, "--ref", str(ref), "--hyp", str(hyp), "--metric", "cpwer")
     assert out["cpwer"]["value"] == pytest.approx(1 / 22)
     assert main(["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", "der"]) == 2
     assert "no times" in capsys.readouterr().err
