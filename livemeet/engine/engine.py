@@ -60,10 +60,10 @@ from livemeet.engine.model_runner import (
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
-from livemeet.errors import InternalError
+from livemeet.errors import ConfigError, InternalError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
-from livemeet.models.loader import load_model, resolve_checkpoint
+from livemeet.models.loader import download_hint, load_model, resolve_checkpoint
 from livemeet.models.prompt import EOS, PromptBuilder, PromptConfig, PromptIds
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcript.segments import FinishReason
@@ -168,7 +168,13 @@ class Engine:
         )
         # a hub id's cached snapshot too: its tokenizer and prompt settings, not the defaults
         root = resolve_checkpoint(config.model) if config.model else None
-        self.tokenizer = load_tokenizer(root)
+        try:
+            self.tokenizer = load_tokenizer(root)
+        except ConfigError as exc:  # a hub snapshot cached with the weights only
+            hint = download_hint(config.model) if config.model else None
+            if hint is None:
+                raise
+            raise ConfigError(f"{exc.message}; cache the rest with {hint}") from exc
         self.prompt_config = PromptConfig.from_checkpoint(root) if root else PromptConfig()
         self.prompts = PromptBuilder(self.tokenizer, self.prompt_config)
         kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8_e4m3" else None

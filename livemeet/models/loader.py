@@ -144,9 +144,17 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
         raise ConfigError(
             f"model {text!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and "
             f"livemeet does not download at run time. On a machine with network access run "
-            f"`hf download {text} --include {' '.join(_CHECKPOINT_FILES)}` (with HF_HOME pointing "
-            f"at this cache), or pass the checkpoint directory instead ({type(exc).__name__})"
+            f"{download_hint(text)} (with HF_HOME pointing at this cache), or pass the checkpoint "
+            f"directory instead ({type(exc).__name__})"
         ) from exc
+
+
+def download_hint(model: str) -> str | None:
+    """For a hub id (not a local directory): the `hf download` command that caches every file
+    livemeet reads from its checkpoint, else None."""
+    if Path(model).expanduser().is_dir() or not _HUB_ID.match(model):
+        return None
+    return f"`hf download {model} --include {' '.join(_CHECKPOINT_FILES)}`"
 
 
 def _read_config(root: Path) -> MossTDConfig:

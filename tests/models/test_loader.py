@@ -185,8 +185,9 @@ def test_a_hub_id_engine_reads_the_snapshots_tokenizer_and_prompt_settings(
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config = EngineConfig(model="someone/tiny-moss", device="cpu", num_kv_blocks=64)
-    with pytest.raises(ConfigError, match="no tokenizer.json"):
-        Engine(config)  # as for a local directory without it
+    with pytest.raises(ConfigError, match="no tokenizer.json") as refused:
+        Engine(config)  # as for a local directory without it, with the command that fixes it
+    assert "hf download someone/tiny-moss --include" in refused.value.message
     load_tokenizer(None).save(str(snapshot / "tokenizer.json"))
     shipped = {"audio_tokens_per_second": 12.5, "audio_merge_size": 4,
                "time_marker_every_seconds": 2, "enable_time_marker": True}  # fmt: skip
