@@ -22,6 +22,7 @@ import websockets
 
 from livemeet.audio.constants import LIVE_HOP_S, MAX_AUDIO_S, SAMPLE_RATE
 from livemeet.errors import LivemeetError
+from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcriber import Samples
 
 FAST_SPEED = 4.0  # x real time for --fast
@@ -41,9 +42,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--prompt", default=None)
     p.add_argument("--json", action="store_true", help="print raw JSON events")
     p.set_defaults(func=run)
-
-
-GOING_AWAY = 1001  # RFC 6455: the server drained the session as it shut down
 
 
 @dataclass

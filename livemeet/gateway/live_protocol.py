@@ -29,6 +29,8 @@ from livemeet.audio.constants import (
 from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
 
 PROTOCOL_VERSION = 0
+NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1: after `transcript.final`
+GOING_AWAY = 1001  # RFC 6455 section 7.4.1: after a final the server's shutdown drained
 PCM_ENCODING = "pcm_s16le"
 BYTES_PER_SAMPLE = PCM_S16LE_BYTES
 MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE

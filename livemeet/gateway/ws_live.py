@@ -30,6 +30,8 @@ from livemeet.errors import (
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import CONFIG_KEY, LIFECYCLE_KEY, METRICS_KEY, TRANSCRIBER_KEY
 from livemeet.gateway.live_protocol import (
+    GOING_AWAY,
+    NORMAL_CLOSE,
     PROTOCOL_VERSION,
     AppendAudio,
     EndStream,
@@ -55,8 +57,6 @@ from livemeet.transcriber import (
 log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES = 1 << 20  # bytes; largest WS message accepted (~32 s of 16 kHz PCM16)
-NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1
-GOING_AWAY = 1001  # RFC 6455 section 7.4.1: the server goes down (after a drained final)
 # what ends the receive loop (aiohttp's own `async for` over a WebSocketResponse stops there)
 _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 

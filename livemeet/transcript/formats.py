@@ -204,7 +204,7 @@ def _verbose(transcript: Transcript, language: str | None) -> dict[str, object]:
             "avg_logprob": 0.0,
             "compression_ratio": _compression_ratio(s.text),
             "no_speech_prob": 0.0,
-            **_flags(s),
+            **s.wire_flags(),
         }
         for i, s in enumerate(transcript.segments)
     ]
@@ -229,7 +229,7 @@ def _diarized(transcript: Transcript) -> dict[str, object]:
             "end": round(s.end_s, 3),
             "text": s.text,
             "speaker": s.speaker,
-            **_flags(s),
+            **s.wire_flags(),
         }
         for i, s in enumerate(transcript.segments)
     ]
@@ -240,12 +240,6 @@ def _diarized(transcript: Transcript) -> dict[str, object]:
         "segments": segments,
         "usage": usage(transcript.duration_s),
     }
-
-
-def _flags(segment: Segment) -> dict[str, list[str]]:
-    """`{"flags": [...]}` when the segment has any (SegmentFlag values, as on the live wire),
-    else nothing: our addition to OpenAI's segment objects, which clients ignore."""
-    return {"flags": [f.value for f in segment.flags]} if segment.flags else {}
 
 
 def _compression_ratio(text: str) -> float:

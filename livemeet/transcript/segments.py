@@ -48,10 +48,14 @@ class Segment:
             "end": round(self.end_s, 3),
             "speaker": self.speaker,
             "text": self.text,
+            **self.wire_flags(),
         }
-        if self.flags:
-            out["flags"] = [f.value for f in self.flags]
         return out
+
+    def wire_flags(self) -> dict[str, object]:
+        """`{"flags": [values]}` when the segment has flags, else `{}`: how every wire and
+        upload format carries them."""
+        return {"flags": [f.value for f in self.flags]} if self.flags else {}
 
 
 class FinishReason(StrEnum):
