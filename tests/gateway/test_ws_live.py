@@ -50,6 +50,17 @@ async def expect_error(ws: aiohttp.ClientWebSocketResponse, error: type[Livemeet
     return events[-1]
 
 
+async def gateway_client(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    **gateway: float,
+) -> TestClient:
+    """A test client of an app over `fake` whose GatewayConfig has the `gateway` fields."""
+    config = ServerConfig(data_dir=server_config.data_dir, gateway=GatewayConfig(**gateway))
+    return await aiohttp_client(create_app(config, fake))
+
+
 async def test_stream_partials_finals_and_transcript(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
@@ -89,9 +100,7 @@ async def test_sessions_decode_at_the_servers_hop(
 ) -> None:
     """`serve --live-hop-s` reaches every live session: at 0.5 s the fake backend, which
     emits a partial per hop of audio, sends twice the default's partials for the same audio."""
-    gateway = GatewayConfig(live_hop_s=0.5)
-    config = ServerConfig(data_dir=server_config.data_dir, gateway=gateway)
-    client = await aiohttp_client(create_app(config, fake))
+    client = await gateway_client(aiohttp_client, server_config, fake, live_hop_s=0.5)
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
         await ws.receive_json()
@@ -189,10 +198,7 @@ async def test_backend_error_event_is_forwarded(client: TestClient, fake: FakeTr
 async def test_idle_timeout(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
-    config = ServerConfig(
-        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.2)
-    )
-    client = await aiohttp_client(create_app(config, fake))
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.2)
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
         await ws.receive_json()
@@ -207,10 +213,7 @@ async def test_pings_do_not_keep_a_silent_session_open(
     message is idle: aiohttp's own receive timeout restarted at every ping, so such a
     session was never closed (found by an independent trial: still open after 100 s of a
     60-s timeout)."""
-    config = ServerConfig(
-        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.3)
-    )
-    client = await aiohttp_client(create_app(config, fake))
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.3)
     async with client.ws_connect("/v1/live") as ws:  # autoping: pongs are not events
         await ws.send_json(START)
         await ws.receive_json()
@@ -237,10 +240,7 @@ async def test_no_idle_timeout_after_end(
     timeout (a loaded engine) still arrives, instead of the session failing with
     client_timeout and losing the meeting's last segments (as 100 sessions of 7.5 minutes did
     on an H200, docs/benchmarks.md session 15). Streaming silently still times out."""
-    config = ServerConfig(
-        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.2)
-    )
-    client = await aiohttp_client(create_app(config, fake))
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.2)
     fake.end_gate = asyncio.Event()
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
@@ -261,9 +261,9 @@ async def test_a_final_that_never_comes_ends_the_session_after_the_final_timeout
 ) -> None:
     """The wait after `end` is bounded (final_timeout_s): a client that vanished without a
     TCP close, or an engine that lost the session, cannot hold it open forever."""
-    gateway = GatewayConfig(idle_timeout_s=0.1, final_timeout_s=0.5)
-    config = ServerConfig(data_dir=server_config.data_dir, gateway=gateway)
-    client = await aiohttp_client(create_app(config, fake))
+    client = await gateway_client(
+        aiohttp_client, server_config, fake, idle_timeout_s=0.1, final_timeout_s=0.5
+    )
     fake.end_gate = asyncio.Event()  # never set
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
@@ -325,10 +325,7 @@ async def test_a_drain_outlives_the_idle_deadline_its_receive_was_waiting_on(
     """A quiet client (a muted microphone) whose idle deadline passes during the drain gets
     its final: the receive loop was waiting with the idle deadline, which then read as the
     final's and failed the session with "no final within 600 s" (a fresh-eyes review)."""
-    config = ServerConfig(
-        data_dir=server_config.data_dir, gateway=GatewayConfig(idle_timeout_s=0.5)
-    )
-    client = await aiohttp_client(create_app(config, fake))
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.5)
     fake.end_gate = asyncio.Event()
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)

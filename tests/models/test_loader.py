@@ -146,18 +146,27 @@ def test_missing_shard_is_reported(upstream_dir: Path, tmp_path: Path) -> None:
         load_model(str(root), device="cpu")
 
 
+def cache_hub_snapshot(hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`hf_dir` as hub id someone/tiny-moss in an offline Hugging Face cache under `tmp_path`
+    (its layout: models--owner--name/snapshots/<revision>, refs/main naming it); returns the
+    snapshot directory."""
+    from huggingface_hub import constants
+
+    revision = "a" * 40
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--tiny-moss" / "snapshots" / revision
+    shutil.copytree(hf_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text(revision)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return snapshot
+
+
 def test_hub_id_resolves_through_the_local_cache(
     hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hub"
-    snapshot = cache / "models--someone--tiny-moss" / "snapshots" / ("a" * 40)
-    shutil.copytree(hf_dir, snapshot)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cache_hub_snapshot(hf_dir, tmp_path, monkeypatch)
     model, cfg = load_model("someone/tiny-moss", device="cpu")
     assert cfg == tiny.TINY
     with pytest.raises(ConfigError, match=r"hf download someone/other-model .*config\.json"):
@@ -172,18 +181,10 @@ def test_a_hub_id_engine_reads_the_snapshots_tokenizer_and_prompt_settings(
     """A hub id went only to the weights: the engine took the built-in tokenizer and the
     default prompt settings instead of the checkpoint's own, where a local directory had
     to hold them (found by an independent trial). Now both come from the cached snapshot."""
-    from huggingface_hub import constants
-
     from livemeet.engine.engine import Engine, EngineConfig
     from livemeet.models.tokenizer import load_tokenizer
 
-    cache = tmp_path / "hub"
-    snapshot = cache / "models--someone--tiny-moss" / "snapshots" / ("b" * 40)
-    shutil.copytree(hf_dir, snapshot)
-    (snapshot.parents[1] / "refs").mkdir()
-    (snapshot.parents[1] / "refs" / "main").write_text("b" * 40)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = cache_hub_snapshot(hf_dir, tmp_path, monkeypatch)
     config = EngineConfig(model="someone/tiny-moss", device="cpu", num_kv_blocks=64)
     with pytest.raises(ConfigError, match="no tokenizer.json") as refused:
         Engine(config)  # as for a local directory without it, with the command that fixes it
