@@ -20,18 +20,11 @@ device (livemeet.layers.paged_attention), so each bucket is captured once for ev
 count `choose_num_splits` can pick for it up to max_model_len; `run` picks the graph for the
 actual longest context. Graphs are captured largest first into one shared memory pool, so the
 smaller ones reuse its memory.
-
-With a `head` (the greedy LM head: logits and argmax), each graph also computes every row's
-greedy token, so a greedy decode step is one replay and no eager kernels after it: at batch 1
-the LM head (~76 us, cuBLAS) and the argmax (~8.5 us) ran after the graph with a launch gap
-each (docs/benchmarks.md, session 10's engine profile). A step with a sampling row computes
-its logits from the hidden states instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -52,18 +45,6 @@ BUCKET_STEP_PAST_DEFAULTS = 16  # rows between buckets when max_num_seqs > 128
 
 # hidden = forward(token_ids [B], positions [B], metadata) -> [B, hidden]
 DecodeForward = Callable[[torch.Tensor, torch.Tensor, StepMetadata], torch.Tensor]
-# greedy_ids = head(hidden [B, hidden]) -> int64 [B]: argmax of each row's logits
-DecodeHead = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class DecodeOutput:
-    """A replayed decode step's outputs for its n rows (views of the graph's static outputs:
-    read them before the next replay). `greedy_ids` int64 [n] when the graphs were captured
-    with a head, else None; `hidden` [n, hidden] always."""
-
-    hidden: torch.Tensor
-    greedy_ids: torch.Tensor | None
 
 
 def decode_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -170,10 +151,9 @@ class GraphRunner:
     """Captured decoder forwards for decode-only steps (see module docstring).
 
     `forward` runs the decoder (embedding to final norm) over the given static tensors; it must
-    not synchronise with the host. `head`, when given, is captured after it (module
-    docstring). `max_model_len` bounds contexts (tokens) and so the block-table width.
-    Counters for benchmarks: `num_replays`, `num_eager_fallbacks` (decode steps the caller ran
-    eagerly because `can_run` said no).
+    not synchronise with the host. `max_model_len` bounds contexts (tokens) and so the
+    block-table width. Counters for benchmarks: `num_replays`, `num_eager_fallbacks` (decode
+    steps the caller ran eagerly because `can_run` said no).
     """
 
     def __init__(
@@ -187,12 +167,10 @@ class GraphRunner:
         num_kv_heads: int,
         staging: HostStaging | None = None,
         programs_per_sm: int = DECODE_PROGRAMS_PER_SM,
-        head: DecodeHead | None = None,
     ) -> None:
         if device.type != "cuda":
             raise ConfigError(f"CUDA graphs need a CUDA device, not {device}")
         self.forward = forward
-        self.head = head
         self.device = device
         self.staging = staging or HostStaging(device)
         self.block_size = block_size
@@ -211,7 +189,7 @@ class GraphRunner:
         self.block_tables = torch.zeros((rows, self.max_blocks_per_seq), dtype=i32, device=device)
         self.cu_seqlens_q = torch.arange(rows + 1, dtype=i32, device=device)  # one query per row
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.num_replays = 0
         self.num_eager_fallbacks = 0
 
@@ -227,12 +205,9 @@ class GraphRunner:
             num_splits=num_splits,
         )
 
-    def _run_forward(
-        self, bucket: int, num_splits: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _run_forward(self, bucket: int, num_splits: int) -> torch.Tensor:
         meta = self._meta(bucket, num_splits)
-        hidden = self.forward(self.token_ids[:bucket], self.positions[:bucket], meta)
-        return hidden, None if self.head is None else self.head(hidden)
+        return self.forward(self.token_ids[:bucket], self.positions[:bucket], meta)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -275,8 +250,9 @@ class GraphRunner:
         slots: Sequence[int],
         seq_lens: Sequence[int],
         block_tables: Sequence[Sequence[int]],
-    ) -> DecodeOutput:
-        """Replay the graph for these n decode rows; returns their `DecodeOutput`.
+    ) -> torch.Tensor:
+        """Replay the graph for these n decode rows; returns hidden [n, hidden] (a view of the
+        graph's output: use it before the next replay).
 
         token_ids: int64 [n] on the device (may be the previous step's sampled ids); the rest
         are host lists, one entry per row. Raises InternalError when `can_run` is false.
@@ -310,5 +286,4 @@ class GraphRunner:
             self.block_tables[:n, :width].copy_(tables, non_blocking=True)
         self.graphs[(bucket, splits)].replay()
         self.num_replays += 1
-        hidden, greedy_ids = self.outputs[(bucket, splits)]
-        return DecodeOutput(hidden[:n], None if greedy_ids is None else greedy_ids[:n])
+        return self.outputs[(bucket, splits)][:n]

@@ -12,13 +12,10 @@ only (the last row of each sampling prefill chunk, the rows before it that verif
 then every decode row, in `ScheduledBatch.sampled_requests` order).
 
 Decode-only steps replay a CUDA graph (livemeet.engine.cuda_graph) when one fits; prefill and
-mixed steps, and the CPU, run eagerly. The graphs end with the greedy LM head (logits and
-argmax), so a greedy decode step launches nothing after its replay; a step with a sampling
-row computes logits from the graph's hidden states. `launch` leaves the sampled ids on the
-device (`DeviceTokens`) so that async decode can feed them to the next step without a host
-round trip: a decode row whose request ends in `PENDING_TOKEN_ID` reads its input id from
-the previous step's `DeviceTokens`. `TokenTransfer` brings sampled ids to the host through
-two buffers.
+mixed steps, and the CPU, run eagerly. `launch` leaves the sampled ids on the device
+(`DeviceTokens`) so that async decode can feed them to the next step without a host round trip:
+a decode row whose request ends in `PENDING_TOKEN_ID` reads its input id from the previous
+step's `DeviceTokens`. `TokenTransfer` brings sampled ids to the host through two buffers.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ import numpy as np
 import torch
 
 from livemeet.audio.constants import MAX_CONTEXT_TOKENS
-from livemeet.engine.cuda_graph import DecodeOutput, GraphRunner
+from livemeet.engine.cuda_graph import GraphRunner
 from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from livemeet.engine.prefill_graph import PiecewiseRunner
 from livemeet.engine.request import Request
@@ -167,7 +164,6 @@ class ModelRunner:
                 num_kv_heads=t.kv_heads,
                 staging=self.staging,
                 programs_per_sm=self.decode_programs_per_sm,
-                head=self._greedy_head,
             )
             self.graphs.capture()
         if prefill_graphs and model.language_model.use_fused(weight):
@@ -287,24 +283,22 @@ class ModelRunner:
         previous: DeviceTokens | None,
     ) -> DeviceTokens | None:
         ids = self._input_ids(rows, previous)
-        replayed = self._decode_with_graph(rows, ids)
-        hidden = self._forward_eager(rows, ids) if replayed is None else replayed.hidden
+        hidden = self._decode_with_graph(rows, ids)
+        if hidden is None:
+            hidden = self._forward_eager(rows, ids)
         if not rows.sample_rows:  # only non-final prefill chunks: KV written, nothing sampled
             return None
+        # sample rows are increasing row indices: as many as rows means every row (decode)
+        every_row = len(rows.sample_rows) == len(rows.token_ids)
+        picked = hidden if every_row else hidden[self._upload(rows.sample_rows, torch.long)]
+        logits = self.model.compute_logits(picked)
         counts = batch.sample_counts
         params = [
             p
             for r, n in zip(batch.sampled_requests, counts, strict=True)
             for p in [sampling(r)] * n
         ]
-        # sample rows are increasing row indices: as many as rows means every row (decode)
-        every_row = len(rows.sample_rows) == len(rows.token_ids)
-        greedy = replayed.greedy_ids if replayed is not None and every_row else None
-        if greedy is not None and all(p.greedy for p in params):
-            sampled = greedy  # the graph's own argmax: nothing more to launch
-        else:
-            picked = hidden if every_row else hidden[self._upload(rows.sample_rows, torch.long)]
-            sampled = sample(self.model.compute_logits(picked), params)
+        sampled = sample(logits, params)
         overrides = [(i, t) for i, t in enumerate(forced) if t is not None]
         if overrides and len(overrides) == len(params):  # every row forced (benchmarks)
             sampled = self._upload([t for _, t in overrides], torch.long)
@@ -341,11 +335,7 @@ class ModelRunner:
         attn = PagedAttentionBackend(self.k_caches, self.v_caches, meta, kv_scale=self.kv_scale)
         return self.model(embeds, positions, attn)
 
-    def _greedy_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [B, hidden] -> int64 [B]: each row's greedy token, as `sample` picks it."""
-        return self.model.compute_logits(hidden).argmax(dim=-1)
-
-    def _decode_with_graph(self, rows: _StepRows, ids: torch.Tensor) -> DecodeOutput | None:
+    def _decode_with_graph(self, rows: _StepRows, ids: torch.Tensor) -> torch.Tensor | None:
         graphs = self.graphs
         # one new token per sequence, none of them audio: a 1-token prefill chunk (e.g. a live
         # hop that adds one audio token) would otherwise replay with the placeholder's embedding

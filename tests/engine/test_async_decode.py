@@ -18,11 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from livemeet.engine.cuda_graph import DecodeOutput
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.model_runner import PENDING_TOKEN_ID, DeviceTokens, TokenTransfer
 from livemeet.engine.request import Request, RequestClass, Status
-from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import PrefillChunk, ScheduledBatch, SchedulerConfig
 from livemeet.errors import InternalError
 from livemeet.models.audio_llm import MossTDModel
@@ -209,48 +207,6 @@ def test_token_transfer_two_buffers() -> None:
         transfer.start(torch.arange(5))
     with pytest.raises(InternalError, match="not in flight"):
         transfer.wait(7)
-
-
-class _GraphsWithGivenOutputs:
-    """A decode-graph stand-in for the CPU: every decode batch fits and "replays" to the given
-    hidden states and greedy ids (a real replay's are tested on a GPU, test_cuda_graph.py)."""
-
-    num_eager_fallbacks = 0
-
-    def __init__(self, hidden: torch.Tensor, greedy_ids: torch.Tensor) -> None:
-        self.hidden, self.greedy_ids = hidden, greedy_ids
-
-    def can_run(self, num_rows: int, max_blocks: int) -> bool:
-        return True
-
-    def run(self, token_ids: torch.Tensor, *rest: object) -> DecodeOutput:
-        n = token_ids.shape[0]
-        return DecodeOutput(self.hidden[:n], self.greedy_ids[:n])
-
-
-def test_greedy_decode_takes_the_graphs_argmax_and_sampling_its_hidden(
-    our_model: MossTDModel, short_clips: list[np.ndarray]
-) -> None:
-    """A greedy decode step's ids are the graph's own argmax (no logits after the replay); a
-    step with a sampling row computes logits from the graph's hidden states instead."""
-    engine = _engine(our_model, asynchronous=False, num_blocks=None)
-    _add(engine, 1, short_clips[1])
-    req = engine.scheduler.get("r1")
-    assert req is not None
-    while not req.output_token_ids:
-        engine.step()
-    batch = engine.scheduler.schedule(1.0)
-    assert batch.decodes == (req,) and not batch.prefills
-    hidden = torch.randn(1, our_model.cfg.text.hidden, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        top2 = our_model.compute_logits(hidden)[0].float().topk(2)
-    assert float(top2.values[0] - top2.values[1]) > 0.01  # sampling at T -> 0 is argmax
-    best = int(top2.indices[0])
-    marker = (best + 1) % our_model.cfg.text.vocab  # what no argmax of `hidden` gives
-    engine.runner.graphs = _GraphsWithGivenOutputs(hidden, torch.tensor([marker]))  # type: ignore[assignment]
-    assert engine.runner.run(batch, engine._audio, lambda r: SamplingParams()) == [marker]
-    cold = SamplingParams(temperature=1e-4)
-    assert engine.runner.run(batch, engine._audio, lambda r: cold) == [best]
 
 
 def test_runner_rejects_pending_tokens_it_cannot_resolve(

@@ -1,9 +1,8 @@
 """Decode CUDA graphs: bucket and padding logic on the CPU; replay vs eager on a GPU.
 
 GPU tests (tiny MOSS-TD geometry, fp32, random KV): for every bucket, a graph replay of n rows
-with random context lengths gives the logits of the eager forward over the same unpadded rows
-and, from its captured head, their argmax; and an engine with graphs + async decode streams
-the same tokens as an eager synchronous one.
+with random context lengths gives the logits of the eager forward over the same unpadded rows,
+and an engine with graphs + async decode streams the same tokens as an eager synchronous one.
 """
 
 from __future__ import annotations
@@ -210,17 +209,13 @@ def test_graph_replay_matches_eager_for_every_bucket() -> None:
         rows.seq_lens, rows.block_tables, rows.q_lens = lens, tables, [1] * n
         with torch.inference_mode():
             replays = graphs.num_replays
-            out = graphs.run(ids, positions, slots, lens, tables)
+            graph_logits = model.compute_logits(graphs.run(ids, positions, slots, lens, tables))
             assert graphs.num_replays == replays + 1
-            graph_logits = model.compute_logits(out.hidden)
             with runner.staging.step():  # what launch() brackets the eager forward with
                 eager_logits = model.compute_logits(runner._forward_eager(rows, ids))
         assert graph_logits.shape == eager_logits.shape == (n, model.cfg.text.vocab)
         torch.testing.assert_close(graph_logits, eager_logits, atol=2e-3, rtol=2e-3)
         assert torch.equal(graph_logits.argmax(-1), eager_logits.argmax(-1)), n
-        # the greedy head captured in the graph: every row's argmax, padding rows dropped
-        assert out.greedy_ids is not None and out.greedy_ids.shape == (n,)
-        assert torch.equal(out.greedy_ids, graph_logits.argmax(-1)), n
     assert not graphs.can_run(rows_max + 1, 1)
     assert not graphs.can_run(1, graphs.max_blocks_per_seq + 1)
 
