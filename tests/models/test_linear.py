@@ -246,7 +246,7 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
     weights = [torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02 for s in shapes]
     plan = linear.LinearPlan()
     # down_proj also with SiLU*mul fused in; qkv and gate_up with the residual add + RMSNorm
-    results = plan.tune(weights, silu_weights=weights[3:], norm_weights=weights[0:3:2])
+    results = plan.tune(weights, silu_weights=weights[3:4], norm_weights=weights[0:3:2])
     assert len(results) == 2 * len(shapes) + 3
     assert [r.prologue for r in results[-3:]] == ["silu_mul", "add_rms_norm", "add_rms_norm"]
     for line in linear.describe(results):
