@@ -122,12 +122,14 @@ LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode pro
 # recent 2,048); 0 re-decodes the whole meeting every hop (MODEL.md section 10)
 LIVE_FORCED_TRANSCRIPT_TOKENS = 2_048
 # tokens a hop still forces when the GPU is behind (livemeet/session/forced_budget.py): the
-# floor of the budget that halves after slow hops (~45 s of transcript at 330 tokens a
-# minute). 100 sessions x 10 minutes on an H200 (docs/benchmarks.md, session 19): p95 3.05 s
-# at 512, 2.48 s at 256 with the encoder padding fill (7.8 against 9.6 engine-ms per hop; 547
-# against 794 prefill ids). What a shorter forced context does to the model's output is
-# unvalidated, as the forced transcript itself (DESIGN 5.3); >= the cap turns adaptation off
-LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 256
+# floor of the budget that halves after slow hops (~23 s of transcript at 330 tokens a
+# minute, four or five segments). 100 sessions x 10 minutes on an H200, per-word p95 over
+# minutes 7.5-10 (docs/benchmarks.md): session 19 (per segment) 3.05 s at 512, 2.48 s at 256;
+# session 27, no decode-only steps, 1.83 s at 256 (273 forced ids a hop) and 1.51 s with 128
+# held fixed (122 a hop; 5.78 against 6.37 engine-ms per hop). What a shorter forced context
+# does to the model's output is unvalidated, as the forced transcript itself (DESIGN 5.3);
+# >= the cap turns adaptation off
+LIVE_FORCED_TRANSCRIPT_MIN_TOKENS = 128
 # ids of a draft a request may carry (livemeet.engine.request: draft verification): a live hop
 # drafts what the previous hop decoded after the same forced transcript, ~8-14 ids at 1-s hops
 # (the open tail; docs/benchmarks.md session 18: 13.6 decoded per hop)
@@ -145,7 +147,9 @@ LIVE_FORCED_BUDGET_GROW_SHARE = 0.5  # the budget grows below this share of the 
 LIVE_FORCED_BUDGET_FAST_FRACTION = LIVE_FORCED_BUDGET_SLOW_FRACTION * LIVE_FORCED_BUDGET_GROW_SHARE
 MAX_LIVE_HOP_LOAD = 1.0  # a hop as long as its interval: the session's hops run back to back
 MIN_LIVE_HOP_LOAD = 0.01  # 10 ms of a 1-s hop: below it every hop halves the budget anyway
-LIVE_FORCED_BUDGET_STEP_TOKENS = 256  # tokens the budget grows by after a fast hop
+# tokens the budget grows by after a fast hop; an adaptive floor must hold at least this many
+# (forced_budget.py), so it is the floor's: from the floor to the cap in 15 fast hops
+LIVE_FORCED_BUDGET_STEP_TOKENS = 128
 # weight of the newest hop in a session's smoothed load (the fractions above apply to it): at
 # one hop a second ~3 s of memory; a hop moves the load by 0.3 of its own difference from it
 LIVE_FORCED_BUDGET_SMOOTHING = 0.3
@@ -194,10 +198,13 @@ LIVE_STEP_BUDGET_S = 0.015
 MAX_LIVE_STEP_BUDGET_S = FLUSH_INTERVAL_S  # s; one flush window, the default until session 22
 # decode-only steps after each engine step that prefilled live work, while the most urgent live
 # request decodes (--live-decode-steps; livemeet.engine.scheduler): a hop's new segment decodes
-# up to 3 ids per prefill step instead of one, for a pass over the weights and a launch per
-# extra step (StepCostModel.fixed_s); latency within the spread at 100 sessions, engine time
-# per hop -6 % (docs/benchmarks.md, session 21)
-LIVE_DECODE_STEPS = 2
+# up to 1 + this many ids per prefill step, for a pass over the weights and a launch per
+# extra step (StepCostModel.fixed_s), and the hops queued meanwhile wait for those steps. 2
+# from session 21 (latency within the spread, engine time per hop -6 %) to 26; once forced
+# hops decoded every new word (session 24) they were ~57 steps a second at 100 sessions, and
+# without them per-word p95 fell from 2.46 to 1.83 s, engine-ms per hop from 7.52 to 6.37
+# (H200, minutes 7.5-10 of 10-minute meetings; docs/benchmarks.md, session 27)
+LIVE_DECODE_STEPS = 0
 MAX_LIVE_DECODE_STEPS = 8
 MIN_LIVE_STEP_BUDGET_S = 0.005  # s; below it a step's fixed cost (~0.7 ms) is >15 % of it
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # the KV pool: the model's 16-bit dtype, or e4m3

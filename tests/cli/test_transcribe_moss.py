@@ -151,15 +151,15 @@ def test_serve_engine_sizing_flags() -> None:
     assert serve.config_from_args(args).model.live_step_budget_ms == 16.0
     args = build_parser().parse_args(["serve", "--model", "x", "--live-step-budget-ms", "50"])
     assert serve.config_from_args(args).model.live_step_budget_ms == 50.0  # the old default
-    assert config.live_decode_steps == LIVE_DECODE_STEPS == 2
-    args = build_parser().parse_args(["serve", "--model", "x", "--live-decode-steps", "0"])
-    assert serve.config_from_args(args).model.live_decode_steps == 0
+    assert config.live_decode_steps == LIVE_DECODE_STEPS == 0
+    args = build_parser().parse_args(["serve", "--model", "x", "--live-decode-steps", "2"])
+    assert serve.config_from_args(args).model.live_decode_steps == 2  # the old default
     assert config.live_forced_transcript_tokens == LIVE_FORCED_TRANSCRIPT_TOKENS == 2048
     args = build_parser().parse_args(
         ["serve", "--model", "x", "--live-forced-transcript-tokens", "0"]
     )
     assert serve.config_from_args(args).model.live_forced_transcript_tokens == 0
-    assert config.live_forced_transcript_min_tokens == LIVE_FORCED_TRANSCRIPT_MIN_TOKENS == 256
+    assert config.live_forced_transcript_min_tokens == LIVE_FORCED_TRANSCRIPT_MIN_TOKENS == 128
     args = build_parser().parse_args(
         ["serve", "--model", "x", "--live-forced-transcript-min-tokens", "2048"]  # fixed
     )
@@ -222,7 +222,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         assert sched.upload_batch_wait_s == 0.02 and sched.upload_hold is UploadHold.ARRIVALS
         assert sched.upload_step_budget_s == 0.12 and sched.step_budget_s == 0.02
         assert sched.live_decode_steps == 3
-        assert core.forced_budget == ForcedBudget.for_hop_load(2_048, 256, 0.2)
+        assert core.forced_budget == ForcedBudget.for_hop_load(2_048, 128, 0.2)
         cost = core.engine.scheduler.cost_model
         assert cost == StepCostModel.for_kv_cache("fp8_e4m3") != StepCostModel()
     finally:

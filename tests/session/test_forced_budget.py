@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from livemeet.audio.constants import LIVE_FORCED_BUDGET_STEP_TOKENS
 from livemeet.errors import ConfigError
 from livemeet.session.forced_budget import BudgetState, ForcedBudget
 
 # the fractions these tests were written for (the defaults are LIVE_FORCED_BUDGET_*_FRACTION)
 HALF = {"slow_fraction": 0.5, "fast_fraction": 0.25}
+RULE = {**HALF, "step_tokens": 256}  # with the step these tests' numbers follow from
 
 
 def tokens_after(rule: ForcedBudget, state: BudgetState, durations: list[float]) -> list[int]:
@@ -36,14 +38,14 @@ def test_fast_hops_grow_it_back_by_steps_up_to_the_cap() -> None:
 
 
 def test_the_load_is_the_hops_smoothed_duration_over_the_interval() -> None:
-    rule = ForcedBudget(2_048, 512, smoothing=0.25, **HALF)
+    rule = ForcedBudget(2_048, 512, smoothing=0.25, **RULE)
     state = rule.after_hop(BudgetState(1_000, 0.2), hop_duration_s=1.2, hop_s=2.0)
     assert state.load == pytest.approx(0.2 + 0.25 * (0.6 - 0.2))  # scales with the hop
     assert state.tokens == 1_000  # 0.3: between the thresholds
 
 
 def test_one_slow_hop_among_fast_ones_keeps_the_budget() -> None:
-    rule = ForcedBudget(2_048, 512, **HALF)
+    rule = ForcedBudget(2_048, 512, **RULE)
     state = BudgetState(1_024, 0.1)
     state = rule.after_hop(state, hop_duration_s=1.2, hop_s=1.0)  # load 0.1 + 0.3 x 1.1
     assert state.tokens == 1_024 and state.load == pytest.approx(0.43)
@@ -56,7 +58,7 @@ def test_one_spike_halves_the_budget_once() -> None:
     halving per hop); once the load is below the fast fraction the budget grows back."""
     rule = ForcedBudget(2_048, 512)  # slow 0.3, fast 0.15, smoothing 0.3
     seen = tokens_after(rule, BudgetState(2_048, 0.1), [1.2] + [0.1] * 6)
-    assert seen == [1_024] * 6 + [1_280]
+    assert seen == [1_024] * 6 + [1_024 + LIVE_FORCED_BUDGET_STEP_TOKENS]
 
 
 def test_hops_fast_and_slow_in_turn_on_an_overloaded_gpu_reach_the_floor() -> None:
@@ -66,16 +68,16 @@ def test_hops_fast_and_slow_in_turn_on_an_overloaded_gpu_reach_the_floor() -> No
     turn (0.65 of the interval on average) take the budget to the floor and keep it there;
     a rule on single hops (smoothing 1) hovers above it."""
     durations = [0.1, 1.2] * 10
-    smoothed = tokens_after(ForcedBudget(2_048, 512, **HALF), BudgetState(2_048), durations)
+    smoothed = tokens_after(ForcedBudget(2_048, 512, **RULE), BudgetState(2_048), durations)
     assert set(smoothed[-10:]) == {512}
     single = tokens_after(
-        ForcedBudget(2_048, 512, smoothing=1.0, **HALF), BudgetState(2_048), durations
+        ForcedBudget(2_048, 512, smoothing=1.0, **RULE), BudgetState(2_048), durations
     )
     assert min(single[-10:]) == 512 and max(single[-10:]) == 768
 
 
 def test_the_budget_stays_within_floor_and_cap_from_any_start() -> None:
-    rule = ForcedBudget(2_048, 512, **HALF)
+    rule = ForcedBudget(2_048, 512, **RULE)
     assert rule.after_hop(BudgetState(0), 0.1, 1.0).tokens == 768  # the floor, then a step
     assert rule.after_hop(BudgetState(100, 0.9), 0.9, 1.0).tokens == 512
     assert rule.after_hop(BudgetState(9_999, 0.3), 0.3, 1.0).tokens == 2_048
@@ -83,7 +85,7 @@ def test_the_budget_stays_within_floor_and_cap_from_any_start() -> None:
 
 
 def test_loads_between_the_thresholds_keep_the_budget() -> None:
-    rule = ForcedBudget(2_048, 512, **HALF)  # slow above 0.5 of the interval, fast below 0.25
+    rule = ForcedBudget(2_048, 512, **RULE)  # slow above 0.5 of the interval, fast below 0.25
     assert rule.after_hop(BudgetState(1_000, 0.3), 0.3, 1.0).tokens == 1_000
     assert rule.after_hop(BudgetState(1_000, 0.5), 0.5, 1.0).tokens == 1_000  # not above
     assert rule.after_hop(BudgetState(1_000, 0.5), 0.6, 1.2).tokens == 1_000  # scales with hop
@@ -100,7 +102,7 @@ def test_a_lower_hop_load_halves_where_the_default_holds() -> None:
     assert default.after_hop(state, 0.25, 1.0).tokens == 1_024
     assert tight.after_hop(state, 0.25, 1.0).tokens == 512
     assert tight.after_hop(BudgetState(1_024, 0.12), 0.12, 1.0).tokens == 1_024  # in between
-    assert tight.after_hop(BudgetState(1_024, 0.05), 0.05, 1.0).tokens == 1_280
+    assert tight.after_hop(BudgetState(1_024, 0.05), 0.05, 1.0).tokens == 1_024 + tight.step_tokens
     assert ForcedBudget.for_hop_load(2_048, 256, 0.3) == default
     for bad in (0.0, -0.2):
         with pytest.raises(ConfigError):
