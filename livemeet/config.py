@@ -106,7 +106,7 @@ class ModelConfig:
     # tokens of committed transcript a live hop prefills as forced assistant tokens before it
     # decodes the new tail (DESIGN 5.3); 0: every hop re-decodes the whole meeting
     live_forced_transcript_tokens: int = LIVE_FORCED_TRANSCRIPT_TOKENS
-    # the floor that budget halves towards while hops take over 0.3 of a hop interval
+    # the floor that budget halves towards while hops take over live_hop_load of a hop interval
     # (livemeet/session/forced_budget.py); >= live_forced_transcript_tokens: a fixed budget
     live_forced_transcript_min_tokens: int = LIVE_FORCED_TRANSCRIPT_MIN_TOKENS
     # the share of a hop interval a session's hops may take (smoothed) before its forced

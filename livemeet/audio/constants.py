@@ -138,11 +138,13 @@ MAX_DRAFT_TOKENS = 64
 # budget, one below the next fraction grows it by the step (additive increase, multiplicative
 # decrease). p95 partial latency is about 0.95 of the wait for the next hop, a 0.1-s frame and
 # the hop at its own p95, ~1.5-2x its mean: 64 sessions whose hops averaged 0.35-0.41 s of a
-# 1-s interval saw ~2.0 s p95 (docs/benchmarks.md, session 18), so DESIGN's 1.5 s needs hops
-# of ~0.25 s on average: the load is held between 0.15 and 0.3 (0.25 and 0.5 until then).
-# Session 26 measured 64 sessions at 1.53 s p95 per word with these (hops of 0.26 s, ~570
-# forced tokens); `serve --live-hop-load` sets the slow fraction (the fast one is its half)
-LIVE_FORCED_BUDGET_SLOW_FRACTION = 0.3
+# 1-s interval saw ~2.0 s p95 (docs/benchmarks.md, session 18), so the load was held between
+# 0.15 and 0.3 from then (0.25 and 0.5 before). Hops of 0.25-0.26 s on average then gave
+# per-word p95 1.51-1.53 s, just over DESIGN's 1.5 (64 sessions with the budget at ~570
+# forced tokens, session 26; 100 sessions at 128, session 27), so the load is now held between
+# 0.1 and 0.2 (not yet measured as such); `serve --live-hop-load` sets the slow fraction (the
+# fast one is its half)
+LIVE_FORCED_BUDGET_SLOW_FRACTION = 0.2
 LIVE_FORCED_BUDGET_GROW_SHARE = 0.5  # the budget grows below this share of the slow fraction
 LIVE_FORCED_BUDGET_FAST_FRACTION = LIVE_FORCED_BUDGET_SLOW_FRACTION * LIVE_FORCED_BUDGET_GROW_SHARE
 MAX_LIVE_HOP_LOAD = 1.0  # a hop as long as its interval: the session's hops run back to back

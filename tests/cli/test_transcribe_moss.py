@@ -164,9 +164,9 @@ def test_serve_engine_sizing_flags() -> None:
         ["serve", "--model", "x", "--live-forced-transcript-min-tokens", "2048"]  # fixed
     )
     assert serve.config_from_args(args).model.live_forced_transcript_min_tokens == 2048
-    assert config.live_hop_load == LIVE_FORCED_BUDGET_SLOW_FRACTION == 0.3
-    args = build_parser().parse_args(["serve", "--model", "x", "--live-hop-load", "0.2"])
-    assert serve.config_from_args(args).model.live_hop_load == 0.2
+    assert config.live_hop_load == LIVE_FORCED_BUDGET_SLOW_FRACTION == 0.2
+    args = build_parser().parse_args(["serve", "--model", "x", "--live-hop-load", "0.3"])
+    assert serve.config_from_args(args).model.live_hop_load == 0.3  # the old default
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-hold", "arrivals"])
     assert serve.config_from_args(args).model.upload_hold is UploadHold.ARRIVALS
     with pytest.raises(SystemExit):  # argparse: not one of the choices
@@ -210,7 +210,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
             model=str(moss_dir), device="cpu", dtype="float32", num_kv_blocks=64,
             mem_fraction=0.6, chunked_prefill_size=16_384, upload_batch_wait_ms=20,
             upload_hold=UploadHold.ARRIVALS, upload_step_budget_ms=120, kv_cache_dtype="fp8_e4m3",
-            live_step_budget_ms=20, live_decode_steps=3, live_hop_load=0.2,
+            live_step_budget_ms=20, live_decode_steps=3, live_hop_load=0.35,
         )
     )  # fmt: skip
     core.load()
@@ -222,7 +222,7 @@ def test_engine_sizing_reaches_the_engine(moss_dir: Path) -> None:
         assert sched.upload_batch_wait_s == 0.02 and sched.upload_hold is UploadHold.ARRIVALS
         assert sched.upload_step_budget_s == 0.12 and sched.step_budget_s == 0.02
         assert sched.live_decode_steps == 3
-        assert core.forced_budget == ForcedBudget.for_hop_load(2_048, 128, 0.2)
+        assert core.forced_budget == ForcedBudget.for_hop_load(2_048, 128, 0.35)
         cost = core.engine.scheduler.cost_model
         assert cost == StepCostModel.for_kv_cache("fp8_e4m3") != StepCostModel()
     finally:
