@@ -94,6 +94,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="info",
         help="debug also logs each upload's phases (receive, decode, transcribe, respond)",
     )
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the flags (and read the TLS files) without loading a model or "
+        "listening, then exit: 0 when `serve` would start with them, 2 with the error",
+    )
     p.set_defaults(func=run)
 
 
@@ -330,6 +336,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         context = ssl_context(config)
+        if args.check_config:
+            log.info("configuration ok (nothing loaded, nothing listened on)")
+            return 0
         check_listen(config.host, config.port)
         app = create_app(config)
     except ConfigError as exc:

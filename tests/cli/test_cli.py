@@ -116,6 +116,26 @@ def test_check_listen_probes_ipv6_as_asyncio_binds() -> None:
             serve.check_listen("::1", port)
 
 
+def test_serve_check_config_validates_without_loading_or_listening(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --check-config` says whether `serve` would start with these flags: session 27's
+    first GPU call lost its machine's start-up to a forced-budget floor `serve` refuses."""
+
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("--check-config went past validation")
+
+    monkeypatch.setattr("livemeet.gateway.app.create_app", must_not_run)
+    monkeypatch.setattr(serve, "check_listen", must_not_run)
+    base = ["serve", "--model", "x", "--data-dir", str(tmp_path), "--check-config"]
+    with caplog.at_level("INFO"):
+        bad = base + ["--live-forced-transcript-min-tokens", "64"]  # under the growth step
+        assert serve.run(build_parser().parse_args(bad)) == 2
+        assert "floor must be >=" in caplog.text
+        assert serve.run(build_parser().parse_args(base)) == 0
+        assert "configuration ok" in caplog.text
+
+
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "--tls-cert", str(tmp_path / "c.pem")])
     with pytest.raises(ConfigError):
