@@ -226,8 +226,8 @@ class Qwen3Model(nn.Module):
 
     def tune_linears(self) -> None:
         """Time cuBLAS against the skinny decode kernels for each projection shape (every
-        layer has the same four) and the LM head, and let the fused path and `compute_logits`
-        use the faster (CUDA; needs `prepare_for_serving`; a few seconds)."""
+        layer has the same four) and let the fused path use the faster (CUDA; needs
+        `prepare_for_serving`; a few seconds)."""
         if not self.prepared:
             raise InternalError("tune_linears needs prepare_for_serving() first")
         first = self._typed_layers[0]
@@ -236,7 +236,6 @@ class Qwen3Model(nn.Module):
             first.self_attn.o_proj.weight,
             first.mlp.gate_up_weight,
             first.mlp.down_proj.weight,
-            self.embed_tokens.weight,  # the tied LM head: ~311 MB at real size, read per step
         )
         # at one row down_proj runs with SiLU*mul fused in, qkv and gate_up with the residual
         # add + RMSNorm before them: each also tuned as that kernel
@@ -298,6 +297,5 @@ class Qwen3Model(nn.Module):
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [M, hidden] -> logits [M, vocab] through the tied embedding matrix (by the
-        kernel `tune_linears` chose for its shape; F.linear when untuned, as on the CPU)."""
-        return self.linear_plan.linear(hidden, self.embed_tokens.weight)
+        """hidden [M, hidden] -> logits [M, vocab] through the tied embedding matrix."""
+        return F.linear(hidden, self.embed_tokens.weight)
