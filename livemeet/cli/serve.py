@@ -17,6 +17,7 @@ from livemeet.audio.constants import (
     GIL_SWITCH_INTERVAL_S,
     KV_BLOCK_SIZES,
     KV_CACHE_DTYPES,
+    LIVE_FORCED_BUDGET_STEP_TOKENS,
     MAX_AUDIO_S,
     MAX_LIVE_DECODE_STEPS,
     MAX_LIVE_HOP_LOAD,
@@ -97,8 +98,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--check-config",
         action="store_true",
-        help="validate the flags (and read the TLS files) without loading a model or "
-        "listening, then exit: 0 when `serve` would start with them, 2 with the error",
+        help="validate the flags and read the TLS files, then exit (0 valid, 2 with the "
+        "error) without loading the model or binding the port, which only a start checks",
     )
     p.set_defaults(func=run)
 
@@ -222,8 +223,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
         default=ModelConfig.live_forced_transcript_min_tokens,
         help="the least a session's hops force while the GPU is behind: the budget halves "
         "towards it while its hops take over --live-hop-load of a hop interval (smoothed) and "
-        "grows back while they are fast (a value >= --live-forced-transcript-tokens keeps "
-        "the budget fixed; default %(default)d)",
+        f"grows back by {LIVE_FORCED_BUDGET_STEP_TOKENS} tokens a hop while they are fast, so "
+        f"it must be >= {LIVE_FORCED_BUDGET_STEP_TOKENS}; a value >= "
+        "--live-forced-transcript-tokens keeps the budget fixed (default %(default)d)",
     )
     p.add_argument(
         "--live-hop-load",
