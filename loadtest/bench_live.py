@@ -39,7 +39,8 @@ audio edge, then the words spoken by it of the one going on).
 
 One JSON line per point (appended to --out, and printed): latency mean, p50, p95, p99 and max
 over every session's segments (and p50, p95 by when in the meeting the segment ends:
-`latency_by_time`), the same per word (`word_latency_*`, `word_latency_by_time`), how many
+`latency_by_time`), the same per word (`word_latency_*`, `word_latency_by_time`; after a head
+also `steady_word_latency_*`, leaving out the words of its catch-up, CATCH_UP_S), how many
 segments were seen before `end`, only after it (the final flush) or never, the client's largest
 send lag, how many finals arrived, the time from `end` to `transcript.final` and from connecting
 to `session.ready` (median and worst session), errors, the uploads completed during the point
@@ -106,6 +107,10 @@ POINT_MARGIN_S = 30.0  # s a point needs beyond its audio (server drain, the fin
 UPLOAD_LEAD_S = 5.0  # s the uploads run before the first live session starts (in the engine)
 BODIES_PER_UPLOAD = 4  # distinct meetings per closed-loop client: no encoder cache hits
 LATENCY_BUCKET_S = 30.0  # s of meeting time per `latency_by_time` bucket (hops re-decode it all)
+# s of real time after the head whose words the steady figures leave out: the hops then still
+# work off what the head's 4x left queued (100 sessions, docs/benchmarks.md sessions 26-27:
+# p95 per word ~3-4 s in that bucket against 1.2-2.5 s in the next ones)
+CATCH_UP_S = LATENCY_BUCKET_S
 # --head-start-s: the meeting's first seconds are streamed at this many times real time, so a
 # call of <= 9 minutes reaches DESIGN's 10-minute point (300 s in 75 s, then 300 s live)
 HEAD_SPEED = 4.0
@@ -260,6 +265,16 @@ def latency_summary(name: str, latencies: Sequence[float]) -> dict[str, float | 
         f"{name}_p99_s": percentile(latencies, 99),
         f"{name}_max_s": max(latencies),
     }
+
+
+def latencies_after(results: Sequence[SegmentLatency], from_s: float) -> list[float]:
+    """The latencies (s) of every item that ends at or after `from_s` s of meeting time."""
+    return [
+        lat
+        for r in results
+        for lat, end in zip(r.latencies, r.end_times, strict=True)
+        if end >= from_s
+    ]
 
 
 def latency_by_time(results: Sequence[SegmentLatency]) -> dict[str, dict[str, float]]:
@@ -556,6 +571,12 @@ async def run_point(
         "words_seen": len(word_lat),
         "words_missed": sum(r.missed for r in words),
         **latency_summary("word_latency", word_lat),
+        # after a head, the same without the words of its catch-up (CATCH_UP_S)
+        **(
+            latency_summary("steady_word_latency", latencies_after(words, head_s + CATCH_UP_S))
+            if head_s > 0
+            else {}
+        ),
         "send_lag_max_s": max((send_lag_s(log) for log in logs), default=0.0),
         "ready_p50_s": percentile(readies, 50) if readies else None,
         "ready_max_s": max(readies) if readies else None,

@@ -4,7 +4,8 @@
 LATENCY_BUCKET_S of the sessions' time (`engine_by_time`, keys "START-END" in seconds). With a
 head start the first buckets stream faster than real time; this report sums the buckets that
 start within [--from-s, --to-s) and gives, per record: latency p50 / p95 / p99 / max (the whole
-point, as bench_live measured it: per segment, then per word), hops a second, endpoint hops a
+point, as bench_live measured it: per segment, per word, then per word without a head's
+catch-up bucket, for records since session 27), hops a second, endpoint hops a
 second, engine ms per hop (of it waiting on the GPU and encoding), prefill and decode-only steps
 a second, prefill and decode ids per hop, forced ids per hop, and a hop's mean time from
 submission to its end and to its first sampled id (servers since session 22; the rest is its
@@ -103,7 +104,8 @@ def figures(record: Mapping[str, Any], from_s: float, to_s: float) -> LiveFigure
 
 def latency_cell(record: Mapping[str, Any], prefix: str = "") -> str:
     """The record's latency "p50 / p95 / p99 / max" in seconds, two decimals: per segment, or
-    with `prefix` "word_" per word ("-" for records from before bench_live measured words)."""
+    with `prefix` "word_" per word, "steady_word_" per word after a head's catch-up ("-" for
+    records without those figures)."""
     keys = [f"{prefix}latency_{q}_s" for q in ("p50", "p95", "p99", "max")]
     if any(record.get(k) is None for k in keys):
         return "-"
@@ -116,6 +118,7 @@ def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
         label,
         latency_cell(record),
         latency_cell(record, "word_"),
+        latency_cell(record, "steady_word_"),
         f"{f.hops_per_s:.1f}",
         f"{f.endpoint_hops_per_s:.2f}",
         f"{f.engine_ms_per_hop:.2f}",
@@ -132,11 +135,12 @@ def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
 
 
 FIGURES_HEADER = (
-    "| record | p50 / p95 / p99 / max (s) | per word | hops / s | endpoint hops / s "
+    "| record | p50 / p95 / p99 / max (s) | per word | per word after catch-up "
+    "| hops / s | endpoint hops / s "
     "| engine ms / hop | of it waiting | of it encoding | prefill steps / s "
     "| decode-only steps / s | prefill ids / hop | decode ids / hop | forced ids / hop "
     "| hop s / to first id |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -26,6 +26,7 @@ from loadtest.bench_live import (
     engine_by_time,
     first_word_times,
     frame_of,
+    latencies_after,
     latency_by_time,
     meeting_s,
     message_segments,
@@ -138,6 +139,14 @@ def test_meeting_time_runs_fast_through_the_head_then_in_real_time() -> None:
     assert meeting_s(10.0, head_s=300.0, head_speed=4.0) == 40.0
     assert meeting_s(75.0, head_s=300.0, head_speed=4.0) == 300.0
     assert meeting_s(100.0, head_s=300.0, head_speed=4.0) == 325.0
+
+
+def test_latencies_after_keep_what_ends_from_a_time_on() -> None:
+    a = SegmentLatency((0.5, 0.7, 2.0), 0, 0, 3, end_times=(5.0, 29.9, 31.0))
+    b = SegmentLatency((0.9,), 1, 0, 2, end_times=(30.0,))
+    assert latencies_after([a, b], 30.0) == [2.0, 0.9]
+    assert latencies_after([a, b], 0.0) == [0.5, 0.7, 2.0, 0.9]
+    assert latencies_after([a, b], 31.5) == []
 
 
 def test_latency_by_time_buckets_segments_by_their_end_in_the_meeting() -> None:
@@ -368,6 +377,8 @@ def test_a_head_start_reaches_late_in_the_meeting_in_less_time(tmp_path: Path) -
     (r,) = [json.loads(line) for line in out.read_text().splitlines()[1:]]
     assert r["num_errors"] == 0, r["first_error"]
     assert r["head_start_s"] == 8.0 and r["head_speed"] == 4.0
+    # the steady figures leave out CATCH_UP_S (30 s) after the head: none of 14 s is left
+    assert "steady_word_latency_p95_s" in r and r["steady_word_latency_p95_s"] is None
     turns = wl.make_forced(load_tokenizer(None), wl.get_workload("long", 30.0), seed=1)[1].turns
     late = [t for t in turns if 8.0 < t.end_s <= 14.0]
     assert r["segments_expected"] == 2 * len(late) > 0

@@ -119,7 +119,7 @@ def test_the_command_reads_the_last_record_of_each_file(
     assert out[0] == live_report.FIGURES_HEADER.splitlines()[0]
     row = out[2]
     # the per-word cell: "-" for a record from before bench_live measured words
-    assert row.startswith("| call1_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | - | 100.0 | 3.00 |")
+    assert row.startswith("| call1_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | - | - | 100.0 | 3.00 |")
     live_report.main([str(path), "--all-records"])
     labels = [line.split(" | ")[0] for line in capsys.readouterr().out.splitlines()[2:4]]
     assert labels == ["| call1_bench_live[0]", "| call1_bench_live[1]"]
@@ -129,7 +129,16 @@ def test_the_command_reads_the_last_record_of_each_file(
     live_report.main([str(path)])
     row = capsys.readouterr().out.splitlines()[2]
     assert row.startswith(
-        "| call2_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | 0.50 / 1.25 / 1.50 / 2.00 |"
+        "| call2_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | 0.50 / 1.25 / 1.50 / 2.00 | - |"
+    )
+    # per word without the head's catch-up (records since session 27)
+    steady = {f"steady_{k}": v / 2 for k, v in words.items()}
+    path.write_text(json.dumps(_record() | words | steady) + "\n")
+    live_report.main([str(path)])
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith(
+        "| call2_bench_live | 1.23 / 2.00 / 2.50 / 3.00 | 0.50 / 1.25 / 1.50 / 2.00 "
+        "| 0.25 / 0.62 / 0.75 / 1.00 | 100.0 |"
     )
     # the per-word buckets get their own table, after the per-segment one
     by_word = {"word_latency_by_time": {"450-480": {"p50_s": 0.75, "p95_s": 1.5}}}
