@@ -117,5 +117,8 @@ class DemoCore(RedecodeCore):
 
 
 def create_demo(config: ModelConfig) -> DemoCore:
-    """Registry factory (the demo ignores `config.model`, which is None when it serves)."""
+    """Registry factory (the demo ignores `config.model`, which is None when it serves). It
+    runs on the CPU whatever `config.device` says, and says so when that names another."""
+    if config.device not in ("auto", "cpu"):
+        log.warning("the demo backend runs on the CPU: --device %s is ignored", config.device)
     return DemoCore()

@@ -34,6 +34,22 @@ def test_info_says_demo() -> None:
     assert info.model_id == "whisper-tiny.en-demo"
 
 
+@pytest.mark.parametrize(
+    ("device", "warns"), [("cuda", True), ("cuda:1", True), ("cpu", False), ("auto", False)]
+)
+def test_a_device_the_demo_does_not_use_is_reported(
+    device: str, warns: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve --device cuda` without `--model` serves the demo, which runs on the CPU: it says
+    the flag is ignored instead of leaving the operator to think the GPU serves."""
+    from livemeet.backends.demo import create_demo
+    from livemeet.config import ModelConfig
+
+    with caplog.at_level(logging.WARNING, logger="livemeet.backends.demo"):
+        assert isinstance(create_demo(ModelConfig(device=device)), DemoCore)
+    assert (f"--device {device} is ignored" in caplog.text) is warns
+
+
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     real_import = builtins.__import__
 
