@@ -19,7 +19,7 @@ tokens, and decode only the new tail (DESIGN 5.3: the most recent whole segments
 `ModelConfig.live_forced_transcript_tokens`, 2,048 by default; our technique, not the
 reference's, unvalidated on real weights). Each session's budget adapts to load: it halves,
 down to `live_forced_transcript_min_tokens`, while its hops take more than `live_hop_load`
-(0.3) of a hop interval (smoothed over hops) and grows back while they are fast
+of a hop interval (smoothed over hops) and grows back while they are fast
 (livemeet/session/forced_budget.py).
 With 0 tokens a hop re-decodes the whole meeting (cumulative re-decode, as SGLang-Omni
 does), whose decode grows ~330 tokens per meeting minute.
