@@ -160,14 +160,14 @@ class Engine:
         transfer: TokenTransfer | None = None,
     ) -> None:
         self.config = config
+        # a hub id's cached snapshot, resolved once: its weights, tokenizer and prompt settings
+        root = resolve_checkpoint(config.model) if config.model else None
         self.model, self.model_config = model or load_model(
-            config.model,
+            root,
             load_format=config.load_format,
             device=config.device,
             dtype=config.dtype,
         )
-        # a hub id's cached snapshot too: its tokenizer and prompt settings, not the defaults
-        root = resolve_checkpoint(config.model) if config.model else None
         try:
             self.tokenizer = load_tokenizer(root)
         except ConfigError as exc:  # a hub snapshot cached with the weights only

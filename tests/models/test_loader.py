@@ -193,8 +193,19 @@ def test_a_hub_id_engine_reads_the_snapshots_tokenizer_and_prompt_settings(
     shipped = {"audio_tokens_per_second": 12.5, "audio_merge_size": 4,
                "time_marker_every_seconds": 2, "enable_time_marker": True}  # fmt: skip
     (snapshot / "processor_config.json").write_text(json.dumps(shipped))
+    import huggingface_hub
+
+    lookups: list[str] = []
+    real_lookup = huggingface_hub.snapshot_download
+
+    def counted(repo_id: str, **kwargs: Any) -> str:
+        lookups.append(repo_id)
+        return str(real_lookup(repo_id, **kwargs))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", counted)
     engine = Engine(config)
     assert engine.prompt_config.time_marker_every_s == 2
+    assert lookups == ["someone/tiny-moss"]  # once: weights, tokenizer and settings share it
 
 
 def test_unknown_path_and_missing_model_are_rejected(tmp_path: Path) -> None:
