@@ -1054,13 +1054,7 @@ class MossCore:
     # -- forced output (benchmarks) ----------------------------------------------------------
 
     def _load_forced(self, path: Path) -> None:
-        try:
-            text = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read --forced-output {path}: {exc}") from exc
-        segments = parse_transcript(text)
-        if not segments:
-            raise ConfigError(f"--forced-output {path} holds no [start][Sxx]text[end] segment")
+        text, segments = read_forced_output(path)
         self._forced_text = text
         self._forced = segments
         self._forced_pieces = [segment_pieces(self._encode, render_segment(s)) for s in segments]
@@ -1143,6 +1137,20 @@ class MossCore:
             if not self._exact_pieces:
                 log.warning("the tokenizer does not split after digits: forced ids are re-encoded")
         return self._exact_pieces
+
+
+def read_forced_output(path: Path) -> tuple[str, list[Segment]]:
+    """A `--forced-output` reference transcript (`[0.00][S01]text[1.20]...`, MODEL.md section
+    6's grammar): its stripped text and segments. Raises ConfigError for a file that cannot be
+    read as UTF-8 or holds no segment."""
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read --forced-output {path}: {exc}") from exc
+    segments = parse_transcript(text)
+    if not segments:
+        raise ConfigError(f"--forced-output {path} holds no [start][Sxx]text[end] segment")
+    return text, segments
 
 
 def engine_config(cfg: ModelConfig) -> EngineConfig:

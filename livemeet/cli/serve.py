@@ -98,8 +98,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--check-config",
         action="store_true",
-        help="validate the flags and read the TLS files, then exit (0 valid, 2 with the "
-        "error) without loading the model or binding the port, which only a start checks",
+        help="validate the flags, the TLS files and (MOSS-TD) the device, the checkpoint's "
+        "config.json and --forced-output, then exit (0 valid, 2 with the error) without "
+        "loading weights or binding the port, which only a start checks",
     )
     p.set_defaults(func=run)
 
@@ -315,6 +316,23 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return config
 
 
+def preflight_model(model: ModelConfig) -> None:
+    """What a MOSS-TD start would load, checked without loading it (`--check-config`): the
+    device exists, a named checkpoint resolves and its config.json is this model's, the
+    forced-output transcript parses. The demo backend has nothing to check here. Raises
+    ConfigError with the reason a start would give."""
+    if model.backend_name != "moss":
+        return
+    from livemeet.backends.moss import read_forced_output
+    from livemeet.models.loader import read_checkpoint_config, resolve_device
+
+    resolve_device(model.device)
+    if model.model is not None:
+        read_checkpoint_config(model.model)
+    if model.forced_output is not None:
+        read_forced_output(Path(model.forced_output))
+
+
 def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
     """A server TLS context from --tls-cert/--tls-key (browsers need https for the mic on
     other machines). Raises ConfigError for unreadable files."""
@@ -339,7 +357,8 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
         context = ssl_context(config)
         if args.check_config:
-            log.info("configuration ok (nothing loaded, nothing listened on)")
+            preflight_model(config.model)
+            log.info("configuration ok (no weights loaded, nothing listened on)")
             return 0
         check_listen(config.host, config.port)
         app = create_app(config)

@@ -149,6 +149,13 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
         ) from exc
 
 
+def read_checkpoint_config(path_or_id: str | Path) -> MossTDConfig:
+    """The model geometry of a checkpoint directory or cached hub id (its config.json), without
+    reading any weights. Raises ConfigError as resolve_checkpoint does, or for a config.json
+    that is missing, unreadable or of another model."""
+    return _read_config(resolve_checkpoint(path_or_id))
+
+
 def download_hint(model: str) -> str | None:
     """For a hub id (not a local directory): the `hf download` command that caches every file
     livemeet reads from its checkpoint, else None."""

@@ -127,13 +127,29 @@ def test_serve_check_config_validates_without_loading_or_listening(
 
     monkeypatch.setattr("livemeet.gateway.app.create_app", must_not_run)
     monkeypatch.setattr(serve, "check_listen", must_not_run)
-    base = ["serve", "--model", "x", "--data-dir", str(tmp_path), "--check-config"]
+    base = ["serve", "--load-format", "dummy", "--data-dir", str(tmp_path), "--check-config"]
+
+    def refused(*flags: str) -> str:
+        caplog.clear()
+        assert serve.run(build_parser().parse_args(base + list(flags))) == 2
+        return caplog.text
+
     with caplog.at_level("INFO"):
-        bad = base + ["--live-forced-transcript-min-tokens", "64"]  # under the growth step
-        assert serve.run(build_parser().parse_args(bad)) == 2
-        assert "floor must be >=" in caplog.text
+        assert "floor must be >=" in refused("--live-forced-transcript-min-tokens", "64")
         assert serve.run(build_parser().parse_args(base)) == 0
         assert "configuration ok" in caplog.text
+        # what a start reads before loading weights: the device, the checkpoint's
+        # config.json, the forced transcript (a start found each only after its imports)
+        assert "unknown device" in refused("--device", "tpu7")
+        assert "not a directory" in refused("--model", str(tmp_path / "no-such-checkpoint"))
+        assert "no config.json" in refused("--model", str(tmp_path))
+        forced = tmp_path / "forced.txt"
+        forced.write_text("no segments here")
+        assert "holds no [start][Sxx]text[end]" in refused("--forced-output", str(forced))
+        forced.write_bytes(b"\xff\xfe[0.00]")
+        assert "cannot read --forced-output" in refused("--forced-output", str(forced))
+        forced.write_text("[0.00][S01] hello[1.20]")
+        assert serve.run(build_parser().parse_args(base + ["--forced-output", str(forced)])) == 0
 
 
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:
