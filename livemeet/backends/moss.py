@@ -38,6 +38,7 @@ open.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections import OrderedDict
@@ -278,8 +279,24 @@ class ForcedPart:
     closed: bool
 
 
+def forced_skip_keys(reference: Sequence[Segment]) -> list[float]:
+    """For `forced_hop_parts(..., skip_keys=)`: the running maximum over the reference of each
+    segment's latest time, max(start, end) (every word end lies between start and end), or its
+    start for a segment with no word. Non-decreasing, so a bisection finds the segments that no
+    hop after a given cut can write any more."""
+    keys: list[float] = []
+    top = -math.inf
+    for seg in reference:
+        top = max(top, max(seg.start_s, seg.end_s) if seg.text.split() else seg.start_s)
+        keys.append(top)
+    return keys
+
+
 def forced_hop_parts(
-    reference: Sequence[Segment], edge_s: float, after_s: float
+    reference: Sequence[Segment],
+    edge_s: float,
+    after_s: float,
+    skip_keys: Sequence[float] | None = None,
 ) -> list[ForcedPart]:
     """What a perfect model writes for audio up to `edge_s` after a cut at `after_s` (-1: none),
     the reference's words timed by `word_end_times`: each segment's words that end after the
@@ -292,9 +309,16 @@ def forced_hop_parts(
     (`clean_hypothesis`: a start within one stamp step of the edge). Its leading space is the
     whole text's (`takes_leading_space`), so each hop's ids are a prefix of the next one's.
     Every word is written by exactly one of two hops where the second's cut is the first's
-    edge (the `finalize` / full-window case)."""
+    edge (the `finalize` / full-window case). `skip_keys` (`forced_skip_keys(reference)`)
+    passes over the segments that start by the edge and whose words all end by the cut
+    without looking at them: the same parts, in time independent of how far the meeting is
+    (a 30-minute reference has ~2,300 segments, and each hop looked at all it had passed)."""
     parts: list[ForcedPart] = []
-    for index, seg in enumerate(reference):
+    first = 0
+    if skip_keys is not None:
+        first = bisect.bisect_right(skip_keys, min(after_s + FORCED_TIME_TOLERANCE_S, edge_s))
+    for index in range(first, len(reference)):
+        seg = reference[index]
         if seg.start_s > edge_s:
             break
         ends = word_end_times(seg)
@@ -471,6 +495,7 @@ class MossCore:
         self._forced: list[Segment] | None = None
         self._forced_text: str | None = None
         self._forced_pieces: list[Pieces] = []  # each forced segment's ids (transcript/pieces.py)
+        self._forced_skip_keys: list[float] = []  # forced_skip_keys(self._forced)
         self._close_ids: list[int] = []  # the ids of "]"
         self._exact_pieces: bool | None = None  # splits_after_digits of the engine's tokenizer
         self._added: frozenset[int] | None = None  # the tokenizer's added-token ids
@@ -1057,6 +1082,7 @@ class MossCore:
         text, segments = read_forced_output(path)
         self._forced_text = text
         self._forced = segments
+        self._forced_skip_keys = forced_skip_keys(segments)
         self._forced_pieces = [segment_pieces(self._encode, render_segment(s)) for s in segments]
         self._close_ids = self._encode("]")  # a hop's forced ids end with it
 
@@ -1105,7 +1131,7 @@ class MossCore:
         if edge_s is None:
             return self._encode(self._forced_text)
         after = -1.0 if tail_from_s is None else tail_from_s
-        parts = forced_hop_parts(self._forced, edge_s, after)
+        parts = forced_hop_parts(self._forced, edge_s, after, self._forced_skip_keys)
         close = tail_from_s is not None  # the forced transcript's last `]` is still to come
         if not self._pieces_join():
             text = "".join(part.rendered for part in parts)

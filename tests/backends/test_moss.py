@@ -21,7 +21,13 @@ import torch
 from livemeet.audio.constants import KV_BLOCK_SIZE, MIN_PREFILL_CHUNK, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
-from livemeet.backends.moss import MossCore, _Upload, engine_config, forced_hop_parts
+from livemeet.backends.moss import (
+    MossCore,
+    _Upload,
+    engine_config,
+    forced_hop_parts,
+    forced_skip_keys,
+)
 from livemeet.config import ModelConfig, UploadHold
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
@@ -922,6 +928,28 @@ def test_a_cut_at_a_hops_edge_leaves_each_word_to_exactly_one_of_the_two_hops() 
         assert first == every[: len(first)]  # in order, none skipped
     for part in forced_hop_parts(reference, 6.0, 1.3205):  # a remainder starts past the cut
         assert parse_transcript(part.rendered)[0].start_s >= 1.3205
+
+
+def test_skipping_passed_segments_gives_the_same_hop_parts() -> None:
+    """`forced_skip_keys` lets each hop bisect past the reference's written segments (a
+    30-minute meeting's hops looked at ~2,300 each): the parts are the same as a scan from
+    the first segment, for any cut and edge, on references with overlapping turns, segments
+    without words, zero-length and reversed ones (which a scan must not skip past wrongly)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        reference, t = [], 0.0
+        for _ in range(int(rng.integers(1, 12))):
+            t = max(0.0, t + float(rng.choice([-0.5, 0.0, 0.3, 1.0, 2.5])))
+            end = t + float(rng.choice([-0.2, 0.0, 0.7, 1.9]))
+            text = " ".join("w" for _ in range(int(rng.integers(0, 4))))
+            reference.append(Segment(round(t, 2), round(end, 2), "S01", text))
+        keys = forced_skip_keys(reference)
+        assert keys == sorted(keys)
+        for _ in range(20):
+            edge_s = float(rng.uniform(-0.5, t + 3.0))
+            after_s = float(rng.choice([-1.0, rng.uniform(-0.5, t + 3.0), edge_s]))
+            expected = forced_hop_parts(reference, edge_s, after_s)
+            assert forced_hop_parts(reference, edge_s, after_s, keys) == expected
 
 
 def stream_with_finalize(
