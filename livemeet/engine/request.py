@@ -150,7 +150,10 @@ class Request:
         p = self.num_prompt_tokens
         if end <= p:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        # not the whole prompt + outputs, to slice a few ids of it (a long meeting's ~30k)
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     def audio_positions_in(self, start: int, end: int) -> tuple[int, ...]:
         """Audio positions p with start <= p < end (the ones a prefill chunk must splice)."""
