@@ -6,6 +6,7 @@ CLI flags are generated from these fields (livemeet/__main__.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -226,12 +227,15 @@ class GatewayConfig:
     live_hop_s: float = LIVE_HOP_S
 
     def validate(self) -> None:
-        if self.max_upload_bytes <= 0 or self.max_audio_s <= 0:
-            raise ConfigError("max_upload_bytes and max_audio_s must be positive")
+        if self.max_upload_bytes <= 0:
+            raise ConfigError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
-        if self.idle_timeout_s <= 0 or self.final_timeout_s <= 0:
-            raise ConfigError("idle_timeout_s and final_timeout_s must be positive")
+        # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either
+        for name in ("max_audio_s", "idle_timeout_s", "final_timeout_s", "flush_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive number of seconds, not {value}")
         if not LIVE_HOP_MIN_S <= self.live_hop_s <= LIVE_HOP_MAX_S:
             raise ConfigError(
                 f"live_hop_s must be in [{LIVE_HOP_MIN_S}, {LIVE_HOP_MAX_S}] s, "

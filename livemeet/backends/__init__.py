@@ -32,13 +32,20 @@ def register_backend(name: str, factory: str | BackendFactory) -> None:
     BACKENDS[name] = factory
 
 
-def create_backend(config: ModelConfig) -> BackendCore:
-    """The backend core for `config` (not yet loaded). Raises ConfigError for an unknown name or
-    a backend whose module cannot be imported."""
+def check_backend(config: ModelConfig) -> str | BackendFactory:
+    """The registry entry of `config.backend_name`. Raises ConfigError for an unknown name."""
     name = config.backend_name
     entry = BACKENDS.get(name)
     if entry is None:
         raise ConfigError(f"unknown backend {name!r}; registered: {', '.join(sorted(BACKENDS))}")
+    return entry
+
+
+def create_backend(config: ModelConfig) -> BackendCore:
+    """The backend core for `config` (not yet loaded). Raises ConfigError for an unknown name or
+    a backend whose module cannot be imported."""
+    name = config.backend_name
+    entry = check_backend(config)
     if isinstance(entry, str):
         module_name, _, attr = entry.partition(":")
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import socket
 import ssl
 import sys
@@ -24,6 +25,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_BYTES,
     MIN_LIVE_HOP_LOAD,
 )
+from livemeet.backends import check_backend
 from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
@@ -317,10 +319,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def preflight_model(model: ModelConfig) -> None:
-    """What a MOSS-TD start would load, checked without loading it (`--check-config`): the
-    device exists, a named checkpoint resolves and its config.json is this model's, the
-    forced-output transcript parses. The demo backend has nothing to check here. Raises
-    ConfigError with the reason a start would give."""
+    """What a start would load, checked without loading it (`--check-config`): the backend is
+    registered; for MOSS-TD, the device exists, a named checkpoint resolves and its
+    config.json is this model's, the forced-output transcript parses. Raises ConfigError with
+    the reason a start would give."""
+    check_backend(model)
     if model.backend_name != "moss":
         return
     from livemeet.backends.moss import read_forced_output
@@ -356,6 +359,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         context = ssl_context(config)
+        check_data_dir(config.data_dir)
         if args.check_config:
             preflight_model(config.model)
             log.info("configuration ok (no weights loaded, nothing listened on)")
@@ -396,6 +400,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def check_data_dir(path: Path) -> None:
+    """Raise ConfigError unless `path` is a directory this process may write, or can be made
+    one (its nearest existing ancestor is a writable directory). Creates nothing: the server
+    makes its directories at start-up."""
+    probe = path.expanduser().absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"cannot use --data-dir {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"cannot use --data-dir {path}: {probe} is not writable")
 
 
 def check_listen(host: str, port: int) -> None:

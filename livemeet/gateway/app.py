@@ -17,6 +17,7 @@ from aiohttp import web
 
 from livemeet.config import ServerConfig
 from livemeet.errors import (
+    ConfigError,
     InternalError,
     LivemeetError,
     MethodNotAllowed,
@@ -133,11 +134,14 @@ def _file_handler(path: Path) -> Handler:
 async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start the transcriber (and data dirs) before serving; close it after shutdown."""
     config = app[CONFIG_KEY]
-    tmp_dir(config).mkdir(parents=True, exist_ok=True)
+    try:
+        tmp_dir(config).mkdir(parents=True, exist_ok=True)
+        transcripts_dir(config).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # serve's check_data_dir passed; the disk changed since, or a race
+        raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     stale = remove_spill_files(tmp_dir(config))  # a crashed run's; this run has none yet
     if stale:
         log.warning("removed %d upload spill files left by an earlier run", stale)
-    transcripts_dir(config).mkdir(parents=True, exist_ok=True)
     transcriber = app[TRANSCRIBER_KEY]
     await transcriber.start()
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,34 @@ def test_serve_check_config_validates_without_loading_or_listening(
         assert "cannot read --forced-output" in refused("--forced-output", str(forced))
         forced.write_text("[0.00][S01] hello[1.20]")
         assert serve.run(build_parser().parse_args(base + ["--forced-output", str(forced)])) == 0
+
+
+def test_serve_refuses_an_unusable_data_dir_in_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file or an unwritable place as --data-dir was a traceback and exit 1 at start-up,
+    and --check-config passed it (found by a trial). A directory still to be made is fine."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    cases = {a_file: "is not a directory", a_file / "sub": "is not a directory"}
+    if not os.access(locked, os.W_OK):  # root writes anywhere
+        cases[locked / "data"] = "is not writable"
+    for data_dir, reason in cases.items():
+        caplog.clear()
+        argv = ["serve", "--data-dir", str(data_dir), "--port", "0"]
+        assert main([*argv, "--check-config"]) == 2
+        assert reason in caplog.text
+        assert main(argv) == 2  # before any model is loaded
+    serve.check_data_dir(tmp_path / "new" / "deeper")
+    assert not (tmp_path / "new").exists()  # checked, not made
+
+
+def test_check_config_names_an_unknown_backend(caplog: pytest.LogCaptureFixture) -> None:
+    assert main(["serve", "--backend", "nosuch", "--check-config"]) == 2
+    assert "unknown backend 'nosuch'" in caplog.text
 
 
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:

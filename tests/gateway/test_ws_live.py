@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 from typing import Any
 
@@ -411,10 +412,21 @@ async def test_frame_over_the_limit_closes_1009(client: TestClient) -> None:
         assert ws.close_code == 1009
 
 
-@pytest.mark.parametrize("bad", [{"idle_timeout_s": 0.0}, {"final_timeout_s": -1.0}])
-def test_gateway_timeouts_must_be_positive(bad: dict[str, float]) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"idle_timeout_s": 0.0},
+        {"final_timeout_s": -1.0},
+        # NaN passed `<= 0` and switched the upload length limit off (found by a trial)
+        {"max_audio_s": math.nan},
+        {"max_audio_s": math.inf},
+        {"idle_timeout_s": math.nan},
+        {"flush_interval_s": 0.0},
+    ],
+)
+def test_gateway_limits_and_timeouts_must_be_positive_and_finite(bad: dict[str, float]) -> None:
     from livemeet.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="must be positive"):
+    with pytest.raises(ConfigError, match="must be a positive number of seconds"):
         GatewayConfig(**bad).validate()
     GatewayConfig().validate()
