@@ -171,6 +171,14 @@ LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a d
 # Engine process boundary (livemeet/engine/worker.py, livemeet/gateway/engine_client.py).
 ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
 ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
+# A lost engine worker is started again (livemeet/gateway/engine_client.py) after a delay that
+# doubles from ENGINE_RESTART_DELAY_S to ENGINE_RESTART_MAX_DELAY_S with each attempt of the
+# last ENGINE_RESTART_WINDOW_S; past ENGINE_MAX_RESTARTS attempts in that window the client
+# gives up and /healthz fails, so a supervisor replaces the process (a crash loop, a GPU gone)
+ENGINE_RESTART_DELAY_S = 1.0
+ENGINE_RESTART_MAX_DELAY_S = 30.0
+ENGINE_RESTART_WINDOW_S = 600.0
+ENGINE_MAX_RESTARTS = 5
 ENGINE_POLL_S = 0.05  # s an idle worker / the gateway's reader thread blocks on its queue per poll
 # s a worker holding uploads for incoming ones blocks on its inbox per poll: how late it can
 # notice that the hold's wait ran out (BackendCore.is_holding)

@@ -38,7 +38,12 @@ open precedes its next command (the backend counts its open, unqueued uploads it
 upload is never counted on both sides, nor queued under a count that still includes it.
 
 If the worker dies, every open session gets `Error(engine_unavailable, retryable=True)` and
-`ready` turns False; `open_session` then raises EngineUnavailable.
+`ready` turns False; `open_session` then raises EngineUnavailable until a new worker is ready.
+The client starts one after ENGINE_RESTART_DELAY_S, doubling the delay with each attempt of
+the last ENGINE_RESTART_WINDOW_S; past ENGINE_MAX_RESTARTS attempts there it gives up and
+`failed` turns True (/healthz fails: the process needs replacing). Each worker's reader thread
+tags what it posts with the worker's generation, so a message of a worker already replaced
+(its exit, a late `SharedAudioConsumed`) is dropped rather than taken for the new one's.
 """
 
 from __future__ import annotations
@@ -59,7 +64,11 @@ import numpy as np
 
 from livemeet.audio.constants import (
     ENGINE_CLOSE_TIMEOUT_S,
+    ENGINE_MAX_RESTARTS,
     ENGINE_POLL_S,
+    ENGINE_RESTART_DELAY_S,
+    ENGINE_RESTART_MAX_DELAY_S,
+    ENGINE_RESTART_WINDOW_S,
     ENGINE_START_TIMEOUT_S,
     SAMPLE_RATE,
     SESSION_EVENT_BUFFER,
@@ -252,6 +261,11 @@ class EngineClient:
         self._worker_thread: threading.Thread | None = None
         self._reader: threading.Thread | None = None
         self._stop_reader = threading.Event()
+        self._generation = 0  # of the current worker; its reader tags what it posts with it
+        self._restart_task: asyncio.Task[None] | None = None
+        self._restart_attempts: deque[float] = deque()  # monotonic s of each attempt
+        self._failed = False
+        self.num_restarts = 0  # workers started again after one was lost
         self._incoming_uploads = 0  # the gateway's count (set_incoming_uploads)
         self._incoming_uploads_sent = 0  # the count the worker was last sent (it starts at 0)
         self._incoming_flush_due = False  # a call_soon of _flush_incoming_uploads is pending
@@ -264,6 +278,11 @@ class EngineClient:
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def failed(self) -> bool:
+        """True once a lost worker could not be started again (module docstring)."""
+        return self._failed
 
     @property
     def num_sessions(self) -> int:
@@ -283,7 +302,22 @@ class EngineClient:
             return
         self._started = True
         self._loop = asyncio.get_running_loop()
+        try:
+            await self._launch()
+        except LivemeetError:
+            await self.close()
+            raise
+        self._ready = True
+
+    async def _launch(self) -> None:
+        """Start a worker and its reader thread, and wait until its backend is loaded. Raises
+        the worker's typed error, or EngineUnavailable on timeout or an early exit; what was
+        started is then left for `_stop_worker`."""
+        assert self._loop is not None
+        self._generation += 1
         self._ready_future = self._loop.create_future()
+        self._stop_reader = threading.Event()
+        self._incoming_uploads_sent = 0  # a new worker starts from none
         if self.in_process:
             self._inbox, self._outbox = queue.Queue(), queue.Queue()
             self._worker_thread = threading.Thread(
@@ -307,20 +341,18 @@ class EngineClient:
             reader.close()  # the child has its copy; with ours, writes would outlive the child
             self._inbox = CommandSender(writer)
         self._reader = threading.Thread(
-            target=self._read, name="livemeet-engine-reader", daemon=True
+            target=self._read,
+            args=(self._generation, self._outbox, self._stop_reader),
+            name="livemeet-engine-reader",
+            daemon=True,
         )
         self._reader.start()
         try:
             self._info = await asyncio.wait_for(self._ready_future, self.start_timeout_s)
         except TimeoutError:
-            await self.close()
             raise EngineUnavailable(
                 f"engine did not become ready within {self.start_timeout_s:.0f} s"
             ) from None
-        except LivemeetError:
-            await self.close()
-            raise
-        self._ready = True
 
     async def close(self) -> None:
         """Fail open sessions (engine_unavailable), stop the worker (Shutdown, then a kill after
@@ -330,6 +362,16 @@ class EngineClient:
         self._closing = True
         self._ready = False
         self._fail_all("the engine is shutting down")
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            await asyncio.gather(self._restart_task, return_exceptions=True)
+        await self._stop_worker()
+
+    async def _stop_worker(self) -> None:
+        """Stop the current worker (Shutdown, then a kill after ENGINE_CLOSE_TIMEOUT_S) and its
+        reader thread, release its blocks and queues. Idempotent; a no-op with none started."""
+        if self._inbox is None:
+            return
         try:
             self._inbox.put_nowait(Shutdown())
         except (ValueError, OSError):
@@ -349,6 +391,42 @@ class EngineClient:
         # Dropping the queues closes their pipe ends (a queue that was never written to has no
         # feeder thread to close them).
         self._inbox = self._outbox = None
+        self._process = self._worker_thread = self._reader = None
+
+    async def _restart(self) -> None:
+        """Replace a lost worker (module docstring); gives up as `failed`."""
+        try:
+            while True:
+                await self._stop_worker()
+                now = time.monotonic()
+                attempts = self._restart_attempts
+                while attempts and attempts[0] < now - ENGINE_RESTART_WINDOW_S:
+                    attempts.popleft()
+                if len(attempts) >= ENGINE_MAX_RESTARTS:
+                    self._failed = True
+                    log.error(
+                        "engine: %d restarts within %.0f s, giving up (/healthz now fails)",
+                        len(attempts),
+                        ENGINE_RESTART_WINDOW_S,
+                    )
+                    return
+                delay_s = min(
+                    ENGINE_RESTART_DELAY_S * 2 ** len(attempts), ENGINE_RESTART_MAX_DELAY_S
+                )
+                attempts.append(now)
+                log.warning("engine: starting a new worker in %.0f s", delay_s)
+                await asyncio.sleep(delay_s)
+                try:
+                    await self._launch()
+                except LivemeetError as exc:
+                    log.error("engine: the new worker failed to start: %s", exc.message)
+                    continue
+                self.num_restarts += 1
+                self._ready = True
+                log.warning("engine: a new worker is ready (restart %d)", self.num_restarts)
+                return
+        finally:
+            self._restart_task = None
 
     def set_incoming_uploads(self, count: int) -> None:
         """The gateway's uploads accepted and not yet handed to the engine; sent to the worker
@@ -448,12 +526,13 @@ class EngineClient:
             return self._process.exitcode is None
         return self._worker_thread is not None and self._worker_thread.is_alive()
 
-    def _read(self) -> None:
-        """Reader thread: worker messages -> the event loop, until stopped or the worker dies."""
+    def _read(self, generation: int, outbox: Any, stop: threading.Event) -> None:
+        """Reader thread of worker `generation`: its messages -> the event loop, until stopped
+        or the worker dies."""
         assert self._loop is not None
-        while not self._stop_reader.is_set():
+        while not stop.is_set():
             try:
-                msg: object = self._outbox.get(timeout=ENGINE_POLL_S)
+                msg: object = outbox.get(timeout=ENGINE_POLL_S)
             except queue.Empty:
                 if self._worker_alive():
                     continue
@@ -461,7 +540,7 @@ class EngineClient:
             except (EOFError, OSError, ValueError) as exc:
                 msg = _WorkerExited(f"engine queue broke: {exc!r}")
             try:
-                self._loop.call_soon_threadsafe(self._dispatch, msg)
+                self._loop.call_soon_threadsafe(self._dispatch, msg, generation)
             except RuntimeError:
                 return  # the event loop is closed
             if isinstance(msg, _WorkerExited):
@@ -472,8 +551,11 @@ class EngineClient:
             return f"engine process exited with code {self._process.exitcode}"
         return "engine worker thread exited"
 
-    def _dispatch(self, msg: object) -> None:
-        """Loop thread: route one worker message."""
+    def _dispatch(self, msg: object, generation: int) -> None:
+        """Loop thread: route one message of worker `generation` (dropped if it was replaced:
+        its sessions were failed and its blocks released when it was lost)."""
+        if generation != self._generation:
+            return
         if isinstance(msg, SessionEvent):
             session = self._sessions.get(msg.session_id)
             if session is not None:
@@ -498,11 +580,13 @@ class EngineClient:
         if self._ready_future is not None and not self._ready_future.done():
             self._ready_future.set_exception(error)
             return
-        if self._closing:
-            return
+        if self._closing or self._restart_task is not None:
+            return  # e.g. the exit that follows a WorkerFailed
         log.error("engine lost: %s", error.message)
         self._ready = False
         self._fail_all(f"the engine failed: {error.message}")
+        assert self._loop is not None
+        self._restart_task = self._loop.create_task(self._restart())
 
     def _fail_all(self, message: str) -> None:
         sessions, self._sessions = self._sessions, {}

@@ -9,6 +9,10 @@ from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, REGISTRY_KEY, TRAN
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """200 while the process can serve, now or once its engine is back; 503 once the engine
+    could not be started again (Transcriber.failed), so a supervisor replaces the process."""
+    if request.app[TRANSCRIBER_KEY].failed:
+        return web.json_response({"status": "failed", "reason": "engine_failed"}, status=503)
     return web.json_response({"status": "ok"})
 
 

@@ -195,6 +195,7 @@ class FakeTranscriber:
         self.num_started = 0
         self.num_closed = 0
         self.incoming_counts: list[int] = []  # every set_incoming_uploads, in order
+        self.gone_for_good = False  # `failed`
 
     @property
     def info(self) -> BackendInfo:
@@ -203,6 +204,10 @@ class FakeTranscriber:
     @property
     def ready(self) -> bool:
         return self._ready
+
+    @property
+    def failed(self) -> bool:
+        return self.gone_for_good
 
     async def start(self) -> None:
         self.num_started += 1

@@ -176,6 +176,89 @@ async def test_worker_crash_fails_open_sessions(tmp_path: Path) -> None:
     assert not livemeet_threads()
 
 
+async def wait_for_state(client: EngineClient, timeout_s: float = 30.0) -> None:
+    """Until the client is ready again or has given up."""
+    deadline = time.monotonic() + timeout_s
+    while not (client.ready or client.failed) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def quick_restarts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(engine_client, "ENGINE_RESTART_DELAY_S", 0.01)
+    monkeypatch.setattr(engine_client, "ENGINE_MAX_RESTARTS", 2)
+
+
+async def test_a_lost_worker_is_replaced_and_serves_again(
+    monkeypatch: pytest.MonkeyPatch, quick_restarts: None
+) -> None:
+    """The engine crashed once and the server answered 503 for good, /healthz still 200
+    (found by a trial); now a new worker is started and new sessions complete on it."""
+    cores: list[ScriptedCore] = []
+
+    def crash_once(config: ModelConfig) -> ScriptedCore:
+        crash = Script(DEFAULT_SCRIPT.reference, crash_on_step=3) if not cores else DEFAULT_SCRIPT
+        cores.append(ScriptedCore(crash))
+        return cores[-1]
+
+    monkeypatch.setitem(BACKENDS, "crash-once", crash_once)
+    client = EngineClient(ModelConfig(backend="crash-once"), in_process=True)
+    await client.start()
+    try:
+        victim = await client.open_session(SessionOptions())
+        with pytest.raises(EngineUnavailable):
+            for _ in range(100):
+                await victim.append(audio(1.0))
+                await asyncio.sleep(0.02)
+        lost = (await collect(victim))[-1]
+        assert isinstance(lost, Error) and lost.code == "engine_unavailable" and lost.retryable
+        assert "scripted engine crash at step 3" in lost.message
+        await wait_for_state(client)
+        assert client.ready and not client.failed and client.num_restarts == 1
+        assert len(cores) == 2
+        session = await client.open_session(SessionOptions())
+        await stream_all(session, 12.0)
+        final = (await collect(session))[-1]
+        assert isinstance(final, TranscriptFinal)
+        assert [s.text for s in final.segments] == [s.text for s in DEFAULT_SCRIPT.reference]
+        with pytest.raises(EngineUnavailable):  # the old session stays failed
+            await victim.append(audio(1.0))
+    finally:
+        await client.close()
+    assert not livemeet_threads()
+
+
+async def test_restarts_give_up_and_report_failed(
+    monkeypatch: pytest.MonkeyPatch, quick_restarts: None
+) -> None:
+    """A worker that cannot be started again (here: its backend no longer loads) is tried
+    ENGINE_MAX_RESTARTS times, then the client reports `failed` and stays not ready."""
+    loads: list[int] = []
+
+    def fails_after_first(config: ModelConfig) -> ScriptedCore:
+        loads.append(1)
+        if len(loads) > 1:
+            raise ConfigError("the GPU fell off the bus")
+        return ScriptedCore(Script(DEFAULT_SCRIPT.reference, crash_on_step=3))
+
+    monkeypatch.setitem(BACKENDS, "fragile", fails_after_first)
+    client = EngineClient(ModelConfig(backend="fragile"), in_process=True)
+    await client.start()
+    try:
+        session = await client.open_session(SessionOptions())
+        with pytest.raises(EngineUnavailable):
+            await stream_all(session, 12.0, pace_s=0.02)
+        assert isinstance((await collect(session))[-1], Error)
+        await wait_for_state(client)
+        assert client.failed and not client.ready
+        assert len(loads) == 1 + 2  # the first worker, then two attempts
+        with pytest.raises(EngineUnavailable):
+            await client.open_session(SessionOptions())
+    finally:
+        await client.close()
+    assert not livemeet_threads()
+
+
 async def test_capacity_and_readiness() -> None:
     client = EngineClient(SCRIPTED, in_process=True, max_sessions=2)
     with pytest.raises(EngineUnavailable):
@@ -279,6 +362,12 @@ async def test_child_process_round_trip_crash_and_clean_close() -> None:
         events = await collect(victim)
         assert isinstance(events[-1], Error) and events[-1].code == "engine_unavailable"
         assert events[-1].retryable and not client.ready
+        await wait_for_state(client, 60.0)  # a new engine process takes over
+        assert client.ready and client.num_restarts == 1
+        assert len(multiprocessing.active_children()) == 1
+        again = await client.open_session(SessionOptions())
+        await stream_all(again, 12.0)
+        assert isinstance((await collect(again))[-1], TranscriptFinal)
     finally:
         await client.close()
     await client.close()  # idempotent

@@ -31,6 +31,22 @@ async def test_health_and_ready(client: TestClient) -> None:
     assert (await client.get("/readyz")).status == 503
 
 
+async def test_healthz_fails_once_the_engine_is_gone_for_good(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    """/healthz said 200 forever after the engine died (found by a trial): a supervisor never
+    replaced the process. While the engine restarts it is only not ready."""
+    fake = FakeTranscriber()
+    client = await aiohttp_client(create_app(server_config, fake))
+    fake._ready = False  # restarting
+    assert (await client.get("/healthz")).status == 200
+    assert (await client.get("/readyz")).status == 503
+    fake.gone_for_good = True
+    health = await client.get("/healthz")
+    assert health.status == 503
+    assert await health.json() == {"status": "failed", "reason": "engine_failed"}
+
+
 async def test_transcriber_started_and_closed(
     aiohttp_client: ClientFactory, server_config: ServerConfig
 ) -> None:
