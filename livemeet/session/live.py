@@ -5,8 +5,10 @@ window (`window()`: audio from the end of the last final to the audio edge) with
 and hands the hypothesis back (`apply_hypothesis`), which returns the events to send:
 `SegmentFinal` for each newly committed segment, then a `SegmentPartial` when the open tail
 changed (`preview` sends the segments a decode has closed so far while it still runs).
-`finalize()` and `end()` make the next `apply_hypothesis` (or `flush()` when no new audio needs
-decoding) commit everything; `finish()` then gives the `TranscriptFinal`.
+`finalize()` and `end()` fix the audio received by then as a cut: the next windows end there,
+and the `apply_hypothesis` of the one that reaches it (or `flush()` when that audio is decoded
+already) commits everything up to it, however much audio arrives meanwhile; `finish()` then
+gives the `TranscriptFinal` after `end()`.
 
 No I/O, no asyncio, no clock: time is audio time (samples received at 16 kHz).
 """
@@ -107,6 +109,7 @@ class LiveSession:
         self._decoded_edge = 0  # audio edge of the last applied hypothesis
         self._window_edge: int | None = None  # edge of the window handed out, not yet applied
         self._flush_pending = False
+        self._flush_edge = 0  # the audio edge at the pending finalize/end: commit up to here
         self._end_pending = False
         self._ended = False
         self._rev = 0
@@ -135,16 +138,20 @@ class LiveSession:
                 self.endpointer.feed(arr)
 
     def finalize(self) -> None:
-        """Commit everything heard so far at the next decode or flush."""
+        """Commit everything heard so far (and only that: audio received later is decoded
+        after the commit) at the decode that reaches it, or at a flush. A second finalize
+        before then moves the cut to its own audio edge."""
         if self._ended:
             raise ProtocolError("finalize after end")
         self._flush_pending = True
+        self._flush_edge = self._num_samples
 
     def end(self) -> None:
         """No more audio; the next decode or flush commits everything and ends the session."""
         if self._ended:
             raise ProtocolError("end after end")
         self._flush_pending = True
+        self._flush_edge = self._num_samples
         self._end_pending = True
 
     # -- state -------------------------------------------------------------------------------
@@ -194,7 +201,7 @@ class LiveSession:
         if self._ended:
             return False
         if self._flush_pending:
-            return self.new_samples > 0
+            return self._decoded_edge < self._flush_edge
         if self.speech_end_due():
             return True
         if self.new_samples < round(self.options.hop_s * SAMPLE_RATE):
@@ -233,16 +240,19 @@ class LiveSession:
         return ep is not None and ep.last_end is not None and ep.last_end > self._decoded_edge
 
     def flush_due(self) -> bool:
-        """True when a finalize/end can be applied without decoding (no new audio)."""
-        return not self._ended and self._flush_pending and self.new_samples == 0
+        """True when a finalize/end can be applied without decoding (its audio is decoded)."""
+        return not self._ended and self._flush_pending and self._decoded_edge >= self._flush_edge
 
     def window(self) -> Window:
-        """The open window to decode now (from the end of the last final to the audio edge)."""
+        """The open window to decode now: from the end of the last final to the audio edge, or
+        to a pending finalize's cut (`finalize`)."""
         audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
         audio = audio[self._window_start - self._buffer_start :]
         self._buffer_start = self._window_start
         self._chunks = [audio] if audio.size else []
-        self._window_edge = self._num_samples
+        edge = self._flush_edge if self._flush_pending else self._num_samples
+        audio = audio[: edge - self._window_start]
+        self._window_edge = edge
         recent = join_texts(s.text for s in self._commit.committed[-20:])
         prompt = recent[-self.options.prompt_chars :] if recent else None
         return Window(audio, self._window_start / SAMPLE_RATE, prompt)
@@ -310,7 +320,7 @@ class LiveSession:
         """Apply a pending finalize/end without a new decode (the last tail is current)."""
         if not self.flush_due():
             return []
-        return self._events([], self._num_samples)
+        return self._events([], self._flush_edge)
 
     def finish(self, finish_reason: FinishReason = FinishReason.STOP) -> TranscriptFinal:
         """The final transcript: every committed segment. Call after `ended`."""
@@ -342,7 +352,7 @@ class LiveSession:
         return list(update.finals)
 
     def _events(self, finals: list[Segment], edge_samples: int) -> list[Event]:
-        if self._flush_pending and edge_samples == self._num_samples:
+        if self._flush_pending and edge_samples == self._flush_edge:
             finals += list(self._commit.force_commit().finals)
             self._flush_pending = False
             if self._end_pending:

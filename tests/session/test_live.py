@@ -142,6 +142,50 @@ def test_finalize_commits_everything_heard_so_far() -> None:
     assert committed[-1].text != REFERENCE[3].text  # cut mid-segment: what was heard so far
 
 
+def test_finalize_commits_up_to_its_cut_while_audio_keeps_arriving() -> None:
+    """A finalize fixes the audio heard by then: the commit stops there, however much audio
+    arrives before a decode reaches it. It was applied only by a decode with no audio after
+    it, so under a real-time stream it waited and committed words spoken after it (found by
+    an independent trial)."""
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(4.0))
+    in_flight = live.window()  # a hop decodes to 4 s while the client goes on
+    live.receive_audio(audio(1.0))
+    live.finalize()  # heard so far: 5 s
+    live.receive_audio(audio(2.5))
+    assert live.apply_hypothesis([Segment(0.5, 3.9, "S01", "before")]) == [
+        SegmentPartial(1, (Segment(0.5, 3.9, "S01", "before"),))
+    ]  # a decode short of the cut commits nothing
+    assert in_flight.end_s == pytest.approx(4.0)
+    assert live.hop_due()
+    cut = live.window()
+    assert cut.offset_s == 0.0 and cut.end_s == pytest.approx(5.0)  # not 7.5
+    hyp = [Segment(0.5, 3.9, "S01", "before"), Segment(4.0, 5.6, "S02", "at the cut")]
+    events = live.apply_hypothesis(hyp)
+    assert [e.segment.text for e in events if isinstance(e, SegmentFinal)] == [
+        "before",
+        "at the cut",
+    ]
+    assert finals_of(events)[-1].end_s == pytest.approx(5.0)  # clamped to the cut
+    assert live.committed_end_s == pytest.approx(5.0)
+    after = live.window()  # the audio after the cut comes next
+    assert after.offset_s == pytest.approx(5.0) and after.end_s == pytest.approx(7.5)
+
+
+def test_a_finalize_whose_audio_is_decoded_is_applied_by_flush() -> None:
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(2.0))
+    live.window()
+    live.finalize()  # at 2 s, the edge of the decode in flight
+    live.receive_audio(audio(0.5))
+    events = live.apply_hypothesis([Segment(0.0, 1.5, "S01", "all of it")])
+    assert [s.text for s in finals_of(events)] == ["all of it"]
+    assert not live.flush_due() and not live.hop_due()  # 0.5 s: less than a hop
+    live.finalize()
+    assert live.hop_due()
+    assert live.window().end_s == pytest.approx(2.5)
+
+
 def test_end_without_audio() -> None:
     events = stream(ScriptedCore(Script(REFERENCE)), audio(0))
     assert events == [TranscriptFinal((), events[0].finish_reason, 0.0, 0.0)]
