@@ -36,6 +36,7 @@ LOG_MEL_MIN = 1e-10  # mel power clamp before log10 (Whisper feature extractor)
 
 MAX_AUDIO_S = 5_400  # s; longest audio accepted in one request (90 min, DESIGN section 1)
 MAX_UPLOAD_BYTES = 1 << 30  # bytes; largest upload body accepted (1 GiB)
+MAX_FRAME_BYTES = 1 << 20  # bytes; largest live WebSocket message accepted (~32 s of 16 kHz PCM16)
 # bytes; an upload's file part is held in memory up to this size and spilled to disk beyond
 # (8 MiB: a 4-minute 16 kHz PCM16 WAV, an hour of 16 kbit/s Opus)
 UPLOAD_MEMORY_BYTES = 8 << 20

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import websockets
 
-from livemeet.audio.constants import LIVE_HOP_S, MAX_AUDIO_S, SAMPLE_RATE
+from livemeet.audio.constants import LIVE_HOP_S, MAX_AUDIO_S, MAX_FRAME_BYTES, SAMPLE_RATE
 from livemeet.errors import LivemeetError
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcriber import Samples
@@ -67,7 +67,9 @@ class StreamResult:
         a server that shuts down drains the session (ends it early, closes 1001; protocol.md)
         and its final covers only the audio it had received then."""
         final = self.final
-        if final is None or (self.close_code != GOING_AWAY and final["duration"] >= audio_s):
+        # the wire's durations are rounded to the ms (protocol.md): 30.0000625 s arrive as 30.0
+        covered = final is not None and final["duration"] >= round(audio_s, 3)
+        if final is None or (self.close_code != GOING_AWAY and covered):
             return None
         return (
             f"the server ended the session (close {self.close_code}) after "
@@ -101,7 +103,8 @@ async def stream_samples(
         final_timeout_s = CLOSE_TIMEOUT_S + len(samples) / SAMPLE_RATE
     result = StreamResult()
     pcm = to_pcm16(samples)
-    frame_bytes = 2 * max(1, int(hop_s * SAMPLE_RATE))
+    # a hop's PCM, in frames the server accepts (a hop of more than ~32 s is several)
+    frame_bytes = min(2 * max(1, int(hop_s * SAMPLE_RATE)), MAX_FRAME_BYTES)
     async with websockets.connect(url, max_size=None, close_timeout=5) as ws:
         await ws.send(
             json.dumps(
@@ -197,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
                 args.url, samples, hop_s=args.hop_s, speed=speed, start=start, on_event=show
             )
         )
+    except BrokenPipeError:
+        raise  # stdout's reader went away (`| head`), no connection problem: livemeet.__main__
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         print(f"error: cannot connect to {args.url}: {exc}", file=sys.stderr)
         return 2

@@ -15,9 +15,9 @@ import json
 import logging
 from typing import Any
 
-from aiohttp import WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
-from livemeet.audio.constants import LIVE_DRAIN_CLOSE_S, LIVE_DRAIN_TIMEOUT_S
+from livemeet.audio.constants import LIVE_DRAIN_CLOSE_S, LIVE_DRAIN_TIMEOUT_S, MAX_FRAME_BYTES
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
     ClientTimeout,
@@ -56,7 +56,10 @@ from livemeet.transcriber import (
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES = 1 << 20  # bytes; largest WS message accepted (~32 s of 16 kHz PCM16)
+# a frame of MAX_FRAME_BYTES + 1: aiohttp refuses a message of max_msg_size itself (its
+# uncompressed check is `>=`; 3.14), while its inflated-message check lets that size through
+# (the handler refuses it); every larger frame aiohttp refuses
+_WS_MAX_MSG_SIZE = MAX_FRAME_BYTES + 1
 # what ends the receive loop (aiohttp's own `async for` over a WebSocketResponse stops there)
 _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 
@@ -163,6 +166,9 @@ class LiveConnection:
                     async with self._actions:
                         await self._on_action(self.protocol.receive_text(msg.data))
                 elif msg.type is WSMsgType.BINARY:
+                    if len(msg.data) > MAX_FRAME_BYTES:  # as aiohttp closes on larger ones
+                        await self.ws.close(code=WSCloseCode.MESSAGE_TOO_BIG)
+                        break
                     async with self._actions:
                         await self._on_action(self.protocol.receive_binary(msg.data))
                 elif msg.type is WSMsgType.ERROR:
@@ -354,7 +360,7 @@ async def live_handler(request: web.Request) -> web.WebSocketResponse:
     """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade."""
     from livemeet.gateway.keys import REGISTRY_KEY
 
-    ws = web.WebSocketResponse(max_msg_size=MAX_FRAME_BYTES)  # timeouts: LiveConnection
+    ws = web.WebSocketResponse(max_msg_size=_WS_MAX_MSG_SIZE)  # timeouts: LiveConnection
     if not ws.can_prepare(request).ok:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
     await ws.prepare(request)

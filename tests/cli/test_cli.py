@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -399,6 +400,11 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
     assert why is not None and "1001" in why
     full = stream.StreamResult([{"type": "transcript.final", "duration": 4.0}], [0.0], 1000)
     assert full.shortfall(4.0) is None
+    # 30.0000625 s (AMI dev00) arrive as 30.0 on the wire: that is all of it (found by a
+    # trial: `stream` exited 1 on every file not a whole number of ms long)
+    whole = stream.StreamResult([{"type": "transcript.final", "duration": 30.0}], [0.0], 1000)
+    assert whole.shortfall(30.0000625) is None
+    assert whole.shortfall(30.002) is not None
 
 
 def test_format_event_lines() -> None:
@@ -440,6 +446,40 @@ def test_serve_with_a_broken_checkpoint_exits_2_with_one_line(tmp_path: Path) ->
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "config_error: no config.json in" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_stream_cut_off_by_head_is_quiet_not_a_connection_error(tmp_path: Path) -> None:
+    """`livemeet stream ... --json | head -3` said "cannot connect ...: Broken pipe", exit 2
+    (found by a trial): its connection-error clause caught the pipe's OSError."""
+    script = tmp_path / "cut.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import numpy as np
+            from livemeet.__main__ import main
+            from livemeet.audio import decode
+            from livemeet.cli import stream
+
+            async def chatty(url, samples, *, on_event, **kwargs):
+                for k in range(100_000):
+                    on_event({"type": "segment.partial", "rev": k, "segments": []})
+
+            stream.stream_samples = chatty
+            decode.decode_file = lambda *a, **k: np.zeros(16000, np.float32)
+            sys.exit(main(["stream", "any.wav", "--json", "--url", "ws://127.0.0.1:9/v1/live"]))
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, err
+    assert "cannot connect" not in err and "Traceback" not in err
 
 
 def test_output_cut_off_by_head_is_quiet(shared_data: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient
 
+from livemeet.audio.constants import MAX_FRAME_BYTES
 from livemeet.config import GatewayConfig, ServerConfig
 from livemeet.errors import (
     BadAudio,
@@ -25,7 +26,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY
-from livemeet.gateway.ws_live import GOING_AWAY, MAX_FRAME_BYTES
+from livemeet.gateway.ws_live import GOING_AWAY
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FINAL_EVERY, FakeTranscriber
 
@@ -401,9 +402,26 @@ async def test_vanishing_client_is_cleaned_up_while_another_streams(
     await wait_until(lambda: open_fds() <= base_fds)
 
 
-async def test_frame_over_the_limit_closes_1009(client: TestClient) -> None:
-    # docs/protocol.md: the one error without an `error` frame (aiohttp refuses the message).
+async def test_a_frame_of_exactly_the_limit_is_accepted(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """protocol.md: any length up to 1 MiB. aiohttp refused a message of its own max_msg_size
+    (found by a trial: 1,048,576 bytes closed 1009, 1,048,574 passed)."""
     async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_bytes(b"\0" * MAX_FRAME_BYTES)
+        await ws.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert events[-1]["type"] == "transcript.final"
+    assert events[-1]["duration"] == MAX_FRAME_BYTES / 2 / 16000
+    assert ws.close_code == 1000
+
+
+@pytest.mark.parametrize("compress", [0, 15])
+async def test_frame_over_the_limit_closes_1009(client: TestClient, compress: int) -> None:
+    # docs/protocol.md: the one error without an `error` frame (aiohttp refuses the message).
+    async with client.ws_connect("/v1/live", compress=compress) as ws:
         await ws.send_json(START)
         assert (await ws.receive_json())["type"] == "session.ready"
         await ws.send_bytes(b"\0" * (MAX_FRAME_BYTES + 2))
