@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--language", default=None, help="echoed in verbose_json")
     p.add_argument("--prompt", default=None, help="replaces the default instruction")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument(
+        "--max-audio-s",
+        type=float,
+        default=MAX_AUDIO_S,
+        help=f"longest audio per file in seconds (default {MAX_AUDIO_S:,}, as `serve`'s; "
+        "longer files fail with audio_too_long); MOSS-TD's context holds ~2.8 h",
+    )
     add_model_flags(p, prefill_graphs=False)  # includes --max-new-tokens
     p.set_defaults(func=run)
 
@@ -137,14 +145,16 @@ async def transcribe_file(
     language: str | None = None,
     progress: bool = True,
     max_new_tokens: int | None = None,
+    max_audio_s: float = MAX_AUDIO_S,
 ) -> Transcript:
-    """Decode `path` and transcribe it as one upload session. Raises BadAudio, TooLong and
-    whatever the backend reports (as its typed error)."""
+    """Decode `path` and transcribe it as one upload session; audio longer than
+    `max_audio_s` (s) is refused. Raises BadAudio, TooLong and whatever the backend reports
+    (as its typed error)."""
     from livemeet.audio.decode import decode_file
 
     if source is None:
         source = await asyncio.to_thread(read_source, path)
-    samples = await asyncio.to_thread(decode_file, source, max_audio_s=MAX_AUDIO_S)
+    samples = await asyncio.to_thread(decode_file, source, max_audio_s=max_audio_s)
     duration_s = len(samples) / SAMPLE_RATE
     session = await transcriber.open_session(
         SessionOptions(live=False, prompt=prompt, language=language, max_new_tokens=max_new_tokens)
@@ -185,6 +195,7 @@ async def transcribe_files(
     progress: bool = True,
     max_new_tokens: int | None = None,
     streams: Mapping[Path, bytes | LivemeetError] | None = None,
+    max_audio_s: float = MAX_AUDIO_S,
 ) -> list[FileResult]:
     """Transcribe each file in turn; a bad file is reported and the others still run.
     `streams`: stream arguments already read (`read_streams`), by path."""
@@ -202,6 +213,7 @@ async def transcribe_files(
                 language=language,
                 progress=progress,
                 max_new_tokens=max_new_tokens,
+                max_audio_s=max_audio_s,
             )
             results.append(FileResult(path, t, None))
         except LivemeetError as exc:
@@ -237,12 +249,20 @@ def check_outputs(paths: Sequence[Path], fmt: ResponseFormat, output: Path | Non
     """Refuse, before any work, outputs that could not all be written: two inputs whose
     outputs would share a name (same stem: "a.flac" and "a.mp3" both give "a.srt"), several
     inputs with `output` an existing file or a directory that cannot be created (it is
-    created here), or an output file in a missing directory. Raises InvalidRequest."""
+    created here), a new `output` named as a file of some format (`notes.srt`) for several
+    inputs, or an output file in a missing directory. Raises InvalidRequest."""
     if output is None:
         return
     many = len(paths) > 1
     if many and output.exists() and not output.is_dir():
         raise InvalidRequest(f"--output {output} is a file; several inputs need a directory")
+    named = format_for(None, output)
+    if many and not output.exists() and output.name.lower().endswith(EXTENSIONS[named]):
+        # `--output notes.srt` for two inputs made a directory notes.srt of .txt files
+        raise InvalidRequest(
+            f"--output {output} names a {named.value} file, but several inputs are written one "
+            f"file each into a directory: pass a directory (and --format {named.value})"
+        )
     if not many and not output.is_dir() and not output.parent.is_dir():
         raise InvalidRequest(f"--output {output}: directory {output.parent} does not exist")
     sources: dict[Path, Path] = {}
@@ -311,6 +331,7 @@ async def _run(
             progress=not args.no_progress,
             max_new_tokens=args.max_new_tokens,
             streams=streams,
+            max_audio_s=args.max_audio_s,
         )
     finally:
         await transcriber.close()
@@ -324,6 +345,8 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequest(f"--language must be at most {MAX_LANGUAGE_CHARS} characters")
         if args.audio.count(STDIN) > 1:
             raise InvalidRequest("- (standard input) can be given once")
+        if not (math.isfinite(args.max_audio_s) and args.max_audio_s > 0):
+            raise InvalidRequest(f"--max-audio-s must be a positive number, not {args.max_audio_s}")
         check_outputs(args.audio, fmt, args.output)
         streams = read_streams(args.audio)
         return asyncio.run(_run(args, fmt, streams))

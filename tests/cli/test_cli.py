@@ -256,6 +256,8 @@ def test_transcribe_into_a_directory_keeps_the_default_format(tmp_path: Path) ->
         (["a.wav"], "missing/o.srt", "does not exist"),
         (["a.wav", "b.wav"], "taken.txt/sub", "cannot create it"),
         (["-", "-"], "out", "can be given once"),
+        # a trial's `--output o7.srt` for two inputs made a directory o7.srt of .txt files
+        (["a.wav", "b.wav"], "o7.srt", "names a srt file, but several inputs"),
     ],
 )
 def test_transcribe_refuses_outputs_it_could_not_all_write_before_any_work(
@@ -277,6 +279,26 @@ def test_transcribe_refuses_outputs_it_could_not_all_write_before_any_work(
     assert message in err and err.count("\n") == 1
     assert (tmp_path / "taken.txt").read_text() == "keep me"
     assert not (tmp_path / "out").exists()
+
+
+async def test_transcribe_max_audio_s_is_the_callers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`transcribe` applied serve's 5,400-s limit with no way to change it (found by a
+    trial): --max-audio-s now sets it, checked like serve's."""
+    from livemeet.errors import TooLong
+
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    path = write_wav(tmp_path / "three.wav", 3.0)
+    (short,) = await transcribe.transcribe_files(transcriber, [path], max_audio_s=2.0)
+    assert isinstance(short.error, TooLong) and short.error.code == "audio_too_long"
+    (fits,) = await transcribe.transcribe_files(transcriber, [path], max_audio_s=3.5)
+    assert fits.transcript is not None
+    for bad in ("nan", "0", "-1", "inf"):
+        argv = ["transcribe", str(path), "--max-audio-s", bad]
+        assert transcribe.run(build_parser().parse_args(argv)) == 2
+        assert "--max-audio-s must be a positive number" in capsys.readouterr().err
 
 
 async def test_transcribe_output_distinct_stems_and_unwritable_targets(
