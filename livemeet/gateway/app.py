@@ -110,6 +110,8 @@ def _add_routes(app: web.Application) -> None:
         "/v1/audio/transcriptions", openai_api.create_transcription, name="transcriptions"
     )
     app.router.add_get("/v1/models", openai_api.list_models, name="models")
+    # ids may hold a slash (a hub id, owner/name)
+    app.router.add_get("/v1/models/{model:.+}", openai_api.retrieve_model, name="model")
     app.router.add_get("/v1/transcriptions/{id}", openai_api.get_transcription, name="transcript")
     app.router.add_get("/v1/live", live_handler, name="live")
     app.router.add_get("/healthz", health.healthz, name="healthz")

@@ -37,6 +37,7 @@ from livemeet.errors import (
     EngineUnavailable,
     InvalidRequest,
     LivemeetError,
+    NotFound,
     PayloadTooLarge,
     TooLong,
     error_for_code,
@@ -88,9 +89,9 @@ class UploadForm:
     stream: bool
 
 
-async def list_models(request: web.Request) -> web.Response:
+def _served_model(request: web.Request) -> dict[str, object]:
     info = request.app[TRANSCRIBER_KEY].info
-    model = {
+    return {
         "id": info.model_id,
         "object": "model",
         "created": 0,
@@ -98,12 +99,25 @@ async def list_models(request: web.Request) -> web.Response:
         "backend": info.name,
         "demo": info.demo,
     }
-    return web.json_response({"object": "list", "data": [model]})
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [_served_model(request)]})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{model}` (the openai client's `models.retrieve`). Raises NotFound for
+    a model other than the one served."""
+    model = _served_model(request)
+    if request.match_info["model"] != model["id"]:
+        raise NotFound(f"model {request.match_info['model']!r} is not served here")
+    return web.json_response(model)
 
 
 async def get_transcription(request: web.Request) -> web.Response:
     transcript = await request.app[STORE_KEY].get(request.match_info["id"])
-    fmt = formats.parse_response_format(request.query.get("response_format", "json"))
+    # empty as absent, as the upload form's field is
+    fmt = formats.parse_response_format(request.query.get("response_format") or "json")
     return _render(transcript, fmt, transcript.language)
 
 

@@ -88,6 +88,9 @@ async def test_json_upload_and_stored_transcript(
         await client.get(f"/v1/transcriptions/{tid}", params={"response_format": "verbose_json"})
     ).json()
     assert verbose["language"] == "fr" and verbose["duration"] == 5.0
+    # an empty response_format is json here as in the upload form (it was 400: a trial)
+    blank = await client.get(f"/v1/transcriptions/{tid}", params={"response_format": ""})
+    assert blank.status == 200 and (await blank.json())["text"] == body["text"]
 
 
 async def test_stored_transcript_survives_restart(
@@ -404,6 +407,9 @@ async def test_wrong_method_is_a_client_error(client: TestClient) -> None:
 async def test_models(client: TestClient) -> None:
     body = await (await client.get("/v1/models")).json()
     assert body["object"] == "list" and body["data"][0]["id"] == "fake-model"
+    one = await client.get("/v1/models/fake-model")
+    assert one.status == 200 and await one.json() == body["data"][0]
+    assert (await client.get("/v1/models/owner/other")).status == 404  # hub ids hold a slash
 
 
 async def test_decodes_are_bounded(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:

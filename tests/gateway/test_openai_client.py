@@ -83,3 +83,19 @@ async def test_error_is_an_openai_api_error(client: TestClient, tmp_path: Path) 
     with pytest.raises(openai.BadRequestError) as info:
         await asyncio.to_thread(run)
     assert info.value.code == "bad_audio"
+
+
+async def test_models_list_and_retrieve(client: TestClient) -> None:
+    """`models.retrieve` got 404 "no route" (found by a trial): GET /v1/models/{id} serves
+    the one model; another id is a NotFoundError."""
+    oa = make_openai(client)
+
+    def run() -> tuple[list[str], str]:
+        listed = [m.id for m in oa.models.list()]
+        return listed, oa.models.retrieve(listed[0]).id
+
+    listed, retrieved = await asyncio.to_thread(run)
+    assert listed == ["fake-model"] and retrieved == "fake-model"
+    with pytest.raises(openai.NotFoundError) as info:
+        await asyncio.to_thread(oa.models.retrieve, "whisper-1")
+    assert info.value.code == "not_found"
