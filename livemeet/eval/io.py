@@ -14,6 +14,10 @@ Formats (one record per line unless noted; times in seconds):
   for the text metrics only (no DER).
 - livemeet transcript JSON (verbose_json / diarized_json): `{"segments": [{start, end, speaker,
   text}, ...]}`; it names no session, so its records get `session=DEFAULT_SESSION`.
+- livemeet's (OpenAI's) `json` response, `{"text": ...}` without segments, and a `.txt` file
+  whose first line is none of the formats above (the `text` response format): the whole text
+  as one untimed segment of session `DEFAULT_SESSION` and speaker `PLAIN_SPEAKER`, for the
+  text metrics only (no DER).
 
 Channels are read and dropped: sessions are keyed by id alone (md-eval silently ignores a UEM
 whose channel does not match; we do not). Malformed input raises `InvalidRequest` naming
@@ -34,6 +38,7 @@ DEFAULT_SESSION = "default"  # session id of records read from a format that nam
 CTM_SPEAKER = "ctm"  # speaker label of records read from a CTM (which has no speaker field)
 KALDI_SPEAKER = "kaldi"  # speaker label of records read from a Kaldi text file (none there)
 KALDI_TEXT_NAME = "text"  # the file name of a Kaldi data directory's transcripts
+PLAIN_SPEAKER = "text"  # speaker label of a transcript without segments (json `text`, .txt)
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,7 @@ def parse_transcript_json(text: str, source: str = "<json>") -> tuple[TextSegmen
     """
     data = _load_json(text, source)
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
-        raise InvalidRequest(f"{source}: transcript JSON needs a 'segments' list")
+        raise InvalidRequest(f"{source}: transcript JSON needs a 'segments' list or a 'text'")
     out = []
     for index, record in enumerate(data["segments"]):
         where = f"{source}:segments[{index}]"
@@ -221,6 +226,21 @@ def parse_transcript_json(text: str, source: str = "<json>") -> tuple[TextSegmen
         text_value = _field(record, ("text",), where)
         out.append(TextSegment(DEFAULT_SESSION, str(speaker), start_s, end_s, str(text_value)))
     return tuple(out)
+
+
+def parse_text_json(text: str, source: str = "<json>") -> tuple[TextSegment, ...]:
+    """A `{"text": ...}` response (livemeet's or OpenAI's `json` format) -> one untimed
+    segment holding the text."""
+    data = _load_json(text, source)
+    if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+        raise InvalidRequest(f"{source}: transcript JSON needs a 'segments' list or a 'text'")
+    return (TextSegment(DEFAULT_SESSION, PLAIN_SPEAKER, 0.0, 0.0, data["text"]),)
+
+
+def parse_plain_text(text: str, source: str = "<txt>") -> tuple[TextSegment, ...]:
+    """A plain text transcript (the `text` response format) -> one untimed segment."""
+    del source  # any text parses
+    return (TextSegment(DEFAULT_SESSION, PLAIN_SPEAKER, 0.0, 0.0, " ".join(text.split())),)
 
 
 def turns_from_segments(segments: tuple[TextSegment, ...]) -> tuple[SpeakerTurn, ...]:
@@ -238,9 +258,10 @@ def _read_text(path: Path) -> str:
 
 
 def detect_format(path: Path, text: str) -> str:
-    """One of "stm", "rttm", "uem", "ctm", "seglst", "json", from the extension or content,
-    or "kaldi" for a file named `text` (KALDI_TEXT_NAME). Raises InvalidRequest when neither
-    tells.
+    """One of "stm", "rttm", "uem", "ctm", "seglst", "json" (with segments), "json_text"
+    (`{"text": ...}` only), from the extension or content; "kaldi" for a file named `text`
+    (KALDI_TEXT_NAME); "plain" for a `.txt` file whose lines are none of those. Raises
+    InvalidRequest when neither tells.
     """
     if path.name == KALDI_TEXT_NAME:
         return "kaldi"
@@ -251,18 +272,24 @@ def detect_format(path: Path, text: str) -> str:
     if stripped.startswith("["):
         return "seglst"
     if stripped.startswith("{"):
-        return "json"
+        data = _load_json(text, str(path))
+        untimed = isinstance(data, dict) and "segments" not in data and "text" in data
+        return "json_text" if untimed else "json"
     first = next((fields for _, fields in _lines(text)), None)
     if first is None:
+        if suffix == "txt":
+            return "plain"
         raise InvalidRequest(f"{path}: empty file of unknown format")
     if first[0] == "SPEAKER" or first[0] == "SPKR-INFO":
         return "rttm"
-    if len(first) == 4:
+    if len(first) == 4 and _is_number(first[2]) and _is_number(first[3]):
         return "uem"
     if len(first) in (5, 6) and _is_number(first[2]) and _is_number(first[3]):
         return "ctm"
     if len(first) >= 5 and _is_number(first[3]) and _is_number(first[4]):
         return "stm"
+    if suffix == "txt":  # none of the above: a transcript's words
+        return "plain"
     raise InvalidRequest(
         f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json name (or `text` for Kaldi)"
     )
@@ -281,9 +308,12 @@ _TEXT_PARSERS = {
     "ctm": parse_ctm,
     "seglst": parse_seglst,
     "json": parse_transcript_json,
+    "json_text": parse_text_json,
     "kaldi": parse_kaldi_text,
+    "plain": parse_plain_text,
 }
-_UNTIMED = ("kaldi",)  # text formats without times: no speaker turns, no DER
+# text formats without times: no speaker turns, no DER
+_UNTIMED = ("kaldi", "json_text", "plain")
 
 
 def load_segments(path: Path) -> tuple[TextSegment, ...]:
@@ -308,7 +338,7 @@ def load_turns(path: Path) -> tuple[SpeakerTurn, ...]:
     if fmt == "uem":
         raise InvalidRequest(f"{path}: a UEM holds no speaker turns")
     if fmt in _UNTIMED:
-        raise InvalidRequest(f"{path}: a Kaldi text file has no times; DER needs RTTM/STM/JSON")
+        raise InvalidRequest(f"{path}: {fmt} has no times; DER needs RTTM/STM/segment JSON")
     return turns_from_segments(_TEXT_PARSERS[fmt](text, str(path)))
 
 

@@ -180,3 +180,25 @@ def test_a_kaldi_text_reference_scores_text_metrics_and_skips_der(
     assert out["cpwer"]["value"] == pytest.approx(1 / 22)
     assert main(["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", "der"]) == 2
     assert "no times" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("form", ["json", "txt"])
+def test_a_json_or_text_response_scores_the_text_metrics(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str], form: str
+) -> None:
+    """`transcribe --format json` (`{"text": ...}`) and `--format text` (.txt) outputs were
+    refused as hypotheses ("needs a 'segments' list"; found by a trial), though WER against
+    a Kaldi `text` needs no segments. Now they score CER/WER; DER says they have no times."""
+    ref = shared_data / "jfk" / "text"
+    words = ref.read_text().split(maxsplit=1)[1].replace("country", "county", 1)
+    hyp = tmp_path / f"hyp.{form}"
+    hyp.write_text(json.dumps({"text": words, "usage": {}}) if form == "json" else words + "\n")
+    out = run_json(capsys, "--ref", str(ref), "--hyp", str(hyp), "--metric", "all")
+    assert set(out) == {"cer", "wer"}
+    assert out["wer"]["value"] == pytest.approx(1 / 22)
+    assert main(["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", "der"]) == 2
+    assert "has no times" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"usage": {}}))
+    assert main(["eval", "--ref", str(ref), "--hyp", str(bad)]) == 2
+    assert "needs a 'segments' list or a 'text'" in capsys.readouterr().err

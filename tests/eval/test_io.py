@@ -138,14 +138,21 @@ def test_file_errors(tmp_path: Path) -> None:
     uem.write_text("r 1 0 1\n")
     with pytest.raises(InvalidRequest, match="UEM holds no speaker turns"):
         load_turns(uem)
-    odd = tmp_path / "x.txt"
+    odd = tmp_path / "x.dat"
     odd.write_text("just some words\n")
     with pytest.raises(InvalidRequest, match="cannot tell the format"):
         load_segments(odd)
-    empty = tmp_path / "empty.txt"
+    empty = tmp_path / "empty.dat"
     empty.write_text("\n")
     with pytest.raises(InvalidRequest, match="empty file"):
         load_segments(empty)
+    # a .txt of words is a plain transcript (the `text` response format); empty: no words
+    words = tmp_path / "x.txt"
+    words.write_text("just some\nwords\n")
+    assert [s.text for s in load_segments(words)] == ["just some words"]
+    assert not has_times(words)
+    words.write_text("\n")
+    assert [s.text for s in load_segments(words)] == [""]
     binary = tmp_path / "x.stm"
     binary.write_bytes(b"\xff\xfe\xfa")
     with pytest.raises(InvalidRequest, match="cannot read"):
