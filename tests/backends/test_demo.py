@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from livemeet.backends.demo import DemoCore
+from livemeet.backends.demo import DemoCore, trim_to_speech
 from livemeet.errors import ConfigError
 from livemeet.transcriber import (
     SegmentFinal,
@@ -20,6 +20,7 @@ from livemeet.transcriber import (
     TextDelta,
     TranscriptFinal,
 )
+from livemeet.transcript.segments import Segment
 from tests.backends.conftest import load_16k
 from tests.backends.helpers import stream
 
@@ -138,8 +139,43 @@ def test_pieces_timed_past_the_audio_are_dropped_and_ends_clamped(
         SimpleNamespace(start=2.5, end=3.0, text=" Thank you."),
     ]
     monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
+    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
     out = demo_core.transcribe_window(np.zeros(2 * 16_000, dtype=np.float32), 10.0, None)
     assert [(s.start_s, s.end_s, s.text) for s in out] == [
         (10.2, 11.5, "heard"),
         (11.8, 12.0, "cut"),
+    ]
+
+
+def test_silence_writes_nothing_and_speech_after_it_starts_where_it_is_heard(
+    demo_core: DemoCore, shared_data: Path
+) -> None:
+    """tiny.en wrote "you" over silence and started a turn after 35 s of silence at the
+    window's start, 30.0 (found by a trial, with two minutes: [120.0] for speech at ~131 s).
+    The VAD check drops the one and moves the other to its speech."""
+    silence = np.zeros(35 * 16_000, dtype=np.float32)
+    assert demo_core.transcribe_upload(silence, None) == []
+    jfk = load_16k(shared_data / "jfk" / "jfk.flac")
+    segments = demo_core.transcribe_upload(np.concatenate([silence, jfk]), None)
+    assert segments and segments[0].start_s >= 35.0, segments
+    assert "fellow americans" in words(" ".join(s.text for s in segments))
+    # speech at the start of its window keeps Whisper's own start
+    assert demo_core.transcribe_upload(jfk, None)[0].start_s == 0.0
+
+
+def test_trim_to_speech_by_frames() -> None:
+    """Frames of 30 ms; audio from 10 s: speech in frames 50-99 (11.5-13.0 s) only."""
+    speech = np.zeros(200, dtype=bool)
+    speech[50:100] = True
+    segs = [
+        Segment(10.0, 11.4, "S01", "over silence"),  # dropped
+        Segment(10.0, 12.0, "S01", "late"),  # speech from 11.5: 1.5 s late, moved
+        Segment(11.0, 12.5, "S01", "close"),  # 0.5 s: kept as it is
+        Segment(15.5, 16.5, "S01", "past the frames"),  # 15.5-16.5 s: beyond frame 200
+    ]
+    out = trim_to_speech(segs, speech, 10.0)
+    assert [(s.text, s.start_s) for s in out] == [
+        ("late", pytest.approx(11.5)),
+        ("close", 11.0),
+        ("past the frames", 15.5),
     ]
