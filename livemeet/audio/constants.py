@@ -174,8 +174,9 @@ ENGINE_START_TIMEOUT_S = 300.0  # s to wait for WorkerReady (model load)
 ENGINE_CLOSE_TIMEOUT_S = 10.0  # s to wait for the worker to exit after Shutdown before a kill
 # A lost engine worker is started again (livemeet/gateway/engine_client.py) after a delay that
 # doubles from ENGINE_RESTART_DELAY_S to ENGINE_RESTART_MAX_DELAY_S with each attempt of the
-# last ENGINE_RESTART_WINDOW_S; past ENGINE_MAX_RESTARTS attempts in that window the client
-# gives up and /healthz fails, so a supervisor replaces the process (a crash loop, a GPU gone)
+# last ENGINE_RESTART_WINDOW_S; past ENGINE_MAX_RESTARTS attempts in that window, or failed
+# starts in a row, the client gives up and /healthz fails, so a supervisor replaces the
+# process (a crash loop, a GPU gone)
 ENGINE_RESTART_DELAY_S = 1.0
 ENGINE_RESTART_MAX_DELAY_S = 30.0
 ENGINE_RESTART_WINDOW_S = 600.0

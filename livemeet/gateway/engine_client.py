@@ -40,8 +40,10 @@ upload is never counted on both sides, nor queued under a count that still inclu
 If the worker dies, every open session gets `Error(engine_unavailable, retryable=True)` and
 `ready` turns False; `open_session` then raises EngineUnavailable until a new worker is ready.
 The client starts one after ENGINE_RESTART_DELAY_S, doubling the delay with each attempt of
-the last ENGINE_RESTART_WINDOW_S; past ENGINE_MAX_RESTARTS attempts there it gives up and
-`failed` turns True (/healthz fails: the process needs replacing). Each worker's reader thread
+the last ENGINE_RESTART_WINDOW_S; past ENGINE_MAX_RESTARTS attempts there, or as many failed
+starts in a row (a load that hangs to its timeout), it gives up and `failed` turns True
+(/healthz fails: the process needs replacing). A worker lost as it starts counts as a failed
+start, never as ready. Each worker's reader thread
 tags what it posts with the worker's generation, so a message of a worker already replaced
 (its exit, a late `SharedAudioConsumed`) is dropped rather than taken for the new one's.
 """
@@ -264,6 +266,7 @@ class EngineClient:
         self._generation = 0  # of the current worker; its reader tags what it posts with it
         self._restart_task: asyncio.Task[None] | None = None
         self._restart_attempts: deque[float] = deque()  # monotonic s of each attempt
+        self._lost_generation = 0  # the generation of the worker last lost
         self._failed = False
         self.num_restarts = 0  # workers started again after one was lost
         self._incoming_uploads = 0  # the gateway's count (set_incoming_uploads)
@@ -365,28 +368,35 @@ class EngineClient:
         if self._restart_task is not None:
             self._restart_task.cancel()
             await asyncio.gather(self._restart_task, return_exceptions=True)
-        await self._stop_worker()
+        self._ready = False  # a launch the cancel came too late for (3.11's wait_for) set it
+        await self._stop_worker(drain=True)
 
-    async def _stop_worker(self) -> None:
+    async def _stop_worker(self, *, drain: bool = False) -> None:
         """Stop the current worker (Shutdown, then a kill after ENGINE_CLOSE_TIMEOUT_S) and its
-        reader thread, release its blocks and queues. Idempotent; a no-op with none started."""
-        if self._inbox is None:
+        reader thread, release its blocks and queues. `drain`: wait up to
+        ENGINE_CLOSE_TIMEOUT_S for commands still in the pipe to be written (a clean exit
+        reads them); a lost worker's are dropped at once, never blocking the loop for it.
+        Idempotent; a no-op with nothing started (also a launch that failed half-way)."""
+        if self._inbox is None and self._process is None and self._worker_thread is None:
             return
-        try:
-            self._inbox.put_nowait(Shutdown())
-        except (ValueError, OSError):
-            pass  # queue already closed
+        if self._inbox is not None:
+            try:
+                self._inbox.put_nowait(Shutdown())
+            except (ValueError, OSError):
+                pass  # queue already closed
         await self._join_worker()
         self._release_all_blocks()  # the worker is gone: what it did not consume, it never will
         self._stop_reader.set()
         await _wait_until(lambda: self._reader is None or not self._reader.is_alive(), 5.0)
         if self._process is not None:
-            if self._process.exitcode != 0:
-                # The worker died without draining its pipe: the sender may never flush.
-                self._inbox.cancel_join_thread()
-            self._inbox.close()
-            self._inbox.join_thread(ENGINE_CLOSE_TIMEOUT_S)  # a write blocks on a live reader only
-            self._outbox.close()
+            if self._inbox is not None:
+                if self._process.exitcode != 0 or not drain:
+                    # The worker died without draining its pipe: the sender may never flush.
+                    self._inbox.cancel_join_thread()
+                self._inbox.close()
+                self._inbox.join_thread(ENGINE_CLOSE_TIMEOUT_S)  # blocks on a live reader only
+            if self._outbox is not None:
+                self._outbox.close()
             self._process.close()
         # Dropping the queues closes their pipe ends (a queue that was never written to has no
         # feeder thread to close them).
@@ -394,7 +404,10 @@ class EngineClient:
         self._process = self._worker_thread = self._reader = None
 
     async def _restart(self) -> None:
-        """Replace a lost worker (module docstring); gives up as `failed`."""
+        """Replace a lost worker (module docstring); gives up as `failed` past
+        ENGINE_MAX_RESTARTS attempts in ENGINE_RESTART_WINDOW_S or in a row that failed (a
+        load that hangs to its timeout each time spreads them wider than the window)."""
+        failed_in_a_row = 0
         try:
             while True:
                 await self._stop_worker()
@@ -402,12 +415,9 @@ class EngineClient:
                 attempts = self._restart_attempts
                 while attempts and attempts[0] < now - ENGINE_RESTART_WINDOW_S:
                     attempts.popleft()
-                if len(attempts) >= ENGINE_MAX_RESTARTS:
-                    self._failed = True
-                    log.error(
-                        "engine: %d restarts within %.0f s, giving up (/healthz now fails)",
-                        len(attempts),
-                        ENGINE_RESTART_WINDOW_S,
+                if max(len(attempts), failed_in_a_row) >= ENGINE_MAX_RESTARTS:
+                    self._give_up(
+                        f"{len(attempts)} restarts within {ENGINE_RESTART_WINDOW_S:.0f} s"
                     )
                     return
                 delay_s = min(
@@ -418,15 +428,31 @@ class EngineClient:
                 await asyncio.sleep(delay_s)
                 try:
                     await self._launch()
-                except LivemeetError as exc:
-                    log.error("engine: the new worker failed to start: %s", exc.message)
+                except Exception as exc:  # a typed load error, or no process / thread / pipe
+                    failed_in_a_row += 1
+                    log.error("engine: the new worker failed to start: %s", _describe(exc))
+                    continue
+                if self._closing:
+                    return  # close() came as it started (its cancel was lost); close stops it
+                if self._lost_generation == self._generation:
+                    failed_in_a_row += 1
+                    log.error("engine: the new worker was lost as it started")
                     continue
                 self.num_restarts += 1
                 self._ready = True
                 log.warning("engine: a new worker is ready (restart %d)", self.num_restarts)
                 return
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # never leave the client neither ready nor failed
+            self._give_up(f"the restart itself failed: {_describe(exc)}")
+            raise
         finally:
             self._restart_task = None
+
+    def _give_up(self, why: str) -> None:
+        self._failed = True
+        log.error("engine: giving up on restarting the worker (%s); /healthz now fails", why)
 
     def set_incoming_uploads(self, count: int) -> None:
         """The gateway's uploads accepted and not yet handed to the engine; sent to the worker
@@ -580,8 +606,9 @@ class EngineClient:
         if self._ready_future is not None and not self._ready_future.done():
             self._ready_future.set_exception(error)
             return
+        self._lost_generation = self._generation
         if self._closing or self._restart_task is not None:
-            return  # e.g. the exit that follows a WorkerFailed
+            return  # e.g. the exit that follows a WorkerFailed (the restart sees it lost)
         log.error("engine lost: %s", error.message)
         self._ready = False
         self._fail_all(f"the engine failed: {error.message}")
@@ -603,6 +630,10 @@ class EngineClient:
             self._process.join()  # reaps the killed or exited child at once
         elif self._worker_thread is not None and self._worker_thread.is_alive():
             log.error("engine worker thread did not stop within %.0f s", ENGINE_CLOSE_TIMEOUT_S)
+
+
+def _describe(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, LivemeetError) else repr(exc)
 
 
 async def _write_block(samples: Samples) -> SharedAudioBlock | None:

@@ -259,6 +259,105 @@ async def test_restarts_give_up_and_report_failed(
     assert not livemeet_threads()
 
 
+async def crash_at_once(client: EngineClient) -> None:
+    """Open a session and stream into it until the engine (crash_on_step=3) fails it."""
+    session = await client.open_session(SessionOptions())
+    with pytest.raises(EngineUnavailable):
+        await stream_all(session, 12.0, pace_s=0.02)
+    assert isinstance((await collect(session))[-1], Error)
+
+
+def crashing() -> ModelConfig:
+    return ModelConfig(backend="crashing")
+
+
+@pytest.fixture
+def crashing_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    crash = Script(DEFAULT_SCRIPT.reference, crash_on_step=3)
+    monkeypatch.setitem(BACKENDS, "crashing", lambda config: ScriptedCore(crash))
+
+
+async def test_launches_that_fail_in_any_way_count_and_end_in_failed(
+    monkeypatch: pytest.MonkeyPatch, quick_restarts: None, crashing_backend: None
+) -> None:
+    """A launch failing with an OSError (no process, pipe or thread) ended the restart task
+    unseen, the client neither ready nor failed; and loads hanging to their timeout spread
+    attempts wider than the window, which never filled (a review). Failed launches in a
+    row now give up too."""
+    monkeypatch.setattr(engine_client, "ENGINE_RESTART_WINDOW_S", 0.0)  # the window never fills
+    client = EngineClient(crashing(), in_process=True)
+    await client.start()
+    launches: list[int] = []
+
+    async def no_resources() -> None:
+        launches.append(1)
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(client, "_launch", no_resources)
+    try:
+        await crash_at_once(client)
+        await wait_for_state(client)
+        assert client.failed and not client.ready and len(launches) == 2
+    finally:
+        await client.close()
+    assert not livemeet_threads()
+
+
+async def test_a_worker_lost_as_it_starts_is_not_taken_as_ready(
+    monkeypatch: pytest.MonkeyPatch, quick_restarts: None, crashing_backend: None
+) -> None:
+    """The new worker's exit, dispatched before the restart resumed, was dropped as a loss
+    already being handled, and the client turned ready over a dead worker (a review)."""
+    client = EngineClient(crashing(), in_process=True)
+    await client.start()
+    real_launch = client._launch
+    launches: list[int] = []
+
+    async def lost_at_once() -> None:
+        await real_launch()
+        launches.append(client._generation)
+        if len(launches) == 1:  # its exit comes in before the restart task resumes
+            client._dispatch(engine_client._WorkerExited("died"), client._generation)
+
+    monkeypatch.setattr(client, "_launch", lost_at_once)
+    try:
+        await crash_at_once(client)
+        await wait_for_state(client)
+        assert client.ready and client.num_restarts == 1 and len(launches) == 2
+    finally:
+        await client.close()
+    assert not livemeet_threads()
+
+
+async def test_close_while_a_new_worker_comes_up_leaves_the_client_closed(
+    monkeypatch: pytest.MonkeyPatch, quick_restarts: None, crashing_backend: None
+) -> None:
+    """On Python 3.11 `wait_for` drops a cancel that comes after its future is done: the
+    restart then set `ready` after close() had cleared it (a review). Here the cancel is
+    lost by hand at that point."""
+    client = EngineClient(crashing(), in_process=True)
+    await client.start()
+    real_launch = client._launch
+    closing: list[asyncio.Task[None]] = []
+
+    async def closed_meanwhile() -> None:
+        await real_launch()
+        closing.append(asyncio.ensure_future(client.close()))
+        try:
+            await asyncio.sleep(0)  # close() runs, cancelling this task...
+        except asyncio.CancelledError:
+            pass  # ...and the cancel is lost, as 3.11's wait_for loses it
+
+    monkeypatch.setattr(client, "_launch", closed_meanwhile)
+    await crash_at_once(client)
+    await wait_for_state(client, 5.0)
+    await asyncio.wait_for(closing[0], 10)
+    assert not client.ready and client.num_restarts == 0
+    with pytest.raises(EngineUnavailable):
+        await client.open_session(SessionOptions())
+    assert not livemeet_threads()
+
+
 async def test_capacity_and_readiness() -> None:
     client = EngineClient(SCRIPTED, in_process=True, max_sessions=2)
     with pytest.raises(EngineUnavailable):
