@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 DEMO_SPEAKER = "S01"
 # s; a segment whose first speech frame is this much past its start is moved to that frame
 DEMO_LATE_SPEECH_S = 1.0
+# s each side of a segment's span searched for speech before it is dropped: Whisper's times
+# are loose by a few tenths, and a short word's frames may lie just outside them
+DEMO_SPEECH_MARGIN_S = 0.3
 _INSTALL_HINT = "install the demo extra: pip install 'livemeet[demo]'"
 
 
@@ -140,16 +143,20 @@ class DemoCore(RedecodeCore):
 def trim_to_speech(segments: list[Segment], speech: np.ndarray, offset_s: float) -> list[Segment]:
     """`segments` (s from the session start) of audio starting at `offset_s` whose VAD frames
     are `speech` (bool, one per VAD_FRAME_S): those without a speech frame in their span
-    dropped, those whose first speech frame is more than DEMO_LATE_SPEECH_S past their start
-    started at that frame (module docstring). A segment reaching past the classified frames
-    (the audio's last partial frame) is kept as it is there."""
+    widened by DEMO_SPEECH_MARGIN_S each side dropped, those whose first speech frame is more
+    than DEMO_LATE_SPEECH_S past their start started at that frame (module docstring). A
+    segment reaching past the classified frames (the audio's last partial frame) is kept."""
     out = []
+    margin = math.ceil(DEMO_SPEECH_MARGIN_S / VAD_FRAME_S)
     for seg in segments:
         first = math.floor((seg.start_s - offset_s) / VAD_FRAME_S)
-        last = math.ceil((seg.end_s - offset_s) / VAD_FRAME_S)
-        span = speech[max(first, 0) : last]
-        if last <= speech.size and not span.any():
+        last = max(math.ceil((seg.end_s - offset_s) / VAD_FRAME_S), first + 1)  # >= 1 frame
+        if (
+            last + margin <= speech.size
+            and not speech[max(first - margin, 0) : last + margin].any()
+        ):
             continue  # written over silence
+        span = speech[max(first, 0) : last]
         if span.any():
             heard_s = offset_s + (max(first, 0) + int(np.argmax(span))) * VAD_FRAME_S
             if heard_s - seg.start_s > DEMO_LATE_SPEECH_S:

@@ -407,9 +407,13 @@ def check_data_dir(path: Path) -> None:
     one (its nearest existing ancestor is a writable directory). Creates nothing: the server
     makes its directories at start-up."""
     probe = path.expanduser().absolute()
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
+    try:
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        is_dir = probe.is_dir()
+    except OSError as exc:  # e.g. under a directory this user cannot search (3.11 raises)
+        raise ConfigError(f"cannot use --data-dir {path}: {exc.strerror or exc}") from exc
+    if not is_dir:
         raise ConfigError(f"cannot use --data-dir {path}: {probe} is not a directory")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot use --data-dir {path}: {probe} is not writable")

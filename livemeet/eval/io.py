@@ -260,14 +260,28 @@ def _read_text(path: Path) -> str:
 def detect_format(path: Path, text: str) -> str:
     """One of "stm", "rttm", "uem", "ctm", "seglst", "json" (with segments), "json_text"
     (`{"text": ...}` only), from the extension or content; "kaldi" for a file named `text`
-    (KALDI_TEXT_NAME); "plain" for a `.txt` file whose lines are none of those. Raises
-    InvalidRequest when neither tells.
+    (KALDI_TEXT_NAME); "plain" for a `.txt` file that does not parse whole as any of those
+    (a transcript may begin with "[Music]"); one whose every line reads as, say, STM is read
+    so, which a `.stm` name or a `text` response in JSON avoids. Raises InvalidRequest when
+    neither tells.
     """
     if path.name == KALDI_TEXT_NAME:
         return "kaldi"
     suffix = path.suffix.lower().lstrip(".")
     if suffix in ("stm", "rttm", "uem", "ctm"):
         return suffix
+    if suffix != "txt":
+        return _sniff(path, text)
+    try:
+        fmt = _sniff(path, text)
+        _STRUCTURED_PARSERS[fmt](text, str(path))
+    except InvalidRequest:
+        return "plain"
+    return fmt
+
+
+def _sniff(path: Path, text: str) -> str:
+    """The format the content looks like (`detect_format`, without the extension's say)."""
     stripped = text.lstrip()
     if stripped.startswith("["):
         return "seglst"
@@ -277,8 +291,6 @@ def detect_format(path: Path, text: str) -> str:
         return "json_text" if untimed else "json"
     first = next((fields for _, fields in _lines(text)), None)
     if first is None:
-        if suffix == "txt":
-            return "plain"
         raise InvalidRequest(f"{path}: empty file of unknown format")
     if first[0] == "SPEAKER" or first[0] == "SPKR-INFO":
         return "rttm"
@@ -288,8 +300,6 @@ def detect_format(path: Path, text: str) -> str:
         return "ctm"
     if len(first) >= 5 and _is_number(first[3]) and _is_number(first[4]):
         return "stm"
-    if suffix == "txt":  # none of the above: a transcript's words
-        return "plain"
     raise InvalidRequest(
         f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json name (or `text` for Kaldi)"
     )
@@ -314,6 +324,8 @@ _TEXT_PARSERS = {
 }
 # text formats without times: no speaker turns, no DER
 _UNTIMED = ("kaldi", "json_text", "plain")
+# what a `.txt` must parse as, whole, to be read as other than plain text
+_STRUCTURED_PARSERS = {**_TEXT_PARSERS, "rttm": parse_rttm, "uem": parse_uem}
 
 
 def load_segments(path: Path) -> tuple[TextSegment, ...]:

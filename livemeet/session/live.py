@@ -8,7 +8,9 @@ changed (`preview` sends the segments a decode has closed so far while it still 
 `finalize()` and `end()` fix the audio received by then as a cut: the next windows end there,
 and the `apply_hypothesis` of the one that reaches it (or `flush()` when that audio is decoded
 already) commits everything up to it, however much audio arrives meanwhile; `finish()` then
-gives the `TranscriptFinal` after `end()`.
+gives the `TranscriptFinal` after `end()`. A cut made while another is pending waits for it,
+and later ones replace it: with finalizes coming faster than decodes, each decode still
+reaches the cut it was given (one that moved with every finalize was never reached).
 
 No I/O, no asyncio, no clock: time is audio time (samples received at 16 kHz).
 """
@@ -108,8 +110,9 @@ class LiveSession:
         self._window_start = 0  # sample index where the open window starts
         self._decoded_edge = 0  # audio edge of the last applied hypothesis
         self._window_edge: int | None = None  # edge of the window handed out, not yet applied
-        self._flush_pending = False
-        self._flush_edge = 0  # the audio edge at the pending finalize/end: commit up to here
+        # audio edges of pending finalize/end cuts, at most two: the one the windows end at,
+        # then the latest one made since (module docstring)
+        self._cuts: list[int] = []
         self._end_pending = False
         self._ended = False
         self._rev = 0
@@ -143,16 +146,21 @@ class LiveSession:
         before then moves the cut to its own audio edge."""
         if self._ended:
             raise ProtocolError("finalize after end")
-        self._flush_pending = True
-        self._flush_edge = self._num_samples
+        self._cut()
 
     def end(self) -> None:
         """No more audio; the next decode or flush commits everything and ends the session."""
         if self._ended:
             raise ProtocolError("end after end")
-        self._flush_pending = True
-        self._flush_edge = self._num_samples
+        self._cut()
         self._end_pending = True
+
+    def _cut(self) -> None:
+        edge = self._num_samples
+        if not self._cuts or (len(self._cuts) == 1 and edge > self._cuts[0]):
+            self._cuts.append(edge)
+        elif len(self._cuts) == 2:
+            self._cuts[1] = edge
 
     # -- state -------------------------------------------------------------------------------
 
@@ -200,8 +208,8 @@ class LiveSession:
         not yet decoded."""
         if self._ended:
             return False
-        if self._flush_pending:
-            return self._decoded_edge < self._flush_edge
+        if self._cuts:
+            return self._decoded_edge < self._cuts[0]
         if self.speech_end_due():
             return True
         if self.new_samples < round(self.options.hop_s * SAMPLE_RATE):
@@ -230,7 +238,7 @@ class LiveSession:
         """True when a hop is due only because speech ended: less than a hop of new audio,
         no finalize or end waiting (what the backend counts as an endpoint hop)."""
         hop = round(self.options.hop_s * SAMPLE_RATE)
-        early = not self._flush_pending and self.new_samples < hop
+        early = not self._cuts and self.new_samples < hop
         return early and not self._ended and self.speech_end_due()
 
     def speech_end_due(self) -> bool:
@@ -241,7 +249,7 @@ class LiveSession:
 
     def flush_due(self) -> bool:
         """True when a finalize/end can be applied without decoding (its audio is decoded)."""
-        return not self._ended and self._flush_pending and self._decoded_edge >= self._flush_edge
+        return not self._ended and bool(self._cuts) and self._decoded_edge >= self._cuts[0]
 
     def window(self) -> Window:
         """The open window to decode now: from the end of the last final to the audio edge, or
@@ -250,7 +258,7 @@ class LiveSession:
         audio = audio[self._window_start - self._buffer_start :]
         self._buffer_start = self._window_start
         self._chunks = [audio] if audio.size else []
-        edge = self._flush_edge if self._flush_pending else self._num_samples
+        edge = self._cuts[0] if self._cuts else self._num_samples
         audio = audio[: edge - self._window_start]
         self._window_edge = edge
         recent = join_texts(s.text for s in self._commit.committed[-20:])
@@ -320,7 +328,7 @@ class LiveSession:
         """Apply a pending finalize/end without a new decode (the last tail is current)."""
         if not self.flush_due():
             return []
-        return self._events([], self._flush_edge)
+        return self._events([], self._cuts[0])
 
     def finish(self, finish_reason: FinishReason = FinishReason.STOP) -> TranscriptFinal:
         """The final transcript: every committed segment. Call after `ended`."""
@@ -352,10 +360,10 @@ class LiveSession:
         return list(update.finals)
 
     def _events(self, finals: list[Segment], edge_samples: int) -> list[Event]:
-        if self._flush_pending and edge_samples == self._flush_edge:
+        if self._cuts and edge_samples == self._cuts[0]:
             finals += list(self._commit.force_commit().finals)
-            self._flush_pending = False
-            if self._end_pending:
+            self._cuts.pop(0)
+            if self._end_pending and not self._cuts:
                 self._ended = True
         self._advance_window()
         events: list[Event] = [SegmentFinal(s) for s in finals]

@@ -168,14 +168,18 @@ def test_trim_to_speech_by_frames() -> None:
     speech = np.zeros(200, dtype=bool)
     speech[50:100] = True
     segs = [
-        Segment(10.0, 11.4, "S01", "over silence"),  # dropped
+        Segment(10.0, 11.1, "S01", "over silence"),  # dropped: no speech to 11.4 either
+        Segment(10.0, 11.3, "S01", "near"),  # speech within the 0.3-s margin: kept
         Segment(10.0, 12.0, "S01", "late"),  # speech from 11.5: 1.5 s late, moved
         Segment(11.0, 12.5, "S01", "close"),  # 0.5 s: kept as it is
+        Segment(12.3, 12.3, "S01", "zero-length"),  # on a frame boundary, inside speech
         Segment(15.5, 16.5, "S01", "past the frames"),  # 15.5-16.5 s: beyond frame 200
     ]
     out = trim_to_speech(segs, speech, 10.0)
     assert [(s.text, s.start_s) for s in out] == [
+        ("near", 10.0),
         ("late", pytest.approx(11.5)),
         ("close", 11.0),
+        ("zero-length", 12.3),
         ("past the frames", 15.5),
     ]

@@ -177,6 +177,23 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
     assert not (tmp_path / "new").exists()  # checked, not made
 
 
+def test_a_data_dir_under_an_unsearchable_directory_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's Path.exists raises PermissionError there: a traceback at start-up
+    (a review, as user nobody under a directory of root's)."""
+    real_exists = Path.exists
+
+    def exists(self: Path, **kwargs: Any) -> bool:
+        if self.name == "data":
+            raise PermissionError(13, "Permission denied")
+        return real_exists(self, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", exists)
+    with pytest.raises(ConfigError, match="cannot use --data-dir .*Permission denied"):
+        serve.check_data_dir(tmp_path / "locked" / "data")
+
+
 def test_check_config_names_an_unknown_backend(caplog: pytest.LogCaptureFixture) -> None:
     assert main(["serve", "--backend", "nosuch", "--check-config"]) == 2
     assert "unknown backend 'nosuch'" in caplog.text

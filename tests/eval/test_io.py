@@ -94,7 +94,10 @@ def test_real_files_load(shared_data: Path) -> None:
         ("a.txt", "r 1 A 0 1 hello there", "stm"),
         ("a.txt", "r 1 0.5 0.2 hello", "ctm"),
         ("a.txt", "r NA 0 30", "uem"),
-        ("a.txt", ' [{"session_id": "r"}]', "seglst"),
+        ("a.json", ' [{"session_id": "r"}]', "seglst"),
+        # a .txt is another format only if it parses whole as one (else a transcript's words)
+        ("a.txt", "[Music] Welcome everyone", "plain"),
+        ("a.txt", "so we said 10 20 and then they\nleft", "plain"),  # line 2: no STM
         ("a.txt", '{"segments": []}', "json"),
     ],
 )

@@ -172,6 +172,29 @@ def test_finalize_commits_up_to_its_cut_while_audio_keeps_arriving() -> None:
     assert after.offset_s == pytest.approx(5.0) and after.end_s == pytest.approx(7.5)
 
 
+def test_finalizes_faster_than_decodes_are_each_reached() -> None:
+    """A finalize every second while each decode takes 1.5 s: a cut that moved to every new
+    finalize was never reached by the decode that was given the older one, so nothing was
+    committed (0 of 30; a review). Each decode now reaches its cut and commits it."""
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(1.0))
+    live.finalize()
+    committed = []
+    for i in range(30):
+        window = live.window() if live.hop_due() else None
+        live.receive_audio(audio(1.0))  # while it decodes, the client goes on and finalizes
+        live.finalize()
+        live.receive_audio(audio(0.5))
+        if window is not None:
+            hyp = [Segment(window.offset_s, window.end_s, "S01", f"part {i}")]
+            committed += finals_of(live.apply_hypothesis(hyp))
+    assert len(committed) >= 25
+    ends = [seg.end_s for seg in committed]
+    assert ends == sorted(ends)
+    # each commit ends at a finalize's cut: a whole second or a half one, as the audio came
+    assert all(round(2 * end) == 2 * end for end in ends)
+
+
 def test_a_finalize_whose_audio_is_decoded_is_applied_by_flush() -> None:
     live = LiveSession(LiveOptions(hop_s=1.0))
     live.receive_audio(audio(2.0))
