@@ -87,6 +87,7 @@ from livemeet.transcriber import (
     TextDelta,
     TranscriptFinal,
 )
+from livemeet.transcript.commit import normalise_text
 from livemeet.transcript.detok import IncrementalDetokenizer
 from livemeet.transcript.parser import (
     TranscriptParser,
@@ -1005,8 +1006,8 @@ class MossCore:
             sess.forced_budget = self.forced_budget.after_hop(
                 sess.forced_budget, now - hop.due_s, sess.options.hop_s
             )
-        # The hypothesis covers all audio; keep what lies after the last final (by midpoint).
-        new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]
+        # The hypothesis covers all audio; keep what lies after the last final.
+        new = keep_after_cut(hop.segments, hop.offset_s, sess.live.committed)
         events = sess.live.apply_hypothesis(new, hop.session_labels)
         return self._after_live_events(sid, sess, events)
 
@@ -1045,7 +1046,7 @@ class MossCore:
         if not released or not hop.session_labels:  # no preview without forced labels
             return []
         # a segment closed mid-hop goes out now, not when the hop ends (LiveSession.preview)
-        new = [s for s in hop.segments if _past_cut(s, hop.offset_s)]
+        new = keep_after_cut(hop.segments, hop.offset_s, sess.live.committed)
         return [(sid, e) for e in sess.live.preview(new, hop.session_labels)]
 
     def _on_finished(self, rid: str, reason: FinishReason) -> list[tuple[str, Event]]:
@@ -1215,6 +1216,41 @@ def _open(seg: Segment) -> bool:
 def _past_cut(seg: Segment, cut_s: float) -> bool:
     """Whether a hop keeps `seg`: its midpoint lies past the hop's cut (the committed end)."""
     return (seg.start_s + seg.end_s) / 2 > cut_s
+
+
+def keep_after_cut(
+    segments: Sequence[Segment], cut_s: float, committed: Sequence[Segment]
+) -> list[Segment]:
+    """What a hop's hypothesis adds after its cut (the committed end, `cut_s`): segments past
+    it (by midpoint, `_past_cut`), and of a segment that straddles it (starts before it, ends
+    after it) the words after those already committed. A hop without the newest committed
+    turn forced as its prefix (`--live-forced-transcript-tokens` 0, or a turn longer than it)
+    writes such a turn again whole: kept whole, its committed words came twice; dropped
+    whole (midpoint before the cut), its words after the cut never came (found by a trial).
+    The committed words are the texts of `committed` segments ending after the straddler's
+    start; the longest run of them ending the committed text that also begins its text
+    (case and punctuation aside) is dropped, and the rest starts at the cut. Where none does
+    (the model wrote the committed part otherwise), the midpoint decides, as for the rest."""
+    out = []
+    for seg in segments:
+        if not seg.start_s < cut_s < seg.end_s:
+            if _past_cut(seg, cut_s):
+                out.append(seg)
+            continue
+        before = [c.text for c in committed if c.end_s > seg.start_s]
+        said = normalise_text(" ".join(before)).split()
+        words = seg.text.split()
+        heard = [normalise_text(w) for w in words]
+        overlap = next(
+            (k for k in range(min(len(said), len(heard)), 0, -1) if said[-k:] == heard[:k]), 0
+        )
+        if overlap == 0:
+            if _past_cut(seg, cut_s):
+                out.append(seg)
+        elif overlap < len(words):
+            text = " ".join(words[overlap:])
+            out.append(replace(seg, start_s=cut_s, text=text))
+    return out
 
 
 def _log_request(request: Request, num_samples: int) -> None:

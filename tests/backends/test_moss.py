@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +28,7 @@ from livemeet.backends.moss import (
     engine_config,
     forced_hop_parts,
     forced_skip_keys,
+    keep_after_cut,
 )
 from livemeet.config import ModelConfig, UploadHold
 from livemeet.engine.engine import Engine, EngineConfig
@@ -952,6 +954,33 @@ def test_skipping_passed_segments_gives_the_same_hop_parts() -> None:
             assert forced_hop_parts(reference, edge_s, after_s, keys) == expected
 
 
+def test_keep_after_cut_drops_the_committed_words_of_a_turn_written_again() -> None:
+    """A hop writing the meeting again (no forced prefix) repeats a turn committed in part:
+    of the straddler only the words after the committed ones are kept, from the cut."""
+    committed = [
+        Segment(0.0, 2.0, "S01", "Before that."),
+        Segment(5.12, 6.0, "S01", "Charlie, november"),
+    ]
+    turn = Segment(5.12, 8.76, "S02", "charlie november November charlie bravo")
+    later = Segment(9.0, 10.0, "S02", "after")
+    kept = keep_after_cut([committed[0], turn, later], 6.0, committed)
+    assert [(s.start_s, s.text) for s in kept] == [
+        (6.0, "November charlie bravo"),
+        (9.0, "after"),
+    ]
+    # committed up to 8.0 (all but the last word): its midpoint (6.94) is before the cut,
+    # and it was dropped whole, with "bravo"
+    committed[1] = Segment(5.12, 8.0, "S01", "charlie november november charlie")
+    assert [(s.start_s, s.text) for s in keep_after_cut([turn], 8.0, committed)] == [(8.0, "bravo")]
+    # all of it committed already: nothing
+    assert keep_after_cut([turn], 8.0, [Segment(5.12, 8.0, "S01", turn.text)]) == []
+    # no committed words in its span, or written otherwise: its midpoint (6.94) decides
+    assert keep_after_cut([turn], 6.0, committed[:1]) == [turn]
+    other = replace(turn, text="something else entirely")
+    assert keep_after_cut([other], 6.0, committed) == [other]
+    assert keep_after_cut([other], 8.0, committed) == []
+
+
 def stream_with_finalize(
     core: MossCore, audio: np.ndarray, finalize_after_s: int | None
 ) -> list[Event]:
@@ -971,7 +1000,17 @@ def stream_with_finalize(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("words", "finalize_after_s", "clip_s"), [(10, 4, 11.0), (10, 7, 11.0), (35, None, 40.0)]
+    ("words", "finalize_after_s", "clip_s", "forced_tokens"),
+    [
+        (10, 4, 11.0, 2048),
+        (10, 7, 11.0, 2048),
+        (35, None, 40.0, 2048),
+        # hops that re-decode the whole meeting write the turn again whole (a trial: words
+        # came twice, or were lost, at every commit inside a turn)
+        (10, 4, 11.0, 0),
+        (10, 7, 11.0, 0),
+        (35, None, 40.0, 0),
+    ],
 )
 def test_a_turn_committed_while_spoken_goes_on_from_the_commit(
     our_model: MossTDModel,
@@ -980,13 +1019,16 @@ def test_a_turn_committed_while_spoken_goes_on_from_the_commit(
     words: int,
     finalize_after_s: int | None,
     clip_s: float,
+    forced_tokens: int,
 ) -> None:
     """A forced turn committed while it is spoken (`finalize` mid-turn, or a turn longer than
     the 25-s window, force-committed) goes on in the next hops from the commit: the transcript
     holds each of its words once, in order, from its start to its end (a word a second)."""
     text = " ".join(f"w{i}" for i in range(words))
     reference = f"[0.50][S01] {text}[{0.5 + words:.2f}]"
-    core = make_core(our_model, tmp_path, forced=reference)
+    core = make_core(
+        our_model, tmp_path, forced=reference, live_forced_transcript_tokens=forced_tokens
+    )
     final = stream_with_finalize(core, clips[clip_s], finalize_after_s)[-1]
     assert isinstance(final, TranscriptFinal)
     segments = final.segments
