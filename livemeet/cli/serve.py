@@ -320,18 +320,32 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def preflight_model(model: ModelConfig) -> None:
     """What a start would load, checked without loading it (`--check-config`): the backend is
-    registered; for MOSS-TD, the device exists, a named checkpoint resolves and its
-    config.json is this model's, the forced-output transcript parses. Raises ConfigError with
-    the reason a start would give."""
+    registered; for MOSS-TD, the device exists, a named checkpoint resolves, its config.json
+    is this model's, its safetensors headers name every tensor in the shape the model needs,
+    its tokenizer and prompt settings load, and the forced-output transcript parses. No weight
+    is read. Raises ConfigError with the reason a start would give."""
     check_backend(model)
     if model.backend_name != "moss":
         return
     from livemeet.backends.moss import read_forced_output
-    from livemeet.models.loader import read_checkpoint_config, resolve_device
+    from livemeet.models.loader import (
+        check_checkpoint,
+        read_checkpoint_config,
+        resolve_checkpoint,
+        resolve_device,
+    )
+    from livemeet.models.prompt import PromptConfig
+    from livemeet.models.tokenizer import load_tokenizer
 
     resolve_device(model.device)
     if model.model is not None:
-        read_checkpoint_config(model.model)
+        if model.load_format == "dummy":  # the geometry only: no weights are read
+            read_checkpoint_config(model.model)
+        else:
+            check_checkpoint(model.model)
+        root = resolve_checkpoint(model.model)
+        load_tokenizer(root)
+        PromptConfig.from_checkpoint(root)
     if model.forced_output is not None:
         read_forced_output(Path(model.forced_output))
 

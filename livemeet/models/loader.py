@@ -11,6 +11,7 @@ to the embedding is accepted and dropped). Every mismatch is reported at once in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -25,7 +26,7 @@ from livemeet.errors import ConfigError
 from livemeet.layers.rotary import RotaryEmbedding
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
-from livemeet.models.dialects import canonical_name
+from livemeet.models.dialects import PREFIXES, canonical_name, checkpoint_key
 
 _LM_HEAD = "lm_head.weight"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -149,6 +150,18 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
         ) from exc
 
 
+def check_checkpoint(path_or_id: str | Path) -> MossTDConfig:
+    """What `load_model` checks of a checkpoint before it reads a weight: its config.json,
+    its shards, and the names, shapes and dtypes in their safetensors headers against the
+    model (built on the meta device: nothing allocated). Returns the config. Raises
+    ConfigError as `load_model` would."""
+    cfg = read_checkpoint_config(path_or_id)
+    with torch.device("meta"):
+        model = MossTDModel(cfg)
+    _check_against_model(model, _index_checkpoint(resolve_checkpoint(path_or_id)))
+    return cfg
+
+
 def read_checkpoint_config(path_or_id: str | Path) -> MossTDConfig:
     """The model geometry of a checkpoint directory or cached hub id (its config.json), without
     reading any weights. Raises ConfigError as resolve_checkpoint does, or for a config.json
@@ -225,6 +238,20 @@ def _index_checkpoint(root: Path) -> dict[str, _TensorInfo]:
     return tensors
 
 
+def _key_in(tensors: dict[str, _TensorInfo], name: str) -> str:
+    """Our parameter `name` as the key the checkpoint of `tensors` would give it, in the
+    dialect of its keys (told by a tower whose prefixes differ), else ours."""
+    for _, upstream, native in PREFIXES:
+        if upstream == native:
+            continue  # the language model's keys are the same in both
+        for info in tensors.values():
+            for dialect, prefix in (("upstream", upstream), ("hf", native)):
+                if info.key.startswith(prefix):
+                    with contextlib.suppress(KeyError):
+                        return checkpoint_key(name, dialect)  # type: ignore[arg-type]
+    return name
+
+
 def _expected(model: MossTDModel) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
@@ -234,8 +261,8 @@ def _check_against_model(model: MossTDModel, tensors: dict[str, _TensorInfo]) ->
     problems = []
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected) - {_LM_HEAD})
-    if missing:
-        problems.append(f"missing tensors: {missing}")
+    if missing:  # named as this checkpoint's dialect names them (ours mean nothing there)
+        problems.append(f"missing tensors: {[_key_in(tensors, n) for n in missing]}")
     if unexpected:
         problems.append(f"unexpected tensors: {[tensors[n].key for n in unexpected]}")
     for name in sorted(set(expected) & set(tensors)):

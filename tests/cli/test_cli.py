@@ -199,6 +199,42 @@ def test_check_config_names_an_unknown_backend(caplog: pytest.LogCaptureFixture)
     assert "unknown backend 'nosuch'" in caplog.text
 
 
+def test_check_config_reads_a_checkpoints_headers_tokenizer_and_prompt_settings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A checkpoint without tokenizer.json, with a bad processor_config.json or a missing
+    tensor passed --check-config and failed only at start (found by a trial): all are read
+    now, without loading a weight."""
+    from safetensors.torch import load_file, save_file
+
+    from livemeet.models.tokenizer import load_tokenizer
+    from tests.models.tiny import random_weights, write_upstream
+
+    root = write_upstream(tmp_path / "ckpt", random_weights())
+    base = ["serve", "--model", str(root), "--device", "cpu", "--check-config"]
+    base += ["--data-dir", str(tmp_path / "data")]
+
+    def check() -> tuple[int, str]:
+        caplog.clear()
+        return main(base), caplog.text
+
+    with caplog.at_level("INFO"):
+        status, text = check()
+        assert status == 2 and "tokenizer.json" in text
+        load_tokenizer(None).save(str(root / "tokenizer.json"))
+        assert check()[0] == 0
+        (root / "processor_config.json").write_text('{"time_marker_every_seconds": "five"}')
+        assert check()[0] == 2
+        (root / "processor_config.json").unlink()
+        shard = next(root.glob("*.safetensors"))
+        tensors = load_file(str(shard))
+        key = sorted(tensors)[0]
+        del tensors[key]
+        save_file(tensors, str(shard))
+        status, text = check()
+        assert status == 2 and "missing tensors" in text and key in text
+
+
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "--tls-cert", str(tmp_path / "c.pem")])
     with pytest.raises(ConfigError):

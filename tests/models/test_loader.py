@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,29 @@ def test_bad_checkpoints_raise_config_error(
 
 
 EMBED = "model.language_model.embed_tokens.weight"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "key"),
+    [
+        ("upstream_dir", "model.vq_adaptor.layers.0.weight"),
+        ("hf_dir", "model.multi_modal_projector.linear_1.weight"),
+    ],
+)
+def test_a_missing_tensor_is_named_as_the_checkpoint_names_it(
+    request: pytest.FixtureRequest, tmp_path: Path, fixture: str, key: str
+) -> None:
+    """It was named by our internal name, `adaptor.linear_1.weight`, which no checkpoint
+    holds (found by a trial); the other problems were already named by their keys."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(request.getfixturevalue(fixture), root)
+    for shard in root.glob("*.safetensors"):
+        tensors = load_file(str(shard))
+        if key in tensors:
+            del tensors[key]
+            save_file(tensors, str(shard))
+    with pytest.raises(ConfigError, match=rf"missing tensors: \['{re.escape(key)}'\]"):
+        load_model(str(root), device="cpu")
 
 
 def test_every_problem_is_reported_at_once(hf_dir: Path, tmp_path: Path) -> None:
