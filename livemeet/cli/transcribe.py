@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,9 +67,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--output",
-        type=Path,
+        type=str,  # not Path: a trailing / (a directory to make) would be lost
         default=None,
-        help="output file (one input) or directory; omitted: stdout",
+        help="output file (one input) or directory (several inputs, or a name ending in /, "
+        "made if missing); omitted: stdout",
     )
     p.add_argument("--language", default=None, help="echoed in verbose_json")
     p.add_argument("--prompt", default=None, help="replaces the default instruction")
@@ -245,6 +247,14 @@ def output_path(output: Path | None, source: Path, fmt: ResponseFormat, many: bo
     return output
 
 
+def make_output_dir(output: Path) -> None:
+    """Create the `--output` directory now, before any work. Raises InvalidRequest."""
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidRequest(f"--output {output}: cannot create it: {exc.strerror}") from exc
+
+
 def check_outputs(paths: Sequence[Path], fmt: ResponseFormat, output: Path | None) -> None:
     """Refuse, before any work, outputs that could not all be written: two inputs whose
     outputs would share a name (same stem: "a.flac" and "a.mp3" both give "a.srt"), several
@@ -275,11 +285,8 @@ def check_outputs(paths: Sequence[Path], fmt: ResponseFormat, output: Path | Non
                 "rename one, or transcribe them in separate runs"
             )
         sources[target] = path
-    if many:
-        try:  # now, not after the work: a parent that is a file fails here
-            output.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InvalidRequest(f"--output {output}: cannot create it: {exc.strerror}") from exc
+    if many:  # now, not after the work: a parent that is a file fails here
+        make_output_dir(output)
 
 
 def write_results(
@@ -339,7 +346,8 @@ async def _run(
 
 
 def run(args: argparse.Namespace) -> int:
-    fmt = format_for(args.format, args.output if len(args.audio) == 1 else None)
+    raw_output: str | None = args.output
+    args.output = None if raw_output is None else Path(raw_output)
     try:
         if args.language is not None and len(args.language) > MAX_LANGUAGE_CHARS:
             raise InvalidRequest(f"--language must be at most {MAX_LANGUAGE_CHARS} characters")
@@ -347,6 +355,9 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequest("- (standard input) can be given once")
         if not (math.isfinite(args.max_audio_s) and args.max_audio_s > 0):
             raise InvalidRequest(f"--max-audio-s must be a positive number, not {args.max_audio_s}")
+        if raw_output is not None and raw_output.endswith(("/", os.sep)):
+            make_output_dir(args.output)  # a file of its name was written (found by a trial)
+        fmt = format_for(args.format, args.output if len(args.audio) == 1 else None)
         check_outputs(args.audio, fmt, args.output)
         streams = read_streams(args.audio)
         return asyncio.run(_run(args, fmt, streams))

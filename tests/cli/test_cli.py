@@ -334,6 +334,26 @@ def test_transcribe_refuses_outputs_it_could_not_all_write_before_any_work(
     assert not (tmp_path / "out").exists()
 
 
+def test_transcribe_output_ending_in_a_slash_is_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--output newdir/` for one input wrote a text file named newdir (found by a trial):
+    the slash says directory, which is made, and the transcript goes inside it."""
+
+    async def fake_run(args: Any, fmt: Any, streams: Any) -> int:
+        transcriber = FakeTranscriber()
+        await transcriber.start()
+        results = await transcribe.transcribe_files(transcriber, args.audio, progress=False)
+        return transcribe.write_results(results, fmt, args.output, None)
+
+    monkeypatch.setattr(transcribe, "_run", fake_run)
+    good = write_wav(tmp_path / "good.wav", 1.0)
+    argv = ["transcribe", str(good), "--output", str(tmp_path / "new" / "deeper") + "/"]
+    assert transcribe.run(build_parser().parse_args(argv)) == 0
+    assert (tmp_path / "new" / "deeper").is_dir()
+    assert (tmp_path / "new" / "deeper" / "good.txt").read_text().strip()
+
+
 async def test_transcribe_max_audio_s_is_the_callers(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
