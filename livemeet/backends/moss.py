@@ -87,8 +87,8 @@ from livemeet.transcriber import (
     TextDelta,
     TranscriptFinal,
 )
-from livemeet.transcript.commit import normalise_text
 from livemeet.transcript.detok import IncrementalDetokenizer
+from livemeet.transcript.overlap import text_after_overlap
 from livemeet.transcript.parser import (
     TranscriptParser,
     parse_transcript,
@@ -1223,33 +1223,26 @@ def keep_after_cut(
 ) -> list[Segment]:
     """What a hop's hypothesis adds after its cut (the committed end, `cut_s`): segments past
     it (by midpoint, `_past_cut`), and of a segment that straddles it (starts before it, ends
-    after it) the words after those already committed. A hop without the newest committed
-    turn forced as its prefix (`--live-forced-transcript-tokens` 0, or a turn longer than it)
-    writes such a turn again whole: kept whole, its committed words came twice; dropped
-    whole (midpoint before the cut), its words after the cut never came (found by a trial).
-    The committed words are the texts of `committed` segments ending after the straddler's
-    start; the longest run of them ending the committed text that also begins its text
-    (case and punctuation aside) is dropped, and the rest starts at the cut. Where none does
-    (the model wrote the committed part otherwise), the midpoint decides, as for the rest."""
+    after it) what follows the committed text (`text_after_overlap`), from the cut. A hop
+    without the newest committed turn forced as its prefix (`--live-forced-transcript-tokens`
+    0, or a turn longer than it) writes such a turn again whole: kept whole, its committed
+    words came twice; dropped whole (midpoint before the cut), its words after the cut never
+    came (found by a trial). The committed text is that of the `committed` segments ending
+    after the straddler's start; where its end is not found in the straddler (the model
+    wrote it otherwise), the midpoint decides, as for the rest."""
     out = []
     for seg in segments:
         if not seg.start_s < cut_s < seg.end_s:
             if _past_cut(seg, cut_s):
                 out.append(seg)
             continue
-        before = [c.text for c in committed if c.end_s > seg.start_s]
-        said = normalise_text(" ".join(before)).split()
-        words = seg.text.split()
-        heard = [normalise_text(w) for w in words]
-        overlap = next(
-            (k for k in range(min(len(said), len(heard)), 0, -1) if said[-k:] == heard[:k]), 0
-        )
-        if overlap == 0:
+        said = join_texts(c.text for c in committed if c.end_s > seg.start_s)
+        rest = text_after_overlap(said, seg.text)
+        if rest is None:
             if _past_cut(seg, cut_s):
                 out.append(seg)
-        elif overlap < len(words):
-            text = " ".join(words[overlap:])
-            out.append(replace(seg, start_s=cut_s, text=text))
+        elif rest:
+            out.append(replace(seg, start_s=cut_s, text=rest))
     return out
 
 

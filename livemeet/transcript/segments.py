@@ -99,7 +99,9 @@ class Transcript:
         return tuple(seen)
 
 
-def _is_cjk(ch: str) -> bool:
+def is_cjk(ch: str) -> bool:
+    """Whether `ch` is written without spaces between words (CJK, kana, Hangul syllables,
+    full-width forms and CJK punctuation): `join_texts` joins such texts without a space."""
     cp = ord(ch)
     return (
         0x3040 <= cp <= 0x30FF  # kana
@@ -119,7 +121,7 @@ def join_texts(texts: Iterable[str]) -> str:
         t = raw.strip()
         if not t:
             continue
-        if out and not (_is_cjk(out[-1]) and _is_cjk(t[0])):
+        if out and not (is_cjk(out[-1]) and is_cjk(t[0])):
             out += " "
         out += t
     return out
