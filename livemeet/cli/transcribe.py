@@ -255,19 +255,24 @@ def make_output_dir(output: Path) -> None:
         raise InvalidRequest(f"--output {output}: cannot create it: {exc.strerror}") from exc
 
 
-def check_outputs(paths: Sequence[Path], fmt: ResponseFormat, output: Path | None) -> None:
+def check_outputs(
+    paths: Sequence[Path], fmt: ResponseFormat, output: Path | None, directory: bool = False
+) -> None:
     """Refuse, before any work, outputs that could not all be written: two inputs whose
     outputs would share a name (same stem: "a.flac" and "a.mp3" both give "a.srt"), several
-    inputs with `output` an existing file or a directory that cannot be created (it is
-    created here), a new `output` named as a file of some format (`notes.srt`) for several
-    inputs, or an output file in a missing directory. Raises InvalidRequest."""
+    inputs (or `directory`: `--output` named with a trailing /) with `output` an existing file
+    or a directory that cannot be created (it is created here, once all else is checked), a
+    new `output` named as a file of some format (`notes.srt`) for several inputs, or an output
+    file in a missing directory. Raises InvalidRequest."""
     if output is None:
         return
-    many = len(paths) > 1
+    many = len(paths) > 1 or directory
     if many and output.exists() and not output.is_dir():
-        raise InvalidRequest(f"--output {output} is a file; several inputs need a directory")
+        need = "a directory" if directory else "several inputs need a directory"
+        raise InvalidRequest(f"--output {output} is a file; {need}")
     named = format_for(None, output)
-    if many and not output.exists() and output.name.lower().endswith(EXTENSIONS[named]):
+    by_name = not directory and not output.exists()  # a slash said directory, whatever the name
+    if many and by_name and output.name.lower().endswith(EXTENSIONS[named]):
         # `--output notes.srt` for two inputs made a directory notes.srt of .txt files
         raise InvalidRequest(
             f"--output {output} names a {named.value} file, but several inputs are written one "
@@ -342,12 +347,15 @@ async def _run(
         )
     finally:
         await transcriber.close()
-    return write_results(results, fmt, args.output, args.language)
+    output = None if args.output is None else Path(args.output)
+    return write_results(results, fmt, output, args.language)
 
 
 def run(args: argparse.Namespace) -> int:
     raw_output: str | None = args.output
-    args.output = None if raw_output is None else Path(raw_output)
+    output = None if raw_output is None else Path(raw_output)
+    # a trailing / says directory: a file of its name was written (found by a trial)
+    directory = raw_output is not None and raw_output.endswith(("/", os.sep))
     try:
         if args.language is not None and len(args.language) > MAX_LANGUAGE_CHARS:
             raise InvalidRequest(f"--language must be at most {MAX_LANGUAGE_CHARS} characters")
@@ -355,10 +363,9 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidRequest("- (standard input) can be given once")
         if not (math.isfinite(args.max_audio_s) and args.max_audio_s > 0):
             raise InvalidRequest(f"--max-audio-s must be a positive number, not {args.max_audio_s}")
-        if raw_output is not None and raw_output.endswith(("/", os.sep)):
-            make_output_dir(args.output)  # a file of its name was written (found by a trial)
-        fmt = format_for(args.format, args.output if len(args.audio) == 1 else None)
-        check_outputs(args.audio, fmt, args.output)
+        single_file = len(args.audio) == 1 and not directory
+        fmt = format_for(args.format, output if single_file else None)
+        check_outputs(args.audio, fmt, output, directory)
         streams = read_streams(args.audio)
         return asyncio.run(_run(args, fmt, streams))
     except LivemeetError as exc:

@@ -344,7 +344,7 @@ def test_transcribe_output_ending_in_a_slash_is_a_directory(
         transcriber = FakeTranscriber()
         await transcriber.start()
         results = await transcribe.transcribe_files(transcriber, args.audio, progress=False)
-        return transcribe.write_results(results, fmt, args.output, None)
+        return transcribe.write_results(results, fmt, Path(args.output), None)
 
     monkeypatch.setattr(transcribe, "_run", fake_run)
     good = write_wav(tmp_path / "good.wav", 1.0)
@@ -352,6 +352,15 @@ def test_transcribe_output_ending_in_a_slash_is_a_directory(
     assert transcribe.run(build_parser().parse_args(argv)) == 0
     assert (tmp_path / "new" / "deeper").is_dir()
     assert (tmp_path / "new" / "deeper" / "good.txt").read_text().strip()
+    # refused outputs make no directory (a review: `out/` was made before the check)
+    (tmp_path / "sub").mkdir()
+    same_stem = [str(good), str(write_wav(tmp_path / "sub" / "good.wav", 1.0))]
+    argv = ["transcribe", *same_stem, "--output", str(tmp_path / "out") + "/"]
+    assert transcribe.run(build_parser().parse_args(argv)) == 2
+    assert not (tmp_path / "out").exists()
+    # the same Namespace runs twice (its --output was turned into a Path)
+    args = build_parser().parse_args(["transcribe", str(good), "--output", str(tmp_path / "o/")])
+    assert transcribe.run(args) == 0 and transcribe.run(args) == 0
 
 
 async def test_transcribe_max_audio_s_is_the_callers(
