@@ -330,12 +330,12 @@ def preflight_model(model: ModelConfig) -> None:
     from livemeet.backends.moss import read_forced_output
     from livemeet.models.loader import (
         check_checkpoint,
+        checkpoint_tokenizer,
         read_checkpoint_config,
         resolve_checkpoint,
         resolve_device,
     )
     from livemeet.models.prompt import PromptConfig
-    from livemeet.models.tokenizer import load_tokenizer
 
     resolve_device(model.device)
     if model.model is not None:
@@ -344,7 +344,7 @@ def preflight_model(model: ModelConfig) -> None:
         else:
             check_checkpoint(model.model)
         root = resolve_checkpoint(model.model)
-        load_tokenizer(root)
+        checkpoint_tokenizer(model.model, root)
         PromptConfig.from_checkpoint(root)
     if model.forced_output is not None:
         read_forced_output(Path(model.forced_output))

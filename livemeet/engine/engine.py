@@ -60,12 +60,11 @@ from livemeet.engine.model_runner import (
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
-from livemeet.errors import ConfigError, InternalError
+from livemeet.errors import InternalError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
-from livemeet.models.loader import download_hint, load_model, resolve_checkpoint
+from livemeet.models.loader import checkpoint_tokenizer, load_model, resolve_checkpoint
 from livemeet.models.prompt import EOS, PromptBuilder, PromptConfig, PromptIds
-from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcript.segments import FinishReason
 
 log = logging.getLogger(__name__)
@@ -168,13 +167,7 @@ class Engine:
             device=config.device,
             dtype=config.dtype,
         )
-        try:
-            self.tokenizer = load_tokenizer(root)
-        except ConfigError as exc:  # a hub snapshot cached with the weights only
-            hint = download_hint(config.model) if config.model else None
-            if hint is None:
-                raise
-            raise ConfigError(f"{exc.message}; cache the rest with {hint}") from exc
+        self.tokenizer = checkpoint_tokenizer(config.model, root)
         self.prompt_config = PromptConfig.from_checkpoint(root) if root else PromptConfig()
         self.prompts = PromptBuilder(self.tokenizer, self.prompt_config)
         kv_dtype = torch.float8_e4m3fn if config.kv_cache_dtype == "fp8_e4m3" else None

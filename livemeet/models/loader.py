@@ -21,12 +21,14 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tokenizers import Tokenizer
 
 from livemeet.errors import ConfigError
 from livemeet.layers.rotary import RotaryEmbedding
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
 from livemeet.models.dialects import PREFIXES, canonical_name, checkpoint_key
+from livemeet.models.tokenizer import load_tokenizer
 
 _LM_HEAD = "lm_head.weight"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -167,6 +169,19 @@ def read_checkpoint_config(path_or_id: str | Path) -> MossTDConfig:
     reading any weights. Raises ConfigError as resolve_checkpoint does, or for a config.json
     that is missing, unreadable or of another model."""
     return _read_config(resolve_checkpoint(path_or_id))
+
+
+def checkpoint_tokenizer(model: str | None, root: Path | None) -> Tokenizer:
+    """The tokenizer of checkpoint `root` (resolved from `model`, a directory or hub id; None
+    for both: the built-in one). Raises ConfigError as `load_tokenizer` does, naming for a hub
+    snapshot cached with the weights only the command that caches the rest."""
+    try:
+        return load_tokenizer(root)
+    except ConfigError as exc:
+        hint = download_hint(model) if model else None
+        if hint is None:
+            raise
+        raise ConfigError(f"{exc.message}; cache the rest with {hint}") from exc
 
 
 def download_hint(model: str) -> str | None:

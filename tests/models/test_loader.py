@@ -232,6 +232,18 @@ def test_a_hub_id_engine_reads_the_snapshots_tokenizer_and_prompt_settings(
     assert lookups == ["someone/tiny-moss"]  # once: weights, tokenizer and settings share it
 
 
+def test_check_config_on_a_hub_snapshot_names_what_to_cache(
+    hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--check-config gave a start's error without its `hf download` hint (a review)."""
+    from livemeet.cli.serve import preflight_model
+    from livemeet.config import ModelConfig
+
+    cache_hub_snapshot(hf_dir, tmp_path, monkeypatch)
+    with pytest.raises(ConfigError, match="hf download someone/tiny-moss --include"):
+        preflight_model(ModelConfig(model="someone/tiny-moss", device="cpu"))
+
+
 def test_unknown_path_and_missing_model_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a directory"):
         load_model(str(tmp_path / "no" / "such" / "dir"), device="cpu")
