@@ -33,6 +33,14 @@ from tests.gateway.fakes import FINAL_EVERY, FakeTranscriber
 START = {"type": "start", "sample_rate": 16000, "channels": 1, "encoding": "pcm_s16le"}
 
 
+async def start_session(ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
+    """Send START and return the server's `session.ready` (any other answer fails)."""
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    assert ready["type"] == "session.ready", ready
+    return ready
+
+
 async def receive_all(ws: aiohttp.ClientWebSocketResponse) -> list[dict[str, Any]]:
     """Every JSON event until the server closes."""
     events = []
@@ -104,8 +112,7 @@ async def test_sessions_decode_at_the_servers_hop(
     emits a partial per hop of audio, sends twice the default's partials for the same audio."""
     client = await gateway_client(aiohttp_client, server_config, fake, live_hop_s=0.5)
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         for _ in range(4):  # 2 s
             await ws.send_bytes(pcm16(0.5))
         await ws.send_json({"type": "end"})
@@ -162,8 +169,7 @@ async def test_bad_input_gets_typed_error_and_close_code(
 async def test_audio_after_end(client: TestClient, fake: FakeTranscriber) -> None:
     fake.end_gate = asyncio.Event()  # hold transcript.final so the server is still reading
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(0.2))
         await ws.send_json({"type": "end"})
         await ws.send_bytes(pcm16(0.2))
@@ -189,8 +195,7 @@ async def test_queue_full_on_start(client: TestClient, fake: FakeTranscriber) ->
 
 async def test_backend_error_event_is_forwarded(client: TestClient, fake: FakeTranscriber) -> None:
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(0.2))
         await asyncio.sleep(0.05)
         fake.sessions[0].fail(EngineUnavailable("engine process died"))
@@ -202,8 +207,7 @@ async def test_idle_timeout(
 ) -> None:
     client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.2)
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await expect_error(ws, ClientTimeout)
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
@@ -217,8 +221,7 @@ async def test_pings_do_not_keep_a_silent_session_open(
     60-s timeout)."""
     client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.3)
     async with client.ws_connect("/v1/live") as ws:  # autoping: pongs are not events
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(0.2))
 
         async def ping() -> None:
@@ -245,8 +248,7 @@ async def test_no_idle_timeout_after_end(
     client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.2)
     fake.end_gate = asyncio.Event()
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(1.5))
         await ws.send_json({"type": "end"})
         await asyncio.sleep(1.0)  # five idle timeouts with the final held back
@@ -268,8 +270,7 @@ async def test_a_final_that_never_comes_ends_the_session_after_the_final_timeout
     )
     fake.end_gate = asyncio.Event()  # never set
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(0.5))
         await ws.send_json({"type": "end"})
         error = await expect_error(ws, EngineUnavailable)
@@ -286,8 +287,7 @@ async def test_plain_get_is_a_json_400(client: TestClient) -> None:
 
 async def test_shutdown_closes_live_sockets(client: TestClient, fake: FakeTranscriber) -> None:
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         shutdown = asyncio.create_task(close_live_sockets(client.app))
         await expect_error(ws, EngineUnavailable)
         await shutdown
@@ -303,8 +303,7 @@ async def test_shutdown_drains_a_streaming_session_to_its_final(
     to an immediate engine_unavailable before: found by an independent trial)."""
     fake.end_gate = asyncio.Event()
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(2.5))
         await wait_until(lambda: fake.sessions[0].log.num_samples == 2.5 * 16000)
         shutdown = asyncio.create_task(close_live_sockets(client.app))
@@ -330,8 +329,7 @@ async def test_a_drain_outlives_the_idle_deadline_its_receive_was_waiting_on(
     client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.5)
     fake.end_gate = asyncio.Event()
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(1.0))
         await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
         await asyncio.sleep(0.2)
@@ -347,8 +345,7 @@ async def test_a_drain_whose_final_is_late_ends_in_engine_unavailable(
 ) -> None:
     fake.end_gate = asyncio.Event()  # never set: the final does not come
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
+        await start_session(ws)
         await ws.send_bytes(pcm16(1.0))
         await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
         drain = asyncio.create_task(client.app[REGISTRY_KEY].drain_all(timeout_s=0.3))
@@ -376,12 +373,10 @@ async def test_vanishing_client_is_cleaned_up_while_another_streams(
     await asyncio.sleep(0.05)
     base_tasks, base_fds = len(asyncio.all_tasks()), open_fds()
     survivor = await client.ws_connect("/v1/live")
-    await survivor.send_json(START)
-    await survivor.receive_json()
+    await start_session(survivor)
 
     victim = await client.ws_connect("/v1/live")
-    await victim.send_json(START)
-    await victim.receive_json()
+    await start_session(victim)
     await victim.send_bytes(pcm16(1.5))
     await asyncio.sleep(0.05)
     victim._response.connection.transport.abort()  # type: ignore[union-attr]  # TCP reset
@@ -408,8 +403,7 @@ async def test_a_frame_of_exactly_the_limit_is_accepted(
     """protocol.md: any length up to 1 MiB. aiohttp refused a message of its own max_msg_size
     (found by a trial: 1,048,576 bytes closed 1009, 1,048,574 passed)."""
     async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        assert (await ws.receive_json())["type"] == "session.ready"
+        await start_session(ws)
         await ws.send_bytes(b"\0" * MAX_FRAME_BYTES)
         await ws.send_json({"type": "end"})
         events = await asyncio.wait_for(receive_all(ws), 5)
@@ -422,8 +416,7 @@ async def test_a_frame_of_exactly_the_limit_is_accepted(
 async def test_frame_over_the_limit_closes_1009(client: TestClient, compress: int) -> None:
     # docs/protocol.md: the one error without an `error` frame (aiohttp refuses the message).
     async with client.ws_connect("/v1/live", compress=compress) as ws:
-        await ws.send_json(START)
-        assert (await ws.receive_json())["type"] == "session.ready"
+        await start_session(ws)
         await ws.send_bytes(b"\0" * (MAX_FRAME_BYTES + 2))
         msg = await ws.receive()
         assert msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
