@@ -339,11 +339,11 @@ def preflight_model(model: ModelConfig) -> None:
 
     resolve_device(model.device)
     if model.model is not None:
-        if model.load_format == "dummy":  # the geometry only: no weights are read
-            read_checkpoint_config(model.model)
-        else:
-            check_checkpoint(model.model)
         root = resolve_checkpoint(model.model)
+        if model.load_format == "dummy":  # the geometry only: no weights are read
+            read_checkpoint_config(root)
+        else:
+            check_checkpoint(root)
         checkpoint_tokenizer(model.model, root)
         PromptConfig.from_checkpoint(root)
     if model.forced_output is not None:

@@ -325,7 +325,10 @@ def write_results(
 
 
 async def _run(
-    args: argparse.Namespace, fmt: ResponseFormat, streams: Mapping[Path, bytes | LivemeetError]
+    args: argparse.Namespace,
+    fmt: ResponseFormat,
+    streams: Mapping[Path, bytes | LivemeetError],
+    output: Path | None,
 ) -> int:
     from livemeet.gateway.engine_client import EngineClient
 
@@ -347,7 +350,6 @@ async def _run(
         )
     finally:
         await transcriber.close()
-    output = None if args.output is None else Path(args.output)
     return write_results(results, fmt, output, args.language)
 
 
@@ -367,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
         fmt = format_for(args.format, output if single_file else None)
         check_outputs(args.audio, fmt, output, directory)
         streams = read_streams(args.audio)
-        return asyncio.run(_run(args, fmt, streams))
+        return asyncio.run(_run(args, fmt, streams, output))
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2

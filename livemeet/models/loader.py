@@ -11,7 +11,6 @@ to the embedding is accepted and dropped). Every mismatch is reported at once in
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
@@ -27,7 +26,7 @@ from livemeet.errors import ConfigError
 from livemeet.layers.rotary import RotaryEmbedding
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
-from livemeet.models.dialects import PREFIXES, canonical_name, checkpoint_key
+from livemeet.models.dialects import PREFIXES, Dialect, canonical_name, checkpoint_key
 from livemeet.models.tokenizer import load_tokenizer
 
 _LM_HEAD = "lm_head.weight"
@@ -157,10 +156,11 @@ def check_checkpoint(path_or_id: str | Path) -> MossTDConfig:
     its shards, and the names, shapes and dtypes in their safetensors headers against the
     model (built on the meta device: nothing allocated). Returns the config. Raises
     ConfigError as `load_model` would."""
-    cfg = read_checkpoint_config(path_or_id)
+    root = resolve_checkpoint(path_or_id)
+    cfg = _read_config(root)
     with torch.device("meta"):
         model = MossTDModel(cfg)
-    _check_against_model(model, _index_checkpoint(resolve_checkpoint(path_or_id)))
+    _check_against_model(model, _index_checkpoint(root))
     return cfg
 
 
@@ -253,18 +253,28 @@ def _index_checkpoint(root: Path) -> dict[str, _TensorInfo]:
     return tensors
 
 
-def _key_in(tensors: dict[str, _TensorInfo], name: str) -> str:
-    """Our parameter `name` as the key the checkpoint of `tensors` would give it, in the
-    dialect of its keys (told by a tower whose prefixes differ), else ours."""
+def _key_in(name: str, dialect: Dialect | None) -> str:
+    """Our parameter `name` as a checkpoint of `dialect` keys it; ours without a dialect."""
+    if dialect is None:
+        return name
+    try:
+        return checkpoint_key(name, dialect)
+    except KeyError:  # outside the three towers
+        return name
+
+
+def _dialect_of(tensors: dict[str, _TensorInfo]) -> Dialect | None:
+    """The key dialect of a checkpoint, told by a tower whose prefixes differ between the
+    two (the language model's do not); None when no such key is there."""
     for _, upstream, native in PREFIXES:
         if upstream == native:
-            continue  # the language model's keys are the same in both
+            continue
         for info in tensors.values():
-            for dialect, prefix in (("upstream", upstream), ("hf", native)):
-                if info.key.startswith(prefix):
-                    with contextlib.suppress(KeyError):
-                        return checkpoint_key(name, dialect)  # type: ignore[arg-type]
-    return name
+            if info.key.startswith(upstream):
+                return "upstream"
+            if info.key.startswith(native):
+                return "hf"
+    return None
 
 
 def _expected(model: MossTDModel) -> dict[str, torch.Tensor]:
@@ -277,7 +287,8 @@ def _check_against_model(model: MossTDModel, tensors: dict[str, _TensorInfo]) ->
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected) - {_LM_HEAD})
     if missing:  # named as this checkpoint's dialect names them (ours mean nothing there)
-        problems.append(f"missing tensors: {[_key_in(tensors, n) for n in missing]}")
+        dialect = _dialect_of(tensors)
+        problems.append(f"missing tensors: {[_key_in(n, dialect) for n in missing]}")
     if unexpected:
         problems.append(f"unexpected tensors: {[tensors[n].key for n in unexpected]}")
     for name in sorted(set(expected) & set(tensors)):

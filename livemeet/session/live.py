@@ -142,8 +142,8 @@ class LiveSession:
 
     def finalize(self) -> None:
         """Commit everything heard so far (and only that: audio received later is decoded
-        after the commit) at the decode that reaches it, or at a flush. A second finalize
-        before then moves the cut to its own audio edge."""
+        after the commit) at the decode that reaches it, or at a flush. A finalize made while
+        one is pending is applied after it (several meanwhile: the last; module docstring)."""
         if self._ended:
             raise ProtocolError("finalize after end")
         self._cut()

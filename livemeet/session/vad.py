@@ -61,11 +61,17 @@ def webrtc_classifier(mode: int = VAD_MODE) -> Classifier:
     return is_speech
 
 
+def _pcm16(samples: np.ndarray) -> np.ndarray:
+    """float [n] in [-1, 1] -> int16 [n], what the classifier's frames are cut from."""
+    pcm: np.ndarray = (np.clip(samples, -1.0, 1.0) * PCM16_MAX).astype(np.int16)
+    return pcm
+
+
 def speech_frames(samples: np.ndarray, classifier: Classifier) -> np.ndarray:
     """Which whole frames of VAD_FRAME_S in `samples` (float [n] in [-1, 1], 16 kHz) the
     classifier calls speech: bool [n // FRAME_SAMPLES] (a partial last frame is not
     classified)."""
-    pcm = (np.clip(samples, -1.0, 1.0) * PCM16_MAX).astype(np.int16)
+    pcm = _pcm16(samples)
     num = pcm.size // FRAME_SAMPLES
     return np.fromiter(
         (
@@ -116,7 +122,7 @@ class Endpointer:
 
     def feed(self, samples: np.ndarray) -> None:
         """Classify the frames `samples` (float [n] in [-1, 1], 16 kHz) complete."""
-        pcm = (np.clip(samples, -1.0, 1.0) * PCM16_MAX).astype(np.int16)
+        pcm = _pcm16(samples)
         if self._pending.size:
             pcm = np.concatenate((self._pending, pcm))
         whole = pcm.size // FRAME_SAMPLES * FRAME_SAMPLES

@@ -3,10 +3,11 @@
 A live hop without the newest committed turn forced as its prefix writes that turn again
 whole (livemeet/backends/moss.py `keep_after_cut`): its first words are ones already sent as
 finals. `text_after_overlap` finds the end of the committed text inside the re-decoded text
-and returns what follows. The two sides are compared token by token, as the error rates
-count them (livemeet/eval/text.py's mixed-script rule: a CJK character is a token, a run of
-other non-space characters a word), case and punctuation aside, so "Charlie, November" and
-"charlie november" agree and Chinese without spaces aligns per character.
+and returns what follows. The two sides are compared token by token by a mixed-script rule
+like the error rates' (livemeet/eval/text.py): a character written without spaces (`is_cjk`,
+as `join_texts` decides where texts need a space) is a token, a run of other non-space
+characters a word; case and punctuation aside, so "Charlie, November" and "charlie november"
+agree and Chinese without spaces aligns per character.
 
 A real re-decode seldom repeats the committed words exactly, so the alignment is
 `difflib.SequenceMatcher`'s: the committed text's end must be matched by a run of at least

@@ -340,11 +340,11 @@ def test_transcribe_output_ending_in_a_slash_is_a_directory(
     """`--output newdir/` for one input wrote a text file named newdir (found by a trial):
     the slash says directory, which is made, and the transcript goes inside it."""
 
-    async def fake_run(args: Any, fmt: Any, streams: Any) -> int:
+    async def fake_run(args: Any, fmt: Any, streams: Any, output: Path | None) -> int:
         transcriber = FakeTranscriber()
         await transcriber.start()
         results = await transcribe.transcribe_files(transcriber, args.audio, progress=False)
-        return transcribe.write_results(results, fmt, Path(args.output), None)
+        return transcribe.write_results(results, fmt, output, None)
 
     monkeypatch.setattr(transcribe, "_run", fake_run)
     good = write_wav(tmp_path / "good.wav", 1.0)
