@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import logging
@@ -80,6 +81,19 @@ def livemeet_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("livemeet-")]
 
 
+@contextlib.asynccontextmanager
+async def running(config: ModelConfig) -> AsyncIterator[EngineClient]:
+    """An in-process client of `config`, started; closed after, no worker or reader thread
+    left behind."""
+    client = EngineClient(config, in_process=True)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+    assert not livemeet_threads()
+
+
 def script_file(tmp_path: Path, script: Script) -> str:
     path = tmp_path / "script.json"
     path.write_text(script.to_json())
@@ -150,11 +164,9 @@ async def test_abort_frees_the_session_in_the_worker(monkeypatch: pytest.MonkeyP
 
 async def test_worker_crash_fails_open_sessions(tmp_path: Path) -> None:
     script = Script(DEFAULT_SCRIPT.reference, crash_on_step=3)
-    client = EngineClient(
-        ModelConfig(backend="scripted", model=script_file(tmp_path, script)), in_process=True
-    )
-    await client.start()
-    try:
+    async with running(
+        ModelConfig(backend="scripted", model=script_file(tmp_path, script))
+    ) as client:
         session = await client.open_session(SessionOptions())
         idle = await client.open_session(SessionOptions())
         with pytest.raises(EngineUnavailable):  # the session failed with the engine
@@ -171,9 +183,17 @@ async def test_worker_crash_fails_open_sessions(tmp_path: Path) -> None:
             await client.open_session(SessionOptions())
         with pytest.raises(EngineUnavailable):
             await session.append(audio(1.0))
-    finally:
-        await client.close()
-    assert not livemeet_threads()
+
+
+async def crash_at_once(client: EngineClient) -> tuple[EngineSession, Error]:
+    """Open a session and stream into it until the engine (crash_on_step=3) fails it; the
+    session and the error that ended it."""
+    session = await client.open_session(SessionOptions())
+    with pytest.raises(EngineUnavailable):
+        await stream_all(session, 12.0, pace_s=0.02)
+    lost = (await collect(session))[-1]
+    assert isinstance(lost, Error)
+    return session, lost
 
 
 async def wait_for_state(client: EngineClient, timeout_s: float = 30.0) -> None:
@@ -202,16 +222,9 @@ async def test_a_lost_worker_is_replaced_and_serves_again(
         return cores[-1]
 
     monkeypatch.setitem(BACKENDS, "crash-once", crash_once)
-    client = EngineClient(ModelConfig(backend="crash-once"), in_process=True)
-    await client.start()
-    try:
-        victim = await client.open_session(SessionOptions())
-        with pytest.raises(EngineUnavailable):
-            for _ in range(100):
-                await victim.append(audio(1.0))
-                await asyncio.sleep(0.02)
-        lost = (await collect(victim))[-1]
-        assert isinstance(lost, Error) and lost.code == "engine_unavailable" and lost.retryable
+    async with running(ModelConfig(backend="crash-once")) as client:
+        victim, lost = await crash_at_once(client)
+        assert lost.code == "engine_unavailable" and lost.retryable
         assert "scripted engine crash at step 3" in lost.message
         await wait_for_state(client)
         assert client.ready and not client.failed and client.num_restarts == 1
@@ -223,9 +236,6 @@ async def test_a_lost_worker_is_replaced_and_serves_again(
         assert [s.text for s in final.segments] == [s.text for s in DEFAULT_SCRIPT.reference]
         with pytest.raises(EngineUnavailable):  # the old session stays failed
             await victim.append(audio(1.0))
-    finally:
-        await client.close()
-    assert not livemeet_threads()
 
 
 async def test_restarts_give_up_and_report_failed(
@@ -242,29 +252,13 @@ async def test_restarts_give_up_and_report_failed(
         return ScriptedCore(Script(DEFAULT_SCRIPT.reference, crash_on_step=3))
 
     monkeypatch.setitem(BACKENDS, "fragile", fails_after_first)
-    client = EngineClient(ModelConfig(backend="fragile"), in_process=True)
-    await client.start()
-    try:
-        session = await client.open_session(SessionOptions())
-        with pytest.raises(EngineUnavailable):
-            await stream_all(session, 12.0, pace_s=0.02)
-        assert isinstance((await collect(session))[-1], Error)
+    async with running(ModelConfig(backend="fragile")) as client:
+        await crash_at_once(client)
         await wait_for_state(client)
         assert client.failed and not client.ready
         assert len(loads) == 1 + 2  # the first worker, then two attempts
         with pytest.raises(EngineUnavailable):
             await client.open_session(SessionOptions())
-    finally:
-        await client.close()
-    assert not livemeet_threads()
-
-
-async def crash_at_once(client: EngineClient) -> None:
-    """Open a session and stream into it until the engine (crash_on_step=3) fails it."""
-    session = await client.open_session(SessionOptions())
-    with pytest.raises(EngineUnavailable):
-        await stream_all(session, 12.0, pace_s=0.02)
-    assert isinstance((await collect(session))[-1], Error)
 
 
 def crashing() -> ModelConfig:
@@ -285,22 +279,17 @@ async def test_launches_that_fail_in_any_way_count_and_end_in_failed(
     attempts wider than the window, which never filled (a review). Failed launches in a
     row now give up too."""
     monkeypatch.setattr(engine_client, "ENGINE_RESTART_WINDOW_S", 0.0)  # the window never fills
-    client = EngineClient(crashing(), in_process=True)
-    await client.start()
     launches: list[int] = []
 
     async def no_resources() -> None:
         launches.append(1)
         raise OSError(24, "Too many open files")
 
-    monkeypatch.setattr(client, "_launch", no_resources)
-    try:
+    async with running(crashing()) as client:
+        monkeypatch.setattr(client, "_launch", no_resources)
         await crash_at_once(client)
         await wait_for_state(client)
         assert client.failed and not client.ready and len(launches) == 2
-    finally:
-        await client.close()
-    assert not livemeet_threads()
 
 
 async def test_a_worker_lost_as_it_starts_is_not_taken_as_ready(
@@ -308,25 +297,20 @@ async def test_a_worker_lost_as_it_starts_is_not_taken_as_ready(
 ) -> None:
     """The new worker's exit, dispatched before the restart resumed, was dropped as a loss
     already being handled, and the client turned ready over a dead worker (a review)."""
-    client = EngineClient(crashing(), in_process=True)
-    await client.start()
-    real_launch = client._launch
     launches: list[int] = []
+    async with running(crashing()) as client:
+        real_launch = client._launch
 
-    async def lost_at_once() -> None:
-        await real_launch()
-        launches.append(client._generation)
-        if len(launches) == 1:  # its exit comes in before the restart task resumes
-            client._dispatch(engine_client._WorkerExited("died"), client._generation)
+        async def lost_at_once() -> None:
+            await real_launch()
+            launches.append(client._generation)
+            if len(launches) == 1:  # its exit comes in before the restart task resumes
+                client._dispatch(engine_client._WorkerExited("died"), client._generation)
 
-    monkeypatch.setattr(client, "_launch", lost_at_once)
-    try:
+        monkeypatch.setattr(client, "_launch", lost_at_once)
         await crash_at_once(client)
         await wait_for_state(client)
         assert client.ready and client.num_restarts == 1 and len(launches) == 2
-    finally:
-        await client.close()
-    assert not livemeet_threads()
 
 
 async def test_close_while_a_new_worker_comes_up_leaves_the_client_closed(
