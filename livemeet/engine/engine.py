@@ -268,7 +268,9 @@ class Engine:
         sampling = sampling or SamplingParams()
         cap = min(MAX_DRAFT_TOKENS, self.scheduler.config.chunked_prefill_size - 1)
         draft = list(draft_token_ids[:cap]) if sampling.greedy else []
-        ids = built.ids + list(prefix_token_ids) + draft
+        ids = built.ids  # the caller's own list: no copy of a long meeting's ~24k ids
+        ids.extend(prefix_token_ids)
+        ids.extend(draft)
         duration_s = len(samples) / SAMPLE_RATE
         budget = max_new_tokens or output_budget(
             duration_s, len(ids), self.scheduler.config.max_model_len
@@ -280,7 +282,7 @@ class Engine:
             max_new_tokens=budget,
             deadline_s=deadline_s,
             arrival_s=self.clock(),
-            audio_positions=tuple(built.audio_positions),
+            audio_positions=built.audio_positions,
             ignore_eos=ignore_eos,
             num_draft_tokens=len(draft),
         )

@@ -20,7 +20,6 @@ step's `DeviceTokens`. `TokenTransfer` brings sampled ids to the host through tw
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -378,13 +377,10 @@ class ModelRunner:
             if PENDING_TOKEN_ID in ids:
                 raise InternalError(f"prefill of {req.request_id!r} reads a pending token")
             rows.add_sequence(req, chunk.start, ids, self.block_size)
-            positions = req.audio_positions_in(chunk.start, end)
-            if positions:
-                first = bisect.bisect_left(req.audio_positions, positions[0])
-                rows.audio_rows.extend(rows.row_of(p) for p in positions)
-                rows.audio_values.append(
-                    audio_embeds[req.request_id][first : first + len(positions)]
-                )
+            lo, hi = req.audio_span_in(chunk.start, end)
+            if hi > lo:
+                rows.audio_rows.extend(map(rows.row_of, req.audio_positions[lo:hi].tolist()))
+                rows.audio_values.append(audio_embeds[req.request_id][lo:hi])
             if chunk.samples:  # the last row; verifying a draft, the rows before it too
                 last = len(rows.token_ids) - 1
                 rows.sample_rows.extend(range(last - chunk.num_verify, last + 1))

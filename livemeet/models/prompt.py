@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 from tokenizers import Tokenizer
 
 from livemeet.audio.constants import AUDIO_TOKENS_PER_SECOND, TIME_MARKER_EVERY_S, TOKENS_PER_WINDOW
@@ -131,19 +132,22 @@ class PromptConfig:
         return cls(time_marker_every_s=every, audio_tokens_per_second=float(rate))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PromptIds:
     """A built prompt.
 
-    `ids`: all prompt token ids, length header_len + span_len + suffix_len.
-    `audio_positions`: indices into `ids` of the T `<|audio_pad|>` tokens, ascending; audio
-    embedding i goes to `ids[audio_positions[i]]`.
+    `ids`: all prompt token ids, length header_len + span_len + suffix_len; the caller's own
+    list (the engine appends forced ids to it).
+    `audio_positions`: int64 [T], read-only: indices into `ids` of the T `<|audio_pad|>`
+    tokens, ascending; audio embedding i goes to `ids[audio_positions[i]]`. An array, not a
+    list: a PromptBuilder hands out a view of its template, and the engine checks it in
+    C (a 30-minute meeting has ~22,500 positions, rebuilt every live hop).
     `header_len`: ids before the span (ending with `<|audio_start|>`); `span_len`: pads plus
     marker digits; `suffix_len`: ids from `<|audio_end|>` to the end.
     """
 
     ids: list[int]
-    audio_positions: list[int]
+    audio_positions: np.ndarray
     header_len: int
     span_len: int
     suffix_len: int
@@ -151,6 +155,16 @@ class PromptIds:
     @property
     def num_audio_tokens(self) -> int:
         return len(self.audio_positions)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PromptIds):
+            return NotImplemented
+        return (
+            self.ids == other.ids
+            and np.array_equal(self.audio_positions, other.audio_positions)
+            and (self.header_len, self.span_len, self.suffix_len)
+            == (other.header_len, other.span_len, other.suffix_len)
+        )
 
 
 def build_prompt(
@@ -179,7 +193,7 @@ def build_prompt(
     suffix = _encode(tokenizer, _SUFFIX_TEMPLATE.format(instruction=instruction))
     return PromptIds(
         ids=header + span + suffix,
-        audio_positions=[len(header) + i for i in pad_offsets],
+        audio_positions=_read_only(np.asarray(pad_offsets, dtype=np.int64) + len(header)),
         header_len=len(header),
         span_len=len(span),
         suffix_len=len(suffix),
@@ -212,7 +226,8 @@ class PromptBuilder:
         self._header = _encode(tokenizer, HEADER_TEXT)
         self._suffixes: OrderedDict[tuple[str | None, tuple[str, ...]], list[int]] = OrderedDict()
         self._span: list[int] = []  # template: pads, with marker k after pad per * k
-        self._positions: list[int] = []  # ids index of each template pad (header included)
+        # ids index of each template pad (header included); read-only, as results are views
+        self._positions = _read_only(np.zeros(0, dtype=np.int64))
         self._digits_through: list[int] = [0]  # [k]: digit ids of markers 1..k
 
     def build(
@@ -247,11 +262,12 @@ class PromptBuilder:
             self._suffixes.move_to_end(key)
         return suffix
 
-    def _audio_span(self, num_audio_tokens: int) -> tuple[list[int], list[int]]:
+    def _audio_span(self, num_audio_tokens: int) -> tuple[list[int], np.ndarray]:
         """The span ids and the ids indices of its pads (header included) for T tokens."""
         per, base = self.config.pads_per_marker, len(self._header)
         if per <= 0:
-            return [AUDIO_PAD] * num_audio_tokens, list(range(base, base + num_audio_tokens))
+            positions = np.arange(base, base + num_audio_tokens, dtype=np.int64)
+            return [AUDIO_PAD] * num_audio_tokens, _read_only(positions)
         if len(self._positions) < num_audio_tokens:
             self._grow(max(num_audio_tokens, 2 * len(self._positions), SPAN_TEMPLATE_MIN_PADS))
         present = num_markers(num_audio_tokens, self.config)
@@ -263,7 +279,8 @@ class PromptBuilder:
         end = split + self._digits_through[present]
         extra = num_audio_tokens - split
         span = self._span[:end] + [AUDIO_PAD] * extra
-        return span, self._positions[:split] + list(range(base + end, base + end + extra))
+        tail = np.arange(base + end, base + end + extra, dtype=np.int64)
+        return span, _read_only(np.concatenate((self._positions[:split], tail)))
 
     def _grow(self, num_pads: int) -> None:
         """Rebuild the template for `num_pads` pads (and every marker whose pad they reach)."""
@@ -284,7 +301,8 @@ class PromptBuilder:
         rest = num_pads - len(positions)
         positions.extend(range(base + len(span), base + len(span) + rest))
         span.extend([AUDIO_PAD] * rest)
-        self._span, self._positions, self._digits_through = span, positions, digits_through
+        self._span, self._digits_through = span, digits_through
+        self._positions = _read_only(np.asarray(positions, dtype=np.int64))
 
 
 def render_instruction(
@@ -329,6 +347,11 @@ def audio_span(num_audio_tokens: int, config: PromptConfig) -> tuple[list[int], 
         span.extend(DIGIT_IDS[int(d)] for d in str(k * config.time_marker_every_s))
     add_pads(num_audio_tokens - pads)
     return span, pad_offsets
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
 
 
 def num_markers(num_audio_tokens: int, config: PromptConfig) -> int:

@@ -112,7 +112,8 @@ def test_request_validation() -> None:
     with pytest.raises(InvalidRequest):
         Request("a", [1, 2, 3], audio_positions=(0, 2, 1))
     r = Request("a", list(range(10)), audio_positions=(2, 3, 4, 8))
-    assert r.audio_positions_in(3, 8) == (3, 4)
+    assert r.audio_span_in(3, 8) == (1, 3)  # positions 3 and 4
+    assert r.audio_positions[1:3].tolist() == [3, 4]
 
 
 def test_add_errors() -> None:

@@ -77,7 +77,8 @@ def test_span_layout_11s(tok: Tokenizer) -> None:
 def test_audio_positions_are_exactly_the_pads(tok: Tokenizer, num_tokens: int) -> None:
     built = build_prompt(tok, num_tokens)
     assert built.num_audio_tokens == num_tokens
-    assert built.audio_positions == [i for i, t in enumerate(built.ids) if t == AUDIO_PAD]
+    pads = [i for i, t in enumerate(built.ids) if t == AUDIO_PAD]
+    assert built.audio_positions.tolist() == pads
 
 
 def test_one_hour_markers(tok: Tokenizer) -> None:
@@ -379,7 +380,8 @@ def test_prompt_builder_results_are_the_callers_own(tok: Tokenizer) -> None:
     builder = PromptBuilder(tok)
     first = builder.build(5_000)
     first.ids.extend([1, 2, 3])
-    first.audio_positions.append(-1)
+    with pytest.raises(ValueError, match="read-only"):
+        first.audio_positions[0] = -1  # a view of the builder's template
     assert builder.build(5_000) == build_prompt(tok, 5_000)
 
 
