@@ -58,6 +58,22 @@ AudioSource = Path | bytes
 
 # libsndfile major formats sent to FFmpeg instead: lossy codecs with encoder delay/padding.
 _FFMPEG_FORMATS = frozenset({"MP3", "OGG"})
+# The only FFmpeg demuxers an upload may use (matched against each comma-separated part of a
+# demuxer's name, as FFmpeg's `format_whitelist` does). Why a list: FFmpeg picks a demuxer from
+# the bytes, and some read more than the upload: a `concat` playlist opens files on the
+# server's disk by relative path (an upload could have them transcribed), an `sdp` description
+# opens UDP sockets and holds a decode slot until it times out, `hls` fetches URLs. These are
+# audio and recorder containers that read only their own bytes.
+FFMPEG_DEMUXERS = (
+    "wav,w64,aiff,caf,au,nistsphere,flac,mp3,ogg,matroska,mov,aac,ac3,eac3,amr,amrnb,amrwb,"
+    "asf,avi,flv,mpegts,mpeg,wv,ape,tta,dts,loas,truehd,mlp,tak,voc,xwma,dsf"
+)
+# Nested opens (none of the demuxers above make any by default) may only read local files.
+_FFMPEG_OPTIONS = {"format_whitelist": FFMPEG_DEMUXERS, "protocol_whitelist": "file"}
+# libsndfile's frame count for a file that does not declare its length (SF_COUNT_MAX), e.g. a
+# FLAC written to a pipe (STREAMINFO total samples 0, "unknown" in RFC 9639): FFmpeg decodes
+# such files, as it does other containers without a duration.
+_SF_UNKNOWN_FRAMES = 2**63 - 1
 # FFmpeg demuxers whose header stores an exact duration (Matroska Duration, MP4 mvhd/edit list).
 # MP3 durations may be estimated from the bitrate and Ogg's comes from the last page, so a
 # shortfall there proves nothing.
@@ -221,9 +237,9 @@ def check_length(duration_s: float, max_audio_s: float, verb: str) -> None:
     """Raise TooLong when `duration_s` (s; the audio "declares" or "decodes to" it, `verb`)
     exceeds `max_audio_s` (s); the one wording of that error wherever it is checked."""
     if duration_s > max_audio_s:
-        raise TooLong(
-            f"the audio {verb} {duration_s:.1f} s, longer than the {max_audio_s:g} s limit"
-        )
+        # tenths rounded up, so the figure shown is over the limit too (30.02 s: "30.1 s")
+        shown = math.ceil(duration_s * 10) / 10
+        raise TooLong(f"the audio {verb} {shown:.1f} s, longer than the {max_audio_s:g} s limit")
 
 
 def _num_bytes(source: AudioSource) -> int:
@@ -250,7 +266,7 @@ def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
         info = sf.info(_openable(source))
     except sf.LibsndfileError:
         return None
-    if info.format in _FFMPEG_FORMATS or info.samplerate <= 0:
+    if info.format in _FFMPEG_FORMATS or info.samplerate <= 0 or info.frames >= _SF_UNKNOWN_FRAMES:
         return None
     return info
 
@@ -316,11 +332,18 @@ def _decode_ffmpeg(source: AudioSource, sink: _Resampler) -> None:
 def _open_container(source: AudioSource) -> av.container.InputContainer:
     """Open `source` with FFmpeg; BadAudio when neither libsndfile nor FFmpeg can read it."""
     try:
-        # No format= for bytes: FFmpeg recognises our containers from their content alone.
-        return av.open(_openable(source), mode="r", metadata_errors="ignore")
+        # No format= for bytes: FFmpeg recognises our containers from their content alone;
+        # one outside FFMPEG_DEMUXERS fails here, before its header is read.
+        return av.open(
+            _openable(source),
+            mode="r",
+            metadata_errors="ignore",
+            container_options=_FFMPEG_OPTIONS,
+        )
     except av.FFmpegError as e:
         raise BadAudio(
-            f"not an audio file or an unsupported format: FFmpeg: {_ffmpeg_message(e)}"
+            "not an audio file, or a container livemeet does not read: "
+            f"FFmpeg: {_ffmpeg_message(e)}"
         ) from e
 
 
@@ -330,7 +353,13 @@ def _audio_stream(container: av.container.InputContainer) -> av.AudioStream:
         raise BadAudio(
             f"no audio stream in the {container.format.name} container (streams: {kinds})"
         )
-    return container.streams.audio[0]
+    stream = container.streams.audio[0]
+    if stream.codec_context is None:  # demuxed, but this FFmpeg build has no decoder for it
+        raise BadAudio(
+            f"the audio in the {container.format.name} container is in a codec that cannot "
+            "be decoded"
+        )
+    return stream
 
 
 def _container_duration_s(container: av.container.InputContainer, stream: av.AudioStream) -> float:

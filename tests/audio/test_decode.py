@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+import time
 from pathlib import Path
 
 import av
@@ -245,6 +247,13 @@ def test_limit_is_inclusive(shared_data: Path) -> None:
     assert decode_file(shared_data / "jfk" / "jfk.flac", max_audio_s=11.0).size > 0
 
 
+def test_the_length_shown_is_over_the_limit_it_breaks() -> None:
+    """30.02 s against 30 s said "30.0 s, longer than the 30 s limit"."""
+    with pytest.raises(TooLong, match=r"decodes to 30\.1 s, longer than the 30 s limit"):
+        decode.check_length(30.02, 30.0, "decodes to")
+    decode.check_length(30.0, 30.0, "decodes to")
+
+
 # ---- bad input
 
 
@@ -256,11 +265,117 @@ def test_non_audio_bytes(tmp_path: Path) -> None:
             fn(path)
 
 
-def test_text_file_is_a_container_without_audio(tmp_path: Path) -> None:
-    path = tmp_path / "notes.txt"  # FFmpeg's tty demuxer opens .txt as a video stream
+def test_a_text_file_is_not_audio(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"  # FFmpeg's tty demuxer would open .txt as a video stream
     path.write_text("minutes of the meeting\n" * 50)
+    with pytest.raises(BadAudio, match="not an audio file"):
+        decode_file(path)
+
+
+def test_a_video_without_audio_has_no_audio_stream(
+    encoded_clips: dict[str, EncodedClip], tmp_path: Path
+) -> None:
+    path = tmp_path / "silent_film.mp4"
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("mpeg4", rate=10)
+        video.width, video.height = 32, 32
+        for _ in range(5):
+            frame = av.VideoFrame.from_ndarray(np.zeros((32, 32, 3), np.uint8), format="rgb24")
+            for packet in video.encode(frame):
+                out.mux(packet)
+        for packet in video.encode(None):
+            out.mux(packet)
     with pytest.raises(BadAudio, match="no audio stream"):
         decode_file(path)
+
+
+def _tone_flac(path: Path) -> None:
+    t = np.arange(SAMPLE_RATE, dtype=np.float32) / SAMPLE_RATE
+    sf.write(path, 0.3 * np.sin(2 * np.pi * 220 * t), SAMPLE_RATE, subtype="PCM_16")
+
+
+@pytest.mark.parametrize("spilled", [False, True])
+def test_a_concat_playlist_cannot_read_the_servers_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spilled: bool
+) -> None:
+    """FFmpeg's concat demuxer would open the files a playlist names, relative to the cwd
+    (bytes) or to the upload's spill file, and decode them as the upload."""
+    (tmp_path / "private").mkdir()
+    _tone_flac(tmp_path / "private" / "meeting.flac")
+    assert decode_file(tmp_path / "private" / "meeting.flac").size == SAMPLE_RATE
+    monkeypatch.chdir(tmp_path)
+    playlist = b"ffconcat version 1.0\nfile private/meeting.flac\n"
+    source: Path | bytes = playlist
+    if spilled:
+        source = tmp_path / "upload"
+        source.write_bytes(playlist)
+    for fn in (probe, decode_file):
+        with pytest.raises(BadAudio, match="not an audio file"):
+            fn(source)
+
+
+def test_an_sdp_description_is_not_audio() -> None:
+    """FFmpeg's sdp demuxer would listen for RTP on the ports it names, holding the decode
+    until its ~20 s read timeout."""
+    sdp = (
+        b"v=0\r\no=- 0 0 IN IP4 127.0.0.1\r\ns=x\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+        b"m=audio 5004 RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n"
+    )
+    start = time.monotonic()
+    with pytest.raises(BadAudio, match="not an audio file"):
+        decode_file(sdp)
+    assert time.monotonic() - start < 5.0
+
+
+@pytest.mark.parametrize("format_tag", [0x1234, 0xFFFE])
+def test_a_codec_without_a_decoder_is_bad_audio(
+    shared_data: Path, tmp_path: Path, format_tag: int
+) -> None:
+    """A WAV whose format tag (or WAVE_FORMAT_EXTENSIBLE GUID) no decoder knows: FFmpeg
+    demuxes the stream but has no codec context for it."""
+    wav = tmp_path / "plain.wav"
+    sf.write(wav, sf.read(shared_data / "jfk" / "jfk.flac")[0][:16_000], SAMPLE_RATE)
+    data = bytearray(wav.read_bytes())
+    fmt = data.index(b"fmt ")
+    if format_tag == 0xFFFE:  # extensible, with a SubFormat GUID nobody registered
+        data = bytearray(_extensible_with_unknown_guid(bytes(data), fmt))
+    else:
+        data[fmt + 8 : fmt + 10] = struct.pack("<H", format_tag)
+    path = tmp_path / "odd.wav"
+    path.write_bytes(bytes(data))
+    for source in (path, bytes(data)):
+        with pytest.raises(BadAudio, match="cannot be decoded"):
+            decode_file(source)
+
+
+def _extensible_with_unknown_guid(wav: bytes, fmt: int) -> bytes:
+    """`wav` (PCM, a 16-byte fmt chunk at `fmt`) rewritten as WAVE_FORMAT_EXTENSIBLE."""
+    channels, rate, byte_rate, align, bits = struct.unpack_from("<HIIHH", wav, fmt + 10)
+    guid = bytes(range(16))
+    body = struct.pack("<HHIIHHHHI", 0xFFFE, channels, rate, byte_rate, align, bits, 22, bits, 4)
+    chunk = b"fmt " + struct.pack("<I", len(body) + 16) + body + guid
+    rest = wav[fmt + 8 + 16 :]
+    riff = wav[12:fmt] + chunk + rest
+    return b"RIFF" + struct.pack("<I", 4 + len(riff)) + b"WAVE" + riff
+
+
+def test_a_flac_of_undeclared_length_decodes(shared_data: Path, tmp_path: Path) -> None:
+    """STREAMINFO's total samples 0 means "unknown" (a FLAC written to a pipe); libsndfile
+    then reports 2**63 - 1 frames, which is not a length to refuse."""
+    data = bytearray((shared_data / "jfk" / "jfk.flac").read_bytes())
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0  # STREAMINFO first
+    info = 8  # after the marker and the block header
+    data[info + 13] &= 0xF0  # the 36-bit total samples: the low 4 bits of byte 13 ...
+    data[info + 14 : info + 18] = bytes(4)  # ... and bytes 14-17
+    path = tmp_path / "piped.flac"
+    path.write_bytes(bytes(data))
+    whole = decode_file(shared_data / "jfk" / "jfk.flac")
+    for source in (path, bytes(data)):
+        got = decode_file(source)
+        assert got.size == whole.size
+        assert best_lag_correlation(whole, got)[1] > 0.999
+    with pytest.raises(TooLong, match="11.0 s"):  # the limit still holds (FFmpeg's count)
+        decode_file(path, max_audio_s=5.0)
 
 
 def test_empty_and_missing_files(tmp_path: Path) -> None:
