@@ -11,15 +11,31 @@ Two dialects exist for the same model:
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from livemeet.audio.constants import ENCODER_FRAMES, MERGE_SIZE, N_MELS
 from livemeet.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 MODEL_TYPE = "moss_transcribe_diarize"
 _AUDIO_MODEL_TYPES = ("whisper", "moss_transcribe_diarize_audio")
 _TEXT_MODEL_TYPES = ("qwen3",)
+# What transformers' Qwen3Config takes when config.json leaves a field out (the oracle's
+# defaults, 4.x and 5.24 alike): the published checkpoint states both (MODEL.md 8.2).
+QWEN3_DEFAULT_ROPE_THETA = 10_000.0
+QWEN3_DEFAULT_HEAD_DIM = 128
+# The front end's fixed geometry (MODEL.md 2, 3; livemeet/audio/constants.py): 80 mel bins,
+# 1500 encoder frames per 30 s window, 4 frames merged per audio token. Other values would
+# need another front end, so they are refused, not run wrongly.
+FRONT_END_GEOMETRY = {
+    "num_mel_bins": N_MELS,
+    "max_source_positions": ENCODER_FRAMES,
+    "audio_merge_size": MERGE_SIZE,
+}
 
 # (our field, upstream Whisper name, HF-native name)
 _AUDIO_FIELDS = (
@@ -94,6 +110,11 @@ class MossTDConfig:
                 f"config model_type is {raw.get('model_type')!r}, expected {MODEL_TYPE!r} "
                 "(is this a MOSS-Transcribe-Diarize checkpoint?)"
             )
+        act = raw.get("projector_hidden_act", "silu")
+        if act != "silu":  # transformers' default, and the published value (MODEL.md 3)
+            raise ConfigError(f"projector_hidden_act {act!r} unsupported (expected 'silu')")
+        if raw.get("projector_bias", True) is not True:
+            raise ConfigError("projector_bias false is unsupported (MOSS-TD's adaptor has biases)")
         cfg = MossTDConfig(
             audio=_parse_audio(_section(raw, "audio_config")),
             text=_parse_text(_section(raw, "text_config"), raw),
@@ -123,6 +144,31 @@ class MossTDConfig:
     def validate(self) -> None:
         """Raise ConfigError for geometry the model code cannot run."""
         a, t = self.audio, self.text
+        sizes = {
+            "audio d_model": a.d_model,
+            "audio heads": a.heads,
+            "audio ffn": a.ffn,
+            "text hidden": t.hidden,
+            "text intermediate": t.intermediate,
+            "text heads": t.heads,
+            "text kv_heads": t.kv_heads,
+            "text head_dim": t.head_dim,
+            "text vocab": t.vocab,
+        }
+        for name, size in sizes.items():
+            if size < 1:
+                raise ConfigError(f"unsupported model config: {name} {size} must be >= 1")
+        geometry = {
+            "num_mel_bins": a.num_mel_bins,
+            "max_source_positions": a.max_source_positions,
+            "audio_merge_size": self.merge_size,
+        }
+        for name, value in geometry.items():
+            if value != FRONT_END_GEOMETRY[name]:
+                raise ConfigError(
+                    f"unsupported model config: {name} {value} (livemeet's audio front end "
+                    f"runs MOSS-TD's {FRONT_END_GEOMETRY[name]} only)"
+                )
         checks = [
             (
                 a.d_model % a.heads == 0,
@@ -134,8 +180,6 @@ class MossTDConfig:
             ),
             (t.heads % t.kv_heads == 0, f"text heads {t.heads} not a multiple of {t.kv_heads}"),
             (t.head_dim % 2 == 0, f"text head_dim {t.head_dim} must be even for RoPE"),
-            (self.merge_size >= 1, f"audio_merge_size {self.merge_size} must be >= 1"),
-            (a.max_source_positions % self.merge_size == 0, "merge size must divide 1500 frames"),
             (
                 0 <= self.audio_token_id < t.vocab,
                 f"audio_token_id {self.audio_token_id} not in vocab",
@@ -190,8 +234,22 @@ def _rope_theta(raw: dict[str, Any]) -> float:
         if rope_type != "default":
             raise ConfigError(f"RoPE type {rope_type!r} unsupported (MOSS-TD uses 'default')")
         if "rope_theta" in params:
-            return float(params["rope_theta"])
-    return float(raw.get("rope_theta", 1_000_000.0))
+            return _float(params, "rope_theta")
+    if "rope_theta" in raw:
+        return _float(raw, "rope_theta")
+    log.warning(
+        "config.json gives no RoPE theta; using transformers' Qwen3 default %g (MOSS-TD's is "
+        "1e6: check the checkpoint)",
+        QWEN3_DEFAULT_ROPE_THETA,
+    )
+    return QWEN3_DEFAULT_ROPE_THETA
+
+
+def _float(raw: dict[str, Any], key: str) -> float:
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"model config field {key!r} must be a number > 0, got {value!r}")
+    return float(value)
 
 
 def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
@@ -212,10 +270,10 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         layers=_int(raw, "num_hidden_layers"),
         heads=heads,
         kv_heads=_int(raw, "num_key_value_heads", heads),
-        head_dim=_int(raw, "head_dim", hidden // heads),
+        head_dim=_int(raw, "head_dim", QWEN3_DEFAULT_HEAD_DIM),
         vocab=_int(raw, "vocab_size", 151_936),
         rope_theta=_rope_theta(raw),
-        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rms_eps=_float(raw, "rms_norm_eps") if "rms_norm_eps" in raw else 1e-6,
         max_position_embeddings=_int(raw, "max_position_embeddings", 131_072),
         tie_word_embeddings=bool(top.get("tie_word_embeddings", True)),
     )

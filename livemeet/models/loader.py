@@ -213,9 +213,14 @@ def _shard_files(root: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            names = list(weight_map.values())
+        except KeyError as exc:
+            raise ConfigError(f"checkpoint index {index} has no 'weight_map'") from exc
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
             raise ConfigError(f"unreadable checkpoint index {index}: {exc}") from exc
-        files = sorted({root / name for name in weight_map.values()})
+        if not all(isinstance(name, str) for name in names):
+            raise ConfigError(f"checkpoint index {index}: weight_map values must be file names")
+        files = sorted({root / name for name in names})
         missing = [str(f) for f in files if not f.is_file()]
         if missing:
             raise ConfigError(f"checkpoint shards listed in {index.name} are missing: {missing}")

@@ -25,7 +25,12 @@ from types import SimpleNamespace
 import numpy as np
 from tokenizers import Tokenizer
 
-from livemeet.audio.constants import AUDIO_TOKENS_PER_SECOND, TIME_MARKER_EVERY_S, TOKENS_PER_WINDOW
+from livemeet.audio.constants import (
+    AUDIO_TOKENS_PER_SECOND,
+    MERGE_SIZE,
+    TIME_MARKER_EVERY_S,
+    TOKENS_PER_WINDOW,
+)
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -121,12 +126,17 @@ class PromptConfig:
             raise ConfigError(f"{path} must hold a JSON object")
         every = raw.get("time_marker_every_seconds", TIME_MARKER_EVERY_S)
         rate = raw.get("audio_tokens_per_second", AUDIO_TOKENS_PER_SECOND)
+        if isinstance(every, float) and every.is_integer():  # 5.0: transformers takes it as 5
+            every = int(every)
         if not isinstance(every, int) or every < 0:
             raise ConfigError(
                 f"{path}: time_marker_every_seconds must be an int >= 0, not {every!r}"
             )
         if not isinstance(rate, int | float) or rate <= 0:
             raise ConfigError(f"{path}: audio_tokens_per_second must be > 0, not {rate!r}")
+        merge = raw.get("audio_merge_size", MERGE_SIZE)
+        if merge != MERGE_SIZE:  # the front end's pads per second assume 4 (MODEL.md 3)
+            raise ConfigError(f"{path}: audio_merge_size {merge!r} unsupported (expected 4)")
         if raw.get("enable_time_marker", True) is False:
             every = 0
         return cls(time_marker_every_s=every, audio_tokens_per_second=float(rate))

@@ -48,6 +48,20 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         (lambda c: c["text_config"].update(head_dim=7), "even for RoPE"),
         (lambda c: c["text_config"].update(rope_scaling={"rope_type": "yarn"}), "yarn"),
         (lambda c: c.pop("text_config"), "text_config"),
+        # geometry the front end can't run was accepted, then crashed the engine worker
+        # (mel bins, window frames) or used part of the audio (merge 2); found by a trial
+        (lambda c: c["audio_config"].update(num_mel_bins=128), "num_mel_bins 128"),
+        (lambda c: c["audio_config"].update(max_source_positions=1000), "positions 1000"),
+        (lambda c: (c.update(audio_merge_size=2), c.pop("adaptor_input_dim")), "merge_size 2"),
+        # the adaptor's activation was ignored: SiLU ran whatever config.json said
+        (lambda c: c.update(projector_hidden_act="gelu"), "projector_hidden_act"),
+        (lambda c: c.update(projector_bias=False), "projector_bias"),
+        # zero heads raised ZeroDivisionError, not a config error
+        (lambda c: c["text_config"].update(num_attention_heads=0), "text heads 0"),
+        (lambda c: c["text_config"].update(num_key_value_heads=0), "text kv_heads 0"),
+        (lambda c: c["audio_config"].update(encoder_attention_heads=0), "audio heads 0"),
+        (lambda c: c["text_config"].update(rope_theta="big"), "rope_theta"),
+        (lambda c: c["text_config"].update(rms_norm_eps=-1.0), "rms_norm_eps"),
     ],
 )
 def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
@@ -55,6 +69,31 @@ def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
     edit(raw)
     with pytest.raises(ConfigError, match=message):
         MossTDConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: None,
+        lambda t: t.pop("rope_parameters"),
+        lambda t: t.update(rope_parameters=None),
+        lambda t: t.update(rope_parameters=None, rope_theta=250_000.0),
+        lambda t: t.pop("head_dim"),
+        lambda t: (t.pop("head_dim"), t.pop("rope_parameters")),
+    ],
+)
+def test_fields_config_json_leaves_out_default_as_transformers_does(edit: Any) -> None:
+    """With no RoPE theta, transformers runs Qwen3's 10,000 where we took MOSS-TD's 1e6, and
+    with no head_dim its 128 where we took hidden / heads: silently other tokens than the
+    oracle's (a trial). The defaults are now the oracle's, read back from its own config."""
+    from transformers import MossTranscribeDiarizeConfig
+
+    raw = tiny.hf_config(tiny.TINY).to_dict()
+    edit(raw["text_config"])
+    ours = MossTDConfig.from_dict(raw).text
+    theirs = MossTranscribeDiarizeConfig.from_dict(raw).text_config
+    assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
+    assert ours.head_dim == theirs.head_dim
 
 
 @pytest.mark.parametrize("dialect", ["upstream", "hf"])
@@ -159,6 +198,24 @@ def test_wrong_model_config_is_rejected(hf_dir: Path, tmp_path: Path) -> None:
     shutil.copytree(hf_dir, root)
     (root / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     with pytest.raises(ConfigError, match="model_type"):
+        load_model(str(root), device="cpu")
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ({"metadata": {}}, "has no 'weight_map'"),  # was the bare message "'weight_map'"
+        ({"weight_map": ["a.safetensors"]}, "unreadable checkpoint index"),
+        ({"weight_map": {"x": 3}}, "must be file names"),
+    ],
+)
+def test_a_malformed_index_is_named(
+    upstream_dir: Path, tmp_path: Path, index: dict[str, Any], message: str
+) -> None:
+    root = tmp_path / "ckpt"
+    shutil.copytree(upstream_dir, root)
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=message):
         load_model(str(root), device="cpu")
 
 

@@ -156,6 +156,8 @@ def test_from_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> No
 
     cfg_path.write_text(json.dumps({**shipped, "time_marker_every_seconds": 2}))
     assert PromptConfig.from_checkpoint(tmp_path).time_marker_every_s == 2
+    cfg_path.write_text(json.dumps({**shipped, "time_marker_every_seconds": 2.0}))
+    assert PromptConfig.from_checkpoint(tmp_path).time_marker_every_s == 2  # was refused
 
     cfg_path.write_text(json.dumps({**shipped, "enable_time_marker": False}))
     off = PromptConfig.from_checkpoint(tmp_path)
@@ -172,7 +174,8 @@ def test_markers_disabled(tok: Tokenizer) -> None:
 
 @pytest.mark.parametrize(
     "content", ["{not json", "[1, 2]", '{"time_marker_every_seconds": -1}',
-                '{"time_marker_every_seconds": 2.5}', '{"audio_tokens_per_second": 0}'],
+                '{"time_marker_every_seconds": 2.5}', '{"audio_tokens_per_second": 0}',
+                '{"audio_merge_size": 2}'],  # the front end merges 4 frames a token
 )  # fmt: skip
 def test_from_checkpoint_bad_file(tmp_path: Path, content: str) -> None:
     (tmp_path / "processor_config.json").write_text(content)
