@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import math
 import os
 import sys
@@ -18,6 +19,7 @@ from livemeet.audio.constants import MAX_AUDIO_S, MAX_LANGUAGE_CHARS, MAX_UPLOAD
 from livemeet.cli.serve import add_model_flags, model_config_from_args
 from livemeet.errors import (
     BadAudio,
+    InternalError,
     InvalidRequest,
     LivemeetError,
     PayloadTooLarge,
@@ -33,6 +35,8 @@ from livemeet.transcriber import (
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
 from livemeet.transcript.segments import Transcript
+
+log = logging.getLogger(__name__)
 
 PROGRESS_MIN_S = 60.0  # s; files at least this long get a progress bar
 APPEND_CHUNK_S = 30.0  # s of audio per append() call
@@ -220,6 +224,9 @@ async def transcribe_files(
             results.append(FileResult(path, t, None))
         except LivemeetError as exc:
             results.append(FileResult(path, None, exc))
+        except Exception as exc:  # a bug met by one file must not lose the others' output
+            log.exception("transcribing %s failed", path)
+            results.append(FileResult(path, None, InternalError(f"{type(exc).__name__}: {exc}")))
     return results
 
 

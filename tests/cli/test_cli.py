@@ -269,6 +269,31 @@ async def test_transcribe_files_and_outputs(
     assert capsys.readouterr().out == expected_upload_text(3.0) + "\n"
 
 
+async def test_a_bug_met_by_one_file_loses_no_other_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unexpected exception on one file (a decoder's AttributeError, found by a trial)
+    ended the run with a traceback and none of the other files written."""
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    first, odd, last = (write_wav(tmp_path / f"{n}.wav", 1.0) for n in ("a", "odd", "z"))
+    real = transcribe.transcribe_file
+
+    async def flaky(transcriber: Any, path: Path, **kwargs: Any) -> Any:
+        if path == odd:
+            raise AttributeError("'NoneType' object has no attribute 'sample_rate'")
+        return await real(transcriber, path, **kwargs)
+
+    monkeypatch.setattr(transcribe, "transcribe_file", flaky)
+    results = await transcribe.transcribe_files(transcriber, [first, odd, last], progress=False)
+    assert [r.error is None for r in results] == [True, False, True]
+    assert results[1].error is not None and results[1].error.code == "internal_error"
+    out = tmp_path / "out"
+    assert transcribe.write_results(results, ResponseFormat.TEXT, out, None) == 1
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", "z.txt"]
+    assert "odd.wav: internal_error: AttributeError" in capsys.readouterr().err
+
+
 def test_transcribe_parser() -> None:
     args = build_parser().parse_args(["transcribe", "a.wav", "b.flac", "--format", "vtt"])
     assert args.audio == [Path("a.wav"), Path("b.flac")] and args.format == "vtt"
