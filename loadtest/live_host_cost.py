@@ -20,8 +20,10 @@ steps per hop. The model's own forward and encoder time are left out (`encode` a
 
 `--stream` times only the tokens' path (`stream_us_per_token`), without a model.
 
+`--prompt` times only a hop's prompt build and Request at `--minute` (`prompt_us`).
+
 Usage: python -m loadtest.live_host_cost [--minute 10] [--hops 20] [--forced 512]
-    [--no-draft] [--stream]
+    [--no-draft] [--stream | --prompt]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import json
 import math
 import tempfile
 import time
+import timeit
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +41,7 @@ from typing import Any
 
 import torch
 
-from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE
+from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE, SAMPLES_PER_TOKEN
 from livemeet.backends.moss import MossCore, SegmentStream
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
@@ -163,6 +166,28 @@ def stream_us_per_token(ids_per_hop: int = 14, repeats: int = 5) -> float:
     return 1e6 * best_s / len(ids)
 
 
+def prompt_us(minute: float, forced_tokens: int, repeats: int = 200) -> float:
+    """Microseconds to build one live hop's prompt at `minute` and queue it as a Request (the
+    part of `add_request` that grows with the meeting: the span of pads and time markers, the
+    forced ids appended, the audio positions checked), without a model; the best of 5 runs of
+    `repeats`."""
+    from livemeet.engine.request import Request
+    from livemeet.models.prompt import PromptBuilder
+
+    builder = PromptBuilder(load_tokenizer(None))
+    num_tokens = round(60.0 * minute * SAMPLE_RATE) // SAMPLES_PER_TOKEN
+    forced = list(range(1_000, 1_000 + forced_tokens))
+    builder.build(num_tokens)  # the template, grown once as in a session
+
+    def one_hop() -> None:
+        built = builder.build(num_tokens)
+        built.ids.extend(forced)
+        Request("hop", built.ids, audio_positions=built.audio_positions)
+
+    best_s = min(timeit.repeat(one_hop, number=repeats, repeat=5))
+    return 1e6 * best_s / repeats
+
+
 def _run_to_idle(core: MossCore) -> None:
     while core.has_work():
         core.step()
@@ -177,6 +202,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--stream", action="store_true", help="only the token path: us per token (no model)"
     )
+    p.add_argument(
+        "--prompt",
+        action="store_true",
+        help="only a hop's prompt build and Request at --minute: us per hop (no model)",
+    )
     args = p.parse_args(argv)
     if args.minute * 60 < args.hops + 10 or args.hops < 1:
         p.error("need --hops >= 1 and a meeting at least 10 s longer than the hops")
@@ -187,6 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.stream:
         print(json.dumps({"stream_us_per_token": round(stream_us_per_token(), 2)}))
+        return
+    if args.prompt:
+        us = prompt_us(args.minute, args.forced)
+        print(json.dumps({"minute": args.minute, "prompt_us_per_hop": round(us, 1)}))
         return
     print(json.dumps(measure(args.minute, args.hops, args.forced, not args.no_draft)))
 

@@ -37,3 +37,11 @@ def test_cli_prints_one_record_and_refuses_a_meeting_shorter_than_its_hops() -> 
 def test_the_token_path_alone_is_timed_per_token() -> None:
     us = lhc.stream_us_per_token(repeats=1)
     assert 0 < us < 1_000
+
+
+def test_the_prompt_alone_is_timed_per_hop_and_grows_with_the_meeting() -> None:
+    """`--prompt`: a 30-minute hop's prompt holds 3x the pads of a 10-minute one."""
+    early, late = lhc.prompt_us(1.0, 16, repeats=20), lhc.prompt_us(30.0, 16, repeats=20)
+    assert 0 < early < late
+    proc = run_module("loadtest.live_host_cost", "--prompt", "--minute", "2")
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["prompt_us_per_hop"] > 0
