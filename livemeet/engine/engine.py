@@ -337,11 +337,21 @@ class Engine:
         return self.scheduler.is_holding(self.clock())
 
     def stats(self) -> EngineStats:
-        """The cumulative step counters (livemeet.engine.messages.EngineStats)."""
+        """The cumulative step counters, and the KV and queue gauges as of now
+        (livemeet.engine.messages.EngineStats)."""
         # accepted draft ids are counted where they are accepted (Scheduler.accept_draft)
+        sched, bm = self.scheduler, self.scheduler.block_manager
+        running, waiting, retained = sched.request_counts()
         counts = {
             **self._counts,
-            "num_accepted_draft_tokens": self.scheduler.num_accepted_draft_tokens,
+            "num_accepted_draft_tokens": sched.num_accepted_draft_tokens,
+            "num_preemptions": sched.num_preemptions,
+            "num_retained_evictions": sched.num_retained_evictions,
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_used": bm.num_blocks - bm.num_free_blocks,
+            "num_running_requests": running,
+            "num_waiting_requests": waiting,
+            "num_retained_requests": retained,
         }
         return EngineStats(**counts)  # type: ignore[arg-type]
 

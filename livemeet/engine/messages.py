@@ -162,6 +162,12 @@ class EngineStats:
     worker's, livemeet/engine/gc_pauses.py): the garbage collector's runs in the engine
     process, those of the oldest generation, their summed and their longest time; the engine
     thread launches nothing meanwhile.
+    `num_preemptions`: requests evicted under KV pressure, to be recomputed later;
+    `num_retained_evictions`: finished live hops' retained KV released under pressure (the
+    next hop then prefills what it would have forked). The rest are gauges, as of the post:
+    `kv_blocks_total` and `kv_blocks_used` (blocks held by any request, retained ones
+    included), and the requests `num_running_requests` (admitted), `num_waiting_requests`
+    (waiting or preempted) and `num_retained_requests` (finished, KV kept for the next hop).
     The worker posts these at most every ENGINE_STATS_INTERVAL_S while it steps, and once when
     it goes idle.
     """
@@ -196,6 +202,13 @@ class EngineStats:
     num_gc_full_collections: int = 0  # of them, of the oldest generation
     gc_pause_s: float = 0.0  # s; their summed time
     gc_pause_max_s: float = 0.0  # s; the longest since the worker started
+    num_preemptions: int = 0  # requests; evicted under KV pressure (recomputed later)
+    num_retained_evictions: int = 0  # retained KV caches released under KV pressure
+    kv_blocks_total: int = 0  # blocks; gauge: the KV pool
+    kv_blocks_used: int = 0  # blocks; gauge: held by any request (retained ones included)
+    num_running_requests: int = 0  # gauge: admitted requests
+    num_waiting_requests: int = 0  # gauge: waiting or preempted requests
+    num_retained_requests: int = 0  # gauge: finished requests whose KV is kept
 
     @property
     def num_decode_steps(self) -> int:

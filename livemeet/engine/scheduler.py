@@ -289,6 +289,8 @@ class Scheduler:
         self._upload_turns_s = 0.0
         self._decode_only_steps = 0  # decode-only steps since the last step that prefilled
         self.num_accepted_draft_tokens = 0  # ids accepted by `accept_draft`, all requests
+        self.num_preemptions = 0  # requests evicted under KV pressure (`_make_room`, `preempt`)
+        self.num_retained_evictions = 0  # retained caches released by `_make_room`
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -316,6 +318,11 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self._requests)
+
+    def request_counts(self) -> tuple[int, int, int]:
+        """(running, waiting, retained) requests now; waiting includes preempted ones."""
+        running = sum(r.status is Status.RUNNING for r in self._requests.values())
+        return running, len(self._requests) - running, len(self._retained)
 
     @property
     def num_incoming_uploads(self) -> int:
@@ -759,6 +766,7 @@ class Scheduler:
         for victim in victims:
             if victim.is_finished:
                 self.release(victim.request_id)
+                self.num_retained_evictions += 1
             else:
                 self._preempt(victim)
                 step.preempted.append(victim.request_id)
@@ -781,6 +789,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = Status.PREEMPTED
         request.num_preemptions += 1
+        self.num_preemptions += 1
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -210,6 +210,7 @@ class Worker:
             self.core.set_incoming_uploads(cmd.count)
             return
         sid = getattr(cmd, "session_id", "")
+        self._stats_stale = True  # a close or an abort frees KV: the gauges change unstepped
         try:
             if isinstance(cmd, OpenSession):
                 self.core.open(sid, cmd.options)

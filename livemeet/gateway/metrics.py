@@ -4,10 +4,12 @@ Engine counters (`livemeet_engine_*`, the live hops' `livemeet_live_hops`,
 `livemeet_live_hop_seconds`, `livemeet_live_hop_wait_seconds`,
 `livemeet_live_hop_first_token_seconds` and `livemeet_live_forced_tokens`, the drafts
 `livemeet_engine_draft_tokens` (labels: proposed, accepted), and
-`livemeet_upload_continuations`; one gauge among them, the worker's longest audio-command wait
-`livemeet_engine_audio_command_lag_max_seconds`) come from the engine worker as cumulative
-`EngineStats` (livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it steps
-and exact when idle. `EngineStatsCollector` exports the latest totals as they are, as counters
+`livemeet_upload_continuations`, preemptions and retained-cache evictions; gauges among them:
+the worker's longest audio-command wait `livemeet_engine_audio_command_lag_max_seconds`, the KV
+blocks used and free `livemeet_engine_kv_blocks` and the requests by state
+`livemeet_engine_requests`) come from the engine worker as `EngineStats`
+(livemeet/engine/messages.py) at most ENGINE_STATS_INTERVAL_S stale while it steps and exact
+when idle. `EngineStatsCollector` exports the latest totals as they are, as counters
 (the lag maximum as a gauge): the gateway never sees increments, so a custom collector rather
 than `Counter`s (which would need deltas). A restarted engine worker (a restarted server) starts
 again from zero, which Prometheus' `rate()`/`increase()` treat as a counter reset.
@@ -155,7 +157,35 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         "The engine process's longest garbage collection",
         labels=[],
     )
+    preemptions = CounterMetricFamily(
+        "livemeet_engine_preemptions",
+        "Requests evicted from the KV cache under memory pressure, to be recomputed",
+        labels=[],
+    )
+    retained_evictions = CounterMetricFamily(
+        "livemeet_engine_retained_evictions",
+        "Live hops' retained KV released under memory pressure (the next hop prefills it)",
+        labels=[],
+    )
+    kv_blocks = GaugeMetricFamily(
+        "livemeet_engine_kv_blocks",
+        "KV cache blocks: used (held by any request, retained ones included) and free",
+        labels=["state"],
+    )
+    requests = GaugeMetricFamily(
+        "livemeet_engine_requests",
+        "Engine requests: running (admitted), waiting (or preempted), retained (finished, KV "
+        "kept for the session's next hop)",
+        labels=["state"],
+    )
     if stats is not None:
+        preemptions.add_metric([], stats.num_preemptions)
+        retained_evictions.add_metric([], stats.num_retained_evictions)
+        kv_blocks.add_metric(["used"], stats.kv_blocks_used)
+        kv_blocks.add_metric(["free"], stats.kv_blocks_total - stats.kv_blocks_used)
+        requests.add_metric(["running"], stats.num_running_requests)
+        requests.add_metric(["waiting"], stats.num_waiting_requests)
+        requests.add_metric(["retained"], stats.num_retained_requests)
         steps.add_metric(["decode_graph"], stats.num_decode_graph_steps)
         steps.add_metric(["decode_eager"], stats.num_decode_eager_steps)
         steps.add_metric(["prefill_graph"], stats.num_prefill_graph_steps)
@@ -205,6 +235,10 @@ def _families(stats: EngineStats | None) -> list[Metric]:
         gc_collections,
         gc_pause,
         gc_pause_max,
+        preemptions,
+        retained_evictions,
+        kv_blocks,
+        requests,
     ]
 
 

@@ -175,13 +175,19 @@ def test_stats_are_the_engine_counters(
 ) -> None:
     assert MossCore(ModelConfig()).stats() is None  # before load(): no engine
     core = make_core(our_model, tmp_path, forced=REFERENCE)
-    assert core.stats() == EngineStats()
+    assert core.engine is not None
+    pool = core.engine.scheduler.block_manager.num_blocks
+    assert core.stats() == EngineStats(kv_blocks_total=pool)  # counters 0, the pool idle
     tokens = record_tokens(core)
     check_upload_events(upload(core, clips[11.0]))
     stats = core.stats()
     assert core.engine is not None and stats == core.engine.stats()
     assert stats.num_prefill_steps >= 1 and stats.num_decode_steps >= 1
     assert stats.num_prefill_tokens > 0
+    # idle again: no block held, no request left, nothing evicted
+    assert stats.kv_blocks_used == 0 and stats.kv_blocks_total == pool
+    assert (stats.num_running_requests, stats.num_waiting_requests) == (0, 0)
+    assert (stats.num_retained_requests, stats.num_preemptions) == (0, 0)
     # one request: its first token comes from the prefill, every other one from a decode row
     assert [len(t) for t in tokens.values()] == [stats.num_decode_tokens + 1]
 

@@ -544,10 +544,13 @@ def test_live_preempts_upload_which_recomputes_to_the_same_output() -> None:
     assert up.num_output_tokens >= 2 and up.block_table
     live = req("live", 60, LIVE, max_new=2, deadline=clock.now_s + 1.0, base=500)
     sched.add(live)
+    assert sched.request_counts() == (1, 1, 0)  # (running, waiting, retained)
     batch = run_steps(sched, runner, clock, 1)[0]
     assert batch.preempted_ids == ("up",)
     assert up.status is Status.PREEMPTED and not up.block_table and up.num_preemptions == 1
+    assert sched.num_preemptions == 1 and sched.request_counts() == (1, 1, 0)
     run_until_idle(sched, runner, clock)
+    assert sched.request_counts() == (0, 0, 0)
     assert live.finish_reason is FinishReason.LENGTH
     assert up.output_token_ids == ref.output_token_ids  # recomputed prompt + outputs
     assert sched.block_manager.num_free_blocks == 6
@@ -617,6 +620,7 @@ def test_retained_caches_are_evicted_before_running_requests() -> None:
     cache = req("cache", 40, LIVE, max_new=1)
     sched.add(cache, retain_kv=True)
     run_until_idle(sched, runner, clock)
+    assert sched.request_counts() == (0, 0, 1)
     up = req("up", 30, max_new=20, base=100)
     sched.add(up)
     run_steps(sched, runner, clock, 1)
@@ -624,6 +628,7 @@ def test_retained_caches_are_evicted_before_running_requests() -> None:
     sched.add(new)
     batch = run_steps(sched, runner, clock, 1)[0]
     assert batch.preempted_ids == () and sched.retained == []
+    assert sched.num_retained_evictions == 1 and sched.num_preemptions == 0
     assert up.status is Status.RUNNING
     run_until_idle(sched, runner, clock)
 

@@ -462,6 +462,30 @@ def test_audio_waits_reach_the_stats_of_a_worker_that_stays_idle() -> None:
     assert posts == [EngineStats(), waited]
 
 
+def test_an_abort_that_frees_kv_reaches_an_idle_workers_stats() -> None:
+    """The KV gauges change without a step (an aborted session's retained KV is freed): the
+    idle post must follow any command, not only steps and audio appends."""
+
+    class RetainingCore(StatsCore):
+        def stats(self) -> EngineStats | None:
+            return EngineStats(kv_blocks_total=10, kv_blocks_used=self.used)
+
+        def abort(self, session_id: str) -> None:
+            self.used = 0
+
+    clock = FakeClock()
+    core = RetainingCore(clock, work=0, step_s=0.1)
+    core.used = 4
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(core, outbox, clock=lambda: clock.now_s)
+    worker.serve(IdleShutdownInbox(idle_polls=1))
+    worker.open_sessions.add("s")
+    worker.apply(AbortSession("s"))
+    worker.serve(IdleShutdownInbox(idle_polls=2))
+    posts = [outbox.get_nowait() for _ in range(outbox.qsize())]
+    assert [p.kv_blocks_used for p in posts if isinstance(p, EngineStats)] == [4, 0]
+
+
 @pytest.mark.parametrize(
     ("holding", "poll_s"), [(False, ENGINE_POLL_S), (True, ENGINE_IDLE_POLL_S)]
 )

@@ -145,6 +145,13 @@ async def test_metrics_export_the_engine_counters(
         num_gc_full_collections=3,
         gc_pause_s=0.5,
         gc_pause_max_s=0.125,
+        num_preemptions=5,
+        num_retained_evictions=2,
+        kv_blocks_total=1_000,
+        kv_blocks_used=640,
+        num_running_requests=17,
+        num_waiting_requests=4,
+        num_retained_requests=9,
     )
     text = await (await client.get("/metrics")).text()
     assert "# TYPE livemeet_engine_steps_total counter" in text
@@ -184,6 +191,14 @@ async def test_metrics_export_the_engine_counters(
     assert "livemeet_engine_gc_pause_seconds_total 0.5" in text
     assert "# TYPE livemeet_engine_gc_pause_max_seconds gauge" in text
     assert "livemeet_engine_gc_pause_max_seconds 0.125" in text
+    assert "livemeet_engine_preemptions_total 5.0" in text
+    assert "livemeet_engine_retained_evictions_total 2.0" in text
+    assert "# TYPE livemeet_engine_kv_blocks gauge" in text
+    assert 'livemeet_engine_kv_blocks{state="used"} 640.0' in text
+    assert 'livemeet_engine_kv_blocks{state="free"} 360.0' in text
+    assert "# TYPE livemeet_engine_requests gauge" in text
+    for state, value in (("running", 17), ("waiting", 4), ("retained", 9)):
+        assert f'livemeet_engine_requests{{state="{state}"}} {value:.1f}' in text
     # every exported metric is in protocol.md (three were not: a trial)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     exported = set(re.findall(r"^# TYPE (livemeet_\w+) (\w+)", text, re.M))
