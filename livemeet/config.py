@@ -40,6 +40,7 @@ from livemeet.audio.constants import (
 from livemeet.errors import ConfigError
 from livemeet.session.forced_budget import ForcedBudget
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # serve and its engine process
 MAX_MEM_FRACTION = 0.95  # leaves >= 7 GB of an H200 for CUDA graphs, the encoder, activations
 MAX_UPLOAD_BATCH_WAIT_MS = 1000.0  # ms; holding an upload longer only adds latency
 

@@ -26,12 +26,11 @@ from livemeet.audio.constants import (
     MIN_LIVE_HOP_LOAD,
 )
 from livemeet.backends import check_backend
-from livemeet.config import GatewayConfig, ModelConfig, ServerConfig, UploadHold
+from livemeet.config import LOG_FORMAT, GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
 
 log = logging.getLogger("livemeet.serve")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -364,10 +363,7 @@ def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     from livemeet.gateway.app import create_app
 
     try:

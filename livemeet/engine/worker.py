@@ -47,7 +47,7 @@ from livemeet.audio.constants import (
     GIL_SWITCH_INTERVAL_S,
 )
 from livemeet.backends.base import BackendCore
-from livemeet.config import ModelConfig
+from livemeet.config import LOG_FORMAT, ModelConfig
 from livemeet.engine.channel import CommandReceiver
 from livemeet.engine.gc_pauses import GcPauses, freeze_startup_heap, thaw_heap
 from livemeet.engine.messages import (
@@ -111,6 +111,12 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
     own_process = multiprocessing.parent_process() is not None  # its heap is ours
     if own_process:
         freeze_startup_heap()  # full collections would walk the model's objects (gc_pauses.py)
+    log.info(
+        "engine worker ready: %s backend, %s (pid %d)",
+        core.info.name,
+        core.info.model_id,
+        os.getpid(),
+    )
     outbox.put(WorkerReady(core.info))
     worker = Worker(
         core,
@@ -136,9 +142,14 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
                 thaw_heap()
 
 
-def run_worker_on_pipe(config: ModelConfig, conn: Connection, outbox: Outbox) -> None:
+def run_worker_on_pipe(
+    config: ModelConfig, conn: Connection, outbox: Outbox, log_level: int = logging.WARNING
+) -> None:
     """`run_worker` reading its commands from `conn`, the reading end of the gateway's command
-    channel (livemeet/engine/channel.py): the engine process's entry point."""
+    channel (livemeet/engine/channel.py): the engine process's entry point. `log_level`: the
+    gateway's (a spawned process starts with no logging set up, which showed warnings
+    only, whatever `serve --log-level` said)."""
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
     # not inherited by any process the engine starts: a copy of the reading end there would
     # keep the gateway's writes blocking after this process is gone
     os.set_inheritable(conn.fileno(), False)

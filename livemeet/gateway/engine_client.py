@@ -336,7 +336,7 @@ class EngineClient:
             self._outbox = ctx.Queue()
             self._process = ctx.Process(
                 target=run_worker_on_pipe,
-                args=(self.config, reader, self._outbox),
+                args=(self.config, reader, self._outbox, logging.getLogger().getEffectiveLevel()),
                 name="livemeet-engine",
                 daemon=True,
             )

@@ -426,13 +426,25 @@ def open_fds() -> int:
 
 
 @pytest.mark.slow
-async def test_child_process_round_trip_crash_and_clean_close() -> None:
+async def test_child_process_round_trip_crash_and_clean_close(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
     resource_tracker.ensure_running()  # multiprocessing's own singleton, not ours to close
     fds_before = open_fds()
     client = EngineClient(SCRIPTED, start_timeout_s=60)
-    await client.start()
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)  # as `serve --log-level info`
+    try:
+        await client.start()
+    finally:
+        root.setLevel(level)
     try:
         assert client.ready and len(multiprocessing.active_children()) == 1
+        # the engine process logs at the gateway's level: it showed warnings only (a trial)
+        assert (
+            "INFO livemeet.engine.worker: engine worker ready: scripted" in capfd.readouterr().err
+        )
         session = await client.open_session(SessionOptions())
         await stream_all(session, 12.0)
         final = (await collect(session))[-1]
