@@ -37,6 +37,9 @@ MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE
 MAX_SAMPLE_RATE = MAX_PCM_SAMPLE_RATE
 MAX_CHANNELS = MAX_PCM_CHANNELS
 MAX_HOTWORDS = 256
+MAX_HOTWORD_CHARS = (
+    128  # characters per hotword: a name or a phrase (each is in every hop's prompt)
+)
 
 
 class State(StrEnum):
@@ -187,6 +190,10 @@ def _parse_json_object(text: str) -> dict[str, Any]:
         message = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"text frame is not valid JSON: {exc.msg} at {exc.pos}") from exc
+    except RecursionError as exc:  # e.g. "[[[[..." thousands deep
+        raise InvalidRequest("text frame nests JSON too deeply") from exc
+    except ValueError as exc:  # e.g. an integer of over 4,300 digits (int's str limit)
+        raise InvalidRequest(f"text frame holds an unreadable JSON value: {exc}") from exc
     if not isinstance(message, dict):
         raise InvalidRequest("a text frame must be a JSON object")
     return message
@@ -211,6 +218,8 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
         raise InvalidRequest("hotwords must be a list of strings")
     if len(hotwords) > MAX_HOTWORDS:
         raise InvalidRequest(f"at most {MAX_HOTWORDS} hotwords")
+    if any(len(h) > MAX_HOTWORD_CHARS for h in hotwords):
+        raise InvalidRequest(f"a hotword is at most {MAX_HOTWORD_CHARS} characters")
     return StartSession(sample_rate, channels, encoding, language, prompt, tuple(hotwords))
 
 

@@ -75,6 +75,13 @@ def test_stereo_frames_count_per_sample_frame() -> None:
         ('{"type": "start", "sample_rate": 16000, "encoding": "opus"}', InvalidRequest),
         ('{"type": "start", "sample_rate": 16000, "hotwords": "a,b"}', InvalidRequest),
         ('{"type": "start", "sample_rate": 16000, "prompt": 5}', InvalidRequest),
+        (
+            '{"type": "start", "sample_rate": 16000, "hotwords": ["' + "w" * 129 + '"]}',
+            InvalidRequest,
+        ),
+        # a RecursionError and a ValueError from json.loads were internal errors (a trial)
+        ("[" * 100_000, InvalidRequest),
+        ('{"type": "start", "sample_rate": 1' + "0" * 5_000 + "}", InvalidRequest),
         ('{"type": "finalize"}', ProtocolError),
         ('{"type": "end"}', ProtocolError),
         ('{"type": "dance"}', ProtocolError),
