@@ -23,6 +23,7 @@ from livemeet.audio.constants import (
     LIVE_HOP_MAX_S,
     LIVE_HOP_MIN_S,
     LIVE_HOP_S,
+    LIVE_MAX_SPEED,
     LIVE_STEP_BUDGET_S,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
@@ -226,6 +227,8 @@ class GatewayConfig:
     # s of new audio between a live session's re-decodes (DESIGN 5.1): shorter hops cut the
     # partial latency's wait for the next hop and cost GPU time in proportion
     live_hop_s: float = LIVE_HOP_S
+    # x real time a live client may send audio at, past LIVE_AUDIO_BURST_S ahead (gateway/pacing)
+    live_max_speed: float = LIVE_MAX_SPEED
 
     def validate(self) -> None:
         if self.max_upload_bytes <= 0:
@@ -233,6 +236,10 @@ class GatewayConfig:
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
         # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either
+        if not (math.isfinite(self.live_max_speed) and self.live_max_speed >= 1):
+            raise ConfigError(
+                f"live_max_speed must be >= 1 (x real time), not {self.live_max_speed}"
+            )
         for name in ("max_audio_s", "idle_timeout_s", "final_timeout_s", "flush_interval_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

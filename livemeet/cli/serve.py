@@ -86,6 +86,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "shows words sooner and costs GPU time in proportion (default %(default)g)",
     )
     p.add_argument(
+        "--live-max-speed",
+        type=float,
+        default=GatewayConfig.live_max_speed,
+        help="x real time a live client may send audio at once a minute of audio ahead; "
+        "faster frames are read later (TCP backpressure), none dropped (default %(default)g)",
+    )
+    p.add_argument(
         "--in-process-engine",
         action="store_true",
         help="run the backend in this process (tests, debugging)",
@@ -311,6 +318,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_sessions=args.max_sessions,
             max_concurrent_decodes=args.max_concurrent_decodes,
             live_hop_s=args.live_hop_s,
+            live_max_speed=args.live_max_speed,
         ),
     )
     config.validate()

@@ -43,6 +43,7 @@ from livemeet.gateway.live_protocol import (
     State,
 )
 from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.pacing import AudioPacer
 from livemeet.transcriber import (
     Error,
     Event,
@@ -152,6 +153,9 @@ class LiveConnection:
         self._ended_at: float | None = None  # loop time of the client's `end`
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
+        self._pacer = AudioPacer(
+            self._last_message_at, max_speed=app[CONFIG_KEY].gateway.live_max_speed
+        )
         self._metrics.sessions.labels("live", self._state_label).inc()
         self.outcome = "disconnected"
 
@@ -162,6 +166,7 @@ class LiveConnection:
             return
         try:
             while (msg := await self._receive()).type not in _CLOSED_TYPES:
+                audio_s = 0.0
                 if msg.type is WSMsgType.TEXT:
                     async with self._actions:
                         await self._on_action(self.protocol.receive_text(msg.data))
@@ -171,9 +176,15 @@ class LiveConnection:
                         break
                     async with self._actions:
                         await self._on_action(self.protocol.receive_binary(msg.data))
+                    audio_s = self._audio_s(len(msg.data))
                 elif msg.type is WSMsgType.ERROR:
                     log.info("live connection error: %s", self.ws.exception())
                     break
+                # past the burst, read no faster than max speed (outside the action lock,
+                # so a drain is not held up)
+                wait_s = self._pacer.charge(audio_s, asyncio.get_running_loop().time())
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
         except LivemeetError as exc:
             await self.fail(exc)
         except TimeoutError:
@@ -181,6 +192,11 @@ class LiveConnection:
         except Exception as exc:
             log.exception("live connection failed")
             await self.fail(InternalError(f"internal error: {type(exc).__name__}"))
+
+    def _audio_s(self, num_bytes: int) -> float:
+        """Seconds of audio in `num_bytes` of the session's PCM16 (0 before `start`)."""
+        rate, channels = self.protocol.sample_rate, self.protocol.channels
+        return num_bytes / (2 * channels * rate) if rate and channels else 0.0
 
     async def _receive(self) -> WSMessage:
         """The next client message. The idle timeout runs from the client's last message

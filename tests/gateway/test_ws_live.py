@@ -423,6 +423,43 @@ async def test_frame_over_the_limit_closes_1009(client: TestClient, compress: in
         assert ws.close_code == 1009
 
 
+async def test_audio_sent_too_fast_is_read_later_and_none_is_lost(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One socket sent 1.8 h of audio in 0.8 s and held the engine (a trial). Past the burst
+    the gateway reads no faster than `live_max_speed` x real time: here 0.5 s of burst, then
+    3.5 s of audio at 2x take >= 1.75 s, and all 4 s reach the session."""
+    from livemeet.gateway import pacing, ws_live
+
+    class SmallBurst(pacing.AudioPacer):
+        def __init__(self, start_s: float, max_speed: float) -> None:
+            super().__init__(start_s, max_speed=max_speed, burst_s=0.5)
+
+    monkeypatch.setattr(ws_live, "AudioPacer", SmallBurst)
+    client = await gateway_client(aiohttp_client, server_config, fake, live_max_speed=2.0)
+    loop = asyncio.get_running_loop()
+    async with client.ws_connect("/v1/live") as ws:
+        await start_session(ws)
+        started = loop.time()
+        for _ in range(8):
+            await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(ws), 10)
+    assert loop.time() - started >= 1.7
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 4.0
+
+
+@pytest.mark.parametrize("speed", [0.5, math.nan, math.inf])
+def test_live_max_speed_is_at_least_real_time(speed: float) -> None:
+    from livemeet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="live_max_speed"):
+        GatewayConfig(live_max_speed=speed).validate()
+
+
 @pytest.mark.parametrize(
     "bad",
     [
