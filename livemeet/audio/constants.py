@@ -72,6 +72,9 @@ FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
 LIVE_MAX_SPEED = 16.0  # x real time, sustained
 LIVE_AUDIO_BURST_S = 60.0  # s of audio accepted at once ahead of that
 LIVE_MIN_MESSAGE_S = 0.01  # s of audio a message (binary or text) counts as at least
+# s from a live connection's opening to its `start`: keepalives reset the idle timer, so
+# without this, sockets that never start were held open for good (3,000 of them: a trial)
+LIVE_START_TIMEOUT_S = 10.0
 LIVE_DRAIN_TIMEOUT_S = 20.0
 LIVE_DRAIN_CLOSE_S = 2.0  # s for the error frames and closes of the sessions still open then
 ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)

@@ -17,7 +17,12 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
-from livemeet.audio.constants import LIVE_DRAIN_CLOSE_S, LIVE_DRAIN_TIMEOUT_S, MAX_FRAME_BYTES
+from livemeet.audio.constants import (
+    LIVE_DRAIN_CLOSE_S,
+    LIVE_DRAIN_TIMEOUT_S,
+    LIVE_START_TIMEOUT_S,
+    MAX_FRAME_BYTES,
+)
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
     ClientTimeout,
@@ -153,6 +158,7 @@ class LiveConnection:
         self._ended_at: float | None = None  # loop time of the client's `end`
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
+        self._opened_at = self._last_message_at
         self._pacer = AudioPacer(
             self._last_message_at, max_speed=app[CONFIG_KEY].gateway.live_max_speed
         )
@@ -188,7 +194,12 @@ class LiveConnection:
         except LivemeetError as exc:
             await self.fail(exc)
         except TimeoutError:
-            await self.fail(ClientTimeout("no message from the client within the idle timeout"))
+            if self.protocol.state is State.AWAITING_START:
+                await self.fail(
+                    ClientTimeout(f"no 'start' within {LIVE_START_TIMEOUT_S:g} s of connecting")
+                )
+            else:
+                await self.fail(ClientTimeout("no message from the client within the idle timeout"))
         except Exception as exc:
             log.exception("live connection failed")
             await self.fail(InternalError(f"internal error: {type(exc).__name__}"))
@@ -213,6 +224,8 @@ class LiveConnection:
             ended_at = self._ended_at
             if ended_at is None:
                 deadline = self._last_message_at + gateway.idle_timeout_s
+                if self.protocol.state is State.AWAITING_START:
+                    deadline = min(deadline, self._opened_at + LIVE_START_TIMEOUT_S)
             else:
                 deadline = ended_at + gateway.final_timeout_s
             try:

@@ -212,6 +212,32 @@ async def test_idle_timeout(
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
 
+async def test_keepalives_do_not_hold_a_socket_that_never_starts(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keepalives reset the idle timer, so 3,000 sockets that never sent `start` stayed open
+    (a trial): `start` must come within LIVE_START_TIMEOUT_S of connecting."""
+    from livemeet.gateway import ws_live
+
+    monkeypatch.setattr(ws_live, "LIVE_START_TIMEOUT_S", 0.3)
+    loop = asyncio.get_running_loop()
+    async with client.ws_connect("/v1/live") as ws:
+        opened = loop.time()
+
+        async def keep_alive() -> None:
+            while True:
+                await ws.send_json({"type": "keepalive"})
+                await asyncio.sleep(0.05)
+
+        sender = asyncio.create_task(keep_alive())
+        try:
+            error = await asyncio.wait_for(expect_error(ws, ClientTimeout), 3)
+        finally:
+            sender.cancel()
+    assert "no 'start' within 0.3 s" in error["message"]
+    assert loop.time() - opened < 2.0  # not the 60-s idle timeout
+
+
 async def test_pings_do_not_keep_a_silent_session_open(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
