@@ -229,6 +229,9 @@ class GatewayConfig:
     live_hop_s: float = LIVE_HOP_S
     # x real time a live client may send audio at, past LIVE_AUDIO_BURST_S ahead (gateway/pacing)
     live_max_speed: float = LIVE_MAX_SPEED
+    # browser origins besides the server's own that may open /v1/live ("*": any); see
+    # livemeet/gateway/origin.py
+    allowed_origins: tuple[str, ...] = ()
 
     def validate(self) -> None:
         if self.max_upload_bytes <= 0:

@@ -93,6 +93,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "faster frames are read later (TCP backpressure), none dropped (default %(default)g)",
     )
     p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web page origin (e.g. https://meet.example.com) besides the server's own "
+        "that may open live sessions from a browser; repeatable; '*' allows any",
+    )
+    p.add_argument(
         "--in-process-engine",
         action="store_true",
         help="run the backend in this process (tests, debugging)",
@@ -319,6 +327,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_concurrent_decodes=args.max_concurrent_decodes,
             live_hop_s=args.live_hop_s,
             live_max_speed=args.live_max_speed,
+            allowed_origins=tuple(args.allowed_origin),
         ),
     )
     config.validate()

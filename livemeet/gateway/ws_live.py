@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, hdrs, web
 
 from livemeet.audio.constants import (
     LIVE_DRAIN_CLOSE_S,
@@ -30,6 +30,7 @@ from livemeet.errors import (
     InternalError,
     InvalidRequest,
     LivemeetError,
+    RequestRejected,
     error_for_code,
 )
 from livemeet.gateway.errors_http import ws_error_frame
@@ -48,6 +49,7 @@ from livemeet.gateway.live_protocol import (
     State,
 )
 from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.origin import origin_allowed
 from livemeet.gateway.pacing import AudioPacer
 from livemeet.transcriber import (
     Error,
@@ -386,12 +388,19 @@ class LiveConnection:
 
 
 async def live_handler(request: web.Request) -> web.WebSocketResponse:
-    """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade."""
+    """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade, and
+    RequestRejected (400) for a browser page of an origin not allowed (gateway/origin.py)."""
     from livemeet.gateway.keys import REGISTRY_KEY
 
     ws = web.WebSocketResponse(max_msg_size=_WS_MAX_MSG_SIZE)  # timeouts: LiveConnection
     if not ws.can_prepare(request).ok:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
+    origin = request.headers.get(hdrs.ORIGIN)
+    allowed = request.app[CONFIG_KEY].gateway.allowed_origins
+    if not origin_allowed(origin, request.headers.get(hdrs.HOST), allowed):
+        raise RequestRejected(
+            f"a page from {origin!r} may not open live sessions here (serve --allowed-origin)"
+        )
     await ws.prepare(request)
     connection = LiveConnection(request.app, ws)
     registry = request.app[REGISTRY_KEY]

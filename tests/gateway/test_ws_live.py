@@ -64,7 +64,7 @@ async def gateway_client(
     aiohttp_client: ClientFactory,
     server_config: ServerConfig,
     fake: FakeTranscriber,
-    **gateway: float,
+    **gateway: Any,
 ) -> TestClient:
     """A test client of an app over `fake` whose GatewayConfig has the `gateway` fields."""
     config = ServerConfig(data_dir=server_config.data_dir, gateway=GatewayConfig(**gateway))
@@ -236,6 +236,31 @@ async def test_keepalives_do_not_hold_a_socket_that_never_starts(
             sender.cancel()
     assert "no 'start' within 0.3 s" in error["message"]
     assert loop.time() - opened < 2.0  # not the 60-s idle timeout
+
+
+async def test_only_the_servers_own_pages_and_allowed_origins_open_sessions(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """Any web page could open a live socket to a server on the user's machine or intranet
+    (no Origin check: a trial). A browser's handshake now needs the server's own origin or one
+    `--allowed-origin` names; clients without an Origin header are unaffected."""
+    client = await gateway_client(aiohttp_client, server_config, fake)
+    own = f"http://{client.host}:{client.port}"
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await client.ws_connect("/v1/live", origin="https://evil.example")
+    assert refused.value.status == 400
+    body = await (await client.get("/v1/live", headers={"Origin": "https://evil.example",
+        "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="})).json()  # fmt: skip
+    assert body["error"]["code"] == "request_rejected"
+    for origin in (own, None):
+        async with client.ws_connect("/v1/live", origin=origin) as ws:
+            await start_session(ws)
+    allowing = await gateway_client(
+        aiohttp_client, server_config, fake, allowed_origins=("https://meet.example.com",)
+    )
+    async with allowing.ws_connect("/v1/live", origin="https://meet.example.com") as ws:
+        await start_session(ws)
 
 
 async def test_pings_do_not_keep_a_silent_session_open(

@@ -1,0 +1,33 @@
+"""Which web pages may open a live WebSocket (no I/O).
+
+A browser lets any page open a WebSocket to any server and sends the page's origin in the
+`Origin` header; the server must check it (cross-site WebSocket hijacking). Without a check,
+any site a user visits could stream to a livemeet server on their machine or intranet. So a
+browser's socket is taken when its origin is the server's own (the recorder page, `GET /`) or
+one `serve --allowed-origin` names ("*": any). Clients that are not browsers send no
+`Origin` and are taken as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from urllib.parse import urlsplit
+
+ANY_ORIGIN = "*"
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: Collection[str] = ()) -> bool:
+    """True when a WebSocket handshake with `Origin: origin` (None: no header) to a server
+    reached as `Host: host` may proceed. `allowed`: origins as browsers send them
+    (`https://meet.example.com`, `http://localhost:3000`), or ANY_ORIGIN."""
+    if origin is None:
+        return True
+    if ANY_ORIGIN in allowed or origin.rstrip("/") in {a.rstrip("/") for a in allowed}:
+        return True
+    if origin == "null" or host is None:  # a file:// or sandboxed page: never same-origin
+        return False
+    try:
+        netloc = urlsplit(origin).netloc
+    except ValueError:
+        return False
+    return bool(netloc) and netloc.lower() == host.lower()

@@ -1,0 +1,29 @@
+"""The live WebSocket's Origin check (livemeet/gateway/origin.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from livemeet.gateway.origin import ANY_ORIGIN, origin_allowed
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "allowed", "expected"),
+    [
+        (None, "meet.example.com", (), True),  # not a browser
+        ("https://meet.example.com", "meet.example.com", (), True),  # the recorder page
+        ("http://localhost:8000", "LOCALHOST:8000", (), True),
+        ("https://evil.example", "meet.example.com", (), False),
+        ("http://localhost:8001", "localhost:8000", (), False),  # another port, another origin
+        ("null", "meet.example.com", (), False),
+        ("null", "meet.example.com", ("null",), True),
+        ("https://app.example.com", "meet.example.com", ("https://app.example.com/",), True),
+        ("https://evil.example", "meet.example.com", (ANY_ORIGIN,), True),
+        ("https://meet.example.com", None, (), False),
+        ("http://[::1", "localhost", (), False),  # unparseable
+    ],
+)
+def test_origin_allowed(
+    origin: str | None, host: str | None, allowed: tuple[str, ...], expected: bool
+) -> None:
+    assert origin_allowed(origin, host, allowed) is expected
