@@ -43,6 +43,10 @@ UPLOAD_MEMORY_BYTES = 8 << 20
 # bytes of upload files held in memory at once, all requests together (received, waiting for
 # a decode slot, decoding); past it new bytes are spilled (32 uploads of 8 MiB, 700 short clips)
 UPLOAD_MEMORY_TOTAL_BYTES = 256 << 20
+# bytes of spill files all uploads may hold at once (being received, waiting, decoding); past
+# it an upload gets queue_full: a gzip body is counted inflated, so 3 requests of ~1 MB on the
+# wire once made 3 GB of spill (a trial). 16 uploads of the 1-GiB maximum.
+UPLOAD_SPILL_TOTAL_BYTES = 16 << 30
 # finished upload transcripts kept in memory for GET /v1/transcriptions/{id} (older ones are
 # read back from their files); ~1-100 KB each
 TRANSCRIPT_CACHE_ENTRIES = 1_024

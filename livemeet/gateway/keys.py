@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from livemeet.audio.constants import UPLOAD_MEMORY_TOTAL_BYTES
+from livemeet.audio.constants import UPLOAD_MEMORY_TOTAL_BYTES, UPLOAD_SPILL_TOTAL_BYTES
 from livemeet.config import ServerConfig
 from livemeet.gateway.incoming import IncomingUploadCounter
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.transcript_store import TranscriptStore
-from livemeet.gateway.upload_form import MemoryBudget
+from livemeet.gateway.upload_form import ByteBudget
 from livemeet.transcriber import Transcriber
 
 if TYPE_CHECKING:
@@ -30,9 +30,9 @@ class Lifecycle:
     decode_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     incoming_uploads: IncomingUploadCounter = field(default_factory=IncomingUploadCounter)
     # upload file bytes held in memory across requests (the rest is spilled to disk)
-    upload_memory: MemoryBudget = field(
-        default_factory=lambda: MemoryBudget(UPLOAD_MEMORY_TOTAL_BYTES)
-    )
+    upload_memory: ByteBudget = field(default_factory=lambda: ByteBudget(UPLOAD_MEMORY_TOTAL_BYTES))
+    # upload file bytes spilled to disk across requests (past it: queue_full)
+    upload_disk: ByteBudget = field(default_factory=lambda: ByteBudget(UPLOAD_SPILL_TOTAL_BYTES))
 
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)

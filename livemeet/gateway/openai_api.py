@@ -234,6 +234,7 @@ async def read_upload_form(
         spill_dir=tmp_dir(config),
         memory_bytes=UPLOAD_MEMORY_BYTES,
         budget=request.app[LIFECYCLE_KEY].upload_memory,
+        disk_budget=request.app[LIFECYCLE_KEY].upload_disk,
         keep_fields=FORM_FIELDS,
     )
     idle_s = config.gateway.idle_timeout_s

@@ -7,17 +7,20 @@ every part's headers through the `email` package and cost ~1 ms of event-loop ti
 11.6-s upload, which serialises across a burst of uploads (docs/benchmarks.md, session 6).
 
 The `file` part is held in memory while it fits both `memory_bytes` (UPLOAD_MEMORY_BYTES) and
-a `MemoryBudget` shared by all uploads (UPLOAD_MEMORY_TOTAL_BYTES), and spilled to a file in
+a `ByteBudget` shared by all uploads (UPLOAD_MEMORY_TOTAL_BYTES), and spilled to a file in
 the data dir's tmp folder past that, so short clips never touch the disk; the spill is this
-module's only I/O. Text fields the endpoint does not read are dropped as they stream by.
+module's only I/O. Spill files of all uploads together hold at most a second `ByteBudget`
+(UPLOAD_SPILL_TOTAL_BYTES). Text fields the endpoint does not read are dropped as they stream
+by.
 
 Errors, each raised as soon as it is detected: PayloadTooLarge once the body passes its byte
-limit; InvalidRequest for an unreadable Content-Type, a malformed body (no opening boundary
-within MAX_PREAMBLE_BYTES included), more than MAX_FORM_PARTS parts, a nested multipart part,
-a second `file`, a file (a part with a filename) under another field name, a kept text field
-over MAX_FIELD_BYTES or not UTF-8, a body that ends before its closing boundary, and a body
-without a `file` part. After an error, `discard()` frees what was kept (the caller's job, as
-for a finished form's audio: `UploadAudio.discard`).
+limit; QueueFull once the spill would pass the disk budget (retryable); InvalidRequest for an
+unreadable Content-Type, a malformed body (no opening boundary within MAX_PREAMBLE_BYTES
+included), more than MAX_FORM_PARTS parts, a nested multipart part, a second `file`, a file (a
+part with a filename) under another field name, a kept text field over MAX_FIELD_BYTES or not
+UTF-8, a body that ends before its closing boundary, and a body without a `file` part. After an
+error, `discard()` frees what was kept (the caller's job, as for a finished form's audio:
+`UploadAudio.discard`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from livemeet.audio.decode import AudioSource
-from livemeet.errors import InvalidRequest, PayloadTooLarge
+from livemeet.errors import InvalidRequest, PayloadTooLarge, QueueFull
 
 MAX_FIELD_BYTES = 1 << 16  # bytes; longest non-file form field (prompt etc.)
 MAX_FORM_PARTS = 64  # parts per body; OpenAI's form has a dozen fields at most
@@ -50,9 +53,10 @@ def remove_spill_files(directory: Path) -> int:
     return removed
 
 
-class MemoryBudget:
-    """Bytes of upload files that may be held in memory at once, across requests; what does not
-    fit is spilled to disk. Plain bookkeeping: `take` reserves, `give` returns."""
+class ByteBudget:
+    """Bytes of upload files that may be held at once across requests: in memory (what does
+    not fit is spilled to disk) or on disk (what does not fit is refused for now). Plain
+    bookkeeping: `take` reserves, `give` returns."""
 
     def __init__(self, limit_bytes: int) -> None:
         if limit_bytes < 0:
@@ -84,26 +88,33 @@ class UploadAudio:
     source: AudioSource
     filename: str
     num_bytes: int
-    budget: MemoryBudget
+    budget: ByteBudget
+    disk_budget: ByteBudget
+    disk_bytes: int = 0  # of a spill file: reserved in `disk_budget` until `discard()`
 
     def discard(self) -> None:
         """Free the audio: drop the bytes (and their share of the budget), delete the spill
-        file. Idempotent."""
+        file (and its share of the disk budget). Idempotent."""
         if isinstance(self.source, Path):
             self.source.unlink(missing_ok=True)
         else:
             self.budget.give(len(self.source))
-        self.source = b""
+        self.disk_budget.give(self.disk_bytes)
+        self.source, self.disk_bytes = b"", 0
 
 
 class _FileSink:
     """The `file` part's bytes: a bytearray while it fits both `memory_bytes` and `budget`,
     else a file under `directory` (created at the first spill) with everything written so far."""
 
-    def __init__(self, directory: Path, memory_bytes: int, budget: MemoryBudget) -> None:
+    def __init__(
+        self, directory: Path, memory_bytes: int, budget: ByteBudget, disk_budget: ByteBudget
+    ) -> None:
         self.directory = directory
         self.memory_bytes = memory_bytes
         self.budget = budget
+        self.disk_budget = disk_budget
+        self.disk_bytes = 0  # written to the spill file, reserved in `disk_budget`
         self.num_bytes = 0
         self._buffer = bytearray()  # reserved in the budget, byte for byte
         self._path: Path | None = None
@@ -117,9 +128,21 @@ class _FileSink:
                 return
             self._spill()
         assert self._file is not None
+        self._take_disk(len(data))
         self._file.write(data)
 
+    def _take_disk(self, num_bytes: int) -> None:
+        """Reserve `num_bytes` of spill; QueueFull when all uploads together hold the limit
+        (gzip bodies made 3 GB of spill files from 3 MB on the wire: a trial)."""
+        if not self.disk_budget.take(num_bytes):
+            raise QueueFull(
+                f"uploads being received hold {self.disk_budget.in_use >> 20} MiB on disk, "
+                "the server's limit; retry later"
+            )
+        self.disk_bytes += num_bytes
+
     def _spill(self) -> None:
+        self._take_disk(len(self._buffer))
         self.directory.mkdir(parents=True, exist_ok=True)
         self._path = self.directory / f"{SPILL_PREFIX}{uuid.uuid4().hex}"
         self._file = self._path.open("wb")
@@ -147,6 +170,8 @@ class _FileSink:
             self._file.close()
         if self._path is not None:
             self._path.unlink(missing_ok=True)
+        self.disk_budget.give(self.disk_bytes)
+        self.disk_bytes = 0
 
 
 @dataclass
@@ -164,7 +189,8 @@ class FormReader:
 
     `content_type`: the request's Content-Type header value (it carries the boundary);
     `max_body_bytes`: the whole body's limit; `spill_dir`, `memory_bytes`, `budget`: where the
-    `file` part goes once it passes `memory_bytes` or the shared in-memory budget; `keep_fields`:
+    `file` part goes once it passes `memory_bytes` or the shared in-memory budget;
+    `disk_budget`: the spill bytes all uploads may hold (QueueFull past it); `keep_fields`:
     the text fields to keep (others are read and dropped, as OpenAI tolerates unknown fields).
     Raises InvalidRequest for a Content-Type without a usable multipart boundary.
     """
@@ -176,7 +202,8 @@ class FormReader:
         max_body_bytes: int,
         spill_dir: Path,
         memory_bytes: int,
-        budget: MemoryBudget,
+        budget: ByteBudget,
+        disk_budget: ByteBudget,
         keep_fields: frozenset[str],
     ) -> None:
         try:
@@ -192,6 +219,7 @@ class FormReader:
         self.spill_dir = spill_dir
         self.memory_bytes = memory_bytes
         self.budget = budget
+        self.disk_budget = disk_budget
         self.keep_fields = keep_fields
         self.fields: dict[str, str] = {}
         self._delimiter = b"--" + boundary
@@ -310,9 +338,9 @@ class FormReader:
             return
         if self._file is not None:
             raise InvalidRequest("more than one 'file' field", param=FILE_FIELD)
-        part.sink = _FileSink(self.spill_dir, self.memory_bytes, self.budget)
+        part.sink = _FileSink(self.spill_dir, self.memory_bytes, self.budget, self.disk_budget)
         filename = _header_text(params.get(b"filename", b"")) or "audio"
-        self._file = UploadAudio(b"", filename, 0, self.budget)
+        self._file = UploadAudio(b"", filename, 0, self.budget, self.disk_budget)
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         part = self._part
@@ -335,6 +363,7 @@ class FormReader:
             assert self._file is not None
             self._file.source = part.sink.close()
             self._file.num_bytes = part.sink.num_bytes
+            self._file.disk_bytes = part.sink.disk_bytes  # the reservation passes on
         self._part = None  # after close(): until then discard() frees the sink
         if part.text is None:
             return

@@ -8,12 +8,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from livemeet.errors import InvalidRequest, PayloadTooLarge
+from livemeet.errors import InvalidRequest, PayloadTooLarge, QueueFull
 from livemeet.gateway.upload_form import (
     MAX_FIELD_BYTES,
     MAX_FORM_PARTS,
+    ByteBudget,
     FormReader,
-    MemoryBudget,
 )
 
 BOUNDARY = "b0undary"
@@ -40,7 +40,8 @@ def reader(
     *,
     memory_bytes: int = 1 << 20,
     limit: int = 1 << 24,
-    budget: MemoryBudget | None = None,
+    budget: ByteBudget | None = None,
+    disk_budget: ByteBudget | None = None,
     content_type: str = CONTENT_TYPE,
 ) -> FormReader:
     return FormReader(
@@ -48,7 +49,8 @@ def reader(
         max_body_bytes=limit,
         spill_dir=tmp_path / "tmp",
         memory_bytes=memory_bytes,
-        budget=budget or MemoryBudget(1 << 30),
+        budget=budget or ByteBudget(1 << 30),
+        disk_budget=disk_budget or ByteBudget(1 << 30),
         keep_fields=KEEP,
     )
 
@@ -167,7 +169,7 @@ def test_fields_the_endpoint_does_not_read_are_dropped_and_parts_are_counted(
 def test_the_shared_memory_budget_spills_and_is_returned(tmp_path: Path) -> None:
     """Files share one in-memory budget: one that does not fit goes to disk; each file's
     share comes back when it is discarded, and after an error too."""
-    budget = MemoryBudget(len(AUDIO) + 100)
+    budget = ByteBudget(len(AUDIO) + 100)
     first, second = reader(tmp_path, budget=budget), reader(tmp_path, budget=budget)
     feed(first, body(part("file", AUDIO)), 4096)
     feed(second, body(part("file", AUDIO)), 4096)
@@ -183,6 +185,33 @@ def test_the_shared_memory_budget_spills_and_is_returned(tmp_path: Path) -> None
     assert budget.in_use > 0
     failed.discard()
     assert budget.in_use == 0
+
+
+def test_spill_files_of_all_uploads_share_a_disk_budget(tmp_path: Path) -> None:
+    """A gzip body is counted inflated: three ~1 MB requests made 3 GB of spill files (a
+    trial). Past the disk budget an upload gets queue_full (retry later); every reservation,
+    finished or cut off, comes back when its upload is discarded."""
+    disk = ByteBudget(len(AUDIO) + 100)
+    small = ByteBudget(0)  # nothing stays in memory: every file spills
+
+    def spilling() -> FormReader:
+        return reader(tmp_path, budget=small, disk_budget=disk, memory_bytes=0)
+
+    first = spilling()
+    feed(first, body(part("file", AUDIO)), 4096)
+    kept = first.finish()
+    assert isinstance(kept.source, Path) and disk.in_use == len(AUDIO)
+    refused = spilling()
+    with pytest.raises(QueueFull, match="retry later"):
+        feed(refused, body(part("file", AUDIO)), 4096)
+    refused.discard()
+    assert disk.in_use == len(AUDIO)
+    kept.discard()
+    assert disk.in_use == 0 and list((tmp_path / "tmp").iterdir()) == []
+    again = spilling()  # room again
+    feed(again, body(part("file", AUDIO)), 4096)
+    again.finish().discard()
+    assert disk.in_use == 0
 
 
 def test_what_aiohttp_clients_send_parses(tmp_path: Path) -> None:
