@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -158,7 +159,16 @@ def _probe_header(source: AudioSource) -> _Probe:
         raise BadAudio(f"cannot read the audio container: FFmpeg: {_ffmpeg_message(e)}") from e
 
 
-def decode_file(source: AudioSource, *, max_audio_s: float = MAX_AUDIO_S) -> Samples:
+class DecodeCancelled(Exception):
+    """`decode_file` stopped because its caller set `cancel` (the client went away)."""
+
+
+def decode_file(
+    source: AudioSource,
+    *,
+    max_audio_s: float = MAX_AUDIO_S,
+    cancel: threading.Event | None = None,
+) -> Samples:
     """Decode `source` to float32 mono 16 kHz samples in [-1, 1], shape [n].
 
     `source` is the file's Path or its whole contents as bytes; both give the same samples and
@@ -166,12 +176,14 @@ def decode_file(source: AudioSource, *, max_audio_s: float = MAX_AUDIO_S) -> Sam
     exceeds `max_audio_s` (seconds); decoding stops with TooLong as soon as the decoded audio
     exceeds it too (containers can lie). Raises BadAudio for a missing or empty file (or empty
     bytes), non-audio bytes, unreadable or truncated files (see the module docstring),
-    zero-length audio and non-finite samples.
+    zero-length audio and non-finite samples. `cancel`: set from another thread, the decode
+    stops at its next block with DecodeCancelled (a 90-minute file of a client that left
+    would otherwise decode to the end, holding its memory).
     """
     probed = _probe(source)
     info = probed.info
     check_length(info.duration_s, max_audio_s, "declares")
-    sink = _Resampler(max_audio_s)
+    sink = _Resampler(max_audio_s, cancel)
     if probed.use_soundfile:
         _decode_soundfile(source, sink)
     else:
@@ -199,15 +211,19 @@ class _Resampler:
     never makes us decode hours of audio.
     """
 
-    def __init__(self, max_audio_s: float) -> None:
+    def __init__(self, max_audio_s: float, cancel: threading.Event | None = None) -> None:
         self._max_audio_s = max_audio_s
+        self._cancel = cancel
         self._rate = 0
         self._stream: soxr.ResampleStream | None = None
         self._num_input_frames = 0
         self._chunks: list[Samples] = []
 
     def push(self, mono: npt.NDArray[np.float32], rate: int) -> None:
-        """Add `mono` ([n] float32) sampled at `rate` Hz; the rate must not change."""
+        """Add `mono` ([n] float32) sampled at `rate` Hz; the rate must not change. Raises
+        DecodeCancelled once the caller's `cancel` is set."""
+        if self._cancel is not None and self._cancel.is_set():
+            raise DecodeCancelled("the decode was cancelled")
         if self._rate == 0:
             _check_rate(rate, "decodes at")
             self._rate = rate

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -309,13 +310,35 @@ async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tu
     if isinstance(source, Path):
         info = await loop.run_in_executor(None, decode.probe, source)
         decode.check_length(info.duration_s, max_audio_s, "declares")
+    cancel = threading.Event()
     async with app[LIFECYCLE_KEY].decode_slots:
-        samples = await loop.run_in_executor(
-            None, partial(decode.decode_file, source, max_audio_s=max_audio_s)
+        work = loop.run_in_executor(
+            None, partial(decode.decode_file, source, max_audio_s=max_audio_s, cancel=cancel)
         )
+        try:
+            samples = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # the client left: stop the thread, and hold the slot until it has stopped (it
+            # checks `cancel` every block), or abandoned decodes would run past the slots
+            cancel.set()
+            await _settle(work)
+            raise
     if len(samples) == 0:
         raise BadAudio("the audio has no samples")
     return samples, len(samples) / SAMPLE_RATE
+
+
+async def _settle(work: asyncio.Future[Any]) -> None:
+    """Wait for `work` to end, whatever it ends with, through any further cancellation."""
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            continue  # cancelled again while waiting: the thread still holds the slot
+        except Exception:
+            break  # DecodeCancelled, or any error: the caller is leaving anyway
+    if not work.cancelled():
+        work.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 async def _collect_final(session: TranscriberSession) -> TranscriptFinal:

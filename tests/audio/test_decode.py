@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -241,6 +242,37 @@ def test_a_lying_container_is_stopped_while_decoding(
     monkeypatch.setattr(decode, "_probe", lambda _path: lie)
     with pytest.raises(TooLong, match="decodes to"):
         decode_file(path, max_audio_s=5.0)
+
+
+@pytest.mark.parametrize("kind", ["flac", "webm"])  # libsndfile's blocks, FFmpeg's frames
+def test_a_cancelled_decode_stops_at_its_next_block(
+    tmp_path: Path, encoded_clips: dict[str, EncodedClip], kind: str
+) -> None:
+    """A client that leaves sets `cancel`: a 90-minute upload stopped decoding only at its end,
+    holding ~1 GB meanwhile (a trial)."""
+    if kind == "flac":
+        path = tmp_path / "long.flac"
+        sf.write(path, np.zeros(10 * 60 * 8_000, np.float32), 8_000)  # 10 min at 8 kHz
+    else:
+        path = encoded_clips["speech.webm"].path
+    whole = decode_file(path).size
+    cancel = threading.Event()
+    pushes = 0
+    real_push = decode._Resampler.push
+
+    def push_then_cancel(self: object, mono: object, rate: int) -> None:
+        nonlocal pushes
+        pushes += 1
+        if pushes == 3:
+            cancel.set()
+        real_push(self, mono, rate)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode._Resampler, "push", push_then_cancel)
+        with pytest.raises(decode.DecodeCancelled):
+            decode_file(path, cancel=cancel)
+    assert pushes == 3  # no block is taken once `cancel` is set
+    assert decode_file(path, cancel=threading.Event()).size == whole
 
 
 def test_limit_is_inclusive(shared_data: Path) -> None:

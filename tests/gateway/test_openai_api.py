@@ -294,11 +294,11 @@ async def test_uploads_are_decoded_from_memory_or_their_spill_file(
     sources: list[decode.AudioSource] = []
     real = decode.decode_file
 
-    def spy(source: decode.AudioSource, *, max_audio_s: float) -> Any:
+    def spy(source: decode.AudioSource, *, max_audio_s: float, cancel: Any = None) -> Any:
         sources.append(source)
         if isinstance(source, Path):
             assert source.parent == server_config.data_dir / "tmp" and source.exists()
-        return real(source, max_audio_s=max_audio_s)
+        return real(source, max_audio_s=max_audio_s, cancel=cancel)
 
     monkeypatch.setattr(decode, "decode_file", spy)
     audio = wav_bytes(1.0)
@@ -418,7 +418,7 @@ async def test_decodes_are_bounded(client: TestClient, monkeypatch: pytest.Monke
     running, peak = 0, 0
     real = decode.decode_file
 
-    def slow_decode(path: Path, *, max_audio_s: float) -> Any:
+    def slow_decode(path: Path, *, max_audio_s: float, cancel: Any = None) -> Any:
         nonlocal running, peak
         running += 1
         peak = max(peak, running)
@@ -426,7 +426,7 @@ async def test_decodes_are_bounded(client: TestClient, monkeypatch: pytest.Monke
             import time
 
             time.sleep(0.1)
-            return real(path, max_audio_s=max_audio_s)
+            return real(path, max_audio_s=max_audio_s, cancel=cancel)
         finally:
             running -= 1
 
@@ -473,3 +473,43 @@ async def test_a_file_declaring_a_1_hz_rate_is_bad_audio_not_too_long(client: Te
     sf.write(buf, np.zeros(16_000, np.int16), 1, format="WAV", subtype="PCM_16")
     resp = await client.post("/v1/audio/transcriptions", data=form(buf.getvalue()))
     await assert_error(resp, BadAudio)
+
+
+async def test_a_client_gone_mid_decode_stops_it_and_frees_its_slot_only_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client that left mid-decode released its decode slot at once while the thread decoded
+    on, so abandoned 90-minute decodes ran beside the slots' new ones (a trial). Now the
+    decode is told to stop, and the slot is held until its thread has returned."""
+    import threading
+    import time
+
+    from aiohttp import web
+
+    from livemeet.audio import decode
+    from livemeet.gateway.keys import CONFIG_KEY, LIFECYCLE_KEY, Lifecycle
+
+    started, saw_cancel, release = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_decode(source: object, *, max_audio_s: float, cancel: threading.Event) -> None:
+        started.set()
+        while not cancel.is_set():
+            time.sleep(0.005)
+        saw_cancel.set()
+        release.wait(5)  # the thread finishes its block a moment later
+        raise decode.DecodeCancelled("cancelled")
+
+    monkeypatch.setattr(decode, "decode_file", slow_decode)
+    app = web.Application()
+    app[CONFIG_KEY] = ServerConfig()
+    app[LIFECYCLE_KEY] = lifecycle = Lifecycle()
+    task = asyncio.create_task(openai_api._decode_upload(app, b"audio bytes"))
+    assert await asyncio.to_thread(started.wait, 5), task
+    task.cancel()
+    await asyncio.sleep(0.1)
+    assert saw_cancel.is_set() and not task.done()
+    assert lifecycle.decode_slots.locked()  # still the thread's
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not lifecycle.decode_slots.locked()
