@@ -16,18 +16,22 @@ from urllib.parse import urlsplit
 ANY_ORIGIN = "*"
 
 
-def origin_allowed(origin: str | None, host: str | None, allowed: Collection[str] = ()) -> bool:
+def origin_allowed(
+    origin: str | None, hosts: Collection[str | None], allowed: Collection[str] = ()
+) -> bool:
     """True when a WebSocket handshake with `Origin: origin` (None: no header) to a server
-    reached as `Host: host` may proceed. `allowed`: origins as browsers send them
-    (`https://meet.example.com`, `http://localhost:3000`), or ANY_ORIGIN."""
+    reached as any of `hosts` (its `Host` header, and behind a proxy the first
+    `X-Forwarded-Host`: a page cannot set either on a WebSocket) may proceed. `allowed`:
+    origins as browsers send them (`https://meet.example.com`, `http://localhost:3000`), or
+    ANY_ORIGIN."""
     if origin is None:
         return True
     if ANY_ORIGIN in allowed or origin.rstrip("/") in {a.rstrip("/") for a in allowed}:
         return True
-    if origin == "null" or host is None:  # a file:// or sandboxed page: never same-origin
+    if origin == "null":  # a file:// or sandboxed page: never same-origin
         return False
     try:
-        netloc = urlsplit(origin).netloc
+        netloc = urlsplit(origin).netloc.lower()
     except ValueError:
         return False
-    return bool(netloc) and netloc.lower() == host.lower()
+    return bool(netloc) and any(h is not None and h.strip().lower() == netloc for h in hosts)

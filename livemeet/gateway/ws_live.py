@@ -397,7 +397,8 @@ async def live_handler(request: web.Request) -> web.WebSocketResponse:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
     origin = request.headers.get(hdrs.ORIGIN)
     allowed = request.app[CONFIG_KEY].gateway.allowed_origins
-    if not origin_allowed(origin, request.headers.get(hdrs.HOST), allowed):
+    forwarded = request.headers.get(hdrs.X_FORWARDED_HOST, "").split(",")[0] or None
+    if not origin_allowed(origin, (request.headers.get(hdrs.HOST), forwarded), allowed):
         raise RequestRejected(
             f"a page from {origin!r} may not open live sessions here (serve --allowed-origin)"
         )

@@ -26,4 +26,11 @@ from livemeet.gateway.origin import ANY_ORIGIN, origin_allowed
 def test_origin_allowed(
     origin: str | None, host: str | None, allowed: tuple[str, ...], expected: bool
 ) -> None:
-    assert origin_allowed(origin, host, allowed) is expected
+    assert origin_allowed(origin, (host,), allowed) is expected
+
+
+def test_behind_a_proxy_the_forwarded_host_is_the_servers_own() -> None:
+    page = "https://meet.example.com"
+    assert origin_allowed(page, ("127.0.0.1:8000", "meet.example.com"))
+    assert not origin_allowed(page, ("127.0.0.1:8000", None))
+    assert origin_allowed("http://[::1]:8000", ("[::1]:8000",))

@@ -256,6 +256,11 @@ async def test_only_the_servers_own_pages_and_allowed_origins_open_sessions(
     for origin in (own, None):
         async with client.ws_connect("/v1/live", origin=origin) as ws:
             await start_session(ws)
+    proxied = {"X-Forwarded-Host": "meet.example.com"}  # the page's host, behind a proxy
+    async with client.ws_connect(
+        "/v1/live", origin="https://meet.example.com", headers=proxied
+    ) as ws:
+        await start_session(ws)
     allowing = await gateway_client(
         aiohttp_client, server_config, fake, allowed_origins=("https://meet.example.com",)
     )
