@@ -227,7 +227,7 @@ class GatewayConfig:
     # s of new audio between a live session's re-decodes (DESIGN 5.1): shorter hops cut the
     # partial latency's wait for the next hop and cost GPU time in proportion
     live_hop_s: float = LIVE_HOP_S
-    # x real time a live client may send audio at, past LIVE_AUDIO_BURST_S ahead (gateway/pacing)
+    # x real time a live client may send audio at, past a LIVE_AUDIO_BURST_S burst (gateway/pacing)
     live_max_speed: float = LIVE_MAX_SPEED
     # browser origins besides the server's own that may open /v1/live ("*": any); see
     # livemeet/gateway/origin.py

@@ -69,10 +69,11 @@ FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
 # 30-s grace period
 # A live client may send audio faster than real time (a recorder catching up, benchmarks that
 # stream a meeting's head at 4-8x), but not without bound: one socket sent 1.8 h of audio in
-# 0.8 s and held the engine and GBs of memory (a trial). Past LIVE_AUDIO_BURST_S ahead, the
-# gateway reads its frames no faster than LIVE_MAX_SPEED x real time (TCP backpressure: nothing
-# is dropped). Each message counts as at least LIVE_MIN_MESSAGE_S of audio, so a flood of tiny
-# frames is paced too (917k 2-byte frames in 15 s stalled the event loop for everyone).
+# 0.8 s and held the engine and GBs of memory (a trial). Past a burst of LIVE_AUDIO_BURST_S,
+# the gateway reads its frames no faster than LIVE_MAX_SPEED x real time (a token bucket: TCP
+# backpressure, nothing is dropped). Each message counts as at least LIVE_MIN_MESSAGE_S of
+# audio, so a flood of tiny frames is paced too (917k 2-byte frames in 15 s stalled the event
+# loop for everyone).
 LIVE_MAX_SPEED = 16.0  # x real time, sustained
 LIVE_AUDIO_BURST_S = 60.0  # s of audio accepted at once ahead of that
 LIVE_MIN_MESSAGE_S = 0.01  # s of audio a message (binary or text) counts as at least

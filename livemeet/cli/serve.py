@@ -89,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--live-max-speed",
         type=float,
         default=GatewayConfig.live_max_speed,
-        help="x real time a live client may send audio at once a minute of audio ahead; "
+        help="x real time a live client may send audio at past a burst of a minute of audio; "
         "faster frames are read later (TCP backpressure), none dropped (default %(default)g)",
     )
     p.add_argument(

@@ -19,7 +19,7 @@ def test_a_burst_is_free_then_reading_follows_max_speed() -> None:
 
 
 def test_real_time_streams_never_wait() -> None:
-    pacer = AudioPacer(start_s=0.0, max_speed=1.0, burst_s=1e-6)  # float slack only
+    pacer = AudioPacer(start_s=0.0, max_speed=1.0, burst_s=0.2)  # a frame, and slack
     waits = [pacer.charge(0.1, 0.1 * (i + 1)) for i in range(600)]  # 60 s in 0.1-s frames
     assert max(waits) == 0.0
 
@@ -31,6 +31,18 @@ def test_a_flood_of_tiny_frames_is_paced_by_the_message_minimum() -> None:
     for _ in range(100_000):
         wait = pacer.charge(1 / 16_000, 0.0)  # one sample each, all at once
     assert wait == pytest.approx((100_000 * 0.01 - 60.0) / 16.0)
+
+
+def test_waiting_first_buys_no_larger_flood() -> None:
+    """The credit grew without bound: after 7 idle minutes 1.8 h went through at once, and
+    after an hour streamed in real time, 14 h (a review). The bucket holds one burst."""
+    idle = AudioPacer(start_s=0.0, max_speed=16.0, burst_s=60.0)
+    assert idle.charge(0.0, 420.0) == pytest.approx(0.0)  # a keepalive after 7 minutes
+    assert idle.charge(6_480.0, 420.0) == pytest.approx((6_480.0 + 0.01 - 60.0) / 16.0)
+    streamed = AudioPacer(start_s=0.0, max_speed=16.0, burst_s=60.0)
+    for i in range(36_000):  # an hour in 0.1-s frames, in real time
+        assert streamed.charge(0.1, 0.1 * (i + 1)) == 0.0
+    assert streamed.charge(14 * 3_600.0, 3_600.0) > 3_000.0
 
 
 @pytest.mark.parametrize(
