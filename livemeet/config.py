@@ -36,9 +36,11 @@ from livemeet.audio.constants import (
     MIN_LIVE_STEP_BUDGET_S,
     MIN_PREFILL_CHUNK,
     UPLOAD_BATCH_WAIT_S,
+    UPLOAD_SPILL_TOTAL_BYTES,
     UPLOAD_STEP_BUDGET_S,
 )
 from livemeet.errors import ConfigError
+from livemeet.gateway.origin import check_allowed_origin
 from livemeet.session.forced_budget import ForcedBudget
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # serve and its engine process
@@ -239,6 +241,15 @@ class GatewayConfig:
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
         # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either
+        for origin in self.allowed_origins:
+            problem = check_allowed_origin(origin)
+            if problem is not None:
+                raise ConfigError(f"--allowed-origin {problem}")
+        if self.max_upload_bytes > UPLOAD_SPILL_TOTAL_BYTES:
+            raise ConfigError(
+                f"max_upload_bytes {self.max_upload_bytes} is over the {UPLOAD_SPILL_TOTAL_BYTES}"
+                " bytes all spilled uploads may hold together"
+            )
         if not (math.isfinite(self.live_max_speed) and self.live_max_speed >= 1):
             raise ConfigError(
                 f"live_max_speed must be >= 1 (x real time), not {self.live_max_speed}"

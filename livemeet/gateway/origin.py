@@ -5,7 +5,10 @@ A browser lets any page open a WebSocket to any server and sends the page's orig
 any site a user visits could stream to a livemeet server on their machine or intranet. So a
 browser's socket is taken when its origin is the server's own (the recorder page, `GET /`) or
 one `serve --allowed-origin` names ("*": any). Clients that are not browsers send no
-`Origin` and are taken as before.
+`Origin` and are taken as before. Hosts compare as (lower-case host, port), the scheme's
+default port filled in. Not covered: DNS rebinding (a page whose own name resolves to the
+server has a matching Host); a server on a public name should sit behind a proxy that checks
+the Host.
 """
 
 from __future__ import annotations
@@ -14,6 +17,32 @@ from collections.abc import Collection
 from urllib.parse import urlsplit
 
 ANY_ORIGIN = "*"
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def parse_origin(origin: str) -> tuple[str, int] | None:
+    """(host, port) of an origin such as `https://meet.example.com` (port 443 filled in), or
+    None when it has no http(s) scheme or host."""
+    try:
+        parts = urlsplit(origin.strip())
+        scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
+    except ValueError:
+        return None
+    if scheme not in ("http", "https") or not host:
+        return None
+    return host.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def _host_port(host_header: str, default_port: int) -> tuple[str, int] | None:
+    """(host, port) of a Host-style header value (`meet.example.com:8443`, `[::1]:8000`)."""
+    try:
+        parts = urlsplit(f"//{host_header.strip()}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    return host.lower(), port if port is not None else default_port
 
 
 def origin_allowed(
@@ -22,16 +51,27 @@ def origin_allowed(
     """True when a WebSocket handshake with `Origin: origin` (None: no header) to a server
     reached as any of `hosts` (its `Host` header, and behind a proxy the first
     `X-Forwarded-Host`: a page cannot set either on a WebSocket) may proceed. `allowed`:
-    origins as browsers send them (`https://meet.example.com`, `http://localhost:3000`), or
-    ANY_ORIGIN."""
-    if origin is None:
+    origins as browsers send them (`https://meet.example.com`, `http://localhost:3000`;
+    `check_allowed_origin` vets them), or ANY_ORIGIN."""
+    if origin is None or ANY_ORIGIN in allowed:
         return True
-    if ANY_ORIGIN in allowed or origin.rstrip("/") in {a.rstrip("/") for a in allowed}:
+    if origin.strip() == "null":  # a file:// or sandboxed page, unless named
+        return "null" in allowed
+    page = parse_origin(origin)
+    if page is None:
+        return False
+    if page in {parse_origin(a) for a in allowed}:
         return True
-    if origin == "null":  # a file:// or sandboxed page: never same-origin
-        return False
-    try:
-        netloc = urlsplit(origin).netloc.lower()
-    except ValueError:
-        return False
-    return bool(netloc) and any(h is not None and h.strip().lower() == netloc for h in hosts)
+    return any(h is not None and _host_port(h, page[1]) == page for h in hosts)
+
+
+def check_allowed_origin(value: str) -> str | None:
+    """None when `value` can match a browser's Origin (ANY_ORIGIN, "null", or an http(s) URL
+    with a host and nothing after it), else why not."""
+    if value in (ANY_ORIGIN, "null"):
+        return None
+    if parse_origin(value) is None:
+        return f"{value!r} is not an origin such as https://meet.example.com"
+    if urlsplit(value.strip()).path.strip("/"):
+        return f"{value!r} has a path; an origin is scheme://host[:port] only"
+    return None

@@ -136,7 +136,7 @@ class _FileSink:
         (gzip bodies made 3 GB of spill files from 3 MB on the wire: a trial)."""
         if not self.disk_budget.take(num_bytes):
             raise QueueFull(
-                f"uploads being received hold {self.disk_budget.in_use >> 20} MiB on disk, "
+                f"uploads in progress hold {self.disk_budget.in_use >> 20} MiB on disk, "
                 "the server's limit; retry later"
             )
         self.disk_bytes += num_bytes

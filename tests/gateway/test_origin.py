@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from livemeet.gateway.origin import ANY_ORIGIN, origin_allowed
+from livemeet.gateway.origin import ANY_ORIGIN, check_allowed_origin, origin_allowed
 
 
 @pytest.mark.parametrize(
@@ -21,6 +21,12 @@ from livemeet.gateway.origin import ANY_ORIGIN, origin_allowed
         ("https://evil.example", "meet.example.com", (ANY_ORIGIN,), True),
         ("https://meet.example.com", None, (), False),
         ("http://[::1", "localhost", (), False),  # unparseable
+        # default ports compare equal to none (a review: nginx's `Host $host:$server_port`)
+        ("https://meet.example.com", "meet.example.com:443", (), True),
+        ("http://meet.example.com", "meet.example.com:80", (), True),
+        ("https://meet.example.com", "meet.example.com:80", (), False),
+        ("https://Meet.Example.com", "x", ("https://meet.example.com:443",), True),
+        ("ftp://meet.example.com", "meet.example.com", (), False),
     ],
 )
 def test_origin_allowed(
@@ -34,3 +40,19 @@ def test_behind_a_proxy_the_forwarded_host_is_the_servers_own() -> None:
     assert origin_allowed(page, ("127.0.0.1:8000", "meet.example.com"))
     assert not origin_allowed(page, ("127.0.0.1:8000", None))
     assert origin_allowed("http://[::1]:8000", ("[::1]:8000",))
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("*", True),
+        ("null", True),
+        ("https://meet.example.com", True),
+        ("http://localhost:3000/", True),
+        ("meet.example.com", False),  # no scheme: would never match (a review)
+        ("https://meet.example.com/app", False),
+        ("ws://meet.example.com", False),
+    ],
+)
+def test_allowed_origins_are_checked(value: str, ok: bool) -> None:
+    assert (check_allowed_origin(value) is None) is ok

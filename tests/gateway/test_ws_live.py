@@ -508,6 +508,18 @@ async def test_audio_sent_too_fast_is_read_later_and_none_is_lost(
     assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 4.0
 
 
+def test_gateway_config_refuses_origins_that_never_match_and_unholdable_uploads() -> None:
+    from livemeet.audio.constants import UPLOAD_SPILL_TOTAL_BYTES
+    from livemeet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--allowed-origin 'meet.example.com'"):
+        GatewayConfig(allowed_origins=("meet.example.com",)).validate()
+    # one upload over what all spills may hold would get a retryable 429 for ever (a review)
+    with pytest.raises(ConfigError, match="max_upload_bytes"):
+        GatewayConfig(max_upload_bytes=UPLOAD_SPILL_TOTAL_BYTES + 1).validate()
+    GatewayConfig(allowed_origins=("https://meet.example.com", "*")).validate()
+
+
 @pytest.mark.parametrize("speed", [0.5, math.nan, math.inf])
 def test_live_max_speed_is_at_least_real_time(speed: float) -> None:
     from livemeet.errors import ConfigError
