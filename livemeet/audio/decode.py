@@ -67,7 +67,8 @@ _FFMPEG_FORMATS = frozenset({"MP3", "OGG"})
 # audio and recorder containers that read only their own bytes.
 FFMPEG_DEMUXERS = (
     "wav,w64,aiff,caf,au,nistsphere,flac,mp3,ogg,matroska,mov,aac,ac3,eac3,amr,amrnb,amrwb,"
-    "asf,avi,flv,mpegts,mpeg,wv,ape,tta,dts,loas,truehd,mlp,tak,voc,xwma,dsf"
+    "asf,avi,flv,mpegts,mpeg,wv,ape,tta,dts,loas,truehd,mlp,tak,voc,xwma,dsf,dss,mpc,mpc8,shn,"
+    "gsm,nut,rm,mxf"
 )
 # Nested opens (none of the demuxers above make any by default) may only read local files.
 _FFMPEG_OPTIONS = {"format_whitelist": FFMPEG_DEMUXERS, "protocol_whitelist": "file"}

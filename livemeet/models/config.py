@@ -28,6 +28,8 @@ _TEXT_MODEL_TYPES = ("qwen3",)
 # defaults, 4.x and 5.24 alike): the published checkpoint states both (MODEL.md 8.2).
 QWEN3_DEFAULT_ROPE_THETA = 10_000.0
 QWEN3_DEFAULT_HEAD_DIM = 128
+QWEN3_DEFAULT_KV_HEADS = 32  # a null value means as many as the query heads
+QWEN3_DEFAULT_MAX_POSITIONS = 32_768
 # The front end's fixed geometry (MODEL.md 2, 3; livemeet/audio/constants.py): 80 mel bins,
 # 1500 encoder frames per 30 s window, 4 frames merged per audio token. Other values would
 # need another front end, so they are refused, not run wrongly.
@@ -269,11 +271,13 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         intermediate=_int(raw, "intermediate_size"),
         layers=_int(raw, "num_hidden_layers"),
         heads=heads,
-        kv_heads=_int(raw, "num_key_value_heads", heads),
+        kv_heads=heads
+        if raw.get("num_key_value_heads", 0) is None
+        else _int(raw, "num_key_value_heads", QWEN3_DEFAULT_KV_HEADS),
         head_dim=_int(raw, "head_dim", QWEN3_DEFAULT_HEAD_DIM),
         vocab=_int(raw, "vocab_size", 151_936),
         rope_theta=_rope_theta(raw),
         rms_eps=_float(raw, "rms_norm_eps") if "rms_norm_eps" in raw else 1e-6,
-        max_position_embeddings=_int(raw, "max_position_embeddings", 131_072),
+        max_position_embeddings=_int(raw, "max_position_embeddings", QWEN3_DEFAULT_MAX_POSITIONS),
         tie_word_embeddings=bool(top.get("tie_word_embeddings", True)),
     )

@@ -150,8 +150,9 @@ class PromptIds:
     list (the engine appends forced ids to it).
     `audio_positions`: int64 [T], read-only: indices into `ids` of the T `<|audio_pad|>`
     tokens, ascending; audio embedding i goes to `ids[audio_positions[i]]`. An array, not a
-    list: a PromptBuilder hands out a view of its template, and the engine checks it in
-    C (a 30-minute meeting has ~22,500 positions, rebuilt every live hop).
+    list: a PromptBuilder hands out a view of its template (a fresh array only in the quirk
+    window, where a marker is due but not yet present), and the engine checks it in C (a
+    30-minute meeting has ~22,500 positions, rebuilt every live hop).
     `header_len`: ids before the span (ending with `<|audio_start|>`); `span_len`: pads plus
     marker digits; `suffix_len`: ids from `<|audio_end|>` to the end.
     """

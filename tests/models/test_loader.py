@@ -80,6 +80,9 @@ def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
         lambda t: t.update(rope_parameters=None, rope_theta=250_000.0),
         lambda t: t.pop("head_dim"),
         lambda t: (t.pop("head_dim"), t.pop("rope_parameters")),
+        lambda t: t.pop("max_position_embeddings"),
+        lambda t: t.update(num_key_value_heads=None),  # as many as the query heads
+        lambda t: (t.pop("num_key_value_heads"), t.update(num_attention_heads=32)),
     ],
 )
 def test_fields_config_json_leaves_out_default_as_transformers_does(edit: Any) -> None:
@@ -94,6 +97,8 @@ def test_fields_config_json_leaves_out_default_as_transformers_does(edit: Any) -
     theirs = MossTranscribeDiarizeConfig.from_dict(raw).text_config
     assert ours.rope_theta == theirs.rope_parameters["rope_theta"]
     assert ours.head_dim == theirs.head_dim
+    assert ours.kv_heads == theirs.num_key_value_heads
+    assert ours.max_position_embeddings == theirs.max_position_embeddings
 
 
 @pytest.mark.parametrize("dialect", ["upstream", "hf"])
