@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE, SAMPLES_PER_TOKEN
+from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE, num_audio_tokens
 from livemeet.backends.moss import MossCore, SegmentStream
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
@@ -175,7 +175,7 @@ def prompt_us(minute: float, forced_tokens: int, repeats: int = 200) -> float:
     from livemeet.models.prompt import PromptBuilder
 
     builder = PromptBuilder(load_tokenizer(None))
-    num_tokens = round(60.0 * minute * SAMPLE_RATE) // SAMPLES_PER_TOKEN
+    num_tokens = num_audio_tokens(round(60.0 * minute * SAMPLE_RATE))
     forced = list(range(1_000, 1_000 + forced_tokens))
     builder.build(num_tokens)  # the template, grown once as in a session
 

@@ -221,7 +221,9 @@ class Worker:
             self.core.set_incoming_uploads(cmd.count)
             return
         sid = getattr(cmd, "session_id", "")
-        self._stats_stale = True  # a close or an abort frees KV: the gauges change unstepped
+        # a command changes the stats without a step (an abort frees KV, an append's wait is
+        # counted): the idle post carries it
+        self._stats_stale = True
         try:
             if isinstance(cmd, OpenSession):
                 self.core.open(sid, cmd.options)
@@ -287,7 +289,6 @@ class Worker:
         if sent_s <= 0:
             return
         lag_s = max(0.0, self.clock() - sent_s)
-        self._stats_stale = True  # an append may not make work: the idle post carries it
         self.num_audio_commands += 1
         self.audio_command_lag_s += lag_s
         self.audio_command_lag_max_s = max(self.audio_command_lag_max_s, lag_s)

@@ -37,9 +37,8 @@ MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE
 MAX_SAMPLE_RATE = MAX_PCM_SAMPLE_RATE
 MAX_CHANNELS = MAX_PCM_CHANNELS
 MAX_HOTWORDS = 256
-MAX_HOTWORD_CHARS = (
-    128  # characters per hotword: a name or a phrase (each is in every hop's prompt)
-)
+# characters per hotword: a name or a phrase (each is in every hop's prompt)
+MAX_HOTWORD_CHARS = 128
 
 
 class State(StrEnum):
@@ -110,6 +109,12 @@ class LiveProtocol:
     @property
     def num_audio_frames(self) -> int:
         return self.num_audio_bytes // (BYTES_PER_SAMPLE * self.channels)
+
+    def audio_seconds(self, num_bytes: int) -> float:
+        """Seconds of audio in `num_bytes` of this session's PCM (0 before `start`)."""
+        if not self.sample_rate:
+            return 0.0
+        return num_bytes / (BYTES_PER_SAMPLE * self.channels * self.sample_rate)
 
     def receive_text(self, text: str) -> Action:
         """Parse one JSON text frame. Raises InvalidRequest (bad JSON/fields), ProtocolError."""

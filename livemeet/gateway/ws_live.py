@@ -184,7 +184,7 @@ class LiveConnection:
                         break
                     async with self._actions:
                         await self._on_action(self.protocol.receive_binary(msg.data))
-                    audio_s = self._audio_s(len(msg.data))
+                    audio_s = self.protocol.audio_seconds(len(msg.data))
                 elif msg.type is WSMsgType.ERROR:
                     log.info("live connection error: %s", self.ws.exception())
                     break
@@ -205,11 +205,6 @@ class LiveConnection:
         except Exception as exc:
             log.exception("live connection failed")
             await self.fail(InternalError(f"internal error: {type(exc).__name__}"))
-
-    def _audio_s(self, num_bytes: int) -> float:
-        """Seconds of audio in `num_bytes` of the session's PCM16 (0 before `start`)."""
-        rate, channels = self.protocol.sample_rate, self.protocol.channels
-        return num_bytes / (2 * channels * rate) if rate and channels else 0.0
 
     async def _receive(self) -> WSMessage:
         """The next client message. The idle timeout runs from the client's last message
@@ -333,9 +328,7 @@ class LiveConnection:
     async def _append(self, pcm: bytes) -> None:
         assert self._decoder is not None, "protocol admits audio only after start"
         samples = self._decoder.feed(pcm)
-        self._metrics.audio_seconds_in.labels("live").inc(
-            len(pcm) / (2 * self.protocol.channels * self.protocol.sample_rate)
-        )
+        self._metrics.audio_seconds_in.labels("live").inc(self.protocol.audio_seconds(len(pcm)))
         if len(samples):
             await self._require_session().append(samples)
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -58,6 +59,23 @@ async def expect_error(ws: aiohttp.ClientWebSocketResponse, error: type[Livemeet
     assert events[-1]["retryable"] is error.retryable
     assert ws.close_code == error.close_code
     return events[-1]
+
+
+async def timeout_while_repeating(
+    ws: aiohttp.ClientWebSocketResponse, send: Callable[[], Awaitable[object]]
+) -> dict:
+    """The `client_timeout` error frame the server sends while `send` runs every 50 ms."""
+
+    async def repeat() -> None:
+        while True:
+            await send()
+            await asyncio.sleep(0.05)
+
+    sender = asyncio.create_task(repeat())
+    try:
+        return await asyncio.wait_for(expect_error(ws, ClientTimeout), 3)
+    finally:
+        sender.cancel()
 
 
 async def gateway_client(
@@ -224,16 +242,7 @@ async def test_keepalives_do_not_hold_a_socket_that_never_starts(
     async with client.ws_connect("/v1/live") as ws:
         opened = loop.time()
 
-        async def keep_alive() -> None:
-            while True:
-                await ws.send_json({"type": "keepalive"})
-                await asyncio.sleep(0.05)
-
-        sender = asyncio.create_task(keep_alive())
-        try:
-            error = await asyncio.wait_for(expect_error(ws, ClientTimeout), 3)
-        finally:
-            sender.cancel()
+        error = await timeout_while_repeating(ws, lambda: ws.send_json({"type": "keepalive"}))
     assert "no 'start' within 0.3 s" in error["message"]
     assert loop.time() - opened < 2.0  # not the 60-s idle timeout
 
@@ -279,17 +288,7 @@ async def test_pings_do_not_keep_a_silent_session_open(
     async with client.ws_connect("/v1/live") as ws:  # autoping: pongs are not events
         await start_session(ws)
         await ws.send_bytes(pcm16(0.2))
-
-        async def ping() -> None:
-            while True:
-                await asyncio.sleep(0.05)
-                await ws.ping()
-
-        pinger = asyncio.create_task(ping())
-        try:
-            error = await asyncio.wait_for(expect_error(ws, ClientTimeout), 3)
-        finally:
-            pinger.cancel()
+        error = await timeout_while_repeating(ws, ws.ping)
     assert "idle" in error["message"]
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
