@@ -94,26 +94,14 @@ class Request:
                 f"{len(self.prompt_token_ids)}-token prompt (at most all but one)"
             )
         pos = np.asarray(self.audio_positions, dtype=np.int64)
-        if (
-            pos.ndim != 1
-            or (
-                pos.size
-                and (
-                    pos[0] < 0
-                    or pos[-1] >= len(self.prompt_token_ids)
-                    # vectorised: a 30-minute live hop has ~22,500 positions, checked on the
-                    # engine thread every hop (a C-level pairwise all() took 0.65 ms)
-                    or not (pos[1:] > pos[:-1]).all()
-                )
-            )
-        ):
+        if not _increasing_within(pos, len(self.prompt_token_ids)):
             raise InvalidRequest(
                 f"request {self.request_id!r}: audio positions must be strictly increasing "
                 f"and inside the {len(self.prompt_token_ids)}-token prompt"
             )
-        if pos.flags.writeable:
-            pos = pos.copy() if pos is self.audio_positions else pos
-            pos.flags.writeable = False
+        if pos is self.audio_positions and pos.flags.writeable:
+            pos = pos.copy()  # the caller's array: a later write of theirs must not reach ours
+        pos.flags.writeable = False
         self.audio_positions = pos
 
     @property
@@ -175,3 +163,15 @@ class Request:
 
     def append_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
+
+
+def _increasing_within(positions: np.ndarray, num_tokens: int) -> bool:
+    """True for a 1-D, strictly increasing array of positions in [0, num_tokens). Vectorised:
+    a 30-minute live hop has ~22,500 positions, checked on the engine thread every hop (a
+    C-level pairwise all() took 0.65 ms)."""
+    if positions.ndim != 1:
+        return False
+    if positions.size == 0:
+        return True
+    inside = positions[0] >= 0 and positions[-1] < num_tokens
+    return bool(inside and (positions[1:] > positions[:-1]).all())

@@ -25,12 +25,12 @@ def parse_origin(origin: str) -> tuple[str, int] | None:
     None when it has no http(s) scheme or host."""
     try:
         parts = urlsplit(origin.strip())
-        scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
     except ValueError:
         return None
-    if scheme not in ("http", "https") or not host:
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
         return None
-    return host.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+    return _host_port(parts.netloc, _DEFAULT_PORTS[scheme])
 
 
 def _host_port(host_header: str, default_port: int) -> tuple[str, int] | None:

@@ -247,6 +247,13 @@ def _rope_theta(raw: dict[str, Any]) -> float:
     return QWEN3_DEFAULT_ROPE_THETA
 
 
+def _kv_heads(raw: dict[str, Any], heads: int) -> int:
+    """As Qwen3Config: QWEN3_DEFAULT_KV_HEADS when left out, `heads` when null."""
+    if "num_key_value_heads" in raw and raw["num_key_value_heads"] is None:
+        return heads
+    return _int(raw, "num_key_value_heads", QWEN3_DEFAULT_KV_HEADS)
+
+
 def _float(raw: dict[str, Any], key: str) -> float:
     value = raw[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -271,9 +278,7 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         intermediate=_int(raw, "intermediate_size"),
         layers=_int(raw, "num_hidden_layers"),
         heads=heads,
-        kv_heads=heads
-        if raw.get("num_key_value_heads", 0) is None
-        else _int(raw, "num_key_value_heads", QWEN3_DEFAULT_KV_HEADS),
+        kv_heads=_kv_heads(raw, heads),
         head_dim=_int(raw, "head_dim", QWEN3_DEFAULT_HEAD_DIM),
         vocab=_int(raw, "vocab_size", 151_936),
         rope_theta=_rope_theta(raw),
