@@ -21,11 +21,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from aiohttp import web
 from prometheus_client import Histogram
 
 from livemeet.audio import decode
 from livemeet.audio.constants import (
+    HEAP_TRIM_AFTER_AUDIO_S,
     MAX_LANGUAGE_CHARS,
     MAX_PROMPT_CHARS,
     SAMPLE_RATE,
@@ -44,6 +47,7 @@ from livemeet.errors import (
     error_for_code,
 )
 from livemeet.gateway.errors_http import error_body
+from livemeet.gateway.heap import trim_heap
 from livemeet.gateway.keys import (
     CONFIG_KEY,
     LIFECYCLE_KEY,
@@ -312,9 +316,7 @@ async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tu
         decode.check_length(info.duration_s, max_audio_s, "declares")
     cancel = threading.Event()
     async with app[LIFECYCLE_KEY].decode_slots:
-        work = loop.run_in_executor(
-            None, partial(decode.decode_file, source, max_audio_s=max_audio_s, cancel=cancel)
-        )
+        work = loop.run_in_executor(None, partial(_decode_then_trim, source, max_audio_s, cancel))
         try:
             samples = await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -326,6 +328,22 @@ async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tu
     if len(samples) == 0:
         raise BadAudio("the audio has no samples")
     return samples, len(samples) / SAMPLE_RATE
+
+
+def _decode_then_trim(
+    source: decode.AudioSource, max_audio_s: float, cancel: threading.Event
+) -> npt.NDArray[np.float32]:
+    """`decode_file` on an executor thread, then `trim_heap` on the same thread after a long
+    decode (HEAP_TRIM_AFTER_AUDIO_S) or a failed one, which may have decoded much before it
+    failed: the thread's arena would otherwise keep the decode's pages (gateway/heap.py)."""
+    try:
+        samples = decode.decode_file(source, max_audio_s=max_audio_s, cancel=cancel)
+    except BaseException:
+        trim_heap()
+        raise
+    if samples.size >= HEAP_TRIM_AFTER_AUDIO_S * SAMPLE_RATE:
+        trim_heap()
+    return samples
 
 
 async def _settle(work: asyncio.Future[Any]) -> None:
