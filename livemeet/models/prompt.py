@@ -32,6 +32,7 @@ from livemeet.audio.constants import (
     TOKENS_PER_WINDOW,
 )
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest
+from livemeet.transcript.segments import is_cjk
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ def render_instruction(
     for text in (instruction, *words):
         _reject_special_text(tokenizer, text)
     if words:
-        prefix = HOTWORDS_PREFIX_ZH if _has_cjk(instruction) else HOTWORDS_PREFIX_EN
+        prefix = HOTWORDS_PREFIX_ZH if any(map(is_cjk, instruction)) else HOTWORDS_PREFIX_EN
         instruction = instruction + prefix + HOTWORDS_JOIN.join(words)
     return instruction
 
@@ -416,14 +417,3 @@ def _reject_special_text(tokenizer: Tokenizer, text: str) -> None:
     for token in tokenizer.get_added_tokens_decoder().values():
         if token.content in text:
             raise InvalidRequest(f"prompt and hotwords must not contain {token.content!r}")
-
-
-def _has_cjk(text: str) -> bool:
-    # CJK unified ideographs, ext A, kana, hangul and full-width forms.
-    return any(
-        0x3040 <= ord(c) <= 0x30FF
-        or 0x3400 <= ord(c) <= 0x9FFF
-        or 0xAC00 <= ord(c) <= 0xD7AF
-        or 0xFF00 <= ord(c) <= 0xFFEF
-        for c in text
-    )
