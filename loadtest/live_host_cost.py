@@ -42,7 +42,8 @@ from typing import Any
 import torch
 
 from livemeet.audio.constants import KV_BLOCK_SIZE, SAMPLE_RATE, num_audio_tokens
-from livemeet.backends.moss import MossCore, SegmentStream
+from livemeet.backends.moss import MossCore
+from livemeet.backends.segment_stream import SegmentStream
 from livemeet.config import ModelConfig
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.models.loader import load_model

@@ -30,15 +30,15 @@ in flight no other starts for that session, so the hop grows with load. `LiveSes
 commit policy and speaker labels: each hop's hypothesis is cut to the speech after the last
 final, mapped and committed there.
 
-Benchmarks: `ModelConfig.forced_output` names a reference transcript (`[0.00][S01]text[1.20]...`)
-whose tokens replace the sampled ones (DESIGN section 4); a live hop forces what a perfect model
-writes for its audio (`forced_hop_parts`): the words spoken by its edge, a turn in progress left
-open.
+Benchmarks (backends/forced_output.py): `ModelConfig.forced_output` names a reference
+transcript (`[0.00][S01]text[1.20]...`) whose tokens replace the sampled ones (DESIGN section 4);
+a live hop forces what a perfect model writes for its audio (`forced_hop_parts`): the words
+spoken by its edge, a turn in progress left open. Token ids become segments through
+backends/segment_stream.py; the forced transcript's ids come from backends/forced_transcript.py.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 from collections import OrderedDict
@@ -58,6 +58,9 @@ from livemeet.audio.constants import (
     WINDOW_SAMPLES,
     num_audio_tokens,
 )
+from livemeet.backends.forced_output import forced_hop_parts, forced_skip_keys, read_forced_output
+from livemeet.backends.forced_transcript import forced_piece, forced_prefix
+from livemeet.backends.segment_stream import SegmentStream, UploadTranscript
 from livemeet.config import ModelConfig, parse_upload_hold
 from livemeet.engine.encoder_runner import full_window_keys
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
@@ -65,7 +68,6 @@ from livemeet.engine.messages import EngineStats
 from livemeet.engine.request import Request, RequestClass
 from livemeet.engine.scheduler import SchedulerConfig
 from livemeet.errors import (
-    ConfigError,
     InternalError,
     InvalidRequest,
     LivemeetError,
@@ -85,36 +87,27 @@ from livemeet.transcriber import (
     SegmentFinal,
     SessionOptions,
     TextDelta,
-    TranscriptFinal,
 )
 from livemeet.transcript.detok import IncrementalDetokenizer
 from livemeet.transcript.overlap import text_after_overlap
 from livemeet.transcript.parser import (
-    TranscriptParser,
-    parse_transcript,
     render_segment,
-    takes_leading_space,
 )
 from livemeet.transcript.pieces import (
     Pieces,
-    join_pieces,
     segment_pieces,
     splits_after_digits,
 )
-from livemeet.transcript.repetition import RepetitionGuard
 from livemeet.transcript.segments import (
     FinishReason,
     Segment,
     SegmentFlag,
-    Transcript,
     join_texts,
-    word_end_times,
 )
 
 log = logging.getLogger(__name__)
 
 LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by at most
-SPECIAL_TOKEN_MARK = "<|"  # how Qwen's control tokens start (<|im_end|>); other added ones: by id
 # requests queued per step(), the longest-due first: each costs ~1 ms of host time (prompt,
 # forced ids, hashes of new full windows; the encoder runs in the engine's step), so a burst
 # of due sessions (a restart, many joining at once) cannot hold one step long. At 4 per step,
@@ -124,229 +117,6 @@ SPECIAL_TOKEN_MARK = "<|"  # how Qwen's control tokens start (<|im_end|>); other
 MAX_SUBMITS_PER_STEP = 16
 MAX_UPLOAD_SUBMITS_PER_STEP = 4  # of them uploads (the bound all requests had until then)
 DUMMY_MODEL_ID = "moss-td-dummy"
-
-
-class SegmentStream:
-    """Generated token ids -> confirmed segments, through detokenizer, parser and guard.
-
-    `push(token_id)` returns the segments released by that token; `looping` turns true when the
-    repetition guard sees a loop (stop the request then). `close()` ends the stream and returns
-    the rest (the open segment kept with MISSING_END, ends clamped: parser departures).
-    """
-
-    def __init__(
-        self, detok: IncrementalDetokenizer, duration_s: float, history: Sequence[str] = ()
-    ) -> None:
-        """`history`: texts of the segments forced before this decode (oldest first), whose
-        trailing run counts toward the repetition guard's limit."""
-        self._detok = detok
-        self._parser = TranscriptParser(duration_s)
-        self._guard = RepetitionGuard()
-        self._guard.seed(history)
-        self._closed = False
-
-    @property
-    def looping(self) -> bool:
-        return self._guard.tripped
-
-    def push(self, token_id: int) -> list[Segment]:
-        if self._closed or self.looping:
-            return []
-        text = self._detok.push(token_id)
-        return self._feed(text) if text else []
-
-    def close(self) -> list[Segment]:
-        if self._closed:
-            return []
-        self._closed = True
-        tail = self._detok.flush()
-        if self.looping:
-            return []
-        out = self._feed(tail) if tail else []
-        for seg in self._parser.close():
-            out.extend(self._guard.push(seg).release)
-        return out + list(self._guard.flush())
-
-    def _feed(self, text: str) -> list[Segment]:
-        out: list[Segment] = []
-        for seg in self._parser.feed(text):
-            result = self._guard.push(seg)
-            out.extend(result.release)
-            if result.looping:
-                return out
-        pending = self._parser.pending()
-        if pending is not None:
-            self._guard.check_pending(pending.text)
-        return out
-
-
-class UploadTranscript:
-    """The final segments of an upload as they are confirmed: ids "seg-0001"..., starts made
-    non-decreasing, ends clamped to max_stamp_s, texts stripped, and a segment starting at or
-    past max_stamp_s dropped (no audio under it: made up; kept, it was a zero-length cue at
-    the end, which WebVTT does not allow); with the text delta of each
-    (their concatenation equals `join_texts` of the segments). `max_stamp_s` (default
-    `duration_s`) is the audio's end in the model's times: in marker time for MOSS-TD
-    (`PromptConfig.marker_time_scale`), whose stamps run 1.008 times the audio's."""
-
-    def __init__(self, duration_s: float, max_stamp_s: float | None = None) -> None:
-        self.duration_s = duration_s
-        self.max_stamp_s = duration_s if max_stamp_s is None else max_stamp_s
-        self.segments: list[Segment] = []
-        self.text = ""
-
-    def add(self, seg: Segment) -> tuple[Segment, str] | None:
-        text = seg.text.strip()
-        if not text or seg.start_s >= self.max_stamp_s:
-            return None
-        prev_start = self.segments[-1].start_s if self.segments else 0.0
-        start = max(seg.start_s, prev_start)
-        end = min(max(seg.end_s, start), self.max_stamp_s)
-        final = replace(
-            seg,
-            start_s=start,
-            end_s=end,
-            text=text,
-            id=f"seg-{len(self.segments) + 1:04d}",
-            is_final=True,
-        )
-        self.segments.append(final)
-        longer = join_texts((self.text, text))
-        assert longer.startswith(self.text), "join_texts only appends"
-        delta, self.text = longer[len(self.text) :], longer
-        return final, delta
-
-    def final(self, reason: FinishReason) -> TranscriptFinal:
-        t = Transcript(tuple(self.segments), self.duration_s, reason)
-        return TranscriptFinal(t.segments, reason, t.coverage, self.duration_s)
-
-
-def forced_piece(
-    seg: Segment, encode: Callable[[str], list[int]], added_ids: Collection[int]
-) -> Pieces | None:
-    """A committed segment's ids for a forced prefix (livemeet/transcript/pieces.py), or None
-    when its text holds special-token text, which would encode as that token (`<|...|>`, or
-    any of `added_ids`, the tokenizer's added tokens such as `</think>`)."""
-    if SPECIAL_TOKEN_MARK in seg.text:
-        return None
-    piece = segment_pieces(encode, render_segment(seg))
-    return None if any(i in added_ids for i in piece.lead) else piece
-
-
-def forced_prefix(
-    segments: Sequence[Segment],
-    pieces: Sequence[Pieces | None],
-    encode: Callable[[str], list[int]],
-    max_tokens: int,
-    cap: int,
-    exact: bool = True,
-) -> tuple[int, list[int]]:
-    """(first, ids): the most recent whole `segments` (their `forced_piece`s, one each) whose
-    ids fit `max_tokens`, the newest alone up to `cap`, as forced ids less the last `]`
-    (token healing, `_Live.forced_transcript_ids`); segments[first:] are the ones taken, none
-    of them a None piece. `exact=False`: the joined text is tokenized whole."""
-    first, conts = len(segments), 0  # conts: the `cont` ids of the segments taken
-    while first > 0:
-        piece = pieces[first - 1]
-        limit = cap if first == len(segments) else max_tokens  # the newest: up to cap
-        if piece is None or len(piece.lead) + conts > limit:
-            break
-        first -= 1
-        conts += len(piece.cont)
-    ids = join_pieces([p for p in pieces[first:] if p is not None])
-    while not exact and first < len(segments):
-        ids = encode("".join(render_segment(s) for s in segments[first:])[:-1])
-        limit = cap if first == len(segments) - 1 else max_tokens
-        if len(ids) <= limit:  # joined text can tokenize longer than its parts
-            break
-        first, ids = first + 1, []
-    return (first, ids) if ids else (len(segments), [])
-
-
-# s; float noise in comparing word ends with edges and cuts: one tolerance on both sides, so a
-# word ending just past a hop's edge is written by the next hop, whose cut is that edge (with
-# forced output the time scale is 1, and edges and 2-decimal stamps lie on the sample grid)
-FORCED_TIME_TOLERANCE_S = 1e-6
-
-
-@dataclass(frozen=True)
-class ForcedPart:
-    """One segment of a forced hop's output: the reference segment `index` whole (its ids were
-    tokenized at load), or (index None) `rendered`, a part of one in the output grammar:
-    from the cut and/or up to the words spoken, with its end stamp only when `closed`."""
-
-    index: int | None
-    rendered: str
-    closed: bool
-
-
-def forced_skip_keys(reference: Sequence[Segment]) -> list[float]:
-    """For `forced_hop_parts(..., skip_keys=)`: the running maximum over the reference of each
-    segment's latest time, max(start, end) (every word end lies between start and end), or its
-    start for a segment with no word. Non-decreasing, so a bisection finds the segments that no
-    hop after a given cut can write any more."""
-    keys: list[float] = []
-    top = -math.inf
-    for seg in reference:
-        top = max(top, max(seg.start_s, seg.end_s) if seg.text.split() else seg.start_s)
-        keys.append(top)
-    return keys
-
-
-def forced_hop_parts(
-    reference: Sequence[Segment],
-    edge_s: float,
-    after_s: float,
-    skip_keys: Sequence[float] | None = None,
-) -> list[ForcedPart]:
-    """What a perfect model writes for audio up to `edge_s` after a cut at `after_s` (-1: none),
-    the reference's words timed by `word_end_times`: each segment's words that end after the
-    cut and by the edge, in order. A segment cut by `after_s` (a committed segment that was
-    still being spoken, by `finalize` or a full window) goes on from the cut, as a new
-    segment starting there; one whose spoken words stop before its end is left open, and
-    nothing follows it (the model writes in order; references are taken not to overlap, as a
-    benchmark's turns do not). A remainder starts at the cut's stamp rounded up, so that the
-    hop keeps it (`_past_cut`); that may be the edge's, which the session keeps
-    (`clean_hypothesis`: a start within one stamp step of the edge). Its leading space is the
-    whole text's (`takes_leading_space`), so each hop's ids are a prefix of the next one's.
-    Every word is written by exactly one of two hops where the second's cut is the first's
-    edge (the `finalize` / full-window case). `skip_keys` (`forced_skip_keys(reference)`)
-    passes over the segments that start by the edge and whose words all end by the cut
-    without looking at them: the same parts, in time independent of how far the meeting is
-    (a 30-minute reference has ~2,300 segments, and each hop looked at all it had passed)."""
-    parts: list[ForcedPart] = []
-    first = 0
-    if skip_keys is not None:
-        first = bisect.bisect_right(skip_keys, min(after_s + FORCED_TIME_TOLERANCE_S, edge_s))
-    for index in range(first, len(reference)):
-        seg = reference[index]
-        if seg.start_s > edge_s:
-            break
-        ends = word_end_times(seg)
-        left = [k for k, t in enumerate(ends) if t > after_s + FORCED_TIME_TOLERANCE_S]
-        if not left:
-            continue  # before the cut: committed already
-        spoken = [k for k in left if ends[k] <= edge_s + FORCED_TIME_TOLERANCE_S]
-        if not spoken:
-            break  # being spoken, not one of its words yet
-        closed = len(spoken) == len(left)  # its last word, and so its end, by the edge
-        if closed and len(left) == len(ends):
-            parts.append(ForcedPart(index, render_segment(seg), True))
-            continue
-        words = seg.text.split()
-        part = replace(
-            seg,
-            # from the cut, rounded up to its 2-decimal stamp: not before it (`_past_cut`)
-            start_s=seg.start_s
-            if len(left) == len(ends)
-            else math.ceil(after_s * 100 - 1e-6) / 100,
-            text=" ".join(words[k] for k in spoken),
-        )
-        space = takes_leading_space(seg.text)
-        parts.append(ForcedPart(None, render_segment(part, space=space, closed=closed), closed))
-        if not closed:
-            break
-    return parts
 
 
 @dataclass
@@ -1164,20 +934,6 @@ class MossCore:
             if not self._exact_pieces:
                 log.warning("the tokenizer does not split after digits: forced ids are re-encoded")
         return self._exact_pieces
-
-
-def read_forced_output(path: Path) -> tuple[str, list[Segment]]:
-    """A `--forced-output` reference transcript (`[0.00][S01]text[1.20]...`, MODEL.md section
-    6's grammar): its stripped text and segments. Raises ConfigError for a file that cannot be
-    read as UTF-8 or holds no segment."""
-    try:
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read --forced-output {path}: {exc}") from exc
-    segments = parse_transcript(text)
-    if not segments:
-        raise ConfigError(f"--forced-output {path} holds no [start][Sxx]text[end] segment")
-    return text, segments
 
 
 def engine_config(cfg: ModelConfig) -> EngineConfig:

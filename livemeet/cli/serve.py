@@ -343,7 +343,7 @@ def preflight_model(model: ModelConfig) -> None:
     check_backend(model)
     if model.backend_name != "moss":
         return
-    from livemeet.backends.moss import read_forced_output
+    from livemeet.backends.forced_output import read_forced_output
     from livemeet.models.loader import (
         check_checkpoint,
         checkpoint_tokenizer,
