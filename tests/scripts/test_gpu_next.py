@@ -1,0 +1,59 @@
+"""scripts/gpu_next.sh picks the next device session's run by the card the call got."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# a gpu_bench.sh stand-in: prints its phase and the settings that tell the runs apart
+BENCH = """#!/usr/bin/env bash
+echo "phase=$1 sessions=${LIVE_SESSIONS:-} duration=${LIVE_DURATION_S:-} http=${HTTP_WORKLOADS:-}"
+"""
+
+
+def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/usr/bin/env bash\necho '{card}'\n")
+    bench = tmp_path / "bench.sh"
+    bench.write_text(BENCH)
+    for f in (smi, bench):
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPU_BENCH": str(bench)}
+    return subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_next.sh"), call],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize(
+    ("card", "call", "expected"),
+    [
+        ("NVIDIA H200", "1", "phase=live sessions=100 duration=600 http="),
+        ("NVIDIA H200", "2", "phase=live sessions=32 duration=1800 http="),
+        ("NVIDIA H200", "3", "phase=live sessions=64 duration=600 http="),
+        ("NVIDIA H100 80GB HBM3", "1", "phase=http sessions= duration= http=short,long"),
+        ("NVIDIA H100 80GB HBM3", "2", "phase=live sessions=64 duration=600 http="),
+        ("NVIDIA H100 80GB HBM3", "3", "phase=engine sessions= duration= http="),
+    ],
+)
+def test_each_card_gets_its_run(tmp_path: Path, card: str, call: str, expected: str) -> None:
+    done = run(tmp_path, card, call)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == expected
+    assert card in done.stdout.splitlines()[0]
+
+
+def test_no_run_for_another_card_or_call(tmp_path: Path) -> None:
+    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "4")):
+        done = run(tmp_path, card, call)
+        assert done.returncode == 2 and "no run planned" in done.stderr
