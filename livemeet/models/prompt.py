@@ -32,7 +32,6 @@ from livemeet.audio.constants import (
     TOKENS_PER_WINDOW,
 )
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest
-from livemeet.transcript.segments import is_cjk
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +330,7 @@ def render_instruction(
     for text in (instruction, *words):
         _reject_special_text(tokenizer, text)
     if words:
-        prefix = HOTWORDS_PREFIX_ZH if any(map(is_cjk, instruction)) else HOTWORDS_PREFIX_EN
+        prefix = HOTWORDS_PREFIX_ZH if _has_cjk(instruction) else HOTWORDS_PREFIX_EN
         instruction = instruction + prefix + HOTWORDS_JOIN.join(words)
     return instruction
 
@@ -417,3 +416,17 @@ def _reject_special_text(tokenizer: Tokenizer, text: str) -> None:
     for token in tokenizer.get_added_tokens_decoder().values():
         if token.content in text:
             raise InvalidRequest(f"prompt and hotwords must not contain {token.content!r}")
+
+
+def _has_cjk(text: str) -> bool:
+    """Whether `text` holds CJK writing: unified ideographs and ext A, kana, Hangul syllables,
+    full-width forms. Not `segments.is_cjk`, which also counts CJK punctuation (U+3000-303F)
+    because it decides where texts join without a space: an English instruction ending in
+    "。" is still English here."""
+    return any(
+        0x3040 <= ord(c) <= 0x30FF
+        or 0x3400 <= ord(c) <= 0x9FFF
+        or 0xAC00 <= ord(c) <= 0xD7AF
+        or 0xFF00 <= ord(c) <= 0xFFEF
+        for c in text
+    )

@@ -126,9 +126,12 @@ def test_hotword_forms(tok: Tokenizer) -> None:
     assert zh == DEFAULT_INSTRUCTION + "热词提示：张三, 李四"
     en = render_instruction(tok, "Transcribe the audio.", ["Kubernetes", "gRPC"], cfg)
     assert en == "Transcribe the audio. Hotwords: Kubernetes, gRPC"
-    # any text written without spaces (segments.is_cjk) takes the Chinese form: kana, Hangul
+    # an instruction in CJK writing takes the Chinese form (kana, Hangul too); CJK punctuation
+    # alone in English does not (prompt._has_cjk, unlike segments.is_cjk)
     for instruction in ("音声を書き起こしてください。", "회의를 받아 적으세요"):
         assert render_instruction(tok, instruction, ["ACME"], cfg).endswith("热词提示：ACME")
+    english = render_instruction(tok, "Transcribe the audio。", ["ACME"], cfg)
+    assert english.endswith(" Hotwords: ACME")
     assert render_instruction(tok, None, [" ", ""], cfg) == DEFAULT_INSTRUCTION
     ids = build_prompt(tok, 5, prompt="Hi.", hotwords=["ACME"]).ids
     decoded = tok.decode(ids, skip_special_tokens=False)
