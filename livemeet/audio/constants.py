@@ -48,9 +48,10 @@ UPLOAD_MEMORY_TOTAL_BYTES = 256 << 20
 # wire once made 3 GB of spill (a trial). 16 uploads of the 1-GiB maximum.
 UPLOAD_SPILL_TOTAL_BYTES = 16 << 30
 # seconds of decoded audio past which the decode thread hands the C heap's free pages back to
-# the OS (livemeet/gateway/heap.py): a 30-minute MP3 left ~150 MB resident in its thread's
-# arena; a short clip leaves little, and trimming after each of hundreds a second would only
-# take the arenas' locks
+# the OS (livemeet/gateway/heap.py): three 30-minute MP3 decodes on one thread left ~157 MB
+# resident; a short clip leaves little, and trimming after each of hundreds a second would
+# only take the arenas' locks. A failed decode trims whatever its length (failures are rare,
+# a trim with nothing to release costs ~5 us, and one that failed late held a long decode)
 HEAP_TRIM_AFTER_AUDIO_S = 300.0
 # finished upload transcripts kept in memory for GET /v1/transcriptions/{id} (older ones are
 # read back from their files); ~1-100 KB each

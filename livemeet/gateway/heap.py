@@ -15,18 +15,14 @@ heap. Other C libraries (musl, macOS) have no such call; there `trim_heap` does 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
+    try:  # the C library this process already has loaded, whatever its file name
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None  # not glibc
     trim.argtypes = [ctypes.c_size_t]

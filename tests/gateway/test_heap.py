@@ -62,10 +62,19 @@ def test_trim_heap_without_malloc_trim_does_nothing(monkeypatch: pytest.MonkeyPa
     assert heap.trim_heap() is False
 
 
+# a FLAC cut in half: it fails only after ~2 s have decoded ("truncated"), past the probe
+_TRUNCATED = wav_bytes(4.0, fmt="FLAC")[: len(wav_bytes(4.0, fmt="FLAC")) // 2]
+
+
 @pytest.mark.parametrize(
     ("audio", "status", "trims"),
-    [(wav_bytes(2.0), 200, 1), (wav_bytes(0.5), 200, 0), (b"not audio at all" * 64, 400, 1)],
-    ids=["long", "short", "failed"],
+    [
+        (wav_bytes(2.0), 200, 1),
+        (wav_bytes(0.5), 200, 0),
+        (_TRUNCATED, 400, 1),
+        (b"not audio at all" * 64, 400, 1),
+    ],
+    ids=["long", "short", "failed-mid-decode", "failed-at-probe"],
 )
 async def test_an_upload_decode_trims_after_a_long_or_failed_decode(
     client: TestClient,
@@ -74,7 +83,7 @@ async def test_an_upload_decode_trims_after_a_long_or_failed_decode(
     status: int,
     trims: int,
 ) -> None:
-    """With the threshold at 1 s: a 2-s decode and a failed one trim, on the decode's own
+    """With the threshold at 1 s: a 2-s decode and failed ones trim, on the decode's own
     thread; a 0.5-s decode does not."""
     threads: list[threading.Thread] = []
     monkeypatch.setattr(openai_api, "HEAP_TRIM_AFTER_AUDIO_S", 1.0)
