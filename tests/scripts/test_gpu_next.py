@@ -25,7 +25,9 @@ def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str
     bench.write_text(BENCH)
     for f in (smi, bench):
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "GPU_BENCH": str(bench)}
+    # the caller's gpu_bench.sh settings would pass through to the stand-in: not ours to test
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVE_", "HTTP_"))}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_BENCH=str(bench))
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_next.sh"), call],
         capture_output=True,
@@ -53,7 +55,9 @@ def test_each_card_gets_its_run(tmp_path: Path, card: str, call: str, expected: 
     assert card in done.stdout.splitlines()[0]
 
 
-def test_no_run_for_another_card_or_call(tmp_path: Path) -> None:
+def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
     for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "4")):
         done = run(tmp_path, card, call)
         assert done.returncode == 2 and "no run planned" in done.stderr
+    done = run(tmp_path, "", "1")
+    assert done.returncode == 2 and "found no GPU" in done.stderr
