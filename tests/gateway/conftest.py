@@ -58,6 +58,12 @@ def wav_bytes(
     return buf.getvalue()
 
 
+def truncated_flac(duration_s: float = 4.0) -> bytes:
+    """A FLAC of `duration_s` cut in half: it probes as whole and fails mid-decode ("truncated")."""
+    data = wav_bytes(duration_s, fmt="FLAC", subtype="PCM_16")
+    return data[: len(data) // 2]
+
+
 def pcm16(duration_s: float, rate: int = 16_000, channels: int = 1) -> bytes:
     """Interleaved PCM16 LE of a quiet sine."""
     n = int(duration_s * rate)

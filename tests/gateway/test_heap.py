@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.gateway import heap, openai_api
-from tests.gateway.conftest import wav_bytes
+from tests.gateway.conftest import truncated_flac, wav_bytes
 from tests.gateway.test_openai_api import form
 
 # One thread fills its arena with 64-KB blocks (below glibc's mmap threshold, so they come from
@@ -62,16 +62,12 @@ def test_trim_heap_without_malloc_trim_does_nothing(monkeypatch: pytest.MonkeyPa
     assert heap.trim_heap() is False
 
 
-# a FLAC cut in half: it fails only after ~2 s have decoded ("truncated"), past the probe
-_TRUNCATED = wav_bytes(4.0, fmt="FLAC")[: len(wav_bytes(4.0, fmt="FLAC")) // 2]
-
-
 @pytest.mark.parametrize(
     ("audio", "status", "trims"),
     [
         (wav_bytes(2.0), 200, 1),
         (wav_bytes(0.5), 200, 0),
-        (_TRUNCATED, 400, 1),
+        (truncated_flac(), 400, 1),  # fails after ~2 s have decoded, past the probe
         (b"not audio at all" * 64, 400, 1),
     ],
     ids=["long", "short", "failed-mid-decode", "failed-at-probe"],

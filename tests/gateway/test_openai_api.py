@@ -27,7 +27,13 @@ from livemeet.errors import (
 from livemeet.gateway import openai_api
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import STORE_KEY
-from tests.gateway.conftest import MAX_AUDIO_S, MAX_UPLOAD_BYTES, ClientFactory, wav_bytes
+from tests.gateway.conftest import (
+    MAX_AUDIO_S,
+    MAX_UPLOAD_BYTES,
+    ClientFactory,
+    truncated_flac,
+    wav_bytes,
+)
 from tests.gateway.fakes import FakeTranscriber, expected_upload_text
 
 
@@ -243,11 +249,6 @@ async def test_a_failed_upload_session_ends_with_its_error_code(
     assert 'livemeet_sessions_ended_total{kind="upload",outcome="engine_unavailable"} 1.0' in text
 
 
-async def make_truncated_flac() -> bytes:
-    data = wav_bytes(4.0, fmt="FLAC", subtype="PCM_16")
-    return data[: len(data) // 2]
-
-
 @pytest.mark.parametrize(
     ("audio", "fields", "error"),
     [
@@ -341,7 +342,7 @@ async def test_spill_files_of_a_crashed_run_are_removed_at_start(
 
 
 async def test_truncated_flac(client: TestClient) -> None:
-    resp = await client.post("/v1/audio/transcriptions", data=form(await make_truncated_flac()))
+    resp = await client.post("/v1/audio/transcriptions", data=form(truncated_flac()))
     await assert_error(resp, BadAudio)
 
 
