@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, hdrs, web
 
@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 _WS_MAX_MSG_SIZE = MAX_FRAME_BYTES + 1
 # what ends the receive loop (aiohttp's own `async for` over a WebSocketResponse stops there)
 _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
+# the limit a client message is waited for under: the final after `end`, `start`, idle
+_Limit = Literal["final", "start", "idle"]
 
 
 def event_to_wire(event: Event) -> dict[str, Any] | None:
@@ -195,13 +197,6 @@ class LiveConnection:
                     await asyncio.sleep(wait_s)
         except LivemeetError as exc:
             await self.fail(exc)
-        except TimeoutError:
-            if self.protocol.state is State.AWAITING_START:
-                await self.fail(
-                    ClientTimeout(f"no 'start' within {LIVE_START_TIMEOUT_S:g} s of connecting")
-                )
-            else:
-                await self.fail(ClientTimeout("no message from the client within the idle timeout"))
         except Exception as exc:
             log.exception("live connection failed")
             await self.fail(InternalError(f"internal error: {type(exc).__name__}"))
@@ -214,30 +209,45 @@ class LiveConnection:
         an error event), up to `final_timeout_s` after `end`. The deadlines are ours, not
         aiohttp's `receive_timeout`: aiohttp answers a ping inside `receive` and starts its
         timeout again, so a stalled client whose library pings (websockets does, every 20 s)
-        would hold its session forever. Raises TimeoutError (idle) and EngineUnavailable (no
-        final in time)."""
-        gateway = self.app[CONFIG_KEY].gateway
+        would hold its session forever. Raises ClientTimeout (idle, or no `start` in time) and
+        EngineUnavailable (no final in time)."""
         while True:
             ended_at = self._ended_at
-            if ended_at is None:
-                deadline = self._last_message_at + gateway.idle_timeout_s
-                if self.protocol.state is State.AWAITING_START:
-                    deadline = min(deadline, self._opened_at + LIVE_START_TIMEOUT_S)
-            else:
-                deadline = ended_at + gateway.final_timeout_s
+            deadline, limit = self._next_deadline()
             try:
                 async with asyncio.timeout_at(deadline):
                     msg = await self.ws.receive()
             except TimeoutError:
                 if ended_at is None and self._ended_at is not None:
                     continue  # a drain ended the session during the wait: the final's limit
-                if ended_at is None:
-                    raise
-                raise EngineUnavailable(
-                    f"no final transcript within {gateway.final_timeout_s:g} s of end"
-                ) from None
+                raise self._timeout_error(limit) from None
             self._last_message_at = asyncio.get_running_loop().time()
             return msg
+
+    def _next_deadline(self) -> tuple[float, _Limit]:
+        """The loop time by which the next client message must come, and which limit that is
+        ("final", "start" or "idle"): the earliest in force, so the error names the one that
+        ran out (the idle timeout may be set below the start limit)."""
+        gateway = self.app[CONFIG_KEY].gateway
+        if self._ended_at is not None:
+            return self._ended_at + gateway.final_timeout_s, "final"
+        idle = self._last_message_at + gateway.idle_timeout_s
+        start = self._opened_at + LIVE_START_TIMEOUT_S
+        if self.protocol.state is State.AWAITING_START and start < idle:
+            return start, "start"
+        return idle, "idle"
+
+    def _timeout_error(self, limit: _Limit) -> LivemeetError:
+        gateway = self.app[CONFIG_KEY].gateway
+        if limit == "final":
+            return EngineUnavailable(
+                f"no final transcript within {gateway.final_timeout_s:g} s of end"
+            )
+        if limit == "start":
+            return ClientTimeout(f"no 'start' within {LIVE_START_TIMEOUT_S:g} s of connecting")
+        return ClientTimeout(
+            f"no message from the client within the idle timeout ({gateway.idle_timeout_s:g} s)"
+        )
 
     @property
     def forwarder(self) -> asyncio.Task[None] | None:

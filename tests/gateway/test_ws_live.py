@@ -230,6 +230,19 @@ async def test_idle_timeout(
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
 
+async def test_an_idle_timeout_below_the_start_limit_is_named_as_such(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """With the idle timeout below LIVE_START_TIMEOUT_S, a socket that sends nothing is closed
+    by the idle limit, and its error said "no 'start' within 10 s" (the state decided the
+    message, not the limit that ran out)."""
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.2)
+    async with client.ws_connect("/v1/live") as ws:
+        error = await expect_error(ws, ClientTimeout)
+    assert "idle timeout (0.2 s)" in error["message"]
+    assert "start" not in error["message"]
+
+
 async def test_keepalives_do_not_hold_a_socket_that_never_starts(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
