@@ -6,9 +6,10 @@ No sockets, no asyncio: the transport (ws_live.py) feeds each received frame to
 (bad JSON, bad field types); the transport renders them and closes.
 
 States: AWAITING_START -> (start) -> STREAMING -> (end) -> ENDING -> CLOSED; a server that
-shuts down ends a STREAMING session itself (`server_end`) -> DRAINING, where what the client
-still sends is ignored (`Ignored`): its final transcript is on its way and says how much
-audio it covers.
+shuts down ends a STREAMING session itself (`server_end`) -> DRAINING. Once a session is ended
+either way, what the client still sends is ignored (`Ignored`), not an error that would close
+the socket before the final transcript: a double-clicked stop sends `end` twice, and a
+recorder's last audio buffer can race its `end`. The final says how much audio it covers.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class State(StrEnum):
     CLOSED = "closed"
 
 
+# ended by the client (`end`) or the server (shutdown): the final transcript is on its way
+_ENDED = (State.ENDING, State.DRAINING)
+
+
 @dataclass(frozen=True)
 class StartSession:
     """`start`: open a session for audio at `sample_rate` Hz with `channels` interleaved."""
@@ -85,7 +90,7 @@ class KeepAlive:
 
 @dataclass(frozen=True)
 class Ignored:
-    """A frame that arrived after the server ended the session (DRAINING): no effect;
+    """A frame that arrived after the session was ended (ENDING, DRAINING): no effect;
     `audio_bytes` of PCM it held are not transcribed."""
 
     audio_bytes: int = 0
@@ -119,7 +124,7 @@ class LiveProtocol:
     def receive_text(self, text: str) -> Action:
         """Parse one JSON text frame. Raises InvalidRequest (bad JSON/fields), ProtocolError."""
         self._check_open()
-        if self.state is State.DRAINING:
+        if self.state in _ENDED:
             return Ignored()
         message = _parse_json_object(text)
         kind = message.get("type")
@@ -143,12 +148,10 @@ class LiveProtocol:
     def receive_binary(self, data: bytes) -> AppendAudio | Ignored:
         """Accept one PCM16 LE frame. Raises ProtocolError out of order or misaligned."""
         self._check_open()
-        if self.state is State.DRAINING:
+        if self.state in _ENDED:
             return Ignored(len(data))
         if self.state is State.AWAITING_START:
             raise ProtocolError("audio before 'start': send a start message first")
-        if self.state is State.ENDING:
-            raise ProtocolError("audio after 'end'")
         frame_bytes = BYTES_PER_SAMPLE * self.channels
         if len(data) % frame_bytes:
             raise ProtocolError(

@@ -307,7 +307,8 @@ class LiveConnection:
         elif isinstance(action, Ignored):
             if action.audio_bytes:
                 log.debug(
-                    "live audio after the server ended the session: %d bytes", action.audio_bytes
+                    "live audio after the session ended, not transcribed: %d bytes",
+                    action.audio_bytes,
                 )
         elif not isinstance(action, KeepAlive):
             raise InternalError(f"unhandled live action {action!r}")
