@@ -157,6 +157,9 @@ class LiveConnection:
         # one frame's action at a time, and a drain's end between two of them, never inside
         self._actions = asyncio.Lock()
         self._drained = False  # ended by the server's shutdown: close 1001 after the final
+        # ended by the server for this error (an idle client): sent, with its close code,
+        # after the final
+        self._end_error: LivemeetError | None = None
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
         self._ended_at: float | None = None  # loop time of the client's `end`
@@ -210,7 +213,8 @@ class LiveConnection:
         aiohttp's `receive_timeout`: aiohttp answers a ping inside `receive` and starts its
         timeout again, so a stalled client whose library pings (websockets does, every 20 s)
         would hold its session forever. Raises ClientTimeout (idle, or no `start` in time) and
-        EngineUnavailable (no final in time)."""
+        EngineUnavailable (no final in time); an idle session with audio is ended instead, its
+        error held for after the final (`_end_for`)."""
         while True:
             ended_at = self._ended_at
             deadline, limit = self._next_deadline()
@@ -220,7 +224,10 @@ class LiveConnection:
             except TimeoutError:
                 if ended_at is None and self._ended_at is not None:
                     continue  # a drain ended the session during the wait: the final's limit
-                raise self._timeout_error(limit) from None
+                error = self._timeout_error(limit)
+                if limit == "idle" and await self._end_for(error):
+                    continue  # now waiting for the final
+                raise error from None
             self._last_message_at = asyncio.get_running_loop().time()
             return msg
 
@@ -236,6 +243,18 @@ class LiveConnection:
         if self.protocol.state is State.AWAITING_START and start < idle:
             return start, "start"
         return idle, "idle"
+
+    async def _end_for(self, error: LivemeetError) -> bool:
+        """An idle client whose session has audio: end the session as its `end` would, so the
+        meeting's transcript is not lost (the client may still be reading: a paused recorder,
+        a stalled upstream); `error` follows the final. False where there is nothing to
+        transcribe (no audio) or the session is already ending."""
+        async with self._actions:
+            if not self.protocol.server_end():
+                return False
+            self._end_error = error
+            await self._end()
+        return True
 
     def _timeout_error(self, limit: _Limit) -> LivemeetError:
         gateway = self.app[CONFIG_KEY].gateway
@@ -367,7 +386,9 @@ class LiveConnection:
                 await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
             if isinstance(event, TranscriptFinal):
                 self.outcome = "completed"
-                if self._drained:
+                if self._end_error is not None:
+                    await self.fail(self._end_error)
+                elif self._drained:
                     await self.ws.close(code=GOING_AWAY, message=b"server shutting down")
                 else:
                     await self.ws.close(code=NORMAL_CLOSE)

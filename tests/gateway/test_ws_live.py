@@ -243,6 +243,25 @@ async def test_idle_timeout(
     await wait_until(lambda: fake.sessions[0].log.aborted)
 
 
+async def test_an_idle_session_with_audio_gets_its_final_before_the_timeout(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A client that streamed audio, then sent nothing for the idle timeout, got only 4408:
+    the meeting's transcript was lost (a trial). The session is now ended as by `end`: the
+    final first, then the client_timeout error and its close code."""
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.2)
+    async with client.ws_connect("/v1/live") as ws:
+        await start_session(ws)
+        await ws.send_bytes(pcm16(1.5))
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert [e["type"] for e in events][-2:] == ["transcript.final", "error"], events
+    assert events[-2]["duration"] == 1.5 and events[-2]["segments"]
+    assert events[-1]["code"] == ClientTimeout.code
+    assert ws.close_code == ClientTimeout.close_code
+    assert fake.sessions[0].log.ended
+    await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 0)
+
+
 async def test_an_idle_timeout_below_the_start_limit_is_named_as_such(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
