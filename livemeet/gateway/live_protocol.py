@@ -216,12 +216,14 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
     channels = _int_field(m, "channels", 1)
     if not 1 <= channels <= MAX_CHANNELS:
         raise BadAudio(f"channels must be in 1..{MAX_CHANNELS}, not {channels}")
-    encoding = m.get("encoding", PCM_ENCODING)
+    encoding = m.get("encoding")
+    encoding = PCM_ENCODING if encoding is None else encoding
     if encoding != PCM_ENCODING:
         raise InvalidRequest(f"encoding must be {PCM_ENCODING!r}, not {encoding!r}")
     language = _optional_str(m, "language", MAX_LANGUAGE_CHARS)
     prompt = _optional_str(m, "prompt", MAX_PROMPT_CHARS)
-    hotwords = m.get("hotwords", [])
+    hotwords = m.get("hotwords")
+    hotwords = [] if hotwords is None else hotwords
     if not isinstance(hotwords, list) or not all(isinstance(h, str) for h in hotwords):
         raise InvalidRequest("hotwords must be a list of strings")
     if len(hotwords) > MAX_HOTWORDS:
@@ -232,7 +234,11 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
 
 
 def _int_field(m: dict[str, Any], name: str, default: int | None) -> int:
-    value = m.get(name, default)
+    """`m[name]`, an integer; null counts as absent (as for the optional strings), so an
+    optional field takes `default` and a required one (default None) is missing."""
+    value = m.get(name)
+    if value is None:
+        value = default
     if value is None:
         raise InvalidRequest(f"'start' needs the field {name!r}")
     if isinstance(value, bool) or not isinstance(value, int):

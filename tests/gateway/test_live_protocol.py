@@ -94,6 +94,19 @@ def test_bad_messages_before_start(text: str, error: type[Exception]) -> None:
     assert p.state is State.AWAITING_START
 
 
+def test_null_optional_fields_take_their_defaults() -> None:
+    """`"channels": null` was refused as "'start' needs the field 'channels'" while a null
+    language or prompt was taken as absent (a trial): every optional field reads null as
+    absent; the required sample_rate still may not be null."""
+    nulls = {"channels": None, "encoding": None, "language": None, "prompt": None}
+    start = LiveProtocol().receive_text(
+        json.dumps({"type": "start", "sample_rate": 16000, "hotwords": None, **nulls})
+    )
+    assert start == StartSession(16000, 1, "pcm_s16le", None, None, ())
+    with pytest.raises(InvalidRequest, match="needs the field 'sample_rate'"):
+        LiveProtocol().receive_text('{"type": "start", "sample_rate": null}')
+
+
 def test_audio_before_start() -> None:
     with pytest.raises(ProtocolError, match="before 'start'"):
         LiveProtocol().receive_binary(b"\x00\x00")
