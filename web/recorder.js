@@ -74,6 +74,11 @@ async function start() {
   $("partial").replaceChildren();
   state.colours = {};
   state.opened = false;
+  if (!window.isSecureContext || !navigator.mediaDevices) {
+    // browsers expose the microphone only to https pages and to http://localhost
+    throw new Error("the microphone needs https or localhost: open this page as " +
+                    `https://${location.host}/ (serve --tls-cert/--tls-key) or from localhost`);
+  }
   setStatus("connecting…");
   state.stream = await navigator.mediaDevices.getUserMedia({
     audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
