@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -167,7 +168,11 @@ async def close_live_sockets(app: web.Application) -> None:
     live connections are refused, and open live sessions are drained (LiveRegistry.drain_all:
     each ended as by its client's `end`, its final transcript sent, then closed)."""
     app[LIFECYCLE_KEY].draining = True
-    await app[REGISTRY_KEY].drain_all()
+    registry = app[REGISTRY_KEY]
+    log.info("shutting down: draining %d live sessions", len(registry))
+    started = time.monotonic()
+    await registry.drain_all()
+    log.info("live sessions drained in %.1f s", time.monotonic() - started)
 
 
 @web.middleware
@@ -181,6 +186,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         response = await handler(request)
     except LivemeetError as exc:
+        level = logging.WARNING if exc.http_status >= 500 else logging.INFO
+        log.log(level, "%s %s: %s: %s", request.method, request.path, exc.code, exc.message)
         response = _render_error(request, exc)
     except web.HTTPNotFound:
         response = _render_error(request, NotFound(f"no route for {request.path}"))

@@ -174,6 +174,13 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
             sessions.dec()
             app[METRICS_KEY].sessions_ended.labels("upload", outcome).inc()
             await session.abort()  # idempotent; frees the backend session on every path
+            log.info(
+                "upload %s ended: %s, %.1f s of audio in %.2f s",
+                session.id,
+                outcome,
+                duration_s,
+                time.monotonic() - started,
+            )
 
 
 async def _transcribe(

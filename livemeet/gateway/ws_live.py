@@ -303,6 +303,13 @@ class LiveConnection:
                 await self.ws.close()
         self._set_state(None)
         self._metrics.sessions_ended.labels("live", self.outcome).inc()
+        log.info(
+            "live session %s ended: %s, %.1f s of audio in %.1f s",
+            self.session.id if self.session is not None else "(not started)",
+            self.outcome,
+            self.protocol.audio_seconds(self.protocol.num_audio_bytes),
+            asyncio.get_running_loop().time() - self._opened_at,
+        )
 
     async def fail(self, error: LivemeetError) -> None:
         """Send `error`, then close with its close code (no-op on a closed socket)."""

@@ -1,0 +1,64 @@
+"""What the server log says about each session's end and about a shutdown: an operator saw
+nothing when a live session ended in an error, an upload was refused, or SIGTERM drained the
+server (a trial), since the access log is off."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from livemeet.gateway.app import close_live_sockets
+from tests.gateway.conftest import pcm16, wav_bytes
+from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_openai_api import form
+from tests.gateway.test_ws_live import receive_all, start_session, wait_until
+
+
+def messages(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+async def test_a_live_session_that_ends_in_an_error_is_logged(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "livemeet.gateway.ws_live")
+    async with client.ws_connect("/v1/live") as ws:
+        ready = await start_session(ws)
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_bytes(b"\x00")  # not whole samples
+        await asyncio.wait_for(receive_all(ws), 5)
+    await wait_until(lambda: bool(messages(caplog, "livemeet.gateway.ws_live")))
+    (line,) = messages(caplog, "livemeet.gateway.ws_live")
+    assert f"live session {ready['session_id']} ended: protocol_error" in line
+    assert "0.5 s of audio" in line
+
+
+async def test_an_upload_is_logged_when_it_ends_and_when_it_is_refused(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "livemeet.gateway")
+    assert (await client.post("/v1/audio/transcriptions", data=form(wav_bytes(2.0)))).ok
+    assert (await client.post("/v1/audio/transcriptions", data=form(b"not audio"))).status == 400
+    ended = messages(caplog, "livemeet.gateway.openai_api")
+    assert len(ended) == 1 and "ended: completed, 2.0 s of audio" in ended[0]
+    refused = messages(caplog, "livemeet.gateway.app")
+    assert len(refused) == 1 and "POST /v1/audio/transcriptions: bad_audio" in refused[0]
+
+
+async def test_a_shutdown_logs_its_drain(
+    client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "livemeet.gateway.app")
+    async with client.ws_connect("/v1/live") as ws:
+        await start_session(ws)
+        await ws.send_bytes(pcm16(0.5))
+        await asyncio.sleep(0.05)
+        shutdown = asyncio.create_task(close_live_sockets(client.app))
+        await asyncio.wait_for(receive_all(ws), 5)
+        await shutdown
+    lines = messages(caplog, "livemeet.gateway.app")
+    assert lines[0] == "shutting down: draining 1 live sessions"
+    assert lines[1].startswith("live sessions drained in ")
