@@ -3,6 +3,11 @@
 Audio goes out in hop-sized PCM16 frames paced in audio time: real time by default, `--fast`
 (or `--speed X`) divides every wait, so the server still sees a growing stream and sends
 partials. Events are printed as they arrive.
+
+A live session has no length limit, so neither has `stream`. The file is decoded whole before
+the first frame goes out (4 bytes a sample: ~230 MB an hour of audio, ~700 MB for 3 hours; a
+file not mono 16 kHz briefly holds twice that while its decoded blocks are joined); frames are
+converted to PCM16 as they are sent.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -20,7 +26,7 @@ from typing import Any
 import numpy as np
 import websockets
 
-from livemeet.audio.constants import LIVE_HOP_S, MAX_AUDIO_S, MAX_FRAME_BYTES, SAMPLE_RATE
+from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.errors import LivemeetError
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcriber import Samples
@@ -102,9 +108,8 @@ async def stream_samples(
     if final_timeout_s is None:
         final_timeout_s = CLOSE_TIMEOUT_S + len(samples) / SAMPLE_RATE
     result = StreamResult()
-    pcm = to_pcm16(samples)
-    # a hop's PCM, in frames the server accepts (a hop of more than ~32 s is several)
-    frame_bytes = min(2 * max(1, int(hop_s * SAMPLE_RATE)), MAX_FRAME_BYTES)
+    # a hop's samples, in frames the server accepts (a hop of more than ~32 s is several)
+    frame_samples = min(max(1, int(hop_s * SAMPLE_RATE)), MAX_FRAME_BYTES // PCM_S16LE_BYTES)
     async with websockets.connect(url, max_size=None, close_timeout=5) as ws:
         await ws.send(
             json.dumps(
@@ -129,11 +134,12 @@ async def stream_samples(
 
         receiver = asyncio.create_task(receive())
         try:
-            for offset in range(0, len(pcm), frame_bytes):
+            for offset in range(0, len(samples), frame_samples):
                 if receiver.done():
                     break  # the server closed (error) before all audio was sent
-                await ws.send(pcm[offset : offset + frame_bytes])
-                sent_s = (offset + frame_bytes) / 2 / SAMPLE_RATE
+                # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
+                await ws.send(to_pcm16(samples[offset : offset + frame_samples]))
+                sent_s = (offset + frame_samples) / SAMPLE_RATE
                 await asyncio.sleep(max(0.0, t0 + sent_s / speed - time.monotonic()))
             if not receiver.done():
                 await ws.send(json.dumps({"type": "end"}))
@@ -184,7 +190,8 @@ def run(args: argparse.Namespace) -> int:
         print("error: --speed and --hop-s must be positive", file=sys.stderr)
         return 2
     try:
-        samples = decode_file(args.file, max_audio_s=MAX_AUDIO_S)
+        # no limit: a live session has none (an upload's MAX_AUDIO_S refused 95-minute files)
+        samples = decode_file(args.file, max_audio_s=math.inf)
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2

@@ -566,6 +566,37 @@ async def test_stream_times_out_when_no_final_arrives(aiohttp_server: Any) -> No
     assert [e["type"] for e in result.events] == ["session.ready"]
 
 
+def test_stream_takes_files_longer_than_an_upload_may_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`stream long95m.wav` was refused with audio_too_long, the 90-minute upload limit (a
+    user trial), though a live session has no length limit. This file's header is made to
+    declare 95 minutes, which is what the limit was checked against first."""
+    import dataclasses
+
+    from livemeet.audio import decode
+
+    wav = write_wav(tmp_path / "long95m.wav", 1.0)
+    real_probe = decode._probe
+
+    def declares_95_minutes(source: decode.AudioSource) -> Any:
+        probed = real_probe(source)
+        info = dataclasses.replace(probed.info, duration_s=5_700.0)
+        return probed._replace(info=info, exact_duration=False)
+
+    streamed: list[int] = []
+
+    async def server(url: str, samples: Any, **kwargs: Any) -> stream.StreamResult:
+        streamed.append(len(samples))
+        final = {"type": "transcript.final", "duration": len(samples) / 16_000}
+        return stream.StreamResult(events=[final], arrival_s=[0.0], close_code=1000)
+
+    monkeypatch.setattr(decode, "_probe", declares_95_minutes)
+    monkeypatch.setattr(stream, "stream_samples", server)
+    assert main(["stream", str(wav), "--speed", "1000"]) == 0
+    assert streamed == [16_000]
+
+
 def test_serve_with_a_broken_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:
     """A model that fails to load stops `serve` with its typed error in one log line and
     exit status 2, as `transcribe` does (an independent trial got a 40-line traceback)."""
