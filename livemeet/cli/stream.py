@@ -28,7 +28,6 @@ import websockets
 
 from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.errors import LivemeetError
-from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcriber import Samples
 
 FAST_SPEED = 4.0  # x real time for --fast
@@ -59,6 +58,7 @@ class StreamResult:
     arrival_s: list[float] = field(default_factory=list)
     close_code: int | None = None
     timed_out: bool = False  # no close within the final timeout after `end`
+    sent_s: float = 0.0  # s of audio sent: less than the file's when the server ended early
 
     @property
     def final(self) -> dict[str, Any] | None:
@@ -68,19 +68,19 @@ class StreamResult:
     def error(self) -> dict[str, Any] | None:
         return next((e for e in self.events if e["type"] == "error"), None)
 
-    def shortfall(self, audio_s: float) -> str | None:
-        """Why the final transcript does not cover all `audio_s` seconds streamed, or None:
-        a server that shuts down drains the session (ends it early, closes 1001; protocol.md)
-        and its final covers only the audio it had received then."""
+    def shortfall(self, file_s: float) -> str | None:
+        """Why the final transcript does not cover all `file_s` seconds of the file, or None:
+        a server that shuts down drains the session (ends it early, closes 1001; protocol.md);
+        its final covers only the audio it had received then, and the rest was never sent."""
         final = self.final
         # the wire's durations are rounded to the ms (protocol.md): 30.0000625 s arrive as 30.0
-        covered = final is not None and final["duration"] >= round(audio_s, 3)
-        if final is None or (self.close_code != GOING_AWAY and covered):
+        if final is None or final["duration"] >= round(file_s, 3):
             return None
+        unsent_s = max(0.0, file_s - self.sent_s)
         return (
-            f"the server ended the session (close {self.close_code}) after "
-            f"{final['duration']:.2f} s of the {audio_s:.2f} s streamed; the transcript "
-            "covers only that part"
+            f"the server ended the session early (close {self.close_code}): "
+            f"{self.sent_s:.2f} s of the {file_s:.2f} s file had been sent, the last "
+            f"{unsent_s:.2f} s were not; the transcript covers {final['duration']:.2f} s"
         )
 
 
@@ -138,9 +138,10 @@ async def stream_samples(
                 if receiver.done():
                     break  # the server closed (error) before all audio was sent
                 # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
-                await ws.send(to_pcm16(samples[offset : offset + frame_samples]))
-                sent_s = (offset + frame_samples) / SAMPLE_RATE
-                await asyncio.sleep(max(0.0, t0 + sent_s / speed - time.monotonic()))
+                frame = samples[offset : offset + frame_samples]
+                await ws.send(to_pcm16(frame))
+                result.sent_s = (offset + len(frame)) / SAMPLE_RATE
+                await asyncio.sleep(max(0.0, t0 + result.sent_s / speed - time.monotonic()))
             if not receiver.done():
                 await ws.send(json.dumps({"type": "end"}))
             await asyncio.wait_for(asyncio.shield(receiver), final_timeout_s)
@@ -219,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"no transcript.final (close code {result.close_code})", file=sys.stderr)
         return 1
     if (why := result.shortfall(len(samples) / SAMPLE_RATE)) is not None:
+        # a transcript of part of the file: the work ran and fell short (README, exit codes)
         print(f"error: {why}", file=sys.stderr)
         return 1
     return 0

@@ -21,6 +21,7 @@ from livemeet.__main__ import build_parser, main
 from livemeet.audio.constants import LIVE_HOP_S
 from livemeet.cli import serve, stream, transcribe
 from livemeet.errors import BadAudio, ConfigError
+from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcript.formats import ResponseFormat
 from tests.gateway.conftest import client, fake, server_config  # noqa: F401  (fixtures)
 from tests.gateway.fakes import FakeTranscriber, expected_upload_text
@@ -523,10 +524,14 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
         0.3, lambda: asyncio.ensure_future(close_live_sockets(client.app))
     )
     result = await stream.stream_samples(url, samples, hop_s=0.1, speed=4.0)
-    assert result.close_code == stream.GOING_AWAY and result.final is not None
+    assert result.close_code == GOING_AWAY and result.final is not None
     assert result.final["duration"] < 4.0
+    # what was sent, not the file's length: frames in flight may reach a draining server
+    assert result.final["duration"] <= result.sent_s < 4.0
     why = result.shortfall(4.0)
     assert why is not None and "1001" in why
+    assert f"{result.sent_s:.2f} s of the 4.00 s file had been sent" in why
+    assert f"the last {4.0 - result.sent_s:.2f} s were not" in why
     full = stream.StreamResult([{"type": "transcript.final", "duration": 4.0}], [0.0], 1000)
     assert full.shortfall(4.0) is None
     # 30.0000625 s (AMI dev00) arrive as 30.0 on the wire: that is all of it (found by a
@@ -534,6 +539,29 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
     whole = stream.StreamResult([{"type": "transcript.final", "duration": 30.0}], [0.0], 1000)
     assert whole.shortfall(30.0000625) is None
     assert whole.shortfall(30.002) is not None
+
+
+def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A server SIGTERMed 6 s into a real-time stream of a 30-s file: `stream` said "after
+    6.00 s of the 30.00 s streamed" (30 s is the file's length, 6 s were sent; a user trial).
+    Exit 1, as the README's table has it for a final that covers only part of the file."""
+    wav = write_wav(tmp_path / "thirty.wav", 30.0)
+
+    async def drained(url: str, samples: Any, **kwargs: Any) -> stream.StreamResult:
+        final = {"type": "transcript.final", "duration": 6.0}
+        return stream.StreamResult([final], [6.1], GOING_AWAY, sent_s=6.0)
+
+    monkeypatch.setattr(stream, "stream_samples", drained)
+    assert main(["stream", str(wav)]) == 1
+    err = capsys.readouterr().err
+    assert "6.00 s of the 30.00 s file had been sent, the last 24.00 s were not" in err
+    assert "the transcript covers 6.00 s" in err
+    # a drain after the whole file was sent: the transcript is complete
+    final = {"type": "transcript.final", "duration": 30.0}
+    whole = stream.StreamResult([final], [30.1], GOING_AWAY, sent_s=30.0)
+    assert whole.shortfall(30.0) is None
 
 
 def test_format_event_lines() -> None:
