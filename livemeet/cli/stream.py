@@ -27,6 +27,7 @@ import numpy as np
 import websockets
 
 from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
+from livemeet.cli.request_text import add_request_text_flags, check_request_text
 from livemeet.errors import LivemeetError
 from livemeet.transcriber import Samples
 
@@ -43,8 +44,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--fast", action="store_true", help=f"send at {FAST_SPEED:g}x real time")
     p.add_argument("--speed", type=float, default=None, help="send at this multiple of real time")
     p.add_argument("--hop-s", type=float, default=LIVE_HOP_S, help="seconds of audio per frame")
-    p.add_argument("--language", default=None)
-    p.add_argument("--prompt", default=None)
+    add_request_text_flags(p, language_help="sent in `start`; MOSS-TD does not use it")
     p.add_argument("--json", action="store_true", help="print raw JSON events")
     p.set_defaults(func=run)
 
@@ -191,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         print("error: --speed and --hop-s must be positive", file=sys.stderr)
         return 2
     try:
+        # here, not by the server: a bad argument exits 2 (README), before the file is decoded
+        check_request_text(args.language, args.prompt, args.hotwords)
         # no limit: a live session has none (an upload's MAX_AUDIO_S refused 95-minute files)
         samples = decode_file(args.file, max_audio_s=math.inf)
     except LivemeetError as exc:
@@ -201,7 +203,15 @@ def run(args: argparse.Namespace) -> int:
         line = json.dumps(event, ensure_ascii=False) if args.json else format_event(event)
         print(line, flush=True)
 
-    start = {k: v for k, v in (("language", args.language), ("prompt", args.prompt)) if v}
+    start: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("language", args.language),
+            ("prompt", args.prompt),
+            ("hotwords", args.hotwords),
+        )
+        if v
+    }
     try:
         result = asyncio.run(
             stream_samples(

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from livemeet.audio.constants import MAX_AUDIO_S, MAX_LANGUAGE_CHARS, MAX_UPLOAD_BYTES, SAMPLE_RATE
+from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES, SAMPLE_RATE
+from livemeet.cli.request_text import add_request_text_flags, check_request_text
 from livemeet.cli.serve import add_model_flags, model_config_from_args
 from livemeet.errors import (
     BadAudio,
@@ -76,8 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="output file (one input) or directory (several inputs, or a name ending in /, "
         "made if missing); omitted: stdout",
     )
-    p.add_argument("--language", default=None, help="echoed in verbose_json")
-    p.add_argument("--prompt", default=None, help="replaces the default instruction")
+    add_request_text_flags(p, language_help="echoed in verbose_json (MOSS-TD does not use it)")
     p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     p.add_argument(
         "--max-audio-s",
@@ -148,6 +148,7 @@ async def transcribe_file(
     *,
     source: Path | bytes | None = None,
     prompt: str | None = None,
+    hotwords: Sequence[str] = (),
     language: str | None = None,
     progress: bool = True,
     max_new_tokens: int | None = None,
@@ -163,7 +164,13 @@ async def transcribe_file(
     samples = await asyncio.to_thread(decode_file, source, max_audio_s=max_audio_s)
     duration_s = len(samples) / SAMPLE_RATE
     session = await transcriber.open_session(
-        SessionOptions(live=False, prompt=prompt, language=language, max_new_tokens=max_new_tokens)
+        SessionOptions(
+            live=False,
+            prompt=prompt,
+            hotwords=tuple(hotwords),
+            language=language,
+            max_new_tokens=max_new_tokens,
+        )
     )
     bar = tqdm(
         total=round(duration_s, 1),
@@ -197,6 +204,7 @@ async def transcribe_files(
     paths: Sequence[Path],
     *,
     prompt: str | None = None,
+    hotwords: Sequence[str] = (),
     language: str | None = None,
     progress: bool = True,
     max_new_tokens: int | None = None,
@@ -216,6 +224,7 @@ async def transcribe_files(
                 path,
                 source=source,
                 prompt=prompt,
+                hotwords=hotwords,
                 language=language,
                 progress=progress,
                 max_new_tokens=max_new_tokens,
@@ -349,6 +358,7 @@ async def _run(
             transcriber,
             args.audio,
             prompt=args.prompt,
+            hotwords=args.hotwords,
             language=args.language,
             progress=not args.no_progress,
             max_new_tokens=args.max_new_tokens,
@@ -366,8 +376,7 @@ def run(args: argparse.Namespace) -> int:
     # a trailing / says directory: a file of its name was written (found by a trial)
     directory = raw_output is not None and raw_output.endswith(("/", os.sep))
     try:
-        if args.language is not None and len(args.language) > MAX_LANGUAGE_CHARS:
-            raise InvalidRequest(f"--language must be at most {MAX_LANGUAGE_CHARS} characters")
+        check_request_text(args.language, args.prompt, args.hotwords)
         if args.audio.count(STDIN) > 1:
             raise InvalidRequest("- (standard input) can be given once")
         if not (math.isfinite(args.max_audio_s) and args.max_audio_s > 0):

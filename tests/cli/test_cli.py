@@ -481,10 +481,85 @@ def test_transcribe_stream_errors_are_per_file_and_read_up_front(
         transcribe.read_source(Path("-"))
 
 
-def test_transcribe_caps_language_as_the_server_does(capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["transcribe", "a.wav", "--language", "x" * 33])
-    assert transcribe.run(args) == 2  # before any model loads or file is read
-    assert "at most 32 characters" in capsys.readouterr().err
+TOO_LONG_TEXT = [
+    (["--language", "x" * 40], "--language must be at most 32 characters, not 40"),
+    (["--prompt", "x" * 5_000], "--prompt must be at most 4,096 characters, not 5,000"),
+    (["--hotword", "x" * 129], "--hotword must be at most 128 characters, not 129"),
+    (["--hotword", "a"] * 257, "at most 256 --hotword values, not 257"),
+]
+
+
+@pytest.mark.parametrize("command", ["transcribe", "stream"])
+@pytest.mark.parametrize(("flags", "message"), TOO_LONG_TEXT)
+def test_request_text_is_capped_as_the_server_caps_it(
+    command: str,
+    flags: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A user trial: `stream --language <40 chars>` exited 1 (the server refused it) and
+    `transcribe --prompt <5,000 chars>` exited 0, though the upload and live APIs cap a
+    prompt at 4,096. Both commands now refuse what the gateway would, exit 2, before the
+    file is read or a model loads."""
+    from livemeet.audio import decode
+
+    def must_not_decode(*args: object, **kwargs: object) -> None:
+        raise AssertionError("decoded a file despite a bad argument")
+
+    monkeypatch.setattr(decode, "decode_file", must_not_decode)
+    argv = [command, "missing.wav", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_request_text_limits_are_the_gateways() -> None:
+    """What the CLI takes, a live `start` takes, and what it refuses the `start` refuses."""
+    from livemeet.cli.request_text import check_request_text
+    from livemeet.errors import InvalidRequest
+    from livemeet.gateway.live_protocol import LiveProtocol
+
+    def start(**text: object) -> str:
+        return json.dumps({"type": "start", "sample_rate": 16_000, **text})
+
+    longest = {"language": "x" * 32, "prompt": "x" * 4_096, "hotwords": ["x" * 128] * 256}
+    check_request_text(longest["language"], longest["prompt"], longest["hotwords"])  # type: ignore[arg-type]
+    LiveProtocol().receive_text(start(**longest))
+    for field, over in (("language", "x" * 33), ("prompt", "x" * 4_097), ("hotwords", ["x"] * 257)):
+        text = {**longest, field: over}
+        with pytest.raises(InvalidRequest):
+            check_request_text(text["language"], text["prompt"], text["hotwords"])  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequest):
+            LiveProtocol().receive_text(start(**text))
+
+
+def test_stream_sends_language_prompt_and_hotwords_in_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wav = write_wav(tmp_path / "a.wav", 1.0)
+    starts: list[dict[str, Any]] = []
+
+    async def server(url: str, samples: Any, **kwargs: Any) -> stream.StreamResult:
+        starts.append(kwargs["start"])
+        final = {"type": "transcript.final", "duration": 1.0}
+        return stream.StreamResult([final], [0.0], 1000, sent_s=1.0)
+
+    monkeypatch.setattr(stream, "stream_samples", server)
+    flags = ["--language", "en", "--prompt", "Minutes.", "--hotword", "Kubernetes"]
+    assert main(["stream", str(wav), *flags, "--hotword", "Jane Doe"]) == 0
+    assert starts == [
+        {"language": "en", "prompt": "Minutes.", "hotwords": ["Kubernetes", "Jane Doe"]}
+    ]
+
+
+async def test_transcribe_passes_hotwords_to_the_session(tmp_path: Path) -> None:
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    path = write_wav(tmp_path / "a.wav", 1.0)
+    (result,) = await transcribe.transcribe_files(transcriber, [path], hotwords=["Kubernetes"])
+    assert result.transcript is not None
+    assert transcriber.sessions[0].log.options.hotwords == ("Kubernetes",)
 
 
 async def test_stream_paced_in_hops(client: TestClient, fake: FakeTranscriber) -> None:  # noqa: F811
