@@ -9,6 +9,7 @@ import os
 import socket
 import ssl
 import sys
+import tempfile
 from pathlib import Path
 
 from aiohttp import web
@@ -29,6 +30,7 @@ from livemeet.backends import check_backend
 from livemeet.config import LOG_FORMAT, GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
+from livemeet.gateway.keys import tmp_dir, transcripts_dir
 
 log = logging.getLogger("livemeet.serve")
 
@@ -114,9 +116,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--check-config",
         action="store_true",
-        help="validate the flags, the TLS files and (MOSS-TD) the device, the checkpoint's "
-        "config.json and --forced-output, then exit (0 valid, 2 with the error) without "
-        "loading weights or binding the port, which only a start checks",
+        help="validate the flags, the TLS files, the data directory (made if missing, as a "
+        "start makes it, and a probe file written in it and removed) and (MOSS-TD) the "
+        "device, the checkpoint's config.json and --forced-output, then exit (0 valid, 2 "
+        "with the error) without loading weights or binding the port, which only a start "
+        "checks",
     )
     p.set_defaults(func=run)
 
@@ -386,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         context = ssl_context(config)
-        check_data_dir(config.data_dir)
+        check_data_dir(config)
         if args.check_config:
             preflight_model(config.model)
             log.info("configuration ok (no weights loaded, nothing listened on)")
@@ -429,21 +433,31 @@ def _endpoint(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def check_data_dir(path: Path) -> None:
-    """Raise ConfigError unless `path` is a directory this process may write, or can be made
-    one (its nearest existing ancestor is a writable directory). Creates nothing: the server
-    makes its directories at start-up."""
-    probe = path.expanduser().absolute()
-    try:
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        is_dir = probe.is_dir()
-    except OSError as exc:  # e.g. under a directory this user cannot search (3.11 raises)
-        raise ConfigError(f"cannot use --data-dir {path}: {exc.strerror or exc}") from exc
-    if not is_dir:
-        raise ConfigError(f"cannot use --data-dir {path}: {probe} is not a directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot use --data-dir {path}: {probe} is not writable")
+DATA_DIR_PROBE_PREFIX = ".livemeet-probe-"  # not the spill files' prefix: a start removes those
+
+
+def check_data_dir(config: ServerConfig) -> None:
+    """Make the data directory's subdirectories the server writes (gateway/keys.py), as a
+    start does, and write and remove a probe file in each. Asking os.access instead said yes
+    to root for places no one can write (/proc): --check-config passed a data directory a
+    start refused. Raises ConfigError naming the path and the OS error."""
+    where = f"cannot use --data-dir {config.data_dir}"
+    for directory in (tmp_dir(config), transcripts_dir(config)):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except FileExistsError as exc:  # exist_ok: what is there is not a directory
+            raise ConfigError(f"{where}: {directory} is not a directory") from exc
+        except OSError as exc:  # e.g. a file as a parent, /proc, no permission
+            failed = exc.filename or directory
+            raise ConfigError(f"{where}: cannot create {failed}: {exc.strerror or exc}") from exc
+        try:
+            fd, probe = tempfile.mkstemp(prefix=DATA_DIR_PROBE_PREFIX, dir=directory)
+        except OSError as exc:  # e.g. a read-only file system, a full disk
+            raise ConfigError(
+                f"{where}: cannot write a file in {directory}: {exc.strerror or exc}"
+            ) from exc
+        os.close(fd)
+        os.unlink(probe)
 
 
 def check_listen(host: str, port: int) -> None:

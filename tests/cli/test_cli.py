@@ -159,40 +159,65 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A file or an unwritable place as --data-dir was a traceback and exit 1 at start-up,
-    and --check-config passed it (found by a trial). A directory still to be made is fine."""
+    and --check-config passed it (found by a trial). A directory still to be made is made."""
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
-    cases = {a_file: "is not a directory", a_file / "sub": "is not a directory"}
+    cases = {a_file: "Not a directory", a_file / "sub": "Not a directory"}
     if not os.access(locked, os.W_OK):  # root writes anywhere
-        cases[locked / "data"] = "is not writable"
+        cases[locked / "data"] = "Permission denied"
     for data_dir, reason in cases.items():
         caplog.clear()
         argv = ["serve", "--data-dir", str(data_dir), "--port", "0"]
         assert main([*argv, "--check-config"]) == 2
-        assert reason in caplog.text
+        assert f"cannot use --data-dir {data_dir}" in caplog.text and reason in caplog.text
         assert main(argv) == 2  # before any model is loaded
-    serve.check_data_dir(tmp_path / "new" / "deeper")
-    assert not (tmp_path / "new").exists()  # checked, not made
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "new" / "deeper")])
+    serve.check_data_dir(serve.config_from_args(args))
+    made = sorted(p.relative_to(tmp_path) for p in (tmp_path / "new").rglob("*"))
+    assert [str(p) for p in made] == [
+        "new/deeper",
+        "new/deeper/tmp",
+        "new/deeper/transcriptions",
+    ]  # and no probe file left
 
 
-def test_a_data_dir_under_an_unsearchable_directory_is_a_config_error(
+def test_check_config_makes_the_data_dir_as_a_start_would(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve --data-dir /proc/forbidden --check-config` said "configuration ok" (os.access
+    says yes to root) and a start then failed with config_error (a user trial). The check
+    now makes the directories and writes a probe file, failing as a start would, even as
+    root: under a regular file, and in /proc."""
+    under_a_file = tmp_path / "file" / "sub"
+    cases = {
+        Path("/proc/forbidden"): "cannot create /proc/forbidden: No such file or directory",
+        under_a_file: f"cannot create {under_a_file / 'tmp'}: Not a directory",
+    }
+    (tmp_path / "file").write_text("x")
+    for data_dir, reason in cases.items():
+        caplog.clear()
+        assert main(["serve", "--data-dir", str(data_dir), "--check-config"]) == 2
+        assert reason in caplog.text, caplog.text
+        assert "configuration ok" not in caplog.text
+
+
+def test_a_data_dir_that_cannot_be_made_is_a_config_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Python 3.11's Path.exists raises PermissionError there: a traceback at start-up
-    (a review, as user nobody under a directory of root's)."""
-    real_exists = Path.exists
+    """A PermissionError (as user nobody under a directory of root's, found by a review) is
+    one ConfigError line naming the path, not a traceback at start-up."""
 
-    def exists(self: Path, **kwargs: Any) -> bool:
-        if self.name == "data":
-            raise PermissionError(13, "Permission denied")
-        return real_exists(self, **kwargs)
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "exists", exists)
-    with pytest.raises(ConfigError, match="cannot use --data-dir .*Permission denied"):
-        serve.check_data_dir(tmp_path / "locked" / "data")
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    args = build_parser().parse_args(["serve", "--data-dir", str(tmp_path / "locked" / "data")])
+    config = serve.config_from_args(args)
+    with pytest.raises(ConfigError, match="cannot use --data-dir .*locked/data/tmp: Permission"):
+        serve.check_data_dir(config)
 
 
 def test_check_config_names_an_unknown_backend(caplog: pytest.LogCaptureFixture) -> None:
