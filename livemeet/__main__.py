@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 SUBCOMMAND_MODULES = (
     "livemeet.cli.serve",
@@ -26,8 +27,23 @@ DESCRIPTION = (
 )
 
 
+def package_version() -> str:
+    """The installed distribution's version (pyproject.toml's, by pip); a source tree run
+    without installing it has none."""
+    try:
+        return version("livemeet")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="livemeet", description=DESCRIPTION)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {package_version()}",
+        help="print livemeet's version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMAND_MODULES:
         try:

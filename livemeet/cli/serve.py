@@ -26,7 +26,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_BYTES,
     MIN_LIVE_HOP_LOAD,
 )
-from livemeet.backends import check_backend
+from livemeet.backends import BACKENDS, check_backend
 from livemeet.config import LOG_FORMAT, GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
@@ -46,14 +46,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="MOSS-TD checkpoint directory or hub id; omitted: the demo backend",
     )
-    p.add_argument("--backend", default=None, help="force a registered backend by name")
+    add_backend_flag(p)
     add_model_flags(p)
     add_scheduling_flags(p)
     p.add_argument(
         "--data-dir",
         type=Path,
         default=Path("./livemeet-data"),
-        help="where large uploads are spilled and transcripts kept",
+        help="where large uploads are spilled and transcripts kept; made if missing "
+        "(default: ./livemeet-data, in the directory serve is started from)",
     )
     p.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate (enables https)")
     p.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
@@ -61,24 +62,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-upload-bytes",
         type=int,
         default=MAX_UPLOAD_BYTES,
-        help="largest upload body in bytes (413 payload_too_large)",
+        help="largest upload body in bytes (413 payload_too_large; default %(default)d, 1 GiB)",
     )
     p.add_argument(
         "--max-audio-s",
         type=float,
         default=MAX_AUDIO_S,
-        help="longest upload in seconds (413 audio_too_long); live sessions have no limit "
-        "of their own: each hop prefills all audio heard so far, so a meeting is bounded by "
-        "the model's 131,072-token context (~2.8 h of audio)",
+        help="longest upload in seconds (413 audio_too_long; default %(default)g, 90 min); "
+        "live sessions have no limit of their own: each hop prefills all audio heard so far, "
+        "so a meeting is bounded by the model's 131,072-token context (~2.8 h of audio)",
     )
     p.add_argument(
-        "--max-sessions", type=int, default=256, help="open sessions (live and upload) at once"
+        "--max-sessions",
+        type=int,
+        default=GatewayConfig.max_sessions,
+        help="open sessions (live and upload) at once; more get queue_full (default %(default)d)",
     )
     p.add_argument(
         "--max-concurrent-decodes",
         type=int,
         default=GatewayConfig.max_concurrent_decodes,
-        help="uploads decoded to PCM at once (each holds its decoded audio in memory)",
+        help="uploads decoded to PCM at once (each holds its decoded audio in memory; "
+        "default %(default)d)",
     )
     p.add_argument(
         "--live-hop-s",
@@ -111,7 +116,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="info",
-        help="debug also logs each upload's phases (receive, decode, transcribe, respond)",
+        help="debug also logs each upload's phases (receive, decode, transcribe, respond; "
+        "default %(default)s)",
     )
     p.add_argument(
         "--check-config",
@@ -125,6 +131,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+def add_backend_flag(p: argparse.ArgumentParser) -> None:
+    """`--backend`, shared by `serve` and `transcribe`."""
+    # named in the help, not `choices`: a backend registered later (register_backend) is
+    # checked by check_backend, with the names registered then
+    p.add_argument(
+        "--backend",
+        default=None,
+        help=f"force a registered backend by name: {', '.join(sorted(BACKENDS))} (default: "
+        "demo without --model or --load-format dummy, else moss)",
+    )
+
+
 def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) -> None:
     """The MOSS-TD loading and engine flags shared by `serve` and `transcribe` (ModelConfig
     fields).
@@ -134,19 +152,33 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         "--load-format",
         default="auto",
         choices=["auto", "safetensors", "dummy"],
-        help="dummy: real-size random weights (benchmarks; no --model needed)",
+        help="how to read --model's weights: auto and safetensors read them; dummy makes "
+        "real-size random weights (benchmarks; no --model needed; default %(default)s)",
     )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument(
-        "--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help="KV pool dtype"
+        "--device",
+        default="auto",
+        help="auto (the first GPU, else the CPU), cpu, cuda or cuda:N (default %(default)s)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="weights' and activations' dtype; auto: bfloat16 on a GPU, float32 on the CPU "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=KV_CACHE_DTYPES,
+        help="KV pool dtype; auto: the model's (default %(default)s)",
     )
     p.add_argument(
         "--kv-block-size",
         type=int,
         default=ModelConfig.kv_block_size,
         choices=KV_BLOCK_SIZES,
-        help="tokens per paged-KV block",
+        help="tokens per paged-KV block (default %(default)d)",
     )
     p.add_argument(
         "--num-kv-blocks",
@@ -170,13 +202,15 @@ def add_model_flags(p: argparse.ArgumentParser, *, prefill_graphs: bool = True) 
         type=float,
         default=0.85,
         help="fraction of the GPU's memory for weights + KV pool (the pool gets what the "
-        "weights leave; CUDA graphs, prefill graphs and activations use the rest; <= 0.95)",
+        "weights leave; CUDA graphs, prefill graphs and activations use the rest; <= 0.95; "
+        "default %(default)g)",
     )
     p.add_argument(
         "--chunked-prefill-size",
         type=int,
         default=CHUNKED_PREFILL_SIZE,
-        help="largest prefill chunk of one request per engine step, in tokens",
+        help="largest prefill chunk of one request per engine step, in tokens "
+        "(default %(default)d)",
     )
     p.add_argument(
         "--prefill-graphs",

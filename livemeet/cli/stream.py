@@ -1,4 +1,5 @@
-"""`livemeet stream FILE --url ws://HOST:PORT/v1/live`: stream a file as a live session.
+"""`livemeet stream FILE [--url ws://HOST:PORT/v1/live]`: stream a file to a running server as a
+live session (by default this machine's `livemeet serve`, ws://127.0.0.1:8000/v1/live).
 
 Audio goes out in hop-sized PCM16 frames paced in audio time: real time by default, `--fast`
 (or `--speed X`) divides every wait, so the server still sees a growing stream and sends
@@ -18,6 +19,7 @@ import json
 import math
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,8 @@ from livemeet.errors import LivemeetError
 from livemeet.transcriber import Samples
 
 FAST_SPEED = 4.0  # x real time for --fast
+LIVE_PATH = "/v1/live"  # the gateway's live endpoint (docs/protocol.md)
+DEFAULT_URL = f"ws://127.0.0.1:8000{LIVE_PATH}"  # `livemeet serve` on its defaults
 CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the audio's duration
 
 
@@ -39,13 +43,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "stream", help="stream an audio file to a live session", description=__doc__
     )
-    p.add_argument("file", type=Path)
-    p.add_argument("--url", default="ws://127.0.0.1:8000/v1/live")
-    p.add_argument("--fast", action="store_true", help=f"send at {FAST_SPEED:g}x real time")
-    p.add_argument("--speed", type=float, default=None, help="send at this multiple of real time")
-    p.add_argument("--hop-s", type=float, default=LIVE_HOP_S, help="seconds of audio per frame")
+    p.add_argument("file", type=Path, help="audio file (any format FFmpeg reads), of any length")
+    p.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help=f"the server's live endpoint; a URL without a path gets {LIVE_PATH} "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--fast", action="store_true", help=f"send at {FAST_SPEED:g}x real time (default: off)"
+    )
+    p.add_argument(
+        "--speed",
+        type=float,
+        default=None,
+        help=f"send at this multiple of real time (default: 1, or {FAST_SPEED:g} with --fast)",
+    )
+    p.add_argument(
+        "--hop-s",
+        type=float,
+        default=LIVE_HOP_S,
+        help="seconds of audio per frame sent (default %(default)g)",
+    )
     add_request_text_flags(p, language_help="sent in `start`; MOSS-TD does not use it")
-    p.add_argument("--json", action="store_true", help="print raw JSON events")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the server's events as raw JSON, one a line (default: one readable line each)",
+    )
     p.set_defaults(func=run)
 
 
@@ -82,6 +107,16 @@ class StreamResult:
             f"{self.sent_s:.2f} s of the {file_s:.2f} s file had been sent, the last "
             f"{unsent_s:.2f} s were not; the transcript covers {final['duration']:.2f} s"
         )
+
+
+def live_url(url: str) -> str:
+    """`url`, with the live endpoint's path when it has none (`ws://host:8000` or `.../`):
+    the server answers its root with the web page, which the WebSocket client reported only
+    as "server rejected WebSocket connection: HTTP 200" (a user trial)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.path in ("", "/"):
+        return urllib.parse.urlunsplit(parts._replace(path=LIVE_PATH))
+    return url
 
 
 def to_pcm16(samples: Samples) -> bytes:
@@ -212,16 +247,21 @@ def run(args: argparse.Namespace) -> int:
         )
         if v
     }
+    url = live_url(args.url)
     try:
         result = asyncio.run(
-            stream_samples(
-                args.url, samples, hop_s=args.hop_s, speed=speed, start=start, on_event=show
-            )
+            stream_samples(url, samples, hop_s=args.hop_s, speed=speed, start=start, on_event=show)
         )
     except BrokenPipeError:
         raise  # stdout's reader went away (`| head`), no connection problem: livemeet.__main__
+    except websockets.InvalidStatus as exc:  # an HTTP answer, not a WebSocket: a wrong path?
+        print(
+            f"error: cannot connect to {url}: {exc} (is it a livemeet server's {LIVE_PATH}?)",
+            file=sys.stderr,
+        )
+        return 2
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
-        print(f"error: cannot connect to {args.url}: {exc}", file=sys.stderr)
+        print(f"error: cannot connect to {url}: {exc}", file=sys.stderr)
         return 2
     if result.timed_out:
         print("error: no transcript.final from the server in time after 'end'", file=sys.stderr)

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES, SAMPLE_RATE
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
-from livemeet.cli.serve import add_model_flags, model_config_from_args
+from livemeet.cli.serve import add_backend_flag, add_model_flags, model_config_from_args
 from livemeet.errors import (
     BadAudio,
     InternalError,
@@ -61,8 +61,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=Path,
         help="audio files (any format FFmpeg reads); - reads one from standard input",
     )
-    p.add_argument("--model", default=None, help="MOSS-TD checkpoint or hub id; omitted: demo")
-    p.add_argument("--backend", default=None, help="force a registered backend by name")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="MOSS-TD checkpoint directory or hub id (default: none, the demo backend)",
+    )
+    add_backend_flag(p)
     p.add_argument(
         "--format",
         default=None,
@@ -75,10 +79,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=str,  # not Path: a trailing / (a directory to make) would be lost
         default=None,
         help="output file (one input) or directory (several inputs, or a name ending in /, "
-        "made if missing); omitted: stdout",
+        "made if missing) (default: standard output)",
     )
     add_request_text_flags(p, language_help="echoed in verbose_json (MOSS-TD does not use it)")
-    p.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help=f"never show a progress bar (default: one on stderr for files of "
+        f"{PROGRESS_MIN_S:g} s or more)",
+    )
     p.add_argument(
         "--max-audio-s",
         type=float,

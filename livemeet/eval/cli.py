@@ -4,9 +4,11 @@
                   [--metric cer|wer|cpcer|cpwer|delta|der|orccer|orcwer|all]
                   [--normalize default|none] [--json]
 
-Formats are detected from the extension or the content (see livemeet.eval.io). `all` computes
-the text metrics when both files carry text and DER always. Exit status: 0 on success, 2 on
-bad input (the message names the file and line).
+Formats, detected from the extension or the content: STM, RTTM, CTM, SegLST (JSON), a Kaldi
+`text` file (`utterance-id word...`: untimed, no speakers, text metrics only), livemeet's JSON
+transcripts (json, verbose_json, diarized_json) and its text output (.txt). `all` computes the
+text metrics when both files carry text (CER/WER only when one is untimed) and DER when both
+are timed. Exit status: 0 on success, 2 on bad input (the message names the file and line).
 """
 
 from __future__ import annotations
@@ -184,9 +186,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--ref", required=True, help="reference (STM, RTTM, CTM, SegLST, JSON)")
-    parser.add_argument("--hyp", required=True, help="hypothesis (same formats)")
-    parser.add_argument("--uem", help="UEM file: DER scores only the time inside it")
+    parser.add_argument(
+        "--ref",
+        required=True,
+        help="reference: STM, RTTM, CTM, SegLST, Kaldi text, livemeet JSON or text (required)",
+    )
+    parser.add_argument("--hyp", required=True, help="hypothesis, in the same formats (required)")
+    parser.add_argument(
+        "--uem", help="UEM file: DER scores only the time inside it (default: all of it)"
+    )
     parser.add_argument(
         "--collar",
         type=float,
@@ -197,12 +205,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--skip-overlap", action="store_true", help="DER: do not score reference overlap"
     )
-    parser.add_argument("--metric", choices=(*METRICS, *EXTRA_METRICS, "all"), default="all")
+    parser.add_argument(
+        "--metric",
+        choices=(*METRICS, *EXTRA_METRICS, "all"),
+        default="all",
+        help=f"what to score; all: {', '.join(METRICS)} as the files allow (orccer and orcwer, "
+        "exponential in hypothesis speakers, only by name; default %(default)s)",
+    )
     parser.add_argument(
         "--normalize",
         choices=tuple(NORMALIZATIONS),
         default="default",
-        help="default: NFKC, case fold, punctuation removed; none: text as written (meeteval)",
+        help="default: NFKC, case fold, punctuation removed; none: text as written (meeteval) "
+        "(default: %(default)s)",
     )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--json", action="store_true", help="print JSON instead of a table (default: a table)"
+    )
     parser.set_defaults(func=run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -31,6 +32,39 @@ def write_wav(path: Path, duration_s: float, rate: int = 16_000) -> Path:
     t = np.arange(int(duration_s * rate)) / rate
     sf.write(path, (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate)
     return path
+
+
+def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+def test_every_argument_says_what_it_does_and_its_default() -> None:
+    """A user trial found stream's file, --url, --language and --prompt, serve's --dtype and
+    eval's --metric without help, and defaults (stream's URL, serve's --max-sessions, ...)
+    not shown. Every argument of every subcommand has help; every option with a default
+    other than none/off names it."""
+    parsers = subcommand_parsers()
+    assert set(parsers) == {"serve", "transcribe", "stream", "eval"}
+    for name, parser in parsers.items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            where = f"{name} {'/'.join(action.option_strings) or action.dest}"
+            assert action.help and action.help.strip(), f"{where}: no help"
+            shown = formatter._expand_help(action)  # %(default)s filled in
+            if action.option_strings and action.default not in (None, False, []):
+                assert "default" in shown, f"{where}: default {action.default!r} not shown"
+
+
+def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"livemeet {version('livemeet')}"
 
 
 def test_serve_arguments_build_a_config(tmp_path: Path) -> None:
@@ -662,6 +696,29 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     final = {"type": "transcript.final", "duration": 30.0}
     whole = stream.StreamResult([final], [30.1], GOING_AWAY, sent_s=30.0)
     assert whole.shortfall(30.0) is None
+
+
+@pytest.mark.parametrize(
+    ("given", "used"),
+    [
+        ("ws://127.0.0.1:8000", "ws://127.0.0.1:8000/v1/live"),
+        ("ws://127.0.0.1:8000/", "ws://127.0.0.1:8000/v1/live"),
+        ("wss://meet.example.com", "wss://meet.example.com/v1/live"),
+        ("ws://127.0.0.1:8000/v1/live", "ws://127.0.0.1:8000/v1/live"),
+        ("ws://proxy.example.com/livemeet/v1/live", "ws://proxy.example.com/livemeet/v1/live"),
+    ],
+)
+def test_stream_url_without_a_path_gets_the_live_endpoint(given: str, used: str) -> None:
+    """`--url ws://127.0.0.1:8000` failed with "server rejected WebSocket connection: HTTP
+    200" (the web page; a user trial)."""
+    assert stream.live_url(given) == used
+
+
+async def test_stream_to_a_server_url_without_a_path(client: TestClient) -> None:  # noqa: F811
+    root = str(client.make_url("")).replace("http", "ws", 1)
+    samples = np.zeros(8_000, dtype=np.float32)
+    result = await stream.stream_samples(stream.live_url(root), samples, speed=100.0)
+    assert result.close_code == 1000 and result.final is not None
 
 
 def test_format_event_lines() -> None:
