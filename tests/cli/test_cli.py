@@ -254,8 +254,12 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(
         serve.check_data_dir(config)
 
 
-def test_check_config_names_an_unknown_backend(caplog: pytest.LogCaptureFixture) -> None:
-    assert main(["serve", "--backend", "nosuch", "--check-config"]) == 2
+def test_check_config_names_an_unknown_backend(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # --data-dir: the check makes the directory (default ./livemeet-data, in the checkout)
+    argv = ["serve", "--backend", "nosuch", "--data-dir", str(tmp_path), "--check-config"]
+    assert main(argv) == 2
     assert "unknown backend 'nosuch'" in caplog.text
 
 
