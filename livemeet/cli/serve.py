@@ -105,7 +105,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="ORIGIN",
         help="a web page origin (e.g. https://meet.example.com) besides the server's own "
-        "that may open live sessions from a browser; repeatable; '*' allows any",
+        "that may open live sessions from a browser and call the HTTP API (CORS); "
+        "repeatable; '*' allows any (default: none)",
     )
     p.add_argument(
         "--in-process-engine",

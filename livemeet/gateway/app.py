@@ -23,6 +23,7 @@ from livemeet.errors import (
     LivemeetError,
     MethodNotAllowed,
     NotFound,
+    RequestRejected,
 )
 from livemeet.gateway import health, openai_api
 from livemeet.gateway.errors_http import error_response
@@ -39,6 +40,7 @@ from livemeet.gateway.keys import (
     transcripts_dir,
 )
 from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
+from livemeet.gateway.origin import canonical_origin
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_live import LiveRegistry, live_handler
@@ -49,6 +51,11 @@ log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 TRANSCRIPT_FLUSH_TIMEOUT_S = 10.0  # s a shutdown waits for transcript files to be written
 CLIENT_CLOSED_STATUS = 499  # requests whose client left before the response (nginx's code)
+# s a browser may cache a CORS preflight's answer (Chromium caps it at 7,200)
+CORS_MAX_AGE_S = 600
+# the HTTP API routes a page of an `--allowed-origin` may call (CORS); the live socket checks
+# the origin itself (gateway/origin.py), and health and metrics are for operators
+CORS_ROUTES = ("transcriptions", "models", "model", "transcript")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -83,7 +90,30 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app.on_shutdown.append(close_live_sockets)
     app.on_cleanup.append(flush_transcripts)
     _add_routes(app)
+    _allow_cross_origin(app, config.gateway.allowed_origins)
     return app
+
+
+def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
+    """CORS (aiohttp-cors) on the HTTP API for the `--allowed-origin` pages, so a web app
+    served elsewhere can upload and fetch transcripts as it may open live sessions: preflight
+    answers, `Access-Control-Allow-Origin` on every response (errors included). Any request
+    header is allowed (the OpenAI JS client sends `Authorization` and its own `x-stainless-*`
+    headers); no credentials (cookies): the API takes none."""
+    if not allowed:
+        return
+    import aiohttp_cors  # here: a server without --allowed-origin runs without it (GPU image)
+
+    options = aiohttp_cors.ResourceOptions(  # type: ignore[no-untyped-call]  # no annotations
+        allow_credentials=False,
+        allow_methods="*",  # those the route serves; any other is still a 405
+        allow_headers="*",
+        expose_headers=(openai_api.ID_HEADER, "Retry-After"),
+        max_age=CORS_MAX_AGE_S,
+    )
+    cors = aiohttp_cors.setup(app, defaults={canonical_origin(o): options for o in allowed})
+    for name in CORS_ROUTES:
+        cors.add(app.router[name])
 
 
 def _engine_stats_of(transcriber: Transcriber) -> StatsSource:
@@ -196,6 +226,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         message = f"{request.method} is not allowed on {request.path}; use {allowed}"
         response = _render_error(request, MethodNotAllowed(message))
         response.headers["Allow"] = allowed  # as HTTP clients expect with a 405
+    except web.HTTPForbidden as exc:  # aiohttp-cors refusing a preflight: says why in its text
+        response = _render_error(request, RequestRejected(exc.text or "forbidden"))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

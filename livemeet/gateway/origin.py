@@ -1,4 +1,5 @@
-"""Which web pages may open a live WebSocket (no I/O).
+"""Which web pages may open a live WebSocket (no I/O); the same `--allowed-origin` list,
+written as browsers send it (`canonical_origin`), is the HTTP API's CORS list (gateway/app.py).
 
 A browser lets any page open a WebSocket to any server and sends the page's origin in the
 `Origin` header; the server must check it (cross-site WebSocket hijacking). Without a check,
@@ -63,6 +64,20 @@ def origin_allowed(
     if page in {parse_origin(a) for a in allowed}:
         return True
     return any(h is not None and _host_port(h, page[1]) == page for h in hosts)
+
+
+def canonical_origin(value: str) -> str:
+    """`value` (an allowed origin `check_allowed_origin` passed) as a browser writes it in an
+    `Origin` header: lower case, no trailing slash, the scheme's default port left out
+    (`HTTPS://Meet.Example.com:443/` -> `https://meet.example.com`). ANY_ORIGIN and "null"
+    are returned as they are."""
+    page = parse_origin(value)
+    if value in (ANY_ORIGIN, "null") or page is None:
+        return value
+    scheme = urlsplit(value.strip()).scheme.lower()
+    host, port = page
+    host = f"[{host}]" if ":" in host else host  # an IPv6 literal
+    return f"{scheme}://{host}" if port == _DEFAULT_PORTS[scheme] else f"{scheme}://{host}:{port}"
 
 
 def check_allowed_origin(value: str) -> str | None:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from livemeet.gateway.origin import ANY_ORIGIN, check_allowed_origin, origin_allowed
+from livemeet.gateway.origin import (
+    ANY_ORIGIN,
+    canonical_origin,
+    check_allowed_origin,
+    origin_allowed,
+)
 
 
 @pytest.mark.parametrize(
@@ -56,3 +61,11 @@ def test_behind_a_proxy_the_forwarded_host_is_the_servers_own() -> None:
 )
 def test_allowed_origins_are_checked(value: str, ok: bool) -> None:
     assert (check_allowed_origin(value) is None) is ok
+
+
+def test_canonical_origin_is_what_a_browser_sends() -> None:
+    assert canonical_origin("HTTPS://Meet.Example.com:443/") == "https://meet.example.com"
+    assert canonical_origin("http://localhost:3000") == "http://localhost:3000"
+    assert canonical_origin("http://[::1]:80") == "http://[::1]"
+    assert canonical_origin("http://[::1]:8000") == "http://[::1]:8000"
+    assert canonical_origin("*") == "*" and canonical_origin("null") == "null"
