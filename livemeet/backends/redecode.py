@@ -2,12 +2,16 @@
 
 Live sessions re-decode their open window every hop through `LiveSession` (commit policy and
 speaker mapping live there). Upload sessions (`SessionOptions.live` False) buffer all audio and
-decode once at `end()`: `TextDelta` events whose concatenation equals the transcript's `.text`,
-then `TranscriptFinal`. A subclass provides `info`, `load()` and `transcribe_window()`; it may
-override `transcribe_upload()` (the default walks consecutive <= 30 s windows).
+are decoded after `end()`, one window per step (`upload_pieces`); after the last window come
+`TextDelta` events whose concatenation equals the transcript's `.text`, then `TranscriptFinal`.
+A subclass provides `info`, `load()` and `transcribe_window()`; it may override
+`upload_pieces()` (the default walks consecutive <= 30 s windows).
 
-One `step()` runs at most one decode (one session's hop or one upload), round-robin over the
-sessions with work, so a step's duration is bounded by one window decode.
+One `step()` runs at most one window decode: one live session's hop or one window of one
+upload, so a step's duration is bounded by one window decode (a 90-minute upload is ~180
+steps, not one). Live hops go first, round-robin; an upload window runs when no hop is due, or
+once every live session has had a step since the last upload window, so a hop waits behind at
+most one upload window and uploads still advance while hops keep coming.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import abc
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -39,11 +43,22 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class _UploadJob:
+    """An upload being decoded: `pieces` yields the segments of one window per `next()`;
+    `segments` holds those yielded so far (times from 0)."""
+
+    pieces: Iterator[list[Segment]]
+    duration_s: float
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass
 class _Session:
     options: SessionOptions
     live: LiveSession | None  # None for an upload
     upload: list[Samples] = field(default_factory=list)
     ended: bool = False
+    job: _UploadJob | None = None  # an upload's decode, from its first step after end()
 
 
 class RedecodeCore(abc.ABC):
@@ -54,6 +69,9 @@ class RedecodeCore(abc.ABC):
 
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        # live hops since the last upload window: at the number of live sessions, an upload
+        # waiting gets the next step (module docstring)
+        self._num_live_steps = 0
 
     # -- what a subclass provides -------------------------------------------------------------
 
@@ -71,12 +89,12 @@ class RedecodeCore(abc.ABC):
         """Transcribe `samples` [n] float32 16 kHz (n <= 30 s) that start `offset_s` s into the
         session. Returns segments with absolute times (s from the session start)."""
 
-    def transcribe_upload(self, samples: Samples, prompt: str | None) -> list[Segment]:
-        """Transcribe a whole file [n] float32 16 kHz, any length, times from 0.
+    def upload_pieces(self, samples: Samples, prompt: str | None) -> Iterator[list[Segment]]:
+        """Transcribe a whole file [n] float32 16 kHz, any length, times from 0, lazily: each
+        `next()` decodes at most one window and yields its segments (maybe none), in order.
 
         Default: consecutive 30 s windows; a window's last segment, possibly cut by the window
         boundary, is re-decoded at the start of the next window."""
-        out: list[Segment] = []
         start = 0
         while start < samples.size:
             stop = min(start + WINDOW_SAMPLES, samples.size)
@@ -87,9 +105,12 @@ class RedecodeCore(abc.ABC):
                 cut = round(segs[-1].start_s * SAMPLE_RATE)
                 if cut > start:
                     segs, next_start = segs[:-1], cut
-            out.extend(segs)
+            yield segs
             start = next_start
-        return out
+
+    def transcribe_upload(self, samples: Samples, prompt: str | None) -> list[Segment]:
+        """All of `upload_pieces` at once (offline use and tests; sessions decode by piece)."""
+        return [seg for piece in self.upload_pieces(samples, prompt) for seg in piece]
 
     def close(self) -> None:
         """Free the model; a subclass that holds one overrides this and calls super()."""
@@ -143,7 +164,7 @@ class RedecodeCore(abc.ABC):
         return None
 
     def set_incoming_uploads(self, count: int) -> None:
-        """Ignored: uploads are decoded one at a time, not batched, so none waits for others."""
+        """Ignored: uploads are decoded a window per step, not batched, so none waits for others."""
         return None
 
     def is_holding(self) -> bool:
@@ -151,20 +172,25 @@ class RedecodeCore(abc.ABC):
         return False
 
     def step(self) -> list[tuple[str, Event]]:
-        for sid, sess in self._sessions.items():
-            if self._ready(sess):
-                self._sessions.move_to_end(sid)  # round-robin
-                try:
-                    events = self._run(sess)
-                except LivemeetError as exc:
-                    events = [Error(exc.code, exc.message, exc.retryable)]
-                except Exception as exc:  # one session's decode failure must not stop others
-                    log.exception("decode failed for session %s", sid)
-                    events = [Error("internal_error", f"decode failed: {exc!r}")]
-                if events and isinstance(events[-1], TranscriptFinal | Error):
-                    del self._sessions[sid]
-                return [(sid, e) for e in events]
-        return []
+        sid = self._next_session()
+        if sid is None:
+            return []
+        sess = self._sessions[sid]
+        self._sessions.move_to_end(sid)  # round-robin
+        if sess.live is None:
+            self._num_live_steps = 0
+        else:
+            self._num_live_steps += 1
+        try:
+            events = self._run(sess)
+        except LivemeetError as exc:
+            events = [Error(exc.code, exc.message, exc.retryable)]
+        except Exception as exc:  # one session's decode failure must not stop others
+            log.exception("decode failed for session %s", sid)
+            events = [Error("internal_error", f"decode failed: {exc!r}")]
+        if events and isinstance(events[-1], TranscriptFinal | Error):
+            del self._sessions[sid]
+        return [(sid, e) for e in events]
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -173,6 +199,21 @@ class RedecodeCore(abc.ABC):
             return self._sessions[session_id]
         except KeyError:
             raise NotFound(f"unknown session {session_id!r}") from None
+
+    def _next_session(self) -> str | None:
+        """The session the next step serves (module docstring): the first ready live session
+        in round-robin order, unless an upload is ready and no hop is due or every live session
+        has had a step since the last upload window; None when nothing is ready."""
+        live = upload = None
+        for sid, sess in self._sessions.items():
+            if sess.live is not None and live is None and self._ready(sess):
+                live = sid
+            elif sess.live is None and upload is None and self._ready(sess):
+                upload = sid
+        num_live = sum(s.live is not None for s in self._sessions.values())
+        if upload is not None and (live is None or self._num_live_steps >= num_live):
+            return upload
+        return live
 
     @staticmethod
     def _ready(sess: _Session) -> bool:
@@ -204,18 +245,25 @@ class RedecodeCore(abc.ABC):
         return events
 
     def _run_upload(self, sess: _Session) -> list[Event]:
-        samples = np.concatenate(sess.upload) if sess.upload else np.zeros(0, np.float32)
-        sess.upload = []
-        duration_s = samples.size / SAMPLE_RATE
-        segs = (
-            self.transcribe_upload(samples, self._prompt(sess.options, None))
-            if samples.size
-            else []
-        )
-        finals = upload_segments(segs, duration_s)
-        transcript = Transcript(finals, duration_s, FinishReason.STOP)
+        """One window of the upload (no events), or its events once every window is decoded."""
+        job = sess.job
+        if job is None:
+            samples = np.concatenate(sess.upload) if sess.upload else np.zeros(0, np.float32)
+            sess.upload = []
+            prompt = self._prompt(sess.options, None)
+            job = sess.job = _UploadJob(
+                self.upload_pieces(samples, prompt), samples.size / SAMPLE_RATE
+            )
+        piece = next(job.pieces, None)
+        if piece is not None:
+            job.segments.extend(piece)
+            return []
+        finals = upload_segments(job.segments, job.duration_s)
+        transcript = Transcript(finals, job.duration_s, FinishReason.STOP)
         events: list[Event] = [TextDelta(d) for d in text_deltas(finals)]
-        events.append(TranscriptFinal(finals, FinishReason.STOP, transcript.coverage, duration_s))
+        events.append(
+            TranscriptFinal(finals, FinishReason.STOP, transcript.coverage, job.duration_s)
+        )
         return events
 
 

@@ -183,3 +183,35 @@ def test_trim_to_speech_by_frames() -> None:
         ("zero-length", 12.3),
         ("past the frames", 15.5),
     ]
+
+
+def test_an_upload_is_decoded_a_window_per_step(
+    demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Handed the whole file, faster-whisper decoded a 3-minute upload in one step, freezing
+    every live session's captions for 7.3 s (a trial): each step now gives it <= 30 s."""
+    heard_s: list[float] = []
+    pieces = [SimpleNamespace(start=0.5, end=2.0, text=" words")]
+
+    def spy(audio: np.ndarray, **kwargs: object) -> object:
+        heard_s.append(audio.size / 16_000)
+        return iter(pieces), None
+
+    monkeypatch.setattr(demo_core._model, "transcribe", spy)
+    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
+    demo_core.open("up", SessionOptions(live=False))
+    demo_core.append("up", np.zeros(70 * 16_000, dtype=np.float32))
+    demo_core.end("up")
+    steps = []
+    while demo_core.has_work():
+        before = len(heard_s)
+        events = demo_core.step()
+        steps.append(len(heard_s) - before)
+    assert heard_s == [30.0, 30.0, 10.0] and max(steps) == 1
+    final = events[-1][1]
+    assert isinstance(final, TranscriptFinal)
+    assert [(s.start_s, s.end_s) for s in final.segments] == [
+        (0.5, 2.0),
+        (30.5, 32.0),
+        (60.5, 62.0),
+    ]

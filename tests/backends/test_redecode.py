@@ -141,3 +141,64 @@ def test_prompt_is_options_then_committed_text(use_committed: bool) -> None:
     with_text = [p for p in core.prompts if p and reference[0].text in p]
     assert bool(with_text) == use_committed
     assert all(p is not None and p.startswith("Agenda: Ebenezer") for p in core.prompts)
+
+
+def test_a_live_hop_arriving_mid_upload_is_served_before_the_upload_ends() -> None:
+    """A user trial: a 3-minute upload froze every live session's captions for 7.3 s, since
+    one step decoded the whole file. Now a step decodes one upload window at most, and a hop
+    that arrives meanwhile goes before the upload's next window."""
+    core = ScriptedCore(Script(long_reference(95.0)))
+    core.open("up", UPLOAD)
+    core.append("up", audio(95.0))
+    core.end("up")
+    core.open("live", SessionOptions())
+    order = [(sid, type(e).__name__) for sid, e in core.step()]  # the upload's first window
+    core.append("live", audio(3.0))  # a hop is due while the upload is in flight
+    decodes_per_step = [core.num_hops]
+    while core.has_work():
+        before = core.num_hops
+        order += [(sid, type(e).__name__) for sid, e in core.step()]
+        decodes_per_step.append(core.num_hops - before)
+    assert max(decodes_per_step) == 1  # a step is bounded by one window decode
+    first_live = order.index(("live", "SegmentPartial"))
+    assert first_live < order.index(("up", "TranscriptFinal"))
+    assert order[0][0] == "live"  # the upload's first step sent nothing: it had more windows
+
+
+def test_uploads_advance_while_live_hops_keep_coming() -> None:
+    """Live first, but not forever: with a hop due in every live session before every step,
+    each upload still gets a window once every live session has had a step."""
+    core = ScriptedCore(Script(long_reference(95.0)))
+    for sid in ("a", "b"):
+        core.open(sid, SessionOptions())
+    core.open("up", UPLOAD)
+    core.append("up", audio(95.0))
+    core.end("up")
+    served: list[str] = []
+    finished = None
+    for step in range(30):
+        for sid in ("a", "b"):
+            core.append(sid, audio(1.0))
+        before = core.num_hops
+        out = core.step()
+        assert core.num_hops - before <= 1
+        served += {sid for sid, _ in out}
+        if any(isinstance(e, TranscriptFinal) for _, e in out):
+            finished = step
+            break
+    # 4 windows and the final: at most one step in three once both live sessions had theirs
+    assert finished is not None and finished <= 3 * 5
+    assert {"a", "b"} <= set(served)
+
+
+def test_an_upload_gives_the_same_events_decoded_by_pieces() -> None:
+    """The events of an upload decoded a window per step equal those of its whole transcript
+    at once (`transcribe_upload`), deltas in order."""
+    reference = long_reference(95.0)
+    events = stream(ScriptedCore(Script(reference)), audio(95.0), chunk_s=5.0, options=UPLOAD)
+    whole = upload_segments(
+        ScriptedCore(Script(reference)).transcribe_upload(audio(95.0), None), 95.0
+    )
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal) and final.segments == whole
+    assert [e.text for e in events[:-1] if isinstance(e, TextDelta)] == text_deltas(whole)
