@@ -19,6 +19,14 @@ minutes of silence read [120.0]). Each segment is checked against WebRTC's VAD o
 more than DEMO_LATE_SPEECH_S after its start starts there. faster-whisper's own `vad_filter`
 (Silero) removes silence before decoding instead, but its timestamps then stretch a segment
 across the removed gap (8.0-131.1 s for the end of the first turn in that audio).
+
+Greedy tiny.en loops: it wrote "Yeah, yeah, yeah, ..." (670 characters) over 4-30 s of AMI
+tst00, where speech goes on. faster-whisper's own remedy, a temperature fallback when the text
+compresses too well, samples, so the same audio could come back with different text; its
+`no_repeat_ngram_size` keeps decoding greedy and forbids a window's output from repeating
+DEMO_NO_REPEAT_NGRAM_TOKENS tokens, which ends a loop within a few periods (tst00 then reads
+what was said). A segment whose text still ends in a loop (`cut_periodic_tail`) is cut after its
+first period and flagged REPETITION_CUT.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ from livemeet.config import ModelConfig
 from livemeet.errors import ConfigError
 from livemeet.session.vad import Classifier, speech_frames, webrtc_classifier
 from livemeet.transcriber import BackendInfo, Samples
-from livemeet.transcript.segments import Segment
+from livemeet.transcript.repetition import cut_periodic_tail
+from livemeet.transcript.segments import Segment, SegmentFlag
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +56,9 @@ DEMO_LATE_SPEECH_S = 1.0
 # s each side of a segment's span searched for speech before it is dropped: Whisper's times
 # are loose by a few tenths, and a short word's frames may lie just outside them
 DEMO_SPEECH_MARGIN_S = 0.3
+# tokens; faster-whisper's no_repeat_ngram_size (module docstring). On AMI dev00 and JFK the
+# text is unchanged; 5 also dropped a speaker's real repeat of "What's it username?" in dev01
+DEMO_NO_REPEAT_NGRAM_TOKENS = 6
 _INSTALL_HINT = "install the demo extra: pip install 'livemeet[demo]'"
 
 
@@ -125,6 +137,7 @@ class DemoCore(RedecodeCore):
             initial_prompt=prompt,
             # tiny.en loops easily when fed its own output; each window stands alone.
             condition_on_previous_text=False,
+            no_repeat_ngram_size=DEMO_NO_REPEAT_NGRAM_TOKENS,
             vad_filter=False,
         )
         out: list[Segment] = []
@@ -132,13 +145,17 @@ class DemoCore(RedecodeCore):
             text = p.text.strip()
             if not text:
                 continue
+            cut = cut_periodic_tail(text)
+            flags = () if cut is None else (SegmentFlag.REPETITION_CUT,)
+            text = text if cut is None else cut
             # Whisper times can run past the audio it was given (it sees 30 s of padding): a
             # segment starting past it is made up from the padding (kept at the edge, the last
             # live decode would commit it), one ending past it is clamped
             start = offset_s + p.start
             if start >= end_s:
                 continue
-            out.append(Segment(start, min(max(offset_s + p.end, start), end_s), DEMO_SPEAKER, text))
+            end = min(max(offset_s + p.end, start), end_s)
+            out.append(Segment(start, end, DEMO_SPEAKER, text, flags=flags))
         return trim_to_speech(out, speech_frames(samples, self._classifier()), offset_s)
 
 

@@ -58,6 +58,23 @@ def periodic_tail(text: str, min_span: int, max_period: int) -> int | None:
     return None
 
 
+def cut_periodic_tail(text: str, options: RepetitionOptions | None = None) -> str | None:
+    """`text` cut after the first copy of its periodic tail (`periodic_tail` with `options`'
+    thresholds), or None when its tail is not periodic: a runaway segment ("Yeah, yeah, ..."
+    for 26 s) keeps what came before the loop plus one period, cut at the last space in that
+    period when it holds one (a period may start mid-word: "eah, y" of "Yeah, yeah, ...")."""
+    o = options or RepetitionOptions()
+    period = periodic_tail(text, o.min_span_chars, o.max_period_chars)
+    if period is None:
+        return None
+    start = len(text) - o.min_span_chars - period  # text[i] == text[i + period] from here on
+    while start > 0 and text[start - 1] == text[start - 1 + period]:
+        start -= 1
+    stop = start + period
+    space = text.rfind(" ", start + 1, stop + 1)
+    return text[: space if space > 0 else stop].rstrip()
+
+
 class RepetitionGuard:
     """Feed confirmed segments with `push`, the text of the segment being written with
     `check_pending`; `flush` at a normal end releases held segments. Once a loop is seen the

@@ -17,6 +17,7 @@ class SegmentFlag(StrEnum):
     INHERITED_SPEAKER = "inherited_speaker"  # no [Sxx] tag; took the previous segment's speaker
     MISSING_END = "missing_end"  # no end timestamp before EOS; end set from the audio
     END_CLAMPED = "end_clamped"  # end time was past the audio end and was clamped to it
+    REPETITION_CUT = "repetition_cut"  # text cut where it began to repeat (a decode loop)
 
 
 @dataclass(frozen=True)

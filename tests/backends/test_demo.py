@@ -20,7 +20,7 @@ from livemeet.transcriber import (
     TextDelta,
     TranscriptFinal,
 )
-from livemeet.transcript.segments import Segment
+from livemeet.transcript.segments import Segment, SegmentFlag
 from tests.backends.conftest import load_16k
 from tests.backends.helpers import stream
 
@@ -215,3 +215,34 @@ def test_an_upload_is_decoded_a_window_per_step(
         (30.5, 32.0),
         (60.5, 62.0),
     ]
+
+
+def test_a_looping_segment_is_cut_and_flagged(
+    demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial: tiny.en wrote 670 characters of "Yeah, yeah, ..." over 4-30 s of an upload
+    (finish_reason "stop", no flag), and 230 of "If the reed-o-o-..." as a live partial over
+    1 s. Whatever loop gets past `no_repeat_ngram_size` is cut and flagged."""
+    pieces = [
+        SimpleNamespace(start=0.0, end=4.0, text=" I wonder how much."),
+        SimpleNamespace(start=4.0, end=30.0, text=" Yeah," + " yeah," * 110),
+        SimpleNamespace(start=30.0, end=31.0, text=" If the reed" + "-o" * 110),
+    ]
+    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
+    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
+    out = demo_core.transcribe_window(np.zeros(31 * 16_000, dtype=np.float32), 0.0, None)
+    assert [(s.text, s.flags) for s in out] == [
+        ("I wonder how much.", ()),
+        ("Yeah,", (SegmentFlag.REPETITION_CUT,)),
+        ("If the reed-o", (SegmentFlag.REPETITION_CUT,)),
+    ]
+
+
+def test_tst00_upload_does_not_loop(demo_core: DemoCore, shared_data: Path) -> None:
+    """The trial's file: 4-30 s read "Yeah, yeah, ..." (670 characters). With
+    no_repeat_ngram_size tiny.en writes what was said there (~4 s on 2 cores)."""
+    samples = load_16k(shared_data / "ami-pyannote-debug" / "tst00.wav")
+    final = stream(demo_core, samples, chunk_s=30.0, options=SessionOptions(live=False))[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert max(len(s.text) for s in final.segments) < 200
+    assert "what do we need to talk about" in words(" ".join(s.text for s in final.segments))

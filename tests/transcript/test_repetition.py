@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from livemeet.transcript.repetition import RepetitionGuard, RepetitionOptions, periodic_tail
+from livemeet.transcript.repetition import (
+    RepetitionGuard,
+    RepetitionOptions,
+    cut_periodic_tail,
+    periodic_tail,
+)
 from livemeet.transcript.segments import Segment
 
 
@@ -77,3 +82,11 @@ def test_a_seeded_run_counts_toward_the_limit() -> None:
     assert [s.text for s in other.push(seg(6, "b")).release] == ["b"]
     for _ in range(2):
         assert not other.push(seg(7, "b")).looping
+
+
+def test_cut_periodic_tail_keeps_one_period_at_a_word_boundary() -> None:
+    """A demo trial: tiny.en wrote 670 characters of "Yeah, yeah, ..." as one segment."""
+    assert cut_periodic_tail("Yeah, " + "yeah, " * 100 + "yeah") == "Yeah,"
+    assert cut_periodic_tail("I said no. " + "Yeah, " * 40) == "I said no. Yeah,"
+    assert cut_periodic_tail("If the reed" + "-o" * 110) == "If the reed-o"  # no space in it
+    assert cut_periodic_tail("plain text " * 3) is None  # too short a span to be a loop
