@@ -7,6 +7,14 @@ has no word times) and it ends at least `horizon_s` behind the audio edge. Final
 immutable, numbered "seg-0001", "seg-0002", ... and never re-emitted; the rest of the latest
 hypothesis is the open tail, sent as a full-replacement partial.
 
+A final carries the times of the partial segment it confirms (the earlier of the two
+hypotheses), with the later one's text: two decodes agree on a segment whose times moved by up
+to `time_tolerance_s`, and the client was shown the earlier times. Taking the later times
+turned a JFK partial 0.00-7.54 into a final 0.00-8.00 (the upload says 7.54). The exception is
+a shown segment that ended at its decode's audio edge: speech ran into the edge there, so its
+end is the edge's, not one the model wrote, and the later times are kept. Tail segments start
+no earlier than the committed end.
+
 Plain Python: no I/O, no clock; times are audio seconds passed in by the caller.
 """
 
@@ -16,7 +24,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from livemeet.audio.constants import COMMIT_HORIZON_S, COMMIT_TIME_TOLERANCE_S
+from livemeet.audio.constants import (
+    COMMIT_HORIZON_S,
+    COMMIT_TIME_TOLERANCE_S,
+    STAMP_RESOLUTION_S,
+)
 from livemeet.transcript.segments import Segment
 
 _PUNCT = re.compile(r"[^\w\s]")
@@ -82,6 +94,7 @@ class CommitBuffer:
         self.options = options or CommitOptions()
         self._committed: list[Segment] = []
         self._tail: tuple[Segment, ...] = ()
+        self._tail_edge_s = 0.0  # audio edge (s) of the hypothesis the tail came from
 
     @property
     def committed(self) -> tuple[Segment, ...]:
@@ -101,9 +114,19 @@ class CommitBuffer:
         the horizon; the remainder becomes the open tail."""
         current = tuple(hypothesis)
         n = agreed_prefix(self._tail, current, edge_s, self.options)
-        finals = self._commit(current[:n])
-        self._tail = tuple(as_partial(s) for s in current[n:])
+        shown = zip(self._tail[:n], current[:n], strict=True)
+        finals = self._commit([self._confirmed(prev, cur) for prev, cur in shown])
+        floor_s = self.committed_end_s
+        self._tail = tuple(as_partial(starting_from(s, floor_s)) for s in current[n:])
+        self._tail_edge_s = edge_s
         return CommitUpdate(finals, self._tail)
+
+    def _confirmed(self, shown: Segment, later: Segment) -> Segment:
+        """The final of a segment two hypotheses agree on (module docstring): `later`'s text
+        with `shown`'s times, unless `shown` ended at its decode's edge."""
+        if shown.end_s >= self._tail_edge_s - STAMP_RESOLUTION_S:
+            return later
+        return replace(later, start_s=shown.start_s, end_s=shown.end_s)
 
     def force_commit(self, count: int | None = None) -> CommitUpdate:
         """Commit the first `count` segments of the open tail (all of it when None)."""
@@ -128,6 +151,13 @@ class CommitBuffer:
             self._committed.append(final)
             out.append(final)
         return tuple(out)
+
+
+def starting_from(seg: Segment, floor_s: float) -> Segment:
+    """`seg` starting no earlier than `floor_s` (s), its end no earlier than its start."""
+    if seg.start_s >= floor_s:
+        return seg
+    return replace(seg, start_s=floor_s, end_s=max(seg.end_s, floor_s))
 
 
 def as_partial(seg: Segment) -> Segment:

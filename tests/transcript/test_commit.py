@@ -73,3 +73,29 @@ def test_committed_starts_never_decrease() -> None:
     buf.force_commit()
     starts = [s.start_s for s in buf.committed]
     assert starts == sorted(starts)
+
+
+def test_a_final_keeps_the_times_of_the_partial_it_confirms() -> None:
+    """`livemeet stream jfk.flac --fast` (demo): the partial read 0.00-7.54 and 7.54-9.00, the
+    next decode 0.00-8.00 and 8.00-11.00 (agreeing within the tolerance), and the final took
+    8.00, which neither the partial nor the upload (7.54) said."""
+    buf = CommitBuffer(OPTS)
+    buf.update([seg(0, 7.54, "ask not"), seg(7.54, 9.0, "ask what")], edge_s=9.0)
+    update = buf.update([seg(0, 8.0, "Ask not."), seg(8.0, 11.0, "ask what you")], edge_s=11.0)
+    assert [(s.start_s, s.end_s, s.text) for s in update.finals] == [(0, 7.54, "Ask not.")]
+    assert [(s.start_s, s.end_s) for s in update.tail] == [(8.0, 11.0)]
+
+
+def test_a_partial_that_ran_into_its_edge_commits_with_the_later_times() -> None:
+    """A partial ending at its decode's audio edge (0-8.00 at 8.00: speech went on past it)
+    has no end of its own: the later decode's end (7.54) is the model's, and the tail may not
+    start before the committed end."""
+    buf = CommitBuffer(OPTS)
+    buf.update([seg(0, 8.0, "ask not")], edge_s=8.0)
+    update = buf.update([seg(0, 7.54, "ask not"), seg(7.54, 9.0, "ask what")], edge_s=9.0)
+    assert [(s.start_s, s.end_s) for s in update.finals] == [(0, 7.54)]
+    buf = CommitBuffer(OPTS)
+    buf.update([seg(0, 7.9, "ask not"), seg(7.9, 8.5, "ask")], edge_s=9.0)
+    update = buf.update([seg(0, 7.5, "ask not"), seg(7.5, 9.5, "ask what")], edge_s=10.0)
+    assert [(s.start_s, s.end_s) for s in update.finals] == [(0, 7.9)]
+    assert [(s.start_s, s.end_s) for s in update.tail] == [(7.9, 9.5)]
