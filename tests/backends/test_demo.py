@@ -70,6 +70,17 @@ def test_load_warns_loudly(demo_core: DemoCore, caplog: pytest.LogCaptureFixture
     assert any("DEMO BACKEND" in r.message for r in caplog.records)
 
 
+def test_a_decode_adds_no_line_to_the_log(
+    demo_core: DemoCore, shared_data: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """faster-whisper logged "Processing audio with duration ..." at INFO for every live hop
+    of every session (65 lines in a trial's first minute)."""
+    samples = load_16k(shared_data / "jfk" / "jfk.flac")[: 3 * 16_000]
+    caplog.set_level(logging.INFO)
+    assert demo_core.transcribe_window(samples, 0.0, None)  # decoded: speech
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("faster_whisper")]
+
+
 def test_upload_jfk_wer(demo_core: DemoCore, shared_data: Path) -> None:
     import jiwer
 
