@@ -2,8 +2,9 @@
 
 Live sessions re-decode their open window every hop through `LiveSession` (commit policy and
 speaker mapping live there). Upload sessions (`SessionOptions.live` False) buffer all audio and
-are decoded after `end()`, one window per step (`upload_pieces`); after the last window come
-`TextDelta` events whose concatenation equals the transcript's `.text`, then `TranscriptFinal`.
+are decoded after `end()`, one window per step (`upload_pieces`); each window's segments go
+out as they are decoded, each as a `TextDelta` (all of them concatenated equal the transcript's
+`.text`) and a `SegmentFinal`, and `TranscriptFinal` follows the last window.
 A subclass provides `info`, `load()` and `transcribe_window()`; it may override
 `upload_pieces()` (the default walks consecutive <= 30 s windows).
 
@@ -33,6 +34,7 @@ from livemeet.transcriber import (
     Error,
     Event,
     Samples,
+    SegmentFinal,
     SessionOptions,
     TextDelta,
     TranscriptFinal,
@@ -45,11 +47,13 @@ log = logging.getLogger(__name__)
 @dataclass
 class _UploadJob:
     """An upload being decoded: `pieces` yields the segments of one window per `next()`;
-    `segments` holds those yielded so far (times from 0)."""
+    `finals` holds the final segments made of them so far (`upload_segment`), and `text` their
+    joined text, which the TextDeltas sent so far add up to."""
 
     pieces: Iterator[list[Segment]]
     duration_s: float
-    segments: list[Segment] = field(default_factory=list)
+    finals: list[Segment] = field(default_factory=list)
+    text: str = ""
 
 
 @dataclass
@@ -256,15 +260,28 @@ class RedecodeCore(abc.ABC):
             )
         piece = next(job.pieces, None)
         if piece is not None:
-            job.segments.extend(piece)
-            return []
-        finals = upload_segments(job.segments, job.duration_s)
+            return _finish_piece(job, piece)
+        finals = tuple(job.finals)
         transcript = Transcript(finals, job.duration_s, FinishReason.STOP)
-        events: list[Event] = [TextDelta(d) for d in text_deltas(finals)]
-        events.append(
-            TranscriptFinal(finals, FinishReason.STOP, transcript.coverage, job.duration_s)
-        )
-        return events
+        return [TranscriptFinal(finals, FinishReason.STOP, transcript.coverage, job.duration_s)]
+
+
+def _finish_piece(job: _UploadJob, piece: Sequence[Segment]) -> list[Event]:
+    """A decoded window's segments as finals, each with its TextDelta (what it adds to the
+    joined text) and SegmentFinal: a streamed upload shows each window's text as it is
+    decoded, not all of it after the last."""
+    events: list[Event] = []
+    for seg in piece:
+        final = upload_segment(seg, job.finals[-1] if job.finals else None, job.duration_s)
+        if final is None:
+            continue
+        job.finals.append(final)
+        longer = join_texts((job.text, final.text))  # it only appends (text_deltas)
+        if len(longer) > len(job.text):
+            events.append(TextDelta(longer[len(job.text) :]))
+        job.text = longer
+        events.append(SegmentFinal(final))
+    return events
 
 
 def upload_segments(segments: Sequence[Segment], duration_s: float) -> tuple[Segment, ...]:
@@ -272,22 +289,29 @@ def upload_segments(segments: Sequence[Segment], duration_s: float) -> tuple[Seg
     non-decreasing starts, ids "seg-0001"..."""
     out: list[Segment] = []
     for seg in segments:
-        text = seg.text.strip()
-        if not text:
-            continue
-        start = min(max(seg.start_s, out[-1].start_s if out else 0.0), duration_s)
-        end = min(max(seg.end_s, start), duration_s)
-        out.append(
-            replace(
-                seg,
-                start_s=start,
-                end_s=end,
-                text=text,
-                id=f"seg-{len(out) + 1:04d}",
-                is_final=True,
-            )
-        )
+        final = upload_segment(seg, out[-1] if out else None, duration_s)
+        if final is not None:
+            out.append(final)
     return tuple(out)
+
+
+def upload_segment(seg: Segment, previous: Segment | None, duration_s: float) -> Segment | None:
+    """`seg` as the upload's final segment after `previous` (the last final, None for the
+    first): None for an empty text; times clamped to [0, duration_s], its start no earlier
+    than `previous`'s; the id after `previous`'s."""
+    text = seg.text.strip()
+    if not text:
+        return None
+    start = min(max(seg.start_s, previous.start_s if previous else 0.0), duration_s)
+    number = 1 if previous is None else int(previous.id.removeprefix("seg-")) + 1
+    return replace(
+        seg,
+        start_s=start,
+        end_s=min(max(seg.end_s, start), duration_s),
+        text=text,
+        id=f"seg-{number:04d}",
+        is_final=True,
+    )
 
 
 def text_deltas(segments: Sequence[Segment]) -> list[str]:

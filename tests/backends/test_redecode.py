@@ -9,7 +9,7 @@ from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.backends.redecode import text_deltas, upload_segments
 from livemeet.backends.scripted import Script, ScriptedCore
 from livemeet.errors import InvalidRequest, NotFound, ProtocolError
-from livemeet.transcriber import Error, SessionOptions, TextDelta, TranscriptFinal
+from livemeet.transcriber import Error, SegmentFinal, SessionOptions, TextDelta, TranscriptFinal
 from livemeet.transcript.segments import Segment, Transcript
 from tests.backends.helpers import run_to_idle, stream
 
@@ -57,8 +57,9 @@ def test_upload_decodes_once_at_end_in_windows(duration_s: float) -> None:
     events = stream(core, audio(duration_s), chunk_s=5.0, options=UPLOAD)
     final = events[-1]
     assert isinstance(final, TranscriptFinal) and final.duration_s == duration_s
-    assert all(isinstance(e, TextDelta) for e in events[:-1])
-    assert "".join(e.text for e in events[:-1]) == Transcript(final.segments, duration_s).text
+    deltas = [e.text for e in events[:-1] if isinstance(e, TextDelta)]
+    assert "".join(deltas) == Transcript(final.segments, duration_s).text
+    assert [e.segment for e in events if isinstance(e, SegmentFinal)] == list(final.segments)
     assert [s.text for s in final.segments] == [r.text for r in reference]
     # segments cut by a 30 s window boundary were re-decoded whole from the next window
     assert [(s.start_s, s.end_s) for s in final.segments] == [
@@ -162,7 +163,26 @@ def test_a_live_hop_arriving_mid_upload_is_served_before_the_upload_ends() -> No
     assert max(decodes_per_step) == 1  # a step is bounded by one window decode
     first_live = order.index(("live", "SegmentPartial"))
     assert first_live < order.index(("up", "TranscriptFinal"))
-    assert order[0][0] == "live"  # the upload's first step sent nothing: it had more windows
+    assert order[0] == ("up", "TextDelta")  # the first window's text, sent at once
+
+
+def test_an_upload_sends_each_windows_segments_as_it_is_decoded() -> None:
+    """A streamed upload's text came all at once after its last window: a 90-minute demo
+    upload showed nothing over SSE for its whole decode. Each window's finals now go out at
+    its step, and their ids, times and texts are those of the final transcript."""
+    core = ScriptedCore(Script(long_reference(95.0)))
+    core.open("up", UPLOAD)
+    core.append("up", audio(95.0))
+    core.end("up")
+    steps = []
+    while core.has_work():
+        steps.append([e for _, e in core.step()])
+    final = steps[-1][-1]
+    assert isinstance(final, TranscriptFinal) and len(steps) >= 4  # 4 windows of <= 30 s
+    sent = [[e.segment for e in step if isinstance(e, SegmentFinal)] for step in steps[:-1]]
+    assert all(sent), "every window of speech sends its segments at its own step"
+    assert [seg for step in sent for seg in step] == list(final.segments)
+    assert sent[0][-1].end_s <= 30.0  # the first step's: the first window's
 
 
 def test_uploads_advance_while_live_hops_keep_coming() -> None:
