@@ -8,12 +8,14 @@ immutable, numbered "seg-0001", "seg-0002", ... and never re-emitted; the rest o
 hypothesis is the open tail, sent as a full-replacement partial.
 
 A final carries the times of the partial segment it confirms (the earlier of the two
-hypotheses), with the later one's text: two decodes agree on a segment whose times moved by up
-to `time_tolerance_s`, and the client was shown the earlier times. Taking the later times
-turned a JFK partial 0.00-7.54 into a final 0.00-8.00 (the upload says 7.54). The exception is
-a shown segment that ended at its decode's audio edge: speech ran into the edge there, so its
-end is the edge's, not one the model wrote, and the later times are kept. Tail segments start
-no earlier than the committed end.
+hypotheses), with the later one's text, where the shown segment ends no later than the later
+one: two decodes agree on a segment whose times moved by up to `time_tolerance_s`, and the
+client was shown the earlier times. Taking the later times turned a JFK partial 0.00-7.54 into
+a final 0.00-8.00 (the upload says 7.54). The later times are kept where the shown segment
+ends later (the committed end, where the next decode window starts, must not pass audio the
+later decode gave to the next segment) or at its decode's audio edge (speech ran into the
+edge there: that end is the edge's, not one the model wrote). So a final ends at the earlier
+of the two ends, and the next segment of either hypothesis starts no earlier.
 
 Plain Python: no I/O, no clock; times are audio seconds passed in by the caller.
 """
@@ -116,15 +118,15 @@ class CommitBuffer:
         n = agreed_prefix(self._tail, current, edge_s, self.options)
         shown = zip(self._tail[:n], current[:n], strict=True)
         finals = self._commit([self._confirmed(prev, cur) for prev, cur in shown])
-        floor_s = self.committed_end_s
-        self._tail = tuple(as_partial(starting_from(s, floor_s)) for s in current[n:])
+        self._tail = tuple(as_partial(s) for s in current[n:])
         self._tail_edge_s = edge_s
         return CommitUpdate(finals, self._tail)
 
     def _confirmed(self, shown: Segment, later: Segment) -> Segment:
         """The final of a segment two hypotheses agree on (module docstring): `later`'s text
-        with `shown`'s times, unless `shown` ended at its decode's edge."""
-        if shown.end_s >= self._tail_edge_s - STAMP_RESOLUTION_S:
+        with `shown`'s times, unless `shown` ends after `later` or at its decode's edge."""
+        at_edge = shown.end_s >= self._tail_edge_s - STAMP_RESOLUTION_S
+        if at_edge or shown.end_s > later.end_s:
             return later
         return replace(later, start_s=shown.start_s, end_s=shown.end_s)
 
@@ -151,13 +153,6 @@ class CommitBuffer:
             self._committed.append(final)
             out.append(final)
         return tuple(out)
-
-
-def starting_from(seg: Segment, floor_s: float) -> Segment:
-    """`seg` starting no earlier than `floor_s` (s), its end no earlier than its start."""
-    if seg.start_s >= floor_s:
-        return seg
-    return replace(seg, start_s=floor_s, end_s=max(seg.end_s, floor_s))
 
 
 def as_partial(seg: Segment) -> Segment:

@@ -508,3 +508,21 @@ def test_preview_clips_at_the_edge_in_marker_time() -> None:
     # ends at 2.8 in marker time: inside the 2-s audio edge (3.0 in marker time)
     events = live.preview([Segment(start_s=0.3, end_s=2.8, speaker="S01", text="one")], {"S01"})
     assert [s.end_s for s in events[0].segments] == [2.8]
+
+
+def test_a_final_does_not_move_the_next_window_past_the_later_decodes_speech() -> None:
+    """Two decodes agree on "ask not", shown as 0-7.9 and re-decoded as 0-7.5 with "ask what"
+    from 7.5. The final took the shown times (a review), so the next window started at 7.9 and
+    7.5-7.9 of "ask what" was decoded by no later hop. It starts at 7.5 now."""
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(9.0))
+    assert live.window().offset_s == 0.0
+    live.apply_hypothesis([Segment(0, 7.9, "S01", "ask not"), Segment(7.9, 8.5, "S01", "ask")])
+    live.receive_audio(audio(1.0))
+    live.window()
+    events = live.apply_hypothesis(
+        [Segment(0, 7.5, "S01", "ask not"), Segment(7.5, 9.5, "S01", "ask what")]
+    )
+    assert [(s.start_s, s.end_s) for s in finals_of(events)] == [(0, 7.5)]
+    live.receive_audio(audio(1.0))
+    assert live.window().offset_s == 7.5

@@ -88,8 +88,10 @@ def test_a_final_keeps_the_times_of_the_partial_it_confirms() -> None:
 
 def test_a_partial_that_ran_into_its_edge_commits_with_the_later_times() -> None:
     """A partial ending at its decode's audio edge (0-8.00 at 8.00: speech went on past it)
-    has no end of its own: the later decode's end (7.54) is the model's, and the tail may not
-    start before the committed end."""
+    has no end of its own: the later decode's end (7.54) is the model's. A partial ending after
+    the later decode's end keeps the later times too: its end would be the committed end, past
+    the start of the later decode's next segment (a review: 7.5-7.9 of "ask what" was then left
+    out of every later decode window)."""
     buf = CommitBuffer(OPTS)
     buf.update([seg(0, 8.0, "ask not")], edge_s=8.0)
     update = buf.update([seg(0, 7.54, "ask not"), seg(7.54, 9.0, "ask what")], edge_s=9.0)
@@ -97,5 +99,6 @@ def test_a_partial_that_ran_into_its_edge_commits_with_the_later_times() -> None
     buf = CommitBuffer(OPTS)
     buf.update([seg(0, 7.9, "ask not"), seg(7.9, 8.5, "ask")], edge_s=9.0)
     update = buf.update([seg(0, 7.5, "ask not"), seg(7.5, 9.5, "ask what")], edge_s=10.0)
-    assert [(s.start_s, s.end_s) for s in update.finals] == [(0, 7.9)]
-    assert [(s.start_s, s.end_s) for s in update.tail] == [(7.9, 9.5)]
+    assert [(s.start_s, s.end_s) for s in update.finals] == [(0, 7.5)]
+    assert [(s.start_s, s.end_s) for s in update.tail] == [(7.5, 9.5)]
+    assert buf.committed_end_s == 7.5
