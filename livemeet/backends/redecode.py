@@ -11,8 +11,9 @@ A subclass provides `info`, `load()` and `transcribe_window()`; it may override
 One `step()` runs at most one window decode: one live session's hop or one window of one
 upload, so a step's duration is bounded by one window decode (a 90-minute upload is ~180
 steps, not one). Live hops go first, round-robin; an upload window runs when no hop is due, or
-once every live session has had a step since the last upload window, so a hop waits behind at
-most one upload window and uploads still advance while hops keep coming.
+once every live session with a hop due has had a step since the last upload window, so a hop
+waits behind at most one upload window and uploads still advance while hops keep coming.
+Uploads are served oldest first, each to its end.
 """
 
 from __future__ import annotations
@@ -180,10 +181,10 @@ class RedecodeCore(abc.ABC):
         if sid is None:
             return []
         sess = self._sessions[sid]
-        self._sessions.move_to_end(sid)  # round-robin
         if sess.live is None:
-            self._num_live_steps = 0
+            self._num_live_steps = 0  # not moved: uploads are served oldest first
         else:
+            self._sessions.move_to_end(sid)  # live sessions round-robin
             self._num_live_steps += 1
         try:
             events = self._run(sess)
@@ -207,17 +208,21 @@ class RedecodeCore(abc.ABC):
     def _next_session(self) -> str | None:
         """The session the next step serves (module docstring): the first ready live session
         in round-robin order, unless an upload is ready and no hop is due or every live session
-        has had a step since the last upload window; None when nothing is ready."""
-        live = upload = None
+        with a hop due has had a step since the last upload window; None when nothing is
+        ready. The upload is the oldest ready one: uploads run one after another, window by
+        window (taking turns, K uploads would all finish near the end of the K-th)."""
+        live: list[str] = []
+        upload = None
         for sid, sess in self._sessions.items():
-            if sess.live is not None and live is None and self._ready(sess):
-                live = sid
-            elif sess.live is None and upload is None and self._ready(sess):
+            if not self._ready(sess):
+                continue
+            if sess.live is not None:
+                live.append(sid)
+            elif upload is None:
                 upload = sid
-        num_live = sum(s.live is not None for s in self._sessions.values())
-        if upload is not None and (live is None or self._num_live_steps >= num_live):
+        if upload is not None and self._num_live_steps >= len(live):
             return upload
-        return live
+        return live[0] if live else None
 
     @staticmethod
     def _ready(sess: _Session) -> bool:

@@ -185,6 +185,25 @@ def test_an_upload_sends_each_windows_segments_as_it_is_decoded() -> None:
     assert sent[0][-1].end_s <= 30.0  # the first step's: the first window's
 
 
+def test_uploads_are_served_oldest_first() -> None:
+    """Window by window, three 95-s uploads took turns and finished at steps 13, 14 and 15 (a
+    review): the first waited nearly three times as long as alone. One after another they
+    finish at steps 5, 10 and 15."""
+    core = ScriptedCore(Script(long_reference(95.0)))
+    for sid in ("a", "b", "c"):
+        core.open(sid, UPLOAD)
+        core.append(sid, audio(95.0))
+        core.end(sid)
+    finished: dict[str, int] = {}
+    step = 0
+    while core.has_work():
+        step += 1
+        for sid, event in core.step():
+            if isinstance(event, TranscriptFinal):
+                finished[sid] = step
+    assert finished == {"a": 5, "b": 10, "c": 15}
+
+
 def test_uploads_advance_while_live_hops_keep_coming() -> None:
     """Live first, but not forever: with a hop due in every live session before every step,
     each upload still gets a window once every live session has had a step."""
@@ -222,3 +241,21 @@ def test_an_upload_gives_the_same_events_decoded_by_pieces() -> None:
     final = events[-1]
     assert isinstance(final, TranscriptFinal) and final.segments == whole
     assert [e.text for e in events[:-1] if isinstance(e, TextDelta)] == text_deltas(whole)
+
+
+def test_idle_live_sessions_do_not_slow_an_upload() -> None:
+    """The upload's turn came once as many live steps as open live sessions had run: with 50
+    open and one streaming fast, an upload got one window per 50 hops (a review). It counts
+    the sessions with a hop due."""
+    core = ScriptedCore(Script(long_reference(95.0)))
+    for k in range(50):
+        core.open(f"idle{k}", SessionOptions())
+    core.open("fast", SessionOptions())
+    core.open("up", UPLOAD)
+    core.append("up", audio(95.0))
+    core.end("up")
+    for step in range(1, 20):
+        core.append("fast", audio(1.0))  # a hop due before every step
+        if any(isinstance(e, TranscriptFinal) for _, e in core.step()):
+            break
+    assert step <= 2 * 5  # 5 upload steps, each after at most one hop
