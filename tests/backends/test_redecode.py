@@ -254,8 +254,10 @@ def test_idle_live_sessions_do_not_slow_an_upload() -> None:
     core.open("up", UPLOAD)
     core.append("up", audio(95.0))
     core.end("up")
-    for step in range(1, 20):
+    steps = 0
+    done = False
+    while not done and steps < 20:
         core.append("fast", audio(1.0))  # a hop due before every step
-        if any(isinstance(e, TranscriptFinal) for _, e in core.step()):
-            break
-    assert step <= 2 * 5  # 5 upload steps, each after at most one hop
+        done = any(isinstance(e, TranscriptFinal) for _, e in core.step())
+        steps += 1
+    assert done and steps <= 2 * 5  # 5 upload steps, each after at most one hop
