@@ -46,7 +46,8 @@ class State(StrEnum):
     AWAITING_START = "awaiting_start"
     STREAMING = "streaming"
     ENDING = "ending"
-    DRAINING = "draining"  # ended by the server (shutdown): the client's frames are ignored
+    # ended by the server (shutdown, or an idle client: ws_live): the client's frames are ignored
+    DRAINING = "draining"
     CLOSED = "closed"
 
 
@@ -162,8 +163,9 @@ class LiveProtocol:
         return AppendAudio(bytes(data))
 
     def server_end(self) -> bool:
-        """The server is shutting down: end a STREAMING session that has audio as the
-        client's `end` would (-> DRAINING; True: the transport ends the backend session). In
+        """The server ends the session (shutting down, or the client went idle): end a
+        STREAMING session that has audio as the client's `end` would (-> DRAINING; True: the
+        transport ends the backend session). In
         any other state nothing changes (False): ENDING already ends, and a session without
         audio has nothing to transcribe."""
         if self.state is not State.STREAMING or self.num_audio_bytes == 0:

@@ -248,8 +248,11 @@ class LiveConnection:
         """An idle client whose session has audio: end the session as its `end` would, so the
         meeting's transcript is not lost (the client may still be reading: a paused recorder,
         a stalled upstream); `error` follows the final. False where there is nothing to
-        transcribe (no audio) or the session is already ending."""
+        transcribe (no audio). True, with no error held, for a session that another path (a
+        drain) ended while the deadline fired."""
         async with self._actions:
+            if self.protocol.state in (State.ENDING, State.DRAINING):
+                return True  # ended meanwhile (a drain held the lock): its final is coming
             if not self.protocol.server_end():
                 return False
             self._end_error = error
@@ -260,7 +263,7 @@ class LiveConnection:
         gateway = self.app[CONFIG_KEY].gateway
         if limit == "final":
             return EngineUnavailable(
-                f"no final transcript within {gateway.final_timeout_s:g} s of end"
+                f"no final transcript within {gateway.final_timeout_s:g} s of the session's end"
             )
         if limit == "start":
             return ClientTimeout(f"no 'start' within {LIVE_START_TIMEOUT_S:g} s of connecting")

@@ -29,7 +29,7 @@ from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY
 from livemeet.gateway.ws_live import GOING_AWAY
 from tests.gateway.conftest import ClientFactory, pcm16
-from tests.gateway.fakes import FINAL_EVERY, FakeTranscriber
+from tests.gateway.fakes import FINAL_EVERY, FakeSession, FakeTranscriber
 
 START = {"type": "start", "sample_rate": 16000, "channels": 1, "encoding": "pcm_s16le"}
 
@@ -260,6 +260,38 @@ async def test_an_idle_session_with_audio_gets_its_final_before_the_timeout(
     assert ws.close_code == ClientTimeout.close_code
     assert fake.sessions[0].log.ended
     await wait_until(lambda: len(client.app[REGISTRY_KEY]) == 0)
+
+
+async def test_a_drain_racing_the_idle_deadline_still_sends_the_final(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The idle deadline fired while a drain's `end` held the connection's lock: the idle path
+    then found the session DRAINING, raised client_timeout and closed 4408 before the final (a
+    review). Whoever ended the session first, the final comes."""
+    slow_end = FakeSession.end
+
+    async def end(self: FakeSession) -> None:
+        await asyncio.sleep(0.4)  # the drain holds the lock across the idle deadline
+        await slow_end(self)
+
+    monkeypatch.setattr(FakeSession, "end", end)
+    fake.end_gate = asyncio.Event()
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.5)
+    async with client.ws_connect("/v1/live") as ws:
+        await start_session(ws)
+        await ws.send_bytes(pcm16(1.5))
+        await asyncio.sleep(0.3)
+        (connection,) = client.app[REGISTRY_KEY]._connections
+        drain = asyncio.create_task(connection.drain())
+        await asyncio.sleep(1.0)
+        fake.end_gate.set()
+        events = await asyncio.wait_for(receive_all(ws), 5)
+        await drain
+    assert events[-1]["type"] == "transcript.final", events
+    assert ws.close_code == GOING_AWAY
 
 
 async def test_an_idle_timeout_below_the_start_limit_is_named_as_such(
