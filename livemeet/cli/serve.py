@@ -420,12 +420,14 @@ def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
-    from livemeet.gateway.app import create_app
+    from livemeet.gateway.app import cors_package, create_app
 
     try:
         config = config_from_args(args)
         context = ssl_context(config)
         check_data_dir(config)
+        if config.gateway.allowed_origins:
+            cors_package()
         if args.check_config:
             preflight_model(config.model)
             log.info("configuration ok (no weights loaded, nothing listened on)")

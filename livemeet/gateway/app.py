@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 
 from aiohttp import web
 
@@ -94,6 +95,18 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     return app
 
 
+def cors_package() -> ModuleType:
+    """aiohttp-cors, imported only where `--allowed-origin` needs it (a server without runs
+    without the package: the GPU benchmark image). Raises ConfigError naming the package."""
+    try:
+        import aiohttp_cors
+    except ImportError as exc:
+        raise ConfigError(
+            f"--allowed-origin needs the aiohttp-cors package ({exc}): pip install aiohttp-cors"
+        ) from exc
+    return aiohttp_cors
+
+
 def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
     """CORS (aiohttp-cors) on the HTTP API for the `--allowed-origin` pages, so a web app
     served elsewhere can upload and fetch transcripts as it may open live sessions: preflight
@@ -102,9 +115,8 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
     headers); no credentials (cookies): the API takes none."""
     if not allowed:
         return
-    import aiohttp_cors  # here: a server without --allowed-origin runs without it (GPU image)
-
-    options = aiohttp_cors.ResourceOptions(  # type: ignore[no-untyped-call]  # no annotations
+    aiohttp_cors = cors_package()
+    options = aiohttp_cors.ResourceOptions(
         allow_credentials=False,
         allow_methods="*",  # those the route serves; any other is still a 405
         allow_headers="*",
@@ -217,7 +229,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = await handler(request)
     except LivemeetError as exc:
         level = logging.WARNING if exc.http_status >= 500 else logging.INFO
-        log.log(level, "%s %s: %s: %s", request.method, request.path, exc.code, exc.message)
+        log.log(level, "%s %s: %s: %s", request.method, _log_path(request), exc.code, exc.message)
         response = _render_error(request, exc)
     except web.HTTPNotFound:
         response = _render_error(request, NotFound(f"no route for {request.path}"))
@@ -237,17 +249,23 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except ConnectionResetError:  # aiohttp's ClientConnectionResetError included
         # the client went away mid-request (mid-upload, most often): nobody to answer, and no
         # server bug; counted as nginx's 499, "client closed request"
-        log.info("client closed the connection during %s %s", request.method, request.path)
+        log.info("client closed the connection during %s %s", request.method, _log_path(request))
         response = web.Response(status=CLIENT_CLOSED_STATUS)  # aiohttp drops it: no transport
     except asyncio.CancelledError:  # aiohttp cancels the handler of a lost connection too
-        log.info("request cancelled: %s %s", request.method, request.path)
+        log.info("request cancelled: %s %s", request.method, _log_path(request))
         metrics.requests.labels(route, str(CLIENT_CLOSED_STATUS)).inc()
         raise
     except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
+        log.exception("unhandled error in %s %s", request.method, _log_path(request))
         response = _render_error(request, InternalError("internal server error"))
     metrics.requests.labels(route, str(response.status)).inc()
     return response
+
+
+def _log_path(request: web.Request) -> str:
+    """The request's path as sent, still percent-encoded: the decoded `request.path` may hold a
+    newline (`%0A`), which would forge a line in the log."""
+    return request.rel_url.raw_path
 
 
 def _render_error(request: web.Request, error: LivemeetError) -> web.Response:

@@ -189,6 +189,20 @@ def test_serve_check_config_validates_without_loading_or_listening(
         assert serve.run(build_parser().parse_args(base + ["--forced-output", str(forced)])) == 0
 
 
+def test_allowed_origins_without_aiohttp_cors_are_a_config_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where aiohttp-cors is missing (the GPU image installs without dependencies), an
+    --allowed-origin was a traceback at start-up and passed --check-config (a review)."""
+    monkeypatch.setitem(sys.modules, "aiohttp_cors", None)  # import raises ImportError
+    flags = ["serve", "--load-format", "dummy", "--data-dir", str(tmp_path)]
+    origin = ["--allowed-origin", "https://app.example"]
+    with caplog.at_level("INFO"):
+        assert serve.run(build_parser().parse_args([*flags, *origin, "--check-config"])) == 2
+        assert "needs the aiohttp-cors package" in caplog.text
+        assert serve.run(build_parser().parse_args([*flags, "--check-config"])) == 0
+
+
 def test_serve_refuses_an_unusable_data_dir_in_one_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

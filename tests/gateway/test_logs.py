@@ -62,3 +62,16 @@ async def test_a_shutdown_logs_its_drain(
     lines = messages(caplog, "livemeet.gateway.app")
     assert lines[0] == "shutting down: draining 1 live sessions"
     assert lines[1].startswith("live sessions drained in ")
+
+
+async def test_a_request_path_cannot_forge_a_log_line(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The refused-request line logged the decoded path, so `%0A` in a URL wrote a second,
+    forged line into the log (a review)."""
+    caplog.set_level(logging.INFO, "livemeet.gateway")
+    forged = "/v1/transcriptions/x%0A2026-12-05%2014:00:00%20INFO%20forged"
+    assert (await client.get(forged)).status == 404
+    lines = messages(caplog, "livemeet.gateway.app")
+    assert lines and all("\n" not in line for line in lines)
+    assert any("x%0A2026" in line for line in lines)
