@@ -7,13 +7,13 @@
 #   2: live, 30-minute meetings, 32 sessions, minutes 27.5-30 (never run)
 #   3: live, 10-minute meetings, 64 sessions
 # H100 (80 GB: 100 sessions of 10 minutes or 32 of 30 need ~90 GB of KV in bf16, so the live
-# targets cannot be run there): SGLang-Omni's published H100 figures are for uploads (MODEL.md
-# section 7: a ~38-minute meeting in 45-49 s at c1, ~97-99 audio-s/s at 16 meetings; DESIGN
-# section 10: ~380 audio-s/s on short clips at c16), so
-#   1: the HTTP sweep: short c16, long c16 and c1
-#   2: live, 10-minute meetings, 64 sessions (~57 GB of KV)
-#   3: the engine bench: the decode table against the bandwidth floor, short c16, long c1, FP8
-#      long c16
+# targets cannot be run there). Session 31 ran its first H100 calls: the HTTP sweep's short
+# c16, long c16 and c1 against SGLang-Omni's published H100 figures (MODEL.md section 7,
+# DESIGN section 10), the engine bench (decode table, short c16, long c1, FP8 long c16) and
+# live at 64 sessions. Next on an H100:
+#   1: the rest of the HTTP sweep: short c1, c4, c64 and long c4
+#   2: live, 10-minute meetings, 64 sessions beside 2 long uploads (~66 GB of KV with them)
+#   3: the engine bench: long c16 bf16 and FP8 long c1 (and short c16, which it always runs)
 # Each run fits one call of <= 10 minutes with its server start. GPU_BENCH replaces
 # scripts/gpu_bench.sh (the tests' stand-in). Every gpu_bench.sh variable a run does not set
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
@@ -24,9 +24,9 @@ bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
 echo "=== gpu_next.sh $call on: $gpu"
-live10() {
+live10() {  # sessions, LIVE_S, uploads (default 0)
   GPU_UTIL_MS=200 LIVE_HEAD_SPEED= LIVE_HEAD_S=450 LIVE_DURATION_S=600 LIVE_S="$2" \
-    LIVE_SESSIONS="$1" LIVE_UPLOADS=0 bash "$bench" live
+    LIVE_SESSIONS="$1" LIVE_UPLOADS="${3:-0}" bash "$bench" live
 }
 case "$gpu:$call" in
   *H200*:1) live10 100 375 ;;
@@ -36,13 +36,13 @@ case "$gpu:$call" in
     ;;
   *H200*:3) live10 64 370 ;;
   *H100*:1)
-    GPU_UTIL_MS=500 HTTP_WORKLOADS=short,long HTTP_SHORT_C=16 HTTP_SHORT_MIN=512 \
-      HTTP_LONG_C=16,1 HTTP_LONG_MIN=2 HTTP_ASSUMED_RATE=110 SWEEP_S=545 \
+    GPU_UTIL_MS=500 HTTP_WORKLOADS=short,long HTTP_SHORT_C=1,4,64 HTTP_SHORT_MIN=256 \
+      HTTP_LONG_C=4 HTTP_LONG_MIN=4 HTTP_ASSUMED_RATE=100 SWEEP_S=545 \
       bash "$bench" http
     ;;
-  *H100*:2) live10 64 370 ;;
+  *H100*:2) live10 64 380 2 ;;
   *H100*:3)
-    PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=520 SHORT_C=16 LONG_C=1 FP8_POINTS=long:16 \
+    PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=520 SHORT_C=16 LONG_C=16 FP8_POINTS=long:1 \
       bash "$bench" engine
     ;;
   *)

@@ -12,7 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # a gpu_bench.sh stand-in: prints its phase and the settings that tell the runs apart
 BENCH = """#!/usr/bin/env bash
-echo "phase=$1 sessions=${LIVE_SESSIONS:-} duration=${LIVE_DURATION_S:-} http=${HTTP_WORKLOADS:-}"
+echo "phase=$1 sessions=${LIVE_SESSIONS:-} uploads=${LIVE_UPLOADS:-} \
+duration=${LIVE_DURATION_S:-} http=${HTTP_SHORT_C:-}/${HTTP_LONG_C:-} fp8=${FP8_POINTS:-}"
 """
 
 
@@ -26,7 +27,7 @@ def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str
     for f in (smi, bench):
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
     # the caller's gpu_bench.sh settings would pass through to the stand-in: not ours to test
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVE_", "HTTP_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVE_", "HTTP_", "FP8_"))}
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_BENCH=str(bench))
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_next.sh"), call],
@@ -40,12 +41,20 @@ def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str
 @pytest.mark.parametrize(
     ("card", "call", "expected"),
     [
-        ("NVIDIA H200", "1", "phase=live sessions=100 duration=600 http="),
-        ("NVIDIA H200", "2", "phase=live sessions=32 duration=1800 http="),
-        ("NVIDIA H200", "3", "phase=live sessions=64 duration=600 http="),
-        ("NVIDIA H100 80GB HBM3", "1", "phase=http sessions= duration= http=short,long"),
-        ("NVIDIA H100 80GB HBM3", "2", "phase=live sessions=64 duration=600 http="),
-        ("NVIDIA H100 80GB HBM3", "3", "phase=engine sessions= duration= http="),
+        ("NVIDIA H200", "1", "phase=live sessions=100 uploads=0 duration=600 http=/ fp8="),
+        ("NVIDIA H200", "2", "phase=live sessions=32 uploads=0 duration=1800 http=/ fp8="),
+        ("NVIDIA H200", "3", "phase=live sessions=64 uploads=0 duration=600 http=/ fp8="),
+        (
+            "NVIDIA H100 80GB HBM3",
+            "1",
+            "phase=http sessions= uploads= duration= http=1,4,64/4 fp8=",
+        ),
+        ("NVIDIA H100 80GB HBM3", "2", "phase=live sessions=64 uploads=2 duration=600 http=/ fp8="),
+        (
+            "NVIDIA H100 80GB HBM3",
+            "3",
+            "phase=engine sessions= uploads= duration= http=/ fp8=long:1",
+        ),
     ],
 )
 def test_each_card_gets_its_run(tmp_path: Path, card: str, call: str, expected: str) -> None:
