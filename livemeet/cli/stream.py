@@ -101,11 +101,14 @@ class StreamResult:
         # the wire's durations are rounded to the ms (protocol.md): 30.0000625 s arrive as 30.0
         if final is None or final["duration"] >= round(file_s, 3):
             return None
-        unsent_s = max(0.0, file_s - self.sent_s)
+        covered_s = float(final["duration"])
+        # the final's duration is what the server read (protocol.md): frames sent past it may
+        # have sat unread in socket buffers, so it, not `sent_s`, is where to resend from
         return (
-            f"the server ended the session early (close {self.close_code}): "
-            f"{self.sent_s:.2f} s of the {file_s:.2f} s file had been sent, the last "
-            f"{unsent_s:.2f} s were not; the transcript covers {final['duration']:.2f} s"
+            f"the server ended the session early (close {self.close_code}): the transcript "
+            f"covers {covered_s:.2f} s of the {file_s:.2f} s file; resend from {covered_s:.2f} s "
+            f"(the last {file_s - covered_s:.2f} s are not transcribed; {self.sent_s:.2f} s "
+            "had been sent)"
         )
 
 

@@ -682,8 +682,16 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
     assert result.final["duration"] <= result.sent_s < 4.0
     why = result.shortfall(4.0)
     assert why is not None and "1001" in why
-    assert f"{result.sent_s:.2f} s of the 4.00 s file had been sent" in why
-    assert f"the last {4.0 - result.sent_s:.2f} s were not" in why
+    covered = result.final["duration"]
+    assert f"resend from {covered:.2f} s (the last {4.0 - covered:.2f} s" in why
+    assert f"{result.sent_s:.2f} s had been sent" in why
+    # frames the server never read (its socket buffers): the final, not what was sent, says
+    # where to resend from (a review: 30 s sent, 20 s covered read "the last 0.00 s were not")
+    buffered = stream.StreamResult([{"type": "transcript.final", "duration": 20.0}], [], 1001)
+    buffered.sent_s = 30.0
+    assert "resend from 20.00 s (the last 10.00 s are not transcribed" in str(
+        buffered.shortfall(30.0)
+    )
     full = stream.StreamResult([{"type": "transcript.final", "duration": 4.0}], [0.0], 1000)
     assert full.shortfall(4.0) is None
     # 30.0000625 s (AMI dev00) arrive as 30.0 on the wire: that is all of it (found by a
@@ -708,8 +716,8 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     monkeypatch.setattr(stream, "stream_samples", drained)
     assert main(["stream", str(wav)]) == 1
     err = capsys.readouterr().err
-    assert "6.00 s of the 30.00 s file had been sent, the last 24.00 s were not" in err
-    assert "the transcript covers 6.00 s" in err
+    assert "the transcript covers 6.00 s of the 30.00 s file; resend from 6.00 s" in err
+    assert "(the last 24.00 s are not transcribed; 6.00 s had been sent)" in err
     # a drain after the whole file was sent: the transcript is complete
     final = {"type": "transcript.final", "duration": 30.0}
     whole = stream.StreamResult([final], [30.1], GOING_AWAY, sent_s=30.0)
