@@ -140,6 +140,9 @@ STAMP_RESOLUTION_S = 0.01
 LIVE_MAX_WINDOW_S = 25.0  # s; longest open window before a forced commit (Whisper reads <= 30 s)
 MAX_PROMPT_CHARS = 4_096  # characters; longest client prompt (live `start` or an upload's form)
 MAX_LANGUAGE_CHARS = 32  # characters; longest `language` (live `start` or an upload's form)
+MAX_HOTWORDS = 256  # hotwords in a live `start` (each is in every hop's prompt)
+MAX_HOTWORD_CHARS = 128  # characters per hotword: a name or a phrase
+CORS_MAX_AGE_S = 600  # s a browser may cache a CORS preflight's answer (Chromium caps 7,200)
 LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
 # tokens of committed transcript a live hop prefills as forced assistant tokens, so it decodes
 # only the new tail (DESIGN 5.3: the whole committed transcript up to 2,048 tokens, then its most

@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from livemeet.audio.constants import MAX_LANGUAGE_CHARS, MAX_PROMPT_CHARS
+# the hotword limits are a live `start`'s (uploads take none; `transcribe` applies the same)
+from livemeet.audio.constants import (
+    MAX_HOTWORD_CHARS,
+    MAX_HOTWORDS,
+    MAX_LANGUAGE_CHARS,
+    MAX_PROMPT_CHARS,
+)
 from livemeet.errors import InvalidRequest
-
-# a live `start`'s limits (uploads take no hotwords; `transcribe` applies the same)
-from livemeet.gateway.live_protocol import MAX_HOTWORD_CHARS, MAX_HOTWORDS
 
 
 def add_request_text_flags(p: argparse.ArgumentParser, *, language_help: str) -> None:

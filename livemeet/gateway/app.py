@@ -17,6 +17,7 @@ from types import ModuleType
 
 from aiohttp import web
 
+from livemeet.audio.constants import CORS_MAX_AGE_S
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     ConfigError,
@@ -52,8 +53,6 @@ log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 TRANSCRIPT_FLUSH_TIMEOUT_S = 10.0  # s a shutdown waits for transcript files to be written
 CLIENT_CLOSED_STATUS = 499  # requests whose client left before the response (nginx's code)
-# s a browser may cache a CORS preflight's answer (Chromium caps it at 7,200)
-CORS_MAX_AGE_S = 600
 # the HTTP API routes a page of an `--allowed-origin` may call (CORS); the live socket checks
 # the origin itself (gateway/origin.py), and health and metrics are for operators
 CORS_ROUTES = ("transcriptions", "models", "model", "transcript")
@@ -238,7 +237,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         message = f"{request.method} is not allowed on {request.path}; use {allowed}"
         response = _render_error(request, MethodNotAllowed(message))
         response.headers["Allow"] = allowed  # as HTTP clients expect with a 405
-    except web.HTTPForbidden as exc:  # aiohttp-cors refusing a preflight: says why in its text
+    # aiohttp-cors refusing a preflight, which says why in its text (the only 403 raised here:
+    # nothing of ours raises it, so every HTTPForbidden is a refused preflight)
+    except web.HTTPForbidden as exc:
         response = _render_error(request, RequestRejected(exc.text or "forbidden"))
     except web.HTTPException as exc:
         if exc.status < 400:

@@ -20,6 +20,8 @@ from enum import StrEnum
 from typing import Any
 
 from livemeet.audio.constants import (
+    MAX_HOTWORD_CHARS,
+    MAX_HOTWORDS,
     MAX_LANGUAGE_CHARS,
     MAX_PCM_CHANNELS,
     MAX_PCM_SAMPLE_RATE,
@@ -37,9 +39,6 @@ BYTES_PER_SAMPLE = PCM_S16LE_BYTES
 MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE
 MAX_SAMPLE_RATE = MAX_PCM_SAMPLE_RATE
 MAX_CHANNELS = MAX_PCM_CHANNELS
-MAX_HOTWORDS = 256
-# characters per hotword: a name or a phrase (each is in every hop's prompt)
-MAX_HOTWORD_CHARS = 128
 
 
 class State(StrEnum):

@@ -132,7 +132,9 @@ async def test_in_process_upload_text_deltas() -> None:
     assert isinstance(final, TranscriptFinal)
     deltas = "".join(e.text for e in events if isinstance(e, TextDelta))
     assert deltas == " ".join(s.text for s in DEFAULT_SCRIPT.reference)
-    assert all(isinstance(e, TextDelta) for e in events[:-1])
+    # each segment as it is decoded: its text, then the segment (redecode's uploads)
+    assert all(isinstance(e, TextDelta | SegmentFinal) for e in events[:-1])
+    assert tuple(e.segment for e in events if isinstance(e, SegmentFinal)) == final.segments
 
 
 async def test_abort_frees_the_session_in_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
