@@ -50,6 +50,7 @@ from livemeet.models.loader import load_model
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcriber import SessionOptions
 from livemeet.transcript.detok import IncrementalDetokenizer
+from livemeet.transcript.segments import Segment
 from loadtest.bench_engine import TINY_CONFIG
 from loadtest.workloads import Workload, make_forced
 
@@ -154,7 +155,7 @@ def stream_us_per_token(ids_per_hop: int = 14, repeats: int = 5) -> float:
     tokenizer = load_tokenizer(None)
     _, forced = make_forced(tokenizer, Workload("live", 600.0, 3_300))
     ids = list(forced.token_ids)
-    history = ["hello there"] * 20
+    history = [Segment(float(i), i + 1.0, "S01", "hello there") for i in range(20)]
     best_s = math.inf
     for _ in range(repeats):
         start = time.perf_counter()

@@ -276,6 +276,11 @@ SHM_FALLBACK_WARNING_INTERVAL_S = 60.0
 # Repetition guard (livemeet/transcript/repetition.py); chosen by us. Greedy decoding loops on
 # noise and laughter (MODEL.md section 5.5); real meetings repeat short replies ("yeah.") a few
 # times, never this many times in a row, and never a character period over this long a span.
-REPETITION_MAX_SEGMENT_REPEATS = 4  # segments; this many consecutive same-text segments = a loop
+# segments; this many consecutive same-text segments by one speaker = a loop
+REPETITION_MAX_SEGMENT_REPEATS = 4
+# segments; a run of one text whose copies change speaker is a loop only at this length: short
+# replies ("Yeah.", "Okay.") go back and forth in meetings, and four such turns in a row cut a
+# trial's upload at 4.9 s of 138 s
+REPETITION_MAX_MIXED_REPEATS = 12
 REPETITION_MIN_SPAN_CHARS = 120  # characters; shortest periodic tail of one segment = a loop
 REPETITION_MAX_PERIOD_CHARS = 24  # characters; longest period the in-segment check looks for

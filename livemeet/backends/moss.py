@@ -586,7 +586,7 @@ class MossCore:
         sess.stream = SegmentStream(
             IncrementalDetokenizer(engine.tokenizer),
             sess.transcript.max_stamp_s,
-            [seg.text for seg in prefix],
+            prefix,
         )
 
     def _upload_events(self, sess: _Upload, segments: Sequence[Segment]) -> list[Event]:
@@ -733,7 +733,7 @@ class MossCore:
             SegmentStream(
                 IncrementalDetokenizer(engine.tokenizer),
                 edge_s,
-                [s.text for s in forced],
+                forced,
             ),
             frozenset(s.speaker for s in forced),
             now,

@@ -23,10 +23,10 @@ class SegmentStream:
     """
 
     def __init__(
-        self, detok: IncrementalDetokenizer, duration_s: float, history: Sequence[str] = ()
+        self, detok: IncrementalDetokenizer, duration_s: float, history: Sequence[Segment] = ()
     ) -> None:
-        """`history`: texts of the segments forced before this decode (oldest first), whose
-        trailing run counts toward the repetition guard's limit."""
+        """`history`: the segments forced before this decode (oldest first), whose trailing
+        run counts toward the repetition guard's limits."""
         self._detok = detok
         self._parser = TranscriptParser(duration_s)
         self._guard = RepetitionGuard()

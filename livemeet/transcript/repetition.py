@@ -1,8 +1,10 @@
 """Repetition guard: detects greedy-decoding loops in a parsed MOSS-TD stream.
 
 Greedy decoding can loop on non-speech audio (MODEL.md section 5.5). Two shapes are caught:
-- a run of `max_segment_repeats` consecutive segments with the same normalised text (the model
-  keeps writing `[t][S01]Thank you.[t']` with new times);
+- a run of consecutive segments with the same normalised text (the model keeps writing
+  `[t][S01]Thank you.[t']` with new times): `max_segment_repeats` copies by one speaker, or
+  `max_mixed_repeats` copies where the speaker changes within the run (people answer each
+  other "Yeah." in turn; a loop across speakers is rarer and runs on);
 - a segment whose text ends in a span of at least `min_span_chars` characters that repeats
   with a period of at most `max_period_chars` characters ("the the the ...", "哈哈哈...").
 
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from livemeet.audio.constants import (
+    REPETITION_MAX_MIXED_REPEATS,
     REPETITION_MAX_PERIOD_CHARS,
     REPETITION_MAX_SEGMENT_REPEATS,
     REPETITION_MIN_SPAN_CHARS,
@@ -31,12 +34,42 @@ class RepetitionOptions:
     """Thresholds (units in the names; defaults in livemeet/audio/constants.py)."""
 
     max_segment_repeats: int = REPETITION_MAX_SEGMENT_REPEATS
+    max_mixed_repeats: int = REPETITION_MAX_MIXED_REPEATS
     min_span_chars: int = REPETITION_MIN_SPAN_CHARS
     max_period_chars: int = REPETITION_MAX_PERIOD_CHARS
 
     def __post_init__(self) -> None:
-        if self.max_segment_repeats < 2 or self.min_span_chars < 2 or self.max_period_chars < 1:
+        if (
+            self.max_segment_repeats < 2
+            or self.max_mixed_repeats < self.max_segment_repeats
+            or self.min_span_chars < 2
+            or self.max_period_chars < 1
+        ):
             raise ValueError(f"repetition thresholds out of range: {self}")
+
+
+class _Run(NamedTuple):
+    """A run of consecutive segments with one normalised text `norm`: `total` copies, the last
+    `same` of them by `speaker` (the last copy's)."""
+
+    norm: str | None = None
+    speaker: str = ""
+    total: int = 0
+    same: int = 0
+
+    def after(self, speaker: str) -> _Run:
+        """The run with one more copy, by `speaker`, at its end."""
+        same = self.same + 1 if speaker == self.speaker else 1
+        return _Run(self.norm, speaker, self.total + 1, same)
+
+    def before(self, norm: str, speaker: str) -> _Run:
+        """The run with one more copy at its start (`seed` walks the history backwards); the
+        trailing same-speaker count grows only while that copy is by the last copy's
+        speaker and the run has not changed speaker yet."""
+        if self.norm is None:
+            return _Run(norm, speaker, 1, 1)
+        same = self.same + 1 if speaker == self.speaker and self.same == self.total else self.same
+        return _Run(norm, self.speaker, self.total + 1, same)
 
 
 class GuardResult(NamedTuple):
@@ -82,38 +115,39 @@ class RepetitionGuard:
 
     def __init__(self, options: RepetitionOptions | None = None) -> None:
         self.options = options or RepetitionOptions()
-        self._last_norm: str | None = None
+        self._run = _Run()  # the trailing run of one text, its emitted copies included
         self._held: list[Segment] = []
-        self._prior_copies = 0  # copies of _last_norm emitted before this decode (`seed`)
         self.tripped = False
 
-    def seed(self, history: Sequence[str]) -> None:
-        """Texts emitted before this decode (a forced transcript prefix), oldest first: the
-        copies in their trailing run of one text count toward the loop limit, so a loop that
+    def seed(self, history: Sequence[Segment]) -> None:
+        """Segments emitted before this decode (a forced transcript prefix), oldest first: the
+        copies in their trailing run of one text count toward the loop limits, so a loop that
         crosses the prefix is still seen."""
-        run, last = 0, None
-        for text in reversed(history):
-            norm = normalise_text(text)
-            if not norm or (last is not None and norm != last):
+        run = _Run()
+        for seg in reversed(history):
+            norm = normalise_text(seg.text)
+            if not norm or (run.norm is not None and norm != run.norm):
                 break
-            last, run = norm, run + 1
-        self._last_norm, self._prior_copies = last, run
+            run = run.before(norm, seg.speaker)
+        self._run = run
 
     def push(self, segment: Segment) -> GuardResult:
         """A newly confirmed segment."""
         if self.tripped:
             return GuardResult((), True)
         norm = normalise_text(segment.text)
-        if norm and norm == self._last_norm:
+        if norm and norm == self._run.norm:
+            self._run = self._run.after(segment.speaker)
             self._held.append(segment)
-            if len(self._held) + max(1, self._prior_copies) >= self.options.max_segment_repeats:
+            o = self.options
+            if self._run.same >= o.max_segment_repeats or self._run.total >= o.max_mixed_repeats:
                 self._held.clear()
                 self.tripped = True
                 return GuardResult((), True)
             return GuardResult((), False)
         released = (*self._held, segment)
         self._held.clear()
-        self._last_norm, self._prior_copies = norm, 0
+        self._run = _Run(norm, segment.speaker, 1, 1) if norm else _Run()
         return GuardResult(released, False)
 
     def check_pending(self, text: str) -> bool:
