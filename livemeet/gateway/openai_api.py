@@ -70,7 +70,7 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
-from livemeet.transcript.segments import Segment, Transcript
+from livemeet.transcript.segments import FinishReason, Segment, Transcript
 
 log = logging.getLogger(__name__)
 
@@ -376,6 +376,17 @@ async def _collect_final(session: TranscriberSession) -> TranscriptFinal:
 
 
 def _to_transcript(final: TranscriptFinal, language: str | None) -> Transcript:
+    """The upload's transcript; a decode that did not end at the model's own stop (its output
+    budget ran out, or the repetition guard cut a loop) is logged as a warning, since the
+    OpenAI response has no field to say so and its transcript may stop short of the audio."""
+    if final.finish_reason is not FinishReason.STOP:
+        log.warning(
+            "upload transcript cut short: finish_reason %s, %d segments covering %.0f%% of %.1f s",
+            final.finish_reason.value,
+            len(final.segments),
+            100 * final.coverage,
+            final.duration_s,
+        )
     return Transcript(final.segments, final.duration_s, final.finish_reason, language)
 
 

@@ -70,6 +70,7 @@ class FakeSession:
         self.log = log
         self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
         self._hops_done = 0
+        self.finish_reason = FinishReason.STOP
         self._rev = 0
         self._committed_end_s = 0.0
         self._finals: list[Segment] = []
@@ -133,7 +134,7 @@ class FakeSession:
                 start_s = end_s
         self._emit(
             TranscriptFinal(
-                tuple(self._finals), FinishReason.STOP, 1.0 if self._finals else 0.0, duration_s
+                tuple(self._finals), self.finish_reason, 1.0 if self._finals else 0.0, duration_s
             )
         )
         self._queue.put_nowait(None)
@@ -191,6 +192,7 @@ class FakeTranscriber:
         self.open_error: LivemeetError | None = None
         self.end_gate: asyncio.Event | None = None  # when set, end() waits for it to emit
         self.upload_segment_events = True  # False: uploads emit no SegmentFinal (like the demo)
+        self.finish_reason = FinishReason.STOP  # every session's TranscriptFinal's
         self.sessions: list[FakeSession] = []
         self.num_started = 0
         self.num_closed = 0
@@ -238,6 +240,7 @@ class FakeTranscriber:
             incoming=lambda: self.incoming_uploads,
         )
         session.segment_events = options.live or self.upload_segment_events
+        session.finish_reason = self.finish_reason
         self.sessions.append(session)
         return session
 

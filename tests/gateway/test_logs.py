@@ -11,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.gateway.app import close_live_sockets
+from livemeet.transcript.segments import FinishReason
 from tests.gateway.conftest import pcm16, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_openai_api import form
@@ -75,3 +76,20 @@ async def test_a_request_path_cannot_forge_a_log_line(
     lines = messages(caplog, "livemeet.gateway.app")
     assert lines and all("\n" not in line for line in lines)
     assert any("x%0A2026" in line for line in lines)
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+async def test_an_upload_cut_short_is_a_warning(
+    client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture, stream: str
+) -> None:
+    """A decode that ran out of budget (a mis-set checkpoint writing no grammar) or was cut by
+    the repetition guard answered 200 with a short or empty transcript and logged "completed"
+    (a trial): the OpenAI response has no field for it, so the log says so."""
+    caplog.set_level(logging.INFO, "livemeet.gateway")
+    assert (await client.post("/v1/audio/transcriptions", data=form(wav_bytes(2.0)))).ok
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    fake.finish_reason = FinishReason.LENGTH
+    data = form(wav_bytes(2.0), stream=stream)
+    assert await (await client.post("/v1/audio/transcriptions", data=data)).read()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "cut short: finish_reason length" in warning and "of 2.0 s" in warning
