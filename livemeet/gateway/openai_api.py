@@ -470,11 +470,9 @@ async def _send_delta(response: web.StreamResponse, text: str) -> None:
 
 
 def _segment_event(segment: Segment) -> dict[str, object]:
-    wire = segment.to_wire()
-    return {
-        "type": "transcript.text.segment",
-        **{k: wire[k] for k in ("id", "start", "end", "speaker", "text")},
-    }
+    """The segment as every wire carries it (Segment.to_wire, flags included where it has
+    any: a streamed segment dropped the `end_clamped` that diarized_json kept, a trial)."""
+    return {"type": "transcript.text.segment", **segment.to_wire()}
 
 
 async def _timed_events(

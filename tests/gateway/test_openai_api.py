@@ -514,3 +514,23 @@ async def test_a_client_gone_mid_decode_stops_it_and_frees_its_slot_only_then(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert not lifecycle.decode_slots.locked()
+
+
+def test_a_streamed_segment_keeps_its_flags() -> None:
+    """A streamed upload's segment event dropped `flags` (`end_clamped`), which diarized_json
+    kept for the same segment (a trial): both carry Segment.to_wire now."""
+    from livemeet.gateway.openai_api import _segment_event
+    from livemeet.transcript.segments import Segment, SegmentFlag
+
+    clamped = Segment(7.5, 11.0, "S01", "ask", id="seg-0002", flags=(SegmentFlag.END_CLAMPED,))
+    assert _segment_event(clamped) == {
+        "type": "transcript.text.segment",
+        "id": "seg-0002",
+        "start": 7.5,
+        "end": 11.0,
+        "speaker": "S01",
+        "text": "ask",
+        "flags": ["end_clamped"],
+    }
+    plain = _segment_event(Segment(0.0, 7.5, "S01", "so", id="seg-0001"))
+    assert "flags" not in plain
