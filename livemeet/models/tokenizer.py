@@ -114,8 +114,8 @@ def _load_checkpoint(checkpoint_dir: Path) -> Tokenizer:
     if not path.is_file():
         raise ConfigError(
             f"no {TOKENIZER_FILE} in checkpoint directory {checkpoint_dir}: a MOSS-TD checkpoint "
-            f"needs {TOKENIZER_FILE} (with tokenizer_config.json, config.json, "
-            "processor_config.json and the *.safetensors weights)"
+            f"needs {TOKENIZER_FILE} beside config.json and the *.safetensors weights "
+            "(processor_config.json is optional: README, Serving MOSS-TD)"
         )
     try:
         return Tokenizer.from_file(str(path))

@@ -275,6 +275,10 @@ def test_a_hub_id_engine_reads_the_snapshots_tokenizer_and_prompt_settings(
     with pytest.raises(ConfigError, match="no tokenizer.json") as refused:
         Engine(config)  # as for a local directory without it, with the command that fixes it
     assert "hf download someone/tiny-moss --include" in refused.value.message
+    # what it needs, as the README says: not tokenizer_config.json, and processor_config.json
+    # is optional (the message asked for both: a trial)
+    assert "(with tokenizer_config.json" not in refused.value.message
+    assert "processor_config.json is optional" in refused.value.message
     load_tokenizer(None).save(str(snapshot / "tokenizer.json"))
     shipped = {"audio_tokens_per_second": 12.5, "audio_merge_size": 4,
                "time_marker_every_seconds": 2, "enable_time_marker": True}  # fmt: skip
