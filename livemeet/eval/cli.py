@@ -6,7 +6,8 @@
 
 Formats, detected from the extension or the content: STM, RTTM, CTM, SegLST (JSON), a Kaldi
 `text` file (`utterance-id word...`: untimed, no speakers, text metrics only), livemeet's JSON
-transcripts (json, verbose_json, diarized_json) and its text output (.txt). `all` computes the
+transcripts (json, verbose_json, diarized_json), SRT and WebVTT captions (speakers from `<v S01>`
+or an `S01: ` prefix, as livemeet writes them) and its text output (.txt). `all` computes the
 text metrics when both files carry text (CER/WER only when one is untimed) and DER when both
 are timed. Exit status: 0 on success, 2 on bad input (the message names the file and line).
 """
@@ -189,7 +190,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--ref",
         required=True,
-        help="reference: STM, RTTM, CTM, SegLST, Kaldi text, livemeet JSON or text (required)",
+        help="reference: STM, RTTM, CTM, SegLST, Kaldi text, livemeet JSON, SRT, WebVTT or text "
+        "(required)",
     )
     parser.add_argument("--hyp", required=True, help="hypothesis, in the same formats (required)")
     parser.add_argument(

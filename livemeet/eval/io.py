@@ -26,8 +26,10 @@ whose channel does not match; we do not). Malformed input raises `InvalidRequest
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +239,45 @@ def parse_text_json(text: str, source: str = "<json>") -> tuple[TextSegment, ...
     return (TextSegment(DEFAULT_SESSION, PLAIN_SPEAKER, 0.0, 0.0, data["text"]),)
 
 
+# an SRT cue's speaker prefix as livemeet's writer puts it ("S01: text", DESIGN section 6)
+_SRT_SPEAKER = re.compile(r"^(S\d+):\s*")
+
+
+def parse_captions(text: str, source: str, fmt: str) -> tuple[TextSegment, ...]:
+    """SRT or WebVTT captions (`fmt` "srt" or "vtt"; livemeet's own `srt`/`vtt` responses or
+    any others) -> segments, read with webvtt-py. A cue's lines are joined with spaces; its
+    speaker is a WebVTT voice (`<v S01>`) or livemeet's SRT prefix (`S01: `), else "". WebVTT
+    escapes (`&amp;`, `&lt;`) are undone, as livemeet's writer makes them.
+    Raises InvalidRequest for malformed captions."""
+    import webvtt
+
+    try:
+        captions = webvtt.from_buffer(text.splitlines(), format=fmt)
+    except webvtt.errors.MalformedFileError as exc:
+        raise InvalidRequest(f"{source}: malformed {fmt.upper()}: {exc}") from None
+    out = []
+    for cue in captions:
+        # WebVTT: tags dropped (`text`), then its escapes undone; SRT escapes nothing, and a
+        # "<...>" there is text (`raw_text`)
+        body = html.unescape(cue.text) if fmt == "vtt" else cue.raw_text
+        body = " ".join(body.split())
+        speaker = cue.voice or ""
+        if fmt == "srt" and (prefix := _SRT_SPEAKER.match(body)):
+            speaker, body = prefix.group(1), body[prefix.end() :]
+        start_s = cue.start_time.in_milliseconds() / 1000
+        end_s = cue.end_time.in_milliseconds() / 1000
+        out.append(TextSegment(DEFAULT_SESSION, speaker, start_s, max(start_s, end_s), body))
+    return tuple(out)
+
+
+def parse_srt(text: str, source: str = "<srt>") -> tuple[TextSegment, ...]:
+    return parse_captions(text, source, "srt")
+
+
+def parse_vtt(text: str, source: str = "<vtt>") -> tuple[TextSegment, ...]:
+    return parse_captions(text, source, "vtt")
+
+
 def parse_plain_text(text: str, source: str = "<txt>") -> tuple[TextSegment, ...]:
     """A plain text transcript (the `text` response format) -> one untimed segment."""
     del source  # any text parses
@@ -258,8 +299,8 @@ def _read_text(path: Path) -> str:
 
 
 def detect_format(path: Path, text: str) -> str:
-    """One of "stm", "rttm", "uem", "ctm", "seglst", "json" (with segments), "json_text"
-    (`{"text": ...}` only), from the extension or content; "kaldi" for a file named `text`
+    """One of "stm", "rttm", "uem", "ctm", "srt", "vtt", "seglst", "json" (with segments),
+    "json_text" (`{"text": ...}` only), from the extension or content; "kaldi" for a file named `text`
     (KALDI_TEXT_NAME); "plain" for a `.txt` file that does not parse whole as any of those
     (a transcript may begin with "[Music]"); one whose every line reads as, say, STM is read
     so, which a `.stm` name or a `text` response in JSON avoids. Raises InvalidRequest when
@@ -268,7 +309,7 @@ def detect_format(path: Path, text: str) -> str:
     if path.name == KALDI_TEXT_NAME:
         return "kaldi"
     suffix = path.suffix.lower().lstrip(".")
-    if suffix in ("stm", "rttm", "uem", "ctm"):
+    if suffix in ("stm", "rttm", "uem", "ctm", "srt", "vtt"):
         return suffix
     if suffix != "txt":
         return _sniff(path, text)
@@ -282,7 +323,12 @@ def detect_format(path: Path, text: str) -> str:
 
 def _sniff(path: Path, text: str) -> str:
     """The format the content looks like (`detect_format`, without the extension's say)."""
-    stripped = text.lstrip()
+    stripped = text.lstrip("\ufeff \t\r\n")
+    if stripped.startswith("WEBVTT"):
+        return "vtt"
+    head = stripped.splitlines()[:2]
+    if len(head) == 2 and head[0].strip().isdigit() and "-->" in head[1]:
+        return "srt"
     if stripped.startswith("["):
         return "seglst"
     if stripped.startswith("{"):
@@ -301,7 +347,8 @@ def _sniff(path: Path, text: str) -> str:
     if len(first) >= 5 and _is_number(first[3]) and _is_number(first[4]):
         return "stm"
     raise InvalidRequest(
-        f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json name (or `text` for Kaldi)"
+        f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json/.srt/.vtt name (or `text` "
+        "for Kaldi)"
     )
 
 
@@ -321,6 +368,8 @@ _TEXT_PARSERS = {
     "json_text": parse_text_json,
     "kaldi": parse_kaldi_text,
     "plain": parse_plain_text,
+    "srt": parse_srt,
+    "vtt": parse_vtt,
 }
 # text formats without times: no speaker turns, no DER
 _UNTIMED = ("kaldi", "json_text", "plain")

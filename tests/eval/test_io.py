@@ -174,3 +174,26 @@ def test_kaldi_text_is_one_untimed_segment_per_utterance(tmp_path: Path) -> None
     assert has_text(path) and not has_times(path)
     with pytest.raises(InvalidRequest, match="no times"):
         load_turns(path)
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt"])
+def test_our_own_captions_read_back_as_they_were_written(tmp_path: Path, fmt: str) -> None:
+    """`livemeet eval --hyp out.srt` said "cannot tell the format" for livemeet's own srt and
+    vtt responses (a trial). Both read back with speakers, times and texts, named or not."""
+    from livemeet.eval.io import load_segments, load_turns
+    from livemeet.transcript.formats import ResponseFormat, render
+    from livemeet.transcript.segments import Segment, Transcript
+
+    segments = (
+        Segment(0.0, 7.54, "S01", "And so, my fellow Americans: R&D <matters>", id="seg-0001"),
+        Segment(7.54, 3723.5, "S02", "ask what you can do", id="seg-0002"),
+    )
+    body, _ = render(Transcript(segments, 3725.0), ResponseFormat(fmt))
+    for name in (f"hyp.{fmt}", "hyp.txt"):  # by its name, and by its content
+        path = tmp_path / name
+        path.write_text(body, encoding="utf-8")
+        read = load_segments(path)
+        assert [(s.speaker, s.start_s, s.end_s, s.text) for s in read] == [
+            (s.speaker, s.start_s, s.end_s, s.text) for s in segments
+        ]
+        assert [t.speaker for t in load_turns(path)] == ["S01", "S02"]
