@@ -256,7 +256,7 @@ def parse_captions(text: str, source: str, fmt: str) -> tuple[TextSegment, ...]:
     except webvtt.errors.MalformedFileError as exc:
         raise InvalidRequest(f"{source}: malformed {fmt.upper()}: {exc}") from None
     out = []
-    for cue in captions:
+    for cue in captions.captions:
         # WebVTT: tags dropped (`text`), then its escapes undone; SRT escapes nothing, and a
         # "<...>" there is text (`raw_text`)
         body = html.unescape(cue.text) if fmt == "vtt" else cue.raw_text
@@ -300,11 +300,11 @@ def _read_text(path: Path) -> str:
 
 def detect_format(path: Path, text: str) -> str:
     """One of "stm", "rttm", "uem", "ctm", "srt", "vtt", "seglst", "json" (with segments),
-    "json_text" (`{"text": ...}` only), from the extension or content; "kaldi" for a file named `text`
-    (KALDI_TEXT_NAME); "plain" for a `.txt` file that does not parse whole as any of those
-    (a transcript may begin with "[Music]"); one whose every line reads as, say, STM is read
-    so, which a `.stm` name or a `text` response in JSON avoids. Raises InvalidRequest when
-    neither tells.
+    "json_text" (`{"text": ...}` only), from the extension or content; "kaldi" for a file
+    named `text` (KALDI_TEXT_NAME); "plain" for a `.txt` file that does not parse whole as any
+    of those (a transcript may begin with "[Music]"); one whose every line reads as, say, STM
+    is read so, which a `.stm` name or a `text` response in JSON avoids. Raises
+    InvalidRequest when neither tells.
     """
     if path.name == KALDI_TEXT_NAME:
         return "kaldi"

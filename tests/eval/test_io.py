@@ -197,3 +197,12 @@ def test_our_own_captions_read_back_as_they_were_written(tmp_path: Path, fmt: st
             (s.speaker, s.start_s, s.end_s, s.text) for s in segments
         ]
         assert [t.speaker for t in load_turns(path)] == ["S01", "S02"]
+
+
+def test_malformed_captions_are_a_clear_error(tmp_path: Path) -> None:
+    from livemeet.eval.io import load_segments
+
+    path = tmp_path / "hyp.vtt"
+    path.write_text("not a caption file\n", encoding="utf-8")
+    with pytest.raises(InvalidRequest, match="hyp.vtt: malformed VTT"):
+        load_segments(path)
