@@ -22,11 +22,12 @@ import abc
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
+from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.engine.messages import EngineStats
 from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError
 from livemeet.session.live import LiveOptions, LiveSession, Window
@@ -40,7 +41,7 @@ from livemeet.transcriber import (
     TextDelta,
     TranscriptFinal,
 )
-from livemeet.transcript.segments import FinishReason, Segment, Transcript, join_texts
+from livemeet.transcript.segments import FinishReason, Segment
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,11 @@ log = logging.getLogger(__name__)
 @dataclass
 class _UploadJob:
     """An upload being decoded: `pieces` yields the segments of one window per `next()`;
-    `finals` holds the final segments made of them so far (`upload_segment`), and `text` their
-    joined text, which the TextDeltas sent so far add up to."""
+    `transcript` makes them the upload's final segments and text deltas, as the MOSS
+    backend's uploads are made."""
 
     pieces: Iterator[list[Segment]]
-    duration_s: float
-    finals: list[Segment] = field(default_factory=list)
-    text: str = ""
+    transcript: UploadTranscript
 
 
 @dataclass
@@ -261,72 +260,25 @@ class RedecodeCore(abc.ABC):
             sess.upload = []
             prompt = self._prompt(sess.options, None)
             job = sess.job = _UploadJob(
-                self.upload_pieces(samples, prompt), samples.size / SAMPLE_RATE
+                self.upload_pieces(samples, prompt), UploadTranscript(samples.size / SAMPLE_RATE)
             )
         piece = next(job.pieces, None)
         if piece is not None:
-            return _finish_piece(job, piece)
-        finals = tuple(job.finals)
-        transcript = Transcript(finals, job.duration_s, FinishReason.STOP)
-        return [TranscriptFinal(finals, FinishReason.STOP, transcript.coverage, job.duration_s)]
+            return _finish_piece(job.transcript, piece)
+        return [job.transcript.final(FinishReason.STOP)]
 
 
-def _finish_piece(job: _UploadJob, piece: Sequence[Segment]) -> list[Event]:
+def _finish_piece(transcript: UploadTranscript, piece: Sequence[Segment]) -> list[Event]:
     """A decoded window's segments as finals, each with its TextDelta (what it adds to the
     joined text) and SegmentFinal: a streamed upload shows each window's text as it is
     decoded, not all of it after the last."""
     events: list[Event] = []
     for seg in piece:
-        final = upload_segment(seg, job.finals[-1] if job.finals else None, job.duration_s)
-        if final is None:
+        added = transcript.add(seg)
+        if added is None:
             continue
-        job.finals.append(final)
-        longer = join_texts((job.text, final.text))  # it only appends (text_deltas)
-        if len(longer) > len(job.text):
-            events.append(TextDelta(longer[len(job.text) :]))
-        job.text = longer
+        final, delta = added
+        if delta:
+            events.append(TextDelta(delta))
         events.append(SegmentFinal(final))
     return events
-
-
-def upload_segments(segments: Sequence[Segment], duration_s: float) -> tuple[Segment, ...]:
-    """Final segments of an upload: empty texts dropped, times clamped to [0, duration_s] with
-    non-decreasing starts, ids "seg-0001"..."""
-    out: list[Segment] = []
-    for seg in segments:
-        final = upload_segment(seg, out[-1] if out else None, duration_s)
-        if final is not None:
-            out.append(final)
-    return tuple(out)
-
-
-def upload_segment(seg: Segment, previous: Segment | None, duration_s: float) -> Segment | None:
-    """`seg` as the upload's final segment after `previous` (the last final, None for the
-    first): None for an empty text; times clamped to [0, duration_s], its start no earlier
-    than `previous`'s; the id after `previous`'s."""
-    text = seg.text.strip()
-    if not text:
-        return None
-    start = min(max(seg.start_s, previous.start_s if previous else 0.0), duration_s)
-    number = 1 if previous is None else int(previous.id.removeprefix("seg-")) + 1
-    return replace(
-        seg,
-        start_s=start,
-        end_s=min(max(seg.end_s, start), duration_s),
-        text=text,
-        id=f"seg-{number:04d}",
-        is_final=True,
-    )
-
-
-def text_deltas(segments: Sequence[Segment]) -> list[str]:
-    """One text delta per segment; their concatenation equals `join_texts` of all segments."""
-    deltas: list[str] = []
-    text = ""
-    for seg in segments:
-        longer = join_texts((text, seg.text))  # == join_texts of the prefix: it only appends
-        assert longer.startswith(text), "join_texts must only append"
-        if len(longer) > len(text):
-            deltas.append(longer[len(text) :])
-        text = longer
-    return deltas

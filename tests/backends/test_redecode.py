@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
 
 from livemeet.audio.constants import SAMPLE_RATE
-from livemeet.backends.redecode import text_deltas, upload_segments
 from livemeet.backends.scripted import Script, ScriptedCore
+from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.errors import InvalidRequest, NotFound, ProtocolError
 from livemeet.transcriber import Error, SegmentFinal, SessionOptions, TextDelta, TranscriptFinal
 from livemeet.transcript.segments import Segment, Transcript
@@ -26,6 +28,24 @@ def long_reference(duration_s: float, seg_s: float = 7.0) -> tuple[Segment, ...]
         out.append(Segment(t, t + seg_s, f"S0{k % 3 + 1}", f"sentence number {k} is spoken here"))
         t, k = t + seg_s, k + 1
     return tuple(out)
+
+
+def upload_finals(
+    segments: Sequence[Segment], duration_s: float
+) -> tuple[tuple[Segment, ...], list[str]]:
+    """An upload's final segments and text deltas, made as sessions make them (UploadTranscript,
+    the MOSS backend's too)."""
+    transcript = UploadTranscript(duration_s)
+    added = [a for a in map(transcript.add, segments) if a is not None]
+    return tuple(final for final, _ in added), [delta for _, delta in added if delta]
+
+
+def text_deltas(segments: Sequence[Segment]) -> list[str]:
+    return upload_finals(segments, max((s.end_s for s in segments), default=0.0))[1]
+
+
+def upload_segments(segments: Sequence[Segment], duration_s: float) -> tuple[Segment, ...]:
+    return upload_finals(segments, duration_s)[0]
 
 
 def test_text_deltas_concatenate_to_transcript_text() -> None:
