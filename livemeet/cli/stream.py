@@ -31,10 +31,10 @@ import websockets
 from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
 from livemeet.errors import LivemeetError
+from livemeet.gateway.live_protocol import LIVE_PATH
 from livemeet.transcriber import Samples
 
 FAST_SPEED = 4.0  # x real time for --fast
-LIVE_PATH = "/v1/live"  # the gateway's live endpoint (docs/protocol.md)
 DEFAULT_URL = f"ws://127.0.0.1:8000{LIVE_PATH}"  # `livemeet serve` on its defaults
 CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the audio's duration
 

@@ -41,6 +41,7 @@ from livemeet.gateway.keys import (
     tmp_dir,
     transcripts_dir,
 )
+from livemeet.gateway.live_protocol import LIVE_PATH
 from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
 from livemeet.gateway.origin import canonical_origin
 from livemeet.gateway.transcript_store import TranscriptStore
@@ -155,7 +156,7 @@ def _add_routes(app: web.Application) -> None:
     # ids may hold a slash (a hub id, owner/name)
     app.router.add_get("/v1/models/{model:.+}", openai_api.retrieve_model, name="model")
     app.router.add_get("/v1/transcriptions/{id}", openai_api.get_transcription, name="transcript")
-    app.router.add_get("/v1/live", live_handler, name="live")
+    app.router.add_get(LIVE_PATH, live_handler, name="live")
     app.router.add_get("/healthz", health.healthz, name="healthz")
     app.router.add_get("/readyz", health.readyz, name="readyz")
     app.router.add_get("/metrics", health.metrics, name="metrics")

@@ -32,6 +32,7 @@ from livemeet.audio.constants import (
 from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
 
 PROTOCOL_VERSION = 0
+LIVE_PATH = "/v1/live"  # the protocol's endpoint (docs/protocol.md): the gateway's route
 NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1: after `transcript.final`
 GOING_AWAY = 1001  # RFC 6455 section 7.4.1: after a final the server's shutdown drained
 PCM_ENCODING = "pcm_s16le"
