@@ -271,10 +271,12 @@ def parse_captions(text: str, source: str, fmt: str) -> tuple[TextSegment, ...]:
 
 
 def parse_srt(text: str, source: str = "<srt>") -> tuple[TextSegment, ...]:
+    """SubRip captions -> segments (`parse_captions`). Raises InvalidRequest."""
     return parse_captions(text, source, "srt")
 
 
 def parse_vtt(text: str, source: str = "<vtt>") -> tuple[TextSegment, ...]:
+    """WebVTT captions (W3C WebVTT) -> segments (`parse_captions`). Raises InvalidRequest."""
     return parse_captions(text, source, "vtt")
 
 
