@@ -15,6 +15,8 @@ Decisions on damaged input:
   or yields fewer frames than the header declares.
 - A truncated PCM WAV yields its intact prefix: libsndfile sizes the data chunk from the file, so
   every returned sample is genuine audio (nothing is invented), only the tail is missing.
+- A WAV whose data chunk declares 0 bytes (the placeholder of a writer that could not seek back
+  to fill it in) is read to the end of the file, by FFmpeg.
 - FFmpeg-decoded files raise `BadAudio` on any error FFmpeg reports (e.g. an MP4 cut before
   its moov atom), and when a container with an exact declared duration (WebM/Matroska, MP4)
   decodes more than `TRUNCATION_TOLERANCE_S` short of it.
@@ -283,7 +285,13 @@ def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
         info = sf.info(_openable(source))
     except sf.LibsndfileError:
         return None
-    if info.format in _FFMPEG_FORMATS or info.samplerate <= 0 or info.frames >= _SF_UNKNOWN_FRAMES:
+    if info.format in _FFMPEG_FORMATS or info.samplerate <= 0:
+        return None
+    # 0 frames: libsndfile takes a WAV data chunk's size at its word, and 0 is the placeholder
+    # writers leave when they cannot seek back to fill it in (a recorder streaming to a pipe, or
+    # one killed before it finished the header). FFmpeg reads such a chunk to the end of the
+    # file; a file with no samples at all decodes to none there too (BadAudio, zero length).
+    if info.frames == 0 or info.frames >= _SF_UNKNOWN_FRAMES:
         return None
     return info
 

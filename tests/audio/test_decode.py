@@ -533,6 +533,27 @@ def test_truncated_wav_yields_its_intact_prefix(shared_data: Path, tmp_path: Pat
     np.testing.assert_array_equal(out, full[: out.size])
 
 
+@pytest.mark.parametrize("riff_size", ["kept", "zero"])
+def test_a_wav_whose_header_says_no_data_decodes_to_its_end(
+    shared_data: Path, tmp_path: Path, riff_size: str
+) -> None:
+    """A data chunk of size 0 is the placeholder a writer that cannot seek back leaves (a
+    recorder streaming to a pipe, or one killed before it finished the header); libsndfile read
+    it as zero length (BadAudio). The samples after it are the audio."""
+    source = shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav"
+    data = bytearray(source.read_bytes())
+    assert data[36:40] == b"data"  # the canonical 44-byte header
+    struct.pack_into("<I", data, 40, 0)
+    if riff_size == "zero":
+        struct.pack_into("<I", data, 4, 0)
+    path = tmp_path / "unfinished.wav"
+    path.write_bytes(bytes(data))
+    full = decode_file(source)
+    for unfinished in (path, bytes(data)):
+        assert probe(unfinished).duration_s == pytest.approx(full.size / SAMPLE_RATE)
+        np.testing.assert_array_equal(decode_file(unfinished), full)
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
