@@ -6,7 +6,8 @@ Checkpoint names (MODEL.md section 8.1) map to our canonical module names:
   model.multi_modal_projector.{linear_1,linear_2,norm}.*    -> adaptor.{linear_1,linear_2,norm}.*
   model.language_model.*                                    -> language_model.*
 There is no lm_head.weight: the head is tied to language_model.embed_tokens.weight (one equal
-to the embedding is accepted and dropped). Every mismatch is reported at once in a ConfigError.
+to the embedding is accepted and dropped; one stored instead of the embedding is the embedding).
+Every mismatch is reported at once in a ConfigError.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from livemeet.models.dialects import PREFIXES, Dialect, canonical_name, checkpoi
 from livemeet.models.tokenizer import load_tokenizer
 
 _LM_HEAD = "lm_head.weight"
+_EMBED = "language_model.embed_tokens.weight"  # ours; the head is tied to it
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what a cached hub checkpoint must hold: the weights, and the tokenizer and prompt settings
 # the engine reads from the same directory (livemeet.models.tokenizer, PromptConfig)
@@ -255,6 +257,11 @@ def _index_checkpoint(root: Path) -> dict[str, _TensorInfo]:
             raise ConfigError(f"cannot read safetensors file {file}: {exc}") from exc
     if unknown:
         raise ConfigError(f"unexpected tensors in checkpoint: {sorted(unknown)}")
+    if _EMBED not in tensors and _LM_HEAD in tensors:
+        # A tied pair stored once, under the head's name: safetensors' save_model keeps the
+        # first in sort order of the names sharing one tensor. transformers reads it as the
+        # embedding too.
+        tensors[_EMBED] = tensors.pop(_LM_HEAD)
     return tensors
 
 
@@ -304,7 +311,7 @@ def _check_against_model(model: MossTDModel, tensors: dict[str, _TensorInfo]) ->
         if not info.dtype.startswith(("F", "BF")):
             problems.append(f"tensor {info.key} has non-float dtype {info.dtype}")
     if _LM_HEAD in tensors:
-        embed = tuple(expected["language_model.embed_tokens.weight"].shape)
+        embed = tuple(expected[_EMBED].shape)
         if tensors[_LM_HEAD].shape != embed:
             problems.append(
                 f"wrong shape for {_LM_HEAD}: expected {embed}, got {tensors[_LM_HEAD].shape}"
@@ -332,7 +339,7 @@ def _copy_weights(model: MossTDModel, tensors: dict[str, _TensorInfo]) -> None:
                     continue
                 params[name].copy_(handle.get_tensor(key))
     if lm_head is not None:
-        embed = params["language_model.embed_tokens.weight"]
+        embed = params[_EMBED]
         if not torch.equal(lm_head.to(embed.device, embed.dtype), embed):
             raise ConfigError(
                 "checkpoint has an lm_head.weight that differs from embed_tokens; "

@@ -198,6 +198,22 @@ def test_bf16_checkpoint_casts_and_tied_head_copy_is_accepted(
     assert torch.equal(got, tiny_weights["language_model.embed_tokens.weight"].bfloat16().float())
 
 
+def test_a_tied_embedding_stored_as_the_head_is_the_embedding(
+    hf_dir: Path, tmp_path: Path, tiny_weights: dict[str, torch.Tensor]
+) -> None:
+    """safetensors' save_model(model) stores tensors shared by several names once, under the
+    first name in sort order: `lm_head.weight`, not the embedding. transformers loads such a
+    file; ours reported the embedding missing (a trial)."""
+
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        t["lm_head.weight"] = t.pop(EMBED)
+
+    root = _copy_hf(hf_dir, tmp_path, edit)
+    model, _ = load_model(str(root), device="cpu")
+    state = model.state_dict()
+    assert all(torch.equal(state[n], w) for n, w in tiny_weights.items())
+
+
 def test_wrong_model_config_is_rejected(hf_dir: Path, tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     shutil.copytree(hf_dir, root)
