@@ -30,6 +30,11 @@ QWEN3_DEFAULT_ROPE_THETA = 10_000.0
 QWEN3_DEFAULT_HEAD_DIM = 128
 QWEN3_DEFAULT_KV_HEADS = 32  # a null value means as many as the query heads
 QWEN3_DEFAULT_MAX_POSITIONS = 32_768
+# <|audio_pad|>'s id in the MOSS-TD tokenizer (MODEL.md 5.4): livemeet.models.tokenizer refuses
+# a tokenizer that puts it elsewhere and livemeet.models.prompt builds every prompt with it, so a
+# config.json naming another audio_token_id cannot be served (the reference would splice the
+# audio at that id's tokens, or fail on the count).
+AUDIO_TOKEN_ID = 151_671
 # The front end's fixed geometry (MODEL.md 2, 3; livemeet/audio/constants.py): 80 mel bins,
 # 1500 encoder frames per 30 s window, 4 frames merged per audio token. Other values would
 # need another front end, so they are refused, not run wrongly.
@@ -87,7 +92,7 @@ class MossTDConfig:
 
     audio: AudioConfig
     text: TextConfig
-    audio_token_id: int = 151_671
+    audio_token_id: int = AUDIO_TOKEN_ID
     merge_size: int = 4
 
     @property
@@ -120,7 +125,7 @@ class MossTDConfig:
         cfg = MossTDConfig(
             audio=_parse_audio(_section(raw, "audio_config")),
             text=_parse_text(_section(raw, "text_config"), raw),
-            audio_token_id=_int(raw, "audio_token_id", 151_671),
+            audio_token_id=_int(raw, "audio_token_id", AUDIO_TOKEN_ID),
             merge_size=_int(raw, "audio_merge_size", 4),
         )
         declared = raw.get("adaptor_input_dim")
@@ -185,6 +190,11 @@ class MossTDConfig:
             (
                 0 <= self.audio_token_id < t.vocab,
                 f"audio_token_id {self.audio_token_id} not in vocab",
+            ),
+            (
+                self.audio_token_id == AUDIO_TOKEN_ID,
+                f"audio_token_id {self.audio_token_id} is not the id of the tokenizer's "
+                f"<|audio_pad|> ({AUDIO_TOKEN_ID}), where livemeet's prompts put the audio",
             ),
             (t.tie_word_embeddings, "untied LM heads are not supported (MOSS-TD ties them)"),
         ]

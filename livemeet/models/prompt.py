@@ -32,6 +32,7 @@ from livemeet.audio.constants import (
     TOKENS_PER_WINDOW,
 )
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest
+from livemeet.models.config import AUDIO_TOKEN_ID
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ special_tokens = SimpleNamespace(
     IM_END=151_645,  # <|im_end|>, EOS
     AUDIO_START=151_669,  # <|audio_start|>
     AUDIO_END=151_670,  # <|audio_end|>
-    AUDIO_PAD=151_671,  # <|audio_pad|> = config.audio_token_id; one audio embedding each
+    AUDIO_PAD=AUDIO_TOKEN_ID,  # <|audio_pad|> = config.audio_token_id; one audio embedding each
     DIGIT_0=15,  # "0"; digits "0".."9" are ids 15..24, one token each
 )
 IM_START = special_tokens.IM_START

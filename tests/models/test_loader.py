@@ -62,6 +62,9 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         (lambda c: c["audio_config"].update(encoder_attention_heads=0), "audio heads 0"),
         (lambda c: c["text_config"].update(rope_theta="big"), "rope_theta"),
         (lambda c: c["text_config"].update(rms_norm_eps=-1.0), "rms_norm_eps"),
+        # prompts put the audio at <|audio_pad|> (151671) whatever the config said: another id
+        # was served without a word, where the reference looks for the audio at that id (a trial)
+        (lambda c: c.update(audio_token_id=151_670), "audio_token_id 151670 is not"),
     ],
 )
 def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
