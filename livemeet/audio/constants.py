@@ -116,6 +116,9 @@ MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-m
 PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
 DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)
 TRUNCATION_TOLERANCE_S = 0.25  # s an exact-duration container may decode short before BadAudio
+# fraction of an FFmpeg-decoded file's packets that may fail to decode (skipped) before the file
+# is BadAudio: the ffmpeg command line's -max_error_rate default (2/3)
+MAX_BAD_PACKET_FRACTION = 2 / 3
 
 # Evaluation (livemeet/eval)
 DER_COLLAR_S = 0.25  # s per side of each reference boundary not scored by DER (md-eval `-c 0.25`)

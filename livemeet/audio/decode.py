@@ -19,7 +19,11 @@ Decisions on damaged input:
   to fill it in) is read to the end of the file, by FFmpeg.
 - FFmpeg-decoded files raise `BadAudio` on any error FFmpeg reports (e.g. an MP4 cut before
   its moov atom), and when a container with an exact declared duration (WebM/Matroska, MP4)
-  decodes more than `TRUNCATION_TOLERANCE_S` short of it.
+  decodes more than `TRUNCATION_TOLERANCE_S` short of it. One exception: a packet the codec
+  rejects as invalid data is skipped, as the ffmpeg command line (and whisper's `load_audio`,
+  which runs it) skips it, unless more than `MAX_BAD_PACKET_FRACTION` of the packets are. MP3
+  files joined with `cat` carry the second file's ID3 tag mid-stream, which the mp3 demuxer
+  hands over as a packet; one damaged frame would otherwise lose the whole file.
 - A truncated MP3 or Ogg file yields its intact prefix: their declared durations may be
   estimates (bitrate) or come from the cut end itself (last Ogg page), so a shortfall proves
   nothing; again every returned sample is genuine.
@@ -47,6 +51,7 @@ from livemeet.audio.constants import (
     DECODE_BLOCK_FRAMES,
     FILE_RESAMPLE_QUALITY,
     MAX_AUDIO_S,
+    MAX_BAD_PACKET_FRACTION,
     MAX_FILE_SAMPLE_RATE,
     MIN_FILE_SAMPLE_RATE,
     SAMPLE_RATE,
@@ -342,16 +347,29 @@ def _read_blocks(f: sf.SoundFile, sink: _Resampler) -> int:
 def _decode_ffmpeg(source: AudioSource, sink: _Resampler) -> None:
     # fltp keeps the stream's rate and layout: [channels, n] float planes per frame.
     resampler = av.AudioResampler(format="fltp")
+    num_packets = num_bad_packets = 0
     try:
         with _open_container(source) as container:
             stream = _audio_stream(container)
-            for frame in container.decode(stream):
-                for out in resampler.resample(frame):
-                    sink.push(out.to_ndarray().mean(axis=0, dtype=np.float32), out.sample_rate)
+            for packet in container.demux(stream):
+                num_packets += 1
+                try:
+                    frames = packet.decode()
+                except av.InvalidDataError:  # skipped, as ffmpeg does (module docstring)
+                    num_bad_packets += 1
+                    continue
+                for frame in frames:
+                    for out in resampler.resample(frame):
+                        sink.push(out.to_ndarray().mean(axis=0, dtype=np.float32), out.sample_rate)
             for out in resampler.resample(None):
                 sink.push(out.to_ndarray().mean(axis=0, dtype=np.float32), out.sample_rate)
     except av.FFmpegError as e:
         raise BadAudio(f"cannot decode the audio: FFmpeg: {_ffmpeg_message(e)}") from e
+    if num_bad_packets > MAX_BAD_PACKET_FRACTION * num_packets:
+        raise BadAudio(
+            f"cannot decode the audio: FFmpeg rejected {num_bad_packets} of its {num_packets} "
+            "packets as invalid data"
+        )
 
 
 def _open_container(source: AudioSource) -> av.container.InputContainer:

@@ -522,6 +522,25 @@ def test_cut_mp3_and_ogg_yield_a_genuine_prefix(
     assert r > 0.95
 
 
+def test_mp3_files_joined_with_cat_decode_whole(
+    encoded_clips: dict[str, EncodedClip], tmp_path: Path
+) -> None:
+    """The second file's ID3 tag comes mid-stream, as a packet the MP3 decoder rejects: it is
+    skipped, as the ffmpeg command line skips it; the whole upload failed with BadAudio."""
+    data = encoded_clips["speech.mp3"].path.read_bytes()
+    path = tmp_path / "joined.mp3"
+    path.write_bytes(data + data)
+    once = decode_file(encoded_clips["speech.mp3"].path)
+    for joined in (path, data + data):
+        out = decode_file(joined)
+        # longer by the second file's encoder delay and padding (~80 ms): its LAME tag, which
+        # says how much to trim, is read only at the start of a stream
+        assert 0 <= out.size - 2 * once.size <= 0.1 * SAMPLE_RATE
+        np.testing.assert_array_equal(out[: once.size // 2], once[: once.size // 2])
+        second = out[once.size :]  # the second file's speech, as loud as the first's
+        assert np.std(second) == pytest.approx(np.std(once), rel=0.02)
+
+
 def test_truncated_wav_yields_its_intact_prefix(shared_data: Path, tmp_path: Path) -> None:
     source = shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav"
     data = source.read_bytes()
