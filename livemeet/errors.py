@@ -128,6 +128,15 @@ class TooLong(RequestRejected):
     close_code = 4414
 
 
+class HeadersTooLarge(RequestRejected):
+    """A request line or header field over the HTTP parser's limit (aiohttp's 8190 bytes); the
+    status is RFC 6585's, as Node.js answers for an oversized request head."""
+
+    code = "headers_too_large"
+    http_status = 431
+    close_code = 4431
+
+
 class QueueFull(RequestRejected):
     """The server is at capacity; retry later."""
 
@@ -159,6 +168,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     RequestRejected,
     PayloadTooLarge,
     TooLong,
+    HeadersTooLarge,
     QueueFull,
     EngineUnavailable,
 )

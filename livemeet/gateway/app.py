@@ -29,6 +29,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway import health, openai_api
 from livemeet.gateway.errors_http import error_response
+from livemeet.gateway.http_protocol import serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     CONFIG_KEY,
@@ -92,7 +93,19 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app.on_cleanup.append(flush_transcripts)
     _add_routes(app)
     _allow_cross_origin(app, config.gateway.allowed_origins)
+    serve_json_refusals(app, on_error=_refusal_counter(metrics))
     return app
+
+
+def _refusal_counter(metrics: GatewayMetrics) -> Callable[[LivemeetError], None]:
+    """Counts a request the HTTP parser refused as the error middleware counts the rest: no
+    route matched it, and its error code."""
+
+    def count(error: LivemeetError) -> None:
+        metrics.requests.labels("unmatched", str(error.http_status)).inc()
+        metrics.errors.labels(error.code).inc()
+
+    return count
 
 
 def cors_package() -> ModuleType:

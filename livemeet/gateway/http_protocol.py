@@ -1,0 +1,123 @@
+"""The gateway's HTTP connection protocol: aiohttp's, with refusals in the gateway's error shape.
+
+A request that aiohttp's parser rejects (a duplicate Host, bad header folding, an invalid
+Content-Length, an oversized header line, TLS sent to the plain port) never reaches the app's
+middleware: aiohttp answers it from `RequestHandler.handle_error` with a text/plain 400 and logs
+a traceback. aiohttp offers no hook for that answer (aio-libs/aiohttp#3287, open), so the app's
+server builds `GatewayRequestHandler`, whose `handle_error` renders a LivemeetError and logs one
+line. Everything else about the connection is aiohttp's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.web_protocol import RequestHandler
+
+from livemeet.errors import HeadersTooLarge, InternalError, InvalidRequest, LivemeetError
+from livemeet.gateway.errors_http import error_response
+
+log = logging.getLogger(__name__)
+
+ErrorListener = Callable[[LivemeetError], None]
+
+
+def one_line(text: str) -> str:
+    """aiohttp's parser message on one line: its multi-line form (reason, offending bytes as a
+    repr, a caret under the fault) would split a log line; the caret means nothing flattened."""
+    parts = (part.strip() for part in text.splitlines())
+    return " ".join(part for part in parts if part and part != "^")
+
+
+def refusal_error(status: int, exc: BaseException | None, message: str | None) -> LivemeetError:
+    """The typed error for what aiohttp's protocol answers itself: a request its parser rejected
+    (`status` 400, `exc` the HttpProcessingError), or an exception that escaped the app (500; a
+    504 for a TimeoutError, which the error middleware catches first)."""
+    if isinstance(exc, LineTooLong):
+        limit = exc.args[1]
+        return HeadersTooLarge(f"request line or header field over {limit} bytes")
+    if status < 500:
+        reason = message or (exc.message if isinstance(exc, HttpProcessingError) else "")
+        return InvalidRequest(f"malformed HTTP request: {one_line(reason) or 'bad request'}")
+    return InternalError("internal server error")
+
+
+class GatewayRequestHandler(RequestHandler):
+    """aiohttp's protocol; refusals are the gateway's JSON errors (see the module docstring).
+    `on_error` hears each refusal."""
+
+    __slots__ = ("_on_error",)
+
+    def __init__(self, manager: web.Server, *, on_error: ErrorListener, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._on_error = on_error
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        error = refusal_error(status, exc, message)
+        if isinstance(error, InternalError):  # a bug: its traceback, as aiohttp logs it
+            self.log_exception("error handling a request from %s", request.remote, exc_info=exc)
+        else:
+            # non-HTTP bytes (scanners, TLS to the plain port) are the internet's noise, as
+            # aiohttp judges them too
+            level = logging.DEBUG if isinstance(exc, BadHttpMethod) else logging.INFO
+            log.log(
+                level,
+                "refused a request from %s: %s: %s",
+                request.remote,
+                error.code,
+                error.message,
+            )
+        self._on_error(error)
+        if request.writer.output_size > 0:  # as aiohttp's: a response is already under way
+            raise ConnectionError("response already started; cannot send the error")
+        response = error_response(error)
+        response.force_close()  # the parser's place in the byte stream is lost
+        return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # aiohttp drains a request's unread body after its response, and logs the drain's
+        # failure as "Unhandled exception"; for a malformed body (bad chunk framing or content
+        # coding) the error middleware has answered and logged it already
+        if isinstance(kw.get("exc_info"), web.RequestPayloadError):
+            log.debug("unread body of a refused request dropped: %s", kw["exc_info"])
+            return
+        super().log_exception(*args, **kw)
+
+
+class GatewayServer(web.Server):
+    """aiohttp's server, building GatewayRequestHandler connections."""
+
+    def __init__(self, server: web.Server, on_error: ErrorListener) -> None:
+        # the arguments aiohttp's Application gave `server` (its handler args included)
+        super().__init__(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=server._loop,
+            **server._kwargs,
+        )
+        self._on_error = on_error
+
+    def __call__(self) -> RequestHandler:
+        return GatewayRequestHandler(self, loop=self._loop, on_error=self._on_error, **self._kwargs)
+
+
+def serve_json_refusals(app: web.Application, on_error: ErrorListener) -> None:
+    """Make every server of `app` (`web.run_app`'s, a test client's) a GatewayServer;
+    `on_error` hears each refusal (the metrics). Call before the app is frozen."""
+    make_server = app._make_handler
+
+    def make_handler(**kwargs: Any) -> web.Server:
+        return GatewayServer(make_server(**kwargs), on_error)
+
+    app._make_handler = make_handler  # type: ignore[method-assign]

@@ -1,0 +1,143 @@
+"""Requests aiohttp's HTTP parser refuses (malformed request lines and headers) get the gateway's
+JSON error and one log line: they got a text/plain 400 and an aiohttp traceback in the log
+(a trial), since they never reach the app's error middleware. Raw bytes on a socket, as a
+client that sends them would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, NamedTuple
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from livemeet.config import ServerConfig
+from livemeet.errors import HeadersTooLarge, InternalError, InvalidRequest, LivemeetError, NotFound
+from livemeet.gateway.app import create_app
+from livemeet.gateway.keys import METRICS_KEY
+from tests.gateway.conftest import ClientFactory
+from tests.gateway.fakes import FakeTranscriber
+
+MODELS = b"GET /v1/models HTTP/1.1\r\nHost: livemeet\r\n"
+UPLOAD = b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: livemeet\r\n"
+READ_TIMEOUT_S = 5.0  # s a refused request's answer (and the connection's close) may take
+
+
+class RawResponse(NamedTuple):
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def error(self) -> dict[str, Any]:
+        assert self.headers["content-type"].startswith("application/json"), self
+        body: dict[str, Any] = json.loads(self.body)["error"]
+        return body
+
+
+async def exchange(client: TestClient, request: bytes) -> RawResponse:
+    """Send `request` as raw bytes; read the answer until the server closes the connection."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), READ_TIMEOUT_S)
+    finally:
+        writer.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return RawResponse(
+        int(status_line.split()[1]), {k.lower(): v for k, v in headers.items()}, body
+    )
+
+
+def assert_refused(response: RawResponse, error: type[LivemeetError]) -> dict[str, Any]:
+    assert response.status == error.http_status, response
+    body = response.error()
+    assert set(body) == {"message", "type", "param", "code"}
+    assert body["code"] == error.code and body["type"] == "invalid_request_error"
+    return body
+
+
+MALFORMED = {
+    "duplicate Host": MODELS + b"Host: other\r\n\r\n",
+    "obsolete header folding": MODELS + b"X-A: 1\r\n  folded\r\n\r\n",
+    "invalid Content-Length": UPLOAD + b"Content-Length: abc\r\n\r\n",
+    "two Content-Lengths": UPLOAD + b"Content-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+    "Content-Length with chunked": UPLOAD
+    + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "space before the colon": b"GET /v1/models HTTP/1.1\r\nHost : livemeet\r\n\r\n",
+    "NUL in a header": MODELS + b"X-A: a\x00b\r\n\r\n",
+    "unknown HTTP version": b"GET /v1/models HTTP/9.9\r\nHost: livemeet\r\n\r\n",
+    "TLS to the plain port": b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("request_bytes", MALFORMED.values(), ids=MALFORMED.keys())
+async def test_a_malformed_request_gets_a_json_400_and_one_log_line(
+    client: TestClient, caplog: pytest.LogCaptureFixture, request_bytes: bytes
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    response = await exchange(client, request_bytes)
+    body = assert_refused(response, InvalidRequest)
+    assert body["message"].startswith("malformed HTTP request: ") and "\n" not in body["message"]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+    (line,) = [r.getMessage() for r in caplog.records if "refused a request" in r.getMessage()]
+    assert "invalid_request" in line and "\n" not in line
+
+
+HUGE = b"a" * 9000  # bytes; past aiohttp's 8190-byte line and field limits
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [MODELS + b"X-Big: " + HUGE + b"\r\n\r\n", MODELS + HUGE + b": 1\r\n\r\n"],
+    ids=["header value", "header name"],
+)
+async def test_an_oversized_header_is_431(
+    client: TestClient, caplog: pytest.LogCaptureFixture, request_bytes: bytes
+) -> None:
+    caplog.set_level(logging.INFO)
+    response = await exchange(client, request_bytes)
+    assert "8190 bytes" in assert_refused(response, HeadersTooLarge)["message"]
+    assert not [r for r in caplog.records if r.exc_info]
+    errors = client.app[METRICS_KEY].registry.get_sample_value(
+        "livemeet_errors_total", {"code": HeadersTooLarge.code}
+    )
+    assert errors == 1  # counted as the middleware counts the errors it renders
+
+
+async def test_well_formed_requests_are_answered_as_before(client: TestClient) -> None:
+    response = await exchange(client, MODELS + b"Connection: close\r\n\r\n")
+    assert response.status == 200 and json.loads(response.body)["object"] == "list"
+    unknown = b"GET /nope HTTP/1.1\r\nHost: livemeet\r\nConnection: close\r\n\r\n"
+    assert_refused(await exchange(client, unknown), NotFound)
+
+
+async def test_a_bug_outside_the_middleware_is_a_json_500_with_its_traceback(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """aiohttp answers an exception raised before the middleware (here an `Expect` handler's)
+    itself, as text/plain 500."""
+
+    async def broken_expect(request: web.Request) -> None:
+        raise RuntimeError("boom")
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response()
+
+    app = create_app(server_config, fake)
+    app.router.add_post("/broken", handler, expect_handler=broken_expect)
+    client = await aiohttp_client(app)
+    request = (
+        b"POST /broken HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n"
+    )
+    response = await exchange(client, request)
+    assert response.status == 500 and response.error()["code"] == InternalError.code
+    assert [r for r in caplog.records if r.exc_info and "boom" in str(r.exc_info[1])]
