@@ -29,7 +29,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway import health, openai_api
 from livemeet.gateway.errors_http import error_response
-from livemeet.gateway.http_protocol import serve_json_refusals
+from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     CONFIG_KEY,
@@ -239,7 +239,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     # the page's files are the only unnamed routes; no route (404, 405) is "unmatched"
     route = match.route.name or ("unmatched" if match.http_exception is not None else "web")
     try:
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except web.RequestPayloadError as exc:  # e.g. a body that does not inflate
+            raise malformed_body(exc) from None
     except LivemeetError as exc:
         level = logging.WARNING if exc.http_status >= 500 else logging.INFO
         log.log(level, "%s %s: %s: %s", request.method, _log_path(request), exc.code, exc.message)

@@ -46,6 +46,14 @@ def refusal_error(status: int, exc: BaseException | None, message: str | None) -
     return InternalError("internal server error")
 
 
+def malformed_body(exc: web.RequestPayloadError) -> InvalidRequest:
+    """The typed error for a body the parser failed while a handler read it (one that does not
+    inflate as its Content-Encoding says): a client's mistake, not a bug."""
+    cause = exc.__cause__
+    reason = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
+    return InvalidRequest(f"malformed request body: {one_line(reason)}")
+
+
 class GatewayRequestHandler(RequestHandler):
     """aiohttp's protocol; refusals are the gateway's JSON errors (see the module docstring).
     `on_error` hears each refusal."""
@@ -86,10 +94,10 @@ class GatewayRequestHandler(RequestHandler):
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
         # aiohttp drains a request's unread body after its response, and logs the drain's
-        # failure as "Unhandled exception"; for a malformed body (bad chunk framing or content
-        # coding) the error middleware has answered and logged it already
+        # failure as "Unhandled exception"; for a malformed body (bad content coding) the error
+        # middleware has answered and logged it already
         if isinstance(kw.get("exc_info"), web.RequestPayloadError):
-            log.debug("unread body of a refused request dropped: %s", kw["exc_info"])
+            log.debug("unread body of a refused request dropped: %s", one_line(str(kw["exc_info"])))
             return
         super().log_exception(*args, **kw)
 

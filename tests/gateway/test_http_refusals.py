@@ -141,3 +141,19 @@ async def test_a_bug_outside_the_middleware_is_a_json_500_with_its_traceback(
     response = await exchange(client, request)
     assert response.status == 500 and response.error()["code"] == InternalError.code
     assert [r for r in caplog.records if r.exc_info and "boom" in str(r.exc_info[1])]
+
+
+async def test_a_body_that_does_not_inflate_is_a_json_400_not_a_bug(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gzip Content-Encoding over bytes that are not gzip failed the upload's read with
+    aiohttp's RequestPayloadError: a 500 `internal_error` and two tracebacks (the middleware's,
+    then aiohttp's as it drained the rest of the body)."""
+    caplog.set_level(logging.INFO)
+    request = (
+        UPLOAD + b"Content-Type: multipart/form-data; boundary=x\r\n"
+        b"Content-Encoding: gzip\r\nContent-Length: 10\r\n\r\n0123456789"
+    )
+    body = assert_refused(await exchange(client, request), InvalidRequest)
+    assert body["message"] == "malformed request body: Can not decode content-encoding: gzip"
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
