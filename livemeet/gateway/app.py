@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from livemeet.audio.constants import CORS_MAX_AGE_S
 from livemeet.config import ServerConfig
@@ -236,10 +236,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     count requests by route and status."""
     metrics = request.app[METRICS_KEY]
     match = request.match_info
+    plain_options = _is_plain_options(request)
     # the page's files are the only unnamed routes; no route (404, 405) is "unmatched"
-    route = match.route.name or ("unmatched" if match.http_exception is not None else "web")
+    unmatched = match.http_exception is not None or plain_options
+    route = match.route.name or ("unmatched" if unmatched else "web")
     try:
         try:
+            if plain_options:
+                raise web.HTTPMethodNotAllowed(request.method, _served_methods(match.route))
             response = await handler(request)
         except web.RequestPayloadError as exc:  # e.g. a body that does not inflate
             raise malformed_body(exc) from None
@@ -250,7 +254,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPNotFound:
         response = _render_error(request, NotFound(f"no route for {request.path}"))
     except web.HTTPMethodNotAllowed as exc:
-        allowed = ", ".join(sorted(exc.allowed_methods))
+        # OPTIONS is there (with --allowed-origin) for browsers' CORS preflights only
+        allowed = ", ".join(sorted(exc.allowed_methods - {hdrs.METH_OPTIONS}))
         message = f"{request.method} is not allowed on {request.path}; use {allowed}"
         response = _render_error(request, MethodNotAllowed(message))
         response.headers["Allow"] = allowed  # as HTTP clients expect with a 405
@@ -278,6 +283,24 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = _render_error(request, InternalError("internal server error"))
     metrics.requests.labels(route, str(response.status)).inc()
     return response
+
+
+def _is_plain_options(request: web.Request) -> bool:
+    """An OPTIONS request that is not a browser's CORS preflight (which has both `Origin` and
+    `Access-Control-Request-Method`) but reached aiohttp-cors's preflight route: answered as
+    a server without `--allowed-origin` answers it (405, `Allow`), where aiohttp-cors would
+    refuse it as a failed preflight (a 400 `request_rejected` to a client that sent none)."""
+    if request.method != hdrs.METH_OPTIONS or request.match_info.http_exception is not None:
+        return False
+    headers = request.headers
+    return hdrs.ORIGIN not in headers or hdrs.ACCESS_CONTROL_REQUEST_METHOD not in headers
+
+
+def _served_methods(route: web.AbstractRoute) -> set[str]:
+    """The methods the resource of `route` serves (its preflight route's OPTIONS aside)."""
+    resource = route.resource
+    routes = list(resource) if isinstance(resource, web.Resource) else [route]
+    return {r.method for r in routes} - {hdrs.METH_OPTIONS}
 
 
 def _log_path(request: web.Request) -> str:

@@ -5,14 +5,15 @@ trial)."""
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
-from livemeet.errors import RequestRejected
+from livemeet.errors import MethodNotAllowed, RequestRejected
 from livemeet.gateway.openai_api import ID_HEADER
 from tests.gateway.conftest import ClientFactory, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
-from tests.gateway.test_openai_api import form
+from tests.gateway.test_openai_api import assert_error, form
 from tests.gateway.test_ws_live import gateway_client
 
 APP = "https://app.example"
@@ -81,3 +82,32 @@ async def test_any_origin_and_none(
     closed = await gateway_client(aiohttp_client, server_config, fake)
     answer = await preflight(closed, APP)
     assert answer.status == 405 and ALLOW_ORIGIN not in answer.headers
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Origin": APP}, {"Access-Control-Request-Method": "POST"}],
+    ids=["no Origin", "no Access-Control-Request-Method", "no Origin with a method"],
+)
+async def test_an_options_that_is_no_preflight_is_answered_as_without_cors(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    headers: dict[str, str],
+) -> None:
+    """With --allowed-origin, an OPTIONS without Origin (curl, an HTTP library asking what a
+    path serves) was refused by aiohttp-cors as a failed preflight: 400 request_rejected,
+    'origin header is not specified', where the same server without the flag says 405 and
+    lists the methods in Allow (a review). Allow names the methods the API serves: OPTIONS is
+    there for browsers' preflights only."""
+    answers = []
+    for allowed in ((APP,), ()):
+        client = await gateway_client(aiohttp_client, server_config, fake, allowed_origins=allowed)
+        for path, methods in ((UPLOAD, "POST"), ("/v1/models", "GET, HEAD")):
+            answer = await client.options(path, headers=headers)
+            await assert_error(answer, MethodNotAllowed)
+            assert answer.headers["Allow"] == methods and ALLOW_ORIGIN not in answer.headers
+            answers.append(await answer.json())
+        wrong = await client.delete("/v1/models")
+        assert wrong.headers["Allow"] == "GET, HEAD"
+    assert answers[:2] == answers[2:]  # the flag changes nothing for non-browser clients
