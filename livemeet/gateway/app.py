@@ -20,11 +20,14 @@ from aiohttp import hdrs, web
 from livemeet.audio.constants import CORS_MAX_AGE_S
 from livemeet.config import ServerConfig
 from livemeet.errors import (
+    ClientTimeout,
     ConfigError,
     InternalError,
+    InvalidRequest,
     LivemeetError,
     MethodNotAllowed,
     NotFound,
+    PayloadTooLarge,
     RequestRejected,
 )
 from livemeet.gateway import health, openai_api
@@ -266,9 +269,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        error = LivemeetError(exc.reason)
-        response = error_response(error)
-        response.set_status(exc.status)
+        error = _typed_http_error(exc)
+        log.info("%s %s: %s: %s", request.method, _log_path(request), error.code, error.message)
+        response = _render_error(request, error)
     except ConnectionResetError:  # aiohttp's ClientConnectionResetError included
         # the client went away mid-request (mid-upload, most often): nobody to answer, and no
         # server bug; counted as nginx's 499, "client closed request"
@@ -283,6 +286,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = _render_error(request, InternalError("internal server error"))
     metrics.requests.labels(route, str(response.status)).inc()
     return response
+
+
+def _typed_http_error(exc: web.HTTPException) -> LivemeetError:
+    """An HTTP error aiohttp raised (a body over the app's `client_max_size` read whole: 413)
+    as the error class of its status: it was rendered as `internal_error` (500's class) with
+    the 4xx status, two answers in one body."""
+    message = exc.text or exc.reason
+    if exc.status == PayloadTooLarge.http_status:
+        return PayloadTooLarge(message)
+    if exc.status == ClientTimeout.http_status:
+        return ClientTimeout(message)
+    return InternalError(message) if exc.status >= 500 else InvalidRequest(message)
 
 
 def _is_plain_options(request: web.Request) -> bool:

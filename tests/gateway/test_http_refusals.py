@@ -15,7 +15,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
-from livemeet.errors import HeadersTooLarge, InternalError, InvalidRequest, LivemeetError, NotFound
+from livemeet.errors import (
+    ClientTimeout,
+    HeadersTooLarge,
+    InternalError,
+    InvalidRequest,
+    LivemeetError,
+    NotFound,
+    PayloadTooLarge,
+)
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import METRICS_KEY
 from tests.gateway.conftest import ClientFactory
@@ -89,6 +97,7 @@ async def test_a_malformed_request_gets_a_json_400_and_one_log_line(
     assert "invalid_request" in line and "\n" not in line
 
 
+AIOHTTP_CLIENT_MAX_SIZE = 1 << 20  # bytes; web.Application's default client_max_size
 HUGE = b"a" * 9000  # bytes; past aiohttp's 8190-byte line and field limits
 
 
@@ -157,3 +166,37 @@ async def test_a_body_that_does_not_inflate_is_a_json_400_not_a_bug(
     body = assert_refused(await exchange(client, request), InvalidRequest)
     assert body["message"] == "malformed request body: Can not decode content-encoding: gzip"
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize(
+    ("raised", "error"),
+    [
+        (None, PayloadTooLarge),  # the body read whole, over aiohttp's client_max_size
+        (web.HTTPBadRequest(text="no such thing"), InvalidRequest),
+        (web.HTTPRequestTimeout(), ClientTimeout),
+        (web.HTTPGatewayTimeout(), InternalError),
+    ],
+    ids=["client_max_size", "400", "408", "504"],
+)
+async def test_aiohttp_http_errors_are_the_class_of_their_status(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    raised: web.HTTPException | None,
+    error: type[LivemeetError],
+) -> None:
+    """An HTTP error aiohttp raises in a handler was rendered as `internal_error` (the 500 class,
+    type server_error) under the exception's own 4xx status."""
+
+    async def handler(request: web.Request) -> web.Response:
+        if raised is not None:
+            raise raised
+        await request.read()  # past client_max_size: HTTPRequestEntityTooLarge
+        return web.Response()
+
+    app = create_app(server_config, fake)
+    app.router.add_post("/whole", handler)
+    client = await aiohttp_client(app)
+    answer = await client.post("/whole", data=b"x" * (AIOHTTP_CLIENT_MAX_SIZE + 1))
+    body = await answer.json()
+    assert answer.status == error.http_status and body["error"]["code"] == error.code, body
