@@ -6,6 +6,9 @@ everything else, and the lossy formats libsndfile also claims (MP3, Ogg), goes t
 the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`). Library errors never escape: each is
 mapped to `BadAudio` naming what failed.
 
+`decode_file` returns the whole array (uploads); `iter_decode` yields the same samples in chunks
+as they decode, in bounded memory (`livemeet stream` of a file of hours).
+
 A source is a file's path or its whole contents in memory (`AudioSource`, a small upload). Bytes
 decode exactly like a file of the same contents whose name has no extension (the gateway's spill
 files): neither library then has a file name to guess the format from.
@@ -36,6 +39,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -191,29 +195,92 @@ def decode_file(
     probed = _probe(source)
     info = probed.info
     check_length(info.duration_s, max_audio_s, "declares")
-    sink = _Resampler(max_audio_s, cancel)
-    if probed.use_soundfile:
-        _decode_soundfile(source, sink)
-    else:
-        _decode_ffmpeg(source, sink)
-    samples = sink.finish()
-    if samples.size == 0:
+    chunks = list(_decode_chunks(source, probed, max_audio_s, cancel, whole=True))
+    if not chunks:
         raise BadAudio("the audio has no samples (zero length)")
-    decoded_s = samples.size / SAMPLE_RATE
+    # one array already (a mono 16 kHz file read whole): no copy
+    samples = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    _check_truncation(probed, samples.size)
+    if not np.all(np.isfinite(samples)):
+        raise BadAudio("the audio contains non-finite samples (NaN or infinity)")
+    check_length(samples.size / SAMPLE_RATE, max_audio_s, "decodes to")
+    np.clip(samples, -1.0, 1.0, out=samples)
+    return samples
+
+
+def iter_decode(
+    source: AudioSource,
+    *,
+    max_audio_s: float = MAX_AUDIO_S,
+    cancel: threading.Event | None = None,
+) -> Iterator[Samples]:
+    """`decode_file`'s samples in chunks as they decode (each non-empty, float32 [n] in
+    [-1, 1]; concatenated, bit for bit the array `decode_file` returns), so memory stays
+    bounded by a decode block whatever the file's length (`livemeet stream` of a 3-hour file).
+
+    Probes now: a missing file, non-audio, a bad declared rate or a declared duration over
+    `max_audio_s` raise here, before the first chunk. The errors `decode_file` finds while
+    decoding (truncation, non-finite samples, a container that lied about its length, zero
+    length, `cancel`) are raised by the iterator, after the chunks before them: a file cut
+    at minute 100 yields its first 100 minutes, then BadAudio. Close the iterator (or exhaust
+    it) to close the file.
+    """
+    probed = _probe(source)
+    check_length(probed.info.duration_s, max_audio_s, "declares")
+    return _checked_chunks(source, probed, max_audio_s, cancel)
+
+
+def _checked_chunks(
+    source: AudioSource,
+    probed: _Probe,
+    max_audio_s: float,
+    cancel: threading.Event | None,
+) -> Iterator[Samples]:
+    num_samples = 0
+    for chunk in _decode_chunks(source, probed, max_audio_s, cancel, whole=False):
+        if not np.all(np.isfinite(chunk)):
+            raise BadAudio("the audio contains non-finite samples (NaN or infinity)")
+        np.clip(chunk, -1.0, 1.0, out=chunk)
+        num_samples += chunk.size
+        yield chunk
+    if num_samples == 0:
+        raise BadAudio("the audio has no samples (zero length)")
+    _check_truncation(probed, num_samples)
+
+
+def _decode_chunks(
+    source: AudioSource,
+    probed: _Probe,
+    max_audio_s: float,
+    cancel: threading.Event | None,
+    *,
+    whole: bool,
+) -> Iterator[Samples]:
+    """The 16 kHz mono chunks (float32 [n], not yet clipped, never empty) as they decode.
+    `whole`: read a mono 16 kHz soundfile file in one array (`_read_whole`), not in blocks."""
+    resampler = _Resampler(max_audio_s, cancel)
+    blocks = _soundfile_blocks(source, whole) if probed.use_soundfile else _ffmpeg_blocks(source)
+    for mono, rate in blocks:
+        if (chunk := resampler.push(mono, rate)).size:
+            yield chunk
+    if (tail := resampler.finish()).size:
+        yield tail
+
+
+def _check_truncation(probed: _Probe, num_samples: int) -> None:
+    """BadAudio when a container whose declared duration is exact decodes short of it."""
+    info = probed.info
+    decoded_s = num_samples / SAMPLE_RATE
     if probed.exact_duration and decoded_s < info.duration_s - TRUNCATION_TOLERANCE_S:
         raise BadAudio(
             f"the {info.codec} audio is truncated: the container declares "
             f"{info.duration_s:.2f} s, only {decoded_s:.2f} s decode"
         )
-    if not np.all(np.isfinite(samples)):
-        raise BadAudio("the audio contains non-finite samples (NaN or infinity)")
-    check_length(decoded_s, max_audio_s, "decodes to")
-    np.clip(samples, -1.0, 1.0, out=samples)
-    return samples
 
 
 class _Resampler:
-    """Accumulates mono blocks at one input rate, resampling them to 16 kHz as they come.
+    """Resamples mono blocks at one input rate to 16 kHz as they come (soxr's streaming
+    resampler: its output is the same whatever the block sizes).
 
     Counts input frames and raises TooLong once they exceed `max_audio_s`, so a lying container
     never makes us decode hours of audio.
@@ -225,10 +292,10 @@ class _Resampler:
         self._rate = 0
         self._stream: soxr.ResampleStream | None = None
         self._num_input_frames = 0
-        self._chunks: list[Samples] = []
 
-    def push(self, mono: npt.NDArray[np.float32], rate: int) -> None:
-        """Add `mono` ([n] float32) sampled at `rate` Hz; the rate must not change. Raises
+    def push(self, mono: npt.NDArray[np.float32], rate: int) -> Samples:
+        """Take `mono` ([n] float32) sampled at `rate` Hz, the same rate as every earlier
+        block, and return the 16 kHz samples it completes (maybe none). Raises
         DecodeCancelled once the caller's `cancel` is set."""
         if self._cancel is not None and self._cancel.is_set():
             raise DecodeCancelled("the decode was cancelled")
@@ -244,17 +311,17 @@ class _Resampler:
         self._num_input_frames += mono.shape[0]
         check_length(self._num_input_frames / self._rate, self._max_audio_s, "decodes to")
         mono = np.ascontiguousarray(mono, dtype=np.float32)
-        self._chunks.append(mono if self._stream is None else self._stream.resample_chunk(mono))
+        if self._stream is None:
+            return mono
+        out: Samples = self._stream.resample_chunk(mono)
+        return out
 
     def finish(self) -> Samples:
-        """Drain the resampler and return all samples, shape [n]."""
-        if self._stream is not None:
-            self._chunks.append(self._stream.resample_chunk(np.zeros(0, np.float32), last=True))
-        if not self._chunks:
+        """Drain the resampler: the samples it still holds, shape [n]."""
+        if self._stream is None:
             return np.zeros(0, np.float32)
-        if len(self._chunks) == 1:  # one array already (_read_whole): no copy
-            return self._chunks[0]
-        return np.concatenate(self._chunks).astype(np.float32, copy=False)
+        tail: Samples = self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
+        return tail
 
 
 def check_length(duration_s: float, max_audio_s: float, verb: str) -> None:
@@ -301,14 +368,24 @@ def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
     return info
 
 
-def _decode_soundfile(source: AudioSource, sink: _Resampler) -> None:
+def _soundfile_blocks(
+    source: AudioSource, whole: bool
+) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
+    """libsndfile's audio as (mono [n] float32, rate in Hz) blocks; BadAudio when it fails or
+    decodes fewer frames than the header declares (raised after the blocks it did decode)."""
     try:
         with sf.SoundFile(_openable(source)) as f:
             declared_frames, kind = f.frames, f.format
-            if f.channels == 1 and f.samplerate == SAMPLE_RATE and declared_frames > 0:
-                num_frames = _read_whole(f, declared_frames, sink)
+            rate = int(f.samplerate)
+            if whole and f.channels == 1 and rate == SAMPLE_RATE and declared_frames > 0:
+                got = _read_whole(f, declared_frames)
+                num_frames = int(got.shape[0])
+                yield got, rate
             else:
-                num_frames = _read_blocks(f, sink)
+                num_frames = 0
+                for block in _read_blocks(f):
+                    num_frames += block.shape[0]
+                    yield block, rate
     except sf.LibsndfileError as e:
         raise BadAudio(
             f"cannot decode the audio (truncated or corrupt?): libsndfile: {e.error_string}"
@@ -320,31 +397,27 @@ def _decode_soundfile(source: AudioSource, sink: _Resampler) -> None:
         )
 
 
-def _read_whole(f: sf.SoundFile, declared_frames: int, sink: _Resampler) -> int:
+def _read_whole(f: sf.SoundFile, declared_frames: int) -> npt.NDArray[np.float32]:
     """Mono audio already at 16 kHz (most uploads): decoded straight into one array of the
     declared length (its duration was checked against the limit before decoding), without
     the block path's per-block arrays and final concatenation (a 37-minute 16-bit WAV on a
-    CPU box: ~0.17 -> ~0.09 s, and half the peak memory). Returns the frames read."""
-    got = f.read(out=np.empty(declared_frames, np.float32))  # fewer if the file is short
-    sink.push(got, SAMPLE_RATE)
-    return int(got.shape[0])
+    CPU box: ~0.17 -> ~0.09 s, and half the peak memory). Fewer frames if the file is short."""
+    return f.read(out=np.empty(declared_frames, np.float32))  # type: ignore[no-any-return]
 
 
-def _read_blocks(f: sf.SoundFile, sink: _Resampler) -> int:
-    """Every other file, DECODE_BLOCK_FRAMES at a time, channels averaged. Returns the frames
-    read."""
-    num_frames = 0
+def _read_blocks(f: sf.SoundFile) -> Iterator[npt.NDArray[np.float32]]:
+    """Every other file (and every file streamed), DECODE_BLOCK_FRAMES at a time, channels
+    averaged: mono [n] float32 blocks."""
     while True:
         block = f.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)  # [n, ch]
         if block.shape[0] == 0:
-            return num_frames
-        num_frames += block.shape[0]
+            return
         # mono: the column itself (the mean of one value is that value, bit for bit)
-        mono = block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
-        sink.push(mono, int(f.samplerate))
+        yield block[:, 0] if block.shape[1] == 1 else block.mean(axis=1, dtype=np.float32)
 
 
-def _decode_ffmpeg(source: AudioSource, sink: _Resampler) -> None:
+def _ffmpeg_blocks(source: AudioSource) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
+    """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame."""
     # fltp keeps the stream's rate and layout: [channels, n] float planes per frame.
     resampler = av.AudioResampler(format="fltp")
     num_packets = num_bad_packets = 0
@@ -360,9 +433,9 @@ def _decode_ffmpeg(source: AudioSource, sink: _Resampler) -> None:
                     continue
                 for frame in frames:
                     for out in resampler.resample(frame):
-                        sink.push(out.to_ndarray().mean(axis=0, dtype=np.float32), out.sample_rate)
+                        yield out.to_ndarray().mean(axis=0, dtype=np.float32), out.sample_rate
             for out in resampler.resample(None):
-                sink.push(out.to_ndarray().mean(axis=0, dtype=np.float32), out.sample_rate)
+                yield out.to_ndarray().mean(axis=0, dtype=np.float32), out.sample_rate
     except av.FFmpegError as e:
         raise BadAudio(f"cannot decode the audio: FFmpeg: {_ffmpeg_message(e)}") from e
     if num_bad_packets > MAX_BAD_PACKET_FRACTION * num_packets:

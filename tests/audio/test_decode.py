@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import av
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from livemeet.audio import decode
 from livemeet.audio.constants import SAMPLE_RATE
-from livemeet.audio.decode import AudioInfo, decode_file, probe
+from livemeet.audio.decode import AudioInfo, decode_file, iter_decode, probe
 from livemeet.errors import BadAudio, TooLong
 from tests.audio.conftest import SPEECH_FILE, EncodedClip
 
@@ -76,9 +77,9 @@ def test_mono_16k_files_are_read_whole_with_the_block_paths_samples(
     whole: list[int] = []
     real_whole = decode._read_whole
 
-    def spy(f: sf.SoundFile, declared: int, sink: object) -> int:
+    def spy(f: sf.SoundFile, declared: int) -> F32:
         whole.append(declared)
-        return real_whole(f, declared, sink)  # type: ignore[arg-type]
+        return real_whole(f, declared)
 
     monkeypatch.setattr(decode, "_read_whole", spy)
     fast = {p: decode_file(p) for p in (wav, float_wav, flac)}
@@ -88,12 +89,12 @@ def test_mono_16k_files_are_read_whole_with_the_block_paths_samples(
     whole.clear()
     decode_file(shared_data / "jfk" / "jfk.flac")  # 44.1 kHz stereo: resampled in blocks
     assert whole == []
-    monkeypatch.setattr(decode, "_read_whole", lambda f, _n, sink: decode._read_blocks(f, sink))
-    for path, samples in fast.items():
-        np.testing.assert_array_equal(samples, decode_file(path))
+    for path, samples in fast.items():  # iter_decode reads every file in blocks
+        np.testing.assert_array_equal(samples, np.concatenate(list(iter_decode(path))))
     with pytest.raises(BadAudio, match="truncated") as block_cut:
-        decode_file(cut_flac)
+        list(iter_decode(cut_flac))
     assert str(fast_cut.value) == str(block_cut.value)
+    assert whole == []
 
 
 def test_float32_wav(shared_data: Path) -> None:
@@ -212,6 +213,93 @@ def test_bad_bytes_raise_like_the_file(
     )
 
 
+# ---- decoding in chunks (`livemeet stream` of hours of audio)
+
+
+@pytest.mark.parametrize("name", [*SHARED_FILES, *ENCODED])
+def test_iter_decode_yields_decode_files_samples(
+    name: str, shared_data: Path, encoded_clips: dict[str, EncodedClip]
+) -> None:
+    """Bit for bit the same samples, for each route: a mono 16 kHz WAV (read whole by
+    decode_file, in blocks here), float samples, 44.1 kHz stereo FLAC (soxr in blocks), and
+    FFmpeg's codecs at 16, 44.1 and 48 kHz."""
+    path = fixture_path(name, shared_data, encoded_clips)
+    chunks = list(iter_decode(path))
+    assert len(chunks) > 1 and all(c.size > 0 and c.dtype == np.float32 for c in chunks)
+    np.testing.assert_array_equal(np.concatenate(chunks), decode_file(path))
+
+
+def test_iter_decode_holds_a_block_not_the_file(tmp_path: Path) -> None:
+    """`stream` decoded a whole file first: ~230 MB an hour of audio. Chunk by chunk, the
+    memory held is a decode block's, whatever the length: 2 minutes of 44.1 kHz stereo
+    (7.7 MB at 16 kHz) decode with under 2 MB allocated at any time."""
+    path = tmp_path / "two-minutes.flac"
+    sf.write(path, np.zeros((2 * 60 * 44_100, 2), np.int16), 44_100)
+    tracemalloc.start()
+    try:
+        num_samples = sum(chunk.size for chunk in iter_decode(path))
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert num_samples == pytest.approx(2 * 60 * SAMPLE_RATE, abs=2)
+    assert peak_bytes < 2_000_000, peak_bytes
+
+
+def test_iter_decode_reads_the_file_lazily(
+    shared_data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing is decoded before a chunk is asked for, and a chunk takes one block."""
+    blocks = 0
+    real_push = decode._Resampler.push
+
+    def counting_push(self: object, mono: object, rate: int) -> F32:
+        nonlocal blocks
+        blocks += 1
+        return real_push(self, mono, rate)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decode._Resampler, "push", counting_push)
+    chunks = iter_decode(shared_data / "ami-pyannote-debug" / "dev00.wav")  # 30 s
+    assert blocks == 0
+    next(chunks)
+    assert blocks == 1
+    chunks.close()  # type: ignore[attr-defined]
+
+
+def test_iter_decode_raises_up_front_what_the_probe_finds(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(BadAudio, match="cannot read"):
+        iter_decode(tmp_path / "missing.wav")
+    with pytest.raises(TooLong, match="declares"):
+        iter_decode(shared_data / SHARED_FILES["float.wav"], max_audio_s=10.0)
+
+
+def test_iter_decode_yields_the_intact_prefix_before_a_decode_error(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """A file found damaged mid-way: what decoded before the damage comes first (a stream
+    has sent it already), then decode_file's error."""
+    path = tmp_path / "nan.wav"
+    x = np.zeros(200_000, np.float32)
+    x[150_000] = np.nan
+    sf.write(path, x, 16_000, subtype="FLOAT")
+    chunks = iter_decode(path)
+    assert next(chunks).size == decode.DECODE_BLOCK_FRAMES
+    with pytest.raises(BadAudio, match="non-finite"):
+        list(chunks)
+    data = (shared_data / "jfk" / "jfk.flac").read_bytes()
+    cut = tmp_path / "half.flac"
+    cut.write_bytes(data[: len(data) // 2])
+    got: list[F32] = []
+    with pytest.raises(BadAudio, match="truncated or corrupt"):
+        got.extend(iter_decode(cut))
+    assert got and sum(c.size for c in got) < 11 * SAMPLE_RATE
+    empty = tmp_path / "empty.wav"
+    sf.write(empty, np.zeros(0, np.int16), 16_000, subtype="PCM_16")
+    with pytest.raises(BadAudio, match="no samples"):
+        next(iter_decode(empty))
+
+
 def test_empty_bytes() -> None:
     for fn in (probe, decode_file):
         with pytest.raises(BadAudio, match="empty"):
@@ -227,7 +315,7 @@ def test_too_long_is_refused_before_decoding(
     def must_not_decode(*_: object) -> None:
         raise AssertionError("decoded although the header was over the limit")
 
-    monkeypatch.setattr(decode, "_decode_soundfile", must_not_decode)
+    monkeypatch.setattr(decode, "_soundfile_blocks", must_not_decode)
     with pytest.raises(TooLong, match="11.0 s"):
         decode_file(shared_data / "jfk" / "jfk.flac", max_audio_s=10.0)
 
@@ -260,12 +348,12 @@ def test_a_cancelled_decode_stops_at_its_next_block(
     pushes = 0
     real_push = decode._Resampler.push
 
-    def push_then_cancel(self: object, mono: object, rate: int) -> None:
+    def push_then_cancel(self: object, mono: object, rate: int) -> F32:
         nonlocal pushes
         pushes += 1
         if pushes == 3:
             cancel.set()
-        real_push(self, mono, rate)  # type: ignore[arg-type]
+        return real_push(self, mono, rate)  # type: ignore[arg-type]
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(decode._Resampler, "push", push_then_cancel)
@@ -463,8 +551,8 @@ def test_a_rate_known_only_after_decoding_is_checked_then() -> None:
     sink = decode._Resampler(max_audio_s=60.0)
     with pytest.raises(BadAudio, match="decodes at a sample rate of 0 Hz"):
         sink.push(np.zeros(10, np.float32), 0)
-    sink.push(np.zeros(48_000, np.float32), 48_000)
-    assert sink.finish().size == pytest.approx(16_000, abs=2)
+    out = sink.push(np.zeros(48_000, np.float32), 48_000)
+    assert out.size + sink.finish().size == pytest.approx(16_000, abs=2)
 
 
 def test_non_finite_float_wav(tmp_path: Path) -> None:
