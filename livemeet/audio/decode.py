@@ -39,7 +39,7 @@ from __future__ import annotations
 import io
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -213,7 +213,7 @@ def iter_decode(
     *,
     max_audio_s: float = MAX_AUDIO_S,
     cancel: threading.Event | None = None,
-) -> Iterator[Samples]:
+) -> Generator[Samples, None, None]:
     """`decode_file`'s samples in chunks as they decode (each non-empty, float32 [n] in
     [-1, 1]; concatenated, bit for bit the array `decode_file` returns), so memory stays
     bounded by a decode block whatever the file's length (`livemeet stream` of a 3-hour file).
@@ -235,7 +235,7 @@ def _checked_chunks(
     probed: _Probe,
     max_audio_s: float,
     cancel: threading.Event | None,
-) -> Iterator[Samples]:
+) -> Generator[Samples, None, None]:
     num_samples = 0
     for chunk in _decode_chunks(source, probed, max_audio_s, cancel, whole=False):
         if not np.all(np.isfinite(chunk)):

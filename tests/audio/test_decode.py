@@ -262,7 +262,7 @@ def test_iter_decode_reads_the_file_lazily(
     assert blocks == 0
     next(chunks)
     assert blocks == 1
-    chunks.close()  # type: ignore[attr-defined]
+    chunks.close()
 
 
 def test_iter_decode_raises_up_front_what_the_probe_finds(

@@ -6,13 +6,17 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import soundfile as sf
 from aiohttp import web
@@ -24,6 +28,7 @@ from livemeet.cli import serve, stream, transcribe
 from livemeet.errors import BadAudio, ConfigError
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcript.formats import ResponseFormat
+from tests.audio.conftest import EncodedClip, encoded_clips, speech  # noqa: F401  (fixtures)
 from tests.gateway.conftest import client, fake, server_config  # noqa: F401  (fixtures)
 from tests.gateway.fakes import FakeTranscriber, expected_upload_text
 
@@ -585,6 +590,7 @@ def test_request_text_is_capped_as_the_server_caps_it(
         raise AssertionError("decoded a file despite a bad argument")
 
     monkeypatch.setattr(decode, "decode_file", must_not_decode)
+    monkeypatch.setattr(decode, "iter_decode", must_not_decode)
     argv = [command, "missing.wav", *flags]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -617,12 +623,12 @@ def test_stream_sends_language_prompt_and_hotwords_in_start(
     wav = write_wav(tmp_path / "a.wav", 1.0)
     starts: list[dict[str, Any]] = []
 
-    async def server(url: str, samples: Any, **kwargs: Any) -> stream.StreamResult:
+    async def server(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
         starts.append(kwargs["start"])
         final = {"type": "transcript.final", "duration": 1.0}
         return stream.StreamResult([final], [0.0], 1000, sent_s=1.0)
 
-    monkeypatch.setattr(stream, "stream_samples", server)
+    monkeypatch.setattr(stream, "stream_audio", server)
     flags = ["--language", "en", "--prompt", "Minutes.", "--hotword", "Kubernetes"]
     assert main(["stream", str(wav), *flags, "--hotword", "Jane Doe"]) == 0
     assert starts == [
@@ -709,11 +715,11 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     Exit 1, as the README's table has it for a final that covers only part of the file."""
     wav = write_wav(tmp_path / "thirty.wav", 30.0)
 
-    async def drained(url: str, samples: Any, **kwargs: Any) -> stream.StreamResult:
+    async def drained(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
         final = {"type": "transcript.final", "duration": 6.0}
-        return stream.StreamResult([final], [6.1], GOING_AWAY, sent_s=6.0)
+        return stream.StreamResult([final], [6.1], GOING_AWAY, sent_s=6.0, stopped_early=True)
 
-    monkeypatch.setattr(stream, "stream_samples", drained)
+    monkeypatch.setattr(stream, "stream_audio", drained)
     assert main(["stream", str(wav)]) == 1
     err = capsys.readouterr().err
     assert "the transcript covers 6.00 s of the 30.00 s file; resend from 6.00 s" in err
@@ -797,13 +803,15 @@ def test_stream_takes_files_longer_than_an_upload_may_be(
 
     streamed: list[int] = []
 
-    async def server(url: str, samples: Any, **kwargs: Any) -> stream.StreamResult:
-        streamed.append(len(samples))
-        final = {"type": "transcript.final", "duration": len(samples) / 16_000}
-        return stream.StreamResult(events=[final], arrival_s=[0.0], close_code=1000)
+    async def server(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
+        streamed.append(sum(chunk.size for chunk in chunks))
+        final = {"type": "transcript.final", "duration": streamed[-1] / 16_000}
+        result = stream.StreamResult(events=[final], arrival_s=[0.0], close_code=1000)
+        result.sent_s = streamed[-1] / 16_000
+        return result
 
     monkeypatch.setattr(decode, "_probe", declares_95_minutes)
-    monkeypatch.setattr(stream, "stream_samples", server)
+    monkeypatch.setattr(stream, "stream_audio", server)
     assert main(["stream", str(wav), "--speed", "1000"]) == 0
     assert streamed == [16_000]
 
@@ -832,12 +840,12 @@ def test_stream_cut_off_by_head_is_quiet_not_a_connection_error(tmp_path: Path) 
             from livemeet.audio import decode
             from livemeet.cli import stream
 
-            async def chatty(url, samples, *, on_event, **kwargs):
+            async def chatty(url, chunks, *, on_event, **kwargs):
                 for k in range(100_000):
                     on_event({"type": "segment.partial", "rev": k, "segments": []})
 
-            stream.stream_samples = chatty
-            decode.decode_file = lambda *a, **k: np.zeros(16000, np.float32)
+            stream.stream_audio = chatty
+            decode.iter_decode = lambda *a, **k: (x for x in [np.zeros(16000, np.float32)])
             sys.exit(main(["stream", "any.wav", "--json", "--url", "ws://127.0.0.1:9/v1/live"]))
             """
         )
@@ -864,3 +872,201 @@ def test_output_cut_off_by_head_is_quiet(shared_data: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert "Traceback" not in err
+
+
+# ---- `stream` decodes as it sends (hours of audio in bounded memory)
+
+
+def capturing_live_server(received: list[bytes]) -> web.Application:
+    """A live endpoint that keeps every audio frame and answers `end` with a final covering
+    them (no model: the bytes are the point)."""
+
+    async def live(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=0)
+        await ws.prepare(request)
+        await ws.send_json({"type": "session.ready", "session_id": "s", "demo": True})
+        async for msg in ws:
+            if msg.type == web.WSMsgType.BINARY:
+                received.append(msg.data)
+            elif json.loads(msg.data)["type"] == "end":
+                duration_s = sum(len(b) for b in received) / 2 / 16_000
+                final = {"type": "transcript.final", "segments": [], "duration": duration_s}
+                await ws.send_json({**final, "finish_reason": "stop", "coverage": 1.0})
+                await ws.close()
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/live", live)
+    return app
+
+
+@pytest.mark.parametrize("name", ["pcm16.wav", "stereo44k.flac", "stereo44k.mp3"])
+async def test_stream_sends_the_samples_of_a_whole_decode(
+    name: str,
+    aiohttp_server: Any,
+    shared_data: Path,
+    encoded_clips: dict[str, EncodedClip],  # noqa: F811
+) -> None:
+    """`stream` decoded the whole file before sending (~230 MB an hour of audio); decoded as
+    it is sent, the frames are still those of the whole decode, byte for byte: a 16 kHz WAV,
+    a 44.1 kHz stereo FLAC (resampled) and a 44.1 kHz stereo MP3 (FFmpeg, resampled)."""
+    from livemeet.audio.decode import decode_file, iter_decode
+
+    paths = {
+        "pcm16.wav": shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav",
+        "stereo44k.flac": shared_data / "jfk" / "jfk.flac",
+        "stereo44k.mp3": encoded_clips["stereo44k.mp3"].path,
+    }
+    received: list[bytes] = []
+    server = await aiohttp_server(capturing_live_server(received))
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    result = await stream.stream_audio(url, iter_decode(paths[name]), hop_s=0.5, speed=1e6)
+    whole = decode_file(paths[name])
+    assert b"".join(received) == stream.to_pcm16(whole)
+    assert {len(b) for b in received[:-1]} == {16_000}  # 0.5 s frames, as before
+    assert result.sent_s == whole.size / 16_000 and not result.stopped_early
+    assert result.final is not None and result.shortfall(result.sent_s) is None
+
+
+def test_frames_cut_chunks_as_the_whole_array_would_be_cut() -> None:
+    x = np.arange(10_000, dtype=np.float32)
+    sizes = [1, 2_999, 3_000, 3_001, 0, 999, 1]
+    chunks = np.split(x, np.cumsum(sizes)[:-1])
+    assert [f.tolist() for f in stream.frames(chunks, 1_600)] == [
+        x[i : i + 1_600].tolist() for i in range(0, 10_000, 1_600)
+    ]
+    assert list(stream.frames([], 1_600)) == []
+
+
+async def test_stream_takes_its_audio_as_it_sends_it(aiohttp_server: Any) -> None:
+    """An endless source (a file of any length): the sender takes a chunk only when a frame
+    needs it, so what it holds is bounded by a frame and a chunk, not by the file; a server
+    that closes mid-way stops it."""
+    received: list[bytes] = []
+
+    async def closes_after_five_frames(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type == web.WSMsgType.BINARY:
+                received.append(msg.data)
+                if len(received) == 5:
+                    error = {"code": "queue_full", "message": "busy", "retryable": True}
+                    await ws.send_json({"type": "error", **error})
+                    await ws.close(code=4429)
+        return ws
+
+    pulled = 0
+
+    def endless(chunk_samples: int) -> Iterator[npt.NDArray[np.float32]]:
+        nonlocal pulled
+        while True:
+            pulled += chunk_samples
+            yield np.zeros(chunk_samples, np.float32)
+
+    app = web.Application()
+    app.router.add_get("/v1/live", closes_after_five_frames)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    chunk_samples, frame_samples = 7_000, 16_000
+    sending = stream.stream_audio(url, endless(chunk_samples), speed=50.0)
+    result = await asyncio.wait_for(sending, 10.0)
+    assert result.close_code == 4429 and result.stopped_early
+    sent = sum(len(b) for b in received) // 2
+    assert sent == 5 * frame_samples and result.sent_s >= 5.0
+    # sent, the frame it was about to send when it saw the close, and one partial chunk
+    assert pulled <= result.sent_s * 16_000 + frame_samples + chunk_samples
+
+
+async def test_stream_ends_what_decoded_when_the_file_turns_out_damaged(
+    client: TestClient,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A file found damaged mid-way (decoded as it is sent, the damage shows only then): the
+    audio before it is ended as by `end`, its transcript comes, and the error is reported
+    with exit 1 (the work ran, partly)."""
+
+    def damaged() -> Iterator[npt.NDArray[np.float32]]:
+        yield np.zeros(24_000, np.float32)
+        raise BadAudio("cannot decode the audio (truncated or corrupt?): libsndfile: ...")
+
+    url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
+    result = await stream.stream_audio(url, damaged(), speed=100.0)
+    assert result.final is not None and result.final["duration"] == 1.5
+    assert result.audio_error is not None and result.stopped_early
+    assert stream.report(result, tmp_path / "unused.flac") == 1
+    err = capsys.readouterr().err
+    assert "bad_audio: cannot decode the audio" in err and "after 1.50 s of audio" in err
+
+
+# ---- Ctrl-C
+
+
+@pytest.fixture
+def sigint_guard() -> Iterator[list[str]]:
+    """SIGINT while a test runs would stop pytest itself: record it instead, unless the code
+    under test handles it (its loop's handler replaces this one while installed)."""
+    seen: list[str] = []
+    previous = signal.signal(signal.SIGINT, lambda *_: seen.append("unhandled SIGINT"))
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+async def test_ctrl_c_ends_the_session_and_waits_for_the_final(
+    client: TestClient,  # noqa: F811
+    sigint_guard: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C closed the socket without `end`: the server drops such a session, so an hour
+    streamed lost its whole transcript. Now a first Ctrl-C stops the audio, sends `end`,
+    and the final comes; the exit status is 130 and stderr says where to resend from."""
+    wav = write_wav(tmp_path / "ten.wav", 10.0)
+    from livemeet.audio.decode import iter_decode
+
+    url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
+    asyncio.get_running_loop().call_later(0.3, signal.raise_signal, signal.SIGINT)
+    result = await stream.stream_interruptibly(url, iter_decode(wav), hop_s=0.1, speed=4.0)
+    assert sigint_guard == []
+    assert result is not None and result.interrupted and result.stopped_early
+    assert result.final is not None and 0 < result.final["duration"] <= result.sent_s < 10.0
+    assert stream.report(result, wav) == stream.INTERRUPTED_STATUS
+    err = capsys.readouterr().err
+    assert "waiting for the final transcript" in err
+    covered = result.final["duration"]
+    assert f"stopped by Ctrl-C: the transcript covers {covered:.2f} s of the 10.00 s file" in err
+    assert f"resend from {covered:.2f} s" in err
+
+
+async def test_a_second_ctrl_c_quits_without_the_final(
+    aiohttp_server: Any, sigint_guard: list[str]
+) -> None:
+    async def never_final(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:
+            pass
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/live", never_final)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.2, signal.raise_signal, signal.SIGINT)
+    loop.call_later(0.4, signal.raise_signal, signal.SIGINT)
+    samples = np.zeros(16_000 * 60, np.float32)
+    started = time.monotonic()
+    assert await stream.stream_interruptibly(url, [samples]) is None
+    assert time.monotonic() - started < 5.0 and sigint_guard == []
+    # the handler is gone with the stream: a later SIGINT is the process's again
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_DFL
+
+
+def test_stream_refuses_a_nan_hop_or_speed(tmp_path: Path) -> None:
+    wav = write_wav(tmp_path / "a.wav", 0.5)
+    assert main(["stream", str(wav), "--hop-s", "nan"]) == 2
+    assert main(["stream", str(wav), "--speed", "nan"]) == 2
