@@ -6,8 +6,8 @@ Audio goes out in hop-sized PCM16 frames paced in audio time: real time by defau
 partials. Events are printed as they arrive.
 
 A live session has no length limit, so neither has `stream`: the file is decoded as it is
-sent, a block at a time, so its memory stays a few MB whatever the file's length (it decoded
-whole first: ~230 MB an hour of audio).
+sent, a block at a time, so its memory stays a few MB whatever the file's length (a whole
+decode would hold ~230 MB an hour of audio).
 
 Ctrl-C stops sending, sends `end` and still waits for the final transcript of what was sent
 (the server drops the session of a client that just leaves, and its transcript with it); a
@@ -38,7 +38,7 @@ import websockets
 
 from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
-from livemeet.errors import LivemeetError
+from livemeet.errors import InvalidRequest, LivemeetError
 from livemeet.gateway.live_protocol import LIVE_PATH
 from livemeet.transcriber import Samples
 
@@ -46,6 +46,8 @@ FAST_SPEED = 4.0  # x real time for --fast
 DEFAULT_URL = f"ws://127.0.0.1:8000{LIVE_PATH}"  # `livemeet serve` on its defaults
 CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the audio's duration
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+# --url schemes: a ws/wss URL is the endpoint; an http/https one the server (its page's address)
+_WS_SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,8 +58,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--url",
         default=DEFAULT_URL,
-        help=f"the server's live endpoint; a URL without a path gets {LIVE_PATH} "
-        "(default %(default)s)",
+        help=f"the server's live endpoint (default %(default)s): a ws:// or wss:// URL is used "
+        f"as given, except that one without a path gets {LIVE_PATH}; an http:// or https:// "
+        f"URL is the server's address (its page's): it becomes ws:// or wss:// and gets "
+        f"{LIVE_PATH} after its path (https://host/prefix/ -> wss://host/prefix{LIVE_PATH}) "
+        "unless the path ends in it. A query string is kept",
     )
     p.add_argument(
         "--fast", action="store_true", help=f"send at {FAST_SPEED:g}x real time (default: off)"
@@ -131,13 +136,38 @@ class StreamResult:
 
 
 def live_url(url: str) -> str:
-    """`url`, with the live endpoint's path when it has none (`ws://host:8000` or `.../`):
-    the server answers its root with the web page, which the WebSocket client reported only
-    as "server rejected WebSocket connection: HTTP 200" (a user trial)."""
+    """The live endpoint `url` names (see --url's help). A ws/wss URL is taken as given, so a
+    proxy may serve the endpoint at any path, `/` included; only a bare `ws://host:8000` gets
+    LIVE_PATH (a WebSocket URL needs a path; the server's root is its web page, which the client
+    reported only as "server rejected WebSocket connection: HTTP 200": a user trial). An
+    http/https URL is the address of the server's page, as a browser shows it, never an endpoint.
+    Raises InvalidRequest for another scheme, no host or a fragment."""
     parts = urllib.parse.urlsplit(url)
-    if parts.path in ("", "/"):
-        return urllib.parse.urlunsplit(parts._replace(path=LIVE_PATH))
-    return url
+    scheme = _WS_SCHEMES.get(parts.scheme.lower())
+    if scheme is None or not parts.hostname:
+        raise InvalidRequest(
+            f"--url {url!r} is not a ws://, wss://, http:// or https:// URL with a host",
+            param="url",
+        )
+    if parts.fragment:  # RFC 6455 section 3: a WebSocket URI has none
+        raise InvalidRequest(f"--url {url!r} has a #fragment, which WebSocket URLs cannot have")
+    path = parts.path
+    if scheme != parts.scheme.lower():  # http/https: the server's address
+        if not path.rstrip("/").endswith(LIVE_PATH):
+            path = path.rstrip("/") + LIVE_PATH
+    elif path == "":
+        path = LIVE_PATH
+    return urllib.parse.urlunsplit(parts._replace(scheme=scheme, path=path))
+
+
+def wrong_path_hint(url: str) -> str:
+    """What to tell a user whose `url` got an HTTP answer instead of a WebSocket: most likely
+    the server's page at `ws://host:8000/`, which --url takes as given."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.path.endswith(LIVE_PATH):
+        return f"is it a livemeet server's {LIVE_PATH}?"
+    suggested = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + LIVE_PATH))
+    return f"a ws:// URL is used as given: did you mean {suggested}?"
 
 
 def to_pcm16(samples: Samples) -> bytes:
@@ -353,10 +383,7 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise  # stdout's reader went away (`| head`), no connection problem: livemeet.__main__
     except websockets.InvalidStatus as exc:  # an HTTP answer, not a WebSocket: a wrong path?
-        print(
-            f"error: cannot connect to {url}: {exc} (is it a livemeet server's {LIVE_PATH}?)",
-            file=sys.stderr,
-        )
+        print(f"error: cannot connect to {url}: {exc} ({wrong_path_hint(url)})", file=sys.stderr)
         return 2
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         print(f"error: cannot connect to {url}: {exc}", file=sys.stderr)

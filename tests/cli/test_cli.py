@@ -19,13 +19,14 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile as sf
+import websockets
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import build_parser, main
 from livemeet.audio.constants import LIVE_HOP_S
 from livemeet.cli import serve, stream, transcribe
-from livemeet.errors import BadAudio, ConfigError
+from livemeet.errors import BadAudio, ConfigError, InvalidRequest
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcript.formats import ResponseFormat
 from tests.audio.conftest import EncodedClip, encoded_clips, speech  # noqa: F401  (fixtures)
@@ -733,24 +734,58 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
 @pytest.mark.parametrize(
     ("given", "used"),
     [
+        # ws/wss: the endpoint, as given; only a URL without any path gets LIVE_PATH
         ("ws://127.0.0.1:8000", "ws://127.0.0.1:8000/v1/live"),
-        ("ws://127.0.0.1:8000/", "ws://127.0.0.1:8000/v1/live"),
         ("wss://meet.example.com", "wss://meet.example.com/v1/live"),
+        ("ws://127.0.0.1:8000?token=t", "ws://127.0.0.1:8000/v1/live?token=t"),
+        ("ws://127.0.0.1:8000/", "ws://127.0.0.1:8000/"),  # a proxy may serve it at /
         ("ws://127.0.0.1:8000/v1/live", "ws://127.0.0.1:8000/v1/live"),
         ("ws://proxy.example.com/livemeet/v1/live", "ws://proxy.example.com/livemeet/v1/live"),
+        ("wss://proxy.example.com/live?token=t", "wss://proxy.example.com/live?token=t"),
+        ("WS://127.0.0.1:8000", "ws://127.0.0.1:8000/v1/live"),
+        # http/https: the server's address (its page's), whose live endpoint is taken
+        ("http://127.0.0.1:8000", "ws://127.0.0.1:8000/v1/live"),
+        ("http://127.0.0.1:8000/", "ws://127.0.0.1:8000/v1/live"),
+        ("https://meet.example.com/livemeet/", "wss://meet.example.com/livemeet/v1/live"),
+        ("https://meet.example.com/livemeet", "wss://meet.example.com/livemeet/v1/live"),
+        ("http://127.0.0.1:8000/v1/live", "ws://127.0.0.1:8000/v1/live"),
+        ("https://h.example.com/p/v1/live?token=t", "wss://h.example.com/p/v1/live?token=t"),
     ],
 )
-def test_stream_url_without_a_path_gets_the_live_endpoint(given: str, used: str) -> None:
+def test_stream_url_names_the_live_endpoint(given: str, used: str) -> None:
     """`--url ws://127.0.0.1:8000` failed with "server rejected WebSocket connection: HTTP
-    200" (the web page; a user trial)."""
+    200" (the web page; a user trial), so it gets the live path; but an explicit `/` was
+    rewritten too, which a proxy serving the endpoint at its root could not be reached with
+    (a review), and an http:// URL, the address a browser shows, failed as not ws://."""
     assert stream.live_url(given) == used
+
+
+@pytest.mark.parametrize(
+    "given", ["127.0.0.1:8000", "localhost:8000", "ftp://h/v1/live", "ws:///v1/live", "ws://h/#x"]
+)
+def test_stream_refuses_a_url_that_names_no_websocket(
+    given: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Refused up front with exit 2 and one line, before the file is decoded."""
+    with pytest.raises(InvalidRequest, match="--url"):
+        stream.live_url(given)
+    assert main(["stream", str(write_wav(tmp_path / "a.wav", 0.1)), "--url", given]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: invalid_request: --url") and err.count("\n") == 1
 
 
 async def test_stream_to_a_server_url_without_a_path(client: TestClient) -> None:  # noqa: F811
     root = str(client.make_url("")).replace("http", "ws", 1)
+    page = str(client.make_url("/"))  # http://127.0.0.1:PORT/, as a browser shows it
     samples = np.zeros(8_000, dtype=np.float32)
-    result = await stream.stream_samples(stream.live_url(root), samples, speed=100.0)
-    assert result.close_code == 1000 and result.final is not None
+    for url in (root, page):
+        result = await stream.stream_samples(stream.live_url(url), samples, speed=100.0)
+        assert result.close_code == 1000 and result.final is not None
+    # ws://host:port/ is taken as given: the page answers, and the error says what to try
+    with pytest.raises(websockets.InvalidStatus, match="HTTP 200"):
+        await stream.stream_samples(stream.live_url(root + "/"), samples, speed=100.0)
+    assert stream.wrong_path_hint(root + "/").endswith(f"did you mean {root}/v1/live?")
+    assert "livemeet server's /v1/live?" in stream.wrong_path_hint(root + "/v1/live")
 
 
 def test_format_event_lines() -> None:
