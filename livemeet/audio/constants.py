@@ -88,7 +88,18 @@ LIVE_MIN_MESSAGE_S = 0.01  # s of audio a message (binary or text) counts as at 
 LIVE_START_TIMEOUT_S = 10.0
 LIVE_DRAIN_TIMEOUT_S = 20.0
 LIVE_DRAIN_CLOSE_S = 2.0  # s for the error frames and closes of the sessions still open then
-ACK_INTERVAL_S = 0.250  # s; longest gap between audio.ack messages (DESIGN section 5)
+# s; longest a live client's accepted audio goes unacknowledged (`audio.ack`, DESIGN 5.9): one
+# ack per interval at most, so a client's resume buffer holds at most this much (plus what
+# is in flight) beyond the ack, and a burst of frames costs no ack per frame
+ACK_INTERVAL_S = 0.250
+# s a live session whose socket went away waits for a resume before it is ended as by `end`
+# (`serve --live-resume-window`; 0: no resume, a vanished client's session is aborted)
+LIVE_RESUME_WINDOW_S = 60.0
+RESUME_TOKEN_BYTES = 32  # bytes of randomness in a resume token (256 bits, secrets module)
+MAX_RESUME_FIELD_CHARS = 128  # characters; longest `resume.session_id` / `resume_token`
+# s a resume waits for the socket it takes its session over from to close (it sends that
+# socket `session_taken_over`); a dead peer never answers the close, so the wait is bounded
+LIVE_TAKEOVER_CLOSE_S = 1.0
 
 
 def num_audio_tokens(num_samples: int) -> int:

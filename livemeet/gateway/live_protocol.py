@@ -10,6 +10,13 @@ shuts down ends a STREAMING session itself (`server_end`) -> DRAINING. Once a se
 either way, what the client still sends is ignored (`Ignored`), not an error that would close
 the socket before the final transcript: a double-clicked stop sends `end` twice, and a
 recorder's last audio buffer can race its `end`. The final says how much audio it covers.
+
+Resume (docs/protocol.md, "Resume"): a `start` carrying `resume` asks for a session that an
+earlier socket left (`ResumeRequest`); the transport looks it up, then tells the protocol what
+the session holds (`resumed`). A socket that goes away keeps its session for a resume only
+from STREAMING or ENDING (`close()` says so): not after an error the server sent (`fail`), and
+not from DRAINING (the server ended it: a shutdown or an idle client). `AckPolicy` decides when
+`audio.ack` is due.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from livemeet.audio.constants import (
     MAX_PCM_CHANNELS,
     MAX_PCM_SAMPLE_RATE,
     MAX_PROMPT_CHARS,
+    MAX_RESUME_FIELD_CHARS,
     MIN_PCM_SAMPLE_RATE,
     PCM_S16LE_BYTES,
 )
@@ -56,8 +64,27 @@ _ENDED = (State.ENDING, State.DRAINING)
 
 
 @dataclass(frozen=True)
+class ResumeRequest:
+    """`start`'s `resume`: take up the session `session_id` again, proven by its token."""
+
+    session_id: str
+    resume_token: str
+
+
+@dataclass(frozen=True)
+class AudioFormat:
+    """What a session's binary frames hold; a resume must declare the session's own."""
+
+    sample_rate: int
+    channels: int
+    encoding: str
+
+
+@dataclass(frozen=True)
 class StartSession:
-    """`start`: open a session for audio at `sample_rate` Hz with `channels` interleaved."""
+    """`start`: open a session for audio at `sample_rate` Hz with `channels` interleaved, or,
+    with `resume`, take up an earlier socket's session (its options are the session's own:
+    the new `start`'s language, prompt and hotwords are not used)."""
 
     sample_rate: int
     channels: int
@@ -65,6 +92,26 @@ class StartSession:
     language: str | None
     prompt: str | None
     hotwords: tuple[str, ...]
+    resume: ResumeRequest | None = None
+
+    @property
+    def audio_format(self) -> AudioFormat:
+        return AudioFormat(self.sample_rate, self.channels, self.encoding)
+
+
+def require_same_format(held: AudioFormat, declared: AudioFormat) -> None:
+    """A resume's `start` must declare the session's audio format: the offsets (sample frames
+    at the client's rate) and the session's resampler are the original's. Raises
+    InvalidRequest naming each field that differs."""
+    diffs = [
+        f"{name} {getattr(declared, name)!r} (the session's is {getattr(held, name)!r})"
+        for name in ("sample_rate", "channels", "encoding")
+        if getattr(declared, name) != getattr(held, name)
+    ]
+    if diffs:
+        raise InvalidRequest(
+            "a resume must declare the session's audio format: " + ", ".join(diffs)
+        )
 
 
 @dataclass(frozen=True)
@@ -103,7 +150,8 @@ Action = StartSession | AppendAudio | Finalize | EndStream | KeepAlive | Ignored
 class LiveProtocol:
     """The client side of protocol v0 as seen by the server: validates order and payloads.
 
-    Counters: `num_audio_bytes` (PCM bytes accepted), `num_audio_frames` (sample frames).
+    Counters: `num_audio_bytes` (PCM bytes accepted on this connection), `num_audio_frames`
+    (sample frames), `num_held_frames` (sample frames a resumed session held before it).
     """
 
     def __init__(self) -> None:
@@ -111,6 +159,13 @@ class LiveProtocol:
         self.channels = 1
         self.sample_rate = 0
         self.num_audio_bytes = 0
+        self.num_held_frames = 0
+        self._failed = False
+
+    @property
+    def has_audio(self) -> bool:
+        """Whether the session has any audio (this connection's, or a resumed session's)."""
+        return self.num_audio_bytes > 0 or self.num_held_frames > 0
 
     @property
     def num_audio_frames(self) -> int:
@@ -140,7 +195,7 @@ class LiveProtocol:
             return Finalize()
         if kind == "end":
             self._require(State.STREAMING, "end")
-            if self.num_audio_bytes == 0:
+            if not self.has_audio:
                 raise ProtocolError("'end' before any audio: send audio frames first")
             self.state = State.ENDING
             return EndStream()
@@ -168,14 +223,34 @@ class LiveProtocol:
         transport ends the backend session). In
         any other state nothing changes (False): ENDING already ends, and a session without
         audio has nothing to transcribe."""
-        if self.state is not State.STREAMING or self.num_audio_bytes == 0:
+        if self.state is not State.STREAMING or not self.has_audio:
             return False
         self.state = State.DRAINING
         return True
 
-    def close(self) -> None:
-        """The connection is gone (either side); every later frame is a ProtocolError."""
+    def resumed(self, held_frames: int, *, ended: bool) -> None:
+        """The `start` was a resume and the session was found: it holds `held_frames` sample
+        frames (they count as audio for `end`); `ended`: the session was ended already (its
+        `end` came, or its resume window ran out), so it is ENDING and the client's frames
+        are ignored."""
+        assert self.state is State.STREAMING, "resumed() follows a resume's start"
+        self.num_held_frames = held_frames
+        if ended:
+            self.state = State.ENDING
+
+    def fail(self) -> None:
+        """The server sent an error and closes: the session is not kept for a resume."""
+        self._failed = True
         self.state = State.CLOSED
+
+    def close(self) -> bool:
+        """The connection is gone (either side); every later frame is a ProtocolError.
+        Returns whether the session is kept for a resume: the socket went while the client
+        streamed or waited for its final (STREAMING, ENDING), with no error sent; a session
+        the server ended (DRAINING) or one never started is not."""
+        keep = self.state in (State.STREAMING, State.ENDING) and not self._failed
+        self.state = State.CLOSED
+        return keep
 
     def _receive_start(self, message: dict[str, Any]) -> StartSession:
         if self.state is not State.AWAITING_START:
@@ -195,6 +270,36 @@ class LiveProtocol:
             raise ProtocolError("the connection is closed")
 
 
+@dataclass
+class AckPolicy:
+    """When a connection sends `audio.ack {offset}` (docs/protocol.md): coalesced, at most
+    one per `interval_s`, and at most `interval_s` after audio was accepted; offsets only
+    grow. Times are the caller's monotonic clock (s).
+
+    The transport calls `audio_accepted(now_s)` after each frame the session took: it returns
+    the time an ack is due when a timer must be armed (None: one is armed already). When the
+    timer fires, and before `transcript.final`, `take(held_frames)` returns the offset to
+    send, or None when the client was told as much already.
+    """
+
+    interval_s: float
+    acked: int = 0  # sample frames the client was last told (`session.ready`'s offset first)
+    due_at_s: float | None = None  # when the armed ack fires; None: none armed
+
+    def audio_accepted(self, now_s: float) -> float | None:
+        if self.due_at_s is not None:
+            return None
+        self.due_at_s = now_s + self.interval_s
+        return self.due_at_s
+
+    def take(self, held_frames: int) -> int | None:
+        self.due_at_s = None
+        if held_frames <= self.acked:
+            return None
+        self.acked = held_frames
+        return held_frames
+
+
 def _parse_json_object(text: str) -> dict[str, Any]:
     try:
         message = json.loads(text)
@@ -207,6 +312,23 @@ def _parse_json_object(text: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise InvalidRequest("a text frame must be a JSON object")
     return message
+
+
+def _parse_resume(m: dict[str, Any]) -> ResumeRequest | None:
+    resume = m.get("resume")
+    if resume is None:
+        return None
+    if not isinstance(resume, dict):
+        raise InvalidRequest("'resume' must be an object with 'session_id' and 'resume_token'")
+    session_id, token = resume.get("session_id"), resume.get("resume_token")
+    for value in (session_id, token):
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_RESUME_FIELD_CHARS:
+            raise InvalidRequest(
+                "'resume' needs the strings 'session_id' and 'resume_token' (1.."
+                f"{MAX_RESUME_FIELD_CHARS} characters each), as `session.ready` gave them"
+            )
+    assert isinstance(session_id, str) and isinstance(token, str)
+    return ResumeRequest(session_id, token)
 
 
 def _parse_start(m: dict[str, Any]) -> StartSession:
@@ -232,7 +354,8 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
         raise InvalidRequest(f"at most {MAX_HOTWORDS} hotwords")
     if any(len(h) > MAX_HOTWORD_CHARS for h in hotwords):
         raise InvalidRequest(f"a hotword is at most {MAX_HOTWORD_CHARS} characters")
-    return StartSession(sample_rate, channels, encoding, language, prompt, tuple(hotwords))
+    resume = _parse_resume(m)
+    return StartSession(sample_rate, channels, encoding, language, prompt, tuple(hotwords), resume)
 
 
 def _int_field(m: dict[str, Any], name: str, default: int | None) -> int:

@@ -8,14 +8,18 @@ import pytest
 
 from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
 from livemeet.gateway.live_protocol import (
+    AckPolicy,
     AppendAudio,
+    AudioFormat,
     EndStream,
     Finalize,
     Ignored,
     KeepAlive,
     LiveProtocol,
+    ResumeRequest,
     StartSession,
     State,
+    require_same_format,
 )
 
 START = json.dumps(
@@ -181,3 +185,101 @@ def test_server_end_leaves_other_states_alone() -> None:
     for p, state in ((waiting, State.AWAITING_START), (silent, State.STREAMING),
                      (ending, State.ENDING)):  # fmt: skip
         assert not p.server_end() and p.state is state
+
+
+RESUME = {"session_id": "s-1", "resume_token": "t0k3n"}
+
+
+def test_a_start_with_resume_is_a_resume_and_says_what_it_asks_for() -> None:
+    p = LiveProtocol()
+    start = p.receive_text(json.dumps({"type": "start", "sample_rate": 48000, "resume": RESUME}))
+    assert isinstance(start, StartSession)
+    assert start.resume == ResumeRequest("s-1", "t0k3n")
+    assert start.audio_format == AudioFormat(48000, 1, "pcm_s16le")
+    assert p.state is State.STREAMING
+    plain = LiveProtocol().receive_text(START)
+    assert isinstance(plain, StartSession) and plain.resume is None
+
+
+@pytest.mark.parametrize(
+    "resume",
+    [
+        "s-1",
+        {"session_id": "s-1"},
+        {"resume_token": "t"},
+        {"session_id": 1, "resume_token": "t"},
+        {"session_id": "s-1", "resume_token": ""},
+        {"session_id": "s" * 129, "resume_token": "t"},
+    ],
+)
+def test_a_malformed_resume_is_an_invalid_request(resume: object) -> None:
+    p = LiveProtocol()
+    with pytest.raises(InvalidRequest, match="resume"):
+        p.receive_text(json.dumps({"type": "start", "sample_rate": 16000, "resume": resume}))
+    assert p.state is State.AWAITING_START
+
+
+def test_a_resume_must_declare_the_sessions_audio_format() -> None:
+    held = AudioFormat(48000, 2, "pcm_s16le")
+    require_same_format(held, AudioFormat(48000, 2, "pcm_s16le"))
+    with pytest.raises(InvalidRequest, match=r"sample_rate 16000 \(the session's is 48000\)"):
+        require_same_format(held, AudioFormat(16000, 2, "pcm_s16le"))
+    with pytest.raises(InvalidRequest, match=r"channels 1 \(the session's is 2\)"):
+        require_same_format(held, AudioFormat(48000, 1, "pcm_s16le"))
+
+
+def test_a_resumed_session_counts_its_held_audio_for_end() -> None:
+    """A resume that sends no new audio may still `end` (the session holds audio); a session
+    that was ended while detached resumes ENDING: the client's frames are then ignored."""
+    p = streaming()
+    p.resumed(4800, ended=False)
+    assert p.has_audio and p.state is State.STREAMING
+    assert p.receive_text('{"type": "end"}') == EndStream()
+    ended = streaming()
+    ended.resumed(4800, ended=True)
+    assert ended.state is State.ENDING
+    assert ended.receive_binary(b"\x00\x00") == Ignored(2)
+    empty = streaming()
+    empty.resumed(0, ended=False)
+    with pytest.raises(ProtocolError, match="before any audio"):
+        empty.receive_text('{"type": "end"}')
+
+
+@pytest.mark.parametrize(
+    ("setup", "kept"),
+    [
+        ("streaming", True),  # a network blip: kept for a resume
+        ("ending", True),  # `end` sent, the final not yet out: kept, so the final is not lost
+        ("draining", False),  # the server ended it (shutdown, idle client)
+        ("failed", False),  # the server sent an error (a protocol error, ...)
+        ("awaiting", False),  # never started
+    ],
+)
+def test_which_closes_keep_the_session_for_a_resume(setup: str, kept: bool) -> None:
+    p = streaming() if setup != "awaiting" else LiveProtocol()
+    if setup != "awaiting":
+        p.receive_binary(b"\x00\x00")
+    if setup == "ending":
+        p.receive_text('{"type": "end"}')
+    elif setup == "draining":
+        assert p.server_end()
+    elif setup == "failed":
+        p.fail()
+    assert p.close() is kept
+    assert p.state is State.CLOSED
+    assert p.close() is False  # once
+
+
+def test_acks_are_coalesced_monotone_and_only_for_new_audio() -> None:
+    """At most one ack per interval however many frames come, none while nothing is new,
+    offsets only grow; `session.ready`'s offset counts as acknowledged."""
+    acks = AckPolicy(0.25, acked=100)
+    assert acks.audio_accepted(10.0) == 10.25  # the first frame arms the timer
+    for now in (10.01, 10.1, 10.2):
+        assert acks.audio_accepted(now) is None  # armed already: coalesced
+    assert acks.take(400) == 400
+    assert acks.take(400) is None  # nothing new
+    assert acks.audio_accepted(10.3) == 10.55
+    assert acks.take(90) is None  # never backwards
+    assert acks.acked == 400
+    assert acks.take(401) == 401
