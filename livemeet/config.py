@@ -24,6 +24,7 @@ from livemeet.audio.constants import (
     LIVE_HOP_MIN_S,
     LIVE_HOP_S,
     LIVE_MAX_SPEED,
+    LIVE_RESUME_WINDOW_S,
     LIVE_STEP_BUDGET_S,
     MAX_AUDIO_S,
     MAX_CONTEXT_TOKENS,
@@ -234,6 +235,10 @@ class GatewayConfig:
     # browser origins besides the server's own that may open /v1/live ("*": any); see
     # livemeet/gateway/origin.py
     allowed_origins: tuple[str, ...] = ()
+    # s a live session whose socket went away (a network blip) keeps transcribing and waits
+    # for its client to resume it (docs/protocol.md, "Resume"), then is ended as by `end`;
+    # 0: no resume, the session goes with its socket. In-process: a restart loses them
+    live_resume_window_s: float = LIVE_RESUME_WINDOW_S
 
     def validate(self) -> None:
         if self.max_upload_bytes <= 0:
@@ -258,6 +263,11 @@ class GatewayConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a positive number of seconds, not {value}")
+        if not (math.isfinite(self.live_resume_window_s) and self.live_resume_window_s >= 0):
+            raise ConfigError(
+                f"live_resume_window_s must be >= 0 s (0: no resume), "
+                f"not {self.live_resume_window_s}"
+            )
         if not LIVE_HOP_MIN_S <= self.live_hop_s <= LIVE_HOP_MAX_S:
             raise ConfigError(
                 f"live_hop_s must be in [{LIVE_HOP_MIN_S}, {LIVE_HOP_MAX_S}] s, "

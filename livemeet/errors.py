@@ -88,6 +88,15 @@ class NotFound(LivemeetError):
     close_code = 4404
 
 
+class SessionTakenOver(LivemeetError):
+    """A live session was resumed on another socket; this one no longer carries it. Not
+    retryable: the other socket (a reconnected client) has the session now."""
+
+    code = "session_taken_over"
+    http_status = 409
+    close_code = 4409
+
+
 class MethodNotAllowed(LivemeetError):
     """An HTTP method the route does not serve (the response carries `Allow`)."""
 
@@ -163,6 +172,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     ProtocolError,
     Unauthorized,
     NotFound,
+    SessionTakenOver,
     MethodNotAllowed,
     ClientTimeout,
     RequestRejected,

@@ -100,6 +100,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "faster frames are read later (TCP backpressure), none dropped (default %(default)g)",
     )
     p.add_argument(
+        "--live-resume-window",
+        type=float,
+        default=GatewayConfig.live_resume_window_s,
+        metavar="SECONDS",
+        help="seconds a live session whose socket dropped keeps transcribing and waits for "
+        "its client to resume it (session id + resume token), then is ended as by 'end'; "
+        "0 turns resume off. Sessions live in this process only: a restart loses them "
+        "(default %(default)g)",
+    )
+    p.add_argument(
         "--allowed-origin",
         action="append",
         default=[],
@@ -366,6 +376,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_concurrent_decodes=args.max_concurrent_decodes,
             live_hop_s=args.live_hop_s,
             live_max_speed=args.live_max_speed,
+            live_resume_window_s=args.live_resume_window,
             allowed_origins=tuple(args.allowed_origin),
         ),
     )

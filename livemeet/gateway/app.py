@@ -3,7 +3,8 @@
 `create_app(config, transcriber)` builds it; `cleanup_ctx` starts and stops the transcriber;
 `on_shutdown` drains: each live session is ended as by its client's `end` and gets its final
 transcript, then a 1001 close (one with nothing to transcribe, or whose final is late, gets an
-`engine_unavailable` error).
+`engine_unavailable` error); a detached one (its socket gone, waiting for a resume) is ended
+and freed.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from livemeet.gateway.keys import (
     LIFECYCLE_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
+    SESSIONS_KEY,
     STORE_KEY,
     TRANSCRIBER_KEY,
     Lifecycle,
@@ -46,6 +48,7 @@ from livemeet.gateway.keys import (
     transcripts_dir,
 )
 from livemeet.gateway.live_protocol import LIVE_PATH
+from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
 from livemeet.gateway.origin import canonical_origin
 from livemeet.gateway.transcript_store import TranscriptStore
@@ -83,6 +86,9 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[REGISTRY_KEY] = LiveRegistry()
     metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
     app[METRICS_KEY] = metrics
+    app[SESSIONS_KEY] = LiveSessions(
+        config.gateway.live_resume_window_s, config.gateway.final_timeout_s, metrics
+    )
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):
@@ -218,6 +224,7 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         app[LIFECYCLE_KEY].started = False
+        await app[SESSIONS_KEY].close()  # detached sessions' engine slots, before the engine
         await transcriber.close()
 
 
@@ -227,9 +234,12 @@ async def close_live_sockets(app: web.Application) -> None:
     each ended as by its client's `end`, its final transcript sent, then closed)."""
     app[LIFECYCLE_KEY].draining = True
     registry = app[REGISTRY_KEY]
+    sessions = app[SESSIONS_KEY]
     log.info("shutting down: draining %d live sessions", len(registry))
+    if sessions.num_detached:
+        log.info("shutting down: ending %d detached live sessions", sessions.num_detached)
     started = time.monotonic()
-    await registry.drain_all()
+    await asyncio.gather(registry.drain_all(), sessions.drain())
     log.info("live sessions drained in %.1f s", time.monotonic() - started)
 
 

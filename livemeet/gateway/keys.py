@@ -18,6 +18,7 @@ from livemeet.gateway.upload_form import ByteBudget
 from livemeet.transcriber import Transcriber
 
 if TYPE_CHECKING:
+    from livemeet.gateway.live_sessions import LiveSessions
     from livemeet.gateway.ws_live import LiveRegistry
 
 
@@ -38,6 +39,7 @@ class Lifecycle:
 CONFIG_KEY = web.AppKey("config", ServerConfig)
 TRANSCRIBER_KEY = web.AppKey("transcriber", Transcriber)
 REGISTRY_KEY: web.AppKey[LiveRegistry] = web.AppKey("live_registry")
+SESSIONS_KEY: web.AppKey[LiveSessions] = web.AppKey("live_sessions")
 METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 STORE_KEY = web.AppKey("transcripts", TranscriptStore)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)

@@ -250,7 +250,8 @@ UPLOAD_PHASES = ("receive", "decode", "transcribe", "respond")  # livemeet_uploa
 class GatewayMetrics:
     """The gateway's metrics. Label values: `endpoint` (route name), `status` (HTTP status),
     `state` (live session state), `outcome` (how a session ended), `kind` (upload|live),
-    `code` (LivemeetError.code); `engine` exports the engine's counters (module docstring)."""
+    `code` (LivemeetError.code), `result` (a live resume's); `engine` exports the engine's
+    counters (module docstring)."""
 
     registry: CollectorRegistry
     requests: Counter
@@ -262,6 +263,9 @@ class GatewayMetrics:
     upload_latency_s: Histogram
     upload_phase_s: Histogram
     uploads_incoming: Gauge
+    live_resumes: Counter
+    live_resume_expiries: Counter
+    live_sessions_detached: Gauge
     engine: EngineStatsCollector
 
     @classmethod
@@ -329,6 +333,26 @@ class GatewayMetrics:
                 "Uploads accepted and not yet handed to the engine (receiving the body, "
                 "probing, waiting for or in a decode slot, opening a session); the engine's "
                 "upload hold waits for them",
+                registry=registry,
+            ),
+            live_resumes=Counter(
+                "livemeet_live_resumes",
+                "Live resume attempts by result: resumed (a detached session), taken_over (one "
+                "still attached to another socket), or the error code (not_found, "
+                "unauthorized, invalid_request)",
+                ["result"],
+                registry=registry,
+            ),
+            live_resume_expiries=Counter(
+                "livemeet_live_resume_expiries",
+                "Detached live sessions not resumed within the resume window (then ended as "
+                "by the client's end)",
+                registry=registry,
+            ),
+            live_sessions_detached=Gauge(
+                "livemeet_live_sessions_detached",
+                "Live sessions whose socket went away, waiting for a resume (or, once ended, "
+                "keeping their final for one)",
                 registry=registry,
             ),
         )

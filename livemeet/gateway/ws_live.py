@@ -1,10 +1,12 @@
 """`GET /v1/live`: the live WebSocket transport (protocol v0, docs/protocol.md).
 
-A thin asyncio shell around `LiveProtocol` (the rules) and a `TranscriberSession` (the work):
-handshake, `async for msg in ws`, one task forwarding session events to the socket. Each
-connection is registered in `try` and deregistered, with its backend session aborted, in
-`finally`. Every failure reaches the client as an `error` frame, then a close with the error
-class's 4xxx close code.
+A thin asyncio shell around `LiveProtocol` (the rules) and a `LiveSessionHolder` (the
+session, which may outlive this socket: gateway/live_sessions.py): handshake, `async for msg
+in ws`, one task sending this socket's outbox (the session's events, `session.ready` and
+`audio.ack`s, in order; a partial or an ack not yet sent is replaced by the next). Each
+connection is registered in `try` and deregistered in `finally`, where its session is either
+kept for a resume (the socket went while the client streamed) or dropped. Every failure
+reaches the client as an `error` frame, then a close with the error class's 4xxx close code.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections import deque
 from typing import Any, Literal
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, hdrs, web
 
 from livemeet.audio.constants import (
+    ACK_INTERVAL_S,
     LIVE_DRAIN_CLOSE_S,
     LIVE_DRAIN_TIMEOUT_S,
     LIVE_START_TIMEOUT_S,
@@ -31,14 +35,22 @@ from livemeet.errors import (
     InvalidRequest,
     LivemeetError,
     RequestRejected,
+    SessionTakenOver,
     error_for_code,
 )
 from livemeet.gateway.errors_http import ws_error_frame
-from livemeet.gateway.keys import CONFIG_KEY, LIFECYCLE_KEY, METRICS_KEY, TRANSCRIBER_KEY
+from livemeet.gateway.keys import (
+    CONFIG_KEY,
+    LIFECYCLE_KEY,
+    METRICS_KEY,
+    SESSIONS_KEY,
+    TRANSCRIBER_KEY,
+)
 from livemeet.gateway.live_protocol import (
     GOING_AWAY,
     NORMAL_CLOSE,
     PROTOCOL_VERSION,
+    AckPolicy,
     AppendAudio,
     EndStream,
     Finalize,
@@ -48,6 +60,7 @@ from livemeet.gateway.live_protocol import (
     StartSession,
     State,
 )
+from livemeet.gateway.live_sessions import LiveSessionHolder
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.origin import origin_allowed
 from livemeet.gateway.pacing import AudioPacer
@@ -57,7 +70,6 @@ from livemeet.transcriber import (
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
-    TranscriberSession,
     TranscriptFinal,
     TranscriptRevised,
 )
@@ -72,6 +84,10 @@ _WS_MAX_MSG_SIZE = MAX_FRAME_BYTES + 1
 _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 # the limit a client message is waited for under: the final after `end`, `start`, idle
 _Limit = Literal["final", "start", "idle"]
+# frames a newer one of the same type replaces while still unsent (each is a whole state)
+_COALESCED = ("segment.partial", "audio.ack")
+# a frame to send, with the session event it renders (None: session.ready, audio.ack)
+_Outgoing = tuple[dict[str, Any], Event | None]
 
 
 def event_to_wire(event: Event) -> dict[str, Any] | None:
@@ -145,21 +161,29 @@ class LiveRegistry:
 
 
 class LiveConnection:
-    """One `/v1/live` WebSocket and, once `start` arrives, its backend session."""
+    """One `/v1/live` WebSocket and, once `start` arrives, the session it carries (a new one,
+    or a resumed one: gateway/live_sessions.py). Implements live_sessions.EventSink."""
 
     def __init__(self, app: web.Application, ws: web.WebSocketResponse) -> None:
         self.app = app
         self.ws = ws
         self.protocol = LiveProtocol()
-        self.session: TranscriberSession | None = None
-        self._decoder: PcmStreamDecoder | None = None
+        self.holder: LiveSessionHolder | None = None
         self._forwarder: asyncio.Task[None] | None = None
+        # frames for the socket, in order, sent by the forwarder; `_wakeup` says there are some
+        self._outbox: deque[_Outgoing] = deque()
+        self._wakeup = asyncio.Event()
+        self._acks = AckPolicy(ACK_INTERVAL_S)
+        self._ack_timer: asyncio.TimerHandle | None = None
         # one frame's action at a time, and a drain's end between two of them, never inside
         self._actions = asyncio.Lock()
         self._drained = False  # ended by the server's shutdown: close 1001 after the final
         # ended by the server for this error (an idle client): sent, with its close code,
         # after the final
         self._end_error: LivemeetError | None = None
+        self._failed = False  # an error was sent (or is being sent): once per connection
+        self._terminal_sent = False  # the session's final (or error) went out on this socket
+        self._taken_over: asyncio.Task[None] | None = None  # closing: a resume took the session
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
         self._ended_at: float | None = None  # loop time of the client's `end`
@@ -185,6 +209,7 @@ class LiveConnection:
                         await self._on_action(self.protocol.receive_text(msg.data))
                 elif msg.type is WSMsgType.BINARY:
                     if len(msg.data) > MAX_FRAME_BYTES:  # as aiohttp closes on larger ones
+                        self.protocol.fail()  # a client's violation: not kept for a resume
                         await self.ws.close(code=WSCloseCode.MESSAGE_TOO_BIG)
                         break
                     async with self._actions:
@@ -293,14 +318,23 @@ class LiveConnection:
             await self.fail(EngineUnavailable("the server is shutting down"))
 
     async def cleanup(self) -> None:
-        """Release everything; safe after any failure (the `finally` of the handler)."""
-        self.protocol.close()
+        """Release everything; safe after any failure (the `finally` of the handler). The
+        session is kept for a resume where the socket went while the client streamed or
+        waited for its final, with no error sent and the final not sent (LiveProtocol.close);
+        else it is dropped (its backend session aborted)."""
+        keep = self.protocol.close() and not self._terminal_sent
+        self._cancel_ack()
         if self._forwarder is not None:
             self._forwarder.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._forwarder
-        if self.session is not None:
-            await self.session.abort()  # idempotent; the only way a vanished client frees it
+        if self._taken_over is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._taken_over
+        if self.holder is not None:
+            kept = await self.app[SESSIONS_KEY].disconnect(self.holder, self, keep=keep)
+            if kept:
+                self.outcome = "detached"
         if not self.ws.closed:
             with contextlib.suppress(ConnectionError):
                 await self.ws.close()
@@ -308,21 +342,68 @@ class LiveConnection:
         self._metrics.sessions_ended.labels("live", self.outcome).inc()
         log.info(
             "live session %s ended: %s, %.1f s of audio in %.1f s",
-            self.session.id if self.session is not None else "(not started)",
+            self.holder.id if self.holder is not None else "(not started)",
             self.outcome,
             self.protocol.audio_seconds(self.protocol.num_audio_bytes),
             asyncio.get_running_loop().time() - self._opened_at,
         )
 
     async def fail(self, error: LivemeetError) -> None:
-        """Send `error`, then close with its close code (no-op on a closed socket)."""
+        """Send `error`, then close with its close code (no-op on a closed socket). Once: a
+        connection that failed (or was taken over) sends no second error."""
+        if self._failed:
+            return
+        self._failed = True
+        self.protocol.fail()
         self.outcome = error.code
         self._metrics.errors.labels(error.code).inc()
+        await self._send_error(error)
+
+    async def _send_error(self, error: LivemeetError) -> None:
         if self.ws.closed:
             return
         with contextlib.suppress(ConnectionError):
             await self.ws.send_str(ws_error_frame(error))
             await self.ws.close(code=error.close_code, message=error.code.encode())
+
+    # -- live_sessions.EventSink: called by the session holder, synchronously ----------------
+
+    def attached(self, holder: LiveSessionHolder, replay: list[Event], resumed: bool) -> None:
+        """This socket carries `holder` now: `session.ready`, then the replay, go first."""
+        self.holder = holder
+        held = holder.num_frames_accepted
+        self._acks.acked = held  # session.ready's offset acknowledges those
+        if resumed:
+            self.protocol.resumed(held, ended=holder.ended)
+            if holder.ended:
+                self._ended_at = asyncio.get_running_loop().time()
+        self._enqueue(self._ready_frame(holder, resumed), None)
+        for event in replay:
+            self.deliver(event)
+
+    def deliver(self, event: Event) -> None:
+        frame = event_to_wire(event)
+        if frame is None:
+            return
+        if isinstance(event, TranscriptFinal):
+            self._send_ack()  # the last ack comes before the final: it covers all audio
+        self._enqueue(frame, event)
+
+    def take_over(self) -> asyncio.Task[None]:
+        """A resume on another socket took the session: stop carrying it (nothing more is
+        sent from the outbox, later frames are refused), then say why and close."""
+        error = SessionTakenOver("this live session was resumed on another connection")
+        self._failed = True
+        self.protocol.fail()
+        self.outcome = error.code
+        self._metrics.errors.labels(error.code).inc()
+        self._cancel_ack()
+        if self._forwarder is not None:
+            self._forwarder.cancel()
+        self._taken_over = asyncio.create_task(self._send_error(error))
+        return self._taken_over
+
+    # -- the client's actions --------------------------------------------------------------
 
     async def _on_action(self, action: object) -> None:
         if isinstance(action, AppendAudio):
@@ -330,7 +411,7 @@ class LiveConnection:
         elif isinstance(action, StartSession):
             await self._start(action)
         elif isinstance(action, Finalize):
-            await self._require_session().finalize()
+            await self._require_holder().finalize(self)
         elif isinstance(action, EndStream):
             await self._end()
         elif isinstance(action, Ignored):
@@ -343,77 +424,110 @@ class LiveConnection:
             raise InternalError(f"unhandled live action {action!r}")
 
     async def _start(self, start: StartSession) -> None:
-        options = SessionOptions(
-            live=True,
-            prompt=start.prompt,
-            hotwords=start.hotwords,
-            language=start.language,
-            hop_s=self.app[CONFIG_KEY].gateway.live_hop_s,
-        )
-        self._decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
-        self.session = await self.app[TRANSCRIBER_KEY].open_session(options)
+        sessions = self.app[SESSIONS_KEY]
+        if start.resume is not None:
+            await sessions.resume(start.resume, start.audio_format, self)
+        else:
+            options = SessionOptions(
+                live=True,
+                prompt=start.prompt,
+                hotwords=start.hotwords,
+                language=start.language,
+                hop_s=self.app[CONFIG_KEY].gateway.live_hop_s,
+            )
+            decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
+            session = await self.app[TRANSCRIBER_KEY].open_session(options)
+            sessions.open(session, decoder, start.audio_format, self)
+        self._forwarder = asyncio.create_task(self._forward())
+        self._set_state("ending" if self.protocol.state is State.ENDING else "streaming")
+
+    def _ready_frame(self, holder: LiveSessionHolder, resumed: bool) -> dict[str, Any]:
         info = self.app[TRANSCRIBER_KEY].info
-        await self.ws.send_json(
-            {
-                "type": "session.ready",
-                "session_id": self.session.id,
-                "protocol": PROTOCOL_VERSION,
-                "demo": info.demo,
-                "model": info.model_id,
-            }
-        )
-        self._forwarder = asyncio.create_task(self._forward(self.session))
-        self._set_state("streaming")
+        window_s = self.app[SESSIONS_KEY].window_s
+        return {
+            "type": "session.ready",
+            "session_id": holder.id,
+            "protocol": PROTOCOL_VERSION,
+            "demo": info.demo,
+            "model": info.model_id,
+            "resume_token": holder.token if window_s > 0 else None,
+            "resume_window_s": window_s,
+            "resumed": resumed,
+            "offset": holder.num_frames_accepted,
+        }
 
     async def _append(self, pcm: bytes) -> None:
-        assert self._decoder is not None, "protocol admits audio only after start"
-        samples = self._decoder.feed(pcm)
+        await self._require_holder().append(self, pcm)
         self._metrics.audio_seconds_in.labels("live").inc(self.protocol.audio_seconds(len(pcm)))
-        if len(samples):
-            await self._require_session().append(samples)
+        loop = asyncio.get_running_loop()
+        due_at = self._acks.audio_accepted(loop.time())
+        if due_at is not None:
+            self._ack_timer = loop.call_at(due_at, self._send_ack)
 
     async def _end(self) -> None:
-        assert self._decoder is not None
-        session = self._require_session()
-        tail = self._decoder.flush()
-        if len(tail):
-            await session.append(tail)
-        await session.end()
+        await self._require_holder().end(self)
         self._ended_at = asyncio.get_running_loop().time()
         self._set_state("ending")
 
-    async def _forward(self, session: TranscriberSession) -> None:
-        """Send every session event; close after the terminal one."""
+    # -- the outbox ------------------------------------------------------------------------
+
+    def _send_ack(self) -> None:
+        """Queue `audio.ack` for what the session holds, unless the client knows already."""
+        self._cancel_ack()
+        if self.holder is None or self._failed:
+            return
+        offset = self._acks.take(self.holder.num_frames_accepted)
+        if offset is not None:
+            self._enqueue({"type": "audio.ack", "offset": offset}, None)
+
+    def _cancel_ack(self) -> None:
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+
+    def _enqueue(self, frame: dict[str, Any], event: Event | None) -> None:
+        last = self._outbox[-1][0] if self._outbox else None
+        if last is not None and frame["type"] in _COALESCED and last["type"] == frame["type"]:
+            self._outbox[-1] = (frame, event)
+        else:
+            self._outbox.append((frame, event))
+        self._wakeup.set()
+
+    async def _forward(self) -> None:
+        """Send the outbox in order; close after the session's terminal event."""
         try:
-            await self._forward_events(session)
-        except ConnectionError:
-            pass  # the client vanished; the handler's finally aborts the session
-
-    async def _forward_events(self, session: TranscriberSession) -> None:
-        async for event in session.events():
-            frame = event_to_wire(event)
-            if frame is not None:
+            while True:
+                while not self._outbox:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                frame, event = self._outbox.popleft()
                 await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
-            if isinstance(event, TranscriptFinal):
-                self.outcome = "completed"
-                if self._end_error is not None:
-                    await self.fail(self._end_error)
-                elif self._drained:
-                    await self.ws.close(code=GOING_AWAY, message=b"server shutting down")
-                else:
-                    await self.ws.close(code=NORMAL_CLOSE)
-                return
-            if isinstance(event, Error):
-                error = error_for_code(event.code, event.message)
-                self.outcome = error.code
-                self._metrics.errors.labels(error.code).inc()
-                await self.ws.close(code=error.close_code, message=error.code.encode())
-                return
+                if isinstance(event, TranscriptFinal | Error):
+                    self._terminal_sent = True
+                    await self._close_after(event)
+                    return
+        except ConnectionError:
+            pass  # the client vanished; the handler's finally detaches or drops the session
 
-    def _require_session(self) -> TranscriberSession:
-        if self.session is None:
+    async def _close_after(self, event: TranscriptFinal | Error) -> None:
+        if isinstance(event, TranscriptFinal):
+            self.outcome = "completed"
+            if self._end_error is not None:
+                await self.fail(self._end_error)
+            elif self._drained:
+                await self.ws.close(code=GOING_AWAY, message=b"server shutting down")
+            else:
+                await self.ws.close(code=NORMAL_CLOSE)
+            return
+        error = error_for_code(event.code, event.message)
+        self.outcome = error.code
+        self._metrics.errors.labels(error.code).inc()
+        await self.ws.close(code=error.close_code, message=error.code.encode())
+
+    def _require_holder(self) -> LiveSessionHolder:
+        if self.holder is None:
             raise InvalidRequest("no session: send 'start' first")
-        return self.session
+        return self.holder
 
     def _set_state(self, state: str | None) -> None:
         self._metrics.sessions.labels("live", self._state_label).dec()

@@ -1,0 +1,383 @@
+"""Live sessions that outlive their socket: the registry of resumable sessions.
+
+docs/protocol.md, "Resume". A `LiveSessionHolder` owns one live session's backend
+`TranscriberSession`, its PCM decoder (the resampler's state goes on across sockets) and a
+`ReplayState`. One task (the pump) reads the session's events for its whole life, records them
+and hands each to the socket attached (`EventSink`), if any: the backend keeps transcribing
+while no socket is attached, and a resume gets what it missed.
+
+`LiveSessions` maps session ids to holders. A socket that goes away while its session streams
+(or waits for its final) detaches it: the session waits `window_s` for a resume, then is ended
+as by the client's `end` (its transcript completes and its engine slot is freed), and the
+holder is dropped `window_s` after its terminal event (the final stays replayable until then).
+Every holder is dropped exactly once (`_drop`: its backend session aborted, its pump and timer
+cancelled); every holder's `end` runs at most once. In-process only: a restarted server has no
+sessions to resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from livemeet.audio.constants import LIVE_TAKEOVER_CLOSE_S, RESUME_TOKEN_BYTES
+from livemeet.audio.pcm import PcmStreamDecoder
+from livemeet.errors import (
+    InternalError,
+    LivemeetError,
+    NotFound,
+    SessionTakenOver,
+    Unauthorized,
+)
+from livemeet.gateway.live_protocol import AudioFormat, ResumeRequest, require_same_format
+from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.transcriber import (
+    TERMINAL_EVENTS,
+    Error,
+    Event,
+    SegmentFinal,
+    SegmentPartial,
+    TranscriberSession,
+    TranscriptFinal,
+)
+
+log = logging.getLogger(__name__)
+
+Terminal = TranscriptFinal | Error
+
+
+class EventSink(Protocol):
+    """The socket a session is attached to (ws_live.LiveConnection). Both calls are
+    synchronous and must not block: the pump calls `deliver` for every event."""
+
+    def attached(self, holder: LiveSessionHolder, replay: list[Event], resumed: bool) -> None:
+        """This socket now carries `holder`; `replay` is what it must send first."""
+
+    def deliver(self, event: Event) -> None:
+        """A new event of the session, in order."""
+
+    def take_over(self) -> asyncio.Task[None]:
+        """Another socket resumed the session: stop carrying it, and close with
+        `session_taken_over` (the task returned does the closing)."""
+        ...
+
+
+@dataclass
+class ReplayState:
+    """What a resume is sent: every final so far in order, the latest partial, and the
+    terminal event once it came. Finals are immutable with stable ids, so a client that saw
+    some of them dedupes by id."""
+
+    finals: list[SegmentFinal] = field(default_factory=list)
+    partial: SegmentPartial | None = None
+    terminal: Terminal | None = None
+
+    def record(self, event: Event) -> None:
+        if isinstance(event, SegmentFinal):
+            self.finals.append(event)
+        elif isinstance(event, SegmentPartial):
+            self.partial = event
+        elif isinstance(event, TERMINAL_EVENTS):
+            self.terminal = event
+
+    def snapshot(self) -> list[Event]:
+        """The events to replay, in order; after the terminal event no partial (the final
+        transcript holds every segment)."""
+        events: list[Event] = list(self.finals)
+        if self.terminal is not None:
+            events.append(self.terminal)
+        elif self.partial is not None:
+            events.append(self.partial)
+        return events
+
+
+class LiveSessionHolder:
+    """One live session, whichever socket carries it. `lock` orders every use of the backend
+    session (append, finalize, end) with attaching a socket: a resume waits for an append in
+    flight, and an append of a socket that was taken over is refused."""
+
+    def __init__(
+        self,
+        session: TranscriberSession,
+        decoder: PcmStreamDecoder,
+        audio_format: AudioFormat,
+        token: str,
+        on_terminal: Callable[[LiveSessionHolder], None],
+    ) -> None:
+        self.session = session
+        self.decoder = decoder
+        self.audio_format = audio_format
+        self.token = token
+        self.replay = ReplayState()
+        self.sink: EventSink | None = None
+        self.lock = asyncio.Lock()
+        self.num_frames_accepted = 0  # sample frames at the client's rate the backend has
+        self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
+        self.dropped = False
+        self.timer: asyncio.TimerHandle | None = None  # expiry or drop, while detached
+        self._on_terminal = on_terminal
+        self.pump = asyncio.create_task(self._pump(), name=f"live-pump-{session.id}")
+
+    @property
+    def id(self) -> str:
+        return self.session.id
+
+    def attach(self, sink: EventSink, *, resumed: bool) -> None:
+        """`sink` carries the session from now on (under `lock` for a resume)."""
+        assert self.sink is None, "detach or take over first"
+        self.cancel_timer()
+        self.sink = sink
+        sink.attached(self, self.replay.snapshot() if resumed else [], resumed)
+
+    async def append(self, owner: EventSink, pcm: bytes) -> None:
+        async with self.lock:
+            self._check_owner(owner)
+            samples = self.decoder.feed(pcm)
+            if len(samples):
+                await self.session.append(samples)
+            self.num_frames_accepted = self.decoder.num_input_frames
+
+    async def finalize(self, owner: EventSink) -> None:
+        async with self.lock:
+            self._check_owner(owner)
+            await self.session.finalize()
+
+    async def end(self, owner: EventSink | None) -> bool:
+        """No more audio, at most once; returns whether this call ended the session. `owner`
+        None: the server ends a detached session (an expiry, a drain), which does nothing
+        once a resume has attached a socket again (it may have waited for the lock)."""
+        async with self.lock:
+            if owner is not None:
+                self._check_owner(owner)
+            elif self.sink is not None:
+                return False
+            if self.ended:
+                return False
+            self.ended = True
+            tail = self.decoder.flush()
+            if len(tail):
+                await self.session.append(tail)
+            await self.session.end()
+            return True
+
+    async def release(self) -> None:
+        """Free everything (the registry's `_drop`, once)."""
+        self.cancel_timer()
+        self.pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.pump
+        await self.session.abort()  # idempotent; frees the engine's slot
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _check_owner(self, owner: EventSink) -> None:
+        if self.sink is not owner:
+            raise SessionTakenOver(f"live session {self.id} was resumed on another connection")
+
+    async def _pump(self) -> None:
+        """Read the session's events to its terminal one (or its abort)."""
+        try:
+            async for event in self.session.events():
+                self._record(event)
+                if isinstance(event, TERMINAL_EVENTS):
+                    break
+        except Exception as exc:  # a bug: the sockets must still hear of it
+            log.exception("live session %s: reading its events failed", self.id)
+            self._record(Error(InternalError.code, f"internal error: {type(exc).__name__}"))
+        if self.replay.terminal is not None:
+            self._on_terminal(self)
+
+    def _record(self, event: Event) -> None:
+        self.replay.record(event)
+        if self.sink is not None:
+            self.sink.deliver(event)
+
+
+class LiveSessions:
+    """The live sessions of one app, by id, with their detach timers (module docstring).
+
+    `window_s` 0 turns resume off: a socket that goes away takes its session with it.
+    `final_timeout_s` bounds how long a detached, ended session waits for its final."""
+
+    def __init__(self, window_s: float, final_timeout_s: float, metrics: GatewayMetrics) -> None:
+        self.window_s = window_s
+        self.final_timeout_s = final_timeout_s
+        self.draining = False
+        self._holders: dict[str, LiveSessionHolder] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._metrics = metrics
+
+    def __len__(self) -> int:
+        return len(self._holders)
+
+    @property
+    def num_detached(self) -> int:
+        return sum(1 for h in self._holders.values() if h.sink is None)
+
+    def open(
+        self,
+        session: TranscriberSession,
+        decoder: PcmStreamDecoder,
+        audio_format: AudioFormat,
+        sink: EventSink,
+    ) -> LiveSessionHolder:
+        """Register a new session, attached to `sink`, with a fresh resume token."""
+        assert session.id not in self._holders, f"session id {session.id} is in use"
+        token = secrets.token_urlsafe(RESUME_TOKEN_BYTES)
+        holder = LiveSessionHolder(session, decoder, audio_format, token, self._on_terminal)
+        self._holders[holder.id] = holder
+        holder.attach(sink, resumed=False)
+        return holder
+
+    async def resume(
+        self, request: ResumeRequest, audio_format: AudioFormat, sink: EventSink
+    ) -> LiveSessionHolder:
+        """Attach `sink` to the session `request` names, taking it over from the socket that
+        carries it, if any (that socket is sent `session_taken_over` and closed first, for at
+        most LIVE_TAKEOVER_CLOSE_S). Raises NotFound (unknown, dropped, or resume off),
+        Unauthorized (wrong token), InvalidRequest (another audio format)."""
+        try:
+            holder = self._find(request)
+            require_same_format(holder.audio_format, audio_format)
+        except LivemeetError as exc:
+            self._metrics.live_resumes.labels(exc.code).inc()
+            raise
+        async with holder.lock:
+            if holder.dropped:  # dropped while this resume waited for the lock
+                self._metrics.live_resumes.labels(NotFound.code).inc()
+                raise NotFound(f"no live session {request.session_id!r} to resume")
+            previous, holder.sink = holder.sink, None
+            if previous is not None:
+                closing = previous.take_over()
+                await asyncio.wait({closing}, timeout=LIVE_TAKEOVER_CLOSE_S)
+            holder.attach(sink, resumed=True)
+        outcome = "resumed" if previous is None else "taken_over"
+        self._metrics.live_resumes.labels(outcome).inc()
+        self._update_detached()
+        log.info("live session %s %s at %d frames", holder.id, outcome, holder.num_frames_accepted)
+        return holder
+
+    async def disconnect(self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool) -> bool:
+        """`sink`'s socket is gone. `keep`: the session may wait for a resume (the socket went
+        while it streamed, no error sent, its final not sent); otherwise, and where resume is
+        off or the server drains, the session is dropped. Returns whether it was kept. A
+        socket that was taken over leaves the session alone."""
+        if holder.sink is not sink:
+            return False
+        holder.sink = None
+        if not keep or self.window_s <= 0 or self.draining:
+            await self._drop(holder)
+            return False
+        self._arm(holder)
+        self._update_detached()
+        log.info(
+            "live session %s detached at %d frames: kept %g s for a resume",
+            holder.id,
+            holder.num_frames_accepted,
+            self.window_s,
+        )
+        return True
+
+    async def drain(self) -> None:
+        """Server shutdown: end every detached session (there is no socket for its final, so
+        it is then dropped at once) and refuse to keep any other from now on."""
+        self.draining = True
+        for holder in [h for h in self._holders.values() if h.sink is None]:
+            holder.cancel_timer()
+            log.info("live session %s ended by the shutdown while detached", holder.id)
+            with contextlib.suppress(LivemeetError):  # it is freed just after either way
+                await holder.end(None)
+            await self._drop(holder)
+
+    async def close(self) -> None:
+        """App cleanup: drop every session left and stop every timer's task."""
+        if self._tasks:  # expiries and drops under way: short (an `end`, an abort)
+            _, late = await asyncio.wait(set(self._tasks), timeout=LIVE_TAKEOVER_CLOSE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        for holder in list(self._holders.values()):
+            await self._drop(holder)
+
+    def _find(self, request: ResumeRequest) -> LiveSessionHolder:
+        holder = self._holders.get(request.session_id)
+        if holder is None or self.window_s <= 0:
+            raise NotFound(
+                f"no live session {request.session_id!r} to resume (ended, expired, or "
+                "never here: a restarted server has none)"
+            )
+        # constant time: the comparison must not tell how much of a guess was right
+        if not hmac.compare_digest(holder.token.encode(), request.resume_token.encode()):
+            raise Unauthorized(f"wrong resume token for live session {request.session_id!r}")
+        return holder
+
+    def _arm(self, holder: LiveSessionHolder) -> None:
+        """Set a detached session's timer: a streaming one is ended when the window runs out;
+        one with its terminal event is dropped a window after that came; an ended one waits
+        at most `final_timeout_s` for its final."""
+        holder.cancel_timer()
+        loop = asyncio.get_running_loop()
+        if holder.replay.terminal is not None:
+            delay_s, action = self.window_s, self._drop
+        elif not holder.ended:
+            delay_s, action = self.window_s, self._expire
+        else:
+            delay_s, action = self.final_timeout_s, self._drop
+        holder.timer = loop.call_later(delay_s, self._spawn, action, holder)
+
+    def _spawn(
+        self, action: Callable[[LiveSessionHolder], Awaitable[None]], holder: LiveSessionHolder
+    ) -> None:
+        """A timer fired: run its action as a task the registry tracks (close cancels it)."""
+        holder.timer = None
+
+        async def run() -> None:
+            await action(holder)
+
+        task = asyncio.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_terminal(self, holder: LiveSessionHolder) -> None:
+        """The pump saw the terminal event: a detached session keeps it for one window."""
+        if holder.sink is None and not holder.dropped:
+            self._arm(holder)
+
+    async def _expire(self, holder: LiveSessionHolder) -> None:
+        if holder.sink is not None or holder.dropped:
+            return  # resumed or dropped after the timer fired
+        try:
+            if not await holder.end(None):
+                return  # resumed while the end waited for the lock
+        except LivemeetError as exc:
+            log.info("live session %s could not be ended (%s): dropped", holder.id, exc.code)
+            await self._drop(holder)
+            return
+        self._metrics.live_resume_expiries.inc()
+        log.info(
+            "live session %s not resumed within %g s: ended as by its client's end",
+            holder.id,
+            self.window_s,
+        )
+        if holder.sink is None and not holder.dropped:
+            self._arm(holder)  # now: its final (or a drop, if the final came meanwhile)
+
+    async def _drop(self, holder: LiveSessionHolder) -> None:
+        if holder.dropped:
+            return
+        holder.dropped = True
+        self._holders.pop(holder.id, None)
+        self._update_detached()
+        await holder.release()
+
+    def _update_detached(self) -> None:
+        self._metrics.live_sessions_detached.set(self.num_detached)
