@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +40,53 @@ def test_an_insecure_page_says_the_microphone_needs_https() -> None:
 def test_a_secure_page_asks_for_the_microphone() -> None:
     result = click_start("secure")
     assert result["status"] == "cannot start: denied"  # getUserMedia was reached
+
+
+def run_resume(scenario: str) -> dict[str, Any]:
+    assert NODE is not None
+    out = subprocess.run(
+        [NODE, str(Path(__file__).with_name("resume_harness.js")),
+         str(ROOT / "web" / "recorder.js"), scenario],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
+def test_a_dropped_connection_is_resumed_from_the_servers_offset() -> None:
+    """A 1006 close mid-recording lost the meeting (the page only said "closed 1006"). The
+    page now reconnects with the session's id and token, sends again what the server lacks
+    (from the resumed `session.ready`'s offset: the audio kept since the last ack, plus what
+    the microphone gave while offline), shows each final once, and `end`s on the new socket."""
+    result = run_resume("resume")
+    assert result["sockets"] == 2
+    first, second = result["first"], result["second"]
+    assert "resume" not in first[0]
+    assert [m.get("frame") for m in first[1:]] == [0, 1, 2, 3, 4]  # held until ready, in order
+    assert second[0]["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+    assert second[0]["sample_rate"] == 16000 and second[0]["channels"] == 1
+    # the server held frames 0-2 (offset 4800): 3-4 again, 5-6 from offline, 7 live
+    assert [m.get("frame") for m in second[1:-1]] == [3, 4, 5, 6, 7]
+    assert second[-1] == {"type": "end"}
+    assert result["finals"] == 2  # seg-0000 replayed, shown once
+    assert "reconnecting" in result["statusOffline"]
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
+def test_the_resume_buffer_keeps_what_is_unacknowledged_and_refuses_past_its_bound() -> None:
+    """Past its bound (MAX_UNACKED_S of audio) new audio is dropped and counted, so the
+    session's audio stays contiguous; an ack frees room; a resend starts mid-frame."""
+    buffer = run_resume("resume")["buffer"]
+    assert buffer["pushed"] == [True, True, True, False]
+    assert buffer["lost"] == 1600
+    assert buffer["from"] == [[1, 800], [2, 1600]]
+    assert buffer["after"] is True and buffer["next"] == 4 * 1600
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
+def test_the_page_gives_up_once_the_resume_window_has_passed() -> None:
+    result = run_resume("expire")
+    assert result["sockets"] == 2  # one retry within the window, none after it
+    assert "press Start for a new one" in result["status"]
+    assert result["start_disabled"] is False

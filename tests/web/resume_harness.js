@@ -1,0 +1,134 @@
+// Runs web/recorder.js in a stub browser (node's vm) through a dropped connection and its
+// resume, with a fake microphone and fake WebSockets the script drives by hand. Prints one
+// JSON line: what each socket was sent, the captions shown, the status line, and a check of
+// ResumeBuffer on its own. argv: recorder.js path, then "resume" (a drop and its resume) or
+// "expire" (the drop outlasts the session's resume window: the page gives up).
+const fs = require("fs");
+const vm = require("vm");
+
+const [source, scenario] = process.argv.slice(2);
+const elements = {};
+function element(id) {
+  if (!elements[id]) {
+    elements[id] = {
+      id, disabled: false, textContent: "", style: {}, listeners: {}, children: [],
+      addEventListener(type, fn) { this.listeners[type] = fn; },
+      replaceChildren(...c) { this.children = c; },
+      append(...c) { this.children.push(...c); },
+    };
+  }
+  return elements[id];
+}
+
+const sockets = [];
+class FakeWebSocket {
+  constructor(url) {
+    this.url = url;
+    this.sent = []; // text frames parsed, binary frames as {frame: first sample}
+    this.readyState = 0;
+    sockets.push(this);
+  }
+  send(data) {
+    if (typeof data === "string") this.sent.push(JSON.parse(data));
+    else this.sent.push({ frame: new Int16Array(data)[0], frames: data.byteLength / 2 });
+  }
+  open() { this.readyState = 1; this.onopen(); }
+  receive(ev) { this.onmessage({ data: JSON.stringify(ev) }); }
+  drop(code) { this.readyState = 3; this.onclose({ code }); }
+}
+FakeWebSocket.OPEN = 1;
+
+let port = null;
+class FakeNode { constructor() { this.port = {}; port = this.port; } }
+let frameIndex = 0;
+function speak() { // one 100-ms frame whose samples all hold its index
+  const data = new Int16Array(1600).fill(frameIndex++).buffer;
+  port.onmessage({ data });
+}
+
+const sandbox = {
+  document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
+  window: { isSecureContext: true },
+  navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
+  location: { host: "meet.example:8000", protocol: "https:" },
+  fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
+  AudioContext: class {
+    constructor() { this.audioWorklet = { addModule: async () => {} }; }
+    createMediaStreamSource() { return { connect() {} }; }
+    close() {}
+  },
+  AudioWorkletNode: FakeNode,
+  WebSocket: FakeWebSocket,
+  setInterval, clearInterval, setTimeout, clearTimeout, Date, console,
+};
+vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const final = (id, start) => ({ type: "segment.final", id, start, end: start + 1,
+                                speaker: "S01", text: id });
+
+function bufferAlone() {
+  const b = new sandbox.ResumeBuffer(4800); // 3 frames of 1600
+  const frame = (i) => new Int16Array(1600).fill(i).buffer;
+  const pushed = [0, 1, 2, 3].map((i) => b.push(frame(i))); // the 4th overflows
+  b.ack(2400); // frame 0 whole, half of frame 1
+  const from = b.from(2400).map((d) => [new Int16Array(d)[0], d.byteLength / 2]);
+  const after = b.push(frame(4)); // room again after the ack
+  return { pushed, lost: b.lostFrames, from, after, next: b.next };
+}
+
+async function expire() {
+  await sleep(10);
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                       model: "m", resume_token: "tok", resume_window_s: 0.2, resumed: false,
+                       offset: 0 });
+  sockets[0].drop(1006);
+  await sleep(400); // one retry (after 250 ms), which fails too, past the 0.2-s window
+  if (sockets[1]) sockets[1].drop(1006);
+  await sleep(20); // (giving up schedules no further retry: the status says so)
+  console.log(JSON.stringify({ sockets: sockets.length, status: element("status").textContent,
+                               start_disabled: element("start").disabled }));
+  process.exit(0);
+}
+
+(async () => {
+  if (scenario === "expire") return expire();
+  await sleep(10); // the page's own start-up
+  element("start").listeners.click();
+  await sleep(10);
+  const first = sockets[0];
+  first.open();
+  speak(); speak(); speak(); // before session.ready: kept, not sent yet
+  first.receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                  model: "m", resume_token: "tok", resume_window_s: 60, resumed: false,
+                  offset: 0 });
+  speak(); speak(); // frames 3, 4: live
+  first.receive({ type: "audio.ack", offset: 3200 }); // frames 0, 1
+  first.receive(final("seg-0000", 0));
+  first.drop(1006); // the network went
+  speak(); speak(); // frames 5, 6: kept for the resume
+  const statusOffline = element("status").textContent;
+  await sleep(400); // the first retry comes after 250 ms
+  const second = sockets[1];
+  second.open();
+  // the server had frames 0-2 (4,800 frames): the page sends 3-6 again, then live
+  second.receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                   model: "m", resume_token: "tok", resume_window_s: 60, resumed: true,
+                   offset: 4800 });
+  second.receive(final("seg-0000", 0)); // replay: shown already
+  second.receive(final("seg-0001", 1));
+  speak(); // frame 7: live on the new socket
+  element("stop").listeners.click();
+  console.log(JSON.stringify({
+    sockets: sockets.length,
+    first: first.sent,
+    second: second.sent,
+    finals: element("finals").children.length,
+    statusOffline,
+    status: element("status").textContent,
+    buffer: bufferAlone(),
+  }));
+  process.exit(0);
+})();
