@@ -23,7 +23,7 @@ from livemeet.errors import (
     SessionTakenOver,
     Unauthorized,
 )
-from livemeet.gateway.app import close_live_sockets
+from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import METRICS_KEY, REGISTRY_KEY, SESSIONS_KEY
 from livemeet.gateway.live_sessions import ReplayState
 from livemeet.transcriber import SegmentFinal, SegmentPartial, TranscriptFinal
@@ -375,3 +375,41 @@ def test_the_replay_is_every_final_then_the_latest_partial_or_the_terminal() -> 
     final = TranscriptFinal((seg(0), seg(1), seg(2)), FinishReason.STOP, 1.0, 3.0)
     replay.record(final)
     assert replay.snapshot() == [*finals, final]  # the final holds the partial's segments
+
+
+async def test_a_resume_through_the_engine_client_and_scripted_backend(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    """The same blip with the real engine boundary (EngineClient, scripted backend in a
+    thread): the session decodes on while detached, the resumed socket gets every final
+    once, and the final transcript is the script's, covering all 12 s."""
+    from livemeet.backends.scripted import DEFAULT_SCRIPT
+    from livemeet.config import ModelConfig
+    from livemeet.gateway.engine_client import EngineClient
+
+    engine = EngineClient(ModelConfig(backend="scripted"), in_process=True)
+    client = await aiohttp_client(create_app(server_config, engine))
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    for _ in range(12):  # 6 s
+        await ws.send_bytes(pcm16(0.5))
+    while (await read_until(ws, "audio.ack"))[-1]["offset"] < 6 * 16000:
+        pass
+    vanish(ws)
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    await ws.close()
+    async with client.ws_connect("/v1/live") as again:
+        await again.send_json(resume_start(ready))
+        resumed = await again.receive_json()
+        assert resumed["resumed"] is True and resumed["offset"] == 6 * 16000
+        for _ in range(12):  # 6 s more
+            await again.send_bytes(pcm16(0.5))
+        await again.send_json({"type": "end"})
+        events = await read_to_close(again)
+    final = events[-1]
+    assert final["type"] == "transcript.final" and final["duration"] == 12.0
+    assert [s["text"] for s in final["segments"]] == [s.text for s in DEFAULT_SCRIPT.reference]
+    ids = [e["id"] for e in of_type(events, "segment.final")]
+    assert ids == [s["id"] for s in final["segments"]]
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0 and engine.num_sessions == 0)
