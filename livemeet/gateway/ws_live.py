@@ -18,7 +18,7 @@ import logging
 from collections import deque
 from typing import Any, Literal
 
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, hdrs, web
+from aiohttp import WebSocketError, WSCloseCode, WSMessage, WSMsgType, hdrs, web
 
 from livemeet.audio.constants import (
     ACK_INTERVAL_S,
@@ -216,7 +216,10 @@ class LiveConnection:
                         await self._on_action(self.protocol.receive_binary(msg.data))
                     audio_s = self.protocol.audio_seconds(len(msg.data))
                 elif msg.type is WSMsgType.ERROR:
-                    log.info("live connection error: %s", self.ws.exception())
+                    error = self.ws.exception()
+                    log.info("live connection error: %s", error)
+                    if isinstance(error, WebSocketError):  # aiohttp refused a frame (1009):
+                        self.protocol.fail()  # the client's violation, not a network blip
                     break
                 # past the burst, read no faster than max speed (outside the action lock,
                 # so a drain is not held up)

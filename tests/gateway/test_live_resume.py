@@ -13,7 +13,7 @@ import pytest
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient
 
-from livemeet.audio.constants import ACK_INTERVAL_S, LIVE_RESUME_WINDOW_S
+from livemeet.audio.constants import ACK_INTERVAL_S, LIVE_RESUME_WINDOW_S, MAX_FRAME_BYTES
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     ConfigError,
@@ -413,3 +413,18 @@ async def test_a_resume_through_the_engine_client_and_scripted_backend(
     ids = [e["id"] for e in of_type(events, "segment.final")]
     assert ids == [s["id"] for s in final["segments"]]
     await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0 and engine.num_sessions == 0)
+
+
+@pytest.mark.parametrize("compress", [0, 15])
+async def test_a_frame_over_the_limit_drops_the_session_instead_of_keeping_it(
+    client: TestClient, fake: FakeTranscriber, compress: int
+) -> None:
+    """The 1009 close is the client's violation, not a blip: nothing to resume."""
+    async with client.ws_connect("/v1/live", compress=compress) as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(b"\0" * (MAX_FRAME_BYTES + 2))
+        await ws.receive()
+        assert ws.close_code == 1009
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+    assert len(client.app[SESSIONS_KEY]) == 0
