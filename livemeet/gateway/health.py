@@ -5,7 +5,13 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, REGISTRY_KEY, TRANSCRIBER_KEY
+from livemeet.gateway.keys import (
+    LIFECYCLE_KEY,
+    METRICS_KEY,
+    REGISTRY_KEY,
+    SESSIONS_KEY,
+    TRANSCRIBER_KEY,
+)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -28,6 +34,7 @@ async def readyz(request: web.Request) -> web.Response:
         "demo": transcriber.info.demo,
         "draining": app[LIFECYCLE_KEY].draining,
         "live_sessions": len(app[REGISTRY_KEY]),
+        "live_sessions_detached": app[SESSIONS_KEY].num_detached,
     }
     return web.json_response(body, status=200 if ready else 503)
 

@@ -327,11 +327,11 @@ class LiveSessions:
         holder.cancel_timer()
         loop = asyncio.get_running_loop()
         if holder.replay.terminal is not None:
-            delay_s, action = self.window_s, self._drop
+            delay_s, action = self.window_s, self._forget
         elif not holder.ended:
             delay_s, action = self.window_s, self._expire
         else:
-            delay_s, action = self.final_timeout_s, self._drop
+            delay_s, action = self.final_timeout_s, self._forget
         holder.timer = loop.call_later(delay_s, self._spawn, action, holder)
 
     def _spawn(
@@ -370,6 +370,14 @@ class LiveSessions:
         )
         if holder.sink is None and not holder.dropped:
             self._arm(holder)  # now: its final (or a drop, if the final came meanwhile)
+
+    async def _forget(self, holder: LiveSessionHolder) -> None:
+        """A detached session's last timer: its final was kept a window, or never came."""
+        if holder.sink is not None or holder.dropped:
+            return  # resumed or dropped after the timer fired
+        why = "its final was kept" if holder.replay.terminal else "no final came"
+        log.info("live session %s dropped while detached: %s", holder.id, why)
+        await self._drop(holder)
 
     async def _drop(self, holder: LiveSessionHolder) -> None:
         if holder.dropped:

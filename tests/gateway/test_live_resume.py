@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -214,8 +215,12 @@ async def test_a_resume_must_declare_the_same_audio_format(
 
 
 async def test_a_session_not_resumed_in_time_is_ended_freed_and_then_not_found(
-    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="livemeet.gateway.live_sessions")
     client = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0.2)
     base_tasks = len(asyncio.all_tasks())
     ready, _ = await detached_session(client, fake, 1.0)
@@ -225,6 +230,8 @@ async def test_a_session_not_resumed_in_time_is_ended_freed_and_then_not_found(
     await wait_until(lambda: fake.sessions[0].log.aborted)  # dropped a window after the final
     assert len(client.app[SESSIONS_KEY]) == 0
     assert metric(client, "livemeet_live_resume_expiries_total") == 1
+    assert "fake-0 not resumed within 0.2 s: ended as by its client's end" in caplog.text
+    assert "fake-0 dropped while detached: its final was kept" in caplog.text
     await wait_until(lambda: len(asyncio.all_tasks()) <= base_tasks)  # no timer task left
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(resume_start(ready))
