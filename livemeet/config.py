@@ -32,11 +32,13 @@ from livemeet.audio.constants import (
     MAX_LIVE_HOP_LOAD,
     MAX_LIVE_STEP_BUDGET_S,
     MAX_UPLOAD_BYTES,
+    MAX_UPLOAD_MIN_SHARE,
     MAX_UPLOAD_STEP_BUDGET_S,
     MIN_LIVE_HOP_LOAD,
     MIN_LIVE_STEP_BUDGET_S,
     MIN_PREFILL_CHUNK,
     UPLOAD_BATCH_WAIT_S,
+    UPLOAD_MIN_SHARE,
     UPLOAD_SPILL_TOTAL_BYTES,
     UPLOAD_STEP_BUDGET_S,
 )
@@ -103,6 +105,9 @@ class ModelConfig:
     # ms of estimated GPU time per engine step while no live session is open
     # (livemeet.engine.scheduler); live work keeps live_step_budget_ms steps
     upload_step_budget_ms: float = 1000.0 * UPLOAD_STEP_BUDGET_S
+    # of the engine's estimated time that uploads keep while live work competes (the
+    # scheduler's upload_min_share); 0: live work has pure priority
+    upload_min_share: float = UPLOAD_MIN_SHARE
     # ms of estimated GPU time per engine step while live sessions are open: a hop decodes its
     # new tail one step per token, so this bounds its time under load
     live_step_budget_ms: float = 1000.0 * LIVE_STEP_BUDGET_S
@@ -184,6 +189,11 @@ class ModelConfig:
             raise ConfigError(
                 f"upload_step_budget_ms must be in [{low:g}, {high:g}], "
                 f"not {self.upload_step_budget_ms}"
+            )
+        if not 0.0 <= self.upload_min_share <= MAX_UPLOAD_MIN_SHARE:
+            raise ConfigError(
+                f"upload_min_share must be in [0, {MAX_UPLOAD_MIN_SHARE:g}], "
+                f"not {self.upload_min_share}"
             )
         if not 0 <= self.live_forced_transcript_tokens <= MAX_CONTEXT_TOKENS:
             raise ConfigError(

@@ -257,6 +257,13 @@ MAX_LIVE_STEP_BUDGET_S = FLUSH_INTERVAL_S  # s; one flush window, the default un
 # without them per-word p95 fell from 2.46 to 1.83 s, engine-ms per hop from 7.52 to 6.37
 # (H200, minutes 7.5-10 of 10-minute meetings; docs/benchmarks.md, session 27)
 LIVE_DECODE_STEPS = 0
+# of the engine's estimated time that uploads keep while live work competes
+# (--upload-min-share; livemeet.engine.scheduler): live work spends at most the rest of each
+# step and uploads keep the share across steps. At 0.25, 64 live 10-minute sessions beside 2
+# uploads on an H100 gave per-word p95 2.40 s against 1.16 s alone, and the uploads 16.5
+# audio-s/s (docs/benchmarks.md, session 32). 0 lets live work take everything.
+UPLOAD_MIN_SHARE = 0.25
+MAX_UPLOAD_MIN_SHARE = 0.9  # a share of 1 would starve live work
 MAX_LIVE_DECODE_STEPS = 8
 MIN_LIVE_STEP_BUDGET_S = 0.005  # s; below it a step's fixed cost (~0.7 ms) is >15 % of it
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")  # the KV pool: the model's 16-bit dtype, or e4m3

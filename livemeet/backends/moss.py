@@ -955,6 +955,7 @@ def engine_config(cfg: ModelConfig) -> EngineConfig:
             upload_batch_wait_s=cfg.upload_batch_wait_ms / 1000.0,
             upload_hold=parse_upload_hold(cfg.upload_hold),
             upload_step_budget_s=cfg.upload_step_budget_ms / 1000.0,
+            upload_min_share=cfg.upload_min_share,
             step_budget_s=cfg.live_step_budget_ms / 1000.0,
             live_decode_steps=cfg.live_decode_steps,
             max_num_batched_tokens=max(

@@ -24,6 +24,7 @@ from livemeet.audio.constants import (
     MAX_LIVE_DECODE_STEPS,
     MAX_LIVE_HOP_LOAD,
     MAX_UPLOAD_BYTES,
+    MAX_UPLOAD_MIN_SHARE,
     MIN_LIVE_HOP_LOAD,
 )
 from livemeet.backends import BACKENDS, check_backend
@@ -259,6 +260,14 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
         "three such steps ahead of its first hop; at most a quarter hop; default %(default)g)",
     )
     p.add_argument(
+        "--upload-min-share",
+        type=float,
+        default=ModelConfig.upload_min_share,
+        help=f"of the engine's time that uploads keep while live sessions compete "
+        f"(0-{MAX_UPLOAD_MIN_SHARE:g}): more finishes uploads sooner and delays live captions; "
+        "0 gives live work pure priority (default %(default)g)",
+    )
+    p.add_argument(
         "--live-step-budget-ms",
         type=float,
         default=ModelConfig.live_step_budget_ms,
@@ -325,6 +334,7 @@ SCHEDULING_FIELDS = (
     "upload_batch_wait_ms",
     "upload_hold",
     "upload_step_budget_ms",
+    "upload_min_share",
     "live_step_budget_ms",
     "live_decode_steps",
     "live_draft",

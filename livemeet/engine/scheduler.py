@@ -84,6 +84,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_STEP_BUDGET_S,
     MIN_PREFILL_CHUNK,
     UPLOAD_BATCH_WAIT_S,
+    UPLOAD_MIN_SHARE,
     UPLOAD_STEP_BUDGET_S,
 )
 from livemeet.config import UploadHold, parse_upload_hold
@@ -111,7 +112,7 @@ class SchedulerConfig:
     upload_step_budget_s: float = UPLOAD_STEP_BUDGET_S
     # fraction of each step's budget, and of estimated time across steps, kept for uploads
     # while they can run (module docstring); 0: live work has pure priority
-    upload_min_share: float = 0.25
+    upload_min_share: float = UPLOAD_MIN_SHARE
     # s a new upload may wait to be prefilled together with later arrivals (module docstring:
     # upload batching); 0 admits every upload at once
     upload_batch_wait_s: float = UPLOAD_BATCH_WAIT_S

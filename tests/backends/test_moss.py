@@ -690,11 +690,13 @@ def test_engine_config_carries_the_model_flags() -> None:
         upload_step_budget_ms=120.0,
         live_step_budget_ms=10.0,
         live_decode_steps=3,
+        upload_min_share=0.5,
     )
     defaults = ModelConfig()
     changed = ("num_kv_blocks", "kv_cache_dtype", "kv_block_size", "prefill_graphs")
     changed += ("mem_fraction", "chunked_prefill_size", "upload_batch_wait_ms", "upload_hold")
     changed += ("upload_step_budget_ms", "live_step_budget_ms", "live_decode_steps")
+    changed += ("upload_min_share",)
     assert all(getattr(cfg, f) != getattr(defaults, f) for f in changed)  # else proves nothing
     engine = engine_config(cfg)
     assert (engine.model, engine.load_format, engine.device, engine.dtype) == (
@@ -717,7 +719,10 @@ def test_engine_config_carries_the_model_flags() -> None:
     assert sched.upload_step_budget_s == pytest.approx(0.120)
     assert sched.step_budget_s == pytest.approx(0.010)
     assert sched.live_decode_steps == 3
+    assert sched.upload_min_share == 0.5
     assert engine_config(ModelConfig()).block_size == KV_BLOCK_SIZE
+    with pytest.raises(ConfigError, match="upload_min_share"):
+        ModelConfig(upload_min_share=0.95).validate()
     with pytest.raises(ConfigError, match="kv_block_size"):
         ModelConfig(kv_block_size=24).validate()
     # a prefill chunk need not fill a KV block: 64-token chunks over 128-token blocks are valid

@@ -20,6 +20,7 @@ from livemeet.audio.constants import (
     LIVE_FORCED_TRANSCRIPT_TOKENS,
     LIVE_STEP_BUDGET_S,
     UPLOAD_BATCH_WAIT_S,
+    UPLOAD_MIN_SHARE,
     UPLOAD_STEP_BUDGET_S,
 )
 from livemeet.audio.decode import decode_file
@@ -146,6 +147,9 @@ def test_serve_engine_sizing_flags() -> None:
     assert config.upload_step_budget_ms == 1000.0 * UPLOAD_STEP_BUDGET_S == 200.0
     args = build_parser().parse_args(["serve", "--model", "x", "--upload-step-budget-ms", "80"])
     assert serve.config_from_args(args).model.upload_step_budget_ms == 80.0
+    assert config.upload_min_share == UPLOAD_MIN_SHARE == 0.25
+    args = build_parser().parse_args(["serve", "--model", "x", "--upload-min-share", "0"])
+    assert serve.config_from_args(args).model.upload_min_share == 0.0
     assert config.live_step_budget_ms == 1000.0 * LIVE_STEP_BUDGET_S == 15.0
     args = build_parser().parse_args(["serve", "--model", "x", "--live-step-budget-ms", "16"])
     assert serve.config_from_args(args).model.live_step_budget_ms == 16.0
