@@ -1,16 +1,22 @@
-"""Finished upload transcripts: the newest in memory, every one as a JSON file under the data dir.
+"""Finished transcripts: the newest in memory, every one as a JSON file under the data dir.
 
-`GET /v1/transcriptions/{id}` reads from here; files let transcripts outlive a restart.
+Two kinds share the store: uploads (`tr_<hex>`, read by `GET /v1/transcriptions/{id}`: the
+random id is the capability) and live sessions (`ls_<hex>`, read by `GET
+/v1/sessions/{id}/transcript`: the session's captions token is the capability, kept as its
+SHA-256 so a leaked data dir does not leak working tokens). Files let transcripts outlive a
+restart.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import re
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,10 +28,30 @@ from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Tra
 log = logging.getLogger(__name__)
 
 TRANSCRIPTION_ID = re.compile(r"^tr_[0-9a-f]{32}$")
+LIVE_TRANSCRIPT_ID = re.compile(r"^ls_[0-9a-f]{32}$")
 
 
 def new_transcription_id() -> str:
     return f"tr_{uuid.uuid4().hex}"
+
+
+def live_transcript_id(session_id: str) -> str:
+    """The store id of a live session's transcript. Session ids come from the backend (any
+    string), so the file name is a hash of one, never the id itself."""
+    return f"ls_{hashlib.sha256(session_id.encode()).hexdigest()[:32]}"
+
+
+def token_digest(token: str) -> str:
+    """What the store keeps of a capability token (hex SHA-256)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredTranscript:
+    """A transcript and, for a live session's, the SHA-256 of the token that may read it."""
+
+    transcript: Transcript
+    access_sha256: str | None = None
 
 
 def transcript_to_json(t: Transcript) -> dict[str, Any]:
@@ -59,7 +85,7 @@ def transcript_from_json(d: dict[str, Any]) -> Transcript:
 
 
 class TranscriptStore:
-    """id -> Transcript: the newest `max_cached` in memory, every one as
+    """id -> StoredTranscript: the newest `max_cached` in memory, every one as
     `<directory>/<id>.json`.
 
     `put` keeps the transcript in memory at once and writes its file in the background, so an
@@ -74,35 +100,60 @@ class TranscriptStore:
             raise ValueError(f"max_cached must be >= 1, not {max_cached}")
         self.directory = directory
         self.max_cached = max_cached
-        self._memory: OrderedDict[str, Transcript] = OrderedDict()  # oldest first
+        self._memory: OrderedDict[str, StoredTranscript] = OrderedDict()  # oldest first
         self._writing: dict[str, asyncio.Task[None]] = {}
 
     async def put(self, transcription_id: str, transcript: Transcript) -> None:
+        """Store an upload's transcript."""
         assert TRANSCRIPTION_ID.match(transcription_id), transcription_id
-        body = json.dumps(transcript_to_json(transcript), ensure_ascii=False)
-        task = asyncio.get_running_loop().create_task(self._write(transcription_id, body))
-        self._writing[transcription_id] = task  # before _remember: it must not evict this one
-        task.add_done_callback(lambda _: self._written(transcription_id))
-        self._remember(transcription_id, transcript)
+        self._put(transcription_id, StoredTranscript(transcript))
+
+    def put_live(self, session_id: str, transcript: Transcript, token: str) -> None:
+        """Store a live session's final transcript, readable with `token` (never blocks: the
+        file is written in the background, as `put`'s)."""
+        stored = StoredTranscript(transcript, token_digest(token))
+        self._put(live_transcript_id(session_id), stored)
 
     async def get(self, transcription_id: str) -> Transcript:
-        """Raises NotFound for unknown or malformed ids."""
+        """An upload's transcript. Raises NotFound for unknown or malformed ids (a live
+        session's store id included: those are read with their token, `get_live`)."""
         if not TRANSCRIPTION_ID.match(transcription_id):
             raise NotFound(f"no transcription {transcription_id!r}")
-        cached = self._memory.get(transcription_id)
+        return (
+            await self._get(transcription_id, f"no transcription {transcription_id!r}")
+        ).transcript
+
+    async def get_live(self, session_id: str) -> StoredTranscript:
+        """A live session's stored transcript; the caller checks the token against
+        `access_sha256`. Raises NotFound."""
+        return await self._get(live_transcript_id(session_id), f"no session {session_id!r}")
+
+    def _put(self, key: str, stored: StoredTranscript) -> None:
+        record = transcript_to_json(stored.transcript)
+        if stored.access_sha256 is not None:
+            record["access_sha256"] = stored.access_sha256
+        body = json.dumps(record, ensure_ascii=False)
+        task = asyncio.get_running_loop().create_task(self._write(key, body))
+        self._writing[key] = task  # before _remember: it must not evict this one
+        task.add_done_callback(lambda _: self._written(key))
+        self._remember(key, stored)
+
+    async def _get(self, key: str, not_found: str) -> StoredTranscript:
+        cached = self._memory.get(key)
         if cached is not None:
-            self._memory.move_to_end(transcription_id)
+            self._memory.move_to_end(key)
             return cached
-        path = self.directory / f"{transcription_id}.json"
+        path = self.directory / f"{key}.json"
         try:
             text = await asyncio.get_running_loop().run_in_executor(
                 None, partial(path.read_text, encoding="utf-8")
             )
         except FileNotFoundError:
-            raise NotFound(f"no transcription {transcription_id!r}") from None
-        transcript = transcript_from_json(json.loads(text))
-        self._remember(transcription_id, transcript)
-        return transcript
+            raise NotFound(not_found) from None
+        record = json.loads(text)
+        stored = StoredTranscript(transcript_from_json(record), record.get("access_sha256"))
+        self._remember(key, stored)
+        return stored
 
     async def flush(self) -> None:
         """Wait until every transcript put so far is on disk (or its write failed)."""
@@ -114,8 +165,8 @@ class TranscriptStore:
         """Transcripts held in memory now (<= max_cached plus the unwritten ones)."""
         return len(self._memory)
 
-    def _remember(self, transcription_id: str, transcript: Transcript) -> None:
-        self._memory[transcription_id] = transcript
+    def _remember(self, transcription_id: str, stored: StoredTranscript) -> None:
+        self._memory[transcription_id] = stored
         self._memory.move_to_end(transcription_id)
         self._trim()
 

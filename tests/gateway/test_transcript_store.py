@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from livemeet.errors import NotFound
-from livemeet.gateway.transcript_store import TranscriptStore, new_transcription_id
+from livemeet.gateway.transcript_store import (
+    TranscriptStore,
+    live_transcript_id,
+    new_transcription_id,
+    token_digest,
+)
 from livemeet.transcript.segments import FinishReason, Segment, Transcript
 
 
@@ -72,3 +77,21 @@ async def test_a_failed_write_is_logged_and_the_transcript_stays_readable(
 def test_the_bound_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         TranscriptStore(tmp_path, max_cached=0)
+
+
+async def test_a_live_sessions_transcript_is_kept_with_its_tokens_digest(tmp_path: Path) -> None:
+    """Stored under a hash of the session id (any string a backend chose), with the SHA-256 of
+    its captions token, never the token; read back by a new store; not an upload's."""
+    store = TranscriptStore(tmp_path)
+    store.put_live("../odd id/", transcript("live"), "s3cret")
+    await store.flush()
+    (path,) = tmp_path.iterdir()
+    assert path.name == f"{live_transcript_id('../odd id/')}.json"
+    assert "s3cret" not in path.read_text()
+    stored = await TranscriptStore(tmp_path).get_live("../odd id/")
+    assert stored.transcript.segments[0].text == "live"
+    assert stored.access_sha256 == token_digest("s3cret")
+    with pytest.raises(NotFound):
+        await store.get(path.stem)  # the upload route's lookup refuses a live id
+    with pytest.raises(NotFound):
+        await store.get_live("another")
