@@ -100,6 +100,21 @@ MAX_RESUME_FIELD_CHARS = 128  # characters; longest `resume.session_id` / `resum
 # s a resume waits for the socket it takes its session over from to close (it sends that
 # socket `session_taken_over`); a dead peer never answers the close, so the wait is bounded
 LIVE_TAKEOVER_CLOSE_S = 1.0
+# Captions subscriptions (GET /v1/sessions/{id}/captions, gateway/captions.py):
+# bytes of randomness in a session's read-only captions token (256 bits, secrets module): the
+# capability for its captions and transcript, since session ids come from the backend and
+# may be guessable (the fake's are "fake-0", "fake-1", ...) and are logged
+CAPTIONS_TOKEN_BYTES = 32
+# finals a subscriber is sent on joining (then the current partial): an overlay shows the
+# last 2-3 lines; 20 give a page that scrolls some context without replaying an hour
+CAPTIONS_SNAPSHOT_FINALS = 20
+# finals queued unsent to one subscriber before it is closed with queue_full (it reconnects
+# for a fresh snapshot): a session commits ~1 final per 2-5 s, so 64 is minutes of backlog,
+# and the bound keeps a stalled subscriber's memory at 64 finals, not the meeting's
+CAPTIONS_MAX_QUEUED_FINALS = 64
+# s between WebSocket pings to a subscriber (it sends nothing itself): one that does not
+# answer within half of it is closed, so a vanished overlay does not hold a socket for good
+CAPTIONS_HEARTBEAT_S = 30.0
 
 
 def num_audio_tokens(num_samples: int) -> int:

@@ -31,7 +31,7 @@ from livemeet.errors import (
     PayloadTooLarge,
     RequestRejected,
 )
-from livemeet.gateway import health, openai_api
+from livemeet.gateway import health, openai_api, session_transcript
 from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
@@ -53,6 +53,7 @@ from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSou
 from livemeet.gateway.origin import canonical_origin
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.gateway.upload_form import remove_spill_files
+from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
 from livemeet.gateway.ws_live import LiveRegistry, live_handler
 from livemeet.transcriber import Transcriber
 
@@ -63,7 +64,7 @@ TRANSCRIPT_FLUSH_TIMEOUT_S = 10.0  # s a shutdown waits for transcript files to 
 CLIENT_CLOSED_STATUS = 499  # requests whose client left before the response (nginx's code)
 # the HTTP API routes a page of an `--allowed-origin` may call (CORS); the live socket checks
 # the origin itself (gateway/origin.py), and health and metrics are for operators
-CORS_ROUTES = ("transcriptions", "models", "model", "transcript")
+CORS_ROUTES = ("transcriptions", "models", "model", "transcript", "session_transcript")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -86,10 +87,13 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[REGISTRY_KEY] = LiveRegistry()
     metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
     app[METRICS_KEY] = metrics
-    app[SESSIONS_KEY] = LiveSessions(
-        config.gateway.live_resume_window_s, config.gateway.final_timeout_s, metrics
-    )
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
+    app[SESSIONS_KEY] = LiveSessions(
+        config.gateway.live_resume_window_s,
+        config.gateway.final_timeout_s,
+        metrics,
+        app[STORE_KEY],
+    )
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):
         listeners.append(transcriber.set_incoming_uploads)
@@ -142,7 +146,7 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
         allow_credentials=False,
         allow_methods="*",  # those the route serves; any other is still a 405
         allow_headers="*",
-        expose_headers=(openai_api.ID_HEADER, "Retry-After"),
+        expose_headers=(openai_api.ID_HEADER, session_transcript.STATUS_HEADER, "Retry-After"),
         max_age=CORS_MAX_AGE_S,
     )
     cors = aiohttp_cors.setup(app, defaults={canonical_origin(o): options for o in allowed})
@@ -179,6 +183,12 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models/{model:.+}", openai_api.retrieve_model, name="model")
     app.router.add_get("/v1/transcriptions/{id}", openai_api.get_transcription, name="transcript")
     app.router.add_get(LIVE_PATH, live_handler, name="live")
+    app.router.add_get(CAPTIONS_PATH, captions_handler, name="captions")
+    app.router.add_get(
+        session_transcript.TRANSCRIPT_PATH,
+        session_transcript.get_session_transcript,
+        name="session_transcript",
+    )
     app.router.add_get("/healthz", health.healthz, name="healthz")
     app.router.add_get("/readyz", health.readyz, name="readyz")
     app.router.add_get("/metrics", health.metrics, name="metrics")

@@ -13,6 +13,13 @@ holder is dropped `window_s` after its terminal event (the final stays replayabl
 Every holder is dropped exactly once (`_drop`: its backend session aborted, its pump and timer
 cancelled); every holder's `end` runs at most once. In-process only: a restarted server has no
 sessions to resume.
+
+Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
+(`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
+so they stay through a detach and a resume. The pump hands them every event as it hands the
+client's socket; a subscriber's own bounded outbox (gateway/captions.py) keeps a slow one from
+holding anyone up. A session's `transcript.final` is stored (TranscriptStore.put_live) so its
+transcript outlives the session, readable with the session's `captions_token`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from livemeet.audio.constants import LIVE_TAKEOVER_CLOSE_S, RESUME_TOKEN_BYTES
+from livemeet.audio.constants import (
+    CAPTIONS_TOKEN_BYTES,
+    LIVE_TAKEOVER_CLOSE_S,
+    RESUME_TOKEN_BYTES,
+)
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
     InternalError,
@@ -37,6 +48,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway.live_protocol import AudioFormat, ResumeRequest, require_same_format
 from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.transcriber import (
     TERMINAL_EVENTS,
     Error,
@@ -46,6 +58,7 @@ from livemeet.transcriber import (
     TranscriberSession,
     TranscriptFinal,
 )
+from livemeet.transcript.segments import FinishReason, Transcript
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +81,17 @@ class EventSink(Protocol):
         ...
 
 
+class CaptionsSink(Protocol):
+    """A read-only captions subscriber (ws_captions.CaptionsSubscriber). Synchronous and
+    non-blocking, as EventSink's `deliver`."""
+
+    def deliver(self, event: Event) -> None:
+        """A new event of the session, in order."""
+
+    def session_gone(self, error: LivemeetError) -> None:
+        """The session was dropped without a terminal event: close with `error`."""
+
+
 @dataclass
 class ReplayState:
     """What a resume is sent: every final so far in order, the latest partial, and the
@@ -86,10 +110,12 @@ class ReplayState:
         elif isinstance(event, TERMINAL_EVENTS):
             self.terminal = event
 
-    def snapshot(self) -> list[Event]:
-        """The events to replay, in order; after the terminal event no partial (the final
-        transcript holds every segment)."""
-        events: list[Event] = list(self.finals)
+    def snapshot(self, max_finals: int | None = None) -> list[Event]:
+        """The events to replay, in order: the finals (the last `max_finals` of them, if
+        given), then the terminal event, or else the partial (the final transcript holds every
+        segment)."""
+        finals = self.finals if max_finals is None else self.finals[-max_finals:]
+        events: list[Event] = list(finals) if max_finals != 0 else []
         if self.terminal is not None:
             events.append(self.terminal)
         elif self.partial is not None:
@@ -109,13 +135,16 @@ class LiveSessionHolder:
         audio_format: AudioFormat,
         token: str,
         on_terminal: Callable[[LiveSessionHolder], None],
+        captions_token: str = "",
     ) -> None:
         self.session = session
         self.decoder = decoder
         self.audio_format = audio_format
         self.token = token
+        self.captions_token = captions_token  # read-only: captions and transcript
         self.replay = ReplayState()
         self.sink: EventSink | None = None
+        self.subscribers: set[CaptionsSink] = set()
         self.lock = asyncio.Lock()
         self.num_frames_accepted = 0  # sample frames at the client's rate the backend has
         self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
@@ -127,6 +156,31 @@ class LiveSessionHolder:
     @property
     def id(self) -> str:
         return self.session.id
+
+    def subscribe(self, subscriber: CaptionsSink, max_finals: int) -> list[Event]:
+        """Add a captions subscriber; returns its snapshot (the last `max_finals` finals, then
+        the terminal event or the current partial). Synchronous: no event falls between the
+        snapshot and the first `deliver`."""
+        assert not self.dropped, "subscribe to a dropped session"
+        self.subscribers.add(subscriber)
+        return self.replay.snapshot(max_finals)
+
+    def unsubscribe(self, subscriber: CaptionsSink) -> None:
+        self.subscribers.discard(subscriber)
+
+    def authorizes_captions(self, token: str) -> bool:
+        # constant time: the comparison must not tell how much of a guess was right
+        return hmac.compare_digest(self.captions_token.encode(), token.encode())
+
+    def transcript_so_far(self) -> Transcript:
+        """The session's transcript now: its final one once that came, else the finals so
+        far over the audio received so far."""
+        terminal = self.replay.terminal
+        if isinstance(terminal, TranscriptFinal):
+            return Transcript(terminal.segments, terminal.duration_s, terminal.finish_reason)
+        duration_s = self.num_frames_accepted / self.audio_format.sample_rate
+        segments = tuple(f.segment for f in self.replay.finals)
+        return Transcript(segments, duration_s, FinishReason.STOP)
 
     def attach(self, sink: EventSink, *, resumed: bool) -> None:
         """`sink` carries the session from now on (under `lock` for a resume)."""
@@ -172,6 +226,14 @@ class LiveSessionHolder:
         self.pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.pump
+        if self.replay.terminal is None:  # else each subscriber has it queued already
+            gone = NotFound(
+                f"live session {self.id} ended without a final transcript "
+                "(its client left, or the server stopped it)"
+            )
+            for subscriber in list(self.subscribers):
+                subscriber.session_gone(gone)
+        self.subscribers.clear()
         await self.session.abort()  # idempotent; frees the engine's slot
 
     def cancel_timer(self) -> None:
@@ -200,6 +262,8 @@ class LiveSessionHolder:
         self.replay.record(event)
         if self.sink is not None:
             self.sink.deliver(event)
+        for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver
+            subscriber.deliver(event)
 
 
 class LiveSessions:
@@ -208,16 +272,27 @@ class LiveSessions:
     `window_s` 0 turns resume off: a socket that goes away takes its session with it.
     `final_timeout_s` bounds how long a detached, ended session waits for its final."""
 
-    def __init__(self, window_s: float, final_timeout_s: float, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        window_s: float,
+        final_timeout_s: float,
+        metrics: GatewayMetrics,
+        store: TranscriptStore | None = None,
+    ) -> None:
         self.window_s = window_s
         self.final_timeout_s = final_timeout_s
         self.draining = False
         self._holders: dict[str, LiveSessionHolder] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
+        self._store = store  # where finished sessions' transcripts go (None: nowhere)
 
     def __len__(self) -> int:
         return len(self._holders)
+
+    def get(self, session_id: str) -> LiveSessionHolder | None:
+        """The session `session_id`, while the registry holds it."""
+        return self._holders.get(session_id)
 
     @property
     def num_detached(self) -> int:
@@ -233,7 +308,10 @@ class LiveSessions:
         """Register a new session, attached to `sink`, with a fresh resume token."""
         assert session.id not in self._holders, f"session id {session.id} is in use"
         token = secrets.token_urlsafe(RESUME_TOKEN_BYTES)
-        holder = LiveSessionHolder(session, decoder, audio_format, token, self._on_terminal)
+        captions_token = secrets.token_urlsafe(CAPTIONS_TOKEN_BYTES)
+        holder = LiveSessionHolder(
+            session, decoder, audio_format, token, self._on_terminal, captions_token
+        )
         self._holders[holder.id] = holder
         holder.attach(sink, resumed=False)
         return holder
@@ -348,7 +426,10 @@ class LiveSessions:
         task.add_done_callback(self._tasks.discard)
 
     def _on_terminal(self, holder: LiveSessionHolder) -> None:
-        """The pump saw the terminal event: a detached session keeps it for one window."""
+        """The pump saw the terminal event: a final transcript is stored (it outlives the
+        session); a detached session keeps the event for one window."""
+        if isinstance(holder.replay.terminal, TranscriptFinal) and self._store is not None:
+            self._store.put_live(holder.id, holder.transcript_so_far(), holder.captions_token)
         if holder.sink is None and not holder.dropped:
             self._arm(holder)
 

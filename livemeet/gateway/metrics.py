@@ -266,6 +266,7 @@ class GatewayMetrics:
     live_resumes: Counter
     live_resume_expiries: Counter
     live_sessions_detached: Gauge
+    captions_subscribers: Gauge
     engine: EngineStatsCollector
 
     @classmethod
@@ -353,6 +354,11 @@ class GatewayMetrics:
                 "livemeet_live_sessions_detached",
                 "Live sessions whose socket went away, waiting for a resume (or, once ended, "
                 "keeping their final for one)",
+                registry=registry,
+            ),
+            captions_subscribers=Gauge(
+                "livemeet_captions_subscribers",
+                "Open captions subscriptions (GET /v1/sessions/{id}/captions), all sessions",
                 registry=registry,
             ),
         )

@@ -457,6 +457,8 @@ class LiveConnection:
             "resume_window_s": window_s,
             "resumed": resumed,
             "offset": holder.num_frames_accepted,
+            # read-only: the session's captions and transcript (docs/protocol.md, "Captions")
+            "captions_token": holder.captions_token,
         }
 
     async def _append(self, pcm: bytes) -> None:
@@ -539,6 +541,18 @@ class LiveConnection:
             self._state_label = state
 
 
+def check_browser_origin(request: web.Request, what: str) -> None:
+    """Refuse a WebSocket handshake from a browser page of an origin not allowed (gateway/
+    origin.py): RequestRejected (HTTP 400, before the upgrade). `what` the page may not do."""
+    origin = request.headers.get(hdrs.ORIGIN)
+    allowed = request.app[CONFIG_KEY].gateway.allowed_origins
+    forwarded = request.headers.get(hdrs.X_FORWARDED_HOST, "").split(",")[0] or None
+    if not origin_allowed(origin, (request.headers.get(hdrs.HOST), forwarded), allowed):
+        raise RequestRejected(
+            f"a page from {origin!r} may not {what} here (serve --allowed-origin)"
+        )
+
+
 async def live_handler(request: web.Request) -> web.WebSocketResponse:
     """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade, and
     RequestRejected (400) for a browser page of an origin not allowed (gateway/origin.py)."""
@@ -547,13 +561,7 @@ async def live_handler(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=_WS_MAX_MSG_SIZE)  # timeouts: LiveConnection
     if not ws.can_prepare(request).ok:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
-    origin = request.headers.get(hdrs.ORIGIN)
-    allowed = request.app[CONFIG_KEY].gateway.allowed_origins
-    forwarded = request.headers.get(hdrs.X_FORWARDED_HOST, "").split(",")[0] or None
-    if not origin_allowed(origin, (request.headers.get(hdrs.HOST), forwarded), allowed):
-        raise RequestRejected(
-            f"a page from {origin!r} may not open live sessions here (serve --allowed-origin)"
-        )
+    check_browser_origin(request, "open live sessions")
     await ws.prepare(request)
     connection = LiveConnection(request.app, ws)
     registry = request.app[REGISTRY_KEY]

@@ -98,6 +98,8 @@ async def test_stream_partials_finals_and_transcript(
         ready = await ws.receive_json()
         token = ready.pop("resume_token")
         assert isinstance(token, str) and len(token) >= 40  # 32 random bytes, base64
+        captions_token = ready.pop("captions_token")
+        assert isinstance(captions_token, str) and captions_token != token
         assert ready == {
             "type": "session.ready",
             "session_id": "fake-0",

@@ -1,0 +1,106 @@
+"""The fan-out policy of captions subscriptions (docs/protocol.md, "Captions"), Sans-I/O.
+
+A live session's events go to its own client and to any number of read-only subscribers
+(caption overlays). The session's pump hands every event to each subscriber's
+`CaptionsOutbox` synchronously and never waits for a subscriber's socket: each subscriber
+has its own sender (gateway/ws_captions.py) that drains its outbox. The outbox is bounded, so
+a slow subscriber costs a bounded amount of memory and nobody else's time:
+
+- a `segment.partial` replaces the one not yet sent (each is the whole open tail), wherever
+  it sits in the queue (the newer one goes last: finals queued before it came first);
+- finals queue in order; a subscriber with more than `max_finals` of them unsent has fallen
+  too far behind to be worth catching up: its queue is dropped and replaced by a
+  `queue_full` error (it reconnects for a fresh snapshot);
+- the terminal event (`transcript.final`, or the session's `error`) always queues, last;
+  nothing is queued after it.
+
+No sockets, no asyncio; the transport calls `push()` and `pop()`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from livemeet.errors import LivemeetError, QueueFull
+from livemeet.transcriber import (
+    TERMINAL_EVENTS,
+    Event,
+    SegmentFinal,
+    SegmentPartial,
+)
+
+# what an outbox holds: a session event, or the error the subscriber is closed with
+Outgoing = Event | LivemeetError
+
+
+class CaptionsOutbox:
+    """One subscriber's unsent events. `num_finals` counts the finals queued now."""
+
+    def __init__(self, max_finals: int) -> None:
+        if max_finals < 1:
+            raise ValueError(f"max_finals must be >= 1, not {max_finals}")
+        self.max_finals = max_finals
+        self.num_finals = 0
+        self._queue: deque[Outgoing] = deque()
+        self._closed = False  # a terminal item is queued (or was sent): nothing goes after it
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def push(self, event: Event) -> None:
+        """Queue a session event (synchronous, never blocks). Events the captions do not carry
+        (a transcript revision, upload text deltas) are dropped."""
+        if self._closed:
+            return
+        if isinstance(event, SegmentPartial):
+            self._drop_partial()
+            self._queue.append(event)
+        elif isinstance(event, SegmentFinal):
+            if self.num_finals >= self.max_finals:
+                self.fail(
+                    QueueFull(
+                        f"this captions subscriber fell more than {self.max_finals} finals "
+                        "behind the session: reconnect for a fresh snapshot"
+                    )
+                )
+                return
+            self._queue.append(event)
+            self.num_finals += 1
+        elif isinstance(event, TERMINAL_EVENTS):
+            self._queue.append(event)
+            self._closed = True
+
+    def fail(self, error: LivemeetError) -> None:
+        """Close the subscription with `error`: what is still queued is dropped (it is sent
+        no more), the error is the last item."""
+        if self._closed:
+            return
+        self._queue.clear()
+        self.num_finals = 0
+        self._queue.append(error)
+        self._closed = True
+
+    def pop(self) -> Outgoing | None:
+        """The next item to send, or None when the queue is empty."""
+        if not self._queue:
+            return None
+        item = self._queue.popleft()
+        if isinstance(item, SegmentFinal):
+            self.num_finals -= 1
+        return item
+
+    def _drop_partial(self) -> None:
+        # at most one partial is ever queued, so one scan finds it
+        for i, item in enumerate(self._queue):
+            if isinstance(item, SegmentPartial):
+                del self._queue[i]
+                return
+
+
+def is_terminal(item: Outgoing) -> bool:
+    """Whether the subscription closes after sending `item`."""
+    return isinstance(item, (LivemeetError, *TERMINAL_EVENTS))

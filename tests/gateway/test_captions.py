@@ -1,0 +1,101 @@
+"""livemeet.gateway.captions: a captions subscriber's bounded outbox (the fan-out policy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from livemeet.errors import NotFound, QueueFull
+from livemeet.gateway.captions import CaptionsOutbox, is_terminal
+from livemeet.gateway.live_sessions import ReplayState
+from livemeet.transcriber import (
+    Error,
+    SegmentFinal,
+    SegmentPartial,
+    TranscriptFinal,
+    TranscriptRevised,
+)
+from livemeet.transcript.segments import FinishReason, Segment
+
+
+def final(i: int) -> SegmentFinal:
+    return SegmentFinal(Segment(i, i + 1, "S01", f"f{i}", id=f"seg-{i:04d}", is_final=True))
+
+
+def partial(rev: int) -> SegmentPartial:
+    return SegmentPartial(rev, (Segment(rev, rev + 1, "S01", f"p{rev}"),))
+
+
+def drain(outbox: CaptionsOutbox) -> list[object]:
+    items = []
+    while (item := outbox.pop()) is not None:
+        items.append(item)
+    return items
+
+
+def test_a_newer_partial_replaces_the_unsent_one_and_goes_after_the_finals() -> None:
+    outbox = CaptionsOutbox(max_finals=8)
+    outbox.push(partial(1))
+    outbox.push(final(0))
+    outbox.push(partial(2))
+    outbox.push(final(1))
+    outbox.push(partial(3))
+    assert drain(outbox) == [final(0), final(1), partial(3)]
+    assert len(outbox) == 0 and outbox.num_finals == 0
+
+
+def test_a_subscriber_too_far_behind_on_finals_is_closed_with_queue_full() -> None:
+    outbox = CaptionsOutbox(max_finals=3)
+    for i in range(3):
+        outbox.push(final(i))
+    assert outbox.pop() == final(0)  # one sent: room for one more
+    outbox.push(final(3))
+    assert not outbox.closed
+    outbox.push(final(4))  # the fourth unsent
+    assert outbox.closed
+    items = drain(outbox)
+    assert len(items) == 1 and isinstance(items[0], QueueFull)  # the backlog is dropped
+    assert "reconnect" in items[0].message
+    outbox.push(final(5))
+    outbox.push(TranscriptFinal((), FinishReason.STOP, 0.0, 1.0))
+    assert drain(outbox) == []  # nothing after the error
+
+
+def test_the_terminal_event_always_queues_last_and_closes() -> None:
+    outbox = CaptionsOutbox(max_finals=1)
+    outbox.push(final(0))
+    done = TranscriptFinal((final(0).segment,), FinishReason.STOP, 1.0, 1.0)
+    outbox.push(done)  # not refused for the full queue of finals
+    outbox.push(partial(9))
+    assert drain(outbox) == [final(0), done]
+    assert is_terminal(done) and is_terminal(Error("x", "y")) and is_terminal(NotFound("z"))
+    assert not is_terminal(final(0))
+
+
+def test_events_captions_do_not_carry_are_dropped() -> None:
+    outbox = CaptionsOutbox(max_finals=1)
+    outbox.push(TranscriptRevised((), ()))
+    assert len(outbox) == 0
+
+
+def test_fail_drops_the_backlog() -> None:
+    outbox = CaptionsOutbox(max_finals=4)
+    outbox.push(final(0))
+    outbox.push(partial(1))
+    outbox.fail(NotFound("gone"))
+    items = drain(outbox)
+    assert len(items) == 1 and isinstance(items[0], NotFound)
+    with pytest.raises(ValueError):
+        CaptionsOutbox(max_finals=0)
+
+
+def test_the_snapshot_is_the_last_finals_then_the_partial_or_the_terminal() -> None:
+    replay = ReplayState()
+    for i in range(5):
+        replay.record(final(i))
+    replay.record(partial(7))
+    assert replay.snapshot(2) == [final(3), final(4), partial(7)]
+    assert replay.snapshot(0) == [partial(7)]
+    assert len(replay.snapshot()) == 6  # a resume's replay: every final
+    done = TranscriptFinal((), FinishReason.STOP, 0.0, 5.0)
+    replay.record(done)
+    assert replay.snapshot(1) == [final(4), done]
