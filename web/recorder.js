@@ -12,11 +12,13 @@ const MAX_UNACKED_S = 60;
 const RECONNECT_FIRST_MS = 250; // first retry after a drop, doubling up to RECONNECT_MAX_MS
 const RECONNECT_MAX_MS = 5000;
 const RESUMABLE_CLOSES = [1005, 1006]; // no close frame: the network, not the server, ended it
+// a colour per speaker label, by its number (S01 the first), so the captions overlay
+// (web/captions.js, the same palette and rule) colours each speaker as this page does
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
                          "#e377c2", "#17becf"];
 
 const $ = (id) => document.getElementById(id);
-const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null, colours: {},
+const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 opened: false, session: null, buffer: null, live: false, ending: false,
                 finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, attempt: 0,
                 retry: null };
@@ -62,11 +64,25 @@ function reconnectDelayMs(attempt) {
 }
 
 function speakerColour(speaker) {
-  if (!(speaker in state.colours)) {
-    const n = Object.keys(state.colours).length;
-    state.colours[speaker] = SPEAKER_COLOURS[n % SPEAKER_COLOURS.length];
-  }
-  return state.colours[speaker];
+  const m = /^S(\d+)$/.exec(speaker);
+  let n = m ? Number(m[1]) - 1 : 0;
+  if (!m) for (const ch of speaker) n = (n * 31 + ch.charCodeAt(0)) >>> 0;
+  return SPEAKER_COLOURS[n % SPEAKER_COLOURS.length];
+}
+
+// The captions overlay's URL for a session (docs/protocol.md, "Captions"): read-only, so
+// it may be handed to whoever runs the stream (the resume token stays on this page).
+function overlayUrl(sessionId, captionsToken) {
+  return `${location.protocol}//${location.host}/captions.html` +
+         `?session=${encodeURIComponent(sessionId)}&token=${encodeURIComponent(captionsToken)}`;
+}
+
+function showOverlayUrl(ev) {
+  if (!ev.captions_token) return;
+  const url = overlayUrl(ev.session_id, ev.captions_token);
+  $("overlay-url").textContent = url;
+  $("overlay-url").href = url;
+  $("overlay").hidden = false;
 }
 
 function segmentElement(seg) {
@@ -96,6 +112,7 @@ function onEvent(ev) {
   switch (ev.type) {
     case "session.ready":
       $("demo-banner").style.display = ev.demo ? "block" : "none";
+      showOverlayUrl(ev);
       setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${ev.session_id}, ` +
                 `model ${ev.model})${lostNote()}`);
       break;
@@ -138,7 +155,8 @@ async function start() {
   $("start").disabled = true;
   $("finals").replaceChildren();
   $("partial").replaceChildren();
-  Object.assign(state, { colours: {}, opened: false, session: null, live: false, ending: false,
+  $("overlay").hidden = true;
+  Object.assign(state, { opened: false, session: null, live: false, ending: false,
                          finished: false, seenFinals: new Set(), dropAt: 0, attempt: 0 });
   if (!window.isSecureContext || !navigator.mediaDevices) {
     // browsers expose the microphone only to https pages and to http://localhost
@@ -255,4 +273,8 @@ $("start").addEventListener("click", () => start().catch((e) => {
   $("start").disabled = false;
 }));
 $("stop").addEventListener("click", stop);
+$("overlay-copy").addEventListener("click", () => {
+  // the clipboard needs a secure page, as the microphone does; else the link can be copied
+  if (navigator.clipboard) navigator.clipboard.writeText($("overlay-url").textContent);
+});
 showServer();

@@ -103,7 +103,8 @@ async function expire() {
   speak(); speak(); speak(); // before session.ready: kept, not sent yet
   first.receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
                   model: "m", resume_token: "tok", resume_window_s: 60, resumed: false,
-                  offset: 0 });
+                  offset: 0, captions_token: "c/tok" });
+  const overlay = { hidden: element("overlay").hidden, url: element("overlay-url").textContent };
   speak(); speak(); // frames 3, 4: live
   first.receive({ type: "audio.ack", offset: 3200 }); // frames 0, 1
   first.receive(final("seg-0000", 0));
@@ -129,6 +130,7 @@ async function expire() {
     statusOffline,
     status: element("status").textContent,
     buffer: bufferAlone(),
+    overlay,
   }));
   process.exit(0);
 })();

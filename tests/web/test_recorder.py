@@ -90,3 +90,11 @@ def test_the_page_gives_up_once_the_resume_window_has_passed() -> None:
     assert result["sockets"] == 2  # one retry within the window, none after it
     assert "press Start for a new one" in result["status"]
     assert result["start_disabled"] is False
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
+def test_the_page_shows_the_captions_overlay_url_of_its_session() -> None:
+    """The read-only overlay URL (captions_token, not the resume token) for OBS."""
+    overlay = run_resume("resume")["overlay"]
+    assert overlay["hidden"] is False
+    assert overlay["url"] == "https://meet.example:8000/captions.html?session=s-1&token=c%2Ftok"
