@@ -317,3 +317,9 @@ async def test_binary_frames_from_a_subscriber_are_refused_too(client: TestClien
         msg = await asyncio.wait_for(ws.receive(), 5)
         assert msg.type is WSMsgType.TEXT and json.loads(msg.data)["code"] == "protocol_error"
         await ws.close()
+
+
+async def test_the_overlay_page_is_served_like_the_recorder(client: TestClient) -> None:
+    for path, kind in (("/captions.html", "text/html"), ("/captions.js", "javascript")):
+        response = await client.get(path)
+        assert response.status == 200 and kind in response.headers["Content-Type"]

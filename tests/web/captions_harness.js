@@ -1,0 +1,118 @@
+// Runs web/captions.js (the captions overlay) in stub browsers (node's vm) with fake
+// WebSockets the script drives by hand, through a snapshot, live events, a dropped connection
+// and its reconnect, the session's end, and refusals; also loads web/recorder.js to compare
+// the two pages' speaker colours. Prints one JSON line. argv: captions.js, recorder.js.
+const fs = require("fs");
+const vm = require("vm");
+
+const [captionsSource, recorderSource] = process.argv.slice(2);
+
+function page(search, source) {
+  const elements = {};
+  function element(id) {
+    if (!elements[id]) {
+      elements[id] = {
+        id, className: "", disabled: false, hidden: false, textContent: "", style: {},
+        listeners: {}, children: [],
+        addEventListener(type, fn) { this.listeners[type] = fn; },
+        replaceChildren(...c) { this.children = c; },
+        append(...c) { this.children.push(...c); },
+      };
+    }
+    return elements[id];
+  }
+  const sockets = [];
+  class FakeWebSocket {
+    constructor(url) { this.url = url; sockets.push(this); }
+    receive(ev) { this.onmessage({ data: JSON.stringify(ev) }); }
+    drop(code) { this.onclose({ code }); }
+    send() { throw new Error("the overlay must send nothing"); }
+  }
+  let created = 0;
+  const sandbox = {
+    document: { getElementById: element, createElement: () => element(`new-${created++}`) },
+    window: { isSecureContext: true },
+    navigator: {},
+    location: { host: "meet.example:8000", protocol: "https:", search },
+    URLSearchParams, WebSocket: FakeWebSocket, setTimeout, clearTimeout, setInterval,
+    clearInterval, console,
+    fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
+  };
+  vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
+  // what the overlay shows: one string per line, "S01: text" (+ " ~" when partial)
+  const shown = () => element("lines").children.map((line) => {
+    const [who, text] = line.children;
+    return `${who.textContent} ${text.textContent}${line.className.includes("partial") ? " ~" : ""}`;
+  });
+  const colours = () => element("lines").children.map((line) => line.children[0].style.color);
+  return { sandbox, sockets, element, shown, colours };
+}
+
+const seg = (id, start, end, speaker, text) => ({ id, start, end, speaker, text });
+const final = (s) => ({ type: "segment.final", ...s });
+const partial = (rev, segments) => ({ type: "segment.partial", rev, segments });
+const ready = { type: "captions.ready", session_id: "s 1", protocol: 0, demo: true, model: "m" };
+const s0 = seg("seg-0000", 0, 2, "S01", "one");
+const s1 = seg("seg-0001", 2, 4, "S02", "two");
+const s2 = seg("seg-0002", 4, 6, "S01", "three");
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function main() {
+  const out = {};
+  const overlay = page("?session=s%201&token=t%2Bk%2F&lines=3", captionsSource);
+  const ws = overlay.sockets[0];
+  out.url = ws.url;
+  ws.receive(ready); // the snapshot: the last finals, then the partial
+  ws.receive(final(s0));
+  ws.receive(final(s1));
+  // the partial still holds what seg-0001 committed, and the open tail
+  ws.receive(partial(5, [seg("", 2, 4, "S02", "two"), seg("", 4, 5, "S01", "thr")]));
+  out.snapshot = overlay.shown();
+  ws.receive(final(s1)); // a repeat (as a reconnect's snapshot repeats): shown once
+  ws.receive(final(s2));
+  ws.receive(partial(6, [seg("", 6, 7, "S03", "fo")]));
+  out.live = overlay.shown();
+  out.liveColours = overlay.colours();
+  ws.drop(1006);
+  await sleep(700); // the first retry comes after RECONNECT_FIRST_MS
+  out.socketsAfterDrop = overlay.sockets.length;
+  const again = overlay.sockets[overlay.sockets.length - 1];
+  again.receive(ready);
+  again.receive(final(s1));
+  again.receive(final(s2));
+  again.receive(partial(7, [seg("", 6, 8, "S03", "four")]));
+  out.afterReconnect = overlay.shown();
+  const done = seg("seg-0003", 6, 8, "S03", "four");
+  again.receive({ type: "transcript.final", segments: [s0, s1, s2, done], finish_reason: "stop",
+                  coverage: 1, duration: 8 });
+  out.ended = overlay.shown();
+  again.drop(1000);
+  await sleep(700);
+  out.socketsAfterEnd = overlay.sockets.length;
+
+  const refused = page("?session=s&token=bad", captionsSource);
+  refused.sockets[0].receive({ type: "error", code: "unauthorized", message: "wrong token",
+                               retryable: false });
+  refused.sockets[0].drop(4401);
+  await sleep(700);
+  out.refused = { sockets: refused.sockets.length, status: refused.element("status").textContent };
+
+  const slow = page("?session=s&token=t", captionsSource);
+  slow.sockets[0].drop(4429); // queue_full: reconnect for a fresh snapshot
+  await sleep(700);
+  out.socketsAfterQueueFull = slow.sockets.length;
+
+  const bare = page("", captionsSource);
+  out.bare = { sockets: bare.sockets.length, status: bare.element("status").textContent };
+
+  const recorder = page("", recorderSource);
+  const labels = ["S01", "S02", "S03", "S08", "S09", "S12", "guest"];
+  out.colours = {
+    captions: labels.map((l) => overlay.sandbox.speakerColour(l)),
+    recorder: labels.map((l) => recorder.sandbox.speakerColour(l)),
+  };
+  console.log(JSON.stringify(out));
+  process.exit(0);
+}
+
+main();

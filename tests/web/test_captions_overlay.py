@@ -1,0 +1,60 @@
+"""The captions overlay's script (web/captions.js), run under node in a stub browser."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE = shutil.which("node")
+pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
+
+
+@functools.cache
+def overlay_run() -> dict[str, Any]:
+    """One run of tests/web/captions_harness.js (every scenario: ~2 s of node timers)."""
+    assert NODE is not None
+    out = subprocess.run(
+        [NODE, str(Path(__file__).with_name("captions_harness.js")),
+         str(ROOT / "web" / "captions.js"), str(ROOT / "web" / "recorder.js")],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_the_snapshot_then_live_events_show_the_last_lines_each_final_once() -> None:
+    """The snapshot's finals and partial, then live events: the last 3 lines; a repeated
+    final shows once; the part of a partial a final has committed is not shown twice."""
+    run = overlay_run()
+    assert run["url"] == "wss://meet.example:8000/v1/sessions/s%201/captions?token=t%2Bk%2F"
+    assert run["snapshot"] == ["S01: one", "S02: two", "S01: thr ~"]
+    assert run["live"] == ["S02: two", "S01: three", "S03: fo ~"]
+    assert run["ended"] == ["S02: two", "S01: three", "S03: four"]  # the final: no partial
+
+
+def test_a_dropped_connection_is_reconnected_and_its_snapshot_merged() -> None:
+    run = overlay_run()
+    assert run["socketsAfterDrop"] == 2
+    assert run["afterReconnect"] == ["S02: two", "S01: three", "S03: four ~"]  # no repeats
+    assert run["socketsAfterEnd"] == 2  # a normal close after the final: done
+    assert run["socketsAfterQueueFull"] == 2  # too slow: a fresh snapshot
+
+
+def test_refusals_that_a_retry_cannot_fix_are_shown_and_not_retried() -> None:
+    run = overlay_run()
+    assert run["refused"] == {"sockets": 1, "status": "captions: wrong token"}
+    assert run["bare"]["sockets"] == 0 and "?session=" in run["bare"]["status"]
+
+
+def test_speakers_have_the_recorders_colours() -> None:
+    run = overlay_run()
+    assert run["colours"]["captions"] == run["colours"]["recorder"]
+    assert len(set(run["colours"]["captions"][:3])) == 3
+    assert run["liveColours"] == run["colours"]["captions"][1::-1] + [run["colours"]["captions"][2]]

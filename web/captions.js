@@ -1,0 +1,145 @@
+// Captions overlay (an OBS browser source): subscribes read-only to one live session
+// (GET /v1/sessions/{id}/captions, docs/protocol.md "Captions") and shows its last lines.
+// URL: captions.html?session=<session_id>&token=<captions_token>[&lines=3]. A dropped
+// connection is reconnected; the snapshot a new connection starts with is merged in (finals
+// are deduplicated by id), so lines never repeat. No dependencies, no build step.
+const DEFAULT_LINES = 3;
+const MAX_LINES = 10;
+const KEPT_FINALS = 20; // finals kept for display (a snapshot holds at most 20 too)
+const RECONNECT_FIRST_MS = 500; // doubling up to RECONNECT_MAX_MS
+const RECONNECT_MAX_MS = 10000;
+// closes after which reconnecting cannot help: the session is over (1000), unknown (4404),
+// the token is wrong (4401), or this page broke the protocol (4402)
+const FINAL_CLOSES = { 1000: "", 4401: "captions: wrong token", 4402: "captions: protocol error",
+                       4404: "captions: no such session (it ended, or the URL is wrong)" };
+// the recorder's palette and rule (web/recorder.js speakerColour): S01 is the first colour
+const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
+                         "#e377c2", "#17becf"];
+
+function speakerColour(speaker) {
+  const m = /^S(\d+)$/.exec(speaker);
+  let n = m ? Number(m[1]) - 1 : 0;
+  if (!m) for (const ch of speaker) n = (n * 31 + ch.charCodeAt(0)) >>> 0;
+  return SPEAKER_COLOURS[n % SPEAKER_COLOURS.length];
+}
+
+// What the overlay shows, from the subscription's events (no DOM): the last finals, in
+// order, each once, and the current partial's segments that no final covers yet.
+function CaptionsModel(maxLines) {
+  this.maxLines = maxLines;
+  this.finals = []; // segments, oldest first, at most KEPT_FINALS
+  this.seen = new Set(); // final ids shown (a reconnect's snapshot repeats some)
+  this.partial = [];
+  this.ended = false;
+}
+CaptionsModel.prototype.addFinal = function (seg) {
+  if (this.seen.has(seg.id)) return;
+  this.seen.add(seg.id);
+  this.finals.push(seg);
+  if (this.finals.length > KEPT_FINALS) this.finals.shift();
+};
+CaptionsModel.prototype.apply = function (ev) {
+  switch (ev.type) {
+    case "segment.final":
+      this.addFinal(ev);
+      break;
+    case "segment.partial":
+      this.partial = ev.segments;
+      break;
+    case "transcript.final":
+      ev.segments.forEach((seg) => this.addFinal(seg));
+      this.partial = [];
+      this.ended = true;
+      break;
+  }
+};
+// [{speaker, text, partial}], the last maxLines: finals, then the partial's segments past
+// the last final's end (a partial may still hold what a final just committed).
+CaptionsModel.prototype.lines = function () {
+  const last = this.finals.length ? this.finals[this.finals.length - 1].end : -Infinity;
+  const open = this.partial.filter((seg) => seg.end > last && seg.text.trim());
+  const lines = this.finals.map((seg) => ({ speaker: seg.speaker, text: seg.text, partial: false }))
+    .concat(open.map((seg) => ({ speaker: seg.speaker, text: seg.text, partial: true })));
+  return lines.slice(-this.maxLines);
+};
+
+function reconnectDelayMs(attempt) {
+  return Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * 2 ** attempt);
+}
+
+function params() {
+  const query = new URLSearchParams(location.search);
+  const lines = Number.parseInt(query.get("lines") || "", 10);
+  return {
+    session: query.get("session") || "",
+    token: query.get("token") || "",
+    lines: lines >= 1 && lines <= MAX_LINES ? lines : DEFAULT_LINES,
+  };
+}
+
+function captionsUrl(session, token) {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  return `${scheme}://${location.host}/v1/sessions/${encodeURIComponent(session)}/captions` +
+         `?token=${encodeURIComponent(token)}`;
+}
+
+function setStatus(text) {
+  const status = document.getElementById("status");
+  status.textContent = text;
+  status.style.display = text ? "block" : "none";
+}
+
+function render(model) {
+  const elements = model.lines().map((line) => {
+    const div = document.createElement("div");
+    div.className = line.partial ? "line partial" : "line";
+    const who = document.createElement("span");
+    who.className = "speaker";
+    who.textContent = `${line.speaker}:`;
+    who.style.color = speakerColour(line.speaker);
+    const text = document.createElement("span");
+    text.className = "text";
+    text.textContent = line.text;
+    div.append(who, text);
+    return div;
+  });
+  document.getElementById("lines").replaceChildren(...elements);
+}
+
+const overlay = { model: null, ws: null, attempt: 0, retry: null };
+
+function connect(session, token) {
+  const ws = new WebSocket(captionsUrl(session, token));
+  overlay.ws = ws;
+  ws.onmessage = (msg) => {
+    const ev = JSON.parse(msg.data);
+    if (ev.type === "captions.ready") {
+      overlay.attempt = 0;
+      setStatus("");
+    } else if (ev.type === "error") {
+      setStatus(`captions: ${ev.code}: ${ev.message}`);
+    }
+    overlay.model.apply(ev);
+    render(overlay.model);
+  };
+  ws.onclose = (ev) => {
+    if (ev.code in FINAL_CLOSES) {
+      if (FINAL_CLOSES[ev.code]) setStatus(FINAL_CLOSES[ev.code]);
+      return;
+    }
+    const delay = reconnectDelayMs(overlay.attempt++);
+    overlay.retry = setTimeout(() => connect(session, token), delay);
+  };
+}
+
+function main() {
+  const { session, token, lines } = params();
+  overlay.model = new CaptionsModel(lines);
+  if (!session || !token) {
+    setStatus("captions: the URL needs ?session=<id>&token=<captions_token> (the recorder shows it)");
+    return;
+  }
+  connect(session, token);
+}
+
+main();
