@@ -135,8 +135,10 @@ class LiveSessionHolder:
         audio_format: AudioFormat,
         token: str,
         on_terminal: Callable[[LiveSessionHolder], None],
-        captions_token: str = "",
+        captions_token: str,
     ) -> None:
+        # an empty token would let an empty `?token=` read the session
+        assert captions_token, "a session needs a captions token"
         self.session = session
         self.decoder = decoder
         self.audio_format = audio_format
