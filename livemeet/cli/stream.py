@@ -3,17 +3,27 @@ live session (by default this machine's `livemeet serve`, ws://127.0.0.1:8000/v1
 
 Audio goes out in hop-sized PCM16 frames paced in audio time: real time by default, `--fast`
 (or `--speed X`) divides every wait, so the server still sees a growing stream and sends
-partials. Events are printed as they arrive.
+partials. Events are printed as they arrive (not `audio.ack`: the server's receipts, used to
+know which audio a resume may need).
 
 A live session has no length limit, so neither has `stream`: the file is decoded as it is
 sent, a block at a time, so its memory stays a few MB whatever the file's length (a whole
-decode would hold ~230 MB an hour of audio).
+decode would hold ~230 MB an hour of audio), plus the audio the server has not acknowledged yet,
+kept for a resume (at most MAX_UNACKED_S: sending waits for an ack past it).
+
+A connection lost without a close frame (a network blip: 1006, a reset) does not lose the
+session: `stream` reconnects (0.25 s, doubling to 5 s) for as long as the server keeps the
+session (`resume_window_s` of its `session.ready`), resumes it, sends the audio on from the
+offset the server reports, and prints each final once though the resume replays them
+(docs/protocol.md, "Resume"). A refused resume (not_found, unauthorized, session_taken_over:
+every close the server sends) ends it.
 
 Ctrl-C stops sending, sends `end` and still waits for the final transcript of what was sent
 (the server drops the session of a client that just leaves, and its transcript with it); a
 second Ctrl-C quits at once. Exit status: 0 for a final covering the whole file, 1 for no final
 or one that covers part of it (it says from which second to resend), 2 when it could not run,
-130 after Ctrl-C.
+130 after Ctrl-C. A session lost to the network (no resume: the server has resume off, refused
+it, or the window passed) exits 1.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import signal
 import sys
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +57,14 @@ FAST_SPEED = 4.0  # x real time for --fast
 DEFAULT_URL = f"ws://127.0.0.1:8000{LIVE_PATH}"  # `livemeet serve` on its defaults
 CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the audio's duration
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
+# no close frame (1006: a reset, a timeout, an EOF; 1005: one without a code): the network, not
+# the server, ended the connection, so the session waits for a resume (web/recorder.js: the same)
+RESUMABLE_CLOSES = frozenset({1005, 1006})
+RECONNECT_FIRST_S = 0.25  # s before the first reconnect after a drop, doubling up to the max
+RECONNECT_MAX_S = 5.0
+# s of audio sent and not yet acknowledged, at most, kept for a resume (~1 MB of PCM16): past
+# it, sending waits for an ack, which comes within ACK_INTERVAL_S of the server reading audio
+MAX_UNACKED_S = 30.0
 # --url schemes: a ws/wss URL is the endpoint; an http/https one the server (its page's address)
 _WS_SCHEMES = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}
 
@@ -102,6 +121,10 @@ class StreamResult:
     stopped_early: bool = False
     interrupted: bool = False  # `stop` was set (Ctrl-C)
     audio_error: LivemeetError | None = None  # the audio failed to decode past `sent_s`
+    num_resumes: int = 0  # dropped connections resumed
+    # why the session was lost before its final: no resume in the window, a refused resume, a
+    # resume the two sides disagree about
+    failure: str | None = None
 
     @property
     def final(self) -> dict[str, Any] | None:
@@ -202,6 +225,128 @@ def frames(chunks: Iterable[Samples], frame_samples: int) -> Iterator[Samples]:
         yield np.concatenate(pending)
 
 
+class ResumeMismatch(Exception):
+    """A resumed session's `offset` is outside the audio this client holds (before its oldest
+    unacknowledged frame, or past what it sent), or a resume started a new session: the two
+    sides disagree about the session's audio, a bug on one of them. Nothing is resent."""
+
+
+class UnackedAudio:
+    """The PCM16 frames sent and not yet acknowledged (`audio.ack`), by offset: sample frames
+    from the session's start. A frame is released once an ack covers all of it; every frame
+    sent after the last ack is kept, so a resume may restart anywhere from that ack to the end
+    of what was sent (docs/protocol.md, "Resume")."""
+
+    def __init__(self) -> None:
+        # (offset, PCM16): contiguous, oldest first
+        self._frames: deque[tuple[int, bytes]] = deque()
+        self.num_sent = 0  # sample frames pushed: the offset of the next
+        self.num_acked = 0  # the highest ack's offset
+
+    @property
+    def num_held(self) -> int:
+        return self.num_sent - self._frames[0][0] if self._frames else 0
+
+    def push(self, pcm: bytes) -> None:
+        self._frames.append((self.num_sent, pcm))
+        self.num_sent += len(pcm) // PCM_S16LE_BYTES
+
+    def ack(self, offset: int) -> None:
+        self.num_acked = max(self.num_acked, offset)
+        while self._frames:
+            start, pcm = self._frames[0]
+            if start + len(pcm) // PCM_S16LE_BYTES > self.num_acked:
+                break
+            self._frames.popleft()
+
+    def since(self, offset: int) -> list[bytes]:
+        """The PCM16 that carries the audio from `offset` on (the first frame cut there).
+        Raises ResumeMismatch for an offset before the oldest frame held or past the last."""
+        oldest = self._frames[0][0] if self._frames else self.num_sent
+        if not oldest <= offset <= self.num_sent:
+            raise ResumeMismatch(
+                f"the server resumed the session at sample frame {offset}, but this client "
+                f"holds frames {oldest} to {self.num_sent} (acknowledged up to "
+                f"{self.num_acked}): the two sides disagree about its audio"
+            )
+        out: list[bytes] = []
+        for start, pcm in self._frames:
+            skip = max(0, offset - start) * PCM_S16LE_BYTES
+            if skip < len(pcm):
+                out.append(pcm[skip:] if skip else pcm)
+        return out
+
+
+class SessionLink:
+    """What `stream` keeps to resume its live session after a dropped connection
+    (docs/protocol.md, "Resume"): the session's id and token from `session.ready`, the audio
+    the server has not acknowledged, and the ids of the finals shown, since a resume replays
+    them all. Sans-I/O: it takes the server's events and says what to show and what to send.
+
+    Until a `session.ready` says whether the server keeps sessions, the audio sent is kept;
+    `can_send` turns false while `max_unacked_frames` of it wait for an ack (the file waits,
+    unlike a microphone), and is always true once the server said resume is off."""
+
+    def __init__(self, max_unacked_frames: int) -> None:
+        self.max_unacked_frames = max_unacked_frames
+        self.unacked = UnackedAudio()
+        self.resume: dict[str, str] | None = None  # `start`'s `resume` field, once known
+        self.window_s = 0.0  # s the server keeps the session after its socket goes
+        self.resume_off = False  # the server keeps no session: nothing is kept here either
+        self._final_ids: set[str] = set()
+
+    @property
+    def can_send(self) -> bool:
+        return self.resume_off or self.unacked.num_held < self.max_unacked_frames
+
+    def sent(self, pcm: bytes) -> None:
+        if not self.resume_off:
+            self.unacked.push(pcm)
+
+    def receive(self, event: dict[str, Any]) -> bool:
+        """Take in one server event; whether to show it: not an ack (flow control, not
+        news), not a final that a resume replays."""
+        kind = event.get("type")
+        if kind == "audio.ack":
+            self.unacked.ack(int(event["offset"]))
+            return False
+        if kind == "session.ready" and not event.get("resumed"):
+            token = event.get("resume_token")  # null (or absent: an older server): resume off
+            if token:
+                self.resume = {"session_id": event["session_id"], "resume_token": token}
+                self.window_s = float(event.get("resume_window_s") or 0.0)
+            else:
+                self.resume_off = True
+                self.unacked = UnackedAudio()
+        if kind == "segment.final":
+            if event["id"] in self._final_ids:
+                return False
+            self._final_ids.add(event["id"])
+        return True
+
+    def resumed(self, ready: dict[str, Any]) -> list[bytes]:
+        """The audio to send again after the `session.ready` that answered a resume: from
+        its `offset` on. Raises ResumeMismatch when it did not resume, or resumed at an
+        offset outside what is held."""
+        if not ready.get("resumed"):
+            raise ResumeMismatch(
+                f"asked to resume session {ready.get('session_id')!r}, the server started a "
+                "new one instead"
+            )
+        offset = int(ready["offset"])
+        pcm = self.unacked.since(offset)
+        self.unacked.ack(offset)  # the session holds it
+        return pcm
+
+
+def resumable_close(code: int | None) -> bool:
+    """Whether a connection that closed with `code` lost its session to the network, not to
+    the server: no close frame came (1006, a reset, a timeout; 1005: a close frame without a
+    code). Every code the server sends (1000 after the final, 1001 drained, 44xx/45xx with an
+    error: not_found, unauthorized, session_taken_over, ...) ends it for good."""
+    return code in RESUMABLE_CLOSES
+
+
 async def stream_samples(url: str, samples: Samples, **kwargs: Any) -> StreamResult:
     """`stream_audio` of one array of samples (tests, the load test)."""
     return await stream_audio(url, [samples], **kwargs)
@@ -215,98 +360,264 @@ async def stream_audio(
     speed: float = 1.0,
     start: dict[str, Any] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
     final_timeout_s: float | None = None,
     stop: asyncio.Event | None = None,
 ) -> StreamResult:
     """Stream 16 kHz mono float32 `chunks` (any sizes; taken as they are needed, so an
     iterator that decodes a file holds a chunk at a time) to `url`, paced at `speed` x real
     time in frames of `hop_s` seconds; then `end`, and collect events until the server closes.
+    `on_event` gets each event as it comes, except `audio.ack`s and replayed finals;
+    `on_notice` a line on each reconnect.
 
     Sending stops early when the server closes, when `stop` is set (Ctrl-C: `end` then still
     goes out and the final is awaited) or when `chunks` raises a LivemeetError (the file is
     damaged past that point: `result.audio_error`, and the audio before it is ended as by
-    `stop`). After `end` it waits `final_timeout_s` (default: CLOSE_TIMEOUT_S + the audio's
-    duration, since a loaded server may still be catching up) and then gives up with
-    `result.timed_out`. Raises OSError / websockets errors when it cannot connect."""
-    result = StreamResult()
-    stop = stop or asyncio.Event()
+    `stop`). A connection lost without a close frame is resumed (docs/protocol.md, "Resume")
+    for as long as the server keeps the session: from the offset the server reports, out of
+    the audio kept since its last ack. After `end` it waits `final_timeout_s` (default:
+    CLOSE_TIMEOUT_S + the audio's duration, since a loaded server may still be catching up)
+    and then gives up with `result.timed_out`. Raises OSError / websockets errors when it
+    cannot connect at first."""
     # a hop's samples, in frames the server accepts (a hop of more than ~32 s is several)
     frame_samples = min(max(1, int(hop_s * SAMPLE_RATE)), MAX_FRAME_BYTES // PCM_S16LE_BYTES)
-    async with websockets.connect(url, max_size=None, close_timeout=5) as ws:
-        await ws.send(
-            json.dumps(
-                {
-                    "type": "start",
-                    "sample_rate": SAMPLE_RATE,
-                    "channels": 1,
-                    "encoding": "pcm_s16le",
-                    **(start or {}),
-                }
-            )
-        )
-        t0 = time.monotonic()
+    streamer = _Streamer(
+        url,
+        frames(chunks, frame_samples),
+        speed=speed,
+        start=start or {},
+        on_event=on_event,
+        on_notice=on_notice,
+        final_timeout_s=final_timeout_s,
+        stop=stop or asyncio.Event(),
+    )
+    return await streamer.run()
 
-        async def receive() -> None:
-            async for message in ws:
-                event = json.loads(message)
-                result.events.append(event)
-                result.arrival_s.append(time.monotonic() - t0)
-                if on_event is not None:
-                    on_event(event)
 
-        receiver = asyncio.create_task(receive())
-        try:
-            await _send_audio(ws, frames(chunks, frame_samples), result, receiver, speed, stop)
-            if receiver.done():
-                pass  # the server closed (error, drain) before all audio was sent
-            elif result.sent_s > 0:
-                await ws.send(json.dumps({"type": "end"}))
-            else:  # stopped before any audio: `end` would be a protocol error, and no final
+class _Streamer:
+    """One `stream_audio`: its connections (the first, then a resume after each drop), the
+    sender and the receiver of each."""
+
+    def __init__(
+        self,
+        url: str,
+        frames: Iterator[Samples],
+        *,
+        speed: float,
+        start: dict[str, Any],
+        on_event: Callable[[dict[str, Any]], None] | None,
+        on_notice: Callable[[str], None] | None,
+        final_timeout_s: float | None,
+        stop: asyncio.Event,
+    ) -> None:
+        self.url = url
+        self.frames = frames
+        self.speed = speed
+        self.start = {
+            "type": "start",
+            "sample_rate": SAMPLE_RATE,
+            "channels": 1,
+            "encoding": "pcm_s16le",
+            **start,
+        }
+        self.on_event = on_event
+        self.on_notice = on_notice
+        self.final_timeout_s = final_timeout_s
+        self.stop = stop
+        self.result = StreamResult()
+        self.link = SessionLink(int(MAX_UNACKED_S * SAMPLE_RATE))
+        self.changed = asyncio.Event()  # set on each server event: a sender waits on it
+        self.ready: dict[str, Any] | None = None  # this connection's `session.ready`
+        self.t0 = 0.0  # monotonic s the first connection opened: events' arrival clock
+        self.pace_t0: float | None = None  # monotonic s of the first frame: the pacing clock
+        self.num_samples_sent = 0
+        self.exhausted = False  # the frames ran out (or failed: `result.audio_error`)
+        self.ending = False  # no more audio: `end` goes out (again, after a resume)
+        self.dropped_at: float | None = None  # monotonic s the connection dropped, until resumed
+        self.num_retries = 0  # reconnects since the drop
+
+    async def run(self) -> StreamResult:
+        ws = await websockets.connect(self.url, max_size=None, close_timeout=5)
+        self.t0 = time.monotonic()
+        resuming = False
+        while True:
+            await self._carry(ws, resuming)
+            if not self._should_resume(ws.close_code):
+                break
+            resuming = True
+            reconnected = await self._reconnect(ws.close_code)
+            if reconnected is None:
+                break
+            ws = reconnected
+        self.result.stopped_early = not self.exhausted or self.result.audio_error is not None
+        return self.result
+
+    async def _carry(self, ws: websockets.ClientConnection, resuming: bool) -> None:
+        """Run one connection until it closes: `start` (a resume after a drop), the audio
+        from where the session is, `end`, the events."""
+        self.ready = None
+        start = {**self.start, "resume": self.link.resume} if resuming else self.start
+        async with ws:
+            receiver = asyncio.create_task(self._receive(ws))
+            try:
+                await ws.send(json.dumps(start))
+                # a resume that closes before its `session.ready` was refused, or dropped again
+                if not resuming or await self._resend(ws, receiver):
+                    await self._send_audio(ws, receiver)
+                    await self._end(ws, receiver)
+            except ResumeMismatch as exc:
+                self.result.failure = str(exc)
                 await ws.close()
-            if final_timeout_s is None:
-                final_timeout_s = CLOSE_TIMEOUT_S + result.sent_s
-            await asyncio.wait_for(asyncio.shield(receiver), final_timeout_s)
-        except websockets.ConnectionClosed:
-            pass
-        except TimeoutError:
-            # TimeoutError is an OSError: caught here so that it never reads as "cannot connect".
-            result.timed_out = True
-        finally:
-            receiver.cancel()
-            await asyncio.gather(receiver, return_exceptions=True)
-        result.close_code = ws.close_code
-    return result
+            except TimeoutError:
+                # an OSError: caught here so that it never reads as "cannot connect"
+                self.result.timed_out = True
+            except websockets.ConnectionClosed:
+                pass  # the close code says whether to resume
+            finally:
+                receiver.cancel()
+                await asyncio.gather(receiver, return_exceptions=True)
+        self.result.close_code = ws.close_code
+        if resuming and self.ready is None and not resumable_close(ws.close_code):
+            error = self.result.error or {"code": "closed", "message": "no session.ready"}
+            self.result.failure = (
+                f"the session could not be resumed after the connection dropped: "
+                f"{error['code']}: {error['message']} (close {ws.close_code})"
+            )
 
+    async def _receive(self, ws: websockets.ClientConnection) -> None:
+        async for message in ws:
+            event = json.loads(message)
+            if event.get("type") == "session.ready":
+                self.ready = event
+            if self.link.receive(event):
+                self.result.events.append(event)
+                self.result.arrival_s.append(time.monotonic() - self.t0)
+                if self.on_event is not None:
+                    self.on_event(event)
+            self.changed.set()
 
-async def _send_audio(
-    ws: websockets.ClientConnection,
-    frames: Iterator[Samples],
-    result: StreamResult,
-    receiver: asyncio.Task[None],
-    speed: float,
-    stop: asyncio.Event,
-) -> None:
-    """Send `frames` paced at `speed` x real time from now, until they run out, the server
-    closes (`receiver` is done), `stop` is set or the audio fails (`result.audio_error`)."""
-    t0 = time.monotonic()
-    num_samples_sent = 0
-    while True:
+    async def _wait_for(self, condition: Callable[[], bool], receiver: asyncio.Task[None]) -> bool:
+        """Wait until `condition()` holds or the connection closes (`receiver` is done),
+        looking again on each server event and on `stop`; whether it holds."""
+        while not condition() and not receiver.done():
+            self.changed.clear()
+            wakers = {asyncio.ensure_future(self.changed.wait())}
+            if not self.stop.is_set():
+                wakers.add(asyncio.ensure_future(self.stop.wait()))
+            await asyncio.wait({*wakers, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            for waker in wakers:
+                waker.cancel()
+        return condition()
+
+    async def _resend(self, ws: websockets.ClientConnection, receiver: asyncio.Task[None]) -> bool:
+        """After a resume's `start`: wait for `session.ready`, then send again the audio the
+        session lacks, at once (the pacing clock catches up). False when the connection
+        closed first."""
+        if not await self._wait_for(lambda: self.ready is not None, receiver):
+            return False
+        assert self.ready is not None
+        pcm = self.link.resumed(self.ready)
+        self.dropped_at, self.num_retries = None, 0
+        self.result.num_resumes += 1
+        for data in pcm:
+            await ws.send(data)
+        return True
+
+    async def _send_audio(
+        self, ws: websockets.ClientConnection, receiver: asyncio.Task[None]
+    ) -> None:
+        """Send the frames paced at `speed` x real time (from the first frame), until they
+        run out, `stop` is set or the audio fails (then `ending`), or the connection closes.
+        A frame is kept for a resume before it is sent: one the connection lost goes again."""
+        while not self.ending:
+            if not await self._wait_for(lambda: self.link.can_send or self.stop.is_set(), receiver):
+                return  # closed while the unacknowledged audio was at its bound
+            if receiver.done():
+                return  # the server closed (error, drain) or the connection dropped
+            frame = self._next_frame()
+            if frame is None:
+                return
+            # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
+            pcm = to_pcm16(frame)
+            self.link.sent(pcm)
+            self.num_samples_sent += frame.size
+            self.result.sent_s = self.num_samples_sent / SAMPLE_RATE
+            await ws.send(pcm)
+            await self._pace()
+
+    def _next_frame(self) -> Samples | None:
+        """The next frame to send, or None (and `ending`) when the audio ran out or failed,
+        or `stop` was set."""
         try:
-            frame = next(frames, None)
+            frame = next(self.frames, None)
         except LivemeetError as exc:
-            result.audio_error = exc
+            self.result.audio_error = exc
             frame = None
-        if frame is None or receiver.done() or stop.is_set():
-            result.stopped_early = frame is not None or result.audio_error is not None
-            result.interrupted = stop.is_set()
-            return
-        # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
-        await ws.send(to_pcm16(frame))
-        num_samples_sent += frame.size
-        result.sent_s = num_samples_sent / SAMPLE_RATE
-        delay_s = t0 + result.sent_s / speed - time.monotonic()
+        self.exhausted = frame is None
+        if frame is None or self.stop.is_set():
+            self.ending = True
+            self.result.interrupted = self.stop.is_set()
+            return None
+        return frame
+
+    async def _pace(self) -> None:
+        if self.pace_t0 is None:
+            self.pace_t0 = time.monotonic()
+        delay_s = self.pace_t0 + self.result.sent_s / self.speed - time.monotonic()
         with contextlib.suppress(TimeoutError):  # the pacing wait, cut short by `stop`
-            await asyncio.wait_for(stop.wait(), max(0.0, delay_s))
+            await asyncio.wait_for(self.stop.wait(), max(0.0, delay_s))
+
+    async def _end(self, ws: websockets.ClientConnection, receiver: asyncio.Task[None]) -> None:
+        """Send `end` (again, on a resumed connection: the first may have been lost with the
+        drop; the server ignores a second) and wait for the final and the close."""
+        if receiver.done():
+            pass  # the server closed (error, drain) before all audio was sent
+        elif self.result.sent_s > 0:
+            await ws.send(json.dumps({"type": "end"}))
+        else:  # stopped before any audio: `end` would be a protocol error, and no final
+            await ws.close()
+        timeout_s = self.final_timeout_s
+        if timeout_s is None:
+            timeout_s = CLOSE_TIMEOUT_S + self.result.sent_s
+        await asyncio.wait_for(asyncio.shield(receiver), timeout_s)
+
+    def _should_resume(self, close_code: int | None) -> bool:
+        result = self.result
+        finished = result.final is not None or result.error is not None
+        failed = result.timed_out or result.failure is not None
+        return (
+            self.link.resume is not None
+            and resumable_close(close_code)
+            and not finished
+            and not failed
+        )
+
+    async def _reconnect(self, close_code: int | None) -> websockets.ClientConnection | None:
+        """A new connection for the resume, tried with backoff while the server still keeps
+        the session (its window, counted from the drop); None once it has passed."""
+        if self.dropped_at is None:
+            self.dropped_at = time.monotonic()
+        why = f"connection lost (close {close_code})"
+        while True:
+            delay_s = min(RECONNECT_MAX_S, RECONNECT_FIRST_S * 2**self.num_retries)
+            # the server's window runs from its own notice of the drop, about the same moment
+            if time.monotonic() + delay_s - self.dropped_at >= self.link.window_s:
+                self.result.failure = (
+                    f"{why}; not resumed within the {self.link.window_s:g} s the server "
+                    "keeps the session"
+                )
+                return None
+            self.num_retries += 1
+            self._notice(f"{why}: resuming in {delay_s:.2f} s")
+            await asyncio.sleep(delay_s)
+            try:
+                return await websockets.connect(self.url, max_size=None, close_timeout=5)
+            except (OSError, websockets.InvalidHandshake) as exc:
+                why = f"cannot reconnect ({exc})"
+
+    def _notice(self, line: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(line)
 
 
 def format_event(event: dict[str, Any]) -> str:
@@ -329,7 +640,12 @@ def format_event(event: dict[str, Any]) -> str:
         )
     if kind == "session.ready":
         demo = " (DEMO backend)" if event.get("demo") else ""
-        return f"# session {event['session_id']} ready, model {event['model']}{demo}"
+        if event.get("resumed"):
+            at_s = int(event["offset"]) / SAMPLE_RATE
+            return f"# session {event['session_id']} resumed at {at_s:.2f} s{demo}"
+        window_s = event.get("resume_window_s") or 0
+        resume = f"resumable for {window_s:g} s" if event.get("resume_token") else "no resume"
+        return f"# session {event['session_id']} ready, model {event['model']}{demo}, {resume}"
     if kind == "error":
         return f"! error {event['code']}: {event['message']}"
     return json.dumps(event, ensure_ascii=False)
@@ -359,6 +675,9 @@ def run(args: argparse.Namespace) -> int:
         line = json.dumps(event, ensure_ascii=False) if args.json else format_event(event)
         print(line, flush=True)
 
+    def notice(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     start: dict[str, Any] = {
         k: v
         for k, v in (
@@ -378,6 +697,7 @@ def run(args: argparse.Namespace) -> int:
                     speed=speed,
                     start=start,
                     on_event=show,
+                    on_notice=notice,
                 )
             )
     except BrokenPipeError:
@@ -403,8 +723,13 @@ def report(result: StreamResult, path: Path) -> int:
     if result.timed_out:
         print("error: no transcript.final from the server in time after 'end'", file=sys.stderr)
         return failed
+    if result.failure is not None:
+        print(f"error: {result.failure}", file=sys.stderr)
+        return failed
     if result.final is None:
-        print(f"no transcript.final (close code {result.close_code})", file=sys.stderr)
+        # a drop here had no session to resume: the server keeps none, or it was not ready
+        dropped = ": the connection dropped" if resumable_close(result.close_code) else ""
+        print(f"no transcript.final (close code {result.close_code}{dropped})", file=sys.stderr)
         return failed
     if result.audio_error is not None:
         # a file damaged mid-way: what decoded before the damage was sent and transcribed

@@ -1,0 +1,321 @@
+"""`livemeet stream` resumes its live session after a dropped connection (docs/protocol.md,
+"Resume"): against the real gateway, over the engine boundary with the scripted backend (or
+the fake transcriber), through a TCP proxy that resets the connection mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from aiohttp.test_utils import TestClient
+
+from livemeet.__main__ import main
+from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.backends.redecode import RedecodeCore
+from livemeet.cli import stream
+from livemeet.config import ModelConfig, ServerConfig
+from livemeet.gateway.app import create_app
+from livemeet.gateway.engine_client import EngineClient
+from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.transcriber import Samples
+from tests.cli.test_cli import write_wav
+from tests.gateway.conftest import ClientFactory, client, fake, server_config  # noqa: F401
+from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_ws_live import gateway_client, wait_until
+
+FILE_S = 12.0  # the scripted backend's DEFAULT_SCRIPT runs to 11 s
+
+
+class BlipProxy:
+    """A TCP proxy in front of a test server. `drop()` resets every connection it carries,
+    at both ends: no close frame either way, as a network blip. `upstream_port` may change
+    between connections (a restarted server)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.num_connections = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._carry, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"ws://127.0.0.1:{port}/v1/live"
+
+    async def close(self) -> None:
+        self.drop()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def drop(self) -> None:
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self.num_connections += 1
+        self._writers += [writer, up_writer]
+        await asyncio.gather(
+            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+        )
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(1 << 16):
+                dst.write(data)
+                await dst.drain()
+        finally:
+            dst.transport.abort()
+
+
+@pytest.fixture
+async def proxy_for() -> AsyncIterator[Any]:
+    proxies: list[BlipProxy] = []
+
+    async def make(target: TestClient) -> tuple[BlipProxy, str]:
+        proxy = BlipProxy(target.port or 0)
+        proxies.append(proxy)
+        return proxy, await proxy.start()
+
+    yield make
+    for proxy in proxies:
+        await proxy.close()
+
+
+class ReceivedAudio:
+    """What the backend's sessions took in, in order (it decodes in the engine's thread)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.chunks: list[Samples] = []
+        self._lock = threading.Lock()
+        append = RedecodeCore.append
+
+        def recording(core: RedecodeCore, session_id: str, samples: Samples) -> None:
+            with self._lock:
+                self.chunks.append(np.array(samples, dtype=np.float32))
+            append(core, session_id, samples)
+
+        monkeypatch.setattr(RedecodeCore, "append", recording)
+
+    @property
+    def num_samples(self) -> int:
+        with self._lock:
+            return sum(c.size for c in self.chunks)
+
+    def pcm16(self) -> bytes:
+        with self._lock:
+            whole = np.concatenate(self.chunks)
+        return (whole * 32_768.0).round().astype("<i2").tobytes()  # the gateway's inverse
+
+
+@pytest.fixture
+async def scripted(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[TestClient, ReceivedAudio]:
+    """The gateway over the engine boundary (EngineClient, scripted backend in a thread), and
+    the audio its backend takes in."""
+    received = ReceivedAudio(monkeypatch)
+    engine = EngineClient(ModelConfig(backend="scripted"), in_process=True)
+    return await aiohttp_client(create_app(server_config, engine)), received
+
+
+def file_pcm16(wav: Path) -> bytes:
+    from livemeet.audio.decode import decode_file
+
+    return stream.to_pcm16(decode_file(wav))
+
+
+async def test_a_dropped_connection_is_resumed_with_every_sample_and_final_once(
+    scripted: tuple[TestClient, ReceivedAudio], proxy_for: Any, tmp_path: Path
+) -> None:
+    """The connection is reset as the first final arrives, mid-file: `stream` reconnects,
+    resumes, sends on from the server's offset (the backend gets the file's samples once,
+    no gap, none twice), shows each final once though the resume replays them, shows no
+    ack, and its final covers the whole file."""
+    from livemeet.audio.decode import iter_decode
+
+    gateway, received = scripted
+    proxy, url = await proxy_for(gateway)
+    wav = write_wav(tmp_path / "meeting.wav", FILE_S)
+    shown: list[dict[str, Any]] = []
+    notices: list[str] = []
+    sent_at_drop: list[float] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        shown.append(event)
+        if event["type"] == "segment.final" and not sent_at_drop:
+            sent_at_drop.append(received.num_samples / SAMPLE_RATE)
+            proxy.drop()
+
+    result = await stream.stream_audio(
+        url,
+        iter_decode(wav),
+        hop_s=0.5,
+        speed=12.0,
+        on_event=on_event,
+        on_notice=notices.append,
+    )
+    assert sent_at_drop and sent_at_drop[0] < FILE_S  # the drop came mid-file
+    assert proxy.num_connections == 2 and result.num_resumes == 1
+    assert notices == ["connection lost (close 1006): resuming in 0.25 s"]
+    assert result.close_code == 1000 and result.final is not None
+    assert received.pcm16() == file_pcm16(wav)
+    kinds = [e["type"] for e in shown]
+    assert "audio.ack" not in kinds
+    assert kinds.count("session.ready") == 2 and shown[kinds.index("segment.final") + 1 :]
+    finals = [e["id"] for e in shown if e["type"] == "segment.final"]
+    assert finals == [s["id"] for s in result.final["segments"]]  # each once, in order
+    assert len(finals) == 4
+    assert stream.report(result, wav) == 0
+
+
+async def test_stream_resumes_and_prints_each_final_once_and_no_ack(
+    scripted: tuple[TestClient, ReceivedAudio],
+    proxy_for: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The command itself (its own loop in a thread; the server in this test's): the blip
+    is reported on stderr, the resume on stdout, and it exits 0."""
+    gateway, received = scripted
+    proxy, url = await proxy_for(gateway)
+    wav = write_wav(tmp_path / "meeting.wav", FILE_S)
+    args = ["stream", str(wav), "--url", url, "--speed", "12", "--hop-s", "0.5"]
+    running = asyncio.ensure_future(asyncio.to_thread(main, args))
+    await wait_until(lambda: received.num_samples >= 5 * SAMPLE_RATE)
+    proxy.drop()
+    assert await asyncio.wait_for(running, 10) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].endswith("ready, model scripted (tests) (DEMO backend), resumable for 60 s")
+    session_id = lines[0].split()[2]
+    resumed = [line for line in lines if " resumed at " in line]
+    assert len(resumed) == 1 and resumed[0].startswith(f"# session {session_id} resumed at ")
+    finals = [line for line in lines if line.startswith("= ")]
+    assert len(finals) == len(set(finals)) == 4
+    assert lines[-1].startswith("# transcript.final: 4 segments, 12.00 s")
+    assert not [line for line in lines if line.startswith("{")]  # no raw JSON: no ack
+    assert "connection lost (close 1006): resuming in 0.25 s" in err
+    assert received.pcm16() == file_pcm16(wav)
+
+
+async def test_a_refused_resume_ends_the_stream_with_exit_1(
+    client: TestClient,  # noqa: F811
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
+    proxy_for: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server restarted during the blip: the resume is `not_found` (4404), which is
+    final: no more reconnects, the server's error on stdout, why on stderr, exit 1."""
+    proxy, url = await proxy_for(client)
+    restarted = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    wav = write_wav(tmp_path / "meeting.wav", 4.0)
+    args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
+    running = asyncio.ensure_future(asyncio.to_thread(main, args))
+    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    proxy.upstream_port = restarted.port or 0
+    proxy.drop()
+    assert await asyncio.wait_for(running, 10) == 1
+    assert proxy.num_connections == 2  # one resume, refused: no retry
+    out, err = capsys.readouterr()
+    assert "! error not_found: no live session 'fake-0' to resume" in out
+    assert (
+        "error: the session could not be resumed after the connection dropped: not_found: "
+        "no live session 'fake-0' to resume"
+    ) in err
+    assert err.rstrip().endswith("(close 4404)")
+
+
+async def test_with_resume_off_a_drop_ends_the_stream_as_before(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
+    proxy_for: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`serve --live-resume-window 0` (resume_token null): no reconnect; no final, exit 1."""
+    gateway = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0)
+    proxy, url = await proxy_for(gateway)
+    wav = write_wav(tmp_path / "meeting.wav", 4.0)
+    args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
+    running = asyncio.ensure_future(asyncio.to_thread(main, args))
+    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    proxy.drop()
+    assert await asyncio.wait_for(running, 10) == 1
+    assert proxy.num_connections == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].endswith("ready, model fake-model (DEMO backend), no resume")
+    assert "no transcript.final (close code 1006: the connection dropped)" in err
+    await wait_until(lambda: len(gateway.app[SESSIONS_KEY]) == 0)
+
+
+# ---- the Sans-I/O parts
+
+
+def pcm(num_frames: int, first: int = 0) -> bytes:
+    return np.arange(first, first + num_frames, dtype="<i2").tobytes()
+
+
+def test_unacked_audio_keeps_what_an_ack_does_not_cover_and_resends_from_any_offset() -> None:
+    unacked = stream.UnackedAudio()
+    for first in (0, 100, 200):
+        unacked.push(pcm(100, first))
+    unacked.ack(150)  # the frame [100, 200) is only half covered: kept whole
+    assert unacked.num_held == 200 and unacked.num_acked == 150
+    assert b"".join(unacked.since(150)) == pcm(150, 150)
+    assert b"".join(unacked.since(100)) == pcm(200, 100)
+    assert unacked.since(300) == []  # the session holds everything sent
+    for outside in (99, 301):  # below what is held, past what was sent
+        with pytest.raises(stream.ResumeMismatch, match=f"sample frame {outside}, but"):
+            unacked.since(outside)
+    unacked.ack(120)  # acks never go down
+    assert unacked.num_acked == 150
+    unacked.ack(300)
+    assert unacked.num_held == 0 and unacked.since(300) == []
+
+
+def test_session_link_bounds_what_waits_for_an_ack_and_drops_replayed_finals() -> None:
+    link = stream.SessionLink(max_unacked_frames=200)
+    ready = {"type": "session.ready", "session_id": "s-1", "resume_token": "t"}
+    assert link.receive({**ready, "resume_window_s": 60.0, "resumed": False, "offset": 0})
+    assert link.resume == {"session_id": "s-1", "resume_token": "t"} and link.window_s == 60
+    link.sent(pcm(100))
+    link.sent(pcm(100, 100))
+    assert not link.can_send  # 200 frames wait for an ack
+    assert not link.receive({"type": "audio.ack", "offset": 100})  # not shown
+    assert link.can_send
+    final = {"type": "segment.final", "id": "seg-0001"}
+    assert link.receive(final) and not link.receive(dict(final))  # a replay: shown once
+    resumed = {**ready, "resumed": True, "offset": 150}
+    assert link.receive(resumed)  # shown ("resumed at"), and the session stays the same
+    assert b"".join(link.resumed(resumed)) == pcm(50, 150)
+    with pytest.raises(stream.ResumeMismatch, match="new one"):
+        link.resumed({**ready, "resumed": False, "offset": 0})
+
+
+def test_with_resume_off_nothing_is_kept_and_sending_never_waits() -> None:
+    link = stream.SessionLink(max_unacked_frames=10)
+    assert link.receive({"type": "session.ready", "session_id": "s", "resume_token": None})
+    link.sent(pcm(100))
+    assert link.can_send and link.resume is None and link.unacked.num_held == 0
+
+
+def test_only_a_close_without_a_close_frame_is_resumed() -> None:
+    assert stream.resumable_close(1006) and stream.resumable_close(1005)
+    # the server's own closes end the session: final, drained, and every error
+    for code in (1000, 1001, 1009, 1011, 4401, 4404, 4409, 4429, 4503):
+        assert not stream.resumable_close(code), code
