@@ -102,7 +102,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--json",
         action="store_true",
-        help="print the server's events as raw JSON, one a line (default: one readable line each)",
+        help="print the server's events as raw JSON, one a line, as the readable lines are "
+        "(not audio.ack; a final replayed by a resume once) (default: one readable line each)",
     )
     p.set_defaults(func=run)
 
