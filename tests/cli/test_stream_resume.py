@@ -34,11 +34,14 @@ FILE_S = 12.0  # the scripted backend's DEFAULT_SCRIPT runs to 11 s
 class BlipProxy:
     """A TCP proxy in front of a test server. `drop()` resets every connection it carries,
     at both ends: no close frame either way, as a network blip. `upstream_port` may change
-    between connections (a restarted server)."""
+    between connections (a restarted server); while `refusing`, a connection is closed as
+    soon as it opens (the network still down)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
+        self.refusing = False
         self.num_connections = 0
+        self.num_refused = 0
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
 
@@ -59,6 +62,10 @@ class BlipProxy:
         self._writers.clear()
 
     async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            self.num_refused += 1
+            writer.transport.abort()
+            return
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         self.num_connections += 1
         self._writers += [writer, up_writer]
@@ -261,6 +268,32 @@ async def test_with_resume_off_a_drop_ends_the_stream_as_before(
     assert out.splitlines()[0].endswith("ready, model fake-model (DEMO backend), no resume")
     assert "no transcript.final (close code 1006: the connection dropped)" in err
     await wait_until(lambda: len(gateway.app[SESSIONS_KEY]) == 0)
+
+
+async def test_a_drop_not_resumed_within_the_window_ends_the_stream_with_exit_1(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
+    proxy_for: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The network stays down: `stream` retries with backoff (0.25 s, 0.5 s) while the
+    server keeps the session (0.9 s here), then gives up with exit 1."""
+    gateway = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0.9)
+    proxy, url = await proxy_for(gateway)
+    wav = write_wav(tmp_path / "meeting.wav", 4.0)
+    args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
+    running = asyncio.ensure_future(asyncio.to_thread(main, args))
+    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    proxy.refusing = True
+    proxy.drop()
+    assert await asyncio.wait_for(running, 10) == 1
+    assert proxy.num_connections == 1 and proxy.num_refused == 2
+    err = capsys.readouterr().err
+    assert "connection lost (close 1006): resuming in 0.25 s" in err
+    assert "cannot reconnect (" in err and "): resuming in 0.50 s" in err
+    assert err.rstrip().endswith("not resumed within the 0.9 s the server keeps the session")
 
 
 # ---- the Sans-I/O parts
