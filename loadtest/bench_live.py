@@ -114,6 +114,9 @@ CATCH_UP_S = LATENCY_BUCKET_S
 # --head-start-s: the meeting's first seconds are streamed at this many times real time, so a
 # call of <= 9 minutes reaches DESIGN's 10-minute point (300 s in 75 s, then 300 s live)
 HEAD_SPEED = 4.0
+# s between keepalives while a session pauses after its head (--head-pause-s): well inside the
+# server's idle timeout (60 s by default), which a paused client would otherwise run out
+PAUSE_KEEPALIVE_S = 10.0
 
 
 @dataclass
@@ -369,12 +372,14 @@ async def live_session(
     final_by: float | None = None,
     head_s: float = 0.0,
     head_speed: float = HEAD_SPEED,
+    head_pause_s: float = 0.0,
 ) -> SessionLog:
     """Stream `samples` (16 kHz float32) in real time after `delay_s`, then `end`, and wait
     for the final transcript (`final_wait_s`); the log. The first `head_s` (whole frames) go
-    `head_speed` times faster than real time, the rest in real time as if the head had been
-    spoken at that speed: `log.t0` is set so that frame k after the head is due at
-    t0 + (k + 1) FRAME_S."""
+    `head_speed` times faster than real time, then, after `head_pause_s` of keepalives (the
+    server works off what the head queued), the rest in real time as if the head had been
+    spoken at that speed just before: `log.t0` is set so that frame k after the head is due
+    at t0 + (k + 1) FRAME_S."""
     log = SessionLog()
     await asyncio.sleep(delay_s)
     frame = round(FRAME_S * SAMPLE_RATE)
@@ -392,7 +397,11 @@ async def live_session(
             log.head_frames = head = min(num_frames, round(head_s / FRAME_S))
             start = time.monotonic()
             log.t0 = start - head * FRAME_S * (1.0 - 1.0 / head_speed)
+            if head and head_pause_s > 0:
+                log.t0 += head_pause_s
             for k in range(num_frames):
+                if k == head and head and head_pause_s > 0:
+                    await _pause(ws, start + head * FRAME_S / head_speed + head_pause_s)
                 if k < head:
                     due = start + (k + 1) * FRAME_S / head_speed
                 else:
@@ -410,6 +419,14 @@ async def live_session(
     except Exception as exc:  # one failed session is reported, never aborts the point
         log.error = log.error or f"{type(exc).__name__}: {exc}"
     return log
+
+
+async def _pause(ws: aiohttp.ClientWebSocketResponse, until: float) -> None:
+    """Send nothing but keepalives until `until` (monotonic s)."""
+    while (left := until - time.monotonic()) > 0:
+        await asyncio.sleep(min(left, PAUSE_KEEPALIVE_S))
+        if until - time.monotonic() > 0:
+            await ws.send_json({"type": "keepalive"})
 
 
 @dataclass
@@ -492,12 +509,13 @@ async def run_point(
     deadline: float | None = None,
     head_s: float = 0.0,
     head_speed: float = HEAD_SPEED,
+    head_pause_s: float = 0.0,
 ) -> dict[str, Any]:
     """One point (module doc): its JSON record. `deadline` (monotonic): the sessions stop
     waiting for their finals FINAL_BUDGET_MARGIN_S before it (`final_wait_s`). `head_s`: each
     session's first seconds go `head_speed` times faster and only segments ending after
-    them count (`live_session`); `engine_by_time` stays in seconds since the sessions
-    started (`meeting_s` converts)."""
+    them count (`live_session`), which then pauses `head_pause_s`; `engine_by_time` stays in
+    seconds since the sessions started (`meeting_s` converts)."""
     final_by = None if deadline is None else deadline - FINAL_BUDGET_MARGIN_S
     audio = samples[: round(duration_s * SAMPLE_RATE)]
     tally = UploadTally()
@@ -534,6 +552,7 @@ async def run_point(
                         final_by,
                         head_s,
                         head_speed,
+                        head_pause_s,
                     )  # fmt: skip
                     for i in range(num_sessions)
                 )
@@ -558,7 +577,11 @@ async def run_point(
         "sessions": num_sessions,
         "uploads": num_uploads,
         "duration_s": duration_s,
-        **({"head_start_s": head_s, "head_speed": head_speed} if head_s > 0 else {}),
+        **(
+            {"head_start_s": head_s, "head_speed": head_speed, "head_pause_s": head_pause_s}
+            if head_s > 0
+            else {}
+        ),
         "segments_expected": sum(r.expected for r in results),
         "segments_seen": len(lat),
         "segments_live": len(lat) - sum(r.after_end for r in results),  # before `end`
@@ -627,13 +650,20 @@ def engine_by_time(scrapes: Sequence[tuple[float, str | None]]) -> dict[str, dic
     return out
 
 
-def meeting_s(since_start_s: float, head_s: float = 0.0, head_speed: float = HEAD_SPEED) -> float:
+def meeting_s(
+    since_start_s: float,
+    head_s: float = 0.0,
+    head_speed: float = HEAD_SPEED,
+    head_pause_s: float = 0.0,
+) -> float:
     """Seconds of meeting streamed `since_start_s` after a session started with a head start
-    of `head_s` at `head_speed` (the head takes head_s / head_speed s, then real time)."""
+    of `head_s` at `head_speed` (the head takes head_s / head_speed s, then a pause of
+    `head_pause_s` (none without a head), then real time)."""
     head_wall_s = head_s / head_speed
     if since_start_s <= head_wall_s:
         return since_start_s * head_speed
-    return head_s + since_start_s - head_wall_s
+    pause_s = head_pause_s if head_s > 0 else 0.0
+    return head_s + max(0.0, since_start_s - head_wall_s - pause_s)
 
 
 # ---------------------------------------------------------------- the run
@@ -656,6 +686,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--head-speed", type=float, default=HEAD_SPEED, help="the head's speed-up")
     p.add_argument(
+        "--head-pause-s",
+        type=float,
+        default=0.0,
+        help="s each session waits after its head (keepalives only) before real time, so the "
+        "server works off what the head queued (with --head-start-s)",
+    )
+    p.add_argument(
         "--long-audio-s",
         type=float,
         default=None,
@@ -677,8 +714,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def amain(args: argparse.Namespace) -> None:
     from livemeet.models.tokenizer import load_tokenizer
 
-    if args.head_start_s < 0 or args.head_speed < 1.0:
-        raise SystemExit("--head-start-s must be >= 0 and --head-speed >= 1")
+    if args.head_start_s < 0 or args.head_speed < 1.0 or args.head_pause_s < 0:
+        raise SystemExit("--head-start-s and --head-pause-s must be >= 0, --head-speed >= 1")
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     workload = wl.get_workload("long", args.long_audio_s)
     samples, forced = wl.make_forced(load_tokenizer(None), workload, seed=1)
@@ -728,6 +765,7 @@ async def _points(
         for num_sessions in args.sessions:
             head_s = min(args.head_start_s, args.duration_s)
             streamed_s = args.duration_s - head_s + head_s / args.head_speed
+            streamed_s += args.head_pause_s if head_s > 0 else 0.0
             need = streamed_s + POINT_MARGIN_S + (UPLOAD_LEAD_S if num_uploads else 0.0)
             if deadline is not None and time.monotonic() + need > deadline:
                 why = f"needs ~{need:.0f} s, {deadline - time.monotonic():.0f} s left"
@@ -735,7 +773,7 @@ async def _points(
                 continue
             record = await run_point(
                 url, samples, turns, reference, num_sessions, num_uploads, args.duration_s,
-                upload_audio_s, deadline, head_s, args.head_speed,
+                upload_audio_s, deadline, head_s, args.head_speed, args.head_pause_s,
             )  # fmt: skip
             write_line(out, record)  # to --out and stdout
 

@@ -190,6 +190,7 @@ def against_record(
     steps (launch + wait + encode: the GPU's time where it was the limit)."""
     head_s = record.get("head_start_s", 0.0)
     head_speed = record.get("head_speed", HEAD_SPEED)
+    head_pause_s = record.get("head_pause_s", 0.0)
     rows = []
     for name, b in record.get("engine_by_time", {}).items():
         lo, hi = (float(x) for x in name.split("-"))
@@ -198,7 +199,7 @@ def against_record(
             continue
         steps = b.get("engine_step_s", {})
         forced = round(b.get("live_forced_mean_tokens", 0.0))
-        at_s = meeting_s((lo + hi) / 2, head_s, head_speed)
+        at_s = meeting_s((lo + hi) / 2, head_s, head_speed, head_pause_s)
         # the bucket's own accepted drafts per hop (none from servers before session 19)
         accepted = round(b.get("accepted_draft_tokens", 0) / hops)
         priced = replace(model, accepted_draft_tokens=accepted)

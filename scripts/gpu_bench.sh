@@ -159,6 +159,7 @@ case "$phase" in
       --sessions "${LIVE_SESSIONS:-1,16,64}" --uploads "${LIVE_UPLOADS:-0,2}" \
       --duration-s "${LIVE_DURATION_S:-60}" --startup-timeout 240 \
       ${LIVE_HEAD_S:+--head-start-s "$LIVE_HEAD_S"} ${LIVE_HEAD_SPEED:+--head-speed "$LIVE_HEAD_SPEED"} \
+      ${LIVE_HEAD_PAUSE_S:+--head-pause-s "$LIVE_HEAD_PAUSE_S"} \
       --max-seconds "$(( ${LIVE_S:-470} - 20 ))" \
       --serve-args "--load-format dummy --forced-output {forced}${SERVE_EXTRA:+ $SERVE_EXTRA}" \
       --out "$OUT/bench_live.jsonl" --log-dir "${LOG_DIR:-$OUT}"

@@ -2,17 +2,21 @@
 # The next device session's runs (docs/benchmarks.md, "Next device session"), one call each,
 # chosen by the card the call got: a loan may bring an H100 where an H200 was asked for.
 #   bash scripts/gpu_next.sh 1     # (OUT and LIVEMEET_BENCH_OUT exported; .whl carried)
-# H200 (DESIGN section 10's targets):
-#   1: live, 10-minute meetings, 100 sessions (p95 per word <= 1.5 s), the live defaults
-#   2: live, 30-minute meetings, 32 sessions, minutes 27.5-30 (never run)
-#   3: live, 10-minute meetings, 64 sessions
+# H200 (DESIGN section 10's targets). Session 32 ran live 100 sessions (p95 1.33 s per word, met)
+# and 32 thirty-minute meetings, whose first minute of real time still held what the 8x head
+# had queued. Next:
+#   1: live, 30-minute meetings, 32 sessions, minutes 27.5-30, a 75-s pause after the head (the
+#      server works off its queue first: bench_live --head-pause-s)
+#   2: long c1 bf16 and FP8 long c16 on the engine (and its decode table, short c16), then long
+#      c1 bf16 over HTTP (DESIGN: long c1 >= 0.75x floor, FP8 long c16 >= 300 audio-s/s; both
+#      short in session 27)
+#   3: live, 10-minute meetings, 100 sessions again (the spread of session 32's 1.33 s)
 # H100 (80 GB: 100 sessions of 10 minutes or 32 of 30 need ~90 GB of KV in bf16, so the live
-# targets cannot be run there). Session 31 ran its first H100 calls: the HTTP sweep's short
-# c16, long c16 and c1 against SGLang-Omni's published H100 figures (MODEL.md section 7,
-# DESIGN section 10), the engine bench (decode table, short c16, long c1, FP8 long c16) and
-# live at 64 sessions. Next on an H100:
+# targets cannot be run there). Session 31 ran the HTTP sweep's short c16, long c16 and c1
+# against SGLang-Omni's published H100 figures (MODEL.md section 7, DESIGN section 10), the
+# engine bench and live at 64 sessions; session 32 live 64 beside 2 uploads. Next on an H100:
 #   1: the rest of the HTTP sweep: short c1, c4, c64 and long c4
-#   2: live, 10-minute meetings, 64 sessions beside 2 long uploads (~66 GB of KV with them)
+#   2: live, 10-minute meetings, 64 sessions beside 2 long uploads at --upload-min-share 0.1
 #   3: the engine bench: long c16 bf16 and FP8 long c1 (and short c16, which it always runs)
 # Each run fits one call of <= 10 minutes with its server start. GPU_BENCH replaces
 # scripts/gpu_bench.sh (the tests' stand-in). Every gpu_bench.sh variable a run does not set
@@ -29,18 +33,23 @@ live10() {  # sessions, LIVE_S, uploads (default 0)
     LIVE_SESSIONS="$1" LIVE_UPLOADS="${3:-0}" bash "$bench" live
 }
 case "$gpu:$call" in
-  *H200*:1) live10 100 375 ;;
-  *H200*:2)
-    GPU_UTIL_MS=200 LIVE_HEAD_SPEED=8 LIVE_HEAD_S=1650 LIVE_DURATION_S=1800 LIVE_S=460 \
-      LIVE_SESSIONS=32 LIVE_UPLOADS=0 bash "$bench" live
+  *H200*:1)
+    GPU_UTIL_MS=200 LIVE_HEAD_SPEED=8 LIVE_HEAD_S=1650 LIVE_HEAD_PAUSE_S=75 LIVE_DURATION_S=1800 \
+      LIVE_S=540 LIVE_SESSIONS=32 LIVE_UPLOADS=0 bash "$bench" live
     ;;
-  *H200*:3) live10 64 370 ;;
+  *H200*:2)
+    PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=330 SHORT_C=16 LONG_C=1 FP8_POINTS=long:16 \
+      bash "$bench" engine
+    GPU_UTIL_MS=500 HTTP_WORKLOADS=long HTTP_LONG_C=1 HTTP_LONG_MIN=2 HTTP_ASSUMED_RATE=100 \
+      SWEEP_S=190 bash "$bench" http
+    ;;
+  *H200*:3) live10 100 375 ;;
   *H100*:1)
     GPU_UTIL_MS=500 HTTP_WORKLOADS=short,long HTTP_SHORT_C=1,4,64 HTTP_SHORT_MIN=256 \
       HTTP_LONG_C=4 HTTP_LONG_MIN=4 HTTP_ASSUMED_RATE=100 SWEEP_S=545 \
       bash "$bench" http
     ;;
-  *H100*:2) live10 64 380 2 ;;
+  *H100*:2) SERVE_EXTRA="${SERVE_EXTRA:+$SERVE_EXTRA }--upload-min-share 0.1" live10 64 380 2 ;;
   *H100*:3)
     PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=520 SHORT_C=16 LONG_C=16 FP8_POINTS=long:1 \
       bash "$bench" engine

@@ -139,6 +139,10 @@ def test_meeting_time_runs_fast_through_the_head_then_in_real_time() -> None:
     assert meeting_s(10.0, head_s=300.0, head_speed=4.0) == 40.0
     assert meeting_s(75.0, head_s=300.0, head_speed=4.0) == 300.0
     assert meeting_s(100.0, head_s=300.0, head_speed=4.0) == 325.0
+    # a pause after the head holds the meeting at the head's end, then real time goes on
+    assert meeting_s(80.0, head_s=300.0, head_speed=4.0, head_pause_s=60.0) == 300.0
+    assert meeting_s(160.0, head_s=300.0, head_speed=4.0, head_pause_s=60.0) == 325.0
+    assert meeting_s(10.0, head_pause_s=60.0) == 10.0  # no head, no pause
 
 
 def test_latencies_after_keep_what_ends_from_a_time_on() -> None:
@@ -361,8 +365,9 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_head_start_reaches_late_in_the_meeting_in_less_time(tmp_path: Path) -> None:
-    """--head-start-s 8 at 4x: 14 s of meeting in ~8 s; only segments ending after 8 s
-    count, each live within a hop plus slack, and the client is never late in real time."""
+    """--head-start-s 8 at 4x, then --head-pause-s 2: 14 s of meeting in ~10 s; only segments
+    ending after 8 s count, each live within a hop plus slack (timed from when real time
+    resumed after the pause), and the client is never late in real time."""
     out = tmp_path / "live.jsonl"
     run_module(
         "loadtest.bench_live",
@@ -370,13 +375,14 @@ def test_a_head_start_reaches_late_in_the_meeting_in_less_time(tmp_path: Path) -
         "--uploads", "0",
         "--duration-s", "14",
         "--head-start-s", "8",
+        "--head-pause-s", "2",
         "--long-audio-s", "30",
         "--serve-args", "--backend scripted --model {script}",
         "--out", str(out),
     )  # fmt: skip
     (r,) = [json.loads(line) for line in out.read_text().splitlines()[1:]]
     assert r["num_errors"] == 0, r["first_error"]
-    assert r["head_start_s"] == 8.0 and r["head_speed"] == 4.0
+    assert r["head_start_s"] == 8.0 and r["head_speed"] == 4.0 and r["head_pause_s"] == 2.0
     # the steady figures leave out CATCH_UP_S (30 s) after the head: none of 14 s is left
     assert "steady_word_latency_p95_s" in r and r["steady_word_latency_p95_s"] is None
     turns = wl.make_forced(load_tokenizer(None), wl.get_workload("long", 30.0), seed=1)[1].turns
@@ -385,7 +391,8 @@ def test_a_head_start_reaches_late_in_the_meeting_in_less_time(tmp_path: Path) -
     assert r["segments_seen"] == r["segments_expected"]
     assert 0.0 < r["latency_p95_s"] <= r["latency_max_s"] < 1.5
     assert r["send_lag_max_s"] < 0.5
-    assert r["wall_s"] < 14.0 - 8.0 + 8.0 / 4 + 1.0 + r["final_after_end_max_s"]
+    assert 14.0 - 8.0 + 8.0 / 4 + 2.0 <= r["wall_s"]  # the pause was kept
+    assert r["wall_s"] < 14.0 - 8.0 + 8.0 / 4 + 2.0 + 1.0 + r["final_after_end_max_s"]
 
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # a gpu_bench.sh stand-in: prints its phase and the settings that tell the runs apart
 BENCH = """#!/usr/bin/env bash
 echo "phase=$1 sessions=${LIVE_SESSIONS:-} uploads=${LIVE_UPLOADS:-} \
-duration=${LIVE_DURATION_S:-} http=${HTTP_SHORT_C:-}/${HTTP_LONG_C:-} fp8=${FP8_POINTS:-}"
+duration=${LIVE_DURATION_S:-} http=${HTTP_SHORT_C:-}/${HTTP_LONG_C:-} fp8=${FP8_POINTS:-}\
+ pause=${LIVE_HEAD_PAUSE_S:-} extra=${SERVE_EXTRA:-}"
 """
 
 
@@ -27,7 +28,11 @@ def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str
     for f in (smi, bench):
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
     # the caller's gpu_bench.sh settings would pass through to the stand-in: not ours to test
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIVE_", "HTTP_", "FP8_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("LIVE_", "HTTP_", "FP8_", "SERVE_EXTRA"))
+    }
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_BENCH=str(bench))
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_next.sh"), call],
@@ -41,19 +46,36 @@ def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str
 @pytest.mark.parametrize(
     ("card", "call", "expected"),
     [
-        ("NVIDIA H200", "1", "phase=live sessions=100 uploads=0 duration=600 http=/ fp8="),
-        ("NVIDIA H200", "2", "phase=live sessions=32 uploads=0 duration=1800 http=/ fp8="),
-        ("NVIDIA H200", "3", "phase=live sessions=64 uploads=0 duration=600 http=/ fp8="),
+        (
+            "NVIDIA H200",
+            "1",
+            "phase=live sessions=32 uploads=0 duration=1800 http=/ fp8= pause=75 extra=",
+        ),
+        (
+            "NVIDIA H200",
+            "2",
+            "phase=http sessions= uploads= duration= http=/1 fp8= pause= extra=",
+        ),
+        (
+            "NVIDIA H200",
+            "3",
+            "phase=live sessions=100 uploads=0 duration=600 http=/ fp8= pause= extra=",
+        ),
         (
             "NVIDIA H100 80GB HBM3",
             "1",
-            "phase=http sessions= uploads= duration= http=1,4,64/4 fp8=",
+            "phase=http sessions= uploads= duration= http=1,4,64/4 fp8= pause= extra=",
         ),
-        ("NVIDIA H100 80GB HBM3", "2", "phase=live sessions=64 uploads=2 duration=600 http=/ fp8="),
+        (
+            "NVIDIA H100 80GB HBM3",
+            "2",
+            "phase=live sessions=64 uploads=2 duration=600 http=/ fp8= pause= "
+            "extra=--upload-min-share 0.1",
+        ),
         (
             "NVIDIA H100 80GB HBM3",
             "3",
-            "phase=engine sessions= uploads= duration= http=/ fp8=long:1",
+            "phase=engine sessions= uploads= duration= http=/ fp8=long:1 pause= extra=",
         ),
     ],
 )
@@ -62,6 +84,14 @@ def test_each_card_gets_its_run(tmp_path: Path, card: str, call: str, expected: 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == expected
     assert card in done.stdout.splitlines()[0]
+
+
+def test_the_h200_throughput_call_runs_the_engine_then_http(tmp_path: Path) -> None:
+    lines = run(tmp_path, "NVIDIA H200", "2").stdout.splitlines()
+    assert lines[1:] == [
+        "phase=engine sessions= uploads= duration= http=/ fp8=long:16 pause= extra=",
+        "phase=http sessions= uploads= duration= http=/1 fp8= pause= extra=",
+    ]
 
 
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
