@@ -209,7 +209,13 @@ def main(argv: Iterable[str] | None = None) -> None:
         for i, record in enumerate(records):
             label = path.stem if len(records) == 1 else f"{path.stem}[{i}]"
             labelled.append((label, record))
-    print("\n".join(report(labelled, args.from_s, args.to_s)))
+    try:
+        lines = report(labelled, args.from_s, args.to_s)
+    except ValueError as exc:  # a window without buckets or hops: the user's flags, no bug
+        raise SystemExit(
+            f"live_report: {exc} (--from-s/--to-s: seconds since the sessions started)"
+        ) from None
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

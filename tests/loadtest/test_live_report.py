@@ -148,3 +148,12 @@ def test_the_command_reads_the_last_record_of_each_file(
     at = out.index("| bucket (s), per word | call2_bench_live |")
     assert out[at + 2] == "| 450-480 | 0.75 / 1.50 |"
     assert out.index("| bucket (s) | call2_bench_live |") < at
+
+
+def test_the_command_says_when_its_window_holds_no_bucket(tmp_path: Path) -> None:
+    """A window past the record's buckets exits with one line, not a traceback (a 30-minute
+    point's meeting minutes given as --from-s, session 32)."""
+    path = tmp_path / "call1_bench_live.jsonl"
+    path.write_text(json.dumps(_record()) + "\n")
+    with pytest.raises(SystemExit, match="no engine_by_time bucket starts in"):
+        live_report.main([str(path), "--from-s", "1650", "--to-s", "1800"])
