@@ -2,6 +2,8 @@
 // A dropped connection (close 1006) is resumed (docs/protocol.md, "Resume"): the page keeps the
 // audio the server has not acknowledged (`audio.ack`) and sends it again from the offset the
 // resumed `session.ready` reports; finals it has shown already are skipped by id.
+// Downloads of the transcript (JSON, SRT, VTT, text) link to the server's transcript resource
+// (docs/protocol.md, "Other endpoints"), which renders them with the uploads' writers.
 const KEEPALIVE_MS = 10000;
 const SAMPLE_RATE = 16000; // Hz; what pcm-worklet.js posts (mono PCM16 LE)
 const BYTES_PER_FRAME = 2; // one mono PCM16 sample frame
@@ -17,9 +19,15 @@ const RESUMABLE_CLOSES = [1005, 1006]; // no close frame: the network, not the s
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
                          "#e377c2", "#17becf"];
 
+// the downloads: [link id suffix, the resource's response_format, file extension]; JSON is
+// diarized_json (segments with ids, times and speakers; plain json is the text alone)
+const EXPORTS = [["json", "diarized_json", "json"], ["srt", "srt", "srt"],
+                 ["vtt", "vtt", "vtt"], ["text", "text", "txt"]];
+
 const $ = (id) => document.getElementById(id);
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
-                opened: false, session: null, buffer: null, live: false, ending: false,
+                opened: false, session: null, captions: null, startedAt: 0,
+                buffer: null, live: false, ending: false,
                 finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, attempt: 0,
                 retry: null };
 
@@ -85,6 +93,35 @@ function showOverlayUrl(ev) {
   $("overlay").hidden = false;
 }
 
+// The session's transcript rendered as `responseFormat` by the server, read with its
+// captions_token: while the meeting runs, its finals so far; after it, the final transcript
+// (kept by the server after the session is gone), so the links work after the socket closed.
+function transcriptUrl(sessionId, captionsToken, responseFormat) {
+  return `${location.protocol}//${location.host}/v1/sessions/` +
+         `${encodeURIComponent(sessionId)}/transcript?token=${encodeURIComponent(captionsToken)}` +
+         `&response_format=${encodeURIComponent(responseFormat)}`;
+}
+
+// "meeting-2026-12-05-1430.srt": the meeting's start, in local time
+function exportName(startedAt, ext) {
+  const d = new Date(startedAt);
+  const p = (n) => String(n).padStart(2, "0");
+  return `meeting-${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}-` +
+         `${p(d.getHours())}${p(d.getMinutes())}.${ext}`;
+}
+
+// captions: {session_id, captions_token}; note: what the links hold (so far, or final)
+function showExport(captions, startedAt, note) {
+  if (!captions || !captions.captions_token) return;
+  for (const [id, format, ext] of EXPORTS) {
+    const link = $(`export-${id}`);
+    link.href = transcriptUrl(captions.session_id, captions.captions_token, format);
+    link.download = exportName(startedAt, ext); // same-origin: the browser names the file
+  }
+  $("export-note").textContent = note;
+  $("export").hidden = false;
+}
+
 function segmentElement(seg) {
   const div = document.createElement("div");
   div.className = "segment";
@@ -113,6 +150,10 @@ function onEvent(ev) {
     case "session.ready":
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
+      if (ev.captions_token) {
+        state.captions = { session_id: ev.session_id, captions_token: ev.captions_token };
+      }
+      showExport(state.captions, state.startedAt, "(the finals so far)");
       setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${ev.session_id}, ` +
                 `model ${ev.model})${lostNote()}`);
       break;
@@ -132,6 +173,7 @@ function onEvent(ev) {
       $("partial").replaceChildren();
       $("finals").replaceChildren(...ev.segments.map(segmentElement));
       setStatus(`done: ${ev.duration.toFixed(1)} s, ${ev.finish_reason}${lostNote()}`);
+      showExport(state.captions, state.startedAt, "(final)");
       break;
     case "error":
       setStatus(`error ${ev.code}: ${ev.message}`);
@@ -156,7 +198,9 @@ async function start() {
   $("finals").replaceChildren();
   $("partial").replaceChildren();
   $("overlay").hidden = true;
-  Object.assign(state, { opened: false, session: null, live: false, ending: false,
+  $("export").hidden = true;
+  Object.assign(state, { opened: false, session: null, captions: null, startedAt: Date.now(),
+                         live: false, ending: false,
                          finished: false, seenFinals: new Set(), dropAt: 0, attempt: 0 });
   if (!window.isSecureContext || !navigator.mediaDevices) {
     // browsers expose the microphone only to https pages and to http://localhost

@@ -1,0 +1,136 @@
+// Runs web/recorder.js in a stub browser (node's vm) through a meeting's life around its
+// transcript downloads and its storage across page reloads: fake microphone, WebSockets,
+// sessionStorage and fetch, driven by hand; a fixed clock (Date.now) so file names are known
+// (run with TZ=UTC). Prints one JSON line. argv: recorder.js path, then a scenario:
+// "export" (a meeting to its end: the download links during it and after the close).
+const fs = require("fs");
+const vm = require("vm");
+
+const [source, scenario] = process.argv.slice(2);
+const NOW = Date.UTC(2026, 11, 5, 14, 30, 15); // the meeting's start: 2026-12-05 14:30 UTC
+
+const elements = {};
+function element(id) {
+  if (!elements[id]) {
+    elements[id] = {
+      id, disabled: false, textContent: "", style: {}, listeners: {}, children: [],
+      addEventListener(type, fn) { this.listeners[type] = fn; },
+      replaceChildren(...c) { this.children = c; },
+      append(...c) { this.children.push(...c); },
+    };
+  }
+  return elements[id];
+}
+
+const sockets = [];
+class FakeWebSocket {
+  constructor(url) {
+    this.url = url;
+    this.sent = []; // text frames parsed, binary frames as {frame: first sample}
+    this.readyState = 0;
+    sockets.push(this);
+  }
+  send(data) {
+    if (typeof data === "string") this.sent.push(JSON.parse(data));
+    else this.sent.push({ frame: new Int16Array(data)[0], frames: data.byteLength / 2 });
+  }
+  open() { this.readyState = 1; this.onopen(); }
+  receive(ev) { this.onmessage({ data: JSON.stringify(ev) }); }
+  drop(code) { this.readyState = 3; this.onclose({ code }); }
+}
+FakeWebSocket.OPEN = 1;
+
+let port = null;
+class FakeNode { constructor() { this.port = {}; port = this.port; } }
+let frameIndex = 0;
+function speak() { // one 100-ms frame whose samples all hold its index
+  port.onmessage({ data: new Int16Array(1600).fill(frameIndex++).buffer });
+}
+
+class FakeStorage {
+  constructor(items) { this.items = { ...items }; }
+  getItem(k) { return k in this.items ? this.items[k] : null; }
+  setItem(k, v) { this.items[k] = String(v); }
+  removeItem(k) { delete this.items[k]; }
+}
+
+class FixedDate extends Date {
+  constructor(...args) { if (args.length) super(...args); else super(NOW); }
+  static now() { return NOW; }
+}
+
+const fetched = [];
+function makeSandbox(storage, transcriptStatus) {
+  const sandbox = {
+    document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
+    window: { isSecureContext: true, addEventListener() {} },
+    navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
+    location: { host: "meet.example:8000", protocol: "https:" },
+    fetch: async (url) => {
+      fetched.push(url);
+      if (url === "readyz") {
+        return { ok: true, json: async () => ({ demo: false, model: "m" }) };
+      }
+      const ok = transcriptStatus !== null;
+      return { ok, status: ok ? 200 : 404,
+               headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? transcriptStatus : null) },
+               text: async () => "", json: async () => ({}) };
+    },
+    sessionStorage: storage,
+    AudioContext: class {
+      constructor() { this.audioWorklet = { addModule: async () => {} }; }
+      createMediaStreamSource() { return { connect() {} }; }
+      close() {}
+    },
+    AudioWorkletNode: FakeNode,
+    WebSocket: FakeWebSocket,
+    setInterval, clearInterval, setTimeout, clearTimeout, Date: FixedDate, console,
+  };
+  sandbox.window.sessionStorage = storage;
+  return sandbox;
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const final = (id, start) => ({ type: "segment.final", id, start, end: start + 1,
+                                speaker: "S01", text: id });
+const ready = (extra) => ({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                            model: "m", resume_token: "tok", resume_window_s: 60,
+                            resumed: false, offset: 0, captions_token: "c/t+k=", ...extra });
+function links() {
+  const out = { hidden: element("export").hidden, note: element("export-note").textContent };
+  for (const id of ["json", "srt", "vtt", "text"]) {
+    const a = element(`export-${id}`);
+    out[id] = { href: a.href, download: a.download };
+  }
+  return out;
+}
+
+async function exportScenario(storage) {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  const before = links();
+  ws.receive(ready());
+  speak(); speak();
+  ws.receive(final("seg-0000", 0));
+  const during = links();
+  element("stop").listeners.click();
+  ws.receive({ type: "transcript.final", segments: [final("seg-0000", 0)],
+               finish_reason: "stop", coverage: 1, duration: 0.2 });
+  ws.drop(1000);
+  return { before, during, after: links(), status: element("status").textContent,
+           storage: storage.items };
+}
+
+(async () => {
+  const storage = new FakeStorage({});
+  vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, "final"));
+  await sleep(10); // the page's own start-up
+  const scenarios = { export: exportScenario };
+  const result = await scenarios[scenario](storage);
+  result.sockets = sockets.map((s) => s.sent);
+  result.fetched = fetched;
+  console.log(JSON.stringify(result));
+  process.exit(0);
+})();
