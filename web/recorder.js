@@ -4,6 +4,9 @@
 // resumed `session.ready` reports; finals it has shown already are skipped by id.
 // Downloads of the transcript (JSON, SRT, VTT, text) link to the server's transcript resource
 // (docs/protocol.md, "Other endpoints"), which renders them with the uploads' writers.
+// A page reload does not end the meeting either: while a session is live the page keeps it in
+// sessionStorage, and a reloaded page offers "Resume meeting" (a click: the microphone needs a
+// user gesture) within the session's resume window; the audio spoken meanwhile is not captured.
 const KEEPALIVE_MS = 10000;
 const SAMPLE_RATE = 16000; // Hz; what pcm-worklet.js posts (mono PCM16 LE)
 const BYTES_PER_FRAME = 2; // one mono PCM16 sample frame
@@ -23,10 +26,16 @@ const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", 
 // diarized_json (segments with ids, times and speakers; plain json is the text alone)
 const EXPORTS = [["json", "diarized_json", "json"], ["srt", "srt", "srt"],
                  ["vtt", "vtt", "vtt"], ["text", "text", "txt"]];
+// sessionStorage key of the live session: {session_id, resume_token, captions_token,
+// sample_rate, channels, started_at, resume_window_s, alive_at (when the page last had it)}
+const STORAGE_KEY = "livemeet.recorder.session";
+const ALIVE_EVERY_MS = 1000; // alive_at is refreshed on acks at most this often
 
 const $ = (id) => document.getElementById(id);
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 opened: false, session: null, captions: null, startedAt: 0,
+                format: { sample_rate: SAMPLE_RATE, channels: 1 }, stored: null,
+                reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
                 finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, attempt: 0,
                 retry: null };
@@ -66,6 +75,58 @@ ResumeBuffer.prototype.from = function (offset) {
     .map((c) => (c.start >= offset ? c.data
                                    : c.data.slice((offset - c.start) * BYTES_PER_FRAME)));
 };
+
+// The audio held was counted from the page's start but goes on from `offset`: a session
+// resumed after a page reload, whose first `offset` frames the server has from the old page.
+ResumeBuffer.prototype.rebase = function (offset) {
+  const shift = offset - (this.next - this.held); // the oldest frame held becomes `offset`
+  for (const c of this.chunks) c.start += shift;
+  this.next += shift;
+};
+
+// ---- the live session across page reloads (sessionStorage: this tab only)
+
+function storage() {
+  try { // absent, or refused (storage off): the page works on without reload resume
+    return typeof sessionStorage === "undefined" ? null : sessionStorage;
+  } catch (e) {
+    return null;
+  }
+}
+
+function saveSession() {
+  const store = storage();
+  if (!store || !state.session) return;
+  state.aliveAt = Date.now();
+  store.setItem(STORAGE_KEY, JSON.stringify({
+    session_id: state.session.session_id, resume_token: state.session.resume_token,
+    captions_token: state.captions ? state.captions.captions_token : null,
+    sample_rate: state.format.sample_rate, channels: state.format.channels,
+    started_at: state.startedAt, resume_window_s: state.windowS, alive_at: state.aliveAt,
+  }));
+}
+
+// The stored session, or null (none, unreadable, or of another format than this page sends)
+function loadSession() {
+  const store = storage();
+  if (!store) return null;
+  try {
+    const saved = JSON.parse(store.getItem(STORAGE_KEY));
+    if (saved && typeof saved.session_id === "string" && typeof saved.resume_token === "string" &&
+        saved.sample_rate === SAMPLE_RATE && saved.channels === 1) return saved;
+  } catch (e) { /* not JSON: dropped below */ }
+  clearSession();
+  return null;
+}
+
+function clearSession() {
+  const store = storage();
+  if (store) store.removeItem(STORAGE_KEY);
+}
+
+function clock(ms) {
+  return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+}
 
 function reconnectDelayMs(attempt) {
   return Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * 2 ** attempt);
@@ -142,7 +203,9 @@ function setStatus(text) { $("status").textContent = text; }
 
 function lostNote() {
   const lost = state.buffer ? state.buffer.lostFrames / SAMPLE_RATE : 0;
-  return lost > 0 ? ` (${lost.toFixed(1)} s of audio lost while offline)` : "";
+  return (lost > 0 ? ` (${lost.toFixed(1)} s of audio lost while offline)` : "") +
+         (state.afterReload ? " (audio spoken while the page was reloading was not captured)"
+                            : "");
 }
 
 function onEvent(ev) {
@@ -150,15 +213,13 @@ function onEvent(ev) {
     case "session.ready":
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
-      if (ev.captions_token) {
-        state.captions = { session_id: ev.session_id, captions_token: ev.captions_token };
-      }
       showExport(state.captions, state.startedAt, "(the finals so far)");
       setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${ev.session_id}, ` +
                 `model ${ev.model})${lostNote()}`);
       break;
     case "audio.ack":
       state.buffer.ack(ev.offset);
+      if (Date.now() - state.aliveAt >= ALIVE_EVERY_MS) saveSession();
       break;
     case "segment.partial":
       $("partial").replaceChildren(...ev.segments.map(segmentElement));
@@ -170,6 +231,7 @@ function onEvent(ev) {
       break;
     case "transcript.final":
       state.finished = true;
+      clearSession(); // the meeting is over: nothing to resume after a reload
       $("partial").replaceChildren();
       $("finals").replaceChildren(...ev.segments.map(segmentElement));
       setStatus(`done: ${ev.duration.toFixed(1)} s, ${ev.finish_reason}${lostNote()}`);
@@ -193,15 +255,66 @@ async function showServer() {
   }
 }
 
-async function start() {
+// A session stored by this tab before a reload: offer to resume it while the server still
+// keeps it (its window counts from when the page last had it); past that, the server has
+// ended it: offer its transcript.
+function offerStored() {
+  const saved = loadSession();
+  if (!saved) return;
+  const captions = { session_id: saved.session_id, captions_token: saved.captions_token };
+  if (Date.now() - saved.alive_at < saved.resume_window_s * 1000) {
+    state.stored = saved;
+    $("resume").hidden = false;
+    setStatus(`the meeting started at ${clock(saved.started_at)} is still open on the ` +
+              "server: press Resume meeting to go on with it (audio spoken since this page " +
+              "was reloaded was not captured)");
+    showExport(captions, saved.started_at, "(the finals so far)");
+    return;
+  }
+  clearSession();
+  setStatus(`the meeting started at ${clock(saved.started_at)} ended while this page was away`);
+  offerTranscript(captions, saved.started_at);
+}
+
+// Show the downloads of a session that is gone from this page if the server has its
+// transcript (a final is kept after the session ends), and say so either way.
+async function offerTranscript(captions, startedAt) {
+  if (!captions || !captions.captions_token) return;
+  const status = $("status").textContent;
+  try {
+    const resp = await fetch(transcriptUrl(captions.session_id, captions.captions_token, "text"));
+    if (resp.ok) {
+      const final = resp.headers.get("X-Livemeet-Transcript-Status") === "final";
+      showExport(captions, startedAt, final ? "(final)" : "(the finals so far)");
+      setStatus(`${status}: its transcript is below`);
+      return;
+    }
+  } catch (e) { /* unreachable: said below */ }
+  setStatus(`${status}: the server has no transcript of it`);
+}
+
+// Start a new meeting, or (saved: a session stored before a reload) resume that one.
+async function start(saved) {
   $("start").disabled = true;
+  $("resume").hidden = true;
   $("finals").replaceChildren();
   $("partial").replaceChildren();
   $("overlay").hidden = true;
   $("export").hidden = true;
-  Object.assign(state, { opened: false, session: null, captions: null, startedAt: Date.now(),
-                         live: false, ending: false,
-                         finished: false, seenFinals: new Set(), dropAt: 0, attempt: 0 });
+  state.stored = null;
+  if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
+  Object.assign(state, {
+    opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
+    attempt: 0, reloaded: Boolean(saved), afterReload: false,
+    session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
+    captions: saved ? { session_id: saved.session_id, captions_token: saved.captions_token }
+                    : null,
+    startedAt: saved ? saved.started_at : Date.now(),
+    windowS: saved ? saved.resume_window_s : 0,
+    // a resume after a reload retries while the window that began with the reload lasts
+    dropAt: saved ? saved.alive_at : 0,
+    format: { sample_rate: SAMPLE_RATE, channels: 1 },
+  });
   if (!window.isSecureContext || !navigator.mediaDevices) {
     // browsers expose the microphone only to https pages and to http://localhost
     throw new Error("the microphone needs https or localhost: open this page as " +
@@ -234,8 +347,8 @@ function connect() {
   state.ws = ws;
   ws.onopen = () => {
     state.opened = true;
-    const start = { type: "start", sample_rate: SAMPLE_RATE, channels: 1,
-                    encoding: "pcm_s16le" };
+    const start = { type: "start", sample_rate: state.format.sample_rate,
+                    channels: state.format.channels, encoding: "pcm_s16le" };
     if (state.session) start.resume = state.session;
     ws.send(JSON.stringify(start));
     state.keepalive = setInterval(() => ws.send(JSON.stringify({ type: "keepalive" })),
@@ -254,8 +367,18 @@ function onReady(ws, ev) {
   state.session = ev.resume_token // null: resume is off on this server
     ? { session_id: ev.session_id, resume_token: ev.resume_token } : null;
   state.windowS = ev.resume_window_s;
+  if (ev.captions_token) {
+    state.captions = { session_id: ev.session_id, captions_token: ev.captions_token };
+  }
   state.attempt = 0;
   state.dropAt = 0;
+  if (state.reloaded) {
+    // the microphone's audio so far is new: it goes on from the offset the server holds
+    state.buffer.rebase(ev.offset);
+    state.reloaded = false;
+    state.afterReload = true;
+  }
+  if (state.session) saveSession();
   state.buffer.ack(ev.offset);
   for (const data of state.buffer.from(ev.offset)) ws.send(data);
   state.live = true;
@@ -267,6 +390,7 @@ function onClose(ws, ev) {
   clearInterval(state.keepalive);
   state.live = false;
   if (ws !== state.ws) return; // an old socket
+  if (state.unloading) return; // the page is going: its stored session stays for a resume
   const resumable = state.session && !state.finished && RESUMABLE_CLOSES.includes(ev.code);
   if (resumable) {
     if (!state.dropAt) state.dropAt = Date.now();
@@ -282,7 +406,13 @@ function onClose(ws, ev) {
   }
   state.dropAt = 0;
   stopAudio();
-  if (!state.opened) setStatus(`cannot connect to the server (closed ${ev.code})`);
+  clearSession(); // ended, refused or taken over: not this page's to resume any more
+  if (ev.code === 4404) {
+    // not_found: the server no longer has the session (its window ran out, or it restarted)
+    setStatus(`the meeting had ended: the server no longer has session ` +
+              `${state.session ? state.session.session_id : ""}${lostNote()}`);
+    offerTranscript(state.captions, state.startedAt);
+  } else if (!state.opened) setStatus(`cannot connect to the server (closed ${ev.code})`);
   else if (ev.code === 1001) {
     // the server shut down and drained the session: the transcript above is final up to
     // where it stopped; a new recording continues on a server that is up
@@ -311,14 +441,28 @@ function stop() {
   } // else: offline; the resume sends `end` after the audio it still owes
 }
 
-$("start").addEventListener("click", () => start().catch((e) => {
-  stopAudio(); // release a microphone that was granted before the failure
-  setStatus(`cannot start: ${e.message}`);
-  $("start").disabled = false;
-}));
+function startClicked(saved) {
+  start(saved).catch((e) => {
+    stopAudio(); // release a microphone that was granted before the failure
+    setStatus(`cannot start: ${e.message}`);
+    $("start").disabled = false;
+    if (saved) { // the stored session is still there to resume
+      state.stored = saved;
+      $("resume").hidden = false;
+    }
+  });
+}
+
+$("start").addEventListener("click", () => startClicked(null));
+$("resume").addEventListener("click", () => { if (state.stored) startClicked(state.stored); });
+// a reload or a closed tab: keep the stored session (and when the page last had it)
+window.addEventListener("pagehide", () => {
+  if (state.live) saveSession();
+  state.unloading = true;
+});
 $("stop").addEventListener("click", stop);
 $("overlay-copy").addEventListener("click", () => {
   // the clipboard needs a secure page, as the microphone does; else the link can be copied
   if (navigator.clipboard) navigator.clipboard.writeText($("overlay-url").textContent);
 });
-showServer();
+showServer().then(offerStored);

@@ -31,7 +31,7 @@ function page(search, source) {
   let created = 0;
   const sandbox = {
     document: { getElementById: element, createElement: () => element(`new-${created++}`) },
-    window: { isSecureContext: true },
+    window: { isSecureContext: true, addEventListener() {} },
     navigator: {},
     location: { host: "meet.example:8000", protocol: "https:", search },
     URLSearchParams, WebSocket: FakeWebSocket, setTimeout, clearTimeout, setInterval,

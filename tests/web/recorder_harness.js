@@ -19,7 +19,7 @@ function element(id) {
 const secure = context === "secure";
 const sandbox = {
   document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
-  window: { isSecureContext: secure },
+  window: { isSecureContext: secure, addEventListener() {} },
   navigator: secure ? { mediaDevices: { getUserMedia: async () => { throw new Error("denied"); } } } : {},
   location: { host: "10.0.0.5:8000", protocol: secure ? "https:" : "http:" },
   fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),

@@ -48,7 +48,7 @@ function speak() { // one 100-ms frame whose samples all hold its index
 
 const sandbox = {
   document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
-  window: { isSecureContext: true },
+  window: { isSecureContext: true, addEventListener() {} },
   navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
   location: { host: "meet.example:8000", protocol: "https:" },
   fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),

@@ -2,7 +2,10 @@
 // transcript downloads and its storage across page reloads: fake microphone, WebSockets,
 // sessionStorage and fetch, driven by hand; a fixed clock (Date.now) so file names are known
 // (run with TZ=UTC). Prints one JSON line. argv: recorder.js path, then a scenario:
-// "export" (a meeting to its end: the download links during it and after the close).
+// "export" (a meeting to its end: the download links during it and after the close, and the
+// stored session), "reload" (a page loaded with a live session stored: Resume meeting, then a
+// drop and a second resume), "gone" (the stored session's resume gets not_found, 4404; the
+// server has its final), "expired" (the stored session's window has passed).
 const fs = require("fs");
 const vm = require("vm");
 
@@ -115,19 +118,78 @@ async function exportScenario(storage) {
   speak(); speak();
   ws.receive(final("seg-0000", 0));
   const during = links();
+  const storedDuring = storage.items[KEY] ? JSON.parse(storage.items[KEY]) : null;
   element("stop").listeners.click();
   ws.receive({ type: "transcript.final", segments: [final("seg-0000", 0)],
                finish_reason: "stop", coverage: 1, duration: 0.2 });
   ws.drop(1000);
   return { before, during, after: links(), status: element("status").textContent,
-           storage: storage.items };
+           storedDuring, storage: storage.items };
+}
+
+// a session the page stored before its reload, last seen `ageMs` ago, 2 s into the meeting
+const KEY = "livemeet.recorder.session";
+function stored(ageMs) {
+  return { [KEY]: JSON.stringify({
+    session_id: "s-1", resume_token: "tok", captions_token: "c/t+k=", sample_rate: 16000,
+    channels: 1, started_at: NOW - 120000, resume_window_s: 60, alive_at: NOW - ageMs }) };
+}
+
+async function reloadScenario(storage) {
+  const offered = { resume_hidden: element("resume").hidden, status: element("status").textContent,
+                    links: links() };
+  element("resume").listeners.click();
+  await sleep(10);
+  const first = sockets[0];
+  first.open();
+  speak(); speak(); speak(); // frames 0-2, heard after the reload: kept until ready
+  // the server holds 2 s (32,000 frames) from before the reload
+  first.receive(ready({ resumed: true, offset: 32000 }));
+  const statusResumed = element("status").textContent;
+  first.receive(final("seg-0000", 0)); // the replay: all new to this page
+  first.receive(final("seg-0001", 1));
+  speak(); // frame 3, live
+  first.receive({ type: "audio.ack", offset: 32000 + 1600 }); // frame 0
+  const storedLive = storage.items[KEY] ? JSON.parse(storage.items[KEY]) : null;
+  first.drop(1006); // then the network
+  await sleep(400);
+  const second = sockets[1];
+  second.open();
+  second.receive(ready({ resumed: true, offset: 32000 + 3200 })); // frames 0-1 arrived
+  second.receive(final("seg-0000", 0)); // replayed again: shown once
+  second.receive(final("seg-0001", 1));
+  second.receive(final("seg-0002", 2));
+  return { offered, statusResumed, storedLive, first: first.sent, second: second.sent,
+           finals: element("finals").children.length, status: element("status").textContent };
+}
+
+async function goneScenario(storage) {
+  element("resume").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  speak();
+  sockets[0].receive({ type: "error", code: "not_found", message: "no session 's-1'",
+                       retryable: false });
+  sockets[0].drop(4404);
+  await sleep(20); // the transcript's check
+  return { storage: storage.items, status: element("status").textContent, links: links(),
+           resume_hidden: element("resume").hidden, start_disabled: element("start").disabled };
+}
+
+async function expiredScenario(storage) {
+  await sleep(20); // the transcript's check
+  return { storage: storage.items, status: element("status").textContent, links: links(),
+           resume_hidden: element("resume").hidden };
 }
 
 (async () => {
-  const storage = new FakeStorage({});
+  const initial = { export: {}, reload: stored(5000), gone: stored(5000),
+                    expired: stored(90000) }[scenario];
+  const storage = new FakeStorage(initial);
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, "final"));
   await sleep(10); // the page's own start-up
-  const scenarios = { export: exportScenario };
+  const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
+                      expired: expiredScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

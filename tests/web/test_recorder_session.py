@@ -51,3 +51,57 @@ def test_the_page_links_the_transcript_downloads_during_and_after_the_meeting() 
     assert "so far" in result["during"]["note"]
     assert result["after"]["note"] == "(final)"
     assert result["status"].startswith("done:")
+
+
+def test_the_page_stores_its_live_session_and_clears_it_on_a_normal_end() -> None:
+    """sessionStorage holds what a reloaded page needs to resume (and nothing after the end)."""
+    result = run("export")
+    stored = result["storedDuring"]
+    assert stored is not None
+    assert {k: stored[k] for k in ("session_id", "resume_token", "captions_token")} == {
+        "session_id": "s-1", "resume_token": "tok", "captions_token": "c/t+k="}  # fmt: skip
+    assert (stored["sample_rate"], stored["channels"], stored["resume_window_s"]) == (16000, 1, 60)
+    assert stored["started_at"] == stored["alive_at"] == 1796481015000  # the harness's clock
+    assert result["storage"] == {}  # transcript.final came: nothing to resume
+
+
+def test_a_reloaded_page_resumes_its_stored_session_from_the_servers_offset() -> None:
+    """A reload lost the meeting: the new page knew nothing of it. It now offers Resume
+    meeting (a click: the microphone needs a gesture), resumes with the stored id and token,
+    sends the new microphone audio on from the server's offset (and again from the next
+    resume's offset after a drop), shows each final once and says what was not captured."""
+    result = run("reload")
+    offered = result["offered"]
+    assert offered["resume_hidden"] is False
+    assert "Resume meeting" in offered["status"] and "not captured" in offered["status"]
+    assert offered["links"]["srt"]["href"] == URL + "srt"  # the finals so far, before a click
+    assert offered["links"]["srt"]["download"] == "meeting-2026-12-05-1428.srt"
+    first, second = result["first"], result["second"]
+    for socket in (first, second):
+        assert socket[0]["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+        assert (socket[0]["sample_rate"], socket[0]["channels"]) == (16000, 1)
+    assert [m.get("frame") for m in first[1:]] == [0, 1, 2, 3]  # all new: from offset 32000
+    # the second resume's offset (32000 + 3200) says frames 0-1 arrived: 2-3 again
+    assert [m.get("frame") for m in second[1:]] == [2, 3]
+    assert result["finals"] == 3  # seg-0000 and seg-0001 replayed twice, shown once
+    assert "not captured" in result["statusResumed"]
+    assert result["storedLive"]["session_id"] == "s-1"  # still stored while live
+
+
+def test_a_stored_session_the_server_no_longer_has_is_cleared() -> None:
+    """not_found (4404) on the resume: the storage is cleared, the page says the meeting had
+    ended and, the server having its final transcript, offers the downloads."""
+    result = run("gone")
+    assert result["storage"] == {}
+    assert "the meeting had ended" in result["status"]
+    assert result["links"]["hidden"] is False and result["links"]["note"] == "(final)"
+    assert URL + "text" in result["fetched"]
+    assert result["resume_hidden"] is True and result["start_disabled"] is False
+
+
+def test_a_stored_session_past_its_resume_window_is_not_offered() -> None:
+    result = run("expired")
+    assert result.get("resume_hidden") is not False  # never shown
+    assert result["storage"] == {}
+    assert "ended while this page was away" in result["status"]
+    assert result["links"]["note"] == "(final)"
