@@ -60,6 +60,8 @@ def transcript_to_json(t: Transcript) -> dict[str, Any]:
         "finish_reason": t.finish_reason.value,
         "language": t.language,
         "segments": [s.to_wire() for s in t.segments],
+        # {label: name} a live client gave (insertion order kept: first named first)
+        "speakers": dict(t.speaker_names),
     }
 
 
@@ -81,6 +83,8 @@ def transcript_from_json(d: dict[str, Any]) -> Transcript:
         duration_s=float(d["duration"]),
         finish_reason=FinishReason(d["finish_reason"]),
         language=d.get("language"),
+        # files written before names existed have no "speakers"
+        speaker_names=tuple((str(k), str(v)) for k, v in d.get("speakers", {}).items()),
     )
 
 

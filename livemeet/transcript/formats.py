@@ -5,7 +5,10 @@ section 6) so the OpenAI client libraries work unchanged; the JSON shapes are th
 openai-python models `Transcription` (json), `TranscriptionVerbose` (verbose_json) and
 `TranscriptionDiarized` (diarized_json, as returned by gpt-4o-transcribe-diarize). Subtitles:
 SRT cues carry the speaker as a `S01: ` prefix, WebVTT cues as a `<v S01>` voice span (W3C
-WebVTT section 4.2.2). Plain text never carries speaker or time tags.
+WebVTT section 4.2.2). Plain text never carries speaker or time tags. A live transcript whose
+client named speakers (`speaker.rename`) shows each name where its label would be (`Alice: `,
+`<v Alice>`), and its JSON bodies gain `speakers`, {label: name}; segments keep their labels.
+Uploads have no names: their bodies are as before.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
+from collections.abc import Mapping
 from dataclasses import replace
 from enum import StrEnum
 from typing import NamedTuple
@@ -73,20 +77,32 @@ def render(transcript: Transcript, fmt: ResponseFormat, *, language: str | None 
     `language` (echoed, MOSS-TD has no language conditioning) overrides `transcript.language`
     in verbose_json. Subtitle cues drop segments whose text is empty; JSON keeps every segment.
     """
+    names = dict(transcript.speaker_names)
     match fmt:
         case ResponseFormat.TEXT:
             body = transcript.text + "\n"
         case ResponseFormat.SRT:
-            body = to_srt(transcript.segments)
+            body = to_srt(transcript.segments, names)
         case ResponseFormat.VTT:
-            body = to_vtt(transcript.segments)
+            body = to_vtt(transcript.segments, names)
         case ResponseFormat.JSON:
-            body = _dumps({"text": transcript.text, "usage": usage(transcript.duration_s)})
+            plain: dict[str, object] = {
+                "text": transcript.text,
+                "usage": usage(transcript.duration_s),
+            }
+            body = _dumps(_with_speakers(plain, names))
         case ResponseFormat.VERBOSE_JSON:
-            body = _dumps(_verbose(transcript, language or transcript.language))
+            verbose = _verbose(transcript, language or transcript.language)
+            body = _dumps(_with_speakers(verbose, names))
         case ResponseFormat.DIARIZED_JSON:
-            body = _dumps(_diarized(transcript))
+            body = _dumps(_with_speakers(_diarized(transcript), names))
     return Rendered(body, CONTENT_TYPES[fmt])
+
+
+def _with_speakers(body: dict[str, object], names: Mapping[str, str]) -> dict[str, object]:
+    """`body` with `speakers` ({label: name}) where any label is named; as is otherwise, so
+    an upload's body keeps OpenAI's shape exactly."""
+    return {**body, "speakers": dict(names)} if names else body
 
 
 # ---- subtitles
@@ -102,8 +118,9 @@ def vtt_timestamp(seconds: float) -> str:
     return _timestamp(seconds, ".")
 
 
-def to_srt(segments: tuple[Segment, ...]) -> str:
-    """SubRip: numbered cues from 1, one text line each, `S01: ` speaker prefix.
+def to_srt(segments: tuple[Segment, ...], names: Mapping[str, str] | None = None) -> str:
+    """SubRip: numbered cues from 1, one text line each, `S01: ` speaker prefix (the label's
+    name from `names` where it has one: `Alice: `).
 
     Newlines inside a segment become spaces (a blank line would end the cue) and `-->` becomes
     `->` (SRT has no escape for it).
@@ -111,14 +128,16 @@ def to_srt(segments: tuple[Segment, ...]) -> str:
     cues: list[str] = []
     for segment in _cue_segments(segments):
         text = _one_line(segment.text).replace(_CUE_ARROW, "->")
-        prefix = f"{_one_line(segment.speaker)}: " if segment.speaker.strip() else ""
+        speaker = _one_line(_shown_speaker(segment.speaker, names)).replace(_CUE_ARROW, "->")
+        prefix = f"{speaker}: " if speaker else ""
         timing = f"{srt_timestamp(segment.start_s)} {_CUE_ARROW} {srt_timestamp(segment.end_s)}"
         cues.append(f"{len(cues) + 1}\n{timing}\n{prefix}{text}\n")
     return "\n".join(cues)
 
 
-def to_vtt(segments: tuple[Segment, ...]) -> str:
-    """WebVTT: a `WEBVTT` header and one cue per segment, text in a `<v S01>` voice span.
+def to_vtt(segments: tuple[Segment, ...], names: Mapping[str, str] | None = None) -> str:
+    """WebVTT: a `WEBVTT` header and one cue per segment, text in a `<v S01>` voice span (the
+    label's name from `names` where it has one: `<v Alice>`).
 
     Text is one line with `&`, `<`, `>` escaped as character references (so `-->` cannot occur,
     WebVTT section 4.1).
@@ -126,10 +145,15 @@ def to_vtt(segments: tuple[Segment, ...]) -> str:
     cues = ["WEBVTT\n"]
     for segment in _cue_segments(segments):
         text = _vtt_escape(_one_line(segment.text))
-        speaker = _vtt_escape(_one_line(segment.speaker))
+        speaker = _vtt_escape(_one_line(_shown_speaker(segment.speaker, names)))
         timing = f"{vtt_timestamp(segment.start_s)} {_CUE_ARROW} {vtt_timestamp(segment.end_s)}"
         cues.append(f"{timing}\n<v {speaker}>{text}</v>\n" if speaker else f"{timing}\n{text}\n")
     return "\n".join(cues)
+
+
+def _shown_speaker(label: str, names: Mapping[str, str] | None) -> str:
+    """What a cue shows for `label`: its name where the client gave one, else the label."""
+    return names.get(label, label) if names else label
 
 
 def _timestamp(seconds: float, decimal_marker: str) -> str:

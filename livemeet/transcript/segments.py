@@ -74,12 +74,16 @@ class Transcript:
 
     `duration_s` is the audio duration in seconds; `coverage` is the fraction in [0, 1] of that
     duration up to the last segment end (a cut transcript has coverage well below 1).
+    `speaker_names`: (label, name) pairs a live client gave (`speaker.rename`), in the order
+    first named; segments keep their labels, writers show a name where one is given. Uploads
+    have none.
     """
 
     segments: tuple[Segment, ...]
     duration_s: float
     finish_reason: FinishReason = FinishReason.STOP
     language: str | None = None
+    speaker_names: tuple[tuple[str, str], ...] = ()
 
     @property
     def text(self) -> str:

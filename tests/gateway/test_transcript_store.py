@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,19 @@ async def test_a_live_sessions_transcript_is_kept_with_its_tokens_digest(tmp_pat
         await store.get(path.stem)  # the upload route's lookup refuses a live id
     with pytest.raises(NotFound):
         await store.get_live("another")
+
+
+async def test_speaker_names_are_kept_and_old_files_without_them_read(tmp_path: Path) -> None:
+    store = TranscriptStore(tmp_path)
+    named = replace(transcript("live"), speaker_names=(("S02", "Bob"), ("S01", "Zoë")))
+    store.put_live("s-1", named, "t")
+    store.put_live("s-2", transcript("no names"), "t")
+    await store.flush()
+    fresh = TranscriptStore(tmp_path)
+    assert (await fresh.get_live("s-1")).transcript.speaker_names == named.speaker_names
+    assert (await fresh.get_live("s-2")).transcript.speaker_names == ()
+    path = tmp_path / f"{live_transcript_id('s-2')}.json"
+    record = json.loads(path.read_text())
+    del record["speakers"]  # as written before names existed
+    path.write_text(json.dumps(record))
+    assert (await TranscriptStore(tmp_path).get_live("s-2")).transcript.speaker_names == ()

@@ -11,6 +11,7 @@ import html
 import io
 import json
 import re
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -323,3 +324,31 @@ def test_segment_flags_reach_the_verbose_and_diarized_bodies() -> None:
         segments = json.loads(render(t, fmt).body)["segments"]
         assert segments[0]["flags"] == ["end_clamped"]
         assert "flags" not in segments[1]
+
+
+NAMED = replace(MEETING, speaker_names=(("S02", "Bob --> <B&B>"), ("S01", "Alice")))
+
+
+def test_named_speakers_show_their_names_in_cues_and_a_speakers_map_in_json() -> None:
+    """A live client's names (`speaker.rename`) show where the label would be; segments keep
+    their labels; JSON bodies gain `speakers`."""
+    srt_body = render(NAMED, ResponseFormat.SRT).body
+    assert "Alice: Good morning, everyone." in srt_body
+    assert "Bob -> <B&B>: Morning!" in srt_body and "S01:" not in srt_body
+    vtt = parse_vtt(render(NAMED, ResponseFormat.VTT).body)
+    assert [html.unescape(c.voice) for c in vtt] == ["Alice", "Bob --> <B&B>", "Alice"]
+    names = {"S02": "Bob --> <B&B>", "S01": "Alice"}
+    for fmt in (ResponseFormat.JSON, ResponseFormat.VERBOSE_JSON, ResponseFormat.DIARIZED_JSON):
+        body = json.loads(render(NAMED, fmt).body)
+        assert body["speakers"] == names
+        assert [s["speaker"] for s in body.get("segments", [])] in ([], ["S01", "S02", "S01"])
+    assert render(NAMED, ResponseFormat.TEXT) == render(MEETING, ResponseFormat.TEXT)
+
+
+@pytest.mark.parametrize("fmt", list(ResponseFormat))
+def test_a_transcript_without_names_renders_as_before(fmt: ResponseFormat) -> None:
+    """Uploads have no names: no `speakers` key, labels in the cues."""
+    body = render(MEETING, fmt).body
+    assert "speakers" not in body
+    if fmt in (ResponseFormat.SRT, ResponseFormat.VTT):
+        assert "S01" in body
