@@ -171,6 +171,13 @@ MAX_PROMPT_CHARS = 4_096  # characters; longest client prompt (live `start` or a
 MAX_LANGUAGE_CHARS = 32  # characters; longest `language` (live `start` or an upload's form)
 MAX_HOTWORDS = 256  # hotwords in a live `start` (each is in every hop's prompt)
 MAX_HOTWORD_CHARS = 128  # characters per hotword: a name or a phrase
+# characters (after stripping); longest name a live `speaker.rename` gives a label: a person's
+# full name or a role ("Dr. Alexandra Papadopoulou-Smith, chair"), short enough for a caption
+MAX_SPEAKER_NAME_CHARS = 64
+# distinct labels one live session may name (a client may name labels before they are heard):
+# meetings have tens of speakers; the bound keeps a session's name map, and the replay and
+# captions snapshot that carry it, small
+MAX_NAMED_SPEAKERS = 256
 CORS_MAX_AGE_S = 600  # s a browser may cache a CORS preflight's answer (Chromium caps 7,200)
 LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
 # tokens of committed transcript a live hop prefills as forced assistant tokens, so it decodes

@@ -10,6 +10,15 @@ shuts down ends a STREAMING session itself (`server_end`) -> DRAINING. Once a se
 either way, what the client still sends is ignored (`Ignored`), not an error that would close
 the socket before the final transcript: a double-clicked stop sends `end` twice, and a
 recorder's last audio buffer can race its `end`. The final says how much audio it covers.
+One message stays meaningful after `end`: `speaker.rename` (a user names the speakers while
+the final is on its way, and the stored transcript carries the names), so a valid one is a
+`SpeakerRename` until the socket closes; a malformed one is then `Ignored` as the rest is,
+since closing with an error would lose the final.
+
+Speakers: `speaker.rename` names a label (`S01`) for display; labels are never renumbered
+(DESIGN 5.6), so segments keep their label and a name is a layer over it. The server answers
+every rename with `speaker.renamed` (`SpeakerRenamed`), to the session's client and its
+captions subscribers.
 
 Resume (docs/protocol.md, "Resume"): a `start` carrying `resume` asks for a session that an
 earlier socket left (`ResumeRequest`); the transport looks it up, then tells the protocol what
@@ -22,6 +31,7 @@ not from DRAINING (the server ended it: a shutdown or an idle client). `AckPolic
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -34,10 +44,12 @@ from livemeet.audio.constants import (
     MAX_PCM_SAMPLE_RATE,
     MAX_PROMPT_CHARS,
     MAX_RESUME_FIELD_CHARS,
+    MAX_SPEAKER_NAME_CHARS,
     MIN_PCM_SAMPLE_RATE,
     PCM_S16LE_BYTES,
 )
-from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
+from livemeet.errors import BadAudio, InvalidRequest, LivemeetError, ProtocolError
+from livemeet.transcript.parser import MAX_SPEAKER_CHARS, is_speaker_label
 
 PROTOCOL_VERSION = 0
 LIVE_PATH = "/v1/live"  # the protocol's endpoint (docs/protocol.md): the gateway's route
@@ -48,6 +60,10 @@ BYTES_PER_SAMPLE = PCM_S16LE_BYTES
 MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE
 MAX_SAMPLE_RATE = MAX_PCM_SAMPLE_RATE
 MAX_CHANNELS = MAX_PCM_CHANNELS
+# Unicode categories a speaker name may not hold: controls (a newline would end an SRT cue),
+# line and paragraph separators (the same, to a subtitle player), and lone surrogates (JSON's
+# "\ud800" decodes to one, and it cannot be written back as UTF-8)
+_NAME_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 class State(StrEnum):
@@ -137,14 +153,37 @@ class KeepAlive:
 
 
 @dataclass(frozen=True)
+class SpeakerRename:
+    """`speaker.rename`: show `speaker` (a label such as "S01") as `name` from now on; `name`
+    None removes the label's name. `name` is stripped, 1..MAX_SPEAKER_NAME_CHARS characters."""
+
+    speaker: str
+    name: str | None
+
+
+@dataclass(frozen=True)
+class SpeakerRenamed:
+    """The server's `speaker.renamed`: `speaker` is shown as `name` (None: as its label).
+    Not a backend event: the gateway makes it from a client's `SpeakerRename`."""
+
+    speaker: str
+    name: str | None
+
+    def to_wire(self) -> dict[str, object]:
+        return {"type": "speaker.renamed", "speaker": self.speaker, "name": self.name}
+
+
+@dataclass(frozen=True)
 class Ignored:
     """A frame that arrived after the session was ended (ENDING, DRAINING): no effect;
-    `audio_bytes` of PCM it held are not transcribed."""
+    `audio_bytes` of PCM it held are not transcribed; `reason`, where there is one worth a
+    log line (a malformed `speaker.rename`)."""
 
     audio_bytes: int = 0
+    reason: str = ""
 
 
-Action = StartSession | AppendAudio | Finalize | EndStream | KeepAlive | Ignored
+Action = StartSession | AppendAudio | Finalize | EndStream | KeepAlive | SpeakerRename | Ignored
 
 
 class LiveProtocol:
@@ -181,13 +220,16 @@ class LiveProtocol:
         """Parse one JSON text frame. Raises InvalidRequest (bad JSON/fields), ProtocolError."""
         self._check_open()
         if self.state in _ENDED:
-            return Ignored()
+            return _receive_after_end(text)
         message = _parse_json_object(text)
         kind = message.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest("every message needs a string 'type' field")
         if kind == "keepalive":
             return KeepAlive()
+        if kind == "speaker.rename":
+            self._require(State.STREAMING, "speaker.rename")
+            return _parse_rename(message)
         if kind == "start":
             return self._receive_start(message)
         if kind == "finalize":
@@ -298,6 +340,47 @@ class AckPolicy:
             return None
         self.acked = held_frames
         return held_frames
+
+
+def _receive_after_end(text: str) -> SpeakerRename | Ignored:
+    """A text frame after the session was ended: a valid `speaker.rename` still applies (the
+    names go into the final transcript); anything else, a malformed rename included, is
+    ignored: an error would close the socket before the final."""
+    try:
+        message = _parse_json_object(text)
+    except InvalidRequest:
+        return Ignored()
+    if message.get("type") != "speaker.rename":
+        return Ignored()
+    try:
+        return _parse_rename(message)
+    except LivemeetError as exc:
+        return Ignored(reason=f"speaker.rename: {exc.message}")
+
+
+def _parse_rename(m: dict[str, Any]) -> SpeakerRename:
+    speaker = m.get("speaker")
+    if not isinstance(speaker, str) or not is_speaker_label(speaker):
+        raise InvalidRequest(
+            "'speaker.rename' needs 'speaker', a label as segments carry it: \"S\" and digits, "
+            f'at most {MAX_SPEAKER_CHARS} characters ("S01"), not {speaker!r}'
+        )
+    if "name" not in m:
+        raise InvalidRequest("'speaker.rename' needs 'name': a string, or null to remove it")
+    name = m["name"]
+    if name is None:
+        return SpeakerRename(speaker, None)
+    if not isinstance(name, str):
+        raise InvalidRequest(f"'name' must be a string or null, not {name!r}")
+    name = name.strip()
+    if not 0 < len(name) <= MAX_SPEAKER_NAME_CHARS:
+        raise InvalidRequest(
+            f"'name' must hold 1..{MAX_SPEAKER_NAME_CHARS} characters once stripped "
+            "(null removes a name)"
+        )
+    if any(unicodedata.category(ch) in _NAME_FORBIDDEN_CATEGORIES for ch in name):
+        raise InvalidRequest("'name' may not hold control characters or line breaks")
+    return SpeakerRename(speaker, name)
 
 
 def _parse_json_object(text: str) -> dict[str, Any]:

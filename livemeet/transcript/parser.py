@@ -287,6 +287,12 @@ def _parse_speaker(chars: list[str]) -> str | None:
     return "".join(chars)
 
 
+def is_speaker_label(label: str) -> bool:
+    """Whether `label` is a speaker label as the model writes one (MODEL.md section 6): "S"
+    and at least one ASCII digit, at most MAX_SPEAKER_CHARS characters in all."""
+    return len(label) <= MAX_SPEAKER_CHARS and _parse_speaker(list(label)) is not None
+
+
 def _is_timestamp_char(ch: str) -> bool:
     return "0" <= ch <= "9" or ch == "."
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from livemeet.audio.constants import MAX_SPEAKER_NAME_CHARS
 from livemeet.errors import BadAudio, InvalidRequest, ProtocolError
 from livemeet.gateway.live_protocol import (
     AckPolicy,
@@ -17,6 +18,7 @@ from livemeet.gateway.live_protocol import (
     KeepAlive,
     LiveProtocol,
     ResumeRequest,
+    SpeakerRename,
     StartSession,
     State,
     require_same_format,
@@ -283,3 +285,65 @@ def test_acks_are_coalesced_monotone_and_only_for_new_audio() -> None:
     assert acks.take(90) is None  # never backwards
     assert acks.acked == 400
     assert acks.take(401) == 401
+
+
+def rename(speaker: object = "S01", **fields: object) -> str:
+    return json.dumps({"type": "speaker.rename", "speaker": speaker, **fields})
+
+
+def test_speaker_rename_names_a_label_strips_the_name_and_null_removes_it() -> None:
+    p = streaming()
+    assert p.receive_text(rename(name="  Alice ")) == SpeakerRename("S01", "Alice")
+    assert p.receive_text(rename("S12", name="Zoë Ñ 王")) == SpeakerRename("S12", "Zoë Ñ 王")
+    assert p.receive_text(rename(name=None)) == SpeakerRename("S01", None)
+    longest = "x" * MAX_SPEAKER_NAME_CHARS
+    assert p.receive_text(rename(name=longest)) == SpeakerRename("S01", longest)
+    assert p.state is State.STREAMING  # a rename is no audio and changes no state
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        rename("Alice", name="Bob"),  # not a label
+        rename("S", name="Bob"),
+        rename("s01", name="Bob"),
+        rename("S0１", name="Bob"),  # a full-width digit
+        rename("S" + "1" * 16, name="Bob"),  # 17 characters: longer than the model writes
+        rename(1, name="Bob"),
+        rename(None, name="Bob"),
+        rename(),  # no name: null must be explicit to remove one
+        rename(name=""),
+        rename(name="   "),
+        rename(name=7),
+        rename(name=["Alice"]),
+        rename(name="x" * (MAX_SPEAKER_NAME_CHARS + 1)),
+        rename(name="Alice\nBob"),
+        rename(name="Al\u0000ice"),
+        rename(name="Al\u2028ice"),  # a line separator
+        rename(name="Al\ud800ice"),  # a lone surrogate: not writable as UTF-8
+    ],
+)
+def test_a_malformed_speaker_rename_is_an_invalid_request(text: str) -> None:
+    with pytest.raises(InvalidRequest):
+        streaming().receive_text(text)
+
+
+def test_speaker_rename_before_start_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError):
+        LiveProtocol().receive_text(rename(name="Alice"))
+
+
+def test_speaker_rename_still_applies_after_end_and_a_bad_one_is_ignored() -> None:
+    """After `end` the final is on its way: a rename still names (the stored transcript
+    carries it), and a malformed one is ignored rather than closing before the final."""
+    p = streaming()
+    p.receive_binary(b"\x00\x00")
+    p.receive_text('{"type": "end"}')
+    assert p.receive_text(rename(name="Alice")) == SpeakerRename("S01", "Alice")
+    ignored = p.receive_text(rename("nope", name="Alice"))
+    assert isinstance(ignored, Ignored) and "speaker" in ignored.reason
+    assert p.state is State.ENDING
+    drained = streaming()
+    drained.receive_binary(b"\x00\x00")
+    assert drained.server_end()
+    assert drained.receive_text(rename(name=None)) == SpeakerRename("S01", None)
