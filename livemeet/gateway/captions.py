@@ -8,6 +8,8 @@ a slow subscriber costs a bounded amount of memory and nobody else's time:
 
 - a `segment.partial` replaces the one not yet sent (each is the whole open tail), wherever
   it sits in the queue (the newer one goes last: finals queued before it came first);
+- a `speaker.renamed` replaces an unsent one for the same label (each is the label's whole
+  name), so renames queue at most one per label;
 - finals queue in order; a subscriber with more than `max_finals` of them unsent has fallen
   too far behind to be worth catching up: its queue is dropped and replaced by a
   `queue_full` error (it reconnects for a fresh snapshot);
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 
 from livemeet.errors import LivemeetError, QueueFull
+from livemeet.gateway.live_protocol import SpeakerRenamed
 from livemeet.transcriber import (
     TERMINAL_EVENTS,
     Event,
@@ -29,8 +32,9 @@ from livemeet.transcriber import (
     SegmentPartial,
 )
 
-# what an outbox holds: a session event, or the error the subscriber is closed with
-Outgoing = Event | LivemeetError
+# what an outbox holds: a session event (the backend's, or a rename), or the error the
+# subscriber is closed with
+Outgoing = Event | SpeakerRenamed | LivemeetError
 
 
 class CaptionsOutbox:
@@ -51,13 +55,16 @@ class CaptionsOutbox:
     def closed(self) -> bool:
         return self._closed
 
-    def push(self, event: Event) -> None:
+    def push(self, event: Event | SpeakerRenamed) -> None:
         """Queue a session event (synchronous, never blocks). Events the captions do not carry
         (a transcript revision, upload text deltas) are dropped."""
         if self._closed:
             return
         if isinstance(event, SegmentPartial):
             self._drop_partial()
+            self._queue.append(event)
+        elif isinstance(event, SpeakerRenamed):
+            self._drop_rename(event.speaker)
             self._queue.append(event)
         elif isinstance(event, SegmentFinal):
             if self.num_finals >= self.max_finals:
@@ -97,6 +104,13 @@ class CaptionsOutbox:
         # at most one partial is ever queued, so one scan finds it
         for i, item in enumerate(self._queue):
             if isinstance(item, SegmentPartial):
+                del self._queue[i]
+                return
+
+    def _drop_rename(self, speaker: str) -> None:
+        # at most one rename per label is ever queued
+        for i, item in enumerate(self._queue):
+            if isinstance(item, SpeakerRenamed) and item.speaker == speaker:
                 del self._queue[i]
                 return
 

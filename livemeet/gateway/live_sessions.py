@@ -20,6 +20,11 @@ so they stay through a detach and a resume. The pump hands them every event as i
 client's socket; a subscriber's own bounded outbox (gateway/captions.py) keeps a slow one from
 holding anyone up. A session's `transcript.final` is stored (TranscriptStore.put_live) so its
 transcript outlives the session, readable with the session's `captions_token`.
+
+Speaker names (docs/protocol.md, `speaker.rename`): the holder keeps the session's names
+{label: name} in its `ReplayState`, so they survive a detach and are sent again on a resume
+and in a captions snapshot (as `speaker.renamed`, after the finals); its transcript, live and
+stored, carries them.
 """
 
 from __future__ import annotations
@@ -30,23 +35,30 @@ import hmac
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from livemeet.audio.constants import (
     CAPTIONS_TOKEN_BYTES,
     LIVE_TAKEOVER_CLOSE_S,
+    MAX_NAMED_SPEAKERS,
     RESUME_TOKEN_BYTES,
 )
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
     InternalError,
+    InvalidRequest,
     LivemeetError,
     NotFound,
     SessionTakenOver,
     Unauthorized,
 )
-from livemeet.gateway.live_protocol import AudioFormat, ResumeRequest, require_same_format
+from livemeet.gateway.live_protocol import (
+    AudioFormat,
+    ResumeRequest,
+    SpeakerRenamed,
+    require_same_format,
+)
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.transcriber import (
@@ -63,16 +75,20 @@ from livemeet.transcript.segments import FinishReason, Transcript
 log = logging.getLogger(__name__)
 
 Terminal = TranscriptFinal | Error
+# what a session's sockets are handed: the backend's events and the gateway's own renames
+SessionEvent = Event | SpeakerRenamed
 
 
 class EventSink(Protocol):
     """The socket a session is attached to (ws_live.LiveConnection). Both calls are
     synchronous and must not block: the pump calls `deliver` for every event."""
 
-    def attached(self, holder: LiveSessionHolder, replay: list[Event], resumed: bool) -> None:
+    def attached(
+        self, holder: LiveSessionHolder, replay: list[SessionEvent], resumed: bool
+    ) -> None:
         """This socket now carries `holder`; `replay` is what it must send first."""
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: SessionEvent) -> None:
         """A new event of the session, in order."""
 
     def take_over(self) -> asyncio.Task[None]:
@@ -85,7 +101,7 @@ class CaptionsSink(Protocol):
     """A read-only captions subscriber (ws_captions.CaptionsSubscriber). Synchronous and
     non-blocking, as EventSink's `deliver`."""
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: SessionEvent) -> None:
         """A new event of the session, in order."""
 
     def session_gone(self, error: LivemeetError) -> None:
@@ -94,28 +110,35 @@ class CaptionsSink(Protocol):
 
 @dataclass
 class ReplayState:
-    """What a resume is sent: every final so far in order, the latest partial, and the
-    terminal event once it came. Finals are immutable with stable ids, so a client that saw
-    some of them dedupes by id."""
+    """What a resume is sent: every final so far in order, the speakers' names, the latest
+    partial, and the terminal event once it came. Finals are immutable with stable ids, so a
+    client that saw some of them dedupes by id; a name replaces the label's earlier one."""
 
     finals: list[SegmentFinal] = field(default_factory=list)
     partial: SegmentPartial | None = None
     terminal: Terminal | None = None
+    names: dict[str, str] = field(default_factory=dict)  # label -> name, first named first
 
-    def record(self, event: Event) -> None:
-        if isinstance(event, SegmentFinal):
+    def record(self, event: SessionEvent) -> None:
+        if isinstance(event, SpeakerRenamed):
+            if event.name is None:
+                self.names.pop(event.speaker, None)
+            else:
+                self.names[event.speaker] = event.name
+        elif isinstance(event, SegmentFinal):
             self.finals.append(event)
         elif isinstance(event, SegmentPartial):
             self.partial = event
         elif isinstance(event, TERMINAL_EVENTS):
             self.terminal = event
 
-    def snapshot(self, max_finals: int | None = None) -> list[Event]:
+    def snapshot(self, max_finals: int | None = None) -> list[SessionEvent]:
         """The events to replay, in order: the finals (the last `max_finals` of them, if
-        given), then the terminal event, or else the partial (the final transcript holds every
-        segment)."""
+        given), a `speaker.renamed` per named label, then the terminal event, or else the
+        partial (the final transcript holds every segment)."""
         finals = self.finals if max_finals is None else self.finals[-max_finals:]
-        events: list[Event] = list(finals) if max_finals != 0 else []
+        events: list[SessionEvent] = list(finals) if max_finals != 0 else []
+        events.extend(SpeakerRenamed(label, name) for label, name in self.names.items())
         if self.terminal is not None:
             events.append(self.terminal)
         elif self.partial is not None:
@@ -159,7 +182,7 @@ class LiveSessionHolder:
     def id(self) -> str:
         return self.session.id
 
-    def subscribe(self, subscriber: CaptionsSink, max_finals: int) -> list[Event]:
+    def subscribe(self, subscriber: CaptionsSink, max_finals: int) -> list[SessionEvent]:
         """Add a captions subscriber; returns its snapshot (the last `max_finals` finals, then
         the terminal event or the current partial). Synchronous: no event falls between the
         snapshot and the first `deliver`."""
@@ -179,10 +202,12 @@ class LiveSessionHolder:
         far over the audio received so far."""
         terminal = self.replay.terminal
         if isinstance(terminal, TranscriptFinal):
-            return Transcript(terminal.segments, terminal.duration_s, terminal.finish_reason)
-        duration_s = self.num_frames_accepted / self.audio_format.sample_rate
-        segments = tuple(f.segment for f in self.replay.finals)
-        return Transcript(segments, duration_s, FinishReason.STOP)
+            transcript = Transcript(terminal.segments, terminal.duration_s, terminal.finish_reason)
+        else:
+            duration_s = self.num_frames_accepted / self.audio_format.sample_rate
+            segments = tuple(f.segment for f in self.replay.finals)
+            transcript = Transcript(segments, duration_s, FinishReason.STOP)
+        return replace(transcript, speaker_names=tuple(self.replay.names.items()))
 
     def attach(self, sink: EventSink, *, resumed: bool) -> None:
         """`sink` carries the session from now on (under `lock` for a resume)."""
@@ -198,6 +223,24 @@ class LiveSessionHolder:
             if len(samples):
                 await self.session.append(samples)
             self.num_frames_accepted = self.decoder.num_input_frames
+
+    def rename(self, owner: EventSink, speaker: str, name: str | None) -> bool:
+        """The client names `speaker` (None: removes its name): recorded for a resume, the
+        captions and the transcript, and sent to the client and every subscriber as
+        `speaker.renamed`. Returns False, doing nothing, once the terminal event came (the
+        final transcript, and the stored copy, are out: a rename that raced them is late).
+        Raises InvalidRequest past MAX_NAMED_SPEAKERS labels, SessionTakenOver."""
+        self._check_owner(owner)
+        if self.replay.terminal is not None:
+            return False
+        names = self.replay.names
+        if name is not None and speaker not in names and len(names) >= MAX_NAMED_SPEAKERS:
+            raise InvalidRequest(
+                f"a session names at most {MAX_NAMED_SPEAKERS} speakers: remove a name "
+                "(name null) before naming another label"
+            )
+        self._record(SpeakerRenamed(speaker, name))
+        return True
 
     async def finalize(self, owner: EventSink) -> None:
         async with self.lock:
@@ -260,7 +303,7 @@ class LiveSessionHolder:
         if self.replay.terminal is not None:
             self._on_terminal(self)
 
-    def _record(self, event: Event) -> None:
+    def _record(self, event: SessionEvent) -> None:
         self.replay.record(event)
         if self.sink is not None:
             self.sink.deliver(event)

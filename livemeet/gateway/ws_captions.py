@@ -42,9 +42,9 @@ from livemeet.gateway.captions import CaptionsOutbox
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRANSCRIBER_KEY
 from livemeet.gateway.live_protocol import NORMAL_CLOSE, PROTOCOL_VERSION
-from livemeet.gateway.live_sessions import LiveSessionHolder
+from livemeet.gateway.live_sessions import LiveSessionHolder, SessionEvent
 from livemeet.gateway.ws_live import check_browser_origin, event_to_wire
-from livemeet.transcriber import Error, Event, TranscriptFinal
+from livemeet.transcriber import Error, TranscriptFinal
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class CaptionsSubscriber:
 
     # -- live_sessions.CaptionsSink: called by the session's pump, synchronously ----------
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: SessionEvent) -> None:
         self.outbox.push(event)
         self._wakeup.set()
 

@@ -57,10 +57,12 @@ from livemeet.gateway.live_protocol import (
     Ignored,
     KeepAlive,
     LiveProtocol,
+    SpeakerRename,
+    SpeakerRenamed,
     StartSession,
     State,
 )
-from livemeet.gateway.live_sessions import LiveSessionHolder
+from livemeet.gateway.live_sessions import LiveSessionHolder, SessionEvent
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.origin import origin_allowed
 from livemeet.gateway.pacing import AudioPacer
@@ -87,11 +89,14 @@ _Limit = Literal["final", "start", "idle"]
 # frames a newer one of the same type replaces while still unsent (each is a whole state)
 _COALESCED = ("segment.partial", "audio.ack")
 # a frame to send, with the session event it renders (None: session.ready, audio.ack)
-_Outgoing = tuple[dict[str, Any], Event | None]
+_Outgoing = tuple[dict[str, Any], SessionEvent | None]
 
 
-def event_to_wire(event: Event) -> dict[str, Any] | None:
-    """The server frame for a backend event (None for events the live protocol does not carry)."""
+def event_to_wire(event: Event | SpeakerRenamed) -> dict[str, Any] | None:
+    """The server frame for a session event (None for events the live protocol does not
+    carry)."""
+    if isinstance(event, SpeakerRenamed):
+        return event.to_wire()
     if isinstance(event, SegmentPartial):
         return {
             "type": "segment.partial",
@@ -371,7 +376,9 @@ class LiveConnection:
 
     # -- live_sessions.EventSink: called by the session holder, synchronously ----------------
 
-    def attached(self, holder: LiveSessionHolder, replay: list[Event], resumed: bool) -> None:
+    def attached(
+        self, holder: LiveSessionHolder, replay: list[SessionEvent], resumed: bool
+    ) -> None:
         """This socket carries `holder` now: `session.ready`, then the replay, go first."""
         self.holder = holder
         held = holder.num_frames_accepted
@@ -384,7 +391,7 @@ class LiveConnection:
         for event in replay:
             self.deliver(event)
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: SessionEvent) -> None:
         frame = event_to_wire(event)
         if frame is None:
             return
@@ -417,7 +424,17 @@ class LiveConnection:
             await self._require_holder().finalize(self)
         elif isinstance(action, EndStream):
             await self._end()
+        elif isinstance(action, SpeakerRename):
+            holder = self._require_holder()
+            if not holder.rename(self, action.speaker, action.name):
+                log.info(
+                    "live session %s: rename of %s after its final transcript, ignored",
+                    holder.id,
+                    action.speaker,
+                )
         elif isinstance(action, Ignored):
+            if action.reason:
+                log.info("live message after the session ended, ignored: %s", action.reason)
             if action.audio_bytes:
                 log.debug(
                     "live audio after the session ended, not transcribed: %d bytes",
@@ -490,7 +507,7 @@ class LiveConnection:
             self._ack_timer.cancel()
             self._ack_timer = None
 
-    def _enqueue(self, frame: dict[str, Any], event: Event | None) -> None:
+    def _enqueue(self, frame: dict[str, Any], event: SessionEvent | None) -> None:
         last = self._outbox[-1][0] if self._outbox else None
         if last is not None and frame["type"] in _COALESCED and last["type"] == frame["type"]:
             self._outbox[-1] = (frame, event)
