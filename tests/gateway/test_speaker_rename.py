@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
 from livemeet.errors import InvalidRequest, ProtocolError
+from livemeet.gateway import live_sessions
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.live_protocol import AudioFormat, SpeakerRenamed
 from livemeet.gateway.live_sessions import LiveSessionHolder, LiveSessions, SessionEvent
@@ -180,4 +182,24 @@ async def test_a_rename_after_the_final_came_is_ignored(fake: FakeTranscriber) -
         SpeakerRenamed("S01", "Alice")
     ]
     assert holder.transcript_so_far().speaker_names == (("S01", "Alice"),)
+    await sessions.close()
+
+
+async def test_a_session_names_at_most_max_named_speakers_labels(
+    fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(live_sessions, "MAX_NAMED_SPEAKERS", 2)
+    await fake.start()
+    session = await fake.open_session(SessionOptions(live=True))
+    sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create())
+    sink = RecordingSink()
+    holder = sessions.open(session, PcmStreamDecoder(16000, 1, "pcm_s16le"), FORMAT, sink)
+    holder.rename(sink, "S01", "Alice")
+    holder.rename(sink, "S02", "Bob")
+    with pytest.raises(InvalidRequest):
+        holder.rename(sink, "S03", "Carol")
+    assert holder.rename(sink, "S02", "Robert")  # a named label may be renamed
+    assert holder.rename(sink, "S02", None)  # and its name removed, making room
+    assert holder.rename(sink, "S03", "Carol")
+    assert holder.replay.names == {"S01": "Alice", "S03": "Carol"}
     await sessions.close()
