@@ -3,8 +3,8 @@
 `create_app(config, transcriber)` builds it; `cleanup_ctx` starts and stops the transcriber;
 `on_shutdown` drains: each live session is ended as by its client's `end` and gets its final
 transcript, then a 1001 close (one with nothing to transcribe, or whose final is late, gets an
-`engine_unavailable` error); a detached one (its socket gone, waiting for a resume) is ended
-and freed.
+`engine_unavailable` error); a detached one (its socket gone, waiting for a resume) is ended,
+its final stored (no socket to send it to), and freed.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from typing import Protocol
 
 from livemeet.audio.constants import (
     CAPTIONS_TOKEN_BYTES,
+    LIVE_DRAIN_TIMEOUT_S,
     LIVE_TAKEOVER_CLOSE_S,
     MAX_NAMED_SPEAKERS,
     RESUME_TOKEN_BYTES,
@@ -410,15 +411,25 @@ class LiveSessions:
         )
         return True
 
-    async def drain(self) -> None:
-        """Server shutdown: end every detached session (there is no socket for its final, so
-        it is then dropped at once) and refuse to keep any other from now on."""
+    async def drain(self, timeout_s: float = LIVE_DRAIN_TIMEOUT_S) -> None:
+        """Server shutdown: end every detached session and wait, at most `timeout_s` (as an
+        attached session's drain does), for its final before dropping it: no socket will
+        send that final, but the store keeps it (`_on_terminal`), so the meeting's transcript
+        is readable with its captions token after the restart rather than lost. From now on
+        no session is kept for a resume."""
         self.draining = True
-        for holder in [h for h in self._holders.values() if h.sink is None]:
+        detached = [h for h in self._holders.values() if h.sink is None]
+        for holder in detached:
             holder.cancel_timer()
             log.info("live session %s ended by the shutdown while detached", holder.id)
-            with contextlib.suppress(LivemeetError):  # it is freed just after either way
+            with contextlib.suppress(LivemeetError):  # it is freed below either way
                 await holder.end(None)
+        pumps = {h.pump for h in detached}
+        if pumps:
+            _, late = await asyncio.wait(pumps, timeout=timeout_s)
+            if late:
+                log.warning("%d detached live sessions had no final in time: lost", len(late))
+        for holder in detached:
             await self._drop(holder)
 
     async def close(self) -> None:

@@ -317,6 +317,27 @@ async def test_a_drain_ends_and_frees_detached_sessions(
     assert len(client.app[SESSIONS_KEY]) == 0
 
 
+async def test_a_drain_stores_the_final_of_a_detached_session(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """SIGTERM while a session waited for its client's resume (a trial): the session was
+    ended and dropped at once, so its final never came and the whole meeting's transcript
+    was lost (GET /v1/sessions/{id}/transcript: 404, before and after the restart). The drain
+    now waits for the final, as it does for attached sessions, and the store keeps it."""
+    ready, _ = await detached_session(client, fake, 3.5)
+    await close_live_sockets(client.app)
+    assert len(client.app[SESSIONS_KEY]) == 0 and fake.sessions[0].log.aborted
+    url = (
+        f"/v1/sessions/{ready['session_id']}/transcript"
+        f"?token={ready['captions_token']}&response_format=verbose_json"
+    )
+    response = await client.get(url)
+    assert response.status == 200
+    assert response.headers["X-Livemeet-Transcript-Status"] == "final"
+    body = await response.json()
+    assert body["duration"] == 3.5 and len(body["segments"]) == 2  # 0-3 s, then the end's
+
+
 async def test_with_resume_off_a_vanished_session_is_aborted_and_not_resumable(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
