@@ -77,10 +77,12 @@ function params() {
   };
 }
 
+// relative to this page, as web/recorder.js's serverUrl: a proxy may serve both under a path
 function captionsUrl(session, token) {
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  return `${scheme}://${location.host}/v1/sessions/${encodeURIComponent(session)}/captions` +
-         `?token=${encodeURIComponent(token)}`;
+  const url = new URL(`v1/sessions/${encodeURIComponent(session)}/captions`, location.href);
+  url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  url.search = `?token=${encodeURIComponent(token)}`;
+  return url.href;
 }
 
 function setStatus(text) {

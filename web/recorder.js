@@ -139,10 +139,20 @@ function speakerColour(speaker) {
   return SPEAKER_COLOURS[n % SPEAKER_COLOURS.length];
 }
 
+// A URL of this server, `path` relative to this page (as its scripts and `readyz` are), so
+// the page also works behind a proxy that serves it under a path (https://host/meet/ ->
+// wss://host/meet/v1/live, as `livemeet stream --url https://host/meet/` maps it); `ws`:
+// with the page's WebSocket scheme (wss on https).
+function serverUrl(path, ws) {
+  const url = new URL(path, location.href);
+  if (ws) url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
+}
+
 // The captions overlay's URL for a session (docs/protocol.md, "Captions"): read-only, so
 // it may be handed to whoever runs the stream (the resume token stays on this page).
 function overlayUrl(sessionId, captionsToken) {
-  return `${location.protocol}//${location.host}/captions.html` +
+  return serverUrl("captions.html") +
          `?session=${encodeURIComponent(sessionId)}&token=${encodeURIComponent(captionsToken)}`;
 }
 
@@ -341,8 +351,7 @@ async function start(saved) {
 
 // Open a socket for a new session, or (state.session set) to resume it.
 function connect() {
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const ws = new WebSocket(`${scheme}://${location.host}/v1/live`);
+  const ws = new WebSocket(serverUrl("v1/live", true));
   ws.binaryType = "arraybuffer";
   state.ws = ws;
   ws.onopen = () => {

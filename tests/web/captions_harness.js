@@ -7,7 +7,7 @@ const vm = require("vm");
 
 const [captionsSource, recorderSource] = process.argv.slice(2);
 
-function page(search, source) {
+function page(search, source, base = "https://meet.example:8000/") {
   const elements = {};
   function element(id) {
     if (!elements[id]) {
@@ -33,8 +33,9 @@ function page(search, source) {
     document: { getElementById: element, createElement: () => element(`new-${created++}`) },
     window: { isSecureContext: true, addEventListener() {} },
     navigator: {},
-    location: { host: "meet.example:8000", protocol: "https:", search },
-    URLSearchParams, WebSocket: FakeWebSocket, setTimeout, clearTimeout, setInterval,
+    location: { host: new URL(base).host, protocol: new URL(base).protocol, search,
+                href: `${base}captions.html${search}` },
+    URL, URLSearchParams, WebSocket: FakeWebSocket, setTimeout, clearTimeout, setInterval,
     clearInterval, console,
     fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
   };
@@ -101,6 +102,10 @@ async function main() {
   slow.sockets[0].drop(4429); // queue_full: reconnect for a fresh snapshot
   await sleep(700);
   out.socketsAfterQueueFull = slow.sockets.length;
+
+  // served by a proxy under a path: the subscription goes there too, as ws:// on http
+  const prefixed = page("?session=s&token=t", captionsSource, "http://meet.example/meet/");
+  out.prefixedUrl = prefixed.sockets[0].url;
 
   const bare = page("", captionsSource);
   out.bare = { sockets: bare.sockets.length, status: bare.element("status").textContent };

@@ -21,7 +21,9 @@ const sandbox = {
   document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
   window: { isSecureContext: secure, addEventListener() {} },
   navigator: secure ? { mediaDevices: { getUserMedia: async () => { throw new Error("denied"); } } } : {},
-  location: { host: "10.0.0.5:8000", protocol: secure ? "https:" : "http:" },
+  location: { host: "10.0.0.5:8000", protocol: secure ? "https:" : "http:",
+              href: `${secure ? "https" : "http"}://10.0.0.5:8000/` },
+  URL,
   fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
   setInterval, clearInterval, console,
 };

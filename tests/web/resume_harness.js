@@ -2,11 +2,13 @@
 // resume, with a fake microphone and fake WebSockets the script drives by hand. Prints one
 // JSON line: what each socket was sent, the captions shown, the status line, and a check of
 // ResumeBuffer on its own. argv: recorder.js path, then "resume" (a drop and its resume) or
-// "expire" (the drop outlasts the session's resume window: the page gives up).
+// "expire" (the drop outlasts the session's resume window: the page gives up), then
+// optionally the page's URL (default https://meet.example:8000/).
 const fs = require("fs");
 const vm = require("vm");
 
-const [source, scenario] = process.argv.slice(2);
+const [source, scenario, href = "https://meet.example:8000/"] = process.argv.slice(2);
+const page = new URL(href);
 const elements = {};
 function element(id) {
   if (!elements[id]) {
@@ -50,7 +52,8 @@ const sandbox = {
   document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
   window: { isSecureContext: true, addEventListener() {} },
   navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
-  location: { host: "meet.example:8000", protocol: "https:" },
+  location: { host: page.host, protocol: page.protocol, href: page.href },
+  URL,
   fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
   AudioContext: class {
     constructor() { this.audioWorklet = { addModule: async () => {} }; }
@@ -124,6 +127,7 @@ async function expire() {
   element("stop").listeners.click();
   console.log(JSON.stringify({
     sockets: sockets.length,
+    liveUrl: first.url,
     first: first.sent,
     second: second.sent,
     finals: element("finals").children.length,

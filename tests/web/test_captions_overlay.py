@@ -39,6 +39,12 @@ def test_the_snapshot_then_live_events_show_the_last_lines_each_final_once() -> 
     assert run["ended"] == ["S02: two", "S01: three", "S03: four"]  # the final: no partial
 
 
+def test_behind_a_proxy_under_a_path_the_subscription_uses_that_path() -> None:
+    """captions.html at http://meet.example/meet/ subscribed at ws://meet.example/v1/...,
+    outside the proxy's path (a trial)."""
+    assert overlay_run()["prefixedUrl"] == "ws://meet.example/meet/v1/sessions/s/captions?token=t"
+
+
 def test_a_dropped_connection_is_reconnected_and_its_snapshot_merged() -> None:
     run = overlay_run()
     assert run["socketsAfterDrop"] == 2

@@ -42,11 +42,12 @@ def test_a_secure_page_asks_for_the_microphone() -> None:
     assert result["status"] == "cannot start: denied"  # getUserMedia was reached
 
 
-def run_resume(scenario: str) -> dict[str, Any]:
+def run_resume(scenario: str, *page_url: str) -> dict[str, Any]:
+    """`page_url`: where the page was opened (default https://meet.example:8000/)."""
     assert NODE is not None
     out = subprocess.run(
         [NODE, str(Path(__file__).with_name("resume_harness.js")),
-         str(ROOT / "web" / "recorder.js"), scenario],
+         str(ROOT / "web" / "recorder.js"), scenario, *page_url],
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -98,3 +99,16 @@ def test_the_page_shows_the_captions_overlay_url_of_its_session() -> None:
     overlay = run_resume("resume")["overlay"]
     assert overlay["hidden"] is False
     assert overlay["url"] == "https://meet.example:8000/captions.html?session=s-1&token=c%2Ftok"
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
+def test_behind_a_proxy_under_a_path_the_page_uses_that_path() -> None:
+    """Served by a proxy at https://meet.example/meet/ (as `livemeet stream --url` allows),
+    the page loaded (its scripts and readyz are relative) but opened wss://meet.example/v1/live
+    and showed https://meet.example/captions.html (a trial): both outside the proxy's path."""
+    result = run_resume("resume", "https://meet.example/meet/")
+    assert result["liveUrl"] == "wss://meet.example/meet/v1/live"
+    assert result["overlay"]["url"] == (
+        "https://meet.example/meet/captions.html?session=s-1&token=c%2Ftok"
+    )
+    assert run_resume("resume")["liveUrl"] == "wss://meet.example:8000/v1/live"
