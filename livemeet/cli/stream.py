@@ -4,7 +4,8 @@ live session (by default this machine's `livemeet serve`, ws://127.0.0.1:8000/v1
 Audio goes out in hop-sized PCM16 frames paced in audio time: real time by default, `--fast`
 (or `--speed X`) divides every wait, so the server still sees a growing stream and sends
 partials. Events are printed as they arrive (not `audio.ack`: the server's receipts, used to
-know which audio a resume may need).
+know which audio a resume may need). When the session starts, stderr gets its read-only
+captions overlay URL (for OBS) and transcript URL (docs/protocol.md, "Captions").
 
 A live session has no length limit, so neither has `stream`: the file is decoded as it is
 sent, a block at a time, so its memory stays a few MB whatever the file's length (a whole
@@ -192,6 +193,29 @@ def wrong_path_hint(url: str) -> str:
         return f"is it a livemeet server's {LIVE_PATH}?"
     suggested = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + LIVE_PATH))
     return f"a ws:// URL is used as given: did you mean {suggested}?"
+
+
+def captions_links(url: str, ready: dict[str, Any]) -> str | None:
+    """For a new session's `session.ready`: the session's captions overlay and transcript
+    URLs on the server `url` (the live endpoint) belongs to, read-only with its
+    `captions_token` (docs/protocol.md, "Captions"). Only `session.ready` carries that token,
+    and `stream`'s readable lines leave it out, so a user who wanted the overlay in OBS, or
+    the transcript after a lost connection, had to rerun with --json (a trial). None for a
+    resume, a server without captions, or an endpoint not at LIVE_PATH (a proxy's own path:
+    where the page is is unknown)."""
+    session_id, token = ready.get("session_id"), ready.get("captions_token")
+    parts = urllib.parse.urlsplit(url)
+    if ready.get("resumed") or not session_id or not token or not parts.path.endswith(LIVE_PATH):
+        return None
+    scheme = "https" if parts.scheme == "wss" else "http"
+    base = urllib.parse.urlunsplit(
+        (scheme, parts.netloc, parts.path[: -len(LIVE_PATH)] + "/", "", "")
+    )
+    session, query = urllib.parse.quote(session_id, safe=""), urllib.parse.quote(token, safe="")
+    return (
+        f"captions overlay: {base}captions.html?session={session}&token={query}; transcript: "
+        f"{base}v1/sessions/{session}/transcript?token={query} (read-only links)"
+    )
 
 
 def to_pcm16(samples: Samples) -> bytes:
@@ -672,12 +696,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
 
+    def notice(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     def show(event: dict[str, Any]) -> None:
         line = json.dumps(event, ensure_ascii=False) if args.json else format_event(event)
         print(line, flush=True)
-
-    def notice(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
+        if event.get("type") == "session.ready" and (links := captions_links(url, event)):
+            notice(links)  # stderr, with the other notes: stdout stays the events
 
     start: dict[str, Any] = {
         k: v

@@ -788,6 +788,27 @@ async def test_stream_to_a_server_url_without_a_path(client: TestClient) -> None
     assert "livemeet server's /v1/live?" in stream.wrong_path_hint(root + "/v1/live")
 
 
+def test_captions_links_of_a_new_session_on_the_server_of_the_live_url() -> None:
+    """`stream` printed no captions_token (only --json showed session.ready whole), so its
+    user had no overlay URL for OBS and no transcript URL (a trial)."""
+    ready = {
+        "type": "session.ready",
+        "session_id": "s 1",
+        "captions_token": "t/k",
+        "resumed": False,
+    }
+    links = stream.captions_links("wss://meet.example/meet/v1/live?x=1", ready)
+    assert links is not None
+    assert "overlay: https://meet.example/meet/captions.html?session=s%201&token=t%2Fk;" in links
+    assert "transcript: https://meet.example/meet/v1/sessions/s%201/transcript?token=t%2Fk" in links
+    assert "http://127.0.0.1:8000/captions.html?" in str(
+        stream.captions_links("ws://127.0.0.1:8000/v1/live", ready)
+    )
+    assert stream.captions_links("ws://h/v1/live", {**ready, "resumed": True}) is None
+    assert stream.captions_links("ws://h/v1/live", {**ready, "captions_token": None}) is None
+    assert stream.captions_links("ws://h/", ready) is None  # a proxy's own path: page unknown
+
+
 def test_format_event_lines() -> None:
     seg = {"id": "seg-0001", "start": 1.0, "end": 2.5, "speaker": "S01", "text": "hi"}
     assert stream.format_event({"type": "segment.final", **seg}).startswith("= [")
