@@ -348,12 +348,31 @@ class LiveConnection:
                 await self.ws.close()
         self._set_state(None)
         self._metrics.sessions_ended.labels("live", self.outcome).inc()
+        self._log_close()
+
+    def _log_close(self) -> None:
+        """One line per connection. A detach does not end the session (it said "ended:
+        detached", and a resumed session's end counted only its last socket's audio: "14.0 s"
+        of a 30-s meeting, a trial), so a detach says so, and an end counts the session's."""
+        held = self.holder
+        elapsed_s = asyncio.get_running_loop().time() - self._opened_at
+        if held is not None and self.outcome == "detached":
+            log.info(
+                "live session %s lost its connection after %.1f s of audio on it in %.1f s",
+                held.id,
+                self.protocol.audio_seconds(self.protocol.num_audio_bytes),
+                elapsed_s,
+            )
+            return
+        audio_s = self.protocol.audio_seconds(self.protocol.num_audio_bytes)
+        if held is not None:
+            audio_s = held.num_frames_accepted / held.audio_format.sample_rate
         log.info(
             "live session %s ended: %s, %.1f s of audio in %.1f s",
-            self.holder.id if self.holder is not None else "(not started)",
+            held.id if held is not None else "(not started)",
             self.outcome,
-            self.protocol.audio_seconds(self.protocol.num_audio_bytes),
-            asyncio.get_running_loop().time() - self._opened_at,
+            audio_s,
+            elapsed_s,
         )
 
     async def fail(self, error: LivemeetError) -> None:

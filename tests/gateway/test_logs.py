@@ -14,6 +14,7 @@ from livemeet.gateway.app import close_live_sockets
 from livemeet.transcript.segments import FinishReason
 from tests.gateway.conftest import pcm16, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_live_resume import detached_session, resume_start
 from tests.gateway.test_openai_api import form
 from tests.gateway.test_ws_live import receive_all, start_session, wait_until
 
@@ -35,6 +36,26 @@ async def test_a_live_session_that_ends_in_an_error_is_logged(
     (line,) = messages(caplog, "livemeet.gateway.ws_live")
     assert f"live session {ready['session_id']} ended: protocol_error" in line
     assert "0.5 s of audio" in line
+
+
+async def test_a_detach_is_not_logged_as_an_end_and_the_end_counts_the_sessions_audio(
+    client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trial: "live session X ended: detached, 8.0 s of audio", then, after the resume,
+    "ended: completed, 14.0 s of audio" for a 30-s meeting (this socket's share)."""
+    caplog.set_level(logging.INFO, "livemeet.gateway.ws_live")
+    ready, _ = await detached_session(client, fake, 1.0)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        assert (await ws.receive_json())["resumed"] is True
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        await asyncio.wait_for(receive_all(ws), 5)
+    await wait_until(lambda: len(messages(caplog, "livemeet.gateway.ws_live")) == 2)
+    lost, ended = messages(caplog, "livemeet.gateway.ws_live")
+    assert lost.startswith(f"live session {ready['session_id']} lost its connection after 1.0 s")
+    assert "ended" not in lost
+    assert f"live session {ready['session_id']} ended: completed, 1.5 s of audio" in ended
 
 
 async def test_an_upload_is_logged_when_it_ends_and_when_it_is_refused(
