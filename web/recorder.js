@@ -168,8 +168,8 @@ function showOverlayUrl(ev) {
 // captions_token: while the meeting runs, its finals so far; after it, the final transcript
 // (kept by the server after the session is gone), so the links work after the socket closed.
 function transcriptUrl(sessionId, captionsToken, responseFormat) {
-  return `${location.protocol}//${location.host}/v1/sessions/` +
-         `${encodeURIComponent(sessionId)}/transcript?token=${encodeURIComponent(captionsToken)}` +
+  return serverUrl(`v1/sessions/${encodeURIComponent(sessionId)}/transcript`) +
+         `?token=${encodeURIComponent(captionsToken)}` +
          `&response_format=${encodeURIComponent(responseFormat)}`;
 }
 

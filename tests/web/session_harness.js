@@ -62,13 +62,16 @@ class FixedDate extends Date {
   static now() { return NOW; }
 }
 
+// the page's address: PAGE_HREF, e.g. a proxy serving livemeet under a path
+const PAGE = new URL(process.env.PAGE_HREF || "https://meet.example:8000/");
 const fetched = [];
 function makeSandbox(storage, transcriptStatus) {
   const sandbox = {
     document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
     window: { isSecureContext: true, addEventListener() {} },
     navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
-    location: { host: "meet.example:8000", protocol: "https:" },
+    location: { host: PAGE.host, protocol: PAGE.protocol, href: PAGE.href },
+    URL,
     fetch: async (url) => {
       fetched.push(url);
       if (url === "readyz") {

@@ -20,13 +20,14 @@ URL = "https://meet.example:8000/v1/sessions/s-1/transcript?token=c%2Ft%2Bk%3D&r
 
 
 @functools.cache
-def run(scenario: str) -> dict[str, Any]:
+def run(scenario: str, page: str = "https://meet.example:8000/") -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
         [NODE, str(Path(__file__).with_name("session_harness.js")),
          str(ROOT / "web" / "recorder.js"), scenario],
         capture_output=True, text=True, timeout=30, check=True,
-        env={**os.environ, "TZ": "UTC"},  # the file names carry the meeting's local time
+        # the file names carry the meeting's local time
+        env={**os.environ, "TZ": "UTC", "PAGE_HREF": page},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -105,3 +106,11 @@ def test_a_stored_session_past_its_resume_window_is_not_offered() -> None:
     assert result["storage"] == {}
     assert "ended while this page was away" in result["status"]
     assert result["links"]["note"] == "(final)"
+
+
+def test_downloads_stay_under_the_path_a_proxy_serves_the_page_at() -> None:
+    """Behind a proxy serving livemeet at https://host/meet/, the links are the proxy's
+    (they went to the host's root, outside it, as the live socket did: session 32)."""
+    got = run("export", "https://proxy.example/meet/")["after"]
+    for fmt in ("json", "srt", "vtt", "text"):
+        assert got[fmt]["href"].startswith("https://proxy.example/meet/v1/sessions/s-1/transcript?")
