@@ -7,6 +7,10 @@
 // A page reload does not end the meeting either: while a session is live the page keeps it in
 // sessionStorage, and a reloaded page offers "Resume meeting" (a click: the microphone needs a
 // user gesture) within the session's resume window; the audio spoken meanwhile is not captured.
+// Speakers can be named (docs/protocol.md, "Speaker names"): a click on a speaker, on a caption
+// line or in the speakers list, asks for a name and sends `speaker.rename`; the names shown come
+// only from the server's `speaker.renamed` (its answers, and its replay on a resume). Names are
+// changed only while connected: offline, the speakers list is disabled and a click does nothing.
 const KEEPALIVE_MS = 10000;
 const SAMPLE_RATE = 16000; // Hz; what pcm-worklet.js posts (mono PCM16 LE)
 const BYTES_PER_FRAME = 2; // one mono PCM16 sample frame
@@ -30,6 +34,12 @@ const EXPORTS = [["json", "diarized_json", "json"], ["srt", "srt", "srt"],
 // sample_rate, channels, started_at, resume_window_s, alive_at (when the page last had it)}
 const STORAGE_KEY = "livemeet.recorder.session";
 const ALIVE_EVERY_MS = 1000; // alive_at is refreshed on acks at most this often
+// what the server accepts in `speaker.rename` (docs/protocol.md): a label "S" and digits of
+// at most 16 characters; a name of 1..64 characters once stripped, without control characters
+// or line breaks (one it refuses closes the session's socket, so the page checks first)
+const SPEAKER_LABEL = /^S\d{1,15}$/;
+const MAX_SPEAKER_NAME_CHARS = 64;
+const NAME_FORBIDDEN = /[\p{Cc}\p{Cs}\p{Zl}\p{Zp}]/u;
 
 const $ = (id) => document.getElementById(id);
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
@@ -38,7 +48,10 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
                 finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, attempt: 0,
-                retry: null };
+                retry: null,
+                // the captions shown (segments), the labels seen, and {label: name} as the
+                // server last said (speaker.renamed)
+                finals: [], partial: [], speakers: new Set(), names: new Map() };
 
 // Audio since the last ack, by offset (sample frames from the session's start): what a
 // resume may have to send again. `push` refuses audio past `maxFrames` (counted as lost).
@@ -193,6 +206,69 @@ function showExport(captions, startedAt, note) {
   $("export").hidden = false;
 }
 
+// ---- speaker names
+
+// The label's name as the server last said, or the label itself
+function speakerName(label) {
+  return state.names.get(label) || label;
+}
+
+// A name can be sent while the session's socket is live (a rename after Stop still applies
+// until the final transcript comes; after it, the server ignores one)
+function canRename() {
+  return state.live && !state.finished && state.ws !== null &&
+         state.ws.readyState === WebSocket.OPEN;
+}
+
+// Why `name` (stripped) would be refused by the server, or "" if it would be accepted
+function nameProblem(name) {
+  if ([...name].length > MAX_SPEAKER_NAME_CHARS) {
+    return `a name holds at most ${MAX_SPEAKER_NAME_CHARS} characters`;
+  }
+  if (NAME_FORBIDDEN.test(name)) return "a name may not hold control characters or line breaks";
+  return "";
+}
+
+// Ask for the label's name and send it; an empty answer removes the name (the label shows)
+function renameSpeaker(label) {
+  if (!SPEAKER_LABEL.test(label) || !canRename()) return;
+  const answer = window.prompt(`Name for ${label} (empty: show ${label})`,
+                               state.names.get(label) || "");
+  if (answer === null) return; // cancelled
+  const name = answer.trim();
+  const problem = nameProblem(name);
+  if (problem) {
+    setStatus(`${label} not renamed: ${problem}`);
+    return;
+  }
+  if (!canRename()) return; // the connection went while the prompt was open
+  state.ws.send(JSON.stringify({ type: "speaker.rename", speaker: label, name: name || null }));
+}
+
+// The speakers list: each label seen (or named), with its name; a click renames it
+function renderSpeakers() {
+  const labels = new Set([...state.speakers, ...state.names.keys()]);
+  const buttons = [...labels].filter((label) => SPEAKER_LABEL.test(label)).sort()
+    .map((label) => {
+      const button = document.createElement("button");
+      button.className = "speaker-name";
+      button.textContent = state.names.has(label) ? `${state.names.get(label)} (${label})` : label;
+      button.style.color = speakerColour(label);
+      button.disabled = !canRename();
+      button.addEventListener("click", () => renameSpeaker(label));
+      return button;
+    });
+  $("speakers-list").replaceChildren(...buttons);
+  $("speakers").hidden = buttons.length === 0;
+}
+
+// Everything that shows a speaker, again (after a name changed, or the connection did)
+function renderNames() {
+  $("finals").replaceChildren(...state.finals.map(segmentElement));
+  $("partial").replaceChildren(...state.partial.map(segmentElement));
+  renderSpeakers();
+}
+
 function segmentElement(seg) {
   const div = document.createElement("div");
   div.className = "segment";
@@ -201,12 +277,23 @@ function segmentElement(seg) {
   time.textContent = `${seg.start.toFixed(1)}–${seg.end.toFixed(1)}`;
   const who = document.createElement("span");
   who.className = "speaker";
-  who.textContent = seg.speaker;
-  who.style.color = speakerColour(seg.speaker);
+  who.textContent = speakerName(seg.speaker);
+  who.style.color = speakerColour(seg.speaker); // the label's colour, named or not
+  if (SPEAKER_LABEL.test(seg.speaker)) {
+    who.title = `${seg.speaker}: click to name`;
+    who.addEventListener("click", () => renameSpeaker(seg.speaker));
+  }
   const text = document.createElement("span");
   text.textContent = seg.text;
   div.append(time, who, text);
   return div;
+}
+
+// Labels not seen before join the speakers list
+function noteSpeakers(segments) {
+  const before = state.speakers.size;
+  for (const seg of segments) state.speakers.add(seg.speaker);
+  if (state.speakers.size !== before) renderSpeakers();
 }
 
 function setStatus(text) { $("status").textContent = text; }
@@ -221,6 +308,10 @@ function lostNote() {
 function onEvent(ev) {
   switch (ev.type) {
     case "session.ready":
+      // the server holds the names: a resume replays them all after its finals, so the names
+      // this page had (one may have been removed while it was offline) are dropped
+      if (ev.resumed) state.names = new Map();
+      renderNames(); // the speakers list can be used again
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
       showExport(state.captions, state.startedAt, "(the finals so far)");
@@ -232,18 +323,30 @@ function onEvent(ev) {
       if (Date.now() - state.aliveAt >= ALIVE_EVERY_MS) saveSession();
       break;
     case "segment.partial":
+      state.partial = ev.segments;
       $("partial").replaceChildren(...ev.segments.map(segmentElement));
+      noteSpeakers(ev.segments);
       break;
     case "segment.final":
       if (state.seenFinals.has(ev.id)) break; // replayed after a resume: shown already
       state.seenFinals.add(ev.id);
+      state.finals.push(ev);
       $("finals").append(segmentElement(ev));
+      noteSpeakers([ev]);
+      break;
+    case "speaker.renamed":
+      if (typeof ev.speaker !== "string") break;
+      if (typeof ev.name === "string") state.names.set(ev.speaker, ev.name);
+      else state.names.delete(ev.speaker); // null: the label shows again
+      renderNames();
       break;
     case "transcript.final":
       state.finished = true;
       clearSession(); // the meeting is over: nothing to resume after a reload
-      $("partial").replaceChildren();
-      $("finals").replaceChildren(...ev.segments.map(segmentElement));
+      state.partial = [];
+      state.finals = ev.segments;
+      for (const seg of ev.segments) state.speakers.add(seg.speaker);
+      renderNames(); // the speakers list is disabled: the meeting is over
       setStatus(`done: ${ev.duration.toFixed(1)} s, ${ev.finish_reason}${lostNote()}`);
       showExport(state.captions, state.startedAt, "(final)");
       break;
@@ -311,10 +414,12 @@ async function start(saved) {
   $("partial").replaceChildren();
   $("overlay").hidden = true;
   $("export").hidden = true;
+  $("speakers").hidden = true;
   state.stored = null;
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
+    finals: [], partial: [], speakers: new Set(), names: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
     captions: saved ? { session_id: saved.session_id, captions_token: saved.captions_token }
@@ -399,6 +504,7 @@ function onClose(ws, ev) {
   clearInterval(state.keepalive);
   state.live = false;
   if (ws !== state.ws) return; // an old socket
+  renderSpeakers(); // offline: no renames until the session is back
   if (state.unloading) return; // the page is going: its stored session stays for a resume
   const resumable = state.session && !state.finished && RESUMABLE_CLOSES.includes(ev.code);
   if (resumable) {

@@ -5,7 +5,8 @@
 // "export" (a meeting to its end: the download links during it and after the close, and the
 // stored session), "reload" (a page loaded with a live session stored: Resume meeting, then a
 // drop and a second resume), "gone" (the stored session's resume gets not_found, 4404; the
-// server has its final), "expired" (the stored session's window has passed).
+// server has its final), "expired" (the stored session's window has passed), "names" (speakers
+// named through the page, the server's answers, a drop and the names' replay on the resume).
 const fs = require("fs");
 const vm = require("vm");
 
@@ -65,6 +66,9 @@ class FixedDate extends Date {
 // the page's address: PAGE_HREF, e.g. a proxy serving livemeet under a path
 const PAGE = new URL(process.env.PAGE_HREF || "https://meet.example:8000/");
 const fetched = [];
+// window.prompt: answers given in turn (undefined when none is queued), the prompts asked
+const answers = [];
+const prompts = [];
 function makeSandbox(storage, transcriptStatus) {
   const sandbox = {
     document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
@@ -93,6 +97,10 @@ function makeSandbox(storage, transcriptStatus) {
     setInterval, clearInterval, setTimeout, clearTimeout, Date: FixedDate, console,
   };
   sandbox.window.sessionStorage = storage;
+  sandbox.window.prompt = (message, value) => {
+    prompts.push([message, value]);
+    return answers.shift();
+  };
   return sandbox;
 }
 
@@ -162,8 +170,75 @@ async function reloadScenario(storage) {
   second.receive(final("seg-0000", 0)); // replayed again: shown once
   second.receive(final("seg-0001", 1));
   second.receive(final("seg-0002", 2));
+  second.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" }); // the names' replay
   return { offered, statusResumed, storedLive, first: first.sent, second: second.sent,
+           namesAfterReload: shownSpeakers(),
            finals: element("finals").children.length, status: element("status").textContent };
+}
+
+// the speakers shown on the final lines, and the speakers list: [text, disabled]
+const shownSpeakers = () => element("finals").children.map((div) => div.children[1].textContent);
+const shownColours = () => element("finals").children.map((div) => div.children[1].style.color);
+const speakersList = () => element("speakers-list").children.map((b) => [b.textContent,
+                                                                          b.disabled]);
+const renamesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.rename");
+const said = (id, start, speaker) => ({ ...final(id, start), speaker });
+
+async function namesScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  ws.receive(said("seg-0000", 0, "S01"));
+  ws.receive(said("seg-0001", 1, "S02"));
+  const out = { initial: shownSpeakers(), list: speakersList(), colours: shownColours() };
+  answers.push("  Alice ");
+  element("finals").children[0].children[1].listeners.click(); // S01 on its caption line
+  out.prompt = prompts[0];
+  out.beforeAnswer = shownSpeakers(); // the server has not said so yet
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  out.named = shownSpeakers();
+  out.namedColours = shownColours();
+  out.namedList = speakersList();
+  answers.push("Bob");
+  element("speakers-list").children[1].listeners.click(); // S02 in the speakers list
+  ws.receive({ type: "speaker.renamed", speaker: "S02", name: "Bob" });
+  out.both = shownSpeakers();
+  answers.push("   "); // empty: the name is removed
+  element("finals").children[0].children[1].listeners.click();
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: null });
+  out.cleared = shownSpeakers();
+  out.clearedList = speakersList();
+  answers.push("x".repeat(65)); // the server would refuse it (and close the socket)
+  element("finals").children[1].children[1].listeners.click();
+  out.tooLongStatus = element("status").textContent;
+  answers.push(null); // cancelled
+  element("finals").children[1].children[1].listeners.click();
+  ws.receive({ type: "speaker.something", speaker: "S02" }); // unknown: ignored
+  out.first = renamesSent(ws);
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Ann" });
+  ws.drop(1006);
+  out.offlineList = speakersList();
+  const asked = prompts.length;
+  answers.push("Zed");
+  element("finals").children[0].children[1].listeners.click(); // offline: nothing happens
+  out.offlinePrompts = prompts.length - asked;
+  answers.length = 0;
+  await sleep(400);
+  const again = sockets[1];
+  again.open();
+  // the replay: the finals, then the names the server holds (S01's was removed meanwhile)
+  again.receive(ready({ resumed: true }));
+  again.receive(said("seg-0000", 0, "S01"));
+  again.receive(said("seg-0001", 1, "S02"));
+  again.receive({ type: "speaker.renamed", speaker: "S02", name: "Robert" });
+  out.replayed = shownSpeakers();
+  out.replayedList = speakersList();
+  answers.push("Carol");
+  element("finals").children[0].children[1].listeners.click();
+  out.second = renamesSent(again);
+  return out;
 }
 
 async function goneScenario(storage) {
@@ -187,12 +262,12 @@ async function expiredScenario(storage) {
 
 (async () => {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
-                    expired: stored(90000) }[scenario];
+                    expired: stored(90000), names: {} }[scenario];
   const storage = new FakeStorage(initial);
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, "final"));
   await sleep(10); // the page's own start-up
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
-                      expired: expiredScenario };
+                      expired: expiredScenario, names: namesScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

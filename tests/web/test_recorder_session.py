@@ -114,3 +114,43 @@ def test_downloads_stay_under_the_path_a_proxy_serves_the_page_at() -> None:
     got = run("export", "https://proxy.example/meet/")["after"]
     for fmt in ("json", "srt", "vtt", "text"):
         assert got[fmt]["href"].startswith("https://proxy.example/meet/v1/sessions/s-1/transcript?")
+
+
+def test_a_click_on_a_speaker_sends_its_rename_and_the_servers_answer_names_it() -> None:
+    """A click on a caption line's speaker (or in the speakers list) asks for a name and sends
+    `speaker.rename` (stripped; empty: null); the page shows a name only once the server's
+    `speaker.renamed` says so, wherever the label shows, in the label's colour; null shows
+    the label again; a name the server would refuse (closing the socket) is not sent."""
+    result = run("names")
+    assert result["initial"] == ["S01", "S02"]
+    assert result["list"] == [["S01", False], ["S02", False]]
+    assert result["prompt"][0].startswith("Name for S01")
+    assert result["first"] == [
+        {"type": "speaker.rename", "speaker": "S01", "name": "Alice"},
+        {"type": "speaker.rename", "speaker": "S02", "name": "Bob"},
+        {"type": "speaker.rename", "speaker": "S01", "name": None},
+    ]  # the 65-character name and the cancelled prompt sent nothing
+    assert result["beforeAnswer"] == ["S01", "S02"]  # the server is the source of truth
+    assert result["named"] == ["Alice", "S02"]
+    assert result["namedColours"] == result["colours"]  # the colour stays the label's
+    assert result["namedList"] == [["Alice (S01)", False], ["S02", False]]
+    assert result["both"] == ["Alice", "Bob"]
+    assert result["cleared"] == ["S01", "Bob"]
+    assert result["clearedList"] == [["S01", False], ["Bob (S02)", False]]
+    assert "at most 64" in result["tooLongStatus"]
+
+
+def test_names_are_disabled_offline_and_taken_from_the_resumes_replay() -> None:
+    """While the socket is down the speakers list is disabled and a click asks nothing; the
+    resume's replay of `speaker.renamed` is what the page shows after (a name the server no
+    longer holds is dropped), and renames work again."""
+    result = run("names")
+    assert result["offlineList"] == [["Ann (S01)", True], ["Bob (S02)", True]]
+    assert result["offlinePrompts"] == 0
+    assert result["replayed"] == ["S01", "Robert"]
+    assert result["replayedList"] == [["S01", False], ["Robert (S02)", False]]
+    assert result["second"] == [{"type": "speaker.rename", "speaker": "S01", "name": "Carol"}]
+
+
+def test_a_reloaded_page_shows_the_names_the_resume_replays() -> None:
+    assert run("reload")["namesAfterReload"] == ["Alice", "Alice", "Alice"]
