@@ -1,8 +1,12 @@
 // Captions overlay (an OBS browser source): subscribes read-only to one live session
 // (GET /v1/sessions/{id}/captions, docs/protocol.md "Captions") and shows its last lines.
-// URL: captions.html?session=<session_id>&token=<captions_token>[&lines=3]. A dropped
+// URL: captions.html?session=<session_id>&token=<captions_token>[&lines=3][&debug=1]. A dropped
 // connection is reconnected; the snapshot a new connection starts with is merged in (finals
-// are deduplicated by id), so lines never repeat. No dependencies, no build step.
+// are deduplicated by id), so lines never repeat. Speakers show by name once named
+// (`speaker.renamed`, live and in the snapshot; docs/protocol.md "Speaker names"). A session
+// that is gone (4404: the meeting ended, and OBS reloaded the source) leaves the overlay empty,
+// drawing nothing over the video: its status shows only with debug=1 (always in the console).
+// No dependencies, no build step.
 const DEFAULT_LINES = 3;
 const MAX_LINES = 10;
 const KEPT_FINALS = 20; // finals kept for display (a snapshot holds at most 20 too)
@@ -12,6 +16,9 @@ const RECONNECT_MAX_MS = 10000;
 // the token is wrong (4401), or this page broke the protocol (4402)
 const FINAL_CLOSES = { 1000: "", 4401: "captions: wrong token", 4402: "captions: protocol error",
                        4404: "captions: no such session (it ended, or the URL is wrong)" };
+// of those, the ones shown over the video only with debug=1: a session gone is the overlay's
+// normal state after a meeting (the others are a wrong URL, to be seen while setting it up)
+const QUIET_CLOSES = [4404];
 // the recorder's palette and rule (web/recorder.js speakerColour): S01 is the first colour
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
                          "#e377c2", "#17becf"];
@@ -31,6 +38,7 @@ function CaptionsModel(maxLines) {
   this.seen = new Set(); // final ids shown (a reconnect's snapshot repeats some)
   this.partial = [];
   this.ended = false;
+  this.names = new Map(); // {label: name}, as the session last said (speaker.renamed)
 }
 CaptionsModel.prototype.addFinal = function (seg) {
   if (this.seen.has(seg.id)) return;
@@ -40,6 +48,16 @@ CaptionsModel.prototype.addFinal = function (seg) {
 };
 CaptionsModel.prototype.apply = function (ev) {
   switch (ev.type) {
+    case "captions.ready":
+      // a new connection's snapshot holds every name: one removed while this page was
+      // away is not in it
+      this.names = new Map();
+      break;
+    case "speaker.renamed":
+      if (typeof ev.speaker !== "string") break;
+      if (typeof ev.name === "string") this.names.set(ev.speaker, ev.name);
+      else this.names.delete(ev.speaker); // null: the label shows again
+      break;
     case "segment.final":
       this.addFinal(ev);
       break;
@@ -53,14 +71,22 @@ CaptionsModel.prototype.apply = function (ev) {
       break;
   }
 };
-// [{speaker, text, partial}], the last maxLines: finals, then the partial's segments past
-// the last final's end (a partial may still hold what a final just committed).
+// [{label, speaker (its name, or the label), text, partial}], the last maxLines: finals,
+// then the partial's segments past the last final's end (a partial may still hold what a
+// final just committed).
 CaptionsModel.prototype.lines = function () {
   const last = this.finals.length ? this.finals[this.finals.length - 1].end : -Infinity;
   const open = this.partial.filter((seg) => seg.end > last && seg.text.trim());
-  const lines = this.finals.map((seg) => ({ speaker: seg.speaker, text: seg.text, partial: false }))
-    .concat(open.map((seg) => ({ speaker: seg.speaker, text: seg.text, partial: true })));
+  const line = (seg, partial) => ({ label: seg.speaker, text: seg.text, partial,
+                                    speaker: this.names.get(seg.speaker) || seg.speaker });
+  const lines = this.finals.map((seg) => line(seg, false))
+    .concat(open.map((seg) => line(seg, true)));
   return lines.slice(-this.maxLines);
+};
+// The session is gone: nothing to show
+CaptionsModel.prototype.clear = function () {
+  this.finals = [];
+  this.partial = [];
 };
 
 function reconnectDelayMs(attempt) {
@@ -74,6 +100,7 @@ function params() {
     session: query.get("session") || "",
     token: query.get("token") || "",
     lines: lines >= 1 && lines <= MAX_LINES ? lines : DEFAULT_LINES,
+    debug: query.get("debug") === "1",
   };
 }
 
@@ -91,6 +118,12 @@ function setStatus(text) {
   status.style.display = text ? "block" : "none";
 }
 
+// A status to show only with debug=1 (the console has it either way)
+function debugStatus(text) {
+  if (text) console.warn(text);
+  if (overlay.debug) setStatus(text);
+}
+
 function render(model) {
   const elements = model.lines().map((line) => {
     const div = document.createElement("div");
@@ -98,7 +131,7 @@ function render(model) {
     const who = document.createElement("span");
     who.className = "speaker";
     who.textContent = `${line.speaker}:`;
-    who.style.color = speakerColour(line.speaker);
+    who.style.color = speakerColour(line.label); // the label's colour, named or not
     const text = document.createElement("span");
     text.className = "text";
     text.textContent = line.text;
@@ -108,7 +141,7 @@ function render(model) {
   document.getElementById("lines").replaceChildren(...elements);
 }
 
-const overlay = { model: null, ws: null, attempt: 0, retry: null };
+const overlay = { model: null, ws: null, attempt: 0, retry: null, debug: false };
 
 function connect(session, token) {
   const ws = new WebSocket(captionsUrl(session, token));
@@ -119,14 +152,18 @@ function connect(session, token) {
       overlay.attempt = 0;
       setStatus("");
     } else if (ev.type === "error") {
-      setStatus(`captions: ${ev.code}: ${ev.message}`);
+      debugStatus(`captions: ${ev.code}: ${ev.message}`); // the close says what matters
     }
     overlay.model.apply(ev);
     render(overlay.model);
   };
   ws.onclose = (ev) => {
     if (ev.code in FINAL_CLOSES) {
-      if (FINAL_CLOSES[ev.code]) setStatus(FINAL_CLOSES[ev.code]);
+      if (QUIET_CLOSES.includes(ev.code)) {
+        overlay.model.clear(); // no stale captions over the video either
+        render(overlay.model);
+        debugStatus(FINAL_CLOSES[ev.code]);
+      } else if (FINAL_CLOSES[ev.code]) setStatus(FINAL_CLOSES[ev.code]);
       return;
     }
     const delay = reconnectDelayMs(overlay.attempt++);
@@ -135,8 +172,9 @@ function connect(session, token) {
 }
 
 function main() {
-  const { session, token, lines } = params();
+  const { session, token, lines, debug } = params();
   overlay.model = new CaptionsModel(lines);
+  overlay.debug = debug;
   if (!session || !token) {
     setStatus("captions: the URL needs ?session=<id>&token=<captions_token> (the recorder shows it)");
     return;

@@ -1,6 +1,7 @@
 // Runs web/captions.js (the captions overlay) in stub browsers (node's vm) with fake
 // WebSockets the script drives by hand, through a snapshot, live events, a dropped connection
-// and its reconnect, the session's end, and refusals; also loads web/recorder.js to compare
+// and its reconnect, the session's end, refusals, speaker names (snapshot, live, after a
+// reconnect) and a session that is gone (4404); also loads web/recorder.js to compare
 // the two pages' speaker colours. Prints one JSON line. argv: captions.js, recorder.js.
 const fs = require("fs");
 const vm = require("vm");
@@ -46,7 +47,10 @@ function page(search, source, base = "https://meet.example:8000/") {
     return `${who.textContent} ${text.textContent}${line.className.includes("partial") ? " ~" : ""}`;
   });
   const colours = () => element("lines").children.map((line) => line.children[0].style.color);
-  return { sandbox, sockets, element, shown, colours };
+  // what is drawn over the video: the lines, and the status if displayed
+  const visible = () => ({ lines: shown(), status: element("status").style.display === "block"
+    ? element("status").textContent : "" });
+  return { sandbox, sockets, element, shown, colours, visible };
 }
 
 const seg = (id, start, end, speaker, text) => ({ id, start, end, speaker, text });
@@ -91,12 +95,56 @@ async function main() {
   await sleep(700);
   out.socketsAfterEnd = overlay.sockets.length;
 
+  // speaker names: in the snapshot, then live (null: the label again), then after a reconnect
+  // whose snapshot holds only the names the session still has
+  const renamed = (speaker, name) => ({ type: "speaker.renamed", speaker, name });
+  const named = page("?session=s&token=t&lines=3", captionsSource);
+  const nws = named.sockets[0];
+  nws.receive(ready);
+  nws.receive(final(s0));
+  nws.receive(final(s1));
+  nws.receive(renamed("S01", "Alice"));
+  nws.receive(partial(5, [seg("", 4, 5, "S01", "thr")]));
+  out.namesSnapshot = named.shown();
+  out.namesSnapshotColours = named.colours();
+  nws.receive(renamed("S02", "Bob"));
+  out.namesLive = named.shown();
+  nws.receive(renamed("S01", null));
+  nws.receive({ type: "speaker.unknown", speaker: "S01" }); // unknown types are ignored
+  out.namesCleared = named.shown();
+  nws.receive(renamed("S01", "Ann"));
+  nws.drop(1006);
+
+  // the session is gone (the meeting ended; OBS reloaded the source): nothing is drawn
+  const gone = page("?session=s&token=t", captionsSource);
+  gone.sockets[0].receive({ type: "error", code: "not_found", message: "no session 's'",
+                            retryable: false });
+  gone.sockets[0].drop(4404);
+  // dropped without a final while showing lines: they go too
+  const dropped = page("?session=s&token=t", captionsSource);
+  dropped.sockets[0].receive(ready);
+  dropped.sockets[0].receive(final(s0));
+  dropped.sockets[0].drop(4404);
+  const goneDebug = page("?session=s&token=t&debug=1", captionsSource);
+  goneDebug.sockets[0].drop(4404);
+
   const refused = page("?session=s&token=bad", captionsSource);
   refused.sockets[0].receive({ type: "error", code: "unauthorized", message: "wrong token",
                                retryable: false });
   refused.sockets[0].drop(4401);
   await sleep(700);
   out.refused = { sockets: refused.sockets.length, status: refused.element("status").textContent };
+  out.gone = { sockets: gone.sockets.length, ...gone.visible() };
+  out.droppedGone = { sockets: dropped.sockets.length, ...dropped.visible() };
+  out.goneDebug = goneDebug.visible();
+  const nagain = named.sockets[named.sockets.length - 1];
+  out.namedSockets = named.sockets.length;
+  nagain.receive(ready);
+  nagain.receive(final(s0));
+  nagain.receive(final(s1));
+  nagain.receive(renamed("S02", "Robert")); // S01's name was removed meanwhile
+  nagain.receive(partial(6, []));
+  out.namesAfterReconnect = named.shown();
 
   const slow = page("?session=s&token=t", captionsSource);
   slow.sockets[0].drop(4429); // queue_full: reconnect for a fresh snapshot

@@ -64,3 +64,26 @@ def test_speakers_have_the_recorders_colours() -> None:
     assert run["colours"]["captions"] == run["colours"]["recorder"]
     assert len(set(run["colours"]["captions"][:3])) == 3
     assert run["liveColours"] == run["colours"]["captions"][1::-1] + [run["colours"]["captions"][2]]
+
+
+def test_named_speakers_show_by_name_from_the_snapshot_and_live_events() -> None:
+    """`speaker.renamed` in the snapshot and live: the name where the label was, in the
+    label's colour; null shows the label again; a reconnect's snapshot is the names' truth
+    (one removed meanwhile is not in it)."""
+    run = overlay_run()
+    assert run["namesSnapshot"] == ["Alice: one", "S02: two", "Alice: thr ~"]
+    assert run["namesSnapshotColours"] == [run["colours"]["captions"][i] for i in (0, 1, 0)]
+    assert run["namesLive"] == ["Alice: one", "Bob: two", "Alice: thr ~"]
+    assert run["namesCleared"] == ["S01: one", "Bob: two", "S01: thr ~"]
+    assert run["namedSockets"] == 2
+    assert run["namesAfterReconnect"] == ["S01: one", "Robert: two"]
+
+
+def test_a_session_that_is_gone_leaves_the_overlay_empty_unless_debugging() -> None:
+    """4404 (the meeting ended and OBS reloaded the source, or the session was dropped) drew
+    "captions: no such session ..." over the video: now nothing shows (no status, no stale
+    lines) and nothing retries; with debug=1 the status shows."""
+    run = overlay_run()
+    assert run["gone"] == {"sockets": 1, "lines": [], "status": ""}
+    assert run["droppedGone"] == {"sockets": 1, "lines": [], "status": ""}
+    assert run["goneDebug"]["status"].startswith("captions: no such session")
