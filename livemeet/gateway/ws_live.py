@@ -527,11 +527,15 @@ class LiveConnection:
             self._ack_timer = None
 
     def _enqueue(self, frame: dict[str, Any], event: SessionEvent | None) -> None:
-        last = self._outbox[-1][0] if self._outbox else None
-        if last is not None and frame["type"] in _COALESCED and last["type"] == frame["type"]:
-            self._outbox[-1] = (frame, event)
-        else:
-            self._outbox.append((frame, event))
+        if frame["type"] in _COALESCED:
+            # at most one of each is ever queued, wherever it waits (acks and partials come
+            # by turns: replacing only the last frame let them pile up); the newer one goes
+            # last, after the finals queued meanwhile
+            for i, (queued, _) in enumerate(self._outbox):
+                if queued["type"] == frame["type"]:
+                    del self._outbox[i]
+                    break
+        self._outbox.append((frame, event))
         self._wakeup.set()
 
     async def _forward(self) -> None:

@@ -7,11 +7,12 @@ import json
 import math
 import os
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import WSMsgType
+from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient
 
 from livemeet.audio.constants import MAX_FRAME_BYTES, SAMPLE_RATE
@@ -27,8 +28,9 @@ from livemeet.errors import (
 )
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY
-from livemeet.gateway.ws_live import GOING_AWAY
-from livemeet.transcriber import SegmentPartial
+from livemeet.gateway.ws_live import GOING_AWAY, LiveConnection
+from livemeet.transcriber import SegmentFinal, SegmentPartial
+from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FINAL_EVERY, FakeSession, FakeTranscriber
 
@@ -639,3 +641,25 @@ def test_gateway_limits_and_timeouts_must_be_positive_and_finite(bad: dict[str, 
     with pytest.raises(ConfigError, match="must be a positive number of seconds"):
         GatewayConfig(**bad).validate()
     GatewayConfig().validate()
+
+
+async def test_unsent_partials_and_acks_are_replaced_wherever_they_wait(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A client that reads slowly is sent acks and partials by turns: each was replaced only
+    by one of its type right behind it, so alternating acks and partials queued without a
+    bound (docs/protocol.md: its unsent partials and acks are replaced by newer ones)."""
+    connection = LiveConnection(create_app(server_config, fake), web.WebSocketResponse())
+    held = SimpleNamespace(num_frames_accepted=0)
+    connection.holder = held  # type: ignore[assignment]
+    final = SegmentFinal(Segment(0.0, 1.0, "S01", "f", id="seg-0000", is_final=True))
+    for rev in range(1, 200):
+        held.num_frames_accepted += 1600
+        connection._send_ack()
+        connection.deliver(SegmentPartial(rev, (Segment(0.0, 1.0, "S01", f"p{rev}"),)))
+        if rev == 100:
+            connection.deliver(final)
+    frames = [frame for frame, _ in connection._outbox]
+    assert [f["type"] for f in frames] == ["segment.final", "audio.ack", "segment.partial"]
+    assert frames[1]["offset"] == 199 * 1600 and frames[2]["rev"] == 199
+    connection._set_state(None)
