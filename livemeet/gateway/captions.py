@@ -9,7 +9,8 @@ a slow subscriber costs a bounded amount of memory and nobody else's time:
 - a `segment.partial` replaces the one not yet sent (each is the whole open tail), wherever
   it sits in the queue (the newer one goes last: finals queued before it came first);
 - a `speaker.renamed` replaces an unsent one for the same label (each is the label's whole
-  name), so renames queue at most one per label;
+  name), so renames queue at most one per label; a client may rename (or unname) any number
+  of labels, so past `max_renames` unsent ones the subscriber is closed as for finals;
 - finals queue in order; a subscriber with more than `max_finals` of them unsent has fallen
   too far behind to be worth catching up: its queue is dropped and replaced by a
   `queue_full` error (it reconnects for a fresh snapshot);
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from livemeet.audio.constants import MAX_NAMED_SPEAKERS
 from livemeet.errors import LivemeetError, QueueFull
 from livemeet.gateway.live_protocol import SpeakerRenamed
 from livemeet.transcriber import (
@@ -40,11 +42,13 @@ Outgoing = Event | SpeakerRenamed | LivemeetError
 class CaptionsOutbox:
     """One subscriber's unsent events. `num_finals` counts the finals queued now."""
 
-    def __init__(self, max_finals: int) -> None:
+    def __init__(self, max_finals: int, max_renames: int = MAX_NAMED_SPEAKERS) -> None:
         if max_finals < 1:
             raise ValueError(f"max_finals must be >= 1, not {max_finals}")
         self.max_finals = max_finals
+        self.max_renames = max_renames
         self.num_finals = 0
+        self.num_renames = 0
         self._queue: deque[Outgoing] = deque()
         self._closed = False  # a terminal item is queued (or was sent): nothing goes after it
 
@@ -64,8 +68,16 @@ class CaptionsOutbox:
             self._drop_partial()
             self._queue.append(event)
         elif isinstance(event, SpeakerRenamed):
-            self._drop_rename(event.speaker)
+            if not self._drop_rename(event.speaker) and self.num_renames >= self.max_renames:
+                self.fail(
+                    QueueFull(
+                        f"this captions subscriber fell more than {self.max_renames} speaker "
+                        "renames behind the session: reconnect for a fresh snapshot"
+                    )
+                )
+                return
             self._queue.append(event)
+            self.num_renames += 1
         elif isinstance(event, SegmentFinal):
             if self.num_finals >= self.max_finals:
                 self.fail(
@@ -88,6 +100,7 @@ class CaptionsOutbox:
             return
         self._queue.clear()
         self.num_finals = 0
+        self.num_renames = 0
         self._queue.append(error)
         self._closed = True
 
@@ -98,6 +111,8 @@ class CaptionsOutbox:
         item = self._queue.popleft()
         if isinstance(item, SegmentFinal):
             self.num_finals -= 1
+        elif isinstance(item, SpeakerRenamed):
+            self.num_renames -= 1
         return item
 
     def _drop_partial(self) -> None:
@@ -107,12 +122,14 @@ class CaptionsOutbox:
                 del self._queue[i]
                 return
 
-    def _drop_rename(self, speaker: str) -> None:
+    def _drop_rename(self, speaker: str) -> bool:
         # at most one rename per label is ever queued
         for i, item in enumerate(self._queue):
             if isinstance(item, SpeakerRenamed) and item.speaker == speaker:
                 del self._queue[i]
-                return
+                self.num_renames -= 1
+                return True
+        return False
 
 
 def is_terminal(item: Outgoing) -> bool:

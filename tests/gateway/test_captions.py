@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from livemeet.audio.constants import MAX_NAMED_SPEAKERS
 from livemeet.errors import NotFound, QueueFull
 from livemeet.gateway.captions import CaptionsOutbox, is_terminal
+from livemeet.gateway.live_protocol import SpeakerRenamed
 from livemeet.gateway.live_sessions import ReplayState
 from livemeet.transcriber import (
     Error,
@@ -99,3 +101,18 @@ def test_the_snapshot_is_the_last_finals_then_the_partial_or_the_terminal() -> N
     done = TranscriptFinal((), FinishReason.STOP, 0.0, 5.0)
     replay.record(done)
     assert replay.snapshot(1) == [final(4), done]
+
+
+def test_renames_of_ever_new_labels_do_not_grow_a_slow_subscribers_queue_without_bound() -> None:
+    """A client may send `name: null` for any label (S + up to 15 digits), named or not, and
+    each is answered: a subscriber that stopped reading queued one per label, without a
+    bound (and each push scanned the whole queue). Past MAX_NAMED_SPEAKERS unsent renames
+    it is closed with queue_full, as for finals."""
+    outbox = CaptionsOutbox(max_finals=8)
+    for i in range(MAX_NAMED_SPEAKERS):
+        outbox.push(SpeakerRenamed(f"S{i}", "x" if i % 2 else None))
+    assert not outbox.closed  # as many labels as a session may name
+    for i in range(10 * MAX_NAMED_SPEAKERS):
+        outbox.push(SpeakerRenamed(f"S{1000 + i}", None))
+    assert outbox.closed and len(outbox) == 1
+    assert isinstance(outbox.pop(), QueueFull)
