@@ -328,6 +328,7 @@ class LiveSessions:
         self.window_s = window_s
         self.final_timeout_s = final_timeout_s
         self.draining = False
+        self._drain_deadline_s = 0.0  # loop time the shutdown's drain waits for finals until
         self._holders: dict[str, LiveSessionHolder] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
@@ -393,11 +394,15 @@ class LiveSessions:
     async def disconnect(self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool) -> bool:
         """`sink`'s socket is gone. `keep`: the session may wait for a resume (the socket went
         while it streamed, no error sent, its final not sent); otherwise, and where resume is
-        off or the server drains, the session is dropped. Returns whether it was kept. A
+        off, the session is dropped. While the server drains, one kept or ended has its final
+        waited for and stored first (`_finish_for_drain`). Returns whether it was kept. A
         socket that was taken over leaves the session alone."""
         if holder.sink is not sink:
             return False
         holder.sink = None
+        if self.draining and (keep or holder.ended):
+            await self._finish_for_drain(holder)
+            return False
         if not keep or self.window_s <= 0 or self.draining:
             await self._drop(holder)
             return False
@@ -418,6 +423,7 @@ class LiveSessions:
         is readable with its captions token after the restart rather than lost. From now on
         no session is kept for a resume."""
         self.draining = True
+        self._drain_deadline_s = asyncio.get_running_loop().time() + timeout_s
         detached = [h for h in self._holders.values() if h.sink is None]
         for holder in detached:
             holder.cancel_timer()
@@ -441,6 +447,17 @@ class LiveSessions:
             await asyncio.gather(*late, return_exceptions=True)
         for holder in list(self._holders.values()):
             await self._drop(holder)
+
+    async def _finish_for_drain(self, holder: LiveSessionHolder) -> None:
+        """A socket went during the shutdown's drain (its session ended by the drain, or
+        streaming still): the session is ended and its final waited for as a detached one's
+        (`drain`, until its deadline), so the store keeps it, then dropped."""
+        with contextlib.suppress(LivemeetError):  # it is freed below either way
+            await holder.end(None)
+        remaining_s = self._drain_deadline_s - asyncio.get_running_loop().time()
+        if remaining_s > 0:
+            await asyncio.wait({holder.pump}, timeout=remaining_s)
+        await self._drop(holder)
 
     def _find(self, request: ResumeRequest) -> LiveSessionHolder:
         holder = self._holders.get(request.session_id)

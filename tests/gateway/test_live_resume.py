@@ -456,3 +456,30 @@ async def test_a_frame_over_the_limit_drops_the_session_instead_of_keeping_it(
         assert ws.close_code == 1009
     await wait_until(lambda: fake.sessions[0].log.aborted)
     assert len(client.app[SESSIONS_KEY]) == 0
+
+
+async def test_a_socket_lost_during_the_drain_still_stores_its_final(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """SIGTERM ended an attached session (DRAINING) and waits for its final; the client's
+    socket dies meanwhile: the session was aborted at once, so its final never came and the
+    meeting's transcript was lost (404), as a detached session's was before the drain
+    waited for it. It is now waited for as a detached session's, and stored."""
+    fake.end_gate = asyncio.Event()
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await ws.send_bytes(pcm16(1.0))
+    await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    drain = asyncio.create_task(close_live_sockets(client.app))
+    await wait_until(lambda: fake.sessions[0].log.ended)
+    vanish(ws)
+    await asyncio.sleep(0.1)  # the handler's cleanup runs
+    fake.end_gate.set()
+    await asyncio.wait_for(drain, 5)
+    await ws.close()
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
+    url = f"/v1/sessions/{ready['session_id']}/transcript?token={ready['captions_token']}"
+    response = await client.get(url)
+    assert response.status == 200
+    assert response.headers["X-Livemeet-Transcript-Status"] == "final"
