@@ -152,7 +152,8 @@ async def captions_handler(request: web.Request) -> web.WebSocketResponse:
         holder = _subscribed_holder(request)
     except LivemeetError as exc:
         metrics.errors.labels(exc.code).inc()
-        log.info("captions of %s refused: %s", request.match_info["id"], exc.code)
+        # the id is the URL's, decoded: repr, so a `%0A` forges no log line
+        log.info("captions of %r refused: %s", request.match_info["id"], exc.code)
         with contextlib.suppress(ConnectionError):
             await ws.send_str(ws_error_frame(exc))
             await ws.close(code=exc.close_code, message=exc.code.encode())

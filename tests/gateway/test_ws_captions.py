@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient
 
@@ -323,3 +325,15 @@ async def test_the_overlay_page_is_served_like_the_recorder(client: TestClient) 
     for path, kind in (("/captions.html", "text/html"), ("/captions.js", "javascript")):
         response = await client.get(path)
         assert response.status == 200 and kind in response.headers["Content-Type"]
+
+
+async def test_a_refused_session_id_cannot_forge_a_log_line(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The id comes from the URL, percent-decoded: `%0A` put a newline, and a forged line,
+    into the refusal's log line (the app's request lines log the raw path for this reason)."""
+    caplog.set_level(logging.INFO, logger="livemeet.gateway.ws_captions")
+    async with client.ws_connect("/v1/sessions/x%0Aforged%20line/captions?token=t") as ws:
+        await expect_error(ws, NotFound)
+    refused = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert refused and all("\n" not in line for line in refused)
