@@ -288,9 +288,11 @@ class LiveProtocol:
     def close(self) -> bool:
         """The connection is gone (either side); every later frame is a ProtocolError.
         Returns whether the session is kept for a resume: the socket went while the client
-        streamed or waited for its final (STREAMING, ENDING), with no error sent; a session
-        the server ended (DRAINING) or one never started is not."""
-        keep = self.state in (State.STREAMING, State.ENDING) and not self._failed
+        streamed or waited for its final, with no error sent: STREAMING, ENDING, and DRAINING
+        (the server ended it: a shutdown, which waits for its final, or an idle client, whose
+        socket typically dies before the final is out: a laptop lid closed); a session never
+        started is not."""
+        keep = self.state in (State.STREAMING, State.ENDING, State.DRAINING) and not self._failed
         self.state = State.CLOSED
         return keep
 

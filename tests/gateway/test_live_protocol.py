@@ -252,7 +252,8 @@ def test_a_resumed_session_counts_its_held_audio_for_end() -> None:
     [
         ("streaming", True),  # a network blip: kept for a resume
         ("ending", True),  # `end` sent, the final not yet out: kept, so the final is not lost
-        ("draining", False),  # the server ended it (shutdown, idle client)
+        # the server ended it (shutdown, idle client): its final is coming, kept for it
+        ("draining", True),
         ("failed", False),  # the server sent an error (a protocol error, ...)
         ("awaiting", False),  # never started
     ],

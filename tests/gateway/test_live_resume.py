@@ -483,3 +483,34 @@ async def test_a_socket_lost_during_the_drain_still_stores_its_final(
     response = await client.get(url)
     assert response.status == 200
     assert response.headers["X-Livemeet-Transcript-Status"] == "final"
+
+
+async def test_a_socket_lost_after_an_idle_end_keeps_the_final_for_a_resume(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A client goes quiet (a laptop lid closed): the idle timeout ends its session as `end`
+    would, and the socket dies before the final is out. The session was dropped there, its
+    final never came, and the transcript was lost (404) while the client, awake again, got
+    `not_found` for its resume. It is now kept as after the client's own `end`: the resume
+    gets the final, and the transcript is stored."""
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.2)
+    fake.end_gate = asyncio.Event()
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await ws.send_bytes(pcm16(1.0))
+    await wait_until(lambda: fake.sessions[0].log.ended)  # by the idle timeout
+    vanish(ws)
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    await ws.close()
+    assert not fake.sessions[0].log.aborted
+    async with client.ws_connect("/v1/live") as again:
+        await again.send_json(resume_start(ready))
+        assert (await again.receive_json())["resumed"] is True
+        fake.end_gate.set()
+        events = await read_to_close(again)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 1.0
+    url = f"/v1/sessions/{ready['session_id']}/transcript?token={ready['captions_token']}"
+    response = await client.get(url)
+    assert response.status == 200
+    assert response.headers["X-Livemeet-Transcript-Status"] == "final"
