@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Literal
 
 from aiohttp import WebSocketError, WSCloseCode, WSMessage, WSMsgType, hdrs, web
@@ -26,6 +27,7 @@ from livemeet.audio.constants import (
     LIVE_DRAIN_TIMEOUT_S,
     LIVE_START_TIMEOUT_S,
     MAX_FRAME_BYTES,
+    MAX_NAMED_SPEAKERS,
 )
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
@@ -88,6 +90,7 @@ _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
 _Limit = Literal["final", "start", "idle"]
 # frames a newer one of the same type replaces while still unsent (each is a whole state)
 _COALESCED = ("segment.partial", "audio.ack")
+_RENAMED = "speaker.renamed"  # coalesced per label (`_enqueue`)
 # a frame to send, with the session event it renders (None: session.ready, audio.ack)
 _Outgoing = tuple[dict[str, Any], SessionEvent | None]
 
@@ -527,16 +530,31 @@ class LiveConnection:
             self._ack_timer = None
 
     def _enqueue(self, frame: dict[str, Any], event: SessionEvent | None) -> None:
-        if frame["type"] in _COALESCED:
+        kind = frame["type"]
+        if kind in _COALESCED:
             # at most one of each is ever queued, wherever it waits (acks and partials come
             # by turns: replacing only the last frame let them pile up); the newer one goes
             # last, after the finals queued meanwhile
-            for i, (queued, _) in enumerate(self._outbox):
-                if queued["type"] == frame["type"]:
-                    del self._outbox[i]
-                    break
+            self._unqueue(lambda queued: queued["type"] == kind)
+        elif kind == _RENAMED:
+            # one per label; every rename is answered, so a client that sends them and never
+            # reads would grow the outbox without a bound: past MAX_NAMED_SPEAKERS unsent
+            # labels a new one is dropped (a resume replays every name)
+            label = frame["speaker"]
+            self._unqueue(lambda queued: queued["type"] == kind and queued["speaker"] == label)
+            unsent = sum(1 for queued, _ in self._outbox if queued["type"] == kind)
+            if unsent >= MAX_NAMED_SPEAKERS:
+                log.debug("live session: %d renames unread by the client, one dropped", unsent)
+                return
         self._outbox.append((frame, event))
         self._wakeup.set()
+
+    def _unqueue(self, match: Callable[[dict[str, Any]], bool]) -> None:
+        """Remove the first unsent frame that `match`es (there is at most one)."""
+        for i, (queued, _) in enumerate(self._outbox):
+            if match(queued):
+                del self._outbox[i]
+                return
 
     async def _forward(self) -> None:
         """Send the outbox in order; close after the session's terminal event."""

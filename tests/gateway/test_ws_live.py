@@ -15,7 +15,7 @@ import pytest
 from aiohttp import WSMsgType, web
 from aiohttp.test_utils import TestClient
 
-from livemeet.audio.constants import MAX_FRAME_BYTES, SAMPLE_RATE
+from livemeet.audio.constants import MAX_FRAME_BYTES, MAX_NAMED_SPEAKERS, SAMPLE_RATE
 from livemeet.config import GatewayConfig, ServerConfig
 from livemeet.errors import (
     BadAudio,
@@ -28,6 +28,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY
+from livemeet.gateway.live_protocol import SpeakerRenamed
 from livemeet.gateway.ws_live import GOING_AWAY, LiveConnection
 from livemeet.transcriber import SegmentFinal, SegmentPartial
 from livemeet.transcript.segments import Segment
@@ -662,4 +663,22 @@ async def test_unsent_partials_and_acks_are_replaced_wherever_they_wait(
     frames = [frame for frame, _ in connection._outbox]
     assert [f["type"] for f in frames] == ["segment.final", "audio.ack", "segment.partial"]
     assert frames[1]["offset"] == 199 * 1600 and frames[2]["rev"] == 199
+    connection._set_state(None)
+
+
+async def test_unsent_renames_are_one_per_label_and_bounded(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A client that sends renames and never reads (each rename is answered): its outbox
+    grew by one speaker.renamed per message, without a bound (a review finding). An unsent
+    one is now replaced by a newer one for its label, and past MAX_NAMED_SPEAKERS unsent
+    labels a new one is dropped (the client is not reading; a resume replays the names)."""
+    connection = LiveConnection(create_app(server_config, fake), web.WebSocketResponse())
+    for i in range(3):
+        connection.deliver(SpeakerRenamed("S01", f"name {i}"))
+    for n in range(2 * MAX_NAMED_SPEAKERS):
+        connection.deliver(SpeakerRenamed(f"S{100 + n}", None))
+    frames = [frame for frame, _ in connection._outbox]
+    assert [f["name"] for f in frames if f["speaker"] == "S01"] == ["name 2"]
+    assert len(frames) == MAX_NAMED_SPEAKERS
     connection._set_state(None)
