@@ -6,66 +6,16 @@
 // optionally the page's URL (default https://meet.example:8000/).
 const fs = require("fs");
 const vm = require("vm");
+const { stubBrowser, sleep } = require("./stub_browser");
 
 const [source, scenario, href = "https://meet.example:8000/"] = process.argv.slice(2);
 const page = new URL(href);
-const elements = {};
-function element(id) {
-  if (!elements[id]) {
-    elements[id] = {
-      id, disabled: false, textContent: "", style: {}, listeners: {}, children: [],
-      addEventListener(type, fn) { this.listeners[type] = fn; },
-      replaceChildren(...c) { this.children = c; },
-      append(...c) { this.children.push(...c); },
-    };
-  }
-  return elements[id];
-}
-
-const sockets = [];
-class FakeWebSocket {
-  constructor(url) {
-    this.url = url;
-    this.sent = []; // text frames parsed, binary frames as {frame: first sample}
-    this.readyState = 0;
-    sockets.push(this);
-  }
-  send(data) {
-    if (typeof data === "string") this.sent.push(JSON.parse(data));
-    else this.sent.push({ frame: new Int16Array(data)[0], frames: data.byteLength / 2 });
-  }
-  open() { this.readyState = 1; this.onopen(); }
-  receive(ev) { this.onmessage({ data: JSON.stringify(ev) }); }
-  drop(code) { this.readyState = 3; this.onclose({ code }); }
-}
-FakeWebSocket.OPEN = 1;
-
-let port = null;
-class FakeNode { constructor() { this.port = {}; port = this.port; } }
-let frameIndex = 0;
-function speak() { // one 100-ms frame whose samples all hold its index
-  const data = new Int16Array(1600).fill(frameIndex++).buffer;
-  port.onmessage({ data });
-}
-
-const sandbox = {
-  document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
-  window: { isSecureContext: true, addEventListener() {} },
-  navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
+const { element, sockets, speak, sandbox: makeSandbox } = stubBrowser();
+const sandbox = makeSandbox({
   location: { host: page.host, protocol: page.protocol, href: page.href },
-  URL,
   fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
-  AudioContext: class {
-    constructor() { this.audioWorklet = { addModule: async () => {} }; }
-    createMediaStreamSource() { return { connect() {} }; }
-    close() {}
-  },
-  AudioWorkletNode: FakeNode,
-  WebSocket: FakeWebSocket,
-  setInterval, clearInterval, setTimeout, clearTimeout, Date, console,
-};
+});
 vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const final = (id, start) => ({ type: "segment.final", id, start, end: start + 1,
                                 speaker: "S01", text: id });
 

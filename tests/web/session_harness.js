@@ -9,47 +9,12 @@
 // named through the page, the server's answers, a drop and the names' replay on the resume).
 const fs = require("fs");
 const vm = require("vm");
+const { stubBrowser, sleep } = require("./stub_browser");
 
 const [source, scenario] = process.argv.slice(2);
 const NOW = Date.UTC(2026, 11, 5, 14, 30, 15); // the meeting's start: 2026-12-05 14:30 UTC
 
-const elements = {};
-function element(id) {
-  if (!elements[id]) {
-    elements[id] = {
-      id, disabled: false, textContent: "", style: {}, listeners: {}, children: [],
-      addEventListener(type, fn) { this.listeners[type] = fn; },
-      replaceChildren(...c) { this.children = c; },
-      append(...c) { this.children.push(...c); },
-    };
-  }
-  return elements[id];
-}
-
-const sockets = [];
-class FakeWebSocket {
-  constructor(url) {
-    this.url = url;
-    this.sent = []; // text frames parsed, binary frames as {frame: first sample}
-    this.readyState = 0;
-    sockets.push(this);
-  }
-  send(data) {
-    if (typeof data === "string") this.sent.push(JSON.parse(data));
-    else this.sent.push({ frame: new Int16Array(data)[0], frames: data.byteLength / 2 });
-  }
-  open() { this.readyState = 1; this.onopen(); }
-  receive(ev) { this.onmessage({ data: JSON.stringify(ev) }); }
-  drop(code) { this.readyState = 3; this.onclose({ code }); }
-}
-FakeWebSocket.OPEN = 1;
-
-let port = null;
-class FakeNode { constructor() { this.port = {}; port = this.port; } }
-let frameIndex = 0;
-function speak() { // one 100-ms frame whose samples all hold its index
-  port.onmessage({ data: new Int16Array(1600).fill(frameIndex++).buffer });
-}
+const { element, sockets, speak, sandbox: browserSandbox } = stubBrowser();
 
 class FakeStorage {
   constructor(items) { this.items = { ...items }; }
@@ -70,12 +35,8 @@ const fetched = [];
 const answers = [];
 const prompts = [];
 function makeSandbox(storage, transcriptStatus) {
-  const sandbox = {
-    document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
-    window: { isSecureContext: true, addEventListener() {} },
-    navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
+  const sandbox = browserSandbox({
     location: { host: PAGE.host, protocol: PAGE.protocol, href: PAGE.href },
-    URL,
     fetch: async (url) => {
       fetched.push(url);
       if (url === "readyz") {
@@ -87,15 +48,8 @@ function makeSandbox(storage, transcriptStatus) {
                text: async () => "", json: async () => ({}) };
     },
     sessionStorage: storage,
-    AudioContext: class {
-      constructor() { this.audioWorklet = { addModule: async () => {} }; }
-      createMediaStreamSource() { return { connect() {} }; }
-      close() {}
-    },
-    AudioWorkletNode: FakeNode,
-    WebSocket: FakeWebSocket,
-    setInterval, clearInterval, setTimeout, clearTimeout, Date: FixedDate, console,
-  };
+    Date: FixedDate,
+  });
   sandbox.window.sessionStorage = storage;
   sandbox.window.prompt = (message, value) => {
     prompts.push([message, value]);
@@ -104,7 +58,6 @@ function makeSandbox(storage, transcriptStatus) {
   return sandbox;
 }
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const final = (id, start) => ({ type: "segment.final", id, start, end: start + 1,
                                 speaker: "S01", text: id });
 const ready = (extra) => ({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,

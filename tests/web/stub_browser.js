@@ -1,0 +1,74 @@
+// The stub browser web/recorder.js runs in under node's vm (resume_harness.js,
+// session_harness.js): elements made on first lookup, WebSockets and a microphone the harness
+// drives by hand. `stubBrowser()` gives one page's worth:
+// - element(id): the page element `id` ({textContent, disabled, style, listeners, children});
+// - sockets: every FakeWebSocket the page opened, in order: open(), receive(event),
+//   drop(code); `sent` holds text frames parsed and binary ones as {frame, frames} (the
+//   frame's first sample, its sample count);
+// - speak(): the microphone delivers one 100-ms frame (1,600 samples at 16 kHz) whose
+//   samples all hold its index (0, 1, ...), so `sent` shows which frame went where;
+// - sandbox(extra): the page's globals (document, window, navigator, AudioContext, the
+//   worklet node, WebSocket, timers, URL, console), `extra` added or replacing them.
+function stubBrowser() {
+  const elements = {};
+  function element(id) {
+    if (!elements[id]) {
+      elements[id] = {
+        id, disabled: false, textContent: "", style: {}, listeners: {}, children: [],
+        addEventListener(type, fn) { this.listeners[type] = fn; },
+        replaceChildren(...c) { this.children = c; },
+        append(...c) { this.children.push(...c); },
+      };
+    }
+    return elements[id];
+  }
+
+  const sockets = [];
+  class FakeWebSocket {
+    constructor(url) {
+      this.url = url;
+      this.sent = [];
+      this.readyState = 0;
+      sockets.push(this);
+    }
+    send(data) {
+      if (typeof data === "string") this.sent.push(JSON.parse(data));
+      else this.sent.push({ frame: new Int16Array(data)[0], frames: data.byteLength / 2 });
+    }
+    open() { this.readyState = 1; this.onopen(); }
+    receive(ev) { this.onmessage({ data: JSON.stringify(ev) }); }
+    drop(code) { this.readyState = 3; this.onclose({ code }); }
+  }
+  FakeWebSocket.OPEN = 1;
+
+  let port = null;
+  class FakeNode { constructor() { this.port = {}; port = this.port; } }
+  let frameIndex = 0;
+  function speak() {
+    port.onmessage({ data: new Int16Array(1600).fill(frameIndex++).buffer });
+  }
+
+  function sandbox(extra) {
+    return {
+      document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
+      window: { isSecureContext: true, addEventListener() {} },
+      navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
+      URL,
+      AudioContext: class {
+        constructor() { this.audioWorklet = { addModule: async () => {} }; }
+        createMediaStreamSource() { return { connect() {} }; }
+        close() {}
+      },
+      AudioWorkletNode: FakeNode,
+      WebSocket: FakeWebSocket,
+      setInterval, clearInterval, setTimeout, clearTimeout, Date, console,
+      ...extra,
+    };
+  }
+
+  return { element, sockets, speak, sandbox };
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+module.exports = { stubBrowser, sleep };
