@@ -818,6 +818,14 @@ def test_format_event_lines() -> None:
     )
 
 
+async def live_url(aiohttp_server: Any, handler: Any) -> str:
+    """The ws:// URL of a test server whose /v1/live is `handler`."""
+    app = web.Application()
+    app.router.add_get("/v1/live", handler)
+    server = await aiohttp_server(app)
+    return str(server.make_url("/v1/live")).replace("http", "ws", 1)
+
+
 async def test_stream_times_out_when_no_final_arrives(aiohttp_server: Any) -> None:
     # A server that accepts the session and then never answers `end`: the client must give
     # up with `timed_out`, not raise TimeoutError (an OSError, once reported as "cannot connect").
@@ -829,10 +837,7 @@ async def test_stream_times_out_when_no_final_arrives(aiohttp_server: Any) -> No
             pass
         return ws
 
-    app = web.Application()
-    app.router.add_get("/v1/live", silent)
-    server = await aiohttp_server(app)
-    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    url = await live_url(aiohttp_server, silent)
     samples = np.zeros(1600, dtype=np.float32)
     result = await stream.stream_samples(url, samples, speed=100.0, final_timeout_s=0.2)
     assert result.timed_out and result.final is None
@@ -1020,10 +1025,7 @@ async def test_stream_takes_its_audio_as_it_sends_it(aiohttp_server: Any) -> Non
             pulled += chunk_samples
             yield np.zeros(chunk_samples, np.float32)
 
-    app = web.Application()
-    app.router.add_get("/v1/live", closes_after_five_frames)
-    server = await aiohttp_server(app)
-    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    url = await live_url(aiohttp_server, closes_after_five_frames)
     chunk_samples, frame_samples = 7_000, 16_000
     sending = stream.stream_audio(url, endless(chunk_samples), speed=50.0)
     result = await asyncio.wait_for(sending, 10.0)
@@ -1107,10 +1109,7 @@ async def test_a_second_ctrl_c_quits_without_the_final(
             pass
         return ws
 
-    app = web.Application()
-    app.router.add_get("/v1/live", never_final)
-    server = await aiohttp_server(app)
-    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    url = await live_url(aiohttp_server, never_final)
     loop = asyncio.get_running_loop()
     loop.call_later(0.2, signal.raise_signal, signal.SIGINT)
     loop.call_later(0.4, signal.raise_signal, signal.SIGINT)

@@ -142,6 +142,16 @@ def file_pcm16(wav: Path) -> bytes:
     return stream.to_pcm16(decode_file(wav))
 
 
+async def stream_a_second_in(url: str, tmp_path: Path, fake: FakeTranscriber) -> Any:
+    """`livemeet stream` of a 4-s file at 4x to `url`, in a thread: its exit code's future,
+    once the backend has taken its first second of audio."""
+    wav = write_wav(tmp_path / "meeting.wav", 4.0)
+    args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
+    running = asyncio.ensure_future(asyncio.to_thread(main, args))
+    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    return running
+
+
 async def test_a_dropped_connection_is_resumed_with_every_sample_and_final_once(
     scripted: tuple[TestClient, ReceivedAudio], proxy_for: Any, tmp_path: Path
 ) -> None:
@@ -234,10 +244,7 @@ async def test_a_refused_resume_ends_the_stream_with_exit_1(
     final: no more reconnects, the server's error on stdout, why on stderr, exit 1."""
     proxy, url = await proxy_for(client)
     restarted = await aiohttp_client(create_app(server_config, FakeTranscriber()))
-    wav = write_wav(tmp_path / "meeting.wav", 4.0)
-    args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
-    running = asyncio.ensure_future(asyncio.to_thread(main, args))
-    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    running = await stream_a_second_in(url, tmp_path, fake)
     proxy.upstream_port = restarted.port or 0
     proxy.drop()
     assert await asyncio.wait_for(running, 10) == 1
@@ -262,10 +269,7 @@ async def test_with_resume_off_a_drop_ends_the_stream_as_before(
     """`serve --live-resume-window 0` (resume_token null): no reconnect; no final, exit 1."""
     gateway = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0)
     proxy, url = await proxy_for(gateway)
-    wav = write_wav(tmp_path / "meeting.wav", 4.0)
-    args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
-    running = asyncio.ensure_future(asyncio.to_thread(main, args))
-    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    running = await stream_a_second_in(url, tmp_path, fake)
     proxy.drop()
     assert await asyncio.wait_for(running, 10) == 1
     assert proxy.num_connections == 1
@@ -287,10 +291,7 @@ async def test_a_drop_not_resumed_within_the_window_ends_the_stream_with_exit_1(
     server keeps the session (0.9 s here), then gives up with exit 1."""
     gateway = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0.9)
     proxy, url = await proxy_for(gateway)
-    wav = write_wav(tmp_path / "meeting.wav", 4.0)
-    args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
-    running = asyncio.ensure_future(asyncio.to_thread(main, args))
-    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    running = await stream_a_second_in(url, tmp_path, fake)
     proxy.refusing = True
     proxy.drop()
     assert await asyncio.wait_for(running, 10) == 1
