@@ -69,29 +69,27 @@ class CaptionsOutbox:
             self._queue.append(event)
         elif isinstance(event, SpeakerRenamed):
             if not self._drop_rename(event.speaker) and self.num_renames >= self.max_renames:
-                self.fail(
-                    QueueFull(
-                        f"this captions subscriber fell more than {self.max_renames} speaker "
-                        "renames behind the session: reconnect for a fresh snapshot"
-                    )
-                )
+                self._fell_behind(self.max_renames, "speaker renames")
                 return
             self._queue.append(event)
             self.num_renames += 1
         elif isinstance(event, SegmentFinal):
             if self.num_finals >= self.max_finals:
-                self.fail(
-                    QueueFull(
-                        f"this captions subscriber fell more than {self.max_finals} finals "
-                        "behind the session: reconnect for a fresh snapshot"
-                    )
-                )
+                self._fell_behind(self.max_finals, "finals")
                 return
             self._queue.append(event)
             self.num_finals += 1
         elif isinstance(event, TERMINAL_EVENTS):
             self._queue.append(event)
             self._closed = True
+
+    def _fell_behind(self, limit: int, what: str) -> None:
+        self.fail(
+            QueueFull(
+                f"this captions subscriber fell more than {limit} {what} behind the session: "
+                "reconnect for a fresh snapshot"
+            )
+        )
 
     def fail(self, error: LivemeetError) -> None:
         """Close the subscription with `error`: what is still queued is dropped (it is sent
