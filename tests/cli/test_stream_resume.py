@@ -142,13 +142,15 @@ def file_pcm16(wav: Path) -> bytes:
     return stream.to_pcm16(decode_file(wav))
 
 
-async def stream_a_second_in(url: str, tmp_path: Path, fake: FakeTranscriber) -> Any:
+async def stream_a_second_in(url: str, tmp_path: Path, backend: FakeTranscriber) -> Any:
     """`livemeet stream` of a 4-s file at 4x to `url`, in a thread: its exit code's future,
     once the backend has taken its first second of audio."""
     wav = write_wav(tmp_path / "meeting.wav", 4.0)
     args = ["stream", str(wav), "--url", url, "--speed", "4", "--hop-s", "0.5"]
     running = asyncio.ensure_future(asyncio.to_thread(main, args))
-    await wait_until(lambda: fake.sessions and fake.sessions[0].log.num_samples >= SAMPLE_RATE)
+    await wait_until(
+        lambda: backend.sessions and backend.sessions[0].log.num_samples >= SAMPLE_RATE
+    )
     return running
 
 
