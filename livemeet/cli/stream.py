@@ -270,13 +270,17 @@ class UnackedAudio:
 
     @property
     def num_held(self) -> int:
+        """Sample frames held: sent and not yet covered by an ack."""
         return self.num_sent - self._frames[0][0] if self._frames else 0
 
     def push(self, pcm: bytes) -> None:
+        """Hold `pcm` (PCM16 LE, whole sample frames), just sent, at the next offset."""
         self._frames.append((self.num_sent, pcm))
         self.num_sent += len(pcm) // PCM_S16LE_BYTES
 
     def ack(self, offset: int) -> None:
+        """The server holds the audio before `offset` (sample frames): release the frames it
+        covers whole. Offsets only grow: an older ack changes nothing."""
         self.num_acked = max(self.num_acked, offset)
         while self._frames:
             start, pcm = self._frames[0]
@@ -322,9 +326,11 @@ class SessionLink:
 
     @property
     def can_send(self) -> bool:
+        """Whether another frame may go out now (see the class docstring)."""
         return self.resume_off or self.unacked.num_held < self.max_unacked_frames
 
     def sent(self, pcm: bytes) -> None:
+        """`pcm` (PCM16 LE) went out: held until acknowledged, unless resume is off."""
         if not self.resume_off:
             self.unacked.push(pcm)
 

@@ -331,12 +331,16 @@ class AckPolicy:
     due_at_s: float | None = None  # when the armed ack fires; None: none armed
 
     def audio_accepted(self, now_s: float) -> float | None:
+        """Audio was accepted at `now_s` (s): the time an ack is due, when a timer must be
+        armed for it; None while one is armed already."""
         if self.due_at_s is not None:
             return None
         self.due_at_s = now_s + self.interval_s
         return self.due_at_s
 
     def take(self, held_frames: int) -> int | None:
+        """The ack's offset for a session holding `held_frames` sample frames, or None when
+        the client was told that already; disarms the timer."""
         self.due_at_s = None
         if held_frames <= self.acked:
             return None

@@ -121,6 +121,8 @@ class ReplayState:
     names: dict[str, str] = field(default_factory=dict)  # label -> name, first named first
 
     def record(self, event: SessionEvent) -> None:
+        """Keep what a resume will need of `event`: a final, the latest partial, a name (a
+        null name removes the label's), the terminal event."""
         if isinstance(event, SpeakerRenamed):
             if event.name is None:
                 self.names.pop(event.speaker, None)
@@ -195,6 +197,7 @@ class LiveSessionHolder:
         self.subscribers.discard(subscriber)
 
     def authorizes_captions(self, token: str) -> bool:
+        """Whether `token` is the session's captions token."""
         # constant time: the comparison must not tell how much of a guess was right
         return hmac.compare_digest(self.captions_token.encode(), token.encode())
 
@@ -218,6 +221,10 @@ class LiveSessionHolder:
         sink.attached(self, self.replay.snapshot() if resumed else [], resumed)
 
     async def append(self, owner: EventSink, pcm: bytes) -> None:
+        """Decode `pcm` (the client's PCM16 LE frames) and hand it to the backend session;
+        `num_frames_accepted` counts it then (in sample frames at the client's rate). Raises
+        SessionTakenOver when `owner` no longer carries the session, and as the backend's
+        `append`."""
         async with self.lock:
             self._check_owner(owner)
             samples = self.decoder.feed(pcm)
@@ -244,6 +251,8 @@ class LiveSessionHolder:
         return True
 
     async def finalize(self, owner: EventSink) -> None:
+        """The client's `finalize`. Raises SessionTakenOver when `owner` no longer carries
+        the session."""
         async with self.lock:
             self._check_owner(owner)
             await self.session.finalize()
