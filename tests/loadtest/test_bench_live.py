@@ -145,6 +145,15 @@ def test_meeting_time_runs_fast_through_the_head_then_in_real_time() -> None:
     assert meeting_s(10.0, head_pause_s=60.0) == 10.0  # no head, no pause
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [["--head-pause-s", "-1"], ["--head-start-s", "-1"], ["--head-speed", "0.5"]],
+)
+def test_head_flags_out_of_range_are_refused_before_any_work(flags: list[str]) -> None:
+    with pytest.raises(SystemExit, match="--head-pause-s must be >= 0"):
+        asyncio.run(bench_live.amain(bench_live.parse_args(flags)))
+
+
 def test_latencies_after_keep_what_ends_from_a_time_on() -> None:
     a = SegmentLatency((0.5, 0.7, 2.0), 0, 0, 3, end_times=(5.0, 29.9, 31.0))
     b = SegmentLatency((0.9,), 1, 0, 2, end_times=(30.0,))
