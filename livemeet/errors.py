@@ -164,6 +164,17 @@ class EngineUnavailable(LivemeetError):
     retryable = True
 
 
+class StorageFailed(LivemeetError):
+    """The server could not store what it must keep durable (a live session's audio, finals or
+    names in its journal: disk full, read-only or failing storage). RFC 4918's 507 Insufficient
+    Storage, a condition it calls temporary: retryable once the storage is fixed or freed."""
+
+    code = "storage_failed"
+    http_status = 507
+    close_code = 4507
+    retryable = True
+
+
 ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     InternalError,
     ConfigError,
@@ -181,6 +192,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     HeadersTooLarge,
     QueueFull,
     EngineUnavailable,
+    StorageFailed,
 )
 
 
