@@ -47,3 +47,9 @@ def test_an_engine_worker_thread_leaves_the_gil_switch_interval_alone() -> None:
     run_worker(ModelConfig(backend="no-such-backend"), queue.Queue(), outbox)
     assert isinstance(outbox.get_nowait(), WorkerFailed)
     assert sys.getswitchinterval() == before
+
+
+def test_the_journal_commits_more_often_than_acks_go_out() -> None:
+    """An ack waits for its audio's group commit (livemeet/gateway/live_journal.py), so a
+    commit interval at or past the ack interval would delay acks beyond it."""
+    assert 0 < c.JOURNAL_COMMIT_INTERVAL_S < c.ACK_INTERVAL_S
