@@ -1,0 +1,795 @@
+"""The journal of live sessions: their audio, finals and speaker names on disk, so a crash of the
+server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
+
+Under `root`:
+- `sessions.sqlite3` (WAL, synchronous=NORMAL: a committed transaction survives a crash of this
+  process; power loss is not claimed): a row per session (its meta, its state live / finished /
+  discarded, its durable frames, its speaker names) and a row per committed final.
+- `audio/<ls_hex>.s16le`: a session's audio as its client sent it (interleaved PCM16 LE at the
+  declared rate), append-only, named by a hash of the session id (ids come from the backend:
+  any string).
+
+One writer thread owns the connection and the audio files; the event loop only enqueues. The
+writer group-commits: it waits for work, then until `commit_interval_s` after its previous
+group began, takes everything queued, appends and fdatasyncs each session's audio, then
+records the new durable lengths, finals, names and ends in one transaction, and reports each
+session's new durable length on the loop (`on_durable`). A recorded length never exceeds what
+was synced before it, so a reload finds everything ever reported durable; bytes past the
+record were never reported and are cut off. The files are synced one after another: a group's
+cost grows with the sessions streaming (not yet measured at DESIGN 10's 100 sessions).
+
+Threads: the public methods run on the event loop's thread (`load_unfinished` on any thread,
+before `start`); the writer runs `_Writer.run`. They share the queue, and the callbacks the
+writer posts back with `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from livemeet.audio.constants import JOURNAL_COMMIT_INTERVAL_S, PCM_S16LE_BYTES
+from livemeet.errors import ConfigError, InternalError, StorageFailed
+from livemeet.gateway.transcript_store import live_transcript_id
+from livemeet.transcript.segments import Segment, SegmentFlag
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1  # PRAGMA user_version of the journals this code writes and reads
+DB_NAME = "sessions.sqlite3"
+AUDIO_DIR = "audio"
+AUDIO_SUFFIX = ".s16le"
+
+_SCHEMA = """
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY,
+    audio_name TEXT NOT NULL,  -- the file under audio/, a hash of session_id
+    resume_token_sha256 TEXT NOT NULL,
+    captions_token_sha256 TEXT NOT NULL,
+    sample_rate INTEGER NOT NULL,  -- Hz, the client's declared rate
+    channels INTEGER NOT NULL,
+    created_at REAL NOT NULL,  -- unix seconds
+    state TEXT NOT NULL CHECK (state IN ('live', 'finished', 'discarded')),
+    durable_frames INTEGER NOT NULL DEFAULT 0,  -- sample frames synced in the audio file
+    names TEXT NOT NULL DEFAULT '[]'  -- JSON [[label, name], ...] in naming order
+);
+CREATE INDEX sessions_by_state ON sessions (state);
+CREATE TABLE finals (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,  -- 0, 1, ... in commit order
+    segment TEXT NOT NULL,  -- JSON: id, start, end, speaker, text, is_final, flags
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+"""
+
+_INSERT_SESSION = """
+INSERT OR REPLACE INTO sessions (session_id, audio_name, resume_token_sha256,
+    captions_token_sha256, sample_rate, channels, created_at, state)
+VALUES (?, ?, ?, ?, ?, ?, ?, 'live')
+"""
+# seq from the table itself, so an adopted session's finals go on after its restored ones
+_INSERT_FINAL = """
+INSERT INTO finals (session_id, seq, segment)
+VALUES (?, (SELECT COALESCE(MAX(seq) + 1, 0) FROM finals WHERE session_id = ?), ?)
+"""
+_SELECT_LIVE = """
+SELECT session_id, audio_name, resume_token_sha256, captions_token_sha256, sample_rate,
+    channels, created_at, durable_frames, names
+FROM sessions WHERE state = 'live' ORDER BY created_at, session_id
+"""
+
+
+class SessionState(StrEnum):
+    """A journalled session's state (the `state` column)."""
+
+    LIVE = "live"  # open, or unfinished when the server stopped: restored on start
+    FINISHED = "finished"  # ended; its final transcript is stored elsewhere
+    DISCARDED = "discarded"  # aborted with no final transcript
+
+
+@dataclass(frozen=True)
+class JournalSession:
+    """What the journal keeps of a live session besides its audio, finals and names."""
+
+    session_id: str  # any string from the backend (the audio file is named by its hash)
+    resume_token_sha256: str  # hex
+    captions_token_sha256: str  # hex
+    sample_rate: int  # Hz, the client's declared rate
+    channels: int  # interleaved in the audio file
+    created_at: float  # unix seconds
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes per sample frame of its audio (PCM16, every channel)."""
+        return self.channels * PCM_S16LE_BYTES
+
+
+@dataclass(frozen=True)
+class RestoredSession:
+    """An unfinished session as `load_unfinished` found it on disk."""
+
+    meta: JournalSession
+    durable_frames: int  # sample frames (at meta.sample_rate) durable in the audio file
+    finals: tuple[Segment, ...]  # committed, in order, ids and flags kept
+    names: tuple[tuple[str, str], ...]  # (label, name), in naming order
+    audio_path: Path  # raw interleaved PCM16 LE, exactly durable_frames * frame_bytes bytes
+
+
+DurableCallback = Callable[[int], None]  # sample frames now durable
+FailedCallback = Callable[[StorageFailed], None]
+
+
+def audio_name(session_id: str) -> str:
+    """The file name of a session's audio under `root/audio`."""
+    return live_transcript_id(session_id) + AUDIO_SUFFIX
+
+
+# -- the event loop's side ---------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Handle:
+    """One open session as the event loop sees it. Loop thread only: the writer merely carries
+    it back in the callbacks it posts."""
+
+    session_id: str
+    frame_bytes: int
+    on_durable: DurableCallback
+    on_failed: FailedCallback
+    durable_frames: int  # as last reported to on_durable
+    failed: bool = False
+    ended: bool = False  # finished or discarded: no more callbacks
+
+
+def _deliver_durable(handle: _Handle, frames: int) -> None:
+    if handle.ended or handle.failed:
+        return
+    handle.durable_frames = frames
+    handle.on_durable(frames)
+
+
+def _deliver_failed(handle: _Handle, error: StorageFailed) -> None:
+    if handle.ended or handle.failed:
+        return
+    handle.failed = True
+    handle.on_failed(error)
+
+
+# -- what crosses the queue (frozen: the writer reads them on another thread) -------------------
+
+
+@dataclass(frozen=True)
+class _Open:
+    handle: _Handle
+    meta: JournalSession
+    audio_name: str
+    start_frames: int  # frames its file holds already (an adopted session's durable audio)
+    adopted: bool  # its row exists: keep it; else a new row replaces any of the same id
+
+
+@dataclass(frozen=True)
+class _Append:
+    handle: _Handle
+    pcm: bytes
+
+
+@dataclass(frozen=True)
+class _Final:
+    handle: _Handle
+    segment: Segment
+
+
+@dataclass(frozen=True)
+class _Names:
+    handle: _Handle
+    names: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class _End:
+    handle: _Handle
+    state: SessionState
+
+
+_Op = _Open | _Append | _Final | _Names | _End | None  # None: stop after what came before
+
+
+class LiveJournal:
+    """The durable store of live sessions (see the module docstring for layout and threads).
+
+    Use: `load_unfinished()` once at start-up, then `start(loop)`; `open_session` or `adopt`
+    each session, feed it (`append_audio`, `add_final`, `set_names`) and end it (`finish` or
+    `discard`); `await close()` at shutdown. Sessions still open at close stay unfinished and
+    come back from the next `load_unfinished`.
+
+    Every method but `load_unfinished` and `close` only enqueues: nothing blocks the loop.
+    Errors: a method called after `close()`, or naming a session that is not open, raises
+    InternalError (a bug in the caller). Storage failures in the writer never raise here: they
+    reach the sessions concerned as `on_failed(StorageFailed)`.
+    """
+
+    def __init__(self, root: Path, *, commit_interval_s: float = JOURNAL_COMMIT_INTERVAL_S) -> None:
+        """`root`: the journal's directory (created when needed). `commit_interval_s`: the
+        shortest time between two group commits, s. Raises ValueError for a negative one."""
+        if commit_interval_s < 0:
+            raise ValueError(f"commit_interval_s must be >= 0, not {commit_interval_s}")
+        self.root = root
+        self.commit_interval_s = commit_interval_s
+        self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
+        self._hurry = threading.Event()  # set by close(): commit what is queued at once
+        self._handles: dict[str, _Handle] = {}  # open sessions by id
+        self._thread: threading.Thread | None = None
+        self._joined: asyncio.Future[None] | None = None
+        self._closed = False
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / DB_NAME
+
+    @property
+    def audio_dir(self) -> Path:
+        return self.root / AUDIO_DIR
+
+    def load_unfinished(self) -> list[RestoredSession]:
+        """The sessions neither finished nor discarded, oldest first, with their finals in
+        order. Each audio file is cut to its recorded durable length (bytes past it were never
+        reported durable); a file shorter than its record (or missing: it is created empty)
+        gives the frames it holds, logged, and the record is lowered to them. Audio files of
+        no unfinished session are deleted.
+
+        Blocking; call before `start`. Raises ConfigError for a journal of a newer schema,
+        StorageFailed when the journal cannot be read or its files changed, InternalError
+        after `start` or `close`.
+        """
+        self._check_open()
+        if self._thread is not None:
+            raise InternalError("LiveJournal.load_unfinished() runs before start()")
+        self._make_dirs()
+        conn = _connect(self.db_path)
+        conn.row_factory = sqlite3.Row
+        try:
+            restored = [self._restore(conn, row) for row in conn.execute(_SELECT_LIVE).fetchall()]
+            self._remove_orphans({r.audio_path.name for r in restored})
+        except (OSError, sqlite3.Error) as exc:
+            raise StorageFailed(f"live journal {self.root} could not be loaded: {exc}") from exc
+        finally:
+            conn.close()
+        return restored
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Open the journal and start its writer thread; callbacks run on `loop`. Raises
+        ConfigError for a newer schema, StorageFailed when the journal cannot be opened or
+        created, InternalError when started twice or after `close`."""
+        self._check_open()
+        if self._thread is not None:
+            raise InternalError("LiveJournal.start() was called twice")
+        self._make_dirs()
+        # made here, so start() raises what opening it raises; used by the writer alone after
+        conn = _connect(self.db_path)
+        writer = _Writer(
+            conn, self.audio_dir, loop, self._queue, self._hurry, self.commit_interval_s
+        )
+        self._thread = threading.Thread(target=writer.run, name="live-journal", daemon=True)
+        self._thread.start()
+
+    def open_session(
+        self, meta: JournalSession, on_durable: DurableCallback, on_failed: FailedCallback
+    ) -> None:
+        """Journal a new session, its audio starting empty. A finished or discarded record of
+        the same id is replaced (so is an unfinished one: adopt or discard restored sessions
+        first). `on_durable(frames)` gets each new durable length (sample frames, increasing);
+        `on_failed` the first storage failure, after which nothing more of the session is
+        stored. Both run on the loop, never after `finish`/`discard`. Raises InternalError when
+        the id is open already or after `close`."""
+        self._open(
+            _Open(
+                self._new_handle(meta, 0, on_durable, on_failed),
+                meta,
+                audio_name(meta.session_id),
+                start_frames=0,
+                adopted=False,
+            )
+        )
+
+    def adopt(
+        self, restored: RestoredSession, on_durable: DurableCallback, on_failed: FailedCallback
+    ) -> None:
+        """Continue a session `load_unfinished` returned: appends go after its durable audio,
+        finals after its finals. Callbacks and errors as `open_session`'s."""
+        handle = self._new_handle(restored.meta, restored.durable_frames, on_durable, on_failed)
+        self._open(
+            _Open(
+                handle,
+                restored.meta,
+                restored.audio_path.name,
+                start_frames=restored.durable_frames,
+                adopted=True,
+            )
+        )
+
+    def append_audio(self, session_id: str, pcm: bytes) -> None:
+        """Queue `pcm` (interleaved PCM16 LE, whole frames) for the session's audio file.
+        Raises InternalError for a session not open or after `close`."""
+        handle = self._live(session_id)
+        assert len(pcm) % handle.frame_bytes == 0, (len(pcm), handle.frame_bytes)
+        if pcm and not handle.failed:
+            self._queue.put(_Append(handle, pcm))
+
+    def add_final(self, session_id: str, segment: Segment) -> None:
+        """Queue a committed segment (stored as given: id, times, speaker, text, flags).
+        Raises InternalError for a session not open or after `close`."""
+        handle = self._live(session_id)
+        if not handle.failed:
+            self._queue.put(_Final(handle, segment))
+
+    def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> None:
+        """Queue the session's whole current speaker-name map, (label, name) in naming order.
+        Raises InternalError for a session not open or after `close`."""
+        handle = self._live(session_id)
+        if not handle.failed:
+            self._queue.put(_Names(handle, tuple(names)))
+
+    def finish(self, session_id: str) -> None:
+        """The session ended and its final transcript is stored elsewhere: mark it finished and
+        delete its audio file. Raises InternalError for a session not open or after `close`."""
+        self._end(session_id, SessionState.FINISHED)
+
+    def discard(self, session_id: str) -> None:
+        """The session was dropped with no final transcript: mark it discarded and delete its
+        audio file. Raises InternalError for a session not open or after `close`."""
+        self._end(session_id, SessionState.DISCARDED)
+
+    def durable_frames(self, session_id: str) -> int:
+        """Sample frames of the session's audio reported durable so far (what on_durable last
+        got). Raises InternalError for a session not open or after `close`."""
+        return self._live(session_id).durable_frames
+
+    async def close(self) -> None:
+        """Commit what is queued and stop the writer thread. Sessions still open stay
+        unfinished on disk. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            if self._thread is not None:
+                self._queue.put(None)
+                self._hurry.set()
+                loop = asyncio.get_running_loop()
+                self._joined = loop.run_in_executor(None, self._thread.join)
+        if self._joined is not None:
+            await self._joined
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InternalError("the live journal is closed")
+
+    def _make_dirs(self) -> None:
+        try:
+            self.audio_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageFailed(f"live journal {self.root} could not be created: {exc}") from exc
+
+    def _new_handle(
+        self,
+        meta: JournalSession,
+        durable_frames: int,
+        on_durable: DurableCallback,
+        on_failed: FailedCallback,
+    ) -> _Handle:
+        self._check_open()
+        if meta.session_id in self._handles:
+            raise InternalError(f"live session {meta.session_id!r} is open in the journal already")
+        return _Handle(meta.session_id, meta.frame_bytes, on_durable, on_failed, durable_frames)
+
+    def _open(self, op: _Open) -> None:
+        self._handles[op.meta.session_id] = op.handle
+        self._queue.put(op)
+
+    def _live(self, session_id: str) -> _Handle:
+        self._check_open()
+        handle = self._handles.get(session_id)
+        if handle is None:
+            raise InternalError(f"live session {session_id!r} is not open in the journal")
+        return handle
+
+    def _end(self, session_id: str, state: SessionState) -> None:
+        handle = self._live(session_id)
+        del self._handles[session_id]
+        handle.ended = True
+        self._queue.put(_End(handle, state))
+
+    def _restore(self, conn: sqlite3.Connection, row: sqlite3.Row) -> RestoredSession:
+        meta = JournalSession(
+            session_id=row["session_id"],
+            resume_token_sha256=row["resume_token_sha256"],
+            captions_token_sha256=row["captions_token_sha256"],
+            sample_rate=row["sample_rate"],
+            channels=row["channels"],
+            created_at=row["created_at"],
+        )
+        path = self.audio_dir / row["audio_name"]
+        recorded_frames: int = row["durable_frames"]
+        frames = _cut_audio(path, recorded_frames, meta.frame_bytes)
+        if frames < recorded_frames:
+            log.warning(
+                "live journal: the audio of session %r holds %d frames, its record says %d: "
+                "restored with %d",
+                meta.session_id,
+                frames,
+                recorded_frames,
+                frames,
+            )
+            conn.execute(
+                "UPDATE sessions SET durable_frames = ? WHERE session_id = ?",
+                (frames, meta.session_id),
+            )
+        finals = conn.execute(
+            "SELECT segment FROM finals WHERE session_id = ? ORDER BY seq", (meta.session_id,)
+        ).fetchall()
+        return RestoredSession(
+            meta=meta,
+            durable_frames=frames,
+            finals=tuple(_segment_from_json(final["segment"]) for final in finals),
+            names=tuple((label, name) for label, name in json.loads(row["names"])),
+            audio_path=path,
+        )
+
+    def _remove_orphans(self, keep: set[str]) -> None:
+        """Delete audio files of no unfinished session: left by a crash between an end's commit
+        and its file's deletion, or by a deletion that failed."""
+        for path in self.audio_dir.iterdir():
+            if path.name.endswith(AUDIO_SUFFIX) and path.name not in keep:
+                log.info("live journal: deleting %s, the audio of no unfinished session", path)
+                path.unlink(missing_ok=True)
+
+
+def _cut_audio(path: Path, recorded_frames: int, frame_bytes: int) -> int:
+    """Cut the audio file at `path` (created empty if missing) to at most `recorded_frames`
+    whole frames; returns the frames it holds then."""
+    with open(path, "ab") as f:
+        size = os.fstat(f.fileno()).st_size
+        frames = min(size // frame_bytes, recorded_frames)
+        if size > frames * frame_bytes:
+            f.truncate(frames * frame_bytes)
+    return frames
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The journal database at `path`, its schema created if new. Raises ConfigError for a
+    newer schema, StorageFailed when it cannot be opened or created."""
+    try:
+        # autocommit: transactions are the explicit BEGIN / COMMIT of the writer;
+        # check_same_thread off: start() opens it, the writer thread alone uses it after
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StorageFailed(f"live journal {path} could not be opened: {exc}") from exc
+    try:
+        _prepare(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _prepare(conn: sqlite3.Connection, path: Path) -> None:
+    try:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        # NORMAL in WAL mode: a commit survives a crash of the process, not of the machine
+        conn.execute("PRAGMA synchronous = NORMAL")
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version == 0:  # a new file
+            conn.executescript(
+                f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+            )
+            version = SCHEMA_VERSION
+    except sqlite3.Error as exc:
+        raise StorageFailed(f"live journal {path} could not be opened: {exc}") from exc
+    if version > SCHEMA_VERSION:
+        raise ConfigError(
+            f"live journal {path} has schema version {version}; this livemeet reads up to "
+            f"{SCHEMA_VERSION}: run a newer livemeet, or move the file away to start empty"
+        )
+    if mode != "wal":  # a filesystem without shared memory: still safe, slower commits
+        log.warning("live journal %s: journal mode %s, not WAL", path, mode)
+
+
+def _segment_to_json(segment: Segment) -> str:
+    # times as Python floats: JSON keeps their repr, so they come back exact
+    return json.dumps(
+        {
+            "id": segment.id,
+            "start": segment.start_s,
+            "end": segment.end_s,
+            "speaker": segment.speaker,
+            "text": segment.text,
+            "is_final": segment.is_final,
+            "flags": [f.value for f in segment.flags],
+        },
+        ensure_ascii=False,
+    )
+
+
+def _segment_from_json(text: str) -> Segment:
+    d = json.loads(text)
+    return Segment(
+        start_s=float(d["start"]),
+        end_s=float(d["end"]),
+        speaker=str(d["speaker"]),
+        text=str(d["text"]),
+        id=str(d["id"]),
+        is_final=bool(d["is_final"]),
+        flags=tuple(SegmentFlag(f) for f in d["flags"]),
+    )
+
+
+# -- the writer thread -------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Tape:
+    """One open session as the writer sees it: its audio file and how much of it is synced."""
+
+    handle: _Handle
+    session_id: str
+    path: Path
+    frame_bytes: int
+    synced_bytes: int  # written and fdatasynced
+    reported_frames: int  # recorded in the database and posted to on_durable
+    file: io.FileIO | None = None  # None once failed or ended
+    failed: bool = False
+
+
+@dataclass
+class _Group:
+    """What one group commit does."""
+
+    statements: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)  # op order
+    audio: dict[_Tape, list[bytes]] = field(default_factory=dict)
+    unlinks: dict[str, Path] = field(default_factory=dict)  # audio files of ended sessions
+
+
+class _Writer:
+    """The journal's writer thread: drains the queue in groups (`run`). Owns `conn` and every
+    audio file; touches loop state only through `call_soon_threadsafe`."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        audio_dir: Path,
+        loop: asyncio.AbstractEventLoop,
+        ops: queue.SimpleQueue[_Op],
+        hurry: threading.Event,
+        interval_s: float,
+    ) -> None:
+        self._conn = conn
+        self._audio_dir = audio_dir
+        self._loop = loop
+        self._ops = ops
+        self._hurry = hurry
+        self._interval_s = interval_s
+        self._tapes: dict[_Handle, _Tape] = {}
+        self._last_group = -float("inf")  # time.monotonic() when the last group was taken
+
+    def run(self) -> None:
+        try:
+            while True:
+                ops = self._next_group()
+                try:
+                    self._commit_group([op for op in ops if op is not None])
+                except Exception:  # a bug: the sessions must still hear that storing stopped
+                    log.exception("live journal: a group commit failed")
+                    self._rollback()
+                    self._fail_all(StorageFailed("the server's journal failed (internal error)"))
+                if ops[-1] is None:
+                    return
+        finally:
+            for tape in self._tapes.values():
+                _close(tape)
+            self._conn.close()
+
+    def _next_group(self) -> list[_Op]:
+        """Blocks for the next op, then until `interval_s` after the previous group (close()
+        cuts this short), then takes everything queued."""
+        ops = [self._ops.get()]
+        wait_s = self._last_group + self._interval_s - time.monotonic()
+        if wait_s > 0 and ops[0] is not None:
+            self._hurry.wait(wait_s)
+        while True:
+            try:
+                ops.append(self._ops.get_nowait())
+            except queue.Empty:
+                self._last_group = time.monotonic()
+                return ops
+
+    def _commit_group(self, ops: list[_Op]) -> None:
+        group = _Group()
+        for op in ops:
+            self._gather(op, group)
+        synced = self._write_audio(group)
+        if not self._commit(group):
+            return
+        for path in group.unlinks.values():
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:  # load_unfinished deletes it on the next start
+                log.warning("live journal: %s was not deleted: %s", path, exc)
+        for tape in synced:
+            frames = tape.synced_bytes // tape.frame_bytes
+            if frames > tape.reported_frames:
+                tape.reported_frames = frames
+                self._post(_deliver_durable, tape.handle, frames)
+
+    def _gather(self, op: _Op, group: _Group) -> None:
+        """Turn one op into the group's statements and audio, in the order ops came."""
+        if isinstance(op, _Open):
+            self._open_tape(op, group)
+            return
+        assert op is not None
+        tape = self._tapes[op.handle]
+        if isinstance(op, _End):
+            _close(tape)
+            del self._tapes[op.handle]
+            group.audio.pop(tape, None)  # no use syncing audio about to be deleted
+            group.unlinks[tape.path.name] = tape.path
+            group.statements += [
+                (
+                    "UPDATE sessions SET state = ? WHERE session_id = ?",
+                    (op.state.value, tape.session_id),
+                ),
+                # the final transcript is stored elsewhere; the row stays as the session's end
+                ("DELETE FROM finals WHERE session_id = ?", (tape.session_id,)),
+            ]
+        elif tape.failed:
+            return  # its record stopped where it failed
+        elif isinstance(op, _Append):
+            group.audio.setdefault(tape, []).append(op.pcm)
+        elif isinstance(op, _Final):
+            params = (tape.session_id, tape.session_id, _segment_to_json(op.segment))
+            group.statements.append((_INSERT_FINAL, params))
+        else:
+            names = json.dumps(op.names, ensure_ascii=False)
+            group.statements.append(
+                ("UPDATE sessions SET names = ? WHERE session_id = ?", (names, tape.session_id))
+            )
+
+    def _open_tape(self, op: _Open, group: _Group) -> None:
+        meta = op.meta
+        path = self._audio_dir / op.audio_name
+        # the same id ended earlier in this group: its file is this session's now
+        group.unlinks.pop(op.audio_name, None)
+        start_bytes = op.start_frames * meta.frame_bytes
+        tape = _Tape(
+            op.handle, meta.session_id, path, meta.frame_bytes, start_bytes, op.start_frames
+        )
+        self._tapes[op.handle] = tape
+        if not op.adopted:
+            group.statements += [
+                ("DELETE FROM finals WHERE session_id = ?", (meta.session_id,)),
+                (
+                    _INSERT_SESSION,
+                    (
+                        meta.session_id,
+                        op.audio_name,
+                        meta.resume_token_sha256,
+                        meta.captions_token_sha256,
+                        meta.sample_rate,
+                        meta.channels,
+                        meta.created_at,
+                    ),
+                ),
+            ]
+        try:
+            # O_APPEND and unbuffered: each write goes to the end, nothing waits in a buffer
+            f = open(path, "ab", buffering=0)
+        except OSError as exc:
+            self._fail(tape, "audio", exc)
+            return
+        tape.file = f
+        try:
+            f.truncate(start_bytes)  # a new session's stale file, an adopted one's unsynced tail
+        except OSError as exc:
+            self._fail(tape, "audio", exc)
+
+    def _write_audio(self, group: _Group) -> list[_Tape]:
+        """Append and fdatasync each session's audio of the group; add its durable length to
+        the group's statements. Returns the sessions synced."""
+        synced: list[_Tape] = []
+        for tape, chunks in group.audio.items():
+            if tape.failed or tape.file is None:
+                continue
+            data = b"".join(chunks)
+            try:
+                _write_all(tape.file, data)
+                os.fdatasync(tape.file.fileno())
+            except OSError as exc:
+                self._fail(tape, "audio", exc)  # part of `data` may be in the file: never recorded
+                continue
+            tape.synced_bytes += len(data)
+            synced.append(tape)
+            frames = tape.synced_bytes // tape.frame_bytes
+            group.statements.append(
+                (
+                    "UPDATE sessions SET durable_frames = ? WHERE session_id = ?",
+                    (frames, tape.session_id),
+                )
+            )
+        return synced
+
+    def _commit(self, group: _Group) -> bool:
+        """Run the group's statements as one transaction. On failure every open session fails
+        (what was recorded before stays) and False is returned."""
+        if not group.statements:
+            return True
+        try:
+            self._conn.execute("BEGIN")
+            for sql, params in group.statements:
+                self._conn.execute(sql, params)
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.error(
+                "live journal: a commit failed (%d open sessions fail): %s", len(self._tapes), exc
+            )
+            self._rollback()
+            self._fail_all(StorageFailed(f"the server could not store this session ({exc})"))
+            return False
+        return True
+
+    def _rollback(self) -> None:
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:  # the commit's failure is already being reported
+            log.error("live journal: rollback failed: %s", exc)
+
+    def _fail(self, tape: _Tape, what: str, exc: OSError) -> None:
+        log.error(
+            "live journal: the %s of session %r could not be stored: %s", what, tape.session_id, exc
+        )
+        reason = exc.strerror or type(exc).__name__
+        self._fail_tape(
+            tape, StorageFailed(f"the server could not store this session's {what} ({reason})")
+        )
+
+    def _fail_all(self, error: StorageFailed) -> None:
+        for tape in self._tapes.values():
+            if not tape.failed:
+                self._fail_tape(tape, error)
+
+    def _fail_tape(self, tape: _Tape, error: StorageFailed) -> None:
+        tape.failed = True
+        _close(tape)
+        self._post(_deliver_failed, tape.handle, error)
+
+    def _post(self, callback: Callable[..., None], *args: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop closed without close(): nobody is left to tell
+            log.warning("live journal: event loop closed, %s dropped", callback.__name__)
+
+
+def _write_all(f: io.FileIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view) :]
+
+
+def _close(tape: _Tape) -> None:
+    """Close the tape's file. Nothing waits in it (unbuffered), so a failing close loses
+    nothing the record claims."""
+    if tape.file is None:
+        return
+    f, tape.file = tape.file, None
+    try:
+        f.close()
+    except OSError as exc:
+        log.warning("live journal: closing %s failed: %s", tape.path, exc)
