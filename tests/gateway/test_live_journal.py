@@ -1,0 +1,472 @@
+"""livemeet.gateway.live_journal: live sessions' audio, finals and names on disk (DESIGN 5.9),
+reported durable only once synced and committed, back after a reopen or a SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from livemeet.errors import (
+    ERROR_CLASSES,
+    ConfigError,
+    InternalError,
+    StorageFailed,
+    error_for_code,
+)
+from livemeet.gateway.live_journal import (
+    SCHEMA_VERSION,
+    JournalSession,
+    LiveJournal,
+    RestoredSession,
+    audio_name,
+)
+from livemeet.transcript.segments import Segment, SegmentFlag
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INTERVAL_S = 0.005  # s; a short group commit keeps the tests fast
+CHANNELS = 2
+FRAME_BYTES = CHANNELS * 2  # bytes per stereo PCM16 frame
+
+
+def meta(session_id: str = "s-1") -> JournalSession:
+    return JournalSession(session_id, "a" * 64, "b" * 64, 48_000, CHANNELS, 1_700_000_000.5)
+
+
+def final(n: int, *flags: SegmentFlag) -> Segment:
+    # times that are not short decimals: they must come back exact
+    return Segment(
+        n / 3,
+        n / 3 + 0.1 + 0.2,
+        f"S0{n % 3 + 1}",
+        f"café {n} ✓",
+        f"seg-{n:04d}",
+        is_final=True,
+        flags=flags,
+    )
+
+
+@dataclass
+class Calls:
+    """What a session's callbacks got."""
+
+    durable: list[int] = field(default_factory=list)
+    failed: list[StorageFailed] = field(default_factory=list)
+
+    def open(self, journal: LiveJournal, m: JournalSession) -> None:
+        journal.open_session(m, self.durable.append, self.failed.append)
+
+    def adopt(self, journal: LiveJournal, restored: RestoredSession) -> None:
+        journal.adopt(restored, self.durable.append, self.failed.append)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 2.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.001)
+
+
+def started(root: Path, interval_s: float = INTERVAL_S) -> LiveJournal:
+    journal = LiveJournal(root, commit_interval_s=interval_s)
+    journal.start(asyncio.get_running_loop())
+    return journal
+
+
+def reload(root: Path) -> dict[str, RestoredSession]:
+    return {r.meta.session_id: r for r in LiveJournal(root).load_unfinished()}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "journal"
+
+
+@pytest.fixture
+async def journal(root: Path) -> AsyncIterator[LiveJournal]:
+    journal = started(root)
+    yield journal
+    await journal.close()
+
+
+def random_chunks(seed: int, count: int, max_frames: int = 200) -> list[bytes]:
+    rng = random.Random(seed)
+    return [rng.randbytes(rng.randint(1, max_frames) * FRAME_BYTES) for _ in range(count)]
+
+
+async def test_audio_comes_back_byte_exact_after_a_reopen(root: Path, journal: LiveJournal) -> None:
+    chunks = random_chunks(0, 300)
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    for i, chunk in enumerate(chunks):
+        journal.append_audio("s-1", chunk)
+        if i % 25 == 0:
+            await asyncio.sleep(INTERVAL_S)  # spread over several group commits
+    await journal.close()
+    (restored,) = reload(root).values()
+    audio = b"".join(chunks)
+    assert restored.meta == meta()
+    assert restored.durable_frames == len(audio) // FRAME_BYTES
+    assert restored.audio_path.read_bytes() == audio
+    assert restored.finals == () and restored.names == ()
+
+
+async def test_on_durable_reports_grow_and_come_only_once_synced_and_recorded(
+    root: Path, journal: LiveJournal
+) -> None:
+    seen: list[tuple[int, int, int]] = []  # (frames, file bytes, recorded frames) in the callback
+    path = root / "audio" / audio_name("s-1")
+    db = sqlite3.connect(root / "sessions.sqlite3")
+
+    def on_durable(frames: int) -> None:
+        (recorded,) = db.execute("SELECT durable_frames FROM sessions").fetchone()
+        seen.append((frames, path.stat().st_size, recorded))
+
+    journal.open_session(meta(), on_durable, lambda _: None)
+    chunks = random_chunks(1, 40)
+    for chunk in chunks:
+        journal.append_audio("s-1", chunk)
+        await asyncio.sleep(0.002)
+    total = sum(map(len, chunks)) // FRAME_BYTES
+    await wait_until(lambda: bool(seen) and seen[-1][0] == total)
+    db.close()
+    frames = [f for f, _, _ in seen]
+    assert len(frames) > 3 and frames == sorted(set(frames))  # strictly increasing
+    assert all(size >= f * FRAME_BYTES and recorded >= f for f, size, recorded in seen)
+    assert journal.durable_frames("s-1") == total
+
+
+async def test_a_burst_is_one_group_commit(root: Path) -> None:
+    journal = started(root, interval_s=0.2)
+    calls = Calls()
+    calls.open(journal, meta())
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    await wait_until(lambda: calls.durable == [1])
+    for _ in range(100):  # within the interval after the first commit: all in the next
+        journal.append_audio("s-1", bytes(FRAME_BYTES))
+    await wait_until(lambda: calls.durable[-1] == 101)
+    await journal.close()
+    assert calls.durable == [1, 101]
+
+
+async def test_finals_and_names_round_trip_and_go_on_after_adopt(root: Path) -> None:
+    journal = started(root)
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.add_final("s-1", final(1, SegmentFlag.INHERITED_SPEAKER, SegmentFlag.END_CLAMPED))
+    journal.set_names("s-1", [("S01", "Ana")])
+    journal.add_final("s-1", final(2))
+    journal.set_names("s-1", [("S02", "Bo Ström"), ("S01", "Ana María")])
+    await journal.close()
+    (restored,) = reload(root).values()
+    assert restored.finals == (
+        final(1, SegmentFlag.INHERITED_SPEAKER, SegmentFlag.END_CLAMPED),
+        final(2),
+    )
+    assert restored.names == (("S02", "Bo Ström"), ("S01", "Ana María"))
+
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal.add_final("s-1", final(3))
+    await journal.close()
+    (again,) = reload(root).values()
+    assert again.finals == (*restored.finals, final(3))
+    assert again.names == restored.names
+
+
+async def test_an_adopted_session_appends_after_its_durable_audio(root: Path) -> None:
+    first, second = random_chunks(2, 20), random_chunks(3, 20)
+    journal = started(root)
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    for chunk in first:
+        journal.append_audio("s-1", chunk)
+    await journal.close()
+
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    calls = Calls()
+    calls.adopt(journal, restored)
+    assert journal.durable_frames("s-1") == restored.durable_frames
+    for chunk in second:
+        journal.append_audio("s-1", chunk)
+    await journal.close()
+    audio = b"".join(first + second)
+    assert calls.durable[-1] == len(audio) // FRAME_BYTES
+    (again,) = reload(root).values()
+    assert again.audio_path.read_bytes() == audio
+
+
+async def test_finished_and_discarded_sessions_are_not_restored(root: Path) -> None:
+    journal = started(root)
+    calls = {sid: Calls() for sid in ("done", "dropped", "open")}
+    for sid, c in calls.items():
+        c.open(journal, meta(sid))
+        journal.append_audio(sid, bytes(10 * FRAME_BYTES))
+        journal.add_final(sid, final(1))
+    await wait_until(lambda: all(c.durable for c in calls.values()))
+    journal.finish("done")
+    journal.discard("dropped")
+    await journal.close()
+    audio = root / "audio"
+    assert sorted(p.name for p in audio.iterdir()) == [audio_name("open")]
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        states = dict(db.execute("SELECT session_id, state FROM sessions").fetchall())
+        (finals,) = db.execute("SELECT COUNT(*) FROM finals").fetchone()
+    assert states == {"done": "finished", "dropped": "discarded", "open": "live"}
+    assert finals == 1  # an ended session's finals live in its stored transcript
+    stray = audio / audio_name("crashed before its file was deleted")
+    stray.write_bytes(b"xx")
+    assert list(reload(root)) == ["open"]
+    assert not stray.exists()
+
+
+async def test_an_ended_id_can_be_opened_again(root: Path, journal: LiveJournal) -> None:
+    """A backend may reuse ids (the fake's restart at fake-0): the new session starts empty,
+    and the old one's deletion (in the same group commit here) spares the new file."""
+    journal.open_session(meta("x"), lambda _: None, lambda _: None)
+    journal.append_audio("x", b"old!" * 10)
+    journal.add_final("x", final(1))
+    journal.finish("x")
+    calls = Calls()
+    calls.open(journal, meta("x"))
+    journal.append_audio("x", b"new!" * 3)
+    await wait_until(lambda: calls.durable == [3])
+    await journal.close()
+    (restored,) = reload(root).values()
+    assert restored.audio_path.read_bytes() == b"new!" * 3 and restored.finals == ()
+
+
+async def test_opening_an_unfinished_id_anew_replaces_it(root: Path) -> None:
+    """A restored session not adopted but opened as new starts empty (its stale file cut)."""
+    journal = started(root)
+    journal.open_session(meta("x"), lambda _: None, lambda _: None)
+    journal.append_audio("x", b"old!" * 10)
+    journal.add_final("x", final(1))
+    await journal.close()
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    assert list(journal.load_unfinished()) != []
+    journal.start(asyncio.get_running_loop())
+    journal.open_session(meta("x"), lambda _: None, lambda _: None)
+    journal.append_audio("x", b"new!" * 3)
+    await journal.close()
+    (restored,) = reload(root).values()
+    assert restored.audio_path.read_bytes() == b"new!" * 3 and restored.finals == ()
+
+
+CRASH_WRITER = """
+import asyncio, sys
+from pathlib import Path
+from livemeet.gateway.live_journal import JournalSession, LiveJournal
+
+async def main():
+    journal = LiveJournal(Path(sys.argv[1]), commit_interval_s=0.005)
+    journal.start(asyncio.get_running_loop())
+    meta = JournalSession("crash", "r" * 64, "c" * 64, 16_000, 2, 0.0)
+    report = lambda frames: print(frames, flush=True)
+    journal.open_session(meta, report, lambda e: print(e, file=sys.stderr, flush=True))
+    stream = bytes(i % 251 for i in range(int(sys.argv[2])))
+    for i in range(0, len(stream), 64):
+        journal.append_audio("crash", stream[i : i + 64])
+        await asyncio.sleep(0.001)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_writer_keeps_everything_it_reported_durable(root: Path) -> None:
+    """SIGKILL mid-stream: every frame reported durable is back, byte-exact; nothing past the
+    record (written, not yet recorded) is."""
+    stream_bytes = 160_000  # ~2,500 appends of 16 frames: still streaming when killed
+    stream = bytes(i % 251 for i in range(stream_bytes))  # period 251: a shifted byte shows
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASH_WRITER, str(root), str(stream_bytes)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},  # this tree's livemeet
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    reported: list[int] = []
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        while len(reported) < 5:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            reported.append(int(line))
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    (restored,) = reload(root).values()
+    assert reported[-1] <= restored.durable_frames < stream_bytes // FRAME_BYTES
+    assert restored.audio_path.read_bytes() == stream[: restored.durable_frames * FRAME_BYTES]
+
+
+async def test_load_cuts_a_file_longer_than_its_record(root: Path, journal: LiveJournal) -> None:
+    audio = b"".join(random_chunks(4, 10))
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.append_audio("s-1", audio)
+    await journal.close()
+    path = root / "audio" / audio_name("s-1")
+    with path.open("ab") as f:
+        f.write(b"never acknowledged" + b"!")  # an unrecorded tail, not whole frames
+    (restored,) = reload(root).values()
+    assert restored.durable_frames == len(audio) // FRAME_BYTES
+    assert path.read_bytes() == audio
+
+
+async def test_load_restores_what_a_short_or_missing_file_holds(
+    root: Path, journal: LiveJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    for sid in ("short", "missing"):
+        journal.open_session(meta(sid), lambda _: None, lambda _: None)
+        journal.append_audio(sid, b"".join(random_chunks(5, 10)))
+    await journal.close()
+    short = root / "audio" / audio_name("short")
+    kept = short.read_bytes()[: 10 * FRAME_BYTES + 1]  # 10 frames and a byte of the 11th
+    short.write_bytes(kept)
+    (root / "audio" / audio_name("missing")).unlink()
+    with caplog.at_level(logging.WARNING, "livemeet.gateway.live_journal"):
+        restored = reload(root)
+    assert restored["short"].durable_frames == 10
+    assert restored["short"].audio_path.read_bytes() == kept[:-1]
+    assert restored["missing"].durable_frames == 0
+    assert restored["missing"].audio_path.read_bytes() == b""
+    assert len(caplog.records) == 2
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "livemeet.gateway.live_journal"):
+        assert {s: r.durable_frames for s, r in reload(root).items()} == {"short": 10, "missing": 0}
+    assert caplog.records == []  # the records were lowered: logged once
+
+
+async def test_a_failing_sync_fails_its_session_and_the_journal_serves_others(
+    root: Path, journal: LiveJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fdatasync = os.fdatasync
+    failures = [OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))]
+
+    def fdatasync(fd: int) -> None:
+        if failures:
+            raise failures.pop()
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    full, fine = Calls(), Calls()
+    full.open(journal, meta("full"))
+    journal.append_audio("full", bytes(8 * FRAME_BYTES))
+    await wait_until(lambda: bool(full.failed))
+    (error,) = full.failed
+    assert isinstance(error, StorageFailed) and "No space left on device" in error.message
+    journal.append_audio("full", bytes(8 * FRAME_BYTES))  # dropped: the session failed
+    journal.add_final("full", final(1))
+    fine.open(journal, meta("fine"))
+    journal.append_audio("fine", bytes(8 * FRAME_BYTES))
+    await wait_until(lambda: fine.durable == [8])
+    assert full.durable == [] and journal.durable_frames("full") == 0 and fine.failed == []
+    await journal.close()
+    restored = reload(root)
+    assert (restored["full"].durable_frames, restored["full"].finals) == (0, ())
+    assert restored["full"].audio_path.read_bytes() == b""  # the unsynced write was cut off
+    assert restored["fine"].durable_frames == 8
+
+
+async def test_an_audio_file_that_cannot_be_opened_fails_its_session(
+    root: Path, journal: LiveJournal
+) -> None:
+    (root / "audio" / audio_name("blocked")).mkdir()  # a directory where its file would go
+    blocked, fine = Calls(), Calls()
+    blocked.open(journal, meta("blocked"))
+    fine.open(journal, meta("fine"))
+    journal.append_audio("blocked", bytes(FRAME_BYTES))
+    journal.append_audio("fine", bytes(FRAME_BYTES))
+    await wait_until(lambda: bool(blocked.failed) and fine.durable == [1])
+    assert blocked.failed[0].code == "storage_failed" and blocked.durable == []
+
+
+async def test_a_failed_commit_fails_every_open_session(root: Path, journal: LiveJournal) -> None:
+    a, b = Calls(), Calls()
+    a.open(journal, meta("a"))
+    b.open(journal, meta("b"))
+    journal.append_audio("a", bytes(FRAME_BYTES))
+    journal.append_audio("b", bytes(FRAME_BYTES))
+    await wait_until(lambda: a.durable == [1] and b.durable == [1])
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.execute("DROP TABLE finals")  # the next commit's INSERT fails
+    journal.add_final("a", final(1))
+    journal.append_audio("b", bytes(FRAME_BYTES))
+    await wait_until(lambda: bool(a.failed) and bool(b.failed))
+    assert a.durable == b.durable == [1]
+    assert journal.durable_frames("b") == 1
+    assert isinstance(b.failed[0], StorageFailed) and len(a.failed) == len(b.failed) == 1
+
+
+async def test_a_journal_of_a_newer_schema_is_refused(root: Path) -> None:
+    root.mkdir()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(ConfigError, match="schema version"):
+        LiveJournal(root).load_unfinished()
+    journal = LiveJournal(root)
+    with pytest.raises(ConfigError, match="schema version"):
+        journal.start(asyncio.get_running_loop())
+    await journal.close()
+
+
+async def test_misuse_raises_internal_error(root: Path) -> None:
+    journal = started(root)
+    with pytest.raises(InternalError):
+        journal.start(asyncio.get_running_loop())
+    with pytest.raises(InternalError):
+        journal.load_unfinished()  # the writer owns the files now
+    for call in (
+        lambda: journal.append_audio("nope", b""),
+        lambda: journal.add_final("nope", final(1)),
+        lambda: journal.set_names("nope", []),
+        lambda: journal.finish("nope"),
+        lambda: journal.discard("nope"),
+        lambda: journal.durable_frames("nope"),
+    ):
+        with pytest.raises(InternalError, match="not open"):
+            call()
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    with pytest.raises(InternalError, match="already"):
+        journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.finish("s-1")
+    with pytest.raises(InternalError, match="not open"):
+        journal.append_audio("s-1", b"")
+    await journal.close()
+    await journal.close()  # idempotent
+    for call in (
+        lambda: journal.open_session(meta("t"), lambda _: None, lambda _: None),
+        lambda: journal.durable_frames("s-1"),
+        journal.load_unfinished,
+    ):
+        with pytest.raises(InternalError, match="closed"):
+            call()
+    with pytest.raises(ValueError):
+        LiveJournal(root, commit_interval_s=-1)
+
+
+def test_storage_failed_has_its_codes() -> None:
+    assert (StorageFailed.code, StorageFailed.http_status, StorageFailed.close_code) == (
+        "storage_failed",
+        507,
+        4507,
+    )
+    assert StorageFailed.retryable and StorageFailed in ERROR_CLASSES
+    assert type(error_for_code("storage_failed", "disk full")) is StorageFailed
