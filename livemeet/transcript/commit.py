@@ -5,7 +5,9 @@ segments in session labels. A segment becomes final when two consecutive hypothe
 (LocalAgreement-2, the policy of whisper_streaming, applied to whole segments because MOSS-TD
 has no word times) and it ends at least `horizon_s` behind the audio edge. Finals are
 immutable, numbered "seg-0001", "seg-0002", ... and never re-emitted; the rest of the latest
-hypothesis is the open tail, sent as a full-replacement partial.
+hypothesis is the open tail, sent as a full-replacement partial. A buffer may start from a
+session's stored finals (a restarted server, DESIGN 5.9): they are its committed transcript, and
+its numbering goes on after them.
 
 A final carries the times of the partial segment it confirms (the earlier of the two
 hypotheses), with the later one's text, where the shown segment ends no later than the later
@@ -34,6 +36,7 @@ from livemeet.audio.constants import (
 from livemeet.transcript.segments import Segment
 
 _PUNCT = re.compile(r"[^\w\s]")
+_FINAL_ID = re.compile(r"seg-(\d+)")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,40 @@ class CommitUpdate:
 
     finals: tuple[Segment, ...]
     tail: tuple[Segment, ...]
+
+
+def final_id(number: int) -> str:
+    """The id of a session's `number`-th final (from 1): "seg-0001", ..."""
+    return f"seg-{number:04d}"
+
+
+def next_final_number(finals: Sequence[Segment]) -> int:
+    """The number (`final_id`) of the final committed after `finals`: past their count and
+    past every "seg-N" id among them, so a new id equals none of theirs whatever their
+    numbering (a gap, an id of another form)."""
+    numbers = [int(m.group(1)) for seg in finals if (m := _FINAL_ID.fullmatch(seg.id))]
+    return max([len(finals), *numbers]) + 1
+
+
+def check_restored_finals(finals: Sequence[Segment]) -> None:
+    """Raises ValueError unless `finals` can be a session's committed transcript, as
+    `CommitBuffer` commits one: final segments with ids, each id once, times in seconds with
+    0 <= start_s <= end_s, starts non-decreasing (speech may overlap: a segment may start
+    before the one ahead of it ends)."""
+    ids: set[str] = set()
+    for i, seg in enumerate(finals):
+        if not seg.is_final or not seg.id:
+            raise ValueError(f"restored segment {i} is not a final with an id: {seg}")
+        if seg.id in ids:
+            raise ValueError(f"restored segment {i} repeats the id {seg.id!r}")
+        ids.add(seg.id)
+        if not 0.0 <= seg.start_s <= seg.end_s:
+            raise ValueError(f"restored segment {seg.id!r} needs 0 <= start_s <= end_s: {seg}")
+        if i and seg.start_s < finals[i - 1].start_s:
+            raise ValueError(
+                f"restored segment {seg.id!r} starts at {seg.start_s} s, before the one ahead "
+                f"of it ({finals[i - 1].start_s} s): finals are in order of their starts"
+            )
 
 
 def normalise_text(text: str) -> str:
@@ -90,11 +127,19 @@ class CommitBuffer:
 
     `update()` takes each new hypothesis (session labels, absolute times, starting at or after
     `committed_end_s`); `force_commit()` commits the open tail (finalize, end, a full window).
+    `restored`: finals the session committed before (a restart): they are committed already
+    (never returned as new finals), and the next final's number follows theirs
+    (`next_final_number`). Raises ValueError for `restored` that `check_restored_finals`
+    refuses.
     """
 
-    def __init__(self, options: CommitOptions | None = None) -> None:
+    def __init__(
+        self, options: CommitOptions | None = None, restored: Sequence[Segment] = ()
+    ) -> None:
+        check_restored_finals(restored)
         self.options = options or CommitOptions()
-        self._committed: list[Segment] = []
+        self._committed: list[Segment] = list(restored)
+        self._next_number = next_final_number(restored)
         self._tail: tuple[Segment, ...] = ()
         self._tail_edge_s = 0.0  # audio edge (s) of the hypothesis the tail came from
 
@@ -145,11 +190,12 @@ class CommitBuffer:
                 start = max(start, self._committed[-1].start_s)
             final = replace(
                 seg,
-                id=f"seg-{len(self._committed) + 1:04d}",
+                id=final_id(self._next_number),
                 is_final=True,
                 start_s=start,
                 end_s=max(start, seg.end_s),
             )
+            self._next_number += 1
             self._committed.append(final)
             out.append(final)
         return tuple(out)

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from livemeet.transcript.commit import (
     CommitBuffer,
     CommitOptions,
     agreed_prefix,
+    next_final_number,
     normalise_text,
     segments_agree,
 )
@@ -102,3 +107,45 @@ def test_a_partial_that_ran_into_its_edge_commits_with_the_later_times() -> None
     assert [(s.start_s, s.end_s) for s in update.finals] == [(0, 7.5)]
     assert [(s.start_s, s.end_s) for s in update.tail] == [(7.5, 9.5)]
     assert buf.committed_end_s == 7.5
+
+
+def final(a: float, b: float, text: str, segment_id: str) -> Segment:
+    return replace(seg(a, b, text), id=segment_id, is_final=True)
+
+
+def test_a_buffer_restored_from_finals_goes_on_after_them() -> None:
+    """A restarted session's stored finals (DESIGN 5.9) are the buffer's committed transcript:
+    none comes out again, and the next ids follow theirs."""
+    stored = (final(0, 2, "a", "seg-0001"), final(2, 3, "b", "seg-0002"))
+    buf = CommitBuffer(OPTS, restored=stored)
+    assert buf.committed == stored and buf.committed_end_s == 3.0 and buf.tail == ()
+    buf.update([seg(3, 4, "c")], edge_s=6.0)
+    update = buf.update([seg(3, 4, "c"), seg(4, 5.5, "d")], edge_s=7.0)
+    assert [(s.id, s.text) for s in update.finals] == [("seg-0003", "c")]
+    assert [s.id for s in buf.force_commit().finals] == ["seg-0004"]
+    assert buf.committed[:2] == stored
+
+
+def test_new_ids_never_equal_a_restored_one() -> None:
+    assert next_final_number([]) == 1
+    assert next_final_number([final(0, 1, "a", "x"), final(1, 2, "b", "y")]) == 3
+    assert next_final_number([final(0, 1, "a", "seg-0007"), final(1, 2, "b", "x")]) == 8
+    buf = CommitBuffer(OPTS, restored=[final(0, 1, "a", "seg-0002"), final(1, 2, "b", "seg-0001")])
+    buf.update([seg(2, 3, "c")], edge_s=5.0)
+    assert [s.id for s in buf.force_commit().finals] == ["seg-0003"]
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        ([seg(0, 1, "a")], "not a final with an id"),
+        ([replace(seg(0, 1, "a"), is_final=True)], "not a final with an id"),
+        ([final(0, 1, "a", "seg-0001"), final(1, 2, "b", "seg-0001")], "repeats the id"),
+        ([final(2, 1, "a", "seg-0001")], "start_s <= end_s"),
+        ([final(-1, 1, "a", "seg-0001")], "start_s <= end_s"),
+        ([final(1, 2, "a", "seg-0001"), final(0.5, 3, "b", "seg-0002")], "before the one ahead"),
+    ],
+)
+def test_restored_finals_are_checked(stored: list[Segment], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CommitBuffer(OPTS, restored=stored)
