@@ -5,7 +5,9 @@ so a hypothesis's labels are mapped onto session labels by time overlap with seg
 client has already seen (committed finals and the previous partial, both in session labels).
 A session label once shown is never renumbered. A hypothesis speaker with no overlap (a speaker
 returning after others talked) takes the session label it was mapped to for the most speech in
-earlier hypotheses, else the lowest free session label.
+earlier hypotheses, else the lowest free session label. A mapper restored from a session's
+stored finals (a restarted server, DESIGN 5.9) knows their labels as handed out, and counts
+each final as speech its label was mapped to by that same label.
 
 Plain Python: no I/O.
 """
@@ -30,12 +32,23 @@ def overlap_s(a: Segment, b: Segment) -> float:
 
 
 class SpeakerMapper:
-    """Maps hypothesis labels to session labels; remembers every label it has handed out."""
+    """Maps hypothesis labels to session labels; remembers every label it has handed out.
 
-    def __init__(self) -> None:
+    `restored`: the session's finals from before a restart, in session labels. Their labels
+    are handed out already (a new speaker gets another), and each final votes for its own
+    label by its duration (s): the votes of the hypotheses that made them are lost with the
+    old process, and a backend writes a returning speaker with the label its decodes gave
+    that speaker (the forced transcript prefix shows them session labels; the demo has only
+    S01), so with no overlap to go on it keeps the label it had.
+    """
+
+    def __init__(self, restored: Iterable[Segment] = ()) -> None:
         self._seen: set[str] = set()
         # (hypothesis label, session label) -> s of speech mapped so, over all hypotheses
         self._votes: dict[tuple[str, str], float] = defaultdict(float)
+        for seg in restored:
+            self._seen.add(seg.speaker)
+            self._votes[(seg.speaker, seg.speaker)] += seg.end_s - seg.start_s
 
     @property
     def seen(self) -> frozenset[str]:

@@ -47,3 +47,19 @@ def test_two_hypothesis_labels_never_share_a_session_label() -> None:
     seen = m.map([seg(0, 4, "S01")], [])
     out = m.map([seg(0, 2, "S01"), seg(2, 4, "S02")], seen)
     assert len({s.speaker for s in out}) == 2
+
+
+def test_a_restored_mapper_keeps_the_stored_labels_and_gives_a_newcomer_a_fresh_one() -> None:
+    """Restored from a session's stored finals (a restart, DESIGN 5.9): a returning speaker
+    the decode writes with its stored label keeps it with no overlap to go on, and a speaker
+    heard for the first time gets a label no stored final has. A fresh mapper gave the
+    returning speaker S01 of the demo (every segment S01) the label S02."""
+    stored = [seg(0, 2, "S01"), seg(2, 4, "S02"), seg(4, 5, "S01")]
+    m = SpeakerMapper(restored=stored)
+    assert m.seen == {"S01", "S02"}
+    out = m.map([seg(6, 7, "S02"), seg(7, 8, "S01"), seg(8, 9, "S03")], stored)
+    assert [s.speaker for s in out] == ["S02", "S01", "S03"]
+    newcomer = SpeakerMapper(restored=[seg(0, 2, "S02")]).map([seg(3, 4, "S01")], [])
+    assert [s.speaker for s in newcomer] == ["S01"]  # S02 is taken; S01 was never handed out
+    demo = SpeakerMapper(restored=[seg(0, 2, "S01")])
+    assert [s.speaker for s in demo.map([seg(3, 4, "S01")], [])] == ["S01"]
