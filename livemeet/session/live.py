@@ -12,6 +12,13 @@ gives the `TranscriptFinal` after `end()`. A cut made while another is pending w
 and later ones replace it: with finalizes coming faster than decodes, each decode still
 reaches the cut it was given (one that moved with every finalize was never reached).
 
+A session can start from finals it committed before a restart (`restored`, DESIGN 5.9): the
+owner then appends the session's audio again from its start. The session goes on as if it had
+committed those finals itself: they are `committed` and in `finish()`, never sent again, and the
+open window starts at the last one's end; the audio before that is received (a backend may
+decode the whole meeting every hop) but counts as decoded, so no hop is due until a hop of audio
+past it has come.
+
 No I/O, no asyncio, no clock: time is audio time (samples received at 16 kHz).
 """
 
@@ -91,10 +98,18 @@ class LiveSession:
     makes a hop due at once (`hop_due`), instead of after a whole hop of new audio; and a hop
     of new audio in which it heard no speech is skipped while the open tail is empty (nothing
     left to commit), up to LIVE_SILENCE_HOP_S of it. The window still holds that audio: the
-    next hop decodes it."""
+    next hop decodes it.
+
+    `restored`: the session's finals from before a restart (module docstring), in order, in
+    session labels and the backend's timestamps (`LiveOptions.time_scale`), with their ids:
+    new finals' ids follow theirs (`CommitBuffer`), their labels stay taken (`SpeakerMapper`).
+    Raises ValueError for bad options or `restored` that `check_restored_finals` refuses."""
 
     def __init__(
-        self, options: LiveOptions | None = None, endpointer: Endpointer | None = None
+        self,
+        options: LiveOptions | None = None,
+        endpointer: Endpointer | None = None,
+        restored: Sequence[Segment] = (),
     ) -> None:
         self.options = options or LiveOptions()
         self.endpointer = endpointer
@@ -102,13 +117,15 @@ class LiveSession:
             raise ValueError(f"need 0 < hop_s < max_window_s, got {self.options}")
         if not 0.5 <= self.options.time_scale <= 2.0:
             raise ValueError(f"time_scale must be in [0.5, 2], got {self.options.time_scale}")
-        self._commit = CommitBuffer(self.options.commit)
-        self._speakers = SpeakerMapper()
+        self._commit = CommitBuffer(self.options.commit, restored)
+        self._speakers = SpeakerMapper(restored)
         self._chunks: list[Samples] = []
         self._buffer_start = 0  # sample index of _chunks[0][0]
         self._num_samples = 0  # samples received in total (the audio edge)
-        self._window_start = 0  # sample index where the open window starts
-        self._decoded_edge = 0  # audio edge of the last applied hypothesis
+        # sample index where the open window starts: past restored finals, where they end
+        self._window_start = self._stamp_sample(self._commit.committed_end_s)
+        # audio edge of the last applied hypothesis; restored finals decoded up to their end
+        self._decoded_edge = self._window_start
         self._window_edge: int | None = None  # edge of the window handed out, not yet applied
         # audio edges of pending finalize/end cuts, at most two: the one the windows end at,
         # then the latest one made since (module docstring)
@@ -139,6 +156,9 @@ class LiveSession:
             self._num_samples += arr.size
             if self.endpointer is not None:
                 self.endpointer.feed(arr)
+            # a restored session's audio before its window comes again, all of it at once:
+            # never kept (a 90-minute meeting is 345 MB)
+            self._drop_chunks_before_window()
 
     def finalize(self) -> None:
         """Commit everything heard so far (and only that: audio received later is decoded
@@ -199,8 +219,9 @@ class LiveSession:
 
     @property
     def new_samples(self) -> int:
-        """Samples received since the last applied hypothesis."""
-        return self._num_samples - self._decoded_edge
+        """Samples received since the last applied hypothesis (0 while a restored session's
+        audio has not reached the end of its restored finals)."""
+        return max(0, self._num_samples - self._decoded_edge)
 
     def hop_due(self) -> bool:
         """True when the open window should be decoded now: a hop of new audio arrived, a
@@ -253,12 +274,19 @@ class LiveSession:
 
     def window(self) -> Window:
         """The open window to decode now: from the end of the last final to the audio edge, or
-        to a pending finalize's cut (`finalize`)."""
+        to a pending finalize's cut (`finalize`). Raises RuntimeError while that edge lies
+        before the window's start (a restored session whose audio has not reached its
+        restored finals' end: `hop_due` is False until a hop past it)."""
+        edge = self._cuts[0] if self._cuts else self._num_samples
+        if edge < self._window_start:
+            raise RuntimeError(
+                f"no open window yet: the audio ends at sample {edge}, before the restored "
+                f"finals' end at {self._window_start}"
+            )
         audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.float32)
         audio = audio[self._window_start - self._buffer_start :]
         self._buffer_start = self._window_start
         self._chunks = [audio] if audio.size else []
-        edge = self._cuts[0] if self._cuts else self._num_samples
         audio = audio[: edge - self._window_start]
         self._window_edge = edge
         recent = join_texts(s.text for s in self._commit.committed[-20:])
@@ -331,7 +359,8 @@ class LiveSession:
         return self._events([], self._cuts[0])
 
     def finish(self, finish_reason: FinishReason = FinishReason.STOP) -> TranscriptFinal:
-        """The final transcript: every committed segment. Call after `ended`."""
+        """The final transcript: every committed segment (restored ones first). Call after
+        `ended`."""
         transcript = Transcript(self._commit.committed, self.edge_s, finish_reason)
         return TranscriptFinal(
             segments=transcript.segments,
@@ -382,7 +411,10 @@ class LiveSession:
     def _advance_window(self) -> None:
         start = min(self._committed_end_sample(), self._num_samples)
         self._window_start = max(self._window_start, start)
-        # Drop whole chunks before the window: they will never be decoded again.
+        self._drop_chunks_before_window()
+
+    def _drop_chunks_before_window(self) -> None:
+        """Drop whole chunks before the window: they will never be decoded again."""
         while self._chunks and self._buffer_start + self._chunks[0].size <= self._window_start:
             self._buffer_start += self._chunks.pop(0).size
 

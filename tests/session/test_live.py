@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from livemeet.audio.constants import SAMPLE_RATE
-from livemeet.backends.scripted import Revision, Script, ScriptedCore
+from livemeet.backends.scripted import Revision, Script, ScriptedCore, scripted_hypothesis
 from livemeet.errors import BadAudio, ProtocolError
 from livemeet.session.live import LiveOptions, LiveSession, clean_hypothesis
 from livemeet.transcriber import (
@@ -526,3 +526,132 @@ def test_a_final_does_not_move_the_next_window_past_the_later_decodes_speech() -
     assert [(s.start_s, s.end_s) for s in finals_of(events)] == [(0, 7.5)]
     live.receive_audio(audio(1.0))
     assert live.window().offset_s == 7.5
+
+
+# -- restored sessions (a restarted server, DESIGN 5.9) ----------------------------------------
+
+
+def feed(live: LiveSession, start_s: float, stop_s: float, script: Script) -> list[Event]:
+    """Append audio from `start_s` to `stop_s` in 0.5 s chunks, decoding each due hop with the
+    scripted backend's pure decode (what `RedecodeCore` does), and return the events."""
+    events: list[Event] = []
+    t = start_s
+    while t < stop_s - 1e-9:
+        step = min(0.5, stop_s - t)
+        live.receive_audio(audio(step))
+        t += step
+        events += decode_due(live, script)
+    return events
+
+
+def decode_due(live: LiveSession, script: Script) -> list[Event]:
+    if live.hop_due():
+        win = live.window()
+        return live.apply_hypothesis(scripted_hypothesis(script, win.offset_s, win.end_s, 0))
+    return live.flush()
+
+
+def close(live: LiveSession, script: Script) -> list[Event]:
+    """`end()`, then decode until the session ends; the events, `finish()` last."""
+    live.end()
+    events: list[Event] = []
+    while not live.ended:
+        events += decode_due(live, script)
+    return [*events, live.finish()]
+
+
+@pytest.mark.parametrize("cut_s", [7.0, 12.0, 20.5])
+def test_a_restored_session_goes_on_as_the_uninterrupted_one(cut_s: float) -> None:
+    """A session interrupted at `cut_s` (its finals stored) and restored from them, fed the same
+    audio again from 0 and then the rest, commits what the uninterrupted session commits:
+    same texts, times, labels and ids. No restored final comes out again, new ids follow
+    theirs, a returning speaker keeps its stored label and one heard for the first time
+    (S03, first at 9 s) gets a new one."""
+    script = Script(REFERENCE)
+    whole = LiveSession(LiveOptions(hop_s=1.0))
+    feed(whole, 0.0, DURATION_S, script)
+    want = close(whole, script)[-1]
+    assert isinstance(want, TranscriptFinal) and len(want.segments) == len(REFERENCE)
+    first = LiveSession(LiveOptions(hop_s=1.0))
+    feed(first, 0.0, cut_s, script)
+    stored = first.committed
+    assert 0 < len(stored) < len(REFERENCE)
+    restored = LiveSession(LiveOptions(hop_s=1.0), restored=stored)
+    assert restored.committed == stored
+    assert restored.committed_end_s == stored[-1].end_s
+    events = feed(restored, 0.0, DURATION_S, script) + close(restored, script)
+    new = finals_of(events)
+    assert not {s.id for s in new} & {s.id for s in stored}
+    assert [s.id for s in new] == [f"seg-{i:04d}" for i in range(len(stored) + 1, 10)]
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal) and final.segments == (*stored, *new)
+    assert final.segments == want.segments  # ids, texts, times and labels alike
+    assert [s.speaker for s in final.segments] == [r.speaker for r in REFERENCE]
+    # the open tail never shows a restored segment's words again
+    partials = [s for e in events if isinstance(e, SegmentPartial) for s in e.segments]
+    assert all(s.start_s >= stored[-1].end_s for s in partials)
+
+
+def test_a_restored_session_decodes_nothing_before_the_end_of_its_finals() -> None:
+    """Audio received again up to the restored finals' end (9 s) is not decoded as an open
+    window: no hop is due until a hop of audio past it, `window()` refuses, and a finalize or
+    end there is applied without a decode. The window past it starts at that end."""
+    script = Script(REFERENCE)
+    first = LiveSession(LiveOptions(hop_s=1.0))
+    feed(first, 0.0, 12.0, script)
+    stored = first.committed
+    assert stored[-1].end_s == 9.0
+    live = LiveSession(LiveOptions(hop_s=1.0), restored=stored)
+    assert not live.hop_due() and not live.flush_due() and live.new_samples == 0
+    live.receive_audio(audio(8.0))
+    assert not live.hop_due() and live.new_samples == 0
+    assert not live._chunks  # audio before the window is not kept
+    with pytest.raises(RuntimeError, match="no open window"):
+        live.window()
+    live.finalize()
+    assert live.flush_due() and not live.hop_due()
+    assert live.flush() == []  # nothing open to commit, nothing new to show
+    live.receive_audio(audio(1.5))
+    assert not live.hop_due() and live.new_samples == SAMPLE_RATE // 2
+    live.receive_audio(audio(0.5))
+    assert live.hop_due() and live.new_samples == SAMPLE_RATE
+    win = live.window()
+    assert win.offset_s == 9.0 and win.end_s == 10.0
+    assert win.prompt is not None and win.prompt.endswith(REFERENCE[2].text)
+    live.apply_hypothesis([])
+
+    ended = LiveSession(LiveOptions(hop_s=1.0), restored=stored)
+    ended.receive_audio(audio(4.0))
+    ended.end()
+    assert ended.flush() == [] and ended.ended
+    assert ended.finish().segments == stored
+
+
+def test_a_restored_window_starts_at_the_audio_time_of_the_finals_end() -> None:
+    """Restored finals carry the backend's timestamps: in marker time (`time_scale`, 1.5
+    here) the window starts at their end's audio time."""
+    stored = (Segment(0.0, 9.0, "S01", "one", id="seg-0001", is_final=True),)
+    live = LiveSession(LiveOptions(hop_s=1.0, time_scale=1.5), restored=stored)
+    live.receive_audio(audio(6.5))
+    assert not live.hop_due()
+    live.receive_audio(audio(0.5))
+    assert live.hop_due() and live.window().offset_s == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        ((Segment(0.0, 1.0, "S01", "partial"),), "not a final with an id"),
+        ((Segment(0.0, 1.0, "S01", "a", id="seg-0001", is_final=True),) * 2, "repeats the id"),
+        (
+            (
+                Segment(2.0, 3.0, "S01", "b", id="seg-0001", is_final=True),
+                Segment(1.0, 2.0, "S01", "a", id="seg-0002", is_final=True),
+            ),
+            "before the one ahead",
+        ),
+    ],
+)
+def test_restored_finals_are_checked(stored: tuple[Segment, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LiveSession(restored=stored)
