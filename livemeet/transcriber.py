@@ -18,9 +18,33 @@ import numpy as np
 import numpy.typing as npt
 
 from livemeet.audio.constants import LIVE_HOP_S, SAMPLE_RATE
+from livemeet.transcript.commit import check_restored_finals
 from livemeet.transcript.segments import FinishReason, Segment
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
+
+
+@dataclass(frozen=True)
+class LiveRestore:
+    """A live session re-opened after a server restart (DESIGN 5.9), from what storage kept.
+
+    `finals`: the session's committed finals, in order (starts non-decreasing), as they were
+    sent: final segments with their stable ids, session labels, and the backend's timestamps
+    (s; marker time for MOSS-TD). The owner then appends ALL of the session's audio again from
+    sample 0 (16 kHz mono float32, as before; as fast as it likes), and the client's live
+    audio after it. The backend goes on as if it had committed these finals itself: it never
+    sends them again (no `SegmentFinal` for them), new finals' ids follow theirs without
+    collision, their labels keep their speakers and a new speaker gets another, decoding
+    resumes at the last one's end, and `TranscriptFinal` holds them first. Partial revisions
+    (`SegmentPartial.rev`) start again from 1.
+    Raises ValueError for finals a session could not have committed: a segment that is not
+    final or has no id, an id twice, start_s < 0 or > end_s, starts out of order.
+    """
+
+    finals: tuple[Segment, ...]
+
+    def __post_init__(self) -> None:
+        check_restored_finals(self.finals)
 
 
 @dataclass(frozen=True)
@@ -32,6 +56,9 @@ class SessionOptions:
     at `end()`, text deltas). `prompt` replaces the default instruction; `hotwords` are appended
     to it in the upstream form (MODEL.md section 5.2). `hop_s` is the live re-decode interval in
     audio seconds. `language` is echoed only: MOSS-TD has no language conditioning.
+    `restore` re-opens a live session after a restart from its stored finals (`LiveRestore`);
+    a backend's `open` raises InvalidRequest for it on an upload (`live` False), or for finals
+    that `LiveRestore` refuses (checked again there: unpickling skips its check).
     """
 
     sample_rate: int = SAMPLE_RATE
@@ -41,6 +68,7 @@ class SessionOptions:
     language: str | None = None
     hop_s: float = LIVE_HOP_S
     max_new_tokens: int | None = None
+    restore: LiveRestore | None = None
 
 
 @dataclass(frozen=True)

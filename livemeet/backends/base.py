@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from livemeet.engine.messages import EngineStats
+from livemeet.errors import InvalidRequest
 from livemeet.transcriber import BackendInfo, Event, Samples, SessionOptions
+from livemeet.transcript.commit import check_restored_finals
+from livemeet.transcript.segments import Segment
 
 
 class BackendCore(Protocol):
@@ -18,6 +21,11 @@ class BackendCore(Protocol):
     - `load()` is called once, in the worker, before anything else; it may take minutes.
     - `open/append/finalize/end/abort` only record intent and return quickly; the work happens
       in `step()`. Unknown session ids raise KeyError (the worker reports it as an Error event).
+    - `open` with `SessionOptions.restore` re-opens a live session after a restart: the owner
+      appends all its audio again from sample 0, and the core goes on from the restored finals
+      (`LiveRestore`: never sent again, new ids after theirs, decoding from their end;
+      `LiveSession(restored=...)` does it for a core built on it). It raises InvalidRequest for
+      a restore on an upload or for bad restored finals (`restored_finals`).
     - `step()` does a bounded amount of work (one decode hop, one engine step) and returns the
       events produced, as (session_id, event) pairs in order. After `end(sid)`, the events of
       `sid` eventually include exactly one `TranscriptFinal` (or one `Error`), after which the
@@ -57,3 +65,18 @@ class BackendCore(Protocol):
     def is_holding(self) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def restored_finals(options: SessionOptions) -> tuple[Segment, ...]:
+    """The finals a session is opened with: `options.restore`'s, or none for a fresh session.
+    Raises InvalidRequest for a restore on an upload (it has no finals before `end`), and for
+    restored finals that `LiveRestore` refuses (its own check does not run on unpickling)."""
+    if options.restore is None:
+        return ()
+    if not options.live:
+        raise InvalidRequest("restore is for live sessions: an upload has no finals to restore")
+    try:
+        check_restored_finals(options.restore.finals)
+    except ValueError as exc:
+        raise InvalidRequest(f"bad restored finals: {exc}") from exc
+    return options.restore.finals

@@ -466,9 +466,13 @@ class EngineClient:
 
     async def open_session(self, options: SessionOptions) -> EngineSession:
         """Open a session. Raises EngineUnavailable when not ready, QueueFull at
-        `max_sessions`, InvalidRequest for a sample rate other than 16 kHz."""
+        `max_sessions`, InvalidRequest for a sample rate other than 16 kHz or a restore
+        (`SessionOptions.restore`) on an upload. Restored finals are checked by the backend:
+        bad ones end the session with an `invalid_request` Error event."""
         if options.sample_rate != SAMPLE_RATE:
             raise InvalidRequest(f"sample_rate must be {SAMPLE_RATE}, not {options.sample_rate}")
+        if options.restore is not None and not options.live:
+            raise InvalidRequest("restore is for live sessions: an upload has no finals to restore")
         if not self._ready:
             raise EngineUnavailable("the engine is not ready")
         if len(self._sessions) >= self.max_sessions:

@@ -44,6 +44,7 @@ from livemeet.gateway.engine_client import EngineClient, EngineSession
 from livemeet.transcriber import (
     Error,
     Event,
+    LiveRestore,
     Samples,
     SegmentFinal,
     SegmentPartial,
@@ -358,6 +359,8 @@ async def test_capacity_and_readiness() -> None:
         third = await client.open_session(SessionOptions())  # a slot came free
         with pytest.raises(InvalidRequest):
             await client.open_session(SessionOptions(sample_rate=8000))
+        with pytest.raises(InvalidRequest, match="restore is for live sessions"):
+            await client.open_session(SessionOptions(live=False, restore=LiveRestore(())))
         with pytest.raises(BadAudio):
             await third.append(np.zeros((2, 100), np.float32))
         await third.end()
