@@ -1,10 +1,12 @@
 """`RedecodeCore`: a generic `BackendCore` for backends that can transcribe a window of audio.
 
 Live sessions re-decode their open window every hop through `LiveSession` (commit policy and
-speaker mapping live there). Upload sessions (`SessionOptions.live` False) buffer all audio and
-are decoded after `end()`, one window per step (`upload_pieces`); each window's segments go
-out as they are decoded, each as a `TextDelta` (all of them concatenated equal the transcript's
-`.text`) and a `SegmentFinal`, and `TranscriptFinal` follows the last window.
+speaker mapping live there); one re-opened after a restart (`SessionOptions.restore`) decodes
+from its restored finals' end, with their recent text in the prompt. Upload sessions
+(`SessionOptions.live` False) buffer all audio and are decoded after `end()`, one window per
+step (`upload_pieces`); each window's segments go out as they are decoded, each as a
+`TextDelta` (all of them concatenated equal the transcript's `.text`) and a `SegmentFinal`, and
+`TranscriptFinal` follows the last window.
 A subclass provides `info`, `load()` and `transcribe_window()`; it may override
 `upload_pieces()` (the default walks consecutive <= 30 s windows).
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
+from livemeet.backends.base import restored_finals
 from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.engine.messages import EngineStats
 from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError
@@ -131,7 +134,13 @@ class RedecodeCore(abc.ABC):
             raise InvalidRequest(f"session {session_id!r} is already open")
         if options.sample_rate != SAMPLE_RATE:
             raise InvalidRequest(f"sample_rate must be {SAMPLE_RATE}, not {options.sample_rate}")
-        live = LiveSession(LiveOptions(hop_s=options.hop_s)) if options.live else None
+        restored = restored_finals(options)
+        live = None
+        if options.live:
+            try:
+                live = LiveSession(LiveOptions(hop_s=options.hop_s), restored=restored)
+            except ValueError as exc:
+                raise InvalidRequest(f"bad live settings: {exc}") from exc
         self._sessions[session_id] = _Session(options, live)
 
     def append(self, session_id: str, samples: Samples) -> None:

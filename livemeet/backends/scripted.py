@@ -13,6 +13,11 @@ hop number (the n-th `transcribe_window` call of the core, counting from 0):
 - `fail_hops`: `transcribe_window` raises (one session's decode fails);
 - `crash_on_step`: `step()` number n raises outside any session (the engine crashes).
 
+A live session re-opened from its stored finals (`SessionOptions.restore`) decodes windows from
+their end (`LiveSession`), so a reference segment they hold is not written again, and of one
+they cut (a finalize mid-turn) only the words after the cut. Hops count on from the core's
+count, not from 0: faults keyed by hop apply to the core, whatever the session.
+
 `ModelConfig(backend="scripted", model=PATH)` loads a script written by `Script.to_json`;
 without `model`, `DEFAULT_SCRIPT` serves.
 """

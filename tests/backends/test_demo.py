@@ -14,6 +14,7 @@ import pytest
 from livemeet.backends.demo import DemoCore, trim_to_speech
 from livemeet.errors import ConfigError
 from livemeet.transcriber import (
+    LiveRestore,
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
@@ -257,3 +258,42 @@ def test_tst00_upload_does_not_loop(demo_core: DemoCore, shared_data: Path) -> N
     assert isinstance(final, TranscriptFinal)
     assert max(len(s.text) for s in final.segments) < 200
     assert "what do we need to talk about" in words(" ".join(s.text for s in final.segments))
+
+
+def test_a_restored_live_session_hears_nothing_before_its_finals_and_keeps_s01(
+    demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live session re-opened from stored finals (a restart, DESIGN 5.9), sent all its audio
+    again from 0: the model never hears the audio under them, no stored final comes out
+    again, and new segments are S01 like the stored ones (a fresh speaker mapper, with S01
+    taken, called them S02). A fake model reads each second's number from the audio (sample
+    value k / 1000 in second k) and writes "second k." over it."""
+    heard: list[tuple[float, int]] = []  # (s of audio, the number of its first second)
+
+    def transcribe(samples: np.ndarray, **kwargs: object) -> object:
+        heard.append((samples.size / 16_000, round(float(samples[0]) * 1000)))
+        pieces = []
+        for i in range(samples.size // 16_000):
+            k = round(float(samples[i * 16_000 + 8_000]) * 1000)
+            pieces.append(SimpleNamespace(start=i + 0.1, end=i + 0.9, text=f" second {k}."))
+        return iter(pieces), None
+
+    monkeypatch.setattr(demo_core._model, "transcribe", transcribe)
+    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
+    seconds = np.repeat(np.arange(12, dtype=np.float32) / 1000, 16_000)
+    first = stream(demo_core, seconds[: 6 * 16_000], chunk_s=1.0, session_id="first")
+    stored = tuple(e.segment for e in first if isinstance(e, SegmentFinal))[:3]
+    assert [s.text for s in stored] == ["second 0.", "second 1.", "second 2."]
+    assert stored[-1].end_s == pytest.approx(2.7)
+    heard.clear()
+    options = SessionOptions(restore=LiveRestore(stored))
+    events = stream(demo_core, seconds, chunk_s=1.0, session_id="again", options=options)
+    # the first window: from the stored end, 2.7 s, to the first hop's edge past it, 4 s
+    assert heard[0] == (pytest.approx(1.3), 2)
+    assert all(k >= 2 for _, k in heard)
+    new = [e.segment for e in events if isinstance(e, SegmentFinal)]
+    assert new and not {s.id for s in new} & {s.id for s in stored}
+    assert not {s.text for s in new} & {s.text for s in stored}
+    assert {s.speaker for s in new} == {"S01"}
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal) and final.segments == (*stored, *new)

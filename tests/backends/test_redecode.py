@@ -11,7 +11,14 @@ from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.backends.scripted import Script, ScriptedCore
 from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.errors import InvalidRequest, NotFound, ProtocolError
-from livemeet.transcriber import Error, SegmentFinal, SessionOptions, TextDelta, TranscriptFinal
+from livemeet.transcriber import (
+    Error,
+    LiveRestore,
+    SegmentFinal,
+    SessionOptions,
+    TextDelta,
+    TranscriptFinal,
+)
 from livemeet.transcript.segments import Segment, Transcript
 from tests.backends.helpers import run_to_idle, stream
 
@@ -140,6 +147,28 @@ def test_command_errors() -> None:
         core.end("a")
     core.abort("a")
     assert core.num_sessions == 0 and not core.has_work()
+
+
+def unchecked_restore(finals: tuple[Segment, ...]) -> LiveRestore:
+    """A LiveRestore that skipped its own check, as one unpickled in the engine worker does."""
+    restore = object.__new__(LiveRestore)
+    object.__setattr__(restore, "finals", finals)
+    return restore
+
+
+def test_restore_errors() -> None:
+    """A restore is for live sessions only, and its finals are checked again at open."""
+    stored = (Segment(0.0, 1.0, "S01", "a", id="seg-0001", is_final=True),)
+    core = ScriptedCore()
+    with pytest.raises(InvalidRequest, match="restore is for live sessions"):
+        core.open("a", SessionOptions(live=False, restore=LiveRestore(stored)))
+    with pytest.raises(ValueError, match="repeats the id"):
+        LiveRestore(stored * 2)
+    with pytest.raises(InvalidRequest, match="repeats the id"):
+        core.open("a", SessionOptions(restore=unchecked_restore(stored * 2)))
+    with pytest.raises(InvalidRequest, match="bad live settings"):
+        core.open("a", SessionOptions(hop_s=0.0))
+    assert core.num_sessions == 0
 
 
 class PromptRecorder(ScriptedCore):
@@ -281,3 +310,32 @@ def test_idle_live_sessions_do_not_slow_an_upload() -> None:
         done = any(isinstance(e, TranscriptFinal) for _, e in core.step())
         steps += 1
     assert done and steps <= 2 * 5  # 5 upload steps, each after at most one hop
+
+
+def test_a_restored_session_decodes_from_its_finals_end_with_their_text_in_the_prompt() -> None:
+    """A live session re-opened from stored finals ending at 9 s decodes no window before
+    them, though all the audio comes again from 0, and its first prompt ends with their text
+    (the demo, `use_committed_prompt` False, gets none)."""
+    reference = long_reference(20.0, seg_s=3.0)  # turns end at 3.2, 6.2, 9.2, ...
+    stored = tuple(
+        Segment(r.start_s, r.end_s, r.speaker, r.text, id=f"seg-{i + 1:04d}", is_final=True)
+        for i, r in enumerate(reference[:3])
+    )
+    windows: list[tuple[float, float]] = []
+
+    class WindowRecorder(PromptRecorder):
+        def transcribe_window(self, samples, offset_s, prompt):  # type: ignore[no-untyped-def]
+            windows.append((offset_s, offset_s + samples.size / SAMPLE_RATE))
+            return super().transcribe_window(samples, offset_s, prompt)
+
+    core = WindowRecorder(Script(reference))
+    options = SessionOptions(prompt="Agenda:", restore=LiveRestore(stored))
+    events = stream(core, audio(16.0), options=options)
+    assert windows and min(start for start, _ in windows) == pytest.approx(9.2)
+    assert core.prompts[0] == f"Agenda: {' '.join(r.text for r in reference[:3])}"
+    finals = [e.segment for e in events if isinstance(e, SegmentFinal)]
+    assert [s.id for s in finals] == ["seg-0004", "seg-0005", "seg-0006"]
+    assert [s.text for s in finals[:2]] == [r.text for r in reference[3:5]]
+    assert reference[5].text.startswith(finals[2].text)  # cut by end() at 16 s
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal) and final.segments[:3] == stored
