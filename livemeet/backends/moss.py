@@ -28,7 +28,9 @@ A hop is a LIVE request with a deadline one hop ahead; it keeps its KV after fin
 whose embeddings were final and whose markers were placed, `stable_prefix_len`). While a hop is
 in flight no other starts for that session, so the hop grows with load. `LiveSession` owns the
 commit policy and speaker labels: each hop's hypothesis is cut to the speech after the last
-final, mapped and committed there.
+final, mapped and committed there. A live session re-opened after a restart
+(`SessionOptions.restore`, DESIGN 5.9) starts its `LiveSession` from the stored finals, so its
+first hop forces them as the committed transcript, and prefills all the audio sent again.
 
 Benchmarks (backends/forced_output.py): `ModelConfig.forced_output` names a reference
 transcript (`[0.00][S01]text[1.20]...`) whose tokens replace the sampled ones (DESIGN section 4);
@@ -58,6 +60,7 @@ from livemeet.audio.constants import (
     WINDOW_SAMPLES,
     num_audio_tokens,
 )
+from livemeet.backends.base import restored_finals
 from livemeet.backends.forced_output import forced_hop_parts, forced_skip_keys, read_forced_output
 from livemeet.backends.forced_transcript import forced_piece, forced_prefix
 from livemeet.backends.segment_stream import SegmentStream, UploadTranscript
@@ -320,11 +323,14 @@ class MossCore:
             raise InvalidRequest(f"sample_rate must be {SAMPLE_RATE}, not {options.sample_rate}")
         if options.max_new_tokens is not None and options.max_new_tokens < 1:
             raise InvalidRequest(f"max_new_tokens must be >= 1, not {options.max_new_tokens}")
+        restored = restored_finals(options)
         if options.live:
             endpointer = Endpointer(webrtc_classifier()) if self.config.live_vad else None
             try:
                 live = LiveSession(
-                    LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()), endpointer
+                    LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()),
+                    endpointer,
+                    restored,
                 )
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc

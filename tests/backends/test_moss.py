@@ -42,6 +42,7 @@ from livemeet.session.live import LiveSession
 from livemeet.transcriber import (
     Error,
     Event,
+    LiveRestore,
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
@@ -1797,3 +1798,82 @@ def test_live_decode_only_steps_change_no_event(
         assert events == [e for s, e in plain if s == sid]
         assert isinstance(events[-1], TranscriptFinal) and events[-1].segments
     assert stats.num_decode_steps > plain_stats.num_decode_steps
+
+
+# -- restored live sessions (a restarted server, DESIGN 5.9) -----------------------------------
+
+
+def stream_restored(
+    core: MossCore, audio: np.ndarray, stored: tuple[Segment, ...], head_s: float
+) -> list[Event]:
+    """A live session re-opened from `stored`: the first `head_s` of `audio` again at once (as
+    the gateway re-sends stored audio), then 1 s chunks, stepping to idle after each."""
+    core.open("L", SessionOptions(live=True, hop_s=1.0, restore=LiveRestore(stored)))
+    out: list[tuple[str, Event]] = []
+    head = round(head_s * SAMPLE_RATE)
+    core.append("L", audio[:head])
+    run_to_idle(core, out)
+    for i in range(head, len(audio), SAMPLE_RATE):
+        core.append("L", audio[i : i + SAMPLE_RATE])
+        run_to_idle(core, out)
+    core.end("L")
+    run_to_idle(core, out)
+    return [e for s, e in out if s == "L"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0, 2_048])
+def test_a_restored_live_session_forces_its_finals_and_never_sends_them_again(
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, budget: int
+) -> None:
+    """A live session re-opened from its first two stored finals and sent all its audio again
+    from 0: its first hop forces those finals as the transcript so far (DESIGN 5.3; none with
+    a forced budget of 0, whose hops re-decode the whole meeting and have the restored turns
+    cut off after them), none of them comes out again, and the transcript is the
+    uninterrupted session's, ids included."""
+    whole = make_core(
+        our_model, tmp_path, forced=LIVE_REFERENCE, live_forced_transcript_tokens=budget
+    )
+    want = stream_live(whole, clips[11.0], head_s=2.0, chunk_s=1.0, hop_s=1.0)[-1]
+    assert isinstance(want, TranscriptFinal) and len(want.segments) == 5
+    stored = want.segments[:2]  # to 4.0 s
+    core = make_core(
+        our_model, tmp_path, forced=LIVE_REFERENCE, live_forced_transcript_tokens=budget
+    )
+    prefixes = record_prefixes(core)
+    events = stream_restored(core, clips[11.0], stored, head_s=6.0)
+    first = prefixes["L/hop000000"]
+    assert core.engine is not None
+    if budget:
+        text = core.engine.tokenizer.decode(first)
+        assert not text.endswith("]")  # token healing: the decode writes the last `]`
+        forced = parse_transcript(text + "]")
+        assert [(s.speaker, s.text, s.start_s, s.end_s) for s in forced] == [
+            (s.speaker, s.text, s.start_s, s.end_s) for s in stored
+        ]
+    else:
+        assert not any(prefixes.values())
+    new = [e.segment for e in events if isinstance(e, SegmentFinal)]
+    assert not {s.id for s in new} & {s.id for s in stored}
+    assert not {s.text for s in new} & {s.text for s in stored}
+    final = events[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert final.segments == (*stored, *new) == want.segments
+    assert_pool_clean(core)
+
+
+def test_a_restore_is_for_live_sessions_and_its_finals_are_checked(
+    our_model: MossTDModel, tmp_path: Path
+) -> None:
+    core = make_core(our_model, tmp_path)
+    stored = (Segment(0.0, 1.0, "S01", "a", id="seg-0001", is_final=True),)
+    with pytest.raises(InvalidRequest, match="restore is for live sessions"):
+        core.open("x", SessionOptions(live=False, restore=LiveRestore(stored)))
+    unchecked = object.__new__(LiveRestore)  # as unpickled in the worker: no __post_init__
+    object.__setattr__(unchecked, "finals", stored * 2)
+    with pytest.raises(InvalidRequest, match="repeats the id"):
+        core.open("x", SessionOptions(restore=unchecked))
+    core.open("x", SessionOptions(restore=LiveRestore(stored)))
+    live = core._sessions["x"].live  # type: ignore[union-attr]
+    assert live.committed == stored
+    core.abort("x")
