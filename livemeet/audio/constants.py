@@ -98,19 +98,22 @@ ACK_INTERVAL_S = 0.250
 # an ack's delay within one interval, while a commit (an fdatasync per session's file plus one
 # SQLite transaction) serves every session's ~0.1 s of frames at once, not one frame each
 JOURNAL_COMMIT_INTERVAL_S = 0.100
+# bytes of stored audio a rebuilt session is fed per append (whole frames): 1 MiB is ~33 s at
+# 16 kHz mono, ~5 s of 48-kHz stereo; big enough that an hour's file is a few hundred reads
+JOURNAL_READ_CHUNK_BYTES = 1 << 20
 # s a live session whose socket went away waits for a resume before it is ended as by `end`
 # (`serve --live-resume-window`; 0: no resume, a vanished client's session is aborted)
 LIVE_RESUME_WINDOW_S = 60.0
 RESUME_TOKEN_BYTES = 32  # bytes of randomness in a resume token (256 bits, secrets module)
+# s a resume waits for the session's accepted audio to reach the disk before `session.ready`
+# (its offset then acknowledges only durable audio); the journal commits every
+# JOURNAL_COMMIT_INTERVAL_S, so this is many commits (a slow disk: the resume goes on)
+LIVE_RESUME_DURABLE_WAIT_S = 1.0
 MAX_RESUME_FIELD_CHARS = 128  # characters; longest `resume.session_id` / `resume_token`
 # s a resume waits for the socket it takes its session over from to close (it sends that
 # socket `session_taken_over`); a dead peer never answers the close, so the wait is bounded
 LIVE_TAKEOVER_CLOSE_S = 1.0
 # Captions subscriptions (GET /v1/sessions/{id}/captions, gateway/captions.py):
-# bytes of randomness in a session's read-only captions token (256 bits, secrets module): the
-# capability for its captions and transcript, since session ids come from the backend and
-# may be guessable (the fake's are "fake-0", "fake-1", ...) and are logged
-CAPTIONS_TOKEN_BYTES = 32
 # finals a subscriber is sent on joining (then the current partial): an overlay shows the
 # last 2-3 lines; 20 give a page that scrolls some context without replaying an hour
 CAPTIONS_SNAPSHOT_FINALS = 20

@@ -37,6 +37,7 @@ from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     CONFIG_KEY,
+    JOURNAL_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
@@ -44,9 +45,11 @@ from livemeet.gateway.keys import (
     STORE_KEY,
     TRANSCRIBER_KEY,
     Lifecycle,
+    live_dir,
     tmp_dir,
     transcripts_dir,
 )
+from livemeet.gateway.live_journal import LiveJournal, RestoredSession
 from livemeet.gateway.live_protocol import LIVE_PATH
 from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
@@ -88,11 +91,13 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
     app[METRICS_KEY] = metrics
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
+    app[JOURNAL_KEY] = LiveJournal(live_dir(config))
     app[SESSIONS_KEY] = LiveSessions(
         config.gateway.live_resume_window_s,
         config.gateway.final_timeout_s,
         metrics,
         app[STORE_KEY],
+        app[JOURNAL_KEY],
     )
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):
@@ -220,8 +225,16 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     if stale:
         log.warning("removed %d upload spill files left by an earlier run", stale)
     transcriber = app[TRANSCRIBER_KEY]
-    await transcriber.start()
+    journal = app[JOURNAL_KEY]
     try:
+        unfinished = await asyncio.to_thread(journal.load_unfinished)
+    except OSError as exc:
+        raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
+    await transcriber.start()
+    journal.start(asyncio.get_running_loop())
+    try:
+        if unfinished:
+            await _restore_live_sessions(app, unfinished)
         info = transcriber.info
         app[METRICS_KEY].demo.set(1 if info.demo else 0)
         if info.demo:
@@ -236,6 +249,19 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         app[LIFECYCLE_KEY].started = False
         await app[SESSIONS_KEY].close()  # detached sessions' engine slots, before the engine
         await transcriber.close()
+        # finished sessions leave the journal once their transcript files are written
+        await flush_transcripts(app)
+        await journal.close()
+
+
+async def _restore_live_sessions(app: web.Application, unfinished: list[RestoredSession]) -> None:
+    """Rebuild the live sessions a stopped (or crashed) server left unfinished (DESIGN 5.9)."""
+    log.info("rebuilding %d live sessions left unfinished by the last run", len(unfinished))
+    started = time.monotonic()
+    transcriber = app[TRANSCRIBER_KEY]
+    hop_s = app[CONFIG_KEY].gateway.live_hop_s
+    rebuilt = await app[SESSIONS_KEY].restore(unfinished, transcriber.open_session, hop_s)
+    log.info("rebuilt %d live sessions in %.1f s", rebuilt, time.monotonic() - started)
 
 
 async def close_live_sockets(app: web.Application) -> None:

@@ -18,6 +18,7 @@ from livemeet.gateway.upload_form import ByteBudget
 from livemeet.transcriber import Transcriber
 
 if TYPE_CHECKING:
+    from livemeet.gateway.live_journal import LiveJournal
     from livemeet.gateway.live_sessions import LiveSessions
     from livemeet.gateway.ws_live import LiveRegistry
 
@@ -40,6 +41,7 @@ CONFIG_KEY = web.AppKey("config", ServerConfig)
 TRANSCRIBER_KEY = web.AppKey("transcriber", Transcriber)
 REGISTRY_KEY: web.AppKey[LiveRegistry] = web.AppKey("live_registry")
 SESSIONS_KEY: web.AppKey[LiveSessions] = web.AppKey("live_sessions")
+JOURNAL_KEY: web.AppKey[LiveJournal] = web.AppKey("live_journal")
 METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 STORE_KEY = web.AppKey("transcripts", TranscriptStore)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
@@ -52,3 +54,8 @@ def tmp_dir(config: ServerConfig) -> Path:
 
 def transcripts_dir(config: ServerConfig) -> Path:
     return config.data_dir / "transcriptions"
+
+
+def live_dir(config: ServerConfig) -> Path:
+    """The live journal: live sessions' audio and finals (gateway/live_journal.py)."""
+    return config.data_dir / "live"

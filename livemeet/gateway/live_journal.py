@@ -26,6 +26,7 @@ writer posts back with `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import io
 import json
 import logging
@@ -34,12 +35,17 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-from livemeet.audio.constants import JOURNAL_COMMIT_INTERVAL_S, PCM_S16LE_BYTES
+from livemeet.audio.constants import (
+    JOURNAL_COMMIT_INTERVAL_S,
+    JOURNAL_READ_CHUNK_BYTES,
+    PCM_S16LE_BYTES,
+)
 from livemeet.errors import ConfigError, InternalError, StorageFailed
 from livemeet.gateway.transcript_store import live_transcript_id
 from livemeet.transcript.segments import Segment, SegmentFlag
@@ -50,6 +56,7 @@ SCHEMA_VERSION = 1  # PRAGMA user_version of the journals this code writes and r
 DB_NAME = "sessions.sqlite3"
 AUDIO_DIR = "audio"
 AUDIO_SUFFIX = ".s16le"
+LOCK_NAME = "lock"  # flock'd by the journal's server while it runs
 
 _SCHEMA = """
 CREATE TABLE sessions (
@@ -60,6 +67,7 @@ CREATE TABLE sessions (
     sample_rate INTEGER NOT NULL,  -- Hz, the client's declared rate
     channels INTEGER NOT NULL,
     created_at REAL NOT NULL,  -- unix seconds
+    options TEXT NOT NULL DEFAULT '{}',  -- JSON: the session's prompt, hotwords, language
     state TEXT NOT NULL CHECK (state IN ('live', 'finished', 'discarded')),
     durable_frames INTEGER NOT NULL DEFAULT 0,  -- sample frames synced in the audio file
     names TEXT NOT NULL DEFAULT '[]'  -- JSON [[label, name], ...] in naming order
@@ -75,8 +83,8 @@ CREATE TABLE finals (
 
 _INSERT_SESSION = """
 INSERT OR REPLACE INTO sessions (session_id, audio_name, resume_token_sha256,
-    captions_token_sha256, sample_rate, channels, created_at, state)
-VALUES (?, ?, ?, ?, ?, ?, ?, 'live')
+    captions_token_sha256, sample_rate, channels, created_at, options, state)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'live')
 """
 # seq from the table itself, so an adopted session's finals go on after its restored ones
 _INSERT_FINAL = """
@@ -85,7 +93,7 @@ VALUES (?, (SELECT COALESCE(MAX(seq) + 1, 0) FROM finals WHERE session_id = ?), 
 """
 _SELECT_LIVE = """
 SELECT session_id, audio_name, resume_token_sha256, captions_token_sha256, sample_rate,
-    channels, created_at, durable_frames, names
+    channels, created_at, options, durable_frames, names
 FROM sessions WHERE state = 'live' ORDER BY created_at, session_id
 """
 
@@ -108,6 +116,10 @@ class JournalSession:
     sample_rate: int  # Hz, the client's declared rate
     channels: int  # interleaved in the audio file
     created_at: float  # unix seconds
+    # what the client's `start` asked for: a rebuilt session is opened with the same
+    prompt: str | None = None
+    hotwords: tuple[str, ...] = ()
+    language: str | None = None
 
     @property
     def frame_bytes(self) -> int:
@@ -128,6 +140,18 @@ class RestoredSession:
 
 DurableCallback = Callable[[int], None]  # sample frames now durable
 FailedCallback = Callable[[StorageFailed], None]
+
+
+async def read_pcm(path: Path, frame_bytes: int) -> AsyncIterator[bytes]:
+    """A restored session's audio file (`RestoredSession.audio_path`) in chunks of whole
+    sample frames of at most JOURNAL_READ_CHUNK_BYTES, read off the loop. Raises OSError."""
+    chunk = max(frame_bytes, JOURNAL_READ_CHUNK_BYTES // frame_bytes * frame_bytes)
+    f = await asyncio.to_thread(open, path, "rb")
+    try:
+        while data := await asyncio.to_thread(f.read, chunk):
+            yield data
+    finally:
+        f.close()
 
 
 def audio_name(session_id: str) -> str:
@@ -232,6 +256,7 @@ class LiveJournal:
         self._thread: threading.Thread | None = None
         self._joined: asyncio.Future[None] | None = None
         self._closed = False
+        self._lock_file: io.BufferedRandom | None = None  # the held lock (`_lock`)
 
     @property
     def db_path(self) -> Path:
@@ -367,6 +392,9 @@ class LiveJournal:
                 self._joined = loop.run_in_executor(None, self._thread.join)
         if self._joined is not None:
             await self._joined
+        if self._lock_file is not None:
+            self._lock_file.close()  # releases the flock
+            self._lock_file = None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -377,6 +405,24 @@ class LiveJournal:
             self.audio_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StorageFailed(f"live journal {self.root} could not be created: {exc}") from exc
+        self._lock()
+
+    def _lock(self) -> None:
+        """Hold the journal's lock file (an exclusive flock, released at `close` or when the
+        process dies), so that a second server on the same data dir is refused rather than
+        rebuilding and appending to the first one's sessions. Raises ConfigError."""
+        if self._lock_file is not None:
+            return
+        f = open(self.root / LOCK_NAME, "a+b")  # noqa: SIM115  (held until close)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            f.close()
+            raise ConfigError(
+                f"live journal {self.root} is in use by another livemeet server "
+                "(one server per --data-dir)"
+            ) from exc
+        self._lock_file = f
 
     def _new_handle(
         self,
@@ -415,6 +461,7 @@ class LiveJournal:
             sample_rate=row["sample_rate"],
             channels=row["channels"],
             created_at=row["created_at"],
+            **_options_from_json(row["options"]),
         )
         path = self.audio_dir / row["audio_name"]
         recorded_frames: int = row["durable_frames"]
@@ -500,6 +547,20 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
         )
     if mode != "wal":  # a filesystem without shared memory: still safe, slower commits
         log.warning("live journal %s: journal mode %s, not WAL", path, mode)
+
+
+def _options_to_json(meta: JournalSession) -> str:
+    options = {"prompt": meta.prompt, "hotwords": list(meta.hotwords), "language": meta.language}
+    return json.dumps(options, ensure_ascii=False)
+
+
+def _options_from_json(text: str) -> dict[str, Any]:
+    options = json.loads(text)
+    return {
+        "prompt": options.get("prompt"),
+        "hotwords": tuple(options.get("hotwords") or ()),
+        "language": options.get("language"),
+    }
 
 
 def _segment_to_json(segment: Segment) -> str:
@@ -684,6 +745,7 @@ class _Writer:
                         meta.sample_rate,
                         meta.channels,
                         meta.created_at,
+                        _options_to_json(meta),
                     ),
                 ),
             ]

@@ -11,8 +11,14 @@ while no socket is attached, and a resume gets what it missed.
 as by the client's `end` (its transcript completes and its engine slot is freed), and the
 holder is dropped `window_s` after its terminal event (the final stays replayable until then).
 Every holder is dropped exactly once (`_drop`: its backend session aborted, its pump and timer
-cancelled); every holder's `end` runs at most once. In-process only: a restarted server has no
-sessions to resume.
+cancelled); every holder's `end` runs at most once.
+
+Durability (DESIGN 5.9, gateway/live_journal.py): with a journal, a holder writes the client's
+audio (after the backend took it), its finals and names to disk; `num_frames_durable` is what
+the journal reported written, and only that is acknowledged. A session is finished in the
+journal once its final transcript is stored, discarded when dropped without one, and kept
+when the server stops first: `restore` rebuilds those at the next start (a new backend session
+from the stored finals, fed the stored audio), detached, for their clients to resume.
 
 Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
 (`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
@@ -31,43 +37,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import functools
 import logging
-import secrets
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from livemeet.audio.constants import (
-    CAPTIONS_TOKEN_BYTES,
     LIVE_DRAIN_TIMEOUT_S,
+    LIVE_RESUME_DURABLE_WAIT_S,
     LIVE_TAKEOVER_CLOSE_S,
     MAX_NAMED_SPEAKERS,
-    RESUME_TOKEN_BYTES,
 )
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
+    EngineUnavailable,
     InternalError,
     InvalidRequest,
     LivemeetError,
     NotFound,
     SessionTakenOver,
+    StorageFailed,
     Unauthorized,
 )
+from livemeet.gateway.live_journal import JournalSession, LiveJournal, RestoredSession, read_pcm
 from livemeet.gateway.live_protocol import (
+    PCM_ENCODING,
     AudioFormat,
     ResumeRequest,
     SpeakerRenamed,
     require_same_format,
 )
 from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.session_tokens import SessionTokens
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.transcriber import (
     TERMINAL_EVENTS,
     Error,
     Event,
+    LiveRestore,
     SegmentFinal,
     SegmentPartial,
+    SessionOptions,
     TranscriberSession,
     TranscriptFinal,
 )
@@ -96,6 +108,9 @@ class EventSink(Protocol):
         """Another socket resumed the session: stop carrying it, and close with
         `session_taken_over` (the task returned does the closing)."""
         ...
+
+    def audio_durable(self) -> None:
+        """More of the session's audio is on disk: an `audio.ack` may go out."""
 
 
 class CaptionsSink(Protocol):
@@ -159,31 +174,46 @@ class LiveSessionHolder:
         session: TranscriberSession,
         decoder: PcmStreamDecoder,
         audio_format: AudioFormat,
-        token: str,
+        tokens: SessionTokens,
         on_terminal: Callable[[LiveSessionHolder], None],
-        captions_token: str,
+        *,
+        session_id: str | None = None,
+        journal: LiveJournal | None = None,
     ) -> None:
-        # an empty token would let an empty `?token=` read the session
-        assert captions_token, "a session needs a captions token"
         self.session = session
+        # the id clients know: the backend session's, or, for a session rebuilt after a
+        # restart, the id it had before (its backend session is a new one)
+        self.id = session_id if session_id is not None else session.id
         self.decoder = decoder
         self.audio_format = audio_format
-        self.token = token
-        self.captions_token = captions_token  # read-only: captions and transcript
+        self.tokens = tokens
         self.replay = ReplayState()
         self.sink: EventSink | None = None
         self.subscribers: set[CaptionsSink] = set()
         self.lock = asyncio.Lock()
         self.num_frames_accepted = 0  # sample frames at the client's rate the backend has
+        # of those, the frames the journal holds on disk (all of them without a journal):
+        # what `audio.ack` may acknowledge (DESIGN 5.9)
+        self.num_frames_durable = 0
+        self._durable_changed = asyncio.Event()
+        self.journal = journal
+        # the journal was told the session's fate (finished, discarded): nothing more goes
+        # to it. Set at once for a session without a journal.
+        self.journal_closed = journal is None
         self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
         self.dropped = False
         self.timer: asyncio.TimerHandle | None = None  # expiry or drop, while detached
         self._on_terminal = on_terminal
-        self.pump = asyncio.create_task(self._pump(), name=f"live-pump-{session.id}")
+        self.pump = asyncio.create_task(self._pump(), name=f"live-pump-{self.id}")
 
     @property
-    def id(self) -> str:
-        return self.session.id
+    def token(self) -> str | None:
+        """The resume token, where this process knows it (module docstring)."""
+        return self.tokens.resume_token
+
+    @property
+    def captions_token(self) -> str | None:
+        return self.tokens.captions_token
 
     def subscribe(self, subscriber: CaptionsSink, max_finals: int) -> list[SessionEvent]:
         """Add a captions subscriber; returns its snapshot (the last `max_finals` finals, then
@@ -197,9 +227,8 @@ class LiveSessionHolder:
         self.subscribers.discard(subscriber)
 
     def authorizes_captions(self, token: str) -> bool:
-        """Whether `token` is the session's captions token."""
-        # constant time: the comparison must not tell how much of a guess was right
-        return hmac.compare_digest(self.captions_token.encode(), token.encode())
+        """Whether `token` is the session's captions token (constant time)."""
+        return self.tokens.authorizes_captions(token)
 
     def transcript_so_far(self) -> Transcript:
         """The session's transcript now: its final one once that came, else the finals so
@@ -227,10 +256,49 @@ class LiveSessionHolder:
         `append`."""
         async with self.lock:
             self._check_owner(owner)
-            samples = self.decoder.feed(pcm)
-            if len(samples):
-                await self.session.append(samples)
-            self.num_frames_accepted = self.decoder.num_input_frames
+            await self._feed(pcm)
+            if self.journal is not None:
+                self.journal.append_audio(self.id, pcm)  # after the backend took it
+            else:
+                self.num_frames_durable = self.num_frames_accepted
+
+    async def _feed(self, pcm: bytes) -> None:
+        """Decode and append (under `lock`)."""
+        samples = self.decoder.feed(pcm)
+        if len(samples):
+            await self.session.append(samples)
+        self.num_frames_accepted = self.decoder.num_input_frames
+
+    async def replay_audio(self, chunks: AsyncIterator[bytes]) -> None:
+        """A session rebuilt after a restart: append its stored audio (the client's PCM16 LE
+        frames from the session's start, in order) before any socket attaches; all of it is
+        durable already. Raises as the backend's `append`."""
+        async with self.lock:
+            async for pcm in chunks:
+                await self._feed(pcm)
+            self.num_frames_durable = self.num_frames_accepted
+
+    def durable(self, frames: int) -> None:
+        """The journal holds `frames` sample frames of the session on disk (its writer's
+        report, on the loop): the socket attached may acknowledge them."""
+        self.num_frames_durable = max(self.num_frames_durable, frames)
+        self._durable_changed.set()
+        if self.sink is not None:
+            self.sink.audio_durable()
+
+    async def wait_durable(self, timeout_s: float) -> bool:
+        """Wait, at most `timeout_s`, until every accepted frame is durable (a resume's
+        `session.ready` offset then acknowledges only audio on disk); returns whether it is."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.num_frames_durable < self.num_frames_accepted and not self.journal_closed:
+            self._durable_changed.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._durable_changed.wait()
+            except TimeoutError:
+                return False
+        return True
 
     def rename(self, owner: EventSink, speaker: str, name: str | None) -> bool:
         """The client names `speaker` (None: removes its name): recorded for a resume, the
@@ -291,10 +359,31 @@ class LiveSessionHolder:
         self.subscribers.clear()
         await self.session.abort()  # idempotent; frees the engine's slot
 
+    def close_journal(self, *, finished: bool) -> None:
+        """Tell the journal the session's fate, once: `finished` (its final transcript is
+        stored) or discarded (dropped without one); its audio file goes either way."""
+        if self.journal is None or self.journal_closed:
+            return
+        self.journal_closed = True
+        try:
+            if finished:
+                self.journal.finish(self.id)
+            else:
+                self.journal.discard(self.id)
+        except InternalError as exc:  # the journal closed first (shutdown): kept for a restart
+            log.warning(
+                "live session %s: journal closed before its end was noted: %s", self.id, exc
+            )
+
     def cancel_timer(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+
+    def fail(self, error: Error) -> None:
+        """End the session with `error` as its terminal event (sent to its socket and
+        subscribers); the caller drops it."""
+        self._record(error)
 
     def _check_owner(self, owner: EventSink) -> None:
         if self.sink is not owner:
@@ -315,6 +404,11 @@ class LiveSessionHolder:
 
     def _record(self, event: SessionEvent) -> None:
         self.replay.record(event)
+        if self.journal is not None and not self.journal_closed:
+            if isinstance(event, SegmentFinal):
+                self.journal.add_final(self.id, event.segment)
+            elif isinstance(event, SpeakerRenamed):
+                self.journal.set_names(self.id, tuple(self.replay.names.items()))
         if self.sink is not None:
             self.sink.deliver(event)
         for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver
@@ -333,6 +427,7 @@ class LiveSessions:
         final_timeout_s: float,
         metrics: GatewayMetrics,
         store: TranscriptStore | None = None,
+        journal: LiveJournal | None = None,
     ) -> None:
         self.window_s = window_s
         self.final_timeout_s = final_timeout_s
@@ -342,6 +437,7 @@ class LiveSessions:
         self._tasks: set[asyncio.Task[None]] = set()
         self._metrics = metrics
         self._store = store  # where finished sessions' transcripts go (None: nowhere)
+        self._journal = journal  # where sessions' audio and finals go (None: memory only)
 
     def __len__(self) -> int:
         return len(self._holders)
@@ -360,17 +456,111 @@ class LiveSessions:
         decoder: PcmStreamDecoder,
         audio_format: AudioFormat,
         sink: EventSink,
+        options: SessionOptions | None = None,
     ) -> LiveSessionHolder:
-        """Register a new session, attached to `sink`, with a fresh resume token."""
+        """Register a new session, attached to `sink`, with fresh tokens; with a journal, its
+        audio and finals are written to disk from now on, with its `options` (the prompt,
+        hotwords and language a rebuild after a restart opens it with again)."""
         assert session.id not in self._holders, f"session id {session.id} is in use"
-        token = secrets.token_urlsafe(RESUME_TOKEN_BYTES)
-        captions_token = secrets.token_urlsafe(CAPTIONS_TOKEN_BYTES)
+        tokens = SessionTokens.new()
         holder = LiveSessionHolder(
-            session, decoder, audio_format, token, self._on_terminal, captions_token
+            session, decoder, audio_format, tokens, self._on_terminal, journal=self._journal
         )
+        if self._journal is not None:
+            meta = JournalSession(
+                holder.id,
+                tokens.resume_sha256,
+                tokens.captions_sha256,
+                audio_format.sample_rate,
+                audio_format.channels,
+                time.time(),
+                prompt=options.prompt if options else None,
+                hotwords=options.hotwords if options else (),
+                language=options.language if options else None,
+            )
+            self._journal.open_session(
+                meta, holder.durable, functools.partial(self._storage_failed, holder)
+            )
         self._holders[holder.id] = holder
         holder.attach(sink, resumed=False)
         return holder
+
+    async def restore(
+        self,
+        restored: Sequence[RestoredSession],
+        open_session: Callable[[SessionOptions], Awaitable[TranscriberSession]],
+        hop_s: float,
+    ) -> int:
+        """After a restart: rebuild each unfinished session of the journal (DESIGN 5.9). Its
+        backend session is opened anew with its finals (`LiveRestore`: they stay committed,
+        with their ids and labels) and fed the session's stored audio from the start; it then
+        waits detached, as after a dropped socket, for a resume within `window_s` (its client
+        resends from the durable offset), else it is ended and its transcript stored. Returns
+        how many were rebuilt; one that cannot be (its backend refuses it) is logged and
+        discarded, one the engine could not take now (EngineUnavailable) is left for the
+        next start."""
+        assert self._journal is not None, "restore needs the journal"
+        rebuilt = 0
+        for stored in restored:
+            try:
+                await self._rebuild(stored, open_session, hop_s)
+            except EngineUnavailable as exc:
+                log.error("live session %s not rebuilt now: %s", stored.meta.session_id, exc)
+                continue
+            except LivemeetError as exc:
+                log.error(
+                    "live session %s cannot be rebuilt (%s: %s): discarded",
+                    stored.meta.session_id, exc.code, exc,
+                )  # fmt: skip
+                self._journal.adopt(stored, lambda _: None, lambda _: None)
+                self._journal.discard(stored.meta.session_id)
+                continue
+            rebuilt += 1
+        return rebuilt
+
+    async def _rebuild(
+        self,
+        stored: RestoredSession,
+        open_session: Callable[[SessionOptions], Awaitable[TranscriberSession]],
+        hop_s: float,
+    ) -> None:
+        meta = stored.meta
+        assert self._journal is not None
+        options = SessionOptions(
+            live=True,
+            prompt=meta.prompt,
+            hotwords=meta.hotwords,
+            language=meta.language,
+            hop_s=hop_s,
+            restore=LiveRestore(stored.finals),
+        )
+        session = await open_session(options)
+        audio_format = AudioFormat(meta.sample_rate, meta.channels, PCM_ENCODING)
+        decoder = PcmStreamDecoder(meta.sample_rate, meta.channels, PCM_ENCODING)
+        tokens = SessionTokens(meta.resume_token_sha256, meta.captions_token_sha256)
+        holder = LiveSessionHolder(
+            session, decoder, audio_format, tokens, self._on_terminal,
+            session_id=meta.session_id, journal=self._journal,
+        )  # fmt: skip
+        holder.replay.finals = [SegmentFinal(seg) for seg in stored.finals]
+        holder.replay.names = dict(stored.names)
+        self._holders[holder.id] = holder
+        self._journal.adopt(stored, holder.durable, functools.partial(self._storage_failed, holder))
+        try:
+            await holder.replay_audio(read_pcm(stored.audio_path, meta.frame_bytes))
+        except BaseException:
+            await self._drop(holder, keep_journal=True)
+            raise
+        self._arm(holder)
+        self._update_detached()
+        log.info(
+            "live session %s rebuilt from the journal: %d finals, %.1f s of audio; kept %g s "
+            "for a resume",
+            holder.id,
+            len(stored.finals),
+            stored.durable_frames / meta.sample_rate,
+            self.window_s,
+        )
 
     async def resume(
         self, request: ResumeRequest, audio_format: AudioFormat, sink: EventSink
@@ -393,6 +583,14 @@ class LiveSessions:
             if previous is not None:
                 closing = previous.take_over()
                 await asyncio.wait({closing}, timeout=LIVE_TAKEOVER_CLOSE_S)
+            if not await holder.wait_durable(LIVE_RESUME_DURABLE_WAIT_S):
+                log.warning(
+                    "live session %s resumed with %d frames not yet on disk",
+                    holder.id,
+                    holder.num_frames_accepted - holder.num_frames_durable,
+                )
+            if holder.token is None:  # rebuilt after a restart: the client proved it has it
+                holder.tokens = holder.tokens.learned(request.resume_token)
             holder.attach(sink, resumed=True)
         outcome = "resumed" if previous is None else "taken_over"
         self._metrics.live_resumes.labels(outcome).inc()
@@ -443,9 +641,13 @@ class LiveSessions:
         if pumps:
             _, late = await asyncio.wait(pumps, timeout=timeout_s)
             if late:
-                log.warning("%d detached live sessions had no final in time: lost", len(late))
+                log.warning(
+                    "%d detached live sessions had no final in time: %s",
+                    len(late),
+                    "kept in the journal for the next start" if self._journal else "lost",
+                )
         for holder in detached:
-            await self._drop(holder)
+            await self._drop(holder, keep_journal=True)
 
     async def close(self) -> None:
         """App cleanup: drop every session left and stop every timer's task."""
@@ -455,7 +657,7 @@ class LiveSessions:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         for holder in list(self._holders.values()):
-            await self._drop(holder)
+            await self._drop(holder, keep_journal=True)
 
     async def _finish_for_drain(self, holder: LiveSessionHolder) -> None:
         """A socket went during the shutdown's drain (its session ended by the drain, or
@@ -466,17 +668,15 @@ class LiveSessions:
         remaining_s = self._drain_deadline_s - asyncio.get_running_loop().time()
         if remaining_s > 0:
             await asyncio.wait({holder.pump}, timeout=remaining_s)
-        await self._drop(holder)
+        await self._drop(holder, keep_journal=True)
 
     def _find(self, request: ResumeRequest) -> LiveSessionHolder:
         holder = self._holders.get(request.session_id)
         if holder is None or self.window_s <= 0:
             raise NotFound(
-                f"no live session {request.session_id!r} to resume (ended, expired, or "
-                "never here: a restarted server has none)"
+                f"no live session {request.session_id!r} to resume (ended, expired, or never here)"
             )
-        # constant time: the comparison must not tell how much of a guess was right
-        if not hmac.compare_digest(holder.token.encode(), request.resume_token.encode()):
+        if not holder.tokens.authorizes_resume(request.resume_token):
             raise Unauthorized(f"wrong resume token for live session {request.session_id!r}")
         return holder
 
@@ -510,10 +710,37 @@ class LiveSessions:
     def _on_terminal(self, holder: LiveSessionHolder) -> None:
         """The pump saw the terminal event: a final transcript is stored (it outlives the
         session); a detached session keeps the event for one window."""
-        if isinstance(holder.replay.terminal, TranscriptFinal) and self._store is not None:
-            self._store.put_live(holder.id, holder.transcript_so_far(), holder.captions_token)
+        if isinstance(holder.replay.terminal, TranscriptFinal):
+            if self._store is None:
+                holder.close_journal(finished=True)
+            else:
+                transcript = holder.transcript_so_far()
+                sha = holder.tokens.captions_sha256
+                written = self._store.put_live_digest(holder.id, transcript, sha)
+                # the journal lets go of the session (its audio file included) only once its
+                # transcript is on disk: a crash in between rebuilds it at the next start
+                written.add_done_callback(functools.partial(self._transcript_written, holder))
         if holder.sink is None and not holder.dropped:
             self._arm(holder)
+
+    def _transcript_written(self, holder: LiveSessionHolder, written: asyncio.Task[bool]) -> None:
+        if not written.cancelled() and written.result():
+            holder.close_journal(finished=True)
+        else:  # kept: the next start rebuilds the session and stores its transcript again
+            holder.journal_closed = True  # so that no drop discards it
+            log.error("live session %s: transcript not stored; kept in the journal", holder.id)
+
+    def _storage_failed(self, holder: LiveSessionHolder, error: StorageFailed) -> None:
+        """The journal cannot keep the session's audio (the disk is full or failing): acks
+        would stop for good, so the session fails with `error` now (its socket and captions
+        get it; close 4507) and is dropped, rather than stream on with nothing acknowledged."""
+        if holder.dropped or holder.replay.terminal is not None:
+            return
+        log.error("live session %s: its journal failed (%s): the session fails", holder.id, error)
+        holder.journal_closed = True  # nothing more can be written for it
+        holder.fail(Error(error.code, str(error)))
+        if holder.sink is None:  # else its socket's cleanup drops it
+            self._spawn(self._drop, holder)
 
     async def _expire(self, holder: LiveSessionHolder) -> None:
         if holder.sink is not None or holder.dropped:
@@ -542,10 +769,16 @@ class LiveSessions:
         log.info("live session %s dropped while detached: %s", holder.id, why)
         await self._drop(holder)
 
-    async def _drop(self, holder: LiveSessionHolder) -> None:
+    async def _drop(self, holder: LiveSessionHolder, *, keep_journal: bool = False) -> None:
+        """Free `holder`, once. Its journal entry is discarded unless `keep_journal` (the
+        server stops: an unfinished session is rebuilt at the next start)."""
         if holder.dropped:
             return
         holder.dropped = True
+        # a session with its final is finished in the journal once the transcript is written
+        # (`_transcript_written`), which may come after the drop
+        if not keep_journal and not isinstance(holder.replay.terminal, TranscriptFinal):
+            holder.close_journal(finished=False)
         self._holders.pop(holder.id, None)
         self._update_detached()
         await holder.release()

@@ -105,18 +105,26 @@ class TranscriptStore:
         self.directory = directory
         self.max_cached = max_cached
         self._memory: OrderedDict[str, StoredTranscript] = OrderedDict()  # oldest first
-        self._writing: dict[str, asyncio.Task[None]] = {}
+        self._writing: dict[str, asyncio.Task[bool]] = {}
 
     async def put(self, transcription_id: str, transcript: Transcript) -> None:
         """Store an upload's transcript."""
         assert TRANSCRIPTION_ID.match(transcription_id), transcription_id
         self._put(transcription_id, StoredTranscript(transcript))
 
-    def put_live(self, session_id: str, transcript: Transcript, token: str) -> None:
+    def put_live(self, session_id: str, transcript: Transcript, token: str) -> asyncio.Task[bool]:
         """Store a live session's final transcript, readable with `token` (never blocks: the
         file is written in the background, as `put`'s)."""
-        stored = StoredTranscript(transcript, token_digest(token))
-        self._put(live_transcript_id(session_id), stored)
+        return self.put_live_digest(session_id, transcript, token_digest(token))
+
+    def put_live_digest(
+        self, session_id: str, transcript: Transcript, access_sha256: str
+    ) -> asyncio.Task[bool]:
+        """`put_live` given the token's SHA-256 (hex) instead of the token. The task returned
+        says whether the file was written (a failure is logged)."""
+        return self._put(
+            live_transcript_id(session_id), StoredTranscript(transcript, access_sha256)
+        )
 
     async def get(self, transcription_id: str) -> Transcript:
         """An upload's transcript. Raises NotFound for unknown or malformed ids (a live
@@ -132,7 +140,7 @@ class TranscriptStore:
         `access_sha256`. Raises NotFound."""
         return await self._get(live_transcript_id(session_id), f"no session {session_id!r}")
 
-    def _put(self, key: str, stored: StoredTranscript) -> None:
+    def _put(self, key: str, stored: StoredTranscript) -> asyncio.Task[bool]:
         record = transcript_to_json(stored.transcript)
         if stored.access_sha256 is not None:
             record["access_sha256"] = stored.access_sha256
@@ -141,6 +149,7 @@ class TranscriptStore:
         self._writing[key] = task  # before _remember: it must not evict this one
         task.add_done_callback(lambda _: self._written(key))
         self._remember(key, stored)
+        return task
 
     async def _get(self, key: str, not_found: str) -> StoredTranscript:
         cached = self._memory.get(key)
@@ -191,12 +200,14 @@ class TranscriptStore:
         for old in victims:
             del self._memory[old]
 
-    async def _write(self, transcription_id: str, body: str) -> None:
+    async def _write(self, transcription_id: str, body: str) -> bool:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self._write_file, transcription_id, body)
         except Exception:  # no one awaits this task: every failure is logged here
             log.exception("transcript %s was not saved", transcription_id)
+            return False
+        return True
 
     def _write_file(self, transcription_id: str, body: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -418,8 +418,22 @@ class LiveConnection:
         if frame is None:
             return
         if isinstance(event, TranscriptFinal):
-            self._send_ack()  # the last ack comes before the final: it covers all audio
+            # the last ack comes before the final and covers all audio: the final holds it,
+            # so the client needs none of it back, durable or not
+            self._send_ack(final=True)
         self._enqueue(frame, event)
+
+    def audio_durable(self) -> None:
+        """More of the session's audio is on disk: an ack goes out within the ack interval
+        (audio that arrived last, with none after it, is acknowledged too)."""
+        if self.holder is None or self._failed:
+            return
+        if self.holder.num_frames_durable <= self._acks.acked:
+            return
+        loop = asyncio.get_running_loop()
+        due_at = self._acks.audio_accepted(loop.time())
+        if due_at is not None:
+            self._ack_timer = loop.call_at(due_at, self._send_ack)
 
     def take_over(self) -> asyncio.Task[None]:
         """A resume on another socket took the session: stop carrying it (nothing more is
@@ -479,7 +493,7 @@ class LiveConnection:
             )
             decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
             session = await self.app[TRANSCRIBER_KEY].open_session(options)
-            sessions.open(session, decoder, start.audio_format, self)
+            sessions.open(session, decoder, start.audio_format, self, options)
         self._forwarder = asyncio.create_task(self._forward())
         self._set_state("ending" if self.protocol.state is State.ENDING else "streaming")
 
@@ -515,12 +529,14 @@ class LiveConnection:
 
     # -- the outbox ------------------------------------------------------------------------
 
-    def _send_ack(self) -> None:
-        """Queue `audio.ack` for what the session holds, unless the client knows already."""
+    def _send_ack(self, *, final: bool = False) -> None:
+        """Queue `audio.ack` for the session's durable audio (DESIGN 5.9: only audio on disk
+        is acknowledged; `final`: all of it), unless the client knows already."""
         self._cancel_ack()
-        if self.holder is None or self._failed:
+        held = self.holder
+        if held is None or self._failed:
             return
-        offset = self._acks.take(self.holder.num_frames_accepted)
+        offset = self._acks.take(held.num_frames_accepted if final else held.num_frames_durable)
         if offset is not None:
             self._enqueue({"type": "audio.ack", "offset": offset}, None)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -242,10 +243,12 @@ async def test_a_refused_resume_ends_the_stream_with_exit_1(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """The server restarted during the blip: the resume is `not_found` (4404), which is
-    final: no more reconnects, the server's error on stdout, why on stderr, exit 1."""
+    """During the blip another server took the address, one without the session (a
+    restart that lost its data dir): the resume is `not_found` (4404), which is final: no
+    more reconnects, the server's error on stdout, why on stderr, exit 1."""
     proxy, url = await proxy_for(client)
-    restarted = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    elsewhere = replace(server_config, data_dir=tmp_path / "another-data-dir")
+    restarted = await aiohttp_client(create_app(elsewhere, FakeTranscriber()))
     running = await stream_a_second_in(url, tmp_path, fake)
     proxy.upstream_port = restarted.port or 0
     proxy.drop()

@@ -4,9 +4,11 @@ The transcriber records the incoming-upload counts the gateway sets (`incoming_c
 each session the count when its audio came and when it ended.
 
 Live sessions: every `hop_s` of appended audio emits `SegmentPartial(rev, (open tail,))`; every
-`FINAL_EVERY` hops the open tail is committed as a `SegmentFinal`. Uploads: at `end()`, one
-final segment per `SEGMENT_S` of audio, each preceded by its text as `TextDelta`s split into
-two-character pieces. Segment texts include a non-ASCII word to exercise UTF-8 paths.
+`FINAL_EVERY` hops the open tail is committed as a `SegmentFinal`. A session opened with
+`SessionOptions.restore` starts from those finals and is silent over the audio they cover.
+Uploads: at `end()`, one final segment per `SEGMENT_S` of audio, each preceded by its text as
+`TextDelta`s split into two-character pieces. Segment texts include a non-ASCII word to
+exercise UTF-8 paths.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class FakeSession:
         self._rev = 0
         self._committed_end_s = 0.0
         self._finals: list[Segment] = []
+        if options.restore is not None:  # rebuilt after a restart: its finals stay committed
+            self._finals = list(options.restore.finals)
+            self._committed_end_s = self._finals[-1].end_s if self._finals else 0.0
         self._closed = False
         self.segment_events = True
 
@@ -93,6 +98,8 @@ class FakeSession:
         while self.log.num_samples >= (self._hops_done + 1) * hop:
             self._hops_done += 1
             edge_s = self._hops_done * self._options.hop_s
+            if edge_s <= self._committed_end_s:
+                continue  # audio a restored session committed before its restart
             if self._hops_done % FINAL_EVERY == 0:
                 self._commit(edge_s)
             else:

@@ -79,7 +79,9 @@ async def test_any_origin_and_none(
         "*",
         "https://elsewhere.example",
     )
-    closed = await gateway_client(aiohttp_client, server_config, fake)
+    closed = await gateway_client(
+        aiohttp_client, server_config, fake, server_config.data_dir / "second"
+    )
     answer = await preflight(closed, APP)
     assert answer.status == 405 and ALLOW_ORIGIN not in answer.headers
 
@@ -102,7 +104,10 @@ async def test_an_options_that_is_no_preflight_is_answered_as_without_cors(
     there for browsers' preflights only."""
     answers = []
     for allowed in ((APP,), ()):
-        client = await gateway_client(aiohttp_client, server_config, fake, allowed_origins=allowed)
+        data_dir = server_config.data_dir / str(len(allowed))  # one server per data dir
+        client = await gateway_client(
+            aiohttp_client, server_config, fake, data_dir, allowed_origins=allowed
+        )
         for path, methods in ((UPLOAD, "POST"), ("/v1/models", "GET, HEAD")):
             answer = await client.options(path, headers=headers)
             await assert_error(answer, MethodNotAllowed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,8 @@ async def test_two_apps_have_separate_registries(
     aiohttp_client: ClientFactory, server_config: ServerConfig
 ) -> None:
     a = await aiohttp_client(create_app(server_config, FakeTranscriber(demo=False)))
-    b = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    other_dir = replace(server_config, data_dir=server_config.data_dir / "b")  # one per dir
+    b = await aiohttp_client(create_app(other_dir, FakeTranscriber()))
     assert "livemeet_demo_backend 0.0" in await (await a.get("/metrics")).text()
     assert "livemeet_demo_backend 1.0" in await (await b.get("/metrics")).text()
 

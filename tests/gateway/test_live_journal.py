@@ -427,6 +427,20 @@ async def test_a_journal_of_a_newer_schema_is_refused(root: Path) -> None:
     await journal.close()
 
 
+async def test_a_second_server_on_the_same_journal_is_refused(root: Path) -> None:
+    """Two servers on one data dir would both rebuild and append to the same sessions: the
+    second one's journal is refused while the first holds it, and taken once it is closed."""
+    first = LiveJournal(root)
+    assert first.load_unfinished() == []
+    first.start(asyncio.get_running_loop())
+    second = LiveJournal(root)
+    with pytest.raises(ConfigError, match="in use by another livemeet server"):
+        second.load_unfinished()
+    await first.close()
+    assert second.load_unfinished() == []
+    await second.close()
+
+
 async def test_misuse_raises_internal_error(root: Path) -> None:
     journal = started(root)
     with pytest.raises(InternalError):

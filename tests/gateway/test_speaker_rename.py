@@ -14,7 +14,7 @@ from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
 from livemeet.errors import InvalidRequest, ProtocolError
 from livemeet.gateway import live_sessions
-from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.keys import SESSIONS_KEY
 from livemeet.gateway.live_protocol import AudioFormat, SpeakerRenamed
 from livemeet.gateway.live_sessions import LiveSessionHolder, LiveSessions, SessionEvent
 from livemeet.gateway.metrics import GatewayMetrics
@@ -118,7 +118,7 @@ async def test_the_live_and_stored_transcripts_show_the_names(
     assert events[-1]["type"] == "transcript.final" and live.close_code == 1000
     assert of_type(events, "speaker.renamed")[-1] == renamed("S01", "Alice")
     await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)  # the session is gone
-    await client.app[STORE_KEY].flush()
+    await client.close()  # the server stops; a new one serves the same data dir
 
     again = await gateway_client(aiohttp_client, server_config, FakeTranscriber())
     response = await again.get(transcript_url(ready, "diarized_json"))

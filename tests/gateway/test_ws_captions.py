@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestClient
 from livemeet.audio.constants import CAPTIONS_MAX_QUEUED_FINALS, CAPTIONS_SNAPSHOT_FINALS
 from livemeet.config import ServerConfig
 from livemeet.errors import NotFound, ProtocolError, QueueFull, Unauthorized
-from livemeet.gateway.keys import METRICS_KEY, SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.keys import METRICS_KEY, SESSIONS_KEY
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber, fake_text
 from tests.gateway.test_live_resume import read_to_close, read_until, resume_start, vanish
@@ -271,7 +271,7 @@ async def test_the_transcript_while_the_session_runs_and_after_it(
     assert response.headers["X-Livemeet-Transcript-Status"] == "final"
     vtt = await response.text()
     assert vtt.startswith("WEBVTT") and f"<v S01>{fake_text(1)}" in vtt
-    await client.app[STORE_KEY].flush()
+    await client.close()  # the server stops; a new one serves the same data dir
 
     again = await gateway_client(aiohttp_client, server_config, FakeTranscriber())
     response = await again.get(transcript_url(ready, "verbose_json"))

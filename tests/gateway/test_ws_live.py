@@ -7,6 +7,7 @@ import json
 import math
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -86,10 +87,15 @@ async def gateway_client(
     aiohttp_client: ClientFactory,
     server_config: ServerConfig,
     fake: FakeTranscriber,
+    data_dir: Path | None = None,
     **gateway: Any,
 ) -> TestClient:
-    """A test client of an app over `fake` whose GatewayConfig has the `gateway` fields."""
-    config = ServerConfig(data_dir=server_config.data_dir, gateway=GatewayConfig(**gateway))
+    """A test client of an app over `fake` whose GatewayConfig has the `gateway` fields, on
+    `server_config`'s data dir or `data_dir` (one running server per data dir: a second app
+    in the same test needs its own, as the live journal is locked while a server runs)."""
+    config = ServerConfig(
+        data_dir=data_dir or server_config.data_dir, gateway=GatewayConfig(**gateway)
+    )
     return await aiohttp_client(create_app(config, fake))
 
 
@@ -365,7 +371,11 @@ async def test_only_the_servers_own_pages_and_allowed_origins_open_sessions(
     ) as ws:
         await start_session(ws)
     allowing = await gateway_client(
-        aiohttp_client, server_config, fake, allowed_origins=("https://meet.example.com",)
+        aiohttp_client,
+        server_config,
+        fake,
+        server_config.data_dir / "allowing",  # one server per data dir
+        allowed_origins=("https://meet.example.com",),
     )
     async with allowing.ws_connect("/v1/live", origin="https://meet.example.com") as ws:
         await start_session(ws)
@@ -651,11 +661,12 @@ async def test_unsent_partials_and_acks_are_replaced_wherever_they_wait(
     by one of its type right behind it, so alternating acks and partials queued without a
     bound (docs/protocol.md: its unsent partials and acks are replaced by newer ones)."""
     connection = LiveConnection(create_app(server_config, fake), web.WebSocketResponse())
-    held = SimpleNamespace(num_frames_accepted=0)
+    held = SimpleNamespace(num_frames_accepted=0, num_frames_durable=0)
     connection.holder = held  # type: ignore[assignment]
     final = SegmentFinal(Segment(0.0, 1.0, "S01", "f", id="seg-0000", is_final=True))
     for rev in range(1, 200):
         held.num_frames_accepted += 1600
+        held.num_frames_durable = held.num_frames_accepted
         connection._send_ack()
         connection.deliver(SegmentPartial(rev, (Segment(0.0, 1.0, "S01", f"p{rev}"),)))
         if rev == 100:

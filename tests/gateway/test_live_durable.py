@@ -1,0 +1,214 @@
+"""Durable live sessions (DESIGN 5.9, docs/protocol.md "Resume"): acks only for audio on disk,
+the journal's record of a session, and a session rebuilt from the journal at start, over a
+real aiohttp server and the fake backend. The crash itself (SIGKILL) is tested over the real
+`serve` in tests/gateway/test_live_crash.py."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from livemeet.config import ServerConfig
+from livemeet.gateway import live_journal
+from livemeet.gateway.app import create_app
+from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.live_journal import JournalSession, LiveJournal
+from livemeet.gateway.session_tokens import captions_token_for, token_digest
+from livemeet.transcript.segments import Segment
+from tests.gateway.conftest import ClientFactory, pcm16
+from tests.gateway.fakes import FakeTranscriber, fake_text
+from tests.gateway.test_live_resume import read_to_close, read_until, resume_start
+from tests.gateway.test_ws_live import START, gateway_client, wait_until
+
+RATE = 16_000
+
+
+def journal_rows(data_dir: Path) -> list[tuple[str, str, int]]:
+    """(session_id, state, durable_frames) of every session in the journal, read-only."""
+    uri = f"file:{data_dir / 'live' / live_journal.DB_NAME}?mode=ro"
+    with sqlite3.connect(uri, uri=True) as conn:
+        return conn.execute("SELECT session_id, state, durable_frames FROM sessions").fetchall()
+
+
+async def test_an_ack_waits_for_the_audio_to_be_on_disk(
+    client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the journal cannot sync, the server takes the audio in but acknowledges none of
+    it; once the sync goes through, the ack covers it."""
+    disk = threading.Event()
+    real_sync = live_journal.os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        disk.wait(10)
+        real_sync(fd)
+
+    monkeypatch.setattr(live_journal.os, "fdatasync", slow_sync)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_bytes(pcm16(0.5))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == RATE // 2)
+        with pytest.raises(TimeoutError):  # several ack intervals: no ack
+            await asyncio.wait_for(read_until(ws, "audio.ack"), 0.8)
+        disk.set()
+        ack = (await read_until(ws, "audio.ack"))[-1]
+        assert ack["offset"] == RATE // 2
+        await ws.send_json({"type": "end"})
+        await read_to_close(ws)
+
+
+async def test_a_finished_session_leaves_the_journal(
+    client: TestClient, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """While a session streams, the journal holds its audio (as acknowledged) and finals; once
+    its transcript is stored, its entry is finished and its audio file deleted."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        ready = await ws.receive_json()
+        for _ in range(7):
+            await ws.send_bytes(pcm16(0.5))
+        events = await read_until(ws, "segment.final")  # 3 s: the fake's first final
+        while events[-1]["type"] != "audio.ack" or events[-1]["offset"] < 3.5 * RATE:
+            events += await read_until(ws, "audio.ack")
+        [(sid, state, frames)] = journal_rows(server_config.data_dir)
+        assert (sid, state, frames) == (ready["session_id"], "live", 3.5 * RATE)
+        audio = list((server_config.data_dir / "live" / "audio").iterdir())
+        assert [p.stat().st_size for p in audio] == [3.5 * RATE * 2]
+        await ws.send_json({"type": "end"})
+        final = (await read_to_close(ws))[-1]
+    assert final["type"] == "transcript.final"
+    await client.app[STORE_KEY].flush()
+    await wait_until(lambda: journal_rows(server_config.data_dir)[0][1] == "finished")
+    assert not list((server_config.data_dir / "live" / "audio").iterdir())
+
+
+async def journal_a_session(root: Path, token: str, seconds: float, finals: list[Segment]) -> str:
+    """What a server that crashed mid-meeting leaves: a live session of `seconds` of 16-kHz
+    mono audio (a ramp, so order matters), its `finals` and a name. Returns its id."""
+    session_id = "before-the-crash"
+    meta = JournalSession(
+        session_id,
+        token_digest(token),
+        token_digest(captions_token_for(token)),
+        RATE,
+        1,
+        created_at=1.0,
+        prompt="a weekly sync",
+    )
+
+    journal = LiveJournal(root, commit_interval_s=0.01)
+    journal.start(asyncio.get_running_loop())
+    journal.open_session(meta, lambda _: None, lambda _: None)
+    journal.append_audio(session_id, ramp_pcm(seconds))
+    for seg in finals:
+        journal.add_final(session_id, seg)
+    journal.set_names(session_id, [("S01", "Alice")])
+    await journal.close()
+    return session_id
+
+
+def ramp_pcm(seconds: float, start: int = 0) -> bytes:
+    n = round(seconds * RATE)
+    return bytes(
+        b for i in range(start, start + n) for b in (i % 32768).to_bytes(2, "little", signed=True)
+    )
+
+
+def stored_finals(n: int, every_s: float = 3.0) -> list[Segment]:
+    # the fake's own finals: one per 3 s, texts "segment i café", ids seg-000i
+    return [
+        Segment(
+            i * every_s, (i + 1) * every_s, "S01", fake_text(i), id=f"seg-{i:04d}", is_final=True
+        )
+        for i in range(n)
+    ]
+
+
+async def test_a_session_left_unfinished_is_rebuilt_and_resumed(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """The journal of a crashed run holds a session (7 s of audio, two finals, a name). The
+    new server rebuilds it at start: a backend session from those finals and options, fed the
+    stored audio. The client resumes with its old id and token: `offset` is the stored audio,
+    the finals and the name are replayed, the captions token is the old one; it sends on from
+    there, and the final holds the old finals (same ids) and the new ones after them."""
+    token = "the-resume-token-the-client-kept"
+    sid = await journal_a_session(server_config.data_dir / "live", token, 7.0, stored_finals(2))
+    client = await aiohttp_client(create_app(server_config, fake))
+    assert len(client.app[SESSIONS_KEY]) == 1 and client.app[SESSIONS_KEY].num_detached == 1
+    [rebuilt] = fake.sessions
+    assert rebuilt.log.options.restore is not None
+    assert [s.id for s in rebuilt.log.options.restore.finals] == ["seg-0000", "seg-0001"]
+    assert rebuilt.log.options.prompt == "a weekly sync"
+    assert rebuilt.log.num_samples == 7 * RATE  # the stored audio, fed again
+
+    ready: dict[str, Any] = {"session_id": sid, "resume_token": token}
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        resumed = await ws.receive_json()
+        assert resumed["type"] == "session.ready" and resumed["resumed"] is True
+        assert resumed["offset"] == 7 * RATE
+        assert resumed["captions_token"] == captions_token_for(token)
+        replay = [await ws.receive_json() for _ in range(3)]
+        assert [e.get("id") for e in replay[:2]] == ["seg-0000", "seg-0001"]
+        assert replay[2] == {"type": "speaker.renamed", "speaker": "S01", "name": "Alice"}
+        for _ in range(4):  # 2 s more, from the offset
+            await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await read_to_close(ws)
+    final = events[-1]
+    assert final["type"] == "transcript.final"
+    ids = [s["id"] for s in final["segments"]]
+    assert ids[:2] == ["seg-0000", "seg-0001"] and len(ids) == len(set(ids)) >= 3
+    assert final["segments"][2]["start"] == 6.0  # the new speech starts at the old finals' end
+    assert final["duration"] == 9.0
+    assert rebuilt.log.num_samples == 9 * RATE  # nothing twice, nothing missing
+    await client.app[STORE_KEY].flush()
+    await wait_until(lambda: journal_rows(server_config.data_dir)[0][1] == "finished")
+
+
+async def test_a_rebuilt_session_not_resumed_is_ended_and_stored(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """Resume off (or its window passed): the rebuilt session is ended as by its client's end
+    and its transcript stored, readable with the old captions token."""
+    token = "another-kept-token"
+    sid = await journal_a_session(server_config.data_dir / "live", token, 4.0, stored_finals(1))
+    client = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0.0)
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
+    await client.app[STORE_KEY].flush()
+    path = f"/v1/sessions/{sid}/transcript"
+    params = {"token": captions_token_for(token), "response_format": "diarized_json"}
+    response = await client.get(path, params=params)
+    assert response.status == 200, await response.text()
+    body = await response.json()
+    assert [s["id"] for s in body["segments"]][0] == "seg-0000"
+    assert body["duration"] == 4.0
+    await wait_until(lambda: journal_rows(server_config.data_dir)[0][1] == "finished")
+
+
+async def test_a_failing_disk_fails_the_session_with_storage_failed(
+    client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal cannot sync (ENOSPC): acks could never come, so the session fails with
+    storage_failed (close 4507) and its backend session is aborted."""
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(live_journal.os, "fdatasync", full_disk)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_bytes(pcm16(0.5))
+        events = await read_to_close(ws)
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "storage_failed"
+    assert ws.close_code == 4507
+    assert not any(e["type"] == "audio.ack" for e in events)
+    await wait_until(lambda: fake.sessions[0].log.aborted)
