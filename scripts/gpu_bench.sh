@@ -100,6 +100,7 @@ case "$phase" in
     step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
       --workloads short,long --short-concurrency "${SHORT_C:-1,16,64}" --long-concurrency "${LONG_C:-1,4}" \
       --decode-batches 1,16 --decode-contexts 1024,36000 --fp8 "${FP8_POINTS:-long:1,long:4}" \
+      --assumed-audio-s-per-s "${ASSUMED_RATE:-100}" \
       ${BENCH_BLOCK:+--kv-block-size "$BENCH_BLOCK"} --max-seconds "$(( ${BENCH_S:-230} - 30 ))" \
       --json "$OUT/bench_engine.json"
     step hf-reference "${HF_S:-90}" python3 -m loadtest.hf_reference \

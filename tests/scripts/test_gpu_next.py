@@ -12,13 +12,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # a gpu_bench.sh stand-in: prints its phase and the settings that tell the runs apart
 BENCH = """#!/usr/bin/env bash
+if [ -n "${STANDIN_BUDGET:-}" ]; then
+  echo "$1 ${BENCH_S:-} ${LONG_C:-} ${FP8_POINTS:-} ${ASSUMED_RATE:-}"
+  exit 0
+fi
 echo "phase=$1 sessions=${LIVE_SESSIONS:-} uploads=${LIVE_UPLOADS:-} \
 duration=${LIVE_DURATION_S:-} http=${HTTP_SHORT_C:-}/${HTTP_LONG_C:-} fp8=${FP8_POINTS:-}\
  pause=${LIVE_HEAD_PAUSE_S:-} extra=${SERVE_EXTRA:-}"
 """
+LONG_AUDIO_S = 2240.0  # loadtest/workloads.py: a long meeting; a point at c runs c of them
+BENCH_MARGIN_S = 30  # gpu_bench.sh gives bench_engine --max-seconds BENCH_S - 30
 
 
-def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, card: str, call: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     smi = bin_dir / "nvidia-smi"
@@ -33,7 +39,8 @@ def run(tmp_path: Path, card: str, call: str) -> subprocess.CompletedProcess[str
         for k, v in os.environ.items()
         if not k.startswith(("LIVE_", "HTTP_", "FP8_", "SERVE_EXTRA"))
     }
-    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_BENCH=str(bench))
+    env = {k: v for k, v in env.items() if k not in ("BENCH_S", "LONG_C", "ASSUMED_RATE")}
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_BENCH=str(bench), **extra_env)
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_next.sh"), call],
         capture_output=True,
@@ -100,3 +107,25 @@ def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
         assert done.returncode == 2 and "no run planned" in done.stderr
     done = run(tmp_path, "", "1")
     assert done.returncode == 2 and "found no GPU" in done.stderr
+
+
+@pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+@pytest.mark.parametrize("call", ["1", "2", "3"])
+def test_every_planned_engine_point_fits_its_budget_at_the_assumed_rate(
+    tmp_path: Path, card: str, call: str
+) -> None:
+    """bench_engine skips a long point its budget estimates past --max-seconds, at
+    ASSUMED_RATE for a point not measured yet: at the default 100 audio-s/s session 33's FP8
+    long c16 (16 meetings) was estimated at 358 s of 300 and never ran. Each planned long
+    point must fit in half its run's budget at the rate the run assumes (the rest is the
+    decode table, short points and start-up)."""
+    for line in run(tmp_path, card, call, STANDIN_BUDGET="1").stdout.splitlines()[1:]:
+        phase, *fields = line.split(" ")
+        if phase != "engine":
+            continue
+        bench_s, long_c, fp8, rate = fields
+        concurrencies = [int(c) for c in long_c.split(",") if c]
+        concurrencies += [int(p.split(":")[1]) for p in fp8.split(",") if p.startswith("long:")]
+        for c in concurrencies:
+            estimate_s = c * LONG_AUDIO_S / float(rate or 100)
+            assert estimate_s <= (int(bench_s) - BENCH_MARGIN_S) / 2, (card, call, c, rate)
