@@ -91,7 +91,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
     app[METRICS_KEY] = metrics
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
-    app[JOURNAL_KEY] = LiveJournal(live_dir(config))
+    app[JOURNAL_KEY] = LiveJournal(live_dir(config), on_commit=metrics.journal_committed)
     app[SESSIONS_KEY] = LiveSessions(
         config.gateway.live_resume_window_s,
         config.gateway.final_timeout_s,

@@ -139,6 +139,7 @@ class RestoredSession:
 
 
 DurableCallback = Callable[[int], None]  # sample frames now durable
+CommitCallback = Callable[[float, int], None]  # a group commit's seconds, audio files synced
 FailedCallback = Callable[[StorageFailed], None]
 
 
@@ -243,13 +244,24 @@ class LiveJournal:
     reach the sessions concerned as `on_failed(StorageFailed)`.
     """
 
-    def __init__(self, root: Path, *, commit_interval_s: float = JOURNAL_COMMIT_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        commit_interval_s: float = JOURNAL_COMMIT_INTERVAL_S,
+        on_commit: CommitCallback | None = None,
+    ) -> None:
         """`root`: the journal's directory (created when needed). `commit_interval_s`: the
-        shortest time between two group commits, s. Raises ValueError for a negative one."""
+        shortest time between two group commits, s. `on_commit(seconds, files)`: called in
+        the writer thread after each group commit with its duration (audio written and
+        synced, then the transaction) and how many audio files it synced, for metrics (it
+        must be thread-safe and quick; what it raises is logged). Raises ValueError for a
+        negative interval."""
         if commit_interval_s < 0:
             raise ValueError(f"commit_interval_s must be >= 0, not {commit_interval_s}")
         self.root = root
         self.commit_interval_s = commit_interval_s
+        self._on_commit = on_commit
         self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
         self._hurry = threading.Event()  # set by close(): commit what is queued at once
         self._handles: dict[str, _Handle] = {}  # open sessions by id
@@ -305,6 +317,7 @@ class LiveJournal:
         writer = _Writer(
             conn, self.audio_dir, loop, self._queue, self._hurry, self.commit_interval_s
         )
+        writer.on_commit = self._on_commit
         self._thread = threading.Thread(target=writer.run, name="live-journal", daemon=True)
         self._thread.start()
 
@@ -639,6 +652,7 @@ class _Writer:
         self._interval_s = interval_s
         self._tapes: dict[_Handle, _Tape] = {}
         self._last_group = -float("inf")  # time.monotonic() when the last group was taken
+        self.on_commit: CommitCallback | None = None
 
     def run(self) -> None:
         try:
@@ -672,12 +686,18 @@ class _Writer:
                 return ops
 
     def _commit_group(self, ops: list[_Op]) -> None:
+        started = time.monotonic()
         group = _Group()
         for op in ops:
             self._gather(op, group)
         synced = self._write_audio(group)
         if not self._commit(group):
             return
+        if self.on_commit is not None:
+            try:
+                self.on_commit(time.monotonic() - started, len(synced))
+            except Exception:  # metrics must not stop the journal
+                log.exception("live journal: on_commit failed")
         for path in group.unlinks.values():
             try:
                 path.unlink(missing_ok=True)

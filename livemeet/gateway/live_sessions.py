@@ -737,6 +737,7 @@ class LiveSessions:
         if holder.dropped or holder.replay.terminal is not None:
             return
         log.error("live session %s: its journal failed (%s): the session fails", holder.id, error)
+        self._metrics.journal_failures.inc()
         holder.journal_closed = True  # nothing more can be written for it
         holder.fail(Error(error.code, str(error)))
         if holder.sink is None:  # else its socket's cleanup drops it

@@ -266,6 +266,9 @@ class GatewayMetrics:
     live_resumes: Counter
     live_resume_expiries: Counter
     live_sessions_detached: Gauge
+    journal_commit_s: Histogram
+    journal_files_synced: Histogram
+    journal_failures: Counter
     captions_subscribers: Gauge
     engine: EngineStatsCollector
 
@@ -356,6 +359,26 @@ class GatewayMetrics:
                 "keeping their final for one)",
                 registry=registry,
             ),
+            journal_commit_s=Histogram(
+                "livemeet_live_journal_commit_seconds",
+                "Group commits of the live journal: audio appended and synced, then the SQLite "
+                "transaction (s); `audio.ack` waits for them, so their tail is the ack's lag",
+                buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+                registry=registry,
+            ),
+            journal_files_synced=Histogram(
+                "livemeet_live_journal_files_synced",
+                "Audio files a group commit of the live journal synced (one per live session "
+                "with new audio)",
+                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                registry=registry,
+            ),
+            journal_failures=Counter(
+                "livemeet_live_journal_failures",
+                "Live sessions failed with storage_failed: the journal could not keep their "
+                "audio, finals or names",
+                registry=registry,
+            ),
             captions_subscribers=Gauge(
                 "livemeet_captions_subscribers",
                 "Open captions subscriptions (GET /v1/sessions/{id}/captions), all sessions",
@@ -365,3 +388,9 @@ class GatewayMetrics:
         for phase in UPLOAD_PHASES:  # exported (at zero) before the first upload
             metrics.upload_phase_s.labels(phase)
         return metrics
+
+    def journal_committed(self, seconds: float, files: int) -> None:
+        """A live journal group commit (its writer thread calls this: prometheus_client's
+        metrics are thread-safe)."""
+        self.journal_commit_s.observe(seconds)
+        self.journal_files_synced.observe(files)

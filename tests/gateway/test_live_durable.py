@@ -86,6 +86,15 @@ async def test_a_finished_session_leaves_the_journal(
     await client.app[STORE_KEY].flush()
     await wait_until(lambda: journal_rows(server_config.data_dir)[0][1] == "finished")
     assert not list((server_config.data_dir / "live" / "audio").iterdir())
+    text = await (await client.get("/metrics")).text()
+    commits = metric_value(text, "livemeet_live_journal_commit_seconds_count")
+    assert commits >= 2  # at least the audio's group and the end's
+    assert metric_value(text, "livemeet_live_journal_files_synced_sum") >= 1
+
+
+def metric_value(text: str, name: str) -> float:
+    (line,) = [x for x in text.splitlines() if x.startswith(name + " ")]
+    return float(line.split()[-1])
 
 
 async def journal_a_session(root: Path, token: str, seconds: float, finals: list[Segment]) -> str:
@@ -212,3 +221,5 @@ async def test_a_failing_disk_fails_the_session_with_storage_failed(
     assert ws.close_code == 4507
     assert not any(e["type"] == "audio.ack" for e in events)
     await wait_until(lambda: fake.sessions[0].log.aborted)
+    text = await (await client.get("/metrics")).text()
+    assert metric_value(text, "livemeet_live_journal_failures_total") == 1

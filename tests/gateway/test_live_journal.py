@@ -160,6 +160,31 @@ async def test_a_burst_is_one_group_commit(root: Path) -> None:
     assert calls.durable == [1, 101]
 
 
+async def test_on_commit_reports_each_group_and_its_failure_stops_nothing(root: Path) -> None:
+    """on_commit (metrics) gets each group commit's duration and audio files synced, in the
+    writer thread; if it raises, the journal logs it and goes on reporting durable audio."""
+    seen: list[tuple[float, int]] = []
+
+    def on_commit(seconds: float, files: int) -> None:
+        seen.append((seconds, files))
+        raise RuntimeError("a broken metrics backend")
+
+    journal = LiveJournal(root, commit_interval_s=0.01, on_commit=on_commit)
+    assert journal.load_unfinished() == []
+    journal.start(asyncio.get_running_loop())
+    first, second = Calls(), Calls()
+    first.open(journal, meta())
+    second.open(journal, meta("s-2"))
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    journal.append_audio("s-2", bytes(FRAME_BYTES))
+    await wait_until(lambda: first.durable == [1] and second.durable == [1])
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    await wait_until(lambda: first.durable == [1, 2])
+    await journal.close()
+    assert seen and all(s >= 0 for s, _ in seen)
+    assert sum(files for _, files in seen) == 3  # s-1 twice, s-2 once
+
+
 async def test_finals_and_names_round_trip_and_go_on_after_adopt(root: Path) -> None:
     journal = started(root)
     journal.open_session(meta(), lambda _: None, lambda _: None)
