@@ -8,7 +8,7 @@
 #   (carry [".whl", ".ab-old"]) AB_OLD=<commit> AB_OLD_DIR=.ab-old bash scripts/gpu_ab.sh ...
 # An "env" arm runs the working tree with AB_ENV's assignments exported (a switch read at
 # import, e.g. AB_ENV="LIVEMEET_QKV_ROPE=0" AB_ARMS="new env new"); AB_OLD is then unused.
-# Every other variable is passed through to gpu_bench.sh. Arm i writes to $OUT/<i>_<arm>/;
+# Every other variable is passed through to gpu_bench.sh (GPU_BENCH replaces it, as in gpu_next.sh). Arm i writes to $OUT/<i>_<arm>/;
 # its summary lines (rates, decode ms per step, step results) are printed as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +48,6 @@ for arm in $arms; do
   fi
   echo "=== arm $i: $arm ($label)"
   (cd "$dir" && env ${env_args[@]+"${env_args[@]}"} OUT="$out" LIVEMEET_BENCH_OUT="$out" \
-    bash scripts/gpu_bench.sh "$phase" > /dev/null)
+    bash "${GPU_BENCH:-scripts/gpu_bench.sh}" "$phase" > /dev/null)
   grep -hE "audio-s/s, p95|^\| (long|short) \||=== .*rc=|passed|failed" "$out/$phase.log" | tail -n 20
 done

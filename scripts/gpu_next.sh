@@ -18,6 +18,10 @@
 #   1: the rest of the HTTP sweep: short c1, c4, c64 and long c4
 #   2: live, 10-minute meetings, 64 sessions beside 2 long uploads at --upload-min-share 0.1
 #   3: the engine bench: long c16 bf16 and FP8 long c1 (and short c16, which it always runs)
+# On either card:
+#   4: the decode kernel's fused q/k prologue (FUSED_QK, written in session 33 with no device;
+#      off by default): its GPU tests, then long c1 bf16 and the 1 x 36k decode step with
+#      LIVEMEET_FUSED_QK off and on, side by side (gpu_ab.sh's env arm)
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -56,6 +60,14 @@ case "$gpu:$call" in
   *H100*:3)
     PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=520 SHORT_C=16 LONG_C=16 FP8_POINTS=long:1 \
       ASSUMED_RATE=150 bash "$bench" engine
+    ;;
+  *H200*:4 | *H100*:4)
+    out="${OUT:-$PWD/bench-out}"
+    GPU_TESTS=tests/engine/test_cuda_decode.py PYTEST_S=90 PROFILE_S=0 BENCH_S=0 \
+      OUT="$out/tests" LIVEMEET_BENCH_OUT="$out/tests" bash "$bench" profile
+    AB_ENV="LIVEMEET_FUSED_QK=1" AB_ARMS="new env new" PYTEST_S=0 PROFILE_S=40 \
+      PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 BENCH_S=100 BENCH_WORKLOADS=long LONG_C=1 \
+      FP8_POINTS=" " ASSUMED_RATE=100 GPU_BENCH="$bench" bash scripts/gpu_ab.sh profile
     ;;
   *)
     echo "no run planned for call $call on $gpu" >&2

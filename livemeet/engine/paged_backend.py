@@ -25,10 +25,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from livemeet.errors import InternalError
+from livemeet.layers import cuda_decode
+from livemeet.layers.attention import QKNorms
 from livemeet.layers.paged_attention import (
     DecodeLaunch,
     ExtendLaunch,
     KVSink,
+    cuda_variant,
     default_decode_config,
     store_kv,
 )
@@ -37,6 +40,14 @@ from livemeet.layers.paged_attention import (
 # benchmarks of the fused store (read at import; captured graphs keep what they captured)
 FUSED_KV_STORE_ENV = "LIVEMEET_FUSED_KV_STORE"
 _fused_store = os.environ.get(FUSED_KV_STORE_ENV, "1") != "0"
+
+
+# "1": decode-only steps run the q/k RMSNorm, RoPE and K/V store in the decode kernel's
+# prologue (`attend_fused`) instead of a kernel of their own ahead of it. Off by default until
+# a GPU has run its tests and an A/B (written in session 33 when no device was lent:
+# `bash scripts/gpu_next.sh 4`); read at import, as LIVEMEET_FUSED_KV_STORE
+FUSED_QK_ENV = "LIVEMEET_FUSED_QK"
+_fused_qk = os.environ.get(FUSED_QK_ENV, "0") == "1"
 
 
 def fused_store_enabled() -> bool:
@@ -84,6 +95,7 @@ class PagedAttentionBackend:
         self.meta = meta
         self.kv_scale = kv_scale
         self._plan: StepAttention | None = None
+        self._fuses_qk: bool | None = None  # decided by the step's first `attend_fused`
 
     def kv_sink(self, layer: int) -> KVSink | None:
         """The layer's caches and this step's slots, for the kernel that rotates k to store
@@ -121,6 +133,68 @@ class PagedAttentionBackend:
             raise InternalError(f"layer {layer} attends with scale {scale}, not {plan.scale}")
         return plan(q, kc, vc, out)
 
+    def attend_fused(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        norms: QKNorms,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor | None:
+        """A decode-only step on the CUDA kernel: attention of the raw q [B, heads, 128] (the
+        qkv projection's view) over the layer's caches, the kernel's prologue doing the q/k
+        RMSNorm and RoPE and storing k and v [B, kv_heads, 128] (raw too) at the step's slots
+        (`cuda_decode.FusedQK`): one kernel a layer fewer. Returns the output [B, heads, 128],
+        or None where the step cannot (a step with prefill rows, the CPU, the Triton kernel,
+        tensors the kernel's loads cannot take) or may not (LIVEMEET_FUSED_QK not "1", the
+        default for now): the caller then normalises, rotates and calls `attend`. The step's
+        first call decides for all its layers."""
+        m = self.meta
+        kc, vc = self.k_caches[layer], self.v_caches[layer]
+        fits = cuda_decode.FusedQKLayer(k, v, norms.q_weight, norms.k_weight)
+        if self._fuses_qk is None:
+            self._fuses_qk = self._can_fuse(q, kc, vc, fits, positions, inv_freq)
+            if self._fuses_qk:
+                step = cuda_decode.FusedQK(
+                    positions, inv_freq, m.slot_mapping, norms.eps, 1.0 / self.kv_scale
+                )
+                self._plan = StepAttention(q, kc, vc, m, scale, self.kv_scale, fused=step)
+        if not self._fuses_qk:
+            return None
+        plan = self._plan
+        assert plan is not None
+        if scale != plan.scale or not fits.fits():
+            raise InternalError(f"layer {layer} does not fit the step's fused q/k decode")
+        return plan(q, kc, vc, None, fits)
+
+    def _can_fuse(
+        self,
+        q: torch.Tensor,
+        kc: torch.Tensor,
+        vc: torch.Tensor,
+        layer: cuda_decode.FusedQKLayer,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+    ) -> bool:
+        m = self.meta
+        if not (_fused_qk and _fused_store and m.decode_only and q.is_cuda and q.dim() == 3):
+            return False
+        group = q.shape[1] // max(1, kc.shape[2])
+        if not cuda_decode.supported(q.dtype, kc, group) or not layer.fits():
+            return False
+        variant = cuda_variant(q.dtype, kc, group, None)
+        if variant is None or not cuda_decode.layout_supported(q, kc, vc, q):
+            return False
+        try:
+            cuda_decode.FusedQK(positions, inv_freq, m.slot_mapping, 0.0, 1.0).check(q.shape[0])
+        except InternalError:
+            return False
+        fused = replace(variant, fused_qk=True)
+        return cuda_decode.usable(fused, cuda_decode.device_index(kc))
+
 
 class StepAttention:
     """One step's attention launches, resolved at its first layer and run for every layer
@@ -139,6 +213,7 @@ class StepAttention:
         meta: StepMetadata,
         scale: float,
         kv_scale: float,
+        fused: cuda_decode.FusedQK | None = None,
     ) -> None:
         m, s = meta, kv_scale
         self.scale = scale
@@ -149,9 +224,12 @@ class StepAttention:
             self.decode = DecodeLaunch(
                 q, kc, vc, m.block_tables, m.seq_lens, scale,
                 num_splits=m.num_splits, max_seq_len=m.max_seq_len, k_scale=s, v_scale=s,
+                fused=fused,
             )  # fmt: skip
             self.num_prefill_rows = 0
             return
+        if fused is not None:
+            raise InternalError("fused q/k is for decode-only steps")
         d = m.num_decode_seqs
         p = m.seq_lens.shape[0] - d  # prefill sequences: their rows come first
         t = q.shape[0] - d  # rows of the prefill chunks
@@ -179,11 +257,13 @@ class StepAttention:
         kc: torch.Tensor,
         vc: torch.Tensor,
         out: torch.Tensor | None,
+        layer: cuda_decode.FusedQKLayer | None = None,
     ) -> torch.Tensor:
-        """Attention of q over one layer's caches, into `out` or a new tensor; returns it."""
+        """Attention of q over one layer's caches, into `out` or a new tensor; returns it
+        (`layer`: a fused q/k decode's raw k, v and norms)."""
         if self.extend is None:
             assert self.decode is not None
-            return self.decode(q, kc, vc, out)
+            return self.decode(q, kc, vc, out, layer)
         if self.decode is None:
             return self.extend(q, kc, vc, out)
         out = torch.empty_like(q) if out is None else out

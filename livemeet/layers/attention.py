@@ -36,6 +36,7 @@ request and layer, and `torch.nn.functional.scaled_dot_product_attention` per re
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -45,10 +46,35 @@ if TYPE_CHECKING:  # paged_attention pulls in Triton; the dense path needs only 
     from livemeet.layers.paged_attention import KVSink
 
 
+@dataclass(frozen=True)
+class QKNorms:
+    """A layer's per-head q and k RMSNorm weights ([head_dim], the model's dtype) and eps."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+
+
 class AttentionBackend(Protocol):
     """Stores the new K/V and attends causally over each request's cache (see module doc)."""
 
     def kv_sink(self, layer: int) -> KVSink | None: ...
+
+    def attend_fused(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        norms: QKNorms,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor | None:
+        """Attention of q, k, v before their RMSNorm and RoPE ([N, heads, D], [N, kv_heads,
+        D]), the backend normalising, rotating and storing them itself; None where it cannot
+        (the caller then does that and calls `attend`)."""
+        ...
 
     def attend(
         self,
@@ -143,6 +169,20 @@ class DenseAttention:
 
     def kv_sink(self, layer: int) -> KVSink | None:
         """None: dense caches take k and v through `attend`."""
+        return None
+
+    def attend_fused(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        norms: QKNorms,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor | None:
+        """None: the dense path attends over normalised, rotated q and k (`attend`)."""
         return None
 
     def attend(

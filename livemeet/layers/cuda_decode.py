@@ -84,7 +84,9 @@ class _LaunchConfig(ctypes.Structure):
 
 # The kernel's parameters in order (the .cu file's livemeet_decode_split signature): 8 pointers
 # (q, k_cache, v_cache, tables, seq_lens, mid_o, mid_lse, out), 2 floats (qk_scale, v_scale),
-# 7 int64 strides, 2 ints (group, mid_splits), the counters pointer.
+# 7 int64 strides, 2 ints (group, mid_splits), the counters pointer; then FUSED_QK's (0 in
+# every other form): k_new, v_new, their 2 int64 strides, q_norm_w, k_norm_w, positions,
+# inv_freq, slots, 2 floats (eps, kv_inv_scale).
 PARAM_TYPES: tuple[type[ctypes._SimpleCData], ...] = (
     *([ctypes.c_void_p] * 8),
     ctypes.c_float,
@@ -93,7 +95,16 @@ PARAM_TYPES: tuple[type[ctypes._SimpleCData], ...] = (
     ctypes.c_int,
     ctypes.c_int,
     ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    *([ctypes.c_void_p] * 5),
+    ctypes.c_float,
+    ctypes.c_float,
 )
+# indices of the per-layer FUSED_QK parameters in PARAM_TYPES
+_K_NEW, _V_NEW, _NEW_STRIDE_B, _NEW_STRIDE_H, _Q_NORM_W, _K_NORM_W = range(20, 26)
 
 
 class LaunchArgs:
@@ -170,6 +181,7 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
             f"-DNUM_STAGES={variant.stages}".encode(),
             f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
             f"-DHEADS_INNER={int(variant.heads_inner)}".encode(),
+            f"-DFUSED_QK={int(variant.fused_qk)}".encode(),
         ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
@@ -191,14 +203,17 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
 class Variant:
     """One compiled form of the kernel: cache dtype, KV block size (tokens), register pipeline
     depth (tiles per warp, >= 2; bf16 spills past 2), whether the first tiles load before
-    the PDL wait, and whether the KV head is the grid's fastest index (`heads_inner`: grid
-    (kv_heads, num_splits, B), so a (sequence, split)'s programs are dispatched together)."""
+    the PDL wait, whether the KV head is the grid's fastest index (`heads_inner`: grid
+    (kv_heads, num_splits, B), so a (sequence, split)'s programs are dispatched together), and
+    whether it takes q, k, v raw and does the q/k RMSNorm, RoPE and K/V store itself
+    (`fused_qk`: `FusedQK`)."""
 
     fp8: bool
     page: int
     stages: int
     early_loads: bool
     heads_inner: bool = HEADS_INNER
+    fused_qk: bool = False
 
     def __post_init__(self) -> None:
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
@@ -211,6 +226,58 @@ def default_variant(fp8: bool, page: int) -> Variant:
     """The form `paged_decode_attention` runs unless a DecodeKernelConfig says otherwise."""
     stages = DEFAULT_STAGES_FP8 if fp8 else DEFAULT_STAGES_BF16
     return Variant(fp8, page, stages, EARLY_LOADS, HEADS_INNER)
+
+
+@dataclass(frozen=True)
+class FusedQK:
+    """A decode step's inputs for the `fused_qk` kernel, the same for every layer: positions
+    (int64 [B], the RoPE position of each row's token), inv_freq (fp32 [64]: RoPE's inverse
+    frequencies for head_dim 128), slots (int64 [B]: the new token's cache slot, block *
+    block_size + offset, -1 for a padding row), the RMSNorm eps, and the reciprocal of the KV
+    scale (an FP8 cache stores clamp(x * kv_inv_scale, -448, 448))."""
+
+    positions: torch.Tensor
+    inv_freq: torch.Tensor
+    slots: torch.Tensor
+    eps: float
+    kv_inv_scale: float
+
+    def check(self, batch: int) -> None:
+        """Raises InternalError for tensors the kernel cannot take."""
+        for name, t, dtype, n in (
+            ("positions", self.positions, torch.int64, batch),
+            ("slots", self.slots, torch.int64, batch),
+            ("inv_freq", self.inv_freq, torch.float32, HEAD_DIM // 2),
+        ):
+            if t.dtype != dtype or t.dim() != 1 or t.shape[0] != n or t.stride(0) != 1:
+                raise InternalError(f"fused q/k: {name} must be contiguous {dtype} [{n}]")
+
+
+@dataclass(frozen=True)
+class FusedQKLayer:
+    """One layer's tensors for the `fused_qk` kernel: k and v raw ([B, kv_heads, 128] bf16
+    views with one stride pair, 4-byte aligned: the qkv projection's output), the q and k
+    RMSNorm weights (bf16 [128], contiguous)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    q_norm_weight: torch.Tensor
+    k_norm_weight: torch.Tensor
+
+    def fits(self) -> bool:
+        """Whether the kernel's loads can take these tensors (else: the unfused path)."""
+        k, v = self.k, self.v
+        if k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16 or k.stride() != v.stride():
+            return False
+        if k.shape != v.shape or k.shape[2] != HEAD_DIM or k.stride(2) != 1:
+            return False
+        if (k.data_ptr() | v.data_ptr()) % 4 or k.stride(0) % 2 or k.stride(1) % 2:
+            return False
+        return all(
+            w.dtype == torch.bfloat16 and w.shape == (HEAD_DIM,) and w.stride(0) == 1
+            and w.data_ptr() % 4 == 0
+            for w in (self.q_norm_weight, self.k_norm_weight)
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -353,19 +420,25 @@ class PreparedLaunch:
         variant: Variant | None = None,
         counters: torch.Tensor | None = None,
         launch_early: bool = True,
+        fused: FusedQK | None = None,
     ) -> None:
         fp8 = k_cache.dtype == torch.float8_e4m3fn
         variant = variant or default_variant(fp8, k_cache.shape[1])
         if (variant.fp8, variant.page) != (fp8, k_cache.shape[1]):
             raise InternalError(f"{variant} does not match the cache ({k_cache.dtype}, blocks of "
                                 f"{k_cache.shape[1]})")  # fmt: skip
+        if variant.fused_qk != (fused is not None):
+            raise InternalError("a fused_qk variant needs its FusedQK inputs, and only it")
+        if fused is not None:
+            fused.check(batch)
         if counters is not None and num_splits > MAX_MERGE_SPLITS:
             raise InternalError(f"the in-kernel merge takes at most {MAX_MERGE_SPLITS} splits")
         elem = k_cache.element_size()
         if any(st * elem % PIECE_BYTES for st in k_cache.stride()[:2]):
             raise InternalError("the cache's block and token strides do not suit the kernel")
         # the tensors whose addresses the parameters hold stay alive as long as the launch
-        self._tensors = (block_tables, seq_lens, mid_o, mid_lse, counters)
+        self._tensors = (block_tables, seq_lens, mid_o, mid_lse, counters, fused)
+        self.fused_qk = variant.fused_qk
         self.cache_shape = k_cache.shape
         self.cache_stride = k_cache.stride()
         self.cache_dtype = k_cache.dtype
@@ -390,6 +463,12 @@ class PreparedLaunch:
             group,
             mid_o.shape[2],
             counters.data_ptr() if counters is not None else 0,
+            0, 0, 0, 0, 0, 0,  # FUSED_QK's k_new, v_new, strides, norm weights: per layer
+            fused.positions.data_ptr() if fused else 0,
+            fused.inv_freq.data_ptr() if fused else 0,
+            fused.slots.data_ptr() if fused else 0,
+            fused.eps if fused else 0.0,
+            fused.kv_inv_scale if fused else 0.0,
         )  # fmt: skip
         use_pdl = launch_early and pdl.is_enabled()
         num_kv_heads = k_cache.shape[2]
@@ -435,15 +514,31 @@ class PreparedLaunch:
         )
 
     def __call__(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: torch.Tensor,
+        layer: FusedQKLayer | None = None,
     ) -> None:
         """Launch over one layer: q [B, H, 128] and out [B, H, 128] (views contiguous in
-        head_dim), that layer's caches. Raises InternalError where `accepts` is False."""
+        head_dim), that layer's caches; a `fused_qk` launch takes q raw and the layer's raw k,
+        v and norm weights (`layer`, whose `fits` the caller checked). Raises InternalError
+        where `accepts` is False, or `layer` is missing or given to an unfused launch."""
         if not self.accepts(q, k_cache, v_cache, out):
             raise InternalError(
                 "the tensors' geometry, alignment or strides do not suit the kernel"
             )
         values = self.args.values
+        if self.fused_qk != (layer is not None):
+            raise InternalError("a fused_qk launch takes the layer's raw k, v and norms, only it")
+        if layer is not None:
+            values[_K_NEW].value = layer.k.data_ptr()
+            values[_V_NEW].value = layer.v.data_ptr()
+            values[_NEW_STRIDE_B].value = layer.k.stride(0)
+            values[_NEW_STRIDE_H].value = layer.k.stride(1)
+            values[_Q_NORM_W].value = layer.q_norm_weight.data_ptr()
+            values[_K_NORM_W].value = layer.k_norm_weight.data_ptr()
         values[0].value = q.data_ptr()
         values[1].value = k_cache.data_ptr()
         values[2].value = v_cache.data_ptr()

@@ -24,7 +24,7 @@ otherwise. `impl="triton"` forces the kernels (the tests use it on CPU under TRI
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -1003,6 +1003,7 @@ class DecodeLaunch:
         v_scale: float = 1.0,
         impl: Impl = "auto",
         kernel: DecodeKernelConfig | None = None,
+        fused: cuda_decode.FusedQK | None = None,
     ) -> None:
         block_size, num_kv_heads, head_dim = check_cache(k_cache, v_cache)
         group = _check_query(q, num_kv_heads, head_dim, k_cache)
@@ -1016,13 +1017,20 @@ class DecodeLaunch:
         self.scale, self.k_scale, self.v_scale = scale, k_scale, v_scale
         self.triton = _use_triton(impl, q)
         self.cuda: cuda_decode.PreparedLaunch | None = None
+        self.fused = fused is not None
         if not self.triton:
+            if self.fused:
+                raise InternalError("fused q/k needs the CUDA decode kernel")
             return
         variant = cuda_variant(q.dtype, k_cache, group, kernel)
         # the output's only need (contiguous head_dim) is every out's (_check_out): q stands in;
         # a layer whose tensors the kernel cannot take runs on Triton (PreparedLaunch.accepts)
         if variant is not None and not cuda_decode.layout_supported(q, k_cache, v_cache, q):
             variant = None
+        if fused is not None:  # only the CUDA kernel takes q raw (`fused_qk_supported`)
+            if variant is None:
+                raise InternalError("fused q/k needs the CUDA decode kernel for this call")
+            variant = replace(variant, fused_qk=True)
         if num_splits is None:
             if max_seq_len is None:
                 max_seq_len = block_tables.shape[1] * block_size
@@ -1061,6 +1069,7 @@ class DecodeLaunch:
                 k_cache, block_tables, seq_lens, self.mid_o, self.mid_lse,
                 batch=batch, num_splits=num_splits, group=group, qk_scale=self.qk_scale,
                 v_scale=v_scale, variant=variant, counters=self.counters, launch_early=self.early,
+                fused=fused,
             )  # fmt: skip
 
     def __call__(
@@ -1069,11 +1078,23 @@ class DecodeLaunch:
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         out: torch.Tensor | None = None,
+        layer: cuda_decode.FusedQKLayer | None = None,
     ) -> torch.Tensor:
         """Decode attention of q [B, heads, D] (the prepared shape and dtype) over one layer's
         caches (the prepared geometry), into `out` (as in `paged_decode_attention`) or a new
-        tensor; returns it. Raises InternalError on another shape, dtype or geometry."""
+        tensor; returns it. Prepared with `fused`, q is raw and `layer` brings the layer's raw
+        k, v and norm weights (the kernel normalises, rotates and stores them). Raises
+        InternalError on another shape, dtype or geometry, or tensors a fused launch cannot
+        take."""
         self.geometry.check(q, k_cache, v_cache, out)
+        if self.fused:
+            out = torch.empty_like(q) if out is None else out
+            if self.cuda is None or not self.cuda.accepts(q, k_cache, v_cache, out):
+                raise InternalError("a fused q/k decode got tensors the CUDA kernel cannot take")
+            if q.shape[0]:
+                self.cuda(q, k_cache, v_cache, out, layer)
+                self._merge(q, out)
+            return out
         if not self.triton:
             ref = ref_paged_decode_attention(
                 q, k_cache, v_cache, self.block_tables, self.seq_lens, self.scale,
@@ -1091,8 +1112,13 @@ class DecodeLaunch:
                 self.mid_lse, out, self.cfg, self.merge, self.counters, self.num_splits,
                 self.group, self.qk_scale, self.v_scale, self.fp16_dot, self.early,
             )  # fmt: skip
+        self._merge(q, out)
+        return out
+
+    def _merge(self, q: torch.Tensor, out: torch.Tensor) -> None:
+        """The merge kernel over the splits' partials, where the split kernel left them."""
         if self.merge != MERGE_SEPARATE:
-            return out
+            return
         _decode_merge_kernel[(q.shape[0], q.shape[1])](
             self.mid_o,
             self.mid_lse,
@@ -1106,7 +1132,6 @@ class DecodeLaunch:
             num_warps=4,
             **_pdl_options(q, _decode_merge_kernel, self.early),
         )
-        return out
 
 
 def _check_out(out: torch.Tensor | None, q: torch.Tensor) -> None:

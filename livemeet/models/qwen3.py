@@ -18,7 +18,8 @@ hands out a `kv_sink`; else attention stores them, one kernel more), attention (
 kernel merges its own splits; bf16 adds a merge kernel), o_proj, add+norm, gate_up GEMM,
 SiLU*mul, down_proj: ~9 kernels instead of ~55. At one row (decode at batch 1) `LinearPlan` may
 fold each add+norm into the GEMM after it and SiLU*mul into down_proj (livemeet.layers.linear),
-leaving 6.
+leaving 6; in a decode step on the CUDA decode kernel the q/k norm+RoPE and K/V store move into
+that kernel's prologue (`AttentionBackend.attend_fused`), one fewer.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 
 from livemeet.errors import InternalError
 from livemeet.layers import fused as fk
-from livemeet.layers.attention import AttentionBackend
+from livemeet.layers.attention import AttentionBackend, QKNorms
 from livemeet.layers.linear import LinearPlan, fuse_linears
 from livemeet.layers.norm import RMSNorm
 from livemeet.layers.paged_attention import KVSink
@@ -88,6 +89,24 @@ class Qwen3Attention(nn.Module):
             return q, None, None
         q, k = fk.qk_norm_rope(q, k, qw, kw, eps, positions, inv_freq, impl="triton")
         return q, k, v
+
+    def attend_fused(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        inv_freq: torch.Tensor,
+        attn: AttentionBackend,
+    ) -> torch.Tensor | None:
+        """Attention straight from the qkv projection [N, (heads + 2 kv_heads) * D], the
+        backend doing the q/k RMSNorm, RoPE and K/V store (`AttentionBackend.attend_fused`: a
+        decode step's kernel prologue); None where it cannot (then `split_qkv`, `attend`)."""
+        n, d = qkv.shape[0], self.head_dim
+        q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
+        q = qkv[:, :q_end].view(n, self.heads, d)
+        k = qkv[:, q_end:k_end].view(n, self.kv_heads, d)
+        v = qkv[:, k_end:].view(n, self.kv_heads, d)
+        norms = QKNorms(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        return attn.attend_fused(self.layer, q, k, v, norms, positions, inv_freq, self.scale)
 
     def project_out(self, attn_out: torch.Tensor, plan: LinearPlan) -> torch.Tensor:
         """Attention output [N, heads, D] (or [N, heads * D]) -> o_proj output [N, hidden]."""
@@ -157,11 +176,22 @@ class Qwen3Layer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden, residual) -> (mlp output, residual before it); the layer's output is their
         sum, which the next layer's (or the final) norm computes. residual None: first layer."""
-        layer = self.self_attn.layer
-        sink = attn.kv_sink(layer)
-        q, k, v, residual = self.pre_attention(hidden, residual, positions, inv_freq, plan, sink)
-        out = attn.attend(layer, q, k, v, self.self_attn.scale)
+        sa = self.self_attn
+        qkv, residual = self._qkv(hidden, residual, plan)
+        out = sa.attend_fused(qkv, positions, inv_freq, attn)  # a decode step: one kernel less
+        if out is None:
+            q, k, v = sa.split_qkv(qkv, positions, inv_freq, attn.kv_sink(sa.layer))
+            out = attn.attend(sa.layer, q, k, v, sa.scale)
         return self.post_attention(out, residual, plan)
+
+    def _qkv(
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, plan: LinearPlan
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual add + RMSNorm + qkv projection (one kernel at one row when tuned so):
+        (qkv [N, (heads + 2 kv_heads) * D], the residual)."""
+        norm, attn = self.input_layernorm, self.self_attn
+        assert attn.qkv_weight is not None
+        return plan.norm_linear(hidden, residual, norm.weight, norm.eps, attn.qkv_weight)
 
     def pre_attention(
         self,
@@ -176,11 +206,8 @@ class Qwen3Layer(nn.Module):
         k = v = None when `sink` took them (`split_qkv`). With `post_attention` it is
         `forward_fused` cut at the attention call, which is where per-token work (capturable
         for any row count) meets per-sequence work."""
-        norm, attn = self.input_layernorm, self.self_attn
-        assert attn.qkv_weight is not None
-        # residual add + RMSNorm + qkv projection (one kernel at one row when tuned so)
-        qkv, residual = plan.norm_linear(hidden, residual, norm.weight, norm.eps, attn.qkv_weight)
-        q, k, v = attn.split_qkv(qkv, positions, inv_freq, sink)
+        qkv, residual = self._qkv(hidden, residual, plan)
+        q, k, v = self.self_attn.split_qkv(qkv, positions, inv_freq, sink)
         return q, k, v, residual
 
     def post_attention(

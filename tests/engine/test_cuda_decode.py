@@ -5,9 +5,11 @@ the `gpu`-marked tests of test_paged_attention.py)."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,6 +71,7 @@ def build(tmp_path: Path, variant: cuda_decode.Variant) -> str:
         f"-DNUM_STAGES={variant.stages}",
         f"-DEARLY_LOADS={int(variant.early_loads)}",
         f"-DHEADS_INNER={int(variant.heads_inner)}",
+        f"-DFUSED_QK={int(variant.fused_qk)}",
         str(cuda_decode.SOURCE),
         "-o",
         str(out),
@@ -90,6 +93,24 @@ def test_every_kernel_form_compiles_without_register_spills(tmp_path: Path, fp8:
             report = build(tmp_path, cuda_decode.Variant(fp8, 16, stages, early))
             spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
             assert spills and not any(spills), report
+    for fused in (False, True):  # the fused q/k prologue spills nothing either
+        report = build(tmp_path, replace(cuda_decode.default_variant(fp8, 128), fused_qk=fused))
+        spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", report)]
+        assert spills and not any(spills), report
+
+
+@pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")
+@pytest.mark.parametrize("fp8", [False, True])
+def test_the_fused_prologue_keeps_the_programs_per_sm(tmp_path: Path, fp8: bool) -> None:
+    """The q/k prologue's registers are dead by the main loop: the fused form must fit as
+    many programs on an SM as the plain one (registers per thread, rounded to the allocation
+    unit of 8, times 128 threads, into 64K registers; shared memory is far from its limit)."""
+    per_sm = []
+    for fused in (False, True):
+        report = build(tmp_path, replace(cuda_decode.default_variant(fp8, 128), fused_qk=fused))
+        (regs,) = re.findall(r"Used (\d+) registers", report)
+        per_sm.append(65536 // ((int(regs) + 7) // 8 * 8 * cuda_decode.THREADS))
+    assert per_sm[0] == per_sm[1], per_sm
 
 
 @pytest.mark.skipif(nvcc() is None, reason="needs the CUDA toolkit's nvcc")
@@ -174,11 +195,14 @@ def read_params(params: ctypes.Array[ctypes.c_void_p]) -> list[int | float | Non
 
 def test_launch_args_are_refilled_in_place() -> None:
     args = cuda_decode.LaunchArgs()
-    first = (*range(1, 9), 0.5, 2.0, *range(10, 17), 2, 64, 0)
+    fused_part = (11, 12, 13, 14, 15, 16, 17, 18, 19, 1e-6, 0.5)
+    first = (*range(1, 9), 0.5, 2.0, *range(10, 17), 2, 64, 0, *fused_part)
     params = args.fill(*first)
     addresses = list(params)
-    assert read_params(params) == [*first[:-1], None]  # a null c_void_p reads as None
-    second = (*range(101, 109), -1.25, 3.0, *range(-7, 0), 8, 3, 0xDEAD00)
+    got = read_params(params)
+    assert got[:20] == [*first[:19], None]  # a null c_void_p reads as None
+    assert got[20:29] == list(fused_part[:9]) and got[29] == pytest.approx(1e-6)
+    second = (*range(101, 109), -1.25, 3.0, *range(-7, 0), 8, 3, 0xDEAD00, *range(1, 10), 2.0, 4.0)
     assert list(args.fill(*second)) == addresses  # the same slots, new values
     assert read_params(params) == list(second)
     with pytest.raises(InternalError):
@@ -242,7 +266,8 @@ def test_launch_passes_every_argument_and_the_grid(
     pointers = [t.data_ptr() for t in (q, k, v, tables, lens, mid_o, mid_lse, out)]
     strides = [q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.stride(0), k.stride(1)]
     expected = [*pointers, 0.25, 1.5, *strides, tables.stride(0), 2, 8, counters.data_ptr()]
-    assert seen["params"] == expected
+    unfused = [None, None, 0, 0, None, None, None, None, None, 0.0, 0.0]  # FUSED_QK's: unset
+    assert seen["params"] == [*expected, *unfused]
 
 
 def test_prepared_launch_sets_only_the_layer_tensors_per_call(
@@ -273,7 +298,7 @@ def test_prepared_launch_sets_only_the_layer_tensors_per_call(
         assert got[7] == out.data_ptr()
         assert got[8:10] == [0.5, 1.0]
         assert got[10:14] == [q.stride(0), q.stride(1), out.stride(0), out.stride(1)]
-        assert got[14:] == [caches[0].stride(0), caches[0].stride(1), 3, 2, 4, None]
+        assert got[14:20] == [caches[0].stride(0), caches[0].stride(1), 3, 2, 4, None]
     other = torch.zeros(7, page, kv_heads, 128, dtype=torch.bfloat16)
     assert not prepared.accepts(qs[0], other, caches[1], outs[0])
     misaligned = torch.zeros(batch * heads * 128 + 1, dtype=torch.bfloat16)[1:].view(
@@ -283,3 +308,206 @@ def test_prepared_launch_sets_only_the_layer_tensors_per_call(
     with pytest.raises(InternalError, match="do not suit"):
         prepared(misaligned, caches[0], caches[1], outs[0])
     assert len(fake_driver) == 2
+
+
+def fused_inputs(batch: int) -> tuple[cuda_decode.FusedQK, cuda_decode.FusedQKLayer]:
+    """A step's FusedQK and one layer's tensors, shaped as the model hands them over: k and v
+    as views of a qkv row of 16 q, 8 k and 8 v heads."""
+    qkv = torch.zeros(batch, 32 * 128, dtype=torch.bfloat16)
+    k = qkv[:, 16 * 128 : 24 * 128].view(batch, 8, 128)
+    v = qkv[:, 24 * 128 :].view(batch, 8, 128)
+    norms = torch.ones(2, 128, dtype=torch.bfloat16)
+    step = cuda_decode.FusedQK(
+        torch.arange(batch, dtype=torch.int64),
+        torch.ones(64),
+        torch.full((batch,), -1, dtype=torch.int64),
+        1e-6,
+        0.5,
+    )
+    return step, cuda_decode.FusedQKLayer(k, v, norms[0], norms[1])
+
+
+def test_a_fused_launch_passes_the_step_and_layer_inputs(
+    fake_driver: list[dict[str, object]],
+) -> None:
+    """The fused form's launch carries the step's positions, inv_freq, slots, eps and scale
+    (fixed) and each layer's raw k, v, their strides and the norm weights; an unfused launch
+    given them, or a fused one without them, is refused."""
+    batch, page = 2, 16
+    cache = torch.zeros(6, page, 8, 128, dtype=torch.bfloat16)
+    tables, lens = torch.zeros(batch, 3, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32)
+    mid_o, mid_lse = torch.zeros(batch, 16, 4, 128), torch.zeros(batch, 16, 4)
+    step, layer = fused_inputs(batch)
+    variant = replace(cuda_decode.default_variant(False, page), fused_qk=True)
+    prepared = cuda_decode.PreparedLaunch(
+        cache, tables, lens, mid_o, mid_lse, batch=batch, num_splits=4, group=2,
+        qk_scale=0.5, v_scale=1.0, variant=variant, fused=step,
+    )  # fmt: skip
+    q = layer.k.new_zeros(batch, 32 * 128)[:, : 16 * 128].view(batch, 16, 128)  # raw, strided
+    out = torch.zeros(batch, 16, 128, dtype=torch.bfloat16)
+    prepared(q, cache, cache, out, layer)
+    got = fake_driver[-1]["params"]
+    assert isinstance(got, list)
+    assert got[0] == q.data_ptr() and got[10:12] == [q.stride(0), q.stride(1)]
+    assert got[20:26] == [
+        layer.k.data_ptr(), layer.v.data_ptr(), layer.k.stride(0), layer.k.stride(1),
+        layer.q_norm_weight.data_ptr(), layer.k_norm_weight.data_ptr(),
+    ]  # fmt: skip
+    assert got[26:29] == [t.data_ptr() for t in (step.positions, step.inv_freq, step.slots)]
+    assert got[29] == pytest.approx(1e-6) and got[30] == 0.5
+    with pytest.raises(InternalError, match="fused_qk launch"):
+        prepared(q, cache, cache, out)
+    plain = cuda_decode.PreparedLaunch(
+        cache, tables, lens, mid_o, mid_lse, batch=batch, num_splits=4, group=2,
+        qk_scale=0.5, v_scale=1.0,
+    )  # fmt: skip
+    with pytest.raises(InternalError, match="fused_qk launch"):
+        plain(q, cache, cache, out, layer)
+    with pytest.raises(InternalError, match="FusedQK inputs"):
+        cuda_decode.PreparedLaunch(
+            cache, tables, lens, mid_o, mid_lse, batch=batch, num_splits=4, group=2,
+            qk_scale=0.5, v_scale=1.0, variant=variant,
+        )  # fmt: skip
+
+
+def test_fused_inputs_the_kernel_cannot_take_are_refused() -> None:
+    step, layer = fused_inputs(3)
+    step.check(3)
+    assert layer.fits()
+    with pytest.raises(InternalError, match="positions"):
+        replace(step, positions=step.positions.to(torch.int32)).check(3)
+    with pytest.raises(InternalError, match="slots"):
+        replace(step, slots=torch.zeros(4, dtype=torch.int64)).check(3)
+    with pytest.raises(InternalError, match="inv_freq"):
+        replace(step, inv_freq=torch.ones(128)).check(3)
+    odd = torch.zeros(3 * 32 * 128 + 1, dtype=torch.bfloat16)[1:].view(3, 32 * 128)
+    misaligned = odd[:, 16 * 128 : 24 * 128].view(3, 8, 128)  # 2-byte aligned
+    assert not replace(layer, k=misaligned, v=misaligned).fits()
+    assert not replace(layer, v=layer.v.float()).fits()
+    assert not replace(layer, q_norm_weight=torch.ones(64, dtype=torch.bfloat16)).fits()
+    assert not replace(layer, v=layer.v.contiguous()).fits()  # k and v share one stride pair
+
+
+def fused_case(fp8: bool, seq_lens: list[int], page: int = 128) -> dict[str, torch.Tensor | float]:
+    """A decode step on CUDA for the fused/unfused comparison: random caches with each
+    sequence's blocks shuffled, the new token of row b at KV index seq_lens[b] - 1 (a 0 row is
+    padding: slot -1), raw qkv rows, norm weights near 1, Qwen3's RoPE (theta 1e6)."""
+    dev = "cuda"
+    blocks = [max(1, -(-n // page)) for n in seq_lens]
+    order = torch.randperm(sum(blocks) + 1, device=dev).to(torch.int32)
+    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32, device=dev)
+    slots = []
+    at = 0
+    for b, (n, nb) in enumerate(zip(seq_lens, blocks, strict=True)):
+        tables[b, :nb] = order[at : at + nb]
+        at += nb
+        slots.append(int(tables[b, (n - 1) // page]) * page + (n - 1) % page if n else -1)
+    dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    shape = (sum(blocks) + 1, page, 8, 128)
+    kv_scale = 0.5 if fp8 else 1.0
+    qkv = (2 * torch.randn(len(seq_lens), 32 * 128, device=dev)).to(torch.bfloat16)
+    return {
+        "kc": torch.randn(shape, device=dev).to(dtype),
+        "vc": torch.randn(shape, device=dev).to(dtype),
+        "tables": tables,
+        "lens": torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+        "slots": torch.tensor(slots, dtype=torch.int64, device=dev),
+        "positions": (torch.tensor(seq_lens, device=dev) - 1).clamp(min=0) * 3 + 7,
+        "qkv": qkv,
+        "qw": (1 + 0.1 * torch.randn(128, device=dev)).to(torch.bfloat16),
+        "kw": (1 + 0.1 * torch.randn(128, device=dev)).to(torch.bfloat16),
+        "inv_freq": 1.0 / (1e6 ** (torch.arange(0, 128, 2, device=dev).float() / 128)),
+        "kv_scale": kv_scale,
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("num_splits", [1, 7, None])
+def test_the_fused_prologue_matches_the_qk_kernel_and_the_plain_decode(
+    fp8: bool, num_splits: int | None
+) -> None:
+    """One decode step two ways over copies of the same caches: the q/k kernel
+    (`qk_norm_rope_store_kv`, storing k and v) then the plain CUDA decode, against the
+    `fused_qk` form doing both in its prologue. The caches must end up the same (v exactly, a
+    new k an ulp apart at most where the sums of squares round differently), and the outputs
+    agree to bf16 rounding; a padding row stores nothing and gives zeros."""
+    from livemeet.layers import fused as fk
+    from livemeet.layers.paged_attention import DecodeLaunch, KVSink
+
+    torch.manual_seed(33)
+    case = fused_case(fp8, [1, 130, 4099, 0, 37])
+    qkv = case["qkv"]
+    assert isinstance(qkv, torch.Tensor)
+    n = qkv.shape[0]
+    q, k, v = (qkv[:, a:b].view(n, -1, 128) for a, b in ((0, 2048), (2048, 3072), (3072, 4096)))
+    s = float(case["kv_scale"])
+    kc_a, vc_a = case["kc"].clone(), case["vc"].clone()
+    kc_b, vc_b = case["kc"].clone(), case["vc"].clone()
+    common = (case["tables"], case["lens"], 128**-0.5)
+    sink = KVSink(kc_a, vc_a, case["slots"], s)
+    q_a = fk.qk_norm_rope_store_kv(
+        q, k, v, case["qw"], case["kw"], 1e-6, case["positions"], case["inv_freq"], sink,
+        impl="triton",
+    )  # fmt: skip
+    plain = DecodeLaunch(q_a, kc_a, vc_a, *common, num_splits=num_splits, k_scale=s, v_scale=s)
+    out_a = plain(q_a, kc_a, vc_a)
+    step = cuda_decode.FusedQK(case["positions"], case["inv_freq"], case["slots"], 1e-6, 1 / s)
+    fused = DecodeLaunch(
+        q, kc_b, vc_b, *common, num_splits=num_splits, k_scale=s, v_scale=s, fused=step
+    )
+    assert fused.cuda is not None and fused.cuda.fused_qk
+    layer = cuda_decode.FusedQKLayer(k, v, case["qw"], case["kw"])
+    out_b = fused(q, kc_b, vc_b, None, layer)
+    torch.cuda.synchronize()
+    assert torch.equal(vc_a.view(torch.uint8), vc_b.view(torch.uint8))
+    changed = (kc_a.view(torch.uint8) != kc_b.view(torch.uint8)).any(dim=-1)  # per (slot, head)
+    slots = case["slots"]
+    assert isinstance(slots, torch.Tensor)
+    touched = changed.flatten(0, 1).nonzero()[:, 0].unique()
+    assert set(touched.tolist()) <= set(slots[slots >= 0].tolist())  # nowhere else
+    rows_a, rows_b = (c.flatten(0, 1)[slots[slots >= 0]].float() for c in (kc_a, kc_b))
+    step_size = 2.0 ** (-3 if fp8 else -7)  # one e4m3 / bf16 ulp, relative
+    assert ((rows_a - rows_b).abs() <= step_size * rows_a.abs() + 1e-6).all()
+    assert (rows_a != rows_b).float().mean() < 0.01
+    assert out_b[3].abs().max() == 0 and out_a[3].abs().max() == 0  # the padding row
+    tol = 0.05 if fp8 else 0.02
+    assert (out_a.float() - out_b.float()).abs().max() < tol, (out_a - out_b).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_decode_step_takes_the_fused_path_and_a_prefill_step_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """PagedAttentionBackend.attend_fused on CUDA with LIVEMEET_FUSED_QK on: a decode-only
+    step is fused, a step with prefill rows returns None (the caller normalises); with it
+    off (the default), no step is."""
+    from livemeet.engine import paged_backend
+    from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
+    from livemeet.layers.attention import QKNorms
+
+    monkeypatch.setattr(paged_backend, "_fused_qk", True)
+
+    torch.manual_seed(34)
+    lens = [300, 5000]
+    case = fused_case(False, lens)
+    qkv = case["qkv"]
+    assert isinstance(qkv, torch.Tensor)
+    q, k, v = (qkv[:, a:b].view(2, -1, 128) for a, b in ((0, 2048), (2048, 3072), (3072, 4096)))
+    meta = StepMetadata(
+        case["slots"], case["tables"], case["lens"],
+        torch.tensor([0, 1, 2], dtype=torch.int32, device="cuda"), 1, max(lens), True,
+    )  # fmt: skip
+    norms = QKNorms(case["qw"], case["kw"], 1e-6)
+    backend = PagedAttentionBackend([case["kc"]], [case["vc"]], meta)
+    args = (q, k, v, norms, case["positions"], case["inv_freq"], 128**-0.5)
+    out = backend.attend_fused(0, *args)
+    assert out is not None and out.shape == (2, 16, 128)
+    monkeypatch.setattr(paged_backend, "_fused_qk", False)
+    off = PagedAttentionBackend([case["kc"]], [case["vc"]], meta)
+    assert off.attend_fused(0, *args) is None
+    monkeypatch.setattr(paged_backend, "_fused_qk", True)
+    mixed = dataclasses.replace(meta, decode_only=False, num_decode_seqs=1)
+    assert PagedAttentionBackend([case["kc"]], [case["vc"]], mixed).attend_fused(0, *args) is None

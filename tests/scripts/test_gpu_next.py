@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # a gpu_bench.sh stand-in: prints its phase and the settings that tell the runs apart
 BENCH = """#!/usr/bin/env bash
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && echo "stand-in $1: 1 passed" > "$OUT/$1.log"; fi
 if [ -n "${STANDIN_BUDGET:-}" ]; then
   echo "$1 ${BENCH_S:-} ${LONG_C:-} ${FP8_POINTS:-} ${ASSUMED_RATE:-}"
   exit 0
@@ -101,8 +102,24 @@ def test_the_h200_throughput_call_runs_the_engine_then_http(tmp_path: Path) -> N
     ]
 
 
+@pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_call_4_tests_the_fused_prologue_then_runs_its_ab(tmp_path: Path, card: str) -> None:
+    """The fused q/k prologue's check on either card: its GPU tests (the profile phase with
+    the tests' output apart), then gpu_ab.sh's arms through the same stand-in: off, on, off."""
+    out = tmp_path / "out"
+    done = run(tmp_path, card, "4", OUT=str(out))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("phase=profile ")
+    arms = [line for line in lines if line.startswith("=== arm")]
+    assert [a.split(" ")[3] for a in arms] == ["new", "env", "new"]
+    assert "with LIVEMEET_FUSED_QK=1" in arms[1]
+    assert (out / "tests" / "profile.log").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["1_new", "2_env", "3_new", "tests"]
+
+
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
-    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "4")):
+    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "5")):
         done = run(tmp_path, card, call)
         assert done.returncode == 2 and "no run planned" in done.stderr
     done = run(tmp_path, "", "1")

@@ -12,6 +12,14 @@
 //            mid_o fp32 [B, H, mid_splits, 128] (normalised) and mid_lse fp32 [B, H,
 //            mid_splits] (log2 domain), merged by the Triton merge kernel, or (counters:
 //            int32 [B * KV_HEADS], zero between calls) by the last split to finish.
+// FUSED_QK (0/1): q, k and v arrive raw (the qkv projection's output, before the per-head
+//   RMSNorm and RoPE): every program normalises and rotates its group's query heads itself
+//   (into shared memory), and the program whose split holds the step's new token normalises
+//   and rotates its KV head's k and stores k and v into the caches at slots[b] (an e4m3 cache
+//   as clamp(x * kv_inv_scale, -448, 448)), then reads that tile with coherent loads: what
+//   livemeet.layers.fused.qk_norm_rope_store_kv did in a kernel of its own before this one,
+//   in the same rounding order (every product rounded to bf16 where the torch reference
+//   rounds it; the sum of squares is reduced in another order, an ulp apart at most).
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
 // NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1) and HEADS_INNER (0/1: the KV
 // head is the grid's fastest index, so the programs of one (sequence, split) start side by
@@ -55,6 +63,16 @@ typedef unsigned int u32;
 #ifndef HEADS_INNER
 #define HEADS_INNER 0  // grid (KV_HEADS, num_splits, B) instead of (num_splits, KV_HEADS, B)
 #endif
+#ifndef FUSED_QK
+#define FUSED_QK 0  // q/k RMSNorm, RoPE and the K/V store in the prologue (see above)
+#endif
+#if FUSED_QK  // the prologue stores the new token's K/V through the cache pointers
+#define KV_CONST
+#define KV_RESTRICT
+#else
+#define KV_CONST const
+#define KV_RESTRICT __restrict__
+#endif
 
 #define HEAD_DIM 128
 #define TILE 16        // keys per warp iteration
@@ -80,11 +98,20 @@ struct Stage {
     uint4 v[4][V_PIECES];  // keys 2t, 2t + 1, 2t + 8, 2t + 9
 };
 
+// FRESH: a tile holding bytes this kernel stored (FUSED_QK's new token): a coherent load
+// through L2, as the non-coherent path may not see a write made during the kernel
+template <bool FRESH>
 __device__ __forceinline__ uint4 load_piece(const unsigned char* p) {
     uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
+    if (FRESH) {
+        asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p));
+    } else {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p));
+    }
     return r;
 }
 
@@ -147,6 +174,7 @@ __device__ __forceinline__ int dims_of(int mt, int g) {
 #endif
 }
 
+template <bool FRESH>
 __device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head,
                                            const unsigned char* v_head, long long tok_bytes,
                                            int valid, int g, int t) {
@@ -158,7 +186,7 @@ __device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head
         const unsigned char* row = k_head + key * tok_bytes;
 #pragma unroll
         for (int c = 0; c < K_PIECES; ++c) {
-            s.k[n][c] = key < valid ? load_piece(row + c * 4 * PIECE + t * PIECE)
+            s.k[n][c] = key < valid ? load_piece<FRESH>(row + c * 4 * PIECE + t * PIECE)
                                     : make_uint4(0, 0, 0, 0);
         }
     }
@@ -168,7 +196,7 @@ __device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head
         const unsigned char* row = v_head + key * tok_bytes;
 #pragma unroll
         for (int c = 0; c < V_PIECES; ++c) {
-            s.v[kk][c] = key < valid ? load_piece(row + c * 8 * PIECE + g * PIECE)
+            s.v[kk][c] = key < valid ? load_piece<FRESH>(row + c * 8 * PIECE + g * PIECE)
                                      : make_uint4(0, 0, 0, 0);
         }
     }
@@ -269,12 +297,10 @@ __device__ __forceinline__ void compute_tile(const Stage& s, const u32 (&qf)[K_P
     }
 }
 
-// Q fragments: lane (g, t) holds query head g of the group at the dims of its K pieces.
-__device__ __forceinline__ void load_q(u32 (&qf)[K_PIECES][EPP / 2],
-                                       const unsigned short* __restrict__ q, int b, int kvh,
-                                       int group, long long q_stride_b, long long q_stride_h,
-                                       int g, int t) {
-    const unsigned short* qrow = q + b * q_stride_b + (kvh * group + g) * q_stride_h;
+// Q fragments: lane (g, t) holds query head g of the group at the dims of its K pieces;
+// qrow: that head's 128 bf16 (global memory, or FUSED_QK's shared copy), read when g < group.
+__device__ __forceinline__ void load_q(u32 (&qf)[K_PIECES][EPP / 2], const unsigned short* qrow,
+                                       int group, int g, int t) {
 #pragma unroll
     for (int c = 0; c < K_PIECES; ++c) {
         const int d0 = c * 4 * EPP + t * EPP;  // the piece's first dim
@@ -288,6 +314,66 @@ __device__ __forceinline__ void load_q(u32 (&qf)[K_PIECES][EPP / 2],
         }
     }
 }
+
+#if FUSED_QK
+__device__ __forceinline__ float round_bf16(float x) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return __int_as_float(((u32)h) << 16);
+}
+
+// One head [128] by one warp, as livemeet.layers.fused._norm_rope_head: RMSNorm (statistics in
+// fp32), rounded, times the weight, rounded; then rotate-half RoPE at `pos` with cos/sin of
+// the fp32 angle rounded to bf16 and each product rounded. Lane l holds dims 2l, 2l + 1 of
+// each half: v[0], v[1] and v[2], v[3] (= 64 + 2l, 65 + 2l), bf16-exact. src and w: 4-byte
+// aligned bf16.
+__device__ __forceinline__ void norm_rope_head(const unsigned short* src,
+                                               const unsigned short* w, float pos,
+                                               const float* inv_freq, float eps, int lane,
+                                               float (&v)[4]) {
+    const u32 lo = *(const u32*)(src + 2 * lane), hi = *(const u32*)(src + 64 + 2 * lane);
+    const float a[4] = {bf16_lo(lo), bf16_hi(lo), bf16_lo(hi), bf16_hi(hi)};
+    float ss = a[0] * a[0] + a[1] * a[1] + a[2] * a[2] + a[3] * a[3];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float rstd = rsqrtf(ss / (float)HEAD_DIM + eps);
+    const u32 wlo = *(const u32*)(w + 2 * lane), whi = *(const u32*)(w + 64 + 2 * lane);
+    const float wv[4] = {bf16_lo(wlo), bf16_hi(wlo), bf16_lo(whi), bf16_hi(whi)};
+    float n[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) n[i] = round_bf16(round_bf16(a[i] * rstd) * wv[i]);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        // precise cosf/sinf (no fast math): angles reach ~1e5 rad
+        const float angle = pos * inv_freq[2 * lane + j];
+        const float c = round_bf16(cosf(angle)), sn = round_bf16(sinf(angle));
+        // x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1)
+        v[j] = round_bf16(round_bf16(n[j] * c) - round_bf16(n[2 + j] * sn));
+        v[2 + j] = round_bf16(round_bf16(n[2 + j] * c) + round_bf16(n[j] * sn));
+    }
+}
+
+// A head's values (lane layout of norm_rope_head) into a cache row: bf16, or e4m3 as
+// clamp(x * inv_scale, -448, 448) rounded to nearest (livemeet.layers.fused._store_head).
+__device__ __forceinline__ void store_head(unsigned char* row, const float (&v)[4], int lane,
+                                           float inv_scale) {
+#if KV_FP8
+    unsigned short lo, hi;
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = fminf(fmaxf(v[i] * inv_scale, -448.f), 448.f);
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(x[1]), "f"(x[0]));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(x[3]), "f"(x[2]));
+    *(unsigned short*)(row + 2 * lane) = lo;
+    *(unsigned short*)(row + 64 + 2 * lane) = hi;
+#else
+    // bf16-exact floats: their bits' high halves, dim 2l in the low half of the word
+    *(u32*)(row + 4 * lane) = (__float_as_uint(v[0]) >> 16) | (__float_as_uint(v[1]) & 0xffff0000u);
+    *(u32*)(row + 128 + 4 * lane) =
+        (__float_as_uint(v[2]) >> 16) | (__float_as_uint(v[3]) & 0xffff0000u);
+#endif
+}
+#endif  // FUSED_QK
 
 __device__ __forceinline__ float load_cg(const float* p) {
     float v;
@@ -364,15 +450,25 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
     }
 }
 
+// FUSED_QK's parameters (unused otherwise): k_new and v_new, the raw k and v of the step's
+// token, [B, KV_HEADS, 128] bf16 at new_stride_b / new_stride_h elements; q_norm_w and k_norm_w
+// bf16 [128]; positions int64 [B]; inv_freq fp32 [64]; slots int64 [B], the new token's cache
+// slot (block * PAGE + offset, -1: none); eps; kv_inv_scale. q is then raw as well.
 extern "C" __global__ void __launch_bounds__(NUM_WARPS * 32, 2)
-livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char* __restrict__ k_cache,
-                      const unsigned char* __restrict__ v_cache, const int* __restrict__ tables,
+livemeet_decode_split(const unsigned short* __restrict__ q, KV_CONST unsigned char* KV_RESTRICT k_cache,
+                      KV_CONST unsigned char* KV_RESTRICT v_cache, const int* __restrict__ tables,
                       const int* __restrict__ seq_lens, float* __restrict__ mid_o,
                       float* __restrict__ mid_lse, unsigned short* __restrict__ out,
                       float qk_scale, float v_scale, long long q_stride_b, long long q_stride_h,
                       long long out_stride_b, long long out_stride_h, long long stride_blk,
                       long long stride_tok, long long stride_bt, int group, int mid_splits,
-                      int* __restrict__ counters) {
+                      int* __restrict__ counters,
+                      const unsigned short* __restrict__ k_new,
+                      const unsigned short* __restrict__ v_new, long long new_stride_b,
+                      long long new_stride_h, const unsigned short* __restrict__ q_norm_w,
+                      const unsigned short* __restrict__ k_norm_w,
+                      const long long* __restrict__ positions, const float* __restrict__ inv_freq,
+                      const long long* __restrict__ slots, float eps, float kv_inv_scale) {
     // PDL (sm_90): let the next kernel be scheduled now; wait for the previous one's writes
     // (q, the KV of this step's token) below. No-ops when launched without the PDL attribute.
     // Before the wait this kernel reads only what no kernel of the step writes: seq_lens and
@@ -418,7 +514,12 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
         if (!tile_exists(i)) return;
         int key0 = tile_key(i);
         long long base = (long long)blk * stride_blk * ELEM_BYTES + (key0 % PAGE) * tok_bytes + head_off;
-        load_stage(s, k_cache + base, v_cache + base, tok_bytes, min(TILE, end - key0), g, t);
+        const int valid = min(TILE, end - key0);
+        if (FUSED_QK && key0 + TILE >= seq_len) {  // holds the token this kernel stored
+            load_stage<true>(s, k_cache + base, v_cache + base, tok_bytes, valid, g, t);
+        } else {
+            load_stage<false>(s, k_cache + base, v_cache + base, tok_bytes, valid, g, t);
+        }
     };
     auto compute = [&](const Stage& s, int i) {
         if (!tile_exists(i)) return;
@@ -438,12 +539,45 @@ livemeet_decode_split(const unsigned short* __restrict__ q, const unsigned char*
         load(ring[j], j, tile_block(j));
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#if FUSED_QK
+    // the group's query heads, normalised and rotated, for load_q; the program whose split
+    // holds the new token stores its KV head's k and v (module header)
+    __shared__ __align__(16) unsigned short q_s[MAX_GROUP][HEAD_DIM];
+    {
+        const float pos = (float)positions[b];
+        for (int r = warp; r < group; r += NUM_WARPS) {
+            float v[4];
+            norm_rope_head(q + b * q_stride_b + (kvh * group + r) * q_stride_h, q_norm_w, pos,
+                           inv_freq, eps, lane, v);
+            *(u32*)&q_s[r][2 * lane] = (__float_as_uint(v[0]) >> 16) | (__float_as_uint(v[1]) & 0xffff0000u);
+            *(u32*)&q_s[r][64 + 2 * lane] = (__float_as_uint(v[2]) >> 16) | (__float_as_uint(v[3]) & 0xffff0000u);
+        }
+        const long long slot = seq_len > 0 && start < seq_len && seq_len <= end ? slots[b] : -1;
+        if (slot >= 0 && warp >= NUM_WARPS - 2) {  // the last two warps: k, then v
+            const long long row_bytes = ((slot / PAGE) * stride_blk + (slot % PAGE) * stride_tok) * ELEM_BYTES + head_off;
+            const unsigned short* src = (warp == NUM_WARPS - 2 ? k_new : v_new) + b * new_stride_b + kvh * new_stride_h;
+            float v[4];
+            if (warp == NUM_WARPS - 2) {
+                norm_rope_head(src, k_norm_w, pos, inv_freq, eps, lane, v);
+            } else {
+                const u32 lo = *(const u32*)(src + 2 * lane), hi = *(const u32*)(src + 64 + 2 * lane);
+                v[0] = bf16_lo(lo), v[1] = bf16_hi(lo), v[2] = bf16_lo(hi), v[3] = bf16_hi(hi);
+            }
+            store_head((warp == NUM_WARPS - 2 ? k_cache : v_cache) + row_bytes, v, lane, kv_inv_scale);
+        }
+        __syncthreads();  // q_s written; the stores visible to this program's loads
+    }
+#endif
 #pragma unroll
     for (int j = 0; j < NUM_STAGES - 1; ++j) {
         if (EARLY_LOADS && tile_key(j) + TILE < seq_len) continue;
         load(ring[j], j, tile_block(j));
     }
-    load_q(qf, q, b, kvh, group, q_stride_b, q_stride_h, g, t);
+#if FUSED_QK
+    load_q(qf, &q_s[g < group ? g : 0][0], group, g, t);
+#else
+    load_q(qf, q + b * q_stride_b + (kvh * group + (g < group ? g : 0)) * q_stride_h, group, g, t);
+#endif
     int blk_next = tile_block(NUM_STAGES - 1);
     for (int i = 0; tile_exists(i); i += NUM_STAGES) {
 #pragma unroll
