@@ -247,7 +247,8 @@ class GatewayConfig:
     allowed_origins: tuple[str, ...] = ()
     # s a live session whose socket went away (a network blip) keeps transcribing and waits
     # for its client to resume it (docs/protocol.md, "Resume"), then is ended as by `end`;
-    # 0: no resume, the session goes with its socket. In-process: a restart loses them
+    # 0: no resume, the session goes with its socket. A restarted server rebuilds the
+    # unfinished ones from its data dir and waits as long (gateway/live_journal.py)
     live_resume_window_s: float = LIVE_RESUME_WINDOW_S
 
     def validate(self) -> None:

@@ -31,7 +31,8 @@ from livemeet.backends import BACKENDS, check_backend
 from livemeet.config import LOG_FORMAT, GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
-from livemeet.gateway.keys import tmp_dir, transcripts_dir
+from livemeet.gateway.keys import live_dir, tmp_dir, transcripts_dir
+from livemeet.gateway.live_journal import journal_in_use
 
 log = logging.getLogger("livemeet.serve")
 
@@ -107,8 +108,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="SECONDS",
         help="seconds a live session whose socket dropped keeps transcribing and waits for "
         "its client to resume it (session id + resume token), then is ended as by 'end'; "
-        "0 turns resume off. Sessions live in this process only: a restart loses them "
-        "(default %(default)g)",
+        "0 turns resume off. Sessions are kept in --data-dir: a server started again after a "
+        "crash rebuilds them and waits as long for their clients (default %(default)g)",
     )
     p.add_argument(
         "--allowed-origin",
@@ -500,7 +501,11 @@ def check_data_dir(config: ServerConfig) -> None:
     to root for places no one can write (/proc): --check-config passed a data directory a
     start refused. Raises ConfigError naming the path and the OS error."""
     where = f"cannot use --data-dir {config.data_dir}"
-    for directory in (tmp_dir(config), transcripts_dir(config)):
+    if journal_in_use(live_dir(config)):  # what a start would refuse (gateway/live_journal.py)
+        raise ConfigError(
+            f"{where}: another livemeet server is using it (one server per --data-dir)"
+        )
+    for directory in (tmp_dir(config), transcripts_dir(config), live_dir(config)):
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except FileExistsError as exc:  # exist_ok: what is there is not a directory

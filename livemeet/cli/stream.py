@@ -16,8 +16,11 @@ A connection lost without a close frame (a network blip: 1006, a reset) does not
 session: `stream` reconnects (0.25 s, doubling to 5 s) for as long as the server keeps the
 session (`resume_window_s` of its `session.ready`), resumes it, sends the audio on from the
 offset the server reports, and prints each final once though the resume replays them
-(docs/protocol.md, "Resume"). A refused resume (not_found, unauthorized, session_taken_over:
-every close the server sends) ends it.
+(docs/protocol.md, "Resume"). A server it cannot reach at all may be restarting after a crash,
+and a restarted server keeps its sessions for a window from its own start: each failed
+attempt moves the deadline to a window past it, up to RECONNECT_OUTAGE_MAX_S after the drop
+(`resume_deadline`). A refused resume (not_found, unauthorized, session_taken_over: every
+close the server sends) ends it.
 
 Ctrl-C stops sending, sends `end` and still waits for the final transcript of what was sent
 (the server drops the session of a client that just leaves, and its transcript with it); a
@@ -63,6 +66,24 @@ INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command sto
 RESUMABLE_CLOSES = frozenset({1005, 1006})
 RECONNECT_FIRST_S = 0.25  # s before the first reconnect after a drop, doubling up to the max
 RECONNECT_MAX_S = 5.0
+# s after a drop that a server which cannot be reached (refused, timed out: restarting, or a
+# model loading for minutes) is still waited for
+RECONNECT_OUTAGE_MAX_S = 600.0
+
+
+def resume_deadline(dropped_at: float, window_s: float, unreachable_at: float | None) -> float:
+    """When to stop trying to resume (s, the monotonic clock of `dropped_at`): the server keeps
+    a dropped session `window_s` from the drop; when it could not even be reached last time
+    (at `unreachable_at`), it may be restarting, and a restarted server rebuilds its sessions
+    and keeps them `window_s` from its start: the deadline is then a window past that attempt,
+    at most RECONNECT_OUTAGE_MAX_S after the drop."""
+    deadline = dropped_at + window_s
+    if unreachable_at is not None:
+        later = min(unreachable_at + window_s, dropped_at + RECONNECT_OUTAGE_MAX_S)
+        deadline = max(deadline, later)
+    return deadline
+
+
 # s of audio sent and not yet acknowledged, at most, kept for a resume (~1 MB of PCM16): past
 # it, sending waits for an ack, which comes within ACK_INTERVAL_S of the server reading audio
 MAX_UNACKED_S = 30.0
@@ -465,6 +486,7 @@ class _Streamer:
         self.exhausted = False  # the frames ran out (or failed: `result.audio_error`)
         self.ending = False  # no more audio: `end` goes out (again, after a resume)
         self.dropped_at: float | None = None  # monotonic s the connection dropped, until resumed
+        self.unreachable_at: float | None = None  # the last attempt that found no server
         self.num_retries = 0  # reconnects since the drop
 
     async def run(self) -> StreamResult:
@@ -548,7 +570,7 @@ class _Streamer:
             return False
         assert self.ready is not None
         pcm = self.link.resumed(self.ready)
-        self.dropped_at, self.num_retries = None, 0
+        self.dropped_at, self.unreachable_at, self.num_retries = None, None, 0
         self.result.num_resumes += 1
         for data in pcm:
             await ws.send(data)
@@ -632,18 +654,27 @@ class _Streamer:
         while True:
             delay_s = min(RECONNECT_MAX_S, RECONNECT_FIRST_S * 2**self.num_retries)
             # the server's window runs from its own notice of the drop, about the same moment
-            if time.monotonic() + delay_s - self.dropped_at >= self.link.window_s:
-                self.result.failure = (
-                    f"{why}; not resumed within the {self.link.window_s:g} s the server "
-                    "keeps the session"
-                )
+            window_s = self.link.window_s
+            deadline = resume_deadline(self.dropped_at, window_s, self.unreachable_at)
+            if time.monotonic() + delay_s >= deadline:
+                self.result.failure = f"{why}; not resumed within the {window_s:g} s the server "
+                if self.unreachable_at is None:
+                    self.result.failure += "keeps the session"
+                else:
+                    self.result.failure += (
+                        "keeps the session, from the drop or from its restart: it could not "
+                        "be reached (its transcript may still be stored at the URL above)"
+                    )
                 return None
             self.num_retries += 1
             self._notice(f"{why}: resuming in {delay_s:.2f} s")
             await asyncio.sleep(delay_s)
             try:
                 return await websockets.connect(self.url, max_size=None, close_timeout=5)
-            except (OSError, websockets.InvalidHandshake) as exc:
+            except OSError as exc:  # refused, timed out: no server there (yet)
+                why = f"cannot reconnect ({exc})"
+                self.unreachable_at = time.monotonic()
+            except websockets.InvalidHandshake as exc:
                 why = f"cannot reconnect ({exc})"
 
     def _notice(self, line: str) -> None:

@@ -3,8 +3,10 @@ server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
 
 Under `root`:
 - `sessions.sqlite3` (WAL, synchronous=NORMAL: a committed transaction survives a crash of this
-  process; power loss is not claimed): a row per session (its meta, its state live / finished /
-  discarded, its durable frames, its speaker names) and a row per committed final.
+  process; power loss is not claimed): a row per unfinished session (its meta, whether its
+  `end` came, its durable frames, its speaker names) and a row per committed final. A
+  finished or discarded session's rows go (with its prompt and hotwords: nothing of a session
+  outlives it here; its transcript is the transcript store's).
 - `audio/<ls_hex>.s16le`: a session's audio as its client sent it (interleaved PCM16 LE at the
   declared rate), append-only, named by a hash of the session id (ids come from the backend:
   any string).
@@ -68,11 +70,10 @@ CREATE TABLE sessions (
     channels INTEGER NOT NULL,
     created_at REAL NOT NULL,  -- unix seconds
     options TEXT NOT NULL DEFAULT '{}',  -- JSON: the session's prompt, hotwords, language
-    state TEXT NOT NULL CHECK (state IN ('live', 'finished', 'discarded')),
+    ended INTEGER NOT NULL DEFAULT 0,  -- 1 once `end` reached the backend: a rebuild ends it
     durable_frames INTEGER NOT NULL DEFAULT 0,  -- sample frames synced in the audio file
     names TEXT NOT NULL DEFAULT '[]'  -- JSON [[label, name], ...] in naming order
 );
-CREATE INDEX sessions_by_state ON sessions (state);
 CREATE TABLE finals (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,  -- 0, 1, ... in commit order
@@ -83,8 +84,8 @@ CREATE TABLE finals (
 
 _INSERT_SESSION = """
 INSERT OR REPLACE INTO sessions (session_id, audio_name, resume_token_sha256,
-    captions_token_sha256, sample_rate, channels, created_at, options, state)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'live')
+    captions_token_sha256, sample_rate, channels, created_at, options)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 """
 # seq from the table itself, so an adopted session's finals go on after its restored ones
 _INSERT_FINAL = """
@@ -93,13 +94,13 @@ VALUES (?, (SELECT COALESCE(MAX(seq) + 1, 0) FROM finals WHERE session_id = ?), 
 """
 _SELECT_LIVE = """
 SELECT session_id, audio_name, resume_token_sha256, captions_token_sha256, sample_rate,
-    channels, created_at, options, durable_frames, names
-FROM sessions WHERE state = 'live' ORDER BY created_at, session_id
+    channels, created_at, options, durable_frames, names, ended
+FROM sessions ORDER BY created_at, session_id
 """
 
 
 class SessionState(StrEnum):
-    """A journalled session's state (the `state` column)."""
+    """How a journalled session left the journal."""
 
     LIVE = "live"  # open, or unfinished when the server stopped: restored on start
     FINISHED = "finished"  # ended; its final transcript is stored elsewhere
@@ -136,6 +137,7 @@ class RestoredSession:
     finals: tuple[Segment, ...]  # committed, in order, ids and flags kept
     names: tuple[tuple[str, str], ...]  # (label, name), in naming order
     audio_path: Path  # raw interleaved PCM16 LE, exactly durable_frames * frame_bytes bytes
+    ended: bool = False  # its `end` had reached the backend (`mark_ended`)
 
 
 DurableCallback = Callable[[int], None]  # sample frames now durable
@@ -153,6 +155,21 @@ async def read_pcm(path: Path, frame_bytes: int) -> AsyncIterator[bytes]:
             yield data
     finally:
         f.close()
+
+
+def journal_in_use(root: Path) -> bool:
+    """Whether a running server holds the journal under `root` (its lock file), for a config
+    check before a start; False where there is none yet. Takes the lock and lets it go."""
+    path = root / LOCK_NAME
+    if not path.exists():
+        return False
+    try:
+        with open(path, "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_UN)
+    except OSError:
+        return True
+    return False
 
 
 def audio_name(session_id: str) -> str:
@@ -227,7 +244,12 @@ class _End:
     state: SessionState
 
 
-_Op = _Open | _Append | _Final | _Names | _End | None  # None: stop after what came before
+@dataclass(frozen=True)
+class _Ending:
+    handle: _Handle
+
+
+_Op = _Open | _Append | _Final | _Names | _End | _Ending | None  # None: stop after the rest
 
 
 class LiveJournal:
@@ -378,14 +400,26 @@ class LiveJournal:
         if not handle.failed:
             self._queue.put(_Names(handle, tuple(names)))
 
+    def mark_ended(self, session_id: str) -> None:
+        """The session's `end` reached the backend (its client's, or the server's): a rebuild
+        after a crash ends it as well (`RestoredSession.ended`), rather than wait for an `end`
+        the client sent once already. Raises InternalError for a session not open or after
+        `close`."""
+        handle = self._live(session_id)
+        if not handle.failed:
+            self._queue.put(_Ending(handle))
+
     def finish(self, session_id: str) -> None:
-        """The session ended and its final transcript is stored elsewhere: mark it finished and
-        delete its audio file. Raises InternalError for a session not open or after `close`."""
+        """The session ended and its final transcript is stored elsewhere: its rows go, and its
+        audio file once that is committed. Raises InternalError for a session not open or
+        after `close`."""
         self._end(session_id, SessionState.FINISHED)
 
     def discard(self, session_id: str) -> None:
-        """The session was dropped with no final transcript: mark it discarded and delete its
-        audio file. Raises InternalError for a session not open or after `close`."""
+        """The session was dropped with no final transcript (or its storage failed): its audio
+        file is deleted at once (a full disk gets the space back even if the transaction that
+        drops its rows fails), then its rows. Raises InternalError for a session not open or
+        after `close`."""
         self._end(session_id, SessionState.DISCARDED)
 
     def durable_frames(self, session_id: str) -> int:
@@ -501,6 +535,7 @@ class LiveJournal:
             finals=tuple(_segment_from_json(final["segment"]) for final in finals),
             names=tuple((label, name) for label, name in json.loads(row["names"])),
             audio_path=path,
+            ended=bool(row["ended"]),
         )
 
     def _remove_orphans(self, keep: set[str]) -> None:
@@ -699,10 +734,7 @@ class _Writer:
             except Exception:  # metrics must not stop the journal
                 log.exception("live journal: on_commit failed")
         for path in group.unlinks.values():
-            try:
-                path.unlink(missing_ok=True)
-            except OSError as exc:  # load_unfinished deletes it on the next start
-                log.warning("live journal: %s was not deleted: %s", path, exc)
+            _unlink(path)
         for tape in synced:
             frames = tape.synced_bytes // tape.frame_bytes
             if frames > tape.reported_frames:
@@ -720,15 +752,19 @@ class _Writer:
             _close(tape)
             del self._tapes[op.handle]
             group.audio.pop(tape, None)  # no use syncing audio about to be deleted
-            group.unlinks[tape.path.name] = tape.path
+            if op.state is SessionState.DISCARDED:
+                _unlink(tape.path)  # before the commit, which a full disk may fail
+            else:  # after it: a crash in between rebuilds the session with its audio
+                group.unlinks[tape.path.name] = tape.path
             group.statements += [
-                (
-                    "UPDATE sessions SET state = ? WHERE session_id = ?",
-                    (op.state.value, tape.session_id),
-                ),
-                # the final transcript is stored elsewhere; the row stays as the session's end
+                ("DELETE FROM sessions WHERE session_id = ?", (tape.session_id,)),
                 ("DELETE FROM finals WHERE session_id = ?", (tape.session_id,)),
             ]
+        elif isinstance(op, _Ending):
+            if not tape.failed:
+                group.statements.append(
+                    ("UPDATE sessions SET ended = 1 WHERE session_id = ?", (tape.session_id,))
+                )
         elif tape.failed:
             return  # its record stopped where it failed
         elif isinstance(op, _Append):
@@ -818,7 +854,9 @@ class _Writer:
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.error(
-                "live journal: a commit failed (%d open sessions fail): %s", len(self._tapes), exc
+                "live journal: a commit failed (%d open sessions fail): %s",
+                sum(not t.failed for t in self._tapes.values()),
+                exc,
             )
             self._rollback()
             self._fail_all(StorageFailed(f"the server could not store this session ({exc})"))
@@ -857,6 +895,13 @@ class _Writer:
             self._loop.call_soon_threadsafe(callback, *args)
         except RuntimeError:  # the loop closed without close(): nobody is left to tell
             log.warning("live journal: event loop closed, %s dropped", callback.__name__)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:  # load_unfinished deletes it on the next start
+        log.warning("live journal: %s was not deleted: %s", path, exc)
 
 
 def _write_all(f: io.FileIO, data: bytes) -> None:

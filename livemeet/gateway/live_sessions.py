@@ -341,6 +341,9 @@ class LiveSessionHolder:
             if len(tail):
                 await self.session.append(tail)
             await self.session.end()
+            if self.journal is not None and not self.journal_closed:
+                # a rebuild after a crash ends the session too: its client sent `end` once
+                self.journal.mark_ended(self.id)
             return True
 
     async def release(self) -> None:
@@ -548,6 +551,8 @@ class LiveSessions:
         self._journal.adopt(stored, holder.durable, functools.partial(self._storage_failed, holder))
         try:
             await holder.replay_audio(read_pcm(stored.audio_path, meta.frame_bytes))
+            if stored.ended:  # its `end` had come: it gets its final without another
+                await holder.end(None)
         except BaseException:
             await self._drop(holder, keep_journal=True)
             raise
@@ -738,8 +743,10 @@ class LiveSessions:
             return
         log.error("live session %s: its journal failed (%s): the session fails", holder.id, error)
         self._metrics.journal_failures.inc()
-        holder.journal_closed = True  # nothing more can be written for it
         holder.fail(Error(error.code, str(error)))
+        # discarded now: its audio file goes (on a full disk that is the space back; kept, it
+        # failed every later session and came back as a rebuilt one after a restart)
+        holder.close_journal(finished=False)
         if holder.sink is None:  # else its socket's cleanup drops it
             self._spawn(self._drop, holder)
 

@@ -195,6 +195,7 @@ class LiveConnection:
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
         self._ended_at: float | None = None  # loop time of the client's `end`
+        self._resume_id: str | None = None  # the session a `start` asked to resume
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
         self._opened_at = self._last_message_at
@@ -370,9 +371,15 @@ class LiveConnection:
         audio_s = self.protocol.audio_seconds(self.protocol.num_audio_bytes)
         if held is not None:
             audio_s = held.num_frames_accepted / held.audio_format.sample_rate
+        if held is not None:
+            who = held.id
+        elif self._resume_id is not None:  # a resume refused (or the socket went before it)
+            who = f"{self._resume_id!r} (not resumed)"  # the client's string: repr, one line
+        else:
+            who = "(not started)"
         log.info(
-            "live session %s ended: %s, %.1f s of audio in %.1f s",
-            held.id if held is not None else "(not started)",
+            "live session %s ended: %s, %.1f s of audio (this connection open %.1f s)",
+            who,
             self.outcome,
             audio_s,
             elapsed_s,
@@ -482,6 +489,7 @@ class LiveConnection:
     async def _start(self, start: StartSession) -> None:
         sessions = self.app[SESSIONS_KEY]
         if start.resume is not None:
+            self._resume_id = start.resume.session_id
             await sessions.resume(start.resume, start.audio_format, self)
         else:
             options = SessionOptions(

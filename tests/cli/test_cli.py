@@ -233,9 +233,28 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
     made = sorted(p.relative_to(tmp_path) for p in (tmp_path / "new").rglob("*"))
     assert [str(p) for p in made] == [
         "new/deeper",
+        "new/deeper/live",
         "new/deeper/tmp",
         "new/deeper/transcriptions",
     ]  # and no probe file left
+
+
+async def test_check_config_refuses_a_data_dir_another_server_uses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve --check-config` said "configuration ok" for a data dir a running server held,
+    where the start it vouched for then failed on the live journal's lock (a trial)."""
+    from livemeet.gateway.live_journal import LiveJournal
+
+    data_dir = tmp_path / "data"
+    running = LiveJournal(data_dir / "live")
+    running.load_unfinished()  # takes the lock, as a starting server does
+    argv = ["serve", "--data-dir", str(data_dir), "--port", "0", "--check-config"]
+    assert main(argv) == 2
+    assert "another livemeet server is using it" in caplog.text
+    await running.close()
+    caplog.clear()
+    assert main(argv) == 0
 
 
 def test_check_config_makes_the_data_dir_as_a_start_would(

@@ -363,3 +363,16 @@ def test_only_a_close_without_a_close_frame_is_resumed() -> None:
     # the server's own closes end the session: final, drained, and every error
     for code in (1000, 1001, 1009, 1011, 4401, 4404, 4409, 4429, 4503):
         assert not stream.resumable_close(code), code
+
+
+def test_an_unreachable_server_is_waited_for_as_a_restarting_one() -> None:
+    """A drop with the server still up: the session is kept `window` from the drop. With no
+    server to reach (a trial: killed, restarting, its model loading), the client gave up at
+    the same moment, while the restarted server went on to keep the session `window` from its
+    own start: each failed attempt moves the deadline a window past it, up to the cap."""
+    window = 60.0
+    assert stream.resume_deadline(100.0, window, None) == 160.0
+    assert stream.resume_deadline(100.0, window, 130.0) == 190.0
+    assert stream.resume_deadline(100.0, window, 101.0) == 161.0  # a window past the attempt
+    far = 100.0 + stream.RECONNECT_OUTAGE_MAX_S + 50
+    assert stream.resume_deadline(100.0, window, far) == 100.0 + stream.RECONNECT_OUTAGE_MAX_S

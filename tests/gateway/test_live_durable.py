@@ -29,11 +29,11 @@ from tests.gateway.test_ws_live import START, gateway_client, wait_until
 RATE = 16_000
 
 
-def journal_rows(data_dir: Path) -> list[tuple[str, str, int]]:
-    """(session_id, state, durable_frames) of every session in the journal, read-only."""
+def journal_rows(data_dir: Path) -> list[tuple[str, int, int]]:
+    """(session_id, ended, durable_frames) of every session in the journal, read-only."""
     uri = f"file:{data_dir / 'live' / live_journal.DB_NAME}?mode=ro"
     with sqlite3.connect(uri, uri=True) as conn:
-        return conn.execute("SELECT session_id, state, durable_frames FROM sessions").fetchall()
+        return conn.execute("SELECT session_id, ended, durable_frames FROM sessions").fetchall()
 
 
 async def test_an_ack_waits_for_the_audio_to_be_on_disk(
@@ -67,7 +67,7 @@ async def test_a_finished_session_leaves_the_journal(
     client: TestClient, fake: FakeTranscriber, server_config: ServerConfig
 ) -> None:
     """While a session streams, the journal holds its audio (as acknowledged) and finals; once
-    its transcript is stored, its entry is finished and its audio file deleted."""
+    its transcript is stored, its rows and its audio file are deleted."""
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
         ready = await ws.receive_json()
@@ -76,15 +76,15 @@ async def test_a_finished_session_leaves_the_journal(
         events = await read_until(ws, "segment.final")  # 3 s: the fake's first final
         while events[-1]["type"] != "audio.ack" or events[-1]["offset"] < 3.5 * RATE:
             events += await read_until(ws, "audio.ack")
-        [(sid, state, frames)] = journal_rows(server_config.data_dir)
-        assert (sid, state, frames) == (ready["session_id"], "live", 3.5 * RATE)
+        [(sid, ended, frames)] = journal_rows(server_config.data_dir)
+        assert (sid, ended, frames) == (ready["session_id"], 0, 3.5 * RATE)
         audio = list((server_config.data_dir / "live" / "audio").iterdir())
         assert [p.stat().st_size for p in audio] == [3.5 * RATE * 2]
         await ws.send_json({"type": "end"})
         final = (await read_to_close(ws))[-1]
     assert final["type"] == "transcript.final"
     await client.app[STORE_KEY].flush()
-    await wait_until(lambda: journal_rows(server_config.data_dir)[0][1] == "finished")
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])  # nothing of it left
     assert not list((server_config.data_dir / "live" / "audio").iterdir())
     text = await (await client.get("/metrics")).text()
     commits = metric_value(text, "livemeet_live_journal_commit_seconds_count")
@@ -97,7 +97,9 @@ def metric_value(text: str, name: str) -> float:
     return float(line.split()[-1])
 
 
-async def journal_a_session(root: Path, token: str, seconds: float, finals: list[Segment]) -> str:
+async def journal_a_session(
+    root: Path, token: str, seconds: float, finals: list[Segment], *, ended: bool = False
+) -> str:
     """What a server that crashed mid-meeting leaves: a live session of `seconds` of 16-kHz
     mono audio (a ramp, so order matters), its `finals` and a name. Returns its id."""
     session_id = "before-the-crash"
@@ -118,6 +120,8 @@ async def journal_a_session(root: Path, token: str, seconds: float, finals: list
     for seg in finals:
         journal.add_final(session_id, seg)
     journal.set_names(session_id, [("S01", "Alice")])
+    if ended:
+        journal.mark_ended(session_id)
     await journal.close()
     return session_id
 
@@ -179,7 +183,7 @@ async def test_a_session_left_unfinished_is_rebuilt_and_resumed(
     assert final["duration"] == 9.0
     assert rebuilt.log.num_samples == 9 * RATE  # nothing twice, nothing missing
     await client.app[STORE_KEY].flush()
-    await wait_until(lambda: journal_rows(server_config.data_dir)[0][1] == "finished")
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])  # nothing of it left
 
 
 async def test_a_rebuilt_session_not_resumed_is_ended_and_stored(
@@ -199,7 +203,68 @@ async def test_a_rebuilt_session_not_resumed_is_ended_and_stored(
     body = await response.json()
     assert [s["id"] for s in body["segments"]][0] == "seg-0000"
     assert body["duration"] == 4.0
-    await wait_until(lambda: journal_rows(server_config.data_dir)[0][1] == "finished")
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])  # nothing of it left
+
+
+async def test_a_session_whose_end_came_before_the_crash_gets_its_final(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """The client sent `end`, the server died before the final: the rebuilt session is ended
+    at once (the client will not send `end` again: it waits for its final, as protocol.md
+    says), and the resuming client gets the final without sending anything."""
+    token = "a-token-of-an-ended-session"
+    sid = await journal_a_session(
+        server_config.data_dir / "live", token, 5.0, stored_finals(1), ended=True
+    )
+    client = await aiohttp_client(create_app(server_config, fake))
+    [rebuilt] = fake.sessions
+    assert rebuilt.log.ended
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start({"session_id": sid, "resume_token": token}))
+        events = await read_to_close(ws)
+    assert events[0]["type"] == "session.ready" and events[0]["offset"] == 5 * RATE
+    final = events[-1]
+    assert final["type"] == "transcript.final" and final["duration"] == 5.0
+    assert [s["id"] for s in final["segments"]][0] == "seg-0000"
+    assert ws.close_code == 1000
+
+
+async def test_a_full_disk_fails_one_session_and_frees_its_space(
+    client: TestClient,
+    fake: FakeTranscriber,
+    server_config: ServerConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The disk fills mid-session: that session fails with storage_failed and its audio file
+    goes at once, with its rows: the next session streams and is acknowledged (before, the
+    failed session's file kept the disk full, every later session failed, and a restart
+    rebuilt the session its client had been told had failed)."""
+    real_sync = live_journal.os.fdatasync
+    full = {"now": True}
+
+    def sync(fd: int) -> None:
+        if full["now"]:
+            raise OSError(28, "No space left on device")
+        real_sync(fd)
+
+    monkeypatch.setattr(live_journal.os, "fdatasync", sync)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(0.5))
+        events = await read_to_close(ws)
+    assert events[-1]["code"] == "storage_failed"
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])
+    assert not list((server_config.data_dir / "live" / "audio").iterdir())
+    full["now"] = False  # the space is back
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(0.5))
+        ack = (await read_until(ws, "audio.ack"))[-1]
+        assert ack["offset"] == RATE // 2
+        await ws.send_json({"type": "end"})
+        assert (await read_to_close(ws))[-1]["type"] == "transcript.final"
 
 
 async def test_a_failing_disk_fails_the_session_with_storage_failed(

@@ -235,6 +235,8 @@ async def test_an_adopted_session_appends_after_its_durable_audio(root: Path) ->
 
 
 async def test_finished_and_discarded_sessions_are_not_restored(root: Path) -> None:
+    """An ended session leaves nothing in the journal (its prompt and hotwords included: its
+    transcript is the transcript store's); a discarded one's audio goes before its commit."""
     journal = started(root)
     calls = {sid: Calls() for sid in ("done", "dropped", "open")}
     for sid, c in calls.items():
@@ -248,14 +250,44 @@ async def test_finished_and_discarded_sessions_are_not_restored(root: Path) -> N
     audio = root / "audio"
     assert sorted(p.name for p in audio.iterdir()) == [audio_name("open")]
     with sqlite3.connect(root / "sessions.sqlite3") as db:
-        states = dict(db.execute("SELECT session_id, state FROM sessions").fetchall())
+        ids = [row[0] for row in db.execute("SELECT session_id FROM sessions").fetchall()]
         (finals,) = db.execute("SELECT COUNT(*) FROM finals").fetchone()
-    assert states == {"done": "finished", "dropped": "discarded", "open": "live"}
+    assert ids == ["open"]
     assert finals == 1  # an ended session's finals live in its stored transcript
     stray = audio / audio_name("crashed before its file was deleted")
     stray.write_bytes(b"xx")
     assert list(reload(root)) == ["open"]
     assert not stray.exists()
+
+
+async def test_an_end_is_restored_with_the_session(root: Path) -> None:
+    """mark_ended: a session whose `end` reached the backend comes back ended (a crash between
+    the client's end and its final must not leave it waiting for a second end)."""
+    journal = started(root)
+    for sid in ("ending", "streaming"):
+        Calls().open(journal, meta(sid))
+        journal.append_audio(sid, bytes(FRAME_BYTES))
+    journal.mark_ended("ending")
+    await journal.close()
+    restored = reload(root)
+    assert restored["ending"].ended and not restored["streaming"].ended
+
+
+async def test_a_discard_frees_the_disk_even_when_its_commit_fails(root: Path) -> None:
+    """A full disk fails the commit that would drop a discarded session's rows; its audio
+    file must be gone all the same (kept, it held the space every later session needed)."""
+    journal = started(root)
+    calls = Calls()
+    calls.open(journal, meta())
+    journal.append_audio("s-1", bytes(100 * FRAME_BYTES))
+    await wait_until(lambda: calls.durable == [100])
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.execute("DROP TABLE finals")  # the discard's DELETE fails: the commit fails
+    journal.discard("s-1")
+    await journal.close()
+    assert not (root / "audio" / audio_name("s-1")).exists()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        assert db.execute("SELECT session_id FROM sessions").fetchall() == [("s-1",)]
 
 
 async def test_an_ended_id_can_be_opened_again(root: Path, journal: LiveJournal) -> None:
