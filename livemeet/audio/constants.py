@@ -109,6 +109,11 @@ RESUME_TOKEN_BYTES = 32  # bytes of randomness in a resume token (256 bits, secr
 # (its offset then acknowledges only durable audio); the journal commits every
 # JOURNAL_COMMIT_INTERVAL_S, so this is many commits (a slow disk: the resume goes on)
 LIVE_RESUME_DURABLE_WAIT_S = 1.0
+# s a live session whose engine worker died waits for the engine to be started again before
+# it fails: the gateway restarts a lost worker after 1 s, doubling to 30 s
+# (engine_client.py), and a model loads in seconds (the demo) to a minute (MOSS-TD, bf16)
+LIVE_ENGINE_RECOVERY_S = 120.0
+LIVE_ENGINE_POLL_S = 0.1  # s between looks at whether the engine is back
 MAX_RESUME_FIELD_CHARS = 128  # characters; longest `resume.session_id` / `resume_token`
 # s a resume waits for the socket it takes its session over from to close (it sends that
 # socket `session_taken_over`); a dead peer never answers the close, so the wait is bounded

@@ -98,6 +98,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
         metrics,
         app[STORE_KEY],
         app[JOURNAL_KEY],
+        transcriber,
     )
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):

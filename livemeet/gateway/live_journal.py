@@ -145,16 +145,29 @@ CommitCallback = Callable[[float, int], None]  # a group commit's seconds, audio
 FailedCallback = Callable[[StorageFailed], None]
 
 
-async def read_pcm(path: Path, frame_bytes: int) -> AsyncIterator[bytes]:
-    """A restored session's audio file (`RestoredSession.audio_path`) in chunks of whole
-    sample frames of at most JOURNAL_READ_CHUNK_BYTES, read off the loop. Raises OSError."""
+async def read_pcm(
+    path: Path, frame_bytes: int, limit_bytes: int | None = None
+) -> AsyncIterator[bytes]:
+    """A session's audio file (`RestoredSession.audio_path`, `LiveJournal.audio_path`) in
+    chunks of whole sample frames of at most JOURNAL_READ_CHUNK_BYTES, read off the loop, up to
+    `limit_bytes` (a whole number of frames; None: to its end; a file the writer still appends
+    to is read only as far as its durable audio). Raises OSError, and InternalError where the
+    file ends short of `limit_bytes`."""
     chunk = max(frame_bytes, JOURNAL_READ_CHUNK_BYTES // frame_bytes * frame_bytes)
+    left = limit_bytes
     f = await asyncio.to_thread(open, path, "rb")
     try:
-        while data := await asyncio.to_thread(f.read, chunk):
+        while left is None or left > 0:
+            data = await asyncio.to_thread(f.read, chunk if left is None else min(chunk, left))
+            if not data:
+                break
+            if left is not None:
+                left -= len(data)
             yield data
     finally:
         f.close()
+    if left:
+        raise InternalError(f"{path} ends {left} bytes short of the audio it should hold")
 
 
 def journal_in_use(root: Path) -> bool:
@@ -299,6 +312,10 @@ class LiveJournal:
     @property
     def audio_dir(self) -> Path:
         return self.root / AUDIO_DIR
+
+    def audio_path(self, session_id: str) -> Path:
+        """Where a session's audio file is (its durable audio: `durable_frames` frames)."""
+        return self.audio_dir / audio_name(session_id)
 
     def load_unfinished(self) -> list[RestoredSession]:
         """The sessions neither finished nor discarded, oldest first, with their finals in

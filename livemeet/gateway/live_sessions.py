@@ -46,6 +46,8 @@ from typing import Protocol
 
 from livemeet.audio.constants import (
     LIVE_DRAIN_TIMEOUT_S,
+    LIVE_ENGINE_POLL_S,
+    LIVE_ENGINE_RECOVERY_S,
     LIVE_RESUME_DURABLE_WAIT_S,
     LIVE_TAKEOVER_CLOSE_S,
     MAX_NAMED_SPEAKERS,
@@ -63,6 +65,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway.live_journal import JournalSession, LiveJournal, RestoredSession, read_pcm
 from livemeet.gateway.live_protocol import (
+    BYTES_PER_SAMPLE,
     PCM_ENCODING,
     AudioFormat,
     ResumeRequest,
@@ -80,6 +83,7 @@ from livemeet.transcriber import (
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
+    Transcriber,
     TranscriberSession,
     TranscriptFinal,
 )
@@ -179,8 +183,13 @@ class LiveSessionHolder:
         *,
         session_id: str | None = None,
         journal: LiveJournal | None = None,
+        options: SessionOptions | None = None,
+        recover: Callable[[LiveSessionHolder], Awaitable[bool]] | None = None,
     ) -> None:
         self.session = session
+        self.options = options  # what its backend session was opened with (a rebuild's too)
+        # rebuilds the backend session after the engine worker died under it (LiveSessions)
+        self._recover = recover
         # the id clients know: the backend session's, or, for a session rebuilt after a
         # restart, the id it had before (its backend session is a new one)
         self.id = session_id if session_id is not None else session.id
@@ -251,16 +260,47 @@ class LiveSessionHolder:
 
     async def append(self, owner: EventSink, pcm: bytes) -> None:
         """Decode `pcm` (the client's PCM16 LE frames) and hand it to the backend session;
-        `num_frames_accepted` counts it then (in sample frames at the client's rate). Raises
-        SessionTakenOver when `owner` no longer carries the session, and as the backend's
-        `append`."""
-        async with self.lock:
-            self._check_owner(owner)
-            await self._feed(pcm)
-            if self.journal is not None:
-                self.journal.append_audio(self.id, pcm)  # after the backend took it
-            else:
-                self.num_frames_durable = self.num_frames_accepted
+        `num_frames_accepted` counts it then (in sample frames at the client's rate). An
+        append the engine's loss refused is made again once the session is rebuilt (`_pump`).
+        Raises SessionTakenOver when `owner` no longer carries the session, and as the
+        backend's `append`."""
+        for attempt in range(2):
+            async with self.lock:
+                self._check_owner(owner)
+                session = self.session
+                try:
+                    await self._feed(pcm)
+                except EngineUnavailable:
+                    if attempt or not self._rebuildable():
+                        raise
+                else:
+                    if self.journal is not None:
+                        self.journal.append_audio(self.id, pcm)  # after the backend took it
+                    else:
+                        self.num_frames_durable = self.num_frames_accepted
+                    return
+            # outside the lock, which the rebuild takes: wait for another backend session
+            if not await self._replaced(session):
+                raise EngineUnavailable(f"live session {self.id}: the engine was lost")
+
+    async def _replaced(self, session: TranscriberSession) -> bool:
+        """Wait until the pump has put another backend session in `session`'s place (True), or
+        the session ended without one (False), at most LIVE_ENGINE_RECOVERY_S and a little."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LIVE_ENGINE_RECOVERY_S + LIVE_RESUME_DURABLE_WAIT_S
+        while self.session is session:
+            if self.dropped or self.replay.terminal is not None or loop.time() > deadline:
+                return False
+            await asyncio.sleep(LIVE_ENGINE_POLL_S)
+        return True
+
+    def _rebuildable(self) -> bool:
+        return (
+            self._recover is not None
+            and self.options is not None
+            and self.journal is not None
+            and not self.journal_closed
+        )
 
     async def _feed(self, pcm: bytes) -> None:
         """Decode and append (under `lock`)."""
@@ -337,13 +377,18 @@ class LiveSessionHolder:
             if self.ended:
                 return False
             self.ended = True
-            tail = self.decoder.flush()
-            if len(tail):
-                await self.session.append(tail)
-            await self.session.end()
             if self.journal is not None and not self.journal_closed:
                 # a rebuild after a crash ends the session too: its client sent `end` once
                 self.journal.mark_ended(self.id)
+            try:
+                tail = self.decoder.flush()
+                if len(tail):
+                    await self.session.append(tail)
+                await self.session.end()
+            except EngineUnavailable:
+                if not self._rebuildable():
+                    raise
+                # the engine was lost under it: the rebuild ends the new session (`reopen`)
             return True
 
     async def release(self) -> None:
@@ -393,17 +438,64 @@ class LiveSessionHolder:
             raise SessionTakenOver(f"live session {self.id} was resumed on another connection")
 
     async def _pump(self) -> None:
-        """Read the session's events to its terminal one (or its abort)."""
+        """Read the session's events to its terminal one (or its abort). The engine worker's
+        death (engine_unavailable, retryable) is not terminal where the session can be rebuilt
+        from its journal (`recover`): the pump goes on with the new backend session's events."""
         try:
-            async for event in self.session.events():
-                self._record(event)
-                if isinstance(event, TERMINAL_EVENTS):
+            while True:
+                lost: Error | None = None
+                async for event in self.session.events():
+                    if self._engine_lost(event):
+                        assert isinstance(event, Error)
+                        lost = event
+                        break
+                    self._record(event)
+                    if isinstance(event, TERMINAL_EVENTS):
+                        break
+                if lost is None:
+                    break
+                assert self._recover is not None
+                if not await self._recover(self):
+                    self._record(lost)  # as before: the sockets get the engine's error
                     break
         except Exception as exc:  # a bug: the sockets must still hear of it
             log.exception("live session %s: reading its events failed", self.id)
             self._record(Error(InternalError.code, f"internal error: {type(exc).__name__}"))
         if self.replay.terminal is not None:
             self._on_terminal(self)
+
+    def _engine_lost(self, event: Event) -> bool:
+        """Whether `event` is the engine worker's death under a session that can be rebuilt:
+        its audio in the journal, its options known, a registry to rebuild it."""
+        return (
+            isinstance(event, Error)
+            and event.code == EngineUnavailable.code
+            and event.retryable
+            and self._rebuildable()
+        )
+
+    async def reopen(self, session: TranscriberSession, audio: AsyncIterator[bytes]) -> None:
+        """Carry on with `session` (opened from this session's finals) in place of the one the
+        engine lost: a fresh PCM decoder is fed `audio` (the client's frames from the start,
+        every accepted one); an ended session is ended again. Under `lock` (the caller's)."""
+        old, self.session = self.session, session
+        with contextlib.suppress(LivemeetError):
+            await old.abort()
+        fmt = self.audio_format
+        self.decoder = PcmStreamDecoder(fmt.sample_rate, fmt.channels, fmt.encoding)
+        accepted = self.num_frames_accepted
+        async for pcm in audio:
+            await self._feed(pcm)
+        if self.num_frames_accepted != accepted:
+            raise InternalError(
+                f"live session {self.id}: {self.num_frames_accepted} frames fed again, "
+                f"{accepted} accepted"
+            )
+        if self.ended:
+            tail = self.decoder.flush()
+            if len(tail):
+                await self.session.append(tail)
+            await self.session.end()
 
     def _record(self, event: SessionEvent) -> None:
         self.replay.record(event)
@@ -431,6 +523,7 @@ class LiveSessions:
         metrics: GatewayMetrics,
         store: TranscriptStore | None = None,
         journal: LiveJournal | None = None,
+        transcriber: Transcriber | None = None,
     ) -> None:
         self.window_s = window_s
         self.final_timeout_s = final_timeout_s
@@ -441,6 +534,8 @@ class LiveSessions:
         self._metrics = metrics
         self._store = store  # where finished sessions' transcripts go (None: nowhere)
         self._journal = journal  # where sessions' audio and finals go (None: memory only)
+        # rebuilds sessions whose engine worker died (`_recover`; None: they fail with it)
+        self._transcriber = transcriber
 
     def __len__(self) -> int:
         return len(self._holders)
@@ -467,8 +562,9 @@ class LiveSessions:
         assert session.id not in self._holders, f"session id {session.id} is in use"
         tokens = SessionTokens.new()
         holder = LiveSessionHolder(
-            session, decoder, audio_format, tokens, self._on_terminal, journal=self._journal
-        )
+            session, decoder, audio_format, tokens, self._on_terminal,
+            journal=self._journal, options=options, recover=self._recover_hook(),
+        )  # fmt: skip
         if self._journal is not None:
             meta = JournalSession(
                 holder.id,
@@ -544,6 +640,7 @@ class LiveSessions:
         holder = LiveSessionHolder(
             session, decoder, audio_format, tokens, self._on_terminal,
             session_id=meta.session_id, journal=self._journal,
+            options=replace(options, restore=None), recover=self._recover_hook(),
         )  # fmt: skip
         holder.replay.finals = [SegmentFinal(seg) for seg in stored.finals]
         holder.replay.names = dict(stored.names)
@@ -727,6 +824,53 @@ class LiveSessions:
                 written.add_done_callback(functools.partial(self._transcript_written, holder))
         if holder.sink is None and not holder.dropped:
             self._arm(holder)
+
+    def _recover_hook(self) -> Callable[[LiveSessionHolder], Awaitable[bool]] | None:
+        return self._recover if self._transcriber is not None and self._journal else None
+
+    async def _recover(self, holder: LiveSessionHolder) -> bool:
+        """The engine worker died under `holder`'s session (engine_unavailable, retryable):
+        wait (at most LIVE_ENGINE_RECOVERY_S) for the engine to be started again, then open a
+        new backend session from the session's finals (`LiveRestore`) and feed it the
+        session's audio from the journal, as a restart does; its socket and subscribers stay,
+        and hear nothing of it but a pause. Returns False (the session then fails with the
+        engine's error, as before) when the engine is gone for good or not back in time, the
+        server is draining, or the audio is not all on disk."""
+        transcriber, journal = self._transcriber, self._journal
+        assert transcriber is not None and journal is not None and holder.options is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LIVE_ENGINE_RECOVERY_S
+        log.warning("live session %s: the engine was lost; rebuilding the session", holder.id)
+        # the lock from the start: the client's appends wait for the new session (an append
+        # the dead one refused is made again: `append`)
+        async with holder.lock:
+            while not transcriber.ready:
+                if transcriber.failed or self.draining or holder.dropped or loop.time() > deadline:
+                    return self._recovered(holder, False, "the engine did not come back")
+                await asyncio.sleep(LIVE_ENGINE_POLL_S)
+            if holder.dropped or self.draining:
+                return self._recovered(holder, False, "the session was dropped meanwhile")
+            if not await holder.wait_durable(LIVE_RESUME_DURABLE_WAIT_S):
+                return self._recovered(holder, False, "its audio is not all on disk")
+            finals = tuple(f.segment for f in holder.replay.finals)
+            options = replace(holder.options, restore=LiveRestore(finals))
+            try:
+                session = await transcriber.open_session(options)
+            except LivemeetError as exc:
+                return self._recovered(holder, False, f"the engine refused it ({exc.code})")
+            frame_bytes = holder.audio_format.channels * BYTES_PER_SAMPLE
+            path = journal.audio_path(holder.id)
+            size = holder.num_frames_accepted * frame_bytes
+            await holder.reopen(session, read_pcm(path, frame_bytes, limit_bytes=size))
+        return self._recovered(holder, True, f"{len(finals)} finals kept")
+
+    def _recovered(self, holder: LiveSessionHolder, ok: bool, why: str) -> bool:
+        self._metrics.live_recoveries.labels("rebuilt" if ok else "failed").inc()
+        if ok:
+            log.warning("live session %s rebuilt after the engine's loss: %s", holder.id, why)
+        else:
+            log.error("live session %s not rebuilt after the engine's loss: %s", holder.id, why)
+        return ok
 
     def _transcript_written(self, holder: LiveSessionHolder, written: asyncio.Task[bool]) -> None:
         if not written.cancelled() and written.result():

@@ -269,6 +269,7 @@ class GatewayMetrics:
     journal_commit_s: Histogram
     journal_files_synced: Histogram
     journal_failures: Counter
+    live_recoveries: Counter
     captions_subscribers: Gauge
     engine: EngineStatsCollector
 
@@ -371,6 +372,14 @@ class GatewayMetrics:
                 "Audio files a group commit of the live journal synced (one per live session "
                 "with new audio)",
                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                registry=registry,
+            ),
+            live_recoveries=Counter(
+                "livemeet_live_recoveries",
+                "Live sessions whose engine worker died under them, by result: rebuilt (a new "
+                "backend session from their finals and journalled audio; the client saw a "
+                "pause) or failed (engine_unavailable sent, as without a journal)",
+                ["result"],
                 registry=registry,
             ),
             journal_failures=Counter(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -149,3 +150,40 @@ async def test_a_killed_server_loses_no_acknowledged_audio_and_no_final(tmp_path
     for seg in finals_before:  # finals are immutable: the same id, text, times and label
         assert by_id[seg["id"]] == {k: v for k, v in seg.items() if k != "type"}
     assert labelled(final) == labelled(reference)
+
+
+@pytest.mark.slow
+async def test_a_killed_engine_worker_costs_a_pause_not_the_session(tmp_path: Path) -> None:
+    """The engine worker alone is killed (SIGKILL, as an out-of-memory kill): the server
+    starts another, rebuilds the live session in it from its finals and journalled audio and
+    keeps the client's socket: no error, the finals seen keep their ids, and the transcript is
+    the uninterrupted one's."""
+    data_dir = tmp_path / "data"
+    with serve(data_dir, "serve.log") as (url, _):
+        async with aiohttp.ClientSession() as http, http.ws_connect(f"{url}/v1/live") as ws:
+            await ws.send_json(START)
+            await ws.receive_json()
+            before = await stream_until_acked(ws, BEFORE_S)
+            if not any(e["type"] == "segment.final" for e in before):
+                before += await read_until(ws, "segment.final")
+            os.kill(worker_pid(tmp_path / "serve.log"), signal.SIGKILL)
+            await send_paced(ws, frames(BEFORE_S, MEETING_S))
+            await ws.send_json({"type": "end"})
+            after = await asyncio.wait_for(read_to_close(ws), 60)
+        reference = await uninterrupted(url)
+    assert not [e for e in after if e["type"] == "error"], after[-3:]
+    final = after[-1]
+    assert final["type"] == "transcript.final" and ws.close_code == 1000
+    assert final["duration"] == MEETING_S
+    by_id = {s["id"]: s for s in final["segments"]}
+    for seg in (e for e in before if e["type"] == "segment.final"):
+        assert by_id[seg["id"]] == {k: v for k, v in seg.items() if k != "type"}
+    assert labelled(final) == labelled(reference)
+    assert "rebuilt after the engine's loss" in (tmp_path / "serve.log").read_text()
+
+
+def worker_pid(log: Path) -> int:
+    """The engine worker's pid, from the server's log line that announces it."""
+    pids = re.findall(r"engine worker ready: .*\(pid (\d+)\)", log.read_text())
+    assert pids, log.read_text()
+    return int(pids[-1])

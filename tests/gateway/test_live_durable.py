@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
+from livemeet.errors import EngineUnavailable
 from livemeet.gateway import live_journal
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
@@ -254,8 +255,11 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
         await ws.send_bytes(pcm16(0.5))
         events = await read_to_close(ws)
     assert events[-1]["code"] == "storage_failed"
+    audio = server_config.data_dir / "live" / "audio"
+    # the error may reach the client before the failed group commits the session's row: wait
+    # for the discard (file, then row), not for an empty table
+    await wait_until(lambda: not list(audio.iterdir()))
     await wait_until(lambda: journal_rows(server_config.data_dir) == [])
-    assert not list((server_config.data_dir / "live" / "audio").iterdir())
     full["now"] = False  # the space is back
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
@@ -288,3 +292,90 @@ async def test_a_failing_disk_fails_the_session_with_storage_failed(
     await wait_until(lambda: fake.sessions[0].log.aborted)
     text = await (await client.get("/metrics")).text()
     assert metric_value(text, "livemeet_live_journal_failures_total") == 1
+
+
+async def test_a_session_outlives_its_engine_worker(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """The engine worker dies mid-meeting (engine_unavailable, retryable, to every session:
+    an OOM kill in a trial lost the session and its transcript). The session is rebuilt in
+    the engine started again, from its finals and its journalled audio; its socket stays
+    and sees no error; the final covers the whole meeting, the first final's id kept."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        seen = await stream_acked(ws, fake, 3.5)
+        assert [e["id"] for e in seen if e["type"] == "segment.final"] == ["seg-0000"]
+        fake.sessions[0].fail(EngineUnavailable("the engine failed: exited with code -9"))
+        await wait_until(lambda: len(fake.sessions) == 2)
+        rebuilt = fake.sessions[1]
+        assert rebuilt.log.options.restore is not None
+        assert [s.id for s in rebuilt.log.options.restore.finals] == ["seg-0000"]
+        await wait_until(lambda: rebuilt.log.num_samples == 3.5 * RATE)  # all of it again
+        for _ in range(4):
+            await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await read_to_close(ws)
+    assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
+    final = events[-1]
+    assert final["type"] == "transcript.final" and final["duration"] == 5.5
+    ids = [s["id"] for s in final["segments"]]
+    assert ids[0] == "seg-0000" and len(ids) == len(set(ids)) >= 2
+    assert rebuilt.log.num_samples == 5.5 * RATE
+    text = await (await client.get("/metrics")).text()
+    assert 'livemeet_live_recoveries_total{result="rebuilt"} 1.0' in text
+
+
+async def test_a_session_whose_engine_does_not_come_back_fails_as_before(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """An engine gone for good (the gateway gave up restarting it): the session gets the
+    engine's error (retryable), as without a journal, and nothing is rebuilt."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await stream_acked(ws, fake, 1.0)
+        fake.gone_for_good = True
+        fake._ready = False
+        fake.sessions[0].fail(EngineUnavailable("the engine failed: exited with code -9"))
+        events = await read_to_close(ws)
+    assert events[-1]["type"] == "error" and events[-1]["code"] == "engine_unavailable"
+    assert ws.close_code == 4503 and len(fake.sessions) == 1
+    text = await (await client.get("/metrics")).text()
+    assert 'livemeet_live_recoveries_total{result="failed"} 1.0' in text
+
+
+async def test_an_end_the_lost_engine_refused_ends_the_rebuilt_session(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """The client's `end` reaches a backend session whose worker just died (its end raises
+    engine_unavailable): the end is not lost, the rebuilt session is ended, and the client
+    gets its final, no error."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await stream_acked(ws, fake, 2.0)
+        dead = fake.sessions[0]
+
+        async def lost_end() -> None:
+            raise EngineUnavailable("the engine failed: exited with code -9")
+
+        dead.end = lost_end  # type: ignore[method-assign]
+        await ws.send_json({"type": "end"})
+        await wait_until(lambda: client.app[SESSIONS_KEY].get(dead.id).ended)
+        dead.fail(EngineUnavailable("the engine failed: exited with code -9"))
+        events = await read_to_close(ws)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.0
+    assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
+    assert fake.sessions[1].log.ended and fake.sessions[1].log.num_samples == 2 * RATE
+
+
+async def stream_acked(ws: Any, fake: FakeTranscriber, seconds: float) -> list[Any]:
+    """Send `seconds` of audio in 0.5-s frames; read until all of it is acknowledged."""
+    for _ in range(round(seconds / 0.5)):
+        await ws.send_bytes(pcm16(0.5))
+    await wait_until(lambda: fake.sessions[-1].log.num_samples == round(seconds * RATE))
+    events = await read_until(ws, "audio.ack")
+    while events[-1]["type"] != "audio.ack" or events[-1]["offset"] < seconds * RATE:
+        events += await read_until(ws, "audio.ack")
+    return events

@@ -22,6 +22,7 @@ from livemeet.errors import (
     BadAudio,
     ClientTimeout,
     EngineUnavailable,
+    InternalError,
     InvalidRequest,
     LivemeetError,
     ProtocolError,
@@ -248,12 +249,14 @@ async def test_queue_full_on_start(client: TestClient, fake: FakeTranscriber) ->
 
 
 async def test_backend_error_event_is_forwarded(client: TestClient, fake: FakeTranscriber) -> None:
+    """A session's own failure reaches its client (the engine's loss is survived instead:
+    test_live_durable.py)."""
     async with client.ws_connect("/v1/live") as ws:
         await start_session(ws)
         await ws.send_bytes(pcm16(0.2))
         await asyncio.sleep(0.05)
-        fake.sessions[0].fail(EngineUnavailable("engine process died"))
-        await expect_error(ws, EngineUnavailable)
+        fake.sessions[0].fail(InternalError("a decode of this session failed"))
+        await expect_error(ws, InternalError)
 
 
 async def test_idle_timeout(
