@@ -20,6 +20,10 @@ const BYTES_PER_FRAME = 2; // one mono PCM16 sample frame
 const MAX_UNACKED_S = 60;
 const RECONNECT_FIRST_MS = 250; // first retry after a drop, doubling up to RECONNECT_MAX_MS
 const RECONNECT_MAX_MS = 5000;
+// a server the page cannot reach may be restarting (docs/protocol.md, "Resume"): a restarted
+// server keeps its sessions a window from its own start, so each failed attempt moves the
+// deadline a window past it, up to this long after the drop (as `livemeet stream`)
+const RECONNECT_OUTAGE_MAX_MS = 600000;
 const RESUMABLE_CLOSES = [1005, 1006]; // no close frame: the network, not the server, ended it
 // a colour per speaker label, by its number (S01 the first), so the captions overlay
 // (web/captions.js, the same palette and rule) colours each speaker as this page does
@@ -47,7 +51,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 format: { sample_rate: SAMPLE_RATE, channels: 1 }, stored: null,
                 reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
-                finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, attempt: 0,
+                finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, unreachableAt: 0,
+                attempt: 0,
                 retry: null,
                 // the captions shown (segments), the labels seen, and {label: name} as the
                 // server last said (speaker.renamed)
@@ -143,6 +148,15 @@ function clock(ms) {
 
 function reconnectDelayMs(attempt) {
   return Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * 2 ** attempt);
+}
+
+// When to stop trying to resume (ms, Date.now's clock): a window from the drop, or, when the
+// last attempt found no server (`unreachableAt`), a window past that attempt, capped.
+function resumeDeadlineMs(dropAt, windowS, unreachableAt) {
+  const deadline = dropAt + windowS * 1000;
+  if (!unreachableAt) return deadline;
+  return Math.max(deadline,
+                  Math.min(unreachableAt + windowS * 1000, dropAt + RECONNECT_OUTAGE_MAX_MS));
 }
 
 function speakerColour(speaker) {
@@ -459,7 +473,9 @@ function connect() {
   const ws = new WebSocket(serverUrl("v1/live", true));
   ws.binaryType = "arraybuffer";
   state.ws = ws;
+  let reached = false; // this socket opened: a server answered
   ws.onopen = () => {
+    reached = true;
     state.opened = true;
     const start = { type: "start", sample_rate: state.format.sample_rate,
                     channels: state.format.channels, encoding: "pcm_s16le" };
@@ -473,7 +489,7 @@ function connect() {
     if (ev.type === "session.ready") onReady(ws, ev);
     onEvent(ev);
   };
-  ws.onclose = (ev) => onClose(ws, ev);
+  ws.onclose = (ev) => onClose(ws, ev, reached);
 }
 
 // The session is ready (new or resumed): send what it lacks, from its offset, then go live.
@@ -486,6 +502,7 @@ function onReady(ws, ev) {
   }
   state.attempt = 0;
   state.dropAt = 0;
+  state.unreachableAt = 0;
   if (state.reloaded) {
     // the microphone's audio so far is new: it goes on from the offset the server holds
     state.buffer.rebase(ev.offset);
@@ -500,7 +517,7 @@ function onReady(ws, ev) {
   else $("stop").disabled = false;
 }
 
-function onClose(ws, ev) {
+function onClose(ws, ev, reached) {
   clearInterval(state.keepalive);
   state.live = false;
   if (ws !== state.ws) return; // an old socket
@@ -509,8 +526,9 @@ function onClose(ws, ev) {
   const resumable = state.session && !state.finished && RESUMABLE_CLOSES.includes(ev.code);
   if (resumable) {
     if (!state.dropAt) state.dropAt = Date.now();
+    else if (!reached) state.unreachableAt = Date.now(); // a retry found no server
     // past the resume window the server has ended the session: nothing left to resume
-    if (Date.now() - state.dropAt < state.windowS * 1000) {
+    if (Date.now() < resumeDeadlineMs(state.dropAt, state.windowS, state.unreachableAt)) {
       const delay = reconnectDelayMs(state.attempt++);
       setStatus(`connection lost: reconnecting in ${(delay / 1000).toFixed(1)} s…`);
       state.retry = setTimeout(connect, delay);
@@ -520,6 +538,7 @@ function onClose(ws, ev) {
               "press Start for a new one");
   }
   state.dropAt = 0;
+  state.unreachableAt = 0;
   stopAudio();
   clearSession(); // ended, refused or taken over: not this page's to resume any more
   if (ev.code === 4404) {

@@ -1,8 +1,9 @@
 // Runs web/recorder.js in a stub browser (node's vm) through a dropped connection and its
 // resume, with a fake microphone and fake WebSockets the script drives by hand. Prints one
 // JSON line: what each socket was sent, the captions shown, the status line, and a check of
-// ResumeBuffer on its own. argv: recorder.js path, then "resume" (a drop and its resume) or
-// "expire" (the drop outlasts the session's resume window: the page gives up), then
+// ResumeBuffer on its own. argv: recorder.js path, then "resume" (a drop and its resume),
+// "expire" (the drop outlasts the session's resume window: the page gives up) or "outage"
+// (no server answers for longer than the window, then one does: the page resumes), then
 // optionally the page's URL (default https://meet.example:8000/).
 const fs = require("fs");
 const vm = require("vm");
@@ -38,16 +39,46 @@ async function expire() {
                        model: "m", resume_token: "tok", resume_window_s: 0.2, resumed: false,
                        offset: 0 });
   sockets[0].drop(1006);
-  await sleep(400); // one retry (after 250 ms), which fails too, past the 0.2-s window
-  if (sockets[1]) sockets[1].drop(1006);
+  await sleep(400); // one retry (after 250 ms): a server answers, and drops it, past the window
+  if (sockets[1]) { sockets[1].open(); sockets[1].drop(1006); }
   await sleep(20); // (giving up schedules no further retry: the status says so)
   console.log(JSON.stringify({ sockets: sockets.length, status: element("status").textContent,
                                start_disabled: element("start").disabled }));
   process.exit(0);
 }
 
+// "outage": after the drop no server answers (killed, restarting) for longer than the
+// session's window; the page keeps trying (a restarted server keeps its sessions a window from
+// its own start), and resumes once one answers.
+async function outage() {
+  await sleep(10);
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                       model: "m", resume_token: "tok", resume_window_s: 0.3, resumed: false,
+                       offset: 0 });
+  sockets[0].drop(1006);
+  for (let i = 1; i <= 2; i++) { // the retries after 250 and 500 ms find no server
+    while (sockets.length <= i) await sleep(5);
+    sockets[i].drop(1006);
+  }
+  const statusDuring = element("status").textContent;
+  while (sockets.length <= 3) await sleep(5); // ~1 s after the drop: past its 0.3-s window
+  const last = sockets[3];
+  last.open();
+  last.receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                 model: "m", resume_token: "tok", resume_window_s: 0.3, resumed: true,
+                 offset: 0 });
+  console.log(JSON.stringify({ sockets: sockets.length, statusDuring,
+                               resumed: last.sent[0].resume || null,
+                               status: element("status").textContent }));
+  process.exit(0);
+}
+
 (async () => {
   if (scenario === "expire") return expire();
+  if (scenario === "outage") return outage();
   await sleep(10); // the page's own start-up
   element("start").listeners.click();
   await sleep(10);

@@ -94,6 +94,18 @@ def test_the_page_gives_up_once_the_resume_window_has_passed() -> None:
 
 
 @pytest.mark.skipif(NODE is None, reason="needs node")
+def test_the_page_waits_for_a_server_that_is_restarting() -> None:
+    """No server answers after the drop (a trial killed it; a restart takes its model's load
+    time): the page gave up a window after the drop, while the restarted server kept the
+    session a window from its own start. Each retry that finds no server moves the deadline
+    a window past it: the page resumes once the server answers, past the first window."""
+    result = run_resume("outage")
+    assert result["sockets"] == 4
+    assert "reconnecting" in result["statusDuring"]
+    assert result["resumed"] == {"session_id": "s-1", "resume_token": "tok"}
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
 def test_the_page_shows_the_captions_overlay_url_of_its_session() -> None:
     """The read-only overlay URL (captions_token, not the resume token) for OBS."""
     overlay = run_resume("resume")["overlay"]
