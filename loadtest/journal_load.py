@@ -1,0 +1,121 @@
+"""The live journal under many sessions: how long `audio.ack` waits for the disk.
+
+Every live session's audio goes through one writer thread that appends and fdatasyncs each
+session's file, then commits, every JOURNAL_COMMIT_INTERVAL_S (livemeet/gateway/live_journal.py);
+an ack covers only audio that thread reported. This drives a LiveJournal in a temp dir (or
+--dir) as a gateway would: N sessions, each appending a frame of `--frame-s` of 16-kHz mono
+PCM every `--frame-s`, for `--seconds`, and reports the ack lag (from an append to the
+on_durable report covering it) and the group commits' durations and sizes.
+
+    python -m loadtest.journal_load --sessions 100 --seconds 20 [--dir /data/livemeet/live]
+
+The figures are the disk's where it runs: run it on the serving machine's data dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from livemeet.audio.constants import JOURNAL_COMMIT_INTERVAL_S, PCM_S16LE_BYTES, SAMPLE_RATE
+from livemeet.gateway.live_journal import JournalSession, LiveJournal
+
+
+class Session:
+    """One simulated session: when each of its frames was appended, until reported durable."""
+
+    def __init__(self) -> None:
+        self.appended: deque[tuple[int, float]] = deque()  # (frames after the append, time)
+        self.lags_s: list[float] = []
+
+    def append(self, total_frames: int) -> None:
+        self.appended.append((total_frames, time.monotonic()))
+
+    def durable(self, frames: int) -> None:
+        now = time.monotonic()
+        while self.appended and self.appended[0][0] <= frames:
+            self.lags_s.append(now - self.appended.popleft()[1])
+
+
+async def run(sessions: int, seconds: float, frame_s: float, root: Path) -> dict[str, Any]:
+    commits: list[tuple[float, int]] = []
+    journal = LiveJournal(root, on_commit=lambda s, n: commits.append((s, n)))
+    journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    frame_frames = round(frame_s * SAMPLE_RATE)
+    pcm = bytes(frame_frames * PCM_S16LE_BYTES)
+    sims = [Session() for _ in range(sessions)]
+    for i, sim in enumerate(sims):
+        meta = JournalSession(f"load-{i}", "r" * 64, "c" * 64, SAMPLE_RATE, 1, time.time())
+        journal.open_session(meta, sim.durable, lambda error: None)
+    started = time.monotonic()
+    ticks = 0
+    while time.monotonic() - started < seconds:
+        ticks += 1
+        for i, sim in enumerate(sims):
+            journal.append_audio(f"load-{i}", pcm)
+            sim.append(ticks * frame_frames)
+        await asyncio.sleep(max(0.0, started + ticks * frame_s - time.monotonic()))
+    for i in range(sessions):
+        journal.finish(f"load-{i}")
+    await journal.close()
+    lags = np.array([lag for sim in sims for lag in sim.lags_s])
+    durations = np.array([s for s, _ in commits])
+    files = np.array([n for _, n in commits])
+    return {
+        "sessions": sessions,
+        "seconds": seconds,
+        "frame_s": frame_s,
+        "commit_interval_s": JOURNAL_COMMIT_INTERVAL_S,
+        "appends": int(ticks * sessions),
+        "acked_appends": int(lags.size),
+        "ack_lag_s": percentiles(lags),
+        "commits": int(durations.size),
+        "commit_s": percentiles(durations),
+        "files_per_commit_mean": round(float(files.mean()), 1),
+        "fsyncs_per_s": round(float(files.sum()) / seconds, 1),
+    }
+
+
+def percentiles(values: np.ndarray) -> dict[str, float]:
+    p50, p95, p99 = np.percentile(values, (50, 95, 99)).round(4).tolist()
+    return {"p50": p50, "p95": p95, "p99": p99, "max": round(float(values.max()), 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sessions", type=int, nargs="+", default=[100])
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--frame-s", type=float, default=0.1, help="s of audio per append")
+    p.add_argument("--dir", type=Path, help="journal dir (default: a temp dir)")
+    p.add_argument("--json", type=Path, help="append one JSON line per point")
+    args = p.parse_args(argv)
+    print("| sessions | appends/s | ack lag p50 / p95 / p99 / max (s) | commit p50 / p95 / max (s) "
+          "| files / commit | fsyncs / s |")  # fmt: skip
+    print("|---|---|---|---|---|---|")
+    for n in args.sessions:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = args.dir if args.dir is not None else Path(tmp)
+            report = asyncio.run(run(n, args.seconds, args.frame_s, root / f"journal-{n}"))
+        lag, commit = report["ack_lag_s"], report["commit_s"]
+        print(
+            f"| {n} | {report['appends'] / args.seconds:.0f} | {lag['p50']} / {lag['p95']} / "
+            f"{lag['p99']} / {lag['max']} | {commit['p50']} / {commit['p95']} / "
+            f"{commit['max']} | {report['files_per_commit_mean']} | {report['fsyncs_per_s']} |"
+        )
+        if args.json is not None:
+            with args.json.open("a") as f:
+                f.write(json.dumps(report) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

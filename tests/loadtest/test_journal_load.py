@@ -1,0 +1,19 @@
+"""loadtest/journal_load.py: the live journal driven as a gateway would, measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadtest import journal_load
+
+
+async def test_every_append_is_acknowledged_and_measured(tmp_path: Path) -> None:
+    """Three sessions appending 0.1-s frames for 0.5 s: every append gets its ack lag (the
+    journal's close commits the last), every commit its duration and files, each session's
+    audio once per commit at most."""
+    report = await journal_load.run(3, 0.5, 0.1, tmp_path / "journal")
+    assert report["appends"] == report["acked_appends"] >= 12
+    lag = report["ack_lag_s"]
+    assert 0 <= lag["p50"] <= lag["p95"] <= lag["p99"] <= lag["max"] < 5
+    assert report["commits"] >= 2 and report["files_per_commit_mean"] <= 3
+    assert not list((tmp_path / "journal" / "audio").iterdir())  # finished: files deleted
