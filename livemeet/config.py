@@ -34,6 +34,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_MIN_SHARE,
     MAX_UPLOAD_STEP_BUDGET_S,
+    MIN_FREE_DISK_MB,
     MIN_LIVE_HOP_LOAD,
     MIN_LIVE_STEP_BUDGET_S,
     MIN_PREFILL_CHUNK,
@@ -250,10 +251,16 @@ class GatewayConfig:
     # 0: no resume, the session goes with its socket. A restarted server rebuilds the
     # unfinished ones from its data dir and waits as long (gateway/live_journal.py)
     live_resume_window_s: float = LIVE_RESUME_WINDOW_S
+    # MiB the data dir's disk keeps free: below, new sessions get storage_failed (0: no floor)
+    min_free_disk_mb: float = MIN_FREE_DISK_MB
+    # days stored transcripts (uploads' and live sessions') are kept (0: forever)
+    retention_days: float = 0.0
 
     def validate(self) -> None:
         if self.max_upload_bytes <= 0:
             raise ConfigError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
+        if self.min_free_disk_mb < 0 or self.retention_days < 0:
+            raise ConfigError("--min-free-disk-mb and --retention-days must be >= 0")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
         # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either

@@ -114,6 +114,13 @@ LIVE_RESUME_DURABLE_WAIT_S = 1.0
 # (engine_client.py), and a model loads in seconds (the demo) to a minute (MOSS-TD, bf16)
 LIVE_ENGINE_RECOVERY_S = 120.0
 LIVE_ENGINE_POLL_S = 0.1  # s between looks at whether the engine is back
+# MiB the data directory's disk keeps free: under it new live sessions and uploads get
+# storage_failed (507) and /readyz is 503 (gateway/disk.py); a live session's journal writes
+# ~115 MB an hour at 16 kHz mono, ~690 MB at 48-kHz stereo, so this is a few session-hours
+MIN_FREE_DISK_MB = 512.0
+DISK_CHECK_INTERVAL_S = 1.0  # s a free-space lookup is reused
+# s between sweeps of stored transcripts older than --retention-days (and one at start)
+RETENTION_SWEEP_INTERVAL_S = 3600.0
 MAX_RESUME_FIELD_CHARS = 128  # characters; longest `resume.session_id` / `resume_token`
 # s a resume waits for the socket it takes its session over from to close (it sends that
 # socket `session_taken_over`); a dead peer never answers the close, so the wait is bounded

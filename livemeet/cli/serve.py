@@ -112,6 +112,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "crash rebuilds them and waits as long for their clients (default %(default)g)",
     )
     p.add_argument(
+        "--min-free-disk-mb",
+        type=float,
+        default=GatewayConfig.min_free_disk_mb,
+        metavar="MIB",
+        help="free space the data dir's disk keeps: below it new live sessions and uploads "
+        "get storage_failed (507) and /readyz fails, so none fails mid-meeting on a full "
+        "disk; 0: no floor (default %(default)g)",
+    )
+    p.add_argument(
+        "--retention-days",
+        type=float,
+        default=GatewayConfig.retention_days,
+        metavar="DAYS",
+        help="days stored transcripts (uploads' and live sessions') are kept, swept hourly; "
+        "0 keeps them (default %(default)g)",
+    )
+    p.add_argument(
         "--allowed-origin",
         action="append",
         default=[],
@@ -388,6 +405,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             live_hop_s=args.live_hop_s,
             live_max_speed=args.live_max_speed,
             live_resume_window_s=args.live_resume_window,
+            min_free_disk_mb=args.min_free_disk_mb,
+            retention_days=args.retention_days,
             allowed_origins=tuple(args.allowed_origin),
         ),
     )

@@ -10,6 +10,7 @@ its final stored (no socket to send it to), and freed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,7 @@ from types import ModuleType
 
 from aiohttp import hdrs, web
 
-from livemeet.audio.constants import CORS_MAX_AGE_S
+from livemeet.audio.constants import CORS_MAX_AGE_S, RETENTION_SWEEP_INTERVAL_S
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     ClientTimeout,
@@ -32,11 +33,13 @@ from livemeet.errors import (
     RequestRejected,
 )
 from livemeet.gateway import health, openai_api, session_transcript
+from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     CONFIG_KEY,
+    DISK_KEY,
     JOURNAL_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
@@ -92,6 +95,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[METRICS_KEY] = metrics
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
     app[JOURNAL_KEY] = LiveJournal(live_dir(config), on_commit=metrics.journal_committed)
+    app[DISK_KEY] = DiskGuard(config.data_dir, int(config.gateway.min_free_disk_mb * MIB))
     app[SESSIONS_KEY] = LiveSessions(
         config.gateway.live_resume_window_s,
         config.gateway.final_timeout_s,
@@ -233,6 +237,9 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     await transcriber.start()
     journal.start(asyncio.get_running_loop())
+    retention = None
+    if config.gateway.retention_days > 0:
+        retention = asyncio.create_task(_sweep_transcripts(app), name="retention")
     try:
         if unfinished:
             await _restore_live_sessions(app, unfinished)
@@ -248,11 +255,32 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         app[LIFECYCLE_KEY].started = False
+        if retention is not None:
+            retention.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retention
         await app[SESSIONS_KEY].close()  # detached sessions' engine slots, before the engine
         await transcriber.close()
         # finished sessions leave the journal once their transcript files are written
         await flush_transcripts(app)
         await journal.close()
+
+
+async def _sweep_transcripts(app: web.Application) -> None:
+    """Retention (--retention-days): delete stored transcripts older than it, at start and
+    every RETENTION_SWEEP_INTERVAL_S."""
+    max_age_s = app[CONFIG_KEY].gateway.retention_days * 86_400
+    while True:
+        try:
+            removed = await app[STORE_KEY].sweep(max_age_s)
+        except OSError as exc:
+            log.warning("retention: the transcripts could not be swept: %s", exc)
+        else:
+            if removed:
+                log.info(
+                    "retention: %d stored transcripts older than the retention deleted", removed
+                )
+        await asyncio.sleep(RETENTION_SWEEP_INTERVAL_S)
 
 
 async def _restore_live_sessions(app: web.Application, unfinished: list[RestoredSession]) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from livemeet.gateway.disk import MIB
 from livemeet.gateway.keys import (
+    DISK_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
     REGISTRY_KEY,
@@ -23,10 +25,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """200 when the backend is ready and the server is not draining; 503 otherwise."""
+    """200 when the backend is ready, the server is not draining and its data dir's disk is
+    above --min-free-disk-mb; 503 otherwise."""
     app = request.app
     transcriber = app[TRANSCRIBER_KEY]
+    disk = app[DISK_KEY]
     ready = transcriber.ready and app[LIFECYCLE_KEY].started and not app[LIFECYCLE_KEY].draining
+    ready = ready and not disk.low  # new sessions would get storage_failed
+    free = disk.free_bytes()
     body = {
         "status": "ready" if ready else "unavailable",
         "backend": transcriber.info.name,
@@ -35,6 +41,8 @@ async def readyz(request: web.Request) -> web.Response:
         "draining": app[LIFECYCLE_KEY].draining,
         "live_sessions": len(app[REGISTRY_KEY]),
         "live_sessions_detached": app[SESSIONS_KEY].num_detached,
+        "disk_low": disk.low,
+        "disk_free_mb": None if free is None else round(free / MIB),
     }
     return web.json_response(body, status=200 if ready else 503)
 

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from livemeet.audio.constants import UPLOAD_MEMORY_TOTAL_BYTES, UPLOAD_SPILL_TOTAL_BYTES
 from livemeet.config import ServerConfig
+from livemeet.gateway.disk import DiskGuard
 from livemeet.gateway.incoming import IncomingUploadCounter
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.transcript_store import TranscriptStore
@@ -42,6 +43,7 @@ TRANSCRIBER_KEY = web.AppKey("transcriber", Transcriber)
 REGISTRY_KEY: web.AppKey[LiveRegistry] = web.AppKey("live_registry")
 SESSIONS_KEY: web.AppKey[LiveSessions] = web.AppKey("live_sessions")
 JOURNAL_KEY: web.AppKey[LiveJournal] = web.AppKey("live_journal")
+DISK_KEY = web.AppKey("disk", DiskGuard)
 METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 STORE_KEY = web.AppKey("transcripts", TranscriptStore)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)

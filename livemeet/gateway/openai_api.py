@@ -50,6 +50,7 @@ from livemeet.gateway.errors_http import error_body
 from livemeet.gateway.heap import trim_heap
 from livemeet.gateway.keys import (
     CONFIG_KEY,
+    DISK_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
     STORE_KEY,
@@ -135,6 +136,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     app = request.app
     if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
         raise EngineUnavailable("the model is not ready; retry shortly")
+    app[DISK_KEY].check("uploads")  # an upload spills to the data dir and stores its transcript
     started = time.monotonic()
     phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
     with app[LIFECYCLE_KEY].incoming_uploads.track() as incoming:

@@ -23,6 +23,7 @@ from typing import Any
 
 from livemeet.audio.constants import TRANSCRIPT_CACHE_ENTRIES
 from livemeet.errors import NotFound
+from livemeet.gateway.disk import remove_older_than
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,15 @@ class TranscriptStore:
         stored = StoredTranscript(transcript_from_json(record), record.get("access_sha256"))
         self._remember(key, stored)
         return stored
+
+    async def sweep(self, max_age_s: float) -> int:
+        """Delete stored transcripts last written more than `max_age_s` ago (retention), from
+        disk and memory; returns how many."""
+        loop = asyncio.get_running_loop()
+        removed = await loop.run_in_executor(None, remove_older_than, self.directory, max_age_s)
+        for path in removed:
+            self._memory.pop(path.name.removesuffix(".json"), None)
+        return len(removed)
 
     async def flush(self) -> None:
         """Wait until every transcript put so far is on disk (or its write failed)."""

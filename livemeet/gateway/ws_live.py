@@ -43,6 +43,7 @@ from livemeet.errors import (
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import (
     CONFIG_KEY,
+    DISK_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
     SESSIONS_KEY,
@@ -492,6 +493,7 @@ class LiveConnection:
             self._resume_id = start.resume.session_id
             await sessions.resume(start.resume, start.audio_format, self)
         else:
+            self.app[DISK_KEY].check("live sessions")  # not one that fails on a full disk
             options = SessionOptions(
                 live=True,
                 prompt=start.prompt,

@@ -1,0 +1,92 @@
+"""The data directory's disk budget: new work is refused before the disk is full, and stored
+transcripts older than the retention are deleted (DESIGN section 7: "Retention and a disk
+budget are settings").
+
+A live session whose journal cannot write fails mid-meeting (`storage_failed`), so a server
+whose data directory is nearly full refuses new live sessions and uploads up front, with the
+same error (507), and says so in `/readyz`; resumes and sessions already running go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from livemeet.audio.constants import DISK_CHECK_INTERVAL_S
+from livemeet.errors import StorageFailed
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+
+
+class DiskGuard:
+    """Free space under `path` against a floor of `min_free_bytes` (0: no floor), looked up at
+    most every DISK_CHECK_INTERVAL_S (a statvfs per new session is cheap; per frame it is
+    not)."""
+
+    def __init__(
+        self,
+        path: Path,
+        min_free_bytes: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        usage: Callable[[Path], int] = lambda p: shutil.disk_usage(p).free,
+    ) -> None:
+        self.path = path
+        self.min_free_bytes = min_free_bytes
+        self._clock = clock
+        self._usage = usage
+        self._free: int | None = None
+        self._at = -float("inf")
+
+    def free_bytes(self) -> int | None:
+        """Free bytes on the data directory's file system (None: it cannot be read)."""
+        now = self._clock()
+        if now - self._at >= DISK_CHECK_INTERVAL_S:
+            self._at = now
+            try:
+                self._free = self._usage(self.path)
+            except OSError as exc:  # not made yet, or gone: the writes will say why
+                log.debug("free space of %s unknown: %s", self.path, exc)
+                self._free = None
+        return self._free
+
+    @property
+    def low(self) -> bool:
+        """Whether the free space is under the floor."""
+        free = self.free_bytes()
+        return self.min_free_bytes > 0 and free is not None and free < self.min_free_bytes
+
+    def check(self, what: str) -> None:
+        """Raise StorageFailed (507) for new work (`what`: "live sessions", "uploads") while
+        the free space is under the floor."""
+        if self.low:
+            free = self.free_bytes() or 0
+            raise StorageFailed(
+                f"the server's disk is nearly full ({free / MIB:.0f} MiB free under its "
+                f"--min-free-disk-mb {self.min_free_bytes / MIB:.0f}): no new {what} for now"
+            )
+
+
+def remove_older_than(directory: Path, max_age_s: float, now: float | None = None) -> list[Path]:
+    """Delete the files directly in `directory` last modified more than `max_age_s` ago (a
+    transcript store's JSON files); returns them. Blocking: run it off the loop. A file that
+    cannot be deleted is logged and kept."""
+    cutoff = (time.time() if now is None else now) - max_age_s
+    removed: list[Path] = []
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return removed
+    for path in entries:
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed.append(path)
+        except OSError as exc:
+            log.warning("retention: %s not deleted: %s", path, exc)
+    return removed

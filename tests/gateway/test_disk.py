@@ -1,0 +1,114 @@
+"""The data directory's disk budget and retention (livemeet/gateway/disk.py): new sessions
+refused before the disk is full, old transcripts swept."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from livemeet.config import GatewayConfig, ServerConfig
+from livemeet.errors import StorageFailed
+from livemeet.gateway import disk
+from livemeet.gateway.app import create_app
+from livemeet.gateway.disk import MIB, DiskGuard
+from livemeet.gateway.transcript_store import TranscriptStore, new_transcription_id
+from livemeet.transcript.segments import FinishReason, Segment, Transcript
+from tests.gateway.conftest import ClientFactory, wav_bytes
+from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_openai_api import form
+from tests.gateway.test_ws_live import START
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def test_the_guard_refuses_under_its_floor_and_looks_up_at_most_once_a_second() -> None:
+    now, free, lookups = [0.0], [600 * MIB], []
+
+    def usage(path: Path) -> int:
+        lookups.append(path)
+        return free[0]
+
+    guard = DiskGuard(Path("/data"), 512 * MIB, clock=lambda: now[0], usage=usage)
+    guard.check("live sessions")  # 600 MiB free: fine
+    free[0] = 100 * MIB
+    assert not guard.low  # the last lookup still holds
+    now[0] = 1.0
+    assert guard.low and len(lookups) == 2
+    with pytest.raises(StorageFailed, match=r"100 MiB free under its --min-free-disk-mb 512"):
+        guard.check("uploads")
+    assert not DiskGuard(Path("/data"), 0, usage=usage).low  # no floor
+
+    def unreadable(path: Path) -> int:
+        raise FileNotFoundError(path)
+
+    assert not DiskGuard(Path("/gone"), 512 * MIB, usage=unreadable).low  # writes will tell
+
+
+async def low_disk_client(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> TestClient:
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: Usage(10**12, 10**12, 50 * MIB))
+    return await aiohttp_client(create_app(server_config, FakeTranscriber()))
+
+
+async def test_a_nearly_full_disk_refuses_new_sessions_and_uploads_and_readiness(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under --min-free-disk-mb (default 512) a new live session or upload is refused at once
+    with storage_failed (a trial: a full disk failed a session mid-meeting), and /readyz says
+    why; /healthz stays ok (the process is fine)."""
+    client = await low_disk_client(aiohttp_client, server_config, monkeypatch)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        error: dict[str, Any] = await ws.receive_json()
+        await ws.receive()
+    assert error["code"] == "storage_failed" and "50 MiB free" in error["message"]
+    assert ws.close_code == 4507
+    response = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    assert response.status == 507
+    assert (await response.json())["error"]["code"] == "storage_failed"
+    ready = await client.get("/readyz")
+    body = await ready.json()
+    assert ready.status == 503 and body["disk_low"] is True and body["disk_free_mb"] == 50
+    assert (await client.get("/healthz")).status == 200
+
+
+async def test_retention_deletes_old_transcripts_at_start_from_disk_and_memory(
+    aiohttp_client: ClientFactory, tmp_path: Path
+) -> None:
+    """--retention-days: transcripts last written longer ago are deleted at the start (and
+    hourly); newer ones stay."""
+    config = ServerConfig(data_dir=tmp_path / "data", gateway=GatewayConfig(retention_days=7))
+    store = TranscriptStore(config.data_dir / "transcriptions")
+    transcript = Transcript((Segment(0.0, 1.0, "S01", "hi", id="seg-0000"),), 1.0,
+                            FinishReason.STOP)  # fmt: skip
+    old_id, new_id = new_transcription_id(), new_transcription_id()
+    await store.put(old_id, transcript)
+    await store.put(new_id, transcript)
+    await store.flush()
+    eight_days_ago = time.time() - 8 * 86_400
+    os.utime(store.directory / f"{old_id}.json", (eight_days_ago, eight_days_ago))
+    client = await aiohttp_client(create_app(config, FakeTranscriber()))
+    for _ in range(100):  # the sweep runs beside the start
+        if not (store.directory / f"{old_id}.json").exists():
+            break
+        await asyncio.sleep(0.01)
+    assert (await client.get(f"/v1/transcriptions/{old_id}")).status == 404
+    assert (await client.get(f"/v1/transcriptions/{new_id}")).status == 200
+
+
+async def test_a_sweep_forgets_what_it_deleted(tmp_path: Path) -> None:
+    store = TranscriptStore(tmp_path)
+    transcript = Transcript((), 0.0, FinishReason.STOP)
+    tid = new_transcription_id()
+    await store.put(tid, transcript)
+    await store.flush()
+    assert await store.sweep(-1.0) == 1  # everything is older than "a second from now"
+    assert store.num_cached == 0 and not list(tmp_path.iterdir())
