@@ -606,13 +606,11 @@ class LiveSessions:
             except EngineUnavailable as exc:
                 log.error("live session %s not rebuilt now: %s", stored.meta.session_id, exc)
                 continue
-            except LivemeetError as exc:
+            except LivemeetError as exc:  # discarded by `_rebuild`
                 log.error(
                     "live session %s cannot be rebuilt (%s: %s): discarded",
                     stored.meta.session_id, exc.code, exc,
                 )  # fmt: skip
-                self._journal.adopt(stored, lambda _: None, lambda _: None)
-                self._journal.discard(stored.meta.session_id)
                 continue
             rebuilt += 1
         return rebuilt
@@ -633,7 +631,14 @@ class LiveSessions:
             hop_s=hop_s,
             restore=LiveRestore(stored.finals),
         )
-        session = await open_session(options)
+        try:
+            session = await open_session(options)
+        except EngineUnavailable:
+            raise
+        except LivemeetError:  # refused: it would be at every start
+            self._journal.adopt(stored, lambda _: None, lambda _: None)
+            self._journal.discard(meta.session_id)
+            raise
         audio_format = AudioFormat(meta.sample_rate, meta.channels, PCM_ENCODING)
         decoder = PcmStreamDecoder(meta.sample_rate, meta.channels, PCM_ENCODING)
         tokens = SessionTokens(meta.resume_token_sha256, meta.captions_token_sha256)
@@ -650,8 +655,11 @@ class LiveSessions:
             await holder.replay_audio(read_pcm(stored.audio_path, meta.frame_bytes))
             if stored.ended:  # its `end` had come: it gets its final without another
                 await holder.end(None)
-        except BaseException:
-            await self._drop(holder, keep_journal=True)
+        except BaseException as exc:
+            # kept for the next start, unless the backend refused it (it would again; adopted
+            # already, it is discarded here, not by `restore`)
+            refused = isinstance(exc, LivemeetError) and not isinstance(exc, EngineUnavailable)
+            await self._drop(holder, keep_journal=not refused)
             raise
         self._arm(holder)
         self._update_detached()

@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
-from livemeet.errors import EngineUnavailable
+from livemeet.errors import EngineUnavailable, InvalidRequest
 from livemeet.gateway import live_journal
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
@@ -23,7 +23,7 @@ from livemeet.gateway.live_journal import JournalSession, LiveJournal
 from livemeet.gateway.session_tokens import captions_token_for, token_digest
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
-from tests.gateway.fakes import FakeTranscriber, fake_text
+from tests.gateway.fakes import FakeSession, FakeTranscriber, fake_text
 from tests.gateway.test_live_resume import read_to_close, read_until, resume_start
 from tests.gateway.test_ws_live import START, gateway_client, wait_until
 
@@ -379,3 +379,37 @@ async def stream_acked(ws: Any, fake: FakeTranscriber, seconds: float) -> list[A
     while events[-1]["type"] != "audio.ack" or events[-1]["offset"] < seconds * RATE:
         events += await read_until(ws, "audio.ack")
     return events
+
+
+async def test_a_session_the_backend_refuses_while_fed_is_discarded_and_the_server_starts(
+    aiohttp_client: ClientFactory,
+    fake: FakeTranscriber,
+    server_config: ServerConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rebuilt session's backend refuses its stored audio (bad restored finals end the
+    engine's session with invalid_request, which its next append raises): the session is
+    discarded and the server starts (before, the failure adopted the session in the journal a
+    second time: InternalError out of the start, at every start, as the session was kept)."""
+    await journal_a_session(server_config.data_dir / "live", "a-token", 4.0, stored_finals(1))
+
+    async def refused(self: FakeSession, samples: Any) -> None:
+        raise InvalidRequest("restored finals overlap")
+
+    monkeypatch.setattr(FakeSession, "append", refused)
+    client = await aiohttp_client(create_app(server_config, fake))
+    assert len(client.app[SESSIONS_KEY]) == 0
+    assert fake.sessions[0].log.aborted
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])
+    assert not list((server_config.data_dir / "live" / "audio").iterdir())
+
+
+async def test_a_session_the_backend_refuses_to_open_is_discarded(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    await journal_a_session(server_config.data_dir / "live", "a-token", 4.0, stored_finals(1))
+    fake.open_error = InvalidRequest("restored finals overlap")
+    client = await aiohttp_client(create_app(server_config, fake))
+    assert len(client.app[SESSIONS_KEY]) == 0 and not fake.sessions
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])
+    assert not list((server_config.data_dir / "live" / "audio").iterdir())
