@@ -359,11 +359,22 @@ class LiveSessionHolder:
         return True
 
     async def finalize(self, owner: EventSink) -> None:
-        """The client's `finalize`. Raises SessionTakenOver when `owner` no longer carries
-        the session."""
-        async with self.lock:
-            self._check_owner(owner)
-            await self.session.finalize()
+        """The client's `finalize`; one the engine's loss refused is made again once the
+        session is rebuilt, as an `append` is. Raises SessionTakenOver when `owner` no longer
+        carries the session, and as the backend's `finalize`."""
+        for attempt in range(2):
+            async with self.lock:
+                self._check_owner(owner)
+                session = self.session
+                try:
+                    await session.finalize()
+                except EngineUnavailable:
+                    if attempt or not self._rebuildable():
+                        raise
+                else:
+                    return
+            if not await self._replaced(session):
+                raise EngineUnavailable(f"live session {self.id}: the engine was lost")
 
     async def end(self, owner: EventSink | None) -> bool:
         """No more audio, at most once; returns whether this call ended the session. `owner`

@@ -413,3 +413,33 @@ async def test_a_session_the_backend_refuses_to_open_is_discarded(
     assert len(client.app[SESSIONS_KEY]) == 0 and not fake.sessions
     await wait_until(lambda: journal_rows(server_config.data_dir) == [])
     assert not list((server_config.data_dir / "live" / "audio").iterdir())
+
+
+async def test_a_finalize_the_lost_engine_refused_is_made_on_the_rebuilt_session(
+    client: TestClient, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """The client's `finalize` reaches a backend session whose worker just died (it raises
+    engine_unavailable, as EngineClient's does): it is made again on the rebuilt session, as
+    an append is (before, the error failed the socket, and the session and its journalled
+    audio were dropped)."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await stream_acked(ws, fake, 2.0)
+        dead = fake.sessions[0]
+        refused = asyncio.Event()
+
+        async def lost_finalize() -> None:
+            refused.set()
+            raise EngineUnavailable("the engine failed: exited with code -9")
+
+        dead.finalize = lost_finalize  # type: ignore[method-assign]
+        await ws.send_json({"type": "finalize"})
+        await asyncio.wait_for(refused.wait(), 2)
+        dead.fail(EngineUnavailable("the engine failed: exited with code -9"))
+        await wait_until(lambda: len(fake.sessions) == 2)
+        await wait_until(lambda: fake.sessions[1].log.num_finalize == 1)
+        await ws.send_json({"type": "end"})
+        events = await read_to_close(ws)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.0
+    assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
