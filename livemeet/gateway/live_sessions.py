@@ -274,10 +274,10 @@ class LiveSessionHolder:
                     if attempt or not self._rebuildable():
                         raise
                 else:
-                    if self.journal is not None:
-                        self.journal.append_audio(self.id, pcm)  # after the backend took it
-                    else:
+                    if self.journal is None:
                         self.num_frames_durable = self.num_frames_accepted
+                    elif not self.journal_closed:  # closed: it failed, its socket is told
+                        self.journal.append_audio(self.id, pcm)  # after the backend took it
                     return
             # outside the lock, which the rebuild takes: wait for another backend session
             if not await self._replaced(session):

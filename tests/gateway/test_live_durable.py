@@ -14,13 +14,18 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, InvalidRequest
 from livemeet.gateway import live_journal
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
+from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
+from livemeet.gateway.live_sessions import LiveSessionHolder, LiveSessions, SessionEvent
+from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.session_tokens import captions_token_for, token_digest
+from livemeet.transcriber import Error, SessionOptions
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber, fake_text
@@ -443,3 +448,59 @@ async def test_a_finalize_the_lost_engine_refused_is_made_on_the_rebuilt_session
         events = await read_to_close(ws)
     assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.0
     assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
+
+
+class StubSink:
+    """The client's socket (live_sessions.EventSink), recording the events it is handed."""
+
+    def __init__(self) -> None:
+        self.events: list[SessionEvent] = []
+
+    def attached(
+        self, holder: LiveSessionHolder, replay: list[SessionEvent], resumed: bool
+    ) -> None:
+        self.events += replay
+
+    def deliver(self, event: SessionEvent) -> None:
+        self.events.append(event)
+
+    def take_over(self) -> asyncio.Task[None]:
+        raise AssertionError("not taken over here")
+
+    def audio_durable(self) -> None:
+        pass
+
+
+async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
+    tmp_path: Path, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk fails: the session fails with storage_failed and leaves the journal, while
+    its socket is still open; a frame the client sent meanwhile is taken without a word
+    (before, it raised InternalError, "not open in the journal": the client got
+    internal_error, not the storage_failed it was sent)."""
+
+    def full_disk(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(live_journal.os, "fdatasync", full_disk)
+    journal = LiveJournal(tmp_path, commit_interval_s=0.01)
+    journal.start(asyncio.get_running_loop())
+    await fake.start()
+    sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create(), None, journal, fake)
+    options = SessionOptions(live=True)
+    sink = StubSink()
+    holder = sessions.open(
+        await fake.open_session(options),
+        PcmStreamDecoder(RATE),
+        AudioFormat(RATE, 1, PCM_ENCODING),
+        sink,
+        options,
+    )
+    await holder.append(sink, pcm16(0.5))
+    await wait_until(lambda: holder.journal_closed)
+    assert isinstance(holder.replay.terminal, Error)
+    assert holder.replay.terminal.code == "storage_failed"
+    await holder.append(sink, pcm16(0.5))
+    assert holder.num_frames_durable == 0
+    await sessions.close()
+    await journal.close()
