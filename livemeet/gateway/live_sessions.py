@@ -495,8 +495,12 @@ class LiveSessionHolder:
         fmt = self.audio_format
         self.decoder = PcmStreamDecoder(fmt.sample_rate, fmt.channels, fmt.encoding)
         accepted = self.num_frames_accepted
-        async for pcm in audio:
-            await self._feed(pcm)
+        try:
+            async for pcm in audio:
+                await self._feed(pcm)
+        except BaseException:
+            self.num_frames_accepted = accepted  # the audio a next rebuild feeds again
+            raise
         if self.num_frames_accepted != accepted:
             raise InternalError(
                 f"live session {self.id}: {self.num_frames_accepted} frames fed again, "
@@ -880,7 +884,13 @@ class LiveSessions:
             frame_bytes = holder.audio_format.channels * BYTES_PER_SAMPLE
             path = journal.audio_path(holder.id)
             size = holder.num_frames_accepted * frame_bytes
-            await holder.reopen(session, read_pcm(path, frame_bytes, limit_bytes=size))
+            try:
+                await holder.reopen(session, read_pcm(path, frame_bytes, limit_bytes=size))
+            except EngineUnavailable as exc:
+                # lost again while fed: the new session's own engine_unavailable, next in its
+                # events, rebuilds it again (from all of its audio: `reopen`)
+                log.warning("live session %s: the engine was lost again: %s", holder.id, exc)
+                return True
         return self._recovered(holder, True, f"{len(finals)} finals kept")
 
     def _recovered(self, holder: LiveSessionHolder, ok: bool, why: str) -> bool:

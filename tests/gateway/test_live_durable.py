@@ -504,3 +504,35 @@ async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
     assert holder.num_frames_durable == 0
     await sessions.close()
     await journal.close()
+
+
+async def test_an_engine_lost_again_while_the_session_is_rebuilt_rebuilds_it_again(
+    client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine worker dies again while the rebuilt session is fed its journalled audio
+    (an OOM kill in a crash loop): the session is rebuilt once more, from all of its audio,
+    and the client sees no error (before, the append's engine_unavailable escaped the pump:
+    internal_error to the client, and the audio fed so far was all the session counted)."""
+    real_append = FakeSession.append
+
+    async def append(self: FakeSession, samples: Any) -> None:
+        if self.id == "fake-1" and self.log.num_samples >= RATE:
+            self.fail(EngineUnavailable("the engine failed: exited with code -9"))
+            raise EngineUnavailable("the engine is not available")
+        await real_append(self, samples)
+
+    monkeypatch.setattr(live_journal, "JOURNAL_READ_CHUNK_BYTES", RATE)  # 0.5-s reads
+    monkeypatch.setattr(FakeSession, "append", append)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await stream_acked(ws, fake, 2.0)
+        fake.sessions[0].fail(EngineUnavailable("the engine failed: exited with code -9"))
+        await wait_until(lambda: len(fake.sessions) == 3)
+        await wait_until(lambda: fake.sessions[2].log.num_samples == 2 * RATE)
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await read_to_close(ws)
+    assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.5
+    assert fake.sessions[2].log.num_samples == 2.5 * RATE
