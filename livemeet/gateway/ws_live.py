@@ -208,7 +208,10 @@ class LiveConnection:
 
     async def run(self) -> None:
         """Serve the connection until it closes. Never raises a LivemeetError."""
-        if not self.app[TRANSCRIBER_KEY].ready or self.app[LIFECYCLE_KEY].draining:
+        # while the engine worker restarts, sessions held wait to be rebuilt: a resume is let
+        # in (a new session's `start` is refused then by `open_session`)
+        not_ready = not self.app[TRANSCRIBER_KEY].ready and not len(self.app[SESSIONS_KEY])
+        if not_ready or self.app[LIFECYCLE_KEY].draining:
             await self.fail(EngineUnavailable("the model is not ready; retry shortly"))
             return
         try:

@@ -29,7 +29,12 @@ from livemeet.transcriber import Error, SessionOptions
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber, fake_text
-from tests.gateway.test_live_resume import read_to_close, read_until, resume_start
+from tests.gateway.test_live_resume import (
+    detached_session,
+    read_to_close,
+    read_until,
+    resume_start,
+)
 from tests.gateway.test_ws_live import START, gateway_client, wait_until
 
 RATE = 16_000
@@ -536,3 +541,25 @@ async def test_an_engine_lost_again_while_the_session_is_rebuilt_rebuilds_it_aga
     assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
     assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.5
     assert fake.sessions[2].log.num_samples == 2.5 * RATE
+
+
+async def test_a_session_detached_while_its_engine_restarts_can_be_resumed(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """The socket drops while the engine worker restarts (the session waits to be rebuilt):
+    the client's resume is let in, and gets its session once the engine is back (before,
+    every connection was refused with engine_unavailable while the engine was not ready, a
+    close the clients take as final: the session the server kept was lost to its client)."""
+    ready, _ = await detached_session(client, fake, 2.0)
+    fake._ready = False  # the worker died: restarting
+    fake.sessions[0].fail(EngineUnavailable("the engine failed: exited with code -9"))
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        await asyncio.sleep(0.3)
+        fake._ready = True
+        resumed = await asyncio.wait_for(ws.receive_json(), 5)
+        assert resumed["type"] == "session.ready" and resumed["offset"] == 2 * RATE
+        await ws.send_json({"type": "end"})
+        events = await read_to_close(ws)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.0
+    assert len(fake.sessions) == 2 and fake.sessions[1].log.num_samples == 2 * RATE
