@@ -6,6 +6,7 @@ import argparse
 import errno
 import logging
 import os
+import shutil
 import socket
 import ssl
 import sys
@@ -540,6 +541,16 @@ def check_data_dir(config: ServerConfig) -> None:
             ) from exc
         os.close(fd)
         os.unlink(probe)
+    floor_mb = config.gateway.min_free_disk_mb
+    free_mb = shutil.disk_usage(config.data_dir).free / (1 << 20)
+    if floor_mb and free_mb < floor_mb:  # it would start, and refuse every new session
+        log.warning(
+            "--data-dir %s has %.0f MiB free, under --min-free-disk-mb %g: the server would "
+            "refuse new live sessions and uploads (free space, or lower the floor)",
+            config.data_dir,
+            free_mb,
+            floor_mb,
+        )
 
 
 def check_listen(host: str, port: int) -> None:

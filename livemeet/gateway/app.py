@@ -95,7 +95,8 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[METRICS_KEY] = metrics
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
     app[JOURNAL_KEY] = LiveJournal(live_dir(config), on_commit=metrics.journal_committed)
-    app[DISK_KEY] = DiskGuard(config.data_dir, int(config.gateway.min_free_disk_mb * MIB))
+    guard = app[DISK_KEY] = DiskGuard(config.data_dir, int(config.gateway.min_free_disk_mb * MIB))
+    metrics.disk_free_bytes.set_function(lambda: float(guard.free_bytes() or 0))
     app[SESSIONS_KEY] = LiveSessions(
         config.gateway.live_resume_window_s,
         config.gateway.final_timeout_s,
@@ -237,6 +238,14 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     await transcriber.start()
     journal.start(asyncio.get_running_loop())
+    if app[DISK_KEY].low:  # else the only sign is /readyz's 503 and each refusal
+        free = app[DISK_KEY].free_bytes() or 0
+        log.warning(
+            "the data dir's disk has %.0f MiB free, under --min-free-disk-mb %g: new live "
+            "sessions and uploads are refused until space is freed",
+            free / MIB,
+            config.gateway.min_free_disk_mb,
+        )
     retention = None
     if config.gateway.retention_days > 0:
         retention = asyncio.create_task(_sweep_transcripts(app), name="retention")

@@ -205,6 +205,9 @@ class LiveSessionHolder:
         # what `audio.ack` may acknowledge (DESIGN 5.9)
         self.num_frames_durable = 0
         self._durable_changed = asyncio.Event()
+        # the last `segment.partial` rev sent (`_record`); a session rebuilt after a restart
+        # starts past any rev its previous run can have sent (`LiveSessions._rebuild`)
+        self.partial_rev = 0
         self.journal = journal
         # the journal was told the session's fate (finished, discarded): nothing more goes
         # to it. Set at once for a session without a journal.
@@ -513,6 +516,11 @@ class LiveSessionHolder:
             await self.session.end()
 
     def _record(self, event: SessionEvent) -> None:
+        if isinstance(event, SegmentPartial):
+            # the session's own numbering: a rebuilt backend session counts from 1 again, and
+            # a client may drop a partial whose rev is not above the last one's
+            self.partial_rev += 1
+            event = replace(event, rev=self.partial_rev)
         self.replay.record(event)
         if self.journal is not None and not self.journal_closed:
             if isinstance(event, SegmentFinal):
@@ -663,6 +671,9 @@ class LiveSessions:
             options=replace(options, restore=None), recover=self._recover_hook(),
         )  # fmt: skip
         holder.replay.finals = [SegmentFinal(seg) for seg in stored.finals]
+        # revs went up by one a partial, at most one a decode of new audio, so fewer than the
+        # stored audio's sample frames: the rebuilt session's partials stay above them
+        holder.partial_rev = stored.durable_frames
         holder.replay.names = dict(stored.names)
         self._holders[holder.id] = holder
         self._journal.adopt(stored, holder.durable, functools.partial(self._storage_failed, holder))

@@ -270,6 +270,7 @@ class GatewayMetrics:
     journal_files_synced: Histogram
     journal_failures: Counter
     live_recoveries: Counter
+    disk_free_bytes: Gauge
     captions_subscribers: Gauge
     engine: EngineStatsCollector
 
@@ -372,6 +373,12 @@ class GatewayMetrics:
                 "Audio files a group commit of the live journal synced (one per live session "
                 "with new audio)",
                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                registry=registry,
+            ),
+            disk_free_bytes=Gauge(
+                "livemeet_disk_free_bytes",
+                "Free bytes on the data dir's file system (under --min-free-disk-mb new "
+                "sessions are refused)",
                 registry=registry,
             ),
             live_recoveries=Counter(

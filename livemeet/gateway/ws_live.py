@@ -197,6 +197,7 @@ class LiveConnection:
         self._state_label = "connecting"
         self._ended_at: float | None = None  # loop time of the client's `end`
         self._resume_id: str | None = None  # the session a `start` asked to resume
+        self._error: LivemeetError | None = None  # what `fail` sent
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
         self._opened_at = self._last_message_at
@@ -381,10 +382,13 @@ class LiveConnection:
             who = f"{self._resume_id!r} (not resumed)"  # the client's string: repr, one line
         else:
             who = "(not started)"
+        outcome = self.outcome
+        if self._error is not None:  # the reason, as the client was told it
+            outcome = f"{outcome} ({self._error.message})"
         log.info(
             "live session %s ended: %s, %.1f s of audio (this connection open %.1f s)",
             who,
-            self.outcome,
+            outcome,
             audio_s,
             elapsed_s,
         )
@@ -395,6 +399,7 @@ class LiveConnection:
         if self._failed:
             return
         self._failed = True
+        self._error = error
         self.protocol.fail()
         self.outcome = error.code
         self._metrics.errors.labels(error.code).inc()

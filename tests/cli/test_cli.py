@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import namedtuple
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,18 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
         "new/deeper/tmp",
         "new/deeper/transcriptions",
     ]  # and no probe file left
+
+
+def test_check_config_warns_of_a_disk_under_the_floor(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A floor above the free space passed the check silently, and the server then refused
+    every session (a trial): the check still passes (space may be freed) but says so."""
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(serve.shutil, "disk_usage", lambda p: usage(10**12, 0, 100 << 20))
+    argv = ["serve", "--data-dir", str(tmp_path / "data"), "--port", "0", "--check-config"]
+    assert main(argv) == 0
+    assert "has 100 MiB free, under --min-free-disk-mb 512" in caplog.text
 
 
 async def test_check_config_refuses_a_data_dir_another_server_uses(

@@ -4,6 +4,7 @@ refused before the disk is full, old transcripts swept."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections import namedtuple
@@ -23,7 +24,7 @@ from livemeet.transcript.segments import FinishReason, Segment, Transcript
 from tests.gateway.conftest import ClientFactory, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_openai_api import form
-from tests.gateway.test_ws_live import START
+from tests.gateway.test_ws_live import START, wait_until
 
 Usage = namedtuple("Usage", "total used free")
 
@@ -59,11 +60,15 @@ async def low_disk_client(
 
 
 async def test_a_nearly_full_disk_refuses_new_sessions_and_uploads_and_readiness(
-    aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Under --min-free-disk-mb (default 512) a new live session or upload is refused at once
     with storage_failed (a trial: a full disk failed a session mid-meeting), and /readyz says
     why; /healthz stays ok (the process is fine)."""
+    caplog.set_level(logging.INFO, logger="livemeet.gateway")
     client = await low_disk_client(aiohttp_client, server_config, monkeypatch)
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
@@ -78,6 +83,12 @@ async def test_a_nearly_full_disk_refuses_new_sessions_and_uploads_and_readiness
     body = await ready.json()
     assert ready.status == 503 and body["disk_low"] is True and body["disk_free_mb"] == 50
     assert (await client.get("/healthz")).status == 200
+    text = await (await client.get("/metrics")).text()
+    (line,) = [x for x in text.splitlines() if x.startswith("livemeet_disk_free_bytes ")]
+    assert float(line.split()[-1]) == 50 * MIB
+    # a trial: the start said nothing, and the live refusal's log line gave no reason
+    assert "50 MiB free, under --min-free-disk-mb 512" in caplog.text
+    await wait_until(lambda: "ended: storage_failed (the server's disk is nearly" in caplog.text)
 
 
 async def test_retention_deletes_old_transcripts_at_start_from_disk_and_memory(

@@ -188,6 +188,8 @@ async def test_a_session_left_unfinished_is_rebuilt_and_resumed(
         events = await read_to_close(ws)
     final = events[-1]
     assert final["type"] == "transcript.final"
+    revs = [e["rev"] for e in events if e["type"] == "segment.partial"]
+    assert revs and min(revs) > 7 * RATE  # above any rev the crashed run can have sent
     ids = [s["id"] for s in final["segments"]]
     assert ids[:2] == ["seg-0000", "seg-0001"] and len(ids) == len(set(ids)) >= 3
     assert final["segments"][2]["start"] == 6.0  # the new speech starts at the old finals' end
@@ -327,6 +329,11 @@ async def test_a_session_outlives_its_engine_worker(
         await ws.send_json({"type": "end"})
         events = await read_to_close(ws)
     assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
+    # the rebuilt backend session numbers its partials from 1 again (a trial saw rev 11,
+    # then 1): the session's own numbering goes on increasing
+    before = [e["rev"] for e in seen if e["type"] == "segment.partial"]
+    after = [e["rev"] for e in events if e["type"] == "segment.partial"]
+    assert before and after and min(after) > max(before)
     final = events[-1]
     assert final["type"] == "transcript.final" and final["duration"] == 5.5
     ids = [s["id"] for s in final["segments"]]
