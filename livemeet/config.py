@@ -259,8 +259,12 @@ class GatewayConfig:
     def validate(self) -> None:
         if self.max_upload_bytes <= 0:
             raise ConfigError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
-        if self.min_free_disk_mb < 0 or self.retention_days < 0:
-            raise ConfigError("--min-free-disk-mb and --retention-days must be >= 0")
+        for flag, value in (
+            ("--min-free-disk-mb", self.min_free_disk_mb),
+            ("--retention-days", self.retention_days),
+        ):
+            if value < 0:
+                raise ConfigError(f"{flag} must be >= 0, not {value:g}")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
         # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either

@@ -26,10 +26,14 @@ class LivemeetError(Exception):
     close_code: ClassVar[int] = 4500
     retryable: ClassVar[bool] = False
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        # s after which a retry may succeed, where known (HTTP Retry-After; else 1 s)
+        self.retry_after_s = retry_after_s
 
     def to_dict(self) -> dict[str, object]:
         """The WebSocket `error` event body (without its `type` field)."""

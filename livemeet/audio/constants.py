@@ -119,6 +119,7 @@ LIVE_ENGINE_POLL_S = 0.1  # s between looks at whether the engine is back
 # ~115 MB an hour at 16 kHz mono, ~690 MB at 48-kHz stereo, so this is a few session-hours
 MIN_FREE_DISK_MB = 512.0
 DISK_CHECK_INTERVAL_S = 1.0  # s a free-space lookup is reused
+DISK_RETRY_AFTER_S = 60.0  # s a refusal for low disk tells clients to wait (Retry-After)
 # s between sweeps of stored transcripts older than --retention-days (and one at start)
 RETENTION_SWEEP_INTERVAL_S = 3600.0
 MAX_RESUME_FIELD_CHARS = 128  # characters; longest `resume.session_id` / `resume_token`

@@ -287,7 +287,9 @@ async def _sweep_transcripts(app: web.Application) -> None:
         else:
             if removed:
                 log.info(
-                    "retention: %d stored transcripts older than the retention deleted", removed
+                    "retention: %d stored transcripts older than %g days deleted",
+                    removed,
+                    app[CONFIG_KEY].gateway.retention_days,
                 )
         await asyncio.sleep(RETENTION_SWEEP_INTERVAL_S)
 

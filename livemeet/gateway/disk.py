@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from livemeet.audio.constants import DISK_CHECK_INTERVAL_S
+from livemeet.audio.constants import DISK_CHECK_INTERVAL_S, DISK_RETRY_AFTER_S
 from livemeet.errors import StorageFailed
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class DiskGuard:
             free = self.free_bytes() or 0
             raise StorageFailed(
                 f"the server's disk is nearly full ({free / MIB:.0f} MiB free under its "
-                f"--min-free-disk-mb {self.min_free_bytes / MIB:.0f}): no new {what} for now"
+                f"--min-free-disk-mb {self.min_free_bytes / MIB:.0f}): no new {what} for now",
+                retry_after_s=DISK_RETRY_AFTER_S,  # space is freed by hand, not in a second
             )
 
 

@@ -8,6 +8,7 @@ the call site. OpenAI error body: `{"error": {"message", "type", "param", "code"
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from aiohttp import web
@@ -33,8 +34,11 @@ def error_body(error: LivemeetError) -> dict[str, Any]:
 
 
 def error_response(error: LivemeetError) -> web.Response:
-    """A JSON HTTP response with the error's status. Retryable errors carry Retry-After."""
-    headers = {"Retry-After": "1"} if error.retryable else None
+    """A JSON HTTP response with the error's status. Retryable errors carry Retry-After:
+    the error's `retry_after_s` where it knows one (whole seconds, rounded up), else 1."""
+    headers = None
+    if error.retryable:
+        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s or 1)))}
     return web.Response(
         status=error.http_status,
         text=json.dumps(error_body(error)),

@@ -159,11 +159,13 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         sessions = app[METRICS_KEY].sessions.labels("upload", "transcribing")
         sessions.inc()
         outcome = "disconnected"  # the client left: the handler is cancelled
+        # named up front, so the end's log line gives the id its transcript is stored under
+        transcription_id = new_transcription_id()
         try:
             await session.append(samples)
             del samples
             await session.end()
-            response, outcome = await _transcribe(request, session, form, phases)
+            response, outcome = await _transcribe(request, session, form, phases, transcription_id)
             app[METRICS_KEY].upload_latency_s.observe(time.monotonic() - started)
             return response
         except LivemeetError as exc:
@@ -177,21 +179,25 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
             app[METRICS_KEY].sessions_ended.labels("upload", outcome).inc()
             await session.abort()  # idempotent; frees the backend session on every path
             log.info(
-                "upload %s ended: %s, %.1f s of audio in %.2f s",
+                "upload %s ended: %s, %.1f s of audio in %.2f s (transcription %s)",
                 session.id,
                 outcome,
                 duration_s,
                 time.monotonic() - started,
+                transcription_id,
             )
 
 
 async def _transcribe(
-    request: web.Request, session: TranscriberSession, form: UploadForm, phases: _PhaseClock
+    request: web.Request,
+    session: TranscriberSession,
+    form: UploadForm,
+    phases: _PhaseClock,
+    transcription_id: str,
 ) -> tuple[web.StreamResponse, str]:
-    """The ended session's transcript as the response (SSE, or a body in the form's format)
-    and the session's outcome: "completed", or the code of the error an SSE stream ended
-    with (other errors raise)."""
-    transcription_id = new_transcription_id()
+    """The ended session's transcript as the response (SSE, or a body in the form's format),
+    stored under `transcription_id`, and the session's outcome: "completed", or the code of
+    the error an SSE stream ended with (other errors raise)."""
     if form.stream:
         response, outcome = await _stream_sse(request, session, form, transcription_id)
         phases.done("transcribe", last=True)

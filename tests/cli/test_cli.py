@@ -240,6 +240,15 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
     ]  # and no probe file left
 
 
+@pytest.mark.parametrize("flag", ["--min-free-disk-mb", "--retention-days"])
+def test_a_negative_disk_setting_names_its_flag(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, flag: str
+) -> None:
+    argv = ["serve", "--data-dir", str(tmp_path), "--port", "0", flag, "-1", "--check-config"]
+    assert main(argv) == 2
+    assert f"{flag} must be >= 0, not -1" in caplog.text
+
+
 def test_check_config_warns_of_a_disk_under_the_floor(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -79,6 +79,7 @@ async def test_a_nearly_full_disk_refuses_new_sessions_and_uploads_and_readiness
     response = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
     assert response.status == 507
     assert (await response.json())["error"]["code"] == "storage_failed"
+    assert response.headers["Retry-After"] == "60"  # space is freed by hand: not "1"
     ready = await client.get("/readyz")
     body = await ready.json()
     assert ready.status == 503 and body["disk_low"] is True and body["disk_free_mb"] == 50

@@ -534,3 +534,15 @@ def test_a_streamed_segment_keeps_its_flags() -> None:
     }
     plain = _segment_event(Segment(0.0, 7.5, "S01", "so", id="seg-0001"))
     assert "flags" not in plain
+
+
+async def test_an_uploads_log_line_names_its_stored_transcription(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The end line logged the backend's session id only, so an operator could not get from
+    it to the stored transcript the client was given (a trial)."""
+    caplog.set_level("INFO", logger="livemeet.gateway.openai_api")
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    assert resp.status == 200
+    tid = resp.headers[openai_api.ID_HEADER]
+    assert f"(transcription {tid})" in caplog.text
