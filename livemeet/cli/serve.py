@@ -6,7 +6,6 @@ import argparse
 import errno
 import logging
 import os
-import shutil
 import socket
 import ssl
 import sys
@@ -32,6 +31,7 @@ from livemeet.backends import BACKENDS, check_backend
 from livemeet.config import LOG_FORMAT, GatewayConfig, ModelConfig, ServerConfig, UploadHold
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
+from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.keys import live_dir, tmp_dir, transcripts_dir
 from livemeet.gateway.live_journal import journal_in_use
 
@@ -542,13 +542,13 @@ def check_data_dir(config: ServerConfig) -> None:
         os.close(fd)
         os.unlink(probe)
     floor_mb = config.gateway.min_free_disk_mb
-    free_mb = shutil.disk_usage(config.data_dir).free / (1 << 20)
-    if floor_mb and free_mb < floor_mb:  # it would start, and refuse every new session
+    disk = DiskGuard(config.data_dir, int(floor_mb * MIB))  # as the server checks it
+    if disk.low:  # it would start, and refuse every new session
         log.warning(
             "--data-dir %s has %.0f MiB free, under --min-free-disk-mb %g: the server would "
             "refuse new live sessions and uploads (free space, or lower the floor)",
             config.data_dir,
-            free_mb,
+            (disk.free_bytes() or 0) / MIB,
             floor_mb,
         )
 

@@ -176,13 +176,23 @@ def journal_in_use(root: Path) -> bool:
     path = root / LOCK_NAME
     if not path.exists():
         return False
-    try:
-        with open(path, "a+b") as f:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(f, fcntl.LOCK_UN)
-    except OSError:
+    held = _take_lock(path)
+    if held is None:
         return True
+    held.close()  # lets the flock go
     return False
+
+
+def _take_lock(path: Path) -> io.BufferedRandom | None:
+    """`path` opened and exclusively flock'ed (without waiting), or None where another open
+    file holds the lock. The lock lasts until the file is closed or the process dies."""
+    f = open(path, "a+b")  # noqa: SIM115  (the caller closes it)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        return None
+    return f
 
 
 def audio_name(session_id: str) -> str:
@@ -477,16 +487,12 @@ class LiveJournal:
         rebuilding and appending to the first one's sessions. Raises ConfigError."""
         if self._lock_file is not None:
             return
-        f = open(self.root / LOCK_NAME, "a+b")  # noqa: SIM115  (held until close)
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            f.close()
+        self._lock_file = _take_lock(self.root / LOCK_NAME)
+        if self._lock_file is None:
             raise ConfigError(
                 f"live journal {self.root} is in use by another livemeet server "
                 "(one server per --data-dir)"
-            ) from exc
-        self._lock_file = f
+            )
 
     def _new_handle(
         self,

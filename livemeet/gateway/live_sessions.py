@@ -267,21 +267,31 @@ class LiveSessionHolder:
         append the engine's loss refused is made again once the session is rebuilt (`_pump`).
         Raises SessionTakenOver when `owner` no longer carries the session, and as the
         backend's `append`."""
+
+        async def feed() -> None:
+            await self._feed(pcm)
+            if self.journal is None:
+                self.num_frames_durable = self.num_frames_accepted
+            elif not self.journal_closed:  # closed: it failed, its socket is told
+                self.journal.append_audio(self.id, pcm)  # after the backend took it
+
+        await self._with_session(owner, feed)
+
+    async def _with_session(self, owner: EventSink, action: Callable[[], Awaitable[None]]) -> None:
+        """Run `action` (it uses `self.session`) under `lock` for `owner`; where the engine's
+        loss refused it, once more on the session rebuilt in its place (`_pump`). Raises
+        SessionTakenOver when `owner` no longer carries the session, EngineUnavailable when
+        no rebuild came, and what `action` raises."""
         for attempt in range(2):
             async with self.lock:
                 self._check_owner(owner)
                 session = self.session
                 try:
-                    await self._feed(pcm)
+                    await action()
+                    return
                 except EngineUnavailable:
                     if attempt or not self._rebuildable():
                         raise
-                else:
-                    if self.journal is None:
-                        self.num_frames_durable = self.num_frames_accepted
-                    elif not self.journal_closed:  # closed: it failed, its socket is told
-                        self.journal.append_audio(self.id, pcm)  # after the backend took it
-                    return
             # outside the lock, which the rebuild takes: wait for another backend session
             if not await self._replaced(session):
                 raise EngineUnavailable(f"live session {self.id}: the engine was lost")
@@ -365,19 +375,7 @@ class LiveSessionHolder:
         """The client's `finalize`; one the engine's loss refused is made again once the
         session is rebuilt, as an `append` is. Raises SessionTakenOver when `owner` no longer
         carries the session, and as the backend's `finalize`."""
-        for attempt in range(2):
-            async with self.lock:
-                self._check_owner(owner)
-                session = self.session
-                try:
-                    await session.finalize()
-                except EngineUnavailable:
-                    if attempt or not self._rebuildable():
-                        raise
-                else:
-                    return
-            if not await self._replaced(session):
-                raise EngineUnavailable(f"live session {self.id}: the engine was lost")
+        await self._with_session(owner, lambda: self.session.finalize())
 
     async def end(self, owner: EventSink | None) -> bool:
         """No more audio, at most once; returns whether this call ended the session. `owner`

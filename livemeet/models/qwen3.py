@@ -75,12 +75,7 @@ class Qwen3Attention(nn.Module):
         """qkv [N, (heads + 2 kv_heads) * D] -> q [N, heads, D], k and v [N, kv_heads, D]:
         q/k RMSNorm and RoPE. With a `sink` the same kernel writes k and v into its caches
         and returns (q, None, None)."""
-        n, d = qkv.shape[0], self.head_dim
-        q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
-        # strided views into qkv: the kernels read them in place, no copies
-        q = qkv[:, :q_end].view(n, self.heads, d)
-        k = qkv[:, q_end:k_end].view(n, self.kv_heads, d)
-        v = qkv[:, k_end:].view(n, self.kv_heads, d)
+        q, k, v = self.qkv_views(qkv)
         qw, kw, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
         if sink is not None:
             q = fk.qk_norm_rope_store_kv(
@@ -88,6 +83,16 @@ class Qwen3Attention(nn.Module):
             )
             return q, None, None
         q, k = fk.qk_norm_rope(q, k, qw, kw, eps, positions, inv_freq, impl="triton")
+        return q, k, v
+
+    def qkv_views(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [N, (heads + 2 kv_heads) * D] -> q [N, heads, D], k and v [N, kv_heads, D]:
+        strided views into qkv (the kernels read them in place, no copies)."""
+        n, d = qkv.shape[0], self.head_dim
+        q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
+        q = qkv[:, :q_end].view(n, self.heads, d)
+        k = qkv[:, q_end:k_end].view(n, self.kv_heads, d)
+        v = qkv[:, k_end:].view(n, self.kv_heads, d)
         return q, k, v
 
     def attend_fused(
@@ -100,11 +105,7 @@ class Qwen3Attention(nn.Module):
         """Attention straight from the qkv projection [N, (heads + 2 kv_heads) * D], the
         backend doing the q/k RMSNorm, RoPE and K/V store (`AttentionBackend.attend_fused`: a
         decode step's kernel prologue); None where it cannot (then `split_qkv`, `attend`)."""
-        n, d = qkv.shape[0], self.head_dim
-        q_end, k_end = self.heads * d, (self.heads + self.kv_heads) * d
-        q = qkv[:, :q_end].view(n, self.heads, d)
-        k = qkv[:, q_end:k_end].view(n, self.kv_heads, d)
-        v = qkv[:, k_end:].view(n, self.kv_heads, d)
+        q, k, v = self.qkv_views(qkv)
         norms = QKNorms(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         return attn.attend_fused(self.layer, q, k, v, norms, positions, inv_freq, self.scale)
 

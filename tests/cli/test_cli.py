@@ -255,7 +255,9 @@ def test_check_config_warns_of_a_disk_under_the_floor(
     """A floor above the free space passed the check silently, and the server then refused
     every session (a trial): the check still passes (space may be freed) but says so."""
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(serve.shutil, "disk_usage", lambda p: usage(10**12, 0, 100 << 20))
+    from livemeet.gateway import disk
+
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: usage(10**12, 0, 100 << 20))
     argv = ["serve", "--data-dir", str(tmp_path / "data"), "--port", "0", "--check-config"]
     assert main(argv) == 0
     assert "has 100 MiB free, under --min-free-disk-mb 512" in caplog.text

@@ -22,7 +22,7 @@ from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
 from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
-from livemeet.gateway.live_sessions import LiveSessionHolder, LiveSessions, SessionEvent
+from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.session_tokens import captions_token_for, token_digest
 from livemeet.transcriber import Error, SessionOptions
@@ -35,6 +35,7 @@ from tests.gateway.test_live_resume import (
     read_until,
     resume_start,
 )
+from tests.gateway.test_speaker_rename import RecordingSink
 from tests.gateway.test_ws_live import START, gateway_client, wait_until
 
 RATE = 16_000
@@ -462,27 +463,6 @@ async def test_a_finalize_the_lost_engine_refused_is_made_on_the_rebuilt_session
     assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
 
 
-class StubSink:
-    """The client's socket (live_sessions.EventSink), recording the events it is handed."""
-
-    def __init__(self) -> None:
-        self.events: list[SessionEvent] = []
-
-    def attached(
-        self, holder: LiveSessionHolder, replay: list[SessionEvent], resumed: bool
-    ) -> None:
-        self.events += replay
-
-    def deliver(self, event: SessionEvent) -> None:
-        self.events.append(event)
-
-    def take_over(self) -> asyncio.Task[None]:
-        raise AssertionError("not taken over here")
-
-    def audio_durable(self) -> None:
-        pass
-
-
 async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
     tmp_path: Path, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -500,7 +480,7 @@ async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
     await fake.start()
     sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create(), None, journal, fake)
     options = SessionOptions(live=True)
-    sink = StubSink()
+    sink = RecordingSink()
     holder = sessions.open(
         await fake.open_session(options),
         PcmStreamDecoder(RATE),

@@ -164,6 +164,9 @@ class RecordingSink:
     def take_over(self) -> asyncio.Task[None]:
         raise AssertionError("not taken over here")
 
+    def audio_durable(self) -> None:
+        pass
+
 
 async def test_a_rename_after_the_final_came_is_ignored(fake: FakeTranscriber) -> None:
     """The final transcript (and its stored copy) are out: a rename that raced them changes
