@@ -37,15 +37,20 @@ class Session:
         self.lags_s: list[float] = []
 
     def append(self, total_frames: int) -> None:
+        """A frame was appended; the session then holds `total_frames` sample frames."""
         self.appended.append((total_frames, time.monotonic()))
 
     def durable(self, frames: int) -> None:
+        """The journal's on_durable: every append up to `frames` gets its ack lag (s)."""
         now = time.monotonic()
         while self.appended and self.appended[0][0] <= frames:
             self.lags_s.append(now - self.appended.popleft()[1])
 
 
 async def run(sessions: int, seconds: float, frame_s: float, root: Path) -> dict[str, Any]:
+    """`sessions` sessions appending `frame_s` s of 16-kHz mono PCM every `frame_s` s for
+    `seconds` into a LiveJournal at `root`: the report (ack lag and commit percentiles in s,
+    files per commit, fsyncs per s)."""
     commits: list[tuple[float, int]] = []
     journal = LiveJournal(root, on_commit=lambda s, n: commits.append((s, n)))
     journal.load_unfinished()
@@ -86,11 +91,13 @@ async def run(sessions: int, seconds: float, frame_s: float, root: Path) -> dict
 
 
 def percentiles(values: np.ndarray) -> dict[str, float]:
+    """p50, p95, p99 and max of `values`, rounded to 0.1 ms."""
     p50, p95, p99 = np.percentile(values, (50, 95, 99)).round(4).tolist()
     return {"p50": p50, "p95": p95, "p99": p99, "max": round(float(values.max()), 4)}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring); prints a markdown table, one row per --sessions."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sessions", type=int, nargs="+", default=[100])
     p.add_argument("--seconds", type=float, default=20.0)

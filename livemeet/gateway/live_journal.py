@@ -317,10 +317,12 @@ class LiveJournal:
 
     @property
     def db_path(self) -> Path:
+        """The SQLite database: sessions, finals, names."""
         return self.root / DB_NAME
 
     @property
     def audio_dir(self) -> Path:
+        """Where the sessions' raw PCM16 LE files are (`audio_path`)."""
         return self.root / AUDIO_DIR
 
     def audio_path(self, session_id: str) -> Path:
@@ -713,6 +715,8 @@ class _Writer:
         self.on_commit: CommitCallback | None = None
 
     def run(self) -> None:
+        """The thread's body: group commits until the stop op, then every file and the
+        connection closed."""
         try:
             while True:
                 ops = self._next_group()

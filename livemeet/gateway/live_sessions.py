@@ -225,6 +225,7 @@ class LiveSessionHolder:
 
     @property
     def captions_token(self) -> str | None:
+        """The captions token, where this process knows the resume token (`SessionTokens`)."""
         return self.tokens.captions_token
 
     def subscribe(self, subscriber: CaptionsSink, max_finals: int) -> list[SessionEvent]:

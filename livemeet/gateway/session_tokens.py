@@ -61,9 +61,11 @@ class SessionTokens:
         return captions_token_for(self.resume_token) if self.resume_token is not None else None
 
     def authorizes_resume(self, token: str) -> bool:
+        """Whether `token` is the session's resume token (constant time)."""
         return _matches(token, self.resume_sha256)
 
     def authorizes_captions(self, token: str) -> bool:
+        """Whether `token` is the session's captions token (constant time)."""
         return _matches(token, self.captions_sha256)
 
     def learned(self, resume_token: str) -> SessionTokens:
