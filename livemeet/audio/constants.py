@@ -105,10 +105,11 @@ JOURNAL_READ_CHUNK_BYTES = 1 << 20
 # (`serve --live-resume-window`; 0: no resume, a vanished client's session is aborted)
 LIVE_RESUME_WINDOW_S = 60.0
 RESUME_TOKEN_BYTES = 32  # bytes of randomness in a resume token (256 bits, secrets module)
-# s a resume waits for the session's accepted audio to reach the disk before `session.ready`
-# (its offset then acknowledges only durable audio); the journal commits every
-# JOURNAL_COMMIT_INTERVAL_S, so this is many commits (a slow disk: the resume goes on)
-LIVE_RESUME_DURABLE_WAIT_S = 1.0
+# s a live session rebuilt after its engine worker died waits for its accepted audio to reach
+# the disk, since the new backend session is fed all of it from the journal; the journal
+# commits every JOURNAL_COMMIT_INTERVAL_S, so this is many commits (a slower disk: the session
+# fails with the engine's error). A resume waits for nothing: its offset is the durable audio
+LIVE_REBUILD_DURABLE_WAIT_S = 1.0
 # s a live session whose engine worker died waits for the engine to be started again before
 # it fails: the gateway restarts a lost worker after 1 s, doubling to 30 s
 # (engine_client.py), and a model loads in seconds (the demo) to a minute (MOSS-TD, bf16)

@@ -95,6 +95,11 @@ class AudioFormat:
     channels: int
     encoding: str
 
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes per sample frame: a PCM16 sample of every channel."""
+        return self.channels * BYTES_PER_SAMPLE
+
 
 @dataclass(frozen=True)
 class StartSession:

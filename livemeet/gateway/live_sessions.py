@@ -15,10 +15,12 @@ cancelled); every holder's `end` runs at most once.
 
 Durability (DESIGN 5.9, gateway/live_journal.py): with a journal, a holder writes the client's
 audio (after the backend took it), its finals and names to disk; `num_frames_durable` is what
-the journal reported written, and only that is acknowledged. A session is finished in the
-journal once its final transcript is stored, discarded when dropped without one, and kept
-when the server stops first: `restore` rebuilds those at the next start (a new backend session
-from the stored finals, fed the stored audio), detached, for their clients to resume.
+the journal reported written, and only that is acknowledged (`audio.ack`, and a resume's
+`session.ready` offset: the client sends on from there, and frames the backend took already
+are skipped). A session is finished in the journal once its final transcript is stored,
+discarded when dropped without one, and kept when the server stops first: `restore` rebuilds
+those at the next start (a new backend session from the stored finals, fed the stored audio),
+detached, for their clients to resume.
 
 Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
 (`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
@@ -48,7 +50,7 @@ from livemeet.audio.constants import (
     LIVE_DRAIN_TIMEOUT_S,
     LIVE_ENGINE_POLL_S,
     LIVE_ENGINE_RECOVERY_S,
-    LIVE_RESUME_DURABLE_WAIT_S,
+    LIVE_REBUILD_DURABLE_WAIT_S,
     LIVE_TAKEOVER_CLOSE_S,
     MAX_NAMED_SPEAKERS,
 )
@@ -65,7 +67,6 @@ from livemeet.errors import (
 )
 from livemeet.gateway.live_journal import JournalSession, LiveJournal, RestoredSession, read_pcm
 from livemeet.gateway.live_protocol import (
-    BYTES_PER_SAMPLE,
     PCM_ENCODING,
     AudioFormat,
     ResumeRequest,
@@ -202,8 +203,11 @@ class LiveSessionHolder:
         self.lock = asyncio.Lock()
         self.num_frames_accepted = 0  # sample frames at the client's rate the backend has
         # of those, the frames the journal holds on disk (all of them without a journal):
-        # what `audio.ack` may acknowledge (DESIGN 5.9)
+        # what `audio.ack` and a resume's `session.ready` may acknowledge (DESIGN 5.9)
         self.num_frames_durable = 0
+        # the sample frame the attached client's next frame starts at, as it counts: from
+        # `session.ready`'s offset (`attach`) on; at most `num_frames_accepted` (`append`)
+        self.client_offset = 0
         self._durable_changed = asyncio.Event()
         # the last `segment.partial` rev sent (`_record`); a session rebuilt after a restart
         # starts past any rev its previous run can have sent (`LiveSessions._rebuild`)
@@ -256,27 +260,43 @@ class LiveSessionHolder:
         return replace(transcript, speaker_names=tuple(self.replay.names.items()))
 
     def attach(self, sink: EventSink, *, resumed: bool) -> None:
-        """`sink` carries the session from now on (under `lock` for a resume)."""
+        """`sink` carries the session from now on (under `lock` for a resume). Its client
+        sends on from the durable audio (`client_offset`, `session.ready`'s offset): a crash
+        after this loses nothing the client has dropped."""
         assert self.sink is None, "detach or take over first"
         self.cancel_timer()
         self.sink = sink
+        self.client_offset = self.num_frames_durable
         sink.attached(self, self.replay.snapshot() if resumed else [], resumed)
 
     async def append(self, owner: EventSink, pcm: bytes) -> None:
-        """Decode `pcm` (the client's PCM16 LE frames) and hand it to the backend session;
-        `num_frames_accepted` counts it then (in sample frames at the client's rate). An
-        append the engine's loss refused is made again once the session is rebuilt (`_pump`).
-        Raises SessionTakenOver when `owner` no longer carries the session, and as the
-        backend's `append`."""
+        """Decode `pcm` (the client's PCM16 LE frames, from `client_offset` on) and hand it
+        to the backend session; `num_frames_accepted` counts it then (in sample frames at the
+        client's rate). Frames the session holds already (a resumed client sends on from the
+        durable offset, which may be short of what the backend took) are skipped, so the
+        backend and the journal get each frame once. An append the engine's loss refused is
+        made again once the session is rebuilt (`_pump`). Raises SessionTakenOver when
+        `owner` no longer carries the session, and as the backend's `append`."""
 
         async def feed() -> None:
-            await self._feed(pcm)
-            if self.journal is None:
-                self.num_frames_durable = self.num_frames_accepted
-            elif not self.journal_closed:  # closed: it failed, its socket is told
-                self.journal.append_audio(self.id, pcm)  # after the backend took it
+            new = self._unheld(pcm)
+            if new:
+                await self._feed(new)
+                if self.journal is None:
+                    self.num_frames_durable = self.num_frames_accepted
+                elif not self.journal_closed:  # closed: it failed, its socket is told
+                    self.journal.append_audio(self.id, new)  # after the backend took it
+            self.client_offset += len(pcm) // self.audio_format.frame_bytes
 
         await self._with_session(owner, feed)
+
+    def _unheld(self, pcm: bytes) -> bytes:
+        """The part of `pcm` (the client's frames from `client_offset` on) past the frames the
+        session holds. Under `lock`."""
+        held_frames = self.num_frames_accepted - self.client_offset
+        # the client's offset starts at most at the accepted audio and follows it
+        assert held_frames >= 0, (self.num_frames_accepted, self.client_offset)
+        return pcm[held_frames * self.audio_format.frame_bytes :]
 
     async def _with_session(self, owner: EventSink, action: Callable[[], Awaitable[None]]) -> None:
         """Run `action` (it uses `self.session`) under `lock` for `owner`; where the engine's
@@ -301,7 +321,7 @@ class LiveSessionHolder:
         """Wait until the pump has put another backend session in `session`'s place (True), or
         the session ended without one (False), at most LIVE_ENGINE_RECOVERY_S and a little."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + LIVE_ENGINE_RECOVERY_S + LIVE_RESUME_DURABLE_WAIT_S
+        deadline = loop.time() + LIVE_ENGINE_RECOVERY_S + LIVE_REBUILD_DURABLE_WAIT_S
         while self.session is session:
             if self.dropped or self.replay.terminal is not None or loop.time() > deadline:
                 return False
@@ -341,8 +361,9 @@ class LiveSessionHolder:
             self.sink.audio_durable()
 
     async def wait_durable(self, timeout_s: float) -> bool:
-        """Wait, at most `timeout_s`, until every accepted frame is durable (a resume's
-        `session.ready` offset then acknowledges only audio on disk); returns whether it is."""
+        """Wait, at most `timeout_s`, until every accepted frame is durable (a rebuild after
+        the engine's loss feeds the new backend session all of them from the journal);
+        returns whether it is."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self.num_frames_durable < self.num_frames_accepted and not self.journal_closed:
@@ -702,8 +723,11 @@ class LiveSessions:
     ) -> LiveSessionHolder:
         """Attach `sink` to the session `request` names, taking it over from the socket that
         carries it, if any (that socket is sent `session_taken_over` and closed first, for at
-        most LIVE_TAKEOVER_CLOSE_S). Raises NotFound (unknown, dropped, or resume off),
-        Unauthorized (wrong token), InvalidRequest (another audio format)."""
+        most LIVE_TAKEOVER_CLOSE_S). Its `session.ready` offset is the session's durable
+        audio, not what the backend took (`attach`): nothing waits for the disk, and the
+        frames the client sends again past that offset are skipped (`append`). Raises NotFound
+        (unknown, dropped, or resume off), Unauthorized (wrong token), InvalidRequest (another
+        audio format)."""
         try:
             holder = self._find(request)
             require_same_format(holder.audio_format, audio_format)
@@ -718,19 +742,19 @@ class LiveSessions:
             if previous is not None:
                 closing = previous.take_over()
                 await asyncio.wait({closing}, timeout=LIVE_TAKEOVER_CLOSE_S)
-            if not await holder.wait_durable(LIVE_RESUME_DURABLE_WAIT_S):
-                log.warning(
-                    "live session %s resumed with %d frames not yet on disk",
-                    holder.id,
-                    holder.num_frames_accepted - holder.num_frames_durable,
-                )
             if holder.token is None:  # rebuilt after a restart: the client proved it has it
                 holder.tokens = holder.tokens.learned(request.resume_token)
             holder.attach(sink, resumed=True)
         outcome = "resumed" if previous is None else "taken_over"
         self._metrics.live_resumes.labels(outcome).inc()
         self._update_detached()
-        log.info("live session %s %s at %d frames", holder.id, outcome, holder.num_frames_accepted)
+        log.info(
+            "live session %s %s at %d frames (%d taken in, not yet on disk)",
+            holder.id,
+            outcome,
+            holder.client_offset,
+            holder.num_frames_accepted - holder.client_offset,
+        )
         return holder
 
     async def disconnect(self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool) -> bool:
@@ -883,7 +907,7 @@ class LiveSessions:
                 await asyncio.sleep(LIVE_ENGINE_POLL_S)
             if holder.dropped or self.draining:
                 return self._recovered(holder, False, "the session was dropped meanwhile")
-            if not await holder.wait_durable(LIVE_RESUME_DURABLE_WAIT_S):
+            if not await holder.wait_durable(LIVE_REBUILD_DURABLE_WAIT_S):
                 return self._recovered(holder, False, "its audio is not all on disk")
             finals = tuple(f.segment for f in holder.replay.finals)
             options = replace(holder.options, restore=LiveRestore(finals))
@@ -891,7 +915,7 @@ class LiveSessions:
                 session = await transcriber.open_session(options)
             except LivemeetError as exc:
                 return self._recovered(holder, False, f"the engine refused it ({exc.code})")
-            frame_bytes = holder.audio_format.channels * BYTES_PER_SAMPLE
+            frame_bytes = holder.audio_format.frame_bytes
             path = journal.audio_path(holder.id)
             size = holder.num_frames_accepted * frame_bytes
             try:

@@ -419,10 +419,11 @@ class LiveConnection:
     ) -> None:
         """This socket carries `holder` now: `session.ready`, then the replay, go first."""
         self.holder = holder
-        held = holder.num_frames_accepted
-        self._acks.acked = held  # session.ready's offset acknowledges those
+        # session.ready's offset (the durable audio, `LiveSessionHolder.attach`) acknowledges
+        # those frames
+        self._acks.acked = holder.client_offset
         if resumed:
-            self.protocol.resumed(held, ended=holder.ended)
+            self.protocol.resumed(holder.num_frames_accepted, ended=holder.ended)
             if holder.ended:
                 self._ended_at = asyncio.get_running_loop().time()
         self._enqueue(self._ready_frame(holder, resumed), None)
@@ -527,7 +528,7 @@ class LiveConnection:
             "resume_token": holder.token if window_s > 0 else None,
             "resume_window_s": window_s,
             "resumed": resumed,
-            "offset": holder.num_frames_accepted,
+            "offset": holder.client_offset,
             # read-only: the session's captions and transcript (docs/protocol.md, "Captions")
             "captions_token": holder.captions_token,
         }

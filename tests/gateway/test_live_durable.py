@@ -19,7 +19,7 @@ from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, InvalidRequest
 from livemeet.gateway import live_journal
 from livemeet.gateway.app import create_app
-from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.keys import CONFIG_KEY, SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
 from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
 from livemeet.gateway.live_sessions import LiveSessions
@@ -34,6 +34,7 @@ from tests.gateway.test_live_resume import (
     read_to_close,
     read_until,
     resume_start,
+    vanish,
 )
 from tests.gateway.test_speaker_rename import RecordingSink
 from tests.gateway.test_ws_live import START, gateway_client, wait_until
@@ -550,3 +551,51 @@ async def test_a_session_detached_while_its_engine_restarts_can_be_resumed(
         events = await read_to_close(ws)
     assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.0
     assert len(fake.sessions) == 2 and fake.sessions[1].log.num_samples == 2 * RATE
+
+
+async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_are_skipped(
+    client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk stalls with half a second taken in and not yet synced when the socket drops:
+    `session.ready`'s offset is the durable audio only (before, the resume waited 1 s, then
+    counted the unsynced frames too: a crash then lost audio the client had dropped). The
+    client sends on from that offset; the frames the session held already are recognised by
+    their position and skipped, so the backend and the journal get each frame once."""
+    disk = threading.Event()
+    disk.set()
+    real_sync = live_journal.os.fdatasync
+
+    def stalling_sync(fd: int) -> None:
+        disk.wait(10)
+        real_sync(fd)
+
+    monkeypatch.setattr(live_journal.os, "fdatasync", stalling_sync)
+    try:
+        ws = await client.ws_connect("/v1/live")
+        await ws.send_json(START)
+        ready = await ws.receive_json()
+        await stream_acked(ws, fake, 1.0)
+        disk.clear()
+        await ws.send_bytes(pcm16(0.5))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == 1.5 * RATE)
+        vanish(ws)
+        await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+        await ws.close()
+        async with client.ws_connect("/v1/live") as ws:
+            await ws.send_json(resume_start(ready))
+            resumed = await read_until(ws, "session.ready")
+            assert resumed[-1]["offset"] == RATE  # what is on disk, not the 1.5 s taken in
+            await ws.send_bytes(ramp_pcm(1.0, start=RATE))  # 1-2 s: its first half is held
+            await wait_until(lambda: fake.sessions[0].log.num_samples == 2 * RATE)
+            disk.set()
+            events = await read_until(ws, "audio.ack")
+            while events[-1]["type"] != "audio.ack" or events[-1]["offset"] < 2 * RATE:
+                events += await read_until(ws, "audio.ack")
+            [(_, _, frames)] = journal_rows(client.app[CONFIG_KEY].data_dir)
+            assert frames == 2 * RATE  # nothing twice in the journal either
+            await ws.send_json({"type": "end"})
+            final = (await read_to_close(ws))[-1]
+    finally:
+        disk.set()
+    assert final["type"] == "transcript.final" and final["duration"] == 2.0
+    assert fake.sessions[0].log.num_samples == 2 * RATE

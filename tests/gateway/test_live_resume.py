@@ -77,6 +77,14 @@ def metric(client: TestClient, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
+async def on_disk(client: TestClient, ready: dict[str, Any], frames: int) -> None:
+    """Until the journal holds `frames` sample frames of the session `ready` names: a resume's
+    `offset` counts only those (a client resending from it would send the rest again)."""
+    holder = client.app[SESSIONS_KEY].get(ready["session_id"])
+    assert holder is not None
+    await wait_until(lambda: holder.num_frames_durable == frames)
+
+
 async def detached_session(
     client: TestClient, fake: FakeTranscriber, seconds: float
 ) -> tuple[dict[str, Any], Frames]:
@@ -292,7 +300,7 @@ async def test_a_resume_takes_over_a_socket_that_still_looks_alive(
     await old.send_json(START)
     ready = await old.receive_json()
     await old.send_bytes(pcm16(1.0))
-    await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    await on_disk(client, ready, 16000)
     async with client.ws_connect("/v1/live") as new:
         await new.send_json(resume_start(ready))
         error = await expect_error(old, SessionTakenOver)

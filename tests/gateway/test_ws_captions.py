@@ -19,7 +19,13 @@ from livemeet.errors import NotFound, ProtocolError, QueueFull, Unauthorized
 from livemeet.gateway.keys import METRICS_KEY, SESSIONS_KEY
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber, fake_text
-from tests.gateway.test_live_resume import read_to_close, read_until, resume_start, vanish
+from tests.gateway.test_live_resume import (
+    on_disk,
+    read_to_close,
+    read_until,
+    resume_start,
+    vanish,
+)
 from tests.gateway.test_ws_live import (
     expect_error,
     gateway_client,
@@ -211,6 +217,7 @@ async def test_subscribers_stay_through_the_sessions_detach_and_resume(
     live = await client.ws_connect("/v1/live")
     ready = await start_session(live)
     await stream(live, fake, 1.0)
+    await on_disk(client, ready, 16000)  # the resume sends on from there
     ws = await subscribe(client, ready)
     vanish(live)
     await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
