@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from aiohttp import WebSocketError, WSCloseCode, WSMessage, WSMsgType, hdrs, web
@@ -200,6 +200,8 @@ class LiveConnection:
         self._error: LivemeetError | None = None  # what `fail` sent
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
+        # a message read while a resume waited (`_while_reading`): `_receive` returns it next
+        self._held_message: WSMessage | None = None
         self._opened_at = self._last_message_at
         self._pacer = AudioPacer(
             self._last_message_at, max_speed=app[CONFIG_KEY].gateway.live_max_speed
@@ -257,6 +259,9 @@ class LiveConnection:
         would hold its session forever. Raises ClientTimeout (idle, or no `start` in time) and
         EngineUnavailable (no final in time); an idle session with audio is ended instead, its
         error held for after the final (`_end_for`)."""
+        if self._held_message is not None:
+            msg, self._held_message = self._held_message, None
+            return msg
         while True:
             ended_at = self._ended_at
             deadline, limit = self._next_deadline()
@@ -500,7 +505,7 @@ class LiveConnection:
         sessions = self.app[SESSIONS_KEY]
         if start.resume is not None:
             self._resume_id = start.resume.session_id
-            await sessions.resume(start.resume, start.audio_format, self)
+            await self._while_reading(sessions.resume(start.resume, start.audio_format, self))
         else:
             self.app[DISK_KEY].check("live sessions")  # not one that fails on a full disk
             options = SessionOptions(
@@ -515,6 +520,28 @@ class LiveConnection:
             sessions.open(session, decoder, start.audio_format, self, options)
         self._forwarder = asyncio.create_task(self._forward())
         self._set_state("ending" if self.protocol.state is State.ENDING else "streaming")
+
+    async def _while_reading(self, waiting: Awaitable[object]) -> None:
+        """Await `waiting` (a resume: while the engine worker is started again, its session
+        waits to be rebuilt, up to LIVE_ENGINE_RECOVERY_S) while reading the socket, since
+        aiohttp answers the client's pings only inside `receive`: unanswered, a client's
+        WebSocket library drops the connection (websockets, `livemeet stream`'s: 20 s after
+        a ping, every 20 s), and the client loses the session it was resuming. A resuming
+        client sends nothing before `session.ready` (it needs its offset), so the first
+        message read meanwhile (a keepalive, a close) is held for the receive loop, and
+        reading stops there. The idle timeout starts again once `waiting` is done: the wait
+        was the server's, not the client's."""
+        waited = asyncio.ensure_future(waiting)
+        reading = asyncio.ensure_future(self.ws.receive())
+        try:
+            await asyncio.wait({waited, reading}, return_when=asyncio.FIRST_COMPLETED)
+            await waited
+        except asyncio.CancelledError:
+            waited.cancel()
+            raise
+        finally:
+            self._held_message = await _stop_reading(reading)
+        self._last_message_at = asyncio.get_running_loop().time()
 
     def _ready_frame(self, holder: LiveSessionHolder, resumed: bool) -> dict[str, Any]:
         info = self.app[TRANSCRIBER_KEY].info
@@ -632,6 +659,15 @@ class LiveConnection:
         if state is not None:
             self._metrics.sessions.labels("live", state).inc()
             self._state_label = state
+
+
+async def _stop_reading(reading: asyncio.Future[WSMessage]) -> WSMessage | None:
+    """Cancel a socket's `receive` and wait until it has stopped (aiohttp refuses a second
+    `receive` while one runs); the message it had read, if it was done first. A cancelled
+    `receive` leaves an unread message queued for the next one."""
+    reading.cancel()
+    await asyncio.wait({reading})
+    return None if reading.cancelled() else reading.result()
 
 
 def check_browser_origin(request: web.Request, what: str) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient
 
 from livemeet.audio.pcm import PcmStreamDecoder
@@ -599,3 +600,33 @@ async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_ar
         disk.set()
     assert final["type"] == "transcript.final" and final["duration"] == 2.0
     assert fake.sessions[0].log.num_samples == 2 * RATE
+
+
+async def test_a_resume_waiting_for_its_rebuilt_session_answers_pings(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """A resume that comes while the engine worker restarts waits for its session to be
+    rebuilt (a model loads in seconds to a minute); meanwhile its socket is read, so the
+    client's pings are answered (before, nothing read it: `livemeet stream`'s websockets
+    library, pinging every 20 s, dropped the connection after ~40 s, 1006), and the idle
+    timeout, which the wait outlasts here, starts again once the session is back (before, it
+    had run out, and the session was ended the moment it was resumed)."""
+    client = await gateway_client(aiohttp_client, server_config, fake, idle_timeout_s=0.5)
+    ready, _ = await detached_session(client, fake, 2.0)
+    fake._ready = False  # the worker died: restarting
+    fake.sessions[0].fail(EngineUnavailable("the engine failed: exited with code -9"))
+    async with client.ws_connect("/v1/live", autoping=False) as ws:
+        await ws.send_json(resume_start(ready))
+        for _ in range(3):  # 0.9 s: past the idle timeout
+            await asyncio.sleep(0.3)
+            await ws.ping(b"still there?")
+            pong = await asyncio.wait_for(ws.receive(), 1)
+            assert pong.type is WSMsgType.PONG and pong.data == b"still there?"
+        fake._ready = True
+        resumed = await asyncio.wait_for(ws.receive_json(), 5)
+        assert resumed["type"] == "session.ready" and resumed["offset"] == 2 * RATE
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await read_to_close(ws)
+    assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.5
