@@ -18,9 +18,9 @@ audio (after the backend took it), its finals and names to disk; `num_frames_dur
 the journal reported written, and only that is acknowledged (`audio.ack`, and a resume's
 `session.ready` offset: the client sends on from there, and frames the backend took already
 are skipped). A session is finished in the journal once its final transcript is stored,
-discarded when dropped without one, and kept when the server stops first: `restore` rebuilds
-those at the next start (a new backend session from the stored finals, fed the stored audio),
-detached, for their clients to resume.
+discarded when it fails or is dropped without one, and kept when the server stops first:
+`restore` rebuilds those at the next start (a new backend session from the stored finals, fed
+the stored audio), detached, for their clients to resume.
 
 Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
 (`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
@@ -868,7 +868,10 @@ class LiveSessions:
 
     def _on_terminal(self, holder: LiveSessionHolder) -> None:
         """The pump saw the terminal event: a final transcript is stored (it outlives the
-        session); a detached session keeps the event for one window."""
+        session); a failed session (an error, which its client is sent) is discarded from the
+        journal at once, as a storage failure's is: kept until its drop, a shutdown within the
+        detach window kept it, and the next start rebuilt a session its client was told had
+        failed. A detached session keeps the event for one window."""
         if isinstance(holder.replay.terminal, TranscriptFinal):
             if self._store is None:
                 holder.close_journal(finished=True)
@@ -879,6 +882,8 @@ class LiveSessions:
                 # the journal lets go of the session (its audio file included) only once its
                 # transcript is on disk: a crash in between rebuilds it at the next start
                 written.add_done_callback(functools.partial(self._transcript_written, holder))
+        else:
+            holder.close_journal(finished=False)
         if holder.sink is None and not holder.dropped:
             self._arm(holder)
 

@@ -630,3 +630,26 @@ async def test_a_resume_waiting_for_its_rebuilt_session_answers_pings(
         events = await read_to_close(ws)
     assert not [e for e in events if e["type"] == "error"] and ws.close_code == 1000
     assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 2.5
+
+
+async def test_a_failed_session_is_not_rebuilt_after_a_shutdown_within_its_window(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """A detached session fails with the engine's error (gone for good); the server shuts
+    down within its detach window. Nothing of it is left in the journal, and the next start
+    rebuilds nothing (before, the shutdown kept it, as it keeps unfinished sessions, and the
+    next start rebuilt a session its client had been told had failed)."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    ready, _ = await detached_session(client, fake, 2.0)
+    holder = client.app[SESSIONS_KEY].get(ready["session_id"])
+    fake.gone_for_good = True
+    fake._ready = False
+    fake.sessions[0].fail(EngineUnavailable("the engine failed: exited with code -9"))
+    await wait_until(lambda: holder.replay.terminal is not None)
+    assert isinstance(holder.replay.terminal, Error)
+    await client.close()  # the shutdown: well within the 60-s window
+    assert journal_rows(server_config.data_dir) == []
+    assert not list((server_config.data_dir / "live" / "audio").iterdir())
+    again = FakeTranscriber()
+    client = await aiohttp_client(create_app(server_config, again))
+    assert len(client.app[SESSIONS_KEY]) == 0 and not again.sessions
