@@ -640,10 +640,13 @@ class LiveSessions:
         resends from the durable offset), else it is ended and its transcript stored. Returns
         how many were rebuilt; one that cannot be (its backend refuses it) is logged and
         discarded, one the engine could not take now (EngineUnavailable) is left for the
-        next start."""
+        next start, and one whose transcript is stored already is finished
+        (`_finished_before`)."""
         assert self._journal is not None, "restore needs the journal"
         rebuilt = 0
         for stored in restored:
+            if await self._finished_before(stored):
+                continue
             try:
                 await self._rebuild(stored, open_session, hop_s)
             except EngineUnavailable as exc:
@@ -657,6 +660,37 @@ class LiveSessions:
                 continue
             rebuilt += 1
         return rebuilt
+
+    async def _finished_before(self, stored: RestoredSession) -> bool:
+        """Whether the store holds `stored`'s final transcript already: the last run finished
+        the session, and only dropping it from the journal failed (the transaction failed, or
+        the process died between the two). It is then finished in the journal (its rows and
+        audio go) rather than rebuilt, its transcript stored a second time. The same session,
+        not merely the same id (a backend may reuse ids across runs): the stored transcript's
+        token digest is the journal's."""
+        assert self._journal is not None
+        meta = stored.meta
+        if self._store is None:
+            return False
+        try:
+            kept = await self._store.get_live(meta.session_id)
+        except NotFound:
+            return False
+        except (OSError, ValueError, KeyError) as exc:  # unreadable: rebuilt, stored anew
+            log.warning(
+                "live session %s: its stored transcript is unreadable: %s", meta.session_id, exc
+            )
+            return False
+        if kept.access_sha256 != meta.captions_token_sha256:
+            return False
+        self._journal.adopt(stored, lambda _: None, lambda _: None)
+        self._journal.finish(meta.session_id)
+        log.warning(
+            "live session %s: its transcript was stored before the restart, its end in the "
+            "journal was not: finished now, not rebuilt",
+            meta.session_id,
+        )
+        return True
 
     async def _rebuild(
         self,

@@ -653,3 +653,43 @@ async def test_a_failed_session_is_not_rebuilt_after_a_shutdown_within_its_windo
     again = FakeTranscriber()
     client = await aiohttp_client(create_app(server_config, again))
     assert len(client.app[SESSIONS_KEY]) == 0 and not again.sessions
+
+
+async def test_a_finished_session_whose_journal_delete_failed_is_not_rebuilt(
+    aiohttp_client: ClientFactory,
+    fake: FakeTranscriber,
+    server_config: ServerConfig,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The transaction that drops a finished session's rows fails (a full disk; here a
+    trigger): its transcript is stored already, so the next start finishes it in the journal,
+    rows and audio, instead of rebuilding it and storing its transcript a second time."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    db = server_config.data_dir / "live" / live_journal.DB_NAME
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TRIGGER full_disk BEFORE DELETE ON sessions "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        ready = await ws.receive_json()
+        await stream_acked(ws, fake, 2.0)
+        await ws.send_json({"type": "end"})
+        assert (await read_to_close(ws))[-1]["type"] == "transcript.final"
+    await client.app[STORE_KEY].flush()
+    await wait_until(lambda: "a commit failed" in caplog.text)
+    path = f"/v1/sessions/{ready['session_id']}/transcript"
+    params = {"token": ready["captions_token"]}
+    stored = await (await client.get(path, params=params)).json()
+    await client.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TRIGGER full_disk")  # the space is back
+    assert journal_rows(server_config.data_dir) == [(ready["session_id"], 1, 2 * RATE)]
+
+    again = FakeTranscriber()
+    client = await aiohttp_client(create_app(server_config, again))
+    assert len(client.app[SESSIONS_KEY]) == 0 and not again.sessions
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])
+    await wait_until(lambda: not list((server_config.data_dir / "live" / "audio").iterdir()))
+    assert await (await client.get(path, params=params)).json() == stored
