@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -182,4 +182,16 @@ class Transcriber(Protocol):
 
     async def open_session(self, options: SessionOptions) -> TranscriberSession:
         """Open a session. Raises QueueFull at capacity, EngineUnavailable when not ready."""
+        ...
+
+
+@runtime_checkable
+class RestartingTranscriber(Protocol):
+    """A transcriber that starts its engine again after losing it (EngineClient), and knows
+    when it tries next: what a refusal meanwhile tells a client to wait (HTTP Retry-After)."""
+
+    @property
+    def restart_in_s(self) -> float | None:
+        """s until the next attempt to start the engine (0 while one is under way); None when
+        no restart is under way."""
         ...

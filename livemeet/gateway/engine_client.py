@@ -266,6 +266,7 @@ class EngineClient:
         self._generation = 0  # of the current worker; its reader tags what it posts with it
         self._restart_task: asyncio.Task[None] | None = None
         self._restart_attempts: deque[float] = deque()  # monotonic s of each attempt
+        self._next_start_at: float | None = None  # monotonic s the restart's next launch is due
         self._lost_generation = 0  # the generation of the worker last lost
         self._failed = False
         self.num_restarts = 0  # workers started again after one was lost
@@ -286,6 +287,17 @@ class EngineClient:
     def failed(self) -> bool:
         """True once a lost worker could not be started again (module docstring)."""
         return self._failed
+
+    @property
+    def restart_in_s(self) -> float | None:
+        """s until the next attempt to start a lost worker (0 while one starts or is about to:
+        a model load takes what it takes); None when no restart is under way (ready, closed,
+        or given up). What a refusal meanwhile tells a client to wait (Retry-After)."""
+        if self._restart_task is None:
+            return None
+        if self._next_start_at is None:
+            return 0.0
+        return max(0.0, self._next_start_at - time.monotonic())
 
     @property
     def num_sessions(self) -> int:
@@ -425,6 +437,7 @@ class EngineClient:
                 )
                 attempts.append(now)
                 log.warning("engine: starting a new worker in %.0f s", delay_s)
+                self._next_start_at = now + delay_s
                 await asyncio.sleep(delay_s)
                 try:
                     await self._launch()
@@ -449,6 +462,7 @@ class EngineClient:
             raise
         finally:
             self._restart_task = None
+            self._next_start_at = None
 
     def _give_up(self, why: str) -> None:
         self._failed = True
@@ -474,7 +488,7 @@ class EngineClient:
         if options.restore is not None and not options.live:
             raise InvalidRequest("restore is for live sessions: an upload has no finals to restore")
         if not self._ready:
-            raise EngineUnavailable("the engine is not ready")
+            raise self._unavailable("the engine is not ready")
         if len(self._sessions) >= self.max_sessions:
             raise QueueFull(
                 f"all {self.max_sessions} session slots are in use (--max-sessions); retry later"
@@ -486,9 +500,14 @@ class EngineClient:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _unavailable(self, message: str) -> EngineUnavailable:
+        """The error for a request the engine cannot take now: retry once the restart under
+        way may have a worker (`restart_in_s`), where one is."""
+        return EngineUnavailable(message, retry_after_s=self.restart_in_s)
+
     def _send(self, cmd: Command) -> None:
         if not self._ready:
-            raise EngineUnavailable("the engine is not available")
+            raise self._unavailable("the engine is not available")
         self._send_incoming_uploads()
         self._inbox.put_nowait(cmd)
 
@@ -503,7 +522,7 @@ class EngineClient:
             and shared_audio_supported()
         ):
             if not self._ready:
-                raise EngineUnavailable("the engine is not available")
+                raise self._unavailable("the engine is not available")
             block = await _write_block(samples)
             if block is None:  # no room: the pipe, unless the session closed meanwhile
                 session._check_open("append")

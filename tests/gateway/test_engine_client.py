@@ -13,7 +13,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from multiprocessing import resource_tracker
 from pathlib import Path
 
@@ -262,6 +262,30 @@ async def test_restarts_give_up_and_report_failed(
         assert len(loads) == 1 + 2  # the first worker, then two attempts
         with pytest.raises(EngineUnavailable):
             await client.open_session(SessionOptions())
+
+
+async def test_while_a_worker_restarts_its_refusals_say_when_it_is_tried_next(
+    monkeypatch: pytest.MonkeyPatch, crashing_backend: None
+) -> None:
+    """A request refused while a lost worker waits for its restart carries the time until
+    the next attempt (its HTTP Retry-After), not the 1 s default: the backoff doubles to 30 s."""
+    monkeypatch.setattr(engine_client, "ENGINE_RESTART_DELAY_S", 5.0)
+    async with running(crashing()) as client:
+        assert client.restart_in_s is None
+        await crash_at_once(client)
+        await wait_until_true(lambda: client.restart_in_s is not None and client.restart_in_s > 0)
+        assert client.restart_in_s is not None and 3.0 < client.restart_in_s <= 5.0
+        with pytest.raises(EngineUnavailable) as refused:
+            await client.open_session(SessionOptions())
+        assert refused.value.retry_after_s is not None
+        assert 3.0 < refused.value.retry_after_s <= 5.0
+
+
+async def wait_until_true(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
 
 
 def crashing() -> ModelConfig:

@@ -390,6 +390,28 @@ async def test_not_ready_is_503(aiohttp_client: ClientFactory, server_config: Se
     assert ready.status == 503
 
 
+class RestartingFake(FakeTranscriber):
+    """A backend whose engine worker was lost: its next start is 12.3 s away (the restart's
+    backoff doubles up to 30 s)."""
+
+    restart_in_s = 12.3
+
+
+async def test_while_the_engine_restarts_retry_after_is_the_time_to_its_next_start(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    """Retry-After said 1 whatever the restart's backoff: a client obeying it retried up to
+    30 times for nothing. It is the time until the next attempt, rounded up."""
+    fake = RestartingFake(start_ready=False)
+    client = await aiohttp_client(create_app(server_config, fake))
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    await assert_error(resp, EngineUnavailable)
+    assert resp.headers["Retry-After"] == "13"
+    fake.restart_in_s = 0.0  # a new worker is loading: its time is not known
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    assert resp.status == 503 and resp.headers["Retry-After"] == "1"
+
+
 async def test_unknown_transcription_and_route(client: TestClient) -> None:
     await assert_error(await client.get("/v1/transcriptions/tr_" + "0" * 32), NotFound)
     await assert_error(await client.get("/v1/transcriptions/..%2Fetc"), NotFound)
