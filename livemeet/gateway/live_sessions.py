@@ -348,9 +348,24 @@ class LiveSessionHolder:
         frames from the session's start, in order) before any socket attaches; all of it is
         durable already. Raises as the backend's `append`."""
         async with self.lock:
-            async for pcm in chunks:
-                await self._feed(pcm)
+            await self._feed_stored(chunks)
             self.num_frames_durable = self.num_frames_accepted
+
+    async def _feed_stored(self, audio: AsyncIterator[bytes]) -> None:
+        """Feed the backend session the session's stored audio (`audio`: the client's PCM16 LE
+        frames from the session's start, in order, read back from the journal) through a
+        fresh PCM decoder (`_feed`); `num_frames_accepted` counts it as it goes, and is left
+        as it was where this fails (the audio a next rebuild feeds again). Under `lock`.
+        Raises as the backend's `append` and as reading `audio`."""
+        fmt = self.audio_format
+        self.decoder = PcmStreamDecoder(fmt.sample_rate, fmt.channels, fmt.encoding)
+        accepted = self.num_frames_accepted
+        try:
+            async for pcm in audio:
+                await self._feed(pcm)
+        except BaseException:
+            self.num_frames_accepted = accepted
+            raise
 
     def durable(self, frames: int) -> None:
         """The journal holds `frames` sample frames of the session on disk (its writer's
@@ -515,15 +530,8 @@ class LiveSessionHolder:
         old, self.session = self.session, session
         with contextlib.suppress(LivemeetError):
             await old.abort()
-        fmt = self.audio_format
-        self.decoder = PcmStreamDecoder(fmt.sample_rate, fmt.channels, fmt.encoding)
         accepted = self.num_frames_accepted
-        try:
-            async for pcm in audio:
-                await self._feed(pcm)
-        except BaseException:
-            self.num_frames_accepted = accepted  # the audio a next rebuild feeds again
-            raise
+        await self._feed_stored(audio)
         if self.num_frames_accepted != accepted:
             raise InternalError(
                 f"live session {self.id}: {self.num_frames_accepted} frames fed again, "
