@@ -58,7 +58,7 @@ SCHEMA_VERSION = 1  # PRAGMA user_version of the journals this code writes and r
 DB_NAME = "sessions.sqlite3"
 AUDIO_DIR = "audio"
 AUDIO_SUFFIX = ".s16le"
-LOCK_NAME = "lock"  # flock'd by the journal's server while it runs
+LOCK_NAME = "lock"  # flock'd by the journal's server while it runs; holds its pid
 
 _SCHEMA = """
 CREATE TABLE sessions (
@@ -184,15 +184,31 @@ def journal_in_use(root: Path) -> bool:
 
 
 def _take_lock(path: Path) -> io.BufferedRandom | None:
-    """`path` opened and exclusively flock'ed (without waiting), or None where another open
-    file holds the lock. The lock lasts until the file is closed or the process dies."""
+    """`path` opened and exclusively flock'ed (without waiting), this process's pid written in
+    it (`_lock_holder`), or None where another open file holds the lock. The lock lasts until
+    the file is closed or the process dies."""
     f = open(path, "a+b")  # noqa: SIM115  (the caller closes it)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         f.close()
         return None
+    try:
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n".encode())
+        f.flush()
+    except OSError as exc:  # a full disk: the lock holds all the same, only unnamed
+        log.warning("live journal: the lock file %s does not name its holder: %s", path, exc)
     return f
+
+
+def _lock_holder(path: Path) -> int | None:
+    """The pid the lock file at `path` names (its holder wrote it on taking the lock), or None
+    where it names none (written by a livemeet before this, or being written now)."""
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def audio_name(session_id: str) -> str:
@@ -489,11 +505,14 @@ class LiveJournal:
         rebuilding and appending to the first one's sessions. Raises ConfigError."""
         if self._lock_file is not None:
             return
-        self._lock_file = _take_lock(self.root / LOCK_NAME)
+        path = self.root / LOCK_NAME
+        self._lock_file = _take_lock(path)
         if self._lock_file is None:
+            pid = _lock_holder(path)
+            which = "" if pid is None else f"pid {pid}; "
             raise ConfigError(
                 f"live journal {self.root} is in use by another livemeet server "
-                "(one server per --data-dir)"
+                f"({which}one server per --data-dir)"
             )
 
     def _new_handle(

@@ -498,6 +498,36 @@ async def test_a_second_server_on_the_same_journal_is_refused(root: Path) -> Non
     await second.close()
 
 
+def test_the_refusal_names_the_server_holding_the_journal(root: Path) -> None:
+    """The holder's pid goes into the lock file as it takes the lock, so a second server's
+    refusal says which process to stop (before, only "another livemeet server")."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THE_JOURNAL, str(root)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(ConfigError, match=rf"another livemeet server \(pid {holder.pid};"):
+            LiveJournal(root).load_unfinished()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert LiveJournal(root).load_unfinished() == []  # its death let the lock go
+
+
+HOLD_THE_JOURNAL = """
+import sys, time
+from pathlib import Path
+from livemeet.gateway.live_journal import LiveJournal
+journal = LiveJournal(Path(sys.argv[1]))
+journal.load_unfinished()  # takes the lock, held while `journal` lives
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
 async def test_misuse_raises_internal_error(root: Path) -> None:
     journal = started(root)
     with pytest.raises(InternalError):
