@@ -25,7 +25,8 @@ close the server sends) ends it.
 Ctrl-C stops sending, sends `end` and still waits for the final transcript of what was sent
 (the server drops the session of a client that just leaves, and its transcript with it); a
 second Ctrl-C quits at once. Exit status: 0 for a final covering the whole file, 1 for no final
-or one that covers part of it (it says from which second to resend), 2 when it could not run,
+or one that covers part of it (it says from which second to resend), 2 when it could not run
+(no server to connect to, or one that refused to start the session: not ready, at capacity),
 130 after Ctrl-C. A session lost to the network (no resume: the server has resume off, refused
 it, or the window passed) exits 1.
 """
@@ -156,6 +157,14 @@ class StreamResult:
     @property
     def error(self) -> dict[str, Any] | None:
         return next((e for e in self.events if e["type"] == "error"), None)
+
+    @property
+    def refusal(self) -> dict[str, Any] | None:
+        """The server's `error` when it refused to start the session (none came before any
+        `session.ready`: not ready, at capacity, a low disk, a field it refuses), else None."""
+        if any(e["type"] == "session.ready" for e in self.events):
+            return None
+        return self.error
 
     def shortfall(self, file_s: float) -> str | None:
         """Why the final transcript does not cover all `file_s` seconds of the file, or None:
@@ -790,6 +799,13 @@ def report(result: StreamResult, path: Path) -> int:
     if result.failure is not None:
         print(f"error: {result.failure}", file=sys.stderr)
         return failed
+    if (refusal := result.refusal) is not None and not result.interrupted:
+        print(
+            f"error: the server refused the session: {refusal['code']}: {refusal['message']} "
+            f"(close code {result.close_code})",
+            file=sys.stderr,
+        )
+        return 2  # it could not run, as when there is no server to connect to (README)
     if result.final is None:
         # a drop here had no session to resume: the server keeps none, or it was not ready
         dropped = ": the connection dropped" if resumable_close(result.close_code) else ""

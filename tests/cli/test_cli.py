@@ -27,7 +27,7 @@ from aiohttp.test_utils import TestClient
 from livemeet.__main__ import build_parser, main
 from livemeet.audio.constants import LIVE_HOP_S
 from livemeet.cli import serve, stream, transcribe
-from livemeet.errors import BadAudio, ConfigError, InvalidRequest
+from livemeet.errors import BadAudio, ConfigError, InvalidRequest, QueueFull
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcript.formats import ResponseFormat
 from tests.audio.conftest import EncodedClip, encoded_clips, speech  # noqa: F401  (fixtures)
@@ -829,6 +829,24 @@ async def test_stream_to_a_server_url_without_a_path(client: TestClient) -> None
         await stream.stream_samples(stream.live_url(root + "/"), samples, speed=100.0)
     assert stream.wrong_path_hint(root + "/").endswith(f"did you mean {root}/v1/live?")
     assert "livemeet server's /v1/live?" in stream.wrong_path_hint(root + "/v1/live")
+
+
+async def test_stream_refused_by_the_server_could_not_run_and_exits_2(
+    client: TestClient,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A server that refuses to start the session (at capacity here; not ready, a low disk)
+    answers `start` with an error: `stream` could not run, exit 2 as the README has it for
+    no server to connect to (it exited 1, the code for work that ran and fell short)."""
+    fake.open_error = QueueFull("all 1 session slots are in use (--max-sessions); retry later")
+    url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
+    result = await stream.stream_samples(url, np.zeros(8_000, np.float32), speed=100.0)
+    assert result.final is None and result.close_code == 4429
+    assert stream.report(result, tmp_path / "unused.wav") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the server refused the session: queue_full: all 1 session")
 
 
 def test_captions_links_of_a_new_session_on_the_server_of_the_live_url() -> None:
