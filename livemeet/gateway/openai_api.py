@@ -129,7 +129,7 @@ async def get_transcription(request: web.Request) -> web.Response:
     return _render(transcript, fmt, transcript.language)
 
 
-def not_ready(transcriber: Transcriber) -> EngineUnavailable:
+def _not_ready(transcriber: Transcriber) -> EngineUnavailable:
     """The refusal of an upload while the backend is not ready (or the server drains): its
     Retry-After is the time until the engine's next restart attempt where one is under way
     (up to ENGINE_RESTART_MAX_DELAY_S), else the default 1 s."""
@@ -147,7 +147,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     is never counted on both sides. Released on every error path too."""
     app = request.app
     if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
-        raise not_ready(app[TRANSCRIBER_KEY])
+        raise _not_ready(app[TRANSCRIBER_KEY])
     app[DISK_KEY].check("uploads")  # an upload spills to the data dir and stores its transcript
     started = time.monotonic()
     phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
