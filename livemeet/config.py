@@ -255,6 +255,9 @@ class GatewayConfig:
     min_free_disk_mb: float = MIN_FREE_DISK_MB
     # days stored transcripts (uploads' and live sessions') are kept (0: forever)
     retention_days: float = 0.0
+    # after a live session's transcript.final, re-decode the whole meeting offline and send it
+    # as transcript.revised (DESIGN 5.7), where the backend can (MOSS-TD); `serve --no-revise`
+    revise: bool = True
 
     def validate(self) -> None:
         if self.max_upload_bytes <= 0:

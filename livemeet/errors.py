@@ -179,6 +179,16 @@ class StorageFailed(LivemeetError):
     retryable = True
 
 
+class RevisionFailed(LivemeetError):
+    """A live session's revision (`transcript.revised`, DESIGN 5.7) did not come: the re-decode
+    failed, was cancelled (shutdown) or ran out of time. The session itself succeeded: its
+    `transcript.final` stands, so the socket closes normally (1000) after this error."""
+
+    code = "revision_failed"
+    http_status = 500
+    close_code = 1000
+
+
 ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     InternalError,
     ConfigError,
@@ -197,6 +207,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     QueueFull,
     EngineUnavailable,
     StorageFailed,
+    RevisionFailed,
 )
 
 

@@ -4,8 +4,17 @@ DESIGN.md section 3. A backend (MOSS-TD engine, demo, scripted) implements `Tran
 gateway uses nothing else. An upload is a session that receives all its audio, then `end()`.
 
 Events are frozen dataclasses; segments cross the boundary, never tokens. Every session's event
-stream ends with exactly one terminal event: `TranscriptFinal` (after `end()`), or `Error`, or
-nothing after `abort()` (the stream simply stops).
+stream ends with exactly one terminal event (`is_terminal`): `TranscriptFinal` (after `end()`),
+or `Error`, or nothing after `abort()` (the stream simply stops).
+
+Revision (DESIGN 5.7): a live session opened with `SessionOptions.revise` on a backend whose
+`BackendInfo.revise` is True re-decodes the whole meeting offline after its final. Its
+`TranscriptFinal` then says `revision=True` and is not terminal: exactly one more event
+follows, the terminal one: `TranscriptRevised` (the re-decode, in session labels, superseding
+every final), or `Error` when the re-decode failed. That `Error` fails only the revision: the
+final stands (the gateway sends it as `revision_failed` and closes normally). `abort()` after
+the final cancels the revision and frees what it holds (its KV). A session with no audio, or a
+backend without revision, sends `TranscriptFinal` with `revision=False`, terminal as before.
 """
 
 from __future__ import annotations
@@ -59,6 +68,9 @@ class SessionOptions:
     `restore` re-opens a live session after a restart from its stored finals (`LiveRestore`);
     a backend's `open` raises InvalidRequest for it on an upload (`live` False), or for finals
     that `LiveRestore` refuses (checked again there: unpickling skips its check).
+    `revise`: after a live session's final, re-decode the whole meeting offline and send it as
+    `TranscriptRevised` (module docstring); ignored by a backend without `BackendInfo.revise`
+    and for uploads (an upload's decode is offline already).
     """
 
     sample_rate: int = SAMPLE_RATE
@@ -69,16 +81,19 @@ class SessionOptions:
     hop_s: float = LIVE_HOP_S
     max_new_tokens: int | None = None
     restore: LiveRestore | None = None
+    revise: bool = False
 
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """A backend: its registered name, the model id it serves, and whether it is the demo."""
+    """A backend: its registered name, the model id it serves, whether it is the demo, and
+    whether it can revise a live session's transcript after its final (`SessionOptions.revise`)."""
 
     name: str
     model_id: str
     demo: bool = False
     diarization: bool = True
+    revise: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,25 +124,32 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class TranscriptFinal:
-    """The whole transcript after `end()`: committed segments plus the decoded tail."""
+    """The whole transcript after `end()`: committed segments plus the decoded tail.
+    `revision`: a `TranscriptRevised` (or an `Error`: the revision failed) follows; this event
+    is then not terminal (module docstring)."""
 
     segments: tuple[Segment, ...]
     finish_reason: FinishReason
     coverage: float  # fraction of the audio duration covered by segments, in [0, 1]
     duration_s: float
+    revision: bool = False
 
 
 @dataclass(frozen=True)
 class TranscriptRevised:
-    """An offline-quality re-decode of the whole meeting that replaces earlier finals."""
+    """An offline-quality re-decode of the whole meeting that replaces earlier finals: final
+    segments in session labels (a speaker the session never had gets a label it never used),
+    with ids no final of the session has. Terminal."""
 
     segments: tuple[Segment, ...]
-    supersedes: tuple[str, ...]  # ids of the replaced segments
+    supersedes: tuple[str, ...]  # ids of the replaced segments: every final of the session
+    finish_reason: FinishReason = FinishReason.STOP
 
 
 @dataclass(frozen=True)
 class Error:
-    """A failure of this session. Terminal: nothing follows it."""
+    """A failure of this session (after a `TranscriptFinal` with `revision`: of its revision
+    only). Terminal: nothing follows it."""
 
     code: str
     message: str
@@ -135,7 +157,14 @@ class Error:
 
 
 Event = SegmentPartial | SegmentFinal | TextDelta | TranscriptFinal | TranscriptRevised | Error
-TERMINAL_EVENTS = (TranscriptFinal, Error)
+
+
+def is_terminal(event: object) -> bool:
+    """Whether `event` ends its session's stream: an `Error`, a `TranscriptRevised`, or a
+    `TranscriptFinal` with no revision to follow."""
+    if isinstance(event, TranscriptFinal):
+        return not event.revision
+    return isinstance(event, TranscriptRevised | Error)
 
 
 class TranscriberSession(Protocol):
@@ -151,10 +180,12 @@ class TranscriberSession(Protocol):
         """Commit everything heard so far; the session stays open."""
 
     async def end(self) -> None:
-        """No more audio: produce `TranscriptFinal` (and later maybe `TranscriptRevised`)."""
+        """No more audio: produce `TranscriptFinal` (then `TranscriptRevised`, or an `Error`
+        for the revision, where the final says `revision`)."""
 
     async def abort(self) -> None:
-        """Free everything now. Idempotent. The event stream stops."""
+        """Free everything now (after the final: cancels the revision). Idempotent. The event
+        stream stops."""
 
     def events(self) -> AsyncIterator[Event]:
         """The session's events in order; ends after the terminal event or an abort."""

@@ -104,6 +104,11 @@ JOURNAL_READ_CHUNK_BYTES = 1 << 20
 # s a live session whose socket went away waits for a resume before it is ended as by `end`
 # (`serve --live-resume-window`; 0: no resume, a vanished client's session is aborted)
 LIVE_RESUME_WINDOW_S = 60.0
+# s a live session waits for its revision (transcript.revised, DESIGN 5.7) after its final
+# before it closes without one: a revision is an upload of the whole meeting at upload
+# priority (a 90-minute one decodes in about a minute on an idle GPU, far longer behind
+# uploads or on a CPU); bounds a revision that never comes
+LIVE_REVISE_TIMEOUT_S = 600.0
 RESUME_TOKEN_BYTES = 32  # bytes of randomness in a resume token (256 bits, secrets module)
 # s a live session rebuilt after its engine worker died waits for its accepted audio to reach
 # the disk, since the new backend session is fed all of it from the journal; the journal

@@ -32,6 +32,17 @@ final, mapped and committed there. A live session re-opened after a restart
 (`SessionOptions.restore`, DESIGN 5.9) starts its `LiveSession` from the stored finals, so its
 first hop forces them as the committed transcript, and prefills all the audio sent again.
 
+Revision (DESIGN 5.7, `SessionOptions.revise`): a live session's `TranscriptFinal` says
+`revision`, and the session becomes an upload of the whole meeting (`_start_revision`): one
+UPLOAD request (upload priority and preemption: it never delays a live hop) over header, all
+the audio and suffix, no forced transcript, decoded freely (greedy), whose first prompt tokens
+fork the KV of the session's last hop (its stable prefix, as a next hop would: only the rest
+is prefilled again); the session's encoder-window holds stay until it ends. It is continued
+as an upload is when it stops early (DESIGN 5.8), sends no deltas or finals, and ends with
+one `TranscriptRevised`: its segments mapped onto the session's labels by overlap with the
+finals (`map_revision`), fresh ids, superseding every final. A failure is the session's
+`Error` after its final (the final stands); `abort` cancels it.
+
 Benchmarks (backends/forced_output.py): `ModelConfig.forced_output` names a reference
 transcript (`[0.00][S01]text[1.20]...`) whose tokens replace the sampled ones (DESIGN section 4);
 a live hop forces what a perfect model writes for its audio (`forced_hop_parts`): the words
@@ -90,7 +101,10 @@ from livemeet.transcriber import (
     SegmentFinal,
     SessionOptions,
     TextDelta,
+    TranscriptFinal,
+    TranscriptRevised,
 )
+from livemeet.transcript.commit import revision_segments
 from livemeet.transcript.detok import IncrementalDetokenizer
 from livemeet.transcript.overlap import text_after_overlap
 from livemeet.transcript.parser import (
@@ -107,6 +121,7 @@ from livemeet.transcript.segments import (
     SegmentFlag,
     join_texts,
 )
+from livemeet.transcript.speakers import map_revision
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +151,16 @@ class _Upload:
     num_generated: int = 0  # tokens its requests generated (a cap spans the continuations)
     cut_s: float = -1.0  # the request's segments count past it (by midpoint): a continuation's
     # forced segments come out again before its new ones
+    revise: _Revising | None = None  # a live session's revision (module docstring)
+
+
+@dataclass(frozen=True)
+class _Revising:
+    """What a live session's revision maps its segments onto: the final it supersedes and
+    every label the session showed (a new speaker takes none of them)."""
+
+    final: TranscriptFinal
+    labels_seen: frozenset[str]
 
 
 @dataclass
@@ -283,6 +308,7 @@ class MossCore:
         # of live_hop_s is the hops' decoding
         self.live_hop_first_token_s = 0.0
         self.num_upload_continuations = 0  # uploads continued after an early stop (DESIGN 5.8)
+        self.num_revisions = 0  # live sessions' revisions started (DESIGN 5.7)
         # each live session's forced-transcript budget adapts to load (DESIGN 5.1, 5.3)
         self.forced_budget = ForcedBudget.for_hop_load(
             config.live_forced_transcript_tokens,
@@ -296,7 +322,9 @@ class MossCore:
     @property
     def info(self) -> BackendInfo:
         model_id = Path(self.config.model).name if self.config.model else DUMMY_MODEL_ID
-        return BackendInfo(name="moss", model_id=model_id, demo=False, diarization=True)
+        return BackendInfo(
+            name="moss", model_id=model_id, demo=False, diarization=True, revise=True
+        )
 
     def load(self) -> None:
         """Build the engine (checkpoint dir or hub id; `load_format` "dummy" for real-size
@@ -481,8 +509,9 @@ class MossCore:
             self._owner.pop(rid, None)
             if self.engine is not None:
                 self.engine.abort(rid)
-        if isinstance(sess, _Live) and self.engine is not None:
-            self.engine.release_windows(sid)  # the holds of _submit_hop
+        revising = isinstance(sess, _Upload) and sess.revise is not None
+        if (isinstance(sess, _Live) or revising) and self.engine is not None:
+            self.engine.release_windows(sid)  # the holds of _submit_hop (a revision keeps them)
 
     def _tell_incoming_uploads(self) -> None:
         """Give the scheduler the gateway's count plus this core's uploads not yet queued; run
@@ -570,13 +599,19 @@ class MossCore:
         forced_output_ids: Sequence[int] | None,
         prefix: Sequence[Segment] = (),
         prefix_ids: Sequence[int] = (),
+        fork_from: str | None = None,
+        num_fork_tokens: int = 0,
+        window_keys: Sequence[bytes] = (),
     ) -> None:
         """Queue the upload's next request (its first, or a continuation forcing `prefix`'s
         segments as `prefix_ids`) over `samples` and make it the session's: its id, owner and
-        output stream. Raises as `Engine.add_request`."""
+        output stream. A revision's first request forks `num_fork_tokens` of `fork_from`'s KV
+        and names its full windows' cache keys (`Engine.add_request`). Raises as
+        `Engine.add_request`."""
         assert sess.transcript is not None
         engine = self._engine()
-        rid = f"{sid}/upload{sess.continuations or ''}"
+        kind = "upload" if sess.revise is None else "revise"
+        rid = f"{sid}/{kind}{sess.continuations or ''}"
         request = engine.add_request(
             rid,
             samples,
@@ -585,7 +620,11 @@ class MossCore:
             max_new_tokens=max_new_tokens,
             forced_output_ids=forced_output_ids,
             prefix_token_ids=prefix_ids,
-            samples_checked=bool(prefix_ids),  # a continuation's audio was checked before
+            fork_from=fork_from,
+            num_fork_tokens=num_fork_tokens,
+            window_keys=window_keys,
+            # a continuation's audio was checked before, a live session's as it came
+            samples_checked=bool(prefix_ids) or sess.revise is not None,
         )
         _log_request(request, samples.size)
         sess.request_id, self._owner[rid] = rid, sid
@@ -602,7 +641,7 @@ class MossCore:
             if not _past_cut(seg, sess.cut_s):
                 continue  # a continuation's forced segment, written again
             added = sess.transcript.add(seg)
-            if added is not None:
+            if added is not None and sess.revise is None:  # a revision sends its whole at once
                 final, delta = added
                 events.append(TextDelta(delta))
                 events.append(SegmentFinal(final))
@@ -789,8 +828,13 @@ class MossCore:
 
     def _after_live_events(self, sid: str, sess: _Live, events: list[Event]) -> list[Event]:
         if sess.live.ended:
-            events.append(sess.live.finish(sess.last_reason))
-            self._drop(sid, sess)
+            revise = sess.options.revise and (sess.length + len(sess.chunks)) > 0
+            final = sess.live.finish(sess.last_reason, revision=revise)
+            events.append(final)
+            if revise:
+                events += self._start_revision(sid, sess, final)
+            else:
+                self._drop(sid, sess)
         return events
 
     # -- engine output -----------------------------------------------------------------------
@@ -849,9 +893,66 @@ class MossCore:
         if self._continue_upload(sid, sess, reason):
             return events
         events += self._upload_events(sess, open_tail)
-        events.append(sess.transcript.final(reason))
+        if sess.revise is None:
+            events.append(sess.transcript.final(reason))
+        else:
+            events.append(self._revised(sess.revise, sess.transcript.segments, reason))
         self._drop(sid, sess)
         return events
+
+    # -- revision (DESIGN 5.7) -----------------------------------------------------------------
+
+    def _start_revision(self, sid: str, sess: _Live, final: TranscriptFinal) -> list[Event]:
+        """Make the ended live session `sid` the upload of its revision (module docstring):
+        its request forks the last hop's retained KV, which is then released. Returns [] , or
+        the revision's `Error` where the engine refuses the request (the session is gone)."""
+        engine = self._engine()
+        audio = sess.audio_to(sess.length + sum(c.size for c in sess.chunks))
+        revision = _Upload(
+            replace(sess.options, live=False),
+            ended=True,
+            revise=_Revising(final, sess.live.labels_seen),
+        )
+        duration_s = audio.size / SAMPLE_RATE
+        revision.transcript = UploadTranscript(duration_s, duration_s * self._time_scale())
+        if revision.transcript.max_stamp_s >= UPLOAD_CONTINUE_GAP_S:
+            revision.samples = audio  # for a continuation (DESIGN 5.8)
+        prev, sess.retained = sess.retained, None
+        fork_from, num_fork = None, 0
+        if prev is not None:
+            # as a next hop would: the last hop's audio is all of it, its stable prefix holds
+            num_fork = stable_prefix_len(
+                prev.num_audio_tokens, prev.num_complete_windows, config=engine.prompt_config
+            )
+            fork_from = prev.request_id
+        self._sessions[sid] = revision
+        try:
+            self._queue_upload_request(
+                sid, revision, audio, self._max_new_tokens(sess.options), self._forced_ids(None),
+                fork_from=fork_from, num_fork_tokens=num_fork,
+                window_keys=sess.full_window_keys(audio),
+            )  # fmt: skip
+        except LivemeetError as exc:
+            log.warning("live session %s: revision not started: %s", sid, exc)
+            self._drop(sid, revision)
+            return [Error(exc.code, f"revision not started: {exc.message}", exc.retryable)]
+        finally:
+            if prev is not None:  # forked (or refused): the hop's KV goes
+                self._owner.pop(prev.request_id, None)
+                engine.abort(prev.request_id)
+        self.num_revisions += 1
+        return []
+
+    def _revised(
+        self, revising: _Revising, segments: Sequence[Segment], reason: FinishReason
+    ) -> TranscriptRevised:
+        """The revision's event: `segments` in session labels and with fresh ids, superseding
+        every final."""
+        finals = revising.final.segments
+        mapped = map_revision(segments, finals, revising.labels_seen)
+        return TranscriptRevised(
+            revision_segments(mapped, finals), tuple(seg.id for seg in finals), reason
+        )
 
     # -- forced output (benchmarks) ----------------------------------------------------------
 

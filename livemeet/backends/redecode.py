@@ -16,6 +16,13 @@ steps, not one). Live hops go first, round-robin; an upload window runs when no 
 once every live session with a hop due has had a step since the last upload window, so a hop
 waits behind at most one upload window and uploads still advance while hops keep coming.
 Uploads are served oldest first, each to its end.
+
+Revision (DESIGN 5.7; `SessionOptions.revise`, for a subclass whose `info.revise` is True): a
+live session's `TranscriptFinal` says `revision`, and a later step re-decodes the whole
+meeting (`revise_meeting`) at upload priority (it waits its turn as an upload window does),
+maps it onto the session's labels and sends `TranscriptRevised` superseding every final; a
+failure sends an `Error` instead (the final stands). This core keeps no audio of a live
+session (`LiveSession` drops what it decoded), so a subclass revises from what it keeps itself.
 """
 
 from __future__ import annotations
@@ -43,8 +50,12 @@ from livemeet.transcriber import (
     SessionOptions,
     TextDelta,
     TranscriptFinal,
+    TranscriptRevised,
+    is_terminal,
 )
+from livemeet.transcript.commit import revision_segments
 from livemeet.transcript.segments import FinishReason, Segment
+from livemeet.transcript.speakers import map_revision
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +77,12 @@ class _Session:
     upload: list[Samples] = field(default_factory=list)
     ended: bool = False
     job: _UploadJob | None = None  # an upload's decode, from its first step after end()
+    revising: TranscriptFinal | None = None  # a live session's final, its revision due
+
+
+def _offline(sess: _Session) -> bool:
+    """An upload, or a live session's revision: served as uploads are (module docstring)."""
+    return sess.live is None or sess.revising is not None
 
 
 class RedecodeCore(abc.ABC):
@@ -95,6 +112,12 @@ class RedecodeCore(abc.ABC):
     ) -> list[Segment]:
         """Transcribe `samples` [n] float32 16 kHz (n <= 30 s) that start `offset_s` s into the
         session. Returns segments with absolute times (s from the session start)."""
+
+    def revise_meeting(self, duration_s: float, prompt: str | None) -> list[Segment]:
+        """Re-decode a whole live meeting of `duration_s` s offline (module docstring), in this
+        backend's own labels, times from 0. Only called where `info.revise` is True; raises
+        NotImplementedError otherwise."""
+        raise NotImplementedError(f"{type(self).__name__} cannot revise a live session")
 
     def upload_pieces(self, samples: Samples, prompt: str | None) -> Iterator[list[Segment]]:
         """Transcribe a whole file [n] float32 16 kHz, any length, times from 0, lazily: each
@@ -189,7 +212,7 @@ class RedecodeCore(abc.ABC):
         if sid is None:
             return []
         sess = self._sessions[sid]
-        if sess.live is None:
+        if _offline(sess):
             self._num_live_steps = 0  # not moved: uploads are served oldest first
         else:
             self._sessions.move_to_end(sid)  # live sessions round-robin
@@ -201,7 +224,7 @@ class RedecodeCore(abc.ABC):
         except Exception as exc:  # one session's decode failure must not stop others
             log.exception("decode failed for session %s", sid)
             events = [Error("internal_error", f"decode failed: {exc!r}")]
-        if events and isinstance(events[-1], TranscriptFinal | Error):
+        if events and is_terminal(events[-1]):
             del self._sessions[sid]
         return [(sid, e) for e in events]
 
@@ -224,7 +247,7 @@ class RedecodeCore(abc.ABC):
         for sid, sess in self._sessions.items():
             if not self._ready(sess):
                 continue
-            if sess.live is not None:
+            if not _offline(sess):
                 live.append(sid)
             elif upload is None:
                 upload = sid
@@ -236,6 +259,8 @@ class RedecodeCore(abc.ABC):
     def _ready(sess: _Session) -> bool:
         if sess.live is None:
             return sess.ended
+        if sess.revising is not None:
+            return True
         return sess.live.hop_due() or sess.live.flush_due()
 
     def _prompt(self, options: SessionOptions, committed: str | None) -> str | None:
@@ -248,6 +273,8 @@ class RedecodeCore(abc.ABC):
     def _run(self, sess: _Session) -> list[Event]:
         if sess.live is None:
             return self._run_upload(sess)
+        if sess.revising is not None:
+            return [self._revision(sess, sess.live, sess.revising)]
         live = sess.live
         if live.hop_due():
             win: Window = live.window()
@@ -258,8 +285,22 @@ class RedecodeCore(abc.ABC):
         else:
             events = live.flush()
         if live.ended:
-            events.append(live.finish())
+            revise = sess.options.revise and self.info.revise and live.edge_s > 0
+            final = live.finish(revision=revise)
+            sess.revising = final if revise else None
+            events.append(final)
         return events
+
+    def _revision(
+        self, sess: _Session, live: LiveSession, final: TranscriptFinal
+    ) -> TranscriptRevised:
+        """The revision of a live session whose `final` is out (module docstring). Raises as
+        `revise_meeting`."""
+        segments = self.revise_meeting(live.edge_s, self._prompt(sess.options, None))
+        mapped = map_revision(segments, final.segments, live.labels_seen)
+        return TranscriptRevised(
+            revision_segments(mapped, final.segments), tuple(s.id for s in final.segments)
+        )
 
     def _run_upload(self, sess: _Session) -> list[Event]:
         """One window of the upload (no events), or its events once every window is decoded."""

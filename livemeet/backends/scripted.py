@@ -13,6 +13,10 @@ hop number (the n-th `transcribe_window` call of the core, counting from 0):
 - `fail_hops`: `transcribe_window` raises (one session's decode fails);
 - `crash_on_step`: `step()` number n raises outside any session (the engine crashes).
 
+Revision (`SessionOptions.revise`, DESIGN 5.7): the re-decode of a live meeting is `revised`
+(absolute times, the re-decode's own labels) where the script gives it, else the reference
+with no revision applied, cut to the audio heard; `fail_revise` makes it raise.
+
 A live session re-opened from its stored finals (`SessionOptions.restore`) decodes windows from
 their end (`LiveSession`), so a reference segment they hold is not written again, and of one
 they cut (a finalize mid-turn) only the words after the cut. Hops count on from the core's
@@ -60,6 +64,8 @@ class Script:
     loop_hops: frozenset[int] = field(default_factory=frozenset)
     fail_hops: frozenset[int] = field(default_factory=frozenset)
     crash_on_step: int | None = None
+    revised: tuple[Segment, ...] | None = None
+    fail_revise: bool = False
 
     def to_json(self) -> str:
         return json.dumps(
@@ -71,6 +77,10 @@ class Script:
                 "loop_hops": sorted(self.loop_hops),
                 "fail_hops": sorted(self.fail_hops),
                 "crash_on_step": self.crash_on_step,
+                "revised": None
+                if self.revised is None
+                else [[s.start_s, s.end_s, s.speaker, s.text] for s in self.revised],
+                "fail_revise": self.fail_revise,
             }
         )
 
@@ -91,6 +101,12 @@ class Script:
                 loop_hops=frozenset(d.get("loop_hops", [])),
                 fail_hops=frozenset(d.get("fail_hops", [])),
                 crash_on_step=d.get("crash_on_step"),
+                revised=None
+                if d.get("revised") is None
+                else tuple(
+                    Segment(float(a), float(b), str(c), str(t)) for a, b, c, t in d["revised"]
+                ),
+                fail_revise=bool(d.get("fail_revise", False)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"invalid scripted-backend script: {exc}") from exc
@@ -149,7 +165,7 @@ class ScriptedCore(RedecodeCore):
 
     @property
     def info(self) -> BackendInfo:
-        return BackendInfo(name="scripted", model_id="scripted (tests)", demo=True)
+        return BackendInfo(name="scripted", model_id="scripted (tests)", demo=True, revise=True)
 
     def load(self) -> None:
         pass
@@ -162,6 +178,17 @@ class ScriptedCore(RedecodeCore):
             raise RuntimeError(f"scripted decode failure at hop {hop}")
         edge_s = offset_s + len(samples) / SAMPLE_RATE
         return scripted_hypothesis(self.script, offset_s, edge_s, hop)
+
+    def revise_meeting(self, duration_s: float, prompt: str | None) -> list[Segment]:
+        """The script's `revised` transcript, else its reference as heard (module docstring).
+        Raises RuntimeError with `fail_revise`."""
+        if self.script.fail_revise:
+            raise RuntimeError("scripted revision failure")
+        if self.script.revised is not None:
+            return [s for s in self.script.revised if s.start_s < duration_s]
+        return scripted_hypothesis(
+            replace(self.script, revisions=(), relabel_every=0), 0.0, duration_s, -1
+        )
 
     def step(self) -> list[tuple[str, Event]]:
         step, self.num_steps = self.num_steps, self.num_steps + 1

@@ -103,6 +103,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "faster frames are read later (TCP backpressure), none dropped (default %(default)g)",
     )
     p.add_argument(
+        "--revise",
+        action=argparse.BooleanOptionalAction,
+        default=GatewayConfig.revise,
+        help="after a live session's transcript.final, re-decode the whole meeting offline from "
+        "the KV its hops built and send it as transcript.revised, superseding the finals "
+        "(MOSS-TD only: the demo cannot; --no-revise closes after the final; default: on)",
+    )
+    p.add_argument(
         "--live-resume-window",
         type=float,
         default=GatewayConfig.live_resume_window_s,
@@ -408,6 +416,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             live_resume_window_s=args.live_resume_window,
             min_free_disk_mb=args.min_free_disk_mb,
             retention_days=args.retention_days,
+            revise=args.revise,
             allowed_origins=tuple(args.allowed_origin),
         ),
     )

@@ -69,7 +69,7 @@ from livemeet.engine.messages import (
 from livemeet.engine.shared_audio import read_shared_audio
 from livemeet.engine.trace_window import TraceConfig, TraceWindow
 from livemeet.errors import LivemeetError
-from livemeet.transcriber import TERMINAL_EVENTS, Error, Samples
+from livemeet.transcriber import Error, Samples, is_terminal
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class Worker:
             if sid not in self.open_sessions:
                 continue  # already failed or aborted; nothing more may reach the client
             self.outbox.put(SessionEvent(sid, event))
-            if isinstance(event, TERMINAL_EVENTS):
+            if is_terminal(event):
                 self.open_sessions.discard(sid)  # the core forgets it with its terminal event
 
     def post_stats(self, now_s: float) -> None:

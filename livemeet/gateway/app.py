@@ -300,7 +300,8 @@ async def _restore_live_sessions(app: web.Application, unfinished: list[Restored
     started = time.monotonic()
     transcriber = app[TRANSCRIBER_KEY]
     hop_s = app[CONFIG_KEY].gateway.live_hop_s
-    rebuilt = await app[SESSIONS_KEY].restore(unfinished, transcriber.open_session, hop_s)
+    revise = app[CONFIG_KEY].gateway.revise and transcriber.info.revise
+    rebuilt = await app[SESSIONS_KEY].restore(unfinished, transcriber.open_session, hop_s, revise)
     log.info("rebuilt %d live sessions in %.1f s", rebuilt, time.monotonic() - started)
 
 

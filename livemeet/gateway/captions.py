@@ -15,7 +15,9 @@ a slow subscriber costs a bounded amount of memory and nobody else's time:
   too far behind to be worth catching up: its queue is dropped and replaced by a
   `queue_full` error (it reconnects for a fresh snapshot);
 - the terminal event (`transcript.final`, or the session's `error`) always queues, last;
-  nothing is queued after it.
+  nothing is queued after it. Where the final promises a revision (DESIGN 5.7), the
+  revision (`transcript.revised`, or its `revision_failed` error) is the terminal one, queued
+  after the final.
 
 No sockets, no asyncio; the transport calls `push()` and `pop()`.
 """
@@ -28,11 +30,14 @@ from livemeet.audio.constants import MAX_NAMED_SPEAKERS
 from livemeet.errors import LivemeetError, QueueFull
 from livemeet.gateway.live_protocol import SpeakerRenamed
 from livemeet.transcriber import (
-    TERMINAL_EVENTS,
+    Error,
     Event,
     SegmentFinal,
     SegmentPartial,
+    TranscriptFinal,
+    TranscriptRevised,
 )
+from livemeet.transcriber import is_terminal as ends_stream
 
 # what an outbox holds: a session event (the backend's, or a rename), or the error the
 # subscriber is closed with
@@ -61,7 +66,8 @@ class CaptionsOutbox:
 
     def push(self, event: Event | SpeakerRenamed) -> None:
         """Queue a session event (synchronous, never blocks). Events the captions do not carry
-        (a transcript revision, upload text deltas) are dropped."""
+        (upload text deltas) are dropped. A final that promises a revision keeps the queue
+        open for it (`transcript.revised`, or its `revision_failed` error)."""
         if self._closed:
             return
         if isinstance(event, SegmentPartial):
@@ -79,9 +85,9 @@ class CaptionsOutbox:
                 return
             self._queue.append(event)
             self.num_finals += 1
-        elif isinstance(event, TERMINAL_EVENTS):
+        elif isinstance(event, TranscriptFinal | TranscriptRevised | Error):
             self._queue.append(event)
-            self._closed = True
+            self._closed = ends_stream(event)
 
     def _fell_behind(self, limit: int, what: str) -> None:
         self.fail(
@@ -132,4 +138,4 @@ class CaptionsOutbox:
 
 def is_terminal(item: Outgoing) -> bool:
     """Whether the subscription closes after sending `item`."""
-    return isinstance(item, (LivemeetError, *TERMINAL_EVENTS))
+    return isinstance(item, LivemeetError) or ends_stream(item)

@@ -107,7 +107,6 @@ from livemeet.errors import (
     error_for_code,
 )
 from livemeet.transcriber import (
-    TERMINAL_EVENTS,
     BackendInfo,
     Error,
     Event,
@@ -115,6 +114,7 @@ from livemeet.transcriber import (
     SegmentPartial,
     SessionOptions,
     TextDelta,
+    is_terminal,
 )
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class EngineSession:
                 await self._wakeup.wait()
             event = self._buffer.popleft()
             yield event
-            if isinstance(event, TERMINAL_EVENTS):
+            if is_terminal(event):
                 return
 
     # -- called by the client on the loop thread ------------------------------------------------
@@ -207,7 +207,7 @@ class EngineSession:
             self._buffer[-1] = TextDelta(last.text + event.text)
         else:
             self._buffer.append(event)
-        if isinstance(event, TERMINAL_EVENTS):
+        if is_terminal(event):
             self._finished = True
             self._closed_by = event if isinstance(event, Error) else None
         elif len(self._buffer) > self._buffer_limit:
@@ -609,7 +609,7 @@ class EngineClient:
             session = self._sessions.get(msg.session_id)
             if session is not None:
                 session._deliver(msg.event)
-                if isinstance(msg.event, TERMINAL_EVENTS):
+                if is_terminal(msg.event):
                     self._sessions.pop(msg.session_id, None)
         elif isinstance(msg, SharedAudioConsumed):
             self._release_block(msg.block_name)

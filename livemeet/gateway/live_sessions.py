@@ -10,6 +10,11 @@ while no socket is attached, and a resume gets what it missed.
 (or waits for its final) detaches it: the session waits `window_s` for a resume, then is ended
 as by the client's `end` (its transcript completes and its engine slot is freed), and the
 holder is dropped `window_s` after its terminal event (the final stays replayable until then).
+A session whose final promised a revision (`TranscriptFinal.revision`, DESIGN 5.7) goes on to
+its `transcript.revised`, or to an error: any error then fails the revision only, and is sent
+as `revision_failed` (the final stands). A socket that goes after the final does not take the
+revision with it: the holder stays, detached, until the revision comes (at most
+LIVE_REVISE_TIMEOUT_S), and the revised transcript is stored beside the final one.
 Every holder is dropped exactly once (`_drop`: its backend session aborted, its pump and timer
 cancelled); every holder's `end` runs at most once.
 
@@ -17,10 +22,11 @@ Durability (DESIGN 5.9, gateway/live_journal.py): with a journal, a holder write
 audio (after the backend took it), its finals and names to disk; `num_frames_durable` is what
 the journal reported written, and only that is acknowledged (`audio.ack`, and a resume's
 `session.ready` offset: the client sends on from there, and frames the backend took already
-are skipped). A session is finished in the journal once its final transcript is stored,
-discarded when it fails or is dropped without one, and kept when the server stops first:
-`restore` rebuilds those at the next start (a new backend session from the stored finals, fed
-the stored audio), detached, for their clients to resume.
+are skipped). A session is finished in the journal once its final transcript is stored (a
+revision is best-effort after that: a crash during it loses only the revision), discarded
+when it fails or is dropped without one, and kept when the server stops first: `restore`
+rebuilds those at the next start (a new backend session from the stored finals, fed the
+stored audio), detached, for their clients to resume.
 
 Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
 (`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
@@ -51,6 +57,7 @@ from livemeet.audio.constants import (
     LIVE_ENGINE_POLL_S,
     LIVE_ENGINE_RECOVERY_S,
     LIVE_REBUILD_DURABLE_WAIT_S,
+    LIVE_REVISE_TIMEOUT_S,
     LIVE_TAKEOVER_CLOSE_S,
     MAX_NAMED_SPEAKERS,
 )
@@ -61,6 +68,7 @@ from livemeet.errors import (
     InvalidRequest,
     LivemeetError,
     NotFound,
+    RevisionFailed,
     SessionTakenOver,
     StorageFailed,
     Unauthorized,
@@ -77,7 +85,6 @@ from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.session_tokens import SessionTokens
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.transcriber import (
-    TERMINAL_EVENTS,
     Error,
     Event,
     LiveRestore,
@@ -87,6 +94,8 @@ from livemeet.transcriber import (
     Transcriber,
     TranscriberSession,
     TranscriptFinal,
+    TranscriptRevised,
+    is_terminal,
 )
 from livemeet.transcript.segments import FinishReason, Transcript
 
@@ -132,13 +141,22 @@ class CaptionsSink(Protocol):
 @dataclass
 class ReplayState:
     """What a resume is sent: every final so far in order, the speakers' names, the latest
-    partial, and the terminal event once it came. Finals are immutable with stable ids, so a
-    client that saw some of them dedupes by id; a name replaces the label's earlier one."""
+    partial, the session's outcome (`terminal`: its final transcript or its error) once it
+    came, and after a final that promised one, its revision (`TranscriptRevised`, or the
+    `revision_failed` error). Finals are immutable with stable ids, so a client that saw some
+    of them dedupes by id; a name replaces the label's earlier one."""
 
     finals: list[SegmentFinal] = field(default_factory=list)
     partial: SegmentPartial | None = None
     terminal: Terminal | None = None
     names: dict[str, str] = field(default_factory=dict)  # label -> name, first named first
+    revision: TranscriptRevised | Error | None = None
+
+    @property
+    def revision_pending(self) -> bool:
+        """The final promised a revision that has not come (nor failed) yet."""
+        terminal = self.terminal
+        return isinstance(terminal, TranscriptFinal) and terminal.revision and not self.revision
 
     def record(self, event: SessionEvent) -> None:
         """Keep what a resume will need of `event`: a final, the latest partial, a name (a
@@ -152,7 +170,9 @@ class ReplayState:
             self.finals.append(event)
         elif isinstance(event, SegmentPartial):
             self.partial = event
-        elif isinstance(event, TERMINAL_EVENTS):
+        elif self.revision_pending and isinstance(event, TranscriptRevised | Error):
+            self.revision = event
+        elif isinstance(event, TranscriptFinal | Error):
             self.terminal = event
 
     def snapshot(self, max_finals: int | None = None) -> list[SessionEvent]:
@@ -164,6 +184,8 @@ class ReplayState:
         events.extend(SpeakerRenamed(label, name) for label, name in self.names.items())
         if self.terminal is not None:
             events.append(self.terminal)
+            if self.revision is not None:
+                events.append(self.revision)
         elif self.partial is not None:
             events.append(self.partial)
         return events
@@ -217,6 +239,7 @@ class LiveSessionHolder:
         # to it. Set at once for a session without a journal.
         self.journal_closed = journal is None
         self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
+        self.ended_at: float | None = None  # loop time of that `end` (a revision's delay)
         self.dropped = False
         self.timer: asyncio.TimerHandle | None = None  # expiry or drop, while detached
         self._on_terminal = on_terminal
@@ -258,6 +281,19 @@ class LiveSessionHolder:
             segments = tuple(f.segment for f in self.replay.finals)
             transcript = Transcript(segments, duration_s, FinishReason.STOP)
         return replace(transcript, speaker_names=tuple(self.replay.names.items()))
+
+    def revised_transcript(self) -> Transcript | None:
+        """The session's revised transcript (DESIGN 5.7) once it came, with the names of its
+        final one; else None."""
+        revision, final = self.replay.revision, self.replay.terminal
+        if not isinstance(revision, TranscriptRevised) or not isinstance(final, TranscriptFinal):
+            return None
+        return Transcript(
+            revision.segments,
+            final.duration_s,
+            revision.finish_reason,
+            speaker_names=tuple(self.replay.names.items()),
+        )
 
     def attach(self, sink: EventSink, *, resumed: bool) -> None:
         """`sink` carries the session from now on (under `lock` for a resume). Its client
@@ -426,6 +462,7 @@ class LiveSessionHolder:
             if self.ended:
                 return False
             self.ended = True
+            self.ended_at = asyncio.get_running_loop().time()
             if self.journal is not None and not self.journal_closed:
                 # a rebuild after a crash ends the session too: its client sent `end` once
                 self.journal.mark_ended(self.id)
@@ -446,11 +483,15 @@ class LiveSessionHolder:
         self.pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.pump
-        if self.replay.terminal is None:  # else each subscriber has it queued already
+        gone: LivemeetError | None = None  # None: each subscriber has the last event queued
+        if self.replay.terminal is None:
             gone = NotFound(
                 f"live session {self.id} ended without a final transcript "
                 "(its client left, or the server stopped it)"
             )
+        elif self.replay.revision_pending:
+            gone = RevisionFailed(f"live session {self.id}: its revision was cancelled")
+        if gone is not None:
             for subscriber in list(self.subscribers):
                 subscriber.session_gone(gone)
         self.subscribers.clear()
@@ -489,7 +530,10 @@ class LiveSessionHolder:
     async def _pump(self) -> None:
         """Read the session's events to its terminal one (or its abort). The engine worker's
         death (engine_unavailable, retryable) is not terminal where the session can be rebuilt
-        from its journal (`recover`): the pump goes on with the new backend session's events."""
+        from its journal (`recover`): the pump goes on with the new backend session's events.
+        A final that promises a revision is handed to `on_terminal` at once (it is stored), and
+        the pump reads on to the revision, handed to `on_terminal` again."""
+        notified = False  # on_terminal had the final already
         try:
             while True:
                 lost: Error | None = None
@@ -498,8 +542,17 @@ class LiveSessionHolder:
                         assert isinstance(event, Error)
                         lost = event
                         break
+                    if self.replay.revision_pending and isinstance(event, Error):
+                        event = Error(
+                            RevisionFailed.code,
+                            f"the revision failed ({event.code}): {event.message}; "
+                            "transcript.final stands",
+                        )
                     self._record(event)
-                    if isinstance(event, TERMINAL_EVENTS):
+                    if self.replay.revision_pending and not notified:
+                        notified = True
+                        self._on_terminal(self)
+                    if is_terminal(event):
                         break
                 if lost is None:
                     break
@@ -510,7 +563,7 @@ class LiveSessionHolder:
         except Exception as exc:  # a bug: the sockets must still hear of it
             log.exception("live session %s: reading its events failed", self.id)
             self._record(Error(InternalError.code, f"internal error: {type(exc).__name__}"))
-        if self.replay.terminal is not None:
+        if self.replay.terminal is not None and (not notified or self.replay.revision):
             self._on_terminal(self)
 
     def _engine_lost(self, event: Event) -> bool:
@@ -520,6 +573,7 @@ class LiveSessionHolder:
             isinstance(event, Error)
             and event.code == EngineUnavailable.code
             and event.retryable
+            and self.replay.terminal is None  # after the final: the revision's failure
             and self._rebuildable()
         )
 
@@ -640,6 +694,7 @@ class LiveSessions:
         restored: Sequence[RestoredSession],
         open_session: Callable[[SessionOptions], Awaitable[TranscriberSession]],
         hop_s: float,
+        revise: bool = False,
     ) -> int:
         """After a restart: rebuild each unfinished session of the journal (DESIGN 5.9). Its
         backend session is opened anew with its finals (`LiveRestore`: they stay committed,
@@ -649,14 +704,15 @@ class LiveSessions:
         how many were rebuilt; one that cannot be (its backend refuses it) is logged and
         discarded, one the engine could not take now (EngineUnavailable) is left for the
         next start, and one whose transcript is stored already is finished
-        (`_finished_before`)."""
+        (`_finished_before`). `revise`: rebuilt sessions ask for a revision
+        (`SessionOptions.revise`)."""
         assert self._journal is not None, "restore needs the journal"
         rebuilt = 0
         for stored in restored:
             if await self._finished_before(stored):
                 continue
             try:
-                await self._rebuild(stored, open_session, hop_s)
+                await self._rebuild(stored, open_session, hop_s, revise)
             except EngineUnavailable as exc:
                 log.error("live session %s not rebuilt now: %s", stored.meta.session_id, exc)
                 continue
@@ -705,6 +761,7 @@ class LiveSessions:
         stored: RestoredSession,
         open_session: Callable[[SessionOptions], Awaitable[TranscriberSession]],
         hop_s: float,
+        revise: bool,
     ) -> None:
         meta = stored.meta
         assert self._journal is not None
@@ -715,6 +772,7 @@ class LiveSessions:
             language=meta.language,
             hop_s=hop_s,
             restore=LiveRestore(stored.finals),
+            revise=revise,
         )
         try:
             session = await open_session(options)
@@ -811,6 +869,11 @@ class LiveSessions:
         if self.draining and (keep or holder.ended):
             await self._finish_for_drain(holder)
             return False
+        if holder.replay.revision_pending:  # its client may go after the final: not the revision
+            self._arm(holder)
+            self._update_detached()
+            log.info("live session %s: its client left before the revision", holder.id)
+            return False
         if not keep or self.window_s <= 0 or self.draining:
             await self._drop(holder)
             return False
@@ -884,10 +947,13 @@ class LiveSessions:
     def _arm(self, holder: LiveSessionHolder) -> None:
         """Set a detached session's timer: a streaming one is ended when the window runs out;
         one with its terminal event is dropped a window after that came; an ended one waits
-        at most `final_timeout_s` for its final."""
+        at most `final_timeout_s` for its final, then at most LIVE_REVISE_TIMEOUT_S for its
+        revision (the drop cancels it)."""
         holder.cancel_timer()
         loop = asyncio.get_running_loop()
-        if holder.replay.terminal is not None:
+        if holder.replay.revision_pending:
+            delay_s, action = LIVE_REVISE_TIMEOUT_S, self._forget
+        elif holder.replay.terminal is not None:
             delay_s, action = self.window_s, self._forget
         elif not holder.ended:
             delay_s, action = self.window_s, self._expire
@@ -909,12 +975,15 @@ class LiveSessions:
         task.add_done_callback(self._tasks.discard)
 
     def _on_terminal(self, holder: LiveSessionHolder) -> None:
-        """The pump saw the terminal event: a final transcript is stored (it outlives the
-        session); a failed session (an error, which its client is sent) is discarded from the
-        journal at once, as a storage failure's is: kept until its drop, a shutdown within the
-        detach window kept it, and the next start rebuilt a session its client was told had
-        failed. A detached session keeps the event for one window."""
-        if isinstance(holder.replay.terminal, TranscriptFinal):
+        """The pump saw the terminal event, or a final that promised a revision: a final
+        transcript is stored (it outlives the session), then a revised one beside it; a failed
+        session (an error, which its client is sent) is discarded from the journal at once, as
+        a storage failure's is: kept until its drop, a shutdown within the detach window kept
+        it, and the next start rebuilt a session its client was told had failed. A detached
+        session keeps the event for one window (for a revision, until it came)."""
+        if holder.replay.revision is not None:
+            self._revision_came(holder)
+        elif isinstance(holder.replay.terminal, TranscriptFinal):
             if self._store is None:
                 holder.close_journal(finished=True)
             else:
@@ -928,6 +997,23 @@ class LiveSessions:
             holder.close_journal(finished=False)
         if holder.sink is None and not holder.dropped:
             self._arm(holder)
+
+    def _revision_came(self, holder: LiveSessionHolder) -> None:
+        """Count the revision (`revised` with its delay from `end`, or `failed`) and store a
+        revised transcript beside the final one (best-effort: the journal is done with it)."""
+        revised = holder.revised_transcript()
+        if revised is None:
+            self._metrics.live_revisions.labels("failed").inc()
+            log.warning("live session %s: no revision: %s", holder.id, holder.replay.revision)
+            return
+        self._metrics.live_revisions.labels("revised").inc()
+        if holder.ended_at is not None:
+            delay_s = asyncio.get_running_loop().time() - holder.ended_at
+            self._metrics.live_revision_s.observe(delay_s)
+            log.info("live session %s revised %.2f s after its end", holder.id, delay_s)
+        if self._store is not None:
+            sha = holder.tokens.captions_sha256
+            self._store.put_live_digest(holder.id, revised, sha, revised=True)
 
     def _recover_hook(self) -> Callable[[LiveSessionHolder], Awaitable[bool]] | None:
         return self._recover if self._transcriber is not None and self._journal else None

@@ -272,6 +272,8 @@ class GatewayMetrics:
     live_recoveries: Counter
     disk_free_bytes: Gauge
     captions_subscribers: Gauge
+    live_revisions: Counter
+    live_revision_s: Histogram
     engine: EngineStatsCollector
 
     @classmethod
@@ -400,7 +402,22 @@ class GatewayMetrics:
                 "Open captions subscriptions (GET /v1/sessions/{id}/captions), all sessions",
                 registry=registry,
             ),
+            live_revisions=Counter(
+                "livemeet_live_revisions",
+                "Live sessions' revisions after their final (transcript.revised, DESIGN 5.7), "
+                "by result: revised, or failed (the re-decode failed; the final stands)",
+                ["result"],
+                registry=registry,
+            ),
+            live_revision_s=Histogram(
+                "livemeet_live_revision_seconds",
+                "Time from a live session's end to its transcript.revised (s)",
+                buckets=UPLOAD_LATENCY_BUCKETS_S,
+                registry=registry,
+            ),
         )
+        for result in ("revised", "failed"):  # exported (at zero) before the first revision
+            metrics.live_revisions.labels(result)
         for phase in UPLOAD_PHASES:  # exported (at zero) before the first upload
             metrics.upload_phase_s.labels(phase)
         return metrics

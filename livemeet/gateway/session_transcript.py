@@ -3,9 +3,11 @@ writers of `GET /v1/transcriptions/{id}` (livemeet/transcript/formats.py).
 
 While the session runs: its finals so far over the audio received so far; once its
 `transcript.final` came: that transcript, from the session while the server holds it, then
-from the TranscriptStore (which keeps it across restarts). Readable with the session's
-`captions_token` (`?token=`), as its captions are: session ids come from the backend and may
-be guessable. The response header `X-Livemeet-Transcript-Status` says which it is.
+from the TranscriptStore (which keeps it across restarts); once its `transcript.revised` came
+(DESIGN 5.7): the revised one, the newest. `?version=final` or `?version=revised` asks for one
+(`revised` before it came: NotFound). Readable with the session's `captions_token`
+(`?token=`), as its captions are: session ids come from the backend and may be guessable. The
+response header `X-Livemeet-Transcript-Status` says which it is.
 """
 
 from __future__ import annotations
@@ -14,50 +16,86 @@ import hmac
 
 from aiohttp import web
 
-from livemeet.errors import Unauthorized
+from livemeet.errors import InvalidRequest, NotFound, Unauthorized
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
-from livemeet.gateway.transcript_store import token_digest
+from livemeet.gateway.live_sessions import LiveSessionHolder
+from livemeet.gateway.transcript_store import TranscriptStore, token_digest
 from livemeet.transcriber import Error, TranscriptFinal
 from livemeet.transcript import formats
+from livemeet.transcript.segments import Transcript
 
 TRANSCRIPT_PATH = "/v1/sessions/{id}/transcript"
 STATUS_HEADER = "X-Livemeet-Transcript-Status"
-# the header's values: still streaming (finals so far), the final transcript, or the finals
-# of a session that ended in an error (all it will have)
-RUNNING, FINAL, FAILED = "running", "final", "failed"
+# the header's values: still streaming (finals so far), the final transcript, the revised
+# transcript, or the finals of a session that ended in an error (all it will have)
+RUNNING, FINAL, REVISED, FAILED = "running", "final", "revised", "failed"
+VERSIONS = ("final", "revised")  # ?version= (absent: the newest)
 
 
 async def get_session_transcript(request: web.Request) -> web.Response:
-    """Raises NotFound (unknown session, or one that ended without a final transcript and is
-    gone), Unauthorized (missing or wrong token), InvalidRequest (response_format)."""
+    """Raises NotFound (unknown session, one that ended without a final transcript and is
+    gone, or `version=revised` with no revision), Unauthorized (missing or wrong token),
+    InvalidRequest (response_format, version)."""
     session_id = request.match_info["id"]
     token = request.query.get("token", "")
     # empty as absent, as /v1/transcriptions/{id}'s
     fmt = formats.parse_response_format(request.query.get("response_format") or "json")
+    version = request.query.get("version") or None
+    if version is not None and version not in VERSIONS:
+        raise InvalidRequest(
+            f"version must be one of {', '.join(VERSIONS)}, not {version!r}", param="version"
+        )
     holder = request.app[SESSIONS_KEY].get(session_id)
     if holder is not None:
         if not holder.authorizes_captions(token):
             raise _unauthorized(session_id)
-        transcript = holder.transcript_so_far()
-        terminal = holder.replay.terminal
-        status = (
-            FINAL
-            if isinstance(terminal, TranscriptFinal)
-            else FAILED
-            if isinstance(terminal, Error)
-            else RUNNING
-        )
+        transcript, status = _held(holder, version)
     else:
-        stored = await request.app[STORE_KEY].get_live(session_id)
-        # constant time over digests of equal length, whatever the token's length
-        expected = stored.access_sha256 or ""
-        if not hmac.compare_digest(expected.encode(), token_digest(token).encode()):
-            raise _unauthorized(session_id)
-        transcript, status = stored.transcript, FINAL
+        transcript, status = await _stored(request.app[STORE_KEY], session_id, token, version)
     body, content_type = formats.render(transcript, fmt)
     response = web.Response(text=body, content_type=content_type, charset="utf-8")
     response.headers[STATUS_HEADER] = status
     return response
+
+
+def _held(holder: LiveSessionHolder, version: str | None) -> tuple[Transcript, str]:
+    """The held session's transcript for `version` and its status. Raises NotFound."""
+    revised = holder.revised_transcript()
+    if version != "final" and revised is not None:
+        return revised, REVISED
+    if version == "revised":
+        raise NotFound(f"live session {holder.id!r} has no revised transcript (yet)")
+    terminal = holder.replay.terminal
+    status = (
+        FINAL
+        if isinstance(terminal, TranscriptFinal)
+        else FAILED
+        if isinstance(terminal, Error)
+        else RUNNING
+    )
+    return holder.transcript_so_far(), status
+
+
+async def _stored(
+    store: TranscriptStore, session_id: str, token: str, version: str | None
+) -> tuple[Transcript, str]:
+    """A stored transcript for `version` (absent: the revised one where stored) and its
+    status; the token is checked against the final one's first. Raises NotFound,
+    Unauthorized."""
+    final = await store.get_live(session_id)
+    # constant time over digests of equal length, whatever the token's length
+    expected = final.access_sha256 or ""
+    if not hmac.compare_digest(expected.encode(), token_digest(token).encode()):
+        raise _unauthorized(session_id)
+    if version == "final":
+        return final.transcript, FINAL
+    try:
+        revised = await store.get_live(session_id, revised=True)
+    except NotFound:
+        if version == "revised":
+            raise
+        return final.transcript, FINAL
+    return revised.transcript, REVISED
 
 
 def _unauthorized(session_id: str) -> Unauthorized:

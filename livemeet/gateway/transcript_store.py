@@ -3,8 +3,9 @@
 Two kinds share the store: uploads (`tr_<hex>`, read by `GET /v1/transcriptions/{id}`: the
 random id is the capability) and live sessions (`ls_<hex>`, read by `GET
 /v1/sessions/{id}/transcript`: the session's captions token is the capability, kept as its
-SHA-256 so a leaked data dir does not leak working tokens). Files let transcripts outlive a
-restart.
+SHA-256 so a leaked data dir does not leak working tokens). A live session's revised
+transcript (DESIGN 5.7) is a third kind (`lr_<hex>`, the same hash), read as its final is.
+Files let transcripts outlive a restart.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ def new_transcription_id() -> str:
     return f"tr_{uuid.uuid4().hex}"
 
 
-def live_transcript_id(session_id: str) -> str:
-    """The store id of a live session's transcript. Session ids come from the backend (any
-    string), so the file name is a hash of one, never the id itself."""
-    return f"ls_{hashlib.sha256(session_id.encode()).hexdigest()[:32]}"
+def live_transcript_id(session_id: str, *, revised: bool = False) -> str:
+    """The store id of a live session's transcript (`revised`: of its revision). Session ids
+    come from the backend (any string), so the file name is a hash of one, never the id
+    itself."""
+    prefix = "lr" if revised else "ls"
+    return f"{prefix}_{hashlib.sha256(session_id.encode()).hexdigest()[:32]}"
 
 
 def token_digest(token: str) -> str:
@@ -119,12 +122,14 @@ class TranscriptStore:
         return self.put_live_digest(session_id, transcript, token_digest(token))
 
     def put_live_digest(
-        self, session_id: str, transcript: Transcript, access_sha256: str
+        self, session_id: str, transcript: Transcript, access_sha256: str, *, revised: bool = False
     ) -> asyncio.Task[bool]:
-        """`put_live` given the token's SHA-256 (hex) instead of the token. The task returned
-        says whether the file was written (a failure is logged)."""
+        """`put_live` given the token's SHA-256 (hex) instead of the token; `revised`: the
+        session's revised transcript, kept beside its final one. The task returned says
+        whether the file was written (a failure is logged)."""
         return self._put(
-            live_transcript_id(session_id), StoredTranscript(transcript, access_sha256)
+            live_transcript_id(session_id, revised=revised),
+            StoredTranscript(transcript, access_sha256),
         )
 
     async def get(self, transcription_id: str) -> Transcript:
@@ -136,10 +141,12 @@ class TranscriptStore:
             await self._get(transcription_id, f"no transcription {transcription_id!r}")
         ).transcript
 
-    async def get_live(self, session_id: str) -> StoredTranscript:
-        """A live session's stored transcript; the caller checks the token against
-        `access_sha256`. Raises NotFound."""
-        return await self._get(live_transcript_id(session_id), f"no session {session_id!r}")
+    async def get_live(self, session_id: str, *, revised: bool = False) -> StoredTranscript:
+        """A live session's stored transcript (`revised`: its revision); the caller checks the
+        token against `access_sha256`. Raises NotFound."""
+        key = live_transcript_id(session_id, revised=revised)
+        what = "revised transcript" if revised else "transcript"
+        return await self._get(key, f"no {what} of session {session_id!r}")
 
     def _put(self, key: str, stored: StoredTranscript) -> asyncio.Task[bool]:
         record = transcript_to_json(stored.transcript)

@@ -44,7 +44,7 @@ from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRAN
 from livemeet.gateway.live_protocol import NORMAL_CLOSE, PROTOCOL_VERSION
 from livemeet.gateway.live_sessions import LiveSessionHolder, SessionEvent
 from livemeet.gateway.ws_live import check_browser_origin, event_to_wire
-from livemeet.transcriber import Error, TranscriptFinal
+from livemeet.transcriber import Error, TranscriptFinal, TranscriptRevised, is_terminal
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class CaptionsSubscriber:
                 frame = event_to_wire(item)
                 if frame is not None:
                     await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
-                if isinstance(item, TranscriptFinal):
+                if isinstance(item, TranscriptFinal | TranscriptRevised) and is_terminal(item):
                     self.outcome = "completed"
                     return _Close(NORMAL_CLOSE)
                 if isinstance(item, Error):  # the session's own error: its frame went out

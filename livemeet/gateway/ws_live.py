@@ -7,6 +7,10 @@ in ws`, one task sending this socket's outbox (the session's events, `session.re
 connection is registered in `try` and deregistered in `finally`, where its session is either
 kept for a resume (the socket went while the client streamed) or dropped. Every failure
 reaches the client as an `error` frame, then a close with the error class's 4xxx close code.
+A session whose final promises a revision (`session.ready`'s `revise`, DESIGN 5.7) keeps its
+socket open after `transcript.final` until `transcript.revised`, then closes normally; a
+revision that fails (or does not come within LIVE_REVISE_TIMEOUT_S of the final) is a
+`revision_failed` error frame, then a normal close too: the final stands.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from livemeet.audio.constants import (
     ACK_INTERVAL_S,
     LIVE_DRAIN_CLOSE_S,
     LIVE_DRAIN_TIMEOUT_S,
+    LIVE_REVISE_TIMEOUT_S,
     LIVE_START_TIMEOUT_S,
     MAX_FRAME_BYTES,
     MAX_NAMED_SPEAKERS,
@@ -37,6 +42,7 @@ from livemeet.errors import (
     InvalidRequest,
     LivemeetError,
     RequestRejected,
+    RevisionFailed,
     SessionTakenOver,
     error_for_code,
 )
@@ -77,6 +83,7 @@ from livemeet.transcriber import (
     SessionOptions,
     TranscriptFinal,
     TranscriptRevised,
+    is_terminal,
 )
 
 log = logging.getLogger(__name__)
@@ -87,8 +94,9 @@ log = logging.getLogger(__name__)
 _WS_MAX_MSG_SIZE = MAX_FRAME_BYTES + 1
 # what ends the receive loop (aiohttp's own `async for` over a WebSocketResponse stops there)
 _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
-# the limit a client message is waited for under: the final after `end`, `start`, idle
-_Limit = Literal["final", "start", "idle"]
+# the limit a client message is waited for under: the revision after the final, the final
+# after `end`, `start`, idle
+_Limit = Literal["revision", "final", "start", "idle"]
 # frames a newer one of the same type replaces while still unsent (each is a whole state)
 _COALESCED = ("segment.partial", "audio.ack")
 _RENAMED = "speaker.renamed"  # coalesced per label (`_enqueue`)
@@ -122,6 +130,7 @@ def event_to_wire(event: Event | SpeakerRenamed) -> dict[str, Any] | None:
             "type": "transcript.revised",
             "segments": [s.to_wire() for s in event.segments],
             "supersedes": list(event.supersedes),
+            "finish_reason": event.finish_reason.value,
         }
     if isinstance(event, Error):
         return {
@@ -164,9 +173,17 @@ class LiveRegistry:
         with contextlib.suppress(TimeoutError):  # a client that stopped reading
             async with asyncio.timeout(LIVE_DRAIN_CLOSE_S):
                 await asyncio.gather(
-                    *(c.fail(EngineUnavailable("the server is shutting down")) for c in late),
+                    *(c.fail(_shutdown_error(c)) for c in late),
                     return_exceptions=True,
                 )
+
+
+def _shutdown_error(connection: LiveConnection) -> LivemeetError:
+    """What a connection the shutdown's drain did not see through is closed with: a revision
+    it waits for fails (its final stands); anything else, the engine is going."""
+    if connection.awaiting_revision:
+        return RevisionFailed("the server is shutting down: no revision")
+    return EngineUnavailable("the server is shutting down")
 
 
 class LiveConnection:
@@ -196,6 +213,8 @@ class LiveConnection:
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
         self._ended_at: float | None = None  # loop time of the client's `end`
+        # loop time `transcript.final` went out where a revision follows it
+        self._final_sent_at: float | None = None
         self._resume_id: str | None = None  # the session a `start` asked to resume
         self._error: LivemeetError | None = None  # what `fail` sent
         # loop time of the client's last data message (pings and pongs are not messages)
@@ -283,6 +302,8 @@ class LiveConnection:
         ("final", "start" or "idle"): the earliest in force, so the error names the one that
         ran out (the idle timeout may be set below the start limit)."""
         gateway = self.app[CONFIG_KEY].gateway
+        if self._final_sent_at is not None:
+            return self._final_sent_at + LIVE_REVISE_TIMEOUT_S, "revision"
         if self._ended_at is not None:
             return self._ended_at + gateway.final_timeout_s, "final"
         idle = self._last_message_at + gateway.idle_timeout_s
@@ -308,6 +329,10 @@ class LiveConnection:
 
     def _timeout_error(self, limit: _Limit) -> LivemeetError:
         gateway = self.app[CONFIG_KEY].gateway
+        if limit == "revision":
+            return RevisionFailed(
+                f"no transcript.revised within {LIVE_REVISE_TIMEOUT_S:g} s of transcript.final"
+            )
         if limit == "final":
             return EngineUnavailable(
                 f"no final transcript within {gateway.final_timeout_s:g} s of the session's end"
@@ -317,6 +342,11 @@ class LiveConnection:
         return ClientTimeout(
             f"no message from the client within the idle timeout ({gateway.idle_timeout_s:g} s)"
         )
+
+    @property
+    def awaiting_revision(self) -> bool:
+        """`transcript.final` went out and its revision is still to come on this socket."""
+        return self._final_sent_at is not None and not self._terminal_sent
 
     @property
     def forwarder(self) -> asyncio.Task[None] | None:
@@ -514,6 +544,8 @@ class LiveConnection:
                 hotwords=start.hotwords,
                 language=start.language,
                 hop_s=self.app[CONFIG_KEY].gateway.live_hop_s,
+                revise=self.app[CONFIG_KEY].gateway.revise
+                and self.app[TRANSCRIBER_KEY].info.revise,
             )
             decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
             session = await self.app[TRANSCRIBER_KEY].open_session(options)
@@ -558,6 +590,8 @@ class LiveConnection:
             "offset": holder.client_offset,
             # read-only: the session's captions and transcript (docs/protocol.md, "Captions")
             "captions_token": holder.captions_token,
+            # transcript.revised follows transcript.final (DESIGN 5.7)
+            "revise": holder.options is not None and holder.options.revise,
         }
 
     async def _append(self, pcm: bytes) -> None:
@@ -627,15 +661,24 @@ class LiveConnection:
                     await self._wakeup.wait()
                 frame, event = self._outbox.popleft()
                 await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
-                if isinstance(event, TranscriptFinal | Error):
+                if isinstance(event, TranscriptFinal) and event.revision:
+                    self.outcome = "completed"
+                    self._final_sent_at = asyncio.get_running_loop().time()
+                if is_terminal(event):
+                    assert isinstance(event, TranscriptFinal | TranscriptRevised | Error)
                     self._terminal_sent = True
                     await self._close_after(event)
                     return
         except ConnectionError:
             pass  # the client vanished; the handler's finally detaches or drops the session
 
-    async def _close_after(self, event: TranscriptFinal | Error) -> None:
-        if isinstance(event, TranscriptFinal):
+    async def _close_after(self, event: TranscriptFinal | TranscriptRevised | Error) -> None:
+        """Close after the session's last event: normally after its transcript (its revision,
+        or a revision's failure: the final stands), else with its error's close code."""
+        revision_failed = isinstance(event, Error) and event.code == RevisionFailed.code
+        if revision_failed:
+            self._metrics.errors.labels(RevisionFailed.code).inc()
+        if isinstance(event, TranscriptFinal | TranscriptRevised) or revision_failed:
             self.outcome = "completed"
             if self._end_error is not None:
                 await self.fail(self._end_error)

@@ -358,15 +358,24 @@ class LiveSession:
             return []
         return self._events([], self._cuts[0])
 
-    def finish(self, finish_reason: FinishReason = FinishReason.STOP) -> TranscriptFinal:
+    @property
+    def labels_seen(self) -> frozenset[str]:
+        """Every session label handed out so far (finals' and partials'): a revision's new
+        speaker takes none of them (`map_revision`)."""
+        return self._speakers.seen
+
+    def finish(
+        self, finish_reason: FinishReason = FinishReason.STOP, *, revision: bool = False
+    ) -> TranscriptFinal:
         """The final transcript: every committed segment (restored ones first). Call after
-        `ended`."""
+        `ended`. `revision`: the backend's revision follows it (`TranscriptFinal.revision`)."""
         transcript = Transcript(self._commit.committed, self.edge_s, finish_reason)
         return TranscriptFinal(
             segments=transcript.segments,
             finish_reason=finish_reason,
             coverage=transcript.coverage,
             duration_s=transcript.duration_s,
+            revision=revision,
         )
 
     # -- internals ---------------------------------------------------------------------------

@@ -62,6 +62,23 @@ def final_id(number: int) -> str:
     return f"seg-{number:04d}"
 
 
+def revision_segments(
+    segments: Sequence[Segment], finals: Sequence[Segment]
+) -> tuple[Segment, ...]:
+    """`segments` (a re-decode of the whole meeting, DESIGN 5.7) as the revision's final
+    segments: ids "rev-0001", "rev-0002", ... in order, skipping any id one of the session's
+    `finals` has (theirs are "seg-N": a client keeps both apart by id)."""
+    used = {seg.id for seg in finals}
+    out: list[Segment] = []
+    number = 0
+    for seg in segments:
+        number += 1
+        while f"rev-{number:04d}" in used:
+            number += 1
+        out.append(replace(seg, id=f"rev-{number:04d}", is_final=True))
+    return tuple(out)
+
+
 def next_final_number(finals: Sequence[Segment]) -> int:
     """The number (`final_id`) of the final committed after `finals`: past their count and
     past every "seg-N" id among them, so a new id equals none of theirs whatever their

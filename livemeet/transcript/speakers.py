@@ -7,7 +7,9 @@ A session label once shown is never renumbered. A hypothesis speaker with no ove
 returning after others talked) takes the session label it was mapped to for the most speech in
 earlier hypotheses, else the lowest free session label. A mapper restored from a session's
 stored finals (a restarted server, DESIGN 5.9) knows their labels as handed out, and counts
-each final as speech its label was mapped to by that same label.
+each final as speech its label was mapped to by that same label. A revision of the whole
+meeting after its end (DESIGN 5.7) is mapped onto the finals' labels by overlap alone
+(`map_revision`).
 
 Plain Python: no I/O.
 """
@@ -29,6 +31,53 @@ def session_label(number: int) -> str:
 def overlap_s(a: Segment, b: Segment) -> float:
     """Seconds during which `a` and `b` both run (0.0 if disjoint)."""
     return max(0.0, min(a.end_s, b.end_s) - max(a.start_s, b.start_s))
+
+
+def assign_by_overlap(
+    hypothesis: Sequence[Segment],
+    seen: Iterable[Segment],
+    mapping: dict[str, str],
+    taken: set[str],
+) -> None:
+    """Extend `mapping` (hypothesis label -> session label) by overlap: each pair (hypothesis
+    label, session label of `seen`) scores the seconds their segments overlap; pairs are
+    assigned greedily by score (ties by label), one session label per hypothesis label, never
+    a label in `taken` (updated). Labels already in `mapping` keep theirs and score nothing."""
+    scores: dict[tuple[str, str], float] = defaultdict(float)
+    seen_list = list(seen)
+    for h in hypothesis:
+        if h.speaker in mapping:
+            continue
+        for s in seen_list:
+            ov = overlap_s(h, s)
+            if ov > 0:
+                scores[(h.speaker, s.speaker)] += ov
+    for (hyp_label, sess_label), _ in sorted(scores.items(), key=lambda kv: (-kv[1], kv[0])):
+        if hyp_label not in mapping and sess_label not in taken:
+            mapping[hyp_label] = sess_label
+            taken.add(sess_label)
+
+
+def map_revision(
+    revised: Sequence[Segment], finals: Sequence[Segment], used: Collection[str] = ()
+) -> tuple[Segment, ...]:
+    """`revised` (a re-decode of a whole meeting, in its own labels) relabelled onto the
+    session's labels (DESIGN 5.7): by overlap with the session's `finals` (`assign_by_overlap`);
+    a revised speaker that overlaps none of them (or whose best label went to another) is one
+    the live session never had: it gets the lowest label neither the finals nor `used` (every
+    label the session ever showed, partials' included) hold, so no label changes meaning."""
+    mapping: dict[str, str] = {}
+    taken: set[str] = set()
+    assign_by_overlap(revised, finals, mapping, taken)
+    blocked = taken | set(used) | {f.speaker for f in finals}
+    for seg in revised:
+        if seg.speaker not in mapping:
+            n = 1
+            while session_label(n) in blocked:
+                n += 1
+            mapping[seg.speaker] = session_label(n)
+            blocked.add(session_label(n))
+    return tuple(replace(seg, speaker=mapping[seg.speaker]) for seg in revised)
 
 
 class SpeakerMapper:
@@ -70,19 +119,7 @@ class SpeakerMapper:
         """
         mapping = {label: label for label in session_labels}
         taken = set(mapping.values())
-        scores: dict[tuple[str, str], float] = defaultdict(float)
-        seen_list = list(seen)
-        for h in hypothesis:
-            if h.speaker in mapping:
-                continue
-            for s in seen_list:
-                ov = overlap_s(h, s)
-                if ov > 0:
-                    scores[(h.speaker, s.speaker)] += ov
-        for (hyp_label, sess_label), _ in sorted(scores.items(), key=lambda kv: (-kv[1], kv[0])):
-            if hyp_label not in mapping and sess_label not in taken:
-                mapping[hyp_label] = sess_label
-                taken.add(sess_label)
+        assign_by_overlap(hypothesis, seen, mapping, taken)
         for h in hypothesis:
             if h.speaker in mapping:
                 continue

@@ -13,6 +13,7 @@ from livemeet.transcriber import (
     Error,
     SegmentFinal,
     SegmentPartial,
+    TextDelta,
     TranscriptFinal,
     TranscriptRevised,
 )
@@ -75,8 +76,20 @@ def test_the_terminal_event_always_queues_last_and_closes() -> None:
 
 def test_events_captions_do_not_carry_are_dropped() -> None:
     outbox = CaptionsOutbox(max_finals=1)
-    outbox.push(TranscriptRevised((), ()))
+    outbox.push(TextDelta("upload text"))
     assert len(outbox) == 0
+
+
+def test_a_final_that_promises_a_revision_keeps_the_queue_open_for_it() -> None:
+    outbox = CaptionsOutbox(max_finals=1)
+    promise = TranscriptFinal((), FinishReason.STOP, 1.0, 1.0, revision=True)
+    revised = TranscriptRevised((), ("seg-0001",))
+    outbox.push(promise)
+    assert not is_terminal(promise)
+    outbox.push(revised)
+    outbox.push(partial(9))  # nothing after the revision
+    assert drain(outbox) == [promise, revised]
+    assert is_terminal(revised)
 
 
 def test_fail_drops_the_backlog() -> None:

@@ -119,6 +119,7 @@ async def test_stream_partials_finals_and_transcript(
             "resume_window_s": 60.0,
             "resumed": False,
             "offset": 0,
+            "revise": False,  # the fake backend cannot revise
         }
         chunk = pcm16(0.5)
         for _ in range(13):  # 6.5 s
