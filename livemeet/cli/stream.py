@@ -155,6 +155,11 @@ class StreamResult:
         return next((e for e in self.events if e["type"] == "transcript.final"), None)
 
     @property
+    def revised(self) -> dict[str, Any] | None:
+        """`transcript.revised`, where `session.ready` promised one and it came (DESIGN 5.7)."""
+        return next((e for e in self.events if e["type"] == "transcript.revised"), None)
+
+    @property
     def error(self) -> dict[str, Any] | None:
         return next((e for e in self.events if e["type"] == "error"), None)
 
@@ -709,6 +714,11 @@ def format_event(event: dict[str, Any]) -> str:
             f"{event['duration']:.2f} s, coverage {event['coverage']:.2f}, "
             f"{event['finish_reason']}"
         )
+    if kind == "transcript.revised":
+        return (
+            f"# transcript.revised: {len(event['segments'])} segments, superseding "
+            f"{len(event['supersedes'])} finals, {event['finish_reason']}"
+        )
     if kind == "session.ready":
         demo = " (DEMO backend)" if event.get("demo") else ""
         if event.get("resumed"):
@@ -793,7 +803,10 @@ def report(result: StreamResult, path: Path) -> int:
     failed = 1
     if result.interrupted:
         failed = INTERRUPTED_STATUS
-    if result.timed_out:
+    if result.timed_out and result.final is not None:
+        # the final came and its revision (transcript.revised) did not: the final stands
+        print("warning: no transcript.revised in time after transcript.final", file=sys.stderr)
+    elif result.timed_out:
         print("error: no transcript.final from the server in time after 'end'", file=sys.stderr)
         return failed
     if result.failure is not None:

@@ -223,7 +223,9 @@ async def test_stream_resumes_and_prints_each_final_once_and_no_ack(
     assert len(resumed) == 1 and resumed[0].startswith(f"# session {session_id} resumed at ")
     finals = [line for line in lines if line.startswith("= ")]
     assert len(finals) == len(set(finals)) == 4
-    assert lines[-1].startswith("# transcript.final: 4 segments, 12.00 s")
+    assert lines[-2].startswith("# transcript.final: 4 segments, 12.00 s")
+    # the scripted backend revises: the revision comes last, superseding the 4 finals
+    assert lines[-1] == "# transcript.revised: 4 segments, superseding 4 finals, stop"
     assert not [line for line in lines if line.startswith("{")]  # no raw JSON: no ack
     assert "connection lost (close 1006): resuming in 0.25 s" in err
     assert received.pcm16() == file_pcm16(wav)
