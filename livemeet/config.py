@@ -75,6 +75,29 @@ def parse_upload_hold(value: str) -> UploadHold:
         raise ConfigError(f"upload_hold must be one of {choices}, not {value!r}") from None
 
 
+class AuthMode(StrEnum):
+    """Whether the gateway asks for an API key (`serve --auth`; livemeet/gateway/auth.py).
+
+    `AUTO`: keys are required once the key store holds any key, active or revoked (a server
+    without keys stays open; revoking the last key does not open it again).
+    `KEYS`: always required (no key in the store: nobody gets in).
+    `OFF`: never asked for; the server is open.
+    """
+
+    AUTO = "auto"
+    KEYS = "keys"
+    OFF = "off"
+
+
+def parse_auth_mode(value: str) -> AuthMode:
+    """`value` as an AuthMode. Raises ConfigError naming the choices."""
+    try:
+        return AuthMode(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in AuthMode)
+        raise ConfigError(f"--auth must be one of {choices}, not {value!r}") from None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which backend serves and how it is loaded.
@@ -258,8 +281,11 @@ class GatewayConfig:
     # after a live session's transcript.final, re-decode the whole meeting offline and send it
     # as transcript.revised (DESIGN 5.7), where the backend can (MOSS-TD); `serve --no-revise`
     revise: bool = True
+    # when the API asks for a key (AuthMode; the keys: `livemeet keys`, in the data dir)
+    auth: AuthMode = AuthMode.AUTO
 
     def validate(self) -> None:
+        parse_auth_mode(self.auth)
         if self.max_upload_bytes <= 0:
             raise ConfigError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
         for flag, value in (

@@ -77,11 +77,20 @@ class ProtocolError(LivemeetError):
 
 
 class Unauthorized(LivemeetError):
-    """Missing or wrong API key or resume token."""
+    """A missing, wrong or revoked API key; a wrong resume or captions token.
+
+    `challenge`: the HTTP `WWW-Authenticate` value (RFC 9110 section 11.6.1) telling the
+    client which credentials to send, where the refusal is of an API key (`Bearer`)."""
 
     code = "unauthorized"
     http_status = 401
     close_code = 4401
+
+    def __init__(
+        self, message: str, *, param: str | None = None, challenge: str | None = None
+    ) -> None:
+        super().__init__(message, param=param)
+        self.challenge = challenge
 
 
 class NotFound(LivemeetError):

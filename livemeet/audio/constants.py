@@ -143,6 +143,16 @@ CAPTIONS_MAX_QUEUED_FINALS = 64
 # s between WebSocket pings to a subscriber (it sends nothing itself): one that does not
 # answer within half of it is closed, so a vanished overlay does not hold a socket for good
 CAPTIONS_HEARTBEAT_S = 30.0
+# API keys (livemeet/gateway/auth.py, api_keys.py): `lm_<id>_<secret>`
+API_KEY_ID_BYTES = 6  # bytes of a key's public id, 12 hex characters: named in logs and lists
+API_KEY_SECRET_BYTES = 32  # bytes of randomness in a key's secret (256 bits, secrets module)
+# characters; longest key a client may present (ours are 59): a header holds up to 8190 bytes,
+# and a longer string is no key of ours, so it is refused before it is hashed
+MAX_API_KEY_CHARS = 256
+MAX_API_KEY_NAME_CHARS = 64  # characters; longest `livemeet keys create --name`
+# s between the server's looks at the key store for keys created or revoked by `livemeet keys`
+# while it runs (a presented key it does not know makes it look at once)
+API_KEYS_RELOAD_INTERVAL_S = 1.0
 
 
 def num_audio_tokens(num_samples: int) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from livemeet.errors import LivemeetError
+from livemeet.errors import LivemeetError, Unauthorized
 
 
 def openai_error_type(error: LivemeetError) -> str:
@@ -35,10 +35,13 @@ def error_body(error: LivemeetError) -> dict[str, Any]:
 
 def error_response(error: LivemeetError) -> web.Response:
     """A JSON HTTP response with the error's status. Retryable errors carry Retry-After:
-    the error's `retry_after_s` where it knows one (whole seconds, rounded up), else 1."""
-    headers = None
+    the error's `retry_after_s` where it knows one (whole seconds, rounded up), else 1; a
+    refused API key carries `WWW-Authenticate` (Unauthorized.challenge)."""
+    headers: dict[str, str] = {}
     if error.retryable:
-        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s or 1)))}
+        headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_s or 1)))
+    if isinstance(error, Unauthorized) and error.challenge is not None:
+        headers["WWW-Authenticate"] = error.challenge
     return web.Response(
         status=error.http_status,
         text=json.dumps(error_body(error)),

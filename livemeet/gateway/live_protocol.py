@@ -60,10 +60,10 @@ BYTES_PER_SAMPLE = PCM_S16LE_BYTES
 MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE
 MAX_SAMPLE_RATE = MAX_PCM_SAMPLE_RATE
 MAX_CHANNELS = MAX_PCM_CHANNELS
-# Unicode categories a speaker name may not hold: controls (a newline would end an SRT cue),
-# line and paragraph separators (the same, to a subtitle player), and lone surrogates (JSON's
-# "\ud800" decodes to one, and it cannot be written back as UTF-8)
-_NAME_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+# Unicode categories a speaker name (and an API key's name) may not hold: controls (a newline
+# would end an SRT cue), line and paragraph separators (the same, to a subtitle player), and
+# lone surrogates (JSON's "\ud800" decodes to one, and it cannot be written back as UTF-8)
+NAME_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
 
 
 class State(StrEnum):
@@ -389,7 +389,7 @@ def _parse_rename(m: dict[str, Any]) -> SpeakerRename:
             f"'name' must hold 1..{MAX_SPEAKER_NAME_CHARS} characters once stripped "
             "(null removes a name)"
         )
-    if any(unicodedata.category(ch) in _NAME_FORBIDDEN_CATEGORIES for ch in name):
+    if any(unicodedata.category(ch) in NAME_FORBIDDEN_CATEGORIES for ch in name):
         raise InvalidRequest("'name' may not hold control characters or line breaks")
     return SpeakerRename(speaker, name)
 

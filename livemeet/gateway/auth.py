@@ -1,0 +1,238 @@
+"""API keys: who may use the API. Sans-I/O policy: the keys are stored by gateway/api_keys.py
+and checked on requests by gateway/auth_http.py.
+
+A key is `lm_<id>_<secret>`: `id` is 12 hex characters, public (logs and `livemeet keys list`
+name a key by it), and `secret` 256 random bits, URL-safe base64. The server keeps the
+SHA-256 of the whole key, never the key, and finds a presented key by that digest. A plain
+SHA-256, not a slow password hash: slowness protects guessable passwords, and nobody can
+search 256 random bits, digest in hand or not.
+
+Whether a request needs a key is `AuthMode`'s (livemeet/config.py), decided on the keys the
+store held when last read (`KeyRing`, `keys_required`). `authenticate` checks the key a
+request presented: its `Verdict` names the key, or why it was refused (`AuthFailure`, the
+`reason` of `livemeet_auth_failures_total`), and `refusal` is the error the client gets.
+
+Credentials (`presented_key`): `Authorization: Bearer <key>` (what OpenAI's SDKs send), else
+`x-api-key: <key>`; a live session may give it in its `start` instead, as browsers cannot set
+a WebSocket's headers. Never a query string: URLs end up in access logs and histories.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import secrets
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import NamedTuple
+
+from livemeet.audio.constants import (
+    API_KEY_ID_BYTES,
+    API_KEY_SECRET_BYTES,
+    MAX_API_KEY_CHARS,
+    MAX_API_KEY_NAME_CHARS,
+)
+from livemeet.config import AuthMode
+from livemeet.errors import InvalidRequest, Unauthorized
+from livemeet.gateway.live_protocol import NAME_FORBIDDEN_CATEGORIES
+
+KEY_PREFIX = "lm"
+API_KEY_HEADER = "X-Api-Key"
+# WWW-Authenticate of a 401 (RFC 6750 section 3): no key sent (no error code, as the RFC asks
+# for a request without credentials), or one that is not (or no longer) valid
+MISSING_CHALLENGE = "Bearer"
+INVALID_CHALLENGE = 'Bearer error="invalid_token"'
+_ID_CHARS = 2 * API_KEY_ID_BYTES  # hex
+_KEY_ID = re.compile(f"[0-9a-f]{{{_ID_CHARS}}}")
+_WHOLE_KEY = re.compile(f"{KEY_PREFIX}_([0-9a-f]{{{_ID_CHARS}}})_[A-Za-z0-9_-]+")
+
+
+class AuthFailure(StrEnum):
+    """Why a request's key was refused."""
+
+    MISSING = "missing"  # none presented
+    WRONG = "wrong"  # not a key of this server's store
+    REVOKED = "revoked"  # a key of the store, revoked
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A key as the store holds it (never the key itself). `key_id`: public, 12 hex
+    characters; `name`: the operator's label ("" for none); `sha256`: the hex digest of the
+    whole key; `created_at`, `revoked_at`: s since the epoch (`revoked_at` None: active)."""
+
+    key_id: str
+    name: str
+    sha256: str
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """Every key of the store, active and revoked, by digest, as read at one moment."""
+
+    by_digest: Mapping[str, ApiKey] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, keys: Iterable[ApiKey]) -> KeyRing:
+        return cls({key.sha256: key for key in keys})
+
+    @property
+    def num_keys(self) -> int:
+        return len(self.by_digest)
+
+    @property
+    def num_active(self) -> int:
+        return sum(1 for key in self.by_digest.values() if key.active)
+
+
+class Verdict(NamedTuple):
+    """`authenticate`'s answer. `key`: the key found for what was presented (None where none
+    was needed, so none was looked at, or none was found); `failure`: why the request is
+    refused (None: it may go on)."""
+
+    key: ApiKey | None
+    failure: AuthFailure | None
+
+    @property
+    def allowed(self) -> bool:
+        return self.failure is None
+
+
+def new_key() -> tuple[str, str]:
+    """A fresh key and its id: (`lm_<id>_<secret>`, `<id>`), from the secrets module."""
+    key_id = secrets.token_hex(API_KEY_ID_BYTES)
+    return f"{KEY_PREFIX}_{key_id}_{secrets.token_urlsafe(API_KEY_SECRET_BYTES)}", key_id
+
+
+def key_digest(key: str) -> str:
+    """What the store keeps of a key: the SHA-256 of all of it, hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def key_id_of(text: str) -> str | None:
+    """The id `text` names: a key id as it is, or the id inside a whole key (an operator
+    revoking a leaked key may have only the key). None when `text` is neither."""
+    text = text.strip()
+    if _KEY_ID.fullmatch(text):
+        return text
+    whole = _WHOLE_KEY.fullmatch(text)
+    return whole.group(1) if whole else None
+
+
+def check_key_name(name: str) -> str:
+    """`name` stripped, as a key's name: at most MAX_API_KEY_NAME_CHARS characters, none a
+    control character or line break (`livemeet keys list` prints it in a table). Raises
+    InvalidRequest."""
+    name = name.strip()
+    if len(name) > MAX_API_KEY_NAME_CHARS:
+        raise InvalidRequest(
+            f"a key's name holds at most {MAX_API_KEY_NAME_CHARS} characters, not {len(name)}",
+            param="name",
+        )
+    if any(unicodedata.category(ch) in NAME_FORBIDDEN_CATEGORIES for ch in name):
+        raise InvalidRequest(
+            "a key's name may not hold control characters or line breaks", param="name"
+        )
+    return name
+
+
+def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The key a request presents in its headers: the token of `Authorization: Bearer`
+    (the scheme in any case, RFC 9110 section 11.1), else `x-api-key`; None when neither
+    holds one. Another scheme (`Basic`, from a proxy's login) presents no key."""
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    if x_api_key is not None and x_api_key.strip():
+        return x_api_key.strip()
+    return None
+
+
+def keys_required(mode: AuthMode, ring: KeyRing) -> bool:
+    """Whether requests need a key under `mode` with the store's keys `ring`."""
+    if mode is AuthMode.OFF:
+        return False
+    if mode is AuthMode.KEYS:
+        return True
+    # AUTO: any key made, revoked ones too, so revoking the last key never opens the server
+    return ring.num_keys > 0
+
+
+def authenticate(mode: AuthMode, ring: KeyRing, presented: str | None) -> Verdict:
+    """The verdict on a request that presented the key `presented` (None: none). A server that
+    needs no key does not look at one (OpenAI's SDKs send a key whatever the server)."""
+    if not keys_required(mode, ring):
+        return Verdict(None, None)
+    if presented is None:
+        return Verdict(None, AuthFailure.MISSING)
+    if len(presented) > MAX_API_KEY_CHARS:
+        return Verdict(None, AuthFailure.WRONG)
+    key = ring.by_digest.get(key_digest(presented))
+    if key is None:
+        return Verdict(None, AuthFailure.WRONG)
+    return Verdict(key, None if key.active else AuthFailure.REVOKED)
+
+
+def refusal(verdict: Verdict, *, live: bool = False) -> Unauthorized:
+    """The error a refused request gets; `live`: a `/v1/live` session's (its key may also
+    come in `start`). The message never holds what was presented: a revoked key is named by
+    its id only."""
+    assert verdict.failure is not None, "a refusal needs a failed verdict"
+    if verdict.failure is AuthFailure.MISSING:
+        where = "'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+        if live:
+            where += ", or 'api_key' in the 'start' message"
+        return Unauthorized(
+            f"this server needs an API key: send it as {where}", challenge=MISSING_CHALLENGE
+        )
+    if verdict.failure is AuthFailure.REVOKED:
+        assert verdict.key is not None
+        return Unauthorized(
+            f"the API key {verdict.key.key_id} was revoked: ask the server's operator for a "
+            "new one",
+            challenge=INVALID_CHALLENGE,
+        )
+    return Unauthorized(
+        "the API key is not one of this server's (mistyped, or made for another server)",
+        challenge=INVALID_CHALLENGE,
+    )
+
+
+def describe(mode: AuthMode, ring: KeyRing) -> str:
+    """One line saying who may use the API (the start log, `serve --check-config`)."""
+    active, revoked = ring.num_active, ring.num_keys - ring.num_active
+    counts = f"{active} active API key{'s' if active != 1 else ''}, {revoked} revoked"
+    if mode is AuthMode.OFF:
+        return "auth off: anyone who can reach the server may use the API"
+    if not keys_required(mode, ring):
+        return (
+            "auth auto: no API key in the store, so the API is open to anyone who can reach "
+            "it (the first `livemeet keys create` closes it)"
+        )
+    if active == 0:
+        return (
+            f"auth {mode.value}: API keys required, and none is active ({counts}): nobody can "
+            "use the API until `livemeet keys create` makes one"
+        )
+    return f"auth {mode.value}: API keys required ({counts})"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether listening on `host` reaches this machine only: `localhost` or a loopback
+    address. Any other name counts as reachable from outside (it is not resolved)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
