@@ -1,6 +1,7 @@
 """The aiohttp application of the gateway: routes, typed state, lifecycle.
 
-`create_app(config, transcriber)` builds it; `cleanup_ctx` starts and stops the transcriber;
+`create_app(config, transcriber)` builds it; `cleanup_ctx` reads the API keys and keeps them
+current (gateway/auth_http.py), then starts and stops the transcriber;
 `on_shutdown` drains: each live session is ended as by its client's `end` and gets its final
 transcript, then a 1001 close (one with nothing to transcribe, or whose final is late, gets an
 `engine_unavailable` error); a detached one (its socket gone, waiting for a resume) is ended,
@@ -33,11 +34,14 @@ from livemeet.errors import (
     RequestRejected,
 )
 from livemeet.gateway import health, openai_api, session_transcript
+from livemeet.gateway.api_keys import ApiKeyStore, store_path
+from livemeet.gateway.auth_http import KeyGuard, auth_middleware, key_watch
 from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
+    AUTH_KEY,
     CONFIG_KEY,
     DISK_KEY,
     JOURNAL_KEY,
@@ -87,12 +91,14 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
             in_process=config.in_process_engine,
             max_sessions=config.gateway.max_sessions,
         )
-    app = web.Application(middlewares=[error_middleware])
+    # the error middleware outside: it renders the auth middleware's refusals too
+    app = web.Application(middlewares=[error_middleware, auth_middleware])
     app[CONFIG_KEY] = config
     app[TRANSCRIBER_KEY] = transcriber
     app[REGISTRY_KEY] = LiveRegistry()
     metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
     app[METRICS_KEY] = metrics
+    app[AUTH_KEY] = KeyGuard(config.gateway.auth, ApiKeyStore(store_path(config.data_dir)), metrics)
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
     app[JOURNAL_KEY] = LiveJournal(live_dir(config), on_commit=metrics.journal_committed)
     guard = app[DISK_KEY] = DiskGuard(config.data_dir, int(config.gateway.min_free_disk_mb * MIB))
@@ -112,6 +118,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
         decode_slots=asyncio.Semaphore(config.gateway.max_concurrent_decodes),
         incoming_uploads=IncomingUploadCounter(*listeners),
     )
+    app.cleanup_ctx.append(key_watch)  # the keys are read before the engine loads
     app.cleanup_ctx.append(transcriber_lifecycle)
     app.on_shutdown.append(close_live_sockets)
     app.on_cleanup.append(flush_transcripts)
@@ -148,8 +155,11 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
     """CORS (aiohttp-cors) on the HTTP API for the `--allowed-origin` pages, so a web app
     served elsewhere can upload and fetch transcripts as it may open live sessions: preflight
     answers, `Access-Control-Allow-Origin` on every response (errors included). Any request
-    header is allowed (the OpenAI JS client sends `Authorization` and its own `x-stainless-*`
-    headers); no credentials (cookies): the API takes none."""
+    header is allowed: aiohttp-cors answers a preflight with the headers it asked for, by
+    name, as browsers need for `Authorization` (a `*` would not cover it), so a page may send
+    an API key as `Authorization: Bearer` (the OpenAI JS client, beside its own
+    `x-stainless-*` headers) or `x-api-key`. No credentials in the CORS sense (cookies): the
+    API takes none."""
     if not allowed:
         return
     aiohttp_cors = cors_package()
@@ -157,7 +167,12 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
         allow_credentials=False,
         allow_methods="*",  # those the route serves; any other is still a 405
         allow_headers="*",
-        expose_headers=(openai_api.ID_HEADER, session_transcript.STATUS_HEADER, "Retry-After"),
+        expose_headers=(
+            openai_api.ID_HEADER,
+            session_transcript.STATUS_HEADER,
+            "Retry-After",
+            "WWW-Authenticate",
+        ),
         max_age=CORS_MAX_AGE_S,
     )
     cors = aiohttp_cors.setup(app, defaults={canonical_origin(o): options for o in allowed})

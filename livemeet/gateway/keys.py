@@ -19,6 +19,7 @@ from livemeet.gateway.upload_form import ByteBudget
 from livemeet.transcriber import Transcriber
 
 if TYPE_CHECKING:
+    from livemeet.gateway.auth_http import KeyGuard
     from livemeet.gateway.live_journal import LiveJournal
     from livemeet.gateway.live_sessions import LiveSessions
     from livemeet.gateway.ws_live import LiveRegistry
@@ -47,6 +48,7 @@ DISK_KEY = web.AppKey("disk", DiskGuard)
 METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 STORE_KEY = web.AppKey("transcripts", TranscriptStore)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
+AUTH_KEY: web.AppKey[KeyGuard] = web.AppKey("auth")
 
 
 def tmp_dir(config: ServerConfig) -> Path:

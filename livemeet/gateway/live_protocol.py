@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -114,6 +114,9 @@ class StartSession:
     prompt: str | None
     hotwords: tuple[str, ...]
     resume: ResumeRequest | None = None
+    # the session's API key, for a client that cannot set the upgrade's headers (a browser);
+    # kept out of repr: a key must never reach a log
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def audio_format(self) -> AudioFormat:
@@ -449,7 +452,27 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
     if any(len(h) > MAX_HOTWORD_CHARS for h in hotwords):
         raise InvalidRequest(f"a hotword is at most {MAX_HOTWORD_CHARS} characters")
     resume = _parse_resume(m)
-    return StartSession(sample_rate, channels, encoding, language, prompt, tuple(hotwords), resume)
+    return StartSession(
+        sample_rate,
+        channels,
+        encoding,
+        language,
+        prompt,
+        tuple(hotwords),
+        resume,
+        _parse_api_key(m),
+    )
+
+
+def _parse_api_key(m: dict[str, Any]) -> str | None:
+    """`start`'s `api_key`: a string; empty counts as absent (as an empty header does). Its
+    length is not checked here: whether it is a key is the gateway's (gateway/auth.py)."""
+    value = m.get("api_key")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("'api_key' must be a string: the API key")
+    return value.strip() or None
 
 
 def _int_field(m: dict[str, Any], name: str, default: int | None) -> int:

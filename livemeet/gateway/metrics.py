@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from livemeet.engine.messages import EngineStats
+from livemeet.gateway.auth import AuthFailure
 
 StatsSource = Callable[[], EngineStats | None]
 
@@ -250,8 +251,9 @@ UPLOAD_PHASES = ("receive", "decode", "transcribe", "respond")  # livemeet_uploa
 class GatewayMetrics:
     """The gateway's metrics. Label values: `endpoint` (route name), `status` (HTTP status),
     `state` (live session state), `outcome` (how a session ended), `kind` (upload|live),
-    `code` (LivemeetError.code), `result` (a live resume's); `engine` exports the engine's
-    counters (module docstring)."""
+    `code` (LivemeetError.code), `result` (a live resume's), `reason` (why an API key was
+    refused: gateway/auth.py's AuthFailure); `engine` exports the engine's counters (module
+    docstring)."""
 
     registry: CollectorRegistry
     requests: Counter
@@ -274,6 +276,7 @@ class GatewayMetrics:
     captions_subscribers: Gauge
     live_revisions: Counter
     live_revision_s: Histogram
+    auth_failures: Counter
     engine: EngineStatsCollector
 
     @classmethod
@@ -415,11 +418,20 @@ class GatewayMetrics:
                 buckets=UPLOAD_LATENCY_BUCKETS_S,
                 registry=registry,
             ),
+            auth_failures=Counter(
+                "livemeet_auth_failures",
+                "HTTP requests and live sessions refused for their API key, by reason: missing "
+                "(none sent), wrong (not one of the server's keys), revoked",
+                ["reason"],
+                registry=registry,
+            ),
         )
         for result in ("revised", "failed"):  # exported (at zero) before the first revision
             metrics.live_revisions.labels(result)
         for phase in UPLOAD_PHASES:  # exported (at zero) before the first upload
             metrics.upload_phase_s.labels(phase)
+        for reason in AuthFailure:  # at zero, for alerts on their rate
+            metrics.auth_failures.labels(reason.value)
         return metrics
 
     def journal_committed(self, seconds: float, files: int) -> None:

@@ -44,10 +44,13 @@ from livemeet.errors import (
     RequestRejected,
     RevisionFailed,
     SessionTakenOver,
+    Unauthorized,
     error_for_code,
 )
+from livemeet.gateway.auth_http import request_key
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import (
+    AUTH_KEY,
     CONFIG_KEY,
     DISK_KEY,
     LIFECYCLE_KEY,
@@ -188,11 +191,20 @@ def _shutdown_error(connection: LiveConnection) -> LivemeetError:
 
 class LiveConnection:
     """One `/v1/live` WebSocket and, once `start` arrives, the session it carries (a new one,
-    or a resumed one: gateway/live_sessions.py). Implements live_sessions.EventSink."""
+    or a resumed one: gateway/live_sessions.py). Implements live_sessions.EventSink.
 
-    def __init__(self, app: web.Application, ws: web.WebSocketResponse) -> None:
+    Its API key (gateway/auth.py): the upgrade request's (`header_key`), checked as the
+    connection opens, else the `start` message's `api_key`, checked before the session opens
+    or resumes; a refusal is `unauthorized` (4401) either way."""
+
+    def __init__(
+        self, app: web.Application, ws: web.WebSocketResponse, header_key: str | None = None
+    ) -> None:
         self.app = app
         self.ws = ws
+        self._header_key = header_key
+        self._authenticated = False  # a key was accepted, or none is needed
+        self._key_id: str | None = None  # the accepted key's (None: no key needed)
         self.protocol = LiveProtocol()
         self.holder: LiveSessionHolder | None = None
         self._forwarder: asyncio.Task[None] | None = None
@@ -230,6 +242,12 @@ class LiveConnection:
 
     async def run(self) -> None:
         """Serve the connection until it closes. Never raises a LivemeetError."""
+        if self._header_key is not None:  # a wrong key is refused at once; none waits for start
+            try:
+                await self._authenticate(self._header_key)
+            except Unauthorized as exc:
+                await self.fail(exc)
+                return
         # while the engine worker restarts, sessions held wait to be rebuilt: a resume is let
         # in (a new session's `start` is refused then by `open_session`)
         not_ready = not self.app[TRANSCRIBER_KEY].ready and not len(self.app[SESSIONS_KEY])
@@ -531,7 +549,16 @@ class LiveConnection:
         elif not isinstance(action, KeepAlive):
             raise InternalError(f"unhandled live action {action!r}")
 
+    async def _authenticate(self, presented: str | None) -> None:
+        """Let the connection open or resume a session with the key `presented` (None:
+        none), or raise Unauthorized."""
+        key = await self.app[AUTH_KEY].authenticate(presented, live=True)
+        self._authenticated = True
+        self._key_id = key.key_id if key is not None else None
+
     async def _start(self, start: StartSession) -> None:
+        if not self._authenticated:  # a resume too: the resume token alone is not enough
+            await self._authenticate(start.api_key)
         sessions = self.app[SESSIONS_KEY]
         if start.resume is not None:
             self._resume_id = start.resume.session_id
@@ -550,6 +577,8 @@ class LiveConnection:
             decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
             session = await self.app[TRANSCRIBER_KEY].open_session(options)
             sessions.open(session, decoder, start.audio_format, self, options)
+        if self._key_id is not None and self.holder is not None:
+            log.info("live session %s: API key %s", self.holder.id, self._key_id)
         self._forwarder = asyncio.create_task(self._forward())
         self._set_state("ending" if self.protocol.state is State.ENDING else "streaming")
 
@@ -735,7 +764,7 @@ async def live_handler(request: web.Request) -> web.WebSocketResponse:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
     check_browser_origin(request, "open live sessions")
     await ws.prepare(request)
-    connection = LiveConnection(request.app, ws)
+    connection = LiveConnection(request.app, ws, request_key(request))
     registry = request.app[REGISTRY_KEY]
     registry.add(connection)
     try:

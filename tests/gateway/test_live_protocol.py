@@ -348,3 +348,16 @@ def test_speaker_rename_still_applies_after_end_and_a_bad_one_is_ignored() -> No
     drained.receive_binary(b"\x00\x00")
     assert drained.server_end()
     assert drained.receive_text(rename(name=None)) == SpeakerRename("S01", None)
+
+
+def test_start_may_carry_the_api_key_which_its_repr_never_shows() -> None:
+    key = "lm_0123456789ab_" + "s" * 43
+    start = LiveProtocol().receive_text(json.dumps({**json.loads(START), "api_key": f" {key} "}))
+    assert isinstance(start, StartSession) and start.api_key == key
+    assert key not in repr(start) and "s" * 43 not in repr(start)
+    for absent in (None, "", "  "):
+        message = {**json.loads(START), "api_key": absent}
+        start = LiveProtocol().receive_text(json.dumps(message))
+        assert isinstance(start, StartSession) and start.api_key is None
+    with pytest.raises(InvalidRequest, match="'api_key' must be a string"):
+        LiveProtocol().receive_text(json.dumps({**json.loads(START), "api_key": 12}))

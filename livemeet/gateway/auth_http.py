@@ -1,0 +1,179 @@
+"""API keys on the gateway (gateway/auth.py is the policy, gateway/api_keys.py the store):
+the app's `KeyGuard`, the middleware that asks the HTTP API for a key, and the cleanup context
+that loads the keys before the server serves and keeps them current while it runs.
+
+Which requests need a key: every named route but PUBLIC_ROUTES (health, readiness and metrics
+for operators and probes, the page's files, and a live session's captions and transcript,
+which its captions token opens: a capability the session's client hands to an overlay) and
+SELF_CHECKED_ROUTES (`/v1/live` checks its key itself, ws_live.py: the key may come in
+`start`, and a refusal there is an `error` frame and close 4401 on an accepted handshake).
+Unnamed routes are the page's files. A CORS preflight (OPTIONS) never needs one: browsers send
+no credentials with it. A request to no route gets its 404 or 405 without a key: it reaches
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import hdrs, web
+
+from livemeet.audio.constants import API_KEYS_RELOAD_INTERVAL_S
+from livemeet.config import AuthMode
+from livemeet.errors import ConfigError
+from livemeet.gateway.api_keys import ApiKeyStore
+from livemeet.gateway.auth import (
+    API_KEY_HEADER,
+    ApiKey,
+    AuthFailure,
+    KeyRing,
+    authenticate,
+    describe,
+    is_loopback_host,
+    keys_required,
+    presented_key,
+    refusal,
+)
+from livemeet.gateway.keys import AUTH_KEY, CONFIG_KEY
+from livemeet.gateway.metrics import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+PUBLIC_ROUTES = frozenset({"healthz", "readyz", "metrics", "web", "captions", "session_transcript"})
+SELF_CHECKED_ROUTES = frozenset({"live"})
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class KeyGuard:
+    """The API-key check of one app: its `mode` and the store's keys as last read (`ring`).
+    `authenticate` works on them in memory; `watch` reads the store again (off the event loop)
+    every API_KEYS_RELOAD_INTERVAL_S when it changed, and `authenticate` does at once for a
+    key it does not know (one made a moment ago by a script that uses it next)."""
+
+    def __init__(self, mode: AuthMode, store: ApiKeyStore, metrics: GatewayMetrics) -> None:
+        self.mode = mode
+        self.store = store
+        self.ring = KeyRing()
+        self._metrics = metrics
+        self._refreshing: asyncio.Task[None] | None = None
+        self._problem: str | None = None  # the last read's failure, logged once
+
+    @property
+    def required(self) -> bool:
+        """Whether requests need a key now."""
+        return keys_required(self.mode, self.ring)
+
+    def load(self) -> None:
+        """Read the keys (at start, before serving; blocking). Raises ConfigError."""
+        self.ring = self.store.ring_if_changed() or KeyRing()
+
+    async def authenticate(self, presented: str | None, *, live: bool = False) -> ApiKey | None:
+        """The key that lets a request that presented `presented` (None: none) in, or None
+        where no key is needed. Raises Unauthorized (counted by reason); `live`: for a live
+        session (whose key may also come in `start`: the message says so)."""
+        verdict = authenticate(self.mode, self.ring, presented)
+        if verdict.failure is AuthFailure.WRONG:
+            # maybe made since the last read; a flood of wrong keys costs a stat and a PRAGMA
+            # each, in one shared read at a time
+            await self.refresh()
+            verdict = authenticate(self.mode, self.ring, presented)
+        if verdict.failure is not None:
+            self._metrics.auth_failures.labels(verdict.failure.value).inc()
+            raise refusal(verdict, live=live)
+        return verdict.key
+
+    async def refresh(self) -> None:
+        """Read the keys again if the store changed; concurrent callers share one read. A
+        store that cannot be read (or was removed) leaves the keys read last in force, and the
+        log says so once: a failing disk never opens the server."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.create_task(self._refresh(), name="api-keys-read")
+        await asyncio.shield(self._refreshing)
+
+    async def watch(self) -> None:
+        """Refresh every API_KEYS_RELOAD_INTERVAL_S, until cancelled."""
+        while True:
+            await asyncio.sleep(API_KEYS_RELOAD_INTERVAL_S)
+            await self.refresh()
+
+    async def close(self) -> None:
+        """Close the store, after a read under way (its thread uses the connection)."""
+        if self._refreshing is not None:
+            await asyncio.gather(self._refreshing, return_exceptions=True)
+        self.store.close()
+
+    async def _refresh(self) -> None:
+        try:
+            ring = await asyncio.to_thread(self.store.ring_if_changed)
+        except ConfigError as exc:
+            if exc.message != self._problem:
+                log.warning("%s: the API keys read before stay in force", exc.message)
+                self._problem = exc.message
+            return
+        self._problem = None
+        if ring is not None and ring != self.ring:
+            self.ring = ring
+            log.info("API keys changed: %s", describe(self.mode, ring))
+
+
+def request_key(request: web.Request) -> str | None:
+    """The key a request presents in its headers (auth.presented_key)."""
+    return presented_key(
+        request.headers.get(hdrs.AUTHORIZATION), request.headers.get(API_KEY_HEADER)
+    )
+
+
+def needs_key(request: web.Request) -> bool:
+    """Whether the middleware asks `request` for a key (the module docstring says which)."""
+    if request.method == hdrs.METH_OPTIONS:
+        return False
+    match = request.match_info
+    if match.http_exception is not None:
+        return False
+    name = match.route.name
+    return name is not None and name not in PUBLIC_ROUTES and name not in SELF_CHECKED_ROUTES
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a request that needs a key without a valid one: Unauthorized, which the error
+    middleware (outside this one) renders as a 401 with `WWW-Authenticate`, before the
+    handler reads any of the body."""
+    if needs_key(request):
+        key = await request.app[AUTH_KEY].authenticate(request_key(request))
+        if key is not None:
+            log.debug("%s %s: API key %s", request.method, request.rel_url.raw_path, key.key_id)
+    return await handler(request)
+
+
+async def key_watch(app: web.Application) -> AsyncIterator[None]:
+    """Cleanup context: read the keys before the server serves (ConfigError when the store
+    cannot be read), say who may use the API, and keep the keys current until shutdown."""
+    guard = app[AUTH_KEY]
+    config = app[CONFIG_KEY]
+    await asyncio.to_thread(guard.load)
+    summary = describe(guard.mode, guard.ring)
+    if guard.required and guard.ring.num_active == 0:
+        log.warning("%s", summary)
+    else:
+        log.info("%s", summary)
+    if not guard.required and not is_loopback_host(config.host):
+        log.warning(
+            "THE API IS OPEN: no API key is asked for (--auth %s) while listening on %s, "
+            "which other machines may reach: make a key (`livemeet keys create`), or listen on "
+            "127.0.0.1 behind an authenticating proxy",
+            guard.mode.value,
+            config.host or "every interface",
+        )
+    watcher = asyncio.create_task(guard.watch(), name="api-keys")
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await guard.close()
