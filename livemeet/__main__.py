@@ -1,4 +1,4 @@
-"""`python -m livemeet` / `livemeet`: serve | transcribe | stream | eval.
+"""`python -m livemeet` / `livemeet`: serve | transcribe | stream | eval | keys.
 
 Each subcommand lives in its own module with `register(subparsers)`, which adds its parser and
 sets `func(args) -> int` as the parser default.
@@ -17,13 +17,15 @@ SUBCOMMAND_MODULES = (
     "livemeet.cli.transcribe",
     "livemeet.cli.stream",
     "livemeet.eval.cli",
+    "livemeet.cli.keys",
 )
 
 
 DESCRIPTION = (
     "livemeet: speaker-labelled, timestamped meeting transcripts. `serve` runs the "
     "OpenAI-compatible upload API and the live WebSocket; `transcribe` works offline on files; "
-    "`stream` sends a file to a running server as a live session; `eval` scores a transcript."
+    "`stream` sends a file to a running server as a live session; `eval` scores a transcript; "
+    "`keys` makes and revokes the server's API keys."
 )
 
 

@@ -28,7 +28,14 @@ from livemeet.audio.constants import (
     MIN_LIVE_HOP_LOAD,
 )
 from livemeet.backends import BACKENDS, check_backend
-from livemeet.config import LOG_FORMAT, GatewayConfig, ModelConfig, ServerConfig, UploadHold
+from livemeet.config import (
+    LOG_FORMAT,
+    AuthMode,
+    GatewayConfig,
+    ModelConfig,
+    ServerConfig,
+    UploadHold,
+)
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
 from livemeet.gateway.disk import MIB, DiskGuard
@@ -145,6 +152,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a web page origin (e.g. https://meet.example.com) besides the server's own "
         "that may open live sessions from a browser and call the HTTP API (CORS); "
         "repeatable; '*' allows any (default: none)",
+    )
+    p.add_argument(
+        "--auth",
+        choices=[m.value for m in AuthMode],
+        default=GatewayConfig.auth.value,
+        help="when the API asks for a key (`livemeet keys` makes them, in --data-dir): auto, "
+        "once the data dir holds any key, active or revoked; keys, always (none made: nobody "
+        "gets in); off, never. /healthz, /readyz, /metrics, the page and a session's captions "
+        "and transcript (its captions token) need none (default %(default)s)",
     )
     p.add_argument(
         "--in-process-engine",
@@ -418,6 +434,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             retention_days=args.retention_days,
             revise=args.revise,
             allowed_origins=tuple(args.allowed_origin),
+            auth=AuthMode(args.auth),
         ),
     )
     config.validate()
@@ -456,6 +473,20 @@ def preflight_model(model: ModelConfig) -> None:
         read_forced_output(Path(model.forced_output))
 
 
+def check_auth(config: ServerConfig) -> None:
+    """Say who may use the API of a server started on `config` (`--check-config`): its --auth
+    and the data dir's keys, active and revoked, as a start reads them. Raises ConfigError for
+    a key store a start could not read."""
+    from livemeet.gateway.api_keys import ApiKeyStore, store_path
+    from livemeet.gateway.auth_http import report_auth
+
+    store = ApiKeyStore(store_path(config.data_dir))
+    try:
+        report_auth(config.gateway.auth, store.ring(), config.host)
+    finally:
+        store.close()
+
+
 def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
     """A server TLS context from --tls-cert/--tls-key (browsers need https for the mic on
     other machines). Raises ConfigError for unreadable files."""
@@ -481,6 +512,7 @@ def run(args: argparse.Namespace) -> int:
             cors_package()
         if args.check_config:
             preflight_model(config.model)
+            check_auth(config)
             log.info("configuration ok (no weights loaded, nothing listened on)")
             return 0
         check_listen(config.host, config.port)

@@ -26,9 +26,12 @@ Ctrl-C stops sending, sends `end` and still waits for the final transcript of wh
 (the server drops the session of a client that just leaves, and its transcript with it); a
 second Ctrl-C quits at once. Exit status: 0 for a final covering the whole file, 1 for no final
 or one that covers part of it (it says from which second to resend), 2 when it could not run
-(no server to connect to, or one that refused to start the session: not ready, at capacity),
-130 after Ctrl-C. A session lost to the network (no resume: the server has resume off, refused
-it, or the window passed) exits 1.
+(no server to connect to, or one that refused to start the session: not ready, at capacity,
+an API key refused), 130 after Ctrl-C. A session lost to the network (no resume: the server
+has resume off, refused it, or the window passed) exits 1.
+
+A server that asks for an API key (docs/protocol.md, "API keys") gets `--api-key` (or
+LIVEMEET_API_KEY) as `Authorization: Bearer` on every upgrade request, resumes included.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import contextlib
 import itertools
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -70,6 +74,7 @@ RECONNECT_MAX_S = 5.0
 # s after a drop that a server which cannot be reached (refused, timed out: restarting, or a
 # model loading for minutes) is still waited for
 RECONNECT_OUTAGE_MAX_S = 600.0
+API_KEY_ENV = "LIVEMEET_API_KEY"  # --api-key's default
 
 
 def resume_deadline(dropped_at: float, window_s: float, unreachable_at: float | None) -> float:
@@ -127,6 +132,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="print the server's events as raw JSON, one a line, as the readable lines are "
         "(not audio.ack; a final replayed by a resume once) (default: one readable line each)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"the server's API key (`livemeet keys create`), sent as 'Authorization: Bearer' "
+        f"(default: ${API_KEY_ENV}, else none; a key on the command line is visible to other "
+        "users of this machine, the variable is not)",
     )
     p.set_defaults(func=run)
 
@@ -429,12 +442,14 @@ async def stream_audio(
     on_notice: Callable[[str], None] | None = None,
     final_timeout_s: float | None = None,
     stop: asyncio.Event | None = None,
+    api_key: str | None = None,
 ) -> StreamResult:
     """Stream 16 kHz mono float32 `chunks` (any sizes; taken as they are needed, so an
     iterator that decodes a file holds a chunk at a time) to `url`, paced at `speed` x real
     time in frames of `hop_s` seconds; then `end`, and collect events until the server closes.
     `on_event` gets each event as it comes, except `audio.ack`s and replayed finals;
-    `on_notice` a line on each reconnect.
+    `on_notice` a line on each reconnect. `api_key` goes on every upgrade request as
+    `Authorization: Bearer`.
 
     Sending stops early when the server closes, when `stop` is set (Ctrl-C: `end` then still
     goes out and the final is awaited) or when `chunks` raises a LivemeetError (the file is
@@ -456,6 +471,7 @@ async def stream_audio(
         on_notice=on_notice,
         final_timeout_s=final_timeout_s,
         stop=stop or asyncio.Event(),
+        api_key=api_key,
     )
     return await streamer.run()
 
@@ -475,8 +491,10 @@ class _Streamer:
         on_notice: Callable[[str], None] | None,
         final_timeout_s: float | None,
         stop: asyncio.Event,
+        api_key: str | None = None,
     ) -> None:
         self.url = url
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.frames = frames
         self.speed = speed
         self.start = {
@@ -504,7 +522,7 @@ class _Streamer:
         self.num_retries = 0  # reconnects since the drop
 
     async def run(self) -> StreamResult:
-        ws = await websockets.connect(self.url, max_size=None, close_timeout=5)
+        ws = await self._connect()
         self.t0 = time.monotonic()
         resuming = False
         while True:
@@ -684,12 +702,17 @@ class _Streamer:
             self._notice(f"{why}: resuming in {delay_s:.2f} s")
             await asyncio.sleep(delay_s)
             try:
-                return await websockets.connect(self.url, max_size=None, close_timeout=5)
+                return await self._connect()
             except OSError as exc:  # refused, timed out: no server there (yet)
                 why = f"cannot reconnect ({exc})"
                 self.unreachable_at = time.monotonic()
             except websockets.InvalidHandshake as exc:
                 why = f"cannot reconnect ({exc})"
+
+    async def _connect(self) -> websockets.ClientConnection:
+        return await websockets.connect(
+            self.url, max_size=None, close_timeout=5, additional_headers=self.headers
+        )
 
     def _notice(self, line: str) -> None:
         if self.on_notice is not None:
@@ -781,6 +804,7 @@ def run(args: argparse.Namespace) -> int:
                     start=start,
                     on_event=show,
                     on_notice=notice,
+                    api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                 )
             )
     except BrokenPipeError:
@@ -813,9 +837,11 @@ def report(result: StreamResult, path: Path) -> int:
         print(f"error: {result.failure}", file=sys.stderr)
         return failed
     if (refusal := result.refusal) is not None and not result.interrupted:
+        # the first connection's (a resume refused, for its key too, is a `failure`, above)
+        hint = f" (--api-key or {API_KEY_ENV})" if refusal["code"] == "unauthorized" else ""
         print(
             f"error: the server refused the session: {refusal['code']}: {refusal['message']} "
-            f"(close code {result.close_code})",
+            f"(close code {result.close_code}){hint}",
             file=sys.stderr,
         )
         return 2  # it could not run, as when there is no server to connect to (README)

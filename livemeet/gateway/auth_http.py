@@ -120,6 +120,25 @@ class KeyGuard:
             log.info("API keys changed: %s", describe(self.mode, ring))
 
 
+def report_auth(mode: AuthMode, ring: KeyRing, host: str) -> None:
+    """Log who may use the API of a server listening on `host` with `ring`'s keys (its start,
+    `serve --check-config`): a warning where nobody can, or where anyone who reaches a host
+    other machines may reach can."""
+    summary = describe(mode, ring)
+    if keys_required(mode, ring) and ring.num_active == 0:
+        log.warning("%s", summary)
+    else:
+        log.info("%s", summary)
+    if not keys_required(mode, ring) and not is_loopback_host(host):
+        log.warning(
+            "THE API IS OPEN: no API key is asked for (--auth %s) while listening on %s, "
+            "which other machines may reach: make a key (`livemeet keys create`), or listen on "
+            "127.0.0.1 behind an authenticating proxy",
+            mode.value,
+            host or "every interface",
+        )
+
+
 def request_key(request: web.Request) -> str | None:
     """The key a request presents in its headers (auth.presented_key)."""
     return presented_key(
@@ -154,21 +173,8 @@ async def key_watch(app: web.Application) -> AsyncIterator[None]:
     """Cleanup context: read the keys before the server serves (ConfigError when the store
     cannot be read), say who may use the API, and keep the keys current until shutdown."""
     guard = app[AUTH_KEY]
-    config = app[CONFIG_KEY]
     await asyncio.to_thread(guard.load)
-    summary = describe(guard.mode, guard.ring)
-    if guard.required and guard.ring.num_active == 0:
-        log.warning("%s", summary)
-    else:
-        log.info("%s", summary)
-    if not guard.required and not is_loopback_host(config.host):
-        log.warning(
-            "THE API IS OPEN: no API key is asked for (--auth %s) while listening on %s, "
-            "which other machines may reach: make a key (`livemeet keys create`), or listen on "
-            "127.0.0.1 behind an authenticating proxy",
-            guard.mode.value,
-            config.host or "every interface",
-        )
+    report_auth(guard.mode, guard.ring, app[CONFIG_KEY].host)
     watcher = asyncio.create_task(guard.watch(), name="api-keys")
     try:
         yield

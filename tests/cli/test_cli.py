@@ -52,7 +52,7 @@ def test_every_argument_says_what_it_does_and_its_default() -> None:
     not shown. Every argument of every subcommand has help; every option with a default
     other than none/off names it."""
     parsers = subcommand_parsers()
-    assert set(parsers) == {"serve", "transcribe", "stream", "eval"}
+    assert set(parsers) == {"serve", "transcribe", "stream", "eval", "keys"}
     for name, parser in parsers.items():
         formatter = parser._get_formatter()
         for action in parser._actions:
