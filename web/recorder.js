@@ -11,6 +11,9 @@
 // line or in the speakers list, asks for a name and sends `speaker.rename`; the names shown come
 // only from the server's `speaker.renamed` (its answers, and its replay on a resume). Names are
 // changed only while connected: offline, the speakers list is disabled and a click does nothing.
+// A server that asks for an API key (docs/protocol.md, "API keys") gets the one typed in the
+// page's API key field as `start`'s `api_key` (a page cannot set a WebSocket's headers), on
+// every connection, resumes included; the tab's sessionStorage keeps it for a reload.
 const KEEPALIVE_MS = 10000;
 const SAMPLE_RATE = 16000; // Hz; what pcm-worklet.js posts (mono PCM16 LE)
 const BYTES_PER_FRAME = 2; // one mono PCM16 sample frame
@@ -37,6 +40,8 @@ const EXPORTS = [["json", "diarized_json", "json"], ["srt", "srt", "srt"],
 // sessionStorage key of the live session: {session_id, resume_token, captions_token,
 // sample_rate, channels, started_at, resume_window_s, alive_at (when the page last had it)}
 const STORAGE_KEY = "livemeet.recorder.session";
+// sessionStorage key of the API key typed in the page: this tab only, gone with it
+const API_KEY_STORAGE_KEY = "livemeet.recorder.api_key";
 const ALIVE_EVERY_MS = 1000; // alive_at is refreshed on acks at most this often
 // what the server accepts in `speaker.rename` (docs/protocol.md): a label "S" and digits of
 // at most 16 characters; a name of 1..64 characters once stripped, without control characters
@@ -140,6 +145,25 @@ function loadSession() {
 function clearSession() {
   const store = storage();
   if (store) store.removeItem(STORAGE_KEY);
+}
+
+// The API key typed in the page, or "" (the server may ask for none)
+function apiKey() {
+  return String($("api-key").value || "").trim();
+}
+
+// Keep the typed key for a reload of this tab (a resume after it needs the key too)
+function saveApiKey() {
+  const store = storage();
+  if (!store) return;
+  if (apiKey()) store.setItem(API_KEY_STORAGE_KEY, apiKey());
+  else store.removeItem(API_KEY_STORAGE_KEY);
+}
+
+function loadApiKey() {
+  const store = storage();
+  const saved = store ? store.getItem(API_KEY_STORAGE_KEY) : null;
+  if (saved) $("api-key").value = saved;
 }
 
 function clock(ms) {
@@ -422,6 +446,7 @@ async function offerTranscript(captions, startedAt) {
 
 // Start a new meeting, or (saved: a session stored before a reload) resume that one.
 async function start(saved) {
+  saveApiKey();
   $("start").disabled = true;
   $("resume").hidden = true;
   $("finals").replaceChildren();
@@ -480,6 +505,7 @@ function connect() {
     const start = { type: "start", sample_rate: state.format.sample_rate,
                     channels: state.format.channels, encoding: "pcm_s16le" };
     if (state.session) start.resume = state.session;
+    if (apiKey()) start.api_key = apiKey();
     ws.send(JSON.stringify(start));
     state.keepalive = setInterval(() => ws.send(JSON.stringify({ type: "keepalive" })),
                                   KEEPALIVE_MS);
@@ -546,6 +572,9 @@ function onClose(ws, ev, reached) {
     setStatus(`the meeting had ended: the server no longer has session ` +
               `${state.session ? state.session.session_id : ""}${lostNote()}`);
     offerTranscript(state.captions, state.startedAt);
+  } else if (ev.code === 4401 && !state.session) {
+    // unauthorized: the server asks for an API key (its error said which problem)
+    setStatus(`${$("status").textContent}: enter the server's API key above, then Start`);
   } else if (!state.opened) setStatus(`cannot connect to the server (closed ${ev.code})`);
   else if (ev.code === 1001) {
     // the server shut down and drained the session: the transcript above is final up to
@@ -587,6 +616,7 @@ function startClicked(saved) {
   });
 }
 
+$("api-key").addEventListener("change", saveApiKey);
 $("start").addEventListener("click", () => startClicked(null));
 $("resume").addEventListener("click", () => { if (state.stored) startClicked(state.stored); });
 // a reload or a closed tab: keep the stored session (and when the page last had it)
@@ -599,4 +629,5 @@ $("overlay-copy").addEventListener("click", () => {
   // the clipboard needs a secure page, as the microphone does; else the link can be copied
   if (navigator.clipboard) navigator.clipboard.writeText($("overlay-url").textContent);
 });
+loadApiKey();
 showServer().then(offerStored);

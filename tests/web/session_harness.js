@@ -6,7 +6,9 @@
 // stored session), "reload" (a page loaded with a live session stored: Resume meeting, then a
 // drop and a second resume), "gone" (the stored session's resume gets not_found, 4404; the
 // server has its final), "expired" (the stored session's window has passed), "names" (speakers
-// named through the page, the server's answers, a drop and the names' replay on the resume).
+// named through the page, the server's answers, a drop and the names' replay on the resume),
+// "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
+// (no key for a server that asks for one: 4401).
 const fs = require("fs");
 const vm = require("vm");
 const { stubBrowser, sleep } = require("./stub_browser");
@@ -207,6 +209,35 @@ async function goneScenario(storage) {
            resume_hidden: element("resume").hidden, start_disabled: element("start").disabled };
 }
 
+// the API key: typed in the page (one kept by the tab is shown on load), sent in `start`, and
+// again in the resume's `start` after a drop
+const API_KEY = "livemeet.recorder.api_key";
+async function apiKeyScenario(storage) {
+  const shown = element("api-key").value;
+  element("api-key").value = " lm_typed ";
+  element("api-key").listeners.change();
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive(ready());
+  sockets[0].drop(1006);
+  await sleep(400);
+  sockets[1].open();
+  return { shown, stored: storage.items[API_KEY] };
+}
+
+// no key typed, on a server that asks for one: refused (4401), and the page says what to do
+async function refusedScenario(storage) {
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive({ type: "error", code: "unauthorized",
+                       message: "this server needs an API key", retryable: false });
+  sockets[0].drop(4401);
+  return { status: element("status").textContent, start_disabled: element("start").disabled,
+           stored: storage.items[API_KEY] || null };
+}
+
 async function expiredScenario(storage) {
   await sleep(20); // the transcript's check
   return { storage: storage.items, status: element("status").textContent, links: links(),
@@ -215,12 +246,14 @@ async function expiredScenario(storage) {
 
 (async () => {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
-                    expired: stored(90000), names: {} }[scenario];
+                    expired: stored(90000), names: {},
+                    apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {} }[scenario];
   const storage = new FakeStorage(initial);
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, "final"));
   await sleep(10); // the page's own start-up
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
-                      expired: expiredScenario, names: namesScenario };
+                      expired: expiredScenario, names: namesScenario,
+                      apikey: apiKeyScenario, refused: refusedScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -154,3 +154,24 @@ def test_names_are_disabled_offline_and_taken_from_the_resumes_replay() -> None:
 
 def test_a_reloaded_page_shows_the_names_the_resume_replays() -> None:
     assert run("reload")["namesAfterReload"] == ["Alice", "Alice", "Alice"]
+
+
+def test_the_page_sends_its_api_key_in_start_and_on_every_resume() -> None:
+    """A page cannot set a WebSocket's headers: the key typed in its API key field goes in
+    `start` (docs/protocol.md, "API keys"), on the resume after a drop too; the tab keeps it
+    for a reload (the resume after one needs it as well)."""
+    result = run("apikey")
+    assert result["shown"] == "lm_kept"  # kept by this tab before the reload
+    assert result["stored"] == "lm_typed"
+    first, second = result["sockets"][0][0], result["sockets"][1][0]
+    assert first["type"] == second["type"] == "start"
+    assert first["api_key"] == second["api_key"] == "lm_typed"
+    assert "resume" not in first and second["resume"]["session_id"] == "s-1"
+
+
+def test_a_page_refused_for_its_key_says_to_enter_one() -> None:
+    result = run("refused")
+    assert "api_key" not in result["sockets"][0][0]  # none typed: none sent
+    assert result["status"].startswith("error unauthorized: this server needs an API key")
+    assert result["status"].endswith("enter the server's API key above, then Start")
+    assert result["start_disabled"] is False and result["stored"] is None
