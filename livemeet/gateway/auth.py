@@ -177,6 +177,7 @@ def authenticate(mode: AuthMode, ring: KeyRing, presented: str | None) -> Verdic
         return Verdict(None, AuthFailure.MISSING)
     if len(presented) > MAX_API_KEY_CHARS:
         return Verdict(None, AuthFailure.WRONG)
+    # a lookup by digest: its timing could tell a guesser only about the digests of guesses
     key = ring.by_digest.get(key_digest(presented))
     if key is None:
         return Verdict(None, AuthFailure.WRONG)
