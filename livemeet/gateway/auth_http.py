@@ -62,11 +62,6 @@ class KeyGuard:
         self._refreshing: asyncio.Task[None] | None = None
         self._problem: str | None = None  # the last read's failure, logged once
 
-    @property
-    def required(self) -> bool:
-        """Whether requests need a key now."""
-        return keys_required(self.mode, self.ring)
-
     def load(self) -> None:
         """Read the keys (at start, before serving; blocking). Raises ConfigError."""
         self.ring = self.store.ring_if_changed() or KeyRing()
