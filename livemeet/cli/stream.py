@@ -838,10 +838,12 @@ def report(result: StreamResult, path: Path) -> int:
         return failed
     if (refusal := result.refusal) is not None and not result.interrupted:
         # the first connection's (a resume refused, for its key too, is a `failure`, above)
-        hint = f" (--api-key or {API_KEY_ENV})" if refusal["code"] == "unauthorized" else ""
+        detail = f"close code {result.close_code}"
+        if refusal["code"] == "unauthorized":
+            detail += f"; --api-key or {API_KEY_ENV}"
         print(
             f"error: the server refused the session: {refusal['code']}: {refusal['message']} "
-            f"(close code {result.close_code}){hint}",
+            f"({detail})",
             file=sys.stderr,
         )
         return 2  # it could not run, as when there is no server to connect to (README)

@@ -209,7 +209,8 @@ def test_a_refused_key_is_one_line_and_exit_2(
     assert main(["stream", str(wav), "--api-key", "lm_wrong"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == (
-        "error: unauthorized: the API key is not one of (--api-key or LIVEMEET_API_KEY)"
+        "error: the server refused the session: unauthorized: the API key is not one of "
+        "(close code 4401; --api-key or LIVEMEET_API_KEY)"
     )
     assert "lm_wrong" not in err
 
