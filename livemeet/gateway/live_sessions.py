@@ -1127,6 +1127,9 @@ class LiveSessions:
         # (`_transcript_written`), which may come after the drop
         if not keep_journal and not isinstance(holder.replay.terminal, TranscriptFinal):
             holder.close_journal(finished=False)
+        if holder.replay.revision_pending:  # cancelled (a shutdown, LIVE_REVISE_TIMEOUT_S)
+            self._metrics.live_revisions.labels("failed").inc()
+            log.warning("live session %s: its revision was cancelled", holder.id)
         self._holders.pop(holder.id, None)
         self._update_detached()
         await holder.release()

@@ -408,7 +408,8 @@ class GatewayMetrics:
             live_revisions=Counter(
                 "livemeet_live_revisions",
                 "Live sessions' revisions after their final (transcript.revised, DESIGN 5.7), "
-                "by result: revised, or failed (the re-decode failed; the final stands)",
+                "by result: revised, or failed (the re-decode failed or was cancelled; the final "
+                "stands)",
                 ["result"],
                 registry=registry,
             ),

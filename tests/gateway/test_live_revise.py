@@ -3,22 +3,33 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import replace
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestClient
 
-from livemeet.backends.scripted import DEFAULT_SCRIPT, Script
+from livemeet.backends.scripted import DEFAULT_SCRIPT, Script, ScriptedCore
 from livemeet.config import ModelConfig, ServerConfig
 from livemeet.gateway.app import create_app
 from livemeet.gateway.engine_client import EngineClient
-from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY, SESSIONS_KEY, STORE_KEY
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
-from tests.gateway.test_live_resume import metric, of_type, read_to_close, read_until
+from tests.gateway.test_live_resume import (
+    metric,
+    of_type,
+    read_to_close,
+    read_until,
+    resume_start,
+    vanish,
+)
 from tests.gateway.test_ws_captions import captions_url, transcript_url
 from tests.gateway.test_ws_live import START, wait_until
 
@@ -176,3 +187,165 @@ async def test_a_failed_revision_is_an_error_frame_then_a_normal_close_and_the_f
     assert [s["text"] for s in body["segments"]] == [s["text"] for s in final["segments"]]
     response = await client.get(transcript_url(ready, "verbose_json") + "&version=revised")
     assert response.status == 404
+
+
+@pytest.fixture
+def revise_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[RevisionGate]:
+    """Holds every scripted revision in flight until the test opens it (opened at the end,
+    so the engine thread is never left waiting)."""
+    gate = RevisionGate()
+    revise = ScriptedCore.revise_meeting
+
+    def held(core: ScriptedCore, duration_s: float, prompt: str | None) -> list[Segment]:
+        gate.started.set()
+        gate.release.wait(timeout=10)
+        return revise(core, duration_s, prompt)
+
+    monkeypatch.setattr(ScriptedCore, "revise_meeting", held)
+    yield gate
+    gate.release.set()
+
+
+@dataclass
+class RevisionGate:
+    """`started`: a revision is in flight (in the engine's thread); `release` lets it end."""
+
+    started: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    async def wait_started(self) -> None:
+        await wait_until(self.started.is_set)
+
+
+async def test_a_client_that_vanishes_while_the_revision_runs_still_gets_it_stored(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    tmp_path: Path,
+    revise_gate: RevisionGate,
+) -> None:
+    """The socket dies (no close handshake) while the re-decode runs: the session is held,
+    detached, for its revision, which completes, is counted and is stored; then the
+    session is let go."""
+    script = replace(DEFAULT_SCRIPT, revised=REVISED)
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, script)
+    ws = await client.ws_connect("/v1/live")
+    ready = await meeting(ws)
+    await read_until(ws, "transcript.final")
+    await revise_gate.wait_started()
+    vanish(ws)
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    await ws.close()
+    revise_gate.release.set()
+    await wait_until(lambda: _revised(client, ready))
+    assert metric(client, "livemeet_live_revisions_total", result="revised") == 1
+    await client.app[STORE_KEY].flush()
+    response = await client.get(transcript_url(ready, "verbose_json"))
+    assert response.headers["X-Livemeet-Transcript-Status"] == "revised"
+    assert [s["text"] for s in (await response.json())["segments"]] == [s.text for s in REVISED]
+
+
+async def test_a_resume_after_the_final_gets_the_replayed_final_then_the_revision(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    tmp_path: Path,
+    revise_gate: RevisionGate,
+) -> None:
+    script = replace(DEFAULT_SCRIPT, revised=REVISED)
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, script)
+    ws = await client.ws_connect("/v1/live")
+    ready = await meeting(ws)
+    final = (await read_until(ws, "transcript.final"))[-1]
+    await revise_gate.wait_started()
+    vanish(ws)
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    await ws.close()
+    async with client.ws_connect("/v1/live") as again:
+        await again.send_json(resume_start(ready))
+        resumed = await again.receive_json()
+        assert resumed["resumed"] is True and resumed["revise"] is True
+        replayed = await read_until(again, "transcript.final")
+        revise_gate.release.set()
+        events = await read_to_close(again)
+        assert again.close_code == 1000
+    assert replayed[-1] == final
+    assert [e["type"] for e in events] == ["transcript.revised"]
+    assert events[0]["supersedes"] == [s["id"] for s in final["segments"]]
+    assert [s["text"] for s in events[0]["segments"]] == [s.text for s in REVISED]
+    assert metric(client, "livemeet_live_revisions_total", result="revised") == 1
+
+
+async def shut_down(client: TestClient, timeout_s: float) -> None:
+    """The server's shutdown (app.close_live_sockets) with a drain of `timeout_s`."""
+    client.app[LIFECYCLE_KEY].draining = True
+    await asyncio.gather(
+        client.app[REGISTRY_KEY].drain_all(timeout_s), client.app[SESSIONS_KEY].drain(timeout_s)
+    )
+
+
+async def test_a_shutdown_waits_for_a_revision_in_flight_within_its_drain(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    tmp_path: Path,
+    revise_gate: RevisionGate,
+) -> None:
+    script = replace(DEFAULT_SCRIPT, revised=REVISED)
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, script)
+    async with client.ws_connect("/v1/live") as ws:
+        await meeting(ws)
+        await read_until(ws, "transcript.final")
+        await revise_gate.wait_started()
+        shutdown = asyncio.create_task(shut_down(client, 5.0))
+        await wait_until(lambda: client.app[LIFECYCLE_KEY].draining)
+        revise_gate.release.set()
+        events = await read_to_close(ws)
+        await shutdown
+        assert ws.close_code == 1000
+    assert [e["type"] for e in events] == ["transcript.revised"]
+    assert metric(client, "livemeet_live_revisions_total", result="revised") == 1
+
+
+async def test_a_shutdown_cancels_a_revision_not_done_within_its_drain(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    tmp_path: Path,
+    revise_gate: RevisionGate,
+) -> None:
+    """docs/protocol.md, Revision: past the drain, the revision is cancelled: the client gets
+    `revision_failed` and a normal close (the final stands, and is stored); no revision is
+    stored, and the cancelled one counts as failed."""
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, DEFAULT_SCRIPT)
+    async with client.ws_connect("/v1/live") as ws:
+        ready = await meeting(ws)
+        await read_until(ws, "transcript.final")
+        await revise_gate.wait_started()
+        shutdown = asyncio.create_task(shut_down(client, 0.3))
+        events = await read_to_close(ws)
+        await shutdown
+        assert ws.close_code == 1000
+    assert [(e["type"], e.get("code")) for e in events] == [("error", "revision_failed")]
+    assert "shutting down" in events[0]["message"] and events[0]["retryable"] is False
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
+    assert metric(client, "livemeet_live_revisions_total", result="failed") == 1
+    revise_gate.release.set()
+    await client.app[STORE_KEY].flush()
+    response = await client.get(transcript_url(ready, "verbose_json"))
+    assert response.headers["X-Livemeet-Transcript-Status"] == "final"
+
+
+async def test_a_session_the_shutdown_ends_gets_its_final_then_its_revision_then_1001(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, tmp_path: Path
+) -> None:
+    script = replace(DEFAULT_SCRIPT, revised=REVISED)
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, script)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        for _ in range(round(MEETING_S / 0.5)):
+            await ws.send_bytes(pcm16(0.5))
+        while (await read_until(ws, "audio.ack"))[-1]["offset"] < MEETING_S * 16000:
+            pass
+        shutdown = asyncio.create_task(shut_down(client, 5.0))
+        events = await read_to_close(ws)
+        await shutdown
+        assert ws.close_code == 1001
+    assert [e["type"] for e in events[-2:]] == ["transcript.final", "transcript.revised"]
