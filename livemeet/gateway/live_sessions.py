@@ -298,11 +298,14 @@ class LiveSessionHolder:
     def attach(self, sink: EventSink, *, resumed: bool) -> None:
         """`sink` carries the session from now on (under `lock` for a resume). Its client
         sends on from the durable audio (`client_offset`, `session.ready`'s offset): a crash
-        after this loses nothing the client has dropped."""
+        after this loses nothing the client has dropped. Once the final transcript came, from
+        all of it: the final holds it (its ack said so), and the journal, done with the
+        session, reports no more (a resume for the revision got an offset below that ack)."""
         assert self.sink is None, "detach or take over first"
         self.cancel_timer()
         self.sink = sink
-        self.client_offset = self.num_frames_durable
+        final = isinstance(self.replay.terminal, TranscriptFinal)
+        self.client_offset = self.num_frames_accepted if final else self.num_frames_durable
         sink.attached(self, self.replay.snapshot() if resumed else [], resumed)
 
     async def append(self, owner: EventSink, pcm: bytes) -> None:

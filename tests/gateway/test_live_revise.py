@@ -263,6 +263,8 @@ async def test_a_resume_after_the_final_gets_the_replayed_final_then_the_revisio
         await again.send_json(resume_start(ready))
         resumed = await again.receive_json()
         assert resumed["resumed"] is True and resumed["revise"] is True
+        # all the audio: the final holds it (its ack said so), durable or not
+        assert resumed["offset"] == MEETING_S * 16000
         replayed = await read_until(again, "transcript.final")
         revise_gate.release.set()
         events = await read_to_close(again)
