@@ -32,6 +32,15 @@ has resume off, refused it, or the window passed) exits 1.
 
 A server that asks for an API key (docs/protocol.md, "API keys") gets `--api-key` (or
 LIVEMEET_API_KEY) as `Authorization: Bearer` on every upgrade request, resumes included.
+
+Revision (docs/protocol.md, "Revision"): where `session.ready` says `revise`, the server sends
+`transcript.revised` after `transcript.final` (the whole meeting re-decoded offline), and
+`stream` waits for it: it is printed where the final's segments are, after them, as the
+transcript that replaces them (a `# transcript.revised` line, then one `r` line a segment; in
+--json, the event), so the last segment lines on stdout are the transcript to keep. A
+connection lost between the two is resumed for it. `--no-wait-revision` closes after the
+final instead: the server still revises and stores it, served by the transcript URL. A
+revision that fails or does not come leaves the final, and its exit status, standing.
 """
 
 from __future__ import annotations
@@ -134,6 +143,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(not audio.ack; a final replayed by a resume once) (default: one readable line each)",
     )
     p.add_argument(
+        "--no-wait-revision",
+        dest="wait_revision",
+        action="store_false",
+        help="close after transcript.final, without waiting for transcript.revised (the "
+        "server still revises the transcript; its transcript URL serves the revision once it "
+        "came) (default: wait, and print the revised transcript after the final)",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         metavar="KEY",
@@ -175,6 +192,21 @@ class StreamResult:
     @property
     def error(self) -> dict[str, Any] | None:
         return next((e for e in self.events if e["type"] == "error"), None)
+
+    @property
+    def revision_pending(self) -> bool:
+        """`transcript.final` came, a `session.ready` promised its revision, and neither the
+        revision nor an error after the final did."""
+        final = self.final
+        if final is None or not any(e.get("revise") for e in self.events[: self._index(final)]):
+            return False
+        return not any(e["type"] in ("transcript.revised", "error") for e in self._after(final))
+
+    def _index(self, event: dict[str, Any]) -> int:
+        return next(i for i, e in enumerate(self.events) if e is event)
+
+    def _after(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.events[self._index(event) + 1 :]
 
     @property
     def refusal(self) -> dict[str, Any] | None:
@@ -371,6 +403,7 @@ class SessionLink:
         self.window_s = 0.0  # s the server keeps the session after its socket goes
         self.resume_off = False  # the server keeps no session: nothing is kept here either
         self._final_ids: set[str] = set()
+        self._final_seen = False  # transcript.final came: a resume for its revision replays it
 
     @property
     def can_send(self) -> bool:
@@ -384,7 +417,7 @@ class SessionLink:
 
     def receive(self, event: dict[str, Any]) -> bool:
         """Take in one server event; whether to show it: not an ack (flow control, not
-        news), not a final that a resume replays."""
+        news), not a final (nor `transcript.final`) that a resume replays."""
         kind = event.get("type")
         if kind == "audio.ack":
             self.unacked.ack(int(event["offset"]))
@@ -401,6 +434,10 @@ class SessionLink:
             if event["id"] in self._final_ids:
                 return False
             self._final_ids.add(event["id"])
+        if kind == "transcript.final":
+            if self._final_seen:
+                return False
+            self._final_seen = True
         return True
 
     def resumed(self, ready: dict[str, Any]) -> list[bytes]:
@@ -443,13 +480,16 @@ async def stream_audio(
     final_timeout_s: float | None = None,
     stop: asyncio.Event | None = None,
     api_key: str | None = None,
+    wait_revision: bool = True,
 ) -> StreamResult:
     """Stream 16 kHz mono float32 `chunks` (any sizes; taken as they are needed, so an
     iterator that decodes a file holds a chunk at a time) to `url`, paced at `speed` x real
     time in frames of `hop_s` seconds; then `end`, and collect events until the server closes.
     `on_event` gets each event as it comes, except `audio.ack`s and replayed finals;
     `on_notice` a line on each reconnect. `api_key` goes on every upgrade request as
-    `Authorization: Bearer`.
+    `Authorization: Bearer`. Where `session.ready` promised a revision, the events go on to
+    `transcript.revised` (or its error) unless not `wait_revision`: then the connection is
+    closed (1000) once `transcript.final` came.
 
     Sending stops early when the server closes, when `stop` is set (Ctrl-C: `end` then still
     goes out and the final is awaited) or when `chunks` raises a LivemeetError (the file is
@@ -472,6 +512,7 @@ async def stream_audio(
         final_timeout_s=final_timeout_s,
         stop=stop or asyncio.Event(),
         api_key=api_key,
+        wait_revision=wait_revision,
     )
     return await streamer.run()
 
@@ -492,8 +533,10 @@ class _Streamer:
         final_timeout_s: float | None,
         stop: asyncio.Event,
         api_key: str | None = None,
+        wait_revision: bool = True,
     ) -> None:
         self.url = url
+        self.wait_revision = wait_revision
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.frames = frames
         self.speed = speed
@@ -580,6 +623,8 @@ class _Streamer:
                 if self.on_event is not None:
                     self.on_event(event)
             self.changed.set()
+            if event.get("type") == "transcript.final" and not self.wait_revision:
+                return  # `_carry` closes the connection (1000): the server keeps the revision
 
     async def _wait_for(self, condition: Callable[[], bool], receiver: asyncio.Task[None]) -> bool:
         """Wait until `condition()` holds or the connection closes (`receiver` is done),
@@ -668,7 +713,10 @@ class _Streamer:
 
     def _should_resume(self, close_code: int | None) -> bool:
         result = self.result
-        finished = result.final is not None or result.error is not None
+        # a drop between the final and its revision is resumed for the revision
+        finished = result.error is not None or (
+            result.final is not None and not (self.wait_revision and result.revision_pending)
+        )
         failed = result.timed_out or result.failure is not None
         return (
             self.link.resume is not None
@@ -720,7 +768,7 @@ class _Streamer:
 
 
 def format_event(event: dict[str, Any]) -> str:
-    """One human-readable line per event."""
+    """One human-readable line per event; for `transcript.revised`, one more per segment."""
     kind = event.get("type")
 
     def seg(s: dict[str, Any]) -> str:
@@ -738,10 +786,13 @@ def format_event(event: dict[str, Any]) -> str:
             f"{event['finish_reason']}"
         )
     if kind == "transcript.revised":
-        return (
+        # the transcript that replaces the finals shown: its segments, as the finals were
+        lines = [
             f"# transcript.revised: {len(event['segments'])} segments, superseding "
-            f"{len(event['supersedes'])} finals, {event['finish_reason']}"
-        )
+            f"{len(event['supersedes'])} finals, {event['finish_reason']}",
+            *(f"r {seg(s)}" for s in event["segments"]),
+        ]
+        return "\n".join(lines)
     if kind == "session.ready":
         demo = " (DEMO backend)" if event.get("demo") else ""
         if event.get("resumed"):
@@ -805,6 +856,7 @@ def run(args: argparse.Namespace) -> int:
                     on_event=show,
                     on_notice=notice,
                     api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                    wait_revision=args.wait_revision,
                 )
             )
     except BrokenPipeError:
@@ -827,6 +879,12 @@ def report(result: StreamResult, path: Path) -> int:
     failed = 1
     if result.interrupted:
         failed = INTERRUPTED_STATUS
+    if result.revision_pending and not result.timed_out:
+        print(
+            "transcript.final stands for now: the server is still revising it (transcript.revised "
+            "will be served by the transcript URL above)",
+            file=sys.stderr,
+        )
     if result.timed_out and result.final is not None:
         # the final came and its revision (transcript.revised) did not: the final stands
         print("warning: no transcript.revised in time after transcript.final", file=sys.stderr)

@@ -22,11 +22,12 @@ from livemeet.cli import stream
 from livemeet.config import ModelConfig, ServerConfig
 from livemeet.gateway.app import create_app
 from livemeet.gateway.engine_client import EngineClient
-from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
 from livemeet.transcriber import Samples
 from tests.cli.test_cli import write_wav
 from tests.gateway.conftest import ClientFactory, client, fake, server_config  # noqa: F401
 from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_live_revise import RevisionGate, revise_gate  # noqa: F401
 from tests.gateway.test_ws_live import gateway_client, wait_until
 
 FILE_S = 12.0  # the scripted backend's DEFAULT_SCRIPT runs to 11 s
@@ -223,9 +224,12 @@ async def test_stream_resumes_and_prints_each_final_once_and_no_ack(
     assert len(resumed) == 1 and resumed[0].startswith(f"# session {session_id} resumed at ")
     finals = [line for line in lines if line.startswith("= ")]
     assert len(finals) == len(set(finals)) == 4
-    assert lines[-2].startswith("# transcript.final: 4 segments, 12.00 s")
-    # the scripted backend revises: the revision comes last, superseding the 4 finals
-    assert lines[-1] == "# transcript.revised: 4 segments, superseding 4 finals, stop"
+    assert lines[-6].startswith("# transcript.final: 4 segments, 12.00 s")
+    # the scripted backend revises: the revision comes last, superseding the 4 finals, its
+    # segments shown as the finals were (the script's reference again)
+    assert lines[-5] == "# transcript.revised: 4 segments, superseding 4 finals, stop"
+    assert [line[2:] for line in lines[-4:]] == [line[2:] for line in finals]
+    assert all(line.startswith("r [") for line in lines[-4:])
     assert not [line for line in lines if line.startswith("{")]  # no raw JSON: no ack
     assert "connection lost (close 1006): resuming in 0.25 s" in err
     assert received.pcm16() == file_pcm16(wav)
@@ -378,3 +382,75 @@ def test_an_unreachable_server_is_waited_for_as_a_restarting_one() -> None:
     assert stream.resume_deadline(100.0, window, 101.0) == 161.0  # a window past the attempt
     far = 100.0 + stream.RECONNECT_OUTAGE_MAX_S + 50
     assert stream.resume_deadline(100.0, window, far) == 100.0 + stream.RECONNECT_OUTAGE_MAX_S
+
+
+async def test_no_wait_revision_closes_after_the_final_and_the_server_still_revises(
+    scripted: tuple[TestClient, ReceivedAudio],
+    revise_gate: RevisionGate,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The revision is held in the engine: `stream --no-wait-revision` exits 0 with the
+    final, says the revision is still to come, and the server stores it once done."""
+    gateway, _ = scripted
+    url = str(gateway.make_url("/v1/live")).replace("http", "ws", 1)
+    wav = write_wav(tmp_path / "meeting.wav", FILE_S)
+    args = ["stream", str(wav), "--url", url, "--speed", "24", "--hop-s", "0.5"]
+    code = await asyncio.wait_for(asyncio.to_thread(main, [*args, "--no-wait-revision"]), 10)
+    assert code == 0 and revise_gate.started.is_set()
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith("# transcript.final: 4 segments, 12.00 s")
+    assert "transcript.revised" not in out
+    assert "still revising" in err
+    session_id = out.splitlines()[0].split()[2]
+    revise_gate.release.set()
+    holder = gateway.app[SESSIONS_KEY].get(session_id)  # held, detached, for its revision
+    assert holder is not None and holder.sink is None
+    await wait_until(lambda: holder.revised_transcript() is not None)
+    await gateway.app[STORE_KEY].flush()
+    stored = await gateway.app[STORE_KEY].get_live(session_id, revised=True)
+    assert len(stored.transcript.segments) == 4
+
+
+async def test_a_drop_between_the_final_and_its_revision_is_resumed_for_the_revision(
+    scripted: tuple[TestClient, ReceivedAudio],
+    revise_gate: RevisionGate,  # noqa: F811
+    proxy_for: Any,
+    tmp_path: Path,
+) -> None:
+    from livemeet.audio.decode import iter_decode
+
+    gateway, _ = scripted
+    proxy, url = await proxy_for(gateway)
+    shown: list[dict[str, Any]] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        shown.append(event)
+        if event["type"] == "transcript.final":
+            proxy.drop()
+            asyncio.get_running_loop().call_later(0.5, revise_gate.release.set)
+
+    wav = write_wav(tmp_path / "meeting.wav", FILE_S)
+    result = await stream.stream_audio(
+        url, iter_decode(wav), hop_s=0.5, speed=24.0, on_event=on_event
+    )
+    assert result.num_resumes == 1 and result.close_code == 1000, result.failure
+    kinds = [e["type"] for e in shown]
+    assert kinds.count("transcript.final") == 1 and kinds[-1] == "transcript.revised"
+    assert result.revised is not None and not result.revision_pending
+    assert stream.report(result, wav) == 0
+
+
+def test_a_result_waits_for_a_revision_only_where_one_was_promised() -> None:
+    final = {"type": "transcript.final", "duration": 1.0, "segments": []}
+    revised = {"type": "transcript.revised", "segments": [], "supersedes": []}
+    failed = {"type": "error", "code": "revision_failed", "message": "", "retryable": False}
+    promised = {"type": "session.ready", "session_id": "s", "revise": True}
+    plain = {**promised, "revise": False}
+    assert stream.StreamResult([promised, final]).revision_pending
+    assert not stream.StreamResult([promised, final, revised]).revision_pending
+    assert not stream.StreamResult([promised, final, failed]).revision_pending
+    assert not stream.StreamResult([plain, final]).revision_pending
+    assert not stream.StreamResult([promised]).revision_pending
+    link = stream.SessionLink(16000)
+    assert link.receive(final) and not link.receive(dict(final))  # a resume's replay: once
