@@ -43,7 +43,10 @@ over every session's segments (and p50, p95 by when in the meeting the segment e
 also `steady_word_latency_*`, leaving out the words of its catch-up, CATCH_UP_S), how many
 segments were seen before `end`, only after it (the final flush) or never, the client's largest
 send lag, how many finals arrived, the time from `end` to `transcript.final` and from connecting
-to `session.ready` (median and worst session), errors, the uploads completed during the point
+to `session.ready` (median and worst session), the revisions (`revision_fields`: where
+`session.ready` promised `transcript.revised`, each session waits for it within the final's
+wait, and its delay from `end` is reported as p50, p95 and max, with how many came, failed,
+were late or lost with their socket), errors, the uploads completed during the point
 with their audio-s/s (over the uploads' own time), the audio seconds the uploads had transcribed
 by the point's end, finished or not (they stream: `stream=true`, each segment's end as it
 arrives) and that rate, and the increase of the engine's counters over the point (steps by kind,
@@ -133,6 +136,12 @@ class SessionLog:
     events: list[tuple[float, str, list[tuple[float, float, int]]]] = field(default_factory=list)
     end_sent: float | None = None
     final_at: float | None = None  # when transcript.final arrived
+    # session.ready promised transcript.revised after the final (DESIGN 5.7)
+    revise: bool = False
+    revised_at: float | None = None  # when transcript.revised arrived
+    # how the promised revision ended: "revised", "failed" (revision_failed), "late" (not
+    # within the wait), "closed" (the socket closed without it); "" before the final
+    revision: str = ""
     ready_s: float | None = None  # s from opening the connection to session.ready
     error: str = ""
     head_frames: int = 0  # the first frames, streamed fast (`live_session`'s head_s)
@@ -143,6 +152,13 @@ class SessionLog:
         if self.end_sent is None or self.final_at is None:
             return None
         return self.final_at - self.end_sent
+
+    def revised_after_end_s(self) -> float | None:
+        """Seconds from `end` to transcript.revised (the revision's delay, as the server's
+        livemeet_live_revision_seconds); None when either is missing."""
+        if self.end_sent is None or self.revised_at is None:
+            return None
+        return self.revised_at - self.end_sent
 
 
 @dataclass(frozen=True)
@@ -337,26 +353,41 @@ async def _read(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -> None:
     await _read_messages(ws, log)
     if log.final_at is None and not log.error:
         log.error = f"closed without transcript.final (close code {ws.close_code})"
+    elif log.revision == "pending":
+        log.revision = "closed"
 
 
 async def _read_messages(ws: aiohttp.ClientWebSocketResponse, log: SessionLog) -> None:
+    """The session's events to its final transcript, or, where one was promised, to its
+    revision (or the revision's error: the session itself succeeded)."""
     async for msg in ws:
         if msg.type != aiohttp.WSMsgType.TEXT:
             continue
         payload = json.loads(msg.data)
-        if payload.get("type") == "error":
+        kind = payload.get("type")
+        if kind == "error" and log.revision == "pending":
+            log.revision = "failed"
+            return
+        if kind == "error":
             log.error = log.error or f"{payload.get('code')}: {payload.get('message')}"
             return
         segments = message_segments(payload)
         if segments is not None:
             log.events.append((time.monotonic(), payload["type"], segments))
-        if payload.get("type") == "transcript.final":
+        if kind == "transcript.final":
             log.final_at = time.monotonic()
+            if not log.revise:
+                return
+            log.revision = "pending"
+        elif kind == "transcript.revised":
+            log.revised_at = time.monotonic()
+            log.revision = "revised"
             return
 
 
 def final_wait_s(final_by: float | None, now: float) -> float:
-    """s to wait for transcript.final after `end`: FINAL_TIMEOUT_S, cut to what is left before
+    """s to wait for transcript.final after `end` (and for its revision, where one was
+    promised: both within this wait): FINAL_TIMEOUT_S, cut to what is left before
     `final_by` (a monotonic time: the run's budget less a margin; at least MIN_FINAL_WAIT_S),
     so that an engine still catching up cannot hold the point past it with nothing recorded."""
     if final_by is None:
@@ -375,11 +406,12 @@ async def live_session(
     head_pause_s: float = 0.0,
 ) -> SessionLog:
     """Stream `samples` (16 kHz float32) in real time after `delay_s`, then `end`, and wait
-    for the final transcript (`final_wait_s`); the log. The first `head_s` (whole frames) go
-    `head_speed` times faster than real time, then, after `head_pause_s` of keepalives (the
-    server works off what the head queued), the rest in real time as if the head had been
-    spoken at that speed just before: `log.t0` is set so that frame k after the head is due
-    at t0 + (k + 1) FRAME_S."""
+    for the final transcript and, where `session.ready` promised one, its revision (both
+    within `final_wait_s`: a revision not in by then is "late", not an error); the log. The
+    first `head_s` (whole frames) go `head_speed` times faster than real time, then, after
+    `head_pause_s` of keepalives (the server works off what the head queued), the rest in
+    real time as if the head had been spoken at that speed just before: `log.t0` is set so
+    that frame k after the head is due at t0 + (k + 1) FRAME_S."""
     log = SessionLog()
     await asyncio.sleep(delay_s)
     frame = round(FRAME_S * SAMPLE_RATE)
@@ -392,6 +424,7 @@ async def live_session(
                 log.error = f"no session.ready: {ready}"
                 return log
             log.ready_s = time.monotonic() - opened
+            log.revise = bool(ready.get("revise"))
             reader = asyncio.create_task(_read(ws, log))
             num_frames = math.ceil(samples.size / frame)
             log.head_frames = head = min(num_frames, round(head_s / FRAME_S))
@@ -415,7 +448,10 @@ async def live_session(
             try:
                 await asyncio.wait_for(reader, wait_s)
             except TimeoutError:
-                log.error = f"no transcript.final within {wait_s:.0f} s of end"
+                if log.final_at is None:
+                    log.error = f"no transcript.final within {wait_s:.0f} s of end"
+                else:  # the final came: only its revision is missing
+                    log.revision = "late"
     except Exception as exc:  # one failed session is reported, never aborts the point
         log.error = log.error or f"{type(exc).__name__}: {exc}"
     return log
@@ -572,6 +608,7 @@ async def run_point(
     word_lat = [x for r in words for x in r.latencies]
     errors = [log.error for log in logs if log.error]
     finals = [t for t in (log.final_after_end_s() for log in logs) if t is not None]
+    revised = [t for t in (log.revised_after_end_s() for log in logs) if t is not None]
     readies = [log.ready_s for log in logs if log.ready_s is not None]
     return {
         "sessions": num_sessions,
@@ -606,6 +643,7 @@ async def run_point(
         "finals_received": len(finals),
         "final_after_end_p50_s": percentile(finals, 50) if finals else None,
         "final_after_end_max_s": max(finals) if finals else None,
+        **revision_fields(logs, revised),
         "num_errors": len(errors),
         "first_error": errors[0] if errors else "",
         "uploads_completed": tally.completed,
@@ -620,6 +658,23 @@ async def run_point(
         "word_latency_by_time": latency_by_time(words),
         **engine_fields(engine_counters(before), engine_counters(after)),
         **({"engine_by_time": by_time} if (by_time := engine_by_time(scrapes)) else {}),
+    }
+
+
+def revision_fields(logs: Sequence[SessionLog], revised: Sequence[float]) -> dict[str, Any]:
+    """The sessions' revisions (DESIGN 5.7): how many finals promised one, how each ended
+    (`SessionLog.revision`), and the delay from `end` to transcript.revised of those that
+    came (`revised`, s: p50, p95, max)."""
+    outcomes = [log.revision for log in logs if log.revise and log.final_at is not None]
+    return {
+        "revisions_promised": len(outcomes),
+        "revisions_received": outcomes.count("revised"),
+        "revisions_failed": outcomes.count("failed"),
+        "revisions_late": outcomes.count("late"),
+        "revisions_closed": outcomes.count("closed"),
+        "revised_after_end_p50_s": percentile(revised, 50) if revised else None,
+        "revised_after_end_p95_s": percentile(revised, 95) if revised else None,
+        "revised_after_end_max_s": max(revised) if revised else None,
     }
 
 

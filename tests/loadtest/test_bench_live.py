@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -362,6 +363,12 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert 0.0 < r["word_latency_p50_s"] <= r["word_latency_p95_s"] < 1.5
         assert sum(b["count"] for b in r["word_latency_by_time"].values()) == r["words_seen"]
         assert 0.0 <= r["final_after_end_p50_s"] <= r["final_after_end_max_s"] < 5.0
+        # the scripted backend revises every session: each waits for it, after its final
+        assert r["revisions_promised"] == r["revisions_received"] == 2
+        assert r["revisions_failed"] == r["revisions_late"] == r["revisions_closed"] == 0
+        assert r["final_after_end_p50_s"] <= r["revised_after_end_p50_s"]
+        assert r["revised_after_end_p50_s"] <= r["revised_after_end_p95_s"]
+        assert r["revised_after_end_p95_s"] <= r["revised_after_end_max_s"] < 5.0
         assert 0.0 < r["ready_p50_s"] <= r["ready_max_s"] < 5.0
         assert "engine_steps" not in r  # the scripted backend has no step engine to count
     assert points[0]["uploads_completed"] == 0
@@ -501,18 +508,69 @@ def test_a_session_whose_final_never_comes_is_recorded_as_such() -> None:
     """Against a server that acknowledges the stream but never sends the final: the session
     returns once its wait is spent, with the partials it saw and a "no transcript.final"
     error, instead of holding the point."""
-    from aiohttp import web
-
     seg = {"id": "", "start": 0.0, "end": 0.05, "speaker": "S01", "text": "a"}
+    partial = {"type": "segment.partial", "rev": 1, "segments": [seg]}
+    log, took = asyncio.run(session_against({"session_id": "x"}, [partial], on_end=[]))
+    assert log.final_at is None and log.end_sent is not None
+    assert log.error.startswith("no transcript.final within")
+    assert len(log.events) == 1
+    assert took < bench_live.MIN_FINAL_WAIT_S + 1.0
+
+
+def test_a_revision_that_never_comes_is_late_not_an_error_and_holds_nothing() -> None:
+    """The final comes, the promised revision does not: the session returns within the
+    point's budget, its final counted and its revision "late"."""
+    final = {"type": "transcript.final", "segments": []}
+    ready = {"session_id": "x", "revise": True}
+    log, took = asyncio.run(session_against(ready, [], on_end=[final]))
+    assert log.final_at is not None and not log.error
+    assert log.revision == "late" and log.revised_after_end_s() is None
+    assert took < bench_live.MIN_FINAL_WAIT_S + 1.0
+
+
+def test_a_revision_is_timed_from_end_and_its_failure_is_not_the_sessions() -> None:
+    final = {"type": "transcript.final", "segments": []}
+    revised = {"type": "transcript.revised", "segments": [], "supersedes": []}
+    failed = {"type": "error", "code": "revision_failed", "message": "m", "retryable": False}
+    logs = []
+    for after in ([revised], [failed], []):
+        log = SessionLog(revise=True, end_sent=time.monotonic())
+        asyncio.run(bench_live._read(FakeSocket([final, *after]), log))  # type: ignore[arg-type]
+        assert log.final_at is not None and not log.error
+        logs.append(log)
+    assert [log.revision for log in logs] == ["revised", "failed", "closed"]
+    delay_s = logs[0].revised_after_end_s()
+    assert delay_s is not None and delay_s >= 0.0
+    plain = SessionLog(end_sent=time.monotonic())  # no revision promised: none waited for
+    asyncio.run(bench_live._read(FakeSocket([final, revised]), plain))  # type: ignore[arg-type]
+    assert plain.revision == "" and plain.revised_at is None
+    fields = bench_live.revision_fields([*logs, plain], [1.0, 2.0, 4.0])
+    assert fields["revisions_promised"] == 3 and fields["revisions_received"] == 1
+    assert fields["revisions_failed"] == fields["revisions_closed"] == 1
+    assert fields["revisions_late"] == 0
+    assert fields["revised_after_end_p50_s"] == 2.0 and fields["revised_after_end_max_s"] == 4.0
+    assert bench_live.revision_fields([plain], [])["revised_after_end_p95_s"] is None
+
+
+async def session_against(
+    ready: dict[str, Any], before_end: list[dict[str, Any]], on_end: list[dict[str, Any]]
+) -> tuple[SessionLog, float]:
+    """A one-frame `live_session` (a budget of 0.5 s) against a server that sends
+    `session.ready` (`ready`'s fields), then `before_end`, then `on_end` once `end` came, and
+    never closes; the log and how long the session took."""
+    from aiohttp import web
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         await ws.receive_json()
-        await ws.send_json({"type": "session.ready", "session_id": "x"})
-        await ws.send_json({"type": "segment.partial", "rev": 1, "segments": [seg]})
-        async for _ in ws:  # audio and `end`; the final never comes
-            pass
+        await ws.send_json({"type": "session.ready", **ready})
+        for event in before_end:
+            await ws.send_json(event)
+        async for msg in ws:  # audio, then `end`
+            if msg.type is aiohttp.WSMsgType.TEXT and json.loads(msg.data)["type"] == "end":
+                for event in on_end:
+                    await ws.send_json(event)
         return ws
 
     async def run() -> tuple[SessionLog, float]:
@@ -534,8 +592,4 @@ def test_a_session_whose_final_never_comes_is_recorded_as_such() -> None:
         finally:
             await runner.cleanup()
 
-    log, took = asyncio.run(run())
-    assert log.final_at is None and log.end_sent is not None
-    assert log.error.startswith("no transcript.final within")
-    assert len(log.events) == 1
-    assert took < bench_live.MIN_FINAL_WAIT_S + 1.0
+    return await run()
