@@ -57,6 +57,9 @@ time (`engine_by_time`, from /metrics scraped every bucket while they stream): w
 grows with the meeting is the hops' time, their prefill, the forced transcript or the encoder.
 On the scripted backend (CPU) uploads finish at once, so their fields say nothing there.
 
+A server with API keys gets $LIVEMEET_API_KEY, where set, as `Authorization: Bearer` on the
+uploads and the live upgrades (loadtest.http_sweep.auth_headers).
+
 Usage:
   python -m loadtest.bench_live --sessions 1,16,64 --uploads 0,2 --duration-s 60 \
       --out live.jsonl --max-seconds 420
@@ -91,6 +94,7 @@ from loadtest.http_sweep import (
     DEFAULT_SERVE_ARGS,
     ENDPOINT,
     Server,
+    auth_headers,
     engine_counters,
     engine_fields,
     scrape_metrics,
@@ -562,7 +566,9 @@ async def run_point(
     # no connection limit: aiohttp's default of 100 would hold sessions past the 100th (with the
     # uploads) until earlier ones close, and measure a different, smaller point
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+    # an API key, where set, on the uploads and the live upgrades alike (http_sweep)
+    headers = auth_headers()
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=headers) as http:
         before = await scrape_metrics(http, url)
         shared = itertools.cycle(bodies)
         scrapes: list[tuple[float, str | None]] = []  # engine_by_time

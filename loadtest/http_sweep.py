@@ -25,6 +25,10 @@ scraped before the point and after it until two scrapes agree (the idle worker p
 totals), at most STATS_SETTLE_S. With `--url`, other traffic on that server is counted too.
 The point also gets `upload_phase_mean_s`: the mean seconds per upload phase (receive, decode,
 transcribe, respond) from the server's `livemeet_upload_phase_seconds` histogram.
+
+A server with API keys (README, "API keys"; `--url` to one started with `serve --auth keys`)
+gets $LIVEMEET_API_KEY, where set, as `Authorization: Bearer` on every upload (`auth_headers`;
+bench_live's live sessions too). /metrics and /readyz need none.
 Usage:
   python -m loadtest.http_sweep --out sweep.jsonl --long-concurrency 1,16 --max-seconds 420
 """
@@ -68,6 +72,15 @@ STATS_SETTLE_S = 3.0 * ENGINE_STATS_INTERVAL_S  # s; longest wait for a point's 
 # worker posts, so two equal scrapes mean it stopped stepping (shorter, two scrapes within
 # one interval of a busy worker would agree)
 STATS_POLL_S = 1.2 * ENGINE_STATS_INTERVAL_S
+API_KEY_ENV = "LIVEMEET_API_KEY"  # the key load clients send, where set (as `livemeet stream`)
+
+
+def auth_headers() -> dict[str, str]:
+    """The load clients' request headers: `Authorization: Bearer $LIVEMEET_API_KEY` where it is
+    set and not empty (a server with API keys refuses uploads and live sessions without one:
+    401, 4401), else none."""
+    key = os.environ.get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 @dataclass(frozen=True)
@@ -445,7 +458,10 @@ async def run_point(
     queue = list(range(len(bodies)))
     timeout = aiohttp.ClientTimeout(total=None)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    headers = auth_headers()
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=connector, headers=headers
+    ) as session:
 
         async def worker() -> None:
             while queue:

@@ -339,3 +339,28 @@ def test_upload_phase_means_over_a_point() -> None:
     assert parse_upload_phases("# nothing here\n") is None
     assert phase_fields(None, after) == phase_fields(before, None) == {}
     assert phase_fields(after, after) == {}  # no request finished a phase
+
+
+async def test_uploads_send_the_api_key_from_the_environment_where_set(
+    aiohttp_server: Callable[[web.Application], Awaitable[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against a server with API keys (`serve --auth keys`) every upload needs one."""
+    seen: list[str | None] = []
+
+    async def transcribe(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        await request.read()
+        return web.json_response({"text": ""})
+
+    app = web.Application()
+    app.router.add_post(http_sweep.ENDPOINT, transcribe)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("")).rstrip("/")
+    workload = http_sweep.wl.Workload("short", 1.0, 8)
+    monkeypatch.setenv(http_sweep.API_KEY_ENV, "lm_test")
+    result = await http_sweep.run_point(url, workload, 1, [b"RIFF"])
+    monkeypatch.setenv(http_sweep.API_KEY_ENV, "")  # set but empty: none, as unset
+    await http_sweep.run_point(url, workload, 1, [b"RIFF"])
+    assert result.num_errors == 0 and seen == ["Bearer lm_test", None]
+    monkeypatch.delenv(http_sweep.API_KEY_ENV)
+    assert http_sweep.auth_headers() == {}
