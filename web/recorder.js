@@ -14,6 +14,11 @@
 // A server that asks for an API key (docs/protocol.md, "API keys") gets the one typed in the
 // page's API key field as `start`'s `api_key` (a page cannot set a WebSocket's headers), on
 // every connection, resumes included; the tab's sessionStorage keeps it for a reload.
+// Revision (docs/protocol.md, "Revision"): where `session.ready` promised one, the page says a
+// revision is coming after `transcript.final`, and `transcript.revised` replaces the finals it
+// supersedes in the captions shown (the speakers' names stay: it carries the session's
+// labels); the downloads then hold it (the transcript resource serves the newest). A drop
+// between the two is resumed for it. `revision_failed`: the page says the final stands.
 const KEEPALIVE_MS = 10000;
 const SAMPLE_RATE = 16000; // Hz; what pcm-worklet.js posts (mono PCM16 LE)
 const BYTES_PER_FRAME = 2; // one mono PCM16 sample frame
@@ -56,6 +61,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 format: { sample_rate: SAMPLE_RATE, channels: 1 }, stored: null,
                 reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
+                // session.ready promised transcript.revised; it is due (the final came first)
+                revise: false, revisionPending: false,
                 finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, unreachableAt: 0,
                 attempt: 0,
                 retry: null,
@@ -336,6 +343,19 @@ function noteSpeakers(segments) {
 
 function setStatus(text) { $("status").textContent = text; }
 
+// The line under the downloads that says where the transcript's revision is
+function showRevision(text) {
+  $("revision").textContent = text;
+  $("revision").hidden = false;
+}
+
+// transcript.revised: its segments take the place of the finals it supersedes, in time order
+function revisedFinals(finals, ev) {
+  const superseded = new Set(ev.supersedes);
+  return [...finals.filter((seg) => !superseded.has(seg.id)), ...ev.segments]
+    .sort((a, b) => a.start - b.start);
+}
+
 function lostNote() {
   const lost = state.buffer ? state.buffer.lostFrames / SAMPLE_RATE : 0;
   return (lost > 0 ? ` (${lost.toFixed(1)} s of audio lost while offline)` : "") +
@@ -349,6 +369,7 @@ function onEvent(ev) {
       // the server holds the names: a resume replays them all after its finals, so the names
       // this page had (one may have been removed while it was offline) are dropped
       if (ev.resumed) state.names = new Map();
+      state.revise = Boolean(ev.revise);
       renderNames(); // the speakers list can be used again
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
@@ -387,8 +408,27 @@ function onEvent(ev) {
       renderNames(); // the speakers list is disabled: the meeting is over
       setStatus(`done: ${ev.duration.toFixed(1)} s, ${ev.finish_reason}${lostNote()}`);
       showExport(state.captions, state.startedAt, "(final)");
+      state.revisionPending = state.revise;
+      if (state.revise) {
+        showRevision("revising: a pass over the whole meeting will replace the transcript " +
+                     "below in a moment…");
+      }
+      break;
+    case "transcript.revised":
+      state.revisionPending = false;
+      state.finals = revisedFinals(state.finals, ev);
+      for (const seg of ev.segments) state.speakers.add(seg.speaker);
+      renderNames(); // the names given to labels stay: the revision carries the same labels
+      showRevision(`revised: the transcript below is a pass over the whole meeting ` +
+                   `(${ev.segments.length} segments)`);
+      showExport(state.captions, state.startedAt, "(revised)");
       break;
     case "error":
+      if (ev.code === "revision_failed") { // the session succeeded: its final stands
+        state.revisionPending = false;
+        showRevision(`not revised (${ev.message}): the final transcript below stands`);
+        break;
+      }
       setStatus(`error ${ev.code}: ${ev.message}`);
       break;
   }
@@ -453,11 +493,13 @@ async function start(saved) {
   $("partial").replaceChildren();
   $("overlay").hidden = true;
   $("export").hidden = true;
+  $("revision").hidden = true;
   $("speakers").hidden = true;
   state.stored = null;
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
+    revise: false, revisionPending: false,
     finals: [], partial: [], speakers: new Set(), names: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
@@ -549,7 +591,9 @@ function onClose(ws, ev, reached) {
   if (ws !== state.ws) return; // an old socket
   renderSpeakers(); // offline: no renames until the session is back
   if (state.unloading) return; // the page is going: its stored session stays for a resume
-  const resumable = state.session && !state.finished && RESUMABLE_CLOSES.includes(ev.code);
+  // after the final, only the revision it promised is left to resume for
+  const resumable = state.session && (!state.finished || state.revisionPending) &&
+                    RESUMABLE_CLOSES.includes(ev.code);
   if (resumable) {
     if (!state.dropAt) state.dropAt = Date.now();
     else if (!reached) state.unreachableAt = Date.now(); // a retry found no server

@@ -8,7 +8,9 @@
 // server has its final), "expired" (the stored session's window has passed), "names" (speakers
 // named through the page, the server's answers, a drop and the names' replay on the resume),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
-// (no key for a server that asks for one: 4401).
+// (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
+// revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
+// revision fails: revision_failed).
 const fs = require("fs");
 const vm = require("vm");
 const { stubBrowser, sleep } = require("./stub_browser");
@@ -90,7 +92,66 @@ async function exportScenario(storage) {
                finish_reason: "stop", coverage: 1, duration: 0.2 });
   ws.drop(1000);
   return { before, during, after: links(), status: element("status").textContent,
-           storedDuring, storage: storage.items };
+           storedDuring, storage: storage.items, revision_hidden: element("revision").hidden };
+}
+
+// the revision line: [hidden, text]; the captions shown: [speaker shown, text]
+const revisionLine = () => [element("revision").hidden, element("revision").textContent];
+const shownCaptions = () => element("finals").children.map((div) => [div.children[1].textContent,
+                                                                     div.children[2].textContent]);
+const finalOf = (segments) => ({ type: "transcript.final", segments, finish_reason: "stop",
+                                 coverage: 1, duration: 3 });
+
+async function revisedScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready({ revise: true }));
+  const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")];
+  for (const f of finals) ws.receive(f);
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  const out = { before: revisionLine() };
+  element("stop").listeners.click();
+  ws.receive(finalOf(finals));
+  out.waiting = revisionLine();
+  out.waitingStatus = element("status").textContent;
+  ws.drop(1006); // before the revision: resumed for it
+  await sleep(400);
+  const again = sockets[1];
+  out.resumed = Boolean(again);
+  again.open();
+  again.receive(ready({ resumed: true, revise: true, offset: 3200 }));
+  for (const f of finals) again.receive(f);
+  again.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  again.receive(finalOf(finals));
+  out.replayed = shownCaptions();
+  again.receive({ type: "transcript.revised", finish_reason: "stop",
+                  supersedes: ["seg-0000", "seg-0001"],
+                  segments: [{ ...said("rev-0001", 0, "S01"), text: "good morning" },
+                             { ...said("rev-0002", 1.5, "S03"), text: "hello" },
+                             { ...said("rev-0003", 1, "S02"), text: "thanks" }] });
+  again.drop(1000);
+  Object.assign(out, { revised: revisionLine(), captions: shownCaptions(), links: links(),
+                       status: element("status").textContent, list: speakersList(),
+                       resumeStart: again.sent[0] });
+  return out;
+}
+
+async function unrevisedScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready({ revise: true }));
+  ws.receive(said("seg-0000", 0, "S01"));
+  element("stop").listeners.click();
+  ws.receive(finalOf([said("seg-0000", 0, "S01")]));
+  ws.receive({ type: "error", code: "revision_failed", retryable: false,
+               message: "the revision failed (internal_error)" });
+  ws.drop(1000);
+  return { revision: revisionLine(), captions: shownCaptions(), links: links(),
+           status: element("status").textContent };
 }
 
 // a session the page stored before its reload, last seen `ageMs` ago, 2 s into the meeting
@@ -247,13 +308,15 @@ async function expiredScenario(storage) {
 (async () => {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
                     expired: stored(90000), names: {},
-                    apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {} }[scenario];
+                    apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
+                    revised: {}, unrevised: {} }[scenario];
   const storage = new FakeStorage(initial);
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, "final"));
   await sleep(10); // the page's own start-up
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
                       expired: expiredScenario, names: namesScenario,
-                      apikey: apiKeyScenario, refused: refusedScenario };
+                      apikey: apiKeyScenario, refused: refusedScenario,
+                      revised: revisedScenario, unrevised: unrevisedScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

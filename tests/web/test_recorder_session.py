@@ -52,6 +52,7 @@ def test_the_page_links_the_transcript_downloads_during_and_after_the_meeting() 
     assert "so far" in result["during"]["note"]
     assert result["after"]["note"] == "(final)"
     assert result["status"].startswith("done:")
+    assert result["revision_hidden"] is True  # no revision promised: none is mentioned
 
 
 def test_the_page_stores_its_live_session_and_clears_it_on_a_normal_end() -> None:
@@ -175,3 +176,35 @@ def test_a_page_refused_for_its_key_says_to_enter_one() -> None:
     assert result["status"].startswith("error unauthorized: this server needs an API key")
     assert result["status"].endswith("enter the server's API key above, then Start")
     assert result["start_disabled"] is False and result["stored"] is None
+
+
+def test_a_revision_replaces_the_finals_shown_and_keeps_the_speakers_names() -> None:
+    """After a final that session.ready promised a revision for, the page says one is
+    coming; a drop before it is resumed for it; `transcript.revised` then replaces the
+    superseded finals (in time order, names kept on their labels, a new label shown as it
+    is), says the transcript is revised, and the downloads say they hold the revision."""
+    result = run("revised")
+    assert result["before"][0] is True
+    hidden, waiting = result["waiting"]
+    assert hidden is False and waiting.startswith("revising")
+    assert result["waitingStatus"].startswith("done:")
+    assert result["resumed"] is True
+    assert result["resumeStart"]["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+    assert result["replayed"] == [["Alice", "seg-0000"], ["S02", "seg-0001"]]
+    assert result["captions"] == [["Alice", "good morning"], ["S02", "thanks"], ["S03", "hello"]]
+    hidden, revised = result["revised"]
+    assert hidden is False and revised.startswith("revised:") and "3 segments" in revised
+    assert result["links"]["note"] == "(revised)"
+    assert result["links"]["srt"]["href"] == URL + "srt"  # the resource serves the newest
+    assert result["status"].startswith("done:")  # a 1000 close after it adds nothing
+    assert ["S03", True] in result["list"]
+
+
+def test_a_failed_revision_says_the_final_stands() -> None:
+    result = run("unrevised")
+    hidden, text = result["revision"]
+    assert hidden is False and "the final transcript below stands" in text
+    assert "internal_error" in text
+    assert result["captions"] == [["S01", "seg-0000"]]
+    assert result["links"]["note"] == "(final)"
+    assert result["status"].startswith("done:")  # not an error of the session
