@@ -475,8 +475,10 @@ async function offerTranscript(captions, startedAt) {
   try {
     const resp = await fetch(transcriptUrl(captions.session_id, captions.captions_token, "text"));
     if (resp.ok) {
-      const final = resp.headers.get("X-Livemeet-Transcript-Status") === "final";
-      showExport(captions, startedAt, final ? "(final)" : "(the finals so far)");
+      // the resource serves the newest: the revision once it came
+      const kept = resp.headers.get("X-Livemeet-Transcript-Status");
+      const notes = { final: "(final)", revised: "(revised)" };
+      showExport(captions, startedAt, notes[kept] || "(the finals so far)");
       setStatus(`${status}: its transcript is below`);
       return;
     }

@@ -311,7 +311,8 @@ async function expiredScenario(storage) {
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
                     revised: {}, unrevised: {} }[scenario];
   const storage = new FakeStorage(initial);
-  vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, "final"));
+  const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
+  vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, kept));
   await sleep(10); // the page's own start-up
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
                       expired: expiredScenario, names: namesScenario,

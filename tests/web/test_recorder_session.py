@@ -20,14 +20,16 @@ URL = "https://meet.example:8000/v1/sessions/s-1/transcript?token=c%2Ft%2Bk%3D&r
 
 
 @functools.cache
-def run(scenario: str, page: str = "https://meet.example:8000/") -> dict[str, Any]:
+def run(
+    scenario: str, page: str = "https://meet.example:8000/", transcript_status: str = "final"
+) -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
         [NODE, str(Path(__file__).with_name("session_harness.js")),
          str(ROOT / "web" / "recorder.js"), scenario],
         capture_output=True, text=True, timeout=30, check=True,
         # the file names carry the meeting's local time
-        env={**os.environ, "TZ": "UTC", "PAGE_HREF": page},
+        env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -208,3 +210,7 @@ def test_a_failed_revision_says_the_final_stands() -> None:
     assert result["captions"] == [["S01", "seg-0000"]]
     assert result["links"]["note"] == "(final)"
     assert result["status"].startswith("done:")  # not an error of the session
+
+
+def test_a_session_gone_from_the_page_offers_its_revised_transcript_as_such() -> None:
+    assert run("expired", transcript_status="revised")["links"]["note"] == "(revised)"
