@@ -40,7 +40,7 @@ from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
 from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.keys import live_dir, tmp_dir, transcripts_dir
-from livemeet.gateway.live_journal import journal_in_use
+from livemeet.gateway.live_journal import journal_holder
 
 log = logging.getLogger("livemeet.serve")
 
@@ -562,10 +562,9 @@ def check_data_dir(config: ServerConfig) -> None:
     to root for places no one can write (/proc): --check-config passed a data directory a
     start refused. Raises ConfigError naming the path and the OS error."""
     where = f"cannot use --data-dir {config.data_dir}"
-    if journal_in_use(live_dir(config)):  # what a start would refuse (gateway/live_journal.py)
-        raise ConfigError(
-            f"{where}: another livemeet server is using it (one server per --data-dir)"
-        )
+    holder = journal_holder(live_dir(config))  # what a start would refuse (live_journal.py)
+    if holder is not None:
+        raise ConfigError(f"{where}: {holder} is using it")
     for directory in (tmp_dir(config), transcripts_dir(config), live_dir(config)):
         try:
             directory.mkdir(parents=True, exist_ok=True)

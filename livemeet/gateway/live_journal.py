@@ -170,17 +170,27 @@ async def read_pcm(
         raise InternalError(f"{path} ends {left} bytes short of the audio it should hold")
 
 
-def journal_in_use(root: Path) -> bool:
-    """Whether a running server holds the journal under `root` (its lock file), for a config
-    check before a start; False where there is none yet. Takes the lock and lets it go."""
+def journal_holder(root: Path) -> str | None:
+    """Who holds the journal under `root` (its lock file), as `holder_phrase` names it, for a
+    config check before a start; None where no running server does (or there is no journal
+    yet). Takes the lock and lets it go."""
     path = root / LOCK_NAME
     if not path.exists():
-        return False
+        return None
     held = _take_lock(path)
     if held is None:
-        return True
+        return holder_phrase(path)
     held.close()  # lets the flock go
-    return False
+    return None
+
+
+def holder_phrase(path: Path) -> str:
+    """How a refusal names the server holding the lock file at `path`: its pid where the file
+    names one, so the operator knows which process to stop. One phrase for the journal's own
+    refusal and `serve --check-config`'s, so both say the same."""
+    pid = _lock_holder(path)
+    which = "" if pid is None else f"pid {pid}; "
+    return f"another livemeet server ({which}one server per --data-dir)"
 
 
 def _take_lock(path: Path) -> io.BufferedRandom | None:
@@ -508,12 +518,7 @@ class LiveJournal:
         path = self.root / LOCK_NAME
         self._lock_file = _take_lock(path)
         if self._lock_file is None:
-            pid = _lock_holder(path)
-            which = "" if pid is None else f"pid {pid}; "
-            raise ConfigError(
-                f"live journal {self.root} is in use by another livemeet server "
-                f"({which}one server per --data-dir)"
-            )
+            raise ConfigError(f"live journal {self.root} is in use by {holder_phrase(path)}")
 
     def _new_handle(
         self,

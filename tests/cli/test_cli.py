@@ -267,7 +267,8 @@ async def test_check_config_refuses_a_data_dir_another_server_uses(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`serve --check-config` said "configuration ok" for a data dir a running server held,
-    where the start it vouched for then failed on the live journal's lock (a trial)."""
+    where the start it vouched for then failed on the live journal's lock (a trial). The
+    refusal names the holder's pid, as the journal's own does (it named none: a trial)."""
     from livemeet.gateway.live_journal import LiveJournal
 
     data_dir = tmp_path / "data"
@@ -275,7 +276,11 @@ async def test_check_config_refuses_a_data_dir_another_server_uses(
     running.load_unfinished()  # takes the lock, as a starting server does
     argv = ["serve", "--data-dir", str(data_dir), "--port", "0", "--check-config"]
     assert main(argv) == 2
-    assert "another livemeet server is using it" in caplog.text
+    holder = f"another livemeet server (pid {os.getpid()}; one server per --data-dir)"
+    assert f"cannot use --data-dir {data_dir}: {holder} is using it" in caplog.text
+    caplog.clear()
+    assert main(argv[:-1]) == 2  # a start refuses it the same way, before loading anything
+    assert f"{holder} is using it" in caplog.text
     await running.close()
     caplog.clear()
     assert main(argv) == 0
