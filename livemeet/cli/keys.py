@@ -25,7 +25,7 @@ from pathlib import Path
 from livemeet.config import ServerConfig
 from livemeet.errors import InvalidRequest, LivemeetError
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
-from livemeet.gateway.auth import ApiKey, key_id_of
+from livemeet.gateway.auth import ApiKey, create_key_command, key_id_of
 
 Command = Callable[[argparse.Namespace, ApiKeyStore], int]
 
@@ -154,7 +154,7 @@ def revoke_key(args: argparse.Namespace, store: ApiKeyStore) -> int:
     if not any(k.active for k in store.keys()):
         print(
             "no active key is left: a server on this data directory with --auth auto or keys "
-            "admits nobody until `livemeet keys create` makes one",
+            f"admits nobody until `{create_key_command(args.data_dir)}` makes one",
             file=sys.stderr,
         )
     return 0

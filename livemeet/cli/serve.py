@@ -482,7 +482,7 @@ def check_auth(config: ServerConfig) -> None:
 
     store = ApiKeyStore(store_path(config.data_dir))
     try:
-        report_auth(config.gateway.auth, store.ring(), config.host)
+        report_auth(config.gateway.auth, store.ring(), config.host, config.data_dir)
     finally:
         store.close()
 

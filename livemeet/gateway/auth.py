@@ -23,10 +23,12 @@ import hashlib
 import ipaddress
 import re
 import secrets
+import shlex
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import NamedTuple
 
 from livemeet.audio.constants import (
@@ -209,8 +211,9 @@ def refusal(verdict: Verdict, *, live: bool = False) -> Unauthorized:
     )
 
 
-def describe(mode: AuthMode, ring: KeyRing) -> str:
-    """One line saying who may use the API (the start log, `serve --check-config`)."""
+def describe(mode: AuthMode, ring: KeyRing, data_dir: Path) -> str:
+    """One line saying who may use the API of the server on `data_dir` (the start log, `serve
+    --check-config`)."""
     active, revoked = ring.num_active, ring.num_keys - ring.num_active
     counts = f"{active} active API key{'s' if active != 1 else ''}, {revoked} revoked"
     if mode is AuthMode.OFF:
@@ -218,14 +221,35 @@ def describe(mode: AuthMode, ring: KeyRing) -> str:
     if not keys_required(mode, ring):
         return (
             "auth auto: no API key in the store, so the API is open to anyone who can reach "
-            "it (the first `livemeet keys create` closes it)"
+            f"it (the first `{create_key_command(data_dir)}` closes it)"
         )
     if active == 0:
         return (
             f"auth {mode.value}: API keys required, and none is active ({counts}): nobody can "
-            "use the API until `livemeet keys create` makes one"
+            f"use the API until `{create_key_command(data_dir)}` makes one"
         )
     return f"auth {mode.value}: API keys required ({counts})"
+
+
+def closing_advice(mode: AuthMode, ring: KeyRing, data_dir: Path) -> str:
+    """What closes the API of a server on `data_dir` that asks for no key (`mode`, `ring`), as
+    advice in its warning. Under `--auth off` a new key changes nothing: only a start without
+    it does (with a key to give clients, made first where the store holds no active one)."""
+    assert not keys_required(mode, ring), "advice for an open server only"
+    make = f"make a key (`{create_key_command(data_dir)}`)"
+    if mode is not AuthMode.OFF:
+        return make
+    if ring.num_active == 0:
+        return f"{make} and start the server without `--auth off`"
+    return "start the server without `--auth off` (its data dir holds active API keys)"
+
+
+def create_key_command(data_dir: Path) -> str:
+    """The command that makes a key for the server on `data_dir`, for advice in a message.
+    With --data-dir always, as an absolute path: `livemeet keys create` run from another
+    directory makes its key in that directory's ./livemeet-data, where the server never
+    looks, and the server stays open."""
+    return f"livemeet keys create --data-dir {shlex.quote(str(data_dir.absolute()))}"
 
 
 def is_loopback_host(host: str) -> bool:

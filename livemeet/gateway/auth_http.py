@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 from aiohttp import hdrs, web
 
@@ -31,6 +32,7 @@ from livemeet.gateway.auth import (
     AuthFailure,
     KeyRing,
     authenticate,
+    closing_advice,
     describe,
     is_loopback_host,
     keys_required,
@@ -112,14 +114,14 @@ class KeyGuard:
         self._problem = None
         if ring is not None and ring != self.ring:
             self.ring = ring
-            log.info("API keys changed: %s", describe(self.mode, ring))
+            log.info("API keys changed: %s", describe(self.mode, ring, self.store.path.parent))
 
 
-def report_auth(mode: AuthMode, ring: KeyRing, host: str) -> None:
-    """Log who may use the API of a server listening on `host` with `ring`'s keys (its start,
-    `serve --check-config`): a warning where nobody can, or where anyone who reaches a host
-    other machines may reach can."""
-    summary = describe(mode, ring)
+def report_auth(mode: AuthMode, ring: KeyRing, host: str, data_dir: Path) -> None:
+    """Log who may use the API of a server on `data_dir` listening on `host` with `ring`'s
+    keys (its start, `serve --check-config`): a warning where nobody can, or where anyone who
+    reaches a host other machines may reach can."""
+    summary = describe(mode, ring, data_dir)
     if keys_required(mode, ring) and ring.num_active == 0:
         log.warning("%s", summary)
     else:
@@ -127,10 +129,11 @@ def report_auth(mode: AuthMode, ring: KeyRing, host: str) -> None:
     if not keys_required(mode, ring) and not is_loopback_host(host):
         log.warning(
             "THE API IS OPEN: no API key is asked for (--auth %s) while listening on %s, "
-            "which other machines may reach: make a key (`livemeet keys create`), or listen on "
-            "127.0.0.1 behind an authenticating proxy",
+            "which other machines may reach: %s, or listen on 127.0.0.1 behind an "
+            "authenticating proxy",
             mode.value,
             host or "every interface",
+            closing_advice(mode, ring, data_dir),
         )
 
 
@@ -169,7 +172,8 @@ async def key_watch(app: web.Application) -> AsyncIterator[None]:
     cannot be read), say who may use the API, and keep the keys current until shutdown."""
     guard = app[AUTH_KEY]
     await asyncio.to_thread(guard.load)
-    report_auth(guard.mode, guard.ring, app[CONFIG_KEY].host)
+    config = app[CONFIG_KEY]
+    report_auth(guard.mode, guard.ring, config.host, config.data_dir)
     watcher = asyncio.create_task(guard.watch(), name="api-keys")
     try:
         yield

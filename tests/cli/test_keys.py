@@ -150,6 +150,43 @@ def test_check_config_says_who_may_use_the_api(
     assert "auth auto: API keys required, and none is active" in text and "WARNING" in text
 
 
+def test_the_advice_to_close_the_api_names_the_servers_data_dir(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start log and the open-API warning said "the first `livemeet keys create` closes
+    it": run from another directory, that made a key in its own ./livemeet-data and the server
+    stayed open (a trial). The command given names the server's data dir, absolute. Under
+    `--auth off` a key changes nothing: with keys in the store, the advice is to drop it."""
+    monkeypatch.chdir(tmp_path)
+    data = Path("served data")  # relative, and quoted for a shell
+    create = f"`livemeet keys create --data-dir '{tmp_path / data}'`"
+
+    def check(*flags: str) -> str:
+        caplog.clear()
+        base = ["serve", "--data-dir", str(data), "--check-config", "--host", "0.0.0.0"]
+        with caplog.at_level("INFO"):
+            assert serve.run(build_parser().parse_args([*base, *flags])) == 0
+        return caplog.text
+
+    text = check()
+    assert f"the first {create} closes it" in text
+    assert f"make a key ({create}), or listen on 127.0.0.1" in text
+    text = check("--auth", "off")
+    assert f"make a key ({create}) and start the server without `--auth off`" in text
+    assert keys(capsys, data, "create")[0] == 0
+    text = check("--auth", "off")
+    assert "THE API IS OPEN" in text and "make a key" not in text
+    assert "start the server without `--auth off` (its data dir holds active API keys)" in text
+    [record] = json.loads(keys(capsys, data, "list", "--json")[1])
+    text = check("--auth", "keys")
+    assert "API keys required (1 active" in text
+    assert keys(capsys, data, "revoke", record["id"])[2].count(create) == 1
+    assert f"nobody can use the API until {create} makes one" in check("--auth", "keys")
+
+
 async def test_the_start_log_warns_of_an_open_server_on_a_reachable_host(
     aiohttp_client: ClientFactory,
     tmp_path: Path,
@@ -160,6 +197,7 @@ async def test_the_start_log_warns_of_an_open_server_on_a_reachable_host(
         await aiohttp_client(create_app(config, FakeTranscriber()))
     assert "auth auto: no API key in the store" in caplog.text
     assert "THE API IS OPEN" in caplog.text and "0.0.0.0" in caplog.text
+    assert f"make a key (`livemeet keys create --data-dir {tmp_path / 'data'}`)" in caplog.text
 
 
 # -- stream --api-key ---------------------------------------------------------------------

@@ -4,6 +4,7 @@ presented key, the headers that present one, the refusals' messages."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -153,14 +154,14 @@ def test_key_names() -> None:
             check_key_name(bad)
 
 
-def test_the_summary_says_who_may_use_the_api() -> None:
-    assert "anyone" in describe(AuthMode.OFF, ring())
-    assert "open" in describe(AuthMode.AUTO, KeyRing())
-    assert describe(AuthMode.AUTO, ring()) == (
+def test_the_summary_says_who_may_use_the_api(tmp_path: Path) -> None:
+    assert "anyone" in describe(AuthMode.OFF, ring(), tmp_path)
+    assert "open" in describe(AuthMode.AUTO, KeyRing(), tmp_path)
+    assert describe(AuthMode.AUTO, ring(), tmp_path) == (
         "auth auto: API keys required (1 active API key, 1 revoked)"
     )
-    assert "nobody" in describe(AuthMode.KEYS, KeyRing())
-    assert "nobody" in describe(AuthMode.AUTO, ring(active=False))
+    assert "nobody" in describe(AuthMode.KEYS, KeyRing(), tmp_path)
+    assert "nobody" in describe(AuthMode.AUTO, ring(active=False), tmp_path)
 
 
 @pytest.mark.parametrize(
