@@ -476,13 +476,14 @@ def preflight_model(model: ModelConfig) -> None:
 def check_auth(config: ServerConfig) -> None:
     """Say who may use the API of a server started on `config` (`--check-config`): its --auth
     and the data dir's keys, active and revoked, as a start reads them. Raises ConfigError for
-    a key store a start could not read."""
+    a key store a start could not read (`read_keys`: not under --auth off)."""
     from livemeet.gateway.api_keys import ApiKeyStore, store_path
-    from livemeet.gateway.auth_http import report_auth
+    from livemeet.gateway.auth_http import read_keys, report_auth
 
+    mode = config.gateway.auth
     store = ApiKeyStore(store_path(config.data_dir))
     try:
-        report_auth(config.gateway.auth, store.ring(), config.host, config.data_dir)
+        report_auth(mode, read_keys(mode, store), config.host, config.data_dir)
     finally:
         store.close()
 

@@ -65,8 +65,9 @@ class KeyGuard:
         self._problem: str | None = None  # the last read's failure, logged once
 
     def load(self) -> None:
-        """Read the keys (at start, before serving; blocking). Raises ConfigError."""
-        self.ring = self.store.ring_if_changed() or KeyRing()
+        """Read the keys (at start, before serving; blocking; `read_keys`). Raises
+        ConfigError."""
+        self.ring = read_keys(self.mode, self.store)
 
     async def authenticate(self, presented: str | None, *, live: bool = False) -> ApiKey | None:
         """The key that lets a request that presented `presented` (None: none) in, or None
@@ -115,6 +116,20 @@ class KeyGuard:
         if ring is not None and ring != self.ring:
             self.ring = ring
             log.info("API keys changed: %s", describe(self.mode, ring, self.store.path.parent))
+
+
+def read_keys(mode: AuthMode, store: ApiKeyStore) -> KeyRing:
+    """The store's keys, as a start reads them. Raises ConfigError where the store cannot be
+    read, but under `--auth off`, which never uses a key: there the keys only shape the
+    start's advice, so an unreadable store is warned of and counts as none, and `--auth off`
+    stays the way into a server whose store broke."""
+    try:
+        return store.ring_if_changed() or KeyRing()
+    except ConfigError as exc:
+        if mode is not AuthMode.OFF:
+            raise
+        log.warning("%s (--auth off reads no key: the server runs without them)", exc.message)
+        return KeyRing()
 
 
 def report_auth(mode: AuthMode, ring: KeyRing, host: str, data_dir: Path) -> None:
@@ -174,11 +189,15 @@ async def key_watch(app: web.Application) -> AsyncIterator[None]:
     await asyncio.to_thread(guard.load)
     config = app[CONFIG_KEY]
     report_auth(guard.mode, guard.ring, config.host, config.data_dir)
-    watcher = asyncio.create_task(guard.watch(), name="api-keys")
+    # --auth off never looks at a key: a store read again would only warn of its failures
+    watcher = None
+    if guard.mode is not AuthMode.OFF:
+        watcher = asyncio.create_task(guard.watch(), name="api-keys")
     try:
         yield
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         await guard.close()

@@ -187,6 +187,26 @@ def test_the_advice_to_close_the_api_names_the_servers_data_dir(
     assert f"nobody can use the API until {create} makes one" in check("--auth", "keys")
 
 
+def test_auth_off_starts_over_a_key_store_it_cannot_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`serve --auth off` over a corrupt api_keys.sqlite3 exited 2 "cannot read the API key
+    store" (a trial), though off never uses a key: it is the way back into a server whose
+    store broke. It warns and goes on; the modes that use keys still refuse to start."""
+    data = tmp_path / "data"
+    data.mkdir()
+    store_path(data).write_bytes(b"not a database, but long enough to be read as one" * 100)
+    base = ["serve", "--data-dir", str(data), "--check-config"]
+    with caplog.at_level("INFO"):
+        assert serve.run(build_parser().parse_args([*base, "--auth", "off"])) == 0
+    assert "cannot read the API key store" in caplog.text and "--auth off" in caplog.text
+    assert "configuration ok" in caplog.text
+    caplog.clear()
+    for mode in ("auto", "keys"):
+        assert serve.run(build_parser().parse_args([*base, "--auth", mode])) == 2
+        assert "cannot read the API key store" in caplog.text
+
+
 async def test_the_start_log_warns_of_an_open_server_on_a_reachable_host(
     aiohttp_client: ClientFactory,
     tmp_path: Path,

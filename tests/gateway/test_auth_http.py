@@ -244,6 +244,23 @@ async def test_auth_off_ignores_keys_and_auth_keys_with_none_admits_nobody(
     assert (await closed.get("/v1/models", headers=bearer(keys.active))).status == 401
 
 
+async def test_auth_off_serves_over_a_key_store_it_cannot_read(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A corrupt store failed the start of an `--auth off` server, which never uses a key."""
+    path = store_path(server_config.data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"not a database, but long enough to be read as one" * 100)
+    off = ServerConfig(data_dir=server_config.data_dir, gateway=GatewayConfig(auth=AuthMode.OFF))
+    with caplog.at_level(logging.WARNING):
+        client = await aiohttp_client(create_app(off, fake))
+    assert "cannot read the API key store" in caplog.text
+    assert (await client.get("/v1/models")).status == 200
+
+
 async def test_auto_without_keys_is_open_and_keys_made_meanwhile_close_it(
     client: TestClient, server_config: ServerConfig
 ) -> None:
