@@ -25,7 +25,7 @@ from pathlib import Path
 from livemeet.config import ServerConfig
 from livemeet.errors import InvalidRequest, LivemeetError
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
-from livemeet.gateway.auth import ApiKey, create_key_command, key_id_of
+from livemeet.gateway.auth import ApiKey, create_key_command, key_digest, key_id_of
 
 Command = Callable[[argparse.Namespace, ApiKeyStore], int]
 
@@ -137,7 +137,8 @@ def list_keys(args: argparse.Namespace, store: ApiKeyStore) -> int:
 
 
 def revoke_key(args: argparse.Namespace, store: ApiKeyStore) -> int:
-    """Revoke the key `args.id` names (its id, or the key itself)."""
+    """Revoke the key `args.id` names (its id, or the key itself, whose digest must then be
+    the stored key's)."""
     key_id = key_id_of(args.id)
     if key_id is None:
         raise InvalidRequest(
@@ -146,6 +147,13 @@ def revoke_key(args: argparse.Namespace, store: ApiKeyStore) -> int:
             param="id",
         )
     before = store.find(key_id)
+    if before is not None and _mismatched(args.id, before):
+        raise InvalidRequest(
+            f"that is not API key {key_id}: the id in it is, the rest does not match the "
+            "stored key's (mistyped, or copied in part?); nothing was revoked. Give the whole "
+            "key as it was made, or its id alone",
+            param="id",
+        )
     key = store.revoke(key_id)
     if before is not None and before.revoked_at is not None:
         print(f"API key {key_id}{_named(key)} was revoked already, {_when(before.revoked_at)}")
@@ -158,6 +166,14 @@ def revoke_key(args: argparse.Namespace, store: ApiKeyStore) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _mismatched(given: str, key: ApiKey) -> bool:
+    """Whether `given`, a whole key (not an id alone), is not `key`: its digest differs. A
+    whole key naming an id is no proof of it: the id is public (logs, `list`), so a wrong key
+    carrying it must not revoke it."""
+    given = given.strip()
+    return given != key.key_id and key_digest(given) != key.sha256
 
 
 def _named(key: ApiKey) -> str:

@@ -89,6 +89,13 @@ def test_keys_revoke_by_id_or_key_and_its_refusals(
     data = tmp_path / "data"
     key = keys(capsys, data, "create", "--name", "ci")[1].strip()
     key_id = key.split("_")[1]
+    # a key that only carries the id is not the key (it revoked it: a trial); nothing changes
+    wrong = f"lm_{key_id}_WRONG"
+    status, out, err = keys(capsys, data, "revoke", wrong)
+    assert status == 2 and out == ""
+    assert err.startswith(f"error: invalid_request: that is not API key {key_id}")
+    assert "nothing was revoked" in err and "WRONG" not in err and err.count("\n") == 1
+    assert ApiKeyStore(store_path(data)).ring().num_active == 1
     status, out, err = keys(capsys, data, "revoke", key)  # the key itself: its id is revoked
     assert status == 0 and f"API key {key_id} (ci) revoked" in out
     assert key not in out + err
