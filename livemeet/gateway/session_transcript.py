@@ -5,7 +5,8 @@ While the session runs: its finals so far over the audio received so far; once i
 `transcript.final` came: that transcript, from the session while the server holds it, then
 from the TranscriptStore (which keeps it across restarts); once its `transcript.revised` came
 (DESIGN 5.7): the revised one, the newest. `?version=final` or `?version=revised` asks for one
-(`revised` before it came: NotFound). Readable with the session's `captions_token`
+(`revised` without one: NotFound, saying whether one is still coming; `final` while the
+session runs: its finals so far). Readable with the session's `captions_token`
 (`?token=`), as its captions are: session ids come from the backend and may be guessable. The
 response header `X-Livemeet-Transcript-Status` says which it is.
 """
@@ -40,7 +41,8 @@ async def get_session_transcript(request: web.Request) -> web.Response:
     token = request.query.get("token", "")
     # empty as absent, as /v1/transcriptions/{id}'s
     fmt = formats.parse_response_format(request.query.get("response_format") or "json")
-    version = request.query.get("version") or None
+    # not so `version`: "any other value is a 400" (docs/protocol.md), the empty one too
+    version = request.query.get("version")
     if version is not None and version not in VERSIONS:
         raise InvalidRequest(
             f"version must be one of {', '.join(VERSIONS)}, not {version!r}", param="version"
@@ -64,7 +66,7 @@ def _held(holder: LiveSessionHolder, version: str | None) -> tuple[Transcript, s
     if version != "final" and revised is not None:
         return revised, REVISED
     if version == "revised":
-        raise NotFound(f"live session {holder.id!r} has no revised transcript (yet)")
+        raise _no_revision(holder)
     terminal = holder.replay.terminal
     status = (
         FINAL
@@ -93,9 +95,34 @@ async def _stored(
         revised = await store.get_live(session_id, revised=True)
     except NotFound:
         if version == "revised":
-            raise
+            # the server holds a session until its revision comes or fails: gone, it has none
+            raise NotFound(
+                f"live session {session_id!r} has no revised transcript, and none will come "
+                "(it was not revised, or its revision failed): its final one stands",
+                param="version",
+            ) from None
         return final.transcript, FINAL
     return revised.transcript, REVISED
+
+
+def _no_revision(holder: LiveSessionHolder) -> NotFound:
+    """The 404 of `version=revised` for a held session without a revised transcript, saying
+    whether one is still coming: "(yet)" told a client of a session that will never be
+    revised (session.ready's `revise: false`) to keep asking."""
+    replay = holder.replay
+    promised = holder.options is not None and holder.options.revise  # session.ready's `revise`
+    if replay.revision_pending or (promised and replay.terminal is None):
+        why = "not yet: it comes after transcript.final"
+    elif isinstance(replay.revision, Error):
+        why = "its revision failed, and none will come: its final one stands"
+    elif not promised:
+        why = (
+            "none will come: session.ready said `revise: false` (a backend that cannot revise, "
+            "or a server run with --no-revise), so its final one stands"
+        )
+    else:  # a final that promised none (no audio), or a session that failed
+        why = "none will come"
+    return NotFound(f"live session {holder.id!r} has no revised transcript: {why}", param="version")
 
 
 def _unauthorized(session_id: str) -> Unauthorized:

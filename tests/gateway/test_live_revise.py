@@ -144,6 +144,51 @@ async def test_no_revise_closes_after_the_final_as_before(
     assert not of_type(events, "transcript.revised")
 
 
+async def revised_404(client: TestClient, ready: dict[str, Any]) -> str:
+    """`version=revised`'s 404 message, after checking its shape."""
+    response = await client.get(transcript_url(ready, "json") + "&version=revised")
+    body = await response.json()
+    assert response.status == 404 and body["error"]["code"] == "not_found", body
+    assert body["error"]["param"] == "version"
+    return str(body["error"]["message"])
+
+
+@pytest.mark.parametrize("revise", [True, False])
+async def test_the_transcript_versions_of_a_session_say_whether_a_revision_comes(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, tmp_path: Path, revise: bool
+) -> None:
+    """`version=revised` on a session never to be revised (`revise: false`: the demo,
+    --no-revise) said "no revised transcript (yet)" (a trial): it says none will come, held
+    or stored; on one that will be, that it comes after the final. `version=` (empty) was
+    taken as absent, where any value but final and revised is a 400. `version=final` while
+    the session runs is its finals so far."""
+    client = await scripted_client(
+        aiohttp_client, server_config, tmp_path, DEFAULT_SCRIPT, revise=revise
+    )
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        ready = await ws.receive_json()
+        assert ready["revise"] is revise
+        await ws.send_bytes(pcm16(0.5))
+        empty = await client.get(transcript_url(ready, "json") + "&version=")
+        assert empty.status == 400 and (await empty.json())["error"]["code"] == "invalid_request"
+        final = await client.get(transcript_url(ready, "json") + "&version=final")
+        assert final.status == 200 and final.headers["X-Livemeet-Transcript-Status"] == "running"
+        message = await revised_404(client, ready)
+        if revise:
+            assert "not yet: it comes after transcript.final" in message
+        else:
+            assert "(yet)" not in message and "none will come" in message
+            assert "`revise: false`" in message
+        await ws.send_json({"type": "end"})
+        await read_to_close(ws)
+    if revise:
+        return
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
+    await client.app[STORE_KEY].flush()
+    assert "none will come" in await revised_404(client, ready)  # stored, the session gone
+
+
 async def test_a_client_that_leaves_after_the_final_still_gets_the_revision_stored(
     aiohttp_client: ClientFactory, server_config: ServerConfig, tmp_path: Path
 ) -> None:
@@ -185,8 +230,7 @@ async def test_a_failed_revision_is_an_error_frame_then_a_normal_close_and_the_f
     assert response.headers["X-Livemeet-Transcript-Status"] == "final"
     body = json.loads(await response.text())
     assert [s["text"] for s in body["segments"]] == [s["text"] for s in final["segments"]]
-    response = await client.get(transcript_url(ready, "verbose_json") + "&version=revised")
-    assert response.status == 404
+    assert "none will come" in await revised_404(client, ready)
 
 
 @pytest.fixture
