@@ -80,7 +80,8 @@ class Unauthorized(LivemeetError):
     """A missing, wrong or revoked API key; a wrong resume or captions token.
 
     `challenge`: the HTTP `WWW-Authenticate` value (RFC 9110 section 11.6.1) telling the
-    client which credentials to send, where the refusal is of an API key (`Bearer`)."""
+    client which credentials to send: `Bearer` for an API key, `CaptionsToken` for a captions
+    token (gateway/session_tokens.py). Every one raised over HTTP needs one."""
 
     code = "unauthorized"
     http_status = 401

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 
 from livemeet.audio.constants import RESUME_TOKEN_BYTES
 
+# WWW-Authenticate of a 401 for a missing or wrong captions token (RFC 9110 section 11.6.1
+# asks one of every 401). Not `Bearer`: the token is no Authorization header's but the query
+# parameter `token` (docs/protocol.md, Captions), so the challenge names its own scheme and
+# where the token goes, and a Bearer client is not sent to try its API key there.
+CAPTIONS_CHALLENGE = 'CaptionsToken realm="captions", query="token"'
 # the key of the captions token's derivation: fixed, as the resume token is the secret
 _CAPTIONS_KEY = b"livemeet captions token v1"
 

@@ -20,6 +20,7 @@ from aiohttp import web
 from livemeet.errors import InvalidRequest, NotFound, Unauthorized
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.live_sessions import LiveSessionHolder
+from livemeet.gateway.session_tokens import CAPTIONS_CHALLENGE
 from livemeet.gateway.transcript_store import TranscriptStore, token_digest
 from livemeet.transcriber import Error, TranscriptFinal
 from livemeet.transcript import formats
@@ -128,5 +129,6 @@ def _no_revision(holder: LiveSessionHolder) -> NotFound:
 def _unauthorized(session_id: str) -> Unauthorized:
     return Unauthorized(
         f"the transcript of live session {session_id!r} needs its captions_token "
-        "(session.ready's) as ?token="
+        "(session.ready's) as ?token=",
+        challenge=CAPTIONS_CHALLENGE,
     )

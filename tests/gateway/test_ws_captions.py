@@ -43,6 +43,10 @@ def captions_url(ready: dict[str, Any], token: str | None = None) -> str:
     return f"/v1/sessions/{ready['session_id']}/captions?token={token}"
 
 
+# a 401's WWW-Authenticate for a captions token: its scheme, and where the token goes
+CAPTIONS_CHALLENGE = 'CaptionsToken realm="captions", query="token"'
+
+
 def transcript_url(ready: dict[str, Any], fmt: str, token: str | None = None) -> str:
     token = ready["captions_token"] if token is None else token
     return f"/v1/sessions/{ready['session_id']}/transcript?token={token}&response_format={fmt}"
@@ -183,6 +187,8 @@ async def test_a_wrong_or_missing_token_is_unauthorized(client: TestClient) -> N
         response = await client.get(transcript_url(ready, "json", "wrong"))
         assert response.status == 401
         assert (await response.json())["error"]["code"] == "unauthorized"
+        # RFC 9110 asks a challenge of every 401 (it had none): one for the query's token
+        assert response.headers.get("WWW-Authenticate") == CAPTIONS_CHALLENGE
         # the session's resume token is not its captions token
         async with client.ws_connect(captions_url(ready, ready["resume_token"])) as ws:
             await expect_error(ws, Unauthorized)
@@ -288,6 +294,7 @@ async def test_the_transcript_while_the_session_runs_and_after_it(
     assert [s["speaker"] for s in body["segments"]] == ["S01", "S01"]
     response = await again.get(transcript_url(ready, "text", "wrong"))
     assert response.status == 401
+    assert response.headers.get("WWW-Authenticate") == CAPTIONS_CHALLENGE  # stored, as held
     # an upload's route does not serve a live session's stored transcript
     stored = [p.stem for p in (server_config.data_dir / "transcriptions").iterdir()]
     assert len(stored) == 1 and stored[0].startswith("ls_")
