@@ -35,7 +35,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway import health, openai_api, session_transcript
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
-from livemeet.gateway.auth_http import KeyGuard, auth_middleware, key_watch
+from livemeet.gateway.auth_http import KeyGuard, auth_middleware, key_watch, refused_client
 from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
@@ -354,7 +354,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             raise malformed_body(exc) from None
     except LivemeetError as exc:
         level = logging.WARNING if exc.http_status >= 500 else logging.INFO
-        log.log(level, "%s %s: %s: %s", request.method, _log_path(request), exc.code, exc.message)
+        log.log(
+            level,
+            "%s %s: %s: %s%s",
+            request.method,
+            _log_path(request),
+            exc.code,
+            exc.message,
+            refused_client(exc, request.remote),
+        )
         response = _render_error(request, exc)
     except web.HTTPNotFound:
         response = _render_error(request, NotFound(f"no route for {request.path}"))

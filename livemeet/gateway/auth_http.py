@@ -24,7 +24,7 @@ from aiohttp import hdrs, web
 
 from livemeet.audio.constants import API_KEYS_RELOAD_INTERVAL_S
 from livemeet.config import AuthMode
-from livemeet.errors import ConfigError
+from livemeet.errors import ConfigError, LivemeetError, Unauthorized
 from livemeet.gateway.api_keys import ApiKeyStore
 from livemeet.gateway.auth import (
     API_KEY_HEADER,
@@ -39,7 +39,7 @@ from livemeet.gateway.auth import (
     presented_key,
     refusal,
 )
-from livemeet.gateway.keys import AUTH_KEY, CONFIG_KEY
+from livemeet.gateway.keys import API_KEY_ID_KEY, AUTH_KEY, CONFIG_KEY
 from livemeet.gateway.metrics import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -178,8 +178,18 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if needs_key(request):
         key = await request.app[AUTH_KEY].authenticate(request_key(request))
         if key is not None:
+            request[API_KEY_ID_KEY] = key.key_id  # for the handler's log lines (an upload's)
             log.debug("%s %s: API key %s", request.method, request.rel_url.raw_path, key.key_id)
     return await handler(request)
+
+
+def refused_client(error: LivemeetError, remote: str | None) -> str:
+    """What the log line of a refused request adds: for `unauthorized`, the client's address
+    (request.remote), so an operator can tell a misconfigured client from someone trying keys
+    or tokens; for any other refusal, nothing."""
+    if not isinstance(error, Unauthorized):
+        return ""
+    return f" (client {remote or 'unknown'})"
 
 
 async def key_watch(app: web.Application) -> AsyncIterator[None]:

@@ -49,6 +49,9 @@ METRICS_KEY = web.AppKey("metrics", GatewayMetrics)
 STORE_KEY = web.AppKey("transcripts", TranscriptStore)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 AUTH_KEY: web.AppKey[KeyGuard] = web.AppKey("auth")
+# the id of the API key a request was let in with (auth_middleware; absent: none was needed),
+# for the request's log lines: the id, never the key
+API_KEY_ID_KEY = web.RequestKey("api_key_id", str)
 
 
 def tmp_dir(config: ServerConfig) -> Path:

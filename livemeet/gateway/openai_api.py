@@ -49,6 +49,7 @@ from livemeet.errors import (
 from livemeet.gateway.errors_http import error_body
 from livemeet.gateway.heap import trim_heap
 from livemeet.gateway.keys import (
+    API_KEY_ID_KEY,
     CONFIG_KEY,
     DISK_KEY,
     LIFECYCLE_KEY,
@@ -191,13 +192,21 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
             app[METRICS_KEY].sessions_ended.labels("upload", outcome).inc()
             await session.abort()  # idempotent; frees the backend session on every path
             log.info(
-                "upload %s ended: %s, %.1f s of audio in %.2f s (transcription %s)",
+                "upload %s ended: %s, %.1f s of audio in %.2f s (transcription %s%s)",
                 session.id,
                 outcome,
                 duration_s,
                 time.monotonic() - started,
                 transcription_id,
+                _key_note(request),
             )
+
+
+def _key_note(request: web.Request) -> str:
+    """What an upload's log line says of the API key it came with (its id, never the key),
+    as a live session's says which key opened it; nothing where none was needed."""
+    key_id = request.get(API_KEY_ID_KEY)
+    return "" if key_id is None else f", API key {key_id}"
 
 
 async def _transcribe(

@@ -38,6 +38,7 @@ from livemeet.errors import (
     Unauthorized,
     error_for_code,
 )
+from livemeet.gateway.auth_http import refused_client
 from livemeet.gateway.captions import CaptionsOutbox
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRANSCRIBER_KEY
@@ -153,7 +154,12 @@ async def captions_handler(request: web.Request) -> web.WebSocketResponse:
     except LivemeetError as exc:
         metrics.errors.labels(exc.code).inc()
         # the id is the URL's, decoded: repr, so a `%0A` forges no log line
-        log.info("captions of %r refused: %s", request.match_info["id"], exc.code)
+        log.info(
+            "captions of %r refused: %s%s",
+            request.match_info["id"],
+            exc.code,
+            refused_client(exc, request.remote),
+        )
         with contextlib.suppress(ConnectionError):
             await ws.send_str(ws_error_frame(exc))
             await ws.close(code=exc.close_code, message=exc.code.encode())

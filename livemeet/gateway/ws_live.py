@@ -47,7 +47,7 @@ from livemeet.errors import (
     Unauthorized,
     error_for_code,
 )
-from livemeet.gateway.auth_http import request_key
+from livemeet.gateway.auth_http import refused_client, request_key
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import (
     AUTH_KEY,
@@ -198,11 +198,16 @@ class LiveConnection:
     or resumes; a refusal is `unauthorized` (4401) either way."""
 
     def __init__(
-        self, app: web.Application, ws: web.WebSocketResponse, header_key: str | None = None
+        self,
+        app: web.Application,
+        ws: web.WebSocketResponse,
+        header_key: str | None = None,
+        remote: str | None = None,
     ) -> None:
         self.app = app
         self.ws = ws
         self._header_key = header_key
+        self._remote = remote  # the client's address (request.remote), for a refusal's log
         self._authenticated = False  # a key was accepted, or none is needed
         self._key_id: str | None = None  # the accepted key's (None: no key needed)
         self.protocol = LiveProtocol()
@@ -438,6 +443,7 @@ class LiveConnection:
         outcome = self.outcome
         if self._error is not None:  # the reason, as the client was told it
             outcome = f"{outcome} ({self._error.message})"
+            outcome += refused_client(self._error, self._remote)
         log.info(
             "live session %s ended: %s, %.1f s of audio (this connection open %.1f s)",
             who,
@@ -764,7 +770,7 @@ async def live_handler(request: web.Request) -> web.WebSocketResponse:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
     check_browser_origin(request, "open live sessions")
     await ws.prepare(request)
-    connection = LiveConnection(request.app, ws, request_key(request))
+    connection = LiveConnection(request.app, ws, request_key(request), request.remote)
     registry = request.app[REGISTRY_KEY]
     registry.add(connection)
     try:

@@ -422,3 +422,33 @@ async def test_the_logs_name_key_ids_never_keys(
     for key in (keys.active, keys.wrong, keys.revoked):
         assert key not in caplog.text
         assert key.split("_", 2)[2] not in caplog.text
+
+
+async def test_an_uploads_log_line_names_its_key_and_refusals_their_client(
+    keyed: TestClient, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A live session's log named the key that opened it, an upload's did not; a refusal's
+    line did not say who was refused (a trial). The key's id, never the key; the client's
+    address on every `unauthorized` line: HTTP, live, captions and transcript."""
+    with caplog.at_level(logging.INFO):
+        upload = await call(keyed, "POST", "/v1/audio/transcriptions", bearer(keys.active))
+        assert upload.status == 200, await upload.text()
+        ended = [r.getMessage() for r in caplog.records if r.getMessage().startswith("upload ")]
+        assert len(ended) == 1 and ended[0].endswith(f", API key {keys.active_id})"), ended
+        caplog.clear()
+        await keyed.get("/v1/models", headers=bearer(keys.wrong))
+        async with keyed.ws_connect("/v1/live") as ws:
+            await ws.send_json(START)
+            await expect_error(ws, Unauthorized)
+        async with keyed.ws_connect("/v1/live", headers=bearer(keys.active)) as ws:
+            await ws.send_json(START)
+            ready = await ws.receive_json()
+            session = ready["session_id"]
+            async with keyed.ws_connect(f"/v1/sessions/{session}/captions?token=x") as captions:
+                await expect_error(captions, Unauthorized)
+            await keyed.get(f"/v1/sessions/{session}/transcript?token=x")
+    refusals = [r.getMessage() for r in caplog.records if "unauthori" in r.getMessage()]
+    assert len(refusals) == 4, refusals
+    for line in refusals:
+        assert " (client 127.0.0.1)" in line, line
+    assert keys.wrong not in caplog.text and keys.active not in caplog.text
