@@ -275,6 +275,12 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
                 "Pass --model to serve MOSS-Transcribe-Diarize.",
                 info.model_id,
             )
+        if config.gateway.revise and not info.revise:  # --revise is on by default: no warning
+            log.info(
+                "the %s backend cannot revise: live sessions end at their transcript.final "
+                "(session.ready says revise: false)",
+                info.name,
+            )
         app[LIFECYCLE_KEY].started = True
         yield
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,7 @@ from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY, SESSIONS_KEY, STORE_KEY
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
+from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_live_resume import (
     metric,
     of_type,
@@ -395,3 +397,22 @@ async def test_a_session_the_shutdown_ends_gets_its_final_then_its_revision_then
         await shutdown
         assert ws.close_code == 1001
     assert [e["type"] for e in events[-2:]] == ["transcript.final", "transcript.revised"]
+
+
+@pytest.mark.parametrize("revise", [True, False])
+async def test_the_start_log_says_a_backend_that_cannot_revise_will_not(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    caplog: pytest.LogCaptureFixture,
+    revise: bool,
+) -> None:
+    """`serve --revise` over the demo (which cannot revise) was accepted silently (a trial):
+    one info line at start says so; under --no-revise there is nothing to say."""
+    config = replace(server_config, gateway=replace(server_config.gateway, revise=revise))
+    with caplog.at_level(logging.INFO):
+        await aiohttp_client(create_app(config, FakeTranscriber()))
+    lines = [r for r in caplog.records if "cannot revise" in r.getMessage()]
+    assert len(lines) == (1 if revise else 0)
+    if revise:
+        assert lines[0].levelno == logging.INFO
+        assert lines[0].getMessage().startswith("the fake backend cannot revise: live sessions")
