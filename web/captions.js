@@ -6,6 +6,9 @@
 // (`speaker.renamed`, live and in the snapshot; docs/protocol.md "Speaker names"). A session
 // that is gone (4404: the meeting ended, and OBS reloaded the source) leaves the overlay empty,
 // drawing nothing over the video: its status shows only with debug=1 (always in the console).
+// A session's revision (`transcript.revised`, docs/protocol.md "Revision") replaces the finals
+// it supersedes, as on the recorder page (web/recorder.js revisedFinals); names stay on their
+// labels, which the revision keeps.
 // No dependencies, no build step.
 const DEFAULT_LINES = 3;
 const MAX_LINES = 10;
@@ -69,7 +72,21 @@ CaptionsModel.prototype.apply = function (ev) {
       this.partial = [];
       this.ended = true;
       break;
+    case "transcript.revised":
+      this.revise(ev);
+      break;
   }
+};
+// transcript.revised: its segments take the place of the finals it supersedes, in time order.
+// Its ids join those seen: a reconnect's snapshot replays the superseded finals (seen: not
+// shown again), then the revision, which then changes nothing.
+CaptionsModel.prototype.revise = function (ev) {
+  const superseded = new Set(ev.supersedes);
+  const fresh = ev.segments.filter((seg) => !this.seen.has(seg.id));
+  fresh.forEach((seg) => this.seen.add(seg.id));
+  this.finals = this.finals.filter((seg) => !superseded.has(seg.id)).concat(fresh)
+    .sort((a, b) => a.start - b.start).slice(-KEPT_FINALS);
+  this.partial = [];
 };
 // [{label, speaker (its name, or the label), text, partial}], the last maxLines: finals,
 // then the partial's segments past the last final's end (a partial may still hold what a

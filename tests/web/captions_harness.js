@@ -1,7 +1,7 @@
 // Runs web/captions.js (the captions overlay) in stub browsers (node's vm) with fake
 // WebSockets the script drives by hand, through a snapshot, live events, a dropped connection
 // and its reconnect, the session's end, refusals, speaker names (snapshot, live, after a
-// reconnect) and a session that is gone (4404); also loads web/recorder.js to compare
+// reconnect), a revision (and a reconnect after it) and a session that is gone (4404); also loads web/recorder.js to compare
 // the two pages' speaker colours. Prints one JSON line. argv: captions.js, recorder.js.
 const fs = require("fs");
 const vm = require("vm");
@@ -145,6 +145,32 @@ async function main() {
   nagain.receive(renamed("S02", "Robert")); // S01's name was removed meanwhile
   nagain.receive(partial(6, []));
   out.namesAfterReconnect = named.shown();
+
+  // a revision replaces the finals it supersedes (names stay on their labels); a reconnect's
+  // snapshot (the superseded finals, the final, the revision) shows it once, unchanged
+  const revised = page("?session=s&token=t&lines=5", captionsSource);
+  const rws = revised.sockets[0];
+  const finished = { type: "transcript.final", segments: [s0, s1, s2], finish_reason: "stop",
+                     coverage: 1, duration: 6 };
+  const revision = { type: "transcript.revised", finish_reason: "stop",
+                     supersedes: ["seg-0000", "seg-0001", "seg-0002"],
+                     segments: [seg("rev-0001", 0, 3, "S01", "one, two"),
+                                seg("rev-0002", 3, 6, "S02", "and three")] };
+  rws.receive(ready);
+  rws.receive(final(s0));
+  rws.receive(final(s1));
+  rws.receive(renamed("S01", "Alice"));
+  rws.receive(final(s2));
+  rws.receive(finished);
+  out.revisedBefore = revised.shown();
+  rws.receive(revision);
+  out.revised = revised.shown();
+  rws.drop(1006); // as if the close after the revision were lost
+  await sleep(700);
+  const ragain = revised.sockets[revised.sockets.length - 1];
+  [ready, final(s0), final(s1), final(s2), renamed("S01", "Alice"), finished, revision]
+    .forEach((ev) => ragain.receive(ev));
+  out.revisedAfterReconnect = revised.shown();
 
   const slow = page("?session=s&token=t", captionsSource);
   slow.sockets[0].drop(4429); // queue_full: reconnect for a fresh snapshot

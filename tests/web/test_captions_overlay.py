@@ -87,3 +87,13 @@ def test_a_session_that_is_gone_leaves_the_overlay_empty_unless_debugging() -> N
     assert run["gone"] == {"sockets": 1, "lines": [], "status": ""}
     assert run["droppedGone"] == {"sockets": 1, "lines": [], "status": ""}
     assert run["goneDebug"]["status"].startswith("captions: no such session")
+
+
+def test_a_revision_replaces_the_finals_it_supersedes() -> None:
+    """`transcript.revised` was ignored: the overlay kept showing the superseded finals (a
+    trial). Its segments take their place, names kept on their labels; a reconnect's snapshot
+    (the superseded finals again, then the revision) shows the revision once."""
+    run = overlay_run()
+    assert run["revisedBefore"] == ["Alice: one", "S02: two", "Alice: three"]
+    assert run["revised"] == ["Alice: one, two", "S02: and three"]
+    assert run["revisedAfterReconnect"] == run["revised"]
