@@ -245,6 +245,9 @@ class ModelConfig:
             raise ConfigError(f"--forced-output file not found: {self.forced_output}")
 
 
+SHUTDOWN_LIVE_MODES = ("keep", "end")  # GatewayConfig.shutdown_live
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """Limits the gateway enforces on requests and sessions."""
@@ -274,6 +277,11 @@ class GatewayConfig:
     # 0: no resume, the session goes with its socket. A restarted server rebuilds the
     # unfinished ones from its data dir and waits as long (gateway/live_journal.py)
     live_resume_window_s: float = LIVE_RESUME_WINDOW_S
+    # what a graceful shutdown (SIGTERM, SIGINT) does to a streaming live session: "keep" it in
+    # the journal for the next start (the client is sent server_restarting, close 1012, and
+    # resumes there, as after a crash); "end" it as its client's `end` would (its final, then
+    # close 1001). With resume off (live_resume_window_s 0) it is always "end"
+    shutdown_live: str = "keep"
     # MiB the data dir's disk keeps free: below, new sessions get storage_failed (0: no floor)
     min_free_disk_mb: float = MIN_FREE_DISK_MB
     # days stored transcripts (uploads' and live sessions') are kept (0: forever)
@@ -318,6 +326,11 @@ class GatewayConfig:
             raise ConfigError(
                 f"live_resume_window_s must be >= 0 s (0: no resume), "
                 f"not {self.live_resume_window_s}"
+            )
+        if self.shutdown_live not in SHUTDOWN_LIVE_MODES:
+            raise ConfigError(
+                f"shutdown_live must be one of {', '.join(SHUTDOWN_LIVE_MODES)}, "
+                f"not {self.shutdown_live!r}"
             )
         if not LIVE_HOP_MIN_S <= self.live_hop_s <= LIVE_HOP_MAX_S:
             raise ConfigError(

@@ -178,6 +178,18 @@ class EngineUnavailable(LivemeetError):
     retryable = True
 
 
+class ServerRestarting(LivemeetError):
+    """Live: the server is stopping to start again (SIGTERM with the live journal and resume
+    on) and keeps the session for its next start: the client resumes it there, with its
+    session id and resume token, once the server answers again. Closed with 1012, RFC 6455's
+    "Service Restart" (IANA WebSocket close code registry); HTTP 503 as a draining server's."""
+
+    code = "server_restarting"
+    http_status = 503
+    close_code = 1012
+    retryable = True
+
+
 class StorageFailed(LivemeetError):
     """The server could not store what it must keep durable (a live session's audio, finals or
     names in its journal: disk full, read-only or failing storage). RFC 4918's 507 Insufficient
@@ -216,6 +228,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     HeadersTooLarge,
     QueueFull,
     EngineUnavailable,
+    ServerRestarting,
     StorageFailed,
     RevisionFailed,
 )

@@ -1,5 +1,6 @@
 // Microphone -> /v1/live (protocol v0, docs/protocol.md) -> partial (grey) and final captions.
-// A dropped connection (close 1006) is resumed (docs/protocol.md, "Resume"): the page keeps the
+// A dropped connection (close 1006) is resumed (docs/protocol.md, "Resume"), and so is a server
+// restarting (1012, `server_restarting`: its next start has the session): the page keeps the
 // audio the server has not acknowledged (`audio.ack`) and sends it again from the offset the
 // resumed `session.ready` reports; finals it has shown already are skipped by id.
 // Downloads of the transcript (JSON, SRT, VTT, text) link to the server's transcript resource
@@ -32,7 +33,12 @@ const RECONNECT_MAX_MS = 5000;
 // server keeps its sessions a window from its own start, so each failed attempt moves the
 // deadline a window past it, up to this long after the drop (as `livemeet stream`)
 const RECONNECT_OUTAGE_MAX_MS = 600000;
-const RESUMABLE_CLOSES = [1005, 1006]; // no close frame: the network, not the server, ended it
+// 1012 "Service Restart" (`server_restarting`): the server restarts (SIGTERM with
+// `serve --shutdown-live keep`) and its next start has the session: resumed as a drop to a
+// server that cannot be reached until it is back
+const SERVICE_RESTART = 1012;
+// no close frame: the network, not the server, ended it; or a restart
+const RESUMABLE_CLOSES = [1005, 1006, SERVICE_RESTART];
 // a colour per speaker label, by its number (S01 the first), so the captions overlay
 // (web/captions.js, the same palette and rule) colours each speaker as this page does
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
@@ -429,6 +435,10 @@ function onEvent(ev) {
         showRevision(`not revised (${ev.message}): the final transcript below stands`);
         break;
       }
+      if (ev.code === "server_restarting" && state.session) { // its 1012 close is resumed
+        setStatus("the server is restarting: the meeting resumes once it is back…");
+        break;
+      }
       setStatus(`error ${ev.code}: ${ev.message}`);
       break;
   }
@@ -599,10 +609,13 @@ function onClose(ws, ev, reached) {
   if (resumable) {
     if (!state.dropAt) state.dropAt = Date.now();
     else if (!reached) state.unreachableAt = Date.now(); // a retry found no server
+    // a restart: down until its next start, which keeps the session a window from then
+    if (ev.code === SERVICE_RESTART) state.unreachableAt = Date.now();
     // past the resume window the server has ended the session: nothing left to resume
     if (Date.now() < resumeDeadlineMs(state.dropAt, state.windowS, state.unreachableAt)) {
       const delay = reconnectDelayMs(state.attempt++);
-      setStatus(`connection lost: reconnecting in ${(delay / 1000).toFixed(1)} s…`);
+      const why = ev.code === SERVICE_RESTART ? "the server is restarting" : "connection lost";
+      setStatus(`${why}: reconnecting in ${(delay / 1000).toFixed(1)} s…`);
       state.retry = setTimeout(connect, delay);
       return;
     }

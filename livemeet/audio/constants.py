@@ -87,6 +87,9 @@ LIVE_MIN_MESSAGE_S = 0.01  # s of audio a message (binary or text) counts as at 
 # without this, sockets that never start were held open for good (3,000 of them: a trial)
 LIVE_START_TIMEOUT_S = 10.0
 LIVE_DRAIN_TIMEOUT_S = 20.0
+# s a restart (`serve --shutdown-live keep`) waits for a kept session's audio taken in to be on
+# disk before it closes the socket: many journal commits; the client holds what is not acked
+LIVE_RESTART_DURABLE_WAIT_S = 2.0
 LIVE_DRAIN_CLOSE_S = 2.0  # s for the error frames and closes of the sessions still open then
 # s; longest a live client's accepted audio goes unacknowledged (`audio.ack`, DESIGN 5.9): one
 # ack per interval at most, so a client's resume buffer holds at most this much (plus what

@@ -30,6 +30,7 @@ from livemeet.audio.constants import (
 from livemeet.backends import BACKENDS, check_backend
 from livemeet.config import (
     LOG_FORMAT,
+    SHUTDOWN_LIVE_MODES,
     AuthMode,
     GatewayConfig,
     ModelConfig,
@@ -126,6 +127,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "its client to resume it (session id + resume token), then is ended as by 'end'; "
         "0 turns resume off. Sessions are kept in --data-dir: a server started again after a "
         "crash rebuilds them and waits as long for their clients (default %(default)g)",
+    )
+    p.add_argument(
+        "--shutdown-live",
+        choices=SHUTDOWN_LIVE_MODES,
+        default=GatewayConfig.shutdown_live,
+        help="what a graceful stop (SIGTERM, SIGINT: a restart, an upgrade) does to streaming "
+        "live sessions: keep, each is kept in --data-dir, its client told the server is "
+        "restarting (close 1012) and resumed by the next start, nothing lost, as after a "
+        "crash; end, each is ended as by 'end' and gets its final transcript (close 1001), "
+        "the rest of its audio left to the client. Sessions already ending finish either way; "
+        "with --live-resume-window 0 it is end (default %(default)s)",
     )
     p.add_argument(
         "--min-free-disk-mb",
@@ -430,6 +442,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             live_hop_s=args.live_hop_s,
             live_max_speed=args.live_max_speed,
             live_resume_window_s=args.live_resume_window,
+            shutdown_live=args.shutdown_live,
             min_free_disk_mb=args.min_free_disk_mb,
             retention_days=args.retention_days,
             revise=args.revise,

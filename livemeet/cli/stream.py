@@ -19,8 +19,11 @@ offset the server reports, and prints each final once though the resume replays 
 (docs/protocol.md, "Resume"). A server it cannot reach at all may be restarting after a crash,
 and a restarted server keeps its sessions for a window from its own start: each failed
 attempt moves the deadline to a window past it, up to RECONNECT_OUTAGE_MAX_S after the drop
-(`resume_deadline`). A refused resume (not_found, unauthorized, session_taken_over: every
-close the server sends) ends it.
+(`resume_deadline`). A server that restarts (SIGTERM with `serve --shutdown-live keep`: a
+`server_restarting` error, close 1012) keeps the session for its next start: that close is
+resumed as a drop to a server that cannot be reached, for up to RECONNECT_OUTAGE_MAX_S. A
+refused resume (not_found, unauthorized, session_taken_over: every other close the server
+sends) ends it.
 
 Ctrl-C stops sending, sends `end` and still waits for the final transcript of what was sent
 (the server drops the session of a client that just leaves, and its transcript with it); a
@@ -67,8 +70,8 @@ import websockets
 
 from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
-from livemeet.errors import InvalidRequest, LivemeetError
-from livemeet.gateway.live_protocol import LIVE_PATH
+from livemeet.errors import InvalidRequest, LivemeetError, ServerRestarting
+from livemeet.gateway.live_protocol import LIVE_PATH, SERVICE_RESTART
 from livemeet.transcriber import Samples
 
 FAST_SPEED = 4.0  # x real time for --fast
@@ -77,7 +80,8 @@ CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the a
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command stopped by Ctrl-C
 # no close frame (1006: a reset, a timeout, an EOF; 1005: one without a code): the network, not
 # the server, ended the connection, so the session waits for a resume (web/recorder.js: the same)
-RESUMABLE_CLOSES = frozenset({1005, 1006})
+# and 1012 (errors.ServerRestarting): the server restarts and its next start has the session
+RESUMABLE_CLOSES = frozenset({1005, 1006, SERVICE_RESTART})
 RECONNECT_FIRST_S = 0.25  # s before the first reconnect after a drop, doubling up to the max
 RECONNECT_MAX_S = 5.0
 # s after a drop that a server which cannot be reached (refused, timed out: restarting, or a
@@ -456,10 +460,11 @@ class SessionLink:
 
 
 def resumable_close(code: int | None) -> bool:
-    """Whether a connection that closed with `code` lost its session to the network, not to
-    the server: no close frame came (1006, a reset, a timeout; 1005: a close frame without a
-    code). Every code the server sends (1000 after the final, 1001 drained, 44xx/45xx with an
-    error: not_found, unauthorized, session_taken_over, ...) ends it for good."""
+    """Whether a connection that closed with `code` left its session for a resume: no close
+    frame came (1006, a reset, a timeout; 1005: a close frame without a code: the network), or
+    the server restarts and keeps it (1012, `server_restarting`). Every other code the server
+    sends (1000 after the final, 1001 drained, 44xx/45xx with an error: not_found,
+    unauthorized, session_taken_over, ...) ends it for good."""
     return code in RESUMABLE_CLOSES
 
 
@@ -617,6 +622,11 @@ class _Streamer:
             event = json.loads(message)
             if event.get("type") == "session.ready":
                 self.ready = event
+            restarting = event.get("type") == "error" and event["code"] == ServerRestarting.code
+            if restarting and self.link.resume is not None:
+                # not the session's end: its 1012 close is resumed (`_reconnect`)
+                self._notice(f"the server is restarting: {event.get('message')}")
+                continue
             if self.link.receive(event):
                 self.result.events.append(event)
                 self.result.arrival_s.append(time.monotonic() - self.t0)
@@ -731,6 +741,9 @@ class _Streamer:
         if self.dropped_at is None:
             self.dropped_at = time.monotonic()
         why = f"connection lost (close {close_code})"
+        if close_code == SERVICE_RESTART:  # down until its next start: an unreachable server's
+            self.unreachable_at = time.monotonic()
+            why = f"the server is restarting (close {close_code})"
         while True:
             delay_s = min(RECONNECT_MAX_S, RECONNECT_FIRST_S * 2**self.num_retries)
             # the server's window runs from its own notice of the drop, about the same moment

@@ -2,10 +2,15 @@
 
 `create_app(config, transcriber)` builds it; `cleanup_ctx` reads the API keys and keeps them
 current (gateway/auth_http.py), then starts and stops the transcriber;
-`on_shutdown` drains: each live session is ended as by its client's `end` and gets its final
+`on_shutdown` drains: with `--shutdown-live keep` (the default) and resume on, the shutdown is a
+restart: each streaming live session's audio is put on disk, its client is sent
+`server_restarting` and a 1012 close, and the session stays in the journal, as after a crash,
+for the next start to rebuild and its client to resume (a detached one stays too). Otherwise
+(`end`, or resume off) each live session is ended as by its client's `end` and gets its final
 transcript, then a 1001 close (one with nothing to transcribe, or whose final is late, gets an
 `engine_unavailable` error); a detached one (its socket gone, waiting for a resume) is ended,
-its final stored (no socket to send it to), and freed.
+its final stored (no socket to send it to), and freed. Either way, a session already ending
+gets its final within the drain's time.
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
         app[STORE_KEY],
         app[JOURNAL_KEY],
         transcriber,
+        keep_on_shutdown=config.gateway.shutdown_live == "keep",
     )
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):
@@ -329,15 +335,25 @@ async def _restore_live_sessions(app: web.Application, unfinished: list[Restored
 async def close_live_sockets(app: web.Application) -> None:
     """`on_shutdown` (the listener is closed; the engine still runs): readiness fails, new
     live connections are refused, and open live sessions are drained (LiveRegistry.drain_all:
-    each ended as by its client's `end`, its final transcript sent, then closed)."""
+    kept for the next start where the sessions keep on shutdown, else each ended as by its
+    client's `end`, its final transcript sent, then closed)."""
     app[LIFECYCLE_KEY].draining = True
     registry = app[REGISTRY_KEY]
     sessions = app[SESSIONS_KEY]
-    log.info("shutting down: draining %d live sessions", len(registry))
-    if sessions.num_detached:
-        log.info("shutting down: ending %d detached live sessions", sessions.num_detached)
+    keep = sessions.keeps_on_shutdown
+    if keep:
+        log.info(
+            "shutting down: keeping %d live sessions (%d detached) for the next start: their "
+            "clients resume there",
+            len(registry),
+            sessions.num_detached,
+        )
+    else:
+        log.info("shutting down: draining %d live sessions", len(registry))
+        if sessions.num_detached:
+            log.info("shutting down: ending %d detached live sessions", sessions.num_detached)
     started = time.monotonic()
-    await asyncio.gather(registry.drain_all(), sessions.drain())
+    await asyncio.gather(registry.drain_all(keep=keep), sessions.drain())
     log.info("live sessions drained in %.1f s", time.monotonic() - started)
 
 

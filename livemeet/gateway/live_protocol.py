@@ -55,6 +55,9 @@ PROTOCOL_VERSION = 0
 LIVE_PATH = "/v1/live"  # the protocol's endpoint (docs/protocol.md): the gateway's route
 NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1: after `transcript.final`
 GOING_AWAY = 1001  # RFC 6455 section 7.4.1: after a final the server's shutdown drained
+# IANA's registry ("Service Restart"): the server stops to start again and keeps the session
+# for a resume there (errors.ServerRestarting)
+SERVICE_RESTART = 1012
 PCM_ENCODING = "pcm_s16le"
 BYTES_PER_SAMPLE = PCM_S16LE_BYTES
 MIN_SAMPLE_RATE = MIN_PCM_SAMPLE_RATE

@@ -69,6 +69,7 @@ from livemeet.errors import (
     LivemeetError,
     NotFound,
     RevisionFailed,
+    ServerRestarting,
     SessionTakenOver,
     StorageFailed,
     Unauthorized,
@@ -480,14 +481,19 @@ class LiveSessionHolder:
                 # the engine was lost under it: the rebuild ends the new session (`reopen`)
             return True
 
-    async def release(self) -> None:
-        """Free everything (the registry's `_drop`, once)."""
+    async def release(self, *, restarting: bool = False) -> None:
+        """Free everything (the registry's `_drop`, once). `restarting`: the server stops and
+        its next start rebuilds the session (subscribers are told so, to come back)."""
         self.cancel_timer()
         self.pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.pump
         gone: LivemeetError | None = None  # None: each subscriber has the last event queued
-        if self.replay.terminal is None:
+        if self.replay.terminal is None and restarting:
+            gone = ServerRestarting(
+                f"the server is restarting: live session {self.id} goes on after its restart"
+            )
+        elif self.replay.terminal is None:
             gone = NotFound(
                 f"live session {self.id} ended without a final transcript "
                 "(its client left, or the server stopped it)"
@@ -622,7 +628,9 @@ class LiveSessions:
     """The live sessions of one app, by id, with their detach timers (module docstring).
 
     `window_s` 0 turns resume off: a socket that goes away takes its session with it.
-    `final_timeout_s` bounds how long a detached, ended session waits for its final."""
+    `final_timeout_s` bounds how long a detached, ended session waits for its final.
+    `keep_on_shutdown`: the server's shutdown is a restart that keeps streaming sessions in
+    the journal for the next start (`keeps_on_shutdown`) rather than ending them."""
 
     def __init__(
         self,
@@ -632,6 +640,8 @@ class LiveSessions:
         store: TranscriptStore | None = None,
         journal: LiveJournal | None = None,
         transcriber: Transcriber | None = None,
+        *,
+        keep_on_shutdown: bool = False,
     ) -> None:
         self.window_s = window_s
         self.final_timeout_s = final_timeout_s
@@ -644,6 +654,7 @@ class LiveSessions:
         self._journal = journal  # where sessions' audio and finals go (None: memory only)
         # rebuilds sessions whose engine worker died (`_recover`; None: they fail with it)
         self._transcriber = transcriber
+        self._keep_on_shutdown = keep_on_shutdown
 
     def __len__(self) -> int:
         return len(self._holders)
@@ -651,6 +662,13 @@ class LiveSessions:
     def get(self, session_id: str) -> LiveSessionHolder | None:
         """The session `session_id`, while the registry holds it."""
         return self._holders.get(session_id)
+
+    @property
+    def keeps_on_shutdown(self) -> bool:
+        """Whether the shutdown keeps streaming sessions for the next start (a restart: the
+        journal holds them and the next start rebuilds them, as after a crash), rather than
+        ending them: asked for, with a journal and resume on."""
+        return self._keep_on_shutdown and self._journal is not None and self.window_s > 0
 
     @property
     def num_detached(self) -> int:
@@ -864,11 +882,18 @@ class LiveSessions:
         """`sink`'s socket is gone. `keep`: the session may wait for a resume (the socket went
         while it streamed, no error sent, its final not sent); otherwise, and where resume is
         off, the session is dropped. While the server drains, one kept or ended has its final
-        waited for and stored first (`_finish_for_drain`). Returns whether it was kept. A
-        socket that was taken over leaves the session alone."""
+        waited for and stored first (`_finish_for_drain`), except that a restart
+        (`keeps_on_shutdown`) keeps a streaming one, detached and untimed, in the journal for
+        the next start (`close` then frees it). Returns whether it was kept. A socket that was
+        taken over leaves the session alone."""
         if holder.sink is not sink:
             return False
         holder.sink = None
+        if self.draining and keep and not holder.ended and self.keeps_on_shutdown:
+            holder.cancel_timer()
+            self._update_detached()
+            log.info("live session %s kept in the journal for the next start", holder.id)
+            return True
         if self.draining and (keep or holder.ended):
             await self._finish_for_drain(holder)
             return False
@@ -895,10 +920,18 @@ class LiveSessions:
         attached session's drain does), for its final before dropping it: no socket will
         send that final, but the store keeps it (`_on_terminal`), so the meeting's transcript
         is readable with its captions token after the restart rather than lost. From now on
-        no session is kept for a resume."""
+        no session is kept for a resume. A restart (`keeps_on_shutdown`) ends none: a
+        streaming one stays, untimed, in the journal for the next start, which rebuilds it
+        and keeps it a window for its client (`close` frees it here); ended ones finish."""
         self.draining = True
         self._drain_deadline_s = asyncio.get_running_loop().time() + timeout_s
         detached = [h for h in self._holders.values() if h.sink is None]
+        if self.keeps_on_shutdown:
+            kept = [h for h in detached if not h.ended and h.replay.terminal is None]
+            for holder in kept:
+                holder.cancel_timer()
+                log.info("live session %s kept in the journal for the next start", holder.id)
+            detached = [h for h in detached if h not in kept]
         for holder in detached:
             holder.cancel_timer()
             log.info("live session %s ended by the shutdown while detached", holder.id)
@@ -923,8 +956,9 @@ class LiveSessions:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        restarting = self.draining and self.keeps_on_shutdown
         for holder in list(self._holders.values()):
-            await self._drop(holder, keep_journal=True)
+            await self._drop(holder, keep_journal=True, restarting=restarting)
 
     async def _finish_for_drain(self, holder: LiveSessionHolder) -> None:
         """A socket went during the shutdown's drain (its session ended by the drain, or
@@ -1120,9 +1154,12 @@ class LiveSessions:
         log.info("live session %s dropped while detached: %s", holder.id, why)
         await self._drop(holder)
 
-    async def _drop(self, holder: LiveSessionHolder, *, keep_journal: bool = False) -> None:
+    async def _drop(
+        self, holder: LiveSessionHolder, *, keep_journal: bool = False, restarting: bool = False
+    ) -> None:
         """Free `holder`, once. Its journal entry is discarded unless `keep_journal` (the
-        server stops: an unfinished session is rebuilt at the next start)."""
+        server stops: an unfinished session is rebuilt at the next start; `restarting`: the
+        server keeps it for that on purpose, and its subscribers hear so)."""
         if holder.dropped:
             return
         holder.dropped = True
@@ -1135,7 +1172,7 @@ class LiveSessions:
             log.warning("live session %s: its revision was cancelled", holder.id)
         self._holders.pop(holder.id, None)
         self._update_detached()
-        await holder.release()
+        await holder.release(restarting=restarting)
 
     def _update_detached(self) -> None:
         self._metrics.live_sessions_detached.set(self.num_detached)

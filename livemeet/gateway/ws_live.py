@@ -29,6 +29,7 @@ from livemeet.audio.constants import (
     ACK_INTERVAL_S,
     LIVE_DRAIN_CLOSE_S,
     LIVE_DRAIN_TIMEOUT_S,
+    LIVE_RESTART_DURABLE_WAIT_S,
     LIVE_REVISE_TIMEOUT_S,
     LIVE_START_TIMEOUT_S,
     MAX_FRAME_BYTES,
@@ -43,6 +44,7 @@ from livemeet.errors import (
     LivemeetError,
     RequestRejected,
     RevisionFailed,
+    ServerRestarting,
     SessionTakenOver,
     Unauthorized,
     error_for_code,
@@ -160,15 +162,23 @@ class LiveRegistry:
     def discard(self, connection: LiveConnection) -> None:
         self._connections.discard(connection)
 
-    async def drain_all(self, timeout_s: float = LIVE_DRAIN_TIMEOUT_S) -> None:
+    async def drain_all(
+        self, timeout_s: float = LIVE_DRAIN_TIMEOUT_S, *, keep: bool = False
+    ) -> None:
         """Server shutdown: end every streaming session as its client's `end` would, so each
         gets its last segments and `transcript.final` (then close 1001), within `timeout_s`;
         a session with nothing to transcribe, and one whose final is not out by then, gets
-        an `engine_unavailable` error and its close."""
+        an `engine_unavailable` error and its close. `keep` (a restart: the sessions keep on
+        shutdown): a streaming session is kept for the next start instead, its client sent
+        `server_restarting` and a 1012 close (`LiveConnection.drain`); one already ending
+        still gets its final, or else `server_restarting` too (the journal keeps it ended,
+        and the next start sends the final to its resume)."""
         connections = list(self._connections)
         with contextlib.suppress(TimeoutError):  # bounded whole: shutdown must go on
             async with asyncio.timeout(timeout_s):
-                await asyncio.gather(*(c.drain() for c in connections), return_exceptions=True)
+                await asyncio.gather(
+                    *(c.drain(keep=keep) for c in connections), return_exceptions=True
+                )
                 forwarders = [c.forwarder for c in connections if c.forwarder is not None]
                 if forwarders:
                     await asyncio.wait(forwarders)
@@ -176,17 +186,27 @@ class LiveRegistry:
         with contextlib.suppress(TimeoutError):  # a client that stopped reading
             async with asyncio.timeout(LIVE_DRAIN_CLOSE_S):
                 await asyncio.gather(
-                    *(c.fail(_shutdown_error(c)) for c in late),
+                    *(c.fail(_shutdown_error(c, keep)) for c in late),
                     return_exceptions=True,
                 )
 
 
-def _shutdown_error(connection: LiveConnection) -> LivemeetError:
+def _shutdown_error(connection: LiveConnection, keep: bool) -> LivemeetError:
     """What a connection the shutdown's drain did not see through is closed with: a revision
-    it waits for fails (its final stands); anything else, the engine is going."""
+    it waits for fails (its final stands); anything else, the engine is going, for good or
+    (`keep`) until the restart, which has the session."""
     if connection.awaiting_revision:
         return RevisionFailed("the server is shutting down: no revision")
+    if keep:
+        return _restarting()
     return EngineUnavailable("the server is shutting down")
+
+
+def _restarting() -> ServerRestarting:
+    return ServerRestarting(
+        "the server is restarting: resume the session (session_id, resume_token) from "
+        "session.ready's offset once it answers again"
+    )
 
 
 class LiveConnection:
@@ -256,6 +276,10 @@ class LiveConnection:
         # while the engine worker restarts, sessions held wait to be rebuilt: a resume is let
         # in (a new session's `start` is refused then by `open_session`)
         not_ready = not self.app[TRANSCRIBER_KEY].ready and not len(self.app[SESSIONS_KEY])
+        restarting = self.app[LIFECYCLE_KEY].draining and self.app[SESSIONS_KEY].keeps_on_shutdown
+        if restarting:  # a resume, too, is for the next start
+            await self.fail(_restarting())
+            return
         if not_ready or self.app[LIFECYCLE_KEY].draining:
             await self.fail(EngineUnavailable("the model is not ready; retry shortly"))
             return
@@ -377,20 +401,49 @@ class LiveConnection:
         terminal one (None before `start`)."""
         return self._forwarder
 
-    async def drain(self) -> None:
+    async def drain(self, *, keep: bool = False) -> None:
         """Server shutdown: a streaming session with audio is ended as by the client's `end`
         (`LiveProtocol.server_end`); its final transcript then closes the socket with
         GOING_AWAY. A session already ending is left to finish; any other connection (no
-        `start`, or no audio yet: nothing to transcribe) fails with engine_unavailable."""
+        `start`, or no audio yet: nothing to transcribe) fails with engine_unavailable.
+        `keep` (a restart): a streaming session, audio or not, is kept for the next start
+        instead (`_keep_for_restart`), and a connection with no session fails with
+        server_restarting."""
         if self.ws.closed:
             return
         async with self._actions:
-            if self.protocol.server_end():
+            holder = self.holder
+            if keep and holder is not None and self.protocol.state is State.STREAMING:
+                await self._keep_for_restart(holder)
+                return
+            if not keep and self.protocol.server_end():
                 self._drained = True
                 await self._end()
                 return
         if self.protocol.state not in (State.ENDING, State.DRAINING, State.CLOSED):
-            await self.fail(EngineUnavailable("the server is shutting down"))
+            await self.fail(
+                _restarting() if keep else EngineUnavailable("the server is shutting down")
+            )
+
+    async def _keep_for_restart(self, holder: LiveSessionHolder) -> None:
+        """A restart's drain (under the action lock: no audio is taken in meanwhile): the
+        session's audio taken in goes to disk, waited for at most LIVE_RESTART_DURABLE_WAIT_S
+        (the client holds what was not acknowledged and sends it again from the resume's
+        offset), then the client is sent `server_restarting` and a 1012 close. The session is
+        not failed, so the cleanup keeps it (LiveSessions.disconnect), unfinished in the
+        journal: the next start rebuilds it, as after a crash, and its client resumes it."""
+        if not await holder.wait_durable(LIVE_RESTART_DURABLE_WAIT_S):
+            log.warning(
+                "live session %s: %d frames not on disk before the restart; its client "
+                "sends them again",
+                holder.id,
+                holder.num_frames_accepted - holder.num_frames_durable,
+            )
+        error = _restarting()
+        self._failed = True  # one error a connection: the shutdown's late `fail` sends none
+        self._error = error
+        self._metrics.errors.labels(error.code).inc()
+        await self._send_error(error)
 
     async def cleanup(self) -> None:
         """Release everything; safe after any failure (the `finally` of the handler). The

@@ -317,8 +317,9 @@ async def test_a_resume_takes_over_a_socket_that_still_looks_alive(
 
 
 async def test_a_drain_ends_and_frees_detached_sessions(
-    client: TestClient, fake: FakeTranscriber
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
+    client = await gateway_client(aiohttp_client, server_config, fake, shutdown_live="end")
     ready, _ = await detached_session(client, fake, 1.0)
     await close_live_sockets(client.app)
     assert fake.sessions[0].log.ended and fake.sessions[0].log.aborted
@@ -326,12 +327,14 @@ async def test_a_drain_ends_and_frees_detached_sessions(
 
 
 async def test_a_drain_stores_the_final_of_a_detached_session(
-    client: TestClient, fake: FakeTranscriber
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
     """SIGTERM while a session waited for its client's resume (a trial): the session was
     ended and dropped at once, so its final never came and the whole meeting's transcript
     was lost (GET /v1/sessions/{id}/transcript: 404, before and after the restart). The drain
-    now waits for the final, as it does for attached sessions, and the store keeps it."""
+    now waits for the final, as it does for attached sessions, and the store keeps it
+    (`--shutdown-live end`: a restart keeps the session instead)."""
+    client = await gateway_client(aiohttp_client, server_config, fake, shutdown_live="end")
     ready, _ = await detached_session(client, fake, 3.5)
     await close_live_sockets(client.app)
     assert len(client.app[SESSIONS_KEY]) == 0 and fake.sessions[0].log.aborted
@@ -468,12 +471,13 @@ async def test_a_frame_over_the_limit_drops_the_session_instead_of_keeping_it(
 
 
 async def test_a_socket_lost_during_the_drain_still_stores_its_final(
-    client: TestClient, fake: FakeTranscriber
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
     """SIGTERM ended an attached session (DRAINING) and waits for its final; the client's
     socket dies meanwhile: the session was aborted at once, so its final never came and the
     meeting's transcript was lost (404), as a detached session's was before the drain
     waited for it. It is now waited for as a detached session's, and stored."""
+    client = await gateway_client(aiohttp_client, server_config, fake, shutdown_live="end")
     fake.end_gate = asyncio.Event()
     ws = await client.ws_connect("/v1/live")
     await ws.send_json(START)

@@ -448,7 +448,10 @@ async def test_plain_get_is_a_json_400(client: TestClient) -> None:
     assert (await resp.json())["error"]["code"] == InvalidRequest.code
 
 
-async def test_shutdown_closes_live_sockets(client: TestClient, fake: FakeTranscriber) -> None:
+async def test_shutdown_closes_live_sockets(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    client = await gateway_client(aiohttp_client, server_config, fake, shutdown_live="end")
     async with client.ws_connect("/v1/live") as ws:
         await start_session(ws)
         shutdown = asyncio.create_task(close_live_sockets(client.app))
@@ -458,12 +461,14 @@ async def test_shutdown_closes_live_sockets(client: TestClient, fake: FakeTransc
 
 
 async def test_shutdown_drains_a_streaming_session_to_its_final(
-    client: TestClient, fake: FakeTranscriber
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
-    """A server that shuts down ends a live session as its client's `end` would: the client
-    gets every segment of the audio it sent and `transcript.final`, then a 1001 close; audio
-    it sends meanwhile is ignored, not an error (it lost the whole meeting's unsent finals
-    to an immediate engine_unavailable before: found by an independent trial)."""
+    """A server that shuts down with `--shutdown-live end` ends a live session as its client's
+    `end` would: the client gets every segment of the audio it sent and `transcript.final`,
+    then a 1001 close; audio it sends meanwhile is ignored, not an error (it lost the whole
+    meeting's unsent finals to an immediate engine_unavailable before: found by an
+    independent trial)."""
+    client = await gateway_client(aiohttp_client, server_config, fake, shutdown_live="end")
     fake.end_gate = asyncio.Event()
     async with client.ws_connect("/v1/live") as ws:
         await start_session(ws)

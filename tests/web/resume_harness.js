@@ -2,8 +2,10 @@
 // resume, with a fake microphone and fake WebSockets the script drives by hand. Prints one
 // JSON line: what each socket was sent, the captions shown, the status line, and a check of
 // ResumeBuffer on its own. argv: recorder.js path, then "resume" (a drop and its resume),
-// "expire" (the drop outlasts the session's resume window: the page gives up) or "outage"
-// (no server answers for longer than the window, then one does: the page resumes), then
+// "expire" (the drop outlasts the session's resume window: the page gives up), "outage"
+// (no server answers for longer than the window, then one does: the page resumes) or
+// "restart" (the server says server_restarting, closes 1012, is down past the window, then
+// answers: the page resumes), then
 // optionally the page's URL (default https://meet.example:8000/).
 const fs = require("fs");
 const vm = require("vm");
@@ -76,9 +78,47 @@ async function outage() {
   process.exit(0);
 }
 
+// "restart": a graceful restart (`serve --shutdown-live keep`) sends server_restarting and
+// closes 1012; the server is down for longer than the session's window, then its next start
+// answers the resume. Waits are bounded: a page that gave up prints how far it got.
+async function restart() {
+  await sleep(10);
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                       model: "m", resume_token: "tok", resume_window_s: 0.3, resumed: false,
+                       offset: 0 });
+  sockets[0].receive({ type: "error", code: "server_restarting", retryable: true,
+                       message: "the server is restarting" });
+  const statusRestarting = element("status").textContent;
+  sockets[0].drop(1012);
+  const statusClosed = element("status").textContent;
+  const until = async (n) => {
+    for (let waited = 0; sockets.length <= n && waited < 3000; waited += 5) await sleep(5);
+    return sockets[n];
+  };
+  for (let i = 1; i <= 2; i++) { // the retries after 250 and 500 ms find no server
+    const retry = await until(i);
+    if (retry) retry.drop(1006);
+  }
+  const last = await until(3); // ~1 s after the close: past its 0.3-s window
+  if (last) {
+    last.open();
+    last.receive({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
+                   model: "m", resume_token: "tok", resume_window_s: 0.3, resumed: true,
+                   offset: 0 });
+  }
+  console.log(JSON.stringify({ sockets: sockets.length, statusRestarting, statusClosed,
+                               resumed: last ? last.sent[0].resume || null : null,
+                               status: element("status").textContent }));
+  process.exit(0);
+}
+
 (async () => {
   if (scenario === "expire") return expire();
   if (scenario === "outage") return outage();
+  if (scenario === "restart") return restart();
   await sleep(10); // the page's own start-up
   element("start").listeners.click();
   await sleep(10);

@@ -106,6 +106,19 @@ def test_the_page_waits_for_a_server_that_is_restarting() -> None:
 
 
 @pytest.mark.skipif(NODE is None, reason="needs node")
+def test_the_page_resumes_a_session_across_a_graceful_restart() -> None:
+    """A restart (SIGTERM, `serve --shutdown-live keep`) sends `server_restarting` and closes
+    1012, keeping the session for its next start: the page took that close as the server's
+    end of the meeting and gave up. It now says the server is restarting and retries as for
+    a server that cannot be reached (past the session's window), then resumes."""
+    result = run_resume("restart")
+    assert "restarting" in result["statusRestarting"]
+    assert "restarting" in result["statusClosed"] and "reconnecting" in result["statusClosed"]
+    assert result["sockets"] == 4
+    assert result["resumed"] == {"session_id": "s-1", "resume_token": "tok"}
+
+
+@pytest.mark.skipif(NODE is None, reason="needs node")
 def test_the_page_shows_the_captions_overlay_url_of_its_session() -> None:
     """The read-only overlay URL (captions_token, not the resume token) for OBS."""
     overlay = run_resume("resume")["overlay"]

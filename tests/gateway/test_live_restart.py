@@ -1,0 +1,107 @@
+"""A graceful shutdown is a restart for live sessions (docs/protocol.md, "Closing" and
+"Resume"): with the journal and resume on (`serve --shutdown-live keep`, the default), a
+streaming session's audio is put on disk, its client is sent `server_restarting` and a 1012
+close, and the session stays unfinished in the journal for the next start, as after a crash.
+With resume off, or `--shutdown-live end`, the shutdown drains as before (final, then 1001)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from livemeet.config import ServerConfig
+from livemeet.errors import ServerRestarting
+from livemeet.gateway.app import close_live_sockets, create_app
+from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.gateway.live_protocol import GOING_AWAY, SERVICE_RESTART
+from tests.gateway.conftest import ClientFactory, pcm16
+from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_live_durable import journal_rows
+from tests.gateway.test_live_resume import detached_session, read_to_close, resume_start
+from tests.gateway.test_ws_live import START, gateway_client, receive_all, wait_until
+
+
+async def test_a_restart_keeps_a_streaming_session_for_the_next_start(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """SIGTERM mid-meeting ended the session (its final, then 1001), and `livemeet stream`
+    exited 1 "resend from 30.00 s" (a user trial), while a kill -9 lost nothing. The
+    session is now kept: its client gets `server_restarting` and 1012, no final, the backend
+    session is not ended, its audio is on disk, and the next start rebuilds it for a resume
+    that goes on from all of it."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await ws.send_bytes(pcm16(2.0))
+    await wait_until(lambda: fake.sessions[0].log.num_samples == 2 * 16000)
+    reading = asyncio.create_task(receive_all(ws))
+    await close_live_sockets(client.app)
+    events = await asyncio.wait_for(reading, 5)
+    assert events[-1]["type"] == "error" and events[-1]["code"] == ServerRestarting.code
+    assert events[-1]["retryable"] is True
+    assert ws.close_code == SERVICE_RESTART == ServerRestarting.close_code
+    assert not [e for e in events if e["type"] == "transcript.final"]
+    assert not fake.sessions[0].log.ended
+    await client.close()
+    assert journal_rows(server_config.data_dir) == [(ready["session_id"], 0, 2 * 16000)]
+
+    again = FakeTranscriber()
+    client = await aiohttp_client(create_app(server_config, again))
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        resumed = await ws.receive_json()
+        assert resumed["resumed"] is True and resumed["offset"] == 2 * 16000, resumed
+        await ws.send_bytes(pcm16(1.0))
+        await ws.send_json({"type": "end"})
+        after = await read_to_close(ws)
+    assert after[-1]["type"] == "transcript.final" and after[-1]["duration"] == 3.0
+    assert ws.close_code == 1000
+
+
+async def test_a_restart_keeps_a_detached_session_unended(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A session waiting for its client's resume when the restart comes is not ended (the
+    drain ended it and stored a final of part of the meeting): it stays in the journal."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    ready, _ = await detached_session(client, fake, 1.0)
+    await close_live_sockets(client.app)
+    assert not fake.sessions[0].log.ended
+    assert client.app[SESSIONS_KEY].get(ready["session_id"]) is not None
+    await client.close()
+    assert fake.sessions[0].log.aborted  # its engine slot is freed all the same
+    assert journal_rows(server_config.data_dir) == [(ready["session_id"], 0, 16000)]
+
+
+async def test_a_connection_during_the_restart_is_told_to_come_back(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A resume that reaches the server while it stops (its listener not yet closed) gets
+    `server_restarting` (1012, which its client retries), not engine_unavailable (4503,
+    which ends a resume for good)."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    await close_live_sockets(client.app)
+    async with client.ws_connect("/v1/live") as ws:
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert events[-1]["code"] == ServerRestarting.code and ws.close_code == SERVICE_RESTART
+
+
+async def test_with_resume_off_a_shutdown_still_drains_to_the_final(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """Resume off (`--live-resume-window 0`): nothing could resume a kept session, so the
+    shutdown ends it as before: its final, then 1001, and nothing left in the journal."""
+    client = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await ws.send_bytes(pcm16(1.5))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == 1.5 * 16000)
+        reading = asyncio.create_task(receive_all(ws))
+        await close_live_sockets(client.app)
+        events = await asyncio.wait_for(reading, 5)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 1.5
+    assert ws.close_code == GOING_AWAY
+    assert fake.sessions[0].log.ended
+    await client.close()
+    assert journal_rows(server_config.data_dir) == []
