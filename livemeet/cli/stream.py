@@ -222,7 +222,8 @@ class StreamResult:
 
     def shortfall(self, file_s: float) -> str | None:
         """Why the final transcript does not cover all `file_s` seconds of the file, or None:
-        a server that shuts down drains the session (ends it early, closes 1001; protocol.md),
+        a server that shuts down with `--shutdown-live end` (or resume off) drains the session
+        (ends it early, closes 1001; protocol.md; a restart keeps it instead, resumed here),
         or Ctrl-C stopped the audio; the final covers only the audio the server had received
         then, and the rest was never sent."""
         final = self.final

@@ -364,9 +364,10 @@ def test_with_resume_off_nothing_is_kept_and_sending_never_waits() -> None:
     assert link.can_send and link.resume is None and link.unacked.num_held == 0
 
 
-def test_only_a_close_without_a_close_frame_is_resumed() -> None:
+def test_only_a_close_without_a_close_frame_or_a_restart_is_resumed() -> None:
     assert stream.resumable_close(1006) and stream.resumable_close(1005)
-    # the server's own closes end the session: final, drained, and every error
+    assert stream.resumable_close(1012)  # server_restarting: its next start has the session
+    # the server's other closes end the session: final, drained, and every error
     for code in (1000, 1001, 1009, 1011, 4401, 4404, 4409, 4429, 4503):
         assert not stream.resumable_close(code), code
 

@@ -2,11 +2,13 @@
 crash"): the real `python -m livemeet serve` (scripted backend, engine in its own process) is
 killed with SIGKILL mid-meeting and started again on the same data dir; the client resumes
 with its session id and token, sends on from the server's offset, and gets the transcript an
-uninterrupted meeting gets, its earlier finals unchanged."""
+uninterrupted meeting gets, its earlier finals unchanged. A graceful restart (SIGTERM) keeps
+it the same way, with the real `livemeet stream` as the client."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import wave
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,9 +40,12 @@ SPEED = 5.0  # times real time the client sends at
 
 
 @contextmanager
-def serve(data_dir: Path, log_name: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A running `serve --backend scripted` on `data_dir`: its ws base URL and process."""
-    port = free_port()
+def serve(
+    data_dir: Path, log_name: str, port: int | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A running `serve --backend scripted` on `data_dir` (on `port`, else a free one): its
+    ws base URL and process."""
+    port = port or free_port()
     cmd = [
         sys.executable, "-m", "livemeet", "serve", "--backend", "scripted",
         "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
@@ -188,3 +194,56 @@ def worker_pid(log: Path) -> int:
     pids = re.findall(r"engine worker ready: .*\(pid (\d+)\)", log.read_text())
     assert pids, log.read_text()
     return int(pids[-1])
+
+
+@pytest.mark.slow
+async def test_a_sigterm_restart_is_resumed_by_livemeet_stream(tmp_path: Path) -> None:
+    """A graceful restart (SIGTERM, as `systemctl restart` sends) ended the meeting: its final
+    of part of the file, a 1001 close, and `livemeet stream` exiting 1 "resend from ..." (a
+    user trial), while a kill -9 and a restart lost nothing. The server now keeps the session
+    (server_restarting, 1012); `stream` waits for the server started again on the same port
+    and data dir, resumes, and exits 0 with a final of the whole file, each final id printed
+    once, none missing, and the uninterrupted meeting's transcript."""
+    data_dir = tmp_path / "data"
+    audio = tmp_path / "meeting.wav"
+    with wave.open(str(audio), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(pcm16(MEETING_S))
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/live"
+    out = tmp_path / "stream.jsonl"
+    with serve(data_dir, "first.log", port) as (_, proc):
+        with out.open("w") as stdout, (tmp_path / "stream.err").open("w") as stderr:
+            cmd = [sys.executable, "-m", "livemeet", "stream", str(audio), "--url", url,
+                   "--speed", "3", "--json"]  # fmt: skip
+            env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+            client = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr)
+        try:
+            deadline = time.monotonic() + 20
+            while '"segment.final"' not in out.read_text():  # mid-meeting, a final out
+                assert client.poll() is None and time.monotonic() < deadline, out.read_text()
+                await asyncio.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0
+        except BaseException:
+            client.kill()
+            raise
+    with serve(data_dir, "second.log", port) as (base, _):
+        status = await asyncio.to_thread(client.wait, 60)
+        reference = await uninterrupted(base)
+    err = (tmp_path / "stream.err").read_text()
+    assert status == 0, err
+    assert "the server is restarting" in err
+    events = [json.loads(line) for line in out.read_text().splitlines()]
+    finals = [e for e in events if e["type"] == "segment.final"]
+    final = next(e for e in events if e["type"] == "transcript.final")
+    assert final["duration"] == MEETING_S
+    ids = [f["id"] for f in finals]
+    assert len(ids) == len(set(ids))  # each final once, though the resume replays them
+    assert ids == [s["id"] for s in final["segments"]]  # and none missing
+    assert labelled(final) == labelled(reference)
+    assert not [e for e in events if e["type"] == "error"]
+    first_log = (tmp_path / "first.log").read_text()
+    assert "kept in the journal for the next start" in first_log, first_log
