@@ -27,6 +27,7 @@ from aiohttp.test_utils import TestClient
 from livemeet.__main__ import build_parser, main
 from livemeet.audio.constants import LIVE_HOP_S
 from livemeet.cli import serve, stream, transcribe
+from livemeet.config import ServerConfig
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest, QueueFull
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcript.formats import ResponseFormat
@@ -719,11 +720,17 @@ async def test_stream_reports_server_error(client: TestClient) -> None:  # noqa:
 
 
 async def test_stream_reports_a_transcript_cut_short_by_a_drain(
-    client: TestClient,  # noqa: F811
+    aiohttp_client: Any,
+    server_config: ServerConfig,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
 ) -> None:
-    """A server shutting down drains the session: its final covers only the audio received,
-    then it closes 1001. `stream` exited 0 on that as if complete (a fresh-eyes review)."""
+    """A server shutting down with `--shutdown-live end` drains the session: its final covers
+    only the audio received, then it closes 1001. `stream` exited 0 on that as if complete (a
+    fresh-eyes review)."""
     from livemeet.gateway.app import close_live_sockets
+    from tests.gateway.test_ws_live import gateway_client
+
+    client = await gateway_client(aiohttp_client, server_config, fake, shutdown_live="end")  # noqa: F811
 
     samples = (0.1 * np.sin(np.arange(4 * 16000) / 10)).astype(np.float32)
     url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
