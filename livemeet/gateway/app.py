@@ -354,7 +354,8 @@ async def close_live_sockets(app: web.Application) -> None:
             log.info("shutting down: ending %d detached live sessions", sessions.num_detached)
     started = time.monotonic()
     await asyncio.gather(registry.drain_all(keep=keep), sessions.drain())
-    log.info("live sessions drained in %.1f s", time.monotonic() - started)
+    done = "kept for the next start" if keep else "drained"
+    log.info("live sessions %s in %.1f s", done, time.monotonic() - started)
 
 
 @web.middleware

@@ -10,13 +10,14 @@ import logging
 import pytest
 from aiohttp.test_utils import TestClient
 
+from livemeet.config import ServerConfig
 from livemeet.gateway.app import close_live_sockets
 from livemeet.transcript.segments import FinishReason
-from tests.gateway.conftest import pcm16, wav_bytes
+from tests.gateway.conftest import ClientFactory, pcm16, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_live_resume import detached_session, resume_start
 from tests.gateway.test_openai_api import form
-from tests.gateway.test_ws_live import receive_all, start_session, wait_until
+from tests.gateway.test_ws_live import gateway_client, receive_all, start_session, wait_until
 
 
 def messages(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
@@ -82,6 +83,29 @@ async def test_a_shutdown_logs_its_drain(
         await asyncio.wait_for(receive_all(ws), 5)
         await shutdown
     lines = messages(caplog, "livemeet.gateway.app")
+    assert lines[0] == (
+        "shutting down: keeping 1 live sessions (0 detached) for the next start: their "
+        "clients resume there"
+    )
+    assert lines[1].startswith("live sessions kept for the next start in ")
+
+
+async def test_a_shutdown_with_shutdown_live_end_logs_its_drain(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = await gateway_client(aiohttp_client, server_config, fake, shutdown_live="end")
+    caplog.set_level(logging.INFO, "livemeet.gateway.app")
+    async with client.ws_connect("/v1/live") as ws:
+        await start_session(ws)
+        await ws.send_bytes(pcm16(0.5))
+        await asyncio.sleep(0.05)
+        shutdown = asyncio.create_task(close_live_sockets(client.app))
+        await asyncio.wait_for(receive_all(ws), 5)
+        await shutdown
+    lines = messages(caplog, "livemeet.gateway.app")[-2:]  # after the start's
     assert lines[0] == "shutting down: draining 1 live sessions"
     assert lines[1].startswith("live sessions drained in ")
 
