@@ -242,6 +242,9 @@ class LiveSessionHolder:
         self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
         self.ended_at: float | None = None  # loop time of that `end` (a revision's delay)
         self.dropped = False
+        # the engine was lost while the server stopped for a restart: the session is left
+        # unfinished in the journal for the next start, with no terminal event (`_recover`)
+        self.kept_for_restart = False
         self.timer: asyncio.TimerHandle | None = None  # expiry or drop, while detached
         self._on_terminal = on_terminal
         self.pump = asyncio.create_task(self._pump(), name=f"live-pump-{self.id}")
@@ -567,7 +570,8 @@ class LiveSessionHolder:
                     break
                 assert self._recover is not None
                 if not await self._recover(self):
-                    self._record(lost)  # as before: the sockets get the engine's error
+                    if not self.kept_for_restart:
+                        self._record(lost)  # as before: the sockets get the engine's error
                     break
         except Exception as exc:  # a bug: the sockets must still hear of it
             log.exception("live session %s: reading its events failed", self.id)
@@ -889,7 +893,9 @@ class LiveSessions:
         if holder.sink is not sink:
             return False
         holder.sink = None
-        if self.draining and keep and not holder.ended and self.keeps_on_shutdown:
+        # `keep` aside: a restart's drain that did not see a socket through (an append
+        # waiting for a lost engine) fails it with server_restarting, which resumes it
+        if self._restart_keeps(holder):
             holder.cancel_timer()
             self._update_detached()
             log.info("live session %s kept in the journal for the next start", holder.id)
@@ -914,6 +920,17 @@ class LiveSessions:
             self.window_s,
         )
         return True
+
+    def _restart_keeps(self, holder: LiveSessionHolder) -> bool:
+        """Whether the server is stopping for a restart (`keeps_on_shutdown`) and keeps
+        `holder`'s session in the journal for the next start: one streaming still, not
+        failed (a failed one's client was told so; its journal entry went with it)."""
+        return (
+            self.draining
+            and self.keeps_on_shutdown
+            and not holder.ended
+            and holder.replay.terminal is None
+        )
 
     async def drain(self, timeout_s: float = LIVE_DRAIN_TIMEOUT_S) -> None:
         """Server shutdown: end every detached session and wait, at most `timeout_s` (as an
@@ -1062,7 +1079,9 @@ class LiveSessions:
         session's audio from the journal, as a restart does; its socket and subscribers stay,
         and hear nothing of it but a pause. Returns False (the session then fails with the
         engine's error, as before) when the engine is gone for good or not back in time, the
-        server is draining, or the audio is not all on disk."""
+        server is draining, or the audio is not all on disk. A server stopping for a restart
+        (`keeps_on_shutdown`) rebuilds nothing: the session is kept for the next start
+        (`kept_for_restart`), which rebuilds it as after a crash."""
         transcriber, journal = self._transcriber, self._journal
         assert transcriber is not None and journal is not None and holder.options is not None
         loop = asyncio.get_running_loop()
@@ -1072,9 +1091,13 @@ class LiveSessions:
         # the dead one refused is made again: `append`)
         async with holder.lock:
             while not transcriber.ready:
+                if self._restart_keeps(holder) and not holder.dropped:
+                    return self._keep_for_restart(holder)
                 if transcriber.failed or self.draining or holder.dropped or loop.time() > deadline:
                     return self._recovered(holder, False, "the engine did not come back")
                 await asyncio.sleep(LIVE_ENGINE_POLL_S)
+            if self._restart_keeps(holder) and not holder.dropped:
+                return self._keep_for_restart(holder)
             if holder.dropped or self.draining:
                 return self._recovered(holder, False, "the session was dropped meanwhile")
             if not await holder.wait_durable(LIVE_REBUILD_DURABLE_WAIT_S):
@@ -1096,6 +1119,17 @@ class LiveSessions:
                 log.warning("live session %s: the engine was lost again: %s", holder.id, exc)
                 return True
         return self._recovered(holder, True, f"{len(finals)} finals kept")
+
+    def _keep_for_restart(self, holder: LiveSessionHolder) -> bool:
+        """`_recover`'s answer while the server stops for a restart: no rebuild now and no
+        engine error for the session, whose journal entry the next start rebuilds (a review
+        found the error discarding it: a SIGTERM sent while the engine reloaded after a crash
+        lost every live meeting)."""
+        holder.kept_for_restart = True
+        log.info(
+            "live session %s: engine lost during a restart: kept for the next start", holder.id
+        )
+        return False
 
     def _recovered(self, holder: LiveSessionHolder, ok: bool, why: str) -> bool:
         self._metrics.live_recoveries.labels("rebuilt" if ok else "failed").inc()

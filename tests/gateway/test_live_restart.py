@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 
+from aiohttp import ClientWebSocketResponse
+from aiohttp.test_utils import TestClient
+
+from livemeet.audio.constants import LIVE_ENGINE_POLL_S
 from livemeet.config import ServerConfig
-from livemeet.errors import ServerRestarting
+from livemeet.errors import EngineUnavailable, ServerRestarting
 from livemeet.gateway.app import close_live_sockets, create_app
-from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.gateway.keys import REGISTRY_KEY, SESSIONS_KEY
 from livemeet.gateway.live_protocol import GOING_AWAY, SERVICE_RESTART
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber
@@ -105,3 +109,66 @@ async def test_with_resume_off_a_shutdown_still_drains_to_the_final(
     assert fake.sessions[0].log.ended
     await client.close()
     assert journal_rows(server_config.data_dir) == []
+
+
+async def streaming_then_engine_lost(
+    client: TestClient, server_config: ServerConfig, fake: FakeTranscriber
+) -> tuple[ClientWebSocketResponse, str]:
+    """A session with 2 s of audio on disk whose engine worker then dies and is not back yet
+    (the session waits, under its lock, for the rebuild): its socket and id."""
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    session_id = (await ws.receive_json())["session_id"]
+    await ws.send_bytes(pcm16(2.0))
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [(session_id, 0, 32000)])
+    fake._ready = False  # the gateway restarts the worker; the model loads meanwhile
+    fake.sessions[0].fail(EngineUnavailable("the engine failed: exited with code -9"))
+    await asyncio.sleep(0.1)  # the pump is in _recover now
+    return ws, session_id
+
+
+async def test_a_restart_while_the_engine_reloads_keeps_the_session(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """SIGTERM while the engine worker reloads after a crash (a review): the session waiting
+    for its rebuild gave up with the engine's error, which discarded it from the journal, so
+    the next start had nothing to rebuild. It is kept as a streaming one is: its client is
+    told to resume (1012) and the journal keeps its audio."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    ws, session_id = await streaming_then_engine_lost(client, server_config, fake)
+    reading = asyncio.create_task(receive_all(ws))
+    await close_live_sockets(client.app)
+    events = await asyncio.wait_for(reading, 5)
+    assert events[-1]["code"] == ServerRestarting.code and ws.close_code == SERVICE_RESTART
+    assert not [e for e in events if e.get("code") == EngineUnavailable.code]
+    await asyncio.sleep(
+        3 * LIVE_ENGINE_POLL_S
+    )  # the uploads' drain, say, before the journal closes
+    await client.close()
+    assert journal_rows(server_config.data_dir) == [(session_id, 0, 32000)]
+
+
+async def test_a_socket_the_restart_could_not_drain_in_time_keeps_its_session(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """An append waiting for the lost engine holds the connection past the drain's time; the
+    drain then fails the socket with server_restarting, and that failure dropped the session
+    from the journal (the client was told to resume a session the next start did not have)."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    ws, session_id = await streaming_then_engine_lost(client, server_config, fake)
+
+    async def lost_append(samples: object) -> None:  # what the dead worker's session says
+        raise EngineUnavailable("the engine failed: exited with code -9")
+
+    fake.sessions[0].append = lost_append  # type: ignore[method-assign,assignment]
+    await ws.send_bytes(pcm16(0.5))  # waits for the session's lock, then for a rebuild
+    await asyncio.sleep(0.1)
+    reading = asyncio.create_task(receive_all(ws))
+    sessions = client.app[SESSIONS_KEY]
+    await asyncio.gather(
+        client.app[REGISTRY_KEY].drain_all(0.5, keep=True), sessions.drain(timeout_s=0.5)
+    )
+    events = await asyncio.wait_for(reading, 5)
+    assert events[-1]["code"] == ServerRestarting.code and ws.close_code == SERVICE_RESTART
+    await client.close()
+    assert journal_rows(server_config.data_dir) == [(session_id, 0, 32000)]
