@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TypeVar
 
 from livemeet.audio.constants import (
     CHUNKED_PREFILL_SIZE,
@@ -66,13 +67,22 @@ class UploadHold(StrEnum):
     PIPELINE = "pipeline"
 
 
+_Choice = TypeVar("_Choice", bound=StrEnum)
+
+
+def parse_choice(kind: type[_Choice], value: str, name: str) -> _Choice:
+    """`value` as a member of the string enum `kind`. Raises ConfigError naming the setting
+    (`name`) and the choices."""
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(member.value for member in kind)
+        raise ConfigError(f"{name} must be one of {choices}, not {value!r}") from None
+
+
 def parse_upload_hold(value: str) -> UploadHold:
     """`value` as an UploadHold. Raises ConfigError naming the choices."""
-    try:
-        return UploadHold(value)
-    except ValueError:
-        choices = ", ".join(h.value for h in UploadHold)
-        raise ConfigError(f"upload_hold must be one of {choices}, not {value!r}") from None
+    return parse_choice(UploadHold, value, "upload_hold")
 
 
 class AuthMode(StrEnum):
@@ -91,11 +101,7 @@ class AuthMode(StrEnum):
 
 def parse_auth_mode(value: str) -> AuthMode:
     """`value` as an AuthMode. Raises ConfigError naming the choices."""
-    try:
-        return AuthMode(value)
-    except ValueError:
-        choices = ", ".join(m.value for m in AuthMode)
-        raise ConfigError(f"--auth must be one of {choices}, not {value!r}") from None
+    return parse_choice(AuthMode, value, "--auth")
 
 
 @dataclass(frozen=True)
