@@ -137,6 +137,7 @@ class ApiKeyStore:
         return ring
 
     def close(self) -> None:
+        """Close the store's connection, if open (idempotent; the next read opens another)."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -85,6 +85,7 @@ class KeyRing:
 
     @classmethod
     def of(cls, keys: Iterable[ApiKey]) -> KeyRing:
+        """A ring of `keys` (digests are unique in the store: a later one would win)."""
         return cls({key.sha256: key for key in keys})
 
     @property
