@@ -312,17 +312,21 @@ class LiveSessionHolder:
         self.client_offset = self.num_frames_accepted if final else self.num_frames_durable
         sink.attached(self, self.replay.snapshot() if resumed else [], resumed)
 
-    async def append(self, owner: EventSink, pcm: bytes) -> None:
+    async def append(self, owner: EventSink, pcm: bytes) -> int:
         """Decode `pcm` (the client's PCM16 LE frames, from `client_offset` on) and hand it
         to the backend session; `num_frames_accepted` counts it then (in sample frames at the
         client's rate). Frames the session holds already (a resumed client sends on from the
         durable offset, which may be short of what the backend took) are skipped, so the
         backend and the journal get each frame once. An append the engine's loss refused is
-        made again once the session is rebuilt (`_pump`). Raises SessionTakenOver when
-        `owner` no longer carries the session, and as the backend's `append`."""
+        made again once the session is rebuilt (`_pump`). Returns the bytes of `pcm` that
+        were new to the session. Raises SessionTakenOver when `owner` no longer carries the
+        session, and as the backend's `append`."""
+        taken = 0
 
         async def feed() -> None:
+            nonlocal taken
             new = self._unheld(pcm)
+            taken = len(new)
             if new:
                 await self._feed(new)
                 if self.journal is None:
@@ -332,6 +336,7 @@ class LiveSessionHolder:
             self.client_offset += len(pcm) // self.audio_format.frame_bytes
 
         await self._with_session(owner, feed)
+        return taken
 
     def _unheld(self, pcm: bytes) -> bytes:
         """The part of `pcm` (the client's frames from `client_offset` on) past the frames the

@@ -561,7 +561,8 @@ async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_ar
     `session.ready`'s offset is the durable audio only (before, the resume waited 1 s, then
     counted the unsynced frames too: a crash then lost audio the client had dropped). The
     client sends on from that offset; the frames the session held already are recognised by
-    their position and skipped, so the backend and the journal get each frame once."""
+    their position and skipped, so the backend, the journal and the audio metric get each
+    frame once."""
     disk = threading.Event()
     disk.set()
     real_sync = live_journal.os.fdatasync
@@ -600,6 +601,9 @@ async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_ar
         disk.set()
     assert final["type"] == "transcript.final" and final["duration"] == 2.0
     assert fake.sessions[0].log.num_samples == 2 * RATE
+    # the half second sent twice is counted once (before, 2.5 s)
+    metrics = await (await client.get("/metrics")).text()
+    assert 'livemeet_audio_seconds_in_total{kind="live"} 2.0' in metrics
 
 
 async def test_a_resume_waiting_for_its_rebuilt_session_answers_pings(
