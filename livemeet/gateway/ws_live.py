@@ -771,7 +771,7 @@ class LiveConnection:
             self.outcome = "completed"
             if self._end_error is not None:
                 await self.fail(self._end_error)
-            elif self._drained:
+            elif self._drained and not revision_failed:  # an error closes with its own code
                 await self.ws.close(code=GOING_AWAY, message=b"server shutting down")
             else:
                 await self.ws.close(code=NORMAL_CLOSE)

@@ -155,6 +155,28 @@ async def revised_404(client: TestClient, ready: dict[str, Any]) -> str:
     return str(body["error"]["message"])
 
 
+async def test_a_session_the_shutdown_ends_whose_revision_fails_closes_normally(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, tmp_path: Path
+) -> None:
+    """`revision_failed` closes 1000 (docs/protocol.md: an error's close is its table code),
+    also for a session the shutdown ended (before, 1001 there, as if the revision had come)."""
+    script = replace(DEFAULT_SCRIPT, fail_revise=True)
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, script)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        for _ in range(round(MEETING_S / 0.5)):
+            await ws.send_bytes(pcm16(0.5))
+        while (await read_until(ws, "audio.ack"))[-1]["offset"] < MEETING_S * 16000:
+            pass
+        shutdown = asyncio.create_task(shut_down(client, 5.0))
+        events = await read_to_close(ws)
+        await shutdown
+        assert ws.close_code == 1000
+    assert [e["type"] for e in events[-2:]] == ["transcript.final", "error"]
+    assert events[-1]["code"] == "revision_failed"
+
+
 @pytest.mark.parametrize("revise", [True, False])
 async def test_the_transcript_versions_of_a_session_say_whether_a_revision_comes(
     aiohttp_client: ClientFactory, server_config: ServerConfig, tmp_path: Path, revise: bool
