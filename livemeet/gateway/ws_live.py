@@ -408,11 +408,14 @@ class LiveConnection:
         `start`, or no audio yet: nothing to transcribe) fails with engine_unavailable.
         `keep` (a restart): a streaming session, audio or not, is kept for the next start
         instead (`_keep_for_restart`), and a connection with no session fails with
-        server_restarting."""
+        server_restarting. A session that failed is left to send its own error (its journal
+        entry went with it: told to resume, its client would find no session)."""
         if self.ws.closed:
             return
         async with self._actions:
             holder = self.holder
+            if holder is not None and isinstance(holder.replay.terminal, Error):
+                return  # failed: its error is queued, and the forwarder sends it and closes
             if keep and holder is not None and self.protocol.state is State.STREAMING:
                 await self._keep_for_restart(holder)
                 return

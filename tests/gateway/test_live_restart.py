@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.audio.constants import LIVE_ENGINE_POLL_S
 from livemeet.config import ServerConfig
-from livemeet.errors import EngineUnavailable, ServerRestarting
+from livemeet.errors import EngineUnavailable, ServerRestarting, StorageFailed
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import REGISTRY_KEY, SESSIONS_KEY
 from livemeet.gateway.live_protocol import GOING_AWAY, SERVICE_RESTART
@@ -60,6 +60,35 @@ async def test_a_restart_keeps_a_streaming_session_for_the_next_start(
         after = await read_to_close(ws)
     assert after[-1]["type"] == "transcript.final" and after[-1]["duration"] == 3.0
     assert ws.close_code == 1000
+
+
+async def test_a_session_failed_before_the_restart_is_told_its_own_error(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """The session's journal fails (storage_failed: the session is failed and discarded)
+    just as the restart's drain comes, its error queued and not yet sent: the client gets
+    that error and 4507 (before, `server_restarting` and 1012, and its resume then found no
+    session: 4404)."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await ws.send_bytes(pcm16(1.0))
+    await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    reading = asyncio.create_task(receive_all(ws))
+    sessions = client.app[SESSIONS_KEY]
+    holder = sessions.get(ready["session_id"])
+    assert holder is not None
+    [connection] = client.app[REGISTRY_KEY]._connections
+    sessions.draining = True  # the restart's shutdown, as close_live_sockets begins it
+    sessions._storage_failed(holder, StorageFailed("the disk is full"))
+    await connection.drain(keep=True)  # before the forwarder ran: the error is still queued
+    await close_live_sockets(client.app)
+    events = await asyncio.wait_for(reading, 5)
+    assert [e.get("code") for e in events if e["type"] == "error"] == [StorageFailed.code]
+    assert ws.close_code == StorageFailed.close_code
+    await client.close()
+    assert journal_rows(server_config.data_dir) == []  # discarded: nothing to resume
 
 
 async def test_a_restart_keeps_a_detached_session_unended(
