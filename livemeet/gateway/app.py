@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
-from aiohttp import hdrs, web
+from aiohttp import HttpVersion11, hdrs, web
 
 from livemeet.audio.constants import CORS_MAX_AGE_S, RETENTION_SWEEP_INTERVAL_S
 from livemeet.config import ServerConfig
@@ -40,7 +41,14 @@ from livemeet.errors import (
 )
 from livemeet.gateway import health, openai_api, session_transcript
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
-from livemeet.gateway.auth_http import KeyGuard, auth_middleware, key_watch, refused_client
+from livemeet.gateway.auth_http import (
+    KeyGuard,
+    auth_middleware,
+    key_watch,
+    needs_key,
+    refused_client,
+    request_key,
+)
 from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
@@ -208,7 +216,10 @@ async def flush_transcripts(app: web.Application) -> None:
 
 def _add_routes(app: web.Application) -> None:
     app.router.add_post(
-        "/v1/audio/transcriptions", openai_api.create_transcription, name="transcriptions"
+        "/v1/audio/transcriptions",
+        openai_api.create_transcription,
+        name="transcriptions",
+        expect_handler=_expect_upload,
     )
     app.router.add_get("/v1/models", openai_api.list_models, name="models")
     # ids may hold a slash (a hub id, owner/name)
@@ -419,6 +430,30 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = _render_error(request, InternalError("internal server error"))
     metrics.requests.labels(route, str(response.status)).inc()
     return response
+
+
+async def _expect_upload(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` on an upload (RFC 9110 section 10.1.1): a refused API key or a
+    declared body over the limit is answered (401, 413) before the client sends the body,
+    rendered and counted by the error middleware as any refusal. aiohttp answers 100 ahead of
+    every middleware, so a client with a wrong key uploaded the whole file to learn that.
+    Another Expect value is 417, as aiohttp's own handler answers it."""
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+    try:
+        if needs_key(request):
+            await request.app[AUTH_KEY].authenticate(request_key(request))
+        openai_api.check_declared_size(request, request.app[CONFIG_KEY].gateway.max_upload_bytes)
+    except LivemeetError as exc:
+        return await error_middleware(request, functools.partial(_raise, exc))
+    if request.version >= HttpVersion11:  # HTTP/1.0 has no interim responses
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
+    return None
+
+
+async def _raise(error: LivemeetError, request: web.Request) -> web.StreamResponse:
+    raise error
 
 
 def _typed_http_error(exc: web.HTTPException) -> LivemeetError:

@@ -252,6 +252,15 @@ class _PhaseClock:
             log.debug("upload phases: %s", ", ".join(self.spent))
 
 
+def check_declared_size(request: web.Request, limit: int) -> None:
+    """Raise PayloadTooLarge when the request's Content-Length (bytes) passes `limit` (bytes):
+    refused before any of the body is read (also from `Expect: 100-continue`)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(
+            f"body of {request.content_length} bytes exceeds {limit} bytes", param="file"
+        )
+
+
 async def read_upload_form(
     request: web.Request, config: ServerConfig
 ) -> tuple[UploadForm, UploadAudio]:
@@ -265,10 +274,7 @@ async def read_upload_form(
     would otherwise count as an incoming upload, which the engine's upload hold waits for).
     """
     limit = config.gateway.max_upload_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(
-            f"body of {request.content_length} bytes exceeds {limit} bytes", param="file"
-        )
+    check_declared_size(request, limit)
     reader = FormReader(
         request.headers.get("Content-Type", ""),
         max_body_bytes=limit,

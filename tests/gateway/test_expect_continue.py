@@ -1,0 +1,132 @@
+"""`Expect: 100-continue` on uploads (app._expect_upload): a refusal known from the headers
+(API key, declared size) is answered before the client sends the body; a request that passes
+them gets `100 Continue`, then sends its body. Spoken over a raw socket, because what matters
+is what the server says before the body is sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from livemeet.config import ServerConfig
+from livemeet.gateway.api_keys import ApiKeyStore, store_path
+from livemeet.gateway.app import create_app
+from tests.gateway.conftest import ClientFactory, wav_bytes
+from tests.gateway.fakes import FakeTranscriber
+
+BOUNDARY = "lm-test-boundary"
+
+
+def multipart(audio: bytes) -> bytes:
+    head = (
+        f"--{BOUNDARY}\r\n"
+        'Content-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+        f"--{BOUNDARY}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="a.wav"\r\n'
+        "Content-Type: audio/wav\r\n\r\n"
+    ).encode()
+    return head + audio + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+def request_head(length: int, headers: dict[str, str]) -> bytes:
+    lines = [
+        "POST /v1/audio/transcriptions HTTP/1.1",
+        "Host: test",
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}",
+        f"Content-Length: {length}",
+        "Expect: 100-continue",
+        *(f"{name}: {value}" for name, value in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One response: (status, headers with lower-case names, body by Content-Length)."""
+    status_line = await asyncio.wait_for(reader.readline(), 5)
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+@pytest.fixture
+def key(server_config: ServerConfig) -> str:
+    """The one key of the server's store (--auth auto: keys are required)."""
+    _, secret = ApiKeyStore(store_path(server_config.data_dir)).create("ci")
+    return secret
+
+
+@pytest.fixture
+async def keyed(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber, key: str
+) -> TestClient:
+    return await aiohttp_client(create_app(server_config, fake))
+
+
+async def open_socket(client: TestClient) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection(client.server.host, client.server.port)
+
+
+async def test_a_refused_key_is_answered_before_the_body(keyed: TestClient) -> None:
+    """Before, aiohttp said 100 ahead of the auth middleware: the client sent the whole
+    file, then got the 401."""
+    reader, writer = await open_socket(keyed)
+    body = multipart(wav_bytes(1.0))
+    writer.write(request_head(len(body), {"Authorization": "Bearer lm_000000000000_x"}))
+    await writer.drain()
+    status, headers, answer = await read_response(reader)  # no body sent
+    writer.close()
+    assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+    assert json.loads(answer)["error"]["code"] == "unauthorized"
+
+
+async def test_a_good_key_gets_100_continue_then_its_transcript(
+    keyed: TestClient, key: str
+) -> None:
+    reader, writer = await open_socket(keyed)
+    body = multipart(wav_bytes(1.0))
+    writer.write(request_head(len(body), {"Authorization": f"Bearer {key}"}))
+    await writer.drain()
+    interim = await asyncio.wait_for(reader.readline(), 5)
+    assert interim.startswith(b"HTTP/1.1 100")
+    assert await reader.readline() == b"\r\n"
+    writer.write(body)
+    await writer.drain()
+    status, _, answer = await read_response(reader)
+    writer.close()
+    assert status == 200, answer
+    assert json.loads(answer)["text"]
+
+
+async def test_a_declared_body_over_the_limit_is_413_before_the_body(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    gateway = replace(server_config.gateway, max_upload_bytes=1000)
+    client = await aiohttp_client(create_app(replace(server_config, gateway=gateway), fake))
+    reader, writer = await open_socket(client)
+    writer.write(request_head(5000, {}))
+    await writer.drain()
+    status, _, answer = await read_response(reader)
+    writer.close()
+    assert status == 413
+    assert json.loads(answer)["error"]["code"] == "payload_too_large"
+    assert not fake.sessions  # no upload began
+
+
+async def test_an_unknown_expectation_is_417(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    client = await aiohttp_client(create_app(server_config, fake))
+    reader, writer = await open_socket(client)
+    writer.write(request_head(10, {}).replace(b"100-continue", b"something-else"))
+    await writer.drain()
+    status, _, _ = await read_response(reader)
+    writer.close()
+    assert status == 417
