@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import uuid
 from collections import OrderedDict
@@ -227,7 +228,24 @@ class TranscriptStore:
         return True
 
     def _write_file(self, transcription_id: str, body: str) -> None:
+        """Write the file durably: its bytes synced before the atomic rename (never half a
+        file), the directory synced after it (the new name). A live session's audio is
+        deleted from the journal once its transcript is written: an unsynced transcript
+        lost to a power cut took the meeting with it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{transcription_id}.json.tmp"
-        tmp.write_text(body, encoding="utf-8")
-        tmp.replace(self.directory / f"{transcription_id}.json")  # atomic: never half a file
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(self.directory / f"{transcription_id}.json")
+        sync_directory(self.directory)
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync `directory` itself, so that names made or renamed in it are on disk (POSIX)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,3 +114,28 @@ async def test_speaker_names_are_kept_and_old_files_without_them_read(tmp_path: 
     del record["speakers"]  # as written before names existed
     path.write_text(json.dumps(record))
     assert (await TranscriptStore(tmp_path).get_live("s-2")).transcript.speaker_names == ()
+
+
+async def test_a_file_is_synced_before_its_rename_and_its_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live session's audio is deleted once its transcript is written: the transcript must
+    be on disk by then, not in the page cache (before, no fsync at all)."""
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, Path.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync file")
+        real_fsync(fd)
+
+    def rename(self: Path, target: Path) -> Path:
+        events.append("rename")
+        return real_replace(self, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(Path, "replace", rename)
+    store, tid = TranscriptStore(tmp_path), new_transcription_id()
+    await store.put(tid, transcript("hello"))
+    await store.flush()
+    assert events == ["fsync file", "rename", "fsync dir"]
+    assert json.loads((tmp_path / f"{tid}.json").read_text())["segments"][0]["text"] == "hello"
