@@ -22,6 +22,9 @@
 #   4: the decode kernel's fused q/k prologue (FUSED_QK, written in session 33 with no device;
 #      off by default): its GPU tests, then long c1 bf16 and the 1 x 36k decode step with
 #      LIVEMEET_FUSED_QK off and on, side by side (gpu_ab.sh's env arm)
+#   5: the fused prologue's GPU tests again (session 35's H100 run failed them: the k bound
+#      was relative to a cancelling RoPE output, fixed), then the card's throughput run (H200:
+#      call 2's; H100: call 3's) with LIVEMEET_FUSED_QK=1 where the tests passed, else off
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -30,7 +33,7 @@
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-call="${1:?usage: bash scripts/gpu_next.sh 1|2|3}"
+call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5}"
 bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
@@ -68,6 +71,19 @@ case "$gpu:$call" in
     AB_ENV="LIVEMEET_FUSED_QK=1" AB_ARMS="new env new" PYTEST_S=0 PROFILE_S=40 \
       PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 BENCH_S=100 BENCH_WORKLOADS=long LONG_C=1 \
       FP8_POINTS=" " ASSUMED_RATE=100 GPU_BENCH="$bench" bash scripts/gpu_ab.sh profile
+    ;;
+  *H200*:5 | *H100*:5)
+    out="${OUT:-$PWD/bench-out}"
+    mkdir -p "$out/tests"
+    GPU_TESTS=tests/engine/test_cuda_decode.py PYTEST_S=75 PROFILE_S=0 BENCH_S=0 \
+      OUT="$out/tests" LIVEMEET_BENCH_OUT="$out/tests" bash "$bench" profile \
+      2>&1 | tee "$out/tests/gpu_tests.log"
+    grep -q "=== pytest-gpu: rc=0 " "$out/tests/gpu_tests.log" && export LIVEMEET_FUSED_QK=1
+    echo "=== LIVEMEET_FUSED_QK=${LIVEMEET_FUSED_QK:-0} for the throughput run"
+    case "$gpu" in
+      *H200*) bash "$0" 2 ;;
+      *) bash "$0" 3 ;;
+    esac
     ;;
   *)
     echo "no run planned for call $call on $gpu" >&2

@@ -421,6 +421,51 @@ def fused_case(fp8: bool, seq_lens: list[int], page: int = 128) -> dict[str, tor
     }
 
 
+def assert_rotated_rows_close(rows_a: torch.Tensor, rows_b: torch.Tensor, fp8: bool) -> None:
+    """Two computations of the same normalised, rotated k rows [S, H, D] (as stored: bf16, or
+    e4m3 values) agree. Their sums of squares add in another order, so a rounding to bf16
+    before RoPE may flip by one ulp; the rotation mixes each pair (d, d + D/2), so the flip
+    moves an output by up to one bf16 ulp of the pair's norm, which where the rotation
+    cancels is many ulps of the output itself (the first GPU run, on an H100: -0.0117 against
+    -0.0121 beside elements near 1). Bound: one stored ulp of the element (the last
+    rounding) plus 2.5 bf16 ulps of its pair's norm (sqrt(2) from the pair, rounding the
+    products and their sum). At most 1 % of elements may differ at all."""
+    half = rows_a.shape[-1] // 2
+    pair_norm = (rows_a[..., :half] ** 2 + rows_a[..., half:] ** 2).sqrt().repeat(1, 1, 2)
+    stored_ulp = 2.0 ** (-3 if fp8 else -7)  # one e4m3 / bf16 step, relative
+    bound = stored_ulp * rows_a.abs() + 2.5 * 2.0**-7 * pair_norm + 1e-6
+    excess = (rows_a - rows_b).abs() - bound
+    assert (excess <= 0).all(), (
+        f"{int((excess > 0).sum())} of {excess.numel()} elements past the bound, "
+        f"the worst by {float(excess.max()):.3g}"
+    )
+    assert (rows_a != rows_b).float().mean() < 0.01
+
+
+def test_the_rotated_rows_bound_takes_a_flipped_rounding_and_refuses_a_wrong_position() -> None:
+    """`assert_rotated_rows_close` on the CPU: a one-ulp flip before RoPE carried into a
+    cancelling output passes; rows rotated at another position, or moved by more, fail."""
+    torch.manual_seed(5)
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, 128, 2).float() / 128))
+
+    def rotate(x: torch.Tensor, pos: float) -> torch.Tensor:
+        c, s = torch.cos(pos * inv_freq), torch.sin(pos * inv_freq)
+        x1, x2 = x[..., :64], x[..., 64:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1).bfloat16().float()
+
+    x = torch.randn(4, 8, 128).bfloat16().float()
+    flipped = x.clone()
+    flipped[:, 0, 3] += 2.0**-7 * flipped[:, 0, 3].abs().clamp(min=0.5)  # one ulp, a row's
+    rows = rotate(x, 1000.0)
+    assert_rotated_rows_close(rows, rotate(flipped, 1000.0), fp8=False)
+    with pytest.raises(AssertionError, match="past the bound"):
+        assert_rotated_rows_close(rows, rotate(x, 1001.0), fp8=False)
+    moved = rows.clone()
+    moved[0, 0, 3] += 0.1
+    with pytest.raises(AssertionError, match="1 of 4096 elements past the bound"):
+        assert_rotated_rows_close(rows, moved, fp8=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("fp8", [False, True])
@@ -431,8 +476,8 @@ def test_the_fused_prologue_matches_the_qk_kernel_and_the_plain_decode(
     """One decode step two ways over copies of the same caches: the q/k kernel
     (`qk_norm_rope_store_kv`, storing k and v) then the plain CUDA decode, against the
     `fused_qk` form doing both in its prologue. The caches must end up the same (v exactly, a
-    new k an ulp apart at most where the sums of squares round differently), and the outputs
-    agree to bf16 rounding; a padding row stores nothing and gives zeros."""
+    new k within `assert_rotated_rows_close`), and the outputs agree to bf16 rounding; a
+    padding row stores nothing and gives zeros."""
     from livemeet.layers import fused as fk
     from livemeet.layers.paged_attention import DecodeLaunch, KVSink
 
@@ -468,9 +513,7 @@ def test_the_fused_prologue_matches_the_qk_kernel_and_the_plain_decode(
     touched = changed.flatten(0, 1).nonzero()[:, 0].unique()
     assert set(touched.tolist()) <= set(slots[slots >= 0].tolist())  # nowhere else
     rows_a, rows_b = (c.flatten(0, 1)[slots[slots >= 0]].float() for c in (kc_a, kc_b))
-    step_size = 2.0 ** (-3 if fp8 else -7)  # one e4m3 / bf16 ulp, relative
-    assert ((rows_a - rows_b).abs() <= step_size * rows_a.abs() + 1e-6).all()
-    assert (rows_a != rows_b).float().mean() < 0.01
+    assert_rotated_rows_close(rows_a, rows_b, fp8)
     assert out_b[3].abs().max() == 0 and out_a[3].abs().max() == 0  # the padding row
     tol = 0.05 if fp8 else 0.02
     assert (out_a.float() - out_b.float()).abs().max() < tol, (out_a - out_b).abs().max()

@@ -20,6 +20,8 @@ fi
 echo "phase=$1 sessions=${LIVE_SESSIONS:-} uploads=${LIVE_UPLOADS:-} \
 duration=${LIVE_DURATION_S:-} http=${HTTP_SHORT_C:-}/${HTTP_LONG_C:-} fp8=${FP8_POINTS:-}\
  pause=${LIVE_HEAD_PAUSE_S:-} extra=${SERVE_EXTRA:-}"
+echo "$1 fused_qk=${LIVEMEET_FUSED_QK:-0}" >&2
+if [ "$1" = profile ]; then echo "=== pytest-gpu: rc=${STANDIN_PYTEST_RC:-0} at t=1 s"; fi
 """
 LONG_AUDIO_S = 2240.0  # loadtest/workloads.py: a long meeting; a point at c runs c of them
 BENCH_MARGIN_S = 30  # gpu_bench.sh gives bench_engine --max-seconds BENCH_S - 30
@@ -40,7 +42,11 @@ def run(tmp_path: Path, card: str, call: str, **extra_env: str) -> subprocess.Co
         for k, v in os.environ.items()
         if not k.startswith(("LIVE_", "HTTP_", "FP8_", "SERVE_EXTRA"))
     }
-    env = {k: v for k, v in env.items() if k not in ("BENCH_S", "LONG_C", "ASSUMED_RATE")}
+    env = {
+        k: v
+        for k, v in env.items()
+        if k not in ("BENCH_S", "LONG_C", "ASSUMED_RATE", "LIVEMEET_FUSED_QK")
+    }
     env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", GPU_BENCH=str(bench), **extra_env)
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_next.sh"), call],
@@ -118,8 +124,27 @@ def test_call_4_tests_the_fused_prologue_then_runs_its_ab(tmp_path: Path, card: 
     assert sorted(p.name for p in out.iterdir()) == ["1_new", "2_env", "3_new", "tests"]
 
 
+@pytest.mark.parametrize(
+    ("card", "throughput"),
+    [("NVIDIA H200", ["engine", "http"]), ("NVIDIA H100 80GB HBM3", ["engine"])],
+)
+@pytest.mark.parametrize(("tests_rc", "fused"), [("0", "1"), ("1", "0")])
+def test_call_5_runs_the_throughput_call_with_the_fused_prologue_only_if_its_tests_pass(
+    tmp_path: Path, card: str, throughput: list[str], tests_rc: str, fused: str
+) -> None:
+    out = tmp_path / "out"
+    done = run(tmp_path, card, "5", OUT=str(out), STANDIN_PYTEST_RC=tests_rc)
+    assert done.returncode == 0, done.stderr
+    assert "profile fused_qk=0" in done.stdout  # the tests, teed, with the prologue off
+    assert [line for line in done.stderr.splitlines() if "fused_qk=" in line] == [
+        f"{phase} fused_qk={fused}" for phase in throughput
+    ]
+    assert f"=== LIVEMEET_FUSED_QK={fused} for the throughput run" in done.stdout
+    assert (out / "tests" / "gpu_tests.log").is_file()
+
+
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
-    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "5")):
+    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "6")):
         done = run(tmp_path, card, call)
         assert done.returncode == 2 and "no run planned" in done.stderr
     done = run(tmp_path, "", "1")
