@@ -91,6 +91,9 @@ LIVE_DRAIN_TIMEOUT_S = 20.0
 # disk before it closes the socket: many journal commits; the client holds what is not acked
 LIVE_RESTART_DURABLE_WAIT_S = 2.0
 LIVE_DRAIN_CLOSE_S = 2.0  # s for the error frames and closes of the sessions still open then
+# s a failing live connection spends sending the frames it owed (`session.ready` first) ahead
+# of its error: a client that does not read gets the error (or its close) after this
+LIVE_FLUSH_BEFORE_ERROR_S = 0.5
 # s; longest a live client's accepted audio goes unacknowledged (`audio.ack`, DESIGN 5.9): one
 # ack per interval at most, so a client's resume buffer holds at most this much (plus what
 # is in flight) beyond the ack, and a burst of frames costs no ack per frame

@@ -29,6 +29,7 @@ from livemeet.audio.constants import (
     ACK_INTERVAL_S,
     LIVE_DRAIN_CLOSE_S,
     LIVE_DRAIN_TIMEOUT_S,
+    LIVE_FLUSH_BEFORE_ERROR_S,
     LIVE_RESTART_DURABLE_WAIT_S,
     LIVE_REVISE_TIMEOUT_S,
     LIVE_START_TIMEOUT_S,
@@ -509,8 +510,9 @@ class LiveConnection:
         )
 
     async def fail(self, error: LivemeetError) -> None:
-        """Send `error`, then close with its close code (no-op on a closed socket). Once: a
-        connection that failed (or was taken over) sends no second error."""
+        """Send the frames owed (`_flush_owed`), then `error`, then close with its close code
+        (no-op on a closed socket). Once: a connection that failed (or was taken over) sends
+        no second error."""
         if self._failed:
             return
         self._failed = True
@@ -518,7 +520,26 @@ class LiveConnection:
         self.protocol.fail()
         self.outcome = error.code
         self._metrics.errors.labels(error.code).inc()
+        self._cancel_ack()
+        await self._flush_owed()
         await self._send_error(error)
+
+    async def _flush_owed(self) -> None:
+        """Stop the forwarder and send what it had queued, in order, within
+        LIVE_FLUSH_BEFORE_ERROR_S: `session.ready` above all (a `start` followed at once by a
+        bad message got the error alone, and the client never learnt the session's id; a
+        trial). Nothing to do once the terminal event went (its close is under way)."""
+        forwarder = self._forwarder
+        if forwarder is None or self._terminal_sent or forwarder is asyncio.current_task():
+            return
+        forwarder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await forwarder
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(LIVE_FLUSH_BEFORE_ERROR_S):
+                while self._outbox and not self.ws.closed:
+                    frame, _ = self._outbox.popleft()
+                    await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
 
     async def _send_error(self, error: LivemeetError) -> None:
         if self.ws.closed:
