@@ -365,6 +365,8 @@ async def close_live_sockets(app: web.Application) -> None:
             log.info("shutting down: ending %d detached live sessions", sessions.num_detached)
     started = time.monotonic()
     await asyncio.gather(registry.drain_all(keep=keep), sessions.drain())
+    if keep:
+        sessions.end_subscriptions_for_restart()
     done = "kept for the next start" if keep else "drained"
     log.info("live sessions %s in %.1f s", done, time.monotonic() - started)
 

@@ -5,11 +5,14 @@ Content-Length, an oversized header line, TLS sent to the plain port) never reac
 middleware: aiohttp answers it from `RequestHandler.handle_error` with a text/plain 400 and logs
 a traceback. aiohttp offers no hook for that answer (aio-libs/aiohttp#3287, open), so the app's
 server builds `GatewayRequestHandler`, whose `handle_error` renders a LivemeetError and logs one
-line. Everything else about the connection is aiohttp's.
+line. Everything else about the connection is aiohttp's, but for the shutdown
+(`GatewayServer.pre_shutdown`): aiohttp closes every connection before the app's drain, and a
+closed connection drops whatever it receives from then on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +25,8 @@ from livemeet.errors import HeadersTooLarge, InternalError, InvalidRequest, Live
 from livemeet.gateway.errors_http import error_response
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_POLL_S = 0.05  # s between checks for requests still running at shutdown
 
 ErrorListener = Callable[[LivemeetError], None]
 
@@ -118,6 +123,45 @@ class GatewayServer(web.Server):
 
     def __call__(self) -> RequestHandler:
         return GatewayRequestHandler(self, loop=self._loop, on_error=self._on_error, **self._kwargs)
+
+    def pre_shutdown(self) -> None:
+        """The listener is closed; the app's drain (`on_shutdown`) comes next. aiohttp closes
+        every connection here, and a closed connection drops the bytes it receives from then
+        on: an upload's body in flight stalled until its idle timeout (a 408 blaming the
+        client, after 60 s; a trial), and live and captions sockets read nothing from their
+        clients during the drain (their close replies, their pings: a captions subscriber
+        held the shutdown ~40 s). Here only idle connections close; busy ones stay open until
+        their request is done or `shutdown` comes."""
+        for conn in self._connections:
+            if not _busy(conn):
+                conn.close()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """After the drain: wait, within `timeout` (s; aiohttp's shutdown timeout), for the
+        plain requests still running (an upload still sending its body, or being
+        transcribed) to be done, still reading; then aiohttp's shutdown, which closes every
+        connection and cancels what is left within the rest of `timeout`."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while any(_busy(c) and not _upgraded(c) for c in self._connections):
+            if deadline is not None and loop.time() >= deadline:
+                break
+            await asyncio.sleep(SHUTDOWN_POLL_S)
+        for conn in self._connections:
+            conn.close()
+        left = None if deadline is None else max(0.0, deadline - loop.time())
+        await super().shutdown(left)
+
+
+def _busy(conn: RequestHandler) -> bool:
+    """Whether a request is being handled on `conn` (aiohttp's own flag, read as its
+    `shutdown` reads it; a version without it counts every connection as idle, as before)."""
+    return bool(getattr(conn, "_request_in_progress", False))
+
+
+def _upgraded(conn: RequestHandler) -> bool:
+    """Whether `conn` became a WebSocket (the app's drain closes those)."""
+    return bool(getattr(conn, "_upgraded", False))
 
 
 def serve_json_refusals(app: web.Application, on_error: ErrorListener) -> None:

@@ -270,6 +270,12 @@ class LiveSessionHolder:
     def unsubscribe(self, subscriber: CaptionsSink) -> None:
         self.subscribers.discard(subscriber)
 
+    def end_subscriptions(self, gone: LivemeetError) -> None:
+        """Close every captions subscription with `gone` (each after what it has queued)."""
+        for subscriber in list(self.subscribers):
+            subscriber.session_gone(gone)
+        self.subscribers.clear()
+
     def authorizes_captions(self, token: str) -> bool:
         """Whether `token` is the session's captions token (constant time)."""
         return self.tokens.authorizes_captions(token)
@@ -498,9 +504,7 @@ class LiveSessionHolder:
             await self.pump
         gone: LivemeetError | None = None  # None: each subscriber has the last event queued
         if self.replay.terminal is None and restarting:
-            gone = ServerRestarting(
-                f"the server is restarting: live session {self.id} goes on after its restart"
-            )
+            gone = restarting_error(self.id)
         elif self.replay.terminal is None:
             gone = NotFound(
                 f"live session {self.id} ended without a final transcript "
@@ -509,8 +513,7 @@ class LiveSessionHolder:
         elif self.replay.revision_pending:
             gone = RevisionFailed(f"live session {self.id}: its revision was cancelled")
         if gone is not None:
-            for subscriber in list(self.subscribers):
-                subscriber.session_gone(gone)
+            self.end_subscriptions(gone)
         self.subscribers.clear()
         await self.session.abort()  # idempotent; frees the engine's slot
 
@@ -971,6 +974,15 @@ class LiveSessions:
         for holder in detached:
             await self._drop(holder, keep_journal=True)
 
+    def end_subscriptions_for_restart(self) -> None:
+        """A restart's drain is done: the captions subscribers of every session kept for the
+        next start are told `server_restarting` now (reconnect after the restart). Before,
+        they heard it only at the app's cleanup, which comes after aiohttp's wait for their
+        sockets: a subscriber that pings held the shutdown ~40 s, its captions frozen."""
+        for holder in self._holders.values():
+            if holder.subscribers and (self._restart_keeps(holder) or holder.kept_for_restart):
+                holder.end_subscriptions(restarting_error(holder.id))
+
     async def close(self) -> None:
         """App cleanup: drop every session left and stop every timer's task."""
         if self._tasks:  # expiries and drops under way: short (an `end`, an abort)
@@ -1215,3 +1227,10 @@ class LiveSessions:
 
     def _update_detached(self) -> None:
         self._metrics.live_sessions_detached.set(self.num_detached)
+
+
+def restarting_error(session_id: str) -> ServerRestarting:
+    """What a captions subscriber of a session kept for the next start is told."""
+    return ServerRestarting(
+        f"the server is restarting: live session {session_id} goes on after its restart"
+    )

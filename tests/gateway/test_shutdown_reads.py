@@ -1,0 +1,100 @@
+"""A graceful shutdown through aiohttp's own runner (what `serve` runs on SIGTERM): the
+connections busy when it begins keep reading their clients (http_protocol.GatewayServer),
+and the captions subscribers of sessions kept for the next start are told so at once.
+
+aiohttp closes every connection before the app's drain, and a closed connection drops what
+it receives: a trial saw an upload that was still sending its body fail after 60 s with a 408
+blaming the client, and a captions subscriber hold the shutdown ~40 s with no word."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from livemeet.config import ServerConfig
+from livemeet.errors import ServerRestarting
+from livemeet.gateway.app import create_app
+from tests.gateway.conftest import pcm16, wav_bytes
+from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_expect_continue import multipart, read_response
+from tests.gateway.test_ws_live import START
+
+SHUTDOWN_TIMEOUT_S = 8.0  # aiohttp's wait for busy connections, as run_app's 60 s
+
+
+@pytest.fixture
+async def served(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> AsyncIterator[tuple[web.AppRunner, str, int]]:
+    runner = web.AppRunner(
+        create_app(server_config, fake),
+        handler_cancellation=True,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    try:
+        yield runner, host, port
+    finally:
+        await runner.cleanup()  # idempotent: a test may have shut it down
+
+
+async def test_an_upload_still_sending_its_body_is_answered(
+    served: tuple[web.AppRunner, str, int],
+) -> None:
+    runner, host, port = served
+    body = multipart(wav_bytes(1.0))
+    reader, writer = await asyncio.open_connection(host, port)
+    head = (
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: test\r\n"
+        "Content-Type: multipart/form-data; boundary=lm-test-boundary\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    writer.write(head + body[:1000])
+    await writer.drain()
+    await asyncio.sleep(0.2)  # the handler is reading the body
+    shutdown = asyncio.create_task(runner.cleanup())
+    await asyncio.sleep(0.3)  # the listener is closed, the drain under way
+    writer.write(body[1000:])
+    await writer.drain()
+    status, _, answer = await asyncio.wait_for(read_response(reader), 5)
+    writer.close()
+    assert status == 200, answer
+    assert json.loads(answer)["text"]
+    started = time.monotonic()
+    await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+    assert time.monotonic() - started < 2.0  # nothing left to wait for
+
+
+async def test_a_captions_subscriber_hears_of_the_restart_at_once(
+    served: tuple[web.AppRunner, str, int],
+) -> None:
+    runner, host, port = served
+    base = f"http://{host}:{port}"
+    async with aiohttp.ClientSession() as http:
+        live = await http.ws_connect(f"{base}/v1/live")
+        await live.send_json(START)
+        ready = await live.receive_json()
+        await live.send_bytes(pcm16(1.0))
+        url = f"{base}/v1/sessions/{ready['session_id']}/captions"
+        captions = await http.ws_connect(url, params={"token": ready["captions_token"]})
+        assert (await captions.receive_json())["type"] == "captions.ready"
+        started = time.monotonic()
+        shutdown = asyncio.create_task(runner.cleanup())
+        events = []
+        async for msg in captions:
+            events.append(json.loads(msg.data))
+        await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+        took_s = time.monotonic() - started
+        await live.close()
+    assert events[-1]["type"] == "error" and events[-1]["code"] == ServerRestarting.code
+    assert captions.close_code == ServerRestarting.close_code
+    assert took_s < SHUTDOWN_TIMEOUT_S / 2, took_s  # not held by the subscriber's socket
