@@ -184,6 +184,8 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         except LivemeetError as exc:
             outcome = exc.code
             raise
+        except ConnectionError:  # a write to a client that left (a stream it stopped reading)
+            raise
         except Exception:
             outcome = "internal_error"
             raise
@@ -191,13 +193,14 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
             sessions.dec()
             app[METRICS_KEY].sessions_ended.labels("upload", outcome).inc()
             await session.abort()  # idempotent; frees the backend session on every path
+            stored = f"transcription {transcription_id}" if outcome == "completed" else None
             log.info(
-                "upload %s ended: %s, %.1f s of audio in %.2f s (transcription %s%s)",
+                "upload %s ended: %s, %.1f s of audio in %.2f s (%s%s)",
                 session.id,
                 outcome,
                 duration_s,
                 time.monotonic() - started,
-                transcription_id,
+                stored or "no transcript stored",
                 _key_note(request),
             )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,28 @@ async def test_stream_sends_segments_when_backend_commits_only_at_end(
         "seg-0000",
         "seg-0001",
     ]
+
+
+async def test_a_streamed_upload_whose_client_leaves_ends_disconnected(
+    client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client stops reading the SSE stream and closes: the next write fails, and the
+    upload ends `disconnected` (a trial: it was counted and logged as `internal_error`, the
+    outcome of a bug, naming a transcription id that was never stored)."""
+    caplog.set_level(logging.INFO, logger="livemeet.gateway.openai_api")
+    fake.end_gate = asyncio.Event()
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0), stream="true"))
+    assert resp.status == 200 and resp.content_type == "text/event-stream"
+    resp.close()  # the client is gone before the transcript
+    fake.end_gate.set()
+    ended = 'livemeet_sessions_ended_total{kind="upload",outcome="disconnected"} 1.0'
+    for _ in range(100):
+        if ended in (text := await (await client.get("/metrics")).text()):
+            break
+        await asyncio.sleep(0.02)
+    assert ended in text and 'outcome="internal_error"' not in text
+    [line] = [r.getMessage() for r in caplog.records if " ended: " in r.getMessage()]
+    assert "disconnected" in line and "no transcript stored" in line
 
 
 async def test_stream_backend_error_becomes_error_event(
