@@ -316,6 +316,8 @@ class LiveSession:
         hyp = clean_hypothesis(segments, start_s, edge_s, history, start_tolerance_s=tolerance_s)
         seen = self._commit.committed[-50:] + self._shown
         mapped = self._speakers.map(hyp, seen, session_labels)
+        if last:
+            mapped = (*mapped, *shown_past(self._shown, mapped, self._commit.committed_end_s))
         finals = list(self._commit.update(mapped, edge_s).finals)
         window_s = (edge_samples - self._committed_end_sample()) / SAMPLE_RATE
         if window_s + self.options.hop_s > self.options.max_window_s:
@@ -436,6 +438,24 @@ def shown_segments(
     covered_to = max(tail[-1].end_s if tail else 0.0, committed_end_s)
     beyond = [s for s in shown if s.start_s >= covered_to]
     return (*tail, *beyond)
+
+
+def shown_past(
+    shown: Sequence[Segment], final_decode: Sequence[Segment], committed_end_s: float
+) -> tuple[Segment, ...]:
+    """The segments the client was shown (`shown`, in session labels) that start at or past
+    the end of a session's last decode (`final_decode`, mapped), flagged FROM_PARTIAL. That
+    decode, of all the audio, sometimes stops early (Whisper at the end of its input,
+    MOSS-TD's early EOS): a trial saw the last ~9 s of a meeting, shown in the partials,
+    missing from its final. The final keeps at least what the partials showed; a shown
+    segment that the last decode reaches into is that decode's to write, so nothing twice."""
+    covered_to = max((s.end_s for s in final_decode), default=committed_end_s)
+    covered_to = max(covered_to, committed_end_s)
+    return tuple(
+        replace(s, flags=(*s.flags, SegmentFlag.FROM_PARTIAL))
+        for s in shown
+        if s.start_s >= covered_to and SegmentFlag.FROM_PARTIAL not in s.flags
+    )
 
 
 def clean_hypothesis(

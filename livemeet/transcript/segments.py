@@ -18,6 +18,8 @@ class SegmentFlag(StrEnum):
     MISSING_END = "missing_end"  # no end timestamp before EOS; end set from the audio
     END_CLAMPED = "end_clamped"  # end time was past the audio end and was clamped to it
     REPETITION_CUT = "repetition_cut"  # text cut where it began to repeat (a decode loop)
+    # a live session's last decode stopped before it: kept as the client's partial showed it
+    FROM_PARTIAL = "from_partial"
 
 
 @dataclass(frozen=True)

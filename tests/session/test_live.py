@@ -17,7 +17,7 @@ from livemeet.transcriber import (
     TranscriptFinal,
 )
 from livemeet.transcript.commit import normalise_text
-from livemeet.transcript.segments import Segment
+from livemeet.transcript.segments import Segment, SegmentFlag
 from livemeet.transcript.speakers import overlap_s
 from tests.backends.helpers import stream
 
@@ -220,6 +220,56 @@ def test_end_mid_segment_commits_the_heard_part() -> None:
     finals = finals_of(events)
     assert [s.text for s in finals][0] == REFERENCE[0].text
     assert finals[-1].end_s == pytest.approx(4.5)
+
+
+@pytest.mark.parametrize(
+    ("last_decode", "kept"),
+    [
+        ((Segment(0.2, 2.0, "S01", "one two three"),), ["four five", "six"]),
+        # the last decode reaches into "four five" (its own words for it): only "six" is kept
+        ((Segment(0.2, 2.0, "S01", "one two three"), Segment(2.1, 3.5, "S01", "four")), ["six"]),
+        ((), ["one two three", "four five", "six"]),
+    ],
+    ids=["stops_early", "reaches_in", "writes_nothing"],
+)
+def test_the_final_keeps_what_the_partials_showed_past_the_last_decode(
+    last_decode: tuple[Segment, ...], kept: list[str]
+) -> None:
+    """The decode after `end` (of all the audio) may stop before segments the client was
+    shown (a trial: Whisper tiny's last window dropped ~9 s of a meeting the partials had
+    shown; `stream` still exited 0): the final holds them, flagged `from_partial`."""
+    shown = [
+        Segment(0.2, 2.0, "S01", "one two three"),
+        Segment(2.2, 3.8, "S01", "four five"),
+        Segment(4.0, 4.8, "S01", "six"),
+    ]
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(5.0))
+    live.window()
+    partial = [e for e in live.apply_hypothesis(shown) if isinstance(e, SegmentPartial)]
+    assert [s.text for s in partial[-1].segments] == [s.text for s in shown]
+    live.end()
+    live.window()
+    finals = finals_of(live.apply_hypothesis(last_decode))
+    assert live.ended
+    texts = [s.text for s in finals]
+    assert texts == [s.text for s in last_decode] + kept
+    for seg in finals:
+        from_partial = SegmentFlag.FROM_PARTIAL in seg.flags
+        assert from_partial == (seg.text in kept), seg
+    assert live.finish().segments == tuple(finals)
+
+
+def test_a_last_decode_that_covers_the_shown_segments_keeps_none_of_them() -> None:
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(5.0))
+    live.window()
+    live.apply_hypothesis([Segment(0.2, 2.0, "S01", "one"), Segment(2.2, 3.8, "S01", "two")])
+    live.end()
+    live.window()
+    last = [Segment(0.2, 2.0, "S01", "one"), Segment(2.2, 4.5, "S01", "two three")]
+    finals = finals_of(live.apply_hypothesis(last))
+    assert [(s.text, s.flags) for s in finals] == [("one", ()), ("two three", ())]
 
 
 def test_end_is_pending_until_the_decode_that_ends_the_session() -> None:
