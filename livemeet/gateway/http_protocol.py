@@ -138,12 +138,14 @@ class GatewayServer(web.Server):
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """After the drain: wait, within `timeout` (s; aiohttp's shutdown timeout), for the
-        plain requests still running (an upload still sending its body, or being
-        transcribed) to be done, still reading; then aiohttp's shutdown, which closes every
-        connection and cancels what is left within the rest of `timeout`."""
+        requests still running to be done, still reading: an upload still sending its body
+        or being transcribed, and the WebSockets the drain is closing (a close waits for the
+        client's reply, up to 10 s, which a closed connection drops: a captions overlay held
+        every restart 10 s); then aiohttp's shutdown, which closes every connection and
+        cancels what is left within the rest of `timeout`."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while any(_busy(c) and not _upgraded(c) for c in self._connections):
+        while any(_busy(c) for c in self._connections):
             if deadline is not None and loop.time() >= deadline:
                 break
             await asyncio.sleep(SHUTDOWN_POLL_S)
@@ -157,11 +159,6 @@ def _busy(conn: RequestHandler) -> bool:
     """Whether a request is being handled on `conn` (aiohttp's own flag, read as its
     `shutdown` reads it; a version without it counts every connection as idle, as before)."""
     return bool(getattr(conn, "_request_in_progress", False))
-
-
-def _upgraded(conn: RequestHandler) -> bool:
-    """Whether `conn` became a WebSocket (the app's drain closes those)."""
-    return bool(getattr(conn, "_upgraded", False))
 
 
 def serve_json_refusals(app: web.Application, on_error: ErrorListener) -> None:

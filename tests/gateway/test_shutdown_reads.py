@@ -9,12 +9,14 @@ blaming the client, and a captions subscriber hold the shutdown ~40 s with no wo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import websockets
 from aiohttp import web
 
 from livemeet.config import ServerConfig
@@ -84,17 +86,23 @@ async def test_a_captions_subscriber_hears_of_the_restart_at_once(
         await live.send_json(START)
         ready = await live.receive_json()
         await live.send_bytes(pcm16(1.0))
-        url = f"{base}/v1/sessions/{ready['session_id']}/captions"
-        captions = await http.ws_connect(url, params={"token": ready["captions_token"]})
-        assert (await captions.receive_json())["type"] == "captions.ready"
-        started = time.monotonic()
-        shutdown = asyncio.create_task(runner.cleanup())
-        events = []
-        async for msg in captions:
-            events.append(json.loads(msg.data))
-        await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
-        took_s = time.monotonic() - started
+        # the websockets library, as an overlay's browser does, answers the close and waits
+        # for the server to drop the connection (aiohttp's client drops it itself)
+        url = f"ws://{host}:{port}/v1/sessions/{ready['session_id']}/captions"
+        url += f"?token={ready['captions_token']}"
+        async with websockets.connect(url) as captions:
+            assert json.loads(await captions.recv())["type"] == "captions.ready"
+            started = time.monotonic()
+            shutdown = asyncio.create_task(runner.cleanup())
+            events = []
+            with contextlib.suppress(websockets.ConnectionClosed):
+                while True:
+                    events.append(json.loads(await captions.recv()))
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+            took_s = time.monotonic() - started
         await live.close()
     assert events[-1]["type"] == "error" and events[-1]["code"] == ServerRestarting.code
     assert captions.close_code == ServerRestarting.close_code
-    assert took_s < SHUTDOWN_TIMEOUT_S / 2, took_s  # not held by the subscriber's socket
+    # not held by the subscriber's socket: its close reply is read (aiohttp's close waited
+    # 10 s for a reply the closed connection dropped; a trial)
+    assert took_s < 3.0, took_s
