@@ -193,7 +193,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "start makes it, and a probe file written in it and removed) and (MOSS-TD) the "
         "device, the checkpoint's config.json and --forced-output, then exit (0 valid, 2 "
         "with the error) without loading weights or binding the port, which only a start "
-        "checks",
+        "checks. A server running on the data directory passes (it is named: a start needs "
+        "it stopped), so a new config can be checked before that server's restart",
     )
     p.set_defaults(func=run)
 
@@ -521,12 +522,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         context = ssl_context(config)
+        # what a start would refuse (live_journal.py); --check-config vets a config for the
+        # restart of the server running on the data dir (a deploy gate), so it only says so
+        holder = journal_holder(live_dir(config))
+        if holder is not None and not args.check_config:
+            raise ConfigError(f"cannot use --data-dir {config.data_dir}: {holder} is using it")
         check_data_dir(config)
         if config.gateway.allowed_origins:
             cors_package()
         if args.check_config:
             preflight_model(config.model)
             check_auth(config)
+            if holder is not None:
+                log.info(
+                    "--data-dir %s is in use now by %s: a start on it needs that server "
+                    "stopped first (as a restart does)",
+                    config.data_dir,
+                    holder,
+                )
             log.info("configuration ok (no weights loaded, nothing listened on)")
             return 0
         check_listen(config.host, config.port)
@@ -574,11 +587,10 @@ def check_data_dir(config: ServerConfig) -> None:
     """Make the data directory's subdirectories the server writes (gateway/keys.py), as a
     start does, and write and remove a probe file in each. Asking os.access instead said yes
     to root for places no one can write (/proc): --check-config passed a data directory a
-    start refused. Raises ConfigError naming the path and the OS error."""
+    start refused. Nothing here needs the data dir free of a running server (`run` checks
+    that), whose own files these probes leave alone. Raises ConfigError naming the path and
+    the OS error."""
     where = f"cannot use --data-dir {config.data_dir}"
-    holder = journal_holder(live_dir(config))  # what a start would refuse (live_journal.py)
-    if holder is not None:
-        raise ConfigError(f"{where}: {holder} is using it")
     for directory in (tmp_dir(config), transcripts_dir(config), live_dir(config)):
         try:
             directory.mkdir(parents=True, exist_ok=True)

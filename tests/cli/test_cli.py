@@ -264,27 +264,37 @@ def test_check_config_warns_of_a_disk_under_the_floor(
     assert "has 100 MiB free, under --min-free-disk-mb 512" in caplog.text
 
 
-async def test_check_config_refuses_a_data_dir_another_server_uses(
+async def test_check_config_passes_beside_the_server_running_on_its_data_dir(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """`serve --check-config` said "configuration ok" for a data dir a running server held,
-    where the start it vouched for then failed on the live journal's lock (a trial). The
-    refusal names the holder's pid, as the journal's own does (it named none: a trial)."""
+    """`serve --check-config` exited 2 while the server it should vet for a restart held the
+    data dir (a trial: a deploy gate, ExecStartPre): it now validates everything else, exits
+    0 and names that server (its pid), whose stop a start needs. A start still refuses the
+    data dir before loading anything, naming the holder as the journal's own refusal does."""
     from livemeet.gateway.live_journal import LiveJournal
 
     data_dir = tmp_path / "data"
     running = LiveJournal(data_dir / "live")
     running.load_unfinished()  # takes the lock, as a starting server does
     argv = ["serve", "--data-dir", str(data_dir), "--port", "0", "--check-config"]
-    assert main(argv) == 2
     holder = f"another livemeet server (pid {os.getpid()}; one server per --data-dir)"
-    assert f"cannot use --data-dir {data_dir}: {holder} is using it" in caplog.text
-    caplog.clear()
-    assert main(argv[:-1]) == 2  # a start refuses it the same way, before loading anything
-    assert f"{holder} is using it" in caplog.text
-    await running.close()
-    caplog.clear()
-    assert main(argv) == 0
+    with caplog.at_level("INFO"):
+        assert main(argv) == 0
+        assert f"--data-dir {data_dir} is in use now by {holder}: a start on it needs" in (
+            caplog.text
+        )
+        assert "configuration ok" in caplog.text
+        caplog.clear()
+        # the rest is still checked beside the running server
+        assert main([*argv, "--min-free-disk-mb", "-1"]) == 2
+        assert "--min-free-disk-mb must be >= 0" in caplog.text
+        caplog.clear()
+        assert main(argv[:-1]) == 2  # a start refuses it, before loading anything
+        assert f"cannot use --data-dir {data_dir}: {holder} is using it" in caplog.text
+        await running.close()
+        caplog.clear()
+        assert main(argv) == 0
+        assert "is in use now" not in caplog.text and "configuration ok" in caplog.text
 
 
 def test_check_config_makes_the_data_dir_as_a_start_would(
