@@ -62,6 +62,42 @@ async def test_a_restart_keeps_a_streaming_session_for_the_next_start(
     assert ws.close_code == 1000
 
 
+async def test_a_kept_session_waits_a_window_from_the_next_start_not_from_the_stop(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """The README said a restart had to come within --live-resume-window of the stop, or the
+    session ended (a trial; docs/protocol.md, "Resume", had it right): the session waits in
+    the journal however long the server is down, and the next start keeps it a window from
+    that start. Down for twice the window here, it is rebuilt and resumed all the same."""
+    window_s = 0.5
+    client = await gateway_client(
+        aiohttp_client, server_config, fake, live_resume_window_s=window_s
+    )
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await ws.send_bytes(pcm16(1.0))
+    await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    reading = asyncio.create_task(receive_all(ws))
+    await close_live_sockets(client.app)
+    await asyncio.wait_for(reading, 5)
+    await client.close()
+    await asyncio.sleep(2 * window_s)  # the server is down past the window
+    assert journal_rows(server_config.data_dir) == [(ready["session_id"], 0, 16000)]
+
+    again = FakeTranscriber()
+    client = await gateway_client(
+        aiohttp_client, server_config, again, live_resume_window_s=window_s
+    )
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        resumed = await ws.receive_json()
+        assert resumed["resumed"] is True and resumed["offset"] == 16000, resumed
+        await ws.send_json({"type": "end"})
+        after = await read_to_close(ws)
+    assert after[-1]["type"] == "transcript.final" and after[-1]["duration"] == 1.0
+
+
 async def test_a_session_failed_before_the_restart_is_told_its_own_error(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
