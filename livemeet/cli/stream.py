@@ -36,6 +36,11 @@ has resume off, refused it, or the window passed) exits 1.
 A server that asks for an API key (docs/protocol.md, "API keys") gets `--api-key` (or
 LIVEMEET_API_KEY) as `Authorization: Bearer` on every upgrade request, resumes included.
 
+TLS (a wss:// or https:// --url, `serve --tls-cert/--tls-key`): the server's certificate is
+checked against the system's trust store, or the PEM bundle OpenSSL's SSL_CERT_FILE names
+where it is set. `--cacert FILE` trusts the certificates in FILE and nothing else: a server
+with a self-signed certificate is reached with `--cacert` that certificate (its cert.pem).
+
 Revision (docs/protocol.md, "Revision"): where `session.ready` says `revise`, the server sends
 `transcript.revised` after `transcript.final` (the whole meeting re-decoded offline), and
 `stream` waits for it: it is printed where the final's segments are, after them, as the
@@ -56,6 +61,7 @@ import json
 import math
 import os
 import signal
+import ssl
 import sys
 import time
 import urllib.parse
@@ -70,7 +76,7 @@ import websockets
 
 from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
-from livemeet.errors import InvalidRequest, LivemeetError, ServerRestarting
+from livemeet.errors import ConfigError, InvalidRequest, LivemeetError, ServerRestarting
 from livemeet.gateway.live_protocol import LIVE_PATH, SERVICE_RESTART
 from livemeet.transcriber import Samples
 
@@ -161,6 +167,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"the server's API key (`livemeet keys create`), sent as 'Authorization: Bearer' "
         f"(default: ${API_KEY_ENV}, else none; a key on the command line is visible to other "
         "users of this machine, the variable is not)",
+    )
+    p.add_argument(
+        "--cacert",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="for a wss:// or https:// --url: trust the certificates in this PEM file, and no "
+        "other (a server with a self-signed --tls-cert: pass that cert.pem) (default: the "
+        "system's trust store, or the PEM bundle $SSL_CERT_FILE names)",
     )
     p.set_defaults(func=run)
 
@@ -268,6 +283,23 @@ def live_url(url: str) -> str:
     elif path == "":
         path = LIVE_PATH
     return urllib.parse.urlunsplit(parts._replace(scheme=scheme, path=path))
+
+
+def client_ssl_context(cacert: Path | None, url: str) -> ssl.SSLContext | None:
+    """The TLS context to reach the live endpoint `url` (ws/wss, `live_url`) with: None, the
+    websockets default (the system's trust store, or OpenSSL's $SSL_CERT_FILE), without
+    `cacert`; else one trusting only the certificates in the PEM file `cacert`, so that a
+    self-signed server is reached without trusting it for every program on the machine.
+    Raises ConfigError for a file that holds no certificate or cannot be read, and for a
+    `url` without TLS (where `cacert` would be ignored)."""
+    if cacert is None:
+        return None
+    if urllib.parse.urlsplit(url).scheme != "wss":
+        raise ConfigError(f"--cacert is for a wss:// or https:// --url, not {url}", param="cacert")
+    try:
+        return ssl.create_default_context(cafile=cacert)
+    except (OSError, ssl.SSLError) as exc:  # missing, unreadable, not PEM certificates
+        raise ConfigError(f"cannot load --cacert {cacert}: {exc.strerror or exc}") from exc
 
 
 def wrong_path_hint(url: str) -> str:
@@ -487,13 +519,15 @@ async def stream_audio(
     stop: asyncio.Event | None = None,
     api_key: str | None = None,
     wait_revision: bool = True,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> StreamResult:
     """Stream 16 kHz mono float32 `chunks` (any sizes; taken as they are needed, so an
     iterator that decodes a file holds a chunk at a time) to `url`, paced at `speed` x real
     time in frames of `hop_s` seconds; then `end`, and collect events until the server closes.
     `on_event` gets each event as it comes, except `audio.ack`s and replayed finals;
     `on_notice` a line on each reconnect. `api_key` goes on every upgrade request as
-    `Authorization: Bearer`. Where `session.ready` promised a revision, the events go on to
+    `Authorization: Bearer`; `ssl_context` (`client_ssl_context`), where given, checks a
+    wss:// server's certificate. Where `session.ready` promised a revision, the events go on to
     `transcript.revised` (or its error) unless not `wait_revision`: then the connection is
     closed (1000) once `transcript.final` came.
 
@@ -519,6 +553,7 @@ async def stream_audio(
         stop=stop or asyncio.Event(),
         api_key=api_key,
         wait_revision=wait_revision,
+        ssl_context=ssl_context,
     )
     return await streamer.run()
 
@@ -540,10 +575,13 @@ class _Streamer:
         stop: asyncio.Event,
         api_key: str | None = None,
         wait_revision: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
         self.wait_revision = wait_revision
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # websockets refuses ssl=None for a wss:// URL: absent, it makes its default context
+        self.tls: dict[str, Any] = {} if ssl_context is None else {"ssl": ssl_context}
         self.frames = frames
         self.speed = speed
         self.start = {
@@ -773,7 +811,7 @@ class _Streamer:
 
     async def _connect(self) -> websockets.ClientConnection:
         return await websockets.connect(
-            self.url, max_size=None, close_timeout=5, additional_headers=self.headers
+            self.url, max_size=None, close_timeout=5, additional_headers=self.headers, **self.tls
         )
 
     def _notice(self, line: str) -> None:
@@ -832,6 +870,7 @@ def run(args: argparse.Namespace) -> int:
         # here, not by the server: a bad argument exits 2 (README), before the file is decoded
         check_request_text(args.language, args.prompt, args.hotwords)
         url = live_url(args.url)
+        context = client_ssl_context(args.cacert, url)
         # no limit: a live session has none (an upload's MAX_AUDIO_S refused 95-minute files)
         chunks = iter_decode(args.file, max_audio_s=math.inf)
         # the first block before connecting: a file that does not decode at all exits 2
@@ -871,6 +910,7 @@ def run(args: argparse.Namespace) -> int:
                     on_notice=notice,
                     api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                     wait_revision=args.wait_revision,
+                    ssl_context=context,
                 )
             )
     except BrokenPipeError:
@@ -879,7 +919,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: cannot connect to {url}: {exc} ({wrong_path_hint(url)})", file=sys.stderr)
         return 2
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
-        print(f"error: cannot connect to {url}: {exc}", file=sys.stderr)
+        hint = ""
+        if isinstance(exc, ssl.SSLCertVerificationError):  # e.g. serve's self-signed --tls-cert
+            hint = " (a certificate this machine does not trust: --cacert FILE trusts it)"
+        print(f"error: cannot connect to {url}: {exc}{hint}", file=sys.stderr)
         return 2
     if result is None:
         print("interrupted: quit without the final transcript", file=sys.stderr)
