@@ -663,8 +663,9 @@ class _Streamer:
                 self.ready = event
             restarting = event.get("type") == "error" and event["code"] == ServerRestarting.code
             if restarting and self.link.resume is not None:
-                # not the session's end: its 1012 close is resumed (`_reconnect`)
-                self._notice(f"the server is restarting: {event.get('message')}")
+                # not the session's end: its 1012 close is resumed (`_reconnect`); the message
+                # says the server is restarting itself (ws_live.py), so it goes as it came
+                self._notice(str(event.get("message") or "the server is restarting"))
                 continue
             if self.link.receive(event):
                 self.result.events.append(event)

@@ -20,7 +20,7 @@ from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.backends.redecode import RedecodeCore
 from livemeet.cli import stream
 from livemeet.config import ModelConfig, ServerConfig
-from livemeet.gateway.app import create_app
+from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
 from livemeet.transcriber import Samples
@@ -267,6 +267,34 @@ async def test_a_refused_resume_ends_the_stream_with_exit_1(
         "no live session 'fake-0' to resume"
     ) in err
     assert err.rstrip().endswith("(close 4404)")
+
+
+async def test_a_restart_is_resumed_and_its_notice_says_why_once(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
+    proxy_for: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server restarts mid-stream (SIGTERM, `--shutdown-live keep`: server_restarting,
+    1012): `stream` resumes on the next start and exits 0. Its notice printed the reason
+    twice ("the server is restarting: the server is restarting: resume the session ...": a
+    trial): the server's message, once."""
+    gateway = await aiohttp_client(create_app(server_config, fake))
+    proxy, url = await proxy_for(gateway)
+    running = await stream_a_second_in(url, tmp_path, fake)
+    proxy.refusing = True  # down between the stop and the next start
+    await close_live_sockets(gateway.app)
+    await gateway.close()
+    restarted = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    proxy.upstream_port = restarted.port or 0
+    proxy.refusing = False
+    assert await asyncio.wait_for(running, 30) == 0
+    err = capsys.readouterr().err
+    (notice,) = [line for line in err.splitlines() if "the server is restarting:" in line]
+    assert notice.startswith("the server is restarting: resume the session"), notice
+    assert notice.count("the server is restarting") == 1
 
 
 async def test_with_resume_off_a_drop_ends_the_stream_as_before(
