@@ -80,6 +80,16 @@ def parse_choice(kind: type[_Choice], value: str, name: str) -> _Choice:
         raise ConfigError(f"{name} must be one of {choices}, not {value!r}") from None
 
 
+def flag_number(value: float) -> str:
+    """A float flag's value as a message names it, as the operator wrote it: a whole number
+    without an exponent or ".0" (`%g` logged --min-free-disk-mb 100000000 as 1e+08: a
+    trial), any other the shortest decimal that reads back as the value (0.5, 1e-07)."""
+    # float(): a config made in Python may hold an int, which has no is_integer() in 3.11
+    if math.isfinite(value) and float(value).is_integer():
+        return f"{value:.0f}"
+    return repr(value)
+
+
 def parse_upload_hold(value: str) -> UploadHold:
     """`value` as an UploadHold. Raises ConfigError naming the choices."""
     return parse_choice(UploadHold, value, "upload_hold")
@@ -307,7 +317,7 @@ class GatewayConfig:
             ("--retention-days", self.retention_days),
         ):
             if value < 0:
-                raise ConfigError(f"{flag} must be >= 0, not {value:g}")
+                raise ConfigError(f"{flag} must be >= 0, not {flag_number(value)}")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
         # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either

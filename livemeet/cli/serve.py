@@ -36,6 +36,7 @@ from livemeet.config import (
     ModelConfig,
     ServerConfig,
     UploadHold,
+    flag_number,
 )
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
@@ -611,11 +612,11 @@ def check_data_dir(config: ServerConfig) -> None:
     disk = DiskGuard(config.data_dir, int(floor_mb * MIB))  # as the server checks it
     if disk.low:  # it would start, and refuse every new session
         log.warning(
-            "--data-dir %s has %.0f MiB free, under --min-free-disk-mb %g: the server would "
+            "--data-dir %s has %.0f MiB free, under --min-free-disk-mb %s: the server would "
             "refuse new live sessions and uploads (free space, or lower the floor)",
             config.data_dir,
             (disk.free_bytes() or 0) / MIB,
-            floor_mb,
+            flag_number(floor_mb),
         )
 
 

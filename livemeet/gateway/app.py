@@ -27,7 +27,7 @@ from types import ModuleType
 from aiohttp import HttpVersion11, hdrs, web
 
 from livemeet.audio.constants import CORS_MAX_AGE_S, RETENTION_SWEEP_INTERVAL_S
-from livemeet.config import ServerConfig
+from livemeet.config import ServerConfig, flag_number
 from livemeet.errors import (
     ClientTimeout,
     ConfigError,
@@ -273,10 +273,10 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     if app[DISK_KEY].low:  # else the only sign is /readyz's 503 and each refusal
         free = app[DISK_KEY].free_bytes() or 0
         log.warning(
-            "the data dir's disk has %.0f MiB free, under --min-free-disk-mb %g: new live "
+            "the data dir's disk has %.0f MiB free, under --min-free-disk-mb %s: new live "
             "sessions and uploads are refused until space is freed",
             free / MIB,
-            config.gateway.min_free_disk_mb,
+            flag_number(config.gateway.min_free_disk_mb),
         )
     retention = None
     if config.gateway.retention_days > 0:

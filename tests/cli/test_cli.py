@@ -241,13 +241,15 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
     ]  # and no probe file left
 
 
+@pytest.mark.parametrize("value", ["-1", "-100000000", "-0.5"])
 @pytest.mark.parametrize("flag", ["--min-free-disk-mb", "--retention-days"])
 def test_a_negative_disk_setting_names_its_flag(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, flag: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, flag: str, value: str
 ) -> None:
-    argv = ["serve", "--data-dir", str(tmp_path), "--port", "0", flag, "-1", "--check-config"]
+    """The value as given (`%g` wrote -100000000 as -1e+08)."""
+    argv = ["serve", "--data-dir", str(tmp_path), "--port", "0", flag, value, "--check-config"]
     assert main(argv) == 2
-    assert f"{flag} must be >= 0, not -1" in caplog.text
+    assert f"{flag} must be >= 0, not {value}\n" in caplog.text
 
 
 def test_check_config_warns_of_a_disk_under_the_floor(
@@ -261,7 +263,12 @@ def test_check_config_warns_of_a_disk_under_the_floor(
     monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: usage(10**12, 0, 100 << 20))
     argv = ["serve", "--data-dir", str(tmp_path / "data"), "--port", "0", "--check-config"]
     assert main(argv) == 0
-    assert "has 100 MiB free, under --min-free-disk-mb 512" in caplog.text
+    assert "has 100 MiB free, under --min-free-disk-mb 512:" in caplog.text
+    # the floor as given: `%g` logged 100000000 as 1e+08 (a trial)
+    for floor in ("100000000", "1000.5"):
+        caplog.clear()
+        assert main([*argv, "--min-free-disk-mb", floor]) == 0
+        assert f"has 100 MiB free, under --min-free-disk-mb {floor}:" in caplog.text
 
 
 async def test_check_config_passes_beside_the_server_running_on_its_data_dir(

@@ -92,6 +92,23 @@ async def test_a_nearly_full_disk_refuses_new_sessions_and_uploads_and_readiness
     await wait_until(lambda: "ended: storage_failed (the server's disk is nearly" in caplog.text)
 
 
+async def test_the_start_names_the_floor_as_given(
+    aiohttp_client: ClientFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`serve --min-free-disk-mb 100000000` logged "under --min-free-disk-mb 1e+08" (a
+    trial): the flag's value as the operator wrote it."""
+    caplog.set_level(logging.INFO, logger="livemeet.gateway")
+    config = ServerConfig(
+        data_dir=tmp_path / "data", gateway=GatewayConfig(min_free_disk_mb=100_000_000)
+    )
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: Usage(10**12, 0, 50 * MIB))
+    await aiohttp_client(create_app(config, FakeTranscriber()))
+    assert "50 MiB free, under --min-free-disk-mb 100000000: new live" in caplog.text
+
+
 async def test_retention_deletes_old_transcripts_at_start_from_disk_and_memory(
     aiohttp_client: ClientFactory, tmp_path: Path
 ) -> None:
