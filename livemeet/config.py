@@ -90,6 +90,12 @@ def flag_number(value: float) -> str:
     return repr(value)
 
 
+def amount(value: float, unit: str) -> str:
+    """`value` `unit`s in a message, the unit singular for exactly one ("1 day", "0.5 days",
+    "20 stored transcripts"; "1 days" read as a slip: a trial)."""
+    return f"{flag_number(value)} {unit}{'' if value == 1 else 's'}"
+
+
 def parse_upload_hold(value: str) -> UploadHold:
     """`value` as an UploadHold. Raises ConfigError naming the choices."""
     return parse_choice(UploadHold, value, "upload_hold")

@@ -27,7 +27,7 @@ from types import ModuleType
 from aiohttp import HttpVersion11, hdrs, web
 
 from livemeet.audio.constants import CORS_MAX_AGE_S, RETENTION_SWEEP_INTERVAL_S
-from livemeet.config import ServerConfig, flag_number
+from livemeet.config import ServerConfig, amount, flag_number
 from livemeet.errors import (
     ClientTimeout,
     ConfigError,
@@ -325,9 +325,9 @@ async def _sweep_transcripts(app: web.Application) -> None:
         else:
             if removed:
                 log.info(
-                    "retention: %d stored transcripts older than %g days deleted",
-                    removed,
-                    app[CONFIG_KEY].gateway.retention_days,
+                    "retention: %s older than %s deleted",
+                    amount(removed, "stored transcript"),
+                    amount(app[CONFIG_KEY].gateway.retention_days, "day"),
                 )
         await asyncio.sleep(RETENTION_SWEEP_INTERVAL_S)
 

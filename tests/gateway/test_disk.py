@@ -133,6 +133,38 @@ async def test_retention_deletes_old_transcripts_at_start_from_disk_and_memory(
     assert (await client.get(f"/v1/transcriptions/{new_id}")).status == 200
 
 
+@pytest.mark.parametrize(
+    ("days", "num_old", "line"),
+    [
+        (1, 2, "retention: 2 stored transcripts older than 1 day deleted"),
+        (0.5, 1, "retention: 1 stored transcript older than 0.5 days deleted"),
+        (7, 2, "retention: 2 stored transcripts older than 7 days deleted"),
+    ],
+)
+async def test_the_retention_log_says_day_and_days(
+    aiohttp_client: ClientFactory,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    days: float,
+    num_old: int,
+    line: str,
+) -> None:
+    """It logged "20 stored transcripts older than 1 days deleted" (a trial)."""
+    caplog.set_level(logging.INFO, logger="livemeet.gateway")
+    config = ServerConfig(data_dir=tmp_path / "data", gateway=GatewayConfig(retention_days=days))
+    store = TranscriptStore(config.data_dir / "transcriptions")
+    transcript = Transcript((), 0.0, FinishReason.STOP)
+    long_ago = time.time() - (days + 1) * 86_400
+    for _ in range(num_old):
+        tid = new_transcription_id()
+        await store.put(tid, transcript)
+        await store.flush()
+        os.utime(store.directory / f"{tid}.json", (long_ago, long_ago))
+    await aiohttp_client(create_app(config, FakeTranscriber()))
+    await wait_until(lambda: "retention: " in caplog.text)  # the sweep runs beside the start
+    assert line + "\n" in caplog.text
+
+
 async def test_a_sweep_forgets_what_it_deleted(tmp_path: Path) -> None:
     store = TranscriptStore(tmp_path)
     transcript = Transcript((), 0.0, FinishReason.STOP)
