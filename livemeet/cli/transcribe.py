@@ -298,10 +298,14 @@ def check_outputs(
     named = format_for(None, output)
     by_name = not directory and not output.exists()  # a slash said directory, whatever the name
     if many and by_name and output.name.lower().endswith(EXTENSIONS[named]):
-        # `--output notes.srt` for two inputs made a directory notes.srt of .txt files
+        # `--output notes.srt` for two inputs made a directory notes.srt of .txt files; the
+        # --format hint only where the name's format is not the one that would be written
+        # (it said "and --format text" for single.txt: a trial)
+        hint = "" if named is fmt else f", and --format {named.value} for {named.value} files"
         raise InvalidRequest(
-            f"--output {output} names a {named.value} file, but several inputs are written one "
-            f"file each into a directory: pass a directory (and --format {named.value})"
+            f"--output {output} names a {named.value} file, but several inputs need --output "
+            f"to be a directory (each one's transcript is written into it as its own file): "
+            f"pass a directory{hint}"
         )
     if not many and not output.is_dir() and not output.parent.is_dir():
         raise InvalidRequest(f"--output {output}: directory {output.parent} does not exist")

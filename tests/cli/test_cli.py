@@ -509,6 +509,38 @@ def test_transcribe_refuses_outputs_it_could_not_all_write_before_any_work(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("output", "flags", "hint"),
+    [
+        ("single.txt", [], None),  # text is what would be written: nothing to add
+        ("single.srt", ["--format", "srt"], None),  # as asked already
+        ("single.srt", [], ", and --format srt for srt files"),  # else text would be
+    ],
+)
+def test_several_inputs_to_a_file_name_say_output_must_be_a_directory(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    output: str,
+    flags: list[str],
+    hint: str | None,
+) -> None:
+    """`transcribe a.wav b.mp3 --output single.txt` said "pass a directory (and --format
+    text)", a hint unrelated to what was wrong (a trial): the message says several inputs
+    need --output to be a directory, and names a --format only where one would change what
+    is written."""
+    path = tmp_path / output
+    argv = ["transcribe", "a.wav", "b.mp3", "--output", str(path), *flags]
+    assert transcribe.run(build_parser().parse_args(argv)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: invalid_request: --output {path} names a ")
+    assert "several inputs need --output to be a directory" in err
+    if hint is None:
+        assert err.endswith(": pass a directory") and "--format" not in err, err
+    else:
+        assert err.endswith(f": pass a directory{hint}"), err
+    assert not path.exists()
+
+
 def test_transcribe_output_ending_in_a_slash_is_a_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
