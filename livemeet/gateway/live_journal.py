@@ -187,7 +187,8 @@ def journal_holder(root: Path) -> str | None:
 def holder_phrase(path: Path) -> str:
     """How a refusal names the server holding the lock file at `path`: its pid where the file
     names one, so the operator knows which process to stop. One phrase for the journal's own
-    refusal and `serve --check-config`'s, so both say the same."""
+    refusal, `serve`'s before it loads anything and `serve --check-config`'s notice (which
+    passes: it vets a config for that server's restart), so all say the same."""
     pid = _lock_holder(path)
     which = "" if pid is None else f"pid {pid}; "
     return f"another livemeet server ({which}one server per --data-dir)"
