@@ -439,7 +439,18 @@ def assert_rotated_rows_close(rows_a: torch.Tensor, rows_b: torch.Tensor, fp8: b
         f"{int((excess > 0).sum())} of {excess.numel()} elements past the bound, "
         f"the worst by {float(excess.max()):.3g}"
     )
-    assert (rows_a != rows_b).float().mean() < 0.01
+    differs = rows_a != rows_b  # [S, H, D]
+    per_head = differs.sum(dim=-1)  # [S, H]: elements that differ in each row's head
+    where = ", ".join(
+        f"row {r} head {h}: {int(per_head[r, h])}" for r, h in per_head.nonzero().tolist()
+    )
+    # session 35's H100 run: 15.7 % of bf16 elements differed, all within the bound; the
+    # message says whether whole heads differ (a systematic difference) or scattered ones
+    worst = float(((rows_a - rows_b).abs() / (pair_norm + 1e-6)).max())
+    assert differs.float().mean() < 0.01, (
+        f"{float(differs.float().mean()):.1%} of elements differ ({where}); the largest "
+        f"difference is {worst:.3g} of its pair's norm"
+    )
 
 
 def test_the_rotated_rows_bound_takes_a_flipped_rounding_and_refuses_a_wrong_position() -> None:
@@ -460,6 +471,10 @@ def test_the_rotated_rows_bound_takes_a_flipped_rounding_and_refuses_a_wrong_pos
     assert_rotated_rows_close(rows, rotate(flipped, 1000.0), fp8=False)
     with pytest.raises(AssertionError, match="past the bound"):
         assert_rotated_rows_close(rows, rotate(x, 1001.0), fp8=False)
+    nudged = rows.clone()  # every element of one head a bf16 ulp off: within the bound
+    nudged[1, 2] += 2.0**-8 * nudged[1, 2].abs()
+    with pytest.raises(AssertionError, match=r"differ \(row 1 head 2: 1\d\d\)"):
+        assert_rotated_rows_close(rows, nudged, fp8=False)
     moved = rows.clone()
     moved[0, 0, 3] += 0.1
     with pytest.raises(AssertionError, match="1 of 4096 elements past the bound"):
