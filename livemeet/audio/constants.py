@@ -222,6 +222,10 @@ MAX_SPEAKER_NAME_CHARS = 64
 # meetings have tens of speakers; the bound keeps a session's name map, and the replay and
 # captions snapshot that carry it, small
 MAX_NAMED_SPEAKERS = 256
+# labels one live session may merge away (`speaker.merge`): each merge takes a distinct label
+# the session has shown and is never undone, so the bound keeps the merge map, and the replay
+# and captions snapshot that carry a `speaker.merged` per merge, small
+MAX_MERGED_SPEAKERS = 256
 CORS_MAX_AGE_S = 600  # s a browser may cache a CORS preflight's answer (Chromium caps 7,200)
 LIVE_PROMPT_CHARS = 200  # characters of committed text passed as the decode prompt
 # tokens of committed transcript a live hop prefills as forced assistant tokens, so it decodes
