@@ -29,6 +29,7 @@ import numpy.typing as npt
 from livemeet.audio.constants import LIVE_HOP_S, SAMPLE_RATE
 from livemeet.transcript.commit import check_restored_finals
 from livemeet.transcript.segments import FinishReason, Segment
+from livemeet.transcript.speakers import SpeakerMerges
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
 
@@ -46,14 +47,19 @@ class LiveRestore:
     collision, their labels keep their speakers and a new speaker gets another, decoding
     resumes at the last one's end, and `TranscriptFinal` holds them first. Partial revisions
     (`SegmentPartial.rev`) start again from 1.
+    `merges`: the session's speaker merges so far, (label, target) pairs in merge order
+    (`TranscriberSession.merge_speakers`): the backend goes on writing no merged-away label.
     Raises ValueError for finals a session could not have committed: a segment that is not
-    final or has no id, an id twice, start_s < 0 or > end_s, starts out of order.
+    final or has no id, an id twice, start_s < 0 or > end_s, starts out of order; and for
+    merges that `SpeakerMerges` refuses (a label merged twice, a cycle).
     """
 
     finals: tuple[Segment, ...]
+    merges: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         check_restored_finals(self.finals)
+        SpeakerMerges(self.merges)
 
 
 @dataclass(frozen=True)
@@ -126,24 +132,29 @@ class TextDelta:
 class TranscriptFinal:
     """The whole transcript after `end()`: committed segments plus the decoded tail.
     `revision`: a `TranscriptRevised` (or an `Error`: the revision failed) follows; this event
-    is then not terminal (module docstring)."""
+    is then not terminal (module docstring). `merged`: the session's speaker merges,
+    (label, the label it shows as) pairs, which the gateway sets (a backend leaves it empty:
+    docs/protocol.md, "Speaker merges")."""
 
     segments: tuple[Segment, ...]
     finish_reason: FinishReason
     coverage: float  # fraction of the audio duration covered by segments, in [0, 1]
     duration_s: float
     revision: bool = False
+    merged: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
 class TranscriptRevised:
     """An offline-quality re-decode of the whole meeting that replaces earlier finals: final
-    segments in session labels (a speaker the session never had gets a label it never used),
-    with ids no final of the session has. Terminal."""
+    segments in session labels (a speaker the session never had gets a label it never used,
+    a merged-away label none), with ids no final of the session has. Terminal. `merged`: as
+    `TranscriptFinal.merged`."""
 
     segments: tuple[Segment, ...]
     supersedes: tuple[str, ...]  # ids of the replaced segments: every final of the session
     finish_reason: FinishReason = FinishReason.STOP
+    merged: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,15 @@ class TranscriberSession(Protocol):
     async def end(self) -> None:
         """No more audio: produce `TranscriptFinal` (then `TranscriptRevised`, or an `Error`
         for the revision, where the final says `revision`)."""
+
+    async def merge_speakers(self, speaker: str, into: str) -> None:
+        """A live session's client merged the label `speaker` into `into` (DESIGN 5.6;
+        docs/protocol.md, `speaker.merge`): both are labels the session has shown, `speaker`
+        not merged away and `into` its own target (the gateway checked them). From now on no
+        segment the session sends carries `speaker`: it writes `into` where it would have
+        (finals already sent keep their labels). Applies after `end()` too, until the final.
+        Does nothing once the session finished or was aborted; raises the session's error
+        once it failed."""
 
     async def abort(self) -> None:
         """Free everything now (after the final: cancels the revision). Idempotent. The event

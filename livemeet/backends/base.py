@@ -14,6 +14,7 @@ from livemeet.errors import InvalidRequest
 from livemeet.transcriber import BackendInfo, Event, Samples, SessionOptions
 from livemeet.transcript.commit import check_restored_finals
 from livemeet.transcript.segments import Segment
+from livemeet.transcript.speakers import SpeakerMerges
 
 
 class BackendCore(Protocol):
@@ -25,7 +26,12 @@ class BackendCore(Protocol):
       appends all its audio again from sample 0, and the core goes on from the restored finals
       (`LiveRestore`: never sent again, new ids after theirs, decoding from their end;
       `LiveSession(restored=...)` does it for a core built on it). It raises InvalidRequest for
-      a restore on an upload or for bad restored finals (`restored_finals`).
+      a restore on an upload or for bad restored finals (`restored_finals`); the restore's
+      speaker merges (`LiveRestore.merges`) hold on, as `merge_speakers` made them.
+    - `merge_speakers(sid, speaker, into)`: the client merged a label into another (the
+      gateway checked both; DESIGN 5.6): a live session writes `into` where it would have
+      written `speaker` from now on (`LiveSession.merge_speakers`), after `end` too; a session
+      past its final (a revision running) may ignore it: the gateway relabels what it sends.
     - `step()` does a bounded amount of work (one decode hop, one engine step) and returns the
       events produced, as (session_id, event) pairs in order. After `end(sid)`, the events of
       `sid` eventually include exactly one `TranscriptFinal` (or one `Error`), after which the
@@ -50,6 +56,8 @@ class BackendCore(Protocol):
 
     def finalize(self, session_id: str) -> None: ...
 
+    def merge_speakers(self, session_id: str, speaker: str, into: str) -> None: ...
+
     def end(self, session_id: str) -> None: ...
 
     def abort(self, session_id: str) -> None: ...
@@ -70,13 +78,21 @@ class BackendCore(Protocol):
 def restored_finals(options: SessionOptions) -> tuple[Segment, ...]:
     """The finals a session is opened with: `options.restore`'s, or none for a fresh session.
     Raises InvalidRequest for a restore on an upload (it has no finals before `end`), and for
-    restored finals that `LiveRestore` refuses (its own check does not run on unpickling)."""
+    restored finals or merges that `LiveRestore` refuses (its own check does not run on
+    unpickling)."""
     if options.restore is None:
         return ()
     if not options.live:
         raise InvalidRequest("restore is for live sessions: an upload has no finals to restore")
     try:
         check_restored_finals(options.restore.finals)
+        SpeakerMerges(options.restore.merges)
     except ValueError as exc:
         raise InvalidRequest(f"bad restored finals: {exc}") from exc
     return options.restore.finals
+
+
+def restored_merges(options: SessionOptions) -> tuple[tuple[str, str], ...]:
+    """The speaker merges a session is opened with (`LiveRestore.merges`; checked by
+    `restored_finals`), or none."""
+    return options.restore.merges if options.restore is not None else ()

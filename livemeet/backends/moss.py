@@ -71,7 +71,7 @@ from livemeet.audio.constants import (
     WINDOW_SAMPLES,
     num_audio_tokens,
 )
-from livemeet.backends.base import restored_finals
+from livemeet.backends.base import restored_finals, restored_merges
 from livemeet.backends.forced_output import forced_hop_parts, forced_skip_keys, read_forced_output
 from livemeet.backends.forced_transcript import forced_piece, forced_prefix
 from livemeet.backends.segment_stream import SegmentStream, UploadTranscript
@@ -156,11 +156,12 @@ class _Upload:
 
 @dataclass(frozen=True)
 class _Revising:
-    """What a live session's revision maps its segments onto: the final it supersedes and
-    every label the session showed (a new speaker takes none of them)."""
+    """What a live session's revision maps its segments onto: the final it supersedes, every
+    label the session showed (a new speaker takes none of them) and its speaker merges."""
 
     final: TranscriptFinal
     labels_seen: frozenset[str]
+    merges: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -359,6 +360,7 @@ class MossCore:
                     LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()),
                     endpointer,
                     restored,
+                    restored_merges(options),
                 )
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
@@ -383,6 +385,14 @@ class MossCore:
         sess = self._get(session_id)
         if isinstance(sess, _Live):
             sess.live.finalize()
+
+    def merge_speakers(self, session_id: str, speaker: str, into: str) -> None:
+        """A live session's merge (BackendCore): its hops write `into` for `speaker` from now
+        on. Ignored once the session is its revision's upload (the gateway relabels that).
+        Raises NotFound for an unknown session, ValueError as `SpeakerMerges.add`."""
+        sess = self._get(session_id)
+        if isinstance(sess, _Live):
+            sess.live.merge_speakers(speaker, into)
 
     def end(self, session_id: str) -> None:
         sess = self._get(session_id)
@@ -911,7 +921,7 @@ class MossCore:
         revision = _Upload(
             replace(sess.options, live=False),
             ended=True,
-            revise=_Revising(final, sess.live.labels_seen),
+            revise=_Revising(final, sess.live.labels_seen, sess.live.merges),
         )
         duration_s = audio.size / SAMPLE_RATE
         revision.transcript = UploadTranscript(duration_s, duration_s * self._time_scale())
@@ -949,7 +959,7 @@ class MossCore:
         """The revision's event: `segments` in session labels and with fresh ids, superseding
         every final."""
         finals = revising.final.segments
-        mapped = map_revision(segments, finals, revising.labels_seen)
+        mapped = map_revision(segments, finals, revising.labels_seen, revising.merges)
         return TranscriptRevised(
             revision_segments(mapped, finals), tuple(seg.id for seg in finals), reason
         )

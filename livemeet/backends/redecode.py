@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
-from livemeet.backends.base import restored_finals
+from livemeet.backends.base import restored_finals, restored_merges
 from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.engine.messages import EngineStats
 from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError
@@ -161,7 +161,11 @@ class RedecodeCore(abc.ABC):
         live = None
         if options.live:
             try:
-                live = LiveSession(LiveOptions(hop_s=options.hop_s), restored=restored)
+                live = LiveSession(
+                    LiveOptions(hop_s=options.hop_s),
+                    restored=restored,
+                    merges=restored_merges(options),
+                )
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
         self._sessions[session_id] = _Session(options, live)
@@ -179,6 +183,13 @@ class RedecodeCore(abc.ABC):
         sess = self._get(session_id)
         if sess.live is not None:
             sess.live.finalize()
+
+    def merge_speakers(self, session_id: str, speaker: str, into: str) -> None:
+        """A live session's merge (BackendCore); its revision, if one is due, maps through it
+        too. Raises NotFound for an unknown session, ValueError as `SpeakerMerges.add`."""
+        sess = self._get(session_id)
+        if sess.live is not None:
+            sess.live.merge_speakers(speaker, into)
 
     def end(self, session_id: str) -> None:
         sess = self._get(session_id)
@@ -297,7 +308,7 @@ class RedecodeCore(abc.ABC):
         """The revision of a live session whose `final` is out (module docstring). Raises as
         `revise_meeting`."""
         segments = self.revise_meeting(live.edge_s, self._prompt(sess.options, None))
-        mapped = map_revision(segments, final.segments, live.labels_seen)
+        mapped = map_revision(segments, final.segments, live.labels_seen, live.merges)
         return TranscriptRevised(
             revision_segments(mapped, final.segments), tuple(s.id for s in final.segments)
         )

@@ -49,6 +49,15 @@ class FinalizeSession:
 
 
 @dataclass(frozen=True)
+class MergeSpeakers:
+    """A live session's speaker merge (`TranscriberSession.merge_speakers`)."""
+
+    session_id: str
+    speaker: str  # the label merged away
+    into: str  # the label it shows as from now on
+
+
+@dataclass(frozen=True)
 class EndSession:
     session_id: str
 
@@ -79,6 +88,7 @@ Command = (
     | AppendAudio
     | AppendSharedAudio
     | FinalizeSession
+    | MergeSpeakers
     | EndSession
     | AbortSession
     | IncomingUploads

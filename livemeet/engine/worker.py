@@ -59,6 +59,7 @@ from livemeet.engine.messages import (
     EndSession,
     FinalizeSession,
     IncomingUploads,
+    MergeSpeakers,
     OpenSession,
     SessionEvent,
     SharedAudioConsumed,
@@ -251,6 +252,10 @@ class Worker:
                 self.core.append(sid, self._read_shared(cmd))
             elif isinstance(cmd, FinalizeSession):
                 self.core.finalize(sid)
+            elif isinstance(cmd, MergeSpeakers):
+                # a merge that raced the session's terminal event has nothing left to relabel
+                if sid in self.open_sessions:
+                    self.core.merge_speakers(sid, cmd.speaker, cmd.into)
             elif isinstance(cmd, EndSession):
                 self.core.end(sid)
             elif isinstance(cmd, AbortSession):

@@ -13,8 +13,8 @@ Audio: `append` copies the caller's samples (it may reuse its buffer) into the c
 array of at least SHARED_AUDIO_MIN_BYTES bound for a worker process is written to a
 shared-memory block instead, on a thread (~55 ms for 143 MB that the event loop does not wait
 for), and the command only names the block (`AppendSharedAudio`): an upload (or a live frame of
-4 s or more) does not go through the pipe. A session's append, finalize and end hold its send
-lock while they send, so a later command waits for the block to be written and the session's
+4 s or more) does not go through the pipe. A session's append, finalize, merge and end hold its
+send lock while they send, so a later command waits for the block to be written and the session's
 commands keep their order. The client keeps each block in `_blocks` until the worker says it
 read it (`SharedAudioConsumed`), the send fails, or the worker is gone; then it unlinks it, once
 (livemeet/engine/shared_audio.py says who owns a block when). Where no block can be made (not
@@ -88,6 +88,7 @@ from livemeet.engine.messages import (
     EngineStats,
     FinalizeSession,
     IncomingUploads,
+    MergeSpeakers,
     OpenSession,
     SessionEvent,
     SharedAudioConsumed,
@@ -164,6 +165,16 @@ class EngineSession:
         async with self._send_lock:
             self._check_open("finalize")
             self._client._send(FinalizeSession(self._id))
+
+    async def merge_speakers(self, speaker: str, into: str) -> None:
+        """Send the merge (TranscriberSession); after `end` too, until the final. Nothing is
+        sent once the session finished or was aborted; raises the session's own error once
+        it failed."""
+        async with self._send_lock:
+            if self._closed_by is not None:
+                raise error_for_code(self._closed_by.code, self._closed_by.message)
+            if not (self._aborted or self._finished):
+                self._client._send(MergeSpeakers(self._id, speaker, into))
 
     async def end(self) -> None:
         async with self._send_lock:

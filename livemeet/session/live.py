@@ -12,6 +12,10 @@ gives the `TranscriptFinal` after `end()`. A cut made while another is pending w
 and later ones replace it: with finalizes coming faster than decodes, each decode still
 reaches the cut it was given (one that moved with every finalize was never reached).
 
+Speaker merges (DESIGN 5.6, `merge_speakers`): a client that merged a label into another gets
+no new segment with it: the mapper writes the target (livemeet/transcript/speakers.py), and
+the open tail, shown but not final, is relabelled. Finals keep their labels.
+
 A session can start from finals it committed before a restart (`restored`, DESIGN 5.9): the
 owner then appends the session's audio again from its start. The session goes on as if it had
 committed those finals itself: they are `committed` and in `finish()`, never sent again, and the
@@ -24,7 +28,7 @@ No I/O, no asyncio, no clock: time is audio time (samples received at 16 kHz).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -103,13 +107,16 @@ class LiveSession:
     `restored`: the session's finals from before a restart (module docstring), in order, in
     session labels and the backend's timestamps (`LiveOptions.time_scale`), with their ids:
     new finals' ids follow theirs (`CommitBuffer`), their labels stay taken (`SpeakerMapper`).
-    Raises ValueError for bad options or `restored` that `check_restored_finals` refuses."""
+    `merges`: the session's speaker merges from before a restart, (label, target) pairs.
+    Raises ValueError for bad options, `restored` that `check_restored_finals` refuses, or
+    `merges` that `SpeakerMerges` refuses."""
 
     def __init__(
         self,
         options: LiveOptions | None = None,
         endpointer: Endpointer | None = None,
         restored: Sequence[Segment] = (),
+        merges: Iterable[tuple[str, str]] = (),
     ) -> None:
         self.options = options or LiveOptions()
         self.endpointer = endpointer
@@ -118,7 +125,7 @@ class LiveSession:
         if not 0.5 <= self.options.time_scale <= 2.0:
             raise ValueError(f"time_scale must be in [0.5, 2], got {self.options.time_scale}")
         self._commit = CommitBuffer(self.options.commit, restored)
-        self._speakers = SpeakerMapper(restored)
+        self._speakers = SpeakerMapper(restored, merges)
         self._chunks: list[Samples] = []
         self._buffer_start = 0  # sample index of _chunks[0][0]
         self._num_samples = 0  # samples received in total (the audio edge)
@@ -174,6 +181,21 @@ class LiveSession:
             raise ProtocolError("end after end")
         self._cut()
         self._end_pending = True
+
+    def merge_speakers(self, speaker: str, into: str) -> None:
+        """The client merged `speaker` into `into` (docs/protocol.md `speaker.merge`; the
+        gateway checked it): no segment committed or sent from now on carries `speaker` (the
+        mapper writes `into`'s target), and the open tail is relabelled so that the next
+        hypothesis agrees with it; finals keep their labels. In any state (after `end` the
+        last decode and a revision still map labels). A repeat is a no-op. Raises ValueError
+        for a merge `SpeakerMerges.add` refuses."""
+        self._speakers.merge(speaker, into)
+        self._commit.relabel(self._speakers.resolve)
+
+    @property
+    def merges(self) -> tuple[tuple[str, str], ...]:
+        """The session's speaker merges, (label, target) pairs in merge order."""
+        return self._speakers.merges
 
     def _cut(self) -> None:
         edge = self._num_samples
@@ -337,7 +359,7 @@ class LiveSession:
         decode) without a pending window, when nothing reaches past the sent tail (an earlier
         part of the decode would retract segments still shown), or when a speaker is not in
         `session_labels` (mapping the others casts votes and may take labels: only the whole
-        decode does that)."""
+        decode does that). A merged-away label shows as its target (`merge_speakers`)."""
         if self._window_edge is None or self._ended:
             return []
         edge_s = self.stamp_s(self._window_edge / SAMPLE_RATE)
@@ -346,6 +368,7 @@ class LiveSession:
         hyp = clean_hypothesis(segments, start_s, edge_s, history)
         if not hyp or any(seg.speaker not in session_labels for seg in hyp):
             return []
+        hyp = tuple(replace(seg, speaker=self._speakers.resolve(seg.speaker)) for seg in hyp)
         shown_to = max((seg.end_s for seg in self._sent_tail), default=self._commit.committed_end_s)
         if hyp[-1].end_s <= shown_to:
             return []

@@ -25,7 +25,7 @@ Plain Python: no I/O, no clock; times are audio seconds passed in by the caller.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from livemeet.audio.constants import (
@@ -191,6 +191,11 @@ class CommitBuffer:
         if at_edge or shown.end_s > later.end_s:
             return later
         return replace(later, start_s=shown.start_s, end_s=shown.end_s)
+
+    def relabel(self, resolve: Callable[[str], str]) -> None:
+        """Give the open tail's segments the labels `resolve` maps theirs to (a speaker merge:
+        the next hypothesis, mapped so, then agrees with the tail). Finals keep theirs."""
+        self._tail = tuple(replace(s, speaker=resolve(s.speaker)) for s in self._tail)
 
     def force_commit(self, count: int | None = None) -> CommitUpdate:
         """Commit the first `count` segments of the open tail (all of it when None)."""

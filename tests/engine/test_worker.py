@@ -21,6 +21,7 @@ from livemeet.engine.messages import (
     EndSession,
     EngineStats,
     IncomingUploads,
+    MergeSpeakers,
     OpenSession,
     SessionEvent,
     SharedAudioConsumed,
@@ -172,6 +173,48 @@ def test_one_session_error_does_not_stop_the_worker(counting: list[CountingCore]
     assert isinstance(a[-1], Error) and a[-1].code == "protocol_error"
     assert sum(isinstance(e, TranscriptFinal | Error) for e in a) == 1  # one terminal event
     assert counting[0].freed == Counter({"a": 1})
+
+
+def test_a_speaker_merge_reaches_the_core_and_one_for_no_open_session_is_ignored() -> None:
+    """`MergeSpeakers`, sent once the session showed S03 (DEFAULT_SCRIPT's turn at 8-11 s),
+    relabels what follows: that turn, still open, commits as S01. One for a session the
+    worker has no longer open (its final raced the merge) fails nothing: no error event,
+    where another command for an unknown session gets one."""
+    inbox: queue.Queue[object] = queue.Queue()
+    outbox: queue.Queue[object] = queue.Queue()
+    inbox.put(OpenSession("a", SessionOptions()))
+    for _ in range(9):
+        inbox.put(AppendAudio("a", audio(1.0)))
+    thread = threading.Thread(
+        target=run_worker, args=(ModelConfig(backend="scripted"), inbox, outbox)
+    )
+    thread.start()
+    out: list[object] = []
+
+    def shown(label: str) -> bool:
+        return any(
+            label in {seg.speaker for seg in getattr(e, "segments", ())}
+            for e in events_of(out, "a")
+        )
+
+    deadline = time.monotonic() + 30
+    while not shown("S03") and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            out.append(outbox.get(timeout=0.05))
+    for cmd in (MergeSpeakers("a", "S03", "S01"), MergeSpeakers("ghost", "S03", "S01")):
+        inbox.put(cmd)
+    for _ in range(3):
+        inbox.put(AppendAudio("a", audio(1.0)))
+    inbox.put(EndSession("a"))
+    while not has_terminal("a")(out) and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            out.append(outbox.get(timeout=0.05))
+    inbox.put(Shutdown())
+    thread.join(timeout=30)
+    final = events_of(out, "a")[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert [s.speaker for s in final.segments] == ["S01", "S02", "S01", "S01"]
+    assert events_of(out, "ghost") == []
 
 
 def test_abort_frees_once_and_silences_the_session(counting: list[CountingCore]) -> None:
