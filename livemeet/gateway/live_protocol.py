@@ -10,15 +10,19 @@ shuts down ends a STREAMING session itself (`server_end`) -> DRAINING. Once a se
 either way, what the client still sends is ignored (`Ignored`), not an error that would close
 the socket before the final transcript: a double-clicked stop sends `end` twice, and a
 recorder's last audio buffer can race its `end`. The final says how much audio it covers.
-One message stays meaningful after `end`: `speaker.rename` (a user names the speakers while
-the final is on its way, and the stored transcript carries the names), so a valid one is a
-`SpeakerRename` until the socket closes; a malformed one is then `Ignored` as the rest is,
-since closing with an error would lose the final.
+Two messages stay meaningful after `end`: `speaker.rename` and `speaker.merge` (a user names
+or merges the speakers while the final is on its way, and the stored transcript carries
+them), so a valid one is a `SpeakerRename` or `SpeakerMerge` until the socket closes; a
+malformed one is then `Ignored` as the rest is, since closing with an error would lose the
+final.
 
 Speakers: `speaker.rename` names a label (`S01`) for display; labels are never renumbered
 (DESIGN 5.6), so segments keep their label and a name is a layer over it. The server answers
 every rename with `speaker.renamed` (`SpeakerRenamed`), to the session's client and its
-captions subscribers.
+captions subscribers. `speaker.merge` says two labels are one speaker ("S03 is S01"): the
+session writes no new segment with the merged-away label, and answers `speaker.merged`
+(`SpeakerMerged`) the same way. Whether a merge is one the session can make (labels it has
+shown, no cycle) is the session's to say (gateway/live_sessions.py); here only its form.
 
 Resume (docs/protocol.md, "Resume"): a `start` carrying `resume` asks for a session that an
 earlier socket left (`ResumeRequest`); the transport looks it up, then tells the protocol what
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -185,16 +190,47 @@ class SpeakerRenamed:
 
 
 @dataclass(frozen=True)
+class SpeakerMerge:
+    """`speaker.merge`: the label `speaker` is the same person as the label `into`; segments
+    from now on show `into` (resolved: a label merged away already stands for its target)."""
+
+    speaker: str
+    into: str
+
+
+@dataclass(frozen=True)
+class SpeakerMerged:
+    """The server's `speaker.merged`: `speaker` shows as `into` (a label not merged away
+    when this was sent; merging `into` later moves `speaker` with it). Not a backend event:
+    the gateway makes it from a client's `SpeakerMerge`."""
+
+    speaker: str
+    into: str
+
+    def to_wire(self) -> dict[str, object]:
+        return {"type": "speaker.merged", "speaker": self.speaker, "into": self.into}
+
+
+@dataclass(frozen=True)
 class Ignored:
     """A frame that arrived after the session was ended (ENDING, DRAINING): no effect;
     `audio_bytes` of PCM it held are not transcribed; `reason`, where there is one worth a
-    log line (a malformed `speaker.rename`)."""
+    log line (a malformed `speaker.rename` or `speaker.merge`)."""
 
     audio_bytes: int = 0
     reason: str = ""
 
 
-Action = StartSession | AppendAudio | Finalize | EndStream | KeepAlive | SpeakerRename | Ignored
+Action = (
+    StartSession
+    | AppendAudio
+    | Finalize
+    | EndStream
+    | KeepAlive
+    | SpeakerRename
+    | SpeakerMerge
+    | Ignored
+)
 
 
 class LiveProtocol:
@@ -238,9 +274,9 @@ class LiveProtocol:
             raise InvalidRequest("every message needs a string 'type' field")
         if kind == "keepalive":
             return KeepAlive()
-        if kind == "speaker.rename":
-            self._require(State.STREAMING, "speaker.rename")
-            return _parse_rename(message)
+        if kind in _SPEAKER_PARSERS:
+            self._require(State.STREAMING, kind)
+            return _SPEAKER_PARSERS[kind](message)
         if kind == "start":
             return self._receive_start(message)
         if kind == "finalize":
@@ -359,29 +395,40 @@ class AckPolicy:
         return held_frames
 
 
-def _receive_after_end(text: str) -> SpeakerRename | Ignored:
-    """A text frame after the session was ended: a valid `speaker.rename` still applies (the
-    names go into the final transcript); anything else, a malformed rename included, is
-    ignored: an error would close the socket before the final."""
+def _receive_after_end(text: str) -> SpeakerRename | SpeakerMerge | Ignored:
+    """A text frame after the session was ended: a valid `speaker.rename` or `speaker.merge`
+    still applies (the names and merges go into the final transcript); anything else, a
+    malformed one included, is ignored: an error would close the socket before the final."""
     try:
         message = _parse_json_object(text)
     except InvalidRequest:
         return Ignored()
-    if message.get("type") != "speaker.rename":
+    kind = message.get("type")
+    if kind not in _SPEAKER_PARSERS:
         return Ignored()
     try:
-        return _parse_rename(message)
+        return _SPEAKER_PARSERS[kind](message)
     except LivemeetError as exc:
-        return Ignored(reason=f"speaker.rename: {exc.message}")
+        return Ignored(reason=f"{kind}: {exc.message}")
+
+
+def _label_field(m: dict[str, Any], field_name: str) -> str:
+    """`m[field_name]`, a speaker label as segments carry it. Raises InvalidRequest."""
+    label = m.get(field_name)
+    if not isinstance(label, str) or not is_speaker_label(label):
+        raise InvalidRequest(
+            f"'{m['type']}' needs '{field_name}', a label as segments carry it: \"S\" and "
+            f'digits, at most {MAX_SPEAKER_CHARS} characters ("S01"), not {label!r}'
+        )
+    return label
+
+
+def _parse_merge(m: dict[str, Any]) -> SpeakerMerge:
+    return SpeakerMerge(_label_field(m, "speaker"), _label_field(m, "into"))
 
 
 def _parse_rename(m: dict[str, Any]) -> SpeakerRename:
-    speaker = m.get("speaker")
-    if not isinstance(speaker, str) or not is_speaker_label(speaker):
-        raise InvalidRequest(
-            "'speaker.rename' needs 'speaker', a label as segments carry it: \"S\" and digits, "
-            f'at most {MAX_SPEAKER_CHARS} characters ("S01"), not {speaker!r}'
-        )
+    speaker = _label_field(m, "speaker")
     if "name" not in m:
         raise InvalidRequest("'speaker.rename' needs 'name': a string, or null to remove it")
     name = m["name"]
@@ -398,6 +445,13 @@ def _parse_rename(m: dict[str, Any]) -> SpeakerRename:
     if any(unicodedata.category(ch) in NAME_FORBIDDEN_CATEGORIES for ch in name):
         raise InvalidRequest("'name' may not hold control characters or line breaks")
     return SpeakerRename(speaker, name)
+
+
+# the speaker messages, valid while STREAMING and after `end` (module docstring)
+_SPEAKER_PARSERS: dict[str, Callable[[dict[str, Any]], SpeakerRename | SpeakerMerge]] = {
+    "speaker.rename": _parse_rename,
+    "speaker.merge": _parse_merge,
+}
 
 
 def _parse_json_object(text: str) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from livemeet.gateway.live_protocol import (
     KeepAlive,
     LiveProtocol,
     ResumeRequest,
+    SpeakerMerge,
+    SpeakerMerged,
     SpeakerRename,
     StartSession,
     State,
@@ -348,6 +350,64 @@ def test_speaker_rename_still_applies_after_end_and_a_bad_one_is_ignored() -> No
     drained.receive_binary(b"\x00\x00")
     assert drained.server_end()
     assert drained.receive_text(rename(name=None)) == SpeakerRename("S01", None)
+
+
+def merge(speaker: object = "S03", **fields: object) -> str:
+    return json.dumps({"type": "speaker.merge", "speaker": speaker, **fields})
+
+
+def test_speaker_merge_names_two_labels_and_changes_no_state() -> None:
+    p = streaming()
+    assert p.receive_text(merge(into="S01")) == SpeakerMerge("S03", "S01")
+    assert p.receive_text(merge("S1234", into="S7")) == SpeakerMerge("S1234", "S7")
+    # whether the session can make it (shown labels, no cycle) is the session's to say
+    assert p.receive_text(merge("S01", into="S01")) == SpeakerMerge("S01", "S01")
+    assert p.state is State.STREAMING
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        merge("Alice", into="S01"),
+        merge("s03", into="S01"),
+        merge("S" + "1" * 16, into="S01"),
+        merge(3, into="S01"),
+        merge(into="Bob"),
+        merge(into=1),
+        merge(into=None),
+        merge(),  # no `into`
+        json.dumps({"type": "speaker.merge", "into": "S01"}),  # no `speaker`
+    ],
+)
+def test_a_malformed_speaker_merge_is_an_invalid_request(text: str) -> None:
+    with pytest.raises(InvalidRequest, match="'speaker.merge' needs '(speaker|into)'"):
+        streaming().receive_text(text)
+
+
+def test_speaker_merge_before_start_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="'speaker.merge' is not allowed"):
+        LiveProtocol().receive_text(merge(into="S01"))
+
+
+def test_speaker_merge_still_applies_after_end_and_a_bad_one_is_ignored() -> None:
+    p = streaming()
+    p.receive_binary(b"\x00\x00")
+    p.receive_text('{"type": "end"}')
+    assert p.receive_text(merge(into="S01")) == SpeakerMerge("S03", "S01")
+    ignored = p.receive_text(merge(into="nope"))
+    assert isinstance(ignored, Ignored) and ignored.reason.startswith("speaker.merge: ")
+    drained = streaming()
+    drained.receive_binary(b"\x00\x00")
+    assert drained.server_end()
+    assert drained.receive_text(merge(into="S02")) == SpeakerMerge("S03", "S02")
+
+
+def test_speaker_merged_on_the_wire() -> None:
+    assert SpeakerMerged("S03", "S01").to_wire() == {
+        "type": "speaker.merged",
+        "speaker": "S03",
+        "into": "S01",
+    }
 
 
 def test_start_may_carry_the_api_key_which_its_repr_never_shows() -> None:
