@@ -67,6 +67,8 @@ def transcript_to_json(t: Transcript) -> dict[str, Any]:
         "segments": [s.to_wire() for s in t.segments],
         # {label: name} a live client gave (insertion order kept: first named first)
         "speakers": dict(t.speaker_names),
+        # {label: target} of the labels a live client merged away (in merge order)
+        "merged": dict(t.speaker_merges),
     }
 
 
@@ -90,6 +92,8 @@ def transcript_from_json(d: dict[str, Any]) -> Transcript:
         language=d.get("language"),
         # files written before names existed have no "speakers"
         speaker_names=tuple((str(k), str(v)) for k, v in d.get("speakers", {}).items()),
+        # nor "merged", before merges
+        speaker_merges=tuple((str(k), str(v)) for k, v in d.get("merged", {}).items()),
     )
 
 

@@ -8,7 +8,9 @@ SRT cues carry the speaker as a `S01: ` prefix, WebVTT cues as a `<v S01>` voice
 WebVTT section 4.2.2). Plain text never carries speaker or time tags. A live transcript whose
 client named speakers (`speaker.rename`) shows each name where its label would be (`Alice: `,
 `<v Alice>`), and its JSON bodies gain `speakers`, {label: name}; segments keep their labels.
-Uploads have no names: their bodies are as before.
+One whose client merged labels (`speaker.merge`: "S03 is S01") shows a merged label's cues as
+its target's (its name, else its label), and its JSON bodies gain `merged`, {label: target}.
+Uploads have no names or merges: their bodies are as before.
 """
 
 from __future__ import annotations
@@ -78,31 +80,38 @@ def render(transcript: Transcript, fmt: ResponseFormat, *, language: str | None 
     in verbose_json. Subtitle cues drop segments whose text is empty; JSON keeps every segment.
     """
     names = dict(transcript.speaker_names)
+    merged = dict(transcript.speaker_merges)
     match fmt:
         case ResponseFormat.TEXT:
             body = transcript.text + "\n"
         case ResponseFormat.SRT:
-            body = to_srt(transcript.segments, names)
+            body = to_srt(transcript.segments, names, merged)
         case ResponseFormat.VTT:
-            body = to_vtt(transcript.segments, names)
+            body = to_vtt(transcript.segments, names, merged)
         case ResponseFormat.JSON:
             plain: dict[str, object] = {
                 "text": transcript.text,
                 "usage": usage(transcript.duration_s),
             }
-            body = _dumps(_with_speakers(plain, names))
+            body = _dumps(_with_speakers(plain, names, merged))
         case ResponseFormat.VERBOSE_JSON:
             verbose = _verbose(transcript, language or transcript.language)
-            body = _dumps(_with_speakers(verbose, names))
+            body = _dumps(_with_speakers(verbose, names, merged))
         case ResponseFormat.DIARIZED_JSON:
-            body = _dumps(_with_speakers(_diarized(transcript), names))
+            body = _dumps(_with_speakers(_diarized(transcript), names, merged))
     return Rendered(body, CONTENT_TYPES[fmt])
 
 
-def _with_speakers(body: dict[str, object], names: Mapping[str, str]) -> dict[str, object]:
-    """`body` with `speakers` ({label: name}) where any label is named; as is otherwise, so
-    an upload's body keeps OpenAI's shape exactly."""
-    return {**body, "speakers": dict(names)} if names else body
+def _with_speakers(
+    body: dict[str, object], names: Mapping[str, str], merged: Mapping[str, str]
+) -> dict[str, object]:
+    """`body` with `speakers` ({label: name}) where any label is named and `merged` ({label:
+    target}) where any is merged; as is otherwise, so an upload's body keeps OpenAI's shape
+    exactly."""
+    extra = {"speakers": dict(names)} if names else {}
+    if merged:
+        extra["merged"] = dict(merged)
+    return {**body, **extra}
 
 
 # ---- subtitles
@@ -118,9 +127,13 @@ def vtt_timestamp(seconds: float) -> str:
     return _timestamp(seconds, ".")
 
 
-def to_srt(segments: tuple[Segment, ...], names: Mapping[str, str] | None = None) -> str:
+def to_srt(
+    segments: tuple[Segment, ...],
+    names: Mapping[str, str] | None = None,
+    merged: Mapping[str, str] | None = None,
+) -> str:
     """SubRip: numbered cues from 1, one text line each, `S01: ` speaker prefix (the label's
-    name from `names` where it has one: `Alice: `).
+    name from `names` where it has one: `Alice: `; a label `merged` away shows as its target).
 
     Newlines inside a segment become spaces (a blank line would end the cue) and `-->` becomes
     `->` (SRT has no escape for it).
@@ -128,16 +141,22 @@ def to_srt(segments: tuple[Segment, ...], names: Mapping[str, str] | None = None
     cues: list[str] = []
     for segment in _cue_segments(segments):
         text = _one_line(segment.text).replace(_CUE_ARROW, "->")
-        speaker = _one_line(_shown_speaker(segment.speaker, names)).replace(_CUE_ARROW, "->")
+        speaker = _shown_speaker(segment.speaker, names, merged)
+        speaker = _one_line(speaker).replace(_CUE_ARROW, "->")
         prefix = f"{speaker}: " if speaker else ""
         timing = f"{srt_timestamp(segment.start_s)} {_CUE_ARROW} {srt_timestamp(segment.end_s)}"
         cues.append(f"{len(cues) + 1}\n{timing}\n{prefix}{text}\n")
     return "\n".join(cues)
 
 
-def to_vtt(segments: tuple[Segment, ...], names: Mapping[str, str] | None = None) -> str:
+def to_vtt(
+    segments: tuple[Segment, ...],
+    names: Mapping[str, str] | None = None,
+    merged: Mapping[str, str] | None = None,
+) -> str:
     """WebVTT: a `WEBVTT` header and one cue per segment, text in a `<v S01>` voice span (the
-    label's name from `names` where it has one: `<v Alice>`).
+    label's name from `names` where it has one: `<v Alice>`; a label `merged` away shows as
+    its target).
 
     Text is one line with `&`, `<`, `>` escaped as character references (so `-->` cannot occur,
     WebVTT section 4.1).
@@ -145,14 +164,19 @@ def to_vtt(segments: tuple[Segment, ...], names: Mapping[str, str] | None = None
     cues = ["WEBVTT\n"]
     for segment in _cue_segments(segments):
         text = _vtt_escape(_one_line(segment.text))
-        speaker = _vtt_escape(_one_line(_shown_speaker(segment.speaker, names)))
+        speaker = _vtt_escape(_one_line(_shown_speaker(segment.speaker, names, merged)))
         timing = f"{vtt_timestamp(segment.start_s)} {_CUE_ARROW} {vtt_timestamp(segment.end_s)}"
         cues.append(f"{timing}\n<v {speaker}>{text}</v>\n" if speaker else f"{timing}\n{text}\n")
     return "\n".join(cues)
 
 
-def _shown_speaker(label: str, names: Mapping[str, str] | None) -> str:
-    """What a cue shows for `label`: its name where the client gave one, else the label."""
+def _shown_speaker(
+    label: str, names: Mapping[str, str] | None, merged: Mapping[str, str] | None = None
+) -> str:
+    """What a cue shows for `label`: its target's where it was merged away (`merged`: label
+    -> target, resolved already), then that label's name where the client gave one, else
+    the label."""
+    label = merged.get(label, label) if merged else label
     return names.get(label, label) if names else label
 
 

@@ -78,7 +78,9 @@ class Transcript:
     duration up to the last segment end (a cut transcript has coverage well below 1).
     `speaker_names`: (label, name) pairs a live client gave (`speaker.rename`), in the order
     first named; segments keep their labels, writers show a name where one is given. Uploads
-    have none.
+    have none. `speaker_merges`: (label, the label it shows as) pairs of the labels a live
+    client merged away (`speaker.merge`), in merge order, each resolved to its target (one
+    look-up); writers show a merged label's segments as its target's (its name, else it).
     """
 
     segments: tuple[Segment, ...]
@@ -86,6 +88,7 @@ class Transcript:
     finish_reason: FinishReason = FinishReason.STOP
     language: str | None = None
     speaker_names: tuple[tuple[str, str], ...] = ()
+    speaker_merges: tuple[tuple[str, str], ...] = ()
 
     @property
     def text(self) -> str:

@@ -116,6 +116,19 @@ async def test_speaker_names_are_kept_and_old_files_without_them_read(tmp_path: 
     assert (await TranscriptStore(tmp_path).get_live("s-2")).transcript.speaker_names == ()
 
 
+async def test_speaker_merges_are_kept_and_old_files_without_them_read(tmp_path: Path) -> None:
+    store = TranscriptStore(tmp_path)
+    merged = replace(transcript("live"), speaker_merges=(("S03", "S01"), ("S02", "S01")))
+    store.put_live("s-1", merged, "t")
+    await store.flush()
+    assert (await TranscriptStore(tmp_path).get_live("s-1")).transcript == merged
+    path = tmp_path / f"{live_transcript_id('s-1')}.json"
+    record = json.loads(path.read_text())
+    del record["merged"]  # as written before merges existed
+    path.write_text(json.dumps(record))
+    assert (await TranscriptStore(tmp_path).get_live("s-1")).transcript.speaker_merges == ()
+
+
 async def test_a_file_is_synced_before_its_rename_and_its_directory_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

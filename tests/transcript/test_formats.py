@@ -352,3 +352,33 @@ def test_a_transcript_without_names_renders_as_before(fmt: ResponseFormat) -> No
     assert "speakers" not in body
     if fmt in (ResponseFormat.SRT, ResponseFormat.VTT):
         assert "S01" in body
+
+
+# S02 was merged into S01 ("S02 is S01"), and S01 named; S03's merge into S02 resolved to S01
+MERGED = replace(
+    MEETING, speaker_names=(("S01", "Alice"),), speaker_merges=(("S02", "S01"), ("S03", "S01"))
+)
+
+
+def test_a_merged_labels_cues_show_its_target_and_json_gains_a_merged_map() -> None:
+    """A live client's merges (`speaker.merge`): a merged label's cues show its target's name
+    (else its label); segments keep their labels; JSON bodies gain `merged` beside
+    `speakers`."""
+    srt_body = render(MERGED, ResponseFormat.SRT).body
+    assert "Alice: Morning! Shall we start?" in srt_body and "S02" not in srt_body
+    vtt = parse_vtt(render(MERGED, ResponseFormat.VTT).body)
+    assert [c.voice for c in vtt] == ["Alice", "Alice", "Alice"]
+    unnamed = replace(MERGED, speaker_names=())
+    assert [c.voice for c in parse_vtt(render(unnamed, ResponseFormat.VTT).body)] == ["S01"] * 3
+    for fmt in (ResponseFormat.JSON, ResponseFormat.VERBOSE_JSON, ResponseFormat.DIARIZED_JSON):
+        body = json.loads(render(MERGED, fmt).body)
+        assert body["merged"] == {"S02": "S01", "S03": "S01"}
+        assert body["speakers"] == {"S01": "Alice"}
+        assert [s["speaker"] for s in body.get("segments", [])] in ([], ["S01", "S02", "S01"])
+        assert "speakers" not in json.loads(render(unnamed, fmt).body)
+    assert render(MERGED, ResponseFormat.TEXT) == render(MEETING, ResponseFormat.TEXT)
+
+
+@pytest.mark.parametrize("fmt", list(ResponseFormat))
+def test_a_transcript_without_merges_has_no_merged_map(fmt: ResponseFormat) -> None:
+    assert "merged" not in render(NAMED, fmt).body
