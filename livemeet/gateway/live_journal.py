@@ -1,10 +1,11 @@
-"""The journal of live sessions: their audio, finals and speaker names on disk, so a crash of the
-server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
+"""The journal of live sessions: their audio, finals, speaker names and merges on disk, so a crash
+of the server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
 
 Under `root`:
 - `sessions.sqlite3` (WAL, synchronous=NORMAL: a committed transaction survives a crash of this
   process; power loss is not claimed): a row per unfinished session (its meta, whether its
-  `end` came, its durable frames, its speaker names) and a row per committed final. A
+  `end` came, its durable frames, its speaker names and merges) and a row per committed
+  final (schema version 2; a version-1 file gains the merges column as it opens). A
   finished or discarded session's rows go (with its prompt and hotwords: nothing of a session
   outlives it here; its transcript is the transcript store's).
 - `audio/<ls_hex>.s16le`: a session's audio as its client sent it (interleaved PCM16 LE at the
@@ -14,7 +15,8 @@ Under `root`:
 One writer thread owns the connection and the audio files; the event loop only enqueues. The
 writer group-commits: it waits for work, then until `commit_interval_s` after its previous
 group began, takes everything queued, appends and fdatasyncs each session's audio, then
-records the new durable lengths, finals, names and ends in one transaction, and reports each
+records the new durable lengths, finals, names, merges and ends in one transaction, and
+reports each
 session's new durable length on the loop (`on_durable`). A recorded length never exceeds what
 was synced before it, so a reload finds everything ever reported durable; bytes past the
 record were never reported and are cut off. The files are synced one after another: a group's
@@ -54,7 +56,7 @@ from livemeet.transcript.segments import Segment, SegmentFlag
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1  # PRAGMA user_version of the journals this code writes and reads
+SCHEMA_VERSION = 2  # PRAGMA user_version of the journals this code writes and reads
 DB_NAME = "sessions.sqlite3"
 AUDIO_DIR = "audio"
 AUDIO_SUFFIX = ".s16le"
@@ -72,7 +74,8 @@ CREATE TABLE sessions (
     options TEXT NOT NULL DEFAULT '{}',  -- JSON: the session's prompt, hotwords, language
     ended INTEGER NOT NULL DEFAULT 0,  -- 1 once `end` reached the backend: a rebuild ends it
     durable_frames INTEGER NOT NULL DEFAULT 0,  -- sample frames synced in the audio file
-    names TEXT NOT NULL DEFAULT '[]'  -- JSON [[label, name], ...] in naming order
+    names TEXT NOT NULL DEFAULT '[]',  -- JSON [[label, name], ...] in naming order
+    merges TEXT NOT NULL DEFAULT '[]'  -- JSON [[label, into], ...] in merge order (v2)
 );
 CREATE TABLE finals (
     session_id TEXT NOT NULL,
@@ -94,9 +97,13 @@ VALUES (?, (SELECT COALESCE(MAX(seq) + 1, 0) FROM finals WHERE session_id = ?), 
 """
 _SELECT_LIVE = """
 SELECT session_id, audio_name, resume_token_sha256, captions_token_sha256, sample_rate,
-    channels, created_at, options, durable_frames, names, ended
+    channels, created_at, options, durable_frames, names, merges, ended
 FROM sessions ORDER BY created_at, session_id
 """
+# what each older schema version needs to become SCHEMA_VERSION, in order
+_MIGRATIONS = {
+    1: "ALTER TABLE sessions ADD COLUMN merges TEXT NOT NULL DEFAULT '[]';",
+}
 
 
 class SessionState(StrEnum):
@@ -138,6 +145,7 @@ class RestoredSession:
     names: tuple[tuple[str, str], ...]  # (label, name), in naming order
     audio_path: Path  # raw interleaved PCM16 LE, exactly durable_frames * frame_bytes bytes
     ended: bool = False  # its `end` had reached the backend (`mark_ended`)
+    merges: tuple[tuple[str, str], ...] = ()  # (label, into), in merge order
 
 
 DurableCallback = Callable[[int], None]  # sample frames now durable
@@ -289,6 +297,12 @@ class _Names:
 
 
 @dataclass(frozen=True)
+class _Merges:
+    handle: _Handle
+    merges: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
 class _End:
     handle: _Handle
     state: SessionState
@@ -299,14 +313,16 @@ class _Ending:
     handle: _Handle
 
 
-_Op = _Open | _Append | _Final | _Names | _End | _Ending | None  # None: stop after the rest
+# None: stop after the rest
+_Op = _Open | _Append | _Final | _Names | _Merges | _End | _Ending | None
 
 
 class LiveJournal:
     """The durable store of live sessions (see the module docstring for layout and threads).
 
     Use: `load_unfinished()` once at start-up, then `start(loop)`; `open_session` or `adopt`
-    each session, feed it (`append_audio`, `add_final`, `set_names`) and end it (`finish` or
+    each session, feed it (`append_audio`, `add_final`, `set_names`, `set_merges`) and end it
+    (`finish` or
     `discard`); `await close()` at shutdown. Sessions still open at close stay unfinished and
     come back from the next `load_unfinished`.
 
@@ -456,6 +472,13 @@ class LiveJournal:
         if not handle.failed:
             self._queue.put(_Names(handle, tuple(names)))
 
+    def set_merges(self, session_id: str, merges: Sequence[tuple[str, str]]) -> None:
+        """Queue the session's whole current speaker-merge map, (label, into) in merge order.
+        Raises InternalError for a session not open or after `close`."""
+        handle = self._live(session_id)
+        if not handle.failed:
+            self._queue.put(_Merges(handle, tuple(merges)))
+
     def mark_ended(self, session_id: str) -> None:
         """The session's `end` reached the backend (its client's, or the server's): a rebuild
         after a crash ends it as well (`RestoredSession.ended`), rather than wait for an `end`
@@ -586,6 +609,7 @@ class LiveJournal:
             names=tuple((label, name) for label, name in json.loads(row["names"])),
             audio_path=path,
             ended=bool(row["ended"]),
+            merges=tuple((label, into) for label, into in json.loads(row["merges"])),
         )
 
     def _remove_orphans(self, keep: set[str]) -> None:
@@ -636,6 +660,9 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
                 f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             )
             version = SCHEMA_VERSION
+        elif version < SCHEMA_VERSION:
+            _migrate(conn, version)
+            version = SCHEMA_VERSION
     except sqlite3.Error as exc:
         raise StorageFailed(f"live journal {path} could not be opened: {exc}") from exc
     if version > SCHEMA_VERSION:
@@ -645,6 +672,15 @@ def _prepare(conn: sqlite3.Connection, path: Path) -> None:
         )
     if mode != "wal":  # a filesystem without shared memory: still safe, slower commits
         log.warning("live journal %s: journal mode %s, not WAL", path, mode)
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Bring a journal of schema `version` (older) to SCHEMA_VERSION, in one transaction: its
+    unfinished sessions are rebuilt as before (an older livemeet then refuses the file, as it
+    does any newer one). Raises sqlite3.Error."""
+    steps = " ".join(_MIGRATIONS[v] for v in range(version, SCHEMA_VERSION))
+    conn.executescript(f"BEGIN IMMEDIATE; {steps} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
+    log.info("live journal: schema %d brought to %d", version, SCHEMA_VERSION)
 
 
 def _options_to_json(meta: JournalSession) -> str:
@@ -824,6 +860,11 @@ class _Writer:
         elif isinstance(op, _Final):
             params = (tape.session_id, tape.session_id, _segment_to_json(op.segment))
             group.statements.append((_INSERT_FINAL, params))
+        elif isinstance(op, _Merges):
+            merges = json.dumps(op.merges, ensure_ascii=False)
+            group.statements.append(
+                ("UPDATE sessions SET merges = ? WHERE session_id = ?", (merges, tape.session_id))
+            )
         else:
             names = json.dumps(op.names, ensure_ascii=False)
             group.statements.append(

@@ -211,6 +211,68 @@ async def test_finals_and_names_round_trip_and_go_on_after_adopt(root: Path) -> 
     assert again.names == restored.names
 
 
+async def test_merges_round_trip_and_go_on_after_adopt(root: Path) -> None:
+    journal = started(root)
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.set_merges("s-1", [("S03", "S01")])
+    journal.set_merges("s-1", [("S03", "S01"), ("S04", "S01")])
+    await journal.close()
+    (restored,) = reload(root).values()
+    assert restored.merges == (("S03", "S01"), ("S04", "S01"))
+    assert restored.names == ()
+
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal.set_merges("s-1", [*restored.merges, ("S02", "S05")])
+    await journal.close()
+    (again,) = reload(root).values()
+    assert again.merges == (("S03", "S01"), ("S04", "S01"), ("S02", "S05"))
+
+
+# the sessions table of schema version 1 (before merges), as livemeet wrote it
+SCHEMA_V1 = """
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY, audio_name TEXT NOT NULL,
+    resume_token_sha256 TEXT NOT NULL, captions_token_sha256 TEXT NOT NULL,
+    sample_rate INTEGER NOT NULL, channels INTEGER NOT NULL, created_at REAL NOT NULL,
+    options TEXT NOT NULL DEFAULT '{}', ended INTEGER NOT NULL DEFAULT 0,
+    durable_frames INTEGER NOT NULL DEFAULT 0, names TEXT NOT NULL DEFAULT '[]'
+);
+CREATE TABLE finals (
+    session_id TEXT NOT NULL, seq INTEGER NOT NULL, segment TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+PRAGMA user_version = 1;
+"""
+
+
+async def test_a_journal_of_schema_1_is_brought_to_2_with_its_sessions(root: Path) -> None:
+    """A server upgraded while sessions were unfinished rebuilds them from the old journal,
+    which gains the merges column (a session of it has none)."""
+    root.mkdir()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.executescript(SCHEMA_V1)
+        db.execute(
+            "INSERT INTO sessions (session_id, audio_name, resume_token_sha256, "
+            "captions_token_sha256, sample_rate, channels, created_at, names) "
+            "VALUES ('old', ?, 'a', 'b', 16000, 1, 1.0, '[[\"S01\", \"Ana\"]]')",
+            (audio_name("old"),),
+        )
+    (restored,) = reload(root).values()
+    assert (restored.names, restored.merges) == ((("S01", "Ana"),), ())
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal.set_merges("old", [("S02", "S01")])
+    await journal.close()
+    assert reload(root)["old"].merges == (("S02", "S01"),)
+
+
 async def test_an_adopted_session_appends_after_its_durable_audio(root: Path) -> None:
     first, second = random_chunks(2, 20), random_chunks(3, 20)
     journal = started(root)
