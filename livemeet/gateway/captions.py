@@ -11,6 +11,9 @@ a slow subscriber costs a bounded amount of memory and nobody else's time:
 - a `speaker.renamed` replaces an unsent one for the same label (each is the label's whole
   name), so renames queue at most one per label; a client may rename (or unname) any number
   of labels, so past `max_renames` unsent ones the subscriber is closed as for finals;
+- a `speaker.merged` queues in order, never replaced (each merges another label for good); a
+  session makes at most MAX_MERGED_SPEAKERS, and past `max_merges` unsent ones (which its
+  snapshot and live merges together cannot reach) the subscriber is closed as for finals;
 - finals queue in order; a subscriber with more than `max_finals` of them unsent has fallen
   too far behind to be worth catching up: its queue is dropped and replaced by a
   `queue_full` error (it reconnects for a fresh snapshot);
@@ -26,9 +29,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from livemeet.audio.constants import MAX_NAMED_SPEAKERS
+from livemeet.audio.constants import MAX_MERGED_SPEAKERS, MAX_NAMED_SPEAKERS
 from livemeet.errors import LivemeetError, QueueFull
-from livemeet.gateway.live_protocol import SpeakerRenamed
+from livemeet.gateway.live_protocol import SpeakerMerged, SpeakerRenamed
 from livemeet.transcriber import (
     Error,
     Event,
@@ -39,21 +42,28 @@ from livemeet.transcriber import (
 )
 from livemeet.transcriber import is_terminal as ends_stream
 
-# what an outbox holds: a session event (the backend's, or a rename), or the error the
-# subscriber is closed with
-Outgoing = Event | SpeakerRenamed | LivemeetError
+# what an outbox holds: a session event (the backend's, a rename or a merge), or the error
+# the subscriber is closed with
+Outgoing = Event | SpeakerRenamed | SpeakerMerged | LivemeetError
 
 
 class CaptionsOutbox:
     """One subscriber's unsent events. `num_finals` counts the finals queued now."""
 
-    def __init__(self, max_finals: int, max_renames: int = MAX_NAMED_SPEAKERS) -> None:
+    def __init__(
+        self,
+        max_finals: int,
+        max_renames: int = MAX_NAMED_SPEAKERS,
+        max_merges: int = MAX_MERGED_SPEAKERS,
+    ) -> None:
         if max_finals < 1:
             raise ValueError(f"max_finals must be >= 1, not {max_finals}")
         self.max_finals = max_finals
         self.max_renames = max_renames
+        self.max_merges = max_merges
         self.num_finals = 0
         self.num_renames = 0
+        self.num_merges = 0
         self._queue: deque[Outgoing] = deque()
         self._closed = False  # a terminal item is queued (or was sent): nothing goes after it
 
@@ -64,7 +74,7 @@ class CaptionsOutbox:
     def closed(self) -> bool:
         return self._closed
 
-    def push(self, event: Event | SpeakerRenamed) -> None:
+    def push(self, event: Event | SpeakerRenamed | SpeakerMerged) -> None:
         """Queue a session event (synchronous, never blocks). Events the captions do not carry
         (upload text deltas) are dropped. A final that promises a revision keeps the queue
         open for it (`transcript.revised`, or its `revision_failed` error)."""
@@ -79,6 +89,12 @@ class CaptionsOutbox:
                 return
             self._queue.append(event)
             self.num_renames += 1
+        elif isinstance(event, SpeakerMerged):
+            if self.num_merges >= self.max_merges:
+                self._fell_behind(self.max_merges, "speaker merges")
+                return
+            self._queue.append(event)
+            self.num_merges += 1
         elif isinstance(event, SegmentFinal):
             if self.num_finals >= self.max_finals:
                 self._fell_behind(self.max_finals, "finals")
@@ -105,6 +121,7 @@ class CaptionsOutbox:
         self._queue.clear()
         self.num_finals = 0
         self.num_renames = 0
+        self.num_merges = 0
         self._queue.append(error)
         self._closed = True
 
@@ -117,6 +134,8 @@ class CaptionsOutbox:
             self.num_finals -= 1
         elif isinstance(item, SpeakerRenamed):
             self.num_renames -= 1
+        elif isinstance(item, SpeakerMerged):
+            self.num_merges -= 1
         return item
 
     def _drop_partial(self) -> None:

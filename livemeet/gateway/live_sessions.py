@@ -39,6 +39,15 @@ Speaker names (docs/protocol.md, `speaker.rename`): the holder keeps the session
 {label: name} in its `ReplayState`, so they survive a detach and are sent again on a resume
 and in a captions snapshot (as `speaker.renamed`, after the finals); its transcript, live and
 stored, carries them.
+
+Speaker merges (docs/protocol.md, `speaker.merge`; DESIGN 5.6): the holder checks a client's
+merge against the labels the session has shown and its merges so far, hands it to the backend
+session (which writes the target from then on), keeps it in its `ReplayState` and journal
+like the names (replayed as `speaker.merged`, right after the renames), and carries it into a
+rebuilt backend session (`LiveRestore.merges`). The backend's events that were decoded before
+the merge reached it are relabelled on their way through (`ReplayState.as_shown`), so nothing
+sent after `speaker.merged` carries the merged-away label; finals sent before keep theirs, and
+the final transcript holds every final as it was sent.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ from livemeet.audio.constants import (
     LIVE_REBUILD_DURABLE_WAIT_S,
     LIVE_REVISE_TIMEOUT_S,
     LIVE_TAKEOVER_CLOSE_S,
+    MAX_MERGED_SPEAKERS,
     MAX_NAMED_SPEAKERS,
 )
 from livemeet.audio.pcm import PcmStreamDecoder
@@ -79,6 +89,7 @@ from livemeet.gateway.live_protocol import (
     PCM_ENCODING,
     AudioFormat,
     ResumeRequest,
+    SpeakerMerged,
     SpeakerRenamed,
     require_same_format,
 )
@@ -98,13 +109,15 @@ from livemeet.transcriber import (
     TranscriptRevised,
     is_terminal,
 )
-from livemeet.transcript.segments import FinishReason, Transcript
+from livemeet.transcript.segments import FinishReason, Segment, Transcript
+from livemeet.transcript.speakers import SpeakerMerges
 
 log = logging.getLogger(__name__)
 
 Terminal = TranscriptFinal | Error
 # what a session's sockets are handed: the backend's events and the gateway's own renames
-SessionEvent = Event | SpeakerRenamed
+# and merges
+SessionEvent = Event | SpeakerRenamed | SpeakerMerged
 
 
 class EventSink(Protocol):
@@ -141,16 +154,19 @@ class CaptionsSink(Protocol):
 
 @dataclass
 class ReplayState:
-    """What a resume is sent: every final so far in order, the speakers' names, the latest
-    partial, the session's outcome (`terminal`: its final transcript or its error) once it
-    came, and after a final that promised one, its revision (`TranscriptRevised`, or the
-    `revision_failed` error). Finals are immutable with stable ids, so a client that saw some
-    of them dedupes by id; a name replaces the label's earlier one."""
+    """What a resume is sent: every final so far in order, the speakers' names and merges,
+    the latest partial, the session's outcome (`terminal`: its final transcript or its
+    error) once it came, and after a final that promised one, its revision
+    (`TranscriptRevised`, or the `revision_failed` error). Finals are immutable with stable
+    ids, so a client that saw some of them dedupes by id; a name replaces the label's earlier
+    one. `labels_shown`: every label a segment sent so far carried (a merge names two)."""
 
     finals: list[SegmentFinal] = field(default_factory=list)
     partial: SegmentPartial | None = None
     terminal: Terminal | None = None
     names: dict[str, str] = field(default_factory=dict)  # label -> name, first named first
+    merges: SpeakerMerges = field(default_factory=SpeakerMerges)
+    labels_shown: set[str] = field(default_factory=set)
     revision: TranscriptRevised | Error | None = None
 
     @property
@@ -161,28 +177,60 @@ class ReplayState:
 
     def record(self, event: SessionEvent) -> None:
         """Keep what a resume will need of `event`: a final, the latest partial, a name (a
-        null name removes the label's), the terminal event."""
+        null name removes the label's), a merge, the terminal event."""
         if isinstance(event, SpeakerRenamed):
             if event.name is None:
                 self.names.pop(event.speaker, None)
             else:
                 self.names[event.speaker] = event.name
+        elif isinstance(event, SpeakerMerged):
+            self.merges.add(event.speaker, event.into)
         elif isinstance(event, SegmentFinal):
             self.finals.append(event)
+            self.labels_shown.add(event.segment.speaker)
         elif isinstance(event, SegmentPartial):
             self.partial = event
+            self.labels_shown.update(seg.speaker for seg in event.segments)
         elif self.revision_pending and isinstance(event, TranscriptRevised | Error):
             self.revision = event
         elif isinstance(event, TranscriptFinal | Error):
             self.terminal = event
 
+    def as_shown(self, event: SessionEvent) -> SessionEvent:
+        """`event` as the session shows it once merges were made: a segment the client has not
+        seen carries no merged-away label (the backend may have decoded it before the merge
+        reached it), the final transcript holds each final with the label it was sent with,
+        and it and a revision carry the merges (`merged`). Other events as they are."""
+        merges = self.merges
+        if not len(merges):
+            return event
+        if isinstance(event, SegmentPartial):
+            return replace(event, segments=self._resolved(event.segments))
+        if isinstance(event, SegmentFinal):
+            return SegmentFinal(self._resolved((event.segment,))[0])
+        if isinstance(event, TranscriptRevised):
+            segments = self._resolved(event.segments)
+            return replace(event, segments=segments, merged=merges.resolved())
+        if isinstance(event, TranscriptFinal):
+            sent = {f.segment.id: f.segment for f in self.finals}
+            segments = tuple(
+                sent.get(seg.id) or self._resolved((seg,))[0] for seg in event.segments
+            )
+            return replace(event, segments=segments, merged=merges.resolved())
+        return event
+
+    def _resolved(self, segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
+        return tuple(replace(s, speaker=self.merges.resolve(s.speaker)) for s in segments)
+
     def snapshot(self, max_finals: int | None = None) -> list[SessionEvent]:
         """The events to replay, in order: the finals (the last `max_finals` of them, if
-        given), a `speaker.renamed` per named label, then the terminal event, or else the
-        partial (the final transcript holds every segment)."""
+        given), a `speaker.renamed` per named label, a `speaker.merged` per merge (in merge
+        order), then the terminal event, or else the partial (the final transcript holds
+        every segment)."""
         finals = self.finals if max_finals is None else self.finals[-max_finals:]
         events: list[SessionEvent] = list(finals) if max_finals != 0 else []
         events.extend(SpeakerRenamed(label, name) for label, name in self.names.items())
+        events.extend(SpeakerMerged(label, into) for label, into in self.merges.items())
         if self.terminal is not None:
             events.append(self.terminal)
             if self.revision is not None:
@@ -290,7 +338,11 @@ class LiveSessionHolder:
             duration_s = self.num_frames_accepted / self.audio_format.sample_rate
             segments = tuple(f.segment for f in self.replay.finals)
             transcript = Transcript(segments, duration_s, FinishReason.STOP)
-        return replace(transcript, speaker_names=tuple(self.replay.names.items()))
+        return replace(
+            transcript,
+            speaker_names=tuple(self.replay.names.items()),
+            speaker_merges=self.replay.merges.resolved(),
+        )
 
     def revised_transcript(self) -> Transcript | None:
         """The session's revised transcript (DESIGN 5.7) once it came, with the names of its
@@ -303,6 +355,7 @@ class LiveSessionHolder:
             final.duration_s,
             revision.finish_reason,
             speaker_names=tuple(self.replay.names.items()),
+            speaker_merges=self.replay.merges.resolved(),
         )
 
     def attach(self, sink: EventSink, *, resumed: bool) -> None:
@@ -449,10 +502,16 @@ class LiveSessionHolder:
         captions and the transcript, and sent to the client and every subscriber as
         `speaker.renamed`. Returns False, doing nothing, once the terminal event came (the
         final transcript, and the stored copy, are out: a rename that raced them is late).
-        Raises InvalidRequest past MAX_NAMED_SPEAKERS labels, SessionTakenOver."""
+        Raises InvalidRequest past MAX_NAMED_SPEAKERS labels and for a label merged away (it
+        shows as its target, whose name is the one to give), SessionTakenOver."""
         self._check_owner(owner)
         if self.replay.terminal is not None:
             return False
+        if speaker in self.replay.merges:
+            target = self.replay.merges.resolve(speaker)
+            raise InvalidRequest(
+                f"{speaker} is merged into {target}, and shows as {target}: rename {target}"
+            )
         names = self.replay.names
         if name is not None and speaker not in names and len(names) >= MAX_NAMED_SPEAKERS:
             raise InvalidRequest(
@@ -461,6 +520,37 @@ class LiveSessionHolder:
             )
         self._record(SpeakerRenamed(speaker, name))
         return True
+
+    async def merge(self, owner: EventSink, speaker: str, into: str) -> bool:
+        """The client merges the label `speaker` into `into` (module docstring): checked, told
+        to the backend session (under `lock`; one the engine's loss refused is made again on
+        the rebuilt session, as a `finalize` is), recorded, and sent to the client and every
+        subscriber as `speaker.merged`, `into` resolved to its target. Returns False, doing
+        nothing, once the terminal event came (as a late rename). Raises InvalidRequest for a
+        merge the session cannot make (saying why: `SpeakerMerges.check`), SessionTakenOver,
+        and as the backend's `merge_speakers`."""
+        merged = False
+
+        async def act() -> None:
+            nonlocal merged
+            if self.replay.terminal is not None:
+                return
+            target = self._merge_target(speaker, into)
+            await self.session.merge_speakers(speaker, target)
+            if self.replay.terminal is None:  # the final may have come meanwhile: late
+                self._record(SpeakerMerged(speaker, target))
+                merged = True
+
+        await self._with_session(owner, act)
+        return merged
+
+    def _merge_target(self, speaker: str, into: str) -> str:
+        """The label `speaker` would show as. Raises InvalidRequest saying why not."""
+        replay = self.replay
+        try:
+            return replay.merges.check(speaker, into, replay.labels_shown, MAX_MERGED_SPEAKERS)
+        except ValueError as exc:
+            raise InvalidRequest(f"cannot merge {speaker} into {into}: {exc}") from exc
 
     async def finalize(self, owner: EventSink) -> None:
         """The client's `finalize`; one the engine's loss refused is made again once the
@@ -619,6 +709,7 @@ class LiveSessionHolder:
             await self.session.end()
 
     def _record(self, event: SessionEvent) -> None:
+        event = self.replay.as_shown(event)
         if isinstance(event, SegmentPartial):
             # the session's own numbering: a rebuilt backend session counts from 1 again, and
             # a client may drop a partial whose rev is not above the last one's
@@ -630,6 +721,8 @@ class LiveSessionHolder:
                 self.journal.add_final(self.id, event.segment)
             elif isinstance(event, SpeakerRenamed):
                 self.journal.set_names(self.id, tuple(self.replay.names.items()))
+            elif isinstance(event, SpeakerMerged):
+                self.journal.set_merges(self.id, self.replay.merges.items())
         if self.sink is not None:
             self.sink.deliver(event)
         for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver
@@ -804,7 +897,7 @@ class LiveSessions:
             hotwords=meta.hotwords,
             language=meta.language,
             hop_s=hop_s,
-            restore=LiveRestore(stored.finals),
+            restore=LiveRestore(stored.finals, stored.merges),
             revise=revise,
         )
         try:
@@ -828,6 +921,8 @@ class LiveSessions:
         # stored audio's sample frames: the rebuilt session's partials stay above them
         holder.partial_rev = stored.durable_frames
         holder.replay.names = dict(stored.names)
+        holder.replay.merges = SpeakerMerges(stored.merges)
+        holder.replay.labels_shown = {seg.speaker for seg in stored.finals}
         self._holders[holder.id] = holder
         self._journal.adopt(stored, holder.durable, functools.partial(self._storage_failed, holder))
         try:
@@ -1120,7 +1215,8 @@ class LiveSessions:
             if not await holder.wait_durable(LIVE_REBUILD_DURABLE_WAIT_S):
                 return self._recovered(holder, False, "its audio is not all on disk")
             finals = tuple(f.segment for f in holder.replay.finals)
-            options = replace(holder.options, restore=LiveRestore(finals))
+            restore = LiveRestore(finals, holder.replay.merges.items())
+            options = replace(holder.options, restore=restore)
             try:
                 session = await transcriber.open_session(options)
             except LivemeetError as exc:

@@ -72,6 +72,8 @@ from livemeet.gateway.live_protocol import (
     Ignored,
     KeepAlive,
     LiveProtocol,
+    SpeakerMerge,
+    SpeakerMerged,
     SpeakerRename,
     SpeakerRenamed,
     StartSession,
@@ -83,7 +85,6 @@ from livemeet.gateway.origin import origin_allowed
 from livemeet.gateway.pacing import AudioPacer
 from livemeet.transcriber import (
     Error,
-    Event,
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
@@ -106,14 +107,16 @@ _Limit = Literal["revision", "final", "start", "idle"]
 # frames a newer one of the same type replaces while still unsent (each is a whole state)
 _COALESCED = ("segment.partial", "audio.ack")
 _RENAMED = "speaker.renamed"  # coalesced per label (`_enqueue`)
+# `speaker.merged` is neither coalesced nor dropped: each merges another label for good, and a
+# session makes at most MAX_MERGED_SPEAKERS of them, which bounds its unsent ones
 # a frame to send, with the session event it renders (None: session.ready, audio.ack)
 _Outgoing = tuple[dict[str, Any], SessionEvent | None]
 
 
-def event_to_wire(event: Event | SpeakerRenamed) -> dict[str, Any] | None:
+def event_to_wire(event: SessionEvent) -> dict[str, Any] | None:
     """The server frame for a session event (None for events the live protocol does not
     carry)."""
-    if isinstance(event, SpeakerRenamed):
+    if isinstance(event, SpeakerRenamed | SpeakerMerged):
         return event.to_wire()
     if isinstance(event, SegmentPartial):
         return {
@@ -130,6 +133,7 @@ def event_to_wire(event: Event | SpeakerRenamed) -> dict[str, Any] | None:
             "finish_reason": event.finish_reason.value,
             "coverage": round(event.coverage, 4),
             "duration": round(event.duration_s, 3),
+            **_merged(event.merged),
         }
     if isinstance(event, TranscriptRevised):
         return {
@@ -137,6 +141,7 @@ def event_to_wire(event: Event | SpeakerRenamed) -> dict[str, Any] | None:
             "segments": [s.to_wire() for s in event.segments],
             "supersedes": list(event.supersedes),
             "finish_reason": event.finish_reason.value,
+            **_merged(event.merged),
         }
     if isinstance(event, Error):
         return {
@@ -146,6 +151,11 @@ def event_to_wire(event: Event | SpeakerRenamed) -> dict[str, Any] | None:
             "retryable": event.retryable,
         }
     return None  # TextDelta: uploads only
+
+
+def _merged(merged: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """A transcript frame's `merged` ({label: target}), only where the session merged any."""
+    return {"merged": dict(merged)} if merged else {}
 
 
 class LiveRegistry:
@@ -618,6 +628,14 @@ class LiveConnection:
             if not holder.rename(self, action.speaker, action.name):
                 log.info(
                     "live session %s: rename of %s after its final transcript, ignored",
+                    holder.id,
+                    action.speaker,
+                )
+        elif isinstance(action, SpeakerMerge):
+            holder = self._require_holder()
+            if not await holder.merge(self, action.speaker, action.into):
+                log.info(
+                    "live session %s: merge of %s after its final transcript, ignored",
                     holder.id,
                     action.speaker,
                 )

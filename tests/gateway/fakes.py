@@ -4,8 +4,12 @@ The transcriber records the incoming-upload counts the gateway sets (`incoming_c
 each session the count when its audio came and when it ended.
 
 Live sessions: every `hop_s` of appended audio emits `SegmentPartial(rev, (open tail,))`; every
-`FINAL_EVERY` hops the open tail is committed as a `SegmentFinal`. A session opened with
-`SessionOptions.restore` starts from those finals and is silent over the audio they cover.
+`FINAL_EVERY` hops the open tail is committed as a `SegmentFinal`. The n-th final (from 0) and
+the partial before it are spoken by `FakeTranscriber.speakers[n % len(speakers)]` (S01 alone
+by default), written as the label a speaker merge resolves it to (`merge_speakers`; not with
+`FakeTranscriber.backend_merges` False: a backend that has not applied a merge yet). A session
+opened with `SessionOptions.restore` starts from those finals and merges and is silent over
+the audio the finals cover.
 Uploads: at `end()`, one final segment per `SEGMENT_S` of audio, each preceded by its text as
 `TextDelta`s split into two-character pieces. Segment texts include a non-ASCII word to
 exercise UTF-8 paths.
@@ -32,6 +36,7 @@ from livemeet.transcriber import (
     TranscriptFinal,
 )
 from livemeet.transcript.segments import FinishReason, Segment, join_texts
+from livemeet.transcript.speakers import SpeakerMerges
 
 FINAL_EVERY = 3  # hops per committed segment (live)
 SEGMENT_S = 2.0  # s of audio per segment (uploads)
@@ -53,6 +58,7 @@ class FakeSessionLog:
     events: list[Event] = field(default_factory=list)
     incoming_at_append: list[int] = field(default_factory=list)  # the count at each append
     incoming_at_end: int | None = None  # the count when end() came
+    merges: list[tuple[str, str]] = field(default_factory=list)  # merge_speakers' calls
 
 
 class FakeSession:
@@ -76,9 +82,13 @@ class FakeSession:
         self._rev = 0
         self._committed_end_s = 0.0
         self._finals: list[Segment] = []
+        self.speakers: tuple[str, ...] = ("S01",)
+        self.applies_merges = True
+        self._merges = SpeakerMerges()
         if options.restore is not None:  # rebuilt after a restart: its finals stay committed
             self._finals = list(options.restore.finals)
             self._committed_end_s = self._finals[-1].end_s if self._finals else 0.0
+            self._merges = SpeakerMerges(options.restore.merges)
         self._closed = False
         self.segment_events = True
 
@@ -108,6 +118,15 @@ class FakeSession:
     async def finalize(self) -> None:
         self.log.num_finalize += 1
         self._commit(self.log.num_samples / SAMPLE_RATE)
+
+    async def merge_speakers(self, speaker: str, into: str) -> None:
+        self.log.merges.append((speaker, into))
+        if self.applies_merges:
+            self._merges.add(speaker, into)
+
+    def _speaker(self, index: int) -> str:
+        """The label the `index`-th final's speaker is written as."""
+        return self._merges.resolve(self.speakers[index % len(self.speakers)])
 
     async def end(self) -> None:
         if self._closed:
@@ -174,7 +193,8 @@ class FakeSession:
 
     def _partial(self, edge_s: float) -> None:
         self._rev += 1
-        tail = Segment(self._committed_end_s, edge_s, "S01", f"partial {self._rev}")
+        speaker = self._speaker(len(self._finals))
+        tail = Segment(self._committed_end_s, edge_s, speaker, f"partial {self._rev}")
         self._emit(SegmentPartial(self._rev, (tail,)))
 
     def _commit(self, end_s: float, start_s: float | None = None) -> None:
@@ -182,7 +202,8 @@ class FakeSession:
         if end_s <= start:
             return
         index = len(self._finals)
-        seg = Segment(start, end_s, "S01", fake_text(index), id=f"seg-{index:04d}", is_final=True)
+        speaker = self._speaker(index)
+        seg = Segment(start, end_s, speaker, fake_text(index), id=f"seg-{index:04d}", is_final=True)
         self._finals.append(seg)
         self._committed_end_s = end_s
         if self.segment_events:
@@ -205,6 +226,8 @@ class FakeTranscriber:
         self.num_closed = 0
         self.incoming_counts: list[int] = []  # every set_incoming_uploads, in order
         self.gone_for_good = False  # `failed`
+        self.speakers: tuple[str, ...] = ("S01",)  # who speaks each final, in turn
+        self.backend_merges = True  # False: sessions record merges and write no target
 
     @property
     def info(self) -> BackendInfo:
@@ -248,6 +271,8 @@ class FakeTranscriber:
         )
         session.segment_events = options.live or self.upload_segment_events
         session.finish_reason = self.finish_reason
+        session.speakers = self.speakers
+        session.applies_merges = self.backend_merges
         self.sessions.append(session)
         return session
 

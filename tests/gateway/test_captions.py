@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from livemeet.audio.constants import MAX_NAMED_SPEAKERS
+from livemeet.audio.constants import MAX_MERGED_SPEAKERS, MAX_NAMED_SPEAKERS
 from livemeet.errors import NotFound, QueueFull
 from livemeet.gateway.captions import CaptionsOutbox, is_terminal
-from livemeet.gateway.live_protocol import SpeakerRenamed
+from livemeet.gateway.live_protocol import SpeakerMerged, SpeakerRenamed
 from livemeet.gateway.live_sessions import ReplayState
 from livemeet.transcriber import (
     Error,
@@ -129,3 +129,68 @@ def test_renames_of_ever_new_labels_do_not_grow_a_slow_subscribers_queue_without
         outbox.push(SpeakerRenamed(f"S{1000 + i}", None))
     assert outbox.closed and len(outbox) == 1
     assert isinstance(outbox.pop(), QueueFull)
+
+
+def test_merges_queue_in_order_unreplaced_and_bounded() -> None:
+    """Each `speaker.merged` merges another label for good: none replaces another. A session
+    makes at most MAX_MERGED_SPEAKERS, so a subscriber never has more unsent; past the
+    outbox's own bound it is closed with queue_full, as for finals."""
+    outbox = CaptionsOutbox(max_finals=8, max_merges=3)
+    merges = [SpeakerMerged("S03", "S01"), SpeakerMerged("S04", "S01"), SpeakerMerged("S01", "S2")]
+    outbox.push(merges[0])
+    outbox.push(final(0))
+    outbox.push(merges[1])
+    outbox.push(merges[2])
+    assert drain(outbox) == [merges[0], final(0), *merges[1:]]
+    for i in range(4):
+        outbox.push(SpeakerMerged(f"S{10 + i}", "S01"))
+    assert outbox.closed and isinstance(drain(outbox)[-1], QueueFull)
+    assert CaptionsOutbox(max_finals=8).max_merges == MAX_MERGED_SPEAKERS
+
+
+def test_the_snapshot_replays_the_merges_right_after_the_names() -> None:
+    replay = ReplayState()
+    replay.record(final(0))
+    replay.record(SpeakerMerged("S03", "S01"))
+    replay.record(SpeakerRenamed("S01", "Alice"))
+    replay.record(partial(2))
+    assert replay.snapshot() == [
+        final(0),
+        SpeakerRenamed("S01", "Alice"),
+        SpeakerMerged("S03", "S01"),
+        partial(2),
+    ]
+
+
+def said(i: int, speaker: str, seg_id: str = "") -> Segment:
+    """Segment `i` spoken by `speaker`; with `seg_id`, a final."""
+    return Segment(i, i + 1, speaker, f"f{i}", id=seg_id, is_final=bool(seg_id))
+
+
+def test_backend_events_decoded_before_a_merge_are_shown_without_the_merged_label() -> None:
+    """What the backend decoded before the merge reached it carries S03: what the client has
+    not seen yet shows S01; the final transcript holds each final as it was sent (a final of
+    S03 from before the merge keeps it), and it and the revision carry the merges."""
+    replay = ReplayState()
+    plain = SegmentPartial(1, (said(0, "S03"),))
+    assert replay.as_shown(plain) is plain  # no merges: as it is
+    before = SegmentFinal(said(0, "S03", "seg-0000"))
+    replay.record(before)
+    replay.record(SpeakerMerged("S03", "S01"))
+    assert replay.as_shown(SegmentPartial(2, (said(1, "S03"),))) == SegmentPartial(
+        2, (said(1, "S01"),)
+    )
+    late = SegmentFinal(said(1, "S03", "seg-0001"))
+    shown = replay.as_shown(late)
+    assert isinstance(shown, SegmentFinal) and shown.segment.speaker == "S01"
+    replay.record(shown)
+    done = TranscriptFinal((before.segment, late.segment), FinishReason.STOP, 1.0, 2.0)
+    out = replay.as_shown(done)
+    assert isinstance(out, TranscriptFinal)
+    assert [s.speaker for s in out.segments] == ["S03", "S01"]  # as sent
+    assert out.merged == (("S03", "S01"),)
+    revised = TranscriptRevised((said(0, "S03", "rev-0001"),), ("seg-0000", "seg-0001"))
+    out_revised = replay.as_shown(revised)
+    assert isinstance(out_revised, TranscriptRevised)
+    assert [s.speaker for s in out_revised.segments] == ["S01"]
+    assert out_revised.merged == (("S03", "S01"),)
