@@ -1,16 +1,20 @@
 """docs/protocol.md's error table matches livemeet/errors.py; its `session.ready` examples
-hold the fields the server sends."""
+hold the fields the server sends; its Speaker merges example is a real exchange."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
 
+from aiohttp import ClientWebSocketResponse, WSMsgType
 from aiohttp.test_utils import TestClient
 
 from livemeet.errors import ERROR_CLASSES
-from tests.gateway.test_ws_live import START
+from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_ws_captions import stream
+from tests.gateway.test_ws_live import START, start_session
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 
@@ -36,3 +40,42 @@ async def test_every_session_ready_example_has_the_fields_the_server_sends(
         example = json.loads(line)
         assert list(example) == list(ready), line
         assert example["revise"] is False  # the demo's: it cannot revise
+
+
+def example(section: str) -> list[str]:
+    """The lines of the first code block under the heading `### {section}`."""
+    text = DOC.read_text()
+    start = text.index(f"\n### {section}\n")
+    block = text[text.index("```\n", start) + 4 :]
+    return block[: block.index("```")].splitlines()
+
+
+async def test_the_speaker_merges_example_is_what_the_server_answers(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """Each `>` line of the example is sent to a session that has shown S01-S04 (the fake's
+    speakers, a final each) once the server answered the one before; its answers, less its
+    segments and acks, are the `<` lines, frame for frame, then the close."""
+    lines = example("Speaker merges")
+    fake.speakers = ("S01", "S02", "S03", "S04")
+    answers: list[dict[str, object]] = []
+    async with client.ws_connect("/v1/live") as ws:
+        await start_session(ws)
+        await stream(ws, fake, 12.5)  # finals at 3, 6, 9 and 12 s, one per speaker
+        for line in lines:
+            if line.startswith("> "):
+                await ws.send_json(json.loads(line[2:]))
+            elif line.startswith("< "):
+                answers.append(await next_answer(ws))
+        closing = await asyncio.wait_for(ws.receive(), 5)
+    expected = [json.loads(line[2:]) for line in lines if line.startswith("< ")]
+    assert answers == expected
+    assert closing.type is WSMsgType.CLOSE and lines[-1] == f"(close {closing.data})"
+
+
+async def next_answer(ws: ClientWebSocketResponse) -> dict[str, object]:
+    """The server's next frame that is not a segment or an ack."""
+    while True:
+        frame: dict[str, object] = await asyncio.wait_for(ws.receive_json(), 5)
+        if frame["type"] not in ("audio.ack", "segment.partial", "segment.final"):
+            return frame
