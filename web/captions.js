@@ -3,7 +3,9 @@
 // URL: captions.html?session=<session_id>&token=<captions_token>[&lines=3][&debug=1]. A dropped
 // connection is reconnected; the snapshot a new connection starts with is merged in (finals
 // are deduplicated by id), so lines never repeat. Speakers show by name once named
-// (`speaker.renamed`, live and in the snapshot; docs/protocol.md "Speaker names"). A session
+// (`speaker.renamed`, live and in the snapshot; docs/protocol.md "Speaker names"), and a label
+// merged into another (`speaker.merged`, "Speaker merges") shows as its target: its name and
+// colour. A session
 // that is gone (4404: the meeting ended, and OBS reloaded the source) leaves the overlay empty,
 // drawing nothing over the video: its status shows only with debug=1 (always in the console).
 // A session's revision (`transcript.revised`, docs/protocol.md "Revision") replaces the finals
@@ -42,7 +44,23 @@ function CaptionsModel(maxLines) {
   this.partial = [];
   this.ended = false;
   this.names = new Map(); // {label: name}, as the session last said (speaker.renamed)
+  this.merged = new Map(); // {label: into}, as the session said (speaker.merged)
 }
+// The label `label` shows as: itself, or for a label merged away its merge's target, in turn
+// (bounded, in case of a cycle)
+CaptionsModel.prototype.shownLabel = function (label) {
+  for (let i = 0; i < this.merged.size && this.merged.has(label); i++) {
+    label = this.merged.get(label);
+  }
+  return label;
+};
+// A transcript frame's `merged` ({label: target}), where the session merged any
+CaptionsModel.prototype.noteMerged = function (merged) {
+  if (!merged || typeof merged !== "object") return;
+  for (const [label, into] of Object.entries(merged)) {
+    if (typeof into === "string") this.merged.set(label, into);
+  }
+};
 CaptionsModel.prototype.addFinal = function (seg) {
   if (this.seen.has(seg.id)) return;
   this.seen.add(seg.id);
@@ -52,14 +70,20 @@ CaptionsModel.prototype.addFinal = function (seg) {
 CaptionsModel.prototype.apply = function (ev) {
   switch (ev.type) {
     case "captions.ready":
-      // a new connection's snapshot holds every name: one removed while this page was
-      // away is not in it
+      // a new connection's snapshot holds every name and merge: a name removed while this
+      // page was away is not in it
       this.names = new Map();
+      this.merged = new Map();
       break;
     case "speaker.renamed":
       if (typeof ev.speaker !== "string") break;
       if (typeof ev.name === "string") this.names.set(ev.speaker, ev.name);
       else this.names.delete(ev.speaker); // null: the label shows again
+      break;
+    case "speaker.merged":
+      if (typeof ev.speaker === "string" && typeof ev.into === "string") {
+        this.merged.set(ev.speaker, ev.into);
+      }
       break;
     case "segment.final":
       this.addFinal(ev);
@@ -68,11 +92,13 @@ CaptionsModel.prototype.apply = function (ev) {
       this.partial = ev.segments;
       break;
     case "transcript.final":
+      this.noteMerged(ev.merged);
       ev.segments.forEach((seg) => this.addFinal(seg));
       this.partial = [];
       this.ended = true;
       break;
     case "transcript.revised":
+      this.noteMerged(ev.merged);
       this.revise(ev);
       break;
   }
@@ -88,14 +114,17 @@ CaptionsModel.prototype.revise = function (ev) {
     .sort((a, b) => a.start - b.start).slice(-KEPT_FINALS);
   this.partial = [];
 };
-// [{label, speaker (its name, or the label), text, partial}], the last maxLines: finals,
+// [{label (the one it shows as: a merged label's target), speaker (that label's name, or the
+// label), text, partial}], the last maxLines: finals,
 // then the partial's segments past the last final's end (a partial may still hold what a
 // final just committed).
 CaptionsModel.prototype.lines = function () {
   const last = this.finals.length ? this.finals[this.finals.length - 1].end : -Infinity;
   const open = this.partial.filter((seg) => seg.end > last && seg.text.trim());
-  const line = (seg, partial) => ({ label: seg.speaker, text: seg.text, partial,
-                                    speaker: this.names.get(seg.speaker) || seg.speaker });
+  const line = (seg, partial) => {
+    const label = this.shownLabel(seg.speaker);
+    return { label, text: seg.text, partial, speaker: this.names.get(label) || label };
+  };
   const lines = this.finals.map((seg) => line(seg, false))
     .concat(open.map((seg) => line(seg, true)));
   return lines.slice(-this.maxLines);
@@ -148,7 +177,7 @@ function render(model) {
     const who = document.createElement("span");
     who.className = "speaker";
     who.textContent = `${line.speaker}:`;
-    who.style.color = speakerColour(line.label); // the label's colour, named or not
+    who.style.color = speakerColour(line.label); // the shown label's colour, named or not
     const text = document.createElement("span");
     text.className = "text";
     text.textContent = line.text;

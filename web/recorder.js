@@ -12,6 +12,11 @@
 // line or in the speakers list, asks for a name and sends `speaker.rename`; the names shown come
 // only from the server's `speaker.renamed` (its answers, and its replay on a resume). Names are
 // changed only while connected: offline, the speakers list is disabled and a click does nothing.
+// Two labels that are one person can be merged ("Merge two…", docs/protocol.md "Speaker
+// merges"): the page asks which (e.g. "S03 S01": S03 is S01), checks what the server would
+// refuse (a refusal closes the socket), and sends `speaker.merge`; once the server's
+// `speaker.merged` says so, the merged label shows everywhere as its target (its name and
+// colour), the speakers list shows the two as one, and a click on it names the target.
 // A server that asks for an API key (docs/protocol.md, "API keys") gets the one typed in the
 // page's API key field as `start`'s `api_key` (a page cannot set a WebSocket's headers), on
 // every connection, resumes included; the tab's sessionStorage keeps it for a reload.
@@ -72,9 +77,10 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, unreachableAt: 0,
                 attempt: 0,
                 retry: null,
-                // the captions shown (segments), the labels seen, and {label: name} as the
-                // server last said (speaker.renamed)
-                finals: [], partial: [], speakers: new Set(), names: new Map() };
+                // the captions shown (segments), the labels seen, {label: name} as the
+                // server last said (speaker.renamed), {label: into} (speaker.merged)
+                finals: [], partial: [], speakers: new Set(), names: new Map(),
+                merged: new Map() };
 
 // Audio since the last ack, by offset (sample frames from the session's start): what a
 // resume may have to send again. `push` refuses audio past `maxFrames` (counted as lost).
@@ -259,9 +265,19 @@ function showExport(captions, startedAt, note) {
 
 // ---- speaker names
 
-// The label's name as the server last said, or the label itself
+// The label `label` shows as: itself, or for a label merged away its merge's target, in
+// turn (a target merged away later takes its merged labels along); bounded, in case of a cycle
+function shownLabel(label) {
+  for (let i = 0; i < state.merged.size && state.merged.has(label); i++) {
+    label = state.merged.get(label);
+  }
+  return label;
+}
+
+// The name of the label `label` shows as, as the server last said, or that label itself
 function speakerName(label) {
-  return state.names.get(label) || label;
+  const shown = shownLabel(label);
+  return state.names.get(shown) || shown;
 }
 
 // A name can be sent while the session's socket is live (a rename after Stop still applies
@@ -280,8 +296,10 @@ function nameProblem(name) {
   return "";
 }
 
-// Ask for the label's name and send it; an empty answer removes the name (the label shows)
+// Ask for the label's name and send it; an empty answer removes the name (the label shows).
+// A label merged away is named through its target (the server refuses a rename of it).
 function renameSpeaker(label) {
+  label = shownLabel(label);
   if (!SPEAKER_LABEL.test(label) || !canRename()) return;
   const answer = window.prompt(`Name for ${label} (empty: show ${label})`,
                                state.names.get(label) || "");
@@ -296,21 +314,66 @@ function renameSpeaker(label) {
   state.ws.send(JSON.stringify({ type: "speaker.rename", speaker: label, name: name || null }));
 }
 
-// The speakers list: each label seen (or named), with its name; a click renames it
+// The labels `label` stands for in the speakers list: it, then those merged into it
+function labelsShownAs(label, labels) {
+  return [label, ...[...labels].filter((other) => other !== label &&
+                                                    shownLabel(other) === label).sort()];
+}
+
+// The speakers list: each label seen (or named) that is not merged away, with its name and
+// the labels merged into it ("Alice (S01 + S03)"); a click renames it
 function renderSpeakers() {
-  const labels = new Set([...state.speakers, ...state.names.keys()]);
-  const buttons = [...labels].filter((label) => SPEAKER_LABEL.test(label)).sort()
+  const labels = new Set([...state.speakers, ...state.names.keys(), ...state.merged.keys()]);
+  const buttons = [...labels]
+    .filter((label) => SPEAKER_LABEL.test(label) && shownLabel(label) === label).sort()
     .map((label) => {
       const button = document.createElement("button");
+      const all = labelsShownAs(label, labels).join(" + ");
       button.className = "speaker-name";
-      button.textContent = state.names.has(label) ? `${state.names.get(label)} (${label})` : label;
+      button.textContent = state.names.has(label) ? `${state.names.get(label)} (${all})` : all;
       button.style.color = speakerColour(label);
       button.disabled = !canRename();
       button.addEventListener("click", () => renameSpeaker(label));
       return button;
     });
   $("speakers-list").replaceChildren(...buttons);
+  $("merge-speakers").disabled = !canRename() || buttons.length < 2;
   $("speakers").hidden = buttons.length === 0;
+}
+
+// The labels of a merge as typed: "S03 S01", "S03 into S01", "s03 -> s01", "S03=S01", ...
+const MERGE_ANSWER = /^\s*(S\d{1,15})\s*(?:into|->|→|=|,|\s)\s*(S\d{1,15})\s*$/i;
+
+// Why merging `label` into `into` would be refused by the server, or "" if it would not
+function mergeProblem(label, into) {
+  const known = (l) => state.speakers.has(l) || state.merged.has(l) ||
+                       [...state.merged.values()].includes(l);
+  if (!known(label) || !known(into)) return "both must be labels this meeting has shown";
+  if (state.merged.has(label)) return `${label} shows as ${shownLabel(label)} already`;
+  if (shownLabel(into) === label) return `${into} shows as ${label} already`;
+  return "";
+}
+
+// Ask which label to merge into which, and send it (docs/protocol.md, "Speaker merges")
+function mergeSpeakers() {
+  if (!canRename()) return;
+  const answer = window.prompt("Merge two speakers: the label to merge, then the one it is " +
+                               "(e.g. \"S03 S01\": S03 is S01 from now on)", "");
+  if (answer === null) return; // cancelled
+  const m = MERGE_ANSWER.exec(answer);
+  if (!m) {
+    setStatus("not merged: type two labels, the one to merge first (e.g. \"S03 S01\")");
+    return;
+  }
+  const [label, into] = [m[1].toUpperCase(), m[2].toUpperCase()];
+  const problem = label === into ? "a label cannot be merged into itself"
+                                 : mergeProblem(label, into);
+  if (problem) {
+    setStatus(`${label} not merged into ${into}: ${problem}`);
+    return;
+  }
+  if (!canRename()) return; // the connection went while the prompt was open
+  state.ws.send(JSON.stringify({ type: "speaker.merge", speaker: label, into }));
 }
 
 // Everything that shows a speaker, again (after a name changed, or the connection did)
@@ -329,7 +392,8 @@ function segmentElement(seg) {
   const who = document.createElement("span");
   who.className = "speaker";
   who.textContent = speakerName(seg.speaker);
-  who.style.color = speakerColour(seg.speaker); // the label's colour, named or not
+  // the colour of the label it shows as (a merged one's target's), named or not
+  who.style.color = speakerColour(shownLabel(seg.speaker));
   if (SPEAKER_LABEL.test(seg.speaker)) {
     who.title = `${seg.speaker}: click to name`;
     who.addEventListener("click", () => renameSpeaker(seg.speaker));
@@ -362,6 +426,15 @@ function revisedFinals(finals, ev) {
     .sort((a, b) => a.start - b.start);
 }
 
+// A transcript frame's `merged` ({label: target}, where the session merged any): the merges
+// the page may have missed (a resume after the final replays them too)
+function noteMerged(merged) {
+  if (!merged || typeof merged !== "object") return;
+  for (const [label, into] of Object.entries(merged)) {
+    if (typeof into === "string") state.merged.set(label, into);
+  }
+}
+
 function lostNote() {
   const lost = state.buffer ? state.buffer.lostFrames / SAMPLE_RATE : 0;
   return (lost > 0 ? ` (${lost.toFixed(1)} s of audio lost while offline)` : "") +
@@ -372,9 +445,13 @@ function lostNote() {
 function onEvent(ev) {
   switch (ev.type) {
     case "session.ready":
-      // the server holds the names: a resume replays them all after its finals, so the names
-      // this page had (one may have been removed while it was offline) are dropped
-      if (ev.resumed) state.names = new Map();
+      // the server holds the names and merges: a resume replays them all after its finals,
+      // so the names this page had (one may have been removed while it was offline) are
+      // dropped, and the merges come again
+      if (ev.resumed) {
+        state.names = new Map();
+        state.merged = new Map();
+      }
       state.revise = Boolean(ev.revise);
       renderNames(); // the speakers list can be used again
       $("demo-banner").style.display = ev.demo ? "block" : "none";
@@ -405,7 +482,13 @@ function onEvent(ev) {
       else state.names.delete(ev.speaker); // null: the label shows again
       renderNames();
       break;
+    case "speaker.merged":
+      if (typeof ev.speaker !== "string" || typeof ev.into !== "string") break;
+      state.merged.set(ev.speaker, ev.into);
+      renderNames();
+      break;
     case "transcript.final":
+      noteMerged(ev.merged);
       state.finished = true;
       clearSession(); // the meeting is over: nothing to resume after a reload
       state.partial = [];
@@ -421,6 +504,7 @@ function onEvent(ev) {
       }
       break;
     case "transcript.revised":
+      noteMerged(ev.merged);
       state.revisionPending = false;
       state.finals = revisedFinals(state.finals, ev);
       for (const seg of ev.segments) state.speakers.add(seg.speaker);
@@ -512,7 +596,7 @@ async function start(saved) {
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
     revise: false, revisionPending: false,
-    finals: [], partial: [], speakers: new Set(), names: new Map(),
+    finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
     captions: saved ? { session_id: saved.session_id, captions_token: saved.captions_token }
@@ -684,6 +768,7 @@ window.addEventListener("pagehide", () => {
   state.unloading = true;
 });
 $("stop").addEventListener("click", stop);
+$("merge-speakers").addEventListener("click", mergeSpeakers);
 $("overlay-copy").addEventListener("click", () => {
   // the clipboard needs a secure page, as the microphone does; else the link can be copied
   if (navigator.clipboard) navigator.clipboard.writeText($("overlay-url").textContent);

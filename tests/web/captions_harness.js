@@ -1,8 +1,10 @@
 // Runs web/captions.js (the captions overlay) in stub browsers (node's vm) with fake
 // WebSockets the script drives by hand, through a snapshot, live events, a dropped connection
 // and its reconnect, the session's end, refusals, speaker names (snapshot, live, after a
-// reconnect), a revision (and a reconnect after it) and a session that is gone (4404); also loads web/recorder.js to compare
-// the two pages' speaker colours. Prints one JSON line. argv: captions.js, recorder.js.
+// reconnect), speaker merges (snapshot, live, a chain, after a reconnect, a final's `merged`),
+// a revision (and a reconnect after it) and a session that is gone (4404); also loads
+// web/recorder.js to compare the two pages' speaker colours. Prints one JSON line. argv:
+// captions.js, recorder.js.
 const fs = require("fs");
 const vm = require("vm");
 
@@ -171,6 +173,31 @@ async function main() {
   [ready, final(s0), final(s1), final(s2), renamed("S01", "Alice"), finished, revision]
     .forEach((ev) => ragain.receive(ev));
   out.revisedAfterReconnect = revised.shown();
+
+  // speaker merges: in the snapshot, then live (a chain: S03 into S02, then S02 into S01),
+  // then after a reconnect whose snapshot replays them; and a final's `merged` alone
+  const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
+  const s3 = seg("seg-0003", 6, 8, "S03", "four");
+  const merging = page("?session=s&token=t&lines=5", captionsSource);
+  const mws = merging.sockets[0];
+  [ready, final(s0), final(s1), final(s3), renamed("S01", "Alice"), merged("S03", "S02"),
+   partial(9, [seg("", 8, 9, "S03", "fi")])].forEach((ev) => mws.receive(ev));
+  out.mergesSnapshot = merging.shown();
+  mws.receive(merged("S02", "S01"));
+  out.mergesLive = merging.shown();
+  out.mergesLiveColours = merging.colours();
+  mws.drop(1006);
+  await sleep(700);
+  const magain = merging.sockets[merging.sockets.length - 1];
+  magain.receive(ready);
+  out.mergesDropped = merging.shown(); // until the snapshot's merges come again
+  [final(s3), renamed("S01", "Alice"), merged("S03", "S02"), merged("S02", "S01")]
+    .forEach((ev) => magain.receive(ev));
+  out.mergesAfterReconnect = merging.shown();
+  const late = page("?session=s&token=t", captionsSource);
+  [ready, { type: "transcript.final", segments: [s0, s3], finish_reason: "stop", coverage: 1,
+            duration: 8, merged: { S03: "S01" } }].forEach((ev) => late.sockets[0].receive(ev));
+  out.mergesFromTheFinal = late.shown();
 
   const slow = page("?session=s&token=t", captionsSource);
   slow.sockets[0].drop(4429); // queue_full: reconnect for a fresh snapshot

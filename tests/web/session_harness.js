@@ -7,6 +7,8 @@
 // drop and a second resume), "gone" (the stored session's resume gets not_found, 4404; the
 // server has its final), "expired" (the stored session's window has passed), "names" (speakers
 // named through the page, the server's answers, a drop and the names' replay on the resume),
+// "merges" (two labels merged into one through the page, the server's answers, a rename of
+// the merged label, a drop and the merges' replay on the resume, the final's `merged`),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -257,6 +259,70 @@ async function namesScenario() {
   return out;
 }
 
+const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
+const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
+
+// Answer the merge prompt with `answer`: what the page then sent and said
+function askMerge(ws, answer) {
+  const before = mergesSent(ws).length;
+  answers.push(answer);
+  element("merge-speakers").listeners.click();
+  return { sent: mergesSent(ws).slice(before), status: element("status").textContent };
+}
+
+async function mergesScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02"),
+                  said("seg-0002", 2, "S03")];
+  for (const f of finals) ws.receive(f);
+  const out = { initial: shownSpeakers(), list: speakersList(), colours: shownColours(),
+                buttonDisabled: element("merge-speakers").disabled };
+  out.itself = askMerge(ws, "S03 S03");
+  out.unseen = askMerge(ws, "S09 S01");
+  out.garbled = askMerge(ws, "S03 and S01?");
+  out.cancelled = askMerge(ws, null);
+  out.merge = askMerge(ws, " s03 into s01 ");
+  out.mergePrompt = prompts[prompts.length - 1][0];
+  out.beforeAnswer = shownSpeakers(); // the server has not said so yet
+  ws.receive(merged("S03", "S01"));
+  out.merged = shownSpeakers();
+  out.mergedColours = shownColours();
+  out.mergedList = speakersList();
+  out.cycle = askMerge(ws, "S01 S03");
+  out.again = askMerge(ws, "S03 S02");
+  answers.push("Alice");
+  element("finals").children[2].children[1].listeners.click(); // S03's line: names S01
+  out.renames = renamesSent(ws);
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  out.named = shownSpeakers();
+  out.namedList = speakersList();
+  ws.drop(1006);
+  out.offlineDisabled = element("merge-speakers").disabled;
+  await sleep(400);
+  const again = sockets[1];
+  again.open();
+  again.receive(ready({ resumed: true }));
+  for (const f of finals) again.receive(f);
+  out.beforeReplay = shownSpeakers(); // the resume drops the merges until they are replayed
+  again.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  again.receive(merged("S03", "S01"));
+  out.replayed = shownSpeakers();
+  out.chain = askMerge(again, "S02 S03"); // into a merged label: the server resolves it
+  again.receive(merged("S02", "S01"));
+  out.chained = shownSpeakers();
+  out.chainedList = speakersList();
+  element("stop").listeners.click();
+  // a final whose merges this page missed (a merge between the drop and the replay, say)
+  again.receive({ ...finalOf([...finals, said("seg-0003", 3, "S04")]),
+                  merged: { S03: "S01", S02: "S01", S04: "S01" } });
+  out.final = shownSpeakers();
+  return out;
+}
+
 async function goneScenario(storage) {
   element("resume").listeners.click();
   await sleep(10);
@@ -307,7 +373,7 @@ async function expiredScenario(storage) {
 
 (async () => {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
-                    expired: stored(90000), names: {},
+                    expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
                     revised: {}, unrevised: {} }[scenario];
   const storage = new FakeStorage(initial);
@@ -315,7 +381,7 @@ async function expiredScenario(storage) {
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, kept));
   await sleep(10); // the page's own start-up
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
-                      expired: expiredScenario, names: namesScenario,
+                      expired: expiredScenario, names: namesScenario, merges: mergesScenario,
                       apikey: apiKeyScenario, refused: refusedScenario,
                       revised: revisedScenario, unrevised: unrevisedScenario };
   const result = await scenarios[scenario](storage);

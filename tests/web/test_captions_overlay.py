@@ -79,6 +79,18 @@ def test_named_speakers_show_by_name_from_the_snapshot_and_live_events() -> None
     assert run["namesAfterReconnect"] == ["S01: one", "Robert: two"]
 
 
+def test_merged_speakers_show_as_their_target_from_the_snapshot_live_and_the_final() -> None:
+    """`speaker.merged`: a merged label's lines show its target (its name, its colour),
+    through a chain (S03 into S02, then S02 into S01); a reconnect's snapshot replays them;
+    a final's `merged` alone is enough."""
+    run = overlay_run()
+    assert run["mergesSnapshot"] == ["Alice: one", "S02: two", "S02: four", "S02: fi ~"]
+    assert run["mergesLive"] == ["Alice: one", "Alice: two", "Alice: four", "Alice: fi ~"]
+    assert run["mergesLiveColours"] == [run["colours"]["captions"][0]] * 4
+    assert run["mergesAfterReconnect"] == run["mergesLive"]
+    assert run["mergesFromTheFinal"] == ["S01: one", "S01: four"]
+
+
 def test_a_session_that_is_gone_leaves_the_overlay_empty_unless_debugging() -> None:
     """4404 (the meeting ended and OBS reloaded the source, or the session was dropped) drew
     "captions: no such session ..." over the video: now nothing shows (no status, no stale

@@ -214,3 +214,41 @@ def test_a_failed_revision_says_the_final_stands() -> None:
 
 def test_a_session_gone_from_the_page_offers_its_revised_transcript_as_such() -> None:
     assert run("expired", transcript_status="revised")["links"]["note"] == "(revised)"
+
+
+def test_two_speakers_are_merged_through_the_page_and_shown_as_one() -> None:
+    """ "Merge two…" asks for the labels (e.g. "S03 S01"), refuses what the server would
+    (closing the socket) without sending it, and sends `speaker.merge`; once the server's
+    `speaker.merged` says so, the merged label shows as its target everywhere, in its
+    target's colour, and the speakers list shows the two as one; a click on the merged label
+    names its target (the server refuses a rename of it)."""
+    result = run("merges")
+    assert result["initial"] == ["S01", "S02", "S03"]
+    assert result["buttonDisabled"] is False
+    for refused, why in [("itself", "into itself"), ("unseen", "shown"), ("garbled", "two")]:
+        assert result[refused]["sent"] == [] and why in result[refused]["status"], refused
+    assert result["cancelled"]["sent"] == []
+    assert result["merge"]["sent"] == [{"type": "speaker.merge", "speaker": "S03", "into": "S01"}]
+    assert result["mergePrompt"].startswith("Merge two speakers")
+    assert result["beforeAnswer"] == ["S01", "S02", "S03"]  # the server is the source of truth
+    assert result["merged"] == ["S01", "S02", "S01"]
+    assert result["mergedColours"] == [result["colours"][i] for i in (0, 1, 0)]
+    assert result["mergedList"] == [["S01 + S03", False], ["S02", False]]
+    for refused in ("cycle", "again"):  # S01 into S03 (a cycle), S03 merged already
+        assert result[refused]["sent"] == [] and "shows as S01" in result[refused]["status"]
+    assert result["renames"] == [{"type": "speaker.rename", "speaker": "S01", "name": "Alice"}]
+    assert result["named"] == ["Alice", "S02", "Alice"]
+    assert result["namedList"] == [["Alice (S01 + S03)", False], ["S02", False]]
+
+
+def test_merges_are_disabled_offline_replayed_on_the_resume_and_taken_from_the_final() -> None:
+    """Offline the merge button is disabled; a resume's replay of `speaker.merged` is what
+    the page shows after; a merge into a merged label is sent as asked (the server resolves
+    it) and followed through; the final's `merged` adds any the page missed."""
+    result = run("merges")
+    assert result["offlineDisabled"] is True
+    assert result["replayed"] == ["Alice", "S02", "Alice"]
+    assert result["chain"]["sent"] == [{"type": "speaker.merge", "speaker": "S02", "into": "S03"}]
+    assert result["chained"] == ["Alice", "Alice", "Alice"]
+    assert result["chainedList"] == [["Alice (S01 + S02 + S03)", False]]
+    assert result["final"] == ["Alice"] * 4
