@@ -51,7 +51,8 @@ class SpeakerMerges:
     it was merged into, in merge order. Acyclic: `add` refuses a merge that would close a
     cycle, and records the target resolved (S04 into S03 after S03 into S01 is S04 -> S01);
     a chain still forms when a target is merged away later (S04 -> S03, then S03 -> S01), and
-    `resolve` follows it."""
+    `resolve` follows it. `merges`: (label, into) pairs to `add` in order; raises ValueError
+    as `add`."""
 
     def __init__(self, merges: Iterable[tuple[str, str]] = ()) -> None:
         self._into: dict[str, str] = {}
