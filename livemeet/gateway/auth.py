@@ -24,7 +24,6 @@ import ipaddress
 import re
 import secrets
 import shlex
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -39,7 +38,7 @@ from livemeet.audio.constants import (
 )
 from livemeet.config import AuthMode
 from livemeet.errors import InvalidRequest, Unauthorized
-from livemeet.gateway.live_protocol import NAME_FORBIDDEN_CATEGORIES
+from livemeet.gateway.live_protocol import name_problem
 
 KEY_PREFIX = "lm"
 API_KEY_HEADER = "X-Api-Key"
@@ -141,10 +140,8 @@ def check_key_name(name: str) -> str:
             f"a key's name holds at most {MAX_API_KEY_NAME_CHARS} characters, not {len(name)}",
             param="name",
         )
-    if any(unicodedata.category(ch) in NAME_FORBIDDEN_CATEGORIES for ch in name):
-        raise InvalidRequest(
-            "a key's name may not hold control characters or line breaks", param="name"
-        )
+    if (problem := name_problem(name)) is not None:
+        raise InvalidRequest(f"a key's name may not hold {problem}", param="name")
     return name
 
 

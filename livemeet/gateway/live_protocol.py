@@ -72,6 +72,23 @@ MAX_CHANNELS = MAX_PCM_CHANNELS
 # would end an SRT cue), line and paragraph separators (the same, to a subtitle player), and
 # lone surrogates (JSON's "\ud800" decodes to one, and it cannot be written back as UTF-8)
 NAME_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+# bidirectional embeddings, overrides and isolates (Unicode UAX #9, section 2.1-2.4): one left
+# open in a name reorders the rest of the line it is shown on (U+202E turns a caption around)
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+# Unicode general categories that show as something: letters, digits and other numbers,
+# punctuation, symbols (a name of only spaces, marks or format characters, U+200B say, shows
+# as nothing)
+VISIBLE_CATEGORY_CLASSES = frozenset("LNPS")
+
+
+def name_problem(name: str) -> str | None:
+    """What `name` (a speaker's or an API key's, stripped) holds that a display must not
+    show, as the end of "may not hold ..."; None when it holds nothing such."""
+    if any(unicodedata.category(ch) in NAME_FORBIDDEN_CATEGORIES for ch in name):
+        return "control characters or line breaks"
+    if any(ch in BIDI_CONTROLS for ch in name):
+        return "bidirectional embedding, override or isolate characters (U+202A-202E, U+2066-2069)"
+    return None
 
 
 class State(StrEnum):
@@ -442,8 +459,12 @@ def _parse_rename(m: dict[str, Any]) -> SpeakerRename:
             f"'name' must hold 1..{MAX_SPEAKER_NAME_CHARS} characters once stripped "
             "(null removes a name)"
         )
-    if any(unicodedata.category(ch) in NAME_FORBIDDEN_CATEGORIES for ch in name):
-        raise InvalidRequest("'name' may not hold control characters or line breaks")
+    if (problem := name_problem(name)) is not None:
+        raise InvalidRequest(f"'name' may not hold {problem}")
+    if not any(unicodedata.category(ch)[0] in VISIBLE_CATEGORY_CLASSES for ch in name):
+        raise InvalidRequest(
+            "'name' must hold a visible character (a letter, digit, punctuation or symbol)"
+        )
     return SpeakerRename(speaker, name)
 
 

@@ -301,6 +301,10 @@ def test_speaker_rename_names_a_label_strips_the_name_and_null_removes_it() -> N
     assert p.receive_text(rename(name=None)) == SpeakerRename("S01", None)
     longest = "x" * MAX_SPEAKER_NAME_CHARS
     assert p.receive_text(rename(name=longest)) == SpeakerRename("S01", longest)
+    # a zero-width non-joiner inside a Persian name, an emoji sequence joined by ZWJ: kept
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
+    assert p.receive_text(rename(name=persian)) == SpeakerRename("S01", persian)
+    assert p.receive_text(rename(name="\U0001f469\u200d\U0001f4bb")).name is not None
     assert p.state is State.STREAMING  # a rename is no audio and changes no state
 
 
@@ -324,6 +328,12 @@ def test_speaker_rename_names_a_label_strips_the_name_and_null_removes_it() -> N
         rename(name="Al\u0000ice"),
         rename(name="Al\u2028ice"),  # a line separator
         rename(name="Al\ud800ice"),  # a lone surrogate: not writable as UTF-8
+        # a trial: these were named; the overlay, SRT and VTT showed a blank speaker, or the
+        # rest of the caption line reversed
+        rename(name="\u200b"),  # a zero-width space alone: nothing to show
+        rename(name="\u200b\u200d\u0301"),  # format characters and a lone mark
+        rename(name="a\u202eb"),  # right-to-left override
+        rename(name="\u2067Bob"),  # right-to-left isolate
     ],
 )
 def test_a_malformed_speaker_rename_is_an_invalid_request(text: str) -> None:
