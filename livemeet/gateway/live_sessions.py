@@ -829,13 +829,13 @@ class LiveSessions:
         resends from the durable offset), else it is ended and its transcript stored. Returns
         how many were rebuilt; one that cannot be (its backend refuses it) is logged and
         discarded, one the engine could not take now (EngineUnavailable) is left for the
-        next start, and one whose transcript is stored already is finished
-        (`_finished_before`). `revise`: rebuilt sessions ask for a revision
+        next start, one whose transcript is stored already is finished
+        (`_finished_before`), and one that never had audio is discarded (`_empty_before`). `revise`: rebuilt sessions ask for a revision
         (`SessionOptions.revise`)."""
         assert self._journal is not None, "restore needs the journal"
         rebuilt = 0
         for stored in restored:
-            if await self._finished_before(stored):
+            if await self._finished_before(stored) or self._empty_before(stored):
                 continue
             try:
                 await self._rebuild(stored, open_session, hop_s, revise)
@@ -880,6 +880,19 @@ class LiveSessions:
             "journal was not: finished now, not rebuilt",
             meta.session_id,
         )
+        return True
+
+    def _empty_before(self, stored: RestoredSession) -> bool:
+        """Whether `stored` never had any audio: its client sent `start` and nothing more (a
+        scanner, a page closed at once). Such a session is discarded rather than rebuilt:
+        there is nothing of it to lose, its client starts anew (a resume gets not_found),
+        and rebuilt it held a --max-sessions slot for two resume windows (a trial)."""
+        assert self._journal is not None
+        if stored.durable_frames or stored.finals or stored.ended:
+            return False
+        self._journal.adopt(stored, lambda _: None, lambda _: None)
+        self._journal.discard(stored.meta.session_id)
+        log.info("live session %s had no audio: discarded, not rebuilt", stored.meta.session_id)
         return True
 
     async def _rebuild(

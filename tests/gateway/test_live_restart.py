@@ -20,7 +20,7 @@ from livemeet.gateway.live_protocol import GOING_AWAY, SERVICE_RESTART
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_live_durable import journal_rows
-from tests.gateway.test_live_resume import detached_session, read_to_close, resume_start
+from tests.gateway.test_live_resume import detached_session, read_to_close, resume_start, vanish
 from tests.gateway.test_ws_live import START, gateway_client, receive_all, wait_until
 
 
@@ -140,6 +140,34 @@ async def test_a_restart_keeps_a_detached_session_unended(
     await client.close()
     assert fake.sessions[0].log.aborted  # its engine slot is freed all the same
     assert journal_rows(server_config.data_dir) == [(ready["session_id"], 0, 16000)]
+
+
+async def test_a_session_that_never_sent_audio_is_not_rebuilt_by_the_next_start(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """Clients that sent `start` and left (a scanner, a page closed at once) were journaled,
+    rebuilt by every start and held a --max-sessions slot for two resume windows (a trial).
+    Nothing to lose: the next start discards such a session; its client starts anew."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    vanish(ws)
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    await ws.close()
+    await close_live_sockets(client.app)
+    await client.close()
+    assert journal_rows(server_config.data_dir) == [(ready["session_id"], 0, 0)]
+
+    again = FakeTranscriber()
+    client = await aiohttp_client(create_app(server_config, again))
+    assert client.app[SESSIONS_KEY].get(ready["session_id"]) is None
+    assert not again.sessions  # no backend session opened for it
+    await wait_until(lambda: journal_rows(server_config.data_dir) == [])  # the writer's
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        events = await receive_all(ws)
+    assert events[-1]["code"] == "not_found" and ws.close_code == 4404
 
 
 async def test_a_connection_during_the_restart_is_told_to_come_back(
