@@ -830,8 +830,8 @@ class LiveSessions:
         how many were rebuilt; one that cannot be (its backend refuses it) is logged and
         discarded, one the engine could not take now (EngineUnavailable) is left for the
         next start, one whose transcript is stored already is finished
-        (`_finished_before`), and one that never had audio is discarded (`_empty_before`). `revise`: rebuilt sessions ask for a revision
-        (`SessionOptions.revise`)."""
+        (`_finished_before`), and one that never had audio is discarded (`_empty_before`).
+        `revise`: rebuilt sessions ask for a revision (`SessionOptions.revise`)."""
         assert self._journal is not None, "restore needs the journal"
         rebuilt = 0
         for stored in restored:
