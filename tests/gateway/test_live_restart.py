@@ -7,6 +7,7 @@ With resume off, or `--shutdown-live end`, the shutdown drains as before (final,
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiohttp import ClientWebSocketResponse
 from aiohttp.test_utils import TestClient
@@ -24,6 +25,20 @@ from tests.gateway.test_live_resume import detached_session, read_to_close, resu
 from tests.gateway.test_ws_live import START, gateway_client, receive_all, wait_until
 
 
+async def streaming(
+    client: TestClient, fake: FakeTranscriber, seconds: float
+) -> tuple[ClientWebSocketResponse, dict[str, Any]]:
+    """A session that started and sent `seconds` of 16-kHz audio, all of it taken in: its
+    socket and `session.ready`."""
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready: dict[str, Any] = await ws.receive_json()
+    await ws.send_bytes(pcm16(seconds))
+    frames = round(seconds * 16000)
+    await wait_until(lambda: fake.sessions[-1].log.num_samples == frames)
+    return ws, ready
+
+
 async def test_a_restart_keeps_a_streaming_session_for_the_next_start(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
@@ -33,11 +48,7 @@ async def test_a_restart_keeps_a_streaming_session_for_the_next_start(
     session is not ended, its audio is on disk, and the next start rebuilds it for a resume
     that goes on from all of it."""
     client = await aiohttp_client(create_app(server_config, fake))
-    ws = await client.ws_connect("/v1/live")
-    await ws.send_json(START)
-    ready = await ws.receive_json()
-    await ws.send_bytes(pcm16(2.0))
-    await wait_until(lambda: fake.sessions[0].log.num_samples == 2 * 16000)
+    ws, ready = await streaming(client, fake, 2.0)
     reading = asyncio.create_task(receive_all(ws))
     await close_live_sockets(client.app)
     events = await asyncio.wait_for(reading, 5)
@@ -73,11 +84,7 @@ async def test_a_kept_session_waits_a_window_from_the_next_start_not_from_the_st
     client = await gateway_client(
         aiohttp_client, server_config, fake, live_resume_window_s=window_s
     )
-    ws = await client.ws_connect("/v1/live")
-    await ws.send_json(START)
-    ready = await ws.receive_json()
-    await ws.send_bytes(pcm16(1.0))
-    await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    ws, ready = await streaming(client, fake, 1.0)
     reading = asyncio.create_task(receive_all(ws))
     await close_live_sockets(client.app)
     await asyncio.wait_for(reading, 5)
@@ -106,11 +113,7 @@ async def test_a_session_failed_before_the_restart_is_told_its_own_error(
     that error and 4507 (before, `server_restarting` and 1012, and its resume then found no
     session: 4404)."""
     client = await aiohttp_client(create_app(server_config, fake))
-    ws = await client.ws_connect("/v1/live")
-    await ws.send_json(START)
-    ready = await ws.receive_json()
-    await ws.send_bytes(pcm16(1.0))
-    await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    ws, ready = await streaming(client, fake, 1.0)
     reading = asyncio.create_task(receive_all(ws))
     sessions = client.app[SESSIONS_KEY]
     holder = sessions.get(ready["session_id"])
