@@ -856,6 +856,12 @@ def format_event(event: dict[str, Any]) -> str:
         return f"# session {event['session_id']} ready, model {event['model']}{demo}, {resume}"
     if kind == "error":
         return f"! error {event['code']}: {event['message']}"
+    if kind == "speaker.renamed":  # from another client of the session (the recorder page)
+        name = event.get("name")
+        named = f"named {json.dumps(name, ensure_ascii=False)}" if name else "name removed"
+        return f"# speaker {event['speaker']} {named}"
+    if kind == "speaker.merged":
+        return f"# speaker {event['speaker']} merged into {event['into']} (shown as it from now on)"
     return json.dumps(event, ensure_ascii=False)
 
 

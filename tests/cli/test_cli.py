@@ -938,6 +938,13 @@ def test_format_event_lines() -> None:
     assert "DEMO" in stream.format_event(
         {"type": "session.ready", "session_id": "x", "protocol": 0, "demo": True, "model": "m"}
     )
+    # speaker events read as lines, not JSON (a name or merge made on the recorder page)
+    renamed = {"type": "speaker.renamed", "speaker": "S01", "name": "Zoë"}
+    assert stream.format_event(renamed) == '# speaker S01 named "Zoë"'
+    unnamed = stream.format_event({**renamed, "name": None})
+    assert unnamed == "# speaker S01 name removed"
+    merged = {"type": "speaker.merged", "speaker": "S03", "into": "S01"}
+    assert stream.format_event(merged).startswith("# speaker S03 merged into S01")
 
 
 async def live_url(aiohttp_server: Any, handler: Any) -> str:
