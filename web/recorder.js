@@ -395,7 +395,7 @@ function segmentElement(seg) {
   // the colour of the label it shows as (a merged one's target's), named or not
   who.style.color = speakerColour(shownLabel(seg.speaker));
   if (SPEAKER_LABEL.test(seg.speaker)) {
-    who.title = `${seg.speaker}: click to name`;
+    who.title = `${shownLabel(seg.speaker)}: click to name`; // a merged label names its target
     who.addEventListener("click", () => renameSpeaker(seg.speaker));
   }
   const text = document.createElement("span");

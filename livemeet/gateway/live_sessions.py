@@ -235,8 +235,8 @@ class ReplayState:
             events.append(self.terminal)
             if self.revision is not None:
                 events.append(self.revision)
-        elif self.partial is not None:
-            events.append(self.partial)
+        elif self.partial is not None:  # decoded before a later merge, maybe: as shown now
+            events.append(self.as_shown(self.partial))
         return events
 
 
@@ -534,6 +534,13 @@ class LiveSessionHolder:
         async def act() -> None:
             nonlocal merged
             if self.replay.terminal is not None:
+                return
+            merges = self.replay.merges
+            if speaker in merges and merges.resolve(speaker) == merges.resolve(into):
+                # a repeat (a client retrying after a dropped socket): answered again, as a
+                # repeated rename is (it closed the session with 4400; a trial)
+                self._record(SpeakerMerged(speaker, merges.resolve(into)))
+                merged = True
                 return
             target = self._merge_target(speaker, into)
             await self.session.merge_speakers(speaker, target)

@@ -614,6 +614,31 @@ class LiveConnection:
 
     # -- the client's actions --------------------------------------------------------------
 
+    async def _on_speaker_action(self, action: SpeakerRename | SpeakerMerge) -> None:
+        """A rename or merge. After `end` one the session refuses (a label merged away, a
+        cycle, ...) is ignored, as a malformed one is (docs/protocol.md): its error would
+        close the socket before the final, and the meeting's transcript with it (a trial);
+        one that comes after the final transcript is late and ignored too."""
+        holder = self._require_holder()
+        what = "rename" if isinstance(action, SpeakerRename) else "merge"
+        try:
+            if isinstance(action, SpeakerRename):
+                done = holder.rename(self, action.speaker, action.name)
+            else:
+                done = await holder.merge(self, action.speaker, action.into)
+        except InvalidRequest as exc:
+            if self.protocol.state not in (State.ENDING, State.DRAINING):
+                raise
+            log.info("live session %s: %s after end refused, ignored: %s", holder.id, what, exc)
+            return
+        if not done:
+            log.info(
+                "live session %s: %s of %s after its final transcript, ignored",
+                holder.id,
+                what,
+                action.speaker,
+            )
+
     async def _on_action(self, action: object) -> None:
         if isinstance(action, AppendAudio):
             await self._append(action.pcm)
@@ -623,22 +648,8 @@ class LiveConnection:
             await self._require_holder().finalize(self)
         elif isinstance(action, EndStream):
             await self._end()
-        elif isinstance(action, SpeakerRename):
-            holder = self._require_holder()
-            if not holder.rename(self, action.speaker, action.name):
-                log.info(
-                    "live session %s: rename of %s after its final transcript, ignored",
-                    holder.id,
-                    action.speaker,
-                )
-        elif isinstance(action, SpeakerMerge):
-            holder = self._require_holder()
-            if not await holder.merge(self, action.speaker, action.into):
-                log.info(
-                    "live session %s: merge of %s after its final transcript, ignored",
-                    holder.id,
-                    action.speaker,
-                )
+        elif isinstance(action, SpeakerRename | SpeakerMerge):
+            await self._on_speaker_action(action)
         elif isinstance(action, Ignored):
             if action.reason:
                 log.info("live message after the session ended, ignored: %s", action.reason)

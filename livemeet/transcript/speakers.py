@@ -35,6 +35,10 @@ from dataclasses import replace
 from livemeet.audio.constants import MAX_MERGED_SPEAKERS
 from livemeet.transcript.segments import Segment
 
+# s of speech a restored merge's label counts as, mapped to itself: less than any final's, so
+# it only decides where nothing else does
+MERGED_LABEL_VOTE_S = 1e-3
+
 
 def session_label(number: int) -> str:
     """ "S01", "S02", ... (the form MOSS-TD writes, MODEL.md section 6)."""
@@ -212,6 +216,13 @@ class SpeakerMapper:
         self._votes: dict[tuple[str, str], float] = defaultdict(float)
         self._merges = SpeakerMerges(merges)
         self._seen.update(self._merges.labels())
+        # a restored merged-away label may have been shown in partials only, which a restart
+        # loses: a backend writing a returning speaker with it (as with a final's label, above)
+        # means that label's speaker, so it votes for itself a little (resolved: its target)
+        # rather than the speaker taking a fresh label (a trial saw S04, merged into S02,
+        # come back as S05 after a restart)
+        for label, _ in self._merges.items():
+            self._votes[(label, label)] += MERGED_LABEL_VOTE_S
         for seg in restored:
             self._seen.add(seg.speaker)
             self._votes[(seg.speaker, seg.speaker)] += seg.end_s - seg.start_s

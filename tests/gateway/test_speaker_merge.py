@@ -201,6 +201,80 @@ async def test_a_merge_after_end_applies_until_the_final(
 
 
 @pytest.mark.parametrize(
+    "refused",
+    [
+        merge("S04", "S04"),
+        merge("S09", "S01"),
+        merge("S03", "S02"),  # merged into S01 already
+        merge("S01", "S03"),  # a cycle
+        rename("S03", "Carol"),  # merged away: its target is the one to name
+    ],
+)
+async def test_a_merge_or_rename_refused_after_end_is_ignored_and_the_final_comes(
+    client: TestClient, fake: FakeTranscriber, refused: dict[str, Any]
+) -> None:
+    """After `end` the session refuses it and it is ignored, as a malformed one is
+    (docs/protocol.md). Before, it was an invalid_request: close 4400 before the final, and
+    the meeting's transcript was lost (a trial)."""
+    fake.speakers = SPEAKERS
+    fake.end_gate = asyncio.Event()  # the final waits for it
+    async with client.ws_connect("/v1/live") as live:
+        await start_session(live)
+        await stream(live, fake, SHOWN_S)
+        await live.send_json(merge("S03", "S01"))
+        await read_until(live, "speaker.merged")
+        await live.send_json({"type": "end"})
+        await live.send_json(refused)
+        await live.send_json(rename("S01", "Alice"))  # read after it: it was ignored
+        await read_until(live, "speaker.renamed")
+        fake.end_gate.set()
+        events = await read_to_close(live)
+    assert live.close_code == 1000 and not of_type(events, "error")
+    assert events[-1]["type"] == "transcript.final"
+    assert fake.sessions[0].log.merges == [("S03", "S01")]
+
+
+async def test_a_repeated_merge_is_answered_again_not_refused(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """The same merge again (a client retrying after a dropped socket) is answered with
+    `speaker.merged` again, as a repeated rename is (it closed the session with 4400: the
+    meeting was lost; a trial)."""
+    fake.speakers = SPEAKERS
+    async with client.ws_connect("/v1/live") as live:
+        await start_session(live)
+        await stream(live, fake, SHOWN_S)
+        await live.send_json(merge("S03", "S01"))
+        await live.send_json(merge("S03", "S01"))
+        events = await read_until(live, "speaker.merged")
+        events += await read_until(live, "speaker.merged")
+        await live.send_json({"type": "end"})
+        events += await read_to_close(live)
+    assert of_type(events, "speaker.merged") == [merged("S03", "S01")] * 2
+    assert live.close_code == 1000 and events[-1]["type"] == "transcript.final"
+    assert fake.sessions[0].log.merges == [("S03", "S01")]  # the backend was told once
+
+
+async def test_a_snapshot_after_a_merge_shows_the_partial_with_the_target(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """The partial a snapshot (or a resume) replays was decoded before the merge: it is sent
+    as shown now (it carried the merged-away label after `speaker.merged`; a trial)."""
+    fake.speakers = SPEAKERS
+    async with client.ws_connect("/v1/live") as live:
+        ready = await start_session(live)
+        await stream(live, fake, 7.5)  # finals of S01 and S02, then S03's partial (6-7.5 s)
+        await live.send_json(merge("S03", "S02"))
+        await read_until(live, "speaker.merged")
+        late = await subscribe(client, ready)
+        snapshot = await read_until(late, "segment.partial")
+        await live.send_json({"type": "end"})
+        await read_to_close(live)
+        await read_to_close(late)
+    assert labels_in(snapshot[-1]) == ["S02"]
+
+
+@pytest.mark.parametrize(
     ("messages", "why"),
     [
         ([merge("Alice", "S01")], "'speaker.merge' needs 'speaker'"),

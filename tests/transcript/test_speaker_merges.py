@@ -145,3 +145,17 @@ def test_a_revision_maps_onto_merged_labels_targets_and_never_writes_a_merged_la
     assert labels(out) == ["S01", "S02", "S01", "S05"]
     plain = map_revision(revised, finals, {"S01", "S02", "S03"})
     assert labels(plain) == ["S01", "S02", "S03", "S04"]
+
+
+def test_a_restored_merged_label_seen_only_in_partials_maps_to_its_target() -> None:
+    """After a restart the mapper knows the finals and the merges, not the partials: S04,
+    merged into S02, had only been in partials. The backend writes that speaker as S04 again
+    (a returning speaker keeps the label its decodes gave it): it shows as S02, not as a
+    fresh S05 (a trial)."""
+    finals = [Segment(0.0, 3.0, "S01", "a"), Segment(3.0, 6.0, "S02", "b")]
+    mapper = SpeakerMapper(restored=finals, merges=[("S04", "S02")])
+    [seg] = mapper.map([Segment(13.0, 14.0, "S04", "I can")], seen=[])
+    assert seg.speaker == "S02"
+    # a speaker the session never had still gets a fresh label, none merged away
+    [new] = mapper.map([Segment(15.0, 16.0, "S05", "hi")], seen=[])
+    assert new.speaker == "S03"
