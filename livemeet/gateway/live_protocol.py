@@ -264,6 +264,9 @@ class LiveProtocol:
         self.num_audio_bytes = 0
         self.num_held_frames = 0
         self._failed = False
+        # the last text frame was a speaker request (speaker.rename/merge): a refusal of it is
+        # the client's display mistake, which closes its socket but keeps the meeting
+        self.speaker_request = False
 
     @property
     def has_audio(self) -> bool:
@@ -285,10 +288,12 @@ class LiveProtocol:
         self._check_open()
         if self.state in _ENDED:
             return _receive_after_end(text)
+        self.speaker_request = False
         message = _parse_json_object(text)
         kind = message.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest("every message needs a string 'type' field")
+        self.speaker_request = kind in _SPEAKER_PARSERS
         if kind == "keepalive":
             return KeepAlive()
         if kind in _SPEAKER_PARSERS:
@@ -309,6 +314,7 @@ class LiveProtocol:
 
     def receive_binary(self, data: bytes) -> AppendAudio | Ignored:
         """Accept one PCM16 LE frame. Raises ProtocolError out of order or misaligned."""
+        self.speaker_request = False
         self._check_open()
         if self.state in _ENDED:
             return Ignored(len(data))

@@ -265,6 +265,8 @@ class LiveConnection:
         self._final_sent_at: float | None = None
         self._resume_id: str | None = None  # the session a `start` asked to resume
         self._error: LivemeetError | None = None  # what `fail` sent
+        # a refused speaker request: its error closes the socket, the session is kept
+        self._keep_on_error = False
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
         # a message read while a resume waited (`_while_reading`): `_receive` returns it next
@@ -320,6 +322,11 @@ class LiveConnection:
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
         except LivemeetError as exc:
+            # a speaker request refused (malformed, or one the session cannot make) closes
+            # the socket with 4400, but the meeting stays, kept as after a dropped socket (a
+            # resume, or its transcript stored once the window passes): a display mistake
+            # cost the whole meeting (a trial). Other violations drop the session.
+            self._keep_on_error = isinstance(exc, InvalidRequest) and self.protocol.speaker_request
             await self.fail(exc)
         except Exception as exc:
             log.exception("live connection failed")
@@ -527,7 +534,8 @@ class LiveConnection:
             return
         self._failed = True
         self._error = error
-        self.protocol.fail()
+        if not self._keep_on_error:
+            self.protocol.fail()  # the session is not kept for a resume (LiveProtocol.close)
         self.outcome = error.code
         self._metrics.errors.labels(error.code).inc()
         self._cancel_ack()
@@ -628,7 +636,7 @@ class LiveConnection:
                 done = await holder.merge(self, action.speaker, action.into)
         except InvalidRequest as exc:
             if self.protocol.state not in (State.ENDING, State.DRAINING):
-                raise
+                raise  # the 4400 closes the socket; the meeting is kept (`run`)
             log.info("live session %s: %s after end refused, ignored: %s", holder.id, what, exc)
             return
         if not done:

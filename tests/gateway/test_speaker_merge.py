@@ -302,6 +302,31 @@ async def test_a_merge_the_session_cannot_make_is_an_invalid_request(
     assert fake.sessions[0].log.merges == [("S03", "S01")] * (len(messages) - 1)
 
 
+@pytest.mark.parametrize("refused", [merge("S09", "S01"), rename("S03", "")])
+async def test_a_refused_speaker_request_closes_the_socket_but_keeps_the_meeting(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    refused: dict[str, Any],
+) -> None:
+    """The 4400 closes the socket, and the session is kept as after a dropped one: resumable
+    within its window, then ended and its transcript stored (before, a refused display
+    request dropped the session and its finals at once: the meeting so far was lost; a
+    trial). A client's other violations still drop it."""
+    fake.speakers = SPEAKERS
+    client = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0.5)
+    async with client.ws_connect("/v1/live") as ws:
+        ready = await start_session(ws)
+        await stream(ws, fake, SHOWN_S)
+        await ws.send_json(refused)
+        await expect_error(ws, InvalidRequest)
+    await wait_until(lambda: client.app[SESSIONS_KEY].get(ready["session_id"]) is None, 10)
+    response = await client.get(transcript_url(ready, "verbose_json"))
+    assert response.status == 200, await response.text()
+    assert response.headers["X-Livemeet-Transcript-Status"] == "final"
+    assert len((await response.json())["segments"]) >= 3  # every final streamed
+
+
 async def test_a_merge_before_start_is_a_protocol_error(client: TestClient) -> None:
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(merge("S03", "S01"))
