@@ -93,13 +93,16 @@ class SessionOptions:
 @dataclass(frozen=True)
 class BackendInfo:
     """A backend: its registered name, the model id it serves, whether it is the demo, and
-    whether it can revise a live session's transcript after its final (`SessionOptions.revise`)."""
+    whether it can revise a live session's transcript after its final (`SessionOptions.revise`).
+    `language`: the one language its model transcribes, named as OpenAI's `verbose_json` names
+    a detected one ("english"), or None where it may be any."""
 
     name: str
     model_id: str
     demo: bool = False
     diarization: bool = True
     revise: bool = False
+    language: str | None = None
 
 
 @dataclass(frozen=True)

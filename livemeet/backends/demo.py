@@ -82,7 +82,11 @@ class DemoCore(RedecodeCore):
     @property
     def info(self) -> BackendInfo:
         return BackendInfo(
-            name="demo", model_id="whisper-tiny.en-demo", demo=True, diarization=False
+            name="demo",
+            model_id="whisper-tiny.en-demo",
+            demo=True,
+            diarization=False,
+            language="english",  # tiny.en: English only
         )
 
     def load(self) -> None:

@@ -228,9 +228,10 @@ async def _transcribe(
         return response, outcome
     final = await _collect_final(session)
     phases.done("transcribe")
-    transcript = _to_transcript(final, form.language)
+    language = _language(request, form)
+    transcript = _to_transcript(final, language)
     await request.app[STORE_KEY].put(transcription_id, transcript)
-    rendered = _render(transcript, form.response_format, form.language)
+    rendered = _render(transcript, form.response_format, language)
     rendered.headers[ID_HEADER] = transcription_id
     phases.done("respond", last=True)
     return rendered, "completed"
@@ -413,6 +414,12 @@ async def _collect_final(session: TranscriberSession) -> TranscriptFinal:
     raise EngineUnavailable("the backend session ended without a transcript")
 
 
+def _language(request: web.Request, form: UploadForm) -> str | None:
+    """The transcript's language: the request's, else the one language the backend's model
+    transcribes (the demo's English), else None (`verbose_json` says "unknown")."""
+    return form.language or request.app[TRANSCRIBER_KEY].info.language
+
+
 def _to_transcript(final: TranscriptFinal, language: str | None) -> Transcript:
     """The upload's transcript; a decode that did not end at the model's own stop (its output
     budget ran out, or the repetition guard cut a loop) is logged as a warning, since the
@@ -482,7 +489,7 @@ async def _write_stream(
             await response.write(encode_event(_segment_event(item.segment)))
             num_segments_sent += 1
         elif isinstance(item, TranscriptFinal):
-            transcript = _to_transcript(item, form.language)
+            transcript = _to_transcript(item, _language(request, form))
             flusher.push(tracker.final_tail(transcript.text), now)
             await _send_delta(response, flusher.finish())
             # Backends that commit only at the end send no SegmentFinal: send the rest here.

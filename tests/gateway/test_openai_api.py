@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -591,3 +592,25 @@ async def test_an_uploads_log_line_names_its_stored_transcription(
     assert resp.status == 200
     tid = resp.headers[openai_api.ID_HEADER]
     assert f"(transcription {tid})" in caplog.text
+
+
+async def test_verbose_json_names_the_backends_one_language_when_none_was_given(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """The demo transcribes English only (Whisper tiny.en), so its `verbose_json` says
+    "english" as OpenAI names a detected language (a trial: always "unknown"); the request's
+    own `language` still wins, and a backend of any language says "unknown"."""
+    url = "/v1/audio/transcriptions"
+    unknown = await client.post(url, data=form(wav_bytes(1.0), response_format="verbose_json"))
+    assert (await unknown.json())["language"] == "unknown"
+    fake._info = replace(fake._info, language="english")
+    english = await client.post(url, data=form(wav_bytes(1.0), response_format="verbose_json"))
+    assert (await english.json())["language"] == "english"
+    given = form(wav_bytes(1.0), response_format="verbose_json", language="de")
+    assert (await (await client.post(url, data=given)).json())["language"] == "de"
+
+
+def test_the_demo_backend_says_it_transcribes_english() -> None:
+    from livemeet.backends.demo import DemoCore
+
+    assert DemoCore.__new__(DemoCore).info.language == "english"  # no model loaded for this
