@@ -265,8 +265,9 @@ class LiveConnection:
         self._final_sent_at: float | None = None
         self._resume_id: str | None = None  # the session a `start` asked to resume
         self._error: LivemeetError | None = None  # what `fail` sent
-        # a refused speaker request: its error closes the socket, the session is kept
-        self._keep_on_error = False
+        # `fail` closes the socket but keeps the session, as a dropped socket does: a refused
+        # speaker request (`run`), a restart (`_keep_for_restart`)
+        self._keep_session = False
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
         # a message read while a resume waited (`_while_reading`): `_receive` returns it next
@@ -326,7 +327,7 @@ class LiveConnection:
             # the socket with 4400, but the meeting stays, kept as after a dropped socket (a
             # resume, or its transcript stored once the window passes): a display mistake
             # cost the whole meeting (a trial). Other violations drop the session.
-            self._keep_on_error = isinstance(exc, InvalidRequest) and self.protocol.speaker_request
+            self._keep_session = isinstance(exc, InvalidRequest) and self.protocol.speaker_request
             await self.fail(exc)
         except Exception as exc:
             log.exception("live connection failed")
@@ -442,17 +443,16 @@ class LiveConnection:
                 await self._end()
                 return
         if self.protocol.state not in (State.ENDING, State.DRAINING, State.CLOSED):
-            await self.fail(
-                _restarting() if keep else EngineUnavailable("the server is shutting down")
-            )
+            await self.fail(_shutdown_error(self, keep))
 
     async def _keep_for_restart(self, holder: LiveSessionHolder) -> None:
         """A restart's drain (under the action lock: no audio is taken in meanwhile): the
         session's audio taken in goes to disk, waited for at most LIVE_RESTART_DURABLE_WAIT_S
         (the client holds what was not acknowledged and sends it again from the resume's
         offset), then the client is sent `server_restarting` and a 1012 close. The session is
-        not failed, so the cleanup keeps it (LiveSessions.disconnect), unfinished in the
-        journal: the next start rebuilds it, as after a crash, and its client resumes it."""
+        kept (`_keep_session`), so the cleanup keeps it (LiveSessions.disconnect), unfinished
+        in the journal: the next start rebuilds it, as after a crash, and its client resumes
+        it."""
         if not await holder.wait_durable(LIVE_RESTART_DURABLE_WAIT_S):
             log.warning(
                 "live session %s: %d frames not on disk before the restart; its client "
@@ -460,11 +460,8 @@ class LiveConnection:
                 holder.id,
                 holder.num_frames_accepted - holder.num_frames_durable,
             )
-        error = _restarting()
-        self._failed = True  # one error a connection: the shutdown's late `fail` sends none
-        self._error = error
-        self._metrics.errors.labels(error.code).inc()
-        await self._send_error(error)
+        self._keep_session = True
+        await self.fail(_restarting())
 
     async def cleanup(self) -> None:
         """Release everything; safe after any failure (the `finally` of the handler). The
@@ -534,7 +531,7 @@ class LiveConnection:
             return
         self._failed = True
         self._error = error
-        if not self._keep_on_error:
+        if not self._keep_session:
             self.protocol.fail()  # the session is not kept for a resume (LiveProtocol.close)
         self.outcome = error.code
         self._metrics.errors.labels(error.code).inc()
