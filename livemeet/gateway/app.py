@@ -44,10 +44,9 @@ from livemeet.gateway.api_keys import ApiKeyStore, store_path
 from livemeet.gateway.auth_http import (
     KeyGuard,
     auth_middleware,
+    check_request_key,
     key_watch,
-    needs_key,
     refused_client,
-    request_key,
 )
 from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.errors_http import error_response
@@ -443,8 +442,7 @@ async def _expect_upload(request: web.Request) -> web.StreamResponse | None:
     if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
         raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
     try:
-        if needs_key(request):
-            await request.app[AUTH_KEY].authenticate(request_key(request))
+        await check_request_key(request)
         openai_api.check_declared_size(request, request.app[CONFIG_KEY].gateway.max_upload_bytes)
     except LivemeetError as exc:
         return await error_middleware(request, functools.partial(_raise, exc))

@@ -175,12 +175,20 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     """Refuse a request that needs a key without a valid one: Unauthorized, which the error
     middleware (outside this one) renders as a 401 with `WWW-Authenticate`, before the
     handler reads any of the body."""
+    await check_request_key(request)
+    return await handler(request)
+
+
+async def check_request_key(request: web.Request) -> None:
+    """Where `request` needs a key (`needs_key`), check the one it presents; the accepted
+    key's id goes into the request (`API_KEY_ID_KEY`, for the handler's log lines). Raises
+    Unauthorized. The middleware's check, also made from an upload's `Expect: 100-continue`
+    before its body comes (app._expect_upload)."""
     if needs_key(request):
         key = await request.app[AUTH_KEY].authenticate(request_key(request))
         if key is not None:
-            request[API_KEY_ID_KEY] = key.key_id  # for the handler's log lines (an upload's)
+            request[API_KEY_ID_KEY] = key.key_id
             log.debug("%s %s: API key %s", request.method, request.rel_url.raw_path, key.key_id)
-    return await handler(request)
 
 
 def refused_client(error: LivemeetError, remote: str | None) -> str:
