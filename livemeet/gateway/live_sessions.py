@@ -897,10 +897,16 @@ class LiveSessions:
         assert self._journal is not None
         if stored.durable_frames or stored.finals or stored.ended:
             return False
-        self._journal.adopt(stored, lambda _: None, lambda _: None)
-        self._journal.discard(stored.meta.session_id)
+        self._discard_stored(stored)
         log.info("live session %s had no audio: discarded, not rebuilt", stored.meta.session_id)
         return True
+
+    def _discard_stored(self, stored: RestoredSession) -> None:
+        """Take a session of the journal that will not be rebuilt, and discard it (its rows
+        and its audio go)."""
+        assert self._journal is not None
+        self._journal.adopt(stored, lambda _: None, lambda _: None)
+        self._journal.discard(stored.meta.session_id)
 
     async def _rebuild(
         self,
@@ -925,8 +931,7 @@ class LiveSessions:
         except EngineUnavailable:
             raise
         except LivemeetError:  # refused: it would be at every start
-            self._journal.adopt(stored, lambda _: None, lambda _: None)
-            self._journal.discard(meta.session_id)
+            self._discard_stored(stored)
             raise
         audio_format = AudioFormat(meta.sample_rate, meta.channels, PCM_ENCODING)
         decoder = PcmStreamDecoder(meta.sample_rate, meta.channels, PCM_ENCODING)
