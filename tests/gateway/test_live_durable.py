@@ -31,11 +31,11 @@ from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber, fake_text
 from tests.gateway.test_live_resume import (
+    detach,
     detached_session,
     read_to_close,
     read_until,
     resume_start,
-    vanish,
 )
 from tests.gateway.test_speaker_rename import RecordingSink
 from tests.gateway.test_ws_live import START, gateway_client, wait_until
@@ -580,9 +580,7 @@ async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_ar
         disk.clear()
         await ws.send_bytes(pcm16(0.5))
         await wait_until(lambda: fake.sessions[0].log.num_samples == 1.5 * RATE)
-        vanish(ws)
-        await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-        await ws.close()
+        await detach(client, ws)
         async with client.ws_connect("/v1/live") as ws:
             await ws.send_json(resume_start(ready))
             resumed = await read_until(ws, "session.ready")

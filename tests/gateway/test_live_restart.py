@@ -21,7 +21,12 @@ from livemeet.gateway.live_protocol import GOING_AWAY, SERVICE_RESTART
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_live_durable import journal_rows
-from tests.gateway.test_live_resume import detached_session, read_to_close, resume_start, vanish
+from tests.gateway.test_live_resume import (
+    detach,
+    detached_session,
+    read_to_close,
+    resume_start,
+)
 from tests.gateway.test_ws_live import START, gateway_client, receive_all, wait_until
 
 
@@ -155,9 +160,7 @@ async def test_a_session_that_never_sent_audio_is_not_rebuilt_by_the_next_start(
     ws = await client.ws_connect("/v1/live")
     await ws.send_json(START)
     ready = await ws.receive_json()
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     await close_live_sockets(client.app)
     await client.close()
     assert journal_rows(server_config.data_dir) == [(ready["session_id"], 0, 0)]

@@ -52,6 +52,14 @@ def vanish(ws: aiohttp.ClientWebSocketResponse) -> None:
     ws._response.connection.transport.abort()  # type: ignore[union-attr]
 
 
+async def detach(client: TestClient, ws: aiohttp.ClientWebSocketResponse) -> None:
+    """The client's connection dies (`vanish`); once the server holds its session detached
+    (the only one), the client's side is closed too."""
+    vanish(ws)
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    await ws.close()
+
+
 async def read_until(ws: aiohttp.ClientWebSocketResponse, kind: str) -> Frames:
     """Events up to and including the first of type `kind`."""
     events: Frames = []
@@ -100,9 +108,7 @@ async def detached_session(
     seen = await read_until(ws, "audio.ack")  # the whole second's events precede its ack
     while seen[-1]["offset"] < frames:
         seen += await read_until(ws, "audio.ack")
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     return ready, seen
 
 
@@ -278,9 +284,7 @@ async def test_a_socket_lost_after_end_resumes_to_its_final(
     await ws.send_bytes(pcm16(1.0))
     await ws.send_json({"type": "end"})
     await wait_until(lambda: fake.sessions[0].log.ended)
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     async with client.ws_connect("/v1/live") as again:
         await again.send_json(resume_start(ready))
         assert (await again.receive_json())["resumed"] is True
@@ -435,9 +439,7 @@ async def test_a_resume_through_the_engine_client_and_scripted_backend(
         await ws.send_bytes(pcm16(0.5))
     while (await read_until(ws, "audio.ack"))[-1]["offset"] < 6 * 16000:
         pass
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     async with client.ws_connect("/v1/live") as again:
         await again.send_json(resume_start(ready))
         resumed = await again.receive_json()
@@ -513,9 +515,7 @@ async def test_a_socket_lost_after_an_idle_end_keeps_the_final_for_a_resume(
     ready = await ws.receive_json()
     await ws.send_bytes(pcm16(1.0))
     await wait_until(lambda: fake.sessions[0].log.ended)  # by the idle timeout
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     assert not fake.sessions[0].log.aborted
     async with client.ws_connect("/v1/live") as again:
         await again.send_json(resume_start(ready))

@@ -25,12 +25,12 @@ from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_live_resume import (
+    detach,
     metric,
     of_type,
     read_to_close,
     read_until,
     resume_start,
-    vanish,
 )
 from tests.gateway.test_ws_captions import captions_url, transcript_url
 from tests.gateway.test_ws_live import START, wait_until
@@ -278,9 +278,7 @@ async def test_a_client_that_vanishes_while_the_revision_runs_still_gets_it_stor
     ready = await meeting(ws)
     await read_until(ws, "transcript.final")
     await revise_gate.wait_started()
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     revise_gate.release.set()
     await wait_until(lambda: _revised(client, ready))
     assert metric(client, "livemeet_live_revisions_total", result="revised") == 1
@@ -302,9 +300,7 @@ async def test_a_resume_after_the_final_gets_the_replayed_final_then_the_revisio
     ready = await meeting(ws)
     final = (await read_until(ws, "transcript.final"))[-1]
     await revise_gate.wait_started()
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     async with client.ws_connect("/v1/live") as again:
         await again.send_json(resume_start(ready))
         resumed = await again.receive_json()

@@ -27,12 +27,12 @@ from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber, fake_text
 from tests.gateway.test_live_durable import journal_rows, stream_acked
 from tests.gateway.test_live_resume import (
+    detach,
     of_type,
     on_disk,
     read_to_close,
     read_until,
     resume_start,
-    vanish,
 )
 from tests.gateway.test_speaker_rename import FORMAT, RecordingSink, rename
 from tests.gateway.test_ws_captions import stream, subscribe, transcript_url
@@ -129,9 +129,7 @@ async def test_merges_survive_a_resume_and_are_replayed_after_the_names(
     seen += await read_until(ws, "speaker.merged")
     assert of_type(seen, "speaker.merged") == [merged("S03", "S01"), merged("S02", "S01")]
     await on_disk(client, ready, round(SHOWN_S * 16000))  # the resume goes on from there
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     async with client.ws_connect("/v1/live") as again:
         await again.send_json(resume_start(ready))
         replay = await read_until(again, "segment.partial")

@@ -22,11 +22,11 @@ from livemeet.transcriber import SessionOptions
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber, fake_text
 from tests.gateway.test_live_resume import (
+    detach,
     of_type,
     read_to_close,
     read_until,
     resume_start,
-    vanish,
 )
 from tests.gateway.test_ws_captions import stream, subscribe, transcript_url
 from tests.gateway.test_ws_live import expect_error, gateway_client, start_session, wait_until
@@ -80,9 +80,7 @@ async def test_names_survive_a_resume_and_are_replayed_after_the_finals(
     seen = await read_until(ws, "speaker.renamed")
     while seen[-1] != renamed("S02", None):
         seen += await read_until(ws, "speaker.renamed")
-    vanish(ws)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await ws.close()
+    await detach(client, ws)
     async with client.ws_connect("/v1/live") as again:
         await again.send_json(resume_start(ready))
         replay = await read_until(again, "segment.partial")

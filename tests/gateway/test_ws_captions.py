@@ -20,6 +20,7 @@ from livemeet.gateway.keys import METRICS_KEY, SESSIONS_KEY
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber, fake_text
 from tests.gateway.test_live_resume import (
+    detach,
     on_disk,
     read_to_close,
     read_until,
@@ -225,9 +226,7 @@ async def test_subscribers_stay_through_the_sessions_detach_and_resume(
     await stream(live, fake, 1.0)
     await on_disk(client, ready, 16000)  # the resume sends on from there
     ws = await subscribe(client, ready)
-    vanish(live)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await live.close()
+    await detach(client, live)
     await fake.sessions[0].finalize()  # the backend commits while no socket is attached
     snapshot_and_more = await read_until(ws, "segment.final")
     assert [e["type"] for e in snapshot_and_more] == ["segment.partial", "segment.final"]
@@ -314,9 +313,7 @@ async def test_a_subscriber_joining_after_the_final_gets_it_then_the_close(
     live = await client.ws_connect("/v1/live")
     ready = await start_session(live)
     await stream(live, fake, 3.0)
-    vanish(live)
-    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    await live.close()
+    await detach(client, live)
     await client.app[SESSIONS_KEY].get(ready["session_id"]).end(None)  # type: ignore[union-attr]
     await wait_until(lambda: client.app[SESSIONS_KEY].get(ready["session_id"]).replay.terminal)  # type: ignore[union-attr]
     async with client.ws_connect(captions_url(ready)) as ws:
