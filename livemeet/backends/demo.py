@@ -20,6 +20,15 @@ more than DEMO_LATE_SPEECH_S after its start starts there. faster-whisper's own 
 (Silero) removes silence before decoding instead, but its timestamps then stretch a segment
 across the removed gap (8.0-131.1 s for the end of the first turn in that audio).
 
+The request's `prompt` and `hotwords` are accepted and not used (`use_request_prompt`), as the
+live committed text is not: given any initial prompt, even the one word "Kennedy", tiny.en
+mostly stops writing timestamps and returns a window as one segment, which often ends early and
+loses the speech after it. The first 30 s of AMI tst00 read 15 segments to 30.0 s without one;
+with "Meeting about a remote control design." one segment 0-20.0 s (358 characters to 139); a
+316-s trial file 119 segments and 3002 characters without, 12/2032 with that prompt and
+40/1925 with "Kennedy". Timestamp tokens around the prompt kept the timestamps on AMI dev00 and
+dev01 but wrote nothing at all for tst00: no reliable way to use a prompt was found.
+
 Greedy tiny.en loops: it wrote "Yeah, yeah, yeah, ..." (670 characters) over 4-30 s of AMI
 tst00, where speech goes on. faster-whisper's own remedy, a temperature fallback when the text
 compresses too well, samples, so the same audio could come back with different text; its
@@ -68,6 +77,8 @@ class DemoCore(RedecodeCore):
     # Measured on AMI dev00: with the committed text as initial prompt, tiny.en stops writing
     # timestamps and returns the whole window as one segment, which never commits by agreement.
     use_committed_prompt = False
+    # So does the request's prompt, even one word (module docstring): accepted, not used.
+    use_request_prompt = False
 
     def __init__(
         self, cpu_threads: int = 0, classifier: Callable[[], Classifier] = webrtc_classifier

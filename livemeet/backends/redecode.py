@@ -90,6 +90,8 @@ class RedecodeCore(abc.ABC):
 
     # Pass the recent committed text to `transcribe_window` as part of the prompt.
     use_committed_prompt = True
+    # Pass the session's `prompt` and `hotwords` to `transcribe_window` as part of the prompt.
+    use_request_prompt = True
 
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -275,9 +277,11 @@ class RedecodeCore(abc.ABC):
         return sess.live.hop_due() or sess.live.flush_due()
 
     def _prompt(self, options: SessionOptions, committed: str | None) -> str | None:
-        if not self.use_committed_prompt:
-            committed = None
-        parts = [options.prompt or "", " ".join(options.hotwords), committed or ""]
+        parts = []
+        if self.use_request_prompt:
+            parts += [options.prompt or "", " ".join(options.hotwords)]
+        if self.use_committed_prompt:
+            parts.append(committed or "")
         prompt = " ".join(p for p in parts if p)
         return prompt or None
 

@@ -297,3 +297,16 @@ def test_a_restored_live_session_hears_nothing_before_its_finals_and_keeps_s01(
     assert {s.speaker for s in new} == {"S01"}
     final = events[-1]
     assert isinstance(final, TranscriptFinal) and final.segments == (*stored, *new)
+
+
+def test_an_upload_prompt_is_not_used(demo_core: DemoCore, shared_data: Path) -> None:
+    """A trial: with `prompt=Meeting about a remote control design.` the first 30 s of a
+    meeting came back as one cue 0-20 s (31 tokens; 15 cues to 30 s without): tiny.en stops
+    writing timestamps when given any prompt. The demo accepts the prompt and ignores it."""
+    samples = load_16k(shared_data / "ami-pyannote-debug" / "tst00.wav")[: 30 * 16_000]
+    options = SessionOptions(
+        live=False, prompt="Meeting about a remote control design.", hotwords=("Kennedy",)
+    )
+    final = stream(demo_core, samples, chunk_s=30.0, options=options)[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert len(final.segments) >= 10 and final.segments[-1].end_s > 25.0, final.segments

@@ -193,6 +193,18 @@ def test_prompt_is_options_then_committed_text(use_committed: bool) -> None:
     assert all(p is not None and p.startswith("Agenda: Ebenezer") for p in core.prompts)
 
 
+@pytest.mark.parametrize("live", [True, False])
+def test_a_backend_may_decode_without_the_request_prompt(live: bool) -> None:
+    """`use_request_prompt` False (the demo: a prompt stops tiny.en writing timestamps): the
+    session's prompt and hotwords are accepted and never reach `transcribe_window`."""
+    core = PromptRecorder(Script(long_reference(40.0, seg_s=3.0)))
+    core.use_request_prompt = False
+    options = SessionOptions(live=live, prompt="Agenda:", hotwords=("Ebenezer",))
+    stream(core, audio(40.0), chunk_s=2.0, options=options)
+    assert core.prompts and not [p for p in core.prompts if p and "Agenda" in p]
+    assert not [p for p in core.prompts if p and "Ebenezer" in p]
+
+
 def test_a_live_hop_arriving_mid_upload_is_served_before_the_upload_ends() -> None:
     """A user trial: a 3-minute upload froze every live session's captions for 7.3 s, since
     one step decoded the whole file. Now a step decodes one upload window at most, and a hop
