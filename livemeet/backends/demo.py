@@ -18,7 +18,11 @@ minutes of silence read [120.0]). Each segment is checked against WebRTC's VAD o
 (`trim_to_speech`): one without a speech frame is dropped, one whose first speech frame comes
 more than DEMO_LATE_SPEECH_S after its start starts there. faster-whisper's own `vad_filter`
 (Silero) removes silence before decoding instead, but its timestamps then stretch a segment
-across the removed gap (8.0-131.1 s for the end of the first turn in that audio).
+across the removed gap (8.0-131.1 s for the end of the first turn in that audio). A segment
+reaching the end of the audio is judged on the frames it has: one over the last 5 s of digital
+silence ("You", 0.0-5.0 s) was kept because its span with the margin ran past them. A segment
+without a letter or digit is dropped: over JFK followed by 40 s of noise at -50 dBFS tiny.en
+wrote "." and ". ." (captions `S01: .`).
 
 The request's `prompt` and `hotwords` are accepted and not used (`use_request_prompt`), as the
 live committed text is not: given any initial prompt, even the one word "Kennedy", tiny.en
@@ -161,8 +165,8 @@ class DemoCore(RedecodeCore):
         out: list[Segment] = []
         for p in pieces:
             text = p.text.strip()
-            if not text:
-                continue
+            if not any(c.isalnum() for c in text):
+                continue  # "." or ". ." over noise: nothing was said
             cut = cut_periodic_tail(text)
             flags = () if cut is None else (SegmentFlag.REPETITION_CUT,)
             text = text if cut is None else cut
@@ -182,16 +186,14 @@ def trim_to_speech(segments: list[Segment], speech: np.ndarray, offset_s: float)
     are `speech` (bool, one per VAD_FRAME_S): those without a speech frame in their span
     widened by DEMO_SPEECH_MARGIN_S each side dropped, those whose first speech frame is more
     than DEMO_LATE_SPEECH_S past their start started at that frame (module docstring). A
-    segment reaching past the classified frames (the audio's last partial frame) is kept."""
+    segment reaching past the classified frames is judged on those it has; one lying wholly
+    past them (in the audio's last partial frame) has none and is kept."""
     out = []
     margin = math.ceil(DEMO_SPEECH_MARGIN_S / VAD_FRAME_S)
     for seg in segments:
         first = math.floor((seg.start_s - offset_s) / VAD_FRAME_S)
         last = max(math.ceil((seg.end_s - offset_s) / VAD_FRAME_S), first + 1)  # >= 1 frame
-        if (
-            last + margin <= speech.size
-            and not speech[max(first - margin, 0) : last + margin].any()
-        ):
+        if first < speech.size and not speech[max(first - margin, 0) : last + margin].any():
             continue  # written over silence
         span = speech[max(first, 0) : last]
         if span.any():

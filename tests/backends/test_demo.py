@@ -185,7 +185,10 @@ def test_trim_to_speech_by_frames() -> None:
         Segment(10.0, 12.0, "S01", "late"),  # speech from 11.5: 1.5 s late, moved
         Segment(11.0, 12.5, "S01", "close"),  # 0.5 s: kept as it is
         Segment(12.3, 12.3, "S01", "zero-length"),  # on a frame boundary, inside speech
-        Segment(15.5, 16.5, "S01", "past the frames"),  # 15.5-16.5 s: beyond frame 200
+        # reaching past the frames (to 16.0 s) over silent ones: dropped (a trial: "You" over
+        # 5 s of digital silence was kept, its span with the margin reaching past them)
+        Segment(15.5, 16.5, "S01", "into the end"),
+        Segment(16.1, 16.5, "S01", "past the frames"),  # no frame to judge it by: kept
     ]
     out = trim_to_speech(segs, speech, 10.0)
     assert [(s.text, s.start_s) for s in out] == [
@@ -193,8 +196,48 @@ def test_trim_to_speech_by_frames() -> None:
         ("late", pytest.approx(11.5)),
         ("close", 11.0),
         ("zero-length", 12.3),
-        ("past the frames", 15.5),
+        ("past the frames", 16.1),
     ]
+
+
+def test_trim_to_speech_judges_a_segment_at_the_end_on_the_frames_it_has() -> None:
+    """Audio from 0 s of 100 frames (3.0 s); speech in its last 0.15 s (frames 95-99)."""
+    speech = np.zeros(100, dtype=bool)
+    speech[95:] = True
+    segs = [
+        Segment(0.0, 2.5, "S01", "over silence"),  # 0.3-s margin reaches 2.8 s: dropped
+        Segment(2.7, 3.2, "S01", "at the edge"),  # its frames hold speech: kept
+    ]
+    assert [s.text for s in trim_to_speech(segs, speech, 0.0)] == ["at the edge"]
+    silence = np.zeros(166, dtype=bool)  # 5 s of digital silence (166 whole frames)
+    assert trim_to_speech([Segment(0.0, 5.0, "S01", "You")], silence, 0.0) == []
+
+
+def test_a_segment_without_a_letter_or_digit_is_dropped(
+    demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial: JFK then 40 s of noise at -50 dBFS gave cues `S01: .` and `S01: . .`."""
+    pieces = [
+        SimpleNamespace(start=0.0, end=2.0, text=" Ask not."),
+        SimpleNamespace(start=2.0, end=4.0, text=" ."),
+        SimpleNamespace(start=4.0, end=5.0, text=" . . -"),
+        SimpleNamespace(start=5.0, end=6.0, text=" 1961."),
+        SimpleNamespace(start=6.0, end=7.0, text=" 北京"),
+    ]
+    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
+    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
+    out = demo_core.transcribe_window(np.zeros(7 * 16_000, dtype=np.float32), 0.0, None)
+    assert [s.text for s in out] == ["Ask not.", "1961.", "北京"]
+
+
+def test_noise_after_speech_writes_nothing(demo_core: DemoCore, shared_data: Path) -> None:
+    """The trial's file: JFK, then 40 s of white noise at -50 dBFS."""
+    jfk = load_16k(shared_data / "jfk" / "jfk.flac")
+    noise = np.random.default_rng(0).standard_normal(40 * 16_000).astype(np.float32)
+    noise *= 10 ** (-50 / 20) / float(np.sqrt(np.mean(noise**2)))
+    segments = demo_core.transcribe_upload(np.concatenate([jfk, noise]), None)
+    assert all(s.start_s < jfk.size / 16_000 for s in segments), segments  # none in the noise
+    assert "fellow americans" in words(" ".join(s.text for s in segments))
 
 
 def test_an_upload_is_decoded_a_window_per_step(
