@@ -40,6 +40,15 @@ compresses too well, samples, so the same audio could come back with different t
 DEMO_NO_REPEAT_NGRAM_TOKENS tokens, which ends a loop within a few periods (tst00 then reads
 what was said). A segment whose text still ends in a loop (`cut_periodic_tail`) is cut after its
 first period and flagged REPETITION_CUT.
+
+A loop can also span segments, which neither check sees: a trial's 30-s upload read 27
+one-second "I don't know." and "John Dashwood.", losing the sentence spoken there, which the
+same audio cut 1 s earlier or later read right. An upload window with UPLOAD_LOOP_MIN_REPEATS
+consecutive segments of one text keeps the first, flagged, and the next window starts after it
+(`RedecodeCore.upload_pieces`); the trial's 316-s file then reads that sentence (119 segments
+to 96, one extra window decode) and its genuine runs ("What's it username?" three times) stay.
+A live hop's hypothesis keeps at most LOOP_MAX_REPEATS copies in a row (`clean_hypothesis`),
+and its window's start moves with every commit: live, the same audio read right.
 """
 
 from __future__ import annotations

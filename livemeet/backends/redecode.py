@@ -31,11 +31,11 @@ import abc
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from livemeet.audio.constants import SAMPLE_RATE, WINDOW_SAMPLES
+from livemeet.audio.constants import SAMPLE_RATE, UPLOAD_LOOP_MIN_REPEATS, WINDOW_SAMPLES
 from livemeet.backends.base import restored_finals, restored_merges
 from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.engine.messages import EngineStats
@@ -54,7 +54,8 @@ from livemeet.transcriber import (
     is_terminal,
 )
 from livemeet.transcript.commit import revision_segments
-from livemeet.transcript.segments import FinishReason, Segment
+from livemeet.transcript.repetition import find_segment_loop
+from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag
 from livemeet.transcript.speakers import map_revision
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,8 @@ class RedecodeCore(abc.ABC):
     use_committed_prompt = True
     # Pass the session's `prompt` and `hotwords` to `transcribe_window` as part of the prompt.
     use_request_prompt = True
+    # segments; a run this long of one text in an upload window is a decode loop (upload_pieces)
+    upload_loop_min_repeats = UPLOAD_LOOP_MIN_REPEATS
 
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
@@ -126,14 +129,35 @@ class RedecodeCore(abc.ABC):
         `next()` decodes at most one window and yields its segments (maybe none), in order.
 
         Default: consecutive 30 s windows; a window's last segment, possibly cut by the window
-        boundary, is re-decoded at the start of the next window."""
+        boundary, is re-decoded at the start of the next window. A window whose segments loop
+        (`upload_loop_min_repeats` copies of one text in a row, `find_segment_loop`) keeps the
+        loop's first copy, flagged REPETITION_CUT, and the next window starts at its end: a
+        greedy decode that looped from one offset reads the speech from another (the trial's
+        27 x "I don't know." did), and a genuine run is written again from there. A loop whose
+        first copy reaches the window's end drops every copy: the next window starts at it."""
         start = 0
         while start < samples.size:
             stop = min(start + WINDOW_SAMPLES, samples.size)
             offset_s = start / SAMPLE_RATE
             segs = list(self.transcribe_window(samples[start:stop], offset_s, prompt))
             next_start = stop
-            if stop < samples.size and len(segs) >= 2:
+            loop = find_segment_loop(segs, self.upload_loop_min_repeats)
+            first = segs[loop] if loop is not None else None
+            if first is not None and stop < samples.size and first.end_s * SAMPLE_RATE >= stop:
+                # copies of the window's last segment, cut by its end: re-decoded from its start
+                # with the next window, as without a loop (or from the window's end)
+                cut = round(first.start_s * SAMPLE_RATE)
+                segs, next_start = segs[:loop], cut if cut > start else stop
+            elif first is not None:
+                # the first copy's end, or a later segment's where that is not past the
+                # window's start (zero-length stamps), else the window's end: the walk advances
+                ends = (round(seg.end_s * SAMPLE_RATE) for seg in segs[loop:])
+                next_start = next((end for end in ends if end > start), stop)
+                segs = [
+                    *segs[:loop],
+                    replace(first, flags=(*first.flags, SegmentFlag.REPETITION_CUT)),
+                ]
+            elif stop < samples.size and len(segs) >= 2:
                 cut = round(segs[-1].start_s * SAMPLE_RATE)
                 if cut > start:
                     segs, next_start = segs[:-1], cut

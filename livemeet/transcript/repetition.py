@@ -108,6 +108,23 @@ def cut_periodic_tail(text: str, options: RepetitionOptions | None = None) -> st
     return text[: space if space > 0 else stop].rstrip()
 
 
+def find_segment_loop(segments: Sequence[Segment], min_repeats: int) -> int | None:
+    """The index of the first segment of the first run of at least `min_repeats` consecutive
+    `segments` with one non-empty normalised text, whoever speaks them, or None. A window
+    re-decoder's loop ("I don't know." as 27 one-second segments over 29 s of a 30-s window)
+    spans segments, where `cut_periodic_tail` and a decoder's n-gram ban, both within one
+    segment's text, do not see it."""
+    assert min_repeats >= 2, min_repeats
+    run_start, run_norm = 0, ""
+    for i, seg in enumerate(segments):
+        norm = normalise_text(seg.text)
+        if not norm or norm != run_norm:
+            run_start, run_norm = i, norm
+        elif i - run_start + 1 >= min_repeats:
+            return run_start
+    return None
+
+
 class RepetitionGuard:
     """Feed confirmed segments with `push`, the text of the segment being written with
     `check_pending`; `flush` at a normal end releases held segments. Once a loop is seen the

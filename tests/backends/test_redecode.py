@@ -19,7 +19,7 @@ from livemeet.transcriber import (
     TextDelta,
     TranscriptFinal,
 )
-from livemeet.transcript.segments import Segment, Transcript
+from livemeet.transcript.segments import Segment, SegmentFlag, Transcript
 from tests.backends.helpers import run_to_idle, stream
 
 UPLOAD = SessionOptions(live=False)
@@ -351,3 +351,57 @@ def test_a_restored_session_decodes_from_its_finals_end_with_their_text_in_the_p
     assert reference[5].text.startswith(finals[2].text)  # cut by end() at 16 s
     final = events[-1]
     assert isinstance(final, TranscriptFinal) and final.segments[:3] == stored
+
+
+class LoopsAtZero(ScriptedCore):
+    """Decodes the window starting at 0 s as tiny.en decoded a trial's `loop_window.wav`, 27
+    one-second "I don't know." and the last second's words; any other window by its script."""
+
+    def transcribe_window(self, samples, offset_s, prompt):  # type: ignore[no-untyped-def]
+        if offset_s > 0.0:
+            return super().transcribe_window(samples, offset_s, prompt)
+        self.num_hops += 1
+        loop = [Segment(float(t), t + 1.0, "S01", "I don't know.") for t in range(27)]
+        return [*loop, Segment(29.0, 30.0, "S01", "John Dashwood.")]
+
+
+def test_a_loop_across_an_upload_windows_segments_is_decoded_again_past_its_first_copy() -> None:
+    """A trial: 30 s decoded as 27 one-second "I don't know." then "John Dashwood.", the
+    sentence spoken there lost; cut 1 s later the audio decoded right. The loop's first copy
+    is kept (flagged) and the next window starts at its end."""
+    reference = (
+        Segment(0.0, 1.0, "S01", "I don't know."),
+        Segment(1.0, 8.0, "S01", "I'm sorry."),
+        Segment(14.1, 19.2, "S01", "If the reader will excuse me, I will say nothing."),
+        Segment(29.0, 30.0, "S01", "John Dashwood."),
+    )
+    core = LoopsAtZero(Script(reference))
+    final = stream(core, audio(30.0), chunk_s=30.0, options=UPLOAD)[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert [(s.start_s, s.text) for s in final.segments] == [(s.start_s, s.text) for s in reference]
+    assert [s.flags for s in final.segments] == [(SegmentFlag.REPETITION_CUT,), (), (), ()]
+    assert core.num_hops == 2
+
+
+def test_a_loop_at_an_upload_windows_end_is_decoded_again_with_the_next_window() -> None:
+    """The scripted loop (the last segment three more times) at the first window's end: its
+    first copy, cut by the window's end, is decoded again whole from its start."""
+    reference = long_reference(60.0, seg_s=3.0)
+    core = ScriptedCore(Script(reference, loop_hops=frozenset({0})))
+    final = stream(core, audio(60.0), chunk_s=30.0, options=UPLOAD)[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert [s.text for s in final.segments] == [s.text for s in reference]
+    assert core.num_hops == 3  # 0-30 s (27.2-30.2 s cut at 30 s: looped), 27.2-57.2 s, the rest
+
+
+def test_a_genuine_run_of_one_reply_survives_in_an_upload() -> None:
+    """People say "Yeah." several times in a row: a run the loop rule takes for a loop is
+    written again by the next window, from the first copy's end, so no copy is lost."""
+    yeahs = tuple(Segment(2.0 + i, 2.8 + i, "S01", "Yeah.") for i in range(6))
+    reference = (Segment(0.2, 1.8, "S01", "Shall we start?"), *yeahs, *long_reference(40.0)[2:])
+    core = ScriptedCore(Script(reference))
+    final = stream(core, audio(40.0), chunk_s=40.0, options=UPLOAD)[-1]
+    assert isinstance(final, TranscriptFinal)
+    assert [s.text for s in final.segments] == [s.text for s in reference]
+    # three windows from 0, 2.8 and 3.8 s find the run (6, 5 and 4 copies), then 2: the rest
+    assert core.num_hops <= 6

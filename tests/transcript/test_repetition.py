@@ -8,6 +8,7 @@ from livemeet.transcript.repetition import (
     RepetitionGuard,
     RepetitionOptions,
     cut_periodic_tail,
+    find_segment_loop,
     periodic_tail,
 )
 from livemeet.transcript.segments import Segment
@@ -129,3 +130,15 @@ def test_a_seeded_run_keeps_its_speakers() -> None:
     same.seed([seg(0, "Yeah.", "S02"), seg(1, "Yeah.", "S01"), seg(2, "Yeah.", "S01")])
     assert not same.push(seg(3, "Yeah.", "S01")).looping  # S01's 3rd in a row
     assert same.push(seg(4, "Yeah.", "S01")).looping  # S01's 4th
+
+
+def test_find_segment_loop_finds_the_first_run_long_enough() -> None:
+    texts = ["Hi.", "Yeah.", "yeah", "Yeah!", "So.", "I don't know."] + ["I don't know."] * 4
+    assert find_segment_loop(history(*texts), 4) == 5
+    assert find_segment_loop(history(*texts), 3) == 1  # "Yeah." x3, case and punctuation aside
+    assert find_segment_loop(history(*texts), 6) is None
+    # speakers do not break a run; empty texts are never one
+    mixed = [seg(i, "Okay.", f"S0{i % 2 + 1}") for i in range(4)]
+    assert find_segment_loop(mixed, 4) == 0
+    assert find_segment_loop(history("", "", "", ""), 2) is None
+    assert find_segment_loop([], 2) is None
