@@ -240,6 +240,18 @@ class Transcriber(Protocol):
 
 
 @runtime_checkable
+class SlottedTranscriber(Protocol):
+    """A transcriber with a fixed number of session slots (EngineClient's --max-sessions): the
+    gateway refuses an upload while none is free before it reads the body, rather than after
+    receiving and decoding it only for `open_session` to raise QueueFull."""
+
+    @property
+    def free_slots(self) -> int:
+        """Sessions `open_session` would open now before raising QueueFull (>= 0)."""
+        ...
+
+
+@runtime_checkable
 class RestartingTranscriber(Protocol):
     """A transcriber that starts its engine again after losing it (EngineClient), and knows
     when it tries next: what a refusal meanwhile tells a client to wait (HTTP Retry-After)."""

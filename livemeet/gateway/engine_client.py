@@ -489,6 +489,11 @@ class EngineClient:
             self._incoming_flush_due = True
             loop.call_soon(self._flush_incoming_uploads)
 
+    @property
+    def free_slots(self) -> int:
+        """Sessions `open_session` would still open (`SlottedTranscriber`)."""
+        return max(self.max_sessions - len(self._sessions), 0)
+
     async def open_session(self, options: SessionOptions) -> EngineSession:
         """Open a session. Raises EngineUnavailable when not ready, QueueFull at
         `max_sessions`, InvalidRequest for a sample rate other than 16 kHz or a restore
@@ -500,7 +505,7 @@ class EngineClient:
             raise InvalidRequest("restore is for live sessions: an upload has no finals to restore")
         if not self._ready:
             raise self._unavailable("the engine is not ready")
-        if len(self._sessions) >= self.max_sessions:
+        if not self.free_slots:
             raise QueueFull(
                 f"all {self.max_sessions} session slots are in use (--max-sessions); retry later"
             )

@@ -43,6 +43,7 @@ from livemeet.errors import (
     LivemeetError,
     NotFound,
     PayloadTooLarge,
+    QueueFull,
     TooLong,
     error_for_code,
 )
@@ -67,6 +68,7 @@ from livemeet.transcriber import (
     RestartingTranscriber,
     SegmentFinal,
     SessionOptions,
+    SlottedTranscriber,
     TextDelta,
     Transcriber,
     TranscriberSession,
@@ -147,9 +149,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     (livemeet.gateway.incoming); from then on the backend counts it until it is queued, so it
     is never counted on both sides. Released on every error path too."""
     app = request.app
-    if not app[TRANSCRIBER_KEY].ready or app[LIFECYCLE_KEY].draining:
-        raise _not_ready(app[TRANSCRIBER_KEY])
-    app[DISK_KEY].check("uploads")  # an upload spills to the data dir and stores its transcript
+    check_admission(app)
     started = time.monotonic()
     phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
     with app[LIFECYCLE_KEY].incoming_uploads.track() as incoming:
@@ -163,9 +163,11 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         finally:
             audio.discard()
         phases.done("decode")
-        app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
         options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
         session = await app[TRANSCRIBER_KEY].open_session(options)
+        # counted once taken: a refused upload's audio is not audio in (a client's retries
+        # would count it again)
+        app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
         # the backend counts its open, unqueued uploads itself from here on; the lower count
         # goes out ahead of the next command (append), so no upload is counted on both sides
         incoming.release()
@@ -202,6 +204,26 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
                 time.monotonic() - started,
                 stored or "no transcript stored",
                 _key_note(request),
+            )
+
+
+def check_admission(app: web.Application) -> None:
+    """Refuse an upload the server cannot take now, before any of its body is read (also from
+    `Expect: 100-continue`): EngineUnavailable while the backend is not ready or the server
+    drains, StorageFailed while the data dir is short of disk (an upload spills to it and
+    stores its transcript there), QueueFull while every session slot is in use or reserved by
+    an upload already on its way (`SlottedTranscriber`). A full server used to answer 429 only
+    after receiving and decoding the whole file, which a client's retries then sent again."""
+    transcriber = app[TRANSCRIBER_KEY]
+    if not transcriber.ready or app[LIFECYCLE_KEY].draining:
+        raise _not_ready(transcriber)
+    app[DISK_KEY].check("uploads")
+    if isinstance(transcriber, SlottedTranscriber):
+        incoming = app[LIFECYCLE_KEY].incoming_uploads.count
+        if transcriber.free_slots <= incoming:
+            raise QueueFull(
+                f"all {app[CONFIG_KEY].gateway.max_sessions} session slots are in use or "
+                f"taken by uploads on their way ({incoming}) (--max-sessions); retry later"
             )
 
 

@@ -280,3 +280,13 @@ class FakeTranscriber:
 def expected_upload_text(duration_s: float) -> str:
     n = int(np.ceil(duration_s / SEGMENT_S - 1e-9))
     return join_texts(fake_text(i) for i in range(n))
+
+
+class SlottedFake(FakeTranscriber):
+    """A FakeTranscriber with session slots (livemeet.transcriber.SlottedTranscriber), as the
+    EngineClient has: `free_slots` is set by the test; `open_session` still opens (the gateway
+    alone is under test)."""
+
+    def __init__(self, free_slots: int) -> None:
+        super().__init__()
+        self.free_slots = free_slots
