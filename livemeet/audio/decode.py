@@ -99,13 +99,21 @@ class AudioInfo:
 
     `duration_s` in seconds; `sample_rate` in Hz (the file's, before resampling); `channels`
     before down-mixing; `codec` a lower-case name such as "flac/pcm_24", "wav/float" (libsndfile
-    format/subtype) or "opus", "aac", "mp3float" (FFmpeg decoder name).
+    format/subtype) or "opus", "aac", "mp3float" (FFmpeg decoder name). `duration_declared`:
+    the header or container states the duration; else (MediaRecorder WebM) it is the sum of
+    the packets' durations (`probe`).
     """
 
     duration_s: float
     sample_rate: int
     channels: int
     codec: str
+    duration_declared: bool = True
+
+    @property
+    def length_verb(self) -> str:
+        """How `check_length`'s error says where `duration_s` comes from."""
+        return "declares" if self.duration_declared else "lasts, by its packets,"
 
 
 def probe(source: AudioSource) -> AudioInfo:
@@ -164,6 +172,7 @@ def _probe_header(source: AudioSource) -> _Probe:
                 sample_rate=int(stream.codec_context.sample_rate),
                 channels=int(stream.codec_context.channels),
                 codec=str(stream.codec_context.name),
+                duration_declared=declared,
             )
             exact = declared and container.format.name in _EXACT_DURATION_DEMUXERS
             return _Probe(av_info, use_soundfile=False, exact_duration=exact)
@@ -194,7 +203,7 @@ def decode_file(
     """
     probed = _probe(source)
     info = probed.info
-    check_length(info.duration_s, max_audio_s, "declares")
+    check_length(info.duration_s, max_audio_s, info.length_verb)
     chunks = list(_decode_chunks(source, probed, max_audio_s, cancel, whole=True))
     if not chunks:
         raise BadAudio("the audio has no samples (zero length)")
@@ -226,7 +235,7 @@ def iter_decode(
     it) to close the file.
     """
     probed = _probe(source)
-    check_length(probed.info.duration_s, max_audio_s, "declares")
+    check_length(probed.info.duration_s, max_audio_s, probed.info.length_verb)
     return _checked_chunks(source, probed, max_audio_s, cancel)
 
 
@@ -325,8 +334,9 @@ class _Resampler:
 
 
 def check_length(duration_s: float, max_audio_s: float, verb: str) -> None:
-    """Raise TooLong when `duration_s` (s; the audio "declares" or "decodes to" it, `verb`)
-    exceeds `max_audio_s` (s); the one wording of that error wherever it is checked."""
+    """Raise TooLong when `duration_s` (s; the audio "declares", "decodes to" or "lasts, by
+    its packets," it: `verb`) exceeds `max_audio_s` (s); the one wording of that error
+    wherever it is checked."""
     if duration_s > max_audio_s:
         # tenths rounded up, so the figure shown is over the limit too (30.02 s: "30.1 s")
         shown = math.ceil(duration_s * 10) / 10
@@ -458,7 +468,8 @@ def _open_container(source: AudioSource) -> av.container.InputContainer:
         )
     except av.FFmpegError as e:
         raise BadAudio(
-            "not an audio file, or a container livemeet does not read: "
+            "not an audio file, a damaged or truncated one, or a container livemeet does not "
+            "read: "
             f"FFmpeg: {_ffmpeg_message(e)}"
         ) from e
 

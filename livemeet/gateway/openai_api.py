@@ -381,7 +381,7 @@ async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tu
     loop = asyncio.get_running_loop()
     if isinstance(source, Path):
         info = await loop.run_in_executor(None, decode.probe, source)
-        decode.check_length(info.duration_s, max_audio_s, "declares")
+        decode.check_length(info.duration_s, max_audio_s, info.length_verb)
     cancel = threading.Event()
     async with app[LIFECYCLE_KEY].decode_slots:
         work = loop.run_in_executor(None, partial(_decode_then_trim, source, max_audio_s, cancel))

@@ -184,6 +184,9 @@ def test_bytes_decode_like_the_file(
         ("speech.m4a", 0.5, 60.0, "FFmpeg"),  # cut before its moov atom
         ("speech.flac", 0.01, 60.0, "not an audio file"),  # too short for either library
         ("stereo44k.flac", 1.0, 10.0, "declares 11.0 s"),  # TooLong
+        ("speech.webm", 1.0, 1.0, "the audio declares"),
+        # MediaRecorder's WebM declares no duration: its packets' is not "declared" (a trial)
+        ("live.webm", 1.0, 1.0, "the audio lasts, by its packets,"),
         ("garbage", 1.0, 60.0, "not an audio file"),
     ],
 )
