@@ -329,6 +329,11 @@ class FormReader:
         _, params = parse_options_header(part.headers.get(b"content-disposition"))
         part.name = _header_text(params.get(b"name", b""))
         if part.name != FILE_FIELD:
+            if b"filename" in params and part.name in self.keep_fields:
+                # a text field the endpoint reads, sent as a file: that field is at fault
+                raise InvalidRequest(
+                    f"{part.name!r} is a text field; got a file in it", param=part.name
+                )
             if b"filename" in params:  # a file under another name: say where it belongs
                 raise InvalidRequest(
                     f"the audio goes in the 'file' field; got a file in {part.name!r}",

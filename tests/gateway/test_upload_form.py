@@ -127,6 +127,24 @@ def test_bad_bodies_are_invalid_requests(tmp_path: Path, data: bytes, message: s
 
 
 @pytest.mark.parametrize(
+    ("name", "param", "message"),
+    [
+        ("audio", "file", "the audio goes in the 'file' field; got a file in 'audio'"),
+        # a field the endpoint reads, sent as a file: that field is at fault (a trial)
+        ("prompt", "prompt", "'prompt' is a text field; got a file in it"),
+    ],
+)
+def test_a_file_under_another_name_names_the_field_at_fault(
+    tmp_path: Path, name: str, param: str, message: str
+) -> None:
+    r = reader(tmp_path)
+    with pytest.raises(InvalidRequest, match=message) as caught:
+        feed(r, body(part(name, b"x", '; filename="p.txt"')), 1000)
+    r.discard()
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
     "content_type", ["application/json", "multipart/form-data", "multipart/form-data; boundary="]
 )
 def test_a_content_type_without_a_boundary_is_refused(tmp_path: Path, content_type: str) -> None:
