@@ -95,7 +95,8 @@ class BackendInfo:
     """A backend: its registered name, the model id it serves, whether it is the demo, and
     whether it can revise a live session's transcript after its final (`SessionOptions.revise`).
     `language`: the one language its model transcribes, named as OpenAI's `verbose_json` names
-    a detected one ("english"), or None where it may be any."""
+    a detected one ("english"), or None where it may be any; `language_code` that language's
+    ISO 639-1 code ("en"), which a request's `language` must name (transcript.language)."""
 
     name: str
     model_id: str
@@ -103,6 +104,7 @@ class BackendInfo:
     diarization: bool = True
     revise: bool = False
     language: str | None = None
+    language_code: str | None = None
 
 
 @dataclass(frozen=True)

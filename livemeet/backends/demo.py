@@ -111,6 +111,7 @@ class DemoCore(RedecodeCore):
             demo=True,
             diarization=False,
             language="english",  # tiny.en: English only
+            language_code="en",
         )
 
     def load(self) -> None:

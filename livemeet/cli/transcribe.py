@@ -35,6 +35,7 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
+from livemeet.transcript.language import check_language
 from livemeet.transcript.segments import Transcript
 
 log = logging.getLogger(__name__)
@@ -366,6 +367,8 @@ async def _run(
     transcriber = EngineClient(model, in_process=True)
     await transcriber.start()
     try:
+        info = transcriber.info
+        check_language(args.language, info.language_code, info.name)
         # The demo backend announces itself when it loads (a WARNING on stderr): no second note.
         results = await transcribe_files(
             transcriber,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -76,14 +77,18 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
+from livemeet.transcript.language import check_language
 from livemeet.transcript.segments import FinishReason, Segment, Transcript
 
 log = logging.getLogger(__name__)
 
 ID_HEADER = "X-Livemeet-Transcription-Id"
-# the form fields the endpoint reads besides `file`; others (temperature, include[], ...) are
-# accepted and dropped, as OpenAI's API tolerates them
-FORM_FIELDS = frozenset({"model", "response_format", "prompt", "language", "stream"})
+# the form fields the endpoint reads besides `file` (`temperature` is checked, not used: the
+# decoding is greedy); others (include[], timestamp_granularities[], ...) are accepted and
+# dropped, as OpenAI's API tolerates them
+FORM_FIELDS = frozenset({"model", "response_format", "prompt", "language", "stream", "temperature"})
+# OpenAI's documented range of the sampling temperature (audio transcription API reference)
+MAX_TEMPERATURE = 1.0
 # formats whose content the SSE events carry (text deltas, speaker segments); the others
 # (srt, vtt, verbose_json) are refused with stream=true
 STREAM_FORMATS = frozenset({ResponseFormat.JSON, ResponseFormat.TEXT, ResponseFormat.DIARIZED_JSON})
@@ -156,6 +161,8 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
         form, audio = await read_upload_form(request, app[CONFIG_KEY])
         phases.done("receive")
         try:
+            info = app[TRANSCRIBER_KEY].info
+            check_language(form.language, info.language_code, info.name)
             samples, duration_s = await _decode_upload(app, audio.source)
         except (BadAudio, TooLong) as exc:
             exc.param = exc.param or "file"  # the part at fault, for OpenAI's error body
@@ -334,6 +341,7 @@ def _form_fields(fields: dict[str, str]) -> UploadForm:
     language = _capped_field(fields, "language", MAX_LANGUAGE_CHARS)
     response_format = formats.parse_response_format(fields.get("response_format") or "json")
     stream = _parse_bool(fields.get("stream", "false"), "stream")
+    _check_temperature(fields.get("temperature") or "0")
     if stream and response_format not in STREAM_FORMATS:
         # the stream's events are JSON (text deltas, segments, done): a subtitle or verbose
         # body cannot be streamed, and silently sending something else misleads the client
@@ -358,6 +366,20 @@ def _capped_field(fields: dict[str, str], name: str, max_chars: int) -> str | No
     if value is not None and len(value) > max_chars:
         raise InvalidRequest(f"'{name}' must be at most {max_chars} characters", param=name)
     return value
+
+
+def _check_temperature(value: str) -> None:
+    """Raise InvalidRequest (param "temperature") unless `value` is a number in 0 ..
+    MAX_TEMPERATURE, as OpenAI's API checks it; the value itself is not used (greedy)."""
+    try:
+        temperature = float(value)
+    except ValueError:
+        temperature = math.nan
+    if not 0.0 <= temperature <= MAX_TEMPERATURE:  # NaN fails both
+        raise InvalidRequest(
+            f"temperature must be a number from 0 to {MAX_TEMPERATURE:g}, not {value!r}",
+            param="temperature",
+        )
 
 
 def _parse_bool(value: str, name: str) -> bool:

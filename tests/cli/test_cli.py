@@ -667,6 +667,7 @@ TOO_LONG_TEXT = [
     (["--prompt", "x" * 5_000], "--prompt must be at most 4,096 characters, not 5,000"),
     (["--hotword", "x" * 129], "--hotword must be at most 128 characters, not 129"),
     (["--hotword", "a"] * 257, "at most 256 --hotword values, not 257"),
+    (["--language", "english"], "language 'english' is not a language code"),
 ]
 
 
@@ -705,10 +706,15 @@ def test_request_text_limits_are_the_gateways() -> None:
     def start(**text: object) -> str:
         return json.dumps({"type": "start", "sample_rate": 16_000, **text})
 
-    longest = {"language": "x" * 32, "prompt": "x" * 4_096, "hotwords": ["x" * 128] * 256}
+    tag = "en-x-abcdefgh-abcdefgh-abcdefg-1"  # a valid language tag of 32 characters
+    longest = {"language": tag, "prompt": "x" * 4_096, "hotwords": ["x" * 128] * 256}
     check_request_text(longest["language"], longest["prompt"], longest["hotwords"])  # type: ignore[arg-type]
     LiveProtocol().receive_text(start(**longest))
-    for field, over in (("language", "x" * 33), ("prompt", "x" * 4_097), ("hotwords", ["x"] * 257)):
+    for field, over in (
+        ("language", tag + "2"),
+        ("prompt", "x" * 4_097),
+        ("hotwords", ["x"] * 257),
+    ):
         text = {**longest, field: over}
         with pytest.raises(InvalidRequest):
             check_request_text(text["language"], text["prompt"], text["hotwords"])  # type: ignore[arg-type]

@@ -500,13 +500,14 @@ async def test_upload_prompt_has_the_live_prompt_limit(client: TestClient) -> No
 
 async def test_upload_language_has_the_live_language_limit(client: TestClient) -> None:
     """`language` is capped as in a live `start` (MAX_LANGUAGE_CHARS; found by a user trial:
-    an upload echoed 5,000 characters where `start` refused 40); at the limit it is echoed."""
+    an upload echoed 5,000 characters where `start` refused 40); a valid tag within it is echoed."""
     from livemeet.audio.constants import MAX_LANGUAGE_CHARS
 
     url = "/v1/audio/transcriptions"
     over = form(wav_bytes(1.0), language="x" * (MAX_LANGUAGE_CHARS + 1))
     await assert_error(await client.post(url, data=over), InvalidRequest)
-    at = "x" * MAX_LANGUAGE_CHARS
+    at = "en-x-" + "-".join(["abcdefgh"] * 3)  # a valid tag (private use), 31 characters
+    assert len(at) == MAX_LANGUAGE_CHARS - 1
     resp = await client.post(
         url, data=form(wav_bytes(1.0), language=at, response_format="verbose_json")
     )
@@ -613,4 +614,57 @@ async def test_verbose_json_names_the_backends_one_language_when_none_was_given(
 def test_the_demo_backend_says_it_transcribes_english() -> None:
     from livemeet.backends.demo import DemoCore
 
-    assert DemoCore.__new__(DemoCore).info.language == "english"  # no model loaded for this
+    info = DemoCore.__new__(DemoCore).info  # no model loaded for this
+    assert info.language == "english" and info.language_code == "en"
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "accepted"),
+    [
+        ("en", None, True),
+        ("zh-Hant-TW", None, True),
+        ("zz", None, False),  # not a language (a trial: echoed back)
+        ("english", None, False),  # a name, not a code: OpenAI's API refuses it too
+        ("en", "en", True),
+        ("en-GB", "en", True),
+        ("zh", "en", False),  # the English-only demo wrote English under "zh" (a trial)
+    ],
+)
+async def test_the_language_must_be_a_code_the_backend_transcribes(
+    client: TestClient, fake: FakeTranscriber, language: str, code: str | None, accepted: bool
+) -> None:
+    fake._info = replace(fake._info, language_code=code)
+    data = form(wav_bytes(1.0), language=language, response_format="verbose_json")
+    resp = await client.post("/v1/audio/transcriptions", data=data)
+    if accepted:
+        assert resp.status == 200 and (await resp.json())["language"] == language
+    else:
+        body = await assert_error(resp, InvalidRequest)
+        assert body["error"]["param"] == "language"
+    assert len(fake.sessions) == accepted  # refused before its session opened
+
+
+@pytest.mark.parametrize(
+    ("temperature", "accepted"),
+    [
+        ("0", True),
+        ("0.2", True),
+        ("1", True),
+        ("", True),
+        ("5", False),
+        ("abc", False),
+        ("nan", False),
+    ],
+)
+async def test_the_temperature_is_checked_as_openai_checks_it(
+    client: TestClient, temperature: str, accepted: bool
+) -> None:
+    """A number from 0 to 1 (OpenAI's range; a trial found `abc` and `5` accepted); the
+    decoding stays greedy whatever it says."""
+    data = form(wav_bytes(1.0), temperature=temperature)
+    resp = await client.post("/v1/audio/transcriptions", data=data)
+    if accepted:
+        assert resp.status == 200, await resp.text()
+    else:
+        body = await assert_error(resp, InvalidRequest)
+        assert body["error"]["param"] == "temperature"

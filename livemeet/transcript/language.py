@@ -1,0 +1,29 @@
+"""The `language` a request names (an upload's form field, a live `start`'s field): a valid
+BCP 47 language tag (ISO 639-1 codes such as "en", which OpenAI's API asks for, are such
+tags), checked with the `langcodes` package against the IANA language subtag registry, and
+one the backend transcribes. OpenAI's API refuses a code it does not know with a 400; the
+English-only demo used to echo `language=zh` back over an English transcript."""
+
+from __future__ import annotations
+
+import langcodes
+
+from livemeet.errors import InvalidRequest
+
+
+def check_language(tag: str | None, backend_code: str | None, backend: str) -> None:
+    """Raise InvalidRequest (param "language") unless `tag` is None or a valid language tag
+    whose language is `backend_code` (the backend's one language as an ISO 639-1 code; None:
+    a backend that takes any). `backend` names the backend in the message."""
+    if tag is None:
+        return
+    if not langcodes.tag_is_valid(tag):
+        raise InvalidRequest(
+            f"language {tag!r} is not a language code (ISO 639-1, e.g. 'en', or a BCP 47 tag)",
+            param="language",
+        )
+    if backend_code is not None and langcodes.Language.get(tag).language != backend_code:
+        raise InvalidRequest(
+            f"the {backend} backend transcribes {backend_code!r} only, not {tag!r}",
+            param="language",
+        )
