@@ -3,9 +3,9 @@
 
 Request and response shapes follow OpenAI's audio transcription API (multipart form; JSON,
 text, verbose_json, srt, vtt, diarized_json bodies; SSE events `transcript.text.delta`,
-`transcript.text.segment`, `transcript.text.done`; `usage: {type: "duration", seconds}`), so
-the official `openai` client works unchanged. The transcription id of each upload is returned
-in the `X-Livemeet-Transcription-Id` header.
+`transcript.text.segment`, `transcript.text.done`; `usage: {type: "duration", seconds}` in
+JSON bodies), so the official `openai` client works unchanged. The transcription id of each
+upload is returned in the `X-Livemeet-Transcription-Id` header.
 """
 
 from __future__ import annotations
@@ -540,10 +540,13 @@ async def _write_stream(
             for segment in item.segments[num_segments_sent:]:
                 await response.write(encode_event(_segment_event(segment)))
             await request.app[STORE_KEY].put(transcription_id, transcript)
+            # OpenAI's done event carries token usage only (its `usage` has no duration
+            # variant: the SDK built a broken object from ours); the audio's duration goes in
+            # a field of livemeet's own
             done = {
                 "type": "transcript.text.done",
                 "text": transcript.text,
-                "usage": formats.usage(transcript.duration_s),
+                "duration": transcript.duration_s,
             }
             await response.write(encode_event(done))
             break
