@@ -142,8 +142,11 @@ class TranscriptStore:
         session's store id included: those are read with their token, `get_live`)."""
         if not TRANSCRIPTION_ID.match(transcription_id):
             raise NotFound(f"no transcription {transcription_id!r}")
+        # a well-formed id may be an upload still running (a trial read "no transcription" as
+        # lost): say when one is stored
+        why = "one is stored once its upload has completed, not while it runs or if it failed"
         return (
-            await self._get(transcription_id, f"no transcription {transcription_id!r}")
+            await self._get(transcription_id, f"no transcription {transcription_id!r}: {why}")
         ).transcript
 
     async def get_live(self, session_id: str, *, revised: bool = False) -> StoredTranscript:

@@ -239,6 +239,21 @@ async def test_a_streamed_upload_whose_client_leaves_ends_disconnected(
     assert "disconnected" in line and "no transcript stored" in line
 
 
+async def test_a_transcription_still_running_is_not_found_and_says_why(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """A stream's id header comes first; read while its upload runs, the id is 404 with a
+    message saying a transcription is stored once complete (a trial took it for lost)."""
+    fake.end_gate = asyncio.Event()
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0), stream="true"))
+    tid = resp.headers["X-Livemeet-Transcription-Id"]
+    body = await assert_error(await client.get(f"/v1/transcriptions/{tid}"), NotFound)
+    assert "stored once its upload has completed" in body["error"]["message"]
+    fake.end_gate.set()
+    await resp.read()
+    assert (await client.get(f"/v1/transcriptions/{tid}")).status == 200
+
+
 async def test_stream_backend_error_becomes_error_event(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
