@@ -363,8 +363,10 @@ async def close_live_sockets(app: web.Application) -> None:
         if sessions.num_detached:
             log.info("shutting down: ending %d detached live sessions", sessions.num_detached)
     started = time.monotonic()
+    if keep:  # the streaming sessions' overlays hear it at once, not after the ending ones
+        sessions.end_subscriptions_for_restart()
     await asyncio.gather(registry.drain_all(keep=keep), sessions.drain())
-    if keep:
+    if keep:  # any kept meanwhile (an engine lost during the drain: `_keep_for_restart`)
         sessions.end_subscriptions_for_restart()
     done = "kept for the next start" if keep else "drained"
     log.info("live sessions %s in %.1f s", done, time.monotonic() - started)

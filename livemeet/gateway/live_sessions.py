@@ -1095,12 +1095,15 @@ class LiveSessions:
             await self._drop(holder, keep_journal=True)
 
     def end_subscriptions_for_restart(self) -> None:
-        """A restart's drain is done: the captions subscribers of every session kept for the
-        next start are told `server_restarting` now (reconnect after the restart). Before,
-        they heard it only at the app's cleanup, which comes after aiohttp's wait for their
-        sockets: a subscriber that pings held the shutdown ~40 s, its captions frozen."""
+        """A restart (`keeps_on_shutdown`) is draining: the captions subscribers of every
+        session it keeps for the next start (streaming still, not failed; or kept after the
+        engine's loss) are told `server_restarting` now (reconnect after the restart), as the
+        drain begins and again after it. Before, they heard it only once the drain was over,
+        after the other sessions' finals (a trial: seconds late), or at the app's cleanup,
+        after aiohttp's wait for their sockets (~40 s, their captions frozen)."""
         for holder in self._holders.values():
-            if holder.subscribers and (self._restart_keeps(holder) or holder.kept_for_restart):
+            streaming = not holder.ended and holder.replay.terminal is None
+            if holder.subscribers and (streaming or holder.kept_for_restart):
                 holder.end_subscriptions(restarting_error(holder.id))
 
     async def close(self) -> None:

@@ -106,3 +106,39 @@ async def test_a_captions_subscriber_hears_of_the_restart_at_once(
     # not held by the subscriber's socket: its close reply is read (aiohttp's close waited
     # 10 s for a reply the closed connection dropped; a trial)
     assert took_s < 3.0, took_s
+
+
+async def test_a_kept_sessions_subscriber_is_not_held_by_an_ending_session(
+    served: tuple[web.AppRunner, str, int], fake: FakeTranscriber
+) -> None:
+    """One session streaming (kept for the next start) and one that ended and waits for its
+    final: the first's overlay hears `server_restarting` at once, not after the other's final
+    (a trial: 2 s late, up to the drain's 20 s with a slow final)."""
+    runner, host, port = served
+    base = f"http://{host}:{port}"
+    fake.end_gate = asyncio.Event()  # the ended session's final waits for the test
+    async with aiohttp.ClientSession() as http:
+        kept = await http.ws_connect(f"{base}/v1/live")
+        await kept.send_json(START)
+        ready = await kept.receive_json()
+        await kept.send_bytes(pcm16(1.0))
+        ending = await http.ws_connect(f"{base}/v1/live")
+        await ending.send_json(START)
+        await ending.receive_json()
+        await ending.send_bytes(pcm16(1.0))
+        await ending.send_json({"type": "end"})
+        url = f"ws://{host}:{port}/v1/sessions/{ready['session_id']}/captions"
+        url += f"?token={ready['captions_token']}"
+        async with websockets.connect(url) as captions:
+            assert json.loads(await captions.recv())["type"] == "captions.ready"
+            shutdown = asyncio.create_task(runner.cleanup())
+            events = []
+            # within 2 s, while the ending session's final is still held
+            with contextlib.suppress(websockets.ConnectionClosed, TimeoutError):
+                while True:
+                    events.append(json.loads(await asyncio.wait_for(captions.recv(), 2.0)))
+            fake.end_gate.set()
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+        await kept.close()
+        await ending.close()
+    assert events and events[-1]["code"] == ServerRestarting.code
