@@ -18,7 +18,7 @@ import hmac
 from aiohttp import web
 
 from livemeet.errors import InvalidRequest, NotFound, Unauthorized
-from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY, TRANSCRIBER_KEY
 from livemeet.gateway.live_sessions import LiveSessionHolder
 from livemeet.gateway.session_tokens import CAPTIONS_CHALLENGE
 from livemeet.gateway.transcript_store import TranscriptStore, token_digest
@@ -55,7 +55,10 @@ async def get_session_transcript(request: web.Request) -> web.Response:
         transcript, status = _held(holder, version)
     else:
         transcript, status = await _stored(request.app[STORE_KEY], session_id, token, version)
-    body, content_type = formats.render(transcript, fmt)
+    # as an upload's: without a language of its own, the backend's one language (the demo's
+    # "english"; a trial saw the same audio say "unknown" live and "english" uploaded)
+    language = transcript.language or request.app[TRANSCRIBER_KEY].info.language
+    body, content_type = formats.render(transcript, fmt, language=language)
     response = web.Response(text=body, content_type=content_type, charset="utf-8")
     response.headers[STATUS_HEADER] = status
     return response

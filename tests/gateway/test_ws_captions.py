@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -285,11 +286,14 @@ async def test_the_transcript_while_the_session_runs_and_after_it(
     assert vtt.startswith("WEBVTT") and f"<v S01>{fake_text(1)}" in vtt
     await client.close()  # the server stops; a new one serves the same data dir
 
-    again = await gateway_client(aiohttp_client, server_config, FakeTranscriber())
+    english = FakeTranscriber()
+    english._info = replace(english._info, language="english")  # as the demo's
+    again = await gateway_client(aiohttp_client, server_config, english)
     response = await again.get(transcript_url(ready, "verbose_json"))
     assert response.status == 200
     body = await response.json()
     assert body["text"] == expected_text and body["duration"] == 3.5
+    assert body["language"] == "english"  # as an upload says (a trial: "unknown" live)
     assert [s["speaker"] for s in body["segments"]] == ["S01", "S01"]
     response = await again.get(transcript_url(ready, "text", "wrong"))
     assert response.status == 401
