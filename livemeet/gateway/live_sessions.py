@@ -786,6 +786,12 @@ class LiveSessions:
     def num_detached(self) -> int:
         return sum(1 for h in self._holders.values() if h.sink is None)
 
+    def streaming(self) -> tuple[int, int]:
+        """(sessions streaming still: not ended, not failed; of them, detached): the ones a
+        restart keeps for the next start."""
+        held = [h for h in self._holders.values() if not h.ended and h.replay.terminal is None]
+        return len(held), sum(1 for h in held if h.sink is None)
+
     def open(
         self,
         session: TranscriberSession,

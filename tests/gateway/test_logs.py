@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
 from livemeet.gateway.app import close_live_sockets
+from livemeet.gateway.keys import SESSIONS_KEY
 from livemeet.transcript.segments import FinishReason
 from tests.gateway.conftest import ClientFactory, pcm16, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
@@ -75,6 +76,10 @@ async def test_a_shutdown_logs_its_drain(
     client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "livemeet.gateway.app")
+    async with client.ws_connect("/v1/live") as dropped:  # its socket goes: held detached
+        await start_session(dropped)
+        await dropped.send_bytes(pcm16(0.5))
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
     async with client.ws_connect("/v1/live") as ws:
         await start_session(ws)
         await ws.send_bytes(pcm16(0.5))
@@ -83,9 +88,10 @@ async def test_a_shutdown_logs_its_drain(
         await asyncio.wait_for(receive_all(ws), 5)
         await shutdown
     lines = messages(caplog, "livemeet.gateway.app")
+    # sessions, not sockets (a trial: "keeping 1 live sessions (1 detached)" with 2 kept)
     assert lines[0] == (
-        "shutting down: keeping 1 live sessions (0 detached) for the next start: their "
-        "clients resume there"
+        "shutting down: keeping 2 live sessions (1 detached) for the next start: their "
+        "clients resume there; 0 ending first"
     )
     assert lines[1].startswith("live sessions kept for the next start in ")
 
