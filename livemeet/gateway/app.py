@@ -77,7 +77,7 @@ from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
 from livemeet.gateway.ws_live import LiveRegistry, live_handler
-from livemeet.transcriber import Transcriber
+from livemeet.transcriber import BackendInfo, Transcriber
 
 log = logging.getLogger(__name__)
 
@@ -287,9 +287,10 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         app[METRICS_KEY].demo.set(1 if info.demo else 0)
         if info.demo:
             log.warning(
-                "DEMO BACKEND: serving %s, not MOSS-TD: English only, no diarization. "
-                "Pass --model to serve MOSS-Transcribe-Diarize.",
+                "DEMO BACKEND: serving %s, not MOSS-TD%s. Pass --model to serve "
+                "MOSS-Transcribe-Diarize.",
                 info.model_id,
+                _demo_limits(info),
             )
         if config.gateway.revise and not info.revise:  # --revise is on by default: no warning
             log.info(
@@ -329,6 +330,15 @@ async def _sweep_transcripts(app: web.Application) -> None:
                     amount(app[CONFIG_KEY].gateway.retention_days, "day"),
                 )
         await asyncio.sleep(RETENTION_SWEEP_INTERVAL_S)
+
+
+def _demo_limits(info: BackendInfo) -> str:
+    """What the demo backend's banner says it lacks, from its info (the scripted test backend
+    diarizes: the banner said "no diarization" over its S01-S03; a trial)."""
+    limits = [f"{info.language.capitalize()} only"] if info.language else []
+    if not info.diarization:
+        limits.append("no diarization")
+    return f": {', '.join(limits)}" if limits else ""
 
 
 async def _restore_live_sessions(app: web.Application, unfinished: list[RestoredSession]) -> None:

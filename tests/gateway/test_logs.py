@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
 
 import pytest
 from aiohttp.test_utils import TestClient
@@ -144,3 +145,26 @@ async def test_an_upload_cut_short_is_a_warning(
     assert await (await client.post("/v1/audio/transcriptions", data=data)).read()
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "cut short: finish_reason length" in warning and "of 2.0 s" in warning
+
+
+@pytest.mark.parametrize(
+    ("language", "diarization", "says"),
+    [
+        ("english", False, "not MOSS-TD: English only, no diarization."),
+        (None, True, "not MOSS-TD. Pass --model"),  # the scripted backend diarizes (a trial)
+    ],
+)
+async def test_the_demo_banner_says_what_the_backend_lacks(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    caplog: pytest.LogCaptureFixture,
+    language: str | None,
+    diarization: bool,
+    says: str,
+) -> None:
+    fake = FakeTranscriber()
+    fake._info = replace(fake._info, language=language, diarization=diarization)
+    caplog.set_level(logging.WARNING, "livemeet.gateway.app")
+    await gateway_client(aiohttp_client, server_config, fake)
+    [banner] = [m for m in messages(caplog, "livemeet.gateway.app") if "DEMO BACKEND" in m]
+    assert says in banner
