@@ -81,6 +81,7 @@ DEMO_SPEECH_MARGIN_S = 0.3
 # tokens; faster-whisper's no_repeat_ngram_size (module docstring). On AMI dev00 and JFK the
 # text is unchanged; 5 also dropped a speaker's real repeat of "What's it username?" in dev01
 DEMO_NO_REPEAT_NGRAM_TOKENS = 6
+UNICODE_REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are no whole character
 _INSTALL_HINT = "install the demo extra: pip install 'livemeet[demo]'"
 
 
@@ -174,7 +175,9 @@ class DemoCore(RedecodeCore):
         )
         out: list[Segment] = []
         for p in pieces:
-            text = p.text.strip()
+            # a character whose UTF-8 bytes a segment's tokens split decodes to U+FFFD at its
+            # edge (a trial's captions showed "议�" for a moment): half a character is dropped
+            text = p.text.strip().strip(UNICODE_REPLACEMENT).strip()
             if not any(c.isalnum() for c in text):
                 continue  # "." or ". ." over noise: nothing was said
             cut = cut_periodic_tail(text)

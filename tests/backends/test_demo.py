@@ -230,6 +230,22 @@ def test_a_segment_without_a_letter_or_digit_is_dropped(
     assert [s.text for s in out] == ["Ask not.", "1961.", "北京"]
 
 
+def test_half_a_character_at_a_segments_edge_is_dropped(
+    demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokens that split a character's UTF-8 bytes between segments decode to U+FFFD at the
+    edges (a trial's partials ended "讶议\ufffd"); a whole character inside stays."""
+    pieces = [
+        SimpleNamespace(start=0.0, end=2.0, text=" 讶议\ufffd"),
+        SimpleNamespace(start=2.0, end=4.0, text="\ufffd 会议 "),
+        SimpleNamespace(start=4.0, end=5.0, text=" \ufffd"),
+    ]
+    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
+    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
+    out = demo_core.transcribe_window(np.zeros(5 * 16_000, dtype=np.float32), 0.0, None)
+    assert [s.text for s in out] == ["讶议", "会议"]
+
+
 def test_noise_after_speech_writes_nothing(demo_core: DemoCore, shared_data: Path) -> None:
     """The trial's file: JFK, then 40 s of white noise at -50 dBFS."""
     jfk = load_16k(shared_data / "jfk" / "jfk.flac")
