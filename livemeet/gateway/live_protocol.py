@@ -3,7 +3,8 @@
 No sockets, no asyncio: the transport (ws_live.py) feeds each received frame to
 `receive_text()` / `receive_binary()` and acts on the typed action returned. Violations raise
 `ProtocolError` (message out of order, unknown type, misaligned PCM) or `InvalidRequest`
-(bad JSON, bad field types); the transport renders them and closes.
+(bad JSON, bad field types), changing nothing (a frame is refused whole); the transport
+renders them and closes the socket, keeping the session as after a dropped one.
 
 States: AWAITING_START -> (start) -> STREAMING -> (end) -> ENDING -> CLOSED; a server that
 shuts down ends a STREAMING session itself (`server_end`) -> DRAINING. Once a session is ended
@@ -27,8 +28,8 @@ shown, no cycle) is the session's to say (gateway/live_sessions.py); here only i
 Resume (docs/protocol.md, "Resume"): a `start` carrying `resume` asks for a session that an
 earlier socket left (`ResumeRequest`); the transport looks it up, then tells the protocol what
 the session holds (`resumed`). A socket that goes away keeps its session for a resume only
-from STREAMING or ENDING (`close()` says so): not after an error the server sent (`fail`), and
-not from DRAINING (the server ended it: a shutdown or an idle client). `AckPolicy` decides when
+from STREAMING, ENDING or DRAINING (`close()` says so), and not after an error that ends the
+session (`fail`; a client's violation is not one: its session is kept). `AckPolicy` decides when
 `audio.ack` is due.
 """
 
@@ -264,9 +265,6 @@ class LiveProtocol:
         self.num_audio_bytes = 0
         self.num_held_frames = 0
         self._failed = False
-        # the last text frame was a speaker request (speaker.rename/merge): a refusal of it is
-        # the client's display mistake, which closes its socket but keeps the meeting
-        self.speaker_request = False
 
     @property
     def has_audio(self) -> bool:
@@ -288,12 +286,10 @@ class LiveProtocol:
         self._check_open()
         if self.state in _ENDED:
             return _receive_after_end(text)
-        self.speaker_request = False
         message = _parse_json_object(text)
         kind = message.get("type")
         if not isinstance(kind, str):
             raise InvalidRequest("every message needs a string 'type' field")
-        self.speaker_request = kind in _SPEAKER_PARSERS
         if kind == "keepalive":
             return KeepAlive()
         if kind in _SPEAKER_PARSERS:
@@ -313,8 +309,8 @@ class LiveProtocol:
         raise ProtocolError(f"unknown message type {kind!r}")
 
     def receive_binary(self, data: bytes) -> AppendAudio | Ignored:
-        """Accept one PCM16 LE frame. Raises ProtocolError out of order or misaligned."""
-        self.speaker_request = False
+        """Accept one PCM16 LE frame. Raises ProtocolError out of order or misaligned, having
+        taken none of it."""
         self._check_open()
         if self.state in _ENDED:
             return Ignored(len(data))
@@ -351,7 +347,8 @@ class LiveProtocol:
             self.state = State.ENDING
 
     def fail(self) -> None:
-        """The server sent an error and closes: the session is not kept for a resume."""
+        """The server sent an error that ends the session and closes: the session is not kept
+        for a resume."""
         self._failed = True
         self.state = State.CLOSED
 

@@ -5,8 +5,10 @@ session, which may outlive this socket: gateway/live_sessions.py): handshake, `a
 in ws`, one task sending this socket's outbox (the session's events, `session.ready` and
 `audio.ack`s, in order; a partial or an ack not yet sent is replaced by the next). Each
 connection is registered in `try` and deregistered in `finally`, where its session is either
-kept for a resume (the socket went while the client streamed) or dropped. Every failure
-reaches the client as an `error` frame, then a close with the error class's 4xxx close code.
+kept for a resume (the socket went while the client streamed, or was closed for the client's
+violation of the protocol) or dropped. Every failure reaches the client as an `error` frame,
+then a close with the error class's 4xxx close code, except a frame aiohttp refuses itself
+(over MAX_FRAME_BYTES: 1009; a text frame not UTF-8: 1007), which it closes at once.
 A session whose final promises a revision (`session.ready`'s `revise`, DESIGN 5.7) keeps its
 socket open after `transcript.final` until `transcript.revised`, then closes normally; a
 revision that fails (or does not come within LIVE_REVISE_TIMEOUT_S of the final) is a
@@ -23,7 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from aiohttp import WebSocketError, WSCloseCode, WSMessage, WSMsgType, hdrs, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, hdrs, web
 
 from livemeet.audio.constants import (
     ACK_INTERVAL_S,
@@ -38,11 +40,13 @@ from livemeet.audio.constants import (
 )
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.errors import (
+    BadAudio,
     ClientTimeout,
     EngineUnavailable,
     InternalError,
     InvalidRequest,
     LivemeetError,
+    ProtocolError,
     RequestRejected,
     RevisionFailed,
     ServerRestarting,
@@ -111,6 +115,9 @@ _RENAMED = "speaker.renamed"  # coalesced per label (`_enqueue`)
 # session makes at most MAX_MERGED_SPEAKERS of them, which bounds its unsent ones
 # a frame to send, with the session event it renders (None: session.ready, audio.ack)
 _Outgoing = tuple[dict[str, Any], SessionEvent | None]
+# the errors that are a client's violation of the protocol, not the session's failure: its
+# session is kept as after a dropped socket (`run`)
+_CLIENT_VIOLATIONS = (InvalidRequest, ProtocolError, BadAudio)
 
 
 def event_to_wire(event: SessionEvent) -> dict[str, Any] | None:
@@ -265,8 +272,8 @@ class LiveConnection:
         self._final_sent_at: float | None = None
         self._resume_id: str | None = None  # the session a `start` asked to resume
         self._error: LivemeetError | None = None  # what `fail` sent
-        # `fail` closes the socket but keeps the session, as a dropped socket does: a refused
-        # speaker request (`run`), a restart (`_keep_for_restart`)
+        # `fail` closes the socket but keeps the session, as a dropped socket does: a client's
+        # violation (`run`), a restart (`_keep_for_restart`)
         self._keep_session = False
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
@@ -305,17 +312,19 @@ class LiveConnection:
                         await self._on_action(self.protocol.receive_text(msg.data))
                 elif msg.type is WSMsgType.BINARY:
                     if len(msg.data) > MAX_FRAME_BYTES:  # as aiohttp closes on larger ones
-                        self.protocol.fail()  # a client's violation: not kept for a resume
+                        # and as it does, no error frame; the session is kept (below)
+                        log.info("live connection: a frame of %d bytes, closed 1009", len(msg.data))
                         await self.ws.close(code=WSCloseCode.MESSAGE_TOO_BIG)
                         break
                     async with self._actions:
                         await self._on_action(self.protocol.receive_binary(msg.data))
                     audio_s = self.protocol.audio_seconds(len(msg.data))
                 elif msg.type is WSMsgType.ERROR:
-                    error = self.ws.exception()
-                    log.info("live connection error: %s", error)
-                    if isinstance(error, WebSocketError):  # aiohttp refused a frame (1009):
-                        self.protocol.fail()  # the client's violation, not a network blip
+                    # a network error, or a frame aiohttp refused (WebSocketError: over
+                    # max_msg_size, 1009; a text frame not UTF-8, 1007), which it closed the
+                    # socket for before `receive` returned, so no error frame can precede that
+                    # close: either way the session is kept as after a dropped socket (cleanup)
+                    log.info("live connection error: %s", self.ws.exception())
                     break
                 # past the burst, read no faster than max speed (outside the action lock,
                 # so a drain is not held up)
@@ -323,11 +332,16 @@ class LiveConnection:
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
         except LivemeetError as exc:
-            # a speaker request refused (malformed, or one the session cannot make) closes
-            # the socket with 4400, but the meeting stays, kept as after a dropped socket (a
-            # resume, or its transcript stored once the window passes): a display mistake
-            # cost the whole meeting (a trial). Other violations drop the session.
-            self._keep_session = isinstance(exc, InvalidRequest) and self.protocol.speaker_request
+            # a client's violation once its session exists (an unknown message type from a
+            # newer client, a malformed message, a misaligned frame, a speaker request
+            # refused) closes the socket with its code, but the meeting stays, kept as after
+            # a dropped socket (a resume, or its transcript stored once the window passes):
+            # one bad message cost the whole meeting, acknowledged audio included (trials).
+            # The frame is refused whole (LiveProtocol checks it before it takes anything).
+            # Other errors still drop the session: they end it (storage, the engine, a bug),
+            # or, an idle client's `client_timeout`, come only where it holds no audio (one
+            # with audio is ended and its final sent first: `_end_for`), so nothing is lost.
+            self._keep_session = self.holder is not None and isinstance(exc, _CLIENT_VIOLATIONS)
             await self.fail(exc)
         except Exception as exc:
             log.exception("live connection failed")
@@ -466,8 +480,9 @@ class LiveConnection:
     async def cleanup(self) -> None:
         """Release everything; safe after any failure (the `finally` of the handler). The
         session is kept for a resume where the socket went while the client streamed or
-        waited for its final, with no error sent and the final not sent (LiveProtocol.close);
-        else it is dropped (its backend session aborted)."""
+        waited for its final, with no error sent that ends the session (a client's violation
+        does not: `run`) and the final not sent (LiveProtocol.close); else it is dropped (its
+        backend session aborted)."""
         keep = self.protocol.close() and not self._terminal_sent
         self._cancel_ack()
         if self._forwarder is not None:
@@ -495,9 +510,13 @@ class LiveConnection:
         held = self.holder
         elapsed_s = asyncio.get_running_loop().time() - self._opened_at
         if held is not None and self.outcome == "detached":
+            how = "lost its connection"
+            if self._error is not None:  # a client's violation, a restart: kept all the same
+                how = f"closed its connection for {self._error.code} ({self._error.message})"
             log.info(
-                "live session %s lost its connection after %.1f s of audio on it in %.1f s",
+                "live session %s %s after %.1f s of audio on it in %.1f s; kept for a resume",
                 held.id,
+                how,
                 self.protocol.audio_seconds(self.protocol.num_audio_bytes),
                 elapsed_s,
             )

@@ -14,13 +14,12 @@ import pytest
 from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient
 
-from livemeet.audio.constants import ACK_INTERVAL_S, LIVE_RESUME_WINDOW_S, MAX_FRAME_BYTES
+from livemeet.audio.constants import ACK_INTERVAL_S, LIVE_RESUME_WINDOW_S
 from livemeet.config import ServerConfig
 from livemeet.errors import (
     ConfigError,
     InvalidRequest,
     NotFound,
-    ProtocolError,
     SessionTakenOver,
     Unauthorized,
 )
@@ -374,18 +373,6 @@ async def test_with_resume_off_a_vanished_session_is_aborted_and_not_resumable(
         await expect_error(again, NotFound)
 
 
-async def test_a_protocol_error_drops_the_session_instead_of_keeping_it(
-    client: TestClient, fake: FakeTranscriber
-) -> None:
-    async with client.ws_connect("/v1/live") as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
-        await ws.send_bytes(b"\x00\x00\x00")  # not whole samples
-        await expect_error(ws, ProtocolError)
-    await wait_until(lambda: fake.sessions[0].log.aborted)
-    assert len(client.app[SESSIONS_KEY]) == 0
-
-
 def test_the_resume_window_is_a_serve_flag_of_finite_non_negative_seconds(
     tmp_path: Path,
 ) -> None:
@@ -455,21 +442,6 @@ async def test_a_resume_through_the_engine_client_and_scripted_backend(
     ids = [e["id"] for e in of_type(events, "segment.final")]
     assert ids == [s["id"] for s in final["segments"]]
     await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0 and engine.num_sessions == 0)
-
-
-@pytest.mark.parametrize("compress", [0, 15])
-async def test_a_frame_over_the_limit_drops_the_session_instead_of_keeping_it(
-    client: TestClient, fake: FakeTranscriber, compress: int
-) -> None:
-    """The 1009 close is the client's violation, not a blip: nothing to resume."""
-    async with client.ws_connect("/v1/live", compress=compress) as ws:
-        await ws.send_json(START)
-        await ws.receive_json()
-        await ws.send_bytes(b"\0" * (MAX_FRAME_BYTES + 2))
-        await ws.receive()
-        assert ws.close_code == 1009
-    await wait_until(lambda: fake.sessions[0].log.aborted)
-    assert len(client.app[SESSIONS_KEY]) == 0
 
 
 async def test_a_socket_lost_during_the_drain_still_stores_its_final(

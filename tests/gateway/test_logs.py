@@ -12,6 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
+from livemeet.errors import InternalError
 from livemeet.gateway.app import close_live_sockets
 from livemeet.gateway.keys import SESSIONS_KEY
 from livemeet.transcript.segments import FinishReason
@@ -27,6 +28,22 @@ def messages(caplog: pytest.LogCaptureFixture, logger: str) -> list[str]:
 
 
 async def test_a_live_session_that_ends_in_an_error_is_logged(
+    client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, "livemeet.gateway.ws_live")
+    async with client.ws_connect("/v1/live") as ws:
+        ready = await start_session(ws)
+        await ws.send_bytes(pcm16(0.5))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == 8000)
+        fake.sessions[0].fail(InternalError("a decode of this session failed"))
+        await asyncio.wait_for(receive_all(ws), 5)
+    await wait_until(lambda: bool(messages(caplog, "livemeet.gateway.ws_live")))
+    (line,) = messages(caplog, "livemeet.gateway.ws_live")
+    assert f"live session {ready['session_id']} ended: internal_error" in line
+    assert "0.5 s of audio" in line
+
+
+async def test_a_client_violation_is_logged_with_its_error_and_the_session_kept(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, "livemeet.gateway.ws_live")
@@ -37,8 +54,10 @@ async def test_a_live_session_that_ends_in_an_error_is_logged(
         await asyncio.wait_for(receive_all(ws), 5)
     await wait_until(lambda: bool(messages(caplog, "livemeet.gateway.ws_live")))
     (line,) = messages(caplog, "livemeet.gateway.ws_live")
-    assert f"live session {ready['session_id']} ended: protocol_error" in line
-    assert "0.5 s of audio" in line
+    assert line.startswith(
+        f"live session {ready['session_id']} closed its connection for protocol_error ("
+    )
+    assert "after 0.5 s of audio" in line and line.endswith("kept for a resume")
 
 
 async def test_a_detach_is_not_logged_as_an_end_and_the_end_counts_the_sessions_audio(

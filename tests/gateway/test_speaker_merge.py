@@ -310,7 +310,7 @@ async def test_a_refused_speaker_request_closes_the_socket_but_keeps_the_meeting
     """The 4400 closes the socket, and the session is kept as after a dropped one: resumable
     within its window, then ended and its transcript stored (before, a refused display
     request dropped the session and its finals at once: the meeting so far was lost; a
-    trial). A client's other violations still drop it."""
+    trial). A client's other violations keep it too (test_live_violations.py)."""
     fake.speakers = SPEAKERS
     client = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0.5)
     async with client.ws_connect("/v1/live") as ws:
