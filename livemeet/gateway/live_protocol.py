@@ -55,6 +55,7 @@ from livemeet.audio.constants import (
     PCM_S16LE_BYTES,
 )
 from livemeet.errors import BadAudio, InvalidRequest, LivemeetError, ProtocolError
+from livemeet.transcript.language import check_language
 from livemeet.transcript.parser import MAX_SPEAKER_CHARS, is_speaker_label
 
 PROTOCOL_VERSION = 0
@@ -485,8 +486,9 @@ def _parse_json_object(text: str) -> dict[str, Any]:
         raise InvalidRequest(f"text frame is not valid JSON: {exc.msg} at {exc.pos}") from exc
     except RecursionError as exc:  # e.g. "[[[[..." thousands deep
         raise InvalidRequest("text frame nests JSON too deeply") from exc
-    except ValueError as exc:  # e.g. an integer of over 4,300 digits (int's str limit)
-        raise InvalidRequest(f"text frame holds an unreadable JSON value: {exc}") from exc
+    except ValueError as exc:  # an integer of over 4,300 digits (int's str limit)
+        # not str(exc): it tells the client to call sys.set_int_max_str_digits() (a trial)
+        raise InvalidRequest("text frame holds a JSON number too long to read") from exc
     if not isinstance(message, dict):
         raise InvalidRequest("a text frame must be a JSON object")
     return message
@@ -523,6 +525,7 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
     if encoding != PCM_ENCODING:
         raise InvalidRequest(f"encoding must be {PCM_ENCODING!r}, not {encoding!r}")
     language = _optional_str(m, "language", MAX_LANGUAGE_CHARS)
+    check_language(language, None, "")  # a tag at all; the backend's language: the gateway's
     prompt = _optional_str(m, "prompt", MAX_PROMPT_CHARS)
     hotwords = m.get("hotwords")
     hotwords = [] if hotwords is None else hotwords

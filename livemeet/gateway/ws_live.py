@@ -96,6 +96,7 @@ from livemeet.transcriber import (
     TranscriptRevised,
     is_terminal,
 )
+from livemeet.transcript.language import check_language
 
 log = logging.getLogger(__name__)
 
@@ -701,6 +702,8 @@ class LiveConnection:
             await self._while_reading(sessions.resume(start.resume, start.audio_format, self))
         else:
             self.app[DISK_KEY].check("live sessions")  # not one that fails on a full disk
+            info = self.app[TRANSCRIBER_KEY].info
+            check_language(start.language, info.language_code, info.name)
             options = SessionOptions(
                 live=True,
                 prompt=start.prompt,

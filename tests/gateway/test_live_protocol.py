@@ -102,6 +102,23 @@ def test_bad_messages_before_start(text: str, error: type[Exception]) -> None:
     assert p.state is State.AWAITING_START
 
 
+def test_a_json_number_too_long_to_read_is_named_without_python_internals() -> None:
+    """A trial: the message told the client to call sys.set_int_max_str_digits()."""
+    with pytest.raises(InvalidRequest, match="JSON number too long") as caught:
+        LiveProtocol().receive_text('{"type": "start", "sample_rate": 1' + "0" * 5_000 + "}")
+    assert "sys." not in caught.value.message
+
+
+@pytest.mark.parametrize(("language", "ok"), [("en", True), ("zh-Hant", True), ("english", False)])
+def test_start_takes_a_language_tag_as_an_upload_does(language: str, ok: bool) -> None:
+    text = json.dumps({"type": "start", "sample_rate": 16_000, "language": language})
+    if ok:
+        assert isinstance(LiveProtocol().receive_text(text), StartSession)
+    else:
+        with pytest.raises(InvalidRequest, match="not a language code"):
+            LiveProtocol().receive_text(text)
+
+
 def test_null_optional_fields_take_their_defaults() -> None:
     """`"channels": null` was refused as "'start' needs the field 'channels'" while a null
     language or prompt was taken as absent (a trial): every optional field reads null as

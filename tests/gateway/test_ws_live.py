@@ -7,6 +7,7 @@ import json
 import math
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -178,6 +179,21 @@ async def test_resamples_48k_stereo_to_16k_mono(client: TestClient, fake: FakeTr
     log = fake.sessions[0].log
     assert abs(log.num_samples - 2.0 * 16000) <= 16  # resampler edge effects only
     assert log.num_finalize == 1
+
+
+async def test_a_start_in_a_language_the_backend_does_not_transcribe_is_refused(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """As an upload's: the English-only demo refuses `zh` (a trial's live Mandarin came
+    back as English under its language) before opening a session."""
+    fake._info = replace(fake._info, language_code="en")
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json({**START, "language": "zh"})
+        error = await expect_error(ws, InvalidRequest)
+    assert "'en' only" in error["message"] and not fake.sessions
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json({**START, "language": "en-GB"})
+        assert (await ws.receive_json())["type"] == "session.ready"
 
 
 @pytest.mark.parametrize(
