@@ -5,8 +5,9 @@ A decode step at batch 1 is launch-bound: the unfused Qwen3 layer runs ~55 small
 - `fused_add_rms_norm`: residual add + RMSNorm (livemeet.layers.norm order: statistics in fp32,
   cast to the input dtype, then times the weight in the input dtype);
 - `qk_norm_rope`: per-head q/k RMSNorm then NeoX rotate-half RoPE with angles computed in fp32
-  from the positions (livemeet.layers.rotary order: cos/sin in fp32, cast to the tensor dtype,
-  then x*cos + rotate_half(x)*sin in the tensor dtype), q and k in one launch;
+  from the positions (livemeet.layers.rotary order: cos/sin in fp32 (taken in fp64 on the GPU:
+  `_rope_cos_sin`), cast to the tensor dtype, then x*cos + rotate_half(x)*sin in the tensor
+  dtype), q and k in one launch;
   `qk_norm_rope_store_kv` the same, writing the rotated k and v straight into a paged KV
   cache (`paged_attention.KVSink`, e4m3 included) instead of returning k: `store_kv` fused in;
 - `silu_and_mul`: silu(gate) * up over a fused [N, 2I] gate/up projection;
@@ -189,10 +190,16 @@ if HAS_TRITON:
         the tensors' dtype, as livemeet.layers.rotary does)."""
         angle = pos.to(tl.float32) * tl.load(InvFreq + tl.arange(0, HALF))
         if PRECISE_TRIG:
-            # tl.cos/tl.sin may lower to the approximate PTX instructions, which are far off
-            # at angles of ~1e5 rad; libdevice reduces the range exactly, like torch's cosf
-            c = libdevice.cos(angle)
-            s = libdevice.sin(angle)
+            # cos/sin of the fp32 angle taken in fp64, rounded to fp32: what torch's precise
+            # cosf gives to within its last bit. Triton's fp32 libdevice.cos/sin (as tl.cos,
+            # the approximate PTX instructions) are off at angles of 1e3-1e5 rad: on an H100
+            # (session 36) 15.7 % of the bf16 k elements this kernel stored differed from a
+            # float64 reference growing with the position, where the CUDA prologue's cosf
+            # matched it in every element. fp64 has no approximate form; its cost is small
+            # beside the row's loads (HALF values of each per row and head).
+            wide = angle.to(tl.float64)
+            c = libdevice.cos(wide).to(tl.float32)
+            s = libdevice.sin(wide).to(tl.float32)
         else:  # the interpreter has no libdevice
             c = tl.cos(angle)
             s = tl.sin(angle)
