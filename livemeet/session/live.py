@@ -7,10 +7,12 @@ and hands the hypothesis back (`apply_hypothesis`), which returns the events to 
 changed (`preview` sends the segments a decode has closed so far while it still runs).
 `finalize()` and `end()` fix the audio received by then as a cut: the next windows end there,
 and the `apply_hypothesis` of the one that reaches it (or `flush()` when that audio is decoded
-already) commits everything up to it, however much audio arrives meanwhile; `finish()` then
-gives the `TranscriptFinal` after `end()`. A cut made while another is pending waits for it,
-and later ones replace it: with finalizes coming faster than decodes, each decode still
-reaches the cut it was given (one that moved with every finalize was never reached).
+already) commits everything up to it, however much audio arrives meanwhile, with the shown
+segments that decode left out (`cut_segments`); the next window starts at the cut, so no later
+final starts before it (speech across a cut is split there; docs/protocol.md `finalize`).
+`finish()` then gives the `TranscriptFinal` after `end()`. A cut made while another is pending
+waits for it, and later ones replace it: with finalizes coming faster than decodes, each decode
+still reaches the cut it was given (one that moved with every finalize was never reached).
 
 Speaker merges (DESIGN 5.6, `merge_speakers`): a client that merged a label into another gets
 no new segment with it: the mapper writes the target (livemeet/transcript/speakers.py), and
@@ -338,8 +340,6 @@ class LiveSession:
         hyp = clean_hypothesis(segments, start_s, edge_s, history, start_tolerance_s=tolerance_s)
         seen = self._commit.committed[-50:] + self._shown
         mapped = self._speakers.map(hyp, seen, session_labels)
-        if last:
-            mapped = (*mapped, *shown_past(self._shown, mapped, self._commit.committed_end_s))
         finals = list(self._commit.update(mapped, edge_s).finals)
         window_s = (edge_samples - self._committed_end_sample()) / SAMPLE_RATE
         if window_s + self.options.hop_s > self.options.max_window_s:
@@ -424,8 +424,7 @@ class LiveSession:
 
     def _events(self, finals: list[Segment], edge_samples: int) -> list[Event]:
         if self._cuts and edge_samples == self._cuts[0]:
-            finals += list(self._commit.force_commit().finals)
-            self._cuts.pop(0)
+            finals += self._commit_cut(self._cuts.pop(0))
             if self._end_pending and not self._cuts:
                 self._ended = True
         self._advance_window()
@@ -433,6 +432,23 @@ class LiveSession:
         events += self._send_tail(self._commit.tail)
         self._shown = shown_segments(self._shown, self._commit.tail, self._commit.committed_end_s)
         return events
+
+    def _commit_cut(self, cut: int) -> list[Segment]:
+        """Apply the finalize/end cut at sample `cut`, which the last decode reached: commit
+        the open tail and the shown segments it left out (`cut_segments`), and start the next
+        window at the cut, so that no later final starts before it (the audio before it is
+        never decoded again, even where the decode that reached it wrote none of it)."""
+        shown = [replace(s, speaker=self._speakers.resolve(s.speaker)) for s in self._shown]
+        tail = cut_segments(
+            self._commit.tail,
+            shown,
+            self._commit.committed_end_s,
+            self.options.commit.time_tolerance_s,
+        )
+        finals = self._commit.force_commit(tail=tail).finals
+        self._window_start = max(self._window_start, cut)
+        self._shown = ()  # committed, or before the cut: no later decode writes them
+        return list(finals)
 
     def _send_tail(self, tail: tuple[Segment, ...]) -> list[Event]:
         """The partial for `tail` if it differs from the last one sent ([] otherwise)."""
@@ -463,22 +479,49 @@ def shown_segments(
     return (*tail, *beyond)
 
 
-def shown_past(
-    shown: Sequence[Segment], final_decode: Sequence[Segment], committed_end_s: float
+def cut_segments(
+    tail: Sequence[Segment],
+    shown: Sequence[Segment],
+    committed_end_s: float,
+    time_tolerance_s: float,
 ) -> tuple[Segment, ...]:
-    """The segments the client was shown (`shown`, in session labels) that start at or past
-    the end of a session's last decode (`final_decode`, mapped), flagged FROM_PARTIAL. That
-    decode, of all the audio, sometimes stops early (Whisper at the end of its input,
-    MOSS-TD's early EOS): a trial saw the last ~9 s of a meeting, shown in the partials,
-    missing from its final. The final keeps at least what the partials showed; a shown
-    segment that the last decode reaches into is that decode's to write, so nothing twice."""
-    covered_to = max((s.end_s for s in final_decode), default=committed_end_s)
-    covered_to = max(covered_to, committed_end_s)
-    return tuple(
-        replace(s, flags=(*s.flags, SegmentFlag.FROM_PARTIAL))
-        for s in shown
-        if s.start_s >= covered_to and SegmentFlag.FROM_PARTIAL not in s.flags
+    """What a finalize's or an end's cut commits: the open `tail` (what the decode that reached
+    the cut wrote past the finals), then the segments the client was shown (`shown`, in session
+    labels) that lie past all of that, flagged FROM_PARTIAL. That decode sometimes stops early
+    (Whisper at the end of its input, or before a word the cut splits; MOSS-TD's early EOS):
+    trials saw the last ~9 s of a meeting, and a phrase shown just before a finalize, missing
+    from the finals. No later decode reads audio before the cut, so the finals keep at least
+    what the partials showed.
+
+    A shown segment that a tail segment reaches into is the decode's to write (nothing twice),
+    unless that tail segment is one the partials showed ending earlier (same speaker and text,
+    start within `time_tolerance_s`): Whisper stretches a window's last segment over words it
+    leaves out ("to myself." 21.86-24.94 s over "And Mr. John Dash" before a finalize at 25 s),
+    so it covers only up to its shown end, and ends where the first kept segment starts.
+    `committed_end_s`: the end of the finals (the decode's agreed segments among them)."""
+
+    def covered_to(seg: Segment) -> float:
+        end = seg.end_s
+        for s in shown:
+            same = s.speaker == seg.speaker and normalise_text(s.text) == normalise_text(seg.text)
+            if same and abs(s.start_s - seg.start_s) <= time_tolerance_s:
+                end = min(end, s.end_s)
+        return end
+
+    covered = max([committed_end_s, *(covered_to(seg) for seg in tail)])
+    kept = sorted(
+        (
+            replace(s, flags=(*s.flags, SegmentFlag.FROM_PARTIAL))
+            for s in shown
+            if s.start_s >= covered and SegmentFlag.FROM_PARTIAL not in s.flags
+        ),
+        key=lambda s: s.start_s,
     )
+    if not kept:
+        return tuple(tail)
+    stop_s = kept[0].start_s
+    trimmed = (replace(s, end_s=max(s.start_s, stop_s)) if s.end_s > stop_s else s for s in tail)
+    return (*trimmed, *kept)
 
 
 def clean_hypothesis(

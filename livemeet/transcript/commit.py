@@ -197,8 +197,14 @@ class CommitBuffer:
         the next hypothesis, mapped so, then agrees with the tail). Finals keep theirs."""
         self._tail = tuple(replace(s, speaker=resolve(s.speaker)) for s in self._tail)
 
-    def force_commit(self, count: int | None = None) -> CommitUpdate:
-        """Commit the first `count` segments of the open tail (all of it when None)."""
+    def force_commit(
+        self, count: int | None = None, *, tail: Sequence[Segment] | None = None
+    ) -> CommitUpdate:
+        """Commit the first `count` segments of the open tail (all of it when None). `tail`
+        (session labels, absolute times) replaces the open tail first: a cut commits the tail
+        as the session amended it (`cut_segments` in livemeet/session/live.py)."""
+        if tail is not None:
+            self._tail = tuple(as_partial(s) for s in tail)
         k = len(self._tail) if count is None else max(0, min(count, len(self._tail)))
         finals = self._commit(self._tail[:k])
         self._tail = self._tail[k:]

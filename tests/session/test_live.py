@@ -209,6 +209,104 @@ def test_a_finalize_whose_audio_is_decoded_is_applied_by_flush() -> None:
     assert live.window().end_s == pytest.approx(2.5)
 
 
+WIDE = LiveOptions(hop_s=1.0, max_window_s=30.0)  # no forced commit in a trial's 25 s
+
+
+def cut_session(shown: list[Segment], cut_s: float = 25.0) -> LiveSession:
+    """A session shown `shown` as its partial by a hop to 24.95 s, then finalized at `cut_s`
+    (more audio follows), with the window that reaches the cut handed out."""
+    live = LiveSession(WIDE)
+    live.receive_audio(audio(24.95))
+    live.window()
+    partial = [e for e in live.apply_hypothesis(shown) if isinstance(e, SegmentPartial)]
+    assert [s.text for s in partial[-1].segments] == [s.text for s in shown]
+    live.receive_audio(audio(cut_s - 24.95))
+    live.finalize()
+    live.receive_audio(audio(2.0))  # the client goes on while the cut is decoded
+    assert live.window().end_s == pytest.approx(cut_s)
+    return live
+
+
+NARRATIVE = "The narrative would be tedious to him and painful to myself."
+
+
+def test_a_finalize_keeps_the_shown_words_its_decode_left_out() -> None:
+    """A trial (t28, Whisper tiny.en): a partial showed "Mr. John Dax" 23.54-24.9 s, the
+    decode that reached the finalize at 25 s stopped at 22.54 s, and the commit dropped the
+    partial. The finals hold it now, flagged `from_partial`, as after `end`."""
+    shown = [Segment(19.88, 22.54, "S01", NARRATIVE), Segment(23.54, 24.9, "S01", "Mr. John Dax")]
+    live = cut_session(shown)
+    finals = finals_of(live.apply_hypothesis([Segment(19.88, 22.54, "S01", NARRATIVE)]))
+    assert [(s.text, s.start_s, s.end_s, s.flags) for s in finals] == [
+        (NARRATIVE, 19.88, 22.54, ()),
+        ("Mr. John Dax", 23.54, 24.9, (SegmentFlag.FROM_PARTIAL,)),
+    ]
+
+
+@pytest.mark.parametrize("cut", ["finalize", "end"])
+def test_a_cut_keeps_shown_words_a_stretched_last_segment_left_out(cut: str) -> None:
+    """Whisper stretches a window's last segment over words it leaves out (a trial: "to
+    myself." 21.86-24.94 s, "And Mr. John Dash" lost before a finalize at 25 s). A segment the
+    partials showed ending earlier covers only that far: the shown words after it are kept,
+    and it ends where they start."""
+    shown = [
+        Segment(19.88, 23.1, "S01", NARRATIVE),
+        Segment(23.7, 24.6, "S01", "And Mr. John Dash"),
+    ]
+    live = cut_session(shown) if cut == "finalize" else LiveSession(WIDE)
+    if cut == "end":
+        live.receive_audio(audio(25.0))
+        live.window()
+        live.apply_hypothesis(shown)
+        live.end()
+        live.window()
+    stretched = Segment(19.88, 24.88, "S01", NARRATIVE.lower())  # same words, another case
+    finals = finals_of(live.apply_hypothesis([stretched]))
+    assert [(s.text, s.start_s, s.end_s, s.flags) for s in finals] == [
+        (NARRATIVE.lower(), 19.88, 23.7, ()),
+        ("And Mr. John Dash", 23.7, 24.6, (SegmentFlag.FROM_PARTIAL,)),
+    ]
+
+
+def test_no_final_after_a_finalize_starts_before_its_cut() -> None:
+    """A trial: the decode that reached the finalize at 25 s committed up to 23.36 s, the next
+    window started there and a later final, 23.36-29.04 s, crossed the cut. The next window
+    starts at the cut: the audio before it is the finalize's (protocol.md: "of no later
+    audio"), even where its decode wrote none of it."""
+    live = cut_session([Segment(19.36, 23.36, "S01", NARRATIVE)])
+    finals = finals_of(live.apply_hypothesis([Segment(19.36, 23.36, "S01", NARRATIVE)]))
+    assert [s.end_s for s in finals] == [23.36]
+    after = live.window()
+    assert after.offset_s == pytest.approx(25.0) and after.end_s == pytest.approx(27.0)
+    # a decoder's first segment may claim audio before its window: it starts at the cut
+    later = [Segment(23.36, 26.0, "S01", "wood had then leisure")]
+    live.apply_hypothesis(later)
+    live.end()
+    live.window()
+    finals = finals_of(live.apply_hypothesis(later))
+    assert [(s.text, s.start_s) for s in finals] == [("wood had then leisure", 25.0)]
+    assert all(s.start_s >= 25.0 or s.end_s <= 25.0 for s in live.finish().segments)
+
+
+def test_a_finalize_applied_by_flush_keeps_the_shown_segments_too() -> None:
+    """A finalize whose audio is decoded already (`flush`) commits the same as one a decode
+    reaches: the retracted shown segment past the last decode is kept."""
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(3.0))
+    live.window()
+    live.apply_hypothesis([Segment(0.2, 1.0, "S01", "one"), Segment(1.5, 2.8, "S01", "two")])
+    live.window()
+    finals = finals_of(live.apply_hypothesis([Segment(0.2, 1.0, "S01", "one")]))
+    live.finalize()
+    finals += finals_of(live.flush())
+    assert [(s.text, s.flags) for s in finals] == [
+        ("one", ()),
+        ("two", (SegmentFlag.FROM_PARTIAL,)),
+    ]
+    live.receive_audio(audio(1.0))
+    assert live.window().offset_s == pytest.approx(3.0)
+
+
 def test_end_without_audio() -> None:
     events = stream(ScriptedCore(Script(REFERENCE)), audio(0))
     assert events == [TranscriptFinal((), events[0].finish_reason, 0.0, 0.0)]
@@ -324,7 +422,7 @@ def test_prompt_is_recent_committed_text() -> None:
     live.receive_audio(audio(1.0))
     win = live.window()
     assert win.prompt == "one two three four five six"[-20:]
-    assert win.offset_s == pytest.approx(1.0)
+    assert win.offset_s == pytest.approx(3.0)  # at the cut, not at the final's end
 
 
 def test_bad_input_is_rejected() -> None:

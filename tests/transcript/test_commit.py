@@ -70,6 +70,18 @@ def test_force_commit_commits_the_tail() -> None:
     assert buf.force_commit().finals == ()
 
 
+def test_force_commit_commits_an_amended_tail() -> None:
+    buf = CommitBuffer(OPTS)
+    buf.update([seg(0, 4, "a")], edge_s=4.0)
+    amended = [seg(0, 2.5, "a"), seg(2.5, 3.5, "b")]  # a session's cut (session/live.py)
+    done = buf.force_commit(tail=amended)
+    assert [(s.id, s.end_s, s.text) for s in done.finals] == [
+        ("seg-0001", 2.5, "a"),
+        ("seg-0002", 3.5, "b"),
+    ]
+    assert done.tail == () and buf.committed_end_s == 3.5
+
+
 def test_committed_starts_never_decrease() -> None:
     buf = CommitBuffer(OPTS)
     buf.update([seg(5, 6, "a")], edge_s=6.0)
