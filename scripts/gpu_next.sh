@@ -25,6 +25,13 @@
 #   5: the fused prologue's GPU tests again (session 35's H100 run failed them: the k bound
 #      was relative to a cancelling RoPE output, fixed), then the card's throughput run (H200:
 #      call 2's; H100: call 3's) with LIVEMEET_FUSED_QK=1 where the tests passed, else off
+#   6: the fp64 RoPE cos/sin of the Triton q/k kernel (session 36, `6e358fb`: Triton's fp32
+#      ones were off at large angles; compiled, not yet run on a GPU): long c1 bf16 and the
+#      1 x 36k decode step, arms new / old (the commit before it) / new with the fused
+#      prologue / new. The old tree is exported here first and carried with `.whl` (without
+#      the av wheel: the copy's limit is 64 MiB; these runs decode no containers):
+#        mkdir .ab-old && git archive fafd93f livemeet loadtest scripts pyproject.toml \
+#          | tar -x -C .ab-old         # then carry [".whl", ".ab-old"]
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -33,7 +40,7 @@
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5}"
+call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5|6}"
 bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
@@ -84,6 +91,14 @@ case "$gpu:$call" in
       *H200*) bash "$0" 2 ;;
       *) bash "$0" 3 ;;
     esac
+    ;;
+  *H200*:6 | *H100*:6)
+    old_dir="${AB_OLD_DIR:-.ab-old}"
+    [ -d "$old_dir" ] || { echo "call 6 needs the old tree in $old_dir (see the top)" >&2; exit 2; }
+    AB_OLD=fafd93f AB_OLD_DIR="$old_dir" AB_ENV="LIVEMEET_FUSED_QK=1" AB_ARMS="new old env new" \
+      PYTEST_S=0 PROFILE_S=40 PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 BENCH_S=100 \
+      BENCH_WORKLOADS=long LONG_C=1 FP8_POINTS=" " ASSUMED_RATE=100 GPU_BENCH="$bench" \
+      bash scripts/gpu_ab.sh profile
     ;;
   *)
     echo "no run planned for call $call on $gpu" >&2

@@ -124,6 +124,25 @@ def test_call_4_tests_the_fused_prologue_then_runs_its_ab(tmp_path: Path, card: 
     assert sorted(p.name for p in out.iterdir()) == ["1_new", "2_env", "3_new", "tests"]
 
 
+@pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_call_6_compares_the_fp64_rope_with_the_commit_before_it(
+    tmp_path: Path, card: str
+) -> None:
+    """gpu_ab.sh's arms new, old (the tree exported beside it), env (the fused prologue),
+    new; without the old tree the call says how to make it and runs nothing."""
+    missing = run(tmp_path, card, "6", AB_OLD_DIR=str(tmp_path / "absent"))
+    assert missing.returncode == 2 and "git archive" not in missing.stdout
+    assert "needs the old tree" in missing.stderr
+    old = tmp_path / "old"
+    old.mkdir()
+    out = tmp_path / "out"
+    done = run(tmp_path, card, "6", AB_OLD_DIR=str(old), OUT=str(out))
+    assert done.returncode == 0, done.stderr
+    arms = [line for line in done.stdout.splitlines() if line.startswith("=== arm")]
+    assert [a.split(" ")[3] for a in arms] == ["new", "old", "env", "new"]
+    assert "fafd93f" in arms[1] and "with LIVEMEET_FUSED_QK=1" in arms[2]
+
+
 @pytest.mark.parametrize(
     ("card", "throughput"),
     [("NVIDIA H200", ["engine", "http"]), ("NVIDIA H100 80GB HBM3", ["engine"])],
@@ -144,7 +163,7 @@ def test_call_5_runs_the_throughput_call_with_the_fused_prologue_only_if_its_tes
 
 
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
-    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "6")):
+    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "7")):
         done = run(tmp_path, card, call)
         assert done.returncode == 2 and "no run planned" in done.stderr
     done = run(tmp_path, "", "1")
