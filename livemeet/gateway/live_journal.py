@@ -1,11 +1,14 @@
-"""The journal of live sessions: their audio, finals, speaker names and merges on disk, so a crash
-of the server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
+"""The journal of live sessions: their audio, finals, finalizes, speaker names and merges on disk,
+so a crash of the server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
 
 Under `root`:
 - `sessions.sqlite3` (WAL, synchronous=NORMAL: a committed transaction survives a crash of this
   process; power loss is not claimed): a row per unfinished session (its meta, whether its
-  `end` came, its durable frames, its speaker names and merges) and a row per committed
-  final (schema version 2; a version-1 file gains the merges column as it opens). A
+  `end` came, its durable frames, its speaker names and merges), a row per committed final
+  and a row per `finalize` (where in its audio the client asked for a commit: a rebuild asks
+  again there, so a finalize the backend had not applied yet is not lost, and one it had
+  applied still bounds the windows after it). Schema version 3; an older file is brought to
+  it as it opens (version 1 gains the merges column, version 2 the finalizes table). A
   finished or discarded session's rows go (with its prompt and hotwords: nothing of a session
   outlives it here; its transcript is the transcript store's).
 - `audio/<ls_hex>.s16le`: a session's audio as its client sent it (interleaved PCM16 LE at the
@@ -15,7 +18,8 @@ Under `root`:
 One writer thread owns the connection and the audio files; the event loop only enqueues. The
 writer group-commits: it waits for work, then until `commit_interval_s` after its previous
 group began, takes everything queued, appends and fdatasyncs each session's audio, then
-records the new durable lengths, finals, names, merges and ends in one transaction, and
+records the new durable lengths, finals, finalizes, names, merges and ends in one transaction,
+and
 reports each
 session's new durable length on the loop (`on_durable`). A recorded length never exceeds what
 was synced before it, so a reload finds everything ever reported durable; bytes past the
@@ -56,13 +60,22 @@ from livemeet.transcript.segments import Segment, SegmentFlag
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # PRAGMA user_version of the journals this code writes and reads
+SCHEMA_VERSION = 3  # PRAGMA user_version of the journals this code writes and reads
 DB_NAME = "sessions.sqlite3"
 AUDIO_DIR = "audio"
 AUDIO_SUFFIX = ".s16le"
 LOCK_NAME = "lock"  # flock'd by the journal's server while it runs; holds its pid
 
-_SCHEMA = """
+# a finalize's place in its session's audio (v3); a session's finalizes at one place are one
+_FINALIZES_TABLE = """
+CREATE TABLE finalizes (
+    session_id TEXT NOT NULL,
+    frames INTEGER NOT NULL,  -- sample frames of the session's audio received before it
+    PRIMARY KEY (session_id, frames)
+) WITHOUT ROWID;
+"""
+_SCHEMA = (
+    """
 CREATE TABLE sessions (
     session_id TEXT PRIMARY KEY,
     audio_name TEXT NOT NULL,  -- the file under audio/, a hash of session_id
@@ -84,6 +97,8 @@ CREATE TABLE finals (
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 """
+    + _FINALIZES_TABLE
+)
 
 _INSERT_SESSION = """
 INSERT OR REPLACE INTO sessions (session_id, audio_name, resume_token_sha256,
@@ -95,6 +110,7 @@ _INSERT_FINAL = """
 INSERT INTO finals (session_id, seq, segment)
 VALUES (?, (SELECT COALESCE(MAX(seq) + 1, 0) FROM finals WHERE session_id = ?), ?)
 """
+_INSERT_FINALIZE = "INSERT OR IGNORE INTO finalizes (session_id, frames) VALUES (?, ?)"
 _SELECT_LIVE = """
 SELECT session_id, audio_name, resume_token_sha256, captions_token_sha256, sample_rate,
     channels, created_at, options, durable_frames, names, merges, ended
@@ -103,7 +119,13 @@ FROM sessions ORDER BY created_at, session_id
 # what each older schema version needs to become SCHEMA_VERSION, in order
 _MIGRATIONS = {
     1: "ALTER TABLE sessions ADD COLUMN merges TEXT NOT NULL DEFAULT '[]';",
+    2: _FINALIZES_TABLE,
 }
+# the rows of a session besides its own: dropped with it, or when its id is opened anew
+_DELETE_ROWS = (
+    "DELETE FROM finals WHERE session_id = ?",
+    "DELETE FROM finalizes WHERE session_id = ?",
+)
 
 
 class SessionState(StrEnum):
@@ -146,6 +168,9 @@ class RestoredSession:
     audio_path: Path  # raw interleaved PCM16 LE, exactly durable_frames * frame_bytes bytes
     ended: bool = False  # its `end` had reached the backend (`mark_ended`)
     merges: tuple[tuple[str, str], ...] = ()  # (label, into), in merge order
+    # where its client's finalizes came: sample frames of its audio received before each,
+    # increasing, none past durable_frames (`LiveJournal.add_finalize`)
+    finalizes: tuple[int, ...] = ()
 
 
 DurableCallback = Callable[[int], None]  # sample frames now durable
@@ -291,6 +316,12 @@ class _Final:
 
 
 @dataclass(frozen=True)
+class _Finalize:
+    handle: _Handle
+    frames: int
+
+
+@dataclass(frozen=True)
 class _Names:
     handle: _Handle
     names: tuple[tuple[str, str], ...]
@@ -314,17 +345,16 @@ class _Ending:
 
 
 # None: stop after the rest
-_Op = _Open | _Append | _Final | _Names | _Merges | _End | _Ending | None
+_Op = _Open | _Append | _Final | _Finalize | _Names | _Merges | _End | _Ending | None
 
 
 class LiveJournal:
     """The durable store of live sessions (see the module docstring for layout and threads).
 
     Use: `load_unfinished()` once at start-up, then `start(loop)`; `open_session` or `adopt`
-    each session, feed it (`append_audio`, `add_final`, `set_names`, `set_merges`) and end it
-    (`finish` or
-    `discard`); `await close()` at shutdown. Sessions still open at close stay unfinished and
-    come back from the next `load_unfinished`.
+    each session, feed it (`append_audio`, `add_final`, `add_finalize`, `set_names`,
+    `set_merges`) and end it (`finish` or `discard`); `await close()` at shutdown. Sessions
+    still open at close stay unfinished and come back from the next `load_unfinished`.
 
     Every method but `load_unfinished` and `close` only enqueues: nothing blocks the loop.
     Errors: a method called after `close()`, or naming a session that is not open, raises
@@ -465,6 +495,15 @@ class LiveJournal:
         if not handle.failed:
             self._queue.put(_Final(handle, segment))
 
+    def add_finalize(self, session_id: str, frames: int) -> None:
+        """Queue the client's `finalize`, made after `frames` sample frames of the session's
+        audio (all of them queued before it with `append_audio`: the record never names audio
+        that is not durable with it). A second one at the same place is the same record.
+        Raises InternalError for a session not open or after `close`."""
+        handle = self._live(session_id)
+        if not handle.failed:
+            self._queue.put(_Finalize(handle, frames))
+
     def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> None:
         """Queue the session's whole current speaker-name map, (label, name) in naming order.
         Raises InternalError for a session not open or after `close`."""
@@ -602,6 +641,11 @@ class LiveJournal:
         finals = conn.execute(
             "SELECT segment FROM finals WHERE session_id = ? ORDER BY seq", (meta.session_id,)
         ).fetchall()
+        # past the audio only where the file lost audio its record claims (logged above)
+        finalizes = conn.execute(
+            "SELECT frames FROM finalizes WHERE session_id = ? AND frames <= ? ORDER BY frames",
+            (meta.session_id, frames),
+        ).fetchall()
         return RestoredSession(
             meta=meta,
             durable_frames=frames,
@@ -610,6 +654,7 @@ class LiveJournal:
             audio_path=path,
             ended=bool(row["ended"]),
             merges=tuple((label, into) for label, into in json.loads(row["merges"])),
+            finalizes=tuple(int(f["frames"]) for f in finalizes),
         )
 
     def _remove_orphans(self, keep: set[str]) -> None:
@@ -844,10 +889,10 @@ class _Writer:
                 _unlink(tape.path)  # before the commit, which a full disk may fail
             else:  # after it: a crash in between rebuilds the session with its audio
                 group.unlinks[tape.path.name] = tape.path
-            group.statements += [
-                ("DELETE FROM sessions WHERE session_id = ?", (tape.session_id,)),
-                ("DELETE FROM finals WHERE session_id = ?", (tape.session_id,)),
-            ]
+            group.statements.append(
+                ("DELETE FROM sessions WHERE session_id = ?", (tape.session_id,))
+            )
+            group.statements += [(sql, (tape.session_id,)) for sql in _DELETE_ROWS]
         elif isinstance(op, _Ending):
             if not tape.failed:
                 group.statements.append(
@@ -860,6 +905,8 @@ class _Writer:
         elif isinstance(op, _Final):
             params = (tape.session_id, tape.session_id, _segment_to_json(op.segment))
             group.statements.append((_INSERT_FINAL, params))
+        elif isinstance(op, _Finalize):
+            group.statements.append((_INSERT_FINALIZE, (tape.session_id, op.frames)))
         elif isinstance(op, _Merges):
             merges = json.dumps(op.merges, ensure_ascii=False)
             group.statements.append(
@@ -882,8 +929,8 @@ class _Writer:
         )
         self._tapes[op.handle] = tape
         if not op.adopted:
+            group.statements += [(sql, (meta.session_id,)) for sql in _DELETE_ROWS]
             group.statements += [
-                ("DELETE FROM finals WHERE session_id = ?", (meta.session_id,)),
                 (
                     _INSERT_SESSION,
                     (

@@ -19,14 +19,18 @@ Every holder is dropped exactly once (`_drop`: its backend session aborted, its 
 cancelled); every holder's `end` runs at most once.
 
 Durability (DESIGN 5.9, gateway/live_journal.py): with a journal, a holder writes the client's
-audio (after the backend took it), its finals and names to disk; `num_frames_durable` is what
-the journal reported written, and only that is acknowledged (`audio.ack`, and a resume's
-`session.ready` offset: the client sends on from there, and frames the backend took already
-are skipped). A session is finished in the journal once its final transcript is stored (a
-revision is best-effort after that: a crash during it loses only the revision), discarded
-when it fails or is dropped without one, and kept when the server stops first: `restore`
-rebuilds those at the next start (a new backend session from the stored finals, fed the
-stored audio), detached, for their clients to resume.
+audio (after the backend took it), its finals, finalizes and names to disk;
+`num_frames_durable` is what the journal reported written, and only that is acknowledged
+(`audio.ack`, and a resume's `session.ready` offset: the client sends on from there, and frames
+the backend took already are skipped). A session is finished in the journal once its final
+transcript is stored (a revision is best-effort after that: a crash during it loses only the
+revision), discarded when it fails or is dropped without one, and kept when the server stops
+first: `restore` rebuilds those at the next start (a new backend session from the stored
+finals, fed the stored audio with the client's finalizes made again where they came in it),
+detached, for their clients to resume. A finalize is made again so that one the backend had not
+applied when the server stopped is not lost (its audio would stay a partial), and one it had
+applied still cuts there (no final of the rebuilt session crosses it); a rebuild after the
+engine's loss does the same (`finalizes`).
 
 Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
 (`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
@@ -273,6 +277,9 @@ class LiveSessionHolder:
         self.subscribers: set[CaptionsSink] = set()
         self.lock = asyncio.Lock()
         self.num_frames_accepted = 0  # sample frames at the client's rate the backend has
+        # where the client's finalizes came: `num_frames_accepted` at each, increasing (one
+        # per place); a rebuild feeding the audio again makes them again there (`_feed_stored`)
+        self.finalizes: list[int] = []
         # of those, the frames the journal holds on disk (all of them without a journal):
         # what `audio.ack` and a resume's `session.ready` may acknowledge (DESIGN 5.9)
         self.num_frames_durable = 0
@@ -461,15 +468,31 @@ class LiveSessionHolder:
     async def _feed_stored(self, audio: AsyncIterator[bytes]) -> None:
         """Feed the backend session the session's stored audio (`audio`: the client's PCM16 LE
         frames from the session's start, in order, read back from the journal) through a
-        fresh PCM decoder (`_feed`); `num_frames_accepted` counts it as it goes, and is left
-        as it was where this fails (the audio a next rebuild feeds again). Under `lock`.
-        Raises as the backend's `append` and as reading `audio`."""
+        fresh PCM decoder (`_feed`), with the backend's `finalize` made again after the frame
+        each of the client's came at (`finalizes`), so the backend cuts where it did, or
+        would have (at the decoder's output at that frame: the same 16-kHz sample, unless a
+        resampler's output moved with the chunking). `num_frames_accepted` counts the audio
+        as it goes, and is left as it was where this fails (the audio a next rebuild feeds
+        again). Under `lock`. Raises as the backend's `append` and `finalize`, and as reading
+        `audio`."""
         fmt = self.audio_format
         self.decoder = PcmStreamDecoder(fmt.sample_rate, fmt.channels, fmt.encoding)
         accepted = self.num_frames_accepted
+        cuts = iter(self.finalizes)
+        cut = next(cuts, None)
         try:
             async for pcm in audio:
-                await self._feed(pcm)
+                # a finalize within (or at the end of) this chunk: the audio before it first
+                while cut is not None and cut - self.decoder.num_input_frames <= len(pcm) // (
+                    fmt.frame_bytes
+                ):
+                    before = (cut - self.decoder.num_input_frames) * fmt.frame_bytes
+                    if before:
+                        await self._feed(pcm[:before])
+                    await self.session.finalize()
+                    pcm, cut = pcm[before:], next(cuts, None)
+                if pcm:
+                    await self._feed(pcm)
         except BaseException:
             self.num_frames_accepted = accepted
             raise
@@ -561,9 +584,20 @@ class LiveSessionHolder:
 
     async def finalize(self, owner: EventSink) -> None:
         """The client's `finalize`; one the engine's loss refused is made again once the
-        session is rebuilt, as an `append` is. Raises SessionTakenOver when `owner` no longer
-        carries the session, and as the backend's `finalize`."""
-        await self._with_session(owner, lambda: self.session.finalize())
+        session is rebuilt, as an `append` is. Once the backend took it, its place in the
+        audio is kept (`finalizes`, and the journal). Raises SessionTakenOver when `owner` no
+        longer carries the session, and as the backend's `finalize`."""
+
+        async def act() -> None:
+            await self.session.finalize()
+            frames = self.num_frames_accepted
+            if self.finalizes and self.finalizes[-1] == frames:
+                return  # nothing received since the last one: the same cut
+            self.finalizes.append(frames)
+            if self.journal is not None and not self.journal_closed:
+                self.journal.add_finalize(self.id, frames)  # after the audio before it
+
+        await self._with_session(owner, act)
 
     async def end(self, owner: EventSink | None) -> bool:
         """No more audio, at most once; returns whether this call ended the session. `owner`
@@ -954,6 +988,7 @@ class LiveSessions:
         holder.replay.names = dict(stored.names)
         holder.replay.merges = SpeakerMerges(stored.merges)
         holder.replay.labels_shown = {seg.speaker for seg in stored.finals}
+        holder.finalizes = list(stored.finalizes)
         self._holders[holder.id] = holder
         self._journal.adopt(stored, holder.durable, functools.partial(self._storage_failed, holder))
         try:

@@ -53,6 +53,7 @@ class FakeSessionLog:
     options: SessionOptions
     num_samples: int = 0
     num_finalize: int = 0
+    finalized_at: list[int] = field(default_factory=list)  # num_samples at each finalize
     ended: bool = False
     aborted: bool = False
     events: list[Event] = field(default_factory=list)
@@ -117,6 +118,7 @@ class FakeSession:
 
     async def finalize(self) -> None:
         self.log.num_finalize += 1
+        self.log.finalized_at.append(self.log.num_samples)
         self._commit(self.log.num_samples / SAMPLE_RATE)
 
     async def merge_speakers(self, speaker: str, into: str) -> None:

@@ -112,10 +112,17 @@ def metric_value(text: str, name: str) -> float:
 
 
 async def journal_a_session(
-    root: Path, token: str, seconds: float, finals: list[Segment], *, ended: bool = False
+    root: Path,
+    token: str,
+    seconds: float,
+    finals: list[Segment],
+    *,
+    ended: bool = False,
+    finalizes: tuple[int, ...] = (),
 ) -> str:
     """What a server that crashed mid-meeting leaves: a live session of `seconds` of 16-kHz
-    mono audio (a ramp, so order matters), its `finals` and a name. Returns its id."""
+    mono audio (a ramp, so order matters), its `finals`, a name, and `finalizes` (sample
+    frames of audio before each). Returns its id."""
     session_id = "before-the-crash"
     meta = JournalSession(
         session_id,
@@ -133,6 +140,8 @@ async def journal_a_session(
     journal.append_audio(session_id, ramp_pcm(seconds))
     for seg in finals:
         journal.add_final(session_id, seg)
+    for frames in finalizes:
+        journal.add_finalize(session_id, frames)
     journal.set_names(session_id, [("S01", "Alice")])
     if ended:
         journal.mark_ended(session_id)

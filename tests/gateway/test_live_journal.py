@@ -1,5 +1,5 @@
-"""livemeet.gateway.live_journal: live sessions' audio, finals and names on disk (DESIGN 5.9),
-reported durable only once synced and committed, back after a reopen or a SIGKILL."""
+"""livemeet.gateway.live_journal: live sessions' audio, finals, finalizes and names on disk
+(DESIGN 5.9), reported durable only once synced and committed, back after a reopen or a SIGKILL."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from livemeet.gateway.live_journal import (
     JournalSession,
     LiveJournal,
     RestoredSession,
+    _segment_to_json,
     audio_name,
 )
 from livemeet.transcript.segments import Segment, SegmentFlag
@@ -248,9 +249,11 @@ PRAGMA user_version = 1;
 """
 
 
-async def test_a_journal_of_schema_1_is_brought_to_2_with_its_sessions(root: Path) -> None:
+async def test_a_journal_of_schema_1_is_brought_to_the_current_one_with_its_sessions(
+    root: Path,
+) -> None:
     """A server upgraded while sessions were unfinished rebuilds them from the old journal,
-    which gains the merges column (a session of it has none)."""
+    which gains the merges column and the finalizes table (a session of it has none)."""
     root.mkdir()
     with sqlite3.connect(root / "sessions.sqlite3") as db:
         db.executescript(SCHEMA_V1)
@@ -261,9 +264,9 @@ async def test_a_journal_of_schema_1_is_brought_to_2_with_its_sessions(root: Pat
             (audio_name("old"),),
         )
     (restored,) = reload(root).values()
-    assert (restored.names, restored.merges) == ((("S01", "Ana"),), ())
+    assert (restored.names, restored.merges, restored.finalizes) == ((("S01", "Ana"),), (), ())
     with sqlite3.connect(root / "sessions.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
     (restored,) = journal.load_unfinished()
     journal.start(asyncio.get_running_loop())
@@ -271,6 +274,101 @@ async def test_a_journal_of_schema_1_is_brought_to_2_with_its_sessions(root: Pat
     journal.set_merges("old", [("S02", "S01")])
     await journal.close()
     assert reload(root)["old"].merges == (("S02", "S01"),)
+
+
+# schema version 2 (before finalizes): version 1's tables and the merges column
+SCHEMA_V2 = SCHEMA_V1.replace(
+    "names TEXT NOT NULL DEFAULT '[]'",
+    "names TEXT NOT NULL DEFAULT '[]', merges TEXT NOT NULL DEFAULT '[]'",
+).replace("user_version = 1", "user_version = 2")
+
+
+async def test_a_journal_of_schema_2_is_brought_to_3_with_its_sessions(root: Path) -> None:
+    """A journal written before finalizes were kept: its unfinished session comes back with
+    its finals, merges and audio, and no finalize; the journal gains the finalizes table, and
+    the adopted session's next finalize is kept."""
+    root.mkdir()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.executescript(SCHEMA_V2)
+        db.execute(
+            "INSERT INTO sessions (session_id, audio_name, resume_token_sha256, "
+            "captions_token_sha256, sample_rate, channels, created_at, durable_frames, "
+            "merges) VALUES ('old', ?, 'a', 'b', 48000, 2, 1.0, 3, '[[\"S02\", \"S01\"]]')",
+            (audio_name("old"),),
+        )
+        db.execute(
+            "INSERT INTO finals (session_id, seq, segment) VALUES ('old', 0, ?)",
+            (_segment_to_json(final(1)),),
+        )
+    (root / "audio").mkdir()
+    (root / "audio" / audio_name("old")).write_bytes(bytes(3 * FRAME_BYTES))
+    (restored,) = reload(root).values()
+    assert restored.finals == (final(1),) and restored.merges == (("S02", "S01"),)
+    assert (restored.durable_frames, restored.finalizes) == (3, ())
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal.append_audio("old", bytes(FRAME_BYTES))
+    journal.add_finalize("old", 4)
+    await journal.close()
+    assert reload(root)["old"].finalizes == (4,)
+
+
+async def test_finalizes_round_trip_go_on_after_adopt_and_go_with_their_session(
+    root: Path,
+) -> None:
+    """Each finalize's place (sample frames of audio before it) comes back in order, one per
+    place; an adopted session's go on after them; none outlives its session."""
+    journal = started(root)
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.add_finalize("s-1", 0)  # before any audio
+    journal.append_audio("s-1", bytes(4 * FRAME_BYTES))
+    journal.add_finalize("s-1", 4)
+    journal.add_finalize("s-1", 4)  # nothing received since: the same place
+    journal.append_audio("s-1", bytes(6 * FRAME_BYTES))
+    journal.add_finalize("s-1", 10)
+    await journal.close()
+    (restored,) = reload(root).values()
+    assert (restored.durable_frames, restored.finalizes) == (10, (0, 4, 10))
+
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal.append_audio("s-1", bytes(2 * FRAME_BYTES))
+    journal.add_finalize("s-1", 12)
+    await journal.close()
+    assert reload(root)["s-1"].finalizes == (0, 4, 10, 12)
+
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal.finish("s-1")
+    await journal.close()
+    assert reload(root) == {}
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        assert db.execute("SELECT COUNT(*) FROM finalizes").fetchone()[0] == 0
+
+
+async def test_a_finalize_past_the_audio_a_short_file_holds_is_not_restored(
+    root: Path, journal: LiveJournal
+) -> None:
+    """The audio file lost frames its record claims (restored with what it holds): a finalize
+    past them names audio the rebuild does not have, and is left out."""
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.append_audio("s-1", bytes(4 * FRAME_BYTES))
+    journal.add_finalize("s-1", 4)
+    journal.append_audio("s-1", bytes(6 * FRAME_BYTES))
+    journal.add_finalize("s-1", 10)
+    await journal.close()
+    path = root / "audio" / audio_name("s-1")
+    path.write_bytes(path.read_bytes()[: 7 * FRAME_BYTES])
+    (restored,) = reload(root).values()
+    assert (restored.durable_frames, restored.finalizes) == (7, (4,))
 
 
 async def test_an_adopted_session_appends_after_its_durable_audio(root: Path) -> None:
@@ -374,6 +472,7 @@ async def test_opening_an_unfinished_id_anew_replaces_it(root: Path) -> None:
     journal.open_session(meta("x"), lambda _: None, lambda _: None)
     journal.append_audio("x", b"old!" * 10)
     journal.add_final("x", final(1))
+    journal.add_finalize("x", 10)
     await journal.close()
     journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
     assert list(journal.load_unfinished()) != []
@@ -383,6 +482,7 @@ async def test_opening_an_unfinished_id_anew_replaces_it(root: Path) -> None:
     await journal.close()
     (restored,) = reload(root).values()
     assert restored.audio_path.read_bytes() == b"new!" * 3 and restored.finals == ()
+    assert restored.finalizes == ()
 
 
 CRASH_WRITER = """
