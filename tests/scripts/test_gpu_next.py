@@ -125,9 +125,7 @@ def test_call_4_tests_the_fused_prologue_then_runs_its_ab(tmp_path: Path, card: 
 
 
 @pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
-def test_call_6_compares_the_fp64_rope_with_the_commit_before_it(
-    tmp_path: Path, card: str
-) -> None:
+def test_call_6_compares_the_fp64_rope_with_the_commit_before_it(tmp_path: Path, card: str) -> None:
     """gpu_ab.sh's arms new, old (the tree exported beside it), env (the fused prologue),
     new; without the old tree the call says how to make it and runs nothing."""
     missing = run(tmp_path, card, "6", AB_OLD_DIR=str(tmp_path / "absent"))
