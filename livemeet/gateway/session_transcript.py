@@ -19,7 +19,7 @@ from aiohttp import web
 
 from livemeet.errors import InvalidRequest, NotFound, Unauthorized
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY, TRANSCRIBER_KEY
-from livemeet.gateway.live_sessions import LiveSessionHolder
+from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.session_tokens import CAPTIONS_CHALLENGE
 from livemeet.gateway.transcript_store import TranscriptStore, token_digest
 from livemeet.transcriber import Error, TranscriptFinal

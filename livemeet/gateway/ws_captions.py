@@ -42,8 +42,8 @@ from livemeet.gateway.auth_http import refused_client
 from livemeet.gateway.captions import CaptionsOutbox
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRANSCRIBER_KEY
+from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
 from livemeet.gateway.live_protocol import NORMAL_CLOSE, PROTOCOL_VERSION
-from livemeet.gateway.live_sessions import LiveSessionHolder, SessionEvent
 from livemeet.gateway.ws_live import check_browser_origin, event_to_wire
 from livemeet.transcriber import Error, TranscriptFinal, TranscriptRevised, is_terminal
 
@@ -62,7 +62,7 @@ class _Close(NamedTuple):
 
 
 class CaptionsSubscriber:
-    """One subscription's socket and outbox. Implements live_sessions.CaptionsSink."""
+    """One subscription's socket and outbox. Implements live_holder.CaptionsSink."""
 
     def __init__(self, ws: web.WebSocketResponse, ready: dict[str, Any]) -> None:
         self.ws = ws
@@ -71,7 +71,7 @@ class CaptionsSubscriber:
         self._ready = ready  # sent first by the forwarder
         self._wakeup = asyncio.Event()
 
-    # -- live_sessions.CaptionsSink: called by the session's pump, synchronously ----------
+    # -- live_holder.CaptionsSink: called by the session's pump, synchronously ------------
 
     def deliver(self, event: SessionEvent) -> None:
         self.outbox.push(event)

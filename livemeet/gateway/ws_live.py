@@ -1,7 +1,7 @@
 """`GET /v1/live`: the live WebSocket transport (protocol v0, docs/protocol.md).
 
 A thin asyncio shell around `LiveProtocol` (the rules) and a `LiveSessionHolder` (the
-session, which may outlive this socket: gateway/live_sessions.py): handshake, `async for msg
+session, which may outlive this socket: gateway/live_holder.py): handshake, `async for msg
 in ws`, one task sending this socket's outbox (the session's events, `session.ready` and
 `audio.ack`s, in order; a partial or an ack not yet sent is replaced by the next). Each
 connection is registered in `try` and deregistered in `finally`, where its session is either
@@ -65,6 +65,7 @@ from livemeet.gateway.keys import (
     SESSIONS_KEY,
     TRANSCRIBER_KEY,
 )
+from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
 from livemeet.gateway.live_protocol import (
     GOING_AWAY,
     NORMAL_CLOSE,
@@ -83,7 +84,6 @@ from livemeet.gateway.live_protocol import (
     StartSession,
     State,
 )
-from livemeet.gateway.live_sessions import LiveSessionHolder, SessionEvent
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.origin import origin_allowed
 from livemeet.gateway.pacing import AudioPacer
@@ -230,7 +230,7 @@ def _restarting() -> ServerRestarting:
 
 class LiveConnection:
     """One `/v1/live` WebSocket and, once `start` arrives, the session it carries (a new one,
-    or a resumed one: gateway/live_sessions.py). Implements live_sessions.EventSink.
+    or a resumed one: gateway/live_sessions.py). Implements live_holder.EventSink.
 
     Its API key (gateway/auth.py): the upgrade request's (`header_key`), checked as the
     connection opens, else the `start` message's `api_key`, checked before the session opens
@@ -583,7 +583,7 @@ class LiveConnection:
             await self.ws.send_str(ws_error_frame(error))
             await self.ws.close(code=error.close_code, message=error.code.encode())
 
-    # -- live_sessions.EventSink: called by the session holder, synchronously ----------------
+    # -- live_holder.EventSink: called by the session holder, synchronously ------------------
 
     def attached(
         self, holder: LiveSessionHolder, replay: list[SessionEvent], resumed: bool

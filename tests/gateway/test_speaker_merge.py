@@ -15,12 +15,13 @@ from aiohttp.test_utils import TestClient
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ModelConfig, ServerConfig
 from livemeet.errors import EngineUnavailable, InvalidRequest, ProtocolError
-from livemeet.gateway import live_sessions
+from livemeet.gateway import live_holder
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_protocol import SpeakerMerged
-from livemeet.gateway.live_sessions import LiveSessionHolder, LiveSessions
+from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.transcriber import SessionOptions, TranscriptFinal
 from tests.gateway.conftest import ClientFactory, pcm16
@@ -360,7 +361,7 @@ async def test_a_merge_after_the_final_came_is_ignored(fake: FakeTranscriber) ->
 async def test_a_session_merges_at_most_max_merged_speakers_labels(
     fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(live_sessions, "MAX_MERGED_SPEAKERS", 1)
+    monkeypatch.setattr(live_holder, "MAX_MERGED_SPEAKERS", 1)
     sessions, holder, sink = await open_holder(fake)
     await holder.merge(sink, "S03", "S01")
     with pytest.raises(InvalidRequest, match="at most 1 labels"):

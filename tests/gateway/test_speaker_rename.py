@@ -13,10 +13,11 @@ from aiohttp.test_utils import TestClient
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
 from livemeet.errors import InvalidRequest, ProtocolError
-from livemeet.gateway import live_sessions
+from livemeet.gateway import live_holder
 from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
 from livemeet.gateway.live_protocol import AudioFormat, SpeakerRenamed
-from livemeet.gateway.live_sessions import LiveSessionHolder, LiveSessions, SessionEvent
+from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.transcriber import SessionOptions
 from tests.gateway.conftest import ClientFactory, pcm16
@@ -146,7 +147,7 @@ async def test_bad_renames_are_typed_errors_with_their_close_codes(client: TestC
 
 
 class RecordingSink:
-    """A stand-in for the client's socket (live_sessions.EventSink): records what it gets."""
+    """A stand-in for the client's socket (live_holder.EventSink): records what it gets."""
 
     def __init__(self) -> None:
         self.events: list[SessionEvent] = []
@@ -189,7 +190,7 @@ async def test_a_rename_after_the_final_came_is_ignored(fake: FakeTranscriber) -
 async def test_a_session_names_at_most_max_named_speakers_labels(
     fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(live_sessions, "MAX_NAMED_SPEAKERS", 2)
+    monkeypatch.setattr(live_holder, "MAX_NAMED_SPEAKERS", 2)
     await fake.start()
     session = await fake.open_session(SessionOptions(live=True))
     sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create())

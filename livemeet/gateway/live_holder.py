@@ -1,0 +1,747 @@
+"""One live session that outlives its socket (docs/protocol.md, "Resume"); the registry of
+them is gateway/live_sessions.py.
+
+A `LiveSessionHolder` owns one live session's backend `TranscriberSession`, its PCM decoder (the
+resampler's state goes on across sockets) and a `ReplayState`. One task (the pump) reads the
+session's events for its whole life, records them and hands each to the socket attached
+(`EventSink`), if any: the backend keeps transcribing while no socket is attached, and a resume
+gets what it missed. Every holder's `end` runs at most once.
+
+Durability (DESIGN 5.9, gateway/live_journal.py): with a journal, a holder writes the client's
+audio (after the backend took it), its finals, finalizes and names to disk;
+`num_frames_durable` is what the journal reported written, and only that is acknowledged
+(`audio.ack`, and a resume's `session.ready` offset: the client sends on from there, and frames
+the backend took already are skipped). A rebuilt session is fed the stored audio with the
+client's finalizes made again where they came in it, so one the backend had not applied when
+the server stopped is not lost (its audio would stay a partial), and one it had applied still
+cuts there (no final of the rebuilt session crosses it); a rebuild after the engine's loss
+does the same (`finalizes`).
+
+Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
+(`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
+so they stay through a detach and a resume. The pump hands them every event as it hands the
+client's socket; a subscriber's own bounded outbox (gateway/captions.py) keeps a slow one from
+holding anyone up.
+
+Speaker names (docs/protocol.md, `speaker.rename`): the holder keeps the session's names
+{label: name} in its `ReplayState`, so they survive a detach and are sent again on a resume
+and in a captions snapshot (as `speaker.renamed`, after the finals); its transcript, live and
+stored, carries them.
+
+Speaker merges (docs/protocol.md, `speaker.merge`; DESIGN 5.6): the holder checks a client's
+merge against the labels the session has shown and its merges so far, hands it to the backend
+session (which writes the target from then on), keeps it in its `ReplayState` and journal
+like the names (replayed as `speaker.merged`, right after the renames), and carries it into a
+rebuilt backend session (`LiveRestore.merges`). The backend's events that were decoded before
+the merge reached it are relabelled on their way through (`ReplayState.as_shown`), so nothing
+sent after `speaker.merged` carries the merged-away label; finals sent before keep theirs, and
+the final transcript holds every final as it was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from livemeet.audio.constants import (
+    LIVE_ENGINE_POLL_S,
+    LIVE_ENGINE_RECOVERY_S,
+    LIVE_REBUILD_DURABLE_WAIT_S,
+    MAX_MERGED_SPEAKERS,
+    MAX_NAMED_SPEAKERS,
+)
+from livemeet.audio.pcm import PcmStreamDecoder
+from livemeet.errors import (
+    EngineUnavailable,
+    InternalError,
+    InvalidRequest,
+    LivemeetError,
+    NotFound,
+    RevisionFailed,
+    ServerRestarting,
+    SessionTakenOver,
+)
+from livemeet.gateway.live_journal import LiveJournal
+from livemeet.gateway.live_protocol import (
+    AudioFormat,
+    SpeakerMerged,
+    SpeakerRenamed,
+)
+from livemeet.gateway.session_tokens import SessionTokens
+from livemeet.transcriber import (
+    Error,
+    Event,
+    SegmentFinal,
+    SegmentPartial,
+    SessionOptions,
+    TranscriberSession,
+    TranscriptFinal,
+    TranscriptRevised,
+    is_terminal,
+)
+from livemeet.transcript.segments import FinishReason, Segment, Transcript
+from livemeet.transcript.speakers import SpeakerMerges
+
+log = logging.getLogger(__name__)
+
+Terminal = TranscriptFinal | Error
+# what a session's sockets are handed: the backend's events and the gateway's own renames
+# and merges
+SessionEvent = Event | SpeakerRenamed | SpeakerMerged
+
+
+class EventSink(Protocol):
+    """The socket a session is attached to (ws_live.LiveConnection). Both calls are
+    synchronous and must not block: the pump calls `deliver` for every event."""
+
+    def attached(
+        self, holder: LiveSessionHolder, replay: list[SessionEvent], resumed: bool
+    ) -> None:
+        """This socket now carries `holder`; `replay` is what it must send first."""
+
+    def deliver(self, event: SessionEvent) -> None:
+        """A new event of the session, in order."""
+
+    def take_over(self) -> asyncio.Task[None]:
+        """Another socket resumed the session: stop carrying it, and close with
+        `session_taken_over` (the task returned does the closing)."""
+        ...
+
+    def audio_durable(self) -> None:
+        """More of the session's audio is on disk: an `audio.ack` may go out."""
+
+
+class CaptionsSink(Protocol):
+    """A read-only captions subscriber (ws_captions.CaptionsSubscriber). Synchronous and
+    non-blocking, as EventSink's `deliver`."""
+
+    def deliver(self, event: SessionEvent) -> None:
+        """A new event of the session, in order."""
+
+    def session_gone(self, error: LivemeetError) -> None:
+        """The session was dropped without a terminal event: close with `error`."""
+
+
+@dataclass
+class ReplayState:
+    """What a resume is sent: every final so far in order, the speakers' names and merges,
+    the latest partial, the session's outcome (`terminal`: its final transcript or its
+    error) once it came, and after a final that promised one, its revision
+    (`TranscriptRevised`, or the `revision_failed` error). Finals are immutable with stable
+    ids, so a client that saw some of them dedupes by id; a name replaces the label's earlier
+    one. `labels_shown`: every label a segment sent so far carried (a merge names two)."""
+
+    finals: list[SegmentFinal] = field(default_factory=list)
+    partial: SegmentPartial | None = None
+    terminal: Terminal | None = None
+    names: dict[str, str] = field(default_factory=dict)  # label -> name, first named first
+    merges: SpeakerMerges = field(default_factory=SpeakerMerges)
+    labels_shown: set[str] = field(default_factory=set)
+    revision: TranscriptRevised | Error | None = None
+
+    @property
+    def revision_pending(self) -> bool:
+        """The final promised a revision that has not come (nor failed) yet."""
+        terminal = self.terminal
+        return isinstance(terminal, TranscriptFinal) and terminal.revision and not self.revision
+
+    def record(self, event: SessionEvent) -> None:
+        """Keep what a resume will need of `event`: a final, the latest partial, a name (a
+        null name removes the label's), a merge, the terminal event."""
+        if isinstance(event, SpeakerRenamed):
+            if event.name is None:
+                self.names.pop(event.speaker, None)
+            else:
+                self.names[event.speaker] = event.name
+        elif isinstance(event, SpeakerMerged):
+            self.merges.add(event.speaker, event.into)
+        elif isinstance(event, SegmentFinal):
+            self.finals.append(event)
+            self.labels_shown.add(event.segment.speaker)
+        elif isinstance(event, SegmentPartial):
+            self.partial = event
+            self.labels_shown.update(seg.speaker for seg in event.segments)
+        elif self.revision_pending and isinstance(event, TranscriptRevised | Error):
+            self.revision = event
+        elif isinstance(event, TranscriptFinal | Error):
+            self.terminal = event
+
+    def as_shown(self, event: SessionEvent) -> SessionEvent:
+        """`event` as the session shows it once merges were made: a segment the client has not
+        seen carries no merged-away label (the backend may have decoded it before the merge
+        reached it), the final transcript holds each final with the label it was sent with,
+        and it and a revision carry the merges (`merged`). Other events as they are."""
+        merges = self.merges
+        if not len(merges):
+            return event
+        if isinstance(event, SegmentPartial):
+            return replace(event, segments=self._resolved(event.segments))
+        if isinstance(event, SegmentFinal):
+            return SegmentFinal(self._resolved((event.segment,))[0])
+        if isinstance(event, TranscriptRevised):
+            segments = self._resolved(event.segments)
+            return replace(event, segments=segments, merged=merges.resolved())
+        if isinstance(event, TranscriptFinal):
+            sent = {f.segment.id: f.segment for f in self.finals}
+            segments = tuple(
+                sent.get(seg.id) or self._resolved((seg,))[0] for seg in event.segments
+            )
+            return replace(event, segments=segments, merged=merges.resolved())
+        return event
+
+    def _resolved(self, segments: tuple[Segment, ...]) -> tuple[Segment, ...]:
+        return tuple(replace(s, speaker=self.merges.resolve(s.speaker)) for s in segments)
+
+    def snapshot(self, max_finals: int | None = None) -> list[SessionEvent]:
+        """The events to replay, in order: the finals (the last `max_finals` of them, if
+        given), a `speaker.renamed` per named label, a `speaker.merged` per merge (in merge
+        order), then the terminal event, or else the partial (the final transcript holds
+        every segment)."""
+        finals = self.finals if max_finals is None else self.finals[-max_finals:]
+        events: list[SessionEvent] = list(finals) if max_finals != 0 else []
+        events.extend(SpeakerRenamed(label, name) for label, name in self.names.items())
+        events.extend(SpeakerMerged(label, into) for label, into in self.merges.items())
+        if self.terminal is not None:
+            events.append(self.terminal)
+            if self.revision is not None:
+                events.append(self.revision)
+        elif self.partial is not None:  # decoded before a later merge, maybe: as shown now
+            events.append(self.as_shown(self.partial))
+        return events
+
+
+class LiveSessionHolder:
+    """One live session, whichever socket carries it. `lock` orders every use of the backend
+    session (append, finalize, end) with attaching a socket: a resume waits for an append in
+    flight, and an append of a socket that was taken over is refused."""
+
+    def __init__(
+        self,
+        session: TranscriberSession,
+        decoder: PcmStreamDecoder,
+        audio_format: AudioFormat,
+        tokens: SessionTokens,
+        on_terminal: Callable[[LiveSessionHolder], None],
+        *,
+        session_id: str | None = None,
+        journal: LiveJournal | None = None,
+        options: SessionOptions | None = None,
+        recover: Callable[[LiveSessionHolder], Awaitable[bool]] | None = None,
+    ) -> None:
+        self.session = session
+        self.options = options  # what its backend session was opened with (a rebuild's too)
+        # rebuilds the backend session after the engine worker died under it (LiveSessions)
+        self._recover = recover
+        # the id clients know: the backend session's, or, for a session rebuilt after a
+        # restart, the id it had before (its backend session is a new one)
+        self.id = session_id if session_id is not None else session.id
+        self.decoder = decoder
+        self.audio_format = audio_format
+        self.tokens = tokens
+        self.replay = ReplayState()
+        self.sink: EventSink | None = None
+        self.subscribers: set[CaptionsSink] = set()
+        self.lock = asyncio.Lock()
+        self.num_frames_accepted = 0  # sample frames at the client's rate the backend has
+        # where the client's finalizes came: `num_frames_accepted` at each, increasing (one
+        # per place); a rebuild feeding the audio again makes them again there (`_feed_stored`)
+        self.finalizes: list[int] = []
+        # of those, the frames the journal holds on disk (all of them without a journal):
+        # what `audio.ack` and a resume's `session.ready` may acknowledge (DESIGN 5.9)
+        self.num_frames_durable = 0
+        # the sample frame the attached client's next frame starts at, as it counts: from
+        # `session.ready`'s offset (`attach`) on; at most `num_frames_accepted` (`append`)
+        self.client_offset = 0
+        self._durable_changed = asyncio.Event()
+        # the last `segment.partial` rev sent (`_record`); a session rebuilt after a restart
+        # starts past any rev its previous run can have sent (`LiveSessions._rebuild`)
+        self.partial_rev = 0
+        self.journal = journal
+        # the journal was told the session's fate (finished, discarded): nothing more goes
+        # to it. Set at once for a session without a journal.
+        self.journal_closed = journal is None
+        self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
+        self.ended_at: float | None = None  # loop time of that `end` (a revision's delay)
+        self.dropped = False
+        # the engine was lost while the server stopped for a restart: the session is left
+        # unfinished in the journal for the next start, with no terminal event (`_recover`)
+        self.kept_for_restart = False
+        self.timer: asyncio.TimerHandle | None = None  # expiry or drop, while detached
+        self._on_terminal = on_terminal
+        self.pump = asyncio.create_task(self._pump(), name=f"live-pump-{self.id}")
+
+    @property
+    def token(self) -> str | None:
+        """The resume token, where this process knows it (module docstring)."""
+        return self.tokens.resume_token
+
+    @property
+    def captions_token(self) -> str | None:
+        """The captions token, where this process knows the resume token (`SessionTokens`)."""
+        return self.tokens.captions_token
+
+    def subscribe(self, subscriber: CaptionsSink, max_finals: int) -> list[SessionEvent]:
+        """Add a captions subscriber; returns its snapshot (the last `max_finals` finals, then
+        the terminal event or the current partial). Synchronous: no event falls between the
+        snapshot and the first `deliver`."""
+        assert not self.dropped, "subscribe to a dropped session"
+        self.subscribers.add(subscriber)
+        return self.replay.snapshot(max_finals)
+
+    def unsubscribe(self, subscriber: CaptionsSink) -> None:
+        self.subscribers.discard(subscriber)
+
+    def end_subscriptions(self, gone: LivemeetError) -> None:
+        """Close every captions subscription with `gone` (each after what it has queued)."""
+        for subscriber in list(self.subscribers):
+            subscriber.session_gone(gone)
+        self.subscribers.clear()
+
+    def authorizes_captions(self, token: str) -> bool:
+        """Whether `token` is the session's captions token (constant time)."""
+        return self.tokens.authorizes_captions(token)
+
+    def transcript_so_far(self) -> Transcript:
+        """The session's transcript now: its final one once that came, else the finals so
+        far over the audio received so far."""
+        terminal = self.replay.terminal
+        if isinstance(terminal, TranscriptFinal):
+            transcript = Transcript(terminal.segments, terminal.duration_s, terminal.finish_reason)
+        else:
+            duration_s = self.num_frames_accepted / self.audio_format.sample_rate
+            segments = tuple(f.segment for f in self.replay.finals)
+            transcript = Transcript(segments, duration_s, FinishReason.STOP)
+        return replace(
+            transcript,
+            speaker_names=tuple(self.replay.names.items()),
+            speaker_merges=self.replay.merges.resolved(),
+        )
+
+    def revised_transcript(self) -> Transcript | None:
+        """The session's revised transcript (DESIGN 5.7) once it came, with the names of its
+        final one; else None."""
+        revision, final = self.replay.revision, self.replay.terminal
+        if not isinstance(revision, TranscriptRevised) or not isinstance(final, TranscriptFinal):
+            return None
+        return Transcript(
+            revision.segments,
+            final.duration_s,
+            revision.finish_reason,
+            speaker_names=tuple(self.replay.names.items()),
+            speaker_merges=self.replay.merges.resolved(),
+        )
+
+    def attach(self, sink: EventSink, *, resumed: bool) -> None:
+        """`sink` carries the session from now on (under `lock` for a resume). Its client
+        sends on from the durable audio (`client_offset`, `session.ready`'s offset): a crash
+        after this loses nothing the client has dropped. Once the final transcript came, from
+        all of it: the final holds it (its ack said so), and the journal, done with the
+        session, reports no more (a resume for the revision got an offset below that ack)."""
+        assert self.sink is None, "detach or take over first"
+        self.cancel_timer()
+        self.sink = sink
+        final = isinstance(self.replay.terminal, TranscriptFinal)
+        self.client_offset = self.num_frames_accepted if final else self.num_frames_durable
+        sink.attached(self, self.replay.snapshot() if resumed else [], resumed)
+
+    async def append(self, owner: EventSink, pcm: bytes) -> int:
+        """Decode `pcm` (the client's PCM16 LE frames, from `client_offset` on) and hand it
+        to the backend session; `num_frames_accepted` counts it then (in sample frames at the
+        client's rate). Frames the session holds already (a resumed client sends on from the
+        durable offset, which may be short of what the backend took) are skipped, so the
+        backend and the journal get each frame once. An append the engine's loss refused is
+        made again once the session is rebuilt (`_pump`). Returns the bytes of `pcm` that
+        were new to the session. Raises SessionTakenOver when `owner` no longer carries the
+        session, and as the backend's `append`."""
+        taken = 0
+
+        async def feed() -> None:
+            nonlocal taken
+            new = self._unheld(pcm)
+            taken = len(new)
+            if new:
+                await self._feed(new)
+                if self.journal is None:
+                    self.num_frames_durable = self.num_frames_accepted
+                elif not self.journal_closed:  # closed: it failed, its socket is told
+                    self.journal.append_audio(self.id, new)  # after the backend took it
+            self.client_offset += len(pcm) // self.audio_format.frame_bytes
+
+        await self._with_session(owner, feed)
+        return taken
+
+    def _unheld(self, pcm: bytes) -> bytes:
+        """The part of `pcm` (the client's frames from `client_offset` on) past the frames the
+        session holds. Under `lock`."""
+        held_frames = self.num_frames_accepted - self.client_offset
+        # the client's offset starts at most at the accepted audio and follows it
+        assert held_frames >= 0, (self.num_frames_accepted, self.client_offset)
+        return pcm[held_frames * self.audio_format.frame_bytes :]
+
+    async def _with_session(self, owner: EventSink, action: Callable[[], Awaitable[None]]) -> None:
+        """Run `action` (it uses `self.session`) under `lock` for `owner`; where the engine's
+        loss refused it, once more on the session rebuilt in its place (`_pump`). Raises
+        SessionTakenOver when `owner` no longer carries the session, EngineUnavailable when
+        no rebuild came, and what `action` raises."""
+        for attempt in range(2):
+            async with self.lock:
+                self._check_owner(owner)
+                session = self.session
+                try:
+                    await action()
+                    return
+                except EngineUnavailable:
+                    if attempt or not self._rebuildable():
+                        raise
+            # outside the lock, which the rebuild takes: wait for another backend session
+            if not await self._replaced(session):
+                raise EngineUnavailable(f"live session {self.id}: the engine was lost")
+
+    async def _replaced(self, session: TranscriberSession) -> bool:
+        """Wait until the pump has put another backend session in `session`'s place (True), or
+        the session ended without one (False), at most LIVE_ENGINE_RECOVERY_S and a little."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LIVE_ENGINE_RECOVERY_S + LIVE_REBUILD_DURABLE_WAIT_S
+        while self.session is session:
+            if self.dropped or self.replay.terminal is not None or loop.time() > deadline:
+                return False
+            await asyncio.sleep(LIVE_ENGINE_POLL_S)
+        return True
+
+    def _rebuildable(self) -> bool:
+        return (
+            self._recover is not None
+            and self.options is not None
+            and self.journal is not None
+            and not self.journal_closed
+        )
+
+    async def _feed(self, pcm: bytes) -> None:
+        """Decode and append (under `lock`)."""
+        samples = self.decoder.feed(pcm)
+        if len(samples):
+            await self.session.append(samples)
+        self.num_frames_accepted = self.decoder.num_input_frames
+
+    async def replay_audio(self, chunks: AsyncIterator[bytes]) -> None:
+        """A session rebuilt after a restart: append its stored audio (the client's PCM16 LE
+        frames from the session's start, in order) before any socket attaches; all of it is
+        durable already. Raises as the backend's `append`."""
+        async with self.lock:
+            await self._feed_stored(chunks)
+            self.num_frames_durable = self.num_frames_accepted
+
+    async def _feed_stored(self, audio: AsyncIterator[bytes]) -> None:
+        """Feed the backend session the session's stored audio (`audio`: the client's PCM16 LE
+        frames from the session's start, in order, read back from the journal) through a
+        fresh PCM decoder (`_feed`), with the backend's `finalize` made again after the frame
+        each of the client's came at (`finalizes`), so the backend cuts where it did, or
+        would have (at the decoder's output at that frame: the same 16-kHz sample, unless a
+        resampler's output moved with the chunking). `num_frames_accepted` counts the audio
+        as it goes, and is left as it was where this fails (the audio a next rebuild feeds
+        again). Under `lock`. Raises as the backend's `append` and `finalize`, and as reading
+        `audio`."""
+        fmt = self.audio_format
+        self.decoder = PcmStreamDecoder(fmt.sample_rate, fmt.channels, fmt.encoding)
+        accepted = self.num_frames_accepted
+        cuts = iter(self.finalizes)
+        cut = next(cuts, None)
+        try:
+            async for pcm in audio:
+                # a finalize within (or at the end of) this chunk: the audio before it first
+                while cut is not None and cut - self.decoder.num_input_frames <= len(pcm) // (
+                    fmt.frame_bytes
+                ):
+                    before = (cut - self.decoder.num_input_frames) * fmt.frame_bytes
+                    if before:
+                        await self._feed(pcm[:before])
+                    await self.session.finalize()
+                    pcm, cut = pcm[before:], next(cuts, None)
+                if pcm:
+                    await self._feed(pcm)
+        except BaseException:
+            self.num_frames_accepted = accepted
+            raise
+
+    def durable(self, frames: int) -> None:
+        """The journal holds `frames` sample frames of the session on disk (its writer's
+        report, on the loop): the socket attached may acknowledge them."""
+        self.num_frames_durable = max(self.num_frames_durable, frames)
+        self._durable_changed.set()
+        if self.sink is not None:
+            self.sink.audio_durable()
+
+    async def wait_durable(self, timeout_s: float) -> bool:
+        """Wait, at most `timeout_s`, until every accepted frame is durable (a rebuild after
+        the engine's loss feeds the new backend session all of them from the journal);
+        returns whether it is."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.num_frames_durable < self.num_frames_accepted and not self.journal_closed:
+            self._durable_changed.clear()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._durable_changed.wait()
+            except TimeoutError:
+                return False
+        return True
+
+    def rename(self, owner: EventSink, speaker: str, name: str | None) -> bool:
+        """The client names `speaker` (None: removes its name): recorded for a resume, the
+        captions and the transcript, and sent to the client and every subscriber as
+        `speaker.renamed`. Returns False, doing nothing, once the terminal event came (the
+        final transcript, and the stored copy, are out: a rename that raced them is late).
+        Raises InvalidRequest past MAX_NAMED_SPEAKERS labels and for a label merged away (it
+        shows as its target, whose name is the one to give), SessionTakenOver."""
+        self._check_owner(owner)
+        if self.replay.terminal is not None:
+            return False
+        if speaker in self.replay.merges:
+            target = self.replay.merges.resolve(speaker)
+            raise InvalidRequest(
+                f"{speaker} is merged into {target}, and shows as {target}: rename {target}"
+            )
+        names = self.replay.names
+        if name is not None and speaker not in names and len(names) >= MAX_NAMED_SPEAKERS:
+            raise InvalidRequest(
+                f"a session names at most {MAX_NAMED_SPEAKERS} speakers: remove a name "
+                "(name null) before naming another label"
+            )
+        self._record(SpeakerRenamed(speaker, name))
+        return True
+
+    async def merge(self, owner: EventSink, speaker: str, into: str) -> bool:
+        """The client merges the label `speaker` into `into` (module docstring): checked, told
+        to the backend session (under `lock`; one the engine's loss refused is made again on
+        the rebuilt session, as a `finalize` is), recorded, and sent to the client and every
+        subscriber as `speaker.merged`, `into` resolved to its target. Returns False, doing
+        nothing, once the terminal event came (as a late rename). Raises InvalidRequest for a
+        merge the session cannot make (saying why: `SpeakerMerges.check`), SessionTakenOver,
+        and as the backend's `merge_speakers`."""
+        merged = False
+
+        async def act() -> None:
+            nonlocal merged
+            if self.replay.terminal is not None:
+                return
+            merges = self.replay.merges
+            if speaker in merges and merges.resolve(speaker) == merges.resolve(into):
+                # a repeat (a client retrying after a dropped socket): answered again, as a
+                # repeated rename is (it closed the session with 4400; a trial)
+                self._record(SpeakerMerged(speaker, merges.resolve(into)))
+                merged = True
+                return
+            target = self._merge_target(speaker, into)
+            await self.session.merge_speakers(speaker, target)
+            if self.replay.terminal is None:  # the final may have come meanwhile: late
+                self._record(SpeakerMerged(speaker, target))
+                merged = True
+
+        await self._with_session(owner, act)
+        return merged
+
+    def _merge_target(self, speaker: str, into: str) -> str:
+        """The label `speaker` would show as. Raises InvalidRequest saying why not."""
+        replay = self.replay
+        try:
+            return replay.merges.check(speaker, into, replay.labels_shown, MAX_MERGED_SPEAKERS)
+        except ValueError as exc:
+            raise InvalidRequest(f"cannot merge {speaker} into {into}: {exc}") from exc
+
+    async def finalize(self, owner: EventSink) -> None:
+        """The client's `finalize`; one the engine's loss refused is made again once the
+        session is rebuilt, as an `append` is. Once the backend took it, its place in the
+        audio is kept (`finalizes`, and the journal). Raises SessionTakenOver when `owner` no
+        longer carries the session, and as the backend's `finalize`."""
+
+        async def act() -> None:
+            await self.session.finalize()
+            frames = self.num_frames_accepted
+            if self.finalizes and self.finalizes[-1] == frames:
+                return  # nothing received since the last one: the same cut
+            self.finalizes.append(frames)
+            if self.journal is not None and not self.journal_closed:
+                self.journal.add_finalize(self.id, frames)  # after the audio before it
+
+        await self._with_session(owner, act)
+
+    async def end(self, owner: EventSink | None) -> bool:
+        """No more audio, at most once; returns whether this call ended the session. `owner`
+        None: the server ends a detached session (an expiry, a drain), which does nothing
+        once a resume has attached a socket again (it may have waited for the lock)."""
+        async with self.lock:
+            if owner is not None:
+                self._check_owner(owner)
+            elif self.sink is not None:
+                return False
+            if self.ended:
+                return False
+            self.ended = True
+            self.ended_at = asyncio.get_running_loop().time()
+            if self.journal is not None and not self.journal_closed:
+                # a rebuild after a crash ends the session too: its client sent `end` once
+                self.journal.mark_ended(self.id)
+            try:
+                tail = self.decoder.flush()
+                if len(tail):
+                    await self.session.append(tail)
+                await self.session.end()
+            except EngineUnavailable:
+                if not self._rebuildable():
+                    raise
+                # the engine was lost under it: the rebuild ends the new session (`reopen`)
+            return True
+
+    async def release(self, *, restarting: bool = False) -> None:
+        """Free everything (the registry's `_drop`, once). `restarting`: the server stops and
+        its next start rebuilds the session (subscribers are told so, to come back)."""
+        self.cancel_timer()
+        self.pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.pump
+        gone: LivemeetError | None = None  # None: each subscriber has the last event queued
+        if self.replay.terminal is None and restarting:
+            gone = restarting_error(self.id)
+        elif self.replay.terminal is None:
+            gone = NotFound(
+                f"live session {self.id} ended without a final transcript "
+                "(its client left, or the server stopped it)"
+            )
+        elif self.replay.revision_pending:
+            gone = RevisionFailed(f"live session {self.id}: its revision was cancelled")
+        if gone is not None:
+            self.end_subscriptions(gone)
+        self.subscribers.clear()
+        await self.session.abort()  # idempotent; frees the engine's slot
+
+    def close_journal(self, *, finished: bool) -> None:
+        """Tell the journal the session's fate, once: `finished` (its final transcript is
+        stored) or discarded (dropped without one); its audio file goes either way."""
+        if self.journal is None or self.journal_closed:
+            return
+        self.journal_closed = True
+        try:
+            if finished:
+                self.journal.finish(self.id)
+            else:
+                self.journal.discard(self.id)
+        except InternalError as exc:  # the journal closed first (shutdown): kept for a restart
+            log.warning(
+                "live session %s: journal closed before its end was noted: %s", self.id, exc
+            )
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def fail(self, error: Error) -> None:
+        """End the session with `error` as its terminal event (sent to its socket and
+        subscribers); the caller drops it."""
+        self._record(error)
+
+    def _check_owner(self, owner: EventSink) -> None:
+        if self.sink is not owner:
+            raise SessionTakenOver(f"live session {self.id} was resumed on another connection")
+
+    async def _pump(self) -> None:
+        """Read the session's events to its terminal one (or its abort). The engine worker's
+        death (engine_unavailable, retryable) is not terminal where the session can be rebuilt
+        from its journal (`recover`): the pump goes on with the new backend session's events.
+        A final that promises a revision is handed to `on_terminal` at once (it is stored), and
+        the pump reads on to the revision, handed to `on_terminal` again."""
+        notified = False  # on_terminal had the final already
+        try:
+            while True:
+                lost: Error | None = None
+                async for event in self.session.events():
+                    if self._engine_lost(event):
+                        assert isinstance(event, Error)
+                        lost = event
+                        break
+                    if self.replay.revision_pending and isinstance(event, Error):
+                        event = Error(
+                            RevisionFailed.code,
+                            f"the revision failed ({event.code}): {event.message}; "
+                            "transcript.final stands",
+                        )
+                    self._record(event)
+                    if self.replay.revision_pending and not notified:
+                        notified = True
+                        self._on_terminal(self)
+                    if is_terminal(event):
+                        break
+                if lost is None:
+                    break
+                assert self._recover is not None
+                if not await self._recover(self):
+                    if not self.kept_for_restart:
+                        self._record(lost)  # as before: the sockets get the engine's error
+                    break
+        except Exception as exc:  # a bug: the sockets must still hear of it
+            log.exception("live session %s: reading its events failed", self.id)
+            self._record(Error(InternalError.code, f"internal error: {type(exc).__name__}"))
+        if self.replay.terminal is not None and (not notified or self.replay.revision):
+            self._on_terminal(self)
+
+    def _engine_lost(self, event: Event) -> bool:
+        """Whether `event` is the engine worker's death under a session that can be rebuilt:
+        its audio in the journal, its options known, a registry to rebuild it."""
+        return (
+            isinstance(event, Error)
+            and event.code == EngineUnavailable.code
+            and event.retryable
+            and self.replay.terminal is None  # after the final: the revision's failure
+            and self._rebuildable()
+        )
+
+    async def reopen(self, session: TranscriberSession, audio: AsyncIterator[bytes]) -> None:
+        """Carry on with `session` (opened from this session's finals) in place of the one the
+        engine lost: a fresh PCM decoder is fed `audio` (the client's frames from the start,
+        every accepted one); an ended session is ended again. Under `lock` (the caller's)."""
+        old, self.session = self.session, session
+        with contextlib.suppress(LivemeetError):
+            await old.abort()
+        accepted = self.num_frames_accepted
+        await self._feed_stored(audio)
+        if self.num_frames_accepted != accepted:
+            raise InternalError(
+                f"live session {self.id}: {self.num_frames_accepted} frames fed again, "
+                f"{accepted} accepted"
+            )
+        if self.ended:
+            tail = self.decoder.flush()
+            if len(tail):
+                await self.session.append(tail)
+            await self.session.end()
+
+    def _record(self, event: SessionEvent) -> None:
+        event = self.replay.as_shown(event)
+        if isinstance(event, SegmentPartial):
+            # the session's own numbering: a rebuilt backend session counts from 1 again, and
+            # a client may drop a partial whose rev is not above the last one's
+            self.partial_rev += 1
+            event = replace(event, rev=self.partial_rev)
+        self.replay.record(event)
+        if self.journal is not None and not self.journal_closed:
+            if isinstance(event, SegmentFinal):
+                self.journal.add_final(self.id, event.segment)
+            elif isinstance(event, SpeakerRenamed):
+                self.journal.set_names(self.id, tuple(self.replay.names.items()))
+            elif isinstance(event, SpeakerMerged):
+                self.journal.set_merges(self.id, self.replay.merges.items())
+        if self.sink is not None:
+            self.sink.deliver(event)
+        for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver
+            subscriber.deliver(event)
+
+
+def restarting_error(session_id: str) -> ServerRestarting:
+    """What a captions subscriber of a session kept for the next start is told."""
+    return ServerRestarting(
+        f"the server is restarting: live session {session_id} goes on after its restart"
+    )
