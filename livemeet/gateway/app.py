@@ -364,13 +364,14 @@ async def close_live_sockets(app: web.Application) -> None:
     if keep:
         # counted over the sessions, not the registry's sockets (a trial saw "keeping 1
         # (1 detached)" with 2 kept)
-        num_kept, num_kept_detached = sessions.streaming()
+        num_kept, num_kept_detached, num_empty = sessions.streaming()
         log.info(
             "shutting down: keeping %d live sessions (%d detached) for the next start: their "
-            "clients resume there; %d ending first",
+            "clients resume there; %d ending first; %d with no audio not kept",
             num_kept,
             num_kept_detached,
-            len(sessions) - num_kept,
+            len(sessions) - num_kept - num_empty,
+            num_empty,
         )
     else:
         log.info("shutting down: draining %d live sessions", len(registry))

@@ -319,7 +319,13 @@ class LiveSessionHolder:
             transcript,
             speaker_names=tuple(self.replay.names.items()),
             speaker_merges=self.replay.merges.resolved(),
+            language=self._language(),
         )
+
+    def _language(self) -> str | None:
+        """The `language` the session was started with (None: none given), which its
+        transcript's verbose_json echoes as an upload's does (a trial: `en-GB` said "english")."""
+        return self.options.language if self.options is not None else None
 
     def revised_transcript(self) -> Transcript | None:
         """The session's revised transcript (DESIGN 5.7) once it came, with the names of its
@@ -333,6 +339,7 @@ class LiveSessionHolder:
             revision.finish_reason,
             speaker_names=tuple(self.replay.names.items()),
             speaker_merges=self.replay.merges.resolved(),
+            language=self._language(),
         )
 
     def attach(self, sink: EventSink, *, resumed: bool) -> None:

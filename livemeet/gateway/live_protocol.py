@@ -524,18 +524,12 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
     encoding = PCM_ENCODING if encoding is None else encoding
     if encoding != PCM_ENCODING:
         raise InvalidRequest(f"encoding must be {PCM_ENCODING!r}, not {encoding!r}")
-    language = _optional_str(m, "language", MAX_LANGUAGE_CHARS)
-    check_language(language, None, "")  # a tag at all; the backend's language: the gateway's
-    prompt = _optional_str(m, "prompt", MAX_PROMPT_CHARS)
-    hotwords = m.get("hotwords")
-    hotwords = [] if hotwords is None else hotwords
-    if not isinstance(hotwords, list) or not all(isinstance(h, str) for h in hotwords):
-        raise InvalidRequest("hotwords must be a list of strings")
-    if len(hotwords) > MAX_HOTWORDS:
-        raise InvalidRequest(f"at most {MAX_HOTWORDS} hotwords")
-    if any(len(h) > MAX_HOTWORD_CHARS for h in hotwords):
-        raise InvalidRequest(f"a hotword is at most {MAX_HOTWORD_CHARS} characters")
     resume = _parse_resume(m)
+    # a resume's are not read (the session's own are kept), so not checked either: a client
+    # resending its first `start` across an upgrade that tightened a rule, as `livemeet
+    # stream` does, lost its meeting to a 4400 (a trial)
+    text = _parse_request_text(m) if resume is None else (None, None, [])
+    language, prompt, hotwords = text
     return StartSession(
         sample_rate,
         channels,
@@ -546,6 +540,23 @@ def _parse_start(m: dict[str, Any]) -> StartSession:
         resume,
         _parse_api_key(m),
     )
+
+
+def _parse_request_text(m: dict[str, Any]) -> tuple[str | None, str | None, list[str]]:
+    """A new session's `language` (a language tag, empty as absent, as an upload's form
+    field; the backend's language is the gateway's to check), `prompt` and `hotwords`."""
+    language = _optional_str(m, "language", MAX_LANGUAGE_CHARS) or None
+    check_language(language, None, "")
+    prompt = _optional_str(m, "prompt", MAX_PROMPT_CHARS)
+    hotwords = m.get("hotwords")
+    hotwords = [] if hotwords is None else hotwords
+    if not isinstance(hotwords, list) or not all(isinstance(h, str) for h in hotwords):
+        raise InvalidRequest("hotwords must be a list of strings")
+    if len(hotwords) > MAX_HOTWORDS:
+        raise InvalidRequest(f"at most {MAX_HOTWORDS} hotwords")
+    if any(len(h) > MAX_HOTWORD_CHARS for h in hotwords):
+        raise InvalidRequest(f"a hotword is at most {MAX_HOTWORD_CHARS} characters")
+    return language, prompt, hotwords
 
 
 def _parse_api_key(m: dict[str, Any]) -> str | None:

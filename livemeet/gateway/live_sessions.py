@@ -127,11 +127,13 @@ class LiveSessions:
     def num_detached(self) -> int:
         return sum(1 for h in self._holders.values() if h.sink is None)
 
-    def streaming(self) -> tuple[int, int]:
-        """(sessions streaming still: not ended, not failed; of them, detached): the ones a
-        restart keeps for the next start."""
+    def streaming(self) -> tuple[int, int, int]:
+        """(sessions streaming still with audio: not ended, not failed; of them, detached;
+        streaming ones with no audio yet): the first are what a restart keeps for the next
+        start, which discards the last (nothing to rebuild)."""
         held = [h for h in self._holders.values() if not h.ended and h.replay.terminal is None]
-        return len(held), sum(1 for h in held if h.sink is None)
+        kept = [h for h in held if h.num_frames_accepted]
+        return len(kept), sum(1 for h in kept if h.sink is None), len(held) - len(kept)
 
     def open(
         self,

@@ -228,9 +228,10 @@ def check_admission(app: web.Application) -> None:
     if isinstance(transcriber, SlottedTranscriber):
         incoming = app[LIFECYCLE_KEY].incoming_uploads.count
         if transcriber.free_slots <= incoming:
+            held = f", {incoming} of them held for uploads on their way" if incoming else ""
             raise QueueFull(
-                f"all {app[CONFIG_KEY].gateway.max_sessions} session slots are in use or "
-                f"taken by uploads on their way ({incoming}) (--max-sessions); retry later"
+                f"every session slot (--max-sessions {app[CONFIG_KEY].gateway.max_sessions}) "
+                f"is in use{held}; retry later"
             )
 
 

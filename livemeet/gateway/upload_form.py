@@ -222,6 +222,7 @@ class FormReader:
         self.disk_budget = disk_budget
         self.keep_fields = keep_fields
         self.fields: dict[str, str] = {}
+        self._files_elsewhere: list[str] = []  # names of file parts the endpoint does not read
         self._delimiter = b"--" + boundary
         self._preamble: bytearray | None = bytearray()  # None once the first boundary is found
         self._received = 0
@@ -286,6 +287,12 @@ class FormReader:
         if not self._ended:
             raise InvalidRequest("the multipart body ended before its closing boundary")
         if self._file is None:
+            if self._files_elsewhere:  # say where the audio belongs
+                raise InvalidRequest(
+                    "the audio goes in the 'file' field; got a file in "
+                    + ", ".join(repr(name) for name in self._files_elsewhere),
+                    param=FILE_FIELD,
+                )
             seen = ", ".join(repr(name) for name in self.fields) or "none"
             raise InvalidRequest(
                 f"the multipart body has no 'file' field (fields: {seen})", param=FILE_FIELD
@@ -334,11 +341,11 @@ class FormReader:
                 raise InvalidRequest(
                     f"{part.name!r} is a text field; got a file in it", param=part.name
                 )
-            if b"filename" in params:  # a file under another name: say where it belongs
-                raise InvalidRequest(
-                    f"the audio goes in the 'file' field; got a file in {part.name!r}",
-                    param=FILE_FIELD,
-                )
+            if b"filename" in params:
+                # a file under a name the endpoint does not read is dropped as that field's
+                # text is (OpenAI tolerates extra fields; a trial's file in
+                # `timestamp_granularities[]` was refused), and named if no `file` comes
+                self._files_elsewhere.append(part.name)
             part.text = bytearray() if part.name in self.keep_fields else None
             return
         if self._file is not None:

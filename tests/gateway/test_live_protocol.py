@@ -222,6 +222,25 @@ def test_a_start_with_resume_is_a_resume_and_says_what_it_asks_for() -> None:
     assert isinstance(plain, StartSession) and plain.resume is None
 
 
+def test_a_resume_does_not_read_or_check_the_new_sessions_text() -> None:
+    """`language`, `prompt` and `hotwords` are the session's own on a resume (docs/protocol.md,
+    Resume): a client resending its first `start`, which an older server took, resumes (a
+    trial: `"language": "english"` got 4400 across today's upgrade and lost the meeting)."""
+    text = {"language": "english", "prompt": "x" * 5_000, "hotwords": "not a list"}
+    start = LiveProtocol().receive_text(
+        json.dumps({"type": "start", "sample_rate": 16000, "resume": RESUME, **text})
+    )
+    assert isinstance(start, StartSession) and start.resume == ResumeRequest("s-1", "t0k3n")
+    assert (start.language, start.prompt, start.hotwords) == (None, None, ())
+
+
+def test_an_empty_language_is_absent_as_in_an_upload() -> None:
+    start = LiveProtocol().receive_text(
+        json.dumps({"type": "start", "sample_rate": 16000, "language": ""})
+    )
+    assert isinstance(start, StartSession) and start.language is None
+
+
 @pytest.mark.parametrize(
     "resume",
     [

@@ -100,18 +100,20 @@ async def test_a_shutdown_logs_its_drain(
         await start_session(dropped)
         await dropped.send_bytes(pcm16(0.5))
     await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
-    async with client.ws_connect("/v1/live") as ws:
+    async with client.ws_connect("/v1/live") as ws, client.ws_connect("/v1/live") as empty:
         await start_session(ws)
         await ws.send_bytes(pcm16(0.5))
+        await start_session(empty)  # no audio: the next start discards it
         await asyncio.sleep(0.05)
         shutdown = asyncio.create_task(close_live_sockets(client.app))
-        await asyncio.wait_for(receive_all(ws), 5)
+        await asyncio.wait_for(asyncio.gather(receive_all(ws), receive_all(empty)), 5)
         await shutdown
     lines = messages(caplog, "livemeet.gateway.app")
-    # sessions, not sockets (a trial: "keeping 1 live sessions (1 detached)" with 2 kept)
+    # sessions, not sockets (a trial: "keeping 1 live sessions (1 detached)" with 2 kept),
+    # and not one with no audio (a trial: counted, then discarded at the next start)
     assert lines[0] == (
         "shutting down: keeping 2 live sessions (1 detached) for the next start: their "
-        "clients resume there; 0 ending first"
+        "clients resume there; 0 ending first; 1 with no audio not kept"
     )
     assert lines[1].startswith("live sessions kept for the next start in ")
 

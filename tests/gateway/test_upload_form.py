@@ -140,8 +140,19 @@ def test_a_file_under_another_name_names_the_field_at_fault(
     r = reader(tmp_path)
     with pytest.raises(InvalidRequest, match=message) as caught:
         feed(r, body(part(name, b"x", '; filename="p.txt"')), 1000)
+        r.finish()
     r.discard()
     assert caught.value.param == param
+
+
+def test_a_file_in_a_field_the_endpoint_does_not_read_is_dropped(tmp_path: Path) -> None:
+    """Beside the `file`, as a text field there would be (a trial: a file sent in
+    `timestamp_granularities[]`, a field OpenAI's API tolerates, was a 400)."""
+    r = reader(tmp_path)
+    extra = part("timestamp_granularities[]", b"word", '; filename="g.txt"')
+    feed(r, body(extra, part("file", AUDIO)), 1000)
+    assert r.finish().num_bytes == len(AUDIO) and "timestamp_granularities[]" not in r.fields
+    r.discard()
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from tests.gateway.test_live_resume import (
     vanish,
 )
 from tests.gateway.test_ws_live import (
+    START,
     expect_error,
     gateway_client,
     receive_all,
@@ -256,6 +257,21 @@ async def test_a_session_dropped_without_a_final_closes_its_subscribers(
     error = await expect_error(ws, NotFound)
     assert "without a final transcript" in error["message"]
     await live.close()
+
+
+async def test_a_live_transcript_echoes_the_sessions_language_as_an_upload_does(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A trial: a session started with `en-GB` said "english" (the backend's) in its
+    verbose_json, where an upload with `en-GB` echoes "en-GB"."""
+    fake._info = replace(fake._info, language="english")
+    client = await gateway_client(aiohttp_client, server_config, fake)
+    async with client.ws_connect("/v1/live") as live:
+        await live.send_json({**START, "language": "en-GB"})
+        ready = await live.receive_json()
+        await stream(live, fake, 1.0)
+        response = await client.get(transcript_url(ready, "verbose_json"))
+        assert (await response.json())["language"] == "en-GB"
 
 
 async def test_the_transcript_while_the_session_runs_and_after_it(
