@@ -175,6 +175,11 @@ class LiveSession:
         one is pending is applied after it (several meanwhile: the last; module docstring)."""
         if self._ended:
             raise ProtocolError("finalize after end")
+        if self._num_samples <= self._committed_end_sample():
+            # everything up to here is final already (a rebuild feeding a session's journaled
+            # finalizes again, the early ones behind its restored finals): nothing to cut, and
+            # taking one of the two cut slots would let a later one replace a cut still owed
+            return
         self._cut()
 
     def end(self) -> None:

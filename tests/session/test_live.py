@@ -742,8 +742,9 @@ def test_a_restored_session_goes_on_as_the_uninterrupted_one(cut_s: float) -> No
 
 def test_a_restored_session_decodes_nothing_before_the_end_of_its_finals() -> None:
     """Audio received again up to the restored finals' end (9 s) is not decoded as an open
-    window: no hop is due until a hop of audio past it, `window()` refuses, and a finalize or
-    end there is applied without a decode. The window past it starts at that end."""
+    window: no hop is due until a hop of audio past it, `window()` refuses, a finalize there
+    has nothing to cut, and an end there is applied without a decode. The window past it
+    starts at that end."""
     script = Script(REFERENCE)
     first = LiveSession(LiveOptions(hop_s=1.0))
     feed(first, 0.0, 12.0, script)
@@ -756,9 +757,8 @@ def test_a_restored_session_decodes_nothing_before_the_end_of_its_finals() -> No
     assert not live._chunks  # audio before the window is not kept
     with pytest.raises(RuntimeError, match="no open window"):
         live.window()
-    live.finalize()
-    assert live.flush_due() and not live.hop_due()
-    assert live.flush() == []  # nothing open to commit, nothing new to show
+    live.finalize()  # everything up to here is final: nothing to cut (an end is: below)
+    assert not live.flush_due() and not live.hop_due()
     live.receive_audio(audio(1.5))
     assert not live.hop_due() and live.new_samples == SAMPLE_RATE // 2
     live.receive_audio(audio(0.5))
@@ -773,6 +773,27 @@ def test_a_restored_session_decodes_nothing_before_the_end_of_its_finals() -> No
     ended.end()
     assert ended.flush() == [] and ended.ended
     assert ended.finish().segments == stored
+
+
+def test_finalizes_fed_again_behind_the_restored_finals_leave_both_cuts_past_them() -> None:
+    """A rebuild feeds a session its journaled finalizes again, faster than it decodes. One
+    behind the restored finals (2 s; they end at 9) took one of the two cut slots, so of the
+    two past them (10 and 11 s) the first was replaced by the second and a final could cross
+    it (a review). Now each cut past the finals is reached by its own decode."""
+    script = Script(REFERENCE)
+    first = LiveSession(LiveOptions(hop_s=1.0))
+    feed(first, 0.0, 12.0, script)
+    stored = first.committed
+    assert stored[-1].end_s == 9.0
+    live = LiveSession(LiveOptions(hop_s=1.0), restored=stored)
+    for edge_s in (2.0, 10.0, 11.0):  # audio to each, then its finalize, no decode between
+        live.receive_audio(audio(edge_s - live.edge_s))
+        live.finalize()
+    first_cut = live.window()
+    assert first_cut.offset_s == 9.0 and first_cut.end_s == 10.0
+    live.apply_hypothesis([Segment(9.2, 10.0, "S01", "nine to ten")])
+    second_cut = live.window()
+    assert second_cut.offset_s == 10.0 and second_cut.end_s == 11.0
 
 
 def test_a_restored_window_starts_at_the_audio_time_of_the_finals_end() -> None:
