@@ -364,24 +364,23 @@ async def close_live_sockets(app: web.Application) -> None:
     if keep:
         # counted over the sessions, not the registry's sockets (a trial saw "keeping 1
         # (1 detached)" with 2 kept)
-        num_kept, num_kept_detached, num_empty = sessions.streaming()
+        count = sessions.streaming()
         log.info(
             "shutting down: keeping %d live sessions (%d detached) for the next start: their "
             "clients resume there; %d ending first; %d with no audio not kept",
-            num_kept,
-            num_kept_detached,
-            len(sessions) - num_kept - num_empty,
-            num_empty,
+            count.with_audio,
+            count.detached,
+            len(sessions) - count.with_audio - count.no_audio,
+            count.no_audio,
         )
     else:
         log.info("shutting down: draining %d live sessions", len(registry))
         if sessions.num_detached:
             log.info("shutting down: ending %d detached live sessions", sessions.num_detached)
     started = time.monotonic()
-    if keep:  # the streaming sessions' overlays hear it at once, not after the ending ones
-        sessions.end_subscriptions_for_restart()
+    # a kept session's overlays hear of the restart as it is kept, not after the ending ones
     await asyncio.gather(registry.drain_all(keep=keep), sessions.drain())
-    if keep:  # any kept meanwhile (an engine lost during the drain: `_keep_for_restart`)
+    if keep:  # any kept without a socket to see it through (an engine lost during the drain)
         sessions.end_subscriptions_for_restart()
     done = "kept for the next start" if keep else "drained"
     log.info("live sessions %s in %.1f s", done, time.monotonic() - started)

@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 from livemeet.audio.constants import (
     LIVE_DRAIN_TIMEOUT_S,
@@ -75,6 +76,16 @@ from livemeet.transcriber import (
 from livemeet.transcript.speakers import SpeakerMerges
 
 log = logging.getLogger(__name__)
+
+
+class StreamingCount(NamedTuple):
+    """Sessions streaming still (`LiveSessions.streaming`): with audio (what a restart keeps
+    for the next start), of them detached, and with no audio yet (the next start discards
+    those: nothing to rebuild)."""
+
+    with_audio: int
+    detached: int
+    no_audio: int
 
 
 class LiveSessions:
@@ -127,13 +138,13 @@ class LiveSessions:
     def num_detached(self) -> int:
         return sum(1 for h in self._holders.values() if h.sink is None)
 
-    def streaming(self) -> tuple[int, int, int]:
-        """(sessions streaming still with audio: not ended, not failed; of them, detached;
-        streaming ones with no audio yet): the first are what a restart keeps for the next
-        start, which discards the last (nothing to rebuild)."""
+    def streaming(self) -> StreamingCount:
+        """The sessions streaming still (not ended, not failed): what a restart keeps."""
         held = [h for h in self._holders.values() if not h.ended and h.replay.terminal is None]
         kept = [h for h in held if h.num_frames_accepted]
-        return len(kept), sum(1 for h in kept if h.sink is None), len(held) - len(kept)
+        return StreamingCount(
+            len(kept), sum(1 for h in kept if h.sink is None), len(held) - len(kept)
+        )
 
     def open(
         self,
@@ -425,6 +436,7 @@ class LiveSessions:
             kept = [h for h in detached if not h.ended and h.replay.terminal is None]
             for holder in kept:
                 holder.cancel_timer()
+                holder.end_subscriptions(restarting_error(holder.id))  # as it is kept
                 log.info("live session %s kept in the journal for the next start", holder.id)
             detached = [h for h in detached if h not in kept]
         for holder in detached:
@@ -445,15 +457,14 @@ class LiveSessions:
             await self._drop(holder, keep_journal=True)
 
     def end_subscriptions_for_restart(self) -> None:
-        """A restart (`keeps_on_shutdown`) is draining: the captions subscribers of every
-        session it keeps for the next start (streaming still, not failed; or kept after the
-        engine's loss) are told `server_restarting` now (reconnect after the restart), as the
-        drain begins and again after it. Before, they heard it only once the drain was over,
-        after the other sessions' finals (a trial: seconds late), or at the app's cleanup,
-        after aiohttp's wait for their sockets (~40 s, their captions frozen)."""
+        """A restart's drain is done: the captions subscribers of every session it kept for the
+        next start and has not told yet (one kept after the engine's loss) are told
+        `server_restarting` (reconnect after the restart). Each session's are told as it is
+        kept (`drain`, ws_live's `_keep_for_restart`), not once the drain is over, after the
+        other sessions' finals (a trial: seconds late; a review: telling them before the keep
+        was decided told an ending session's too)."""
         for holder in self._holders.values():
-            streaming = not holder.ended and holder.replay.terminal is None
-            if holder.subscribers and (streaming or holder.kept_for_restart):
+            if holder.subscribers and (self._restart_keeps(holder) or holder.kept_for_restart):
                 holder.end_subscriptions(restarting_error(holder.id))
 
     async def close(self) -> None:

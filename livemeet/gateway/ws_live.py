@@ -65,7 +65,7 @@ from livemeet.gateway.keys import (
     SESSIONS_KEY,
     TRANSCRIBER_KEY,
 )
-from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
+from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent, restarting_error
 from livemeet.gateway.live_protocol import (
     GOING_AWAY,
     NORMAL_CLOSE,
@@ -476,6 +476,8 @@ class LiveConnection:
                 holder.num_frames_accepted - holder.num_frames_durable,
             )
         self._keep_session = True
+        # its overlays hear it now, not once every session has drained (a trial)
+        holder.end_subscriptions(restarting_error(holder.id))
         await self.fail(_restarting())
 
     async def cleanup(self) -> None:
