@@ -278,8 +278,8 @@ UPLOAD_MAX_CONTINUATIONS = 4
 # setting (`--live-forced-transcript-tokens 0` still continues uploads)
 UPLOAD_CONTINUE_FORCED_TOKENS = 2_048
 LOOP_MAX_REPEATS = 2  # consecutive identical segments kept; longer runs are a decode loop
-# segments; this many consecutive same-text segments in one window of a window re-decoder's
-# upload (`RedecodeCore.upload_pieces`) are a loop: the first is kept and the next window starts
+# Consecutive same-text segments (a count) in one window of a window re-decoder's upload
+# (`RedecodeCore.upload_pieces`) that are a loop: the first is kept and the next window starts
 # after it. Genuine runs survive (the next window writes them again); AMI and a 316-s trial
 # file hold genuine runs of at most 3 ("What's it username?"), the trial's loop 27
 UPLOAD_LOOP_MIN_REPEATS = 4

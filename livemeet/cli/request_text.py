@@ -15,7 +15,7 @@ from livemeet.audio.constants import (
     MAX_PROMPT_CHARS,
 )
 from livemeet.errors import InvalidRequest
-from livemeet.transcript.language import check_language
+from livemeet.transcript.language import check_language_tag
 
 
 def add_request_text_flags(p: argparse.ArgumentParser, *, language_help: str) -> None:
@@ -46,7 +46,7 @@ def check_request_text(language: str | None, prompt: str | None, hotwords: Seque
     """Raise InvalidRequest, naming the flag, for text past the limits an upload's form and a
     live `start` have, or a `--language` that is no language tag."""
     _check_chars("--language", language, MAX_LANGUAGE_CHARS)
-    check_language(language, None, "")  # a language tag at all (the server checks it too)
+    check_language_tag(language)  # a language tag at all (the server checks it too)
     _check_chars("--prompt", prompt, MAX_PROMPT_CHARS)
     if len(hotwords) > MAX_HOTWORDS:
         raise InvalidRequest(f"at most {MAX_HOTWORDS} --hotword values, not {len(hotwords)}")

@@ -55,7 +55,7 @@ from livemeet.audio.constants import (
     PCM_S16LE_BYTES,
 )
 from livemeet.errors import BadAudio, InvalidRequest, LivemeetError, ProtocolError
-from livemeet.transcript.language import check_language
+from livemeet.transcript.language import check_language_tag
 from livemeet.transcript.parser import MAX_SPEAKER_CHARS, is_speaker_label
 
 PROTOCOL_VERSION = 0
@@ -546,7 +546,7 @@ def _parse_request_text(m: dict[str, Any]) -> tuple[str | None, str | None, list
     """A new session's `language` (a language tag, empty as absent, as an upload's form
     field; the backend's language is the gateway's to check), `prompt` and `hotwords`."""
     language = _optional_str(m, "language", MAX_LANGUAGE_CHARS) or None
-    check_language(language, None, "")
+    check_language_tag(language)
     prompt = _optional_str(m, "prompt", MAX_PROMPT_CHARS)
     hotwords = m.get("hotwords")
     hotwords = [] if hotwords is None else hotwords

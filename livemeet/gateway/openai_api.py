@@ -218,9 +218,11 @@ def check_admission(app: web.Application) -> None:
     """Refuse an upload the server cannot take now, before any of its body is read (also from
     `Expect: 100-continue`): EngineUnavailable while the backend is not ready or the server
     drains, StorageFailed while the data dir is short of disk (an upload spills to it and
-    stores its transcript there), QueueFull while every session slot is in use or reserved by
-    an upload already on its way (`SlottedTranscriber`). A full server used to answer 429 only
-    after receiving and decoding the whole file, which a client's retries then sent again."""
+    stores its transcript there), QueueFull while every session slot is in use or held for an
+    upload already on its way (`SlottedTranscriber`; held against other uploads only: a live
+    `start` meanwhile may take it, and the upload then gets its 429 at its open). A full
+    server used to answer 429 only after receiving and decoding the whole file, which a
+    client's retries then sent again."""
     transcriber = app[TRANSCRIBER_KEY]
     if not transcriber.ready or app[LIFECYCLE_KEY].draining:
         raise _not_ready(transcriber)

@@ -190,13 +190,14 @@ if HAS_TRITON:
         the tensors' dtype, as livemeet.layers.rotary does)."""
         angle = pos.to(tl.float32) * tl.load(InvFreq + tl.arange(0, HALF))
         if PRECISE_TRIG:
-            # cos/sin of the fp32 angle taken in fp64, rounded to fp32: what torch's precise
-            # cosf gives to within its last bit. Triton's fp32 libdevice.cos/sin (as tl.cos,
-            # the approximate PTX instructions) are off at angles of 1e3-1e5 rad: on an H100
-            # (session 36) 15.7 % of the bf16 k elements this kernel stored differed from a
-            # float64 reference growing with the position, where the CUDA prologue's cosf
-            # matched it in every element. fp64 has no approximate form; its cost is small
-            # beside the row's loads (HALF values of each per row and head).
+            # cos/sin of the fp32 angle taken in fp64, rounded to fp32: the correctly rounded
+            # value, which torch's and CUDA's cosf (2 ulp) give but in rare bf16 ties.
+            # Triton's fp32 libdevice.cos/sin are off by far more as this Triton compiles
+            # them: on an H100 (session 36) 15.7 % of the bf16 k elements this kernel stored
+            # differed from a float64 reference, more at later positions, where the CUDA
+            # prologue's cosf matched it in every element. The fp64 work (HALF values of each
+            # per row and head) is not measured yet (scripts/gpu_next.sh 6); cheap on an
+            # H100/H200, it would not be on a card with little fp64 throughput.
             wide = angle.to(tl.float64)
             c = libdevice.cos(wide).to(tl.float32)
             s = libdevice.sin(wide).to(tl.float32)

@@ -11,17 +11,24 @@ import langcodes
 from livemeet.errors import InvalidRequest
 
 
-def check_language(tag: str | None, backend_code: str | None, backend: str) -> None:
+def check_language_tag(tag: str | None) -> None:
     """Raise InvalidRequest (param "language") unless `tag` is None or a valid language tag
-    whose language is `backend_code` (the backend's one language as an ISO 639-1 code; None:
-    a backend that takes any). `backend` names the backend in the message."""
-    if tag is None:
-        return
-    if not langcodes.tag_is_valid(tag):
+    (what a client may send whatever the backend)."""
+    if tag is not None and not langcodes.tag_is_valid(tag):
         raise InvalidRequest(
             f"language {tag!r} is not a language code (ISO 639-1, e.g. 'en', or a BCP 47 tag)",
             param="language",
         )
+
+
+def check_language(tag: str | None, backend_code: str | None, backend: str) -> None:
+    """Raise InvalidRequest (param "language") unless `tag` is None or a valid language tag
+    (`check_language_tag`) whose language is `backend_code` (the backend's one language as an
+    ISO 639-1 code; None: a backend that takes any). `backend` names the backend in the
+    message."""
+    check_language_tag(tag)
+    if tag is None:
+        return
     if backend_code is not None and langcodes.Language.get(tag).language != backend_code:
         raise InvalidRequest(
             f"the {backend} backend transcribes {backend_code!r} only, not {tag!r}",
