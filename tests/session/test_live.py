@@ -740,16 +740,21 @@ def test_a_restored_session_goes_on_as_the_uninterrupted_one(cut_s: float) -> No
     assert all(s.start_s >= stored[-1].end_s for s in partials)
 
 
+def finals_to_9s() -> tuple[Segment, ...]:
+    """The finals a session committed of REFERENCE's first 12 s: they end at 9 s."""
+    first = LiveSession(LiveOptions(hop_s=1.0))
+    feed(first, 0.0, 12.0, Script(REFERENCE))
+    stored = first.committed
+    assert stored[-1].end_s == 9.0
+    return tuple(stored)
+
+
 def test_a_restored_session_decodes_nothing_before_the_end_of_its_finals() -> None:
     """Audio received again up to the restored finals' end (9 s) is not decoded as an open
     window: no hop is due until a hop of audio past it, `window()` refuses, a finalize there
     has nothing to cut, and an end there is applied without a decode. The window past it
     starts at that end."""
-    script = Script(REFERENCE)
-    first = LiveSession(LiveOptions(hop_s=1.0))
-    feed(first, 0.0, 12.0, script)
-    stored = first.committed
-    assert stored[-1].end_s == 9.0
+    stored = finals_to_9s()
     live = LiveSession(LiveOptions(hop_s=1.0), restored=stored)
     assert not live.hop_due() and not live.flush_due() and live.new_samples == 0
     live.receive_audio(audio(8.0))
@@ -780,11 +785,7 @@ def test_finalizes_fed_again_behind_the_restored_finals_leave_both_cuts_past_the
     behind the restored finals (2 s; they end at 9) took one of the two cut slots, so of the
     two past them (10 and 11 s) the first was replaced by the second and a final could cross
     it (a review). Now each cut past the finals is reached by its own decode."""
-    script = Script(REFERENCE)
-    first = LiveSession(LiveOptions(hop_s=1.0))
-    feed(first, 0.0, 12.0, script)
-    stored = first.committed
-    assert stored[-1].end_s == 9.0
+    stored = finals_to_9s()
     live = LiveSession(LiveOptions(hop_s=1.0), restored=stored)
     for edge_s in (2.0, 10.0, 11.0):  # audio to each, then its finalize, no decode between
         live.receive_audio(audio(edge_s - live.edge_s))
