@@ -36,15 +36,23 @@ def upload_audio_seconds(client: TestClient) -> float:
     return value or 0.0
 
 
+async def answer_before_the_body(client: TestClient) -> tuple[int, dict[str, str], bytes]:
+    """The server's answer to an upload's head with `Expect: 100-continue`, its body unsent
+    (a `100 Continue` instead would come back as the status, 100)."""
+    reader, writer = await open_socket(client)
+    writer.write(request_head(len(multipart(wav_bytes(1.0))), {}))
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(read_response(reader), 5)
+    finally:
+        writer.close()
+
+
 async def test_a_full_server_answers_429_before_the_body(
     aiohttp_client: ClientFactory, server_config: ServerConfig
 ) -> None:
     client, fake = await slotted_client(aiohttp_client, server_config, free_slots=0)
-    reader, writer = await open_socket(client)
-    writer.write(request_head(len(multipart(wav_bytes(1.0))), {}))
-    await writer.drain()
-    status, headers, answer = await read_response(reader)  # no 100 Continue, no body sent
-    writer.close()
+    status, headers, answer = await answer_before_the_body(client)
     assert status == 429 and "retry-after" in headers
     assert json.loads(answer)["error"]["code"] == "queue_full"
     assert not fake.sessions
@@ -99,10 +107,6 @@ async def test_an_engine_not_ready_answers_503_before_the_body(
 ) -> None:
     fake = FakeTranscriber(start_ready=False)
     client = await aiohttp_client(create_app(server_config, fake))
-    reader, writer = await open_socket(client)
-    writer.write(request_head(len(multipart(wav_bytes(1.0))), {}))
-    await writer.drain()
-    status, headers, answer = await asyncio.wait_for(read_response(reader), 5)
-    writer.close()
+    status, headers, answer = await answer_before_the_body(client)
     assert status == 503 and "retry-after" in headers
     assert json.loads(answer)["error"]["code"] == "engine_unavailable"
