@@ -77,7 +77,7 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
-from livemeet.transcript.language import check_language
+from livemeet.transcript.language import check_language, reported_language
 from livemeet.transcript.segments import FinishReason, Segment, Transcript
 
 log = logging.getLogger(__name__)
@@ -462,9 +462,7 @@ async def _collect_final(session: TranscriberSession) -> TranscriptFinal:
 
 
 def _language(request: web.Request, form: UploadForm) -> str | None:
-    """The transcript's language: the request's, else the one language the backend's model
-    transcribes (the demo's English), else None (`verbose_json` says "unknown")."""
-    return form.language or request.app[TRANSCRIBER_KEY].info.language
+    return reported_language(form.language, request.app[TRANSCRIBER_KEY].info.language)
 
 
 def _to_transcript(final: TranscriptFinal, language: str | None) -> Transcript:

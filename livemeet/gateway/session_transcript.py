@@ -24,6 +24,7 @@ from livemeet.gateway.session_tokens import CAPTIONS_CHALLENGE
 from livemeet.gateway.transcript_store import TranscriptStore, token_digest
 from livemeet.transcriber import Error, TranscriptFinal
 from livemeet.transcript import formats
+from livemeet.transcript.language import reported_language
 from livemeet.transcript.segments import Transcript
 
 TRANSCRIPT_PATH = "/v1/sessions/{id}/transcript"
@@ -55,9 +56,7 @@ async def get_session_transcript(request: web.Request) -> web.Response:
         transcript, status = _held(holder, version)
     else:
         transcript, status = await _stored(request.app[STORE_KEY], session_id, token, version)
-    # as an upload's: without a language of its own, the backend's one language (the demo's
-    # "english"; a trial saw the same audio say "unknown" live and "english" uploaded)
-    language = transcript.language or request.app[TRANSCRIBER_KEY].info.language
+    language = reported_language(transcript.language, request.app[TRANSCRIBER_KEY].info.language)
     body, content_type = formats.render(transcript, fmt, language=language)
     response = web.Response(text=body, content_type=content_type, charset="utf-8")
     response.headers[STATUS_HEADER] = status

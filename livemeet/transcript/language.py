@@ -11,6 +11,14 @@ import langcodes
 from livemeet.errors import InvalidRequest
 
 
+def reported_language(given: str | None, backend_language: str | None) -> str | None:
+    """The language a transcript reports (`verbose_json`): the one its request gave, else the
+    one language its backend transcribes (the demo's "english", as OpenAI names a detected
+    one), else None ("unknown"). One rule for uploads and live sessions (a trial saw the same
+    audio say "unknown" live and "english" uploaded)."""
+    return given or backend_language
+
+
 def check_language_tag(tag: str | None) -> None:
     """Raise InvalidRequest (param "language") unless `tag` is None or a valid language tag
     (what a client may send whatever the backend)."""
