@@ -41,9 +41,10 @@ the final transcript holds every final as it was sent.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -455,21 +456,15 @@ class LiveSessionHolder:
         fmt = self.audio_format
         self.decoder = PcmStreamDecoder(fmt.sample_rate, fmt.channels, fmt.encoding)
         accepted = self.num_frames_accepted
-        cuts = iter(self.finalizes)
-        cut = next(cuts, None)
+        cuts = collections.deque(self.finalizes)
         try:
-            async for pcm in audio:
-                # a finalize within (or at the end of) this chunk: the audio before it first
-                while cut is not None and cut - self.decoder.num_input_frames <= len(pcm) // (
-                    fmt.frame_bytes
-                ):
-                    before = (cut - self.decoder.num_input_frames) * fmt.frame_bytes
-                    if before:
-                        await self._feed(pcm[:before])
-                    await self.session.finalize()
-                    pcm, cut = pcm[before:], next(cuts, None)
-                if pcm:
-                    await self._feed(pcm)
+            async for chunk in audio:
+                first = self.decoder.num_input_frames
+                for pcm, finalize in split_at_cuts(chunk, first, fmt.frame_bytes, cuts):
+                    if pcm:
+                        await self._feed(pcm)
+                    if finalize:
+                        await self.session.finalize()
         except BaseException:
             self.num_frames_accepted = accepted
             raise
@@ -745,6 +740,21 @@ class LiveSessionHolder:
             self.sink.deliver(event)
         for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver
             subscriber.deliver(event)
+
+
+def split_at_cuts(
+    pcm: bytes, first_frame: int, frame_bytes: int, cuts: collections.deque[int]
+) -> Iterator[tuple[bytes, bool]]:
+    """`pcm` (whole sample frames of `frame_bytes` bytes, the first being frame `first_frame`
+    of the session) in pieces, each with whether a finalize follows it: cut after each frame
+    position of `cuts` (increasing, none below `first_frame`) that falls within `pcm` or at
+    its end, which are taken from `cuts`; the last piece is the rest (maybe empty), with no
+    finalize. A piece before a cut is empty where the cut comes first."""
+    while cuts and cuts[0] - first_frame <= len(pcm) // frame_bytes:
+        frames = cuts.popleft() - first_frame
+        yield pcm[: frames * frame_bytes], True
+        pcm, first_frame = pcm[frames * frame_bytes :], first_frame + frames
+    yield pcm, False
 
 
 def restarting_error(session_id: str) -> ServerRestarting:

@@ -10,6 +10,7 @@ commits)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from livemeet.gateway import live_journal
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.gateway.live_holder import split_at_cuts
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber
@@ -187,3 +189,21 @@ async def test_no_final_after_a_restart_starts_before_an_applied_cut(
     assert [s["id"] for s in segments[:2]] == ["seg-0001", "seg-0002"]
     assert crossing(segments, 5.6) == []
     assert segments[2]["start"] >= 5.6 and segments[2]["text"] == "are about ten percent over."
+
+
+@pytest.mark.parametrize(
+    ("first_frame", "cuts", "pieces", "left"),
+    [
+        (0, [], [(b"abcdef", False)], []),  # no cut: the chunk whole
+        (10, [10], [(b"", True), (b"abcdef", False)], []),  # at its first frame
+        (10, [11, 13], [(b"ab", True), (b"cdef", True), (b"", False)], []),  # two, one at its end
+        (10, [12, 20], [(b"abcd", True), (b"ef", False)], [20]),  # a later one waits
+    ],
+)
+def test_the_replayed_audio_is_split_at_each_finalize(
+    first_frame: int, cuts: list[int], pieces: list[tuple[bytes, bool]], left: list[int]
+) -> None:
+    """Frames of 2 bytes: the chunk `abcdef` is frames first_frame .. first_frame + 2."""
+    pending = collections.deque(cuts)
+    assert list(split_at_cuts(b"abcdef", first_frame, 2, pending)) == pieces
+    assert list(pending) == left
