@@ -139,6 +139,21 @@ def test_decoding_is_greedy_only(demo_core: DemoCore, monkeypatch: pytest.Monkey
     assert seen["temperature"] == 0.0 and seen["beam_size"] == 1
 
 
+def window_of(
+    core: DemoCore,
+    monkeypatch: pytest.MonkeyPatch,
+    pieces: list[SimpleNamespace],
+    *,
+    seconds: int,
+    offset_s: float,
+) -> list[Segment]:
+    """`core.transcribe_window` of `seconds` of audio at `offset_s` where faster-whisper
+    writes `pieces` and the VAD hears speech in every frame."""
+    monkeypatch.setattr(core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
+    monkeypatch.setattr(core, "_classifier", lambda: lambda frame: True)  # all speech
+    return core.transcribe_window(np.zeros(seconds * 16_000, dtype=np.float32), offset_s, None)
+
+
 def test_pieces_timed_past_the_audio_are_dropped_and_ends_clamped(
     demo_core: DemoCore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,9 +165,7 @@ def test_pieces_timed_past_the_audio_are_dropped_and_ends_clamped(
         SimpleNamespace(start=1.8, end=2.4, text=" cut"),
         SimpleNamespace(start=2.5, end=3.0, text=" Thank you."),
     ]
-    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
-    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
-    out = demo_core.transcribe_window(np.zeros(2 * 16_000, dtype=np.float32), 10.0, None)
+    out = window_of(demo_core, monkeypatch, pieces, seconds=2, offset_s=10.0)
     assert [(s.start_s, s.end_s, s.text) for s in out] == [
         (10.2, 11.5, "heard"),
         (11.8, 12.0, "cut"),
@@ -224,9 +237,7 @@ def test_a_segment_without_a_letter_or_digit_is_dropped(
         SimpleNamespace(start=5.0, end=6.0, text=" 1961."),
         SimpleNamespace(start=6.0, end=7.0, text=" 北京"),
     ]
-    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
-    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
-    out = demo_core.transcribe_window(np.zeros(7 * 16_000, dtype=np.float32), 0.0, None)
+    out = window_of(demo_core, monkeypatch, pieces, seconds=7, offset_s=0.0)
     assert [s.text for s in out] == ["Ask not.", "1961.", "北京"]
 
 
@@ -240,9 +251,7 @@ def test_half_a_character_at_a_segments_edge_is_dropped(
         SimpleNamespace(start=2.0, end=4.0, text="\ufffd 会议 "),
         SimpleNamespace(start=4.0, end=5.0, text=" \ufffd"),
     ]
-    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
-    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
-    out = demo_core.transcribe_window(np.zeros(5 * 16_000, dtype=np.float32), 0.0, None)
+    out = window_of(demo_core, monkeypatch, pieces, seconds=5, offset_s=0.0)
     assert [s.text for s in out] == ["讶议", "会议"]
 
 
@@ -299,9 +308,7 @@ def test_a_looping_segment_is_cut_and_flagged(
         SimpleNamespace(start=4.0, end=30.0, text=" Yeah," + " yeah," * 110),
         SimpleNamespace(start=30.0, end=31.0, text=" If the reed" + "-o" * 110),
     ]
-    monkeypatch.setattr(demo_core._model, "transcribe", lambda *a, **k: (iter(pieces), None))
-    monkeypatch.setattr(demo_core, "_classifier", lambda: lambda frame: True)  # all speech
-    out = demo_core.transcribe_window(np.zeros(31 * 16_000, dtype=np.float32), 0.0, None)
+    out = window_of(demo_core, monkeypatch, pieces, seconds=31, offset_s=0.0)
     assert [(s.text, s.flags) for s in out] == [
         ("I wonder how much.", ()),
         ("Yeah,", (SegmentFlag.REPETITION_CUT,)),
