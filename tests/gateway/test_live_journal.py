@@ -86,6 +86,16 @@ def started(root: Path, interval_s: float = INTERVAL_S) -> LiveJournal:
     return journal
 
 
+def adopted(root: Path) -> tuple[LiveJournal, RestoredSession]:
+    """A journal started over `root` with its one unfinished session adopted, as a restart
+    adopts what it rebuilds."""
+    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
+    (restored,) = journal.load_unfinished()
+    journal.start(asyncio.get_running_loop())
+    journal.adopt(restored, lambda _: None, lambda _: None)
+    return journal, restored
+
+
 def reload(root: Path) -> dict[str, RestoredSession]:
     return {r.meta.session_id: r for r in LiveJournal(root).load_unfinished()}
 
@@ -201,10 +211,7 @@ async def test_finals_and_names_round_trip_and_go_on_after_adopt(root: Path) -> 
     )
     assert restored.names == (("S02", "Bo Ström"), ("S01", "Ana María"))
 
-    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
-    (restored,) = journal.load_unfinished()
-    journal.start(asyncio.get_running_loop())
-    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal, restored = adopted(root)
     journal.add_final("s-1", final(3))
     await journal.close()
     (again,) = reload(root).values()
@@ -222,10 +229,7 @@ async def test_merges_round_trip_and_go_on_after_adopt(root: Path) -> None:
     assert restored.merges == (("S03", "S01"), ("S04", "S01"))
     assert restored.names == ()
 
-    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
-    (restored,) = journal.load_unfinished()
-    journal.start(asyncio.get_running_loop())
-    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal, restored = adopted(root)
     journal.set_merges("s-1", [*restored.merges, ("S02", "S05")])
     await journal.close()
     (again,) = reload(root).values()
@@ -267,10 +271,7 @@ async def test_a_journal_of_schema_1_is_brought_to_the_current_one_with_its_sess
     assert (restored.names, restored.merges, restored.finalizes) == ((("S01", "Ana"),), (), ())
     with sqlite3.connect(root / "sessions.sqlite3") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
-    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
-    (restored,) = journal.load_unfinished()
-    journal.start(asyncio.get_running_loop())
-    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal, restored = adopted(root)
     journal.set_merges("old", [("S02", "S01")])
     await journal.close()
     assert reload(root)["old"].merges == (("S02", "S01"),)
@@ -307,10 +308,7 @@ async def test_a_journal_of_schema_2_is_brought_to_3_with_its_sessions(root: Pat
     assert (restored.durable_frames, restored.finalizes) == (3, ())
     with sqlite3.connect(root / "sessions.sqlite3") as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
-    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
-    (restored,) = journal.load_unfinished()
-    journal.start(asyncio.get_running_loop())
-    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal, restored = adopted(root)
     journal.append_audio("old", bytes(FRAME_BYTES))
     journal.add_finalize("old", 4)
     await journal.close()
@@ -334,19 +332,13 @@ async def test_finalizes_round_trip_go_on_after_adopt_and_go_with_their_session(
     (restored,) = reload(root).values()
     assert (restored.durable_frames, restored.finalizes) == (10, (0, 4, 10))
 
-    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
-    (restored,) = journal.load_unfinished()
-    journal.start(asyncio.get_running_loop())
-    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal, restored = adopted(root)
     journal.append_audio("s-1", bytes(2 * FRAME_BYTES))
     journal.add_finalize("s-1", 12)
     await journal.close()
     assert reload(root)["s-1"].finalizes == (0, 4, 10, 12)
 
-    journal = LiveJournal(root, commit_interval_s=INTERVAL_S)
-    (restored,) = journal.load_unfinished()
-    journal.start(asyncio.get_running_loop())
-    journal.adopt(restored, lambda _: None, lambda _: None)
+    journal, restored = adopted(root)
     journal.finish("s-1")
     await journal.close()
     assert reload(root) == {}
