@@ -28,7 +28,7 @@
 #   6: the fp64 RoPE cos/sin of the Triton q/k kernel (session 36, `6e358fb`: Triton's fp32
 #      ones were off at large angles; compiled, not yet run on a GPU): long c1 bf16 and the
 #      1 x 36k decode step, arms new / old (the commit before it) / new with the fused
-#      prologue / new. The old tree is exported here first and carried with `.whl` (without
+#      prologue. The old tree is exported here first and carried with `.whl` (without
 #      the av wheel: the copy's limit is 64 MiB; these runs decode no containers):
 #        mkdir .ab-old && git archive fafd93f livemeet loadtest scripts pyproject.toml \
 #          | tar -x -C .ab-old         # then carry [".whl", ".ab-old"]
@@ -95,8 +95,10 @@ case "$gpu:$call" in
   *H200*:6 | *H100*:6)
     old_dir="${AB_OLD_DIR:-.ab-old}"
     [ -d "$old_dir" ] || { echo "call 6 needs the old tree in $old_dir (see the top)" >&2; exit 2; }
-    AB_OLD=fafd93f AB_OLD_DIR="$old_dir" AB_ENV="LIVEMEET_FUSED_QK=1" AB_ARMS="new old env new" \
-      PYTEST_S=0 PROFILE_S=40 PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 BENCH_S=100 \
+    # Three arms fit one call (each starts its engine: ~3 x 190 s); CALL6_ARMS adds a fourth.
+    AB_OLD=fafd93f AB_OLD_DIR="$old_dir" AB_ENV="LIVEMEET_FUSED_QK=1" \
+      AB_ARMS="${CALL6_ARMS:-new old env}" \
+      PYTEST_S=0 PROFILE_S=35 PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 BENCH_S=85 \
       BENCH_WORKLOADS=long LONG_C=1 FP8_POINTS=" " ASSUMED_RATE=100 GPU_BENCH="$bench" \
       bash scripts/gpu_ab.sh profile
     ;;
