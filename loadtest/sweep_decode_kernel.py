@@ -41,6 +41,7 @@ import torch
 from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.layers import cuda_decode
 from livemeet.layers import paged_attention as pa
+from livemeet.layers.paged_attention_ref import ref_paged_decode_attention
 from loadtest.bench_attention import (
     HEAD_DIM,
     L2_DEFEAT_BYTES,
@@ -220,7 +221,7 @@ def query_and_reference(
     reference output over their first layer, at the caches' scale (FP8_SCALE for FP8)."""
     q = torch.randn(len(lens), num_heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     s = FP8_SCALE if fp8 else 1.0
-    ref = pa.ref_paged_decode_attention(
+    ref = ref_paged_decode_attention(
         q.float(), *caches[0], tables, lens, HEAD_DIM**-0.5, k_scale=s, v_scale=s
     )
     return q, ref

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 if not torch.cuda.is_available():
-    # Triton reads this when kernels are decorated (at import of livemeet.layers.paged_attention,
-    # which many test modules import indirectly): without a GPU the kernels can only be
-    # exercised by the interpreter.
+    # Triton reads this when kernels are decorated (at import of
+    # livemeet.layers.paged_attention_kernels, which many test modules import indirectly):
+    # without a GPU the kernels can only be exercised by the interpreter.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

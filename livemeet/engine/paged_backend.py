@@ -9,8 +9,8 @@ in a mixed step, the split-K decode kernel over the decode rows that follow them
 kernel walks a sequence's whole context in one program per KV head: a 30k-token decode row
 became the step's tail; long c16 FP8 on an H200, docs/benchmarks.md session 10, call 1:
 prefill steps with 15 decode rows ran the extend kernel at 173 TFLOP/s against 281 with
-none). On the CPU both fall back to the torch references in livemeet.layers.paged_attention
-(gather + SDPA); on CUDA they never gather KV.
+none). On the CPU both fall back to the torch references in
+livemeet.layers.paged_attention_ref (gather + SDPA); on CUDA they never gather KV.
 
 Every layer of a step attends with the same metadata, so the first `attend` of a step
 resolves its launches (`StepAttention`: checks, kernel choice, grid, split-K buffers) and the

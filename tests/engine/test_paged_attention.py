@@ -17,12 +17,18 @@ import torch
 from livemeet.errors import ConfigError, InternalError
 from livemeet.layers import cuda_decode, split_k
 from livemeet.layers import paged_attention as pa
+from livemeet.layers import paged_attention_kernels as kernels
+from livemeet.layers.paged_attention_ref import (
+    ref_paged_decode_attention,
+    ref_paged_extend_attention,
+    ref_store_kv,
+)
 from tests.kernels import interpreted, kernel_marks
 
-pa = interpreted(pa, "_decode_split_kernel")
+kernels = interpreted(kernels, "_decode_split_kernel")
 # masked lanes compute log2(0) and (-inf) - (-inf) on purpose; the kernels select them away
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
-needs_interpreter, needs_cuda = kernel_marks(pa)
+needs_interpreter, needs_cuda = kernel_marks(kernels)
 gpu = pytest.mark.gpu
 
 
@@ -72,7 +78,7 @@ def check_decode(
         q, k_cache, v_cache, tables, lens, scale, num_splits=num_splits, impl="triton",
         kernel=kernel,
     )  # fmt: skip
-    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+    ref = ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
     assert out.shape == q.shape and out.dtype == dtype
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)
 
@@ -97,7 +103,7 @@ def check_extend(
     q = torch.randn(sum(new), heads, head_dim, device=device).to(dtype)
     scale = head_dim**-0.5
     out = pa.paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, scale, impl="triton")
-    ref = pa.ref_paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, scale)
+    ref = ref_paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, scale)
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=0)
 
 
@@ -119,7 +125,7 @@ def test_ref_decode_matches_naive_per_head_softmax() -> None:
     tables = torch.tensor([[4, 1, 3], [0, 5, 2]], dtype=torch.int32)
     lens = torch.tensor([35, 1], dtype=torch.int32)
     q = torch.randn(2, heads, d)
-    out = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3)
+    out = ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.3)
     for b in range(2):
         tokens = range(int(lens[b]))
         for h in range(heads):
@@ -142,8 +148,8 @@ def test_ref_extend_last_token_equals_decode() -> None:
     lens = torch.tensor([40, 20], dtype=torch.int32)
     cu = torch.tensor([0, 7, 27], dtype=torch.int32)  # 7 new tokens, then 20 (no prefix)
     q = torch.randn(27, 4, 8)
-    ext = pa.ref_paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, 0.35)
-    dec = pa.ref_paged_decode_attention(q[[6, 26]], k_cache, v_cache, tables, lens, 0.35)
+    ext = ref_paged_extend_attention(q, k_cache, v_cache, tables, cu, lens, 0.35)
+    dec = ref_paged_decode_attention(q[[6, 26]], k_cache, v_cache, tables, lens, 0.35)
     torch.testing.assert_close(ext[[6, 26]], dec)
     # the first token of the second sequence (position 0) attends only to itself: out = v[0]
     torch.testing.assert_close(ext[7, :2], v_cache[tables[1, 0], 0, 0].expand(2, 8))
@@ -154,7 +160,7 @@ def test_ref_store_kv_writes_slots_and_skips_padding() -> None:
     v_cache = torch.zeros(3, 16, 2, 4)
     k = torch.arange(3 * 8, dtype=torch.float32).reshape(3, 2, 4)
     slots = torch.tensor([5, -1, 33], dtype=torch.int64)
-    pa.ref_store_kv(k, -k, k_cache, v_cache, slots)
+    ref_store_kv(k, -k, k_cache, v_cache, slots)
     torch.testing.assert_close(k_cache[0, 5], k[0])
     torch.testing.assert_close(k_cache[2, 1], k[2])
     torch.testing.assert_close(v_cache[2, 1], -k[2])
@@ -168,7 +174,7 @@ def test_cpu_tensors_use_reference_by_default() -> None:
     lens = torch.tensor([20], dtype=torch.int32)
     q = torch.randn(1, 2, 16)
     out = pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
-    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
+    ref = ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25)
     assert torch.equal(out, ref)
 
 
@@ -276,7 +282,7 @@ def test_store_kv_rejects_bad_slots() -> None:
 
 
 def test_triton_impl_without_triton_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pa, "HAS_TRITON", False)
+    monkeypatch.setattr(kernels, "HAS_TRITON", False)
     with pytest.raises(ConfigError, match="triton"):
         pa.paged_decode_attention(**_decode_args(), impl="triton")  # type: ignore[arg-type]
 
@@ -331,7 +337,7 @@ def test_decode_merge_in_kernel_equals_merge_kernel_and_rearms(num_splits: int) 
         )
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
         assert int(split_k.counters(q.device, 1).abs().sum()) == 0
-    ref = pa.ref_paged_decode_attention(*args)
+    ref = ref_paged_decode_attention(*args)
     torch.testing.assert_close(want, ref, atol=1e-5, rtol=0)
 
 
@@ -407,7 +413,7 @@ def test_store_kv_kernel_interpreted(block_size: int) -> None:
     slots = torch.tensor([3, -1, block_size + 7, 2 * block_size, -1], dtype=torch.int64)
     got_k, got_v = k_cache.clone(), v_cache.clone()
     pa.store_kv(k, v, got_k, got_v, slots, impl="triton")
-    pa.ref_store_kv(k, v, k_cache, v_cache, slots)
+    ref_store_kv(k, v, k_cache, v_cache, slots)
     assert torch.equal(got_k, k_cache) and torch.equal(got_v, v_cache)
 
 
@@ -429,7 +435,7 @@ def test_fp8_cache_interpreted() -> None:
     slots = torch.arange(40, dtype=torch.int64)
     slots[[5, 20]] = -1
     pa.store_kv(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale, impl="triton")
-    pa.ref_store_kv(k, v, ref_k, ref_v, slots, k_scale=k_scale, v_scale=v_scale)
+    ref_store_kv(k, v, ref_k, ref_v, slots, k_scale=k_scale, v_scale=v_scale)
     assert torch.equal(k_cache.view(torch.uint8), ref_k.view(torch.uint8))
     assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
 
@@ -440,13 +446,13 @@ def test_fp8_cache_interpreted() -> None:
     out = pa.paged_decode_attention(
         q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", **scales
     )
-    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25, **scales)
+    ref = ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.25, **scales)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
     cu = torch.tensor([0, 6, 9], dtype=torch.int32)
     qe = torch.randn(9, 4, 16)
     out = pa.paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, impl="triton",
                                     **scales)  # fmt: skip
-    ref = pa.ref_paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, **scales)
+    ref = ref_paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, **scales)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
@@ -498,7 +504,7 @@ def test_decode_kernel_configs_cuda(kernel: pa.DecodeKernelConfig) -> None:
     seq = torch.tensor([317, 5], dtype=torch.int32, device="cuda")
     q = torch.randn(2, 16, 128, device="cuda", dtype=torch.bfloat16)
     out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088, kernel=kernel)
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088)
+    ref = ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088)
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
@@ -542,7 +548,7 @@ def test_cuda_decode_kernel_matches_reference(block_size: int, fp8: bool, heads:
     group = heads // 8
     assert cuda_decode.supported(q.dtype, k_cache, group) is (group <= cuda_decode.MAX_GROUP)
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
+    ref = ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
     triton = pa.DecodeKernelConfig(backend="triton")
     for splits in (1, 3, 64):
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
@@ -573,7 +579,7 @@ def test_cuda_decode_kernel_misaligned_views_run_on_triton() -> None:
     assert not cuda_decode.layout_supported(q_view.contiguous(), k_view, v_cache, out)
     for q, k in ((q_view, k_cache), (q_view.contiguous(), k_view)):
         got = pa.paged_decode_attention(q, k, v_cache, tables, seq, 0.088, num_splits=4)
-        ref = pa.ref_paged_decode_attention(q.float(), k, v_cache, tables, seq, 0.088)
+        ref = ref_paged_decode_attention(q.float(), k, v_cache, tables, seq, 0.088)
         torch.testing.assert_close(got.float(), ref, atol=2e-2, rtol=2e-2)
 
 
@@ -610,7 +616,7 @@ def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig)
     q = torch.randn(len(lens), 16, 128, device="cuda", dtype=torch.bfloat16)
     assert pa.cuda_variant(q.dtype, k_cache, 2, kernel) is not None
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
+    ref = ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088, **scales)
     for splits in (1, 5, 5, cuda_decode.MAX_MERGE_SPLITS, 100, 64):
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088,
                                         num_splits=splits, kernel=kernel, **scales)  # fmt: skip
@@ -642,7 +648,7 @@ def test_cuda_decode_kernel_follows_rising_scores(fp8: bool) -> None:
         k = k + ramp[:, None, None] * gain[None] + 0.1 * torch.randn_like(k)
         k_cache[blocks, pos % 16] = (k / kv_scale).clamp(-400, 400).to(k_cache.dtype)  # e4m3
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, scale, **scales)
+    ref = ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, scale, **scales)
     assert pa.cuda_variant(q.dtype, k_cache, 2, None) is not None
     for splits in (1, 7):
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, seq, scale,
@@ -686,7 +692,7 @@ def test_extend_kernel_fp8_cache_cuda(block_size: int) -> None:
     q = torch.randn(sum(q_lens), 16, 128, device="cuda", dtype=torch.bfloat16)
     scales = {"k_scale": kv_scale, "v_scale": kv_scale}
     out = pa.paged_extend_attention(q, k_cache, v_cache, tables, cu, seq, 0.088, **scales)
-    ref = pa.ref_paged_extend_attention(q.float(), k_cache, v_cache, tables, cu, seq, 0.088,
+    ref = ref_paged_extend_attention(q.float(), k_cache, v_cache, tables, cu, seq, 0.088,
                                         **scales)  # fmt: skip
     assert out.dtype == torch.bfloat16 and not out.isnan().any()
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
@@ -705,7 +711,7 @@ def test_store_kv_and_fp8_cuda() -> None:
         slots = torch.randperm(160, device="cuda")[:150]
         slots[::7] = -1
         pa.store_kv(k, v, k_cache, v_cache, slots, k_scale=k_scale, v_scale=k_scale)
-        pa.ref_store_kv(k, v, ref_k, ref_v, slots, k_scale=k_scale, v_scale=k_scale)
+        ref_store_kv(k, v, ref_k, ref_v, slots, k_scale=k_scale, v_scale=k_scale)
         assert torch.equal(k_cache.view(torch.uint8), ref_k.view(torch.uint8))
         assert torch.equal(v_cache.view(torch.uint8), ref_v.view(torch.uint8))
         tables = torch.arange(10, dtype=torch.int32, device="cuda").reshape(1, 10)
@@ -713,7 +719,7 @@ def test_store_kv_and_fp8_cuda() -> None:
         q = torch.randn(1, 16, 128, device="cuda", dtype=torch.bfloat16)
         scales = {"k_scale": k_scale, "v_scale": k_scale}
         out = pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088, **scales)
-        ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088, **scales)
+        ref = ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088, **scales)
         torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
 
 
@@ -737,7 +743,7 @@ def test_decode_cuda_graph_replays_with_new_lengths() -> None:
         lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         q.normal_()
         graph.replay()
-        ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088)
+        ref = ref_paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.088)
         torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
 
 
@@ -753,7 +759,7 @@ def test_fp8_cache_with_bf16_query_interpreted(monkeypatch: pytest.MonkeyPatch) 
     lens = torch.tensor([40, 9], dtype=torch.int32)
     scales = {"k_scale": 0.5, "v_scale": 0.25}
     q = torch.randn(2, 4, 16).to(torch.bfloat16)
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 0.25, **scales)
+    ref = ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 0.25, **scales)
     for kernel in (None, SMALL_TILES):
         out = pa.paged_decode_attention(
             q, k_cache, v_cache, tables, lens, 0.25, num_splits=2, impl="triton", kernel=kernel,
@@ -764,7 +770,7 @@ def test_fp8_cache_with_bf16_query_interpreted(monkeypatch: pytest.MonkeyPatch) 
     # extend (prefill chunks) takes the same fp16 path: two chunks after cached prefixes
     cu = torch.tensor([0, 6, 9], dtype=torch.int32)
     qe = torch.randn(9, 4, 16).to(torch.bfloat16)
-    ref = pa.ref_paged_extend_attention(qe.float(), k_cache, v_cache, tables, cu, lens, 0.25,
+    ref = ref_paged_extend_attention(qe.float(), k_cache, v_cache, tables, cu, lens, 0.25,
                                         **scales)  # fmt: skip
     fp16_dot = _spy_extend_fp16_dot(monkeypatch)
     out = pa.paged_extend_attention(qe, k_cache, v_cache, tables, cu, lens, 0.25, impl="triton",
@@ -779,7 +785,7 @@ def test_fp8_cache_with_bf16_query_interpreted(monkeypatch: pytest.MonkeyPatch) 
 def _spy_extend_fp16_dot(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """The FP16_DOT value of every later `_extend_kernel` launch."""
     seen: list[bool] = []
-    real = pa._extend_kernel
+    real = kernels._extend_kernel
 
     class Spy:
         def __getitem__(self, grid: object) -> object:
@@ -789,7 +795,7 @@ def _spy_extend_fp16_dot(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
             return launch
 
-    monkeypatch.setattr(pa, "_extend_kernel", Spy())
+    monkeypatch.setattr(kernels, "_extend_kernel", Spy())
     return seen
 
 
@@ -812,19 +818,19 @@ def test_block_table_entries_past_a_sequence_are_never_used(fp8: bool) -> None:
     got = pa.paged_decode_attention(
         q, k_cache, v_cache, stale, lens, 0.25, num_splits=1, impl="triton"
     )
-    want = pa.ref_paged_decode_attention(q, k_cache, v_cache, clean, lens, 0.25)
+    want = ref_paged_decode_attention(q, k_cache, v_cache, clean, lens, 0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     narrow = clean[:, :2].contiguous()  # the last row ends at its last block
     lens2 = torch.tensor([20, 32], dtype=torch.int32)
     got = pa.paged_decode_attention(
         q, k_cache, v_cache, narrow, lens2, 0.25, num_splits=1, impl="triton"
     )
-    want = pa.ref_paged_decode_attention(q, k_cache, v_cache, narrow, lens2, 0.25)
+    want = ref_paged_decode_attention(q, k_cache, v_cache, narrow, lens2, 0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     cu = torch.tensor([0, 5, 9], dtype=torch.int32)
     qe = torch.randn(9, 4, 16)
     got = pa.paged_extend_attention(qe, k_cache, v_cache, stale, cu, lens, 0.25, impl="triton")
-    want = pa.ref_paged_extend_attention(qe, k_cache, v_cache, clean, cu, lens, 0.25)
+    want = ref_paged_extend_attention(qe, k_cache, v_cache, clean, cu, lens, 0.25)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
@@ -889,7 +895,7 @@ def test_capture_without_merge_counters_falls_back_cuda(
         out = call()
     assert not split_k._buffers  # nothing made during the capture
     graph.replay()
-    ref = pa.ref_paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088)
+    ref = ref_paged_decode_attention(q, k_cache, v_cache, tables, seq, 0.088)
     torch.testing.assert_close(out.float(), ref.float(), atol=2e-2, rtol=0)
 
 
@@ -912,7 +918,7 @@ def test_fp8_tensor_core_scores_interpreted() -> None:
     kernel = pa.DecodeKernelConfig(block_n=16, num_stages=1, fp8_qk=True)
     out = pa.paged_decode_attention(q, k_cache, v_cache, tables, lens, 32**-0.5, num_splits=3,
                                     impl="triton", kernel=kernel, **scales)  # fmt: skip
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 32**-0.5,
+    ref = ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, 32**-0.5,
                                         **scales)  # fmt: skip
     torch.testing.assert_close(out.float(), ref, atol=0.01 * float(ref.abs().max()), rtol=0)
     # a 16-bit cache ignores the FP8 form: exactly the default kernel's result
@@ -947,7 +953,7 @@ def test_fp8_tensor_core_scores_cuda() -> None:
     with torch.cuda.graph(graph):
         out = call()
     graph.replay()
-    ref = pa.ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088)
+    ref = ref_paged_decode_attention(q.float(), k_cache, v_cache, tables, seq, 0.088)
     atol = 0.1 * float(ref.abs().max())
     torch.testing.assert_close(out.float(), ref, atol=atol, rtol=0)
     assert float(out[2].abs().max()) == 0.0  # the padded row

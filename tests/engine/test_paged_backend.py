@@ -16,12 +16,14 @@ from livemeet.engine import paged_backend
 from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from livemeet.errors import InternalError
 from livemeet.layers import paged_attention as pa
+from livemeet.layers import paged_attention_kernels as kernels
+from livemeet.layers.paged_attention_ref import ref_paged_extend_attention
 from tests.engine.test_paged_attention import make_block_tables, poisoned_caches
 from tests.kernels import interpreted, kernel_marks
 
-pa = interpreted(pa, "_decode_split_kernel")
+kernels = interpreted(kernels, "_decode_split_kernel")
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton.runtime.interpreter")
-needs_interpreter, needs_cuda = kernel_marks(pa)
+needs_interpreter, needs_cuda = kernel_marks(kernels)
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 16, 16
 
@@ -53,7 +55,7 @@ def _step(
 
 
 def _reference(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, m: StepMetadata):
-    return pa.ref_paged_extend_attention(
+    return ref_paged_extend_attention(
         q, kc, vc, m.block_tables, m.cu_seqlens_q, m.seq_lens, HEAD_DIM**-0.5
     )
 
@@ -294,7 +296,7 @@ def test_mixed_step_cuda(fp8: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     out = torch.empty_like(q)
     for layer in (0, 1, 0):  # one set of launches for the step, the partials shared
         backend.attend(layer, q, None, None, 0.088, out)
-        ref = pa.ref_paged_extend_attention(
+        ref = ref_paged_extend_attention(
             q.float(), ks[layer], vs[layer], tables, cu, meta.seq_lens, 0.088,
             k_scale=scale_kv, v_scale=scale_kv,
         )  # fmt: skip

@@ -13,15 +13,17 @@ import pytest
 import torch
 
 from livemeet.errors import ConfigError, InternalError
-from livemeet.layers import fused, paged_attention
+from livemeet.layers import fused, paged_attention_kernels
+from livemeet.layers import paged_attention as pa
 from livemeet.layers.attention import DenseAttention
+from livemeet.layers.paged_attention_ref import ref_store_kv
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.loader import load_model
 from livemeet.models.qwen3 import Qwen3Model
 from tests.kernels import interpreted, kernel_marks
 
 fused = interpreted(fused, "_silu_and_mul_kernel")
-pa = interpreted(paged_attention, "_store_kv_kernel")
+paged_attention_kernels = interpreted(paged_attention_kernels, "_store_kv_kernel")
 needs_interpreter, needs_cuda = kernel_marks(fused)
 gpu = pytest.mark.gpu
 
@@ -118,7 +120,7 @@ def check_qk_norm_rope_store_kv(
     if cache_dtype == torch.float32:
         ref_q, ref_k = fused.ref_qk_norm_rope(q, k, qw, kw, 1e-6, pos, freq)
         ref_kc, ref_vc = k_cache.clone(), v_cache.clone()
-        pa.ref_store_kv(ref_k, v, ref_kc, ref_vc, slots)
+        ref_store_kv(ref_k, v, ref_kc, ref_vc, slots)
         atol = 2e-6 if dtype == torch.float32 else 0.125
         torch.testing.assert_close(got_q.float(), ref_q.float(), atol=atol, rtol=1.6e-2)
         torch.testing.assert_close(got_k, ref_kc, atol=atol, rtol=1.6e-2)

@@ -1,7 +1,7 @@
 // Split-K paged decode attention on tensor cores, for one query token per sequence.
 // Compiled at run time by NVRTC (livemeet/layers/cuda_decode.py); no headers needed.
 //
-// Contract (the same as the Triton kernel in livemeet/layers/paged_attention.py):
+// Contract (the same as the Triton kernel in livemeet/layers/paged_attention_kernels.py):
 //   q        bf16 [B, H, 128] (strides in elements)
 //   caches   [num_blocks, PAGE, KV_HEADS, 128], bf16 or float8_e4m3fn (KV_FP8); a token's
 //            heads are contiguous (stride_tok elements), blocks stride_blk elements apart
