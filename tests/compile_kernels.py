@@ -14,7 +14,8 @@ Not covered: fp16 models.
 
 Run it in a process where TRITON_INTERPRET is unset (kernels decorated under the interpreter
 cannot be compiled): `python -m tests.compile_kernels [--shard I/N]` prints one JSON object per
-compiled variant ({"kernel", "pdl", "variant", "ok", "error"}) of its shard and exits 1 if any
+compiled variant ({"kernel", "pdl", "variant", "ok", "error", "bf16_fma": whether its PTX
+has a BF16_FMA}) of its shard and exits 1 if any
 failed, or if a kernel known to be wrong compiled (the harness itself checked).
 """
 
@@ -38,6 +39,9 @@ SM90_MAX_SHARED_BYTES = 232_448
 # kernels the engine launches with PDL off as well as on: decode attention over batches of
 # more than DecodeKernelConfig.pdl_max_rows rows (every other kernel runs with it on an sm_90)
 NO_PDL_KERNELS = frozenset({"_decode_split_kernel", "_decode_merge_kernel"})
+# a bf16 multiply-add in one rounding: where a kernel's reference rounds a product to bf16
+# before adding it, fp contraction has changed the result (fused.qk_norm_rope_store_kv's launch)
+BF16_FMA = "fma.rn.bf16"
 
 
 @dataclass
@@ -314,13 +318,14 @@ def main(argv: list[str]) -> int:
                           "error": problem}), flush=True)  # fmt: skip
         failed += 1
     for (name, key), (launch, pdl) in sorted(variants(launches).items())[shard::shards]:
-        error = ""
+        error, ptx = "", ""
         try:
-            compile_launch(launch, pdl=pdl)
+            ptx = compile_launch(launch, pdl=pdl).asm["ptx"]
         except Exception as exc:  # report every failure, then exit 1
             error = f"{type(exc).__name__}: {exc}"
             failed += 1
-        row = {"kernel": name, "pdl": pdl, "variant": key, "ok": not error, "error": error}
+        row = {"kernel": name, "pdl": pdl, "variant": key, "ok": not error, "error": error,
+               "bf16_fma": BF16_FMA in ptx}  # fmt: skip
         print(json.dumps(row), flush=True)
     return 1 if failed else 0
 

@@ -5,9 +5,9 @@ A decode step at batch 1 is launch-bound: the unfused Qwen3 layer runs ~55 small
 - `fused_add_rms_norm`: residual add + RMSNorm (livemeet.layers.norm order: statistics in fp32,
   cast to the input dtype, then times the weight in the input dtype);
 - `qk_norm_rope`: per-head q/k RMSNorm then NeoX rotate-half RoPE with angles computed in fp32
-  from the positions (livemeet.layers.rotary order: cos/sin in fp32 (taken in fp64 on the GPU:
-  `_rope_cos_sin`), cast to the tensor dtype, then x*cos + rotate_half(x)*sin in the tensor
-  dtype), q and k in one launch;
+  from the positions (livemeet.layers.rotary order: cos/sin in fp32, cast to the tensor dtype,
+  then x*cos + rotate_half(x)*sin in the tensor dtype, each product rounded: compiled without
+  fp contraction), q and k in one launch;
   `qk_norm_rope_store_kv` the same, writing the rotated k and v straight into a paged KV
   cache (`paged_attention.KVSink`, e4m3 included) instead of returning k: `store_kv` fused in;
 - `silu_and_mul`: silu(gate) * up over a fused [N, 2I] gate/up projection;
@@ -190,17 +190,11 @@ if HAS_TRITON:
         the tensors' dtype, as livemeet.layers.rotary does)."""
         angle = pos.to(tl.float32) * tl.load(InvFreq + tl.arange(0, HALF))
         if PRECISE_TRIG:
-            # cos/sin of the fp32 angle taken in fp64, rounded to fp32: the correctly rounded
-            # value, which torch's and CUDA's cosf (2 ulp) give but in rare bf16 ties.
-            # Triton's fp32 libdevice.cos/sin are off by far more as this Triton compiles
-            # them: on an H100 (session 36) 15.7 % of the bf16 k elements this kernel stored
-            # differed from a float64 reference, more at later positions, where the CUDA
-            # prologue's cosf matched it in every element. The fp64 work (HALF values of each
-            # per row and head) is not measured yet (scripts/gpu_next.sh 6); cheap on an
-            # H100/H200, it would not be on a card with little fp64 throughput.
-            wide = angle.to(tl.float64)
-            c = libdevice.cos(wide).to(tl.float32)
-            s = libdevice.sin(wide).to(tl.float32)
+            # tl.cos/tl.sin may lower to the approximate PTX instructions, which are far off
+            # at angles of ~1e5 rad; libdevice's are CUDA's cosf/sinf (the range reduced
+            # exactly), which the CUDA prologue's cosf matches in every element
+            c = libdevice.cos(angle)
+            s = libdevice.sin(angle)
         else:  # the interpreter has no libdevice
             c = tl.cos(angle)
             s = tl.sin(angle)
@@ -733,6 +727,11 @@ def _launch_qk_norm_rope(
         KV_HEADS=kv_heads,
         HALF=head_dim // 2,
         PRECISE_TRIG=not pdl.is_interpreted(kernel),
+        # No fp contraction: with it, this Triton turned x1*cos - x2*sin, each product rounded
+        # to bf16 first as the reference rounds it, into one bf16 fma of the unrounded x1*cos
+        # (fma.rn.bf16x2 in the PTX): the stored k rows were a bf16 ulp off the reference in
+        # 15.7 % of the elements on an H100 (sessions 35-36), wherever cos was not ~1.
+        enable_fp_fusion=False,
         PAGE=page,
         STORE=store,
         FP8=k_out.dtype == torch.float8_e4m3fn,

@@ -576,8 +576,8 @@ def test_the_fused_prologue_matches_the_qk_kernel_and_the_plain_decode(
     assert set(touched.tolist()) <= set(slots[slots >= 0].tolist())  # nowhere else
     rows_a, rows_b = (c.flatten(0, 1)[slots[slots >= 0]].float() for c in (kc_a, kc_b))
     # which path departs from what both mean to store (session 35: they differed in 16 % of
-    # the elements, more at larger positions, all within the bound below; session 36: the
-    # q/k kernel, whose fp32 Triton cos/sin were off at large angles, now taken in fp64)
+    # the elements, more at larger positions, all within the bound below; session 36: the q/k
+    # kernel; session 37: its x1*cos - x2*sin contracted into one bf16 fma, now kept apart)
     stored = slots >= 0
     positions = case["positions"]
     assert isinstance(positions, torch.Tensor)
