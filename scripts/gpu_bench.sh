@@ -112,6 +112,9 @@ case "$phase" in
     step pytest-gpu "${PYTEST_S:-0}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
       --continue-on-collection-errors --durations=8 -o faulthandler_timeout=90 ${GPU_TESTS:-tests} \
       ${GPU_TESTS_K:+-k "$GPU_TESTS_K"}
+    # RoPE's roundings in a Triton kernel, fp fusion and fp64 cos/sin on and off (session 37)
+    step rope-rounding "${ROPE_STUDY_S:-0}" python3 -m loadtest.rope_rounding_study \
+      --json "$OUT/rope_rounding.jsonl"
     step decode-kernel-sweep "${KERNEL_SWEEP_S:-0}" python3 -m loadtest.sweep_decode_kernel \
       --max-seconds "$(( ${KERNEL_SWEEP_S:-0} - 40 ))" --json "$OUT/sweep_decode_kernel.json" \
       --points "${KERNEL_SWEEP_POINTS:-1x36000,16x36000}" ${KERNEL_SWEEP_DEFAULTS_ONLY:+--defaults-only} \

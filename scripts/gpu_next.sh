@@ -22,9 +22,10 @@
 #   4: the decode kernel's fused q/k prologue (FUSED_QK, written in session 33 with no device;
 #      off by default): its GPU tests, then long c1 bf16 and the 1 x 36k decode step with
 #      LIVEMEET_FUSED_QK off and on, side by side (gpu_ab.sh's env arm)
-#   5: the fused prologue's GPU tests again (session 35's H100 run failed them: the k bound
-#      was relative to a cancelling RoPE output, fixed), then the card's throughput run (H200:
-#      call 2's; H100: call 3's) with LIVEMEET_FUSED_QK=1 where the tests passed, else off
+#   5: the fused prologue's and the fused kernels' GPU tests with the RoPE rounding study
+#      (session 36's run failed them: the q/k kernel's x1*cos - x2*sin was one bf16 fma, now
+#      compiled without fp fusion), then the card's throughput run (H200: call 2's; H100:
+#      call 3's) with LIVEMEET_FUSED_QK=1 where the tests passed, else off
 #   6: the fp64 RoPE cos/sin of the Triton q/k kernel (session 36, `6e358fb`: Triton's fp32
 #      ones were off at large angles; compiled, not yet run on a GPU): long c1 bf16 and the
 #      1 x 36k decode step, arms new / old (the commit before it) / new with the fused
@@ -82,7 +83,8 @@ case "$gpu:$call" in
   *H200*:5 | *H100*:5)
     out="${OUT:-$PWD/bench-out}"
     mkdir -p "$out/tests"
-    GPU_TESTS=tests/engine/test_cuda_decode.py PYTEST_S=75 PROFILE_S=0 BENCH_S=0 \
+    GPU_TESTS="tests/engine/test_cuda_decode.py tests/models/test_fused.py" PYTEST_S=100 \
+      ROPE_STUDY_S=60 PROFILE_S=0 BENCH_S=0 \
       OUT="$out/tests" LIVEMEET_BENCH_OUT="$out/tests" bash "$bench" profile \
       2>&1 | tee "$out/tests/gpu_tests.log"
     grep -q "=== pytest-gpu: rc=0 " "$out/tests/gpu_tests.log" && export LIVEMEET_FUSED_QK=1
