@@ -19,20 +19,10 @@
 #   2: live, 10-minute meetings, 64 sessions beside 2 long uploads at --upload-min-share 0.1
 #   3: the engine bench: long c16 bf16 and FP8 long c1 (and short c16, which it always runs)
 # On either card:
-#   4: the decode kernel's fused q/k prologue (FUSED_QK, written in session 33 with no device;
-#      off by default): its GPU tests, then long c1 bf16 and the 1 x 36k decode step with
-#      LIVEMEET_FUSED_QK off and on, side by side (gpu_ab.sh's env arm)
-#   5: the fused prologue's and the fused kernels' GPU tests with the RoPE rounding study
-#      (session 36's run failed them: the q/k kernel's x1*cos - x2*sin was one bf16 fma, now
-#      compiled without fp fusion), then the card's throughput run (H200: call 2's; H100:
-#      call 3's) with LIVEMEET_FUSED_QK=1 where the tests passed, else off
-#   6: the fp64 RoPE cos/sin of the Triton q/k kernel (session 36, `6e358fb`: Triton's fp32
-#      ones were off at large angles; compiled, not yet run on a GPU): long c1 bf16 and the
-#      1 x 36k decode step, arms new / old (the commit before it) / new with the fused
-#      prologue. The old tree is exported here first and carried with `.whl` (without
-#      the av wheel: the copy's limit is 64 MiB; these runs decode no containers):
-#        mkdir .ab-old && git archive fafd93f livemeet loadtest scripts pyproject.toml \
-#          | tar -x -C .ab-old         # then carry [".whl", ".ab-old"]
+#   4: the fused kernels' GPU tests (the decode kernel's q/k prologue, on by default since
+#      session 37, and the Triton q/k kernel) with the RoPE rounding study, then the card's
+#      throughput run (H200: call 2's; H100: call 3's), with LIVEMEET_FUSED_QK=0 where the
+#      tests failed. Session 37 passed them on an H100; an H200 has not run them yet.
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -41,7 +31,7 @@
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5|6}"
+call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4}"
 bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
@@ -74,35 +64,17 @@ case "$gpu:$call" in
     ;;
   *H200*:4 | *H100*:4)
     out="${OUT:-$PWD/bench-out}"
-    GPU_TESTS=tests/engine/test_cuda_decode.py PYTEST_S=90 PROFILE_S=0 BENCH_S=0 \
-      OUT="$out/tests" LIVEMEET_BENCH_OUT="$out/tests" bash "$bench" profile
-    AB_ENV="LIVEMEET_FUSED_QK=1" AB_ARMS="new env new" PYTEST_S=0 PROFILE_S=40 \
-      PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 BENCH_S=100 BENCH_WORKLOADS=long LONG_C=1 \
-      FP8_POINTS=" " ASSUMED_RATE=100 GPU_BENCH="$bench" bash scripts/gpu_ab.sh profile
-    ;;
-  *H200*:5 | *H100*:5)
-    out="${OUT:-$PWD/bench-out}"
     mkdir -p "$out/tests"
     GPU_TESTS="tests/engine/test_cuda_decode.py tests/models/test_fused.py" PYTEST_S=100 \
       ROPE_STUDY_S=60 PROFILE_S=0 BENCH_S=0 \
       OUT="$out/tests" LIVEMEET_BENCH_OUT="$out/tests" bash "$bench" profile \
       2>&1 | tee "$out/tests/gpu_tests.log"
-    grep -q "=== pytest-gpu: rc=0 " "$out/tests/gpu_tests.log" && export LIVEMEET_FUSED_QK=1
-    echo "=== LIVEMEET_FUSED_QK=${LIVEMEET_FUSED_QK:-0} for the throughput run"
+    grep -q "=== pytest-gpu: rc=0 " "$out/tests/gpu_tests.log" || export LIVEMEET_FUSED_QK=0
+    echo "=== LIVEMEET_FUSED_QK=${LIVEMEET_FUSED_QK:-1} for the throughput run"
     case "$gpu" in
       *H200*) bash "$0" 2 ;;
       *) bash "$0" 3 ;;
     esac
-    ;;
-  *H200*:6 | *H100*:6)
-    old_dir="${AB_OLD_DIR:-.ab-old}"
-    [ -d "$old_dir" ] || { echo "call 6 needs the old tree in $old_dir (see the top)" >&2; exit 2; }
-    # Three arms fit one call (each starts its engine: ~3 x 190 s); CALL6_ARMS adds a fourth.
-    AB_OLD=fafd93f AB_OLD_DIR="$old_dir" AB_ENV="LIVEMEET_FUSED_QK=1" \
-      AB_ARMS="${CALL6_ARMS:-new old env}" \
-      PYTEST_S=0 PROFILE_S=35 PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 BENCH_S=85 \
-      BENCH_WORKLOADS=long LONG_C=1 FP8_POINTS=" " ASSUMED_RATE=100 GPU_BENCH="$bench" \
-      bash scripts/gpu_ab.sh profile
     ;;
   *)
     echo "no run planned for call $call on $gpu" >&2

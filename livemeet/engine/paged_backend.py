@@ -42,12 +42,14 @@ FUSED_KV_STORE_ENV = "LIVEMEET_FUSED_KV_STORE"
 _fused_store = os.environ.get(FUSED_KV_STORE_ENV, "1") != "0"
 
 
-# "1": decode-only steps run the q/k RMSNorm, RoPE and K/V store in the decode kernel's
-# prologue (`attend_fused`) instead of a kernel of their own ahead of it. Off by default until
-# a GPU has run its tests and an A/B (written in session 33 when no device was lent:
-# `bash scripts/gpu_next.sh 4`); read at import, as LIVEMEET_FUSED_KV_STORE
+# Decode-only steps run the q/k RMSNorm, RoPE and K/V store in the decode kernel's prologue
+# (`attend_fused`) instead of a kernel of their own ahead of it; "0" turns that off. On since
+# session 37: on an H100 its tests passed (the k rows it stores equal the reference's in every
+# element), bf16 parity as without it (top-1 1.000, greedy identical), long c1 bf16 85.4
+# audio-s/s against 84.5 / 84.4 off, the 1 x 36k graph 1.936 ms against 1.963 / 1.959
+# (docs/benchmarks.md). Read at import, as LIVEMEET_FUSED_KV_STORE
 FUSED_QK_ENV = "LIVEMEET_FUSED_QK"
-_fused_qk = os.environ.get(FUSED_QK_ENV, "0") == "1"
+_fused_qk = os.environ.get(FUSED_QK_ENV, "1") != "0"
 
 
 def fused_store_enabled() -> bool:
@@ -149,8 +151,8 @@ class PagedAttentionBackend:
         RMSNorm and RoPE and storing k and v [B, kv_heads, 128] (raw too) at the step's slots
         (`cuda_decode.FusedQK`): one kernel a layer fewer. Returns the output [B, heads, 128],
         or None where the step cannot (a step with prefill rows, the CPU, the Triton kernel,
-        tensors the kernel's loads cannot take) or may not (LIVEMEET_FUSED_QK not "1", the
-        default for now): the caller then normalises, rotates and calls `attend`. The step's
+        tensors the kernel's loads cannot take) or may not (LIVEMEET_FUSED_QK=0): the caller
+        then normalises, rotates and calls `attend`. The step's
         first call decides for all its layers."""
         m = self.meta
         kc, vc = self.k_caches[layer], self.v_caches[layer]

@@ -20,7 +20,7 @@ fi
 echo "phase=$1 sessions=${LIVE_SESSIONS:-} uploads=${LIVE_UPLOADS:-} \
 duration=${LIVE_DURATION_S:-} http=${HTTP_SHORT_C:-}/${HTTP_LONG_C:-} fp8=${FP8_POINTS:-}\
  pause=${LIVE_HEAD_PAUSE_S:-} extra=${SERVE_EXTRA:-}"
-echo "$1 fused_qk=${LIVEMEET_FUSED_QK:-0}" >&2
+echo "$1 fused_qk=${LIVEMEET_FUSED_QK:-default}" >&2
 if [ "$1" = profile ]; then echo "=== pytest-gpu: rc=${STANDIN_PYTEST_RC:-0} at t=1 s"; fi
 """
 LONG_AUDIO_S = 2240.0  # loadtest/workloads.py: a long meeting; a point at c runs c of them
@@ -108,60 +108,28 @@ def test_the_h200_throughput_call_runs_the_engine_then_http(tmp_path: Path) -> N
     ]
 
 
-@pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
-def test_call_4_tests_the_fused_prologue_then_runs_its_ab(tmp_path: Path, card: str) -> None:
-    """The fused q/k prologue's check on either card: its GPU tests (the profile phase with
-    the tests' output apart), then gpu_ab.sh's arms through the same stand-in: off, on, off."""
-    out = tmp_path / "out"
-    done = run(tmp_path, card, "4", OUT=str(out))
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[1].startswith("phase=profile ")
-    arms = [line for line in lines if line.startswith("=== arm")]
-    assert [a.split(" ")[3] for a in arms] == ["new", "env", "new"]
-    assert "with LIVEMEET_FUSED_QK=1" in arms[1]
-    assert (out / "tests" / "profile.log").is_file()
-    assert sorted(p.name for p in out.iterdir()) == ["1_new", "2_env", "3_new", "tests"]
-
-
-@pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
-def test_call_6_compares_the_fp64_rope_with_the_commit_before_it(tmp_path: Path, card: str) -> None:
-    """gpu_ab.sh's arms new, old (the tree exported beside it), env (the fused prologue),
-    new; without the old tree the call says how to make it and runs nothing."""
-    missing = run(tmp_path, card, "6", AB_OLD_DIR=str(tmp_path / "absent"))
-    assert missing.returncode == 2 and "git archive" not in missing.stdout
-    assert "needs the old tree" in missing.stderr
-    old = tmp_path / "old"
-    old.mkdir()
-    out = tmp_path / "out"
-    done = run(tmp_path, card, "6", AB_OLD_DIR=str(old), OUT=str(out))
-    assert done.returncode == 0, done.stderr
-    arms = [line for line in done.stdout.splitlines() if line.startswith("=== arm")]
-    assert [a.split(" ")[3] for a in arms] == ["new", "old", "env", "new"]
-    assert "fafd93f" in arms[1] and "with LIVEMEET_FUSED_QK=1" in arms[2]
-
-
 @pytest.mark.parametrize(
     ("card", "throughput"),
     [("NVIDIA H200", ["engine", "http"]), ("NVIDIA H100 80GB HBM3", ["engine"])],
 )
-@pytest.mark.parametrize(("tests_rc", "fused"), [("0", "1"), ("1", "0")])
-def test_call_5_runs_the_throughput_call_with_the_fused_prologue_only_if_its_tests_pass(
+@pytest.mark.parametrize(("tests_rc", "fused"), [("0", "default"), ("1", "0")])
+def test_call_4_runs_the_throughput_call_with_the_fused_prologue_off_only_if_its_tests_fail(
     tmp_path: Path, card: str, throughput: list[str], tests_rc: str, fused: str
 ) -> None:
     out = tmp_path / "out"
-    done = run(tmp_path, card, "5", OUT=str(out), STANDIN_PYTEST_RC=tests_rc)
+    done = run(tmp_path, card, "4", OUT=str(out), STANDIN_PYTEST_RC=tests_rc)
     assert done.returncode == 0, done.stderr
-    assert "profile fused_qk=0" in done.stdout  # the tests, teed, with the prologue off
+    assert "profile fused_qk=default" in done.stdout  # the tests, teed, with the default
     assert [line for line in done.stderr.splitlines() if "fused_qk=" in line] == [
         f"{phase} fused_qk={fused}" for phase in throughput
     ]
-    assert f"=== LIVEMEET_FUSED_QK={fused} for the throughput run" in done.stdout
+    shown = "1" if fused == "default" else "0"
+    assert f"=== LIVEMEET_FUSED_QK={shown} for the throughput run" in done.stdout
     assert (out / "tests" / "gpu_tests.log").is_file()
 
 
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
-    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "7")):
+    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "5")):
         done = run(tmp_path, card, call)
         assert done.returncode == 2 and "no run planned" in done.stderr
     done = run(tmp_path, "", "1")
