@@ -42,6 +42,9 @@ for arm in $arms; do
   mkdir -p "$out"
   if [ "$arm" != old ]; then
     label=$(git rev-parse --short HEAD 2> /dev/null || echo "the working tree")
+    # a device copy may carry an older .git than its files (session 37's arms said f2c6714
+    # for bee46f7): say so where the tracked files differ from that commit
+    git diff --quiet HEAD -- 2> /dev/null || label="$label with local changes"
     [ "$arm" = env ] && label="$label with ${AB_ENV}"
   else
     label=$old_rev
