@@ -98,7 +98,7 @@ LIVE_FLUSH_BEFORE_ERROR_S = 0.5
 # ack per interval at most, so a client's resume buffer holds at most this much (plus what
 # is in flight) beyond the ack, and a burst of frames costs no ack per frame
 ACK_INTERVAL_S = 0.250
-# s; longest the live journal's writer (livemeet/gateway/live_journal.py) gathers appends
+# s; longest the live journal's writer (livemeet/gateway/live_journal_writer.py) gathers appends
 # before it writes, syncs and commits them as one group: an ack goes out only once its audio is
 # durable, and acks go out every ACK_INTERVAL_S, so a group commit 2.5 times as often keeps
 # an ack's delay within one interval, while a commit (an fdatasync per session's file plus one

@@ -27,8 +27,13 @@ record were never reported and are cut off. The files are synced one after anoth
 cost grows with the sessions streaming (not yet measured at DESIGN 10's 100 sessions).
 
 Threads: the public methods run on the event loop's thread (`load_unfinished` on any thread,
-before `start`); the writer runs `_Writer.run`. They share the queue, and the callbacks the
+before `start`); the writer runs `Writer.run`. They share the queue, and the callbacks the
 writer posts back with `call_soon_threadsafe`.
+
+This module is the journal's API (`LiveJournal`, what it stores and returns, the lock, reading
+a session's audio back); the writer thread and the ops it takes off the queue are in
+live_journal_writer.py, the database's schema, migrations and row JSON in
+live_journal_schema.py.
 """
 
 from __future__ import annotations
@@ -42,12 +47,9 @@ import os
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from livemeet.audio.constants import (
     JOURNAL_COMMIT_INTERVAL_S,
@@ -55,85 +57,35 @@ from livemeet.audio.constants import (
     PCM_S16LE_BYTES,
 )
 from livemeet.errors import ConfigError, InternalError, StorageFailed
+from livemeet.gateway.live_journal_schema import (
+    SELECT_LIVE,
+    connect,
+    options_from_json,
+    segment_from_json,
+)
+from livemeet.gateway.live_journal_writer import (
+    Append,
+    End,
+    Ending,
+    Final,
+    Finalize,
+    Handle,
+    Merges,
+    Names,
+    Op,
+    Open,
+    SessionState,
+    Writer,
+)
 from livemeet.gateway.transcript_store import live_transcript_id
-from livemeet.transcript.segments import Segment, SegmentFlag
+from livemeet.transcript.segments import Segment
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3  # PRAGMA user_version of the journals this code writes and reads
 DB_NAME = "sessions.sqlite3"
 AUDIO_DIR = "audio"
 AUDIO_SUFFIX = ".s16le"
 LOCK_NAME = "lock"  # flock'd by the journal's server while it runs; holds its pid
-
-# a finalize's place in its session's audio (v3); a session's finalizes at one place are one
-_FINALIZES_TABLE = """
-CREATE TABLE finalizes (
-    session_id TEXT NOT NULL,
-    frames INTEGER NOT NULL,  -- sample frames of the session's audio received before it
-    PRIMARY KEY (session_id, frames)
-) WITHOUT ROWID;
-"""
-_SCHEMA = (
-    """
-CREATE TABLE sessions (
-    session_id TEXT PRIMARY KEY,
-    audio_name TEXT NOT NULL,  -- the file under audio/, a hash of session_id
-    resume_token_sha256 TEXT NOT NULL,
-    captions_token_sha256 TEXT NOT NULL,
-    sample_rate INTEGER NOT NULL,  -- Hz, the client's declared rate
-    channels INTEGER NOT NULL,
-    created_at REAL NOT NULL,  -- unix seconds
-    options TEXT NOT NULL DEFAULT '{}',  -- JSON: the session's prompt, hotwords, language
-    ended INTEGER NOT NULL DEFAULT 0,  -- 1 once `end` reached the backend: a rebuild ends it
-    durable_frames INTEGER NOT NULL DEFAULT 0,  -- sample frames synced in the audio file
-    names TEXT NOT NULL DEFAULT '[]',  -- JSON [[label, name], ...] in naming order
-    merges TEXT NOT NULL DEFAULT '[]'  -- JSON [[label, into], ...] in merge order (v2)
-);
-CREATE TABLE finals (
-    session_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,  -- 0, 1, ... in commit order
-    segment TEXT NOT NULL,  -- JSON: id, start, end, speaker, text, is_final, flags
-    PRIMARY KEY (session_id, seq)
-) WITHOUT ROWID;
-"""
-    + _FINALIZES_TABLE
-)
-
-_INSERT_SESSION = """
-INSERT OR REPLACE INTO sessions (session_id, audio_name, resume_token_sha256,
-    captions_token_sha256, sample_rate, channels, created_at, options)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-"""
-# seq from the table itself, so an adopted session's finals go on after its restored ones
-_INSERT_FINAL = """
-INSERT INTO finals (session_id, seq, segment)
-VALUES (?, (SELECT COALESCE(MAX(seq) + 1, 0) FROM finals WHERE session_id = ?), ?)
-"""
-_INSERT_FINALIZE = "INSERT OR IGNORE INTO finalizes (session_id, frames) VALUES (?, ?)"
-_SELECT_LIVE = """
-SELECT session_id, audio_name, resume_token_sha256, captions_token_sha256, sample_rate,
-    channels, created_at, options, durable_frames, names, merges, ended
-FROM sessions ORDER BY created_at, session_id
-"""
-# what each older schema version needs to become SCHEMA_VERSION, in order
-_MIGRATIONS = {
-    1: "ALTER TABLE sessions ADD COLUMN merges TEXT NOT NULL DEFAULT '[]';",
-    2: _FINALIZES_TABLE,
-}
-# the rows of a session besides its own: dropped with it, or when its id is opened anew
-_DELETE_ROWS = (
-    "DELETE FROM finals WHERE session_id = ?",
-    "DELETE FROM finalizes WHERE session_id = ?",
-)
-
-
-class SessionState(StrEnum):
-    """How a journalled session left the journal."""
-
-    LIVE = "live"  # open, or unfinished when the server stopped: restored on start
-    FINISHED = "finished"  # ended; its final transcript is stored elsewhere
-    DISCARDED = "discarded"  # aborted with no final transcript
 
 
 @dataclass(frozen=True)
@@ -260,94 +212,6 @@ def audio_name(session_id: str) -> str:
     return live_transcript_id(session_id) + AUDIO_SUFFIX
 
 
-# -- the event loop's side ---------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Handle:
-    """One open session as the event loop sees it. Loop thread only: the writer merely carries
-    it back in the callbacks it posts."""
-
-    session_id: str
-    frame_bytes: int
-    on_durable: DurableCallback
-    on_failed: FailedCallback
-    durable_frames: int  # as last reported to on_durable
-    failed: bool = False
-    ended: bool = False  # finished or discarded: no more callbacks
-
-
-def _deliver_durable(handle: _Handle, frames: int) -> None:
-    if handle.ended or handle.failed:
-        return
-    handle.durable_frames = frames
-    handle.on_durable(frames)
-
-
-def _deliver_failed(handle: _Handle, error: StorageFailed) -> None:
-    if handle.ended or handle.failed:
-        return
-    handle.failed = True
-    handle.on_failed(error)
-
-
-# -- what crosses the queue (frozen: the writer reads them on another thread) -------------------
-
-
-@dataclass(frozen=True)
-class _Open:
-    handle: _Handle
-    meta: JournalSession
-    audio_name: str
-    start_frames: int  # frames its file holds already (an adopted session's durable audio)
-    adopted: bool  # its row exists: keep it; else a new row replaces any of the same id
-
-
-@dataclass(frozen=True)
-class _Append:
-    handle: _Handle
-    pcm: bytes
-
-
-@dataclass(frozen=True)
-class _Final:
-    handle: _Handle
-    segment: Segment
-
-
-@dataclass(frozen=True)
-class _Finalize:
-    handle: _Handle
-    frames: int
-
-
-@dataclass(frozen=True)
-class _Names:
-    handle: _Handle
-    names: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class _Merges:
-    handle: _Handle
-    merges: tuple[tuple[str, str], ...]
-
-
-@dataclass(frozen=True)
-class _End:
-    handle: _Handle
-    state: SessionState
-
-
-@dataclass(frozen=True)
-class _Ending:
-    handle: _Handle
-
-
-# None: stop after the rest
-_Op = _Open | _Append | _Final | _Finalize | _Names | _Merges | _End | _Ending | None
-
-
 class LiveJournal:
     """The durable store of live sessions (see the module docstring for layout and threads).
 
@@ -380,9 +244,9 @@ class LiveJournal:
         self.root = root
         self.commit_interval_s = commit_interval_s
         self._on_commit = on_commit
-        self._queue: queue.SimpleQueue[_Op] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
         self._hurry = threading.Event()  # set by close(): commit what is queued at once
-        self._handles: dict[str, _Handle] = {}  # open sessions by id
+        self._handles: dict[str, Handle] = {}  # open sessions by id
         self._thread: threading.Thread | None = None
         self._joined: asyncio.Future[None] | None = None
         self._closed = False
@@ -417,10 +281,10 @@ class LiveJournal:
         if self._thread is not None:
             raise InternalError("LiveJournal.load_unfinished() runs before start()")
         self._make_dirs()
-        conn = _connect(self.db_path)
+        conn = connect(self.db_path)
         conn.row_factory = sqlite3.Row
         try:
-            restored = [self._restore(conn, row) for row in conn.execute(_SELECT_LIVE).fetchall()]
+            restored = [self._restore(conn, row) for row in conn.execute(SELECT_LIVE).fetchall()]
             self._remove_orphans({r.audio_path.name for r in restored})
         except (OSError, sqlite3.Error) as exc:
             raise StorageFailed(f"live journal {self.root} could not be loaded: {exc}") from exc
@@ -437,8 +301,8 @@ class LiveJournal:
             raise InternalError("LiveJournal.start() was called twice")
         self._make_dirs()
         # made here, so start() raises what opening it raises; used by the writer alone after
-        conn = _connect(self.db_path)
-        writer = _Writer(
+        conn = connect(self.db_path)
+        writer = Writer(
             conn, self.audio_dir, loop, self._queue, self._hurry, self.commit_interval_s
         )
         writer.on_commit = self._on_commit
@@ -455,7 +319,7 @@ class LiveJournal:
         stored. Both run on the loop, never after `finish`/`discard`. Raises InternalError when
         the id is open already or after `close`."""
         self._open(
-            _Open(
+            Open(
                 self._new_handle(meta, 0, on_durable, on_failed),
                 meta,
                 audio_name(meta.session_id),
@@ -471,7 +335,7 @@ class LiveJournal:
         finals after its finals. Callbacks and errors as `open_session`'s."""
         handle = self._new_handle(restored.meta, restored.durable_frames, on_durable, on_failed)
         self._open(
-            _Open(
+            Open(
                 handle,
                 restored.meta,
                 restored.audio_path.name,
@@ -486,14 +350,14 @@ class LiveJournal:
         handle = self._live(session_id)
         assert len(pcm) % handle.frame_bytes == 0, (len(pcm), handle.frame_bytes)
         if pcm and not handle.failed:
-            self._queue.put(_Append(handle, pcm))
+            self._queue.put(Append(handle, pcm))
 
     def add_final(self, session_id: str, segment: Segment) -> None:
         """Queue a committed segment (stored as given: id, times, speaker, text, flags).
         Raises InternalError for a session not open or after `close`."""
         handle = self._live(session_id)
         if not handle.failed:
-            self._queue.put(_Final(handle, segment))
+            self._queue.put(Final(handle, segment))
 
     def add_finalize(self, session_id: str, frames: int) -> None:
         """Queue the client's `finalize`, made after `frames` sample frames of the session's
@@ -502,21 +366,21 @@ class LiveJournal:
         Raises InternalError for a session not open or after `close`."""
         handle = self._live(session_id)
         if not handle.failed:
-            self._queue.put(_Finalize(handle, frames))
+            self._queue.put(Finalize(handle, frames))
 
     def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> None:
         """Queue the session's whole current speaker-name map, (label, name) in naming order.
         Raises InternalError for a session not open or after `close`."""
         handle = self._live(session_id)
         if not handle.failed:
-            self._queue.put(_Names(handle, tuple(names)))
+            self._queue.put(Names(handle, tuple(names)))
 
     def set_merges(self, session_id: str, merges: Sequence[tuple[str, str]]) -> None:
         """Queue the session's whole current speaker-merge map, (label, into) in merge order.
         Raises InternalError for a session not open or after `close`."""
         handle = self._live(session_id)
         if not handle.failed:
-            self._queue.put(_Merges(handle, tuple(merges)))
+            self._queue.put(Merges(handle, tuple(merges)))
 
     def mark_ended(self, session_id: str) -> None:
         """The session's `end` reached the backend (its client's, or the server's): a rebuild
@@ -525,7 +389,7 @@ class LiveJournal:
         `close`."""
         handle = self._live(session_id)
         if not handle.failed:
-            self._queue.put(_Ending(handle))
+            self._queue.put(Ending(handle))
 
     def finish(self, session_id: str) -> None:
         """The session ended and its final transcript is stored elsewhere: its rows go, and its
@@ -589,17 +453,17 @@ class LiveJournal:
         durable_frames: int,
         on_durable: DurableCallback,
         on_failed: FailedCallback,
-    ) -> _Handle:
+    ) -> Handle:
         self._check_open()
         if meta.session_id in self._handles:
             raise InternalError(f"live session {meta.session_id!r} is open in the journal already")
-        return _Handle(meta.session_id, meta.frame_bytes, on_durable, on_failed, durable_frames)
+        return Handle(meta.session_id, meta.frame_bytes, on_durable, on_failed, durable_frames)
 
-    def _open(self, op: _Open) -> None:
+    def _open(self, op: Open) -> None:
         self._handles[op.meta.session_id] = op.handle
         self._queue.put(op)
 
-    def _live(self, session_id: str) -> _Handle:
+    def _live(self, session_id: str) -> Handle:
         self._check_open()
         handle = self._handles.get(session_id)
         if handle is None:
@@ -610,7 +474,7 @@ class LiveJournal:
         handle = self._live(session_id)
         del self._handles[session_id]
         handle.ended = True
-        self._queue.put(_End(handle, state))
+        self._queue.put(End(handle, state))
 
     def _restore(self, conn: sqlite3.Connection, row: sqlite3.Row) -> RestoredSession:
         meta = JournalSession(
@@ -620,7 +484,7 @@ class LiveJournal:
             sample_rate=row["sample_rate"],
             channels=row["channels"],
             created_at=row["created_at"],
-            **_options_from_json(row["options"]),
+            **options_from_json(row["options"]),
         )
         path = self.audio_dir / row["audio_name"]
         recorded_frames: int = row["durable_frames"]
@@ -649,7 +513,7 @@ class LiveJournal:
         return RestoredSession(
             meta=meta,
             durable_frames=frames,
-            finals=tuple(_segment_from_json(final["segment"]) for final in finals),
+            finals=tuple(segment_from_json(final["segment"]) for final in finals),
             names=tuple((label, name) for label, name in json.loads(row["names"])),
             audio_path=path,
             ended=bool(row["ended"]),
@@ -675,388 +539,3 @@ def _cut_audio(path: Path, recorded_frames: int, frame_bytes: int) -> int:
         if size > frames * frame_bytes:
             f.truncate(frames * frame_bytes)
     return frames
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    """The journal database at `path`, its schema created if new. Raises ConfigError for a
-    newer schema, StorageFailed when it cannot be opened or created."""
-    try:
-        # autocommit: transactions are the explicit BEGIN / COMMIT of the writer;
-        # check_same_thread off: start() opens it, the writer thread alone uses it after
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise StorageFailed(f"live journal {path} could not be opened: {exc}") from exc
-    try:
-        _prepare(conn, path)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-def _prepare(conn: sqlite3.Connection, path: Path) -> None:
-    try:
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        # NORMAL in WAL mode: a commit survives a crash of the process, not of the machine
-        conn.execute("PRAGMA synchronous = NORMAL")
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        if version == 0:  # a new file
-            conn.executescript(
-                f"BEGIN IMMEDIATE; {_SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-            )
-            version = SCHEMA_VERSION
-        elif version < SCHEMA_VERSION:
-            _migrate(conn, version)
-            version = SCHEMA_VERSION
-    except sqlite3.Error as exc:
-        raise StorageFailed(f"live journal {path} could not be opened: {exc}") from exc
-    if version > SCHEMA_VERSION:
-        raise ConfigError(
-            f"live journal {path} has schema version {version}; this livemeet reads up to "
-            f"{SCHEMA_VERSION}: run a newer livemeet, or move the file away to start empty"
-        )
-    if mode != "wal":  # a filesystem without shared memory: still safe, slower commits
-        log.warning("live journal %s: journal mode %s, not WAL", path, mode)
-
-
-def _migrate(conn: sqlite3.Connection, version: int) -> None:
-    """Bring a journal of schema `version` (older) to SCHEMA_VERSION, in one transaction: its
-    unfinished sessions are rebuilt as before (an older livemeet then refuses the file, as it
-    does any newer one). Raises sqlite3.Error."""
-    steps = " ".join(_MIGRATIONS[v] for v in range(version, SCHEMA_VERSION))
-    conn.executescript(f"BEGIN IMMEDIATE; {steps} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;")
-    log.info("live journal: schema %d brought to %d", version, SCHEMA_VERSION)
-
-
-def _options_to_json(meta: JournalSession) -> str:
-    options = {"prompt": meta.prompt, "hotwords": list(meta.hotwords), "language": meta.language}
-    return json.dumps(options, ensure_ascii=False)
-
-
-def _options_from_json(text: str) -> dict[str, Any]:
-    options = json.loads(text)
-    return {
-        "prompt": options.get("prompt"),
-        "hotwords": tuple(options.get("hotwords") or ()),
-        "language": options.get("language"),
-    }
-
-
-def _segment_to_json(segment: Segment) -> str:
-    # times as Python floats: JSON keeps their repr, so they come back exact
-    return json.dumps(
-        {
-            "id": segment.id,
-            "start": segment.start_s,
-            "end": segment.end_s,
-            "speaker": segment.speaker,
-            "text": segment.text,
-            "is_final": segment.is_final,
-            "flags": [f.value for f in segment.flags],
-        },
-        ensure_ascii=False,
-    )
-
-
-def _segment_from_json(text: str) -> Segment:
-    d = json.loads(text)
-    return Segment(
-        start_s=float(d["start"]),
-        end_s=float(d["end"]),
-        speaker=str(d["speaker"]),
-        text=str(d["text"]),
-        id=str(d["id"]),
-        is_final=bool(d["is_final"]),
-        flags=tuple(SegmentFlag(f) for f in d["flags"]),
-    )
-
-
-# -- the writer thread -------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class _Tape:
-    """One open session as the writer sees it: its audio file and how much of it is synced."""
-
-    handle: _Handle
-    session_id: str
-    path: Path
-    frame_bytes: int
-    synced_bytes: int  # written and fdatasynced
-    reported_frames: int  # recorded in the database and posted to on_durable
-    file: io.FileIO | None = None  # None once failed or ended
-    failed: bool = False
-
-
-@dataclass
-class _Group:
-    """What one group commit does."""
-
-    statements: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)  # op order
-    audio: dict[_Tape, list[bytes]] = field(default_factory=dict)
-    unlinks: dict[str, Path] = field(default_factory=dict)  # audio files of ended sessions
-
-
-class _Writer:
-    """The journal's writer thread: drains the queue in groups (`run`). Owns `conn` and every
-    audio file; touches loop state only through `call_soon_threadsafe`."""
-
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        audio_dir: Path,
-        loop: asyncio.AbstractEventLoop,
-        ops: queue.SimpleQueue[_Op],
-        hurry: threading.Event,
-        interval_s: float,
-    ) -> None:
-        self._conn = conn
-        self._audio_dir = audio_dir
-        self._loop = loop
-        self._ops = ops
-        self._hurry = hurry
-        self._interval_s = interval_s
-        self._tapes: dict[_Handle, _Tape] = {}
-        self._last_group = -float("inf")  # time.monotonic() when the last group was taken
-        self.on_commit: CommitCallback | None = None
-
-    def run(self) -> None:
-        """The thread's body: group commits until the stop op, then every file and the
-        connection closed."""
-        try:
-            while True:
-                ops = self._next_group()
-                try:
-                    self._commit_group([op for op in ops if op is not None])
-                except Exception:  # a bug: the sessions must still hear that storing stopped
-                    log.exception("live journal: a group commit failed")
-                    self._rollback()
-                    self._fail_all(StorageFailed("the server's journal failed (internal error)"))
-                if ops[-1] is None:
-                    return
-        finally:
-            for tape in self._tapes.values():
-                _close(tape)
-            self._conn.close()
-
-    def _next_group(self) -> list[_Op]:
-        """Blocks for the next op, then until `interval_s` after the previous group (close()
-        cuts this short), then takes everything queued."""
-        ops = [self._ops.get()]
-        wait_s = self._last_group + self._interval_s - time.monotonic()
-        if wait_s > 0 and ops[0] is not None:
-            self._hurry.wait(wait_s)
-        while True:
-            try:
-                ops.append(self._ops.get_nowait())
-            except queue.Empty:
-                self._last_group = time.monotonic()
-                return ops
-
-    def _commit_group(self, ops: list[_Op]) -> None:
-        started = time.monotonic()
-        group = _Group()
-        for op in ops:
-            self._gather(op, group)
-        synced = self._write_audio(group)
-        if not self._commit(group):
-            return
-        if self.on_commit is not None:
-            try:
-                self.on_commit(time.monotonic() - started, len(synced))
-            except Exception:  # metrics must not stop the journal
-                log.exception("live journal: on_commit failed")
-        for path in group.unlinks.values():
-            _unlink(path)
-        for tape in synced:
-            frames = tape.synced_bytes // tape.frame_bytes
-            if frames > tape.reported_frames:
-                tape.reported_frames = frames
-                self._post(_deliver_durable, tape.handle, frames)
-
-    def _gather(self, op: _Op, group: _Group) -> None:
-        """Turn one op into the group's statements and audio, in the order ops came."""
-        if isinstance(op, _Open):
-            self._open_tape(op, group)
-            return
-        assert op is not None
-        tape = self._tapes[op.handle]
-        if isinstance(op, _End):
-            _close(tape)
-            del self._tapes[op.handle]
-            group.audio.pop(tape, None)  # no use syncing audio about to be deleted
-            if op.state is SessionState.DISCARDED:
-                _unlink(tape.path)  # before the commit, which a full disk may fail
-            else:  # after it: a crash in between rebuilds the session with its audio
-                group.unlinks[tape.path.name] = tape.path
-            group.statements.append(
-                ("DELETE FROM sessions WHERE session_id = ?", (tape.session_id,))
-            )
-            group.statements += [(sql, (tape.session_id,)) for sql in _DELETE_ROWS]
-        elif isinstance(op, _Ending):
-            if not tape.failed:
-                group.statements.append(
-                    ("UPDATE sessions SET ended = 1 WHERE session_id = ?", (tape.session_id,))
-                )
-        elif tape.failed:
-            return  # its record stopped where it failed
-        elif isinstance(op, _Append):
-            group.audio.setdefault(tape, []).append(op.pcm)
-        elif isinstance(op, _Final):
-            params = (tape.session_id, tape.session_id, _segment_to_json(op.segment))
-            group.statements.append((_INSERT_FINAL, params))
-        elif isinstance(op, _Finalize):
-            group.statements.append((_INSERT_FINALIZE, (tape.session_id, op.frames)))
-        elif isinstance(op, _Merges):
-            merges = json.dumps(op.merges, ensure_ascii=False)
-            group.statements.append(
-                ("UPDATE sessions SET merges = ? WHERE session_id = ?", (merges, tape.session_id))
-            )
-        else:
-            names = json.dumps(op.names, ensure_ascii=False)
-            group.statements.append(
-                ("UPDATE sessions SET names = ? WHERE session_id = ?", (names, tape.session_id))
-            )
-
-    def _open_tape(self, op: _Open, group: _Group) -> None:
-        meta = op.meta
-        path = self._audio_dir / op.audio_name
-        # the same id ended earlier in this group: its file is this session's now
-        group.unlinks.pop(op.audio_name, None)
-        start_bytes = op.start_frames * meta.frame_bytes
-        tape = _Tape(
-            op.handle, meta.session_id, path, meta.frame_bytes, start_bytes, op.start_frames
-        )
-        self._tapes[op.handle] = tape
-        if not op.adopted:
-            group.statements += [(sql, (meta.session_id,)) for sql in _DELETE_ROWS]
-            group.statements += [
-                (
-                    _INSERT_SESSION,
-                    (
-                        meta.session_id,
-                        op.audio_name,
-                        meta.resume_token_sha256,
-                        meta.captions_token_sha256,
-                        meta.sample_rate,
-                        meta.channels,
-                        meta.created_at,
-                        _options_to_json(meta),
-                    ),
-                ),
-            ]
-        try:
-            # O_APPEND and unbuffered: each write goes to the end, nothing waits in a buffer
-            f = open(path, "ab", buffering=0)
-        except OSError as exc:
-            self._fail(tape, "audio", exc)
-            return
-        tape.file = f
-        try:
-            f.truncate(start_bytes)  # a new session's stale file, an adopted one's unsynced tail
-        except OSError as exc:
-            self._fail(tape, "audio", exc)
-
-    def _write_audio(self, group: _Group) -> list[_Tape]:
-        """Append and fdatasync each session's audio of the group; add its durable length to
-        the group's statements. Returns the sessions synced."""
-        synced: list[_Tape] = []
-        for tape, chunks in group.audio.items():
-            if tape.failed or tape.file is None:
-                continue
-            data = b"".join(chunks)
-            try:
-                _write_all(tape.file, data)
-                os.fdatasync(tape.file.fileno())
-            except OSError as exc:
-                self._fail(tape, "audio", exc)  # part of `data` may be in the file: never recorded
-                continue
-            tape.synced_bytes += len(data)
-            synced.append(tape)
-            frames = tape.synced_bytes // tape.frame_bytes
-            group.statements.append(
-                (
-                    "UPDATE sessions SET durable_frames = ? WHERE session_id = ?",
-                    (frames, tape.session_id),
-                )
-            )
-        return synced
-
-    def _commit(self, group: _Group) -> bool:
-        """Run the group's statements as one transaction. On failure every open session fails
-        (what was recorded before stays) and False is returned."""
-        if not group.statements:
-            return True
-        try:
-            self._conn.execute("BEGIN")
-            for sql, params in group.statements:
-                self._conn.execute(sql, params)
-            self._conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            log.error(
-                "live journal: a commit failed (%d open sessions fail): %s",
-                sum(not t.failed for t in self._tapes.values()),
-                exc,
-            )
-            self._rollback()
-            self._fail_all(StorageFailed(f"the server could not store this session ({exc})"))
-            return False
-        return True
-
-    def _rollback(self) -> None:
-        if not self._conn.in_transaction:
-            return
-        try:
-            self._conn.execute("ROLLBACK")
-        except sqlite3.Error as exc:  # the commit's failure is already being reported
-            log.error("live journal: rollback failed: %s", exc)
-
-    def _fail(self, tape: _Tape, what: str, exc: OSError) -> None:
-        log.error(
-            "live journal: the %s of session %r could not be stored: %s", what, tape.session_id, exc
-        )
-        reason = exc.strerror or type(exc).__name__
-        self._fail_tape(
-            tape, StorageFailed(f"the server could not store this session's {what} ({reason})")
-        )
-
-    def _fail_all(self, error: StorageFailed) -> None:
-        for tape in self._tapes.values():
-            if not tape.failed:
-                self._fail_tape(tape, error)
-
-    def _fail_tape(self, tape: _Tape, error: StorageFailed) -> None:
-        tape.failed = True
-        _close(tape)
-        self._post(_deliver_failed, tape.handle, error)
-
-    def _post(self, callback: Callable[..., None], *args: object) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop closed without close(): nobody is left to tell
-            log.warning("live journal: event loop closed, %s dropped", callback.__name__)
-
-
-def _unlink(path: Path) -> None:
-    try:
-        path.unlink(missing_ok=True)
-    except OSError as exc:  # load_unfinished deletes it on the next start
-        log.warning("live journal: %s was not deleted: %s", path, exc)
-
-
-def _write_all(f: io.FileIO, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[f.write(view) :]
-
-
-def _close(tape: _Tape) -> None:
-    """Close the tape's file. Nothing waits in it (unbuffered), so a failing close loses
-    nothing the record claims."""
-    if tape.file is None:
-        return
-    f, tape.file = tape.file, None
-    try:
-        f.close()
-    except OSError as exc:
-        log.warning("live journal: closing %s failed: %s", tape.path, exc)

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, InvalidRequest
-from livemeet.gateway import live_journal
+from livemeet.gateway import live_journal, live_journal_writer
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import CONFIG_KEY, SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
@@ -56,13 +56,13 @@ async def test_an_ack_waits_for_the_audio_to_be_on_disk(
     """While the journal cannot sync, the server takes the audio in but acknowledges none of
     it; once the sync goes through, the ack covers it."""
     disk = threading.Event()
-    real_sync = live_journal.os.fdatasync
+    real_sync = live_journal_writer.os.fdatasync
 
     def slow_sync(fd: int) -> None:
         disk.wait(10)
         real_sync(fd)
 
-    monkeypatch.setattr(live_journal.os, "fdatasync", slow_sync)
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", slow_sync)
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
         assert (await ws.receive_json())["type"] == "session.ready"
@@ -264,7 +264,7 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
     goes at once, with its rows: the next session streams and is acknowledged (before, the
     failed session's file kept the disk full, every later session failed, and a restart
     rebuilt the session its client had been told had failed)."""
-    real_sync = live_journal.os.fdatasync
+    real_sync = live_journal_writer.os.fdatasync
     full = {"now": True}
 
     def sync(fd: int) -> None:
@@ -272,7 +272,7 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
             raise OSError(28, "No space left on device")
         real_sync(fd)
 
-    monkeypatch.setattr(live_journal.os, "fdatasync", sync)
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", sync)
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
         await ws.receive_json()
@@ -304,7 +304,7 @@ async def test_a_failing_disk_fails_the_session_with_storage_failed(
     def full_disk(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(live_journal.os, "fdatasync", full_disk)
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", full_disk)
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
         assert (await ws.receive_json())["type"] == "session.ready"
@@ -485,7 +485,7 @@ async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
     def full_disk(fd: int) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(live_journal.os, "fdatasync", full_disk)
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", full_disk)
     journal = LiveJournal(tmp_path, commit_interval_s=0.01)
     journal.start(asyncio.get_running_loop())
     await fake.start()
@@ -574,13 +574,13 @@ async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_ar
     frame once."""
     disk = threading.Event()
     disk.set()
-    real_sync = live_journal.os.fdatasync
+    real_sync = live_journal_writer.os.fdatasync
 
     def stalling_sync(fd: int) -> None:
         disk.wait(10)
         real_sync(fd)
 
-    monkeypatch.setattr(live_journal.os, "fdatasync", stalling_sync)
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", stalling_sync)
     try:
         ws = await client.ws_connect("/v1/live")
         await ws.send_json(START)

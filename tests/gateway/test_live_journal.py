@@ -26,13 +26,12 @@ from livemeet.errors import (
     error_for_code,
 )
 from livemeet.gateway.live_journal import (
-    SCHEMA_VERSION,
     JournalSession,
     LiveJournal,
     RestoredSession,
-    _segment_to_json,
     audio_name,
 )
+from livemeet.gateway.live_journal_schema import SCHEMA_VERSION, segment_to_json
 from livemeet.transcript.segments import Segment, SegmentFlag
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -299,7 +298,7 @@ async def test_a_journal_of_schema_2_is_brought_to_3_with_its_sessions(root: Pat
         )
         db.execute(
             "INSERT INTO finals (session_id, seq, segment) VALUES ('old', 0, ?)",
-            (_segment_to_json(final(1)),),
+            (segment_to_json(final(1)),),
         )
     (root / "audio").mkdir()
     (root / "audio" / audio_name("old")).write_bytes(bytes(3 * FRAME_BYTES))

@@ -1,0 +1,435 @@
+"""The live journal's writer thread (`Writer`) and what the event loop hands it: the ops that
+cross the queue, each carrying its session's `Handle`, which the writer posts back in its
+callbacks. The writer alone touches the database connection and the audio files; the group
+commit is described in live_journal.py.
+
+Separate from live_journal.py (the API the event loop calls, which only enqueues) so that
+each side of the queue reads on its own. That module imports this one; this one imports it
+for annotations only, so `SessionState`, which the writer needs at run time, is defined here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from livemeet.errors import StorageFailed
+from livemeet.gateway.live_journal_schema import (
+    DELETE_ROWS,
+    INSERT_FINAL,
+    INSERT_FINALIZE,
+    INSERT_SESSION,
+    options_to_json,
+    segment_to_json,
+)
+from livemeet.transcript.segments import Segment
+
+if TYPE_CHECKING:
+    from livemeet.gateway.live_journal import (
+        CommitCallback,
+        DurableCallback,
+        FailedCallback,
+        JournalSession,
+    )
+
+# the journal's one logger, as before the split: its records keep their name
+log = logging.getLogger("livemeet.gateway.live_journal")
+
+
+class SessionState(StrEnum):
+    """How a journalled session left the journal."""
+
+    LIVE = "live"  # open, or unfinished when the server stopped: restored on start
+    FINISHED = "finished"  # ended; its final transcript is stored elsewhere
+    DISCARDED = "discarded"  # aborted with no final transcript
+
+
+# -- the event loop's side ---------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Handle:
+    """One open session as the event loop sees it. Loop thread only: the writer merely carries
+    it back in the callbacks it posts."""
+
+    session_id: str
+    frame_bytes: int
+    on_durable: DurableCallback
+    on_failed: FailedCallback
+    durable_frames: int  # as last reported to on_durable
+    failed: bool = False
+    ended: bool = False  # finished or discarded: no more callbacks
+
+
+def _deliver_durable(handle: Handle, frames: int) -> None:
+    if handle.ended or handle.failed:
+        return
+    handle.durable_frames = frames
+    handle.on_durable(frames)
+
+
+def _deliver_failed(handle: Handle, error: StorageFailed) -> None:
+    if handle.ended or handle.failed:
+        return
+    handle.failed = True
+    handle.on_failed(error)
+
+
+# -- what crosses the queue (frozen: the writer reads them on another thread) -------------------
+
+
+@dataclass(frozen=True)
+class Open:
+    handle: Handle
+    meta: JournalSession
+    audio_name: str
+    start_frames: int  # frames its file holds already (an adopted session's durable audio)
+    adopted: bool  # its row exists: keep it; else a new row replaces any of the same id
+
+
+@dataclass(frozen=True)
+class Append:
+    handle: Handle
+    pcm: bytes
+
+
+@dataclass(frozen=True)
+class Final:
+    handle: Handle
+    segment: Segment
+
+
+@dataclass(frozen=True)
+class Finalize:
+    handle: Handle
+    frames: int
+
+
+@dataclass(frozen=True)
+class Names:
+    handle: Handle
+    names: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Merges:
+    handle: Handle
+    merges: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class End:
+    handle: Handle
+    state: SessionState
+
+
+@dataclass(frozen=True)
+class Ending:
+    handle: Handle
+
+
+# None: stop after the rest
+Op = Open | Append | Final | Finalize | Names | Merges | End | Ending | None
+
+
+# -- the writer thread -------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Tape:
+    """One open session as the writer sees it: its audio file and how much of it is synced."""
+
+    handle: Handle
+    session_id: str
+    path: Path
+    frame_bytes: int
+    synced_bytes: int  # written and fdatasynced
+    reported_frames: int  # recorded in the database and posted to on_durable
+    file: io.FileIO | None = None  # None once failed or ended
+    failed: bool = False
+
+
+@dataclass
+class _Group:
+    """What one group commit does."""
+
+    statements: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)  # op order
+    audio: dict[_Tape, list[bytes]] = field(default_factory=dict)
+    unlinks: dict[str, Path] = field(default_factory=dict)  # audio files of ended sessions
+
+
+class Writer:
+    """The journal's writer thread: drains the queue in groups (`run`). Owns `conn` and every
+    audio file; touches loop state only through `call_soon_threadsafe`."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        audio_dir: Path,
+        loop: asyncio.AbstractEventLoop,
+        ops: queue.SimpleQueue[Op],
+        hurry: threading.Event,
+        interval_s: float,
+    ) -> None:
+        self._conn = conn
+        self._audio_dir = audio_dir
+        self._loop = loop
+        self._ops = ops
+        self._hurry = hurry
+        self._interval_s = interval_s
+        self._tapes: dict[Handle, _Tape] = {}
+        self._last_group = -float("inf")  # time.monotonic() when the last group was taken
+        self.on_commit: CommitCallback | None = None
+
+    def run(self) -> None:
+        """The thread's body: group commits until the stop op, then every file and the
+        connection closed."""
+        try:
+            while True:
+                ops = self._next_group()
+                try:
+                    self._commit_group([op for op in ops if op is not None])
+                except Exception:  # a bug: the sessions must still hear that storing stopped
+                    log.exception("live journal: a group commit failed")
+                    self._rollback()
+                    self._fail_all(StorageFailed("the server's journal failed (internal error)"))
+                if ops[-1] is None:
+                    return
+        finally:
+            for tape in self._tapes.values():
+                _close(tape)
+            self._conn.close()
+
+    def _next_group(self) -> list[Op]:
+        """Blocks for the next op, then until `interval_s` after the previous group (close()
+        cuts this short), then takes everything queued."""
+        ops = [self._ops.get()]
+        wait_s = self._last_group + self._interval_s - time.monotonic()
+        if wait_s > 0 and ops[0] is not None:
+            self._hurry.wait(wait_s)
+        while True:
+            try:
+                ops.append(self._ops.get_nowait())
+            except queue.Empty:
+                self._last_group = time.monotonic()
+                return ops
+
+    def _commit_group(self, ops: list[Op]) -> None:
+        started = time.monotonic()
+        group = _Group()
+        for op in ops:
+            self._gather(op, group)
+        synced = self._write_audio(group)
+        if not self._commit(group):
+            return
+        if self.on_commit is not None:
+            try:
+                self.on_commit(time.monotonic() - started, len(synced))
+            except Exception:  # metrics must not stop the journal
+                log.exception("live journal: on_commit failed")
+        for path in group.unlinks.values():
+            _unlink(path)
+        for tape in synced:
+            frames = tape.synced_bytes // tape.frame_bytes
+            if frames > tape.reported_frames:
+                tape.reported_frames = frames
+                self._post(_deliver_durable, tape.handle, frames)
+
+    def _gather(self, op: Op, group: _Group) -> None:
+        """Turn one op into the group's statements and audio, in the order ops came."""
+        if isinstance(op, Open):
+            self._open_tape(op, group)
+            return
+        assert op is not None
+        tape = self._tapes[op.handle]
+        if isinstance(op, End):
+            _close(tape)
+            del self._tapes[op.handle]
+            group.audio.pop(tape, None)  # no use syncing audio about to be deleted
+            if op.state is SessionState.DISCARDED:
+                _unlink(tape.path)  # before the commit, which a full disk may fail
+            else:  # after it: a crash in between rebuilds the session with its audio
+                group.unlinks[tape.path.name] = tape.path
+            group.statements.append(
+                ("DELETE FROM sessions WHERE session_id = ?", (tape.session_id,))
+            )
+            group.statements += [(sql, (tape.session_id,)) for sql in DELETE_ROWS]
+        elif isinstance(op, Ending):
+            if not tape.failed:
+                group.statements.append(
+                    ("UPDATE sessions SET ended = 1 WHERE session_id = ?", (tape.session_id,))
+                )
+        elif tape.failed:
+            return  # its record stopped where it failed
+        elif isinstance(op, Append):
+            group.audio.setdefault(tape, []).append(op.pcm)
+        elif isinstance(op, Final):
+            params = (tape.session_id, tape.session_id, segment_to_json(op.segment))
+            group.statements.append((INSERT_FINAL, params))
+        elif isinstance(op, Finalize):
+            group.statements.append((INSERT_FINALIZE, (tape.session_id, op.frames)))
+        elif isinstance(op, Merges):
+            merges = json.dumps(op.merges, ensure_ascii=False)
+            group.statements.append(
+                ("UPDATE sessions SET merges = ? WHERE session_id = ?", (merges, tape.session_id))
+            )
+        else:
+            names = json.dumps(op.names, ensure_ascii=False)
+            group.statements.append(
+                ("UPDATE sessions SET names = ? WHERE session_id = ?", (names, tape.session_id))
+            )
+
+    def _open_tape(self, op: Open, group: _Group) -> None:
+        meta = op.meta
+        path = self._audio_dir / op.audio_name
+        # the same id ended earlier in this group: its file is this session's now
+        group.unlinks.pop(op.audio_name, None)
+        start_bytes = op.start_frames * meta.frame_bytes
+        tape = _Tape(
+            op.handle, meta.session_id, path, meta.frame_bytes, start_bytes, op.start_frames
+        )
+        self._tapes[op.handle] = tape
+        if not op.adopted:
+            group.statements += [(sql, (meta.session_id,)) for sql in DELETE_ROWS]
+            group.statements += [
+                (
+                    INSERT_SESSION,
+                    (
+                        meta.session_id,
+                        op.audio_name,
+                        meta.resume_token_sha256,
+                        meta.captions_token_sha256,
+                        meta.sample_rate,
+                        meta.channels,
+                        meta.created_at,
+                        options_to_json(meta),
+                    ),
+                ),
+            ]
+        try:
+            # O_APPEND and unbuffered: each write goes to the end, nothing waits in a buffer
+            f = open(path, "ab", buffering=0)
+        except OSError as exc:
+            self._fail(tape, "audio", exc)
+            return
+        tape.file = f
+        try:
+            f.truncate(start_bytes)  # a new session's stale file, an adopted one's unsynced tail
+        except OSError as exc:
+            self._fail(tape, "audio", exc)
+
+    def _write_audio(self, group: _Group) -> list[_Tape]:
+        """Append and fdatasync each session's audio of the group; add its durable length to
+        the group's statements. Returns the sessions synced."""
+        synced: list[_Tape] = []
+        for tape, chunks in group.audio.items():
+            if tape.failed or tape.file is None:
+                continue
+            data = b"".join(chunks)
+            try:
+                _write_all(tape.file, data)
+                os.fdatasync(tape.file.fileno())
+            except OSError as exc:
+                self._fail(tape, "audio", exc)  # part of `data` may be in the file: never recorded
+                continue
+            tape.synced_bytes += len(data)
+            synced.append(tape)
+            frames = tape.synced_bytes // tape.frame_bytes
+            group.statements.append(
+                (
+                    "UPDATE sessions SET durable_frames = ? WHERE session_id = ?",
+                    (frames, tape.session_id),
+                )
+            )
+        return synced
+
+    def _commit(self, group: _Group) -> bool:
+        """Run the group's statements as one transaction. On failure every open session fails
+        (what was recorded before stays) and False is returned."""
+        if not group.statements:
+            return True
+        try:
+            self._conn.execute("BEGIN")
+            for sql, params in group.statements:
+                self._conn.execute(sql, params)
+            self._conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.error(
+                "live journal: a commit failed (%d open sessions fail): %s",
+                sum(not t.failed for t in self._tapes.values()),
+                exc,
+            )
+            self._rollback()
+            self._fail_all(StorageFailed(f"the server could not store this session ({exc})"))
+            return False
+        return True
+
+    def _rollback(self) -> None:
+        if not self._conn.in_transaction:
+            return
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:  # the commit's failure is already being reported
+            log.error("live journal: rollback failed: %s", exc)
+
+    def _fail(self, tape: _Tape, what: str, exc: OSError) -> None:
+        log.error(
+            "live journal: the %s of session %r could not be stored: %s", what, tape.session_id, exc
+        )
+        reason = exc.strerror or type(exc).__name__
+        self._fail_tape(
+            tape, StorageFailed(f"the server could not store this session's {what} ({reason})")
+        )
+
+    def _fail_all(self, error: StorageFailed) -> None:
+        for tape in self._tapes.values():
+            if not tape.failed:
+                self._fail_tape(tape, error)
+
+    def _fail_tape(self, tape: _Tape, error: StorageFailed) -> None:
+        tape.failed = True
+        _close(tape)
+        self._post(_deliver_failed, tape.handle, error)
+
+    def _post(self, callback: Callable[..., None], *args: object) -> None:
+        try:
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # the loop closed without close(): nobody is left to tell
+            log.warning("live journal: event loop closed, %s dropped", callback.__name__)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:  # load_unfinished deletes it on the next start
+        log.warning("live journal: %s was not deleted: %s", path, exc)
+
+
+def _write_all(f: io.FileIO, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[f.write(view) :]
+
+
+def _close(tape: _Tape) -> None:
+    """Close the tape's file. Nothing waits in it (unbuffered), so a failing close loses
+    nothing the record claims."""
+    if tape.file is None:
+        return
+    f, tape.file = tape.file, None
+    try:
+        f.close()
+    except OSError as exc:
+        log.warning("live journal: closing %s failed: %s", tape.path, exc)
