@@ -19,12 +19,11 @@ One writer thread owns the connection and the audio files; the event loop only e
 writer group-commits: it waits for work, then until `commit_interval_s` after its previous
 group began, takes everything queued, appends and fdatasyncs each session's audio, then
 records the new durable lengths, finals, finalizes, names, merges and ends in one transaction,
-and
-reports each
-session's new durable length on the loop (`on_durable`). A recorded length never exceeds what
-was synced before it, so a reload finds everything ever reported durable; bytes past the
-record were never reported and are cut off. The files are synced one after another: a group's
-cost grows with the sessions streaming (not yet measured at DESIGN 10's 100 sessions).
+and reports each session's new durable length on the loop (`on_durable`). A recorded length
+never exceeds what was synced before it, so a reload finds everything ever reported durable;
+bytes past the record were never reported and are cut off. The files are synced one after
+another: a group's cost grows with the sessions streaming (not yet measured at DESIGN 10's 100
+sessions).
 
 Threads: the public methods run on the event loop's thread (`load_unfinished` on any thread,
 before `start`); the writer runs `Writer.run`. They share the queue, and the callbacks the
@@ -158,7 +157,7 @@ async def read_pcm(
 def journal_holder(root: Path) -> str | None:
     """Who holds the journal under `root` (its lock file), as `holder_phrase` names it, for a
     config check before a start; None where no running server does (or there is no journal
-    yet). Takes the lock and lets it go."""
+    yet). Takes the lock and lets it go. Raises ConfigError (`_take_lock`)."""
     path = root / LOCK_NAME
     if not path.exists():
         return None
@@ -182,8 +181,14 @@ def holder_phrase(path: Path) -> str:
 def _take_lock(path: Path) -> io.BufferedRandom | None:
     """`path` opened and exclusively flock'ed (without waiting), this process's pid written in
     it (`_lock_holder`), or None where another open file holds the lock. The lock lasts until
-    the file is closed or the process dies."""
-    f = open(path, "a+b")  # noqa: SIM115  (the caller closes it)
+    the file is closed or the process dies. Raises ConfigError where the file cannot be opened
+    (another user's, a directory in its place): the server cannot use that data dir."""
+    try:
+        f = open(path, "a+b")  # noqa: SIM115  (the caller closes it)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot open the live journal's lock file {path}: {exc.strerror or exc}"
+        ) from exc
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -346,9 +351,12 @@ class LiveJournal:
 
     def append_audio(self, session_id: str, pcm: bytes) -> None:
         """Queue `pcm` (interleaved PCM16 LE, whole frames) for the session's audio file.
-        Raises InternalError for a session not open or after `close`."""
+        Raises InternalError for a session not open, after `close`, or for a part frame."""
         handle = self._live(session_id)
-        assert len(pcm) % handle.frame_bytes == 0, (len(pcm), handle.frame_bytes)
+        if len(pcm) % handle.frame_bytes:  # the gateway refuses such frames before this
+            raise InternalError(
+                f"{len(pcm)} bytes of audio are not whole {handle.frame_bytes}-byte frames"
+            )
         if pcm and not handle.failed:
             self._queue.put(Append(handle, pcm))
 

@@ -26,10 +26,12 @@ from livemeet.errors import (
     error_for_code,
 )
 from livemeet.gateway.live_journal import (
+    LOCK_NAME,
     JournalSession,
     LiveJournal,
     RestoredSession,
     audio_name,
+    journal_holder,
 )
 from livemeet.gateway.live_journal_schema import SCHEMA_VERSION, segment_to_json
 from livemeet.transcript.segments import Segment, SegmentFlag
@@ -635,6 +637,29 @@ async def test_a_journal_of_a_newer_schema_is_refused(root: Path) -> None:
     with pytest.raises(ConfigError, match="schema version"):
         journal.start(asyncio.get_running_loop())
     await journal.close()
+
+
+async def test_a_lock_file_that_cannot_be_opened_is_a_config_error(root: Path) -> None:
+    """A lock path the server cannot open (here a directory; another user's file alike) was
+    a raw OSError: a traceback from `livemeet serve` and `--check-config`. It is the data
+    dir's problem, named with the path."""
+    (root / LOCK_NAME).mkdir(parents=True)
+    with pytest.raises(ConfigError, match="cannot open the live journal's lock file"):
+        journal_holder(root)
+    journal = LiveJournal(root)
+    with pytest.raises(ConfigError, match=str(root / LOCK_NAME)):
+        journal.load_unfinished()
+    await journal.close()
+
+
+async def test_audio_that_is_not_whole_frames_is_refused_even_under_python_o(
+    journal: LiveJournal,
+) -> None:
+    """An `assert` guarded it, which `python -O` strips: a part frame would shift every
+    later sample of the session's stored audio by a byte."""
+    journal.open_session(meta("s1"), lambda _: None, lambda _: None)
+    with pytest.raises(InternalError, match="not whole"):
+        journal.append_audio("s1", b"\x00" * (FRAME_BYTES + 1))
 
 
 async def test_a_second_server_on_the_same_journal_is_refused(root: Path) -> None:
