@@ -2,7 +2,9 @@
 // A dropped connection (close 1006) is resumed (docs/protocol.md, "Resume"), and so is a server
 // restarting (1012, `server_restarting`: its next start has the session): the page keeps the
 // audio the server has not acknowledged (`audio.ack`) and sends it again from the offset the
-// resumed `session.ready` reports; finals it has shown already are skipped by id.
+// resumed `session.ready` reports; finals it has shown already are skipped by id. So is a close
+// for a message of the page's that the server refused (4400, 4402, 4415: it keeps the session,
+// docs/protocol.md "Closing"), at most MAX_VIOLATION_RESUMES times a meeting.
 // Downloads of the transcript (JSON, SRT, VTT, text) link to the server's transcript resource
 // (docs/protocol.md, "Other endpoints"), which renders them with the uploads' writers.
 // A page reload does not end the meeting either: while a session is live the page keeps it in
@@ -44,6 +46,13 @@ const RECONNECT_OUTAGE_MAX_MS = 600000;
 const SERVICE_RESTART = 1012;
 // no close frame: the network, not the server, ended it; or a restart
 const RESUMABLE_CLOSES = [1005, 1006, SERVICE_RESTART];
+// a message of this page's that the server refused (invalid_request 4400, protocol_error 4402,
+// bad_audio 4415): it closes the socket, not the session, which it keeps for a resume as after
+// a drop (docs/protocol.md, "Closing": a client's violation costs nothing of its meeting), so
+// the page says so and resumes; at most this many times a meeting, in case the page keeps
+// sending what the server refuses (then the close is final)
+const VIOLATION_CLOSES = [4400, 4402, 4415];
+const MAX_VIOLATION_RESUMES = 3;
 // a colour per speaker label, by its number (S01 the first), so the captions overlay
 // (web/captions.js, the same palette and rule) colours each speaker as this page does
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
@@ -59,12 +68,23 @@ const STORAGE_KEY = "livemeet.recorder.session";
 // sessionStorage key of the API key typed in the page: this tab only, gone with it
 const API_KEY_STORAGE_KEY = "livemeet.recorder.api_key";
 const ALIVE_EVERY_MS = 1000; // alive_at is refreshed on acks at most this often
-// what the server accepts in `speaker.rename` (docs/protocol.md): a label "S" and digits of
-// at most 16 characters; a name of 1..64 characters once stripped, without control characters
-// or line breaks (one it refuses closes the session's socket, so the page checks first)
+// what the server accepts in `speaker.rename` (docs/protocol.md; livemeet/gateway/
+// live_protocol.py _parse_rename and name_problem): a label "S" and digits of at most 16
+// characters; a name of 1..64 characters (code points) once stripped, without control
+// characters, line breaks or lone surrogates, without bidirectional embeddings, overrides or
+// isolates, and with at least one visible character (a letter, number, punctuation or symbol).
+// One it refuses closes the session's socket, so the page applies the same rules first.
 const SPEAKER_LABEL = /^S\d{1,15}$/;
 const MAX_SPEAKER_NAME_CHARS = 64;
 const NAME_FORBIDDEN = /[\p{Cc}\p{Cs}\p{Zl}\p{Zp}]/u;
+const NAME_BIDI = /[\u202a-\u202e\u2066-\u2069]/;
+const NAME_VISIBLE = /[\p{L}\p{N}\p{P}\p{S}]/u;
+// what the server's str.strip() removes from a name's ends (Python's whitespace: it also
+// strips U+001C-001F and U+0085, which String.prototype.trim keeps, and keeps U+FEFF, which
+// trim strips), so the page checks, and sends, the name the server keeps
+const NAME_SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f" +
+                   "\\u205f\\u3000";
+const NAME_EDGES = new RegExp(`^[${NAME_SPACE}]+|[${NAME_SPACE}]+$`, "g");
 
 const $ = (id) => document.getElementById(id);
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
@@ -76,6 +96,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 revise: false, revisionPending: false,
                 finished: false, seenFinals: new Set(), windowS: 0, dropAt: 0, unreachableAt: 0,
                 attempt: 0,
+                // the server's last error ({code, message}) on this socket, and how many of
+                // this meeting's closes for a refused message were resumed
+                error: null, violations: 0,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -287,12 +310,25 @@ function canRename() {
          state.ws.readyState === WebSocket.OPEN;
 }
 
-// Why `name` (stripped) would be refused by the server, or "" if it would be accepted
+// `name` stripped as the server strips it
+function stripName(name) {
+  return name.replace(NAME_EDGES, "");
+}
+
+// Why `name` (stripped, not empty) would be refused by the server, or "" if it would be
+// accepted: the server's checks, in its order
 function nameProblem(name) {
   if ([...name].length > MAX_SPEAKER_NAME_CHARS) {
     return `a name holds at most ${MAX_SPEAKER_NAME_CHARS} characters`;
   }
   if (NAME_FORBIDDEN.test(name)) return "a name may not hold control characters or line breaks";
+  if (NAME_BIDI.test(name)) {
+    return "a name may not hold bidirectional embedding, override or isolate characters " +
+           "(U+202A-202E, U+2066-2069: often pasted along with a name from a chat)";
+  }
+  if (!NAME_VISIBLE.test(name)) {
+    return "a name needs a visible character (a letter, digit, punctuation or symbol)";
+  }
   return "";
 }
 
@@ -304,8 +340,8 @@ function renameSpeaker(label) {
   const answer = window.prompt(`Name for ${label} (empty: show ${label})`,
                                state.names.get(label) || "");
   if (answer === null) return; // cancelled
-  const name = answer.trim();
-  const problem = nameProblem(name);
+  const name = stripName(answer);
+  const problem = name ? nameProblem(name) : "";
   if (problem) {
     setStatus(`${label} not renamed: ${problem}`);
     return;
@@ -523,6 +559,7 @@ function onEvent(ev) {
         setStatus("the server is restarting: the meeting resumes once it is back…");
         break;
       }
+      state.error = { code: ev.code, message: ev.message };
       setStatus(`error ${ev.code}: ${ev.message}`);
       break;
   }
@@ -595,7 +632,7 @@ async function start(saved) {
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
-    revise: false, revisionPending: false,
+    revise: false, revisionPending: false, error: null, violations: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
@@ -687,10 +724,16 @@ function onClose(ws, ev, reached) {
   if (ws !== state.ws) return; // an old socket
   renderSpeakers(); // offline: no renames until the session is back
   if (state.unloading) return; // the page is going: its stored session stays for a resume
+  const error = state.error;
+  state.error = null;
+  // a refused message: the server kept the session (at most MAX_VIOLATION_RESUMES a meeting)
+  const violation = VIOLATION_CLOSES.includes(ev.code) &&
+                    state.violations < MAX_VIOLATION_RESUMES;
   // after the final, only the revision it promised is left to resume for
   const resumable = state.session && (!state.finished || state.revisionPending) &&
-                    RESUMABLE_CLOSES.includes(ev.code);
+                    (RESUMABLE_CLOSES.includes(ev.code) || violation);
   if (resumable) {
+    if (violation) state.violations += 1;
     if (!state.dropAt) state.dropAt = Date.now();
     else if (!reached) state.unreachableAt = Date.now(); // a retry found no server
     // a restart: down until its next start, which keeps the session a window from then
@@ -698,7 +741,11 @@ function onClose(ws, ev, reached) {
     // past the resume window the server has ended the session: nothing left to resume
     if (Date.now() < resumeDeadlineMs(state.dropAt, state.windowS, state.unreachableAt)) {
       const delay = reconnectDelayMs(state.attempt++);
-      const why = ev.code === SERVICE_RESTART ? "the server is restarting" : "connection lost";
+      let why = ev.code === SERVICE_RESTART ? "the server is restarting" : "connection lost";
+      if (violation) {
+        why = `the server refused a message of this page (${error ? `${error.code}: ` +
+              `${error.message}` : `closed ${ev.code}`}) and kept the meeting`;
+      }
       setStatus(`${why}: reconnecting in ${(delay / 1000).toFixed(1)} s…`);
       state.retry = setTimeout(connect, delay);
       return;
@@ -723,6 +770,12 @@ function onClose(ws, ev, reached) {
     // the server shut down and drained the session: the transcript above is final up to
     // where it stopped; a new recording continues on a server that is up
     setStatus("the server restarted: the transcript is final up to here; press Start to go on");
+  } else if (VIOLATION_CLOSES.includes(ev.code) && state.session) {
+    // refused once too often: the server still ends the session once its window passes and
+    // stores its transcript (the downloads, shown since session.ready, then serve it)
+    setStatus(`${$("status").textContent} (closed ${ev.code}, after ${state.violations} ` +
+              "resumes for refused messages): recording stopped; the server keeps the " +
+              "meeting's transcript, download it below; press Start for a new meeting");
   } else if (ev.code !== 1000 && !resumable) {
     setStatus(`${$("status").textContent} (closed ${ev.code})`);
   }

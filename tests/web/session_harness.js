@@ -9,6 +9,8 @@
 // named through the page, the server's answers, a drop and the names' replay on the resume),
 // "merges" (two labels merged into one through the page, the server's answers, a rename of
 // the merged label, a drop and the merges' replay on the resume, the final's `merged`),
+// "badnames" (speaker names the server refuses, and some it takes), "violation" (the server
+// refuses a message of the page's and closes 4400/4402/4415, keeping the session),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -259,6 +261,62 @@ async function namesScenario() {
   return out;
 }
 
+// names the server refuses (docs/protocol.md, speaker.rename), each answered to the prompt of
+// a click on S01: the page must say why and send nothing (a refusal closes the socket); and
+// names it takes, sent as the server keeps them (stripped as Python strips)
+const BAD_NAMES = ["\u2068Alice\u2069", "\u202eecilA", "Bob\u202a", "\u200b", "\u0301\u200d",
+                   "\u00a0\u200b\u3000"];
+const GOOD_NAMES = ["\u001fZed\u0085", "\u200bAl", "\u{1F600}", "  Ann\u3000", "O'Neil-Ng"];
+
+async function badNamesScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  ws.receive(said("seg-0000", 0, "S01"));
+  const refused = [];
+  for (const name of BAD_NAMES) {
+    answers.push(name);
+    element("finals").children[0].children[1].listeners.click();
+    refused.push(element("status").textContent);
+  }
+  const sentForBad = renamesSent(ws);
+  for (const name of GOOD_NAMES) {
+    answers.push(name);
+    element("finals").children[0].children[1].listeners.click();
+  }
+  return { refused, sentForBad, sentForGood: renamesSent(ws).map((m) => m.name) };
+}
+
+// the server refuses a message of the page's (invalid_request, 4400; protocol_error, 4402;
+// bad_audio, 4415) and keeps the session: the page resumes it, at most 3 times a meeting
+async function violationScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const out = { statuses: [], resumes: [] };
+  let ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  speak(); speak();
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  for (const [i, code] of [4400, 4402, 4415, 4400].entries()) {
+    ws.receive({ type: "error", code: code === 4402 ? "protocol_error" : "invalid_request",
+                 message: `refused #${i}`, retryable: false });
+    ws.drop(code);
+    out.statuses.push(element("status").textContent);
+    await sleep(400);
+    if (sockets.length === i + 1) break; // not resumed
+    ws = sockets[i + 1];
+    ws.open();
+    ws.receive(ready({ resumed: true, offset: 1600 }));
+    out.resumes.push(ws.sent);
+  }
+  out.status = element("status").textContent;
+  out.start_disabled = element("start").disabled;
+  return out;
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -375,7 +433,7 @@ async function expiredScenario(storage) {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
-                    revised: {}, unrevised: {} }[scenario];
+                    revised: {}, unrevised: {}, badnames: {}, violation: {} }[scenario];
   const storage = new FakeStorage(initial);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, kept));
@@ -383,7 +441,8 @@ async function expiredScenario(storage) {
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
                       expired: expiredScenario, names: namesScenario, merges: mergesScenario,
                       apikey: apiKeyScenario, refused: refusedScenario,
-                      revised: revisedScenario, unrevised: unrevisedScenario };
+                      revised: revisedScenario, unrevised: unrevisedScenario,
+                      badnames: badNamesScenario, violation: violationScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -252,3 +252,36 @@ def test_merges_are_disabled_offline_replayed_on_the_resume_and_taken_from_the_f
     assert result["chained"] == ["Alice", "Alice", "Alice"]
     assert result["chainedList"] == [["Alice (S01 + S02 + S03)", False]]
     assert result["final"] == ["Alice"] * 4
+
+
+def test_the_page_refuses_the_names_the_server_refuses_and_sends_what_it_keeps() -> None:
+    """A name with bidi isolate marks (pasted from a chat) or with nothing visible (a zero-width
+    space) passed the page's check, and the server's refusal closed the socket and ended the
+    recording (a trial). The page applies the server's rules (live_protocol.py): it says why
+    and sends nothing; it strips a name as the server does, so what it sends is kept as is."""
+    result = run("badnames")
+    assert result["sentForBad"] == []
+    bidi, override, embedding, zwsp, marks, spaces = result["refused"]
+    for status in (bidi, override, embedding):
+        assert "S01 not renamed" in status and "bidirectional" in status
+    for status in (zwsp, marks, spaces):
+        assert "S01 not renamed" in status and "visible character" in status
+    assert result["sentForGood"] == ["Zed", "\u200bAl", "\U0001f600", "Ann", "O'Neil-Ng"]
+
+
+def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
+    """The server closes a client's violation (4400, 4402, 4415) with the session kept for a
+    resume (docs/protocol.md, "Closing"); the page took the close as final and forgot the
+    session, ending the recording. It now says so and resumes (audio from the offset), at
+    most 3 times a meeting: the 4th such close is final."""
+    result = run("violation")
+    assert len(result["resumes"]) == 3
+    for sent in result["resumes"]:
+        assert sent[0]["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+        assert [m.get("frame") for m in sent[1:]] == [1]  # the unacknowledged frame again
+    first = result["statuses"][0]
+    assert "refused" in first and "invalid_request: refused #0" in first
+    assert "kept the meeting" in first and "reconnecting" in first
+    assert "recording stopped" in result["status"] and "closed 4400" in result["status"]
+    assert result["start_disabled"] is False
+    assert len(result["sockets"]) == 4
