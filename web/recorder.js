@@ -4,7 +4,8 @@
 // audio the server has not acknowledged (`audio.ack`) and sends it again from the offset the
 // resumed `session.ready` reports; finals it has shown already are skipped by id. So is a close
 // for a message of the page's that the server refused (4400, 4402, 4415: it keeps the session,
-// docs/protocol.md "Closing"), at most MAX_VIOLATION_RESUMES times a meeting.
+// docs/protocol.md "Closing"), at most MAX_VIOLATION_RESUMES times a meeting, and a socket that
+// has gone silent (a dead network path sends no close: the watchdog, ACK_TIMEOUT_MS).
 // Downloads of the transcript (JSON, SRT, VTT, text) link to the server's transcript resource
 // (docs/protocol.md, "Other endpoints"), which renders them with the uploads' writers.
 // A page reload does not end the meeting either: while a session is live the page keeps it in
@@ -53,6 +54,31 @@ const RESUMABLE_CLOSES = [1005, 1006, SERVICE_RESTART];
 // sending what the server refuses (then the close is final)
 const VIOLATION_CLOSES = [4400, 4402, 4415];
 const MAX_VIOLATION_RESUMES = 3;
+// A dead network path (packets dropped, no close: a Wi-Fi that went, a NAT that forgot the
+// connection) leaves the socket open while nothing arrives. The server acknowledges audio
+// within 0.25 s of taking it in (`audio.ack`, ACK_INTERVAL_S; its journal commits every
+// 0.1 s) and answers every rename and merge, so audio or a message sent and nothing from the
+// server for ACK_TIMEOUT_MS means the socket is dead: the page drops it and resumes as after a
+// close without a close frame. 15 s is 60 ack intervals (a slow disk's commit or a congested
+// uplink's retransmissions fit in it) and leaves most of the 60-s resend buffer
+// (MAX_UNACKED_S) and of the server's idle timeout (60 s: past it the server ends the
+// session of a client it does not hear) for the resume.
+const ACK_TIMEOUT_MS = 15000;
+// after `end` the server owes the final, and may say nothing while it decodes the last audio
+// (MOSS-TD's final comes within ~2 s of `end`): a longer wait before the socket counts as
+// dead; the resume then gets the final (a session ended while detached resumes ENDING)
+const FINAL_QUIET_MS = 30000;
+// a socket that has not opened (the network may drop its handshake as it dropped the last
+// socket's packets), and one that opened and has not answered `start`: a resume waits while
+// the server rebuilds its session after its engine worker was lost (up to 120 s,
+// LIVE_ENGINE_RECOVERY_S; docs/protocol.md "Resume")
+const CONNECT_TIMEOUT_MS = 15000;
+const READY_TIMEOUT_MS = 130000;
+const WATCHDOG_EVERY_MS = 1000;
+// Stop with no final this long after it: the page stops waiting and says so. The server's own
+// bound is 10 minutes after `end` (then engine_unavailable, docs/protocol.md); a minute more
+// for the reconnects of a page that lost its socket meanwhile.
+const FINAL_GIVE_UP_MS = 660000;
 // a colour per speaker label, by its number (S01 the first), so the captions overlay
 // (web/captions.js, the same palette and rule) colours each speaker as this page does
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
@@ -99,6 +125,10 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // the server's last error ({code, message}) on this socket, and how many of
                 // this meeting's closes for a refused message were resumed
                 error: null, violations: 0,
+                // the current socket opened; when the page last heard from the server; since
+                // when it owes an answer (a send since it was last heard from, or the
+                // socket's open and session.ready; 0: none); when Stop was pressed
+                reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, watchdog: null,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -347,7 +377,8 @@ function renameSpeaker(label) {
     return;
   }
   if (!canRename()) return; // the connection went while the prompt was open
-  state.ws.send(JSON.stringify({ type: "speaker.rename", speaker: label, name: name || null }));
+  sendAwaiting(state.ws,
+               JSON.stringify({ type: "speaker.rename", speaker: label, name: name || null }));
 }
 
 // The labels `label` stands for in the speakers list: it, then those merged into it
@@ -409,7 +440,7 @@ function mergeSpeakers() {
     return;
   }
   if (!canRename()) return; // the connection went while the prompt was open
-  state.ws.send(JSON.stringify({ type: "speaker.merge", speaker: label, into }));
+  sendAwaiting(state.ws, JSON.stringify({ type: "speaker.merge", speaker: label, into }));
 }
 
 // Everything that shows a speaker, again (after a name changed, or the connection did)
@@ -493,6 +524,11 @@ function onEvent(ev) {
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
       showExport(state.captions, state.startedAt, "(the finals so far)");
+      if (state.ending) { // Stop came before this resume: `end` is sent (again)
+        setStatus(`finishing… (reconnected to session ${ev.session_id}: waiting for its ` +
+                  "final transcript)");
+        break;
+      }
       setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${ev.session_id}, ` +
                 `model ${ev.model})${lostNote()}`);
       break;
@@ -632,7 +668,7 @@ async function start(saved) {
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
-    revise: false, revisionPending: false, error: null, violations: 0,
+    revise: false, revisionPending: false, error: null, violations: 0, stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
@@ -661,7 +697,7 @@ async function start(saved) {
   // the microphone runs on through a drop: its audio waits in the buffer for the resume
   state.node.port.onmessage = (msg) => {
     if (state.buffer.push(msg.data) && state.live && state.ws.readyState === WebSocket.OPEN) {
-      state.ws.send(msg.data);
+      sendAwaiting(state.ws, msg.data);
     }
   };
   source.connect(state.node);
@@ -673,9 +709,12 @@ function connect() {
   const ws = new WebSocket(serverUrl("v1/live", true));
   ws.binaryType = "arraybuffer";
   state.ws = ws;
-  let reached = false; // this socket opened: a server answered
+  state.reached = false; // this socket opened: a server answered
+  state.awaitingSince = Date.now(); // its open, then session.ready
+  // the watchdog runs from a meeting's first socket to its last close
+  if (!state.watchdog) state.watchdog = setInterval(watchdog, WATCHDOG_EVERY_MS);
   ws.onopen = () => {
-    reached = true;
+    state.reached = true;
     state.opened = true;
     const start = { type: "start", sample_rate: state.format.sample_rate,
                     channels: state.format.channels, encoding: "pcm_s16le" };
@@ -686,11 +725,79 @@ function connect() {
                                   KEEPALIVE_MS);
   };
   ws.onmessage = (msg) => {
+    state.heardAt = Date.now();
+    state.awaitingSince = 0;
     const ev = JSON.parse(msg.data);
     if (ev.type === "session.ready") onReady(ws, ev);
     onEvent(ev);
   };
-  ws.onclose = (ev) => onClose(ws, ev, reached);
+  ws.onclose = (ev) => onClose(ws, ev, state.reached);
+}
+
+// Send what the server answers (audio: its ack; `end`: the final; a rename or merge: its
+// answer): the watchdog expects to hear from it
+function sendAwaiting(ws, data) {
+  ws.send(data);
+  if (!state.awaitingSince) state.awaitingSince = Date.now();
+}
+
+// Every WATCHDOG_EVERY_MS: a socket that owes an answer and has been silent past its limit is
+// dead (no close may ever come: docs above ACK_TIMEOUT_MS), and a Stop whose final has not
+// come in FINAL_GIVE_UP_MS is given up.
+function watchdog() {
+  if (state.ending && !state.finished && state.stoppedAt &&
+      Date.now() - state.stoppedAt > FINAL_GIVE_UP_MS) {
+    giveUpFinal();
+    return;
+  }
+  const ws = state.ws;
+  if (!ws || !state.awaitingSince) return;
+  let limit = ACK_TIMEOUT_MS;
+  if (!state.reached) limit = CONNECT_TIMEOUT_MS;
+  else if (!state.live) limit = READY_TIMEOUT_MS;
+  else if (state.ending) limit = FINAL_QUIET_MS;
+  const silentMs = Date.now() - state.awaitingSince;
+  if (silentMs < limit) return;
+  // the server may have let the session go since it was last heard from: the resume window
+  // counts from then
+  if (!state.dropAt && state.heardAt) state.dropAt = state.heardAt;
+  const reached = state.reached;
+  forgetSocket(ws);
+  onClose(ws, { code: 1006, why: `no answer from the server for ${Math.round(silentMs / 1000)} s` },
+          reached);
+}
+
+function stopWatchdog() {
+  clearInterval(state.watchdog);
+  state.watchdog = null;
+}
+
+// Close `ws` and hear nothing more of it (on a dead path its close event may come minutes
+// later, or never)
+function forgetSocket(ws) {
+  ws.onopen = ws.onmessage = ws.onclose = null;
+  try {
+    ws.close();
+  } catch (e) { /* closed already */ }
+}
+
+// No final FINAL_GIVE_UP_MS after Stop: stop waiting, and say where the transcript is
+function giveUpFinal() {
+  clearTimeout(state.retry);
+  clearInterval(state.keepalive);
+  if (state.ws) forgetSocket(state.ws);
+  state.live = false;
+  state.ending = false;
+  state.stoppedAt = state.awaitingSince = state.dropAt = state.unreachableAt = 0;
+  stopWatchdog();
+  stopAudio();
+  clearSession();
+  renderSpeakers();
+  setStatus(`no final transcript ${Math.round(FINAL_GIVE_UP_MS / 60000)} minutes after Stop: ` +
+            "the page stopped waiting; the server stores the meeting's transcript once it " +
+            "has it (the downloads below)");
+  $("start").disabled = false;
+  $("stop").disabled = true;
 }
 
 // The session is ready (new or resumed): send what it lacks, from its offset, then go live.
@@ -712,9 +819,10 @@ function onReady(ws, ev) {
   }
   if (state.session) saveSession();
   state.buffer.ack(ev.offset);
-  for (const data of state.buffer.from(ev.offset)) ws.send(data);
+  for (const data of state.buffer.from(ev.offset)) sendAwaiting(ws, data);
   state.live = true;
-  if (state.ending) ws.send(JSON.stringify({ type: "end" })); // Stop came while offline
+  // Stop came while offline (or a drop came after `end`: the server ignores a second one)
+  if (state.ending) sendAwaiting(ws, JSON.stringify({ type: "end" }));
   else $("stop").disabled = false;
 }
 
@@ -722,6 +830,7 @@ function onClose(ws, ev, reached) {
   clearInterval(state.keepalive);
   state.live = false;
   if (ws !== state.ws) return; // an old socket
+  state.awaitingSince = 0;
   renderSpeakers(); // offline: no renames until the session is back
   if (state.unloading) return; // the page is going: its stored session stays for a resume
   const error = state.error;
@@ -741,7 +850,8 @@ function onClose(ws, ev, reached) {
     // past the resume window the server has ended the session: nothing left to resume
     if (Date.now() < resumeDeadlineMs(state.dropAt, state.windowS, state.unreachableAt)) {
       const delay = reconnectDelayMs(state.attempt++);
-      let why = ev.code === SERVICE_RESTART ? "the server is restarting" : "connection lost";
+      let why = ev.why || (ev.code === SERVICE_RESTART ? "the server is restarting"
+                                                        : "connection lost");
       if (violation) {
         why = `the server refused a message of this page (${error ? `${error.code}: ` +
               `${error.message}` : `closed ${ev.code}`}) and kept the meeting`;
@@ -755,6 +865,8 @@ function onClose(ws, ev, reached) {
   }
   state.dropAt = 0;
   state.unreachableAt = 0;
+  state.stoppedAt = 0; // no final to wait for any more
+  stopWatchdog();
   stopAudio();
   clearSession(); // ended, refused or taken over: not this page's to resume any more
   if (ev.code === 4404) {
@@ -794,8 +906,9 @@ function stop() {
   $("stop").disabled = true;
   stopAudio();
   state.ending = true;
+  state.stoppedAt = Date.now();
   if (state.live) {
-    state.ws.send(JSON.stringify({ type: "end" }));
+    sendAwaiting(state.ws, JSON.stringify({ type: "end" }));
     setStatus("finishing…");
   } // else: offline; the resume sends `end` after the audio it still owes
 }

@@ -10,7 +10,9 @@
 // "merges" (two labels merged into one through the page, the server's answers, a rename of
 // the merged label, a drop and the merges' replay on the resume, the final's `merged`),
 // "badnames" (speaker names the server refuses, and some it takes), "violation" (the server
-// refuses a message of the page's and closes 4400/4402/4415, keeping the session),
+// refuses a message of the page's and closes 4400/4402/4415, keeping the session), "deadpath"
+// (the server stops answering without a close: the watchdog resumes, before and after Stop),
+// "nofinal" (Stop, and the final never comes),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -31,9 +33,12 @@ class FakeStorage {
   removeItem(k) { delete this.items[k]; }
 }
 
+// the page's clock: NOW, moved on by hand (advance) where a scenario needs time to pass
+let clock = NOW;
+const advance = (ms) => { clock += ms; };
 class FixedDate extends Date {
-  constructor(...args) { if (args.length) super(...args); else super(NOW); }
-  static now() { return NOW; }
+  constructor(...args) { if (args.length) super(...args); else super(clock); }
+  static now() { return clock; }
 }
 
 // the page's address: PAGE_HREF, e.g. a proxy serving livemeet under a path
@@ -317,6 +322,73 @@ async function violationScenario() {
   return out;
 }
 
+// the socket whose sends the server stops answering: a dead network path, no close (a trial:
+// the page said "recording" while its resend buffer filled, and Stop spun on "finishing…")
+const frames = (sent) => sent.filter((m) => "frame" in m).map((m) => m.frame);
+async function deadPathScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const out = {};
+  sockets[0].open();
+  sockets[0].receive(ready());
+  speak(); speak();
+  sockets[0].receive({ type: "audio.ack", offset: 1600 });
+  speak(); speak(); // frames 2, 3: never acknowledged
+  advance(14000);
+  await sleep(1100); // a watchdog tick: 14 s is not yet dead
+  out.socketsAt14s = sockets.length;
+  out.statusAt14s = element("status").textContent;
+  advance(2000);
+  await sleep(1100);
+  out.closedByPage = sockets[0].closedByPage;
+  out.statusDead = element("status").textContent;
+  await sleep(300); // the first retry, after 250 ms
+  out.socketsAfterDead = sockets.length;
+  advance(16000); // the retry's handshake never completes either
+  await sleep(1100 + 600);
+  const resumed = sockets[2];
+  out.socketCount = sockets.length;
+  out.connectClosed = sockets[1].closedByPage;
+  resumed.open();
+  resumed.receive(ready({ resumed: true, offset: 1600 }));
+  out.resent = frames(resumed.sent);
+  out.resumeStart = resumed.sent[0];
+  element("stop").listeners.click(); // `end`, and then no final, no message at all
+  await sleep(300);
+  out.endSent = resumed.sent[resumed.sent.length - 1];
+  advance(29000);
+  await sleep(1100);
+  out.socketsAt29s = sockets.length;
+  advance(2000);
+  await sleep(1100 + 300);
+  const last = sockets[3];
+  out.finishingSockets = sockets.length;
+  last.open();
+  last.receive(ready({ resumed: true, offset: 6400 }));
+  out.lastSent = last.sent;
+  out.statusFinishing = element("status").textContent;
+  last.receive(finalOf([final("seg-0000", 0)]));
+  last.drop(1000);
+  out.status = element("status").textContent;
+  return out;
+}
+
+// Stop, and no final ever comes, though the socket is answered: the page gives up in the end
+async function noFinalScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive(ready());
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  sockets[0].receive({ type: "audio.ack", offset: 1600 });
+  advance(11 * 60000 + 1000);
+  await sleep(1100);
+  return { status: element("status").textContent, start_disabled: element("start").disabled,
+           closedByPage: sockets[0].closedByPage, count: sockets.length };
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -433,7 +505,8 @@ async function expiredScenario(storage) {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
-                    revised: {}, unrevised: {}, badnames: {}, violation: {} }[scenario];
+                    revised: {}, unrevised: {}, badnames: {}, violation: {}, deadpath: {},
+                    nofinal: {} }[scenario];
   const storage = new FakeStorage(initial);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, kept));
@@ -442,7 +515,8 @@ async function expiredScenario(storage) {
                       expired: expiredScenario, names: namesScenario, merges: mergesScenario,
                       apikey: apiKeyScenario, refused: refusedScenario,
                       revised: revisedScenario, unrevised: unrevisedScenario,
-                      badnames: badNamesScenario, violation: violationScenario };
+                      badnames: badNamesScenario, violation: violationScenario,
+                      deadpath: deadPathScenario, nofinal: noFinalScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

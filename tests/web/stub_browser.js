@@ -4,7 +4,7 @@
 // - element(id): the page element `id` ({textContent, disabled, style, listeners, children});
 // - sockets: every FakeWebSocket the page opened, in order: open(), receive(event),
 //   drop(code); `sent` holds text frames parsed and binary ones as {frame, frames} (the
-//   frame's first sample, its sample count);
+//   frame's first sample, its sample count); `closedByPage`: the page called close();
 // - speak(): the microphone delivers one 100-ms frame (1,600 samples at 16 kHz) whose
 //   samples all hold its index (0, 1, ...), so `sent` shows which frame went where;
 // - sandbox(extra): the page's globals (document, window, navigator, AudioContext, the
@@ -38,6 +38,7 @@ function stubBrowser() {
     open() { this.readyState = 1; this.onopen(); }
     receive(ev) { this.onmessage({ data: JSON.stringify(ev) }); }
     drop(code) { this.readyState = 3; this.onclose({ code }); }
+    close() { this.closedByPage = true; this.readyState = 3; }
   }
   FakeWebSocket.OPEN = 1;
 

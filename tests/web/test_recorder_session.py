@@ -285,3 +285,33 @@ def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
     assert "recording stopped" in result["status"] and "closed 4400" in result["status"]
     assert result["start_disabled"] is False
     assert len(result["sockets"]) == 4
+
+
+def test_a_socket_the_server_stopped_answering_is_dropped_and_the_session_resumed() -> None:
+    """A dead network path (packets dropped, no close): the page said "recording" while its
+    resend buffer filled, then dropped audio, and Stop showed "finishing…" forever (a trial).
+    Audio sent and no answer for 15 s (ACK_TIMEOUT_MS; acks come every 0.25 s) now drops the
+    socket and resumes as a drop does; a retry whose handshake does not complete is dropped
+    too; after Stop, 30 s without the final (FINAL_QUIET_MS) reconnects for it."""
+    result = run("deadpath")
+    assert result["socketsAt14s"] == 1 and result["statusAt14s"].startswith("recording")
+    assert result["closedByPage"] is True
+    assert "no answer from the server for 16 s" in result["statusDead"]
+    assert "reconnecting" in result["statusDead"]
+    assert result["socketsAfterDead"] == 2
+    assert result["connectClosed"] is True and result["socketCount"] == 3
+    assert result["resumeStart"]["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+    assert result["resent"] == [1, 2, 3]  # everything after the last ack
+    assert result["endSent"] == {"type": "end"}
+    assert result["socketsAt29s"] == 3
+    assert result["finishingSockets"] == 4
+    assert result["lastSent"][-1] == {"type": "end"}  # again: the server ignores a second
+    assert "finishing" in result["statusFinishing"]
+    assert result["status"].startswith("done:")
+
+
+def test_a_final_that_never_comes_is_given_up_after_eleven_minutes() -> None:
+    result = run("nofinal")
+    assert "no final transcript 11 minutes after Stop" in result["status"]
+    assert result["start_disabled"] is False
+    assert result["closedByPage"] is True and result["count"] == 1
