@@ -13,6 +13,17 @@ class PcmWorklet extends AudioWorkletProcessor {
     this.pos = 0; // fractional input position of the next output sample boundary
     this.out = new Int16Array(FRAME_SAMPLES);
     this.fill = 0;
+    // Stop asks for the samples of the frame being filled (under 100 ms), so they are sent
+    // before `end`: right after Start they may be all the audio there is
+    this.port.onmessage = (msg) => {
+      if (msg.data === "flush") this.flush();
+    };
+  }
+
+  flush() {
+    const part = this.out.slice(0, this.fill);
+    this.fill = 0;
+    this.port.postMessage({ flushed: part.buffer }, [part.buffer]);
   }
 
   process(inputs) {

@@ -79,6 +79,14 @@ const WATCHDOG_EVERY_MS = 1000;
 // bound is 10 minutes after `end` (then engine_unavailable, docs/protocol.md); a minute more
 // for the reconnects of a page that lost its socket meanwhile.
 const FINAL_GIVE_UP_MS = 660000;
+// Stop asks the worklet for the audio of the frame it is filling (under 100 ms), to send before
+// `end`; past this wait (a suspended context) it goes on without it
+const FLUSH_WAIT_MS = 200;
+// Stop before the microphone gave any audio (right after Start): `end` before any audio is a
+// protocol_error, and a session closed without `end` is kept for a resume, holding one of the
+// server's sessions (--max-sessions) for its window; this much silence, then `end`, ends it at
+// once (20 ms, the shortest frame docs/protocol.md recommends)
+const EMPTY_STOP_S = 0.02;
 // a colour per speaker label, by its number (S01 the first), so the captions overlay
 // (web/captions.js, the same palette and rule) colours each speaker as this page does
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
@@ -129,6 +137,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // when it owes an answer (a send since it was last heard from, or the
                 // socket's open and session.ready; 0: none); when Stop was pressed
                 reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, watchdog: null,
+                // Stop waits for the worklet's last samples (onFlushed: when they came);
+                // nothing: Stop came before any audio
+                flushing: false, onFlushed: null, nothing: false,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -567,7 +578,9 @@ function onEvent(ev) {
       state.finals = ev.segments;
       for (const seg of ev.segments) state.speakers.add(seg.speaker);
       renderNames(); // the speakers list is disabled: the meeting is over
-      setStatus(`done: ${ev.duration.toFixed(1)} s, ${ev.finish_reason}${lostNote()}`);
+      if (state.nothing && !ev.segments.length) {
+        setStatus("stopped before the microphone gave any audio: nothing recorded");
+      } else setStatus(`done: ${ev.duration.toFixed(1)} s, ${ev.finish_reason}${lostNote()}`);
       showExport(state.captions, state.startedAt, "(final)");
       state.revisionPending = state.revise;
       if (state.revise) {
@@ -668,6 +681,7 @@ async function start(saved) {
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
+    flushing: false, onFlushed: null, nothing: false,
     revise: false, revisionPending: false, error: null, violations: 0, stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -694,14 +708,23 @@ async function start(saved) {
   const source = state.ctx.createMediaStreamSource(state.stream);
   state.node = new AudioWorkletNode(state.ctx, "pcm-worklet");
   state.buffer = new ResumeBuffer(MAX_UNACKED_S * SAMPLE_RATE);
-  // the microphone runs on through a drop: its audio waits in the buffer for the resume
+  // a frame of audio, or the answer to Stop's flush: {flushed: the samples held, maybe none}
   state.node.port.onmessage = (msg) => {
-    if (state.buffer.push(msg.data) && state.live && state.ws.readyState === WebSocket.OPEN) {
-      sendAwaiting(state.ws, msg.data);
-    }
+    const flushed = msg.data && msg.data.flushed !== undefined;
+    const data = flushed ? msg.data.flushed : msg.data;
+    if (data.byteLength) takeAudio(data);
+    if (flushed && state.onFlushed) state.onFlushed();
   };
   source.connect(state.node);
   connect();
+}
+
+// Audio for the session: kept for a resend until acknowledged, and sent while live (the
+// microphone runs on through a drop: its audio waits in the buffer for the resume)
+function takeAudio(data) {
+  if (state.buffer.push(data) && state.live && state.ws.readyState === WebSocket.OPEN) {
+    sendAwaiting(state.ws, data);
+  }
 }
 
 // Open a socket for a new session, or (state.session set) to resume it.
@@ -821,9 +844,11 @@ function onReady(ws, ev) {
   state.buffer.ack(ev.offset);
   for (const data of state.buffer.from(ev.offset)) sendAwaiting(ws, data);
   state.live = true;
-  // Stop came while offline (or a drop came after `end`: the server ignores a second one)
-  if (state.ending) sendAwaiting(ws, JSON.stringify({ type: "end" }));
-  else $("stop").disabled = false;
+  // Stop came while offline (or a drop came after `end`: the server ignores a second one);
+  // while Stop waits for the microphone's last samples, it sends `end` after them
+  if (state.ending) {
+    if (!state.flushing) sendAwaiting(ws, JSON.stringify({ type: "end" }));
+  } else $("stop").disabled = false;
 }
 
 function onClose(ws, ev, reached) {
@@ -904,13 +929,41 @@ function stopAudio() {
 
 function stop() {
   $("stop").disabled = true;
-  stopAudio();
   state.ending = true;
   state.stoppedAt = Date.now();
-  if (state.live) {
-    sendAwaiting(state.ws, JSON.stringify({ type: "end" }));
-    setStatus("finishing…");
-  } // else: offline; the resume sends `end` after the audio it still owes
+  state.flushing = true;
+  flushMicrophone(() => {
+    state.flushing = false;
+    stopAudio();
+    if (state.buffer && state.buffer.next === 0) {
+      // nothing recorded: silence lets `end` end the session at once (EMPTY_STOP_S)
+      state.nothing = true;
+      takeAudio(new ArrayBuffer(Math.round(state.format.sample_rate * EMPTY_STOP_S) *
+                                BYTES_PER_FRAME));
+    }
+    if (state.live) {
+      sendAwaiting(state.ws, JSON.stringify({ type: "end" }));
+      setStatus("finishing…");
+    } // else: offline; the resume sends `end` after the audio it still owes
+  });
+}
+
+// The worklet's samples of the frame it is filling, taken as audio; then `done`
+function flushMicrophone(done) {
+  let called = false;
+  const once = () => {
+    if (called) return;
+    called = true;
+    state.onFlushed = null;
+    done();
+  };
+  if (!state.node) {
+    once();
+    return;
+  }
+  state.onFlushed = once;
+  state.node.port.postMessage("flush");
+  setTimeout(once, FLUSH_WAIT_MS);
 }
 
 function startClicked(saved) {

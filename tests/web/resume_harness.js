@@ -146,6 +146,7 @@ async function restart() {
   second.receive(final("seg-0001", 1));
   speak(); // frame 7: live on the new socket
   element("stop").listeners.click();
+  await sleep(50); // Stop's flush of the worklet, then `end`
   console.log(JSON.stringify({
     sockets: sockets.length,
     liveUrl: first.url,

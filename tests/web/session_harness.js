@@ -12,7 +12,8 @@
 // "badnames" (speaker names the server refuses, and some it takes), "violation" (the server
 // refuses a message of the page's and closes 4400/4402/4415, keeping the session), "deadpath"
 // (the server stops answering without a close: the watchdog resumes, before and after Stop),
-// "nofinal" (Stop, and the final never comes),
+// "nofinal" (Stop, and the final never comes), "quickstop" (Stop before the first audio frame;
+// FLUSH: what the worklet holds then, "none": no answer),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -24,7 +25,7 @@ const { stubBrowser, sleep } = require("./stub_browser");
 const [source, scenario] = process.argv.slice(2);
 const NOW = Date.UTC(2026, 11, 5, 14, 30, 15); // the meeting's start: 2026-12-05 14:30 UTC
 
-const { element, sockets, speak, sandbox: browserSandbox } = stubBrowser();
+const { element, sockets, speak, sandbox: browserSandbox, worklet } = stubBrowser();
 
 class FakeStorage {
   constructor(items) { this.items = { ...items }; }
@@ -389,6 +390,24 @@ async function noFinalScenario() {
            closedByPage: sockets[0].closedByPage, count: sockets.length };
 }
 
+// Stop pressed right after Start, before the microphone's first 100-ms frame: the page sent
+// `end` before any audio (protocol_error, 4402), and the session, closed without `end`, held
+// a server slot for its resume window (a trial). FLUSH: the samples the worklet holds then.
+async function quickStopScenario() {
+  const held = Number(process.env.FLUSH);
+  worklet.flushSamples = Number.isNaN(held) ? null : held;
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive(ready());
+  element("stop").listeners.click();
+  await sleep(300); // the flush's answer, or FLUSH_WAIT_MS without one
+  const sent = sockets[0].sent;
+  sockets[0].receive(finalOf([]));
+  sockets[0].drop(1000);
+  return { sent, posted: worklet.posted, status: element("status").textContent };
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -506,7 +525,7 @@ async function expiredScenario(storage) {
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
                     revised: {}, unrevised: {}, badnames: {}, violation: {}, deadpath: {},
-                    nofinal: {} }[scenario];
+                    nofinal: {}, quickstop: {} }[scenario];
   const storage = new FakeStorage(initial);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, kept));
@@ -516,7 +535,8 @@ async function expiredScenario(storage) {
                       apikey: apiKeyScenario, refused: refusedScenario,
                       revised: revisedScenario, unrevised: unrevisedScenario,
                       badnames: badNamesScenario, violation: violationScenario,
-                      deadpath: deadPathScenario, nofinal: noFinalScenario };
+                      deadpath: deadPathScenario, nofinal: noFinalScenario,
+                      quickstop: quickStopScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

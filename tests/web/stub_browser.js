@@ -7,6 +7,8 @@
 //   frame's first sample, its sample count); `closedByPage`: the page called close();
 // - speak(): the microphone delivers one 100-ms frame (1,600 samples at 16 kHz) whose
 //   samples all hold its index (0, 1, ...), so `sent` shows which frame went where;
+// - worklet: what the page posted to the worklet node (`posted`), the node's options, and
+//   `flushSamples`: the samples its answer to a "flush" holds (0 by default; null: no answer);
 // - sandbox(extra): the page's globals (document, window, navigator, AudioContext, the
 //   worklet node, WebSocket, timers, URL, console), `extra` added or replacing them.
 function stubBrowser() {
@@ -43,7 +45,23 @@ function stubBrowser() {
   FakeWebSocket.OPEN = 1;
 
   let port = null;
-  class FakeNode { constructor() { this.port = {}; port = this.port; } }
+  // the worklet's answer to a "flush" (Stop): the samples of the frame it was filling, each
+  // holding the next frame index; `flushSamples` of them (0: none), or no answer (null)
+  const worklet = { flushSamples: 0, posted: [] };
+  class FakeNode {
+    constructor(ctx, name, options) {
+      worklet.options = options;
+      this.port = {
+        postMessage(m) {
+          worklet.posted.push(m);
+          if (m !== "flush" || worklet.flushSamples === null) return;
+          const part = new Int16Array(worklet.flushSamples).fill(frameIndex++);
+          setTimeout(() => port.onmessage && port.onmessage({ data: { flushed: part.buffer } }), 0);
+        },
+      };
+      port = this.port;
+    }
+  }
   let frameIndex = 0;
   function speak() {
     port.onmessage({ data: new Int16Array(1600).fill(frameIndex++).buffer });
@@ -67,7 +85,7 @@ function stubBrowser() {
     };
   }
 
-  return { element, sockets, speak, sandbox };
+  return { element, sockets, speak, sandbox, worklet };
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

@@ -21,7 +21,10 @@ URL = "https://meet.example:8000/v1/sessions/s-1/transcript?token=c%2Ft%2Bk%3D&r
 
 @functools.cache
 def run(
-    scenario: str, page: str = "https://meet.example:8000/", transcript_status: str = "final"
+    scenario: str,
+    page: str = "https://meet.example:8000/",
+    transcript_status: str = "final",
+    flush: str = "0",
 ) -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
@@ -29,7 +32,8 @@ def run(
          str(ROOT / "web" / "recorder.js"), scenario],
         capture_output=True, text=True, timeout=30, check=True,
         # the file names carry the meeting's local time
-        env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status},
+        env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
+             "FLUSH": flush},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -315,3 +319,22 @@ def test_a_final_that_never_comes_is_given_up_after_eleven_minutes() -> None:
     assert "no final transcript 11 minutes after Stop" in result["status"]
     assert result["start_disabled"] is False
     assert result["closedByPage"] is True and result["count"] == 1
+
+
+def test_stop_right_after_start_sends_the_audio_it_has_before_end() -> None:
+    """Stop before the first 100-ms frame sent `end` before any audio: protocol_error (4402),
+    and the session, left without `end`, held a server slot for its resume window (a trial).
+    Stop now asks the worklet for the samples it holds and sends them before `end`."""
+    result = run("quickstop", flush="400")
+    assert result["posted"] == ["flush"]
+    assert result["sent"][1:] == [{"frame": 0, "frames": 400}, {"type": "end"}]
+    assert result["status"].startswith("done:")
+
+
+@pytest.mark.parametrize("flush", ["0", "none"])
+def test_stop_before_any_audio_ends_the_session_with_a_moment_of_silence(flush: str) -> None:
+    """No audio at all (the worklet holds none, or does not answer): 20 ms of silence, then
+    `end`, which the server takes, ending the session (and freeing its slot) at once."""
+    result = run("quickstop", flush=flush)
+    assert result["sent"][1:] == [{"frame": 0, "frames": 320}, {"type": "end"}]
+    assert result["status"] == "stopped before the microphone gave any audio: nothing recorded"
