@@ -29,7 +29,12 @@
 // labels); the downloads then hold it (the transcript resource serves the newest). A drop
 // between the two is resumed for it. `revision_failed`: the page says the final stands.
 const KEEPALIVE_MS = 10000;
-const SAMPLE_RATE = 16000; // Hz; what pcm-worklet.js posts (mono PCM16 LE)
+// Hz; the rate the page sends at (mono PCM16 LE, pcm-worklet.js), declared in `start`: the
+// model's 16 kHz, the worklet downsampling a faster AudioContext, or a slower context's own
+// (a Bluetooth headset's 8 kHz: the server resamples it, docs/protocol.md `start`), not under
+// MIN_SAMPLE_RATE, the server's floor (workletRate)
+const SAMPLE_RATE = 16000;
+const MIN_SAMPLE_RATE = 8000;
 const BYTES_PER_FRAME = 2; // one mono PCM16 sample frame
 // audio kept for a resend, at most: past it (a long outage, or a server that stopped
 // acknowledging), new audio is dropped, neither sent nor kept, and the page says how much;
@@ -116,8 +121,8 @@ const NAME_VISIBLE = /[\p{L}\p{N}\p{P}\p{S}]/u;
 // what the server's str.strip() removes from a name's ends (Python's whitespace: it also
 // strips U+001C-001F and U+0085, which String.prototype.trim keeps, and keeps U+FEFF, which
 // trim strips), so the page checks, and sends, the name the server keeps
-const NAME_SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f" +
-                   "\\u205f\\u3000";
+const NAME_SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029" +
+                   "\\u202f\\u205f\\u3000";
 const NAME_EDGES = new RegExp(`^[${NAME_SPACE}]+|[${NAME_SPACE}]+$`, "g");
 
 const $ = (id) => document.getElementById(id);
@@ -219,7 +224,8 @@ function loadSession() {
   try {
     const saved = JSON.parse(store.getItem(STORAGE_KEY));
     if (saved && typeof saved.session_id === "string" && typeof saved.resume_token === "string" &&
-        saved.sample_rate === SAMPLE_RATE && saved.channels === 1) return saved;
+        Number.isInteger(saved.sample_rate) && saved.sample_rate >= MIN_SAMPLE_RATE &&
+        saved.sample_rate <= SAMPLE_RATE && saved.channels === 1) return saved;
   } catch (e) { /* not JSON: dropped below */ }
   clearSession();
   return null;
@@ -251,6 +257,13 @@ function loadApiKey() {
 
 function clock(ms) {
   return new Date(ms).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+}
+
+// The rate a new session is declared at, for an AudioContext at `contextRate` (SAMPLE_RATE)
+function workletRate(contextRate) {
+  const rate = Math.round(contextRate);
+  if (!(rate > 0)) return SAMPLE_RATE; // not told: the worklet's default
+  return Math.max(MIN_SAMPLE_RATE, Math.min(SAMPLE_RATE, rate));
 }
 
 function reconnectDelayMs(attempt) {
@@ -514,7 +527,7 @@ function noteMerged(merged) {
 }
 
 function lostNote() {
-  const lost = state.buffer ? state.buffer.lostFrames / SAMPLE_RATE : 0;
+  const lost = state.buffer ? state.buffer.lostFrames / state.format.sample_rate : 0;
   return (lost > 0 ? ` (${lost.toFixed(1)} s of audio lost while offline)` : "") +
          (state.afterReload ? " (audio spoken while the page was reloading was not captured)"
                             : "");
@@ -692,7 +705,8 @@ async function start(saved) {
     windowS: saved ? saved.resume_window_s : 0,
     // a resume after a reload retries while the window that began with the reload lasts
     dropAt: saved ? saved.alive_at : 0,
-    format: { sample_rate: SAMPLE_RATE, channels: 1 },
+    // a resumed session goes on at the rate it was declared at; a new one's is the context's
+    format: { sample_rate: saved ? saved.sample_rate : SAMPLE_RATE, channels: 1 },
   });
   if (!window.isSecureContext || !navigator.mediaDevices) {
     // browsers expose the microphone only to https pages and to http://localhost
@@ -704,10 +718,12 @@ async function start(saved) {
     audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
   });
   state.ctx = new AudioContext();
+  if (!saved) state.format.sample_rate = workletRate(state.ctx.sampleRate);
   await state.ctx.audioWorklet.addModule("pcm-worklet.js");
   const source = state.ctx.createMediaStreamSource(state.stream);
-  state.node = new AudioWorkletNode(state.ctx, "pcm-worklet");
-  state.buffer = new ResumeBuffer(MAX_UNACKED_S * SAMPLE_RATE);
+  state.node = new AudioWorkletNode(state.ctx, "pcm-worklet",
+                                    { processorOptions: { outputRate: state.format.sample_rate } });
+  state.buffer = new ResumeBuffer(MAX_UNACKED_S * state.format.sample_rate);
   // a frame of audio, or the answer to Stop's flush: {flushed: the samples held, maybe none}
   state.node.port.onmessage = (msg) => {
     const flushed = msg.data && msg.data.flushed !== undefined;

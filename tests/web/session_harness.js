@@ -13,7 +13,8 @@
 // refuses a message of the page's and closes 4400/4402/4415, keeping the session), "deadpath"
 // (the server stops answering without a close: the watchdog resumes, before and after Stop),
 // "nofinal" (Stop, and the final never comes), "quickstop" (Stop before the first audio frame;
-// FLUSH: what the worklet holds then, "none": no answer),
+// FLUSH: what the worklet holds then, "none": no answer), "ctxrate" (an AudioContext at
+// CTX_RATE Hz), "reload8k" (a session stored at 8 kHz resumed on a 48-kHz context),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -166,9 +167,9 @@ async function unrevisedScenario() {
 
 // a session the page stored before its reload, last seen `ageMs` ago, 2 s into the meeting
 const KEY = "livemeet.recorder.session";
-function stored(ageMs) {
+function stored(ageMs, rate = 16000) {
   return { [KEY]: JSON.stringify({
-    session_id: "s-1", resume_token: "tok", captions_token: "c/t+k=", sample_rate: 16000,
+    session_id: "s-1", resume_token: "tok", captions_token: "c/t+k=", sample_rate: rate,
     channels: 1, started_at: NOW - 120000, resume_window_s: 60, alive_at: NOW - ageMs }) };
 }
 
@@ -408,6 +409,28 @@ async function quickStopScenario() {
   return { sent, posted: worklet.posted, status: element("status").textContent };
 }
 
+// an AudioContext at CTX_RATE Hz (a Bluetooth headset's 8 kHz): the worklet sent one sample per
+// input sample, 8 kHz audio declared as 16 kHz, twice as fast (a trial)
+async function contextRateScenario(storage) {
+  worklet.contextRate = Number(process.env.CTX_RATE);
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive(ready());
+  const stored = JSON.parse(storage.items[KEY]);
+  return { start: sockets[0].sent[0], options: worklet.options, storedRate: stored.sample_rate };
+}
+
+// a session stored at 8 kHz, resumed after a reload by a page whose context runs at 48 kHz:
+// it goes on at the rate it was declared at (a resume may not change it)
+async function reload8kScenario() {
+  const offered = !element("resume").hidden;
+  element("resume").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  return { offered, start: sockets[0].sent[0], options: worklet.options };
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -524,8 +547,7 @@ async function expiredScenario(storage) {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
-                    revised: {}, unrevised: {}, badnames: {}, violation: {}, deadpath: {},
-                    nofinal: {}, quickstop: {} }[scenario];
+                    revised: {}, unrevised: {}, reload8k: stored(5000, 8000) }[scenario] || {};
   const storage = new FakeStorage(initial);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
   vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, kept));
@@ -536,7 +558,8 @@ async function expiredScenario(storage) {
                       revised: revisedScenario, unrevised: unrevisedScenario,
                       badnames: badNamesScenario, violation: violationScenario,
                       deadpath: deadPathScenario, nofinal: noFinalScenario,
-                      quickstop: quickStopScenario };
+                      quickstop: quickStopScenario, ctxrate: contextRateScenario,
+                      reload8k: reload8kScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -7,8 +7,9 @@
 //   frame's first sample, its sample count); `closedByPage`: the page called close();
 // - speak(): the microphone delivers one 100-ms frame (1,600 samples at 16 kHz) whose
 //   samples all hold its index (0, 1, ...), so `sent` shows which frame went where;
-// - worklet: what the page posted to the worklet node (`posted`), the node's options, and
-//   `flushSamples`: the samples its answer to a "flush" holds (0 by default; null: no answer);
+// - worklet: what the page posted to the worklet node (`posted`), the node's options,
+//   `flushSamples`: the samples its answer to a "flush" holds (0 by default; null: no answer),
+//   and `contextRate`: the AudioContext's sampleRate (48000 by default);
 // - sandbox(extra): the page's globals (document, window, navigator, AudioContext, the
 //   worklet node, WebSocket, timers, URL, console), `extra` added or replacing them.
 function stubBrowser() {
@@ -47,7 +48,7 @@ function stubBrowser() {
   let port = null;
   // the worklet's answer to a "flush" (Stop): the samples of the frame it was filling, each
   // holding the next frame index; `flushSamples` of them (0: none), or no answer (null)
-  const worklet = { flushSamples: 0, posted: [] };
+  const worklet = { flushSamples: 0, posted: [], contextRate: 48000 };
   class FakeNode {
     constructor(ctx, name, options) {
       worklet.options = options;
@@ -74,7 +75,10 @@ function stubBrowser() {
       navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
       URL,
       AudioContext: class {
-        constructor() { this.audioWorklet = { addModule: async () => {} }; }
+        constructor() {
+          this.audioWorklet = { addModule: async () => {} };
+          this.sampleRate = worklet.contextRate;
+        }
         createMediaStreamSource() { return { connect() {} }; }
         close() {}
       },

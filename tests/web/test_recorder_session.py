@@ -25,6 +25,7 @@ def run(
     page: str = "https://meet.example:8000/",
     transcript_status: str = "final",
     flush: str = "0",
+    context_rate: str = "48000",
 ) -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
@@ -33,7 +34,7 @@ def run(
         capture_output=True, text=True, timeout=30, check=True,
         # the file names carry the meeting's local time
         env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
-             "FLUSH": flush},
+             "FLUSH": flush, "CTX_RATE": context_rate},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -338,3 +339,25 @@ def test_stop_before_any_audio_ends_the_session_with_a_moment_of_silence(flush: 
     result = run("quickstop", flush=flush)
     assert result["sent"][1:] == [{"frame": 0, "frames": 320}, {"type": "end"}]
     assert result["status"] == "stopped before the microphone gave any audio: nothing recorded"
+
+
+@pytest.mark.parametrize(
+    ("context_rate", "declared"),
+    [("8000", 8000), ("11025", 11025), ("16000", 16000), ("44100", 16000), ("48000", 16000),
+     ("96000", 16000), ("3000", 8000)],
+)  # fmt: skip
+def test_the_page_declares_the_rate_its_worklet_sends_at(context_rate: str, declared: int) -> None:
+    """An AudioContext at 8 kHz (a Bluetooth headset) sent 8-kHz audio declared as 16 kHz:
+    sped up twice (a trial). A context under 16 kHz now sends and declares its own rate (the
+    server resamples it), a faster one 16 kHz as before, never under the server's 8 kHz."""
+    result = run("ctxrate", context_rate=context_rate)
+    assert result["start"]["sample_rate"] == declared
+    assert result["options"] == {"processorOptions": {"outputRate": declared}}
+    assert result["storedRate"] == declared  # a reload resumes at it
+
+
+def test_a_session_stored_at_8_khz_is_resumed_at_8_khz_on_a_faster_context() -> None:
+    result = run("reload8k")
+    assert result["offered"] is True
+    assert result["start"]["sample_rate"] == 8000 and "resume" in result["start"]
+    assert result["options"] == {"processorOptions": {"outputRate": 8000}}

@@ -44,4 +44,20 @@ const out = {};
   w.node.port.onmessage({ data: "flush" });
   out.flushedAgain = new Int16Array(w.posted[w.posted.length - 1].flushed).length;
 }
+// rates: 1 s of a 440-Hz tone at a context's rate, posted at the output rate asked for (the
+// page's processorOptions): how many samples came, and the tone's frequency in them (its
+// upward zero crossings a second)
+out.rates = [[8000, 8000], [8000, 16000], [11025, 11025], [44100, 16000], [48000, 16000],
+             [48000, 8000], [16000, undefined]].map(([rate, outputRate]) => {
+  const w = worklet(rate, outputRate ? { processorOptions: { outputRate } } : undefined);
+  w.feed(Array.from({ length: rate }, (_, i) => 0.5 * Math.sin(2 * Math.PI * 440 * i / rate)));
+  w.node.port.onmessage({ data: "flush" });
+  const samples = [];
+  for (const m of w.posted) samples.push(...new Int16Array(m.flushed || m));
+  let crossings = 0;
+  for (let i = 1; i < samples.length; i++) if (samples[i - 1] < 0 && samples[i] >= 0) crossings++;
+  const frames = w.posted.filter((m) => !m.flushed).map((m) => m.byteLength / 2);
+  return { rate, outputRate: outputRate || null, samples: samples.length, crossings,
+           frame: frames[0] };
+});
 console.log(JSON.stringify(out));
