@@ -11,6 +11,9 @@
 // A page reload does not end the meeting either: while a session is live the page keeps it in
 // sessionStorage, and a reloaded page offers "Resume meeting" (a click: the microphone needs a
 // user gesture) within the session's resume window; the audio spoken meanwhile is not captured.
+// A microphone that goes away mid-meeting (unplugged, a headset that disconnected) is not
+// replaced by silence: the page stops the audio, keeps the session and offers Resume meeting
+// (a microphone again, into the same meeting) or Stop (micLost).
 // Speakers can be named (docs/protocol.md, "Speaker names"): a click on a speaker, on a caption
 // line or in the speakers list, asks for a name and sends `speaker.rename`; the names shown come
 // only from the server's `speaker.renamed` (its answers, and its replay on a resume). Names are
@@ -145,6 +148,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // Stop waits for the worklet's last samples (onFlushed: when they came);
                 // nothing: Stop came before any audio
                 flushing: false, onFlushed: null, nothing: false,
+                // the microphone's track ended: no audio until Resume meeting (micLost)
+                micLost: false,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -553,6 +558,10 @@ function onEvent(ev) {
                   "final transcript)");
         break;
       }
+      if (state.micLost) {
+        setStatus(`reconnected to session ${ev.session_id}, but ${micLostNote()}`);
+        break;
+      }
       setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${ev.session_id}, ` +
                 `model ${ev.model})${lostNote()}`);
       break;
@@ -694,7 +703,7 @@ async function start(saved) {
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
-    flushing: false, onFlushed: null, nothing: false,
+    flushing: false, onFlushed: null, nothing: false, micLost: false,
     revise: false, revisionPending: false, error: null, violations: 0, stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -714,16 +723,26 @@ async function start(saved) {
                     `https://${location.host}/ (serve --tls-cert/--tls-key) or from localhost`);
   }
   setStatus("connecting…");
+  await openMicrophone(!saved);
+  state.buffer = new ResumeBuffer(MAX_UNACKED_S * state.format.sample_rate);
+  connect();
+}
+
+// The microphone, through the worklet, into takeAudio at the session's rate (`declare`: a new
+// session's, chosen from the AudioContext's).
+async function openMicrophone(declare) {
   state.stream = await navigator.mediaDevices.getUserMedia({
     audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
   });
+  // a microphone that goes away (unplugged, a Bluetooth headset that dropped, its permission
+  // withdrawn) ends its track, and the context would go on with silence: micLost
+  for (const track of state.stream.getTracks()) track.onended = micLost;
   state.ctx = new AudioContext();
-  if (!saved) state.format.sample_rate = workletRate(state.ctx.sampleRate);
+  if (declare) state.format.sample_rate = workletRate(state.ctx.sampleRate);
   await state.ctx.audioWorklet.addModule("pcm-worklet.js");
   const source = state.ctx.createMediaStreamSource(state.stream);
   state.node = new AudioWorkletNode(state.ctx, "pcm-worklet",
                                     { processorOptions: { outputRate: state.format.sample_rate } });
-  state.buffer = new ResumeBuffer(MAX_UNACKED_S * state.format.sample_rate);
   // a frame of audio, or the answer to Stop's flush: {flushed: the samples held, maybe none}
   state.node.port.onmessage = (msg) => {
     const flushed = msg.data && msg.data.flushed !== undefined;
@@ -732,7 +751,43 @@ async function start(saved) {
     if (flushed && state.onFlushed) state.onFlushed();
   };
   source.connect(state.node);
-  connect();
+}
+
+// The microphone's track ended mid-meeting. Sending on would send silence as if it were the
+// meeting (the page said "recording" over it: a trial); ending the meeting would split it in
+// two where the user only has to plug the headset back in. So the page stops the audio,
+// keeps the session (its keepalives hold it) and asks: Resume meeting goes on with the
+// microphone the browser gives now (the time in between is not in the transcript), Stop
+// finishes the meeting as ever.
+function micLost() {
+  if (!state.stream || state.ending || state.finished) return;
+  stopAudio();
+  state.micLost = true;
+  $("resume").hidden = false;
+  setStatus(micLostNote());
+}
+
+function micLostNote() {
+  return "the microphone stopped (unplugged, or its headset disconnected): nothing is " +
+         "recorded now; press Resume meeting to go on with a microphone, or Stop to finish " +
+         "the meeting";
+}
+
+// Resume meeting after micLost: the microphone again, into the same session
+async function reopenMicrophone() {
+  $("resume").hidden = true;
+  try {
+    await openMicrophone(false);
+  } catch (e) {
+    stopAudio();
+    $("resume").hidden = false;
+    setStatus(`cannot open the microphone: ${e.message}; press Resume meeting to try again, ` +
+              "or Stop to finish the meeting");
+    return;
+  }
+  state.micLost = false;
+  setStatus(state.live ? "recording again (the time the microphone was away is not in the " +
+                         "transcript)" : "the microphone is back: reconnecting…");
 }
 
 // Audio for the session: kept for a resend until acknowledged, and sent while live (the
@@ -909,6 +964,8 @@ function onClose(ws, ev, reached) {
   state.stoppedAt = 0; // no final to wait for any more
   stopWatchdog();
   stopAudio();
+  if (state.micLost) $("resume").hidden = true; // nothing left to resume it into
+  state.micLost = false;
   clearSession(); // ended, refused or taken over: not this page's to resume any more
   if (ev.code === 4404) {
     // not_found: the server no longer has the session (its window ran out, or it restarted)
@@ -938,13 +995,20 @@ function onClose(ws, ev, reached) {
 
 function stopAudio() {
   if (state.node) state.node.port.onmessage = null;
-  if (state.stream) state.stream.getTracks().forEach((t) => t.stop());
+  if (state.stream) {
+    state.stream.getTracks().forEach((t) => {
+      t.onended = null; // stopped here: not lost
+      t.stop();
+    });
+  }
   if (state.ctx) state.ctx.close();
   state.node = state.stream = state.ctx = null;
 }
 
 function stop() {
   $("stop").disabled = true;
+  $("resume").hidden = true; // after micLost: the meeting ends without it
+  state.micLost = false;
   state.ending = true;
   state.stoppedAt = Date.now();
   state.flushing = true;
@@ -996,7 +1060,10 @@ function startClicked(saved) {
 
 $("api-key").addEventListener("change", saveApiKey);
 $("start").addEventListener("click", () => startClicked(null));
-$("resume").addEventListener("click", () => { if (state.stored) startClicked(state.stored); });
+$("resume").addEventListener("click", () => {
+  if (state.micLost) reopenMicrophone();
+  else if (state.stored) startClicked(state.stored);
+});
 // a reload or a closed tab: keep the stored session (and when the page last had it)
 window.addEventListener("pagehide", () => {
   if (state.live) saveSession();

@@ -15,6 +15,7 @@
 // "nofinal" (Stop, and the final never comes), "quickstop" (Stop before the first audio frame;
 // FLUSH: what the worklet holds then, "none": no answer), "ctxrate" (an AudioContext at
 // CTX_RATE Hz), "reload8k" (a session stored at 8 kHz resumed on a 48-kHz context),
+// "micgone" (the microphone's track ends mid-meeting),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -26,7 +27,7 @@ const { stubBrowser, sleep } = require("./stub_browser");
 const [source, scenario] = process.argv.slice(2);
 const NOW = Date.UTC(2026, 11, 5, 14, 30, 15); // the meeting's start: 2026-12-05 14:30 UTC
 
-const { element, sockets, speak, sandbox: browserSandbox, worklet } = stubBrowser();
+const { element, sockets, speak, sandbox: browserSandbox, worklet, microphones } = stubBrowser();
 
 class FakeStorage {
   constructor(items) { this.items = { ...items }; }
@@ -431,6 +432,36 @@ async function reload8kScenario() {
   return { offered, start: sockets[0].sent[0], options: worklet.options };
 }
 
+// the microphone's track ends mid-meeting (a headset unplugged): the page sent silence on and
+// said "recording" (a trial)
+async function micGoneScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  speak(); speak(); // frames 0, 1
+  microphones[0].end();
+  const out = { status: element("status").textContent, resumeHidden: element("resume").hidden,
+                stopDisabled: element("stop").disabled, released: microphones[0].stopped };
+  speak(); // nothing comes from a worklet the page let go of
+  out.sentWhileGone = frames(ws.sent);
+  element("resume").listeners.click(); // go on with a microphone
+  await sleep(10);
+  out.microphones = microphones.length;
+  out.statusBack = element("status").textContent;
+  out.resumeHiddenBack = element("resume").hidden;
+  speak(); // frame 2, from the new microphone, into the same session
+  out.sentBack = frames(ws.sent);
+  microphones[1].end(); // gone again: this time the meeting is stopped
+  element("stop").listeners.click();
+  await sleep(50);
+  out.lastSent = ws.sent[ws.sent.length - 1];
+  out.resumeHiddenStopped = element("resume").hidden;
+  out.sockets = sockets.length;
+  return out;
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -559,7 +590,7 @@ async function expiredScenario(storage) {
                       badnames: badNamesScenario, violation: violationScenario,
                       deadpath: deadPathScenario, nofinal: noFinalScenario,
                       quickstop: quickStopScenario, ctxrate: contextRateScenario,
-                      reload8k: reload8kScenario };
+                      reload8k: reload8kScenario, micgone: micGoneScenario };
   const result = await scenarios[scenario](storage);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

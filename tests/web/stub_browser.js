@@ -10,6 +10,7 @@
 // - worklet: what the page posted to the worklet node (`posted`), the node's options,
 //   `flushSamples`: the samples its answer to a "flush" holds (0 by default; null: no answer),
 //   and `contextRate`: the AudioContext's sampleRate (48000 by default);
+// - microphones: the track of each getUserMedia, in order: end() as an unplugged one does;
 // - sandbox(extra): the page's globals (document, window, navigator, AudioContext, the
 //   worklet node, WebSocket, timers, URL, console), `extra` added or replacing them.
 function stubBrowser() {
@@ -64,15 +65,22 @@ function stubBrowser() {
     }
   }
   let frameIndex = 0;
-  function speak() {
-    port.onmessage({ data: new Int16Array(1600).fill(frameIndex++).buffer });
+  function speak() { // (a worklet the page let go of delivers nothing)
+    if (port.onmessage) port.onmessage({ data: new Int16Array(1600).fill(frameIndex++).buffer });
   }
+  // each microphone the page was given: its track ({stopped, onended}) ends by track.end()
+  const microphones = [];
 
   function sandbox(extra) {
     return {
       document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
       window: { isSecureContext: true, addEventListener() {} },
-      navigator: { mediaDevices: { getUserMedia: async () => ({ getTracks: () => [] }) } },
+      navigator: { mediaDevices: { getUserMedia: async () => {
+        const track = { stopped: false, stop() { this.stopped = true; },
+                        end() { if (this.onended) this.onended({ type: "ended" }); } };
+        microphones.push(track);
+        return { getTracks: () => [track] };
+      } } },
       URL,
       AudioContext: class {
         constructor() {
@@ -89,7 +97,7 @@ function stubBrowser() {
     };
   }
 
-  return { element, sockets, speak, sandbox, worklet };
+  return { element, sockets, speak, sandbox, worklet, microphones };
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

@@ -361,3 +361,21 @@ def test_a_session_stored_at_8_khz_is_resumed_at_8_khz_on_a_faster_context() -> 
     assert result["offered"] is True
     assert result["start"]["sample_rate"] == 8000 and "resume" in result["start"]
     assert result["options"] == {"processorOptions": {"outputRate": 8000}}
+
+
+def test_a_microphone_that_goes_away_stops_the_audio_and_the_page_asks() -> None:
+    """The microphone's track ending (a headset unplugged) went unnoticed: the page sent
+    silence and said "recording" (a trial). It now stops the audio, keeps the session, says
+    what happened and offers Resume meeting (a microphone again, into the same session) or
+    Stop (the meeting finishes as ever)."""
+    result = run("micgone")
+    assert "microphone stopped" in result["status"] and "Resume meeting" in result["status"]
+    assert result["resumeHidden"] is False and result["stopDisabled"] is False
+    assert result["released"] is True
+    assert result["sentWhileGone"] == [0, 1]
+    assert result["microphones"] == 2
+    assert "recording again" in result["statusBack"] and result["resumeHiddenBack"] is True
+    assert result["sentBack"] == [0, 1, 2]  # the same session, the same socket
+    assert result["lastSent"] == {"type": "end"}
+    assert result["resumeHiddenStopped"] is True
+    assert len(result["sockets"]) == 1
