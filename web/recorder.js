@@ -11,6 +11,8 @@
 // A page reload does not end the meeting either: while a session is live the page keeps it in
 // sessionStorage, and a reloaded page offers "Resume meeting" (a click: the microphone needs a
 // user gesture) within the session's resume window; the audio spoken meanwhile is not captured.
+// Closing the tab mid-meeting asks first (beforeunload), and the page keeps its last meetings
+// in localStorage (RECENT_KEY), so a new tab offers their transcripts.
 // A microphone that goes away mid-meeting (unplugged, a headset that disconnected) is not
 // replaced by silence: the page stops the audio, keeps the session and offers Resume meeting
 // (a microphone again, into the same meeting) or Stop (micLost).
@@ -107,6 +109,14 @@ const EXPORTS = [["json", "diarized_json", "json"], ["srt", "srt", "srt"],
 // sessionStorage key of the live session: {session_id, resume_token, captions_token,
 // sample_rate, channels, started_at, resume_window_s, alive_at (when the page last had it)}
 const STORAGE_KEY = "livemeet.recorder.session";
+// localStorage key of the meetings this browser recorded last, newest first, at most
+// RECENT_MEETINGS: [{session_id, captions_token, started_at}]. A tab closed mid-meeting (or
+// after it) takes its sessionStorage along, and with it the way to the meeting's transcript,
+// which the server keeps: a new tab lists these with their downloads. Only the captions
+// token, which reads the captions and the transcript: the resume token stays with the tab.
+// "Forget them" clears the list (a shared computer).
+const RECENT_KEY = "livemeet.recorder.meetings";
+const RECENT_MEETINGS = 5;
 // sessionStorage key of the API key typed in the page: this tab only, gone with it
 const API_KEY_STORAGE_KEY = "livemeet.recorder.api_key";
 const ALIVE_EVERY_MS = 1000; // alive_at is refreshed on acks at most this often
@@ -150,6 +160,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 flushing: false, onFlushed: null, nothing: false,
                 // the microphone's track ended: no audio until Resume meeting (micLost)
                 micLost: false,
+                // a meeting runs here: from Start (or Resume meeting) to its last close
+                active: false,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -208,6 +220,44 @@ function storage() {
   } catch (e) {
     return null;
   }
+}
+
+function lastingStorage() {
+  try { // absent, or refused: no list of earlier meetings
+    return typeof localStorage === "undefined" ? null : localStorage;
+  } catch (e) {
+    return null;
+  }
+}
+
+// The meetings this browser recorded last (RECENT_KEY), newest first; [] when none or unreadable
+function recentMeetings() {
+  const store = lastingStorage();
+  try {
+    const list = JSON.parse(store ? store.getItem(RECENT_KEY) : "[]");
+    if (Array.isArray(list)) {
+      return list.filter((m) => m && typeof m.session_id === "string" &&
+                                typeof m.captions_token === "string" &&
+                                typeof m.started_at === "number").slice(0, RECENT_MEETINGS);
+    }
+  } catch (e) { /* not JSON: none */ }
+  return [];
+}
+
+function saveRecentMeetings(list) {
+  const store = lastingStorage();
+  if (!store) return;
+  try {
+    if (list.length) store.setItem(RECENT_KEY, JSON.stringify(list.slice(0, RECENT_MEETINGS)));
+    else store.removeItem(RECENT_KEY);
+  } catch (e) { /* full or refused: the list is a convenience */ }
+}
+
+// This meeting joins the list (once: a resume keeps its place)
+function rememberMeeting(captions, startedAt) {
+  const list = recentMeetings().filter((m) => m.session_id !== captions.session_id);
+  saveRecentMeetings([{ session_id: captions.session_id, captions_token: captions.captions_token,
+                        started_at: startedAt }, ...list]);
 }
 
 function saveSession() {
@@ -553,6 +603,7 @@ function onEvent(ev) {
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
       showExport(state.captions, state.startedAt, "(the finals so far)");
+      if (state.captions) rememberMeeting(state.captions, state.startedAt);
       if (state.ending) { // Stop came before this resume: `end` is sent (again)
         setStatus(`finishing… (reconnected to session ${ev.session_id}: waiting for its ` +
                   "final transcript)");
@@ -688,6 +739,57 @@ async function offerTranscript(captions, startedAt) {
   setStatus(`${status}: the server has no transcript of it`);
 }
 
+// what a transcript resource's X-Livemeet-Transcript-Status says of an earlier meeting
+const RECENT_NOTES = { running: " (still running)", final: "", revised: " (revised)" };
+
+// The earlier meetings of RECENT_KEY the server still has, with their downloads (a tab closed
+// mid-meeting leaves no other way to them); one it no longer has (404: past `serve
+// --retention-days`, or another server; 401) leaves the list. Not the meeting this page
+// offers to resume: its downloads are shown already.
+async function showRecent() {
+  const offered = state.stored ? state.stored.session_id : null;
+  const checked = await Promise.all(recentMeetings().map(async (m) => {
+    if (m.session_id === offered) return { m, show: false };
+    try {
+      const resp = await fetch(transcriptUrl(m.session_id, m.captions_token, "text"));
+      if (resp.status === 404 || resp.status === 401) return { m, gone: true };
+      const kept = resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : null;
+      return { m, show: true, note: RECENT_NOTES[kept] || "" };
+    } catch (e) {
+      return { m, show: true, note: " (the server did not answer)" };
+    }
+  }));
+  // read again: a meeting started meanwhile joined the list
+  const gone = new Set(checked.filter((c) => c.gone).map((c) => c.m.session_id));
+  if (gone.size) saveRecentMeetings(recentMeetings().filter((m) => !gone.has(m.session_id)));
+  const items = checked.filter((c) => c.show).map((c) => recentItem(c.m, c.note));
+  $("recent-list").replaceChildren(...items);
+  $("recent").hidden = items.length === 0;
+}
+
+// An earlier meeting: when it started, and its downloads
+function recentItem(meeting, note) {
+  const li = document.createElement("li");
+  const when = document.createElement("span");
+  when.textContent = new Date(meeting.started_at).toLocaleString([], {
+    dateStyle: "medium", timeStyle: "short" }) + `${note}:`;
+  li.append(when);
+  for (const [id, format, ext] of EXPORTS) {
+    const link = document.createElement("a");
+    link.href = transcriptUrl(meeting.session_id, meeting.captions_token, format);
+    link.download = exportName(meeting.started_at, ext);
+    link.textContent = id === "text" ? "text" : id.toUpperCase();
+    li.append(" ", link);
+  }
+  return li;
+}
+
+function forgetRecent() {
+  saveRecentMeetings([]);
+  $("recent-list").replaceChildren();
+  $("recent").hidden = true;
+}
+
 // Start a new meeting, or (saved: a session stored before a reload) resume that one.
 async function start(saved) {
   saveApiKey();
@@ -703,7 +805,7 @@ async function start(saved) {
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
-    flushing: false, onFlushed: null, nothing: false, micLost: false,
+    flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
     revise: false, revisionPending: false, error: null, violations: 0, stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -725,6 +827,7 @@ async function start(saved) {
   setStatus("connecting…");
   await openMicrophone(!saved);
   state.buffer = new ResumeBuffer(MAX_UNACKED_S * state.format.sample_rate);
+  state.active = true;
   connect();
 }
 
@@ -883,6 +986,7 @@ function giveUpFinal() {
   state.live = false;
   state.ending = false;
   state.stoppedAt = state.awaitingSince = state.dropAt = state.unreachableAt = 0;
+  state.active = false;
   stopWatchdog();
   stopAudio();
   clearSession();
@@ -962,6 +1066,7 @@ function onClose(ws, ev, reached) {
   state.dropAt = 0;
   state.unreachableAt = 0;
   state.stoppedAt = 0; // no final to wait for any more
+  state.active = false;
   stopWatchdog();
   stopAudio();
   if (state.micLost) $("resume").hidden = true; // nothing left to resume it into
@@ -1064,6 +1169,15 @@ $("resume").addEventListener("click", () => {
   if (state.micLost) reopenMicrophone();
   else if (state.stored) startClicked(state.stored);
 });
+// closing (or reloading) the tab mid-meeting: the browser asks first (the meeting would go on
+// without its microphone; a reload offers to resume it, and a new tab lists a closed tab's
+// meeting with its transcript, RECENT_KEY); not once Stop was pressed (the final is coming,
+// and the server keeps it)
+window.addEventListener("beforeunload", (e) => {
+  if (!state.active || state.ending) return;
+  e.preventDefault();
+  e.returnValue = ""; // what older browsers need to ask
+});
 // a reload or a closed tab: keep the stored session (and when the page last had it)
 window.addEventListener("pagehide", () => {
   if (state.live) saveSession();
@@ -1075,5 +1189,6 @@ $("overlay-copy").addEventListener("click", () => {
   // the clipboard needs a secure page, as the microphone does; else the link can be copied
   if (navigator.clipboard) navigator.clipboard.writeText($("overlay-url").textContent);
 });
+$("recent-forget").addEventListener("click", forgetRecent);
 loadApiKey();
-showServer().then(offerStored);
+showServer().then(offerStored).then(showRecent);

@@ -15,7 +15,8 @@
 // "nofinal" (Stop, and the final never comes), "quickstop" (Stop before the first audio frame;
 // FLUSH: what the worklet holds then, "none": no answer), "ctxrate" (an AudioContext at
 // CTX_RATE Hz), "reload8k" (a session stored at 8 kHz resumed on a 48-kHz context),
-// "micgone" (the microphone's track ends mid-meeting),
+// "micgone" (the microphone's track ends mid-meeting), "recent" (the meetings this browser
+// recorded last, in localStorage; the prompt before closing the tab mid-meeting),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -50,7 +51,17 @@ const fetched = [];
 // window.prompt: answers given in turn (undefined when none is queued), the prompts asked
 const answers = [];
 const prompts = [];
-function makeSandbox(storage, transcriptStatus) {
+// the transcripts of sessions other than s-1: "gone" the server no longer has (404), "down"
+// finds no server, "r-*" still run; the others are final
+function transcriptOf(url, transcriptStatus) {
+  const id = /\/sessions\/([^/]+)\/transcript/.exec(url);
+  if (id && id[1] === "down") throw new TypeError("Failed to fetch");
+  if (id && id[1] === "gone") return null;
+  if (id && id[1].startsWith("r-")) return "running";
+  return transcriptStatus;
+}
+
+function makeSandbox(storage, transcriptStatus, lasting) {
   const sandbox = browserSandbox({
     location: { host: PAGE.host, protocol: PAGE.protocol, href: PAGE.href },
     fetch: async (url) => {
@@ -58,15 +69,18 @@ function makeSandbox(storage, transcriptStatus) {
       if (url === "readyz") {
         return { ok: true, json: async () => ({ demo: false, model: "m" }) };
       }
-      const ok = transcriptStatus !== null;
+      const kept = transcriptOf(url, transcriptStatus);
+      const ok = kept !== null;
       return { ok, status: ok ? 200 : 404,
-               headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? transcriptStatus : null) },
+               headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? kept : null) },
                text: async () => "", json: async () => ({}) };
     },
     sessionStorage: storage,
+    localStorage: lasting,
     Date: FixedDate,
   });
   sandbox.window.sessionStorage = storage;
+  sandbox.window.localStorage = lasting;
   sandbox.window.prompt = (message, value) => {
     prompts.push([message, value]);
     return answers.shift();
@@ -462,6 +476,56 @@ async function micGoneScenario() {
   return out;
 }
 
+// localStorage's list of the meetings this browser recorded last (a tab closed mid-meeting
+// left no way to its transcript: a trial): six, one without a token, one the server no longer
+// has, one it cannot be asked about, one still running
+const RECENT = "livemeet.recorder.meetings";
+function earlierMeetings() {
+  const m = (id, hoursAgo) => ({ session_id: id, captions_token: `t-${id}`,
+                                 started_at: NOW - hoursAgo * 3600000 });
+  return { [RECENT]: JSON.stringify([m("r-1", 1), m("gone", 2), m("down", 3),
+                                     { session_id: "bad", started_at: NOW }, m("a", 4),
+                                     m("b", 5), m("c", 6)]) };
+}
+
+// The tab is being closed: whether the page asked the browser to ask first
+let pageWindow = null;
+function beforeUnload() {
+  const ev = { prevented: false, preventDefault() { this.prevented = true; } };
+  pageWindow.listeners.beforeunload(ev);
+  return ev.prevented && ev.returnValue === "";
+}
+
+async function recentScenario(storage, lasting) {
+  await sleep(20); // the transcripts' checks
+  const listed = () => element("recent-list").children.map((li) => [
+    li.children[0].textContent, li.children.filter((c) => c.href).map((a) => [a.textContent,
+                                                                                a.href])]);
+  const ids = () => JSON.parse(lasting.items[RECENT] || "[]").map((m) => m.session_id);
+  const out = { hidden: element("recent").hidden, listed: listed(), stored: ids() };
+  out.idle = beforeUnload();
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive(ready());
+  out.storedLive = ids();
+  out.recording = beforeUnload();
+  element("stop").listeners.click();
+  await sleep(300);
+  out.stopping = beforeUnload();
+  sockets[0].receive(finalOf([]));
+  sockets[0].drop(1000);
+  element("start").listeners.click(); // a second meeting: the oldest leaves the list
+  await sleep(10);
+  sockets[1].open();
+  sockets[1].receive(ready({ session_id: "s-2" }));
+  out.storedSecond = ids();
+  out.storedEntry = JSON.parse(lasting.items[RECENT])[0];
+  element("recent-forget").listeners.click();
+  out.forgotten = { stored: lasting.items[RECENT] || null, hidden: element("recent").hidden };
+  return out;
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -580,8 +644,11 @@ async function expiredScenario(storage) {
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
                     revised: {}, unrevised: {}, reload8k: stored(5000, 8000) }[scenario] || {};
   const storage = new FakeStorage(initial);
+  const lasting = new FakeStorage({ recent: earlierMeetings() }[scenario]);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
-  vm.runInNewContext(fs.readFileSync(source, "utf8"), makeSandbox(storage, kept));
+  const sandbox = makeSandbox(storage, kept, lasting);
+  pageWindow = sandbox.window;
+  vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
   await sleep(10); // the page's own start-up
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
                       expired: expiredScenario, names: namesScenario, merges: mergesScenario,
@@ -590,8 +657,9 @@ async function expiredScenario(storage) {
                       badnames: badNamesScenario, violation: violationScenario,
                       deadpath: deadPathScenario, nofinal: noFinalScenario,
                       quickstop: quickStopScenario, ctxrate: contextRateScenario,
-                      reload8k: reload8kScenario, micgone: micGoneScenario };
-  const result = await scenarios[scenario](storage);
+                      reload8k: reload8kScenario, micgone: micGoneScenario,
+                      recent: recentScenario };
+  const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;
   console.log(JSON.stringify(result));

@@ -12,7 +12,8 @@
 //   and `contextRate`: the AudioContext's sampleRate (48000 by default);
 // - microphones: the track of each getUserMedia, in order: end() as an unplugged one does;
 // - sandbox(extra): the page's globals (document, window, navigator, AudioContext, the
-//   worklet node, WebSocket, timers, URL, console), `extra` added or replacing them.
+//   worklet node, WebSocket, timers, URL, console), `extra` added or replacing them; the
+//   window's `listeners` hold its event listeners by type (beforeunload, pagehide).
 function stubBrowser() {
   const elements = {};
   function element(id) {
@@ -74,7 +75,8 @@ function stubBrowser() {
   function sandbox(extra) {
     return {
       document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
-      window: { isSecureContext: true, addEventListener() {} },
+      window: { isSecureContext: true, listeners: {},
+                addEventListener(type, fn) { this.listeners[type] = fn; } },
       navigator: { mediaDevices: { getUserMedia: async () => {
         const track = { stopped: false, stop() { this.stopped = true; },
                         end() { if (this.onended) this.onended({ type: "ended" }); } };

@@ -379,3 +379,40 @@ def test_a_microphone_that_goes_away_stops_the_audio_and_the_page_asks() -> None
     assert result["lastSent"] == {"type": "end"}
     assert result["resumeHiddenStopped"] is True
     assert len(result["sockets"]) == 1
+
+
+def test_a_new_tab_lists_the_meetings_this_browser_recorded_with_their_transcripts() -> None:
+    """A tab closed mid-meeting took its sessionStorage along: a new tab knew nothing of the
+    meeting, whose transcript the server kept (a trial). The page now keeps the last 5
+    meetings (session id, captions token, start) in localStorage and lists those the server
+    still has with their downloads; one it no longer has leaves the list; "Forget them"
+    clears it."""
+    result = run("recent")
+    assert result["hidden"] is False
+    listed = result["listed"]
+    # r-1, down, a, b: at most 5 read (c is the 6th), gone (404) and the one without a token
+    # left out; each with its start in local time (its format the locale's)
+    assert [len(links) for _, links in listed] == [4] * 4
+    assert listed[0][0].endswith(" (still running):") and "2026" in listed[0][0]
+    assert listed[1][0].endswith(" (the server did not answer):")
+    assert "(" not in listed[2][0] + listed[3][0]
+    assert listed[2][1][1] == [
+        "SRT", "https://meet.example:8000/v1/sessions/a/transcript?token=t-a&response_format=srt"
+    ]  # fmt: skip
+    assert result["stored"] == ["r-1", "down", "a", "b"]
+    assert result["storedLive"] == ["s-1", "r-1", "down", "a", "b"]
+    assert result["storedSecond"] == ["s-2", "s-1", "r-1", "down", "a"]  # 5 at most
+    # no resume token: it stays with the tab
+    assert result["storedEntry"] == {
+        "session_id": "s-2",
+        "captions_token": "c/t+k=",
+        "started_at": 1796481015000,
+    }
+    assert result["forgotten"] == {"stored": None, "hidden": True}
+
+
+def test_closing_the_tab_mid_meeting_asks_first() -> None:
+    """No "leave site?" prompt came while recording (a trial): beforeunload now asks while
+    a meeting records, not before one nor after Stop (the final is on its way and kept)."""
+    result = run("recent")
+    assert (result["idle"], result["recording"], result["stopping"]) == (False, True, False)
