@@ -162,6 +162,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 micLost: false,
                 // a meeting runs here: from Start (or Resume meeting) to its last close
                 active: false,
+                // takes back the offer to resume a stored session once its window passed
+                offerTimer: null,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -706,18 +708,37 @@ function offerStored() {
   const saved = loadSession();
   if (!saved) return;
   const captions = { session_id: saved.session_id, captions_token: saved.captions_token };
-  if (Date.now() - saved.alive_at < saved.resume_window_s * 1000) {
+  if (!storedExpired(saved)) {
     state.stored = saved;
     $("resume").hidden = false;
     setStatus(`the meeting started at ${clock(saved.started_at)} is still open on the ` +
               "server: press Resume meeting to go on with it (audio spoken since this page " +
               "was reloaded was not captured)");
     showExport(captions, saved.started_at, "(the finals so far)");
+    // the offer goes stale with the window: it is taken back then (a click after it found
+    // no session, or worse, a session the server had just ended)
+    state.offerTimer = setTimeout(() => { if (state.stored === saved) withdrawStored(); },
+                                  saved.alive_at + saved.resume_window_s * 1000 - Date.now());
     return;
   }
+  withdrawStored(saved);
+}
+
+// The stored session's window has passed since the page last had it: the server ended it
+function storedExpired(saved) {
+  return Date.now() - saved.alive_at >= saved.resume_window_s * 1000;
+}
+
+// The stored session (offered, or `saved`) ended while this page was away: no resume, its
+// transcript instead
+function withdrawStored(saved = state.stored) {
+  clearTimeout(state.offerTimer);
+  state.stored = null;
+  $("resume").hidden = true;
   clearSession();
   setStatus(`the meeting started at ${clock(saved.started_at)} ended while this page was away`);
-  offerTranscript(captions, saved.started_at);
+  offerTranscript({ session_id: saved.session_id, captions_token: saved.captions_token },
+                  saved.started_at);
 }
 
 // Show the downloads of a session that is gone from this page if the server has its
@@ -732,7 +753,7 @@ async function offerTranscript(captions, startedAt) {
       const kept = resp.headers.get("X-Livemeet-Transcript-Status");
       const notes = { final: "(final)", revised: "(revised)" };
       showExport(captions, startedAt, notes[kept] || "(the finals so far)");
-      setStatus(`${status}: its transcript is below`);
+      setStatus(`${status}: download its transcript below`);
       return;
     }
   } catch (e) { /* unreachable: said below */ }
@@ -802,6 +823,7 @@ async function start(saved) {
   $("revision").hidden = true;
   $("speakers").hidden = true;
   state.stored = null;
+  clearTimeout(state.offerTimer);
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
@@ -1167,6 +1189,7 @@ $("api-key").addEventListener("change", saveApiKey);
 $("start").addEventListener("click", () => startClicked(null));
 $("resume").addEventListener("click", () => {
   if (state.micLost) reopenMicrophone();
+  else if (state.stored && storedExpired(state.stored)) withdrawStored(); // a late click
   else if (state.stored) startClicked(state.stored);
 });
 // closing (or reloading) the tab mid-meeting: the browser asks first (the meeting would go on

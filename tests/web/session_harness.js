@@ -16,7 +16,8 @@
 // FLUSH: what the worklet holds then, "none": no answer), "ctxrate" (an AudioContext at
 // CTX_RATE Hz), "reload8k" (a session stored at 8 kHz resumed on a 48-kHz context),
 // "micgone" (the microphone's track ends mid-meeting), "recent" (the meetings this browser
-// recorded last, in localStorage; the prompt before closing the tab mid-meeting),
+// recorded last, in localStorage; the prompt before closing the tab mid-meeting), "stale" (a
+// reload's offer to resume whose window then ends), "lateclick" (Resume meeting clicked past it),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -632,6 +633,25 @@ async function refusedScenario(storage) {
            stored: storage.items[API_KEY] || null };
 }
 
+// a reloaded page offers to resume a session whose window ends a second later: the offer went
+// stale, and a click after it found no session (a trial); then, a click a minute later
+async function staleScenario(storage) {
+  const offered = !element("resume").hidden;
+  await sleep(1100); // the window's end (59 s of it had passed)
+  const out = { offered, resume_hidden: element("resume").hidden,
+                status: element("status").textContent, links: links(), storage: storage.items };
+  return out;
+}
+
+async function lateClickScenario(storage) {
+  const offered = !element("resume").hidden;
+  advance(60000); // the user came back a minute later
+  element("resume").listeners.click();
+  await sleep(20);
+  return { offered, sockets_opened: sockets.length, resume_hidden: element("resume").hidden,
+           status: element("status").textContent, links: links(), storage: storage.items };
+}
+
 async function expiredScenario(storage) {
   await sleep(20); // the transcript's check
   return { storage: storage.items, status: element("status").textContent, links: links(),
@@ -642,7 +662,8 @@ async function expiredScenario(storage) {
   const initial = { export: {}, reload: stored(5000), gone: stored(5000),
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
-                    revised: {}, unrevised: {}, reload8k: stored(5000, 8000) }[scenario] || {};
+                    revised: {}, unrevised: {}, reload8k: stored(5000, 8000),
+                    stale: stored(59000), lateclick: stored(5000) }[scenario] || {};
   const storage = new FakeStorage(initial);
   const lasting = new FakeStorage({ recent: earlierMeetings() }[scenario]);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
@@ -658,7 +679,8 @@ async function expiredScenario(storage) {
                       deadpath: deadPathScenario, nofinal: noFinalScenario,
                       quickstop: quickStopScenario, ctxrate: contextRateScenario,
                       reload8k: reload8kScenario, micgone: micGoneScenario,
-                      recent: recentScenario };
+                      recent: recentScenario, stale: staleScenario,
+                      lateclick: lateClickScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

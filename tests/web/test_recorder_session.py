@@ -416,3 +416,23 @@ def test_closing_the_tab_mid_meeting_asks_first() -> None:
     a meeting records, not before one nor after Stop (the final is on its way and kept)."""
     result = run("recent")
     assert (result["idle"], result["recording"], result["stopping"]) == (False, True, False)
+
+
+@pytest.mark.parametrize("scenario", ["stale", "lateclick"])
+def test_an_offer_to_resume_is_taken_back_once_its_window_has_passed(scenario: str) -> None:
+    """After a reload, "press Resume meeting" stayed on past the session's window (a trial):
+    the server had ended the meeting. The offer is now taken back when the window ends (and a
+    click after it rechecks): the page says the meeting ended and offers its transcript."""
+    result = run(scenario)
+    assert result["offered"] is True
+    assert result["resume_hidden"] is True
+    assert "ended while this page was away" in result["status"]
+    assert result["status"].endswith("download its transcript below")
+    assert result["links"]["hidden"] is False and result["links"]["note"] == "(final)"
+    assert result["storage"] == {}
+    assert result.get("sockets_opened", 0) == 0
+
+
+def test_a_transcript_offered_for_a_meeting_gone_from_the_page_says_where_it_is() -> None:
+    """ "its transcript is below" pointed at nothing but the download links: it says so."""
+    assert run("expired")["status"].endswith(": download its transcript below")
