@@ -8,6 +8,9 @@
 // colour. A session
 // that is gone (4404: the meeting ended, and OBS reloaded the source) leaves the overlay empty,
 // drawing nothing over the video: its status shows only with debug=1 (always in the console).
+// After the meeting's last frame (`transcript.final`, or its revision) the server closes with
+// 1000: the last lines stay FINAL_LINGER_MS, for the end of the meeting to be read, then the
+// overlay is empty (it stayed over the video for good: a trial); nothing reconnects.
 // A session's revision (`transcript.revised`, docs/protocol.md "Revision") replaces the finals
 // it supersedes, as on the recorder page (web/recorder.js revisedFinals); names stay on their
 // labels, which the revision keeps.
@@ -24,6 +27,9 @@ const FINAL_CLOSES = { 1000: "", 4401: "captions: wrong token", 4402: "captions:
 // of those, the ones shown over the video only with debug=1: a session gone is the overlay's
 // normal state after a meeting (the others are a wrong URL, to be seen while setting it up)
 const QUIET_CLOSES = [4404];
+// s the last lines stay after the meeting ended (the close after its final): long enough to
+// read the last two or three lines, short enough not to caption the next part of the stream
+const FINAL_LINGER_MS = 10000;
 // the recorder's palette and rule (web/recorder.js speakerColour): S01 is the first colour
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
                          "#e377c2", "#17becf"];
@@ -205,7 +211,13 @@ function connect(session, token) {
   };
   ws.onclose = (ev) => {
     if (ev.code in FINAL_CLOSES) {
-      if (QUIET_CLOSES.includes(ev.code)) {
+      if (ev.code === 1000) { // the meeting ended: its last lines, a while
+        setTimeout(() => {
+          overlay.model.clear();
+          render(overlay.model);
+          debugStatus("captions: the meeting ended");
+        }, FINAL_LINGER_MS);
+      } else if (QUIET_CLOSES.includes(ev.code)) {
         overlay.model.clear(); // no stale captions over the video either
         render(overlay.model);
         debugStatus(FINAL_CLOSES[ev.code]);

@@ -2,7 +2,8 @@
 // WebSockets the script drives by hand, through a snapshot, live events, a dropped connection
 // and its reconnect, the session's end, refusals, speaker names (snapshot, live, after a
 // reconnect), speaker merges (snapshot, live, a chain, after a reconnect, a final's `merged`),
-// a revision (and a reconnect after it) and a session that is gone (4404); also loads
+// a revision (and a reconnect after it), the meeting's end (its last lines linger, then go)
+// and a session that is gone (4404); also loads
 // web/recorder.js to compare the two pages' speaker colours. Prints one JSON line. argv:
 // captions.js, recorder.js.
 const fs = require("fs");
@@ -10,7 +11,8 @@ const vm = require("vm");
 
 const [captionsSource, recorderSource] = process.argv.slice(2);
 
-function page(search, source, base = "https://meet.example:8000/") {
+// `speed`: the page's timers run that many times faster (a 10-s wait in 10 ms at 1000)
+function page(search, source, base = "https://meet.example:8000/", speed = 1) {
   const elements = {};
   function element(id) {
     if (!elements[id]) {
@@ -38,7 +40,8 @@ function page(search, source, base = "https://meet.example:8000/") {
     navigator: {},
     location: { host: new URL(base).host, protocol: new URL(base).protocol, search,
                 href: `${base}captions.html${search}` },
-    URL, URLSearchParams, WebSocket: FakeWebSocket, setTimeout, clearTimeout, setInterval,
+    URL, URLSearchParams, WebSocket: FakeWebSocket, clearTimeout, setInterval,
+    setTimeout: (fn, ms) => setTimeout(fn, ms / speed),
     clearInterval, console,
     fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
   };
@@ -198,6 +201,19 @@ async function main() {
   [ready, { type: "transcript.final", segments: [s0, s3], finish_reason: "stop", coverage: 1,
             duration: 8, merged: { S03: "S01" } }].forEach((ev) => late.sockets[0].receive(ev));
   out.mergesFromTheFinal = late.shown();
+
+  // the meeting's end: its last lines stay a while (10 s, here 100 times faster), then go;
+  // nothing reconnects
+  const ending = page("?session=s&token=t&debug=1", captionsSource, undefined, 100);
+  [ready, final(s0), final(s1), { type: "transcript.final", segments: [s0, s1],
+                                   finish_reason: "stop", coverage: 1, duration: 4 }]
+    .forEach((ev) => ending.sockets[0].receive(ev));
+  ending.sockets[0].drop(1000);
+  out.endedAtClose = ending.visible();
+  await sleep(50); // 5 s of the page's
+  out.endedAfter5s = ending.visible();
+  await sleep(100);
+  out.endedAfter15s = { sockets: ending.sockets.length, ...ending.visible() };
 
   const slow = page("?session=s&token=t", captionsSource);
   slow.sockets[0].drop(4429); // queue_full: reconnect for a fresh snapshot

@@ -109,3 +109,14 @@ def test_a_revision_replaces_the_finals_it_supersedes() -> None:
     assert run["revisedBefore"] == ["Alice: one", "S02: two", "Alice: three"]
     assert run["revised"] == ["Alice: one, two", "S02: and three"]
     assert run["revisedAfterReconnect"] == run["revised"]
+
+
+def test_the_last_lines_linger_after_the_meeting_ended_then_go() -> None:
+    """After the normal close (1000) that follows the final, the last lines stayed over the
+    video for good (a trial): they now stay 10 s (FINAL_LINGER_MS), for the end to be read,
+    then the overlay is empty (debug=1 says why); nothing reconnects."""
+    run = overlay_run()
+    assert run["endedAtClose"] == {"lines": ["S01: one", "S02: two"], "status": ""}
+    assert run["endedAfter5s"] == run["endedAtClose"]
+    assert run["endedAfter15s"] == {"sockets": 1, "lines": [],
+                                    "status": "captions: the meeting ended"}  # fmt: skip
