@@ -102,6 +102,10 @@ const EMPTY_STOP_S = 0.02;
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
                          "#e377c2", "#17becf"];
 
+// the page scrolled to within this of its bottom follows the newest captions; scrolled further
+// up, the user reads back, and new captions must not pull the page down
+const FOLLOW_SLACK_PX = 40;
+
 // the downloads: [link id suffix, the resource's response_format, file extension]; JSON is
 // diarized_json (segments with ids, times and speakers; plain json is the text alone)
 const EXPORTS = [["json", "diarized_json", "json"], ["srt", "srt", "srt"],
@@ -561,6 +565,17 @@ function noteSpeakers(segments) {
 
 function setStatus(text) { $("status").textContent = text; }
 
+// The page's scroller is at its bottom (FOLLOW_SLACK_PX): the user follows the captions
+function atBottom() {
+  const el = document.scrollingElement;
+  return !el || el.scrollHeight - el.scrollTop - el.clientHeight <= FOLLOW_SLACK_PX;
+}
+
+function scrollToBottom() {
+  const el = document.scrollingElement;
+  if (el) el.scrollTop = el.scrollHeight;
+}
+
 // The line under the downloads that says where the transcript's revision is
 function showRevision(text) {
   $("revision").textContent = text;
@@ -948,7 +963,13 @@ function connect() {
     state.awaitingSince = 0;
     const ev = JSON.parse(msg.data);
     if (ev.type === "session.ready") onReady(ws, ev);
+    if (ev.type === "audio.ack") { // shows nothing
+      onEvent(ev);
+      return;
+    }
+    const follow = atBottom();
     onEvent(ev);
+    if (follow) scrollToBottom();
   };
   ws.onclose = (ev) => onClose(ws, ev, state.reached);
 }

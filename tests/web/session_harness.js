@@ -18,6 +18,7 @@
 // "micgone" (the microphone's track ends mid-meeting), "recent" (the meetings this browser
 // recorded last, in localStorage; the prompt before closing the tab mid-meeting), "stale" (a
 // reload's offer to resume whose window then ends), "lateclick" (Resume meeting clicked past it),
+// "scroll" (captions coming in while the page is at its bottom, then scrolled up),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -82,6 +83,7 @@ function makeSandbox(storage, transcriptStatus, lasting) {
   });
   sandbox.window.sessionStorage = storage;
   sandbox.window.localStorage = lasting;
+  sandbox.document.scrollingElement = scroller;
   sandbox.window.prompt = (message, value) => {
     prompts.push([message, value]);
     return answers.shift();
@@ -489,6 +491,40 @@ function earlierMeetings() {
                                      m("b", 5), m("c", 6)]) };
 }
 
+// the page's scroller: 500 px shown of 400 px of page and 30 px a caption line; scrollTop
+// clamped as a browser clamps it
+const scroller = {
+  clientHeight: 500, top: 0,
+  get scrollHeight() {
+    return 400 + 30 * (element("finals").children.length + element("partial").children.length);
+  },
+  get scrollTop() { return this.top; },
+  set scrollTop(v) { this.top = Math.max(0, Math.min(v, this.scrollHeight - this.clientHeight)); },
+};
+
+// captions coming in: followed while the page is at its bottom, not once the user scrolled up
+// (the newest went out of view below: a trial)
+async function scrollScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  for (let i = 0; i < 10; i++) ws.receive(final(`seg-${i}`, i));
+  const out = { followed: [scroller.top, scroller.scrollHeight] };
+  ws.receive({ type: "segment.partial", rev: 1,
+               segments: [{ id: "", start: 10, end: 11, speaker: "S01", text: "and" }] });
+  out.partial = [scroller.top, scroller.scrollHeight];
+  scroller.scrollTop = 50; // the user scrolls up to read back
+  ws.receive(final("seg-10", 10));
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  out.readingBack = scroller.top;
+  scroller.scrollTop = scroller.scrollHeight - scroller.clientHeight - 20; // near the bottom
+  ws.receive(final("seg-11", 11));
+  out.backAtBottom = [scroller.top, scroller.scrollHeight - scroller.clientHeight];
+  return out;
+}
+
 // The tab is being closed: whether the page asked the browser to ask first
 let pageWindow = null;
 function beforeUnload() {
@@ -680,7 +716,7 @@ async function expiredScenario(storage) {
                       quickstop: quickStopScenario, ctxrate: contextRateScenario,
                       reload8k: reload8kScenario, micgone: micGoneScenario,
                       recent: recentScenario, stale: staleScenario,
-                      lateclick: lateClickScenario };
+                      lateclick: lateClickScenario, scroll: scrollScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

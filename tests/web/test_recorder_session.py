@@ -436,3 +436,15 @@ def test_an_offer_to_resume_is_taken_back_once_its_window_has_passed(scenario: s
 def test_a_transcript_offered_for_a_meeting_gone_from_the_page_says_where_it_is() -> None:
     """ "its transcript is below" pointed at nothing but the download links: it says so."""
     assert run("expired")["status"].endswith(": download its transcript below")
+
+
+def test_new_captions_are_followed_at_the_bottom_and_not_while_reading_back() -> None:
+    """The newest captions went out of view below the page's end (a trial): at the bottom
+    the page now follows them (finals and partials); scrolled up, it stays where the user
+    reads, and follows again once they are back at the bottom."""
+    result = run("scroll")
+    assert result["followed"] == [200, 700]  # 10 lines past the fold: shown to the last
+    assert result["partial"] == [230, 730]
+    assert result["readingBack"] == 50
+    top, bottom = result["backAtBottom"]
+    assert top == bottom
