@@ -105,6 +105,7 @@ const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", 
 // the page scrolled to within this of its bottom follows the newest captions; scrolled further
 // up, the user reads back, and new captions must not pull the page down
 const FOLLOW_SLACK_PX = 40;
+const COPY_NOTE_MS = 5000; // how long "copied" (or why not) shows beside Copy
 
 // the downloads: [link id suffix, the resource's response_format, file extension]; JSON is
 // diarized_json (segments with ids, times and speakers; plain json is the text alone)
@@ -167,7 +168,7 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // a meeting runs here: from Start (or Resume meeting) to its last close
                 active: false,
                 // takes back the offer to resume a stored session once its window passed
-                offerTimer: null,
+                offerTimer: null, copyNoteTimer: null,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -372,6 +373,38 @@ function showOverlayUrl(ev) {
   $("overlay").hidden = false;
 }
 
+// Copy: the overlay's URL onto the clipboard, and say whether it went. The clipboard API needs
+// a secure page (https or localhost) and may be refused; then the link is selected and
+// copied the old way (execCommand, which works on a plain http page), or left selected for a
+// copy by hand, and the page says which.
+async function copyOverlayUrl() {
+  const url = $("overlay-url").textContent;
+  try {
+    if (!navigator.clipboard) throw new Error("no clipboard API: not a secure page");
+    await navigator.clipboard.writeText(url);
+    copyNote("copied");
+    return;
+  } catch (e) { /* below */ }
+  let copied = false;
+  try {
+    const range = document.createRange();
+    range.selectNodeContents($("overlay-url"));
+    const selection = window.getSelection();
+    selection.removeAllRanges();
+    selection.addRange(range);
+    copied = document.execCommand("copy");
+  } catch (e) { /* no selection either: said below */ }
+  copyNote(copied ? "copied" : "not copied: this page may not use the clipboard (it needs " +
+                               "https or localhost); copy the link by hand");
+}
+
+// What Copy did, beside it (role=status: read out), for a few seconds
+function copyNote(text) {
+  clearTimeout(state.copyNoteTimer);
+  $("overlay-copied").textContent = text;
+  state.copyNoteTimer = setTimeout(() => { $("overlay-copied").textContent = ""; }, COPY_NOTE_MS);
+}
+
 // The session's transcript rendered as `responseFormat` by the server, read with its
 // captions_token: while the meeting runs, its finals so far; after it, the final transcript
 // (kept by the server after the session is gone), so the links work after the socket closed.
@@ -541,13 +574,21 @@ function segmentElement(seg) {
   const time = document.createElement("span");
   time.className = "time";
   time.textContent = `${seg.start.toFixed(1)}–${seg.end.toFixed(1)}`;
-  const who = document.createElement("span");
+  // a label the page can name is a button: reached by the keyboard (Tab, then Enter or
+  // Space) and read out as what it does
+  const nameable = SPEAKER_LABEL.test(seg.speaker);
+  const who = document.createElement(nameable ? "button" : "span");
   who.className = "speaker";
   who.textContent = speakerName(seg.speaker);
   // the colour of the label it shows as (a merged one's target's), named or not
   who.style.color = speakerColour(shownLabel(seg.speaker));
-  if (SPEAKER_LABEL.test(seg.speaker)) {
-    who.title = `${shownLabel(seg.speaker)}: click to name`; // a merged label names its target
+  if (nameable) {
+    const shown = shownLabel(seg.speaker); // a merged label names its target
+    who.type = "button";
+    who.title = `${shown}: click to name`;
+    who.setAttribute("aria-label", state.names.has(shown)
+      ? `${state.names.get(shown)} (${shown}): rename this speaker`
+      : `${shown}: name this speaker`);
     who.addEventListener("click", () => renameSpeaker(seg.speaker));
   }
   const text = document.createElement("span");
@@ -1229,10 +1270,7 @@ window.addEventListener("pagehide", () => {
 });
 $("stop").addEventListener("click", stop);
 $("merge-speakers").addEventListener("click", mergeSpeakers);
-$("overlay-copy").addEventListener("click", () => {
-  // the clipboard needs a secure page, as the microphone does; else the link can be copied
-  if (navigator.clipboard) navigator.clipboard.writeText($("overlay-url").textContent);
-});
+$("overlay-copy").addEventListener("click", copyOverlayUrl);
 $("recent-forget").addEventListener("click", forgetRecent);
 loadApiKey();
 showServer().then(offerStored).then(showRecent);

@@ -18,7 +18,8 @@
 // "micgone" (the microphone's track ends mid-meeting), "recent" (the meetings this browser
 // recorded last, in localStorage; the prompt before closing the tab mid-meeting), "stale" (a
 // reload's offer to resume whose window then ends), "lateclick" (Resume meeting clicked past it),
-// "scroll" (captions coming in while the page is at its bottom, then scrolled up),
+// "scroll" (captions coming in while the page is at its bottom, then scrolled up), "a11y" (a
+// caption's speaker as a button; Copy's feedback, CLIPBOARD and EXEC_COPY saying how it goes),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -84,6 +85,22 @@ function makeSandbox(storage, transcriptStatus, lasting) {
   sandbox.window.sessionStorage = storage;
   sandbox.window.localStorage = lasting;
   sandbox.document.scrollingElement = scroller;
+  // CLIPBOARD: "ok" (a secure page: the clipboard API), "refused" (its writeText refused),
+  // "none" (a plain http page: no clipboard API); EXEC_COPY: execCommand("copy")'s answer
+  const clipboard = process.env.CLIPBOARD || "ok";
+  if (clipboard !== "none") {
+    sandbox.navigator.clipboard = { writeText: async (text) => {
+      if (clipboard === "refused") throw new Error("NotAllowedError");
+      copied.push(text);
+    } };
+  }
+  sandbox.document.createRange = () => ({ selectNodeContents(node) { this.node = node; } });
+  sandbox.window.getSelection = () => ({ removeAllRanges() { selected.length = 0; },
+                                         addRange(range) { selected.push(range.node.id); } });
+  sandbox.document.execCommand = (command) => {
+    if (command === "copy" && process.env.EXEC_COPY === "ok") copied.push(selected.join());
+    return command === "copy" && process.env.EXEC_COPY === "ok";
+  };
   sandbox.window.prompt = (message, value) => {
     prompts.push([message, value]);
     return answers.shift();
@@ -525,6 +542,29 @@ async function scrollScenario() {
   return out;
 }
 
+// what was copied (the clipboard API, or execCommand of the selection), what is selected
+const copied = [];
+const selected = [];
+
+// a caption line's speaker, for the keyboard and a screen reader; Copy's feedback
+async function a11yScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  ws.receive(said("seg-0000", 0, "S01"));
+  ws.receive(said("seg-0001", 1, "S02"));
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  const speakers = element("finals").children.map((div) => {
+    const who = div.children[1];
+    return { tag: who.tagName, type: who.type, label: who.attributes["aria-label"] };
+  });
+  element("overlay-copy").listeners.click();
+  await sleep(10);
+  return { speakers, copied, selected, note: element("overlay-copied").textContent };
+}
+
 // The tab is being closed: whether the page asked the browser to ask first
 let pageWindow = null;
 function beforeUnload() {
@@ -716,7 +756,8 @@ async function expiredScenario(storage) {
                       quickstop: quickStopScenario, ctxrate: contextRateScenario,
                       reload8k: reload8kScenario, micgone: micGoneScenario,
                       recent: recentScenario, stale: staleScenario,
-                      lateclick: lateClickScenario, scroll: scrollScenario };
+                      lateclick: lateClickScenario, scroll: scrollScenario,
+                      a11y: a11yScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

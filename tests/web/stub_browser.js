@@ -1,7 +1,8 @@
 // The stub browser web/recorder.js runs in under node's vm (resume_harness.js,
 // session_harness.js): elements made on first lookup, WebSockets and a microphone the harness
 // drives by hand. `stubBrowser()` gives one page's worth:
-// - element(id): the page element `id` ({textContent, disabled, style, listeners, children});
+// - element(id): the page element `id` ({textContent, disabled, style, listeners, children,
+//   attributes}; one the page made has its tagName);
 // - sockets: every FakeWebSocket the page opened, in order: open(), receive(event),
 //   drop(code); `sent` holds text frames parsed and binary ones as {frame, frames} (the
 //   frame's first sample, its sample count); `closedByPage`: the page called close();
@@ -20,7 +21,9 @@ function stubBrowser() {
     if (!elements[id]) {
       elements[id] = {
         id, disabled: false, textContent: "", style: {}, listeners: {}, children: [],
+        attributes: {},
         addEventListener(type, fn) { this.listeners[type] = fn; },
+        setAttribute(name, value) { this.attributes[name] = String(value); },
         replaceChildren(...c) { this.children = c; },
         append(...c) { this.children.push(...c); },
       };
@@ -74,7 +77,9 @@ function stubBrowser() {
 
   function sandbox(extra) {
     return {
-      document: { getElementById: element, createElement: () => element(`new-${Math.random()}`) },
+      document: { getElementById: element,
+                  createElement: (tag) => Object.assign(element(`new-${Math.random()}`),
+                                                        { tagName: tag.toUpperCase() }) },
       window: { isSecureContext: true, listeners: {},
                 addEventListener(type, fn) { this.listeners[type] = fn; } },
       navigator: { mediaDevices: { getUserMedia: async () => {

@@ -26,6 +26,8 @@ def run(
     transcript_status: str = "final",
     flush: str = "0",
     context_rate: str = "48000",
+    clipboard: str = "ok",
+    exec_copy: str = "no",
 ) -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
@@ -34,7 +36,8 @@ def run(
         capture_output=True, text=True, timeout=30, check=True,
         # the file names carry the meeting's local time
         env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
-             "FLUSH": flush, "CTX_RATE": context_rate},
+             "FLUSH": flush, "CTX_RATE": context_rate, "CLIPBOARD": clipboard,
+             "EXEC_COPY": exec_copy},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -448,3 +451,35 @@ def test_new_captions_are_followed_at_the_bottom_and_not_while_reading_back() ->
     assert result["readingBack"] == 50
     top, bottom = result["backAtBottom"]
     assert top == bottom
+
+
+def test_a_caption_lines_speaker_is_a_button_named_for_what_it_does() -> None:
+    """A caption line's speaker took a mouse click only (a span): no keyboard, and a screen
+    reader read a bare name. It is now a button (Tab, then Enter or Space) whose accessible
+    name says what it does."""
+    assert run("a11y")["speakers"] == [
+        {"tag": "BUTTON", "type": "button", "label": "Alice (S01): rename this speaker"},
+        {"tag": "BUTTON", "type": "button", "label": "S02: name this speaker"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("clipboard", "exec_copy", "copied", "note"),
+    [("ok", "no", ["https://meet.example:8000/captions.html?session=s-1&token=c%2Ft%2Bk%3D"],
+      "copied"),
+     ("none", "ok", ["overlay-url"], "copied"),
+     ("refused", "ok", ["overlay-url"], "copied"),
+     ("none", "no", [], "not copied"),
+     ("refused", "no", [], "not copied")],
+)  # fmt: skip
+def test_copy_says_whether_the_overlay_url_was_copied(
+    clipboard: str, exec_copy: str, copied: list[str], note: str
+) -> None:
+    """Copy did nothing visible, and nothing at all on a plain http page (no clipboard API):
+    it now says "copied", or, the clipboard API missing or refused, selects the link and
+    copies it the old way (execCommand) or says to copy it by hand."""
+    result = run("a11y", clipboard=clipboard, exec_copy=exec_copy)
+    assert result["copied"] == copied
+    assert result["note"].startswith(note)
+    if clipboard != "ok":
+        assert result["selected"] == ["overlay-url"]  # left selected for a copy by hand
