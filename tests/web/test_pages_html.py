@@ -3,6 +3,7 @@ alone, read with html.parser."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -40,3 +41,19 @@ def test_the_recorders_status_and_captions_are_read_out_as_they_change() -> None
     assert page["finals"][1].get("role") == "log"
     assert page["partial"][1].get("aria-live") is None
     assert page["overlay-copied"][1].get("role") == "status"
+
+
+def test_both_pages_bring_their_icon_along() -> None:
+    """The browser asked for /favicon.ico, a 404 in the console of both pages (a trial)."""
+    for page in ("index.html", "captions.html"):
+        icons = [a for tag, a in elements(page).tags if tag == "link" and a.get("rel") == "icon"]
+        assert len(icons) == 1 and str(icons[0].get("href")).startswith("data:"), page
+
+
+def test_only_the_overlay_url_breaks_mid_word() -> None:
+    """`word-break: break-all` on the overlay's line broke its description mid-word ("Captio
+    ns overlay") on a narrow screen (a trial): only the URL, which has no spaces, needs it."""
+    css = (ROOT / "web" / "index.html").read_text()
+    rules = dict(re.findall(r"^\s*(#[\w-]+) \{([^}]*)\}", css, re.M))
+    assert "word-break" not in rules["#overlay"]
+    assert "word-break: break-all" in rules["#overlay-url"]
