@@ -106,6 +106,13 @@ const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", 
 // up, the user reads back, and new captions must not pull the page down
 const FOLLOW_SLACK_PX = 40;
 const COPY_NOTE_MS = 5000; // how long "copied" (or why not) shows beside Copy
+// what a transcript's finish_reason means to the user (docs/protocol.md, transcript.final):
+// `stop`, the normal end, says nothing
+const FINISH_NOTES = {
+  length: " (the model reached its output limit: the end of the meeting may be missing)",
+  repetition: " (the model repeated itself and was cut off there: some of it may be missing)",
+  abort: " (the transcription was cut short)",
+};
 
 // the downloads: [link id suffix, the resource's response_format, file extension]; JSON is
 // diarized_json (segments with ids, times and speakers; plain json is the text alone)
@@ -169,6 +176,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 active: false,
                 // takes back the offer to resume a stored session once its window passed
                 offerTimer: null, copyNoteTimer: null,
+                // the server said it restarts (1012): until it is back, retries say so
+                restarting: false,
                 retry: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
@@ -315,6 +324,19 @@ function loadApiKey() {
   const store = storage();
   const saved = store ? store.getItem(API_KEY_STORAGE_KEY) : null;
   if (saved) $("api-key").value = saved;
+}
+
+// A time in the meeting (s from its start) as m:ss, h:mm:ss past an hour
+function meetingTime(s) {
+  const t = Math.max(0, Math.floor(s));
+  const [h, m, sec] = [Math.floor(t / 3600), Math.floor((t % 3600) / 60), t % 60];
+  const p = (n) => String(n).padStart(2, "0");
+  return h ? `${h}:${p(m)}:${p(sec)}` : `${m}:${p(sec)}`;
+}
+
+// A length of audio: "7.6 s" under a minute, else as meetingTime ("12:05")
+function duration(s) {
+  return s < 60 ? `${s.toFixed(1)} s` : meetingTime(s);
 }
 
 function clock(ms) {
@@ -573,7 +595,7 @@ function segmentElement(seg) {
   div.className = "segment";
   const time = document.createElement("span");
   time.className = "time";
-  time.textContent = `${seg.start.toFixed(1)}–${seg.end.toFixed(1)}`;
+  time.textContent = `${meetingTime(seg.start)}–${meetingTime(seg.end)}`;
   // a label the page can name is a button: reached by the keyboard (Tab, then Enter or
   // Space) and read out as what it does
   const nameable = SPEAKER_LABEL.test(seg.speaker);
@@ -711,7 +733,10 @@ function onEvent(ev) {
       renderNames(); // the speakers list is disabled: the meeting is over
       if (state.nothing && !ev.segments.length) {
         setStatus("stopped before the microphone gave any audio: nothing recorded");
-      } else setStatus(`done: ${ev.duration.toFixed(1)} s, ${ev.finish_reason}${lostNote()}`);
+      } else {
+        setStatus(`done: ${duration(ev.duration)} of audio transcribed` +
+                  `${FINISH_NOTES[ev.finish_reason] || ""}${lostNote()}`);
+      }
       showExport(state.captions, state.startedAt, "(final)");
       state.revisionPending = state.revise;
       if (state.revise) {
@@ -884,6 +909,7 @@ async function start(saved) {
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
     flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
+    restarting: false,
     revise: false, revisionPending: false, error: null, violations: 0, stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -1093,6 +1119,7 @@ function onReady(ws, ev) {
   state.attempt = 0;
   state.dropAt = 0;
   state.unreachableAt = 0;
+  state.restarting = false;
   if (state.reloaded) {
     // the microphone's audio so far is new: it goes on from the offset the server holds
     state.buffer.rebase(ev.offset);
@@ -1134,8 +1161,9 @@ function onClose(ws, ev, reached) {
     // past the resume window the server has ended the session: nothing left to resume
     if (Date.now() < resumeDeadlineMs(state.dropAt, state.windowS, state.unreachableAt)) {
       const delay = reconnectDelayMs(state.attempt++);
-      let why = ev.why || (ev.code === SERVICE_RESTART ? "the server is restarting"
-                                                        : "connection lost");
+      // a restart: the retries that find no server meanwhile are that restart too
+      if (ev.code === SERVICE_RESTART) state.restarting = true;
+      let why = ev.why || (state.restarting ? "the server is restarting" : "connection lost");
       if (violation) {
         why = `the server refused a message of this page (${error ? `${error.code}: ` +
               `${error.message}` : `closed ${ev.code}`}) and kept the meeting`;

@@ -98,9 +98,11 @@ async function restart() {
     for (let waited = 0; sockets.length <= n && waited < 3000; waited += 5) await sleep(5);
     return sockets[n];
   };
+  const statusRetries = [];
   for (let i = 1; i <= 2; i++) { // the retries after 250 and 500 ms find no server
     const retry = await until(i);
     if (retry) retry.drop(1006);
+    statusRetries.push(element("status").textContent);
   }
   const last = await until(3); // ~1 s after the close: past its 0.3-s window
   if (last) {
@@ -110,6 +112,7 @@ async function restart() {
                    offset: 0 });
   }
   console.log(JSON.stringify({ sockets: sockets.length, statusRestarting, statusClosed,
+                               statusRetries,
                                resumed: last ? last.sent[0].resume || null : null,
                                status: element("status").textContent }));
   process.exit(0);

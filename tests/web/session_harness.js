@@ -20,6 +20,7 @@
 // reload's offer to resume whose window then ends), "lateclick" (Resume meeting clicked past it),
 // "scroll" (captions coming in while the page is at its bottom, then scrolled up), "a11y" (a
 // caption's speaker as a button; Copy's feedback, CLIPBOARD and EXEC_COPY saying how it goes),
+// "times" (the caption lines' times; the final's status, FINISH its finish_reason, DURATION),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -565,6 +566,25 @@ async function a11yScenario() {
   return { speakers, copied, selected, note: element("overlay-copied").textContent };
 }
 
+// times on the caption lines, and the status a final leaves (FINISH: its finish_reason)
+async function timesScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready());
+  speak();
+  for (const [id, start] of [["a", 0.4], ["b", 75.2], ["c", 599.5], ["d", 3725.9]]) {
+    ws.receive(final(id, start));
+  }
+  const times = element("finals").children.map((div) => div.children[0].textContent);
+  element("stop").listeners.click();
+  await sleep(300);
+  ws.receive({ ...finalOf([]), duration: Number(process.env.DURATION || 3),
+               finish_reason: process.env.FINISH || "stop" });
+  return { times, status: element("status").textContent };
+}
+
 // The tab is being closed: whether the page asked the browser to ask first
 let pageWindow = null;
 function beforeUnload() {
@@ -757,7 +777,7 @@ async function expiredScenario(storage) {
                       reload8k: reload8kScenario, micgone: micGoneScenario,
                       recent: recentScenario, stale: staleScenario,
                       lateclick: lateClickScenario, scroll: scrollScenario,
-                      a11y: a11yScenario };
+                      a11y: a11yScenario, times: timesScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -114,6 +114,9 @@ def test_the_page_resumes_a_session_across_a_graceful_restart() -> None:
     result = run_resume("restart")
     assert "restarting" in result["statusRestarting"]
     assert "restarting" in result["statusClosed"] and "reconnecting" in result["statusClosed"]
+    # the retries that find no server meanwhile said "connection lost": the restart goes on
+    for status in result["statusRetries"]:
+        assert status.startswith("the server is restarting: reconnecting in"), status
     assert result["sockets"] == 4
     assert result["resumed"] == {"session_id": "s-1", "resume_token": "tok"}
 

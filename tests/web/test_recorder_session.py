@@ -28,6 +28,8 @@ def run(
     context_rate: str = "48000",
     clipboard: str = "ok",
     exec_copy: str = "no",
+    finish: str = "stop",
+    duration: str = "3",
 ) -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
@@ -37,7 +39,7 @@ def run(
         # the file names carry the meeting's local time
         env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
              "FLUSH": flush, "CTX_RATE": context_rate, "CLIPBOARD": clipboard,
-             "EXEC_COPY": exec_copy},
+             "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -483,3 +485,28 @@ def test_copy_says_whether_the_overlay_url_was_copied(
     assert result["note"].startswith(note)
     if clipboard != "ok":
         assert result["selected"] == ["overlay-url"]  # left selected for a copy by hand
+
+
+def test_caption_times_are_minutes_and_seconds() -> None:
+    """ "3725.9–3726.9" on a caption line is now "1:02:05–1:02:06": m:ss, h:mm:ss past an hour."""
+    assert run("times")["times"] == [
+        "0:00–0:01", "1:15–1:16", "9:59–10:00", "1:02:05–1:02:06"
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("finish", "duration", "status"),
+    [("stop", "7.64", "done: 7.6 s of audio transcribed"),
+     ("stop", "725", "done: 12:05 of audio transcribed"),
+     ("length", "3", "done: 3.0 s of audio transcribed (the model reached its output limit: "
+                     "the end of the meeting may be missing)"),
+     ("repetition", "3", "done: 3.0 s of audio transcribed (the model repeated itself and was "
+                         "cut off there: some of it may be missing)"),
+     ("abort", "3", "done: 3.0 s of audio transcribed (the transcription was cut short)")],
+)  # fmt: skip
+def test_the_final_status_says_what_its_finish_reason_means(
+    finish: str, duration: str, status: str
+) -> None:
+    """ "done: 7.6 s, stop" showed the protocol's finish_reason: the status now says what it
+    means, and nothing for a normal end."""
+    assert run("times", finish=finish, duration=duration)["status"] == status
