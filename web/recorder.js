@@ -162,7 +162,7 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 attempt: 0,
                 // the server's last error ({code, message}) on this socket, and how many of
                 // this meeting's closes for a refused message were resumed
-                error: null, violations: 0,
+                error: null, violations: 0, refused: null,
                 // the current socket opened; when the page last heard from the server; since
                 // when it owes an answer (a send since it was last heard from, or the
                 // socket's open and session.ready; 0: none); when Stop was pressed
@@ -694,7 +694,10 @@ function onEvent(ev) {
         break;
       }
       setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${ev.session_id}, ` +
-                `model ${ev.model})${lostNote()}`);
+                `model ${ev.model})${lostNote()}` +
+                (state.refused ? ` after the server refused a message of this page ` +
+                                 `(${state.refused}); the meeting goes on` : ""));
+      state.refused = null;
       break;
     case "audio.ack":
       state.buffer.ack(ev.offset);
@@ -910,7 +913,8 @@ async function start(saved) {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
     flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
     restarting: false,
-    revise: false, revisionPending: false, error: null, violations: 0, stoppedAt: 0,
+    revise: false, revisionPending: false, error: null, violations: 0, refused: null,
+    stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
@@ -1165,8 +1169,10 @@ function onClose(ws, ev, reached) {
       if (ev.code === SERVICE_RESTART) state.restarting = true;
       let why = ev.why || (state.restarting ? "the server is restarting" : "connection lost");
       if (violation) {
-        why = `the server refused a message of this page (${error ? `${error.code}: ` +
-              `${error.message}` : `closed ${ev.code}`}) and kept the meeting`;
+        // said again once resumed: the resume's own status would replace it at once
+        state.refused = error ? `${error.code}: ${error.message}` : `closed ${ev.code}`;
+        why = `the server refused a message of this page (${state.refused}) and kept the ` +
+              "meeting";
       }
       setStatus(`${why}: reconnecting in ${(delay / 1000).toFixed(1)} s…`);
       state.retry = setTimeout(connect, delay);

@@ -354,6 +354,7 @@ async function violationScenario() {
     ws.open();
     ws.receive(ready({ resumed: true, offset: 1600 }));
     out.resumes.push(ws.sent);
+    out.resumedStatuses = [...(out.resumedStatuses || []), element("status").textContent];
   }
   out.status = element("status").textContent;
   out.start_disabled = element("start").disabled;

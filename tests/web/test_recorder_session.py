@@ -292,6 +292,10 @@ def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
     first = result["statuses"][0]
     assert "refused" in first and "invalid_request: refused #0" in first
     assert "kept the meeting" in first and "reconnecting" in first
+    # and once resumed, still (the resume's status came 0.3 s later: a trial)
+    resumed = result["resumedStatuses"][0]
+    assert resumed.startswith("resumed (session s-1")
+    assert "refused a message of this page (invalid_request: refused #0)" in resumed
     assert "recording stopped" in result["status"] and "closed 4400" in result["status"]
     assert result["start_disabled"] is False
     assert len(result["sockets"]) == 4
