@@ -26,7 +26,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import build_parser, main
 from livemeet.audio.constants import LIVE_HOP_S
-from livemeet.cli import serve, stream, transcribe
+from livemeet.cli import live_client, serve, stream, transcribe
 from livemeet.config import ServerConfig
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest, QueueFull
 from livemeet.gateway.live_protocol import GOING_AWAY
@@ -728,10 +728,10 @@ def test_stream_sends_language_prompt_and_hotwords_in_start(
     wav = write_wav(tmp_path / "a.wav", 1.0)
     starts: list[dict[str, Any]] = []
 
-    async def server(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
+    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
         starts.append(kwargs["start"])
         final = {"type": "transcript.final", "duration": 1.0}
-        return stream.StreamResult([final], [0.0], 1000, sent_s=1.0)
+        return live_client.StreamResult([final], [0.0], 1000, sent_s=1.0)
 
     monkeypatch.setattr(stream, "stream_audio", server)
     flags = ["--language", "en", "--prompt", "Minutes.", "--hotword", "Kubernetes"]
@@ -754,7 +754,7 @@ async def test_stream_paced_in_hops(client: TestClient, fake: FakeTranscriber) -
     samples = (0.1 * np.sin(np.arange(int(3.5 * 16000)) / 10)).astype(np.float32)
     url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
     seen: list[str] = []
-    result = await stream.stream_samples(
+    result = await live_client.stream_samples(
         url, samples, hop_s=0.5, speed=20.0, on_event=lambda e: seen.append(e["type"])
     )
     assert result.close_code == 1000
@@ -769,7 +769,7 @@ async def test_stream_paced_in_hops(client: TestClient, fake: FakeTranscriber) -
 async def test_stream_reports_server_error(client: TestClient) -> None:  # noqa: F811
     samples = np.zeros(1600, dtype=np.float32)
     url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
-    result = await stream.stream_samples(url, samples, start={"sample_rate": 5})
+    result = await live_client.stream_samples(url, samples, start={"sample_rate": 5})
     assert result.error is not None and result.error["code"] == "bad_audio"
     assert result.close_code == 4415 and result.final is None
 
@@ -792,7 +792,7 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
     asyncio.get_running_loop().call_later(
         0.3, lambda: asyncio.ensure_future(close_live_sockets(client.app))
     )
-    result = await stream.stream_samples(url, samples, hop_s=0.1, speed=4.0)
+    result = await live_client.stream_samples(url, samples, hop_s=0.1, speed=4.0)
     assert result.close_code == GOING_AWAY and result.final is not None
     assert result.final["duration"] < 4.0
     # what was sent, not the file's length: frames in flight may reach a draining server
@@ -804,16 +804,16 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
     assert f"{result.sent_s:.2f} s had been sent" in why
     # frames the server never read (its socket buffers): the final, not what was sent, says
     # where to resend from (a review: 30 s sent, 20 s covered read "the last 0.00 s were not")
-    buffered = stream.StreamResult([{"type": "transcript.final", "duration": 20.0}], [], 1001)
+    buffered = live_client.StreamResult([{"type": "transcript.final", "duration": 20.0}], [], 1001)
     buffered.sent_s = 30.0
     assert "resend from 20.00 s (the last 10.00 s are not transcribed" in str(
         buffered.shortfall(30.0)
     )
-    full = stream.StreamResult([{"type": "transcript.final", "duration": 4.0}], [0.0], 1000)
+    full = live_client.StreamResult([{"type": "transcript.final", "duration": 4.0}], [0.0], 1000)
     assert full.shortfall(4.0) is None
     # 30.0000625 s (AMI dev00) arrive as 30.0 on the wire: that is all of it (found by a
     # trial: `stream` exited 1 on every file not a whole number of ms long)
-    whole = stream.StreamResult([{"type": "transcript.final", "duration": 30.0}], [0.0], 1000)
+    whole = live_client.StreamResult([{"type": "transcript.final", "duration": 30.0}], [0.0], 1000)
     assert whole.shortfall(30.0000625) is None
     assert whole.shortfall(30.002) is not None
 
@@ -826,9 +826,9 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     Exit 1, as the README's table has it for a final that covers only part of the file."""
     wav = write_wav(tmp_path / "thirty.wav", 30.0)
 
-    async def drained(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
+    async def drained(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
         final = {"type": "transcript.final", "duration": 6.0}
-        return stream.StreamResult([final], [6.1], GOING_AWAY, sent_s=6.0, stopped_early=True)
+        return live_client.StreamResult([final], [6.1], GOING_AWAY, sent_s=6.0, stopped_early=True)
 
     monkeypatch.setattr(stream, "stream_audio", drained)
     assert main(["stream", str(wav)]) == 1
@@ -837,7 +837,7 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     assert "(the last 24.00 s are not transcribed; 6.00 s had been sent)" in err
     # a drain after the whole file was sent: the transcript is complete
     final = {"type": "transcript.final", "duration": 30.0}
-    whole = stream.StreamResult([final], [30.1], GOING_AWAY, sent_s=30.0)
+    whole = live_client.StreamResult([final], [30.1], GOING_AWAY, sent_s=30.0)
     assert whole.shortfall(30.0) is None
 
 
@@ -889,11 +889,11 @@ async def test_stream_to_a_server_url_without_a_path(client: TestClient) -> None
     page = str(client.make_url("/"))  # http://127.0.0.1:PORT/, as a browser shows it
     samples = np.zeros(8_000, dtype=np.float32)
     for url in (root, page):
-        result = await stream.stream_samples(stream.live_url(url), samples, speed=100.0)
+        result = await live_client.stream_samples(stream.live_url(url), samples, speed=100.0)
         assert result.close_code == 1000 and result.final is not None
     # ws://host:port/ is taken as given: the page answers, and the error says what to try
     with pytest.raises(websockets.InvalidStatus, match="HTTP 200"):
-        await stream.stream_samples(stream.live_url(root + "/"), samples, speed=100.0)
+        await live_client.stream_samples(stream.live_url(root + "/"), samples, speed=100.0)
     assert stream.wrong_path_hint(root + "/").endswith(f"did you mean {root}/v1/live?")
     assert "livemeet server's /v1/live?" in stream.wrong_path_hint(root + "/v1/live")
 
@@ -909,7 +909,7 @@ async def test_stream_refused_by_the_server_could_not_run_and_exits_2(
     no server to connect to (it exited 1, the code for work that ran and fell short)."""
     fake.open_error = QueueFull("all 1 session slots are in use (--max-sessions); retry later")
     url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
-    result = await stream.stream_samples(url, np.zeros(8_000, np.float32), speed=100.0)
+    result = await live_client.stream_samples(url, np.zeros(8_000, np.float32), speed=100.0)
     assert result.final is None and result.close_code == 4429
     assert stream.report(result, tmp_path / "unused.wav") == 2
     err = capsys.readouterr().err
@@ -974,7 +974,7 @@ async def test_stream_times_out_when_no_final_arrives(aiohttp_server: Any) -> No
 
     url = await live_url(aiohttp_server, silent)
     samples = np.zeros(1600, dtype=np.float32)
-    result = await stream.stream_samples(url, samples, speed=100.0, final_timeout_s=0.2)
+    result = await live_client.stream_samples(url, samples, speed=100.0, final_timeout_s=0.2)
     assert result.timed_out and result.final is None
     assert [e["type"] for e in result.events] == ["session.ready"]
 
@@ -999,10 +999,10 @@ def test_stream_takes_files_longer_than_an_upload_may_be(
 
     streamed: list[int] = []
 
-    async def server(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
+    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
         streamed.append(sum(chunk.size for chunk in chunks))
         final = {"type": "transcript.final", "duration": streamed[-1] / 16_000}
-        result = stream.StreamResult(events=[final], arrival_s=[0.0], close_code=1000)
+        result = live_client.StreamResult(events=[final], arrival_s=[0.0], close_code=1000)
         result.sent_s = streamed[-1] / 16_000
         return result
 
@@ -1116,9 +1116,9 @@ async def test_stream_sends_the_samples_of_a_whole_decode(
     received: list[bytes] = []
     server = await aiohttp_server(capturing_live_server(received))
     url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
-    result = await stream.stream_audio(url, iter_decode(paths[name]), hop_s=0.5, speed=1e6)
+    result = await live_client.stream_audio(url, iter_decode(paths[name]), hop_s=0.5, speed=1e6)
     whole = decode_file(paths[name])
-    assert b"".join(received) == stream.to_pcm16(whole)
+    assert b"".join(received) == live_client.to_pcm16(whole)
     assert {len(b) for b in received[:-1]} == {16_000}  # 0.5 s frames, as before
     assert result.sent_s == whole.size / 16_000 and not result.stopped_early
     assert result.final is not None and result.shortfall(result.sent_s) is None
@@ -1128,10 +1128,10 @@ def test_frames_cut_chunks_as_the_whole_array_would_be_cut() -> None:
     x = np.arange(10_000, dtype=np.float32)
     sizes = [1, 2_999, 3_000, 3_001, 0, 999, 1]
     chunks = np.split(x, np.cumsum(sizes)[:-1])
-    assert [f.tolist() for f in stream.frames(chunks, 1_600)] == [
+    assert [f.tolist() for f in live_client.frames(chunks, 1_600)] == [
         x[i : i + 1_600].tolist() for i in range(0, 10_000, 1_600)
     ]
-    assert list(stream.frames([], 1_600)) == []
+    assert list(live_client.frames([], 1_600)) == []
 
 
 async def test_stream_takes_its_audio_as_it_sends_it(aiohttp_server: Any) -> None:
@@ -1162,7 +1162,7 @@ async def test_stream_takes_its_audio_as_it_sends_it(aiohttp_server: Any) -> Non
 
     url = await live_url(aiohttp_server, closes_after_five_frames)
     chunk_samples, frame_samples = 7_000, 16_000
-    sending = stream.stream_audio(url, endless(chunk_samples), speed=50.0)
+    sending = live_client.stream_audio(url, endless(chunk_samples), speed=50.0)
     result = await asyncio.wait_for(sending, 10.0)
     assert result.close_code == 4429 and result.stopped_early
     sent = sum(len(b) for b in received) // 2
@@ -1185,7 +1185,7 @@ async def test_stream_ends_what_decoded_when_the_file_turns_out_damaged(
         raise BadAudio("cannot decode the audio (truncated or corrupt?): libsndfile: ...")
 
     url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
-    result = await stream.stream_audio(url, damaged(), speed=100.0)
+    result = await live_client.stream_audio(url, damaged(), speed=100.0)
     assert result.final is not None and result.final["duration"] == 1.5
     assert result.audio_error is not None and result.stopped_early
     assert stream.report(result, tmp_path / "unused.flac") == 1

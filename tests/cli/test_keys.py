@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import build_parser, main
-from livemeet.cli import serve, stream
+from livemeet.cli import live_client, serve, stream
 from livemeet.config import AuthMode, ServerConfig
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
 from livemeet.gateway.app import create_app
@@ -254,9 +254,11 @@ def live_url(client: TestClient) -> str:
 
 async def test_stream_sends_its_api_key_on_the_upgrade(keyed: TestClient, made_key: str) -> None:
     samples = (0.1 * np.sin(np.arange(16000) / 10)).astype(np.float32)
-    result = await stream.stream_samples(live_url(keyed), samples, speed=20.0, api_key=made_key)
+    result = await live_client.stream_samples(
+        live_url(keyed), samples, speed=20.0, api_key=made_key
+    )
     assert result.close_code == 1000 and result.final is not None
-    refused = await stream.stream_samples(live_url(keyed), samples, speed=20.0)
+    refused = await live_client.stream_samples(live_url(keyed), samples, speed=20.0)
     assert refused.close_code == 4401 and refused.final is None
     assert refused.error is not None and refused.error["code"] == "unauthorized"
 
@@ -267,8 +269,8 @@ def test_a_refused_key_is_one_line_and_exit_2(
     wav = write_wav(tmp_path / "a.wav", 1.0)
     error = {"type": "error", "code": "unauthorized", "message": "the API key is not one of"}
 
-    async def refusing(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
-        return stream.StreamResult([error], [0.0], 4401)
+    async def refusing(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        return live_client.StreamResult([error], [0.0], 4401)
 
     monkeypatch.setattr(stream, "stream_audio", refusing)
     assert main(["stream", str(wav), "--api-key", "lm_wrong"]) == 2
@@ -286,10 +288,10 @@ def test_stream_takes_its_key_from_the_flag_else_the_environment(
     wav = write_wav(tmp_path / "a.wav", 1.0)
     given: list[str | None] = []
 
-    async def server(url: str, chunks: Any, **kwargs: Any) -> stream.StreamResult:
+    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
         given.append(kwargs["api_key"])
         final = {"type": "transcript.final", "duration": 1.0}
-        return stream.StreamResult([final], [0.0], 1000, sent_s=1.0)
+        return live_client.StreamResult([final], [0.0], 1000, sent_s=1.0)
 
     monkeypatch.setattr(stream, "stream_audio", server)
     monkeypatch.delenv("LIVEMEET_API_KEY", raising=False)

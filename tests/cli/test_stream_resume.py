@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient
 from livemeet.__main__ import main
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.backends.redecode import RedecodeCore
-from livemeet.cli import stream
+from livemeet.cli import live_client, stream
 from livemeet.config import ModelConfig, ServerConfig
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.engine_client import EngineClient
@@ -141,7 +141,7 @@ async def scripted(
 def file_pcm16(wav: Path) -> bytes:
     from livemeet.audio.decode import decode_file
 
-    return stream.to_pcm16(decode_file(wav))
+    return live_client.to_pcm16(decode_file(wav))
 
 
 async def stream_a_second_in(url: str, tmp_path: Path, backend: FakeTranscriber) -> Any:
@@ -178,7 +178,7 @@ async def test_a_dropped_connection_is_resumed_with_every_sample_and_final_once(
             sent_at_drop.append(received.num_samples / SAMPLE_RATE)
             proxy.drop()
 
-    result = await stream.stream_audio(
+    result = await live_client.stream_audio(
         url,
         iter_decode(wav),
         hop_s=0.5,
@@ -349,7 +349,7 @@ def pcm(num_frames: int, first: int = 0) -> bytes:
 
 
 def test_unacked_audio_keeps_what_an_ack_does_not_cover_and_resends_from_any_offset() -> None:
-    unacked = stream.UnackedAudio()
+    unacked = live_client.UnackedAudio()
     for first in (0, 100, 200):
         unacked.push(pcm(100, first))
     unacked.ack(150)  # the frame [100, 200) is only half covered: kept whole
@@ -358,7 +358,7 @@ def test_unacked_audio_keeps_what_an_ack_does_not_cover_and_resends_from_any_off
     assert b"".join(unacked.since(100)) == pcm(200, 100)
     assert unacked.since(300) == []  # the session holds everything sent
     for outside in (99, 301):  # below what is held, past what was sent
-        with pytest.raises(stream.ResumeMismatch, match=f"sample frame {outside}, but"):
+        with pytest.raises(live_client.ResumeMismatch, match=f"sample frame {outside}, but"):
             unacked.since(outside)
     unacked.ack(120)  # acks never go down
     assert unacked.num_acked == 150
@@ -367,7 +367,7 @@ def test_unacked_audio_keeps_what_an_ack_does_not_cover_and_resends_from_any_off
 
 
 def test_session_link_bounds_what_waits_for_an_ack_and_drops_replayed_finals() -> None:
-    link = stream.SessionLink(max_unacked_frames=200)
+    link = live_client.SessionLink(max_unacked_frames=200)
     ready = {"type": "session.ready", "session_id": "s-1", "resume_token": "t"}
     assert link.receive({**ready, "resume_window_s": 60.0, "resumed": False, "offset": 0})
     assert link.resume == {"session_id": "s-1", "resume_token": "t"} and link.window_s == 60
@@ -381,23 +381,23 @@ def test_session_link_bounds_what_waits_for_an_ack_and_drops_replayed_finals() -
     resumed = {**ready, "resumed": True, "offset": 150}
     assert link.receive(resumed)  # shown ("resumed at"), and the session stays the same
     assert b"".join(link.resumed(resumed)) == pcm(50, 150)
-    with pytest.raises(stream.ResumeMismatch, match="new one"):
+    with pytest.raises(live_client.ResumeMismatch, match="new one"):
         link.resumed({**ready, "resumed": False, "offset": 0})
 
 
 def test_with_resume_off_nothing_is_kept_and_sending_never_waits() -> None:
-    link = stream.SessionLink(max_unacked_frames=10)
+    link = live_client.SessionLink(max_unacked_frames=10)
     assert link.receive({"type": "session.ready", "session_id": "s", "resume_token": None})
     link.sent(pcm(100))
     assert link.can_send and link.resume is None and link.unacked.num_held == 0
 
 
 def test_only_a_close_without_a_close_frame_or_a_restart_is_resumed() -> None:
-    assert stream.resumable_close(1006) and stream.resumable_close(1005)
-    assert stream.resumable_close(1012)  # server_restarting: its next start has the session
+    assert live_client.resumable_close(1006) and live_client.resumable_close(1005)
+    assert live_client.resumable_close(1012)  # server_restarting: its next start has the session
     # the server's other closes end the session: final, drained, and every error
     for code in (1000, 1001, 1009, 1011, 4401, 4404, 4409, 4429, 4503):
-        assert not stream.resumable_close(code), code
+        assert not live_client.resumable_close(code), code
 
 
 def test_an_unreachable_server_is_waited_for_as_a_restarting_one() -> None:
@@ -406,11 +406,14 @@ def test_an_unreachable_server_is_waited_for_as_a_restarting_one() -> None:
     the same moment, while the restarted server went on to keep the session `window` from its
     own start: each failed attempt moves the deadline a window past it, up to the cap."""
     window = 60.0
-    assert stream.resume_deadline(100.0, window, None) == 160.0
-    assert stream.resume_deadline(100.0, window, 130.0) == 190.0
-    assert stream.resume_deadline(100.0, window, 101.0) == 161.0  # a window past the attempt
-    far = 100.0 + stream.RECONNECT_OUTAGE_MAX_S + 50
-    assert stream.resume_deadline(100.0, window, far) == 100.0 + stream.RECONNECT_OUTAGE_MAX_S
+    assert live_client.resume_deadline(100.0, window, None) == 160.0
+    assert live_client.resume_deadline(100.0, window, 130.0) == 190.0
+    assert live_client.resume_deadline(100.0, window, 101.0) == 161.0  # a window past the attempt
+    far = 100.0 + live_client.RECONNECT_OUTAGE_MAX_S + 50
+    assert (
+        live_client.resume_deadline(100.0, window, far)
+        == 100.0 + live_client.RECONNECT_OUTAGE_MAX_S
+    )
 
 
 async def test_no_wait_revision_closes_after_the_final_and_the_server_still_revises(
@@ -460,7 +463,7 @@ async def test_a_drop_between_the_final_and_its_revision_is_resumed_for_the_revi
             asyncio.get_running_loop().call_later(0.5, revise_gate.release.set)
 
     wav = write_wav(tmp_path / "meeting.wav", FILE_S)
-    result = await stream.stream_audio(
+    result = await live_client.stream_audio(
         url, iter_decode(wav), hop_s=0.5, speed=24.0, on_event=on_event
     )
     assert result.num_resumes == 1 and result.close_code == 1000, result.failure
@@ -476,10 +479,10 @@ def test_a_result_waits_for_a_revision_only_where_one_was_promised() -> None:
     failed = {"type": "error", "code": "revision_failed", "message": "", "retryable": False}
     promised = {"type": "session.ready", "session_id": "s", "revise": True}
     plain = {**promised, "revise": False}
-    assert stream.StreamResult([promised, final]).revision_pending
-    assert not stream.StreamResult([promised, final, revised]).revision_pending
-    assert not stream.StreamResult([promised, final, failed]).revision_pending
-    assert not stream.StreamResult([plain, final]).revision_pending
-    assert not stream.StreamResult([promised]).revision_pending
-    link = stream.SessionLink(16000)
+    assert live_client.StreamResult([promised, final]).revision_pending
+    assert not live_client.StreamResult([promised, final, revised]).revision_pending
+    assert not live_client.StreamResult([promised, final, failed]).revision_pending
+    assert not live_client.StreamResult([plain, final]).revision_pending
+    assert not live_client.StreamResult([promised]).revision_pending
+    link = live_client.SessionLink(16000)
     assert link.receive(final) and not link.receive(dict(final))  # a resume's replay: once

@@ -23,7 +23,7 @@ import openai
 import pytest
 
 from livemeet.audio.decode import decode_file
-from livemeet.cli.stream import stream_samples
+from livemeet.cli.live_client import stream_samples
 
 pytest.importorskip("livemeet.gateway.engine_client")
 pytest.importorskip("faster_whisper")
