@@ -93,9 +93,10 @@ const FINAL_GIVE_UP_MS = 660000;
 // `end`; past this wait (a suspended context) it goes on without it
 const FLUSH_WAIT_MS = 200;
 // Stop before the microphone gave any audio (right after Start): `end` before any audio is a
-// protocol_error, and a session closed without `end` is kept for a resume, holding one of the
-// server's sessions (--max-sessions) for its window; this much silence, then `end`, ends it at
-// once (20 ms, the shortest frame docs/protocol.md recommends)
+// protocol_error; a 1000 close frees a session with no audio (docs/protocol.md, "Resume"),
+// but an older server kept it for its resume window, holding one of its --max-sessions; this
+// much silence, then `end`, ends it at once on either, with its final (20 ms, the shortest
+// frame docs/protocol.md recommends)
 const EMPTY_STOP_S = 0.02;
 // a colour per speaker label, by its number (S01 the first), so the captions overlay
 // (web/captions.js, the same palette and rule) colours each speaker as this page does

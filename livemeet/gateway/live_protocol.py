@@ -353,14 +353,18 @@ class LiveProtocol:
         self._failed = True
         self.state = State.CLOSED
 
-    def close(self) -> bool:
+    def close(self, *, client_left: bool = False) -> bool:
         """The connection is gone (either side); every later frame is a ProtocolError.
         Returns whether the session is kept for a resume: the socket went while the client
         streamed or waited for its final, with no error sent: STREAMING, ENDING, and DRAINING
         (the server ended it: a shutdown, which waits for its final, or an idle client, whose
         socket typically dies before the final is out: a laptop lid closed); a session never
-        started is not."""
+        started is not, nor one with no audio that the client closed itself (`client_left`: a
+        normal close, 1000): nothing to resume, and it held a --max-sessions slot for the
+        resume window (a client stopped before its first frame, session 37's trial)."""
         keep = self.state in (State.STREAMING, State.ENDING, State.DRAINING) and not self._failed
+        if client_left and self.state is State.STREAMING and not self.has_audio:
+            keep = False
         self.state = State.CLOSED
         return keep
 

@@ -276,6 +276,7 @@ class LiveConnection:
         # `fail` closes the socket but keeps the session, as a dropped socket does: a client's
         # violation (`run`), a restart (`_keep_for_restart`)
         self._keep_session = False
+        self._client_left = False  # closed by the client with 1000 (`run`)
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
         # a message read while a resume waited (`_while_reading`): `_receive` returns it next
@@ -332,6 +333,8 @@ class LiveConnection:
                 wait_s = self._pacer.charge(audio_s, asyncio.get_running_loop().time())
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
+            # the client's own normal close: it left (a session with no audio goes at once)
+            self._client_left = msg.type is WSMsgType.CLOSE and msg.data == NORMAL_CLOSE
         except LivemeetError as exc:
             # a client's violation once its session exists (an unknown message type from a
             # newer client, a malformed message, a misaligned frame, a speaker request
@@ -486,7 +489,7 @@ class LiveConnection:
         waited for its final, with no error sent that ends the session (a client's violation
         does not: `run`) and the final not sent (LiveProtocol.close); else it is dropped (its
         backend session aborted)."""
-        keep = self.protocol.close() and not self._terminal_sent
+        keep = self.protocol.close(client_left=self._client_left) and not self._terminal_sent
         self._cancel_ack()
         if self._forwarder is not None:
             self._forwarder.cancel()

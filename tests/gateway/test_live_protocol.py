@@ -311,6 +311,23 @@ def test_which_closes_keep_the_session_for_a_resume(setup: str, kept: bool) -> N
     assert p.close() is False  # once
 
 
+@pytest.mark.parametrize(
+    ("audio", "held", "kept"),
+    [(False, 0, False), (True, 0, True), (False, 16_000, True)],
+)
+def test_a_client_that_left_keeps_its_session_only_where_it_holds_audio(
+    audio: bool, held: int, kept: bool
+) -> None:
+    """`close(client_left=True)` (the client's own 1000): a session with no audio goes; one
+    with audio on this connection, or held from before a resume, stays for a resume."""
+    p = streaming()
+    if held:
+        p.resumed(held, ended=False)
+    if audio:
+        p.receive_binary(b"\x00\x00")
+    assert p.close(client_left=True) is kept
+
+
 def test_acks_are_coalesced_monotone_and_only_for_new_audio() -> None:
     """At most one ack per interval however many frames come, none while nothing is new,
     offsets only grow; `session.ready`'s offset counts as acknowledged."""

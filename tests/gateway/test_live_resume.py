@@ -352,6 +352,45 @@ async def test_a_drain_stores_the_final_of_a_detached_session(
     assert body["duration"] == 3.5 and len(body["segments"]) == 2  # 0-3 s, then the end's
 
 
+async def test_a_client_that_closes_before_any_audio_frees_its_session_at_once(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """A normal close (1000) from a client that sent no audio (`livemeet stream` stopped
+    before its first frame): nothing to resume, so the session goes with the socket instead
+    of holding a --max-sessions slot for the resume window (session 37's trial)."""
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await ws.close()  # 1000
+    await wait_until(lambda: fake.sessions[0].log.aborted)
+    assert len(client.app[SESSIONS_KEY]) == 0 and client.app[SESSIONS_KEY].num_detached == 0
+    async with client.ws_connect("/v1/live") as again:
+        await again.send_json(resume_start(ready))
+        await expect_error(again, NotFound)
+
+
+@pytest.mark.parametrize("how", ["close 1000 after audio", "vanish before audio"])
+async def test_a_session_with_audio_or_a_dropped_socket_still_detaches(
+    client: TestClient, fake: FakeTranscriber, how: str
+) -> None:
+    """Only the two together (no audio, the client's own normal close) free a session: one
+    with audio closed normally mid-stream, or a blip before the first frame, is resumable."""
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    if how == "vanish before audio":
+        vanish(ws)
+    else:
+        await ws.send_bytes(pcm16(1.0))
+        await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    await ws.close()
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    assert not fake.sessions[0].log.aborted
+    async with client.ws_connect("/v1/live") as again:
+        await again.send_json(resume_start(ready))
+        assert (await again.receive_json())["resumed"] is True
+
+
 async def test_with_resume_off_a_vanished_session_is_aborted_and_not_resumable(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
