@@ -74,9 +74,14 @@ const MAX_VIOLATION_RESUMES = 3;
 // (MAX_UNACKED_S) and of the server's idle timeout (60 s: past it the server ends the
 // session of a client it does not hear) for the resume.
 const ACK_TIMEOUT_MS = 15000;
-// after `end` the server owes the final, and may say nothing while it decodes the last audio
-// (MOSS-TD's final comes within ~2 s of `end`): a longer wait before the socket counts as
-// dead; the resume then gets the final (a session ended while detached resumes ENDING)
+// After `end` the server owes the final and may say nothing while it decodes the last audio
+// (75 s in a trial with a stalled engine; a browser hides the server's pings), so silence
+// alone does not prove the socket dead. After this long without a word the page asks the
+// transcript resource (HTTP, the captions token) instead: a final stored there that the
+// socket did not bring, or no server reached, means the socket is dead (the page drops it and
+// resumes: the resume replays the final); a transcript still running means wait on (asked
+// again after as long). Disarming the watchdog on the last audio's ack left a dead socket
+// "finishing…" for 11 minutes (a trial).
 const FINAL_QUIET_MS = 30000;
 // a socket that has not opened (the network may drop its handshake as it dropped the last
 // socket's packets), and one that opened and has not answered `start`: a resume waits while
@@ -168,6 +173,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // when it owes an answer (a send since it was last heard from, or the
                 // socket's open and session.ready; 0: none); when Stop was pressed
                 reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, watchdog: null,
+                // the last ask of the transcript resource after `end` (FINAL_QUIET_MS)
+                probedAt: 0, probing: false,
                 // Stop waits for the worklet's last samples (onFlushed: when they came);
                 // nothing: Stop came before any audio
                 flushing: false, onFlushed: null, nothing: false,
@@ -914,7 +921,7 @@ async function start(saved) {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
     flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
     restarting: false,
-    revise: false, revisionPending: false, error: null, violations: 0, refused: null,
+    revise: false, revisionPending: false, error: null, violations: 0, probedAt: 0, refused: null,
     stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -1063,13 +1070,20 @@ function watchdog() {
     return;
   }
   const ws = state.ws;
+  if (ws && state.live && state.ending && !state.finished) {
+    askForFinal(ws); // FINAL_QUIET_MS
+    return;
+  }
   if (!ws || !state.awaitingSince) return;
   let limit = ACK_TIMEOUT_MS;
   if (!state.reached) limit = CONNECT_TIMEOUT_MS;
   else if (!state.live) limit = READY_TIMEOUT_MS;
-  else if (state.ending) limit = FINAL_QUIET_MS;
   const silentMs = Date.now() - state.awaitingSince;
-  if (silentMs < limit) return;
+  if (silentMs >= limit) dropDeadSocket(ws, silentMs);
+}
+
+// `ws` carries nothing any more: close it and resume as after a close without a close frame
+function dropDeadSocket(ws, silentMs) {
   // the server may have let the session go since it was last heard from: the resume window
   // counts from then
   if (!state.dropAt && state.heardAt) state.dropAt = state.heardAt;
@@ -1077,6 +1091,25 @@ function watchdog() {
   forgetSocket(ws);
   onClose(ws, { code: 1006, why: `no answer from the server for ${Math.round(silentMs / 1000)} s` },
           reached);
+}
+
+// After `end`, FINAL_QUIET_MS without a word from the server: is the final out (the socket
+// dead) or still being decoded? The transcript resource says.
+async function askForFinal(ws) {
+  const quietMs = Date.now() - Math.max(state.heardAt, state.probedAt);
+  if (state.probing || quietMs < FINAL_QUIET_MS || !state.captions) return;
+  state.probing = true;
+  let kept = null;
+  try {
+    const { session_id: id, captions_token: token } = state.captions;
+    const resp = await fetch(transcriptUrl(id, token, "text"));
+    kept = resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : "gone";
+  } catch (e) { /* no server reached: the path is down too */ }
+  state.probing = false;
+  state.probedAt = Date.now();
+  if (ws !== state.ws || state.finished || !state.ending) return; // moved on meanwhile
+  if (kept === "running") return; // still decoding: the socket may well be alive
+  dropDeadSocket(ws, Date.now() - state.heardAt);
 }
 
 function stopWatchdog() {

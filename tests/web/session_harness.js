@@ -12,8 +12,9 @@
 // "badnames" (speaker names the server refuses, and some it takes), "violation" (the server
 // refuses a message of the page's and closes 4400/4402/4415, keeping the session), "deadpath"
 // (the server stops answering without a close: the watchdog resumes, before and after Stop),
-// "nofinal" (Stop, and the final never comes), "quickstop" (Stop before the first audio frame;
-// FLUSH: what the worklet holds then, "none": no answer), "ctxrate" (an AudioContext at
+// "nofinal" (Stop, and the final never comes), "slowfinal" (a minute without a word after
+// Stop: the final still decoding, or stored while the socket's path was dead), "quickstop"
+// (Stop before the first audio frame; FLUSH: what the worklet holds then, "none": no answer), "ctxrate" (an AudioContext at
 // CTX_RATE Hz), "reload8k" (a session stored at 8 kHz resumed on a 48-kHz context),
 // "micgone" (the microphone's track ends mid-meeting), "recent" (the meetings this browser
 // recorded last, in localStorage; the prompt before closing the tab mid-meeting), "stale" (a
@@ -412,6 +413,46 @@ async function deadPathScenario() {
   return out;
 }
 
+// Stop, the last audio's ack, then a minute of silence while the server decodes the final
+// (TRANSCRIPT_STATUS "running") or after the socket's path died with the final stored
+// ("final"): the page asks the transcript resource every 30 s and waits on while it runs, or
+// drops the socket and resumes for the final (it stayed "finishing…" for 11 minutes, a trial)
+async function slowFinalScenario() {
+  element("start").listeners.click();
+  await sleep(10);
+  sockets[0].open();
+  sockets[0].receive(ready());
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  sockets[0].receive({ type: "audio.ack", offset: 1600 });
+  const asked = () => fetched.filter((url) => url.includes("/transcript")).length;
+  const out = {};
+  advance(29000);
+  await sleep(1100);
+  out.askedAt29s = asked();
+  advance(2000);
+  await sleep(1100 + 300); // a watchdog tick, and a retry's 250 ms
+  out.askedAt31s = asked();
+  out.socketsAt31s = sockets.length;
+  out.closedByPage = Boolean(sockets[0].closedByPage);
+  if (sockets.length === 1) { // still decoding: the page waits on, and asks again in 30 s
+    advance(31000);
+    await sleep(1100);
+    out.askedAt62s = asked();
+    out.socketsAt62s = sockets.length;
+  }
+  const last = sockets[sockets.length - 1];
+  if (last !== sockets[0]) {
+    last.open();
+    last.receive(ready({ resumed: true, offset: 1600 }));
+  }
+  last.receive(finalOf([final("seg-0000", 0)]));
+  last.drop(1000);
+  out.status = element("status").textContent;
+  return out;
+}
+
 // Stop, and no final ever comes, though the socket is answered: the page gives up in the end
 async function noFinalScenario() {
   element("start").listeners.click();
@@ -774,6 +815,7 @@ async function expiredScenario(storage) {
                       revised: revisedScenario, unrevised: unrevisedScenario,
                       badnames: badNamesScenario, violation: violationScenario,
                       deadpath: deadPathScenario, nofinal: noFinalScenario,
+                      slowfinal: slowFinalScenario,
                       quickstop: quickStopScenario, ctxrate: contextRateScenario,
                       reload8k: reload8kScenario, micgone: micGoneScenario,
                       recent: recentScenario, stale: staleScenario,

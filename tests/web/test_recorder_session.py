@@ -324,6 +324,22 @@ def test_a_socket_the_server_stopped_answering_is_dropped_and_the_session_resume
     assert result["status"].startswith("done:")
 
 
+@pytest.mark.parametrize("kept", ["running", "final"])
+def test_after_stop_a_silent_socket_is_judged_by_the_transcript_resource(kept: str) -> None:
+    """After `end` the server may be silent while it decodes (75 s in a trial), and a dead
+    path after the last ack left the page "finishing…" for 11 minutes (the ack had disarmed
+    the watchdog). Every 30 s of silence the page asks the transcript resource: running,
+    it waits on the same socket; stored final, it drops the socket and resumes for it."""
+    result = run("slowfinal", transcript_status=kept)
+    assert result["askedAt29s"] == 0 and result["askedAt31s"] == 1
+    if kept == "running":
+        assert result["askedAt62s"] == 2 and result["socketsAt62s"] == 1
+        assert result["closedByPage"] is False
+    else:
+        assert result["socketsAt31s"] == 2 and result["closedByPage"] is True
+    assert result["status"].startswith("done:")
+
+
 def test_a_final_that_never_comes_is_given_up_after_eleven_minutes() -> None:
     result = run("nofinal")
     assert "no final transcript 11 minutes after Stop" in result["status"]
