@@ -175,6 +175,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, watchdog: null,
                 // the last ask of the transcript resource after `end` (FINAL_QUIET_MS)
                 probedAt: 0, probing: false,
+                // the status while recording, and whether a refused name's reason replaced it
+                liveStatus: "", nameRefused: false,
                 // Stop waits for the worklet's last samples (onFlushed: when they came);
                 // nothing: Stop came before any audio
                 flushing: false, onFlushed: null, nothing: false,
@@ -522,6 +524,7 @@ function renameSpeaker(label) {
   const problem = name ? nameProblem(name) : "";
   if (problem) {
     setStatus(`${label} not renamed: ${problem}`);
+    state.nameRefused = true; // said until a rename goes through (`speaker.renamed`)
     return;
   }
   if (!canRename()) return; // the connection went while the prompt was open
@@ -554,6 +557,12 @@ function renderSpeakers() {
   $("speakers-list").replaceChildren(...buttons);
   $("merge-speakers").disabled = !canRename() || buttons.length < 2;
   $("speakers").hidden = buttons.length === 0;
+  // the captions' speaker buttons too: after the final or offline a click did nothing while
+  // they looked live (a trial)
+  for (const line of $("finals").children) {
+    const who = line.children && line.children[1];
+    if (who && who.type === "button") who.disabled = !canRename();
+  }
 }
 
 // The labels of a merge as typed: "S03 S01", "S03 into S01", "s03 -> s01", "S03=S01", ...
@@ -615,6 +624,7 @@ function segmentElement(seg) {
   if (nameable) {
     const shown = shownLabel(seg.speaker); // a merged label names its target
     who.type = "button";
+    who.disabled = !canRename();
     who.title = `${shown}: click to name`;
     who.setAttribute("aria-label", state.names.has(shown)
       ? `${state.names.get(shown)} (${shown}): rename this speaker`
@@ -706,6 +716,7 @@ function onEvent(ev) {
                 (state.refused ? ` after the server refused a message of this page ` +
                                  `(${state.refused}); the meeting goes on` : ""));
       state.refused = null;
+      state.liveStatus = `recording (session ${ev.session_id}, model ${ev.model})`;
       break;
     case "audio.ack":
       state.buffer.ack(ev.offset);
@@ -728,6 +739,11 @@ function onEvent(ev) {
       if (typeof ev.name === "string") state.names.set(ev.speaker, ev.name);
       else state.names.delete(ev.speaker); // null: the label shows again
       renderNames();
+      // a refused name's reason stayed in the status line for the rest of the meeting
+      if (state.nameRefused && state.live && !state.ending && state.liveStatus) {
+        setStatus(state.liveStatus);
+      }
+      state.nameRefused = false;
       break;
     case "speaker.merged":
       if (typeof ev.speaker !== "string" || typeof ev.into !== "string") break;

@@ -284,6 +284,7 @@ async function namesScenario() {
   ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Ann" });
   ws.drop(1006);
   out.offlineList = speakersList();
+  out.offlineCaptionButtons = element("finals").children.map((line) => line.children[1].disabled);
   const asked = prompts.length;
   answers.push("Zed");
   element("finals").children[0].children[1].listeners.click(); // offline: nothing happens
@@ -330,7 +331,10 @@ async function badNamesScenario() {
     answers.push(name);
     element("finals").children[0].children[1].listeners.click();
   }
-  return { refused, sentForBad, sentForGood: renamesSent(ws).map((m) => m.name) };
+  const statusBeforeAnswer = element("status").textContent;
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Zed" });
+  return { refused, sentForBad, sentForGood: renamesSent(ws).map((m) => m.name),
+           statusBeforeAnswer, statusAfterAnswer: element("status").textContent };
 }
 
 // the server refuses a message of the page's (invalid_request, 4400; protocol_error, 4402;

@@ -159,6 +159,7 @@ def test_names_are_disabled_offline_and_taken_from_the_resumes_replay() -> None:
     longer holds is dropped), and renames work again."""
     result = run("names")
     assert result["offlineList"] == [["Ann (S01)", True], ["Bob (S02)", True]]
+    assert result["offlineCaptionButtons"] == [True, True]  # they looked live (a trial)
     assert result["offlinePrompts"] == 0
     assert result["replayed"] == ["S01", "Robert"]
     assert result["replayedList"] == [["S01", False], ["Robert (S02)", False]]
@@ -277,6 +278,10 @@ def test_the_page_refuses_the_names_the_server_refuses_and_sends_what_it_keeps()
     for status in (zwsp, marks, spaces):
         assert "S01 not renamed" in status and "visible character" in status
     assert result["sentForGood"] == ["Zed", "\u200bAl", "\U0001f600", "Ann", "O'Neil-Ng"]
+    # the last refusal's reason stays until a rename goes through, then the status is back
+    # (it stayed for the rest of the meeting: a trial)
+    assert "not renamed" in result["statusBeforeAnswer"]
+    assert result["statusAfterAnswer"].startswith("recording (session s-1")
 
 
 def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
