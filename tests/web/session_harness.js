@@ -14,8 +14,9 @@
 // (the server stops answering without a close: the watchdog resumes, before and after Stop),
 // "nofinal" (Stop, and the final never comes), "slowfinal" (a minute without a word after
 // Stop: the final still decoding, or stored while the socket's path was dead), "quickstop"
-// (Stop before the first audio frame; FLUSH: what the worklet holds then, "none": no answer), "ctxrate" (an AudioContext at
-// CTX_RATE Hz), "reload8k" (a session stored at 8 kHz resumed on a 48-kHz context),
+// (Stop before the first audio frame; FLUSH: what the worklet holds then, "none": no answer),
+// "ctxrate" (an AudioContext at CTX_RATE Hz), "reload8k" (a session stored at 8 kHz resumed
+// on a 48-kHz context),
 // "micgone" (the microphone's track ends mid-meeting), "recent" (the meetings this browser
 // recorded last, in localStorage; the prompt before closing the tab mid-meeting), "stale" (a
 // reload's offer to resume whose window then ends), "lateclick" (Resume meeting clicked past it),
@@ -115,6 +116,17 @@ const final = (id, start) => ({ type: "segment.final", id, start, end: start + 1
 const ready = (extra) => ({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
                             model: "m", resume_token: "tok", resume_window_s: 60,
                             resumed: false, offset: 0, captions_token: "c/t+k=", ...extra });
+// Start a meeting: a click on Start, then the page's newest socket opens and the server
+// answers `start` with `session.ready` (`ready(extra)`); returns that socket
+async function startMeeting(extra) {
+  element("start").listeners.click();
+  await sleep(10);
+  const ws = sockets[sockets.length - 1];
+  ws.open();
+  ws.receive(ready(extra));
+  return ws;
+}
+
 function links() {
   const out = { hidden: element("export").hidden, note: element("export-note").textContent };
   for (const id of ["json", "srt", "vtt", "text"]) {
@@ -151,11 +163,7 @@ const finalOf = (segments) => ({ type: "transcript.final", segments, finish_reas
                                  coverage: 1, duration: 3 });
 
 async function revisedScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready({ revise: true }));
+  const ws = await startMeeting({ revise: true });
   const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")];
   for (const f of finals) ws.receive(f);
   ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
@@ -187,11 +195,7 @@ async function revisedScenario() {
 }
 
 async function unrevisedScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready({ revise: true }));
+  const ws = await startMeeting({ revise: true });
   ws.receive(said("seg-0000", 0, "S01"));
   element("stop").listeners.click();
   ws.receive(finalOf([said("seg-0000", 0, "S01")]));
@@ -249,11 +253,7 @@ const renamesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.rename");
 const said = (id, start, speaker) => ({ ...final(id, start), speaker });
 
 async function namesScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready());
+  const ws = await startMeeting();
   ws.receive(said("seg-0000", 0, "S01"));
   ws.receive(said("seg-0001", 1, "S02"));
   const out = { initial: shownSpeakers(), list: speakersList(), colours: shownColours() };
@@ -314,11 +314,7 @@ const BAD_NAMES = ["\u2068Alice\u2069", "\u202eecilA", "Bob\u202a", "\u200b", "\
 const GOOD_NAMES = ["\u001fZed\u0085", "\u200bAl", "\u{1F600}", "  Ann\u3000", "O'Neil-Ng"];
 
 async function badNamesScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready());
+  const ws = await startMeeting();
   ws.receive(said("seg-0000", 0, "S01"));
   const refused = [];
   for (const name of BAD_NAMES) {
@@ -370,11 +366,8 @@ async function violationScenario() {
 // the page said "recording" while its resend buffer filled, and Stop spun on "finishing…")
 const frames = (sent) => sent.filter((m) => "frame" in m).map((m) => m.frame);
 async function deadPathScenario() {
-  element("start").listeners.click();
-  await sleep(10);
   const out = {};
-  sockets[0].open();
-  sockets[0].receive(ready());
+  await startMeeting();
   speak(); speak();
   sockets[0].receive({ type: "audio.ack", offset: 1600 });
   speak(); speak(); // frames 2, 3: never acknowledged
@@ -422,10 +415,7 @@ async function deadPathScenario() {
 // ("final"): the page asks the transcript resource every 30 s and waits on while it runs, or
 // drops the socket and resumes for the final (it stayed "finishing…" for 11 minutes, a trial)
 async function slowFinalScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  sockets[0].open();
-  sockets[0].receive(ready());
+  await startMeeting();
   speak();
   element("stop").listeners.click();
   await sleep(300);
@@ -459,10 +449,7 @@ async function slowFinalScenario() {
 
 // Stop, and no final ever comes, though the socket is answered: the page gives up in the end
 async function noFinalScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  sockets[0].open();
-  sockets[0].receive(ready());
+  await startMeeting();
   speak();
   element("stop").listeners.click();
   await sleep(300);
@@ -479,10 +466,7 @@ async function noFinalScenario() {
 async function quickStopScenario() {
   const held = Number(process.env.FLUSH);
   worklet.flushSamples = Number.isNaN(held) ? null : held;
-  element("start").listeners.click();
-  await sleep(10);
-  sockets[0].open();
-  sockets[0].receive(ready());
+  await startMeeting();
   element("stop").listeners.click();
   await sleep(300); // the flush's answer, or FLUSH_WAIT_MS without one
   const sent = sockets[0].sent;
@@ -495,10 +479,7 @@ async function quickStopScenario() {
 // input sample, 8 kHz audio declared as 16 kHz, twice as fast (a trial)
 async function contextRateScenario(storage) {
   worklet.contextRate = Number(process.env.CTX_RATE);
-  element("start").listeners.click();
-  await sleep(10);
-  sockets[0].open();
-  sockets[0].receive(ready());
+  await startMeeting();
   const stored = JSON.parse(storage.items[KEY]);
   return { start: sockets[0].sent[0], options: worklet.options, storedRate: stored.sample_rate };
 }
@@ -516,11 +497,7 @@ async function reload8kScenario() {
 // the microphone's track ends mid-meeting (a headset unplugged): the page sent silence on and
 // said "recording" (a trial)
 async function micGoneScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready());
+  const ws = await startMeeting();
   speak(); speak(); // frames 0, 1
   microphones[0].end();
   const out = { status: element("status").textContent, resumeHidden: element("resume").hidden,
@@ -569,11 +546,7 @@ const scroller = {
 // captions coming in: followed while the page is at its bottom, not once the user scrolled up
 // (the newest went out of view below: a trial)
 async function scrollScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready());
+  const ws = await startMeeting();
   for (let i = 0; i < 10; i++) ws.receive(final(`seg-${i}`, i));
   const out = { followed: [scroller.top, scroller.scrollHeight] };
   ws.receive({ type: "segment.partial", rev: 1,
@@ -595,11 +568,7 @@ const selected = [];
 
 // a caption line's speaker, for the keyboard and a screen reader; Copy's feedback
 async function a11yScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready());
+  const ws = await startMeeting();
   ws.receive(said("seg-0000", 0, "S01"));
   ws.receive(said("seg-0001", 1, "S02"));
   ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
@@ -614,11 +583,7 @@ async function a11yScenario() {
 
 // times on the caption lines, and the status a final leaves (FINISH: its finish_reason)
 async function timesScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready());
+  const ws = await startMeeting();
   speak();
   for (const [id, start] of [["a", 0.4], ["b", 75.2], ["c", 599.5], ["d", 3725.9]]) {
     ws.receive(final(id, start));
@@ -647,10 +612,7 @@ async function recentScenario(storage, lasting) {
   const ids = () => JSON.parse(lasting.items[RECENT] || "[]").map((m) => m.session_id);
   const out = { hidden: element("recent").hidden, listed: listed(), stored: ids() };
   out.idle = beforeUnload();
-  element("start").listeners.click();
-  await sleep(10);
-  sockets[0].open();
-  sockets[0].receive(ready());
+  await startMeeting();
   out.storedLive = ids();
   out.recording = beforeUnload();
   element("stop").listeners.click();
@@ -658,10 +620,7 @@ async function recentScenario(storage, lasting) {
   out.stopping = beforeUnload();
   sockets[0].receive(finalOf([]));
   sockets[0].drop(1000);
-  element("start").listeners.click(); // a second meeting: the oldest leaves the list
-  await sleep(10);
-  sockets[1].open();
-  sockets[1].receive(ready({ session_id: "s-2" }));
+  await startMeeting({ session_id: "s-2" }); // a second meeting: the oldest leaves the list
   out.storedSecond = ids();
   out.storedEntry = JSON.parse(lasting.items[RECENT])[0];
   element("recent-forget").listeners.click();
@@ -681,11 +640,7 @@ function askMerge(ws, answer) {
 }
 
 async function mergesScenario() {
-  element("start").listeners.click();
-  await sleep(10);
-  const ws = sockets[0];
-  ws.open();
-  ws.receive(ready());
+  const ws = await startMeeting();
   const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02"),
                   said("seg-0002", 2, "S03")];
   for (const f of finals) ws.receive(f);
@@ -753,10 +708,7 @@ async function apiKeyScenario(storage) {
   const shown = element("api-key").value;
   element("api-key").value = " lm_typed ";
   element("api-key").listeners.change();
-  element("start").listeners.click();
-  await sleep(10);
-  sockets[0].open();
-  sockets[0].receive(ready());
+  await startMeeting();
   sockets[0].drop(1006);
   await sleep(400);
   sockets[1].open();
