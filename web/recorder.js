@@ -446,6 +446,15 @@ function transcriptUrl(sessionId, captionsToken, responseFormat) {
          `&response_format=${encodeURIComponent(responseFormat)}`;
 }
 
+// Ask a session's transcript resource what it holds: {ok, status (HTTP), kept: its
+// X-Livemeet-Transcript-Status ("running", "final", "revised"; null unless ok)}. Rejects
+// where no server answers.
+async function askTranscript(sessionId, captionsToken) {
+  const resp = await fetch(transcriptUrl(sessionId, captionsToken, "text"));
+  return { ok: resp.ok, status: resp.status,
+           kept: resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : null };
+}
+
 // "meeting-2026-12-05-1430.srt": the meeting's start, in local time
 function exportName(startedAt, ext) {
   const d = new Date(startedAt);
@@ -855,10 +864,9 @@ async function offerTranscript(captions, startedAt) {
   if (!captions || !captions.captions_token) return;
   const status = $("status").textContent;
   try {
-    const resp = await fetch(transcriptUrl(captions.session_id, captions.captions_token, "text"));
-    if (resp.ok) {
+    const { ok, kept } = await askTranscript(captions.session_id, captions.captions_token);
+    if (ok) {
       // the resource serves the newest: the revision once it came
-      const kept = resp.headers.get("X-Livemeet-Transcript-Status");
       const notes = { final: "(final)", revised: "(revised)" };
       showExport(captions, startedAt, notes[kept] || "(the finals so far)");
       setStatus(`${status}: download its transcript below`);
@@ -880,9 +888,8 @@ async function showRecent() {
   const checked = await Promise.all(recentMeetings().map(async (m) => {
     if (m.session_id === offered) return { m, show: false };
     try {
-      const resp = await fetch(transcriptUrl(m.session_id, m.captions_token, "text"));
-      if (resp.status === 404 || resp.status === 401) return { m, gone: true };
-      const kept = resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : null;
+      const { status, kept } = await askTranscript(m.session_id, m.captions_token);
+      if (status === 404 || status === 401) return { m, gone: true };
       return { m, show: true, note: RECENT_NOTES[kept] || "" };
     } catch (e) {
       return { m, show: true, note: " (the server did not answer)" };
@@ -1117,9 +1124,8 @@ async function askForFinal(ws) {
   state.probing = true;
   let kept = null;
   try {
-    const { session_id: id, captions_token: token } = state.captions;
-    const resp = await fetch(transcriptUrl(id, token, "text"));
-    kept = resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : "gone";
+    const answer = await askTranscript(state.captions.session_id, state.captions.captions_token);
+    kept = answer.ok ? answer.kept : "gone";
   } catch (e) { /* no server reached: the path is down too */ }
   state.probing = false;
   state.probedAt = Date.now();
