@@ -62,6 +62,9 @@ PROTOCOL_VERSION = 0
 LIVE_PATH = "/v1/live"  # the protocol's endpoint (docs/protocol.md): the gateway's route
 NORMAL_CLOSE = 1000  # RFC 6455 section 7.4.1: after `transcript.final`
 GOING_AWAY = 1001  # RFC 6455 section 7.4.1: after a final the server's shutdown drained
+# a client's own close frame with either code says it left on purpose (1001: a browser tab
+# closed or navigated away); a session with no audio then goes at once (`close`)
+CLIENT_LEFT_CLOSES = (NORMAL_CLOSE, GOING_AWAY)
 # IANA's registry ("Service Restart"): the server stops to start again and keeps the session
 # for a resume there (errors.ServerRestarting)
 SERVICE_RESTART = 1012
@@ -359,9 +362,10 @@ class LiveProtocol:
         streamed or waited for its final, with no error sent: STREAMING, ENDING, and DRAINING
         (the server ended it: a shutdown, which waits for its final, or an idle client, whose
         socket typically dies before the final is out: a laptop lid closed); a session never
-        started is not, nor one with no audio that the client closed itself (`client_left`: a
-        normal close, 1000): nothing to resume, and it held a --max-sessions slot for the
-        resume window (a client stopped before its first frame, session 37's trial)."""
+        started is not, nor one with no audio that the client closed itself (`client_left`: its
+        close frame was one of CLIENT_LEFT_CLOSES): nothing to resume, and it held a
+        --max-sessions slot for the resume window (a client stopped before its first frame, a
+        tab closed before the microphone gave audio: session 37's trials)."""
         keep = self.state in (State.STREAMING, State.ENDING, State.DRAINING) and not self._failed
         if client_left and self.state is State.STREAMING and not self.has_audio:
             keep = False

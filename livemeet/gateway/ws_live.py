@@ -67,6 +67,7 @@ from livemeet.gateway.keys import (
 )
 from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent, restarting_error
 from livemeet.gateway.live_protocol import (
+    CLIENT_LEFT_CLOSES,
     GOING_AWAY,
     NORMAL_CLOSE,
     PROTOCOL_VERSION,
@@ -276,7 +277,7 @@ class LiveConnection:
         # `fail` closes the socket but keeps the session, as a dropped socket does: a client's
         # violation (`run`), a restart (`_keep_for_restart`)
         self._keep_session = False
-        self._client_left = False  # closed by the client with 1000 (`run`)
+        self._client_left = False  # closed by the client with 1000 or 1001 (`run`)
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
         # a message read while a resume waited (`_while_reading`): `_receive` returns it next
@@ -333,8 +334,9 @@ class LiveConnection:
                 wait_s = self._pacer.charge(audio_s, asyncio.get_running_loop().time())
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
-            # the client's own normal close: it left (a session with no audio goes at once)
-            self._client_left = msg.type is WSMsgType.CLOSE and msg.data == NORMAL_CLOSE
+            # the client's own close frame, normal or going away (a tab closed): it left (a
+            # session with no audio goes at once); a dropped socket sends no frame
+            self._client_left = msg.type is WSMsgType.CLOSE and msg.data in CLIENT_LEFT_CLOSES
         except LivemeetError as exc:
             # a client's violation once its session exists (an unknown message type from a
             # newer client, a malformed message, a misaligned frame, a speaker request

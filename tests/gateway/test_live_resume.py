@@ -352,16 +352,19 @@ async def test_a_drain_stores_the_final_of_a_detached_session(
     assert body["duration"] == 3.5 and len(body["segments"]) == 2  # 0-3 s, then the end's
 
 
+@pytest.mark.parametrize("code", [1000, 1001])
 async def test_a_client_that_closes_before_any_audio_frees_its_session_at_once(
-    client: TestClient, fake: FakeTranscriber
+    client: TestClient, fake: FakeTranscriber, code: int
 ) -> None:
-    """A normal close (1000) from a client that sent no audio (`livemeet stream` stopped
-    before its first frame): nothing to resume, so the session goes with the socket instead
-    of holding a --max-sessions slot for the resume window (session 37's trial)."""
+    """A close frame of the client's own, normal (1000: `livemeet stream` stopped before its
+    first frame) or going away (1001: a browser tab closed or navigated away before the
+    microphone gave audio), from a client that sent no audio: nothing to resume, so the
+    session goes with the socket instead of holding a --max-sessions slot for the resume
+    window (session 37's trials)."""
     ws = await client.ws_connect("/v1/live")
     await ws.send_json(START)
     ready = await ws.receive_json()
-    await ws.close()  # 1000
+    await ws.close(code=code)
     await wait_until(lambda: fake.sessions[0].log.aborted)
     assert len(client.app[SESSIONS_KEY]) == 0 and client.app[SESSIONS_KEY].num_detached == 0
     async with client.ws_connect("/v1/live") as again:
