@@ -22,6 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.cli.live_client import to_pcm16
 
 LONG_AUDIO_S = 2_240.0  # s; a 37.3-minute meeting (DESIGN section 10)
 SHORT_AUDIO_S = 11.6  # s; a short clip (DESIGN section 10)
@@ -168,9 +169,10 @@ def vary(samples: np.ndarray, index: int) -> np.ndarray:
 
 
 def pcm16(samples: np.ndarray) -> bytes:
-    """float32 samples in [-1, 1] (clipped) as little-endian PCM16 bytes (scaled by 32767,
-    truncated)."""
-    return bytes((np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes())
+    """float32 samples in [-1, 1] (clipped) as little-endian PCM16 bytes: the conversion
+    `livemeet stream` sends with (scaled by 32767, rounded), so the load test's live audio is
+    the CLI's to the last bit."""
+    return to_pcm16(samples)
 
 
 def wav_bytes(samples: np.ndarray) -> bytes:

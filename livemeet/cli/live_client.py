@@ -315,7 +315,8 @@ def resumable_close(code: int | None) -> bool:
 
 
 async def stream_samples(url: str, samples: Samples, **kwargs: Any) -> StreamResult:
-    """`stream_audio` of one array of samples (tests, the load test)."""
+    """`stream_audio` of one array of samples (the tests; the load test sends its own frames
+    to time each one)."""
     return await stream_audio(url, [samples], **kwargs)
 
 

@@ -16,6 +16,7 @@ import aiohttp
 import numpy as np
 import pytest
 
+from livemeet.cli import live_client
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.transcript.segments import Segment
 from loadtest import bench_live
@@ -323,9 +324,14 @@ def test_upload_clients_never_send_the_same_meeting_at_once(
     assert tally.transcribed_s in (5.0 * tally.completed + 2.0 * k for k in range(3))
 
 
-def test_pcm16_clips_and_scales() -> None:
-    got = np.frombuffer(wl.pcm16(np.array([0.0, 0.5, -1.5, 1.0], np.float32)), "<i2")
-    assert got.tolist() == [0, 16383, -32767, 32767]
+def test_pcm16_clips_scales_and_rounds_as_the_cli_sends() -> None:
+    """The load test's live frames are `livemeet stream`'s to the last bit: it truncated
+    (0.5 -> 16383, where the client sends 16384)."""
+    x = np.array([0.0, 0.5, -1.5, 1.0, 0.99999, -0.25001], np.float32)
+    got = np.frombuffer(wl.pcm16(x), "<i2")
+    assert got.tolist() == [0, 16384, -32767, 32767, 32767, -8192]
+    cli = np.frombuffer(live_client.to_pcm16(x), "<i2")
+    assert got.tolist() == cli.tolist()
 
 
 @pytest.mark.slow
