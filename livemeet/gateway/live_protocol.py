@@ -86,6 +86,21 @@ BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u206
 VISIBLE_CATEGORY_CLASSES = frozenset("LNPS")
 
 
+def shows(ch: str) -> bool:
+    """Whether the code point `ch` shows as something: its category is one of
+    VISIBLE_CATEGORY_CLASSES, or it is unassigned in this Python's Unicode database (Cn) and
+    not a noncharacter. A browser knows a later Unicode than the server's Python (17 against
+    3.11's 14 in a trial): an emoji assigned since, a name the page let through, is Cn here,
+    and a name of only such emoji was refused mid-meeting. Noncharacters (U+FDD0-FDEF and the
+    last two of every plane) are never assigned."""
+    category = unicodedata.category(ch)
+    if category[0] in VISIBLE_CATEGORY_CLASSES:
+        return True
+    code = ord(ch)
+    noncharacter = 0xFDD0 <= code <= 0xFDEF or code & 0xFFFE == 0xFFFE
+    return category == "Cn" and not noncharacter
+
+
 def name_problem(name: str) -> str | None:
     """What `name` (a speaker's or an API key's, stripped) holds that a display must not
     show, as the end of "may not hold ..."; None when it holds nothing such."""
@@ -473,7 +488,7 @@ def _parse_rename(m: dict[str, Any]) -> SpeakerRename:
         )
     if (problem := name_problem(name)) is not None:
         raise InvalidRequest(f"'name' may not hold {problem}")
-    if not any(unicodedata.category(ch)[0] in VISIBLE_CATEGORY_CLASSES for ch in name):
+    if not any(shows(ch) for ch in name):
         raise InvalidRequest(
             "'name' must hold a visible character (a letter, digit, punctuation or symbol)"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import pytest
 
@@ -24,6 +25,7 @@ from livemeet.gateway.live_protocol import (
     StartSession,
     State,
     require_same_format,
+    shows,
 )
 
 START = json.dumps(
@@ -387,11 +389,26 @@ def test_speaker_rename_names_a_label_strips_the_name_and_null_removes_it() -> N
         rename(name="\u200b\u200d\u0301"),  # format characters and a lone mark
         rename(name="a\u202eb"),  # right-to-left override
         rename(name="\u2067Bob"),  # right-to-left isolate
+        rename(name="\ufdd0"),  # noncharacters: never assigned, nothing to show
+        rename(name="\U0010ffff \ufffe"),
     ],
 )
 def test_a_malformed_speaker_rename_is_an_invalid_request(text: str) -> None:
     with pytest.raises(InvalidRequest):
         streaming().receive_text(text)
+
+
+def test_a_name_of_characters_newer_than_the_servers_unicode_is_accepted() -> None:
+    """A code point this Python's Unicode database has not assigned (Cn) is taken as
+    visible: the browser's Unicode is newer (17 against 14 in a trial), and a name of only
+    emoji assigned since was refused mid-meeting. The probe is the first Cn code point of
+    Symbols and Pictographs Extended-A (U+1FA70-1FAFF, which keeps growing), or plane 4's first
+    once that block is full, so the test holds on any Python; a noncharacter is still refused
+    (above)."""
+    block = (chr(c) for c in range(0x1FA70, 0x1FB00))
+    newer = next((ch for ch in block if unicodedata.category(ch) == "Cn"), "\U00040000")
+    assert streaming().receive_text(rename(name=newer)) == SpeakerRename("S01", newer)
+    assert shows(newer) and shows("a") and not shows("\u200b") and not shows("\ufffe")
 
 
 def test_speaker_rename_before_start_is_a_protocol_error() -> None:
