@@ -58,7 +58,7 @@ def forced_hop_parts(
     segment starting there; one whose spoken words stop before its end is left open, and
     nothing follows it (the model writes in order; references are taken not to overlap, as a
     benchmark's turns do not). A remainder starts at the cut's stamp rounded up, so that the
-    hop keeps it (`moss._past_cut`); that may be the edge's, which the session keeps
+    hop keeps it (`moss_state.past_cut`); that may be the edge's, which the session keeps
     (`session.live.clean_hypothesis`: a start within one stamp step of the edge). Its leading
     space is the whole text's (`takes_leading_space`), so each hop's ids are a prefix of the
     next one's.
@@ -89,7 +89,7 @@ def forced_hop_parts(
         words = seg.text.split()
         part = replace(
             seg,
-            # from the cut, rounded up to its 2-decimal stamp: not before it (`moss._past_cut`)
+            # from the cut, rounded up to its 2-decimal stamp: not before it (`moss_state.past_cut`)
             start_s=seg.start_s
             if len(left) == len(ends)
             else math.ceil(after_s * 100 - 1e-6) / 100,

@@ -36,8 +36,9 @@ def forced_prefix(
 ) -> tuple[int, list[int]]:
     """(first, ids): the most recent whole `segments` (their `forced_piece`s, one each) whose
     ids fit `max_tokens`, the newest alone up to `cap`, as forced ids less the last `]`
-    (token healing, `moss._Live.forced_transcript_ids`); segments[first:] are the ones taken, none
-    of them a None piece. `exact=False`: the joined text is tokenized whole."""
+    (token healing, `moss_state.LiveState.forced_transcript_ids`); segments[first:] are the
+    ones taken, none of them a None piece. `exact=False`: the joined text is tokenized
+    whole."""
     first, conts = len(segments), 0  # conts: the `cont` ids of the segments taken
     while first > 0:
         piece = pieces[first - 1]

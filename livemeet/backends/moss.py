@@ -55,15 +55,14 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from livemeet.audio.constants import (
-    LIVE_FORCED_TRANSCRIPT_TOKENS,
     SAMPLE_RATE,
     UPLOAD_CONTINUE_FORCED_TOKENS,
     UPLOAD_CONTINUE_GAP_S,
@@ -74,9 +73,19 @@ from livemeet.audio.constants import (
 from livemeet.backends.base import restored_finals, restored_merges
 from livemeet.backends.forced_output import forced_hop_parts, forced_skip_keys, read_forced_output
 from livemeet.backends.forced_transcript import forced_piece, forced_prefix
+from livemeet.backends.moss_state import (
+    HopState,
+    LiveState,
+    RetainedKV,
+    Revising,
+    SessionState,
+    UploadState,
+    is_open,
+    keep_after_cut,
+    past_cut,
+)
 from livemeet.backends.segment_stream import SegmentStream, UploadTranscript
 from livemeet.config import ModelConfig, parse_upload_hold
-from livemeet.engine.encoder_runner import full_window_keys
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
 from livemeet.engine.messages import EngineStats
 from livemeet.engine.request import Request, RequestClass
@@ -90,7 +99,7 @@ from livemeet.errors import (
 )
 from livemeet.models.prompt import EOS, stable_prefix_len
 from livemeet.session.draft import hop_draft
-from livemeet.session.forced_budget import BudgetState, ForcedBudget
+from livemeet.session.forced_budget import ForcedBudget
 from livemeet.session.live import LiveOptions, LiveSession, Window
 from livemeet.session.vad import Endpointer, webrtc_classifier
 from livemeet.transcriber import (
@@ -106,7 +115,6 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript.commit import revision_segments
 from livemeet.transcript.detok import IncrementalDetokenizer
-from livemeet.transcript.overlap import text_after_overlap
 from livemeet.transcript.parser import (
     render_segment,
 )
@@ -118,14 +126,11 @@ from livemeet.transcript.pieces import (
 from livemeet.transcript.segments import (
     FinishReason,
     Segment,
-    SegmentFlag,
-    join_texts,
 )
 from livemeet.transcript.speakers import map_revision
 
 log = logging.getLogger(__name__)
 
-LIVE_BUFFER_STEP_S = 600  # s of audio a live session's sample buffer grows by at most
 # requests queued per step(), the longest-due first: each costs ~1 ms of host time (prompt,
 # forced ids, hashes of new full windows; the encoder runs in the engine's step), so a burst
 # of due sessions (a restart, many joining at once) cannot hold one step long. At 4 per step,
@@ -137,150 +142,6 @@ MAX_UPLOAD_SUBMITS_PER_STEP = 4  # of them uploads (the bound all requests had u
 DUMMY_MODEL_ID = "moss-td-dummy"
 
 
-@dataclass
-class _Upload:
-    options: SessionOptions
-    chunks: list[np.ndarray] = field(default_factory=list)
-    ended: bool = False
-    request_id: str | None = None
-    stream: SegmentStream | None = None
-    transcript: UploadTranscript | None = None
-    samples: np.ndarray | None = None  # the whole audio, kept for continuations (DESIGN 5.8)
-    due_s: float | None = None  # engine clock when step() first found it due for submission
-    continuations: int = 0
-    num_generated: int = 0  # tokens its requests generated (a cap spans the continuations)
-    cut_s: float = -1.0  # the request's segments count past it (by midpoint): a continuation's
-    # forced segments come out again before its new ones
-    revise: _Revising | None = None  # a live session's revision (module docstring)
-
-
-@dataclass(frozen=True)
-class _Revising:
-    """What a live session's revision maps its segments onto: the final it supersedes, every
-    label the session showed (a new speaker takes none of them) and its speaker merges."""
-
-    final: TranscriptFinal
-    labels_seen: frozenset[str]
-    merges: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass
-class _Hop:
-    request_id: str
-    edge_samples: int  # audio edge the hop decodes up to
-    offset_s: float  # end of the committed speech when the hop started (marker time)
-    stream: SegmentStream
-    session_labels: frozenset[str]  # speakers of the forced transcript prefix
-    submitted_s: float  # engine clock at submission
-    due_s: float  # engine clock when it was found due (<= submitted_s: it waited its turn)
-    prefix_ids: list[int]  # its forced transcript
-    segments: list[Segment] = field(default_factory=list)
-    output_ids: list[int] = field(default_factory=list)  # what it decoded
-    first_token_s: float | None = None  # engine clock at its first sampled id (prefill done)
-
-
-@dataclass
-class _Retained:
-    request_id: str
-    num_audio_tokens: int
-    num_complete_windows: int
-
-
-@dataclass
-class _Live:
-    options: SessionOptions
-    live: LiveSession
-    chunks: list[np.ndarray] = field(default_factory=list)
-    # append-only samples: `buffer[:length]`, grown by doubling (no copy of the whole
-    # meeting per hop)
-    buffer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
-    length: int = 0
-    window_keys: list[bytes] = field(default_factory=list)  # of full windows, hashed once
-    # forced transcript (DESIGN 5.3): ids of each committed segment (tokenized once), and the
-    # last prefix built: its ids, the committed segments it holds, and how many were committed
-    segment_pieces: list[Pieces | None] = field(default_factory=list)  # None: special text
-    prefix_ids: list[int] = field(default_factory=list)
-    prefix_segments: tuple[Segment, ...] = ()
-    prefix_num_committed: int = 0
-    prefix_limits: tuple[int, int] = (0, 0)  # the (budget, cap) the last prefix was built for
-    # tokens the next hop may force and the hops' smoothed load (ForcedBudget: the cap,
-    # halved while hops are slow; MossCore sets it from its config when it opens the session)
-    forced_budget: BudgetState = BudgetState(LIVE_FORCED_TRANSCRIPT_TOKENS)
-    hop: _Hop | None = None
-    # the last whole hop's forced transcript and decode (less the stop token), and the length
-    # of the former: the next hop's draft (livemeet/session/draft.py)
-    assistant_ids: list[int] = field(default_factory=list)
-    assistant_prefix_len: int = 0
-    retained: _Retained | None = None
-    num_hops: int = 0
-    num_reused_tokens: int = 0
-    last_reason: FinishReason = FinishReason.STOP
-    due_s: float | None = None  # engine clock when step() first found a hop or flush due
-
-    def audio_to(self, edge: int) -> np.ndarray:
-        """The first `edge` samples heard (a view: valid until the next append)."""
-        incoming = sum(c.size for c in self.chunks)
-        if self.length + incoming > self.buffer.size:
-            # doubling, but by at most LIVE_BUFFER_STEP_S at a time (long meetings)
-            step = min(self.buffer.size, LIVE_BUFFER_STEP_S * SAMPLE_RATE)
-            grown = np.zeros(max(self.buffer.size + step, self.length + incoming), np.float32)
-            grown[: self.length] = self.buffer[: self.length]
-            self.buffer = grown
-        for chunk in self.chunks:
-            self.buffer[self.length : self.length + chunk.size] = chunk
-            self.length += chunk.size
-        self.chunks = []
-        return self.buffer[: min(edge, self.length)]
-
-    def forced_transcript_ids(
-        self,
-        encode: Callable[[str], list[int]],
-        max_tokens: int,
-        exact: bool = True,
-        added_ids: Collection[int] = frozenset(),
-        cap: int | None = None,
-    ) -> list[int]:
-        """The committed transcript to prefill as forced assistant tokens (DESIGN 5.3): its
-        most recent whole segments in the output grammar, at most `max_tokens` ids, less the
-        last segment's closing `]`. Mid-transcript the model writes an end stamp's `]` merged
-        with the next segment's `[` (one `][` token; a lone `]` there precedes only the end of
-        the output), so the ids stop before it and the decode starts with `][` or `]` (token
-        healing; the parser skips text before a segment's `[`). A segment whose text holds
-        special-token text would encode as that token (`<|...|>`, or any of `added_ids`,
-        the tokenizer's added tokens, such as `</think>`): it and older ones stay out.
-        Rebuilt only when a segment commits (the committed list only grows) or the budget
-        changes (`ForcedBudget`), from each
-        segment's ids tokenized once (livemeet/transcript/pieces.py); `exact=False` (a
-        tokenizer whose pieces do not join: `splits_after_digits`) tokenizes the joined text.
-        `cap` (default `max_tokens`): the newest segment alone is taken even past `max_tokens`
-        while it fits `cap`. A budget cut under load (`ForcedBudget`) must not leave a long
-        last turn out: a hop that forces nothing re-decodes the whole meeting, the costliest
-        hop there is."""
-        committed = self.live.committed
-        if max_tokens <= 0:
-            return []
-        cap = max_tokens if cap is None else max(cap, max_tokens)
-        limits = (max_tokens, cap)
-        if len(committed) == self.prefix_num_committed and limits == self.prefix_limits:
-            return self.prefix_ids
-        for seg in committed[len(self.segment_pieces) :]:
-            self.segment_pieces.append(forced_piece(seg, encode, added_ids))
-        first, ids = forced_prefix(committed, self.segment_pieces, encode, max_tokens, cap, exact)
-        self.prefix_segments = committed[first:] if ids else ()
-        self.prefix_ids, self.prefix_num_committed = ids, len(committed)
-        self.prefix_limits = limits
-        return ids
-
-    def full_window_keys(self, audio: np.ndarray) -> list[bytes]:
-        """Encoder-cache keys of `audio`'s full windows; each window is hashed once per
-        session (the audio only grows, so a full window never changes)."""
-        self.window_keys = full_window_keys(audio, self.window_keys)
-        return self.window_keys
-
-
-_Session = _Upload | _Live
-
-
 class MossCore:
     """MOSS-TD behind the `BackendCore` protocol (see the module docstring).
 
@@ -290,7 +151,7 @@ class MossCore:
     def __init__(self, config: ModelConfig, *, engine: Engine | None = None) -> None:
         self.config = config
         self.engine: Engine | None = engine
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._owner: dict[str, str] = {}  # engine request id -> session id
         self._forced: list[Segment] | None = None
         self._forced_text: str | None = None
@@ -364,16 +225,16 @@ class MossCore:
                 )
             except ValueError as exc:
                 raise InvalidRequest(f"bad live settings: {exc}") from exc
-            self._sessions[session_id] = _Live(
+            self._sessions[session_id] = LiveState(
                 options, live, forced_budget=self.forced_budget.start()
             )
         else:
-            self._sessions[session_id] = _Upload(options)
+            self._sessions[session_id] = UploadState(options)
             self._tell_incoming_uploads()
 
     def append(self, session_id: str, samples: Samples) -> None:
         sess = self._get(session_id)
-        if isinstance(sess, _Live):
+        if isinstance(sess, LiveState):
             sess.live.receive_audio(samples)  # raises ProtocolError after end, BadAudio if not 1-D
             sess.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
             return
@@ -383,7 +244,7 @@ class MossCore:
 
     def finalize(self, session_id: str) -> None:
         sess = self._get(session_id)
-        if isinstance(sess, _Live):
+        if isinstance(sess, LiveState):
             sess.live.finalize()
 
     def merge_speakers(self, session_id: str, speaker: str, into: str) -> None:
@@ -391,12 +252,12 @@ class MossCore:
         on. Ignored once the session is its revision's upload (the gateway relabels that).
         Raises NotFound for an unknown session, ValueError as `SpeakerMerges.add`."""
         sess = self._get(session_id)
-        if isinstance(sess, _Live):
+        if isinstance(sess, LiveState):
             sess.live.merge_speakers(speaker, into)
 
     def end(self, session_id: str) -> None:
         sess = self._get(session_id)
-        if isinstance(sess, _Live):
+        if isinstance(sess, LiveState):
             sess.live.end()
             if sess.hop is not None and self.engine is not None:
                 # the client now waits on this hop (and the last one, after it): it loses its
@@ -462,7 +323,7 @@ class MossCore:
                 events = [Error(exc.code, exc.message, exc.retryable)]
             out.extend((sid, e) for e in events)
         self._tell_incoming_uploads()
-        engine.set_live_sessions(sum(isinstance(s, _Live) for s in self._sessions.values()))
+        engine.set_live_sessions(sum(isinstance(s, LiveState) for s in self._sessions.values()))
         if engine.has_work():
             result = engine.step()  # a failure here cannot be pinned on a session: it propagates
             for rid, token_id in result.new_tokens:
@@ -496,20 +357,20 @@ class MossCore:
             raise RuntimeError("MossCore used before load()")
         return self.engine
 
-    def _get(self, session_id: str) -> _Session:
+    def _get(self, session_id: str) -> SessionState:
         try:
             return self._sessions[session_id]
         except KeyError:
             raise NotFound(f"unknown session {session_id!r}") from None
 
-    def _drop(self, sid: str, sess: _Session) -> None:
+    def _drop(self, sid: str, sess: SessionState) -> None:
         self._sessions.pop(sid, None)
-        if isinstance(sess, _Upload) and sess.request_id is None:
+        if isinstance(sess, UploadState) and sess.request_id is None:
             self._tell_incoming_uploads()
         rids: list[str] = []
-        if isinstance(sess, _Upload) and sess.request_id:
+        if isinstance(sess, UploadState) and sess.request_id:
             rids.append(sess.request_id)
-        if isinstance(sess, _Live):
+        if isinstance(sess, LiveState):
             if sess.hop is not None:
                 rids.append(sess.hop.request_id)
             if sess.retained is not None:
@@ -519,8 +380,8 @@ class MossCore:
             self._owner.pop(rid, None)
             if self.engine is not None:
                 self.engine.abort(rid)
-        revising = isinstance(sess, _Upload) and sess.revise is not None
-        if (isinstance(sess, _Live) or revising) and self.engine is not None:
+        revising = isinstance(sess, UploadState) and sess.revise is not None
+        if (isinstance(sess, LiveState) or revising) and self.engine is not None:
             self.engine.release_windows(sid)  # the holds of _submit_hop (a revision keeps them)
 
     def _tell_incoming_uploads(self) -> None:
@@ -529,15 +390,17 @@ class MossCore:
         if self.engine is None:
             return
         unqueued = sum(
-            1 for s in self._sessions.values() if isinstance(s, _Upload) and s.request_id is None
+            1
+            for s in self._sessions.values()
+            if isinstance(s, UploadState) and s.request_id is None
         )
         self.engine.set_incoming_uploads(self._gateway_incoming_uploads + unqueued)
 
-    def _due_sessions(self, now: float) -> list[tuple[str, _Session]]:
+    def _due_sessions(self, now: float) -> list[tuple[str, SessionState]]:
         """Sessions with a request to submit, the longest-due first (each is stamped the
         first time it is found due, so a session waits at most its turn, whatever its place
         among the sessions)."""
-        due: list[tuple[str, _Session]] = []
+        due: list[tuple[str, SessionState]] = []
         for sid, sess in self._sessions.items():
             if self._needs_submit(sess):
                 if sess.due_s is None:
@@ -546,32 +409,32 @@ class MossCore:
         due.sort(key=lambda item: item[1].due_s or 0.0)
         return due
 
-    def _submits_now(self, now: float) -> list[tuple[str, _Session]]:
+    def _submits_now(self, now: float) -> list[tuple[str, SessionState]]:
         """The due sessions this step submits: the longest-due first, at most
         MAX_SUBMITS_PER_STEP, of them at most MAX_UPLOAD_SUBMITS_PER_STEP uploads (an upload's
         submit joins and scans its whole audio: ~0.1 s for 90 minutes)."""
-        chosen: list[tuple[str, _Session]] = []
+        chosen: list[tuple[str, SessionState]] = []
         uploads = 0
         for sid, sess in self._due_sessions(now):
             if len(chosen) == MAX_SUBMITS_PER_STEP:
                 break
-            if isinstance(sess, _Upload):
+            if isinstance(sess, UploadState):
                 if uploads == MAX_UPLOAD_SUBMITS_PER_STEP:
                     continue
                 uploads += 1
             chosen.append((sid, sess))
         return chosen
 
-    def _needs_submit(self, sess: _Session) -> bool:
-        if isinstance(sess, _Upload):
+    def _needs_submit(self, sess: SessionState) -> bool:
+        if isinstance(sess, UploadState):
             return sess.ended and sess.request_id is None
         if sess.hop is not None:
             return False  # adaptive hop: one decode in flight per session
         return sess.live.hop_due() or sess.live.flush_due()
 
-    def _submit(self, sid: str, sess: _Session) -> list[Event]:
+    def _submit(self, sid: str, sess: SessionState) -> list[Event]:
         due_s, sess.due_s = sess.due_s, None
-        if isinstance(sess, _Upload):
+        if isinstance(sess, UploadState):
             return self._submit_upload(sid, sess)
         if sess.live.hop_due():
             early = sess.live.hop_due_early()
@@ -583,7 +446,7 @@ class MossCore:
 
     # -- uploads -----------------------------------------------------------------------------
 
-    def _submit_upload(self, sid: str, sess: _Upload) -> list[Event]:
+    def _submit_upload(self, sid: str, sess: UploadState) -> list[Event]:
         samples = np.concatenate(sess.chunks) if sess.chunks else np.zeros(0, np.float32)
         sess.chunks = []
         duration_s = samples.size / SAMPLE_RATE
@@ -603,7 +466,7 @@ class MossCore:
     def _queue_upload_request(
         self,
         sid: str,
-        sess: _Upload,
+        sess: UploadState,
         samples: np.ndarray,
         max_new_tokens: int | None,
         forced_output_ids: Sequence[int] | None,
@@ -644,11 +507,11 @@ class MossCore:
             prefix,
         )
 
-    def _upload_events(self, sess: _Upload, segments: Sequence[Segment]) -> list[Event]:
+    def _upload_events(self, sess: UploadState, segments: Sequence[Segment]) -> list[Event]:
         assert sess.transcript is not None
         events: list[Event] = []
         for seg in segments:
-            if not _past_cut(seg, sess.cut_s):
+            if not past_cut(seg, sess.cut_s):
                 continue  # a continuation's forced segment, written again
             added = sess.transcript.add(seg)
             if added is not None and sess.revise is None:  # a revision sends its whole at once
@@ -657,7 +520,7 @@ class MossCore:
                 events.append(SegmentFinal(final))
         return events
 
-    def _continue_upload(self, sid: str, sess: _Upload, reason: FinishReason) -> bool:
+    def _continue_upload(self, sid: str, sess: UploadState, reason: FinishReason) -> bool:
         """Continue an upload whose decode ended (EOS) UPLOAD_CONTINUE_GAP_S or more before its
         audio's end, with segments added since the last continuation (DESIGN 5.8): a new
         request over the same audio (its full windows hit the encoder cache) whose forced
@@ -676,7 +539,7 @@ class MossCore:
             return False
         if transcript.max_stamp_s - cut_s < UPLOAD_CONTINUE_GAP_S:
             return False
-        if self._forced is not None and not any(_past_cut(s, cut_s) for s in self._forced):
+        if self._forced is not None and not any(past_cut(s, cut_s) for s in self._forced):
             return False  # benchmarks: the reference has nothing after the cut to force
         budget = self._max_new_tokens(sess.options)
         if budget is not None:
@@ -712,7 +575,7 @@ class MossCore:
 
     # -- live --------------------------------------------------------------------------------
 
-    def _submit_hop(self, sid: str, sess: _Live, due_s: float | None = None) -> None:
+    def _submit_hop(self, sid: str, sess: LiveState, due_s: float | None = None) -> None:
         engine = self._engine()
         window = sess.live.window()  # fixes the hop's audio edge and the committed end
         edge = round(window.end_s * SAMPLE_RATE)
@@ -781,7 +644,7 @@ class MossCore:
         self.live_forced_tokens += len(prefix)
         forced = sess.prefix_segments if prefix else ()
         now = engine.clock()
-        sess.hop = _Hop(
+        sess.hop = HopState(
             rid,
             edge,
             offset_s,
@@ -798,7 +661,7 @@ class MossCore:
         self.live_hop_wait_s += now - sess.hop.due_s
         self._owner[rid] = sid
 
-    def _finish_hop(self, sid: str, sess: _Live, reason: FinishReason) -> list[Event]:
+    def _finish_hop(self, sid: str, sess: LiveState, reason: FinishReason) -> list[Event]:
         hop = sess.hop
         assert hop is not None
         sess.hop = None
@@ -814,7 +677,7 @@ class MossCore:
             # for a next hop that will not fork it (a no-op when _on_token aborted it)
             self._engine().abort(hop.request_id)
         else:
-            sess.retained = _Retained(
+            sess.retained = RetainedKV(
                 hop.request_id,
                 num_audio_tokens(hop.edge_samples),
                 hop.edge_samples // WINDOW_SAMPLES,
@@ -836,7 +699,7 @@ class MossCore:
         events = sess.live.apply_hypothesis(new, hop.session_labels)
         return self._after_live_events(sid, sess, events)
 
-    def _after_live_events(self, sid: str, sess: _Live, events: list[Event]) -> list[Event]:
+    def _after_live_events(self, sid: str, sess: LiveState, events: list[Event]) -> list[Event]:
         if sess.live.ended:
             revise = sess.options.revise and (sess.length + len(sess.chunks)) > 0
             final = sess.live.finish(sess.last_reason, revision=revise)
@@ -854,7 +717,7 @@ class MossCore:
         if sid is None:
             return []
         sess = self._sessions[sid]
-        if isinstance(sess, _Upload):
+        if isinstance(sess, UploadState):
             assert sess.stream is not None
             sess.num_generated += 1
             events = self._upload_events(sess, sess.stream.push(token_id))
@@ -884,19 +747,19 @@ class MossCore:
         if sid is None:
             return []
         sess = self._sessions[sid]
-        if isinstance(sess, _Upload):
+        if isinstance(sess, UploadState):
             events = self._finish_upload(sid, sess, reason)
         else:
             events = self._finish_hop(sid, sess, reason)
         return [(sid, e) for e in events]
 
-    def _finish_upload(self, sid: str, sess: _Upload, reason: FinishReason) -> list[Event]:
+    def _finish_upload(self, sid: str, sess: UploadState, reason: FinishReason) -> list[Event]:
         assert sess.stream is not None and sess.transcript is not None
         segments = sess.stream.close()
         # a segment the decode left open (EOS before its end stamp) is given the audio's end:
         # it must not hide an early stop, so the decision is taken on the closed ones, and a
         # continuation decodes it again
-        open_tail = segments[-1:] if segments and _open(segments[-1]) else []
+        open_tail = segments[-1:] if segments and is_open(segments[-1]) else []
         events = self._upload_events(sess, segments[: len(segments) - len(open_tail)])
         if sess.stream.looping:
             reason = FinishReason.REPETITION
@@ -912,16 +775,16 @@ class MossCore:
 
     # -- revision (DESIGN 5.7) -----------------------------------------------------------------
 
-    def _start_revision(self, sid: str, sess: _Live, final: TranscriptFinal) -> list[Event]:
+    def _start_revision(self, sid: str, sess: LiveState, final: TranscriptFinal) -> list[Event]:
         """Make the ended live session `sid` the upload of its revision (module docstring):
         its request forks the last hop's retained KV, which is then released. Returns [] , or
         the revision's `Error` where the engine refuses the request (the session is gone)."""
         engine = self._engine()
         audio = sess.audio_to(sess.length + sum(c.size for c in sess.chunks))
-        revision = _Upload(
+        revision = UploadState(
             replace(sess.options, live=False),
             ended=True,
-            revise=_Revising(final, sess.live.labels_seen, sess.live.merges),
+            revise=Revising(final, sess.live.labels_seen, sess.live.merges),
         )
         duration_s = audio.size / SAMPLE_RATE
         revision.transcript = UploadTranscript(duration_s, duration_s * self._time_scale())
@@ -954,7 +817,7 @@ class MossCore:
         return []
 
     def _revised(
-        self, revising: _Revising, segments: Sequence[Segment], reason: FinishReason
+        self, revising: Revising, segments: Sequence[Segment], reason: FinishReason
     ) -> TranscriptRevised:
         """The revision's event: `segments` in session labels and with fresh ids, superseding
         every final."""
@@ -1080,44 +943,6 @@ def engine_config(cfg: ModelConfig) -> EngineConfig:
             ),
         ),
     )
-
-
-def _open(seg: Segment) -> bool:
-    """Whether the decode ended inside `seg` (no end stamp: its end is the audio's)."""
-    return SegmentFlag.MISSING_END in seg.flags
-
-
-def _past_cut(seg: Segment, cut_s: float) -> bool:
-    """Whether a hop keeps `seg`: its midpoint lies past the hop's cut (the committed end)."""
-    return (seg.start_s + seg.end_s) / 2 > cut_s
-
-
-def keep_after_cut(
-    segments: Sequence[Segment], cut_s: float, committed: Sequence[Segment]
-) -> list[Segment]:
-    """What a hop's hypothesis adds after its cut (the committed end, `cut_s`): segments past
-    it (by midpoint, `_past_cut`), and of a segment that straddles it (starts before it, ends
-    after it) what follows the committed text (`text_after_overlap`), from the cut. A hop
-    without the newest committed turn forced as its prefix (`--live-forced-transcript-tokens`
-    0, or a turn longer than it) writes such a turn again whole: kept whole, its committed
-    words came twice; dropped whole (midpoint before the cut), its words after the cut never
-    came (found by a trial). The committed text is that of the `committed` segments ending
-    after the straddler's start; where its end is not found in the straddler (the model
-    wrote it otherwise), the midpoint decides, as for the rest."""
-    out = []
-    for seg in segments:
-        if not seg.start_s < cut_s < seg.end_s:
-            if _past_cut(seg, cut_s):
-                out.append(seg)
-            continue
-        said = join_texts(c.text for c in committed if c.end_s > seg.start_s)
-        rest = text_after_overlap(said, seg.text)
-        if rest is None:
-            if _past_cut(seg, cut_s):
-                out.append(seg)
-        elif rest:
-            out.append(replace(seg, start_s=cut_s, text=rest))
-    return out
 
 
 def _log_request(request: Request, num_samples: int) -> None:

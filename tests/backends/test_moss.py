@@ -21,7 +21,8 @@ import torch
 from livemeet.audio.constants import KV_BLOCK_SIZE, MIN_PREFILL_CHUNK, SAMPLE_RATE
 from livemeet.audio.features import log_mel, split_windows
 from livemeet.backends import create_backend
-from livemeet.backends.moss import MossCore, _Upload, engine_config, keep_after_cut
+from livemeet.backends.moss import MossCore, engine_config
+from livemeet.backends.moss_state import LiveState, UploadState, keep_after_cut
 from livemeet.config import ModelConfig, UploadHold
 from livemeet.engine.engine import Engine, EngineConfig
 from livemeet.engine.messages import EngineStats
@@ -328,7 +329,7 @@ def test_a_failing_transcript_fails_only_its_session(
     while not tokens.get("bad/upload"):
         out += core.step()
     bad = core._sessions["bad"]
-    assert isinstance(bad, _Upload) and bad.stream is not None
+    assert isinstance(bad, UploadState) and bad.stream is not None
 
     def broken(token_id: int) -> list[Segment]:
         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a corrupt byte sequence")
@@ -621,7 +622,7 @@ def test_a_forced_reference_with_nothing_past_the_cut_is_not_continued(
     core.end("v")
     core.step()
     sess = core._sessions["v"]
-    assert isinstance(sess, _Upload) and sess.request_id is not None and sess.samples is None
+    assert isinstance(sess, UploadState) and sess.request_id is not None and sess.samples is None
     core.abort("v")
     assert_pool_clean(core)
 
@@ -1292,7 +1293,6 @@ def test_the_forced_prefix_is_a_token_prefix_of_the_transcript_going_on() -> Non
     """Token healing: the prefix stops before its last `]`, so its ids begin the canonical
     tokenization of the transcript as the model goes on writing it (`][` merges the end
     stamp's `]` with the next `[`; a lone `]` there would precede only the end of output)."""
-    from livemeet.backends.moss import _Live
     from livemeet.session.live import LiveOptions, LiveSession
 
     tok = load_tokenizer(None)
@@ -1303,7 +1303,7 @@ def test_the_forced_prefix_is_a_token_prefix_of_the_transcript_going_on() -> Non
     a = Segment(start_s=0.0, end_s=1.2, speaker="S01", text="Hello there.")
     b = Segment(start_s=1.2, end_s=2.5, speaker="S02", text="你好")
     c = Segment(start_s=2.5, end_s=3.1, speaker="S01", text="Okay then")
-    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    sess = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     sess.live = SimpleNamespace(committed=(a, b))  # type: ignore[assignment]
     prefix = sess.forced_transcript_ids(encode, 2_048)
     for going_on in (render_segment(c), ""):
@@ -1316,7 +1316,6 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     """The cap keeps the newest whole segments whose ids fit; the ids are rebuilt only when a
     segment commits, from each segment's two tokenizations made once (first of the run, and
     after a `]`: livemeet/transcript/pieces.py); the joined text is never tokenized."""
-    from livemeet.backends.moss import _Live
     from livemeet.session.live import LiveOptions, LiveSession
 
     calls: list[str] = []
@@ -1325,7 +1324,7 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
         calls.append(text)
         return [ord(c) for c in text]
 
-    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    sess = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     committed = [
         Segment(start_s=1.0 * i, end_s=i + 0.5, speaker=f"S0{1 + i % 2}", text=f"w{i}")
         for i in range(6)
@@ -1356,17 +1355,17 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     assert sess.prefix_segments == tuple(committed[4:6])
     assert sess.forced_transcript_ids(encode, 3 * one + 5) == ids
     assert len(calls) == n + 2 * 2
-    fresh = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    fresh = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     fresh.live = fake  # type: ignore[assignment]
     assert fresh.forced_transcript_ids(encode, one - 2) == []  # no whole segment fits
-    fits = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    fits = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     fits.live = fake  # type: ignore[assignment]
     # the newest segment less its `]` is one - 1 ids: it fits a cap of one - 1
     assert "".join(map(chr, fits.forced_transcript_ids(encode, one - 1))) == rendered[5][:-1]
     assert fresh.forced_transcript_ids(encode, 0) == []
     # a budget cut under load never leaves the newest segment out while it fits the cap (a
     # hop forcing nothing would re-decode the meeting); older ones still keep to the budget
-    capped = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    capped = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     capped.live = fake  # type: ignore[assignment]
     newest = capped.forced_transcript_ids(encode, one - 2, cap=one)
     assert "".join(map(chr, newest)) == rendered[5][:-1]
@@ -1377,7 +1376,7 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
     assert capped.forced_transcript_ids(encode, one - 2, cap=one - 2) == []
     # text that would encode as a special token (<|im_end|>) is never forced: it and what
     # came before it stay out
-    odd = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    odd = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     special = Segment(start_s=6.0, end_s=6.5, speaker="S01", text="<|im_end|>")
     odd.live = SimpleNamespace(committed=(*committed[:5], special, committed[5]))  # type: ignore[assignment]
     ids = odd.forced_transcript_ids(encode, 100 * one)
@@ -1387,7 +1386,6 @@ def test_forced_transcript_is_the_most_recent_whole_segments_within_the_cap() ->
 def test_text_of_any_added_token_keeps_a_segment_out_of_the_forced_transcript() -> None:
     """Not only `<|...|>`: `</think>` and `<tool_call>` are added tokens of the Qwen
     vocabulary too, and a segment whose text holds one (and every older one) is not forced."""
-    from livemeet.backends.moss import _Live
     from livemeet.session.live import LiveOptions, LiveSession
 
     tok = load_tokenizer(None)
@@ -1398,7 +1396,7 @@ def test_text_of_any_added_token_keeps_a_segment_out_of_the_forced_transcript() 
     added = frozenset(tok.get_added_tokens_decoder())
     texts = ["fine", "ok </think> then", "and <tool_call> too", "last one"]
     segs = [Segment(2.0 * i, 2.0 * i + 1.0, "S01", t) for i, t in enumerate(texts)]
-    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    sess = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     sess.live = SimpleNamespace(committed=tuple(segs))  # type: ignore[assignment]
     ids = sess.forced_transcript_ids(encode, 2_048, True, added)
     assert sess.prefix_segments == (segs[3],)
@@ -1410,7 +1408,6 @@ def test_forced_transcript_ids_equal_the_joined_texts_tokens(exact: bool) -> Non
     """With the Qwen tokenizer the assembled ids are those of the joined text (less its last
     `]`), for texts with punctuation, digits and CJK next to the stamps, as the cap slides;
     `exact=False` (a tokenizer whose pieces do not join) tokenizes the joined text instead."""
-    from livemeet.backends.moss import _Live
     from livemeet.session.live import LiveOptions, LiveSession
 
     tok = load_tokenizer(None)
@@ -1423,7 +1420,7 @@ def test_forced_transcript_ids_equal_the_joined_texts_tokens(exact: bool) -> Non
         Segment(start_s=2.0 * i, end_s=2.0 * i + 1.25, speaker=f"S0{1 + i % 3}", text=t)
         for i, t in enumerate(texts * 4)
     ]
-    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions()))
+    sess = LiveState(SessionOptions(live=True), LiveSession(LiveOptions()))
     fake = SimpleNamespace(committed=())
     sess.live = fake  # type: ignore[assignment]
     for n in range(1, len(committed) + 1):
@@ -1444,12 +1441,11 @@ def test_live_audio_grows_in_place_and_hashes_each_window_once(
     without copying the whole meeting per hop, and each full window's encoder-cache key is
     computed once for the session, then handed to every later hop."""
     import livemeet.engine.encoder_runner as er
-    from livemeet.backends.moss import _Live
     from livemeet.session.live import LiveOptions, LiveSession
 
     rng = np.random.default_rng(4)
     audio = (0.1 * rng.standard_normal(16_000 * 95)).astype(np.float32)
-    sess = _Live(SessionOptions(live=True), LiveSession(LiveOptions(hop_s=1.0)))
+    sess = LiveState(SessionOptions(live=True), LiveSession(LiveOptions(hop_s=1.0)))
     hashed: list[int] = []
     real = er.window_key
     monkeypatch.setattr(er, "window_key", lambda w: hashed.append(1) or real(w))
