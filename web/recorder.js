@@ -192,7 +192,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // the captions shown (segments), the labels seen, {label: name} as the
                 // server last said (speaker.renamed), {label: into} (speaker.merged)
                 finals: [], partial: [], speakers: new Set(), names: new Map(),
-                merged: new Map() };
+                merged: new Map(),
+                // the speakers list's button of each label it lists (renderSpeakers)
+                speakerButtons: new Map() };
 
 // Audio since the last ack, by offset (sample frames from the session's start): what a
 // resume may have to send again. `push` refuses audio past `maxFrames` (counted as lost).
@@ -548,30 +550,54 @@ function labelsShownAs(label, labels) {
 }
 
 // The speakers list: each label seen (or named) that is not merged away, with its name and
-// the labels merged into it ("Alice (S01 + S03)"); a click renames it
+// the labels merged into it ("Alice (S01 + S03)"); a click renames it. Then the captions'
+// speakers. A label's button stays the same element while the label is listed
+// (state.speakerButtons): rebuilt, the one a keyboard user had just pressed Enter on took
+// the focus with it (a trial).
 function renderSpeakers() {
   const labels = new Set([...state.speakers, ...state.names.keys(), ...state.merged.keys()]);
   const buttons = [...labels]
     .filter((label) => SPEAKER_LABEL.test(label) && shownLabel(label) === label).sort()
     .map((label) => {
-      const button = document.createElement("button");
+      let button = state.speakerButtons.get(label);
+      if (!button) {
+        button = document.createElement("button");
+        button.className = "speaker-name";
+        button.addEventListener("click", () => renameSpeaker(label));
+        state.speakerButtons.set(label, button);
+      }
       const all = labelsShownAs(label, labels).join(" + ");
-      button.className = "speaker-name";
-      button.textContent = state.names.has(label) ? `${state.names.get(label)} (${all})` : all;
+      setText(button, state.names.has(label) ? `${state.names.get(label)} (${all})` : all);
       button.style.color = speakerColour(label);
       button.disabled = !canRename();
-      button.addEventListener("click", () => renameSpeaker(label));
       return button;
     });
-  $("speakers-list").replaceChildren(...buttons);
+  for (const [label, button] of state.speakerButtons) {
+    if (!buttons.includes(button)) state.speakerButtons.delete(label); // merged away
+  }
+  placeChildren($("speakers-list"), buttons);
   $("merge-speakers").disabled = !canRename() || buttons.length < 2;
   $("speakers").hidden = buttons.length === 0;
-  // the captions' speaker buttons too: after the final or offline a click did nothing while
-  // they looked live (a trial)
-  for (const line of $("finals").children) {
-    const who = line.children && line.children[1];
-    if (who && who.type === "button") who.disabled = !canRename();
+  // the captions' speaker buttons too (after the final or offline a click did nothing while
+  // they looked live: a trial), and their names
+  relabelCaptions();
+}
+
+// `parent` shows `nodes`, in this order. A child that stays is not taken out and put back:
+// that would take the keyboard focus off it, and a live region would read it out again.
+function placeChildren(parent, nodes) {
+  const keep = new Set(nodes);
+  for (const child of [...parent.children]) if (!keep.has(child)) child.remove();
+  let next = parent.firstElementChild;
+  for (const node of nodes) {
+    if (node === next) next = next.nextElementSibling;
+    else parent.insertBefore(node, next);
   }
+}
+
+// A write of the same text still replaces the node's text, which a live region may read out
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
 }
 
 // The labels of a merge as typed: "S03 S01", "S03 into S01", "s03 -> s01", "S03=S01", ...
@@ -609,13 +635,7 @@ function mergeSpeakers() {
   sendAwaiting(state.ws, JSON.stringify({ type: "speaker.merge", speaker: label, into }));
 }
 
-// Everything that shows a speaker, again (after a name changed, or the connection did)
-function renderNames() {
-  $("finals").replaceChildren(...state.finals.map(segmentElement));
-  $("partial").replaceChildren(...state.partial.map(segmentElement));
-  renderSpeakers();
-}
-
+// A caption line: [its times, its speaker, its text] (relabelCaptions finds the speaker there)
 function segmentElement(seg) {
   const div = document.createElement("div");
   div.className = "segment";
@@ -627,23 +647,66 @@ function segmentElement(seg) {
   const nameable = SPEAKER_LABEL.test(seg.speaker);
   const who = document.createElement(nameable ? "button" : "span");
   who.className = "speaker";
-  who.textContent = speakerName(seg.speaker);
-  // the colour of the label it shows as (a merged one's target's), named or not
-  who.style.color = speakerColour(shownLabel(seg.speaker));
   if (nameable) {
-    const shown = shownLabel(seg.speaker); // a merged label names its target
     who.type = "button";
-    who.disabled = !canRename();
-    who.title = `${shown}: click to name`;
-    who.setAttribute("aria-label", state.names.has(shown)
-      ? `${state.names.get(shown)} (${shown}): rename this speaker`
-      : `${shown}: name this speaker`);
     who.addEventListener("click", () => renameSpeaker(seg.speaker));
   }
+  showSpeaker(who, seg.speaker);
   const text = document.createElement("span");
   text.textContent = seg.text;
   div.append(time, who, text);
   return div;
+}
+
+// A caption line's speaker element as the label `label` shows now: its name (or the label),
+// the colour of the label it shows as (a merged one's target's), and on a button what a
+// click does (a merged label names its target) and whether it can
+function showSpeaker(who, label) {
+  const shown = shownLabel(label);
+  setText(who, speakerName(label));
+  who.style.color = speakerColour(shown);
+  if (who.type !== "button") return;
+  who.disabled = !canRename();
+  who.title = `${shown}: click to name`;
+  const description = state.names.has(shown)
+    ? `${state.names.get(shown)} (${shown}): rename this speaker`
+    : `${shown}: name this speaker`;
+  if (who.getAttribute("aria-label") !== description) who.setAttribute("aria-label", description);
+}
+
+// Every caption line's speaker, in place, as the names and merges say now: lines rebuilt
+// for a rename took the focus off the speaker a keyboard user had named, and a screen reader
+// read the whole list of finals again (a trial). The lines are state.finals' and
+// state.partial's, in order.
+function relabelCaptions() {
+  for (const [list, segments] of [[$("finals"), state.finals], [$("partial"), state.partial]]) {
+    [...list.children].forEach((line, i) => {
+      if (segments[i]) showSpeaker(line.children[1], segments[i].speaker);
+    });
+  }
+}
+
+// What a caption line shows of its segment, its speaker as the segment labels it
+function lineKey(seg) {
+  return JSON.stringify([seg.start, seg.end, seg.speaker, seg.text]);
+}
+
+// The finals shown become `segments` (transcript.final's, or after a revision). A line that
+// reads the same as one of them stays the element it is (the final's segments are mostly the
+// finals shown, a revision's often read as the finals they supersede), so the focus stays on
+// it and a screen reader reads out only the lines put in (#finals: aria-relevant additions).
+function showFinals(segments) {
+  const shown = new Map(); // lineKey -> the lines shown that read so, in order
+  [...$("finals").children].forEach((line, i) => {
+    const key = lineKey(state.finals[i]);
+    shown.set(key, [...(shown.get(key) || []), line]);
+  });
+  const lines = segments.map((seg) => {
+    const same = shown.get(lineKey(seg));
+    return same && same.length ? same.shift() : segmentElement(seg);
+  });
+  state.finals = segments;
+  placeChildren($("finals"), lines);
 }
 
 // Labels not seen before join the speakers list
@@ -706,7 +769,7 @@ function onEvent(ev) {
         state.merged = new Map();
       }
       state.revise = Boolean(ev.revise);
-      renderNames(); // the speakers list can be used again
+      renderSpeakers(); // the speakers list can be used again
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
       showExport(state.captions, state.startedAt, "(the finals so far)");
@@ -747,7 +810,7 @@ function onEvent(ev) {
       if (typeof ev.speaker !== "string") break;
       if (typeof ev.name === "string") state.names.set(ev.speaker, ev.name);
       else state.names.delete(ev.speaker); // null: the label shows again
-      renderNames();
+      renderSpeakers();
       // a refused name's reason stayed in the status line for the rest of the meeting
       if (state.nameRefused && state.live && !state.ending && state.liveStatus) {
         setStatus(state.liveStatus);
@@ -757,16 +820,17 @@ function onEvent(ev) {
     case "speaker.merged":
       if (typeof ev.speaker !== "string" || typeof ev.into !== "string") break;
       state.merged.set(ev.speaker, ev.into);
-      renderNames();
+      renderSpeakers();
       break;
     case "transcript.final":
       noteMerged(ev.merged);
       state.finished = true;
       clearSession(); // the meeting is over: nothing to resume after a reload
       state.partial = [];
-      state.finals = ev.segments;
+      $("partial").replaceChildren();
+      showFinals(ev.segments);
       for (const seg of ev.segments) state.speakers.add(seg.speaker);
-      renderNames(); // the speakers list is disabled: the meeting is over
+      renderSpeakers(); // the speakers list is disabled: the meeting is over
       if (state.nothing && !ev.segments.length) {
         setStatus("stopped before the microphone gave any audio: nothing recorded");
       } else {
@@ -783,9 +847,9 @@ function onEvent(ev) {
     case "transcript.revised":
       noteMerged(ev.merged);
       state.revisionPending = false;
-      state.finals = revisedFinals(state.finals, ev);
+      showFinals(revisedFinals(state.finals, ev));
       for (const seg of ev.segments) state.speakers.add(seg.speaker);
-      renderNames(); // the names given to labels stay: the revision carries the same labels
+      renderSpeakers(); // the names given to labels stay: the revision carries the same labels
       showRevision(`revised: the transcript below is a pass over the whole meeting ` +
                    `(${ev.segments.length} segments)`);
       showExport(state.captions, state.startedAt, "(revised)");
@@ -933,6 +997,7 @@ async function start(saved) {
   $("resume").hidden = true;
   $("finals").replaceChildren();
   $("partial").replaceChildren();
+  $("speakers-list").replaceChildren();
   $("overlay").hidden = true;
   $("export").hidden = true;
   $("revision").hidden = true;
@@ -947,7 +1012,7 @@ async function start(saved) {
     revise: false, revisionPending: false, error: null, violations: 0, probedAt: 0, refused: null,
     stoppedAt: 0,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
-    attempt: 0, reloaded: Boolean(saved), afterReload: false,
+    speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
     captions: saved ? { session_id: saved.session_id, captions_token: saved.captions_token }
                     : null,

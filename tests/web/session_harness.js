@@ -23,6 +23,8 @@
 // "scroll" (captions coming in while the page is at its bottom, then scrolled up), "a11y" (a
 // caption's speaker as a button; Copy's feedback, CLIPBOARD and EXEC_COPY saying how it goes),
 // "times" (the caption lines' times; the final's status, FINISH its finish_reason, DURATION),
+// "inplace" (renames, a merge, the final and a revision change only the caption lines and
+// speaker buttons they concern, in place: the keyboard focus stays, nothing else is re-read),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -34,7 +36,8 @@ const { stubBrowser, sleep } = require("./stub_browser");
 const [source, scenario] = process.argv.slice(2);
 const NOW = Date.UTC(2026, 11, 5, 14, 30, 15); // the meeting's start: 2026-12-05 14:30 UTC
 
-const { element, sockets, speak, sandbox: browserSandbox, worklet, microphones } = stubBrowser();
+const { element, sockets, speak, sandbox: browserSandbox, worklet, microphones, mutations,
+        focused, inLiveRegion } = stubBrowser();
 
 class FakeStorage {
   constructor(items) { this.items = { ...items }; }
@@ -628,6 +631,79 @@ async function recentScenario(storage, lasting) {
   return out;
 }
 
+// What the live region of the finals (index.html: #finals) was changed by since mutation
+// `mark`: the lines put into it, and the nodes in it whose text was written
+function liveChanges(mark) {
+  const changes = mutations.slice(mark).filter((m) => inLiveRegion(m, ["finals"]));
+  return { added: changes.filter((m) => m.added).length,
+           texts: changes.filter((m) => m.text).map((m) => m.text.textContent) };
+}
+
+// A keyboard user names a speaker (Enter on a button: the button has the focus when the
+// server's answer comes) and merges two; then the final and a revision come. Each rebuilt the
+// whole list of finals: the focus went to the page's body, and a screen reader could read
+// every final again (a trial).
+async function inPlaceScenario() {
+  const ws = await startMeeting({ revise: true });
+  const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02"),
+                  said("seg-0002", 2, "S01")];
+  for (const f of finals) ws.receive(f);
+  ws.receive({ type: "segment.partial", rev: 1,
+               segments: [{ id: "", start: 3, end: 4, speaker: "S01", text: "and" }] });
+  const lines = () => element("finals").children.slice();
+  const before = lines();
+  const out = {};
+  // on a caption line
+  let mark = mutations.length;
+  const pressed = before[2].children[1];
+  pressed.focus();
+  answers.push("Alice");
+  pressed.listeners.click();
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  out.renamed = { focusKept: focused() === pressed, sameLines: lines().every((l, i) => l === before[i]),
+                  live: liveChanges(mark), shown: shownSpeakers(),
+                  partial: element("partial").children[0].children[1].textContent };
+  // in the speakers list
+  mark = mutations.length;
+  const listed = element("speakers-list").children[1];
+  listed.focus();
+  answers.push("Bob");
+  listed.listeners.click();
+  ws.receive({ type: "speaker.renamed", speaker: "S02", name: "Bob" });
+  out.listRenamed = { focusKept: focused() === listed,
+                      sameButton: element("speakers-list").children[1] === listed,
+                      list: speakersList(), live: liveChanges(mark) };
+  // a merge: S02's line shows S01's name, S02 leaves the speakers list
+  mark = mutations.length;
+  pressed.focus();
+  answers.push("S02 S01");
+  element("merge-speakers").listeners.click();
+  ws.receive(merged("S02", "S01"));
+  out.merged = { focusKept: focused() === pressed, sameLines: lines().every((l, i) => l === before[i]),
+                 live: liveChanges(mark), shown: shownSpeakers(), list: speakersList() };
+  // the final: the finals shown, and one the partial showed (from_partial)
+  element("stop").listeners.click();
+  await sleep(300);
+  mark = mutations.length;
+  const last = { ...said("seg-0003", 3, "S01"), text: "and", flags: ["from_partial"] };
+  ws.receive(finalOf([...finals, last]));
+  out.final = { focusKept: focused() === pressed, sameLines: before.every((l, i) => l === lines()[i]),
+                live: liveChanges(mark), captions: shownCaptions(),
+                partialLines: element("partial").children.length, disabled: pressed.disabled };
+  // a revision: seg-0000 and seg-0002 read the same again (their lines stay), seg-0001 and
+  // seg-0003 become one new line
+  const kept = lines();
+  mark = mutations.length;
+  ws.receive({ type: "transcript.revised", finish_reason: "stop",
+               supersedes: ["seg-0000", "seg-0001", "seg-0002", "seg-0003"],
+               segments: [{ ...finals[0], id: "rev-0001" }, { ...finals[2], id: "rev-0002" },
+                          { ...said("rev-0003", 1, "S02"), end: 4, text: "hello and" }] });
+  const now = lines();
+  out.revised = { focusKept: focused() === pressed, live: liveChanges(mark),
+                  captions: shownCaptions(), kept: [now[0] === kept[0], now[2] === kept[2]] };
+  return out;
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -776,7 +852,7 @@ async function expiredScenario(storage) {
                       reload8k: reload8kScenario, micgone: micGoneScenario,
                       recent: recentScenario, stale: staleScenario,
                       lateclick: lateClickScenario, scroll: scrollScenario,
-                      a11y: a11yScenario, times: timesScenario };
+                      a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -2,7 +2,14 @@
 // session_harness.js): elements made on first lookup, WebSockets and a microphone the harness
 // drives by hand. `stubBrowser()` gives one page's worth:
 // - element(id): the page element `id` ({textContent, disabled, style, listeners, children,
-//   attributes}; one the page made has its tagName);
+//   attributes, parentNode}; one the page made has its tagName); children move as in a DOM
+//   (append, insertBefore, remove, replaceChildren take a node from where it was), and a node
+//   taken out of its parent takes the keyboard focus (`focus()`) along, as a browser's focus
+//   fixup does: `focused()` is then the body;
+// - mutations: what the page changed, in order: {added: node, to: parent} for each node put
+//   into a parent, {text: node} for each write of a node's textContent, each with `within`,
+//   the changed node's ancestors then (a live region reads out both, as its aria-relevant
+//   allows: inLiveRegion tells whether a change was made inside one);
 // - sockets: every FakeWebSocket the page opened, in order: open(), receive(event),
 //   drop(code); `sent` holds text frames parsed and binary ones as {frame, frames} (the
 //   frame's first sample, its sample count); `closedByPage`: the page called close();
@@ -17,18 +24,74 @@
 //   window's `listeners` hold its event listeners by type (beforeunload, pagehide).
 function stubBrowser() {
   const elements = {};
+  const mutations = [];
+  const focus = { element: null };
+  // `node` (an element, or a string: a text node) leaves its parent; the focus inside it goes
+  function detach(node) {
+    const parent = node && node.parentNode;
+    if (!parent) return;
+    parent.children.splice(parent.children.indexOf(node), 1);
+    node.parentNode = null;
+    if (contains(node, focus.element)) focus.element = element("body");
+  }
+  function ancestors(node) {
+    const all = [];
+    for (let n = node; n; n = n.parentNode) all.push(n);
+    return all;
+  }
+  function contains(node, other) {
+    for (let n = other; n; n = n.parentNode) if (n === node) return true;
+    return false;
+  }
+  // `node` goes into `parent` before `ref` (null: at its end)
+  function adopt(parent, node, ref) {
+    if (typeof node === "object") detach(node);
+    const at = ref ? parent.children.indexOf(ref) : parent.children.length;
+    parent.children.splice(at < 0 ? parent.children.length : at, 0, node);
+    if (typeof node === "object") node.parentNode = parent;
+    mutations.push({ added: node, to: parent, within: ancestors(parent) });
+  }
   function element(id) {
     if (!elements[id]) {
+      let text = "";
       elements[id] = {
-        id, disabled: false, textContent: "", style: {}, listeners: {}, children: [],
-        attributes: {},
+        id, disabled: false, style: {}, listeners: {}, children: [], attributes: {},
+        parentNode: null,
+        get textContent() { return text; },
+        set textContent(value) {
+          text = value;
+          mutations.push({ text: this, within: ancestors(this) });
+        },
         addEventListener(type, fn) { this.listeners[type] = fn; },
         setAttribute(name, value) { this.attributes[name] = String(value); },
-        replaceChildren(...c) { this.children = c; },
-        append(...c) { this.children.push(...c); },
+        getAttribute(name) { return name in this.attributes ? this.attributes[name] : null; },
+        replaceChildren(...c) {
+          for (const old of [...this.children]) detach(old);
+          this.children = [];
+          this.append(...c);
+        },
+        append(...c) { for (const node of c) adopt(this, node, null); },
+        insertBefore(node, ref) {
+          adopt(this, node, ref);
+          return node;
+        },
+        remove() { detach(this); },
+        focus() { focus.element = this; },
+        get firstElementChild() { return this.children.find((c) => typeof c === "object") || null; },
+        get nextElementSibling() {
+          const siblings = this.parentNode ? this.parentNode.children : [];
+          return siblings.slice(siblings.indexOf(this) + 1)
+            .find((c) => typeof c === "object") || null;
+        },
       };
     }
     return elements[id];
+  }
+  const focused = () => focus.element || element("body");
+  // `mutation` changed a live region (an element whose aria-live the page set, or one of
+  // `regions`: ids of those index.html marks) as it was then
+  function inLiveRegion(mutation, regions) {
+    return mutation.within.some((n) => regions.includes(n.id) || n.attributes["aria-live"]);
   }
 
   const sockets = [];
@@ -77,7 +140,8 @@ function stubBrowser() {
 
   function sandbox(extra) {
     return {
-      document: { getElementById: element,
+      document: { getElementById: element, body: element("body"),
+                  get activeElement() { return focus.element || element("body"); },
                   createElement: (tag) => Object.assign(element(`new-${Math.random()}`),
                                                         { tagName: tag.toUpperCase() }) },
       window: { isSecureContext: true, listeners: {},
@@ -104,7 +168,8 @@ function stubBrowser() {
     };
   }
 
-  return { element, sockets, speak, sandbox, worklet, microphones };
+  return { element, sockets, speak, sandbox, worklet, microphones, mutations, focused,
+           inLiveRegion };
 }
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));

@@ -39,6 +39,9 @@ def test_the_recorders_status_and_captions_are_read_out_as_they_change() -> None
     assert page["status"][1].get("aria-live") == "polite"
     assert page["finals"][1].get("aria-live") == "polite"
     assert page["finals"][1].get("role") == "log"
+    # a speaker's new name on the lines shown (changed in place), or a line a revision
+    # removes, is not news: only the lines put in are read out
+    assert page["finals"][1].get("aria-relevant") == "additions"
     assert page["partial"][1].get("aria-live") is None
     assert page["overlay-copied"][1].get("role") == "status"
 
