@@ -132,9 +132,14 @@ const STORAGE_KEY = "livemeet.recorder.session";
 // after it) takes its sessionStorage along, and with it the way to the meeting's transcript,
 // which the server keeps: a new tab lists these with their downloads. Only the captions
 // token, which reads the captions and the transcript: the resume token stays with the tab.
-// "Forget them" clears the list (a shared computer).
+// A meeting joins the list once the server acknowledged some of its audio: one that never
+// had any (Start, then the tab closed or Stop) has nothing to download, and took the place of
+// one that had (a trial). "Forget them" clears the list (a shared computer).
 const RECENT_KEY = "livemeet.recorder.meetings";
 const RECENT_MEETINGS = 5;
+// a session id's characters the list shows (its ids are 32 hex digits; the status line shows
+// the whole id while recording)
+const SHORT_ID_CHARS = 8;
 // sessionStorage key of the API key typed in the page: this tab only, gone with it
 const API_KEY_STORAGE_KEY = "livemeet.recorder.api_key";
 const ALIVE_EVERY_MS = 1000; // alive_at is refreshed on acks at most this often
@@ -175,6 +180,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, watchdog: null,
                 // the last ask of the transcript resource after `end` (FINAL_QUIET_MS)
                 probedAt: 0, probing: false,
+                // the meeting is in the recent meetings (RECENT_KEY): it has audio
+                remembered: false,
                 // the status while recording, and whether a refused name's reason replaced it
                 liveStatus: "", nameRefused: false,
                 // Stop waits for the worklet's last samples (onFlushed: when they came);
@@ -281,7 +288,7 @@ function saveRecentMeetings(list) {
   } catch (e) { /* full or refused: the list is a convenience */ }
 }
 
-// This meeting joins the list (once: a resume keeps its place)
+// This meeting joins the list (a resume keeps its place)
 function rememberMeeting(captions, startedAt) {
   const list = recentMeetings().filter((m) => m.session_id !== captions.session_id);
   saveRecentMeetings([{ session_id: captions.session_id, captions_token: captions.captions_token,
@@ -449,12 +456,13 @@ function transcriptUrl(sessionId, captionsToken, responseFormat) {
 }
 
 // Ask a session's transcript resource what it holds: {ok, status (HTTP), kept: its
-// X-Livemeet-Transcript-Status ("running", "final", "revised"; null unless ok)}. Rejects
-// where no server answers.
-async function askTranscript(sessionId, captionsToken) {
-  const resp = await fetch(transcriptUrl(sessionId, captionsToken, "text"));
+// X-Livemeet-Transcript-Status ("running", "final", "revised"; null unless ok), response:
+// the transcript as `responseFormat`}. Rejects where no server answers.
+async function askTranscript(sessionId, captionsToken, responseFormat = "text") {
+  const resp = await fetch(transcriptUrl(sessionId, captionsToken, responseFormat));
   return { ok: resp.ok, status: resp.status,
-           kept: resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : null };
+           kept: resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : null,
+           response: resp };
 }
 
 // "meeting-2026-12-05-1430.srt": the meeting's start, in local time
@@ -751,6 +759,14 @@ function noteMerged(merged) {
   }
 }
 
+// The server holds `offset` frames of this meeting's audio: the first that are the user's
+// (not Stop's moment of silence, EMPTY_STOP_S) make it one of the recent meetings
+function noteAudioHeld(offset) {
+  if (state.remembered || !(offset > 0) || state.nothing || !state.captions) return;
+  state.remembered = true;
+  rememberMeeting(state.captions, state.startedAt);
+}
+
 function lostNote() {
   const lost = state.buffer ? state.buffer.lostFrames / state.format.sample_rate : 0;
   return (lost > 0 ? ` (${lost.toFixed(1)} s of audio lost while offline)` : "") +
@@ -773,7 +789,7 @@ function onEvent(ev) {
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
       showExport(state.captions, state.startedAt, "(the finals so far)");
-      if (state.captions) rememberMeeting(state.captions, state.startedAt);
+      noteAudioHeld(ev.offset); // a resumed session's audio
       if (state.ending) { // Stop came before this resume: `end` is sent (again)
         setStatus(`finishing… (reconnected to session ${ev.session_id}: waiting for its ` +
                   "final transcript)");
@@ -792,6 +808,7 @@ function onEvent(ev) {
       break;
     case "audio.ack":
       state.buffer.ack(ev.offset);
+      noteAudioHeld(ev.offset);
       if (Date.now() - state.aliveAt >= ALIVE_EVERY_MS) saveSession();
       break;
     case "segment.partial":
@@ -944,35 +961,47 @@ async function offerTranscript(captions, startedAt) {
 const RECENT_NOTES = { running: " (still running)", final: "", revised: " (revised)" };
 
 // The earlier meetings of RECENT_KEY the server still has, with their downloads (a tab closed
-// mid-meeting leaves no other way to them); one it no longer has (404: past `serve
-// --retention-days`, or another server; 401) leaves the list. Not the meeting this page
-// offers to resume: its downloads are shown already.
+// mid-meeting leaves no other way to them) and the length of their audio; one it no longer
+// has (404: past `serve --retention-days`, or another server; 401) leaves the list, and so
+// does one that holds no audio (kept by an older page: nothing to download). Not the meeting
+// this page offers to resume: its downloads are shown already.
 async function showRecent() {
   const offered = state.stored ? state.stored.session_id : null;
   const checked = await Promise.all(recentMeetings().map(async (m) => {
     if (m.session_id === offered) return { m, show: false };
+    let answer;
     try {
-      const { status, kept } = await askTranscript(m.session_id, m.captions_token);
-      if (status === 404 || status === 401) return { m, gone: true };
-      return { m, show: true, note: RECENT_NOTES[kept] || "" };
+      answer = await askTranscript(m.session_id, m.captions_token, "diarized_json");
     } catch (e) {
       return { m, show: true, note: " (the server did not answer)" };
     }
+    if (answer.status === 404 || answer.status === 401) return { m, gone: true };
+    let audioS = null;
+    try {
+      audioS = (await answer.response.json()).duration;
+    } catch (e) { /* not JSON: listed without its length */ }
+    if (audioS === 0) return { m, gone: true };
+    return { m, show: true, note: RECENT_NOTES[answer.kept] || "", audioS };
   }));
   // read again: a meeting started meanwhile joined the list
   const gone = new Set(checked.filter((c) => c.gone).map((c) => c.m.session_id));
   if (gone.size) saveRecentMeetings(recentMeetings().filter((m) => !gone.has(m.session_id)));
-  const items = checked.filter((c) => c.show).map((c) => recentItem(c.m, c.note));
+  const items = checked.filter((c) => c.show).map((c) => recentItem(c.m, c.note, c.audioS));
   $("recent-list").replaceChildren(...items);
   $("recent").hidden = items.length === 0;
 }
 
-// An earlier meeting: when it started, and its downloads
-function recentItem(meeting, note) {
+// An earlier meeting: when it started (to the second), how much audio it holds (`audioS`, as
+// the server said; null: unknown) and its session id's first characters, and its downloads.
+// Two meetings that started in the same minute read the same with the start alone (a trial).
+function recentItem(meeting, note, audioS) {
   const li = document.createElement("li");
   const when = document.createElement("span");
+  const length = typeof audioS === "number" ? `, ${duration(audioS)} of audio` : "";
   when.textContent = new Date(meeting.started_at).toLocaleString([], {
-    dateStyle: "medium", timeStyle: "short" }) + `${note}:`;
+    dateStyle: "medium", timeStyle: "medium" }) + length +
+    `, session ${meeting.session_id.slice(0, SHORT_ID_CHARS)}${note}:`;
+  when.title = `session ${meeting.session_id}`;
   li.append(when);
   for (const [id, format, ext] of EXPORTS) {
     const link = document.createElement("a");
@@ -1010,7 +1039,7 @@ async function start(saved) {
     flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
     restarting: false,
     revise: false, revisionPending: false, error: null, violations: 0, probedAt: 0, refused: null,
-    stoppedAt: 0,
+    stoppedAt: 0, remembered: false,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,

@@ -61,7 +61,13 @@ const fetched = [];
 const answers = [];
 const prompts = [];
 // the transcripts of sessions other than s-1: "gone" the server no longer has (404), "down"
-// finds no server, "r-*" still run; the others are final
+// finds no server, "r-*" still run; the others are final. "e-*" hold no audio (a meeting an
+// older page listed before its first audio), "a" 12:34.5 of it, the others 5.25 s.
+function audioOf(url) {
+  const id = /\/sessions\/([^/]+)\/transcript/.exec(url);
+  if (id && id[1].startsWith("e-")) return 0;
+  return id && id[1] === "a" ? 754.5 : 5.25;
+}
 function transcriptOf(url, transcriptStatus) {
   const id = /\/sessions\/([^/]+)\/transcript/.exec(url);
   if (id && id[1] === "down") throw new TypeError("Failed to fetch");
@@ -82,7 +88,7 @@ function makeSandbox(storage, transcriptStatus, lasting) {
       const ok = kept !== null;
       return { ok, status: ok ? 200 : 404,
                headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? kept : null) },
-               text: async () => "", json: async () => ({}) };
+               text: async () => "", json: async () => ({ duration: audioOf(url) }) };
     },
     sessionStorage: storage,
     localStorage: lasting,
@@ -524,13 +530,16 @@ async function micGoneScenario() {
 }
 
 // localStorage's list of the meetings this browser recorded last (a tab closed mid-meeting
-// left no way to its transcript: a trial): six, one without a token, one the server no longer
-// has, one it cannot be asked about, one still running
+// left no way to its transcript: a trial): seven, one without a token, one the server no
+// longer has, one it cannot be asked about, one still running
 const RECENT = "livemeet.recorder.meetings";
+// (and, among the five read: one an older page kept that holds no audio, and two that started
+// in the same minute, "down" 10 s before "a")
 function earlierMeetings() {
   const m = (id, hoursAgo) => ({ session_id: id, captions_token: `t-${id}`,
                                  started_at: NOW - hoursAgo * 3600000 });
-  return { [RECENT]: JSON.stringify([m("r-1", 1), m("gone", 2), m("down", 3),
+  return { [RECENT]: JSON.stringify([m("r-1", 1), m("gone", 2), m("e-1", 2.5),
+                                     { ...m("down", 4), started_at: NOW - 4 * 3600000 - 10000 },
                                      { session_id: "bad", started_at: NOW }, m("a", 4),
                                      m("b", 5), m("c", 6)]) };
 }
@@ -615,16 +624,31 @@ async function recentScenario(storage, lasting) {
   const ids = () => JSON.parse(lasting.items[RECENT] || "[]").map((m) => m.session_id);
   const out = { hidden: element("recent").hidden, listed: listed(), stored: ids() };
   out.idle = beforeUnload();
-  await startMeeting();
+  const first = await startMeeting();
+  out.storedReady = ids(); // no audio yet
+  speak();
+  first.receive({ type: "audio.ack", offset: 1600 });
   out.storedLive = ids();
   out.recording = beforeUnload();
   element("stop").listeners.click();
   await sleep(300);
   out.stopping = beforeUnload();
-  sockets[0].receive(finalOf([]));
-  sockets[0].drop(1000);
-  await startMeeting({ session_id: "s-2" }); // a second meeting: the oldest leaves the list
-  out.storedSecond = ids();
+  first.receive(finalOf([]));
+  first.drop(1000);
+  // Stop before the microphone gave audio: only the page's moment of silence is acknowledged
+  const empty = await startMeeting({ session_id: "s-2" });
+  element("stop").listeners.click();
+  await sleep(300);
+  empty.receive({ type: "audio.ack", offset: 320 });
+  empty.receive({ ...finalOf([]), duration: 0.02 });
+  empty.drop(1000);
+  out.storedEmpty = ids();
+  for (const id of ["s-3", "s-4"]) { // two more meetings: the oldest leaves the list
+    const ws = await startMeeting({ session_id: id });
+    speak();
+    ws.receive({ type: "audio.ack", offset: 1600 });
+  }
+  out.storedLater = ids();
   out.storedEntry = JSON.parse(lasting.items[RECENT])[0];
   element("recent-forget").listeners.click();
   out.forgotten = { stored: lasting.items[RECENT] || null, hidden: element("recent").hidden };

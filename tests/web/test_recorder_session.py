@@ -420,25 +420,47 @@ def test_a_new_tab_lists_the_meetings_this_browser_recorded_with_their_transcrip
     result = run("recent")
     assert result["hidden"] is False
     listed = result["listed"]
-    # r-1, down, a, b: at most 5 read (c is the 6th), gone (404) and the one without a token
-    # left out; each with its start in local time (its format the locale's)
-    assert [len(links) for _, links in listed] == [4] * 4
+    # r-1, down, a: at most 5 read (b and c are the 6th and 7th), gone (404), e-1 (no audio)
+    # and the one without a token left out; each with its start in local time (its format
+    # the locale's)
+    assert [len(links) for _, links in listed] == [4] * 3
     assert listed[0][0].endswith(" (still running):") and "2026" in listed[0][0]
     assert listed[1][0].endswith(" (the server did not answer):")
-    assert "(" not in listed[2][0] + listed[3][0]
+    assert "(" not in listed[2][0]
     assert listed[2][1][1] == [
         "SRT", "https://meet.example:8000/v1/sessions/a/transcript?token=t-a&response_format=srt"
     ]  # fmt: skip
-    assert result["stored"] == ["r-1", "down", "a", "b"]
-    assert result["storedLive"] == ["s-1", "r-1", "down", "a", "b"]
-    assert result["storedSecond"] == ["s-2", "s-1", "r-1", "down", "a"]  # 5 at most
+    assert result["stored"] == ["r-1", "down", "a"]
+    assert result["storedLive"] == ["s-1", "r-1", "down", "a"]
+    assert result["storedLater"] == ["s-4", "s-3", "s-1", "r-1", "down"]  # 5 at most
     # no resume token: it stays with the tab
     assert result["storedEntry"] == {
-        "session_id": "s-2",
+        "session_id": "s-4",
         "captions_token": "c/t+k=",
         "started_at": 1796481015000,
     }
     assert result["forgotten"] == {"stored": None, "hidden": True}
+
+
+def test_the_recent_meetings_hold_audio_and_tell_apart_two_of_the_same_minute() -> None:
+    """The list showed a meeting's start to the minute only, so two that started in the same
+    minute read the same, and it listed meetings that never had any audio (Start, then the tab
+    closed, or Stop): nothing to download (a trial). A meeting now joins the list once the
+    server acknowledged some of its audio (not Stop's moment of silence), one an older page
+    kept that holds none leaves it, and each shows its start to the second, its length as
+    the server has it, and its session id's first characters."""
+    result = run("recent")
+    assert result["storedReady"] == ["r-1", "down", "a"]  # s-1 has no audio yet
+    assert result["storedEmpty"] == ["s-1", "r-1", "down", "a"]  # s-2 stopped before any
+    running, down, final = (text for text, _ in result["listed"])
+    # 14:30:15 UTC: r-1 an hour ago, down 4 h and 10 s ago, a 4 h ago (TZ=UTC)
+    assert "1:30:15" in running and "5.3 s of audio" in running and "session r-1" in running
+    assert "10:30:05" in down and "of audio" not in down and "session down" in down
+    assert "10:30:15" in final and "12:34 of audio" in final and "session a:" in final
+    # the checks ask for the length (diarized_json's duration): e-1's is 0
+    asked = [url for url in result["fetched"] if "/transcript" in url]
+    assert all(url.endswith("response_format=diarized_json") for url in asked)
+    assert any("/sessions/e-1/" in url for url in asked)
 
 
 def test_closing_the_tab_mid_meeting_asks_first() -> None:
