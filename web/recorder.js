@@ -1419,6 +1419,18 @@ function flushMicrophone(done) {
   setTimeout(once, FLUSH_WAIT_MS);
 }
 
+// The controls stay at the top of the window (index.html, #controls: sticky) over what
+// scrolls under them: what the browser scrolls into view (the focus moved by Tab, Shift+Tab
+// back through the captions) must land below them, not under them (found at 375 px wide,
+// where a long status makes them tall)
+function keepClearOfControls() {
+  if (typeof ResizeObserver === "undefined") return; // the page works on without it
+  const controls = $("controls");
+  new ResizeObserver(() => {
+    document.documentElement.style.scrollPaddingTop = `${controls.offsetHeight}px`;
+  }).observe(controls);
+}
+
 function startClicked(saved) {
   start(saved).catch((e) => {
     stopAudio(); // release a microphone that was granted before the failure
@@ -1457,4 +1469,5 @@ $("merge-speakers").addEventListener("click", mergeSpeakers);
 $("overlay-copy").addEventListener("click", copyOverlayUrl);
 $("recent-forget").addEventListener("click", forgetRecent);
 loadApiKey();
+keepClearOfControls();
 showServer().then(offerStored).then(showRecent);

@@ -25,6 +25,7 @@
 // "times" (the caption lines' times; the final's status, FINISH its finish_reason, DURATION),
 // "inplace" (renames, a merge, the final and a revision change only the caption lines and
 // speaker buttons they concern, in place: the keyboard focus stays, nothing else is re-read),
+// "controls" (the sticky controls bar grows: what the browser scrolls into view stays below),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -76,6 +77,13 @@ function transcriptOf(url, transcriptStatus) {
   return transcriptStatus;
 }
 
+// each ResizeObserver the page made: [the element it observes, its callback]
+const resizeObservers = [];
+class FakeResizeObserver {
+  constructor(callback) { this.callback = callback; }
+  observe(node) { resizeObservers.push([node, this.callback]); }
+}
+
 function makeSandbox(storage, transcriptStatus, lasting) {
   const sandbox = browserSandbox({
     location: { host: PAGE.host, protocol: PAGE.protocol, href: PAGE.href },
@@ -93,6 +101,7 @@ function makeSandbox(storage, transcriptStatus, lasting) {
     sessionStorage: storage,
     localStorage: lasting,
     Date: FixedDate,
+    ResizeObserver: FakeResizeObserver,
   });
   sandbox.window.sessionStorage = storage;
   sandbox.window.localStorage = lasting;
@@ -728,6 +737,18 @@ async function inPlaceScenario() {
   return out;
 }
 
+// The controls bar (sticky at the window's top) as a long status makes it taller at 375 px:
+// what the browser scrolls into view (a caption's speaker focused by Shift+Tab) went under it
+async function controlsScenario() {
+  const heights = [];
+  for (const px of [58, 162]) {
+    element("controls").offsetHeight = px;
+    for (const [node, callback] of resizeObservers) if (node === element("controls")) callback([]);
+    heights.push(element("html").style.scrollPaddingTop);
+  }
+  return { heights };
+}
+
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");
 const merged = (speaker, into) => ({ type: "speaker.merged", speaker, into });
 
@@ -876,7 +897,8 @@ async function expiredScenario(storage) {
                       reload8k: reload8kScenario, micgone: micGoneScenario,
                       recent: recentScenario, stale: staleScenario,
                       lateclick: lateClickScenario, scroll: scrollScenario,
-                      a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario };
+                      a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
+                      controls: controlsScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -141,6 +141,7 @@ function stubBrowser() {
   function sandbox(extra) {
     return {
       document: { getElementById: element, body: element("body"),
+                  documentElement: element("html"),
                   get activeElement() { return focus.element || element("body"); },
                   createElement: (tag) => Object.assign(element(`new-${Math.random()}`),
                                                         { tagName: tag.toUpperCase() }) },

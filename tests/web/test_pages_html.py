@@ -60,3 +60,47 @@ def test_only_the_overlay_url_breaks_mid_word() -> None:
     rules = dict(re.findall(r"^\s*(#[\w-]+) \{([^}]*)\}", css, re.M))
     assert "word-break" not in rules["#overlay"]
     assert "word-break: break-all" in rules["#overlay-url"]
+
+
+class _Nesting(HTMLParser):
+    """The ids of each element with an id's ancestors, by id."""
+
+    VOID = {"meta", "link", "input", "br", "img", "hr", "source", "area", "base", "col", "wbr"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open: list[str] = []  # the ids (or "") of the elements open now
+        self.ancestors: dict[str, list[str]] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element_id = str(dict(attrs).get("id") or "")
+        if element_id:
+            self.ancestors[element_id] = [a for a in self.open if a]
+        if tag not in self.VOID:
+            self.open.append(element_id)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag not in self.VOID:
+            self.open.pop()
+
+
+def test_the_recorders_controls_stay_in_view_and_fit_a_phone() -> None:
+    """On a long meeting Start, Stop and the status line scrolled out of view with the top of
+    the page, and at 375 px the API key field overran the page's column (its padding and
+    border on top of max-width: 100%) (a trial). The buttons and the status now sit in one
+    bar that sticks to the window's top (wrapping on a narrow screen), and the field's width
+    holds its padding and border."""
+    nesting = _Nesting()
+    nesting.feed((ROOT / "web" / "index.html").read_text())
+    for control in ("start", "resume", "stop", "status"):
+        assert "controls" in nesting.ancestors[control], control
+    css = (ROOT / "web" / "index.html").read_text()
+    rules = {
+        selector: dict(re.findall(r"([\w-]+):\s*([^;]+);", body))
+        for selector, body in re.findall(r"^\s*(#[\w-]+) \{([^}]*)\}", css, re.M)
+    }
+    assert rules["#controls"]["position"] == "sticky" and rules["#controls"]["top"] == "0"
+    assert rules["#controls"]["flex-wrap"] == "wrap"
+    assert "background" in rules["#controls"]  # the captions scroll under it, unseen
+    assert rules["#api-key"]["box-sizing"] == "border-box"
+    assert rules["#api-key"]["max-width"] == "100%"

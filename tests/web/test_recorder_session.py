@@ -588,3 +588,10 @@ def test_names_merges_the_final_and_a_revision_change_the_captions_in_place() ->
     assert revised["live"] == {"added": 1, "texts": []}
     assert revised["captions"] == [["Alice", "seg-0000"], ["Alice", "hello and"],
                                    ["Alice", "seg-0002"]]  # fmt: skip
+
+
+def test_what_the_browser_scrolls_into_view_lands_below_the_sticky_controls() -> None:
+    """With the controls stuck to the window's top, Shift+Tab back through the captions put
+    the focused speaker under them (Chromium at 375 px, a trial): the page keeps the
+    document's scroll-padding-top at the bar's height as it changes."""
+    assert run("controls")["heights"] == ["58px", "162px"]
