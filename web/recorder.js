@@ -4,8 +4,9 @@
 // audio the server has not acknowledged (`audio.ack`) and sends it again from the offset the
 // resumed `session.ready` reports; finals it has shown already are skipped by id. So is a close
 // for a message of the page's that the server refused (4400, 4402, 4415: it keeps the session,
-// docs/protocol.md "Closing"), at most MAX_VIOLATION_RESUMES times a meeting, and a socket that
-// has gone silent (a dead network path sends no close: the watchdog, ACK_TIMEOUT_MS).
+// docs/protocol.md "Closing"), at most MAX_VIOLATION_RESUMES times a meeting (the next such
+// close ends the meeting: windUp), and a socket that has gone silent (a dead network path
+// sends no close: the watchdog, ACK_TIMEOUT_MS).
 // Downloads of the transcript (JSON, SRT, VTT, text) link to the server's transcript resource
 // (docs/protocol.md, "Other endpoints"), which renders them with the uploads' writers.
 // A page reload does not end the meeting either: while a session is live the page keeps it in
@@ -61,7 +62,9 @@ const RESUMABLE_CLOSES = [1005, 1006, SERVICE_RESTART];
 // bad_audio 4415): it closes the socket, not the session, which it keeps for a resume as after
 // a drop (docs/protocol.md, "Closing": a client's violation costs nothing of its meeting), so
 // the page says so and resumes; at most this many times a meeting, in case the page keeps
-// sending what the server refuses (then the close is final)
+// sending what the server refuses. The next such close ends the meeting (windUp): left
+// alone, the session waited out its resume window (60 s) before the server ended it and its
+// transcript completed (a trial).
 const VIOLATION_CLOSES = [4400, 4402, 4415];
 const MAX_VIOLATION_RESUMES = 3;
 // A dead network path (packets dropped, no close: a Wi-Fi that went, a NAT that forgot the
@@ -174,6 +177,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // the server's last error ({code, message}) on this socket, and how many of
                 // this meeting's closes for a refused message were resumed
                 error: null, violations: 0, refused: null,
+                // refused too often: the page ends the meeting (windUp), the last refusal;
+                // the audio that then went unsent (frames)
+                windingUp: null, unsentFrames: 0,
                 // the current socket opened; when the page last heard from the server; since
                 // when it owes an answer (a send since it was last heard from, or the
                 // socket's open and session.ready; 0: none); when Stop was pressed
@@ -790,6 +796,12 @@ function onEvent(ev) {
       showOverlayUrl(ev);
       showExport(state.captions, state.startedAt, "(the finals so far)");
       noteAudioHeld(ev.offset); // a resumed session's audio
+      if (state.windingUp) {
+        setStatus(`ending the meeting (the server refused a message of this page ` +
+                  `${state.violations} times, the last: ${state.windingUp}): waiting for its ` +
+                  "final transcript…");
+        break;
+      }
       if (state.ending) { // Stop came before this resume: `end` is sent (again)
         setStatus(`finishing… (reconnected to session ${ev.session_id}: waiting for its ` +
                   "final transcript)");
@@ -852,7 +864,7 @@ function onEvent(ev) {
         setStatus("stopped before the microphone gave any audio: nothing recorded");
       } else {
         setStatus(`done: ${duration(ev.duration)} of audio transcribed` +
-                  `${FINISH_NOTES[ev.finish_reason] || ""}${lostNote()}`);
+                  `${FINISH_NOTES[ev.finish_reason] || ""}${lostNote()}${windUpNote()}`);
       }
       showExport(state.captions, state.startedAt, "(final)");
       state.revisionPending = state.revise;
@@ -1039,6 +1051,7 @@ async function start(saved) {
     flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
     restarting: false,
     revise: false, revisionPending: false, error: null, violations: 0, probedAt: 0, refused: null,
+    windingUp: null, unsentFrames: 0,
     stoppedAt: 0, remembered: false,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -1282,6 +1295,10 @@ function onReady(ws, ev) {
   }
   if (state.session) saveSession();
   state.buffer.ack(ev.offset);
+  if (state.windingUp) {
+    endRefusedMeeting(ws, ev.offset);
+    return;
+  }
   for (const data of state.buffer.from(ev.offset)) sendAwaiting(ws, data);
   state.live = true;
   // Stop came while offline (or a drop came after `end`: the server ignores a second one);
@@ -1289,6 +1306,41 @@ function onReady(ws, ev) {
   if (state.ending) {
     if (!state.flushing) sendAwaiting(ws, JSON.stringify({ type: "end" }));
   } else $("stop").disabled = false;
+}
+
+// The server refused a message of this page once more after MAX_VIOLATION_RESUMES resumes
+// (`why`): the recording stops, and one last resume ends the meeting (endRefusedMeeting), so
+// that its final transcript comes now rather than once the server's resume window ran out.
+function windUp(why) {
+  state.windingUp = why;
+  stopAudio();
+  state.micLost = false;
+  $("resume").hidden = true;
+  $("stop").disabled = true;
+  state.ending = true;
+  if (!state.stoppedAt) state.stoppedAt = Date.now(); // FINAL_GIVE_UP_MS applies
+}
+
+// The last resume of windUp: no audio (what the server refused may be in it: a frame it
+// would refuse again), only `end`, after a moment of silence where the session holds no audio
+// on disk (`end` needs some: docs/protocol.md; the server skips it if it has those frames)
+function endRefusedMeeting(ws, offset) {
+  state.unsentFrames = Math.max(0, state.buffer.next - offset);
+  if (!offset) {
+    sendAwaiting(ws, new ArrayBuffer(Math.round(state.format.sample_rate * EMPTY_STOP_S) *
+                                     BYTES_PER_FRAME));
+  }
+  sendAwaiting(ws, JSON.stringify({ type: "end" }));
+  state.live = true;
+}
+
+// What the final's status adds after windUp: why the meeting ended, and what it lacks
+function windUpNote() {
+  if (!state.windingUp) return "";
+  const unsentS = state.unsentFrames / state.format.sample_rate;
+  return `; the page ended the meeting after the server refused a message of it ` +
+         `${state.violations} times (the last: ${state.windingUp})` +
+         (unsentS > 0 ? `: its last ${unsentS.toFixed(1)} s of audio were not sent` : "");
 }
 
 function onClose(ws, ev, reached) {
@@ -1300,9 +1352,12 @@ function onClose(ws, ev, reached) {
   if (state.unloading) return; // the page is going: its stored session stays for a resume
   const error = state.error;
   state.error = null;
-  // a refused message: the server kept the session (at most MAX_VIOLATION_RESUMES a meeting)
-  const violation = VIOLATION_CLOSES.includes(ev.code) &&
-                    state.violations < MAX_VIOLATION_RESUMES;
+  // a refused message: the server kept the session (at most MAX_VIOLATION_RESUMES a meeting,
+  // then once more to end it: windUp)
+  const refused = VIOLATION_CLOSES.includes(ev.code);
+  const lastResume = refused && state.violations === MAX_VIOLATION_RESUMES &&
+                     !state.windingUp && !state.finished;
+  const violation = refused && (state.violations < MAX_VIOLATION_RESUMES || lastResume);
   // after the final, only the revision it promised is left to resume for
   const resumable = state.session && (!state.finished || state.revisionPending) &&
                     (RESUMABLE_CLOSES.includes(ev.code) || violation);
@@ -1323,6 +1378,11 @@ function onClose(ws, ev, reached) {
         state.refused = error ? `${error.code}: ${error.message}` : `closed ${ev.code}`;
         why = `the server refused a message of this page (${state.refused}) and kept the ` +
               "meeting";
+      }
+      if (lastResume) {
+        windUp(state.refused);
+        why = `the server refused a message of this page ${state.violations} times (the ` +
+              `last: ${state.refused}): recording stopped; ending the meeting`;
       }
       setStatus(`${why}: reconnecting in ${(delay / 1000).toFixed(1)} s…`);
       state.retry = setTimeout(connect, delay);
@@ -1354,11 +1414,13 @@ function onClose(ws, ev, reached) {
     // where it stopped; a new recording continues on a server that is up
     setStatus("the server restarted: the transcript is final up to here; press Start to go on");
   } else if (VIOLATION_CLOSES.includes(ev.code) && state.session) {
-    // refused once too often: the server still ends the session once its window passes and
-    // stores its transcript (the downloads, shown since session.ready, then serve it)
+    // refused even while the page ended the meeting (windUp): the server ends the session
+    // once its window passes and stores its transcript (the downloads, shown since
+    // session.ready, then serve it)
     setStatus(`${$("status").textContent} (closed ${ev.code}, after ${state.violations} ` +
-              "resumes for refused messages): recording stopped; the server keeps the " +
-              "meeting's transcript, download it below; press Start for a new meeting");
+              "refused messages): recording stopped, and the page could not end the meeting: " +
+              `the server ends it within ${state.windowS} s and keeps its transcript, ` +
+              "download it below then; press Start for a new meeting");
   } else if (ev.code !== 1000 && !resumable) {
     setStatus(`${$("status").textContent} (closed ${ev.code})`);
   }

@@ -352,7 +352,11 @@ async function badNamesScenario() {
 }
 
 // the server refuses a message of the page's (invalid_request, 4400; protocol_error, 4402;
-// bad_audio, 4415) and keeps the session: the page resumes it, at most 3 times a meeting
+// bad_audio, 4415) and keeps the session: the page resumes it, at most 3 times a meeting; at
+// the 4th it ends the meeting with a last resume (the session waited out its resume window
+// before its transcript completed: a trial). LAST says how that resume goes: "final" (the
+// server holds 1,600 frames, the final comes), "empty" (it holds none on disk), "refused"
+// (refused as well)
 async function violationScenario() {
   element("start").listeners.click();
   await sleep(10);
@@ -367,13 +371,34 @@ async function violationScenario() {
                  message: `refused #${i}`, retryable: false });
     ws.drop(code);
     out.statuses.push(element("status").textContent);
+    if (i === 3) break; // the 4th: below
     await sleep(400);
-    if (sockets.length === i + 1) break; // not resumed
     ws = sockets[i + 1];
     ws.open();
     ws.receive(ready({ resumed: true, offset: 1600 }));
     out.resumes.push(ws.sent);
     out.resumedStatuses = [...(out.resumedStatuses || []), element("status").textContent];
+  }
+  out.windUp = { stopDisabled: element("stop").disabled, micReleased: microphones[0].stopped,
+                 asksBeforeClosing: beforeUnload() };
+  await sleep(400);
+  const last = sockets[4];
+  out.lastResume = Boolean(last);
+  if (last) {
+    const how = process.env.LAST || "final";
+    last.open();
+    last.receive(ready({ resumed: true, offset: how === "empty" ? 0 : 1600 }));
+    speak(); // (a microphone the page let go of sends nothing)
+    out.lastSent = last.sent.slice();
+    out.endingStatus = element("status").textContent;
+    if (how === "refused") {
+      last.receive({ type: "error", code: "protocol_error", message: "refused #4",
+                     retryable: false });
+      last.drop(4402);
+    } else {
+      last.receive(finalOf([final("seg-0000", 0)]));
+      last.drop(1000);
+    }
   }
   out.status = element("status").textContent;
   out.start_disabled = element("start").disabled;

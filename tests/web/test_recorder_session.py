@@ -30,6 +30,7 @@ def run(
     exec_copy: str = "no",
     finish: str = "stop",
     duration: str = "3",
+    last: str = "final",
 ) -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
@@ -39,7 +40,7 @@ def run(
         # the file names carry the meeting's local time
         env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
              "FLUSH": flush, "CTX_RATE": context_rate, "CLIPBOARD": clipboard,
-             "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration},
+             "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration, "LAST": last},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -288,7 +289,7 @@ def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
     """The server closes a client's violation (4400, 4402, 4415) with the session kept for a
     resume (docs/protocol.md, "Closing"); the page took the close as final and forgot the
     session, ending the recording. It now says so and resumes (audio from the offset), at
-    most 3 times a meeting: the 4th such close is final."""
+    most 3 times a meeting (the 4th such close ends the meeting: below)."""
     result = run("violation")
     assert len(result["resumes"]) == 3
     for sent in result["resumes"]:
@@ -301,9 +302,49 @@ def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
     resumed = result["resumedStatuses"][0]
     assert resumed.startswith("resumed (session s-1")
     assert "refused a message of this page (invalid_request: refused #0)" in resumed
-    assert "recording stopped" in result["status"] and "closed 4400" in result["status"]
+
+
+@pytest.mark.parametrize("last", ["final", "empty"])
+def test_the_fourth_refused_message_ends_the_meeting_with_its_final(last: str) -> None:
+    """After the 4th refused message the page gave up, and the meeting's transcript completed
+    only once the server's resume window (60 s) ran out (a trial). The page now stops the
+    recording and resumes once more only to send `end` (no audio: what was refused may be in
+    it; a moment of silence where the session holds none, as `end` needs some), shows the
+    final and says why the meeting ended and what was not sent."""
+    result = run("violation", last=last)
+    assert len(result["resumes"]) == 3
+    giving_up = result["statuses"][3]
+    assert "refused a message of this page 4 times" in giving_up
+    assert "(the last: invalid_request: refused #3)" in giving_up
+    assert "recording stopped; ending the meeting: reconnecting" in giving_up
+    assert result["windUp"] == {"stopDisabled": True, "micReleased": True,
+                                "asksBeforeClosing": False}  # fmt: skip
+    assert result["lastResume"] is True
+    start, *sent = result["lastSent"]
+    assert start["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+    if last == "final":
+        assert sent == [{"type": "end"}]
+    else:
+        assert sent == [{"frame": 0, "frames": 320}, {"type": "end"}]
+    assert result["endingStatus"].startswith("ending the meeting (the server refused")
+    unsent = "0.1" if last == "final" else "0.2"  # frame 1, or frames 0 and 1
+    assert result["status"] == (
+        "done: 3.0 s of audio transcribed; the page ended the meeting after the server "
+        "refused a message of it 4 times (the last: invalid_request: refused #3): its last "
+        f"{unsent} s of audio were not sent"
+    )
     assert result["start_disabled"] is False
-    assert len(result["sockets"]) == 4
+    assert len(result["sockets"]) == 5
+
+
+def test_a_meeting_the_page_cannot_end_after_refusals_says_so() -> None:
+    """The last resume refused as well: the page does not try again, and says the server ends
+    the meeting within its window and keeps the transcript."""
+    result = run("violation", last="refused")
+    assert "could not end the meeting" in result["status"]
+    assert "the server ends it within 60 s and keeps its transcript" in result["status"]
+    assert "closed 4402" in result["status"] and result["start_disabled"] is False
+    assert len(result["sockets"]) == 5
 
 
 def test_a_socket_the_server_stopped_answering_is_dropped_and_the_session_resumed() -> None:
