@@ -33,7 +33,9 @@
 // revision is coming after `transcript.final`, and `transcript.revised` replaces the finals it
 // supersedes in the captions shown (the speakers' names stay: it carries the session's
 // labels); the downloads then hold it (the transcript resource serves the newest). A drop
-// between the two is resumed for it. `revision_failed`: the page says the final stands.
+// between the two is resumed for it, a silent socket judged as after `end` (FINAL_QUIET_MS),
+// and the wait is bounded (REVISION_GIVE_UP_MS). `revision_failed`: the page says the final
+// stands.
 const KEEPALIVE_MS = 10000;
 // Hz; the rate the page sends at (mono PCM16 LE, pcm-worklet.js), declared in `start`: the
 // model's 16 kHz, the worklet downsampling a faster AudioContext, or a slower context's own
@@ -84,7 +86,9 @@ const ACK_TIMEOUT_MS = 15000;
 // socket did not bring, or no server reached, means the socket is dead (the page drops it and
 // resumes: the resume replays the final); a transcript still running means wait on (asked
 // again after as long). Disarming the watchdog on the last audio's ack left a dead socket
-// "finishing…" for 11 minutes (a trial).
+// "finishing…" for 11 minutes (a trial). The same goes for the revision after the final
+// (docs/protocol.md "Revision"): a revision stored there means the socket is dead (the resume
+// replays the final, then the revision); the final alone means still revising.
 const FINAL_QUIET_MS = 30000;
 // a socket that has not opened (the network may drop its handshake as it dropped the last
 // socket's packets), and one that opened and has not answered `start`: a resume waits while
@@ -97,6 +101,12 @@ const WATCHDOG_EVERY_MS = 1000;
 // bound is 10 minutes after `end` (then engine_unavailable, docs/protocol.md); a minute more
 // for the reconnects of a page that lost its socket meanwhile.
 const FINAL_GIVE_UP_MS = 660000;
+// A revision due this long after the final: the page stops waiting, the final stands. The
+// server's own bound is 10 minutes after the final (LIVE_REVISE_TIMEOUT_S, then
+// revision_failed); a minute more, as for the final. A dead path whose revision failed would
+// otherwise keep the page waiting for ever: the transcript resource says "final" for a
+// revision still running and for one that failed alike.
+const REVISION_GIVE_UP_MS = 660000;
 // Stop asks the worklet for the audio of the frame it is filling (under 100 ms), to send before
 // `end`; past this wait (a suspended context) it goes on without it
 const FLUSH_WAIT_MS = 200;
@@ -184,6 +194,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // when it owes an answer (a send since it was last heard from, or the
                 // socket's open and session.ready; 0: none); when Stop was pressed
                 reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, watchdog: null,
+                // when the meeting's transcript.final first came (REVISION_GIVE_UP_MS)
+                finalAt: 0,
                 // the last ask of the transcript resource after `end` (FINAL_QUIET_MS)
                 probedAt: 0, probing: false,
                 // the meeting is in the recent meetings (RECENT_KEY): it has audio
@@ -854,6 +866,7 @@ function onEvent(ev) {
     case "transcript.final":
       noteMerged(ev.merged);
       state.finished = true;
+      if (!state.finalAt) state.finalAt = Date.now(); // a resume replays it: the first counts
       clearSession(); // the meeting is over: nothing to resume after a reload
       state.partial = [];
       $("partial").replaceChildren();
@@ -1052,7 +1065,7 @@ async function start(saved) {
     restarting: false,
     revise: false, revisionPending: false, error: null, violations: 0, probedAt: 0, refused: null,
     windingUp: null, unsentFrames: 0,
-    stoppedAt: 0, remembered: false,
+    stoppedAt: 0, finalAt: 0, remembered: false,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
@@ -1192,15 +1205,19 @@ function sendAwaiting(ws, data) {
 
 // Every WATCHDOG_EVERY_MS: a socket that owes an answer and has been silent past its limit is
 // dead (no close may ever come: docs above ACK_TIMEOUT_MS), and a Stop whose final has not
-// come in FINAL_GIVE_UP_MS is given up.
+// come in FINAL_GIVE_UP_MS is given up, as is a revision not come in REVISION_GIVE_UP_MS.
 function watchdog() {
   if (state.ending && !state.finished && state.stoppedAt &&
       Date.now() - state.stoppedAt > FINAL_GIVE_UP_MS) {
     giveUpFinal();
     return;
   }
+  if (state.revisionPending && Date.now() - state.finalAt > REVISION_GIVE_UP_MS) {
+    giveUpRevision();
+    return;
+  }
   const ws = state.ws;
-  if (ws && state.live && state.ending && !state.finished) {
+  if (ws && state.live && statusWhileOwed()) {
     askForFinal(ws); // FINAL_QUIET_MS
     return;
   }
@@ -1223,8 +1240,18 @@ function dropDeadSocket(ws, silentMs) {
           reached);
 }
 
-// After `end`, FINAL_QUIET_MS without a word from the server: is the final out (the socket
-// dead) or still being decoded? The transcript resource says.
+// The transcript resource's status while the server still makes what it owes this page: the
+// final after `end` ("running": it decodes), the revision after the final ("final": it
+// revises); null when it owes neither
+function statusWhileOwed() {
+  if (state.ending && !state.finished) return "running";
+  if (state.revisionPending) return "final";
+  return null;
+}
+
+// After `end` (or the final, while its revision is due), FINAL_QUIET_MS without a word from
+// the server: is what it owes out (the socket dead) or still being made? The transcript
+// resource says.
 async function askForFinal(ws) {
   const quietMs = Date.now() - Math.max(state.heardAt, state.probedAt);
   if (state.probing || quietMs < FINAL_QUIET_MS || !state.captions) return;
@@ -1236,8 +1263,9 @@ async function askForFinal(ws) {
   } catch (e) { /* no server reached: the path is down too */ }
   state.probing = false;
   state.probedAt = Date.now();
-  if (ws !== state.ws || state.finished || !state.ending) return; // moved on meanwhile
-  if (kept === "running") return; // still decoding: the socket may well be alive
+  const making = statusWhileOwed();
+  if (ws !== state.ws || !making) return; // moved on meanwhile
+  if (kept === making) return; // still at it: the socket may well be alive
   dropDeadSocket(ws, Date.now() - state.heardAt);
 }
 
@@ -1255,24 +1283,39 @@ function forgetSocket(ws) {
   } catch (e) { /* closed already */ }
 }
 
-// No final FINAL_GIVE_UP_MS after Stop: stop waiting, and say where the transcript is
-function giveUpFinal() {
+// The page waits no more for the server (its socket, its reconnects): the meeting is over
+// here
+function stopWaiting() {
   clearTimeout(state.retry);
   clearInterval(state.keepalive);
   if (state.ws) forgetSocket(state.ws);
   state.live = false;
   state.ending = false;
+  state.revisionPending = false;
   state.stoppedAt = state.awaitingSince = state.dropAt = state.unreachableAt = 0;
   state.active = false;
   stopWatchdog();
   stopAudio();
   clearSession();
   renderSpeakers();
+  $("start").disabled = false;
+  $("stop").disabled = true;
+}
+
+// No final FINAL_GIVE_UP_MS after Stop: stop waiting, and say where the transcript is
+function giveUpFinal() {
+  stopWaiting();
   setStatus(`no final transcript ${Math.round(FINAL_GIVE_UP_MS / 60000)} minutes after Stop: ` +
             "the page stopped waiting; the server stores the meeting's transcript once it " +
             "has it (the downloads below)");
-  $("start").disabled = false;
-  $("stop").disabled = true;
+}
+
+// No revision REVISION_GIVE_UP_MS after the final: stop waiting; the final shown stands
+function giveUpRevision() {
+  stopWaiting();
+  showRevision(`no revision ${Math.round(REVISION_GIVE_UP_MS / 60000)} minutes after the ` +
+               "final transcript: the page stopped waiting, and the final transcript below " +
+               "stands (the downloads serve the revision if the server stores one later)");
 }
 
 // The session is ready (new or resumed): send what it lacks, from its offset, then go live.

@@ -26,6 +26,9 @@
 // "inplace" (renames, a merge, the final and a revision change only the caption lines and
 // speaker buttons they concern, in place: the keyboard focus stays, nothing else is re-read),
 // "controls" (the sticky controls bar grows: what the browser scrolls into view stays below),
+// "deadrevision" (silence after a final that promised a revision: TRANSCRIPT_STATUS "revised",
+// the revision stored while the socket's path was dead, or "final", still revising, or failed
+// unheard),
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
@@ -490,6 +493,57 @@ async function slowFinalScenario() {
   return out;
 }
 
+// Stop, the final (which promised a revision), then silence: the page waited for ever for a
+// revision a dead path would never bring (a trial). It now asks the transcript resource
+// every 30 s of silence: stored revised, it drops the socket and resumes (the resume replays
+// the final and the revision); final (still revising, or failed unheard), it waits on, for at
+// most 11 minutes after the final.
+async function deadRevisionScenario() {
+  const ws = await startMeeting({ revise: true });
+  const said0 = said("seg-0000", 0, "S01");
+  ws.receive(said0);
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  ws.receive(finalOf([said0]));
+  const asked = () => fetched.filter((url) => url.includes("/transcript")).length;
+  const out = {};
+  advance(29000);
+  await sleep(1100);
+  out.askedAt29s = asked();
+  advance(2000);
+  await sleep(1100 + 300); // a watchdog tick, and a retry's 250 ms
+  out.askedAt31s = asked();
+  out.socketsAt31s = sockets.length;
+  out.closedByPage = Boolean(ws.closedByPage);
+  if (sockets.length > 1) {
+    const again = sockets[1];
+    again.open();
+    again.receive(ready({ resumed: true, revise: true, offset: 1600 }));
+    again.receive(said0);
+    again.receive(finalOf([said0]));
+    again.receive({ type: "transcript.revised", finish_reason: "stop", supersedes: ["seg-0000"],
+                    segments: [{ ...said("rev-0001", 0, "S01"), text: "good morning" }] });
+    again.drop(1000);
+    out.resumeStart = again.sent[0];
+  } else {
+    advance(31000);
+    await sleep(1100);
+    out.askedAt62s = asked();
+    out.socketsAt62s = sockets.length;
+    out.revisionWaiting = revisionLine();
+    advance(11 * 60000 - 62000 + 1000); // 11 minutes after the final, and a second
+    await sleep(1100);
+    out.socketsAtEnd = sockets.length;
+    out.closedByPageAtEnd = Boolean(ws.closedByPage);
+    out.start_disabled = element("start").disabled;
+  }
+  Object.assign(out, { captions: shownCaptions(), revision: revisionLine(),
+                       status: element("status").textContent });
+  return out;
+}
+
 // Stop, and no final ever comes, though the socket is answered: the page gives up in the end
 async function noFinalScenario() {
   await startMeeting();
@@ -923,7 +977,7 @@ async function expiredScenario(storage) {
                       recent: recentScenario, stale: staleScenario,
                       lateclick: lateClickScenario, scroll: scrollScenario,
                       a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
-                      controls: controlsScenario };
+                      controls: controlsScenario, deadrevision: deadRevisionScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -636,3 +636,33 @@ def test_what_the_browser_scrolls_into_view_lands_below_the_sticky_controls() ->
     the focused speaker under them (Chromium at 375 px, a trial): the page keeps the
     document's scroll-padding-top at the bar's height as it changes."""
     assert run("controls")["heights"] == ["58px", "162px"]
+
+
+@pytest.mark.parametrize("kept", ["revised", "final"])
+def test_a_silent_socket_while_the_revision_is_due_is_judged_and_the_wait_bounded(
+    kept: str,
+) -> None:
+    """After a final that promised a revision, a dead network path (no close, no message)
+    left the page "revising…" for ever (a trial): the watchdog stopped at the final. Every
+    30 s of silence the page now asks the transcript resource, as after `end`: a stored
+    revision means the socket is dead (it drops it and resumes; the resume replays the
+    final and the revision); the final alone means still revising, and the page waits on, for
+    at most 11 minutes after the final (the server's bound is 10), then says the final stands
+    and lets go of the socket."""
+    result = run("deadrevision", transcript_status=kept)
+    assert result["askedAt29s"] == 0 and result["askedAt31s"] == 1
+    if kept == "revised":
+        assert result["socketsAt31s"] == 2 and result["closedByPage"] is True
+        assert result["resumeStart"]["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+        assert result["captions"] == [["S01", "good morning"]]
+        assert result["revision"][1].startswith("revised:")
+    else:
+        assert result["socketsAt31s"] == 1 and result["closedByPage"] is False
+        assert result["askedAt62s"] == 2 and result["socketsAt62s"] == 1
+        assert result["revisionWaiting"][1].startswith("revising")
+        assert result["socketsAtEnd"] == 1 and result["closedByPageAtEnd"] is True
+        assert result["revision"][1].startswith("no revision 11 minutes after the final")
+        assert "the final transcript below stands" in result["revision"][1]
+        assert result["captions"] == [["S01", "seg-0000"]]
+        assert result["start_disabled"] is False
+    assert result["status"].startswith("done:")
