@@ -602,7 +602,14 @@ function renderSpeakers() {
     if (!buttons.includes(button)) state.speakerButtons.delete(label); // merged away
   }
   placeChildren($("speakers-list"), buttons);
-  $("merge-speakers").disabled = !canRename() || buttons.length < 2;
+  const merge = $("merge-speakers");
+  const canMerge = canRename() && buttons.length >= 2;
+  // the merge that leaves one speaker disables "Merge two…" under the keyboard focus, which
+  // then went to the page's body (Chromium): the speaker left takes it
+  if (!canMerge && canRename() && buttons.length && document.activeElement === merge) {
+    buttons[0].focus();
+  }
+  merge.disabled = !canMerge;
   $("speakers").hidden = buttons.length === 0;
   // the captions' speaker buttons too (after the final or offline a click did nothing while
   // they looked live: a trial), and their names
@@ -621,9 +628,14 @@ function placeChildren(parent, nodes) {
   }
 }
 
-// A write of the same text still replaces the node's text, which a live region may read out
+// A write of textContent, even of the same text, replaces the node's text node: a node added
+// to a live region. A new text goes into the text node there is instead (a text change,
+// which #finals' aria-relevant leaves unread).
 function setText(node, text) {
-  if (node.textContent !== text) node.textContent = text;
+  if (node.textContent === text) return;
+  const only = node.firstChild;
+  if (only && only.nodeType === Node.TEXT_NODE && !only.nextSibling) only.data = text;
+  else node.textContent = text;
 }
 
 // The labels of a merge as typed: "S03 S01", "S03 into S01", "s03 -> s01", "S03=S01", ...

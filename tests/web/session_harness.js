@@ -785,13 +785,16 @@ async function inPlaceScenario() {
   out.listRenamed = { focusKept: focused() === listed,
                       sameButton: element("speakers-list").children[1] === listed,
                       list: speakersList(), live: liveChanges(mark) };
-  // a merge: S02's line shows S01's name, S02 leaves the speakers list
+  // a merge, through "Merge two…": S02's line shows S01's name, S02 leaves the speakers list,
+  // and "Merge two…", disabled with one speaker left, hands the focus to that speaker's button
   mark = mutations.length;
-  pressed.focus();
+  element("merge-speakers").focus();
   answers.push("S02 S01");
   element("merge-speakers").listeners.click();
   ws.receive(merged("S02", "S01"));
-  out.merged = { focusKept: focused() === pressed, sameLines: lines().every((l, i) => l === before[i]),
+  out.merged = { focus: focused() === element("speakers-list").children[0],
+                 mergeDisabled: element("merge-speakers").disabled,
+                 sameLines: lines().every((l, i) => l === before[i]),
                  live: liveChanges(mark), shown: shownSpeakers(), list: speakersList() };
   // the final: the finals shown, and one the partial showed (from_partial)
   element("stop").listeners.click();
@@ -799,7 +802,7 @@ async function inPlaceScenario() {
   mark = mutations.length;
   const last = { ...said("seg-0003", 3, "S01"), text: "and", flags: ["from_partial"] };
   ws.receive(finalOf([...finals, last]));
-  out.final = { focusKept: focused() === pressed, sameLines: before.every((l, i) => l === lines()[i]),
+  out.final = { sameLines: before.every((l, i) => l === lines()[i]),
                 live: liveChanges(mark), captions: shownCaptions(),
                 partialLines: element("partial").children.length, disabled: pressed.disabled };
   // a revision: seg-0000 and seg-0002 read the same again (their lines stay), seg-0001 and
@@ -811,7 +814,7 @@ async function inPlaceScenario() {
                segments: [{ ...finals[0], id: "rev-0001" }, { ...finals[2], id: "rev-0002" },
                           { ...said("rev-0003", 1, "S02"), end: 4, text: "hello and" }] });
   const now = lines();
-  out.revised = { focusKept: focused() === pressed, live: liveChanges(mark),
+  out.revised = { live: liveChanges(mark),
                   captions: shownCaptions(), kept: [now[0] === kept[0], now[2] === kept[2]] };
   return out;
 }

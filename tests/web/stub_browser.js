@@ -4,8 +4,8 @@
 // - element(id): the page element `id` ({textContent, disabled, style, listeners, children,
 //   attributes, parentNode}; one the page made has its tagName); children move as in a DOM
 //   (append, insertBefore, remove, replaceChildren take a node from where it was), and a node
-//   taken out of its parent takes the keyboard focus (`focus()`) along, as a browser's focus
-//   fixup does: `focused()` is then the body;
+//   taken out of its parent takes the keyboard focus (`focus()`) along, as does an element
+//   disabled while it has it (a browser's focus fixup): `focused()` is then the body;
 // - mutations: what the page changed, in order: {added: node, to: parent} for each node put
 //   into a parent, {text: node} for each write of a node's textContent, each with `within`,
 //   the changed node's ancestors then (a live region reads out both, as its aria-relevant
@@ -54,9 +54,15 @@ function stubBrowser() {
   function element(id) {
     if (!elements[id]) {
       let text = "";
+      let disabled = false;
       elements[id] = {
-        id, disabled: false, style: {}, listeners: {}, children: [], attributes: {},
+        id, style: {}, listeners: {}, children: [], attributes: {},
         parentNode: null,
+        get disabled() { return disabled; },
+        set disabled(value) {
+          disabled = value;
+          if (value && focus.element === this) focus.element = element("body");
+        },
         get textContent() { return text; },
         set textContent(value) {
           text = value;
