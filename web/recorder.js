@@ -1000,8 +1000,9 @@ const RECENT_NOTES = { running: " (still running)", final: "", revised: " (revis
 // The earlier meetings of RECENT_KEY the server still has, with their downloads (a tab closed
 // mid-meeting leaves no other way to them) and the length of their audio; one it no longer
 // has (404: past `serve --retention-days`, or another server; 401) leaves the list, and so
-// does one that holds no audio (kept by an older page: nothing to download). Not the meeting
-// this page offers to resume: its downloads are shown already.
+// does one that holds no audio but Stop's moment of silence (EMPTY_STOP_S: a meeting an older
+// page kept, stopped before any audio; nothing to download). Not the meeting this page offers
+// to resume: its downloads are shown already.
 async function showRecent() {
   const offered = state.stored ? state.stored.session_id : null;
   const checked = await Promise.all(recentMeetings().map(async (m) => {
@@ -1017,7 +1018,7 @@ async function showRecent() {
     try {
       audioS = (await answer.response.json()).duration;
     } catch (e) { /* not JSON: listed without its length */ }
-    if (audioS === 0) return { m, gone: true };
+    if (typeof audioS === "number" && audioS <= EMPTY_STOP_S) return { m, gone: true };
     return { m, show: true, note: RECENT_NOTES[answer.kept] || "", audioS };
   }));
   // read again: a meeting started meanwhile joined the list

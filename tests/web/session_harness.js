@@ -65,11 +65,12 @@ const fetched = [];
 const answers = [];
 const prompts = [];
 // the transcripts of sessions other than s-1: "gone" the server no longer has (404), "down"
-// finds no server, "r-*" still run; the others are final. "e-*" hold no audio (a meeting an
-// older page listed before its first audio), "a" 12:34.5 of it, the others 5.25 s.
+// finds no server, "r-*" still run; the others are final. "e-*" hold no audio but the 20 ms
+// of silence of a Stop before any (a meeting an older page listed), "a" 12:34.5 of it, the
+// others 5.25 s.
 function audioOf(url) {
   const id = /\/sessions\/([^/]+)\/transcript/.exec(url);
-  if (id && id[1].startsWith("e-")) return 0;
+  if (id && id[1].startsWith("e-")) return 0.02;
   return id && id[1] === "a" ? 754.5 : 5.25;
 }
 function transcriptOf(url, transcriptStatus) {

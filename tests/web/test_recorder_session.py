@@ -461,9 +461,9 @@ def test_a_new_tab_lists_the_meetings_this_browser_recorded_with_their_transcrip
     result = run("recent")
     assert result["hidden"] is False
     listed = result["listed"]
-    # r-1, down, a: at most 5 read (b and c are the 6th and 7th), gone (404), e-1 (no audio)
-    # and the one without a token left out; each with its start in local time (its format
-    # the locale's)
+    # r-1, down, a: at most 5 read (b and c are the 6th and 7th), gone (404), e-1 (no audio
+    # but Stop's silence) and the one without a token left out; each with its start in local
+    # time (its format the locale's)
     assert [len(links) for _, links in listed] == [4] * 3
     assert listed[0][0].endswith(" (still running):") and "2026" in listed[0][0]
     assert listed[1][0].endswith(" (the server did not answer):")
@@ -498,7 +498,7 @@ def test_the_recent_meetings_hold_audio_and_tell_apart_two_of_the_same_minute() 
     assert "1:30:15" in running and "5.3 s of audio" in running and "session r-1" in running
     assert "10:30:05" in down and "of audio" not in down and "session down" in down
     assert "10:30:15" in final and "12:34 of audio" in final and "session a:" in final
-    # the checks ask for the length (diarized_json's duration): e-1's is 0
+    # the checks ask for the length (diarized_json's duration): e-1's is 0.02, Stop's silence alone
     asked = [url for url in result["fetched"] if "/transcript" in url]
     assert all(url.endswith("response_format=diarized_json") for url in asked)
     assert any("/sessions/e-1/" in url for url in asked)
