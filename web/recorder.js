@@ -187,8 +187,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // the server's last error ({code, message}) on this socket, and how many of
                 // this meeting's closes for a refused message were resumed
                 error: null, violations: 0, refused: null,
-                // refused too often: the page ends the meeting (windUp), the last refusal;
-                // the audio that then went unsent (frames)
+                // once the page ends the meeting for refused messages (windUp): the last
+                // refusal's error, and the unacknowledged audio it did not send (frames)
                 windingUp: null, unsentFrames: 0,
                 // the current socket opened; when the page last heard from the server; since
                 // when it owes an answer (a send since it was last heard from, or the
@@ -1469,7 +1469,7 @@ function onClose(ws, ev, reached) {
     // the server shut down and drained the session: the transcript above is final up to
     // where it stopped; a new recording continues on a server that is up
     setStatus("the server restarted: the transcript is final up to here; press Start to go on");
-  } else if (VIOLATION_CLOSES.includes(ev.code) && state.session) {
+  } else if (refused && state.session && !state.finished) {
     // refused even while the page ended the meeting (windUp): the server ends the session
     // once its window passes and stores its transcript (the downloads, shown since
     // session.ready, then serve it)

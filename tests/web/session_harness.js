@@ -360,17 +360,24 @@ async function badNamesScenario() {
 // the 4th it ends the meeting with a last resume (the session waited out its resume window
 // before its transcript completed: a trial). LAST says how that resume goes: "final" (the
 // server holds 1,600 frames, the final comes), "empty" (it holds none on disk), "refused"
-// (refused as well)
+// (refused as well); "afterfinal": the 4th comes after the final, while a revision is due
 async function violationScenario() {
+  const how = process.env.LAST || "final";
+  const revise = how === "afterfinal";
   element("start").listeners.click();
   await sleep(10);
   const out = { statuses: [], resumes: [] };
   let ws = sockets[0];
   ws.open();
-  ws.receive(ready());
+  ws.receive(ready({ revise }));
   speak(); speak();
   ws.receive({ type: "audio.ack", offset: 1600 });
   for (const [i, code] of [4400, 4402, 4415, 4400].entries()) {
+    if (i === 3 && revise) {
+      element("stop").listeners.click();
+      await sleep(300);
+      ws.receive(finalOf([final("seg-0000", 0)]));
+    }
     ws.receive({ type: "error", code: code === 4402 ? "protocol_error" : "invalid_request",
                  message: `refused #${i}`, retryable: false });
     ws.drop(code);
@@ -379,7 +386,7 @@ async function violationScenario() {
     await sleep(400);
     ws = sockets[i + 1];
     ws.open();
-    ws.receive(ready({ resumed: true, offset: 1600 }));
+    ws.receive(ready({ resumed: true, offset: 1600, revise }));
     out.resumes.push(ws.sent);
     out.resumedStatuses = [...(out.resumedStatuses || []), element("status").textContent];
   }
@@ -389,7 +396,6 @@ async function violationScenario() {
   const last = sockets[4];
   out.lastResume = Boolean(last);
   if (last) {
-    const how = process.env.LAST || "final";
     last.open();
     last.receive(ready({ resumed: true, offset: how === "empty" ? 0 : 1600 }));
     speak(); // (a microphone the page let go of sends nothing)

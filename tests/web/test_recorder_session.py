@@ -669,3 +669,12 @@ def test_a_silent_socket_while_the_revision_is_due_is_judged_and_the_wait_bounde
         assert result["captions"] == [["S01", "seg-0000"]]
         assert result["start_disabled"] is False
     assert result["status"].startswith("done:")
+
+
+def test_a_refused_message_after_the_final_is_not_a_meeting_left_open() -> None:
+    """After the final (a revision due) the meeting is over: a 4th refusal then is a plain
+    close, not "the page could not end the meeting", and no last resume is made for it."""
+    result = run("violation", last="afterfinal")
+    assert result["lastResume"] is False and len(result["sockets"]) == 4
+    assert "could not end the meeting" not in result["status"]
+    assert result["status"].endswith("(closed 4400)")
