@@ -483,12 +483,14 @@ async function askTranscript(sessionId, captionsToken, responseFormat = "text") 
            response: resp };
 }
 
-// "meeting-2026-12-05-1430.srt": the meeting's start, in local time
+// "meeting-2026-12-05-143015.srt": the meeting's start, in local time, to the second (to the
+// minute, two meetings started in one minute downloaded as one name, the browser adding
+// " (1)": a trial)
 function exportName(startedAt, ext) {
   const d = new Date(startedAt);
   const p = (n) => String(n).padStart(2, "0");
   return `meeting-${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())}-` +
-         `${p(d.getHours())}${p(d.getMinutes())}.${ext}`;
+         `${p(d.getHours())}${p(d.getMinutes())}${p(d.getSeconds())}.${ext}`;
 }
 
 // captions: {session_id, captions_token}; note: what the links hold (so far, or final)

@@ -53,10 +53,10 @@ def test_the_page_links_the_transcript_downloads_during_and_after_the_meeting() 
     result = run("export")
     assert result["before"]["hidden"] is True  # no session yet
     expected = {
-        "json": (URL + "diarized_json", "meeting-2026-12-05-1430.json"),
-        "srt": (URL + "srt", "meeting-2026-12-05-1430.srt"),
-        "vtt": (URL + "vtt", "meeting-2026-12-05-1430.vtt"),
-        "text": (URL + "text", "meeting-2026-12-05-1430.txt"),
+        "json": (URL + "diarized_json", "meeting-2026-12-05-143015.json"),
+        "srt": (URL + "srt", "meeting-2026-12-05-143015.srt"),
+        "vtt": (URL + "vtt", "meeting-2026-12-05-143015.vtt"),
+        "text": (URL + "text", "meeting-2026-12-05-143015.txt"),
     }
     for when in ("during", "after"):
         links = result[when]
@@ -90,7 +90,7 @@ def test_a_reloaded_page_resumes_its_stored_session_from_the_servers_offset() ->
     assert offered["resume_hidden"] is False
     assert "Resume meeting" in offered["status"] and "not captured" in offered["status"]
     assert offered["links"]["srt"]["href"] == URL + "srt"  # the finals so far, before a click
-    assert offered["links"]["srt"]["download"] == "meeting-2026-12-05-1428.srt"
+    assert offered["links"]["srt"]["download"] == "meeting-2026-12-05-142815.srt"
     first, second = result["first"], result["second"]
     for socket in (first, second):
         assert socket[0]["resume"] == {"session_id": "s-1", "resume_token": "tok"}
