@@ -19,10 +19,12 @@
 #   2: live, 10-minute meetings, 64 sessions beside 2 long uploads at --upload-min-share 0.1
 #   3: the engine bench: long c16 bf16 and FP8 long c1 (and short c16, which it always runs)
 # On either card:
-#   4: the fused kernels' GPU tests (the decode kernel's q/k prologue, on by default since
-#      session 37, and the Triton q/k kernel) with the RoPE rounding study, then the card's
-#      throughput run (H200: call 2's; H100: call 3's), with LIVEMEET_FUSED_QK=0 where the
-#      tests failed. Session 37 passed them on an H100; an H200 has not run them yet.
+#   4: the fused kernels' GPU tests (the decode kernel's q/k prologue, by default with a bf16
+#      KV cache since session 38, and the Triton q/k kernel) with the RoPE rounding study,
+#      then the card's throughput run (H200: call 2's; H100: call 3's), with
+#      LIVEMEET_FUSED_QK=0 where the tests failed. They passed on an H100 (session 37) and an
+#      H200 (session 38, whose call 2 run measured FP8 long c16 with the prologue, 273.8
+#      audio-s/s; 277.2 without: FP8 now runs without it, to be measured again here).
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -70,7 +72,7 @@ case "$gpu:$call" in
       OUT="$out/tests" LIVEMEET_BENCH_OUT="$out/tests" bash "$bench" profile \
       2>&1 | tee "$out/tests/gpu_tests.log"
     grep -q "=== pytest-gpu: rc=0 " "$out/tests/gpu_tests.log" || export LIVEMEET_FUSED_QK=0
-    echo "=== LIVEMEET_FUSED_QK=${LIVEMEET_FUSED_QK:-1} for the throughput run"
+    echo "=== LIVEMEET_FUSED_QK=${LIVEMEET_FUSED_QK:-auto} for the throughput run"
     case "$gpu" in
       *H200*) bash "$0" 2 ;;
       *) bash "$0" 3 ;;

@@ -42,14 +42,28 @@ FUSED_KV_STORE_ENV = "LIVEMEET_FUSED_KV_STORE"
 _fused_store = os.environ.get(FUSED_KV_STORE_ENV, "1") != "0"
 
 
-# Decode-only steps run the q/k RMSNorm, RoPE and K/V store in the decode kernel's prologue
-# (`attend_fused`) instead of a kernel of their own ahead of it; "0" turns that off. On since
-# session 37: on an H100 its tests passed (the k rows it stores equal the reference's in every
-# element), bf16 parity as without it (top-1 1.000, greedy identical), long c1 bf16 85.4
-# audio-s/s against 84.5 / 84.4 off, the 1 x 36k graph 1.936 ms against 1.963 / 1.959
-# (docs/benchmarks.md). Read at import, as LIVEMEET_FUSED_KV_STORE
+# Decode-only steps may run the q/k RMSNorm, RoPE and K/V store in the decode kernel's
+# prologue (`attend_fused`) instead of a kernel of their own ahead of it: "1" always, "0"
+# never, unset (or "auto") with a bf16 KV cache only (`fuses_qk`). Its tests pass on an H100
+# and an H200 (the k rows it stores equal the reference's in every element), bf16 parity as
+# without it (top-1 1.000, greedy identical). Measured, arms on one loan (docs/benchmarks.md,
+# sessions 37-38): bf16 long c1 85.4 audio-s/s against 84.5 / 84.4 off on an H100, 107.1
+# against 104.4 on an H200, bf16 16 x 36k 16.74 ms against 16.98; but FP8 long c16 273.8
+# against 277.2 off, its 16 x 36k graph 9.327 ms against 9.218 (the FP8 kernel's prologue
+# costs 6 us a layer at batch 16, more than the separate kernel it replaces under PDL).
+# Read at import, as LIVEMEET_FUSED_KV_STORE
 FUSED_QK_ENV = "LIVEMEET_FUSED_QK"
-_fused_qk = os.environ.get(FUSED_QK_ENV, "1") != "0"
+_fused_qk_setting = os.environ.get(FUSED_QK_ENV, "auto")
+
+
+def fuses_qk(kv_dtype: torch.dtype, setting: str | None = None) -> bool:
+    """Whether decode steps over a KV cache of `kv_dtype` take the fused q/k prologue, by the
+    LIVEMEET_FUSED_QK `setting` (default: the environment's, read at import): "0" never,
+    "1" always, anything else where it measured faster, a bf16 cache (above)."""
+    setting = _fused_qk_setting if setting is None else setting
+    if setting in ("0", "1"):
+        return setting == "1"
+    return kv_dtype == torch.bfloat16
 
 
 def fused_store_enabled() -> bool:
@@ -182,7 +196,9 @@ class PagedAttentionBackend:
         inv_freq: torch.Tensor,
     ) -> bool:
         m = self.meta
-        if not (_fused_qk and _fused_store and m.decode_only and q.is_cuda and q.dim() == 3):
+        if not (_fused_store and m.decode_only and q.is_cuda and q.dim() == 3):
+            return False
+        if not fuses_qk(kc.dtype):
             return False
         group = q.shape[1] // max(1, kc.shape[2])
         if not cuda_decode.supported(q.dtype, kc, group) or not layer.fits():

@@ -607,7 +607,7 @@ def test_a_decode_step_takes_the_fused_path_and_a_prefill_step_does_not(
     from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
     from livemeet.layers.attention import QKNorms
 
-    monkeypatch.setattr(paged_backend, "_fused_qk", True)
+    monkeypatch.setattr(paged_backend, "_fused_qk_setting", "1")
 
     torch.manual_seed(34)
     lens = [300, 5000]
@@ -624,9 +624,9 @@ def test_a_decode_step_takes_the_fused_path_and_a_prefill_step_does_not(
     args = (q, k, v, norms, case["positions"], case["inv_freq"], 128**-0.5)
     out = backend.attend_fused(0, *args)
     assert out is not None and out.shape == (2, 16, 128)
-    monkeypatch.setattr(paged_backend, "_fused_qk", False)
+    monkeypatch.setattr(paged_backend, "_fused_qk_setting", "0")
     off = PagedAttentionBackend([case["kc"]], [case["vc"]], meta)
     assert off.attend_fused(0, *args) is None
-    monkeypatch.setattr(paged_backend, "_fused_qk", True)
+    monkeypatch.setattr(paged_backend, "_fused_qk_setting", "1")
     mixed = dataclasses.replace(meta, decode_only=False, num_decode_seqs=1)
     assert PagedAttentionBackend([case["kc"]], [case["vc"]], mixed).attend_fused(0, *args) is None

@@ -227,6 +227,17 @@ def test_out_must_match_the_query(fn: str, which: int) -> None:
             )
 
 
+def test_the_fused_qk_prologue_is_taken_by_default_for_a_bf16_cache_only() -> None:
+    """LIVEMEET_FUSED_QK unset: the prologue where it measured faster, a bf16 cache (long c1
+    +2.6 % on an H200); not with FP8 KV, whose 16 x 36k graph it slowed by 1.2 % (FP8 long
+    c16 273.8 against 277.2 audio-s/s; docs/benchmarks.md session 38). "1" and "0" force it."""
+    fuses = paged_backend.fuses_qk
+    assert fuses(torch.bfloat16, "auto") and not fuses(torch.float8_e4m3fn, "auto")
+    assert fuses(torch.bfloat16, "") and not fuses(torch.float8_e4m3fn, "")
+    assert fuses(torch.float8_e4m3fn, "1") and fuses(torch.bfloat16, "1")
+    assert not fuses(torch.bfloat16, "0") and not fuses(torch.float8_e4m3fn, "0")
+
+
 def test_decode_splits_come_from_the_decode_rows_alone() -> None:
     """A mixed step's decode rows (100 tokens) beside a 30k-token chunk are split for their own
     length: sized by the chunk they would get as many splits as a 30k decode."""
