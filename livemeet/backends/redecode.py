@@ -40,7 +40,7 @@ from livemeet.backends.base import restored_finals, restored_merges
 from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.engine.messages import EngineStats
 from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError
-from livemeet.session.live import LiveOptions, LiveSession, Window
+from livemeet.session.live import LiveOptions, LiveSession, Window, clean_hypothesis
 from livemeet.transcriber import (
     BackendInfo,
     Error,
@@ -335,7 +335,10 @@ class RedecodeCore(abc.ABC):
     ) -> TranscriptRevised:
         """The revision of a live session whose `final` is out (module docstring). Raises as
         `revise_meeting`."""
-        segments = self.revise_meeting(live.edge_s, self._prompt(sess.options, None))
+        decoded = self.revise_meeting(live.edge_s, self._prompt(sess.options, None))
+        # the decoder's own times may run past the audio (a trial: 36.3 s on 35.05 s): clipped
+        # to it and flagged END_CLAMPED, empty texts and loops cut, as a hop's hypothesis is
+        segments = clean_hypothesis(decoded, 0.0, live.edge_s)
         mapped = map_revision(segments, final.segments, live.labels_seen, live.merges)
         return TranscriptRevised(
             revision_segments(mapped, final.segments), tuple(s.id for s in final.segments)
