@@ -35,7 +35,9 @@
 // labels); the downloads then hold it (the transcript resource serves the newest). A drop
 // between the two is resumed for it, a silent socket judged as after `end` (FINAL_QUIET_MS),
 // and the wait is bounded (REVISION_GIVE_UP_MS). `revision_failed`: the page says the final
-// stands.
+// stands. A resume refused with not_found (4404) for a meeting the server finished meanwhile
+// (what it owed went out over a dead socket) shows the transcript the server stored
+// (sessionGone).
 const KEEPALIVE_MS = 10000;
 // Hz; the rate the page sends at (mono PCM16 LE, pcm-worklet.js), declared in `start`: the
 // model's 16 kHz, the worklet downsampling a faster AudioContext, or a slower context's own
@@ -1459,10 +1461,9 @@ function onClose(ws, ev, reached) {
   state.micLost = false;
   clearSession(); // ended, refused or taken over: not this page's to resume any more
   if (ev.code === 4404) {
-    // not_found: the server no longer has the session (its window ran out, or it restarted)
-    setStatus(`the meeting had ended: the server no longer has session ` +
-              `${state.session ? state.session.session_id : ""}${lostNote()}`);
-    offerTranscript(state.captions, state.startedAt);
+    // not_found: the server no longer has the session (it finished it, its window ran out,
+    // or it restarted without it)
+    sessionGone();
   } else if (ev.code === 4401 && !state.session) {
     // unauthorized: the server asks for an API key (its error said which problem)
     setStatus(`${$("status").textContent}: enter the server's API key above, then Start`);
@@ -1484,6 +1485,94 @@ function onClose(ws, ev, reached) {
   }
   $("start").disabled = false;
   $("stop").disabled = true;
+}
+
+// A resume got not_found (4404): the server has let the session go, maybe after finishing it:
+// its final (and revision) went out over a socket whose path had died, or to the page before
+// a reload. The page then said "the meeting had ended", kept the captions it had (none after
+// a reload) and "revising…" for ever (a trial). The transcript resource keeps a finished
+// meeting's transcript: the page shows it as transcript.final (or .revised) would have
+// (segments, names, merges); else it says the meeting ended and offers what there is.
+async function sessionGone() {
+  const captions = state.captions;
+  const sessionId = state.session ? state.session.session_id : "";
+  const gone = `the meeting had ended: the server no longer has session ${sessionId}`;
+  const notes = lostNote() + windUpNote();
+  const stopped = state.ending || state.finished; // the page had asked for the final
+  setStatus(`${gone}: asking it for the meeting's transcript…`);
+  let stored = null;
+  try {
+    stored = await storedTranscript(captions);
+  } catch (e) { /* no server reached, or not JSON: as not stored */ }
+  if (state.captions !== captions || state.active) return; // a new meeting meanwhile
+  if (stored) {
+    showStoredTranscript(stored, stopped ? "" : gone, notes);
+    return;
+  }
+  if (state.revisionPending) {
+    state.revisionPending = false;
+    showRevision("no revision came before the connection was lost: the downloads serve it " +
+                 "if the server stores one");
+  }
+  setStatus(`${gone}${notes}`);
+  offerTranscript(captions, state.startedAt);
+}
+
+// The transcript statuses (X-Livemeet-Transcript-Status) of a meeting the server finished
+const FINISHED = ["final", "revised"];
+
+// The meeting's transcript as the server stored it, {kept: "final" or "revised", body: its
+// diarized_json (segments with ids, times and labels; `speakers`, {label: name}, and
+// `merged`, {label: target}, where any; `duration`)}, or null where it holds no finished one.
+// Rejects where no server answers or the body is not JSON.
+async function storedTranscript(captions) {
+  if (!captions || !captions.captions_token) return null;
+  const answer = await askTranscript(captions.session_id, captions.captions_token,
+                                     "diarized_json");
+  if (!answer.ok || !FINISHED.includes(answer.kept)) return null;
+  const body = await answer.response.json();
+  if (!body || !Array.isArray(body.segments)) return null;
+  return { kept: answer.kept, body };
+}
+
+// The meeting as the server stored it (storedTranscript) replaces what the page shows, as its
+// transcript.final or transcript.revised would have: the names and merges are the server's
+// last word. `gone`: what the status says first where the page had not stopped the meeting
+// itself (the server ended it), else it says "done" as after a final; `notes`: lostNote's.
+function showStoredTranscript({ kept, body }, gone, notes) {
+  const follow = atBottom();
+  const segments = body.segments
+    .filter((seg) => seg && typeof seg.speaker === "string" && typeof seg.text === "string")
+    .map((seg) => ({ id: String(seg.id), start: Number(seg.start), end: Number(seg.end),
+                     speaker: seg.speaker, text: seg.text }));
+  state.finished = true;
+  state.revisionPending = false;
+  state.partial = [];
+  $("partial").replaceChildren();
+  const names = body.speakers && typeof body.speakers === "object" ? body.speakers : {};
+  state.names = new Map(Object.entries(names).filter(([, name]) => typeof name === "string"));
+  noteMerged(body.merged);
+  for (const seg of segments) {
+    state.seenFinals.add(seg.id);
+    state.speakers.add(seg.speaker);
+  }
+  showFinals(segments);
+  renderSpeakers();
+  const audio = typeof body.duration === "number"
+    ? `${duration(body.duration)} of audio transcribed` : "transcribed";
+  setStatus(gone ? `${gone}; it had ended the meeting: below is the transcript it stored ` +
+                   `(${audio})${notes}`
+                 : `done: ${audio}${notes} (the connection lost the server's last ` +
+                   "messages: below is the transcript it stored)");
+  if (kept === "revised") {
+    showRevision(`revised: the transcript below is a pass over the whole meeting ` +
+                 `(${segments.length} segments)`);
+  } else if (state.revise) {
+    showRevision("not revised: no revision of the whole meeting came; the final transcript " +
+                 "below stands");
+  } else $("revision").hidden = true;
+  showExport(state.captions, state.startedAt, kept === "revised" ? "(revised)" : "(final)");
+  if (follow) scrollToBottom();
 }
 
 function stopAudio() {

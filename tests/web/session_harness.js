@@ -81,6 +81,10 @@ function transcriptOf(url, transcriptStatus) {
   return transcriptStatus;
 }
 
+// the body of s-1's transcript resource (diarized_json) once a scenario sets it: what the
+// server stored of a meeting it finished
+let storedBody = null;
+
 // each ResizeObserver the page made: [the element it observes, its callback]
 const resizeObservers = [];
 class FakeResizeObserver {
@@ -100,7 +104,9 @@ function makeSandbox(storage, transcriptStatus, lasting) {
       const ok = kept !== null;
       return { ok, status: ok ? 200 : 404,
                headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? kept : null) },
-               text: async () => "", json: async () => ({ duration: audioOf(url) }) };
+               text: async () => "",
+               json: async () => (storedBody && url.includes("/sessions/s-1/") ? storedBody
+                                                                               : { duration: audioOf(url) }) };
     },
     sessionStorage: storage,
     localStorage: lasting,
@@ -551,6 +557,47 @@ async function deadRevisionScenario() {
   return out;
 }
 
+// The socket's path dies after the final (its revision, and the close, never come), or after
+// `end` (TRANSCRIPT_STATUS "final": the final never comes): the page asks the transcript
+// resource, drops the socket and resumes, and the resume gets not_found (4404): the server
+// had finished the meeting and let it go. The page kept the captions it had, "revising…" for
+// ever, and said the meeting had ended (a trial): it now shows the stored transcript.
+async function silentScenario(revise) {
+  const ws = await startMeeting({ revise });
+  const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02"),
+                  said("seg-0002", 2, "S03")];
+  for (const f of finals) ws.receive(f);
+  ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
+  ws.receive(merged("S03", "S01"));
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  if (revise) ws.receive(finalOf(finals)); // then the path dies: the revision is lost
+  const out = { before: shownCaptions(), revisionBefore: revisionLine() };
+  // what the server stored: the revision (or the final) with a name whose answer was lost
+  const last = { ...said(revise ? "rev-0003" : "seg-0003", 3, "S02"), text: "bye" };
+  storedBody = {
+    task: "transcribe", duration: 4.25, text: "",
+    segments: revise ? [{ ...said("rev-0001", 0, "S01"), text: "good morning" },
+                        { ...said("rev-0002", 1, "S02"), text: "hello" }, last]
+                     : [...finals, last],
+    speakers: { S01: "Alice", S02: "Bob" }, merged: { S03: "S01" } };
+  advance(31000);
+  await sleep(1100 + 300); // a watchdog tick, the resource asked, a retry's 250 ms
+  out.socketCount = sockets.length;
+  const again = sockets[sockets.length - 1];
+  again.open();
+  again.receive({ type: "error", code: "not_found", retryable: false,
+                  message: "no live session 's-1' to resume (ended, expired, or never here)" });
+  again.drop(4404);
+  await sleep(20); // the transcript resource
+  Object.assign(out, { captions: shownCaptions(), revision: revisionLine(), links: links(),
+                       status: element("status").textContent, list: speakersList(),
+                       start_disabled: element("start").disabled });
+  return out;
+}
+
 // Stop, and no final ever comes, though the socket is answered: the page gives up in the end
 async function noFinalScenario() {
   await startMeeting();
@@ -987,7 +1034,9 @@ async function expiredScenario(storage) {
                       recent: recentScenario, stale: staleScenario,
                       lateclick: lateClickScenario, scroll: scrollScenario,
                       a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
-                      controls: controlsScenario, deadrevision: deadRevisionScenario };
+                      controls: controlsScenario, deadrevision: deadRevisionScenario,
+                      silentrev: () => silentScenario(true),
+                      silentfinal: () => silentScenario(false) };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -678,3 +678,34 @@ def test_a_refused_message_after_the_final_is_not_a_meeting_left_open() -> None:
     assert result["lastResume"] is False and len(result["sockets"]) == 4
     assert "could not end the meeting" not in result["status"]
     assert result["status"].endswith("(closed 4400)")
+
+
+@pytest.mark.parametrize(("scenario", "kept"), [("silentrev", "revised"), ("silentfinal", "final")])
+def test_a_resume_refused_for_a_finished_meeting_shows_the_stored_transcript(
+    scenario: str, kept: str
+) -> None:
+    """The socket's path died after the final (silentrev: its revision lost) or after `end`
+    (silentfinal: the final lost); the page asked the transcript resource, resumed, and the
+    resume got not_found (4404): the server had finished the meeting and let it go. The page
+    said "the meeting had ended", kept the captions it had (unrevised, or without the final)
+    and "revising…" for ever (a trial). It now shows the transcript the server stored, with
+    its names and merges, says the meeting is done, and says whether it was revised."""
+    result = run(scenario, transcript_status=kept)
+    assert result["socketCount"] == 2  # the resume after the resource was asked
+    assert result["captions"] == (
+        [["Alice", "good morning"], ["Bob", "hello"], ["Bob", "bye"]]
+        if kept == "revised"
+        else [["Alice", "seg-0000"], ["Bob", "seg-0001"], ["Alice", "seg-0002"], ["Bob", "bye"]]
+    )
+    assert result["status"].startswith("done: 4.3 s of audio transcribed")
+    assert "transcript it stored" in result["status"]
+    assert result["links"]["note"] == f"({kept})"
+    assert result["list"] == [["Alice (S01 + S03)", True], ["Bob (S02)", True]]
+    assert URL + "diarized_json" in result["fetched"]
+    hidden, line = result["revision"]
+    if kept == "revised":
+        assert result["revisionBefore"][1].startswith("revising")
+        assert hidden is False and line.startswith("revised:") and "3 segments" in line
+    else:
+        assert hidden is not False  # no revision was promised: none is mentioned
+    assert result["start_disabled"] is False
