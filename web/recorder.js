@@ -12,6 +12,8 @@
 // A page reload does not end the meeting either: while a session is live the page keeps it in
 // sessionStorage, and a reloaded page offers "Resume meeting" (a click: the microphone needs a
 // user gesture) within the session's resume window; the audio spoken meanwhile is not captured.
+// A meeting stopped before the reload (its final not come yet) is finished without a click or
+// a microphone: a resume that only waits for the final (finishStored).
 // Closing the tab mid-meeting asks first (beforeunload), and the page keeps its last meetings
 // in localStorage (RECENT_KEY), so a new tab offers their transcripts.
 // A microphone that goes away mid-meeting (unplugged, a headset that disconnected) is not
@@ -140,7 +142,8 @@ const FINISH_NOTES = {
 const EXPORTS = [["json", "diarized_json", "json"], ["srt", "srt", "srt"],
                  ["vtt", "vtt", "vtt"], ["text", "text", "txt"]];
 // sessionStorage key of the live session: {session_id, resume_token, captions_token,
-// sample_rate, channels, started_at, resume_window_s, alive_at (when the page last had it)}
+// sample_rate, channels, started_at, resume_window_s, alive_at (when the page last had it),
+// ending (Stop was pressed), stopped_at, revise (session.ready's)}
 const STORAGE_KEY = "livemeet.recorder.session";
 // localStorage key of the meetings this browser recorded last, newest first, at most
 // RECENT_MEETINGS: [{session_id, captions_token, started_at}]. A tab closed mid-meeting (or
@@ -192,6 +195,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // once the page ends the meeting for refused messages (windUp): the last
                 // refusal's error, and the unacknowledged audio it did not send (frames)
                 windingUp: null, unsentFrames: 0,
+                // the meeting was stopped before a reload: its resume sends no audio, only
+                // `end` (finishStored)
+                endOnly: false,
                 // the current socket opened; when the page last heard from the server; since
                 // when it owes an answer (a send since it was last heard from, or the
                 // socket's open and session.ready; 0: none); when Stop was pressed
@@ -318,12 +324,16 @@ function rememberMeeting(captions, startedAt) {
 function saveSession() {
   const store = storage();
   if (!store || !state.session) return;
+  // the final came: nothing left to resume for, but a revision it promised
+  if (state.finished && !state.revisionPending) return;
   state.aliveAt = Date.now();
   store.setItem(STORAGE_KEY, JSON.stringify({
     session_id: state.session.session_id, resume_token: state.session.resume_token,
     captions_token: state.captions ? state.captions.captions_token : null,
     sample_rate: state.format.sample_rate, channels: state.format.channels,
     started_at: state.startedAt, resume_window_s: state.windowS, alive_at: state.aliveAt,
+    // Stop was pressed: a reloaded page only fetches the final (finishStored)
+    ending: state.ending, stopped_at: state.stoppedAt, revise: state.revise,
   }));
 }
 
@@ -946,6 +956,10 @@ async function showServer() {
 function offerStored() {
   const saved = loadSession();
   if (!saved) return;
+  if (saved.ending) {
+    finishStored(saved);
+    return;
+  }
   const captions = { session_id: saved.session_id, captions_token: saved.captions_token };
   if (!storedExpired(saved)) {
     state.stored = saved;
@@ -1064,6 +1078,42 @@ function forgetRecent() {
 // Start a new meeting, or (saved: a session stored before a reload) resume that one.
 async function start(saved) {
   saveApiKey();
+  resetMeeting(saved);
+  if (!window.isSecureContext || !navigator.mediaDevices) {
+    // browsers expose the microphone only to https pages and to http://localhost
+    throw new Error("the microphone needs https or localhost: open this page as " +
+                    `https://${location.host}/ (serve --tls-cert/--tls-key) or from localhost`);
+  }
+  setStatus("connecting…");
+  await openMicrophone(!saved);
+  state.buffer = new ResumeBuffer(MAX_UNACKED_S * state.format.sample_rate);
+  state.active = true;
+  connect();
+}
+
+// A meeting stopped before this page was reloaded (Stop had sent `end`, its final had not
+// come): the reloaded page offered "Resume meeting" as if it still recorded, whose click
+// opened the microphone, got 4404 and showed nothing (a trial). What is left is the final,
+// which needs no microphone: a resume that sends no audio, only `end` again (a session
+// ending already ignores it; endWithoutAudio), gets it (docs/protocol.md "Resume": a session
+// ended while detached resumes ENDING), and if the server has finished the meeting and let
+// it go meanwhile (4404), the transcript resource has it (sessionGone).
+function finishStored(saved) {
+  resetMeeting(saved);
+  Object.assign(state, { ending: true, endOnly: true, reloaded: false,
+                         stoppedAt: saved.stopped_at || Date.now() });
+  state.buffer = new ResumeBuffer(0); // no microphone: nothing to send
+  state.active = true;
+  $("stop").disabled = true; // pressed already
+  setStatus(`finishing… (the meeting started at ${clock(saved.started_at)} was stopped ` +
+            "before this page was reloaded: waiting for its final transcript)");
+  showExport(state.captions, saved.started_at, "(the finals so far)");
+  connect();
+}
+
+// The page and the state of a meeting from scratch: a new one, or (saved) one stored before
+// a reload
+function resetMeeting(saved) {
   $("start").disabled = true;
   $("resume").hidden = true;
   $("finals").replaceChildren();
@@ -1080,8 +1130,8 @@ async function start(saved) {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
     flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
     restarting: false,
-    revise: false, revisionPending: false, error: null, violations: 0, probedAt: 0, refused: null,
-    windingUp: null, unsentFrames: 0,
+    revise: Boolean(saved && saved.revise), revisionPending: false, error: null, violations: 0,
+    probedAt: 0, refused: null, windingUp: null, endOnly: false, unsentFrames: 0,
     stoppedAt: 0, finalAt: 0, remembered: false,
     finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
     speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -1095,16 +1145,6 @@ async function start(saved) {
     // a resumed session goes on at the rate it was declared at; a new one's is the context's
     format: { sample_rate: saved ? saved.sample_rate : SAMPLE_RATE, channels: 1 },
   });
-  if (!window.isSecureContext || !navigator.mediaDevices) {
-    // browsers expose the microphone only to https pages and to http://localhost
-    throw new Error("the microphone needs https or localhost: open this page as " +
-                    `https://${location.host}/ (serve --tls-cert/--tls-key) or from localhost`);
-  }
-  setStatus("connecting…");
-  await openMicrophone(!saved);
-  state.buffer = new ResumeBuffer(MAX_UNACKED_S * state.format.sample_rate);
-  state.active = true;
-  connect();
 }
 
 // The microphone, through the worklet, into takeAudio at the session's rate (`declare`: a new
@@ -1355,8 +1395,8 @@ function onReady(ws, ev) {
   }
   if (state.session) saveSession();
   state.buffer.ack(ev.offset);
-  if (state.windingUp) {
-    endRefusedMeeting(ws, ev.offset);
+  if (state.windingUp || state.endOnly) {
+    endWithoutAudio(ws, ev.offset);
     return;
   }
   for (const data of state.buffer.from(ev.offset)) sendAwaiting(ws, data);
@@ -1369,7 +1409,7 @@ function onReady(ws, ev) {
 }
 
 // The server refused a message of this page once more after MAX_VIOLATION_RESUMES resumes
-// (`why`): the recording stops, and one last resume ends the meeting (endRefusedMeeting), so
+// (`why`): the recording stops, and one last resume ends the meeting (endWithoutAudio), so
 // that its final transcript comes now rather than once the server's resume window ran out.
 function windUp(why) {
   state.windingUp = why;
@@ -1381,10 +1421,12 @@ function windUp(why) {
   if (!state.stoppedAt) state.stoppedAt = Date.now(); // FINAL_GIVE_UP_MS applies
 }
 
-// The last resume of windUp: no audio (what the server refused may be in it: a frame it
-// would refuse again), only `end`, after a moment of silence where the session holds no audio
-// on disk (`end` needs some: docs/protocol.md; the server skips it if it has those frames)
-function endRefusedMeeting(ws, offset) {
+// The last resume of windUp, or the resume of a meeting stopped before a reload (endOnly): no
+// audio (windUp: what the server refused may be in it, a frame it would refuse again;
+// endOnly: the microphone's audio went with the old page), only `end`, after a moment of
+// silence where the session holds no audio on disk (`end` needs some: docs/protocol.md; the
+// server skips it if it has those frames)
+function endWithoutAudio(ws, offset) {
   state.unsentFrames = Math.max(0, state.buffer.next - offset);
   if (!offset) {
     sendAwaiting(ws, new ArrayBuffer(Math.round(state.format.sample_rate * EMPTY_STOP_S) *
@@ -1607,6 +1649,7 @@ function stop() {
       sendAwaiting(state.ws, JSON.stringify({ type: "end" }));
       setStatus("finishing…");
     } // else: offline; the resume sends `end` after the audio it still owes
+    saveSession(); // stopped: a reload fetches the final, and asks for no microphone
   });
 }
 

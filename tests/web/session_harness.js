@@ -236,10 +236,11 @@ async function unrevisedScenario() {
 
 // a session the page stored before its reload, last seen `ageMs` ago, 2 s into the meeting
 const KEY = "livemeet.recorder.session";
-function stored(ageMs, rate = 16000) {
+function stored(ageMs, rate = 16000, extra = {}) {
   return { [KEY]: JSON.stringify({
     session_id: "s-1", resume_token: "tok", captions_token: "c/t+k=", sample_rate: rate,
-    channels: 1, started_at: NOW - 120000, resume_window_s: 60, alive_at: NOW - ageMs }) };
+    channels: 1, started_at: NOW - 120000, resume_window_s: 60, alive_at: NOW - ageMs,
+    ...extra }) };
 }
 
 async function reloadScenario(storage) {
@@ -473,14 +474,15 @@ async function deadPathScenario() {
 // (TRANSCRIPT_STATUS "running") or after the socket's path died with the final stored
 // ("final"): the page asks the transcript resource every 30 s and waits on while it runs, or
 // drops the socket and resumes for the final (it stayed "finishing…" for 11 minutes, a trial)
-async function slowFinalScenario() {
+async function slowFinalScenario(storage) {
   await startMeeting();
   speak();
   element("stop").listeners.click();
   await sleep(300);
   sockets[0].receive({ type: "audio.ack", offset: 1600 });
   const asked = () => fetched.filter((url) => url.includes("/transcript")).length;
-  const out = {};
+  // what a reload now would find: a meeting stopped, waiting for its final
+  const out = { storedStopped: JSON.parse(storage.items[KEY] || "null") };
   advance(29000);
   await sleep(1100);
   out.askedAt29s = asked();
@@ -945,6 +947,41 @@ async function mergesScenario() {
   return out;
 }
 
+// A page reloaded while finishing (Stop pressed, its final not come): it offered "Resume
+// meeting" as if still recording, whose click opened the microphone and got 4404, showing
+// nothing (a trial). It now resumes at once, without a microphone, for the final: LAST
+// "final", the server resumes the session ending and sends it; "gone", the server finished
+// it meanwhile and let it go (4404): the transcript resource has it.
+async function reloadEndingScenario(storage) {
+  const how = process.env.LAST || "final";
+  await sleep(10);
+  const out = { resumeOffered: element("resume").hidden === false,
+                statusFinishing: element("status").textContent, socketCount: sockets.length };
+  const ws = sockets[0];
+  if (!ws) return out;
+  ws.open();
+  const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")];
+  if (how === "gone") {
+    storedBody = { task: "transcribe", duration: 2.5, text: "", segments: finals,
+                   speakers: { S02: "Bob" } };
+    ws.receive({ type: "error", code: "not_found", retryable: false,
+                 message: "no live session 's-1' to resume (ended, expired, or never here)" });
+    ws.drop(4404);
+    await sleep(20); // the transcript resource
+  } else {
+    ws.receive(ready({ resumed: true, offset: 32000, revise: true }));
+    out.statusResumed = element("status").textContent;
+    for (const f of finals) ws.receive(f);
+    ws.receive({ type: "speaker.renamed", speaker: "S02", name: "Bob" });
+    ws.receive(finalOf(finals));
+  }
+  Object.assign(out, { sent: ws.sent.slice(), microphones: microphones.length,
+                       captions: shownCaptions(), revision: revisionLine(), links: links(),
+                       status: element("status").textContent, storage: storage.items,
+                       stopDisabled: element("stop").disabled });
+  return out;
+}
+
 async function goneScenario(storage) {
   element("resume").listeners.click();
   await sleep(10);
@@ -1014,7 +1051,9 @@ async function expiredScenario(storage) {
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
                     revised: {}, unrevised: {}, reload8k: stored(5000, 8000),
-                    stale: stored(59000), lateclick: stored(5000) }[scenario] || {};
+                    stale: stored(59000), lateclick: stored(5000),
+                    reloadending: stored(5000, 16000, { ending: true, revise: true,
+                                                        stopped_at: NOW - 5000 }) }[scenario] || {};
   const storage = new FakeStorage(initial);
   const lasting = new FakeStorage({ recent: earlierMeetings() }[scenario]);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
@@ -1035,6 +1074,7 @@ async function expiredScenario(storage) {
                       lateclick: lateClickScenario, scroll: scrollScenario,
                       a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
                       controls: controlsScenario, deadrevision: deadRevisionScenario,
+                      reloadending: reloadEndingScenario,
                       silentrev: () => silentScenario(true),
                       silentfinal: () => silentScenario(false) };
   const result = await scenarios[scenario](storage, lasting);

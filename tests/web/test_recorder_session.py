@@ -709,3 +709,37 @@ def test_a_resume_refused_for_a_finished_meeting_shows_the_stored_transcript(
     else:
         assert hidden is not False  # no revision was promised: none is mentioned
     assert result["start_disabled"] is False
+
+
+@pytest.mark.parametrize("last", ["final", "gone"])
+def test_a_page_reloaded_while_finishing_fetches_the_final_without_a_microphone(last: str) -> None:
+    """Reloaded after Stop, before the final: the page offered "Resume meeting" as if still
+    recording; its click opened the microphone, the resume got 4404 and showed 0 lines (a
+    trial). The stored session now says it was stopped: the reloaded page offers nothing,
+    asks for no microphone, resumes at once sending only `end` (no audio), and shows the
+    final the server sends; or, the server having finished and let the session go (4404),
+    the transcript it stored, whose promised revision did not come."""
+    stopped = run("slowfinal")["storedStopped"]  # Stop stores that it was pressed
+    assert stopped["session_id"] == "s-1" and stopped["ending"] is True
+    result = run("reloadending", last=last)
+    assert result["resumeOffered"] is False
+    assert result["statusFinishing"].startswith("finishing…")
+    assert "stopped before this page was reloaded" in result["statusFinishing"]
+    assert result["socketCount"] == 1
+    start, *sent = result["sent"]
+    assert start["resume"] == {"session_id": "s-1", "resume_token": "tok"}
+    assert result["microphones"] == 0
+    assert result["captions"] == [["S01", "seg-0000"], ["Bob", "seg-0001"]]
+    assert result["status"].startswith("done: 2.5 s" if last == "gone" else "done: 3.0 s")
+    assert result["storage"] == {}  # the meeting is over
+    assert result["stopDisabled"] is True
+    hidden, line = result["revision"]
+    if last == "final":
+        assert sent == [{"type": "end"}]  # the server holds audio: no silence first
+        assert result["statusResumed"].startswith("finishing…")
+        assert hidden is False and line.startswith("revising")
+    else:
+        assert sent == []
+        assert hidden is False and line.startswith("not revised")
+        assert "the final transcript below stands" in line
+        assert result["links"]["note"] == "(final)"
