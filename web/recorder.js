@@ -1674,12 +1674,14 @@ function flushMicrophone(done) {
 // The controls stay at the top of the window (index.html, #controls: sticky) over what
 // scrolls under them: what the browser scrolls into view (the focus moved by Tab, Shift+Tab
 // back through the captions) must land below them, not under them (found at 375 px wide,
-// where a long status makes them tall)
+// where a long status makes them tall). index.html gives the elements after the bar a
+// scroll-margin-top of --controls-height, the bar's height kept here.
 function keepClearOfControls() {
   if (typeof ResizeObserver === "undefined") return; // the page works on without it
   const controls = $("controls");
   new ResizeObserver(() => {
-    document.documentElement.style.scrollPaddingTop = `${controls.offsetHeight}px`;
+    document.documentElement.style.setProperty("--controls-height",
+                                               `${controls.offsetHeight}px`);
   }).observe(controls);
 }
 

@@ -876,15 +876,20 @@ async function inPlaceScenario() {
 }
 
 // The controls bar (sticky at the window's top) as a long status makes it taller at 375 px:
-// what the browser scrolls into view (a caption's speaker focused by Shift+Tab) went under it
+// what the browser scrolls into view (a caption's speaker focused by Shift+Tab) went under it.
+// The page keeps the bar's height as --controls-height (index.html: the scroll-margin-top of
+// what is under the bar); the document's scroll-padding-top, which scrolled the page up when
+// the focus went into the bar itself (a trial), stays unset.
 async function controlsScenario() {
   const heights = [];
+  const padding = [];
   for (const px of [58, 162]) {
     element("controls").offsetHeight = px;
     for (const [node, callback] of resizeObservers) if (node === element("controls")) callback([]);
-    heights.push(element("html").style.scrollPaddingTop);
+    heights.push(element("html").style["--controls-height"]);
+    padding.push(element("html").style.scrollPaddingTop || null);
   }
-  return { heights };
+  return { heights, padding };
 }
 
 const mergesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.merge");

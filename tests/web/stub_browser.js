@@ -56,7 +56,9 @@ function stubBrowser() {
       let text = "";
       let disabled = false;
       elements[id] = {
-        id, style: {}, listeners: {}, children: [], attributes: {},
+        id, listeners: {}, children: [], attributes: {},
+        // (a custom property set with setProperty is kept under its name)
+        style: { setProperty(name, value) { this[name] = String(value); } },
         parentNode: null,
         get disabled() { return disabled; },
         set disabled(value) {

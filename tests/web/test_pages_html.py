@@ -104,3 +104,16 @@ def test_the_recorders_controls_stay_in_view_and_fit_a_phone() -> None:
     assert "background" in rules["#controls"]  # the captions scroll under it, unseen
     assert rules["#api-key"]["box-sizing"] == "border-box"
     assert rules["#api-key"]["max-width"] == "100%"
+
+
+def test_only_what_is_under_the_sticky_controls_keeps_clear_of_them() -> None:
+    """The document's scroll-padding-top (the bar's height) kept the focused caption below the
+    sticky bar, but also scrolled the page up when the focus moved into the bar itself
+    (Shift+Tab onto Stop: scrollTop 775 -> 367 at 375 px, a trial). The margin is now the
+    scroll-margin-top of the elements after the bar, the bar's height (recorder.js sets it)."""
+    css = (ROOT / "web" / "index.html").read_text()
+    margins = re.findall(r"^\s*([^{}\n]+?)\s*\{[^}]*scroll-margin-top:\s*([^;]+);", css, re.M)
+    assert margins == [("#controls ~ *, #controls ~ * *", "var(--controls-height, 0px)")]
+    assert not re.search(r"scroll-padding[\w-]*\s*:", css)
+    js = (ROOT / "web" / "recorder.js").read_text()
+    assert "scrollPadding" not in js
