@@ -217,6 +217,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 micLost: false,
                 // a meeting runs here: from Start (or Resume meeting) to its last close
                 active: false,
+                // the element the status line took the keyboard focus from as it was
+                // disabled, to give it back once enabled (setDisabled)
+                focusParked: null,
                 // takes back the offer to resume a stored session once its window passed
                 offerTimer: null, copyNoteTimer: null,
                 // the server said it restarts (1012): until it is back, retries say so
@@ -609,7 +612,7 @@ function renderSpeakers() {
       const all = labelsShownAs(label, labels).join(" + ");
       setText(button, state.names.has(label) ? `${state.names.get(label)} (${all})` : all);
       button.style.color = speakerColour(label);
-      button.disabled = !canRename();
+      setDisabled(button, !canRename());
       return button;
     });
   for (const [label, button] of state.speakerButtons) {
@@ -623,7 +626,7 @@ function renderSpeakers() {
   if (!canMerge && canRename() && buttons.length && document.activeElement === merge) {
     buttons[0].focus();
   }
-  merge.disabled = !canMerge;
+  setDisabled(merge, !canMerge);
   $("speakers").hidden = buttons.length === 0;
   // the captions' speaker buttons too (after the final or offline a click did nothing while
   // they looked live: a trial), and their names
@@ -718,7 +721,7 @@ function showSpeaker(who, label) {
   setText(who, speakerName(label));
   who.style.color = speakerColour(shown);
   if (who.type !== "button") return;
-  who.disabled = !canRename();
+  setDisabled(who, !canRename());
   who.title = `${shown}: click to name`;
   const description = state.names.has(shown)
     ? `${state.names.get(shown)} (${shown}): rename this speaker`
@@ -769,6 +772,24 @@ function noteSpeakers(segments) {
 }
 
 function setStatus(text) { $("status").textContent = text; }
+
+// Enable or disable `el`. A disabled element drops the keyboard focus to the page's body
+// (Chromium): Enter on Stop, or a speaker button disabled at the final or by a drop, left a
+// keyboard user nowhere and a screen reader silent (a trial). The status line takes the focus
+// first (index.html: tabindex=-1): it is read out, and Tab goes on from the controls. The
+// element it came from gets it back once enabled again (after a resume) while the focus is
+// still on the status line: the user's place is kept through a drop.
+function setDisabled(el, disabled) {
+  if (disabled && !el.disabled && document.activeElement === el) {
+    state.focusParked = el;
+    $("status").focus();
+  }
+  el.disabled = disabled;
+  if (!disabled && state.focusParked === el) {
+    state.focusParked = null;
+    if (document.activeElement === $("status") && el.isConnected !== false) el.focus();
+  }
+}
 
 // The page's scroller is at its bottom (FOLLOW_SLACK_PX): the user follows the captions
 function atBottom() {
@@ -1104,7 +1125,7 @@ function finishStored(saved) {
                          stoppedAt: saved.stopped_at || Date.now() });
   state.buffer = new ResumeBuffer(0); // no microphone: nothing to send
   state.active = true;
-  $("stop").disabled = true; // pressed already
+  setDisabled($("stop"), true); // pressed already
   setStatus(`finishing… (the meeting started at ${clock(saved.started_at)} was stopped ` +
             "before this page was reloaded: waiting for its final transcript)");
   showExport(state.captions, saved.started_at, "(the finals so far)");
@@ -1114,7 +1135,7 @@ function finishStored(saved) {
 // The page and the state of a meeting from scratch: a new one, or (saved) one stored before
 // a reload
 function resetMeeting(saved) {
-  $("start").disabled = true;
+  setDisabled($("start"), true);
   $("resume").hidden = true;
   $("finals").replaceChildren();
   $("partial").replaceChildren();
@@ -1355,8 +1376,8 @@ function stopWaiting() {
   stopAudio();
   clearSession();
   renderSpeakers();
-  $("start").disabled = false;
-  $("stop").disabled = true;
+  setDisabled($("start"), false);
+  setDisabled($("stop"), true);
 }
 
 // No final FINAL_GIVE_UP_MS after Stop: stop waiting, and say where the transcript is
@@ -1405,7 +1426,7 @@ function onReady(ws, ev) {
   // while Stop waits for the microphone's last samples, it sends `end` after them
   if (state.ending) {
     if (!state.flushing) sendAwaiting(ws, JSON.stringify({ type: "end" }));
-  } else $("stop").disabled = false;
+  } else setDisabled($("stop"), false);
 }
 
 // The server refused a message of this page once more after MAX_VIOLATION_RESUMES resumes
@@ -1416,7 +1437,7 @@ function windUp(why) {
   stopAudio();
   state.micLost = false;
   $("resume").hidden = true;
-  $("stop").disabled = true;
+  setDisabled($("stop"), true);
   state.ending = true;
   if (!state.stoppedAt) state.stoppedAt = Date.now(); // FINAL_GIVE_UP_MS applies
 }
@@ -1525,8 +1546,8 @@ function onClose(ws, ev, reached) {
   } else if (ev.code !== 1000 && !resumable) {
     setStatus(`${$("status").textContent} (closed ${ev.code})`);
   }
-  $("start").disabled = false;
-  $("stop").disabled = true;
+  setDisabled($("start"), false);
+  setDisabled($("stop"), true);
 }
 
 // A resume got not_found (4404): the server has let the session go, maybe after finishing it:
@@ -1630,7 +1651,7 @@ function stopAudio() {
 }
 
 function stop() {
-  $("stop").disabled = true;
+  setDisabled($("stop"), true);
   $("resume").hidden = true; // after micLost: the meeting ends without it
   state.micLost = false;
   state.ending = true;
@@ -1689,7 +1710,7 @@ function startClicked(saved) {
   start(saved).catch((e) => {
     stopAudio(); // release a microphone that was granted before the failure
     setStatus(`cannot start: ${e.message}`);
-    $("start").disabled = false;
+    setDisabled($("start"), false);
     if (saved) { // the stored session is still there to resume
       state.stored = saved;
       $("resume").hidden = false;

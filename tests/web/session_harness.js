@@ -875,6 +875,35 @@ async function inPlaceScenario() {
   return out;
 }
 
+// A keyboard user's focus on the buttons the page disables: a speaker in the list when the
+// connection drops (and its resume), Stop pressed with Enter, a caption's speaker when the
+// final comes. Each went to the page's body (Chromium, a trial).
+async function focusScenario() {
+  const ws = await startMeeting();
+  ws.receive(said("seg-0000", 0, "S01"));
+  ws.receive(said("seg-0001", 1, "S02"));
+  const out = {};
+  const listed = element("speakers-list").children[1];
+  listed.focus();
+  ws.drop(1006);
+  out.dropped = { focus: focused().id, disabled: listed.disabled };
+  await sleep(400);
+  const again = sockets[1];
+  again.open();
+  again.receive(ready({ resumed: true }));
+  out.resumed = { focusBack: focused() === listed, disabled: listed.disabled };
+  const stop = element("stop");
+  stop.focus();
+  stop.listeners.click(); // Enter on Stop: a click
+  out.stopped = { focus: focused().id, disabled: stop.disabled };
+  await sleep(300);
+  const caption = element("finals").children[0].children[1];
+  caption.focus();
+  again.receive(finalOf([said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")]));
+  out.final = { focus: focused().id, disabled: caption.disabled };
+  return out;
+}
+
 // The controls bar (sticky at the window's top) as a long status makes it taller at 375 px:
 // what the browser scrolls into view (a caption's speaker focused by Shift+Tab) went under it.
 // The page keeps the bar's height as --controls-height (index.html: the scroll-margin-top of
@@ -1079,7 +1108,7 @@ async function expiredScenario(storage) {
                       lateclick: lateClickScenario, scroll: scrollScenario,
                       a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
                       controls: controlsScenario, deadrevision: deadRevisionScenario,
-                      reloadending: reloadEndingScenario,
+                      reloadending: reloadEndingScenario, focus: focusScenario,
                       silentrev: () => silentScenario(true),
                       silentfinal: () => silentScenario(false) };
   const result = await scenarios[scenario](storage, lasting);

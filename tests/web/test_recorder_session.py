@@ -747,3 +747,16 @@ def test_a_page_reloaded_while_finishing_fetches_the_final_without_a_microphone(
         assert hidden is False and line.startswith("not revised")
         assert "the final transcript below stands" in line
         assert result["links"]["note"] == "(final)"
+
+
+def test_the_status_line_takes_the_focus_from_a_button_the_page_disables() -> None:
+    """A disabled button drops the keyboard focus to the page's body (Chromium): Enter on
+    Stop, a speaker in the list when the connection dropped, a caption's speaker at the final
+    left a keyboard user nowhere and a screen reader silent (a trial). The status line
+    (focusable by script) takes it first and is read out; after a resume the button gets it
+    back, so the user's place is kept through a drop."""
+    result = run("focus")
+    assert result["dropped"] == {"focus": "status", "disabled": True}
+    assert result["resumed"] == {"focusBack": True, "disabled": False}
+    assert result["stopped"] == {"focus": "status", "disabled": True}
+    assert result["final"] == {"focus": "status", "disabled": True}
