@@ -611,6 +611,7 @@ function renderSpeakers() {
       }
       const all = labelsShownAs(label, labels).join(" + ");
       setText(button, state.names.has(label) ? `${state.names.get(label)} (${all})` : all);
+      button.title = nameAction(label);
       button.style.color = speakerColour(label);
       setDisabled(button, !canRename());
       return button;
@@ -698,7 +699,7 @@ function segmentElement(seg) {
   time.className = "time";
   time.textContent = `${meetingTime(seg.start)}–${meetingTime(seg.end)}`;
   // a label the page can name is a button: reached by the keyboard (Tab, then Enter or
-  // Space) and read out as what it does
+  // Space), named as the speaker it shows, described by what it does (showSpeaker)
   const nameable = SPEAKER_LABEL.test(seg.speaker);
   const who = document.createElement(nameable ? "button" : "span");
   who.className = "speaker";
@@ -722,11 +723,16 @@ function showSpeaker(who, label) {
   who.style.color = speakerColour(shown);
   if (who.type !== "button") return;
   setDisabled(who, !canRename());
-  who.title = `${shown}: click to name`;
-  const description = state.names.has(shown)
-    ? `${state.names.get(shown)} (${shown}): rename this speaker`
-    : `${shown}: name this speaker`;
-  if (who.getAttribute("aria-label") !== description) who.setAttribute("aria-label", description);
+  // its name is what it shows (the speaker): a caption line is read out as it reads, not as
+  // "S01: name this speaker" (an aria-label, a trial); what a click does is its description
+  who.title = nameAction(shown);
+}
+
+// What a click on a speaker button does, for `label` (one not merged away): a tooltip, and
+// the button's accessible description
+function nameAction(label) {
+  return state.names.has(label) ? `${label}: click to rename this speaker`
+                                 : `${label}: click to name this speaker`;
 }
 
 // Every caption line's speaker, in place, as the names and merges say now: lines rebuilt

@@ -730,11 +730,13 @@ async function a11yScenario() {
   ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
   const speakers = element("finals").children.map((div) => {
     const who = div.children[1];
-    return { tag: who.tagName, type: who.type, label: who.attributes["aria-label"] };
+    return { tag: who.tagName, type: who.type, label: who.attributes["aria-label"] || null,
+             text: who.textContent, title: who.title };
   });
   element("overlay-copy").listeners.click();
   await sleep(10);
-  return { speakers, copied, selected, note: element("overlay-copied").textContent };
+  const listed = element("speakers-list").children.map((b) => [b.textContent, b.title]);
+  return { speakers, listed, copied, selected, note: element("overlay-copied").textContent };
 }
 
 // times on the caption lines, and the status a final leaves (FINISH: its finish_reason)
