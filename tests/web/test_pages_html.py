@@ -119,3 +119,16 @@ def test_only_what_is_under_the_sticky_controls_keeps_clear_of_them() -> None:
     assert not re.search(r"scroll-padding[\w-]*\s*:", css)
     js = (ROOT / "web" / "recorder.js").read_text()
     assert "scrollPadding" not in js
+
+
+def test_the_revision_line_is_read_out() -> None:
+    """ "revising…", "revised…", "not revised…" were never read out: the line was no live
+    region (a trial). It now sits in one that is always in the page (a region shown only
+    along with its news is not reliably read)."""
+    page = elements("index.html").by_id
+    nesting = _Nesting()
+    nesting.feed((ROOT / "web" / "index.html").read_text())
+    assert nesting.ancestors["revision"][-1] == "revision-live"
+    region = page["revision-live"][1]
+    assert region.get("aria-live") == "polite" and region.get("role") == "status"
+    assert "hidden" not in region and "hidden" in page["revision"][1]
