@@ -777,7 +777,14 @@ function noteSpeakers(segments) {
   if (state.speakers.size !== before) renderSpeakers();
 }
 
-function setStatus(text) { $("status").textContent = text; }
+// The status line says `text` (a live region: read out as it changes, so a text it says
+// already is not written again); `detail`, beside it and not read out, what changes too often
+// to be heard: the wait before each reconnect ("reconnecting in 0.3 s… 0.5… 1.0…" was read
+// out at every retry, a trial).
+function setStatus(text, detail = "") {
+  setText($("status"), text);
+  setText($("status-detail"), detail);
+}
 
 // Enable or disable `el`. A disabled element drops the keyboard focus to the page's body
 // (Chromium): Enter on Stop, or a speaker button disabled at the final or by a drop, left a
@@ -1513,7 +1520,8 @@ function onClose(ws, ev, reached) {
         why = `the server refused a message of this page ${state.violations} times (the ` +
               `last: ${state.refused}): recording stopped; ending the meeting`;
       }
-      setStatus(`${why}: reconnecting in ${(delay / 1000).toFixed(1)} s…`);
+      // said once per drop: each retry's wait goes beside it, out of the live region
+      setStatus(`${why}: reconnecting…`, `(next try in ${(delay / 1000).toFixed(1)} s)`);
       state.retry = setTimeout(connect, delay);
       return;
     }

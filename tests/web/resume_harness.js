@@ -99,10 +99,12 @@ async function restart() {
     return sockets[n];
   };
   const statusRetries = [];
+  const detailRetries = [];
   for (let i = 1; i <= 2; i++) { // the retries after 250 and 500 ms find no server
     const retry = await until(i);
     if (retry) retry.drop(1006);
     statusRetries.push(element("status").textContent);
+    detailRetries.push(element("status-detail").textContent);
   }
   const last = await until(3); // ~1 s after the close: past its 0.3-s window
   if (last) {
@@ -112,7 +114,7 @@ async function restart() {
                    offset: 0 });
   }
   console.log(JSON.stringify({ sockets: sockets.length, statusRestarting, statusClosed,
-                               statusRetries,
+                               statusRetries, detailRetries,
                                resumed: last ? last.sent[0].resume || null : null,
                                status: element("status").textContent }));
   process.exit(0);

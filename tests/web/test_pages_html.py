@@ -46,6 +46,8 @@ def test_the_recorders_status_and_captions_are_read_out_as_they_change() -> None
     assert page["overlay-copied"][1].get("role") == "status"
     # focusable by script (the focus of a button the page disables goes there), not by Tab
     assert page["status"][1].get("tabindex") == "-1"
+    # the wait before each reconnect beside the status, not read out at every retry
+    assert page["status-detail"][1].get("aria-live") is None
 
 
 def test_both_pages_bring_their_icon_along() -> None:
