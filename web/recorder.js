@@ -845,11 +845,15 @@ function noteAudioHeld(offset) {
   rememberMeeting(state.captions, state.startedAt);
 }
 
+// What the meeting lacks, for the status: the audio dropped while offline (so far), and once,
+// the first time it is said, the audio spoken during a reload (it stuck to every later
+// status, a later restart's resume and the final included: a trial)
 function lostNote() {
   const lost = state.buffer ? state.buffer.lostFrames / state.format.sample_rate : 0;
+  const reload = state.afterReload;
+  state.afterReload = false;
   return (lost > 0 ? ` (${lost.toFixed(1)} s of audio lost while offline)` : "") +
-         (state.afterReload ? " (audio spoken while the page was reloading was not captured)"
-                            : "");
+         (reload ? " (audio spoken while the page was reloading was not captured)" : "");
 }
 
 function onEvent(ev) {

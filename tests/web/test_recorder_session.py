@@ -100,6 +100,9 @@ def test_a_reloaded_page_resumes_its_stored_session_from_the_servers_offset() ->
     assert [m.get("frame") for m in second[1:]] == [2, 3]
     assert result["finals"] == 3  # seg-0000 and seg-0001 replayed twice, shown once
     assert "not captured" in result["statusResumed"]
+    # said once: it stuck to every later status, a later resume's included (a trial)
+    assert result["status"].startswith("resumed (session s-1")
+    assert "not captured" not in result["status"]
     assert result["storedLive"]["session_id"] == "s-1"  # still stored while live
 
 
