@@ -1525,7 +1525,7 @@ function onClose(ws, ev, reached) {
               `last: ${state.refused}): recording stopped; ending the meeting`;
       }
       // said once per drop: each retry's wait goes beside it, out of the live region
-      setStatus(`${why}: reconnecting…`, `(next try in ${(delay / 1000).toFixed(1)} s)`);
+      setStatus(`${why}: ${reconnectGoal()}`, `(next try in ${(delay / 1000).toFixed(1)} s)`);
       state.retry = setTimeout(connect, delay);
       return;
     }
@@ -1656,6 +1656,15 @@ function showStoredTranscript({ kept, body }, gone, notes) {
   if (follow) scrollToBottom();
 }
 
+// What the page reconnects for: after Stop, to end the meeting (Stop pressed while the server
+// was down went unacknowledged: the status kept "connection lost: reconnecting…", a trial);
+// after the final, for its revision
+function reconnectGoal() {
+  if (state.finished) return "reconnecting for the revision…";
+  if (state.ending && !state.windingUp) return "reconnecting to end the meeting…";
+  return "reconnecting…";
+}
+
 function stopAudio() {
   if (state.node) state.node.port.onmessage = null;
   if (state.stream) {
@@ -1687,7 +1696,10 @@ function stop() {
     if (state.live) {
       sendAwaiting(state.ws, JSON.stringify({ type: "end" }));
       setStatus("finishing…");
-    } // else: offline; the resume sends `end` after the audio it still owes
+    } else { // offline: the resume sends `end` after the audio it still owes
+      setStatus("stopped: the meeting ends once the page reaches the server again " +
+                `(${reconnectGoal()})`, $("status-detail").textContent);
+    }
     saveSession(); // stopped: a reload fetches the final, and asks for no microphone
   });
 }

@@ -877,6 +877,31 @@ async function inPlaceScenario() {
   return out;
 }
 
+// Stop pressed while the server is down: the status kept "connection lost: reconnecting in
+// 4.0 s…" (a trial); the page now says the meeting ends once it is reconnected, and its
+// retries say what they are for
+async function stopOfflineScenario() {
+  const ws = await startMeeting();
+  speak();
+  ws.drop(1006);
+  const out = { dropped: element("status").textContent };
+  element("stop").listeners.click();
+  await sleep(250); // the flush's answer
+  out.stopped = element("status").textContent;
+  while (sockets.length < 2) await sleep(5);
+  sockets[1].drop(1006); // the retry finds no server
+  out.retried = element("status").textContent;
+  while (sockets.length < 3) await sleep(5);
+  const again = sockets[2];
+  again.open();
+  again.receive(ready({ resumed: true, offset: 1600 }));
+  out.sent = again.sent.slice(1);
+  again.receive(finalOf([]));
+  again.drop(1000);
+  out.status = element("status").textContent;
+  return out;
+}
+
 // A keyboard user's focus on the buttons the page disables: a speaker in the list when the
 // connection drops (and its resume), Stop pressed with Enter, a caption's speaker when the
 // final comes. Each went to the page's body (Chromium, a trial).
@@ -1111,6 +1136,7 @@ async function expiredScenario(storage) {
                       a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
                       controls: controlsScenario, deadrevision: deadRevisionScenario,
                       reloadending: reloadEndingScenario, focus: focusScenario,
+                      stopoffline: stopOfflineScenario,
                       silentrev: () => silentScenario(true),
                       silentfinal: () => silentScenario(false) };
   const result = await scenarios[scenario](storage, lasting);
