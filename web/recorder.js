@@ -129,6 +129,9 @@ const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", 
 // up, the user reads back, and new captions must not pull the page down
 const FOLLOW_SLACK_PX = 40;
 const COPY_NOTE_MS = 5000; // how long "copied" (or why not) shows beside Copy
+// how long the reason a name or a merge was not sent shows in the status line: long enough to
+// read it twice, then the recording status is back
+const NOTE_MS = 8000;
 // what a transcript's finish_reason means to the user (docs/protocol.md, transcript.final):
 // `stop`, the normal end, says nothing
 const FINISH_NOTES = {
@@ -208,8 +211,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 probedAt: 0, probing: false,
                 // the meeting is in the recent meetings (RECENT_KEY): it has audio
                 remembered: false,
-                // the status while recording, and whether a refused name's reason replaced it
-                liveStatus: "", nameRefused: false,
+                // the status while recording; a passing note that replaced it (why a name or
+                // a merge was not sent) and until when it shows (setNote)
+                liveStatus: "", note: null, noteUntil: 0,
                 // Stop waits for the worklet's last samples (onFlushed: when they came);
                 // nothing: Stop came before any audio
                 flushing: false, onFlushed: null, nothing: false,
@@ -577,8 +581,7 @@ function renameSpeaker(label) {
   const name = stripName(answer);
   const problem = name ? nameProblem(name) : "";
   if (problem) {
-    setStatus(`${label} not renamed: ${problem}`);
-    state.nameRefused = true; // said until a rename goes through (`speaker.renamed`)
+    setNote(`${label} not renamed: ${problem}`);
     return;
   }
   if (!canRename()) return; // the connection went while the prompt was open
@@ -677,14 +680,14 @@ function mergeSpeakers() {
   if (answer === null) return; // cancelled
   const m = MERGE_ANSWER.exec(answer);
   if (!m) {
-    setStatus("not merged: type two labels, the one to merge first (e.g. \"S03 S01\")");
+    setNote("not merged: type two labels, the one to merge first (e.g. \"S03 S01\")");
     return;
   }
   const [label, into] = [m[1].toUpperCase(), m[2].toUpperCase()];
   const problem = label === into ? "a label cannot be merged into itself"
                                  : mergeProblem(label, into);
   if (problem) {
-    setStatus(`${label} not merged into ${into}: ${problem}`);
+    setNote(`${label} not merged into ${into}: ${problem}`);
     return;
   }
   if (!canRename()) return; // the connection went while the prompt was open
@@ -775,6 +778,24 @@ function noteSpeakers(segments) {
   const before = state.speakers.size;
   for (const seg of segments) state.speakers.add(seg.speaker);
   if (state.speakers.size !== before) renderSpeakers();
+}
+
+// A passing note in the status line: why a name or a merge was not sent. It replaced the
+// recording status until a rename went through, for the rest of the meeting if none did (a
+// trial): the watchdog puts the status back NOTE_MS later (endNote).
+function setNote(text) {
+  setStatus(text);
+  state.note = text;
+  state.noteUntil = Date.now() + NOTE_MS;
+}
+
+// The note's time is up (or a rename went through): the recording status again, unless the
+// status has said something else since (a drop, Stop)
+function endNote() {
+  if (state.note && $("status").textContent === state.note && state.live && !state.ending &&
+      state.liveStatus) setStatus(state.liveStatus);
+  state.note = null;
+  state.noteUntil = 0;
 }
 
 // The status line says `text` (a live region: read out as it changes, so a text it says
@@ -916,11 +937,7 @@ function onEvent(ev) {
       if (typeof ev.name === "string") state.names.set(ev.speaker, ev.name);
       else state.names.delete(ev.speaker); // null: the label shows again
       renderSpeakers();
-      // a refused name's reason stayed in the status line for the rest of the meeting
-      if (state.nameRefused && state.live && !state.ending && state.liveStatus) {
-        setStatus(state.liveStatus);
-      }
-      state.nameRefused = false;
+      endNote(); // a name went through: the reason an earlier one did not is old news
       break;
     case "speaker.merged":
       if (typeof ev.speaker !== "string" || typeof ev.into !== "string") break;
@@ -1302,6 +1319,7 @@ function sendAwaiting(ws, data) {
 // dead (no close may ever come: docs above ACK_TIMEOUT_MS), and a Stop whose final has not
 // come in FINAL_GIVE_UP_MS is given up, as is a revision not come in REVISION_GIVE_UP_MS.
 function watchdog() {
+  if (state.noteUntil && Date.now() >= state.noteUntil) endNote();
   if (state.ending && !state.finished && state.stoppedAt &&
       Date.now() - state.stoppedAt > FINAL_GIVE_UP_MS) {
     giveUpFinal();

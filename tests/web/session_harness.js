@@ -358,8 +358,22 @@ async function badNamesScenario() {
   }
   const statusBeforeAnswer = element("status").textContent;
   ws.receive({ type: "speaker.renamed", speaker: "S01", name: "Zed" });
+  const statusAfterAnswer = element("status").textContent;
+  // a refusal with no rename after it: the reason shows a while, then the recording status
+  answers.push("\u200b");
+  element("finals").children[0].children[1].listeners.click();
+  const noted = [element("status").textContent];
+  advance(7000);
+  await sleep(1100); // a watchdog tick
+  noted.push(element("status").textContent);
+  answers.push("S09 S01"); // a merge the page refuses: the same
+  element("merge-speakers").listeners.click();
+  noted.push(element("status").textContent);
+  advance(8000);
+  await sleep(1100);
+  noted.push(element("status").textContent);
   return { refused, sentForBad, sentForGood: renamesSent(ws).map((m) => m.name),
-           statusBeforeAnswer, statusAfterAnswer: element("status").textContent };
+           statusBeforeAnswer, statusAfterAnswer, noted };
 }
 
 // the server refuses a message of the page's (invalid_request, 4400; protocol_error, 4402;

@@ -286,6 +286,11 @@ def test_the_page_refuses_the_names_the_server_refuses_and_sends_what_it_keeps()
     # (it stayed for the rest of the meeting: a trial)
     assert "not renamed" in result["statusBeforeAnswer"]
     assert result["statusAfterAnswer"].startswith("recording (session s-1")
+    # with no rename after it, the reason hid the recording status for the rest of the
+    # meeting (a trial): it shows 8 s, then the recording status is back; a merge's too
+    shown, at7s, merge, at8s = result["noted"]
+    assert shown.startswith("S01 not renamed") and at7s == shown
+    assert merge.startswith("S09 not merged") and at8s.startswith("recording (session s-1")
 
 
 def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
