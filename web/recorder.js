@@ -836,9 +836,11 @@ function scrollToBottom() {
   if (el) el.scrollTop = el.scrollHeight;
 }
 
-// The line under the downloads that says where the transcript's revision is
-function showRevision(text) {
+// The line under the downloads that says where the transcript's revision is; `detail`: its
+// tooltip (the server's reason a revision failed)
+function showRevision(text, detail = "") {
   $("revision").textContent = text;
+  $("revision").title = detail;
   $("revision").hidden = false;
 }
 
@@ -980,7 +982,12 @@ function onEvent(ev) {
     case "error":
       if (ev.code === "revision_failed") { // the session succeeded: its final stands
         state.revisionPending = false;
-        showRevision(`not revised (${ev.message}): the final transcript below stands`);
+        // plainly: the server's reason ("decode failed: RuntimeError(…); transcript.final
+        // stands") read as a fault of the meeting and said twice that the final stands (a
+        // trial); it is kept for whoever looks (the console, the line's tooltip)
+        console.warn(`revision_failed: ${ev.message}`);
+        showRevision("not revised: the pass over the whole meeting did not succeed; the " +
+                     "final transcript below stands", ev.message);
         break;
       }
       if (ev.code === "server_restarting" && state.session) { // its 1012 close is resumed

@@ -228,10 +228,11 @@ async function unrevisedScenario() {
   element("stop").listeners.click();
   ws.receive(finalOf([said("seg-0000", 0, "S01")]));
   ws.receive({ type: "error", code: "revision_failed", retryable: false,
-               message: "the revision failed (internal_error)" });
+               message: "the revision failed (internal_error): decode failed: " +
+                        "RuntimeError('scripted revision failure'); transcript.final stands" });
   ws.drop(1000);
   return { revision: revisionLine(), captions: shownCaptions(), links: links(),
-           status: element("status").textContent };
+           status: element("status").textContent, detail: element("revision").title };
 }
 
 // a session the page stored before its reload, last seen `ageMs` ago, 2 s into the meeting

@@ -218,10 +218,18 @@ def test_a_revision_replaces_the_finals_shown_and_keeps_the_speakers_names() -> 
 
 
 def test_a_failed_revision_says_the_final_stands() -> None:
+    """The line said "not revised (the revision failed (internal_error): decode failed:
+    RuntimeError(…); transcript.final stands): the final transcript below stands" (a trial):
+    technical, and the final's standing twice. It now says it plainly; the server's reason is
+    the line's tooltip."""
     result = run("unrevised")
     hidden, text = result["revision"]
-    assert hidden is False and "the final transcript below stands" in text
-    assert "internal_error" in text
+    assert hidden is False
+    assert text == (
+        "not revised: the pass over the whole meeting did not succeed; the final transcript "
+        "below stands"
+    )
+    assert result["detail"].startswith("the revision failed (internal_error)")
     assert result["captions"] == [["S01", "seg-0000"]]
     assert result["links"]["note"] == "(final)"
     assert result["status"].startswith("done:")  # not an error of the session
