@@ -129,6 +129,11 @@ const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", 
 // up, the user reads back, and new captions must not pull the page down
 const FOLLOW_SLACK_PX = 40;
 const COPY_NOTE_MS = 5000; // how long "copied" (or why not) shows beside Copy
+// A meeting gone from the page whose transcript the server still has "running" (it is ending
+// it: offerTranscript) is asked about again this often, for at most this long (its final
+// decode included)
+const TRANSCRIPT_POLL_MS = 3000;
+const TRANSCRIPT_POLL_MAX_MS = 180000;
 // how long the reason a name or a merge was not sent shows in the status line: long enough to
 // read it twice, then the recording status is back
 const NOTE_MS = 8000;
@@ -226,6 +231,8 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 focusParked: null,
                 // takes back the offer to resume a stored session once its window passed
                 offerTimer: null, copyNoteTimer: null,
+                // asks again about a meeting gone from the page that the server is ending
+                offerPoll: null,
                 // the server said it restarts (1012): until it is back, retries say so
                 restarting: false,
                 retry: null,
@@ -1058,19 +1065,31 @@ function withdrawStored(saved = state.stored) {
 
 // Show the downloads of a session that is gone from this page if the server has its
 // transcript (a final is kept after the session ends), and say so either way.
-async function offerTranscript(captions, startedAt) {
+// A transcript still "running" there is a meeting the server is ending now (its resume window
+// ran out as the page's did: the offer withdrawn at the window's end said "(the finals so
+// far)" for good, a trial): asked again until its final is stored. `status`: the status
+// line's text before the first ask; `since`: when that was.
+async function offerTranscript(captions, startedAt, status = $("status").textContent,
+                               since = Date.now()) {
   if (!captions || !captions.captions_token) return;
-  const status = $("status").textContent;
+  clearTimeout(state.offerPoll);
   try {
     const { ok, kept } = await askTranscript(captions.session_id, captions.captions_token);
+    if (state.active) return; // a meeting started meanwhile: its own downloads show
     if (ok) {
       // the resource serves the newest: the revision once it came
-      const notes = { final: "(final)", revised: "(revised)" };
+      const notes = { final: "(final)", revised: "(revised)",
+                      running: "(the finals so far: the server is ending the meeting)" };
       showExport(captions, startedAt, notes[kept] || "(the finals so far)");
       setStatus(`${status}: download its transcript below`);
+      if (kept === "running" && Date.now() - since < TRANSCRIPT_POLL_MAX_MS) {
+        state.offerPoll = setTimeout(() => offerTranscript(captions, startedAt, status, since),
+                                     TRANSCRIPT_POLL_MS);
+      }
       return;
     }
   } catch (e) { /* unreachable: said below */ }
+  if (state.active) return;
   setStatus(`${status}: the server has no transcript of it`);
 }
 
@@ -1187,6 +1206,7 @@ function resetMeeting(saved) {
   $("speakers").hidden = true;
   state.stored = null;
   clearTimeout(state.offerTimer);
+  clearTimeout(state.offerPoll);
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),

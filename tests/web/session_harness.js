@@ -73,8 +73,12 @@ function audioOf(url) {
   if (id && id[1].startsWith("e-")) return 0.02;
   return id && id[1] === "a" ? 754.5 : 5.25;
 }
+// TRANSCRIPT_SEQUENCE: s-1's statuses, one per ask, before TRANSCRIPT_STATUS (e.g. "running,final":
+// a meeting the server is ending as it is asked, then stored)
+const sequence = (process.env.TRANSCRIPT_SEQUENCE || "").split(",").filter(Boolean);
 function transcriptOf(url, transcriptStatus) {
   const id = /\/sessions\/([^/]+)\/transcript/.exec(url);
+  if (id && id[1] === "s-1" && sequence.length) return sequence.shift();
   if (id && id[1] === "down") throw new TypeError("Failed to fetch");
   if (id && id[1] === "gone") return null;
   if (id && id[1].startsWith("r-")) return "running";
@@ -1107,6 +1111,20 @@ async function staleScenario(storage) {
   return out;
 }
 
+// the offer withdrawn at the window's end, as the server ends the meeting: its transcript is
+// still "running" when asked, then final (TRANSCRIPT_SEQUENCE); the note said "(the finals so
+// far)" for good (a trial)
+async function staleEndingScenario() {
+  await sleep(1100); // the window's end (59 s of it had passed)
+  const out = { first: links().note };
+  await sleep(3300); // asked again
+  const asked = fetched.filter((url) => url.includes("/sessions/s-1/transcript")).length;
+  Object.assign(out, { later: links().note, status: element("status").textContent, asked });
+  await sleep(3300); // and no more
+  out.askedAfter = fetched.filter((url) => url.includes("/sessions/s-1/transcript")).length;
+  return out;
+}
+
 async function lateClickScenario(storage) {
   const offered = !element("resume").hidden;
   advance(60000); // the user came back a minute later
@@ -1127,7 +1145,7 @@ async function expiredScenario(storage) {
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
                     revised: {}, unrevised: {}, reload8k: stored(5000, 8000),
-                    stale: stored(59000), lateclick: stored(5000),
+                    stale: stored(59000), staleending: stored(59000), lateclick: stored(5000),
                     reloadending: stored(5000, 16000, { ending: true, revise: true,
                                                         stopped_at: NOW - 5000 }) }[scenario] || {};
   const storage = new FakeStorage(initial);
@@ -1151,7 +1169,7 @@ async function expiredScenario(storage) {
                       a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
                       controls: controlsScenario, deadrevision: deadRevisionScenario,
                       reloadending: reloadEndingScenario, focus: focusScenario,
-                      stopoffline: stopOfflineScenario,
+                      stopoffline: stopOfflineScenario, staleending: staleEndingScenario,
                       silentrev: () => silentScenario(true),
                       silentfinal: () => silentScenario(false) };
   const result = await scenarios[scenario](storage, lasting);

@@ -31,6 +31,7 @@ def run(
     finish: str = "stop",
     duration: str = "3",
     last: str = "final",
+    sequence: str = "",
 ) -> dict[str, Any]:
     assert NODE is not None
     out = subprocess.run(
@@ -40,7 +41,8 @@ def run(
         # the file names carry the meeting's local time
         env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
              "FLUSH": flush, "CTX_RATE": context_rate, "CLIPBOARD": clipboard,
-             "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration, "LAST": last},
+             "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration, "LAST": last,
+             "TRANSCRIPT_SEQUENCE": sequence},
     )  # fmt: skip
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -795,3 +797,17 @@ def test_stop_while_the_server_is_down_says_the_meeting_ends_once_reconnected() 
     assert result["retried"] == "connection lost: reconnecting to end the meeting…"
     assert result["sent"] == [{"type": "end"}]
     assert result["status"].startswith("done:")
+
+
+def test_an_offer_withdrawn_as_the_server_ends_the_meeting_follows_it_to_its_final() -> None:
+    """The offer to resume, withdrawn at the window's end, asked the transcript resource just
+    as the server was ending the meeting ("running") and said "(the finals so far)" for good
+    (a trial). It now says the server is ending the meeting and asks again until the final
+    is stored."""
+    result = run("staleending", sequence="running,final")
+    assert result["first"] == "(the finals so far: the server is ending the meeting)"
+    assert result["later"] == "(final)"
+    assert result["status"].endswith(
+        "ended while this page was away: download its transcript below"
+    )
+    assert result["asked"] == 2 and result["askedAfter"] == 2  # final: no more asks
