@@ -332,6 +332,8 @@ async function namesScenario() {
   again.receive(said("seg-0000", 0, "S01"));
   again.receive(said("seg-0001", 1, "S02"));
   again.receive({ type: "speaker.renamed", speaker: "S02", name: "Robert" });
+  out.duringReplay = shownSpeakers(); // S01's name stays until the replay is over
+  again.receive({ type: "audio.ack", offset: 0 }); // then it goes: not replayed
   out.replayed = shownSpeakers();
   out.replayedList = speakersList();
   answers.push("Carol");
@@ -1011,9 +1013,13 @@ async function mergesScenario() {
   again.open();
   again.receive(ready({ resumed: true }));
   for (const f of finals) again.receive(f);
-  out.beforeReplay = shownSpeakers(); // the resume drops the merges until they are replayed
+  // the names and merges shown stay through the replay (dropped at the resume, they came back
+  // with it: every resume made them flicker, a trial)
+  out.beforeReplay = shownSpeakers();
+  out.beforeReplayList = speakersList();
   again.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
   again.receive(merged("S03", "S01"));
+  again.receive({ type: "segment.partial", rev: 9, segments: [] }); // the replay is over
   out.replayed = shownSpeakers();
   out.chain = askMerge(again, "S02 S03"); // into a merged label: the server resolves it
   again.receive(merged("S02", "S01"));

@@ -164,6 +164,7 @@ def test_names_are_disabled_offline_and_taken_from_the_resumes_replay() -> None:
     resume's replay of `speaker.renamed` is what the page shows after (a name the server no
     longer holds is dropped), and renames work again."""
     result = run("names")
+    assert result["duringReplay"] == ["Ann", "Robert"]
     assert result["offlineList"] == [["Ann (S01)", True], ["Bob (S02)", True]]
     assert result["offlineCaptionButtons"] == [True, True]  # they looked live (a trial)
     assert result["offlinePrompts"] == 0
@@ -272,6 +273,10 @@ def test_merges_are_disabled_offline_replayed_on_the_resume_and_taken_from_the_f
     it) and followed through; the final's `merged` adds any the page missed."""
     result = run("merges")
     assert result["offlineDisabled"] is True
+    # kept through the replay (dropped at the resume, a merged S03 came back as its own
+    # button until the replay: every resume flickered, a trial)
+    assert result["beforeReplay"] == ["Alice", "S02", "Alice"]
+    assert result["beforeReplayList"] == [["Alice (S01 + S03)", False], ["S02", False]]
     assert result["replayed"] == ["Alice", "S02", "Alice"]
     assert result["chain"]["sent"] == [{"type": "speaker.merge", "speaker": "S02", "into": "S03"}]
     assert result["chained"] == ["Alice", "Alice", "Alice"]
