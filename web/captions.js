@@ -7,7 +7,9 @@
 // merged into another (`speaker.merged`, "Speaker merges") shows as its target: its name and
 // colour. A session
 // that is gone (4404: the meeting ended, and OBS reloaded the source) leaves the overlay empty,
-// drawing nothing over the video: its status shows only with debug=1 (always in the console).
+// drawing nothing over the video: its status shows only with debug=1 (always in the console);
+// one that went while the overlay was reconnecting to it (a server restart) leaves the lines
+// it had shown a while first, as after its final.
 // After the meeting's last frame (`transcript.final`, or its revision) the server closes with
 // 1000: the last lines stay FINAL_LINGER_MS, for the end of the meeting to be read, then the
 // overlay is empty (it stayed over the video for good: a trial); nothing reconnects.
@@ -195,6 +197,16 @@ function render(model) {
 
 const overlay = { model: null, ws: null, attempt: 0, retry: null, debug: false };
 
+// The meeting is over: its last lines stay FINAL_LINGER_MS, then the overlay is empty (`why`:
+// for debug=1)
+function linger(why) {
+  setTimeout(() => {
+    overlay.model.clear();
+    render(overlay.model);
+    debugStatus(why);
+  }, FINAL_LINGER_MS);
+}
+
 function connect(session, token) {
   const ws = new WebSocket(captionsUrl(session, token));
   overlay.ws = ws;
@@ -212,15 +224,18 @@ function connect(session, token) {
   ws.onclose = (ev) => {
     if (ev.code in FINAL_CLOSES) {
       if (ev.code === 1000) { // the meeting ended: its last lines, a while
-        setTimeout(() => {
+        linger("captions: the meeting ended");
+      } else if (QUIET_CLOSES.includes(ev.code)) {
+        // gone: after lines of this meeting were shown, it ended while this page was away
+        // (a server restart kept it reconnecting until the meeting was over): its last
+        // lines a while, as after its final (they went at once, the final never seen: a
+        // trial); none shown, no stale captions over the video either
+        if (overlay.model.lines().length) linger(FINAL_CLOSES[ev.code]);
+        else {
           overlay.model.clear();
           render(overlay.model);
-          debugStatus("captions: the meeting ended");
-        }, FINAL_LINGER_MS);
-      } else if (QUIET_CLOSES.includes(ev.code)) {
-        overlay.model.clear(); // no stale captions over the video either
-        render(overlay.model);
-        debugStatus(FINAL_CLOSES[ev.code]);
+          debugStatus(FINAL_CLOSES[ev.code]);
+        }
       } else if (FINAL_CLOSES[ev.code]) setStatus(FINAL_CLOSES[ev.code]);
       return;
     }

@@ -125,11 +125,18 @@ async function main() {
   gone.sockets[0].receive({ type: "error", code: "not_found", message: "no session 's'",
                             retryable: false });
   gone.sockets[0].drop(4404);
-  // dropped without a final while showing lines: they go too
-  const dropped = page("?session=s&token=t", captionsSource);
+  // lines shown, then the meeting ended while the overlay was reconnecting (a server
+  // restart): 4404 on the reconnect. They went at once, the final never seen (a trial): now
+  // they linger as after the final (10 s, here 100 times faster), then go
+  const dropped = page("?session=s&token=t", captionsSource, undefined, 100);
   dropped.sockets[0].receive(ready);
   dropped.sockets[0].receive(final(s0));
-  dropped.sockets[0].drop(4404);
+  dropped.sockets[0].drop(1006);
+  await sleep(10); // the retry, after 500 ms of the page's
+  dropped.sockets[1].receive({ type: "error", code: "not_found", message: "no session 's'",
+                               retryable: false });
+  dropped.sockets[1].drop(4404);
+  out.droppedAtClose = { sockets: dropped.sockets.length, ...dropped.visible() };
   const goneDebug = page("?session=s&token=t&debug=1", captionsSource);
   goneDebug.sockets[0].drop(4404);
 

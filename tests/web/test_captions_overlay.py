@@ -97,8 +97,16 @@ def test_a_session_that_is_gone_leaves_the_overlay_empty_unless_debugging() -> N
     lines) and nothing retries; with debug=1 the status shows."""
     run = overlay_run()
     assert run["gone"] == {"sockets": 1, "lines": [], "status": ""}
-    assert run["droppedGone"] == {"sockets": 1, "lines": [], "status": ""}
     assert run["goneDebug"]["status"].startswith("captions: no such session")
+
+
+def test_lines_shown_before_the_session_went_linger_then_go() -> None:
+    """After a server restart the overlay reconnected only once the meeting had ended: 4404,
+    and its lines went at once, the end of the meeting never seen (a trial). Lines it had
+    shown of the meeting now stay 10 s (FINAL_LINGER_MS) as after a final, then go."""
+    run = overlay_run()
+    assert run["droppedAtClose"] == {"sockets": 2, "lines": ["S01: one"], "status": ""}
+    assert run["droppedGone"] == {"sockets": 2, "lines": [], "status": ""}
 
 
 def test_a_revision_replaces_the_finals_it_supersedes() -> None:
