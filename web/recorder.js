@@ -1673,7 +1673,9 @@ async function sessionGone() {
   const gone = `the meeting had ended: the server no longer has session ${sessionId}`;
   const notes = lostNote() + windUpNote();
   const stopped = state.ending || state.finished; // the page had asked for the final
-  setStatus(`${gone}: asking it for the meeting's transcript…`);
+  setStatus(stopped ? "finishing… (the server has let the session go: asking it for the " +
+                      "transcript it stored…)"
+                    : `${gone}: asking it for the meeting's transcript…`);
   let stored = null;
   try {
     stored = await storedTranscript(captions);
