@@ -1699,7 +1699,9 @@ const FINISHED = ["final", "revised"];
 
 // The meeting's transcript as the server stored it, {kept: "final" or "revised", body: its
 // diarized_json (segments with ids, times and labels; `speakers`, {label: name}, and
-// `merged`, {label: target}, where any; `duration`)}, or null where it holds no finished one.
+// `merged`, {label: target}, where any; `duration`), finishReason: why its decode stopped
+// (X-Livemeet-Finish-Reason: no format carries it; null from an older server)}, or null
+// where it holds no finished one.
 // Rejects where no server answers or the body is not JSON.
 async function storedTranscript(captions) {
   if (!captions || !captions.captions_token) return null;
@@ -1708,14 +1710,15 @@ async function storedTranscript(captions) {
   if (!answer.ok || !FINISHED.includes(answer.kept)) return null;
   const body = await answer.response.json();
   if (!body || !Array.isArray(body.segments)) return null;
-  return { kept: answer.kept, body };
+  return { kept: answer.kept, body,
+           finishReason: answer.response.headers.get("X-Livemeet-Finish-Reason") };
 }
 
 // The meeting as the server stored it (storedTranscript) replaces what the page shows, as its
 // transcript.final or transcript.revised would have: the names and merges are the server's
 // last word. `gone`: what the status says first where the page had not stopped the meeting
 // itself (the server ended it), else it says "done" as after a final; `notes`: lostNote's.
-function showStoredTranscript({ kept, body }, gone, notes) {
+function showStoredTranscript({ kept, body, finishReason }, gone, notes) {
   const follow = atBottom();
   const segments = body.segments
     .filter((seg) => seg && typeof seg.speaker === "string" && typeof seg.text === "string")
@@ -1734,8 +1737,9 @@ function showStoredTranscript({ kept, body }, gone, notes) {
   }
   showFinals(segments);
   renderSpeakers();
-  const audio = typeof body.duration === "number"
-    ? `${duration(body.duration)} of audio transcribed` : "transcribed";
+  const audio = (typeof body.duration === "number"
+    ? `${duration(body.duration)} of audio transcribed` : "transcribed") +
+    (FINISH_NOTES[finishReason] || ""); // as the final's status says it
   setStatus(gone ? `${gone}; it had ended the meeting: below is the transcript it stored ` +
                    `(${audio})${notes}`
                  : `done: ${audio}${notes} (the connection lost the server's last ` +

@@ -183,6 +183,7 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
         expose_headers=(
             openai_api.ID_HEADER,
             session_transcript.STATUS_HEADER,
+            session_transcript.FINISH_HEADER,
             "Retry-After",
             "WWW-Authenticate",
         ),

@@ -8,7 +8,9 @@ from the TranscriptStore (which keeps it across restarts); once its `transcript.
 (`revised` without one: NotFound, saying whether one is still coming; `final` while the
 session runs: its finals so far). Readable with the session's `captions_token`
 (`?token=`), as its captions are: session ids come from the backend and may be guessable. The
-response header `X-Livemeet-Transcript-Status` says which it is.
+response header `X-Livemeet-Transcript-Status` says which it is, and, for a final or revised
+one, `X-Livemeet-Finish-Reason` why its decode stopped (transcript.final's `finish_reason`),
+which no rendered format carries: a page that lost the session's socket reads both here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from livemeet.transcript.segments import Transcript
 
 TRANSCRIPT_PATH = "/v1/sessions/{id}/transcript"
 STATUS_HEADER = "X-Livemeet-Transcript-Status"
+FINISH_HEADER = "X-Livemeet-Finish-Reason"
 # the header's values: still streaming (finals so far), the final transcript, the revised
 # transcript, or the finals of a session that ended in an error (all it will have)
 RUNNING, FINAL, REVISED, FAILED = "running", "final", "revised", "failed"
@@ -60,6 +63,8 @@ async def get_session_transcript(request: web.Request) -> web.Response:
     body, content_type = formats.render(transcript, fmt, language=language)
     response = web.Response(text=body, content_type=content_type, charset="utf-8")
     response.headers[STATUS_HEADER] = status
+    if status in (FINAL, REVISED):  # a running transcript's reason is not known yet
+        response.headers[FINISH_HEADER] = transcript.finish_reason.value
     return response
 
 

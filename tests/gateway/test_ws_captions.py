@@ -18,6 +18,7 @@ from livemeet.audio.constants import CAPTIONS_MAX_QUEUED_FINALS, CAPTIONS_SNAPSH
 from livemeet.config import ServerConfig
 from livemeet.errors import NotFound, ProtocolError, QueueFull, Unauthorized
 from livemeet.gateway.keys import METRICS_KEY, SESSIONS_KEY
+from livemeet.transcript.segments import FinishReason
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber, fake_text
 from tests.gateway.test_live_resume import (
@@ -323,6 +324,30 @@ async def test_the_transcript_while_the_session_runs_and_after_it(
         ready["captions_token"]
         not in (server_config.data_dir / "transcriptions" / f"{stored[0]}.json").read_text()
     )
+
+
+async def test_a_final_transcript_says_why_its_decode_stopped(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """X-Livemeet-Finish-Reason: the final's finish_reason, held and stored (no rendered
+    format carries it; a page that lost the socket reads it here), none while running."""
+    fake.finish_reason = FinishReason.LENGTH
+    client = await gateway_client(aiohttp_client, server_config, fake)
+    async with client.ws_connect("/v1/live") as live:
+        ready = await start_session(live)
+        await stream(live, fake, 3.5)
+        response = await client.get(transcript_url(ready, "json"))
+        assert response.headers["X-Livemeet-Transcript-Status"] == "running"
+        assert "X-Livemeet-Finish-Reason" not in response.headers
+        await live.send_json({"type": "end"})
+        final = [e for e in await read_to_close(live) if e["type"] == "transcript.final"]
+    assert final[0]["finish_reason"] == "length"
+    response = await client.get(transcript_url(ready, "text"))
+    assert response.headers["X-Livemeet-Finish-Reason"] == "length"
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)  # now from the store
+    response = await client.get(transcript_url(ready, "srt"))
+    assert response.headers["X-Livemeet-Transcript-Status"] == "final"
+    assert response.headers["X-Livemeet-Finish-Reason"] == "length"
 
 
 async def test_a_subscriber_joining_after_the_final_gets_it_then_the_close(

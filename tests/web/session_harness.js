@@ -107,7 +107,10 @@ function makeSandbox(storage, transcriptStatus, lasting) {
       const kept = transcriptOf(url, transcriptStatus);
       const ok = kept !== null;
       return { ok, status: ok ? 200 : 404,
-               headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? kept : null) },
+               // FINISH: a finished transcript's finish_reason, as the server says it
+               headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? kept
+                                       : h === "X-Livemeet-Finish-Reason" && ok
+                                         ? process.env.FINISH || "stop" : null) },
                text: async () => "",
                json: async () => (storedBody && url.includes("/sessions/s-1/") ? storedBody
                                                                                : { duration: audioOf(url) }) };

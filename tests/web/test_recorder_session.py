@@ -744,6 +744,16 @@ def test_a_resume_refused_for_a_finished_meeting_shows_the_stored_transcript(
     assert result["start_disabled"] is False
 
 
+def test_a_stored_transcript_cut_short_says_so_as_its_final_would() -> None:
+    """A transcript recovered from the resource after a 4404 says why its decode stopped
+    (X-Livemeet-Finish-Reason), as the final's status does: no rendered format carries it,
+    and the recovered transcript said nothing of a model that reached its output limit."""
+    result = run("silentfinal", transcript_status="final", finish="length")
+    assert result["status"].startswith("done: 4.3 s of audio transcribed")
+    assert "the model reached its output limit" in result["status"]
+    assert "output limit" not in run("silentfinal", transcript_status="final")["status"]
+
+
 @pytest.mark.parametrize("last", ["final", "gone"])
 def test_a_page_reloaded_while_finishing_fetches_the_final_without_a_microphone(last: str) -> None:
     """Reloaded after Stop, before the final: the page offered "Resume meeting" as if still
