@@ -1617,8 +1617,12 @@ function onClose(ws, ev, reached) {
         why = `the server refused a message of this page ${state.violations} times (the ` +
               `last: ${state.refused}): recording stopped; ending the meeting`;
       }
-      // said once per drop: each retry's wait goes beside it, out of the live region
-      setStatus(`${why}: ${reconnectGoal()}`, `(next try in ${(delay / 1000).toFixed(1)} s)`);
+      // said once per drop: each retry's wait goes beside it, out of the live region; after
+      // Stop pressed offline its acknowledgement stays (a retry's "connection lost" replaced
+      // it and was read out again: a trial)
+      const offlineStop = state.ending && !state.live && !state.windingUp && !violation;
+      setStatus(offlineStop ? stoppedOfflineStatus() : `${why}: ${reconnectGoal()}`,
+                `(next try in ${(delay / 1000).toFixed(1)} s)`);
       state.retry = setTimeout(connect, delay);
       return;
     }
@@ -1758,6 +1762,12 @@ function showStoredTranscript({ kept, body, finishReason }, gone, notes) {
 // What the page reconnects for: after Stop, to end the meeting (Stop pressed while the server
 // was down went unacknowledged: the status kept "connection lost: reconnecting…", a trial);
 // after the final, for its revision
+// What the status says from Stop pressed while the page could not reach the server until it
+// does again
+function stoppedOfflineStatus() {
+  return `stopped: the meeting ends once the page reaches the server again (${reconnectGoal()})`;
+}
+
 function reconnectGoal() {
   if (state.finished) return "reconnecting for the revision…";
   if (state.ending && !state.windingUp) return "reconnecting to end the meeting…";
@@ -1796,8 +1806,7 @@ function stop() {
       sendAwaiting(state.ws, JSON.stringify({ type: "end" }));
       setStatus("finishing…");
     } else { // offline: the resume sends `end` after the audio it still owes
-      setStatus("stopped: the meeting ends once the page reaches the server again " +
-                `(${reconnectGoal()})`, $("status-detail").textContent);
+      setStatus(stoppedOfflineStatus(), $("status-detail").textContent);
     }
     saveSession(); // stopped: a reload fetches the final, and asks for no microphone
   });

@@ -804,12 +804,14 @@ def test_the_status_line_takes_the_focus_from_a_button_the_page_disables() -> No
 def test_stop_while_the_server_is_down_says_the_meeting_ends_once_reconnected() -> None:
     """Stop pressed while the server was down was not acknowledged: the status kept
     "connection lost: reconnecting in 4.0 s…" (a trial). It now says the meeting ends once
-    the page reaches the server again, and the retries say they are for that; the resume
-    then sends `end` and the final comes."""
+    the page reaches the server again, and the retries keep saying so (a retry's
+    "connection lost: reconnecting to end the meeting…" replaced it and was read out again:
+    session 38's third trial); the resume then sends `end` and the final comes."""
     result = run("stopoffline")
     assert result["dropped"] == "connection lost: reconnecting…"
     assert result["stopped"].startswith("stopped: the meeting ends once the page reaches")
-    assert result["retried"] == "connection lost: reconnecting to end the meeting…"
+    assert result["retried"] == result["stopped"]
+    assert result["retried"].endswith("(reconnecting to end the meeting…)")
     assert result["sent"] == [{"type": "end"}]
     assert result["status"].startswith("done:")
 
