@@ -16,7 +16,8 @@
 # av, ...). A GPU test running past 90 s dumps every thread's stack (faulthandler).
 # GPU_TESTS lists test paths (split on spaces); GPU_TESTS_K is pytest's -k expression, passed
 # whole (a -k inside GPU_TESTS would be split apart). Budgets (seconds) can be overridden through the environment, e.g. BENCH_S=150.
-# KV block size (tokens): BENCH_BLOCK for the engine bench (both phases), KERNEL_SWEEP_BLOCK for
+# BENCH_WORKLOADS (both phases' engine bench; "short,long" unset; " " runs only the FP8_POINTS)
+# picks its workloads. KV block size (tokens): BENCH_BLOCK for the engine bench (both phases), KERNEL_SWEEP_BLOCK for
 # the decode kernel sweep, EXTEND_SWEEP_BLOCKS (a list) for the extend kernel sweep; the server's
 # goes in SERVE_EXTRA (`--kv-block-size 16`). Unset: the engine's default, 128 (KV_BLOCK_SIZE).
 set -uo pipefail
@@ -98,7 +99,7 @@ case "$phase" in
     step bench-attention "${ATTN_S:-90}" python3 -m loadtest.bench_attention \
       --json "$OUT/bench_attention.json"
     step bench-engine "${BENCH_S:-230}" python3 -m loadtest.bench_engine \
-      --workloads short,long --short-concurrency "${SHORT_C:-1,16,64}" --long-concurrency "${LONG_C:-1,4}" \
+      --workloads "${BENCH_WORKLOADS:-short,long}" --short-concurrency "${SHORT_C:-1,16,64}" --long-concurrency "${LONG_C:-1,4}" \
       --decode-batches 1,16 --decode-contexts 1024,36000 --fp8 "${FP8_POINTS:-long:1,long:4}" \
       --assumed-audio-s-per-s "${ASSUMED_RATE:-100}" \
       ${BENCH_BLOCK:+--kv-block-size "$BENCH_BLOCK"} --max-seconds "$(( ${BENCH_S:-230} - 30 ))" \
