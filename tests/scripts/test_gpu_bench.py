@@ -26,7 +26,7 @@ def bench_engine_args(tmp_path: Path, phase: str, **env: str) -> list[str]:
     python3.write_text(STANDIN)
     python3.chmod(0o755)
     calls = tmp_path / "calls.txt"
-    limits = {name: "0" for name in ("PYTEST_S", "ATTN_S", "HF_S", "PROFILE_S")}
+    limits = dict.fromkeys(("PYTEST_S", "ATTN_S", "HF_S", "PROFILE_S"), "0")
     done = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_bench.sh"), phase],
         env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls),
