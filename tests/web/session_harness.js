@@ -494,6 +494,26 @@ async function deadPathScenario() {
   return out;
 }
 
+// The transcript resource's asks so far
+function asked() {
+  return fetched.filter((url) => url.includes("/transcript")).length;
+}
+
+// `ws`, the meeting's socket after `end` (or the final), hears nothing for 29 s, then 31 s:
+// how often the page asked the transcript resource by each, and whether it dropped `ws`
+async function quietFor31s(ws) {
+  const out = {};
+  advance(29000);
+  await sleep(1100);
+  out.askedAt29s = asked();
+  advance(2000);
+  await sleep(1100 + 300); // a watchdog tick, and a retry's 250 ms
+  out.askedAt31s = asked();
+  out.socketsAt31s = sockets.length;
+  out.closedByPage = Boolean(ws.closedByPage);
+  return out;
+}
+
 // Stop, the last audio's ack, then a minute of silence while the server decodes the final
 // (TRANSCRIPT_STATUS "running") or after the socket's path died with the final stored
 // ("final"): the page asks the transcript resource every 30 s and waits on while it runs, or
@@ -504,17 +524,9 @@ async function slowFinalScenario(storage) {
   element("stop").listeners.click();
   await sleep(300);
   sockets[0].receive({ type: "audio.ack", offset: 1600 });
-  const asked = () => fetched.filter((url) => url.includes("/transcript")).length;
   // what a reload now would find: a meeting stopped, waiting for its final
-  const out = { storedStopped: JSON.parse(storage.items[KEY] || "null") };
-  advance(29000);
-  await sleep(1100);
-  out.askedAt29s = asked();
-  advance(2000);
-  await sleep(1100 + 300); // a watchdog tick, and a retry's 250 ms
-  out.askedAt31s = asked();
-  out.socketsAt31s = sockets.length;
-  out.closedByPage = Boolean(sockets[0].closedByPage);
+  const out = { storedStopped: JSON.parse(storage.items[KEY] || "null"),
+                ...await quietFor31s(sockets[0]) };
   if (sockets.length === 1) { // still decoding: the page waits on, and asks again in 30 s
     advance(31000);
     await sleep(1100);
@@ -546,16 +558,7 @@ async function deadRevisionScenario() {
   await sleep(300);
   ws.receive({ type: "audio.ack", offset: 1600 });
   ws.receive(finalOf([said0]));
-  const asked = () => fetched.filter((url) => url.includes("/transcript")).length;
-  const out = {};
-  advance(29000);
-  await sleep(1100);
-  out.askedAt29s = asked();
-  advance(2000);
-  await sleep(1100 + 300); // a watchdog tick, and a retry's 250 ms
-  out.askedAt31s = asked();
-  out.socketsAt31s = sockets.length;
-  out.closedByPage = Boolean(ws.closedByPage);
+  const out = await quietFor31s(ws);
   if (sockets.length > 1) {
     const again = sockets[1];
     again.open();

@@ -3,30 +3,17 @@
 from __future__ import annotations
 
 import functools
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.web.node_harness import WEB, needs_node, run_harness
 
-ROOT = Path(__file__).resolve().parents[2]
-NODE = shutil.which("node")
-pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
+pytestmark = needs_node
 
 
 @functools.cache
 def overlay_run() -> dict[str, Any]:
     """One run of tests/web/captions_harness.js (every scenario: ~2 s of node timers)."""
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, str(Path(__file__).with_name("captions_harness.js")),
-         str(ROOT / "web" / "captions.js"), str(ROOT / "web" / "recorder.js")],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return run_harness("captions_harness.js", str(WEB / "captions.js"), str(WEB / "recorder.js"))
 
 
 def test_the_snapshot_then_live_events_show_the_last_lines_each_final_once() -> None:

@@ -3,29 +3,16 @@
 from __future__ import annotations
 
 import functools
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.web.node_harness import WEB, needs_node, run_harness
 
-ROOT = Path(__file__).resolve().parents[2]
-NODE = shutil.which("node")
-pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
+pytestmark = needs_node
 
 
 @functools.cache
 def worklet_run() -> dict[str, Any]:
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, str(Path(__file__).with_name("worklet_harness.js")),
-         str(ROOT / "web" / "pcm-worklet.js")],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return run_harness("worklet_harness.js", str(WEB / "pcm-worklet.js"))
 
 
 def test_a_flush_posts_the_samples_of_the_frame_being_filled() -> None:

@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-NODE = shutil.which("node")
+from tests.web.node_harness import WEB, needs_node, run_harness
 
 
 def click_start(context: str) -> dict[str, object]:
     """The status line and the Start button's state after a click on Start."""
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, str(Path(__file__).with_name("recorder_harness.js")),
-         str(ROOT / "web" / "recorder.js"), context],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_harness("recorder_harness.js", str(WEB / "recorder.js"), context)
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_an_insecure_page_says_the_microphone_needs_https() -> None:
     """Opened over http from another machine, the page said "cannot start: Cannot read
     properties of undefined (reading 'getUserMedia')" (a trial): browsers give no
@@ -36,7 +23,7 @@ def test_an_insecure_page_says_the_microphone_needs_https() -> None:
     assert result["start_disabled"] is False  # the user can try again
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_a_secure_page_asks_for_the_microphone() -> None:
     result = click_start("secure")
     assert result["status"] == "cannot start: denied"  # getUserMedia was reached
@@ -44,17 +31,10 @@ def test_a_secure_page_asks_for_the_microphone() -> None:
 
 def run_resume(scenario: str, *page_url: str) -> dict[str, Any]:
     """`page_url`: where the page was opened (default https://meet.example:8000/)."""
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, str(Path(__file__).with_name("resume_harness.js")),
-         str(ROOT / "web" / "recorder.js"), scenario, *page_url],
-        capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return run_harness("resume_harness.js", str(WEB / "recorder.js"), scenario, *page_url)
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_a_dropped_connection_is_resumed_from_the_servers_offset() -> None:
     """A 1006 close mid-recording lost the meeting (the page only said "closed 1006"). The
     page now reconnects with the session's id and token, sends again what the server lacks
@@ -74,7 +54,7 @@ def test_a_dropped_connection_is_resumed_from_the_servers_offset() -> None:
     assert "reconnecting" in result["statusOffline"]
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_the_resume_buffer_keeps_what_is_unacknowledged_and_refuses_past_its_bound() -> None:
     """Past its bound (MAX_UNACKED_S of audio) new audio is dropped and counted, so the
     session's audio stays contiguous; an ack frees room; a resend starts mid-frame."""
@@ -85,7 +65,7 @@ def test_the_resume_buffer_keeps_what_is_unacknowledged_and_refuses_past_its_bou
     assert buffer["after"] is True and buffer["next"] == 4 * 1600
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_the_page_gives_up_once_the_resume_window_has_passed() -> None:
     result = run_resume("expire")
     assert result["sockets"] == 2  # one retry within the window, none after it
@@ -93,7 +73,7 @@ def test_the_page_gives_up_once_the_resume_window_has_passed() -> None:
     assert result["start_disabled"] is False
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_the_page_waits_for_a_server_that_is_restarting() -> None:
     """No server answers after the drop (a trial killed it; a restart takes its model's load
     time): the page gave up a window after the drop, while the restarted server kept the
@@ -105,7 +85,7 @@ def test_the_page_waits_for_a_server_that_is_restarting() -> None:
     assert result["resumed"] == {"session_id": "s-1", "resume_token": "tok"}
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_the_page_resumes_a_session_across_a_graceful_restart() -> None:
     """A restart (SIGTERM, `serve --shutdown-live keep`) sends `server_restarting` and closes
     1012, keeping the session for its next start: the page took that close as the server's
@@ -124,7 +104,7 @@ def test_the_page_resumes_a_session_across_a_graceful_restart() -> None:
     assert result["resumed"] == {"session_id": "s-1", "resume_token": "tok"}
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_the_page_shows_the_captions_overlay_url_of_its_session() -> None:
     """The read-only overlay URL (captions_token, not the resume token) for OBS."""
     overlay = run_resume("resume")["overlay"]
@@ -132,7 +112,7 @@ def test_the_page_shows_the_captions_overlay_url_of_its_session() -> None:
     assert overlay["url"] == "https://meet.example:8000/captions.html?session=s-1&token=c%2Ftok"
 
 
-@pytest.mark.skipif(NODE is None, reason="needs node")
+@needs_node
 def test_behind_a_proxy_under_a_path_the_page_uses_that_path() -> None:
     """Served by a proxy at https://meet.example/meet/ (as `livemeet stream --url` allows),
     the page loaded (its scripts and readyz are relative) but opened wss://meet.example/v1/live

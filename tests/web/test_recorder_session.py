@@ -4,18 +4,13 @@ reloads, run under node in a stub browser (tests/web/session_harness.js)."""
 from __future__ import annotations
 
 import functools
-import json
-import os
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-NODE = shutil.which("node")
-pytestmark = pytest.mark.skipif(NODE is None, reason="needs node")
+from tests.web.node_harness import WEB, needs_node, run_harness
+
+pytestmark = needs_node
 URL = "https://meet.example:8000/v1/sessions/s-1/transcript?token=c%2Ft%2Bk%3D&response_format="
 
 
@@ -33,19 +28,14 @@ def run(
     last: str = "final",
     sequence: str = "",
 ) -> dict[str, Any]:
-    assert NODE is not None
-    out = subprocess.run(
-        [NODE, str(Path(__file__).with_name("session_harness.js")),
-         str(ROOT / "web" / "recorder.js"), scenario],
-        capture_output=True, text=True, timeout=30, check=True,
+    return run_harness(
+        "session_harness.js", str(WEB / "recorder.js"), scenario,
         # the file names carry the meeting's local time
-        env={**os.environ, "TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
+        env={"TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
              "FLUSH": flush, "CTX_RATE": context_rate, "CLIPBOARD": clipboard,
              "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration, "LAST": last,
              "TRANSCRIPT_SEQUENCE": sequence},
     )  # fmt: skip
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
 
 
 def test_the_page_links_the_transcript_downloads_during_and_after_the_meeting() -> None:
