@@ -857,6 +857,12 @@ function showRevision(text, detail = "") {
   $("revision").hidden = false;
 }
 
+// The revision line once a revision of `count` segments is shown (live, or as stored)
+function showRevised(count) {
+  showRevision(`revised: the transcript below is a pass over the whole meeting (${count} ` +
+               "segments)");
+}
+
 // transcript.revised: its segments take the place of the finals it supersedes, in time order
 function revisedFinals(finals, ev) {
   const superseded = new Set(ev.supersedes);
@@ -1027,8 +1033,7 @@ function onEvent(ev) {
       showFinals(revisedFinals(state.finals, ev));
       for (const seg of ev.segments) state.speakers.add(seg.speaker);
       renderSpeakers(); // the names given to labels stay: the revision carries the same labels
-      showRevision(`revised: the transcript below is a pass over the whole meeting ` +
-                   `(${ev.segments.length} segments)`);
+      showRevised(ev.segments.length);
       showExport(state.captions, state.startedAt, "(revised)");
       break;
     case "error":
@@ -1749,8 +1754,7 @@ function showStoredTranscript({ kept, body, finishReason }, gone, notes) {
                  : `done: ${audio}${notes} (the connection lost the server's last ` +
                    "messages: below is the transcript it stored)");
   if (kept === "revised") {
-    showRevision(`revised: the transcript below is a pass over the whole meeting ` +
-                 `(${segments.length} segments)`);
+    showRevised(segments.length);
   } else if (state.revise) {
     showRevision("not revised: no revision of the whole meeting came; the final transcript " +
                  "below stands");
