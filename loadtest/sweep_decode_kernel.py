@@ -13,10 +13,6 @@ powers of two from a quarter of the default to twice it, and the largest counts 
 batch x KV heads x splits programs fits r times on the GPU's SMs (r = 1..6), to find where a
 partial last wave of programs costs time.
 
-`--prefetch` times each dtype's default with the CUDA kernel's L2 prefetch off, then at
-several distances (tiles ahead of the register ring) by line and by bulk prefetches, then off
-again (`prefetch_candidates`).
-
 `--layouts` times each dtype's default on two
 arrangements of the same bytes with the same grid: the pool's token-major cache (a token's
 KV heads side by side, so a program reads one head's 128- or 256-byte row every 1 or 2 KiB)
@@ -25,10 +21,7 @@ of a head contiguous, as a head-major pool would hold them). It tells whether a 
 pool would read faster before any kernel is changed for one.
 
 Usage: python -m loadtest.sweep_decode_kernel [--points 1x36000,16x36000] [--json out.json]
-       [--max-seconds 150] [--defaults-only | --splits | --layouts | --prefetch]
-       [--block-size 128]
-       python -m loadtest.sweep_decode_kernel --pick-prefetch out.json --points 1x36000 \
-           --dtypes bf16
+       [--max-seconds 150] [--defaults-only | --splits | --layouts] [--block-size 128]
 (`--block-size`: tokens per KV block of the caches, by default the engine's, KV_BLOCK_SIZE)
 """
 
@@ -125,44 +118,6 @@ def candidates(full: bool = True, fp8: bool = False) -> list[pa.DecodeKernelConf
     return list(dict.fromkeys(chosen))
 
 
-PREFETCH_FORMS = ((1, False), (2, False), (3, False), (4, False), (6, False), (2, True), (4, True))
-
-
-def prefetch_candidates(fp8: bool) -> list[pa.DecodeKernelConfig]:
-    """For `--prefetch`: the dtype's default without the CUDA kernel's L2 prefetch, with it at
-    each of PREFETCH_FORMS (tiles ahead, bulk copies or lines), then without it again (the
-    first and last rows bracket any drift of the card over the point)."""
-    off = dataclasses.replace(pa.default_decode_config(fp8), cuda_prefetch=0)
-    forms = [
-        dataclasses.replace(off, cuda_prefetch=n, cuda_prefetch_bulk=bulk)
-        for n, bulk in PREFETCH_FORMS
-    ]
-    return [off, *forms, off]
-
-
-def prefetch_setting(rows: list[dict], kv_dtype: str, batch: int, context: int) -> str:
-    """The LIVEMEET_DECODE_PREFETCH value ("N" or "Nb") of the fastest `--prefetch` row at
-    one point of a sweep's JSON rows, or "0" when no form beats the mean of the point's rows
-    without prefetch by more than 1 % (or the point was not timed). A prefetch changes no
-    arithmetic: a form whose error against the reference exceeds the rows without it is
-    broken and never picked."""
-    here = [
-        r for r in rows
-        if (r["kv_dtype"], r["batch"], r["context"]) == (kv_dtype, batch, context)
-        and r["config"]["backend"] == "cuda"
-    ]  # fmt: skip
-    off = [r for r in here if r["config"]["cuda_prefetch"] == 0]
-    worst_err = max((r["max_abs_err"] for r in off), default=0.0)
-    on = [r for r in here if r["config"]["cuda_prefetch"] > 0 and r["max_abs_err"] <= worst_err]
-    if not off or not on:
-        return "0"
-    best = min(on, key=lambda r: r["us_per_layer"])
-    if best["us_per_layer"] > 0.99 * sum(r["us_per_layer"] for r in off) / len(off):
-        return "0"
-    cfg = best["config"]
-    return f"{cfg['cuda_prefetch']}{'b' if cfg['cuda_prefetch_bulk'] else ''}"
-
-
 def exact(rows: list[SweepRow]) -> list[SweepRow]:
     """The rows of exact configurations (the approximate e4m3-score form is reported, never
     chosen as best)."""
@@ -215,13 +170,11 @@ def sweep_point(
     full: bool,
     split_sweep: bool = False,
     block_size: int = BLOCK_SIZE,
-    prefetch_sweep: bool = False,
 ) -> list[SweepRow]:
     """Time `candidates(full, fp8)` and two split counts around the default at one point
     (batch sequences of `context` tokens) until `deadline` (time.monotonic() seconds), or with
-    `split_sweep`, the dtype's default configuration at every `split_candidates` count, or
-    with `prefetch_sweep`, `prefetch_candidates` at the default's split count; `read_bw`:
-    the read-only bandwidth (TB/s) the fractions are of."""
+    `split_sweep`, the dtype's default configuration at every `split_candidates` count;
+    `read_bw`: the read-only bandwidth (TB/s) the fractions are of."""
     caches, tables, lens, kv_bytes = make_caches(batch, context, fp8, block_size=block_size)
     q, ref = query_and_reference(NUM_HEADS, caches, tables, lens, fp8)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -235,8 +188,6 @@ def sweep_point(
     if split_sweep:
         default_cfg = pa.default_decode_config(fp8)
         plan = [(default_cfg, n) for n in split_candidates(batch, context, num_sms)]
-    elif prefetch_sweep:
-        plan = [(cfg, default_splits(cfg)) for cfg in prefetch_candidates(fp8)]
     else:
         plan = [(cfg, default_splits(cfg)) for cfg in candidates(full, fp8)]
         best_splits = default_splits(pa.default_decode_config(fp8))
@@ -388,7 +339,6 @@ def main() -> None:
     mode.add_argument(
         "--layouts", action="store_true", help="token-major vs one KV head per sequence"
     )
-    mode.add_argument("--prefetch", action="store_true", help="the CUDA kernel's L2 prefetch forms")
     parser.add_argument("--json", default="sweep_decode_kernel.json")
     parser.add_argument(
         "--block-size",
@@ -397,19 +347,7 @@ def main() -> None:
         choices=pa.SUPPORTED_BLOCK_SIZES,
         help="tokens per KV block of the caches",
     )
-    parser.add_argument(
-        "--pick-prefetch",
-        metavar="JSON",
-        help="print the best prefetch setting at the first point and dtype of a --prefetch "
-        "sweep's JSON (prefetch_setting) and exit",
-    )
     args = parser.parse_args()
-    if args.pick_prefetch:
-        with open(args.pick_prefetch) as f:
-            rows = json.load(f)["rows"]
-        batch, context = (int(x) for x in args.points.split(",")[0].split("x"))
-        print(prefetch_setting(rows, args.dtypes.split(",")[0], batch, context))
-        return
     if not torch.cuda.is_available():
         raise SystemExit("sweep_decode_kernel needs a CUDA device")
     start = time.monotonic()
@@ -427,7 +365,7 @@ def main() -> None:
             continue
         rows += sweep_point(
             batch, context, fp8, read_bw, deadline, not args.defaults_only, args.splits,
-            args.block_size, args.prefetch,
+            args.block_size,
         )  # fmt: skip
     print("best per point:")
     for key, group in itertools.groupby(rows, key=point_key):

@@ -119,8 +119,7 @@ case "$phase" in
     step decode-kernel-sweep "${KERNEL_SWEEP_S:-0}" python3 -m loadtest.sweep_decode_kernel \
       --max-seconds "$(( ${KERNEL_SWEEP_S:-0} - 40 ))" --json "$OUT/sweep_decode_kernel.json" \
       --points "${KERNEL_SWEEP_POINTS:-1x36000,16x36000}" ${KERNEL_SWEEP_DEFAULTS_ONLY:+--defaults-only} \
-      ${KERNEL_SWEEP_SPLITS:+--splits} ${KERNEL_SWEEP_LAYOUTS:+--layouts} ${KERNEL_SWEEP_PREFETCH:+--prefetch} \
-      ${KERNEL_SWEEP_BLOCK:+--block-size "$KERNEL_SWEEP_BLOCK"}
+      ${KERNEL_SWEEP_SPLITS:+--splits} ${KERNEL_SWEEP_LAYOUTS:+--layouts} ${KERNEL_SWEEP_BLOCK:+--block-size "$KERNEL_SWEEP_BLOCK"}
     step extend-kernel-sweep "${EXTEND_SWEEP_S:-0}" python3 -m loadtest.sweep_extend_kernel \
       --max-seconds "$(( ${EXTEND_SWEEP_S:-0} - 30 ))" --json "$OUT/sweep_extend_kernel.json" ${EXTEND_SWEEP_BLOCKS:+--block-sizes "$EXTEND_SWEEP_BLOCKS"}
     step decode-profile "${PROFILE_S:-150}" python3 -m loadtest.bench_decode_step \

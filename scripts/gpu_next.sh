@@ -25,11 +25,6 @@
 #      LIVEMEET_FUSED_QK=0 where the tests failed. They passed on an H100 (session 37) and an
 #      H200 (session 38, whose call 2 run measured FP8 long c16 with the prologue, 273.8
 #      audio-s/s; 277.2 without: FP8 now runs without it, to be measured again here).
-#   5: the decode kernel's L2 prefetch (session 39): the attention GPU tests with it on
-#      (LIVEMEET_DECODE_PREFETCH=2), the --prefetch sweep (bf16 and FP8 at 1x36k, 16x36k, 1x1k),
-#      then long c1 bf16 on the engine with the sweep's pick for bf16 1x36k against none
-#      (gpu_ab.sh's env arm: new, env, new); no engine run when the tests failed or no form
-#      gained 1 % in the sweep.
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -38,7 +33,7 @@
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5}"
+call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4}"
 bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
@@ -82,27 +77,6 @@ case "$gpu:$call" in
       *H200*) bash "$0" 2 ;;
       *) bash "$0" 3 ;;
     esac
-    ;;
-  *H200*:5 | *H100*:5)
-    out="${OUT:-$PWD/bench-out}"
-    mkdir -p "$out/sweep"
-    LIVEMEET_DECODE_PREFETCH=2 GPU_TESTS="tests/engine/test_paged_attention.py \
-tests/engine/test_cuda_decode.py tests/engine/test_paged_backend.py tests/models/test_fused.py" \
-      PYTEST_S=110 KERNEL_SWEEP_S=170 KERNEL_SWEEP_PREFETCH=1 \
-      KERNEL_SWEEP_POINTS=1x36000,16x36000,1x1024 PROFILE_S=0 BENCH_S=0 \
-      OUT="$out/sweep" LIVEMEET_BENCH_OUT="$out/sweep" bash "$bench" profile
-    pick=0
-    if grep -q "=== pytest-gpu: rc=0 " "$out/sweep/profile.log"; then
-      pick=$(PYTHONPATH="$PWD" "${PYTHON:-python3}" -m loadtest.sweep_decode_kernel \
-        --pick-prefetch "$out/sweep/sweep_decode_kernel.json" --points 1x36000 --dtypes bf16) \
-        || pick=0
-    fi
-    echo "=== prefetch pick for bf16 1x36k: $pick"
-    if [ "$pick" != 0 ]; then
-      AB_ENV="LIVEMEET_DECODE_PREFETCH=$pick" AB_ARMS="new env new" PYTEST_S=0 PROFILE_S=0 \
-        BENCH_S=110 BENCH_WORKLOADS=long LONG_C=1 FP8_POINTS= OUT="$out/ab" \
-        GPU_BENCH="$bench" bash scripts/gpu_ab.sh profile
-    fi
     ;;
   *)
     echo "no run planned for call $call on $gpu" >&2

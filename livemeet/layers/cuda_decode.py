@@ -57,30 +57,6 @@ EARLY_LOADS = True  # reads before the PDL wait: see the .cu file's kernel entry
 # 13, docs/benchmarks.md), us per layer, KV head / split fastest: FP8 16x36k 293.4 / 294.6-295.7,
 # bf16 1x36k 40.2 / 40.6, FP8 4x36k 79.6 / 80.3, FP8 1x36k 27.3 / 27.2, bf16 16x36k 534.2 / 534.3
 HEADS_INNER = True
-# L2 prefetch distance in tiles past the register ring (0: none) and its form (the .cu file's
-# PREFETCH, PREFETCH_BULK); off until an H200 sweep says otherwise (docs/benchmarks.md).
-# LIVEMEET_DECODE_PREFETCH overrides it for benchmarks: "N" (N tiles, line prefetches) or "Nb"
-# (bulk prefetches).
-PREFETCH_ENV = "LIVEMEET_DECODE_PREFETCH"
-DEFAULT_PREFETCH = (0, False)
-MAX_PREFETCH_TILES = 8
-
-
-def parse_prefetch(value: str | None) -> tuple[int, bool]:
-    """(tiles, bulk) from a LIVEMEET_DECODE_PREFETCH value ("", None: DEFAULT_PREFETCH).
-    Raises ConfigError for anything but "N" or "Nb" with N in 0..MAX_PREFETCH_TILES."""
-    if not value:
-        return DEFAULT_PREFETCH
-    bulk = value.endswith("b")
-    digits = value[:-1] if bulk else value
-    if not digits.isdigit() or int(digits) > MAX_PREFETCH_TILES:
-        raise ConfigError(
-            f"{PREFETCH_ENV} must be N or Nb with N in 0..{MAX_PREFETCH_TILES}, got {value!r}"
-        )
-    return int(digits), bulk
-
-
-PREFETCH_TILES, PREFETCH_BULK = parse_prefetch(os.environ.get(PREFETCH_ENV))
 # CUDA driver API constants (cuda.h, CUDA 12/13)
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
@@ -188,20 +164,6 @@ def _check_driver(lib: ctypes.CDLL, result: int, what: str) -> None:
         raise InternalError(f"{what} failed: {(msg.value or b'?').decode()} ({result})")
 
 
-def defines(variant: Variant) -> list[str]:
-    """The -D switches that select `variant` in the .cu file (NVRTC's and nvcc's spelling)."""
-    return [
-        f"-DKV_FP8={int(variant.fp8)}",
-        f"-DPAGE={variant.page}",
-        f"-DNUM_STAGES={variant.stages}",
-        f"-DEARLY_LOADS={int(variant.early_loads)}",
-        f"-DHEADS_INNER={int(variant.heads_inner)}",
-        f"-DFUSED_QK={int(variant.fused_qk)}",
-        f"-DPREFETCH={variant.prefetch}",
-        f"-DPREFETCH_BULK={int(variant.prefetch_bulk)}",
-    ]
-
-
 def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
     """The kernel compiled for one variant and sm_XY. Raises InternalError with NVRTC's log
     when compilation fails, OSError when NVRTC is missing."""
@@ -211,8 +173,16 @@ def compile_cubin(variant: Variant, capability: tuple[int, int]) -> bytes:
     if nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, b"decode_attention.cu", 0, None, None):
         raise InternalError("nvrtcCreateProgram failed")
     try:
-        arch = f"--gpu-architecture=sm_{capability[0]}{capability[1]}"
-        opts = [o.encode() for o in (arch, "-std=c++17", *defines(variant))]
+        opts = [
+            f"--gpu-architecture=sm_{capability[0]}{capability[1]}".encode(),
+            b"-std=c++17",
+            f"-DKV_FP8={int(variant.fp8)}".encode(),
+            f"-DPAGE={variant.page}".encode(),
+            f"-DNUM_STAGES={variant.stages}".encode(),
+            f"-DEARLY_LOADS={int(variant.early_loads)}".encode(),
+            f"-DHEADS_INNER={int(variant.heads_inner)}".encode(),
+            f"-DFUSED_QK={int(variant.fused_qk)}".encode(),
+        ]
         arr = (ctypes.c_char_p * len(opts))(*opts)
         if nvrtc.nvrtcCompileProgram(prog, len(opts), arr):
             size = ctypes.c_size_t()
@@ -236,9 +206,7 @@ class Variant:
     the PDL wait, whether the KV head is the grid's fastest index (`heads_inner`: grid
     (kv_heads, num_splits, B), so a (sequence, split)'s programs are dispatched together), and
     whether it takes q, k, v raw and does the q/k RMSNorm, RoPE and K/V store itself
-    (`fused_qk`: `FusedQK`), and how many tiles past its register ring each warp asks L2 for
-    (`prefetch`, 0 to MAX_PREFETCH_TILES; `prefetch_bulk`: by bulk copies instead of lines).
-    Raises ConfigError for a form the kernel does not have."""
+    (`fused_qk`: `FusedQK`)."""
 
     fp8: bool
     page: int
@@ -246,18 +214,12 @@ class Variant:
     early_loads: bool
     heads_inner: bool = HEADS_INNER
     fused_qk: bool = False
-    prefetch: int = PREFETCH_TILES
-    prefetch_bulk: bool = PREFETCH_BULK
 
     def __post_init__(self) -> None:
         if not MIN_STAGES <= self.stages <= (MAX_STAGES_FP8 if self.fp8 else MAX_STAGES_BF16):
             raise ConfigError(f"{self.stages} pipeline stages are not supported for this cache")
         if self.page % TILE_KEYS:
             raise ConfigError(f"KV blocks of {self.page} tokens do not hold whole 16-key tiles")
-        if not 0 <= self.prefetch <= MAX_PREFETCH_TILES:
-            raise ConfigError(
-                f"prefetch must be 0..{MAX_PREFETCH_TILES} tiles, got {self.prefetch}"
-            )
 
 
 def default_variant(fp8: bool, page: int) -> Variant:

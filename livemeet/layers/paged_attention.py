@@ -82,8 +82,7 @@ class DecodeKernelConfig:
     then apply only to the calls it does not support, and cuda_stages (0: the dtype's
     default), cuda_early_loads and cuda_heads_inner pick its form (`cuda_decode.Variant`);
     cuda_merge_in_kernel: its last split merges (at most
-    `cuda_decode.MAX_MERGE_SPLITS` splits; else the merge kernel runs after it);
-    cuda_prefetch, cuda_prefetch_bulk: its L2 prefetch (`cuda_decode.Variant`).
+    `cuda_decode.MAX_MERGE_SPLITS` splits; else the merge kernel runs after it).
     fp8_qk (FP8 caches with a 16-bit query only; ignored otherwise; head_dim >= 32): the
     scores on e4m3 tensor cores with the query scaled per row into e4m3, so no K tile is
     converted. Approximate (the query loses
@@ -113,8 +112,6 @@ class DecodeKernelConfig:
     cuda_early_loads: bool = cuda_decode.EARLY_LOADS
     cuda_heads_inner: bool = cuda_decode.HEADS_INNER
     cuda_merge_in_kernel: bool = True
-    cuda_prefetch: int = cuda_decode.PREFETCH_TILES
-    cuda_prefetch_bulk: bool = cuda_decode.PREFETCH_BULK
     pdl_max_rows: int = DECODE_PDL_MAX_ROWS
 
     def __post_init__(self) -> None:
@@ -154,13 +151,7 @@ def cuda_variant(
     default = cuda_decode.default_variant(fp8, k_cache.shape[1])
     stages = cfg.cuda_stages or default.stages
     variant = cuda_decode.Variant(
-        fp8,
-        k_cache.shape[1],
-        stages,
-        cfg.cuda_early_loads,
-        cfg.cuda_heads_inner,
-        prefetch=cfg.cuda_prefetch,
-        prefetch_bulk=cfg.cuda_prefetch_bulk,
+        fp8, k_cache.shape[1], stages, cfg.cuda_early_loads, cfg.cuda_heads_inner
     )
     if not cuda_decode.usable(variant, cuda_decode.device_index(k_cache)):
         return None

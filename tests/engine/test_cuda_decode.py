@@ -28,8 +28,6 @@ from livemeet.layers import paged_attention as pa
         {"stages": cuda_decode.MAX_STAGES_BF16 + 1},
         {"fp8": True, "stages": cuda_decode.MAX_STAGES_FP8 + 1},
         {"page": 24},
-        {"prefetch": -1},
-        {"prefetch": cuda_decode.MAX_PREFETCH_TILES + 1},
     ],
 )
 def test_variant_rejects_forms_the_kernel_does_not_build(bad: dict[str, object]) -> None:
@@ -37,47 +35,6 @@ def test_variant_rejects_forms_the_kernel_does_not_build(bad: dict[str, object])
     form.update(bad)
     with pytest.raises(ConfigError):
         cuda_decode.Variant(**form)  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("value", "parsed"),
-    [(None, cuda_decode.DEFAULT_PREFETCH), ("", cuda_decode.DEFAULT_PREFETCH), ("0", (0, False)),
-     ("3", (3, False)), ("2b", (2, True)), (str(cuda_decode.MAX_PREFETCH_TILES), (8, False))],
-)  # fmt: skip
-def test_the_prefetch_setting_parses(value: str | None, parsed: tuple[int, bool]) -> None:
-    assert cuda_decode.parse_prefetch(value) == parsed
-
-
-@pytest.mark.parametrize("value", ["b", "-1", "9", "2B", "two", "1.5", "2bb", " 2"])
-def test_a_bad_prefetch_setting_is_refused_by_name(value: str) -> None:
-    with pytest.raises(ConfigError, match=cuda_decode.PREFETCH_ENV):
-        cuda_decode.parse_prefetch(value)
-
-
-def test_every_variant_field_reaches_the_compiler() -> None:
-    """Two forms that differ in any one field compile from different -D switches (a field
-    left out of `defines` would make the sweep time one kernel under two names)."""
-    base = cuda_decode.Variant(True, 128, 2, True, True, False, 0, False)
-    changed = {
-        "fp8": False, "page": 64, "stages": 3, "early_loads": False, "heads_inner": False,
-        "fused_qk": True, "prefetch": 2, "prefetch_bulk": True,
-    }  # fmt: skip
-    assert set(changed) == {f.name for f in dataclasses.fields(cuda_decode.Variant)}
-    for name, value in changed.items():
-        other = dataclasses.replace(base, **{name: value})
-        assert cuda_decode.defines(other) != cuda_decode.defines(base), name
-
-
-def test_the_config_prefetch_reaches_the_variant(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DecodeKernelConfig's cuda_prefetch fields pick the compiled form."""
-    monkeypatch.setattr(cuda_decode, "supported", lambda *a: True)
-    monkeypatch.setattr(cuda_decode, "usable", lambda *a: True)
-    monkeypatch.setattr(cuda_decode, "device_index", lambda t: 0)
-    cache = torch.zeros(4, 128, 8, 128, dtype=torch.bfloat16)
-    cfg = replace(pa.default_decode_config(False), cuda_prefetch=3, cuda_prefetch_bulk=True)
-    variant = pa.cuda_variant(torch.bfloat16, cache, 2, cfg)
-    assert variant is not None
-    assert (variant.prefetch, variant.prefetch_bulk) == (3, True)
 
 
 def test_default_variants_are_valid_for_every_block_size() -> None:
@@ -109,7 +66,12 @@ def build(tmp_path: Path, variant: cuda_decode.Variant) -> str:
         "-std=c++17",
         "-Xptxas",
         "-v",
-        *cuda_decode.defines(variant),
+        f"-DKV_FP8={int(variant.fp8)}",
+        f"-DPAGE={variant.page}",
+        f"-DNUM_STAGES={variant.stages}",
+        f"-DEARLY_LOADS={int(variant.early_loads)}",
+        f"-DHEADS_INNER={int(variant.heads_inner)}",
+        f"-DFUSED_QK={int(variant.fused_qk)}",
         str(cuda_decode.SOURCE),
         "-o",
         str(out),

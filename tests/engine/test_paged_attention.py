@@ -595,9 +595,6 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
         other_order = dataclasses.replace(base, cuda_heads_inner=not base.cuda_heads_inner)
         forms.append(other_order)
         forms.append(dataclasses.replace(other_order, cuda_merge_in_kernel=other_merge))
-        # the L2 prefetch by lines and by bulk copies, near and at its farthest distance
-        for n, bulk in ((1, False), (2, True), (cuda_decode.MAX_PREFETCH_TILES, False)):
-            forms.append(dataclasses.replace(base, cuda_prefetch=n, cuda_prefetch_bulk=bulk))
     return forms
 
 
@@ -605,9 +602,8 @@ def cuda_forms() -> list[pa.DecodeKernelConfig]:
 @needs_cuda
 @pytest.mark.parametrize("kernel", cuda_forms(), ids=str)
 def test_cuda_decode_kernel_forms_match_reference(kernel: pa.DecodeKernelConfig) -> None:
-    """Every pipeline depth, both load orders, both merges, both grid orders (KV head or
-    split fastest; the in-kernel merge's counters are indexed the same either way) and the L2
-    prefetch forms, at lengths
+    """Every pipeline depth, both load orders, both merges and both grid orders (KV head or
+    split fastest; the in-kernel merge's counters are indexed the same either way), at lengths
     around the
     pipeline's prologue (1 to NUM_STAGES tiles per warp) and long ones; one split, several,
     the most the in-kernel merge takes and more (the merge kernel then runs), each twice (the

@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 
-import pytest
-
-import loadtest.sweep_decode_kernel as sweep
-from livemeet.layers import cuda_decode
 from livemeet.layers import paged_attention as pa
 from loadtest.sweep_decode_kernel import candidates, split_candidates
 
@@ -85,58 +79,3 @@ def test_rows_are_grouped_per_layout() -> None:
     rows = [SweepRow("fp8_e4m3", 16, 36_000, 3, cfg, 1.0, 1.0, 1.0, 0.0, layout)
             for layout in (TOKEN_MAJOR, HEAD_PER_SEQUENCE)]  # fmt: skip
     assert point_key(rows[0]) != point_key(rows[1])
-
-
-@pytest.mark.parametrize("fp8", [False, True])
-def test_the_prefetch_sweep_brackets_its_forms_with_the_default_off(fp8: bool) -> None:
-    plan = sweep.prefetch_candidates(fp8)
-    off = dataclasses.replace(pa.default_decode_config(fp8), cuda_prefetch=0)
-    assert plan[0] == plan[-1] == off
-    forms = [(c.cuda_prefetch, c.cuda_prefetch_bulk) for c in plan[1:-1]]
-    assert forms == list(sweep.PREFETCH_FORMS) and len(set(forms)) == len(forms)
-    # only the prefetch differs from the default: the rows time that and nothing else
-    assert all(
-        dataclasses.replace(c, cuda_prefetch_bulk=False, cuda_prefetch=0) == off for c in plan
-    )
-    assert all(0 < n <= cuda_decode.MAX_PREFETCH_TILES for n, _ in forms)
-
-
-def prefetch_row(
-    us: float, prefetch: int, bulk: bool = False, point=("bf16", 1, 36000), err: float = 0.0
-) -> dict:
-    cfg = dataclasses.replace(
-        pa.default_decode_config(point[0] != "bf16"),
-        cuda_prefetch=prefetch,
-        cuda_prefetch_bulk=bulk,
-    )
-    row = sweep.SweepRow(*point, 33, cfg, us, 3.7, 0.86, err)
-    return dataclasses.asdict(row)
-
-
-def test_the_picked_prefetch_must_beat_the_off_rows_by_one_percent() -> None:
-    off = [prefetch_row(40.0, 0), prefetch_row(40.4, 0)]  # mean 40.2
-    assert sweep.prefetch_setting([*off, prefetch_row(39.9, 2)], "bf16", 1, 36000) == "0"
-    rows = [*off, prefetch_row(39.9, 2), prefetch_row(38.0, 4, True), prefetch_row(38.5, 3)]
-    assert sweep.prefetch_setting(rows, "bf16", 1, 36000) == "4b"
-    # another point's or dtype's rows do not count
-    other = [prefetch_row(10.0, 6, point=("fp8_e4m3", 1, 36000)), *off]
-    assert sweep.prefetch_setting(other, "bf16", 1, 36000) == "0"
-    assert sweep.prefetch_setting(rows, "bf16", 16, 36000) == "0"
-
-
-def test_pick_prefetch_prints_the_setting_from_the_json(tmp_path, monkeypatch, capsys) -> None:
-    path = tmp_path / "sweep.json"
-    rows = [prefetch_row(40.0, 0), prefetch_row(37.0, 2), prefetch_row(40.1, 0)]
-    path.write_text(json.dumps({"rows": rows}))
-    argv = ["sweep", "--pick-prefetch", str(path), "--points", "1x36000", "--dtypes", "bf16"]
-    monkeypatch.setattr(sys, "argv", argv)
-    sweep.main()
-    assert capsys.readouterr().out.strip() == "2"
-
-
-def test_a_prefetch_form_with_a_larger_error_is_never_picked() -> None:
-    off = [prefetch_row(40.0, 0, err=2e-3), prefetch_row(40.0, 0, err=1e-3)]
-    wrong = prefetch_row(30.0, 2, err=0.5)  # fast because it read the wrong bytes
-    assert sweep.prefetch_setting([*off, wrong], "bf16", 1, 36000) == "0"
-    rows = [*off, wrong, prefetch_row(38.0, 3, err=2e-3)]
-    assert sweep.prefetch_setting(rows, "bf16", 1, 36000) == "3"

@@ -20,11 +20,6 @@
 //   livemeet.layers.fused.qk_norm_rope_store_kv did in a kernel of its own before this one,
 //   in the same rounding order (every product rounded to bf16 where the torch reference
 //   rounds it; the sum of squares is reduced in another order, an ulp apart at most).
-// PREFETCH (tiles): each warp asks L2 for its tile i + NUM_STAGES - 1 + PREFETCH while it
-//   loads tile i + NUM_STAGES - 1 into registers, so more bytes are in flight than the
-//   register ring holds (bf16 has room for 2 stages only) at no register cost; the first
-//   PREFETCH tiles are requested before the PDL wait (L2 is coherent, so even the tile the
-//   kernel ahead writes may be prefetched early).
 // Compile-time switches: KV_FP8 (0/1), PAGE (tokens per KV block, a multiple of 16),
 // NUM_STAGES (register pipeline depth, >= 2), EARLY_LOADS (0/1) and HEADS_INNER (0/1: the KV
 // head is the grid's fastest index, so the programs of one (sequence, split) start side by
@@ -70,12 +65,6 @@ typedef unsigned int u32;
 #endif
 #ifndef FUSED_QK
 #define FUSED_QK 0  // q/k RMSNorm, RoPE and the K/V store in the prologue (see above)
-#endif
-#ifndef PREFETCH
-#define PREFETCH 0  // L2 prefetch distance, tiles past the register pipeline's (0: none)
-#endif
-#ifndef PREFETCH_BULK
-#define PREFETCH_BULK 0  // 1: one bulk (TMA) prefetch per key row; 0: prefetch.global.L2 lines
 #endif
 #if FUSED_QK  // the prologue stores the new token's K/V through the cache pointers
 #define KV_CONST
@@ -211,24 +200,6 @@ __device__ __forceinline__ void load_stage(Stage& s, const unsigned char* k_head
                                      : make_uint4(0, 0, 0, 0);
         }
     }
-}
-
-// Ask L2 for one tile's K and V rows of this head (valid: keys that exist): lane l takes key
-// l % 16 of K (l < 16) or of V, a row of ROW_BYTES (bf16: two 128-byte lines).
-__device__ __forceinline__ void prefetch_tile(const unsigned char* k_head,
-                                              const unsigned char* v_head, long long tok_bytes,
-                                              int valid, int lane) {
-    const int key = lane & 15;
-    if (key >= valid) return;
-    const unsigned char* row = (lane < 16 ? k_head : v_head) + key * tok_bytes;
-#if PREFETCH_BULK
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(ROW_BYTES));
-#else
-#pragma unroll
-    for (int off = 0; off < ROW_BYTES; off += 128) {
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
-    }
-#endif
 }
 
 __device__ __forceinline__ u32 word(const uint4& x, int i) {
@@ -550,12 +521,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, KV_CONST unsigned ch
             load_stage<false>(s, k_cache + base, v_cache + base, tok_bytes, valid, g, t);
         }
     };
-    auto prefetch = [&](int i, int blk) {
-        if (!PREFETCH || !tile_exists(i)) return;
-        int key0 = tile_key(i);
-        long long base = (long long)blk * stride_blk * ELEM_BYTES + (key0 % PAGE) * tok_bytes + head_off;
-        prefetch_tile(k_cache + base, v_cache + base, tok_bytes, min(TILE, end - key0), lane);
-    };
     auto compute = [&](const Stage& s, int i) {
         if (!tile_exists(i)) return;
         compute_tile(s, qf, min(TILE, end - tile_key(i)), qk_scale, g, t, st);
@@ -566,8 +531,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, KV_CONST unsigned ch
     // The block id of the next tile to load is read one step ahead, so a table read never
     // holds up a KV load.
     Stage ring[NUM_STAGES];
-#pragma unroll
-    for (int j = NUM_STAGES - 1; j < NUM_STAGES - 1 + PREFETCH; ++j) prefetch(j, tile_block(j));
 #pragma unroll
     for (int j = 0; j < NUM_STAGES - 1; ++j) {
         // EARLY_LOADS: a prologue tile that ends before the step's new token (the only KV the
@@ -616,18 +579,14 @@ livemeet_decode_split(const unsigned short* __restrict__ q, KV_CONST unsigned ch
     load_q(qf, q + b * q_stride_b + (kvh * group + (g < group ? g : 0)) * q_stride_h, group, g, t);
 #endif
     int blk_next = tile_block(NUM_STAGES - 1);
-    int pf_next = PREFETCH ? tile_block(NUM_STAGES - 1 + PREFETCH) : 0;  // the same, PREFETCH on
     for (int i = 0; tile_exists(i); i += NUM_STAGES) {
 #pragma unroll
         for (int j = 0; j < NUM_STAGES; ++j) {
             const int ahead = i + j + NUM_STAGES - 1;
             const int blk_after = tile_block(ahead + 1);
-            const int pf_after = PREFETCH ? tile_block(ahead + PREFETCH + 1) : 0;
             load(ring[(j + NUM_STAGES - 1) % NUM_STAGES], ahead, blk_next);
-            prefetch(ahead + PREFETCH, pf_next);
             compute(ring[j], i + j);
             blk_next = blk_after;
-            pf_next = pf_after;
         }
     }
 
