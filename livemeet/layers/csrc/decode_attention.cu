@@ -389,53 +389,89 @@ __device__ __forceinline__ float4 load_cg4(const float* p) {
     return v;
 }
 
+// The in-kernel merge (merge_splits): at most MERGE_SPLITS splits; each thread keeps up to
+// MERGE_LOADS of its partial rows in flight at once (64 registers, within what the main loop
+// uses, so the merge costs no occupancy).
+#define MERGE_SPLITS 64
+#define MERGE_LOADS 16
+
+// Partial rows q0 .. q0 + MERGE_LOADS - 1 of this thread (merge_splits' numbering), requested
+// together.
+__device__ __forceinline__ void load_partials(float4 (&v)[MERGE_LOADS], const float* mid_o,
+                                              int q0, int total, int rows, int mid_splits,
+                                              int warp, int lane) {
+#pragma unroll
+    for (int j = 0; j < MERGE_LOADS; ++j) {
+        const int q = q0 + j;
+        if (q < total) {  // so rows > 0
+            const int r = q / rows, sp = warp + (q - r * rows) * NUM_WARPS;
+            v[j] = load_cg4(mid_o + ((long long)r * mid_splits + sp) * HEAD_DIM + lane * 4);
+        }
+    }
+}
+
 // The group's outputs from num_splits partials (rows h * mid_splits + s of mid_o/mid_lse,
 // h < group), weighted by exp2(lse - max lse); an empty split (lse -inf) weighs 0 and a head
 // with no live split gives 0 (the Triton merge kernel's rule). scratch: NUM_WARPS x
-// MAX_GROUP x HEAD_DIM floats, weights: NUM_WARPS x MAX_GROUP floats of shared memory
-// (the warp merge's buffers, free by now); num_splits <= 64.
+// MAX_GROUP x HEAD_DIM floats of shared memory, 16-byte aligned (the warp merge's buffer,
+// free by now); num_splits <= MERGE_SPLITS. This runs in the last program of a (sequence, KV
+// head) once every other one has finished, so it is the kernel's tail and is built for
+// latency: thread (warp w, lane c) sums float4 column c of split rows w, w + NUM_WARPS, ... of
+// every head (its partial rows q = head * rows + i, i < rows), the lse values and its first
+// MERGE_LOADS rows are requested together (one L2 round trip), and each warp reduces its
+// heads' lse with shuffles while those rows arrive.
 __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mid_lse,
                                              unsigned short* out, long long out_stride_h,
                                              int group, int num_splits, int mid_splits,
-                                             float v_scale, float* scratch, float* weights) {
-    __shared__ float w_s[MAX_GROUP][64];
+                                             float v_scale, float* scratch) {
+    __shared__ float w_s[MAX_GROUP][MERGE_SPLITS];
+    __shared__ float inv_s[MAX_GROUP];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int rows = (num_splits - warp + NUM_WARPS - 1) / NUM_WARPS;  // 0 when warp >= splits
+    const int total = group * rows;
     for (int i = threadIdx.x; i < group * num_splits; i += blockDim.x) {
         int r = i / num_splits, sp = i % num_splits;
         w_s[r][sp] = load_cg(mid_lse + r * mid_splits + sp);
     }
+    float4 v[MERGE_LOADS];
+    load_partials(v, mid_o, 0, total, rows, mid_splits, warp, lane);
     __syncthreads();
-    if (threadIdx.x < group) {  // per head: max lse, then weights normalised by their sum
-        int r = threadIdx.x;
-        float mx = NEG_INF;
-        for (int sp = 0; sp < num_splits; ++sp) mx = fmaxf(mx, w_s[r][sp]);
-        float sum = 0.f;
-        for (int sp = 0; sp < num_splits; ++sp) {
-            float w = (mx == NEG_INF || w_s[r][sp] == NEG_INF) ? 0.f : fast_exp2(w_s[r][sp] - mx);
-            w_s[r][sp] = w;
-            sum += w;
-        }
-        weights[r] = sum > 0.f ? 1.f / sum : 0.f;
+    for (int r = warp; r < group; r += NUM_WARPS) {  // head r's weights: 2 splits per lane
+        const float a = lane < num_splits ? w_s[r][lane] : NEG_INF;
+        const float c = lane + 32 < num_splits ? w_s[r][lane + 32] : NEG_INF;
+        float mx = fmaxf(a, c);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float wa = (mx == NEG_INF || a == NEG_INF) ? 0.f : fast_exp2(a - mx);
+        const float wc = (mx == NEG_INF || c == NEG_INF) ? 0.f : fast_exp2(c - mx);
+        float sum = wa + wc;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        __syncwarp();  // every lane has read head r's lse before it is overwritten
+        if (lane < num_splits) w_s[r][lane] = wa;
+        if (lane + 32 < num_splits) w_s[r][lane + 32] = wc;
+        if (lane == 0) inv_s[r] = sum > 0.f ? 1.f / sum : 0.f;
     }
+    // this thread's float4 of each head's sum: only it touches them until the barrier below
+    float4* acc = (float4*)(scratch + warp * MAX_GROUP * HEAD_DIM) + lane;  // head r: acc[32 r]
+    for (int r = 0; r < group; ++r) acc[r * (HEAD_DIM / 4)] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
-    // thread (lane c4, part p): float4 column c4 of every head, splits p, p + 4, ...
-    const int c4 = threadIdx.x % 32, part = threadIdx.x / 32;
-    for (int r = 0; r < group; ++r) {
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-        const float* base = mid_o + (long long)r * mid_splits * HEAD_DIM + c4 * 4;
-#pragma unroll 4
-        for (int sp = part; sp < num_splits; sp += NUM_WARPS) {
-            float4 v = load_cg4(base + (long long)sp * HEAD_DIM);
-            float w = w_s[r][sp];
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
+    for (int q0 = 0; q0 < total; q0 += MERGE_LOADS) {
+        if (q0 > 0) load_partials(v, mid_o, q0, total, rows, mid_splits, warp, lane);
+#pragma unroll
+        for (int j = 0; j < MERGE_LOADS; ++j) {
+            const int q = q0 + j;
+            if (q < total) {
+                const int r = q / rows, sp = warp + (q - r * rows) * NUM_WARPS;
+                const float w = w_s[r][sp];
+                float4 a = acc[r * (HEAD_DIM / 4)];
+                a.x += w * v[j].x;
+                a.y += w * v[j].y;
+                a.z += w * v[j].z;
+                a.w += w * v[j].w;
+                acc[r * (HEAD_DIM / 4)] = a;
+            }
         }
-        float* dst = scratch + (part * MAX_GROUP + r) * HEAD_DIM + c4 * 4;
-        dst[0] = acc.x;
-        dst[1] = acc.y;
-        dst[2] = acc.z;
-        dst[3] = acc.w;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < group * HEAD_DIM; i += blockDim.x) {
@@ -443,9 +479,9 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
         float o = 0.f;
 #pragma unroll
         for (int p = 0; p < NUM_WARPS; ++p) o += scratch[(p * MAX_GROUP + r) * HEAD_DIM + d];
-        float v = o * weights[r] * v_scale;
+        float x = o * inv_s[r] * v_scale;
         u32 bits;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(bits) : "f"(v));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %1;" : "=r"(bits) : "f"(x));
         out[r * out_stride_h + d] = (unsigned short)(bits & 0xffffu);
     }
 }
@@ -475,7 +511,7 @@ livemeet_decode_split(const unsigned short* __restrict__ q, KV_CONST unsigned ch
     // the block tables (copied in before the step's first kernel) and the KV of earlier tokens.
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
-    __shared__ float o_s[NUM_WARPS][MAX_GROUP][HEAD_DIM];
+    __shared__ __align__(16) float o_s[NUM_WARPS][MAX_GROUP][HEAD_DIM];
     __shared__ float m_s[NUM_WARPS][MAX_GROUP];
     __shared__ float l_s[NUM_WARPS][MAX_GROUP];
 
@@ -653,6 +689,6 @@ livemeet_decode_split(const unsigned short* __restrict__ q, KV_CONST unsigned ch
     if (!is_last) return;
     const long long row0 = ((long long)b * num_heads + kvh * group) * mid_splits;
     merge_splits(mid_o + row0 * HEAD_DIM, mid_lse + row0, out + b * out_stride_b + kvh * group * out_stride_h,
-                 out_stride_h, group, num_splits, mid_splits, v_scale, &o_s[0][0][0], &m_s[0][0]);
+                 out_stride_h, group, num_splits, mid_splits, v_scale, &o_s[0][0][0]);
     if (threadIdx.x == 0) asm volatile("st.relaxed.gpu.global.s32 [%0], 0;" ::"l"(counter) : "memory");
 }
