@@ -219,9 +219,9 @@ class StepAttention:
     (`DecodeLaunch`, `ExtendLaunch`): the split-K decode kernel when every sequence has one new
     token, else the extend kernel over the prefill chunks and, in a mixed step, the decode
     kernel over the decode rows after them (module docstring). The decode rows of a mixed step
-    merge their splits in the CUDA kernel (where it runs them): such steps launch eagerly, and
-    a merge kernel's launch costs the host more than the in-kernel merge costs the GPU (bf16
-    decode graphs keep the merge kernel, ~0.7 us faster per layer at 1 x 36k, session 4)."""
+    merge their splits in the CUDA kernel (where it runs them; every step's default since
+    session 39): such steps launch eagerly, and a merge kernel's launch costs the host more
+    than the in-kernel merge costs the GPU."""
 
     def __init__(
         self,

@@ -121,9 +121,10 @@ class DecodeKernelConfig:
             raise ConfigError("num_warps must be a power of two <= 16 and num_stages >= 1")
 
 
-# bf16: the merge kernel after either split kernel (CUDA at 1x36k on an H200: 40.4 us with it,
-# 41.1 merging in the last split; long c1 on the engine 104.3 vs 102.8 audio-s/s)
-DECODE_CONFIG_BF16 = DecodeKernelConfig(merge_in_kernel=False, cuda_merge_in_kernel=False)
+# bf16: the merge kernel after the Triton split kernel; the CUDA kernel's last split merges
+# (session 39, since its merge reads every partial in one L2 round trip; before that the merge
+# kernel won at 1x36k on an H200: 40.4 against 41.1 us, long c1 104.3 against 102.8 audio-s/s)
+DECODE_CONFIG_BF16 = DecodeKernelConfig(merge_in_kernel=False, cuda_merge_in_kernel=True)
 DECODE_CONFIG_FP8 = DecodeKernelConfig(block_n=DECODE_BLOCK_N_FP8)
 
 

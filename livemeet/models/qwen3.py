@@ -14,12 +14,13 @@ Two paths compute the same function. The reference path (the CPU default) is the
 code above. The fused path (the CUDA default once `prepare_for_serving` ran; livemeet.layers.fused)
 carries (hidden, residual) between layers so that each residual add folds into the next RMSNorm,
 and runs per layer: add+norm, qkv GEMM, q/k norm+RoPE (which also stores K/V when the backend
-hands out a `kv_sink`; else attention stores them, one kernel more), attention (the FP8 decode
-kernel merges its own splits; bf16 adds a merge kernel), o_proj, add+norm, gate_up GEMM,
-SiLU*mul, down_proj: ~9 kernels instead of ~55. At one row (decode at batch 1) `LinearPlan` may
-fold each add+norm into the GEMM after it and SiLU*mul into down_proj (livemeet.layers.linear),
-leaving 6; in a decode step on the CUDA decode kernel the q/k norm+RoPE and K/V store move into
-that kernel's prologue (`AttentionBackend.attend_fused`), one fewer.
+hands out a `kv_sink`; else attention stores them, one kernel more), attention (the CUDA
+decode kernel merges its own splits; the Triton one adds a merge kernel for bf16), o_proj,
+add+norm, gate_up GEMM, SiLU*mul, down_proj: ~9 kernels instead of ~55. At one row (decode
+at batch 1) `LinearPlan` may fold each add+norm into the GEMM after it and SiLU*mul into
+down_proj (livemeet.layers.linear), leaving 6; in a decode step on the CUDA decode kernel the
+q/k norm+RoPE and K/V store move into that kernel's prologue (`AttentionBackend.attend_fused`),
+one fewer.
 """
 
 from __future__ import annotations
