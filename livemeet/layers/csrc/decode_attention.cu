@@ -389,24 +389,20 @@ __device__ __forceinline__ float4 load_cg4(const float* p) {
     return v;
 }
 
-// The in-kernel merge (merge_splits): at most MERGE_SPLITS splits; each thread keeps up to
-// MERGE_LOADS of its partial rows in flight at once (64 registers, within what the main loop
-// uses, so the merge costs no occupancy).
+// The in-kernel merge (merge_splits) takes at most MERGE_SPLITS splits; each thread holds
+// MERGE_ROWS of one head's partial rows in registers (64, within what the main loop uses, so
+// the merge costs no occupancy).
 #define MERGE_SPLITS 64
-#define MERGE_LOADS 16
+#define MERGE_ROWS (MERGE_SPLITS / NUM_WARPS)
 
-// Partial rows q0 .. q0 + MERGE_LOADS - 1 of this thread (merge_splits' numbering), requested
-// together.
-__device__ __forceinline__ void load_partials(float4 (&v)[MERGE_LOADS], const float* mid_o,
-                                              int q0, int total, int rows, int mid_splits,
-                                              int warp, int lane) {
+// This thread's partial rows of one head (rows warp, warp + NUM_WARPS, ... < num_splits,
+// float4 column lane), requested together.
+__device__ __forceinline__ void load_head(float4 (&v)[MERGE_ROWS], const float* head_o,
+                                          int num_splits, int warp, int lane) {
+    const float* p = head_o + warp * HEAD_DIM + lane * 4;
 #pragma unroll
-    for (int j = 0; j < MERGE_LOADS; ++j) {
-        const int q = q0 + j;
-        if (q < total) {  // so rows > 0
-            const int r = q / rows, sp = warp + (q - r * rows) * NUM_WARPS;
-            v[j] = load_cg4(mid_o + ((long long)r * mid_splits + sp) * HEAD_DIM + lane * 4);
-        }
+    for (int j = 0; j < MERGE_ROWS; ++j) {
+        if (warp + j * NUM_WARPS < num_splits) v[j] = load_cg4(p + j * NUM_WARPS * HEAD_DIM);
     }
 }
 
@@ -415,11 +411,11 @@ __device__ __forceinline__ void load_partials(float4 (&v)[MERGE_LOADS], const fl
 // with no live split gives 0 (the Triton merge kernel's rule). scratch: NUM_WARPS x
 // MAX_GROUP x HEAD_DIM floats of shared memory, 16-byte aligned (the warp merge's buffer,
 // free by now); num_splits <= MERGE_SPLITS. This runs in the last program of a (sequence, KV
-// head) once every other one has finished, so it is the kernel's tail and is built for
-// latency: thread (warp w, lane c) sums float4 column c of split rows w, w + NUM_WARPS, ... of
-// every head (its partial rows q = head * rows + i, i < rows), the lse values and its first
-// MERGE_LOADS rows are requested together (one L2 round trip), and each warp reduces its
-// heads' lse with shuffles while those rows arrive.
+// head) once every other one has finished: it is the kernel's tail, so it waits for L2 once
+// per head (a head's rows are requested together; the first head's with the lse values) and
+// each warp reduces its heads' lse with shuffles. Its code stays short: straight-line code
+// that runs once is bound by instruction fetch (an unrolled form with 5k instructions made
+// the kernel ~5 us slower a layer; docs/benchmarks.md, session 39).
 __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mid_lse,
                                              unsigned short* out, long long out_stride_h,
                                              int group, int num_splits, int mid_splits,
@@ -427,14 +423,12 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
     __shared__ float w_s[MAX_GROUP][MERGE_SPLITS];
     __shared__ float inv_s[MAX_GROUP];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int rows = (num_splits - warp + NUM_WARPS - 1) / NUM_WARPS;  // 0 when warp >= splits
-    const int total = group * rows;
     for (int i = threadIdx.x; i < group * num_splits; i += blockDim.x) {
         int r = i / num_splits, sp = i % num_splits;
         w_s[r][sp] = load_cg(mid_lse + r * mid_splits + sp);
     }
-    float4 v[MERGE_LOADS];
-    load_partials(v, mid_o, 0, total, rows, mid_splits, warp, lane);
+    float4 v[MERGE_ROWS];
+    load_head(v, mid_o, num_splits, warp, lane);
     __syncthreads();
     for (int r = warp; r < group; r += NUM_WARPS) {  // head r's weights: 2 splits per lane
         const float a = lane < num_splits ? w_s[r][lane] : NEG_INF;
@@ -452,26 +446,23 @@ __device__ __forceinline__ void merge_splits(const float* mid_o, const float* mi
         if (lane + 32 < num_splits) w_s[r][lane + 32] = wc;
         if (lane == 0) inv_s[r] = sum > 0.f ? 1.f / sum : 0.f;
     }
-    // this thread's float4 of each head's sum: only it touches them until the barrier below
-    float4* acc = (float4*)(scratch + warp * MAX_GROUP * HEAD_DIM) + lane;  // head r: acc[32 r]
-    for (int r = 0; r < group; ++r) acc[r * (HEAD_DIM / 4)] = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
-    for (int q0 = 0; q0 < total; q0 += MERGE_LOADS) {
-        if (q0 > 0) load_partials(v, mid_o, q0, total, rows, mid_splits, warp, lane);
+#pragma unroll 1
+    for (int r = 0; r < group; ++r) {
+        if (r > 0) load_head(v, mid_o + (long long)r * mid_splits * HEAD_DIM, num_splits, warp, lane);
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int j = 0; j < MERGE_LOADS; ++j) {
-            const int q = q0 + j;
-            if (q < total) {
-                const int r = q / rows, sp = warp + (q - r * rows) * NUM_WARPS;
+        for (int j = 0; j < MERGE_ROWS; ++j) {
+            const int sp = warp + j * NUM_WARPS;
+            if (sp < num_splits) {
                 const float w = w_s[r][sp];
-                float4 a = acc[r * (HEAD_DIM / 4)];
-                a.x += w * v[j].x;
-                a.y += w * v[j].y;
-                a.z += w * v[j].z;
-                a.w += w * v[j].w;
-                acc[r * (HEAD_DIM / 4)] = a;
+                acc.x += w * v[j].x;
+                acc.y += w * v[j].y;
+                acc.z += w * v[j].z;
+                acc.w += w * v[j].w;
             }
         }
+        *(float4*)(scratch + (warp * MAX_GROUP + r) * HEAD_DIM + lane * 4) = acc;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < group * HEAD_DIM; i += blockDim.x) {
