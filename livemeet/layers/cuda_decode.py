@@ -7,7 +7,8 @@ e4m3 conversion (~40 us per layer at 36k tokens on an H200, bf16's time for half
 The CUDA kernel loads each lane's pieces of K and V straight into its mma.sync operand
 registers (see the .cu file's header). It writes the same partials (`mid_o`, `mid_lse`) as
 the Triton split kernel, so the Triton merge kernel can finish both; given split-K counters,
-its last split to finish merges them instead (the FP8 default).
+its last split to finish merges them instead (the default for both cache dtypes since
+session 39).
 
 Launches carry the programmatic-stream-serialization attribute (PDL, as
 `livemeet.layers.pdl` gives the Triton kernels), so the kernel takes part in the decode

@@ -121,9 +121,12 @@ class DecodeKernelConfig:
             raise ConfigError("num_warps must be a power of two <= 16 and num_stages >= 1")
 
 
-# bf16: the merge kernel after the Triton split kernel; the CUDA kernel's last split merges
-# (session 39, since its merge reads every partial in one L2 round trip; before that the merge
-# kernel won at 1x36k on an H200: 40.4 against 41.1 us, long c1 104.3 against 102.8 audio-s/s)
+# bf16: the merge kernel after the Triton split kernel; the CUDA kernel's last split merges.
+# Its merge waits for L2 once per head since session 39 (a loop of 4-load batches before), and
+# at 1x36k on an H100 the step's graph replays in 1.926 ms merging in the kernel against 1.939
+# with the merge kernel, long c1 85.5 against 85.0 audio-s/s (FP8 1x36k: 1.324 against 1.401
+# ms, both merging in the kernel). The old in-kernel merge lost to the merge kernel on an
+# H200: 41.1 against 40.4 us a layer at 1x36k (docs/benchmarks.md, sessions 4 and 39).
 DECODE_CONFIG_BF16 = DecodeKernelConfig(merge_in_kernel=False, cuda_merge_in_kernel=True)
 DECODE_CONFIG_FP8 = DecodeKernelConfig(block_n=DECODE_BLOCK_N_FP8)
 
