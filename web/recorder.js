@@ -1058,26 +1058,29 @@ function onEvent(ev) {
 }
 
 // Before any recording, say which model serves (the demo banner must not wait for a session).
-async function showServer() {
+// keepStatus: a meeting stored before a reload holds the status line (its own steps report
+// the server's state), so only the banner is set.
+async function showServer(keepStatus = false) {
   try {
     const resp = await fetch("readyz");
     const info = await resp.json();
     $("demo-banner").style.display = info.demo ? "block" : "none";
+    if (keepStatus) return;
     setStatus(resp.ok ? `ready (model ${info.model})` : "server not ready: try again shortly");
   } catch (e) {
-    setStatus(`cannot reach the server: ${e.message}`);
+    if (!keepStatus) setStatus(`cannot reach the server: ${e.message}`);
   }
 }
 
 // A session stored by this tab before a reload: offer to resume it while the server still
 // keeps it (its window counts from when the page last had it); past that, the server has
-// ended it: offer its transcript.
+// ended it: offer its transcript. Returns whether there was one.
 function offerStored() {
   const saved = loadSession();
-  if (!saved) return;
+  if (!saved) return false;
   if (saved.ending) {
     finishStored(saved);
-    return;
+    return true;
   }
   const captions = { session_id: saved.session_id, captions_token: saved.captions_token };
   if (!storedExpired(saved)) {
@@ -1091,9 +1094,10 @@ function offerStored() {
     // no session, or worse, a session the server had just ended)
     state.offerTimer = setTimeout(() => { if (state.stored === saved) withdrawStored(); },
                                   saved.alive_at + saved.resume_window_s * 1000 - Date.now());
-    return;
+    return true;
   }
   withdrawStored(saved);
+  return true;
 }
 
 // The stored session's window has passed since the page last had it: the server ended it
@@ -1887,4 +1891,6 @@ $("overlay-copy").addEventListener("click", copyOverlayUrl);
 $("recent-forget").addEventListener("click", forgetRecent);
 loadApiKey();
 keepClearOfControls();
-showServer().then(offerStored).then(showRecent);
+// a stored meeting first: asking readyz first left "idle" and an enabled Start on show for
+// the fetch's time before "finishing…" (a trial)
+showServer(offerStored()).then(showRecent);

@@ -1166,6 +1166,9 @@ async function expiredScenario(storage) {
   const sandbox = makeSandbox(storage, kept, lasting);
   pageWindow = sandbox.window;
   vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
+  // what the page shows before anything it asked the server answers (readyz included)
+  const atLoad = { status: element("status").textContent, startDisabled: element("start").disabled,
+                   resumeHidden: element("resume").hidden };
   await sleep(10); // the page's own start-up
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
                       expired: expiredScenario, names: namesScenario, merges: mergesScenario,
@@ -1187,6 +1190,7 @@ async function expiredScenario(storage) {
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;
+  result.atLoad = atLoad;
   console.log(JSON.stringify(result));
   process.exit(0);
 })();

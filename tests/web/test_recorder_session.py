@@ -744,6 +744,25 @@ def test_a_stored_transcript_cut_short_says_so_as_its_final_would() -> None:
     assert "output limit" not in run("silentfinal", transcript_status="final")["status"]
 
 
+def test_a_stored_meeting_holds_the_status_from_the_pages_first_frame() -> None:
+    """A page reloaded while finishing showed "idle" with Start enabled for the time readyz
+    took to answer (0.1-0.4 s), then "finishing…" (session 38's third trial): the page asked
+    readyz before it looked at the stored meeting. It looks first now, and readyz's answer
+    (the demo banner) no longer replaces what the stored meeting's steps say; a page with
+    nothing stored still reports the server."""
+    ending = run("reloadending")
+    assert ending["atLoad"]["status"].startswith("finishing…")
+    assert ending["atLoad"]["startDisabled"] is True
+    assert ending["statusFinishing"].startswith("finishing…")  # after readyz answered
+    offered = run("reload")["atLoad"]
+    assert offered["resumeHidden"] is False and "still open on the server" in offered["status"]
+    expired = run("expired")
+    assert expired["atLoad"]["status"].startswith("the meeting started at")
+    assert "ready (model" not in expired["status"]
+    fresh = run("export")["atLoad"]  # nothing stored: Start at once, the status readyz's
+    assert fresh["startDisabled"] is False and not fresh["status"].startswith("finishing")
+
+
 @pytest.mark.parametrize("last", ["final", "gone"])
 def test_a_page_reloaded_while_finishing_fetches_the_final_without_a_microphone(last: str) -> None:
     """Reloaded after Stop, before the final: the page offered "Resume meeting" as if still
