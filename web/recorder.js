@@ -745,8 +745,12 @@ function showSpeaker(who, label) {
 }
 
 // What a click on a speaker button does, for `label` (one not merged away): a tooltip, and
-// the button's accessible description
+// the button's accessible description. A disabled button said "click to name" too (a
+// trial): offline it says when naming comes back, after the final only the label.
 function nameAction(label) {
+  if (!canRename()) {
+    return state.finished ? label : `${label}: naming comes back once the page reconnects`;
+  }
   return state.names.has(label) ? `${label}: click to rename this speaker`
                                  : `${label}: click to name this speaker`;
 }

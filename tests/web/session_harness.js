@@ -763,7 +763,23 @@ async function a11yScenario() {
   element("overlay-copy").listeners.click();
   await sleep(10);
   const listed = element("speakers-list").children.map((b) => [b.textContent, b.title]);
-  return { speakers, listed, copied, selected, note: element("overlay-copied").textContent };
+  // the connection drops, then (resumed) the final comes: the buttons' tooltips say so
+  const titles = () => ({
+    listed: element("speakers-list").children.map((b) => [b.title, b.disabled]),
+    captions: element("finals").children.map((div) => [div.children[1].title,
+                                                       div.children[1].disabled]) });
+  ws.drop(1006);
+  await sleep(10);
+  const offline = titles();
+  await sleep(400);
+  const again = sockets[1];
+  again.open();
+  again.receive(ready({ resumed: true }));
+  const online = titles();
+  again.receive(finalOf([said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")]));
+  const finished = titles();
+  return { speakers, listed, copied, selected, note: element("overlay-copied").textContent,
+           offline, online, finished };
 }
 
 // times on the caption lines, and the status a final leaves (FINISH: its finish_reason)
