@@ -3,9 +3,10 @@
 // URL: captions.html?session=<session_id>&token=<captions_token>[&lines=3][&debug=1]. A dropped
 // connection is reconnected; the snapshot a new connection starts with is merged in (finals
 // are deduplicated by id), so lines never repeat. Speakers show by name once named
-// (`speaker.renamed`, live and in the snapshot; docs/protocol.md "Speaker names"), and a label
-// merged into another (`speaker.merged`, "Speaker merges") shows as its target: its name and
-// colour. A session
+// (`speaker.renamed`, live and in the snapshot, and `captions.ready`'s `speakers`;
+// docs/protocol.md "Speaker names"), and a label merged into another (`speaker.merged`,
+// "Speaker merges"; `captions.ready`'s `merged`) shows as its target: its name and colour.
+// A session
 // that is gone (4404: the meeting ended, and OBS reloaded the source) leaves the overlay empty,
 // drawing nothing over the video: its status shows only with debug=1 (always in the console);
 // one that went while the overlay was reconnecting to it (a server restart) leaves the lines
@@ -43,6 +44,14 @@ function speakerColour(speaker) {
   return SPEAKER_COLOURS[n % SPEAKER_COLOURS.length];
 }
 
+// {key: string} of a frame's object as a Map, other values left out (none: empty)
+function stringMap(obj) {
+  const map = new Map();
+  if (!obj || typeof obj !== "object") return map;
+  for (const [key, value] of Object.entries(obj)) if (typeof value === "string") map.set(key, value);
+  return map;
+}
+
 // What the overlay shows, from the subscription's events (no DOM): the last finals, in
 // order, each once, and the current partial's segments that no final covers yet.
 function CaptionsModel(maxLines) {
@@ -78,10 +87,12 @@ CaptionsModel.prototype.addFinal = function (seg) {
 CaptionsModel.prototype.apply = function (ev) {
   switch (ev.type) {
     case "captions.ready":
-      // a new connection's snapshot holds every name and merge: a name removed while this
-      // page was away is not in it
-      this.names = new Map();
-      this.merged = new Map();
+      // a new connection's names and merges, as its snapshot replays them (a name removed
+      // while this page was away is not among them): taken at once from the ready frame's
+      // `speakers` and `merged`; a server without them has them cleared until its
+      // snapshot's frames come (bare labels a moment: a flicker at each reconnect)
+      this.names = stringMap(ev.speakers);
+      this.merged = stringMap(ev.merged);
       break;
     case "speaker.renamed":
       if (typeof ev.speaker !== "string") break;

@@ -43,9 +43,20 @@ from livemeet.gateway.captions import CaptionsOutbox
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRANSCRIBER_KEY
 from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
-from livemeet.gateway.live_protocol import NORMAL_CLOSE, PROTOCOL_VERSION
+from livemeet.gateway.live_protocol import (
+    NORMAL_CLOSE,
+    PROTOCOL_VERSION,
+    SpeakerMerged,
+    SpeakerRenamed,
+)
 from livemeet.gateway.ws_live import check_browser_origin, event_to_wire
-from livemeet.transcriber import Error, TranscriptFinal, TranscriptRevised, is_terminal
+from livemeet.transcriber import (
+    BackendInfo,
+    Error,
+    TranscriptFinal,
+    TranscriptRevised,
+    is_terminal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +75,11 @@ class _Close(NamedTuple):
 class CaptionsSubscriber:
     """One subscription's socket and outbox. Implements live_holder.CaptionsSink."""
 
-    def __init__(self, ws: web.WebSocketResponse, ready: dict[str, Any]) -> None:
+    def __init__(self, ws: web.WebSocketResponse) -> None:
         self.ws = ws
         self.outbox = CaptionsOutbox(CAPTIONS_MAX_QUEUED_FINALS)
         self.outcome = "disconnected"
-        self._ready = ready  # sent first by the forwarder
+        self.ready: dict[str, Any] = {}  # `captions.ready`, sent first by the forwarder
         self._wakeup = asyncio.Event()
 
     # -- live_holder.CaptionsSink: called by the session's pump, synchronously ------------
@@ -89,7 +100,7 @@ class CaptionsSubscriber:
         """Send `captions.ready`, then the outbox in order, up to a terminal item; returns the
         close that follows it (None: the subscriber vanished)."""
         try:
-            await self.ws.send_str(json.dumps(self._ready))
+            await self.ws.send_str(json.dumps(self.ready, ensure_ascii=False))
             while True:
                 item = self.outbox.pop()
                 if item is None:
@@ -140,6 +151,25 @@ def _subscribed_holder(request: web.Request) -> LiveSessionHolder:
     return holder
 
 
+def captions_ready(
+    session_id: str, info: BackendInfo, snapshot: list[SessionEvent]
+) -> dict[str, Any]:
+    """The `captions.ready` frame of a subscription whose snapshot is `snapshot`: with the
+    names (`speakers`, {label: name}) and merges (`merged`, {label: into}) its
+    `speaker.renamed` and `speaker.merged` frames give, so a viewer that reconnects replaces
+    its own at once (an overlay cleared them at `captions.ready` and showed bare labels until
+    the snapshot's frames came: a flicker at every reconnect)."""
+    return {
+        "type": "captions.ready",
+        "session_id": session_id,
+        "protocol": PROTOCOL_VERSION,
+        "demo": info.demo,
+        "model": info.model_id,
+        "speakers": {e.speaker: e.name for e in snapshot if isinstance(e, SpeakerRenamed)},
+        "merged": {e.speaker: e.into for e in snapshot if isinstance(e, SpeakerMerged)},
+    }
+
+
 async def captions_handler(request: web.Request) -> web.WebSocketResponse:
     """`GET /v1/sessions/{id}/captions`. Raises InvalidRequest (400) when the request is not a
     WS upgrade, and RequestRejected (400) for a browser page of an origin not allowed."""
@@ -164,17 +194,11 @@ async def captions_handler(request: web.Request) -> web.WebSocketResponse:
             await ws.send_str(ws_error_frame(exc))
             await ws.close(code=exc.close_code, message=exc.code.encode())
         return ws
-    info = request.app[TRANSCRIBER_KEY].info
-    ready = {
-        "type": "captions.ready",
-        "session_id": holder.id,
-        "protocol": PROTOCOL_VERSION,
-        "demo": info.demo,
-        "model": info.model_id,
-    }
-    subscriber = CaptionsSubscriber(ws, ready)
+    subscriber = CaptionsSubscriber(ws)
     # register, snapshot and queue it in one synchronous step: no event falls in between
-    for event in holder.subscribe(subscriber, CAPTIONS_SNAPSHOT_FINALS):
+    snapshot = holder.subscribe(subscriber, CAPTIONS_SNAPSHOT_FINALS)
+    subscriber.ready = captions_ready(holder.id, request.app[TRANSCRIBER_KEY].info, snapshot)
+    for event in snapshot:
         subscriber.deliver(event)
     metrics.captions_subscribers.inc()
     forwarder = asyncio.create_task(subscriber.forward(), name=f"captions-{holder.id}")

@@ -1,5 +1,6 @@
-"""docs/protocol.md's error table matches livemeet/errors.py; its `session.ready` examples
-hold the fields the server sends; its Speaker merges example is a real exchange."""
+"""docs/protocol.md's error table matches livemeet/errors.py; its `session.ready` and
+`captions.ready` examples hold the fields the server sends; its Speaker merges example is a
+real exchange."""
 
 from __future__ import annotations
 
@@ -40,6 +41,21 @@ async def test_every_session_ready_example_has_the_fields_the_server_sends(
         example = json.loads(line)
         assert list(example) == list(ready), line
         assert example["revise"] is False  # the demo's: it cannot revise
+
+
+async def test_the_captions_ready_example_has_the_fields_the_server_sends(
+    client: TestClient,
+) -> None:
+    """The Captions example's `captions.ready` is the server's frame, field for field (it
+    gained `speakers` and `merged` in session 39)."""
+    async with client.ws_connect("/v1/live") as ws:
+        ready = await start_session(ws)
+        url = f"/v1/sessions/{ready['session_id']}/captions?token={ready['captions_token']}"
+        async with client.ws_connect(url) as captions:
+            head = await captions.receive_json()
+    lines = re.findall(r'^< (\{"type": "captions\.ready".*\})$', DOC.read_text(), re.M)
+    assert len(lines) == 1
+    assert list(json.loads(lines[0])) == list(head)
 
 
 def example(section: str) -> list[str]:

@@ -36,7 +36,7 @@ from tests.gateway.test_live_resume import (
     resume_start,
 )
 from tests.gateway.test_speaker_rename import FORMAT, RecordingSink, rename
-from tests.gateway.test_ws_captions import stream, subscribe, transcript_url
+from tests.gateway.test_ws_captions import captions_url, stream, subscribe, transcript_url
 from tests.gateway.test_ws_live import (
     START,
     expect_error,
@@ -112,6 +112,39 @@ async def test_a_merge_reaches_the_client_and_subscribers_and_joins_the_snapshot
     assert snapshot[first + 1] == merged("S03", "S01")
     assert snapshot[-1]["merged"] == {"S03": "S01"}
     assert rest[-1] == final and not of_type(rest, "speaker.merged")  # read above
+
+
+async def test_captions_ready_carries_the_names_and_merges_of_its_snapshot(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """A subscriber's `captions.ready` says the names and merges its snapshot replays, so a
+    reconnecting overlay replaces its own at once instead of clearing them until the
+    snapshot's frames come (a flicker of bare labels at every reconnect); one joining before
+    any gets empty maps."""
+    fake.speakers = SPEAKERS
+    async with client.ws_connect("/v1/live") as live:
+        ready = await start_session(live)
+        await stream(live, fake, SHOWN_S)
+        async with client.ws_connect(captions_url(ready)) as first:
+            head = await first.receive_json()
+        await live.send_json(rename("S01", "Ällice 🎙"))
+        await live.send_json(rename("S02", "Bob"))
+        await live.send_json(rename("S02", None))  # removed: not in the snapshot
+        await live.send_json(merge("S03", "S01"))
+        await read_until(live, "speaker.merged")
+        async with client.ws_connect(captions_url(ready)) as late:
+            head_late = await late.receive_json()
+            snapshot = await read_until(late, "segment.partial")
+        await live.send_json({"type": "end"})
+        await read_to_close(live)
+    assert head["speakers"] == {} and head["merged"] == {}
+    assert head_late["type"] == "captions.ready"
+    assert head_late["speakers"] == {"S01": "Ällice 🎙"}
+    assert head_late["merged"] == {"S03": "S01"}
+    # the same as the snapshot's own frames, which still come
+    names = {e["speaker"]: e["name"] for e in of_type(snapshot, "speaker.renamed")}
+    merges = {e["speaker"]: e["into"] for e in of_type(snapshot, "speaker.merged")}
+    assert (names, merges) == (head_late["speakers"], head_late["merged"])
 
 
 async def test_merges_survive_a_resume_and_are_replayed_after_the_names(

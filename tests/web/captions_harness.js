@@ -204,6 +204,17 @@ async function main() {
   [final(s3), renamed("S01", "Alice"), merged("S03", "S02"), merged("S02", "S01")]
     .forEach((ev) => magain.receive(ev));
   out.mergesAfterReconnect = merging.shown();
+  // a server whose captions.ready carries the snapshot's names and merges: nothing flickers
+  magain.drop(1006);
+  await sleep(1200);
+  const mthird = merging.sockets[merging.sockets.length - 1];
+  mthird.receive({ ...ready, speakers: { S01: "Alice" }, merged: { S03: "S02", S02: "S01" } });
+  out.mergesAtReadyWithMaps = merging.shown();
+  [final(s3), renamed("S01", "Alice"), merged("S03", "S02"), merged("S02", "S01")]
+    .forEach((ev) => mthird.receive(ev));
+  out.mergesAfterMapsSnapshot = merging.shown();
+  mthird.receive({ ...ready, speakers: { S02: "Bob", S04: 7 }, merged: null });
+  out.mapsReplaced = merging.shown(); // only what the new ready says (a non-string ignored)
   const late = page("?session=s&token=t", captionsSource);
   [ready, { type: "transcript.final", segments: [s0, s3], finish_reason: "stop", coverage: 1,
             duration: 8, merged: { S03: "S01" } }].forEach((ev) => late.sockets[0].receive(ev));

@@ -78,6 +78,19 @@ def test_merged_speakers_show_as_their_target_from_the_snapshot_live_and_the_fin
     assert run["mergesFromTheFinal"] == ["S01: one", "S01: four"]
 
 
+def test_a_reconnect_keeps_the_names_and_merges_its_ready_frame_carries() -> None:
+    """`captions.ready` carries the snapshot's names and merges (`speakers`, `merged`): the
+    overlay takes them at once, so a reconnect shows no bare labels before the snapshot's
+    frames come (it cleared them at every reconnect: a flicker). A ready frame without them
+    (an older server) still clears them; each ready replaces them whole."""
+    run = overlay_run()
+    # no maps: cleared (the partial "fi" stays until a new one comes)
+    assert run["mergesDropped"] == ["S01: one", "S02: two", "S03: four", "S03: fi ~"]
+    assert run["mergesAtReadyWithMaps"] == run["mergesLive"]  # at once, before the snapshot
+    assert run["mergesAfterMapsSnapshot"] == run["mergesLive"]
+    assert run["mapsReplaced"] == ["S01: one", "Bob: two", "S03: four", "S03: fi ~"]
+
+
 def test_a_session_that_is_gone_leaves_the_overlay_empty_unless_debugging() -> None:
     """4404 (the meeting ended and OBS reloaded the source, or the session was dropped) drew
     "captions: no such session ..." over the video: now nothing shows (no status, no stale
