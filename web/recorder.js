@@ -512,6 +512,8 @@ async function askTranscript(sessionId, captionsToken, responseFormat = "text") 
   const resp = await fetch(transcriptUrl(sessionId, captionsToken, responseFormat));
   return { ok: resp.ok, status: resp.status,
            kept: resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : null,
+           // where the revision is: revised, pending, failed or none (null: an older server)
+           revision: resp.ok ? resp.headers.get("X-Livemeet-Revision") : null,
            response: resp };
 }
 
@@ -1456,15 +1458,21 @@ async function askForFinal(ws) {
   if (state.probing || quietMs < FINAL_QUIET_MS || !state.captions) return;
   state.probing = true;
   let kept = null;
+  let revision = null;
   try {
     const answer = await askTranscript(state.captions.session_id, state.captions.captions_token);
     kept = answer.ok ? answer.kept : "gone";
+    revision = answer.revision;
   } catch (e) { /* no server reached: the path is down too */ }
   state.probing = false;
   state.probedAt = Date.now();
   const making = statusWhileOwed();
   if (ws !== state.ws || !making) return; // moved on meanwhile
-  if (kept === making) return; // still at it: the socket may well be alive
+  // still at it: the socket may well be alive. "final" while a revision is owed is that only
+  // if the revision is still coming: one that failed, or none coming, was said on a socket
+  // that is dead (the page waited out its 11-minute bound on "revising…": a trial)
+  const gaveUp = making === "final" && (revision === "failed" || revision === "none");
+  if (kept === making && !gaveUp) return;
   dropDeadSocket(ws, Date.now() - state.heardAt);
 }
 

@@ -184,6 +184,7 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
             openai_api.ID_HEADER,
             session_transcript.STATUS_HEADER,
             session_transcript.FINISH_HEADER,
+            session_transcript.REVISION_HEADER,
             "Retry-After",
             "WWW-Authenticate",
         ),

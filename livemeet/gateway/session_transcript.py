@@ -8,9 +8,10 @@ from the TranscriptStore (which keeps it across restarts); once its `transcript.
 (`revised` without one: NotFound, saying whether one is still coming; `final` while the
 session runs: its finals so far). Readable with the session's `captions_token`
 (`?token=`), as its captions are: session ids come from the backend and may be guessable. The
-response header `X-Livemeet-Transcript-Status` says which it is, and, for a final or revised
-one, `X-Livemeet-Finish-Reason` why its decode stopped (transcript.final's `finish_reason`),
-which no rendered format carries: a page that lost the session's socket reads both here.
+response header `X-Livemeet-Transcript-Status` says which it is, `X-Livemeet-Revision` where
+its revision is (REVISION_HEADER), and, for a final or revised one, `X-Livemeet-Finish-Reason`
+why its decode stopped (transcript.final's `finish_reason`), which no rendered format carries:
+a page that lost the session's socket reads them here.
 """
 
 from __future__ import annotations
@@ -32,6 +33,18 @@ from livemeet.transcript.segments import Transcript
 TRANSCRIPT_PATH = "/v1/sessions/{id}/transcript"
 STATUS_HEADER = "X-Livemeet-Transcript-Status"
 FINISH_HEADER = "X-Livemeet-Finish-Reason"
+# where the session's revision is: one stands (`revised`), one is coming (`pending`), it
+# failed (`failed`, while the server holds the session), or none will come (`none`; for a
+# session the server no longer holds also one whose revision failed: the store keeps finals
+# and revisions, not failures). A page waiting for a revision whose socket went quiet reads
+# this: "final" alone did not tell a revision still running from one that failed unheard.
+REVISION_HEADER = "X-Livemeet-Revision"
+REVISION_DONE, REVISION_PENDING, REVISION_FAILED, REVISION_NONE = (
+    "revised",
+    "pending",
+    "failed",
+    "none",
+)
 # the header's values: still streaming (finals so far), the final transcript, the revised
 # transcript, or the finals of a session that ended in an error (all it will have)
 RUNNING, FINAL, REVISED, FAILED = "running", "final", "revised", "failed"
@@ -57,12 +70,15 @@ async def get_session_transcript(request: web.Request) -> web.Response:
         if not holder.authorizes_captions(token):
             raise _unauthorized(session_id)
         transcript, status = _held(holder, version)
+        revision = revision_state(holder)
     else:
-        transcript, status = await _stored(request.app[STORE_KEY], session_id, token, version)
+        store = request.app[STORE_KEY]
+        transcript, status, revision = await _stored(store, session_id, token, version)
     language = reported_language(transcript.language, request.app[TRANSCRIBER_KEY].info.language)
     body, content_type = formats.render(transcript, fmt, language=language)
     response = web.Response(text=body, content_type=content_type, charset="utf-8")
     response.headers[STATUS_HEADER] = status
+    response.headers[REVISION_HEADER] = revision
     if status in (FINAL, REVISED):  # a running transcript's reason is not known yet
         response.headers[FINISH_HEADER] = transcript.finish_reason.value
     return response
@@ -88,17 +104,15 @@ def _held(holder: LiveSessionHolder, version: str | None) -> tuple[Transcript, s
 
 async def _stored(
     store: TranscriptStore, session_id: str, token: str, version: str | None
-) -> tuple[Transcript, str]:
-    """A stored transcript for `version` (absent: the revised one where stored) and its
-    status; the token is checked against the final one's first. Raises NotFound,
-    Unauthorized."""
+) -> tuple[Transcript, str, str]:
+    """A stored transcript for `version` (absent: the revised one where stored), its status
+    and the revision's (REVISION_HEADER); the token is checked against the final one's
+    first. Raises NotFound, Unauthorized."""
     final = await store.get_live(session_id)
     # constant time over digests of equal length, whatever the token's length
     expected = final.access_sha256 or ""
     if not hmac.compare_digest(expected.encode(), token_digest(token).encode()):
         raise _unauthorized(session_id)
-    if version == "final":
-        return final.transcript, FINAL
     try:
         revised = await store.get_live(session_id, revised=True)
     except NotFound:
@@ -109,19 +123,34 @@ async def _stored(
                 "(it was not revised, or its revision failed): its final one stands",
                 param="version",
             ) from None
-        return final.transcript, FINAL
-    return revised.transcript, REVISED
+        return final.transcript, FINAL, REVISION_NONE
+    if version == "final":
+        return final.transcript, FINAL, REVISION_DONE
+    return revised.transcript, REVISED, REVISION_DONE
+
+
+def revision_state(holder: LiveSessionHolder) -> str:
+    """Where a held session's revision is (REVISION_HEADER's values)."""
+    replay = holder.replay
+    if holder.revised_transcript() is not None:
+        return REVISION_DONE
+    promised = holder.options is not None and holder.options.revise  # session.ready's `revise`
+    if replay.revision_pending or (promised and replay.terminal is None):
+        return REVISION_PENDING
+    if isinstance(replay.revision, Error):
+        return REVISION_FAILED
+    return REVISION_NONE
 
 
 def _no_revision(holder: LiveSessionHolder) -> NotFound:
     """The 404 of `version=revised` for a held session without a revised transcript, saying
     whether one is still coming: "(yet)" told a client of a session that will never be
     revised (session.ready's `revise: false`) to keep asking."""
-    replay = holder.replay
+    state = revision_state(holder)
     promised = holder.options is not None and holder.options.revise  # session.ready's `revise`
-    if replay.revision_pending or (promised and replay.terminal is None):
+    if state == REVISION_PENDING:
         why = "not yet: it comes after transcript.final"
-    elif isinstance(replay.revision, Error):
+    elif state == REVISION_FAILED:
         why = "its revision failed, and none will come: its final one stands"
     elif not promised:
         why = (

@@ -11,10 +11,12 @@ from aiohttp.test_utils import TestClient
 from livemeet.config import ServerConfig
 from livemeet.errors import MethodNotAllowed, RequestRejected
 from livemeet.gateway.openai_api import ID_HEADER
+from livemeet.gateway.session_transcript import FINISH_HEADER, REVISION_HEADER, STATUS_HEADER
 from tests.gateway.conftest import ClientFactory, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_openai_api import assert_error, form
-from tests.gateway.test_ws_live import gateway_client
+from tests.gateway.test_ws_captions import transcript_url
+from tests.gateway.test_ws_live import gateway_client, start_session
 
 APP = "https://app.example"
 UPLOAD = "/v1/audio/transcriptions"
@@ -54,6 +56,25 @@ async def test_an_allowed_page_may_upload_and_read_the_answer(
     assert transcript.status == 200 and transcript.headers[ALLOW_ORIGIN] == APP
     refused = await client.post(UPLOAD, data=form(b"not audio"), headers={"Origin": APP})
     assert refused.status == 400 and refused.headers[ALLOW_ORIGIN] == APP  # errors readable
+
+
+async def test_an_allowed_page_reads_a_live_transcripts_headers(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """The live transcript resource's headers are what a page that lost its socket reads
+    (status, finish reason, where the revision is): exposed to an allowed origin's script."""
+    client = await gateway_client(aiohttp_client, server_config, fake, allowed_origins=(APP,))
+    async with client.ws_connect("/v1/live") as ws:
+        ready = await start_session(ws)
+        url = f"{transcript_url(ready, 'json')}"
+        response = await client.get(url, headers={"Origin": APP})
+    assert response.status == 200 and response.headers[ALLOW_ORIGIN] == APP
+    exposed = {
+        h.strip().lower() for h in response.headers["Access-Control-Expose-Headers"].split(",")
+    }
+    for header in (STATUS_HEADER, FINISH_HEADER, REVISION_HEADER):
+        assert header.lower() in exposed, header
+    assert response.headers[REVISION_HEADER] == "none"  # the fake backend does not revise
 
 
 async def test_another_page_gets_no_cors_answer(

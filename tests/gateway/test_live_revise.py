@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -21,7 +22,9 @@ from livemeet.config import ModelConfig, ServerConfig
 from livemeet.gateway.app import create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY, SESSIONS_KEY, STORE_KEY
-from livemeet.transcript.segments import Segment
+from livemeet.gateway.session_transcript import revision_state
+from livemeet.transcriber import Error, TranscriptFinal
+from livemeet.transcript.segments import FinishReason, Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_live_resume import (
@@ -176,6 +179,7 @@ async def test_the_transcript_versions_of_a_session_say_whether_a_revision_comes
         assert empty.status == 400 and (await empty.json())["error"]["code"] == "invalid_request"
         final = await client.get(transcript_url(ready, "json") + "&version=final")
         assert final.status == 200 and final.headers["X-Livemeet-Transcript-Status"] == "running"
+        assert final.headers["X-Livemeet-Revision"] == ("pending" if revise else "none")
         message = await revised_404(client, ready)
         if revise:
             assert "not yet: it comes after transcript.final" in message
@@ -189,6 +193,8 @@ async def test_the_transcript_versions_of_a_session_say_whether_a_revision_comes
     await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
     await client.app[STORE_KEY].flush()
     assert "none will come" in await revised_404(client, ready)  # stored, the session gone
+    stored = await client.get(transcript_url(ready, "json"))
+    assert stored.headers["X-Livemeet-Revision"] == "none"
 
 
 async def test_a_client_that_leaves_after_the_final_still_gets_the_revision_stored(
@@ -230,6 +236,7 @@ async def test_a_failed_revision_is_an_error_frame_then_a_normal_close_and_the_f
     await client.app[STORE_KEY].flush()
     response = await client.get(transcript_url(ready, "verbose_json"))
     assert response.headers["X-Livemeet-Transcript-Status"] == "final"
+    assert response.headers["X-Livemeet-Revision"] == "none"  # stored: none will come
     body = json.loads(await response.text())
     assert [s["text"] for s in body["segments"]] == [s["text"] for s in final["segments"]]
     assert "none will come" in await revised_404(client, ready)
@@ -286,6 +293,67 @@ async def test_a_client_that_vanishes_while_the_revision_runs_still_gets_it_stor
     response = await client.get(transcript_url(ready, "verbose_json"))
     assert response.headers["X-Livemeet-Transcript-Status"] == "revised"
     assert [s["text"] for s in (await response.json())["segments"]] == [s.text for s in REVISED]
+
+
+async def test_the_revision_header_says_a_revision_is_coming_then_that_it_came(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    tmp_path: Path,
+    revise_gate: RevisionGate,
+) -> None:
+    """`X-Livemeet-Revision`: after the final, while the re-decode runs, the resource says
+    "final" and the revision "pending" ("final" alone did not tell it from a revision that
+    failed unheard: a page whose socket went quiet waited out its bound); once it came,
+    "revised", for either version, held and stored."""
+    script = replace(DEFAULT_SCRIPT, revised=REVISED)
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, script)
+    async with client.ws_connect("/v1/live") as ws:
+        ready = await meeting(ws)
+        await read_until(ws, "transcript.final")
+        await revise_gate.wait_started()
+        running = await client.get(transcript_url(ready, "json"))
+        assert running.headers["X-Livemeet-Transcript-Status"] == "final"
+        assert running.headers["X-Livemeet-Revision"] == "pending"
+        revise_gate.release.set()
+        await read_to_close(ws)
+    answers = []
+    for when in ("held", "stored"):
+        if when == "stored":
+            await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
+            await client.app[STORE_KEY].flush()
+        for version in ("", "&version=final"):
+            response = await client.get(transcript_url(ready, "json") + version)
+            answers.append(
+                (response.headers["X-Livemeet-Transcript-Status"],
+                 response.headers["X-Livemeet-Revision"])
+            )  # fmt: skip
+    assert answers == [("revised", "revised"), ("final", "revised")] * 2
+
+
+def test_revision_state_tells_pending_failed_and_none_apart() -> None:
+    """Every branch of the header's value for a held session (a failed revision is held only
+    briefly: the server lets the session go once the error is out)."""
+    final = TranscriptFinal((), FinishReason.STOP, 1.0, 1.0, revision=True)
+
+    def holder(
+        *,
+        revise: bool,
+        terminal: object = None,
+        pending: bool = False,
+        revision: object = None,
+        revised: object = None,
+    ) -> Any:
+        replay = SimpleNamespace(terminal=terminal, revision_pending=pending, revision=revision)
+        return SimpleNamespace(replay=replay, options=SimpleNamespace(revise=revise),
+                               revised_transcript=lambda: revised)  # fmt: skip
+
+    assert revision_state(holder(revise=True)) == "pending"  # running, promised
+    assert revision_state(holder(revise=True, terminal=final, pending=True)) == "pending"
+    failed = Error("revision_failed", "boom")
+    assert revision_state(holder(revise=True, terminal=final, revision=failed)) == "failed"
+    assert revision_state(holder(revise=False)) == "none"  # never promised
+    assert revision_state(holder(revise=True, terminal=final)) == "none"  # promised none after
+    assert revision_state(holder(revise=True, terminal=final, revised=object())) == "revised"
 
 
 async def test_a_resume_after_the_final_gets_the_replayed_final_then_the_revision(

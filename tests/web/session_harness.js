@@ -107,10 +107,13 @@ function makeSandbox(storage, transcriptStatus, lasting) {
       const kept = transcriptOf(url, transcriptStatus);
       const ok = kept !== null;
       return { ok, status: ok ? 200 : 404,
-               // FINISH: a finished transcript's finish_reason, as the server says it
+               // FINISH: a finished transcript's finish_reason, as the server says it;
+               // REVISION: X-Livemeet-Revision (unset: an older server's answer, no header)
                headers: { get: (h) => (h === "X-Livemeet-Transcript-Status" ? kept
                                        : h === "X-Livemeet-Finish-Reason" && ok
-                                         ? process.env.FINISH || "stop" : null) },
+                                         ? process.env.FINISH || "stop"
+                                         : h === "X-Livemeet-Revision" && ok
+                                           ? process.env.REVISION || null : null) },
                text: async () => "",
                json: async () => (storedBody && url.includes("/sessions/s-1/") ? storedBody
                                                                                : { duration: audioOf(url) }) };

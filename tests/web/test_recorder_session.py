@@ -27,6 +27,7 @@ def run(
     duration: str = "3",
     last: str = "final",
     sequence: str = "",
+    revision: str = "",
 ) -> dict[str, Any]:
     return run_harness(
         "session_harness.js", str(WEB / "recorder.js"), scenario,
@@ -34,7 +35,7 @@ def run(
         env={"TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
              "FLUSH": flush, "CTX_RATE": context_rate, "CLIPBOARD": clipboard,
              "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration, "LAST": last,
-             "TRANSCRIPT_SEQUENCE": sequence},
+             "TRANSCRIPT_SEQUENCE": sequence, "REVISION": revision},
     )  # fmt: skip
 
 
@@ -710,6 +711,21 @@ def test_a_silent_socket_while_the_revision_is_due_is_judged_and_the_wait_bounde
         assert result["captions"] == [["S01", "seg-0000"]]
         assert result["start_disabled"] is False
     assert result["status"].startswith("done:")
+
+
+@pytest.mark.parametrize(("revision", "resumes"), [("pending", False), ("failed", True),
+                                                   ("none", True)])  # fmt: skip
+def test_a_quiet_socket_after_the_final_is_dropped_once_no_revision_is_coming(
+    revision: str, resumes: bool
+) -> None:
+    """The resource said "final" both while the revision ran and once it had failed unheard:
+    the page waited out its 11-minute bound on "revising…". X-Livemeet-Revision tells them
+    apart: "pending" keeps the socket (it may be alive); "failed" or "none" means the
+    revision's end was said on a dead socket, so the page drops it at once and resumes."""
+    result = run("deadrevision", transcript_status="final", revision=revision)
+    assert result["askedAt31s"] == 1
+    assert result["socketsAt31s"] == (2 if resumes else 1)
+    assert result["closedByPage"] is resumes
 
 
 def test_a_refused_message_after_the_final_is_not_a_meeting_left_open() -> None:
