@@ -93,8 +93,9 @@ class DecodeKernelConfig:
     defaults measured best or within 3 % (bf16) / 10 % (FP8) of the best on an H200
     (docs/benchmarks.md, session 3). Session 4's sweep put the merge kernel ahead of the
     in-kernel merge for bf16 (44.4 vs 46.8 us per layer at 1x36k, 6.9 vs 8.0 at 1x1k) and
-    behind it for FP8 (40.8 vs 43.6-55.4 us at 1x36k, 425 vs 494 at 16x36k): each dtype's
-    default takes its winner. Two forms
+    behind it for FP8 (40.8 vs 43.6-55.4 us at 1x36k, 425 vs 494 at 16x36k) for the Triton
+    kernel: each dtype's default takes its winner (the CUDA kernel merges in the kernel for
+    both since session 39: DECODE_CONFIG_BF16). Two forms
     measured and dropped: fp32 multiply-adds over the real GQA rows instead of tensor cores
     (3-10x slower), and K loaded as [D, block_n] instead of transposed in registers (no faster).
     pdl_max_rows: the split and merge kernels launch with PDL (livemeet.layers.pdl) only for
