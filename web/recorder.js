@@ -1071,6 +1071,12 @@ async function showServer(keepStatus = false) {
     const resp = await fetch("readyz");
     const info = await resp.json();
     $("demo-banner").style.display = info.demo ? "block" : "none";
+    // index.html's text describes the Whisper demo backend; another demo (the scripted test
+    // backend) got it too: named by its model instead
+    if (info.demo && info.backend && info.backend !== "demo") {
+      $("demo-banner").textContent = `Demo backend ${info.backend} (${info.model}): not ` +
+        "MOSS-Transcribe-Diarize. Start the server with --model for it.";
+    }
     if (keepStatus) return;
     setStatus(resp.ok ? `ready (model ${info.model})` : "server not ready: try again shortly");
   } catch (e) {

@@ -101,8 +101,11 @@ function makeSandbox(storage, transcriptStatus, lasting) {
     location: { host: PAGE.host, protocol: PAGE.protocol, href: PAGE.href },
     fetch: async (url) => {
       fetched.push(url);
-      if (url === "readyz") {
-        return { ok: true, json: async () => ({ demo: false, model: "m" }) };
+      if (url === "readyz") { // BACKEND: readyz's backend (unset: a real model, not a demo)
+        const backend = process.env.BACKEND || "moss";
+        const model = { moss: "m", demo: "whisper-tiny.en-demo", scripted: "scripted (tests)" };
+        return { ok: true, json: async () => ({ demo: backend !== "moss", backend,
+                                                model: model[backend] }) };
       }
       const kept = transcriptOf(url, transcriptStatus);
       const ok = kept !== null;
@@ -1189,6 +1192,9 @@ async function expiredScenario(storage) {
   const atLoad = { status: element("status").textContent, startDisabled: element("start").disabled,
                    resumeHidden: element("resume").hidden };
   await sleep(10); // the page's own start-up
+  // the demo banner as readyz left it (a session.ready later sets it by its own `demo`)
+  const banner = { display: element("demo-banner").style.display,
+                   text: element("demo-banner").textContent };
   const scenarios = { export: exportScenario, reload: reloadScenario, gone: goneScenario,
                       expired: expiredScenario, names: namesScenario, merges: mergesScenario,
                       apikey: apiKeyScenario, refused: refusedScenario,
@@ -1210,6 +1216,7 @@ async function expiredScenario(storage) {
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;
   result.atLoad = atLoad;
+  result.banner = banner;
   console.log(JSON.stringify(result));
   process.exit(0);
 })();

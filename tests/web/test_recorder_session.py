@@ -28,6 +28,7 @@ def run(
     last: str = "final",
     sequence: str = "",
     revision: str = "",
+    backend: str = "moss",
 ) -> dict[str, Any]:
     return run_harness(
         "session_harness.js", str(WEB / "recorder.js"), scenario,
@@ -35,8 +36,21 @@ def run(
         env={"TZ": "UTC", "PAGE_HREF": page, "TRANSCRIPT_STATUS": transcript_status,
              "FLUSH": flush, "CTX_RATE": context_rate, "CLIPBOARD": clipboard,
              "EXEC_COPY": exec_copy, "FINISH": finish, "DURATION": duration, "LAST": last,
-             "TRANSCRIPT_SEQUENCE": sequence, "REVISION": revision},
+             "TRANSCRIPT_SEQUENCE": sequence, "REVISION": revision, "BACKEND": backend},
     )  # fmt: skip
+
+
+def test_the_demo_banner_names_the_demo_backend_that_serves() -> None:
+    """The banner's text (index.html) names Whisper tiny.en; the scripted test backend also
+    reports `demo: true` and got that text (session 38's notes). The Whisper demo keeps it;
+    another demo backend is named by readyz's model instead; a real model shows none."""
+    assert run("export", backend="moss")["banner"]["display"] == "none"
+    whisper = run("export", backend="demo")["banner"]
+    assert whisper == {"display": "block", "text": ""}  # the stub page: index.html's text kept
+    scripted = run("export", backend="scripted")["banner"]
+    assert scripted["display"] == "block"
+    assert "scripted (tests)" in scripted["text"] and "Whisper" not in scripted["text"]
+    assert "--model" in scripted["text"]
 
 
 def test_the_page_links_the_transcript_downloads_during_and_after_the_meeting() -> None:
