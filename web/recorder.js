@@ -956,8 +956,16 @@ function onEvent(ev) {
       renderSpeakers(); // the speakers list can be used again
       $("demo-banner").style.display = ev.demo ? "block" : "none";
       showOverlayUrl(ev);
-      showExport(state.captions, state.startedAt, "(the finals so far)");
       noteAudioHeld(ev.offset); // a resumed session's audio
+      if (state.finished) {
+        // resumed for the revision after the final: the meeting is over, its "done: …" and
+        // downloads (final) stay ("finishing… waiting for its final transcript" and "the
+        // finals so far" came back until the replayed final: session 39's trial)
+        setStatus($("status").textContent, `(reconnected to session ${ev.session_id}: ` +
+                  "waiting for the revision)");
+        break;
+      }
+      showExport(state.captions, state.startedAt, "(the finals so far)");
       if (state.windingUp) {
         setStatus(`ending the meeting (the server refused a message of this page ` +
                   `${state.violations} times, the last: ${state.windingUp}): waiting for its ` +
@@ -1055,6 +1063,12 @@ function onEvent(ev) {
       }
       if (ev.code === "server_restarting" && state.session) { // its 1012 close is resumed
         setStatus("the server is restarting: the meeting resumes once it is back…");
+        break;
+      }
+      if (ev.code === "not_found" && state.session) {
+        // a resume refused: its 4404 close says what happened (sessionGone); said here too,
+        // "error not_found: no live session…" was read out for a moment first (a trial)
+        state.error = { code: ev.code, message: ev.message };
         break;
       }
       state.error = { code: ev.code, message: ev.message };
@@ -1647,9 +1661,17 @@ function onClose(ws, ev, reached) {
       // said once per drop: each retry's wait goes beside it, out of the live region; after
       // Stop pressed offline its acknowledgement stays (a retry's "connection lost" replaced
       // it and was read out again: a trial)
-      const offlineStop = state.ending && !state.live && !state.windingUp && !violation;
-      setStatus(offlineStop ? stoppedOfflineStatus() : `${why}: ${reconnectGoal()}`,
-                `(next try in ${(delay / 1000).toFixed(1)} s)`);
+      const offlineStop = state.ending && !state.finished && !state.live &&
+                          !state.windingUp && !violation;
+      const wait = `(next try in ${(delay / 1000).toFixed(1)} s)`;
+      if (state.finished) {
+        // the final is shown: its "done: …" stays (a drop replaced it with "stopped: the
+        // meeting ends once the page reaches the server again", a trial); the reconnect
+        // for the revision goes beside it, and the revision line says "revising…"
+        setStatus($("status").textContent, `(${why}: ${reconnectGoal()} ${wait})`);
+      } else {
+        setStatus(offlineStop ? stoppedOfflineStatus() : `${why}: ${reconnectGoal()}`, wait);
+      }
       state.retry = setTimeout(connect, delay);
       return;
     }
@@ -1909,6 +1931,9 @@ $("overlay-copy").addEventListener("click", copyOverlayUrl);
 $("recent-forget").addEventListener("click", forgetRecent);
 loadApiKey();
 keepClearOfControls();
-// a stored meeting first: asking readyz first left "idle" and an enabled Start on show for
-// the fetch's time before "finishing…" (a trial)
+// index.html ships Start disabled and the status "loading…": a browser may draw the page
+// before this script runs, and its "idle" with Start enabled was drawn for a frame before a
+// stored meeting's "finishing…" (a trial). A stored meeting first: asking readyz first left
+// them on show for the fetch's time.
+setDisabled($("start"), false);
 showServer(offerStored()).then(showRecent);

@@ -588,7 +588,9 @@ async function deadRevisionScenario() {
     out.start_disabled = element("start").disabled;
   }
   Object.assign(out, { captions: shownCaptions(), revision: revisionLine(),
-                       status: element("status").textContent });
+                       status: element("status").textContent,
+                       statuses: mutations.filter((m) => m.text === element("status"))
+                         .map((m) => m.value) });
   return out;
 }
 
@@ -1092,7 +1094,9 @@ async function reloadEndingScenario(storage) {
   Object.assign(out, { sent: ws.sent.slice(), microphones: microphones.length,
                        captions: shownCaptions(), revision: revisionLine(), links: links(),
                        status: element("status").textContent, storage: storage.items,
-                       stopDisabled: element("stop").disabled });
+                       stopDisabled: element("stop").disabled,
+                       statuses: mutations.filter((m) => m.text === element("status"))
+                         .map((m) => m.value) });
   return out;
 }
 
@@ -1187,6 +1191,7 @@ async function expiredScenario(storage) {
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
   const sandbox = makeSandbox(storage, kept, lasting);
   pageWindow = sandbox.window;
+  element("start").disabled = true; // as index.html ships it
   vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
   // what the page shows before anything it asked the server answers (readyz included)
   const atLoad = { status: element("status").textContent, startDisabled: element("start").disabled,

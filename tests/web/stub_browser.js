@@ -7,7 +7,7 @@
 //   taken out of its parent takes the keyboard focus (`focus()`) along, as does an element
 //   disabled while it has it (a browser's focus fixup): `focused()` is then the body;
 // - mutations: what the page changed, in order: {added: node, to: parent} for each node put
-//   into a parent, {text: node} for each write of a node's textContent, each with `within`,
+//   into a parent, {text: node, value} for each write of a node's textContent, each with `within`,
 //   the changed node's ancestors then (a live region reads out both, as its aria-relevant
 //   allows: inLiveRegion tells whether a change was made inside one);
 // - sockets: every FakeWebSocket the page opened, in order: open(), receive(event),
@@ -68,7 +68,7 @@ function stubBrowser() {
         get textContent() { return text; },
         set textContent(value) {
           text = value;
-          mutations.push({ text: this, within: ancestors(this) });
+          mutations.push({ text: this, value: String(value), within: ancestors(this) });
         },
         addEventListener(type, fn) { this.listeners[type] = fn; },
         setAttribute(name, value) { this.attributes[name] = String(value); },

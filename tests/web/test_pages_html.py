@@ -50,6 +50,18 @@ def test_the_recorders_status_and_captions_are_read_out_as_they_change() -> None
     assert page["status-detail"][1].get("aria-live") is None
 
 
+def test_the_recorder_is_drawn_inert_until_its_script_runs() -> None:
+    """A browser may draw the markup before recorder.js runs: "idle" with Start enabled was
+    drawn for a frame before a stored meeting's "finishing…" (session 39's trial). Start
+    ships disabled (the script enables it, unless a stored meeting is finishing) and the
+    status says the page is loading."""
+    page = elements("index.html").by_id
+    assert "disabled" in page["start"][1]
+    assert page["status"][1].get("tabindex") == "-1"  # the element found, with its attributes
+    text = (ROOT / "web" / "index.html").read_text()
+    assert 'tabindex="-1">loading…</span>' in text and ">idle<" not in text
+
+
 def test_both_pages_bring_their_icon_along() -> None:
     """The browser asked for /favicon.ico, a 404 in the console of both pages (a trial)."""
     for page in ("index.html", "captions.html"):

@@ -807,7 +807,8 @@ def test_a_stored_meeting_holds_the_status_from_the_pages_first_frame() -> None:
     expired = run("expired")
     assert expired["atLoad"]["status"].startswith("the meeting started at")
     assert "ready (model" not in expired["status"]
-    fresh = run("export")["atLoad"]  # nothing stored: Start at once, the status readyz's
+    # nothing stored: Start (index.html ships it disabled) enabled at once
+    fresh = run("export")["atLoad"]
     assert fresh["startDisabled"] is False and not fresh["status"].startswith("finishing")
 
 
@@ -843,6 +844,28 @@ def test_a_page_reloaded_while_finishing_fetches_the_final_without_a_microphone(
         assert hidden is False and line.startswith("not revised")
         assert "the final transcript below stands" in line
         assert result["links"]["note"] == "(final)"
+
+
+def test_a_refused_resume_is_not_read_out_as_an_error_before_its_transcript() -> None:
+    """A resume refused with not_found (the server had finished the meeting) first put
+    "error not_found: no live session …" in the status, a live region, for a moment before
+    the 4404 close's "finishing… (the server has let the session go …" (session 39's trial):
+    the close says what happened, the error frame alone writes nothing."""
+    statuses = run("reloadending", last="gone")["statuses"]
+    assert not [s for s in statuses if "not_found" in s or s.startswith("error")], statuses
+    assert any("the server has let the session go" in s for s in statuses)
+
+
+def test_a_drop_after_the_final_keeps_its_done_status() -> None:
+    """After the final, a dead socket's drop (the revision still due) replaced "done: …" with
+    "stopped: the meeting ends once the page reaches the server again (reconnecting for the
+    revision…)" (session 39's trial): the meeting had ended. The status keeps "done: …"; the
+    reconnect goes beside it, and the revision line says "revising…"."""
+    result = run("deadrevision", transcript_status="revised")
+    statuses = result["statuses"]
+    done = next(i for i, s in enumerate(statuses) if s.startswith("done:"))
+    assert not [s for s in statuses[done:] if not s.startswith("done:")], statuses[done:]
+    assert result["revision"][1].startswith("revised:")
 
 
 def test_the_status_line_takes_the_focus_from_a_button_the_page_disables() -> None:
