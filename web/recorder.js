@@ -136,6 +136,9 @@ const REPLAY_QUIET_MS = 2000;
 // it: offerTranscript) is asked about again this often, for at most this long (its final
 // decode included)
 const TRANSCRIPT_POLL_MS = 3000;
+// ms an ask of the transcript resource may take before the page gives up on it (a stored
+// transcript is a few hundred KB at most: seconds even on a slow link)
+const TRANSCRIPT_FETCH_TIMEOUT_MS = 15000;
 const TRANSCRIPT_POLL_MAX_MS = 180000;
 // how long the reason a name or a merge was not sent shows in the status line: long enough to
 // read it twice, then the recording status is back
@@ -509,7 +512,11 @@ function transcriptUrl(sessionId, captionsToken, responseFormat) {
 // X-Livemeet-Transcript-Status ("running", "final", "revised"; null unless ok), response:
 // the transcript as `responseFormat`}. Rejects where no server answers.
 async function askTranscript(sessionId, captionsToken, responseFormat = "text") {
-  const resp = await fetch(transcriptUrl(sessionId, captionsToken, responseFormat));
+  // bounded: on a dead network path a fetch may hang for minutes, and the page waits on it
+  // (Start, a refused resume's transcript)
+  const options = typeof AbortSignal !== "undefined" && AbortSignal.timeout
+    ? { signal: AbortSignal.timeout(TRANSCRIPT_FETCH_TIMEOUT_MS) } : {};
+  const resp = await fetch(transcriptUrl(sessionId, captionsToken, responseFormat), options);
   return { ok: resp.ok, status: resp.status,
            kept: resp.ok ? resp.headers.get("X-Livemeet-Transcript-Status") : null,
            // where the revision is: revised, pending, failed or none (null: an older server)
@@ -1668,7 +1675,8 @@ function onClose(ws, ev, reached) {
         // the final is shown: its "done: …" stays (a drop replaced it with "stopped: the
         // meeting ends once the page reaches the server again", a trial); the reconnect
         // for the revision goes beside it, and the revision line says "revising…"
-        setStatus($("status").textContent, `(${why}: ${reconnectGoal()} ${wait})`);
+        setStatus($("status").textContent,
+                  `(${why}: ${reconnectGoal()}, next try in ${(delay / 1000).toFixed(1)} s)`);
       } else {
         setStatus(offlineStop ? stoppedOfflineStatus() : `${why}: ${reconnectGoal()}`, wait);
       }
@@ -1689,8 +1697,12 @@ function onClose(ws, ev, reached) {
   clearSession(); // ended, refused or taken over: not this page's to resume any more
   if (ev.code === 4404) {
     // not_found: the server no longer has the session (it finished it, its window ran out,
-    // or it restarted without it)
-    sessionGone();
+    // or it restarted without it). Start waits for its transcript: enabled beside
+    // "finishing… asking it for the transcript it stored" it offered a new meeting while
+    // the page still said this one was finishing (session 39's trial)
+    setDisabled($("stop"), true);
+    sessionGone().finally(() => setDisabled($("start"), false));
+    return;
   } else if (ev.code === 4401 && !state.session) {
     // unauthorized: the server asks for an API key (its error said which problem)
     setStatus(`${$("status").textContent}: enter the server's API key above, then Start`);
@@ -1726,16 +1738,18 @@ async function sessionGone() {
   const gone = `the meeting had ended: the server no longer has session ${sessionId}`;
   const notes = lostNote() + windUpNote();
   const stopped = state.ending || state.finished; // the page had asked for the final
-  setStatus(stopped ? "finishing… (the server has let the session go: asking it for the " +
-                      "transcript it stored…)"
-                    : `${gone}: asking it for the meeting's transcript…`);
+  const hadFinal = state.finished; // only its revision was owed: "done: …" stays
+  const asking = "the server has let the session go: asking it for the transcript it stored…";
+  if (hadFinal) setStatus($("status").textContent, `(${asking})`);
+  else setStatus(stopped ? `finishing… (${asking})` : `${gone}: asking it for the meeting's ` +
+                                                      "transcript…");
   let stored = null;
   try {
     stored = await storedTranscript(captions);
   } catch (e) { /* no server reached, or not JSON: as not stored */ }
   if (state.captions !== captions || state.active) return; // a new meeting meanwhile
   if (stored) {
-    showStoredTranscript(stored, stopped ? "" : gone, notes);
+    showStoredTranscript(stored, stopped ? "" : gone, notes, hadFinal);
     return;
   }
   if (state.revisionPending) {
@@ -1770,8 +1784,9 @@ async function storedTranscript(captions) {
 // The meeting as the server stored it (storedTranscript) replaces what the page shows, as its
 // transcript.final or transcript.revised would have: the names and merges are the server's
 // last word. `gone`: what the status says first where the page had not stopped the meeting
-// itself (the server ended it), else it says "done" as after a final; `notes`: lostNote's.
-function showStoredTranscript({ kept, body, finishReason }, gone, notes) {
+// itself (the server ended it), else it says "done" as after a final; `notes`: lostNote's;
+// `hadFinal`: the page had the final, and lost only what came after it (the revision).
+function showStoredTranscript({ kept, body, finishReason }, gone, notes, hadFinal = false) {
   const follow = atBottom();
   const segments = body.segments
     .filter((seg) => seg && typeof seg.speaker === "string" && typeof seg.text === "string")
@@ -1795,8 +1810,10 @@ function showStoredTranscript({ kept, body, finishReason }, gone, notes) {
     (FINISH_NOTES[finishReason] || ""); // as the final's status says it
   setStatus(gone ? `${gone}; it had ended the meeting: below is the transcript it stored ` +
                    `(${audio})${notes}`
-                 : `done: ${audio}${notes} (the connection lost the server's last ` +
-                   "messages: below is the transcript it stored)");
+                 : `done: ${audio}${notes} (` + (hadFinal
+                   ? "the connection was lost before the revision reached this page"
+                   : "the connection lost the server's last messages") +
+                   ": below is the transcript it stored)");
   if (kept === "revised") {
     showRevised(segments.length);
   } else if (state.revise) {

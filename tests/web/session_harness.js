@@ -61,6 +61,7 @@ class FixedDate extends Date {
 // the page's address: PAGE_HREF, e.g. a proxy serving livemeet under a path
 const PAGE = new URL(process.env.PAGE_HREF || "https://meet.example:8000/");
 const fetched = [];
+const startAtFetch = [];
 // window.prompt: answers given in turn (undefined when none is queued), the prompts asked
 const answers = [];
 const prompts = [];
@@ -101,6 +102,8 @@ function makeSandbox(storage, transcriptStatus, lasting) {
     location: { host: PAGE.host, protocol: PAGE.protocol, href: PAGE.href },
     fetch: async (url) => {
       fetched.push(url);
+      // Start as the page has it while a stored transcript (diarized_json) is on its way
+      const reading = () => { if (url.includes("diarized_json")) startAtFetch.push(element("start").disabled); };
       if (url === "readyz") { // BACKEND: readyz's backend (unset: a real model, not a demo)
         const backend = process.env.BACKEND || "moss";
         const model = { moss: "m", demo: "whisper-tiny.en-demo", scripted: "scripted (tests)" };
@@ -118,8 +121,11 @@ function makeSandbox(storage, transcriptStatus, lasting) {
                                          : h === "X-Livemeet-Revision" && ok
                                            ? process.env.REVISION || null : null) },
                text: async () => "",
-               json: async () => (storedBody && url.includes("/sessions/s-1/") ? storedBody
-                                                                               : { duration: audioOf(url) }) };
+               json: async () => {
+                 reading();
+                 return storedBody && url.includes("/sessions/s-1/") ? storedBody
+                                                                     : { duration: audioOf(url) };
+               } };
     },
     sessionStorage: storage,
     localStorage: lasting,
@@ -631,7 +637,9 @@ async function silentScenario(revise) {
   await sleep(20); // the transcript resource
   Object.assign(out, { captions: shownCaptions(), revision: revisionLine(), links: links(),
                        status: element("status").textContent, list: speakersList(),
-                       start_disabled: element("start").disabled });
+                       start_disabled: element("start").disabled, startAtFetch,
+                       statuses: mutations.filter((m) => m.text === element("status"))
+                         .map((m) => m.value) });
   return out;
 }
 

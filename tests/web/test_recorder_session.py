@@ -782,6 +782,28 @@ def test_a_resume_refused_for_a_finished_meeting_shows_the_stored_transcript(
     assert result["start_disabled"] is False
 
 
+@pytest.mark.parametrize(("scenario", "kept"), [("silentrev", "revised"), ("silentfinal", "final")])
+def test_while_a_gone_meetings_transcript_is_fetched_the_page_offers_no_new_one(
+    scenario: str, kept: str
+) -> None:
+    """After a refused resume (4404) the page asks for the stored transcript saying
+    "finishing… (the server has let the session go …)", and Start was enabled meanwhile
+    (session 39's trial): it stays disabled until the transcript is shown. A page that had
+    the final keeps its "done: …" throughout (it said "finishing…" again) and says that only
+    the revision was lost."""
+    result = run(scenario, transcript_status=kept)
+    assert result["startAtFetch"] == [True]
+    assert result["start_disabled"] is False  # once the stored transcript is shown
+    statuses = result["statuses"]
+    if scenario == "silentrev":  # the final came before the path died
+        done = next(i for i, s in enumerate(statuses) if s.startswith("done:"))
+        assert all(s.startswith("done:") for s in statuses[done:]), statuses[done:]
+        assert "before the revision reached this page" in result["status"]
+    else:
+        assert any(s.startswith("finishing… (the server has let the session go") for s in statuses)
+        assert "the connection lost the server's last messages" in result["status"]
+
+
 def test_a_stored_transcript_cut_short_says_so_as_its_final_would() -> None:
     """A transcript recovered from the resource after a 4404 says why its decode stopped
     (X-Livemeet-Finish-Reason), as the final's status does: no rendered format carries it,
