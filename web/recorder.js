@@ -1811,7 +1811,7 @@ function showStoredTranscript({ kept, body, finishReason }, gone, notes, hadFina
   setStatus(gone ? `${gone}; it had ended the meeting: below is the transcript it stored ` +
                    `(${audio})${notes}`
                  : `done: ${audio}${notes} (` + (hadFinal
-                   ? "the connection was lost before the revision reached this page"
+                   ? "the connection was lost after the final"
                    : "the connection lost the server's last messages") +
                    ": below is the transcript it stored)");
   if (kept === "revised") {
