@@ -830,6 +830,12 @@ function endNote() {
 // out at every retry, a trial).
 function setStatus(text, detail = "") {
   setText($("status"), text);
+  setDetail(detail);
+}
+
+// Only what goes beside the status line: the status says what it said (the final's "done:
+// …" while the page reconnects for its revision)
+function setDetail(detail) {
   setText($("status-detail"), detail);
 }
 
@@ -968,8 +974,7 @@ function onEvent(ev) {
         // resumed for the revision after the final: the meeting is over, its "done: …" and
         // downloads (final) stay ("finishing… waiting for its final transcript" and "the
         // finals so far" came back until the replayed final: session 39's trial)
-        setStatus($("status").textContent, `(reconnected to session ${ev.session_id}: ` +
-                  "waiting for the revision)");
+        setDetail(`(reconnected to session ${ev.session_id}: waiting for the revision)`);
         break;
       }
       showExport(state.captions, state.startedAt, "(the finals so far)");
@@ -1670,15 +1675,14 @@ function onClose(ws, ev, reached) {
       // it and was read out again: a trial)
       const offlineStop = state.ending && !state.finished && !state.live &&
                           !state.windingUp && !violation;
-      const wait = `(next try in ${(delay / 1000).toFixed(1)} s)`;
+      const next = `next try in ${(delay / 1000).toFixed(1)} s`;
       if (state.finished) {
         // the final is shown: its "done: …" stays (a drop replaced it with "stopped: the
         // meeting ends once the page reaches the server again", a trial); the reconnect
         // for the revision goes beside it, and the revision line says "revising…"
-        setStatus($("status").textContent,
-                  `(${why}: ${reconnectGoal()}, next try in ${(delay / 1000).toFixed(1)} s)`);
+        setDetail(`(${why}: ${reconnectGoal()}, ${next})`);
       } else {
-        setStatus(offlineStop ? stoppedOfflineStatus() : `${why}: ${reconnectGoal()}`, wait);
+        setStatus(offlineStop ? stoppedOfflineStatus() : `${why}: ${reconnectGoal()}`, `(${next})`);
       }
       state.retry = setTimeout(connect, delay);
       return;
@@ -1740,7 +1744,7 @@ async function sessionGone() {
   const stopped = state.ending || state.finished; // the page had asked for the final
   const hadFinal = state.finished; // only its revision was owed: "done: …" stays
   const asking = "the server has let the session go: asking it for the transcript it stored…";
-  if (hadFinal) setStatus($("status").textContent, `(${asking})`);
+  if (hadFinal) setDetail(`(${asking})`);
   else setStatus(stopped ? `finishing… (${asking})` : `${gone}: asking it for the meeting's ` +
                                                       "transcript…");
   let stored = null;

@@ -32,7 +32,6 @@ from livemeet.layers.paged_attention import (
     ExtendLaunch,
     KVSink,
     cuda_variant,
-    default_decode_config,
     store_kv,
 )
 
@@ -218,10 +217,10 @@ class StepAttention:
     """One step's attention launches, resolved at its first layer and run for every layer
     (`DecodeLaunch`, `ExtendLaunch`): the split-K decode kernel when every sequence has one new
     token, else the extend kernel over the prefill chunks and, in a mixed step, the decode
-    kernel over the decode rows after them (module docstring). The decode rows of a mixed step
-    merge their splits in the CUDA kernel (where it runs them; every step's default since
-    session 39): such steps launch eagerly, and a merge kernel's launch costs the host more
-    than the in-kernel merge costs the GPU."""
+    kernel over the decode rows after them (module docstring). The CUDA kernel merges its own
+    splits (both dtypes' default since session 39; mixed steps, which launch eagerly, were
+    given it before: a merge kernel's launch costs the host more than the in-kernel merge
+    costs the GPU)."""
 
     def __init__(
         self,
@@ -258,13 +257,11 @@ class StepAttention:
             q[:t], kc, vc, m.block_tables[:p], m.cu_seqlens_q[: p + 1], m.seq_lens[:p], scale,
             max_seqlen_q=m.max_seqlen_q, k_scale=s, v_scale=s,
         )  # fmt: skip
-        if d:
-            # the CUDA kernel only: the Triton one keeps its measured default (session 4)
-            cfg = replace(default_decode_config(kc.element_size() == 1), cuda_merge_in_kernel=True)
+        if d:  # the dtype's default configuration: the CUDA kernel merges its own splits
             self.decode = DecodeLaunch(
                 q[t:], kc, vc, m.block_tables[p:], m.seq_lens[p:], scale,
                 num_splits=m.num_splits,  # the decode rows' own (ModelRunner); None on the CPU
-                k_scale=s, v_scale=s, kernel=cfg,
+                k_scale=s, v_scale=s,
             )  # fmt: skip
         self._views: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._views_of: tuple[torch.Tensor, torch.Tensor] | None = None
