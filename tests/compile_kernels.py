@@ -275,13 +275,6 @@ def _linear_calls() -> None:
         for residual in (None, x):
             linear.skinny_norm_linear(x, residual, _bf16(HIDDEN), EPS,
                                       _bf16(2 * HIDDEN, HIDDEN), config, impl="triton")  # fmt: skip
-    x = _bf16(8, HIDDEN)
-    for config in linear.DOT_CANDIDATES:  # and every 2..16-row one with each prologue
-        linear.skinny_silu_linear(_bf16(8, 2 * INTERMEDIATE), _bf16(HIDDEN, INTERMEDIATE),
-                                  config, impl="triton")  # fmt: skip
-        for residual in (None, x):
-            linear.skinny_norm_linear(x, residual, _bf16(HIDDEN), EPS,
-                                      _bf16(2 * HIDDEN, HIDDEN), config, impl="triton")  # fmt: skip
 
 
 ENTRY_POINTS: dict[str, Callable[[], None]] = {

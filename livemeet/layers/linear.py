@@ -7,13 +7,11 @@ to read the weights at 4.3 TB/s). `skinny_linear` is a Triton kernel for M <= SK
 rows: each program reads a [BLOCK_N, K] slab of w once and produces y[:, slab]. M == 1 uses a
 broadcast multiply and row sum (no tensor-core padding); 2..16 rows use tl.dot with M padded
 to 16, optionally with K split across programs whose last one sums the parts in a fixed order
-(`GemmConfig.split_k`, livemeet.layers.split_k). Two variants of both kernels fold the kernel
-before a projection into it (one launch fewer each; at batch 1 every kernel boundary costs
-~1.5-2 us of a ~35 us layer, and at 16 rows over a 36k context the three unfolded ones were
-~1/3 of the 35 us a layer spent outside attention: docs/benchmarks.md, session 39):
-`skinny_silu_linear` the MLP's SiLU*mul into the down projection, `skinny_norm_linear` the
-residual add + RMSNorm into the qkv and gate_up projections (each program re-reads the
-K-wide rows for their RMS).
+(`GemmConfig.split_k`, livemeet.layers.split_k). Two one-row variants fold the kernel before a
+projection into it (one launch fewer each; at batch 1 every kernel boundary costs ~1.5-2 us
+of a ~35 us layer): `skinny_silu_linear` the MLP's SiLU*mul into the down projection,
+`skinny_norm_linear` the residual add + RMSNorm into the qkv and gate_up projections (each
+program re-reads the K-wide row for its RMS).
 
 Which kernel wins depends on the shape and the GPU, so `LinearPlan.tune` times cuBLAS (or, for
 the fused variants, the two-kernel path) and a few fixed Triton configurations per (weight
@@ -103,8 +101,6 @@ ROW_CANDIDATES = (
 # still store zeros and count themselves done). Session 5 picked (16, 256, 2 warps, split 4)
 # for the down projection (K = 3072): 6.8 against cuBLAS's 8.0 us. `dot_candidates` times
 # only those that fill the SMs (on an H200's 132, the split-2 tiles at N = 1024 are left out).
-# With a prologue (SiLU*mul or add + RMSNorm on the [16, block_k] input tile) the 2-warp
-# 512-wide tiles spill registers; (16, 256, 4 warps, split 4) is there for those on N = 1024.
 DOT_CANDIDATES = (
     GemmConfig(16, 256),
     GemmConfig(32, 128),
@@ -113,7 +109,6 @@ DOT_CANDIDATES = (
     GemmConfig(16, 512, num_warps=2),
     GemmConfig(16, 256, num_warps=2, split_k=2),
     GemmConfig(16, 256, num_warps=2, split_k=4),
-    GemmConfig(16, 256, split_k=4),
     GemmConfig(16, 512, num_warps=2, split_k=2),
     GemmConfig(16, 512, split_k=4),
     GemmConfig(32, 256, split_k=2),
@@ -184,13 +179,6 @@ if HAS_TRITON:
     ADD_RMS_NORM = tl.constexpr(PROLOGUE_CODES["add_rms_norm"])
 
     @triton.jit
-    def _silu_mul(g, u):
-        """silu(g) * u in fp32, each step rounded to u's dtype as silu_and_mul rounds."""
-        g32 = g.to(tl.float32)
-        act = (g32 / (1.0 + tl.exp(-g32))).to(g.dtype).to(tl.float32)
-        return (act * u.to(tl.float32)).to(u.dtype)
-
-    @triton.jit
     def _row_chunk(
         x_row, kk, K, r_row, norm_w, rstd, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
         HAS_RESIDUAL: tl.constexpr,
@@ -210,7 +198,9 @@ if HAS_TRITON:
                 u = tl.load(x_row + K + kk)
             else:
                 u = tl.load(x_row + K + kk, mask=kmask, other=0.0)
-            x = _silu_mul(x, u)
+            g32 = x.to(tl.float32)
+            act = (g32 / (1.0 + tl.exp(-g32))).to(x.dtype).to(tl.float32)
+            x = (act * u.to(tl.float32)).to(u.dtype)
         elif PROLOGUE == ADD_RMS_NORM:
             if HAS_RESIDUAL:
                 r = tl.load(r_row + kk, mask=kmask, other=0.0)
@@ -285,47 +275,6 @@ if HAS_TRITON:
         y = tl.sum(acc, 1)
         tl.store(Out + m * stride_om + offs_n, y.to(Out.dtype.element_ty), mask=nmask)
 
-    @triton.jit
-    def _dot_rstd(
-        x_rows, r_rows, rout_rows, K, mmask, eps, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr, HAS_RESIDUAL: tl.constexpr, store,
-    ):  # fmt: skip
-        """rsqrt(mean(h^2) + eps) [BLOCK_M, 1] fp32 of the rows h = x (+ r, rounded to x's
-        dtype), read over all of K in BLOCK_K chunks; `store`: h is written to `rout_rows` (one
-        program of the launch). Rows where `mmask` is false read zeros."""
-        offs_k = tl.arange(0, BLOCK_K)
-        sq = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            kk = k0 + offs_k
-            h = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
-            if HAS_RESIDUAL:
-                r = _rows_tile(r_rows, kk, K, mmask, EVEN_K)
-                h = (h.to(tl.float32) + r.to(tl.float32)).to(h.dtype)
-                if store:
-                    tl.store(rout_rows + kk[None, :], h, mask=mmask[:, None] & (kk < K)[None, :])
-            h32 = h.to(tl.float32)
-            sq += tl.sum(h32 * h32, 1)
-        return tl.rsqrt(sq / K + eps)[:, None]
-
-    @triton.jit
-    def _dot_x_tile(
-        x_rows, r_rows, kk, K, rmask, NormW, rstd, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr,
-    ):  # fmt: skip
-        """The [R, BLOCK_K] input tile at columns kk for tl.dot, in the input dtype, after the
-        prologue (the rounding of `_row_chunk`): SILU_MUL reads gate at kk and up at K + kk;
-        ADD_RMS_NORM adds the residual rows and scales by `rstd` [R, 1] and the norm weight."""
-        x = _rows_tile(x_rows, kk, K, rmask, EVEN_K)
-        if PROLOGUE == SILU_MUL:
-            x = _silu_mul(x, _rows_tile(x_rows + K, kk, K, rmask, EVEN_K))
-        elif PROLOGUE == ADD_RMS_NORM:
-            if HAS_RESIDUAL:
-                r = _rows_tile(r_rows, kk, K, rmask, EVEN_K)
-                x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)
-            w = tl.load(NormW + kk, mask=kk < K, other=0.0).to(tl.float32)
-            x = fk.scale_by_rstd(x, rstd, w[None, :]).to(x.dtype)
-        return x
-
     @triton.jit(do_not_specialize=["M"])
     def _skinny_dot_kernel(
         X,
@@ -339,28 +288,17 @@ if HAS_TRITON:
         stride_xm,
         stride_wn,
         stride_om,
-        R,
-        NormW,
-        ROut,
-        stride_rm,
-        stride_rom,
-        eps,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         SPLIT_K: tl.constexpr,
         EVEN_K: tl.constexpr,
-        PROLOGUE: tl.constexpr,
-        HAS_RESIDUAL: tl.constexpr,
         PDL: tl.constexpr,
     ):
         # grid: (cdiv(N, BLOCK_N), SPLIT_K); all M <= BLOCK_M rows in one program. With
         # SPLIT_K > 1 each program reduces a BLOCK_K-aligned 1/SPLIT_K of K into Partials
         # [SPLIT_K, BLOCK_M, N] fp32 and the last of a column tile's programs sums them in
-        # split order (livemeet.layers.split_k; Counters: one per column tile). PROLOGUE as in
-        # _skinny_rows_kernel: with ADD_RMS_NORM every program first reads all M rows of x
-        # (and R) for their RMS (a few tens of KB from L2, shared by the programs of an SM
-        # through L1) and program (0, 0) writes the new residual rows to ROut (never X or R).
+        # split order (livemeet.layers.split_k; Counters: one per column tile).
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         k_len = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
@@ -380,23 +318,11 @@ if HAS_TRITON:
         )
         pdl.dependency_sync(PDL)
         x_rows = X + offs_m[:, None] * stride_xm
-        r_rows = R + offs_m[:, None] * stride_rm
-        rstd = tl.full([BLOCK_M, 1], 1.0, tl.float32)
-        if PROLOGUE == ADD_RMS_NORM:
-            rstd = _dot_rstd(
-                x_rows, r_rows, ROut + offs_m[:, None] * stride_rom, K, mmask, eps, BLOCK_M,
-                BLOCK_K, EVEN_K, HAS_RESIDUAL, (pid_n == 0) & (pid_k == 0),
-            )  # fmt: skip
-        x = _dot_x_tile(
-            x_rows, r_rows, k_start + offs_k, K, mmask & (offs_m * 0 + k_start < K), NormW,
-            rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL,
-        )  # fmt: skip
+        x = _rows_tile(x_rows, k_start + offs_k, K, mmask & (offs_m * 0 + k_start < K), EVEN_K)
         acc = tl.dot(x, tl.trans(w_first.to(x.dtype)))
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             kk = k0 + offs_k
-            x = _dot_x_tile(
-                x_rows, r_rows, kk, K, mmask, NormW, rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL
-            )
+            x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
             w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -429,27 +355,15 @@ def skinny_linear(
     if x.dtype != weight.dtype:
         raise InternalError(f"x is {x.dtype} but the weight is {weight.dtype}")
     m, k = x.shape
-    _check_rows(m)
+    n = weight.shape[0]
+    if not 1 <= m <= SKINNY_MAX_M:
+        raise InternalError(f"skinny_linear takes 1..{SKINNY_MAX_M} rows, not {m}")
     if not select_triton(impl, x, available=HAS_TRITON):
         return F.linear(x, weight)
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise InternalError("skinny_linear needs rows contiguous in the last dim")
     if m == 1:
         return _rows_launch(x, weight, k, config)
-    return _dot_launch(x, weight, k, config)
-
-
-def _dot_launch(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    k: int,
-    config: GemmConfig,
-    prologue: Prologue = "none",
-    norm: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, float] | None = None,
-) -> torch.Tensor:
-    """`_skinny_dot_kernel` over the 2..SKINNY_MAX_M rows of x (checked by the callers):
-    [M, N]. `norm` as in `_rows_launch`."""
-    m, n = x.shape[0], weight.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     tiles = triton.cdiv(n, config.block_n)
     parts = config.split_k
@@ -459,8 +373,6 @@ def _dot_launch(
     partials = out  # unused with one split
     if parts > 1:
         partials = torch.empty((parts, DOT_BLOCK_M, n), dtype=torch.float32, device=x.device)
-    residual, norm_w, r_out, eps = norm if norm is not None else (None, x, x, 0.0)
-    r = x if residual is None else residual  # a valid pointer where the kernel reads none
     _skinny_dot_kernel[(tiles, parts)](
         x,
         weight,
@@ -473,19 +385,11 @@ def _dot_launch(
         x.stride(0),
         weight.stride(0),
         out.stride(0),
-        r,
-        norm_w,
-        r_out,
-        r.stride(0),
-        r_out.stride(0),
-        eps,
         BLOCK_M=DOT_BLOCK_M,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         SPLIT_K=parts,
         EVEN_K=k % config.block_k == 0,
-        PROLOGUE=PROLOGUE_CODES[prologue],
-        HAS_RESIDUAL=residual is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         **pdl.launch_options(x, _skinny_dot_kernel),
@@ -543,11 +447,10 @@ def skinny_silu_linear(
     gate_up: torch.Tensor, weight: torch.Tensor, config: GemmConfig, *, impl: Impl = "auto"
 ) -> torch.Tensor:
     """silu(gate) * up of gate_up [M, 2K] (gate columns first), times weight[N, K].T ->
-    [M, N]: the MLP's activation fused into its down projection, for 1..SKINNY_MAX_M decode
-    rows (one row: the row kernel; more: the tl.dot kernel, config.block_n >= 16). Same
-    rounding as silu_and_mul followed by skinny_linear. `impl="torch"` (or no Triton) runs
-    the references. Raises InternalError on mismatched shapes or dtypes, M out of range, or
-    rows not contiguous in the last dim."""
+    [M, N]: the MLP's activation fused into its down projection, for decode rows (one
+    program per row along the grid's second axis). Same rounding as silu_and_mul followed by
+    skinny_linear. `impl="torch"` (or no Triton) runs the references. Raises InternalError on
+    mismatched shapes or dtypes, or rows not contiguous in the last dim."""
     if gate_up.dim() != 2 or weight.dim() != 2 or gate_up.shape[1] != 2 * weight.shape[1]:
         raise InternalError(
             f"need gate_up [M, 2K] and weight [N, K], got {tuple(gate_up.shape)} and "
@@ -555,13 +458,11 @@ def skinny_silu_linear(
         )
     if gate_up.dtype != weight.dtype:
         raise InternalError(f"gate_up is {gate_up.dtype} but the weight is {weight.dtype}")
-    _check_rows(gate_up.shape[0])
     if not select_triton(impl, gate_up, available=HAS_TRITON):
         return F.linear(fk.ref_silu_and_mul(gate_up), weight)
     if gate_up.stride(1) != 1 or weight.stride(1) != 1:
         raise InternalError("skinny_silu_linear needs rows contiguous in the last dim")
-    launch = _rows_launch if gate_up.shape[0] == 1 else _dot_launch
-    return launch(gate_up, weight, weight.shape[1], config, "silu_mul")
+    return _rows_launch(gate_up, weight, weight.shape[1], config, "silu_mul")
 
 
 def skinny_norm_linear(
@@ -575,12 +476,11 @@ def skinny_norm_linear(
     impl: Impl = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`fused_add_rms_norm(x, residual, norm_weight, eps)` followed by the projection onto
-    weight [N, K], in one kernel for 1..SKINNY_MAX_M decode rows: x [M, K] (+ residual
-    [M, K]) -> (y [M, N], new_residual [M, K]), with the same roundings as the two-kernel path
-    up to the order of the RMS's fp32 sum (every program re-reads the rows for their RMS; one
-    row: the row kernel; more: the tl.dot kernel, config.block_n >= 16). `impl="torch"` (or
-    no Triton) runs the references. Raises InternalError on mismatched shapes or dtypes, M out
-    of range, or rows not contiguous in the last dim."""
+    weight [N, K], in one kernel for decode rows: x [M, K] (+ residual [M, K]) ->
+    (y [M, N], new_residual [M, K]), with the same roundings as the two-kernel path (one
+    program per row along the grid's second axis; every program re-reads its row for the
+    RMS). `impl="torch"` (or no Triton) runs the references. Raises InternalError on mismatched
+    shapes or dtypes, or rows not contiguous in the last dim."""
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
         raise InternalError(
             f"need x [M, K] and weight [N, K], got {tuple(x.shape)} and {tuple(weight.shape)}"
@@ -589,7 +489,6 @@ def skinny_norm_linear(
         raise InternalError("the norm weight must be [K] and both weights in x's dtype")
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise InternalError(f"residual {tuple(residual.shape)} does not match x")
-    _check_rows(x.shape[0])
     if not select_triton(impl, x, available=HAS_TRITON):
         normed, new_residual = fk.ref_fused_add_rms_norm(x, residual, norm_weight, eps)
         return F.linear(normed.to(x.dtype), weight), new_residual
@@ -600,13 +499,7 @@ def skinny_norm_linear(
         raise InternalError("skinny_norm_linear needs rows contiguous in the last dim")
     new_residual = x if residual is None else torch.empty_like(x)
     norm = (residual, norm_weight, new_residual, eps)
-    launch = _rows_launch if x.shape[0] == 1 else _dot_launch
-    return launch(x, weight, x.shape[1], config, "add_rms_norm", norm), new_residual
-
-
-def _check_rows(m: int) -> None:
-    if not 1 <= m <= SKINNY_MAX_M:
-        raise InternalError(f"the skinny kernels take 1..{SKINNY_MAX_M} rows, not {m}")
+    return _rows_launch(x, weight, x.shape[1], config, "add_rms_norm", norm), new_residual
 
 
 NORM_TUNE_EPS = 1e-6  # eps of the RMSNorm timed by `tune` (the value does not change the time)
@@ -642,7 +535,7 @@ class LinearPlan:
     """Per (weight shape, dtype, row class, prologue): the baseline or a Triton `GemmConfig`
     (see module doc). Prologues: "silu_mul" (`silu_mul_linear`: the MLP activation before the
     down projection) and "add_rms_norm" (`norm_linear`: the residual add + RMSNorm before the
-    qkv and gate_up projections), tuned for both row classes like the plain projections.
+    qkv and gate_up projections), tuned for one row (decode at batch 1).
 
     An empty plan (the default; the CPU) runs F.linear after the unfused prologue, so tuning
     only changes speed. `impl` is passed to the skinny kernels ("triton" lets CPU tests drive
@@ -658,7 +551,7 @@ class LinearPlan:
         self, weight: torch.Tensor, x: torch.Tensor, prologue: Prologue
     ) -> GemmConfig | None:
         rows = row_class(x.shape[0]) if x.dim() == 2 else None
-        if rows is None:
+        if rows is None or (prologue != "none" and rows != 1):
             return None
         return self._choices.get((weight.shape[0], weight.shape[1], weight.dtype, rows, prologue))
 
@@ -670,9 +563,9 @@ class LinearPlan:
         return skinny_linear(x, weight, config, impl=self.impl)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of gate_up [M, 2K], times weight[N, K].T -> [M, N]. A row class
-        with a "silu_mul" choice for the weight runs one kernel (`skinny_silu_linear`);
-        otherwise the SiLU*mul kernel then `linear`."""
+        """silu(gate) * up of gate_up [M, 2K], times weight[N, K].T -> [M, N]. One row with a
+        "silu_mul" choice for the weight runs one kernel (`skinny_silu_linear`); otherwise the
+        SiLU*mul kernel then `linear`."""
         config = self._choice(weight, gate_up, "silu_mul")
         if config is not None:
             return skinny_silu_linear(gate_up, weight, config, impl=self.impl)
@@ -687,9 +580,8 @@ class LinearPlan:
         weight: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`fused_add_rms_norm(x, residual, norm_weight, eps)` then the projection onto weight
-        [N, K]: (y [M, N], new_residual [M, K]). A row class with an "add_rms_norm" choice for
-        the weight runs one kernel (`skinny_norm_linear`); otherwise the norm kernel then
-        `linear`."""
+        [N, K]: (y [M, N], new_residual [M, K]). One row with an "add_rms_norm" choice for the
+        weight runs one kernel (`skinny_norm_linear`); otherwise the norm kernel then `linear`."""
         config = self._choice(weight, x, "add_rms_norm")
         if config is not None:
             return skinny_norm_linear(x, residual, norm_weight, eps, weight, config, impl=self.impl)
@@ -721,7 +613,7 @@ class LinearPlan:
         norm_weights: Iterable[torch.Tensor] = (),
     ) -> list[TuneResult]:
         """Time cuBLAS and every candidate for each distinct CUDA bf16/fp16 weight shape at 1
-        and SKINNY_MAX_M rows; then, at both, the fused kernels for `silu_weights`
+        and SKINNY_MAX_M rows; then, at one row, the fused kernels for `silu_weights`
         (projections fed by SiLU*mul) and `norm_weights` (fed by residual add + RMSNorm)
         against their two-kernel paths (whose projection uses the plain choice just tuned).
         Keep the fastest. Returns (and logs) the measurements. Needs no graph capture in
@@ -731,8 +623,8 @@ class LinearPlan:
         plan: list[tuple[torch.Tensor, int, Prologue]] = [
             (w, rows, "none") for w in weights for rows in (1, SKINNY_MAX_M)
         ]
-        plan += [(w, rows, "silu_mul") for w in silu_weights for rows in (1, SKINNY_MAX_M)]
-        plan += [(w, rows, "add_rms_norm") for w in norm_weights for rows in (1, SKINNY_MAX_M)]
+        plan += [(w, 1, "silu_mul") for w in silu_weights]
+        plan += [(w, 1, "add_rms_norm") for w in norm_weights]
         seen: set[tuple[int, int, torch.dtype, int, Prologue]] = set()
         for w, rows, prologue in plan:
             key = (w.shape[0], w.shape[1], w.dtype, rows, prologue)

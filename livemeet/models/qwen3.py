@@ -16,8 +16,8 @@ carries (hidden, residual) between layers so that each residual add folds into t
 and runs per layer: add+norm, qkv GEMM, q/k norm+RoPE (which also stores K/V when the backend
 hands out a `kv_sink`; else attention stores them, one kernel more), attention (the CUDA
 decode kernel merges its own splits; the Triton one adds a merge kernel for bf16), o_proj,
-add+norm, gate_up GEMM, SiLU*mul, down_proj: ~9 kernels instead of ~55. At 1-16 rows (decode
-batches) `LinearPlan` may fold each add+norm into the GEMM after it and SiLU*mul into
+add+norm, gate_up GEMM, SiLU*mul, down_proj: ~9 kernels instead of ~55. At one row (decode
+at batch 1) `LinearPlan` may fold each add+norm into the GEMM after it and SiLU*mul into
 down_proj (livemeet.layers.linear), leaving 6; in a decode step on the CUDA decode kernel the
 q/k norm+RoPE and K/V store move into that kernel's prologue (`AttentionBackend.attend_fused`),
 one fewer.
@@ -189,7 +189,7 @@ class Qwen3Layer(nn.Module):
     def _qkv(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, plan: LinearPlan
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Residual add + RMSNorm + qkv projection (one kernel at 1-16 rows when tuned so):
+        """Residual add + RMSNorm + qkv projection (one kernel at one row when tuned so):
         (qkv [N, (heads + 2 kv_heads) * D], the residual)."""
         norm, attn = self.input_layernorm, self.self_attn
         assert attn.qkv_weight is not None
@@ -266,8 +266,8 @@ class Qwen3Model(nn.Module):
             first.mlp.gate_up_weight,
             first.mlp.down_proj.weight,
         )
-        # at 1-16 rows down_proj may run with SiLU*mul fused in, qkv and gate_up with the
-        # residual add + RMSNorm before them: each also tuned as that kernel
+        # at one row down_proj runs with SiLU*mul fused in, qkv and gate_up with the residual
+        # add + RMSNorm before them: each also tuned as that kernel
         qkv, gate_up, down = weights[0], weights[2], weights[3]
         self.linear_plan.tune(
             (w for w in weights if w is not None),

@@ -152,10 +152,6 @@ def test_skinny_norm_linear_rejects_bad_inputs() -> None:
         linear.skinny_norm_linear(x, None, torch.ones(9), 1e-6, w, config)
     with pytest.raises(InternalError, match="residual"):
         linear.skinny_norm_linear(x, torch.randn(2, 8), nw, 1e-6, w, config)
-    with pytest.raises(InternalError, match="rows"):  # the tl.dot kernel holds 16 rows
-        linear.skinny_norm_linear(torch.randn(17, 8), None, nw, 1e-6, w, config)
-    with pytest.raises(InternalError, match="rows"):
-        linear.skinny_silu_linear(torch.randn(17, 16), w, config)
 
 
 def test_row_classes() -> None:
@@ -223,12 +219,8 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
     plan = linear.LinearPlan()
     # down_proj also with SiLU*mul fused in; qkv and gate_up with the residual add + RMSNorm
     results = plan.tune(weights, silu_weights=weights[3:4], norm_weights=weights[0:3:2])
-    assert len(results) == 2 * len(shapes) + 6
-    assert [(r.prologue, r.rows) for r in results[-6:]] == [
-        (prologue, rows)
-        for prologue in ("silu_mul", "add_rms_norm", "add_rms_norm")
-        for rows in (1, linear.SKINNY_MAX_M)
-    ]
+    assert len(results) == 2 * len(shapes) + 3
+    assert [r.prologue for r in results[-3:]] == ["silu_mul", "add_rms_norm", "add_rms_norm"]
     for line in linear.describe(results):
         print(line)
     assert all(r.baseline_us > 0 and r.best_us > 0 for r in results)
@@ -238,53 +230,29 @@ def test_tuned_plan_matches_f_linear_cuda() -> None:
             ref = F.linear(x.float(), w.float())
             out = plan.linear(x, w).float()
             assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
-        for rows in (1, 4, 16):
-            if w.shape == (1024, 3072):  # the down projection: SiLU*mul fused
-                from livemeet.layers.fused import ref_silu_and_mul
+        if w.shape == (1024, 3072):  # the down projection: SiLU*mul fused for one row
+            from livemeet.layers.fused import ref_silu_and_mul
 
-                gate_up = torch.randn(rows, 2 * w.shape[1], device="cuda", dtype=torch.bfloat16)
-                ref = F.linear(ref_silu_and_mul(gate_up).float(), w.float())
-                out = plan.silu_mul_linear(gate_up, w).float()
-                assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
-            if w.shape[1] == 1024:  # qkv and gate_up: residual add + RMSNorm fused
-                from livemeet.layers.fused import ref_fused_add_rms_norm
+            gate_up = torch.randn(1, 2 * w.shape[1], device="cuda", dtype=torch.bfloat16)
+            ref = F.linear(ref_silu_and_mul(gate_up).float(), w.float())
+            out = plan.silu_mul_linear(gate_up, w).float()
+            assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+        if w.shape[1] == 1024:  # qkv and gate_up: residual add + RMSNorm fused for one row
+            from livemeet.layers.fused import ref_fused_add_rms_norm
 
-                like = {"device": "cuda", "dtype": torch.bfloat16}
-                x, res = (torch.randn(rows, 1024, **like) for _ in "xr")
-                nw = torch.rand(1024, **like) + 0.5
-                normed, want_res = ref_fused_add_rms_norm(x, res, nw, 1e-6)
-                ref = F.linear(normed.float(), w.float())
-                out, got_res = plan.norm_linear(x, res, nw, 1e-6, w)
-                assert float((out.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
-                assert torch.equal(got_res, want_res)
+            x, res = (torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16) for _ in "xr")
+            nw = torch.rand(1024, device="cuda", dtype=torch.bfloat16) + 0.5
+            normed, want_res = ref_fused_add_rms_norm(x, res, nw, 1e-6)
+            ref = F.linear(normed.float(), w.float())
+            out, got_res = plan.norm_linear(x, res, nw, 1e-6, w)
+            assert float((out.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+            assert torch.equal(got_res, want_res)
         pairs = [(c, 1) for c in linear.ROW_CANDIDATES] + [(c, 16) for c in linear.DOT_CANDIDATES]
         for config, rows in pairs:  # each candidate with the row class it is tuned for
             x = torch.randn(rows, w.shape[1], device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x.float(), w.float())
             out = linear.skinny_linear(x, w, config).float()
             assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
-            _check_prologue_kernels(w, rows, config)
-
-
-def _check_prologue_kernels(w: torch.Tensor, rows: int, config: linear.GemmConfig) -> None:
-    """One candidate with the prologue its weight is tuned with (the tuner skips a candidate
-    that fails to compile, so this is where such a failure shows)."""
-    from livemeet.layers.fused import ref_fused_add_rms_norm, ref_silu_and_mul
-
-    like = {"device": "cuda", "dtype": torch.bfloat16}
-    if w.shape == (1024, 3072):
-        gate_up = torch.randn(rows, 2 * w.shape[1], **like)
-        ref = F.linear(ref_silu_and_mul(gate_up).float(), w.float())
-        out = linear.skinny_silu_linear(gate_up, w, config).float()
-        assert float((out - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
-    if w.shape[1] == 1024:
-        x, res = (torch.randn(rows, 1024, **like) for _ in "xr")
-        nw = torch.rand(1024, **like) + 0.5
-        normed, want_res = ref_fused_add_rms_norm(x, res, nw, 1e-6)
-        ref = F.linear(normed.float(), w.float())
-        out, got_res = linear.skinny_norm_linear(x, res, nw, 1e-6, w, config)
-        assert float((out.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
-        assert torch.equal(got_res, want_res)
 
 
 @needs_interpreter
@@ -342,13 +310,13 @@ def test_plan_fuses_silu_into_the_one_row_down_projection(monkeypatch: pytest.Mo
 def test_skinny_norm_linear_matches_norm_then_linear(
     with_residual: bool, k: int, config: linear.GemmConfig
 ) -> None:
-    """Residual add + RMSNorm folded into the one-row projection: the two-kernel path's
-    results, and the new residual written once (ragged K: masked chunks)."""
+    """Residual add + RMSNorm folded into the projection: the two-kernel path's results, and
+    the new residual written once (ragged K: masked chunks; two rows)."""
     from livemeet.layers.fused import fused_add_rms_norm
 
     torch.manual_seed(k + with_residual)
-    x, w, nw = torch.randn(1, k), torch.randn(40, k), torch.rand(k) + 0.5
-    residual = torch.randn(1, k) if with_residual else None
+    x, w, nw = torch.randn(2, k), torch.randn(40, k), torch.rand(k) + 0.5
+    residual = torch.randn(2, k) if with_residual else None
     normed, want_residual = fused_add_rms_norm(x, residual, nw, 1e-6, impl="triton")
     want = linear.skinny_linear(normed, w, config, impl="triton")
     got, got_residual = linear.skinny_norm_linear(x, residual, nw, 1e-6, w, config, impl="triton")
@@ -357,95 +325,6 @@ def test_skinny_norm_linear_matches_norm_then_linear(
     ref, ref_residual = linear.skinny_norm_linear(x, residual, nw, 1e-6, w, config, impl="torch")
     torch.testing.assert_close(ref, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(ref_residual, want_residual)
-
-
-# 2..16 rows through the tl.dot kernel with a prologue: one pass, a split with a ragged last
-# tile, and four splits over two K tiles (two splits empty)
-DOT_PROLOGUE_CASES = [
-    (48, 64, linear.GemmConfig(16, 32)),
-    (40, 72, linear.GemmConfig(16, 32, split_k=2)),
-    (24, 40, linear.GemmConfig(16, 32, split_k=4)),
-]
-
-
-def _rows_of_many_scales(rows: int, k: int) -> torch.Tensor:
-    """Rows whose RMS spans four decades: a kernel that mixed up rows' statistics would show."""
-    return torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]
-
-
-@needs_interpreter
-@pytest.mark.parametrize("rows", [2, 5, 16])
-@pytest.mark.parametrize(("n", "k", "config"), DOT_PROLOGUE_CASES)
-def test_dot_kernel_folds_silu_mul(rows: int, n: int, k: int, config: linear.GemmConfig) -> None:
-    """SiLU*mul folded into the 2..16-row projection: the two-kernel path's result (the same
-    kernel on silu_and_mul's output) and F.linear's."""
-    from livemeet.layers.fused import ref_silu_and_mul, silu_and_mul
-
-    torch.manual_seed(rows * 100 + k)
-    gate_up, w = torch.randn(rows, 2 * k), torch.randn(n, k)
-    got = linear.skinny_silu_linear(gate_up, w, config, impl="triton")
-    want = linear.skinny_linear(silu_and_mul(gate_up, impl="triton"), w, config, impl="triton")
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(got, F.linear(ref_silu_and_mul(gate_up), w), atol=1e-4, rtol=1e-4)
-
-
-@needs_interpreter
-@pytest.mark.parametrize("with_residual", [True, False])
-@pytest.mark.parametrize("rows", [2, 16])
-@pytest.mark.parametrize(("n", "k", "config"), DOT_PROLOGUE_CASES)
-def test_dot_kernel_folds_add_rms_norm(
-    with_residual: bool, rows: int, n: int, k: int, config: linear.GemmConfig
-) -> None:
-    """Residual add + RMSNorm folded into the 2..16-row projection, each row's RMS its own:
-    the two-kernel path's result, the new residual written whole and exactly (by one
-    program, never over the inputs), and without a residual the input itself returned."""
-    from livemeet.layers.fused import fused_add_rms_norm
-
-    torch.manual_seed(rows * 10 + k + with_residual)
-    x, w, nw = _rows_of_many_scales(rows, k), torch.randn(n, k), torch.rand(k) + 0.5
-    residual = _rows_of_many_scales(rows, k).flip(0) if with_residual else None
-    inputs = [t.clone() for t in (x, residual) if t is not None]
-    normed, want_residual = fused_add_rms_norm(x, residual, nw, 1e-6, impl="triton")
-    want = linear.skinny_linear(normed, w, config, impl="triton")
-    got, got_residual = linear.skinny_norm_linear(x, residual, nw, 1e-6, w, config, impl="triton")
-    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
-    assert torch.equal(got_residual, want_residual)
-    assert all(torch.equal(a, b) for a, b in zip(inputs, (x, residual), strict=False))
-    if residual is None:
-        assert got_residual is x
-
-
-@needs_interpreter
-def test_plan_folds_prologues_per_row_class(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A prologue choice for the 2..16-row class folds SiLU*mul and the residual add +
-    RMSNorm into the projection at 3 and 16 rows, not at one row (no choice for it) nor at
-    17 (cuBLAS's rows); every path computes the same function."""
-    from livemeet.layers.fused import ref_fused_add_rms_norm, ref_silu_and_mul
-
-    fused: list[tuple[str, int]] = []
-    for name in ("skinny_silu_linear", "skinny_norm_linear"):
-        real = getattr(linear, name)
-
-        def spy(x: torch.Tensor, *a: object, _real=real, _name=name, **kw: object) -> object:
-            fused.append((_name, x.shape[0]))
-            return _real(x, *a, **kw)
-
-        monkeypatch.setattr(linear, name, spy)
-    plan = linear.LinearPlan(impl="triton")
-    down, qkv, nw = torch.randn(24, 32), torch.randn(48, 32), torch.rand(32) + 0.5
-    dot = linear.GemmConfig(16, 32)
-    plan.set_choice((24, 32), down.dtype, 16, dot, prologue="silu_mul")
-    plan.set_choice((48, 32), qkv.dtype, 16, dot, prologue="add_rms_norm")
-    for rows in (1, 3, 16, 17):
-        gate_up, x, res = torch.randn(rows, 64), torch.randn(rows, 32), torch.randn(rows, 32)
-        want = F.linear(ref_silu_and_mul(gate_up), down)
-        torch.testing.assert_close(plan.silu_mul_linear(gate_up, down), want, atol=1e-4, rtol=1e-4)
-        normed, want_res = ref_fused_add_rms_norm(x, res, nw, 1e-6)
-        got, got_res = plan.norm_linear(x, res, nw, 1e-6, qkv)
-        torch.testing.assert_close(got, F.linear(normed, qkv), atol=1e-4, rtol=1e-4)
-        assert torch.equal(got_res, want_res)
-    names = ("skinny_silu_linear", "skinny_norm_linear")
-    assert fused == [(name, rows) for rows in (3, 16) for name in names]
 
 
 @needs_interpreter
