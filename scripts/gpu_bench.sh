@@ -122,6 +122,10 @@ case "$phase" in
       ${KERNEL_SWEEP_SPLITS:+--splits} ${KERNEL_SWEEP_LAYOUTS:+--layouts} ${KERNEL_SWEEP_BLOCK:+--block-size "$KERNEL_SWEEP_BLOCK"}
     step extend-kernel-sweep "${EXTEND_SWEEP_S:-0}" python3 -m loadtest.sweep_extend_kernel \
       --max-seconds "$(( ${EXTEND_SWEEP_S:-0} - 30 ))" --json "$OUT/sweep_extend_kernel.json" ${EXTEND_SWEEP_BLOCKS:+--block-sizes "$EXTEND_SWEEP_BLOCKS"}
+    # the 2..16-row projections' launch configurations beyond the tuner's (loadtest/sweep_linear.py)
+    step linear-sweep "${LINEAR_SWEEP_S:-0}" python3 -m loadtest.sweep_linear \
+      --max-seconds "$(( ${LINEAR_SWEEP_S:-0} - 30 ))" --rows "${LINEAR_SWEEP_ROWS:-16}" \
+      --json "$OUT/sweep_linear.json"
     step decode-profile "${PROFILE_S:-150}" python3 -m loadtest.bench_decode_step \
       --batches ${PROFILE_BATCHES:-1 16} --contexts ${PROFILE_CONTEXTS:-1024 36000} --iters 30 --profile
     step decode-profile-fp8 "${PROFILE_FP8_S:-0}" python3 -m loadtest.bench_decode_step \
