@@ -1955,6 +1955,9 @@ keepClearOfControls();
 // index.html ships Start disabled and the status "loading…": a browser may draw the page
 // before this script runs, and its "idle" with Start enabled was drawn for a frame before a
 // stored meeting's "finishing…" (a trial). A stored meeting first: asking readyz first left
-// them on show for the fetch's time.
+// them on show for the fetch's time. Nothing stored: "idle" beside the enabled Start (it sat
+// beside "loading…" until readyz answered), then readyz's "ready".
 setDisabled($("start"), false);
-showServer(offerStored()).then(showRecent);
+const storedAtLoad = offerStored();
+if (!storedAtLoad) setStatus("idle");
+showServer(storedAtLoad).then(showRecent);

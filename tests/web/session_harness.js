@@ -1199,7 +1199,8 @@ async function expiredScenario(storage) {
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
   const sandbox = makeSandbox(storage, kept, lasting);
   pageWindow = sandbox.window;
-  element("start").disabled = true; // as index.html ships it
+  element("start").disabled = true; // as index.html ships it, beside its status
+  element("status").textContent = "loading…";
   vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
   // what the page shows before anything it asked the server answers (readyz included)
   const atLoad = { status: element("status").textContent, startDisabled: element("start").disabled,
