@@ -1112,13 +1112,13 @@ async function showServer(keepStatus = false) {
 
 // A session stored by this tab before a reload: offer to resume it while the server still
 // keeps it (its window counts from when the page last had it); past that, the server has
-// ended it: offer its transcript. Returns whether there was one.
+// ended it: offer its transcript. Returns it (null: none).
 function offerStored() {
   const saved = loadSession();
-  if (!saved) return false;
+  if (!saved) return null;
   if (saved.ending) {
     finishStored(saved);
-    return true;
+    return saved;
   }
   const captions = { session_id: saved.session_id, captions_token: saved.captions_token };
   if (!storedExpired(saved)) {
@@ -1132,10 +1132,10 @@ function offerStored() {
     // no session, or worse, a session the server had just ended)
     state.offerTimer = setTimeout(() => { if (state.stored === saved) withdrawStored(); },
                                   saved.alive_at + saved.resume_window_s * 1000 - Date.now());
-    return true;
+    return saved;
   }
   withdrawStored(saved);
-  return true;
+  return saved;
 }
 
 // The stored session's window has passed since the page last had it: the server ended it
@@ -1192,12 +1192,13 @@ const RECENT_NOTES = { running: " (still running)", final: "", revised: " (revis
 // mid-meeting leaves no other way to them) and the length of their audio; one it no longer
 // has (404: past `serve --retention-days`, or another server; 401) leaves the list, and so
 // does one that holds no audio but Stop's moment of silence (EMPTY_STOP_S: a meeting an older
-// page kept, stopped before any audio; nothing to download). Not the meeting this page offers
-// to resume: its downloads are shown already.
-async function showRecent() {
-  const offered = state.stored ? state.stored.session_id : null;
+// page kept, stopped before any audio; nothing to download). Not `current`, the meeting
+// stored before the reload (offered for a resume, finishing, or ended while the page was
+// away): the status line and the downloads above are its own (the list said "(revised)" of
+// it while the status still asked for its transcript: a trial).
+async function showRecent(current = null) {
   const checked = await Promise.all(recentMeetings().map(async (m) => {
-    if (m.session_id === offered) return { m, show: false };
+    if (m.session_id === current) return { m, show: false };
     let answer;
     try {
       answer = await askTranscript(m.session_id, m.captions_token, "diarized_json");
@@ -1960,4 +1961,5 @@ keepClearOfControls();
 setDisabled($("start"), false);
 const storedAtLoad = offerStored();
 if (!storedAtLoad) setStatus("idle");
-showServer(storedAtLoad).then(showRecent);
+showServer(storedAtLoad !== null)
+  .then(() => showRecent(storedAtLoad && storedAtLoad.session_id));

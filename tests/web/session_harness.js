@@ -1195,7 +1195,14 @@ async function expiredScenario(storage) {
                     reloadending: stored(5000, 16000, { ending: true, revise: true,
                                                         stopped_at: NOW - 5000 }) }[scenario] || {};
   const storage = new FakeStorage(initial);
-  const lasting = new FakeStorage({ recent: earlierMeetings() }[scenario]);
+  // the meeting stored before a reload is in the page's list of meetings too (it joined it
+  // when it started), beside an earlier one
+  const withStored = () => ({ [RECENT]: JSON.stringify([
+    { session_id: "s-1", captions_token: "c/t+k=", started_at: NOW - 120000 },
+    { session_id: "r-1", captions_token: "t-r-1", started_at: NOW - 3600000 }]) });
+  const lasting = new FakeStorage({ recent: earlierMeetings(), reload: withStored(),
+                                    expired: withStored(),
+                                    reloadending: withStored() }[scenario]);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
   const sandbox = makeSandbox(storage, kept, lasting);
   pageWindow = sandbox.window;
@@ -1231,6 +1238,7 @@ async function expiredScenario(storage) {
   result.fetched = fetched;
   result.atLoad = atLoad;
   result.banner = banner;
+  result.recentListed = element("recent-list").children.map((li) => li.children[0].title);
   console.log(JSON.stringify(result));
   process.exit(0);
 })();

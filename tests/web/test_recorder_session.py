@@ -818,6 +818,16 @@ def test_a_stored_transcript_cut_short_says_so_as_its_final_would() -> None:
     assert "output limit" not in run("silentfinal", transcript_status="final")["status"]
 
 
+@pytest.mark.parametrize("scenario", ["reload", "expired", "reloadending"])
+def test_earlier_meetings_leave_out_the_meeting_stored_before_the_reload(scenario: str) -> None:
+    """The list of earlier meetings said "(revised)" of the meeting the status line was still
+    asking the transcript of (a trial): a reloaded page's own meeting (offered for a resume,
+    ended while the page was away, or finishing) is the status line's and the downloads
+    above, not an earlier one; the others are listed as before."""
+    result = run(scenario)
+    assert result["recentListed"] == ["session r-1"]
+
+
 def test_a_stored_meeting_holds_the_status_from_the_pages_first_frame() -> None:
     """A page reloaded while finishing showed "idle" with Start enabled for the time readyz
     took to answer (0.1-0.4 s), then "finishing…" (session 38's third trial): the page asked
