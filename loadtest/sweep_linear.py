@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.layers import linear
-from livemeet.layers.linear import DOT_BLOCK_M as DOT_ROWS
 from livemeet.layers.linear import GemmConfig, dot_candidates, full_wave, tune_copies
 from loadtest.bench_attention import read_bandwidth_tb_per_s
 
@@ -49,14 +48,6 @@ GRID = {
 # weight-tile elements per thread above which a configuration is left out (registers: the
 # 2-warp 16 x 512 tile, at 128, already takes ~200 of them)
 MAX_TILE_PER_THREAD = 128
-# the CUDA-core form (GemmConfig.fma): its [16, block_n, block_k] fp32 products
-FMA_GRID = {
-    "block_n": (2, 4, 8),
-    "block_k": (64, 128, 256, 512),
-    "num_warps": (2, 4, 8),
-    "num_stages": (2, 3),
-}
-MAX_PRODUCTS_PER_THREAD = 64  # fp32 accumulators a thread (the tuner's forms: 64, ~110 regs)
 TOP = 8  # fastest configurations printed per shape
 
 
@@ -75,18 +66,10 @@ class Row:
 
 
 def candidates(n: int, k: int, num_sms: int) -> list[GemmConfig]:
-    """The tuner's candidates for an [n, k] weight (`dot_candidates`), then the grids': a
-    program for every SM (`full_wave`, as the tuner asks); tl.dot's with every K split at
-    least one block_k wide and the weight tile within MAX_TILE_PER_THREAD elements a thread,
-    the CUDA-core form's within MAX_PRODUCTS_PER_THREAD products a thread."""
+    """The tuner's candidates for an [n, k] weight (`dot_candidates`), then the grid's: a
+    program for every SM (`full_wave`, as the tuner asks), every K split at least one block_k
+    wide, the weight tile within MAX_TILE_PER_THREAD elements per thread."""
     out = dot_candidates(n, num_sms)
-    for values in itertools.product(*FMA_GRID.values()):
-        config = GemmConfig(**dict(zip(FMA_GRID, values, strict=True)), fma=True)
-        products = DOT_ROWS * config.block_n * config.block_k
-        if products > MAX_PRODUCTS_PER_THREAD * 32 * config.num_warps:
-            continue
-        if full_wave(config, n, num_sms) and config not in out:
-            out.append(config)
     for values in itertools.product(*GRID.values()):
         config = GemmConfig(**dict(zip(GRID, values, strict=True)))
         if config.block_n > n or not full_wave(config, n, num_sms):

@@ -7,12 +7,11 @@ to read the weights at 4.3 TB/s). `skinny_linear` is a Triton kernel for M <= SK
 rows: each program reads a [BLOCK_N, K] slab of w once and produces y[:, slab]. M == 1 uses a
 broadcast multiply and row sum (no tensor-core padding); 2..16 rows use tl.dot with M padded
 to 16, optionally with K split across programs whose last one sums the parts in a fixed order
-(`GemmConfig.split_k`, livemeet.layers.split_k), or the same broadcast multiply over all 16
-rows on the CUDA cores (`GemmConfig.fma`: slabs narrower than tl.dot's 16 columns). Two
-one-row variants fold the kernel before a projection into it (one launch fewer each; at
-batch 1 every kernel boundary costs ~1.5-2 us of a ~35 us layer): `skinny_silu_linear` the
-MLP's SiLU*mul into the down projection, `skinny_norm_linear` the residual add + RMSNorm into
-the qkv and gate_up projections (each program re-reads the K-wide row for its RMS).
+(`GemmConfig.split_k`, livemeet.layers.split_k). Two one-row variants fold the kernel before a
+projection into it (one launch fewer each; at batch 1 every kernel boundary costs ~1.5-2 us
+of a ~35 us layer): `skinny_silu_linear` the MLP's SiLU*mul into the down projection,
+`skinny_norm_linear` the residual add + RMSNorm into the qkv and gate_up projections (each
+program re-reads the K-wide row for its RMS).
 
 Which kernel wins depends on the shape and the GPU, so `LinearPlan.tune` times cuBLAS (or, for
 the fused variants, the two-kernel path) and a few fixed Triton configurations per (weight
@@ -69,8 +68,6 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # 2..16 rows only: K cut across this many programs per column tile
-    # 2..16 rows only: multiply on the CUDA cores (_skinny_fma_kernel), not with tl.dot
-    fma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k", "num_warps", "split_k"):
@@ -116,16 +113,10 @@ DOT_CANDIDATES = (
     GemmConfig(16, 512, split_k=4),
     GemmConfig(32, 256, split_k=2),
     # loadtest/sweep_linear.py's fastest on an H100 for qkv, and for o_proj and down_proj
-    # (5.17 / 4.31 / 6.03 us against the picks above at 5.63 / 5.01 / 6.81; session 40)
+    # (5.0 / 4.2 / 6.0 us against the picks above at 5.5 / 4.9 / 6.8; the tuner takes them
+    # there, and a 16 x 36k decode step is 0.14 % (bf16) and 0.33 % (FP8) faster: session 40)
     GemmConfig(16, 512, num_warps=2, num_stages=4),
     GemmConfig(32, 256, num_stages=2, split_k=8),
-    # CUDA-core forms: 4-column slabs give N = 1024 a program per SM with K whole (tl.dot's
-    # tiles are >= 16 columns, so there it needs 4-8 splits and their reduction); each a
-    # [16, block_n, block_k] fp32 product, 64 elements a thread
-    GemmConfig(4, 128, fma=True),
-    GemmConfig(4, 256, num_warps=8, fma=True),
-    GemmConfig(8, 128, num_warps=8, fma=True),
-    GemmConfig(8, 64, fma=True),
 )
 
 
@@ -174,8 +165,8 @@ def full_wave(config: GemmConfig, n: int, num_sms: int) -> bool:
 
 
 def dot_candidates(n: int, num_sms: int) -> list[GemmConfig]:
-    """The DOT_CANDIDATES `LinearPlan.tune` times for 2..16 rows on N = n outputs (tl.dot and
-    CUDA-core forms): those with a full wave of programs."""
+    """The DOT_CANDIDATES `LinearPlan.tune` times for 2..16 rows on N = n outputs: those with
+    a full wave of programs."""
     return [c for c in DOT_CANDIDATES if c.block_n <= n and full_wave(c, n, num_sms)]
 
 
@@ -355,51 +346,6 @@ if HAS_TRITON:
                 split_k.rearm(Counters + pid_n)
 
 
-if HAS_TRITON:
-
-    @triton.jit(do_not_specialize=["M"])
-    def _skinny_fma_kernel(
-        X,
-        W,
-        Out,
-        M,
-        N,
-        K,
-        stride_xm,
-        stride_wn,
-        stride_om,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        EVEN_K: tl.constexpr,
-        PDL: tl.constexpr,
-    ):
-        # grid: (cdiv(N, BLOCK_N),); all M <= BLOCK_M rows in one program, multiplied on the
-        # CUDA cores: the [BLOCK_M, BLOCK_N, BLOCK_K] products accumulated in fp32 and
-        # reduced over K once, at the end (as _skinny_rows_kernel does for one row).
-        pid_n = tl.program_id(0)
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        mmask = offs_m < M
-        nmask = offs_n < N
-        w_rows = W + offs_n.to(tl.int64)[:, None] * stride_wn
-        # the first weight tile is read before the wait, as in _skinny_rows_kernel
-        w = _rows_tile(w_rows, offs_k, K, nmask, EVEN_K)
-        pdl.dependency_sync(PDL)
-        x_rows = X + offs_m[:, None] * stride_xm
-        x = _rows_tile(x_rows, offs_k, K, mmask, EVEN_K)
-        acc = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            kk = k0 + offs_k
-            w = _rows_tile(w_rows, kk, K, nmask, EVEN_K)
-            x = _rows_tile(x_rows, kk, K, mmask, EVEN_K)
-            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        y = tl.sum(acc, 2)
-        out = Out + offs_m[:, None] * stride_om + offs_n[None, :]
-        tl.store(out, y.to(Out.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
-
-
 def skinny_linear(
     x: torch.Tensor, weight: torch.Tensor, config: GemmConfig, *, impl: Impl = "auto"
 ) -> torch.Tensor:
@@ -424,26 +370,6 @@ def skinny_linear(
     if m == 1:
         return _rows_launch(x, weight, k, config)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if config.fma:
-        _skinny_fma_kernel[(triton.cdiv(n, config.block_n),)](
-            x,
-            weight,
-            out,
-            m,
-            n,
-            k,
-            x.stride(0),
-            weight.stride(0),
-            out.stride(0),
-            BLOCK_M=DOT_BLOCK_M,
-            BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k,
-            EVEN_K=k % config.block_k == 0,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            **pdl.launch_options(x, _skinny_fma_kernel),
-        )
-        return out
     tiles = triton.cdiv(n, config.block_n)
     parts = config.split_k
     counters = split_k.counters(x.device, tiles) if parts > 1 else None

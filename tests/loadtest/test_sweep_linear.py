@@ -5,14 +5,7 @@ from __future__ import annotations
 import pytest
 
 from livemeet.layers.linear import DOT_CANDIDATES, dot_candidates, full_wave
-from loadtest.sweep_linear import (
-    MAX_PRODUCTS_PER_THREAD,
-    MAX_TILE_PER_THREAD,
-    SHAPES,
-    Row,
-    candidates,
-    summary,
-)
+from loadtest.sweep_linear import MAX_TILE_PER_THREAD, SHAPES, Row, candidates, summary
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -25,15 +18,10 @@ def test_grid_holds_the_tuners_candidates_and_only_launchable_ones(name: str) ->
     assert set(dot_candidates(n, 132)) <= set(grid)
     assert len(grid) > len(DOT_CANDIDATES)
     assert len(set(grid)) == len(grid)
-    assert any(c.fma for c in grid) and any(not c.fma for c in grid)
     for c in set(grid) - set(dot_candidates(n, 132)):
         assert full_wave(c, n, 132) and c.block_n <= n
-        if c.fma:  # K whole, 16 rows of products
-            assert c.split_k == 1
-            assert 16 * c.block_n * c.block_k <= MAX_PRODUCTS_PER_THREAD * 32 * c.num_warps
-        else:
-            assert c.split_k == 1 or k // c.split_k >= c.block_k
-            assert c.block_n * c.block_k <= MAX_TILE_PER_THREAD * 32 * c.num_warps
+        assert c.split_k == 1 or k // c.split_k >= c.block_k
+        assert c.block_n * c.block_k <= MAX_TILE_PER_THREAD * 32 * c.num_warps
 
 
 def test_summary_ranks_configurations_beside_cublas_and_the_tuners_pick() -> None:

@@ -28,9 +28,6 @@ gpu = pytest.mark.gpu
         (48, 64, linear.GemmConfig(16, 32)),  # K a multiple of block_k
         (40, 72, linear.GemmConfig(16, 32)),  # ragged N and K: masked tiles
         (24, 64, linear.GemmConfig(32, 64)),  # one program wider than N
-        (48, 64, linear.GemmConfig(4, 32, fma=True)),  # 2..16 rows on the CUDA cores
-        (42, 72, linear.GemmConfig(8, 32, fma=True)),  # the same over ragged N and K
-        (6, 24, linear.GemmConfig(8, 64, fma=True)),  # one chunk wider than K and N
     ],
 )
 def test_skinny_linear_matches_f_linear(
@@ -377,7 +374,5 @@ def test_dot_candidates_fill_every_sm(n: int) -> None:
         assert -(-n // c.block_n) * c.split_k >= num_sms and c.block_n <= n
     assert linear.GemmConfig(16, 512, split_k=4) in picked  # the H200's pick for N = 1024
     assert linear.GemmConfig(64, 128) not in picked  # 16-96 programs
-    if n == 1024:  # 64 tl.dot tiles: only 4- and 8-way splits reach 132 programs; 4-column
-        # CUDA-core slabs make 256 with K whole, 8-column ones 128 (left out)
-        assert {c.split_k for c in picked if not c.fma} == {4, 8}
-        assert {(c.block_n, c.split_k) for c in picked if c.fma} == {(4, 1)}
+    if n == 1024:  # 64 column tiles: only the 4- and 8-way splits reach 132 programs
+        assert picked == [c for c in linear.DOT_CANDIDATES if c.split_k >= 4]
