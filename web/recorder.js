@@ -1128,6 +1128,7 @@ function offerStored() {
               "server: press Resume meeting to go on with it (audio spoken since this page " +
               "was reloaded was not captured)");
     showExport(captions, saved.started_at, "(the finals so far)");
+    showFinalsSoFar(saved);
     // the offer goes stale with the window: it is taken back then (a click after it found
     // no session, or worse, a session the server had just ended)
     state.offerTimer = setTimeout(() => { if (state.stored === saved) withdrawStored(); },
@@ -1288,9 +1289,12 @@ function finishStored(saved) {
 // The page and the state of a meeting from scratch: a new one, or (saved) one stored before
 // a reload
 function resetMeeting(saved) {
+  // the resume of the meeting offered after a reload keeps its finals so far on show (the
+  // server's, showFinalsSoFar): its replay adds only those they lack
+  const kept = saved && state.stored === saved ? state.finals : [];
   setDisabled($("start"), true);
   $("resume").hidden = true;
-  $("finals").replaceChildren();
+  if (!kept.length) $("finals").replaceChildren();
   $("partial").replaceChildren();
   $("speakers-list").replaceChildren();
   $("overlay").hidden = true;
@@ -1303,13 +1307,15 @@ function resetMeeting(saved) {
   dropReplay();
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
-    opened: false, live: false, ending: false, finished: false, seenFinals: new Set(),
+    opened: false, live: false, ending: false, finished: false,
+    seenFinals: new Set(kept.map((seg) => seg.id)),
     flushing: false, onFlushed: null, nothing: false, micLost: false, active: false,
     restarting: false,
     revise: Boolean(saved && saved.revise), revisionPending: false, error: null, violations: 0,
     probedAt: 0, refused: null, windingUp: null, endOnly: false, unsentFrames: 0,
     stoppedAt: 0, finalAt: 0, remembered: false,
-    finals: [], partial: [], speakers: new Set(), names: new Map(), merged: new Map(),
+    finals: kept, partial: [], speakers: new Set(kept.map((seg) => seg.speaker)),
+    names: new Map(), merged: new Map(),
     speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
     captions: saved ? { session_id: saved.session_id, captions_token: saved.captions_token }
@@ -1793,17 +1799,12 @@ async function storedTranscript(captions) {
 // `hadFinal`: the page had the final, and lost only what came after it (the revision).
 function showStoredTranscript({ kept, body, finishReason }, gone, notes, hadFinal = false) {
   const follow = atBottom();
-  const segments = body.segments
-    .filter((seg) => seg && typeof seg.speaker === "string" && typeof seg.text === "string")
-    .map((seg) => ({ id: String(seg.id), start: Number(seg.start), end: Number(seg.end),
-                     speaker: seg.speaker, text: seg.text }));
+  const segments = segmentsOf(body);
   state.finished = true;
   state.revisionPending = false;
   state.partial = [];
   $("partial").replaceChildren();
-  const names = body.speakers && typeof body.speakers === "object" ? body.speakers : {};
-  state.names = new Map(Object.entries(names).filter(([, name]) => typeof name === "string"));
-  noteMerged(body.merged);
+  takeNames(body);
   for (const seg of segments) {
     state.seenFinals.add(seg.id);
     state.speakers.add(seg.speaker);
@@ -1827,6 +1828,37 @@ function showStoredTranscript({ kept, body, finishReason }, gone, notes, hadFina
   } else $("revision").hidden = true;
   showExport(state.captions, state.startedAt, kept === "revised" ? "(revised)" : "(final)");
   if (follow) scrollToBottom();
+}
+
+// A transcript resource's diarized_json segments as segment.final events carry them (those
+// without a speaker or text left out)
+function segmentsOf(body) {
+  return body.segments
+    .filter((seg) => seg && typeof seg.speaker === "string" && typeof seg.text === "string")
+    .map((seg) => ({ id: String(seg.id), start: Number(seg.start), end: Number(seg.end),
+                     speaker: seg.speaker, text: seg.text }));
+}
+
+// A transcript resource's names and merges become the page's (the server's last word)
+function takeNames(body) {
+  const names = body.speakers && typeof body.speakers === "object" ? body.speakers : {};
+  state.names = new Map(Object.entries(names).filter(([, name]) => typeof name === "string"));
+  noteMerged(body.merged);
+}
+
+// A meeting offered for a resume after a reload (`saved`): its finals so far, as the server
+// holds them, shown until the resume replays them (the page showed no captions beside its
+// "(the finals so far)" download: a trial). Nothing where the server does not answer, or
+// once the offer is gone (a click on Resume, the window's end).
+async function showFinalsSoFar(saved) {
+  try {
+    const answer = await askTranscript(saved.session_id, saved.captions_token, "diarized_json");
+    if (!answer.ok || state.stored !== saved) return;
+    const body = await answer.response.json();
+    if (state.stored !== saved || !body || !Array.isArray(body.segments)) return;
+    takeNames(body);
+    showFinals(segmentsOf(body));
+  } catch (e) { /* no captions until the resume replays them */ }
 }
 
 // What the page reconnects for: after Stop, to end the meeting (Stop pressed while the server

@@ -301,6 +301,25 @@ const speakersList = () => element("speakers-list").children.map((b) => [b.textC
 const renamesSent = (ws) => ws.sent.filter((m) => m.type === "speaker.rename");
 const said = (id, start, speaker) => ({ ...final(id, start), speaker });
 
+// reloaded mid-meeting (a resume offered): the finals so far come from the transcript
+// resource, as the server holds them, before the click on Resume; its replay adds the rest
+async function reloadFinalsScenario() {
+  await sleep(10); // the transcript resource
+  const offered = { speakers: shownSpeakers(), texts: element("finals").children.map(
+    (div) => div.children[div.children.length - 1].textContent) };
+  element("resume").listeners.click();
+  await sleep(10);
+  const onClick = element("finals").children.length;
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready({ resumed: true, offset: 32000 }));
+  ws.receive(said("seg-0000", 0, "S01")); // the replay: the first two shown already
+  ws.receive(said("seg-0001", 1, "S02"));
+  ws.receive(said("seg-0002", 2, "S03"));
+  ws.receive({ type: "speaker.renamed", speaker: "S02", name: "Bob" });
+  return { offered, onClick, afterReplay: shownSpeakers(), list: speakersList() };
+}
+
 async function namesScenario() {
   const ws = await startMeeting();
   ws.receive(said("seg-0000", 0, "S01"));
@@ -1187,7 +1206,8 @@ async function expiredScenario(storage) {
 }
 
 (async () => {
-  const initial = { export: {}, reload: stored(5000), gone: stored(5000),
+  const initial = { export: {}, reload: stored(5000), reloadfinals: stored(5000),
+                    gone: stored(5000),
                     expired: stored(90000), names: {}, merges: {},
                     apikey: { "livemeet.recorder.api_key": "lm_kept" }, refused: {},
                     revised: {}, unrevised: {}, reload8k: stored(5000, 8000),
@@ -1204,6 +1224,11 @@ async function expiredScenario(storage) {
                                     expired: withStored(),
                                     reloadending: withStored() }[scenario]);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
+  if (scenario === "reloadfinals") { // what the server holds of the meeting so far
+    storedBody = { task: "transcribe", duration: 2.0, text: "",
+                   segments: [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")],
+                   speakers: { S02: "Bob" } };
+  }
   const sandbox = makeSandbox(storage, kept, lasting);
   pageWindow = sandbox.window;
   element("start").disabled = true; // as index.html ships it, beside its status
@@ -1230,6 +1255,7 @@ async function expiredScenario(storage) {
                       a11y: a11yScenario, times: timesScenario, inplace: inPlaceScenario,
                       controls: controlsScenario, deadrevision: deadRevisionScenario,
                       reloadending: reloadEndingScenario, focus: focusScenario,
+                      reloadfinals: reloadFinalsScenario,
                       stopoffline: stopOfflineScenario, staleending: staleEndingScenario,
                       silentrev: () => silentScenario(true),
                       silentfinal: () => silentScenario(false) };

@@ -178,6 +178,19 @@ def test_names_are_disabled_offline_and_taken_from_the_resumes_replay() -> None:
     assert result["second"] == [{"type": "speaker.rename", "speaker": "S01", "name": "Carol"}]
 
 
+def test_a_reloaded_page_shows_the_finals_so_far_before_the_resume() -> None:
+    """Reloaded mid-meeting, the page offered Resume beside a "(the finals so far)" download
+    and showed no captions (a trial): it shows the server's finals so far, named as the
+    server names them, keeps them on show through the click on Resume (no blank page until
+    the replay), and the replay adds only the final they lack, its speaker listed with
+    theirs."""
+    result = run("reloadfinals")
+    assert result["offered"] == {"speakers": ["S01", "Bob"], "texts": ["seg-0000", "seg-0001"]}
+    assert result["onClick"] == 2
+    assert result["afterReplay"] == ["S01", "Bob", "S03"]
+    assert [label for label, _ in result["list"]] == ["S01", "Bob (S02)", "S03"]
+
+
 def test_a_reloaded_page_shows_the_names_the_resume_replays() -> None:
     assert run("reload")["namesAfterReload"] == ["Alice", "Alice", "Alice"]
 
@@ -938,10 +951,11 @@ def test_an_offer_withdrawn_as_the_server_ends_the_meeting_follows_it_to_its_fin
     as the server was ending the meeting ("running") and said "(the finals so far)" for good
     (a trial). It now says the server is ending the meeting and asks again until the final
     is stored."""
-    result = run("staleending", sequence="running,final")
+    # the first ask: the offer's finals so far, at load (the meeting still running)
+    result = run("staleending", sequence="running,running,final")
     assert result["first"] == "(the finals so far: the server is ending the meeting)"
     assert result["later"] == "(final)"
     assert result["status"].endswith(
         "ended while this page was away: download its transcript below"
     )
-    assert result["asked"] == 2 and result["askedAfter"] == 2  # final: no more asks
+    assert result["asked"] == 3 and result["askedAfter"] == 3  # final: no more asks
