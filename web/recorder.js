@@ -758,7 +758,9 @@ function showSpeaker(who, label) {
 // trial): offline it says when naming comes back, after the final only the label.
 function nameAction(label) {
   if (!canRename()) {
-    return state.finished ? label : `${label}: naming comes back once the page reconnects`;
+    if (state.finished) return label;
+    return state.stored ? `${label}: naming comes back once the meeting is resumed`
+                        : `${label}: naming comes back once the page reconnects`;
   }
   return state.names.has(label) ? `${label}: click to rename this speaker`
                                  : `${label}: click to name this speaker`;
@@ -1135,7 +1137,7 @@ function offerStored() {
                                   saved.alive_at + saved.resume_window_s * 1000 - Date.now());
     return saved;
   }
-  withdrawStored(saved);
+  withdrawStored(saved, true);
   return saved;
 }
 
@@ -1144,14 +1146,22 @@ function storedExpired(saved) {
   return Date.now() - saved.alive_at >= saved.resume_window_s * 1000;
 }
 
-// The stored session (offered, or `saved`) ended while this page was away: no resume, its
-// transcript instead
-function withdrawStored(saved = state.stored) {
+// The stored session (offered, or `saved`) ended on the server: no resume, its transcript
+// (and its captions) instead. `away`: it ended before the page came back (a load past its
+// window); else the offer ran out while the page showed it ("while this page was away" read
+// oddly to a user who had watched the page: a trial).
+function withdrawStored(saved = state.stored, away = false) {
   clearTimeout(state.offerTimer);
   state.stored = null;
+  state.finalsOf = saved.session_id;
+  state.finished = true; // its speakers cannot be named any more
+  relabelCaptions();
   $("resume").hidden = true;
   clearSession();
-  setStatus(`the meeting started at ${clock(saved.started_at)} ended while this page was away`);
+  const when = clock(saved.started_at);
+  setStatus(away ? `the meeting started at ${when} ended while this page was away`
+                 : `the meeting started at ${when} was not resumed within its window: the ` +
+                   "server has ended it");
   offerTranscript({ session_id: saved.session_id, captions_token: saved.captions_token },
                   saved.started_at);
 }
@@ -1166,9 +1176,13 @@ async function offerTranscript(captions, startedAt, status = $("status").textCon
                                since = Date.now()) {
   if (!captions || !captions.captions_token) return;
   clearTimeout(state.offerPoll);
+  // the page's own meeting (stored before a reload): its captions too, as the server has them
+  const own = state.finalsOf === captions.session_id;
   try {
-    const { ok, kept } = await askTranscript(captions.session_id, captions.captions_token);
+    const { ok, kept, response } = await askTranscript(
+      captions.session_id, captions.captions_token, own ? "diarized_json" : "text");
     if (state.active) return; // a meeting started meanwhile: its own downloads show
+    if (ok && own) await showServerFinals(response).catch(() => {}); // not JSON: no captions
     if (ok) {
       // the resource serves the newest: the revision once it came
       const notes = { final: "(final)", revised: "(revised)",
@@ -1315,7 +1329,10 @@ function resetMeeting(saved) {
     probedAt: 0, refused: null, windingUp: null, endOnly: false, unsentFrames: 0,
     stoppedAt: 0, finalAt: 0, remembered: false,
     finals: kept, partial: [], speakers: new Set(kept.map((seg) => seg.speaker)),
-    names: new Map(), merged: new Map(),
+    // and their names and merges, until the replay's (its end drops those it did not give):
+    // reset, the kept lines showed bare labels until the replay named them (a trial)
+    names: kept.length ? state.names : new Map(), merged: kept.length ? state.merged : new Map(),
+    finalsOf: null,
     speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
     captions: saved ? { session_id: saved.session_id, captions_token: saved.captions_token }
@@ -1849,16 +1866,25 @@ function takeNames(body) {
 // A meeting offered for a resume after a reload (`saved`): its finals so far, as the server
 // holds them, shown until the resume replays them (the page showed no captions beside its
 // "(the finals so far)" download: a trial). Nothing where the server does not answer, or
-// once the offer is gone (a click on Resume, the window's end).
+// once the offer is gone (a click on Resume; at the window's end offerTranscript takes over).
 async function showFinalsSoFar(saved) {
+  state.finalsOf = saved.session_id;
   try {
     const answer = await askTranscript(saved.session_id, saved.captions_token, "diarized_json");
-    if (!answer.ok || state.stored !== saved) return;
-    const body = await answer.response.json();
-    if (state.stored !== saved || !body || !Array.isArray(body.segments)) return;
-    takeNames(body);
-    showFinals(segmentsOf(body));
+    if (answer.ok && state.stored === saved) await showServerFinals(answer.response, saved);
   } catch (e) { /* no captions until the resume replays them */ }
+}
+
+// The captions of the meeting this page shows from the transcript resource (state.finalsOf:
+// one stored before a reload, offered for a resume or gone from the server), from its
+// diarized_json `response`, where `saved` (the offer) or the meeting is still the page's.
+async function showServerFinals(response, saved = null) {
+  const body = await response.json();
+  const still = saved ? state.stored === saved : state.finalsOf !== null && !state.active;
+  if (!still || !body || !Array.isArray(body.segments)) return;
+  takeNames(body);
+  showFinals(segmentsOf(body));
+  relabelCaptions(); // lines kept from an earlier answer: the names as they are now
 }
 
 // What the page reconnects for: after Stop, to end the meeting (Stop pressed while the server

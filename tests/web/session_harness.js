@@ -306,18 +306,20 @@ const said = (id, start, speaker) => ({ ...final(id, start), speaker });
 async function reloadFinalsScenario() {
   await sleep(10); // the transcript resource
   const offered = { speakers: shownSpeakers(), texts: element("finals").children.map(
-    (div) => div.children[div.children.length - 1].textContent) };
+    (div) => div.children[div.children.length - 1].textContent),
+                    title: element("finals").children[1].children[1].title };
   element("resume").listeners.click();
   await sleep(10);
   const onClick = element("finals").children.length;
   const ws = sockets[0];
   ws.open();
   ws.receive(ready({ resumed: true, offset: 32000 }));
+  const afterReady = shownSpeakers(); // before the replay names anyone
   ws.receive(said("seg-0000", 0, "S01")); // the replay: the first two shown already
   ws.receive(said("seg-0001", 1, "S02"));
   ws.receive(said("seg-0002", 2, "S03"));
   ws.receive({ type: "speaker.renamed", speaker: "S02", name: "Bob" });
-  return { offered, onClick, afterReplay: shownSpeakers(), list: speakersList() };
+  return { offered, onClick, afterReady, afterReplay: shownSpeakers(), list: speakersList() };
 }
 
 async function namesScenario() {
@@ -1180,8 +1182,11 @@ async function staleScenario(storage) {
 // still "running" when asked, then final (TRANSCRIPT_SEQUENCE); the note said "(the finals so
 // far)" for good (a trial)
 async function staleEndingScenario() {
+  const offeredLines = shownSpeakers();
+  storedBody = { ...storedBody, segments: [...storedBody.segments, said("seg-0002", 2, "S03")] };
   await sleep(1100); // the window's end (59 s of it had passed)
-  const out = { first: links().note };
+  const out = { first: links().note, offeredLines, withdrawnLines: shownSpeakers(),
+                title: element("finals").children[0].children[1].title };
   await sleep(3300); // asked again
   const asked = fetched.filter((url) => url.includes("/sessions/s-1/transcript")).length;
   Object.assign(out, { later: links().note, status: element("status").textContent, asked });
@@ -1202,6 +1207,7 @@ async function lateClickScenario(storage) {
 async function expiredScenario(storage) {
   await sleep(20); // the transcript's check
   return { storage: storage.items, status: element("status").textContent, links: links(),
+           lines: shownSpeakers(),
            resume_hidden: element("resume").hidden };
 }
 
@@ -1224,7 +1230,8 @@ async function expiredScenario(storage) {
                                     expired: withStored(),
                                     reloadending: withStored() }[scenario]);
   const kept = process.env.TRANSCRIPT_STATUS || "final"; // the server's X-Livemeet-Transcript-Status
-  if (scenario === "reloadfinals") { // what the server holds of the meeting so far
+  if (["reloadfinals", "staleending", "expired"].includes(scenario)) {
+    // what the server holds of the meeting so far
     storedBody = { task: "transcribe", duration: 2.0, text: "",
                    segments: [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")],
                    speakers: { S02: "Bob" } };

@@ -185,8 +185,13 @@ def test_a_reloaded_page_shows_the_finals_so_far_before_the_resume() -> None:
     the replay), and the replay adds only the final they lack, its speaker listed with
     theirs."""
     result = run("reloadfinals")
-    assert result["offered"] == {"speakers": ["S01", "Bob"], "texts": ["seg-0000", "seg-0001"]}
+    offered = result["offered"]
+    assert offered["speakers"] == ["S01", "Bob"] and offered["texts"] == ["seg-0000", "seg-0001"]
+    assert offered["title"] == "S02: naming comes back once the meeting is resumed"
     assert result["onClick"] == 2
+    # the names stay through the resume until the replay's: they were reset, and the kept
+    # lines showed bare labels until the replay named them (a Chromium trial)
+    assert result["afterReady"] == ["S01", "Bob"]
     assert result["afterReplay"] == ["S01", "Bob", "S03"]
     assert [label for label, _ in result["list"]] == ["S01", "Bob (S02)", "S03"]
 
@@ -560,7 +565,8 @@ def test_an_offer_to_resume_is_taken_back_once_its_window_has_passed(scenario: s
     result = run(scenario)
     assert result["offered"] is True
     assert result["resume_hidden"] is True
-    assert "ended while this page was away" in result["status"]
+    # the page showed the offer all along: not "while this page was away" (a trial)
+    assert "was not resumed within its window: the server has ended it" in result["status"]
     assert result["status"].endswith("download its transcript below")
     assert result["links"]["hidden"] is False and result["links"]["note"] == "(final)"
     assert result["storage"] == {}
@@ -568,8 +574,14 @@ def test_an_offer_to_resume_is_taken_back_once_its_window_has_passed(scenario: s
 
 
 def test_a_transcript_offered_for_a_meeting_gone_from_the_page_says_where_it_is() -> None:
-    """ "its transcript is below" pointed at nothing but the download links: it says so."""
-    assert run("expired")["status"].endswith(": download its transcript below")
+    """ "its transcript is below" pointed at nothing but the download links: it says so. A
+    page back after the window shows the meeting's captions as the server stored them (it
+    showed none, while a page that had watched the offer run out kept its own: a trial)."""
+    result = run("expired")
+    assert result["status"].endswith(
+        "ended while this page was away: download its transcript below"
+    )
+    assert result["lines"] == ["S01", "Bob"]
 
 
 def test_new_captions_are_followed_at_the_bottom_and_not_while_reading_back() -> None:
@@ -956,6 +968,11 @@ def test_an_offer_withdrawn_as_the_server_ends_the_meeting_follows_it_to_its_fin
     assert result["first"] == "(the finals so far: the server is ending the meeting)"
     assert result["later"] == "(final)"
     assert result["status"].endswith(
-        "ended while this page was away: download its transcript below"
+        "was not resumed within its window: the server has ended it: download its transcript below"
     )
+    # the captions follow the server's (they stayed as the offer had fetched them: a trial),
+    # and the speakers can no longer be named
+    assert result["offeredLines"] == ["S01", "Bob"]
+    assert result["withdrawnLines"] == ["S01", "Bob", "S03"]
+    assert result["title"] == "S01"
     assert result["asked"] == 3 and result["askedAfter"] == 3  # final: no more asks
