@@ -197,6 +197,9 @@ const $ = (id) => document.getElementById(id);
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 opened: false, session: null, captions: null, startedAt: 0,
                 format: { sample_rate: SAMPLE_RATE, channels: 1 }, stored: null,
+                // the session whose captions come from the transcript resource (one stored
+                // before a reload: offered for a resume, or gone from the server)
+                finalsOf: null,
                 reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
                 // session.ready promised transcript.revised; it is due (the final came first)
