@@ -28,7 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from livemeet.layers import linear
-from livemeet.layers.linear import GemmConfig, dot_candidates, full_wave, tune_copies
+from livemeet.layers.linear import (
+    GemmConfig,
+    dot_candidates,
+    full_wave,
+    per_call_us,
+    tune_copies,
+)
 from loadtest.bench_attention import read_bandwidth_tb_per_s
 
 # (N, K) of the decoder's projections: hidden 1024, 16 query + 8 KV heads of 128, MLP 3072
@@ -83,13 +89,6 @@ def candidates(n: int, k: int, num_sms: int) -> list[GemmConfig]:
     return out
 
 
-def _timed_us(fn, copies: int) -> float:  # type: ignore[no-untyped-def]
-    import triton
-
-    ms = triton.testing.do_bench_cudagraph(fn, rep=linear.TUNE_REP_MS)
-    return 1e3 * float(ms) / copies
-
-
 class ShapeBench:
     """One projection shape's weights (enough copies to defeat L2), input and reference."""
 
@@ -112,7 +111,7 @@ class ShapeBench:
 
     def cublas(self) -> Row:
         x = self.x
-        return self.row(None, _timed_us(lambda: [F.linear(x, w) for w in self.ws], self.copies))
+        return self.row(None, per_call_us(lambda: [F.linear(x, w) for w in self.ws], self.copies))
 
     def time(self, config: GemmConfig) -> Row | None:
         """The configuration's row, or None (and a line saying why) when it fails or is wrong."""
@@ -123,7 +122,7 @@ class ShapeBench:
                 print(f"  {self.name} {config}: wrong output, left out", flush=True)
                 return None
             fn = lambda: [linear.skinny_linear(x, w, config) for w in self.ws]  # noqa: E731
-            return self.row(config, _timed_us(fn, self.copies))
+            return self.row(config, per_call_us(fn, self.copies))
         except Exception as exc:  # out of registers or shared memory on this GPU
             print(f"  {self.name} {config}: skipped ({type(exc).__name__})", flush=True)
             return None

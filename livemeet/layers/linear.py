@@ -651,6 +651,15 @@ def tune_copies(weight_bytes: int) -> int:
     return min(TUNE_MAX_COPIES, max(2, -(-TUNE_L2_DEFEAT_BYTES // weight_bytes)))
 
 
+def per_call_us(run_all: Callable[[], object], copies: int) -> float:
+    """Microseconds per projection of `run_all`, which runs one per weight copy (`copies`),
+    replayed in a CUDA graph for TUNE_REP_MS (triton.testing.do_bench_cudagraph): how the
+    tuner times every candidate, and loadtest/sweep_linear.py its grid. Needs CUDA and Triton;
+    raises what the launches raise (e.g. a candidate out of registers)."""
+    ms = triton.testing.do_bench_cudagraph(run_all, rep=TUNE_REP_MS)
+    return 1e3 * float(ms) / copies
+
+
 def _tune_one(plan: LinearPlan, weight: torch.Tensor, rows: int, prologue: Prologue) -> TuneResult:
     """Time the baseline and each candidate for one (weight, row class, prologue)."""
     n, k = weight.shape
@@ -680,8 +689,7 @@ def _tune_one(plan: LinearPlan, weight: torch.Tensor, rows: int, prologue: Prolo
             for w in ws:
                 fn(w)
 
-        ms = triton.testing.do_bench_cudagraph(run_all, rep=TUNE_REP_MS)
-        return 1e3 * float(ms) / copies
+        return per_call_us(run_all, copies)
 
     baseline_us = timed(baseline)
     num_sms = torch.cuda.get_device_properties(weight.device).multi_processor_count
