@@ -197,8 +197,9 @@ const $ = (id) => document.getElementById(id);
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 opened: false, session: null, captions: null, startedAt: 0,
                 format: { sample_rate: SAMPLE_RATE, channels: 1 }, stored: null,
-                // the session whose captions come from the transcript resource (one stored
-                // before a reload: offered for a resume, or gone from the server)
+                // the session whose captions come from the transcript resource once its offer
+                // to resume is withdrawn (one stored before a reload, gone from the server;
+                // while offered, state.stored says whose they are)
                 finalsOf: null,
                 reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
@@ -1871,16 +1872,15 @@ function takeNames(body) {
 // "(the finals so far)" download: a trial). Nothing where the server does not answer, or
 // once the offer is gone (a click on Resume; at the window's end offerTranscript takes over).
 async function showFinalsSoFar(saved) {
-  state.finalsOf = saved.session_id;
   try {
     const answer = await askTranscript(saved.session_id, saved.captions_token, "diarized_json");
     if (answer.ok && state.stored === saved) await showServerFinals(answer.response, saved);
   } catch (e) { /* no captions until the resume replays them */ }
 }
 
-// The captions of the meeting this page shows from the transcript resource (state.finalsOf:
-// one stored before a reload, offered for a resume or gone from the server), from its
-// diarized_json `response`, where `saved` (the offer) or the meeting is still the page's.
+// The captions of the meeting this page shows from the transcript resource (one stored before
+// a reload: `saved`, the offer to resume it, or state.finalsOf once that is withdrawn), from
+// its diarized_json `response`, where that meeting is still the page's.
 async function showServerFinals(response, saved = null) {
   const body = await response.json();
   const still = saved ? state.stored === saved : state.finalsOf !== null && !state.active;

@@ -134,12 +134,16 @@ def revision_state(holder: LiveSessionHolder) -> str:
     replay = holder.replay
     if holder.revised_transcript() is not None:
         return REVISION_DONE
-    promised = holder.options is not None and holder.options.revise  # session.ready's `revise`
-    if replay.revision_pending or (promised and replay.terminal is None):
+    if replay.revision_pending or (_revise_promised(holder) and replay.terminal is None):
         return REVISION_PENDING
     if isinstance(replay.revision, Error):
         return REVISION_FAILED
     return REVISION_NONE
+
+
+def _revise_promised(holder: LiveSessionHolder) -> bool:
+    """Whether session.ready promised a revision (its `revise`)."""
+    return holder.options is not None and holder.options.revise
 
 
 def _no_revision(holder: LiveSessionHolder) -> NotFound:
@@ -147,12 +151,11 @@ def _no_revision(holder: LiveSessionHolder) -> NotFound:
     whether one is still coming: "(yet)" told a client of a session that will never be
     revised (session.ready's `revise: false`) to keep asking."""
     state = revision_state(holder)
-    promised = holder.options is not None and holder.options.revise  # session.ready's `revise`
     if state == REVISION_PENDING:
         why = "not yet: it comes after transcript.final"
     elif state == REVISION_FAILED:
         why = "its revision failed, and none will come: its final one stands"
-    elif not promised:
+    elif not _revise_promised(holder):
         why = (
             "none will come: session.ready said `revise: false` (a backend that cannot revise, "
             "or a server run with --no-revise), so its final one stands"
