@@ -105,11 +105,13 @@ class ShapeBench:
         self.grid = set(candidates(self.n, self.k, num_sms))
 
     def row(self, config: GemmConfig | None, us: float) -> Row:
+        """The Row of `config` (None: cuBLAS) timed at `us` microseconds a call."""
         as_dict = None if config is None else asdict(config)
         tuner = config in self.tuner
         return Row(self.name, self.n, self.k, self.rows, as_dict, us, self.floor_us / us, tuner)
 
     def cublas(self) -> Row:
+        """F.linear (cuBLAS) timed as the tuner times its baseline."""
         x = self.x
         return self.row(None, per_call_us(lambda: [F.linear(x, w) for w in self.ws], self.copies))
 
