@@ -21,7 +21,8 @@
 // (a microphone again, into the same meeting) or Stop (micLost).
 // Speakers can be named (docs/protocol.md, "Speaker names"): a click on a speaker, on a caption
 // line or in the speakers list, asks for a name and sends `speaker.rename`; the names shown come
-// only from the server's `speaker.renamed` (its answers, and its replay on a resume). Names are
+// only from the server (its `speaker.renamed` answers, and on a resume `session.ready`'s `speakers`
+// and the replay). Names are
 // changed only while connected: offline, the speakers list is disabled and a click does nothing.
 // Two labels that are one person can be merged ("Merge two…", docs/protocol.md "Speaker
 // merges"): the page asks which (e.g. "S03 S01": S03 is S01), checks what the server would
@@ -129,9 +130,6 @@ const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", 
 // up, the user reads back, and new captions must not pull the page down
 const FOLLOW_SLACK_PX = 40;
 const COPY_NOTE_MS = 5000; // how long "copied" (or why not) shows beside Copy
-// a resume's replay (its finals, names, merges) comes in one burst after session.ready: this
-// long without another event, it is over (endReplay)
-const REPLAY_QUIET_MS = 2000;
 // A meeting gone from the page whose transcript the server still has "running" (it is ending
 // it: offerTranscript) is asked about again this often, for at most this long (its final
 // decode included)
@@ -251,10 +249,7 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 finals: [], partial: [], speakers: new Set(), names: new Map(),
                 merged: new Map(),
                 // the speakers list's button of each label it lists (renderSpeakers)
-                speakerButtons: new Map(),
-                // during a resume's replay: {label: whether the replay named it}, and the
-                // timer that ends it (startReplay)
-                replayNames: null, replayTimer: null };
+                speakerButtons: new Map() };
 
 // Audio since the last ack, by offset (sample frames from the session's start): what a
 // resume may have to send again. `push` refuses audio past `maxFrames` (counted as lost).
@@ -904,41 +899,6 @@ function noteMerged(merged) {
   }
 }
 
-// What a resume's replay is made of (docs/protocol.md "Resume": after session.ready, every
-// final, then a speaker.renamed per named label, then a speaker.merged per merge); any other
-// event (the partial, an ack, transcript.final) comes after it
-const REPLAY_TYPES = ["segment.final", "speaker.renamed", "speaker.merged"];
-
-// A resume's replay begins: the labels it names are noted ({label: named}) until it is over
-function startReplay() {
-  state.replayNames = new Map();
-  armReplayEnd();
-}
-
-// The replay is over once another event comes, or (a session idle meanwhile: no ack, no
-// partial) REPLAY_QUIET_MS after its last event
-function armReplayEnd() {
-  clearTimeout(state.replayTimer);
-  state.replayTimer = setTimeout(() => { if (state.replayNames) endReplay(); },
-                                 REPLAY_QUIET_MS);
-}
-
-// The replay is over: a name it did not give was removed while the page was offline
-function endReplay() {
-  clearTimeout(state.replayTimer);
-  const named = state.replayNames;
-  state.replayNames = null;
-  const gone = [...state.names.keys()].filter((label) => !named.get(label));
-  for (const label of gone) state.names.delete(label);
-  if (gone.length) renderSpeakers();
-}
-
-// The socket went mid-replay: what it replayed is not all the server holds
-function dropReplay() {
-  clearTimeout(state.replayTimer);
-  state.replayNames = null;
-}
-
 // The server holds `offset` frames of this meeting's audio: the first that are the user's
 // (not Stop's moment of silence, EMPTY_STOP_S) make it one of the recent meetings
 function noteAudioHeld(offset) {
@@ -959,18 +919,14 @@ function lostNote() {
 }
 
 function onEvent(ev) {
-  if (state.replayNames) {
-    if (REPLAY_TYPES.includes(ev.type)) armReplayEnd();
-    else endReplay();
-  }
   switch (ev.type) {
     case "session.ready":
-      // the server holds the names and merges: a resume replays them all after its finals.
-      // Dropped here, every resume made them flicker (a merged S03 back as its own button
-      // until the replay: a trial): the names shown stay, and those the replay leaves out
-      // (removed while the page was offline) go once it is over (endReplay); merges are
-      // final (no unmerge), so the page's stay as they are and the replay adds any it missed
-      if (ev.resumed) startReplay();
+      // the server holds the names and merges, and a resume's ready frame says them
+      // (`speakers`, `merged`): taken at once, a name removed while the page was offline
+      // goes. Dropped until the replay's frames came, every resume made them flicker (a
+      // trial); kept until the replay seemed over (2 s without a frame), a stall mid-replay
+      // dropped them (session 40's). Merges are final (no unmerge): the page's stay.
+      if (ev.resumed && ev.speakers) takeNames(ev);
       state.revise = Boolean(ev.revise);
       renderSpeakers(); // the speakers list can be used again
       $("demo-banner").style.display = ev.demo ? "block" : "none";
@@ -1027,7 +983,6 @@ function onEvent(ev) {
       if (typeof ev.speaker !== "string") break;
       if (typeof ev.name === "string") state.names.set(ev.speaker, ev.name);
       else state.names.delete(ev.speaker); // null: the label shows again
-      if (state.replayNames) state.replayNames.set(ev.speaker, typeof ev.name === "string");
       renderSpeakers();
       endNote(); // a name went through: the reason an earlier one did not is old news
       break;
@@ -1322,7 +1277,6 @@ function resetMeeting(saved) {
   state.stored = null;
   clearTimeout(state.offerTimer);
   clearTimeout(state.offerPoll);
-  dropReplay();
   if (!saved) clearSession(); // a new meeting: the stored one ends on the server by itself
   Object.assign(state, {
     opened: false, live: false, ending: false, finished: false,
@@ -1333,8 +1287,8 @@ function resetMeeting(saved) {
     probedAt: 0, refused: null, windingUp: null, endOnly: false, unsentFrames: 0,
     stoppedAt: 0, finalAt: 0, remembered: false,
     finals: kept, partial: [], speakers: new Set(kept.map((seg) => seg.speaker)),
-    // and their names and merges, until the replay's (its end drops those it did not give):
-    // reset, the kept lines showed bare labels until the replay named them (a trial)
+    // and their names and merges, until the resume's ready frame gives the server's: reset,
+    // the kept lines showed bare labels until the replay named them (a trial)
     names: kept.length ? state.names : new Map(), merged: kept.length ? state.merged : new Map(),
     finalsOf: null,
     speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
@@ -1556,7 +1510,6 @@ function stopWaiting() {
   clearTimeout(state.retry);
   clearInterval(state.keepalive);
   if (state.ws) forgetSocket(state.ws);
-  dropReplay();
   state.live = false;
   state.ending = false;
   state.revisionPending = false;
@@ -1660,7 +1613,6 @@ function onClose(ws, ev, reached) {
   clearInterval(state.keepalive);
   state.live = false;
   if (ws !== state.ws) return; // an old socket
-  dropReplay();
   state.awaitingSince = 0;
   renderSpeakers(); // offline: no renames until the session is back
   if (state.unloading) return; // the page is going: its stored session stays for a resume
@@ -1860,7 +1812,8 @@ function segmentsOf(body) {
                      speaker: seg.speaker, text: seg.text }));
 }
 
-// A transcript resource's names and merges become the page's (the server's last word)
+// A transcript resource's names and merges, or a resume's ready frame's, become the page's (the
+// server's last word)
 function takeNames(body) {
   const names = body.speakers && typeof body.speakers === "object" ? body.speakers : {};
   state.names = new Map(Object.entries(names).filter(([, name]) => typeof name === "string"));

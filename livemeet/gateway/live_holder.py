@@ -215,6 +215,17 @@ class ReplayState:
         return events
 
 
+def speaker_maps(snapshot: list[SessionEvent]) -> dict[str, dict[str, str]]:
+    """The names (`speakers`, {label: name}) and merges (`merged`, {label: into}) that a
+    snapshot's `speaker.renamed` and `speaker.merged` events give: a resume's
+    `session.ready` and a subscriber's `captions.ready` carry them, so a client replaces its
+    own at once rather than waiting for the snapshot's frames (docs/protocol.md)."""
+    return {
+        "speakers": {e.speaker: e.name for e in snapshot if isinstance(e, SpeakerRenamed)},
+        "merged": {e.speaker: e.into for e in snapshot if isinstance(e, SpeakerMerged)},
+    }
+
+
 class LiveSessionHolder:
     """One live session, whichever socket carries it. `lock` orders every use of the backend
     session (append, finalize, end) with attaching a socket: a resume waits for an append in

@@ -42,13 +42,8 @@ from livemeet.gateway.auth_http import refused_client
 from livemeet.gateway.captions import CaptionsOutbox
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRANSCRIBER_KEY
-from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
-from livemeet.gateway.live_protocol import (
-    NORMAL_CLOSE,
-    PROTOCOL_VERSION,
-    SpeakerMerged,
-    SpeakerRenamed,
-)
+from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent, speaker_maps
+from livemeet.gateway.live_protocol import NORMAL_CLOSE, PROTOCOL_VERSION
 from livemeet.gateway.ws_live import check_browser_origin, event_to_wire
 from livemeet.transcriber import (
     BackendInfo,
@@ -165,8 +160,7 @@ def captions_ready(
         "protocol": PROTOCOL_VERSION,
         "demo": info.demo,
         "model": info.model_id,
-        "speakers": {e.speaker: e.name for e in snapshot if isinstance(e, SpeakerRenamed)},
-        "merged": {e.speaker: e.into for e in snapshot if isinstance(e, SpeakerMerged)},
+        **speaker_maps(snapshot),
     }
 
 

@@ -65,7 +65,12 @@ from livemeet.gateway.keys import (
     SESSIONS_KEY,
     TRANSCRIBER_KEY,
 )
-from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent, restarting_error
+from livemeet.gateway.live_holder import (
+    LiveSessionHolder,
+    SessionEvent,
+    restarting_error,
+    speaker_maps,
+)
 from livemeet.gateway.live_protocol import (
     CLIENT_LEFT_CLOSES,
     GOING_AWAY,
@@ -604,7 +609,7 @@ class LiveConnection:
             self.protocol.resumed(holder.num_frames_accepted, ended=holder.ended)
             if holder.ended:
                 self._ended_at = asyncio.get_running_loop().time()
-        self._enqueue(self._ready_frame(holder, resumed), None)
+        self._enqueue(self._ready_frame(holder, resumed, replay), None)
         for event in replay:
             self.deliver(event)
 
@@ -750,7 +755,9 @@ class LiveConnection:
             self._held_message = await _stop_reading(reading)
         self._last_message_at = asyncio.get_running_loop().time()
 
-    def _ready_frame(self, holder: LiveSessionHolder, resumed: bool) -> dict[str, Any]:
+    def _ready_frame(
+        self, holder: LiveSessionHolder, resumed: bool, replay: list[SessionEvent]
+    ) -> dict[str, Any]:
         info = self.app[TRANSCRIBER_KEY].info
         window_s = self.app[SESSIONS_KEY].window_s
         return {
@@ -767,6 +774,10 @@ class LiveConnection:
             "captions_token": holder.captions_token,
             # transcript.revised follows transcript.final (DESIGN 5.7)
             "revise": holder.options is not None and holder.options.revise,
+            # the names and merges the replay gives, at once: a client that waited for the
+            # replay's frames had to guess when it was over (a stall mid-replay dropped the
+            # recorder's names for ~0.5 s: session 40's trial)
+            **speaker_maps(replay),
         }
 
     async def _append(self, pcm: bytes) -> None:

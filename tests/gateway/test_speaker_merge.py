@@ -147,6 +147,39 @@ async def test_captions_ready_carries_the_names_and_merges_of_its_snapshot(
     assert (names, merges) == (head_late["speakers"], head_late["merged"])
 
 
+async def test_a_resumes_session_ready_carries_the_names_and_merges_of_its_replay(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """A resume's `session.ready` says the names and merges its replay gives, so a client
+    replaces its own at once: the recorder waited for the replay's frames and guessed its end
+    from a quiet spell, and a stall mid-replay dropped its names (session 40's trial). A
+    name removed before the drop is in neither; a new session's maps are empty."""
+    fake.speakers = SPEAKERS
+    ws = await client.ws_connect("/v1/live")
+    ready = await start_session(ws)
+    await stream(ws, fake, SHOWN_S)
+    await ws.send_json(rename("S01", "Ällice 🎙"))
+    await ws.send_json(rename("S02", "Bob"))
+    await ws.send_json(rename("S02", None))
+    await ws.send_json(merge("S03", "S01"))
+    await read_until(ws, "speaker.merged")
+    await on_disk(client, ready, round(SHOWN_S * 16000))
+    await detach(client, ws)
+    async with client.ws_connect("/v1/live") as again:
+        await again.send_json(resume_start(ready))
+        replay = await read_until(again, "segment.partial")
+        await again.send_json({"type": "end"})
+        await read_to_close(again)
+    assert (ready["speakers"], ready["merged"]) == ({}, {})
+    head = replay[0]
+    assert head["type"] == "session.ready" and head["resumed"] is True
+    assert head["speakers"] == {"S01": "Ällice 🎙"}
+    assert head["merged"] == {"S03": "S01"}
+    names = {e["speaker"]: e["name"] for e in of_type(replay, "speaker.renamed")}
+    merges = {e["speaker"]: e["into"] for e in of_type(replay, "speaker.merged")}
+    assert (names, merges) == (head["speakers"], head["merged"])  # the frames still come
+
+
 async def test_merges_survive_a_resume_and_are_replayed_after_the_names(
     client: TestClient, fake: FakeTranscriber
 ) -> None:

@@ -121,6 +121,8 @@ async def test_stream_partials_finals_and_transcript(
             "resumed": False,
             "offset": 0,
             "revise": False,  # the fake backend cannot revise
+            "speakers": {},  # a new session: no names nor merges yet
+            "merged": {},
         }
         chunk = pcm16(0.5)
         for _ in range(13):  # 6.5 s

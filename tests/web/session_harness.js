@@ -162,7 +162,8 @@ const final = (id, start) => ({ type: "segment.final", id, start, end: start + 1
                                 speaker: "S01", text: id });
 const ready = (extra) => ({ type: "session.ready", session_id: "s-1", protocol: 0, demo: false,
                             model: "m", resume_token: "tok", resume_window_s: 60,
-                            resumed: false, offset: 0, captions_token: "c/t+k=", ...extra });
+                            resumed: false, offset: 0, captions_token: "c/t+k=", revise: false,
+                            speakers: {}, merged: {}, ...extra });
 // Start a meeting: a click on Start, then the page's newest socket opens and the server
 // answers `start` with `session.ready` (`ready(extra)`); returns that socket
 async function startMeeting(extra) {
@@ -224,7 +225,7 @@ async function revisedScenario() {
   const again = sockets[1];
   out.resumed = Boolean(again);
   again.open();
-  again.receive(ready({ resumed: true, revise: true, offset: 3200 }));
+  again.receive(ready({ resumed: true, revise: true, offset: 3200, speakers: { S01: "Alice" } }));
   for (const f of finals) again.receive(f);
   again.receive({ type: "speaker.renamed", speaker: "S01", name: "Alice" });
   again.receive(finalOf(finals));
@@ -283,7 +284,8 @@ async function reloadScenario(storage) {
   await sleep(400);
   const second = sockets[1];
   second.open();
-  second.receive(ready({ resumed: true, offset: 32000 + 3200 })); // frames 0-1 arrived
+  // frames 0-1 arrived
+  second.receive(ready({ resumed: true, offset: 32000 + 3200, speakers: { S01: "Alice" } }));
   second.receive(final("seg-0000", 0)); // replayed again: shown once
   second.receive(final("seg-0001", 1));
   second.receive(final("seg-0002", 2));
@@ -313,8 +315,8 @@ async function reloadFinalsScenario() {
   const onClick = element("finals").children.length;
   const ws = sockets[0];
   ws.open();
-  ws.receive(ready({ resumed: true, offset: 32000 }));
-  const afterReady = shownSpeakers(); // before the replay names anyone
+  ws.receive(ready({ resumed: true, offset: 32000, speakers: { S02: "Bob" } }));
+  const afterReady = shownSpeakers(); // before the replay's frames
   ws.receive(said("seg-0000", 0, "S01")); // the replay: the first two shown already
   ws.receive(said("seg-0001", 1, "S02"));
   ws.receive(said("seg-0002", 2, "S03"));
@@ -363,13 +365,18 @@ async function namesScenario() {
   await sleep(400);
   const again = sockets[1];
   again.open();
-  // the replay: the finals, then the names the server holds (S01's was removed meanwhile)
-  again.receive(ready({ resumed: true }));
+  // the names the server holds (S01's was removed meanwhile, S02 renamed) in the ready frame,
+  // then the replay: the finals, then those names again
+  again.receive(ready({ resumed: true, speakers: { S02: "Robert" } }));
+  out.atReady = shownSpeakers();
+  // a network stall mid-replay: the page ended the replay after 2 s without a frame and
+  // dropped the names it had not given yet (session 40's trial)
+  await sleep(2100);
+  out.afterStall = shownSpeakers();
   again.receive(said("seg-0000", 0, "S01"));
   again.receive(said("seg-0001", 1, "S02"));
   again.receive({ type: "speaker.renamed", speaker: "S02", name: "Robert" });
-  out.duringReplay = shownSpeakers(); // S01's name stays until the replay is over
-  again.receive({ type: "audio.ack", offset: 0 }); // then it goes: not replayed
+  again.receive({ type: "audio.ack", offset: 0 });
   out.replayed = shownSpeakers();
   out.replayedList = speakersList();
   answers.push("Carol");
@@ -1070,7 +1077,7 @@ async function mergesScenario() {
   await sleep(400);
   const again = sockets[1];
   again.open();
-  again.receive(ready({ resumed: true }));
+  again.receive(ready({ resumed: true, speakers: { S01: "Alice" }, merged: { S03: "S01" } }));
   for (const f of finals) again.receive(f);
   // the names and merges shown stay through the replay (dropped at the resume, they came back
   // with it: every resume made them flicker, a trial)
@@ -1114,7 +1121,7 @@ async function reloadEndingScenario(storage) {
     ws.drop(4404);
     await sleep(20); // the transcript resource
   } else {
-    ws.receive(ready({ resumed: true, offset: 32000, revise: true }));
+    ws.receive(ready({ resumed: true, offset: 32000, revise: true, speakers: { S02: "Bob" } }));
     out.statusResumed = element("status").textContent;
     for (const f of finals) ws.receive(f);
     ws.receive({ type: "speaker.renamed", speaker: "S02", name: "Bob" });

@@ -164,12 +164,15 @@ def test_a_click_on_a_speaker_sends_its_rename_and_the_servers_answer_names_it()
     assert "at most 64" in result["tooLongStatus"]
 
 
-def test_names_are_disabled_offline_and_taken_from_the_resumes_replay() -> None:
+def test_names_are_disabled_offline_and_taken_from_the_resumes_ready_frame() -> None:
     """While the socket is down the speakers list is disabled and a click asks nothing; the
-    resume's replay of `speaker.renamed` is what the page shows after (a name the server no
-    longer holds is dropped), and renames work again."""
+    resume's `session.ready` names (`speakers`) are what the page shows at once (a name the
+    server no longer holds is dropped), also through a stall of more than 2 s before the
+    replay's frames (the page ended the replay on a quiet spell and dropped every name it had
+    not given yet: session 40's trial), and renames work again."""
     result = run("names")
-    assert result["duringReplay"] == ["Ann", "Robert"]
+    assert result["atReady"] == ["S01", "Robert"]
+    assert result["afterStall"] == ["S01", "Robert"]
     assert result["offlineList"] == [["Ann (S01)", True], ["Bob (S02)", True]]
     assert result["offlineCaptionButtons"] == [True, True]  # they looked live (a trial)
     assert result["offlinePrompts"] == 0
@@ -189,8 +192,8 @@ def test_a_reloaded_page_shows_the_finals_so_far_before_the_resume() -> None:
     assert offered["speakers"] == ["S01", "Bob"] and offered["texts"] == ["seg-0000", "seg-0001"]
     assert offered["title"] == "S02: naming comes back once the meeting is resumed"
     assert result["onClick"] == 2
-    # the names stay through the resume until the replay's: they were reset, and the kept
-    # lines showed bare labels until the replay named them (a Chromium trial)
+    # the names stay through the resume, as its ready frame says them: they were reset, and
+    # the kept lines showed bare labels until the replay named them (a Chromium trial)
     assert result["afterReady"] == ["S01", "Bob"]
     assert result["afterReplay"] == ["S01", "Bob", "S03"]
     assert [label for label, _ in result["list"]] == ["S01", "Bob (S02)", "S03"]
