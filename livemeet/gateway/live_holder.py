@@ -221,7 +221,11 @@ def speaker_maps(snapshot: list[SessionEvent]) -> dict[str, dict[str, str]]:
     `session.ready` and a subscriber's `captions.ready` carry them, so a client replaces its
     own at once rather than waiting for the snapshot's frames (docs/protocol.md)."""
     return {
-        "speakers": {e.speaker: e.name for e in snapshot if isinstance(e, SpeakerRenamed)},
+        "speakers": {
+            e.speaker: e.name
+            for e in snapshot
+            if isinstance(e, SpeakerRenamed) and e.name is not None  # a snapshot has no null
+        },
         "merged": {e.speaker: e.into for e in snapshot if isinstance(e, SpeakerMerged)},
     }
 
