@@ -1118,11 +1118,14 @@ function withdrawStored(saved = state.stored, away = false) {
   $("resume").hidden = true;
   clearSession();
   const when = clock(saved.started_at);
-  setStatus(away ? `the meeting started at ${when} ended while this page was away`
-                 : `the meeting started at ${when} was not resumed within its window: the ` +
-                   "server has ended it");
+  // the server ends it as the window ends: "is ending" until its transcript is stored (it
+  // said "has ended" beside the downloads' "the server is ending the meeting": a trial)
+  const status = away ? () => `the meeting started at ${when} ended while this page was away`
+    : (kept = "running") => `the meeting started at ${when} was not resumed within its window` +
+      (kept ? `: the server ${kept === "running" ? "is ending" : "has ended"} it` : "");
+  setStatus(status());
   offerTranscript({ session_id: saved.session_id, captions_token: saved.captions_token },
-                  saved.started_at);
+                  saved.started_at, status);
 }
 
 // Show the downloads of a session that is gone from this page if the server has its
@@ -1130,9 +1133,12 @@ function withdrawStored(saved = state.stored, away = false) {
 // A transcript still "running" there is a meeting the server is ending now (its resume window
 // ran out as the page's did: the offer withdrawn at the window's end said "(the finals so
 // far)" for good, a trial): asked again until its final is stored. `status`: the status
-// line's text before the first ask; `since`: when that was.
+// line's text before the first ask, or a function of the transcript's state (`kept`:
+// "running", "final", "revised"; null where the server has none) that says it; `since`: when
+// the first ask was.
 async function offerTranscript(captions, startedAt, status = $("status").textContent,
                                since = Date.now()) {
+  const said = typeof status === "function" ? status : () => status;
   if (!captions || !captions.captions_token) return;
   clearTimeout(state.offerPoll);
   // the page's own meeting (stored before a reload): its captions too, as the server has them
@@ -1147,7 +1153,7 @@ async function offerTranscript(captions, startedAt, status = $("status").textCon
       const notes = { final: "(final)", revised: "(revised)",
                       running: "(the finals so far: the server is ending the meeting)" };
       showExport(captions, startedAt, notes[kept] || "(the finals so far)");
-      setStatus(`${status}: download its transcript below`);
+      setStatus(`${said(kept)}: download its transcript below`);
       if (kept === "running" && Date.now() - since < TRANSCRIPT_POLL_MAX_MS) {
         state.offerPoll = setTimeout(() => offerTranscript(captions, startedAt, status, since),
                                      TRANSCRIPT_POLL_MS);
@@ -1156,7 +1162,7 @@ async function offerTranscript(captions, startedAt, status = $("status").textCon
     }
   } catch (e) { /* unreachable: said below */ }
   if (state.active) return;
-  setStatus(`${status}: the server has no transcript of it`);
+  setStatus(`${said(null)}: the server has no transcript of it`);
 }
 
 // what a transcript resource's X-Livemeet-Transcript-Status says of an earlier meeting

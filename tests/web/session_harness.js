@@ -75,11 +75,14 @@ function audioOf(url) {
   return id && id[1] === "a" ? 754.5 : 5.25;
 }
 // TRANSCRIPT_SEQUENCE: s-1's statuses, one per ask, before TRANSCRIPT_STATUS (e.g. "running,final":
-// a meeting the server is ending as it is asked, then stored)
+// a meeting the server is ending as it is asked, then stored; "none": a 404)
 const sequence = (process.env.TRANSCRIPT_SEQUENCE || "").split(",").filter(Boolean);
 function transcriptOf(url, transcriptStatus) {
   const id = /\/sessions\/([^/]+)\/transcript/.exec(url);
-  if (id && id[1] === "s-1" && sequence.length) return sequence.shift();
+  if (id && id[1] === "s-1" && sequence.length) {
+    const kept = sequence.shift();
+    return kept === "none" ? null : kept; // "none": the server has no transcript (404)
+  }
   if (id && id[1] === "down") throw new TypeError("Failed to fetch");
   if (id && id[1] === "gone") return null;
   if (id && id[1].startsWith("r-")) return "running";
@@ -1192,7 +1195,8 @@ async function staleEndingScenario() {
   const offeredLines = shownSpeakers();
   storedBody = { ...storedBody, segments: [...storedBody.segments, said("seg-0002", 2, "S03")] };
   await sleep(1100); // the window's end (59 s of it had passed)
-  const out = { first: links().note, offeredLines, withdrawnLines: shownSpeakers(),
+  const out = { first: links().note, firstStatus: element("status").textContent, offeredLines,
+                withdrawnLines: shownSpeakers(),
                 title: element("finals").children[0].children[1].title };
   await sleep(3300); // asked again
   const asked = fetched.filter((url) => url.includes("/sessions/s-1/transcript")).length;
