@@ -1845,8 +1845,12 @@ async function showServerFinals(response, saved = null) {
   const still = saved ? state.stored === saved : state.finalsOf !== null && !state.active;
   if (!still || !body || !Array.isArray(body.segments)) return;
   takeNames(body);
-  showFinals(segmentsOf(body));
-  relabelCaptions(); // lines kept from an earlier answer: the names as they are now
+  const segments = segmentsOf(body);
+  showFinals(segments);
+  // the speakers list too, disabled until a resume (it stayed hidden beside named captions:
+  // session 40's trial); it relabels the lines kept from an earlier answer
+  for (const seg of segments) state.speakers.add(seg.speaker);
+  renderSpeakers();
 }
 
 // What the page reconnects for: after Stop, to end the meeting (Stop pressed while the server

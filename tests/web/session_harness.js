@@ -312,7 +312,9 @@ async function reloadFinalsScenario() {
   await sleep(10); // the transcript resource
   const offered = { speakers: shownSpeakers(), texts: element("finals").children.map(
     (div) => div.children[div.children.length - 1].textContent),
-                    title: element("finals").children[1].children[1].title };
+                    title: element("finals").children[1].children[1].title,
+                    list: speakersList(), listShown: !element("speakers").hidden,
+                    listTitle: (element("speakers-list").children[1] || {}).title };
   element("resume").listeners.click();
   await sleep(10);
   const onClick = element("finals").children.length;
@@ -1196,7 +1198,7 @@ async function staleEndingScenario() {
   storedBody = { ...storedBody, segments: [...storedBody.segments, said("seg-0002", 2, "S03")] };
   await sleep(1100); // the window's end (59 s of it had passed)
   const out = { first: links().note, firstStatus: element("status").textContent, offeredLines,
-                withdrawnLines: shownSpeakers(),
+                withdrawnLines: shownSpeakers(), withdrawnList: speakersList(),
                 title: element("finals").children[0].children[1].title };
   await sleep(3300); // asked again
   const asked = fetched.filter((url) => url.includes("/sessions/s-1/transcript")).length;

@@ -191,6 +191,11 @@ def test_a_reloaded_page_shows_the_finals_so_far_before_the_resume() -> None:
     offered = result["offered"]
     assert offered["speakers"] == ["S01", "Bob"] and offered["texts"] == ["seg-0000", "seg-0001"]
     assert offered["title"] == "S02: naming comes back once the meeting is resumed"
+    # the speakers list shows them too, disabled until the resume (it stayed hidden beside
+    # named captions: session 40's trial)
+    assert offered["listShown"] is True
+    assert offered["list"] == [["S01", True], ["Bob (S02)", True]]
+    assert offered["listTitle"] == offered["title"]
     assert result["onClick"] == 2
     # the names stay through the resume, as its ready frame says them: they were reset, and
     # the kept lines showed bare labels until the replay named them (a Chromium trial)
@@ -992,5 +997,6 @@ def test_an_offer_withdrawn_as_the_server_ends_the_meeting_follows_it_to_its_fin
     # and the speakers can no longer be named
     assert result["offeredLines"] == ["S01", "Bob"]
     assert result["withdrawnLines"] == ["S01", "Bob", "S03"]
+    assert result["withdrawnList"] == [["S01", True], ["Bob (S02)", True], ["S03", True]]
     assert result["title"] == "S01"
     assert result["asked"] == 3 and result["askedAfter"] == 3  # final: no more asks
