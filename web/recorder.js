@@ -652,6 +652,7 @@ function renderSpeakers() {
     buttons[0].focus();
   }
   setDisabled(merge, !canMerge);
+  setText($("speakers-hint"), speakersHint());
   $("speakers").hidden = buttons.length === 0;
   // the captions' speaker buttons too (after the final or offline a click did nothing while
   // they looked live: a trial), and their names
@@ -757,12 +758,27 @@ function showSpeaker(who, label) {
 // trial): offline it says when naming comes back, after the final only the label.
 function nameAction(label) {
   if (!canRename()) {
-    if (state.finished) return label;
-    return state.stored ? `${label}: naming comes back once the meeting is resumed`
-                        : `${label}: naming comes back once the page reconnects`;
+    const note = namingNote();
+    return note ? `${label}: ${note}` : label;
   }
   return state.names.has(label) ? `${label}: click to rename this speaker`
                                  : `${label}: click to name this speaker`;
+}
+
+// Why the speakers cannot be named now, and whether they will be again ("": never: the
+// meeting is over)
+function namingNote() {
+  if (state.finished) return "";
+  return state.stored ? "naming comes back once the meeting is resumed"
+                      : "naming comes back once the page reconnects";
+}
+
+// The speakers list's heading: what a click does now (it said "click one to name them"
+// beside disabled buttons and after the meeting's end: a trial)
+function speakersHint() {
+  if (canRename()) return "Speakers (click one to name them):";
+  const note = namingNote();
+  return note ? `Speakers (${note}):` : "Speakers:";
 }
 
 // Every caption line's speaker, in place, as the names and merges say now: lines rebuilt
@@ -1273,13 +1289,17 @@ function resetMeeting(saved) {
   const kept = saved && state.stored === saved ? state.finals : [];
   setDisabled($("start"), true);
   $("resume").hidden = true;
-  if (!kept.length) $("finals").replaceChildren();
   $("partial").replaceChildren();
-  $("speakers-list").replaceChildren();
   $("overlay").hidden = true;
-  $("export").hidden = true;
   $("revision").hidden = true;
-  $("speakers").hidden = true;
+  // a resume's keeps the speakers list and the downloads of the finals shown (they went
+  // until session.ready, and the captions jumped up and back: a trial)
+  if (!kept.length) {
+    $("finals").replaceChildren();
+    $("speakers-list").replaceChildren();
+    $("export").hidden = true;
+    $("speakers").hidden = true;
+  }
   state.stored = null;
   clearTimeout(state.offerTimer);
   clearTimeout(state.offerPoll);
@@ -1297,7 +1317,8 @@ function resetMeeting(saved) {
     // the kept lines showed bare labels until the replay named them (a trial)
     names: kept.length ? state.names : new Map(), merged: kept.length ? state.merged : new Map(),
     finalsOf: null,
-    speakerButtons: new Map(), attempt: 0, reloaded: Boolean(saved), afterReload: false,
+    speakerButtons: kept.length ? state.speakerButtons : new Map(), attempt: 0,
+    reloaded: Boolean(saved), afterReload: false,
     session: saved ? { session_id: saved.session_id, resume_token: saved.resume_token } : null,
     captions: saved ? { session_id: saved.session_id, captions_token: saved.captions_token }
                     : null,
@@ -1308,6 +1329,7 @@ function resetMeeting(saved) {
     // a resumed session goes on at the rate it was declared at; a new one's is the context's
     format: { sample_rate: saved ? saved.sample_rate : SAMPLE_RATE, channels: 1 },
   });
+  if (kept.length) renderSpeakers(); // no longer offered: naming comes back at session.ready
 }
 
 // The microphone, through the worklet, into takeAudio at the session's rate (`declare`: a new
@@ -1392,6 +1414,9 @@ function connect() {
   ws.onopen = () => {
     state.reached = true;
     state.opened = true;
+    // a retry reached the server: its "next try in 0.3 s" stayed on through a slow
+    // session.ready (5 s in a trial)
+    if (state.attempt > 0) setDetail("(reached the server: waiting for it to answer…)");
     const start = { type: "start", sample_rate: state.format.sample_rate,
                     channels: state.format.channels, encoding: "pcm_s16le" };
     if (state.session) start.resume = state.session;

@@ -314,10 +314,15 @@ async function reloadFinalsScenario() {
     (div) => div.children[div.children.length - 1].textContent),
                     title: element("finals").children[1].children[1].title,
                     list: speakersList(), listShown: !element("speakers").hidden,
-                    listTitle: (element("speakers-list").children[1] || {}).title };
+                    listTitle: (element("speakers-list").children[1] || {}).title,
+                    hint: element("speakers-hint").textContent };
   element("resume").listeners.click();
   await sleep(10);
   const onClick = element("finals").children.length;
+  // until session.ready: the list and the downloads stay (they went: a Chromium trial)
+  const connecting = { list: speakersList(), listShown: !element("speakers").hidden,
+                       exportShown: !element("export").hidden,
+                       hint: element("speakers-hint").textContent };
   const ws = sockets[0];
   ws.open();
   ws.receive(ready({ resumed: true, offset: 32000, speakers: { S02: "Bob" } }));
@@ -326,7 +331,8 @@ async function reloadFinalsScenario() {
   ws.receive(said("seg-0001", 1, "S02"));
   ws.receive(said("seg-0002", 2, "S03"));
   ws.receive({ type: "speaker.renamed", speaker: "S02", name: "Bob" });
-  return { offered, onClick, afterReady, afterReplay: shownSpeakers(), list: speakersList() };
+  return { offered, onClick, connecting, afterReady, afterReplay: shownSpeakers(),
+           list: speakersList(), hint: element("speakers-hint").textContent };
 }
 
 async function namesScenario() {
@@ -362,6 +368,7 @@ async function namesScenario() {
   ws.drop(1006);
   out.offlineList = speakersList();
   out.offlineCaptionButtons = element("finals").children.map((line) => line.children[1].disabled);
+  out.offlineHint = element("speakers-hint").textContent;
   const asked = prompts.length;
   answers.push("Zed");
   element("finals").children[0].children[1].listeners.click(); // offline: nothing happens
@@ -370,6 +377,7 @@ async function namesScenario() {
   await sleep(400);
   const again = sockets[1];
   again.open();
+  out.openedDetail = element("status-detail").textContent; // before session.ready
   // the names the server holds (S01's was removed meanwhile, S02 renamed) in the ready frame,
   // then the replay: the finals, then those names again
   again.receive(ready({ resumed: true, speakers: { S02: "Robert" } }));
@@ -1199,6 +1207,7 @@ async function staleEndingScenario() {
   await sleep(1100); // the window's end (59 s of it had passed)
   const out = { first: links().note, firstStatus: element("status").textContent, offeredLines,
                 withdrawnLines: shownSpeakers(), withdrawnList: speakersList(),
+                withdrawnHint: element("speakers-hint").textContent,
                 title: element("finals").children[0].children[1].title };
   await sleep(3300); // asked again
   const asked = fetched.filter((url) => url.includes("/sessions/s-1/transcript")).length;

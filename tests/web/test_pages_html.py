@@ -135,6 +135,21 @@ def test_only_what_is_under_the_sticky_controls_keeps_clear_of_them() -> None:
     assert "scrollPadding" not in js
 
 
+def test_a_speaker_that_cannot_be_named_now_looks_so() -> None:
+    """A disabled speaker button (offline, a meeting offered for a resume, after the final)
+    looked as clickable as a live one: its colour is set inline, and nothing styled it (a
+    Chromium trial). It now fades, and shows no hand, in the list and on the lines."""
+    css = (ROOT / "web" / "index.html").read_text()
+    rules = {
+        selector.strip(): dict(re.findall(r"([\w-]+):\s*([^;]+);", body))
+        for selector, body in re.findall(r"^\s*([^{}\n/]+?)\s*\{([^}]*)\}", css, re.M)
+    }
+    listed = rules["#speakers button.speaker-name:disabled"]
+    assert float(listed["opacity"]) < 1 and listed["cursor"] == "default"
+    assert rules[".segment button.speaker:disabled"]["cursor"] == "default"
+    assert elements("index.html").by_id["speakers-hint"][0] == "span"  # recorder.js sets it
+
+
 def test_the_revision_line_is_read_out() -> None:
     """ "revising…", "revised…", "not revised…" were never read out: the line was no live
     region (a trial). It now sits in one that is always in the page (a region shown only

@@ -175,6 +175,11 @@ def test_names_are_disabled_offline_and_taken_from_the_resumes_ready_frame() -> 
     assert result["afterStall"] == ["S01", "Robert"]
     assert result["offlineList"] == [["Ann (S01)", True], ["Bob (S02)", True]]
     assert result["offlineCaptionButtons"] == [True, True]  # they looked live (a trial)
+    # the heading said "click one to name them" beside the disabled buttons (a trial)
+    assert result["offlineHint"] == "Speakers (naming comes back once the page reconnects):"
+    # the retry reached the server: its "next try in 0.3 s" stayed through a slow
+    # session.ready (a Chromium trial)
+    assert result["openedDetail"] == "(reached the server: waiting for it to answer…)"
     assert result["offlinePrompts"] == 0
     assert result["replayed"] == ["S01", "Robert"]
     assert result["replayedList"] == [["S01", False], ["Robert (S02)", False]]
@@ -196,6 +201,14 @@ def test_a_reloaded_page_shows_the_finals_so_far_before_the_resume() -> None:
     assert offered["listShown"] is True
     assert offered["list"] == [["S01", True], ["Bob (S02)", True]]
     assert offered["listTitle"] == offered["title"]
+    assert offered["hint"] == "Speakers (naming comes back once the meeting is resumed):"
+    # the click on Resume keeps the list and the downloads until session.ready (they went,
+    # and the captions jumped up and back: a Chromium trial); naming waits for the server
+    connecting = result["connecting"]
+    assert connecting["listShown"] is True and connecting["exportShown"] is True
+    assert connecting["list"] == [["S01", True], ["Bob (S02)", True]]
+    assert connecting["hint"] == "Speakers (naming comes back once the page reconnects):"
+    assert result["hint"] == "Speakers (click one to name them):"
     assert result["onClick"] == 2
     # the names stay through the resume, as its ready frame says them: they were reset, and
     # the kept lines showed bare labels until the replay named them (a Chromium trial)
@@ -998,5 +1011,6 @@ def test_an_offer_withdrawn_as_the_server_ends_the_meeting_follows_it_to_its_fin
     assert result["offeredLines"] == ["S01", "Bob"]
     assert result["withdrawnLines"] == ["S01", "Bob", "S03"]
     assert result["withdrawnList"] == [["S01", True], ["Bob (S02)", True], ["S03", True]]
+    assert result["withdrawnHint"] == "Speakers:"  # naming will not come back
     assert result["title"] == "S01"
     assert result["asked"] == 3 and result["askedAfter"] == 3  # final: no more asks
