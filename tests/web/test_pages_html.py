@@ -118,6 +118,9 @@ def test_the_recorders_controls_stay_in_view_and_fit_a_phone() -> None:
     assert rules["#controls"]["position"] == "sticky" and rules["#controls"]["top"] == "0"
     assert rules["#controls"]["flex-wrap"] == "wrap"
     assert "background" in rules["#controls"]  # the captions scroll under it, unseen
+    # two lines (line-height 1.5) held for the status: a change between a one-line and a
+    # two-line status moved the captions under the bar by a line (a Chromium trial)
+    assert rules["#status-line"]["min-height"] == "3em"
     assert rules["#api-key"]["box-sizing"] == "border-box"
     assert rules["#api-key"]["max-width"] == "100%"
 
