@@ -21,9 +21,9 @@
 // (a microphone again, into the same meeting) or Stop (micLost).
 // Speakers can be named (docs/protocol.md, "Speaker names"): a click on a speaker, on a caption
 // line or in the speakers list, asks for a name and sends `speaker.rename`; the names shown come
-// only from the server (its `speaker.renamed` answers, and on a resume `session.ready`'s `speakers`
-// and the replay). Names are
-// changed only while connected: offline, the speakers list is disabled and a click does nothing.
+// only from the server (its `speaker.renamed` answers; on a resume, `session.ready`'s `speakers`
+// and the replay). Names are changed only while connected: offline, the speakers list is
+// disabled and a click does nothing.
 // Two labels that are one person can be merged ("Merge two…", docs/protocol.md "Speaker
 // merges"): the page asks which (e.g. "S03 S01": S03 is S01), checks what the server would
 // refuse (a refusal closes the socket), and sends `speaker.merge`; once the server's
