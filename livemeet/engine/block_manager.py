@@ -19,11 +19,14 @@ Block size: 128 tokens by default (`KV_BLOCK_SIZE`; any of `KV_BLOCK_SIZES` by c
 - Smaller blocks cost table length: a 90-minute prompt (~71k tokens) needs ~4.5k entries at 16
   (~560 at 128), O(1) Python work per decode token either way.
 
-Sharing: `fork` gives a second request the blocks of a prefix (refcount + 1 each). A block is
-never written while shared: before a request writes into a shared block (its first write after
-a fork or a truncate that ends inside a shared block) the block is copied into a fresh one
+Sharing: `fork` gives a second request the blocks of a prefix (refcount + 1 each). A slot a
+sharer reads is never overwritten: before a request writes into a shared block (its first write
+after a fork or a truncate that ends inside a shared block) the block is copied into a fresh one
 (copy-on-write) and a `BlockCopy` is queued; the model runner must perform the queued copies
-(`take_copies()`) before the forward of the step that was scheduled with them.
+(`take_copies()`) before the forward of the step that was scheduled with them. One exception,
+harmless: a running source's later prefill chunks go on into its partial block that a fork
+shares, past the fork's prefix (slots the fork never reads: its own first write copies the
+block).
 
 Invariant checked by `audit`: every block is either free (refcount 0, in the free list once)
 or held, and a held block's refcount equals the number of live requests whose table holds it.
@@ -91,15 +94,28 @@ class BlockManager:
     def is_holder(self, request: Request) -> bool:
         return self._holders.get(request.request_id) is request
 
-    def num_exclusive_blocks(self, request: Request) -> int:
-        """Blocks that freeing `request` would return to the pool (refcount 1)."""
-        return sum(1 for b in request.block_table if self._ref_counts[b] == 1)
+    def num_blocks_freed_by(self, holders: Iterable[Request]) -> int:
+        """Blocks that freeing all of `holders` would return to the pool: those no one else
+        holds. A block two of them share counts too (summing each one's refcount-1 blocks
+        missed it, and the scheduler refused an eviction that would have made room for good:
+        a fuzzer's stall)."""
+        held = self._num_held_by(holders)
+        return sum(1 for b, n in held.items() if self._ref_counts[b] == n)
 
-    def blocks_needed(self, request: Request, num_tokens: int) -> int:
+    def blocks_needed(
+        self, request: Request, num_tokens: int, freed: Iterable[Request] = ()
+    ) -> int:
         """Free blocks needed so that `request` can write KV for tokens up to `num_tokens`
-        (new table entries plus one copy-on-write of a shared block at the write position)."""
+        (new table entries plus one copy-on-write of a shared block at the write position),
+        once `freed` (other holders) are freed: a block shared only with them is written in
+        place then."""
         new = max(0, self.num_blocks_for(num_tokens) - len(request.block_table))
-        return new + len(self._shared_write_blocks(request, num_tokens))
+        held = self._num_held_by(freed)
+        shared = self._shared_write_blocks(request, num_tokens)
+        table = request.block_table
+        return new + sum(
+            1 for i in shared if self._ref_counts[table[i]] - held.get(table[i], 0) > 1
+        )
 
     # -- allocation ------------------------------------------------------------------------
 
@@ -248,6 +264,15 @@ class BlockManager:
             raise BlockManagerError("KV allocator audit failed: " + "; ".join(problems))
 
     # -- internals -------------------------------------------------------------------------
+
+    @staticmethod
+    def _num_held_by(holders: Iterable[Request]) -> dict[int, int]:
+        """{block id: how many of `holders` hold it} (a table holds a block at most once)."""
+        held: dict[int, int] = {}
+        for holder in holders:
+            for block_id in holder.block_table:
+                held[block_id] = held.get(block_id, 0) + 1
+        return held
 
     def _shared_write_blocks(self, request: Request, num_tokens: int) -> list[int]:
         """Table indexes of shared blocks that writing tokens up to num_tokens would touch."""

@@ -442,7 +442,9 @@ class Scheduler:
 
     def preempt(self, request_id: str) -> bool:
         """Evict an unfinished request's KV now (it will be recomputed); False if it holds
-        none or is unknown."""
+        none or is unknown. Not while its last token is an async step's placeholder (between
+        `postprocess(pending=True)` and the engine's resolve): the recompute would prefill
+        the placeholder. The scheduler's own evictions come in `schedule`, after the resolve."""
         request = self._requests.get(request_id)
         if request is None or not request.block_table:
             return False
@@ -718,6 +720,14 @@ class Scheduler:
         step.charge(request.request_class, cost_s, num_tokens)
 
     def _try_admit(self, request: Request, step: _StepBuilder) -> None:
+        bm = self.block_manager
+        if bm.num_blocks_for(request.num_tokens) > bm.num_blocks:
+            # evicted just as it outgrew the pool (its last token sampled, no KV for it): it
+            # ends as _try_decode would have ended it (waiting, it never fit and blocked
+            # every admission behind it: a fuzzer's stall)
+            self._finish(request, FinishReason.LENGTH)
+            step.finished.append(request)
+            return
         if self._chunk_size(request, step) == 0:
             return  # no budget to start it; do not take its memory yet
         if not self._make_room(request, request.num_tokens, step):
@@ -758,8 +768,8 @@ class Scheduler:
         if bm.blocks_needed(request, num_tokens) <= bm.num_free_blocks:
             return True
         victims = self._victims(request)
-        freeable = bm.num_free_blocks + sum(bm.num_exclusive_blocks(v) for v in victims)
-        if freeable < bm.blocks_needed(request, num_tokens):
+        freeable = bm.num_free_blocks + bm.num_blocks_freed_by(victims)
+        if freeable < bm.blocks_needed(request, num_tokens, freed=victims):
             return False
         # what is freed here is for `request`: admitting others later in this step would
         # only be evicted again by the requests just preempted

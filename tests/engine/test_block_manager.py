@@ -146,6 +146,28 @@ def test_fork_shares_blocks_with_refcounts(bm: BlockManager) -> None:
     kv.check_prefix(dst, 32)
 
 
+def test_blocks_freed_by_holders_count_the_blocks_only_they_share(bm: BlockManager) -> None:
+    """Freeing two forks returns the prefix block they share once no one else holds it
+    (summing each one's refcount-1 blocks missed it: the scheduler then refused an eviction
+    that would have made room, and stalled); a block shared only with holders about to be
+    freed needs no copy-on-write."""
+    kv = FakeKV(8, BS)
+    src = make("src", 20)
+    compute(bm, kv, src, 20)  # blocks: [0..15], [16..19]
+    first, second = make("a", 40), make("b", 40)
+    for fork in (first, second):
+        bm.fork(src, fork, 16)
+        compute(bm, kv, fork, 4)  # a block of its own each: [16..19]
+    assert bm.num_blocks_freed_by([first]) == 1  # its own block; the prefix is shared
+    assert bm.num_blocks_freed_by([first, second]) == 2  # the prefix still is src's
+    assert bm.num_blocks_freed_by([src, first, second]) == 4
+    late = Request("late", list(range(18)) + [700])
+    bm.fork(src, late, 18)  # shares src's partial block: a write copies it first
+    assert bm.blocks_needed(late, 19) == 1
+    assert bm.blocks_needed(late, 19, freed=[src]) == 0  # written in place once src goes
+    bm.audit([src, first, second, late])
+
+
 def test_fork_errors(bm: BlockManager) -> None:
     kv = FakeKV(8, BS)
     src = make("src", 40)

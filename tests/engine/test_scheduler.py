@@ -177,6 +177,26 @@ def test_kv_pool_too_small_to_grow_finishes_with_length() -> None:
     assert sched.block_manager.num_free_blocks == 2
 
 
+def test_a_request_evicted_as_it_outgrows_the_pool_finishes_with_length() -> None:
+    """An upload evicted by a live hop right after sampling the token the pool cannot hold
+    waited forever (only a running request was finished for it), and blocked every admission
+    behind it: the engine stalled with free KV (a fuzzer's find). It ends for length, with
+    its tokens, and the work behind it runs."""
+    sched, runner, clock = make(num_blocks=4, upload_batch_wait_s=0.0)  # 64 tokens of KV
+    up = req("up", 60, max_new=30)
+    sched.add(up)
+    while up.num_tokens < 65:  # 64 with KV, the 65th sampled
+        run_steps(sched, runner, clock, 1)
+    sched.add(req("hop", 10, LIVE, max_new=1, deadline=clock.now_s + 1.0, base=900))
+    assert run_steps(sched, runner, clock, 1)[0].preempted_ids == ("up",)
+    after = req("after", 8, max_new=2, base=5000)
+    sched.add(after)
+    run_until_idle(sched, runner, clock, max_steps=50)
+    assert up.finish_reason is FinishReason.LENGTH and up.num_tokens == 65
+    assert after.finish_reason is FinishReason.LENGTH and after.num_output_tokens == 2
+    assert sched.block_manager.num_free_blocks == 4
+
+
 def test_postprocess_rejects_wrong_token_count() -> None:
     sched, _, clock = make()
     sched.add(req("a", 10))
@@ -602,6 +622,31 @@ def test_fork_from_a_running_request_copies_the_shared_partial_block() -> None:
     assert b.block_table[:2] == a.block_table[:2] and b.block_table[2] == copy.dst
     run_until_idle(sched, runner, clock)
     assert sched.block_manager.num_free_blocks == 256
+
+
+def test_a_block_shared_only_by_evictable_requests_is_freed_for_a_live_hop() -> None:
+    """Two uploads forked from one prefix share its block; a live hop that needs the whole
+    pool was refused, since the room eviction would make counted only each victim's own
+    blocks, and nothing ran again (a fuzzer's stall). Evicting both frees the shared block
+    too: the hop runs, and so do they after it."""
+    sched, runner, clock = make(num_blocks=4, upload_batch_wait_s=0.0)
+    src = req("src", 20, max_new=5)
+    sched.add(src)
+    run_steps(sched, runner, clock, 1)
+    forks = [Request(rid, list(range(16)) + [500, 501], max_new_tokens=2) for rid in ("w1", "w2")]
+    for fork in forks:
+        assert sched.add(fork, fork_from="src", num_fork_tokens=16) == 16
+    sched.abort("src")
+    bm = sched.block_manager
+    assert bm.num_free_blocks == 3 and bm.num_blocks_freed_by([]) == 0
+    hop = req("hop", 50, LIVE, max_new=2, deadline=clock.now_s + 1.0, base=9000)
+    sched.add(hop)
+    batch = run_steps(sched, runner, clock, 1)[0]
+    assert set(batch.preempted_ids) == {"w1", "w2"}
+    assert [c.request.request_id for c in batch.prefills] == ["hop"]
+    run_until_idle(sched, runner, clock, max_steps=50)
+    assert [r.finish_reason for r in (hop, *forks)] == [FinishReason.LENGTH] * 3
+    assert bm.num_free_blocks == 4
 
 
 def test_fork_from_an_evicted_source_reuses_nothing() -> None:
