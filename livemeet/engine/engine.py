@@ -51,13 +51,8 @@ from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.messages import STEP_PARTS, EngineStats
-from livemeet.engine.model_runner import (
-    PENDING_TOKEN_ID,
-    DeviceTokens,
-    ModelRunner,
-    TokenTransfer,
-)
-from livemeet.engine.request import Request, RequestClass
+from livemeet.engine.model_runner import DeviceTokens, ModelRunner, TokenTransfer
+from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
 from livemeet.errors import InternalError

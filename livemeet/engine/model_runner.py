@@ -30,7 +30,7 @@ from livemeet.audio.constants import MAX_CONTEXT_TOKENS
 from livemeet.engine.cuda_graph import GraphRunner
 from livemeet.engine.paged_backend import PagedAttentionBackend, StepMetadata
 from livemeet.engine.prefill_graph import PiecewiseRunner
-from livemeet.engine.request import Request
+from livemeet.engine.request import PENDING_TOKEN_ID, Request
 from livemeet.engine.sampler import SamplingParams, sample
 from livemeet.engine.scheduler import ScheduledBatch
 from livemeet.engine.staging import HostStaging
@@ -64,8 +64,6 @@ WARM_UP_MIXED = (((16, 300), 1), ((16, 300, 300), 2))
 # had, mid-serving (a JIT compile costs ~2 s on an H200 host: the likely cause of the HTTP
 # short c4/c8 stalls, docs/benchmarks.md). Padded, every eager step has warm-up's variant.
 BLOCK_TABLE_WIDTH_MULTIPLE = 16
-# Placeholder for a sampled token still on the device (async decode); never a vocabulary id.
-PENDING_TOKEN_ID = -1
 # tokens of a prefill chunk from which its positions and slots are computed with numpy (below
 # it the per-token loop is as fast: a decode row is one token)
 VECTOR_ROWS_MIN = 32

@@ -28,6 +28,10 @@ import numpy as np
 from livemeet.errors import InvalidRequest
 from livemeet.transcript.segments import FinishReason
 
+# Placeholder for a sampled token still on the device (async decode: `Scheduler.postprocess`
+# with `pending`, until the engine's resolve); never a vocabulary id.
+PENDING_TOKEN_ID = -1
+
 
 class Status(Enum):
     """Where a request is in its life."""

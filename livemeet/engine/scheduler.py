@@ -90,7 +90,7 @@ from livemeet.audio.constants import (
 from livemeet.config import UploadHold, parse_upload_hold
 from livemeet.engine.block_manager import BlockCopy, BlockManager
 from livemeet.engine.cost_model import StepCostModel
-from livemeet.engine.request import Request, RequestClass, Status
+from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass, Status
 from livemeet.errors import ConfigError, InternalError, InvalidRequest, TooLong
 from livemeet.transcript.segments import FinishReason
 
@@ -444,10 +444,16 @@ class Scheduler:
         """Evict an unfinished request's KV now (it will be recomputed); False if it holds
         none or is unknown. Not while its last token is an async step's placeholder (between
         `postprocess(pending=True)` and the engine's resolve): the recompute would prefill
-        the placeholder. The scheduler's own evictions come in `schedule`, after the resolve."""
+        the placeholder. The scheduler's own evictions come in `schedule`, after the resolve.
+        Raises SchedulerError for that (nothing is evicted)."""
         request = self._requests.get(request_id)
         if request is None or not request.block_table:
             return False
+        if request.output_token_ids and request.output_token_ids[-1] == PENDING_TOKEN_ID:
+            raise SchedulerError(
+                f"cannot preempt {request_id!r}: its last token is still pending (async decode); "
+                "preempt it once the step's tokens are resolved"
+            )
         self._preempt(request)
         return True
 

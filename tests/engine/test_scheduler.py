@@ -13,7 +13,7 @@ from livemeet.audio.constants import AUDIO_TOKENS_PER_SECOND, MAX_AUDIO_S, TIME_
 from livemeet.config import UploadHold
 from livemeet.engine.block_manager import BlockManager, BlockManagerError
 from livemeet.engine.cost_model import StepCostModel
-from livemeet.engine.request import Request, RequestClass, Status
+from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass, Status
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, SchedulerError
 from livemeet.errors import ConfigError, InvalidRequest, TooLong
 from livemeet.transcript.segments import FinishReason
@@ -729,6 +729,23 @@ def test_abort_while_the_step_is_in_flight_ignores_its_results() -> None:
     assert "r" not in [rid for rid, _ in out.new_tokens]
     assert r.block_table == [] and r.finish_reason is FinishReason.ABORT
     sched.block_manager.audit(sched.live_requests())
+
+
+def test_preempting_a_request_whose_token_is_still_pending_is_refused() -> None:
+    """Between an async step's placeholder tokens and their resolve, a preempt would have its
+    recompute prefill the placeholder (the model runner raises then, far from the cause): it
+    is refused here, evicting nothing."""
+    sched, runner, clock, r = _phase_setup()
+    while not r.is_decoding:
+        run_steps(sched, runner, clock, 1)
+    batch = sched.schedule(clock.now_s)
+    sched.postprocess(batch, [PENDING_TOKEN_ID] * sum(batch.sample_counts), pending=True)
+    table = list(r.block_table)
+    with pytest.raises(SchedulerError, match="pending"):
+        sched.preempt("r")
+    assert r.status is Status.RUNNING and r.block_table == table
+    r.output_token_ids[-1] = 5  # resolved (the engine's job)
+    assert sched.preempt("r") and r.status is Status.PREEMPTED
 
 
 def test_abort_unknown_id_returns_none() -> None:
