@@ -1105,6 +1105,9 @@ function offerStored() {
               "server: press Resume meeting to go on with it (audio spoken since this page " +
               "was reloaded was not captured)");
     showExport(captions, saved.started_at, "(the finals so far)");
+    // its captions overlay serves on while the server keeps the session: shown here, it no
+    // longer appears at the resume's session.ready, pushing the captions down (a trial)
+    showOverlayUrl(captions);
     showFinalsSoFar(saved);
     // the offer goes stale with the window: it is taken back then (a click after it found
     // no session, or worse, a session the server had just ended)
@@ -1132,6 +1135,7 @@ function withdrawStored(saved = state.stored, away = false) {
   state.finished = true; // its speakers cannot be named any more
   relabelCaptions();
   $("resume").hidden = true;
+  $("overlay").hidden = true; // its session is over: the overlay has nothing to show
   clearSession();
   const when = clock(saved.started_at);
   // the server ends it as the window ends: "is ending" until its transcript is stored (it
@@ -1290,10 +1294,11 @@ function resetMeeting(saved) {
   setDisabled($("start"), true);
   $("resume").hidden = true;
   $("partial").replaceChildren();
-  $("overlay").hidden = true;
   $("revision").hidden = true;
-  // a resume's keeps the speakers list and the downloads of the finals shown (they went
-  // until session.ready, and the captions jumped up and back: a trial)
+  // the offered meeting's resume keeps its overlay link (session.ready gives the same), and
+  // with its finals shown, the speakers list and their downloads: they went until
+  // session.ready, and the captions jumped up and back (a trial)
+  if (!(saved && state.stored === saved)) $("overlay").hidden = true;
   if (!kept.length) {
     $("finals").replaceChildren();
     $("speakers-list").replaceChildren();

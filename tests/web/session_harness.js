@@ -315,13 +315,16 @@ async function reloadFinalsScenario() {
                     title: element("finals").children[1].children[1].title,
                     list: speakersList(), listShown: !element("speakers").hidden,
                     listTitle: (element("speakers-list").children[1] || {}).title,
-                    hint: element("speakers-hint").textContent };
+                    hint: element("speakers-hint").textContent,
+                    overlayShown: !element("overlay").hidden,
+                    overlayUrl: element("overlay-url").textContent };
   element("resume").listeners.click();
   await sleep(10);
   const onClick = element("finals").children.length;
   // until session.ready: the list and the downloads stay (they went: a Chromium trial)
   const connecting = { list: speakersList(), listShown: !element("speakers").hidden,
                        exportShown: !element("export").hidden,
+                       overlayShown: !element("overlay").hidden,
                        hint: element("speakers-hint").textContent };
   const ws = sockets[0];
   ws.open();
@@ -1208,6 +1211,7 @@ async function staleEndingScenario() {
   const out = { first: links().note, firstStatus: element("status").textContent, offeredLines,
                 withdrawnLines: shownSpeakers(), withdrawnList: speakersList(),
                 withdrawnHint: element("speakers-hint").textContent,
+                overlayShown: !element("overlay").hidden,
                 title: element("finals").children[0].children[1].title };
   await sleep(3300); // asked again
   const asked = fetched.filter((url) => url.includes("/sessions/s-1/transcript")).length;

@@ -202,10 +202,15 @@ def test_a_reloaded_page_shows_the_finals_so_far_before_the_resume() -> None:
     assert offered["list"] == [["S01", True], ["Bob (S02)", True]]
     assert offered["listTitle"] == offered["title"]
     assert offered["hint"] == "Speakers (naming comes back once the meeting is resumed):"
+    # its captions overlay too (the session serves it while the server keeps it): it
+    # appeared only at the resume's session.ready, pushing the captions down (a trial)
+    assert offered["overlayShown"] is True
+    assert "captions.html" in offered["overlayUrl"] and "s-1" in offered["overlayUrl"]
     # the click on Resume keeps the list and the downloads until session.ready (they went,
     # and the captions jumped up and back: a Chromium trial); naming waits for the server
     connecting = result["connecting"]
     assert connecting["listShown"] is True and connecting["exportShown"] is True
+    assert connecting["overlayShown"] is True
     assert connecting["list"] == [["S01", True], ["Bob (S02)", True]]
     assert connecting["hint"] == "Speakers (naming comes back once the page reconnects):"
     assert result["hint"] == "Speakers (click one to name them):"
@@ -1012,5 +1017,6 @@ def test_an_offer_withdrawn_as_the_server_ends_the_meeting_follows_it_to_its_fin
     assert result["withdrawnLines"] == ["S01", "Bob", "S03"]
     assert result["withdrawnList"] == [["S01", True], ["Bob (S02)", True], ["S03", True]]
     assert result["withdrawnHint"] == "Speakers:"  # naming will not come back
+    assert result["overlayShown"] is False  # the session is over: nothing to show there
     assert result["title"] == "S01"
     assert result["asked"] == 3 and result["askedAfter"] == 3  # final: no more asks
