@@ -153,6 +153,23 @@ def test_a_speaker_that_cannot_be_named_now_looks_so() -> None:
     assert elements("index.html").by_id["speakers-hint"][0] == "span"  # recorder.js sets it
 
 
+def test_an_empty_partial_keeps_its_line() -> None:
+    """When a final took over the partial line, the page lost the line until the next
+    partial, and one following the newest captions bobbed ~28 px up and back (a Chromium
+    trial at 375 px): the partial holds one caption line (1.5em of text and a segment's
+    .25rem margins, kept inside it)."""
+    css = (ROOT / "web" / "index.html").read_text()
+    rules = {
+        selector: dict(re.findall(r"([\w-]+):\s*([^;]+);", body))
+        for selector, body in re.findall(r"^\s*(#[\w-]+) \{([^}]*)\}", css, re.M)
+    }
+    assert rules["#partial"]["display"] == "flow-root"  # the segment's margins inside
+    assert rules["#partial"]["min-height"] == "calc(1.5em + .5rem)"
+    segment = dict(re.findall(r"([\w-]+):\s*([^;]+);", css.split(".segment {")[1].split("}")[0]))
+    assert segment["margin"] == ".25rem 0"  # what the .5rem above holds
+    assert "line-height" not in segment  # the body's 1.5
+
+
 def test_the_revision_line_is_read_out() -> None:
     """ "revising…", "revised…", "not revised…" were never read out: the line was no live
     region (a trial). It now sits in one that is always in the page (a region shown only
