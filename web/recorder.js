@@ -653,6 +653,7 @@ function renderSpeakers() {
   }
   setDisabled(merge, !canMerge);
   setText($("speakers-hint"), speakersHint());
+  $("speakers-hint").title = canRename() ? "" : namingNote();
   $("speakers").hidden = buttons.length === 0;
   // the captions' speaker buttons too (after the final or offline a click did nothing while
   // they looked live: a trial), and their names
@@ -774,11 +775,12 @@ function namingNote() {
 }
 
 // The speakers list's heading: what a click does now (it said "click one to name them"
-// beside disabled buttons and after the meeting's end: a trial)
+// beside disabled buttons and after the meeting's end: a trial), no longer than that: a longer
+// one wrapped the list onto a second line at each drop, moving the captions (a trial); why and
+// until when naming is paused goes in its tooltip, as in the buttons'
 function speakersHint() {
   if (canRename()) return "Speakers (click one to name them):";
-  const note = namingNote();
-  return note ? `Speakers (${note}):` : "Speakers:";
+  return namingNote() ? "Speakers (naming paused):" : "Speakers:";
 }
 
 // Every caption line's speaker, in place, as the names and merges say now: lines rebuilt
@@ -1101,9 +1103,10 @@ function offerStored() {
   if (!storedExpired(saved)) {
     state.stored = saved;
     $("resume").hidden = false;
-    setStatus(`the meeting started at ${clock(saved.started_at)} is still open on the ` +
-              "server: press Resume meeting to go on with it (audio spoken since this page " +
-              "was reloaded was not captured)");
+    // short enough for two lines beside the buttons (three moved the captions by a line at
+    // the click on Resume: a trial)
+    setStatus(`the meeting started at ${clock(saved.started_at)} is still open: press ` +
+              "Resume meeting (audio spoken during the reload was not captured)");
     showExport(captions, saved.started_at, "(the finals so far)");
     // its captions overlay serves on while the server keeps the session: shown here, it no
     // longer appears at the resume's session.ready, pushing the captions down (a trial)

@@ -316,6 +316,7 @@ async function reloadFinalsScenario() {
                     list: speakersList(), listShown: !element("speakers").hidden,
                     listTitle: (element("speakers-list").children[1] || {}).title,
                     hint: element("speakers-hint").textContent,
+                    hintTitle: element("speakers-hint").title,
                     overlayShown: !element("overlay").hidden,
                     overlayUrl: element("overlay-url").textContent };
   element("resume").listeners.click();
@@ -371,7 +372,7 @@ async function namesScenario() {
   ws.drop(1006);
   out.offlineList = speakersList();
   out.offlineCaptionButtons = element("finals").children.map((line) => line.children[1].disabled);
-  out.offlineHint = element("speakers-hint").textContent;
+  out.offlineHint = [element("speakers-hint").textContent, element("speakers-hint").title];
   const asked = prompts.length;
   answers.push("Zed");
   element("finals").children[0].children[1].listeners.click(); // offline: nothing happens
