@@ -1293,7 +1293,8 @@ function finishStored(saved) {
 function resetMeeting(saved) {
   // the resume of the meeting offered after a reload keeps its finals so far on show (the
   // server's, showFinalsSoFar): its replay adds only those they lack
-  const kept = saved && state.stored === saved ? state.finals : [];
+  const resuming = saved && state.stored === saved;
+  const kept = resuming ? state.finals : [];
   setDisabled($("start"), true);
   $("resume").hidden = true;
   $("partial").replaceChildren();
@@ -1301,7 +1302,7 @@ function resetMeeting(saved) {
   // the offered meeting's resume keeps its overlay link (session.ready gives the same), and
   // with its finals shown, the speakers list and their downloads: they went until
   // session.ready, and the captions jumped up and back (a trial)
-  if (!(saved && state.stored === saved)) $("overlay").hidden = true;
+  if (!resuming) $("overlay").hidden = true;
   if (!kept.length) {
     $("finals").replaceChildren();
     $("speakers-list").replaceChildren();

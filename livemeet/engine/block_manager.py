@@ -99,8 +99,7 @@ class BlockManager:
         holds. A block two of them share counts too (summing each one's refcount-1 blocks
         missed it, and the scheduler refused an eviction that would have made room for good:
         a fuzzer's stall)."""
-        held = self._num_held_by(holders)
-        return sum(1 for b, n in held.items() if self._ref_counts[b] == n)
+        return self._num_freed(self._num_held_by(holders))
 
     def blocks_needed(
         self, request: Request, num_tokens: int, freed: Iterable[Request] = ()
@@ -109,12 +108,17 @@ class BlockManager:
         (new table entries plus one copy-on-write of a shared block at the write position),
         once `freed` (other holders) are freed: a block shared only with them is written in
         place then."""
-        new = max(0, self.num_blocks_for(num_tokens) - len(request.block_table))
-        held = self._num_held_by(freed)
-        shared = self._shared_write_blocks(request, num_tokens)
-        table = request.block_table
-        return new + sum(
-            1 for i in shared if self._ref_counts[table[i]] - held.get(table[i], 0) > 1
+        return self._num_needed(request, num_tokens, self._num_held_by(freed))
+
+    def fits_after_freeing(
+        self, request: Request, num_tokens: int, holders: Iterable[Request]
+    ) -> bool:
+        """Whether freeing all of `holders` would leave `request` room for `num_tokens`
+        tokens: `num_blocks_freed_by` and `blocks_needed(freed=)` over one count of what
+        they hold."""
+        held = self._num_held_by(holders)
+        return len(self._free) + self._num_freed(held) >= self._num_needed(
+            request, num_tokens, held
         )
 
     # -- allocation ------------------------------------------------------------------------
@@ -273,6 +277,20 @@ class BlockManager:
             for block_id in holder.block_table:
                 held[block_id] = held.get(block_id, 0) + 1
         return held
+
+    def _num_freed(self, held: dict[int, int]) -> int:
+        """Blocks its holders (`held`: _num_held_by's) alone hold."""
+        return sum(1 for b, n in held.items() if self._ref_counts[b] == n)
+
+    def _num_needed(self, request: Request, num_tokens: int, held: dict[int, int]) -> int:
+        """blocks_needed once the holders counted in `held` are freed."""
+        new = max(0, self.num_blocks_for(num_tokens) - len(request.block_table))
+        table = request.block_table
+        return new + sum(
+            1
+            for i in self._shared_write_blocks(request, num_tokens)
+            if self._ref_counts[table[i]] - held.get(table[i], 0) > 1
+        )
 
     def _shared_write_blocks(self, request: Request, num_tokens: int) -> list[int]:
         """Table indexes of shared blocks that writing tokens up to num_tokens would touch."""

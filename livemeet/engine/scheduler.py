@@ -695,11 +695,19 @@ class Scheduler:
 
     # -- scheduling one request ------------------------------------------------------------
 
-    def _try_decode(self, request: Request, step: _StepBuilder) -> None:
+    def _ended_for_the_pool(self, request: Request, step: _StepBuilder) -> bool:
+        """End `request` for length if the whole pool cannot hold its tokens (its last one
+        sampled, with no KV yet): running, or evicted just as it outgrew the pool (waiting, it
+        never fit and blocked every admission behind it: a fuzzer's stall)."""
         bm = self.block_manager
-        if bm.num_blocks_for(request.num_tokens) > bm.num_blocks:
-            self._finish(request, FinishReason.LENGTH)  # the pool cannot hold one more token
-            step.finished.append(request)
+        if bm.num_blocks_for(request.num_tokens) <= bm.num_blocks:
+            return False
+        self._finish(request, FinishReason.LENGTH)
+        step.finished.append(request)
+        return True
+
+    def _try_decode(self, request: Request, step: _StepBuilder) -> None:
+        if self._ended_for_the_pool(request, step):
             return
         cost_s = self.cost_model.decode_cost_s(request.num_tokens)
         cls = request.request_class
@@ -709,7 +717,7 @@ class Scheduler:
             return
         if not self._make_room(request, request.num_tokens, step):
             return
-        bm.append_slot(request)
+        self.block_manager.append_slot(request)
         step.decodes.append(request)
         step.charge(request.request_class, cost_s, 1)
 
@@ -726,13 +734,7 @@ class Scheduler:
         step.charge(request.request_class, cost_s, num_tokens)
 
     def _try_admit(self, request: Request, step: _StepBuilder) -> None:
-        bm = self.block_manager
-        if bm.num_blocks_for(request.num_tokens) > bm.num_blocks:
-            # evicted just as it outgrew the pool (its last token sampled, no KV for it): it
-            # ends as _try_decode would have ended it (waiting, it never fit and blocked
-            # every admission behind it: a fuzzer's stall)
-            self._finish(request, FinishReason.LENGTH)
-            step.finished.append(request)
+        if self._ended_for_the_pool(request, step):
             return
         if self._chunk_size(request, step) == 0:
             return  # no budget to start it; do not take its memory yet
@@ -774,8 +776,7 @@ class Scheduler:
         if bm.blocks_needed(request, num_tokens) <= bm.num_free_blocks:
             return True
         victims = self._victims(request)
-        freeable = bm.num_free_blocks + bm.num_blocks_freed_by(victims)
-        if freeable < bm.blocks_needed(request, num_tokens, freed=victims):
+        if not bm.fits_after_freeing(request, num_tokens, victims):
             return False
         # what is freed here is for `request`: admitting others later in this step would
         # only be evicted again by the requests just preempted

@@ -56,6 +56,14 @@ def merge(speaker: str, into: str) -> dict[str, Any]:
     return {"type": "speaker.merge", "speaker": speaker, "into": into}
 
 
+def replayed_maps(events: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """({label: name}, {label: into}) as `events`' speaker.renamed and speaker.merged frames
+    give them."""
+    names = {e["speaker"]: e["name"] for e in of_type(events, "speaker.renamed")}
+    merges = {e["speaker"]: e["into"] for e in of_type(events, "speaker.merged")}
+    return names, merges
+
+
 def merged(speaker: str, into: str) -> dict[str, Any]:
     return {"type": "speaker.merged", "speaker": speaker, "into": into}
 
@@ -142,9 +150,7 @@ async def test_captions_ready_carries_the_names_and_merges_of_its_snapshot(
     assert head_late["speakers"] == {"S01": "Ällice 🎙"}
     assert head_late["merged"] == {"S03": "S01"}
     # the same as the snapshot's own frames, which still come
-    names = {e["speaker"]: e["name"] for e in of_type(snapshot, "speaker.renamed")}
-    merges = {e["speaker"]: e["into"] for e in of_type(snapshot, "speaker.merged")}
-    assert (names, merges) == (head_late["speakers"], head_late["merged"])
+    assert replayed_maps(snapshot) == (head_late["speakers"], head_late["merged"])
 
 
 async def test_a_resumes_session_ready_carries_the_names_and_merges_of_its_replay(
@@ -175,9 +181,7 @@ async def test_a_resumes_session_ready_carries_the_names_and_merges_of_its_repla
     assert head["type"] == "session.ready" and head["resumed"] is True
     assert head["speakers"] == {"S01": "Ällice 🎙"}
     assert head["merged"] == {"S03": "S01"}
-    names = {e["speaker"]: e["name"] for e in of_type(replay, "speaker.renamed")}
-    merges = {e["speaker"]: e["into"] for e in of_type(replay, "speaker.merged")}
-    assert (names, merges) == (head["speakers"], head["merged"])  # the frames still come
+    assert replayed_maps(replay) == (head["speakers"], head["merged"])  # the frames still come
 
 
 async def test_merges_survive_a_resume_and_are_replayed_after_the_names(
