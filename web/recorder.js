@@ -167,8 +167,8 @@ const STORAGE_KEY = "livemeet.recorder.session";
 // one that had (a trial). "Forget them" clears the list (a shared computer).
 const RECENT_KEY = "livemeet.recorder.meetings";
 const RECENT_MEETINGS = 5;
-// a session id's characters the list shows (its ids are 32 hex digits; the status line shows
-// the whole id while recording)
+// a session id's characters the recent meetings' list and the status line show (its ids are
+// 32 hex digits; the whole id in their tooltips)
 const SHORT_ID_CHARS = 8;
 // sessionStorage key of the API key typed in the page: this tab only, gone with it
 const API_KEY_STORAGE_KEY = "livemeet.recorder.api_key";
@@ -453,6 +453,10 @@ function serverUrl(path, ws) {
 
 // The captions overlay's URL for a session (docs/protocol.md, "Captions"): read-only, so
 // it may be handed to whoever runs the stream (the resume token stays on this page).
+function shortSessionId(sessionId) {
+  return sessionId.slice(0, SHORT_ID_CHARS);
+}
+
 function overlayUrl(sessionId, captionsToken) {
   return serverUrl("captions.html") +
          `?session=${encodeURIComponent(sessionId)}&token=${encodeURIComponent(captionsToken)}`;
@@ -938,13 +942,18 @@ function lostNote() {
 
 function onEvent(ev) {
   switch (ev.type) {
-    case "session.ready":
+    case "session.ready": {
       // the server holds the names and merges, and a resume's ready frame says them
       // (`speakers`, `merged`): taken at once, a name removed while the page was offline
       // goes. Dropped until the replay's frames came, every resume made them flicker (a
       // trial); kept until the replay seemed over (2 s without a frame), a stall mid-replay
       // dropped them (session 40's). Merges are final (no unmerge): the page's stay.
       if (ev.resumed && ev.speakers) takeNames(ev);
+      // the statuses name the session by its first characters, the full id in the line's
+      // tooltip (as the recent meetings' list): a 32-character id took the status to 3-5 lines
+      // on a phone, and each change of line count moved the captions (a trial at 375 px)
+      const id = shortSessionId(ev.session_id);
+      $("status-line").title = `session ${ev.session_id}`;
       state.revise = Boolean(ev.revise);
       renderSpeakers(); // the speakers list can be used again
       $("demo-banner").style.display = ev.demo ? "block" : "none";
@@ -954,7 +963,7 @@ function onEvent(ev) {
         // resumed for the revision after the final: the meeting is over, its "done: …" and
         // downloads (final) stay ("finishing… waiting for its final transcript" and "the
         // finals so far" came back until the replayed final: session 39's trial)
-        setDetail(`(reconnected to session ${ev.session_id}: waiting for the revision)`);
+        setDetail(`(reconnected to session ${id}: waiting for the revision)`);
         break;
       }
       showExport(state.captions, state.startedAt, "(the finals so far)");
@@ -965,21 +974,22 @@ function onEvent(ev) {
         break;
       }
       if (state.ending) { // Stop came before this resume: `end` is sent (again)
-        setStatus(`finishing… (reconnected to session ${ev.session_id}: waiting for its ` +
+        setStatus(`finishing… (reconnected to session ${id}: waiting for its ` +
                   "final transcript)");
         break;
       }
       if (state.micLost) {
-        setStatus(`reconnected to session ${ev.session_id}, but ${micLostNote()}`);
+        setStatus(`reconnected to session ${id}, but ${micLostNote()}`);
         break;
       }
-      setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${ev.session_id}, ` +
+      setStatus(`${ev.resumed ? "resumed" : "recording"} (session ${id}, ` +
                 `model ${ev.model})${lostNote()}` +
                 (state.refused ? ` after the server refused a message of this page ` +
                                  `(${state.refused}); the meeting goes on` : ""));
       state.refused = null;
-      state.liveStatus = `recording (session ${ev.session_id}, model ${ev.model})`;
+      state.liveStatus = `recording (session ${id}, model ${ev.model})`;
       break;
+    }
     case "audio.ack":
       state.buffer.ack(ev.offset);
       noteAudioHeld(ev.offset);
@@ -1233,7 +1243,7 @@ function recentItem(meeting, note, audioS) {
   const length = typeof audioS === "number" ? `, ${duration(audioS)} of audio` : "";
   when.textContent = new Date(meeting.started_at).toLocaleString([], {
     dateStyle: "medium", timeStyle: "medium" }) + length +
-    `, session ${meeting.session_id.slice(0, SHORT_ID_CHARS)}${note}:`;
+    `, session ${shortSessionId(meeting.session_id)}${note}:`;
   when.title = `session ${meeting.session_id}`;
   li.append(when);
   for (const [id, format, ext] of EXPORTS) {

@@ -449,6 +449,25 @@ async function badNamesScenario() {
 // before its transcript completed: a trial). LAST says how that resume goes: "final" (the
 // server holds 1,600 frames, the final comes), "empty" (it holds none on disk), "refused"
 // (refused as well); "afterfinal": the 4th comes after the final, while a revision is due
+// A server's session id (32 hex digits): the statuses name it by its first 8, the whole id
+// in the status line's tooltip; recording, then resumed after a drop (1006)
+async function longIdScenario() {
+  const session_id = "0123456789abcdef0123456789abcdef";
+  const ws = await startMeeting({ session_id });
+  const out = { recording: element("status").textContent,
+                title: element("status-line").title };
+  speak();
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  ws.drop(1006);
+  await sleep(400);
+  const again = sockets[sockets.length - 1];
+  out.resumedWith = again.sent;
+  again.open();
+  again.receive(ready({ session_id, resumed: true, offset: 1600 }));
+  out.resumed = element("status").textContent;
+  return out;
+}
+
 async function violationScenario() {
   const how = process.env.LAST || "final";
   const revise = how === "afterfinal";
@@ -1280,7 +1299,7 @@ async function expiredScenario(storage) {
                       apikey: apiKeyScenario, refused: refusedScenario,
                       revised: revisedScenario, unrevised: unrevisedScenario,
                       badnames: badNamesScenario, violation: violationScenario,
-                      deadpath: deadPathScenario, nofinal: noFinalScenario,
+                      deadpath: deadPathScenario, longid: longIdScenario, nofinal: noFinalScenario,
                       slowfinal: slowFinalScenario,
                       quickstop: quickStopScenario, ctxrate: contextRateScenario,
                       reload8k: reload8kScenario, micgone: micGoneScenario,

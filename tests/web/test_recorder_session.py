@@ -363,6 +363,21 @@ def test_the_page_refuses_the_names_the_server_refuses_and_sends_what_it_keeps()
     assert merge.startswith("S09 not merged") and at8s.startswith("recording (session s-1")
 
 
+def test_the_status_names_a_long_session_id_by_its_first_characters() -> None:
+    """A server's session id is 32 hex digits: in the status it took the line to 3-5 lines on
+    a 375-px phone, and each change of line count moved the captions under it (a trial). The
+    statuses show its first 8 characters (as the recent meetings' list does), the whole id in
+    the status line's tooltip; a resume still sends the whole id."""
+    result = run("longid")
+    whole = "0123456789abcdef0123456789abcdef"
+    assert result["recording"].startswith("recording (session 01234567, model m)")
+    assert result["resumed"].startswith("resumed (session 01234567, model m)")
+    for status in (result["recording"], result["resumed"]):
+        assert whole not in status
+    assert result["title"] == f"session {whole}"
+    assert result["resumedWith"][0]["resume"]["session_id"] == whole
+
+
 def test_a_refused_message_is_resumed_as_the_server_keeps_the_meeting() -> None:
     """The server closes a client's violation (4400, 4402, 4415) with the session kept for a
     resume (docs/protocol.md, "Closing"); the page took the close as final and forgot the
