@@ -1,10 +1,10 @@
 """Upload decoding: any audio file -> float32 mono 16 kHz in [-1, 1]. The only codec code.
 
 Routing: libsndfile (soundfile) reads the lossless containers it knows (WAV, FLAC, AIFF, ...);
-everything else, and the lossy formats libsndfile also claims (MP3, Ogg), goes through FFmpeg
-(PyAV), which applies encoder-delay trimming and copes with odd streams. Channels are averaged;
-the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`). Library errors never escape: each is
-mapped to `BadAudio` naming what failed.
+everything else, and the lossy formats libsndfile also claims (MP3, Ogg, MP3 in a WAV), goes
+through FFmpeg (PyAV), which applies encoder-delay trimming and copes with odd streams.
+Channels are averaged; the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`). Library
+errors never escape: each is mapped to `BadAudio` naming what failed.
 
 `decode_file` returns the whole array (uploads); `iter_decode` yields the same samples in chunks
 as they decode, in bounded memory (`livemeet stream` of a file of hours).
@@ -70,6 +70,10 @@ AudioSource = Path | bytes
 
 # libsndfile major formats sent to FFmpeg instead: lossy codecs with encoder delay/padding.
 _FFMPEG_FORMATS = frozenset({"MP3", "OGG"})
+# ... and the same codecs inside a container libsndfile reads otherwise (MP3 in a WAV, format
+# tag 0x55): libsndfile sizes those from a bitrate estimate, so an intact file decoded short
+# of it and was refused as truncated.
+_FFMPEG_SUBTYPES = frozenset({"MPEG_LAYER_I", "MPEG_LAYER_II", "MPEG_LAYER_III", "VORBIS", "OPUS"})
 # The only FFmpeg demuxers an upload may use (matched against each comma-separated part of a
 # demuxer's name, as FFmpeg's `format_whitelist` does). Why a list: FFmpeg picks a demuxer from
 # the bytes, and some read more than the upload: a `concat` playlist opens files on the
@@ -367,7 +371,7 @@ def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
         info = sf.info(_openable(source))
     except sf.LibsndfileError:
         return None
-    if info.format in _FFMPEG_FORMATS or info.samplerate <= 0:
+    if info.format in _FFMPEG_FORMATS or info.subtype in _FFMPEG_SUBTYPES or info.samplerate <= 0:
         return None
     # 0 frames: libsndfile takes a WAV data chunk's size at its word, and 0 is the placeholder
     # writers leave when they cannot seek back to fill it in (a recorder streaming to a pipe, or

@@ -34,6 +34,7 @@ _CLIPS: dict[str, tuple[str, str, int, int, dict[str, str]]] = {
     "speech.m4a": ("mp4", "aac", 16_000, 1, {}),
     "speech.webm": ("webm", "libopus", 48_000, 1, {}),
     "live.webm": ("webm", "libopus", 48_000, 1, {"live": "1"}),  # no declared duration
+    "mp3_in.wav": ("wav", "libmp3lame", 44_100, 2, {}),  # WAVE_FORMAT_MPEGLAYER3 (0x55)
 }
 
 

@@ -150,6 +150,23 @@ def test_compressed_formats_decode_to_the_source(
     assert gain == pytest.approx(clip.gain, rel=0.05)
 
 
+def test_mp3_in_a_wav_decodes_whole(encoded_clips: dict[str, EncodedClip], speech: F32) -> None:
+    """A WAV holding MP3 (format tag 0x55, as FFmpeg's wav muxer and some recorders write it)
+    goes to FFmpeg, as an .mp3 does: libsndfile claimed it, took its length from a bitrate
+    estimate and refused the intact file as truncated."""
+    path = encoded_clips["mp3_in.wav"].path
+    for source in (path, path.read_bytes()):
+        out = decode_file(source)
+        # no LAME tag in a WAV to say how much to trim: encoder delay and padding stay (~50 ms)
+        assert 0 <= out.size - speech.size <= 0.1 * SAMPLE_RATE
+        oracle = swresample_mono_16k(path)
+        lag, r = best_lag_correlation(oracle, out)
+        assert abs(lag) <= 8 and r > 0.999
+        assert np.sqrt(np.mean(out**2)) == pytest.approx(np.sqrt(np.mean(oracle**2)), rel=0.01)
+    info = probe(path)
+    assert (info.sample_rate, info.channels, info.codec) == (44_100, 2, "mp3float")
+
+
 # ---- bytes in memory (small uploads)
 
 # the lossless files of the tests above, by a name saying what they are
