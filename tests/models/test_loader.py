@@ -65,6 +65,13 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         # prompts put the audio at <|audio_pad|> (151671) whatever the config said: another id
         # was served without a word, where the reference looks for the audio at that id (a trial)
         (lambda c: c.update(audio_token_id=151_670), "audio_token_id 151670 is not"),
+        # layer_types was never read: a list longer than the layers (transformers refuses it) or
+        # naming sliding layers (the reference fails on them) ran as full attention (a trial)
+        (lambda c: c["text_config"].update(layer_types=["full_attention"] * 4), "lists 4 layers"),
+        (
+            lambda c: c["text_config"].update(layer_types=["sliding_attention"] * 3),
+            "'sliding_attention'",
+        ),
     ],
 )
 def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
