@@ -297,6 +297,10 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         )
     if raw.get("attention_bias", False) or raw.get("use_sliding_window", False):
         raise ConfigError("text attention_bias / sliding windows are unsupported")
+    required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [key for key in required if key not in raw]
+    if missing:  # no default: transformers would take Qwen3Config's (32 layers), not MOSS-TD's
+        raise ConfigError(f"text_config needs {', '.join(map(repr, missing))}")
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
     layers = _int(raw, "num_hidden_layers")

@@ -43,6 +43,9 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         (lambda c: c.update(model_type="whisper"), "model_type"),
         (lambda c: c.update(adaptor_input_dim=1000), "adaptor_input_dim"),
         (lambda c: c["audio_config"].pop("d_model"), "d_model"),
+        # was "model config field 'hidden_size' must be an integer, got None": no section, and
+        # not saying it is missing (a trial)
+        (lambda c: c["text_config"].pop("hidden_size"), "text_config needs 'hidden_size'"),
         (lambda c: c["text_config"].update(num_key_value_heads=3), "multiple"),
         (lambda c: c["text_config"].update(num_hidden_layers=0), "need >= 1 layer"),
         (lambda c: c["text_config"].update(head_dim=7), "even for RoPE"),
