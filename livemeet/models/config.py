@@ -271,6 +271,22 @@ def _float(raw: dict[str, Any], key: str) -> float:
     return float(value)
 
 
+def _check_layer_types(layer_types: Any, layers: int) -> None:
+    """`layer_types`, when given, must name every layer "full_attention" (MODEL.md 8.2): the
+    decoder runs nothing else, and transformers refuses a list of another length."""
+    if layer_types is None:
+        return
+    if not isinstance(layer_types, list):
+        raise ConfigError(f"text_config layer_types must be a list, got {layer_types!r}")
+    if len(layer_types) != layers:
+        raise ConfigError(
+            f"text_config layer_types lists {len(layer_types)} layers, num_hidden_layers {layers}"
+        )
+    others = sorted({str(t) for t in layer_types} - {"full_attention"})
+    if others:
+        raise ConfigError(f"text_config layer_types {others} unsupported (only 'full_attention')")
+
+
 def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
     model_type = raw.get("model_type", "qwen3")
     if model_type not in _TEXT_MODEL_TYPES:
@@ -281,12 +297,18 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         )
     if raw.get("attention_bias", False) or raw.get("use_sliding_window", False):
         raise ConfigError("text attention_bias / sliding windows are unsupported")
+    required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    missing = [key for key in required if key not in raw]
+    if missing:  # no default: transformers would take Qwen3Config's (32 layers), not MOSS-TD's
+        raise ConfigError(f"text_config needs {', '.join(map(repr, missing))}")
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
+    layers = _int(raw, "num_hidden_layers")
+    _check_layer_types(raw.get("layer_types"), layers)
     return TextConfig(
         hidden=hidden,
         intermediate=_int(raw, "intermediate_size"),
-        layers=_int(raw, "num_hidden_layers"),
+        layers=layers,
         heads=heads,
         kv_heads=_kv_heads(raw, heads),
         head_dim=_int(raw, "head_dim", QWEN3_DEFAULT_HEAD_DIM),

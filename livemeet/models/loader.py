@@ -256,13 +256,25 @@ def _index_checkpoint(root: Path) -> dict[str, _TensorInfo]:
         except Exception as exc:
             raise ConfigError(f"cannot read safetensors file {file}: {exc}") from exc
     if unknown:
-        raise ConfigError(f"unexpected tensors in checkpoint: {sorted(unknown)}")
+        # the towers' roots in both dialects ("model.vq_adaptor.", not each of its layers)
+        roots = [".".join(p.split(".")[:2]) + "." for entry in PREFIXES for p in entry[1:]]
+        known = [*dict.fromkeys(roots), _LM_HEAD]
+        raise ConfigError(
+            f"{len(unknown)} tensors in the checkpoint are under no MOSS-TD key prefix "
+            f"(either dialect: {', '.join(known)}): {_some(sorted(unknown))}"
+        )
     if _EMBED not in tensors and _LM_HEAD in tensors:
         # A tied pair stored once, under the head's name: safetensors' save_model keeps the
         # first in sort order of the names sharing one tensor. transformers reads it as the
         # embedding too.
         tensors[_EMBED] = tensors.pop(_LM_HEAD)
     return tensors
+
+
+def _some(names: list[str], limit: int = 8) -> str:
+    """The first `limit` of `names` as a list, and how many more (a real checkpoint has 683)."""
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return f"{names[:limit]}{more}"
 
 
 def _key_in(name: str, dialect: Dialect | None) -> str:

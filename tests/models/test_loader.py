@@ -43,6 +43,9 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         (lambda c: c.update(model_type="whisper"), "model_type"),
         (lambda c: c.update(adaptor_input_dim=1000), "adaptor_input_dim"),
         (lambda c: c["audio_config"].pop("d_model"), "d_model"),
+        # was "model config field 'hidden_size' must be an integer, got None": no section, and
+        # not saying it is missing (a trial)
+        (lambda c: c["text_config"].pop("hidden_size"), "text_config needs 'hidden_size'"),
         (lambda c: c["text_config"].update(num_key_value_heads=3), "multiple"),
         (lambda c: c["text_config"].update(num_hidden_layers=0), "need >= 1 layer"),
         (lambda c: c["text_config"].update(head_dim=7), "even for RoPE"),
@@ -65,6 +68,13 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         # prompts put the audio at <|audio_pad|> (151671) whatever the config said: another id
         # was served without a word, where the reference looks for the audio at that id (a trial)
         (lambda c: c.update(audio_token_id=151_670), "audio_token_id 151670 is not"),
+        # layer_types was never read: a list longer than the layers (transformers refuses it) or
+        # naming sliding layers (the reference fails on them) ran as full attention (a trial)
+        (lambda c: c["text_config"].update(layer_types=["full_attention"] * 4), "lists 4 layers"),
+        (
+            lambda c: c["text_config"].update(layer_types=["sliding_attention"] * 3),
+            "'sliding_attention'",
+        ),
     ],
 )
 def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
@@ -174,6 +184,27 @@ def test_a_missing_tensor_is_named_as_the_checkpoint_names_it(
             save_file(tensors, str(shard))
     with pytest.raises(ConfigError, match=rf"missing tensors: \['{re.escape(key)}'\]"):
         load_model(str(root), device="cpu")
+
+
+def test_keys_of_no_known_dialect_are_named_briefly_with_the_known_prefixes(
+    hf_dir: Path, tmp_path: Path
+) -> None:
+    """Keys under no prefix either dialect uses (here saved without the leading `model.`) were
+    all listed, one sorted list with nothing about what was expected: ~32 KB on one line at
+    real size (683 keys; found by a trial). Now a count, a few names and the known prefixes."""
+
+    def edit(t: dict[str, torch.Tensor]) -> None:
+        for key in list(t):
+            t[key.removeprefix("model.")] = t.pop(key)
+
+    root = _copy_hf(hf_dir, tmp_path, edit)
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(str(root), device="cpu")
+    message = excinfo.value.message
+    num_keys = len(tiny.random_weights())
+    assert f"{num_keys} tensors" in message and "more" in message
+    assert "model.whisper_encoder." in message and "model.audio_tower." in message
+    assert len(message) < 1000
 
 
 def test_every_problem_is_reported_at_once(hf_dir: Path, tmp_path: Path) -> None:
