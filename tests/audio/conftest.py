@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -89,3 +90,14 @@ def _encode(
         for resampled in [*resampler.resample(frame), *resampler.resample(None)]:
             out.mux(stream.encode(resampled))
         out.mux(stream.encode(None))
+
+
+def with_flac_total_samples(flac: bytes, total: int) -> bytes:
+    """`flac` whose STREAMINFO declares `total` samples (per channel)."""
+    data = bytearray(flac)
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0  # STREAMINFO first
+    info = 8  # after the marker and the block header
+    # the 36-bit total samples: the low 4 bits of byte 13, then bytes 14-17
+    data[info + 13] = (data[info + 13] & 0xF0) | (total >> 32)
+    data[info + 14 : info + 18] = struct.pack(">I", total & 0xFFFF_FFFF)
+    return bytes(data)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import struct
 import threading
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -20,7 +22,7 @@ from livemeet.audio import decode
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.decode import AudioInfo, decode_file, iter_decode, probe
 from livemeet.errors import BadAudio, TooLong
-from tests.audio.conftest import SPEECH_FILE, EncodedClip
+from tests.audio.conftest import SPEECH_FILE, EncodedClip, with_flac_total_samples
 
 F32 = npt.NDArray[np.float32]
 MAX_LAG = 160  # samples (10 ms) of codec delay tolerated when aligning with the source
@@ -85,7 +87,7 @@ def test_mono_16k_files_are_read_whole_with_the_block_paths_samples(
     fast = {p: decode_file(p) for p in (wav, float_wav, flac)}
     with pytest.raises(BadAudio, match="truncated") as fast_cut:
         decode_file(cut_flac)
-    assert len(whole) == 4
+    assert len(whole) == 2  # the WAVs: FFmpeg decodes FLAC (its header's length is a minimum)
     whole.clear()
     decode_file(shared_data / "jfk" / "jfk.flac")  # 44.1 kHz stereo: resampled in blocks
     assert whole == []
@@ -336,8 +338,11 @@ def test_too_long_is_refused_before_decoding(
         raise AssertionError("decoded although the header was over the limit")
 
     monkeypatch.setattr(decode, "_soundfile_blocks", must_not_decode)
+    monkeypatch.setattr(decode, "_ffmpeg_blocks", must_not_decode)
     with pytest.raises(TooLong, match="11.0 s"):
         decode_file(shared_data / "jfk" / "jfk.flac", max_audio_s=10.0)
+    with pytest.raises(TooLong, match="6.0 s"):
+        decode_file(shared_data / SHARED_FILES["pcm16.wav"], max_audio_s=5.0)
 
 
 @pytest.mark.parametrize("name", ["speech.webm", "live.webm"])
@@ -352,14 +357,15 @@ def test_a_lying_container_is_stopped_while_decoding(
         decode_file(path, max_audio_s=5.0)
 
 
-@pytest.mark.parametrize("kind", ["flac", "webm"])  # libsndfile's blocks, FFmpeg's frames
+# libsndfile's blocks, FFmpeg's frames (FLAC's and Opus')
+@pytest.mark.parametrize("kind", ["wav", "flac", "webm"])
 def test_a_cancelled_decode_stops_at_its_next_block(
     tmp_path: Path, encoded_clips: dict[str, EncodedClip], kind: str
 ) -> None:
     """A client that leaves sets `cancel`: a 90-minute upload stopped decoding only at its end,
     holding ~1 GB meanwhile (a trial)."""
-    if kind == "flac":
-        path = tmp_path / "long.flac"
+    if kind in ("wav", "flac"):
+        path = tmp_path / f"long.{kind}"
         sf.write(path, np.zeros(10 * 60 * 8_000, np.float32), 8_000)  # 10 min at 8 kHz
     else:
         path = encoded_clips["speech.webm"].path
@@ -499,14 +505,113 @@ def _extensible_with_unknown_guid(wav: bytes, fmt: int) -> bytes:
     return b"RIFF" + struct.pack("<I", 4 + len(riff)) + b"WAVE" + riff
 
 
+def flac_bytes(
+    seconds: float, rate: int = SAMPLE_RATE, channels: int = 1, subtype: str = "PCM_16"
+) -> bytes:
+    """A FLAC of noise, `seconds` long (different noise for each length)."""
+    rng = np.random.default_rng(int(seconds * 1000) + rate + channels)
+    buf = io.BytesIO()
+    noise = rng.uniform(-0.5, 0.5, (int(seconds * rate), channels)).astype(np.float32)
+    sf.write(buf, noise, rate, format="FLAC", subtype=subtype)
+    return buf.getvalue()
+
+
+def decode_every_way(data: bytes, tmp_path: Path, **kw: float) -> F32:
+    """decode_file's samples for `data` and for its file, checked equal to iter_decode's."""
+    path = tmp_path / "upload.flac"
+    path.write_bytes(data)
+    out = decode_file(data, **kw)
+    np.testing.assert_array_equal(decode_file(path, **kw), out, strict=True)
+    np.testing.assert_array_equal(np.concatenate(list(iter_decode(path, **kw))), out)
+    return out
+
+
+def test_flac_files_joined_with_cat_decode_whole(tmp_path: Path) -> None:
+    """libsndfile stopped at the first file's STREAMINFO count: the second file's audio was
+    dropped without an error (found by a checker). Lossless: the two files' samples exactly."""
+    first, second = flac_bytes(1.0), flac_bytes(1.5)
+    out = decode_every_way(first + second, tmp_path)
+    expected = np.concatenate([decode_file(first), decode_file(second)])
+    np.testing.assert_array_equal(out, expected)
+    assert probe(first + second).duration_s == 1.0  # the first header's: a lower bound
+    stereo = flac_bytes(0.5, 44_100, 2) + flac_bytes(0.75, 44_100, 2)
+    assert decode_every_way(stereo, tmp_path).size == pytest.approx(1.25 * SAMPLE_RATE, abs=2)
+
+
+def test_a_flac_whose_header_understates_its_length_decodes_whole(tmp_path: Path) -> None:
+    """STREAMINFO says 1 s, the frames hold 3 s: all 3 s decode (libsndfile returned 1 s), and
+    the duration limit is kept while decoding (the header's 1 s passed the probe)."""
+    data = flac_bytes(3.0)
+    understated = with_flac_total_samples(data, SAMPLE_RATE)
+    assert probe(understated).duration_s == 1.0
+    np.testing.assert_array_equal(decode_every_way(understated, tmp_path), decode_file(data))
+    with pytest.raises(TooLong, match="decodes to 2.1 s, longer than the 2 s limit"):
+        decode_file(understated, max_audio_s=2.0)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "error"),
+    [
+        ({}, {"rate": 48_000}, r"sample rate changes mid-stream \(16000 -> 48000 Hz\)"),
+        ({}, {"channels": 2}, r"channel count changes mid-stream \(1 -> 2\)"),
+        # FFmpeg rejects the first mono frame, then decodes the others
+        ({"channels": 2}, {}, r"channel count changes mid-stream \(2 -> 1\)"),
+        ({}, {"subtype": "PCM_24"}, "rejected .* different formats"),
+        ({}, {"rate": 44_100, "channels": 2, "subtype": "PCM_24"}, "rejected .* different formats"),
+    ],
+    ids=["rate", "mono-stereo", "stereo-mono", "bit-depth", "all"],
+)
+def test_flac_files_of_different_formats_joined_are_bad_audio(
+    tmp_path: Path, first: dict[str, Any], second: dict[str, Any], error: str
+) -> None:
+    """Not the first file's audio alone (libsndfile's), nor the second decoded as the first."""
+    data = flac_bytes(1.0, **first) + flac_bytes(1.0, **second)
+    path = tmp_path / "joined.flac"
+    path.write_bytes(data)
+    for source in (data, path):
+        with pytest.raises(BadAudio, match=error):
+            decode_file(source)
+        with pytest.raises(BadAudio, match=error):
+            list(iter_decode(source))
+
+
+@pytest.mark.parametrize("declared", ["declared", "piped"])
+def test_a_cut_flac_is_bad_audio_wherever_it_is_cut(tmp_path: Path, declared: str) -> None:
+    """A cut inside the first file, or inside the second of two joined (more than the first
+    header's count decodes); a FLAC of undeclared length cut (its cut last frame was skipped as
+    a bad packet, the prefix returned); a cut between two frames (nothing rejected, but short
+    of the header's count)."""
+    whole = flac_bytes(2.0)
+    if declared == "piped":
+        whole = with_flac_total_samples(whole, 0)
+    joined = whole + flac_bytes(2.0)
+    cuts = [whole[: len(whole) // 2], joined[: len(whole) + len(whole) // 2]]
+    for cut in cuts:
+        with pytest.raises(BadAudio, match="truncated or corrupt"):
+            decode_every_way(cut, tmp_path)
+    with av.open(io.BytesIO(whole)) as container:  # where each frame starts
+        starts = [p.pos for p in container.demux(audio=0) if p.pos is not None and p.pos > 0]
+    boundary = whole[: starts[len(starts) // 2]]
+    if declared == "declared":
+        with pytest.raises(BadAudio, match="header declares 32000 frames, only"):
+            decode_every_way(boundary, tmp_path)
+    else:  # nothing says more was there: the intact frames, as for any stream
+        assert 0 < decode_file(boundary).size < 2 * SAMPLE_RATE
+
+
+def test_a_flac_frame_failing_its_checksum_is_bad_audio(tmp_path: Path) -> None:
+    """FFmpeg only logs a FLAC frame's CRC mismatch by default, and returns the damaged audio;
+    libsndfile refused the file, and so does FFmpeg told to (err_detect)."""
+    data = bytearray(flac_bytes(2.0))
+    data[len(data) // 2] ^= 0x55  # inside a frame's audio
+    with pytest.raises(BadAudio, match="truncated or corrupt"):
+        decode_every_way(bytes(data), tmp_path)
+
+
 def test_a_flac_of_undeclared_length_decodes(shared_data: Path, tmp_path: Path) -> None:
     """STREAMINFO's total samples 0 means "unknown" (a FLAC written to a pipe); libsndfile
     then reports 2**63 - 1 frames, which is not a length to refuse."""
-    data = bytearray((shared_data / "jfk" / "jfk.flac").read_bytes())
-    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0  # STREAMINFO first
-    info = 8  # after the marker and the block header
-    data[info + 13] &= 0xF0  # the 36-bit total samples: the low 4 bits of byte 13 ...
-    data[info + 14 : info + 18] = bytes(4)  # ... and bytes 14-17
+    data = with_flac_total_samples((shared_data / "jfk" / "jfk.flac").read_bytes(), 0)
     path = tmp_path / "piped.flac"
     path.write_bytes(bytes(data))
     whole = decode_file(shared_data / "jfk" / "jfk.flac")

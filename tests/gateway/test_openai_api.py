@@ -29,6 +29,7 @@ from livemeet.errors import (
 from livemeet.gateway import openai_api
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import STORE_KEY
+from tests.audio.conftest import with_flac_total_samples
 from tests.gateway.conftest import (
     MAX_AUDIO_S,
     MAX_UPLOAD_BYTES,
@@ -383,6 +384,20 @@ async def test_spill_files_of_a_crashed_run_are_removed_at_start(
 async def test_truncated_flac(client: TestClient) -> None:
     resp = await client.post("/v1/audio/transcriptions", data=form(truncated_flac()))
     await assert_error(resp, BadAudio)
+
+
+async def test_a_flac_is_transcribed_whole_whatever_its_header_says(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """A FLAC whose STREAMINFO declares 1 s holds 3 s, and two FLACs joined with cat: every
+    second is transcribed (libsndfile stopped at the header's count: 1 s, with a 200)."""
+    understated = with_flac_total_samples(wav_bytes(3.0, fmt="FLAC"), 16_000)
+    joined = wav_bytes(1.0, fmt="FLAC") + wav_bytes(2.0, fmt="FLAC")
+    for data in (understated, joined):
+        resp = await client.post("/v1/audio/transcriptions", data=form(data))
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["usage"] == {"type": "duration", "seconds": 3}
+    assert [s.log.num_samples for s in fake.sessions] == [3 * 16_000, 3 * 16_000]
 
 
 async def test_oversized_upload_with_content_length(
