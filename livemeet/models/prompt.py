@@ -127,7 +127,9 @@ class PromptConfig:
             raise ConfigError(f"{path} must hold a JSON object")
         every = raw.get("time_marker_every_seconds", TIME_MARKER_EVERY_S)
         rate = raw.get("audio_tokens_per_second", AUDIO_TOKENS_PER_SECOND)
-        if isinstance(every, float) and every.is_integer():  # 5.0: transformers takes it as 5
+        # 5.0 read as the 5 it means (transformers 5.24's processor fails on it: range() of a
+        # float); 2.5 is refused below, as there
+        if isinstance(every, float) and every.is_integer():
             every = int(every)
         if not isinstance(every, int) or every < 0:
             raise ConfigError(
