@@ -185,7 +185,11 @@ class MossTDConfig:
                 a.layers >= 1 and t.layers >= 1,
                 f"need >= 1 layer: {a.layers} audio, {t.layers} text",
             ),
-            (t.heads % t.kv_heads == 0, f"text heads {t.heads} not a multiple of {t.kv_heads}"),
+            (
+                t.heads % t.kv_heads == 0,
+                f"text heads {t.heads} not a multiple of {t.kv_heads} kv heads "
+                "(num_key_value_heads; Qwen3Config's default 32 where left out)",
+            ),
             (t.head_dim % 2 == 0, f"text head_dim {t.head_dim} must be even for RoPE"),
             (
                 0 <= self.audio_token_id < t.vocab,
