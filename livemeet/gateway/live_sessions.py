@@ -555,11 +555,18 @@ class LiveSessions:
 
     def _revision_came(self, holder: LiveSessionHolder) -> None:
         """Count the revision (`revised` with its delay from `end`, or `failed`) and store a
-        revised transcript beside the final one (best-effort: the journal is done with it)."""
+        revised transcript beside the final one, or that it failed (best-effort: the journal
+        is done with it)."""
         revised = holder.revised_transcript()
         if revised is None:
             self._metrics.live_revisions.labels("failed").inc()
-            log.warning("live session %s: no revision: %s", holder.id, holder.replay.revision)
+            failure = holder.replay.revision
+            log.warning("live session %s: no revision: %s", holder.id, failure)
+            if self._store is not None:
+                reason = failure.message if isinstance(failure, Error) else str(failure)
+                self._store.put_live_revision_failed(
+                    holder.id, holder.transcript_so_far(), holder.tokens.captions_sha256, reason
+                )
             return
         self._metrics.live_revisions.labels("revised").inc()
         if holder.ended_at is not None:

@@ -24,7 +24,7 @@ from livemeet.errors import InvalidRequest, NotFound, Unauthorized
 from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY, TRANSCRIBER_KEY
 from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.session_tokens import CAPTIONS_CHALLENGE
-from livemeet.gateway.transcript_store import TranscriptStore, token_digest
+from livemeet.gateway.transcript_store import StoredTranscript, TranscriptStore, token_digest
 from livemeet.transcriber import Error, TranscriptFinal
 from livemeet.transcript import formats
 from livemeet.transcript.language import reported_language
@@ -34,10 +34,9 @@ TRANSCRIPT_PATH = "/v1/sessions/{id}/transcript"
 STATUS_HEADER = "X-Livemeet-Transcript-Status"
 FINISH_HEADER = "X-Livemeet-Finish-Reason"
 # where the session's revision is: one stands (`revised`), one is coming (`pending`), it
-# failed (`failed`, while the server holds the session), or none will come (`none`; for a
-# session the server no longer holds also one whose revision failed: the store keeps finals
-# and revisions, not failures). A page waiting for a revision whose socket went quiet reads
-# this: "final" alone did not tell a revision still running from one that failed unheard.
+# failed (`failed`; the store keeps that too, in the revision's place), or none will come
+# (`none`). A page waiting for a revision whose socket went quiet reads this: "final" alone
+# did not tell a revision still running from one that failed unheard.
 REVISION_HEADER = "X-Livemeet-Revision"
 REVISION_DONE, REVISION_PENDING, REVISION_FAILED, REVISION_NONE = (
     "revised",
@@ -114,16 +113,22 @@ async def _stored(
     if not hmac.compare_digest(expected.encode(), token_digest(token).encode()):
         raise _unauthorized(session_id)
     try:
-        revised = await store.get_live(session_id, revised=True)
+        revised: StoredTranscript | None = await store.get_live(session_id, revised=True)
     except NotFound:
+        revised = None
+    if revised is None or revised.revision_failed is not None:
+        # the server holds a session until its revision comes or fails: gone, it has none
         if version == "revised":
-            # the server holds a session until its revision comes or fails: gone, it has none
+            why = (
+                " (it was not revised): its final one stands"
+                if revised is None
+                else f": {revised.revision_failed}"  # the error's message: "...final stands"
+            )
             raise NotFound(
-                f"live session {session_id!r} has no revised transcript, and none will come "
-                "(it was not revised, or its revision failed): its final one stands",
+                f"live session {session_id!r} has no revised transcript, and none will come{why}",
                 param="version",
-            ) from None
-        return final.transcript, FINAL, REVISION_NONE
+            )
+        return final.transcript, FINAL, REVISION_NONE if revised is None else REVISION_FAILED
     if version == "final":
         return final.transcript, FINAL, REVISION_DONE
     return revised.transcript, REVISED, REVISION_DONE

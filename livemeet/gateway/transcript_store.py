@@ -53,10 +53,15 @@ def token_digest(token: str) -> str:
 
 @dataclass(frozen=True)
 class StoredTranscript:
-    """A transcript and, for a live session's, the SHA-256 of the token that may read it."""
+    """A transcript and, for a live session's, the SHA-256 of the token that may read it.
+
+    `revision_failed`: in a live session's revision record only, why its revision failed;
+    `transcript` is then its final one, which stands (the record says the revision will not
+    come: `X-Livemeet-Revision: failed` outlives the session, where it read `none`)."""
 
     transcript: Transcript
     access_sha256: str | None = None
+    revision_failed: str | None = None
 
 
 def transcript_to_json(t: Transcript) -> dict[str, Any]:
@@ -137,6 +142,16 @@ class TranscriptStore:
             StoredTranscript(transcript, access_sha256),
         )
 
+    def put_live_revision_failed(
+        self, session_id: str, final: Transcript, access_sha256: str, reason: str
+    ) -> asyncio.Task[bool]:
+        """Record that a live session's revision failed (`reason`), in the place of its revised
+        transcript: `get_live(revised=True)` then returns `final` with `revision_failed`."""
+        return self._put(
+            live_transcript_id(session_id, revised=True),
+            StoredTranscript(final, access_sha256, revision_failed=reason),
+        )
+
     async def get(self, transcription_id: str) -> Transcript:
         """An upload's transcript. Raises NotFound for unknown or malformed ids (a live
         session's store id included: those are read with their token, `get_live`)."""
@@ -160,6 +175,8 @@ class TranscriptStore:
         record = transcript_to_json(stored.transcript)
         if stored.access_sha256 is not None:
             record["access_sha256"] = stored.access_sha256
+        if stored.revision_failed is not None:
+            record["revision_failed"] = stored.revision_failed
         body = json.dumps(record, ensure_ascii=False)
         task = asyncio.get_running_loop().create_task(self._write(key, body))
         self._writing[key] = task  # before _remember: it must not evict this one
@@ -180,7 +197,11 @@ class TranscriptStore:
         except FileNotFoundError:
             raise NotFound(not_found) from None
         record = json.loads(text)
-        stored = StoredTranscript(transcript_from_json(record), record.get("access_sha256"))
+        stored = StoredTranscript(
+            transcript_from_json(record),
+            record.get("access_sha256"),
+            record.get("revision_failed"),  # absent from every record but a failed revision's
+        )
         self._remember(key, stored)
         return stored
 

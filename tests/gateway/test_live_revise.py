@@ -23,6 +23,7 @@ from livemeet.gateway.app import create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import LIFECYCLE_KEY, REGISTRY_KEY, SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.session_transcript import revision_state
+from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.transcriber import Error, TranscriptFinal
 from livemeet.transcript.segments import FinishReason, Segment
 from tests.gateway.conftest import ClientFactory, pcm16
@@ -192,7 +193,8 @@ async def test_the_transcript_versions_of_a_session_say_whether_a_revision_comes
         return
     await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
     await client.app[STORE_KEY].flush()
-    assert "none will come" in await revised_404(client, ready)  # stored, the session gone
+    message = await revised_404(client, ready)  # stored, the session gone
+    assert "none will come (it was not revised): its final one stands" in message
     stored = await client.get(transcript_url(ready, "json"))
     assert stored.headers["X-Livemeet-Revision"] == "none"
 
@@ -234,12 +236,21 @@ async def test_a_failed_revision_is_an_error_frame_then_a_normal_close_and_the_f
     assert metric(client, "livemeet_live_revisions_total", result="failed") == 1
     await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
     await client.app[STORE_KEY].flush()
+    # the session let go, the store says the revision failed (it said `none`, as of a session
+    # never to be revised: the store kept no failures); on disk too (a restart reads it)
     response = await client.get(transcript_url(ready, "verbose_json"))
     assert response.headers["X-Livemeet-Transcript-Status"] == "final"
-    assert response.headers["X-Livemeet-Revision"] == "none"  # stored: none will come
+    assert response.headers["X-Livemeet-Revision"] == "failed"
     body = json.loads(await response.text())
     assert [s["text"] for s in body["segments"]] == [s["text"] for s in final["segments"]]
-    assert "none will come" in await revised_404(client, ready)
+    message = await revised_404(client, ready)
+    assert "none will come: the revision failed" in message
+    assert "scripted revision failure" in message
+    final_only = await client.get(transcript_url(ready, "json") + "&version=final")
+    assert final_only.headers["X-Livemeet-Revision"] == "failed"
+    reread = TranscriptStore(client.app[STORE_KEY].directory)
+    failed = await reread.get_live(ready["session_id"], revised=True)
+    assert failed.revision_failed is not None and "scripted revision" in failed.revision_failed
 
 
 @pytest.fixture

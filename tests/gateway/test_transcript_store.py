@@ -100,6 +100,24 @@ async def test_a_live_sessions_transcript_is_kept_with_its_tokens_digest(tmp_pat
         await store.get_live("another")
 
 
+async def test_a_failed_revision_is_kept_in_the_revisions_place(tmp_path: Path) -> None:
+    """Once the server let a session go, its failed revision read as none coming: the store
+    kept finals and revisions, not failures. The failure is kept where the revision would be,
+    with the final that stands; a revised transcript's record has none."""
+    store = TranscriptStore(tmp_path)
+    store.put_live("s-1", transcript("final"), "t")
+    sha = token_digest("t")
+    store.put_live_revision_failed("s-1", transcript("final"), sha, "decode failed")
+    store.put_live_digest("s-2", transcript("revised"), sha, revised=True)
+    await store.flush()
+    fresh = TranscriptStore(tmp_path)
+    failed = await fresh.get_live("s-1", revised=True)
+    assert failed.revision_failed == "decode failed" and failed.access_sha256 == sha
+    assert failed.transcript.segments[0].text == "final"
+    assert (await fresh.get_live("s-1")).revision_failed is None
+    assert (await fresh.get_live("s-2", revised=True)).revision_failed is None
+
+
 async def test_speaker_names_are_kept_and_old_files_without_them_read(tmp_path: Path) -> None:
     store = TranscriptStore(tmp_path)
     named = replace(transcript("live"), speaker_names=(("S02", "Bob"), ("S01", "Zoë")))
