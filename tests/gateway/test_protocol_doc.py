@@ -95,3 +95,15 @@ async def next_answer(ws: ClientWebSocketResponse) -> dict[str, object]:
         frame: dict[str, object] = await asyncio.wait_for(ws.receive_json(), 5)
         if frame["type"] not in ("audio.ack", "segment.partial", "segment.final"):
             return frame
+
+
+def test_the_revision_section_names_the_resampler_presets_it_depends_on() -> None:
+    """A revision reads the live stream's resampled audio, an upload its own (a trial: the
+    revision of a 48 kHz meeting differed from the upload of its file): the presets the
+    Revision section names are the ones the code uses."""
+    from livemeet.audio.constants import FILE_RESAMPLE_QUALITY, LIVE_RESAMPLE_QUALITY
+
+    text = DOC.read_text()
+    section = text[text.index("### Revision") : text.index("### Speaker names")]
+    assert f"soxr `{LIVE_RESAMPLE_QUALITY}`" in section
+    assert f"the `{FILE_RESAMPLE_QUALITY}` resampling an upload" in section
