@@ -12,6 +12,7 @@ from pathlib import Path
 from aiohttp import ClientWebSocketResponse, WSMsgType
 from aiohttp.test_utils import TestClient
 
+from livemeet.audio.constants import FILE_RESAMPLE_QUALITY, LIVE_RESAMPLE_QUALITY
 from livemeet.errors import ERROR_CLASSES
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_ws_captions import stream
@@ -101,8 +102,6 @@ def test_the_revision_section_names_the_resampler_presets_it_depends_on() -> Non
     """A revision reads the live stream's resampled audio, an upload its own (a trial: the
     revision of a 48 kHz meeting differed from the upload of its file): the presets the
     Revision section names are the ones the code uses."""
-    from livemeet.audio.constants import FILE_RESAMPLE_QUALITY, LIVE_RESAMPLE_QUALITY
-
     text = DOC.read_text()
     section = text[text.index("### Revision") : text.index("### Speaker names")]
     assert f"soxr `{LIVE_RESAMPLE_QUALITY}`" in section
