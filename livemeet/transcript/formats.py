@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import replace
@@ -29,6 +30,7 @@ from livemeet.transcript.segments import Segment, Transcript
 CHARSET = "utf-8"  # every body is text in this encoding; content types carry no charset
 UNKNOWN_LANGUAGE = "unknown"  # verbose_json's required `language` when none was given
 _CUE_ARROW = "-->"  # the SRT/WebVTT timing separator; must never appear in cue text
+_ARROW_RUN = re.compile(r"-{2,}>")  # a `-->`, with any dashes before it
 _SEEK_FRAMES_PER_S = 100  # Whisper's `seek` unit: mel frames of 10 ms
 
 
@@ -136,13 +138,13 @@ def to_srt(
     name from `names` where it has one: `Alice: `; a label `merged` away shows as its target).
 
     Newlines inside a segment become spaces (a blank line would end the cue) and `-->` becomes
-    `->` (SRT has no escape for it).
+    `->` (SRT has no escape for it), as does any longer run of dashes before a `>` (`--->`
+    replaced once would be `-->` again).
     """
     cues: list[str] = []
     for segment in _cue_segments(segments):
-        text = _one_line(segment.text).replace(_CUE_ARROW, "->")
-        speaker = _shown_speaker(segment.speaker, names, merged)
-        speaker = _one_line(speaker).replace(_CUE_ARROW, "->")
+        text = _no_arrow(_one_line(segment.text))
+        speaker = _no_arrow(_one_line(_shown_speaker(segment.speaker, names, merged)))
         prefix = f"{speaker}: " if speaker else ""
         timing = f"{srt_timestamp(segment.start_s)} {_CUE_ARROW} {srt_timestamp(segment.end_s)}"
         cues.append(f"{len(cues) + 1}\n{timing}\n{prefix}{text}\n")
@@ -211,6 +213,11 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _no_arrow(text: str) -> str:
+    """`text` with every run of two or more dashes before a `>` written `->`: no `-->` is left."""
+    return _ARROW_RUN.sub("->", text)
 
 
 def _vtt_escape(text: str) -> str:

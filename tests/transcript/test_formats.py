@@ -382,3 +382,17 @@ def test_a_merged_labels_cues_show_its_target_and_json_gains_a_merged_map() -> N
 @pytest.mark.parametrize("fmt", list(ResponseFormat))
 def test_a_transcript_without_merges_has_no_merged_map(fmt: ResponseFormat) -> None:
     assert "merged" not in render(NAMED, fmt).body
+
+
+@pytest.mark.parametrize("arrow", ["--->", "---->", "-- -->", "-->>", "------>"])
+def test_srt_cue_text_never_holds_an_arrow_however_many_dashes(arrow: str) -> None:
+    """`-->` becomes `->` until none is left: one pass turned `--->` into `-->` again (the
+    timing separator, which SRT cannot escape), in the text and in a speaker's name."""
+    t = Transcript(
+        (segment(1, 2, f"a {arrow} b"), segment(3, 4, "next", "S02")),
+        4.0,
+        speaker_names=(("S02", f"Ann {arrow} Z"),),
+    )
+    body = render(t, ResponseFormat.SRT).body
+    assert body.count("-->") == 2  # only the timing lines
+    assert [c.content.count("->") > 0 for c in srt.parse(body)] == [True, True]
