@@ -199,7 +199,9 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
     """Segments with text, each lasting at least 1 ms once written in whole ms: a cue's end
     must come after its start (WebVTT section 4.1; players drop or misplace zero-length
     SubRip cues), and a model may stamp a segment with one time or a start pushed up to the
-    previous one's."""
+    previous one's. In order of their starts in whole ms (stably): a cue may not start before
+    an earlier one in the file (WebVTT 4.1, cue timings), and a model may write a segment
+    that starts before the one ahead of it."""
     cues = []
     for s in segments:
         if not s.text.strip():
@@ -208,7 +210,7 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
         if _whole_ms(s.end_s) <= start_ms:
             s = replace(s, end_s=(start_ms + 1) / 1000)
         cues.append(s)
-    return cues
+    return sorted(cues, key=lambda s: _whole_ms(s.start_s))
 
 
 def _one_line(text: str) -> str:

@@ -297,7 +297,8 @@ def test_any_text_gives_one_parseable_cue_per_nonempty_segment(
 ) -> None:
     segments = tuple(segment(start, start + length, text, spk) for start, length, spk, text in rows)
     t = Transcript(segments, 40_000.0)
-    kept = [s for s in segments if s.text.strip()]
+    # cues in order of their starts in whole ms (stably)
+    kept = sorted((s for s in segments if s.text.strip()), key=lambda s: round(s.start_s * 1000))
     srt_cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
     assert len(srt_cues) == len(kept)
     for cue, s in zip(srt_cues, kept, strict=True):
@@ -396,3 +397,30 @@ def test_srt_cue_text_never_holds_an_arrow_however_many_dashes(arrow: str) -> No
     body = render(t, ResponseFormat.SRT).body
     assert body.count("-->") == 2  # only the timing lines
     assert [c.content.count("->") > 0 for c in srt.parse(body)] == [True, True]
+
+
+def test_cues_are_in_order_of_their_starts_whatever_the_segments_order() -> None:
+    """A WebVTT cue's start must be >= every earlier cue's (W3C WebVTT 4.1, cue timings) and
+    SRT players number and show cues in file order; a model may write a segment that starts
+    before the one ahead of it (overlapping speech), so the cues are sorted by start (stably:
+    equal starts keep their order); JSON keeps the segments as written."""
+    t = Transcript(
+        (
+            segment(5, 6, "third"),
+            segment(1, 2, "first"),
+            segment(3, 9, "second"),
+            segment(5, 5.5, "fourth"),
+        ),
+        9.0,
+    )
+    vtt = parse_vtt(render(t, ResponseFormat.VTT).body)
+    assert [c.text for c in vtt] == ["first", "second", "third", "fourth"]
+    cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
+    assert [(c.index, c.content) for c in cues] == [
+        (1, "S01: first"),
+        (2, "S01: second"),
+        (3, "S01: third"),
+        (4, "S01: fourth"),
+    ]
+    segs = json.loads(render(t, ResponseFormat.DIARIZED_JSON).body)["segments"]
+    assert [s["text"] for s in segs] == ["third", "first", "second", "fourth"]
