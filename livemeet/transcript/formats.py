@@ -161,12 +161,13 @@ def to_vtt(
     its target).
 
     Text is one line with `&`, `<`, `>` escaped as character references (so `-->` cannot occur,
-    WebVTT section 4.1).
+    WebVTT section 4.1); so is the voice's name, whose last `-` is written `&#45;` too (`<v
+    Team A -->` would hold `-->`, which a parser reads as the next cue's timings).
     """
     cues = ["WEBVTT\n"]
     for segment in _cue_segments(segments):
         text = _vtt_escape(_one_line(segment.text))
-        speaker = _vtt_escape(_one_line(_shown_speaker(segment.speaker, names, merged)))
+        speaker = _vtt_voice(_one_line(_shown_speaker(segment.speaker, names, merged)))
         timing = f"{vtt_timestamp(segment.start_s)} {_CUE_ARROW} {vtt_timestamp(segment.end_s)}"
         cues.append(f"{timing}\n<v {speaker}>{text}</v>\n" if speaker else f"{timing}\n{text}\n")
     return "\n".join(cues)
@@ -224,6 +225,13 @@ def _no_arrow(text: str) -> str:
 
 def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _vtt_voice(name: str) -> str:
+    """`name` as a voice span's annotation: escaped, and a final `-` as a character reference,
+    so the tag's closing `>` cannot follow two dashes."""
+    escaped = _vtt_escape(name)
+    return escaped[:-1] + "&#45;" if escaped.endswith("-") else escaped
 
 
 # ---- JSON

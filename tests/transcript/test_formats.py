@@ -424,3 +424,24 @@ def test_cues_are_in_order_of_their_starts_whatever_the_segments_order() -> None
     ]
     segs = json.loads(render(t, ResponseFormat.DIARIZED_JSON).body)["segments"]
     assert [s["text"] for s in segs] == ["third", "first", "second", "fourth"]
+
+
+@pytest.mark.parametrize("name", ["Team A --", "x--", "--", "Bob ---", "Ann-"])
+def test_a_speaker_name_ending_in_dashes_does_not_close_its_voice_tag_as_an_arrow(
+    name: str,
+) -> None:
+    """`<v Team A -->` holds `-->`: a WebVTT parser reads that payload line as the next cue's
+    timings, and the cue's text is lost (webvtt-py found no text in it). A name's last dash is
+    written as a character reference, so the tag's `>` never follows two dashes."""
+    t = Transcript(
+        (segment(1, 2, "hello there"), segment(3, 4, "second", "S02")),
+        4.0,
+        speaker_names=(("S01", name),),
+    )
+    body = render(t, ResponseFormat.VTT).body
+    assert body.count("-->") == 2  # only the timing lines
+    cues = parse_vtt(body)
+    assert [(html.unescape(c.voice), c.text) for c in cues] == [
+        (name, "hello there"),
+        ("S02", "second"),
+    ]
