@@ -547,7 +547,7 @@ async def _write_stream(
             done = {
                 "type": "transcript.text.done",
                 "text": transcript.text,
-                "duration": transcript.duration_s,
+                "duration": round(transcript.duration_s, 3),  # as the JSON bodies give it
             }
             await response.write(encode_event(done))
             break

@@ -200,6 +200,20 @@ async def test_stream_sse_events(client: TestClient) -> None:
             assert sent.endswith(events[i]["text"])
 
 
+async def test_the_done_events_duration_is_the_bodies_duration_in_whole_ms(
+    client: TestClient,
+) -> None:
+    """Times are floats of 3 decimals (docs/protocol.md): a file of 5 s and one sample gave
+    `duration` 5.0000625 in `transcript.text.done`, 5.0 in verbose_json (a trial)."""
+    audio = wav_bytes(5.0 + 1 / 16_000)
+    resp = await client.post("/v1/audio/transcriptions", data=form(audio, stream="true"))
+    done = parse_sse(await resp.text())[-1]
+    resp = await client.post(
+        "/v1/audio/transcriptions", data=form(audio, response_format="verbose_json")
+    )
+    assert done["duration"] == (await resp.json())["duration"] == 5.0
+
+
 async def test_stream_sends_segments_when_backend_commits_only_at_end(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
