@@ -192,8 +192,10 @@ def _timestamp(seconds: float, decimal_marker: str) -> str:
 
 
 def _whole_ms(seconds: float) -> int:
-    """A cue time as written: whole milliseconds, negative times clamped to 0."""
-    return round(max(0.0, seconds) * 1000)
+    """A cue time as written: whole milliseconds, negative times clamped to 0; the JSON
+    bodies' `round(t, 3)` in ms, so every format gives the same time (`round(t * 1000)`
+    rounds a product on a half ms to even: 0.0025 s was 0.003 in JSON, 00:00:00.002 in cues)."""
+    return round(round(max(0.0, seconds), 3) * 1000)
 
 
 def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:

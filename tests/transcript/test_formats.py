@@ -445,3 +445,17 @@ def test_a_speaker_name_ending_in_dashes_does_not_close_its_voice_tag_as_an_arro
         (name, "hello there"),
         ("S02", "second"),
     ]
+
+
+@pytest.mark.parametrize("start", [0.0025, 1.0005, 3599.9995, 59.9996, 40 / 16_000, 7.0000625])
+def test_cue_times_are_the_json_times(start: float) -> None:
+    """A time on a half millisecond (a live cut on a sample, 40 samples at 16 kHz = 2.5 ms)
+    was written 0.003 in JSON (`round(t, 3)`) and 00:00:00.002 in the cues (`round(t * 1000)`
+    rounds the product half to even): the same transcript's formats said different times."""
+    t = Transcript((segment(start, start + 1, "words"),), start + 1)
+    verbose = json.loads(render(t, ResponseFormat.VERBOSE_JSON).body)["segments"][0]
+    (cue,) = srt.parse(render(t, ResponseFormat.SRT).body)
+    assert cue.start == timedelta(milliseconds=round(verbose["start"] * 1000))
+    assert cue.end == timedelta(milliseconds=round(verbose["end"] * 1000))
+    (vcue,) = parse_vtt(render(t, ResponseFormat.VTT).body)
+    assert vcue.start == vtt_timestamp(verbose["start"])
