@@ -529,14 +529,15 @@ async def _write_stream(
         elif isinstance(item, TextDelta):
             await _send_delta(response, flusher.push(tracker.on_backend_delta(item.text), now))
         elif isinstance(item, SegmentFinal):
-            flusher.push(tracker.on_final_segment(item.segment.text), now)
-            await _send_delta(response, flusher.finish())
+            # what the push hands back (held text overdue by now) goes too, then the rest
+            held = flusher.push(tracker.on_final_segment(item.segment.text), now)
+            await _send_delta(response, held + flusher.finish())
             await response.write(encode_event(_segment_event(item.segment)))
             num_segments_sent += 1
         elif isinstance(item, TranscriptFinal):
             transcript = _to_transcript(item, _language(request, form))
-            flusher.push(tracker.final_tail(transcript.text), now)
-            await _send_delta(response, flusher.finish())
+            held = flusher.push(tracker.final_tail(transcript.text), now)
+            await _send_delta(response, held + flusher.finish())
             # Backends that commit only at the end send no SegmentFinal: send the rest here.
             for segment in item.segments[num_segments_sent:]:
                 await response.write(encode_event(_segment_event(segment)))
@@ -547,7 +548,7 @@ async def _write_stream(
             done = {
                 "type": "transcript.text.done",
                 "text": transcript.text,
-                "duration": transcript.duration_s,
+                "duration": round(transcript.duration_s, 3),  # as the JSON bodies give it
             }
             await response.write(encode_event(done))
             break

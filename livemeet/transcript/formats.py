@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 from collections.abc import Mapping
 from dataclasses import replace
@@ -29,6 +30,7 @@ from livemeet.transcript.segments import Segment, Transcript
 CHARSET = "utf-8"  # every body is text in this encoding; content types carry no charset
 UNKNOWN_LANGUAGE = "unknown"  # verbose_json's required `language` when none was given
 _CUE_ARROW = "-->"  # the SRT/WebVTT timing separator; must never appear in cue text
+_ARROW_RUN = re.compile(r"-{2,}>")  # a `-->`, with any dashes before it
 _SEEK_FRAMES_PER_S = 100  # Whisper's `seek` unit: mel frames of 10 ms
 
 
@@ -136,13 +138,13 @@ def to_srt(
     name from `names` where it has one: `Alice: `; a label `merged` away shows as its target).
 
     Newlines inside a segment become spaces (a blank line would end the cue) and `-->` becomes
-    `->` (SRT has no escape for it).
+    `->` (SRT has no escape for it), as does any longer run of dashes before a `>` (`--->`
+    replaced once would be `-->` again).
     """
     cues: list[str] = []
     for segment in _cue_segments(segments):
-        text = _one_line(segment.text).replace(_CUE_ARROW, "->")
-        speaker = _shown_speaker(segment.speaker, names, merged)
-        speaker = _one_line(speaker).replace(_CUE_ARROW, "->")
+        text = _no_arrow(_one_line(segment.text))
+        speaker = _no_arrow(_one_line(_shown_speaker(segment.speaker, names, merged)))
         prefix = f"{speaker}: " if speaker else ""
         timing = f"{srt_timestamp(segment.start_s)} {_CUE_ARROW} {srt_timestamp(segment.end_s)}"
         cues.append(f"{len(cues) + 1}\n{timing}\n{prefix}{text}\n")
@@ -159,12 +161,13 @@ def to_vtt(
     its target).
 
     Text is one line with `&`, `<`, `>` escaped as character references (so `-->` cannot occur,
-    WebVTT section 4.1).
+    WebVTT section 4.1); so is the voice's name, whose last `-` is written `&#45;` too (`<v
+    Team A -->` would hold `-->`, which a parser reads as the next cue's timings).
     """
     cues = ["WEBVTT\n"]
     for segment in _cue_segments(segments):
         text = _vtt_escape(_one_line(segment.text))
-        speaker = _vtt_escape(_one_line(_shown_speaker(segment.speaker, names, merged)))
+        speaker = _vtt_voice(_one_line(_shown_speaker(segment.speaker, names, merged)))
         timing = f"{vtt_timestamp(segment.start_s)} {_CUE_ARROW} {vtt_timestamp(segment.end_s)}"
         cues.append(f"{timing}\n<v {speaker}>{text}</v>\n" if speaker else f"{timing}\n{text}\n")
     return "\n".join(cues)
@@ -189,15 +192,19 @@ def _timestamp(seconds: float, decimal_marker: str) -> str:
 
 
 def _whole_ms(seconds: float) -> int:
-    """A cue time as written: whole milliseconds, negative times clamped to 0."""
-    return round(max(0.0, seconds) * 1000)
+    """A cue time as written: whole milliseconds, negative times clamped to 0; the JSON
+    bodies' `round(t, 3)` in ms, so every format gives the same time (`round(t * 1000)`
+    rounds a product on a half ms to even: 0.0025 s was 0.003 in JSON, 00:00:00.002 in cues)."""
+    return round(round(max(0.0, seconds), 3) * 1000)
 
 
 def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
     """Segments with text, each lasting at least 1 ms once written in whole ms: a cue's end
     must come after its start (WebVTT section 4.1; players drop or misplace zero-length
     SubRip cues), and a model may stamp a segment with one time or a start pushed up to the
-    previous one's."""
+    previous one's. In order of their starts in whole ms (stably): a cue may not start before
+    an earlier one in the file (WebVTT 4.1, cue timings), and a model may write a segment
+    that starts before the one ahead of it."""
     cues = []
     for s in segments:
         if not s.text.strip():
@@ -206,15 +213,27 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
         if _whole_ms(s.end_s) <= start_ms:
             s = replace(s, end_s=(start_ms + 1) / 1000)
         cues.append(s)
-    return cues
+    return sorted(cues, key=lambda s: _whole_ms(s.start_s))
 
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _no_arrow(text: str) -> str:
+    """`text` with every run of two or more dashes before a `>` written `->`: no `-->` is left."""
+    return _ARROW_RUN.sub("->", text)
+
+
 def _vtt_escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _vtt_voice(name: str) -> str:
+    """`name` as a voice span's annotation: escaped, and a final `-` as a character reference,
+    so the tag's closing `>` cannot follow two dashes."""
+    escaped = _vtt_escape(name)
+    return escaped[:-1] + "&#45;" if escaped.endswith("-") else escaped
 
 
 # ---- JSON

@@ -8,6 +8,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -198,6 +199,36 @@ async def test_stream_sse_events(client: TestClient) -> None:
         if kind == "transcript.text.segment":
             sent = "".join(e["delta"] for e in events[:i] if e["type"] == "transcript.text.delta")
             assert sent.endswith(events[i]["text"])
+
+
+async def test_the_done_events_duration_is_the_bodies_duration_in_whole_ms(
+    client: TestClient,
+) -> None:
+    """Times are floats of 3 decimals (docs/protocol.md): a file of 5 s and one sample gave
+    `duration` 5.0000625 in `transcript.text.done`, 5.0 in verbose_json (a trial)."""
+    audio = wav_bytes(5.0 + 1 / 16_000)
+    resp = await client.post("/v1/audio/transcriptions", data=form(audio, stream="true"))
+    done = parse_sse(await resp.text())[-1]
+    resp = await client.post(
+        "/v1/audio/transcriptions", data=form(audio, response_format="verbose_json")
+    )
+    assert done["duration"] == (await resp.json())["duration"] == 5.0
+
+
+@pytest.mark.parametrize("tick_s", [0.005, 0.013, 0.015, 0.02, 0.03])
+async def test_a_delta_held_past_its_flush_time_is_sent_before_the_segment_event(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, tick_s: float
+) -> None:
+    """A delta held for the flush window and overdue when a segment event (or the final)
+    came was taken out of the flusher by that event's push and dropped: the deltas lacked a
+    segment's words (a trial: 10,000 segments, a busy loop). A clock that moves `tick_s` a
+    read makes held text overdue at a segment's push, as a busy loop does."""
+    clock = iter(range(10**6))
+    monkeypatch.setattr(openai_api, "time", SimpleNamespace(monotonic=lambda: next(clock) * tick_s))
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(5.0), stream="true"))
+    events = parse_sse(await resp.text())
+    deltas = "".join(e["delta"] for e in events if e["type"] == "transcript.text.delta")
+    assert deltas == events[-1]["text"] == expected_upload_text(5.0)
 
 
 async def test_stream_sends_segments_when_backend_commits_only_at_end(

@@ -297,7 +297,8 @@ def test_any_text_gives_one_parseable_cue_per_nonempty_segment(
 ) -> None:
     segments = tuple(segment(start, start + length, text, spk) for start, length, spk, text in rows)
     t = Transcript(segments, 40_000.0)
-    kept = [s for s in segments if s.text.strip()]
+    # cues in order of their starts in whole ms (stably)
+    kept = sorted((s for s in segments if s.text.strip()), key=lambda s: round(s.start_s * 1000))
     srt_cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
     assert len(srt_cues) == len(kept)
     for cue, s in zip(srt_cues, kept, strict=True):
@@ -382,3 +383,79 @@ def test_a_merged_labels_cues_show_its_target_and_json_gains_a_merged_map() -> N
 @pytest.mark.parametrize("fmt", list(ResponseFormat))
 def test_a_transcript_without_merges_has_no_merged_map(fmt: ResponseFormat) -> None:
     assert "merged" not in render(NAMED, fmt).body
+
+
+@pytest.mark.parametrize("arrow", ["--->", "---->", "-- -->", "-->>", "------>"])
+def test_srt_cue_text_never_holds_an_arrow_however_many_dashes(arrow: str) -> None:
+    """`-->` becomes `->` until none is left: one pass turned `--->` into `-->` again (the
+    timing separator, which SRT cannot escape), in the text and in a speaker's name."""
+    t = Transcript(
+        (segment(1, 2, f"a {arrow} b"), segment(3, 4, "next", "S02")),
+        4.0,
+        speaker_names=(("S02", f"Ann {arrow} Z"),),
+    )
+    body = render(t, ResponseFormat.SRT).body
+    assert body.count("-->") == 2  # only the timing lines
+    assert [c.content.count("->") > 0 for c in srt.parse(body)] == [True, True]
+
+
+def test_cues_are_in_order_of_their_starts_whatever_the_segments_order() -> None:
+    """A WebVTT cue's start must be >= every earlier cue's (W3C WebVTT 4.1, cue timings) and
+    SRT players number and show cues in file order; a model may write a segment that starts
+    before the one ahead of it (overlapping speech), so the cues are sorted by start (stably:
+    equal starts keep their order); JSON keeps the segments as written."""
+    t = Transcript(
+        (
+            segment(5, 6, "third"),
+            segment(1, 2, "first"),
+            segment(3, 9, "second"),
+            segment(5, 5.5, "fourth"),
+        ),
+        9.0,
+    )
+    vtt = parse_vtt(render(t, ResponseFormat.VTT).body)
+    assert [c.text for c in vtt] == ["first", "second", "third", "fourth"]
+    cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
+    assert [(c.index, c.content) for c in cues] == [
+        (1, "S01: first"),
+        (2, "S01: second"),
+        (3, "S01: third"),
+        (4, "S01: fourth"),
+    ]
+    segs = json.loads(render(t, ResponseFormat.DIARIZED_JSON).body)["segments"]
+    assert [s["text"] for s in segs] == ["third", "first", "second", "fourth"]
+
+
+@pytest.mark.parametrize("name", ["Team A --", "x--", "--", "Bob ---", "Ann-"])
+def test_a_speaker_name_ending_in_dashes_does_not_close_its_voice_tag_as_an_arrow(
+    name: str,
+) -> None:
+    """`<v Team A -->` holds `-->`: a WebVTT parser reads that payload line as the next cue's
+    timings, and the cue's text is lost (webvtt-py found no text in it). A name's last dash is
+    written as a character reference, so the tag's `>` never follows two dashes."""
+    t = Transcript(
+        (segment(1, 2, "hello there"), segment(3, 4, "second", "S02")),
+        4.0,
+        speaker_names=(("S01", name),),
+    )
+    body = render(t, ResponseFormat.VTT).body
+    assert body.count("-->") == 2  # only the timing lines
+    cues = parse_vtt(body)
+    assert [(html.unescape(c.voice), c.text) for c in cues] == [
+        (name, "hello there"),
+        ("S02", "second"),
+    ]
+
+
+@pytest.mark.parametrize("start", [0.0025, 1.0005, 3599.9995, 59.9996, 40 / 16_000, 7.0000625])
+def test_cue_times_are_the_json_times(start: float) -> None:
+    """A time on a half millisecond (a live cut on a sample, 40 samples at 16 kHz = 2.5 ms)
+    was written 0.003 in JSON (`round(t, 3)`) and 00:00:00.002 in the cues (`round(t * 1000)`
+    rounds the product half to even): the same transcript's formats said different times."""
+    t = Transcript((segment(start, start + 1, "words"),), start + 1)
+    verbose = json.loads(render(t, ResponseFormat.VERBOSE_JSON).body)["segments"][0]
+    (cue,) = srt.parse(render(t, ResponseFormat.SRT).body)
+    assert cue.start == timedelta(milliseconds=round(verbose["start"] * 1000))
+    assert cue.end == timedelta(milliseconds=round(verbose["end"] * 1000))
+    (vcue,) = parse_vtt(render(t, ResponseFormat.VTT).body)
+    assert vcue.start == vtt_timestamp(verbose["start"])
