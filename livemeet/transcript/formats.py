@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 import zlib
 from collections.abc import Mapping
 from dataclasses import replace
@@ -207,7 +208,7 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
     that starts before the one ahead of it."""
     cues = []
     for s in segments:
-        if not s.text.strip():
+        if not _one_line(s.text):  # no text left on a cue line (whitespace, controls)
             continue
         start_ms = _whole_ms(s.start_s)
         if _whole_ms(s.end_s) <= start_ms:
@@ -217,7 +218,12 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """`text` as one cue line: whitespace runs (newlines included) as one space, and the other
+    control characters (C0, DEL, C1: category Cc) dropped. A byte-level tokenizer can write a
+    NUL or an ESC: a player in C cut the cue at a NUL, and a terminal ran an escape."""
+    return " ".join(
+        "".join(c for c in part if unicodedata.category(c) != "Cc") for part in text.split()
+    )
 
 
 def _no_arrow(text: str) -> str:

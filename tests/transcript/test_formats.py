@@ -11,6 +11,7 @@ import html
 import io
 import json
 import re
+import unicodedata
 from dataclasses import replace
 from datetime import timedelta
 
@@ -250,6 +251,27 @@ def test_empty_text_segments_make_no_cues() -> None:
     assert len(json.loads(render(t, ResponseFormat.VERBOSE_JSON).body)["segments"]) == 2
 
 
+def test_control_characters_are_left_out_of_cues_and_kept_in_json() -> None:
+    """A byte-level tokenizer can write a NUL, an ESC or a C1 control: they went into cues (a
+    player in C cut the cue at the NUL; a terminal ran the escape); a segment of controls
+    alone made an empty cue line, which ends an SRT cue early. JSON keeps the text exactly."""
+    text = "a\x00b \x1b[31mred\x7f \x85c"
+    t = Transcript((segment(0, 1, text), segment(1, 2, "\x00\x07"), segment(2, 3, "next")), 3.0)
+    assert [c.content for c in srt.parse(render(t, ResponseFormat.SRT).body)] == [
+        "S01: ab [31mred c",
+        "S01: next",
+    ]
+    assert [c.text for c in parse_vtt(render(t, ResponseFormat.VTT).body)] == [
+        "ab [31mred c",
+        "next",
+    ]
+    for fmt in (ResponseFormat.SRT, ResponseFormat.VTT):
+        body = render(t, fmt).body
+        assert not any(unicodedata.category(ch) == "Cc" for ch in body.replace("\n", ""))
+    segs = json.loads(render(t, ResponseFormat.DIARIZED_JSON).body)["segments"]
+    assert [s["text"] for s in segs] == [text, "\x00\x07", "next"]
+
+
 def test_zero_length_segments_make_cues_of_one_millisecond() -> None:
     """A cue's end must come after its start (WebVTT 4.1): a segment stamped with one time,
     or one whose end rounds to its start's millisecond, lasts 1 ms in SRT and VTT (a review
@@ -280,10 +302,12 @@ def test_empty_transcript() -> None:
     assert diarized.segments == []
 
 
-_texts = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_characters="\x00"),
-    max_size=40,
-)
+_texts = st.text(alphabet=st.characters(codec="utf-8"), max_size=40)
+
+
+def _on_a_cue(text: str) -> bool:
+    """Whether `text` leaves anything on a cue line: a character not whitespace nor control."""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cc" for ch in text)
 
 
 @given(
@@ -298,7 +322,7 @@ def test_any_text_gives_one_parseable_cue_per_nonempty_segment(
     segments = tuple(segment(start, start + length, text, spk) for start, length, spk, text in rows)
     t = Transcript(segments, 40_000.0)
     # cues in order of their starts in whole ms (stably)
-    kept = sorted((s for s in segments if s.text.strip()), key=lambda s: round(s.start_s * 1000))
+    kept = sorted((s for s in segments if _on_a_cue(s.text)), key=lambda s: round(s.start_s * 1000))
     srt_cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
     assert len(srt_cues) == len(kept)
     for cue, s in zip(srt_cues, kept, strict=True):
