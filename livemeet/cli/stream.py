@@ -158,8 +158,13 @@ def live_url(url: str) -> str:
     LIVE_PATH (a WebSocket URL needs a path; the server's root is its web page, which the client
     reported only as "server rejected WebSocket connection: HTTP 200": a user trial). An
     http/https URL is the address of the server's page, as a browser shows it, never an endpoint.
-    Raises InvalidRequest for another scheme, no host or a fragment."""
-    parts = urllib.parse.urlsplit(url)
+    Raises InvalidRequest for another scheme, no host, a malformed host or port, or a
+    fragment."""
+    try:  # an unclosed IPv6 bracket, or a port not a number in 0-65535: ValueError
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port
+    except ValueError as exc:
+        raise InvalidRequest(f"--url {url!r} is not a valid URL: {exc}", param="url") from exc
     scheme = _WS_SCHEMES.get(parts.scheme.lower())
     if scheme is None or not parts.hostname:
         raise InvalidRequest(

@@ -871,7 +871,18 @@ def test_stream_url_names_the_live_endpoint(given: str, used: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "given", ["127.0.0.1:8000", "localhost:8000", "ftp://h/v1/live", "ws:///v1/live", "ws://h/#x"]
+    "given",
+    [
+        "127.0.0.1:8000",
+        "localhost:8000",
+        "ftp://h/v1/live",
+        "ws:///v1/live",
+        "ws://h/#x",
+        # urlsplit and .port raise ValueError on these: a traceback and exit 1 (a CLI trial)
+        "http://[::1",
+        "http://127.0.0.1:99999",
+        "ws://127.0.0.1:abc/v1/live",
+    ],
 )
 def test_stream_refuses_a_url_that_names_no_websocket(
     given: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
