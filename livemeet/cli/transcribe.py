@@ -386,6 +386,9 @@ async def _run(
     return write_results(results, fmt, output, args.language)
 
 
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as `stream` exits after Ctrl-C
+
+
 def run(args: argparse.Namespace) -> int:
     raw_output: str | None = args.output
     output = None if raw_output is None else Path(raw_output)
@@ -405,3 +408,6 @@ def run(args: argparse.Namespace) -> int:
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # transcripts are written once all are done: none half-written
+        print("error: stopped by Ctrl-C: no transcript written", file=sys.stderr)
+        return INTERRUPTED_STATUS

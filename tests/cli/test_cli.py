@@ -636,6 +636,25 @@ def test_transcribe_reads_standard_input_and_pipes(
     assert out == tmp_path / "stdin.srt"
 
 
+def test_transcribe_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C mid-transcription printed a KeyboardInterrupt traceback (a CLI trial); the
+    transcripts are written only once every file is done, so none is half-written."""
+
+    async def interrupted(*args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transcribe, "_run", interrupted)
+    out = tmp_path / "a.srt"
+    assert (
+        main(["transcribe", str(write_wav(tmp_path / "a.wav", 0.1)), "--output", str(out)]) == 130
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("error: stopped by Ctrl-C") and err.count("\n") == 1
+    assert "Traceback" not in err and not out.exists()
+
+
 def test_transcribe_stream_errors_are_per_file_and_read_up_front(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
