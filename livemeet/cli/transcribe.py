@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=str,  # not Path: a trailing / (a directory to make) would be lost
         default=None,
         help="output file (one input) or directory (several inputs, or a name ending in /, "
-        "made if missing) (default: standard output)",
+        "made if missing); - is standard output (default: standard output)",
     )
     add_request_text_flags(p, language_help="echoed in verbose_json (MOSS-TD does not use it)")
     p.add_argument(
@@ -390,7 +390,7 @@ INTERRUPTED_STATUS = 130  # 128 + SIGINT, as `stream` exits after Ctrl-C
 
 
 def run(args: argparse.Namespace) -> int:
-    raw_output: str | None = args.output
+    raw_output: str | None = None if args.output == "-" else args.output  # -: standard output
     output = None if raw_output is None else Path(raw_output)
     # a trailing / says directory: a file of its name was written (found by a trial)
     directory = raw_output is not None and raw_output.endswith(("/", os.sep))

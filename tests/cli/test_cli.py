@@ -636,6 +636,25 @@ def test_transcribe_reads_standard_input_and_pipes(
     assert out == tmp_path / "stdin.srt"
 
 
+def test_transcribe_output_dash_is_standard_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--output -` wrote a file named `-` (a CLI trial): it means standard output, as `-`
+    means standard input among the inputs."""
+    seen: list[Path | None] = []
+
+    async def record(args: Any, fmt: ResponseFormat, streams: Any, output: Path | None) -> int:
+        seen.append(output)
+        return 0
+
+    monkeypatch.setattr(transcribe, "_run", record)
+    monkeypatch.chdir(tmp_path)
+    wav = str(write_wav(tmp_path / "a.wav", 0.1))
+    assert main(["transcribe", wav, "--output", "-", "--format", "srt"]) == 0
+    assert main(["transcribe", wav, wav, "--output", "-"]) == 0  # several: to stdout as without
+    assert seen == [None, None] and not (tmp_path / "-").exists()
+
+
 def test_transcribe_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
