@@ -169,8 +169,8 @@ def format_json(rows: list[MetricRow]) -> str:
 def run(args: argparse.Namespace) -> int:
     """The `eval` subcommand: print the table (or JSON); 2 with a message on bad input."""
     try:
-        if args.collar < 0:
-            raise InvalidRequest(f"--collar must be >= 0 s, got {args.collar}")
+        if not (math.isfinite(args.collar) and args.collar >= 0):
+            raise InvalidRequest(f"--collar must be a number >= 0 s, got {args.collar}")
         rows = compute(args)
     except LivemeetError as exc:
         print(f"livemeet eval: error: {exc.message}", file=sys.stderr)

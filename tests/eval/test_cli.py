@@ -119,7 +119,10 @@ def test_table_output(shared_data: Path, capsys: pytest.CaptureFixture[str]) -> 
     ("extra", "needle"),
     [
         (["--metric", "cer"], "RTTM has no text to score"),
-        (["--collar", "-1"], "--collar must be >= 0"),
+        (["--collar", "-1"], "--collar must be a number >= 0"),
+        # nan scored as collar 0 and inf raised from the assignment (a CLI trial)
+        (["--collar", "nan"], "--collar must be a number >= 0"),
+        (["--collar", "inf"], "--collar must be a number >= 0"),
         (["--uem", "/nonexistent.uem"], "no such file"),
     ],
 )
