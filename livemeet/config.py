@@ -322,7 +322,7 @@ class GatewayConfig:
             ("--min-free-disk-mb", self.min_free_disk_mb),
             ("--retention-days", self.retention_days),
         ):
-            if value < 0:
+            if not (math.isfinite(value) and value >= 0):  # nan passes `< 0`
                 raise ConfigError(f"{flag} must be >= 0, not {flag_number(value)}")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")

@@ -241,12 +241,13 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
     ]  # and no probe file left
 
 
-@pytest.mark.parametrize("value", ["-1", "-100000000", "-0.5"])
+@pytest.mark.parametrize("value", ["-1", "-100000000", "-0.5", "nan", "inf"])
 @pytest.mark.parametrize("flag", ["--min-free-disk-mb", "--retention-days"])
 def test_a_negative_disk_setting_names_its_flag(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, flag: str, value: str
 ) -> None:
-    """The value as given (`%g` wrote -100000000 as -1e+08)."""
+    """The value as given (`%g` wrote -100000000 as -1e+08). nan passed `< 0`: the disk floor
+    raised a ValueError traceback and a nan retention was "configuration ok" (a CLI trial)."""
     argv = ["serve", "--data-dir", str(tmp_path), "--port", "0", flag, value, "--check-config"]
     assert main(argv) == 2
     assert f"{flag} must be >= 0, not {value}\n" in caplog.text
