@@ -326,7 +326,6 @@ class GatewayConfig:
                 raise ConfigError(f"{flag} must be >= 0, not {flag_number(value)}")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
-        # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either
         for origin in self.allowed_origins:
             problem = check_allowed_origin(origin)
             if problem is not None:
@@ -340,6 +339,7 @@ class GatewayConfig:
             raise ConfigError(
                 f"live_max_speed must be >= 1 (x real time), not {self.live_max_speed}"
             )
+        # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either
         for name in ("max_audio_s", "idle_timeout_s", "final_timeout_s", "flush_interval_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
