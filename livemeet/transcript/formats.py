@@ -144,7 +144,7 @@ def to_srt(
     """
     cues: list[str] = []
     for segment in _cue_segments(segments):
-        text = _no_arrow(_one_line(segment.text))
+        text = _no_arrow(segment.text)
         speaker = _no_arrow(_one_line(_shown_speaker(segment.speaker, names, merged)))
         prefix = f"{speaker}: " if speaker else ""
         timing = f"{srt_timestamp(segment.start_s)} {_CUE_ARROW} {srt_timestamp(segment.end_s)}"
@@ -167,7 +167,7 @@ def to_vtt(
     """
     cues = ["WEBVTT\n"]
     for segment in _cue_segments(segments):
-        text = _vtt_escape(_one_line(segment.text))
+        text = _vtt_escape(segment.text)
         speaker = _vtt_voice(_one_line(_shown_speaker(segment.speaker, names, merged)))
         timing = f"{vtt_timestamp(segment.start_s)} {_CUE_ARROW} {vtt_timestamp(segment.end_s)}"
         cues.append(f"{timing}\n<v {speaker}>{text}</v>\n" if speaker else f"{timing}\n{text}\n")
@@ -200,20 +200,20 @@ def _whole_ms(seconds: float) -> int:
 
 
 def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
-    """Segments with text, each lasting at least 1 ms once written in whole ms: a cue's end
-    must come after its start (WebVTT section 4.1; players drop or misplace zero-length
-    SubRip cues), and a model may stamp a segment with one time or a start pushed up to the
-    previous one's. In order of their starts in whole ms (stably): a cue may not start before
-    an earlier one in the file (WebVTT 4.1, cue timings), and a model may write a segment
-    that starts before the one ahead of it."""
+    """Segments with text, their text as one cue line (`_one_line`), each lasting at least 1
+    ms once written in whole ms: a cue's end must come after its start (WebVTT section 4.1;
+    players drop or misplace zero-length SubRip cues), and a model may stamp a segment with
+    one time or a start pushed up to the previous one's. In order of their starts in whole ms
+    (stably): a cue may not start before an earlier one in the file (WebVTT 4.1, cue
+    timings), and a model may write a segment that starts before the one ahead of it."""
     cues = []
     for s in segments:
-        if not _one_line(s.text):  # no text left on a cue line (whitespace, controls)
+        line = _one_line(s.text)
+        if not line:  # no text left on a cue line (whitespace, controls)
             continue
         start_ms = _whole_ms(s.start_s)
-        if _whole_ms(s.end_s) <= start_ms:
-            s = replace(s, end_s=(start_ms + 1) / 1000)
-        cues.append(s)
+        end_s = (start_ms + 1) / 1000 if _whole_ms(s.end_s) <= start_ms else s.end_s
+        cues.append(replace(s, text=line, end_s=end_s))
     return sorted(cues, key=lambda s: _whole_ms(s.start_s))
 
 
