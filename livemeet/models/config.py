@@ -188,7 +188,8 @@ class MossTDConfig:
             (
                 t.heads % t.kv_heads == 0,
                 f"text heads {t.heads} not a multiple of {t.kv_heads} kv heads "
-                "(num_key_value_heads; Qwen3Config's default 32 where left out)",
+                f"(num_key_value_heads; Qwen3Config's default {QWEN3_DEFAULT_KV_HEADS} where left "
+                "out)",
             ),
             (t.head_dim % 2 == 0, f"text head_dim {t.head_dim} must be even for RoPE"),
             (
