@@ -451,12 +451,13 @@ function serverUrl(path, ws) {
   return url.href;
 }
 
-// The captions overlay's URL for a session (docs/protocol.md, "Captions"): read-only, so
-// it may be handed to whoever runs the stream (the resume token stays on this page).
+// A session id as the statuses and the recent meetings' list show it: its first characters
 function shortSessionId(sessionId) {
   return sessionId.slice(0, SHORT_ID_CHARS);
 }
 
+// The captions overlay's URL for a session (docs/protocol.md, "Captions"): read-only, so
+// it may be handed to whoever runs the stream (the resume token stays on this page).
 function overlayUrl(sessionId, captionsToken) {
   return serverUrl("captions.html") +
          `?session=${encodeURIComponent(sessionId)}&token=${encodeURIComponent(captionsToken)}`;
