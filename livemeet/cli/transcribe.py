@@ -18,6 +18,7 @@ from tqdm import tqdm
 from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES, SAMPLE_RATE
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
 from livemeet.cli.serve import add_backend_flag, add_model_flags, model_config_from_args
+from livemeet.cli.stream import INTERRUPTED_STATUS  # as `stream` exits after Ctrl-C
 from livemeet.errors import (
     BadAudio,
     InternalError,
@@ -384,9 +385,6 @@ async def _run(
     finally:
         await transcriber.close()
     return write_results(results, fmt, output, args.language)
-
-
-INTERRUPTED_STATUS = 130  # 128 + SIGINT, as `stream` exits after Ctrl-C
 
 
 def run(args: argparse.Namespace) -> int:
