@@ -1,15 +1,21 @@
 """`livemeet eval`: score a hypothesis transcript against a reference.
 
-    livemeet eval --ref REF --hyp HYP [--uem UEM] [--collar 0.25] [--skip-overlap]
+    livemeet eval --ref REF --hyp HYP [--ref-format F] [--hyp-format F] [--uem UEM]
+                  [--collar 0.25] [--skip-overlap]
                   [--metric cer|wer|cpcer|cpwer|delta|der|orccer|orcwer|all]
                   [--normalize default|none] [--json]
 
-Formats, detected from the extension or the content: STM, RTTM, CTM, SegLST (JSON), a Kaldi
-`text` file (`utterance-id word...`: untimed, no speakers, text metrics only), livemeet's JSON
-transcripts (json, verbose_json, diarized_json), SRT and WebVTT captions (speakers from `<v S01>`
-or an `S01: ` prefix, as livemeet writes them) and its text output (.txt). `all` computes the
-text metrics when both files carry text (CER/WER only when one is untimed) and DER when both
-are timed. Exit status: 0 on success, 2 on bad input (the message names the file and line).
+Formats: STM, RTTM, CTM, SegLST (JSON), a Kaldi `text` file (`utterance-id word...`: untimed,
+no speakers, text metrics only), livemeet's JSON transcripts (json, verbose_json,
+diarized_json), SRT and WebVTT captions (speakers from `<v S01>` or an `S01: ` prefix, as
+livemeet writes them) and its text output (.txt). Each file's is detected from its
+extension (.stm .rttm .ctm .srt .vtt), a Kaldi name (`text`, `text.ref`, `text_ref`,
+`ref.text`) or its content (JSON, captions, and a first line that reads as STM, RTTM or CTM),
+unless --ref-format or --hyp-format names it: a Kaldi text under another name needs `kaldi`
+(its lines read as plain text too, the ids as words). `all` computes the text metrics when
+both files carry text (CER/WER only when one is untimed) and DER when both are timed. Exit
+status: 0 on success, 2 on bad input (the message names the file and line) or a format that
+cannot be told.
 """
 
 from __future__ import annotations
@@ -24,7 +30,14 @@ from typing import TYPE_CHECKING
 
 from livemeet.audio.constants import DER_COLLAR_S
 from livemeet.errors import InvalidRequest, LivemeetError
-from livemeet.eval.io import has_text, has_times, load_segments, load_turns, load_uem
+from livemeet.eval.io import (
+    FORMATS,
+    has_text,
+    has_times,
+    load_segments,
+    load_turns,
+    load_uem,
+)
 from livemeet.eval.text import DEFAULT_NORMALIZATION, NO_NORMALIZATION, TokenUnit
 
 if TYPE_CHECKING:
@@ -35,6 +48,7 @@ if TYPE_CHECKING:
 METRICS = ("cer", "wer", "cpcer", "cpwer", "delta", "der")  # what "all" computes
 EXTRA_METRICS = ("orccer", "orcwer")  # exponential in hypothesis speakers: on request only
 NORMALIZATIONS = {"default": DEFAULT_NORMALIZATION, "none": NO_NORMALIZATION}
+AUTO_FORMAT = "auto"  # --ref-format/--hyp-format: from the name or the content
 
 
 @dataclass(frozen=True)
@@ -115,17 +129,20 @@ def compute(args: argparse.Namespace) -> list[MetricRow]:
     from livemeet.eval.wer import error_rate
 
     ref_path, hyp_path = Path(args.ref), Path(args.hyp)
+    ref_fmt, hyp_fmt = _format(args.ref_format), _format(args.hyp_format)
     wanted: tuple[str, ...] = METRICS if args.metric == "all" else (args.metric,)
-    if args.metric == "all" and not (has_text(ref_path) and has_text(hyp_path)):
+    if args.metric == "all" and not (has_text(ref_path, ref_fmt) and has_text(hyp_path, hyp_fmt)):
         wanted = ("der",)
-    elif args.metric == "all" and not (has_times(ref_path) and has_times(hyp_path)):
+    elif args.metric == "all" and not (
+        has_times(ref_path, ref_fmt) and has_times(hyp_path, hyp_fmt)
+    ):
         # a Kaldi text has neither times nor speakers: no DER, and a cp metric would score
         # every hypothesis speaker but one against nothing
         wanted = ("cer", "wer")
     options = NORMALIZATIONS[args.normalize]
     rows: list[MetricRow] = []
     if set(wanted) & {"cer", "wer", "cpcer", "cpwer", "delta", *EXTRA_METRICS}:
-        ref, hyp = load_segments(ref_path), load_segments(hyp_path)
+        ref, hyp = load_segments(ref_path, ref_fmt), load_segments(hyp_path, hyp_fmt)
         mixed, word = TokenUnit.MIXED, TokenUnit.WORD
         if "cer" in wanted:
             rows.append(_rate_row("cer", error_rate(ref, hyp, mixed, options)))
@@ -147,10 +164,19 @@ def compute(args: argparse.Namespace) -> list[MetricRow]:
     if "der" in wanted:
         uem = load_uem(Path(args.uem)) if args.uem else None
         result = diarization_error_rate(
-            load_turns(ref_path), load_turns(hyp_path), uem, args.collar, args.skip_overlap
+            load_turns(ref_path, ref_fmt),
+            load_turns(hyp_path, hyp_fmt),
+            uem,
+            args.collar,
+            args.skip_overlap,
         )
         rows.append(_der_row(result, args.collar, args.skip_overlap))
     return rows
+
+
+def _format(choice: str) -> str | None:
+    """--ref-format/--hyp-format as `livemeet.eval.io` takes it: None to detect."""
+    return None if choice == AUTO_FORMAT else choice
 
 
 def format_table(rows: list[MetricRow]) -> str:
@@ -194,6 +220,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(required)",
     )
     parser.add_argument("--hyp", required=True, help="hypothesis, in the same formats (required)")
+    for side in ("ref", "hyp"):
+        parser.add_argument(
+            f"--{side}-format",
+            choices=(AUTO_FORMAT, *FORMATS),
+            default=AUTO_FORMAT,
+            help=f"the --{side} file's format; auto: from its extension, a Kaldi name (`text`, "
+            "`text_*`, `*.text`...) or its content (default %(default)s)",
+        )
     parser.add_argument(
         "--uem", help="UEM file: DER scores only the time inside it (default: all of it)"
     )
