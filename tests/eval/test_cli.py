@@ -224,6 +224,41 @@ def test_meeteval_example_kaldi_texts(
     assert counts == (2, 7, 0, 92)
 
 
+def test_sessions_without_a_common_id_are_refused_and_lone_ones_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No reference session id in the hypothesis scored everything as deletions and
+    insertions without a word (a CLI trial): CER 1.0 about the ids, not the words. It is an
+    error now; sessions on one side only are scored and named on stderr, at most
+    MAX_LISTED_SESSIONS of them."""
+    ref, hyp = tmp_path / "ref.stm", tmp_path / "hyp.stm"
+    ref.write_text("".join(f"m{i:02} 1 A 0 1 hello world\n" for i in range(12)))
+    hyp.write_text("".join(f"M{i:02} 1 A 0 1 hello world\n" for i in range(12)))
+    for metric in ("cer", "der"):
+        assert main(["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", metric]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert (
+            "no session id of the reference ('m00', 'm01', 'm02', 'm03', 'm04' and 7 more) "
+            "is in the hypothesis ('M00'" in captured.err
+        )
+    hyp.write_text("m00 1 A 0 1 hello world\nx 1 A 0 1 hello\n")
+    argv = ["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", "wer", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["wer"]["deletions"] == 22 and out["wer"]["insertions"] == 1
+    assert captured.err.splitlines() == [
+        "livemeet eval: warning: reference sessions not in the hypothesis (11 of 12; they count "
+        "as all deletions / missed speech): 'm01', 'm02', 'm03', 'm04', 'm05' and 6 more",
+        "livemeet eval: warning: hypothesis sessions not in the reference (1 of 2; they count "
+        "as all insertions / false alarm): 'x'",
+    ]
+    hyp.write_text(ref.read_text())
+    assert main(["eval", "--ref", str(ref), "--hyp", str(hyp)]) == 0
+    assert capsys.readouterr().err == ""  # every session matched: nothing to say
+
+
 @pytest.mark.parametrize("form", ["json", "txt"])
 def test_a_json_or_text_response_scores_the_text_metrics(
     tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str], form: str
