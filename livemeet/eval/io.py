@@ -44,9 +44,18 @@ KALDI_TEXT_NAME = "text"  # the file name of a Kaldi data directory's transcript
 PLAIN_SPEAKER = "text"  # speaker label of a transcript without segments (json `text`, .txt)
 
 
+def _check_span(record: TextSegment | SpeakerTurn | UemRegion) -> None:
+    """ValueError unless `0 <= start_s <= end_s`, both finite: the readers refuse such times
+    with the file and line (`_interval`); records made in code get this."""
+    start_s, end_s = record.start_s, record.end_s
+    if not (0 <= start_s <= end_s and math.isfinite(end_s)):
+        raise ValueError(f"{type(record).__name__} needs finite 0 <= start_s <= end_s: {record}")
+
+
 @dataclass(frozen=True)
 class TextSegment:
-    """One timed, speaker-labelled stretch of text (`start_s <= end_s`, seconds)."""
+    """One timed, speaker-labelled stretch of text (finite `0 <= start_s <= end_s`, seconds;
+    else ValueError)."""
 
     session: str
     speaker: str
@@ -54,24 +63,35 @@ class TextSegment:
     end_s: float
     text: str
 
+    def __post_init__(self) -> None:
+        _check_span(self)
+
 
 @dataclass(frozen=True)
 class SpeakerTurn:
-    """One stretch of time in which `speaker` talks (`start_s <= end_s`, seconds)."""
+    """One stretch of time in which `speaker` talks (finite `0 <= start_s <= end_s`, seconds;
+    else ValueError)."""
 
     session: str
     speaker: str
     start_s: float
     end_s: float
 
+    def __post_init__(self) -> None:
+        _check_span(self)
+
 
 @dataclass(frozen=True)
 class UemRegion:
-    """One scored region of a session (`start_s <= end_s`, seconds)."""
+    """One scored region of a session (finite `0 <= start_s <= end_s`, seconds; else
+    ValueError)."""
 
     session: str
     start_s: float
     end_s: float
+
+    def __post_init__(self) -> None:
+        _check_span(self)
 
 
 def _lines(text: str) -> Iterator[tuple[int, list[str]]]:
