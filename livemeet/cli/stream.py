@@ -70,7 +70,13 @@ from typing import Any
 
 import websockets
 
-from livemeet.audio.constants import LIVE_HOP_S, SAMPLE_RATE
+from livemeet.audio.constants import (
+    LIVE_HOP_S,
+    LIVE_MAX_FRAME_S,
+    LIVE_MIN_FRAME_S,
+    MAX_FRAME_BYTES,
+    SAMPLE_RATE,
+)
 from livemeet.cli.live_client import StreamResult, resumable_close, stream_audio
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
 from livemeet.errors import ConfigError, InvalidRequest, LivemeetError
@@ -113,9 +119,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--hop-s",
-        type=float,
+        type=hop_seconds,
         default=LIVE_HOP_S,
-        help="seconds of audio per frame sent (default %(default)g)",
+        help=f"seconds of audio per frame sent, {LIVE_MIN_FRAME_S:g} to {LIVE_MAX_FRAME_S:g} (the "
+        "protocol's shortest frame and its largest, 1 MiB) (default %(default)g)",
     )
     add_request_text_flags(p, language_help="sent in `start`; MOSS-TD does not use it")
     p.add_argument(
@@ -150,6 +157,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "system's trust store, or the PEM bundle $SSL_CERT_FILE names)",
     )
     p.set_defaults(func=run)
+
+
+def hop_seconds(text: str) -> float:
+    """--hop-s: a number of seconds from LIVE_MIN_FRAME_S (docs/protocol.md's shortest frame;
+    0.0001 sent one-sample frames, each read as 10 ms by the server's pacing: a trial) to
+    LIVE_MAX_FRAME_S (its largest frame, 1 MiB of 16-kHz PCM16). Raises
+    argparse.ArgumentTypeError (exit 2, with the usage) for anything else, nan included."""
+    try:
+        hop_s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    # `not a <= x <= b` also refuses nan, which no comparison is true of
+    if not LIVE_MIN_FRAME_S <= hop_s <= LIVE_MAX_FRAME_S:
+        raise argparse.ArgumentTypeError(
+            f"{text} s is outside {LIVE_MIN_FRAME_S:g}..{LIVE_MAX_FRAME_S:g} s: the live "
+            f"protocol's frames hold at least {LIVE_MIN_FRAME_S * 1000:g} ms of audio and at most "
+            f"{MAX_FRAME_BYTES} bytes"
+        )
+    return hop_s
 
 
 def live_url(url: str) -> str:
@@ -281,9 +307,9 @@ def run(args: argparse.Namespace) -> int:
     from livemeet.audio.decode import iter_decode
 
     speed = args.speed if args.speed is not None else (FAST_SPEED if args.fast else 1.0)
-    # `not x > 0` also refuses nan, which no comparison is true of
-    if not speed > 0 or not 0 < args.hop_s < math.inf:
-        print("error: --speed and --hop-s must be positive numbers", file=sys.stderr)
+    # `not x > 0` also refuses nan, which no comparison is true of (--hop-s: `hop_seconds`)
+    if not speed > 0:
+        print("error: --speed must be a positive number", file=sys.stderr)
         return 2
     try:
         # here, not by the server: a bad argument exits 2 (README), before the file is decoded

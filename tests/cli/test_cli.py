@@ -1306,7 +1306,33 @@ async def test_a_second_ctrl_c_quits_without_the_final(
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_DFL
 
 
-def test_stream_refuses_a_nan_hop_or_speed(tmp_path: Path) -> None:
+def test_stream_refuses_a_nan_hop_or_speed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     wav = write_wav(tmp_path / "a.wav", 0.5)
-    assert main(["stream", str(wav), "--hop-s", "nan"]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["stream", str(wav), "--hop-s", "nan"])
+    assert exited.value.code == 2
     assert main(["stream", str(wav), "--speed", "nan"]) == 2
+    assert "--speed must be a positive number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hop", ["0.0001", "0.019", "0", "-1", "32.8", "inf", "1e9", "x"])
+def test_stream_refuses_a_hop_outside_the_protocols_frames(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], hop: str
+) -> None:
+    """--hop-s had no lower bound (0.0001 s sent one-sample frames, each paced by the server
+    as 10 ms: a trial) and no upper one (frames over 1 MiB were split, unsaid): it is
+    LIVE_MIN_FRAME_S (docs/protocol.md's shortest frame) to LIVE_MAX_FRAME_S (its largest)."""
+    wav = write_wav(tmp_path / "a.wav", 0.5)
+    with pytest.raises(SystemExit) as exited:
+        main(["stream", str(wav), "--hop-s", hop])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --hop-s:" in err
+    assert ("not a number" if hop == "x" else "outside 0.02..32.768 s") in err
+
+
+@pytest.mark.parametrize("hop", ["0.02", "1", "32.768"])
+def test_stream_takes_a_hop_inside_the_protocols_frames(hop: str) -> None:
+    assert build_parser().parse_args(["stream", "a.wav", "--hop-s", hop]).hop_s == float(hop)
