@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import namedtuple
 from collections.abc import Iterator
@@ -1172,6 +1173,74 @@ async def test_stream_sends_the_samples_of_a_whole_decode(
     assert {len(b) for b in received[:-1]} == {16_000}  # 0.5 s frames, as before
     assert result.sent_s == whole.size / 16_000 and not result.stopped_early
     assert result.final is not None and result.shortfall(result.sent_s) is None
+
+
+async def test_stream_dash_sends_standard_input_as_it_comes(
+    aiohttp_server: Any, shared_data: Path
+) -> None:
+    """`livemeet stream -` was "cannot read the audio file: No such file or directory" (a CLI
+    trial). Now it reads standard input as it comes, here a process's pipe: the frames are
+    those of a whole decode of the same bytes, and the final covers them (exit 0)."""
+    from livemeet.audio.decode import decode_file
+
+    repo_root = Path(__file__).resolve().parents[2]
+    received: list[bytes] = []
+    server = await aiohttp_server(capturing_live_server(received))
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    data = (shared_data / "jfk" / "jfk.flac").read_bytes()  # 11 s, 44.1 kHz stereo
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "livemeet", "stream", "-", "--url", url, "--speed", "1000", "--json",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=repo_root,
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(data), 60.0)
+    assert proc.returncode == 0, err.decode()
+    assert b"".join(received) == live_client.to_pcm16(decode_file(data))
+    assert json.loads(out.splitlines()[-1])["type"] == "transcript.final"
+
+
+def test_stream_dash_at_a_terminal_says_to_pipe_audio_in(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(stream.sys, "stdin", namedtuple("Tty", "isatty")(lambda: True))
+    assert main(["stream", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "standard input, which is a terminal: pipe the audio in" in err
+
+
+async def test_a_pipe_that_waits_neither_holds_back_events_nor_ctrl_c(
+    aiohttp_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pipe's audio comes as its writer records it; read on the event loop, each wait for
+    the next frame held back the server's events and Ctrl-C. Read on a thread (`PipeFrames`),
+    `stop` ends the session while the read still waits: the final of what was sent comes,
+    and `report` says how much was transcribed (a pipe cannot be resent), exit 130."""
+    received: list[bytes] = []
+    server = await aiohttp_server(capturing_live_server(received))
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    waiting, release = threading.Event(), threading.Event()
+
+    def recording() -> Iterator[npt.NDArray[np.float32]]:
+        yield np.zeros(16_000, np.float32)
+        waiting.set()
+        release.wait(30.0)  # a writer that has nothing more yet
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.run_in_executor(None, lambda: waiting.wait(10.0) and loop.call_soon_threadsafe(stop.set))
+    try:
+        result = await asyncio.wait_for(
+            live_client.stream_audio(url, recording(), speed=1e6, stop=stop, from_pipe=True), 10.0
+        )
+    finally:
+        release.set()
+    assert result.interrupted and result.stopped_early and result.sent_s == 1.0
+    assert result.final is not None and len(b"".join(received)) == 32_000
+    assert stream.report(result, None) == stream.INTERRUPTED_STATUS
+    err = capsys.readouterr().err
+    assert "stopped by Ctrl-C: the transcript covers 1.00 s of the audio read from standard " in err
+    assert "resend" not in err
 
 
 def test_frames_cut_chunks_as_the_whole_array_would_be_cut() -> None:
