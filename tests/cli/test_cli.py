@@ -162,6 +162,20 @@ def test_check_listen_probes_ipv6_as_asyncio_binds() -> None:
             serve.check_listen("::1", port)
 
 
+@pytest.mark.parametrize(("device", "warns"), [("cuda:3", True), ("tpu7", True), ("cpu", False)])
+def test_check_config_of_the_demo_says_its_device_flag_has_no_effect(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, device: str, warns: bool
+) -> None:
+    """The demo runs on the CPU whatever --device says: a start warned, --check-config said
+    only "configuration ok" (a CLI trial: "the demo backend ignores --device")."""
+    argv = ["serve", "--data-dir", str(tmp_path), "--device", device, "--check-config"]
+    with caplog.at_level("INFO"):
+        assert serve.run(build_parser().parse_args(argv)) == 0
+    assert "configuration ok" in caplog.text
+    said = f"the demo backend runs on the CPU: --device {device} has no effect"
+    assert (said in caplog.text) is warns
+
+
 def test_serve_check_config_validates_without_loading_or_listening(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
