@@ -83,6 +83,10 @@ FLUSH_INTERVAL_S = 0.050  # s; streaming text flush window (DESIGN section 6)
 LIVE_MAX_SPEED = 16.0  # x real time, sustained
 LIVE_AUDIO_BURST_S = 60.0  # s of audio accepted at once ahead of that
 LIVE_MIN_MESSAGE_S = 0.01  # s of audio a message (binary or text) counts as at least
+# s of audio in the shortest frame a client should send (docs/protocol.md: a ping waits behind
+# the frames before it, and tiny frames are read at the per-message pace above); `livemeet
+# stream --hop-s` refuses shorter (0.0001 s sent one-sample frames: a trial)
+LIVE_MIN_FRAME_S = 0.02
 # s from a live connection's opening to its `start`: keepalives reset the idle timer, so
 # without this, sockets that never start were held open for good (3,000 of them: a trial)
 LIVE_START_TIMEOUT_S = 10.0
@@ -184,6 +188,9 @@ MIN_FILE_SAMPLE_RATE = 1_000
 MAX_FILE_SAMPLE_RATE = 768_000
 MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-mixed to mono)
 PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
+# s of 16 kHz mono PCM16 in the largest live frame (MAX_FRAME_BYTES): 32.768 s, `livemeet stream
+# --hop-s`'s most (it sends one frame a hop)
+LIVE_MAX_FRAME_S = MAX_FRAME_BYTES / (PCM_S16LE_BYTES * SAMPLE_RATE)
 DECODE_BLOCK_FRAMES = 65_536  # sample frames per soundfile read block (bounds peak memory)
 TRUNCATION_TOLERANCE_S = 0.25  # s an exact-duration container may decode short before BadAudio
 # fraction of an FFmpeg-decoded file's packets that may fail to decode (skipped) before the file

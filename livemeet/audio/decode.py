@@ -8,7 +8,9 @@ Channels are averaged; the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`)
 errors never escape: each is mapped to `BadAudio` naming what failed.
 
 `decode_file` returns the whole array (uploads); `iter_decode` yields the same samples in chunks
-as they decode, in bounded memory (`livemeet stream` of a file of hours).
+as they decode, in bounded memory (`livemeet stream` of a file of hours); `iter_decode_stream`
+decodes a pipe as its writer fills it (`livemeet stream -`), through FFmpeg, with nothing probed
+ahead.
 
 A source is a file's path or its whole contents in memory (`AudioSource`, a small upload). Bytes
 decode exactly like a file of the same contents whose name has no extension (the gateway's spill
@@ -54,7 +56,7 @@ import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 import av
 import av.container
@@ -265,17 +267,31 @@ def iter_decode(
     """
     probed = _probe(source)
     check_length(probed.info.duration_s, max_audio_s, probed.info.length_verb)
-    return _checked_chunks(source, probed, max_audio_s, cancel)
+    chunks = _decode_chunks(source, probed, max_audio_s, cancel, whole=False)
+    return _checked_chunks(chunks, probed)
+
+
+def iter_decode_stream(
+    stream: BinaryIO, *, max_audio_s: float = MAX_AUDIO_S
+) -> Generator[Samples, None, None]:
+    """`iter_decode`'s chunks of audio read from `stream` as it comes, each read returning
+    what is there (a pipe whose writer records as it goes: `livemeet stream -`), through FFmpeg:
+    a container it reads without seeking (WAV, FLAC, MP3, Ogg, WebM, ...; not an MP4 whose
+    index is at its end). Nothing is probed ahead, and there is no declared length to check:
+    every error (not audio, a bad rate, more than `max_audio_s` seconds, non-finite samples,
+    no samples at all) is BadAudio or TooLong raised by the iterator, after the chunks before
+    it. The first chunk comes once FFmpeg has read enough to know the format (~100 KB of a
+    WAV: 3.3 s of 16-kHz mono recorded as it goes). `stream` stays open."""
+    return _checked_chunks(_resampled(_ffmpeg_blocks(stream), max_audio_s, None), None)
 
 
 def _checked_chunks(
-    source: AudioSource,
-    probed: _Probe,
-    max_audio_s: float,
-    cancel: threading.Event | None,
+    chunks: Iterator[Samples], probed: _Probe | None
 ) -> Generator[Samples, None, None]:
+    """`chunks` finite-checked and clipped; BadAudio after them for none at all, and (`probed`,
+    None for a stream: nothing declared) for a shortfall from the declared length."""
     num_samples = 0
-    for chunk in _decode_chunks(source, probed, max_audio_s, cancel, whole=False):
+    for chunk in chunks:
         if not np.all(np.isfinite(chunk)):
             raise BadAudio("the audio contains non-finite samples (NaN or infinity)")
         np.clip(chunk, -1.0, 1.0, out=chunk)
@@ -283,7 +299,8 @@ def _checked_chunks(
         yield chunk
     if num_samples == 0:
         raise BadAudio("the audio has no samples (zero length)")
-    _check_truncation(probed, num_samples)
+    if probed is not None:
+        _check_truncation(probed, num_samples)
 
 
 def _decode_chunks(
@@ -296,12 +313,21 @@ def _decode_chunks(
 ) -> Iterator[Samples]:
     """The 16 kHz mono chunks (float32 [n], not yet clipped, never empty) as they decode.
     `whole`: read a mono 16 kHz soundfile file in one array (`_read_whole`), not in blocks."""
-    resampler = _Resampler(max_audio_s, cancel)
     blocks = (
         _soundfile_blocks(source, whole)
         if probed.use_soundfile
         else _ffmpeg_blocks(source, flac=probed.flac, min_frames=probed.min_frames)
     )
+    return _resampled(blocks, max_audio_s, cancel)
+
+
+def _resampled(
+    blocks: Iterator[tuple[npt.NDArray[np.float32], int]],
+    max_audio_s: float,
+    cancel: threading.Event | None,
+) -> Iterator[Samples]:
+    """(mono block, rate in Hz) blocks -> 16 kHz chunks (float32 [n], never empty)."""
+    resampler = _Resampler(max_audio_s, cancel)
     for mono, rate in blocks:
         if (chunk := resampler.push(mono, rate)).size:
             yield chunk
@@ -385,13 +411,16 @@ def _num_bytes(source: AudioSource) -> int:
         raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
 
 
-def _openable(source: AudioSource) -> str | io.BytesIO:
-    """What soundfile and PyAV open: the path, or a fresh BytesIO over the bytes.
+def _openable(source: AudioSource | BinaryIO) -> str | BinaryIO:
+    """What soundfile and PyAV open: the path, a fresh BytesIO over the bytes, or a stream as
+    it is (read once, by one opener: `iter_decode_stream`).
 
     A fresh one per open, so no reader depends on where an earlier one left the position. (A
     BytesIO over bytes shares their buffer until written, so this copies nothing.)
     """
-    return io.BytesIO(source) if isinstance(source, bytes) else str(source)
+    if isinstance(source, bytes):
+        return io.BytesIO(source)
+    return str(source) if isinstance(source, Path) else source
 
 
 def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
@@ -460,7 +489,7 @@ def _read_blocks(f: sf.SoundFile) -> Iterator[npt.NDArray[np.float32]]:
 
 
 def _ffmpeg_blocks(
-    source: AudioSource, *, flac: bool = False, min_frames: int = 0
+    source: AudioSource | BinaryIO, *, flac: bool = False, min_frames: int = 0
 ) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
     """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame.
 
@@ -586,7 +615,7 @@ def _format_change(first: tuple[int, int], now: tuple[int, int]) -> str:
     return f"the audio's {what}: files of different formats joined (e.g. with cat)?"
 
 
-def _open_container(source: AudioSource) -> av.container.InputContainer:
+def _open_container(source: AudioSource | BinaryIO) -> av.container.InputContainer:
     """Open `source` with FFmpeg; BadAudio when neither libsndfile nor FFmpeg can read it."""
     try:
         # No format= for bytes: FFmpeg recognises our containers from their content alone;

@@ -217,9 +217,19 @@ def trim_to_speech(segments: list[Segment], speech: np.ndarray, offset_s: float)
     return out
 
 
+def warn_of_an_unused_device(config: ModelConfig) -> None:
+    """Log a warning when `config.device` names another device than the CPU, which the demo
+    runs on whatever it says (at a start, and in `serve --check-config`)."""
+    if config.device not in ("auto", "cpu"):
+        log.warning(
+            "the demo backend runs on the CPU: --device %s has no effect (it is for MOSS-TD, "
+            "--model)",
+            config.device,
+        )
+
+
 def create_demo(config: ModelConfig) -> DemoCore:
     """Registry factory (the demo ignores `config.model`, which is None when it serves). It
     runs on the CPU whatever `config.device` says, and says so when that names another."""
-    if config.device not in ("auto", "cpu"):
-        log.warning("the demo backend runs on the CPU: --device %s is ignored", config.device)
+    warn_of_an_unused_device(config)
     return DemoCore()

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from livemeet.audio.constants import MAX_API_KEY_NAME_CHARS
 from livemeet.config import ServerConfig
 from livemeet.errors import InvalidRequest, LivemeetError
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
@@ -45,7 +46,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "go to stderr.",
     )
     create.add_argument(
-        "--name", default="", help="a label for the key, e.g. who holds it (default: none)"
+        "--name",
+        default=None,
+        help=f"a label for the key, e.g. who holds it: 1 to {MAX_API_KEY_NAME_CHARS} "
+        "characters, no control characters (default: none)",
     )
     create.add_argument(
         "--json", action="store_true", help="print the key and its record as one JSON object"
@@ -94,9 +98,16 @@ def _with_store(command: Command) -> Callable[[argparse.Namespace], int]:
 
 
 def create_key(args: argparse.Namespace, store: ApiKeyStore) -> int:
-    """Make a key; print it (stdout) and what it means (stderr)."""
+    """Make a key; print it (stdout) and what it means (stderr). Raises InvalidRequest for a
+    --name given empty (or only spaces): a key without a name is made by leaving it out, and
+    an empty one was a mistake (an unset variable: --name "$WHO") that made it silently."""
+    if args.name is not None and not args.name.strip():
+        raise InvalidRequest(
+            "--name is empty: give the key a name, or leave --name out for a key without one",
+            param="name",
+        )
     first = not store.keys()
-    key, secret = store.create(args.name)
+    key, secret = store.create(args.name or "")
     if args.json:
         print(json.dumps({**_key_json(key), "key": secret}))
     else:

@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import queue
 import ssl
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -305,6 +307,61 @@ class SessionLink:
         return pcm
 
 
+class PipeFrames:
+    """Frames pulled from an iterator whose `next` may wait long (audio decoded from a pipe as
+    its writer records it: `livemeet stream -`) on a daemon thread, one per `pull`, so the event
+    loop reads the server's events meanwhile (pulled on the loop, each wait for a hop of audio
+    held back the events for as long). A daemon: a pull waiting on a silent pipe never keeps
+    the process from exiting. Once `pull` was given up on (cancelled: Ctrl-C), the iterator
+    may still be running on the thread: its owner must not close it."""
+
+    def __init__(self, frames: Iterator[Samples]) -> None:
+        self._frames = frames
+        # a pull's future, and the loop to settle it on; None stops the thread
+        self._requests: queue.SimpleQueue[
+            tuple[asyncio.Future[Samples | None], asyncio.AbstractEventLoop] | None
+        ] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="livemeet-pipe", daemon=True)
+        self._thread.start()
+
+    def pull(self) -> asyncio.Future[Samples | None]:
+        """The next frame, to await: None when the frames ran out; it raises what the iterator
+        raised. Cancel it to give up on it (the thread's read goes on, its frame is dropped)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Samples | None] = loop.create_future()
+        self._requests.put((future, loop))
+        return future
+
+    def stop(self) -> None:
+        """End the thread once its pull in progress, if any, returns."""
+        self._requests.put(None)
+
+    def _serve(self) -> None:
+        while (request := self._requests.get()) is not None:
+            future, loop = request
+            try:
+                outcome: tuple[Samples | None, BaseException | None] = (
+                    next(self._frames, None),
+                    None,
+                )
+            except Exception as exc:  # handed to the awaiting task, raised there
+                outcome = (None, exc)
+            with contextlib.suppress(RuntimeError):  # the loop closed while it waited
+                loop.call_soon_threadsafe(_settle, future, outcome)
+
+
+def _settle(
+    future: asyncio.Future[Samples | None], outcome: tuple[Samples | None, BaseException | None]
+) -> None:
+    if future.done():  # given up on (cancelled)
+        return
+    frame, error = outcome
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(frame)
+
+
 def resumable_close(code: int | None) -> bool:
     """Whether a connection that closed with `code` left its session for a resume: no close
     frame came (1006, a reset, a timeout; 1005: a close frame without a code: the network), or
@@ -334,9 +391,11 @@ async def stream_audio(
     api_key: str | None = None,
     wait_revision: bool = True,
     ssl_context: ssl.SSLContext | None = None,
+    from_pipe: bool = False,
 ) -> StreamResult:
     """Stream 16 kHz mono float32 `chunks` (any sizes; taken as they are needed, so an
-    iterator that decodes a file holds a chunk at a time) to `url`, paced at `speed` x real
+    iterator that decodes a file holds a chunk at a time; `from_pipe`: taken on a thread, for
+    an iterator that waits on a pipe's writer, `PipeFrames`) to `url`, paced at `speed` x real
     time in frames of `hop_s` seconds; then `end`, and collect events until the server closes.
     `on_event` gets each event as it comes, except `audio.ack`s and replayed finals;
     `on_notice` a line on each reconnect. `api_key` goes on every upgrade request as
@@ -356,9 +415,10 @@ async def stream_audio(
     cannot connect at first."""
     # a hop's samples, in frames the server accepts (a hop of more than ~32 s is several)
     frame_samples = min(max(1, int(hop_s * SAMPLE_RATE)), MAX_FRAME_BYTES // PCM_S16LE_BYTES)
+    framed = frames(chunks, frame_samples)
     streamer = _Streamer(
         url,
-        frames(chunks, frame_samples),
+        PipeFrames(framed) if from_pipe else framed,
         speed=speed,
         start=start or {},
         on_event=on_event,
@@ -369,7 +429,11 @@ async def stream_audio(
         wait_revision=wait_revision,
         ssl_context=ssl_context,
     )
-    return await streamer.run()
+    try:
+        return await streamer.run()
+    finally:
+        if isinstance(streamer.frames, PipeFrames):
+            streamer.frames.stop()
 
 
 class _Streamer:
@@ -379,7 +443,7 @@ class _Streamer:
     def __init__(
         self,
         url: str,
-        frames: Iterator[Samples],
+        frames: Iterator[Samples] | PipeFrames,
         *,
         speed: float,
         start: dict[str, Any],
@@ -528,7 +592,7 @@ class _Streamer:
                 return  # closed while the unacknowledged audio was at its bound
             if receiver.done():
                 return  # the server closed (error, drain) or the connection dropped
-            frame = self._next_frame()
+            frame = await self._next_frame()
             if frame is None:
                 return
             # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
@@ -539,20 +603,40 @@ class _Streamer:
             await ws.send(pcm)
             await self._pace()
 
-    def _next_frame(self) -> Samples | None:
+    async def _next_frame(self) -> Samples | None:
         """The next frame to send, or None (and `ending`) when the audio ran out or failed,
-        or `stop` was set."""
+        or `stop` was set (also while a pipe's frame was awaited: its writer may go on)."""
         try:
-            frame = next(self.frames, None)
+            frame = await self._pull()
         except LivemeetError as exc:
             self.result.audio_error = exc
             frame = None
-        self.exhausted = frame is None
+        # a pipe's pull given up on for `stop` is not the audio's end (`_pull`)
+        self.exhausted = frame is None and not (
+            isinstance(self.frames, PipeFrames) and self.stop.is_set()
+        )
         if frame is None or self.stop.is_set():
             self.ending = True
             self.result.interrupted = self.stop.is_set()
             return None
         return frame
+
+    async def _pull(self) -> Samples | None:
+        """The next frame from the iterator, or from the pipe's thread unless `stop` comes
+        first (then None: the frame it was reading is not sent)."""
+        if not isinstance(self.frames, PipeFrames):
+            return next(self.frames, None)
+        if self.stop.is_set():
+            return None  # no read of the pipe is started that nothing would send
+        pull = self.frames.pull()
+        stopped = asyncio.ensure_future(self.stop.wait())
+        waiters: set[asyncio.Future[Any]] = {pull, stopped}
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            pull.cancel()  # a no-op once it is done
+        return None if pull.cancelled() else pull.result()
 
     async def _pace(self) -> None:
         if self.pace_t0 is None:

@@ -463,6 +463,11 @@ def preflight_model(model: ModelConfig) -> None:
     its tokenizer and prompt settings load, and the forced-output transcript parses. No weight
     is read. Raises ConfigError with the reason a start would give."""
     check_backend(model)
+    if model.backend_name == "demo":
+        # as a start says it (create_demo): --check-config said only "configuration ok"
+        from livemeet.backends.demo import warn_of_an_unused_device
+
+        warn_of_an_unused_device(model)
     if model.backend_name != "moss":
         return
     from livemeet.backends.forced_output import read_forced_output

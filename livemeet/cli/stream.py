@@ -1,6 +1,16 @@
 """`livemeet stream FILE [--url ws://HOST:PORT/v1/live]`: stream a file to a running server as a
 live session (by default this machine's `livemeet serve`, ws://127.0.0.1:8000/v1/live).
 
+FILE `-` reads the audio from standard input as it comes (a FIFO or /dev/stdin too), e.g. a
+recording as it is made: `arecord -f S16_LE -r 16000 | livemeet stream -`, or
+`ffmpeg -i talk.mp4 -f wav - | livemeet stream - --fast`. It is decoded by FFmpeg without
+seeking, so a WAV, FLAC, MP3, Ogg or WebM stream; not an MP4 whose index is at its end (save
+it to a file). Its first audio comes once FFmpeg has read enough to know the format (~100 KB
+of a WAV: 3.3 s of 16-kHz mono recorded as it goes, sent at once then); it ends at the end of
+the input (or Ctrl-C). A file stopped early
+(Ctrl-C, a server that ended the session) says from where to resend it; a stream cannot be
+resent, so it only says how much was transcribed.
+
 Audio goes out in hop-sized PCM16 frames paced in audio time: real time by default, `--fast`
 (or `--speed X`) divides every wait, so the server still sees a growing stream and sends
 partials. Events are printed as they arrive (not `audio.ack`: the server's receipts, used to
@@ -66,14 +76,20 @@ import sys
 import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import websockets
 
-from livemeet.audio.constants import LIVE_HOP_S, SAMPLE_RATE
+from livemeet.audio.constants import (
+    LIVE_HOP_S,
+    LIVE_MAX_FRAME_S,
+    LIVE_MIN_FRAME_S,
+    MAX_FRAME_BYTES,
+    SAMPLE_RATE,
+)
 from livemeet.cli.live_client import StreamResult, resumable_close, stream_audio
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
-from livemeet.errors import ConfigError, InvalidRequest, LivemeetError
+from livemeet.errors import BadAudio, ConfigError, InvalidRequest, LivemeetError
 from livemeet.gateway.live_protocol import LIVE_PATH
 from livemeet.transcriber import Samples
 
@@ -92,7 +108,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser(
         "stream", help="stream an audio file to a live session", description=__doc__
     )
-    p.add_argument("file", type=Path, help="audio file (any format FFmpeg reads), of any length")
+    p.add_argument(
+        "file",
+        type=Path,
+        help="audio file (any format FFmpeg reads), of any length; - reads standard input as it "
+        "comes (WAV, FLAC, MP3, Ogg, WebM: a stream FFmpeg reads without seeking)",
+    )
     p.add_argument(
         "--url",
         default=DEFAULT_URL,
@@ -113,9 +134,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--hop-s",
-        type=float,
+        type=hop_seconds,
         default=LIVE_HOP_S,
-        help="seconds of audio per frame sent (default %(default)g)",
+        help=f"seconds of audio per frame sent, {LIVE_MIN_FRAME_S:g} to {LIVE_MAX_FRAME_S:g} (the "
+        "protocol's shortest frame and its largest, 1 MiB) (default %(default)g)",
     )
     add_request_text_flags(p, language_help="sent in `start`; MOSS-TD does not use it")
     p.add_argument(
@@ -150,6 +172,51 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "system's trust store, or the PEM bundle $SSL_CERT_FILE names)",
     )
     p.set_defaults(func=run)
+
+
+STDIN = Path("-")  # the audio argument that reads standard input
+
+
+def is_stream(path: Path) -> bool:
+    """Whether an audio argument is read as a stream: `-`, or a pipe, FIFO or device."""
+    return path == STDIN or (path.exists() and not path.is_file() and not path.is_dir())
+
+
+def open_stream(path: Path) -> BinaryIO:
+    """A stream argument (`is_stream`) opened for `iter_decode_stream`: unbuffered, so a read
+    returns what the writer has written, not a whole buffer's worth (32 KB: a second of 16-kHz
+    audio recorded live); standard input is left open when it closes. Raises BadAudio for `-`
+    at a terminal (nothing was piped in) or a path that cannot be opened."""
+    if path == STDIN and sys.stdin.isatty():
+        raise BadAudio(
+            "- reads audio from standard input, which is a terminal: pipe the audio in "
+            "(e.g. arecord -f S16_LE -r 16000 | livemeet stream -)"
+        )
+    try:
+        if path == STDIN:
+            return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
+        return open(path, "rb", buffering=0)
+    except OSError as exc:
+        raise BadAudio(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def hop_seconds(text: str) -> float:
+    """--hop-s: a number of seconds from LIVE_MIN_FRAME_S (docs/protocol.md's shortest frame;
+    0.0001 sent one-sample frames, each read as 10 ms by the server's pacing: a trial) to
+    LIVE_MAX_FRAME_S (its largest frame, 1 MiB of 16-kHz PCM16). Raises
+    argparse.ArgumentTypeError (exit 2, with the usage) for anything else, nan included."""
+    try:
+        hop_s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    # `not a <= x <= b` also refuses nan, which no comparison is true of
+    if not LIVE_MIN_FRAME_S <= hop_s <= LIVE_MAX_FRAME_S:
+        raise argparse.ArgumentTypeError(
+            f"{text} s is outside {LIVE_MIN_FRAME_S:g}..{LIVE_MAX_FRAME_S:g} s: the live "
+            f"protocol's frames hold at least {LIVE_MIN_FRAME_S * 1000:g} ms of audio and at most "
+            f"{MAX_FRAME_BYTES} bytes"
+        )
+    return hop_s
 
 
 def live_url(url: str) -> str:
@@ -278,12 +345,12 @@ def format_event(event: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from livemeet.audio.decode import iter_decode
+    from livemeet.audio.decode import iter_decode, iter_decode_stream
 
     speed = args.speed if args.speed is not None else (FAST_SPEED if args.fast else 1.0)
-    # `not x > 0` also refuses nan, which no comparison is true of
-    if not speed > 0 or not 0 < args.hop_s < math.inf:
-        print("error: --speed and --hop-s must be positive numbers", file=sys.stderr)
+    # `not x > 0` also refuses nan, which no comparison is true of (--hop-s: `hop_seconds`)
+    if not speed > 0:
+        print("error: --speed must be a positive number", file=sys.stderr)
         return 2
     try:
         # here, not by the server: a bad argument exits 2 (README), before the file is decoded
@@ -291,12 +358,19 @@ def run(args: argparse.Namespace) -> int:
         url = live_url(args.url)
         context = client_ssl_context(args.cacert, url)
         # no limit: a live session has none (an upload's MAX_AUDIO_S refused 95-minute files)
-        chunks = iter_decode(args.file, max_audio_s=math.inf)
+        piped = is_stream(args.file)
+        if piped:
+            chunks = iter_decode_stream(open_stream(args.file), max_audio_s=math.inf)
+        else:
+            chunks = iter_decode(args.file, max_audio_s=math.inf)
         # the first block before connecting: a file that does not decode at all exits 2
         first = next(chunks)
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while a pipe's first audio was awaited: nothing sent
+        print("interrupted before any audio was read", file=sys.stderr)
+        return INTERRUPTED_STATUS
 
     def notice(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -316,8 +390,11 @@ def run(args: argparse.Namespace) -> int:
         )
         if v
     }
+    # the file, when sending stops before its end; a pipe's decoder is left to the process's
+    # exit: Ctrl-C may leave it reading on its thread (live_client.PipeFrames)
+    closing = contextlib.nullcontext() if piped else contextlib.closing(chunks)
     try:
-        with contextlib.closing(chunks):  # the file, when sending stops before its end
+        with closing:
             result = asyncio.run(
                 stream_interruptibly(
                     url,
@@ -330,6 +407,7 @@ def run(args: argparse.Namespace) -> int:
                     api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                     wait_revision=args.wait_revision,
                     ssl_context=context,
+                    from_pipe=piped,
                 )
             )
     except BrokenPipeError:
@@ -346,12 +424,12 @@ def run(args: argparse.Namespace) -> int:
     if result is None:
         print("interrupted: quit without the final transcript", file=sys.stderr)
         return INTERRUPTED_STATUS
-    return report(result, args.file)
+    return report(result, None if piped else args.file)
 
 
-def report(result: StreamResult, path: Path) -> int:
-    """Say on stderr how the stream ended, when not with a final covering the whole file;
-    the exit status."""
+def report(result: StreamResult, path: Path | None) -> int:
+    """Say on stderr how the stream ended, when not with a final covering the whole file
+    (`path`; None for a stream, whose whole is what was read); the exit status."""
     failed = 1
     if result.interrupted:
         failed = INTERRUPTED_STATUS
@@ -395,6 +473,17 @@ def report(result: StreamResult, path: Path) -> int:
             file=sys.stderr,
         )
         return failed
+    if path is None:
+        if result.stopped_early:  # Ctrl-C, or the server ended it: a pipe cannot be resent
+            covered_s = float(result.final["duration"])
+            cause = "stopped by Ctrl-C" if result.interrupted else "the server ended the session"
+            print(
+                f"{cause}: the transcript covers {covered_s:.2f} s of the audio read from "
+                f"standard input ({result.sent_s:.2f} s sent)",
+                file=sys.stderr,
+            )
+            return failed
+        return 0
     if (why := result.shortfall(file_seconds(result, path))) is not None:
         # a transcript of part of the file: the work ran and fell short (README, exit codes)
         print(f"error: {why}", file=sys.stderr)

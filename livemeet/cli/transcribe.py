@@ -18,7 +18,11 @@ from tqdm import tqdm
 from livemeet.audio.constants import MAX_AUDIO_S, MAX_UPLOAD_BYTES, SAMPLE_RATE
 from livemeet.cli.request_text import add_request_text_flags, check_request_text
 from livemeet.cli.serve import add_backend_flag, add_model_flags, model_config_from_args
-from livemeet.cli.stream import INTERRUPTED_STATUS  # as `stream` exits after Ctrl-C
+from livemeet.cli.stream import (  # as `stream` exits after Ctrl-C, and reads its audio
+    INTERRUPTED_STATUS,
+    STDIN,
+    is_stream,
+)
 from livemeet.errors import (
     BadAudio,
     InternalError,
@@ -106,14 +110,6 @@ class FileResult:
     path: Path
     transcript: Transcript | None
     error: LivemeetError | None
-
-
-STDIN = Path("-")  # the audio argument that reads standard input
-
-
-def is_stream(path: Path) -> bool:
-    """Whether an audio argument is read as a stream: `-`, or a pipe, FIFO or device."""
-    return path == STDIN or (path.exists() and not path.is_file() and not path.is_dir())
 
 
 def read_source(path: Path) -> Path | bytes:

@@ -1,15 +1,26 @@
 """`livemeet eval`: score a hypothesis transcript against a reference.
 
-    livemeet eval --ref REF --hyp HYP [--uem UEM] [--collar 0.25] [--skip-overlap]
+    livemeet eval --ref REF --hyp HYP [--ref-format F] [--hyp-format F] [--uem UEM]
+                  [--collar 0.25] [--skip-overlap]
                   [--metric cer|wer|cpcer|cpwer|delta|der|orccer|orcwer|all]
                   [--normalize default|none] [--json]
 
-Formats, detected from the extension or the content: STM, RTTM, CTM, SegLST (JSON), a Kaldi
-`text` file (`utterance-id word...`: untimed, no speakers, text metrics only), livemeet's JSON
-transcripts (json, verbose_json, diarized_json), SRT and WebVTT captions (speakers from `<v S01>`
-or an `S01: ` prefix, as livemeet writes them) and its text output (.txt). `all` computes the
-text metrics when both files carry text (CER/WER only when one is untimed) and DER when both
-are timed. Exit status: 0 on success, 2 on bad input (the message names the file and line).
+Formats: STM, RTTM, CTM, SegLST (JSON), a Kaldi `text` file (`utterance-id word...`: untimed,
+no speakers, text metrics only), livemeet's JSON transcripts (json, verbose_json,
+diarized_json), SRT and WebVTT captions (speakers from `<v S01>` or an `S01: ` prefix, as
+livemeet writes them) and its text output (.txt). Each file's is detected from its
+extension (.stm .rttm .ctm .srt .vtt), a Kaldi name (`text`, `text.ref`, `text_ref`,
+`ref.text`) or its content (JSON, captions, and a first line that reads as STM, RTTM or CTM),
+unless --ref-format or --hyp-format names it: a Kaldi text under another name needs `kaldi`
+(its lines read as plain text too, the ids as words). `all` computes the text metrics when
+both files carry text (CER/WER only when one is untimed) and DER when both are timed.
+
+Sessions pair by id (a file without ids, such as livemeet's transcript JSON, with the other
+side's only session). Files with no session id in common are refused (scored, all would be
+deletions and insertions, whatever the hypothesis says); the ids of one side only are scored
+(all deletions, or all insertions) and named on stderr as a warning. Exit status: 0 on
+success, 2 on bad input (the message names the file and line), a format that cannot be told or
+no session in common.
 """
 
 from __future__ import annotations
@@ -18,23 +29,33 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from livemeet.audio.constants import DER_COLLAR_S
 from livemeet.errors import InvalidRequest, LivemeetError
-from livemeet.eval.io import has_text, has_times, load_segments, load_turns, load_uem
+from livemeet.eval.io import (
+    FORMATS,
+    has_text,
+    has_times,
+    load_segments,
+    load_turns,
+    load_uem,
+)
 from livemeet.eval.text import DEFAULT_NORMALIZATION, NO_NORMALIZATION, TokenUnit
 
 if TYPE_CHECKING:
     from livemeet.eval.cp import CpResult
     from livemeet.eval.der import DerResult
-    from livemeet.eval.wer import ErrorCounts, ErrorRateResult
+    from livemeet.eval.wer import ErrorCounts, ErrorRateResult, SessionMatch
 
+MAX_LISTED_SESSIONS = 5  # session ids a warning or an error names; past that, how many more
 METRICS = ("cer", "wer", "cpcer", "cpwer", "delta", "der")  # what "all" computes
 EXTRA_METRICS = ("orccer", "orcwer")  # exponential in hypothesis speakers: on request only
 NORMALIZATIONS = {"default": DEFAULT_NORMALIZATION, "none": NO_NORMALIZATION}
+AUTO_FORMAT = "auto"  # --ref-format/--hyp-format: from the name or the content
 
 
 @dataclass(frozen=True)
@@ -107,25 +128,73 @@ def _der_row(result: DerResult, collar_s: float, skip_overlap: bool) -> MetricRo
     return MetricRow("der", c.der, breakdown, details)
 
 
-def compute(args: argparse.Namespace) -> list[MetricRow]:
-    """The rows `args.metric` asks for. Raises LivemeetError for bad input."""
+def _listed(ids: tuple[str, ...]) -> str:
+    """Session ids for a message, at most MAX_LISTED_SESSIONS of them (a Kaldi text has one
+    per utterance: thousands)."""
+    shown = ", ".join(repr(i) for i in ids[:MAX_LISTED_SESSIONS])
+    more = len(ids) - MAX_LISTED_SESSIONS
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def check_sessions(match: SessionMatch, warn: Callable[[str], None]) -> None:
+    """Refuse sides whose session ids have none in common, and `warn` of the ids that are on
+    one side only. Disjoint sides would score every reference word as a deletion and every
+    hypothesis word as an insertion (DER: all missed, all false alarm), whatever the
+    hypothesis says: a figure about the ids, not the transcript, so it is an error, not a
+    warning (a wrong file, or ids spelled otherwise). A partial match is scored, as meeteval
+    and md-eval do (a session a system lost counts against it), and the lone ids are named.
+    Raises InvalidRequest."""
+    if match.disjoint:
+        raise InvalidRequest(
+            f"no session id of the reference ({_listed(match.ref_only)}) is in the hypothesis "
+            f"({_listed(match.hyp_only)}): scored, all of the reference would be deletions and "
+            "all of the hypothesis insertions. Check the files, or the ids on one side (a "
+            "file without ids, such as livemeet's transcript JSON, pairs with a reference of "
+            "one session)"
+        )
+    for side, lone, other, scored in (
+        ("reference", match.ref_only, "hypothesis", "deletions / missed speech"),
+        ("hypothesis", match.hyp_only, "reference", "insertions / false alarm"),
+    ):
+        if lone:
+            warn(
+                f"{side} sessions not in the {other} ({len(lone)} of "
+                f"{len(lone) + len(match.matched)}; they count as all {scored}): {_listed(lone)}"
+            )
+
+
+def _stderr_warning(message: str) -> None:
+    print(f"livemeet eval: warning: {message}", file=sys.stderr)
+
+
+def compute(
+    args: argparse.Namespace, warn: Callable[[str], None] = _stderr_warning
+) -> list[MetricRow]:
+    """The rows `args.metric` asks for; `warn` gets each warning (`check_sessions`). Raises
+    LivemeetError for bad input, and for sides without a session id in common."""
     # Scoring needs scipy and rapidfuzz: imported here, not when the CLI is registered.
     from livemeet.eval.cp import cp_error_rate, delta_error_rate, orc_error_rate
     from livemeet.eval.der import diarization_error_rate
-    from livemeet.eval.wer import error_rate
+    from livemeet.eval.wer import error_rate, match_sessions
 
     ref_path, hyp_path = Path(args.ref), Path(args.hyp)
+    ref_fmt, hyp_fmt = _format(args.ref_format), _format(args.hyp_format)
     wanted: tuple[str, ...] = METRICS if args.metric == "all" else (args.metric,)
-    if args.metric == "all" and not (has_text(ref_path) and has_text(hyp_path)):
+    if args.metric == "all" and not (has_text(ref_path, ref_fmt) and has_text(hyp_path, hyp_fmt)):
         wanted = ("der",)
-    elif args.metric == "all" and not (has_times(ref_path) and has_times(hyp_path)):
+    elif args.metric == "all" and not (
+        has_times(ref_path, ref_fmt) and has_times(hyp_path, hyp_fmt)
+    ):
         # a Kaldi text has neither times nor speakers: no DER, and a cp metric would score
         # every hypothesis speaker but one against nothing
         wanted = ("cer", "wer")
     options = NORMALIZATIONS[args.normalize]
     rows: list[MetricRow] = []
+    checked = False  # the files' sessions (text segments and turns have the same)
     if set(wanted) & {"cer", "wer", "cpcer", "cpwer", "delta", *EXTRA_METRICS}:
-        ref, hyp = load_segments(ref_path), load_segments(hyp_path)
+        ref, hyp = load_segments(ref_path, ref_fmt), load_segments(hyp_path, hyp_fmt)
+        check_sessions(match_sessions(ref, hyp), warn)
+        checked = True
         mixed, word = TokenUnit.MIXED, TokenUnit.WORD
         if "cer" in wanted:
             rows.append(_rate_row("cer", error_rate(ref, hyp, mixed, options)))
@@ -146,11 +215,17 @@ def compute(args: argparse.Namespace) -> list[MetricRow]:
             rows.append(MetricRow(name, orc.rate, text, {"errors": orc.errors}))
     if "der" in wanted:
         uem = load_uem(Path(args.uem)) if args.uem else None
-        result = diarization_error_rate(
-            load_turns(ref_path), load_turns(hyp_path), uem, args.collar, args.skip_overlap
-        )
+        ref_turns, hyp_turns = load_turns(ref_path, ref_fmt), load_turns(hyp_path, hyp_fmt)
+        if not checked:
+            check_sessions(match_sessions(ref_turns, hyp_turns), warn)
+        result = diarization_error_rate(ref_turns, hyp_turns, uem, args.collar, args.skip_overlap)
         rows.append(_der_row(result, args.collar, args.skip_overlap))
     return rows
+
+
+def _format(choice: str) -> str | None:
+    """--ref-format/--hyp-format as `livemeet.eval.io` takes it: None to detect."""
+    return None if choice == AUTO_FORMAT else choice
 
 
 def format_table(rows: list[MetricRow]) -> str:
@@ -194,6 +269,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(required)",
     )
     parser.add_argument("--hyp", required=True, help="hypothesis, in the same formats (required)")
+    for side in ("ref", "hyp"):
+        parser.add_argument(
+            f"--{side}-format",
+            choices=(AUTO_FORMAT, *FORMATS),
+            default=AUTO_FORMAT,
+            help=f"the --{side} file's format; auto: from its extension, a Kaldi name (`text`, "
+            "`text_*`, `*.text`...) or its content (default %(default)s)",
+        )
     parser.add_argument(
         "--uem", help="UEM file: DER scores only the time inside it (default: all of it)"
     )

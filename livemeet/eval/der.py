@@ -21,6 +21,7 @@ A speaker's overlapping turns count once (its turns are merged).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -182,12 +183,14 @@ def diarization_error_rate(
 ) -> DerResult:
     """DER of hypothesis turns against reference turns (see the module docstring).
 
-    `collar_s` is per side (seconds, >= 0). With a UEM, time outside it is not scored and a
-    hypothesis session it does not list is ignored. Raises InvalidRequest for a negative collar
-    or a reference session missing from the UEM.
+    `collar_s` is per side (seconds, finite, >= 0). With a UEM, time outside it is not scored
+    and a hypothesis session it does not list is ignored. Raises ValueError for a collar that
+    is negative, NaN or infinite (NaN scored as no collar, infinity failed in the mapping),
+    InvalidRequest for a reference session missing from the UEM.
     """
-    if collar_s < 0:
-        raise InvalidRequest(f"collar must be >= 0 s, got {collar_s}")
+    # `not x >= 0` also refuses nan, which no comparison is true of
+    if not (collar_s >= 0 and math.isfinite(collar_s)):
+        raise ValueError(f"collar_s must be a finite number >= 0 s, got {collar_s}")
     uem_by_session = None if uem is None else group_by_session(uem)
     sessions = []
     total = DerComponents()

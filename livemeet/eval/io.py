@@ -11,7 +11,8 @@ Formats (one record per line unless noted; times in seconds):
 - SegLST (meeteval, JSON): a list of `{session_id, speaker, start_time, end_time, words}`.
 - Kaldi `text` (a Kaldi data directory's file of that name): `utterance-id word...`, untimed
   and without speakers: each utterance is a session of one `KALDI_SPEAKER` segment at 0..0,
-  for the text metrics only (no DER).
+  for the text metrics only (no DER). Its lines read as plain text too (the id as a word), so
+  the name tells it (`kaldi_named`), or the caller says so (`fmt="kaldi"`).
 - livemeet transcript JSON (verbose_json / diarized_json): `{"segments": [{start, end, speaker,
   text}, ...]}`; it names no session, so its records get `session=DEFAULT_SESSION`.
 - livemeet's (OpenAI's) `json` response, `{"text": ...}` without segments, and a `.txt` file
@@ -43,9 +44,18 @@ KALDI_TEXT_NAME = "text"  # the file name of a Kaldi data directory's transcript
 PLAIN_SPEAKER = "text"  # speaker label of a transcript without segments (json `text`, .txt)
 
 
+def _check_span(record: TextSegment | SpeakerTurn | UemRegion) -> None:
+    """ValueError unless `0 <= start_s <= end_s`, both finite: the readers refuse such times
+    with the file and line (`_interval`); records made in code get this."""
+    start_s, end_s = record.start_s, record.end_s
+    if not (0 <= start_s <= end_s and math.isfinite(end_s)):
+        raise ValueError(f"{type(record).__name__} needs finite 0 <= start_s <= end_s: {record}")
+
+
 @dataclass(frozen=True)
 class TextSegment:
-    """One timed, speaker-labelled stretch of text (`start_s <= end_s`, seconds)."""
+    """One timed, speaker-labelled stretch of text (finite `0 <= start_s <= end_s`, seconds;
+    else ValueError)."""
 
     session: str
     speaker: str
@@ -53,24 +63,35 @@ class TextSegment:
     end_s: float
     text: str
 
+    def __post_init__(self) -> None:
+        _check_span(self)
+
 
 @dataclass(frozen=True)
 class SpeakerTurn:
-    """One stretch of time in which `speaker` talks (`start_s <= end_s`, seconds)."""
+    """One stretch of time in which `speaker` talks (finite `0 <= start_s <= end_s`, seconds;
+    else ValueError)."""
 
     session: str
     speaker: str
     start_s: float
     end_s: float
 
+    def __post_init__(self) -> None:
+        _check_span(self)
+
 
 @dataclass(frozen=True)
 class UemRegion:
-    """One scored region of a session (`start_s <= end_s`, seconds)."""
+    """One scored region of a session (finite `0 <= start_s <= end_s`, seconds; else
+    ValueError)."""
 
     session: str
     start_s: float
     end_s: float
+
+    def __post_init__(self) -> None:
+        _check_span(self)
 
 
 def _lines(text: str) -> Iterator[tuple[int, list[str]]]:
@@ -300,19 +321,46 @@ def _read_text(path: Path) -> str:
         raise InvalidRequest(f"{path}: cannot read: {exc}") from None
 
 
-def detect_format(path: Path, text: str) -> str:
-    """One of "stm", "rttm", "uem", "ctm", "srt", "vtt", "seglst", "json" (with segments),
-    "json_text" (`{"text": ...}` only), from the extension or content; "kaldi" for a file
-    named `text` (KALDI_TEXT_NAME); "plain" for a `.txt` file that does not parse whole as any
-    of those (a transcript may begin with "[Music]"); one whose every line reads as, say, STM
-    is read so, which a `.stm` name or a `text` response in JSON avoids. Raises
-    InvalidRequest when neither tells.
-    """
-    if path.name == KALDI_TEXT_NAME:
-        return "kaldi"
+# the formats a caller may name (`livemeet eval --ref-format/--hyp-format`): "json" is either
+# transcript JSON (segments, or a `text` response: the content tells), "txt" a plain transcript
+FORMATS = ("stm", "rttm", "ctm", "seglst", "json", "kaldi", "srt", "vtt", "txt")
+# extensions that name their format outright (a `.txt` is checked against its content)
+_NAMED_SUFFIXES = ("stm", "rttm", "uem", "ctm", "srt", "vtt")
+
+
+# a Kaldi-named file: `text`, or `text` and a tag joined by `.`, `_` or `-` either way round
+# (`text.ref`, Kaldi's `text.filt`, meeteval's example `text_ref`, `hyp-text`, `ref.text`)
+_KALDI_NAME = re.compile(r"text(?:[._-].*)?|.*[._-]text", re.IGNORECASE)
+
+
+def kaldi_named(path: Path) -> bool:
+    """Whether the file's name marks a Kaldi `text` (`_KALDI_NAME`), unless its extension
+    names another format (`text.stm`, `text_ref.json`) or a plain transcript (`text.txt`)."""
     suffix = path.suffix.lower().lstrip(".")
-    if suffix in ("stm", "rttm", "uem", "ctm", "srt", "vtt"):
+    known = suffix in (*_NAMED_SUFFIXES, "txt", "json")
+    return _KALDI_NAME.fullmatch(path.name) is not None and not known
+
+
+def detect_format(path: Path, text: str, fmt: str | None = None) -> str:
+    """One of "stm", "rttm", "uem", "ctm", "srt", "vtt", "seglst", "json" (with segments),
+    "json_text" (`{"text": ...}` only), "kaldi" or "plain".
+
+    `fmt`, one of FORMATS, is the caller's word for it (only "json" still looks at the content,
+    for which of the two JSON shapes it is). Without it: the extension (.stm, .rttm, .uem, .ctm,
+    .srt, .vtt); "kaldi" for a Kaldi-named file (`kaldi_named`); else the content. A `.txt`
+    that does not parse whole as one of those is "plain" (a transcript may begin with
+    "[Music]"); one whose every line reads as, say, STM is read so, which a `.stm` name, a
+    `text` response in JSON or `fmt` avoids. A Kaldi text under another name reads as plain
+    text (a `.txt`) or not at all: its lines are words. Raises InvalidRequest when nothing
+    tells, or for an unknown `fmt`.
+    """
+    if fmt is not None:
+        return _declared(path, text, fmt)
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix in _NAMED_SUFFIXES:
         return suffix
+    if kaldi_named(path):
+        return "kaldi"
     if suffix != "txt":
         return _sniff(path, text)
     try:
@@ -321,6 +369,24 @@ def detect_format(path: Path, text: str) -> str:
     except InvalidRequest:
         return "plain"
     return fmt
+
+
+def _declared(path: Path, text: str, fmt: str) -> str:
+    """`detect_format` for a format the caller named."""
+    if fmt not in FORMATS:
+        raise InvalidRequest(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    if fmt == "txt":
+        return "plain"
+    if fmt == "json":
+        return _json_kind(path, text)
+    return fmt
+
+
+def _json_kind(path: Path, text: str) -> str:
+    """ "json_text" for a `{"text": ...}` response without segments, else "json"."""
+    data = _load_json(text, str(path))
+    untimed = isinstance(data, dict) and "segments" not in data and "text" in data
+    return "json_text" if untimed else "json"
 
 
 def _sniff(path: Path, text: str) -> str:
@@ -334,9 +400,7 @@ def _sniff(path: Path, text: str) -> str:
     if stripped.startswith("["):
         return "seglst"
     if stripped.startswith("{"):
-        data = _load_json(text, str(path))
-        untimed = isinstance(data, dict) and "segments" not in data and "text" in data
-        return "json_text" if untimed else "json"
+        return _json_kind(path, text)
     first = next((fields for _, fields in _lines(text)), None)
     if first is None:
         raise InvalidRequest(f"{path}: empty file of unknown format")
@@ -349,8 +413,9 @@ def _sniff(path: Path, text: str) -> str:
     if len(first) >= 5 and _is_number(first[3]) and _is_number(first[4]):
         return "stm"
     raise InvalidRequest(
-        f"{path}: cannot tell the format; use a .stm/.rttm/.ctm/.json/.srt/.vtt name (or `text` "
-        "for Kaldi)"
+        f"{path}: cannot tell the format from its name or its first line; name it (--ref-format "
+        f"or --hyp-format: {', '.join(FORMATS)}; kaldi for `utterance-id words...` lines) or "
+        "rename it (.stm, .rttm, .ctm, .json, .srt, .vtt, .txt; `text` for Kaldi)"
     )
 
 
@@ -379,23 +444,25 @@ _UNTIMED = ("kaldi", "json_text", "plain")
 _STRUCTURED_PARSERS = {**_TEXT_PARSERS, "rttm": parse_rttm, "uem": parse_uem}
 
 
-def load_segments(path: Path) -> tuple[TextSegment, ...]:
-    """Timed text segments from any text-bearing format (STM, CTM, SegLST, transcript JSON).
+def load_segments(path: Path, fmt: str | None = None) -> tuple[TextSegment, ...]:
+    """Timed text segments from any text-bearing format (STM, CTM, SegLST, transcript JSON,
+    Kaldi text, captions, plain text); `fmt` as `detect_format` takes it (None: detected).
 
     Raises InvalidRequest for a missing or malformed file or a format without text (RTTM, UEM).
     """
     text = _read_text(path)
-    fmt = detect_format(path, text)
+    fmt = detect_format(path, text, fmt)
     parser = _TEXT_PARSERS.get(fmt)
     if parser is None:
         raise InvalidRequest(f"{path}: {fmt.upper()} has no text to score")
     return parser(text, str(path))
 
 
-def load_turns(path: Path) -> tuple[SpeakerTurn, ...]:
-    """Speaker turns from an RTTM or any text-bearing format. Raises InvalidRequest."""
+def load_turns(path: Path, fmt: str | None = None) -> tuple[SpeakerTurn, ...]:
+    """Speaker turns from an RTTM or any timed text-bearing format (`fmt` as `load_segments`).
+    Raises InvalidRequest."""
     text = _read_text(path)
-    fmt = detect_format(path, text)
+    fmt = detect_format(path, text, fmt)
     if fmt == "rttm":
         return parse_rttm(text, str(path))
     if fmt == "uem":
@@ -410,12 +477,11 @@ def load_uem(path: Path) -> tuple[UemRegion, ...]:
     return parse_uem(_read_text(path), str(path))
 
 
-def has_times(path: Path) -> bool:
+def has_times(path: Path, fmt: str | None = None) -> bool:
     """Whether the file's format carries times (so speaker turns, and DER, can come from it)."""
-    return detect_format(path, _read_text(path)) not in _UNTIMED
+    return detect_format(path, _read_text(path), fmt) not in _UNTIMED
 
 
-def has_text(path: Path) -> bool:
+def has_text(path: Path, fmt: str | None = None) -> bool:
     """Whether the file's format carries text (so text metrics can be computed from it)."""
-    text = _read_text(path)
-    return detect_format(path, text) in _TEXT_PARSERS
+    return detect_format(path, _read_text(path), fmt) in _TEXT_PARSERS

@@ -153,6 +153,34 @@ def pair_sessions(
     return [(s, ref.get(s, []), hyp.get(s, [])) for s in sorted(set(ref) | set(hyp))]
 
 
+@dataclass(frozen=True)
+class SessionMatch:
+    """How two sides' session ids pair (`pair_sessions`): the ids on both sides, and those of
+    one side only (scored against nothing: all deletions or all insertions; for DER, missed
+    or false-alarm speech), each sorted."""
+
+    matched: tuple[str, ...]
+    ref_only: tuple[str, ...]
+    hyp_only: tuple[str, ...]
+
+    @property
+    def disjoint(self) -> bool:
+        """Both sides have sessions and none pairs: nothing of the hypothesis is compared
+        with the reference (the wrong file, or ids written differently)."""
+        return not self.matched and bool(self.ref_only) and bool(self.hyp_only)
+
+
+def match_sessions(ref: Iterable[T], hyp: Iterable[T]) -> SessionMatch:
+    """The session pairing the metrics score (segments or turns). Raises InvalidRequest as
+    `pair_sessions` does."""
+    paired = pair_sessions(group_by_session(ref), group_by_session(hyp))
+    return SessionMatch(
+        matched=tuple(s for s, r, h in paired if r and h),
+        ref_only=tuple(s for s, _, h in paired if not h),
+        hyp_only=tuple(s for s, r, _ in paired if not r),
+    )
+
+
 def _rename_default(this: dict[str, list[T]], other: dict[str, list[T]]) -> dict[str, list[T]]:
     if set(this) != {DEFAULT_SESSION} or not other or set(other) == {DEFAULT_SESSION}:
         return this

@@ -9,7 +9,8 @@ it was revoked rather than wrong, and `--auth auto` stays closed once any key wa
 A running server reads the store again when it changed (`ring_if_changed`): SQLite's `PRAGMA
 data_version` moves with every commit of another connection (`livemeet keys`, another
 process), and the file's identity (device, inode) with a store replaced by a restored copy.
-Reading never creates the file: no file is no keys.
+Reading never creates the file: no file is no keys, but a path the file cannot be at (its
+directory is a regular file: `--data-dir` naming a file) is an error, not "no keys".
 """
 
 from __future__ import annotations
@@ -40,6 +41,18 @@ CREATE TABLE IF NOT EXISTS api_keys (
 _COLUMNS = "id, name, sha256, created_at, revoked_at"
 # what tells a reader the store changed: (st_dev, st_ino) of the file, PRAGMA data_version
 _Seen = tuple[int, int, int]
+
+
+def _not_a_directory(directory: Path) -> Path | None:
+    """The first of `directory` and its parents, from the root, that exists and is not a
+    directory (a regular file), or None: then it is, or may be made."""
+    for candidate in (*reversed(directory.parents), directory):
+        try:
+            if candidate.exists() and not candidate.is_dir():
+                return candidate
+        except OSError:  # one it may not look into: its own error comes on opening
+            return None
+    return None
 
 
 def store_path(data_dir: Path) -> Path:
@@ -146,8 +159,19 @@ class ApiKeyStore:
         """The open connection; None when the file is missing and `create` is off."""
         if self._conn is not None:
             return self._conn
-        if not create and not self.path.exists():
-            return None
+        what = "create" if create else "open"
+        if (blocker := _not_a_directory(self.path.parent)) is not None:
+            # the store cannot exist: not the "no keys" of a missing file (a trial's
+            # `keys list --data-dir FILE` said "no API keys in FILE/api_keys.sqlite3")
+            raise ConfigError(
+                f"cannot {what} the API key store {self.path}: {blocker} is not a directory "
+                "(--data-dir names the server's data directory)"
+            )
+        try:
+            if not create and not self.path.exists():
+                return None
+        except OSError as exc:  # e.g. a directory it may not search
+            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}") from exc
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,7 +187,6 @@ class ApiKeyStore:
                 check_same_thread=False,
             )
         except (OSError, sqlite3.Error) as exc:
-            what = "create" if create else "open"
             raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}") from exc
         try:
             self._prepare(conn, create=create)

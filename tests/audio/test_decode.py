@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 import threading
 import time
@@ -249,6 +250,62 @@ def test_iter_decode_yields_decode_files_samples(
     chunks = list(iter_decode(path))
     assert len(chunks) > 1 and all(c.size > 0 and c.dtype == np.float32 for c in chunks)
     np.testing.assert_array_equal(np.concatenate(chunks), decode_file(path))
+
+
+def write_in_two(
+    write_fd: int, data: bytes, first_read: threading.Event, rest_written: threading.Event
+) -> None:
+    """A pipe's writer: a third of `data`, then (once `first_read`, at most 5 s) the rest."""
+    with open(write_fd, "wb") as pipe:
+        pipe.write(data[: len(data) // 3])
+        pipe.flush()
+        first_read.wait(5.0)
+        rest_written.set()
+        pipe.write(data[len(data) // 3 :])
+
+
+def test_iter_decode_stream_reads_a_pipe_as_its_writer_fills_it(shared_data: Path) -> None:
+    """`livemeet stream -` had no way to read a pipe (every decode probed a path or bytes
+    first, then opened it again). From a pipe: the first chunk before the writer has written
+    the rest, and the samples decode_file gives for the same bytes (a 16 kHz WAV; JFK's
+    44.1 kHz stereo FLAC, resampled in blocks)."""
+    wav = io.BytesIO()  # 20 s: FFmpeg reads ~100 KB of a WAV (3.3 s here) before its first frame
+    t = np.arange(20 * SAMPLE_RATE) / SAMPLE_RATE
+    sf.write(
+        wav,
+        (0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32),
+        SAMPLE_RATE,
+        "PCM_16",
+        format="WAV",
+    )
+    for data in (wav.getvalue(), (shared_data / "jfk" / "jfk.flac").read_bytes()):
+        read_fd, write_fd = os.pipe()
+        first_read, rest_written = threading.Event(), threading.Event()
+        writer = threading.Thread(
+            target=write_in_two, args=(write_fd, data, first_read, rest_written)
+        )
+        writer.start()
+        with open(read_fd, "rb", buffering=0) as pipe:
+            chunks = decode.iter_decode_stream(pipe)
+            got = [next(chunks)]
+            assert not rest_written.is_set()
+            first_read.set()
+            got += list(chunks)
+        writer.join()
+        np.testing.assert_array_equal(np.concatenate(got), decode_file(data))
+
+
+def test_iter_decode_stream_errors_come_from_the_iterator() -> None:
+    for data, needle in (
+        (b"not audio at all" * 100, "not an audio file"),
+        (b"", "empty|not an audio file"),
+    ):
+        with pytest.raises(BadAudio, match=needle):
+            list(decode.iter_decode_stream(io.BytesIO(data)))
+    wav = io.BytesIO()
+    sf.write(wav, np.zeros(2 * SAMPLE_RATE, np.float32), SAMPLE_RATE, "PCM_16", format="WAV")
+    with pytest.raises(TooLong, match="decodes to"):
+        list(decode.iter_decode_stream(io.BytesIO(wav.getvalue()), max_audio_s=1.0))
 
 
 def test_iter_decode_holds_a_block_not_the_file(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def test_a_device_the_demo_does_not_use_is_reported(
 
     with caplog.at_level(logging.WARNING, logger="livemeet.backends.demo"):
         assert isinstance(create_demo(ModelConfig(device=device)), DemoCore)
-    assert (f"--device {device} is ignored" in caplog.text) is warns
+    assert (f"--device {device} has no effect" in caplog.text) is warns
 
 
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import namedtuple
 from collections.abc import Iterator
@@ -159,6 +160,20 @@ def test_check_listen_probes_ipv6_as_asyncio_binds() -> None:
         port = taken6.getsockname()[1]
         with pytest.raises(ConfigError, match=rf"cannot listen on \[::1\]:{port}"):
             serve.check_listen("::1", port)
+
+
+@pytest.mark.parametrize(("device", "warns"), [("cuda:3", True), ("tpu7", True), ("cpu", False)])
+def test_check_config_of_the_demo_says_its_device_flag_has_no_effect(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, device: str, warns: bool
+) -> None:
+    """The demo runs on the CPU whatever --device says: a start warned, --check-config said
+    only "configuration ok" (a CLI trial: "the demo backend ignores --device")."""
+    argv = ["serve", "--data-dir", str(tmp_path), "--device", device, "--check-config"]
+    with caplog.at_level("INFO"):
+        assert serve.run(build_parser().parse_args(argv)) == 0
+    assert "configuration ok" in caplog.text
+    said = f"the demo backend runs on the CPU: --device {device} has no effect"
+    assert (said in caplog.text) is warns
 
 
 def test_serve_check_config_validates_without_loading_or_listening(
@@ -1174,6 +1189,74 @@ async def test_stream_sends_the_samples_of_a_whole_decode(
     assert result.final is not None and result.shortfall(result.sent_s) is None
 
 
+async def test_stream_dash_sends_standard_input_as_it_comes(
+    aiohttp_server: Any, shared_data: Path
+) -> None:
+    """`livemeet stream -` was "cannot read the audio file: No such file or directory" (a CLI
+    trial). Now it reads standard input as it comes, here a process's pipe: the frames are
+    those of a whole decode of the same bytes, and the final covers them (exit 0)."""
+    from livemeet.audio.decode import decode_file
+
+    repo_root = Path(__file__).resolve().parents[2]
+    received: list[bytes] = []
+    server = await aiohttp_server(capturing_live_server(received))
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    data = (shared_data / "jfk" / "jfk.flac").read_bytes()  # 11 s, 44.1 kHz stereo
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "livemeet", "stream", "-", "--url", url, "--speed", "1000", "--json",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, cwd=repo_root,
+        env={**os.environ, "PYTHONPATH": str(repo_root)},
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(data), 60.0)
+    assert proc.returncode == 0, err.decode()
+    assert b"".join(received) == live_client.to_pcm16(decode_file(data))
+    assert json.loads(out.splitlines()[-1])["type"] == "transcript.final"
+
+
+def test_stream_dash_at_a_terminal_says_to_pipe_audio_in(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(stream.sys, "stdin", namedtuple("Tty", "isatty")(lambda: True))
+    assert main(["stream", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "standard input, which is a terminal: pipe the audio in" in err
+
+
+async def test_a_pipe_that_waits_neither_holds_back_events_nor_ctrl_c(
+    aiohttp_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pipe's audio comes as its writer records it; read on the event loop, each wait for
+    the next frame held back the server's events and Ctrl-C. Read on a thread (`PipeFrames`),
+    `stop` ends the session while the read still waits: the final of what was sent comes,
+    and `report` says how much was transcribed (a pipe cannot be resent), exit 130."""
+    received: list[bytes] = []
+    server = await aiohttp_server(capturing_live_server(received))
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    waiting, release = threading.Event(), threading.Event()
+
+    def recording() -> Iterator[npt.NDArray[np.float32]]:
+        yield np.zeros(16_000, np.float32)
+        waiting.set()
+        release.wait(30.0)  # a writer that has nothing more yet
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.run_in_executor(None, lambda: waiting.wait(10.0) and loop.call_soon_threadsafe(stop.set))
+    try:
+        result = await asyncio.wait_for(
+            live_client.stream_audio(url, recording(), speed=1e6, stop=stop, from_pipe=True), 10.0
+        )
+    finally:
+        release.set()
+    assert result.interrupted and result.stopped_early and result.sent_s == 1.0
+    assert result.final is not None and len(b"".join(received)) == 32_000
+    assert stream.report(result, None) == stream.INTERRUPTED_STATUS
+    err = capsys.readouterr().err
+    assert "stopped by Ctrl-C: the transcript covers 1.00 s of the audio read from standard " in err
+    assert "resend" not in err
+
+
 def test_frames_cut_chunks_as_the_whole_array_would_be_cut() -> None:
     x = np.arange(10_000, dtype=np.float32)
     sizes = [1, 2_999, 3_000, 3_001, 0, 999, 1]
@@ -1306,7 +1389,33 @@ async def test_a_second_ctrl_c_quits_without_the_final(
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_DFL
 
 
-def test_stream_refuses_a_nan_hop_or_speed(tmp_path: Path) -> None:
+def test_stream_refuses_a_nan_hop_or_speed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     wav = write_wav(tmp_path / "a.wav", 0.5)
-    assert main(["stream", str(wav), "--hop-s", "nan"]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["stream", str(wav), "--hop-s", "nan"])
+    assert exited.value.code == 2
     assert main(["stream", str(wav), "--speed", "nan"]) == 2
+    assert "--speed must be a positive number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hop", ["0.0001", "0.019", "0", "-1", "32.8", "inf", "1e9", "x"])
+def test_stream_refuses_a_hop_outside_the_protocols_frames(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], hop: str
+) -> None:
+    """--hop-s had no lower bound (0.0001 s sent one-sample frames, each paced by the server
+    as 10 ms: a trial) and no upper one (frames over 1 MiB were split, unsaid): it is
+    LIVE_MIN_FRAME_S (docs/protocol.md's shortest frame) to LIVE_MAX_FRAME_S (its largest)."""
+    wav = write_wav(tmp_path / "a.wav", 0.5)
+    with pytest.raises(SystemExit) as exited:
+        main(["stream", str(wav), "--hop-s", hop])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --hop-s:" in err
+    assert ("not a number" if hop == "x" else "outside 0.02..32.768 s") in err
+
+
+@pytest.mark.parametrize("hop", ["0.02", "1", "32.768"])
+def test_stream_takes_a_hop_inside_the_protocols_frames(hop: str) -> None:
+    assert build_parser().parse_args(["stream", "a.wav", "--hop-s", hop]).hop_s == float(hop)

@@ -112,6 +112,57 @@ def test_keys_revoke_by_id_or_key_and_its_refusals(
     assert status == 2 and err.count("\n") == 1 and "control characters" in err
 
 
+def test_keys_on_a_data_dir_that_is_a_file_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`keys list --data-dir FILE` said "no API keys in FILE/api_keys.sqlite3", exit 0 (a CLI
+    trial): no store can be there, which is not a store without keys."""
+    not_a_dir = tmp_path / "data"
+    not_a_dir.write_text("a file")
+    for data_dir, args in (
+        (not_a_dir, ("list",)),
+        (not_a_dir, ("list", "--json")),
+        (not_a_dir, ("create", "--name", "ci")),
+        (not_a_dir, ("revoke", "0" * 12)),
+        (not_a_dir / "deeper", ("list",)),
+    ):
+        status, out, err = keys(capsys, data_dir, *args)
+        assert status == 2 and out == "", args
+        assert err == (
+            f"error: config_error: cannot open the API key store {store_path(data_dir)}: "
+            f"{not_a_dir} is not a directory (--data-dir names the server's data directory)\n"
+        )
+    assert not_a_dir.read_text() == "a file"
+    # a data directory not made yet is still no keys, and `create` makes it
+    status, _, err = keys(capsys, tmp_path / "new", "list")
+    assert status == 0 and "no API keys in" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("", "--name is empty"),
+        ("   ", "--name is empty"),
+        ("\t", "--name is empty"),  # whitespace: stripped to nothing
+        ("a\tb", "control characters"),
+        ("a\x00b", "control characters"),
+        ("a\u202eb", "bidirectional"),
+        ("x" * 65, "at most 64 characters, not 65"),
+    ],
+)
+def test_keys_create_refuses_an_empty_or_unprintable_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, needle: str
+) -> None:
+    """`keys create --name ""` made a key without a name (a CLI trial: an unset --name "$WHO"),
+    which leaving --name out does on purpose."""
+    data = tmp_path / "data"
+    status, out, err = keys(capsys, data, "create", "--name", name)
+    assert status == 2 and out == "" and needle in err and err.count("\n") == 1
+    assert not store_path(data).exists()  # nothing was made
+    status, out, _ = keys(capsys, data, "create", "--name", "x" * 64)
+    assert status == 0 and KEY.fullmatch(out.strip())
+
+
 def test_keys_take_the_data_dir_serve_uses_by_default() -> None:
     parser = build_parser()
     for action in (["create"], ["list"], ["revoke", "0" * 12]):

@@ -185,6 +185,80 @@ def test_a_kaldi_text_reference_scores_text_metrics_and_skips_der(
     assert "no times" in capsys.readouterr().err
 
 
+def test_a_kaldi_text_by_another_name_is_read_as_one(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only a file named exactly `text` was read as Kaldi (a CLI trial): `jfk.txt` scored its
+    utterance id as a word (WER 2/22), `text.ref` was "cannot tell the format". Now a Kaldi
+    name (`text.*`, `*.text`) says so, and --ref-format/--hyp-format name any file's format."""
+    kaldi = (shared_data / "jfk" / "text").read_text()
+    hyp = tmp_path / "hyp.json"
+    hyp.write_text(json.dumps({"text": kaldi.split(maxsplit=1)[1].replace("country", "county")}))
+    for name, extra in (("text.ref", []), ("jfk.text", []), ("jfk.txt", ["--ref-format", "kaldi"])):
+        ref = tmp_path / name
+        ref.write_text(kaldi)
+        out = run_json(capsys, "--ref", str(ref), "--hyp", str(hyp), "--metric", "wer", *extra)
+        assert out["wer"]["value"] == pytest.approx(2 / 22), name  # both "country"s changed
+    # both sides named: a Kaldi hypothesis against a Kaldi reference, neither called `text`
+    hyp_kaldi = tmp_path / "hyp.trn"
+    hyp_kaldi.write_text(kaldi)
+    argv = ["--ref", str(tmp_path / "jfk.txt"), "--hyp", str(hyp_kaldi), "--metric", "wer"]
+    out = run_json(capsys, *argv, "--ref-format", "kaldi", "--hyp-format", "kaldi")
+    assert out["wer"]["value"] == 0.0 and list(out["wer"]["sessions"]) == ["jfk"]
+    assert main(["eval", *argv, "--ref-format", "kaldi"]) == 2
+    err = capsys.readouterr().err
+    assert "hyp.trn: cannot tell the format" in err and "--hyp-format" in err
+
+
+def test_meeteval_example_kaldi_texts(
+    shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """meeteval's `text_ref`/`text_hyp` (keyed text, 6 utterances) were "cannot tell the
+    format". Counts as jiwer gives them on the same utterances: S=2 D=7 I=0 of 92 words."""
+    folder = shared_data / "meeteval-examples"
+    argv = ["--ref", str(folder / "text_ref"), "--hyp", str(folder / "text_hyp")]
+    out = run_json(capsys, *argv, "--metric", "all", "--normalize", "none")
+    assert set(out) == {"cer", "wer"} and len(out["wer"]["sessions"]) == 6
+    wer = out["wer"]
+    counts = (wer["substitutions"], wer["deletions"], wer["insertions"], wer["ref_length"])
+    assert counts == (2, 7, 0, 92)
+
+
+def test_sessions_without_a_common_id_are_refused_and_lone_ones_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No reference session id in the hypothesis scored everything as deletions and
+    insertions without a word (a CLI trial): CER 1.0 about the ids, not the words. It is an
+    error now; sessions on one side only are scored and named on stderr, at most
+    MAX_LISTED_SESSIONS of them."""
+    ref, hyp = tmp_path / "ref.stm", tmp_path / "hyp.stm"
+    ref.write_text("".join(f"m{i:02} 1 A 0 1 hello world\n" for i in range(12)))
+    hyp.write_text("".join(f"M{i:02} 1 A 0 1 hello world\n" for i in range(12)))
+    for metric in ("cer", "der"):
+        assert main(["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", metric]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert (
+            "no session id of the reference ('m00', 'm01', 'm02', 'm03', 'm04' and 7 more) "
+            "is in the hypothesis ('M00'" in captured.err
+        )
+    hyp.write_text("m00 1 A 0 1 hello world\nx 1 A 0 1 hello\n")
+    argv = ["eval", "--ref", str(ref), "--hyp", str(hyp), "--metric", "wer", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert out["wer"]["deletions"] == 22 and out["wer"]["insertions"] == 1
+    assert captured.err.splitlines() == [
+        "livemeet eval: warning: reference sessions not in the hypothesis (11 of 12; they count "
+        "as all deletions / missed speech): 'm01', 'm02', 'm03', 'm04', 'm05' and 6 more",
+        "livemeet eval: warning: hypothesis sessions not in the reference (1 of 2; they count "
+        "as all insertions / false alarm): 'x'",
+    ]
+    hyp.write_text(ref.read_text())
+    assert main(["eval", "--ref", str(ref), "--hyp", str(hyp)]) == 0
+    assert capsys.readouterr().err == ""  # every session matched: nothing to say
+
+
 @pytest.mark.parametrize("form", ["json", "txt"])
 def test_a_json_or_text_response_scores_the_text_metrics(
     tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str], form: str

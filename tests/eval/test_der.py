@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from livemeet.errors import InvalidRequest
 from livemeet.eval.der import diarization_error_rate
-from livemeet.eval.io import SpeakerTurn, UemRegion, load_turns, load_uem
+from livemeet.eval.io import SpeakerTurn, TextSegment, UemRegion, load_turns, load_uem
 
 
 @pytest.fixture(scope="module")
@@ -133,9 +134,32 @@ def test_time_outside_the_uem_is_ignored() -> None:
     assert result.der == 0.0 and result.components.total_s == pytest.approx(5.0)
 
 
+@pytest.mark.parametrize("collar_s", [-0.1, math.nan, math.inf, -math.inf])
+def test_a_collar_the_cli_refuses_is_a_value_error(collar_s: float) -> None:
+    """The CLI refused --collar nan/inf/-1, the API took NaN (scored as no collar) and raised
+    from the mapping for infinity (a CLI trial)."""
+    ref = [SpeakerTurn("s", "A", 0.0, 1.0)]
+    with pytest.raises(ValueError, match="collar_s must be a finite number >= 0"):
+        diarization_error_rate(ref, ref, None, collar_s)
+
+
+@pytest.mark.parametrize(
+    ("start_s", "end_s"),
+    [(math.nan, 1.0), (0.0, math.nan), (0.0, math.inf), (-1.0, 1.0), (2.0, 1.0)],
+)
+def test_records_made_in_code_need_the_times_the_readers_need(start_s: float, end_s: float) -> None:
+    """The readers refuse NaN, infinite and reversed times; records made in code took them,
+    and a NaN turn or segment scored as whatever its sort put it (DER, WER: all of them)."""
+    for make in (
+        lambda: SpeakerTurn("s", "A", start_s, end_s),
+        lambda: TextSegment("s", "A", start_s, end_s, "x"),
+        lambda: UemRegion("s", start_s, end_s),
+    ):
+        with pytest.raises(ValueError, match="needs finite 0 <= start_s <= end_s"):
+            make()
+
+
 def test_errors() -> None:
     ref = [SpeakerTurn("s", "A", 0.0, 1.0)]
-    with pytest.raises(InvalidRequest, match="collar must be >= 0"):
-        diarization_error_rate(ref, ref, None, -0.1)
     with pytest.raises(InvalidRequest, match="'s' of the reference has no UEM region"):
         diarization_error_rate(ref, ref, [UemRegion("other", 0, 1)], 0.0)

@@ -86,6 +86,47 @@ def test_real_files_load(shared_data: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("name", "fmt", "expected"),
+    [
+        # a Kaldi text under another name than `text` was "cannot tell the format", or (a
+        # .txt) plain text with its utterance ids scored as words (a CLI trial)
+        ("text.ref", None, "kaldi"),
+        ("text.orig", None, "kaldi"),
+        ("ref.text", None, "kaldi"),
+        ("REF.TEXT", None, "kaldi"),
+        ("text_ref", None, "kaldi"),  # meeteval's example files' names
+        ("hyp-text", None, "kaldi"),
+        ("ref.txt", "kaldi", "kaldi"),
+        ("ref", "kaldi", "kaldi"),
+        ("text.txt", None, "plain"),  # a `text` response saved as text.txt: its extension says
+        ("text.stm", None, "stm"),
+        ("context", "kaldi", "kaldi"),  # only a whole `text` part names it: "context" has none
+        ("a.stm", "txt", "plain"),  # the caller's word outranks the extension
+        ("a.txt", "json", "json_text"),
+    ],
+)
+def test_a_kaldi_name_or_the_callers_format_decides(
+    tmp_path: Path, name: str, fmt: str | None, expected: str
+) -> None:
+    content = '{"text": "hello"}' if fmt == "json" else "utt-1 hello there\nutt-2 hi\n"
+    path = tmp_path / name
+    path.write_text(content)
+    assert detect_format(path, content, fmt) == expected
+    if expected == "kaldi":
+        assert [s.session for s in load_segments(path, fmt)] == ["utt-1", "utt-2"]
+
+
+def test_a_format_that_cannot_be_told_names_the_way_out(tmp_path: Path) -> None:
+    path = tmp_path / "context"
+    path.write_text("utt-1 hello there\n")
+    with pytest.raises(InvalidRequest, match="cannot tell the format") as raised:
+        load_segments(path)
+    assert "--ref-format" in raised.value.message and "kaldi" in raised.value.message
+    with pytest.raises(InvalidRequest, match="unknown format 'trn'"):
+        load_segments(path, "trn")
+
+
+@pytest.mark.parametrize(
     ("name", "content", "expected"),
     [
         ("a.stm", "", "stm"),

@@ -20,6 +20,7 @@ from livemeet.eval.wer import (
     count_errors,
     edit_distance,
     error_rate,
+    match_sessions,
 )
 
 
@@ -144,6 +145,19 @@ def test_missing_sessions_count_as_deletions_or_insertions() -> None:
     result = error_rate(ref, hyp)
     assert result.counts == ErrorCounts(0, 2, 1, 2)
     assert ErrorCounts(0, 0, 1, 0).rate == float("inf") and ErrorCounts().rate == 0.0
+
+
+def test_match_sessions_names_the_ids_of_one_side_only() -> None:
+    def seg(session: str) -> TextSegment:
+        return TextSegment(session, "A", 0.0, 1.0, "x")
+
+    match = match_sessions([seg("a"), seg("b"), seg("b")], [seg("b"), seg("c"), seg("d")])
+    assert (match.matched, match.ref_only, match.hyp_only) == (("b",), ("a",), ("c", "d"))
+    assert not match.disjoint
+    assert match_sessions([seg("a")], [seg("x")]).disjoint
+    assert not match_sessions([seg("a")], []).disjoint  # an empty hypothesis: all deletions
+    # a side without ids pairs with the other's only session (`pair_sessions`)
+    assert match_sessions([seg("a")], [seg(DEFAULT_SESSION)]).matched == ("a",)
 
 
 def test_default_session_pairs_with_the_only_other_session() -> None:
