@@ -49,6 +49,7 @@ step() {
   timeout -s INT -k 10 "$limit" "$@"
   local rc=$?
   echo "=== $name: rc=$rc at t=$((SECONDS - start)) s"
+  return $rc
 }
 
 # gpu_util_start NAME / gpu_util_stop: with GPU_UTIL_MS set, nvidia-smi samples the GPU every
@@ -84,12 +85,17 @@ import torch, triton, transformers, aiohttp, numpy
 print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name())
 print('triton', triton.__version__, 'transformers', transformers.__version__)
 from livemeet.models.tokenizer import load_tokenizer; load_tokenizer(None)
-import livemeet.engine.engine, loadtest.bench_engine
+import livemeet.engine.engine, loadtest.bench_engine, loadtest.workloads
 try:
     import av, soundfile, soxr, python_multipart  # the server's upload decoder and form parser
 except ImportError as exc:
     print('WARNING: the server cannot decode uploads:', exc)
-"
+" || {
+  # every phase imports these: without one nothing here can run, and each step failing alike
+  # ate a call (session 43: langcodes, a dependency since session 41, was not in .whl)
+  echo "=== preflight failed: add the missing module's wheel to .whl (docs/benchmarks.md, How to run)"
+  exit 1
+}
 
 case "$phase" in
   engine)

@@ -38,6 +38,30 @@ def bench_engine_args(tmp_path: Path, phase: str, **env: str) -> list[str]:
     return next(argv for argv in runs if argv[:2] == ["-m", "loadtest.bench_engine"])
 
 
+@pytest.mark.parametrize("phase", ["engine", "http", "live"])
+def test_a_failed_preflight_stops_the_run(tmp_path: Path, phase: str) -> None:
+    """A module every phase imports missing (session 43: langcodes not in .whl) failed every
+    step alike, and the call's time went on them: the run stops after the preflight."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python3 = bin_dir / "python3"
+    # the preflight (`python3 -c`) fails as a missing import does; any later call is recorded
+    python3.write_text(STANDIN + '[ "$1" = -c ] && exit 1\nexit 0\n')
+    python3.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_bench.sh"), phase],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls),
+             "OUT": str(tmp_path / "out")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "preflight failed" in done.stdout
+    runs = [record.split("\x1f")[:-1] for record in calls.read_text().split("\x1e")[:-1]]
+    # (a `-m pip install` of a checkout's .whl may come first)
+    assert [argv[0] for argv in runs if argv[:2] != ["-m", "pip"]] == ["-c"]
+
+
 @pytest.mark.parametrize("phase", ["engine", "profile"])
 def test_bench_workloads_picks_the_engine_benchs_workloads_in_both_phases(
     tmp_path: Path, phase: str
