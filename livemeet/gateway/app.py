@@ -459,8 +459,11 @@ async def _expect_upload(request: web.Request) -> web.StreamResponse | None:
     middleware as any refusal. aiohttp answers 100 ahead of every middleware, so a client with
     a wrong key uploaded the whole file to learn that.
     Another Expect value is 417, as aiohttp's own handler answers it."""
-    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        # repr: header bytes that are not UTF-8 come as surrogates, which the body's encoding
+        # raised on (an unauthenticated 500, with a traceback: a security review)
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect!r}")
     try:
         await check_request_key(request)
         openai_api.check_declared_size(request, request.app[CONFIG_KEY].gateway.max_upload_bytes)

@@ -130,3 +130,22 @@ async def test_an_unknown_expectation_is_417(
     status, _, _ = await read_response(reader)
     writer.close()
     assert status == 417
+
+
+async def test_an_expectation_of_bytes_that_are_not_utf8_is_417_not_a_500(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The 417's text named the value, whose surrogates (bytes that are not UTF-8) its
+    encoding raised on: a 500 and a traceback, before any key was asked for (a security
+    review)."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    reader, writer = await open_socket(client)
+    writer.write(request_head(10, {}).replace(b"100-continue", b"\xff\xfe"))
+    await writer.drain()
+    status, _, body = await read_response(reader)
+    writer.close()
+    assert status == 417 and b"\\udcff" in body
+    assert not [r for r in caplog.records if r.exc_info]
