@@ -432,6 +432,10 @@ async def test_only_the_servers_own_pages_and_allowed_origins_open_sessions(
         "/v1/live", origin="https://meet.example.com", headers=proxied
     ) as ws:
         await start_session(ws)
+    # that host without a port is its default one: a page on another port is another site
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await client.ws_connect("/v1/live", origin="https://meet.example.com:8443", headers=proxied)
+    assert refused.value.status == 400
     allowing = await gateway_client(
         aiohttp_client,
         server_config,
