@@ -50,7 +50,7 @@ from livemeet.gateway.auth_http import (
 )
 from livemeet.gateway.disk import MIB, DiskGuard
 from livemeet.gateway.errors_http import error_response
-from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
+from livemeet.gateway.http_protocol import malformed_body, name_the_server, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     AUTH_KEY,
@@ -135,6 +135,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app.cleanup_ctx.append(transcriber_lifecycle)
     app.on_shutdown.append(close_live_sockets)
     app.on_cleanup.append(flush_transcripts)
+    app.on_response_prepare.append(name_the_server)
     _add_routes(app)
     _allow_cross_origin(app, config.gateway.allowed_origins)
     serve_json_refusals(app, on_error=_refusal_counter(metrics))
