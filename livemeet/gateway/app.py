@@ -194,6 +194,21 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
     cors = aiohttp_cors.setup(app, defaults={canonical_origin(o): options for o in allowed})
     for name in CORS_ROUTES:
         cors.add(app.router[name])
+    app.on_response_prepare.append(_vary_by_origin)
+
+
+async def _vary_by_origin(request: web.Request, response: web.StreamResponse) -> None:
+    """`Vary: Origin` on every answer of a CORS route (one without `Origin` too): whether it
+    carries `Access-Control-Allow-Origin`, and which, depends on the request's `Origin`, so a
+    cache between the page and the server must not hand one origin's answer to another
+    (aiohttp-cors does not say so)."""
+    if request.match_info.route.name not in CORS_ROUTES:
+        return
+    vary = response.headers.get(hdrs.VARY)
+    if vary is None:
+        response.headers[hdrs.VARY] = hdrs.ORIGIN
+    elif hdrs.ORIGIN.lower() not in {v.strip().lower() for v in vary.split(",")}:
+        response.headers[hdrs.VARY] = f"{vary}, {hdrs.ORIGIN}"
 
 
 def _engine_stats_of(transcriber: Transcriber) -> StatsSource:

@@ -91,6 +91,24 @@ async def test_another_page_gets_no_cors_answer(
     assert ALLOW_ORIGIN not in health.headers  # for operators, not pages
 
 
+async def test_every_answer_of_the_api_varies_by_origin(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """Whether an answer carries Access-Control-Allow-Origin depends on the request's Origin,
+    and nothing said so: a cache between pages and the server could hand one origin's
+    answer to another (a security review). Every answer of a CORS route says `Vary:
+    Origin`, an error's and one to a request without Origin included; health does not."""
+    client = await gateway_client(aiohttp_client, server_config, fake, allowed_origins=(APP,))
+    for origin in (APP, "https://evil.example", None):
+        headers = {"Origin": origin} if origin else {}
+        for path in ("/v1/models", "/v1/transcriptions/tr-0", "/v1/sessions/s-0/transcript"):
+            answer = await client.get(path, headers=headers)
+            assert "Origin" in answer.headers.getall("Vary", []), (path, origin, answer.headers)
+    assert "Vary" not in (await client.get("/healthz", headers={"Origin": APP})).headers
+    answer = await preflight(client, APP)
+    assert answer.status == 200 and answer.headers["Vary"] == "Origin"
+
+
 async def test_any_origin_and_none(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
