@@ -48,7 +48,7 @@ from livemeet.gateway.auth_http import (
     key_watch,
     refused_client,
 )
-from livemeet.gateway.disk import MIB, DiskGuard
+from livemeet.gateway.disk import MIB, DiskGuard, make_private_dir
 from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, name_the_server, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
@@ -272,8 +272,8 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start the transcriber (and data dirs) before serving; close it after shutdown."""
     config = app[CONFIG_KEY]
     try:
-        tmp_dir(config).mkdir(parents=True, exist_ok=True)
-        transcripts_dir(config).mkdir(parents=True, exist_ok=True)
+        make_private_dir(tmp_dir(config))
+        make_private_dir(transcripts_dir(config))
     except OSError as exc:  # serve's check_data_dir passed; the disk changed since, or a race
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     stale = remove_spill_files(tmp_dir(config))  # a crashed run's; this run has none yet

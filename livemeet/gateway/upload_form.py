@@ -39,6 +39,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from livemeet.audio.decode import AudioSource
 from livemeet.errors import InvalidRequest, PayloadTooLarge, QueueFull, StorageFailed
+from livemeet.gateway.disk import make_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ class _FileSink:
     def _spill(self) -> None:
         self._take_disk(len(self._buffer))
         with _storing():
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.directory)
             self._path = self.directory / f"{SPILL_PREFIX}{uuid.uuid4().hex}"
             self._file = self._path.open("wb")
             self._file.write(self._buffer)
