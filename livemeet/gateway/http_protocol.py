@@ -18,7 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import hdrs, web
-from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import (
+    BadHttpMessage,
+    BadHttpMethod,
+    HttpProcessingError,
+    LineTooLong,
+)
 from aiohttp.web_protocol import RequestHandler
 
 from livemeet.errors import HeadersTooLarge, InternalError, InvalidRequest, LivemeetError
@@ -27,6 +32,9 @@ from livemeet.gateway.errors_http import error_response
 log = logging.getLogger(__name__)
 
 SHUTDOWN_POLL_S = 0.05  # s between checks for requests still running at shutdown
+# what both of aiohttp's parsers (C and Python) say past their 128 header fields; no class
+# of its own tells it from other malformed requests
+TOO_MANY_HEADERS = "Too many headers received"
 # every response's `Server` header: no versions (aiohttp's default names its own and Python's,
 # telling a scanner which known flaws to try)
 SERVER_NAME = "livemeet"
@@ -48,6 +56,9 @@ def refusal_error(status: int, exc: BaseException | None, message: str | None) -
     if isinstance(exc, LineTooLong):
         limit = exc.args[1]
         return HeadersTooLarge(f"request line or header field over {limit} bytes")
+    if isinstance(exc, BadHttpMessage) and exc.message == TOO_MANY_HEADERS:
+        # RFC 6585's 431 is for the fields "individually or collectively" too large
+        return HeadersTooLarge("more header fields than the server reads (128)")
     if status < 500:
         reason = message or (exc.message if isinstance(exc, HttpProcessingError) else "")
         return InvalidRequest(f"malformed HTTP request: {one_line(reason) or 'bad request'}")
