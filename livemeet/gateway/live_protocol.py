@@ -133,7 +133,8 @@ class ResumeRequest:
     """`start`'s `resume`: take up the session `session_id` again, proven by its token."""
 
     session_id: str
-    resume_token: str
+    # kept out of repr, as `start`'s api_key: it takes the session over, so never into a log
+    resume_token: str = field(repr=False)
 
 
 @dataclass(frozen=True)

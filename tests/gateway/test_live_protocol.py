@@ -515,6 +515,18 @@ def test_speaker_merged_on_the_wire() -> None:
     }
 
 
+def test_a_resume_tokens_repr_never_shows_it() -> None:
+    """The api_key was kept out of StartSession's repr, and the resume token, which takes
+    the session over, was in it (a security review)."""
+    token = "r" * 43
+    start = LiveProtocol().receive_text(
+        json.dumps({**json.loads(START), "resume": {"session_id": "s-1", "resume_token": token}})
+    )
+    assert isinstance(start, StartSession) and start.resume is not None
+    assert start.resume.resume_token == token and "s-1" in repr(start)
+    assert token not in repr(start) and token not in repr(start.resume)
+
+
 def test_start_may_carry_the_api_key_which_its_repr_never_shows() -> None:
     key = "lm_0123456789ab_" + "s" * 43
     start = LiveProtocol().receive_text(json.dumps({**json.loads(START), "api_key": f" {key} "}))
