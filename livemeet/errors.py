@@ -234,6 +234,13 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
 )
 
 
+def unexpected_text(exc: BaseException) -> str:
+    """An unexpected exception (a bug, a failing device) as a client hears of it, in an
+    `internal_error`'s message: its class, not its text, which may name the server's files,
+    devices or memory. Whoever says this logs the exception whole (log.exception)."""
+    return f"{type(exc).__name__} (an internal error: the server's log has its details)"
+
+
 def error_for_code(code: str, message: str) -> LivemeetError:
     """Rebuild a typed error from its `code` (e.g. after crossing the engine process boundary).
 

@@ -96,6 +96,7 @@ from livemeet.errors import (
     LivemeetError,
     NotFound,
     ProtocolError,
+    unexpected_text,
 )
 from livemeet.models.prompt import EOS, stable_prefix_len
 from livemeet.session.draft import hop_draft
@@ -348,7 +349,12 @@ class MossCore:
             if sid is None or sess is None:
                 return []
             self._drop(sid, sess)
-            return [(sid, Error("internal_error", f"transcript assembly failed: {exc!r}"))]
+            return [
+                (
+                    sid,
+                    Error("internal_error", f"transcript assembly failed: {unexpected_text(exc)}"),
+                )
+            ]
 
     # -- sessions ----------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from livemeet.audio.constants import SAMPLE_RATE, UPLOAD_LOOP_MIN_REPEATS, WINDO
 from livemeet.backends.base import restored_finals, restored_merges
 from livemeet.backends.segment_stream import UploadTranscript
 from livemeet.engine.messages import EngineStats
-from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError
+from livemeet.errors import InvalidRequest, LivemeetError, NotFound, ProtocolError, unexpected_text
 from livemeet.session.live import LiveOptions, LiveSession, Window, clean_hypothesis
 from livemeet.transcriber import (
     BackendInfo,
@@ -260,7 +260,7 @@ class RedecodeCore(abc.ABC):
             events = [Error(exc.code, exc.message, exc.retryable)]
         except Exception as exc:  # one session's decode failure must not stop others
             log.exception("decode failed for session %s", sid)
-            events = [Error("internal_error", f"decode failed: {exc!r}")]
+            events = [Error("internal_error", f"decode failed: {unexpected_text(exc)}")]
         if events and is_terminal(events[-1]):
             del self._sessions[sid]
         return [(sid, e) for e in events]

@@ -40,7 +40,7 @@ from livemeet.config import (
 )
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
-from livemeet.gateway.disk import MIB, DiskGuard
+from livemeet.gateway.disk import MIB, DiskGuard, exposed_dirs, make_private_dir
 from livemeet.gateway.keys import live_dir, tmp_dir, transcripts_dir
 from livemeet.gateway.live_journal import journal_holder
 
@@ -597,9 +597,10 @@ def check_data_dir(config: ServerConfig) -> None:
     that), whose own files these probes leave alone. Raises ConfigError naming the path and
     the OS error."""
     where = f"cannot use --data-dir {config.data_dir}"
-    for directory in (tmp_dir(config), transcripts_dir(config), live_dir(config)):
+    directories = [tmp_dir(config), transcripts_dir(config), live_dir(config)]
+    for directory in directories:
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            make_private_dir(directory)
         except FileExistsError as exc:  # exist_ok: what is there is not a directory
             raise ConfigError(f"{where}: {directory} is not a directory") from exc
         except OSError as exc:  # e.g. a file as a parent, /proc, no permission
@@ -613,6 +614,13 @@ def check_data_dir(config: ServerConfig) -> None:
             ) from exc
         os.close(fd)
         os.unlink(probe)
+    exposed = exposed_dirs(directories)
+    if exposed:  # made by hand, or by a livemeet that made them so
+        log.warning(
+            "%s: readable by every user of this machine, and they hold meetings' audio and "
+            "transcripts: chmod 700 them (livemeet makes its directories so)",
+            ", ".join(exposed),
+        )
     floor_mb = config.gateway.min_free_disk_mb
     disk = DiskGuard(config.data_dir, int(floor_mb * MIB))  # as the server checks it
     if disk.low:  # it would start, and refuse every new session

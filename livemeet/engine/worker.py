@@ -69,7 +69,7 @@ from livemeet.engine.messages import (
 )
 from livemeet.engine.shared_audio import read_shared_audio
 from livemeet.engine.trace_window import TraceConfig, TraceWindow
-from livemeet.errors import LivemeetError
+from livemeet.errors import LivemeetError, unexpected_text
 from livemeet.transcriber import Error, Samples, is_terminal
 
 log = logging.getLogger(__name__)
@@ -270,7 +270,9 @@ class Worker:
             self._fail(sid, Error("not_found", f"unknown session {exc}"))
         except Exception as exc:
             log.exception("command %s failed", type(cmd).__name__)
-            self._fail(sid, Error("internal_error", f"{type(cmd).__name__} failed: {exc!r}"))
+            self._fail(
+                sid, Error("internal_error", f"{type(cmd).__name__} failed: {unexpected_text(exc)}")
+            )
 
     def step(self) -> None:
         for sid, event in self.core.step():

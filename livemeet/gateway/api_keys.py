@@ -24,6 +24,7 @@ from pathlib import Path
 
 from livemeet.errors import ConfigError, NotFound
 from livemeet.gateway.auth import ApiKey, KeyRing, check_key_name, key_digest, new_key
+from livemeet.gateway.disk import make_private_dir
 
 SCHEMA_VERSION = 1  # PRAGMA user_version of the stores this code writes and reads
 DB_NAME = "api_keys.sqlite3"
@@ -174,7 +175,7 @@ class ApiKeyStore:
             raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}") from exc
         try:
             if create:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                make_private_dir(self.path.parent)
             # `mode=rw`: a reader never creates the file (a plain open would, empty)
             uri = f"{self.path.resolve().as_uri()}?mode={'rwc' if create else 'rw'}"
             # autocommit: each write is one statement, its own transaction; check_same_thread

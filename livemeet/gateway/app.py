@@ -48,9 +48,9 @@ from livemeet.gateway.auth_http import (
     key_watch,
     refused_client,
 )
-from livemeet.gateway.disk import MIB, DiskGuard
+from livemeet.gateway.disk import MIB, DiskGuard, make_private_dir
 from livemeet.gateway.errors_http import error_response
-from livemeet.gateway.http_protocol import malformed_body, serve_json_refusals
+from livemeet.gateway.http_protocol import malformed_body, name_the_server, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     AUTH_KEY,
@@ -135,6 +135,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app.cleanup_ctx.append(transcriber_lifecycle)
     app.on_shutdown.append(close_live_sockets)
     app.on_cleanup.append(flush_transcripts)
+    app.on_response_prepare.append(name_the_server)
     _add_routes(app)
     _allow_cross_origin(app, config.gateway.allowed_origins)
     serve_json_refusals(app, on_error=_refusal_counter(metrics))
@@ -193,6 +194,21 @@ def _allow_cross_origin(app: web.Application, allowed: tuple[str, ...]) -> None:
     cors = aiohttp_cors.setup(app, defaults={canonical_origin(o): options for o in allowed})
     for name in CORS_ROUTES:
         cors.add(app.router[name])
+    app.on_response_prepare.append(_vary_by_origin)
+
+
+async def _vary_by_origin(request: web.Request, response: web.StreamResponse) -> None:
+    """`Vary: Origin` on every answer of a CORS route (one without `Origin` too): whether it
+    carries `Access-Control-Allow-Origin`, and which, depends on the request's `Origin`, so a
+    cache between the page and the server must not hand one origin's answer to another
+    (aiohttp-cors does not say so)."""
+    if request.match_info.route.name not in CORS_ROUTES:
+        return
+    vary = response.headers.get(hdrs.VARY)
+    if vary is None:
+        response.headers[hdrs.VARY] = hdrs.ORIGIN
+    elif hdrs.ORIGIN.lower() not in {v.strip().lower() for v in vary.split(",")}:
+        response.headers[hdrs.VARY] = f"{vary}, {hdrs.ORIGIN}"
 
 
 def _engine_stats_of(transcriber: Transcriber) -> StatsSource:
@@ -256,8 +272,8 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start the transcriber (and data dirs) before serving; close it after shutdown."""
     config = app[CONFIG_KEY]
     try:
-        tmp_dir(config).mkdir(parents=True, exist_ok=True)
-        transcripts_dir(config).mkdir(parents=True, exist_ok=True)
+        make_private_dir(tmp_dir(config))
+        make_private_dir(transcripts_dir(config))
     except OSError as exc:  # serve's check_data_dir passed; the disk changed since, or a race
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     stale = remove_spill_files(tmp_dir(config))  # a crashed run's; this run has none yet
@@ -452,16 +468,21 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 
 async def _expect_upload(request: web.Request) -> web.StreamResponse | None:
-    """`Expect: 100-continue` on an upload (RFC 9110 section 10.1.1): a refused API key, a
-    declared body over the limit, or an upload the server cannot take now (not ready or
-    draining, short of disk, every session slot in use: `check_admission`) is answered (401,
-    413, 503, 507, 429) before the client sends the body, rendered and counted by the error
+    """`Expect: 100-continue` on an upload (RFC 9110 section 10.1.1): a page of an origin not
+    allowed, a refused API key, a declared body over the limit, or an upload the server
+    cannot take now (not ready or draining, short of disk, every session slot in use:
+    `check_admission`) is answered (400, 401, 413, 503, 507, 429) before the client sends the
+    body, rendered and counted by the error
     middleware as any refusal. aiohttp answers 100 ahead of every middleware, so a client with
     a wrong key uploaded the whole file to learn that.
     Another Expect value is 417, as aiohttp's own handler answers it."""
-    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {request.headers[hdrs.EXPECT]}")
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if expect.lower() != "100-continue":
+        # repr: header bytes that are not UTF-8 come as surrogates, which the body's encoding
+        # raised on (an unauthenticated 500, with a traceback: a security review)
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect!r}")
     try:
+        openai_api.check_upload_origin(request)
         await check_request_key(request)
         openai_api.check_declared_size(request, request.app[CONFIG_KEY].gateway.max_upload_bytes)
         openai_api.check_admission(request.app)

@@ -175,7 +175,9 @@ def authenticate(mode: AuthMode, ring: KeyRing, presented: str | None) -> Verdic
         return Verdict(None, None)
     if presented is None:
         return Verdict(None, AuthFailure.MISSING)
-    if len(presented) > MAX_API_KEY_CHARS:
+    # every key is ASCII; anything else is none, and may not even encode (header bytes that
+    # are not UTF-8 come as surrogates: their digest raised, a 500)
+    if len(presented) > MAX_API_KEY_CHARS or not presented.isascii():
         return Verdict(None, AuthFailure.WRONG)
     # a lookup by digest: its timing could tell a guesser only about the digests of guesses
     key = ring.by_digest.get(key_digest(presented))

@@ -21,6 +21,36 @@ from livemeet.errors import StorageFailed
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
+# what the server makes of its data directory: its owner's alone (meetings' audio and
+# transcripts; under the usual umask 022 they were every local user's to read)
+PRIVATE_DIR_MODE = 0o700
+
+
+def make_private_dir(path: Path) -> None:
+    """`mkdir -p path`, each directory it makes PRIVATE_DIR_MODE (a `mkdir -p` makes the
+    missing parents with the default mode); those already there are left as they are.
+    Raises OSError (FileExistsError where `path` is not a directory)."""
+    try:
+        path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+    except FileNotFoundError:
+        if path.parent == path:
+            raise
+        make_private_dir(path.parent)
+        path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+
+
+def exposed_dirs(paths: list[Path]) -> list[str]:
+    """Those of `paths` (directories) that other users of the machine may read or enter, as
+    `path (mode 0755)`, for a warning; missing ones are skipped."""
+    exposed = []
+    for path in paths:
+        try:
+            mode = path.stat().st_mode & 0o777
+        except OSError:
+            continue
+        if mode & 0o007:
+            exposed.append(f"{path} (mode {mode:04o})")
+    return exposed
 
 
 class DiskGuard:

@@ -101,6 +101,7 @@ from livemeet.engine.worker import run_worker, run_worker_on_pipe
 from livemeet.errors import (
     BadAudio,
     EngineUnavailable,
+    InternalError,
     InvalidRequest,
     LivemeetError,
     ProtocolError,
@@ -650,7 +651,14 @@ class EngineClient:
             return  # e.g. the exit that follows a WorkerFailed (the restart sees it lost)
         log.error("engine lost: %s", error.message)
         self._ready = False
-        self._fail_all(f"the engine failed: {error.message}")
+        # a crash's text (its exception's repr) is the log's: it may name the server's files,
+        # devices or memory, and every session's client was sent it (a security review)
+        public = (
+            "its worker crashed (an internal error: the server's log has its details)"
+            if isinstance(error, InternalError)
+            else error.message
+        )
+        self._fail_all(f"the engine failed: {public}")
         assert self._loop is not None
         self._restart_task = self._loop.create_task(self._restart())
 

@@ -17,8 +17,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
+from aiohttp import hdrs, web
+from aiohttp.http_exceptions import (
+    BadHttpMessage,
+    BadHttpMethod,
+    HttpProcessingError,
+    LineTooLong,
+)
 from aiohttp.web_protocol import RequestHandler
 
 from livemeet.errors import HeadersTooLarge, InternalError, InvalidRequest, LivemeetError
@@ -27,6 +32,12 @@ from livemeet.gateway.errors_http import error_response
 log = logging.getLogger(__name__)
 
 SHUTDOWN_POLL_S = 0.05  # s between checks for requests still running at shutdown
+# what both of aiohttp's parsers (C and Python) say past their 128 header fields; no class
+# of its own tells it from other malformed requests
+TOO_MANY_HEADERS = "Too many headers received"
+# every response's `Server` header: no versions (aiohttp's default names its own and Python's,
+# telling a scanner which known flaws to try)
+SERVER_NAME = "livemeet"
 
 ErrorListener = Callable[[LivemeetError], None]
 
@@ -45,6 +56,9 @@ def refusal_error(status: int, exc: BaseException | None, message: str | None) -
     if isinstance(exc, LineTooLong):
         limit = exc.args[1]
         return HeadersTooLarge(f"request line or header field over {limit} bytes")
+    if isinstance(exc, BadHttpMessage) and exc.message == TOO_MANY_HEADERS:
+        # RFC 6585's 431 is for the fields "individually or collectively" too large
+        return HeadersTooLarge("more header fields than the server reads (128)")
     if status < 500:
         reason = message or (exc.message if isinstance(exc, HttpProcessingError) else "")
         return InvalidRequest(f"malformed HTTP request: {one_line(reason) or 'bad request'}")
@@ -94,6 +108,7 @@ class GatewayRequestHandler(RequestHandler):
         if request.writer.output_size > 0:  # as aiohttp's: a response is already under way
             raise ConnectionError("response already started; cannot send the error")
         response = error_response(error)
+        response.headers[hdrs.SERVER] = SERVER_NAME  # no app here: `name_the_server` is not run
         response.force_close()  # the parser's place in the byte stream is lost
         return response
 
@@ -159,6 +174,11 @@ def _busy(conn: RequestHandler) -> bool:
     """Whether a request is being handled on `conn` (aiohttp's own flag, read as its
     `shutdown` reads it; a version without it counts every connection as idle, as before)."""
     return bool(getattr(conn, "_request_in_progress", False))
+
+
+async def name_the_server(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: the `Server` header is SERVER_NAME, without versions."""
+    response.headers[hdrs.SERVER] = SERVER_NAME
 
 
 def serve_json_refusals(app: web.Application, on_error: ErrorListener) -> None:

@@ -56,6 +56,7 @@ from livemeet.audio.constants import (
     PCM_S16LE_BYTES,
 )
 from livemeet.errors import ConfigError, InternalError, StorageFailed
+from livemeet.gateway.disk import make_private_dir
 from livemeet.gateway.live_journal_schema import (
     SELECT_LIVE,
     connect,
@@ -439,7 +440,7 @@ class LiveJournal:
 
     def _make_dirs(self) -> None:
         try:
-            self.audio_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(self.audio_dir)
         except OSError as exc:
             raise StorageFailed(f"live journal {self.root} could not be created: {exc}") from exc
         self._lock()

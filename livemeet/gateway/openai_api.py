@@ -63,6 +63,7 @@ from livemeet.gateway.keys import (
 from livemeet.gateway.sse import DeltaFlusher, TextTracker, encode_event
 from livemeet.gateway.transcript_store import new_transcription_id
 from livemeet.gateway.upload_form import FormReader, UploadAudio
+from livemeet.gateway.ws_live import check_browser_origin
 from livemeet.transcriber import (
     Error,
     Event,
@@ -147,6 +148,15 @@ def _not_ready(transcriber: Transcriber) -> EngineUnavailable:
     return EngineUnavailable("the model is not ready; retry shortly", retry_after_s=retry_after_s)
 
 
+def check_upload_origin(request: web.Request) -> None:
+    """Refuse an upload from a browser page of another origin than the server's own or an
+    `--allowed-origin` (RequestRejected, 400), as a live socket's is refused: a form on any
+    site could post a file to a server that asks for no key (a plain multipart POST needs no
+    CORS preflight), and the server transcribed it, for nobody to read (a security
+    review). Clients that are not browsers send no Origin and are not checked."""
+    check_browser_origin(request, "upload")
+
+
 async def create_transcription(request: web.Request) -> web.StreamResponse:
     """The upload endpoint. Raises LivemeetError subclasses, rendered by the error middleware.
 
@@ -154,6 +164,7 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     (livemeet.gateway.incoming); from then on the backend counts it until it is queued, so it
     is never counted on both sides. Released on every error path too."""
     app = request.app
+    check_upload_origin(request)
     check_admission(app)
     started = time.monotonic()
     phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)

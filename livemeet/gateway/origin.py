@@ -7,9 +7,10 @@ any site a user visits could stream to a livemeet server on their machine or int
 browser's socket is taken when its origin is the server's own (the recorder page, `GET /`) or
 one `serve --allowed-origin` names ("*": any). Clients that are not browsers send no
 `Origin` and are taken as before. Hosts compare as (lower-case host, port), the scheme's
-default port filled in. Not covered: DNS rebinding (a page whose own name resolves to the
-server has a matching Host); a server on a public name should sit behind a proxy that checks
-the Host.
+default port filled in (a `Host` without a port is the page's scheme's default: a page on
+another port of the same host is another origin). Not covered: DNS rebinding (a page whose
+own name resolves to the server has a matching Host); a server on a public name should sit
+behind a proxy that checks the Host.
 """
 
 from __future__ import annotations
@@ -63,7 +64,12 @@ def origin_allowed(
         return False
     if page in {parse_origin(a) for a in allowed}:
         return True
-    return any(h is not None and _host_port(h, page[1]) == page for h in hosts)
+    # a Host without a port names the default port of the scheme it was reached by (RFC
+    # 9110 section 7.2), so it is the page's own where the page's scheme has that port. Not
+    # the page's own port: a page of any other port of the host (a dev server, another app)
+    # passed as the server's own (a security review)
+    default_port = _DEFAULT_PORTS[urlsplit(origin.strip()).scheme.lower()]
+    return any(h is not None and _host_port(h, default_port) == page for h in hosts)
 
 
 def canonical_origin(value: str) -> str:

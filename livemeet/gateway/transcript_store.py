@@ -25,7 +25,7 @@ from typing import Any
 
 from livemeet.audio.constants import TRANSCRIPT_CACHE_ENTRIES
 from livemeet.errors import NotFound
-from livemeet.gateway.disk import remove_older_than
+from livemeet.gateway.disk import make_private_dir, remove_older_than
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ class TranscriptStore:
         file), the directory synced after it (the new name). A live session's audio is
         deleted from the journal once its transcript is written: an unsynced transcript
         lost to a power cut took the meeting with it."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.directory)
         tmp = self.directory / f".{transcription_id}.json.tmp"
         with tmp.open("w", encoding="utf-8") as f:
             f.write(body)

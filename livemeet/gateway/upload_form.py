@@ -14,7 +14,8 @@ module's only I/O. Spill files of all uploads together hold at most a second `By
 by.
 
 Errors, each raised as soon as it is detected: PayloadTooLarge once the body passes its byte
-limit; QueueFull once the spill would pass the disk budget (retryable); InvalidRequest for an
+limit; QueueFull once the spill would pass the disk budget (retryable); StorageFailed where
+the spill file cannot be made or written (a full or failing disk; retryable); InvalidRequest for an
 unreadable Content-Type, a malformed body (no opening boundary within MAX_PREAMBLE_BYTES
 included), more than MAX_FORM_PARTS parts, a nested multipart part, a second `file`, a file (a
 part with a filename) under another field name, a kept text field over MAX_FIELD_BYTES or not
@@ -25,7 +26,10 @@ error, `discard()` frees what was kept (the caller's job, as for a finished form
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -34,7 +38,10 @@ from python_multipart.exceptions import FormParserError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from livemeet.audio.decode import AudioSource
-from livemeet.errors import InvalidRequest, PayloadTooLarge, QueueFull
+from livemeet.errors import InvalidRequest, PayloadTooLarge, QueueFull, StorageFailed
+from livemeet.gateway.disk import make_private_dir
+
+log = logging.getLogger(__name__)
 
 MAX_FIELD_BYTES = 1 << 16  # bytes; longest non-file form field (prompt etc.)
 MAX_FORM_PARTS = 64  # parts per body; OpenAI's form has a dozen fields at most
@@ -121,6 +128,7 @@ class _FileSink:
         self._file: BinaryIO | None = None
 
     def write(self, data: bytes | memoryview) -> None:
+        """Keep `data`. Raises QueueFull (the disk budget), StorageFailed (the spill file)."""
         self.num_bytes += len(data)
         if self._file is None:
             if self.num_bytes <= self.memory_bytes and self.budget.take(len(data)):
@@ -129,7 +137,8 @@ class _FileSink:
             self._spill()
         assert self._file is not None
         self._take_disk(len(data))
-        self._file.write(data)
+        with _storing():
+            self._file.write(data)
 
     def _take_disk(self, num_bytes: int) -> None:
         """Reserve `num_bytes` of spill; QueueFull when all uploads together hold the limit
@@ -143,10 +152,11 @@ class _FileSink:
 
     def _spill(self) -> None:
         self._take_disk(len(self._buffer))
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._path = self.directory / f"{SPILL_PREFIX}{uuid.uuid4().hex}"
-        self._file = self._path.open("wb")
-        self._file.write(self._buffer)
+        with _storing():
+            make_private_dir(self.directory)
+            self._path = self.directory / f"{SPILL_PREFIX}{uuid.uuid4().hex}"
+            self._file = self._path.open("wb")
+            self._file.write(self._buffer)
         self._release_buffer()
 
     def _release_buffer(self) -> None:
@@ -160,7 +170,8 @@ class _FileSink:
             data = bytes(self._buffer)  # a copy: AudioSource is bytes; the buffer goes now
             self._buffer = bytearray()
             return data
-        self._file.close()
+        with _storing():
+            self._file.close()  # flushes: a full disk may say so only now
         assert self._path is not None
         return self._path
 
@@ -388,6 +399,21 @@ class FormReader:
 
     def _on_end(self) -> None:
         self._ended = True
+
+
+@contextlib.contextmanager
+def _storing() -> Iterator[None]:
+    """The spill file's OSErrors (a full, read-only or failing disk, a data dir changed under
+    the server) as StorageFailed: they were 500 internal_errors with a traceback. The message
+    names no path (it goes to the client)."""
+    try:
+        yield
+    except OSError as exc:
+        log.warning("an upload's spill file failed: %s", exc)
+        reason = exc.strerror or type(exc).__name__
+        raise StorageFailed(
+            f"the server could not store the upload's audio ({reason}); retry later"
+        ) from exc
 
 
 def _header_text(value: bytes) -> str:

@@ -256,6 +256,24 @@ def test_serve_refuses_an_unusable_data_dir_in_one_line(
     ]  # and no probe file left
 
 
+def test_a_data_dir_other_users_may_read_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It holds meetings' audio and transcripts: livemeet makes its directories 0700 now, and
+    a start (or --check-config) on directories others may read says so (a security review)."""
+    data_dir = tmp_path / "data"
+    config = serve.config_from_args(
+        build_parser().parse_args(["serve", "--data-dir", str(data_dir)])
+    )
+    with caplog.at_level("WARNING"):
+        serve.check_data_dir(config)
+        assert "readable by every user" not in caplog.text
+        (data_dir / "live").chmod(0o755)
+        serve.check_data_dir(config)
+    assert f"{data_dir / 'live'} (mode 0755): readable by every user" in caplog.text
+    assert str(data_dir / "tmp") not in caplog.text
+
+
 @pytest.mark.parametrize("value", ["-1", "-100000000", "-0.5", "nan", "inf"])
 @pytest.mark.parametrize("flag", ["--min-free-disk-mb", "--retention-days"])
 def test_a_negative_disk_setting_names_its_flag(

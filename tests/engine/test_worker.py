@@ -240,6 +240,26 @@ def test_step_crash_fails_the_worker_and_frees_sessions(counting: list[CountingC
     assert counting[0].freed == Counter({"a": 1}) and counting[0].closed == 1
 
 
+def test_a_failed_command_tells_its_client_the_class_not_the_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The session's error carried the exception's repr (a path under the model's directory,
+    a device's memory figures) to the client; the log keeps it whole."""
+
+    class Failing(ScriptedCore):
+        def append(self, session_id, samples):  # type: ignore[no-untyped-def]
+            raise RuntimeError("cannot map /srv/models/secret/weights.bin: out of memory")
+
+    outbox: queue.Queue[object] = queue.Queue()
+    worker = Worker(Failing(), outbox)
+    worker.apply(OpenSession("a", SessionOptions()))
+    worker.apply(AppendAudio("a", audio(1.0)))
+    (error,) = [e for e in events_of(list(outbox.queue), "a") if isinstance(e, Error)]
+    assert error.code == "internal_error" and "RuntimeError" in error.message
+    assert "/srv/models" not in error.message
+    assert "/srv/models/secret" in caplog.text  # for the operator
+
+
 def test_incoming_uploads_reach_the_core_in_command_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -42,6 +42,18 @@ def test_create_list_and_revoke(store: ApiKeyStore) -> None:
         store.revoke("0" * 12)
 
 
+def test_the_data_dir_a_first_key_makes_is_its_owners_alone(tmp_path: Path) -> None:
+    """`livemeet keys create` before any server made the data dir with mode 0755, where the
+    server then kept meetings' audio and transcripts (a security review)."""
+    old = os.umask(0o022)
+    try:
+        ApiKeyStore(store_path(tmp_path / "new" / "data")).create("ci")
+    finally:
+        os.umask(old)
+    for made in (tmp_path / "new", tmp_path / "new" / "data"):
+        assert made.stat().st_mode & 0o777 == 0o700
+
+
 def test_revoking_in_a_store_not_made_yet_is_not_found(store: ApiKeyStore) -> None:
     with pytest.raises(NotFound):
         store.revoke("0" * 12)

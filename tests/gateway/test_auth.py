@@ -87,6 +87,10 @@ def test_which_mode_asks_for_a_key(mode: AuthMode, store: KeyRing, required: boo
         (AuthMode.KEYS, ring(), ACTIVE + " ", AuthFailure.WRONG),
         (AuthMode.KEYS, ring(), ACTIVE_ID, AuthFailure.WRONG),  # the id is no key
         (AuthMode.KEYS, ring(), "x" * (MAX_API_KEY_CHARS + 1), AuthFailure.WRONG),
+        # header bytes that are not UTF-8 (aiohttp keeps them as surrogates): no key's
+        # digest, and no UnicodeEncodeError (an unauthenticated 500: a security review)
+        (AuthMode.KEYS, ring(), "\udcff\udcfe", AuthFailure.WRONG),
+        (AuthMode.KEYS, ring(), ACTIVE[:-1] + "\u00e9", AuthFailure.WRONG),
     ],
 )
 def test_the_verdict_on_a_presented_key(

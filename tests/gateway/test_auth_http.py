@@ -22,6 +22,7 @@ from livemeet.gateway.app import create_app
 from livemeet.gateway.auth_http import PUBLIC_ROUTES, SELF_CHECKED_ROUTES
 from tests.gateway.conftest import ClientFactory, pcm16, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_http_refusals import exchange
 from tests.gateway.test_live_resume import detached_session, resume_start
 from tests.gateway.test_openai_api import form
 from tests.gateway.test_ws_live import START, expect_error, receive_all
@@ -129,6 +130,24 @@ async def test_each_api_endpoint_refuses_a_missing_wrong_or_revoked_key(
     # never from the URL: it ends up in access logs
     in_query = await call(keyed, method, f"{path}?api_key={keys.active}")
     assert "Authorization: Bearer" in await refused(in_query)
+
+
+@pytest.mark.parametrize(
+    "header", [b"Authorization: Bearer \xff\xfe", b"x-api-key: lm_\xed\xa0\x80"]
+)
+async def test_a_key_of_bytes_that_are_not_utf8_is_a_wrong_key_not_a_500(
+    keyed: TestClient, caplog: pytest.LogCaptureFixture, header: bytes
+) -> None:
+    """aiohttp keeps header bytes that are not UTF-8 as surrogates; the key's digest raised
+    UnicodeEncodeError: any client without a key got a 500 and wrote a traceback in the log
+    (a security review)."""
+    request = b"GET /v1/models HTTP/1.1\r\nHost: a\r\nConnection: close\r\n" + header
+    response = await exchange(keyed, request + b"\r\n\r\n")
+    assert response.status == 401, response
+    assert response.error()["code"] == Unauthorized.code
+    assert response.headers["www-authenticate"] == 'Bearer error="invalid_token"'
+    assert auth_failures(keyed, "wrong") == 1
+    assert not [r for r in caplog.records if r.exc_info]
 
 
 @pytest.mark.parametrize(("method", "path"), PROTECTED)

@@ -58,6 +58,35 @@ async def test_an_allowed_page_may_upload_and_read_the_answer(
     assert refused.status == 400 and refused.headers[ALLOW_ORIGIN] == APP  # errors readable
 
 
+async def test_a_page_of_another_origin_may_not_post_an_upload(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A plain multipart POST needs no CORS preflight: a form on any site a user visited
+    could post files to a server that asks for no key (the default on a fresh data dir), and
+    the server transcribed them for nobody to read (a security review). Refused now as a
+    live socket from that page is; the server's own page, an allowed one, and clients
+    without an Origin (not browsers) upload as before."""
+    for allowed in ((), (APP,)):
+        data_dir = server_config.data_dir / f"allowed-{len(allowed)}"  # one server per data dir
+        client = await gateway_client(
+            aiohttp_client, server_config, fake, data_dir, allowed_origins=allowed
+        )
+        opened = len(fake.sessions)
+        refused = await client.post(
+            UPLOAD, data=form(wav_bytes(1.0)), headers={"Origin": "https://evil.example"}
+        )
+        body = await assert_error(refused, RequestRejected)
+        assert (
+            "https://evil.example" in body["error"]["message"]
+            and ALLOW_ORIGIN not in refused.headers
+        )
+        assert len(fake.sessions) == opened  # no session, nothing transcribed
+        own = f"http://{client.host}:{client.port}"
+        for headers in ({"Origin": own}, {}, {"Origin": APP} if allowed else {}):
+            done = await client.post(UPLOAD, data=form(wav_bytes(1.0)), headers=headers)
+            assert done.status == 200, (headers, await done.text())
+
+
 async def test_an_allowed_page_reads_a_live_transcripts_headers(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
@@ -89,6 +118,24 @@ async def test_another_page_gets_no_cors_answer(
     assert models.status == 200 and ALLOW_ORIGIN not in models.headers
     health = await client.get("/healthz", headers={"Origin": APP})
     assert ALLOW_ORIGIN not in health.headers  # for operators, not pages
+
+
+async def test_every_answer_of_the_api_varies_by_origin(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """Whether an answer carries Access-Control-Allow-Origin depends on the request's Origin,
+    and nothing said so: a cache between pages and the server could hand one origin's
+    answer to another (a security review). Every answer of a CORS route says `Vary:
+    Origin`, an error's and one to a request without Origin included; health does not."""
+    client = await gateway_client(aiohttp_client, server_config, fake, allowed_origins=(APP,))
+    for origin in (APP, "https://evil.example", None):
+        headers = {"Origin": origin} if origin else {}
+        for path in ("/v1/models", "/v1/transcriptions/tr-0", "/v1/sessions/s-0/transcript"):
+            answer = await client.get(path, headers=headers)
+            assert "Origin" in answer.headers.getall("Vary", []), (path, origin, answer.headers)
+    assert "Vary" not in (await client.get("/healthz", headers={"Origin": APP})).headers
+    answer = await preflight(client, APP)
+    assert answer.status == 200 and answer.headers["Vary"] == "Origin"
 
 
 async def test_any_origin_and_none(

@@ -19,6 +19,7 @@ from livemeet.errors import StorageFailed
 from livemeet.gateway import disk
 from livemeet.gateway.app import create_app
 from livemeet.gateway.disk import MIB, DiskGuard
+from livemeet.gateway.keys import STORE_KEY
 from livemeet.gateway.transcript_store import TranscriptStore, new_transcription_id
 from livemeet.transcript.segments import FinishReason, Segment, Transcript
 from tests.gateway.conftest import ClientFactory, wav_bytes
@@ -173,3 +174,52 @@ async def test_a_sweep_forgets_what_it_deleted(tmp_path: Path) -> None:
     await store.flush()
     assert await store.sweep(-1.0) == 1  # everything is older than "a second from now"
     assert store.num_cached == 0 and not list(tmp_path.iterdir())
+
+
+@pytest.fixture
+def umask_022() -> Any:
+    """The usual umask, whatever the test runner's: what makes a plain mkdir 0755."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_a_private_dir_and_the_parents_it_makes_are_the_owners_alone(
+    tmp_path: Path, umask_022: None
+) -> None:
+    (tmp_path / "there").mkdir(mode=0o755)
+    disk.make_private_dir(tmp_path / "there" / "new" / "deeper")
+    assert mode(tmp_path / "there") == 0o755  # not made here: left as it is
+    assert mode(tmp_path / "there" / "new") == mode(tmp_path / "there" / "new" / "deeper")
+    assert mode(tmp_path / "there" / "new") == disk.PRIVATE_DIR_MODE == 0o700
+    disk.make_private_dir(tmp_path / "there")  # there already: nothing changes
+    assert mode(tmp_path / "there") == 0o755
+    assert disk.exposed_dirs([tmp_path / "there", tmp_path / "there" / "new"]) == [
+        f"{tmp_path / 'there'} (mode 0755)"
+    ]
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(FileExistsError):
+        disk.make_private_dir(tmp_path / "file")
+
+
+async def test_the_data_dir_the_server_makes_is_its_own_alone(
+    aiohttp_client: ClientFactory, tmp_path: Path, umask_022: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Meetings' audio, transcripts and upload spills were under directories of mode 0755
+    (the umask's): every user of the machine could read them (a security review). What the
+    server makes is 0700: the data dir, its tmp, transcriptions and live journal."""
+    from livemeet.gateway import openai_api
+
+    monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", 1000)  # the upload spills
+    data_dir = tmp_path / "new" / "data"
+    client = await aiohttp_client(create_app(ServerConfig(data_dir=data_dir), FakeTranscriber()))
+    response = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    assert response.status == 200, await response.text()
+    await client.app[STORE_KEY].flush()
+    made = [data_dir.parent, data_dir, *(p for p in data_dir.rglob("*") if p.is_dir())]
+    assert {p.name for p in made} >= {"new", "data", "tmp", "transcriptions", "live", "audio"}
+    assert {p.name: mode(p) for p in made} == {p.name: 0o700 for p in made}

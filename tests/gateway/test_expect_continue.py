@@ -120,6 +120,21 @@ async def test_a_declared_body_over_the_limit_is_413_before_the_body(
     assert not fake.sessions  # no upload began
 
 
+async def test_a_page_of_another_origin_is_refused_before_its_body(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A server that asks for no key: a form posted from another site is refused (400
+    request_rejected) before it sends its body, as a wrong key is."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    reader, writer = await open_socket(client)
+    writer.write(request_head(10_000, {"Origin": "https://evil.example"}))
+    await writer.drain()
+    status, _, body = await read_response(reader)
+    writer.close()
+    assert status == 400 and json.loads(body)["error"]["code"] == "request_rejected"
+    assert not fake.sessions
+
+
 async def test_an_unknown_expectation_is_417(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
@@ -130,3 +145,22 @@ async def test_an_unknown_expectation_is_417(
     status, _, _ = await read_response(reader)
     writer.close()
     assert status == 417
+
+
+async def test_an_expectation_of_bytes_that_are_not_utf8_is_417_not_a_500(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The 417's text named the value, whose surrogates (bytes that are not UTF-8) its
+    encoding raised on: a 500 and a traceback, before any key was asked for (a security
+    review)."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    reader, writer = await open_socket(client)
+    writer.write(request_head(10, {}).replace(b"100-continue", b"\xff\xfe"))
+    await writer.drain()
+    status, _, body = await read_response(reader)
+    writer.close()
+    assert status == 417 and b"\\udcff" in body
+    assert not [r for r in caplog.records if r.exc_info]

@@ -119,6 +119,31 @@ async def test_an_oversized_header_is_431(
     assert errors == 1  # counted as the middleware counts the errors it renders
 
 
+async def test_too_many_header_fields_are_431(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past aiohttp's 128 header fields the head is too large as a whole: it was a 400
+    invalid_request, where RFC 6585's 431 (and headers_too_large) covers fields "individually
+    or collectively" too large (a security review)."""
+    fields = b"".join(b"X-F%d: v\r\n" % i for i in range(200))
+    response = await exchange(client, MODELS + fields + b"\r\n")
+    assert "header fields" in assert_refused(response, HeadersTooLarge)["message"]
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+async def test_the_server_header_names_no_versions(client: TestClient) -> None:
+    """aiohttp's default `Server: Python/3.11 aiohttp/3.14.5` told anyone, no key needed,
+    which versions to look up flaws of (a security review): every answer, the parser's
+    refusals, the app's errors, a WebSocket's handshake, says `livemeet` alone."""
+    refused = await exchange(client, MODELS + b"Host: other\r\n\r\n")
+    answered = await exchange(client, MODELS + b"Connection: close\r\n\r\n")
+    unknown = await exchange(client, b"GET /nope HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    for response in (refused, answered, unknown):
+        assert response.headers["server"] == "livemeet", response
+    async with client.ws_connect("/v1/live") as ws:
+        assert ws._response.headers["Server"] == "livemeet"
+
+
 async def test_well_formed_requests_are_answered_as_before(client: TestClient) -> None:
     response = await exchange(client, MODELS + b"Connection: close\r\n\r\n")
     assert response.status == 200 and json.loads(response.body)["object"] == "list"

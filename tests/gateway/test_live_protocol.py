@@ -111,6 +111,31 @@ def test_a_json_number_too_long_to_read_is_named_without_python_internals() -> N
     assert "sys." not in caught.value.message
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        '"prompt": "a\\ud800b"',
+        '"hotwords": ["\\udfff"]',
+        '"api_key": "\\uDC80"',  # hex digits in either case
+        '"resume": {"session_id": "s", "resume_token": "\\ud83d"}',  # the pair's half alone
+        '"x": {"\\ud800": 1}',  # a key of a field no one reads
+    ],
+)
+def test_a_start_with_a_lone_surrogate_anywhere_is_an_invalid_request(field: str) -> None:
+    """JSON's `\\ud800` escape decodes to a lone surrogate, which no UTF-8 writer takes (the
+    journal's SQLite, a transcript file): one in a prompt failed the journal's group commit,
+    and every live session on the server with it (a security review)."""
+    with pytest.raises(InvalidRequest, match="lone UTF-16 surrogate"):
+        LiveProtocol().receive_text('{"type": "start", "sample_rate": 16000, ' + field + "}")
+
+
+def test_a_surrogate_pair_escape_is_one_character_and_taken() -> None:
+    start = LiveProtocol().receive_text(
+        '{"type": "start", "sample_rate": 16000, "prompt": "\\ud83d\\ude00 \\u00e9"}'
+    )
+    assert isinstance(start, StartSession) and start.prompt == "\U0001f600 \u00e9"
+
+
 @pytest.mark.parametrize(("language", "ok"), [("en", True), ("zh-Hant", True), ("english", False)])
 def test_start_takes_a_language_tag_as_an_upload_does(language: str, ok: bool) -> None:
     text = json.dumps({"type": "start", "sample_rate": 16_000, "language": language})
@@ -488,6 +513,18 @@ def test_speaker_merged_on_the_wire() -> None:
         "speaker": "S03",
         "into": "S01",
     }
+
+
+def test_a_resume_tokens_repr_never_shows_it() -> None:
+    """The api_key was kept out of StartSession's repr, and the resume token, which takes
+    the session over, was in it (a security review)."""
+    token = "r" * 43
+    start = LiveProtocol().receive_text(
+        json.dumps({**json.loads(START), "resume": {"session_id": "s-1", "resume_token": token}})
+    )
+    assert isinstance(start, StartSession) and start.resume is not None
+    assert start.resume.resume_token == token and "s-1" in repr(start)
+    assert token not in repr(start) and token not in repr(start.resume)
 
 
 def test_start_may_carry_the_api_key_which_its_repr_never_shows() -> None:

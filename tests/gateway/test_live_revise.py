@@ -232,7 +232,8 @@ async def test_a_failed_revision_is_an_error_frame_then_a_normal_close_and_the_f
     final, error = events[-2:]
     assert final["type"] == "transcript.final"
     assert error["type"] == "error" and error["code"] == "revision_failed"
-    assert error["retryable"] is False and "scripted revision failure" in error["message"]
+    assert error["retryable"] is False and "decode failed: RuntimeError" in error["message"]
+    assert "scripted revision failure" not in error["message"]  # the exception's text: the log's
     assert metric(client, "livemeet_live_revisions_total", result="failed") == 1
     await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)
     await client.app[STORE_KEY].flush()
@@ -245,12 +246,15 @@ async def test_a_failed_revision_is_an_error_frame_then_a_normal_close_and_the_f
     assert [s["text"] for s in body["segments"]] == [s["text"] for s in final["segments"]]
     message = await revised_404(client, ready)
     assert "none will come: the revision failed" in message
-    assert "scripted revision failure" in message
+    assert "decode failed: RuntimeError" in message
     final_only = await client.get(transcript_url(ready, "json") + "&version=final")
     assert final_only.headers["X-Livemeet-Revision"] == "failed"
     reread = TranscriptStore(client.app[STORE_KEY].directory)
     failed = await reread.get_live(ready["session_id"], revised=True)
-    assert failed.revision_failed is not None and "scripted revision" in failed.revision_failed
+    assert (
+        failed.revision_failed is not None
+        and "decode failed: RuntimeError" in failed.revision_failed
+    )
 
 
 @pytest.fixture

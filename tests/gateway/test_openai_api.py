@@ -25,6 +25,7 @@ from livemeet.errors import (
     LivemeetError,
     NotFound,
     PayloadTooLarge,
+    StorageFailed,
     TooLong,
 )
 from livemeet.gateway import openai_api
@@ -383,6 +384,26 @@ async def test_uploads_are_decoded_from_memory_or_their_spill_file(
         assert len(sources) == 1 and isinstance(sources[0], Path)
     tmp = server_config.data_dir / "tmp"
     assert not tmp.exists() or spooled_files(server_config) == []
+
+
+async def test_an_upload_whose_spill_fails_is_storage_failed_not_a_500(
+    client: TestClient,
+    server_config: ServerConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The data dir's tmp gone from under the server (a full or read-only disk reads the
+    same): the spill's OSError was a 500 internal_error with a traceback. It is 507
+    storage_failed, retryable, and the message names no path of the server's."""
+    monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", 1000)
+    tmp = server_config.data_dir / "tmp"
+    tmp.rmdir()
+    tmp.write_bytes(b"")
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    body = await assert_error(resp, StorageFailed)
+    assert str(server_config.data_dir) not in body["error"]["message"]
+    assert resp.headers["Retry-After"] == "1"
+    assert not [r for r in caplog.records if r.exc_info]
 
 
 async def test_a_spilled_upload_too_long_is_refused_before_decoding(

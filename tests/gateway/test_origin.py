@@ -32,6 +32,13 @@ from livemeet.gateway.origin import (
         ("https://meet.example.com", "meet.example.com:80", (), False),
         ("https://Meet.Example.com", "x", ("https://meet.example.com:443",), True),
         ("ftp://meet.example.com", "meet.example.com", (), False),
+        # a Host without a port is the default one: a page on another port of the same host
+        # is another origin (it passed: a security review)
+        ("http://meet.example.com:3000", "meet.example.com", (), False),
+        ("https://meet.example.com:8443", "meet.example.com", (), False),
+        ("http://meet.example.com:443", "meet.example.com", (), False),
+        ("http://meet.example.com:80", "meet.example.com", (), True),
+        ("https://meet.example.com:8443", "meet.example.com:8443", (), True),
     ],
 )
 def test_origin_allowed(

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from livemeet.errors import InvalidRequest, PayloadTooLarge, QueueFull
+from livemeet.errors import InvalidRequest, PayloadTooLarge, QueueFull, StorageFailed
 from livemeet.gateway.upload_form import (
     MAX_FIELD_BYTES,
     MAX_FORM_PARTS,
@@ -241,6 +241,20 @@ def test_spill_files_of_all_uploads_share_a_disk_budget(tmp_path: Path) -> None:
     feed(again, body(part("file", AUDIO)), 4096)
     again.finish().discard()
     assert disk.in_use == 0
+
+
+def test_a_spill_file_that_cannot_be_written_is_storage_failed(tmp_path: Path) -> None:
+    """A spill the disk refuses (here its directory is a file: as a full or read-only disk,
+    an OSError) was a 500 internal_error; it is the server's storage, so storage_failed
+    (507, retryable), naming no path, and discard() still gives back every reservation."""
+    (tmp_path / "tmp").write_bytes(b"")  # where the spill directory should be
+    budget, disk = ByteBudget(1 << 30), ByteBudget(1 << 30)
+    r = reader(tmp_path, memory_bytes=1000, budget=budget, disk_budget=disk)
+    with pytest.raises(StorageFailed) as failed:
+        feed(r, body(part("file", AUDIO)), 4096)
+    assert str(tmp_path) not in failed.value.message and failed.value.retryable
+    r.discard()
+    assert budget.in_use == 0 and disk.in_use == 0
 
 
 def test_what_aiohttp_clients_send_parses(tmp_path: Path) -> None:

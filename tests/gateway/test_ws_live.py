@@ -199,6 +199,38 @@ async def test_a_start_in_a_language_the_backend_does_not_transcribe_is_refused(
 
 
 @pytest.mark.parametrize(
+    "field",
+    [
+        '"prompt": "\\ud800"',
+        '"hotwords": ["ok", "\\udc00x"]',
+        '"api_key": "\\ud800"',
+        '"resume": {"session_id": "fake-0", "resume_token": "\\udfff"}',
+    ],
+)
+async def test_a_lone_surrogate_in_start_is_refused_and_harms_no_other_session(
+    client: TestClient, fake: FakeTranscriber, field: str
+) -> None:
+    """JSON's `\\ud800` escape decodes to a lone surrogate, which no UTF-8 writer takes: a
+    `start` whose prompt held one was journalled in the group commit of every open session,
+    failed it, and every live session on the server ended in storage_failed, its audio
+    deleted (a security review). It is an `invalid_request` now, before anything is
+    stored, and the other session streams on."""
+    async with client.ws_connect("/v1/live") as other:
+        await start_session(other)
+        await other.send_bytes(pcm16(0.5))
+        async with client.ws_connect("/v1/live") as ws:
+            await ws.send_str('{"type": "start", "sample_rate": 16000, ' + field + "}")
+            error = await expect_error(ws, InvalidRequest)
+        assert "surrogate" in error["message"]
+        await other.send_bytes(pcm16(0.5))
+        await other.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(other), 5)
+    assert [e["type"] for e in events if e["type"] == "error"] == [], events
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 1.0
+    assert len(fake.sessions) == 1  # the refused start opened none
+
+
+@pytest.mark.parametrize(
     ("frames", "error"),
     [
         (["{not json"], InvalidRequest),
@@ -400,6 +432,10 @@ async def test_only_the_servers_own_pages_and_allowed_origins_open_sessions(
         "/v1/live", origin="https://meet.example.com", headers=proxied
     ) as ws:
         await start_session(ws)
+    # that host without a port is its default one: a page on another port is another site
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await client.ws_connect("/v1/live", origin="https://meet.example.com:8443", headers=proxied)
+    assert refused.value.status == 400
     allowing = await gateway_client(
         aiohttp_client,
         server_config,
