@@ -2,10 +2,10 @@
 WebSocket close code.
 
 Every error that reaches a client is a `LivemeetError`. The gateway renders it as an
-OpenAI-shaped JSON body (`{"error": {"message", "type", "code"}}`) with `http_status`, or, on a
-WebSocket, as an `{"type": "error", "code", "message", "retryable"}` frame followed by a close
-with `close_code`. Close codes 4000-4999 are reserved for applications by RFC 6455 section 7.4.2;
-ours mirror the HTTP status where that status is used by one class only.
+OpenAI-shaped JSON body (`{"error": {"message", "type", "param", "code"}}`) with `http_status`,
+or, on a WebSocket, as an `{"type": "error", "code", "message", "retryable"}` frame followed by
+a close with `close_code`. Close codes 4000-4999 are reserved for applications by RFC 6455
+section 7.4.2; ours mirror the HTTP status where that status is used by one class only.
 """
 
 from __future__ import annotations
