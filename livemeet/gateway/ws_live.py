@@ -223,11 +223,19 @@ def _shutdown_error(connection: LiveConnection, keep: bool) -> LivemeetError:
     if connection.awaiting_revision:
         return RevisionFailed("the server is shutting down: no revision")
     if keep:
-        return _restarting()
+        return _restarting(kept=connection.holder is not None)
     return EngineUnavailable("the server is shutting down")
 
 
-def _restarting() -> ServerRestarting:
+def _restarting(*, kept: bool = True) -> ServerRestarting:
+    """`kept`: the connection's session is kept for the next start; else it has none here
+    (no `start` yet, or it arrived while the server stops): it was told to resume a session
+    it may not have (a docs audit)."""
+    if not kept:
+        return ServerRestarting(
+            "the server is restarting: connect again once it answers (a session it holds is "
+            "resumed from session.ready's offset with its session_id and resume_token)"
+        )
     return ServerRestarting(
         "the server is restarting: resume the session (session_id, resume_token) from "
         "session.ready's offset once it answers again"
@@ -307,7 +315,7 @@ class LiveConnection:
         not_ready = not self.app[TRANSCRIBER_KEY].ready and not len(self.app[SESSIONS_KEY])
         restarting = self.app[LIFECYCLE_KEY].draining and self.app[SESSIONS_KEY].keeps_on_shutdown
         if restarting:  # a resume, too, is for the next start
-            await self.fail(_restarting())
+            await self.fail(_restarting(kept=False))
             return
         if not_ready or self.app[LIFECYCLE_KEY].draining:
             await self.fail(EngineUnavailable("the model is not ready; retry shortly"))

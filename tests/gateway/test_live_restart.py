@@ -187,6 +187,33 @@ async def test_a_connection_during_the_restart_is_told_to_come_back(
     async with client.ws_connect("/v1/live") as ws:
         events = await asyncio.wait_for(receive_all(ws), 5)
     assert events[-1]["code"] == ServerRestarting.code and ws.close_code == SERVICE_RESTART
+    # it may be a new session's: not told to resume one (a docs audit)
+    assert "connect again" in events[-1]["message"]
+    assert "resume the session" not in events[-1]["message"]
+
+
+async def test_a_connection_without_a_session_is_not_told_to_resume_one(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A socket open without `start` when the server stops to restart has no session kept:
+    told to connect again, not to resume "the session" (a docs audit); a streaming one is
+    told to resume it."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    idle = await client.ws_connect("/v1/live")
+    streaming = await client.ws_connect("/v1/live")
+    await streaming.send_json(START)
+    await streaming.receive_json()
+    await streaming.send_bytes(pcm16(1.0))
+    await wait_until(lambda: fake.sessions[0].log.num_samples == 16000)
+    reading = [asyncio.create_task(receive_all(ws)) for ws in (idle, streaming)]
+    await close_live_sockets(client.app)
+    idle_events, streaming_events = await asyncio.wait_for(asyncio.gather(*reading), 5)
+    assert idle_events[-1]["code"] == ServerRestarting.code
+    assert idle.close_code == SERVICE_RESTART
+    assert "connect again" in idle_events[-1]["message"]
+    assert "resume the session" not in idle_events[-1]["message"]
+    assert streaming_events[-1]["code"] == ServerRestarting.code
+    assert "resume the session" in streaming_events[-1]["message"]
 
 
 async def test_with_resume_off_a_shutdown_still_drains_to_the_final(
