@@ -133,6 +133,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     )
     app.cleanup_ctx.append(key_watch)  # the keys are read before the engine loads
     app.cleanup_ctx.append(transcriber_lifecycle)
+    app.on_shutdown.append(begin_drain)  # first: the upload drain runs from the shutdown's start
     app.on_shutdown.append(close_live_sockets)
     app.on_cleanup.append(flush_transcripts)
     app.on_response_prepare.append(name_the_server)
@@ -320,6 +321,7 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         app[LIFECYCLE_KEY].started = False
+        app[LIFECYCLE_KEY].upload_cutoff.stop()
         if retention is not None:
             retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -370,11 +372,27 @@ async def _restore_live_sessions(app: web.Application, unfinished: list[Restored
     log.info("rebuilt %d live sessions in %.1f s", rebuilt, time.monotonic() - started)
 
 
+async def begin_drain(app: web.Application) -> None:
+    """`on_shutdown`, first (the listener is closed): readiness fails, new work is refused, and
+    the uploads in flight get `--upload-drain-s` from now to finish (gateway/drain.py)."""
+    lifecycle = app[LIFECYCLE_KEY]
+    lifecycle.draining = True
+    lifecycle.drain_started_at = time.monotonic()
+    drain_s = app[CONFIG_KEY].gateway.upload_drain_s
+    lifecycle.upload_cutoff.start(drain_s)
+    if lifecycle.uploads_in_flight:
+        log.info(
+            "shutting down: %d uploads in flight get up to %s s to finish (--upload-drain-s)",
+            lifecycle.uploads_in_flight,
+            flag_number(drain_s),
+        )
+
+
 async def close_live_sockets(app: web.Application) -> None:
-    """`on_shutdown` (the listener is closed; the engine still runs): readiness fails, new
-    live connections are refused, and open live sessions are drained (LiveRegistry.drain_all:
-    kept for the next start where the sessions keep on shutdown, else each ended as by its
-    client's `end`, its final transcript sent, then closed)."""
+    """`on_shutdown` (the listener is closed; the engine still runs): new live connections
+    are refused, and open live sessions are drained (LiveRegistry.drain_all: kept for the next
+    start where the sessions keep on shutdown, else each ended as by its client's `end`, its
+    final transcript sent, then closed)."""
     app[LIFECYCLE_KEY].draining = True
     registry = app[REGISTRY_KEY]
     sessions = app[SESSIONS_KEY]
