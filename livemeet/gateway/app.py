@@ -317,6 +317,7 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
                 "(session.ready says revise: false)",
                 info.name,
             )
+        log.info("%s", ready_line(config, info, app[DISK_KEY].free_bytes()))
         app[LIFECYCLE_KEY].started = True
         yield
     finally:
@@ -350,6 +351,35 @@ async def _sweep_transcripts(app: web.Application) -> None:
                     amount(app[CONFIG_KEY].gateway.retention_days, "day"),
                 )
         await asyncio.sleep(RETENTION_SWEEP_INTERVAL_S)
+
+
+def ready_line(config: ServerConfig, info: BackendInfo, disk_free_bytes: int | None) -> str:
+    """The start's last line (the listener opens next): where it serves, what, and the
+    settings an operator checks first, as the `serve` flags that set them."""
+    gateway = config.gateway
+    scheme = "https" if config.tls_cert is not None else "http"
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    free = "unknown" if disk_free_bytes is None else f"{disk_free_bytes / MIB:.0f} MiB"
+    settings = {
+        "--data-dir": f"{config.data_dir} ({free} free)",
+        "--max-sessions": str(gateway.max_sessions),
+        "--live-hop-s": flag_number(gateway.live_hop_s),
+        "--live-resume-window": flag_number(gateway.live_resume_window_s),
+        "--shutdown-live": gateway.shutdown_live,
+        "--upload-drain-s": flag_number(gateway.upload_drain_s),
+        "--max-audio-s": flag_number(gateway.max_audio_s),
+        "--max-upload-bytes": str(gateway.max_upload_bytes),
+        "--min-free-disk-mb": flag_number(gateway.min_free_disk_mb),
+        "--retention-days": flag_number(gateway.retention_days),
+        "--revise": "on" if gateway.revise and info.revise else "off",
+        "--auth": gateway.auth.value,
+        "--allowed-origin": ", ".join(gateway.allowed_origins) or "none",
+    }
+    return (
+        f"ready: serving {info.name} backend, model {info.model_id}, on "
+        f"{scheme}://{host}:{config.port} with "
+        + ", ".join(f"{flag} {value}" for flag, value in settings.items())
+    )
 
 
 def _demo_limits(info: BackendInfo) -> str:

@@ -168,6 +168,38 @@ async def test_an_upload_cut_short_is_a_warning(
     assert "cut short: finish_reason length" in warning and "of 2.0 s" in warning
 
 
+async def test_the_start_says_what_it_serves_and_with_which_settings(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The start's log named the address, the data dir and the backend, not the settings a
+    stop, a full disk or a refusal depend on: an operator read them off the unit file."""
+    caplog.set_level(logging.INFO, "livemeet.gateway.app")
+    await gateway_client(
+        aiohttp_client,
+        server_config,
+        fake,
+        shutdown_live="end",
+        upload_drain_s=25.0,
+        min_free_disk_mb=100.0,
+        max_sessions=8,
+    )
+    [line] = [m for m in messages(caplog, "livemeet.gateway.app") if m.startswith("ready: ")]
+    assert line.startswith("ready: serving fake backend, model fake-model, on http://")
+    for setting in (
+        f"--data-dir {server_config.data_dir} (",
+        "--max-sessions 8,",
+        "--shutdown-live end,",
+        "--upload-drain-s 25,",
+        "--min-free-disk-mb 100,",
+        "--retention-days 0,",
+        "--auth auto,",
+    ):
+        assert setting in line, (setting, line)
+
+
 @pytest.mark.parametrize(
     ("language", "diarization", "says"),
     [
