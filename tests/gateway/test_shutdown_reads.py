@@ -24,8 +24,9 @@ from aiohttp import web
 from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, ServerRestarting
 from livemeet.gateway.app import create_app
+from livemeet.gateway.keys import METRICS_KEY
 from tests.gateway.conftest import pcm16, wav_bytes
-from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.fakes import FakeSession, FakeTranscriber
 from tests.gateway.test_expect_continue import multipart, read_response
 from tests.gateway.test_ws_live import START
 
@@ -168,6 +169,48 @@ async def test_an_upload_still_sending_its_body_is_answered(
     started = time.monotonic()
     await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
     assert time.monotonic() - started < 2.0  # nothing left to wait for
+
+
+async def test_a_drained_live_session_is_logged_and_counted_though_its_client_hangs_up(
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--shutdown-live end`: a drained session's client read its final and the 1001 close
+    and hung up, which cancels the handler (aiohttp's handler_cancellation) where its
+    cleanup still waited (a trial: the drain's wait for the session's pump), so its "ended"
+    line was lost ("request cancelled: GET /v1/live" instead) and its counters and gauges
+    left as they were. Here the engine's abort takes a moment."""
+    caplog.set_level(logging.INFO, "livemeet.gateway")
+    abort = FakeSession.abort
+
+    async def slow_abort(session: FakeSession) -> None:
+        await asyncio.sleep(0.3)
+        await abort(session)
+
+    monkeypatch.setattr(FakeSession, "abort", slow_abort)
+    config = replace(server_config, gateway=replace(server_config.gateway, shutdown_live="end"))
+    async with serving(config, fake) as (runner, host, port):
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(f"ws://{host}:{port}/v1/live") as ws:
+                await ws.send_json(START)
+                ready = await ws.receive_json()
+                await ws.send_bytes(pcm16(1.0))
+                while not fake.sessions or fake.sessions[0].log.num_samples < 16_000:
+                    await asyncio.sleep(0.01)
+                shutdown = asyncio.create_task(runner.cleanup())
+                events = [json.loads(m.data) async for m in ws]  # aiohttp hangs up on the close
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+        registry = runner.app[METRICS_KEY].registry
+    assert events[-1]["type"] == "transcript.final" and ws.close_code == 1001
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"live session {ready['session_id']} ended: completed" in m for m in lines), lines
+    ended = {"kind": "live", "outcome": "completed"}
+    assert registry.get_sample_value("livemeet_sessions_ended_total", ended) == 1
+    for state in ("connecting", "streaming", "ending"):
+        assert registry.get_sample_value("livemeet_sessions", {"kind": "live", "state": state}) == 0
+    assert fake.sessions[0].log.aborted
 
 
 async def test_a_captions_subscriber_hears_of_the_restart_at_once(
