@@ -581,6 +581,13 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         _run_app(app, config, context)
+    except web.GracefulExit:  # SystemExit(1): a second SIGTERM or SIGINT cut the first's stop
+        log.warning(
+            "a second stop signal: stopped at once%s, without the rest of the drain (uploads "
+            "in flight cut unanswered, live sessions as the drain had left them)",
+            _stop_took(app),
+        )
+        return 1
     except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
         return 2
