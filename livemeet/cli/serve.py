@@ -197,8 +197,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="info",
-        help="debug also logs each upload's phases (receive, decode, transcribe, respond; "
-        "default %(default)s)",
+        help="debug also logs every HTTP request and live or captions connection as it ends "
+        "(method, path, status, time, client, API key id: the access log) and each upload's "
+        "phases (receive, decode, transcribe, respond; default %(default)s)",
     )
     p.add_argument(
         "--check-config",

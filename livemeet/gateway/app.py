@@ -53,6 +53,7 @@ from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, name_the_server, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
+    API_KEY_ID_KEY,
     AUTH_KEY,
     CONFIG_KEY,
     DISK_KEY,
@@ -457,6 +458,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Render every LivemeetError (and router 404/405s, and bugs) as an OpenAI-shaped error;
     count requests by route and status."""
     metrics = request.app[METRICS_KEY]
+    started = time.monotonic()
     match = request.match_info
     plain_options = _is_plain_options(request)
     # the page's files are the only unnamed routes; no route (404, 405) is "unmatched"
@@ -512,7 +514,23 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.exception("unhandled error in %s %s", request.method, _log_path(request))
         response = _render_error(request, InternalError("internal server error"))
     metrics.requests.labels(route, str(response.status)).inc()
+    if log.isEnabledFor(logging.DEBUG):  # the access log, at --log-level debug
+        log.debug(
+            "%s %s: %d in %.1f ms (client %s%s)",
+            request.method,
+            _log_path(request),
+            response.status,
+            1e3 * (time.monotonic() - started),
+            request.remote or "unknown",
+            _key_of(request),
+        )
     return response
+
+
+def _key_of(request: web.Request) -> str:
+    """The API key a request was let in with, by its id (never the key), for its log line."""
+    key_id = request.get(API_KEY_ID_KEY)
+    return "" if key_id is None else f", API key {key_id}"
 
 
 async def _expect_upload(request: web.Request) -> web.StreamResponse | None:

@@ -138,6 +138,23 @@ async def test_a_shutdown_with_shutdown_live_end_logs_its_drain(
     assert lines[1].startswith("live sessions drained in ")
 
 
+async def test_every_request_has_an_access_line_at_debug_only(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request that succeeded left no line at all (the access log is off: probes would
+    flood it), so `--log-level debug` could not show whether a client's GET reached the
+    server; at debug each request has one line, at info none."""
+    caplog.set_level(logging.INFO, "livemeet.gateway.app")
+    assert (await client.get("/v1/models")).status == 200
+    assert not [m for m in messages(caplog, "livemeet.gateway.app") if "/v1/models" in m]
+    caplog.set_level(logging.DEBUG, "livemeet.gateway.app")
+    assert (await client.get("/v1/models")).status == 200
+    assert (await client.get("/v1/transcriptions/tr_nope")).status == 404
+    lines = [m for m in messages(caplog, "livemeet.gateway.app") if " in " in m]
+    assert lines[0].startswith("GET /v1/models: 200 in ") and "(client 127.0.0.1)" in lines[0]
+    assert lines[-1].startswith("GET /v1/transcriptions/tr_nope: 404 in ")
+
+
 async def test_a_request_path_cannot_forge_a_log_line(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
