@@ -40,6 +40,7 @@ from livemeet.audio.constants import (
     MIN_LIVE_STEP_BUDGET_S,
     MIN_PREFILL_CHUNK,
     UPLOAD_BATCH_WAIT_S,
+    UPLOAD_DRAIN_S,
     UPLOAD_MIN_SHARE,
     UPLOAD_SPILL_TOTAL_BYTES,
     UPLOAD_STEP_BUDGET_S,
@@ -304,6 +305,9 @@ class GatewayConfig:
     # resumes there, as after a crash); "end" it as its client's `end` would (its final, then
     # close 1001). With resume off (live_resume_window_s 0) it is always "end"
     shutdown_live: str = "keep"
+    # s uploads in flight get to finish after a graceful shutdown began; still running then,
+    # each is answered engine_unavailable (retryable; `serve --upload-drain-s`)
+    upload_drain_s: float = UPLOAD_DRAIN_S
     # MiB the data dir's disk keeps free: below, new sessions get storage_failed (0: no floor)
     min_free_disk_mb: float = MIN_FREE_DISK_MB
     # days stored transcripts (uploads' and live sessions') are kept (0: forever)
@@ -340,7 +344,13 @@ class GatewayConfig:
                 f"live_max_speed must be >= 1 (x real time), not {self.live_max_speed}"
             )
         # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either
-        for name in ("max_audio_s", "idle_timeout_s", "final_timeout_s", "flush_interval_s"):
+        for name in (
+            "max_audio_s",
+            "idle_timeout_s",
+            "final_timeout_s",
+            "flush_interval_s",
+            "upload_drain_s",
+        ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ConfigError(f"{name} must be a positive number of seconds, not {value}")

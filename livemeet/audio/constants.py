@@ -91,6 +91,12 @@ LIVE_MIN_FRAME_S = 0.02
 # without this, sockets that never start were held open for good (3,000 of them: a trial)
 LIVE_START_TIMEOUT_S = 10.0
 LIVE_DRAIN_TIMEOUT_S = 20.0
+# s uploads in flight (a body still arriving included) get to finish once a graceful shutdown
+# began (`serve --upload-drain-s`); those still running then are answered engine_unavailable
+UPLOAD_DRAIN_S = 60.0
+# s past the upload drain that aiohttp's shutdown waits for the requests it then cancels,
+# so the answers of the uploads cut at the drain's end go out first
+UPLOAD_CUTOFF_GRACE_S = 5.0
 # s a restart (`serve --shutdown-live keep`) waits for a kept session's audio taken in to be on
 # disk before it closes the socket: many journal commits; the client holds what is not acked
 LIVE_RESTART_DURABLE_WAIT_S = 2.0

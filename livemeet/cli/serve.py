@@ -10,6 +10,7 @@ import socket
 import ssl
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -26,6 +27,7 @@ from livemeet.audio.constants import (
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_MIN_SHARE,
     MIN_LIVE_HOP_LOAD,
+    UPLOAD_CUTOFF_GRACE_S,
 )
 from livemeet.backends import BACKENDS, check_backend
 from livemeet.config import (
@@ -41,7 +43,7 @@ from livemeet.config import (
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
 from livemeet.gateway.disk import MIB, DiskGuard, exposed_dirs, make_private_dir
-from livemeet.gateway.keys import live_dir, tmp_dir, transcripts_dir
+from livemeet.gateway.keys import LIFECYCLE_KEY, live_dir, tmp_dir, transcripts_dir
 from livemeet.gateway.live_journal import journal_holder
 
 log = logging.getLogger("livemeet.serve")
@@ -141,6 +143,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "with --live-resume-window 0 it is end (default %(default)s)",
     )
     p.add_argument(
+        "--upload-drain-s",
+        type=float,
+        default=GatewayConfig.upload_drain_s,
+        metavar="SECONDS",
+        help="what a graceful stop (SIGTERM, SIGINT) gives uploads in flight, a body still "
+        "arriving included, to finish; those still running then get engine_unavailable (503, "
+        "or a streamed upload's error event: retryable). Keep it under your supervisor's "
+        "stop timeout (systemd TimeoutStopSec, Kubernetes terminationGracePeriodSeconds) "
+        "(default %(default)g)",
+    )
+    p.add_argument(
         "--min-free-disk-mb",
         type=float,
         default=GatewayConfig.min_free_disk_mb,
@@ -184,8 +197,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--log-level",
         choices=("debug", "info", "warning", "error"),
         default="info",
-        help="debug also logs each upload's phases (receive, decode, transcribe, respond; "
-        "default %(default)s)",
+        help="debug also logs every HTTP request and live or captions connection as it ends "
+        "(method, path, status, time, client, API key id: the access log) and each upload's "
+        "phases (receive, decode, transcribe, respond; default %(default)s)",
     )
     p.add_argument(
         "--check-config",
@@ -445,6 +459,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             live_max_speed=args.live_max_speed,
             live_resume_window_s=args.live_resume_window,
             shutdown_live=args.shutdown_live,
+            upload_drain_s=args.upload_drain_s,
             min_free_disk_mb=args.min_free_disk_mb,
             retention_days=args.retention_days,
             revise=args.revise,
@@ -567,6 +582,13 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         _run_app(app, config, context)
+    except web.GracefulExit:  # SystemExit(1): a second SIGTERM or SIGINT cut the first's stop
+        log.warning(
+            "a second stop signal: stopped at once%s, without the rest of the drain (uploads "
+            "in flight cut unanswered, live sessions as the drain had left them)",
+            _stop_took(app),
+        )
+        return 1
     except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
         return 2
@@ -579,7 +601,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     finally:
         thaw_heap()
+    log.info("livemeet stopped%s", _stop_took(app))
     return 0
+
+
+def _stop_took(app: web.Application) -> str:
+    """How long the graceful stop took, for the last log line (an operator checks it against
+    the supervisor's stop timeout); nothing where no stop began (a failed start)."""
+    began_at = app[LIFECYCLE_KEY].drain_started_at
+    return "" if began_at is None else f" {time.monotonic() - began_at:.1f} s after the stop began"
 
 
 def _endpoint(host: str, port: int) -> str:
@@ -677,4 +707,7 @@ def _run_app(app: web.Application, config: ServerConfig, context: ssl.SSLContext
         # a client that disconnects cancels its handler, whose cleanup aborts its engine
         # session: the GPU stops working for nobody (aiohttp's default lets it run to the end)
         handler_cancellation=True,
+        # after the drain (the live sessions', then the uploads' --upload-drain-s, which cuts
+        # those still running with an answer): what is left is cancelled, unanswered
+        shutdown_timeout=config.gateway.upload_drain_s + UPLOAD_CUTOFF_GRACE_S,
     )

@@ -53,6 +53,7 @@ from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, name_the_server, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
+    API_KEY_ID_KEY,
     AUTH_KEY,
     CONFIG_KEY,
     DISK_KEY,
@@ -133,6 +134,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     )
     app.cleanup_ctx.append(key_watch)  # the keys are read before the engine loads
     app.cleanup_ctx.append(transcriber_lifecycle)
+    app.on_shutdown.append(begin_drain)  # first: the upload drain runs from the shutdown's start
     app.on_shutdown.append(close_live_sockets)
     app.on_cleanup.append(flush_transcripts)
     app.on_response_prepare.append(name_the_server)
@@ -316,10 +318,12 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
                 "(session.ready says revise: false)",
                 info.name,
             )
+        log.info("%s", ready_line(config, info, app[DISK_KEY].free_bytes()))
         app[LIFECYCLE_KEY].started = True
         yield
     finally:
         app[LIFECYCLE_KEY].started = False
+        app[LIFECYCLE_KEY].upload_cutoff.stop()
         if retention is not None:
             retention.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -350,6 +354,35 @@ async def _sweep_transcripts(app: web.Application) -> None:
         await asyncio.sleep(RETENTION_SWEEP_INTERVAL_S)
 
 
+def ready_line(config: ServerConfig, info: BackendInfo, disk_free_bytes: int | None) -> str:
+    """The start's last line (the listener opens next): where it serves, what, and the
+    settings an operator checks first, as the `serve` flags that set them."""
+    gateway = config.gateway
+    scheme = "https" if config.tls_cert is not None else "http"
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    free = "unknown" if disk_free_bytes is None else f"{disk_free_bytes / MIB:.0f} MiB"
+    settings = {
+        "--data-dir": f"{config.data_dir} ({free} free)",
+        "--max-sessions": str(gateway.max_sessions),
+        "--live-hop-s": flag_number(gateway.live_hop_s),
+        "--live-resume-window": flag_number(gateway.live_resume_window_s),
+        "--shutdown-live": gateway.shutdown_live,
+        "--upload-drain-s": flag_number(gateway.upload_drain_s),
+        "--max-audio-s": flag_number(gateway.max_audio_s),
+        "--max-upload-bytes": str(gateway.max_upload_bytes),
+        "--min-free-disk-mb": flag_number(gateway.min_free_disk_mb),
+        "--retention-days": flag_number(gateway.retention_days),
+        "--revise": "on" if gateway.revise and info.revise else "off",
+        "--auth": gateway.auth.value,
+        "--allowed-origin": ", ".join(gateway.allowed_origins) or "none",
+    }
+    return (
+        f"ready: serving {info.name} backend, model {info.model_id}, on "
+        f"{scheme}://{host}:{config.port} with "
+        + ", ".join(f"{flag} {value}" for flag, value in settings.items())
+    )
+
+
 def _demo_limits(info: BackendInfo) -> str:
     """What the demo backend's banner says it lacks, from its info (the scripted test backend
     diarizes: the banner said "no diarization" over its S01-S03; a trial)."""
@@ -370,11 +403,27 @@ async def _restore_live_sessions(app: web.Application, unfinished: list[Restored
     log.info("rebuilt %d live sessions in %.1f s", rebuilt, time.monotonic() - started)
 
 
+async def begin_drain(app: web.Application) -> None:
+    """`on_shutdown`, first (the listener is closed): readiness fails, new work is refused, and
+    the uploads in flight get `--upload-drain-s` from now to finish (gateway/drain.py)."""
+    lifecycle = app[LIFECYCLE_KEY]
+    lifecycle.draining = True
+    lifecycle.drain_started_at = time.monotonic()
+    drain_s = app[CONFIG_KEY].gateway.upload_drain_s
+    lifecycle.upload_cutoff.start(drain_s)
+    if lifecycle.uploads_in_flight:
+        log.info(
+            "shutting down: %d uploads in flight get up to %s s to finish (--upload-drain-s)",
+            lifecycle.uploads_in_flight,
+            flag_number(drain_s),
+        )
+
+
 async def close_live_sockets(app: web.Application) -> None:
-    """`on_shutdown` (the listener is closed; the engine still runs): readiness fails, new
-    live connections are refused, and open live sessions are drained (LiveRegistry.drain_all:
-    kept for the next start where the sessions keep on shutdown, else each ended as by its
-    client's `end`, its final transcript sent, then closed)."""
+    """`on_shutdown` (the listener is closed; the engine still runs): new live connections
+    are refused, and open live sessions are drained (LiveRegistry.drain_all: kept for the next
+    start where the sessions keep on shutdown, else each ended as by its client's `end`, its
+    final transcript sent, then closed)."""
     app[LIFECYCLE_KEY].draining = True
     registry = app[REGISTRY_KEY]
     sessions = app[SESSIONS_KEY]
@@ -409,6 +458,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     """Render every LivemeetError (and router 404/405s, and bugs) as an OpenAI-shaped error;
     count requests by route and status."""
     metrics = request.app[METRICS_KEY]
+    started = time.monotonic()
     match = request.match_info
     plain_options = _is_plain_options(request)
     # the page's files are the only unnamed routes; no route (404, 405) is "unmatched"
@@ -464,7 +514,23 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         log.exception("unhandled error in %s %s", request.method, _log_path(request))
         response = _render_error(request, InternalError("internal server error"))
     metrics.requests.labels(route, str(response.status)).inc()
+    if log.isEnabledFor(logging.DEBUG):  # the access log, at --log-level debug
+        log.debug(
+            "%s %s: %d in %.1f ms (client %s%s)",
+            request.method,
+            _log_path(request),
+            response.status,
+            1e3 * (time.monotonic() - started),
+            request.remote or "unknown",
+            _key_of(request),
+        )
     return response
+
+
+def _key_of(request: web.Request) -> str:
+    """The API key a request was let in with, by its id (never the key), for its log line."""
+    key_id = request.get(API_KEY_ID_KEY)
+    return "" if key_id is None else f", API key {key_id}"
 
 
 async def _expect_upload(request: web.Request) -> web.StreamResponse | None:

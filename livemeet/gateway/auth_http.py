@@ -187,8 +187,7 @@ async def check_request_key(request: web.Request) -> None:
     if needs_key(request):
         key = await request.app[AUTH_KEY].authenticate(request_key(request))
         if key is not None:
-            request[API_KEY_ID_KEY] = key.key_id
-            log.debug("%s %s: API key %s", request.method, request.rel_url.raw_path, key.key_id)
+            request[API_KEY_ID_KEY] = key.key_id  # the access log line names it (app.py)
 
 
 def refused_client(error: LivemeetError, remote: str | None) -> str:

@@ -32,6 +32,9 @@ from livemeet.gateway.errors_http import error_response
 log = logging.getLogger(__name__)
 
 SHUTDOWN_POLL_S = 0.05  # s between checks for requests still running at shutdown
+# s aiohttp's shutdown gets, at least, to cancel the requests still running past its timeout:
+# it reads a timeout of 0 as none, and waited for them however long they took
+SHUTDOWN_CANCEL_S = 1.0
 # what both of aiohttp's parsers (C and Python) say past their 128 header fields; no class
 # of its own tells it from other malformed requests
 TOO_MANY_HEADERS = "Too many headers received"
@@ -157,7 +160,7 @@ class GatewayServer(web.Server):
         or being transcribed, and the WebSockets the drain is closing (a close waits for the
         client's reply, up to 10 s, which a closed connection drops: a captions overlay held
         every restart 10 s); then aiohttp's shutdown, which closes every connection and
-        cancels what is left within the rest of `timeout`."""
+        cancels what is left within the rest of `timeout` (at least SHUTDOWN_CANCEL_S)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while any(_busy(c) for c in self._connections):
@@ -166,7 +169,7 @@ class GatewayServer(web.Server):
             await asyncio.sleep(SHUTDOWN_POLL_S)
         for conn in self._connections:
             conn.close()
-        left = None if deadline is None else max(0.0, deadline - loop.time())
+        left = None if deadline is None else max(SHUTDOWN_CANCEL_S, deadline - loop.time())
         await super().shutdown(left)
 
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from livemeet.audio.constants import UPLOAD_MEMORY_TOTAL_BYTES, UPLOAD_SPILL_TOTAL_BYTES
 from livemeet.config import ServerConfig
 from livemeet.gateway.disk import DiskGuard
+from livemeet.gateway.drain import UploadCutoff
 from livemeet.gateway.incoming import IncomingUploadCounter
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.transcript_store import TranscriptStore
@@ -31,6 +32,9 @@ class Lifecycle:
 
     started: bool = False
     draining: bool = False
+    drain_started_at: float | None = None  # time.monotonic() of the shutdown's start
+    uploads_in_flight: int = 0  # upload requests admitted and not yet answered
+    upload_cutoff: UploadCutoff = field(default_factory=UploadCutoff)
     decode_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     incoming_uploads: IncomingUploadCounter = field(default_factory=IncomingUploadCounter)
     # upload file bytes held in memory across requests (the rest is spilled to disk)

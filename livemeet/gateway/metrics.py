@@ -21,10 +21,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from livemeet.engine.messages import EngineStats
+from livemeet.errors import ERROR_CLASSES, InvalidRequest, NotFound, Unauthorized
 from livemeet.gateway.auth import AuthFailure
 
 StatsSource = Callable[[], EngineStats | None]
@@ -245,6 +254,14 @@ def _families(stats: EngineStats | None) -> list[Metric]:
 
 UPLOAD_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # s
 UPLOAD_PHASES = ("receive", "decode", "transcribe", "respond")  # livemeet_upload_phase_seconds
+# livemeet_live_resumes_total{result}: a resume's outcome, or the code of its refusal
+LIVE_RESUME_RESULTS = (
+    "resumed",
+    "taken_over",
+    NotFound.code,
+    Unauthorized.code,
+    InvalidRequest.code,
+)
 
 
 @dataclass(frozen=True)
@@ -285,6 +302,12 @@ class GatewayMetrics:
         registry = CollectorRegistry(auto_describe=True)
         engine = EngineStatsCollector(engine_stats)
         registry.register(engine)
+        # the gateway process's own (the engine's runs apart): process_* (resident memory,
+        # CPU seconds, open fds, start time: a restart), python_info, python_gc_*, as the
+        # default registry exports them
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
         metrics = cls(
             registry=registry,
             engine=engine,
@@ -433,6 +456,12 @@ class GatewayMetrics:
             metrics.upload_phase_s.labels(phase)
         for reason in AuthFailure:  # at zero, for alerts on their rate
             metrics.auth_failures.labels(reason.value)
+        for error in ERROR_CLASSES:  # every code at zero: a rate() needs the series before
+            metrics.errors.labels(error.code)
+        for result in LIVE_RESUME_RESULTS:
+            metrics.live_resumes.labels(result)
+        for result in ("rebuilt", "failed"):
+            metrics.live_recoveries.labels(result)
         return metrics
 
     def journal_committed(self, seconds: float, files: int) -> None:

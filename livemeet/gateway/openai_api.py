@@ -162,19 +162,34 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
 
     From its accept until its engine session is open, the upload counts as incoming
     (livemeet.gateway.incoming); from then on the backend counts it until it is queued, so it
-    is never counted on both sides. Released on every error path too."""
+    is never counted on both sides. Released on every error path too. Once a shutdown began,
+    it has `--upload-drain-s` to finish (gateway/drain.py), else EngineUnavailable."""
     app = request.app
     check_upload_origin(request)
     check_admission(app)
+    lifecycle = app[LIFECYCLE_KEY]
+    lifecycle.uploads_in_flight += 1
+    try:
+        return await _create_transcription(request)
+    finally:
+        lifecycle.uploads_in_flight -= 1
+
+
+async def _create_transcription(request: web.Request) -> web.StreamResponse:
+    app = request.app
     started = time.monotonic()
     phases = _PhaseClock(app[METRICS_KEY].upload_phase_s, started)
+    # a shutdown's upload drain cuts the long waits: the body, the decode, the transcript
+    cutoff = app[LIFECYCLE_KEY].upload_cutoff
     with app[LIFECYCLE_KEY].incoming_uploads.track() as incoming:
-        form, audio = await read_upload_form(request, app[CONFIG_KEY])
+        async with cutoff.bound():
+            form, audio = await read_upload_form(request, app[CONFIG_KEY])
         phases.done("receive")
         try:
             info = app[TRANSCRIBER_KEY].info
             check_language(form.language, info.language_code, info.name)
-            samples, duration_s = await _decode_upload(app, audio.source)
+            async with cutoff.bound():
+                samples, duration_s = await _decode_upload(app, audio.source)
         except (BadAudio, TooLong) as exc:
             exc.param = exc.param or "file"  # the part at fault, for OpenAI's error body
             raise
@@ -269,7 +284,8 @@ async def _transcribe(
         response, outcome = await _stream_sse(request, session, form, transcription_id)
         phases.done("transcribe", last=True)
         return response, outcome
-    final = await _collect_final(session)
+    async with request.app[LIFECYCLE_KEY].upload_cutoff.bound():
+        final = await _collect_final(session)
     phases.done("transcribe")
     language = _language(request, form)
     transcript = _to_transcript(final, language)
@@ -513,8 +529,10 @@ async def _stream_sse(
     flusher = DeltaFlusher(request.app[CONFIG_KEY].gateway.flush_interval_s)
     outcome = "completed"
     try:
-        async with contextlib.aclosing(_timed_events(session, flusher)) as items:
-            await _write_stream(request, response, items, flusher, form, transcription_id)
+        # cut by a shutdown's upload drain: its error event ends the stream
+        async with request.app[LIFECYCLE_KEY].upload_cutoff.bound():
+            async with contextlib.aclosing(_timed_events(session, flusher)) as items:
+                await _write_stream(request, response, items, flusher, form, transcription_id)
     except LivemeetError as exc:
         request.app[METRICS_KEY].errors.labels(exc.code).inc()
         await response.write(encode_event(error_body(exc)))

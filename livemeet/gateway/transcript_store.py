@@ -11,6 +11,7 @@ Files let transcripts outlive a restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -250,6 +251,9 @@ class TranscriptStore:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, self._write_file, transcription_id, body)
+        except OSError as exc:  # the disk's (full, read-only, failing), not a bug: one line
+            log.error("transcript %s was not saved: %s", transcription_id, exc)
+            return False
         except Exception:  # no one awaits this task: every failure is logged here
             log.exception("transcript %s was not saved", transcription_id)
             return False
@@ -262,11 +266,18 @@ class TranscriptStore:
         lost to a power cut took the meeting with it."""
         make_private_dir(self.directory)
         tmp = self.directory / f".{transcription_id}.json.tmp"
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.directory / f"{transcription_id}.json")
+        try:
+            with tmp.open("w", encoding="utf-8") as f:
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(self.directory / f"{transcription_id}.json")
+        except BaseException:
+            # a full disk left the half-written file behind, for good: nothing else reads or
+            # removes a `.tmp` (retention aside, which is off by default)
+            with contextlib.suppress(OSError):  # a read-only disk: the write's error stands
+                tmp.unlink(missing_ok=True)
+            raise
         sync_directory(self.directory)
 
 

@@ -178,7 +178,10 @@ class _FileSink:
     def discard(self) -> None:
         self._release_buffer()
         if self._file is not None:
-            self._file.close()
+            # a failed write left bytes buffered, which the close fails to write again: its
+            # OSError replaced the upload's storage_failed with a 500
+            with contextlib.suppress(OSError):
+                self._file.close()
         if self._path is not None:
             self._path.unlink(missing_ok=True)
         self.disk_budget.give(self.disk_bytes)

@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal
 
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, hdrs, web
@@ -937,5 +937,22 @@ async def live_handler(request: web.Request) -> web.WebSocketResponse:
         await connection.run()
     finally:
         registry.discard(connection)
-        await connection.cleanup()
+        await _uncancelled(connection.cleanup())
     return ws
+
+
+async def _uncancelled(cleanup: Coroutine[Any, Any, None]) -> None:
+    """Run `cleanup` to its end though this handler is cancelled meanwhile: a client that
+    hangs up after its close (aiohttp's handler_cancellation) cut a drained session's cleanup
+    where it waited, and its log line, counters and gauges with it (a trial). That hang-up
+    is the socket's end, not a request cut short: once the cleanup is done the handler
+    returns (a cancellation that came before the cleanup still propagates)."""
+    task = asyncio.create_task(cleanup)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait({task})  # each step is bounded (the drain's deadline)
+        current = asyncio.current_task()
+        assert current is not None
+        current.uncancel()
+        task.result()  # a bug in the cleanup is raised, not dropped

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -114,6 +115,24 @@ def test_serve_cancels_the_handlers_of_clients_that_left(
     finally:
         sys.setswitchinterval(before)
     assert seen["handler_cancellation"] is True
+
+
+def test_a_second_stop_signal_says_the_stop_was_cut_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp raises GracefulExit again for a second SIGTERM or SIGINT, which ends its
+    cleanup where it is: `serve` exited 1 after a log whose last line was an upload's
+    "request cancelled" (a trial), as if it had crashed."""
+
+    def second_signal(app: web.Application, **kw: Any) -> None:
+        raise web.GracefulExit
+
+    monkeypatch.setattr(web, "run_app", second_signal)
+    caplog.set_level(logging.INFO, "livemeet.serve")
+    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 1
+    last = caplog.records[-1]
+    assert last.levelno == logging.WARNING
+    assert last.getMessage().startswith("a second stop signal: stopped at once")
 
 
 def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(

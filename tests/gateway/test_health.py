@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from livemeet.backends import BACKENDS
 from livemeet.backends.scripted import ScriptedCore
@@ -19,9 +20,11 @@ from livemeet.gateway.app import create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import LIFECYCLE_KEY
 from livemeet.transcriber import Event
-from tests.gateway.conftest import ClientFactory, wav_bytes
+from tests.gateway.conftest import ClientFactory, pcm16, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_live_resume import detached_session, resume_start
 from tests.gateway.test_openai_api import form
+from tests.gateway.test_ws_live import receive_all, start_session
 
 
 async def test_health_and_ready(client: TestClient) -> None:
@@ -81,6 +84,78 @@ async def test_metrics_count_requests_errors_audio_and_demo(client: TestClient) 
     # the good upload went through every phase once; the garbage one stopped at decode
     for phase, n in (("receive", 2), ("decode", 1), ("transcribe", 1), ("respond", 1)):
         assert f'livemeet_upload_phase_seconds_count{{phase="{phase}"}} {n}.0' in text
+
+
+async def test_the_exposition_parses_and_keeps_prometheus_naming_after_a_scripted_load(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """/metrics as Prometheus reads it (prometheus_client's own parser), after uploads that
+    pass and fail, a live session that completes, one that drops and is resumed, and a
+    refused resume: counters end in _total, times in _seconds, sizes in _bytes, every family
+    has help, labels are from bounded sets (no session id), every error code is exported
+    from the start (a rate() needs the series), and the gateway process's own metrics are
+    there (process_start_time_seconds: a restart; the registry is the app's, so they were
+    missing)."""
+    before = _samples(await (await client.get("/metrics")).text())
+    for code in ("storage_failed", "engine_unavailable", "bad_audio", "internal_error"):
+        assert before[("livemeet_errors_total", (("code", code),))] == 0
+    assert before[("process_start_time_seconds", ())] > 0
+    assert ("process_resident_memory_bytes", ()) in before
+    await client.post("/v1/audio/transcriptions", data=form(wav_bytes(2.0)))
+    await client.post("/v1/audio/transcriptions", data=form(b"garbage" * 100))
+    async with client.ws_connect("/v1/live") as ws:
+        await start_session(ws)
+        await ws.send_bytes(pcm16(1.0))
+        await ws.send_json({"type": "end"})
+        await receive_all(ws)
+    ready, _ = await detached_session(client, fake, 1.0)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        assert (await ws.receive_json())["resumed"] is True
+        await ws.send_json({"type": "end"})
+        await receive_all(ws)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start({**ready, "session_id": "gone"}))
+        await receive_all(ws)
+    text = await (await client.get("/metrics")).text()
+    after = _samples(text)
+
+    def moved(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert moved("livemeet_sessions_ended_total", kind="upload", outcome="completed") == 1
+    assert moved("livemeet_errors_total", code="bad_audio") == 1
+    assert moved("livemeet_audio_seconds_in_total", kind="live") == 2.0
+    assert moved("livemeet_sessions_ended_total", kind="live", outcome="completed") == 2
+    assert moved("livemeet_sessions_ended_total", kind="live", outcome="detached") == 1
+    assert moved("livemeet_live_resumes_total", result="resumed") == 1
+    assert moved("livemeet_live_resumes_total", result="not_found") == 1
+    assert moved("livemeet_errors_total", code="not_found") == 1
+    assert after[("livemeet_live_sessions_detached", ())] == 0
+    for state in ("connecting", "streaming", "ending"):
+        assert after[("livemeet_sessions", (("kind", "live"), ("state", state)))] == 0
+    for family in text_string_to_metric_families(text):
+        assert family.documentation, family.name
+        unit_words = family.name.split("_")
+        assert not {"ms", "milliseconds", "mb", "mib", "kb"} & set(unit_words), family.name
+        for sample in family.samples:
+            if family.type == "counter" and not sample.name.endswith("_created"):
+                assert sample.name.endswith("_total"), sample.name
+            for label, value in sample.labels.items():
+                assert label not in ("session_id", "id", "session", "path"), sample
+                assert ready["session_id"] not in value, sample
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, sorted labels): value} of an exposition, its `_created` samples left
+    out (their values are times)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
 
 
 async def test_two_apps_have_separate_registries(

@@ -138,6 +138,23 @@ async def test_a_shutdown_with_shutdown_live_end_logs_its_drain(
     assert lines[1].startswith("live sessions drained in ")
 
 
+async def test_every_request_has_an_access_line_at_debug_only(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request that succeeded left no line at all (the access log is off: probes would
+    flood it), so `--log-level debug` could not show whether a client's GET reached the
+    server; at debug each request has one line, at info none."""
+    caplog.set_level(logging.INFO, "livemeet.gateway.app")
+    assert (await client.get("/v1/models")).status == 200
+    assert not [m for m in messages(caplog, "livemeet.gateway.app") if "/v1/models" in m]
+    caplog.set_level(logging.DEBUG, "livemeet.gateway.app")
+    assert (await client.get("/v1/models")).status == 200
+    assert (await client.get("/v1/transcriptions/tr_nope")).status == 404
+    lines = [m for m in messages(caplog, "livemeet.gateway.app") if " in " in m]
+    assert lines[0].startswith("GET /v1/models: 200 in ") and "(client 127.0.0.1)" in lines[0]
+    assert lines[-1].startswith("GET /v1/transcriptions/tr_nope: 404 in ")
+
+
 async def test_a_request_path_cannot_forge_a_log_line(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -166,6 +183,38 @@ async def test_an_upload_cut_short_is_a_warning(
     assert await (await client.post("/v1/audio/transcriptions", data=data)).read()
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert "cut short: finish_reason length" in warning and "of 2.0 s" in warning
+
+
+async def test_the_start_says_what_it_serves_and_with_which_settings(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The start's log named the address, the data dir and the backend, not the settings a
+    stop, a full disk or a refusal depend on: an operator read them off the unit file."""
+    caplog.set_level(logging.INFO, "livemeet.gateway.app")
+    await gateway_client(
+        aiohttp_client,
+        server_config,
+        fake,
+        shutdown_live="end",
+        upload_drain_s=25.0,
+        min_free_disk_mb=100.0,
+        max_sessions=8,
+    )
+    [line] = [m for m in messages(caplog, "livemeet.gateway.app") if m.startswith("ready: ")]
+    assert line.startswith("ready: serving fake backend, model fake-model, on http://")
+    for setting in (
+        f"--data-dir {server_config.data_dir} (",
+        "--max-sessions 8,",
+        "--shutdown-live end,",
+        "--upload-drain-s 25,",
+        "--min-free-disk-mb 100,",
+        "--retention-days 0,",
+        "--auth auto,",
+    ):
+        assert setting in line, (setting, line)
 
 
 @pytest.mark.parametrize(

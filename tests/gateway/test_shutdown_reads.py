@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -20,24 +22,26 @@ import websockets
 from aiohttp import web
 
 from livemeet.config import ServerConfig
-from livemeet.errors import ServerRestarting
+from livemeet.errors import EngineUnavailable, ServerRestarting
 from livemeet.gateway.app import create_app
+from livemeet.gateway.keys import METRICS_KEY
 from tests.gateway.conftest import pcm16, wav_bytes
-from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.fakes import FakeSession, FakeTranscriber
 from tests.gateway.test_expect_continue import multipart, read_response
 from tests.gateway.test_ws_live import START
 
 SHUTDOWN_TIMEOUT_S = 8.0  # aiohttp's wait for busy connections, as run_app's 60 s
 
 
-@pytest.fixture
-async def served(
-    server_config: ServerConfig, fake: FakeTranscriber
+@contextlib.asynccontextmanager
+async def serving(
+    config: ServerConfig, fake: FakeTranscriber, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
 ) -> AsyncIterator[tuple[web.AppRunner, str, int]]:
+    """The app on a TCP port through aiohttp's runner, as `serve` runs it."""
     runner = web.AppRunner(
-        create_app(server_config, fake),
+        create_app(config, fake),
         handler_cancellation=True,
-        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        shutdown_timeout=shutdown_timeout_s,
     )
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -47,6 +51,97 @@ async def served(
         yield runner, host, port
     finally:
         await runner.cleanup()  # idempotent: a test may have shut it down
+
+
+@pytest.fixture
+async def served(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> AsyncIterator[tuple[web.AppRunner, str, int]]:
+    async with serving(server_config, fake) as served:
+        yield served
+
+
+def _with_upload_drain(config: ServerConfig, upload_drain_s: float) -> ServerConfig:
+    return replace(config, gateway=replace(config.gateway, upload_drain_s=upload_drain_s))
+
+
+def _upload_form(**fields: str) -> aiohttp.FormData:
+    form = aiohttp.FormData()
+    form.add_field("file", wav_bytes(1.0), filename="a.wav")
+    form.add_field("model", "whisper-1")
+    for name, value in fields.items():
+        form.add_field(name, value)
+    return form
+
+
+async def test_an_upload_past_the_shutdown_timeout_does_not_hold_the_exit(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """An upload whose transcript does not come within aiohttp's shutdown timeout is cut then:
+    the shutdown ended only with the upload (a trial's 49-minute upload held a SIGTERM 220 s,
+    its documented drain 60 s), since aiohttp reads a timeout of 0 s as none."""
+    fake.end_gate = asyncio.Event()  # the transcript never comes
+    # the upload drain (60 s) outlasts aiohttp's timeout: aiohttp's own cut
+    async with serving(server_config, fake, shutdown_timeout_s=0.5) as (runner, host, port):
+        async with aiohttp.ClientSession() as http:
+            upload = asyncio.create_task(
+                http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
+            )
+            while not fake.sessions:  # its engine session is open: the upload is in flight
+                await asyncio.sleep(0.01)
+            await asyncio.wait_for(runner.cleanup(), SHUTDOWN_TIMEOUT_S)
+            with contextlib.suppress(aiohttp.ClientError):
+                (await upload).release()
+    assert fake.sessions[0].log.aborted  # its engine session freed
+
+
+async def test_an_upload_past_the_upload_drain_is_answered_engine_unavailable(
+    server_config: ServerConfig, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--upload-drain-s` bounds the uploads a shutdown waits for, and those still running
+    then hear why (503 engine_unavailable, retryable), not a dropped connection; the log says
+    what the drain waits for and what it cut."""
+    caplog.set_level(logging.INFO, "livemeet.gateway")
+    fake.end_gate = asyncio.Event()
+    async with serving(_with_upload_drain(server_config, 0.3), fake) as (runner, host, port):
+        async with aiohttp.ClientSession() as http:
+            upload = asyncio.create_task(
+                http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
+            )
+            while not fake.sessions:
+                await asyncio.sleep(0.01)
+            shutdown = asyncio.create_task(runner.cleanup())
+            response = await asyncio.wait_for(upload, SHUTDOWN_TIMEOUT_S)
+            body = await response.json()
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+    assert response.status == 503, body
+    assert body["error"]["code"] == EngineUnavailable.code
+    assert "Retry-After" in response.headers
+    assert fake.sessions[0].log.aborted
+    lines = [r.getMessage() for r in caplog.records]
+    assert (
+        "shutting down: 1 uploads in flight get up to 0.3 s to finish (--upload-drain-s)" in lines
+    )
+    assert any(line.startswith("shutting down: 1 uploads still running after") for line in lines)
+    assert any(" ended: engine_unavailable, 1.0 s of audio" in line for line in lines)
+
+
+async def test_a_streamed_upload_past_the_upload_drain_ends_with_an_error_event(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """An SSE upload cut by the drain says so in its stream (its status is out already): a
+    stream that just stopped read as complete to a client."""
+    fake.end_gate = asyncio.Event()
+    async with serving(_with_upload_drain(server_config, 0.3), fake) as (runner, host, port):
+        async with aiohttp.ClientSession() as http:
+            url = f"http://{host}:{port}/v1/audio/transcriptions"
+            async with http.post(url, data=_upload_form(stream="true")) as response:
+                shutdown = asyncio.create_task(runner.cleanup())
+                raw = await asyncio.wait_for(response.read(), SHUTDOWN_TIMEOUT_S)
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+    events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line]
+    assert response.status == 200
+    assert events[-1]["error"]["code"] == EngineUnavailable.code
 
 
 async def test_an_upload_still_sending_its_body_is_answered(
@@ -74,6 +169,48 @@ async def test_an_upload_still_sending_its_body_is_answered(
     started = time.monotonic()
     await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
     assert time.monotonic() - started < 2.0  # nothing left to wait for
+
+
+async def test_a_drained_live_session_is_logged_and_counted_though_its_client_hangs_up(
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--shutdown-live end`: a drained session's client read its final and the 1001 close
+    and hung up, which cancels the handler (aiohttp's handler_cancellation) where its
+    cleanup still waited (a trial: the drain's wait for the session's pump), so its "ended"
+    line was lost ("request cancelled: GET /v1/live" instead) and its counters and gauges
+    left as they were. Here the engine's abort takes a moment."""
+    caplog.set_level(logging.INFO, "livemeet.gateway")
+    abort = FakeSession.abort
+
+    async def slow_abort(session: FakeSession) -> None:
+        await asyncio.sleep(0.3)
+        await abort(session)
+
+    monkeypatch.setattr(FakeSession, "abort", slow_abort)
+    config = replace(server_config, gateway=replace(server_config.gateway, shutdown_live="end"))
+    async with serving(config, fake) as (runner, host, port):
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(f"ws://{host}:{port}/v1/live") as ws:
+                await ws.send_json(START)
+                ready = await ws.receive_json()
+                await ws.send_bytes(pcm16(1.0))
+                while not fake.sessions or fake.sessions[0].log.num_samples < 16_000:
+                    await asyncio.sleep(0.01)
+                shutdown = asyncio.create_task(runner.cleanup())
+                events = [json.loads(m.data) async for m in ws]  # aiohttp hangs up on the close
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+        registry = runner.app[METRICS_KEY].registry
+    assert events[-1]["type"] == "transcript.final" and ws.close_code == 1001
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"live session {ready['session_id']} ended: completed" in m for m in lines), lines
+    ended = {"kind": "live", "outcome": "completed"}
+    assert registry.get_sample_value("livemeet_sessions_ended_total", ended) == 1
+    for state in ("connecting", "streaming", "ending"):
+        assert registry.get_sample_value("livemeet_sessions", {"kind": "live", "state": state}) == 0
+    assert fake.sessions[0].log.aborted
 
 
 async def test_a_captions_subscriber_hears_of_the_restart_at_once(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 from dataclasses import replace
@@ -74,6 +75,26 @@ async def test_a_failed_write_is_logged_and_the_transcript_stays_readable(
     await store.put(tid, transcript("kept"))
     await store.flush()
     assert "was not saved" in caplog.text
+    assert (await store.get(tid)).segments[0].text == "kept"
+
+
+async def test_a_write_the_disk_fails_leaves_no_half_file_and_logs_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write that failed on the disk (its fsync: ENOSPC) left `.tr_<id>.json.tmp` behind for
+    good, with a traceback in the log for what is no bug."""
+
+    def full_disk(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    store = TranscriptStore(tmp_path)
+    tid = new_transcription_id()
+    await store.put(tid, transcript("kept"))
+    await store.flush()
+    assert list(tmp_path.iterdir()) == []
+    [record] = [r for r in caplog.records if "was not saved" in r.getMessage()]
+    assert record.exc_info is None and "No space left on device" in record.getMessage()
     assert (await store.get(tid)).segments[0].text == "kept"
 
 

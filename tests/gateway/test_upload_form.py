@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -255,6 +256,29 @@ def test_a_spill_file_that_cannot_be_written_is_storage_failed(tmp_path: Path) -
     assert str(tmp_path) not in failed.value.message and failed.value.retryable
     r.discard()
     assert budget.in_use == 0 and disk.in_use == 0
+
+
+@pytest.mark.parametrize("size", [100, len(AUDIO)])  # its close fails, or a write does
+def test_a_spill_on_a_full_disk_is_storage_failed_and_discarded_without_a_second_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int
+) -> None:
+    """A spill file on a full disk (its writes go to /dev/full: ENOSPC, raised by a write or
+    only by the close's flush). A write that failed leaves bytes in the file's buffer, and
+    discard()'s close failed to flush them again: that OSError replaced storage_failed with
+    a 500 internal_error (read_upload_form discards on any error; a trial's 8-MiB tmpfs)."""
+    spill_dir = tmp_path / "tmp"
+    real_open = Path.open
+
+    def full_disk(path: Path, *args: Any, **kwargs: Any) -> Any:
+        target = Path("/dev/full") if path.parent == spill_dir else path
+        return real_open(target, *args, **kwargs)
+
+    r = reader(tmp_path, memory_bytes=0)
+    monkeypatch.setattr(Path, "open", full_disk)
+    with pytest.raises(StorageFailed, match="No space left on device"):
+        feed(r, body(part("file", AUDIO[:size])), 4096)
+    r.discard()
+    assert r.disk_budget.in_use == 0
 
 
 def test_what_aiohttp_clients_send_parses(tmp_path: Path) -> None:
