@@ -21,18 +21,23 @@ encoder's delay (priming) or the padding of its last frame, wherever the file re
 transcript times and durations follow the audio (tests/audio/test_gapless.py: the length to
 the sample, a tone burst's onset within one, at 16, 44.1 and 48 kHz). FFmpeg trims MP3's
 (LAME/Xing header), Opus's (pre-skip, and the end: Ogg granule, WebM CodecDelay and
-DiscardPadding), most Vorbis and AAC's priming (an MP4 edit list); where it falls short,
-`_Trim` does it:
+DiscardPadding) and most Vorbis; where it falls short, `_Trim` does it:
 - Ogg Vorbis whose first audio page is also its last (a few seconds of speech, or of silence):
   FFmpeg's timestamps run a packet ahead of the granules and it cut the end up to a block
   wrong, the error depending on the content (3 s at 16 kHz: 47,744 samples of silence, 48,128
   of a tone). Decoded with skip_manual, the end is cut at the last granule. In a chained file
   (Ogg files joined with cat), each link is cut at its own, and the previous link's overlap
   that FFmpeg's decoder gives as the next link's first samples is dropped.
+- MP4 (M4A, MOV, 3GP): FFmpeg skips the priming the edit list (or iTunes' iTunSMPB tag)
+  skips, but kept the end padding (up to a frame: 1,023 samples of AAC at the file's rate).
+  The audio ends where the edit list, the iTunSMPB length or the sample table does,
+  whichever is first; an edit list counts in the movie's timescale (FFmpeg writes
+  milliseconds: then within 16 samples at 16 kHz).
 A file that records neither keeps its codec's delay and padding, as FFmpeg and the ffmpeg
 command line keep them: an MP3 without a LAME/Xing header, one in a WAV too (LAME's delay,
 1,105 samples at the file's rate, ~25 ms at 44.1 kHz, comes first), raw AAC (ADTS: 1,024
-samples of priming) and AAC in Matroska (no DiscardPadding: its end).
+samples of priming), AAC in an MP4 without an edit list or tag (fragmented, as FFmpeg writes
+it: the priming; the end is still cut) and AAC in Matroska (no DiscardPadding: its end).
 
 Decisions on damaged input:
 - Truncated files that libsndfile reads raise `BadAudio` when its decoder fails or yields fewer
@@ -62,8 +67,6 @@ Decisions on damaged input:
 - A truncated MP3 or Ogg file yields its intact prefix: their declared durations may be
   estimates (bitrate) or come from the cut end itself (last Ogg page), so a shortfall proves
   nothing; again every returned sample is genuine.
-- AAC in MP4 may decode up to one codec frame (64 ms at 16 kHz) longer than declared: FFmpeg
-  trims the priming samples (edit list) but not the end padding. It is kept.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ import struct
 import threading
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, Protocol, cast
 
@@ -129,7 +133,8 @@ _SF_UNKNOWN_FRAMES = 2**63 - 1
 # FFmpeg demuxers whose header stores an exact duration (Matroska Duration, MP4 mvhd/edit list).
 # MP3 durations may be estimated from the bitrate and Ogg's comes from the last page, so a
 # shortfall there proves nothing.
-_EXACT_DURATION_DEMUXERS = frozenset({"matroska,webm", "mov,mp4,m4a,3gp,3g2,mj2"})
+_MP4_DEMUXER = "mov,mp4,m4a,3gp,3g2,mj2"  # FFmpeg's one demuxer of MP4, M4A, MOV and 3GP
+_EXACT_DURATION_DEMUXERS = frozenset({"matroska,webm", _MP4_DEMUXER})
 
 
 @dataclass(frozen=True)
@@ -596,9 +601,78 @@ class _Trim(Protocol):
 def _trim(container: av.container.InputContainer, stream: av.AudioStream) -> _Trim | None:
     """The `_Trim` `stream` of `container` needs (made before its first packet decodes);
     None: FFmpeg's frames are kept whole."""
-    if container.format.name == "ogg" and stream.codec_context.name == "vorbis":
+    demuxer = container.format.name
+    if demuxer == _MP4_DEMUXER and stream.time_base:
+        return _Mp4Trim(stream, container.metadata.get("iTunSMPB", ""))
+    if demuxer == "ogg" and stream.codec_context.name == "vorbis":
         return _OggVorbisTrim(stream)
     return None
+
+
+class _Mp4Trim:
+    """MP4 (and MOV, 3GP): FFmpeg skips the priming that the edit list (or an iTunSMPB tag)
+    skips, but keeps the end padding. A frame is cut where the edit list ends, or the
+    iTunSMPB tag's length, or its packet (the sample table's duration: the encoder's last
+    packet is short), whichever is first; and where the edit list starts, if FFmpeg left it
+    starting before (an Opus track in a 16 kHz timescale, which decodes at 48 kHz: FFmpeg
+    skipped the priming in 16 kHz samples).
+
+    Timestamps are in ticks of the stream's time base, num/den s (ints: Fractions are too
+    slow per frame)."""
+
+    def __init__(self, stream: av.AudioStream, itunsmpb: str) -> None:
+        assert stream.time_base is not None
+        self._num, self._den = stream.time_base.numerator, stream.time_base.denominator
+        # where the audio starts (the edit list's start) and ends (its end, or the iTunSMPB
+        # tag's length; exclusive): None where unknown
+        self._start = stream.start_time
+        self._end: int | None = None
+        if stream.duration is not None:
+            length = _itunsmpb_length(itunsmpb, stream)
+            self._end = (stream.start_time or 0) + (stream.duration if length is None else length)
+
+    def see(self, packet: av.Packet[av.AudioStream]) -> None:
+        pass
+
+    def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
+        pts = frame.pts
+        if pts is None:
+            return None
+        end = self._end
+        if frame.duration > 0 and (end is None or pts + frame.duration < end):
+            end = pts + frame.duration  # its packet's (FFmpeg's frame duration)
+        # the frame lasts num_samples * den / (num * rate) ticks: compared in integers, exact
+        scale = self._num * frame.sample_rate
+        outlasts = end is not None and (end - pts) * scale < num_samples * self._den
+        early = self._start is not None and pts < self._start
+        if not (outlasts or early):
+            return None
+        start, stop = 0, num_samples
+        if self._start is not None and early:
+            start = min(self._samples(self._start - pts, scale), num_samples)
+        if end is not None and outlasts:
+            stop = min(max(self._samples(end - pts, scale), start), num_samples)
+        return start, stop
+
+    def _samples(self, ticks: int, scale: int) -> int:
+        """`ticks` in samples (`scale`: the time base's numerator times the rate), rounded."""
+        return (2 * ticks * scale + self._den) // (2 * self._den)
+
+
+def _itunsmpb_length(tag: str, stream: av.AudioStream) -> int | None:
+    """The audio's length in samples from an iTunSMPB tag (iTunes' gapless data: hex fields,
+    the second priming, the third padding, the fourth the length), if the stream is what it
+    describes: no edit list (FFmpeg's duration is the whole track, the priming its start,
+    read from this tag) and a time base of one sample. None otherwise (no tag, or a stale
+    one, such as one a re-encode copied over)."""
+    fields = tag.split()
+    try:
+        priming, padding, length = (int(field, 16) for field in fields[1:4])
+    except ValueError:  # not hex, or fewer than four fields
+        return None
+    one_sample = stream.time_base == Fraction(1, stream.codec_context.sample_rate or 1)
+    whole_track = stream.duration == priming + length + padding
+    return length if one_sample and whole_track and stream.start_time == priming else None
 
 
 class _OggVorbisTrim:

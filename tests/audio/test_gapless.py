@@ -9,6 +9,7 @@ both the trimmed priming and the trimmed padding.
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -164,6 +165,102 @@ def test_chained_ogg_vorbis_decodes_each_link_whole(tmp_path: Path) -> None:
             if onset_s + BURST_S < x.size / SAMPLE_RATE:
                 assert abs(onset_lag(decoded, offset_s + onset_s)) <= 1.0
         offset_s += x.size / SAMPLE_RATE
+
+
+# ---- MP4: FFmpeg skipped the edit list's priming but kept the end padding
+
+
+@pytest.mark.parametrize("rate", RATES)
+def test_aac_in_m4a_ends_where_its_edit_list_does(rate: int, tmp_path: Path) -> None:
+    """It kept the last AAC frame's padding: +128 samples at 16 and 48 kHz, +298 at 44.1."""
+    path = encode(tmp_path / "a.m4a", signal(rate, "silence"), rate, "ipod", "aac")
+    assert_sample_exact(decode_file(path), rate)
+    np.testing.assert_array_equal(np.concatenate(list(iter_decode(path))), decode_file(path))
+
+
+@pytest.mark.parametrize(
+    ("codec", "rate"),
+    [("libmp3lame", 44_100), ("libopus", 48_000), ("libopus", 16_000)],
+    ids=["mp3", "opus", "opus-16k-timescale"],
+)
+def test_other_codecs_in_mp4_end_where_the_edit_list_does(
+    codec: str, rate: int, tmp_path: Path
+) -> None:
+    """MP3 and Opus in MP4 kept their padding too (+82 and +216 samples at 16 kHz); Opus
+    from a 16 kHz encode (a 16 kHz timescale, decoded at 48 kHz) also started 80 samples
+    (5 ms) late, +285 in all: FFmpeg skipped its pre-skip in 16 kHz samples of the 48 kHz
+    output."""
+    path = encode(tmp_path / "a.mp4", signal(rate, "tone"), rate, "mp4", codec)
+    assert_sample_exact(decode_file(path), rate)
+
+
+def test_an_m4a_edit_list_in_milliseconds_ends_within_one(tmp_path: Path) -> None:
+    """FFmpeg's muxer writes the edit list in milliseconds: a length between two ends within
+    a millisecond of it (16 samples), not a frame's padding (44.1 kHz: +347)."""
+    duration_s = 2.71828
+    x = signal(44_100, "silence", duration_s)
+    decoded = decode_file(encode(tmp_path / "a.m4a", x, 44_100, "ipod", "aac"))
+    assert abs(decoded.size - round(duration_s * SAMPLE_RATE)) <= 16
+    assert abs(onset_lag(decoded, ONSETS_S[0])) <= 1.0
+
+
+def with_itunsmpb(m4a: bytes, stale: bool = False) -> bytes:
+    """An M4A with no edit list (FFmpeg's `use_editlist=0`) made as iTunes makes one: every
+    sample in the sample table lasts a whole frame, and the gapless data is an iTunSMPB tag
+    (priming, padding and length, in hex) appended to its moov (its last box). `stale`: the
+    tag says half the length, as one copied from another file: they no longer add up to the
+    track's."""
+    data = bytearray(m4a)
+    stts = data.find(b"stts")
+    num_entries = struct.unpack_from(">I", data, stts + 8)[0]
+    entries = [struct.unpack_from(">II", data, stts + 12 + 8 * i) for i in range(num_entries)]
+    assert entries[-1][0] == 1  # the short last frame
+    struct.pack_into(">II", data, stts + 12 + 8 * (num_entries - 1), 1, 1024)
+    total = 1024 * sum(count for count, _ in entries)
+    struct.pack_into(">I", data, data.find(b"mdhd") + 20, total)  # the track's duration
+    length = sum(count * duration for count, duration in entries) - 1024
+    padding = total - 1024 - length
+    if stale:
+        length //= 2
+
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I4s", 8 + len(payload), kind) + payload
+
+    tag = box(
+        b"----",
+        box(b"mean", bytes(4) + b"com.apple.iTunes")
+        + box(b"name", bytes(4) + b"iTunSMPB")
+        + box(b"data", struct.pack(">II", 1, 0) + f" 0 400 {padding:X} {length:X}".encode()),
+    )
+    handler = box(b"hdlr", bytes(8) + b"mdirappl" + bytes(9))
+    udta = box(b"udta", box(b"meta", bytes(4) + handler + box(b"ilst", tag)))
+    moov = data.find(b"moov") - 4
+    assert moov + struct.unpack_from(">I", data, moov)[0] == len(data)
+    struct.pack_into(">I", data, moov, struct.unpack_from(">I", data, moov)[0] + len(udta))
+    return bytes(data + udta)
+
+
+def test_an_m4a_with_only_an_itunsmpb_tag_ends_at_its_length(tmp_path: Path) -> None:
+    """FFmpeg reads the tag's priming, not its length: the padding stayed (+298 at 44.1 kHz)."""
+    path = encode(
+        tmp_path / "a.m4a", signal(44_100, "silence"), 44_100, "ipod", "aac", {"use_editlist": "0"}
+    )
+    m4a = with_itunsmpb(path.read_bytes())
+    with av.open(io.BytesIO(m4a)) as container:
+        assert "iTunSMPB" in container.metadata  # the tag as FFmpeg reads it
+    assert_sample_exact(decode_file(m4a), 44_100)
+
+
+def test_a_stale_itunsmpb_tag_cuts_no_audio(tmp_path: Path) -> None:
+    """A tag that does not add up to the track (a re-encode copied it over) says nothing:
+    all the audio decodes, its padding with it (followed, it would cut the audio in half)."""
+    path = encode(
+        tmp_path / "a.m4a", signal(44_100, "silence"), 44_100, "ipod", "aac", {"use_editlist": "0"}
+    )
+    decoded = decode_file(with_itunsmpb(path.read_bytes(), stale=True))
+    assert round(DURATION_S * SAMPLE_RATE) <= decoded.size <= round(DURATION_S * SAMPLE_RATE) + 400
+    for onset_s in ONSETS_S:
+        assert abs(onset_lag(decoded, onset_s)) <= 1.0
 
 
 # ---- what held before, and what no file records
