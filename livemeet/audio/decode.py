@@ -612,10 +612,11 @@ def _trim(container: av.container.InputContainer, stream: av.AudioStream) -> _Tr
 class _Mp4Trim:
     """MP4 (and MOV, 3GP): FFmpeg skips the priming that the edit list (or an iTunSMPB tag)
     skips, but keeps the end padding. A frame is cut where the edit list ends, or the
-    iTunSMPB tag's length, or its packet (the sample table's duration: the encoder's last
-    packet is short), whichever is first; and where the edit list starts, if FFmpeg left it
-    starting before (an Opus track in a 16 kHz timescale, which decodes at 48 kHz: FFmpeg
-    skipped the priming in 16 kHz samples).
+    iTunSMPB tag's length, or its packet where that is shorter than its samples by a tick or
+    more (the sample table's duration: the encoder's last packet is short), whichever is
+    first; and where the edit list starts, if FFmpeg left it starting before (an Opus track
+    in a 16 kHz timescale, which decodes at 48 kHz: FFmpeg skipped the priming in 16 kHz
+    samples).
 
     Timestamps are in ticks of the stream's time base, num/den s (ints: Fractions are too
     slow per frame)."""
@@ -638,25 +639,37 @@ class _Mp4Trim:
         pts = frame.pts
         if pts is None:
             return None
-        end = self._end
-        if frame.duration > 0 and (end is None or pts + frame.duration < end):
-            end = pts + frame.duration  # its packet's (FFmpeg's frame duration)
-        # the frame lasts num_samples * den / (num * rate) ticks: compared in integers, exact
+        den = self._den
+        # a tick lasts den / scale samples: times in ticks x scale are integers, compared exactly
         scale = self._num * frame.sample_rate
-        outlasts = end is not None and (end - pts) * scale < num_samples * self._den
+        duration = frame.duration
+        end = self._end
+        # its packet's end (FFmpeg's frame duration) where the packet is shorter than its
+        # samples by a whole tick or more (the encoder's last packet): a time base coarser than
+        # a sample (milliseconds) rounds every packet's duration by less, and cutting every
+        # frame there dropped samples between frames all through the file (a review)
+        short = duration > 0 and num_samples * den - duration * scale >= scale
+        if short and (end is None or pts + duration < end):
+            end = pts + duration
+        outlasts = end is not None and (end - pts) * scale < num_samples * den
         early = self._start is not None and pts < self._start
         if not (outlasts or early):
             return None
         start, stop = 0, num_samples
         if self._start is not None and early:
-            start = min(self._samples(self._start - pts, scale), num_samples)
+            # the frame ends where its packet does: its pts is rounded where FFmpeg skipped
+            # priming in ticks longer than a sample (Opus in a 16 kHz timescale: -69 ticks
+            # for -69.33, one 48 kHz sample off)
+            first = (pts + duration) * scale - num_samples * den if duration > 0 else pts * scale
+            start = min(max(self._samples(self._start * scale - first), 0), num_samples)
         if end is not None and outlasts:
-            stop = min(max(self._samples(end - pts, scale), start), num_samples)
+            stop = min(max(self._samples((end - pts) * scale), start), num_samples)
         return start, stop
 
-    def _samples(self, ticks: int, scale: int) -> int:
-        """`ticks` in samples (`scale`: the time base's numerator times the rate), rounded."""
-        return (2 * ticks * scale + self._den) // (2 * self._den)
+    def _samples(self, scaled_ticks: int) -> int:
+        """A time in ticks x scale (the time base's numerator times the rate) in samples,
+        rounded."""
+        return (2 * scaled_ticks + self._den) // (2 * self._den)
 
 
 def _itunsmpb_length(tag: str, stream: av.AudioStream) -> int | None:

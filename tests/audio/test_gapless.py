@@ -204,6 +204,40 @@ def test_an_m4a_edit_list_in_milliseconds_ends_within_one(tmp_path: Path) -> Non
     assert abs(onset_lag(decoded, ONSETS_S[0])) <= 1.0
 
 
+def timed_in_milliseconds(m4a: bytes) -> bytes:
+    """An M4A without an edit list whose track counts in milliseconds, as some muxers write
+    one: each frame's duration truncated to whole ms (1,024 samples at 44.1 kHz: 23 ms, not
+    23.22), the track's the sum of those."""
+    data = bytearray(m4a)
+    mdhd, stts = data.find(b"mdhd"), data.find(b"stts")
+    assert data[mdhd + 4] == 0  # version 0: 32-bit times
+    rate = struct.unpack_from(">I", data, mdhd + 16)[0]
+    num_entries = struct.unpack_from(">I", data, stts + 8)[0]
+    total = 0
+    for i in range(num_entries):
+        count, duration = struct.unpack_from(">II", data, stts + 12 + 8 * i)
+        struct.pack_into(">II", data, stts + 12 + 8 * i, count, duration * 1000 // rate)
+        total += count * (duration * 1000 // rate)
+    struct.pack_into(">II", data, mdhd + 16, 1000, total)
+    return bytes(data)
+
+
+def test_an_mp4_timed_in_milliseconds_loses_no_audio_between_frames(tmp_path: Path) -> None:
+    """A packet's duration rounded to a coarse time base is not a short last packet: each
+    frame cut at its packet's end dropped ~10 of its 1,024 samples all through the file. The
+    audio is the same as that of the file timed in samples, to where its track ends."""
+    path = encode(
+        tmp_path / "a.m4a", signal(44_100, "tone"), 44_100, "ipod", "aac", {"use_editlist": "0"}
+    )
+    in_samples = decode_file(path)
+    in_ms = decode_file(timed_in_milliseconds(path.read_bytes()))
+    # the last frame cut at its packet's end, in whole ms: within a tick (16 samples)
+    assert abs(in_ms.size - in_samples.size) <= 16
+    # the resampler's flush differs at the cut: compared up to 10 ms before it
+    n = in_ms.size - 160
+    np.testing.assert_allclose(in_ms[:n], in_samples[:n], atol=1e-6)
+
+
 def with_itunsmpb(m4a: bytes, stale: bool = False) -> bytes:
     """An M4A with no edit list (FFmpeg's `use_editlist=0`) made as iTunes makes one: every
     sample in the sample table lasts a whole frame, and the gapless data is an iTunSMPB tag
