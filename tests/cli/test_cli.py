@@ -1198,7 +1198,7 @@ def capturing_live_server(received: list[bytes]) -> web.Application:
     return app
 
 
-@pytest.mark.parametrize("name", ["pcm16.wav", "stereo44k.flac", "stereo44k.mp3"])
+@pytest.mark.parametrize("name", ["pcm16.wav", "stereo44k.flac", "stereo44k.mp3", "speech.m4a"])
 async def test_stream_sends_the_samples_of_a_whole_decode(
     name: str,
     aiohttp_server: Any,
@@ -1207,13 +1207,15 @@ async def test_stream_sends_the_samples_of_a_whole_decode(
 ) -> None:
     """`stream` decoded the whole file before sending (~230 MB an hour of audio); decoded as
     it is sent, the frames are still those of the whole decode, byte for byte: a 16 kHz WAV,
-    a 44.1 kHz stereo FLAC (resampled) and a 44.1 kHz stereo MP3 (FFmpeg, resampled)."""
+    a 44.1 kHz stereo FLAC (resampled), a 44.1 kHz stereo MP3 (FFmpeg, resampled) and an M4A
+    (its last AAC frame cut where the edit list ends)."""
     from livemeet.audio.decode import decode_file, iter_decode
 
     paths = {
         "pcm16.wav": shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav",
         "stereo44k.flac": shared_data / "jfk" / "jfk.flac",
         "stereo44k.mp3": encoded_clips["stereo44k.mp3"].path,
+        "speech.m4a": encoded_clips["speech.m4a"].path,
     }
     received: list[bytes] = []
     server = await aiohttp_server(capturing_live_server(received))
