@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -115,7 +116,8 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[STORE_KEY] = TranscriptStore(transcripts_dir(config))
     app[JOURNAL_KEY] = LiveJournal(live_dir(config), on_commit=metrics.journal_committed)
     guard = app[DISK_KEY] = DiskGuard(config.data_dir, int(config.gateway.min_free_disk_mb * MIB))
-    metrics.disk_free_bytes.set_function(lambda: float(guard.free_bytes() or 0))
+    # NaN (Prometheus's unknown) where it cannot be read: 0 read as a full disk (a trial)
+    metrics.disk_free_bytes.set_function(lambda: _or_nan(guard.free_bytes()))
     app[SESSIONS_KEY] = LiveSessions(
         config.gateway.live_resume_window_s,
         config.gateway.final_timeout_s,
@@ -352,6 +354,10 @@ async def _sweep_transcripts(app: web.Application) -> None:
                     amount(app[CONFIG_KEY].gateway.retention_days, "day"),
                 )
         await asyncio.sleep(RETENTION_SWEEP_INTERVAL_S)
+
+
+def _or_nan(value: int | None) -> float:
+    return math.nan if value is None else float(value)
 
 
 def ready_line(config: ServerConfig, info: BackendInfo, disk_free_bytes: int | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections import namedtuple
@@ -91,6 +92,24 @@ async def test_a_nearly_full_disk_refuses_new_sessions_and_uploads_and_readiness
     # a trial: the start said nothing, and the live refusal's log line gave no reason
     assert "50 MiB free, under --min-free-disk-mb 512" in caplog.text
     await wait_until(lambda: "ended: storage_failed (the server's disk is nearly" in caplog.text)
+
+
+async def test_free_space_that_cannot_be_read_is_nan_not_a_full_disk(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gauge read 0 where the data dir's free space was unknown, as of a full disk (an
+    operations trial): an alert on it fired for nothing. NaN is Prometheus's unknown."""
+
+    def unreadable(path: object) -> Usage:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(disk.shutil, "disk_usage", unreadable)
+    client = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    text = await (await client.get("/metrics")).text()
+    (line,) = [x for x in text.splitlines() if x.startswith("livemeet_disk_free_bytes ")]
+    assert math.isnan(float(line.split()[-1]))
+    body = await (await client.get("/readyz")).json()
+    assert body["disk_free_mb"] is None
 
 
 async def test_the_start_names_the_floor_as_given(
