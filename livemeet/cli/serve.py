@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import logging
 import os
+import signal
 import socket
 import ssl
 import sys
@@ -582,7 +584,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         _run_app(app, config, context)
-    except web.GracefulExit:  # SystemExit(1): a second SIGTERM or SIGINT cut the first's stop
+    except web.GracefulExit:  # SystemExit(1): a second stop signal cut the first's stop
         log.warning(
             "a second stop signal: stopped at once%s, without the rest of the drain (uploads "
             "in flight cut unanswered, live sessions as the drain had left them)",
@@ -697,8 +699,15 @@ _BIND_ERRNOS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
 def _run_app(app: web.Application, config: ServerConfig, context: ssl.SSLContext | None) -> None:
+    loop = asyncio.new_event_loop()  # run_app runs it, and closes it
+    if hasattr(signal, "SIGHUP"):  # not on Windows
+        # a hang-up (the terminal or SSH session that started the server closed) stops it as
+        # SIGTERM and SIGINT do, its drain included: by default it killed the server with
+        # nothing drained (an operations trial)
+        loop.add_signal_handler(signal.SIGHUP, _hang_up)
     web.run_app(
         app,
+        loop=loop,
         host=config.host,
         port=config.port,
         ssl_context=context,
@@ -711,3 +720,7 @@ def _run_app(app: web.Application, config: ServerConfig, context: ssl.SSLContext
         # those still running with an answer): what is left is cancelled, unanswered
         shutdown_timeout=config.gateway.upload_drain_s + UPLOAD_CUTOFF_GRACE_S,
     )
+
+
+def _hang_up() -> None:
+    raise web.GracefulExit  # as aiohttp's own SIGTERM and SIGINT handlers do

@@ -197,6 +197,16 @@ def worker_pid(log: Path) -> int:
 
 
 @pytest.mark.slow
+def test_a_hang_up_stops_the_server_as_sigterm_does(tmp_path: Path) -> None:
+    """SIGHUP (the terminal or SSH session that started `serve` closed) killed the server
+    with nothing drained (an operations trial): it now stops as SIGTERM does, exit 0."""
+    with serve(tmp_path / "data", "serve.log") as (_, proc):
+        proc.send_signal(signal.SIGHUP)
+        assert proc.wait(timeout=30) == 0
+    assert "livemeet stopped" in (tmp_path / "serve.log").read_text()
+
+
+@pytest.mark.slow
 async def test_a_sigterm_restart_is_resumed_by_livemeet_stream(tmp_path: Path) -> None:
     """A graceful restart (SIGTERM, as `systemctl restart` sends) ended the meeting: its final
     of part of the file, a 1001 close, and `livemeet stream` exiting 1 "resend from ..." (a
