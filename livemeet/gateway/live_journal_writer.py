@@ -165,9 +165,13 @@ class _Tape:
 class _Group:
     """What one group commit does."""
 
-    statements: list[tuple[str, tuple[object, ...]]] = field(default_factory=list)  # op order
+    # (the session it records, SQL, parameters), in op order
+    statements: list[tuple[_Tape, str, tuple[object, ...]]] = field(default_factory=list)
     audio: dict[_Tape, list[bytes]] = field(default_factory=dict)
     unlinks: dict[str, Path] = field(default_factory=dict)  # audio files of ended sessions
+
+    def add(self, tape: _Tape, sql: str, *params: object) -> None:
+        self.statements.append((tape, sql, params))
 
 
 class Writer:
@@ -242,6 +246,8 @@ class Writer:
         for path in group.unlinks.values():
             _unlink(path)
         for tape in synced:
+            if tape.failed:  # its record's statements failed (`_commit_each`)
+                continue
             frames = tape.synced_bytes // tape.frame_bytes
             if frames > tape.reported_frames:
                 tape.reported_frames = frames
@@ -262,33 +268,33 @@ class Writer:
                 _unlink(tape.path)  # before the commit, which a full disk may fail
             else:  # after it: a crash in between rebuilds the session with its audio
                 group.unlinks[tape.path.name] = tape.path
-            group.statements.append(
-                ("DELETE FROM sessions WHERE session_id = ?", (tape.session_id,))
-            )
-            group.statements += [(sql, (tape.session_id,)) for sql in DELETE_ROWS]
+            group.add(tape, "DELETE FROM sessions WHERE session_id = ?", tape.session_id)
+            for sql in DELETE_ROWS:
+                group.add(tape, sql, tape.session_id)
         elif isinstance(op, Ending):
             if not tape.failed:
-                group.statements.append(
-                    ("UPDATE sessions SET ended = 1 WHERE session_id = ?", (tape.session_id,))
+                group.add(
+                    tape, "UPDATE sessions SET ended = 1 WHERE session_id = ?", tape.session_id
                 )
         elif tape.failed:
             return  # its record stopped where it failed
         elif isinstance(op, Append):
             group.audio.setdefault(tape, []).append(op.pcm)
         elif isinstance(op, Final):
-            params = (tape.session_id, tape.session_id, segment_to_json(op.segment))
-            group.statements.append((INSERT_FINAL, params))
+            group.add(
+                tape, INSERT_FINAL, tape.session_id, tape.session_id, segment_to_json(op.segment)
+            )
         elif isinstance(op, Finalize):
-            group.statements.append((INSERT_FINALIZE, (tape.session_id, op.frames)))
+            group.add(tape, INSERT_FINALIZE, tape.session_id, op.frames)
         elif isinstance(op, Merges):
             merges = json.dumps(op.merges, ensure_ascii=False)
-            group.statements.append(
-                ("UPDATE sessions SET merges = ? WHERE session_id = ?", (merges, tape.session_id))
+            group.add(
+                tape, "UPDATE sessions SET merges = ? WHERE session_id = ?", merges, tape.session_id
             )
         else:
             names = json.dumps(op.names, ensure_ascii=False)
-            group.statements.append(
-                ("UPDATE sessions SET names = ? WHERE session_id = ?", (names, tape.session_id))
+            group.add(
+                tape, "UPDATE sessions SET names = ? WHERE session_id = ?", names, tape.session_id
             )
 
     def _open_tape(self, op: Open, group: _Group) -> None:
@@ -302,22 +308,20 @@ class Writer:
         )
         self._tapes[op.handle] = tape
         if not op.adopted:
-            group.statements += [(sql, (meta.session_id,)) for sql in DELETE_ROWS]
-            group.statements += [
-                (
-                    INSERT_SESSION,
-                    (
-                        meta.session_id,
-                        op.audio_name,
-                        meta.resume_token_sha256,
-                        meta.captions_token_sha256,
-                        meta.sample_rate,
-                        meta.channels,
-                        meta.created_at,
-                        options_to_json(meta),
-                    ),
-                ),
-            ]
+            for sql in DELETE_ROWS:
+                group.add(tape, sql, meta.session_id)
+            group.add(
+                tape,
+                INSERT_SESSION,
+                meta.session_id,
+                op.audio_name,
+                meta.resume_token_sha256,
+                meta.captions_token_sha256,
+                meta.sample_rate,
+                meta.channels,
+                meta.created_at,
+                options_to_json(meta),
+            )
         try:
             # O_APPEND and unbuffered: each write goes to the end, nothing waits in a buffer
             f = open(path, "ab", buffering=0)
@@ -347,23 +351,50 @@ class Writer:
             tape.synced_bytes += len(data)
             synced.append(tape)
             frames = tape.synced_bytes // tape.frame_bytes
-            group.statements.append(
-                (
-                    "UPDATE sessions SET durable_frames = ? WHERE session_id = ?",
-                    (frames, tape.session_id),
-                )
+            group.add(
+                tape,
+                "UPDATE sessions SET durable_frames = ? WHERE session_id = ?",
+                frames,
+                tape.session_id,
             )
         return synced
 
     def _commit(self, group: _Group) -> bool:
-        """Run the group's statements as one transaction. On failure every open session fails
-        (what was recorded before stays) and False is returned."""
+        """Run the group's statements as one transaction; where a statement fails, again
+        session by session (`_commit_each`). False where nothing was committed: every open
+        session failed (what was recorded before stays)."""
         if not group.statements:
             return True
         try:
             self._conn.execute("BEGIN")
-            for sql, params in group.statements:
+            for _, sql, params in group.statements:
                 self._conn.execute(sql, params)
+            self._conn.execute("COMMIT")
+            return True
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a str SQLite cannot encode
+            log.warning("live journal: a group commit failed (%s): again session by session", exc)
+            self._rollback()
+        return self._commit_each(group)
+
+    def _commit_each(self, group: _Group) -> bool:
+        """The group's statements in one transaction, each session's in a savepoint: a
+        session whose statement fails is failed alone, its record left where it was (one
+        session's bad row failed every live session on the server: a security review).
+        Where the transaction itself fails (a full disk), every open session fails."""
+        by_tape: dict[_Tape, list[tuple[str, tuple[object, ...]]]] = {}
+        for tape, sql, params in group.statements:
+            by_tape.setdefault(tape, []).append((sql, params))
+        try:
+            self._conn.execute("BEGIN")
+            for tape, statements in by_tape.items():
+                self._conn.execute("SAVEPOINT session")
+                try:
+                    for sql, params in statements:
+                        self._conn.execute(sql, params)
+                except (sqlite3.Error, ValueError) as exc:
+                    self._conn.execute("ROLLBACK TO session")
+                    self._fail_record(tape, group, exc)
+                self._conn.execute("RELEASE session")
             self._conn.execute("COMMIT")
         except sqlite3.Error as exc:
             log.error(
@@ -375,6 +406,20 @@ class Writer:
             self._fail_all(StorageFailed(f"the server could not store this session ({exc})"))
             return False
         return True
+
+    def _fail_record(self, tape: _Tape, group: _Group, exc: Exception) -> None:
+        """A session whose statements failed: failed, if still open; an ended one keeps its
+        audio file (its record still names it, and a start rebuilds it)."""
+        log.error(
+            "live journal: the record of session %r could not be stored: %s", tape.session_id, exc
+        )
+        if group.unlinks.get(tape.path.name) == tape.path and tape.handle not in self._tapes:
+            del group.unlinks[tape.path.name]
+        if not tape.failed and self._tapes.get(tape.handle) is tape:
+            self._fail_tape(
+                tape,
+                StorageFailed(f"the server could not store this session ({type(exc).__name__})"),
+            )
 
     def _rollback(self) -> None:
         if not self._conn.in_transaction:

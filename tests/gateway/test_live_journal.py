@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 import os
@@ -610,7 +611,12 @@ async def test_an_audio_file_that_cannot_be_opened_fails_its_session(
     assert blocked.failed[0].code == "storage_failed" and blocked.durable == []
 
 
-async def test_a_failed_commit_fails_every_open_session(root: Path, journal: LiveJournal) -> None:
+async def test_a_statement_that_fails_fails_its_session_alone(
+    root: Path, journal: LiveJournal
+) -> None:
+    """A session whose row cannot be stored (here its table is gone) fails, its record left
+    where it was; the others in the same group commit go on (they all failed: a security
+    review)."""
     a, b = Calls(), Calls()
     a.open(journal, meta("a"))
     b.open(journal, meta("b"))
@@ -620,11 +626,37 @@ async def test_a_failed_commit_fails_every_open_session(root: Path, journal: Liv
     with sqlite3.connect(root / "sessions.sqlite3") as db:
         db.execute("DROP TABLE finals")  # the next commit's INSERT fails
     journal.add_final("a", final(1))
+    journal.append_audio("a", bytes(FRAME_BYTES))
     journal.append_audio("b", bytes(FRAME_BYTES))
-    await wait_until(lambda: bool(a.failed) and bool(b.failed))
-    assert a.durable == b.durable == [1]
-    assert journal.durable_frames("b") == 1
-    assert isinstance(b.failed[0], StorageFailed) and len(a.failed) == len(b.failed) == 1
+    await wait_until(lambda: bool(a.failed) and b.durable == [1, 2])
+    assert a.durable == [1] and journal.durable_frames("a") == 1
+    assert isinstance(a.failed[0], StorageFailed) and len(a.failed) == 1 and b.failed == []
+    journal.append_audio("b", bytes(FRAME_BYTES))
+    await wait_until(lambda: b.durable == [1, 2, 3])
+    await journal.close()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        rows = dict(db.execute("SELECT session_id, durable_frames FROM sessions"))
+    assert rows == {"a": 1, "b": 3}
+
+
+async def test_a_final_sqlite_cannot_encode_fails_its_session_alone(
+    root: Path, journal: LiveJournal
+) -> None:
+    """A lone surrogate in a row (a str SQLite cannot encode as UTF-8) raised out of the
+    group commit and failed every live session on the server (a security review); the
+    protocol now refuses one in a client's text, and the journal fails only its session."""
+    a, b = Calls(), Calls()
+    a.open(journal, meta("a"))
+    b.open(journal, meta("b"))
+    journal.add_final("a", dataclasses.replace(final(1), text="x\ud800"))
+    journal.append_audio("b", bytes(FRAME_BYTES))
+    await wait_until(lambda: bool(a.failed) and b.durable == [1])
+    assert b.failed == []
+    journal.add_final("b", final(2))
+    journal.append_audio("b", bytes(FRAME_BYTES))
+    await wait_until(lambda: b.durable == [1, 2])
+    await journal.close()
+    assert [f.text for f in reload(root)["b"].finals] == [final(2).text]
 
 
 async def test_a_journal_of_a_newer_schema_is_refused(root: Path) -> None:
