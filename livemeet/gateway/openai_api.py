@@ -48,6 +48,7 @@ from livemeet.errors import (
     TooLong,
     error_for_code,
 )
+from livemeet.gateway.drain import UploadCutoff
 from livemeet.gateway.errors_http import error_body
 from livemeet.gateway.heap import trim_heap
 from livemeet.gateway.keys import (
@@ -528,11 +529,11 @@ async def _stream_sse(
     await response.prepare(request)
     flusher = DeltaFlusher(request.app[CONFIG_KEY].gateway.flush_interval_s)
     outcome = "completed"
+    # a shutdown's upload drain cuts the wait for the transcript: its error event ends the stream
+    events = _timed_events(session, flusher, request.app[LIFECYCLE_KEY].upload_cutoff)
     try:
-        # cut by a shutdown's upload drain: its error event ends the stream
-        async with request.app[LIFECYCLE_KEY].upload_cutoff.bound():
-            async with contextlib.aclosing(_timed_events(session, flusher)) as items:
-                await _write_stream(request, response, items, flusher, form, transcription_id)
+        async with contextlib.aclosing(events) as items:
+            await _write_stream(request, response, items, flusher, form, transcription_id)
     except LivemeetError as exc:
         request.app[METRICS_KEY].errors.labels(exc.code).inc()
         await response.write(encode_event(error_body(exc)))
@@ -599,9 +600,12 @@ def _segment_event(segment: Segment) -> dict[str, object]:
 
 
 async def _timed_events(
-    session: TranscriberSession, flusher: DeltaFlusher
+    session: TranscriberSession, flusher: DeltaFlusher, cutoff: UploadCutoff
 ) -> AsyncGenerator[Event | None, None]:
-    """The session's events, with None yielded whenever held text is due to be flushed."""
+    """The session's events, with None yielded whenever held text is due to be flushed.
+    Raises EngineUnavailable where `cutoff` (a shutdown's upload drain) passes while an event
+    is awaited, and only then: a stream whose transcript came is not cut while it is written
+    out or closed (bounded whole, it sent an error event after `transcript.text.done`)."""
     queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
     async def pump() -> None:
@@ -616,7 +620,8 @@ async def _timed_events(
         while True:
             due = flusher.due_in(time.monotonic())
             try:
-                event = await asyncio.wait_for(queue.get(), timeout=due)
+                async with cutoff.bound():
+                    event = await asyncio.wait_for(queue.get(), timeout=due)
             except TimeoutError:
                 yield None
                 continue
