@@ -631,5 +631,8 @@ async def _timed_events(
             yield event
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # not `await task` under suppress(CancelledError): that swallowed a cancel of this
+        # task too (its client left, the shutdown's) where it came during the pump's close
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.result()  # a failure of the event stream
