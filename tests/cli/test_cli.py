@@ -1296,6 +1296,44 @@ async def test_a_pipe_that_waits_neither_holds_back_events_nor_ctrl_c(
     assert "resend" not in err
 
 
+async def test_a_quiet_pipe_does_not_hold_the_stream_past_the_servers_close(
+    aiohttp_server: Any,
+) -> None:
+    """The server ends the session (an error, then its close) while the pipe's writer has
+    nothing more: the stream ends then, with the error, not once the writer writes again
+    (which a recording paused, or a FIFO's idle writer, may never do)."""
+
+    async def refuses_more(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"type": "session.ready", "session_id": "s", "demo": True})
+        async for msg in ws:
+            if msg.type == web.WSMsgType.BINARY:
+                error = {"code": "queue_full", "message": "busy", "retryable": True}
+                await ws.send_json({"type": "error", **error})
+                await ws.close(code=4429)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/live", refuses_more)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    release = threading.Event()
+
+    def recording() -> Iterator[npt.NDArray[np.float32]]:
+        yield np.zeros(8_000, np.float32)
+        release.wait(30.0)  # a writer that has nothing more yet
+
+    try:
+        result = await asyncio.wait_for(
+            live_client.stream_audio(url, recording(), hop_s=0.5, speed=1e6, from_pipe=True), 10.0
+        )
+    finally:
+        release.set()
+    assert result.error is not None and result.error["code"] == "queue_full"
+    assert result.close_code == 4429 and result.stopped_early and result.sent_s == 0.5
+
+
 def test_frames_cut_chunks_as_the_whole_array_would_be_cut() -> None:
     x = np.arange(10_000, dtype=np.float32)
     sizes = [1, 2_999, 3_000, 3_001, 0, 999, 1]
