@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import logging
 import os
@@ -1260,6 +1261,47 @@ def test_stream_dash_at_a_terminal_says_to_pipe_audio_in(
     assert main(["stream", "-"]) == 2
     err = capsys.readouterr().err
     assert "standard input, which is a terminal: pipe the audio in" in err
+
+
+def test_ctrl_c_while_a_pipes_first_audio_is_awaited_stops_the_stream(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first audio is read before connecting; from a pipe whose writer has not written
+    enough yet, PyAV's read dropped a Ctrl-C (its read callback ignores the exception and
+    FFmpeg reads on), so the interrupt did nothing until the writer wrote or closed. The
+    decoder here drops it the same way."""
+    import livemeet.audio.decode
+
+    reading, release = threading.Event(), threading.Event()
+
+    def quiet_pipe(source: Any, max_audio_s: float) -> Iterator[npt.NDArray[np.float32]]:
+        reading.set()
+        while True:
+            try:
+                release.wait()
+                break
+            except KeyboardInterrupt:  # dropped, as PyAV's read callback drops it
+                continue
+        yield np.zeros(16_000, np.float32)
+
+    def interrupt() -> None:
+        if reading.wait(10.0):
+            time.sleep(0.1)  # the wait has begun
+            os.kill(os.getpid(), signal.SIGINT)
+        release.wait(3.0)
+        release.set()  # for the old code's read: a writer that writes at last
+
+    monkeypatch.setattr(stream, "open_stream", lambda path: io.BytesIO())
+    monkeypatch.setattr(livemeet.audio.decode, "iter_decode_stream", quiet_pipe)
+    interrupter = threading.Thread(target=interrupt, daemon=True)
+    interrupter.start()
+    try:
+        status = main(["stream", "-", "--url", "ws://127.0.0.1:18798/v1/live"])
+    finally:
+        release.set()
+        interrupter.join()
+    assert status == stream.INTERRUPTED_STATUS
+    assert "interrupted before any audio was read" in capsys.readouterr().err
 
 
 async def test_a_pipe_that_waits_neither_holds_back_events_nor_ctrl_c(
