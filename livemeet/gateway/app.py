@@ -417,10 +417,10 @@ async def begin_drain(app: web.Application) -> None:
     lifecycle.drain_started_at = time.monotonic()
     drain_s = app[CONFIG_KEY].gateway.upload_drain_s
     lifecycle.upload_cutoff.start(drain_s)
-    if lifecycle.uploads_in_flight:
+    if lifecycle.num_uploads_in_flight:
         log.info(
             "shutting down: %d uploads in flight get up to %s s to finish (--upload-drain-s)",
-            lifecycle.uploads_in_flight,
+            lifecycle.num_uploads_in_flight,
             flag_number(drain_s),
         )
 

@@ -169,11 +169,11 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     check_upload_origin(request)
     check_admission(app)
     lifecycle = app[LIFECYCLE_KEY]
-    lifecycle.uploads_in_flight += 1
+    lifecycle.num_uploads_in_flight += 1
     try:
         return await _create_transcription(request)
     finally:
-        lifecycle.uploads_in_flight -= 1
+        lifecycle.num_uploads_in_flight -= 1
 
 
 async def _create_transcription(request: web.Request) -> web.StreamResponse:
