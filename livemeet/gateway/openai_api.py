@@ -48,11 +48,11 @@ from livemeet.errors import (
     TooLong,
     error_for_code,
 )
+from livemeet.gateway.auth_http import key_note
 from livemeet.gateway.drain import UploadCutoff
 from livemeet.gateway.errors_http import error_body
 from livemeet.gateway.heap import trim_heap
 from livemeet.gateway.keys import (
-    API_KEY_ID_KEY,
     CONFIG_KEY,
     DISK_KEY,
     LIFECYCLE_KEY,
@@ -237,7 +237,7 @@ async def _create_transcription(request: web.Request) -> web.StreamResponse:
                 duration_s,
                 time.monotonic() - started,
                 stored or "no transcript stored",
-                _key_note(request),
+                key_note(request),
             )
 
 
@@ -262,13 +262,6 @@ def check_admission(app: web.Application) -> None:
                 f"every session slot (--max-sessions {app[CONFIG_KEY].gateway.max_sessions}) "
                 f"is in use{held}; retry later"
             )
-
-
-def _key_note(request: web.Request) -> str:
-    """What an upload's log line says of the API key it came with (its id, never the key),
-    as a live session's says which key opened it; nothing where none was needed."""
-    key_id = request.get(API_KEY_ID_KEY)
-    return "" if key_id is None else f", API key {key_id}"
 
 
 async def _transcribe(
