@@ -1376,6 +1376,27 @@ async def test_a_quiet_pipe_does_not_hold_the_stream_past_the_servers_close(
     assert result.close_code == 4429 and result.stopped_early and result.sent_s == 0.5
 
 
+async def test_a_pipe_whose_audio_fails_mid_way_sends_what_came_before(
+    aiohttp_server: Any,
+) -> None:
+    """The decoder's error, raised on the pipe's thread, reaches the stream as a file's
+    does: what decoded before it is sent and transcribed, and the error is the result's."""
+    received: list[bytes] = []
+    server = await aiohttp_server(capturing_live_server(received))
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+
+    def damaged() -> Iterator[npt.NDArray[np.float32]]:
+        yield np.zeros(8_000, np.float32)
+        raise BadAudio("the stream is damaged")
+
+    result = await asyncio.wait_for(
+        live_client.stream_audio(url, damaged(), hop_s=0.5, speed=1e6, from_pipe=True), 10.0
+    )
+    assert isinstance(result.audio_error, BadAudio) and result.stopped_early
+    assert result.sent_s == 0.5 and len(b"".join(received)) == 16_000
+    assert result.final is not None and result.final["duration"] == 0.5
+
+
 def test_frames_cut_chunks_as_the_whole_array_would_be_cut() -> None:
     x = np.arange(10_000, dtype=np.float32)
     sizes = [1, 2_999, 3_000, 3_001, 0, 999, 1]
