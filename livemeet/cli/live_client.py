@@ -485,6 +485,9 @@ class _Streamer:
         self.dropped_at: float | None = None  # monotonic s the connection dropped, until resumed
         self.unreachable_at: float | None = None  # the last attempt that found no server
         self.num_retries = 0  # reconnects since the drop
+        # a pipe's frame read on its thread and not yet sent: a connection that closed
+        # while it was awaited leaves it to the next (a resume)
+        self.pending_pull: asyncio.Future[Samples | None] | None = None
 
     async def run(self) -> StreamResult:
         ws = await self._connect()
@@ -590,9 +593,9 @@ class _Streamer:
         while not self.ending:
             if not await self._wait_for(lambda: self.link.can_send or self.stop.is_set(), receiver):
                 return  # closed while the unacknowledged audio was at its bound
-            if receiver.done():
+            if receiver.done() or not await self._pipe_ready(receiver):
                 return  # the server closed (error, drain) or the connection dropped
-            frame = await self._next_frame()
+            frame = self._next_frame()
             if frame is None:
                 return
             # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
@@ -603,11 +606,11 @@ class _Streamer:
             await ws.send(pcm)
             await self._pace()
 
-    async def _next_frame(self) -> Samples | None:
+    def _next_frame(self) -> Samples | None:
         """The next frame to send, or None (and `ending`) when the audio ran out or failed,
         or `stop` was set (also while a pipe's frame was awaited: its writer may go on)."""
         try:
-            frame = await self._pull()
+            frame = self._pull()
         except LivemeetError as exc:
             self.result.audio_error = exc
             frame = None
@@ -621,22 +624,36 @@ class _Streamer:
             return None
         return frame
 
-    async def _pull(self) -> Samples | None:
-        """The next frame from the iterator, or from the pipe's thread unless `stop` comes
-        first (then None: the frame it was reading is not sent)."""
-        if not isinstance(self.frames, PipeFrames):
-            return next(self.frames, None)
-        if self.stop.is_set():
-            return None  # no read of the pipe is started that nothing would send
-        pull = self.frames.pull()
+    async def _pipe_ready(self, receiver: asyncio.Task[None]) -> bool:
+        """For a pipe: wait until its next frame is read or `stop` is set (True), or the
+        connection closes first (False: the read goes on, for the next connection). A quiet
+        pipe otherwise held the sender past a server's close (its error, a restart to
+        resume from within its window) until the writer wrote again. True for a file."""
+        if not isinstance(self.frames, PipeFrames) or self.stop.is_set():
+            return True
+        if self.pending_pull is None:
+            self.pending_pull = self.frames.pull()
         stopped = asyncio.ensure_future(self.stop.wait())
-        waiters: set[asyncio.Future[Any]] = {pull, stopped}
+        waiters: set[asyncio.Future[Any]] = {self.pending_pull, stopped, receiver}
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-            pull.cancel()  # a no-op once it is done
-        return None if pull.cancelled() else pull.result()
+        return self.pending_pull.done() or self.stop.is_set()
+
+    def _pull(self) -> Samples | None:
+        """The next frame: the iterator's, or the one `_pipe_ready` read from the pipe (None
+        where `stop` came first: a frame it was reading is not sent). Raises what the
+        iterator raised."""
+        if not isinstance(self.frames, PipeFrames):
+            return next(self.frames, None)
+        pull, self.pending_pull = self.pending_pull, None
+        if self.stop.is_set():
+            if pull is not None:
+                pull.cancel()  # the thread's read goes on; its frame is dropped
+            return None
+        assert pull is not None and pull.done(), "_pipe_ready reads a pipe's frame first"
+        return pull.result()
 
     async def _pace(self) -> None:
         if self.pace_t0 is None:

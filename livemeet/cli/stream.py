@@ -73,8 +73,9 @@ import os
 import signal
 import ssl
 import sys
+import threading
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -198,6 +199,33 @@ def open_stream(path: Path) -> BinaryIO:
         return open(path, "rb", buffering=0)
     except OSError as exc:
         raise BadAudio(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def first_chunk(chunks: Iterator[Samples], piped: bool) -> Samples:
+    """`next(chunks)`, raising what it raises. A pipe's first block is read on a daemon
+    thread and awaited here, so that Ctrl-C interrupts the wait: read on this thread, the
+    interrupt was lost (PyAV's callback that reads the pipe drops a KeyboardInterrupt,
+    "Exception ignored", and FFmpeg reads on), and Ctrl-C did nothing until the writer had
+    written enough or closed. A daemon: the exit does not wait for a read a quiet writer
+    holds."""
+    if not piped:
+        return next(chunks)
+    outcome: list[Samples | BaseException] = []
+    read = threading.Event()
+
+    def read_first() -> None:
+        try:
+            outcome.append(next(chunks))
+        except BaseException as exc:  # raised below, on this thread's caller
+            outcome.append(exc)
+        finally:
+            read.set()
+
+    threading.Thread(target=read_first, name="livemeet-pipe-first", daemon=True).start()
+    read.wait()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def hop_seconds(text: str) -> float:
@@ -364,7 +392,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             chunks = iter_decode(args.file, max_audio_s=math.inf)
         # the first block before connecting: a file that does not decode at all exits 2
-        first = next(chunks)
+        first = first_chunk(chunks, piped)
     except LivemeetError as exc:
         print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
         return 2

@@ -46,6 +46,7 @@ from livemeet.gateway.auth_http import (
     KeyGuard,
     auth_middleware,
     check_request_key,
+    key_note,
     key_watch,
     refused_client,
 )
@@ -54,7 +55,6 @@ from livemeet.gateway.errors_http import error_response
 from livemeet.gateway.http_protocol import malformed_body, name_the_server, serve_json_refusals
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
-    API_KEY_ID_KEY,
     AUTH_KEY,
     CONFIG_KEY,
     DISK_KEY,
@@ -417,10 +417,10 @@ async def begin_drain(app: web.Application) -> None:
     lifecycle.drain_started_at = time.monotonic()
     drain_s = app[CONFIG_KEY].gateway.upload_drain_s
     lifecycle.upload_cutoff.start(drain_s)
-    if lifecycle.uploads_in_flight:
+    if lifecycle.num_uploads_in_flight:
         log.info(
             "shutting down: %d uploads in flight get up to %s s to finish (--upload-drain-s)",
-            lifecycle.uploads_in_flight,
+            lifecycle.num_uploads_in_flight,
             flag_number(drain_s),
         )
 
@@ -528,15 +528,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             response.status,
             1e3 * (time.monotonic() - started),
             request.remote or "unknown",
-            _key_of(request),
+            key_note(request),
         )
     return response
-
-
-def _key_of(request: web.Request) -> str:
-    """The API key a request was let in with, by its id (never the key), for its log line."""
-    key_id = request.get(API_KEY_ID_KEY)
-    return "" if key_id is None else f", API key {key_id}"
 
 
 async def _expect_upload(request: web.Request) -> web.StreamResponse | None:

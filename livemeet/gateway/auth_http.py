@@ -190,6 +190,13 @@ async def check_request_key(request: web.Request) -> None:
             request[API_KEY_ID_KEY] = key.key_id  # the access log line names it (app.py)
 
 
+def key_note(request: web.Request) -> str:
+    """What a log line says of the API key `request` was let in with: its id (never the
+    key), or nothing where none was needed (`check_request_key`)."""
+    key_id = request.get(API_KEY_ID_KEY)
+    return "" if key_id is None else f", API key {key_id}"
+
+
 def refused_client(error: LivemeetError, remote: str | None) -> str:
     """What the log line of a refused request adds: for `unauthorized`, the client's address
     (request.remote), so an operator can tell a misconfigured client from someone trying keys

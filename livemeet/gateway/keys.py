@@ -33,7 +33,7 @@ class Lifecycle:
     started: bool = False
     draining: bool = False
     drain_started_at: float | None = None  # time.monotonic() of the shutdown's start
-    uploads_in_flight: int = 0  # upload requests admitted and not yet answered
+    num_uploads_in_flight: int = 0  # upload requests admitted and not yet answered
     upload_cutoff: UploadCutoff = field(default_factory=UploadCutoff)
     decode_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(1))
     incoming_uploads: IncomingUploadCounter = field(default_factory=IncomingUploadCounter)

@@ -48,10 +48,11 @@ from livemeet.errors import (
     TooLong,
     error_for_code,
 )
+from livemeet.gateway.auth_http import key_note
+from livemeet.gateway.drain import UploadCutoff
 from livemeet.gateway.errors_http import error_body
 from livemeet.gateway.heap import trim_heap
 from livemeet.gateway.keys import (
-    API_KEY_ID_KEY,
     CONFIG_KEY,
     DISK_KEY,
     LIFECYCLE_KEY,
@@ -168,11 +169,11 @@ async def create_transcription(request: web.Request) -> web.StreamResponse:
     check_upload_origin(request)
     check_admission(app)
     lifecycle = app[LIFECYCLE_KEY]
-    lifecycle.uploads_in_flight += 1
+    lifecycle.num_uploads_in_flight += 1
     try:
         return await _create_transcription(request)
     finally:
-        lifecycle.uploads_in_flight -= 1
+        lifecycle.num_uploads_in_flight -= 1
 
 
 async def _create_transcription(request: web.Request) -> web.StreamResponse:
@@ -236,7 +237,7 @@ async def _create_transcription(request: web.Request) -> web.StreamResponse:
                 duration_s,
                 time.monotonic() - started,
                 stored or "no transcript stored",
-                _key_note(request),
+                key_note(request),
             )
 
 
@@ -261,13 +262,6 @@ def check_admission(app: web.Application) -> None:
                 f"every session slot (--max-sessions {app[CONFIG_KEY].gateway.max_sessions}) "
                 f"is in use{held}; retry later"
             )
-
-
-def _key_note(request: web.Request) -> str:
-    """What an upload's log line says of the API key it came with (its id, never the key),
-    as a live session's says which key opened it; nothing where none was needed."""
-    key_id = request.get(API_KEY_ID_KEY)
-    return "" if key_id is None else f", API key {key_id}"
 
 
 async def _transcribe(
@@ -528,11 +522,11 @@ async def _stream_sse(
     await response.prepare(request)
     flusher = DeltaFlusher(request.app[CONFIG_KEY].gateway.flush_interval_s)
     outcome = "completed"
+    # a shutdown's upload drain cuts the wait for the transcript: its error event ends the stream
+    events = _timed_events(session, flusher, request.app[LIFECYCLE_KEY].upload_cutoff)
     try:
-        # cut by a shutdown's upload drain: its error event ends the stream
-        async with request.app[LIFECYCLE_KEY].upload_cutoff.bound():
-            async with contextlib.aclosing(_timed_events(session, flusher)) as items:
-                await _write_stream(request, response, items, flusher, form, transcription_id)
+        async with contextlib.aclosing(events) as items:
+            await _write_stream(request, response, items, flusher, form, transcription_id)
     except LivemeetError as exc:
         request.app[METRICS_KEY].errors.labels(exc.code).inc()
         await response.write(encode_event(error_body(exc)))
@@ -599,9 +593,12 @@ def _segment_event(segment: Segment) -> dict[str, object]:
 
 
 async def _timed_events(
-    session: TranscriberSession, flusher: DeltaFlusher
+    session: TranscriberSession, flusher: DeltaFlusher, cutoff: UploadCutoff
 ) -> AsyncGenerator[Event | None, None]:
-    """The session's events, with None yielded whenever held text is due to be flushed."""
+    """The session's events, with None yielded whenever held text is due to be flushed.
+    Raises EngineUnavailable where `cutoff` (a shutdown's upload drain) passes while an event
+    is awaited, and only then: a stream whose transcript came is not cut while it is written
+    out or closed (bounded whole, it sent an error event after `transcript.text.done`)."""
     queue: asyncio.Queue[Event | None] = asyncio.Queue()
 
     async def pump() -> None:
@@ -616,7 +613,8 @@ async def _timed_events(
         while True:
             due = flusher.due_in(time.monotonic())
             try:
-                event = await asyncio.wait_for(queue.get(), timeout=due)
+                async with cutoff.bound():
+                    event = await asyncio.wait_for(queue.get(), timeout=due)
             except TimeoutError:
                 yield None
                 continue
@@ -626,5 +624,8 @@ async def _timed_events(
             yield event
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # not `await task` under suppress(CancelledError): that swallowed a cancel of this
+        # task too (its client left, the shutdown's) where it came during the pump's close
+        await asyncio.wait({task})
+        if not task.cancelled():
+            task.result()  # a failure of the event stream

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import logging
 import os
@@ -1262,6 +1263,47 @@ def test_stream_dash_at_a_terminal_says_to_pipe_audio_in(
     assert "standard input, which is a terminal: pipe the audio in" in err
 
 
+def test_ctrl_c_while_a_pipes_first_audio_is_awaited_stops_the_stream(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The first audio is read before connecting; from a pipe whose writer has not written
+    enough yet, PyAV's read dropped a Ctrl-C (its read callback ignores the exception and
+    FFmpeg reads on), so the interrupt did nothing until the writer wrote or closed. The
+    decoder here drops it the same way."""
+    import livemeet.audio.decode
+
+    reading, release = threading.Event(), threading.Event()
+
+    def quiet_pipe(source: Any, max_audio_s: float) -> Iterator[npt.NDArray[np.float32]]:
+        reading.set()
+        while True:
+            try:
+                release.wait()
+                break
+            except KeyboardInterrupt:  # dropped, as PyAV's read callback drops it
+                continue
+        yield np.zeros(16_000, np.float32)
+
+    def interrupt() -> None:
+        if reading.wait(10.0):
+            time.sleep(0.1)  # the wait has begun
+            os.kill(os.getpid(), signal.SIGINT)
+        release.wait(3.0)
+        release.set()  # for the old code's read: a writer that writes at last
+
+    monkeypatch.setattr(stream, "open_stream", lambda path: io.BytesIO())
+    monkeypatch.setattr(livemeet.audio.decode, "iter_decode_stream", quiet_pipe)
+    interrupter = threading.Thread(target=interrupt, daemon=True)
+    interrupter.start()
+    try:
+        status = main(["stream", "-", "--url", "ws://127.0.0.1:18798/v1/live"])
+    finally:
+        release.set()
+        interrupter.join()
+    assert status == stream.INTERRUPTED_STATUS
+    assert "interrupted before any audio was read" in capsys.readouterr().err
+
+
 async def test_a_pipe_that_waits_neither_holds_back_events_nor_ctrl_c(
     aiohttp_server: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1294,6 +1336,65 @@ async def test_a_pipe_that_waits_neither_holds_back_events_nor_ctrl_c(
     err = capsys.readouterr().err
     assert "stopped by Ctrl-C: the transcript covers 1.00 s of the audio read from standard " in err
     assert "resend" not in err
+
+
+async def test_a_quiet_pipe_does_not_hold_the_stream_past_the_servers_close(
+    aiohttp_server: Any,
+) -> None:
+    """The server ends the session (an error, then its close) while the pipe's writer has
+    nothing more: the stream ends then, with the error, not once the writer writes again
+    (which a recording paused, or a FIFO's idle writer, may never do)."""
+
+    async def refuses_more(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_json({"type": "session.ready", "session_id": "s", "demo": True})
+        async for msg in ws:
+            if msg.type == web.WSMsgType.BINARY:
+                error = {"code": "queue_full", "message": "busy", "retryable": True}
+                await ws.send_json({"type": "error", **error})
+                await ws.close(code=4429)
+        return ws
+
+    app = web.Application()
+    app.router.add_get("/v1/live", refuses_more)
+    server = await aiohttp_server(app)
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+    release = threading.Event()
+
+    def recording() -> Iterator[npt.NDArray[np.float32]]:
+        yield np.zeros(8_000, np.float32)
+        release.wait(30.0)  # a writer that has nothing more yet
+
+    try:
+        result = await asyncio.wait_for(
+            live_client.stream_audio(url, recording(), hop_s=0.5, speed=1e6, from_pipe=True), 10.0
+        )
+    finally:
+        release.set()
+    assert result.error is not None and result.error["code"] == "queue_full"
+    assert result.close_code == 4429 and result.stopped_early and result.sent_s == 0.5
+
+
+async def test_a_pipe_whose_audio_fails_mid_way_sends_what_came_before(
+    aiohttp_server: Any,
+) -> None:
+    """The decoder's error, raised on the pipe's thread, reaches the stream as a file's
+    does: what decoded before it is sent and transcribed, and the error is the result's."""
+    received: list[bytes] = []
+    server = await aiohttp_server(capturing_live_server(received))
+    url = str(server.make_url("/v1/live")).replace("http", "ws", 1)
+
+    def damaged() -> Iterator[npt.NDArray[np.float32]]:
+        yield np.zeros(8_000, np.float32)
+        raise BadAudio("the stream is damaged")
+
+    result = await asyncio.wait_for(
+        live_client.stream_audio(url, damaged(), hop_s=0.5, speed=1e6, from_pipe=True), 10.0
+    )
+    assert isinstance(result.audio_error, BadAudio) and result.stopped_early
+    assert result.sent_s == 0.5 and len(b"".join(received)) == 16_000
+    assert result.final is not None and result.final["duration"] == 0.5
 
 
 def test_frames_cut_chunks_as_the_whole_array_would_be_cut() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -295,6 +295,42 @@ async def test_a_restart_is_resumed_and_its_notice_says_why_once(
     (notice,) = [line for line in err.splitlines() if "the server is restarting:" in line]
     assert notice.startswith("the server is restarting: resume the session"), notice
     assert notice.count("the server is restarting") == 1
+
+
+async def test_a_drop_while_a_pipe_is_quiet_is_resumed_at_once_and_loses_nothing(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
+    proxy_for: Any,
+) -> None:
+    """`stream -`: the connection drops while the pipe's writer has nothing more. The
+    stream reconnects then, not once the writer writes again (past the server's resume
+    window, for a writer quiet long enough), and the frame that was being read goes out on
+    the resumed connection: every sample once."""
+    gateway = await gateway_client(aiohttp_client, server_config, fake)
+    proxy, url = await proxy_for(gateway)
+    waiting, release = threading.Event(), threading.Event()
+
+    def recording() -> Iterator[Samples]:
+        yield np.full(SAMPLE_RATE, 0.25, np.float32)
+        waiting.set()
+        release.wait(30.0)  # the writer is quiet
+        yield np.full(SAMPLE_RATE, 0.5, np.float32)
+
+    streaming = asyncio.ensure_future(
+        live_client.stream_audio(url, recording(), hop_s=0.5, speed=1e6, from_pipe=True)
+    )
+    try:
+        await wait_until(
+            lambda: waiting.is_set() and fake.sessions[0].log.num_samples == SAMPLE_RATE
+        )
+        proxy.drop()
+        await wait_until(lambda: proxy.num_connections == 2)  # while the writer is quiet
+    finally:
+        release.set()
+    result = await asyncio.wait_for(streaming, 10)
+    assert result.num_resumes == 1 and result.final is not None and not result.stopped_early
+    assert result.sent_s == 2.0 and fake.sessions[0].log.num_samples == 2 * SAMPLE_RATE
 
 
 async def test_with_resume_off_a_drop_ends_the_stream_as_before(

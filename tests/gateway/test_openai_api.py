@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import numpy as np
@@ -30,7 +32,10 @@ from livemeet.errors import (
 )
 from livemeet.gateway import openai_api
 from livemeet.gateway.app import create_app
+from livemeet.gateway.drain import UploadCutoff
 from livemeet.gateway.keys import STORE_KEY
+from livemeet.gateway.sse import DeltaFlusher
+from livemeet.transcriber import Event, TextDelta, TranscriberSession
 from tests.audio.conftest import with_flac_total_samples
 from tests.gateway.conftest import (
     MAX_AUDIO_S,
@@ -750,3 +755,42 @@ async def test_the_temperature_is_checked_as_openai_checks_it(
     else:
         body = await assert_error(resp, InvalidRequest)
         assert body["error"]["param"] == "temperature"
+
+
+class _SlowToCloseSession:
+    """An upload session whose event stream yields one delta, then waits, and takes a while
+    to close (a backend's, winding down)."""
+
+    def __init__(self) -> None:
+        self.closing = asyncio.Event()
+
+    async def events(self) -> AsyncIterator[Event]:
+        try:
+            yield TextDelta("hi")
+            await asyncio.Event().wait()
+        finally:
+            self.closing.set()
+            await asyncio.sleep(10)
+
+
+async def test_a_cancel_while_the_event_stream_closes_is_not_swallowed() -> None:
+    """A streamed upload's handler cancelled (its client left, the shutdown's cut) while its
+    event stream closes is cancelled: the close's wait for the stream's pump swallowed the
+    cancel, and the handler ran on as if nothing had come."""
+    session = _SlowToCloseSession()
+    events = openai_api._timed_events(
+        cast(TranscriberSession, session), DeltaFlusher(0.05), UploadCutoff()
+    )
+
+    async def read_one() -> str:
+        async with contextlib.aclosing(events) as items:
+            async for item in items:
+                if item is not None:
+                    break
+        return "closed"
+
+    reader = asyncio.create_task(read_one())
+    await session.closing.wait()
+    reader.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await reader

@@ -24,7 +24,8 @@ from aiohttp import web
 from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, ServerRestarting
 from livemeet.gateway.app import create_app
-from livemeet.gateway.keys import METRICS_KEY
+from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY
+from livemeet.transcriber import Event
 from tests.gateway.conftest import pcm16, wav_bytes
 from tests.gateway.fakes import FakeSession, FakeTranscriber
 from tests.gateway.test_expect_continue import multipart, read_response
@@ -142,6 +143,40 @@ async def test_a_streamed_upload_past_the_upload_drain_ends_with_an_error_event(
     events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line]
     assert response.status == 200
     assert events[-1]["error"]["code"] == EngineUnavailable.code
+
+
+async def test_a_streamed_upload_whose_transcript_came_is_not_cut_after_its_done_event(
+    server_config: ServerConfig, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain cuts the wait for a transcript, not a stream whose transcript came: an
+    error event after `transcript.text.done` told the client to send again an upload it had
+    whole (and stored). Here the session's event stream takes a while to close after the
+    final (an engine's), and the cutoff comes meanwhile."""
+    events = FakeSession.events
+
+    async def slow_to_close(session: FakeSession) -> AsyncIterator[Event]:
+        try:
+            async for event in events(session):
+                yield event
+            await asyncio.Event().wait()  # open until closed, as a backend's stream is
+        finally:
+            await asyncio.sleep(1.5)  # past the cutoff
+
+    monkeypatch.setattr(FakeSession, "events", slow_to_close)
+    fake.end_gate = asyncio.Event()
+    async with serving(_with_upload_drain(server_config, 0.5), fake) as (runner, host, port):
+        async with aiohttp.ClientSession() as http:
+            url = f"http://{host}:{port}/v1/audio/transcriptions"
+            async with http.post(url, data=_upload_form(stream="true")) as response:
+                shutdown = asyncio.create_task(runner.cleanup())
+                while not runner.app[LIFECYCLE_KEY].draining:
+                    await asyncio.sleep(0.01)
+                fake.end_gate.set()  # the transcript comes within the drain
+                raw = await asyncio.wait_for(response.read(), SHUTDOWN_TIMEOUT_S)
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+    events_sent = [json.loads(line[6:]) for line in raw.decode().splitlines() if line]
+    assert events_sent[-1]["type"] == "transcript.text.done", events_sent[-1]
+    assert not any("error" in event for event in events_sent)
 
 
 async def test_an_upload_still_sending_its_body_is_answered(
