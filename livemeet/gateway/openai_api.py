@@ -61,10 +61,10 @@ from livemeet.gateway.keys import (
     TRANSCRIBER_KEY,
     tmp_dir,
 )
+from livemeet.gateway.origin_http import check_browser_origin
 from livemeet.gateway.sse import DeltaFlusher, TextTracker, encode_event
 from livemeet.gateway.transcript_store import new_transcription_id
 from livemeet.gateway.upload_form import FormReader, UploadAudio
-from livemeet.gateway.ws_live import check_browser_origin
 from livemeet.transcriber import (
     Error,
     Event,
