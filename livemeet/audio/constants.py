@@ -97,6 +97,15 @@ UPLOAD_DRAIN_S = 60.0
 # s past the upload drain that aiohttp's shutdown waits for the requests it then cancels,
 # so the answers of the uploads cut at the drain's end go out first
 UPLOAD_CUTOFF_GRACE_S = 5.0
+# s an upload refused or cut by a shutdown (one still running at the drain's end, or one that
+# comes on an open connection while it drains) is told to wait before it is sent again
+# (Retry-After). Not the 1 s default: the server is going away, and its listener is closed
+# already, so an early retry meets a refused connection, after which the openai SDK backs off
+# only 0.5 s then 1 s (2 retries by default): it had given the upload up before a restarted
+# server served. 30 s covers a restart (the demo backend starts in a few s; MOSS-TD in ~16-21
+# s with Triton's kernels cached, 45-53 s cold: docs/benchmarks.md) and stays within what
+# clients honour (the openai SDK: up to 120 s)
+SHUTDOWN_RETRY_AFTER_S = 30.0
 # s a restart (`serve --shutdown-live keep`) waits for a kept session's audio taken in to be on
 # disk before it closes the socket: many journal commits; the client holds what is not acked
 LIVE_RESTART_DURABLE_WAIT_S = 2.0
