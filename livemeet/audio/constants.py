@@ -150,6 +150,13 @@ LIVE_ENGINE_POLL_S = 0.1  # s between looks at whether the engine is back
 # ~115 MB an hour at 16 kHz mono, ~690 MB at 48-kHz stereo, so this is a few session-hours
 MIN_FREE_DISK_MB = 512.0
 DISK_CHECK_INTERVAL_S = 1.0  # s a free-space lookup is reused
+# MiB above the floor the free space must be back at before a server that fell under the floor
+# takes new work again (and /readyz is 200): hysteresis. At the floor itself the server's own
+# writes and deletes (a spilled upload's file, up to 173 MB for 90 min of 16-kHz WAV; a
+# journal's ~115 MB per session-hour) moved the free space across it and back, flipping
+# readiness and refusals with each; space is freed by hand (DISK_RETRY_AFTER_S), so the
+# margin costs a server that is nearly full nothing
+DISK_READY_MARGIN_MB = 256.0
 DISK_RETRY_AFTER_S = 60.0  # s a refusal for low disk tells clients to wait (Retry-After)
 # s between sweeps of stored transcripts older than --retention-days (and one at start)
 RETENTION_SWEEP_INTERVAL_S = 3600.0

@@ -291,13 +291,14 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     await transcriber.start()
     journal.start(asyncio.get_running_loop())
-    if app[DISK_KEY].low:  # else the only sign is /readyz's 503 and each refusal
+    if app[DISK_KEY].low:  # the guard logs its later changes, not this first look
         free = app[DISK_KEY].free_bytes() or 0
         log.warning(
             "the data dir's disk has %.0f MiB free, under --min-free-disk-mb %s: new live "
-            "sessions and uploads are refused until space is freed",
+            "sessions and uploads are refused until %s MiB are free",
             free / MIB,
             flag_number(config.gateway.min_free_disk_mb),
+            flag_number(app[DISK_KEY].ready_bytes / MIB),
         )
     retention = None
     if config.gateway.retention_days > 0:
