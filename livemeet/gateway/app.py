@@ -539,15 +539,12 @@ async def _expect_upload(request: web.Request) -> web.StreamResponse | None:
     allowed, a refused API key, a declared body over the limit, or an upload the server
     cannot take now (not ready or draining, short of disk, every session slot in use:
     `check_admission`) is answered (400, 401, 413, 503, 507, 429) before the client sends the
-    body, rendered and counted by the error
-    middleware as any refusal. aiohttp answers 100 ahead of every middleware, so a client with
-    a wrong key uploaded the whole file to learn that.
-    Another Expect value is 417, as aiohttp's own handler answers it."""
-    expect = request.headers.get(hdrs.EXPECT, "")
-    if expect.lower() != "100-continue":
-        # repr: header bytes that are not UTF-8 come as surrogates, which the body's encoding
-        # raised on (an unauthenticated 500, with a traceback: a security review)
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect!r}")
+    body, rendered and counted by the error middleware as any refusal. aiohttp answers 100
+    ahead of every middleware, so a client with a wrong key uploaded the whole file to learn
+    that. Another Expect value never comes here: the server refuses it before routing (417,
+    http_protocol.refuse_unknown_expectations)."""
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        return None
     try:
         openai_api.check_upload_origin(request)
         await check_request_key(request)
