@@ -119,6 +119,15 @@ class MethodNotAllowed(LivemeetError):
     close_code = 4405
 
 
+class ExpectationFailed(LivemeetError):
+    """An `Expect` header the server cannot meet: any but `100-continue` (RFC 9110 section
+    10.1.1)."""
+
+    code = "expectation_failed"
+    http_status = 417
+    close_code = 4417
+
+
 class ClientTimeout(LivemeetError):
     """The client sent nothing (not even a keepalive) for too long."""
 
@@ -221,6 +230,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     NotFound,
     SessionTakenOver,
     MethodNotAllowed,
+    ExpectationFailed,
     ClientTimeout,
     RequestRejected,
     PayloadTooLarge,

@@ -97,6 +97,15 @@ UPLOAD_DRAIN_S = 60.0
 # s past the upload drain that aiohttp's shutdown waits for the requests it then cancels,
 # so the answers of the uploads cut at the drain's end go out first
 UPLOAD_CUTOFF_GRACE_S = 5.0
+# s an upload refused or cut by a shutdown (one still running at the drain's end, or one that
+# comes on an open connection while it drains) is told to wait before it is sent again
+# (Retry-After). Not the 1 s default: the server is going away, and its listener is closed
+# already, so an early retry meets a refused connection, after which the openai SDK backs off
+# only 0.5 s then 1 s (2 retries by default): it had given the upload up before a restarted
+# server served. 30 s covers a restart (the demo backend starts in a few s; MOSS-TD in ~16-21
+# s with Triton's kernels cached, 45-53 s cold: docs/benchmarks.md) and stays within what
+# clients honour (the openai SDK: up to 120 s)
+SHUTDOWN_RETRY_AFTER_S = 30.0
 # s a restart (`serve --shutdown-live keep`) waits for a kept session's audio taken in to be on
 # disk before it closes the socket: many journal commits; the client holds what is not acked
 LIVE_RESTART_DURABLE_WAIT_S = 2.0
@@ -141,6 +150,13 @@ LIVE_ENGINE_POLL_S = 0.1  # s between looks at whether the engine is back
 # ~115 MB an hour at 16 kHz mono, ~690 MB at 48-kHz stereo, so this is a few session-hours
 MIN_FREE_DISK_MB = 512.0
 DISK_CHECK_INTERVAL_S = 1.0  # s a free-space lookup is reused
+# MiB above the floor the free space must be back at before a server that fell under the floor
+# takes new work again (and /readyz is 200): hysteresis. At the floor itself the server's own
+# writes and deletes (a spilled upload's file, up to 173 MB for 90 min of 16-kHz WAV; a
+# journal's ~115 MB per session-hour) moved the free space across it and back, flipping
+# readiness and refusals with each; space is freed by hand (DISK_RETRY_AFTER_S), so the
+# margin costs a server that is nearly full nothing
+DISK_READY_MARGIN_MB = 256.0
 DISK_RETRY_AFTER_S = 60.0  # s a refusal for low disk tells clients to wait (Retry-After)
 # s between sweeps of stored transcripts older than --retention-days (and one at start)
 RETENTION_SWEEP_INTERVAL_S = 3600.0

@@ -21,18 +21,8 @@ encoder's delay (priming) or the padding of its last frame, wherever the file re
 transcript times and durations follow the audio (tests/audio/test_gapless.py: the length to
 the sample, a tone burst's onset within one, at 16, 44.1 and 48 kHz). FFmpeg trims MP3's
 (LAME/Xing header), Opus's (pre-skip, and the end: Ogg granule, WebM CodecDelay and
-DiscardPadding) and most Vorbis; where it falls short, `_Trim` does it:
-- Ogg Vorbis whose first audio page is also its last (a few seconds of speech, or of silence):
-  FFmpeg's timestamps run a packet ahead of the granules and it cut the end up to a block
-  wrong, the error depending on the content (3 s at 16 kHz: 47,744 samples of silence, 48,128
-  of a tone). Decoded with skip_manual, the end is cut at the last granule. In a chained file
-  (Ogg files joined with cat), each link is cut at its own, and the previous link's overlap
-  that FFmpeg's decoder gives as the next link's first samples is dropped.
-- MP4 (M4A, MOV, 3GP): FFmpeg skips the priming the edit list (or iTunes' iTunSMPB tag)
-  skips, but kept the end padding (up to a frame: 1,023 samples of AAC at the file's rate).
-  The audio ends where the edit list, the iTunSMPB length or the sample table does,
-  whichever is first; an edit list counts in the movie's timescale (FFmpeg writes
-  milliseconds: then within 16 samples at 16 kHz).
+DiscardPadding) and most Vorbis; where it falls short (Ogg Vorbis whose first audio page is
+also its last, chained Ogg Vorbis, MP4's end padding), `audio/gapless.py` trims the frames.
 A file that records neither keeps its codec's delay and padding, as FFmpeg and the ffmpeg
 command line keep them: an MP3 without a LAME/Xing header, one in a WAV too (LAME's delay,
 1,105 samples at the file's rate, ~25 ms at 44.1 kHz, comes first), raw AAC (ADTS: 1,024
@@ -73,13 +63,11 @@ from __future__ import annotations
 
 import io
 import math
-import struct
 import threading
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
-from typing import BinaryIO, NamedTuple, Protocol, cast
+from typing import BinaryIO, NamedTuple
 
 import av
 import av.container
@@ -87,8 +75,6 @@ import numpy as np
 import numpy.typing as npt
 import soundfile as sf
 import soxr
-from av.sidedata.sidedata import SideData
-from av.sidedata.sidedata import Type as SideDataType
 
 from livemeet.audio.constants import (
     DECODE_BLOCK_FRAMES,
@@ -100,6 +86,7 @@ from livemeet.audio.constants import (
     SAMPLE_RATE,
     TRUNCATION_TOLERANCE_S,
 )
+from livemeet.audio.gapless import MP4_DEMUXER, trim_for
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
@@ -133,8 +120,7 @@ _SF_UNKNOWN_FRAMES = 2**63 - 1
 # FFmpeg demuxers whose header stores an exact duration (Matroska Duration, MP4 mvhd/edit list).
 # MP3 durations may be estimated from the bitrate and Ogg's comes from the last page, so a
 # shortfall there proves nothing.
-_MP4_DEMUXER = "mov,mp4,m4a,3gp,3g2,mj2"  # FFmpeg's one demuxer of MP4, M4A, MOV and 3GP
-_EXACT_DURATION_DEMUXERS = frozenset({"matroska,webm", _MP4_DEMUXER})
+_EXACT_DURATION_DEMUXERS = frozenset({"matroska,webm", MP4_DEMUXER})
 
 
 @dataclass(frozen=True)
@@ -533,7 +519,7 @@ def _ffmpeg_blocks(
             stream = _audio_stream(container)
             if flac:  # a failed CRC is only logged by default, and the frame returned
                 stream.codec_context.options = {"err_detect": "crccheck+explode"}
-            trim = _trim(container, stream)
+            trim = trim_for(container, stream)
             for packet in container.demux(stream):
                 num_packets += 1
                 if trim is not None:
@@ -577,214 +563,6 @@ def _ffmpeg_blocks(
             f"cannot decode the audio: FFmpeg rejected {num_bad_packets} of its {num_packets} "
             "packets as invalid data"
         )
-
-
-# Frame side data: samples to drop from the frame's start and from its end (uint32 LE each;
-# AV_FRAME_DATA_SKIP_SAMPLES, which FFmpeg exports instead of applying with skip_manual)
-_SKIP_SAMPLES = struct.Struct("<II")
-
-
-class _Trim(Protocol):
-    """Which samples of each decoded frame to keep, where FFmpeg's own trimming of encoder delay
-    and padding falls short (module docstring, "Sample-exact lengths"): `see` each packet as
-    it is demuxed, then ask `kept` about each frame it decodes to."""
-
-    def see(self, packet: av.Packet[av.AudioStream]) -> None: ...
-
-    def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
-        """(start, stop): the samples of `frame` (`num_samples` of them) to keep; None: all
-        of them (most frames: the answer costs well under a microsecond, and 37 minutes of
-        audio are ~100,000 frames)."""
-        ...
-
-
-def _trim(container: av.container.InputContainer, stream: av.AudioStream) -> _Trim | None:
-    """The `_Trim` `stream` of `container` needs (made before its first packet decodes);
-    None: FFmpeg's frames are kept whole."""
-    demuxer = container.format.name
-    if demuxer == _MP4_DEMUXER and stream.time_base:
-        return _Mp4Trim(stream, container.metadata.get("iTunSMPB", ""))
-    if demuxer == "ogg" and stream.codec_context.name == "vorbis":
-        return _OggVorbisTrim(stream)
-    return None
-
-
-class _Mp4Trim:
-    """MP4 (and MOV, 3GP): FFmpeg skips the priming that the edit list (or an iTunSMPB tag)
-    skips, but keeps the end padding. A frame is cut where the edit list ends, or the
-    iTunSMPB tag's length, or its packet where that is shorter than its samples by a tick or
-    more (the sample table's duration: the encoder's last packet is short), whichever is
-    first; and where the edit list starts, if FFmpeg left it starting before (an Opus track
-    in a 16 kHz timescale, which decodes at 48 kHz: FFmpeg skipped the priming in 16 kHz
-    samples).
-
-    Timestamps are in ticks of the stream's time base, num/den s (ints: Fractions are too
-    slow per frame)."""
-
-    def __init__(self, stream: av.AudioStream, itunsmpb: str) -> None:
-        assert stream.time_base is not None
-        self._num, self._den = stream.time_base.numerator, stream.time_base.denominator
-        # where the audio starts (the edit list's start) and ends (its end, or the iTunSMPB
-        # tag's length; exclusive): None where unknown
-        self._start = stream.start_time
-        self._end: int | None = None
-        if stream.duration is not None:
-            length = _itunsmpb_length(itunsmpb, stream)
-            self._end = (stream.start_time or 0) + (stream.duration if length is None else length)
-
-    def see(self, packet: av.Packet[av.AudioStream]) -> None:
-        pass
-
-    def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
-        pts = frame.pts
-        if pts is None:
-            return None
-        den = self._den
-        # a tick lasts den / scale samples: times in ticks x scale are integers, compared exactly
-        scale = self._num * frame.sample_rate
-        duration = frame.duration
-        end = self._end
-        # its packet's end (FFmpeg's frame duration) where the packet is shorter than its
-        # samples by a whole tick or more (the encoder's last packet): a time base coarser than
-        # a sample (milliseconds) rounds every packet's duration by less, and cutting every
-        # frame there dropped samples between frames all through the file (a review)
-        short = duration > 0 and num_samples * den - duration * scale >= scale
-        if short and (end is None or pts + duration < end):
-            end = pts + duration
-        outlasts = end is not None and (end - pts) * scale < num_samples * den
-        early = self._start is not None and pts < self._start
-        if not (outlasts or early):
-            return None
-        start, stop = 0, num_samples
-        if self._start is not None and early:
-            # the frame ends where its packet does: its pts is rounded where FFmpeg skipped
-            # priming in ticks longer than a sample (Opus in a 16 kHz timescale: -69 ticks
-            # for -69.33, one 48 kHz sample off)
-            first = (pts + duration) * scale - num_samples * den if duration > 0 else pts * scale
-            start = min(max(self._samples(self._start * scale - first), 0), num_samples)
-        if end is not None and outlasts:
-            stop = min(max(self._samples((end - pts) * scale), start), num_samples)
-        return start, stop
-
-    def _samples(self, scaled_ticks: int) -> int:
-        """A time in ticks x scale (the time base's numerator times the rate) in samples,
-        rounded."""
-        return (2 * scaled_ticks + self._den) // (2 * self._den)
-
-
-def _itunsmpb_length(tag: str, stream: av.AudioStream) -> int | None:
-    """The audio's length in samples from an iTunSMPB tag (iTunes' gapless data: hex fields,
-    the second priming, the third padding, the fourth the length), if the stream is what it
-    describes: no edit list (FFmpeg's duration is the whole track, the priming its start,
-    read from this tag) and a time base of one sample. None otherwise (no tag, or a stale
-    one, such as one a re-encode copied over)."""
-    fields = tag.split()
-    try:
-        priming, padding, length = (int(field, 16) for field in fields[1:4])
-    except ValueError:  # not hex, or fewer than four fields
-        return None
-    one_sample = stream.time_base == Fraction(1, stream.codec_context.sample_rate or 1)
-    whole_track = stream.duration == priming + length + padding
-    return length if one_sample and whole_track and stream.start_time == priming else None
-
-
-class _OggVorbisTrim:
-    """Ogg Vorbis, decoded with skip_manual: FFmpeg's frames come whole, with what to trim as
-    side data, and the trimming is ours.
-
-    FFmpeg cuts a stream's last packet where its timestamps reach the last page's granule,
-    and they run ahead of the granules by the first packet's samples when the first audio
-    page is also the last (a short or silent file): its first-page handling leaves an
-    end-of-stream page alone, and the first packet, whose samples a Vorbis decoder drops,
-    keeps pts 0 (not minus their count). Such a stream starts at granule 0; its end is found
-    from the timestamps less that `_shift`.
-
-    A chained file (Ogg files joined with cat): FFmpeg's decoder runs on across each join,
-    so the next link's first packet, which decodes to no audio, gives the previous link's
-    overlap (dropped), and the link's timestamps may run on from the previous link's: each
-    later link ends where its own samples reach its last granule.
-
-    A frame's pts and duration are its packet's (in samples); FFmpeg keeps a link's last
-    packet's duration (the granule less the packets before it) in 32 unsigned bits, so one
-    that comes out negative wraps.
-    """
-
-    def __init__(self, stream: av.AudioStream) -> None:
-        stream.codec_context.flags2 |= int(av.codec.context.Flags2.skip_manual)
-        self._num_packets = 0
-        self._shift: int | None = None  # None until the first frame
-        self._link_start = False  # the packet last seen is a chained file's next link's first
-        self._later_link = False  # ... or in that link
-        self._link_start_pts: int | None = None  # the later link's first packet's pts
-        self._num_link_samples = 0  # samples kept of the later link so far
-
-    def see(self, packet: av.Packet[av.AudioStream]) -> None:
-        self._num_packets += 1
-        self._link_start = self._num_packets > 1 and packet.has_sidedata("new_extradata")
-        if self._link_start:
-            self._later_link, self._link_start_pts = True, packet.pts
-            self._num_link_samples = 0
-
-    def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
-        duration = frame.duration
-        if duration == num_samples and self._shift is not None and not self._link_start:
-            # most packets: not a link's first or last, and no side data
-            if self._later_link:
-                self._num_link_samples += num_samples
-            return None
-        if duration >= 2**31:
-            duration -= 2**32
-        # side data is on the first frame and a link's last (the packets whose durations
-        # differ from their frames' are those, and the first of a page, which FFmpeg times
-        # from its granule): reading it costs ~2 us
-        skip, discard = _skip_samples(frame)
-        if self._shift is None:  # the first frame, whose samples FFmpeg has us drop (`skip`)
-            self._shift = skip if frame.pts == 0 else 0
-        # a link's last packet: a duration FFmpeg cut short, or one that came out negative
-        last = discard > 0 or duration <= 0
-        if self._later_link:
-            stop = self._kept_in_later_link(frame.pts, duration, num_samples, discard, last)
-            return None if stop == num_samples else (0, stop)
-        stop = num_samples - discard
-        if self._shift and last:
-            if frame.pts is not None:
-                # what lies before the last page's granule, on the timestamps less the shift
-                stop = duration + self._shift
-            else:  # a last packet FFmpeg gave no pts: its end trim, less the shift
-                stop = num_samples - max(discard - self._shift, 0)
-        start, stop = min(skip, num_samples), min(max(stop, skip), num_samples)
-        return None if (start, stop) == (0, num_samples) else (start, stop)
-
-    def _kept_in_later_link(
-        self, pts: int | None, duration: int, num_samples: int, discard: int, last: bool
-    ) -> int:
-        if self._link_start:
-            return 0
-        stop = num_samples
-        if last:
-            stop = num_samples - discard
-            if pts is not None:
-                # its pts and duration add up to the last granule, on the link's own timeline
-                # or on one that runs on from the previous link's: the granule that ends
-                # within this packet's samples
-                end = pts + duration
-                for granule in (end - (self._link_start_pts or 0), end):
-                    if 0 <= granule - self._num_link_samples <= num_samples:
-                        stop = granule - self._num_link_samples
-                        break
-        stop = min(max(stop, 0), num_samples)
-        self._num_link_samples += stop
-        return stop
-
-
-def _skip_samples(frame: av.AudioFrame) -> tuple[int, int]:
-    """The samples FFmpeg would drop from `frame`'s start and end (its skip_manual side
-    data); (0, 0) if none."""
-    side = cast(Mapping[object, object], frame.side_data).get(SideDataType.SKIP_SAMPLES)
-    if not isinstance(side, SideData):
-        return 0, 0
-    skip, discard = _SKIP_SAMPLES.unpack_from(bytes(side))
-    return int(skip), int(discard)
 
 
 def _sliced(

@@ -161,8 +161,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=GatewayConfig.min_free_disk_mb,
         metavar="MIB",
         help="free space the data dir's disk keeps: below it new live sessions and uploads "
-        "get storage_failed (507) and /readyz fails, so none fails mid-meeting on a full "
-        "disk; 0: no floor (default %(default)g)",
+        "get storage_failed (507) and /readyz fails, until 256 MiB more are free, so none "
+        "fails mid-meeting on a full disk; 0: no floor (default %(default)g)",
     )
     p.add_argument(
         "--retention-days",

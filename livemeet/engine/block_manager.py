@@ -94,13 +94,6 @@ class BlockManager:
     def is_holder(self, request: Request) -> bool:
         return self._holders.get(request.request_id) is request
 
-    def num_blocks_freed_by(self, holders: Iterable[Request]) -> int:
-        """Blocks that freeing all of `holders` would return to the pool: those no one else
-        holds. A block two of them share counts too (summing each one's refcount-1 blocks
-        missed it, and the scheduler refused an eviction that would have made room for good:
-        a fuzzer's stall)."""
-        return self._num_freed(self._num_held_by(holders))
-
     def blocks_needed(
         self, request: Request, num_tokens: int, freed: Iterable[Request] = ()
     ) -> int:
@@ -114,8 +107,10 @@ class BlockManager:
         self, request: Request, num_tokens: int, holders: Iterable[Request]
     ) -> bool:
         """Whether freeing all of `holders` would leave `request` room for `num_tokens`
-        tokens: `num_blocks_freed_by` and `blocks_needed(freed=)` over one count of what
-        they hold."""
+        tokens: the blocks no one else holds come back, a block two of them share included
+        (summing each one's refcount-1 blocks missed it, and the scheduler refused an
+        eviction that would have made room for good: a fuzzer's stall), and
+        `blocks_needed(freed=holders)` are taken, over one count of what they hold."""
         held = self._num_held_by(holders)
         return len(self._free) + self._num_freed(held) >= self._num_needed(
             request, num_tokens, held

@@ -75,6 +75,7 @@ from livemeet.gateway.live_protocol import LIVE_PATH
 from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
 from livemeet.gateway.origin import canonical_origin
+from livemeet.gateway.pages import page_headers
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
@@ -266,8 +267,10 @@ def _add_routes(app: web.Application) -> None:
 
 
 def _file_handler(path: Path) -> Handler:
+    headers = page_headers(path)  # a page's CSP, with the hashes of its styles now
+
     async def handler(request: web.Request) -> web.StreamResponse:
-        return web.FileResponse(path)
+        return web.FileResponse(path, headers=headers)
 
     return handler
 
@@ -291,13 +294,14 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     await transcriber.start()
     journal.start(asyncio.get_running_loop())
-    if app[DISK_KEY].low:  # else the only sign is /readyz's 503 and each refusal
+    if app[DISK_KEY].low:  # the guard logs its later changes, not this first look
         free = app[DISK_KEY].free_bytes() or 0
         log.warning(
             "the data dir's disk has %.0f MiB free, under --min-free-disk-mb %s: new live "
-            "sessions and uploads are refused until space is freed",
+            "sessions and uploads are refused until %s MiB are free",
             free / MIB,
             flag_number(config.gateway.min_free_disk_mb),
+            flag_number(app[DISK_KEY].ready_bytes / MIB),
         )
     retention = None
     if config.gateway.retention_days > 0:
@@ -538,15 +542,12 @@ async def _expect_upload(request: web.Request) -> web.StreamResponse | None:
     allowed, a refused API key, a declared body over the limit, or an upload the server
     cannot take now (not ready or draining, short of disk, every session slot in use:
     `check_admission`) is answered (400, 401, 413, 503, 507, 429) before the client sends the
-    body, rendered and counted by the error
-    middleware as any refusal. aiohttp answers 100 ahead of every middleware, so a client with
-    a wrong key uploaded the whole file to learn that.
-    Another Expect value is 417, as aiohttp's own handler answers it."""
-    expect = request.headers.get(hdrs.EXPECT, "")
-    if expect.lower() != "100-continue":
-        # repr: header bytes that are not UTF-8 come as surrogates, which the body's encoding
-        # raised on (an unauthenticated 500, with a traceback: a security review)
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect!r}")
+    body, rendered and counted by the error middleware as any refusal. aiohttp answers 100
+    ahead of every middleware, so a client with a wrong key uploaded the whole file to learn
+    that. Another Expect value never comes here: the server refuses it before routing (417,
+    http_protocol.refuse_unknown_expectations)."""
+    if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
+        return None
     try:
         openai_api.check_upload_origin(request)
         await check_request_key(request)

@@ -4,7 +4,9 @@ budget are settings").
 
 A live session whose journal cannot write fails mid-meeting (`storage_failed`), so a server
 whose data directory is nearly full refuses new live sessions and uploads up front, with the
-same error (507), and says so in `/readyz`; resumes and sessions already running go on.
+same error (507), and says so in `/readyz`; resumes and sessions already running go on. Once
+under the floor, it takes new work again only above the floor plus DISK_READY_MARGIN_MB
+(hysteresis), so that its own writes and deletes near the floor do not flip it back and forth.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from livemeet.audio.constants import DISK_CHECK_INTERVAL_S, DISK_RETRY_AFTER_S
+from livemeet.audio.constants import (
+    DISK_CHECK_INTERVAL_S,
+    DISK_READY_MARGIN_MB,
+    DISK_RETRY_AFTER_S,
+)
+from livemeet.config import flag_number
 from livemeet.errors import StorageFailed
 
 log = logging.getLogger(__name__)
@@ -56,22 +63,31 @@ def exposed_dirs(paths: list[Path]) -> list[str]:
 class DiskGuard:
     """Free space under `path` against a floor of `min_free_bytes` (0: no floor), looked up at
     most every DISK_CHECK_INTERVAL_S (a statvfs per new session is cheap; per frame it is
-    not)."""
+    not). `low` turns on under the floor and off only at `min_free_bytes + margin_bytes`
+    (default DISK_READY_MARGIN_MB); each change after the first look is logged."""
 
     def __init__(
         self,
         path: Path,
         min_free_bytes: int,
         *,
+        margin_bytes: int = int(DISK_READY_MARGIN_MB * MIB),
         clock: Callable[[], float] = time.monotonic,
         usage: Callable[[Path], int] = lambda p: shutil.disk_usage(p).free,
     ) -> None:
         self.path = path
         self.min_free_bytes = min_free_bytes
+        self.margin_bytes = margin_bytes
         self._clock = clock
         self._usage = usage
         self._free: int | None = None
         self._at = -float("inf")
+        self._low: bool | None = None  # None until the first look
+
+    @property
+    def ready_bytes(self) -> int:
+        """Free bytes a server that fell under the floor needs before it takes new work."""
+        return self.min_free_bytes + self.margin_bytes
 
     def free_bytes(self) -> int | None:
         """Free bytes on the data directory's file system (None: it cannot be read)."""
@@ -87,18 +103,50 @@ class DiskGuard:
 
     @property
     def low(self) -> bool:
-        """Whether the free space is under the floor."""
+        """Whether new work is refused for lack of disk: from when the free space is under
+        the floor until it is back at `ready_bytes`. False without a floor, or where the free
+        space cannot be read."""
         free = self.free_bytes()
-        return self.min_free_bytes > 0 and free is not None and free < self.min_free_bytes
+        if self.min_free_bytes <= 0 or free is None:
+            low = False
+        elif free < self.min_free_bytes:
+            low = True
+        elif free >= self.ready_bytes:
+            low = False
+        else:  # between the floor and the margin: as it was
+            low = bool(self._low)
+        if self._low is not None and low != self._low:
+            self._log_change(low, free or 0)
+        self._low = low
+        return low
+
+    def _log_change(self, low: bool, free: int) -> None:
+        if low:
+            log.warning(
+                "the data dir's disk has %.0f MiB free, under --min-free-disk-mb %s: new live "
+                "sessions and uploads are refused until %s MiB are free",
+                free / MIB,
+                flag_number(self.min_free_bytes / MIB),
+                flag_number(self.ready_bytes / MIB),
+            )
+        else:
+            log.info(
+                "the data dir's disk has %.0f MiB free again: new live sessions and uploads "
+                "are taken",
+                free / MIB,
+            )
 
     def check(self, what: str) -> None:
         """Raise StorageFailed (507) for new work (`what`: "live sessions", "uploads") while
-        the free space is under the floor."""
+        `low`."""
         if self.low:
             free = self.free_bytes() or 0
+            floor = flag_number(self.min_free_bytes / MIB)
+            where = "under" if free < self.min_free_bytes else "since it fell under"
             raise StorageFailed(
-                f"the server's disk is nearly full ({free / MIB:.0f} MiB free under its "
-                f"--min-free-disk-mb {self.min_free_bytes / MIB:.0f}): no new {what} for now",
+                f"the server's disk is nearly full ({free / MIB:.0f} MiB free {where} its "
+                f"--min-free-disk-mb {floor}): no new {what} until "
+                f"{flag_number(self.ready_bytes / MIB)} MiB are free",
                 retry_after_s=DISK_RETRY_AFTER_S,  # space is freed by hand, not in a second
             )
 

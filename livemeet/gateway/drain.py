@@ -3,9 +3,10 @@
 A shutdown lets uploads finish, a body still arriving included, for `upload_drain_s` from the
 start of its drain; then `UploadCutoff` cuts those still running: each is answered
 `engine_unavailable` (retryable: the client sends it again to the restarted server), over
-HTTP as a 503 or, for a streamed (SSE) upload whose status is out already, as the stream's
-error event. aiohttp's own shutdown timeout, a few seconds later (UPLOAD_CUTOFF_GRACE_S),
-cancels whatever is left, with no answer: a closed connection.
+HTTP as a 503 with `Retry-After: 30` (SHUTDOWN_RETRY_AFTER_S: a restart's time, not 1 s) or,
+for a streamed (SSE) upload whose status is out already, as the stream's error event.
+aiohttp's own shutdown timeout, a few seconds later (UPLOAD_CUTOFF_GRACE_S), cancels whatever
+is left, with no answer: a closed connection.
 """
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from livemeet.audio.constants import SHUTDOWN_RETRY_AFTER_S
 from livemeet.config import flag_number
 from livemeet.errors import EngineUnavailable
 
 log = logging.getLogger(__name__)
+
+
+def shutting_down(message: str) -> EngineUnavailable:
+    """The refusal of an upload that a shutdown stops: retryable, after SHUTDOWN_RETRY_AFTER_S
+    (its Retry-After: the time a restart takes, not the default 1 s)."""
+    return EngineUnavailable(message, retry_after_s=SHUTDOWN_RETRY_AFTER_S)
 
 
 class UploadCutoff:
@@ -57,7 +65,7 @@ class UploadCutoff:
         self._listeners.clear()
 
     def error(self) -> EngineUnavailable:
-        return EngineUnavailable(
+        return shutting_down(
             f"the server shut down before this upload finished (--upload-drain-s "
             f"{flag_number(self._drain_s)} s); send it again"
         )

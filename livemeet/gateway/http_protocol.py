@@ -5,7 +5,10 @@ Content-Length, an oversized header line, TLS sent to the plain port) never reac
 middleware: aiohttp answers it from `RequestHandler.handle_error` with a text/plain 400 and logs
 a traceback. aiohttp offers no hook for that answer (aio-libs/aiohttp#3287, open), so the app's
 server builds `GatewayRequestHandler`, whose `handle_error` renders a LivemeetError and logs one
-line. Everything else about the connection is aiohttp's, but for the shutdown
+line. An `Expect` header other than `100-continue` is refused here too, for every request,
+routed or not (`refuse_unknown_expectations`): aiohttp answers it from the route's expect
+handler, ahead of the app's middleware, with a text/plain 417 (and a 500 where the value is
+not UTF-8). Everything else about the connection is aiohttp's, but for the shutdown
 (`GatewayServer.pre_shutdown`): aiohttp closes every connection before the app's drain, and a
 closed connection drops whatever it receives from then on.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -26,7 +29,13 @@ from aiohttp.http_exceptions import (
 )
 from aiohttp.web_protocol import RequestHandler
 
-from livemeet.errors import HeadersTooLarge, InternalError, InvalidRequest, LivemeetError
+from livemeet.errors import (
+    ExpectationFailed,
+    HeadersTooLarge,
+    InternalError,
+    InvalidRequest,
+    LivemeetError,
+)
 from livemeet.gateway.errors_http import error_response
 
 log = logging.getLogger(__name__)
@@ -43,6 +52,7 @@ TOO_MANY_HEADERS = "Too many headers received"
 SERVER_NAME = "livemeet"
 
 ErrorListener = Callable[[LivemeetError], None]
+RequestHandlerFunc = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 def one_line(text: str) -> str:
@@ -74,6 +84,30 @@ def malformed_body(exc: web.RequestPayloadError) -> InvalidRequest:
     cause = exc.__cause__
     reason = cause.message if isinstance(cause, HttpProcessingError) else str(exc)
     return InvalidRequest(f"malformed request body: {one_line(reason)}")
+
+
+def refuse_unknown_expectations(
+    handler: RequestHandlerFunc, on_error: ErrorListener
+) -> RequestHandlerFunc:
+    """`handler` (the app's), behind a check of the request's `Expect` header: a value other
+    than `100-continue` (which the routes' expect handlers meet) is ExpectationFailed (417,
+    the JSON error shape), and the connection closes after it (the client may be sending a
+    body nobody asked for). Heard by `on_error`, as the parser's refusals are."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        expect = request.headers.get(hdrs.EXPECT)
+        if not expect or expect.lower() == "100-continue":
+            return await handler(request)
+        # repr: bytes that are not UTF-8 come as surrogates, which a body cannot encode
+        error = ExpectationFailed(f"unknown Expect: {expect!r}; the server meets 100-continue")
+        log.info("refused a request from %s: %s: %s", request.remote, error.code, error.message)
+        on_error(error)
+        response = error_response(error)
+        response.headers[hdrs.SERVER] = SERVER_NAME  # no route: `name_the_server` is not run
+        response.force_close()
+        return response
+
+    return handle
 
 
 class GatewayRequestHandler(RequestHandler):
@@ -131,7 +165,7 @@ class GatewayServer(web.Server):
     def __init__(self, server: web.Server, on_error: ErrorListener) -> None:
         # the arguments aiohttp's Application gave `server` (its handler args included)
         super().__init__(
-            server.request_handler,
+            refuse_unknown_expectations(server.request_handler, on_error),
             request_factory=server.request_factory,
             handler_cancellation=server.handler_cancellation,
             loop=server._loop,

@@ -49,7 +49,7 @@ from livemeet.errors import (
     error_for_code,
 )
 from livemeet.gateway.auth_http import key_note
-from livemeet.gateway.drain import UploadCutoff
+from livemeet.gateway.drain import UploadCutoff, shutting_down
 from livemeet.gateway.errors_http import error_body
 from livemeet.gateway.heap import trim_heap
 from livemeet.gateway.keys import (
@@ -61,10 +61,10 @@ from livemeet.gateway.keys import (
     TRANSCRIBER_KEY,
     tmp_dir,
 )
+from livemeet.gateway.origin_http import check_browser_origin
 from livemeet.gateway.sse import DeltaFlusher, TextTracker, encode_event
 from livemeet.gateway.transcript_store import new_transcription_id
 from livemeet.gateway.upload_form import FormReader, UploadAudio
-from livemeet.gateway.ws_live import check_browser_origin
 from livemeet.transcriber import (
     Error,
     Event,
@@ -140,7 +140,7 @@ async def get_transcription(request: web.Request) -> web.Response:
 
 
 def _not_ready(transcriber: Transcriber) -> EngineUnavailable:
-    """The refusal of an upload while the backend is not ready (or the server drains): its
+    """The refusal of an upload while the backend is not ready: its
     Retry-After is the time until the engine's next restart attempt where one is under way
     (up to ENGINE_RESTART_MAX_DELAY_S), else the default 1 s."""
     retry_after_s = None
@@ -251,7 +251,9 @@ def check_admission(app: web.Application) -> None:
     server used to answer 429 only after receiving and decoding the whole file, which a
     client's retries then sent again."""
     transcriber = app[TRANSCRIBER_KEY]
-    if not transcriber.ready or app[LIFECYCLE_KEY].draining:
+    if app[LIFECYCLE_KEY].draining:
+        raise shutting_down("the server is shutting down; send the upload again once it is back")
+    if not transcriber.ready:
         raise _not_ready(transcriber)
     app[DISK_KEY].check("uploads")
     if isinstance(transcriber, SlottedTranscriber):

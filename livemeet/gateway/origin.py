@@ -1,5 +1,6 @@
-"""Which web pages may open a live WebSocket (no I/O); the same `--allowed-origin` list,
-written as browsers send it (`canonical_origin`), is the HTTP API's CORS list (gateway/app.py).
+"""Which web pages may open a live WebSocket or upload (no I/O; gateway/origin_http.py
+applies it to a request); the same `--allowed-origin` list, written as browsers send it
+(`canonical_origin`), is the HTTP API's CORS list (gateway/app.py).
 
 A browser lets any page open a WebSocket to any server and sends the page's origin in the
 `Origin` header; the server must check it (cross-site WebSocket hijacking). Without a check,

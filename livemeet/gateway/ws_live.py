@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Literal
 
-from aiohttp import WSCloseCode, WSMessage, WSMsgType, hdrs, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from livemeet.audio.constants import (
     ACK_INTERVAL_S,
@@ -47,7 +47,6 @@ from livemeet.errors import (
     InvalidRequest,
     LivemeetError,
     ProtocolError,
-    RequestRejected,
     RevisionFailed,
     ServerRestarting,
     SessionTakenOver,
@@ -91,7 +90,7 @@ from livemeet.gateway.live_protocol import (
     State,
 )
 from livemeet.gateway.metrics import GatewayMetrics
-from livemeet.gateway.origin import origin_allowed
+from livemeet.gateway.origin_http import check_browser_origin
 from livemeet.gateway.pacing import AudioPacer
 from livemeet.transcriber import (
     Error,
@@ -906,18 +905,6 @@ async def _stop_reading(reading: asyncio.Future[WSMessage]) -> WSMessage | None:
     reading.cancel()
     await asyncio.wait({reading})
     return None if reading.cancelled() else reading.result()
-
-
-def check_browser_origin(request: web.Request, what: str) -> None:
-    """Refuse a WebSocket handshake from a browser page of an origin not allowed (gateway/
-    origin.py): RequestRejected (HTTP 400, before the upgrade). `what` the page may not do."""
-    origin = request.headers.get(hdrs.ORIGIN)
-    allowed = request.app[CONFIG_KEY].gateway.allowed_origins
-    forwarded = request.headers.get(hdrs.X_FORWARDED_HOST, "").split(",")[0] or None
-    if not origin_allowed(origin, (request.headers.get(hdrs.HOST), forwarded), allowed):
-        raise RequestRejected(
-            f"a page from {origin!r} may not {what} here (serve --allowed-origin)"
-        )
 
 
 async def live_handler(request: web.Request) -> web.WebSocketResponse:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import unicodedata
 import zlib
 from collections.abc import Mapping
@@ -31,7 +30,16 @@ from livemeet.transcript.segments import Segment, Transcript
 CHARSET = "utf-8"  # every body is text in this encoding; content types carry no charset
 UNKNOWN_LANGUAGE = "unknown"  # verbose_json's required `language` when none was given
 _CUE_ARROW = "-->"  # the SRT/WebVTT timing separator; must never appear in cue text
-_ARROW_RUN = re.compile(r"-{2,}>")  # a `-->`, with any dashes before it
+# What SubRip players read as markup in cue text, which SRT cannot escape, written as the
+# fullwidth forms of the same characters (NFKC gives the text back): `<` `>` tags (<b>, <i>,
+# <u>, <s>, <font> style the cue in VLC and in FFmpeg's subrip decoder, which mpv uses too;
+# FFmpeg's drops an unknown tag such as `<Enter>`, its word with it, and VLC all that lies
+# between `<` and `>` in a cue whose markup is not well formed, a stray `</i>`), `{` `}`
+# override blocks (`{\an8}` moved a cue to the top, `{\...}` is hidden) and `\` escapes (`\N`
+# broke the line). With `>` gone no `-->` is left either.
+_SRT_MARKUP = str.maketrans(
+    {"<": "\uff1c", ">": "\uff1e", "{": "\uff5b", "}": "\uff5d", "\\": "\uff3c"}
+)
 _SEEK_FRAMES_PER_S = 100  # Whisper's `seek` unit: mel frames of 10 ms
 
 
@@ -121,7 +129,10 @@ def _with_speakers(
 
 
 def srt_timestamp(seconds: float) -> str:
-    """`HH:MM:SS,mmm` (SubRip); hours grow past two digits; negative times clamp to 0."""
+    """`HH:MM:SS,mmm` (SubRip); hours grow past two digits (a live session has no length
+    limit: 100 h is `100:00:00,000`, as players read it: FFmpeg's and VLC's parsers take the
+    hours as any number, `%d`, and WebVTT allows two or more digits); negative times clamp to
+    0."""
     return _timestamp(seconds, ",")
 
 
@@ -138,14 +149,15 @@ def to_srt(
     """SubRip: numbered cues from 1, one text line each, `S01: ` speaker prefix (the label's
     name from `names` where it has one: `Alice: `; a label `merged` away shows as its target).
 
-    Newlines inside a segment become spaces (a blank line would end the cue) and `-->` becomes
-    `->` (SRT has no escape for it), as does any longer run of dashes before a `>` (`--->`
-    replaced once would be `-->` again).
+    Newlines inside a segment become spaces (a blank line would end the cue), and the
+    characters players read as markup, which SRT has no escape for, their fullwidth forms
+    (`a < b` is `a ＜ b`: _SRT_MARKUP), in the text and in a speaker's name; so no `-->`
+    is left in either.
     """
     cues: list[str] = []
     for segment in _cue_segments(segments):
-        text = _no_arrow(segment.text)
-        speaker = _no_arrow(_one_line(_shown_speaker(segment.speaker, names, merged)))
+        text = segment.text.translate(_SRT_MARKUP)
+        speaker = _one_line(_shown_speaker(segment.speaker, names, merged)).translate(_SRT_MARKUP)
         prefix = f"{speaker}: " if speaker else ""
         timing = f"{srt_timestamp(segment.start_s)} {_CUE_ARROW} {srt_timestamp(segment.end_s)}"
         cues.append(f"{len(cues) + 1}\n{timing}\n{prefix}{text}\n")
@@ -224,11 +236,6 @@ def _one_line(text: str) -> str:
     return " ".join(
         "".join(c for c in part if unicodedata.category(c) != "Cc") for part in text.split()
     )
-
-
-def _no_arrow(text: str) -> str:
-    """`text` with every run of two or more dashes before a `>` written `->`: no `-->` is left."""
-    return _ARROW_RUN.sub("->", text)
 
 
 def _vtt_escape(text: str) -> str:

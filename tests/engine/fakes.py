@@ -23,6 +23,16 @@ Slot = tuple[int, int] | None  # (position, token id) whose KV the slot holds
 TEST_BLOCK_SIZE = 16
 
 
+def blocks_freed_by(bm: BlockManager, holders: list[Request]) -> int:
+    """Blocks that freeing all of `holders` would return to `bm`'s pool, read from its public
+    state: those whose every reference is one of theirs (a block two of them share too)."""
+    held: dict[int, int] = {}
+    for holder in holders:
+        for block_id in holder.block_table:
+            held[block_id] = held.get(block_id, 0) + 1
+    return sum(1 for block_id, n in held.items() if bm.ref_count(block_id) == n)
+
+
 class SteppingClock:
     """An engine clock (seconds) that moves `step_s` (10 ms) each time it is read."""
 

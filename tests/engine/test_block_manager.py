@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from livemeet.audio.constants import KV_BLOCK_SIZE
 from livemeet.engine.block_manager import BlockCopy, BlockManager, BlockManagerError, OutOfBlocks
 from livemeet.engine.request import Request
-from tests.engine.fakes import FakeKV
+from tests.engine.fakes import FakeKV, blocks_freed_by
 
 BS = 16
 
@@ -158,9 +158,14 @@ def test_blocks_freed_by_holders_count_the_blocks_only_they_share(bm: BlockManag
     for fork in (first, second):
         bm.fork(src, fork, 16)
         compute(bm, kv, fork, 4)  # a block of its own each: [16..19]
-    assert bm.num_blocks_freed_by([first]) == 1  # its own block; the prefix is shared
-    assert bm.num_blocks_freed_by([first, second]) == 2  # the prefix still is src's
-    assert bm.num_blocks_freed_by([src, first, second]) == 4
+    assert blocks_freed_by(bm, [first]) == 1  # its own block; the prefix is shared
+    assert blocks_freed_by(bm, [first, second]) == 2  # the prefix still is src's
+    assert blocks_freed_by(bm, [src, first, second]) == 4
+    # the scheduler's question counts them so: 4 blocks free, and those freed on top
+    for holders in ([first], [first, second], [src, first, second]):
+        room = bm.num_free_blocks + blocks_freed_by(bm, holders)
+        assert bm.fits_after_freeing(make("p", 1, first=900), room * BS, holders)
+        assert not bm.fits_after_freeing(make("p", 1, first=900), room * BS + 1, holders)
     late = Request("late", list(range(18)) + [700])
     bm.fork(src, late, 18)  # shares src's partial block: a write copies it first
     assert bm.blocks_needed(late, 19) == 1

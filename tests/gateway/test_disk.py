@@ -54,6 +54,66 @@ def test_the_guard_refuses_under_its_floor_and_looks_up_at_most_once_a_second() 
     assert not DiskGuard(Path("/gone"), 512 * MIB, usage=unreadable).low  # writes will tell
 
 
+def test_under_the_floor_the_guard_stays_low_until_the_margin_above_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Hysteresis: free space hovering at the floor (the server's own spill files and journal
+    writes come and go) flipped readiness and refusals with each look. Once under the floor,
+    new work waits until the floor plus the margin are free; each change is logged once."""
+    caplog.set_level(logging.INFO, logger="livemeet.gateway.disk")
+    now, free = [0.0], [600 * MIB]
+    guard = DiskGuard(
+        Path("/data"), 512 * MIB, margin_bytes=256 * MIB, clock=lambda: now[0],
+        usage=lambda p: free[0],
+    )  # fmt: skip
+
+    def low_at(free_mib: int) -> bool:
+        now[0] += 1.0
+        free[0] = free_mib * MIB
+        return guard.low
+
+    assert not low_at(600)  # above the floor from the start: no need for the margin
+    assert low_at(500)
+    assert low_at(600) and low_at(767)  # above the floor, under floor + margin
+    with pytest.raises(StorageFailed) as refused:
+        guard.check("uploads")
+    assert "767 MiB free since it fell under its --min-free-disk-mb 512" in refused.value.message
+    assert "no new uploads until 768 MiB are free" in refused.value.message
+    assert not low_at(768)
+    assert not low_at(600)  # back under the margin, above the floor: still taken
+    assert low_at(511)
+    changes = [r.getMessage() for r in caplog.records]
+    assert changes == [
+        "the data dir's disk has 500 MiB free, under --min-free-disk-mb 512: new live sessions "
+        "and uploads are refused until 768 MiB are free",
+        "the data dir's disk has 768 MiB free again: new live sessions and uploads are taken",
+        "the data dir's disk has 511 MiB free, under --min-free-disk-mb 512: new live sessions "
+        "and uploads are refused until 768 MiB are free",
+    ]
+
+
+async def test_readyz_is_ready_again_only_above_the_floor_and_its_margin(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/readyz and the refusals follow the guard's hysteresis (default margin 256 MiB over
+    the default floor of 512), and /readyz says where it is ready again."""
+    free = [50 * MIB]
+    monkeypatch.setattr(disk, "DISK_CHECK_INTERVAL_S", 0.0)  # a fresh look each time
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda p: Usage(10**12, 0, free[0]))
+    client = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    ready = await client.get("/readyz")
+    assert ready.status == 503 and (await ready.json())["disk_ready_mb"] == 768
+    free[0] = 600 * MIB  # above the floor, not the margin: a spill file deleted
+    ready = await client.get("/readyz")
+    assert ready.status == 503 and (await ready.json())["disk_low"] is True
+    response = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    assert response.status == 507
+    free[0] = 800 * MIB
+    assert (await client.get("/readyz")).status == 200
+    response = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    assert response.status == 200
+
+
 async def low_disk_client(
     aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
 ) -> TestClient:

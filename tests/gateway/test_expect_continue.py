@@ -13,6 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from livemeet.config import ServerConfig
+from livemeet.errors import ExpectationFailed
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
 from livemeet.gateway.app import create_app
 from tests.gateway.conftest import ClientFactory, wav_bytes
@@ -135,16 +136,30 @@ async def test_a_page_of_another_origin_is_refused_before_its_body(
     assert not fake.sessions
 
 
-async def test_an_unknown_expectation_is_417(
+async def test_an_unknown_expectation_is_417_in_the_error_shape_on_every_route(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
+    """The 417 was aiohttp's text/plain answer, the one error not in the JSON shape of every
+    other (its route's expect handler runs ahead of the middleware), on a path no route
+    serves too; it is the typed expectation_failed, counted, and the connection closes."""
     client = await aiohttp_client(create_app(server_config, fake))
-    reader, writer = await open_socket(client)
-    writer.write(request_head(10, {}).replace(b"100-continue", b"something-else"))
-    await writer.drain()
-    status, _, _ = await read_response(reader)
-    writer.close()
-    assert status == 417
+    upload = request_head(10, {}).replace(b"100-continue", b"something-else")
+    get = b"GET %s HTTP/1.1\r\nHost: test\r\nExpect: something-else\r\n\r\n"
+    for head in (upload, get % b"/v1/models", get % b"/nowhere"):
+        reader, writer = await open_socket(client)
+        writer.write(head)
+        await writer.drain()
+        status, headers, body = await read_response(reader)
+        writer.close()
+        assert status == 417 and headers["content-type"].startswith("application/json")
+        error = json.loads(body)["error"]
+        assert error["code"] == ExpectationFailed.code, head
+        assert error["message"] == (
+            "unknown Expect: 'something-else'; the server meets 100-continue"
+        )
+        assert headers["connection"] == "close" and headers["server"] == "livemeet"
+    metrics = await (await client.get("/metrics")).text()
+    assert 'livemeet_errors_total{code="expectation_failed"} 3.0' in metrics
 
 
 async def test_an_expectation_of_bytes_that_are_not_utf8_is_417_not_a_500(
@@ -155,12 +170,15 @@ async def test_an_expectation_of_bytes_that_are_not_utf8_is_417_not_a_500(
 ) -> None:
     """The 417's text named the value, whose surrogates (bytes that are not UTF-8) its
     encoding raised on: a 500 and a traceback, before any key was asked for (a security
-    review)."""
+    review); fixed on uploads, it was still so on every other route."""
     client = await aiohttp_client(create_app(server_config, fake))
-    reader, writer = await open_socket(client)
-    writer.write(request_head(10, {}).replace(b"100-continue", b"\xff\xfe"))
-    await writer.drain()
-    status, _, body = await read_response(reader)
-    writer.close()
-    assert status == 417 and b"\\udcff" in body
+    upload = request_head(10, {}).replace(b"100-continue", b"\xff\xfe")
+    get = b"GET /v1/models HTTP/1.1\r\nHost: test\r\nExpect: \xff\xfe\r\n\r\n"
+    for head in (upload, get):
+        reader, writer = await open_socket(client)
+        writer.write(head)
+        await writer.drain()
+        status, _, body = await read_response(reader)
+        writer.close()
+        assert status == 417 and b"\\udcff" in body
     assert not [r for r in caplog.records if r.exc_info]

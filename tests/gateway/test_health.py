@@ -21,7 +21,7 @@ from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import LIFECYCLE_KEY
 from livemeet.transcriber import Event
 from tests.gateway.conftest import ClientFactory, pcm16, wav_bytes
-from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.fakes import FakeTranscriber, SlottedFake
 from tests.gateway.test_live_resume import detached_session, resume_start
 from tests.gateway.test_openai_api import form
 from tests.gateway.test_ws_live import receive_all, start_session
@@ -35,6 +35,30 @@ async def test_health_and_ready(client: TestClient) -> None:
     assert body["status"] == "ready" and body["demo"] is True
     client.app[LIFECYCLE_KEY].draining = True
     assert (await client.get("/readyz")).status == 503
+
+
+async def test_a_full_server_is_ready_unless_the_probe_asks_for_capacity(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    """Every --max-sessions slot in use: /readyz stays 200 (the server still serves its
+    meetings' resumes, captions and transcripts, which a load balancer would send elsewhere)
+    and says it is full; `?capacity=1`, for a dispatcher of new sessions, is then 503."""
+    fake = SlottedFake(free_slots=0)
+    client = await aiohttp_client(create_app(server_config, fake))
+    ready = await client.get("/readyz")
+    body = await ready.json()
+    assert ready.status == 200 and body["status"] == "ready"
+    assert body["full"] is True and body["free_slots"] == 0
+    assert body["max_sessions"] == server_config.gateway.max_sessions
+    strict = await client.get("/readyz?capacity=1")
+    assert strict.status == 503 and (await strict.json())["status"] == "unavailable"
+    fake.free_slots = 1
+    strict = await client.get("/readyz?capacity=1")
+    assert strict.status == 200 and (await strict.json())["full"] is False
+    assert (await client.get("/readyz?capacity=0")).status == 200
+    refused = await client.get("/readyz?capacity=yes")
+    assert refused.status == 400
+    assert (await refused.json())["error"]["param"] == "capacity"
 
 
 async def test_healthz_fails_once_the_engine_is_gone_for_good(

@@ -33,7 +33,7 @@ from livemeet.errors import (
 from livemeet.gateway import openai_api
 from livemeet.gateway.app import create_app
 from livemeet.gateway.drain import UploadCutoff
-from livemeet.gateway.keys import STORE_KEY
+from livemeet.gateway.keys import LIFECYCLE_KEY, STORE_KEY
 from livemeet.gateway.sse import DeltaFlusher
 from livemeet.transcriber import Event, TextDelta, TranscriberSession
 from tests.audio.conftest import with_flac_total_samples
@@ -499,6 +499,18 @@ async def test_not_ready_is_503(aiohttp_client: ClientFactory, server_config: Se
     assert resp.headers["Retry-After"] == "1"
     ready = await client.get("/readyz")
     assert ready.status == 503
+
+
+async def test_an_upload_while_the_server_drains_is_told_to_wait_for_its_restart(
+    client: TestClient,
+) -> None:
+    """An upload on a connection still open once a shutdown began was told "the model is not
+    ready" and to retry in 1 s, when the server was going away: it waits a restart's time."""
+    client.app[LIFECYCLE_KEY].draining = True
+    resp = await client.post("/v1/audio/transcriptions", data=form(wav_bytes(1.0)))
+    body = await assert_error(resp, EngineUnavailable)
+    assert "shutting down" in body["error"]["message"]
+    assert resp.headers["Retry-After"] == "30"  # SHUTDOWN_RETRY_AFTER_S
 
 
 class RestartingFake(FakeTranscriber):

@@ -100,8 +100,9 @@ async def test_an_upload_past_the_upload_drain_is_answered_engine_unavailable(
     server_config: ServerConfig, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
 ) -> None:
     """`--upload-drain-s` bounds the uploads a shutdown waits for, and those still running
-    then hear why (503 engine_unavailable, retryable), not a dropped connection; the log says
-    what the drain waits for and what it cut."""
+    then hear why (503 engine_unavailable, retryable, after a restart's time: Retry-After said
+    1 s, and a client that obeyed it met a closed listener and spent its retries on it), not a
+    dropped connection; the log says what the drain waits for and what it cut."""
     caplog.set_level(logging.INFO, "livemeet.gateway")
     fake.end_gate = asyncio.Event()
     async with serving(_with_upload_drain(server_config, 0.3), fake) as (runner, host, port):
@@ -117,7 +118,7 @@ async def test_an_upload_past_the_upload_drain_is_answered_engine_unavailable(
             await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
     assert response.status == 503, body
     assert body["error"]["code"] == EngineUnavailable.code
-    assert "Retry-After" in response.headers
+    assert response.headers["Retry-After"] == "30"  # SHUTDOWN_RETRY_AFTER_S
     assert fake.sessions[0].log.aborted
     lines = [r.getMessage() for r in caplog.records]
     assert (

@@ -104,7 +104,7 @@ async def test_the_live_and_stored_transcripts_show_the_names(
         await read_until(live, "speaker.renamed")
         response = await client.get(transcript_url(ready, "srt"))
         assert await response.text() == (
-            f"1\n00:00:00,000 --> 00:00:03,000\nAlice <A&B>: {fake_text(0)}\n"
+            f"1\n00:00:00,000 --> 00:00:03,000\nAlice ＜A&B＞: {fake_text(0)}\n"  # no SRT markup
         )
         response = await client.get(transcript_url(ready, "vtt"))
         assert f"<v Alice &lt;A&amp;B&gt;>{fake_text(0)}</v>" in await response.text()

@@ -231,7 +231,7 @@ def test_arrows_newlines_and_markup_in_text_do_not_break_cues() -> None:
     t = Transcript((segment(1, 2, nasty), segment(3, 4, "next", "S02")), 4.0)
     srt_cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
     assert len(srt_cues) == 2
-    assert srt_cues[0].content == "S01: a -> b second paragraph <b>&amp;</b> 3 > 2 < 4"
+    assert srt_cues[0].content == "S01: a --＞ b second paragraph ＜b＞&amp;＜/b＞ 3 ＞ 2 ＜ 4"
     assert srt_cues[1].content == "S02: next"
     vtt_body = render(t, ResponseFormat.VTT).body
     vtt_cues = parse_vtt(vtt_body)
@@ -359,7 +359,7 @@ def test_named_speakers_show_their_names_in_cues_and_a_speakers_map_in_json() ->
     their labels; JSON bodies gain `speakers`."""
     srt_body = render(NAMED, ResponseFormat.SRT).body
     assert "Alice: Good morning, everyone." in srt_body
-    assert "Bob -> <B&B>: Morning!" in srt_body and "S01:" not in srt_body
+    assert "Bob --＞ ＜B&B＞: Morning!" in srt_body and "S01:" not in srt_body  # no markup
     vtt = parse_vtt(render(NAMED, ResponseFormat.VTT).body)
     assert [html.unescape(c.voice) for c in vtt] == ["Alice", "Bob --> <B&B>", "Alice"]
     names = {"S02": "Bob --> <B&B>", "S01": "Alice"}
@@ -409,18 +409,47 @@ def test_a_transcript_without_merges_has_no_merged_map(fmt: ResponseFormat) -> N
     assert "merged" not in render(NAMED, fmt).body
 
 
-@pytest.mark.parametrize("arrow", ["--->", "---->", "-- -->", "-->>", "------>"])
-def test_srt_cue_text_never_holds_an_arrow_however_many_dashes(arrow: str) -> None:
-    """`-->` becomes `->` until none is left: one pass turned `--->` into `-->` again (the
-    timing separator, which SRT cannot escape), in the text and in a speaker's name."""
+@pytest.mark.parametrize(
+    "markup",
+    ["<i>yes</i>", "<Enter>", "a < b and c > d", "{\\an8}up", "{\\b1}bold", "C:\\Net", "--->"],
+)
+def test_srt_cue_text_holds_no_markup_a_player_would_act_on(markup: str) -> None:
+    """SubRip players read tags (<i> styled the words; FFmpeg's decoder dropped `<Enter>`,
+    VLC all between `<` and `>` in a cue of malformed markup), `{\\...}` overrides (`{\\an8}`
+    moved the cue to the top, others hid their text) and `\\N`-style escapes, and SRT has no
+    escape: those characters are written as their fullwidth forms, in the text and in a
+    speaker's name, so the words show as said (NFKC gives them back); no `-->` is left either
+    (the timing separator). JSON and WebVTT (which escapes) keep the text."""
     t = Transcript(
-        (segment(1, 2, f"a {arrow} b"), segment(3, 4, "next", "S02")),
+        (segment(1, 2, f"say {markup} now"), segment(3, 4, "next", "S02")),
         4.0,
-        speaker_names=(("S02", f"Ann {arrow} Z"),),
+        speaker_names=(("S02", f"Ann {markup}"),),
     )
     body = render(t, ResponseFormat.SRT).body
     assert body.count("-->") == 2  # only the timing lines
-    assert [c.content.count("->") > 0 for c in srt.parse(body)] == [True, True]
+    cues = list(srt.parse(body))
+    assert [unicodedata.normalize("NFKC", c.content) for c in cues] == [
+        f"S01: say {markup} now",
+        f"Ann {markup}: next",
+    ]
+    for cue in cues:
+        assert not set("<>{}\\") & set(cue.content), cue.content
+    (first, _) = parse_vtt(render(t, ResponseFormat.VTT).body)
+    assert html.unescape(first.text) == f"say {markup} now"
+    segs = json.loads(render(t, ResponseFormat.DIARIZED_JSON).body)["segments"]
+    assert segs[0]["text"] == f"say {markup} now"
+
+
+def test_srt_hours_past_99_are_written_whole_and_parse_back() -> None:
+    """A live session has no length limit: its 100th hour is `100:00:00,000` (players read
+    the hours as any number: FFmpeg's and VLC's parsers, `%d`), not a wrap to `00` or a
+    clamp that would put the cue out of order."""
+    t = Transcript((segment(100 * 3600 + 0.001, 100 * 3600 + 2.5, "still here"),), 360_003.0)
+    body = render(t, ResponseFormat.SRT).body
+    assert "100:00:00,001 --> 100:00:02,500" in body
+    (cue,) = srt.parse(body)
+    assert cue.start == timedelta(hours=100, milliseconds=1)
+    assert cue.end == timedelta(hours=100, seconds=2.5)
 
 
 def test_cues_are_in_order_of_their_starts_whatever_the_segments_order() -> None:

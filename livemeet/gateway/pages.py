@@ -1,0 +1,102 @@
+"""The security headers of the web pages the gateway serves (web/): a Content-Security-Policy
+fit for each page, and what every file of them carries.
+
+What each page loads, and so what its policy allows (`default-src 'none'` forbids the rest):
+- The recorder (`/`, index.html): its module script and the AudioWorklet's (recorder.js,
+  pcm-worklet.js: `script-src 'self'`), its one inline `<style>` (by its SHA-256, computed
+  from the file when the routes are made: no inline style besides; the script sets styles
+  through the CSSOM, which CSP leaves alone), its icon (a `data:` image), and its own server
+  for `fetch` (readyz, transcripts) and the live WebSocket (`connect-src 'self'`, which
+  matches ws: and wss: of the page's host). It may not be framed (`frame-ancestors 'none'`,
+  and `X-Frame-Options: DENY` for older browsers): a page that framed it could lure a click
+  onto its microphone prompt or its Start button (clickjacking).
+- The captions overlay (captions.html): its script, its icon, the captions WebSocket; it is
+  meant to be embedded (an OBS browser source, an iframe on any site), so it says nothing of
+  framing. Its styles may be inline (`'unsafe-inline'`): OBS adds a browser source's "custom
+  CSS" as a `<style>` element of the page, which a hash cannot name; the overlay draws
+  captions as text (`textContent`), so no markup of a caption could add a style.
+Both send no referrer (`Referrer-Policy: no-referrer`): the overlay's URL holds the session's
+captions token, which a `Referer` of its requests carried to whatever logs them (a proxy);
+the pages ask nothing of another site. Every file is `X-Content-Type-Options: nosniff`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from html.parser import HTMLParser
+from pathlib import Path
+
+RECORDER_PAGE = "index.html"
+CAPTIONS_PAGE = "captions.html"
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+
+
+class _InlineStyles(HTMLParser):
+    """The text of each `<style>` element, as the browser hashes it (HTMLParser reads a
+    style element's content raw, as a browser does, possibly in several pieces)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=False)
+        self.styles: list[str] = []
+        self._open: list[str] | None = None  # the pieces of the style element open now
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "style":
+            self._open = []
+
+    def handle_data(self, data: str) -> None:
+        if self._open is not None:
+            self._open.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "style" and self._open is not None:
+            self.styles.append("".join(self._open))
+            self._open = None
+
+
+def inline_style_hashes(html: str) -> list[str]:
+    """The CSP hash sources (`'sha256-...'`) of the `<style>` elements of `html`."""
+    parser = _InlineStyles()
+    parser.feed(html.replace("\r\n", "\n").replace("\r", "\n"))  # as a browser reads it
+    parser.close()
+    return [
+        f"'sha256-{base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()}'"
+        for style in parser.styles
+    ]
+
+
+def recorder_policy(html: str) -> str:
+    """The recorder page's Content-Security-Policy, `html` the page (for its styles' hashes)."""
+    styles = " ".join(inline_style_hashes(html)) or "'none'"
+    return (
+        "default-src 'none'; script-src 'self'; "
+        f"style-src {styles}; img-src data:; connect-src 'self'; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+
+
+CAPTIONS_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'"
+)
+
+
+def page_headers(path: Path) -> dict[str, str]:
+    """The headers a web file is served with (read from `path` now: a page edited under a
+    running server keeps the hashes of its styles at start until the server restarts).
+    Raises OSError where the recorder page cannot be read."""
+    if path.name == RECORDER_PAGE:
+        return {
+            "Content-Security-Policy": recorder_policy(path.read_text(encoding="utf-8")),
+            "X-Frame-Options": "DENY",
+            "Referrer-Policy": "no-referrer",
+            **NOSNIFF,
+        }
+    if path.name == CAPTIONS_PAGE:
+        return {
+            "Content-Security-Policy": CAPTIONS_POLICY,
+            "Referrer-Policy": "no-referrer",
+            **NOSNIFF,
+        }
+    return dict(NOSNIFF)

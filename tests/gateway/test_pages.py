@@ -1,0 +1,98 @@
+"""The web pages' security headers (livemeet/gateway/pages.py): a Content-Security-Policy fit
+for what each page loads, framing forbidden for the recorder and left open for the captions
+overlay (an OBS browser source, an iframe), no referrer, no MIME sniffing. A headless Chromium
+run (session notes) loaded both pages under these policies: the recorder recorded a meeting
+(worklet, live socket, transcript) with no violation, OBS's way of adding custom CSS applied
+on the overlay, and a page of another origin could frame the overlay but not the recorder."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from livemeet.gateway.pages import inline_style_hashes
+
+WEB = Path(__file__).resolve().parents[2] / "web"
+
+
+def directives(policy: str) -> dict[str, list[str]]:
+    parsed = (part.split() for part in policy.split(";") if part.strip())
+    return {name: sources for name, *sources in parsed}
+
+
+async def test_the_recorder_may_not_be_framed_and_loads_only_its_own(client: TestClient) -> None:
+    """The pages had no policy: any site could frame the recorder (its microphone prompt and
+    Start button under a lure: clickjacking), and nothing bounded what the page loads."""
+    for path in ("/", "/index.html"):
+        response = await client.get(path)
+        assert response.status == 200
+        policy = directives(response.headers["Content-Security-Policy"])
+        assert policy["default-src"] == ["'none'"]
+        assert policy["script-src"] == ["'self'"]  # recorder.js, pcm-worklet.js
+        assert policy["connect-src"] == ["'self'"]  # readyz, transcripts, /v1/live
+        assert policy["img-src"] == ["data:"]  # its icon
+        assert policy["frame-ancestors"] == ["'none'"]
+        assert response.headers["X-Frame-Options"] == "DENY"
+        assert response.headers["Referrer-Policy"] == "no-referrer"
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        # its one inline style, by its hash: no 'unsafe-inline'
+        (style,) = re.findall(r"<style>(.*?)</style>", (WEB / "index.html").read_text(), re.S)
+        digest = base64.b64encode(hashlib.sha256(style.encode()).digest()).decode()
+        assert policy["style-src"] == [f"'sha256-{digest}'"]
+
+
+async def test_the_captions_overlay_may_be_framed_and_restyled(client: TestClient) -> None:
+    """The overlay is embedded (OBS, iframes on any site): its policy says nothing of framing,
+    and it allows inline styles, as OBS adds a source's custom CSS as a <style> element.
+    Its URL holds the captions token: no Referer carries it."""
+    response = await client.get("/captions.html?session=s&token=t")
+    assert response.status == 200
+    policy = directives(response.headers["Content-Security-Policy"])
+    assert "frame-ancestors" not in policy and "X-Frame-Options" not in response.headers
+    assert policy["default-src"] == ["'none'"]
+    assert policy["script-src"] == ["'self'"]
+    assert policy["connect-src"] == ["'self'"]
+    assert policy["style-src"] == ["'self'", "'unsafe-inline'"]
+    assert response.headers["Referrer-Policy"] == "no-referrer"
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+@pytest.mark.parametrize("name", ["recorder.js", "pcm-worklet.js", "captions.js"])
+async def test_the_scripts_are_not_sniffed(client: TestClient, name: str) -> None:
+    response = await client.get(f"/{name}")
+    assert response.status == 200 and "javascript" in response.content_type
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert "Content-Security-Policy" not in response.headers  # a document's header
+
+
+def test_the_pages_hold_nothing_inline_their_policies_would_block() -> None:
+    """What `script-src 'self'` and the recorder's hashed styles refuse: an inline script or
+    event handler, a style attribute, eval; the scripts set styles through the CSSOM, which
+    CSP leaves alone."""
+    for page in ("index.html", "captions.html"):
+        html = (WEB / page).read_text()
+        scripts = re.findall(r"<script([^>]*)>(.*?)</script>", html, re.S)
+        assert scripts and all("src=" in attrs and not body.strip() for attrs, body in scripts)
+        assert not re.search(r"\son\w+\s*=", html), page
+        assert not re.search(r"\sstyle\s*=", html), page
+    for script in ("recorder.js", "captions.js", "pcm-worklet.js"):
+        js = (WEB / script).read_text()
+        assert not re.search(r"\beval\(|new Function\(|setAttribute\(\s*[\"']style", js), script
+        assert not re.search(r"\.(innerHTML|outerHTML)\s*=|insertAdjacentHTML", js), script
+
+
+def test_a_style_hash_is_of_the_text_as_the_browser_reads_it() -> None:
+    """The element's text, raw (no entity decoding in a style element), CRLF read as LF."""
+    css = "a { content: '&amp;' }\n"
+    digest = base64.b64encode(hashlib.sha256(css.encode()).digest()).decode()
+    page = f"<head><style>{css}</style><style></style></head>"
+    assert inline_style_hashes(page) == [
+        f"'sha256-{digest}'",
+        f"'sha256-{base64.b64encode(hashlib.sha256(b'').digest()).decode()}'",
+    ]
+    assert inline_style_hashes(page.replace("\n", "\r\n")) == inline_style_hashes(page)
