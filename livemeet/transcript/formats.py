@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import unicodedata
 import zlib
 from collections.abc import Mapping
@@ -30,6 +31,9 @@ from livemeet.transcript.segments import Segment, Transcript
 CHARSET = "utf-8"  # every body is text in this encoding; content types carry no charset
 UNKNOWN_LANGUAGE = "unknown"  # verbose_json's required `language` when none was given
 _CUE_ARROW = "-->"  # the SRT/WebVTT timing separator; must never appear in cue text
+# whitespace a cue line may break at: all of Unicode's but the no-break spaces (NBSP, figure
+# space, narrow NBSP), which glue a number to its unit or French punctuation to its word
+_BREAKING_SPACE = re.compile(r"[^\S\u00a0\u2007\u202f]+")
 # What SubRip players read as markup in cue text, which SRT cannot escape, written as the
 # fullwidth forms of the same characters (NFKC gives the text back): `<` `>` tags (<b>, <i>,
 # <u>, <s>, <font> style the cue in VLC and in FFmpeg's subrip decoder, which mpv uses too;
@@ -230,12 +234,17 @@ def _cue_segments(segments: tuple[Segment, ...]) -> list[Segment]:
 
 
 def _one_line(text: str) -> str:
-    """`text` as one cue line: whitespace runs (newlines included) as one space, and the other
+    """`text` as one cue line: runs of breaking whitespace (newlines included) as one space,
+    no-break spaces kept (`10\u202f%`, `Prix\u00a0:` must not wrap there), and the other
     control characters (C0, DEL, C1: category Cc) dropped. A byte-level tokenizer can write a
-    NUL or an ESC: a player in C cut the cue at a NUL, and a terminal ran an escape."""
-    return " ".join(
-        "".join(c for c in part if unicodedata.category(c) != "Cc") for part in text.split()
+    NUL or an ESC: a player in C cut the cue at a NUL, and a terminal ran an escape. A line of
+    no-break spaces alone is no text ("")."""
+    parts = (
+        "".join(c for c in part if unicodedata.category(c) != "Cc")
+        for part in _BREAKING_SPACE.split(text)
     )
+    line = " ".join(part for part in parts if part)
+    return line if line.strip() else ""
 
 
 def _vtt_escape(text: str) -> str:

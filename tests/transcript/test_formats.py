@@ -272,6 +272,20 @@ def test_control_characters_are_left_out_of_cues_and_kept_in_json() -> None:
     assert [s["text"] for s in segs] == [text, "\x00\x07", "next"]
 
 
+def test_no_break_spaces_stay_in_cues_and_no_control_leaves_a_double_space() -> None:
+    """A no-break space keeps a number with its unit and French punctuation with its word; cues
+    turned it into a plain space, where a player may wrap the line. A control between two
+    spaces left two spaces behind. A segment of no-break spaces alone makes no cue."""
+    text = "Prix\u00a0: 10\u202f% a \x00 b"
+    t = Transcript((segment(0, 1, text), segment(1, 2, "\u00a0\u202f"), segment(2, 3, "x")), 3.0)
+    shown = "Prix\u00a0: 10\u202f% a b"
+    assert [c.content for c in srt.parse(render(t, ResponseFormat.SRT).body)] == [
+        f"S01: {shown}",
+        "S01: x",
+    ]
+    assert [c.text for c in parse_vtt(render(t, ResponseFormat.VTT).body)] == [shown, "x"]
+
+
 def test_zero_length_segments_make_cues_of_one_millisecond() -> None:
     """A cue's end must come after its start (WebVTT 4.1): a segment stamped with one time,
     or one whose end rounds to its start's millisecond, lasts 1 ms in SRT and VTT (a review
