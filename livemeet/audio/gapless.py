@@ -84,7 +84,9 @@ class _Mp4Trim:
     more (the sample table's duration: the encoder's last packet is short), whichever is
     first; and where the edit list starts, if FFmpeg left it starting before (an Opus track
     in a 16 kHz timescale, which decodes at 48 kHz: FFmpeg skipped the priming in 16 kHz
-    samples).
+    samples). The first frame starts where its packet does plus the samples FFmpeg skipped
+    (the packet's skip side data): not where its packet ends less its samples, which is
+    wrong where that packet is also the short last one (10 ms of Opus: 104 of 160 samples).
 
     Timestamps are in ticks of the stream's time base, num/den s (ints: Fractions are too
     slow per frame)."""
@@ -99,11 +101,20 @@ class _Mp4Trim:
         if stream.duration is not None:
             length = _itunsmpb_length(itunsmpb, stream)
             self._end = (stream.start_time or 0) + (stream.duration if length is None else length)
+        # the first packet's pts (ticks) and the samples FFmpeg skips from its start (its
+        # skip side data), until the first frame is trimmed
+        self._first_packet: tuple[int, int] | None = None
+        self._first_frame = True
 
     def see(self, packet: av.Packet[av.AudioStream]) -> None:
-        pass
+        if self._first_frame and self._first_packet is None and packet.pts is not None:
+            skip = 0
+            if packet.has_sidedata("skip_samples"):
+                skip = _SKIP_SAMPLES.unpack_from(bytes(packet.get_sidedata("skip_samples")))[0]
+            self._first_packet = (packet.pts, skip)
 
     def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
+        first_frame, self._first_frame = self._first_frame, False
         pts = frame.pts
         if pts is None:
             return None
@@ -124,14 +135,20 @@ class _Mp4Trim:
         if not (outlasts or early):
             return None
         start, stop = 0, num_samples
+        first = pts * scale  # where its first sample lies, in ticks x scale
         if self._start is not None and early:
-            # the frame ends where its packet does: its pts is rounded where FFmpeg skipped
-            # priming in ticks longer than a sample (Opus in a 16 kHz timescale: -69 ticks
-            # for -69.33, one 48 kHz sample off)
-            first = (pts + duration) * scale - num_samples * den if duration > 0 else pts * scale
+            # its pts is rounded where FFmpeg skipped priming in ticks longer than a sample
+            # (Opus in a 16 kHz timescale: -69 ticks for -69.33, one 48 kHz sample off), so
+            # the first frame starts where its packet does plus the samples skipped; a later
+            # one ends where its packet does (none is short but the last)
+            if first_frame and self._first_packet is not None:
+                packet_pts, skipped = self._first_packet
+                first = packet_pts * scale + skipped * den
+            elif duration > 0:
+                first = (pts + duration) * scale - num_samples * den
             start = min(max(self._samples(self._start * scale - first), 0), num_samples)
         if end is not None and outlasts:
-            stop = min(max(self._samples((end - pts) * scale), start), num_samples)
+            stop = min(max(self._samples(end * scale - first), start), num_samples)
         return start, stop
 
     def _samples(self, scaled_ticks: int) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile as sf
+import soxr
 
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.decode import decode_file, iter_decode, iter_decode_stream
@@ -192,6 +193,27 @@ def test_other_codecs_in_mp4_end_where_the_edit_list_does(
     output."""
     path = encode(tmp_path / "a.mp4", signal(rate, "tone"), rate, "mp4", codec)
     assert_sample_exact(decode_file(path), rate)
+
+
+@pytest.mark.parametrize("rate", [8_000, 16_000, 24_000])
+def test_opus_in_mp4_of_one_packet_starts_and_ends_where_its_edit_list_does(
+    rate: int, tmp_path: Path
+) -> None:
+    """10 ms of Opus from an encode below 48 kHz, with its pre-skip one 20-ms packet, the
+    first and the short last at once: the start was found from the packet's end, so 56 of the
+    160 samples were cut (104 decoded). The chirp decodes whole and in place (a lag of 0)."""
+    t = np.arange(rate // 100) / rate
+    x = (0.5 * np.sin(2 * np.pi * (300 * t + 75_000 * t * t))).astype(np.float32)  # to 1.8 kHz
+    decoded = decode_file(encode(tmp_path / "a.mp4", x, rate, "mp4", "libopus"))
+    assert decoded.size == 160
+    source = soxr.resample(x, rate, SAMPLE_RATE)
+    inner = slice(20, 140)  # clear of the resampler's edges
+
+    def fit(lag: int) -> float:
+        return float(np.dot(decoded[20 + lag : 140 + lag], source[inner]))
+
+    assert max(range(-8, 9), key=fit) == 0
+    assert np.corrcoef(decoded[inner], source[inner])[0, 1] > 0.99
 
 
 def test_an_m4a_edit_list_in_milliseconds_ends_within_one(tmp_path: Path) -> None:
