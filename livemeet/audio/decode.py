@@ -57,6 +57,11 @@ Decisions on damaged input:
 - A truncated MP3 or Ogg file yields its intact prefix: their declared durations may be
   estimates (bitrate) or come from the cut end itself (last Ogg page), so a shortfall proves
   nothing; again every returned sample is genuine.
+- Audio whose sample rate changes mid-stream (MP3 files of 16 and 44.1 kHz joined with `cat`)
+  is resampled part by part, each from its own rate, where FFmpeg's decoder decodes each part
+  as it decodes it alone (MPEG audio: `_RATE_CHANGE_DECODERS`). Elsewhere the change is
+  `BadAudio` naming both rates: FFmpeg's AAC and AC-3 decoders decode every frame after it
+  wrong, and FLAC's is above.
 """
 
 from __future__ import annotations
@@ -359,45 +364,53 @@ def _check_truncation(probed: _Probe, num_samples: int) -> None:
 
 
 class _Resampler:
-    """Resamples mono blocks at one input rate to 16 kHz as they come (soxr's streaming
-    resampler: its output is the same whatever the block sizes).
+    """Resamples mono blocks to 16 kHz as they come (soxr's streaming resampler: its output is
+    the same whatever the block sizes). Audio whose rate changes (MP3 files of different rates
+    joined) is resampled part by part: at a change, the part before is drained and the next
+    is resampled from its own rate.
 
-    Counts input frames and raises TooLong once they exceed `max_audio_s`, so a lying container
-    never makes us decode hours of audio.
+    Counts the input's duration and raises TooLong once it exceeds `max_audio_s`, so a lying
+    container never makes us decode hours of audio.
     """
 
     def __init__(self, max_audio_s: float, cancel: threading.Event | None = None) -> None:
         self._max_audio_s = max_audio_s
         self._cancel = cancel
-        self._rate = 0
+        self._rate = 0  # Hz of the part being resampled (0: none yet)
         self._stream: soxr.ResampleStream | None = None
-        self._num_input_frames = 0
+        self._num_input_frames = 0  # of the part being resampled
+        self._earlier_parts_s = 0.0  # s of input in the parts before it
 
     def push(self, mono: npt.NDArray[np.float32], rate: int) -> Samples:
-        """Take `mono` ([n] float32) sampled at `rate` Hz, the same rate as every earlier
-        block, and return the 16 kHz samples it completes (maybe none). Raises
+        """Take `mono` ([n] float32) sampled at `rate` Hz and return the 16 kHz samples it
+        completes (maybe none; after a rate change, the previous part's last ones first).
+        Raises BadAudio for a rate outside the file range, TooLong past `max_audio_s`, and
         DecodeCancelled once the caller's `cancel` is set."""
         if self._cancel is not None and self._cancel.is_set():
             raise DecodeCancelled("the decode was cancelled")
-        if self._rate == 0:
+        drained = None
+        if not self._rate or rate != self._rate:  # the first block, or a change
             _check_rate(rate, "decodes at")
-            self._rate = rate
+            if self._rate:
+                drained = self.finish()
+                self._earlier_parts_s += self._num_input_frames / self._rate
+            self._rate, self._num_input_frames = rate, 0
+            self._stream = None
             if rate != SAMPLE_RATE:
                 self._stream = soxr.ResampleStream(
                     rate, SAMPLE_RATE, 1, dtype="float32", quality=FILE_RESAMPLE_QUALITY
                 )
-        elif rate != self._rate:
-            raise BadAudio(f"the sample rate changes mid-stream ({self._rate} -> {rate} Hz)")
         self._num_input_frames += mono.shape[0]
-        check_length(self._num_input_frames / self._rate, self._max_audio_s, "decodes to")
+        decoded_s = self._earlier_parts_s + self._num_input_frames / self._rate
+        check_length(decoded_s, self._max_audio_s, "decodes to")
         mono = np.ascontiguousarray(mono, dtype=np.float32)
-        if self._stream is None:
-            return mono
-        out: Samples = self._stream.resample_chunk(mono)
+        out: Samples = mono if self._stream is None else self._stream.resample_chunk(mono)
+        if drained is not None and drained.size:
+            out = np.concatenate([drained, out])
         return out
 
     def finish(self) -> Samples:
-        """Drain the resampler: the samples it still holds, shape [n]."""
+        """Drain the resampler: the samples it still holds of the current part, shape [n]."""
         if self._stream is None:
             return np.zeros(0, np.float32)
         tail: Samples = self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
@@ -508,18 +521,21 @@ def _ffmpeg_blocks(
     `flac`: FFmpeg checks each frame's CRC-16 and rejects a frame that fails it, and any
     rejected frame is BadAudio (no frame is skipped: see the module docstring). `min_frames`:
     BadAudio when fewer frames (at the file's rate) decode. Both raised after the blocks that
-    did decode. A sample rate (or, in a FLAC, a channel count) that changes mid-stream is
-    BadAudio when it comes.
+    did decode. Each block comes with its frame's rate, which changes mid-stream where MPEG
+    audio files of different rates were joined (`_RATE_CHANGE_DECODERS`); in other codecs a
+    rate change, and in a FLAC one of the channel count too, is BadAudio when it comes.
     """
     converter = _MonoConverter()
     num_packets = num_bad_packets = num_frames = 0
     first: tuple[int, int] | None = None  # the first frame's (rate, channels)
+    rate = 0  # Hz of the last frame
     try:
         with _open_container(source) as container:
             stream = _audio_stream(container)
             if flac:  # a failed CRC is only logged by default, and the frame returned
                 stream.codec_context.options = {"err_detect": "crccheck+explode"}
             trim = trim_for(container, stream)
+            rate_free = stream.codec_context.name in _RATE_CHANGE_DECODERS
             for packet in container.demux(stream):
                 num_packets += 1
                 if trim is not None:
@@ -533,18 +549,19 @@ def _ffmpeg_blocks(
                     shape = (int(frame.sample_rate), len(frame.layout.channels))
                     if first is None:
                         first = shape
-                    elif shape[0] != first[0] or (flac and shape != first):
+                    elif shape != first and (flac or (shape[0] != first[0] and not rate_free)):
                         # FFmpeg's FLAC decoder drops the first frame after a stereo -> mono
-                        # change; MP3's decodes such joins, each part down-mixed (kept)
+                        # change, its parser one at a 48 -> 16 kHz change
                         raise BadAudio(_format_change(first, shape))
                     num_frames += frame.samples
+                    rate = shape[0]
                     monos = converter.convert(frame)
                     if trim is not None and (kept := trim.kept(frame, frame.samples)):
                         monos = _sliced(monos, *kept)
                     for mono in monos:
-                        yield mono, shape[0]
+                        yield mono, rate
             for mono in converter.flush():
-                yield mono, first[0] if first else 0
+                yield mono, rate
     except av.FFmpegError as e:
         raise BadAudio(f"cannot decode the audio: FFmpeg: {_ffmpeg_message(e)}") from e
     if num_frames < min_frames:
@@ -576,6 +593,13 @@ def _sliced(
             yield mono[lo:hi]
         offset += mono.shape[0]
 
+
+# FFmpeg decoders that decode audio whose rate changes mid-stream as they decode each part alone:
+# MPEG audio layers I-III, whose every frame is self-contained (MP3 files of 16 and 48 kHz
+# joined with cat: each part bit for bit). Not AAC's or AC-3's: after a change (ADTS 16 ->
+# 48 kHz, AC-3 32 -> 48 kHz) they decode every later frame wrong, samples off by up to 0.5, so
+# a rate change there stays BadAudio, as in FLAC (see `_ffmpeg_blocks`)
+_RATE_CHANGE_DECODERS = frozenset({"mp1", "mp1float", "mp2", "mp2float", "mp3", "mp3float"})
 
 # 16- and 32-bit integer sample formats (packed and planar) -> the factor that scales them to
 # [-1, 1), as libswresample's conversion to float does (FLAC decodes to these)

@@ -811,6 +811,48 @@ def test_mp3_files_joined_with_cat_decode_whole(
         assert np.std(second) == pytest.approx(np.std(once), rel=0.02)
 
 
+def test_mp3_files_of_different_rates_joined_decode_each_part(
+    encoded_clips: dict[str, EncodedClip], tmp_path: Path
+) -> None:
+    """A 16 kHz mono and a 44.1 kHz stereo MP3 joined with cat, either way round: was BadAudio
+    (the rate changes mid-stream); each part is now resampled from its own rate, FFmpeg's MP3
+    decoder decoding it as it decodes the file alone."""
+    low, high = encoded_clips["speech.mp3"].path, encoded_clips["stereo44k.mp3"].path
+    for first, second in ((low, high), (high, low)):
+        path = tmp_path / "joined.mp3"
+        path.write_bytes(first.read_bytes() + second.read_bytes())
+        alone = [decode_file(first), decode_file(second)]
+        out = decode_file(path)
+        np.testing.assert_array_equal(out[: alone[0].size // 2], alone[0][: alone[0].size // 2])
+        # the second part: its file's audio after its LAME frame and delay (not trimmed
+        # mid-stream, as where rates match), ~60-110 ms
+        rest, reference = out[alone[0].size :], alone[1][SAMPLE_RATE : 4 * SAMPLE_RATE]
+        fit = np.correlate(rest[: 2 * SAMPLE_RATE + reference.size], reference, mode="valid")
+        lag = int(np.argmax(fit))  # where the reference's second 1 starts
+        assert 0 < lag - SAMPLE_RATE < 0.2 * SAMPLE_RATE
+        part = rest[lag : lag + reference.size]
+        assert np.corrcoef(part, reference)[0, 1] > 0.999
+        assert 0 <= out.size - alone[0].size - alone[1].size <= 0.2 * SAMPLE_RATE
+
+
+def test_aac_whose_rate_changes_is_bad_audio(tmp_path: Path) -> None:
+    """Raw AAC files of 16 and 48 kHz joined: FFmpeg's AAC decoder decodes every frame after
+    the change wrong (samples off by up to 0.5 against the file alone), so the change stays
+    refused, naming both rates."""
+    parts = []
+    for rate in (16_000, 48_000):
+        out = io.BytesIO()
+        with av.open(out, "w", format="adts") as container:
+            stream = container.add_stream("aac", rate=rate)
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, rate), np.float32), "fltp", "mono")
+            frame.sample_rate = rate
+            for packet in [*stream.encode(frame), *stream.encode(None)]:
+                container.mux(packet)
+        parts.append(out.getvalue())
+    with pytest.raises(BadAudio, match=r"sample rate changes mid-stream \(16000 -> 48000 Hz\)"):
+        decode_file(b"".join(parts))
+
+
 def test_truncated_wav_yields_its_intact_prefix(shared_data: Path, tmp_path: Path) -> None:
     source = shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav"
     data = source.read_bytes()
