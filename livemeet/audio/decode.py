@@ -22,7 +22,8 @@ transcript times and durations follow the audio (tests/audio/test_gapless.py: th
 the sample, a tone burst's onset within one, at 16, 44.1 and 48 kHz). FFmpeg trims MP3's
 (LAME/Xing header), Opus's (pre-skip, and the end: Ogg granule, WebM CodecDelay and
 DiscardPadding) and most Vorbis; where it falls short (Ogg Vorbis whose first audio page is
-also its last, chained Ogg Vorbis, MP4's end padding), `audio/gapless.py` trims the frames.
+also its last, MP4's end padding), `audio/gapless.py` trims the frames. A chained Ogg file's
+links are decoded one at a time (`audio/joined.py`), each trimmed as a file of its own.
 A file that records neither keeps its codec's delay and padding, as FFmpeg and the ffmpeg
 command line keep them: an MP3 without a LAME/Xing header, one in a WAV too (LAME's delay,
 1,105 samples at the file's rate, ~25 ms at 44.1 kHz, comes first), raw AAC (ADTS: 1,024
@@ -59,9 +60,10 @@ Decisions on damaged input:
   nothing; again every returned sample is genuine.
 - Audio whose sample rate changes mid-stream (MP3 files of 16 and 44.1 kHz joined with `cat`)
   is resampled part by part, each from its own rate, where FFmpeg's decoder decodes each part
-  as it decodes it alone (MPEG audio: `_RATE_CHANGE_DECODERS`). Elsewhere the change is
-  `BadAudio` naming both rates: FFmpeg's AAC and AC-3 decoders decode every frame after it
-  wrong, and FLAC's is above.
+  as it decodes it alone (MPEG audio: `_RATE_CHANGE_DECODERS`), and so is a chained Ogg file
+  whose links differ in rate, channels or codec (each link decoded alone: FFmpeg's Ogg
+  demuxer refuses such a chain). Elsewhere the change is `BadAudio` naming both rates:
+  FFmpeg's AAC and AC-3 decoders decode every frame after it wrong, and FLAC's is above.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ from livemeet.audio.constants import (
     TRUNCATION_TOLERANCE_S,
 )
 from livemeet.audio.gapless import MP4_DEMUXER, trim_for
+from livemeet.audio.joined import OGG_CAPTURE, members
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
@@ -516,15 +519,49 @@ def _read_blocks(f: sf.SoundFile) -> Iterator[npt.NDArray[np.float32]]:
 def _ffmpeg_blocks(
     source: AudioSource | BinaryIO, *, flac: bool = False, min_frames: int = 0
 ) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
-    """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame.
+    """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame; a
+    chained Ogg file's links one after another, each through its own demuxer and decoder
+    (audio/joined.py: FFmpeg refuses links of different rates, channels or codecs read as
+    one stream).
 
     `flac`: FFmpeg checks each frame's CRC-16 and rejects a frame that fails it, and any
     rejected frame is BadAudio (no frame is skipped: see the module docstring). `min_frames`:
     BadAudio when fewer frames (at the file's rate) decode. Both raised after the blocks that
     did decode. Each block comes with its frame's rate, which changes mid-stream where MPEG
-    audio files of different rates were joined (`_RATE_CHANGE_DECODERS`); in other codecs a
-    rate change, and in a FLAC one of the channel count too, is BadAudio when it comes.
+    audio files of different rates were joined (`_RATE_CHANGE_DECODERS`) and between links;
+    within a link or file of other codecs a rate change, and in a FLAC one of the channel
+    count too, is BadAudio when it comes.
     """
+    for part in _parts(source):
+        yield from _ffmpeg_part_blocks(part, flac=flac, min_frames=min_frames)
+        min_frames = 0
+
+
+def _parts(source: AudioSource | BinaryIO) -> Iterator[AudioSource | BinaryIO]:
+    """`source` as the parts FFmpeg decodes one at a time: a chained Ogg file's links, as
+    streams (audio/joined.py); any other file, itself (a path FFmpeg opens as before). A
+    stream is always read through audio/joined.py, which passes anything but Ogg through."""
+    if isinstance(source, Path):
+        try:
+            file = source.open("rb")
+        except OSError as e:
+            raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
+        with file:
+            if file.read(len(OGG_CAPTURE)) == OGG_CAPTURE:
+                file.seek(0)
+                yield from members(file)
+                return
+        yield source
+    elif isinstance(source, bytes) and not source.startswith(OGG_CAPTURE):
+        yield source
+    else:
+        yield from members(io.BytesIO(source) if isinstance(source, bytes) else source)
+
+
+def _ffmpeg_part_blocks(
+    source: AudioSource | BinaryIO, *, flac: bool, min_frames: int
+) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
+    """`_ffmpeg_blocks` of one part (a file, or one link of a chained Ogg file)."""
     converter = _MonoConverter()
     num_packets = num_bad_packets = num_frames = 0
     first: tuple[int, int] | None = None  # the first frame's (rate, channels)

@@ -17,15 +17,14 @@ Where each format records its audio's true extent (what the classes below read):
   appendix A, "Embedding Vorbis into an Ogg stream"): a page's granule is the number of
   samples decoded by the end of its last complete packet, so the last page's granule, short
   of what its packets decode to, ends the audio mid-packet. A chained file (Ogg files joined
-  end to end) is a series of links, each with its own headers and granules.
+  end to end) is a series of links, each with its own headers and granules: each is decoded
+  alone (audio/joined.py), so it is trimmed as a file of its own.
 
 Where FFmpeg falls short, and what is done instead:
 - Ogg Vorbis whose first audio page is also its last (a few seconds of speech, or of silence):
   FFmpeg's timestamps run a packet ahead of the granules and it cut the end up to a block
   wrong, the error depending on the content (3 s at 16 kHz: 47,744 samples of silence, 48,128
-  of a tone). Decoded with skip_manual, the end is cut at the last granule. In a chained file
-  (Ogg files joined with cat), each link is cut at its own, and the previous link's overlap
-  that FFmpeg's decoder gives as the next link's first samples is dropped.
+  of a tone). Decoded with skip_manual, the end is cut at the last granule.
 - MP4 (M4A, MOV, 3GP): FFmpeg skips the priming the edit list (or iTunes' iTunSMPB tag)
   skips, but kept the end padding (up to a frame: 1,023 samples of AAC at the file's rate).
   The audio ends where the edit list, the iTunSMPB length or the sample table does,
@@ -182,56 +181,36 @@ class _OggVorbisTrim:
     page is also the last (a short or silent file): its first-page handling leaves an
     end-of-stream page alone, and the first packet, whose samples a Vorbis decoder drops,
     keeps pts 0 (not minus their count). Such a stream starts at granule 0; its end is found
-    from the timestamps less that `_shift`.
+    from the timestamps less that `_shift`. (A chained file's links come here one at a time:
+    audio/joined.py.)
 
-    A chained file (Ogg files joined with cat): FFmpeg's decoder runs on across each join,
-    so the next link's first packet, which decodes to no audio, gives the previous link's
-    overlap (dropped), and the link's timestamps may run on from the previous link's: each
-    later link ends where its own samples reach its last granule.
-
-    A frame's pts and duration are its packet's (in samples); FFmpeg keeps a link's last
-    packet's duration (the granule less the packets before it) in 32 unsigned bits, so one
-    that comes out negative wraps.
+    A frame's pts and duration are its packet's (in samples); FFmpeg keeps the last packet's
+    duration (the granule less the packets before it) in 32 unsigned bits, so one that comes
+    out negative wraps.
     """
 
     def __init__(self, stream: av.AudioStream) -> None:
         stream.codec_context.flags2 |= int(av.codec.context.Flags2.skip_manual)
-        self._num_packets = 0
         self._shift: int | None = None  # None until the first frame
-        self._link_start = False  # the packet last seen is a chained file's next link's first
-        self._later_link = False  # ... or in that link
-        self._link_start_pts: int | None = None  # the later link's first packet's pts
-        self._num_link_samples = 0  # samples kept of the later link so far
 
     def see(self, packet: av.Packet[av.AudioStream]) -> None:
-        self._num_packets += 1
-        self._link_start = self._num_packets > 1 and packet.has_sidedata("new_extradata")
-        if self._link_start:
-            self._later_link, self._link_start_pts = True, packet.pts
-            self._num_link_samples = 0
+        pass
 
     def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
         duration = frame.duration
-        if duration == num_samples and self._shift is not None and not self._link_start:
-            # most packets: not a link's first or last, and no side data
-            if self._later_link:
-                self._num_link_samples += num_samples
-            return None
+        if duration == num_samples and self._shift is not None:
+            return None  # most packets: not the first or the last, and no side data
         if duration >= 2**31:
             duration -= 2**32
-        # side data is on the first frame and a link's last (the packets whose durations
-        # differ from their frames' are those, and the first of a page, which FFmpeg times
-        # from its granule): reading it costs ~2 us
+        # side data is on the first frame and the last (the packets whose durations differ
+        # from their frames' are those, and the first of a page, which FFmpeg times from its
+        # granule): reading it costs ~2 us
         skip, discard = _skip_samples(frame)
         if self._shift is None:  # the first frame, whose samples FFmpeg has us drop (`skip`)
             self._shift = skip if frame.pts == 0 else 0
-        # a link's last packet: a duration FFmpeg cut short, or one that came out negative
-        last = discard > 0 or duration <= 0
-        if self._later_link:
-            stop = self._kept_in_later_link(frame.pts, duration, num_samples, discard, last)
-            return None if stop == num_samples else (0, stop)
         stop = num_samples - discard
-        if self._shift and last:
+        # the last packet: a duration FFmpeg cut short, or one that came out negative
+        if self._shift and (discard > 0 or duration <= 0):
             if frame.pts is not None:
                 # what lies before the last page's granule, on the timestamps less the shift
                 stop = duration + self._shift
@@ -239,27 +218,6 @@ class _OggVorbisTrim:
                 stop = num_samples - max(discard - self._shift, 0)
         start, stop = min(skip, num_samples), min(max(stop, skip), num_samples)
         return None if (start, stop) == (0, num_samples) else (start, stop)
-
-    def _kept_in_later_link(
-        self, pts: int | None, duration: int, num_samples: int, discard: int, last: bool
-    ) -> int:
-        if self._link_start:
-            return 0
-        stop = num_samples
-        if last:
-            stop = num_samples - discard
-            if pts is not None:
-                # its pts and duration add up to the last granule, on the link's own timeline
-                # or on one that runs on from the previous link's: the granule that ends
-                # within this packet's samples
-                end = pts + duration
-                for granule in (end - (self._link_start_pts or 0), end):
-                    if 0 <= granule - self._num_link_samples <= num_samples:
-                        stop = granule - self._num_link_samples
-                        break
-        stop = min(max(stop, 0), num_samples)
-        self._num_link_samples += stop
-        return stop
 
 
 def _skip_samples(frame: av.AudioFrame) -> tuple[int, int]:

@@ -168,6 +168,33 @@ def test_chained_ogg_vorbis_decodes_each_link_whole(tmp_path: Path) -> None:
         offset_s += x.size / SAMPLE_RATE
 
 
+def test_chained_ogg_of_different_formats_decodes_each_link_at_its_own(tmp_path: Path) -> None:
+    """A 16 kHz mono Vorbis link, a 48 kHz stereo one and a 24 kHz Opus one, joined: FFmpeg's
+    Ogg demuxer refuses a link of another rate or channel count ("Not yet implemented in
+    FFmpeg, patches welcome") or codec ("Invalid argument"), so the file was BadAudio. Each
+    link is now decoded alone and resampled from its own rate: to the sample, the bursts of
+    every link where they were."""
+    links = [
+        (signal(16_000, "silence"), 16_000, 1, "VORBIS"),
+        (signal(48_000, "tone", 2.8), 48_000, 2, "VORBIS"),
+        (signal(24_000, "tone"), 24_000, 1, "OPUS"),
+    ]
+    data = b""
+    for x, rate, channels, subtype in links:
+        out = io.BytesIO()
+        sf.write(out, np.stack([x] * channels, axis=1), rate, format="OGG", subtype=subtype)
+        data += out.getvalue()
+    decoded = assert_every_path_agrees(data, tmp_path)
+    sizes = [round(x.size * SAMPLE_RATE / rate) for x, rate, _, _ in links]
+    assert decoded.size == sum(sizes)
+    offset_s = 0.0
+    for (x, rate, _, _), size in zip(links, sizes, strict=True):
+        for onset_s in ONSETS_S:
+            if onset_s + BURST_S < x.size / rate:
+                assert abs(onset_lag(decoded, offset_s + onset_s)) <= 1.0
+        offset_s += size / SAMPLE_RATE
+
+
 # ---- MP4: FFmpeg skipped the edit list's priming but kept the end padding
 
 
