@@ -33,16 +33,18 @@ it: the priming; the end is still cut) and AAC in Matroska (no DiscardPadding: i
 Decisions on damaged input:
 - Truncated files that libsndfile reads raise `BadAudio` when its decoder fails or yields fewer
   frames than the header declares.
-- A FLAC's STREAMINFO total samples are a lower bound, not its length: FLAC files joined with
-  `cat` (FFmpeg's parser passes over the second header) and a header that under-states the
-  length decode whole (libsndfile stopped at the count: the rest was dropped without an error).
-  Fewer frames than the count is `BadAudio` (truncated), and so is any frame FFmpeg rejects:
-  none is skipped, as other FFmpeg formats' bad packets are, since a FLAC frame carries a
-  CRC-16 (checked: `err_detect`) and a rejected one is a cut, damage, or a joined file of
-  another bit depth. A sample rate or channel count that changes mid-stream (FLACs of
-  different formats joined) is `BadAudio` too, not the second file decoded as the first. A
-  FLAC of unknown length (total samples 0, written to a pipe) has no count to fall short of:
-  cut exactly between two frames, it yields its intact frames.
+- FLAC files joined with `cat` decode whole, a file at a time (`audio/joined.py` finds each
+  one's marker and STREAMINFO), whatever their formats: read as one stream (libsndfile stopped
+  at the first header's count, dropping the rest without an error), FFmpeg's decoder cannot
+  switch bit depth and its parser mis-split joins of other formats (a frame lost at 48 -> 16
+  kHz; 44.1 kHz 16-bit then 16 kHz 24-bit: the second file dropped without an error). Each
+  file's STREAMINFO total samples are a lower bound, not its length: a header that
+  under-states the length decodes whole. Fewer frames than a file's count is `BadAudio`
+  (truncated), and so is any frame FFmpeg rejects: none is skipped, as other FFmpeg formats'
+  bad packets are, since a FLAC frame carries a CRC-16 (checked: `err_detect`) and a rejected
+  one is a cut or damage. A sample rate or channel count that changes within one FLAC stream
+  is `BadAudio` too. A FLAC of unknown length (total samples 0, written to a pipe) has no
+  count to fall short of: cut exactly between two frames, it yields its intact frames.
 - A truncated PCM WAV yields its intact prefix: libsndfile sizes the data chunk from the file, so
   every returned sample is genuine audio (nothing is invented), only the tail is missing.
 - A WAV whose data chunk declares 0 bytes (the placeholder of a writer that could not seek back
@@ -62,8 +64,9 @@ Decisions on damaged input:
   is resampled part by part, each from its own rate, where FFmpeg's decoder decodes each part
   as it decodes it alone (MPEG audio: `_RATE_CHANGE_DECODERS`), and so is a chained Ogg file
   whose links differ in rate, channels or codec (each link decoded alone: FFmpeg's Ogg
-  demuxer refuses such a chain). Elsewhere the change is `BadAudio` naming both rates:
-  FFmpeg's AAC and AC-3 decoders decode every frame after it wrong, and FLAC's is above.
+  demuxer refuses such a chain), and FLAC files joined (above). Elsewhere the change is
+  `BadAudio` naming both rates: FFmpeg's AAC and AC-3 decoders decode every frame after it
+  wrong.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ from livemeet.audio.constants import (
     TRUNCATION_TOLERANCE_S,
 )
 from livemeet.audio.gapless import MP4_DEMUXER, trim_for
-from livemeet.audio.joined import OGG_CAPTURE, members
+from livemeet.audio.joined import members, splits
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
@@ -172,9 +175,6 @@ class _Probe(NamedTuple):
     use_soundfile: bool  # libsndfile decodes it (else FFmpeg)
     exact_duration: bool  # the container's declared duration is exact, not an estimate
     flac: bool = False  # FFmpeg decodes FLAC: frame checksums checked, no bad frame skipped
-    # frames (at the file's rate) that must decode, else BadAudio: FLAC's STREAMINFO total
-    # samples, exact for one file, a lower bound for files joined with `cat` (0: none)
-    min_frames: int = 0
 
 
 def _probe(source: AudioSource) -> _Probe:
@@ -205,13 +205,7 @@ def _probe_header(source: AudioSource) -> _Probe:
             codec=f"{info.format}/{info.subtype}".lower(),
         )
         if info.format == "FLAC":  # the header's length is a lower bound (module docstring)
-            return _Probe(
-                sf_info,
-                use_soundfile=False,
-                exact_duration=False,
-                flac=True,
-                min_frames=int(info.frames),
-            )
+            return _Probe(sf_info, use_soundfile=False, exact_duration=False, flac=True)
         return _Probe(sf_info, use_soundfile=True, exact_duration=True)
     try:
         with _open_container(source) as container:
@@ -336,7 +330,7 @@ def _decode_chunks(
     blocks = (
         _soundfile_blocks(source, whole)
         if probed.use_soundfile
-        else _ffmpeg_blocks(source, flac=probed.flac, min_frames=probed.min_frames)
+        else _ffmpeg_blocks(source, flac=probed.flac)
     )
     return _resampled(blocks, max_audio_s, cancel)
 
@@ -517,43 +511,42 @@ def _read_blocks(f: sf.SoundFile) -> Iterator[npt.NDArray[np.float32]]:
 
 
 def _ffmpeg_blocks(
-    source: AudioSource | BinaryIO, *, flac: bool = False, min_frames: int = 0
+    source: AudioSource | BinaryIO, *, flac: bool = False
 ) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
-    """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame; a
-    chained Ogg file's links one after another, each through its own demuxer and decoder
-    (audio/joined.py: FFmpeg refuses links of different rates, channels or codecs read as
-    one stream).
+    """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame. A file
+    of several members (audio/joined.py: a chained Ogg file's links, FLAC files joined with
+    cat) is decoded a member at a time, each through its own demuxer and decoder: FFmpeg
+    refuses or garbles members of different formats read as one stream.
 
-    `flac`: FFmpeg checks each frame's CRC-16 and rejects a frame that fails it, and any
-    rejected frame is BadAudio (no frame is skipped: see the module docstring). `min_frames`:
-    BadAudio when fewer frames (at the file's rate) decode. Both raised after the blocks that
-    did decode. Each block comes with its frame's rate, which changes mid-stream where MPEG
-    audio files of different rates were joined (`_RATE_CHANGE_DECODERS`) and between links;
-    within a link or file of other codecs a rate change, and in a FLAC one of the channel
-    count too, is BadAudio when it comes.
+    `flac` (or a member found to be one): FFmpeg checks each frame's CRC-16 and rejects a
+    frame that fails it, and any rejected frame is BadAudio (no frame is skipped: see the
+    module docstring), as is a member that decodes fewer frames than its STREAMINFO declares;
+    both raised after the blocks that did decode. Each block comes with its frame's rate,
+    which changes between members and where MPEG audio files of different rates were joined
+    (`_RATE_CHANGE_DECODERS`); within a member of other codecs a rate change, and in a FLAC
+    one of the channel count too, is BadAudio when it comes.
     """
-    for part in _parts(source):
-        yield from _ffmpeg_part_blocks(part, flac=flac, min_frames=min_frames)
-        min_frames = 0
+    for part, part_flac, min_frames in _parts(source):
+        yield from _ffmpeg_part_blocks(part, flac=flac or part_flac, min_frames=min_frames)
 
 
-def _parts(source: AudioSource | BinaryIO) -> Iterator[AudioSource | BinaryIO]:
-    """`source` as the parts FFmpeg decodes one at a time: a chained Ogg file's links, as
-    streams (audio/joined.py); any other file, itself (a path FFmpeg opens as before). A
-    stream is always read through audio/joined.py, which passes anything but Ogg through."""
+def _parts(source: AudioSource | BinaryIO) -> Iterator[tuple[AudioSource | BinaryIO, bool, int]]:
+    """`source` as the parts FFmpeg decodes one at a time, each with whether it is a FLAC and
+    the frames its STREAMINFO declares (0: unknown, or not a FLAC): an Ogg or FLAC file's
+    members, as streams (audio/joined.py); any other file, itself (a path FFmpeg opens as
+    before). A stream is always read through audio/joined.py (anything else passes)."""
     if isinstance(source, Path):
         try:
             file = source.open("rb")
         except OSError as e:
             raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
         with file:
-            if file.read(len(OGG_CAPTURE)) == OGG_CAPTURE:
-                file.seek(0)
+            if splits(file):
                 yield from members(file)
                 return
-        yield source
-    elif isinstance(source, bytes) and not source.startswith(OGG_CAPTURE):
-        yield source
+        yield source, False, 0
+    elif isinstance(source, bytes) and not splits(io.BytesIO(source)):
+        yield source, False, 0
     else:
         yield from members(io.BytesIO(source) if isinstance(source, bytes) else source)
 
@@ -561,7 +554,8 @@ def _parts(source: AudioSource | BinaryIO) -> Iterator[AudioSource | BinaryIO]:
 def _ffmpeg_part_blocks(
     source: AudioSource | BinaryIO, *, flac: bool, min_frames: int
 ) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
-    """`_ffmpeg_blocks` of one part (a file, or one link of a chained Ogg file)."""
+    """`_ffmpeg_blocks` of one part (a file, or one member of a joined one); `min_frames`:
+    BadAudio when fewer frames (at its rate) decode."""
     converter = _MonoConverter()
     num_packets = num_bad_packets = num_frames = 0
     first: tuple[int, int] | None = None  # the first frame's (rate, channels)
@@ -587,8 +581,8 @@ def _ffmpeg_part_blocks(
                     if first is None:
                         first = shape
                     elif shape != first and (flac or (shape[0] != first[0] and not rate_free)):
-                        # FFmpeg's FLAC decoder drops the first frame after a stereo -> mono
-                        # change, its parser one at a 48 -> 16 kHz change
+                        # within one FLAC stream: a damaged frame header (joined files are
+                        # members of their own)
                         raise BadAudio(_format_change(first, shape))
                     num_frames += frame.samples
                     rate = shape[0]
@@ -609,8 +603,7 @@ def _ffmpeg_part_blocks(
     if flac and num_bad_packets:
         raise BadAudio(
             f"the flac audio is truncated or corrupt: FFmpeg rejected {num_bad_packets} of its "
-            f"{num_packets} frames (a cut, a failed checksum, or FLAC files of different "
-            "formats joined with cat)"
+            f"{num_packets} frames (a cut or a failed checksum)"
         )
     if num_bad_packets > MAX_BAD_PACKET_FRACTION * num_packets:
         raise BadAudio(
@@ -635,7 +628,7 @@ def _sliced(
 # MPEG audio layers I-III, whose every frame is self-contained (MP3 files of 16 and 48 kHz
 # joined with cat: each part bit for bit). Not AAC's or AC-3's: after a change (ADTS 16 ->
 # 48 kHz, AC-3 32 -> 48 kHz) they decode every later frame wrong, samples off by up to 0.5, so
-# a rate change there stays BadAudio, as in FLAC (see `_ffmpeg_blocks`)
+# a rate change there stays BadAudio
 _RATE_CHANGE_DECODERS = frozenset({"mp1", "mp1float", "mp2", "mp2float", "mp3", "mp3float"})
 
 # 16- and 32-bit integer sample formats (packed and planar) -> the factor that scales them to

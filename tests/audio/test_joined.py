@@ -1,8 +1,10 @@
-"""livemeet.audio.joined: a chained Ogg file's links, read one at a time, byte for byte."""
+"""livemeet.audio.joined: a chained Ogg file's links and FLAC files joined, read one at a time,
+byte for byte."""
 
 from __future__ import annotations
 
 import io
+from typing import BinaryIO, cast
 
 import numpy as np
 import soundfile as sf
@@ -32,7 +34,11 @@ class ShortReads(io.RawIOBase):
         return len(piece)
 
 
-def read_all(member: io.RawIOBase, size: int) -> bytes:
+def short_reads(data: bytes, most: int) -> BinaryIO:
+    return cast(BinaryIO, ShortReads(data, most))
+
+
+def read_all(member: BinaryIO, size: int) -> bytes:
     pieces = []
     while piece := member.read(size):
         pieces.append(piece)
@@ -44,8 +50,7 @@ def test_each_link_is_a_member_whatever_the_read_sizes() -> None:
     data = b"".join(links)
     for most in (7, 4096, 1 << 20):
         for size in (1, 1000, 1 << 16):
-            source = ShortReads(data, most)
-            got = [read_all(m, size) for m in members(source)]  # type: ignore[arg-type]
+            got = [read_all(m.reader, size) for m in members(short_reads(data, most))]
             assert got == links
 
 
@@ -54,22 +59,55 @@ def test_bytes_between_pages_go_with_the_page_before() -> None:
     the next link still starts its own member."""
     first, second = ogg(1.0, 16_000), ogg(1.0, 48_000)
     junk = b"junk" * 50_000  # longer than a read of the source
-    got = [m.read() for m in members(io.BytesIO(first + junk + second))]
+    got = [m.reader.read() for m in members(io.BytesIO(first + junk + second))]
     assert got == [first + junk, second]
 
 
 def test_other_files_and_cut_ones_are_one_member() -> None:
     wav = io.BytesIO()
     sf.write(wav, np.zeros(16_000, np.float32), 16_000, format="WAV")
-    assert [m.read() for m in members(io.BytesIO(wav.getvalue()))] == [wav.getvalue()]
-    assert [m.read() for m in members(io.BytesIO(b""))] == [b""]
+    assert [m.reader.read() for m in members(io.BytesIO(wav.getvalue()))] == [wav.getvalue()]
+    assert [m.reader.read() for m in members(io.BytesIO(b""))] == [b""]
     first, second = ogg(1.0, 16_000), ogg(1.0, 48_000)
     cut = first + second[:40]  # inside the next link's first page
-    assert [m.read() for m in members(io.BytesIO(cut))] == [first, second[:40]]
+    assert [m.reader.read() for m in members(io.BytesIO(cut))] == [first, second[:40]]
 
 
 def test_what_a_member_leaves_unread_is_skipped() -> None:
     first, second = ogg(1.0, 16_000), ogg(1.0, 48_000)
     parts = members(io.BytesIO(first + second))
-    assert first.startswith(next(parts).read(100))  # its first page, or part of it
-    assert next(parts).read() == second
+    assert first.startswith(next(parts).reader.read(100))  # its first page, or part of it
+    assert next(parts).reader.read() == second
+
+
+def flac(seconds: float, rate: int, subtype: str = "PCM_16") -> bytes:
+    out = io.BytesIO()
+    noise = np.random.default_rng(rate).uniform(-0.5, 0.5, round(seconds * rate))
+    sf.write(out, noise.astype(np.float32), rate, format="FLAC", subtype=subtype)
+    return out.getvalue()
+
+
+def test_flac_files_joined_are_members_with_their_declared_lengths() -> None:
+    """Each starts at its marker and STREAMINFO block header; its total samples come with
+    it. A tag in front (ID3v2) goes with the first."""
+    files = [flac(1.0, 16_000), flac(0.5, 44_100, "PCM_24"), flac(2.0, 8_000)]
+    tag = b"ID3\x04\x00\x00\x00\x00\x00\x0a" + bytes(10)  # a 10-byte tag
+    data = tag + b"".join(files)
+    for most in (3, 4096, 1 << 20):
+        for size in (7, 1000, 1 << 16):
+            parts = members(short_reads(data, most))
+            got = [(read_all(m.reader, size), m.flac, m.flac_frames) for m in parts]
+            assert got == [
+                (tag + files[0], True, 16_000),
+                (files[1], True, 22_050),
+                (files[2], True, 16_000),
+            ]
+
+
+def test_a_flac_marker_alone_does_not_split() -> None:
+    """ "fLaC" in a frame's bytes (1 in 2**32 a position) without STREAMINFO's block header
+    after it is audio, not a file's start."""
+    one = flac(1.0, 16_000)
+    middle = len(one) // 2
+    data = one[:middle] + b"fLaC\x00\x00\x00\x21" + one[middle:]
+    assert [m.reader.read() for m in members(io.BytesIO(data))] == [data]
