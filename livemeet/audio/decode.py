@@ -484,10 +484,17 @@ def _soundfile_blocks(
         raise BadAudio(
             f"cannot decode the audio (truncated or corrupt?): libsndfile: {e.error_string}"
         ) from e
-    if num_frames < declared_frames:
+    _check_frame_count(kind, declared_frames, num_frames)
+
+
+def _check_frame_count(kind: str, declared: int, decoded: int) -> None:
+    """BadAudio when fewer frames decode (`decoded`, per channel) than a `kind` file's header
+    declares (`declared`: libsndfile's count, or a FLAC's STREAMINFO total samples): the one
+    wording of that error, whichever library decoded the file."""
+    if decoded < declared:
         raise BadAudio(
-            f"the {kind} audio is truncated: the header declares {declared_frames} frames, "
-            f"only {num_frames} decode"
+            f"the {kind.lower()} audio is truncated or corrupt: the header declares {declared} "
+            f"frames, only {decoded} decode"
         )
 
 
@@ -595,11 +602,7 @@ def _ffmpeg_part_blocks(
                 yield mono, rate
     except av.FFmpegError as e:
         raise BadAudio(f"cannot decode the audio: FFmpeg: {_ffmpeg_message(e)}") from e
-    if num_frames < min_frames:
-        raise BadAudio(
-            f"the flac audio is truncated or corrupt: the header declares {min_frames} frames, "
-            f"only {num_frames} decode"
-        )
+    _check_frame_count("flac", min_frames, num_frames)
     if flac and num_bad_packets:
         raise BadAudio(
             f"the flac audio is truncated or corrupt: FFmpeg rejected {num_bad_packets} of its "

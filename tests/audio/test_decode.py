@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 import threading
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -677,6 +679,35 @@ def test_a_cut_flac_is_bad_audio_wherever_it_is_cut(tmp_path: Path, declared: st
             decode_every_way(boundary, tmp_path)
     else:  # nothing says more was there: the intact frames, as for any stream
         assert 0 < decode_file(boundary).size < 2 * SAMPLE_RATE
+
+
+def test_a_short_decode_is_worded_alike_whichever_library_decoded_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer frames than the header declares, from libsndfile (a WAV whose last block its
+    decoder did not give) and from FFmpeg (a FLAC cut between two frames): one message, where
+    there were two near-identical ones ("the WAV audio is truncated: ..." and "the flac audio
+    is truncated or corrupt: ...")."""
+    wording = r"^the (wav|flac) audio is truncated or corrupt: the header declares (\d+) frames, "
+    wording += r"only (\d+) decode$"
+    flac = flac_bytes(2.0)
+    with av.open(io.BytesIO(flac)) as container:  # where each frame starts
+        starts = [p.pos for p in container.demux(audio=0) if p.pos is not None and p.pos > 0]
+    with pytest.raises(BadAudio, match=wording) as flac_error:
+        decode_file(flac[: starts[len(starts) // 2]])
+    wav = tmp_path / "stereo.wav"
+    sf.write(wav, np.zeros((100_000, 2), np.float32), 44_100)  # read in blocks
+    real_read_blocks = decode._read_blocks
+
+    def all_but_the_last(f: sf.SoundFile) -> Iterator[F32]:
+        yield from list(real_read_blocks(f))[:-1]
+
+    monkeypatch.setattr(decode, "_read_blocks", all_but_the_last)
+    with pytest.raises(BadAudio, match=wording) as wav_error:
+        decode_file(wav)
+    wav_match, flac_match = (re.match(wording, str(e.value)) for e in (wav_error, flac_error))
+    assert wav_match is not None and wav_match.groups() == ("wav", "100000", "65536")
+    assert flac_match is not None and flac_match.group(2) == "32000"
 
 
 def test_a_flac_frame_failing_its_checksum_is_bad_audio(tmp_path: Path) -> None:
