@@ -209,13 +209,12 @@ class _OggVorbisTrim:
         if self._shift is None:  # the first frame, whose samples FFmpeg has us drop (`skip`)
             self._shift = skip if frame.pts == 0 else 0
         stop = num_samples - discard
-        # the last packet: a duration FFmpeg cut short, or one that came out negative
         if self._shift and (discard > 0 or duration <= 0):
-            if frame.pts is not None:
-                # what lies before the last page's granule, on the timestamps less the shift
-                stop = duration + self._shift
-            else:  # a last packet FFmpeg gave no pts: its end trim, less the shift
-                stop = num_samples - max(discard - self._shift, 0)
+            # the last packet (a duration FFmpeg cut short, or one that came out negative):
+            # what lies before the last page's granule, on the timestamps less the shift. A
+            # packet FFmpeg gave no pts (pages whose granules break RFC 3533: -1 on a page
+            # where packets end, then 0 on the last) has the duration its end trim came from
+            stop = duration + self._shift
         start, stop = min(skip, num_samples), min(max(stop, skip), num_samples)
         return None if (start, stop) == (0, num_samples) else (start, stop)
 

@@ -150,6 +150,74 @@ def test_ogg_vorbis_of_any_short_length_decodes_to_it() -> None:
         assert decode_file(vorbis(x, SAMPLE_RATE)).size == num_samples
 
 
+def ogg_crc(page: bytes) -> int:
+    """An Ogg page's checksum (RFC 3533 section 6; libogg's): CRC-32 of polynomial 0x04C11DB7,
+    not reflected, from 0, over the page with its checksum field zero."""
+    crc = 0
+    for byte in page:
+        crc ^= byte << 24
+        for _ in range(8):
+            crc = (crc << 1) ^ 0x04C11DB7 if crc & 0x8000_0000 else crc << 1
+        crc &= 0xFFFF_FFFF
+    return crc
+
+
+def ogg_page(flags: int, granule: int, serial: int, sequence: int, packets: list[bytes]) -> bytes:
+    """One Ogg page of whole `packets` (RFC 3533 section 6)."""
+    lacing = b"".join(bytes([255] * (len(p) // 255) + [len(p) % 255]) for p in packets)
+    header = struct.pack("<4sBBqIIIB", b"OggS", 0, flags, granule, serial, sequence, 0, len(lacing))
+    page = bytearray(header + lacing + b"".join(packets))
+    struct.pack_into("<I", page, 22, ogg_crc(bytes(page)))
+    return bytes(page)
+
+
+def ogg_vorbis_parts(data: bytes) -> tuple[bytes, list[bytes], int]:
+    """A libsndfile Ogg Vorbis file's two header pages (identification; comment and setup),
+    as they are, its audio packets and its serial number."""
+    offset, pages = 0, []
+    while offset < len(data):
+        num_segments = data[offset + 26]
+        lacing = data[offset + 27 : offset + 27 + num_segments]
+        pages.append((offset, offset + 27 + num_segments, lacing))
+        offset += 27 + num_segments + sum(lacing)
+    packets, partial = [], b""
+    for _, body, lacing in pages[2:]:
+        for size in lacing:
+            partial += data[body : body + size]
+            body += size
+            if size < 255:
+                packets.append(partial)
+                partial = b""
+    serial = struct.unpack_from("<I", data, 14)[0]
+    return data[: pages[2][0]], packets, serial
+
+
+@pytest.mark.parametrize("granules", [(-1, -1), (-1, 0)], ids=["last-page-minus-1", "no-pts"])
+def test_ogg_vorbis_whose_last_granule_is_meaningless_decodes_within_a_block(
+    granules: tuple[int, int], tmp_path: Path
+) -> None:
+    """Pages written by hand against RFC 3533: the audio in two pages, the first of granule -1
+    ("no packet ends here", though all but one do), the last of granule -1 or 0. FFmpeg
+    takes the last packet's duration from such a granule (wrapped below 0), and after the
+    pair -1, 0 gives it no timestamp at all, the `_OggVorbisTrim` branch no file from an
+    encoder reaches. Nothing says where the audio ends: it decodes within a block (512
+    samples) of its length, every path alike, the bursts in place."""
+    x = signal(SAMPLE_RATE, "tone")
+    header_pages, packets, serial = ogg_vorbis_parts(vorbis(x, SAMPLE_RATE))
+    first_granule, last_granule = granules
+    data = header_pages + ogg_page(0, first_granule, serial, 2, packets[:-1])
+    data += ogg_page(0x04, last_granule, serial, 3, packets[-1:])  # end of stream
+    with av.open(io.BytesIO(data)) as container:  # the frames as `_OggVorbisTrim` sees them
+        stream = container.streams.audio[0]
+        stream.codec_context.flags2 |= int(av.codec.context.Flags2.skip_manual)
+        last_pts = [frame.pts for frame in container.decode(stream)][-1]
+    assert (last_pts is None) == (granules == (-1, 0))
+    decoded = assert_every_path_agrees(data, tmp_path)
+    assert x.size - 512 <= decoded.size <= x.size
+    for onset_s in ONSETS_S:
+        assert abs(onset_lag(decoded, onset_s)) <= 1.0
+
+
 def test_chained_ogg_vorbis_decodes_each_link_whole(tmp_path: Path) -> None:
     """Ogg files joined with cat: FFmpeg's decoder ran on across each join (the next link's
     first samples were the previous link's overlap) and cut each link's end off its own
