@@ -26,9 +26,14 @@ also its last, MP4's end padding), `audio/gapless.py` trims the frames. A chaine
 links are decoded one at a time (`audio/joined.py`), each trimmed as a file of its own.
 A file that records neither keeps its codec's delay and padding, as FFmpeg and the ffmpeg
 command line keep them: an MP3 without a LAME/Xing header, one in a WAV too (LAME's delay,
-1,105 samples at the file's rate, ~25 ms at 44.1 kHz, comes first), raw AAC (ADTS: 1,024
-samples of priming), AAC in an MP4 without an edit list or tag (fragmented, as FFmpeg writes
-it: the priming; the end is still cut) and AAC in Matroska (no DiscardPadding: its end).
+1,105 samples at the file's rate, 69 ms at 16 kHz and 25 ms at 44.1 kHz, comes first), raw
+AAC (ADTS: 1,024 samples of priming, 64 ms at 16 kHz), AAC in an MP4 without an edit list or
+tag (fragmented, as FFmpeg writes it: the priming; the end is still cut) and AAC in Matroska
+(no DiscardPadding: its end; it starts on time). Each measured on a click track, to the
+sample at 16, 44.1 and 48 kHz; a transcript's times may come as late, less than one 80-ms audio
+token. No standard fixes a delay to remove instead: AAC's priming is its encoder's (1,024
+samples from FFmpeg's, 2,112 from Apple's), and of an MP3's 1,105 only the decoder's 529 are
+the format's, the other 576 LAME's.
 
 Decisions on damaged input:
 - Truncated files that libsndfile reads raise `BadAudio` when its decoder fails or yields fewer
