@@ -10,5 +10,6 @@ cd "$(dirname "$0")/.."
   livemeet/engine/channel.py livemeet/models/prompt.py \
   livemeet/engine/staging.py \
   livemeet/engine/prefill_graph.py livemeet/engine/cuda_graph.py livemeet/backends livemeet/eval \
-  livemeet/cli livemeet/audio/decode.py livemeet/audio/gapless.py livemeet/audio/pcm.py livemeet/errors.py \
+  livemeet/cli livemeet/audio/decode.py livemeet/audio/gapless.py livemeet/audio/joined.py \
+  livemeet/audio/pcm.py livemeet/errors.py \
   livemeet/config.py livemeet/transcriber.py

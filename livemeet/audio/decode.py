@@ -22,26 +22,34 @@ transcript times and durations follow the audio (tests/audio/test_gapless.py: th
 the sample, a tone burst's onset within one, at 16, 44.1 and 48 kHz). FFmpeg trims MP3's
 (LAME/Xing header), Opus's (pre-skip, and the end: Ogg granule, WebM CodecDelay and
 DiscardPadding) and most Vorbis; where it falls short (Ogg Vorbis whose first audio page is
-also its last, chained Ogg Vorbis, MP4's end padding), `audio/gapless.py` trims the frames.
+also its last, MP4's end padding), `audio/gapless.py` trims the frames. A chained Ogg file's
+links are decoded one at a time (`audio/joined.py`), each trimmed as a file of its own.
 A file that records neither keeps its codec's delay and padding, as FFmpeg and the ffmpeg
 command line keep them: an MP3 without a LAME/Xing header, one in a WAV too (LAME's delay,
-1,105 samples at the file's rate, ~25 ms at 44.1 kHz, comes first), raw AAC (ADTS: 1,024
-samples of priming), AAC in an MP4 without an edit list or tag (fragmented, as FFmpeg writes
-it: the priming; the end is still cut) and AAC in Matroska (no DiscardPadding: its end).
+1,105 samples at the file's rate, 69 ms at 16 kHz and 25 ms at 44.1 kHz, comes first), raw
+AAC (ADTS: 1,024 samples of priming, 64 ms at 16 kHz), AAC in an MP4 without an edit list or
+tag (fragmented, as FFmpeg writes it: the priming; the end is still cut) and AAC in Matroska
+(no DiscardPadding: its end; it starts on time). Each measured on a click track, to the
+sample at 16, 44.1 and 48 kHz; a transcript's times may come as late, less than one 80-ms audio
+token. No standard fixes a delay to remove instead: AAC's priming is its encoder's (1,024
+samples from FFmpeg's, 2,112 from Apple's), and of an MP3's 1,105 only the decoder's 529 are
+the format's, the other 576 LAME's.
 
 Decisions on damaged input:
 - Truncated files that libsndfile reads raise `BadAudio` when its decoder fails or yields fewer
   frames than the header declares.
-- A FLAC's STREAMINFO total samples are a lower bound, not its length: FLAC files joined with
-  `cat` (FFmpeg's parser passes over the second header) and a header that under-states the
-  length decode whole (libsndfile stopped at the count: the rest was dropped without an error).
-  Fewer frames than the count is `BadAudio` (truncated), and so is any frame FFmpeg rejects:
-  none is skipped, as other FFmpeg formats' bad packets are, since a FLAC frame carries a
-  CRC-16 (checked: `err_detect`) and a rejected one is a cut, damage, or a joined file of
-  another bit depth. A sample rate or channel count that changes mid-stream (FLACs of
-  different formats joined) is `BadAudio` too, not the second file decoded as the first. A
-  FLAC of unknown length (total samples 0, written to a pipe) has no count to fall short of:
-  cut exactly between two frames, it yields its intact frames.
+- FLAC files joined with `cat` decode whole, a file at a time (`audio/joined.py` finds each
+  one's marker and STREAMINFO), whatever their formats: read as one stream (libsndfile stopped
+  at the first header's count, dropping the rest without an error), FFmpeg's decoder cannot
+  switch bit depth and its parser mis-split joins of other formats (a frame lost at 48 -> 16
+  kHz; 44.1 kHz 16-bit then 16 kHz 24-bit: the second file dropped without an error). Each
+  file's STREAMINFO total samples are a lower bound, not its length: a header that
+  under-states the length decodes whole. Fewer frames than a file's count is `BadAudio`
+  (truncated), and so is any frame FFmpeg rejects: none is skipped, as other FFmpeg formats'
+  bad packets are, since a FLAC frame carries a CRC-16 (checked: `err_detect`) and a rejected
+  one is a cut or damage. A sample rate or channel count that changes within one FLAC stream
+  is `BadAudio` too. A FLAC of unknown length (total samples 0, written to a pipe) has no
+  count to fall short of: cut exactly between two frames, it yields its intact frames.
 - A truncated PCM WAV yields its intact prefix: libsndfile sizes the data chunk from the file, so
   every returned sample is genuine audio (nothing is invented), only the tail is missing.
 - A WAV whose data chunk declares 0 bytes (the placeholder of a writer that could not seek back
@@ -57,6 +65,13 @@ Decisions on damaged input:
 - A truncated MP3 or Ogg file yields its intact prefix: their declared durations may be
   estimates (bitrate) or come from the cut end itself (last Ogg page), so a shortfall proves
   nothing; again every returned sample is genuine.
+- Audio whose sample rate changes mid-stream (MP3 files of 16 and 44.1 kHz joined with `cat`)
+  is resampled part by part, each from its own rate, where FFmpeg's decoder decodes each part
+  as it decodes it alone (MPEG audio: `_RATE_CHANGE_DECODERS`), and so is a chained Ogg file
+  whose links differ in rate, channels or codec (each link decoded alone: FFmpeg's Ogg
+  demuxer refuses such a chain), and FLAC files joined (above). Elsewhere the change is
+  `BadAudio` naming both rates: FFmpeg's AAC and AC-3 decoders decode every frame after it
+  wrong.
 """
 
 from __future__ import annotations
@@ -87,6 +102,7 @@ from livemeet.audio.constants import (
     TRUNCATION_TOLERANCE_S,
 )
 from livemeet.audio.gapless import MP4_DEMUXER, trim_for
+from livemeet.audio.joined import members, splits
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
@@ -164,9 +180,6 @@ class _Probe(NamedTuple):
     use_soundfile: bool  # libsndfile decodes it (else FFmpeg)
     exact_duration: bool  # the container's declared duration is exact, not an estimate
     flac: bool = False  # FFmpeg decodes FLAC: frame checksums checked, no bad frame skipped
-    # frames (at the file's rate) that must decode, else BadAudio: FLAC's STREAMINFO total
-    # samples, exact for one file, a lower bound for files joined with `cat` (0: none)
-    min_frames: int = 0
 
 
 def _probe(source: AudioSource) -> _Probe:
@@ -197,13 +210,7 @@ def _probe_header(source: AudioSource) -> _Probe:
             codec=f"{info.format}/{info.subtype}".lower(),
         )
         if info.format == "FLAC":  # the header's length is a lower bound (module docstring)
-            return _Probe(
-                sf_info,
-                use_soundfile=False,
-                exact_duration=False,
-                flac=True,
-                min_frames=int(info.frames),
-            )
+            return _Probe(sf_info, use_soundfile=False, exact_duration=False, flac=True)
         return _Probe(sf_info, use_soundfile=True, exact_duration=True)
     try:
         with _open_container(source) as container:
@@ -328,7 +335,7 @@ def _decode_chunks(
     blocks = (
         _soundfile_blocks(source, whole)
         if probed.use_soundfile
-        else _ffmpeg_blocks(source, flac=probed.flac, min_frames=probed.min_frames)
+        else _ffmpeg_blocks(source, flac=probed.flac)
     )
     return _resampled(blocks, max_audio_s, cancel)
 
@@ -359,45 +366,53 @@ def _check_truncation(probed: _Probe, num_samples: int) -> None:
 
 
 class _Resampler:
-    """Resamples mono blocks at one input rate to 16 kHz as they come (soxr's streaming
-    resampler: its output is the same whatever the block sizes).
+    """Resamples mono blocks to 16 kHz as they come (soxr's streaming resampler: its output is
+    the same whatever the block sizes). Audio whose rate changes (MP3 files of different rates
+    joined) is resampled part by part: at a change, the part before is drained and the next
+    is resampled from its own rate.
 
-    Counts input frames and raises TooLong once they exceed `max_audio_s`, so a lying container
-    never makes us decode hours of audio.
+    Counts the input's duration and raises TooLong once it exceeds `max_audio_s`, so a lying
+    container never makes us decode hours of audio.
     """
 
     def __init__(self, max_audio_s: float, cancel: threading.Event | None = None) -> None:
         self._max_audio_s = max_audio_s
         self._cancel = cancel
-        self._rate = 0
+        self._rate = 0  # Hz of the part being resampled (0: none yet)
         self._stream: soxr.ResampleStream | None = None
-        self._num_input_frames = 0
+        self._num_input_frames = 0  # of the part being resampled
+        self._earlier_parts_s = 0.0  # s of input in the parts before it
 
     def push(self, mono: npt.NDArray[np.float32], rate: int) -> Samples:
-        """Take `mono` ([n] float32) sampled at `rate` Hz, the same rate as every earlier
-        block, and return the 16 kHz samples it completes (maybe none). Raises
+        """Take `mono` ([n] float32) sampled at `rate` Hz and return the 16 kHz samples it
+        completes (maybe none; after a rate change, the previous part's last ones first).
+        Raises BadAudio for a rate outside the file range, TooLong past `max_audio_s`, and
         DecodeCancelled once the caller's `cancel` is set."""
         if self._cancel is not None and self._cancel.is_set():
             raise DecodeCancelled("the decode was cancelled")
-        if self._rate == 0:
+        drained = None
+        if not self._rate or rate != self._rate:  # the first block, or a change
             _check_rate(rate, "decodes at")
-            self._rate = rate
+            if self._rate:
+                drained = self.finish()
+                self._earlier_parts_s += self._num_input_frames / self._rate
+            self._rate, self._num_input_frames = rate, 0
+            self._stream = None
             if rate != SAMPLE_RATE:
                 self._stream = soxr.ResampleStream(
                     rate, SAMPLE_RATE, 1, dtype="float32", quality=FILE_RESAMPLE_QUALITY
                 )
-        elif rate != self._rate:
-            raise BadAudio(f"the sample rate changes mid-stream ({self._rate} -> {rate} Hz)")
         self._num_input_frames += mono.shape[0]
-        check_length(self._num_input_frames / self._rate, self._max_audio_s, "decodes to")
+        decoded_s = self._earlier_parts_s + self._num_input_frames / self._rate
+        check_length(decoded_s, self._max_audio_s, "decodes to")
         mono = np.ascontiguousarray(mono, dtype=np.float32)
-        if self._stream is None:
-            return mono
-        out: Samples = self._stream.resample_chunk(mono)
+        out: Samples = mono if self._stream is None else self._stream.resample_chunk(mono)
+        if drained is not None and drained.size:
+            out = np.concatenate([drained, out])
         return out
 
     def finish(self) -> Samples:
-        """Drain the resampler: the samples it still holds, shape [n]."""
+        """Drain the resampler: the samples it still holds of the current part, shape [n]."""
         if self._stream is None:
             return np.zeros(0, np.float32)
         tail: Samples = self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
@@ -474,10 +489,17 @@ def _soundfile_blocks(
         raise BadAudio(
             f"cannot decode the audio (truncated or corrupt?): libsndfile: {e.error_string}"
         ) from e
-    if num_frames < declared_frames:
+    _check_frame_count(kind, declared_frames, num_frames)
+
+
+def _check_frame_count(kind: str, declared: int, decoded: int) -> None:
+    """BadAudio when fewer frames decode (`decoded`, per channel) than a `kind` file's header
+    declares (`declared`: libsndfile's count, or a FLAC's STREAMINFO total samples): the one
+    wording of that error, whichever library decoded the file."""
+    if decoded < declared:
         raise BadAudio(
-            f"the {kind} audio is truncated: the header declares {declared_frames} frames, "
-            f"only {num_frames} decode"
+            f"the {kind.lower()} audio is truncated or corrupt: the header declares {declared} "
+            f"frames, only {decoded} decode"
         )
 
 
@@ -501,25 +523,62 @@ def _read_blocks(f: sf.SoundFile) -> Iterator[npt.NDArray[np.float32]]:
 
 
 def _ffmpeg_blocks(
-    source: AudioSource | BinaryIO, *, flac: bool = False, min_frames: int = 0
+    source: AudioSource | BinaryIO, *, flac: bool = False
 ) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
-    """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame.
+    """FFmpeg's audio as (mono [n] float32, rate in Hz) blocks, one per decoded frame. A file
+    of several members (audio/joined.py: a chained Ogg file's links, FLAC files joined with
+    cat) is decoded a member at a time, each through its own demuxer and decoder: FFmpeg
+    refuses or garbles members of different formats read as one stream.
 
-    `flac`: FFmpeg checks each frame's CRC-16 and rejects a frame that fails it, and any
-    rejected frame is BadAudio (no frame is skipped: see the module docstring). `min_frames`:
-    BadAudio when fewer frames (at the file's rate) decode. Both raised after the blocks that
-    did decode. A sample rate (or, in a FLAC, a channel count) that changes mid-stream is
-    BadAudio when it comes.
+    `flac` (or a member found to be one): FFmpeg checks each frame's CRC-16 and rejects a
+    frame that fails it, and any rejected frame is BadAudio (no frame is skipped: see the
+    module docstring), as is a member that decodes fewer frames than its STREAMINFO declares;
+    both raised after the blocks that did decode. Each block comes with its frame's rate,
+    which changes between members and where MPEG audio files of different rates were joined
+    (`_RATE_CHANGE_DECODERS`); within a member of other codecs a rate change, and in a FLAC
+    one of the channel count too, is BadAudio when it comes.
     """
+    for part, part_flac, min_frames in _parts(source):
+        yield from _ffmpeg_part_blocks(part, flac=flac or part_flac, min_frames=min_frames)
+
+
+def _parts(source: AudioSource | BinaryIO) -> Iterator[tuple[AudioSource | BinaryIO, bool, int]]:
+    """`source` as the parts FFmpeg decodes one at a time, each with whether it is a FLAC and
+    the frames its STREAMINFO declares (0: unknown, or not a FLAC): an Ogg or FLAC file's
+    members, as streams (audio/joined.py); any other file, itself (a path FFmpeg opens as
+    before). A stream is always read through audio/joined.py (anything else passes)."""
+    if isinstance(source, Path):
+        try:
+            file = source.open("rb")
+        except OSError as e:
+            raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
+        with file:
+            if splits(file):
+                yield from members(file)
+                return
+        yield source, False, 0
+    elif isinstance(source, bytes) and not splits(io.BytesIO(source)):
+        yield source, False, 0
+    else:
+        yield from members(io.BytesIO(source) if isinstance(source, bytes) else source)
+
+
+def _ffmpeg_part_blocks(
+    source: AudioSource | BinaryIO, *, flac: bool, min_frames: int
+) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
+    """`_ffmpeg_blocks` of one part (a file, or one member of a joined one); `min_frames`:
+    BadAudio when fewer frames (at its rate) decode."""
     converter = _MonoConverter()
     num_packets = num_bad_packets = num_frames = 0
     first: tuple[int, int] | None = None  # the first frame's (rate, channels)
+    rate = 0  # Hz of the last frame
     try:
         with _open_container(source) as container:
             stream = _audio_stream(container)
             if flac:  # a failed CRC is only logged by default, and the frame returned
                 stream.codec_context.options = {"err_detect": "crccheck+explode"}
             trim = trim_for(container, stream)
+            rate_free = stream.codec_context.name in _RATE_CHANGE_DECODERS
             for packet in container.demux(stream):
                 num_packets += 1
                 if trim is not None:
@@ -533,30 +592,26 @@ def _ffmpeg_blocks(
                     shape = (int(frame.sample_rate), len(frame.layout.channels))
                     if first is None:
                         first = shape
-                    elif shape[0] != first[0] or (flac and shape != first):
-                        # FFmpeg's FLAC decoder drops the first frame after a stereo -> mono
-                        # change; MP3's decodes such joins, each part down-mixed (kept)
+                    elif shape != first and (flac or (shape[0] != first[0] and not rate_free)):
+                        # within one FLAC stream: a damaged frame header (joined files are
+                        # members of their own)
                         raise BadAudio(_format_change(first, shape))
                     num_frames += frame.samples
+                    rate = shape[0]
                     monos = converter.convert(frame)
                     if trim is not None and (kept := trim.kept(frame, frame.samples)):
                         monos = _sliced(monos, *kept)
                     for mono in monos:
-                        yield mono, shape[0]
+                        yield mono, rate
             for mono in converter.flush():
-                yield mono, first[0] if first else 0
+                yield mono, rate
     except av.FFmpegError as e:
         raise BadAudio(f"cannot decode the audio: FFmpeg: {_ffmpeg_message(e)}") from e
-    if num_frames < min_frames:
-        raise BadAudio(
-            f"the flac audio is truncated or corrupt: the header declares {min_frames} frames, "
-            f"only {num_frames} decode"
-        )
+    _check_frame_count("flac", min_frames, num_frames)
     if flac and num_bad_packets:
         raise BadAudio(
             f"the flac audio is truncated or corrupt: FFmpeg rejected {num_bad_packets} of its "
-            f"{num_packets} frames (a cut, a failed checksum, or FLAC files of different "
-            "formats joined with cat)"
+            f"{num_packets} frames (a cut or a failed checksum)"
         )
     if num_bad_packets > MAX_BAD_PACKET_FRACTION * num_packets:
         raise BadAudio(
@@ -576,6 +631,13 @@ def _sliced(
             yield mono[lo:hi]
         offset += mono.shape[0]
 
+
+# FFmpeg decoders that decode audio whose rate changes mid-stream as they decode each part alone:
+# MPEG audio layers I-III, whose every frame is self-contained (MP3 files of 16 and 48 kHz
+# joined with cat: each part bit for bit). Not AAC's or AC-3's: after a change (ADTS 16 ->
+# 48 kHz, AC-3 32 -> 48 kHz) they decode every later frame wrong, samples off by up to 0.5, so
+# a rate change there stays BadAudio
+_RATE_CHANGE_DECODERS = frozenset({"mp1", "mp1float", "mp2", "mp2float", "mp3", "mp3float"})
 
 # 16- and 32-bit integer sample formats (packed and planar) -> the factor that scales them to
 # [-1, 1), as libswresample's conversion to float does (FLAC decodes to these)

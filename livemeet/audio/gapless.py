@@ -17,15 +17,14 @@ Where each format records its audio's true extent (what the classes below read):
   appendix A, "Embedding Vorbis into an Ogg stream"): a page's granule is the number of
   samples decoded by the end of its last complete packet, so the last page's granule, short
   of what its packets decode to, ends the audio mid-packet. A chained file (Ogg files joined
-  end to end) is a series of links, each with its own headers and granules.
+  end to end) is a series of links, each with its own headers and granules: each is decoded
+  alone (audio/joined.py), so it is trimmed as a file of its own.
 
 Where FFmpeg falls short, and what is done instead:
 - Ogg Vorbis whose first audio page is also its last (a few seconds of speech, or of silence):
   FFmpeg's timestamps run a packet ahead of the granules and it cut the end up to a block
   wrong, the error depending on the content (3 s at 16 kHz: 47,744 samples of silence, 48,128
-  of a tone). Decoded with skip_manual, the end is cut at the last granule. In a chained file
-  (Ogg files joined with cat), each link is cut at its own, and the previous link's overlap
-  that FFmpeg's decoder gives as the next link's first samples is dropped.
+  of a tone). Decoded with skip_manual, the end is cut at the last granule.
 - MP4 (M4A, MOV, 3GP): FFmpeg skips the priming the edit list (or iTunes' iTunSMPB tag)
   skips, but kept the end padding (up to a frame: 1,023 samples of AAC at the file's rate).
   The audio ends where the edit list, the iTunSMPB length or the sample table does,
@@ -84,7 +83,9 @@ class _Mp4Trim:
     more (the sample table's duration: the encoder's last packet is short), whichever is
     first; and where the edit list starts, if FFmpeg left it starting before (an Opus track
     in a 16 kHz timescale, which decodes at 48 kHz: FFmpeg skipped the priming in 16 kHz
-    samples).
+    samples). The first frame starts where its packet does plus the samples FFmpeg skipped
+    (the packet's skip side data): not where its packet ends less its samples, which is
+    wrong where that packet is also the short last one (10 ms of Opus: 104 of 160 samples).
 
     Timestamps are in ticks of the stream's time base, num/den s (ints: Fractions are too
     slow per frame)."""
@@ -99,11 +100,20 @@ class _Mp4Trim:
         if stream.duration is not None:
             length = _itunsmpb_length(itunsmpb, stream)
             self._end = (stream.start_time or 0) + (stream.duration if length is None else length)
+        # the first packet's pts (ticks) and the samples FFmpeg skips from its start (its
+        # skip side data), until the first frame is trimmed
+        self._first_packet: tuple[int, int] | None = None
+        self._first_frame = True
 
     def see(self, packet: av.Packet[av.AudioStream]) -> None:
-        pass
+        if self._first_frame and self._first_packet is None and packet.pts is not None:
+            skip = 0
+            if packet.has_sidedata("skip_samples"):
+                skip = _SKIP_SAMPLES.unpack_from(bytes(packet.get_sidedata("skip_samples")))[0]
+            self._first_packet = (packet.pts, skip)
 
     def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
+        first_frame, self._first_frame = self._first_frame, False
         pts = frame.pts
         if pts is None:
             return None
@@ -124,14 +134,20 @@ class _Mp4Trim:
         if not (outlasts or early):
             return None
         start, stop = 0, num_samples
+        first = pts * scale  # where its first sample lies, in ticks x scale
         if self._start is not None and early:
-            # the frame ends where its packet does: its pts is rounded where FFmpeg skipped
-            # priming in ticks longer than a sample (Opus in a 16 kHz timescale: -69 ticks
-            # for -69.33, one 48 kHz sample off)
-            first = (pts + duration) * scale - num_samples * den if duration > 0 else pts * scale
+            # its pts is rounded where FFmpeg skipped priming in ticks longer than a sample
+            # (Opus in a 16 kHz timescale: -69 ticks for -69.33, one 48 kHz sample off), so
+            # the first frame starts where its packet does plus the samples skipped; a later
+            # one ends where its packet does (none is short but the last)
+            if first_frame and self._first_packet is not None:
+                packet_pts, skipped = self._first_packet
+                first = packet_pts * scale + skipped * den
+            elif duration > 0:
+                first = (pts + duration) * scale - num_samples * den
             start = min(max(self._samples(self._start * scale - first), 0), num_samples)
         if end is not None and outlasts:
-            stop = min(max(self._samples((end - pts) * scale), start), num_samples)
+            stop = min(max(self._samples(end * scale - first), start), num_samples)
         return start, stop
 
     def _samples(self, scaled_ticks: int) -> int:
@@ -165,84 +181,42 @@ class _OggVorbisTrim:
     page is also the last (a short or silent file): its first-page handling leaves an
     end-of-stream page alone, and the first packet, whose samples a Vorbis decoder drops,
     keeps pts 0 (not minus their count). Such a stream starts at granule 0; its end is found
-    from the timestamps less that `_shift`.
+    from the timestamps less that `_shift`. (A chained file's links come here one at a time:
+    audio/joined.py.)
 
-    A chained file (Ogg files joined with cat): FFmpeg's decoder runs on across each join,
-    so the next link's first packet, which decodes to no audio, gives the previous link's
-    overlap (dropped), and the link's timestamps may run on from the previous link's: each
-    later link ends where its own samples reach its last granule.
-
-    A frame's pts and duration are its packet's (in samples); FFmpeg keeps a link's last
-    packet's duration (the granule less the packets before it) in 32 unsigned bits, so one
-    that comes out negative wraps.
+    A frame's pts and duration are its packet's (in samples); FFmpeg keeps the last packet's
+    duration (the granule less the packets before it) in 32 unsigned bits, so one that comes
+    out negative wraps.
     """
 
     def __init__(self, stream: av.AudioStream) -> None:
         stream.codec_context.flags2 |= int(av.codec.context.Flags2.skip_manual)
-        self._num_packets = 0
         self._shift: int | None = None  # None until the first frame
-        self._link_start = False  # the packet last seen is a chained file's next link's first
-        self._later_link = False  # ... or in that link
-        self._link_start_pts: int | None = None  # the later link's first packet's pts
-        self._num_link_samples = 0  # samples kept of the later link so far
 
     def see(self, packet: av.Packet[av.AudioStream]) -> None:
-        self._num_packets += 1
-        self._link_start = self._num_packets > 1 and packet.has_sidedata("new_extradata")
-        if self._link_start:
-            self._later_link, self._link_start_pts = True, packet.pts
-            self._num_link_samples = 0
+        pass
 
     def kept(self, frame: av.AudioFrame, num_samples: int) -> tuple[int, int] | None:
         duration = frame.duration
-        if duration == num_samples and self._shift is not None and not self._link_start:
-            # most packets: not a link's first or last, and no side data
-            if self._later_link:
-                self._num_link_samples += num_samples
-            return None
+        if duration == num_samples and self._shift is not None:
+            return None  # most packets: not the first or the last, and no side data
         if duration >= 2**31:
             duration -= 2**32
-        # side data is on the first frame and a link's last (the packets whose durations
-        # differ from their frames' are those, and the first of a page, which FFmpeg times
-        # from its granule): reading it costs ~2 us
+        # side data is on the first frame and the last (the packets whose durations differ
+        # from their frames' are those, and the first of a page, which FFmpeg times from its
+        # granule): reading it costs ~2 us
         skip, discard = _skip_samples(frame)
         if self._shift is None:  # the first frame, whose samples FFmpeg has us drop (`skip`)
             self._shift = skip if frame.pts == 0 else 0
-        # a link's last packet: a duration FFmpeg cut short, or one that came out negative
-        last = discard > 0 or duration <= 0
-        if self._later_link:
-            stop = self._kept_in_later_link(frame.pts, duration, num_samples, discard, last)
-            return None if stop == num_samples else (0, stop)
         stop = num_samples - discard
-        if self._shift and last:
-            if frame.pts is not None:
-                # what lies before the last page's granule, on the timestamps less the shift
-                stop = duration + self._shift
-            else:  # a last packet FFmpeg gave no pts: its end trim, less the shift
-                stop = num_samples - max(discard - self._shift, 0)
+        if self._shift and (discard > 0 or duration <= 0):
+            # the last packet (a duration FFmpeg cut short, or one that came out negative):
+            # what lies before the last page's granule, on the timestamps less the shift. A
+            # packet FFmpeg gave no pts (pages whose granules break RFC 3533: -1 on a page
+            # where packets end, then 0 on the last) has the duration its end trim came from
+            stop = duration + self._shift
         start, stop = min(skip, num_samples), min(max(stop, skip), num_samples)
         return None if (start, stop) == (0, num_samples) else (start, stop)
-
-    def _kept_in_later_link(
-        self, pts: int | None, duration: int, num_samples: int, discard: int, last: bool
-    ) -> int:
-        if self._link_start:
-            return 0
-        stop = num_samples
-        if last:
-            stop = num_samples - discard
-            if pts is not None:
-                # its pts and duration add up to the last granule, on the link's own timeline
-                # or on one that runs on from the previous link's: the granule that ends
-                # within this packet's samples
-                end = pts + duration
-                for granule in (end - (self._link_start_pts or 0), end):
-                    if 0 <= granule - self._num_link_samples <= num_samples:
-                        stop = granule - self._num_link_samples
-                        break
-        stop = min(max(stop, 0), num_samples)
-        self._num_link_samples += stop
-        return stop
 
 
 def _skip_samples(frame: av.AudioFrame) -> tuple[int, int]:

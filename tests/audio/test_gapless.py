@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import soundfile as sf
+import soxr
 
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.decode import decode_file, iter_decode, iter_decode_stream
@@ -149,6 +150,74 @@ def test_ogg_vorbis_of_any_short_length_decodes_to_it() -> None:
         assert decode_file(vorbis(x, SAMPLE_RATE)).size == num_samples
 
 
+def ogg_crc(page: bytes) -> int:
+    """An Ogg page's checksum (RFC 3533 section 6; libogg's): CRC-32 of polynomial 0x04C11DB7,
+    not reflected, from 0, over the page with its checksum field zero."""
+    crc = 0
+    for byte in page:
+        crc ^= byte << 24
+        for _ in range(8):
+            crc = (crc << 1) ^ 0x04C11DB7 if crc & 0x8000_0000 else crc << 1
+        crc &= 0xFFFF_FFFF
+    return crc
+
+
+def ogg_page(flags: int, granule: int, serial: int, sequence: int, packets: list[bytes]) -> bytes:
+    """One Ogg page of whole `packets` (RFC 3533 section 6)."""
+    lacing = b"".join(bytes([255] * (len(p) // 255) + [len(p) % 255]) for p in packets)
+    header = struct.pack("<4sBBqIIIB", b"OggS", 0, flags, granule, serial, sequence, 0, len(lacing))
+    page = bytearray(header + lacing + b"".join(packets))
+    struct.pack_into("<I", page, 22, ogg_crc(bytes(page)))
+    return bytes(page)
+
+
+def ogg_vorbis_parts(data: bytes) -> tuple[bytes, list[bytes], int]:
+    """A libsndfile Ogg Vorbis file's two header pages (identification; comment and setup),
+    as they are, its audio packets and its serial number."""
+    offset, pages = 0, []
+    while offset < len(data):
+        num_segments = data[offset + 26]
+        lacing = data[offset + 27 : offset + 27 + num_segments]
+        pages.append((offset, offset + 27 + num_segments, lacing))
+        offset += 27 + num_segments + sum(lacing)
+    packets, partial = [], b""
+    for _, body, lacing in pages[2:]:
+        for size in lacing:
+            partial += data[body : body + size]
+            body += size
+            if size < 255:
+                packets.append(partial)
+                partial = b""
+    serial = struct.unpack_from("<I", data, 14)[0]
+    return data[: pages[2][0]], packets, serial
+
+
+@pytest.mark.parametrize("granules", [(-1, -1), (-1, 0)], ids=["last-page-minus-1", "no-pts"])
+def test_ogg_vorbis_whose_last_granule_is_meaningless_decodes_within_a_block(
+    granules: tuple[int, int], tmp_path: Path
+) -> None:
+    """Pages written by hand against RFC 3533: the audio in two pages, the first of granule -1
+    ("no packet ends here", though all but one do), the last of granule -1 or 0. FFmpeg
+    takes the last packet's duration from such a granule (wrapped below 0), and after the
+    pair -1, 0 gives it no timestamp at all, the `_OggVorbisTrim` branch no file from an
+    encoder reaches. Nothing says where the audio ends: it decodes within a block (512
+    samples) of its length, every path alike, the bursts in place."""
+    x = signal(SAMPLE_RATE, "tone")
+    header_pages, packets, serial = ogg_vorbis_parts(vorbis(x, SAMPLE_RATE))
+    first_granule, last_granule = granules
+    data = header_pages + ogg_page(0, first_granule, serial, 2, packets[:-1])
+    data += ogg_page(0x04, last_granule, serial, 3, packets[-1:])  # end of stream
+    with av.open(io.BytesIO(data)) as container:  # the frames as `_OggVorbisTrim` sees them
+        stream = container.streams.audio[0]
+        stream.codec_context.flags2 |= int(av.codec.context.Flags2.skip_manual)
+        last_pts = [frame.pts for frame in container.decode(stream)][-1]
+    assert (last_pts is None) == (granules == (-1, 0))
+    decoded = assert_every_path_agrees(data, tmp_path)
+    assert x.size - 512 <= decoded.size <= x.size
+    for onset_s in ONSETS_S:
+        assert abs(onset_lag(decoded, onset_s)) <= 1.0
+
+
 def test_chained_ogg_vorbis_decodes_each_link_whole(tmp_path: Path) -> None:
     """Ogg files joined with cat: FFmpeg's decoder ran on across each join (the next link's
     first samples were the previous link's overlap) and cut each link's end off its own
@@ -165,6 +234,33 @@ def test_chained_ogg_vorbis_decodes_each_link_whole(tmp_path: Path) -> None:
             if onset_s + BURST_S < x.size / SAMPLE_RATE:
                 assert abs(onset_lag(decoded, offset_s + onset_s)) <= 1.0
         offset_s += x.size / SAMPLE_RATE
+
+
+def test_chained_ogg_of_different_formats_decodes_each_link_at_its_own(tmp_path: Path) -> None:
+    """A 16 kHz mono Vorbis link, a 48 kHz stereo one and a 24 kHz Opus one, joined: FFmpeg's
+    Ogg demuxer refuses a link of another rate or channel count ("Not yet implemented in
+    FFmpeg, patches welcome") or codec ("Invalid argument"), so the file was BadAudio. Each
+    link is now decoded alone and resampled from its own rate: to the sample, the bursts of
+    every link where they were."""
+    links = [
+        (signal(16_000, "silence"), 16_000, 1, "VORBIS"),
+        (signal(48_000, "tone", 2.8), 48_000, 2, "VORBIS"),
+        (signal(24_000, "tone"), 24_000, 1, "OPUS"),
+    ]
+    data = b""
+    for x, rate, channels, subtype in links:
+        out = io.BytesIO()
+        sf.write(out, np.stack([x] * channels, axis=1), rate, format="OGG", subtype=subtype)
+        data += out.getvalue()
+    decoded = assert_every_path_agrees(data, tmp_path)
+    sizes = [round(x.size * SAMPLE_RATE / rate) for x, rate, _, _ in links]
+    assert decoded.size == sum(sizes)
+    offset_s = 0.0
+    for (x, rate, _, _), size in zip(links, sizes, strict=True):
+        for onset_s in ONSETS_S:
+            if onset_s + BURST_S < x.size / rate:
+                assert abs(onset_lag(decoded, offset_s + onset_s)) <= 1.0
+        offset_s += size / SAMPLE_RATE
 
 
 # ---- MP4: FFmpeg skipped the edit list's priming but kept the end padding
@@ -192,6 +288,27 @@ def test_other_codecs_in_mp4_end_where_the_edit_list_does(
     output."""
     path = encode(tmp_path / "a.mp4", signal(rate, "tone"), rate, "mp4", codec)
     assert_sample_exact(decode_file(path), rate)
+
+
+@pytest.mark.parametrize("rate", [8_000, 16_000, 24_000])
+def test_opus_in_mp4_of_one_packet_starts_and_ends_where_its_edit_list_does(
+    rate: int, tmp_path: Path
+) -> None:
+    """10 ms of Opus from an encode below 48 kHz, with its pre-skip one 20-ms packet, the
+    first and the short last at once: the start was found from the packet's end, so 56 of the
+    160 samples were cut (104 decoded). The chirp decodes whole and in place (a lag of 0)."""
+    t = np.arange(rate // 100) / rate
+    x = (0.5 * np.sin(2 * np.pi * (300 * t + 75_000 * t * t))).astype(np.float32)  # to 1.8 kHz
+    decoded = decode_file(encode(tmp_path / "a.mp4", x, rate, "mp4", "libopus"))
+    assert decoded.size == 160
+    source = soxr.resample(x, rate, SAMPLE_RATE)
+    inner = slice(20, 140)  # clear of the resampler's edges
+
+    def fit(lag: int) -> float:
+        return float(np.dot(decoded[20 + lag : 140 + lag], source[inner]))
+
+    assert max(range(-8, 9), key=fit) == 0
+    assert np.corrcoef(decoded[inner], source[inner])[0, 1] > 0.99
 
 
 def test_an_m4a_edit_list_in_milliseconds_ends_within_one(tmp_path: Path) -> None:
@@ -337,11 +454,68 @@ def test_formats_ffmpeg_trims_stay_sample_exact(name: str, tmp_path: Path) -> No
     assert_sample_exact(decode_file(write(signal(rate, "tone"), rate, tmp_path)), rate)
 
 
-def test_an_mp3_without_a_lame_header_keeps_its_encoder_delay(tmp_path: Path) -> None:
-    """Documented, not fixed: nothing in the file says how long LAME's delay is (~25 ms), so
-    the audio comes that late, as FFmpeg and the ffmpeg command line give it."""
-    x = signal(44_100, "silence")
-    path = encode(tmp_path / "a.mp3", x, 44_100, "mp3", "libmp3lame", {"write_xing": "0"})
-    decoded = decode_file(path)
-    assert 0.02 * SAMPLE_RATE < onset_lag(decoded, ONSETS_S[0]) < 0.03 * SAMPLE_RATE
-    assert decoded.size > x.size * SAMPLE_RATE / 44_100
+CLICKS_S = (0.5, 1.25, 2.0, 2.75)  # where the click track's clicks start, s
+
+
+def click_track(rate: int) -> F32:
+    """DURATION_S of silence at `rate` Hz with a 1-ms click (noise under a Hann window) at
+    each of CLICKS_S: broadband, so a cross-correlation finds each to the sample."""
+    x = np.zeros(round(DURATION_S * rate), np.float32)
+    width = rate // 1000
+    click = 0.5 * np.random.default_rng(7).standard_normal(width) * np.hanning(width)
+    for onset_s in CLICKS_S:
+        x[round(onset_s * rate) : round(onset_s * rate) + width] += click.astype(np.float32)
+    return x
+
+
+def click_delays(decoded: F32, source: F32, rate: int) -> list[float]:
+    """How many 16 kHz samples late each click of `source` (at `rate` Hz) decoded, searched
+    from 12.5 ms early to 100 ms late (sub-sample: a parabola through the peak)."""
+    reference = soxr.resample(source, rate, SAMPLE_RATE)
+    delays = []
+    for onset_s in CLICKS_S:
+        at = round(onset_s * SAMPLE_RATE)
+        template = reference[at - 40 : at + 80]
+        corr = np.correlate(decoded[at - 240 : at + 1680], template, mode="valid")
+        k = int(np.argmax(corr))
+        a, b, c = corr[k - 1], corr[k], corr[k + 1]
+        delays.append(k - 200 + 0.5 * float(a - c) / float(a - 2 * b + c))
+    return delays
+
+
+# what decodes late and long where a file records no delay: format, encoder, muxer options,
+# the encoder delay left (samples at the file's rate), whether the end padding stays
+KEPT_DELAYS = {
+    "mp3-without-a-lame-header": ("mp3", "libmp3lame", {"write_xing": "0"}, 1_105, True),
+    "mp3-in-a-wav": ("wav", "libmp3lame", {}, 1_105, True),
+    "adts-aac": ("adts", "aac", {}, 1_024, True),
+    "aac-in-fragmented-mp4": ("mp4", "aac", {"movflags": "frag_keyframe+empty_moov"}, 1_024, False),
+    "aac-in-matroska": ("matroska", "aac", {}, 0, True),
+}
+
+
+@pytest.mark.parametrize("rate", RATES)
+@pytest.mark.parametrize("name", KEPT_DELAYS)
+def test_files_that_record_no_delay_decode_as_late_as_documented(
+    name: str, rate: int, tmp_path: Path
+) -> None:
+    """Documented, not fixed (decode.py, "Sample-exact lengths"): nothing in these files says
+    how long their encoder's delay is, and no standard fixes it (AAC's priming is 1,024
+    samples from FFmpeg's encoder, 2,112 from Apple's; of an MP3's 1,105, 576 are LAME's),
+    so the audio comes that late, as FFmpeg and the ffmpeg command line give it: LAME's 1,105
+    samples at the file's rate (69 ms at 16 kHz, 25 ms at 44.1 kHz), AAC's 1,024 (64 ms,
+    23 ms); Matroska's AAC starts on time and keeps its end padding. Every click comes that
+    late, to the sample, and the length grows by the delay and any padding (a frame at
+    most: 1,152 samples for MP3, 1,024 for AAC)."""
+    fmt, codec, options, delay, padded = KEPT_DELAYS[name]
+    x = click_track(rate)
+    decoded = decode_file(encode(tmp_path / f"a.{fmt}", x, rate, fmt, codec, options))
+    late = delay * SAMPLE_RATE / rate
+    for found in click_delays(decoded, x, rate):
+        assert abs(found - late) <= 0.5
+    longer = decoded.size - round(x.size * SAMPLE_RATE / rate)
+    frame = (1_152 if codec == "libmp3lame" else 1_024) * SAMPLE_RATE / rate
+    if padded:
+        assert late < longer <= late + frame + 1
+    else:
+        assert abs(longer - late) <= 1
