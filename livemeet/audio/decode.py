@@ -536,10 +536,20 @@ def _ffmpeg_blocks(
     both raised after the blocks that did decode. Each block comes with its frame's rate,
     which changes between members and where MPEG audio files of different rates were joined
     (`_RATE_CHANGE_DECODERS`); within a member of other codecs a rate change, and in a FLAC
-    one of the channel count too, is BadAudio when it comes.
+    one of the channel count too, is BadAudio when it comes. A BadAudio of a later member
+    names it ("in FLAC file 2 of those joined", "in link 2 of the Ogg chain").
     """
-    for part, part_flac, min_frames in _parts(source):
-        yield from _ffmpeg_part_blocks(part, flac=flac or part_flac, min_frames=min_frames)
+    for index, (part, part_flac, min_frames) in enumerate(_parts(source)):
+        try:
+            yield from _ffmpeg_part_blocks(part, flac=flac or part_flac, min_frames=min_frames)
+        except BadAudio as e:
+            if index == 0:
+                raise
+            # a later member's own header, count and frames: the message said "the header"
+            # of a file whose first header declared another length, and decoded in full
+            n = index + 1
+            which = f"FLAC file {n} of those joined" if part_flac else f"link {n} of the Ogg chain"
+            raise BadAudio(f"{e.message} (in {which}; the ones before it decoded)") from e
 
 
 def _parts(source: AudioSource | BinaryIO) -> Iterator[tuple[AudioSource | BinaryIO, bool, int]]:

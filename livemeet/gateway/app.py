@@ -75,6 +75,7 @@ from livemeet.gateway.live_protocol import LIVE_PATH
 from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSource
 from livemeet.gateway.origin import canonical_origin
+from livemeet.gateway.origin_http import request_hosts
 from livemeet.gateway.pages import page_headers
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.gateway.upload_form import remove_spill_files
@@ -270,7 +271,8 @@ def _file_handler(path: Path) -> Handler:
     headers = page_headers(path)  # a page's CSP, with the hashes of its styles now
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        return web.FileResponse(path, headers=headers)
+        # its sockets' host named in its CSP too, for Safari before 16 (gateway/pages.py)
+        return web.FileResponse(path, headers=headers(request_hosts(request)))
 
     return handler
 

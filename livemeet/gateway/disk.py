@@ -116,12 +116,18 @@ class DiskGuard:
         else:  # between the floor and the margin: as it was
             low = bool(self._low)
         if self._low is not None and low != self._low:
-            self._log_change(low, free or 0)
+            self._log_change(low, free)
         self._low = low
         return low
 
-    def _log_change(self, low: bool, free: int) -> None:
-        if low:
+    def _log_change(self, low: bool, free: int | None) -> None:
+        if free is None:  # not "0 MiB free again": the look failed, and writes will tell
+            log.warning(
+                "the data dir's free space cannot be read (%s): new live sessions and uploads "
+                "are taken",
+                self.path,
+            )
+        elif low:
             log.warning(
                 "the data dir's disk has %.0f MiB free, under --min-free-disk-mb %s: new live "
                 "sessions and uploads are refused until %s MiB are free",

@@ -681,6 +681,29 @@ def test_a_cut_flac_is_bad_audio_wherever_it_is_cut(tmp_path: Path, declared: st
         assert 0 < decode_file(boundary).size < 2 * SAMPLE_RATE
 
 
+def test_a_cut_in_a_later_joined_file_says_which(tmp_path: Path) -> None:
+    """A FLAC joined after another and cut (a copy that stopped): the error named "the
+    header" and its count, the second file's (44,100 here), in a file whose first header
+    declares 16,000 frames, all of which decoded; or, cut inside its metadata, said the
+    whole file was "not an audio file". It names the file the fault is in."""
+    first, second = flac_bytes(1.0), flac_bytes(1.0, 44_100)
+    with av.open(io.BytesIO(second)) as container:  # where each frame starts
+        starts = [p.pos for p in container.demux(audio=0) if p.pos is not None and p.pos > 0]
+    at_a_frame = first + second[: starts[len(starts) // 2]]
+    with pytest.raises(BadAudio, match=r"declares 44100 frames, only \d+ decode \(in FLAC file 2"):
+        decode_every_way(at_a_frame, tmp_path)
+    with pytest.raises(BadAudio, match=r"\(in FLAC file 2 of those joined; the ones before"):
+        decode_every_way(first + second[: starts[0] // 2], tmp_path)  # its header alone
+    links = []
+    for rate in (16_000, 48_000):
+        link = io.BytesIO()
+        sf.write(link, np.zeros(rate, np.float32), rate, format="OGG", subtype="VORBIS")
+        links.append(link.getvalue())
+    chain = links[0] + links[1][:60]  # the second cut in its first page
+    with pytest.raises(BadAudio, match=r"\(in link 2 of the Ogg chain;"):
+        decode_file(chain)
+
+
 def test_a_short_decode_is_worded_alike_whichever_library_decoded_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,6 +92,31 @@ def test_under_the_floor_the_guard_stays_low_until_the_margin_above_it(
     ]
 
 
+def test_a_low_guard_whose_disk_cannot_be_read_does_not_log_it_free_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Low, then statvfs failing (the data dir gone, a permission changed): the guard takes
+    new work, as it does where the space is unknown, but the log said "the data dir's disk
+    has 0 MiB free again", as if 0 MiB were above the floor."""
+    caplog.set_level(logging.INFO, logger="livemeet.gateway.disk")
+    now: list[float] = [0.0]
+    free: list[int | None] = [100 * MIB]
+
+    def usage(path: Path) -> int:
+        if free[0] is None:
+            raise PermissionError(13, "Permission denied")
+        return free[0]
+
+    guard = DiskGuard(Path("/data"), 512 * MIB, clock=lambda: now[0], usage=usage)
+    assert guard.low
+    now[0], free[0] = 2.0, None
+    assert not guard.low
+    (change,) = [r.getMessage() for r in caplog.records]
+    assert change == (
+        "the data dir's free space cannot be read (/data): new live sessions and uploads are taken"
+    )
+
+
 async def test_readyz_is_ready_again_only_above_the_floor_and_its_margin(
     aiohttp_client: ClientFactory, server_config: ServerConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
