@@ -14,7 +14,11 @@ What each page loads, and so what its policy allows (`default-src 'none'` forbid
   meant to be embedded (an OBS browser source, an iframe on any site), so it says nothing of
   framing. Its styles may be inline (`'unsafe-inline'`): OBS adds a browser source's "custom
   CSS" as a `<style>` element of the page, which a hash cannot name; the overlay draws
-  captions as text (`textContent`), so no markup of a caption could add a style.
+  captions as text (`textContent`), so no markup of a caption could add a style. That CSS
+  may bring a web font, a stylesheet (`@import` of a font service's CSS) or a background
+  image from any HTTPS host (`font-src https: data:`, `style-src ... https:`, `img-src data:
+  https:`): a streamer styles the captions with the channel's font. Scripts stay the page's
+  own, which is what the policy is for.
 `connect-src 'self'` matches ws: and wss: of the page's host in CSP Level 3, but not in Safari
 before 16 (WebKit bug 201591: iOS 15 is the last Safari of an iPhone 6s or 7) nor Chromium
 before 70: there the recorder could not open its live socket, nor the overlay its captions
@@ -105,8 +109,9 @@ def recorder_policy(html: str, connect: str = "'self'") -> str:
 def captions_policy(connect: str = "'self'") -> str:
     """The captions overlay's Content-Security-Policy, `connect` its connect-src sources."""
     return (
-        "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-        f"img-src data:; connect-src {connect}; base-uri 'none'; form-action 'none'"
+        "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline' https:; "
+        f"font-src https: data:; img-src data: https:; connect-src {connect}; "
+        "base-uri 'none'; form-action 'none'"
     )
 
 

@@ -57,7 +57,11 @@ async def test_the_captions_overlay_may_be_framed_and_restyled(client: TestClien
     assert policy["default-src"] == ["'none'"]
     assert policy["script-src"] == ["'self'"]
     assert policy["connect-src"][0] == "'self'"
-    assert policy["style-src"] == ["'self'", "'unsafe-inline'"]
+    assert policy["style-src"] == ["'self'", "'unsafe-inline'", "https:"]
+    # OBS custom CSS styling the captions with a web font (@import of a font service's CSS,
+    # @font-face url()) or a background image: the overlay refused every one
+    assert policy["font-src"] == ["https:", "data:"]
+    assert policy["img-src"] == ["data:", "https:"]
     assert response.headers["Referrer-Policy"] == "no-referrer"
     assert response.headers["X-Content-Type-Options"] == "nosniff"
 
