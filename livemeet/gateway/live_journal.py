@@ -251,7 +251,8 @@ class LiveJournal:
         self.commit_interval_s = commit_interval_s
         self._on_commit = on_commit
         self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
-        self._hurry = threading.Event()  # set by close(): commit what is queued at once
+        # set by close() and add_final(): commit what is queued at once
+        self._hurry = threading.Event()
         self._handles: dict[str, Handle] = {}  # open sessions by id
         self._thread: threading.Thread | None = None
         self._joined: asyncio.Future[None] | None = None
@@ -361,12 +362,22 @@ class LiveJournal:
         if pcm and not handle.failed:
             self._queue.put(Append(handle, pcm))
 
-    def add_final(self, session_id: str, segment: Segment) -> None:
-        """Queue a committed segment (stored as given: id, times, speaker, text, flags).
-        Raises InternalError for a session not open or after `close`."""
+    def add_final(self, session_id: str, segment: Segment) -> asyncio.Future[None]:
+        """Queue a committed segment (stored as given: id, times, speaker, text, flags), and
+        commit it without waiting out the commit interval. Returns a future done on the loop
+        once the journal holds it, or once it will not (the session's storage failed, which
+        `on_failed` hears first; the journal closed with the loop): a final is shown to
+        clients only then, or a crash could lose a final they saw and the rebuilt session
+        write another under its id. Raises InternalError for a session not open or after
+        `close`."""
         handle = self._live(session_id)
-        if not handle.failed:
-            self._queue.put(Final(handle, segment))
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if handle.failed:
+            stored.set_result(None)
+        else:
+            self._queue.put(Final(handle, segment, stored))
+            self._hurry.set()
+        return stored
 
     def add_finalize(self, session_id: str, frames: int) -> None:
         """Queue the client's `finalize`, made after `frames` sample frames of the session's

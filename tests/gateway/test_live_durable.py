@@ -6,8 +6,10 @@ real aiohttp server and the fake backend. The crash itself (SIGKILL) is tested o
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
 from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.session_tokens import captions_token_for, token_digest
-from livemeet.transcriber import Error, SessionOptions
+from livemeet.transcriber import Error, SegmentFinal, SessionOptions
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber, fake_text
@@ -75,6 +77,80 @@ async def test_an_ack_waits_for_the_audio_to_be_on_disk(
         assert ack["offset"] == RATE // 2
         await ws.send_json({"type": "end"})
         await read_to_close(ws)
+
+
+def journal_final_ids(data_dir: Path) -> list[str]:
+    """The ids of the finals the journal holds, in commit order, read-only."""
+    uri = f"file:{data_dir / 'live' / live_journal.DB_NAME}?mode=ro"
+    with sqlite3.connect(uri, uri=True) as conn:
+        rows = conn.execute("SELECT segment FROM finals ORDER BY session_id, seq").fetchall()
+    return [json.loads(segment)["id"] for (segment,) in rows]
+
+
+@pytest.fixture
+def stalled_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The journal's audio syncs wait until the event returned is set (at the latest at the
+    test's end), so its group commits wait too."""
+    disk = threading.Event()
+    real_sync = live_journal_writer.os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        disk.wait(10)
+        real_sync(fd)
+
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", slow_sync)
+    yield disk
+    disk.set()
+
+
+async def test_a_final_goes_out_only_once_the_journal_holds_it(
+    client: TestClient,
+    fake: FakeTranscriber,
+    server_config: ServerConfig,
+    stalled_disk: threading.Event,
+) -> None:
+    """A final sent before its journal record was committed, then lost to a crash, came back
+    from the rebuilt session under the same id with other words and times (a crash trial: the
+    demo backend's seg-0002 re-decoded as another sentence; a label could flip the same way).
+    A `segment.final` now goes to the client (and captions) only once the journal holds it."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        for _ in range(7):  # 3.5 s: the fake commits its first final at 3 s
+            await ws.send_bytes(pcm16(0.5))
+        await wait_until(
+            lambda: any(isinstance(e, SegmentFinal) for e in fake.sessions[0].log.events)
+        )
+        with pytest.raises(TimeoutError):  # the disk is stalled: the final waits for it
+            await asyncio.wait_for(read_until(ws, "segment.final"), 0.5)
+        stalled_disk.set()
+        final = (await read_until(ws, "segment.final"))[-1]
+        assert final["id"] in journal_final_ids(server_config.data_dir)
+        await ws.send_json({"type": "end"})
+        await read_to_close(ws)
+
+
+async def test_the_ack_before_the_final_covers_only_audio_on_disk(
+    client: TestClient, fake: FakeTranscriber, stalled_disk: threading.Event
+) -> None:
+    """The ack right before `transcript.final` covered all audio taken in, on disk or not (a
+    crash trial): a client that got it and lost the final with the connection dropped that
+    audio, and a server that died then rebuilt the session without it, short of what it had
+    acknowledged. The final now waits for the session's audio to reach the disk, so that ack
+    covers only audio on disk, as every other does."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        await wait_until(lambda: fake.sessions[0].log.ended)
+        with pytest.raises(TimeoutError):  # nothing is on disk yet: no ack, no final
+            await asyncio.wait_for(read_until(ws, "audio.ack"), 0.5)
+        stalled_disk.set()
+        events = await read_to_close(ws)
+    kinds = [e["type"] for e in events]
+    assert kinds[-2:] == ["audio.ack", "transcript.final"]
+    assert events[-2]["offset"] == RATE // 2 and events[-1]["duration"] == 0.5
 
 
 async def test_a_finished_session_leaves_the_journal(

@@ -34,7 +34,11 @@ from livemeet.gateway.live_journal import (
     audio_name,
     journal_holder,
 )
-from livemeet.gateway.live_journal_schema import SCHEMA_VERSION, segment_to_json
+from livemeet.gateway.live_journal_schema import (
+    SCHEMA_VERSION,
+    segment_from_json,
+    segment_to_json,
+)
 from livemeet.transcript.segments import Segment, SegmentFlag
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -171,6 +175,36 @@ async def test_a_burst_is_one_group_commit(root: Path) -> None:
     await wait_until(lambda: calls.durable[-1] == 101)
     await journal.close()
     assert calls.durable == [1, 101]
+
+
+async def test_a_final_is_committed_at_once_and_its_future_says_when(root: Path) -> None:
+    """A live session shows a final only once the journal holds it (a crash must not change a
+    final a client saw), so a final does not wait out the commit interval: its group goes at
+    once, audio queued before it included, and `add_final`'s future is done after that."""
+    journal = started(root, interval_s=30.0)
+    calls = Calls()
+    calls.open(journal, meta())
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    await wait_until(lambda: calls.durable == [1])  # the first group: no interval before it
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    stored = journal.add_final("s-1", final(1))
+    await asyncio.wait_for(stored, 5.0)  # not 30 s
+    assert calls.durable == [1, 2]  # the audio before it went with it
+    assert reload_unlocked(root)["s-1"].finals == (final(1),)
+    await journal.close()
+
+
+def reload_unlocked(root: Path) -> dict[str, RestoredSession]:
+    """What the journal holds on disk now, read while its server runs (read-only)."""
+    with sqlite3.connect(f"file:{root / 'sessions.sqlite3'}?mode=ro", uri=True) as db:
+        finals = db.execute("SELECT session_id, segment FROM finals ORDER BY seq").fetchall()
+    by_session: dict[str, list[Segment]] = {}
+    for session_id, text in finals:
+        by_session.setdefault(session_id, []).append(segment_from_json(text))
+    return {
+        sid: RestoredSession(meta(sid), 0, tuple(segs), (), root / "audio" / audio_name(sid))
+        for sid, segs in by_session.items()
+    }
 
 
 async def test_on_commit_reports_each_group_and_its_failure_stops_nothing(root: Path) -> None:
