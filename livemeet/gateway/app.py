@@ -39,6 +39,7 @@ from livemeet.errors import (
     NotFound,
     PayloadTooLarge,
     RequestRejected,
+    StorageFailed,
 )
 from livemeet.gateway import health, openai_api, session_transcript
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
@@ -292,7 +293,7 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     journal = app[JOURNAL_KEY]
     try:
         unfinished = await asyncio.to_thread(journal.load_unfinished)
-    except OSError as exc:
+    except (OSError, StorageFailed) as exc:  # a failing disk: one line and exit 2, no traceback
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     await transcriber.start()
     journal.start(asyncio.get_running_loop())

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
-from livemeet.errors import EngineUnavailable, InvalidRequest
+from livemeet.errors import ConfigError, EngineUnavailable, InvalidRequest
 from livemeet.gateway import live_journal, live_journal_writer
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import CONFIG_KEY, SESSIONS_KEY, STORE_KEY
@@ -285,6 +285,21 @@ async def test_a_session_left_unfinished_is_rebuilt_and_resumed(
     assert rebuilt.log.num_samples == 9 * RATE  # nothing twice, nothing missing
     await client.app[STORE_KEY].flush()
     await wait_until(lambda: journal_rows(server_config.data_dir) == [])  # nothing of it left
+
+
+async def test_a_journal_that_cannot_be_read_stops_the_start_with_a_config_error(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """A journal whose files cannot be read or made (a failing disk; here its audio folder is
+    a file) stopped the start with a StorageFailed traceback (a crash trial): it is a
+    ConfigError naming the data dir, one line and exit 2 from `serve`, as for any data dir
+    that cannot be used. (A damaged journal is set aside and the start goes on:
+    test_live_journal.py.)"""
+    live = server_config.data_dir / "live"
+    live.mkdir(parents=True)
+    (live / "audio").write_text("not a folder")
+    with pytest.raises(ConfigError, match=f"cannot use --data-dir {server_config.data_dir}: "):
+        await aiohttp_client(create_app(server_config, fake))
 
 
 async def test_a_rebuilt_session_not_resumed_is_ended_and_stored(
