@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
-from livemeet.errors import ConfigError, EngineUnavailable, InvalidRequest
+from livemeet.errors import ConfigError, EngineUnavailable, InvalidRequest, StorageFailed
 from livemeet.gateway import live_journal, live_journal_writer
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import CONFIG_KEY, SESSIONS_KEY, STORE_KEY
@@ -354,7 +354,8 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
     """The disk fills mid-session: that session fails with storage_failed and its audio file
     goes at once, with its rows: the next session streams and is acknowledged (before, the
     failed session's file kept the disk full, every later session failed, and a restart
-    rebuilt the session its client had been told had failed)."""
+    rebuilt the session its client had been told had failed). The error is retryable, as
+    protocol.md's table and StorageFailed say (its frame said false: a disk-full trial)."""
     real_sync = live_journal_writer.os.fdatasync
     full = {"now": True}
 
@@ -369,7 +370,8 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
         await ws.receive_json()
         await ws.send_bytes(pcm16(0.5))
         events = await read_to_close(ws)
-    assert events[-1]["code"] == "storage_failed"
+    assert events[-1]["code"] == "storage_failed" and events[-1]["retryable"] is True
+    assert ws.close_code == StorageFailed.close_code
     audio = server_config.data_dir / "live" / "audio"
     # the error may reach the client before the failed group commits the session's row: wait
     # for the discard (file, then row), not for an empty table
