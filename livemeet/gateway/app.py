@@ -78,7 +78,7 @@ from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSou
 from livemeet.gateway.origin import canonical_origin
 from livemeet.gateway.origin_http import request_hosts
 from livemeet.gateway.pages import page_headers
-from livemeet.gateway.transcript_store import TranscriptStore
+from livemeet.gateway.transcript_store import TranscriptStore, remove_partial_writes
 from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
 from livemeet.gateway.ws_live import LiveRegistry, live_handler
@@ -289,6 +289,9 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     stale = remove_spill_files(tmp_dir(config))  # a crashed run's; this run has none yet
     if stale:
         log.warning("removed %d upload spill files left by an earlier run", stale)
+    stale = remove_partial_writes(transcripts_dir(config))  # a killed run's, none of this one's
+    if stale:
+        log.warning("removed %d half-written transcript files left by an earlier run", stale)
     transcriber = app[TRANSCRIBER_KEY]
     journal = app[JOURNAL_KEY]
     try:
