@@ -770,13 +770,30 @@ class LiveSessionHolder:
             self.partial_rev += 1
             event = replace(event, rev=self.partial_rev)
         self.replay.record(event)
+        stored: asyncio.Future[None] | None = None
         if self.journal is not None and not self.journal_closed and not journaled:
             if isinstance(event, SegmentFinal):
                 self.journal.add_final(self.id, event.segment)
             elif isinstance(event, SpeakerRenamed):
-                self.journal.set_names(self.id, tuple(self.replay.names.items()))
+                stored = self.journal.set_names(self.id, tuple(self.replay.names.items()))
             elif isinstance(event, SpeakerMerged):
-                self.journal.set_merges(self.id, self.replay.merges.items())
+                stored = self.journal.set_merges(self.id, self.replay.merges.items())
+        if stored is None or stored.done():
+            self._hand_on(event)
+        else:
+            # a name or merge is answered once the journal holds it: answered before, a crash
+            # took it back from a client that had been told (the rebuilt session's
+            # session.ready lacks it, and the client drops it: labels flipped back)
+            stored.add_done_callback(lambda _: self._hand_on_stored(event))
+
+    def _hand_on_stored(self, event: SessionEvent) -> None:
+        """`_hand_on` for an answer the journal held back: not once the session was dropped
+        or failed meanwhile (its storage, maybe: the error is out)."""
+        if not self.dropped and not isinstance(self.replay.terminal, Error):
+            self._hand_on(event)
+
+    def _hand_on(self, event: SessionEvent) -> None:
+        """Hand `event` to the socket attached and to every subscriber."""
         if self.sink is not None:
             self.sink.deliver(event)
         for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver

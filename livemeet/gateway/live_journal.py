@@ -256,7 +256,7 @@ class LiveJournal:
         self.commit_interval_s = commit_interval_s
         self._on_commit = on_commit
         self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
-        # set by close() and add_final(): commit what is queued at once
+        # set by close() and by an op a client waits for: commit what is queued at once
         self._hurry = threading.Event()
         self._handles: dict[str, Handle] = {}  # open sessions by id
         self._thread: threading.Thread | None = None
@@ -454,14 +454,7 @@ class LiveJournal:
         clients only then, or a crash could lose a final they saw and the rebuilt session
         write another under its id. Raises InternalError for a session not open or after
         `close`."""
-        handle = self._live(session_id)
-        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if handle.failed:
-            stored.set_result(None)
-        else:
-            self._queue.put(Final(handle, segment, stored))
-            self._hurry.set()
-        return stored
+        return self._waited(session_id, lambda handle, stored: Final(handle, segment, stored))
 
     def add_finalize(self, session_id: str, frames: int) -> None:
         """Queue the client's `finalize`, made after `frames` sample frames of the session's
@@ -472,19 +465,34 @@ class LiveJournal:
         if not handle.failed:
             self._queue.put(Finalize(handle, frames))
 
-    def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> None:
-        """Queue the session's whole current speaker-name map, (label, name) in naming order.
-        Raises InternalError for a session not open or after `close`."""
-        handle = self._live(session_id)
-        if not handle.failed:
-            self._queue.put(Names(handle, tuple(names)))
+    def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> asyncio.Future[None]:
+        """Queue the session's whole current speaker-name map, (label, name) in naming order,
+        committed and its future done as `add_final`'s (the rename is answered then). Raises
+        InternalError for a session not open or after `close`."""
+        names = tuple(names)
+        return self._waited(session_id, lambda handle, stored: Names(handle, names, stored))
 
-    def set_merges(self, session_id: str, merges: Sequence[tuple[str, str]]) -> None:
-        """Queue the session's whole current speaker-merge map, (label, into) in merge order.
-        Raises InternalError for a session not open or after `close`."""
+    def set_merges(
+        self, session_id: str, merges: Sequence[tuple[str, str]]
+    ) -> asyncio.Future[None]:
+        """Queue the session's whole current speaker-merge map, (label, into) in merge order,
+        committed and its future done as `add_final`'s (the merge is answered then). Raises
+        InternalError for a session not open or after `close`."""
+        merges = tuple(merges)
+        return self._waited(session_id, lambda handle, stored: Merges(handle, merges, stored))
+
+    def _waited(
+        self, session_id: str, make: Callable[[Handle, asyncio.Future[None]], Op]
+    ) -> asyncio.Future[None]:
+        """Queue the op `make` gives, committed at once; its future (`add_final`)."""
         handle = self._live(session_id)
-        if not handle.failed:
-            self._queue.put(Merges(handle, tuple(merges)))
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if handle.failed:
+            stored.set_result(None)
+        else:
+            self._queue.put(make(handle, stored))
+            self._hurry.set()
+        return stored
 
     def mark_ended(self, session_id: str) -> None:
         """The session's `end` reached the backend (its client's, or the server's): a rebuild

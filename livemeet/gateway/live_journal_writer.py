@@ -129,12 +129,14 @@ class Finalize:
 class Names:
     handle: Handle
     names: tuple[tuple[str, str], ...]
+    stored: asyncio.Future[None]  # as Final's: the answer to the rename waits for it
 
 
 @dataclass(frozen=True)
 class Merges:
     handle: Handle
     merges: tuple[tuple[str, str], ...]
+    stored: asyncio.Future[None]  # as Final's: the answer to the merge waits for it
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ class Writer:
                     self._fail_all(StorageFailed("the server's journal failed (internal error)"))
                 finally:  # after the failures it posted: a waiter sees its session failed
                     for op in ops:
-                        if isinstance(op, Final):
+                        if isinstance(op, Final | Names | Merges):
                             self._post(_settle, op.stored)
                 if ops[-1] is None:
                     return
