@@ -88,6 +88,9 @@ class StreamResult:
     # why the session was lost before its final: no resume in the window, a refused resume, a
     # resume the two sides disagree about
     failure: str | None = None
+    # why it was lost after its final, waiting for the revision (the same causes; a server
+    # restarted meanwhile no longer has it): the final stands, as after a revision that failed
+    revision_lost: str | None = None
 
     @property
     def final(self) -> dict[str, Any] | None:
@@ -532,10 +535,20 @@ class _Streamer:
         self.result.close_code = ws.close_code
         if resuming and self.ready is None and not resumable_close(ws.close_code):
             error = self.result.error or {"code": "closed", "message": "no session.ready"}
-            self.result.failure = (
+            self._lose(
                 f"the session could not be resumed after the connection dropped: "
                 f"{error['code']}: {error['message']} (close {ws.close_code})"
             )
+
+    def _lose(self, why: str) -> None:
+        """The session is lost (`why`): the stream failed, or, once its final came (a drop
+        while waiting for the revision), only the revision is lost: a server killed during
+        the revision keeps the final alone, and the final stands (a crash trial: `stream`
+        exited 1 with the final in hand)."""
+        if self.result.final is not None:
+            self.result.revision_lost = why
+        else:
+            self.result.failure = why
 
     async def _receive(self, ws: websockets.ClientConnection) -> None:
         async for message in ws:
@@ -682,7 +695,7 @@ class _Streamer:
         finished = result.error is not None or (
             result.final is not None and not (self.wait_revision and result.revision_pending)
         )
-        failed = result.timed_out or result.failure is not None
+        failed = result.timed_out or result.failure is not None or result.revision_lost is not None
         return (
             self.link.resume is not None
             and resumable_close(close_code)
@@ -705,14 +718,15 @@ class _Streamer:
             window_s = self.link.window_s
             deadline = resume_deadline(self.dropped_at, window_s, self.unreachable_at)
             if time.monotonic() + delay_s >= deadline:
-                self.result.failure = f"{why}; not resumed within the {window_s:g} s the server "
+                lost = f"{why}; not resumed within the {window_s:g} s the server "
                 if self.unreachable_at is None:
-                    self.result.failure += "keeps the session"
+                    lost += "keeps the session"
                 else:
-                    self.result.failure += (
+                    lost += (
                         "keeps the session, from the drop or from its restart: it could not "
                         "be reached (its transcript may still be stored at the URL above)"
                     )
+                self._lose(lost)
                 return None
             self.num_retries += 1
             self._notice(f"{why}: resuming in {delay_s:.2f} s")

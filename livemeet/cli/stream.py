@@ -473,6 +473,12 @@ def report(result: StreamResult, path: Path | None) -> int:
     elif result.timed_out:
         print("error: no transcript.final from the server in time after 'end'", file=sys.stderr)
         return failed
+    if result.revision_lost is not None:  # after the final: the final and its status stand
+        print(
+            f"warning: no transcript.revised: {result.revision_lost}; transcript.final stands "
+            "(the transcript URL above serves the revision, if the server stored one)",
+            file=sys.stderr,
+        )
     if result.failure is not None:
         print(f"error: {result.failure}", file=sys.stderr)
         return failed

@@ -39,6 +39,7 @@ from livemeet.errors import (
     NotFound,
     PayloadTooLarge,
     RequestRejected,
+    StorageFailed,
 )
 from livemeet.gateway import health, openai_api, session_transcript
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
@@ -77,7 +78,7 @@ from livemeet.gateway.metrics import EngineStatsSource, GatewayMetrics, StatsSou
 from livemeet.gateway.origin import canonical_origin
 from livemeet.gateway.origin_http import request_hosts
 from livemeet.gateway.pages import page_headers
-from livemeet.gateway.transcript_store import TranscriptStore
+from livemeet.gateway.transcript_store import TranscriptStore, remove_partial_writes
 from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
 from livemeet.gateway.ws_live import LiveRegistry, live_handler
@@ -288,11 +289,14 @@ async def transcriber_lifecycle(app: web.Application) -> AsyncIterator[None]:
     stale = remove_spill_files(tmp_dir(config))  # a crashed run's; this run has none yet
     if stale:
         log.warning("removed %d upload spill files left by an earlier run", stale)
+    stale = remove_partial_writes(transcripts_dir(config))  # a killed run's, none of this one's
+    if stale:
+        log.warning("removed %d half-written transcript files left by an earlier run", stale)
     transcriber = app[TRANSCRIBER_KEY]
     journal = app[JOURNAL_KEY]
     try:
         unfinished = await asyncio.to_thread(journal.load_unfinished)
-    except OSError as exc:
+    except (OSError, StorageFailed) as exc:  # a failing disk: one line and exit 2, no traceback
         raise ConfigError(f"cannot use --data-dir {config.data_dir}: {exc}") from exc
     await transcriber.start()
     journal.start(asyncio.get_running_loop())

@@ -51,6 +51,7 @@ from typing import Protocol
 from livemeet.audio.constants import (
     LIVE_ENGINE_POLL_S,
     LIVE_ENGINE_RECOVERY_S,
+    LIVE_FINAL_DURABLE_WAIT_S,
     LIVE_REBUILD_DURABLE_WAIT_S,
     MAX_MERGED_SPEAKERS,
     MAX_NAMED_SPEAKERS,
@@ -362,8 +363,9 @@ class LiveSessionHolder:
         """`sink` carries the session from now on (under `lock` for a resume). Its client
         sends on from the durable audio (`client_offset`, `session.ready`'s offset): a crash
         after this loses nothing the client has dropped. Once the final transcript came, from
-        all of it: the final holds it (its ack said so), and the journal, done with the
-        session, reports no more (a resume for the revision got an offset below that ack)."""
+        all of it: the final holds it (the ack before it covered it, on disk), and the
+        journal, done with the session, reports no more (a resume for the revision got an
+        offset below that ack)."""
         assert self.sink is None, "detach or take over first"
         self.cancel_timer()
         self.sink = sink
@@ -686,7 +688,7 @@ class LiveSessionHolder:
                             f"the revision failed ({event.code}): {event.message}; "
                             "transcript.final stands",
                         )
-                    self._record(event)
+                    await self._take(event)
                     if self.replay.revision_pending and not notified:
                         notified = True
                         self._on_terminal(self)
@@ -736,21 +738,62 @@ class LiveSessionHolder:
                 await self.session.append(tail)
             await self.session.end()
 
-    def _record(self, event: SessionEvent) -> None:
-        event = self.replay.as_shown(event)
+    async def _take(self, event: Event) -> None:
+        """Record a backend event and hand it on (`_record`), a final only once the journal
+        holds it: shown before, it could be lost to a crash, and the rebuilt session write
+        another final under its id (a crash trial saw a final's words and times change so;
+        its label could flip too). The final transcript waits (at most
+        LIVE_FINAL_DURABLE_WAIT_S) for the session's audio to be on disk, so the ack before
+        it acknowledges all of it. Neither is handed on once the session failed meanwhile."""
+        if isinstance(event, SegmentFinal) and self.journal is not None and not self.journal_closed:
+            shown = self.replay.as_shown(event)
+            assert isinstance(shown, SegmentFinal)
+            await self.journal.add_final(self.id, shown.segment)
+            if self.replay.terminal is None:  # else its storage failed: its error is out
+                self._record(shown, journaled=True)
+            return
+        if isinstance(event, TranscriptFinal):
+            await self.wait_durable(LIVE_FINAL_DURABLE_WAIT_S)
+            if self.replay.terminal is not None:
+                return
+        self._record(event)
+
+    def _record(self, event: SessionEvent, *, journaled: bool = False) -> None:
+        """Keep `event` for a resume, journal what the journal keeps, and hand it to the
+        socket and the subscribers. `journaled`: a final as shown (`as_shown`), in the
+        journal already (`_take`)."""
+        if not journaled:
+            event = self.replay.as_shown(event)
         if isinstance(event, SegmentPartial):
             # the session's own numbering: a rebuilt backend session counts from 1 again, and
             # a client may drop a partial whose rev is not above the last one's
             self.partial_rev += 1
             event = replace(event, rev=self.partial_rev)
         self.replay.record(event)
-        if self.journal is not None and not self.journal_closed:
+        stored: asyncio.Future[None] | None = None
+        if self.journal is not None and not self.journal_closed and not journaled:
             if isinstance(event, SegmentFinal):
                 self.journal.add_final(self.id, event.segment)
             elif isinstance(event, SpeakerRenamed):
-                self.journal.set_names(self.id, tuple(self.replay.names.items()))
+                stored = self.journal.set_names(self.id, tuple(self.replay.names.items()))
             elif isinstance(event, SpeakerMerged):
-                self.journal.set_merges(self.id, self.replay.merges.items())
+                stored = self.journal.set_merges(self.id, self.replay.merges.items())
+        if stored is None or stored.done():
+            self._hand_on(event)
+        else:
+            # a name or merge is answered once the journal holds it: answered before, a crash
+            # took it back from a client that had been told (the rebuilt session's
+            # session.ready lacks it, and the client drops it: labels flipped back)
+            stored.add_done_callback(lambda _: self._hand_on_stored(event))
+
+    def _hand_on_stored(self, event: SessionEvent) -> None:
+        """`_hand_on` for an answer the journal held back: not once the session was dropped
+        or failed meanwhile (its storage, maybe: the error is out)."""
+        if not self.dropped and not isinstance(self.replay.terminal, Error):
+            self._hand_on(event)
+
+    def _hand_on(self, event: SessionEvent) -> None:
+        """Hand `event` to the socket attached and to every subscriber."""
         if self.sink is not None:
             self.sink.deliver(event)
         for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver

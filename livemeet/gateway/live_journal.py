@@ -40,12 +40,14 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import io
+import itertools
 import json
 import logging
 import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,7 @@ from livemeet.audio.constants import (
 from livemeet.errors import ConfigError, InternalError, StorageFailed
 from livemeet.gateway.disk import make_private_dir
 from livemeet.gateway.live_journal_schema import (
+    DELETE_ROWS,
     SELECT_LIVE,
     connect,
     options_from_json,
@@ -86,6 +89,8 @@ DB_NAME = "sessions.sqlite3"
 AUDIO_DIR = "audio"
 AUDIO_SUFFIX = ".s16le"
 LOCK_NAME = "lock"  # flock'd by the journal's server while it runs; holds its pid
+# what a start could not read is moved under here, in a directory per start (`load_unfinished`)
+DROPPED_DIR = "dropped"
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,8 @@ class LiveJournal:
         self.commit_interval_s = commit_interval_s
         self._on_commit = on_commit
         self._queue: queue.SimpleQueue[Op] = queue.SimpleQueue()
-        self._hurry = threading.Event()  # set by close(): commit what is queued at once
+        # set by close() and by an op a client waits for: commit what is queued at once
+        self._hurry = threading.Event()
         self._handles: dict[str, Handle] = {}  # open sessions by id
         self._thread: threading.Thread | None = None
         self._joined: asyncio.Future[None] | None = None
@@ -279,24 +285,103 @@ class LiveJournal:
         gives the frames it holds, logged, and the record is lowered to them. Audio files of
         no unfinished session are deleted.
 
+        What cannot be read does not stop a start (a crash trial: a damaged journal made every
+        start fail with a traceback): a damaged database is moved, with every audio file, to
+        `dropped/<time>/` (`DROPPED_DIR`) and the journal starts empty; a session whose record
+        is malformed is dropped from it, its audio file moved there. Each is logged (ERROR)
+        with what went where; their sessions are not rebuilt.
+
         Blocking; call before `start`. Raises ConfigError for a journal of a newer schema,
-        StorageFailed when the journal cannot be read or its files changed, InternalError
-        after `start` or `close`.
+        StorageFailed when the journal's files cannot be read or written (a failing disk),
+        InternalError after `start` or `close`.
         """
         self._check_open()
         if self._thread is not None:
             raise InternalError("LiveJournal.load_unfinished() runs before start()")
         self._make_dirs()
+        try:
+            return self._load()
+        except StorageFailed as exc:
+            if not _damaged(exc):
+                raise
+            self._set_aside(exc)
+        return self._load()
+
+    def _load(self) -> list[RestoredSession]:
         conn = connect(self.db_path)
         conn.row_factory = sqlite3.Row
         try:
-            restored = [self._restore(conn, row) for row in conn.execute(SELECT_LIVE).fetchall()]
+            restored: list[RestoredSession] = []
+            for row in conn.execute(SELECT_LIVE).fetchall():
+                try:
+                    restored.append(self._restore(conn, row))
+                except (ValueError, TypeError, KeyError) as exc:  # JSON, a field's value
+                    self._drop_malformed(conn, row, exc)
             self._remove_orphans({r.audio_path.name for r in restored})
         except (OSError, sqlite3.Error) as exc:
             raise StorageFailed(f"live journal {self.root} could not be loaded: {exc}") from exc
         finally:
             conn.close()
         return restored
+
+    def _dropped_dir(self) -> Path:
+        """A new directory under DROPPED_DIR for what this start sets aside."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in itertools.count():
+            path = self.root / DROPPED_DIR / (stamp if n == 0 else f"{stamp}-{n}")
+            if not path.exists():
+                make_private_dir(path)
+                return path
+        raise AssertionError("unreachable")
+
+    def _set_aside(self, exc: StorageFailed) -> None:
+        """Move the damaged database and every audio file (the audio of its sessions) to a
+        new dropped directory, so the journal starts empty. Raises StorageFailed where they
+        cannot be moved."""
+        try:
+            into = self._dropped_dir()
+            moved = [
+                path.rename(into / path.name)
+                for path in self.root.glob(DB_NAME + "*")  # with its -wal and -shm
+            ]
+            audio = [path.rename(into / path.name) for path in self.audio_dir.iterdir()]
+        except OSError as move_exc:
+            raise StorageFailed(
+                f"live journal {self.db_path} cannot be read ({exc.__cause__ or exc}) nor "
+                f"set aside: {move_exc}"
+            ) from move_exc
+        log.error(
+            "live journal: %s cannot be read (%s): moved to %s with %d audio files; the live "
+            "sessions it held are not rebuilt (a resume gets not_found)",
+            self.db_path,
+            str(exc.__cause__ or exc),  # a string: a record kept (tests) holds no traceback
+            into,
+            len(audio),
+        )
+        assert moved  # connect() found the file damaged: it was there
+
+    def _drop_malformed(self, conn: sqlite3.Connection, row: sqlite3.Row, exc: Exception) -> None:
+        """A session whose record cannot be read back: its rows go, its audio file is moved
+        to a new dropped directory (an operator may want the meeting's audio). Raises
+        OSError, sqlite3.Error."""
+        session_id = row["session_id"]
+        audio = self.audio_dir / str(row["audio_name"])
+        where = "no audio file"
+        if audio.name.endswith(AUDIO_SUFFIX) and audio.parent == self.audio_dir and audio.exists():
+            into = self._dropped_dir()
+            audio.rename(into / audio.name)
+            where = f"its audio moved to {into / audio.name}"
+        conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+        for sql in DELETE_ROWS:
+            conn.execute(sql, (session_id,))
+        log.error(
+            "live journal: the record of live session %r cannot be read (%s: %s): dropped, "
+            "not rebuilt (%s)",
+            session_id,
+            type(exc).__name__,
+            str(exc),
+            where,
+        )
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open the journal and start its writer thread; callbacks run on `loop`. Raises
@@ -361,12 +446,15 @@ class LiveJournal:
         if pcm and not handle.failed:
             self._queue.put(Append(handle, pcm))
 
-    def add_final(self, session_id: str, segment: Segment) -> None:
-        """Queue a committed segment (stored as given: id, times, speaker, text, flags).
-        Raises InternalError for a session not open or after `close`."""
-        handle = self._live(session_id)
-        if not handle.failed:
-            self._queue.put(Final(handle, segment))
+    def add_final(self, session_id: str, segment: Segment) -> asyncio.Future[None]:
+        """Queue a committed segment (stored as given: id, times, speaker, text, flags), and
+        commit it without waiting out the commit interval. Returns a future done on the loop
+        once the journal holds it, or once it will not (the session's storage failed, which
+        `on_failed` hears first; the journal closed with the loop): a final is shown to
+        clients only then, or a crash could lose a final they saw and the rebuilt session
+        write another under its id. Raises InternalError for a session not open or after
+        `close`."""
+        return self._waited(session_id, lambda handle, stored: Final(handle, segment, stored))
 
     def add_finalize(self, session_id: str, frames: int) -> None:
         """Queue the client's `finalize`, made after `frames` sample frames of the session's
@@ -377,19 +465,34 @@ class LiveJournal:
         if not handle.failed:
             self._queue.put(Finalize(handle, frames))
 
-    def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> None:
-        """Queue the session's whole current speaker-name map, (label, name) in naming order.
-        Raises InternalError for a session not open or after `close`."""
-        handle = self._live(session_id)
-        if not handle.failed:
-            self._queue.put(Names(handle, tuple(names)))
+    def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> asyncio.Future[None]:
+        """Queue the session's whole current speaker-name map, (label, name) in naming order,
+        committed and its future done as `add_final`'s (the rename is answered then). Raises
+        InternalError for a session not open or after `close`."""
+        names = tuple(names)
+        return self._waited(session_id, lambda handle, stored: Names(handle, names, stored))
 
-    def set_merges(self, session_id: str, merges: Sequence[tuple[str, str]]) -> None:
-        """Queue the session's whole current speaker-merge map, (label, into) in merge order.
-        Raises InternalError for a session not open or after `close`."""
+    def set_merges(
+        self, session_id: str, merges: Sequence[tuple[str, str]]
+    ) -> asyncio.Future[None]:
+        """Queue the session's whole current speaker-merge map, (label, into) in merge order,
+        committed and its future done as `add_final`'s (the merge is answered then). Raises
+        InternalError for a session not open or after `close`."""
+        merges = tuple(merges)
+        return self._waited(session_id, lambda handle, stored: Merges(handle, merges, stored))
+
+    def _waited(
+        self, session_id: str, make: Callable[[Handle, asyncio.Future[None]], Op]
+    ) -> asyncio.Future[None]:
+        """Queue the op `make` gives, committed at once; its future (`add_final`)."""
         handle = self._live(session_id)
-        if not handle.failed:
-            self._queue.put(Merges(handle, tuple(merges)))
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if handle.failed:
+            stored.set_result(None)
+        else:
+            self._queue.put(make(handle, stored))
+            self._hurry.set()
+        return stored
 
     def mark_ended(self, session_id: str) -> None:
         """The session's `end` reached the backend (its client's, or the server's): a rebuild
@@ -487,16 +590,18 @@ class LiveJournal:
 
     def _restore(self, conn: sqlite3.Connection, row: sqlite3.Row) -> RestoredSession:
         meta = JournalSession(
-            session_id=row["session_id"],
-            resume_token_sha256=row["resume_token_sha256"],
-            captions_token_sha256=row["captions_token_sha256"],
-            sample_rate=row["sample_rate"],
-            channels=row["channels"],
-            created_at=row["created_at"],
+            session_id=_text(row["session_id"]),
+            resume_token_sha256=_text(row["resume_token_sha256"]),
+            captions_token_sha256=_text(row["captions_token_sha256"]),
+            sample_rate=_count(row["sample_rate"], "sample_rate", minimum=1),
+            channels=_count(row["channels"], "channels", minimum=1),
+            created_at=float(row["created_at"]),
             **options_from_json(row["options"]),
         )
-        path = self.audio_dir / row["audio_name"]
-        recorded_frames: int = row["durable_frames"]
+        path = self.audio_dir / _text(row["audio_name"])
+        if path.parent != self.audio_dir:  # a name with a slash: not a file of the journal's
+            raise ValueError(f"audio_name {row['audio_name']!r} is not a file name")
+        recorded_frames = _count(row["durable_frames"], "durable_frames", minimum=0)
         frames = _cut_audio(path, recorded_frames, meta.frame_bytes)
         if frames < recorded_frames:
             log.warning(
@@ -523,10 +628,10 @@ class LiveJournal:
             meta=meta,
             durable_frames=frames,
             finals=tuple(segment_from_json(final["segment"]) for final in finals),
-            names=tuple((label, name) for label, name in json.loads(row["names"])),
+            names=_pairs(row["names"], "names"),
             audio_path=path,
             ended=bool(row["ended"]),
-            merges=tuple((label, into) for label, into in json.loads(row["merges"])),
+            merges=_pairs(row["merges"], "merges"),
             finalizes=tuple(int(f["frames"]) for f in finalizes),
         )
 
@@ -537,6 +642,36 @@ class LiveJournal:
             if path.name.endswith(AUDIO_SUFFIX) and path.name not in keep:
                 log.info("live journal: deleting %s, the audio of no unfinished session", path)
                 path.unlink(missing_ok=True)
+
+
+def _damaged(exc: StorageFailed) -> bool:
+    """Whether `exc` says the database file is damaged (not a database, malformed), rather
+    than unreadable (a failing disk, permissions): its cause is SQLite's error."""
+    cause = exc.__cause__
+    code = getattr(cause, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not text")
+    return value
+
+
+def _count(value: object, what: str, *, minimum: int) -> int:
+    if not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what} {value!r} is not an integer >= {minimum}")
+    return value
+
+
+def _pairs(text: str, what: str) -> tuple[tuple[str, str], ...]:
+    """A JSON list of [str, str] pairs (names, merges). Raises ValueError."""
+    pairs = json.loads(text)
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs
+    ):
+        raise ValueError(f"{what} {text!r} is not a list of [label, text] pairs")
+    return tuple((a, b) for a, b in pairs)
 
 
 def _cut_audio(path: Path, recorded_frames: int, frame_bytes: int) -> int:

@@ -145,12 +145,20 @@ def options_to_json(meta: JournalSession) -> str:
 
 
 def options_from_json(text: str) -> dict[str, Any]:
+    """A session's options (`options_to_json`). Raises ValueError for a malformed record."""
     options = json.loads(text)
-    return {
-        "prompt": options.get("prompt"),
-        "hotwords": tuple(options.get("hotwords") or ()),
-        "language": options.get("language"),
-    }
+    if not isinstance(options, dict):
+        raise ValueError(f"options {text!r} are not a JSON object")
+    prompt, language = options.get("prompt"), options.get("language")
+    hotwords = options.get("hotwords") or []
+    if not (
+        isinstance(prompt, str | None)
+        and isinstance(language, str | None)
+        and isinstance(hotwords, list)
+        and all(isinstance(w, str) for w in hotwords)
+    ):
+        raise ValueError(f"options {text!r} are malformed")
+    return {"prompt": prompt, "hotwords": tuple(hotwords), "language": language}
 
 
 def segment_to_json(segment: Segment) -> str:
@@ -170,6 +178,8 @@ def segment_to_json(segment: Segment) -> str:
 
 
 def segment_from_json(text: str) -> Segment:
+    """A final as `segment_to_json` wrote it. Raises ValueError, TypeError, KeyError for a
+    malformed record."""
     d = json.loads(text)
     return Segment(
         start_s=float(d["start"]),

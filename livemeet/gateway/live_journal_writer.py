@@ -87,6 +87,11 @@ def _deliver_failed(handle: Handle, error: StorageFailed) -> None:
     handle.on_failed(error)
 
 
+def _settle(stored: asyncio.Future[None]) -> None:
+    if not stored.done():  # the waiter may have been cancelled (its session dropped)
+        stored.set_result(None)
+
+
 # -- what crosses the queue (frozen: the writer reads them on another thread) -------------------
 
 
@@ -109,6 +114,9 @@ class Append:
 class Final:
     handle: Handle
     segment: Segment
+    # done on the loop once the group that holds it was committed (or failed): the final is
+    # shown only then (`LiveJournal.add_final`)
+    stored: asyncio.Future[None]
 
 
 @dataclass(frozen=True)
@@ -121,12 +129,14 @@ class Finalize:
 class Names:
     handle: Handle
     names: tuple[tuple[str, str], ...]
+    stored: asyncio.Future[None]  # as Final's: the answer to the rename waits for it
 
 
 @dataclass(frozen=True)
 class Merges:
     handle: Handle
     merges: tuple[tuple[str, str], ...]
+    stored: asyncio.Future[None]  # as Final's: the answer to the merge waits for it
 
 
 @dataclass(frozen=True)
@@ -209,6 +219,10 @@ class Writer:
                     log.exception("live journal: a group commit failed")
                     self._rollback()
                     self._fail_all(StorageFailed("the server's journal failed (internal error)"))
+                finally:  # after the failures it posted: a waiter sees its session failed
+                    for op in ops:
+                        if isinstance(op, Final | Names | Merges):
+                            self._post(_settle, op.stored)
                 if ops[-1] is None:
                     return
         finally:
@@ -217,12 +231,16 @@ class Writer:
             self._conn.close()
 
     def _next_group(self) -> list[Op]:
-        """Blocks for the next op, then until `interval_s` after the previous group (close()
-        cuts this short), then takes everything queued."""
+        """Blocks for the next op, then until `interval_s` after the previous group (cut short
+        by `hurry`: close(), or a final queued, whose client waits for its commit to see it),
+        then takes everything queued."""
         ops = [self._ops.get()]
         wait_s = self._last_group + self._interval_s - time.monotonic()
         if wait_s > 0 and ops[0] is not None:
             self._hurry.wait(wait_s)
+        # before the queue is drained: a final queued after this hurries the next group
+        # (close() queues its stop before it sets `hurry`, so this group takes the stop)
+        self._hurry.clear()
         while True:
             try:
                 ops.append(self._ops.get_nowait())

@@ -663,7 +663,7 @@ class LiveSessions:
             return
         log.error("live session %s: its journal failed (%s): the session fails", holder.id, error)
         self._metrics.journal_failures.inc()
-        holder.fail(Error(error.code, str(error)))
+        holder.fail(Error(error.code, str(error), error.retryable))
         # discarded now: its audio file goes (on a full disk that is the space back; kept, it
         # failed every later session and came back as a rebuilt one after a restart)
         holder.close_journal(finished=False)

@@ -47,6 +47,16 @@ def live_transcript_id(session_id: str, *, revised: bool = False) -> str:
     return f"{prefix}_{hashlib.sha256(session_id.encode()).hexdigest()[:32]}"
 
 
+def remove_partial_writes(directory: Path) -> int:
+    """Delete the half-written transcript files in `directory` (at start-up: a run killed in
+    the middle of a write left them, and nothing else ever removes one). Returns how many."""
+    removed = 0
+    for path in directory.glob(".*.json.tmp"):  # `_write_file`'s temporary name
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def token_digest(token: str) -> str:
     """What the store keeps of a capability token (hex SHA-256)."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -273,8 +283,8 @@ class TranscriptStore:
                 os.fsync(f.fileno())
             tmp.replace(self.directory / f"{transcription_id}.json")
         except BaseException:
-            # a full disk left the half-written file behind, for good: nothing else reads or
-            # removes a `.tmp` (retention aside, which is off by default)
+            # a full disk left the half-written file behind, for good: nothing else reads it
+            # (a start removes those of a killed run: `remove_partial_writes`)
             with contextlib.suppress(OSError):  # a read-only disk: the write's error stands
                 tmp.unlink(missing_ok=True)
             raise

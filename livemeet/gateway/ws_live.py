@@ -625,9 +625,11 @@ class LiveConnection:
         if frame is None:
             return
         if isinstance(event, TranscriptFinal):
-            # the last ack comes before the final and covers all audio: the final holds it,
-            # so the client needs none of it back, durable or not
-            self._send_ack(final=True)
+            # the last ack comes before the final; the final waited for the audio to be on
+            # disk (`LiveSessionHolder._take`), so it covers all of it. Not beyond the disk:
+            # a client that got this ack and lost the final with its connection resumes from
+            # it, and a server that died meanwhile rebuilds the session from the disk
+            self._send_ack()
         self._enqueue(frame, event)
 
     def audio_durable(self) -> None:
@@ -803,14 +805,14 @@ class LiveConnection:
 
     # -- the outbox ------------------------------------------------------------------------
 
-    def _send_ack(self, *, final: bool = False) -> None:
+    def _send_ack(self) -> None:
         """Queue `audio.ack` for the session's durable audio (DESIGN 5.9: only audio on disk
-        is acknowledged; `final`: all of it), unless the client knows already."""
+        is acknowledged), unless the client knows already."""
         self._cancel_ack()
         held = self.holder
         if held is None or self._failed:
             return
-        offset = self._acks.take(held.num_frames_accepted if final else held.num_frames_durable)
+        offset = self._acks.take(held.num_frames_durable)
         if offset is not None:
             self._enqueue({"type": "audio.ack", "offset": offset}, None)
 

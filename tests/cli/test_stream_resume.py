@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import main
 from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.decode import iter_decode
 from livemeet.backends.redecode import RedecodeCore
 from livemeet.cli import live_client, stream
 from livemeet.config import ModelConfig, ServerConfig
@@ -486,8 +487,6 @@ async def test_a_drop_between_the_final_and_its_revision_is_resumed_for_the_revi
     proxy_for: Any,
     tmp_path: Path,
 ) -> None:
-    from livemeet.audio.decode import iter_decode
-
     gateway, _ = scripted
     proxy, url = await proxy_for(gateway)
     shown: list[dict[str, Any]] = []
@@ -507,6 +506,42 @@ async def test_a_drop_between_the_final_and_its_revision_is_resumed_for_the_revi
     assert kinds.count("transcript.final") == 1 and kinds[-1] == "transcript.revised"
     assert result.revised is not None and not result.revision_pending
     assert stream.report(result, wav) == 0
+
+
+async def test_a_session_lost_while_its_revision_runs_leaves_the_final_standing(
+    scripted: tuple[TestClient, ReceivedAudio],
+    revise_gate: RevisionGate,  # noqa: F811
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    proxy_for: Any,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server was killed during the revision (a crash trial): the final had been stored,
+    the revision was lost, and the restarted server answers the resume with not_found.
+    `stream` exited 1 ("the session could not be resumed"), the final in hand; as after a
+    revision that fails, the final and its exit status now stand, with a warning."""
+    gateway, _ = scripted
+    proxy, url = await proxy_for(gateway)
+    elsewhere = replace(server_config, data_dir=tmp_path / "restarted-data-dir")
+    restarted = await aiohttp_client(create_app(elsewhere, FakeTranscriber()))
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "transcript.final":  # the kill, then the restart without it
+            proxy.upstream_port = restarted.port or 0
+            proxy.drop()
+
+    wav = write_wav(tmp_path / "meeting.wav", FILE_S)
+    result = await live_client.stream_audio(
+        url, iter_decode(wav), hop_s=0.5, speed=24.0, on_event=on_event
+    )
+    revise_gate.release.set()
+    assert result.final is not None and result.revised is None
+    assert result.failure is None and result.close_code == 4404
+    assert stream.report(result, wav) == 0
+    err = capsys.readouterr().err
+    assert "warning: no transcript.revised: the session could not be resumed" in err
+    assert "not_found" in err and "transcript.final stands" in err
 
 
 def test_a_result_waits_for_a_revision_only_where_one_was_promised() -> None:

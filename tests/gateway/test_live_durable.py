@@ -6,8 +6,10 @@ real aiohttp server and the fake backend. The crash itself (SIGKILL) is tested o
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
-from livemeet.errors import EngineUnavailable, InvalidRequest
+from livemeet.errors import ConfigError, EngineUnavailable, InvalidRequest, StorageFailed
 from livemeet.gateway import live_journal, live_journal_writer
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import CONFIG_KEY, SESSIONS_KEY, STORE_KEY
@@ -26,7 +28,7 @@ from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
 from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.session_tokens import captions_token_for, token_digest
-from livemeet.transcriber import Error, SessionOptions
+from livemeet.transcriber import Error, SegmentFinal, SessionOptions
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber, fake_text
@@ -75,6 +77,80 @@ async def test_an_ack_waits_for_the_audio_to_be_on_disk(
         assert ack["offset"] == RATE // 2
         await ws.send_json({"type": "end"})
         await read_to_close(ws)
+
+
+def journal_final_ids(data_dir: Path) -> list[str]:
+    """The ids of the finals the journal holds, in commit order, read-only."""
+    uri = f"file:{data_dir / 'live' / live_journal.DB_NAME}?mode=ro"
+    with sqlite3.connect(uri, uri=True) as conn:
+        rows = conn.execute("SELECT segment FROM finals ORDER BY session_id, seq").fetchall()
+    return [json.loads(segment)["id"] for (segment,) in rows]
+
+
+@pytest.fixture
+def stalled_disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """The journal's audio syncs wait until the event returned is set (at the latest at the
+    test's end), so its group commits wait too."""
+    disk = threading.Event()
+    real_sync = live_journal_writer.os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        disk.wait(10)
+        real_sync(fd)
+
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", slow_sync)
+    yield disk
+    disk.set()
+
+
+async def test_a_final_goes_out_only_once_the_journal_holds_it(
+    client: TestClient,
+    fake: FakeTranscriber,
+    server_config: ServerConfig,
+    stalled_disk: threading.Event,
+) -> None:
+    """A final sent before its journal record was committed, then lost to a crash, came back
+    from the rebuilt session under the same id with other words and times (a crash trial: the
+    demo backend's seg-0002 re-decoded as another sentence; a label could flip the same way).
+    A `segment.final` now goes to the client (and captions) only once the journal holds it."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        for _ in range(7):  # 3.5 s: the fake commits its first final at 3 s
+            await ws.send_bytes(pcm16(0.5))
+        await wait_until(
+            lambda: any(isinstance(e, SegmentFinal) for e in fake.sessions[0].log.events)
+        )
+        with pytest.raises(TimeoutError):  # the disk is stalled: the final waits for it
+            await asyncio.wait_for(read_until(ws, "segment.final"), 0.5)
+        stalled_disk.set()
+        final = (await read_until(ws, "segment.final"))[-1]
+        assert final["id"] in journal_final_ids(server_config.data_dir)
+        await ws.send_json({"type": "end"})
+        await read_to_close(ws)
+
+
+async def test_the_ack_before_the_final_covers_only_audio_on_disk(
+    client: TestClient, fake: FakeTranscriber, stalled_disk: threading.Event
+) -> None:
+    """The ack right before `transcript.final` covered all audio taken in, on disk or not (a
+    crash trial): a client that got it and lost the final with the connection dropped that
+    audio, and a server that died then rebuilt the session without it, short of what it had
+    acknowledged. The final now waits for the session's audio to reach the disk, so that ack
+    covers only audio on disk, as every other does."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        await wait_until(lambda: fake.sessions[0].log.ended)
+        with pytest.raises(TimeoutError):  # nothing is on disk yet: no ack, no final
+            await asyncio.wait_for(read_until(ws, "audio.ack"), 0.5)
+        stalled_disk.set()
+        events = await read_to_close(ws)
+    kinds = [e["type"] for e in events]
+    assert kinds[-2:] == ["audio.ack", "transcript.final"]
+    assert events[-2]["offset"] == RATE // 2 and events[-1]["duration"] == 0.5
 
 
 async def test_a_finished_session_leaves_the_journal(
@@ -211,6 +287,21 @@ async def test_a_session_left_unfinished_is_rebuilt_and_resumed(
     await wait_until(lambda: journal_rows(server_config.data_dir) == [])  # nothing of it left
 
 
+async def test_a_journal_that_cannot_be_read_stops_the_start_with_a_config_error(
+    aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
+) -> None:
+    """A journal whose files cannot be read or made (a failing disk; here its audio folder is
+    a file) stopped the start with a StorageFailed traceback (a crash trial): it is a
+    ConfigError naming the data dir, one line and exit 2 from `serve`, as for any data dir
+    that cannot be used. (A damaged journal is set aside and the start goes on:
+    test_live_journal.py.)"""
+    live = server_config.data_dir / "live"
+    live.mkdir(parents=True)
+    (live / "audio").write_text("not a folder")
+    with pytest.raises(ConfigError, match=f"cannot use --data-dir {server_config.data_dir}: "):
+        await aiohttp_client(create_app(server_config, fake))
+
+
 async def test_a_rebuilt_session_not_resumed_is_ended_and_stored(
     aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
 ) -> None:
@@ -263,7 +354,8 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
     """The disk fills mid-session: that session fails with storage_failed and its audio file
     goes at once, with its rows: the next session streams and is acknowledged (before, the
     failed session's file kept the disk full, every later session failed, and a restart
-    rebuilt the session its client had been told had failed)."""
+    rebuilt the session its client had been told had failed). The error is retryable, as
+    protocol.md's table and StorageFailed say (its frame said false: a disk-full trial)."""
     real_sync = live_journal_writer.os.fdatasync
     full = {"now": True}
 
@@ -278,7 +370,8 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
         await ws.receive_json()
         await ws.send_bytes(pcm16(0.5))
         events = await read_to_close(ws)
-    assert events[-1]["code"] == "storage_failed"
+    assert events[-1]["code"] == "storage_failed" and events[-1]["retryable"] is True
+    assert ws.close_code == StorageFailed.close_code
     audio = server_config.data_dir / "live" / "audio"
     # the error may reach the client before the failed group commits the session's row: wait
     # for the discard (file, then row), not for an empty table

@@ -34,7 +34,11 @@ from livemeet.gateway.live_journal import (
     audio_name,
     journal_holder,
 )
-from livemeet.gateway.live_journal_schema import SCHEMA_VERSION, segment_to_json
+from livemeet.gateway.live_journal_schema import (
+    SCHEMA_VERSION,
+    segment_from_json,
+    segment_to_json,
+)
 from livemeet.transcript.segments import Segment, SegmentFlag
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -171,6 +175,36 @@ async def test_a_burst_is_one_group_commit(root: Path) -> None:
     await wait_until(lambda: calls.durable[-1] == 101)
     await journal.close()
     assert calls.durable == [1, 101]
+
+
+async def test_a_final_is_committed_at_once_and_its_future_says_when(root: Path) -> None:
+    """A live session shows a final only once the journal holds it (a crash must not change a
+    final a client saw), so a final does not wait out the commit interval: its group goes at
+    once, audio queued before it included, and `add_final`'s future is done after that."""
+    journal = started(root, interval_s=30.0)
+    calls = Calls()
+    calls.open(journal, meta())
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    await wait_until(lambda: calls.durable == [1])  # the first group: no interval before it
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    stored = journal.add_final("s-1", final(1))
+    await asyncio.wait_for(stored, 5.0)  # not 30 s
+    assert calls.durable == [1, 2]  # the audio before it went with it
+    assert reload_unlocked(root)["s-1"].finals == (final(1),)
+    await journal.close()
+
+
+def reload_unlocked(root: Path) -> dict[str, RestoredSession]:
+    """What the journal holds on disk now, read while its server runs (read-only)."""
+    with sqlite3.connect(f"file:{root / 'sessions.sqlite3'}?mode=ro", uri=True) as db:
+        finals = db.execute("SELECT session_id, segment FROM finals ORDER BY seq").fetchall()
+    by_session: dict[str, list[Segment]] = {}
+    for session_id, text in finals:
+        by_session.setdefault(session_id, []).append(segment_from_json(text))
+    return {
+        sid: RestoredSession(meta(sid), 0, tuple(segs), (), root / "audio" / audio_name(sid))
+        for sid, segs in by_session.items()
+    }
 
 
 async def test_on_commit_reports_each_group_and_its_failure_stops_nothing(root: Path) -> None:
@@ -565,6 +599,82 @@ async def test_load_restores_what_a_short_or_missing_file_holds(
     with caplog.at_level(logging.WARNING, "livemeet.gateway.live_journal"):
         assert {s: r.durable_frames for s, r in reload(root).items()} == {"short": 10, "missing": 0}
     assert caplog.records == []  # the records were lowered: logged once
+
+
+async def test_a_damaged_database_is_set_aside_and_the_journal_starts_empty(
+    root: Path, journal: LiveJournal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal database that is no database any more (cut short here) made every start
+    fail with a traceback (a crash trial). It is moved, with the audio files of its sessions,
+    to `dropped/<time>/`, said so in the log, and the journal starts empty and works."""
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.append_audio("s-1", bytes(10 * FRAME_BYTES))
+    await journal.close()
+    db = root / "sessions.sqlite3"
+    os.truncate(db, 1000)
+    with caplog.at_level(logging.ERROR, "livemeet.gateway.live_journal"):
+        assert reload(root) == {}
+    (dropped,) = (root / "dropped").iterdir()
+    assert sorted(p.name for p in dropped.iterdir()) == [audio_name("s-1"), "sessions.sqlite3"]
+    assert (dropped / audio_name("s-1")).stat().st_size == 10 * FRAME_BYTES
+    (record,) = caplog.records
+    assert "cannot be read (database disk image is malformed)" in record.getMessage()
+    assert str(dropped) in record.getMessage() and "1 audio files" in record.getMessage()
+    again = started(root)  # a new database: sessions are journalled again
+    calls = Calls()
+    calls.open(again, meta("s-2"))
+    again.append_audio("s-2", bytes(FRAME_BYTES))
+    await wait_until(lambda: calls.durable == [1])
+    await again.close()
+    assert list(reload(root)) == ["s-2"]
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("names", "[1]"),  # TypeError unpacking it
+        ("options", "not json"),
+        ("channels", 0),  # ZeroDivisionError on its frame size
+        ("durable_frames", -5),
+    ],
+)
+async def test_a_malformed_record_drops_its_session_alone(
+    root: Path,
+    journal: LiveJournal,
+    caplog: pytest.LogCaptureFixture,
+    column: str,
+    value: object,
+) -> None:
+    """A session whose record cannot be read back failed every start with a traceback (a
+    crash trial), the sessions beside it lost with it. It is dropped alone: its rows go, its
+    audio file is moved to `dropped/<time>/`, the log names it; the others are restored."""
+    for sid in ("bad", "good"):
+        journal.open_session(meta(sid), lambda _: None, lambda _: None)
+        journal.append_audio(sid, bytes(10 * FRAME_BYTES))
+        journal.add_final(sid, final(1))
+    await journal.close()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.execute(f"UPDATE sessions SET {column} = ? WHERE session_id = 'bad'", (value,))
+    with caplog.at_level(logging.ERROR, "livemeet.gateway.live_journal"):
+        restored = reload(root)
+    assert list(restored) == ["good"] and restored["good"].finals == (final(1),)
+    (dropped,) = (root / "dropped").iterdir()
+    assert [p.name for p in dropped.iterdir()] == [audio_name("bad")]
+    (record,) = caplog.records
+    assert "live session 'bad' cannot be read" in record.getMessage()
+    caplog.clear()
+    assert list(reload(root)) == ["good"]  # its rows went: named once
+    assert caplog.records == []
+
+
+async def test_a_bad_final_record_drops_its_session_alone(root: Path, journal: LiveJournal) -> None:
+    journal.open_session(meta("bad"), lambda _: None, lambda _: None)
+    journal.add_final("bad", final(1))
+    journal.open_session(meta("good"), lambda _: None, lambda _: None)
+    await journal.close()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.execute("UPDATE finals SET segment = '{\"id\": 1' WHERE session_id = 'bad'")
+    assert list(reload(root)) == ["good"]
 
 
 async def test_a_failing_sync_fails_its_session_and_the_journal_serves_others(

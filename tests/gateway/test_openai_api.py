@@ -438,6 +438,19 @@ async def test_spill_files_of_a_crashed_run_are_removed_at_start(
     assert [p.name for p in tmp.iterdir()] == ["keep.txt"]
 
 
+async def test_half_written_transcripts_of_a_killed_run_are_removed_at_start(
+    aiohttp_client: ClientFactory, server_config: ServerConfig
+) -> None:
+    """A run killed while it wrote a transcript (its temporary file, before the rename) left
+    that file for good: nothing removed it (a crash trial). A start removes such files."""
+    stored = server_config.data_dir / "transcriptions"
+    stored.mkdir(parents=True)
+    (stored / (".tr_" + "0" * 32 + ".json.tmp")).write_text('{"text": "half a tr')
+    (stored / ("tr_" + "1" * 32 + ".json")).write_text("{}")
+    await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    assert [p.name for p in stored.iterdir()] == ["tr_" + "1" * 32 + ".json"]
+
+
 async def test_truncated_flac(client: TestClient) -> None:
     resp = await client.post("/v1/audio/transcriptions", data=form(truncated_flac()))
     await assert_error(resp, BadAudio)

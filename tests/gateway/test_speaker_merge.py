@@ -7,6 +7,9 @@ restart keeps them."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
+import threading
 from typing import Any
 
 import pytest
@@ -15,7 +18,7 @@ from aiohttp.test_utils import TestClient
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ModelConfig, ServerConfig
 from livemeet.errors import EngineUnavailable, InvalidRequest, ProtocolError
-from livemeet.gateway import live_holder
+from livemeet.gateway import live_holder, live_journal_writer
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.engine_client import EngineClient
 from livemeet.gateway.keys import SESSIONS_KEY
@@ -465,6 +468,54 @@ async def test_what_the_backend_decoded_before_the_merge_is_sent_without_the_mer
     labels = final_labels(events)
     assert (labels["seg-0002"], labels["seg-0005"]) == ("S03", "S01")
     assert {s["id"]: s["speaker"] for s in events[-1]["segments"]} == labels
+
+
+async def test_a_merge_and_a_rename_are_answered_once_the_journal_holds_them(
+    client: TestClient,
+    fake: FakeTranscriber,
+    server_config: ServerConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`speaker.merged` and `speaker.renamed` went out before the journal had them: a crash
+    then took back a merge or a name the client had been told (the restarted session's
+    `session.ready` has none, so the recorder drops it: S03's segments flip back from S01;
+    found beside the finals' case in a crash trial). Each answer now goes out once the
+    journal holds it."""
+    fake.speakers = SPEAKERS
+    disk = threading.Event()
+    disk.set()
+    real_commit = live_journal_writer.Writer._commit
+
+    def slow_commit(self: live_journal_writer.Writer, group: Any) -> bool:
+        disk.wait(10)
+        return real_commit(self, group)
+
+    monkeypatch.setattr(live_journal_writer.Writer, "_commit", slow_commit)
+    async with client.ws_connect("/v1/live") as live:
+        await start_session(live)
+        await stream(live, fake, SHOWN_S)
+        disk.clear()  # the journal's commits stall from now on
+        await live.send_json(merge("S03", "S01"))
+        await live.send_json(rename("S01", "Alice"))
+        await wait_until(lambda: fake.sessions[0].log.merges == [("S03", "S01")])
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(read_until(live, "speaker.merged"), 0.5)
+        disk.set()
+        events = await read_until(live, "speaker.merged")
+        if not of_type(events, "speaker.renamed"):
+            events += await read_until(live, "speaker.renamed")
+        names, merges = journal_speakers(server_config)
+        assert (names, merges) == ([["S01", "Alice"]], [["S03", "S01"]])
+        await live.send_json({"type": "end"})
+        await read_to_close(live)
+
+
+def journal_speakers(config: ServerConfig) -> tuple[Any, Any]:
+    """The one journalled session's names and merges as stored (JSON lists), read-only."""
+    uri = f"file:{config.data_dir / 'live' / 'sessions.sqlite3'}?mode=ro"
+    with sqlite3.connect(uri, uri=True) as db:
+        ((names, merges),) = db.execute("SELECT names, merges FROM sessions").fetchall()
+    return json.loads(names), json.loads(merges)
 
 
 async def test_a_restart_keeps_the_merges_for_the_rebuilt_session(
