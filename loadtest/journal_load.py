@@ -5,9 +5,13 @@ session's file, then commits, every JOURNAL_COMMIT_INTERVAL_S (livemeet/gateway/
 an ack covers only audio that thread reported. This drives a LiveJournal in a temp dir (or
 --dir) as a gateway would: N sessions, each appending a frame of `--frame-s` of 16-kHz mono
 PCM every `--frame-s`, for `--seconds`, and reports the ack lag (from an append to the
-on_durable report covering it) and the group commits' durations and sizes.
+on_durable report covering it) and the group commits' durations and sizes. With
+`--finals-per-min F` each session also journals a final segment F times a minute (at random
+ticks), as a live session's pump does; a final is shown to its client only once the journal
+holds it, which commits its group at once: the final lag is from `add_final` to that.
 
-    python -m loadtest.journal_load --sessions 100 --seconds 20 [--dir /data/livemeet/live]
+    python -m loadtest.journal_load --sessions 100 --seconds 20 [--finals-per-min 15]
+        [--dir /data/livemeet/live]
 
 The figures are the disk's where it runs: run it on the serving machine's data dir.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import tempfile
 import time
 from collections import deque
@@ -27,6 +32,7 @@ import numpy as np
 
 from livemeet.audio.constants import JOURNAL_COMMIT_INTERVAL_S, PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
+from livemeet.transcript.segments import Segment
 
 
 class Session:
@@ -47,11 +53,24 @@ class Session:
             self.lags_s.append(now - self.appended.popleft()[1])
 
 
-async def run(sessions: int, seconds: float, frame_s: float, root: Path) -> dict[str, Any]:
+async def run(
+    sessions: int, seconds: float, frame_s: float, root: Path, finals_per_min: float = 0.0
+) -> dict[str, Any]:
     """`sessions` sessions appending `frame_s` s of 16-kHz mono PCM every `frame_s` s for
-    `seconds` into a LiveJournal at `root`: the report (ack lag and commit percentiles in s,
-    files per commit, fsyncs per s)."""
+    `seconds` into a LiveJournal at `root`, each adding a final `finals_per_min` times a
+    minute on average: the report (ack lag, final lag and commit percentiles in s, files per
+    commit, fsyncs per s)."""
     commits: list[tuple[float, int]] = []
+    final_lags: list[float] = []
+    pending: list[asyncio.Task[None]] = []
+    rng = random.Random(0)
+    final_p = finals_per_min / 60.0 * frame_s  # chance a session adds a final at a tick
+
+    async def final_lag(stored: asyncio.Future[None]) -> None:
+        t0 = time.monotonic()
+        await stored
+        final_lags.append(time.monotonic() - t0)
+
     journal = LiveJournal(root, on_commit=lambda s, n: commits.append((s, n)))
     journal.load_unfinished()
     journal.start(asyncio.get_running_loop())
@@ -68,7 +87,14 @@ async def run(sessions: int, seconds: float, frame_s: float, root: Path) -> dict
         for i, sim in enumerate(sims):
             journal.append_audio(f"load-{i}", pcm)
             sim.append(ticks * frame_frames)
+            if rng.random() < final_p:
+                t = ticks * frame_s
+                segment = Segment(t - 3.0, t, "S01", "words " * 8, f"seg-{ticks:06d}", True)
+                pending.append(
+                    asyncio.ensure_future(final_lag(journal.add_final(f"load-{i}", segment)))
+                )
         await asyncio.sleep(max(0.0, started + ticks * frame_s - time.monotonic()))
+    await asyncio.gather(*pending)
     for i in range(sessions):
         journal.finish(f"load-{i}")
     await journal.close()
@@ -83,6 +109,9 @@ async def run(sessions: int, seconds: float, frame_s: float, root: Path) -> dict
         "appends": int(ticks * sessions),
         "acked_appends": int(lags.size),
         "ack_lag_s": percentiles(lags),
+        "finals_per_min": finals_per_min,
+        "finals": len(final_lags),
+        "final_lag_s": percentiles(np.array(final_lags)) if final_lags else None,
         "commits": int(durations.size),
         "commit_s": percentiles(durations),
         "files_per_commit_mean": round(float(files.mean()), 1),
@@ -102,21 +131,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, nargs="+", default=[100])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--frame-s", type=float, default=0.1, help="s of audio per append")
+    p.add_argument(
+        "--finals-per-min",
+        type=float,
+        default=0.0,
+        help="final segments a session journals a minute",
+    )
     p.add_argument("--dir", type=Path, help="journal dir (default: a temp dir)")
     p.add_argument("--json", type=Path, help="append one JSON line per point")
     args = p.parse_args(argv)
-    print("| sessions | appends/s | ack lag p50 / p95 / p99 / max (s) | commit p50 / p95 / max (s) "
-          "| files / commit | fsyncs / s |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("| sessions | appends/s | finals/s | ack lag p50 / p95 / p99 / max (s) | final lag "
+          "p50 / p95 / max (s) | commits/s | commit p50 / p95 / max (s) | files / commit "
+          "| fsyncs / s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in args.sessions:
         with tempfile.TemporaryDirectory() as tmp:
             root = args.dir if args.dir is not None else Path(tmp)
-            report = asyncio.run(run(n, args.seconds, args.frame_s, root / f"journal-{n}"))
-        lag, commit = report["ack_lag_s"], report["commit_s"]
+            report = asyncio.run(
+                run(n, args.seconds, args.frame_s, root / f"journal-{n}", args.finals_per_min)
+            )
+        lag, commit, final = report["ack_lag_s"], report["commit_s"], report["final_lag_s"]
+        finals = f"{final['p50']} / {final['p95']} / {final['max']}" if final else "-"
         print(
-            f"| {n} | {report['appends'] / args.seconds:.0f} | {lag['p50']} / {lag['p95']} / "
-            f"{lag['p99']} / {lag['max']} | {commit['p50']} / {commit['p95']} / "
-            f"{commit['max']} | {report['files_per_commit_mean']} | {report['fsyncs_per_s']} |"
+            f"| {n} | {report['appends'] / args.seconds:.0f} | "
+            f"{report['finals'] / args.seconds:.1f} | {lag['p50']} / {lag['p95']} / "
+            f"{lag['p99']} / {lag['max']} | {finals} | {report['commits'] / args.seconds:.1f} | "
+            f"{commit['p50']} / {commit['p95']} / {commit['max']} | "
+            f"{report['files_per_commit_mean']} | {report['fsyncs_per_s']} |"
         )
         if args.json is not None:
             with args.json.open("a") as f:
