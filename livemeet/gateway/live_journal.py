@@ -283,7 +283,9 @@ class LiveJournal:
         order. Each audio file is cut to its recorded durable length (bytes past it were never
         reported durable); a file shorter than its record (or missing: it is created empty)
         gives the frames it holds, logged, and the record is lowered to them. Audio files of
-        no unfinished session are deleted.
+        no unfinished session are deleted, unless the database is new (missing, or emptied:
+        cut to nothing by a full disk or a hand): then they are the audio of sessions it lost,
+        and are moved to `dropped/<time>/` as a damaged database's are.
 
         What cannot be read does not stop a start (a crash trial: a damaged journal made every
         start fail with a traceback): a damaged database is moved, with every audio file, to
@@ -308,6 +310,8 @@ class LiveJournal:
         return self._load()
 
     def _load(self) -> list[RestoredSession]:
+        # a database with no bytes has lost its sessions; connect() makes it a new one
+        lost = not self.db_path.exists() or self.db_path.stat().st_size == 0
         conn = connect(self.db_path)
         conn.row_factory = sqlite3.Row
         try:
@@ -317,7 +321,10 @@ class LiveJournal:
                     restored.append(self._restore(conn, row))
                 except (ValueError, TypeError, KeyError) as exc:  # JSON, a field's value
                     self._drop_malformed(conn, row, exc)
-            self._remove_orphans({r.audio_path.name for r in restored})
+            if lost:
+                self._set_aside_lost_audio()
+            else:
+                self._remove_orphans({r.audio_path.name for r in restored})
         except (OSError, sqlite3.Error) as exc:
             raise StorageFailed(f"live journal {self.root} could not be loaded: {exc}") from exc
         finally:
@@ -633,6 +640,24 @@ class LiveJournal:
             ended=bool(row["ended"]),
             merges=_pairs(row["merges"], "merges"),
             finalizes=tuple(int(f["frames"]) for f in finalizes),
+        )
+
+    def _set_aside_lost_audio(self) -> None:
+        """A new database beside audio files: they are the audio of the sessions a lost
+        database held (a crash trial: an emptied database's meetings were deleted as orphans,
+        logged at INFO). Moved to a new dropped directory, logged (ERROR). Raises OSError."""
+        audio = [p for p in self.audio_dir.iterdir() if p.name.endswith(AUDIO_SUFFIX)]
+        if not audio:
+            return
+        into = self._dropped_dir()
+        for path in audio:
+            path.rename(into / path.name)
+        log.error(
+            "live journal: %s is new or empty but %d audio files of sessions it held are "
+            "there: moved to %s; those sessions are not rebuilt (a resume gets not_found)",
+            self.db_path,
+            len(audio),
+            into,
         )
 
     def _remove_orphans(self, keep: set[str]) -> None:

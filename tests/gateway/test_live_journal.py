@@ -601,6 +601,32 @@ async def test_load_restores_what_a_short_or_missing_file_holds(
     assert caplog.records == []  # the records were lowered: logged once
 
 
+@pytest.mark.parametrize("how", ["emptied", "removed"])
+async def test_the_audio_beside_a_lost_database_is_set_aside_not_deleted(
+    root: Path, journal: LiveJournal, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A database cut to nothing (a full disk, a hand) or gone became a new one at the next
+    start, and the audio files of the meetings it held were deleted as orphans, logged at
+    INFO. They are moved to `dropped/<time>/` and said so at ERROR; the journal works on."""
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.append_audio("s-1", bytes(10 * FRAME_BYTES))
+    await journal.close()
+    db = root / "sessions.sqlite3"
+    for path in root.glob("sessions.sqlite3*"):
+        path.unlink()
+    if how == "emptied":
+        db.touch()
+    with caplog.at_level(logging.ERROR, "livemeet.gateway.live_journal"):
+        assert reload(root) == {}
+    (dropped,) = (root / "dropped").iterdir()
+    assert [p.name for p in dropped.iterdir()] == [audio_name("s-1")]
+    assert (dropped / audio_name("s-1")).stat().st_size == 10 * FRAME_BYTES
+    (record,) = caplog.records
+    assert "1 audio files" in record.getMessage() and str(dropped) in record.getMessage()
+    assert reload(root) == {}  # the next start finds a journal, and nothing to set aside
+    assert len(list((root / "dropped").iterdir())) == 1
+
+
 async def test_a_damaged_database_is_set_aside_and_the_journal_starts_empty(
     root: Path, journal: LiveJournal, caplog: pytest.LogCaptureFixture
 ) -> None:
