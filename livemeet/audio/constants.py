@@ -111,7 +111,8 @@ SHUTDOWN_RETRY_AFTER_S = 30.0
 LIVE_RESTART_DURABLE_WAIT_S = 2.0
 # s a live session's `transcript.final` waits for the audio taken in to be on disk, so the ack
 # sent right before it covers all of it (an ack names only audio on disk): many journal
-# commits; a disk slower than that gets the final with the ack of what is on disk
+# commits; a disk slower than that gets the final with the ack of what is on disk. The same
+# wait covers the answers to renames and merges the journal holds back (they go out first)
 LIVE_FINAL_DURABLE_WAIT_S = 2.0
 LIVE_DRAIN_CLOSE_S = 2.0  # s for the error frames and closes of the sessions still open then
 # s a failing live connection spends sending the frames it owed (`session.ready` first) ahead

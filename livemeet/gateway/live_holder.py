@@ -274,6 +274,9 @@ class LiveSessionHolder:
         # `session.ready`'s offset (`attach`) on; at most `num_frames_accepted` (`append`)
         self.client_offset = 0
         self._durable_changed = asyncio.Event()
+        # renames' and merges' journal commits not yet done: their answers wait for them
+        # (`_record`), and the final transcript waits for the answers (`_take`)
+        self._unanswered: set[asyncio.Future[None]] = set()
         # the last `segment.partial` rev sent (`_record`); a session rebuilt after a restart
         # starts past any rev its previous run can have sent (`LiveSessions._rebuild`)
         self.partial_rev = 0
@@ -744,7 +747,9 @@ class LiveSessionHolder:
         another final under its id (a crash trial saw a final's words and times change so;
         its label could flip too). The final transcript waits (at most
         LIVE_FINAL_DURABLE_WAIT_S) for the session's audio to be on disk, so the ack before
-        it acknowledges all of it. Neither is handed on once the session failed meanwhile."""
+        it acknowledges all of it, and for the answers to renames and merges the journal
+        holds back, which go out before it. Neither is handed on once the session failed
+        meanwhile."""
         if isinstance(event, SegmentFinal) and self.journal is not None and not self.journal_closed:
             shown = self.replay.as_shown(event)
             assert isinstance(shown, SegmentFinal)
@@ -753,15 +758,23 @@ class LiveSessionHolder:
                 self._record(shown, journaled=True)
             return
         if isinstance(event, TranscriptFinal):
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + LIVE_FINAL_DURABLE_WAIT_S
             await self.wait_durable(LIVE_FINAL_DURABLE_WAIT_S)
+            # a rename or merge whose answer the journal holds back goes out before the final
+            # (the socket and the captions close after it: the answer was lost); one made
+            # meanwhile is waited for too
+            while self._unanswered and (remaining_s := deadline - loop.time()) > 0:
+                # asyncio.wait: a cancelled pump leaves the futures alone
+                await asyncio.wait(set(self._unanswered), timeout=remaining_s)
             if self.replay.terminal is not None:
                 return
         self._record(event)
 
     def _record(self, event: SessionEvent, *, journaled: bool = False) -> None:
         """Keep `event` for a resume, journal what the journal keeps, and hand it to the
-        socket and the subscribers. `journaled`: a final as shown (`as_shown`), in the
-        journal already (`_take`)."""
+        socket and the subscribers (a rename or merge once the journal holds it).
+        `journaled`: a final as shown (`as_shown`), in the journal already (`_take`)."""
         if not journaled:
             event = self.replay.as_shown(event)
         if isinstance(event, SegmentPartial):
@@ -784,7 +797,10 @@ class LiveSessionHolder:
             # a name or merge is answered once the journal holds it: answered before, a crash
             # took it back from a client that had been told (the rebuilt session's
             # session.ready lacks it, and the client drops it: labels flipped back)
+            # the answer first: the final transcript, waiting for it (`_take`), goes after it
             stored.add_done_callback(lambda _: self._hand_on_stored(event))
+            self._unanswered.add(stored)
+            stored.add_done_callback(self._unanswered.discard)
 
     def _hand_on_stored(self, event: SessionEvent) -> None:
         """`_hand_on` for an answer the journal held back: not once the session was dropped

@@ -510,6 +510,44 @@ async def test_a_merge_and_a_rename_are_answered_once_the_journal_holds_them(
         await read_to_close(live)
 
 
+async def test_an_answer_the_journal_holds_back_goes_out_before_the_final_transcript(
+    client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename (or merge) answered once the journal holds it, made right before `end`: the
+    final transcript, its audio all on disk, went out before the answer, and the socket and
+    the captions closed after it, so the client and its subscribers never heard the name
+    (a review). The final transcript now waits for the answers the journal holds back."""
+    fake.speakers = SPEAKERS
+    disk = threading.Event()
+    disk.set()
+    real_commit = live_journal_writer.Writer._commit
+
+    def slow_commit(self: live_journal_writer.Writer, group: Any) -> bool:
+        disk.wait(10)
+        return real_commit(self, group)
+
+    monkeypatch.setattr(live_journal_writer.Writer, "_commit", slow_commit)
+    async with client.ws_connect("/v1/live") as live:
+        ready = await start_session(live)
+        captions = await subscribe(client, ready)
+        # 3 s: the fake's first final ends there, so `end` adds none; all of it on disk, so
+        # the final transcript need not wait for the audio
+        if not of_type(await stream_acked(live, fake, 3.0), "segment.final"):
+            await read_until(live, "segment.final")
+        disk.clear()  # the journal's commits stall from now on
+        await live.send_json(rename("S01", "Alice"))
+        await live.send_json({"type": "end"})
+        await wait_until(lambda: fake.sessions[0].log.ended)
+        await asyncio.sleep(0.3)  # the final transcript came from the backend meanwhile
+        disk.set()
+        events = await read_to_close(live)
+        shown = await asyncio.wait_for(receive_all(captions), 5)
+    for frames in (events, shown):
+        kinds = [e["type"] for e in frames]
+        assert "speaker.renamed" in kinds, kinds
+        assert kinds.index("speaker.renamed") < kinds.index("transcript.final"), kinds
+
+
 def journal_speakers(config: ServerConfig) -> tuple[Any, Any]:
     """The one journalled session's names and merges as stored (JSON lists), read-only."""
     uri = f"file:{config.data_dir / 'live' / 'sessions.sqlite3'}?mode=ro"
