@@ -111,6 +111,8 @@ log = logging.getLogger(__name__)
 _WS_MAX_MSG_SIZE = MAX_FRAME_BYTES + 1
 # what ends the receive loop (aiohttp's own `async for` over a WebSocketResponse stops there)
 _CLOSED_TYPES = (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED)
+# what `_read` returns for a connection lost under `receive`: a dropped socket's
+_LOST = WSMessage(WSMsgType.CLOSED, None, None)
 # the limit a client message is waited for under: the revision after the final, the final
 # after `end`, `start`, idle
 _Limit = Literal["revision", "final", "start", "idle"]
@@ -384,7 +386,7 @@ class LiveConnection:
             deadline, limit = self._next_deadline()
             try:
                 async with asyncio.timeout_at(deadline):
-                    msg = await self.ws.receive()
+                    msg = await _read(self.ws)
             except TimeoutError:
                 if ended_at is None and self._ended_at is not None:
                     continue  # a drain ended the session during the wait: the final's limit
@@ -753,7 +755,7 @@ class LiveConnection:
         reading stops there. The idle timeout starts again once `waiting` is done: the wait
         was the server's, not the client's."""
         waited = asyncio.ensure_future(waiting)
-        reading = asyncio.ensure_future(self.ws.receive())
+        reading = asyncio.ensure_future(_read(self.ws))
         try:
             await asyncio.wait({waited, reading}, return_when=asyncio.FIRST_COMPLETED)
             await waited
@@ -898,6 +900,18 @@ class LiveConnection:
         if state is not None:
             self._metrics.sessions.labels("live", state).inc()
             self._state_label = state
+
+
+async def _read(ws: web.WebSocketResponse) -> WSMessage:
+    """`ws.receive()`, where a connection lost under it reads as a closed socket (a drop: the
+    session is kept for a resume). aiohttp answers a ping inside `receive`, and the pong's
+    write to a transport already closing raises ConnectionResetError out of it (aiohttp 3.14):
+    a ping read together with the connection's end (a gateway loop busy for a while, a
+    handler busy with a frame) was an internal_error that dropped the meeting (a soak test)."""
+    try:
+        return await ws.receive()
+    except ConnectionError:
+        return _LOST
 
 
 async def _stop_reading(reading: asyncio.Future[WSMessage]) -> WSMessage | None:

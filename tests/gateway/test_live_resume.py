@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import WSMsgType
+from aiohttp import ClientConnectionResetError, WSMsgType, web
 from aiohttp.test_utils import TestClient
 
 from livemeet.audio.constants import ACK_INTERVAL_S, LIVE_RESUME_WINDOW_S
@@ -370,6 +370,38 @@ async def test_a_client_that_closes_before_any_audio_frees_its_session_at_once(
     async with client.ws_connect("/v1/live") as again:
         await again.send_json(resume_start(ready))
         await expect_error(again, NotFound)
+
+
+async def test_a_pong_to_a_closing_socket_is_a_dropped_socket_not_a_bug(
+    client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client pings and its connection goes: aiohttp answers the ping inside `receive`,
+    and the pong's write to the closing transport raises ClientConnectionResetError out of
+    `receive` (aiohttp 3.14's writer; here its pong raises as it does). That is a dropped
+    socket: the session is kept for a resume. It was an internal_error that dropped a 45-s
+    meeting, transcript and all (a soak test whose gateway loop stalled for seconds, so the
+    ping and the connection's end were read together)."""
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await ws.send_bytes(pcm16(1.0))
+    await on_disk(client, ready, 16000)
+
+    async def pong_to_a_closing_transport(self: web.WebSocketResponse, message: bytes) -> None:
+        raise ClientConnectionResetError("Cannot write to closing transport")
+
+    monkeypatch.setattr(web.WebSocketResponse, "pong", pong_to_a_closing_transport)
+    await ws.ping()
+    await wait_until(lambda: client.app[SESSIONS_KEY].num_detached == 1)
+    vanish(ws)
+    await ws.close()
+    assert not fake.sessions[0].log.aborted
+    assert metric(client, "livemeet_errors_total", code="internal_error") == 0
+    monkeypatch.undo()
+    async with client.ws_connect("/v1/live") as again:
+        await again.send_json(resume_start(ready))
+        resumed = await again.receive_json()
+        assert resumed["resumed"] is True and resumed["offset"] == 16000
 
 
 @pytest.mark.parametrize("how", ["close 1000 after audio", "vanish before audio"])
