@@ -53,9 +53,12 @@ UPLOAD_SPILL_TOTAL_BYTES = 16 << 30
 # only take the arenas' locks. A failed decode trims whatever its length (failures are rare,
 # a trim with nothing to release costs ~5 us, and one that failed late held a long decode)
 HEAP_TRIM_AFTER_AUDIO_S = 300.0
-# finished upload transcripts kept in memory for GET /v1/transcriptions/{id} (older ones are
-# read back from their files); ~1-100 KB each
+# finished transcripts kept in memory for GET /v1/transcriptions/{id} and the live transcript
+# resources (older ones are read back from their files): at most this many, and at most
+# TRANSCRIPT_CACHE_SEGMENTS segments among them. A segment held ~400 B (the soak trial), so a
+# 90-minute meeting's ~1,300 segments ~0.5 MB: by count alone 1,024 of them held ~0.5 GB
 TRANSCRIPT_CACHE_ENTRIES = 1_024
+TRANSCRIPT_CACHE_SEGMENTS = 65_536  # ~26 MB at ~400 B a segment
 LIVE_HOP_S = 1.0  # s of new audio between live re-decodes (DESIGN section 5)
 # Speech ends move live hops (livemeet/session/vad.py; the figures behind these are there):
 VAD_FRAME_S = 0.03  # s per classified frame (webrtcvad takes 10, 20 or 30 ms)

@@ -24,7 +24,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from livemeet.audio.constants import TRANSCRIPT_CACHE_ENTRIES
+from livemeet.audio.constants import TRANSCRIPT_CACHE_ENTRIES, TRANSCRIPT_CACHE_SEGMENTS
 from livemeet.errors import NotFound
 from livemeet.gateway.disk import make_private_dir, remove_older_than
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
@@ -114,22 +114,33 @@ def transcript_from_json(d: dict[str, Any]) -> Transcript:
 
 
 class TranscriptStore:
-    """id -> StoredTranscript: the newest `max_cached` in memory, every one as
-    `<directory>/<id>.json`.
+    """id -> StoredTranscript: the newest `max_cached` in memory, holding at most
+    `max_cached_segments` segments together (the newest one is kept whatever its size),
+    every one as `<directory>/<id>.json`.
 
     `put` keeps the transcript in memory at once and writes its file in the background, so an
     upload's response never waits for the disk; `get` finds it in memory meanwhile (entries
     whose file is not written yet are never evicted). A failed write is logged, and the
     transcript stays readable until it leaves the cache. `flush()` waits for every write
-    (shutdown, tests). The cache exceeds `max_cached` only by the unwritten entries.
+    (shutdown, tests). The cache exceeds its bounds only by the unwritten entries.
     """
 
-    def __init__(self, directory: Path, max_cached: int = TRANSCRIPT_CACHE_ENTRIES) -> None:
-        if max_cached < 1:
-            raise ValueError(f"max_cached must be >= 1, not {max_cached}")
+    def __init__(
+        self,
+        directory: Path,
+        max_cached: int = TRANSCRIPT_CACHE_ENTRIES,
+        max_cached_segments: int = TRANSCRIPT_CACHE_SEGMENTS,
+    ) -> None:
+        if max_cached < 1 or max_cached_segments < 1:
+            raise ValueError(
+                f"max_cached and max_cached_segments must be >= 1, not {max_cached}, "
+                f"{max_cached_segments}"
+            )
         self.directory = directory
         self.max_cached = max_cached
+        self.max_cached_segments = max_cached_segments
         self._memory: OrderedDict[str, StoredTranscript] = OrderedDict()  # oldest first
+        self._num_segments = 0  # in self._memory
         self._writing: dict[str, asyncio.Task[bool]] = {}
 
     async def put(self, transcription_id: str, transcript: Transcript) -> None:
@@ -222,7 +233,7 @@ class TranscriptStore:
         loop = asyncio.get_running_loop()
         removed = await loop.run_in_executor(None, remove_older_than, self.directory, max_age_s)
         for path in removed:
-            self._memory.pop(path.name.removesuffix(".json"), None)
+            self._forget(path.name.removesuffix(".json"))
         return len(removed)
 
     async def flush(self) -> None:
@@ -236,26 +247,34 @@ class TranscriptStore:
         return len(self._memory)
 
     def _remember(self, transcription_id: str, stored: StoredTranscript) -> None:
+        self._forget(transcription_id)
         self._memory[transcription_id] = stored
-        self._memory.move_to_end(transcription_id)
+        self._num_segments += len(stored.transcript.segments)
         self._trim()
+
+    def _forget(self, transcription_id: str) -> None:
+        stored = self._memory.pop(transcription_id, None)
+        if stored is not None:
+            self._num_segments -= len(stored.transcript.segments)
 
     def _written(self, transcription_id: str) -> None:
         self._writing.pop(transcription_id, None)
         self._trim()  # entries held back while unwritten may go now
 
     def _trim(self) -> None:
-        excess = len(self._memory) - self.max_cached
-        if excess <= 0:
-            return
+        """Evict the oldest written entries until both bounds hold (or none is left to evict
+        but the newest)."""
+        entries, segments = len(self._memory), self._num_segments
         victims: list[str] = []
-        for old in self._memory:  # oldest first; stops once enough are found
-            if len(victims) == excess:
+        for old, stored in list(self._memory.items())[:-1]:  # oldest first, not the newest
+            if entries <= self.max_cached and segments <= self.max_cached_segments:
                 break
             if old not in self._writing:  # unwritten ones stay: get() has no file to read yet
                 victims.append(old)
+                entries -= 1
+                segments -= len(stored.transcript.segments)
         for old in victims:
-            del self._memory[old]
+            self._forget(old)
 
     async def _write(self, transcription_id: str, body: str) -> bool:
         loop = asyncio.get_running_loop()

@@ -41,6 +41,36 @@ async def test_the_cache_is_bounded_and_evicted_ones_are_read_back(tmp_path: Pat
         await store.get(new_transcription_id())
 
 
+def long_transcript(n: int) -> Transcript:
+    segs = tuple(
+        Segment(float(i), i + 1.0, "S01", f"w{i}", id=f"seg-{i:04d}", is_final=True)
+        for i in range(n)
+    )
+    return Transcript(segs, float(n), FinishReason.STOP)
+
+
+async def test_the_cache_is_bounded_by_segments_too(tmp_path: Path) -> None:
+    """The soak trial: bounded by count alone, the cache of 1,024 transcripts could hold ~0.5
+    GB of long meetings (~400 B a segment). The oldest go until the segments fit too; the
+    newest stays whatever its size; every one is read back from its file."""
+    store = TranscriptStore(tmp_path, max_cached=100, max_cached_segments=50)
+    ids = [new_transcription_id() for _ in range(4)]
+    for tid in ids:
+        await store.put(tid, long_transcript(20))
+    await store.flush()
+    assert store.num_cached == 2  # 40 segments; a third would make 60
+    await store.put(big := new_transcription_id(), long_transcript(80))
+    await store.flush()
+    assert store.num_cached == 1  # the newest alone, over the budget by itself
+    for tid in ids:
+        assert len((await store.get(tid)).segments) == 20
+    assert store.num_cached == 2  # the last read, and the 80-segment one is evicted
+    assert len((await store.get(big)).segments) == 80
+    assert store.num_cached == 1
+    with pytest.raises(ValueError):
+        TranscriptStore(tmp_path, max_cached_segments=0)
+
+
 async def test_an_unwritten_transcript_is_never_evicted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
