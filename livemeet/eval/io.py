@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from livemeet.errors import InvalidRequest
+from livemeet.transcript.formats import SRT_MARKUP_UNDONE
 
 DEFAULT_SESSION = "default"  # session id of records read from a format that names none
 CTM_SPEAKER = "ctm"  # speaker label of records read from a CTM (which has no speaker field)
@@ -279,8 +280,12 @@ def parse_captions(text: str, source: str, fmt: str) -> tuple[TextSegment, ...]:
     out = []
     for cue in captions.captions:
         # WebVTT: tags dropped (`text`), then its escapes undone; SRT escapes nothing, and a
-        # "<...>" there is text (`raw_text`)
-        body = html.unescape(cue.text) if fmt == "vtt" else cue.raw_text
+        # "<...>" there is text (`raw_text`), whose markup characters livemeet's writer puts as
+        # their fullwidth forms (SRT_MARKUP_FORMS): read back as they were
+        if fmt == "vtt":
+            body = html.unescape(cue.text)
+        else:
+            body = cue.raw_text.translate(SRT_MARKUP_UNDONE)
         body = " ".join(body.split())
         speaker = cue.voice or ""
         if fmt == "srt" and (prefix := _SRT_SPEAKER.match(body)):

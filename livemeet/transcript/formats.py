@@ -41,9 +41,10 @@ _BREAKING_SPACE = re.compile(r"[^\S\u00a0\u2007\u202f]+")
 # between `<` and `>` in a cue whose markup is not well formed, a stray `</i>`), `{` `}`
 # override blocks (`{\an8}` moved a cue to the top, `{\...}` is hidden) and `\` escapes (`\N`
 # broke the line). With `>` gone no `-->` is left either.
-_SRT_MARKUP = str.maketrans(
-    {"<": "\uff1c", ">": "\uff1e", "{": "\uff5b", "}": "\uff5d", "\\": "\uff3c"}
-)
+SRT_MARKUP_FORMS = {"<": "\uff1c", ">": "\uff1e", "{": "\uff5b", "}": "\uff5d", "\\": "\uff3c"}
+_SRT_MARKUP = str.maketrans(SRT_MARKUP_FORMS)
+# the same, undone: what a reader of livemeet's own SRT (`livemeet eval`) maps back
+SRT_MARKUP_UNDONE = str.maketrans({form: char for char, form in SRT_MARKUP_FORMS.items()})
 _SEEK_FRAMES_PER_S = 100  # Whisper's `seek` unit: mel frames of 10 ms
 
 
