@@ -18,7 +18,7 @@ from datetime import timedelta
 import pytest
 import srt
 import webvtt
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from openai.types.audio import Transcription, TranscriptionDiarized, TranscriptionVerbose
 
@@ -324,6 +324,7 @@ def _on_a_cue(text: str) -> bool:
     return any(not ch.isspace() and unicodedata.category(ch) != "Cc" for ch in text)
 
 
+@example(rows=[(0.0005, 0.0, "S01", "0"), (0.0, 0.0, "S02", "0")])
 @given(
     st.lists(
         st.tuples(st.floats(0, 20_000), st.floats(0, 30), st.sampled_from(["S01", "S02"]), _texts),
@@ -335,8 +336,11 @@ def test_any_text_gives_one_parseable_cue_per_nonempty_segment(
 ) -> None:
     segments = tuple(segment(start, start + length, text, spk) for start, length, spk, text in rows)
     t = Transcript(segments, 40_000.0)
-    # cues in order of their starts in whole ms (stably)
-    kept = sorted((s for s in segments if _on_a_cue(s.text)), key=lambda s: round(s.start_s * 1000))
+    # cues in order of their starts in whole ms as written (`round(t, 3)`, as JSON's), stably:
+    # a start of 0.0005 s is written 0.001, after a later segment's 0.0 (hypothesis found it)
+    kept = sorted(
+        (s for s in segments if _on_a_cue(s.text)), key=lambda s: round(round(s.start_s, 3) * 1000)
+    )
     srt_cues = list(srt.parse(render(t, ResponseFormat.SRT).body))
     assert len(srt_cues) == len(kept)
     for cue, s in zip(srt_cues, kept, strict=True):
