@@ -168,7 +168,13 @@ def captions_ready(
 async def captions_handler(request: web.Request) -> web.WebSocketResponse:
     """`GET /v1/sessions/{id}/captions`. Raises InvalidRequest (400) when the request is not a
     WS upgrade, and RequestRejected (400) for a browser page of an origin not allowed."""
-    ws = web.WebSocketResponse(heartbeat=CAPTIONS_HEARTBEAT_S, max_msg_size=_WS_MAX_MSG_SIZE)
+    # compress=False: no permessage-deflate, whatever the browser offers. A caption frame is
+    # ~100-300 B of JSON, which deflate barely shrinks, while each socket's zlib streams held
+    # ~300 KB, kept past its close until a full GC (a soak trial: aiohttp's heartbeat makes a
+    # reference cycle), so an overlay watched by many cost the gateway ~0.3 MB a viewer
+    ws = web.WebSocketResponse(
+        heartbeat=CAPTIONS_HEARTBEAT_S, max_msg_size=_WS_MAX_MSG_SIZE, compress=False
+    )
     if not ws.can_prepare(request).ok:
         raise InvalidRequest(f"GET {request.path} needs a WebSocket upgrade")
     check_browser_origin(request, "subscribe to captions")

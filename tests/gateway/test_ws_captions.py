@@ -84,6 +84,22 @@ def settled(events: Frames) -> Frames:
     return [e for e in events if e["type"] in ("segment.final", "transcript.final")]
 
 
+async def test_a_subscriber_offering_compression_gets_none(
+    client: TestClient, fake: FakeTranscriber
+) -> None:
+    """A browser offers permessage-deflate; a caption frame is a few hundred bytes of JSON,
+    and each subscriber's zlib state held ~0.3 MB (kept past its close until a full GC: the
+    soak trial). The captions socket declines it; the live socket still takes it."""
+    async with client.ws_connect("/v1/live", compress=15) as live:
+        assert live.compress == 15  # negotiated: the live socket is unchanged
+        ready = await start_session(live)
+        ws = await client.ws_connect(captions_url(ready), compress=15)
+        assert ws.compress == 0  # no extension in the upgrade's answer
+        head = await ws.receive_json()
+        assert head["type"] == "captions.ready"
+        await ws.close()
+
+
 async def test_two_subscribers_get_the_snapshot_then_the_sessions_own_events(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
