@@ -53,18 +53,11 @@ def journal_rows(data_dir: Path) -> list[tuple[str, int, int]]:
 
 
 async def test_an_ack_waits_for_the_audio_to_be_on_disk(
-    client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+    client: TestClient, fake: FakeTranscriber, stalled_disk: threading.Event
 ) -> None:
     """While the journal cannot sync, the server takes the audio in but acknowledges none of
     it; once the sync goes through, the ack covers it."""
-    disk = threading.Event()
-    real_sync = live_journal_writer.os.fdatasync
-
-    def slow_sync(fd: int) -> None:
-        disk.wait(10)
-        real_sync(fd)
-
-    monkeypatch.setattr(live_journal_writer.os, "fdatasync", slow_sync)
+    disk = stalled_disk
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
         assert (await ws.receive_json())["type"] == "session.ready"

@@ -443,6 +443,20 @@ async def test_a_session_merges_at_most_max_merged_speakers_labels(
     await sessions.close()
 
 
+def stalled_commits(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """The journal's group commits wait while the event returned is clear (it starts set)."""
+    disk = threading.Event()
+    disk.set()
+    real_commit = live_journal_writer.Writer._commit
+
+    def slow_commit(self: live_journal_writer.Writer, group: Any) -> bool:
+        disk.wait(10)
+        return real_commit(self, group)
+
+    monkeypatch.setattr(live_journal_writer.Writer, "_commit", slow_commit)
+    return disk
+
+
 async def test_what_the_backend_decoded_before_the_merge_is_sent_without_the_merged_label(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
@@ -482,15 +496,7 @@ async def test_a_merge_and_a_rename_are_answered_once_the_journal_holds_them(
     found beside the finals' case in a crash trial). Each answer now goes out once the
     journal holds it."""
     fake.speakers = SPEAKERS
-    disk = threading.Event()
-    disk.set()
-    real_commit = live_journal_writer.Writer._commit
-
-    def slow_commit(self: live_journal_writer.Writer, group: Any) -> bool:
-        disk.wait(10)
-        return real_commit(self, group)
-
-    monkeypatch.setattr(live_journal_writer.Writer, "_commit", slow_commit)
+    disk = stalled_commits(monkeypatch)
     async with client.ws_connect("/v1/live") as live:
         await start_session(live)
         await stream(live, fake, SHOWN_S)
@@ -518,15 +524,7 @@ async def test_an_answer_the_journal_holds_back_goes_out_before_the_final_transc
     the captions closed after it, so the client and its subscribers never heard the name
     (a review). The final transcript now waits for the answers the journal holds back."""
     fake.speakers = SPEAKERS
-    disk = threading.Event()
-    disk.set()
-    real_commit = live_journal_writer.Writer._commit
-
-    def slow_commit(self: live_journal_writer.Writer, group: Any) -> bool:
-        disk.wait(10)
-        return real_commit(self, group)
-
-    monkeypatch.setattr(live_journal_writer.Writer, "_commit", slow_commit)
+    disk = stalled_commits(monkeypatch)
     async with client.ws_connect("/v1/live") as live:
         ready = await start_session(live)
         captions = await subscribe(client, ready)
