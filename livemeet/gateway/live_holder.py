@@ -80,6 +80,7 @@ from livemeet.transcriber import (
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
+    TextDelta,
     TranscriberSession,
     TranscriptFinal,
     TranscriptRevised,
@@ -277,6 +278,14 @@ class LiveSessionHolder:
         # renames' and merges' journal commits not yet done: their answers wait for them
         # (`_record`), and the final transcript waits for the answers (`_take`)
         self._unanswered: set[asyncio.Future[None]] = set()
+        # what the pump holds back behind a final whose journal commit is not done, in order:
+        # (that commit's future, the final as shown), or (None, an event that came after
+        # one); released from the head as commits settle (`_release`).
+        # The pump reads on meanwhile, so a burst of finals is one group commit, not one each
+        # with the partial after them waiting for all (1.4 s p95 at 50 demo sessions)
+        self._outbox: collections.deque[tuple[asyncio.Future[None] | None, Event]] = (
+            collections.deque()
+        )
         # the last `segment.partial` rev sent (`_record`); a session rebuilt after a restart
         # starts past any rev its previous run can have sent (`LiveSessions._rebuild`)
         self.partial_rev = 0
@@ -625,6 +634,7 @@ class LiveSessionHolder:
         self.pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self.pump
+        self._outbox.clear()  # nobody is left to hand it to; the journal has the finals
         gone: LivemeetError | None = None  # None: each subscriber has the last event queued
         if self.replay.terminal is None and restarting:
             gone = restarting_error(self.id)
@@ -700,6 +710,7 @@ class LiveSessionHolder:
                 if lost is None:
                     break
                 assert self._recover is not None
+                await self._flush_outbox()  # the rebuild starts from the finals recorded
                 if not await self._recover(self):
                     if not self.kept_for_restart:
                         self._record(lost)  # as before: the sockets get the engine's error
@@ -745,18 +756,15 @@ class LiveSessionHolder:
         """Record a backend event and hand it on (`_record`), a final only once the journal
         holds it: shown before, it could be lost to a crash, and the rebuilt session write
         another final under its id (a crash trial saw a final's words and times change so;
-        its label could flip too). The final transcript waits (at most
-        LIVE_FINAL_DURABLE_WAIT_S) for the session's audio to be on disk, so the ack before
-        it acknowledges all of it, and for the answers to renames and merges the journal
-        holds back, which go out before it. Neither is handed on once the session failed
-        meanwhile."""
-        if isinstance(event, SegmentFinal) and self.journal is not None and not self.journal_closed:
-            shown = self.replay.as_shown(event)
-            assert isinstance(shown, SegmentFinal)
-            await self.journal.add_final(self.id, shown.segment)
-            if self.replay.terminal is None:  # else its storage failed: its error is out
-                self._record(shown, journaled=True)
+        its label could flip too). Finals and partials wait in the outbox (`_hold`) without
+        holding the pump up (a text delta too, uploads' only); anything else waits for the
+        outbox to empty. The final transcript waits (at most LIVE_FINAL_DURABLE_WAIT_S) for
+        the session's audio to be on disk, so the ack before it acknowledges all of it, and
+        for the answers to renames and merges the journal holds back, which go out before
+        it. Neither is handed on once the session failed meanwhile."""
+        if isinstance(event, SegmentFinal | SegmentPartial | TextDelta) and self._hold(event):
             return
+        await self._flush_outbox()
         if isinstance(event, TranscriptFinal):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + LIVE_FINAL_DURABLE_WAIT_S
@@ -767,9 +775,59 @@ class LiveSessionHolder:
             while self._unanswered and (remaining_s := deadline - loop.time()) > 0:
                 # asyncio.wait: a cancelled pump leaves the futures alone
                 await asyncio.wait(set(self._unanswered), timeout=remaining_s)
-            if self.replay.terminal is not None:
+            if self.replay.terminal is not None:  # the session failed meanwhile: its error is out
                 return
         self._record(event)
+
+    def _hold(self, event: SegmentFinal | SegmentPartial | TextDelta) -> bool:
+        """Put `event` in the outbox where it must wait: a final the journal is to hold first
+        (queued to it now, as shown), or anything behind one. A partial behind a partial that
+        waits replaces it (each carries the whole tentative tail). Returns whether it waits;
+        False: `_record` it now."""
+        outbox = self._outbox
+        if isinstance(event, SegmentFinal) and self.journal is not None and not self.journal_closed:
+            shown = self.replay.as_shown(event)
+            assert isinstance(shown, SegmentFinal)
+            stored = self.journal.add_final(self.id, shown.segment)
+            outbox.append((stored, shown))
+            stored.add_done_callback(self._release)
+            return True
+        if not outbox:
+            return False
+        last_stored, last = outbox[-1]
+        if (
+            isinstance(event, SegmentPartial)
+            and last_stored is None
+            and isinstance(last, SegmentPartial)
+        ):
+            outbox[-1] = (None, event)
+        else:
+            outbox.append((None, event))
+        return True
+
+    def _release(self, _: object = None) -> None:
+        """Hand on the outbox's head while its final's commit is done (`_hold`): in order,
+        each final once its own commit settled. Once the session failed (its storage, most
+        likely: the error is out, and that final is not in the journal) or was dropped,
+        drop the rest."""
+        outbox = self._outbox
+        while outbox and (outbox[0][0] is None or outbox[0][0].done()):
+            stored, event = outbox.popleft()
+            if self.replay.terminal is not None or self.dropped:
+                outbox.clear()
+            elif stored is None:
+                self._record(event)
+            else:
+                self._record(event, journaled=True)
+
+    async def _flush_outbox(self) -> None:
+        """Wait until the outbox is empty: every final in it committed and handed on (or
+        dropped with the session's failure)."""
+        while self._outbox:
+            pending = {s for s, _ in self._outbox if s is not None and not s.done()}
+            if pending:
+                await asyncio.wait(pending)  # a cancelled pump leaves the futures alone
+            self._release()
 
     def _record(self, event: SessionEvent, *, journaled: bool = False) -> None:
         """Keep `event` for a resume, journal what the journal keeps, and hand it to the
