@@ -29,6 +29,7 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
 )
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -37,6 +38,11 @@ from livemeet.errors import ERROR_CLASSES, InvalidRequest, NotFound, Unauthorize
 from livemeet.gateway.auth import AuthFailure
 
 StatsSource = Callable[[], EngineStats | None]
+
+# prometheus_client writes a `_created` sample (a creation time) beside every counter and
+# histogram series: it doubles the exposition's counter lines, and rate() never reads it.
+# Process-wide: the process exports only the gateway's registries.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
 
 
 @runtime_checkable
@@ -276,7 +282,7 @@ class GatewayMetrics:
     requests: Counter
     sessions: Gauge
     sessions_ended: Counter
-    audio_seconds_in: Counter
+    audio_received_seconds: Counter
     errors: Counter
     demo: Gauge
     upload_latency_s: Histogram
@@ -329,8 +335,8 @@ class GatewayMetrics:
                 ["kind", "outcome"],
                 registry=registry,
             ),
-            audio_seconds_in=Counter(
-                "livemeet_audio_seconds_in",
+            audio_received_seconds=Counter(
+                "livemeet_audio_received_seconds",
                 "Seconds of audio received, by kind",
                 ["kind"],
                 registry=registry,

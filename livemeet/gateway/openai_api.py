@@ -201,7 +201,7 @@ async def _create_transcription(request: web.Request) -> web.StreamResponse:
         session = await app[TRANSCRIBER_KEY].open_session(options)
         # counted once taken: a refused upload's audio is not audio in (a client's retries
         # would count it again)
-        app[METRICS_KEY].audio_seconds_in.labels("upload").inc(duration_s)
+        app[METRICS_KEY].audio_received_seconds.labels("upload").inc(duration_s)
         # the backend counts its open, unqueued uploads itself from here on; the lower count
         # goes out ahead of the next command (append), so no upload is counted on both sides
         incoming.release()

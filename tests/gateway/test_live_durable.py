@@ -696,7 +696,7 @@ async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_ar
     assert fake.sessions[0].log.num_samples == 2 * RATE
     # the half second sent twice is counted once (before, 2.5 s)
     metrics = await (await client.get("/metrics")).text()
-    assert 'livemeet_audio_seconds_in_total{kind="live"} 2.0' in metrics
+    assert 'livemeet_audio_received_seconds_total{kind="live"} 2.0' in metrics
 
 
 async def test_a_resume_waiting_for_its_rebuilt_session_answers_pings(

@@ -31,7 +31,7 @@ async def slotted_client(
 
 def upload_audio_seconds(client: TestClient) -> float:
     value = client.app[METRICS_KEY].registry.get_sample_value(
-        "livemeet_audio_seconds_in_total", {"kind": "upload"}
+        "livemeet_audio_received_seconds_total", {"kind": "upload"}
     )
     return value or 0.0
 
