@@ -544,7 +544,9 @@ class LiveSessions:
             else:
                 transcript = holder.transcript_so_far()
                 sha = holder.tokens.captions_sha256
-                written = self._store.put_live_digest(holder.id, transcript, sha)
+                written = self._store.put_live_digest(
+                    holder.id, transcript, sha, revision_promised=holder.replay.revision_pending
+                )
                 # the journal lets go of the session (its audio file included) only once its
                 # transcript is on disk: a crash in between rebuilds it at the next start
                 written.add_done_callback(functools.partial(self._transcript_written, holder))

@@ -117,18 +117,22 @@ async def _stored(
     except NotFound:
         revised = None
     if revised is None or revised.revision_failed is not None:
-        # the server holds a session until its revision comes or fails: gone, it has none
+        # the server holds a session until its revision comes or fails: gone, it has none (one
+        # promised was lost: the server stopped before it came, a crash or a drain's end)
+        lost = revised is None and final.revision_promised
         if version == "revised":
-            why = (
-                " (it was not revised): its final one stands"
-                if revised is None
-                else f": {revised.revision_failed}"  # the error's message: "...final stands"
-            )
+            if revised is not None:
+                why = f": {revised.revision_failed}"  # the error's message: "...final stands"
+            elif lost:
+                why = ": the server stopped before its revision came; its final one stands"
+            else:
+                why = " (it was not revised): its final one stands"
             raise NotFound(
                 f"live session {session_id!r} has no revised transcript, and none will come{why}",
                 param="version",
             )
-        return final.transcript, FINAL, REVISION_NONE if revised is None else REVISION_FAILED
+        failed = revised is not None or lost
+        return final.transcript, FINAL, REVISION_FAILED if failed else REVISION_NONE
     if version == "final":
         return final.transcript, FINAL, REVISION_DONE
     return revised.transcript, REVISED, REVISION_DONE

@@ -68,11 +68,15 @@ class StoredTranscript:
 
     `revision_failed`: in a live session's revision record only, why its revision failed;
     `transcript` is then its final one, which stands (the record says the revision will not
-    come: `X-Livemeet-Revision: failed` outlives the session, where it read `none`)."""
+    come: `X-Livemeet-Revision: failed` outlives the session, where it read `none`).
+    `revision_promised`: in a live session's final record only, its `transcript.final` said a
+    revision follows; with no revision record once the server let the session go, the
+    revision was lost (the server stopped before it came or failed)."""
 
     transcript: Transcript
     access_sha256: str | None = None
     revision_failed: str | None = None
+    revision_promised: bool = False
 
 
 def transcript_to_json(t: Transcript) -> dict[str, Any]:
@@ -154,14 +158,21 @@ class TranscriptStore:
         return self.put_live_digest(session_id, transcript, token_digest(token))
 
     def put_live_digest(
-        self, session_id: str, transcript: Transcript, access_sha256: str, *, revised: bool = False
+        self,
+        session_id: str,
+        transcript: Transcript,
+        access_sha256: str,
+        *,
+        revised: bool = False,
+        revision_promised: bool = False,
     ) -> asyncio.Task[bool]:
         """`put_live` given the token's SHA-256 (hex) instead of the token; `revised`: the
-        session's revised transcript, kept beside its final one. The task returned says
-        whether the file was written (a failure is logged)."""
+        session's revised transcript, kept beside its final one; `revision_promised`: the
+        final one's `transcript.final` said a revision follows (`StoredTranscript`). The task
+        returned says whether the file was written (a failure is logged)."""
         return self._put(
             live_transcript_id(session_id, revised=revised),
-            StoredTranscript(transcript, access_sha256),
+            StoredTranscript(transcript, access_sha256, revision_promised=revision_promised),
         )
 
     def put_live_revision_failed(
@@ -199,6 +210,8 @@ class TranscriptStore:
             record["access_sha256"] = stored.access_sha256
         if stored.revision_failed is not None:
             record["revision_failed"] = stored.revision_failed
+        if stored.revision_promised:
+            record["revision_promised"] = True
         body = json.dumps(record, ensure_ascii=False)
         task = asyncio.get_running_loop().create_task(self._write(key, body))
         self._writing[key] = task  # before _remember: it must not evict this one
@@ -223,6 +236,7 @@ class TranscriptStore:
             transcript_from_json(record),
             record.get("access_sha256"),
             record.get("revision_failed"),  # absent from every record but a failed revision's
+            record.get("revision_promised", False),  # absent but where a revision was promised
         )
         self._remember(key, stored)
         return stored

@@ -794,7 +794,9 @@ class LiveConnection:
     async def _append(self, pcm: bytes) -> None:
         new_bytes = await self._require_holder().append(self, pcm)
         # audio a resumed client sends again (held already) is not counted twice
-        self._metrics.audio_received_seconds.labels("live").inc(self.protocol.audio_seconds(new_bytes))
+        self._metrics.audio_received_seconds.labels("live").inc(
+            self.protocol.audio_seconds(new_bytes)
+        )
         loop = asyncio.get_running_loop()
         due_at = self._acks.audio_accepted(loop.time())
         if due_at is not None:

@@ -457,6 +457,10 @@ async def test_a_shutdown_cancels_a_revision_not_done_within_its_drain(
     await client.app[STORE_KEY].flush()
     response = await client.get(transcript_url(ready, "verbose_json"))
     assert response.headers["X-Livemeet-Transcript-Status"] == "final"
+    # the revision promised was lost: it read `none` (none was to come; a trial's crash too)
+    assert response.headers["X-Livemeet-Revision"] == "failed"
+    message = await revised_404(client, ready)
+    assert "the server stopped before its revision came; its final one stands" in message
 
 
 @pytest.mark.parametrize(

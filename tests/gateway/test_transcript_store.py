@@ -169,6 +169,21 @@ async def test_a_failed_revision_is_kept_in_the_revisions_place(tmp_path: Path) 
     assert (await fresh.get_live("s-2", revised=True)).revision_failed is None
 
 
+async def test_a_final_that_promised_a_revision_says_so_after_a_restart(tmp_path: Path) -> None:
+    """A final whose revision was lost to a stop read as one never to be revised: the final
+    record keeps the promise, and records without it read as none promised."""
+    store = TranscriptStore(tmp_path)
+    sha = token_digest("t")
+    store.put_live_digest("s-1", transcript("final"), sha, revision_promised=True)
+    store.put_live_digest("s-2", transcript("final"), sha)
+    await store.flush()
+    fresh = TranscriptStore(tmp_path)
+    assert (await fresh.get_live("s-1")).revision_promised is True
+    assert (await fresh.get_live("s-2")).revision_promised is False
+    plain = tmp_path / f"{live_transcript_id('s-2')}.json"
+    assert "revision_promised" not in plain.read_text()  # older records read the same
+
+
 async def test_speaker_names_are_kept_and_old_files_without_them_read(tmp_path: Path) -> None:
     store = TranscriptStore(tmp_path)
     named = replace(transcript("live"), speaker_names=(("S02", "Bob"), ("S01", "Zoë")))
