@@ -2,15 +2,16 @@
 so a crash of the server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
 
 Under `root`:
-- `sessions.sqlite3` (WAL, synchronous=NORMAL: a committed transaction survives a crash of this
-  process; power loss is not claimed): a row per unfinished session (its meta, whether its
-  `end` came, its durable frames, its speaker names and merges), a row per committed final
-  and a row per `finalize` (where in its audio the client asked for a commit: a rebuild asks
-  again there, so a finalize the backend had not applied yet is not lost, and one it had
-  applied still bounds the windows after it). Schema version 3; an older file is brought to
-  it as it opens (version 1 gains the merges column, version 2 the finalizes table). A
-  finished or discarded session's rows go (with its prompt and hotwords: nothing of a session
-  outlives it here; its transcript is the transcript store's).
+- `sessions.sqlite3` (WAL, synchronous=FULL: a committed transaction survives a crash of this
+  process or of the machine, with the audio it records: each file is fdatasynced before, and
+  the audio folder once a group created a file in it): a row per unfinished session (its
+  meta, whether its `end` came, its durable frames, its speaker names and merges), a row per
+  committed final and a row per `finalize` (where in its audio the client asked for a commit:
+  a rebuild asks again there, so a finalize the backend had not applied yet is not lost, and
+  one it had applied still bounds the windows after it). Schema version 3; an older file is
+  brought to it as it opens (version 1 gains the merges column, version 2 the finalizes
+  table). A finished or discarded session's rows go (with its prompt and hotwords: nothing of
+  a session outlives it here; its transcript is the transcript store's).
 - `audio/<ls_hex>.s16le`: a session's audio as its client sent it (interleaved PCM16 LE at the
   declared rate), append-only, named by a hash of the session id (ids come from the backend:
   any string).

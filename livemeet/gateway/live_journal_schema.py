@@ -108,8 +108,10 @@ def connect(path: Path) -> sqlite3.Connection:
 def _prepare(conn: sqlite3.Connection, path: Path) -> None:
     try:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        # NORMAL in WAL mode: a commit survives a crash of the process, not of the machine
-        conn.execute("PRAGMA synchronous = NORMAL")
+        # FULL in WAL mode: each commit syncs the WAL, so an ack survives a power loss too
+        # (NORMAL: a crash of the process only); one sync a group beside ~one per session
+        # streaming costs nothing measurable (loadtest.journal_load at 100 sessions)
+        conn.execute("PRAGMA synchronous = FULL")
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         if version == 0:  # a new file
             conn.executescript(

@@ -179,6 +179,7 @@ class _Group:
     statements: list[tuple[_Tape, str, tuple[object, ...]]] = field(default_factory=list)
     audio: dict[_Tape, list[bytes]] = field(default_factory=dict)
     unlinks: dict[str, Path] = field(default_factory=dict)  # audio files of ended sessions
+    created: list[_Tape] = field(default_factory=list)  # sessions whose audio file is new
 
     def add(self, tape: _Tape, sql: str, *params: object) -> None:
         self.statements.append((tape, sql, params))
@@ -347,6 +348,8 @@ class Writer:
             self._fail(tape, "audio", exc)
             return
         tape.file = f
+        if not op.adopted:
+            group.created.append(tape)
         try:
             f.truncate(start_bytes)  # a new session's stale file, an adopted one's unsynced tail
         except OSError as exc:
@@ -354,8 +357,17 @@ class Writer:
 
     def _write_audio(self, group: _Group) -> list[_Tape]:
         """Append and fdatasync each session's audio of the group; add its durable length to
-        the group's statements. Returns the sessions synced."""
+        the group's statements. Returns the sessions synced. The audio folder is synced
+        first where the group created a file in it: a file's own fdatasync does not cover its
+        name, which a power loss could take with the audio the record then claims."""
         synced: list[_Tape] = []
+        if group.created:
+            try:
+                _sync_dir(self._audio_dir)
+            except OSError as exc:
+                for tape in group.created:
+                    if not tape.failed:
+                        self._fail(tape, "audio", exc)
         for tape, chunks in group.audio.items():
             if tape.failed or tape.file is None:
                 continue
@@ -478,6 +490,15 @@ def _unlink(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError as exc:  # load_unfinished deletes it on the next start
         log.warning("live journal: %s was not deleted: %s", path, exc)
+
+
+def _sync_dir(path: Path) -> None:
+    """fsync the folder `path` (the names of the files created in it). Raises OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_all(f: io.FileIO, data: bytes) -> None:

@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,7 @@ from livemeet.errors import (
     StorageFailed,
     error_for_code,
 )
+from livemeet.gateway import live_journal_schema, live_journal_writer
 from livemeet.gateway.live_journal import (
     LOCK_NAME,
     JournalSession,
@@ -162,6 +164,41 @@ async def test_on_durable_reports_grow_and_come_only_once_synced_and_recorded(
     assert len(frames) > 3 and frames == sorted(set(frames))  # strictly increasing
     assert all(size >= f * FRAME_BYTES and recorded >= f for f, size, recorded in seen)
     assert journal.durable_frames("s-1") == total
+
+
+async def test_commits_and_new_audio_files_survive_a_power_loss(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal claimed a process crash only: its commits were synchronous=NORMAL (the WAL
+    not synced at each), and a new audio file's name was never synced (its folder's entry),
+    so a power loss could take back audio already acknowledged. Now every commit syncs
+    (FULL), and a group that created files syncs the audio folder, once."""
+    synced_dirs: list[str] = []
+    real_fsync = live_journal_writer.os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced_dirs.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(live_journal_writer.os, "fsync", fsync)
+    journal = started(root)
+    calls = Calls()
+    calls.open(journal, meta("s-1"))
+    calls.open(journal, meta("s-2"))
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    journal.append_audio("s-2", bytes(FRAME_BYTES))
+    await wait_until(lambda: journal.durable_frames("s-2") == 1)
+    assert synced_dirs == [str(root / "audio")]
+    journal.append_audio("s-1", bytes(FRAME_BYTES))  # no new file: no folder sync
+    await wait_until(lambda: journal.durable_frames("s-1") == 2)
+    assert len(synced_dirs) == 1
+    await journal.close()
+    conn = live_journal_schema.connect(root / "sessions.sqlite3")
+    try:
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    finally:
+        conn.close()
 
 
 async def test_a_burst_is_one_group_commit(root: Path) -> None:
