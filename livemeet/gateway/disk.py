@@ -12,6 +12,7 @@ under the floor, it takes new work again only above the floor plus DISK_READY_MA
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -44,6 +45,16 @@ def make_private_dir(path: Path) -> None:
             raise
         make_private_dir(path.parent)
         path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync `directory` itself, so that names made or renamed in it are on disk (POSIX: a
+    file's own fsync does not cover its name). Raises OSError."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def exposed_dirs(paths: list[Path]) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from livemeet.errors import StorageFailed
+from livemeet.gateway.disk import sync_directory
 from livemeet.gateway.live_journal_schema import (
     DELETE_ROWS,
     INSERT_FINAL,
@@ -363,7 +364,7 @@ class Writer:
         synced: list[_Tape] = []
         if group.created:
             try:
-                _sync_dir(self._audio_dir)
+                sync_directory(self._audio_dir)
             except OSError as exc:
                 for tape in group.created:
                     if not tape.failed:
@@ -490,15 +491,6 @@ def _unlink(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError as exc:  # load_unfinished deletes it on the next start
         log.warning("live journal: %s was not deleted: %s", path, exc)
-
-
-def _sync_dir(path: Path) -> None:
-    """fsync the folder `path` (the names of the files created in it). Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_all(f: io.FileIO, data: bytes) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from livemeet.audio.constants import TRANSCRIPT_CACHE_ENTRIES, TRANSCRIPT_CACHE_SEGMENTS
 from livemeet.errors import NotFound
-from livemeet.gateway.disk import make_private_dir, remove_older_than
+from livemeet.gateway.disk import make_private_dir, remove_older_than, sync_directory
 from livemeet.transcript.segments import FinishReason, Segment, SegmentFlag, Transcript
 
 log = logging.getLogger(__name__)
@@ -322,12 +322,3 @@ class TranscriptStore:
                 tmp.unlink(missing_ok=True)
             raise
         sync_directory(self.directory)
-
-
-def sync_directory(directory: Path) -> None:
-    """fsync `directory` itself, so that names made or renamed in it are on disk (POSIX)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
