@@ -129,6 +129,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
         app[JOURNAL_KEY],
         transcriber,
         keep_on_shutdown=config.gateway.shutdown_live == "keep",
+        max_per_client=config.gateway.max_live_sessions_per_client,
     )
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):
@@ -380,6 +381,7 @@ def ready_line(config: ServerConfig, info: BackendInfo, disk_free_bytes: int | N
     settings = {
         "--data-dir": f"{config.data_dir} ({free} free)",
         "--max-sessions": str(gateway.max_sessions),
+        "--max-live-sessions-per-client": str(gateway.max_live_sessions_per_client),
         "--live-hop-s": flag_number(gateway.live_hop_s),
         "--live-resume-window": flag_number(gateway.live_resume_window_s),
         "--shutdown-live": gateway.shutdown_live,

@@ -13,6 +13,10 @@ LIVE_REVISE_TIMEOUT_S), and the revised transcript is stored beside the final on
 Every holder is dropped exactly once (`_drop`: its backend session aborted, its pump and timer
 cancelled).
 
+Clients (gateway/clients.py): each holder belongs to the client of the socket that opened it or
+last resumed it. A client may hold `max_per_client` running sessions (`admitting`; detached ones
+count until they end, a resume is never refused for it).
+
 Durability (DESIGN 5.9, gateway/live_journal.py): a session is finished in the journal once
 its final transcript is stored (a revision is best-effort after that: a crash during it loses
 only the revision), discarded when it fails or is dropped without one, and kept when the
@@ -25,11 +29,12 @@ the session, readable with the session's `captions_token`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -49,6 +54,7 @@ from livemeet.errors import (
     StorageFailed,
     Unauthorized,
 )
+from livemeet.gateway.clients import Client, cap_refusal
 from livemeet.gateway.live_holder import (
     EventSink,
     LiveSessionHolder,
@@ -94,7 +100,8 @@ class LiveSessions:
     `window_s` 0 turns resume off: a socket that goes away takes its session with it.
     `final_timeout_s` bounds how long a detached, ended session waits for its final.
     `keep_on_shutdown`: the server's shutdown is a restart that keeps streaming sessions in
-    the journal for the next start (`keeps_on_shutdown`) rather than ending them."""
+    the journal for the next start (`keeps_on_shutdown`) rather than ending them.
+    `max_per_client`: running sessions one client may hold (`admitting`; 0: no cap)."""
 
     def __init__(
         self,
@@ -106,8 +113,12 @@ class LiveSessions:
         transcriber: Transcriber | None = None,
         *,
         keep_on_shutdown: bool = False,
+        max_per_client: int = 0,
     ) -> None:
         self.window_s = window_s
+        self.max_per_client = max_per_client
+        # sessions each client is opening (`admitting`): a start counts from its check on
+        self._opening: collections.Counter[Client] = collections.Counter()
         self.final_timeout_s = final_timeout_s
         self.draining = False
         self._drain_deadline_s = 0.0  # loop time the shutdown's drain waits for finals until
@@ -146,6 +157,31 @@ class LiveSessions:
             len(kept), sum(1 for h in kept if h.sink is None), len(held) - len(kept)
         )
 
+    def held_by(self, client: Client) -> int:
+        """The running sessions `client` holds (attached or detached) and is opening."""
+        held = sum(1 for h in self._holders.values() if h.client == client and h.running)
+        return held + self._opening[client]
+
+    @contextlib.contextmanager
+    def admitting(self, client: Client | None) -> Iterator[None]:
+        """A place for a new session of `client` (None: not capped) while it is opened (the
+        body opens it and registers it with `open`). Raises TooManySessions where `client`
+        holds `max_per_client` running sessions already (`held_by`): the place is taken at
+        the check, so starts racing each other cannot all pass it before any opened."""
+        if client is None:
+            yield
+            return
+        refusal = cap_refusal(client, self.held_by(client), self.max_per_client)
+        if refusal is not None:
+            raise refusal
+        self._opening[client] += 1
+        try:
+            yield
+        finally:
+            self._opening[client] -= 1
+            if not self._opening[client]:
+                del self._opening[client]
+
     def open(
         self,
         session: TranscriberSession,
@@ -153,10 +189,11 @@ class LiveSessions:
         audio_format: AudioFormat,
         sink: EventSink,
         options: SessionOptions | None = None,
+        client: Client | None = None,
     ) -> LiveSessionHolder:
-        """Register a new session, attached to `sink`, with fresh tokens; with a journal, its
-        audio and finals are written to disk from now on, with its `options` (the prompt,
-        hotwords and language a rebuild after a restart opens it with again)."""
+        """Register a new session of `client`, attached to `sink`, with fresh tokens; with a
+        journal, its audio and finals are written to disk from now on, with its `options` (the
+        prompt, hotwords and language a rebuild after a restart opens it with again)."""
         assert session.id not in self._holders, f"session id {session.id} is in use"
         tokens = SessionTokens.new()
         holder = LiveSessionHolder(
@@ -179,6 +216,7 @@ class LiveSessions:
                 meta, holder.durable, functools.partial(self._storage_failed, holder)
             )
         self._holders[holder.id] = holder
+        holder.client = client
         holder.attach(sink, resumed=False)
         return holder
 
@@ -333,15 +371,20 @@ class LiveSessions:
         )
 
     async def resume(
-        self, request: ResumeRequest, audio_format: AudioFormat, sink: EventSink
+        self,
+        request: ResumeRequest,
+        audio_format: AudioFormat,
+        sink: EventSink,
+        client: Client | None = None,
     ) -> LiveSessionHolder:
         """Attach `sink` to the session `request` names, taking it over from the socket that
         carries it, if any (that socket is sent `session_taken_over` and closed first, for at
-        most LIVE_TAKEOVER_CLOSE_S). Its `session.ready` offset is the session's durable
-        audio, not what the backend took (`attach`): nothing waits for the disk, and the
-        frames the client sends again past that offset are skipped (`append`). Raises NotFound
-        (unknown, dropped, or resume off), Unauthorized (wrong token), InvalidRequest (another
-        audio format)."""
+        most LIVE_TAKEOVER_CLOSE_S); it belongs to `sink`'s `client` from now on (module
+        docstring), whose cap never refuses a resume. Its `session.ready`
+        offset is the session's durable audio, not what the backend took (`attach`): nothing
+        waits for the disk, and the frames the client sends again past that offset are
+        skipped (`append`). Raises NotFound (unknown, dropped, or resume off), Unauthorized
+        (wrong token), InvalidRequest (another audio format)."""
         try:
             holder = self._find(request)
             require_same_format(holder.audio_format, audio_format)
@@ -358,6 +401,7 @@ class LiveSessions:
                 await asyncio.wait({closing}, timeout=LIVE_TAKEOVER_CLOSE_S)
             if holder.token is None:  # rebuilt after a restart: the client proved it has it
                 holder.tokens = holder.tokens.learned(request.resume_token)
+            holder.client = client
             holder.attach(sink, resumed=True)
         outcome = "resumed" if previous is None else "taken_over"
         self._metrics.live_resumes.labels(outcome).inc()

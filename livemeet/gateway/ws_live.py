@@ -54,6 +54,7 @@ from livemeet.errors import (
     error_for_code,
 )
 from livemeet.gateway.auth_http import refused_client, request_key
+from livemeet.gateway.clients import client_of
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import (
     AUTH_KEY,
@@ -720,9 +721,11 @@ class LiveConnection:
         if not self._authenticated:  # a resume too: the resume token alone is not enough
             await self._authenticate(start.api_key)
         sessions = self.app[SESSIONS_KEY]
-        if start.resume is not None:
+        client = client_of(self._key_id, self._remote)  # gateway/clients.py
+        if start.resume is not None:  # never refused for the client's cap: its slot is held
             self._resume_id = start.resume.session_id
-            await self._while_reading(sessions.resume(start.resume, start.audio_format, self))
+            resumed = sessions.resume(start.resume, start.audio_format, self, client)
+            await self._while_reading(resumed)
         else:
             self.app[DISK_KEY].check("live sessions")  # not one that fails on a full disk
             info = self.app[TRANSCRIBER_KEY].info
@@ -737,8 +740,9 @@ class LiveConnection:
                 and self.app[TRANSCRIBER_KEY].info.revise,
             )
             decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
-            session = await self.app[TRANSCRIBER_KEY].open_session(options)
-            sessions.open(session, decoder, start.audio_format, self, options)
+            with sessions.admitting(client):  # TooManySessions past the client's cap
+                session = await self.app[TRANSCRIBER_KEY].open_session(options)
+                sessions.open(session, decoder, start.audio_format, self, options, client)
         if self._key_id is not None and self.holder is not None:
             log.info("live session %s: API key %s", self.holder.id, self._key_id)
         self._forwarder = asyncio.create_task(self._forward())
