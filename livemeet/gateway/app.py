@@ -81,7 +81,7 @@ from livemeet.gateway.pages import page_headers
 from livemeet.gateway.transcript_store import TranscriptStore, remove_partial_writes
 from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
-from livemeet.gateway.ws_live import LiveRegistry, live_handler
+from livemeet.gateway.ws_live import LiveRegistry, end_withdrawn_keys, live_handler
 from livemeet.transcriber import BackendInfo, Transcriber
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,8 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
         keep_on_shutdown=config.gateway.shutdown_live == "keep",
         max_per_client=config.gateway.max_live_sessions_per_client,
     )
+    # a key revoked while live sessions run on it ends them (ws_live.end_withdrawn_keys)
+    app[AUTH_KEY].on_change(functools.partial(end_withdrawn_keys, app))
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):
         listeners.append(transcriber.set_incoming_uploads)

@@ -1,9 +1,11 @@
 """Who a live session belongs to: the client the per-client cap on live sessions counts it
-against (`serve --max-live-sessions-per-client`; docs/protocol.md, "Sessions per client").
-Sans-I/O policy: ws_live.py and live_sessions.py apply it.
+against (`serve --max-live-sessions-per-client`; docs/protocol.md, "Sessions per client"), and
+whose API key it runs on, so that a key revoked while it runs ends it (docs/protocol.md, "API
+keys"). Sans-I/O policy: ws_live.py and live_sessions.py apply it.
 
 A session belongs to the client of the connection that opened it, or that last resumed it (a
-resume presents a valid key of its own, and is never refused for the cap). The client
+resume presents a valid key of its own, and the session runs on that key from then on; it is
+never refused for the cap). The client
 is its API key where the server asked for one; else its address (`request.remote`), an IPv6
 one by its /64 (IPV6_CLIENT_PREFIX_BITS: a host may take any address of its subnet), an
 IPv4-mapped IPv6 one as the IPv4 address. A client without a key on a loopback address is not
