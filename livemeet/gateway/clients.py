@@ -66,8 +66,9 @@ def cap_refusal(client: Client, held: int, cap: int) -> TooManySessions | None:
     (0: no cap); None where it may open one."""
     if cap <= 0 or held < cap:
         return None
+    sessions = f"{held} live session{'' if held == 1 else 's'}"
     return TooManySessions(
-        f"this client ({client}) holds {held} live sessions, the most one client may "
-        f"({CAP_FLAG} {cap}): end one first (a detached one counts until it is resumed and "
-        "ended, or its resume window runs out), then retry"
+        f"this client ({client}) holds {sessions}, the most one client may ({CAP_FLAG} "
+        f"{cap}): end one first (a detached one counts until it is resumed and ended, or its "
+        "resume window runs out), then retry"
     )

@@ -224,6 +224,7 @@ def test_the_cap_refuses_at_the_cap_and_never_at_zero() -> None:
     assert isinstance(refusal, TooManySessions) and refusal.retryable
     assert (refusal.http_status, refusal.close_code) == (429, 4430)
     assert "(address 203.0.113.7) holds 2 live sessions" in refusal.message
+    assert "holds 1 live session, the most" in str(cap_refusal(client, 1, 1))
 
 
 def test_the_cap_setting(tmp_path: Any) -> None:
