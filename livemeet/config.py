@@ -31,6 +31,7 @@ from livemeet.audio.constants import (
     MAX_CONTEXT_TOKENS,
     MAX_LIVE_DECODE_STEPS,
     MAX_LIVE_HOP_LOAD,
+    MAX_LIVE_SESSIONS_PER_CLIENT,
     MAX_LIVE_STEP_BUDGET_S,
     MAX_UPLOAD_BYTES,
     MAX_UPLOAD_MIN_SHARE,
@@ -279,6 +280,10 @@ class GatewayConfig:
     max_audio_s: float = MAX_AUDIO_S  # s; a longer upload gets 413 (live sessions: no limit)
     max_concurrent_decodes: int = 2  # uploads decoded (ffmpeg/soundfile) at once
     max_sessions: int = 256  # open sessions (live + upload) before QueueFull
+    # running live sessions (detached ones included) one client, its API key or else its
+    # address, may hold before its next `start` gets TooManySessions (gateway/clients.py);
+    # 0: no cap
+    max_live_sessions_per_client: int = MAX_LIVE_SESSIONS_PER_CLIENT
     # s without any client message before a live session closes, or without upload body bytes
     # before an upload fails (client_timeout)
     idle_timeout_s: float = 60.0
@@ -330,6 +335,11 @@ class GatewayConfig:
                 raise ConfigError(f"{flag} must be >= 0, not {flag_number(value)}")
         if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
             raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
+        if self.max_live_sessions_per_client < 0:
+            raise ConfigError(
+                "--max-live-sessions-per-client must be >= 0 (0: no cap), "
+                f"not {self.max_live_sessions_per_client}"
+            )
         for origin in self.allowed_origins:
             problem = check_allowed_origin(origin)
             if problem is not None:

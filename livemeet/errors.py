@@ -178,6 +178,19 @@ class QueueFull(RequestRejected):
     retryable = True
 
 
+class TooManySessions(RequestRejected):
+    """Live: the client (its API key, or its address where the server asks for no key) holds
+    as many live sessions as one client may (`serve --max-live-sessions-per-client`), so
+    that one client cannot take every session slot; retry once one of its own has ended.
+    429 as a server at capacity, with a close code of its own: the remedy differs (the
+    client ends a session of its own; an operator raises the cap, not the server's size)."""
+
+    code = "too_many_sessions"
+    http_status = 429
+    close_code = 4430
+    retryable = True
+
+
 class EngineUnavailable(LivemeetError):
     """The engine is not ready, has failed, or the server is draining."""
 
@@ -237,6 +250,7 @@ ERROR_CLASSES: tuple[type[LivemeetError], ...] = (
     TooLong,
     HeadersTooLarge,
     QueueFull,
+    TooManySessions,
     EngineUnavailable,
     ServerRestarting,
     StorageFailed,

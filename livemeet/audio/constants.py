@@ -193,6 +193,16 @@ MAX_API_KEY_NAME_CHARS = 64  # characters; longest `livemeet keys create --name`
 # s between the server's looks at the key store for keys created or revoked by `livemeet keys`
 # while it runs (a presented key it does not know makes it look at once)
 API_KEYS_RELOAD_INTERVAL_S = 1.0
+# live sessions one client (its API key; its address where the server asks for no key) may
+# hold at once, detached ones waiting for a resume included (`serve
+# --max-live-sessions-per-client`; 0: no cap): without a cap, one client could take every
+# --max-sessions slot (256 by default) and starve the others. A GPU runs ~100 live sessions
+# at the latency target (docs/benchmarks.md), so 32 is a third of one; a client that needs
+# more (one key shared by a whole site) gets a higher cap from its operator
+MAX_LIVE_SESSIONS_PER_CLIENT = 32
+# leading bits of an IPv6 address that name a client for that cap: its /64, RFC 4291's
+# subnet, in which a host picks any interface identifier (a new address per session, else)
+IPV6_CLIENT_PREFIX_BITS = 64
 
 
 def num_audio_tokens(num_samples: int) -> int:

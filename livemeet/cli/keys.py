@@ -65,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     revoke = actions.add_parser(
         "revoke",
         help="revoke a key for good",
-        description="Revoke an API key for good: a running server refuses it within a second.",
+        description="Revoke an API key for good: a running server refuses it within a second, "
+        "and ends the live sessions running on it (each is closed with unauthorized, 4401; "
+        "what it heard is transcribed and stored).",
     )
     revoke.add_argument(
         "id", help="the key's id (12 hex characters, as `list` shows it), or the key itself"
@@ -169,7 +171,10 @@ def revoke_key(args: argparse.Namespace, store: ApiKeyStore) -> int:
     if before is not None and before.revoked_at is not None:
         print(f"API key {key_id}{_named(key)} was revoked already, {_when(before.revoked_at)}")
         return 0
-    print(f"API key {key_id}{_named(key)} revoked: a running server refuses it within a second")
+    print(
+        f"API key {key_id}{_named(key)} revoked: a running server refuses it within a second "
+        "and ends its live sessions"
+    )
     if not any(k.active for k in store.keys()):
         print(
             "no active key is left: a server on this data directory with --auth auto or keys "

@@ -95,6 +95,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="open sessions (live and upload) at once; more get queue_full (default %(default)d)",
     )
     p.add_argument(
+        "--max-live-sessions-per-client",
+        type=int,
+        default=GatewayConfig.max_live_sessions_per_client,
+        metavar="N",
+        help="live sessions one client may hold at once, detached ones waiting for a resume "
+        "included (a resume is never refused); its next start gets too_many_sessions (4430). "
+        "A client is its API key, or its address where no key is asked for (an IPv6 one by "
+        "its /64; a loopback one, as a proxy on this machine, is not capped). 0: no cap "
+        "(default %(default)d)",
+    )
+    p.add_argument(
         "--max-concurrent-decodes",
         type=int,
         default=GatewayConfig.max_concurrent_decodes,
@@ -456,6 +467,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             max_upload_bytes=args.max_upload_bytes,
             max_audio_s=args.max_audio_s,
             max_sessions=args.max_sessions,
+            max_live_sessions_per_client=args.max_live_sessions_per_client,
             max_concurrent_decodes=args.max_concurrent_decodes,
             live_hop_s=args.live_hop_s,
             live_max_speed=args.live_max_speed,

@@ -81,7 +81,7 @@ from livemeet.gateway.pages import page_headers
 from livemeet.gateway.transcript_store import TranscriptStore, remove_partial_writes
 from livemeet.gateway.upload_form import remove_spill_files
 from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
-from livemeet.gateway.ws_live import LiveRegistry, live_handler
+from livemeet.gateway.ws_live import LiveRegistry, end_withdrawn_keys, live_handler
 from livemeet.transcriber import BackendInfo, Transcriber
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,10 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
         app[JOURNAL_KEY],
         transcriber,
         keep_on_shutdown=config.gateway.shutdown_live == "keep",
+        max_per_client=config.gateway.max_live_sessions_per_client,
     )
+    # a key revoked while live sessions run on it ends them (ws_live.end_withdrawn_keys)
+    app[AUTH_KEY].on_change(functools.partial(end_withdrawn_keys, app))
     listeners: list[CountListener] = [metrics.uploads_incoming.set]
     if isinstance(transcriber, IncomingUploadsSink):
         listeners.append(transcriber.set_incoming_uploads)
@@ -380,6 +383,7 @@ def ready_line(config: ServerConfig, info: BackendInfo, disk_free_bytes: int | N
     settings = {
         "--data-dir": f"{config.data_dir} ({free} free)",
         "--max-sessions": str(gateway.max_sessions),
+        "--max-live-sessions-per-client": str(gateway.max_live_sessions_per_client),
         "--live-hop-s": flag_number(gateway.live_hop_s),
         "--live-resume-window": flag_number(gateway.live_resume_window_s),
         "--shutdown-live": gateway.shutdown_live,

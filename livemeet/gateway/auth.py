@@ -12,6 +12,11 @@ store held when last read (`KeyRing`, `keys_required`). `authenticate` checks th
 request presented: its `Verdict` names the key, or why it was refused (`AuthFailure`, the
 `reason` of `livemeet_auth_failures_total`), and `refusal` is the error the client gets.
 
+A key that stops letting requests in while a live session runs on it (revoked, or removed
+from the store: `withdrawn`) ends that session (`withdrawal` is what its socket is told;
+ws_live.py and live_sessions.py act on it): checked at `start` only, it carried the session on
+for as long as its client streamed.
+
 Credentials (`presented_key`): `Authorization: Bearer <key>` (what OpenAI's SDKs send), else
 `x-api-key: <key>`; a live session may give it in its `start` instead, as browsers cannot set
 a WebSocket's headers. Never a query string: URLs end up in access logs and histories.
@@ -207,6 +212,29 @@ def refusal(verdict: Verdict, *, live: bool = False) -> Unauthorized:
         )
     return Unauthorized(
         "the API key is not one of this server's (mistyped, or made for another server)",
+        challenge=INVALID_CHALLENGE,
+    )
+
+
+def withdrawn(mode: AuthMode, ring: KeyRing, key_ids: Iterable[str]) -> frozenset[str]:
+    """Of the keys `key_ids` (ids of keys that let requests in before), those `ring` no longer
+    lets in under `mode`: revoked since, or gone from the store. None while the server needs no
+    key (`keys_required`): it would let their clients in without one."""
+    if not keys_required(mode, ring):
+        return frozenset()
+    active = {key.key_id for key in ring.by_digest.values() if key.active}
+    return frozenset(key_id for key_id in key_ids if key_id not in active)
+
+
+def withdrawal(ring: KeyRing, key_id: str) -> Unauthorized:
+    """The error a live session running on the key `key_id` is closed with once `ring` no
+    longer lets that key in (`withdrawn`): revoked, or gone from the store."""
+    revoked = any(key.key_id == key_id and not key.active for key in ring.by_digest.values())
+    why = "was revoked" if revoked else "was removed from this server's keys"
+    return Unauthorized(
+        f"the API key {key_id} {why} while this live session ran: the session is ended, what "
+        "it heard transcribed and stored (its transcript opens with its captions_token); ask "
+        "the server's operator for a new key",
         challenge=INVALID_CHALLENGE,
     )
 

@@ -54,7 +54,10 @@ class KeyGuard:
     """The API-key check of one app: its `mode` and the store's keys as last read (`ring`).
     `authenticate` works on them in memory; `watch` reads the store again (off the event loop)
     every API_KEYS_RELOAD_INTERVAL_S when it changed, and `authenticate` does at once for a
-    key it does not know (one made a moment ago by a script that uses it next)."""
+    key it does not know (one made a moment ago by a script that uses it next). Each listener
+    (`on_change`) is called with the keys read whenever they changed (on the loop, at once:
+    a request checked after the change sees it, and a live session's key revoked meanwhile
+    is ended by the listener ws_live.py gives)."""
 
     def __init__(self, mode: AuthMode, store: ApiKeyStore, metrics: GatewayMetrics) -> None:
         self.mode = mode
@@ -63,6 +66,12 @@ class KeyGuard:
         self._metrics = metrics
         self._refreshing: asyncio.Task[None] | None = None
         self._problem: str | None = None  # the last read's failure, logged once
+        self._listeners: list[Callable[[KeyRing], None]] = []
+
+    def on_change(self, listener: Callable[[KeyRing], None]) -> None:
+        """Call `listener` (synchronous, non-blocking) with the keys each time they changed
+        while the server runs (not for the first read, `load`)."""
+        self._listeners.append(listener)
 
     def load(self) -> None:
         """Read the keys (at start, before serving; blocking; `read_keys`). Raises
@@ -116,6 +125,11 @@ class KeyGuard:
         if ring is not None and ring != self.ring:
             self.ring = ring
             log.info("API keys changed: %s", describe(self.mode, ring, self.store.path.parent))
+            for listener in self._listeners:
+                try:
+                    listener(ring)
+                except Exception:  # a bug there must not stop the keys' reloads
+                    log.exception("API keys changed: a listener failed")
 
 
 def read_keys(mode: AuthMode, store: ApiKeyStore) -> KeyRing:

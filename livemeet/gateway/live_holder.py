@@ -67,6 +67,7 @@ from livemeet.errors import (
     ServerRestarting,
     SessionTakenOver,
 )
+from livemeet.gateway.clients import Client
 from livemeet.gateway.live_journal import LiveJournal
 from livemeet.gateway.live_protocol import (
     AudioFormat,
@@ -300,8 +301,18 @@ class LiveSessionHolder:
         # unfinished in the journal for the next start, with no terminal event (`_recover`)
         self.kept_for_restart = False
         self.timer: asyncio.TimerHandle | None = None  # expiry or drop, while detached
+        # who it belongs to (gateway/clients.py): the client of the socket that opened it or
+        # last resumed it; None: not capped, or not known (rebuilt after a restart: the next
+        # resume tells)
+        self.client: Client | None = None
         self._on_terminal = on_terminal
         self.pump = asyncio.create_task(self._pump(), name=f"live-pump-{self.id}")
+
+    @property
+    def running(self) -> bool:
+        """Still at work: its final transcript (and the revision it promised) or its error has
+        not come. What the per-client cap counts (LiveSessions.admitting)."""
+        return self.replay.terminal is None or self.replay.revision_pending
 
     @property
     def token(self) -> str | None:

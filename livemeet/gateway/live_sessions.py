@@ -13,6 +13,13 @@ LIVE_REVISE_TIMEOUT_S), and the revised transcript is stored beside the final on
 Every holder is dropped exactly once (`_drop`: its backend session aborted, its pump and timer
 cancelled).
 
+Clients (gateway/clients.py): each holder belongs to the client of the socket that opened it or
+last resumed it. A client may hold `max_per_client` running sessions (`admitting`; detached ones
+count until they end, a resume is never refused for it). A session whose API key is revoked (or
+removed) while it runs is ended as by its client's `end`, not kept for a resume (`withdraw` for a
+detached one, `disconnect` for one whose socket ws_live.py closed for it): its final is stored,
+so nothing it acknowledged is lost; one that never had audio is dropped.
+
 Durability (DESIGN 5.9, gateway/live_journal.py): a session is finished in the journal once
 its final transcript is stored (a revision is best-effort after that: a crash during it loses
 only the revision), discarded when it fails or is dropped without one, and kept when the
@@ -25,11 +32,12 @@ the session, readable with the session's `captions_token`.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -49,6 +57,7 @@ from livemeet.errors import (
     StorageFailed,
     Unauthorized,
 )
+from livemeet.gateway.clients import Client, cap_refusal
 from livemeet.gateway.live_holder import (
     EventSink,
     LiveSessionHolder,
@@ -94,7 +103,8 @@ class LiveSessions:
     `window_s` 0 turns resume off: a socket that goes away takes its session with it.
     `final_timeout_s` bounds how long a detached, ended session waits for its final.
     `keep_on_shutdown`: the server's shutdown is a restart that keeps streaming sessions in
-    the journal for the next start (`keeps_on_shutdown`) rather than ending them."""
+    the journal for the next start (`keeps_on_shutdown`) rather than ending them.
+    `max_per_client`: running sessions one client may hold (`admitting`; 0: no cap)."""
 
     def __init__(
         self,
@@ -106,8 +116,12 @@ class LiveSessions:
         transcriber: Transcriber | None = None,
         *,
         keep_on_shutdown: bool = False,
+        max_per_client: int = 0,
     ) -> None:
         self.window_s = window_s
+        self.max_per_client = max_per_client
+        # sessions each client is opening (`admitting`): a start counts from its check on
+        self._opening: collections.Counter[Client] = collections.Counter()
         self.final_timeout_s = final_timeout_s
         self.draining = False
         self._drain_deadline_s = 0.0  # loop time the shutdown's drain waits for finals until
@@ -146,6 +160,52 @@ class LiveSessions:
             len(kept), sum(1 for h in kept if h.sink is None), len(held) - len(kept)
         )
 
+    def held_by(self, client: Client) -> int:
+        """The running sessions `client` holds (attached or detached) and is opening."""
+        held = sum(1 for h in self._holders.values() if h.client == client and h.running)
+        return held + self._opening[client]
+
+    @contextlib.contextmanager
+    def admitting(self, client: Client | None) -> Iterator[None]:
+        """A place for a new session of `client` (None: not capped) while it is opened (the
+        body opens it and registers it with `open`). Raises TooManySessions where `client`
+        holds `max_per_client` running sessions already (`held_by`): the place is taken at
+        the check, so starts racing each other cannot all pass it before any opened."""
+        if client is None:
+            yield
+            return
+        refusal = cap_refusal(client, self.held_by(client), self.max_per_client)
+        if refusal is not None:
+            raise refusal
+        self._opening[client] += 1
+        try:
+            yield
+        finally:
+            self._opening[client] -= 1
+            if not self._opening[client]:
+                del self._opening[client]
+
+    def key_ids(self) -> set[str]:
+        """The API keys the sessions held run on (`LiveSessionHolder.client`)."""
+        return {
+            h.client.key_id
+            for h in self._holders.values()
+            if h.client is not None and h.client.key_id is not None
+        }
+
+    def withdraw(self, key_ids: Collection[str]) -> None:
+        """The keys `key_ids` no longer let anyone in (revoked, or removed): each detached
+        session running on one that has not ended is ended now (`_end_withdrawn`); its client
+        cannot resume it with that key anyway. An attached one is its socket's to close
+        (ws_live.py), and `disconnect` ends it then."""
+        for holder in list(self._holders.values()):
+            client = holder.client
+            if client is None or client.key_id not in key_ids:
+                continue
+            if holder.sink is None and not holder.ended and holder.replay.terminal is None:
+                holder.cancel_timer()
+                self._spawn(self._end_withdrawn, holder)
+
     def open(
         self,
         session: TranscriberSession,
@@ -153,10 +213,11 @@ class LiveSessions:
         audio_format: AudioFormat,
         sink: EventSink,
         options: SessionOptions | None = None,
+        client: Client | None = None,
     ) -> LiveSessionHolder:
-        """Register a new session, attached to `sink`, with fresh tokens; with a journal, its
-        audio and finals are written to disk from now on, with its `options` (the prompt,
-        hotwords and language a rebuild after a restart opens it with again)."""
+        """Register a new session of `client`, attached to `sink`, with fresh tokens; with a
+        journal, its audio and finals are written to disk from now on, with its `options` (the
+        prompt, hotwords and language a rebuild after a restart opens it with again)."""
         assert session.id not in self._holders, f"session id {session.id} is in use"
         tokens = SessionTokens.new()
         holder = LiveSessionHolder(
@@ -179,6 +240,7 @@ class LiveSessions:
                 meta, holder.durable, functools.partial(self._storage_failed, holder)
             )
         self._holders[holder.id] = holder
+        holder.client = client
         holder.attach(sink, resumed=False)
         return holder
 
@@ -333,15 +395,20 @@ class LiveSessions:
         )
 
     async def resume(
-        self, request: ResumeRequest, audio_format: AudioFormat, sink: EventSink
+        self,
+        request: ResumeRequest,
+        audio_format: AudioFormat,
+        sink: EventSink,
+        client: Client | None = None,
     ) -> LiveSessionHolder:
         """Attach `sink` to the session `request` names, taking it over from the socket that
         carries it, if any (that socket is sent `session_taken_over` and closed first, for at
-        most LIVE_TAKEOVER_CLOSE_S). Its `session.ready` offset is the session's durable
-        audio, not what the backend took (`attach`): nothing waits for the disk, and the
-        frames the client sends again past that offset are skipped (`append`). Raises NotFound
-        (unknown, dropped, or resume off), Unauthorized (wrong token), InvalidRequest (another
-        audio format)."""
+        most LIVE_TAKEOVER_CLOSE_S); it belongs to `sink`'s `client` from now on (module
+        docstring), whose cap never refuses a resume. Its `session.ready`
+        offset is the session's durable audio, not what the backend took (`attach`): nothing
+        waits for the disk, and the frames the client sends again past that offset are
+        skipped (`append`). Raises NotFound (unknown, dropped, or resume off), Unauthorized
+        (wrong token), InvalidRequest (another audio format)."""
         try:
             holder = self._find(request)
             require_same_format(holder.audio_format, audio_format)
@@ -358,6 +425,7 @@ class LiveSessions:
                 await asyncio.wait({closing}, timeout=LIVE_TAKEOVER_CLOSE_S)
             if holder.token is None:  # rebuilt after a restart: the client proved it has it
                 holder.tokens = holder.tokens.learned(request.resume_token)
+            holder.client = client
             holder.attach(sink, resumed=True)
         outcome = "resumed" if previous is None else "taken_over"
         self._metrics.live_resumes.labels(outcome).inc()
@@ -371,14 +439,19 @@ class LiveSessions:
         )
         return holder
 
-    async def disconnect(self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool) -> bool:
+    async def disconnect(
+        self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool, withdrawn: bool = False
+    ) -> bool:
         """`sink`'s socket is gone. `keep`: the session may wait for a resume (the socket went
         while it streamed, no error sent, its final not sent); otherwise, and where resume is
         off, the session is dropped. While the server drains, one kept or ended has its final
         waited for and stored first (`_finish_for_drain`), except that a restart
         (`keeps_on_shutdown`) keeps a streaming one, detached and untimed, in the journal for
-        the next start (`close` then frees it). Returns whether it was kept. A socket that was
-        taken over leaves the session alone."""
+        the next start (`close` then frees it). `withdrawn`: the socket was closed because
+        its API key was revoked: the session, `keep` or not, is not kept for a resume but
+        ended, its final stored (`_end_withdrawn`; its final waited for, if it was ending
+        already). Returns whether it was kept. A socket that was taken over leaves the
+        session alone."""
         if holder.sink is not sink:
             return False
         holder.sink = None
@@ -392,6 +465,15 @@ class LiveSessions:
         if self.draining and (keep or holder.ended):
             await self._finish_for_drain(holder)
             return False
+        if withdrawn:
+            if holder.replay.terminal is None:
+                self._update_detached()
+                if holder.ended:  # its final is on its way: stored once it comes
+                    self._arm(holder)
+                else:
+                    await self._end_withdrawn(holder)
+                return False
+            keep = False  # its final came: stored, as after any final (a revision goes on)
         if holder.replay.revision_pending:  # its client may go after the final: not the revision
             self._arm(holder)
             self._update_detached()
@@ -673,23 +755,49 @@ class LiveSessions:
             self._spawn(self._drop, holder)
 
     async def _expire(self, holder: LiveSessionHolder) -> None:
+        if await self._end_detached(holder):
+            self._metrics.live_resume_expiries.inc()
+            log.info(
+                "live session %s not resumed within %g s: ended as by its client's end",
+                holder.id,
+                self.window_s,
+            )
+            self._arm_ended(holder)
+
+    async def _end_withdrawn(self, holder: LiveSessionHolder) -> None:
+        """A detached session whose API key no longer lets it in: ended as by its client's
+        `end` (its final is stored), or, without any audio, dropped (nothing to keep)."""
         if holder.sink is not None or holder.dropped:
-            return  # resumed or dropped after the timer fired
+            return  # resumed (with a valid key) or dropped meanwhile
+        if not holder.num_frames_accepted:
+            log.info("live session %s: its API key was revoked; no audio: dropped", holder.id)
+            await self._drop(holder)
+            return
+        if await self._end_detached(holder):
+            log.info(
+                "live session %s: its API key was revoked: ended as by its client's end, "
+                "not kept for a resume",
+                holder.id,
+            )
+            self._arm_ended(holder)
+
+    async def _end_detached(self, holder: LiveSessionHolder) -> bool:
+        """End a detached session as by its client's `end`; whether this call did (not once
+        resumed, ended or dropped meanwhile; one that cannot be ended is dropped)."""
+        if holder.sink is not None or holder.dropped:
+            return False  # resumed or dropped after the timer fired
         try:
-            if not await holder.end(None):
-                return  # resumed while the end waited for the lock
+            return await holder.end(None)  # False: resumed while the end waited for the lock
         except LivemeetError as exc:
             log.info("live session %s could not be ended (%s): dropped", holder.id, exc.code)
             await self._drop(holder)
-            return
-        self._metrics.live_resume_expiries.inc()
-        log.info(
-            "live session %s not resumed within %g s: ended as by its client's end",
-            holder.id,
-            self.window_s,
-        )
+            return False
+
+    def _arm_ended(self, holder: LiveSessionHolder) -> None:
+        """A detached session was just ended: wait for its final (or drop it, if the final
+        came meanwhile), unless it was resumed or dropped since."""
         if holder.sink is None and not holder.dropped:
-            self._arm(holder)  # now: its final (or a drop, if the final came meanwhile)
+            self._arm(holder)
 
     async def _forget(self, holder: LiveSessionHolder) -> None:
         """A detached session's last timer: its final was kept a window, or never came."""

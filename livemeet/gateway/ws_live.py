@@ -9,6 +9,9 @@ kept for a resume (the socket went while the client streamed, or was closed for 
 violation of the protocol) or dropped. Every failure reaches the client as an `error` frame,
 then a close with the error class's 4xxx close code, except a frame aiohttp refuses itself
 (over MAX_FRAME_BYTES: 1009; a text frame not UTF-8: 1007), which it closes at once.
+A connection whose API key is revoked (or removed) while it runs is closed with `unauthorized`
+(4401), and its session ended, not kept for a resume (`end_withdrawn_keys`, KeyGuard's
+listener; gateway/live_sessions.py).
 A session whose final promises a revision (`session.ready`'s `revise`, DESIGN 5.7) keeps its
 socket open after `transcript.final` until `transcript.revised`, then closes normally; a
 revision that fails (or does not come within LIVE_REVISE_TIMEOUT_S of the final) is a
@@ -53,7 +56,9 @@ from livemeet.errors import (
     Unauthorized,
     error_for_code,
 )
+from livemeet.gateway.auth import KeyRing, withdrawal, withdrawn
 from livemeet.gateway.auth_http import refused_client, request_key
+from livemeet.gateway.clients import client_of
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import (
     AUTH_KEY,
@@ -61,6 +66,7 @@ from livemeet.gateway.keys import (
     DISK_KEY,
     LIFECYCLE_KEY,
     METRICS_KEY,
+    REGISTRY_KEY,
     SESSIONS_KEY,
     TRANSCRIBER_KEY,
 )
@@ -188,6 +194,17 @@ class LiveRegistry:
     def discard(self, connection: LiveConnection) -> None:
         self._connections.discard(connection)
 
+    def key_ids(self) -> set[str]:
+        """The API keys the open connections were let in with."""
+        return {c.key_id for c in self._connections if c.key_id is not None}
+
+    def withdraw(self, key_ids: frozenset[str], ring: KeyRing) -> None:
+        """Close every connection let in with one of the keys `key_ids`, which `ring` no longer
+        lets in, with `unauthorized` (`LiveConnection.withdraw`)."""
+        for connection in self._connections:
+            if connection.key_id is not None and connection.key_id in key_ids:
+                connection.withdraw(withdrawal(ring, connection.key_id))
+
     async def drain_all(
         self, timeout_s: float = LIVE_DRAIN_TIMEOUT_S, *, keep: bool = False
     ) -> None:
@@ -215,6 +232,30 @@ class LiveRegistry:
                     *(c.fail(_shutdown_error(c, keep)) for c in late),
                     return_exceptions=True,
                 )
+
+
+def end_withdrawn_keys(app: web.Application, ring: KeyRing) -> None:
+    """KeyGuard's listener (gateway/auth_http.py): the API keys changed to `ring`. The live
+    sessions running on a key it no longer lets in (revoked, or removed: auth.withdrawn) are
+    ended: each socket let in with one is closed with `unauthorized` (4401), and its session,
+    like a detached one, ended as by its client's `end` and not kept for a resume
+    (gateway/live_sessions.py). A session opened with no key (none was asked for) runs on.
+    Nothing is done once the shutdown began: it ends every session, or keeps it for the next
+    start, which rebuilds it on no key (its client resumes it with a valid one, or it ends)."""
+    if app[LIFECYCLE_KEY].draining:
+        return
+    registry, sessions = app[REGISTRY_KEY], app[SESSIONS_KEY]
+    gone = withdrawn(app[AUTH_KEY].mode, ring, registry.key_ids() | sessions.key_ids())
+    if not gone:
+        return
+    log.warning(
+        "%s %s no longer valid: the live sessions running on %s are ended",
+        "API key" if len(gone) == 1 else "API keys",
+        ", ".join(sorted(gone)),
+        "it" if len(gone) == 1 else "them",
+    )
+    registry.withdraw(gone, ring)
+    sessions.withdraw(gone)
 
 
 def _shutdown_error(connection: LiveConnection, keep: bool) -> LivemeetError:
@@ -291,6 +332,10 @@ class LiveConnection:
         # `fail` closes the socket but keeps the session, as a dropped socket does: a client's
         # violation (`run`), a restart (`_keep_for_restart`)
         self._keep_session = False
+        # its API key no longer lets it in (`withdraw`): the error the handler fails with at its
+        # next read, and the cleanup ends the session rather than keep it for a resume
+        self._withdrawal: Unauthorized | None = None
+        self._reading: asyncio.Timeout | None = None  # the deadline of a read under way
         self._client_left = False  # closed by the client with 1000 or 1001 (`run`)
         # loop time of the client's last data message (pings and pongs are not messages)
         self._last_message_at = asyncio.get_running_loop().time()
@@ -375,25 +420,32 @@ class LiveConnection:
         an error event), up to `final_timeout_s` after `end`. The deadlines are ours, not
         aiohttp's `receive_timeout`: aiohttp answers a ping inside `receive` and starts its
         timeout again, so a stalled client whose library pings (websockets does, every 20 s)
-        would hold its session forever. Raises ClientTimeout (idle, or no `start` in time) and
-        EngineUnavailable (no final in time); an idle session with audio is ended instead, its
-        error held for after the final (`_end_for`)."""
-        if self._held_message is not None:
-            msg, self._held_message = self._held_message, None
-            return msg
+        would hold its session forever. Raises ClientTimeout (idle, or no `start` in time),
+        EngineUnavailable (no final in time) and Unauthorized (its API key no longer valid:
+        `withdraw`); an idle session with audio is ended instead, its error held for after the
+        final (`_end_for`)."""
         while True:
+            if self._withdrawal is not None:
+                raise self._withdrawal
+            if self._held_message is not None:
+                msg, self._held_message = self._held_message, None
+                return msg
             ended_at = self._ended_at
             deadline, limit = self._next_deadline()
             try:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(deadline) as self._reading:
                     msg = await _read(self.ws)
             except TimeoutError:
+                if self._withdrawal is not None:  # `withdraw` cut the wait short
+                    raise self._withdrawal from None
                 if ended_at is None and self._ended_at is not None:
                     continue  # a drain ended the session during the wait: the final's limit
                 error = self._timeout_error(limit)
                 if limit == "idle" and await self._end_for(error):
                     continue  # now waiting for the final
                 raise error from None
+            finally:
+                self._reading = None
             self._last_message_at = asyncio.get_running_loop().time()
             return msg
 
@@ -515,7 +567,9 @@ class LiveConnection:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._taken_over
         if self.holder is not None:
-            kept = await self.app[SESSIONS_KEY].disconnect(self.holder, self, keep=keep)
+            kept = await self.app[SESSIONS_KEY].disconnect(
+                self.holder, self, keep=keep, withdrawn=self._withdrawal is not None
+            )
             if kept:
                 self.outcome = "detached"
         if not self.ws.closed:
@@ -709,6 +763,28 @@ class LiveConnection:
         elif not isinstance(action, KeepAlive):
             raise InternalError(f"unhandled live action {action!r}")
 
+    @property
+    def key_id(self) -> str | None:
+        """The id of the API key the connection was let in with (None: none yet, or none
+        needed)."""
+        return self._key_id
+
+    def withdraw(self, error: Unauthorized) -> None:
+        """The connection's API key no longer lets it in (revoked, or removed): its handler
+        fails with `error` (what is owed, then the error, then close 4401) at once if it is
+        waiting for the client's next message, else once the action under way (a `start`, a
+        resume waiting for the engine, an append) is done: the handler's own close waits for
+        the client's close frame, which a close from another task while it reads does not
+        (aiohttp drops the connection: the client saw 1006). Its session is ended, not kept
+        for a resume, by the cleanup (LiveSessions.disconnect's `withdrawn`): one it opens or
+        resumes meanwhile too."""
+        if self._withdrawal is not None:
+            return
+        self._withdrawal = error
+        reading = self._reading
+        if reading is not None and not reading.expired():
+            reading.reschedule(asyncio.get_running_loop().time())  # `_receive` raises it
+
     async def _authenticate(self, presented: str | None) -> None:
         """Let the connection open or resume a session with the key `presented` (None:
         none), or raise Unauthorized."""
@@ -720,9 +796,11 @@ class LiveConnection:
         if not self._authenticated:  # a resume too: the resume token alone is not enough
             await self._authenticate(start.api_key)
         sessions = self.app[SESSIONS_KEY]
-        if start.resume is not None:
+        client = client_of(self._key_id, self._remote)  # gateway/clients.py
+        if start.resume is not None:  # never refused for the client's cap: its slot is held
             self._resume_id = start.resume.session_id
-            await self._while_reading(sessions.resume(start.resume, start.audio_format, self))
+            resumed = sessions.resume(start.resume, start.audio_format, self, client)
+            await self._while_reading(resumed)
         else:
             self.app[DISK_KEY].check("live sessions")  # not one that fails on a full disk
             info = self.app[TRANSCRIBER_KEY].info
@@ -737,8 +815,9 @@ class LiveConnection:
                 and self.app[TRANSCRIBER_KEY].info.revise,
             )
             decoder = PcmStreamDecoder(start.sample_rate, start.channels, start.encoding)
-            session = await self.app[TRANSCRIBER_KEY].open_session(options)
-            sessions.open(session, decoder, start.audio_format, self, options)
+            with sessions.admitting(client):  # TooManySessions past the client's cap
+                session = await self.app[TRANSCRIBER_KEY].open_session(options)
+                sessions.open(session, decoder, start.audio_format, self, options, client)
         if self._key_id is not None and self.holder is not None:
             log.info("live session %s: API key %s", self.holder.id, self._key_id)
         self._forwarder = asyncio.create_task(self._forward())
@@ -928,8 +1007,6 @@ async def _stop_reading(reading: asyncio.Future[WSMessage]) -> WSMessage | None:
 async def live_handler(request: web.Request) -> web.WebSocketResponse:
     """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade, and
     RequestRejected (400) for a browser page of an origin not allowed (gateway/origin.py)."""
-    from livemeet.gateway.keys import REGISTRY_KEY
-
     ws = web.WebSocketResponse(max_msg_size=_WS_MAX_MSG_SIZE)  # timeouts: LiveConnection
     if not ws.can_prepare(request).ok:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")

@@ -28,6 +28,8 @@ from livemeet.gateway.auth import (
     new_key,
     presented_key,
     refusal,
+    withdrawal,
+    withdrawn,
 )
 
 ACTIVE, ACTIVE_ID = new_key()
@@ -141,6 +143,28 @@ def test_refusals_say_why_and_never_hold_the_key() -> None:
     assert wrong.challenge == revoked.challenge == INVALID_CHALLENGE
     with pytest.raises(AssertionError):
         refusal(Verdict(None, None))
+
+
+def test_the_keys_a_new_ring_no_longer_lets_in() -> None:
+    """Revoked since, or gone from the store: withdrawn; none while the server needs no key
+    (`auto` with an empty store, `off`), and an id it never let in is no concern here."""
+    in_use = {ACTIVE_ID, REVOKED_ID}
+    assert withdrawn(AuthMode.AUTO, ring(), in_use) == {REVOKED_ID}
+    assert withdrawn(AuthMode.KEYS, ring(active=False), in_use) == in_use  # gone and revoked
+    assert withdrawn(AuthMode.AUTO, ring(), ()) == frozenset()
+    assert withdrawn(AuthMode.AUTO, KeyRing(), in_use) == frozenset()  # open: no key needed
+    assert withdrawn(AuthMode.OFF, ring(revoked=True), in_use) == frozenset()
+    assert withdrawn(AuthMode.KEYS, KeyRing(), in_use) == in_use
+
+
+def test_a_withdrawn_key_is_told_by_id_and_why() -> None:
+    revoked, gone = withdrawal(ring(), REVOKED_ID), withdrawal(ring(), "0123456789ab")
+    for error in (revoked, gone):
+        assert (error.code, error.http_status, error.close_code) == ("unauthorized", 401, 4401)
+        assert error.challenge == INVALID_CHALLENGE and "session is ended" in error.message
+        assert REVOKED not in error.message
+    assert f"API key {REVOKED_ID} was revoked" in revoked.message
+    assert "0123456789ab was removed" in gone.message
 
 
 def test_a_key_id_is_named_by_itself_or_by_its_key() -> None:

@@ -20,12 +20,14 @@ from livemeet.errors import Unauthorized
 from livemeet.gateway.api_keys import ApiKeyStore, store_path
 from livemeet.gateway.app import create_app
 from livemeet.gateway.auth_http import PUBLIC_ROUTES, SELF_CHECKED_ROUTES
+from livemeet.gateway.session_transcript import STATUS_HEADER
 from tests.gateway.conftest import ClientFactory, pcm16, wav_bytes
 from tests.gateway.fakes import FakeTranscriber
 from tests.gateway.test_http_refusals import exchange
-from tests.gateway.test_live_resume import detached_session, resume_start
+from tests.gateway.test_live_resume import detached_session, read_until, resume_start
 from tests.gateway.test_openai_api import form
-from tests.gateway.test_ws_live import START, expect_error, receive_all
+from tests.gateway.test_ws_captions import stream, subscribe, transcript_url
+from tests.gateway.test_ws_live import START, expect_error, receive_all, wait_until
 
 WWW_AUTHENTICATE = "WWW-Authenticate"
 # the protected HTTP endpoints: (method, path); every named /v1 route but the live socket and
@@ -391,6 +393,152 @@ async def test_a_resume_needs_a_key_too(
         await ws.send_json(resume_start(ready, api_key=keys.active))
         resumed = await ws.receive_json()
         assert resumed["type"] == "session.ready" and resumed["resumed"] is True
+
+
+@pytest.fixture
+def fast_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server looks at the key store every 50 ms, not every second."""
+    monkeypatch.setattr("livemeet.gateway.auth_http.API_KEYS_RELOAD_INTERVAL_S", 0.05)
+
+
+async def keyed_session(
+    client: TestClient, key: str, fake: FakeTranscriber, seconds: float = 0.0
+) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
+    """A live socket let in with `key` (its upgrade's header) and its `session.ready`, after
+    `seconds` of audio all acknowledged (on disk)."""
+    ws = await client.ws_connect("/v1/live", headers=bearer(key))
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    assert ready["type"] == "session.ready", ready
+    if seconds:
+        await stream(ws, fake, seconds)
+        acked = 0
+        while acked < seconds * 16000:
+            acked = (await read_until(ws, "audio.ack"))[-1]["offset"]
+    return ws, ready
+
+
+async def stored_transcript(client: TestClient, ready: dict[str, Any]) -> dict[str, Any]:
+    """The session's transcript once its final one is in (polled)."""
+    for _ in range(100):
+        resp = await client.get(transcript_url(ready, "verbose_json"))
+        if resp.headers.get(STATUS_HEADER) == "final":
+            body: dict[str, Any] = await resp.json()
+            return body
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no final transcript: {resp.status} {resp.headers.get(STATUS_HEADER)}")
+
+
+async def test_a_key_revoked_while_its_live_sessions_run_ends_them(
+    keyed: TestClient, keys: Keys, fake: FakeTranscriber, fast_reload: None
+) -> None:
+    """Checked at `start` only, a revoked key's live session ran on for as long as its
+    client streamed. Now every socket let in with it gets `unauthorized` and 4401 (one that
+    has not sent `start` yet too); a session with audio is ended as by `end`, its final
+    transcript (all the acknowledged audio) stored and sent to its captions, not kept for a
+    resume with that key; one without audio is dropped; another key's session runs on."""
+    _, other = keys.store.create("other")
+    ws, ready = await keyed_session(keyed, keys.active, fake, 1.0)
+    captions = await subscribe(keyed, ready)
+    silent, _ = await keyed_session(keyed, keys.active, fake)
+    unstarted = await keyed.ws_connect("/v1/live", headers=bearer(keys.active))
+    others, _ = await keyed_session(keyed, other, fake, 0.5)
+    keys.store.revoke(keys.active_id)
+    error = await expect_error(ws, Unauthorized)
+    assert keys.active_id in error["message"] and "was revoked" in error["message"]
+    await expect_error(silent, Unauthorized)
+    await expect_error(unstarted, Unauthorized)
+    heard = await asyncio.wait_for(receive_all(captions), 5)
+    assert heard[-1]["type"] == "transcript.final" and heard[-1]["duration"] == 1.0
+    assert captions.close_code == 1000
+    assert (await stored_transcript(keyed, ready))["duration"] == 1.0
+    assert fake.sessions[0].log.ended and fake.sessions[1].log.aborted
+    async with keyed.ws_connect("/v1/live") as resume:
+        await resume.send_json(resume_start(ready, api_key=keys.active))
+        assert "was revoked" in (await expect_error(resume, Unauthorized))["message"]
+    # the other key's session: untouched
+    await others.send_bytes(pcm16(0.5))
+    await others.send_json({"type": "end"})
+    events = await asyncio.wait_for(receive_all(others), 5)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 1.0
+    assert others.close_code == 1000
+
+
+async def test_a_detached_session_of_a_revoked_key_is_ended_not_kept_for_a_resume(
+    keyed: TestClient,
+    keys: Keys,
+    fake: FakeTranscriber,
+    fast_reload: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A session waiting for a resume is ended at once, not when its window runs out; a
+    resume with another valid key (its client got a new one) gets only its final."""
+    _, other = keys.store.create("new laptop")
+    original = keyed.ws_connect
+
+    def with_key(path: str, **kwargs: Any) -> Any:
+        return original(path, headers=bearer(keys.active), **kwargs)
+
+    monkeypatch.setattr(keyed, "ws_connect", with_key)
+    ready, _ = await detached_session(keyed, fake, 1.0)
+    monkeypatch.undo()
+    keys.store.revoke(keys.active_id)
+    await wait_until(lambda: fake.sessions[0].log.ended, timeout_s=3.0)
+    assert (await stored_transcript(keyed, ready))["duration"] == 1.0
+    async with keyed.ws_connect("/v1/live", headers=bearer(other)) as ws:
+        await ws.send_json(resume_start(ready))
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert events[0]["type"] == "session.ready" and events[0]["resumed"] is True
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 1.0
+
+
+async def test_a_session_resumed_with_another_key_runs_on_that_key(
+    keyed: TestClient,
+    keys: Keys,
+    fake: FakeTranscriber,
+    fast_reload: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A client given a new key resumes with it: revoking the old key then leaves the session
+    alone (it runs on the key of the socket that last carried it)."""
+    _, new = keys.store.create("rotated")
+    original = keyed.ws_connect
+
+    def with_key(path: str, **kwargs: Any) -> Any:
+        return original(path, headers=bearer(keys.active), **kwargs)
+
+    monkeypatch.setattr(keyed, "ws_connect", with_key)
+    ready, _ = await detached_session(keyed, fake, 1.0)
+    monkeypatch.undo()
+    async with keyed.ws_connect("/v1/live", headers=bearer(new)) as ws:
+        await ws.send_json(resume_start(ready))
+        assert (await ws.receive_json())["resumed"] is True
+        keys.store.revoke(keys.active_id)
+        await wait_for_status(keyed, 401, bearer(keys.active))
+        await asyncio.sleep(0.2)  # past a few reloads
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 1.5
+    assert ws.close_code == 1000
+
+
+async def test_a_session_opened_without_a_key_runs_on_once_keys_are_made(
+    client: TestClient, server_config: ServerConfig, fake: FakeTranscriber, fast_reload: None
+) -> None:
+    """`auto` with no key: a session opened then was let in by no key, and none is revoked
+    by the first key made (which closes the server to new requests without one)."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await stream(ws, fake, 0.5)
+        ApiKeyStore(store_path(server_config.data_dir)).create("first")
+        await wait_for_status(client, 401)
+        await asyncio.sleep(0.2)  # past a few reloads
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        events = await asyncio.wait_for(receive_all(ws), 5)
+    assert events[-1]["type"] == "transcript.final" and events[-1]["duration"] == 1.0
 
 
 async def test_the_captions_token_alone_opens_the_captions_and_transcript(
