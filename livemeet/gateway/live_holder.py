@@ -596,7 +596,8 @@ class LiveSessionHolder:
             if self.replay.terminal is not None:
                 return
             merges = self.replay.merges
-            if speaker in merges and merges.resolve(speaker) == merges.resolve(into):
+            repeat = speaker != into and speaker in merges  # a label into itself: refused
+            if repeat and merges.resolve(speaker) == merges.resolve(into):
                 # a repeat (a client retrying after a dropped socket): answered again, as a
                 # repeated rename is (it closed the session with 4400; a trial)
                 self._record(SpeakerMerged(speaker, merges.resolve(into)))

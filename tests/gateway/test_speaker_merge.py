@@ -353,6 +353,9 @@ async def test_a_snapshot_after_a_merge_shows_the_partial_with_the_target(
         ([merge("S03", "S09")], "S09 is not a label this session has shown"),
         ([merge("S09", "S01")], "S09 is not a label this session has shown"),
         ([merge("S01", "S01")], "into itself"),
+        # a label merged away, into itself: both show as S01, and it was answered as a repeat
+        # of S03's merge (`speaker.merged`), not refused (a stress trial)
+        ([merge("S03", "S01"), merge("S03", "S03")], "into itself"),
         ([merge("S03", "S01"), merge("S03", "S02")], "S03 is merged into S01 already"),
         ([merge("S03", "S01"), merge("S01", "S03")], "cycle"),
         ([merge("S03", "S01"), rename("S03", "Carol")], "rename S01"),
