@@ -44,7 +44,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -137,7 +137,9 @@ class ReplayState:
     error) once it came, and after a final that promised one, its revision
     (`TranscriptRevised`, or the `revision_failed` error). Finals are immutable with stable
     ids, so a client that saw some of them dedupes by id; a name replaces the label's earlier
-    one. `labels_shown`: every label a segment sent so far carried (a merge names two)."""
+    one. `labels_shown`: every label a segment sent so far carried (a merge names two).
+    `names` and `merges` are the session's as soon as a client makes them; `told_names` and
+    `told_merges` those answered (`told`: the journal holds them), which a snapshot tells."""
 
     finals: list[SegmentFinal] = field(default_factory=list)
     partial: SegmentPartial | None = None
@@ -146,6 +148,10 @@ class ReplayState:
     merges: SpeakerMerges = field(default_factory=SpeakerMerges)
     labels_shown: set[str] = field(default_factory=set)
     revision: TranscriptRevised | Error | None = None
+    # a name or merge whose journal commit is under way is not told yet: a resume's
+    # session.ready that told it, then a crash, took it back from the client (a stress trial)
+    told_names: dict[str, str] = field(default_factory=dict)
+    told_merges: SpeakerMerges = field(default_factory=SpeakerMerges)
 
     @property
     def revision_pending(self) -> bool:
@@ -173,6 +179,24 @@ class ReplayState:
             self.revision = event
         elif isinstance(event, TranscriptFinal | Error):
             self.terminal = event
+
+    def told(self, event: SpeakerRenamed | SpeakerMerged) -> None:
+        """`event`, a rename or merge `record`ed before, is answered (the journal holds it, or
+        there is no journal): snapshots tell it from now on."""
+        if isinstance(event, SpeakerMerged):
+            self.told_merges.add(event.speaker, event.into)
+        elif event.name is None:
+            self.told_names.pop(event.speaker, None)
+        else:
+            self.told_names[event.speaker] = event.name
+
+    def restore_speakers(
+        self, names: Sequence[tuple[str, str]], merges: Sequence[tuple[str, str]]
+    ) -> None:
+        """A session rebuilt from the journal: its names and merges, all held there (told).
+        Raises ValueError as `SpeakerMerges` for merges it refuses."""
+        self.names, self.told_names = dict(names), dict(names)
+        self.merges, self.told_merges = SpeakerMerges(merges), SpeakerMerges(merges)
 
     def as_shown(self, event: SessionEvent) -> SessionEvent:
         """`event` as the session shows it once merges were made: a segment the client has not
@@ -203,12 +227,13 @@ class ReplayState:
     def snapshot(self, max_finals: int | None = None) -> list[SessionEvent]:
         """The events to replay, in order: the finals (the last `max_finals` of them, if
         given), a `speaker.renamed` per named label, a `speaker.merged` per merge (in merge
-        order), then the terminal event, or else the partial (the final transcript holds
-        every segment)."""
+        order), those answered so far (`told`: one still waiting for the journal is answered
+        when it is held), then the terminal event, or else the partial (the final transcript
+        holds every segment)."""
         finals = self.finals if max_finals is None else self.finals[-max_finals:]
         events: list[SessionEvent] = list(finals) if max_finals != 0 else []
-        events.extend(SpeakerRenamed(label, name) for label, name in self.names.items())
-        events.extend(SpeakerMerged(label, into) for label, into in self.merges.items())
+        events.extend(SpeakerRenamed(label, name) for label, name in self.told_names.items())
+        events.extend(SpeakerMerged(label, into) for label, into in self.told_merges.items())
         if self.terminal is not None:
             events.append(self.terminal)
             if self.revision is not None:
@@ -571,7 +596,8 @@ class LiveSessionHolder:
             if self.replay.terminal is not None:
                 return
             merges = self.replay.merges
-            if speaker in merges and merges.resolve(speaker) == merges.resolve(into):
+            repeat = speaker != into and speaker in merges  # a label into itself: refused
+            if repeat and merges.resolve(speaker) == merges.resolve(into):
                 # a repeat (a client retrying after a dropped socket): answered again, as a
                 # repeated rename is (it closed the session with 4400; a trial)
                 self._record(SpeakerMerged(speaker, merges.resolve(into)))
@@ -879,6 +905,8 @@ class LiveSessionHolder:
 
     def _hand_on(self, event: SessionEvent) -> None:
         """Hand `event` to the socket attached and to every subscriber."""
+        if isinstance(event, SpeakerRenamed | SpeakerMerged):
+            self.replay.told(event)  # answered: a resume's or subscriber's snapshot tells it
         if self.sink is not None:
             self.sink.deliver(event)
         for subscriber in list(self.subscribers):  # one may unsubscribe in its deliver

@@ -82,7 +82,6 @@ from livemeet.transcriber import (
     TranscriberSession,
     TranscriptFinal,
 )
-from livemeet.transcript.speakers import SpeakerMerges
 
 log = logging.getLogger(__name__)
 
@@ -367,8 +366,7 @@ class LiveSessions:
         # revs went up by one a partial, at most one a decode of new audio, so fewer than the
         # stored audio's sample frames: the rebuilt session's partials stay above them
         holder.partial_rev = stored.durable_frames
-        holder.replay.names = dict(stored.names)
-        holder.replay.merges = SpeakerMerges(stored.merges)
+        holder.replay.restore_speakers(stored.names, stored.merges)
         holder.replay.labels_shown = {seg.speaker for seg in stored.finals}
         holder.finalizes = list(stored.finalizes)
         self._holders[holder.id] = holder

@@ -149,10 +149,14 @@ def test_merges_queue_in_order_unreplaced_and_bounded() -> None:
 
 
 def test_the_snapshot_replays_the_merges_right_after_the_names() -> None:
+    """Those answered (`told`: the journal holds them); one recorded and still waiting for
+    the journal is not replayed (its answer comes when it is held)."""
     replay = ReplayState()
     replay.record(final(0))
-    replay.record(SpeakerMerged("S03", "S01"))
-    replay.record(SpeakerRenamed("S01", "Alice"))
+    for event in (SpeakerMerged("S03", "S01"), SpeakerRenamed("S01", "Alice")):
+        replay.record(event)
+        replay.told(event)
+    replay.record(SpeakerRenamed("S02", "Bob"))  # not answered yet
     replay.record(partial(2))
     assert replay.snapshot() == [
         final(0),

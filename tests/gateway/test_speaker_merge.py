@@ -353,6 +353,9 @@ async def test_a_snapshot_after_a_merge_shows_the_partial_with_the_target(
         ([merge("S03", "S09")], "S09 is not a label this session has shown"),
         ([merge("S09", "S01")], "S09 is not a label this session has shown"),
         ([merge("S01", "S01")], "into itself"),
+        # a label merged away, into itself: both show as S01, and it was answered as a repeat
+        # of S03's merge (`speaker.merged`), not refused (a stress trial)
+        ([merge("S03", "S01"), merge("S03", "S03")], "into itself"),
         ([merge("S03", "S01"), merge("S03", "S02")], "S03 is merged into S01 already"),
         ([merge("S03", "S01"), merge("S01", "S03")], "cycle"),
         ([merge("S03", "S01"), rename("S03", "Carol")], "rename S01"),
@@ -514,6 +517,49 @@ async def test_a_merge_and_a_rename_are_answered_once_the_journal_holds_them(
         assert (names, merges) == ([["S01", "Alice"]], [["S03", "S01"]])
         await live.send_json({"type": "end"})
         await read_to_close(live)
+
+
+async def test_a_resume_is_not_told_a_name_or_merge_the_journal_does_not_hold_yet(
+    client: TestClient,
+    fake: FakeTranscriber,
+    server_config: ServerConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rename and a merge are made, the journal's commit stalls, and the socket drops
+    before their answers went out. The resume's `session.ready` (and its replay, and a new
+    captions subscriber's snapshot) told them anyway: a crash then took them back from a
+    client that had been told (the restarted session's `session.ready` lacks them; a stress
+    trial, tests/gateway/test_live_stress.py). A snapshot now tells only the names and merges
+    the journal holds; the answers come on the resumed socket once it holds them."""
+    fake.speakers = SPEAKERS
+    disk = stalled_commits(monkeypatch)
+    ws = await client.ws_connect("/v1/live")
+    ready = await start_session(ws)
+    await stream(ws, fake, SHOWN_S)
+    disk.clear()  # the journal's commits stall from now on
+    await ws.send_json(rename("S01", "Alice"))
+    await ws.send_json(merge("S03", "S01"))
+    await wait_until(lambda: fake.sessions[0].log.merges == [("S03", "S01")])
+    await detach(client, ws)
+    async with client.ws_connect("/v1/live") as live:
+        await live.send_json(resume_start(ready))
+        resumed = await live.receive_json()
+        assert resumed["resumed"] is True
+        assert (resumed["speakers"], resumed["merged"]) == ({}, {})  # not on disk yet
+        captions = await client.ws_connect(captions_url(ready))
+        head = await captions.receive_json()
+        assert (head["speakers"], head["merged"]) == ({}, {})
+        assert journal_speakers(server_config) == ([], [])
+        disk.set()
+        events = await read_until(live, "speaker.merged")
+        shown = await read_until(captions, "speaker.merged")
+        for frames in (events, shown):
+            assert replayed_maps(frames) == ({"S01": "Alice"}, {"S03": "S01"})
+        assert journal_speakers(server_config) == ([["S01", "Alice"]], [["S03", "S01"]])
+        await live.send_json({"type": "end"})
+        final = (await read_to_close(live))[-1]
+        await captions.close()
+    assert final["type"] == "transcript.final" and final["merged"] == {"S03": "S01"}
 
 
 async def test_an_answer_the_journal_holds_back_goes_out_before_the_final_transcript(
