@@ -32,9 +32,10 @@ import numpy as np
 from livemeet.audio.constants import PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.gateway import live_journal_writer
-from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
+from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
 from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
+from livemeet.gateway.live_replay import SessionEvent
 from livemeet.gateway.session_tokens import SessionTokens
 from livemeet.transcriber import Event, SegmentFinal, SegmentPartial
 from livemeet.transcript.segments import Segment

@@ -42,8 +42,9 @@ from livemeet.gateway.auth_http import refused_client
 from livemeet.gateway.captions import CaptionsOutbox
 from livemeet.gateway.errors_http import ws_error_frame
 from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRANSCRIBER_KEY
-from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent, speaker_maps
+from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_protocol import NORMAL_CLOSE, PROTOCOL_VERSION
+from livemeet.gateway.live_replay import SessionEvent, speaker_maps
 from livemeet.gateway.origin_http import check_browser_origin
 from livemeet.gateway.ws_live import event_to_wire
 from livemeet.transcriber import (

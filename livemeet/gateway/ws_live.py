@@ -70,12 +70,7 @@ from livemeet.gateway.keys import (
     SESSIONS_KEY,
     TRANSCRIBER_KEY,
 )
-from livemeet.gateway.live_holder import (
-    LiveSessionHolder,
-    SessionEvent,
-    restarting_error,
-    speaker_maps,
-)
+from livemeet.gateway.live_holder import LiveSessionHolder, restarting_error
 from livemeet.gateway.live_protocol import (
     CLIENT_LEFT_CLOSES,
     GOING_AWAY,
@@ -95,6 +90,7 @@ from livemeet.gateway.live_protocol import (
     StartSession,
     State,
 )
+from livemeet.gateway.live_replay import SessionEvent, speaker_maps
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.origin_http import check_browser_origin
 from livemeet.gateway.pacing import AudioPacer

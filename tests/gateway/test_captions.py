@@ -7,8 +7,8 @@ import pytest
 from livemeet.audio.constants import MAX_MERGED_SPEAKERS, MAX_NAMED_SPEAKERS
 from livemeet.errors import NotFound, QueueFull
 from livemeet.gateway.captions import CaptionsOutbox, is_terminal
-from livemeet.gateway.live_holder import ReplayState
 from livemeet.gateway.live_protocol import SpeakerMerged, SpeakerRenamed
+from livemeet.gateway.live_replay import ReplayState
 from livemeet.transcriber import (
     Error,
     SegmentFinal,

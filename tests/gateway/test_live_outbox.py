@@ -8,8 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from livemeet.audio.pcm import PcmStreamDecoder
-from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
+from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_protocol import AudioFormat
+from livemeet.gateway.live_replay import SessionEvent
 from livemeet.gateway.session_tokens import SessionTokens
 from livemeet.transcriber import (
     Error,

@@ -25,7 +25,7 @@ from livemeet.errors import (
 )
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import METRICS_KEY, REGISTRY_KEY, SESSIONS_KEY
-from livemeet.gateway.live_holder import ReplayState
+from livemeet.gateway.live_replay import ReplayState
 from livemeet.transcriber import SegmentFinal, SegmentPartial, TranscriptFinal
 from livemeet.transcript.segments import FinishReason, Segment
 from tests.gateway.conftest import ClientFactory, pcm16

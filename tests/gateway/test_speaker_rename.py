@@ -15,8 +15,9 @@ from livemeet.config import ServerConfig
 from livemeet.errors import InvalidRequest, ProtocolError
 from livemeet.gateway import live_holder
 from livemeet.gateway.keys import SESSIONS_KEY
-from livemeet.gateway.live_holder import LiveSessionHolder, SessionEvent
+from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_protocol import AudioFormat, SpeakerRenamed
+from livemeet.gateway.live_replay import SessionEvent
 from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.transcriber import SessionOptions
