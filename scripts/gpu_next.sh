@@ -9,8 +9,9 @@
 #      server works off its queue first: bench_live --head-pause-s)
 #   2: long c1 bf16 and FP8 long c16 on the engine (and its decode table, short c16), then long
 #      c1 bf16 over HTTP (DESIGN: long c1 >= 0.75x floor, FP8 long c16 >= 300 audio-s/s; both
-#      short in session 27)
-#   3: live, 10-minute meetings, 100 sessions again (the spread of session 32's 1.33 s)
+#      still short in session 45: 0.737x, 290.9)
+#   3: live, 10-minute meetings, 100 sessions again (1.33 s in sessions 32-33, 1.37 s in
+#      session 45 after the journal changes)
 # H100 (80 GB: 100 sessions of 10 minutes or 32 of 30 need ~90 GB of KV in bf16, so the live
 # targets cannot be run there). Session 31 ran the HTTP sweep's short c16, long c16 and c1
 # against SGLang-Omni's published H100 figures (MODEL.md section 7, DESIGN section 10), the
