@@ -8,14 +8,14 @@ session's events for its whole life, records them and hands each to the socket a
 gets what it missed. Every holder's `end` runs at most once.
 
 Durability (DESIGN 5.9, gateway/live_journal.py): with a journal, a holder writes the client's
-audio (after the backend took it), its finals, finalizes and names to disk;
-`num_frames_durable` is what the journal reported written, and only that is acknowledged
-(`audio.ack`, and a resume's `session.ready` offset: the client sends on from there, and frames
-the backend took already are skipped). A rebuilt session is fed the stored audio with the
-client's finalizes made again where they came in it, so one the backend had not applied when
-the server stopped is not lost (its audio would stay a partial), and one it had applied still
-cuts there (no final of the rebuilt session crosses it); a rebuild after the engine's loss
-does the same (`finalizes`).
+audio (after the backend took it), its finals, finalizes, names, merges and the labels its
+segments showed (`_record`) to disk; `num_frames_durable` is what the journal reported
+written, and only that is acknowledged (`audio.ack`, and a resume's `session.ready` offset: the
+client sends on from there, and frames the backend took already are skipped). A rebuilt
+session is fed the stored audio with the client's finalizes made again where they came in it,
+so one the backend had not applied when the server stopped is not lost (its audio would stay a
+partial), and one it had applied still cuts there (no final of the rebuilt session crosses
+it); a rebuild after the engine's loss does the same (`finalizes`).
 
 Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
 (`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
@@ -744,8 +744,19 @@ class LiveSessionHolder:
             # a client may drop a partial whose rev is not above the last one's
             self.partial_rev += 1
             event = replace(event, rev=self.partial_rev)
+        num_labels = len(self.replay.labels_shown)
         self.replay.record(event)
         stored: asyncio.Future[None] | None = None
+        if (
+            len(self.replay.labels_shown) > num_labels
+            and self.journal is not None
+            and not self.journal_closed
+        ):
+            # a few times a meeting; not waited for, unlike a final or a name: a label is no
+            # promise to the client, it only lets a merge after a rebuild name a label that
+            # only a partial showed (refused as never shown: a stress trial). One a crash
+            # takes before its commit is refused there until a partial shows it again.
+            self.journal.set_labels(self.id, self.replay.labels_shown)
         if self.journal is not None and not self.journal_closed and not journaled:
             if isinstance(event, SegmentFinal):
                 self.journal.add_final(self.id, event.segment)

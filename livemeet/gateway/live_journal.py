@@ -1,17 +1,19 @@
-"""The journal of live sessions: their audio, finals, finalizes, speaker names and merges on disk,
-so a crash of the server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
+"""The journal of live sessions: their audio, finals, finalizes, speaker names, merges and labels
+on disk, so a crash of the server loses nothing it acknowledged (DESIGN 5.9 "Nothing lost").
 
 Under `root`:
 - `sessions.sqlite3` (WAL, synchronous=FULL: a committed transaction survives a crash of this
   process or of the machine, with the audio it records: each file is fdatasynced before, and
   the audio folder once a group created a file in it): a row per unfinished session (its
-  meta, whether its `end` came, its durable frames, its speaker names and merges), a row per
-  committed final and a row per `finalize` (where in its audio the client asked for a commit:
-  a rebuild asks again there, so a finalize the backend had not applied yet is not lost, and
-  one it had applied still bounds the windows after it). Schema version 3; an older file is
-  brought to it as it opens (version 1 gains the merges column, version 2 the finalizes
-  table). A finished or discarded session's rows go (with its prompt and hotwords: nothing of
-  a session outlives it here; its transcript is the transcript store's).
+  meta, whether its `end` came, its durable frames, its speaker names and merges, and the
+  labels its segments showed, which a merge may name after a rebuild), a row per committed
+  final and a row per `finalize` (where in its audio the client asked for a commit: a rebuild
+  asks again there, so a finalize the backend had not applied yet is not lost, and one it had
+  applied still bounds the windows after it). Schema version 4; an older file is brought to it
+  as it opens (version 1 gains the merges column, version 2 the finalizes table, version 3 the
+  labels column, empty: its sessions know the labels of their finals only). A finished or
+  discarded session's rows go (with its prompt and hotwords: nothing of a session outlives it
+  here; its transcript is the transcript store's).
 - `audio/<ls_hex>.s16le`: a session's audio as its client sent it (interleaved PCM16 LE at the
   declared rate), append-only, named by a hash of the session id (ids come from the backend:
   any string).
@@ -19,12 +21,12 @@ Under `root`:
 One writer thread owns the connection and the audio files; the event loop only enqueues. The
 writer group-commits: it waits for work, then until `commit_interval_s` after its previous
 group began, takes everything queued, appends and fdatasyncs each session's audio, then
-records the new durable lengths, finals, finalizes, names, merges and ends in one transaction,
-and reports each session's new durable length on the loop (`on_durable`). A recorded length
-never exceeds what was synced before it, so a reload finds everything ever reported durable;
-bytes past the record were never reported and are cut off. The files are synced one after
-another: a group's cost grows with the sessions streaming (not yet measured at DESIGN 10's 100
-sessions).
+records the new durable lengths, finals, finalizes, names, merges, labels and ends in one
+transaction, and reports each session's new durable length on the loop (`on_durable`). A
+recorded length never exceeds what was synced before it, so a reload finds everything ever
+reported durable; bytes past the record were never reported and are cut off. The files are
+synced one after another: a group's cost grows with the sessions streaming (not yet measured
+at DESIGN 10's 100 sessions).
 
 Threads: the public methods run on the event loop's thread (`load_unfinished` on any thread,
 before `start`); the writer runs `Writer.run`. They share the queue, and the callbacks the
@@ -49,7 +51,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +76,7 @@ from livemeet.gateway.live_journal_writer import (
     Final,
     Finalize,
     Handle,
+    Labels,
     Merges,
     Names,
     Op,
@@ -129,6 +132,9 @@ class RestoredSession:
     # where its client's finalizes came: sample frames of its audio received before each,
     # increasing, none past durable_frames (`LiveJournal.add_finalize`)
     finalizes: tuple[int, ...] = ()
+    # labels its segments showed, sorted (`LiveJournal.set_labels`; maybe short of the last
+    # ones shown before a crash, and of its finals' labels in a journal of schema 3)
+    labels: tuple[str, ...] = ()
 
 
 DurableCallback = Callable[[int], None]  # sample frames now durable
@@ -473,6 +479,16 @@ class LiveJournal:
         if not handle.failed:
             self._queue.put(Finalize(handle, frames))
 
+    def set_labels(self, session_id: str, labels: Collection[str]) -> None:
+        """Queue the whole set of speaker labels the session's segments have shown (stored
+        sorted), committed with the next group and not waited for: a label promises the client
+        nothing, it only widens what a merge may name after a rebuild (one lost to a crash
+        right after it was shown is refused there until a partial shows it again). Raises
+        InternalError for a session not open or after `close`."""
+        handle = self._live(session_id)
+        if not handle.failed:
+            self._queue.put(Labels(handle, tuple(sorted(labels))))
+
     def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> asyncio.Future[None]:
         """Queue the session's whole current speaker-name map, (label, name) in naming order,
         committed and its future done as `add_final`'s (the rename is answered then). Raises
@@ -641,6 +657,7 @@ class LiveJournal:
             ended=bool(row["ended"]),
             merges=_pairs(row["merges"], "merges"),
             finalizes=tuple(int(f["frames"]) for f in finalizes),
+            labels=_labels(row["labels"]),
         )
 
     def _set_aside_lost_audio(self) -> None:
@@ -698,6 +715,14 @@ def _pairs(text: str, what: str) -> tuple[tuple[str, str], ...]:
     ):
         raise ValueError(f"{what} {text!r} is not a list of [label, text] pairs")
     return tuple((a, b) for a, b in pairs)
+
+
+def _labels(text: str) -> tuple[str, ...]:
+    """A JSON list of labels (`set_labels`). Raises ValueError."""
+    labels = json.loads(text)
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise ValueError(f"labels {text!r} is not a list of labels")
+    return tuple(labels)
 
 
 def _cut_audio(path: Path, recorded_frames: int, frame_bytes: int) -> int:

@@ -141,6 +141,12 @@ class Merges:
 
 
 @dataclass(frozen=True)
+class Labels:
+    handle: Handle
+    labels: tuple[str, ...]  # every label the session's segments showed, sorted
+
+
+@dataclass(frozen=True)
 class End:
     handle: Handle
     state: SessionState
@@ -152,7 +158,7 @@ class Ending:
 
 
 # None: stop after the rest
-Op = Open | Append | Final | Finalize | Names | Merges | End | Ending | None
+Op = Open | Append | Final | Finalize | Names | Merges | Labels | End | Ending | None
 
 
 # -- the writer thread -------------------------------------------------------------------------
@@ -310,6 +316,11 @@ class Writer:
             merges = json.dumps(op.merges, ensure_ascii=False)
             group.add(
                 tape, "UPDATE sessions SET merges = ? WHERE session_id = ?", merges, tape.session_id
+            )
+        elif isinstance(op, Labels):
+            labels = json.dumps(op.labels, ensure_ascii=False)
+            group.add(
+                tape, "UPDATE sessions SET labels = ? WHERE session_id = ?", labels, tape.session_id
             )
         else:
             names = json.dumps(op.names, ensure_ascii=False)

@@ -32,13 +32,14 @@ SessionEvent = Event | SpeakerRenamed | SpeakerMerged
 @dataclass
 class ReplayState:
     """What a resume is sent: every final so far in order, the speakers' names and merges,
-    the latest partial, the session's outcome (`terminal`: its final transcript or its
-    error) once it came, and after a final that promised one, its revision
-    (`TranscriptRevised`, or the `revision_failed` error). Finals are immutable with stable
-    ids, so a client that saw some of them dedupes by id; a name replaces the label's earlier
-    one. `labels_shown`: every label a segment sent so far carried (a merge names two).
-    `names` and `merges` are the session's as soon as a client makes them; `told_names` and
-    `told_merges` those answered (`told`: the journal holds them), which a snapshot tells."""
+        the latest partial, the session's outcome (`terminal`: its final transcript or its
+        error) once it came, and after a final that promised one, its revision
+        (`TranscriptRevised`, or the `revision_failed` error). Finals are immutable with stable
+        ids, so a client that saw some of them dedupes by id; a name replaces the label's earlier
+        one. `labels_shown`: every label a segment sent so far carried (a merge names two; a session
+    rebuilt after a restart starts with those its journal kept).
+        `names` and `merges` are the session's as soon as a client makes them; `told_names` and
+        `told_merges` those answered (`told`: the journal holds them), which a snapshot tells."""
 
     finals: list[SegmentFinal] = field(default_factory=list)
     partial: SegmentPartial | None = None

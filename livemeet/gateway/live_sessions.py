@@ -367,7 +367,8 @@ class LiveSessions:
         # stored audio's sample frames: the rebuilt session's partials stay above them
         holder.partial_rev = stored.durable_frames
         holder.replay.restore_speakers(stored.names, stored.merges)
-        holder.replay.labels_shown = {seg.speaker for seg in stored.finals}
+        # what a partial showed before the restart too: a merge may name it at once
+        holder.replay.labels_shown = {*stored.labels, *(seg.speaker for seg in stored.finals)}
         holder.finalizes = list(stored.finalizes)
         self._holders[holder.id] = holder
         self._journal.adopt(stored, holder.durable, functools.partial(self._storage_failed, holder))

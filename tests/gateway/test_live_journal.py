@@ -330,7 +330,8 @@ async def test_a_journal_of_schema_1_is_brought_to_the_current_one_with_its_sess
     root: Path,
 ) -> None:
     """A server upgraded while sessions were unfinished rebuilds them from the old journal,
-    which gains the merges column and the finalizes table (a session of it has none)."""
+    which gains the merges column, the finalizes table and the labels column (a session of it
+    has none of them)."""
     root.mkdir()
     with sqlite3.connect(root / "sessions.sqlite3") as db:
         db.executescript(SCHEMA_V1)
@@ -341,9 +342,14 @@ async def test_a_journal_of_schema_1_is_brought_to_the_current_one_with_its_sess
             (audio_name("old"),),
         )
     (restored,) = reload(root).values()
-    assert (restored.names, restored.merges, restored.finalizes) == ((("S01", "Ana"),), (), ())
+    assert (restored.names, restored.merges, restored.finalizes, restored.labels) == (
+        (("S01", "Ana"),),
+        (),
+        (),
+        (),
+    )
     with sqlite3.connect(root / "sessions.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     journal, restored = adopted(root)
     journal.set_merges("old", [("S02", "S01")])
     await journal.close()
@@ -357,7 +363,9 @@ SCHEMA_V2 = SCHEMA_V1.replace(
 ).replace("user_version = 1", "user_version = 2")
 
 
-async def test_a_journal_of_schema_2_is_brought_to_3_with_its_sessions(root: Path) -> None:
+async def test_a_journal_of_schema_2_is_brought_to_the_current_one_with_its_sessions(
+    root: Path,
+) -> None:
     """A journal written before finalizes were kept: its unfinished session comes back with
     its finals, merges and audio, and no finalize; the journal gains the finalizes table, and
     the adopted session's next finalize is kept."""
@@ -380,12 +388,76 @@ async def test_a_journal_of_schema_2_is_brought_to_3_with_its_sessions(root: Pat
     assert restored.finals == (final(1),) and restored.merges == (("S02", "S01"),)
     assert (restored.durable_frames, restored.finalizes) == (3, ())
     with sqlite3.connect(root / "sessions.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     journal, restored = adopted(root)
     journal.append_audio("old", bytes(FRAME_BYTES))
     journal.add_finalize("old", 4)
     await journal.close()
     assert reload(root)["old"].finalizes == (4,)
+
+
+# schema version 3 (before labels): version 2's tables and the finalizes table
+SCHEMA_V3 = SCHEMA_V2.replace(
+    "PRAGMA user_version = 2;",
+    """CREATE TABLE finalizes (
+    session_id TEXT NOT NULL, frames INTEGER NOT NULL, PRIMARY KEY (session_id, frames)
+) WITHOUT ROWID;
+PRAGMA user_version = 3;""",
+)
+
+
+async def test_a_journal_of_schema_3_is_brought_to_the_current_one_with_its_sessions(
+    root: Path,
+) -> None:
+    """A journal written before labels were kept: its unfinished session comes back with its
+    finals, merges, finalizes and audio, and no labels (its rebuild knows its finals' labels
+    only, as before); the journal gains the labels column, and the adopted session's labels
+    are kept from then on."""
+    root.mkdir()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.executescript(SCHEMA_V3)
+        db.execute(
+            "INSERT INTO sessions (session_id, audio_name, resume_token_sha256, "
+            "captions_token_sha256, sample_rate, channels, created_at, durable_frames, "
+            "merges) VALUES ('old', ?, 'a', 'b', 48000, 2, 1.0, 3, '[[\"S03\", \"S01\"]]')",
+            (audio_name("old"),),
+        )
+        db.execute(
+            "INSERT INTO finals (session_id, seq, segment) VALUES ('old', 0, ?)",
+            (segment_to_json(final(1)),),
+        )
+        db.execute("INSERT INTO finalizes (session_id, frames) VALUES ('old', 2)")
+    (root / "audio").mkdir()
+    (root / "audio" / audio_name("old")).write_bytes(bytes(3 * FRAME_BYTES))
+    (restored,) = reload(root).values()
+    assert restored.finals == (final(1),) and restored.merges == (("S03", "S01"),)
+    assert (restored.durable_frames, restored.finalizes, restored.labels) == (3, (2,), ())
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    journal, restored = adopted(root)
+    journal.set_labels("old", {"S02", "S01", "S03"})
+    await journal.close()
+    assert reload(root)["old"].labels == ("S01", "S02", "S03")
+
+
+async def test_labels_round_trip_and_go_on_after_adopt(root: Path) -> None:
+    """The labels a session's segments showed come back (sorted), the last set queued
+    standing, none before the first set; an adopted session's next set replaces them."""
+    journal = started(root)
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    await journal.close()
+    assert reload(root)["s-1"].labels == ()
+
+    journal, _ = adopted(root)
+    journal.set_labels("s-1", ["S02"])
+    journal.set_labels("s-1", {"S02", "S01", "Sé04"})
+    await journal.close()
+    assert reload(root)["s-1"].labels == ("S01", "S02", "Sé04")
+
+    journal, restored = adopted(root)
+    journal.set_labels("s-1", {*restored.labels, "S05"})
+    await journal.close()
+    assert reload(root)["s-1"].labels == ("S01", "S02", "S05", "Sé04")
 
 
 async def test_finalizes_round_trip_go_on_after_adopt_and_go_with_their_session(
@@ -699,6 +771,7 @@ async def test_a_damaged_database_is_set_aside_and_the_journal_starts_empty(
         ("options", "not json"),
         ("channels", 0),  # ZeroDivisionError on its frame size
         ("durable_frames", -5),
+        ("labels", '["S01", 2]'),
     ],
 )
 async def test_a_malformed_record_drops_its_session_alone(

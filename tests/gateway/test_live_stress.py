@@ -141,11 +141,13 @@ async def scripted_server(
 
 @dataclass
 class Journalled:
-    """One session's record in a journal, read-only: its finals by id, names, merges."""
+    """One session's record in a journal, read-only: its finals by id, names, merges, and the
+    labels its segments showed."""
 
     finals: dict[str, Frame]
     names: dict[str, str]
     merges: dict[str, str]
+    labels: set[str]
 
     def resolve(self, label: str) -> str:
         while label in self.merges:
@@ -159,7 +161,7 @@ def read_journal(data_dir: Path, session_id: str) -> Journalled | None:
     uri = f"file:{data_dir / 'live' / live_journal.DB_NAME}?mode=ro"
     with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
         row = conn.execute(
-            "SELECT names, merges FROM sessions WHERE session_id = ?", (session_id,)
+            "SELECT names, merges, labels FROM sessions WHERE session_id = ?", (session_id,)
         ).fetchone()
         if row is None:
             return None
@@ -171,6 +173,7 @@ def read_journal(data_dir: Path, session_id: str) -> Journalled | None:
         {s["id"]: wire_of(s) for s in segments},
         dict(json.loads(row[0])),
         dict(json.loads(row[1])),
+        set(json.loads(row[2])),
     )
 
 
@@ -509,7 +512,8 @@ class Trial:
         snapshot_journal(self.data_dir, after)
         self.disk.set()
         self.stall_left = 0
-        if read_journal(after, self.holder.id) is None:
+        journalled = read_journal(after, self.holder.id)
+        if journalled is None:
             # too late: the session had finished (its final transcript stored), so the
             # server goes on; the client resumes there for the final it may have missed
             if not any(f["type"] == "transcript.final" for f in self.sockets[-1].frames):
@@ -521,10 +525,10 @@ class Trial:
         holder = self.http.app[SESSIONS_KEY].get(self.holder.id)
         assert holder is not None, "the session was not rebuilt from the journal"
         self.holder = holder
-        # the rebuilt session knows the labels of its finals as shown, not those only its
-        # partials showed before the crash (not journalled): merging one of those is refused
-        # (invalid_request) until a partial of the rebuilt session shows it again
-        self.shown = {self.finals[i]["speaker"] for i in self.order}
+        # the rebuilt session knows the labels of its finals as shown and those the journal
+        # held (a label is journalled with the next commit, not waited for: one shown since
+        # is refused, invalid_request, until a partial of the rebuilt session shows it again)
+        self.shown = {self.finals[i]["speaker"] for i in self.order} | journalled.labels
         await self.connect(resume=True)
         await self.subscribe()
         # what the client was told before the crash stands (unless it renamed since)

@@ -638,6 +638,42 @@ async def test_a_restart_keeps_the_merges_for_the_rebuilt_session(
     assert events[-1]["type"] == "transcript.final" and events[-1]["merged"] == {"S03": "S01"}
 
 
+async def test_a_label_only_a_partial_showed_before_a_restart_can_be_merged_after_it(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A stress trial (seed 221): the client saw S02 in a `segment.partial` only, the server
+    restarted, and its `speaker.merge` of S02 right after the resume was refused as a label
+    never shown (4400), the rebuilt session knowing its finals' labels alone. The journal
+    keeps the labels shown: the merge is answered, and the final carries it."""
+    fake.speakers = ("S01", "S02")  # seg-0000 (0-3 s) is S01's, the partials after it S02's
+    client = await aiohttp_client(create_app(server_config, fake))
+    ws = await client.ws_connect("/v1/live")
+    ready = await start_session(ws)
+    await stream(ws, fake, 5.0)
+    events = await read_until(ws, "segment.final")
+    while "S02" not in labels_in(events[-1]):
+        events.append(await asyncio.wait_for(ws.receive_json(), 5))
+    assert [labels_in(e) for e in of_type(events, "segment.final")] == [["S01"]]
+    reading = asyncio.create_task(receive_all(ws))
+    await close_live_sockets(client.app)  # a restart: the session stays in the journal
+    await asyncio.wait_for(reading, 5)
+    await client.close()
+
+    again = FakeTranscriber()  # its partials show S01 alone: none shows S02 again
+    client = await aiohttp_client(create_app(server_config, again))
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        assert (await ws.receive_json())["resumed"] is True
+        await ws.send_json(merge("S02", "S01"))
+        replay = await read_until(ws, "speaker.merged")
+        assert replay[-1] == merged("S02", "S01")
+        await ws.send_json({"type": "end"})
+        events = replay + await read_to_close(ws)
+    assert "S02" not in {label for e in events for label in labels_in(e)}
+    assert events[-1]["type"] == "transcript.final" and events[-1]["merged"] == {"S02": "S01"}
+    assert again.sessions[0].log.merges == [("S02", "S01")]
+
+
 async def test_a_session_rebuilt_after_its_engine_worker_died_keeps_its_merges(
     client: TestClient, fake: FakeTranscriber
 ) -> None:
