@@ -5,7 +5,7 @@ overtakes a final. A scripted backend session and a journal whose commits the te
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.gateway.live_holder import LiveSessionHolder
@@ -46,15 +46,20 @@ class QueuedSession:
 
 
 class HeldJournal:
-    """The journal calls the holder makes for finals; each commit waits for the test."""
+    """The journal calls the holder makes for finals (and the labels shown); each final's
+    commit waits for the test."""
 
     def __init__(self) -> None:
         self.finals: list[tuple[Segment, asyncio.Future[None]]] = []
+        self.labels: set[str] = set()
 
     def add_final(self, session_id: str, segment: Segment) -> asyncio.Future[None]:
         stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.finals.append((segment, stored))
         return stored
+
+    def set_labels(self, session_id: str, labels: Collection[str]) -> None:
+        self.labels = set(labels)
 
     def commit(self, index: int) -> None:
         self.finals[index][1].set_result(None)
@@ -125,6 +130,7 @@ async def test_a_burst_of_finals_is_queued_to_the_journal_at_once_and_sent_in_or
         "partial 3 (rev 3)",
     ]
     assert [f.segment.id for f in holder.replay.finals] == ["seg-0001", "seg-0002", "seg-0003"]
+    assert journal.labels == {"S01", "S02"}  # shown as they went out: a rebuild may merge them
     await holder.release()
 
 
