@@ -24,9 +24,9 @@ group began, takes everything queued, appends and fdatasyncs each session's audi
 records the new durable lengths, finals, finalizes, names, merges, labels and ends in one
 transaction, and reports each session's new durable length on the loop (`on_durable`). A
 recorded length never exceeds what was synced before it, so a reload finds everything ever
-reported durable; bytes past the record were never reported and are cut off. The files are
-synced one after another: a group's cost grows with the sessions streaming (not yet measured
-at DESIGN 10's 100 sessions).
+reported durable; bytes past the record were never reported and are cut off. A group's files
+are synced at once on JOURNAL_SYNC_THREADS threads (one after another, a group's cost grew
+with the sessions streaming; `loadtest.journal_load` measures it on a data dir's disk).
 
 Threads: the public methods run on the event loop's thread (`load_unfinished` on any thread,
 before `start`); the writer runs `Writer.run`. They share the queue, and the callbacks the

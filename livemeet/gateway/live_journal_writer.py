@@ -11,6 +11,7 @@ for annotations only, so `SessionState`, which the writer needs at run time, is 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import json
 import logging
@@ -25,6 +26,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from livemeet.audio.constants import JOURNAL_SYNC_THREADS
 from livemeet.errors import StorageFailed
 from livemeet.gateway.disk import sync_directory
 from livemeet.gateway.live_journal_schema import (
@@ -213,11 +215,23 @@ class Writer:
         self._interval_s = interval_s
         self._tapes: dict[Handle, _Tape] = {}
         self._last_group = -float("inf")  # time.monotonic() when the last group was taken
+        # runs a group's fdatasyncs at once (`_sync_all`); set while `run` runs
+        self._sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.on_commit: CommitCallback | None = None
 
     def run(self) -> None:
         """The thread's body: group commits until the stop op, then every file and the
-        connection closed."""
+        connection closed, and the sync threads stopped."""
+        with concurrent.futures.ThreadPoolExecutor(
+            JOURNAL_SYNC_THREADS, thread_name_prefix="live-journal-sync"
+        ) as pool:
+            self._sync_pool = pool
+            try:
+                self._run_groups()
+            finally:
+                self._sync_pool = None
+
+    def _run_groups(self) -> None:
         try:
             while True:
                 ops = self._next_group()
@@ -380,17 +394,24 @@ class Writer:
                 for tape in group.created:
                     if not tape.failed:
                         self._fail(tape, "audio", exc)
+        written: list[tuple[_Tape, io.FileIO, int]] = []
         for tape, chunks in group.audio.items():
             if tape.failed or tape.file is None:
                 continue
             data = b"".join(chunks)
             try:
                 _write_all(tape.file, data)
-                os.fdatasync(tape.file.fileno())
             except OSError as exc:
                 self._fail(tape, "audio", exc)  # part of `data` may be in the file: never recorded
                 continue
-            tape.synced_bytes += len(data)
+            written.append((tape, tape.file, len(data)))
+        # the syncs at once (JOURNAL_SYNC_THREADS); the bookkeeping after, on this thread
+        results = self._sync_all([f for _, f, _ in written])
+        for (tape, _, size), error in zip(written, results, strict=True):
+            if error is not None:
+                self._fail(tape, "audio", error)  # its bytes may be in the file: never recorded
+                continue
+            tape.synced_bytes += size
             synced.append(tape)
             frames = tape.synced_bytes // tape.frame_bytes
             group.add(
@@ -400,6 +421,13 @@ class Writer:
                 tape.session_id,
             )
         return synced
+
+    def _sync_all(self, files: list[io.FileIO]) -> list[OSError | None]:
+        """fdatasync each of `files`, on the sync threads where there are several; each's
+        error, or None, in their order."""
+        if self._sync_pool is None or len(files) < 2:
+            return [_sync(f) for f in files]
+        return list(self._sync_pool.map(_sync, files))
 
     def _commit(self, group: _Group) -> bool:
         """Run the group's statements as one transaction; where a statement fails, again
@@ -502,6 +530,15 @@ def _unlink(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError as exc:  # load_unfinished deletes it on the next start
         log.warning("live journal: %s was not deleted: %s", path, exc)
+
+
+def _sync(f: io.FileIO) -> OSError | None:
+    """fdatasync `f`; its error, or None (a sync thread's: the writer fails the session)."""
+    try:
+        os.fdatasync(f.fileno())
+    except OSError as exc:
+        return exc
+    return None
 
 
 def _write_all(f: io.FileIO, data: bytes) -> None:

@@ -14,6 +14,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -842,6 +843,39 @@ async def test_a_failing_sync_fails_its_session_and_the_journal_serves_others(
     assert (restored["full"].durable_frames, restored["full"].finals) == (0, ())
     assert restored["full"].audio_path.read_bytes() == b""  # the unsynced write was cut off
     assert restored["fine"].durable_frames == 8
+
+
+async def test_a_groups_syncs_run_at_once_and_one_failing_fails_its_session_alone(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's fdatasyncs ran one after another, each waiting for the disk (a group's
+    commit grew with the sessions streaming): they run on the sync threads now, and one that
+    fails still fails its own session alone."""
+    real_fdatasync = os.fdatasync
+    threads: list[str] = []
+
+    def fdatasync(fd: int) -> None:
+        threads.append(threading.current_thread().name)
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(audio_name("bad")):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    journal = started(root, interval_s=0.2)
+    ids = ["bad", *(f"s-{i}" for i in range(5))]
+    calls = {sid: Calls() for sid in ids}
+    for sid in ids:  # all in one group
+        calls[sid].open(journal, meta(sid))
+        journal.append_audio(sid, bytes(4 * FRAME_BYTES))
+    await wait_until(lambda: all(calls[sid].durable == [4] for sid in ids[1:]))
+    await journal.close()
+    assert calls["bad"].durable == [] and "Input/output error" in calls["bad"].failed[0].message
+    assert all(calls[sid].failed == [] for sid in ids[1:])
+    assert any(name.startswith("live-journal-sync") for name in threads), threads
+    restored = reload(root)
+    assert {sid: r.durable_frames for sid, r in restored.items()} == {
+        sid: 0 if sid == "bad" else 4 for sid in ids
+    }
 
 
 async def test_an_audio_file_that_cannot_be_opened_fails_its_session(
