@@ -615,6 +615,8 @@ class LiveSessionHolder:
                     break
                 assert self._recover is not None
                 await self._flush_outbox()  # the rebuild starts from the finals recorded
+                if self.replay.terminal is not None:
+                    break  # its storage failed meanwhile: its error is out, its audio gone
                 if not await self._recover(self):
                     if not self.kept_for_restart:
                         self._record(lost)  # as before: the sockets get the engine's error

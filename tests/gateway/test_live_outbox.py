@@ -201,3 +201,28 @@ async def test_a_rebuild_after_the_engine_was_lost_starts_from_the_finals_held()
     assert finals_at_rebuild == ["seg-0001"]
     assert texts(sink.events) == ["final 1", "Error"]
     await holder.release()
+
+
+async def test_a_session_whose_storage_failed_while_finals_waited_is_not_rebuilt() -> None:
+    """The engine was lost while a final waited for its commit, and the session's storage
+    failed meanwhile (its error is out, its journal entry discarded): the pump rebuilt it all
+    the same once the outbox was flushed (the journal's audio is gone: a new engine session
+    for nothing), then sent the engine's error as a second terminal event."""
+    rebuilds: list[str] = []
+
+    async def recover(holder: LiveSessionHolder) -> bool:
+        rebuilds.append(holder.id)
+        return False
+
+    holder, session, journal, sink = held_holder(recover)
+    for event in (final(1), Error("engine_unavailable", "the engine died", retryable=True)):
+        session.queue.put_nowait(event)
+    await wait_until(lambda: len(journal.finals) == 1)
+    holder.fail(Error("storage_failed", "the disk is full", retryable=True))
+    journal.commit(0)  # the writer settles a failed session's futures too
+    await wait_until(lambda: holder.pump.done())
+    assert rebuilds == []
+    assert texts(sink.events) == ["Error"]
+    assert isinstance(holder.replay.terminal, Error)
+    assert holder.replay.terminal.code == "storage_failed"
+    await holder.release()
