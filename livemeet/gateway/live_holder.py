@@ -668,6 +668,8 @@ class LiveSessionHolder:
         the session's audio to be on disk, so the ack before it acknowledges all of it, and
         for the answers to renames and merges the journal holds back, which go out before
         it. Neither is handed on once the session failed meanwhile."""
+        if self.replay.terminal is not None and not self.replay.revision_pending:
+            return  # it failed meanwhile (its storage): its error went out, nothing follows it
         if isinstance(event, SegmentFinal | SegmentPartial | TextDelta) and self._hold(event):
             return
         await self._flush_outbox()

@@ -121,6 +121,9 @@ class LiveSessions:
         self.max_per_client = max_per_client
         # sessions each client is opening (`admitting`): a start counts from its check on
         self._opening: collections.Counter[Client] = collections.Counter()
+        # ids of API keys revoked or removed while the server ran (`withdraw`): for good (a
+        # revoked key is never active again, and a new key gets a new id)
+        self._withdrawn_keys: set[str] = set()
         self.final_timeout_s = final_timeout_s
         self.draining = False
         self._drain_deadline_s = 0.0  # loop time the shutdown's drain waits for finals until
@@ -196,7 +199,9 @@ class LiveSessions:
         """The keys `key_ids` no longer let anyone in (revoked, or removed): each detached
         session running on one that has not ended is ended now (`_end_withdrawn`); its client
         cannot resume it with that key anyway. An attached one is its socket's to close
-        (ws_live.py), and `disconnect` ends it then."""
+        (ws_live.py), and `disconnect` ends it then, whether or not that socket heard of it:
+        one already in its cleanup when the keys changed was not told (a review)."""
+        self._withdrawn_keys.update(key_ids)
         for holder in list(self._holders.values()):
             client = holder.client
             if client is None or client.key_id not in key_ids:
@@ -454,6 +459,8 @@ class LiveSessions:
         if holder.sink is not sink:
             return False
         holder.sink = None
+        client = holder.client
+        withdrawn = withdrawn or (client is not None and client.key_id in self._withdrawn_keys)
         # `keep` aside: a restart's drain that did not see a socket through (an append
         # waiting for a lost engine) fails it with server_restarting, which resumes it
         if self._restart_keeps(holder):

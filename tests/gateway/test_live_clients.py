@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import build_parser
 from livemeet.audio.constants import MAX_LIVE_SESSIONS_PER_CLIENT
+from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.cli import serve
 from livemeet.config import GatewayConfig, ServerConfig
 from livemeet.errors import ConfigError, QueueFull, TooManySessions
@@ -21,10 +22,13 @@ from livemeet.gateway.api_keys import ApiKeyStore, store_path
 from livemeet.gateway.app import create_app
 from livemeet.gateway.clients import Client, cap_refusal, client_of
 from livemeet.gateway.keys import SESSIONS_KEY
+from livemeet.gateway.live_sessions import LiveSessions
+from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.transcriber import SessionOptions
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber
 from tests.gateway.test_live_resume import detach, resume_start
+from tests.gateway.test_speaker_rename import FORMAT, RecordingSink
 from tests.gateway.test_ws_live import START, expect_error, receive_all, start_session
 
 CAP = 2
@@ -235,3 +239,22 @@ def test_the_cap_setting(tmp_path: Any) -> None:
         ["serve", "--data-dir", str(tmp_path), "--max-live-sessions-per-client", "0"]
     )
     assert serve.config_from_args(args).gateway.max_live_sessions_per_client == 0
+
+
+async def test_a_socket_in_its_cleanup_when_its_key_is_revoked_does_not_keep_its_session(
+    fake: FakeTranscriber,
+) -> None:
+    """A socket already gone from the registry (its cleanup under way) when its key was
+    revoked was never told, and its session was kept for a resume the key can no longer make
+    (a review). The registry remembers the revoked keys: that session is ended, not kept."""
+    await fake.start()
+    sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create())
+    sink = RecordingSink()
+    session = await fake.open_session(SessionOptions(live=True))
+    decoder = PcmStreamDecoder(16000, 1, "pcm_s16le")
+    holder = sessions.open(session, decoder, FORMAT, sink, client=Client(key_id="k-revoked"))
+    await holder.append(sink, pcm16(0.5))
+    sessions.withdraw({"k-revoked"})  # attached: its socket's to close; this one was not told
+    assert await sessions.disconnect(holder, sink, keep=True) is False
+    assert holder.ended
+    await sessions.close()

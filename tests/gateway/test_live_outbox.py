@@ -226,3 +226,17 @@ async def test_a_session_whose_storage_failed_while_finals_waited_is_not_rebuilt
     assert isinstance(holder.replay.terminal, Error)
     assert holder.replay.terminal.code == "storage_failed"
     await holder.release()
+
+
+async def test_nothing_the_backend_sends_after_a_storage_failure_goes_out() -> None:
+    """The session failed (its storage): a partial and a backend error after that went out
+    behind the error, and the second error replaced the first as the session's outcome (a
+    review). Nothing follows the session's terminal event now."""
+    holder, session, journal, sink = held_holder()
+    storage = Error("storage_failed", "the disk is full", retryable=True)
+    holder.fail(storage)
+    for event in (partial(1), Error("internal_error", "the backend stopped")):
+        session.queue.put_nowait(event)
+    await wait_until(lambda: holder.pump.done())
+    assert sink.events == [storage] and holder.replay.terminal == storage
+    await holder.release()
