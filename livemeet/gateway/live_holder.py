@@ -740,7 +740,7 @@ class LiveSessionHolder:
     def _record(self, event: SessionEvent, *, journaled: bool = False) -> None:
         """Keep `event` for a resume, journal what the journal keeps, and hand it to the
         socket and the subscribers (a rename or merge once the journal holds it).
-        `journaled`: a final as shown (`as_shown`), in the journal already (`_take`)."""
+        `journaled`: a final as shown (`as_shown`), in the journal already (`_hold`)."""
         if not journaled:
             event = self.replay.as_shown(event)
         if isinstance(event, SegmentPartial):
@@ -761,10 +761,9 @@ class LiveSessionHolder:
             # only a partial showed (refused as never shown: a stress trial). One a crash
             # takes before its commit is refused there until a partial shows it again.
             self.journal.set_labels(self.id, self.replay.labels_shown)
+        # a final comes here `journaled` where there is a journal (`_hold` queued it)
         if self.journal is not None and not self.journal_closed and not journaled:
-            if isinstance(event, SegmentFinal):
-                self.journal.add_final(self.id, event.segment)
-            elif isinstance(event, SpeakerRenamed):
+            if isinstance(event, SpeakerRenamed):
                 stored = self.journal.set_names(self.id, tuple(self.replay.names.items()))
             elif isinstance(event, SpeakerMerged):
                 stored = self.journal.set_merges(self.id, self.replay.merges.items())

@@ -443,16 +443,14 @@ class LiveSessions:
         )
         return holder
 
-    async def disconnect(
-        self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool, withdrawn: bool = False
-    ) -> bool:
+    async def disconnect(self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool) -> bool:
         """`sink`'s socket is gone. `keep`: the session may wait for a resume (the socket went
         while it streamed, no error sent, its final not sent); otherwise, and where resume is
         off, the session is dropped. While the server drains, one kept or ended has its final
         waited for and stored first (`_finish_for_drain`), except that a restart
         (`keeps_on_shutdown`) keeps a streaming one, detached and untimed, in the journal for
-        the next start (`close` then frees it). `withdrawn`: the socket was closed because
-        its API key was revoked: the session, `keep` or not, is not kept for a resume but
+        the next start (`close` then frees it). A session whose API key was revoked while it
+        ran (`withdraw`), its socket told or not, is not kept for a resume, `keep` or not, but
         ended, its final stored (`_end_withdrawn`; its final waited for, if it was ending
         already). Returns whether it was kept. A socket that was taken over leaves the
         session alone."""
@@ -460,7 +458,7 @@ class LiveSessions:
             return False
         holder.sink = None
         client = holder.client
-        withdrawn = withdrawn or (client is not None and client.key_id in self._withdrawn_keys)
+        withdrawn = client is not None and client.key_id in self._withdrawn_keys
         # `keep` aside: a restart's drain that did not see a socket through (an append
         # waiting for a lost engine) fails it with server_restarting, which resumes it
         if self._restart_keeps(holder):

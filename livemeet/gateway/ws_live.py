@@ -563,9 +563,7 @@ class LiveConnection:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._taken_over
         if self.holder is not None:
-            kept = await self.app[SESSIONS_KEY].disconnect(
-                self.holder, self, keep=keep, withdrawn=self._withdrawal is not None
-            )
+            kept = await self.app[SESSIONS_KEY].disconnect(self.holder, self, keep=keep)
             if kept:
                 self.outcome = "detached"
         if not self.ws.closed:
@@ -772,8 +770,8 @@ class LiveConnection:
         resume waiting for the engine, an append) is done: the handler's own close waits for
         the client's close frame, which a close from another task while it reads does not
         (aiohttp drops the connection: the client saw 1006). Its session is ended, not kept
-        for a resume, by the cleanup (LiveSessions.disconnect's `withdrawn`): one it opens or
-        resumes meanwhile too."""
+        for a resume, by the cleanup (LiveSessions.disconnect: the registry knows the key is
+        withdrawn): one it opens or resumes meanwhile too."""
         if self._withdrawal is not None:
             return
         self._withdrawal = error
