@@ -373,19 +373,27 @@ async def test_a_wrong_key_in_start_is_refused(keyed: TestClient, keys: Keys) ->
             assert why in (await expect_error(ws, Unauthorized))["message"]
 
 
+async def detached_with_key(client: TestClient, key: str, fake: FakeTranscriber) -> dict[str, Any]:
+    """The `session.ready` of a session opened by a socket let in with `key` (its upgrade's
+    header), detached after 1 s of audio (test_live_resume.detached_session). Only its own
+    socket gets the header: a `monkeypatch.undo()` here undid the tests' `fast_reload` too."""
+    original = client.ws_connect
+
+    def with_key(path: str, **kwargs: Any) -> Any:
+        return original(path, headers=bearer(key), **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(client, "ws_connect", with_key)
+        ready, _ = await detached_session(client, fake, 1.0)
+    return ready
+
+
 async def test_a_resume_needs_a_key_too(
-    keyed: TestClient, keys: Keys, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+    keyed: TestClient, keys: Keys, fake: FakeTranscriber
 ) -> None:
     """The resume token proves the session, not the right to use the server: a key revoked
     since cannot carry a session on."""
-    original = keyed.ws_connect
-
-    def with_key(path: str, **kwargs: Any) -> Any:
-        return original(path, headers=bearer(keys.active), **kwargs)
-
-    monkeypatch.setattr(keyed, "ws_connect", with_key)
-    ready, _ = await detached_session(keyed, fake, 1.0)  # opened with the key
-    monkeypatch.undo()
+    ready = await detached_with_key(keyed, keys.active, fake)
     async with keyed.ws_connect("/v1/live") as ws:
         await ws.send_json(resume_start(ready))
         await expect_error(ws, Unauthorized)
@@ -465,23 +473,12 @@ async def test_a_key_revoked_while_its_live_sessions_run_ends_them(
 
 
 async def test_a_detached_session_of_a_revoked_key_is_ended_not_kept_for_a_resume(
-    keyed: TestClient,
-    keys: Keys,
-    fake: FakeTranscriber,
-    fast_reload: None,
-    monkeypatch: pytest.MonkeyPatch,
+    keyed: TestClient, keys: Keys, fake: FakeTranscriber, fast_reload: None
 ) -> None:
     """A session waiting for a resume is ended at once, not when its window runs out; a
     resume with another valid key (its client got a new one) gets only its final."""
     _, other = keys.store.create("new laptop")
-    original = keyed.ws_connect
-
-    def with_key(path: str, **kwargs: Any) -> Any:
-        return original(path, headers=bearer(keys.active), **kwargs)
-
-    monkeypatch.setattr(keyed, "ws_connect", with_key)
-    ready, _ = await detached_session(keyed, fake, 1.0)
-    monkeypatch.undo()
+    ready = await detached_with_key(keyed, keys.active, fake)
     keys.store.revoke(keys.active_id)
     await wait_until(lambda: fake.sessions[0].log.ended, timeout_s=3.0)
     assert (await stored_transcript(keyed, ready))["duration"] == 1.0
@@ -493,23 +490,12 @@ async def test_a_detached_session_of_a_revoked_key_is_ended_not_kept_for_a_resum
 
 
 async def test_a_session_resumed_with_another_key_runs_on_that_key(
-    keyed: TestClient,
-    keys: Keys,
-    fake: FakeTranscriber,
-    fast_reload: None,
-    monkeypatch: pytest.MonkeyPatch,
+    keyed: TestClient, keys: Keys, fake: FakeTranscriber, fast_reload: None
 ) -> None:
     """A client given a new key resumes with it: revoking the old key then leaves the session
     alone (it runs on the key of the socket that last carried it)."""
     _, new = keys.store.create("rotated")
-    original = keyed.ws_connect
-
-    def with_key(path: str, **kwargs: Any) -> Any:
-        return original(path, headers=bearer(keys.active), **kwargs)
-
-    monkeypatch.setattr(keyed, "ws_connect", with_key)
-    ready, _ = await detached_session(keyed, fake, 1.0)
-    monkeypatch.undo()
+    ready = await detached_with_key(keyed, keys.active, fake)
     async with keyed.ws_connect("/v1/live", headers=bearer(new)) as ws:
         await ws.send_json(resume_start(ready))
         assert (await ws.receive_json())["resumed"] is True
