@@ -25,6 +25,7 @@ import random
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,31 @@ async def run(
     }
 
 
+def run_points(
+    sessions: list[int],
+    directory: Path | None,
+    json_path: Path | None,
+    name: str,
+    measure: Callable[[int, Path], Coroutine[Any, Any, dict[str, Any]]],
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(n, report) for each session count n of `sessions`: `measure(n, root)` run in its own
+    event loop over `directory`/`name-n` (`directory` None: a temp dir, removed after), its
+    report appended to `json_path` (if given) as one JSON line."""
+    for n in sessions:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = directory if directory is not None else Path(tmp)
+            report = asyncio.run(measure(n, root / f"{name}-{n}"))
+        if json_path is not None:
+            with json_path.open("a") as f:
+                f.write(json.dumps(report) + "\n")
+        yield n, report
+
+
+def lag_cell(lag: dict[str, float] | None) -> str:
+    """A table cell of `percentiles`' p50 / p95 / max (s), or "-" where none was measured."""
+    return "-" if lag is None else f"{lag['p50']} / {lag['p95']} / {lag['max']}"
+
+
 def percentiles(values: np.ndarray) -> dict[str, float]:
     """p50, p95, p99 and max of `values`, rounded to 0.1 ms."""
     p50, p95, p99 = np.percentile(values, (50, 95, 99)).round(4).tolist()
@@ -144,14 +170,13 @@ def main(argv: list[str] | None = None) -> int:
           "p50 / p95 / max (s) | commits/s | commit p50 / p95 / max (s) | files / commit "
           "| fsyncs / s |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
-    for n in args.sessions:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = args.dir if args.dir is not None else Path(tmp)
-            report = asyncio.run(
-                run(n, args.seconds, args.frame_s, root / f"journal-{n}", args.finals_per_min)
-            )
-        lag, commit, final = report["ack_lag_s"], report["commit_s"], report["final_lag_s"]
-        finals = f"{final['p50']} / {final['p95']} / {final['max']}" if final else "-"
+
+    def measure(n: int, root: Path) -> Coroutine[Any, Any, dict[str, Any]]:
+        return run(n, args.seconds, args.frame_s, root, args.finals_per_min)
+
+    for n, report in run_points(args.sessions, args.dir, args.json, "journal", measure):
+        lag, commit = report["ack_lag_s"], report["commit_s"]
+        finals = lag_cell(report["final_lag_s"])
         print(
             f"| {n} | {report['appends'] / args.seconds:.0f} | "
             f"{report['finals'] / args.seconds:.1f} | {lag['p50']} / {lag['p95']} / "
@@ -159,9 +184,6 @@ def main(argv: list[str] | None = None) -> int:
             f"{commit['p50']} / {commit['p95']} / {commit['max']} | "
             f"{report['files_per_commit_mean']} | {report['fsyncs_per_s']} |"
         )
-        if args.json is not None:
-            with args.json.open("a") as f:
-                f.write(json.dumps(report) + "\n")
     return 0
 
 

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,7 @@ from livemeet.gateway.live_replay import SessionEvent
 from livemeet.gateway.session_tokens import SessionTokens
 from livemeet.transcriber import Event, SegmentFinal, SegmentPartial
 from livemeet.transcript.segments import Segment
-from loadtest.journal_load import percentiles
+from loadtest.journal_load import lag_cell, percentiles, run_points
 
 DRAIN_TIMEOUT_S = 30.0  # s; longest wait after the load for events still behind a commit
 
@@ -195,22 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     print("| sessions | burst | final lag p50 / p95 / max (s) | partial lag p50 / p95 / max (s) "
           "| commits/s |")  # fmt: skip
     print("|---|---|---|---|---|")
-    for n in args.sessions:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = args.dir if args.dir is not None else Path(tmp)
-            report = asyncio.run(
-                run(n, args.seconds, args.hop_s, args.burst, root / f"pump-{n}", args.frame_s)
-            )
-        final, partial = (
-            "-" if lag is None else f"{lag['p50']} / {lag['p95']} / {lag['max']}"
-            for lag in (report["final_lag_s"], report["partial_lag_s"])
-        )
+
+    def measure(n: int, root: Path) -> Coroutine[Any, Any, dict[str, Any]]:
+        return run(n, args.seconds, args.hop_s, args.burst, root, args.frame_s)
+
+    for n, report in run_points(args.sessions, args.dir, args.json, "pump", measure):
+        final, partial = lag_cell(report["final_lag_s"]), lag_cell(report["partial_lag_s"])
         print(
             f"| {n} | {args.burst} | {final} | {partial} | {report['commits'] / args.seconds:.1f} |"
         )
-        if args.json is not None:
-            with args.json.open("a") as f:
-                f.write(json.dumps(report) + "\n")
     return 0
 
 
