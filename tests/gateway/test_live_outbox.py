@@ -5,7 +5,7 @@ overtakes a final. A scripted backend session and a journal whose commits the te
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.gateway.live_holder import LiveSessionHolder
@@ -14,35 +14,17 @@ from livemeet.gateway.live_replay import SessionEvent
 from livemeet.gateway.session_tokens import SessionTokens
 from livemeet.transcriber import (
     Error,
-    Event,
     SegmentFinal,
     SegmentPartial,
     SessionOptions,
     TranscriptFinal,
 )
 from livemeet.transcript.segments import FinishReason, Segment
+from loadtest.pump_load import ScriptedSession
 from tests.gateway.test_speaker_rename import RecordingSink
 from tests.gateway.test_ws_live import wait_until
 
 FORMAT = AudioFormat(16000, 1, "pcm_s16le")
-
-
-class QueuedSession:
-    """A backend session whose events the test puts (TranscriberSession, events only)."""
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
-
-    @property
-    def id(self) -> str:
-        return "live-outbox"
-
-    async def abort(self) -> None:
-        self.queue.put_nowait(None)
-
-    async def events(self) -> AsyncIterator[Event]:
-        while (event := await self.queue.get()) is not None:
-            yield event
 
 
 class HeldJournal:
@@ -75,8 +57,8 @@ def partial(n: int) -> SegmentPartial:
 
 def held_holder(
     recover: Callable[[LiveSessionHolder], Awaitable[bool]] | None = None,
-) -> tuple[LiveSessionHolder, QueuedSession, HeldJournal, RecordingSink]:
-    session, journal, sink = QueuedSession(), HeldJournal(), RecordingSink()
+) -> tuple[LiveSessionHolder, ScriptedSession, HeldJournal, RecordingSink]:
+    session, journal, sink = ScriptedSession("live-outbox"), HeldJournal(), RecordingSink()
     holder = LiveSessionHolder(
         session,
         PcmStreamDecoder(16000, 1, "pcm_s16le"),
