@@ -364,27 +364,36 @@ SCHEMA_V2 = SCHEMA_V1.replace(
 ).replace("user_version = 1", "user_version = 2")
 
 
+def old_journal(root: Path, schema: str, *, merges: str, finalizes: tuple[int, ...] = ()) -> None:
+    """A journal of an older `schema` (version 2 or later) at `root` holding one unfinished
+    session 'old': 48-kHz stereo, 3 durable frames of audio, the `merges` (JSON), one final,
+    and the `finalizes` (a schema with their table)."""
+    root.mkdir()
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        db.executescript(schema)
+        db.execute(
+            "INSERT INTO sessions (session_id, audio_name, resume_token_sha256, "
+            "captions_token_sha256, sample_rate, channels, created_at, durable_frames, "
+            "merges) VALUES ('old', ?, 'a', 'b', 48000, 2, 1.0, 3, ?)",
+            (audio_name("old"), merges),
+        )
+        db.execute(
+            "INSERT INTO finals (session_id, seq, segment) VALUES ('old', 0, ?)",
+            (segment_to_json(final(1)),),
+        )
+        for frames in finalizes:
+            db.execute("INSERT INTO finalizes (session_id, frames) VALUES ('old', ?)", (frames,))
+    (root / "audio").mkdir()
+    (root / "audio" / audio_name("old")).write_bytes(bytes(3 * FRAME_BYTES))
+
+
 async def test_a_journal_of_schema_2_is_brought_to_the_current_one_with_its_sessions(
     root: Path,
 ) -> None:
     """A journal written before finalizes were kept: its unfinished session comes back with
     its finals, merges and audio, and no finalize; the journal gains the finalizes table, and
     the adopted session's next finalize is kept."""
-    root.mkdir()
-    with sqlite3.connect(root / "sessions.sqlite3") as db:
-        db.executescript(SCHEMA_V2)
-        db.execute(
-            "INSERT INTO sessions (session_id, audio_name, resume_token_sha256, "
-            "captions_token_sha256, sample_rate, channels, created_at, durable_frames, "
-            "merges) VALUES ('old', ?, 'a', 'b', 48000, 2, 1.0, 3, '[[\"S02\", \"S01\"]]')",
-            (audio_name("old"),),
-        )
-        db.execute(
-            "INSERT INTO finals (session_id, seq, segment) VALUES ('old', 0, ?)",
-            (segment_to_json(final(1)),),
-        )
-    (root / "audio").mkdir()
-    (root / "audio" / audio_name("old")).write_bytes(bytes(3 * FRAME_BYTES))
+    old_journal(root, SCHEMA_V2, merges='[["S02", "S01"]]')
     (restored,) = reload(root).values()
     assert restored.finals == (final(1),) and restored.merges == (("S02", "S01"),)
     assert (restored.durable_frames, restored.finalizes) == (3, ())
@@ -414,22 +423,7 @@ async def test_a_journal_of_schema_3_is_brought_to_the_current_one_with_its_sess
     finals, merges, finalizes and audio, and no labels (its rebuild knows its finals' labels
     only, as before); the journal gains the labels column, and the adopted session's labels
     are kept from then on."""
-    root.mkdir()
-    with sqlite3.connect(root / "sessions.sqlite3") as db:
-        db.executescript(SCHEMA_V3)
-        db.execute(
-            "INSERT INTO sessions (session_id, audio_name, resume_token_sha256, "
-            "captions_token_sha256, sample_rate, channels, created_at, durable_frames, "
-            "merges) VALUES ('old', ?, 'a', 'b', 48000, 2, 1.0, 3, '[[\"S03\", \"S01\"]]')",
-            (audio_name("old"),),
-        )
-        db.execute(
-            "INSERT INTO finals (session_id, seq, segment) VALUES ('old', 0, ?)",
-            (segment_to_json(final(1)),),
-        )
-        db.execute("INSERT INTO finalizes (session_id, frames) VALUES ('old', 2)")
-    (root / "audio").mkdir()
-    (root / "audio" / audio_name("old")).write_bytes(bytes(3 * FRAME_BYTES))
+    old_journal(root, SCHEMA_V3, merges='[["S03", "S01"]]', finalizes=(2,))
     (restored,) = reload(root).values()
     assert restored.finals == (final(1),) and restored.merges == (("S03", "S01"),)
     assert (restored.durable_frames, restored.finalizes, restored.labels) == (3, (2,), ())
