@@ -338,14 +338,17 @@ class LiveJournal:
             conn.close()
         return restored
 
-    def _dropped_dir(self) -> Path:
-        """A new directory under DROPPED_DIR for what this start sets aside."""
+    def _move_aside(self, paths: Sequence[Path]) -> Path:
+        """Move `paths` (files) into a new directory under DROPPED_DIR, for what this start
+        sets aside; returns that directory. Raises OSError."""
         stamp = time.strftime("%Y%m%d-%H%M%S")
         for n in itertools.count():
-            path = self.root / DROPPED_DIR / (stamp if n == 0 else f"{stamp}-{n}")
-            if not path.exists():
-                make_private_dir(path)
-                return path
+            into = self.root / DROPPED_DIR / (stamp if n == 0 else f"{stamp}-{n}")
+            if not into.exists():
+                make_private_dir(into)
+                for path in paths:
+                    path.rename(into / path.name)
+                return into
         raise AssertionError("unreachable")
 
     def _set_aside(self, exc: StorageFailed) -> None:
@@ -353,12 +356,9 @@ class LiveJournal:
         new dropped directory, so the journal starts empty. Raises StorageFailed where they
         cannot be moved."""
         try:
-            into = self._dropped_dir()
-            moved = [
-                path.rename(into / path.name)
-                for path in self.root.glob(DB_NAME + "*")  # with its -wal and -shm
-            ]
-            audio = [path.rename(into / path.name) for path in self.audio_dir.iterdir()]
+            database = list(self.root.glob(DB_NAME + "*"))  # with its -wal and -shm
+            audio = list(self.audio_dir.iterdir())
+            into = self._move_aside([*database, *audio])
         except OSError as move_exc:
             raise StorageFailed(
                 f"live journal {self.db_path} cannot be read ({exc.__cause__ or exc}) nor "
@@ -372,7 +372,7 @@ class LiveJournal:
             into,
             len(audio),
         )
-        assert moved  # connect() found the file damaged: it was there
+        assert database  # connect() found the file damaged: it was there
 
     def _drop_malformed(self, conn: sqlite3.Connection, row: sqlite3.Row, exc: Exception) -> None:
         """A session whose record cannot be read back: its rows go, its audio file is moved
@@ -382,8 +382,7 @@ class LiveJournal:
         audio = self.audio_dir / str(row["audio_name"])
         where = "no audio file"
         if audio.name.endswith(AUDIO_SUFFIX) and audio.parent == self.audio_dir and audio.exists():
-            into = self._dropped_dir()
-            audio.rename(into / audio.name)
+            into = self._move_aside([audio])
             where = f"its audio moved to {into / audio.name}"
         conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
         for sql in DELETE_ROWS:
@@ -667,9 +666,7 @@ class LiveJournal:
         audio = [p for p in self.audio_dir.iterdir() if p.name.endswith(AUDIO_SUFFIX)]
         if not audio:
             return
-        into = self._dropped_dir()
-        for path in audio:
-            path.rename(into / path.name)
+        into = self._move_aside(audio)
         log.error(
             "live journal: %s is new or empty but %d audio files of sessions it held are "
             "there: moved to %s; those sessions are not rebuilt (a resume gets not_found)",
