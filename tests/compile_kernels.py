@@ -178,6 +178,7 @@ def _known_good_kernel() -> Any:
 # ----------------------------------------------------------------------------------------------
 
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 128
+VOCAB = 151_936  # the tied LM head's rows (MODEL.md section 4)
 EPS = 1e-6
 DECODE_ROWS = 4  # a decode batch (the per-(row, head) qk kernel)
 PREFILL_ROWS = 300  # a prefill piece (the per-row qk kernel: QK_ROWS_KERNEL_MIN_ROWS)
@@ -262,6 +263,7 @@ def _linear_calls() -> None:
         (HIDDEN, HIDDEN),
         ((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN),
         (HIDDEN, INTERMEDIATE),
+        (VOCAB, HIDDEN),  # the LM head (tuned since session 46)
     ):
         weight = _bf16(n, k)
         for config in linear.ROW_CANDIDATES:
@@ -277,10 +279,20 @@ def _linear_calls() -> None:
                                       _bf16(2 * HIDDEN, HIDDEN), config, impl="triton")  # fmt: skip
 
 
+def _sampling_calls() -> None:
+    from livemeet.layers import argmax
+
+    # the real vocabulary at one and 16 rows, bf16 and fp32 logits; one chunk past MAX_CHUNKS
+    for rows, dtype in ((1, torch.bfloat16), (16, torch.bfloat16), (1, torch.float32)):
+        argmax.greedy_argmax(torch.zeros(rows, VOCAB, dtype=dtype), impl="triton")
+    argmax.greedy_argmax(_bf16(1, argmax.CHUNK_BLOCK * argmax.MAX_CHUNKS * 2), impl="triton")
+
+
 ENTRY_POINTS: dict[str, Callable[[], None]] = {
     "fused": _fused_calls,
     "attention": _attention_calls,
     "linear": _linear_calls,
+    "sampling": _sampling_calls,
 }
 
 

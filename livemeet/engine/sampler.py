@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from livemeet.errors import InvalidRequest
+from livemeet.layers.argmax import greedy_argmax
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,11 @@ def sample(
 ) -> torch.Tensor:
     """logits [M, vocab] (any float dtype) -> token ids [M] int64 on the same device.
 
-    Greedy rows take argmax (ties: lowest id, as torch.argmax); other rows sample from
-    softmax(logits / temperature) restricted to the top-p nucleus.
+    Greedy rows take argmax (ties: lowest id, as torch.argmax; on CUDA one Triton kernel,
+    livemeet.layers.argmax); other rows sample from softmax(logits / temperature) restricted
+    to the top-p nucleus.
     """
-    greedy_ids = logits.argmax(dim=-1)
+    greedy_ids = greedy_argmax(logits)
     if all(p.greedy for p in params):
         return greedy_ids
     temps = torch.tensor(

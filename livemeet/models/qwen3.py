@@ -255,8 +255,8 @@ class Qwen3Model(nn.Module):
 
     def tune_linears(self) -> None:
         """Time cuBLAS against the skinny decode kernels for each projection shape (every
-        layer has the same four) and let the fused path use the faster (CUDA; needs
-        `prepare_for_serving`; a few seconds)."""
+        layer has the same four, then the LM head) and let the fused path and
+        `compute_logits` use the faster (CUDA; needs `prepare_for_serving`; a few seconds)."""
         if not self.prepared:
             raise InternalError("tune_linears needs prepare_for_serving() first")
         first = self._typed_layers[0]
@@ -265,6 +265,9 @@ class Qwen3Model(nn.Module):
             first.self_attn.o_proj.weight,
             first.mlp.gate_up_weight,
             first.mlp.down_proj.weight,
+            # the tied LM head [vocab, hidden]: ~311 MB of bf16 read once a step, where cuBLAS
+            # ran at ~0.7x the read bandwidth for one row (docs/benchmarks.md, session 46)
+            self.embed_tokens.weight,
         )
         # at one row down_proj runs with SiLU*mul fused in, qkv and gate_up with the residual
         # add + RMSNorm before them: each also tuned as that kernel
@@ -326,5 +329,7 @@ class Qwen3Model(nn.Module):
         return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [M, hidden] -> logits [M, vocab] through the tied embedding matrix."""
-        return F.linear(hidden, self.embed_tokens.weight)
+        """hidden [M, hidden] -> logits [M, vocab] through the tied embedding matrix: the
+        tuned skinny kernel for decode rows where `tune_linears` chose one, else F.linear
+        (an untuned plan, the CPU)."""
+        return self.linear_plan.linear(hidden, self.embed_tokens.weight)

@@ -437,7 +437,8 @@ def test_tiny_decoder_on_skinny_kernels_matches_reference(
 ) -> None:
     """Every projection on the Triton skinny kernels (13-row prompt: the tl.dot kernel; 1-row
     decode: the row kernel, with SiLU*mul fused into the down projection and the residual
-    add + RMSNorm into qkv and gate_up): greedy tokens and logits of the reference path."""
+    add + RMSNorm into qkv and gate_up), the LM head too: greedy tokens and logits of the
+    reference path."""
     from livemeet.layers import linear
 
     norm_fused: list[int] = []
@@ -447,6 +448,16 @@ def test_tiny_decoder_on_skinny_kernels_matches_reference(
         "skinny_norm_linear",
         lambda x, *a, **k: norm_fused.append(x.shape[0]) or real_norm_linear(x, *a, **k),
     )
+    head_rows: list[int] = []
+    real_linear = linear.skinny_linear
+    head = tiny_model.language_model.embed_tokens.weight
+
+    def counted(x: torch.Tensor, w: torch.Tensor, *a: object, **k: object) -> torch.Tensor:
+        if w is head:
+            head_rows.append(x.shape[0])
+        return real_linear(x, w, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(linear, "skinny_linear", counted)
 
     lm = tiny_model.language_model
     plan = linear.LinearPlan(impl="triton")
@@ -467,6 +478,8 @@ def test_tiny_decoder_on_skinny_kernels_matches_reference(
         assert w is not None
         plan.set_choice((w.shape[0], w.shape[1]), w.dtype, 1, linear.GemmConfig(8, 32),
                         prologue="add_rms_norm")  # fmt: skip
+    # the head [vocab, hidden]: wide slabs keep the interpreter's program count down
+    plan.set_choice(tuple(head.shape), head.dtype, 1, linear.GemmConfig(1024, 32))
     prompt = torch.tensor([151644, 872, 198, 58, 15, 13, 15, 15, 60, 42474, 16, 60, 220])
     saved = lm.linear_plan
     try:
@@ -481,6 +494,7 @@ def test_tiny_decoder_on_skinny_kernels_matches_reference(
         assert float((ours - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
     layers = len(lm._typed_layers)
     assert norm_fused == [1] * (2 * layers * 5)  # 5 one-row decode steps, 2 norms per layer
+    assert head_rows == [1] * 6  # the prompt's last row, then each decode step's
 
 
 def test_auto_mode_keeps_the_cpu_on_the_reference_path(tiny_model: MossTDModel) -> None:

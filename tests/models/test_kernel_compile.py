@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from livemeet.layers import fused, linear, paged_attention_kernels
+from livemeet.layers import argmax, fused, linear, paged_attention_kernels
 from tests.compile_kernels import NO_PDL_KERNELS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ needs_ptxas = pytest.mark.skipif(_ptxas() is None, reason="needs Triton's NVIDIA
 def _kernel_names() -> set[str]:
     """The `*_kernel` Triton functions of the kernel modules (jitted or interpreted)."""
     names = set()
-    for module in (fused, linear, paged_attention_kernels):
+    for module in (argmax, fused, linear, paged_attention_kernels):
         for name in dir(module):
             kind = type(getattr(module, name)).__name__
             if name.endswith("_kernel") and kind in ("JITFunction", "InterpretedFunction"):
@@ -116,7 +116,7 @@ def test_the_qk_kernels_round_each_rope_product_before_the_sum(
 
 
 def _params(name: str) -> list[str]:
-    for module in (fused, linear, paged_attention_kernels):
+    for module in (argmax, fused, linear, paged_attention_kernels):
         if hasattr(module, name):
             kernel = getattr(module, name)
             return list(inspect.signature(kernel.fn).parameters)  # jitted or interpreted

@@ -212,9 +212,9 @@ def test_warm_up_batches_reach_every_extend_tile() -> None:
 @gpu
 @needs_cuda
 def test_tuned_plan_matches_f_linear_cuda() -> None:
-    """Tune the real decoder's four projection shapes in bf16; every choice computes F.linear
-    up to bf16 rounding at 1, 4 and 16 rows."""
-    shapes = ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072))
+    """Tune the real decoder's four projection shapes and its LM head in bf16; every choice
+    computes F.linear up to bf16 rounding at 1, 4 and 16 rows."""
+    shapes = ((4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151_936, 1024))
     weights = [torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02 for s in shapes]
     plan = linear.LinearPlan()
     # down_proj also with SiLU*mul fused in; qkv and gate_up with the residual add + RMSNorm
