@@ -26,6 +26,10 @@
 #      LIVEMEET_FUSED_QK=0 where the tests failed. They passed on an H100 (session 37) and an
 #      H200 (session 38, whose call 2 run measured FP8 long c16 with the prologue, 273.8
 #      audio-s/s; 277.2 without: FP8 now runs without it, to be measured again here).
+#   5: the decode step's head (session 46: the LM head tuned in LinearPlan, greedy argmax
+#      in one kernel): their GPU tests, then long c1 bf16 on the engine, the working tree
+#      against AB_OLD, arms new / old / new (scripts/gpu_ab.sh; AB_OLD_DIR, carried, where the
+#      device copy has no git history)
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -34,7 +38,7 @@
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4}"
+call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5}"
 bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
@@ -78,6 +82,17 @@ case "$gpu:$call" in
       *H200*) bash "$0" 2 ;;
       *) bash "$0" 3 ;;
     esac
+    ;;
+  *H200*:5 | *H100*:5)
+    out="${OUT:-$PWD/bench-out}"
+    mkdir -p "$out/tests"
+    GPU_TESTS="tests/models/test_argmax.py tests/models/test_linear.py" PYTEST_S=110 ATTN_S=0 \
+      BENCH_S=0 HF_S=0 OUT="$out/tests" LIVEMEET_BENCH_OUT="$out/tests" bash "$bench" engine \
+      2>&1 | tail -c 2500
+    case "$gpu" in *H200*) rate=100 ;; *) rate=80 ;; esac
+    PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=120 BENCH_WORKLOADS=long LONG_C=1 FP8_POINTS=" " \
+      ASSUMED_RATE=$rate AB_ARMS="${AB_ARMS:-new old new}" GPU_BENCH="$bench" \
+      bash scripts/gpu_ab.sh engine
     ;;
   *)
     echo "no run planned for call $call on $gpu" >&2

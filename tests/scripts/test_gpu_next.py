@@ -128,8 +128,32 @@ def test_call_4_runs_the_throughput_call_with_the_fused_prologue_off_only_if_its
     assert (out / "tests" / "gpu_tests.log").is_file()
 
 
+@pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_call_5_runs_the_head_tests_then_the_arms(tmp_path: Path, card: str) -> None:
+    out = tmp_path / "out"
+    done = run(tmp_path, card, "5", OUT=str(out), AB_ARMS="new new")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    # the tests' run first (its output tailed), then one engine run per arm into its folder
+    assert lines[1] == "phase=engine sessions= uploads= duration= http=/ fp8= pause= extra="
+    assert [line for line in lines if line.startswith("=== arm")] == [
+        f"=== arm {i}: new ({label})" for i, label in ((1, _label()), (2, _label()))
+    ]
+    assert (out / "tests" / "engine.log").is_file()
+    assert (out / "1_new" / "engine.log").is_file() and (out / "2_new" / "engine.log").is_file()
+
+
+def _label() -> str:
+    """gpu_ab.sh's label for the working tree's arm."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=ROOT).returncode
+    return f"{head} with local changes" if dirty else head
+
+
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
-    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "5")):
+    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "6")):
         done = run(tmp_path, card, call)
         assert done.returncode == 2 and "no run planned" in done.stderr
     done = run(tmp_path, "", "1")
