@@ -86,6 +86,7 @@ import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
+from livemeet.gateway.metrics import LIVE_FINAL_PHASES
 from livemeet.transcript.parser import parse_transcript
 from livemeet.transcript.segments import Segment, word_end_times
 from loadtest import workloads as wl
@@ -97,12 +98,15 @@ from loadtest.http_sweep import (
     auth_headers,
     engine_counters,
     engine_fields,
+    parse_upload_phases,
+    phase_fields,
     scrape_metrics,
     settled_metrics,
     write_line,
 )
 
 LIVE_PATH = "/v1/live"
+LIVE_FINAL_HISTOGRAM = "livemeet_live_final_seconds"  # livemeet.gateway.metrics, by phase
 FRAME_S = 0.1  # s of audio per binary frame (a browser recorder sends 20-250 ms)
 TIME_TOL_S = 0.011  # s; the forced transcript has 2-decimal times, the protocol 3
 FINAL_TIMEOUT_S = 120.0  # s to wait for transcript.final after `end`
@@ -649,6 +653,8 @@ async def run_point(
         "finals_received": len(finals),
         "final_after_end_p50_s": percentile(finals, 50) if finals else None,
         "final_after_end_max_s": max(finals) if finals else None,
+        # where that went, by the server's livemeet_live_final_seconds: engine, hold (mean s)
+        **final_phase_fields(before, after),
         **revision_fields(logs, revised),
         "num_errors": len(errors),
         "first_error": errors[0] if errors else "",
@@ -665,6 +671,16 @@ async def run_point(
         **engine_fields(engine_counters(before), engine_counters(after)),
         **({"engine_by_time": by_time} if (by_time := engine_by_time(scrapes)) else {}),
     }
+
+
+def final_phase_fields(before: str | None, after: str | None) -> dict[str, Any]:
+    """`final_phase_mean_s` from two /metrics scrapes: the mean seconds of the sessions'
+    finals in each phase of livemeet_live_final_seconds (engine: `end` to the backend's
+    final transcript; hold: its wait for the journal); none without both scrapes."""
+    if before is None or after is None:
+        return {}
+    totals = (parse_upload_phases(text, LIVE_FINAL_HISTOGRAM) for text in (before, after))
+    return phase_fields(*totals, phases=LIVE_FINAL_PHASES, key="final_phase_mean_s")
 
 
 def revision_fields(logs: Sequence[SessionLog], revised: Sequence[float]) -> dict[str, Any]:

@@ -274,41 +274,49 @@ def parse_engine_counters(text: str) -> EngineCounters | None:
     )
 
 
+UPLOAD_PHASE_HISTOGRAM = "livemeet_upload_phase_seconds"
+
+
 @dataclass(frozen=True)
 class PhaseTotals:
-    """`livemeet_upload_phase_seconds` of one /metrics scrape: per phase (UPLOAD_PHASES), the
-    seconds summed over requests and the number of requests."""
+    """A histogram by phase of one /metrics scrape (`livemeet_upload_phase_seconds` unless
+    named): per phase, the seconds summed over what was timed and how many were."""
 
     sums: dict[str, float]  # s
-    counts: dict[str, int]  # requests
+    counts: dict[str, int]  # requests (uploads), or live sessions' finals
 
 
-def parse_upload_phases(text: str) -> PhaseTotals | None:
-    """The upload phase histogram's sums and counts; None when /metrics has none (an older
-    server)."""
+def parse_upload_phases(text: str, histogram: str = UPLOAD_PHASE_HISTOGRAM) -> PhaseTotals | None:
+    """The sums and counts of `histogram` (labelled by `phase`); None when /metrics has none
+    (an older server)."""
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "livemeet_upload_phase_seconds_sum":
+            if sample.name == histogram + "_sum":
                 sums[sample.labels["phase"]] = sample.value
-            elif sample.name == "livemeet_upload_phase_seconds_count":
+            elif sample.name == histogram + "_count":
                 counts[sample.labels["phase"]] = int(sample.value)
     return PhaseTotals(sums, counts) if counts else None
 
 
-def phase_fields(before: PhaseTotals | None, after: PhaseTotals | None) -> dict[str, Any]:
-    """A point's `upload_phase_mean_s`: per phase, the mean seconds of the requests that
-    finished it during the point (where the latency went: receive, decode, transcribe,
+def phase_fields(
+    before: PhaseTotals | None,
+    after: PhaseTotals | None,
+    phases: tuple[str, ...] = UPLOAD_PHASES,
+    key: str = "upload_phase_mean_s",
+) -> dict[str, Any]:
+    """A point's `key` (`upload_phase_mean_s`): per phase, the mean seconds of what finished
+    it during the point (where an upload's latency went: receive, decode, transcribe,
     respond); none when either scrape had no histogram."""
     if before is None or after is None:
         return {}
     means = {}
-    for phase in UPLOAD_PHASES:
+    for phase in phases:
         n = after.counts.get(phase, 0) - before.counts.get(phase, 0)
         if n > 0:
             means[phase] = (after.sums.get(phase, 0.0) - before.sums.get(phase, 0.0)) / n
-    return {"upload_phase_mean_s": means} if means else {}
+    return {key: means} if means else {}
 
 
 def engine_fields(before: EngineCounters | None, after: EngineCounters | None) -> dict[str, Any]:

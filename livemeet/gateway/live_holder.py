@@ -188,6 +188,9 @@ class LiveSessionHolder:
         self.journal_closed = journal is None
         self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
         self.ended_at: float | None = None  # loop time of that `end` (a revision's delay)
+        # (engine, hold) s of the final transcript after `end`: to the backend's final, then
+        # its wait for the journal (livemeet_live_final_seconds); None until it went out
+        self.final_phases_s: tuple[float, float] | None = None
         self.dropped = False
         # the engine was lost while the server stopped for a restart: the session is left
         # unfinished in the journal for the next start, with no terminal event (`_recover`)
@@ -672,9 +675,10 @@ class LiveSessionHolder:
             return  # it failed meanwhile (its storage): its error went out, nothing follows it
         if isinstance(event, SegmentFinal | SegmentPartial | TextDelta) and self._hold(event):
             return
+        loop = asyncio.get_running_loop()
+        came = loop.time()  # the final transcript's wait (its "hold" phase) starts here
         await self._flush_outbox()
         if isinstance(event, TranscriptFinal):
-            loop = asyncio.get_running_loop()
             deadline = loop.time() + LIVE_FINAL_DURABLE_WAIT_S
             await self.wait_durable(LIVE_FINAL_DURABLE_WAIT_S)
             # a rename or merge whose answer the journal holds back goes out before the final
@@ -685,6 +689,8 @@ class LiveSessionHolder:
                 await asyncio.wait(set(self._unanswered), timeout=remaining_s)
             if self.replay.terminal is not None:  # the session failed meanwhile: its error is out
                 return
+            if self.ended_at is not None:
+                self.final_phases_s = (came - self.ended_at, loop.time() - came)
         self._record(event)
 
     def _hold(self, event: SegmentFinal | SegmentPartial | TextDelta) -> bool:

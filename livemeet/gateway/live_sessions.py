@@ -70,7 +70,7 @@ from livemeet.gateway.live_protocol import (
     ResumeRequest,
     require_same_format,
 )
-from livemeet.gateway.metrics import GatewayMetrics
+from livemeet.gateway.metrics import LIVE_FINAL_PHASES, GatewayMetrics
 from livemeet.gateway.session_tokens import SessionTokens
 from livemeet.gateway.transcript_store import TranscriptStore
 from livemeet.transcriber import (
@@ -625,6 +625,9 @@ class LiveSessions:
         if holder.replay.revision is not None:
             self._revision_came(holder)
         elif isinstance(holder.replay.terminal, TranscriptFinal):
+            if holder.final_phases_s is not None:
+                for phase, seconds in zip(LIVE_FINAL_PHASES, holder.final_phases_s, strict=True):
+                    self._metrics.live_final_s.labels(phase).observe(seconds)
             if self._store is None:
                 holder.close_journal(finished=True)
             else:

@@ -260,6 +260,7 @@ def _families(stats: EngineStats | None) -> list[Metric]:
 
 UPLOAD_LATENCY_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)  # s
 UPLOAD_PHASES = ("receive", "decode", "transcribe", "respond")  # livemeet_upload_phase_seconds
+LIVE_FINAL_PHASES = ("engine", "hold")  # livemeet_live_final_seconds
 # livemeet_live_resumes_total{result}: a resume's outcome, or the code of its refusal
 LIVE_RESUME_RESULTS = (
     "resumed",
@@ -298,6 +299,7 @@ class GatewayMetrics:
     disk_free_bytes: Gauge
     captions_subscribers: Gauge
     live_revisions: Counter
+    live_final_s: Histogram
     live_revision_s: Histogram
     auth_failures: Counter
     engine: EngineStatsCollector
@@ -442,6 +444,16 @@ class GatewayMetrics:
                 ["result"],
                 registry=registry,
             ),
+            live_final_s=Histogram(
+                "livemeet_live_final_seconds",
+                "Time from a live session's end to its transcript.final, by phase: engine (the "
+                "end to the backend's final transcript: its last hops decoded), hold (the final "
+                "transcript waiting for the session's finals and audio to be in the journal and "
+                "for the answers to renames and merges) (s)",
+                ["phase"],
+                buckets=(0.005, 0.025, *UPLOAD_LATENCY_BUCKETS_S),
+                registry=registry,
+            ),
             live_revision_s=Histogram(
                 "livemeet_live_revision_seconds",
                 "Time from a live session's end to its transcript.revised (s)",
@@ -460,6 +472,8 @@ class GatewayMetrics:
             metrics.live_revisions.labels(result)
         for phase in UPLOAD_PHASES:  # exported (at zero) before the first upload
             metrics.upload_phase_s.labels(phase)
+        for phase in LIVE_FINAL_PHASES:
+            metrics.live_final_s.labels(phase)
         for reason in AuthFailure:  # at zero, for alerts on their rate
             metrics.auth_failures.labels(reason.value)
         for error in ERROR_CLASSES:  # every code at zero: a rate() needs the series before

@@ -28,13 +28,14 @@ from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
 from livemeet.gateway.live_sessions import LiveSessions
 from livemeet.gateway.metrics import GatewayMetrics
 from livemeet.gateway.session_tokens import captions_token_for, token_digest
-from livemeet.transcriber import Error, SegmentFinal, SessionOptions
+from livemeet.transcriber import Error, SegmentFinal, SessionOptions, TranscriptFinal
 from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber, fake_text
 from tests.gateway.test_live_resume import (
     detach,
     detached_session,
+    metric,
     read_to_close,
     read_until,
     resume_start,
@@ -70,6 +71,31 @@ async def test_an_ack_waits_for_the_audio_to_be_on_disk(
         assert ack["offset"] == RATE // 2
         await ws.send_json({"type": "end"})
         await read_to_close(ws)
+
+
+async def test_the_final_transcripts_wait_for_the_journal_is_measured_apart(
+    client: TestClient, fake: FakeTranscriber, stalled_disk: threading.Event
+) -> None:
+    """livemeet_live_final_seconds cuts `end` -> transcript.final into the backend's part
+    (engine) and the final's wait for the journal (hold), which a stalled disk lengthens:
+    so a slow end-to-final tells which of the two it was (session 45's H200 run could not)."""
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        assert (await ws.receive_json())["type"] == "session.ready"
+        await ws.send_bytes(pcm16(0.5))
+        await ws.send_json({"type": "end"})
+        await wait_until(lambda: bool(fake.sessions))
+        log = fake.sessions[0].log
+        await wait_until(lambda: any(isinstance(e, TranscriptFinal) for e in log.events))
+        await asyncio.sleep(0.5)  # the backend's final is out; the journal cannot sync
+        assert metric(client, "livemeet_live_final_seconds_count", phase="hold") == 0
+        stalled_disk.set()
+        events = await read_to_close(ws)
+    assert events[-1]["type"] == "transcript.final"
+    for phase in ("engine", "hold"):
+        assert metric(client, "livemeet_live_final_seconds_count", phase=phase) == 1
+    assert metric(client, "livemeet_live_final_seconds_sum", phase="hold") >= 0.3
+    assert metric(client, "livemeet_live_final_seconds_sum", phase="engine") >= 0
 
 
 def journal_final_ids(data_dir: Path) -> list[str]:

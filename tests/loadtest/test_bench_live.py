@@ -48,6 +48,24 @@ def on_time_log(num_frames: int, t0: float = 100.0) -> SessionLog:
     return SessionLog(t0=t0, sent=[t0 + (k + 1) * FRAME_S for k in range(num_frames)])
 
 
+def final_phase_text(engine: tuple[float, int], hold: tuple[float, int]) -> str:
+    """A /metrics text with livemeet_live_final_seconds' sum and count per phase."""
+    lines = ["# TYPE livemeet_live_final_seconds histogram"]
+    for phase, (total, n) in (("engine", engine), ("hold", hold)):
+        lines.append(f'livemeet_live_final_seconds_sum{{phase="{phase}"}} {total}')
+        lines.append(f'livemeet_live_final_seconds_count{{phase="{phase}"}} {n}.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_final_phases_are_the_means_over_the_point() -> None:
+    before = final_phase_text((2.0, 4), (0.2, 4))
+    after = final_phase_text((8.0, 8), (1.0, 8))  # 4 finals: 1.5 s engine, 0.2 s hold each
+    fields = bench_live.final_phase_fields(before, after)
+    assert fields["final_phase_mean_s"] == pytest.approx({"engine": 1.5, "hold": 0.2})
+    assert bench_live.final_phase_fields(None, after) == {}
+    assert bench_live.final_phase_fields(before, before) == {}  # no final during the point
+
+
 def test_frames_hold_the_audio_just_before_a_time() -> None:
     assert frame_of(0.0) == 0
     assert frame_of(0.05) == 0
@@ -369,6 +387,10 @@ def test_bench_live_through_a_real_server(tmp_path: Path) -> None:
         assert 0.0 < r["word_latency_p50_s"] <= r["word_latency_p95_s"] < 1.5
         assert sum(b["count"] for b in r["word_latency_by_time"].values()) == r["words_seen"]
         assert 0.0 <= r["final_after_end_p50_s"] <= r["final_after_end_max_s"] < 5.0
+        # the server's two phases of it, within what the clients measured from their `end`
+        phases = r["final_phase_mean_s"]
+        assert set(phases) == {"engine", "hold"} and min(phases.values()) >= 0.0
+        assert sum(phases.values()) <= r["final_after_end_max_s"]
         # the scripted backend revises every session: each waits for it, after its final
         assert r["revisions_promised"] == r["revisions_received"] == 2
         assert r["revisions_failed"] == r["revisions_late"] == r["revisions_closed"] == 0
