@@ -112,6 +112,20 @@ def latency_cell(record: Mapping[str, Any], prefix: str = "") -> str:
     return " / ".join(f"{record[k]:.2f}" for k in keys)
 
 
+def final_cell(record: Mapping[str, Any]) -> str:
+    """From `end` to transcript.final, "p50 / max" in seconds, then the server's mean per
+    phase "(engine / hold)" where the record has it (bench_live since session 46); "-"
+    without finals."""
+    p50, most = record.get("final_after_end_p50_s"), record.get("final_after_end_max_s")
+    if p50 is None or most is None:
+        return "-"
+    phases = record.get("final_phase_mean_s", {})
+    split = ""
+    if "engine" in phases and "hold" in phases:
+        split = f" ({phases['engine']:.2f} / {phases['hold']:.2f})"
+    return f"{p50:.2f} / {most:.2f}{split}"
+
+
 def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
     """One markdown row of FIGURES_HEADER's columns."""
     cells = [
@@ -130,6 +144,7 @@ def figures_row(label: str, record: Mapping[str, Any], f: LiveFigures) -> str:
         f"{f.decode_ids_per_hop:.1f}",
         f"{f.forced_ids_per_hop:.0f}",
         f"{f.hop_s:.2f} / " + ("-" if f.first_id_s is None else f"{f.first_id_s:.2f}"),
+        final_cell(record),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -139,8 +154,8 @@ FIGURES_HEADER = (
     "| hops / s | endpoint hops / s "
     "| engine ms / hop | of it waiting | of it encoding | prefill steps / s "
     "| decode-only steps / s | prefill ids / hop | decode ids / hop | forced ids / hop "
-    "| hop s / to first id |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "| hop s / to first id | end to final p50 / max (engine / hold) |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 

@@ -66,7 +66,7 @@ def test_figures_sum_the_buckets_that_start_in_the_window() -> None:
     assert f.forced_ids_per_hop == pytest.approx((250 * 2_000 + 300 * 4_000) / hops)
     assert f.hop_s == pytest.approx((0.5 * 2_000 + 0.8 * 4_000) / hops)
     assert f.first_id_s == pytest.approx((0.2 * 2_000 + 0.25 * 4_000) / hops)
-    assert live_report.figures_row("x", _record(), f).endswith(" | 0.70 / 0.23 |")
+    assert live_report.figures_row("x", _record(), f).endswith(" | 0.70 / 0.23 | - |")
 
 
 def test_records_of_servers_without_first_id_times_show_a_dash() -> None:
@@ -75,7 +75,7 @@ def test_records_of_servers_without_first_id_times_show_a_dash() -> None:
         del bucket["live_hop_first_token_mean_s"]
     f = live_report.figures(record, 120.0, 240.0)
     assert f.first_id_s is None
-    assert live_report.figures_row("x", record, f).endswith(" | 0.70 / - |")
+    assert live_report.figures_row("x", record, f).endswith(" | 0.70 / - | - |")
 
 
 def test_counters_bench_live_leaves_out_count_as_zero() -> None:
@@ -148,6 +148,19 @@ def test_the_command_reads_the_last_record_of_each_file(
     at = out.index("| bucket (s), per word | call2_bench_live |")
     assert out[at + 2] == "| 450-480 | 0.75 / 1.50 |"
     assert out.index("| bucket (s) | call2_bench_live |") < at
+
+
+def test_the_last_column_is_end_to_final_with_the_servers_phases() -> None:
+    assert live_report.final_cell(_record()) == "-"  # no final in the record
+    finals = {"final_after_end_p50_s": 1.234, "final_after_end_max_s": 2.5}
+    assert live_report.final_cell(_record() | finals) == "1.23 / 2.50"  # before session 46
+    phases = {"final_phase_mean_s": {"engine": 0.75, "hold": 0.5}}
+    assert live_report.final_cell(_record() | finals | phases) == "1.23 / 2.50 (0.75 / 0.50)"
+    row = live_report.figures_row("r", _record() | finals | phases, live_report.figures(
+        _record(), 120, 240))  # fmt: skip
+    assert row.endswith("| 1.23 / 2.50 (0.75 / 0.50) |")
+    header = live_report.FIGURES_HEADER.splitlines()
+    assert header[0].count("|") == row.count("|") == header[1].count("|")
 
 
 def test_the_command_says_when_its_window_holds_no_bucket(tmp_path: Path) -> None:
