@@ -30,6 +30,9 @@
 #      in one kernel): their GPU tests, then long c1 bf16 on the engine, the working tree
 #      against AB_OLD, arms new / old / new (scripts/gpu_ab.sh; AB_OLD_DIR, carried, where the
 #      device copy has no git history)
+#   6: (H200) call 2's engine run (long c1 bf16 with session 46's head kernels, FP8 long
+#      c16, short c16), then long c1 bf16 on AB_OLD beside it (gpu_ab.sh's old arm; carry
+#      AB_OLD_DIR as for 5): the head's gain on the card whose cuBLAS read it at ~0.70x
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -38,7 +41,7 @@
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5}"
+call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5|6}"
 bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
@@ -82,6 +85,12 @@ case "$gpu:$call" in
       *H200*) bash "$0" 2 ;;
       *) bash "$0" 3 ;;
     esac
+    ;;
+  *H200*:6)
+    PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=330 SHORT_C=16 LONG_C=1 FP8_POINTS=long:16 \
+      ASSUMED_RATE=250 bash "$bench" engine
+    PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=120 BENCH_WORKLOADS=long LONG_C=1 FP8_POINTS=" " \
+      ASSUMED_RATE=100 AB_ARMS=old GPU_BENCH="$bench" bash scripts/gpu_ab.sh engine
     ;;
   *H200*:5 | *H100*:5)
     out="${OUT:-$PWD/bench-out}"

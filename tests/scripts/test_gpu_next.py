@@ -143,6 +143,18 @@ def test_call_5_runs_the_head_tests_then_the_arms(tmp_path: Path, card: str) -> 
     assert (out / "1_new" / "engine.log").is_file() and (out / "2_new" / "engine.log").is_file()
 
 
+def test_call_6_runs_the_engine_then_the_old_arm_on_an_h200(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = tmp_path / "old"
+    (old / "scripts").mkdir(parents=True)
+    done = run(tmp_path, "NVIDIA H200", "6", OUT=str(out), AB_OLD="abc1234", AB_OLD_DIR=str(old))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1] == "phase=engine sessions= uploads= duration= http=/ fp8=long:16 pause= extra="
+    assert "=== arm 1: old (abc1234)" in lines
+    assert (out / "1_old" / "engine.log").is_file()  # the stand-in ran in the old tree's arm
+
+
 def _label() -> str:
     """gpu_ab.sh's label for the working tree's arm."""
     head = subprocess.run(
@@ -153,7 +165,11 @@ def _label() -> str:
 
 
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
-    for card, call in (("NVIDIA A100-SXM4-80GB", "1"), ("NVIDIA H200", "6")):
+    for card, call in (
+        ("NVIDIA A100-SXM4-80GB", "1"),
+        ("NVIDIA H200", "7"),
+        ("NVIDIA H100 80GB HBM3", "6"),
+    ):
         done = run(tmp_path, card, call)
         assert done.returncode == 2 and "no run planned" in done.stderr
     done = run(tmp_path, "", "1")
@@ -161,7 +177,7 @@ def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
-@pytest.mark.parametrize("call", ["1", "2", "3"])
+@pytest.mark.parametrize("call", ["1", "2", "3", "6"])
 def test_every_planned_engine_point_fits_its_budget_at_the_assumed_rate(
     tmp_path: Path, card: str, call: str
 ) -> None:
