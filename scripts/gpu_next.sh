@@ -32,7 +32,8 @@
 #      device copy has no git history)
 #   6: (H200) call 2's engine run (long c1 bf16 with session 46's head kernels, FP8 long
 #      c16, short c16), then long c1 bf16 on AB_OLD beside it (gpu_ab.sh's old arm; carry
-#      AB_OLD_DIR as for 5): the head's gain on the card whose cuBLAS read it at ~0.70x
+#      AB_OLD_DIR as for 5): the head's gain on the card whose cuBLAS read it at ~0.70x;
+#      then the kernels of one 1 x 36k decode step (bench_decode_step --profile)
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -91,6 +92,9 @@ case "$gpu:$call" in
       ASSUMED_RATE=250 bash "$bench" engine
     PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=120 BENCH_WORKLOADS=long LONG_C=1 FP8_POINTS=" " \
       ASSUMED_RATE=100 AB_ARMS=old GPU_BENCH="$bench" bash scripts/gpu_ab.sh engine
+    out="${OUT:-$PWD/bench-out}"
+    PROFILE_S=100 BENCH_S=0 PROFILE_BATCHES=1 PROFILE_CONTEXTS=36000 OUT="$out/profile" \
+      LIVEMEET_BENCH_OUT="$out/profile" bash "$bench" profile
     ;;
   *H200*:5 | *H100*:5)
     out="${OUT:-$PWD/bench-out}"

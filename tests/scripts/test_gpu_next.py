@@ -153,6 +153,11 @@ def test_call_6_runs_the_engine_then_the_old_arm_on_an_h200(tmp_path: Path) -> N
     assert lines[1] == "phase=engine sessions= uploads= duration= http=/ fp8=long:16 pause= extra="
     assert "=== arm 1: old (abc1234)" in lines
     assert (out / "1_old" / "engine.log").is_file()  # the stand-in ran in the old tree's arm
+    assert lines[-2:] == [  # then the decode step's kernels, into a folder of their own
+        "phase=profile sessions= uploads= duration= http=/ fp8= pause= extra=",
+        "=== pytest-gpu: rc=0 at t=1 s",
+    ]
+    assert (out / "profile" / "profile.log").is_file()
 
 
 def _label() -> str:
