@@ -98,7 +98,7 @@ from loadtest.http_sweep import (
     auth_headers,
     engine_counters,
     engine_fields,
-    parse_upload_phases,
+    parse_phases,
     phase_fields,
     scrape_metrics,
     settled_metrics,
@@ -679,7 +679,7 @@ def final_phase_fields(before: str | None, after: str | None) -> dict[str, Any]:
     final transcript; hold: its wait for the journal); none without both scrapes."""
     if before is None or after is None:
         return {}
-    totals = (parse_upload_phases(text, LIVE_FINAL_HISTOGRAM) for text in (before, after))
+    totals = (parse_phases(text, LIVE_FINAL_HISTOGRAM) for text in (before, after))
     return phase_fields(*totals, phases=LIVE_FINAL_PHASES, key="final_phase_mean_s")
 
 

@@ -286,7 +286,7 @@ class PhaseTotals:
     counts: dict[str, int]  # requests (uploads), or live sessions' finals
 
 
-def parse_upload_phases(text: str, histogram: str = UPLOAD_PHASE_HISTOGRAM) -> PhaseTotals | None:
+def parse_phases(text: str, histogram: str = UPLOAD_PHASE_HISTOGRAM) -> PhaseTotals | None:
     """The sums and counts of `histogram` (labelled by `phase`); None when /metrics has none
     (an older server)."""
     sums: dict[str, float] = {}
@@ -438,7 +438,7 @@ def engine_counters(text: str | None) -> EngineCounters | None:
 
 
 def _upload_phases(text: str | None) -> PhaseTotals | None:
-    return None if text is None else parse_upload_phases(text)
+    return None if text is None else parse_phases(text)
 
 
 async def settled_metrics(

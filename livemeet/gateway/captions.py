@@ -32,9 +32,9 @@ from collections import deque
 from livemeet.audio.constants import MAX_MERGED_SPEAKERS, MAX_NAMED_SPEAKERS
 from livemeet.errors import LivemeetError, QueueFull
 from livemeet.gateway.live_protocol import SpeakerMerged, SpeakerRenamed
+from livemeet.gateway.live_replay import SessionEvent
 from livemeet.transcriber import (
     Error,
-    Event,
     SegmentFinal,
     SegmentPartial,
     TranscriptFinal,
@@ -44,7 +44,7 @@ from livemeet.transcriber import is_terminal as ends_stream
 
 # what an outbox holds: a session event (the backend's, a rename or a merge), or the error
 # the subscriber is closed with
-Outgoing = Event | SpeakerRenamed | SpeakerMerged | LivemeetError
+Outgoing = SessionEvent | LivemeetError
 
 
 class CaptionsOutbox:
@@ -74,7 +74,7 @@ class CaptionsOutbox:
     def closed(self) -> bool:
         return self._closed
 
-    def push(self, event: Event | SpeakerRenamed | SpeakerMerged) -> None:
+    def push(self, event: SessionEvent) -> None:
         """Queue a session event (synchronous, never blocks). Events the captions do not carry
         (upload text deltas) are dropped. A final that promises a revision keeps the queue
         open for it (`transcript.revised`, or its `revision_failed` error)."""

@@ -328,15 +328,15 @@ def phase_text(sums: dict[str, float], counts: dict[str, int]) -> str:
 
 
 def test_upload_phase_means_over_a_point() -> None:
-    from loadtest.http_sweep import parse_upload_phases, phase_fields
+    from loadtest.http_sweep import parse_phases, phase_fields
 
-    before = parse_upload_phases(phase_text({"receive": 1.0, "transcribe": 4.0},
+    before = parse_phases(phase_text({"receive": 1.0, "transcribe": 4.0},
                                             {"receive": 10, "transcribe": 10}))  # fmt: skip
-    after = parse_upload_phases(phase_text({"receive": 1.5, "transcribe": 24.0},
+    after = parse_phases(phase_text({"receive": 1.5, "transcribe": 24.0},
                                            {"receive": 20, "transcribe": 20}))  # fmt: skip
     fields = phase_fields(before, after)
     assert fields == {"upload_phase_mean_s": {"receive": 0.05, "transcribe": 2.0}}
-    assert parse_upload_phases("# nothing here\n") is None
+    assert parse_phases("# nothing here\n") is None
     assert phase_fields(None, after) == phase_fields(before, None) == {}
     assert phase_fields(after, after) == {}  # no request finished a phase
 
