@@ -29,6 +29,13 @@ parameters):
   four shapes; loadtest/sweep_extend_kernel.py, docs/benchmarks.md session 10.)
 - `kv_read_s_per_token` = 112 KiB / 4.1 TB/s ~ 28 ns per context token per decode row.
 
+- `encode_s_per_window` = 2.5 ms: the audio encoder (log-mel, Whisper encoder, merge and
+  adaptor) for one 30-s window in a batch of 8-64 on an H200 (the encoder graphs ran 2.43-2.49
+  ms a window, docs/benchmarks.md session 11; one window alone 4.0 ms). Charged (by the
+  Scheduler) for an upload's windows that its chunks reach while live sessions run: encoded
+  all at once, a 37-minute upload's 75 windows held every live hop for one ~0.2-s step
+  (~0.27 s on an H100, session 47).
+
 `for_kv_cache("fp8_e4m3")` keeps the rest and takes the FP8 kernels' rates: the extend kernel
 converts every e4m3 tile to fp16 and runs ~240 TFLOP/s on the late chunk (229-297 over the
 four shapes) ~ 0.96 ns per pair; decode reads 56 KiB per token at 0.92 x 4.32 TB/s (16 x 36k,
@@ -49,6 +56,7 @@ ATTENTION_FLOP_PER_PAIR = 28 * 16 * 128 * 4  # layers x heads x head_dim x (QK^T
 EXTEND_FLOP_PER_S_BF16 = 300e12  # the extend kernel on a late chunk, bf16 cache (H200)
 EXTEND_FLOP_PER_S_FP8 = 240e12  # the same over an FP8 cache (docs/benchmarks.md, session 10)
 DECODE_READ_B_PER_S_FP8 = 0.92 * 4.32e12  # FP8 decode attention at 16 x 36k (session 10)
+ENCODE_S_PER_WINDOW = 2.5e-3  # s per 30-s window, batches of 8-64 on an H200 (session 11)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,7 @@ class StepCostModel:
     per_token_s: float = 2.0e-6
     attention_s_per_pair: float = ATTENTION_FLOP_PER_PAIR / EXTEND_FLOP_PER_S_BF16
     kv_read_s_per_token: float = KV_BYTES_PER_TOKEN / H200_COPY_BANDWIDTH_B_PER_S
+    encode_s_per_window: float = ENCODE_S_PER_WINDOW
 
     @classmethod
     def for_kv_cache(cls, kv_cache_dtype: str) -> StepCostModel:
@@ -101,21 +110,35 @@ class StepCostModel:
         assert context_tokens >= 1
         return self.per_token_s + self.kv_read_s_per_token * context_tokens
 
-    def max_prefill_tokens(self, start: int, budget_s: float, limit: int) -> int:
-        """Largest n <= limit with prefill_cost_s(start, n) <= budget_s (0 when none fits)."""
+    def encode_cost_s(self, num_windows: int) -> float:
+        """Seconds to encode `num_windows` 30-s audio windows."""
+        assert num_windows >= 0
+        return self.encode_s_per_window * num_windows
+
+    def max_prefill_tokens(
+        self, start: int, budget_s: float, limit: int, extra_per_token_s: float = 0.0
+    ) -> int:
+        """Largest n <= limit with prefill_cost_s(start, n) + extra_per_token_s * n <=
+        budget_s (0 when none fits). `extra_per_token_s`: a cost every token of the chunk
+        adds besides the decoder's (an upload's audio still to encode)."""
+        assert extra_per_token_s >= 0
         if limit <= 0 or budget_s <= 0:
             return 0
-        # cost(n) = a n^2 + b n with a = pair/2, b = per_token + pair * (start + 1/2)
+
+        def cost(n: int) -> float:
+            return self.prefill_cost_s(start, n) + extra_per_token_s * n
+
+        # cost(n) = a n^2 + b n with a = pair/2, b = per_token + extra + pair * (start + 1/2)
         a = self.attention_s_per_pair / 2
-        b = self.per_token_s + self.attention_s_per_pair * (start + 0.5)
+        b = self.per_token_s + extra_per_token_s + self.attention_s_per_pair * (start + 0.5)
         if a == 0:
             n = limit if b == 0 else int(budget_s / b)
         else:
             n = int((-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a))
         n = min(n, limit)
         # float rounding can put the closed form one off either way
-        while n > 0 and self.prefill_cost_s(start, n) > budget_s:
+        while n > 0 and cost(n) > budget_s:
             n -= 1
-        while n < limit and self.prefill_cost_s(start, n + 1) <= budget_s:
+        while n < limit and cost(n + 1) <= budget_s:
             n += 1
         return n

@@ -53,7 +53,7 @@ from livemeet.audio.constants import (
 from livemeet.audio.features import check_samples, log_mel, window_token_counts
 from livemeet.audio.pcm import check_finite
 from livemeet.engine.cuda_graph import choose_bucket
-from livemeet.errors import BadAudio
+from livemeet.errors import BadAudio, InternalError
 from livemeet.models.adaptor import merge_frames
 from livemeet.models.audio_llm import MossTDModel
 
@@ -79,13 +79,26 @@ def full_window_keys(samples: np.ndarray, known: Sequence[bytes] = ()) -> list[b
     on threads (hashlib releases the GIL): a 37-minute meeting has 74 full windows."""
     num_full = samples.size // WINDOW_SAMPLES
     keys = list(known[:num_full])
-    todo = [
-        samples[w * WINDOW_SAMPLES : (w + 1) * WINDOW_SAMPLES] for w in range(len(keys), num_full)
-    ]
-    if len(todo) < PARALLEL_HASH_MIN_WINDOWS:
-        return keys + [window_key(w) for w in todo]
+    return keys + _hash_windows([_window(samples, w) for w in range(len(keys), num_full)])
+
+
+def _span_keys(samples: np.ndarray, known: Sequence[bytes], lo: int, hi: int) -> list[bytes | None]:
+    """Keys of windows [lo, hi) of `samples`: from `known` where it has them, hashed where a
+    window is full, None for the partial last window (never cached)."""
+    num_full = samples.size // WINDOW_SAMPLES
+    keys: list[bytes | None] = [known[w] if w < len(known) else None for w in range(lo, hi)]
+    todo = [w for w in range(lo, min(hi, num_full)) if keys[w - lo] is None]
+    for w, key in zip(todo, _hash_windows([_window(samples, w) for w in todo]), strict=True):
+        keys[w - lo] = key
+    return keys
+
+
+def _hash_windows(windows: list[np.ndarray]) -> list[bytes]:
+    """`window_key` of each full window; many on threads (hashlib releases the GIL)."""
+    if len(windows) < PARALLEL_HASH_MIN_WINDOWS:
+        return [window_key(w) for w in windows]
     with ThreadPoolExecutor(max_workers=min(HASH_THREADS, os.cpu_count() or 1)) as pool:
-        return keys + list(pool.map(window_key, todo))
+        return list(pool.map(window_key, windows))
 
 
 def _window(samples: np.ndarray, w: int) -> np.ndarray:
@@ -243,6 +256,7 @@ class EncoderRunner:
         extra: Sequence[np.ndarray] = (),
         extra_keys: Sequence[Sequence[bytes]] = (),
         checked: Sequence[bool] = (),
+        spans: Sequence[tuple[int, int] | None] = (),
     ) -> list[torch.Tensor | None]:
         """`encode(audios, window_keys)`, plus each of `extra` (in order, with `extra_keys`)
         whose windows that miss the cache fit in the silence the last micro-batch would be
@@ -251,9 +265,12 @@ class EncoderRunner:
         its embeddings or None (not encoded: no room, or bad audio, which its own request
         reports when it is encoded). `checked[i]` (audios, then extra; False where missing):
         the caller checked that audio finite, so its windows are not scanned again (a live
-        hop's open window, every hop). Raises BadAudio for `audios` as `encode`."""
+        hop's open window, every hop). `spans[a]` (None or missing: every window): only
+        windows [lo, hi) of audio a, whose embeddings are returned (rows from audio token
+        375 x lo on; an upload encoded as its prefill chunks reach its windows). Raises
+        BadAudio for `audios` as `encode`."""
         flags = list(checked) + [False] * (len(audios) + len(extra) - len(checked))
-        jobs, per_audio = self._jobs(audios, window_keys, checked=flags[: len(audios)])
+        jobs, per_audio = self._jobs(audios, window_keys, checked=flags[: len(audios)], spans=spans)
         free = self._padding_rows(len(jobs))
         taken = [False] * len(extra)
         for i, raw in enumerate(extra):
@@ -307,12 +324,14 @@ class EncoderRunner:
         window_keys: Sequence[Sequence[bytes]] | None,
         first: int = 0,
         checked: Sequence[bool] = (),
+        spans: Sequence[tuple[int, int] | None] = (),
     ) -> tuple[
         list[tuple[int, int, np.ndarray, int, bytes | None]], list[list[torch.Tensor | None]]
     ]:
-        """The windows of `audios` that miss the cache (audio index from `first`, window,
-        samples, tokens, key) and each audio's slots, cache hits filled in. The windows encoded
-        are scanned for NaN/inf unless `checked[a]` (BadAudio)."""
+        """The windows of `audios` (of audio a, windows `spans[a]`; all where None or
+        missing) that miss the cache (audio index from `first`, slot, samples, tokens, key) and
+        each audio's slots (one per window of its span), cache hits filled in. The windows
+        encoded are scanned for NaN/inf unless `checked[a]` (BadAudio)."""
         jobs: list[tuple[int, int, np.ndarray, int, bytes | None]] = []
         per_audio: list[list[torch.Tensor | None]] = []
         for a, raw in enumerate(audios):
@@ -320,18 +339,22 @@ class EncoderRunner:
             # were when it was encoded (its key hashes them, or its caller vouches for them)
             samples = check_samples(raw, finite=False).astype(np.float32, copy=False)
             counts = window_token_counts(samples.size)
+            span = spans[a] if a < len(spans) else None
+            lo, hi = (0, len(counts)) if span is None else span
+            if not 0 <= lo < hi <= len(counts):
+                raise InternalError(f"window span {span} of an audio of {len(counts)} windows")
             known = window_keys[a] if window_keys is not None else ()
-            keys = full_window_keys(samples, known)
+            keys = _span_keys(samples, known, lo, hi)
             slots: list[torch.Tensor | None] = []
-            for w, count in enumerate(counts):
-                key = keys[w] if w < len(keys) else None
+            for w in range(lo, hi):
+                key = keys[w - lo]
                 hit = self._lookup(key)
                 slots.append(hit)
                 if hit is None:
                     window = _window(samples, w)
                     if not (a < len(checked) and checked[a]):
                         check_finite(window)
-                    jobs.append((first + a, w, window, count, key))
+                    jobs.append((first + a, w - lo, window, counts[w], key))
             per_audio.append(slots)
         return jobs, per_audio
 

@@ -43,9 +43,10 @@ from livemeet.audio.constants import (
     KV_BLOCK_SIZE,
     MAX_DRAFT_TOKENS,
     SAMPLE_RATE,
+    TOKENS_PER_WINDOW,
     num_audio_tokens,
 )
-from livemeet.audio.features import check_samples
+from livemeet.audio.features import check_samples, window_token_counts
 from livemeet.audio.pcm import check_finite
 from livemeet.engine.block_manager import BlockManager
 from livemeet.engine.cost_model import StepCostModel
@@ -125,6 +126,21 @@ class _StepTimer:
         return self.last_s - self.start_s
 
 
+@dataclass
+class _AudioSource:
+    """A request's samples until every window it needs is encoded (`Engine._encode_scheduled`):
+    `keys`, the caller's encoder-cache keys of its first full windows; `encoded`, per 30-s
+    window, whether its embeddings are in the request's tensor."""
+
+    samples: np.ndarray  # float32 [S], 16 kHz mono
+    keys: Sequence[bytes]
+    encoded: list[bool]
+
+    @property
+    def untouched(self) -> bool:
+        return not any(self.encoded)
+
+
 @dataclass(frozen=True)
 class _InFlight:
     """A launched step whose sampled ids are not on the host yet (async decode)."""
@@ -190,9 +206,9 @@ class Engine:
         self.scheduler = Scheduler(self.block_manager, config.scheduler, cost)
         self.clock = clock
         self.timer = timer
-        self._audio: dict[str, torch.Tensor] = {}  # [num audio tokens, hidden] per request
-        self._pending_audio: dict[str, np.ndarray] = {}  # samples not yet encoded
-        self._window_keys: dict[str, Sequence[bytes]] = {}  # caller-given encoder-cache keys
+        # [num audio tokens, hidden] per request: rows of the windows encoded so far
+        self._audio: dict[str, torch.Tensor] = {}
+        self._sources: dict[str, _AudioSource] = {}  # requests with windows not yet encoded
         self._sampling: dict[str, SamplingParams] = {}
         self._forced: dict[str, Sequence[int]] = {}
         if transfer is None and config.async_decode and self.runner.device.type == "cuda":
@@ -231,8 +247,10 @@ class Engine:
         window_keys: Sequence[bytes] = (),
         samples_checked: bool = False,
     ) -> Request:
-        """Queue a request for `samples` (16 kHz mono float32 [n]); they are encoded when the
-        request is first scheduled, together with every other request of that step.
+        """Queue a request for `samples` (16 kHz mono float32 [n]); each 30-s window is encoded
+        in the first step whose prefill chunk reaches it, together with the other requests'
+        windows of that step (a long upload's are spread over its chunks, so its encoder time
+        is not one stall of every live hop: `_encode_scheduled`).
 
         `prefix_token_ids` are forced assistant tokens appended after the prompt (DESIGN 5.3).
         `draft_token_ids`: a guess of the first outputs, verified by the last prefill chunk
@@ -284,9 +302,8 @@ class Engine:
         self.scheduler.add(
             request, retain_kv=retain_kv, fork_from=fork_from, num_fork_tokens=num_fork_tokens
         )
-        self._pending_audio[request_id] = samples
-        if window_keys:
-            self._window_keys[request_id] = window_keys
+        num_windows = len(window_token_counts(samples.size))
+        self._sources[request_id] = _AudioSource(samples, window_keys, [False] * num_windows)
         self._sampling[request_id] = sampling
         self._counts["num_draft_tokens"] += len(draft)
         if forced_output_ids is not None:
@@ -483,26 +500,78 @@ class Engine:
         return StepOutput(tuple(new_tokens), tuple(finished))
 
     def _encode_scheduled(self, batch: ScheduledBatch) -> None:
-        """Encode, in one batched encoder call, the audio of every request this step prefills
-        for the first time (DESIGN 4: windows are batched across requests)."""
-        ids = [c.request.request_id for c in batch.prefills]
-        todo = [rid for rid in dict.fromkeys(ids) if rid in self._pending_audio]
-        if not todo:
+        """Encode, in one batched encoder call, the windows this step's prefill chunks reach
+        that are not encoded yet (DESIGN 4: windows are batched across requests). An upload's
+        chunk needs the windows of the audio positions it splices, so a long upload is encoded
+        as its chunks come rather than in one step that every live hop waits for (75 windows
+        of a 37-minute meeting: ~0.27 s on an H100, docs/benchmarks.md session 47); the step's
+        time budget pays for them while live sessions run (Scheduler). A live hop's windows
+        are encoded, most of them found in the cache, at its first chunk."""
+        spans: dict[str, tuple[int, int]] = {}
+        for chunk in batch.prefills:
+            request = chunk.request
+            rid = request.request_id
+            source = self._sources.get(rid)
+            if source is None:
+                continue
+            if request.request_class is RequestClass.LIVE:
+                # a hop's windows are the session's held ones but for its open window: all
+                # looked up (or encoded) at its first chunk, as a queued hop's are when they
+                # ride in the padding (`_encode_ahead`), and a recompute from 0 finds them all
+                if source.untouched:
+                    spans[rid] = (0, len(source.encoded))
+                continue
+            lo, hi = request.audio_span_in(chunk.start, chunk.start + chunk.num_tokens)
+            if lo == hi:
+                continue
+            first, last = lo // TOKENS_PER_WINDOW, (hi - 1) // TOKENS_PER_WINDOW
+            missing = [w for w in range(first, last + 1) if not source.encoded[w]]
+            if missing:
+                was = spans.get(rid, (missing[0], missing[-1] + 1))
+                spans[rid] = (min(was[0], missing[0]), max(was[1], missing[-1] + 1))
+        if not spans:
             return
+        todo = list(spans)
         extra = self._encode_ahead(set(todo))
         embeds = self.encoder.encode_filling(
-            [self._pending_audio[rid] for rid in todo],
-            [self._window_keys.get(rid, ()) for rid in todo],
-            extra=[self._pending_audio[rid] for rid in extra],
-            extra_keys=[self._window_keys.get(rid, ()) for rid in extra],
-            # every pending audio is finite: add_request scanned it, or its caller had
+            [self._sources[rid].samples for rid in todo],
+            [self._sources[rid].keys for rid in todo],
+            extra=[self._sources[rid].samples for rid in extra],
+            extra_keys=[self._sources[rid].keys for rid in extra],
+            # every source is finite: add_request scanned it, or its caller had
             checked=[True] * (len(todo) + len(extra)),
+            spans=[spans[rid] for rid in todo],
         )
-        for rid, e in zip(todo + extra, embeds, strict=True):
+        for rid, e in zip(todo, embeds[: len(todo)], strict=True):
+            assert e is not None
+            self._place(rid, spans[rid], e)
+        for rid, e in zip(extra, embeds[len(todo) :], strict=True):
             if e is not None:
-                del self._pending_audio[rid]
-                self._window_keys.pop(rid, None)
-                self._audio[rid] = e
+                self._place(rid, (0, len(self._sources[rid].encoded)), e)
+
+    def _place(self, rid: str, span: tuple[int, int], embeds: torch.Tensor) -> None:
+        """Put the embeddings of windows [lo, hi) of request `rid` in its tensor (rows from
+        audio token 375 x lo on; all but the last window are full)."""
+        source = self._sources[rid]
+        lo, hi = span
+        total = sum(window_token_counts(source.samples.size))
+        if lo == 0 and embeds.shape[0] == total:
+            self._audio[rid] = embeds  # the whole audio at once: no copy
+        else:
+            whole = self._audio.get(rid)
+            if whole is None:
+                whole = embeds.new_empty((total, embeds.shape[1]))
+                self._audio[rid] = whole
+            start = lo * TOKENS_PER_WINDOW
+            whole[start : start + embeds.shape[0]] = embeds
+        source.encoded[lo:hi] = [True] * (hi - lo)
+        request = self.scheduler.get(rid)
+        if all(source.encoded):
+            del self._sources[rid]
+            if request is not None:
+                request.num_encoded_audio = total
+        elif request is not None:
+            request.num_encoded_audio = source.encoded.index(False) * TOKENS_PER_WINDOW
 
     def _encode_ahead(self, scheduled: set[str]) -> list[str]:
         """Queued live requests whose audio may ride in the encoder batch's padding (the
@@ -510,10 +579,11 @@ class Engine:
         deadline first, at most ENCODE_AHEAD_REQUESTS: a hop later found encoded skips its
         encode, whose micro-batches would be padded in turn."""
         waiting = []
-        for rid in self._pending_audio:
+        for rid, source in self._sources.items():
             request = self.scheduler.get(rid)
             if (
                 rid in scheduled
+                or not source.untouched
                 or request is None
                 or request.request_class is not RequestClass.LIVE
             ):
@@ -584,8 +654,7 @@ class Engine:
         return out
 
     def _forget(self, request_id: str) -> None:
-        self._pending_audio.pop(request_id, None)
-        self._window_keys.pop(request_id, None)
+        self._sources.pop(request_id, None)
         self._audio.pop(request_id, None)
         self._sampling.pop(request_id, None)
         self._forced.pop(request_id, None)

@@ -83,6 +83,9 @@ class Request:
     num_cached_tokens: int = 0  # of those, tokens reused from another request (fork)
     num_preemptions: int = 0
     block_table: list[int] = field(default_factory=list)
+    # audio embeddings [0, n) are encoded (set by the engine, which encodes an upload's
+    # windows as its prefill chunks reach them; the scheduler charges the rest's encoder time)
+    num_encoded_audio: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -34,7 +34,11 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
   p95 fell from 2.46 to 1.83 s (session 27), so the server's default is now none.
 - Chunked prefill interleaved with decode: a prefill chunk is cut to `chunked_prefill_size`
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
-  (attention cost grows with tokens x context).
+  (attention cost grows with tokens x context). While live work has the short budget, an
+  upload's chunk also pays for the audio windows it has the engine encode (the engine encodes
+  an upload's windows as its chunks reach them: `Request.num_encoded_audio`), at ~one window's
+  encode per 375 tokens in sizing and whole windows in the charge, so a step may overrun by
+  less than one window's encode (~2.5 ms); between uploads alone it is not charged.
 - The budget is `step_budget_s` (--live-step-budget-ms, default 15 ms: LIVE_STEP_BUDGET_S)
   while a live session is open (`set_live_sessions`), a live request is queued, or a live
   cache is retained; otherwise a step gets `upload_step_budget_s`, so late chunks of long
@@ -83,6 +87,7 @@ from livemeet.audio.constants import (
     MAX_LIVE_DECODE_STEPS,
     MAX_UPLOAD_STEP_BUDGET_S,
     MIN_PREFILL_CHUNK,
+    TOKENS_PER_WINDOW,
     UPLOAD_BATCH_WAIT_S,
     UPLOAD_MIN_SHARE,
     UPLOAD_STEP_BUDGET_S,
@@ -227,6 +232,7 @@ class _StepBuilder:
     finished: list[Request] = field(default_factory=list)
     admission_blocked: bool = False
     live_left_out: bool = False  # an upload turn kept live work out
+    charges_encode: bool = False  # uploads pay for their encoder time (live steps)
 
     @property
     def is_empty(self) -> bool:
@@ -250,6 +256,16 @@ class _StepBuilder:
             self.upload_spent_s += cost_s
         self.tokens_left -= num_tokens
         self.rows_left -= 1
+
+
+def _windows_to_encode(request: Request, start: int, end: int) -> int:
+    """The 30-s windows a prefill chunk of tokens [start, end) has the engine encode: those of
+    its audio positions past `request.num_encoded_audio` (Engine._encode_scheduled)."""
+    lo, hi = request.audio_span_in(start, end)
+    lo = max(lo, request.num_encoded_audio)
+    if lo >= hi:
+        return 0
+    return (hi - 1) // TOKENS_PER_WINDOW - lo // TOKENS_PER_WINDOW + 1
 
 
 def _is_live_decode_row(request: Request) -> bool:
@@ -504,14 +520,17 @@ class Scheduler:
 
     def current_step_budget_s(self) -> float:
         """The estimated GPU time the next step may take: `step_budget_s` while a live session
-        is open, a live request queued or a live cache retained, else `upload_step_budget_s`
-        (module docstring)."""
-        live = (
+        is open, a live request queued or a live cache retained (`_on_live_budget`), else
+        `upload_step_budget_s` (module docstring)."""
+        live = self._on_live_budget()
+        return self.config.step_budget_s if live else self.config.upload_step_budget_s
+
+    def _on_live_budget(self) -> bool:
+        return (
             self._num_live_sessions > 0
             or any(r.request_class is RequestClass.LIVE for r in self._requests.values())
             or any(r.request_class is RequestClass.LIVE for r in self._retained.values())
         )
-        return self.config.step_budget_s if live else self.config.upload_step_budget_s
 
     def postprocess(
         self, batch: ScheduledBatch, sampled_token_ids: Sequence[int], *, pending: bool = False
@@ -638,7 +657,9 @@ class Scheduler:
         takes live decode rows only. `ordered`: the unfinished requests by priority. `carried`:
         an empty attempt at this step, whose finished and evicted requests the step reports."""
         cfg = self.config
-        usable = max(0.0, self.current_step_budget_s() - self.cost_model.fixed_s)
+        live = self._on_live_budget()
+        budget_s = cfg.step_budget_s if live else cfg.upload_step_budget_s
+        usable = max(0.0, budget_s - self.cost_model.fixed_s)
         share = cfg.upload_min_share if can_run else 0.0
         step = _StepBuilder(
             usable_s=usable,
@@ -646,6 +667,7 @@ class Scheduler:
             tokens_left=cfg.max_num_batched_tokens,
             live_tokens_cap=int(cfg.max_num_batched_tokens * (1 - share)),
             rows_left=cfg.max_num_seqs,
+            charges_encode=live,
         )
         if carried is not None:
             step.preempted.extend(carried.preempted)
@@ -731,6 +753,9 @@ class Scheduler:
         verify = request.num_draft_tokens if samples else 0
         step.prefills.append(PrefillChunk(request, start, num_tokens, samples, verify))
         cost_s = self.cost_model.prefill_cost_s(start, num_tokens)
+        if self._charges_encode(request, step):
+            windows = _windows_to_encode(request, start, start + num_tokens)
+            cost_s += self.cost_model.encode_cost_s(windows)
         step.charge(request.request_class, cost_s, num_tokens)
 
     def _try_admit(self, request: Request, step: _StepBuilder) -> None:
@@ -753,7 +778,13 @@ class Scheduler:
             remaining, cfg.chunked_prefill_size, step.tokens_left_for(request.request_class)
         )
         budget_s = step.budget_left_s(request.request_class)
-        n = self.cost_model.max_prefill_tokens(start, budget_s, limit)
+        # an upload's audio still to encode: ~one window's encode per TOKENS_PER_WINDOW tokens
+        extra_s = (
+            self.cost_model.encode_s_per_window / TOKENS_PER_WINDOW
+            if self._charges_encode(request, step)
+            else 0.0
+        )
+        n = self.cost_model.max_prefill_tokens(start, budget_s, limit, extra_s)
         if n < remaining and n < cfg.min_prefill_chunk:
             n = min(limit, cfg.min_prefill_chunk) if step.is_empty else 0
         if request.num_draft_tokens and 0 < n < remaining and start + n > request.verify_from:
@@ -766,6 +797,17 @@ class Scheduler:
                 fits = remaining <= min(cfg.chunked_prefill_size, step.tokens_left)
                 n = remaining if fits else 0
         return n
+
+    @staticmethod
+    def _charges_encode(request: Request, step: _StepBuilder) -> bool:
+        """Whether `request`'s chunks in `step` pay for encoding its audio: an upload with
+        windows still to encode, in a step on the live budget (between uploads alone the
+        encoder's time only moves work between their own steps)."""
+        return (
+            step.charges_encode
+            and request.request_class is RequestClass.UPLOAD
+            and request.num_encoded_audio < len(request.audio_positions)
+        )
 
     # -- memory pressure -------------------------------------------------------------------
 

@@ -160,6 +160,34 @@ def test_given_window_keys_are_trusted_and_not_rehashed(
     assert hashed == [1]
 
 
+def test_a_span_of_windows_is_encoded_alone_and_hashed_alone(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`spans` encodes windows [lo, hi) of an audio (an upload's, as its prefill chunks reach
+    them): their rows of the whole audio's embeddings, hashing only the full windows among
+    them; a span outside the audio is a caller's bug."""
+    import livemeet.engine.encoder_runner as er
+    from livemeet.errors import InternalError
+
+    audio = np.tile(long_speech, 3)[: 16_000 * 75]  # two full windows and a partial one
+    whole = EncoderRunner(our_model, cache_windows=0).encode([audio])[0]
+    runner = EncoderRunner(our_model, cache_windows=8)
+    hashed: list[int] = []
+    real = er.window_key
+    monkeypatch.setattr(er, "window_key", lambda w: hashed.append(1) or real(w))
+    (tail,) = runner.encode_filling([audio], spans=[(1, 3)])
+    assert tail is not None and runner.num_encoded_windows == 2
+    assert hashed == [1]  # window 1 (full); window 2 is partial, never cached
+    # fp32 tolerances: a batch of 1, 2 or 3 windows may take other BLAS blockings
+    torch.testing.assert_close(tail, whole[375:])
+    (head,) = runner.encode_filling([audio], spans=[(0, 1)])
+    assert head is not None
+    torch.testing.assert_close(head, whole[:375])
+    for bad in ((0, 4), (2, 2), (-1, 1)):
+        with pytest.raises(InternalError):
+            runner.encode_filling([audio], spans=[bad])
+
+
 def test_padded_windows_are_built_from_the_real_samples_only() -> None:
     from livemeet.engine.encoder_runner import _padded_windows
 

@@ -188,6 +188,33 @@ def test_audio_of_one_step_is_encoded_in_one_batch(
     engine.run_to_completion()
 
 
+def test_an_upload_is_encoded_as_its_chunks_reach_its_windows(
+    our_model: MossTDModel, batch_clips: list[np.ndarray]
+) -> None:
+    """A long upload's windows are encoded by the steps whose chunks reach them, not all in
+    its first step, which every live hop would wait for (a 37-minute meeting: 75 windows,
+    ~0.27 s on an H100); the tokens are those of an engine that encodes it at once."""
+    clip = batch_clips[6]  # 100 s: 4 windows (375, 375, 375, 125 audio tokens)
+    whole = _engine(our_model, 4096, num_blocks=None)
+    whole.add_request("u", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    whole.step()
+    assert whole.encoder.num_encoded_windows == 4  # one chunk: every window at once
+    expected = whole.run_to_completion()["u"].output_token_ids
+    engine = _engine(our_model, 256, num_blocks=None)
+    up = engine.add_request("u", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    encoded, ready = [], []
+    while engine.has_work():
+        engine.step()
+        engine.block_manager.audit(engine.scheduler.live_requests())
+        encoded.append(engine.encoder.num_encoded_windows)
+        ready.append(up.num_encoded_audio)
+    assert encoded[0] == 1  # the first 256-token chunk reaches window 0 only
+    assert encoded == sorted(encoded) and encoded[-1] == 4  # each window once, in order
+    assert len(set(encoded)) == 4  # spread over steps
+    assert ready[-1] == len(up.audio_positions)
+    assert up.output_token_ids == expected
+
+
 def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:
     from livemeet.errors import InternalError
 

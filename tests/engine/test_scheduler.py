@@ -9,7 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from livemeet.audio.constants import AUDIO_TOKENS_PER_SECOND, MAX_AUDIO_S, TIME_MARKER_EVERY_S
+from livemeet.audio.constants import (
+    AUDIO_TOKENS_PER_SECOND,
+    MAX_AUDIO_S,
+    TIME_MARKER_EVERY_S,
+    TOKENS_PER_WINDOW,
+)
 from livemeet.config import UploadHold
 from livemeet.engine.block_manager import BlockManager, BlockManagerError
 from livemeet.engine.cost_model import StepCostModel
@@ -278,6 +283,42 @@ def test_uploads_alone_get_the_upload_budget_and_whole_chunks() -> None:
             late = [c for c in chunks if c.start >= 12_000]
             assert late and all(c.num_tokens < 4096 for c in late)
             assert all(b.estimated_cost_s <= budget + 1e-9 for b in batches[1:])
+
+
+def test_an_uploads_encoder_time_is_charged_only_on_the_live_budget() -> None:
+    """An upload whose windows the engine has still to encode (it encodes them as the upload's
+    chunks reach them: Engine._encode_scheduled) pays for them while live sessions run: its
+    chunk is cut so that prefill and encoder time fit the step, and the step's estimate holds
+    whole windows. Uploads alone pay nothing (their steps only take turns among themselves),
+    nor does an upload whose audio is encoded."""
+    budget, upload_budget = 0.015, 0.200
+    tokens = TOKENS_PER_WINDOW * 16  # 16 windows of audio after a 10-token header
+    for live, encoded in ((False, 0), (True, 0), (True, tokens)):
+        sched, runner, clock = make(
+            num_blocks=8192, step_budget_s=budget, upload_step_budget_s=upload_budget
+        )
+        cost = sched.cost_model
+        sched.set_live_sessions(int(live))
+        up = Request("up", list(range(tokens + 10)), audio_positions=range(10, tokens + 10))
+        up.num_encoded_audio = encoded
+        sched.add(up)
+        batch = run_steps(sched, runner, clock, 1)[0]
+        (chunk,) = batch.prefills
+        usable = (budget if live else upload_budget) - cost.fixed_s
+        plain = cost.max_prefill_tokens(0, usable, 4096)
+        prefill = cost.prefill_cost_s(0, chunk.num_tokens)
+        if not live or encoded:
+            assert chunk.num_tokens == plain
+            assert batch.estimated_cost_s == pytest.approx(cost.fixed_s + prefill)
+            continue
+        assert 10 < chunk.num_tokens < plain  # the encoder's time took part of the step
+        windows = (chunk.num_tokens - 10 - 1) // TOKENS_PER_WINDOW + 1  # the windows it reaches
+        charged = prefill + cost.encode_cost_s(windows)
+        assert batch.estimated_cost_s == pytest.approx(cost.fixed_s + charged)
+        per_token = cost.encode_s_per_window / TOKENS_PER_WINDOW
+        assert prefill + per_token * chunk.num_tokens <= usable
+        # whole windows: over the budget by less than one window's encode at most
+        assert charged <= usable + cost.encode_s_per_window
 
 
 def test_a_live_hop_cuts_the_next_step_back_to_the_short_budget() -> None:
