@@ -257,6 +257,7 @@ class EncoderRunner:
         extra_keys: Sequence[Sequence[bytes]] = (),
         checked: Sequence[bool] = (),
         spans: Sequence[tuple[int, int] | None] = (),
+        grow_to: Sequence[int] = (),
     ) -> list[torch.Tensor | None]:
         """`encode(audios, window_keys)`, plus each of `extra` (in order, with `extra_keys`)
         whose windows that miss the cache fit in the silence the last micro-batch would be
@@ -267,8 +268,10 @@ class EncoderRunner:
         the caller checked that audio finite, so its windows are not scanned again (a live
         hop's open window, every hop). `spans[a]` (None or missing: every window): only
         windows [lo, hi) of audio a, whose embeddings are returned (rows from audio token
-        375 x lo on; an upload encoded as its prefill chunks reach its windows). Raises
-        BadAudio for `audios` as `encode`."""
+        375 x lo on; an upload encoded as its prefill chunks reach its windows). `grow_to[a]`
+        (missing: no growth): after the extras, audio a's span takes its next windows, up to
+        window `grow_to[a]`, while they fit in the padding too (the caller reads how far from
+        the rows returned). Raises BadAudio for `audios` as `encode`."""
         flags = list(checked) + [False] * (len(audios) + len(extra) - len(checked))
         jobs, per_audio = self._jobs(audios, window_keys, checked=flags[: len(audios)], spans=spans)
         free = self._padding_rows(len(jobs))
@@ -289,6 +292,22 @@ class EncoderRunner:
             per_audio += slots
             free -= len(more)
             taken[i] = True
+        for a, limit in enumerate(grow_to):
+            if free == 0:
+                break
+            span = spans[a] if a < len(spans) else None
+            hi = len(window_token_counts(audios[a].size)) if span is None else span[1]
+            if limit <= hi:
+                continue
+            keys = window_keys[a] if window_keys is not None else ()
+            more, slots = self._jobs(
+                [audios[a]], [keys], first=a, checked=flags[a : a + 1],
+                spans=[(hi, min(limit, hi + free))],
+            )  # fmt: skip
+            base = len(per_audio[a])  # the new windows' slots follow the span's
+            jobs += [(a, base + slot, *rest) for _, slot, *rest in more]
+            per_audio[a] += slots[0]
+            free -= len(more)
         for start in range(0, len(jobs), self.max_windows_per_batch):
             self._run(jobs[start : start + self.max_windows_per_batch], per_audio)
         out: list[torch.Tensor | None] = [

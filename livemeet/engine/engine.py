@@ -541,19 +541,33 @@ class Engine:
             # every source is finite: add_request scanned it, or its caller had
             checked=[True] * (len(todo) + len(extra)),
             spans=[spans[rid] for rid in todo],
+            # an upload's next windows may fill the micro-batch's padding rows too
+            grow_to=[self._unencoded_run_end(rid, spans[rid][1]) for rid in todo],
         )
         for rid, e in zip(todo, embeds[: len(todo)], strict=True):
             assert e is not None
-            self._place(rid, spans[rid], e)
+            self._place(rid, spans[rid][0], e)
         for rid, e in zip(extra, embeds[len(todo) :], strict=True):
             if e is not None:
-                self._place(rid, (0, len(self._sources[rid].encoded)), e)
+                self._place(rid, 0, e)
 
-    def _place(self, rid: str, span: tuple[int, int], embeds: torch.Tensor) -> None:
-        """Put the embeddings of windows [lo, hi) of request `rid` in its tensor (rows from
-        audio token 375 x lo on; all but the last window are full)."""
+    def _unencoded_run_end(self, rid: str, hi: int) -> int:
+        """For an upload, the end of the run of windows from `hi` not encoded yet (what its
+        span may grow into); `hi` for a live request (encoded whole)."""
+        request, source = self.scheduler.get(rid), self._sources[rid]
+        if request is None or request.request_class is RequestClass.LIVE:
+            return hi
+        end = hi
+        while end < len(source.encoded) and not source.encoded[end]:
+            end += 1
+        return end
+
+    def _place(self, rid: str, lo: int, embeds: torch.Tensor) -> None:
+        """Put the embeddings of request `rid`'s windows from `lo` on, as many as `embeds`
+        holds, in its tensor (rows from audio token 375 x lo on; all but the last window of
+        an audio are full)."""
         source = self._sources[rid]
-        lo, hi = span
+        hi = lo + -(-embeds.shape[0] // TOKENS_PER_WINDOW)
         total = sum(window_token_counts(source.samples.size))
         if lo == 0 and embeds.shape[0] == total:
             self._audio[rid] = embeds  # the whole audio at once: no copy

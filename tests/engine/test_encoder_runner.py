@@ -188,6 +188,32 @@ def test_a_span_of_windows_is_encoded_alone_and_hashed_alone(
             runner.encode_filling([audio], spans=[bad])
 
 
+def test_a_span_grows_into_the_padding_after_the_queued_live_audio(
+    our_model: MossTDModel, long_speech: np.ndarray
+) -> None:
+    """`grow_to`: an upload's span takes its next windows into the rows its last micro-batch
+    would pad with silence, after the queued live audio (`extra`) has taken its own."""
+    audio = np.tile(long_speech, 3)[: 16_000 * 100]  # 3 full windows and a partial one
+    whole = EncoderRunner(our_model, cache_windows=0).encode([audio])[0]
+    hop = long_speech[: 16_000 * 5]  # one window
+    for extra, grown in (((), 4), ((hop,), 3)):
+        runner = EncoderRunner(
+            our_model, cache_windows=0, batch_buckets=(1, 2, 4), warm_up_at_start=False
+        )
+        out = runner.encode_filling([audio], spans=[(0, 3)], grow_to=[4], extra=extra)
+        assert runner.num_eager_batches == 1  # one bucket of 4: 3 windows and 1 padding row
+        assert runner.num_encoded_windows == 4
+        rows = min(grown * 375, whole.shape[0])
+        assert out[0] is not None
+        torch.testing.assert_close(out[0], whole[:rows])
+        assert len(out) == 1 + len(extra) and all(e is not None for e in out)
+    runner = EncoderRunner(
+        our_model, cache_windows=0, batch_buckets=(1, 2, 4), warm_up_at_start=False
+    )
+    (kept,) = runner.encode_filling([audio], spans=[(0, 3)], grow_to=[3])
+    assert kept is not None and kept.shape[0] == 3 * 375  # no room to grow into: none taken
+
+
 def test_padded_windows_are_built_from_the_real_samples_only() -> None:
     from livemeet.engine.encoder_runner import _padded_windows
 

@@ -215,6 +215,32 @@ def test_an_upload_is_encoded_as_its_chunks_reach_its_windows(
     assert up.output_token_ids == expected
 
 
+def test_an_uploads_next_windows_fill_the_encoder_batchs_padding(
+    our_model: MossTDModel, batch_clips: list[np.ndarray]
+) -> None:
+    """With encoder buckets, the rows a step's micro-batch would pad with silence take the
+    upload's next windows: a first chunk that reaches 3 of 4 windows encodes all 4 in one
+    bucket of 4, and no later step encodes any; the tokens do not change."""
+    from livemeet.engine.encoder_runner import EncoderRunner
+
+    clip = batch_clips[6]  # 100 s: 4 windows
+    engine = _engine(our_model, 900, num_blocks=None)
+    engine.encoder = EncoderRunner(
+        our_model, cache_windows=0, batch_buckets=(1, 2, 4), warm_up_at_start=False
+    )
+    up = engine.add_request("u", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    engine.step()
+    lo, hi = up.audio_span_in(0, 900)
+    assert (hi - 1) // 375 + 1 == 3  # the chunk reaches windows 0-2
+    assert engine.encoder.num_encoded_windows == 4 and engine.encoder.num_eager_batches == 1
+    assert up.num_encoded_audio == len(up.audio_positions)
+    engine.run_to_completion()
+    assert engine.encoder.num_encoded_windows == 4
+    whole = _engine(our_model, 4096, num_blocks=None)
+    whole.add_request("u", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    assert up.output_token_ids == whole.run_to_completion()["u"].output_token_ids
+
+
 def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:
     from livemeet.errors import InternalError
 
