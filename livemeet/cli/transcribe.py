@@ -40,7 +40,7 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
-from livemeet.transcript.language import check_language
+from livemeet.transcript.language import check_language, reported_language
 from livemeet.transcript.segments import Transcript
 
 log = logging.getLogger(__name__)
@@ -380,7 +380,8 @@ async def _run(
         )
     finally:
         await transcriber.close()
-    return write_results(results, fmt, output, args.language)
+    # verbose_json's language as an upload's says it: the request's, else the backend's one
+    return write_results(results, fmt, output, reported_language(args.language, info.language))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import json
 import logging
@@ -707,6 +708,27 @@ def test_transcribe_output_dash_is_standard_output(
     assert main(["transcribe", wav, "--output", "-", "--format", "srt"]) == 0
     assert main(["transcribe", wav, wav, "--output", "-"]) == 0  # several: to stdout as without
     assert seen == [None, None] and not (tmp_path / "-").exists()
+
+
+def test_transcribe_verbose_json_names_the_backends_one_language_as_an_upload_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`transcribe --format verbose_json` on the demo said "language": "unknown" where an
+    upload of the same file to the demo server says "english" (a new user's trial): both
+    report the request's language, else the backend's one language."""
+    from livemeet.gateway import engine_client
+
+    class EnglishOnly(FakeTranscriber):
+        def __init__(self, model: Any, in_process: bool) -> None:
+            super().__init__()
+            self._info = dataclasses.replace(self._info, language="english", language_code="en")
+
+    monkeypatch.setattr(engine_client, "EngineClient", EnglishOnly)
+    wav, out = str(write_wav(tmp_path / "a.wav", 0.5)), tmp_path / "a.verbose.json"
+    assert main(["transcribe", wav, "--output", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["language"] == "english"
+    assert main(["transcribe", wav, "--output", str(out), "--language", "en-GB"]) == 0
+    assert json.loads(out.read_text())["language"] == "en-GB"  # the request's, as sent
 
 
 def test_transcribe_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(
