@@ -94,7 +94,7 @@ def test_serve_live_hop_flag(tmp_path: Path) -> None:
     assert serve.config_from_args(args).gateway.live_hop_s == 0.5
     assert build_parser().parse_args(["serve"]).live_hop_s == LIVE_HOP_S
     for bad in ("0", "-1", "60", "nan"):
-        with pytest.raises(ConfigError, match="live_hop_s"):
+        with pytest.raises(ConfigError, match="--live-hop-s"):
             serve.config_from_args(build_parser().parse_args(["serve", "--live-hop-s", bad]))
 
 
@@ -293,6 +293,46 @@ def test_a_data_dir_other_users_may_read_is_warned_of(
         serve.check_data_dir(config)
     assert f"{data_dir / 'live'} (mode 0755): readable by every user" in caplog.text
     assert str(data_dir / "tmp") not in caplog.text
+
+
+# every range a config checks, named by the flag the operator typed
+OUT_OF_RANGE_FLAGS = [
+    ("--port", "70000"),
+    ("--live-hop-s", "10"),
+    ("--live-resume-window", "-5"),
+    ("--max-sessions", "0"),
+    ("--max-concurrent-decodes", "0"),
+    ("--max-upload-bytes", "0"),
+    ("--max-audio-s", "0"),
+    ("--upload-drain-s", "0"),
+    ("--live-max-speed", "0.5"),
+    ("--upload-min-share", "0.95"),
+    ("--upload-batch-wait-ms", "-1"),
+    ("--live-step-budget-ms", "1"),
+    ("--upload-step-budget-ms", "1"),
+    ("--live-decode-steps", "99"),
+    ("--live-forced-transcript-tokens", "-1"),
+    ("--live-forced-transcript-min-tokens", "50"),
+    ("--live-hop-load", "5"),
+    ("--mem-fraction", "2"),
+    ("--chunked-prefill-size", "1"),
+    ("--max-new-tokens", "0"),
+    ("--num-kv-blocks", "0"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), OUT_OF_RANGE_FLAGS)
+def test_a_setting_out_of_range_is_named_by_its_flag(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, flag: str, value: str
+) -> None:
+    """`serve --live-resume-window -5` said "live_resume_window_s must be >= 0", a name the
+    operator never typed, and `--max-sessions 0` named --max-concurrent-decodes too (a new
+    user's trial)."""
+    argv = ["serve", "--data-dir", str(tmp_path), flag, value, "--check-config"]
+    assert main(argv) == 2
+    (error,) = (r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert error.startswith(f"{flag} must be ") or error.startswith(f"{flag}: "), error
+    assert value in error
 
 
 @pytest.mark.parametrize("value", ["-1", "-100000000", "-0.5", "nan", "inf"])
