@@ -514,6 +514,27 @@ async def test_transcribe_files_and_outputs(
     assert capsys.readouterr().out == expected_upload_text(3.0) + "\n"
 
 
+async def test_the_progress_bar_is_for_a_terminal_not_a_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`livemeet transcribe long.wav 2> log` wrote a progress bar's carriage-return frames into
+    the log (a new user's trial): the bar is drawn only where stderr is a terminal."""
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    wav = write_wav(tmp_path / "long.wav", transcribe.PROGRESS_MIN_S + 1.0)
+    await transcribe.transcribe_file(transcriber, wav)
+    assert "\r" not in capsys.readouterr().err  # captured: not a terminal
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    await transcribe.transcribe_file(transcriber, wav)
+    assert "long.wav:" in terminal.getvalue()  # a terminal still gets it
+
+
 async def test_a_bug_met_by_one_file_loses_no_other_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
