@@ -300,7 +300,11 @@ def wrong_path_hint(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.path.endswith(LIVE_PATH):
         return f"is it a livemeet server's {LIVE_PATH}?"
-    suggested = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + LIVE_PATH))
+    # the live endpoint sits beside the API's other paths (/v1/models, /v1/live/), not under
+    # them: what comes before their /v1 is the server's root (or a proxy's prefix)
+    segments = parts.path.rstrip("/").split("/")
+    root = "/".join(segments[: segments.index("v1")]) if "v1" in segments else "/".join(segments)
+    suggested = urllib.parse.urlunsplit(parts._replace(path=root + LIVE_PATH))
     return f"a ws:// URL is used as given: did you mean {suggested}?"
 
 

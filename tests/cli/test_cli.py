@@ -1070,6 +1070,25 @@ def test_stream_refuses_a_url_that_names_no_websocket(
     assert err.startswith("error: invalid_request: --url") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("given", "suggested"),
+    [
+        ("ws://h:8000/", "ws://h:8000/v1/live"),
+        ("ws://h:8000/v1/live/", "ws://h:8000/v1/live"),
+        ("ws://h:8000/v1", "ws://h:8000/v1/live"),
+        ("ws://h:8000/v1/models", "ws://h:8000/v1/live"),
+        ("wss://h/meet/v1/audio/transcriptions", "wss://h/meet/v1/live"),
+        ("ws://h/meet", "ws://h/meet/v1/live"),  # a proxy's prefix
+        ("ws://h/meet/?x=1", "ws://h/meet/v1/live?x=1"),
+    ],
+)
+def test_a_wrong_ws_path_gets_the_live_endpoint_suggested(given: str, suggested: str) -> None:
+    """`--url ws://host:8000/v1/live/` was told "did you mean ws://host:8000/v1/live/v1/live?",
+    and `.../v1/models` ".../v1/models/v1/live" (a new user's trial): the live endpoint is
+    beside the API's other paths, not under them."""
+    assert stream.wrong_path_hint(given).endswith(f"did you mean {suggested}?")
+
+
 async def test_stream_to_a_server_url_without_a_path(client: TestClient) -> None:  # noqa: F811
     root = str(client.make_url("")).replace("http", "ws", 1)
     page = str(client.make_url("/"))  # http://127.0.0.1:PORT/, as a browser shows it
