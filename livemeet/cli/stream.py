@@ -451,6 +451,9 @@ def run(args: argparse.Namespace) -> int:
         hint = ""
         if isinstance(exc, ssl.SSLCertVerificationError):  # e.g. serve's self-signed --tls-cert
             hint = " (a certificate this machine does not trust: --cacert FILE trusts it)"
+        elif isinstance(exc, ssl.SSLError) and exc.reason == "WRONG_VERSION_NUMBER":
+            # a plain-HTTP server's answer read as TLS: OpenSSL's words name no cause
+            hint = " (the server does not speak TLS: one without --tls-cert is ws:// or http://)"
         print(f"error: cannot connect to {url}: {exc}{hint}", file=sys.stderr)
         return 2
     if result is None:

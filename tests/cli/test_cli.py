@@ -1070,6 +1070,26 @@ def test_stream_refuses_a_url_that_names_no_websocket(
     assert err.startswith("error: invalid_request: --url") and err.count("\n") == 1
 
 
+def test_wss_to_a_server_without_tls_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--url wss://...` to a plain `livemeet serve` said only "[SSL: WRONG_VERSION_NUMBER]
+    wrong version number" (a new user's trial)."""
+    import http.server
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"wss://127.0.0.1:{server.server_address[1]}"
+        assert main(["stream", str(write_wav(tmp_path / "a.wav", 0.1)), "--url", url]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert "WRONG_VERSION_NUMBER" in err and "the server does not speak TLS" in err
+
+
 @pytest.mark.parametrize(
     ("given", "suggested"),
     [
