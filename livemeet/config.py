@@ -100,7 +100,7 @@ def amount(value: float, unit: str) -> str:
 
 def parse_upload_hold(value: str) -> UploadHold:
     """`value` as an UploadHold. Raises ConfigError naming the choices."""
-    return parse_choice(UploadHold, value, "upload_hold")
+    return parse_choice(UploadHold, value, "--upload-hold")
 
 
 class AuthMode(StrEnum):
@@ -187,84 +187,87 @@ class ModelConfig:
     def validate(self) -> None:
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ConfigError(
-                f"load_format must be auto, safetensors or dummy, not {self.load_format!r}"
+                f"--load-format must be auto, safetensors or dummy, not {self.load_format!r}"
             )
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(
-                f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}"
+                f"--dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}"
             )
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(
-                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"not {self.kv_cache_dtype!r}"
             )
         if self.kv_block_size not in KV_BLOCK_SIZES:
             raise ConfigError(
-                f"kv_block_size must be one of {', '.join(map(str, KV_BLOCK_SIZES))}, "
+                f"--kv-block-size must be one of {', '.join(map(str, KV_BLOCK_SIZES))}, "
                 f"not {self.kv_block_size}"
             )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, not {self.max_new_tokens}")
+            raise ConfigError(f"--max-new-tokens must be >= 1, not {self.max_new_tokens}")
         if not 0.0 < self.mem_fraction <= MAX_MEM_FRACTION:
             raise ConfigError(
-                f"mem_fraction must be in (0, {MAX_MEM_FRACTION}], not {self.mem_fraction}"
+                f"--mem-fraction must be in (0, {MAX_MEM_FRACTION}], not {self.mem_fraction}"
             )
         if not MIN_PREFILL_CHUNK <= self.chunked_prefill_size <= MAX_CONTEXT_TOKENS:
             raise ConfigError(
-                f"chunked_prefill_size must be in [{MIN_PREFILL_CHUNK}, {MAX_CONTEXT_TOKENS}] "
+                f"--chunked-prefill-size must be in [{MIN_PREFILL_CHUNK}, {MAX_CONTEXT_TOKENS}] "
                 f"tokens, not {self.chunked_prefill_size}"
             )
         if not 0.0 <= self.upload_batch_wait_ms <= MAX_UPLOAD_BATCH_WAIT_MS:
             raise ConfigError(
-                f"upload_batch_wait_ms must be in [0, {MAX_UPLOAD_BATCH_WAIT_MS:g}], "
+                f"--upload-batch-wait-ms must be in [0, {MAX_UPLOAD_BATCH_WAIT_MS:g}], "
                 f"not {self.upload_batch_wait_ms}"
             )
         parse_upload_hold(self.upload_hold)
         low, high = 1000.0 * MIN_LIVE_STEP_BUDGET_S, 1000.0 * MAX_LIVE_STEP_BUDGET_S
         if not low <= self.live_step_budget_ms <= high:
             raise ConfigError(
-                f"live_step_budget_ms must be in [{low:g}, {high:g}], "
+                f"--live-step-budget-ms must be in [{low:g}, {high:g}], "
                 f"not {self.live_step_budget_ms}"
             )
         if not 0 <= self.live_decode_steps <= MAX_LIVE_DECODE_STEPS:
             raise ConfigError(
-                f"live_decode_steps must be in [0, {MAX_LIVE_DECODE_STEPS}], "
+                f"--live-decode-steps must be in [0, {MAX_LIVE_DECODE_STEPS}], "
                 f"not {self.live_decode_steps}"
             )
         # never below the longest live step: the scheduler needs live <= upload budgets
         low, high = 1000.0 * MAX_LIVE_STEP_BUDGET_S, 1000.0 * MAX_UPLOAD_STEP_BUDGET_S
         if not low <= self.upload_step_budget_ms <= high:
             raise ConfigError(
-                f"upload_step_budget_ms must be in [{low:g}, {high:g}], "
+                f"--upload-step-budget-ms must be in [{low:g}, {high:g}], "
                 f"not {self.upload_step_budget_ms}"
             )
         if not 0.0 <= self.upload_min_share <= MAX_UPLOAD_MIN_SHARE:
             raise ConfigError(
-                f"upload_min_share must be in [0, {MAX_UPLOAD_MIN_SHARE:g}], "
+                f"--upload-min-share must be in [0, {MAX_UPLOAD_MIN_SHARE:g}], "
                 f"not {self.upload_min_share}"
             )
         if not 0 <= self.live_forced_transcript_tokens <= MAX_CONTEXT_TOKENS:
             raise ConfigError(
-                f"live_forced_transcript_tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
+                f"--live-forced-transcript-tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
                 f"not {self.live_forced_transcript_tokens}"
             )
         if not 0 <= self.live_forced_transcript_min_tokens <= MAX_CONTEXT_TOKENS:
             raise ConfigError(
-                f"live_forced_transcript_min_tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
+                f"--live-forced-transcript-min-tokens must be in [0, {MAX_CONTEXT_TOKENS}], "
                 f"not {self.live_forced_transcript_min_tokens}"
             )
         if not MIN_LIVE_HOP_LOAD <= self.live_hop_load <= MAX_LIVE_HOP_LOAD:
             raise ConfigError(
-                f"live_hop_load must be in [{MIN_LIVE_HOP_LOAD:g}, {MAX_LIVE_HOP_LOAD:g}], "
+                f"--live-hop-load must be in [{MIN_LIVE_HOP_LOAD:g}, {MAX_LIVE_HOP_LOAD:g}], "
                 f"not {self.live_hop_load}"
             )
-        ForcedBudget.for_hop_load(
-            self.live_forced_transcript_tokens,
-            self.live_forced_transcript_min_tokens,
-            self.live_hop_load,
-        )
+        try:
+            ForcedBudget.for_hop_load(
+                self.live_forced_transcript_tokens,
+                self.live_forced_transcript_min_tokens,
+                self.live_hop_load,
+            )
+        except ConfigError as exc:  # the budget's own words, under the flag that set it
+            raise ConfigError(f"--live-forced-transcript-min-tokens: {exc.message}") from exc
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ConfigError(f"num_kv_blocks must be >= 1, not {self.num_kv_blocks}")
+            raise ConfigError(f"--num-kv-blocks must be >= 1, not {self.num_kv_blocks}")
         if self.forced_output is not None and not Path(self.forced_output).is_file():
             raise ConfigError(f"--forced-output file not found: {self.forced_output}")
 
@@ -326,15 +329,19 @@ class GatewayConfig:
     def validate(self) -> None:
         parse_auth_mode(self.auth)
         if self.max_upload_bytes <= 0:
-            raise ConfigError(f"max_upload_bytes must be positive, not {self.max_upload_bytes}")
+            raise ConfigError(f"--max-upload-bytes must be positive, not {self.max_upload_bytes}")
         for flag, value in (
             ("--min-free-disk-mb", self.min_free_disk_mb),
             ("--retention-days", self.retention_days),
         ):
             if not (math.isfinite(value) and value >= 0):  # nan passes `< 0`
                 raise ConfigError(f"{flag} must be >= 0, not {flag_number(value)}")
-        if self.max_concurrent_decodes < 1 or self.max_sessions < 1:
-            raise ConfigError("max_concurrent_decodes and max_sessions must be >= 1")
+        for flag, count in (
+            ("--max-concurrent-decodes", self.max_concurrent_decodes),
+            ("--max-sessions", self.max_sessions),
+        ):
+            if count < 1:
+                raise ConfigError(f"{flag} must be >= 1, not {count}")
         if self.max_live_sessions_per_client < 0:
             raise ConfigError(
                 "--max-live-sessions-per-client must be >= 0 (0: no cap), "
@@ -346,37 +353,37 @@ class GatewayConfig:
                 raise ConfigError(f"--allowed-origin {problem}")
         if self.max_upload_bytes > UPLOAD_SPILL_TOTAL_BYTES:
             raise ConfigError(
-                f"max_upload_bytes {self.max_upload_bytes} is over the {UPLOAD_SPILL_TOTAL_BYTES}"
+                f"--max-upload-bytes {self.max_upload_bytes} is over the {UPLOAD_SPILL_TOTAL_BYTES}"
                 " bytes all spilled uploads may hold together"
             )
         if not (math.isfinite(self.live_max_speed) and self.live_max_speed >= 1):
             raise ConfigError(
-                f"live_max_speed must be >= 1 (x real time), not {self.live_max_speed}"
+                f"--live-max-speed must be >= 1 (x real time), not {self.live_max_speed}"
             )
         # NaN passes any `<= 0` test and would switch the limit off; inf is no limit either
-        for name in (
-            "max_audio_s",
-            "idle_timeout_s",
-            "final_timeout_s",
-            "flush_interval_s",
-            "upload_drain_s",
+        for name, setting in (
+            ("max_audio_s", "--max-audio-s"),
+            ("idle_timeout_s", "idle_timeout_s"),  # no flag: the setting's own name
+            ("final_timeout_s", "final_timeout_s"),
+            ("flush_interval_s", "flush_interval_s"),
+            ("upload_drain_s", "--upload-drain-s"),
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
-                raise ConfigError(f"{name} must be a positive number of seconds, not {value}")
+                raise ConfigError(f"{setting} must be a positive number of seconds, not {value}")
         if not (math.isfinite(self.live_resume_window_s) and self.live_resume_window_s >= 0):
             raise ConfigError(
-                f"live_resume_window_s must be >= 0 s (0: no resume), "
+                f"--live-resume-window must be >= 0 s (0: no resume), "
                 f"not {self.live_resume_window_s}"
             )
         if self.shutdown_live not in SHUTDOWN_LIVE_MODES:
             raise ConfigError(
-                f"shutdown_live must be one of {', '.join(SHUTDOWN_LIVE_MODES)}, "
+                f"--shutdown-live must be one of {', '.join(SHUTDOWN_LIVE_MODES)}, "
                 f"not {self.shutdown_live!r}"
             )
         if not LIVE_HOP_MIN_S <= self.live_hop_s <= LIVE_HOP_MAX_S:
             raise ConfigError(
-                f"live_hop_s must be in [{LIVE_HOP_MIN_S}, {LIVE_HOP_MAX_S}] s, "
+                f"--live-hop-s must be in [{LIVE_HOP_MIN_S}, {LIVE_HOP_MAX_S}] s, "
                 f"not {self.live_hop_s}"
             )
 
@@ -398,6 +405,6 @@ class ServerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key must be given together")
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be in 0..65535, not {self.port}")
+            raise ConfigError(f"--port must be in 0..65535, not {self.port}")
         self.model.validate()
         self.gateway.validate()

@@ -582,8 +582,10 @@ def _ffmpeg_part_blocks(
     num_packets = num_bad_packets = num_frames = 0
     first: tuple[int, int] | None = None  # the first frame's (rate, channels)
     rate = 0  # Hz of the last frame
+    demuxer = ""  # FFmpeg's name for the container, once open
     try:
         with _open_container(source) as container:
+            demuxer = container.format.name
             stream = _audio_stream(container)
             if flac:  # a failed CRC is only logged by default, and the frame returned
                 stream.codec_context.options = {"err_detect": "crccheck+explode"}
@@ -616,6 +618,15 @@ def _ffmpeg_part_blocks(
             for mono in converter.flush():
                 yield mono, rate
     except av.FFmpegError as e:
+        if demuxer.startswith("mov") and not isinstance(source, (Path, bytes)):
+            # read without seeking (`livemeet stream -`), FFmpeg's mov demuxer fails on a file
+            # whose moov follows its audio with no hint of why (a trial)
+            raise BadAudio(
+                f"cannot decode the MP4/M4A/MOV as a stream (FFmpeg: {_ffmpeg_message(e)}): "
+                "one with its index (moov atom) after its audio, as most recorders write it, "
+                "cannot be read without seeking: save it to a file and pass that, or remux "
+                "it with `ffmpeg -i IN -c copy -movflags +faststart OUT.m4a`"
+            ) from e
         raise BadAudio(f"cannot decode the audio: FFmpeg: {_ffmpeg_message(e)}") from e
     _check_frame_count("flac", min_frames, num_frames)
     if flac and num_bad_packets:

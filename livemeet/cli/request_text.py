@@ -23,13 +23,14 @@ def add_request_text_flags(p: argparse.ArgumentParser, *, language_help: str) ->
     p.add_argument(
         "--language",
         default=None,
-        help=f"{language_help}; at most {MAX_LANGUAGE_CHARS} characters (default: none)",
+        help=f"a language tag ('en', 'en-GB'), {language_help}; the demo backend refuses "
+        f"any but English; at most {MAX_LANGUAGE_CHARS} characters (default: none)",
     )
     p.add_argument(
         "--prompt",
         default=None,
-        help=f"replaces the model's default instruction; at most {MAX_PROMPT_CHARS:,} "
-        "characters (default: the model's own)",
+        help=f"replaces MOSS-TD's default instruction (the demo backend ignores it); at most "
+        f"{MAX_PROMPT_CHARS:,} characters (default: the model's own)",
     )
     p.add_argument(
         "--hotword",
@@ -37,7 +38,8 @@ def add_request_text_flags(p: argparse.ArgumentParser, *, language_help: str) ->
         default=[],
         dest="hotwords",
         metavar="WORD",
-        help="a name or phrase to expect, appended to the instruction; repeatable, at most "
+        help="a name or phrase to expect, appended to MOSS-TD's instruction (the demo backend "
+        "ignores it); repeatable, at most "
         f"{MAX_HOTWORDS} of at most {MAX_HOTWORD_CHARS} characters each (default: none)",
     )
 

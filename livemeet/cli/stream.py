@@ -300,7 +300,11 @@ def wrong_path_hint(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     if parts.path.endswith(LIVE_PATH):
         return f"is it a livemeet server's {LIVE_PATH}?"
-    suggested = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/") + LIVE_PATH))
+    # the live endpoint sits beside the API's other paths (/v1/models, /v1/live/), not under
+    # them: what comes before their /v1 is the server's root (or a proxy's prefix)
+    segments = parts.path.rstrip("/").split("/")
+    root = "/".join(segments[: segments.index("v1")]) if "v1" in segments else "/".join(segments)
+    suggested = urllib.parse.urlunsplit(parts._replace(path=root + LIVE_PATH))
     return f"a ws:// URL is used as given: did you mean {suggested}?"
 
 
@@ -447,6 +451,9 @@ def run(args: argparse.Namespace) -> int:
         hint = ""
         if isinstance(exc, ssl.SSLCertVerificationError):  # e.g. serve's self-signed --tls-cert
             hint = " (a certificate this machine does not trust: --cacert FILE trusts it)"
+        elif isinstance(exc, ssl.SSLError) and exc.reason == "WRONG_VERSION_NUMBER":
+            # a plain-HTTP server's answer read as TLS: OpenSSL's words name no cause
+            hint = " (the server does not speak TLS: one without --tls-cert is ws:// or http://)"
         print(f"error: cannot connect to {url}: {exc}{hint}", file=sys.stderr)
         return 2
     if result is None:

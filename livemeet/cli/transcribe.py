@@ -40,7 +40,7 @@ from livemeet.transcriber import (
 )
 from livemeet.transcript import formats
 from livemeet.transcript.formats import ResponseFormat
-from livemeet.transcript.language import check_language
+from livemeet.transcript.language import check_language, reported_language
 from livemeet.transcript.segments import Transcript
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--no-progress",
         action="store_true",
-        help=f"never show a progress bar (default: one on stderr for files of "
-        f"{PROGRESS_MIN_S:g} s or more)",
+        help=f"never show a progress bar (default: one on stderr, where it is a terminal, "
+        f"for files of {PROGRESS_MIN_S:g} s or more)",
     )
     p.add_argument(
         "--max-audio-s",
@@ -184,7 +184,8 @@ async def transcribe_file(
         unit="s",
         desc=path.name,
         file=sys.stderr,
-        disable=not progress or duration_s < PROGRESS_MIN_S,
+        # a bar's \r frames are noise in a log or a pipe: drawn for a terminal only
+        disable=not progress or duration_s < PROGRESS_MIN_S or not sys.stderr.isatty(),
         leave=False,
     )
     try:
@@ -380,7 +381,8 @@ async def _run(
         )
     finally:
         await transcriber.close()
-    return write_results(results, fmt, output, args.language)
+    # verbose_json's language as an upload's says it: the request's, else the backend's one
+    return write_results(results, fmt, output, reported_language(args.language, info.language))
 
 
 def run(args: argparse.Namespace) -> int:

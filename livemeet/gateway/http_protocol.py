@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from aiohttp import hdrs, web
 from aiohttp.http_exceptions import (
     BadHttpMessage,
     BadHttpMethod,
+    ContentEncodingError,
     HttpProcessingError,
     LineTooLong,
 )
@@ -50,6 +52,8 @@ TOO_MANY_HEADERS = "Too many headers received"
 # every response's `Server` header: no versions (aiohttp's default names its own and Python's,
 # telling a scanner which known flaws to try)
 SERVER_NAME = "livemeet"
+# the coding in aiohttp's "Can not decode content-encoding: brotli (br). Please install ..."
+_CODING = re.compile(r"content-encoding: ([^.]+)")
 
 ErrorListener = Callable[[LivemeetError], None]
 RequestHandlerFunc = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
@@ -72,6 +76,13 @@ def refusal_error(status: int, exc: BaseException | None, message: str | None) -
     if isinstance(exc, BadHttpMessage) and exc.message == TOO_MANY_HEADERS:
         # RFC 6585's 431 is for the fields "individually or collectively" too large
         return HeadersTooLarge("more header fields than the server reads (128)")
+    if isinstance(exc, ContentEncodingError) and (coding := _CODING.search(exc.message)):
+        # a coding aiohttp has no decoder for here (br, zstd): its words ("Please install
+        # `Brotli`") advise the server's operator, not the client
+        return InvalidRequest(
+            f"the body's Content-Encoding {coding.group(1)} is not one the server decodes: "
+            "send the body as it is, or gzip or deflate it"
+        )
     if status < 500:
         reason = message or (exc.message if isinstance(exc, HttpProcessingError) else "")
         return InvalidRequest(f"malformed HTTP request: {one_line(reason) or 'bad request'}")

@@ -511,7 +511,11 @@ def _parse_json_object(text: str) -> dict[str, Any]:
     try:
         message = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"text frame is not valid JSON: {exc.msg} at {exc.pos}") from exc
+        # exc.pos alone ("at 31") read as nothing a client could find; say what it counts
+        raise InvalidRequest(
+            f"text frame is not valid JSON: {exc.msg} at character {exc.pos} "
+            f"(line {exc.lineno}, column {exc.colno})"
+        ) from exc
     except RecursionError as exc:  # e.g. "[[[[..." thousands deep
         raise InvalidRequest("text frame nests JSON too deeply") from exc
     except ValueError as exc:  # an integer of over 4,300 digits (int's str limit)

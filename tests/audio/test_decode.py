@@ -297,6 +297,34 @@ def test_iter_decode_stream_reads_a_pipe_as_its_writer_fills_it(shared_data: Pat
         np.testing.assert_array_equal(np.concatenate(got), decode_file(data))
 
 
+def test_an_mp4_streamed_with_its_index_at_the_end_says_to_save_it_to_a_file(
+    encoded_clips: dict[str, EncodedClip],
+) -> None:
+    """`cat talk.m4a | livemeet stream -` said only "cannot decode the audio: FFmpeg: Invalid
+    data found when processing input" (a new user's trial): an MP4 whose index (moov) follows
+    its audio cannot be read without seeking, and the message now says so and what to do."""
+    data = encoded_clips["speech.m4a"].path.read_bytes()
+    assert data.find(b"moov") > data.find(b"mdat")  # PyAV's muxer writes the index last
+    read_fd, write_fd = os.pipe()
+    writer = threading.Thread(target=lambda: _write_all(write_fd, data))
+    writer.start()
+    with open(read_fd, "rb", buffering=0) as pipe, pytest.raises(BadAudio) as refused:
+        list(decode.iter_decode_stream(pipe))
+    writer.join()
+    assert "index (moov atom) after its audio" in refused.value.message
+    assert "save it to a file" in refused.value.message
+    assert decode_file(data).size > 0  # the same bytes read whole, with seeking
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write `data` to the pipe `fd` and close it; a reader that gave up (EPIPE) ends it."""
+    try:
+        with open(fd, "wb", buffering=0) as pipe:
+            pipe.write(data)
+    except BrokenPipeError:
+        pass
+
+
 def test_iter_decode_stream_errors_come_from_the_iterator() -> None:
     for data, needle in (
         (b"not audio at all" * 100, "not an audio file"),

@@ -723,13 +723,13 @@ def test_engine_config_carries_the_model_flags() -> None:
     assert sched.live_decode_steps == 3
     assert sched.upload_min_share == 0.5
     assert engine_config(ModelConfig()).block_size == KV_BLOCK_SIZE
-    with pytest.raises(ConfigError, match="upload_min_share"):
+    with pytest.raises(ConfigError, match="--upload-min-share"):
         ModelConfig(upload_min_share=0.95).validate()
-    with pytest.raises(ConfigError, match="kv_block_size"):
+    with pytest.raises(ConfigError, match="--kv-block-size"):
         ModelConfig(kv_block_size=24).validate()
     # a prefill chunk need not fill a KV block: 64-token chunks over 128-token blocks are valid
     ModelConfig(kv_block_size=128, chunked_prefill_size=64).validate()
-    with pytest.raises(ConfigError, match="chunked_prefill_size"):
+    with pytest.raises(ConfigError, match="--chunked-prefill-size"):
         ModelConfig(chunked_prefill_size=MIN_PREFILL_CHUNK - 1).validate()
 
 

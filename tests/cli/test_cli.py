@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import json
 import logging
@@ -93,7 +94,7 @@ def test_serve_live_hop_flag(tmp_path: Path) -> None:
     assert serve.config_from_args(args).gateway.live_hop_s == 0.5
     assert build_parser().parse_args(["serve"]).live_hop_s == LIVE_HOP_S
     for bad in ("0", "-1", "60", "nan"):
-        with pytest.raises(ConfigError, match="live_hop_s"):
+        with pytest.raises(ConfigError, match="--live-hop-s"):
             serve.config_from_args(build_parser().parse_args(["serve", "--live-hop-s", bad]))
 
 
@@ -294,6 +295,46 @@ def test_a_data_dir_other_users_may_read_is_warned_of(
     assert str(data_dir / "tmp") not in caplog.text
 
 
+# every range a config checks, named by the flag the operator typed
+OUT_OF_RANGE_FLAGS = [
+    ("--port", "70000"),
+    ("--live-hop-s", "10"),
+    ("--live-resume-window", "-5"),
+    ("--max-sessions", "0"),
+    ("--max-concurrent-decodes", "0"),
+    ("--max-upload-bytes", "0"),
+    ("--max-audio-s", "0"),
+    ("--upload-drain-s", "0"),
+    ("--live-max-speed", "0.5"),
+    ("--upload-min-share", "0.95"),
+    ("--upload-batch-wait-ms", "-1"),
+    ("--live-step-budget-ms", "1"),
+    ("--upload-step-budget-ms", "1"),
+    ("--live-decode-steps", "99"),
+    ("--live-forced-transcript-tokens", "-1"),
+    ("--live-forced-transcript-min-tokens", "50"),
+    ("--live-hop-load", "5"),
+    ("--mem-fraction", "2"),
+    ("--chunked-prefill-size", "1"),
+    ("--max-new-tokens", "0"),
+    ("--num-kv-blocks", "0"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value"), OUT_OF_RANGE_FLAGS)
+def test_a_setting_out_of_range_is_named_by_its_flag(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, flag: str, value: str
+) -> None:
+    """`serve --live-resume-window -5` said "live_resume_window_s must be >= 0", a name the
+    operator never typed, and `--max-sessions 0` named --max-concurrent-decodes too (a new
+    user's trial)."""
+    argv = ["serve", "--data-dir", str(tmp_path), flag, value, "--check-config"]
+    assert main(argv) == 2
+    (error,) = (r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert error.startswith(f"{flag} must be ") or error.startswith(f"{flag}: "), error
+    assert value in error
+
+
 @pytest.mark.parametrize("value", ["-1", "-100000000", "-0.5", "nan", "inf"])
 @pytest.mark.parametrize("flag", ["--min-free-disk-mb", "--retention-days"])
 def test_a_negative_disk_setting_names_its_flag(
@@ -471,6 +512,27 @@ async def test_transcribe_files_and_outputs(
     assert json.loads(single.read_text())["text"] == expected_upload_text(3.0)
     assert transcribe.write_results(results[:1], ResponseFormat.TEXT, None, None) == 0
     assert capsys.readouterr().out == expected_upload_text(3.0) + "\n"
+
+
+async def test_the_progress_bar_is_for_a_terminal_not_a_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`livemeet transcribe long.wav 2> log` wrote a progress bar's carriage-return frames into
+    the log (a new user's trial): the bar is drawn only where stderr is a terminal."""
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    wav = write_wav(tmp_path / "long.wav", transcribe.PROGRESS_MIN_S + 1.0)
+    await transcribe.transcribe_file(transcriber, wav)
+    assert "\r" not in capsys.readouterr().err  # captured: not a terminal
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    await transcribe.transcribe_file(transcriber, wav)
+    assert "long.wav:" in terminal.getvalue()  # a terminal still gets it
 
 
 async def test_a_bug_met_by_one_file_loses_no_other_file(
@@ -707,6 +769,27 @@ def test_transcribe_output_dash_is_standard_output(
     assert main(["transcribe", wav, "--output", "-", "--format", "srt"]) == 0
     assert main(["transcribe", wav, wav, "--output", "-"]) == 0  # several: to stdout as without
     assert seen == [None, None] and not (tmp_path / "-").exists()
+
+
+def test_transcribe_verbose_json_names_the_backends_one_language_as_an_upload_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`transcribe --format verbose_json` on the demo said "language": "unknown" where an
+    upload of the same file to the demo server says "english" (a new user's trial): both
+    report the request's language, else the backend's one language."""
+    from livemeet.gateway import engine_client
+
+    class EnglishOnly(FakeTranscriber):
+        def __init__(self, model: Any, in_process: bool) -> None:
+            super().__init__()
+            self._info = dataclasses.replace(self._info, language="english", language_code="en")
+
+    monkeypatch.setattr(engine_client, "EngineClient", EnglishOnly)
+    wav, out = str(write_wav(tmp_path / "a.wav", 0.5)), tmp_path / "a.verbose.json"
+    assert main(["transcribe", wav, "--output", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["language"] == "english"
+    assert main(["transcribe", wav, "--output", str(out), "--language", "en-GB"]) == 0
+    assert json.loads(out.read_text())["language"] == "en-GB"  # the request's, as sent
 
 
 def test_transcribe_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(
@@ -985,6 +1068,45 @@ def test_stream_refuses_a_url_that_names_no_websocket(
     assert main(["stream", str(write_wav(tmp_path / "a.wav", 0.1)), "--url", given]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: invalid_request: --url") and err.count("\n") == 1
+
+
+def test_wss_to_a_server_without_tls_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--url wss://...` to a plain `livemeet serve` said only "[SSL: WRONG_VERSION_NUMBER]
+    wrong version number" (a new user's trial)."""
+    import http.server
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"wss://127.0.0.1:{server.server_address[1]}"
+        assert main(["stream", str(write_wav(tmp_path / "a.wav", 0.1)), "--url", url]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    err = capsys.readouterr().err
+    assert "WRONG_VERSION_NUMBER" in err and "the server does not speak TLS" in err
+
+
+@pytest.mark.parametrize(
+    ("given", "suggested"),
+    [
+        ("ws://h:8000/", "ws://h:8000/v1/live"),
+        ("ws://h:8000/v1/live/", "ws://h:8000/v1/live"),
+        ("ws://h:8000/v1", "ws://h:8000/v1/live"),
+        ("ws://h:8000/v1/models", "ws://h:8000/v1/live"),
+        ("wss://h/meet/v1/audio/transcriptions", "wss://h/meet/v1/live"),
+        ("ws://h/meet", "ws://h/meet/v1/live"),  # a proxy's prefix
+        ("ws://h/meet/?x=1", "ws://h/meet/v1/live?x=1"),
+    ],
+)
+def test_a_wrong_ws_path_gets_the_live_endpoint_suggested(given: str, suggested: str) -> None:
+    """`--url ws://host:8000/v1/live/` was told "did you mean ws://host:8000/v1/live/v1/live?",
+    and `.../v1/models` ".../v1/models/v1/live" (a new user's trial): the live endpoint is
+    beside the API's other paths, not under them."""
+    assert stream.wrong_path_hint(given).endswith(f"did you mean {suggested}?")
 
 
 async def test_stream_to_a_server_url_without_a_path(client: TestClient) -> None:  # noqa: F811

@@ -193,6 +193,23 @@ async def test_a_body_that_does_not_inflate_is_a_json_400_not_a_bug(
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
 
 
+@pytest.mark.parametrize("coding", ["br", "zstd"])
+async def test_a_content_encoding_the_server_cannot_decode_is_named_for_the_client(
+    client: TestClient, coding: str
+) -> None:
+    """`Content-Encoding: br` got "malformed HTTP request: Can not decode content-encoding:
+    brotli (br). Please install `Brotli`" (a new user's trial): advice for the server's
+    operator, not the client, who is told instead what to send."""
+    request = (
+        UPLOAD + b"Content-Type: multipart/form-data; boundary=x\r\n"
+        b"Content-Encoding: " + coding.encode() + b"\r\nContent-Length: 10\r\n\r\n0123456789"
+    )
+    body = assert_refused(await exchange(client, request), InvalidRequest)
+    assert body["message"].startswith("the body's Content-Encoding ")
+    assert f"({coding})" in body["message"] and "install" not in body["message"].lower()
+    assert body["message"].endswith("send the body as it is, or gzip or deflate it")
+
+
 @pytest.mark.parametrize(
     ("raised", "error"),
     [

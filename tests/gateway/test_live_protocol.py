@@ -104,6 +104,16 @@ def test_bad_messages_before_start(text: str, error: type[Exception]) -> None:
     assert p.state is State.AWAITING_START
 
 
+def test_unparseable_json_says_where_in_the_frame() -> None:
+    """A bare offset ("Expecting ':' delimiter at 33") left a new user guessing what it
+    counted: the message says it is the character (from 0), and its line and column."""
+    with pytest.raises(InvalidRequest) as caught:
+        LiveProtocol().receive_text('{"type": "start",\n "sample_rate" 16000}')
+    assert caught.value.message == (
+        "text frame is not valid JSON: Expecting ':' delimiter at character 33 (line 2, column 16)"
+    )
+
+
 def test_a_json_number_too_long_to_read_is_named_without_python_internals() -> None:
     """A trial: the message told the client to call sys.set_int_max_str_digits()."""
     with pytest.raises(InvalidRequest, match="JSON number too long") as caught:

@@ -461,7 +461,7 @@ def test_the_resume_window_is_a_serve_flag_of_finite_non_negative_seconds(
     assert window("--live-resume-window", "0") == 0.0
     assert window("--live-resume-window", "2.5") == 2.5
     for bad in ("-1", "nan", "inf"):
-        with pytest.raises(ConfigError, match="live_resume_window_s"):
+        with pytest.raises(ConfigError, match="--live-resume-window"):
             window("--live-resume-window", bad)
 
 

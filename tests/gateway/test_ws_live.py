@@ -693,7 +693,7 @@ def test_gateway_config_refuses_origins_that_never_match_and_unholdable_uploads(
     with pytest.raises(ConfigError, match="--allowed-origin 'meet.example.com'"):
         GatewayConfig(allowed_origins=("meet.example.com",)).validate()
     # one upload over what all spills may hold would get a retryable 429 for ever (a review)
-    with pytest.raises(ConfigError, match="max_upload_bytes"):
+    with pytest.raises(ConfigError, match="--max-upload-bytes"):
         GatewayConfig(max_upload_bytes=UPLOAD_SPILL_TOTAL_BYTES + 1).validate()
     GatewayConfig(allowed_origins=("https://meet.example.com", "*")).validate()
 
@@ -702,7 +702,7 @@ def test_gateway_config_refuses_origins_that_never_match_and_unholdable_uploads(
 def test_live_max_speed_is_at_least_real_time(speed: float) -> None:
     from livemeet.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="live_max_speed"):
+    with pytest.raises(ConfigError, match="--live-max-speed"):
         GatewayConfig(live_max_speed=speed).validate()
 
 
