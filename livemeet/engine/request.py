@@ -59,6 +59,9 @@ class Request:
     as it is, so a PromptBuilder's view of its template costs no copy). `deadline_s`: absolute
     time on the scheduler's clock by which a live hop should finish (None: no deadline).
     `arrival_s`: time on the same clock when it was submitted (orders uploads).
+    `num_encoded_audio`: audio embeddings [0, n) are encoded (set by the Engine, which encodes
+    an upload's 30-s windows as its prefill chunks reach them; the Scheduler charges an
+    upload's chunk for the windows past it).
     `block_table`: KV block ids, owned and mutated by the BlockManager only; block i holds the
     KV of tokens [i * block_size, (i + 1) * block_size).
 
@@ -83,9 +86,7 @@ class Request:
     num_cached_tokens: int = 0  # of those, tokens reused from another request (fork)
     num_preemptions: int = 0
     block_table: list[int] = field(default_factory=list)
-    # audio embeddings [0, n) are encoded (set by the engine, which encodes an upload's
-    # windows as its prefill chunks reach them; the scheduler charges the rest's encoder time)
-    num_encoded_audio: int = 0
+    num_encoded_audio: int = 0  # audio positions' embeddings ready (class docstring)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
