@@ -21,6 +21,7 @@ from livemeet.cli.serve import add_backend_flag, add_model_flags, model_config_f
 from livemeet.cli.stream import (  # as `stream` exits after Ctrl-C, and reads its audio
     INTERRUPTED_STATUS,
     STDIN,
+    check_not_a_directory,
     is_stream,
 )
 from livemeet.errors import (
@@ -118,8 +119,7 @@ def read_source(path: Path) -> Path | bytes:
     to probe. Blocks until the writer closes: call it where Ctrl-C can interrupt it (the main
     thread). Raises BadAudio for a directory, an unreadable stream or `-` at a terminal,
     PayloadTooLarge past MAX_UPLOAD_BYTES."""
-    if path.is_dir():
-        raise BadAudio(f"{path} is a directory, not an audio file")
+    check_not_a_directory(path)
     if not is_stream(path):
         return path
     if path == STDIN and sys.stdin.isatty():

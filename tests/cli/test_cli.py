@@ -1385,6 +1385,19 @@ def test_stream_dash_at_a_terminal_says_to_pipe_audio_in(
     assert "standard input, which is a terminal: pipe the audio in" in err
 
 
+def test_stream_of_a_directory_says_it_is_one_as_transcribe_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stream /tmp` said "not an audio file, a damaged or truncated one, ...: FFmpeg: Is a
+    directory" (a trial), where `transcribe /tmp` says plainly that it is a directory."""
+    assert main(["stream", str(tmp_path), "--url", "ws://127.0.0.1:9/v1/live"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: bad_audio: {tmp_path} is a directory, not an audio file\n"
+    with pytest.raises(BadAudio) as refused:
+        transcribe.read_source(tmp_path)
+    assert f"error: bad_audio: {refused.value.message}\n" == err
+
+
 def test_ctrl_c_while_a_pipes_first_audio_is_awaited_stops_the_stream(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
