@@ -4,8 +4,9 @@ Routing: libsndfile (soundfile) reads the lossless containers it knows (WAV, AIF
 FLAC's header; everything else, the lossy formats libsndfile also claims (MP3, Ogg, MP3 in a
 WAV) and FLAC's audio go through FFmpeg (PyAV), which applies encoder-delay trimming, copes
 with odd streams and reads a FLAC to its last frame (libsndfile stops at its header's count).
-Channels are averaged; the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`). Library
-errors never escape: each is mapped to `BadAudio` naming what failed.
+Channels (up to MAX_FILE_CHANNELS) are averaged; the rate is converted with soxr
+(`FILE_RESAMPLE_QUALITY`). Library errors never escape: each is mapped to `BadAudio` naming
+what failed.
 
 `decode_file` returns the whole array (uploads); `iter_decode` yields the same samples in chunks
 as they decode, in bounded memory (`livemeet stream` of a file of hours); `iter_decode_stream`
@@ -78,6 +79,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -96,6 +98,7 @@ from livemeet.audio.constants import (
     FILE_RESAMPLE_QUALITY,
     MAX_AUDIO_S,
     MAX_BAD_PACKET_FRACTION,
+    MAX_FILE_CHANNELS,
     MAX_FILE_SAMPLE_RATE,
     MIN_FILE_SAMPLE_RATE,
     SAMPLE_RATE,
@@ -169,8 +172,9 @@ def probe(source: AudioSource) -> AudioInfo:
     FFmpeg containers without a declared duration (e.g. MediaRecorder WebM) are demuxed, not
     decoded, and the packet durations summed.
     Raises BadAudio for a missing or empty file (or empty bytes), non-audio bytes, an unreadable
-    container, one with no audio stream, or a declared rate outside MIN_FILE_SAMPLE_RATE ..
-    MAX_FILE_SAMPLE_RATE (0, not known before decoding, passes: `sample_rate` is then 0).
+    container, one with no audio stream, a declared rate outside MIN_FILE_SAMPLE_RATE ..
+    MAX_FILE_SAMPLE_RATE (0, not known before decoding, passes: `sample_rate` is then 0), or
+    more than MAX_FILE_CHANNELS channels.
     """
     return _probe(source).info
 
@@ -189,6 +193,15 @@ def _probe(source: AudioSource) -> _Probe:
     return probed
 
 
+def _check_channels(channels: int) -> None:
+    """Raise BadAudio when a file declares more than MAX_FILE_CHANNELS channels (constants)."""
+    if channels > MAX_FILE_CHANNELS:
+        raise BadAudio(
+            f"the audio declares {channels} channels, more than the {MAX_FILE_CHANNELS} a file "
+            "may have"
+        )
+
+
 def _check_rate(rate: int, verb: str) -> None:
     """Raise BadAudio unless `rate` (Hz; the audio `verb`s it) is a file's (constants)."""
     if not MIN_FILE_SAMPLE_RATE <= rate <= MAX_FILE_SAMPLE_RATE:
@@ -202,6 +215,10 @@ def _probe_header(source: AudioSource) -> _Probe:
     if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
     info = _soundfile_info(source)
+    riff = _riff_wave(source)
+    # libsndfile refuses a WAV of more than 1024 channels, and FFmpeg's decoder one of more
+    # than 512 with only "Invalid argument" (PyAV reports it as 0 channels): the header says
+    _check_channels(int(info.channels) if info is not None else riff.channels if riff else 0)
     if info is not None:
         sf_info = AudioInfo(
             duration_s=info.frames / info.samplerate,
@@ -228,6 +245,40 @@ def _probe_header(source: AudioSource) -> _Probe:
             return _Probe(av_info, use_soundfile=False, exact_duration=exact, flac=flac)
     except av.FFmpegError as e:
         raise BadAudio(f"cannot read the audio container: FFmpeg: {_ffmpeg_message(e)}") from e
+
+
+class _RiffWave(NamedTuple):
+    """What a RIFF WAVE file's chunks before its samples say."""
+
+    channels: int  # the fmt chunk's count (0: no fmt chunk before the data chunk)
+
+
+_MAX_RIFF_CHUNKS = 64  # chunks walked before giving up on finding the data chunk
+
+
+def _riff_wave(source: AudioSource) -> _RiffWave | None:
+    """The header of a RIFF WAVE file, read by walking its chunks up to the data chunk; None for
+    any other file (RF64, RIFX, W64, ... are not read) or one whose header is cut or odd."""
+    try:
+        with open(source, "rb") if isinstance(source, Path) else io.BytesIO(source) as f:
+            head = f.read(12)
+            if len(head) < 12 or head[:4] != b"RIFF" or head[8:] != b"WAVE":
+                return None
+            channels = 0
+            for _ in range(_MAX_RIFF_CHUNKS):
+                chunk = f.read(8)
+                if len(chunk) < 8:
+                    return None
+                tag, (size,) = chunk[:4], struct.unpack("<I", chunk[4:])
+                if tag == b"data":
+                    return _RiffWave(channels)
+                body = f.read(min(size, 4)) if tag == b"fmt " else b""
+                if len(body) == 4:  # wFormatTag, nChannels, ...
+                    (channels,) = struct.unpack("<H", body[2:])
+                f.seek(size - len(body) + (size & 1), io.SEEK_CUR)  # chunks are padded to even
+    except OSError:
+        return None  # reported by whatever reads it next
+    return None
 
 
 class DecodeCancelled(Exception):

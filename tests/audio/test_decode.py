@@ -823,6 +823,33 @@ def test_a_declared_rate_outside_the_file_range_is_bad_audio(tmp_path: Path, rat
             probe(source)
 
 
+def pcm16_wav(channels: int, frames: int, *, data_bytes: int | None = None) -> bytes:
+    """A 16-kHz 16-bit PCM WAV of silence written by hand (libsndfile writes at most 1024
+    channels); `data_bytes`: what its data chunk declares (default: the samples it holds)."""
+    block = 2 * channels
+    fmt = struct.pack("<HHIIHH", 1, channels, SAMPLE_RATE, SAMPLE_RATE * block, block, 16)
+    data = bytes(frames * block)
+    declared = len(data) if data_bytes is None else data_bytes
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", declared)
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks) + declared) + b"WAVE" + chunks + data
+
+
+@pytest.mark.parametrize("channels", [513, 1024, 4096])
+def test_a_file_of_more_channels_than_decode_says_the_limit(channels: int) -> None:
+    """A trial's 4096-channel WAV was refused with only "FFmpeg: Invalid argument": FFmpeg's
+    decoders open at most 512 channels (libsndfile reads up to 1024; past it the file went to
+    FFmpeg). Whichever library would read it, and with a data chunk that declares 0 bytes (read
+    by FFmpeg), the error names the count and the limit; 512 decode."""
+    for data_bytes in (None, 0):
+        wav = pcm16_wav(channels, 16, data_bytes=data_bytes)
+        message = f"the audio declares {channels} channels, more than the 512 a file may have"
+        with pytest.raises(BadAudio, match=message):
+            probe(wav)
+        with pytest.raises(BadAudio, match=message):
+            decode_file(wav)
+        assert decode_file(pcm16_wav(512, 16, data_bytes=data_bytes)).size == 16
+
+
 @pytest.mark.parametrize("rate", [1_000, 4_000, 384_000, 768_000])
 def test_files_at_unusual_but_real_rates_decode(tmp_path: Path, rate: int) -> None:
     """The file range is wider than the live socket's 8-192 kHz: 4 kHz and 384 kHz files are
