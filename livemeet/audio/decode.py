@@ -52,7 +52,9 @@ Decisions on damaged input:
   is `BadAudio` too. A FLAC of unknown length (total samples 0, written to a pipe) has no
   count to fall short of: cut exactly between two frames, it yields its intact frames.
 - A truncated PCM WAV yields its intact prefix: libsndfile sizes the data chunk from the file, so
-  every returned sample is genuine audio (nothing is invented), only the tail is missing.
+  every returned sample is genuine audio (nothing is invented), only the tail is missing. How
+  much is missing comes with the probe (`AudioInfo.cut_from_s`, from the data chunk's declared
+  size): the gateway logs it as a warning, `livemeet transcribe` and `stream` warn on stderr.
 - A WAV whose data chunk declares 0 bytes (the placeholder of a writer that could not seek back
   to fill it in) is read to the end of the file, by FFmpeg.
 - FFmpeg-decoded files raise `BadAudio` on any error FFmpeg reports (e.g. an MP4 cut before
@@ -150,7 +152,9 @@ class AudioInfo:
     before down-mixing; `codec` a lower-case name such as "flac/pcm_24", "wav/float" (libsndfile
     format/subtype) or "opus", "aac", "mp3float" (FFmpeg decoder name). `duration_declared`:
     the header or container states the duration; else (MediaRecorder WebM) it is the sum of
-    the packets' durations (`probe`).
+    the packets' durations (`probe`). `cut_from_s`: a cut file read to its intact prefix (a WAV
+    whose data chunk declares more bytes than the file holds: module docstring), the seconds
+    its header declares, of which `duration_s` are there; None for any other file.
     """
 
     duration_s: float
@@ -158,6 +162,19 @@ class AudioInfo:
     channels: int
     codec: str
     duration_declared: bool = True
+    cut_from_s: float | None = None
+
+    @property
+    def cut_note(self) -> str | None:
+        """What a cut file (`cut_from_s`) lacks, in words for a log or a CLI warning; None for
+        a whole file. The one wording of it wherever it is said."""
+        if self.cut_from_s is None:
+            return None
+        return (
+            f"the audio is cut: its header declares {self.cut_from_s:.2f} s, the file holds "
+            f"{self.duration_s:.2f} s ({self.cut_from_s - self.duration_s:.2f} s missing); "
+            "the part it holds is transcribed"
+        )
 
     @property
     def length_verb(self) -> str:
@@ -220,11 +237,13 @@ def _probe_header(source: AudioSource) -> _Probe:
     # than 512 with only "Invalid argument" (PyAV reports it as 0 channels): the header says
     _check_channels(int(info.channels) if info is not None else riff.channels if riff else 0)
     if info is not None:
+        duration_s = info.frames / info.samplerate
         sf_info = AudioInfo(
-            duration_s=info.frames / info.samplerate,
+            duration_s=duration_s,
             sample_rate=int(info.samplerate),
             channels=int(info.channels),
             codec=f"{info.format}/{info.subtype}".lower(),
+            cut_from_s=_cut_from_s(riff, _num_bytes(source), duration_s),
         )
         if info.format == "FLAC":  # the header's length is a lower bound (module docstring)
             return _Probe(sf_info, use_soundfile=False, exact_duration=False, flac=True)
@@ -251,6 +270,8 @@ class _RiffWave(NamedTuple):
     """What a RIFF WAVE file's chunks before its samples say."""
 
     channels: int  # the fmt chunk's count (0: no fmt chunk before the data chunk)
+    data_offset: int  # bytes before the data chunk's samples
+    data_bytes: int  # the data chunk's size, as declared
 
 
 _MAX_RIFF_CHUNKS = 64  # chunks walked before giving up on finding the data chunk
@@ -271,7 +292,7 @@ def _riff_wave(source: AudioSource) -> _RiffWave | None:
                     return None
                 tag, (size,) = chunk[:4], struct.unpack("<I", chunk[4:])
                 if tag == b"data":
-                    return _RiffWave(channels)
+                    return _RiffWave(channels, f.tell(), size)
                 body = f.read(min(size, 4)) if tag == b"fmt " else b""
                 if len(body) == 4:  # wFormatTag, nChannels, ...
                     (channels,) = struct.unpack("<H", body[2:])
@@ -279,6 +300,19 @@ def _riff_wave(source: AudioSource) -> _RiffWave | None:
     except OSError:
         return None  # reported by whatever reads it next
     return None
+
+
+def _cut_from_s(riff: _RiffWave | None, num_bytes: int, duration_s: float) -> float | None:
+    """The seconds a WAV's data chunk declares where the file (`num_bytes` long) holds less:
+    libsndfile then sizes the chunk from the file, and `duration_s` is what is there. None for
+    a whole file, one that is not a RIFF WAVE, or a size of 0 or 0xFFFFFFFF (placeholders).
+    Scaled by bytes: exact for PCM, near for ADPCM (libsndfile counts a cut block whole)."""
+    if riff is None or riff.data_bytes in (0, 0xFFFF_FFFF):
+        return None
+    present = num_bytes - riff.data_offset
+    if present <= 0 or riff.data_bytes <= present or duration_s <= 0:
+        return None
+    return duration_s * riff.data_bytes / present
 
 
 class DecodeCancelled(Exception):
@@ -302,6 +336,25 @@ def decode_file(
     stops at its next block with DecodeCancelled (a 90-minute file of a client that left
     would otherwise decode to the end, holding its memory).
     """
+    return decode_file_with_info(source, max_audio_s=max_audio_s, cancel=cancel).samples
+
+
+class Decoded(NamedTuple):
+    """`decode_file_with_info`'s result."""
+
+    samples: Samples  # [n] float32 mono 16 kHz in [-1, 1]
+    info: AudioInfo  # `probe`'s: a cut WAV's `cut_from_s` says how much was missing
+
+
+def decode_file_with_info(
+    source: AudioSource,
+    *,
+    max_audio_s: float = MAX_AUDIO_S,
+    cancel: threading.Event | None = None,
+) -> Decoded:
+    """`decode_file`'s samples (same arguments, same errors) with what the probe read of the
+    header, so a caller can say what the samples alone cannot: that a cut WAV's are only its
+    intact prefix (`AudioInfo.cut_note`)."""
     probed = _probe(source)
     info = probed.info
     check_length(info.duration_s, max_audio_s, info.length_verb)
@@ -315,7 +368,7 @@ def decode_file(
         raise BadAudio("the audio contains non-finite samples (NaN or infinity)")
     check_length(samples.size / SAMPLE_RATE, max_audio_s, "decodes to")
     np.clip(samples, -1.0, 1.0, out=samples)
-    return samples
+    return Decoded(samples, info)
 
 
 def iter_decode(

@@ -415,6 +415,10 @@ def run(args: argparse.Namespace) -> int:
     def notice(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    # a cut WAV is sent as far as it goes, and its final then covers "the whole file"
+    if not piped and (cut := cut_note(args.file)) is not None:
+        notice(f"warning: {args.file}: {cut}")
+
     def show(event: dict[str, Any]) -> None:
         line = json.dumps(event, ensure_ascii=False) if args.json else format_event(event)
         print(line, flush=True)
@@ -538,6 +542,18 @@ def report(result: StreamResult, path: Path | None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return failed
     return 0
+
+
+def cut_note(path: Path) -> str | None:
+    """What a cut WAV lacks (`AudioInfo.cut_note`), from a second read of its header; None for
+    a whole file, or one that cannot be probed now (it decoded a moment ago: this is only a
+    note, and a file gone since must not stop the stream)."""
+    from livemeet.audio.decode import probe
+
+    try:
+        return probe(path).cut_note
+    except LivemeetError:
+        return None
 
 
 def file_seconds(result: StreamResult, path: Path) -> float:

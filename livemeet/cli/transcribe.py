@@ -162,13 +162,16 @@ async def transcribe_file(
     max_audio_s: float = MAX_AUDIO_S,
 ) -> Transcript:
     """Decode `path` and transcribe it as one upload session; audio longer than
-    `max_audio_s` (s) is refused. Raises BadAudio, TooLong and whatever the backend reports
-    (as its typed error)."""
-    from livemeet.audio.decode import decode_file
+    `max_audio_s` (s) is refused; a cut WAV, transcribed as far as it goes, gets a warning on
+    stderr. Raises BadAudio, TooLong and whatever the backend reports (as its typed error)."""
+    from livemeet.audio.decode import decode_file_with_info
 
     if source is None:
         source = await asyncio.to_thread(read_source, path)
-    samples = await asyncio.to_thread(decode_file, source, max_audio_s=max_audio_s)
+    decoded = await asyncio.to_thread(decode_file_with_info, source, max_audio_s=max_audio_s)
+    if (cut := decoded.info.cut_note) is not None:
+        print(f"warning: {path}: {cut}", file=sys.stderr)
+    samples = decoded.samples
     duration_s = len(samples) / SAMPLE_RATE
     session = await transcriber.open_session(
         SessionOptions(

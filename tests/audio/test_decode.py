@@ -996,6 +996,33 @@ def test_truncated_wav_yields_its_intact_prefix(shared_data: Path, tmp_path: Pat
     np.testing.assert_array_equal(out, full[: out.size])
 
 
+@pytest.mark.parametrize("subtype", ["PCM_16", "PCM_24", "FLOAT"])
+def test_a_cut_wav_says_what_its_header_declares(tmp_path: Path, subtype: str) -> None:
+    """A cut WAV yields its intact prefix, and said nothing of the rest (a trial): the probe
+    (and `decode_file_with_info`) give the duration the data chunk declares, for a path and
+    bytes alike; a whole file, and one whose data chunk declares 0 bytes, have none."""
+    path = tmp_path / "whole.wav"
+    sf.write(path, np.zeros((3 * SAMPLE_RATE, 2), np.float32), SAMPLE_RATE, subtype=subtype)
+    whole = path.read_bytes()
+    start = whole.index(b"data") + 8  # a float WAV has a fact chunk first: walked past
+    cut = whole[: start + (len(whole) - start) // 3]
+    (tmp_path / "cut.wav").write_bytes(cut)
+    for source in (tmp_path / "cut.wav", cut):
+        info = probe(source)
+        assert info.duration_s == pytest.approx(1.0)
+        assert info.cut_from_s == pytest.approx(3.0)
+        assert info.cut_note == (
+            "the audio is cut: its header declares 3.00 s, the file holds 1.00 s (2.00 s "
+            "missing); the part it holds is transcribed"
+        )
+        decoded = decode.decode_file_with_info(source)
+        assert decoded.info == info and decoded.samples.size == SAMPLE_RATE
+    unfinished = bytearray(cut)
+    struct.pack_into("<I", unfinished, start - 4, 0)
+    for intact in (path, whole, bytes(unfinished)):
+        assert probe(intact).cut_from_s is None and probe(intact).cut_note is None
+
+
 @pytest.mark.parametrize("riff_size", ["kept", "zero"])
 def test_a_wav_whose_header_says_no_data_decodes_to_its_end(
     shared_data: Path, tmp_path: Path, riff_size: str
