@@ -53,8 +53,9 @@ Decisions on damaged input:
   count to fall short of: cut exactly between two frames, it yields its intact frames.
 - A truncated PCM WAV yields its intact prefix: libsndfile sizes the data chunk from the file, so
   every returned sample is genuine audio (nothing is invented), only the tail is missing. How
-  much is missing comes with the probe (`AudioInfo.cut_from_s`, from the data chunk's declared
-  size): the gateway logs it as a warning, `livemeet transcribe` and `stream` warn on stderr.
+  much is missing comes with the probe of an integer-PCM WAV (`AudioInfo.cut_from_s`, from the
+  data chunk's declared size as the standard library's `wave` reads it): the gateway logs it
+  as a warning, `livemeet transcribe` and `stream` warn on stderr.
 - A WAV whose data chunk declares 0 bytes (the placeholder of a writer that could not seek back
   to fill it in) is read to the end of the file, by FFmpeg.
 - FFmpeg-decoded files raise `BadAudio` on any error FFmpeg reports (e.g. an MP4 cut before
@@ -81,8 +82,8 @@ from __future__ import annotations
 
 import io
 import math
-import struct
 import threading
+import wave
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,10 +233,10 @@ def _probe_header(source: AudioSource) -> _Probe:
     if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
     info = _soundfile_info(source)
-    riff = _riff_wave(source)
+    header = _wav_header(source)
     # libsndfile refuses a WAV of more than 1024 channels, and FFmpeg's decoder one of more
     # than 512 with only "Invalid argument" (PyAV reports it as 0 channels): the header says
-    _check_channels(int(info.channels) if info is not None else riff.channels if riff else 0)
+    _check_channels(int(info.channels) if info is not None else header.channels if header else 0)
     if info is not None:
         duration_s = info.frames / info.samplerate
         sf_info = AudioInfo(
@@ -243,7 +244,7 @@ def _probe_header(source: AudioSource) -> _Probe:
             sample_rate=int(info.samplerate),
             channels=int(info.channels),
             codec=f"{info.format}/{info.subtype}".lower(),
-            cut_from_s=_cut_from_s(riff, _num_bytes(source), duration_s),
+            cut_from_s=_cut_from_s(header, duration_s),
         )
         if info.format == "FLAC":  # the header's length is a lower bound (module docstring)
             return _Probe(sf_info, use_soundfile=False, exact_duration=False, flac=True)
@@ -266,53 +267,37 @@ def _probe_header(source: AudioSource) -> _Probe:
         raise BadAudio(f"cannot read the audio container: FFmpeg: {_ffmpeg_message(e)}") from e
 
 
-class _RiffWave(NamedTuple):
-    """What a RIFF WAVE file's chunks before its samples say."""
+class _WavHeader(NamedTuple):
+    """What an integer-PCM WAV's header says (the standard library's `wave` reads it)."""
 
-    channels: int  # the fmt chunk's count (0: no fmt chunk before the data chunk)
-    data_offset: int  # bytes before the data chunk's samples
-    data_bytes: int  # the data chunk's size, as declared
-
-
-_MAX_RIFF_CHUNKS = 64  # chunks walked before giving up on finding the data chunk
+    channels: int
+    declared_s: float | None  # the data chunk's size as written, in s (None: a placeholder)
 
 
-def _riff_wave(source: AudioSource) -> _RiffWave | None:
-    """The header of a RIFF WAVE file, read by walking its chunks up to the data chunk; None for
-    any other file (RF64, RIFX, W64, ... are not read) or one whose header is cut or odd."""
+def _wav_header(source: AudioSource) -> _WavHeader | None:
+    """The header of an integer-PCM WAV (`wave` takes the data chunk's size as written, not
+    from the file's length as libsndfile does); None for any other file, float WAVs among
+    them (`wave` reads integer PCM only), or an unreadable header."""
     try:
-        with open(source, "rb") if isinstance(source, Path) else io.BytesIO(source) as f:
-            head = f.read(12)
-            if len(head) < 12 or head[:4] != b"RIFF" or head[8:] != b"WAVE":
-                return None
-            channels = 0
-            for _ in range(_MAX_RIFF_CHUNKS):
-                chunk = f.read(8)
-                if len(chunk) < 8:
-                    return None
-                tag, (size,) = chunk[:4], struct.unpack("<I", chunk[4:])
-                if tag == b"data":
-                    return _RiffWave(channels, f.tell(), size)
-                body = f.read(min(size, 4)) if tag == b"fmt " else b""
-                if len(body) == 4:  # wFormatTag, nChannels, ...
-                    (channels,) = struct.unpack("<H", body[2:])
-                f.seek(size - len(body) + (size & 1), io.SEEK_CUR)  # chunks are padded to even
-    except OSError:
-        return None  # reported by whatever reads it next
-    return None
+        opened = wave.open(str(source) if isinstance(source, Path) else io.BytesIO(source), "rb")
+        with opened as w:
+            channels, frames, rate = w.getnchannels(), w.getnframes(), w.getframerate()
+            frame_bytes = channels * w.getsampwidth()
+    except (wave.Error, EOFError, OSError, ValueError):
+        return None
+    # 0 and 0xFFFFFFFF are the sizes a writer that could not seek back leaves
+    placeholder = frames in (0, 0xFFFF_FFFF // max(frame_bytes, 1))
+    return _WavHeader(channels, None if placeholder or rate <= 0 else frames / rate)
 
 
-def _cut_from_s(riff: _RiffWave | None, num_bytes: int, duration_s: float) -> float | None:
-    """The seconds a WAV's data chunk declares where the file (`num_bytes` long) holds less:
-    libsndfile then sizes the chunk from the file, and `duration_s` is what is there. None for
-    a whole file, one that is not a RIFF WAVE, or a size of 0 or 0xFFFFFFFF (placeholders).
-    Scaled by bytes: exact for PCM, near for ADPCM (libsndfile counts a cut block whole)."""
-    if riff is None or riff.data_bytes in (0, 0xFFFF_FFFF):
+def _cut_from_s(header: _WavHeader | None, duration_s: float) -> float | None:
+    """The seconds a WAV's header declares where the file holds less (`duration_s`: what
+    libsndfile, sizing the data chunk from the file, reads); None for a whole file or any
+    file `_wav_header` does not read."""
+    if header is None or header.declared_s is None:
         return None
-    present = num_bytes - riff.data_offset
-    if present <= 0 or riff.data_bytes <= present or duration_s <= 0:
-        return None
-    return duration_s * riff.data_bytes / present
+    # a frame's worth of rounding is not a cut
+    return header.declared_s if header.declared_s - duration_s > 1e-6 else None
 
 
 class DecodeCancelled(Exception):
