@@ -232,6 +232,11 @@ MAX_PCM_SAMPLE_RATE = 192_000  # Hz; highest client rate accepted on the live so
 MIN_FILE_SAMPLE_RATE = 1_000
 MAX_FILE_SAMPLE_RATE = 768_000
 MAX_PCM_CHANNELS = 8  # interleaved channels accepted on the live socket (down-mixed to mono)
+# channels a file may have (averaged to mono): FFmpeg's decoders open at most 512
+# (FF_SANE_NB_CHANNELS; more failed as "FFmpeg: Invalid argument", a trial's 4096-channel WAV)
+# and libsndfile at most 1024; the lower one for every file, so a WAV is not refused or taken
+# by which library reads its header (one whose data chunk declares 0 bytes goes to FFmpeg)
+MAX_FILE_CHANNELS = 512
 PCM_S16LE_BYTES = 2  # bytes per sample of the live socket's only encoding, pcm_s16le
 # s of 16 kHz mono PCM16 in the largest live frame (MAX_FRAME_BYTES): 32.768 s, `livemeet stream
 # --hop-s`'s most (it sends one frame a hop)

@@ -4,8 +4,9 @@ Routing: libsndfile (soundfile) reads the lossless containers it knows (WAV, AIF
 FLAC's header; everything else, the lossy formats libsndfile also claims (MP3, Ogg, MP3 in a
 WAV) and FLAC's audio go through FFmpeg (PyAV), which applies encoder-delay trimming, copes
 with odd streams and reads a FLAC to its last frame (libsndfile stops at its header's count).
-Channels are averaged; the rate is converted with soxr (`FILE_RESAMPLE_QUALITY`). Library
-errors never escape: each is mapped to `BadAudio` naming what failed.
+Channels (up to MAX_FILE_CHANNELS) are averaged; the rate is converted with soxr
+(`FILE_RESAMPLE_QUALITY`). Library errors never escape: each is mapped to `BadAudio` naming
+what failed.
 
 `decode_file` returns the whole array (uploads); `iter_decode` yields the same samples in chunks
 as they decode, in bounded memory (`livemeet stream` of a file of hours); `iter_decode_stream`
@@ -51,7 +52,10 @@ Decisions on damaged input:
   is `BadAudio` too. A FLAC of unknown length (total samples 0, written to a pipe) has no
   count to fall short of: cut exactly between two frames, it yields its intact frames.
 - A truncated PCM WAV yields its intact prefix: libsndfile sizes the data chunk from the file, so
-  every returned sample is genuine audio (nothing is invented), only the tail is missing.
+  every returned sample is genuine audio (nothing is invented), only the tail is missing. How
+  much is missing comes with the probe of an integer-PCM WAV (`AudioInfo.cut_from_s`, from the
+  data chunk's declared size as the standard library's `wave` reads it): the gateway logs it
+  as a warning, `livemeet transcribe` and `stream` warn on stderr.
 - A WAV whose data chunk declares 0 bytes (the placeholder of a writer that could not seek back
   to fill it in) is read to the end of the file, by FFmpeg.
 - FFmpeg-decoded files raise `BadAudio` on any error FFmpeg reports (e.g. an MP4 cut before
@@ -79,6 +83,7 @@ from __future__ import annotations
 import io
 import math
 import threading
+import wave
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +101,7 @@ from livemeet.audio.constants import (
     FILE_RESAMPLE_QUALITY,
     MAX_AUDIO_S,
     MAX_BAD_PACKET_FRACTION,
+    MAX_FILE_CHANNELS,
     MAX_FILE_SAMPLE_RATE,
     MIN_FILE_SAMPLE_RATE,
     SAMPLE_RATE,
@@ -147,7 +153,9 @@ class AudioInfo:
     before down-mixing; `codec` a lower-case name such as "flac/pcm_24", "wav/float" (libsndfile
     format/subtype) or "opus", "aac", "mp3float" (FFmpeg decoder name). `duration_declared`:
     the header or container states the duration; else (MediaRecorder WebM) it is the sum of
-    the packets' durations (`probe`).
+    the packets' durations (`probe`). `cut_from_s`: a cut file read to its intact prefix (a WAV
+    whose data chunk declares more bytes than the file holds: module docstring), the seconds
+    its header declares, of which `duration_s` are there; None for any other file.
     """
 
     duration_s: float
@@ -155,6 +163,19 @@ class AudioInfo:
     channels: int
     codec: str
     duration_declared: bool = True
+    cut_from_s: float | None = None
+
+    @property
+    def cut_note(self) -> str | None:
+        """What a cut file (`cut_from_s`) lacks, in words for a log or a CLI warning; None for
+        a whole file. The one wording of it wherever it is said."""
+        if self.cut_from_s is None:
+            return None
+        return (
+            f"the audio is cut: its header declares {self.cut_from_s:.2f} s, the file holds "
+            f"{self.duration_s:.2f} s ({self.cut_from_s - self.duration_s:.2f} s missing); "
+            "the part it holds is transcribed"
+        )
 
     @property
     def length_verb(self) -> str:
@@ -169,8 +190,9 @@ def probe(source: AudioSource) -> AudioInfo:
     FFmpeg containers without a declared duration (e.g. MediaRecorder WebM) are demuxed, not
     decoded, and the packet durations summed.
     Raises BadAudio for a missing or empty file (or empty bytes), non-audio bytes, an unreadable
-    container, one with no audio stream, or a declared rate outside MIN_FILE_SAMPLE_RATE ..
-    MAX_FILE_SAMPLE_RATE (0, not known before decoding, passes: `sample_rate` is then 0).
+    container, one with no audio stream, a declared rate outside MIN_FILE_SAMPLE_RATE ..
+    MAX_FILE_SAMPLE_RATE (0, not known before decoding, passes: `sample_rate` is then 0), or
+    more than MAX_FILE_CHANNELS channels.
     """
     return _probe(source).info
 
@@ -189,6 +211,15 @@ def _probe(source: AudioSource) -> _Probe:
     return probed
 
 
+def _check_channels(channels: int) -> None:
+    """Raise BadAudio when a file declares more than MAX_FILE_CHANNELS channels (constants)."""
+    if channels > MAX_FILE_CHANNELS:
+        raise BadAudio(
+            f"the audio declares {channels} channels, more than the {MAX_FILE_CHANNELS} a file "
+            "may have"
+        )
+
+
 def _check_rate(rate: int, verb: str) -> None:
     """Raise BadAudio unless `rate` (Hz; the audio `verb`s it) is a file's (constants)."""
     if not MIN_FILE_SAMPLE_RATE <= rate <= MAX_FILE_SAMPLE_RATE:
@@ -202,12 +233,18 @@ def _probe_header(source: AudioSource) -> _Probe:
     if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
     info = _soundfile_info(source)
+    header = _wav_header(source)
+    # libsndfile refuses a WAV of more than 1024 channels, and FFmpeg's decoder one of more
+    # than 512 with only "Invalid argument" (PyAV reports it as 0 channels): the header says
+    _check_channels(int(info.channels) if info is not None else header.channels if header else 0)
     if info is not None:
+        duration_s = info.frames / info.samplerate
         sf_info = AudioInfo(
-            duration_s=info.frames / info.samplerate,
+            duration_s=duration_s,
             sample_rate=int(info.samplerate),
             channels=int(info.channels),
             codec=f"{info.format}/{info.subtype}".lower(),
+            cut_from_s=_cut_from_s(header, duration_s),
         )
         if info.format == "FLAC":  # the header's length is a lower bound (module docstring)
             return _Probe(sf_info, use_soundfile=False, exact_duration=False, flac=True)
@@ -228,6 +265,39 @@ def _probe_header(source: AudioSource) -> _Probe:
             return _Probe(av_info, use_soundfile=False, exact_duration=exact, flac=flac)
     except av.FFmpegError as e:
         raise BadAudio(f"cannot read the audio container: FFmpeg: {_ffmpeg_message(e)}") from e
+
+
+class _WavHeader(NamedTuple):
+    """What an integer-PCM WAV's header says (the standard library's `wave` reads it)."""
+
+    channels: int
+    declared_s: float | None  # the data chunk's size as written, in s (None: a placeholder)
+
+
+def _wav_header(source: AudioSource) -> _WavHeader | None:
+    """The header of an integer-PCM WAV (`wave` takes the data chunk's size as written, not
+    from the file's length as libsndfile does); None for any other file, float WAVs among
+    them (`wave` reads integer PCM only), or an unreadable header."""
+    try:
+        opened = wave.open(str(source) if isinstance(source, Path) else io.BytesIO(source), "rb")
+        with opened as w:
+            channels, frames, rate = w.getnchannels(), w.getnframes(), w.getframerate()
+            frame_bytes = channels * w.getsampwidth()
+    except (wave.Error, EOFError, OSError, ValueError):
+        return None
+    # 0 and 0xFFFFFFFF are the sizes a writer that could not seek back leaves
+    placeholder = frames in (0, 0xFFFF_FFFF // max(frame_bytes, 1))
+    return _WavHeader(channels, None if placeholder or rate <= 0 else frames / rate)
+
+
+def _cut_from_s(header: _WavHeader | None, duration_s: float) -> float | None:
+    """The seconds a WAV's header declares where the file holds less (`duration_s`: what
+    libsndfile, sizing the data chunk from the file, reads); None for a whole file or any
+    file `_wav_header` does not read."""
+    if header is None or header.declared_s is None:
+        return None
+    # a frame's worth of rounding is not a cut
+    return header.declared_s if header.declared_s - duration_s > 1e-6 else None
 
 
 class DecodeCancelled(Exception):
@@ -251,6 +321,25 @@ def decode_file(
     stops at its next block with DecodeCancelled (a 90-minute file of a client that left
     would otherwise decode to the end, holding its memory).
     """
+    return decode_file_with_info(source, max_audio_s=max_audio_s, cancel=cancel).samples
+
+
+class Decoded(NamedTuple):
+    """`decode_file_with_info`'s result."""
+
+    samples: Samples  # [n] float32 mono 16 kHz in [-1, 1]
+    info: AudioInfo  # `probe`'s: a cut WAV's `cut_from_s` says how much was missing
+
+
+def decode_file_with_info(
+    source: AudioSource,
+    *,
+    max_audio_s: float = MAX_AUDIO_S,
+    cancel: threading.Event | None = None,
+) -> Decoded:
+    """`decode_file`'s samples (same arguments, same errors) with what the probe read of the
+    header, so a caller can say what the samples alone cannot: that a cut WAV's are only its
+    intact prefix (`AudioInfo.cut_note`)."""
     probed = _probe(source)
     info = probed.info
     check_length(info.duration_s, max_audio_s, info.length_verb)
@@ -264,7 +353,7 @@ def decode_file(
         raise BadAudio("the audio contains non-finite samples (NaN or infinity)")
     check_length(samples.size / SAMPLE_RATE, max_audio_s, "decodes to")
     np.clip(samples, -1.0, 1.0, out=samples)
-    return samples
+    return Decoded(samples, info)
 
 
 def iter_decode(

@@ -25,6 +25,9 @@ BACKENDS: dict[str, str | BackendFactory] = {
     "moss": "livemeet.backends.moss:create_moss",
     "scripted": "livemeet.backends.scripted:create_scripted",
 }
+# registered backends that only tests use (a scripted transcript, no model): still selectable,
+# and `--backend`'s help says what they are for
+TEST_BACKENDS = frozenset({"scripted"})
 
 
 def register_backend(name: str, factory: str | BackendFactory) -> None:

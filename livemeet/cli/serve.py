@@ -31,7 +31,7 @@ from livemeet.audio.constants import (
     MIN_LIVE_HOP_LOAD,
     UPLOAD_CUTOFF_GRACE_S,
 )
-from livemeet.backends import BACKENDS, check_backend
+from livemeet.backends import BACKENDS, TEST_BACKENDS, check_backend
 from livemeet.config import (
     LOG_FORMAT,
     SHUTDOWN_LIVE_MODES,
@@ -231,11 +231,15 @@ def add_backend_flag(p: argparse.ArgumentParser) -> None:
     """`--backend`, shared by `serve` and `transcribe`."""
     # named in the help, not `choices`: a backend registered later (register_backend) is
     # checked by check_backend, with the names registered then
+    names = ", ".join(
+        f"{name} (for tests: a scripted transcript, no model)" if name in TEST_BACKENDS else name
+        for name in sorted(BACKENDS)
+    )
     p.add_argument(
         "--backend",
         default=None,
-        help=f"force a registered backend by name: {', '.join(sorted(BACKENDS))} (default: "
-        "demo without --model or --load-format dummy, else moss)",
+        help=f"force a registered backend by name: {names} (default: demo without --model or "
+        "--load-format dummy, else moss)",
     )
 
 

@@ -183,6 +183,13 @@ def is_stream(path: Path) -> bool:
     return path == STDIN or (path.exists() and not path.is_file() and not path.is_dir())
 
 
+def check_not_a_directory(path: Path) -> None:
+    """Raise BadAudio, saying so plainly, when the audio argument `path` is a directory
+    (`stream` said "not an audio file ... FFmpeg: Is a directory": a trial)."""
+    if path.is_dir():
+        raise BadAudio(f"{path} is a directory, not an audio file")
+
+
 def open_stream(path: Path) -> BinaryIO:
     """A stream argument (`is_stream`) opened for `iter_decode_stream`: unbuffered, so a read
     returns what the writer has written, not a whole buffer's worth (32 KB: a second of 16-kHz
@@ -390,6 +397,7 @@ def run(args: argparse.Namespace) -> int:
         url = live_url(args.url)
         context = client_ssl_context(args.cacert, url)
         # no limit: a live session has none (an upload's MAX_AUDIO_S refused 95-minute files)
+        check_not_a_directory(args.file)
         piped = is_stream(args.file)
         if piped:
             chunks = iter_decode_stream(open_stream(args.file), max_audio_s=math.inf)
@@ -406,6 +414,10 @@ def run(args: argparse.Namespace) -> int:
 
     def notice(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
+
+    # a cut WAV is sent as far as it goes, and its final then covers "the whole file"
+    if not piped and (cut := cut_note(args.file)) is not None:
+        notice(f"warning: {args.file}: {cut}")
 
     def show(event: dict[str, Any]) -> None:
         line = json.dumps(event, ensure_ascii=False) if args.json else format_event(event)
@@ -530,6 +542,18 @@ def report(result: StreamResult, path: Path | None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return failed
     return 0
+
+
+def cut_note(path: Path) -> str | None:
+    """What a cut WAV lacks (`AudioInfo.cut_note`), from a second read of its header; None for
+    a whole file, or one that cannot be probed now (it decoded a moment ago: this is only a
+    note, and a file gone since must not stop the stream)."""
+    from livemeet.audio.decode import probe
+
+    try:
+        return probe(path).cut_note
+    except LivemeetError:
+        return None
 
 
 def file_seconds(result: StreamResult, path: Path) -> float:

@@ -21,6 +21,7 @@ from livemeet.cli.serve import add_backend_flag, add_model_flags, model_config_f
 from livemeet.cli.stream import (  # as `stream` exits after Ctrl-C, and reads its audio
     INTERRUPTED_STATUS,
     STDIN,
+    check_not_a_directory,
     is_stream,
 )
 from livemeet.errors import (
@@ -118,8 +119,7 @@ def read_source(path: Path) -> Path | bytes:
     to probe. Blocks until the writer closes: call it where Ctrl-C can interrupt it (the main
     thread). Raises BadAudio for a directory, an unreadable stream or `-` at a terminal,
     PayloadTooLarge past MAX_UPLOAD_BYTES."""
-    if path.is_dir():
-        raise BadAudio(f"{path} is a directory, not an audio file")
+    check_not_a_directory(path)
     if not is_stream(path):
         return path
     if path == STDIN and sys.stdin.isatty():
@@ -162,13 +162,16 @@ async def transcribe_file(
     max_audio_s: float = MAX_AUDIO_S,
 ) -> Transcript:
     """Decode `path` and transcribe it as one upload session; audio longer than
-    `max_audio_s` (s) is refused. Raises BadAudio, TooLong and whatever the backend reports
-    (as its typed error)."""
-    from livemeet.audio.decode import decode_file
+    `max_audio_s` (s) is refused; a cut WAV, transcribed as far as it goes, gets a warning on
+    stderr. Raises BadAudio, TooLong and whatever the backend reports (as its typed error)."""
+    from livemeet.audio.decode import decode_file_with_info
 
     if source is None:
         source = await asyncio.to_thread(read_source, path)
-    samples = await asyncio.to_thread(decode_file, source, max_audio_s=max_audio_s)
+    decoded = await asyncio.to_thread(decode_file_with_info, source, max_audio_s=max_audio_s)
+    if (cut := decoded.info.cut_note) is not None:
+        print(f"warning: {path}: {cut}", file=sys.stderr)
+    samples = decoded.samples
     duration_s = len(samples) / SAMPLE_RATE
     session = await transcriber.open_session(
         SessionOptions(

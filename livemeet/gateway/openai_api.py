@@ -22,8 +22,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 from aiohttp import web
 from prometheus_client import Histogram
 
@@ -190,15 +188,20 @@ async def _create_transcription(request: web.Request) -> web.StreamResponse:
             info = app[TRANSCRIBER_KEY].info
             check_language(form.language, info.language_code, info.name)
             async with cutoff.bound():
-                samples, duration_s = await _decode_upload(app, audio.source)
+                decoded = await _decode_upload(app, audio.source)
         except (BadAudio, TooLong) as exc:
             exc.param = exc.param or "file"  # the part at fault, for OpenAI's error body
             raise
         finally:
             audio.discard()
         phases.done("decode")
+        samples = decoded.samples
+        duration_s = len(samples) / SAMPLE_RATE
         options = SessionOptions(live=False, prompt=form.prompt, language=form.language)
         session = await app[TRANSCRIBER_KEY].open_session(options)
+        if (cut := decoded.info.cut_note) is not None:
+            # accepted as it is (docs/protocol.md), but nothing in the response says so
+            log.warning("upload %s: %s%s", session.id, cut, key_note(request))
         # counted once taken: a refused upload's audio is not audio in (a client's retries
         # would count it again)
         app[METRICS_KEY].audio_received_seconds.labels("upload").inc(duration_s)
@@ -417,13 +420,14 @@ def _parse_bool(value: str, name: str) -> bool:
     raise InvalidRequest(f"{name} must be true or false, not {value!r}", param=name)
 
 
-async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tuple[Any, float]:
+async def _decode_upload(app: web.Application, source: decode.AudioSource) -> decode.Decoded:
     """Decode under the app's decode semaphore; a spilled (large) upload is probed first, so
     one that is too long is refused without waiting for a slot. An upload held in memory is
     small (UPLOAD_MEMORY_BYTES): `decode_file` checks its declared duration before decoding,
     which saves a thread hop per upload.
 
-    Returns (samples [n] float32 16 kHz, duration in s). Raises BadAudio, TooLong.
+    Returns the samples ([n] float32 16 kHz) with the probe's AudioInfo. Raises BadAudio,
+    TooLong.
     """
     max_audio_s = app[CONFIG_KEY].gateway.max_audio_s
     loop = asyncio.get_running_loop()
@@ -434,32 +438,32 @@ async def _decode_upload(app: web.Application, source: decode.AudioSource) -> tu
     async with app[LIFECYCLE_KEY].decode_slots:
         work = loop.run_in_executor(None, partial(_decode_then_trim, source, max_audio_s, cancel))
         try:
-            samples = await asyncio.shield(work)
+            decoded = await asyncio.shield(work)
         except asyncio.CancelledError:
             # the client left: stop the thread, and hold the slot until it has stopped (it
             # checks `cancel` every block), or abandoned decodes would run past the slots
             cancel.set()
             await _settle(work)
             raise
-    if len(samples) == 0:
+    if len(decoded.samples) == 0:
         raise BadAudio("the audio has no samples")
-    return samples, len(samples) / SAMPLE_RATE
+    return decoded
 
 
 def _decode_then_trim(
     source: decode.AudioSource, max_audio_s: float, cancel: threading.Event
-) -> npt.NDArray[np.float32]:
-    """`decode_file` on an executor thread, then `trim_heap` on the same thread after a long
-    decode (HEAP_TRIM_AFTER_AUDIO_S) or a failed one, which may have decoded much before it
-    failed: the thread's arena would otherwise keep the decode's pages (gateway/heap.py)."""
+) -> decode.Decoded:
+    """`decode_file_with_info` on an executor thread, then `trim_heap` on the same thread after
+    a long decode (HEAP_TRIM_AFTER_AUDIO_S) or a failed one, which may have decoded much before
+    it failed: the thread's arena would otherwise keep the decode's pages (gateway/heap.py)."""
     try:
-        samples = decode.decode_file(source, max_audio_s=max_audio_s, cancel=cancel)
+        decoded = decode.decode_file_with_info(source, max_audio_s=max_audio_s, cancel=cancel)
     except BaseException:
         trim_heap()
         raise
-    if samples.size >= HEAP_TRIM_AFTER_AUDIO_S * SAMPLE_RATE:
+    if decoded.samples.size >= HEAP_TRIM_AFTER_AUDIO_S * SAMPLE_RATE:
         trim_heap()
-    return samples
+    return decoded
 
 
 async def _settle(work: asyncio.Future[Any]) -> None:

@@ -823,6 +823,33 @@ def test_a_declared_rate_outside_the_file_range_is_bad_audio(tmp_path: Path, rat
             probe(source)
 
 
+def pcm16_wav(channels: int, frames: int, *, data_bytes: int | None = None) -> bytes:
+    """A 16-kHz 16-bit PCM WAV of silence written by hand (libsndfile writes at most 1024
+    channels); `data_bytes`: what its data chunk declares (default: the samples it holds)."""
+    block = 2 * channels
+    fmt = struct.pack("<HHIIHH", 1, channels, SAMPLE_RATE, SAMPLE_RATE * block, block, 16)
+    data = bytes(frames * block)
+    declared = len(data) if data_bytes is None else data_bytes
+    chunks = b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", declared)
+    return b"RIFF" + struct.pack("<I", 4 + len(chunks) + declared) + b"WAVE" + chunks + data
+
+
+@pytest.mark.parametrize("channels", [513, 1024, 4096])
+def test_a_file_of_more_channels_than_decode_says_the_limit(channels: int) -> None:
+    """A trial's 4096-channel WAV was refused with only "FFmpeg: Invalid argument": FFmpeg's
+    decoders open at most 512 channels (libsndfile reads up to 1024; past it the file went to
+    FFmpeg). Whichever library would read it, and with a data chunk that declares 0 bytes (read
+    by FFmpeg), the error names the count and the limit; 512 decode."""
+    for data_bytes in (None, 0):
+        wav = pcm16_wav(channels, 16, data_bytes=data_bytes)
+        message = f"the audio declares {channels} channels, more than the 512 a file may have"
+        with pytest.raises(BadAudio, match=message):
+            probe(wav)
+        with pytest.raises(BadAudio, match=message):
+            decode_file(wav)
+        assert decode_file(pcm16_wav(512, 16, data_bytes=data_bytes)).size == 16
+
+
 @pytest.mark.parametrize("rate", [1_000, 4_000, 384_000, 768_000])
 def test_files_at_unusual_but_real_rates_decode(tmp_path: Path, rate: int) -> None:
     """The file range is wider than the live socket's 8-192 kHz: 4 kHz and 384 kHz files are
@@ -967,6 +994,34 @@ def test_truncated_wav_yields_its_intact_prefix(shared_data: Path, tmp_path: Pat
     full = decode_file(source)
     assert 0 < out.size < full.size
     np.testing.assert_array_equal(out, full[: out.size])
+
+
+@pytest.mark.parametrize("subtype", ["PCM_16", "PCM_24", "PCM_U8"])
+def test_a_cut_wav_says_what_its_header_declares(tmp_path: Path, subtype: str) -> None:
+    """A cut WAV yields its intact prefix, and said nothing of the rest (a trial): the probe
+    (and `decode_file_with_info`) give the duration the data chunk declares, for a path and
+    bytes alike; a whole file, and one whose data chunk declares 0 bytes, have none. (Integer
+    PCM, what recorders write: the standard library's `wave` reads the header.)"""
+    path = tmp_path / "whole.wav"
+    sf.write(path, np.zeros((3 * SAMPLE_RATE, 2), np.float32), SAMPLE_RATE, subtype=subtype)
+    whole = path.read_bytes()
+    start = whole.index(b"data") + 8
+    cut = whole[: start + (len(whole) - start) // 3]
+    (tmp_path / "cut.wav").write_bytes(cut)
+    for source in (tmp_path / "cut.wav", cut):
+        info = probe(source)
+        assert info.duration_s == pytest.approx(1.0)
+        assert info.cut_from_s == pytest.approx(3.0)
+        assert info.cut_note == (
+            "the audio is cut: its header declares 3.00 s, the file holds 1.00 s (2.00 s "
+            "missing); the part it holds is transcribed"
+        )
+        decoded = decode.decode_file_with_info(source)
+        assert decoded.info == info and decoded.samples.size == SAMPLE_RATE
+    unfinished = bytearray(cut)
+    struct.pack_into("<I", unfinished, start - 4, 0)
+    for intact in (path, whole, bytes(unfinished)):
+        assert probe(intact).cut_from_s is None and probe(intact).cut_note is None
 
 
 @pytest.mark.parametrize("riff_size", ["kept", "zero"])

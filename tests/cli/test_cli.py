@@ -865,6 +865,7 @@ def test_request_text_is_capped_as_the_server_caps_it(
         raise AssertionError("decoded a file despite a bad argument")
 
     monkeypatch.setattr(decode, "decode_file", must_not_decode)
+    monkeypatch.setattr(decode, "decode_file_with_info", must_not_decode)
     monkeypatch.setattr(decode, "iter_decode", must_not_decode)
     argv = [command, "missing.wav", *flags]
     assert main(argv) == 2
@@ -1237,6 +1238,36 @@ def test_stream_takes_files_longer_than_an_upload_may_be(
     assert streamed == [16_000]
 
 
+async def test_transcribe_and_stream_of_a_cut_wav_warn_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cut WAV is transcribed as far as it goes (docs/protocol.md), and both commands said
+    nothing of the rest (a trial): one warning line on stderr, the exit status unchanged."""
+    data = write_wav(tmp_path / "whole.wav", 2.0).read_bytes()
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(data[: 44 + 16_000])
+    warning = (
+        f"warning: {cut}: the audio is cut: its header declares 2.00 s, the file holds 0.50 s "
+        "(1.50 s missing); the part it holds is transcribed\n"
+    )
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    (result,) = await transcribe.transcribe_files(transcriber, [cut], progress=False)
+    assert result.error is None and transcriber.sessions[0].log.num_samples == 8_000
+    assert capsys.readouterr().err == warning
+
+    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        sent_s = sum(chunk.size for chunk in chunks) / 16_000
+        final = {"type": "transcript.final", "duration": sent_s}
+        return live_client.StreamResult([final], [0.0], 1000, sent_s=sent_s)
+
+    monkeypatch.setattr(stream, "stream_audio", server)
+    assert await asyncio.to_thread(main, ["stream", str(cut), "--speed", "1000"]) == 0
+    assert capsys.readouterr().err == warning
+    assert await asyncio.to_thread(main, ["stream", str(tmp_path / "whole.wav")]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_serve_with_a_broken_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:
     """A model that fails to load stops `serve` with its typed error in one log line and
     exit status 2, as `transcribe` does (an independent trial got a 40-line traceback)."""
@@ -1383,6 +1414,19 @@ def test_stream_dash_at_a_terminal_says_to_pipe_audio_in(
     assert main(["stream", "-"]) == 2
     err = capsys.readouterr().err
     assert "standard input, which is a terminal: pipe the audio in" in err
+
+
+def test_stream_of_a_directory_says_it_is_one_as_transcribe_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stream /tmp` said "not an audio file, a damaged or truncated one, ...: FFmpeg: Is a
+    directory" (a trial), where `transcribe /tmp` says plainly that it is a directory."""
+    assert main(["stream", str(tmp_path), "--url", "ws://127.0.0.1:9/v1/live"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: bad_audio: {tmp_path} is a directory, not an audio file\n"
+    with pytest.raises(BadAudio) as refused:
+        transcribe.read_source(tmp_path)
+    assert f"error: bad_audio: {refused.value.message}\n" == err
 
 
 def test_ctrl_c_while_a_pipes_first_audio_is_awaited_stops_the_stream(

@@ -370,7 +370,7 @@ async def test_uploads_are_decoded_from_memory_or_their_spill_file(
 
     monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", memory_bytes)
     sources: list[decode.AudioSource] = []
-    real = decode.decode_file
+    real = decode.decode_file_with_info
 
     def spy(source: decode.AudioSource, *, max_audio_s: float, cancel: Any = None) -> Any:
         sources.append(source)
@@ -378,7 +378,7 @@ async def test_uploads_are_decoded_from_memory_or_their_spill_file(
             assert source.parent == server_config.data_dir / "tmp" and source.exists()
         return real(source, max_audio_s=max_audio_s, cancel=cancel)
 
-    monkeypatch.setattr(decode, "decode_file", spy)
+    monkeypatch.setattr(decode, "decode_file_with_info", spy)
     audio = wav_bytes(1.0)
     resp = await client.post("/v1/audio/transcriptions", data=form(audio))
     assert resp.status == 200, await resp.text()
@@ -419,7 +419,7 @@ async def test_a_spilled_upload_too_long_is_refused_before_decoding(
 
     monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", 1000)
     decoded: list[object] = []
-    monkeypatch.setattr(decode, "decode_file", lambda *a, **k: decoded.append(a))
+    monkeypatch.setattr(decode, "decode_file_with_info", lambda *a, **k: decoded.append(a))
     resp = await client.post(
         "/v1/audio/transcriptions", data=form(wav_bytes(MAX_AUDIO_S + 1, rate=8000))
     )
@@ -449,6 +449,28 @@ async def test_half_written_transcripts_of_a_killed_run_are_removed_at_start(
     (stored / ("tr_" + "1" * 32 + ".json")).write_text("{}")
     await aiohttp_client(create_app(server_config, FakeTranscriber()))
     assert [p.name for p in stored.iterdir()] == ["tr_" + "1" * 32 + ".json"]
+
+
+async def test_a_cut_wav_is_transcribed_and_the_log_says_how_much_was_missing(
+    client: TestClient, fake: FakeTranscriber, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cut WAV is accepted and its intact prefix transcribed (docs/protocol.md), and was so
+    in silence (a trial): a WARNING now names the declared and the present durations."""
+    whole = wav_bytes(2.0)
+    with caplog.at_level(logging.WARNING, logger=openai_api.log.name):
+        resp = await client.post("/v1/audio/transcriptions", data=form(whole[: 44 + 16_000]))
+        assert resp.status == 200, await resp.text()
+    assert fake.sessions[0].log.num_samples == 8_000
+    (line,) = [r.getMessage() for r in caplog.records if "cut" in r.getMessage()]
+    assert line.endswith(
+        "the audio is cut: its header declares 2.00 s, the file holds 0.50 s (1.50 s missing); "
+        "the part it holds is transcribed"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger=openai_api.log.name):
+        resp = await client.post("/v1/audio/transcriptions", data=form(whole))
+        assert resp.status == 200, await resp.text()
+    assert not [r for r in caplog.records if "cut" in r.getMessage()]
 
 
 async def test_truncated_flac(client: TestClient) -> None:
@@ -575,7 +597,7 @@ async def test_decodes_are_bounded(client: TestClient, monkeypatch: pytest.Monke
     from livemeet.audio import decode
 
     running, peak = 0, 0
-    real = decode.decode_file
+    real = decode.decode_file_with_info
 
     def slow_decode(path: Path, *, max_audio_s: float, cancel: Any = None) -> Any:
         nonlocal running, peak
@@ -589,7 +611,7 @@ async def test_decodes_are_bounded(client: TestClient, monkeypatch: pytest.Monke
         finally:
             running -= 1
 
-    monkeypatch.setattr(decode, "decode_file", slow_decode)
+    monkeypatch.setattr(decode, "decode_file_with_info", slow_decode)
     audio = wav_bytes(1.0)
     resps = await asyncio.gather(
         *(client.post("/v1/audio/transcriptions", data=form(audio)) for _ in range(5))
@@ -659,7 +681,7 @@ async def test_a_client_gone_mid_decode_stops_it_and_frees_its_slot_only_then(
         release.wait(5)  # the thread finishes its block a moment later
         raise decode.DecodeCancelled("cancelled")
 
-    monkeypatch.setattr(decode, "decode_file", slow_decode)
+    monkeypatch.setattr(decode, "decode_file_with_info", slow_decode)
     app = web.Application()
     app[CONFIG_KEY] = ServerConfig()
     app[LIFECYCLE_KEY] = lifecycle = Lifecycle()
