@@ -351,8 +351,9 @@ def add_scheduling_flags(p: argparse.ArgumentParser) -> None:
         "--upload-min-share",
         type=float,
         default=ModelConfig.upload_min_share,
-        help=f"of the engine's time that uploads keep while live sessions compete "
-        f"(0-{MAX_UPLOAD_MIN_SHARE:g}): more finishes uploads sooner and delays live captions; "
+        help=f"of the engine's time that uploads keep while live sessions compete, their "
+        f"audio's encoding included (0-{MAX_UPLOAD_MIN_SHARE:g}): more finishes uploads sooner "
+        "and delays live captions; "
         "0 gives live work pure priority (default %(default)g)",
     )
     p.add_argument(
