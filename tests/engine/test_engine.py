@@ -241,6 +241,33 @@ def test_an_uploads_next_windows_fill_the_encoder_batchs_padding(
     assert up.output_token_ids == whole.run_to_completion()["u"].output_token_ids
 
 
+def test_a_wave_of_uploads_beside_live_sessions_is_encoded_within_the_step_budget(
+    our_model: MossTDModel, batch_clips: list[np.ndarray]
+) -> None:
+    """Three 100-s uploads arrive at once. Alone they are prefilled and encoded in one step
+    (12 windows: the upload budget pays for them). With a live session open the step keeps
+    the live budget (15 ms estimated), whose upload share pays for encoding too: the first
+    step encodes the first upload's 4 windows (and at most the next one's first, in what the
+    budget has left), so a hop that comes meanwhile waits for about one upload's encode, not
+    the wave's. The tokens are the same."""
+    # 100 s each (4 windows), rotated apart so that no window is in the encoder's cache
+    clips = [np.roll(batch_clips[6], 48_000 * i) for i in range(3)]
+    first: dict[bool, int] = {}
+    tokens: dict[bool, dict[str, list[int]]] = {}
+    for live in (False, True):
+        engine = Engine(EngineConfig(), model=(our_model, our_model.cfg), clock=SteppingClock())
+        engine.set_live_sessions(int(live))
+        for i, clip in enumerate(clips):
+            engine.add_request(f"u{i}", clip, max_new_tokens=4, ignore_eos=True)
+        engine.step()
+        first[live] = engine.encoder.num_encoded_windows
+        done = engine.run_to_completion()
+        assert engine.encoder.num_encoded_windows == 12  # each window once, either way
+        tokens[live] = {rid: r.output_token_ids for rid, r in done.items()}
+    assert first[False] == 12 and 4 <= first[True] <= 5
+    assert tokens[True] == tokens[False]
+
+
 def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:
     from livemeet.errors import InternalError
 
