@@ -421,6 +421,9 @@ async def _restore_live_sessions(app: web.Application, unfinished: list[Restored
     revise = app[CONFIG_KEY].gateway.revise and transcriber.info.revise
     rebuilt = await app[SESSIONS_KEY].restore(unfinished, transcriber.open_session, hop_s, revise)
     log.info("rebuilt %d live sessions in %.1f s", rebuilt, time.monotonic() - started)
+    # a key revoked (or removed) while the server was down ends the sessions rebuilt on it,
+    # as a revocation while it runs does (their transcripts stored; docs/protocol.md)
+    end_withdrawn_keys(app, app[AUTH_KEY].ring)
 
 
 async def begin_drain(app: web.Application) -> None:

@@ -76,6 +76,7 @@ from livemeet.gateway.live_journal_writer import (
     Final,
     Finalize,
     Handle,
+    KeyId,
     Labels,
     Merges,
     Names,
@@ -111,6 +112,9 @@ class JournalSession:
     prompt: str | None = None
     hotwords: tuple[str, ...] = ()
     language: str | None = None
+    # the API key it runs on (its public id; None: none), so that a start after a restart
+    # ends a session whose key was revoked or removed meanwhile (`set_key_id` on a resume)
+    key_id: str | None = None
 
     @property
     def frame_bytes(self) -> int:
@@ -488,6 +492,15 @@ class LiveJournal:
         if not handle.failed:
             self._queue.put(Labels(handle, tuple(sorted(labels))))
 
+    def set_key_id(self, session_id: str, key_id: str | None) -> None:
+        """Queue the id of the API key the session runs on from now on (a resume with another
+        key: `JournalSession.key_id`), committed with the next group and not waited for: a
+        crash before it rebuilds the session on the key before. Raises InternalError for a
+        session not open or after `close`."""
+        handle = self._live(session_id)
+        if not handle.failed:
+            self._queue.put(KeyId(handle, key_id))
+
     def set_names(self, session_id: str, names: Sequence[tuple[str, str]]) -> asyncio.Future[None]:
         """Queue the session's whole current speaker-name map, (label, name) in naming order,
         committed and its future done as `add_final`'s (the rename is answered then). Raises
@@ -620,6 +633,7 @@ class LiveJournal:
             channels=_count(row["channels"], "channels", minimum=1),
             created_at=float(row["created_at"]),
             **options_from_json(row["options"]),
+            key_id=None if row["key_id"] is None else _text(row["key_id"]),
         )
         path = self.audio_dir / _text(row["audio_name"])
         if path.parent != self.audio_dir:  # a name with a slash: not a file of the journal's

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # the journal's one logger, as before the split: its records keep their name
 log = logging.getLogger("livemeet.gateway.live_journal")
 
-SCHEMA_VERSION = 4  # PRAGMA user_version of the journals this code writes and reads
+SCHEMA_VERSION = 5  # PRAGMA user_version of the journals this code writes and reads
 
 # a finalize's place in its session's audio (v3); a session's finalizes at one place are one
 _FINALIZES_TABLE = """
@@ -49,7 +49,8 @@ CREATE TABLE sessions (
     durable_frames INTEGER NOT NULL DEFAULT 0,  -- sample frames synced in the audio file
     names TEXT NOT NULL DEFAULT '[]',  -- JSON [[label, name], ...] in naming order
     merges TEXT NOT NULL DEFAULT '[]',  -- JSON [[label, into], ...] in merge order (v2)
-    labels TEXT NOT NULL DEFAULT '[]'  -- JSON [label, ...]: every label a segment showed (v4)
+    labels TEXT NOT NULL DEFAULT '[]',  -- JSON [label, ...]: every label a segment showed (v4)
+    key_id TEXT  -- the id of the API key the session runs on; NULL: none (v5)
 );
 CREATE TABLE finals (
     session_id TEXT NOT NULL,
@@ -63,8 +64,8 @@ CREATE TABLE finals (
 
 INSERT_SESSION = """
 INSERT OR REPLACE INTO sessions (session_id, audio_name, resume_token_sha256,
-    captions_token_sha256, sample_rate, channels, created_at, options)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    captions_token_sha256, sample_rate, channels, created_at, options, key_id)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 # seq from the table itself, so an adopted session's finals go on after its restored ones
 INSERT_FINAL = """
@@ -74,7 +75,7 @@ VALUES (?, (SELECT COALESCE(MAX(seq) + 1, 0) FROM finals WHERE session_id = ?), 
 INSERT_FINALIZE = "INSERT OR IGNORE INTO finalizes (session_id, frames) VALUES (?, ?)"
 SELECT_LIVE = """
 SELECT session_id, audio_name, resume_token_sha256, captions_token_sha256, sample_rate,
-    channels, created_at, options, durable_frames, names, merges, labels, ended
+    channels, created_at, options, durable_frames, names, merges, labels, ended, key_id
 FROM sessions ORDER BY created_at, session_id
 """
 # what each older schema version needs to become SCHEMA_VERSION, in order
@@ -82,6 +83,7 @@ _MIGRATIONS = {
     1: "ALTER TABLE sessions ADD COLUMN merges TEXT NOT NULL DEFAULT '[]';",
     2: _FINALIZES_TABLE,
     3: "ALTER TABLE sessions ADD COLUMN labels TEXT NOT NULL DEFAULT '[]';",
+    4: "ALTER TABLE sessions ADD COLUMN key_id TEXT;",
 }
 # the rows of a session besides its own: dropped with it, or when its id is opened anew
 DELETE_ROWS = (

@@ -149,6 +149,12 @@ class Labels:
 
 
 @dataclass(frozen=True)
+class KeyId:
+    handle: Handle
+    key_id: str | None  # the API key the session runs on from now on (None: none)
+
+
+@dataclass(frozen=True)
 class End:
     handle: Handle
     state: SessionState
@@ -160,7 +166,7 @@ class Ending:
 
 
 # None: stop after the rest
-Op = Open | Append | Final | Finalize | Names | Merges | Labels | End | Ending | None
+Op = Open | Append | Final | Finalize | Names | Merges | Labels | KeyId | End | Ending | None
 
 
 # -- the writer thread -------------------------------------------------------------------------
@@ -336,6 +342,11 @@ class Writer:
             group.add(
                 tape, "UPDATE sessions SET labels = ? WHERE session_id = ?", labels, tape.session_id
             )
+        elif isinstance(op, KeyId):
+            group.add(
+                tape, "UPDATE sessions SET key_id = ? WHERE session_id = ?", op.key_id,
+                tape.session_id,
+            )  # fmt: skip
         else:
             names = json.dumps(op.names, ensure_ascii=False)
             group.add(
@@ -366,6 +377,7 @@ class Writer:
                 meta.channels,
                 meta.created_at,
                 options_to_json(meta),
+                meta.key_id,
             )
         try:
             # O_APPEND and unbuffered: each write goes to the end, nothing waits in a buffer

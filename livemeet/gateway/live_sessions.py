@@ -239,6 +239,7 @@ class LiveSessions:
                 prompt=options.prompt if options else None,
                 hotwords=options.hotwords if options else (),
                 language=options.language if options else None,
+                key_id=client.key_id if client else None,
             )
             self._journal.open_session(
                 meta, holder.durable, functools.partial(self._storage_failed, holder)
@@ -375,6 +376,8 @@ class LiveSessions:
         # what a partial showed before the restart too: a merge may name it at once
         holder.replay.labels_shown = {*stored.labels, *(seg.speaker for seg in stored.finals)}
         holder.finalizes = list(stored.finalizes)
+        # the key it ran on: a start ends it if that key was revoked meanwhile (app.py)
+        holder.client = Client(key_id=meta.key_id) if meta.key_id is not None else None
         self._holders[holder.id] = holder
         self._journal.adopt(stored, holder.durable, functools.partial(self._storage_failed, holder))
         try:
@@ -429,7 +432,7 @@ class LiveSessions:
                 await asyncio.wait({closing}, timeout=LIVE_TAKEOVER_CLOSE_S)
             if holder.token is None:  # rebuilt after a restart: the client proved it has it
                 holder.tokens = holder.tokens.learned(request.resume_token)
-            holder.client = client
+            self._run_on(holder, client)
             holder.attach(sink, resumed=True)
         outcome = "resumed" if previous is None else "taken_over"
         self._metrics.live_resumes.labels(outcome).inc()
@@ -442,6 +445,16 @@ class LiveSessions:
             holder.num_frames_accepted - holder.client_offset,
         )
         return holder
+
+    @staticmethod
+    def _run_on(holder: LiveSessionHolder, client: Client | None) -> None:
+        """`holder` belongs to `client` from now on (a resume); where that changes the API key
+        it runs on, its journal keeps the new key's id for a start after a restart."""
+        key_id = client.key_id if client else None
+        before = holder.client.key_id if holder.client else None
+        holder.client = client
+        if key_id != before and holder.journal is not None and not holder.journal_closed:
+            holder.journal.set_key_id(holder.id, key_id)
 
     async def disconnect(self, holder: LiveSessionHolder, sink: EventSink, *, keep: bool) -> bool:
         """`sink`'s socket is gone. `keep`: the session may wait for a resume (the socket went

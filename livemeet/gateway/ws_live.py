@@ -237,7 +237,8 @@ def end_withdrawn_keys(app: web.Application, ring: KeyRing) -> None:
     like a detached one, ended as by its client's `end` and not kept for a resume
     (gateway/live_sessions.py). A session opened with no key (none was asked for) runs on.
     Nothing is done once the shutdown began: it ends every session, or keeps it for the next
-    start, which rebuilds it on no key (its client resumes it with a valid one, or it ends)."""
+    start, which rebuilds it on the key it ran on and calls this with the keys read then
+    (app.py: a key revoked while the server was down ends its sessions there)."""
     if app[LIFECYCLE_KEY].draining:
         return
     registry, sessions = app[REGISTRY_KEY], app[SESSIONS_KEY]

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -350,7 +350,7 @@ async def test_a_journal_of_schema_1_is_brought_to_the_current_one_with_its_sess
         (),
     )
     with sqlite3.connect(root / "sessions.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     journal, restored = adopted(root)
     journal.set_merges("old", [("S02", "S01")])
     await journal.close()
@@ -398,7 +398,7 @@ async def test_a_journal_of_schema_2_is_brought_to_the_current_one_with_its_sess
     assert restored.finals == (final(1),) and restored.merges == (("S02", "S01"),)
     assert (restored.durable_frames, restored.finalizes) == (3, ())
     with sqlite3.connect(root / "sessions.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     journal, restored = adopted(root)
     journal.append_audio("old", bytes(FRAME_BYTES))
     journal.add_finalize("old", 4)
@@ -428,11 +428,54 @@ async def test_a_journal_of_schema_3_is_brought_to_the_current_one_with_its_sess
     assert restored.finals == (final(1),) and restored.merges == (("S03", "S01"),)
     assert (restored.durable_frames, restored.finalizes, restored.labels) == (3, (2,), ())
     with sqlite3.connect(root / "sessions.sqlite3") as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     journal, restored = adopted(root)
     journal.set_labels("old", {"S02", "S01", "S03"})
     await journal.close()
     assert reload(root)["old"].labels == ("S01", "S02", "S03")
+
+
+# schema version 4 (before key ids): version 3's tables and the labels column
+SCHEMA_V4 = SCHEMA_V3.replace(
+    "merges TEXT NOT NULL DEFAULT '[]'",
+    "merges TEXT NOT NULL DEFAULT '[]', labels TEXT NOT NULL DEFAULT '[]'",
+).replace("PRAGMA user_version = 3;", "PRAGMA user_version = 4;")
+
+
+async def test_a_journal_of_schema_4_is_brought_to_the_current_one_with_its_sessions(
+    root: Path,
+) -> None:
+    """A journal written before key ids were kept: its unfinished session comes back on no
+    key (as every rebuilt session did then); the journal gains the column, and the adopted
+    session's key id is kept from then on."""
+    old_journal(root, SCHEMA_V4, merges="[]", finalizes=(2,))
+    (restored,) = reload(root).values()
+    assert restored.finals == (final(1),) and restored.meta.key_id is None
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+    journal, restored = adopted(root)
+    journal.set_key_id("old", "k-b")
+    await journal.close()
+    assert reload(root)["old"].meta.key_id == "k-b"
+
+
+async def test_the_key_id_a_session_runs_on_round_trips_and_follows_a_resume(root: Path) -> None:
+    """The id of the API key a session was opened with comes back with it; `set_key_id` (a
+    resume with another key) replaces it, to None too (a resume on a server that asks for
+    no key)."""
+    journal = started(root)
+    journal.open_session(replace(meta(), key_id="k-a"), lambda _: None, lambda _: None)
+    await journal.close()
+    assert reload(root)["s-1"].meta.key_id == "k-a"
+
+    journal, _ = adopted(root)
+    journal.set_key_id("s-1", "k-b")
+    await journal.close()
+    assert reload(root)["s-1"].meta.key_id == "k-b"
+    journal, _ = adopted(root)
+    journal.set_key_id("s-1", None)
+    await journal.close()
+    assert reload(root)["s-1"].meta.key_id is None
 
 
 async def test_labels_round_trip_and_go_on_after_adopt(root: Path) -> None:

@@ -15,11 +15,13 @@ from aiohttp.test_utils import TestClient
 from livemeet.audio.constants import LIVE_ENGINE_POLL_S
 from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, ServerRestarting, StorageFailed
+from livemeet.gateway.api_keys import ApiKeyStore, store_path
 from livemeet.gateway.app import close_live_sockets, create_app
 from livemeet.gateway.keys import REGISTRY_KEY, SESSIONS_KEY
 from livemeet.gateway.live_protocol import GOING_AWAY, SERVICE_RESTART
 from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_live_clients import bearer
 from tests.gateway.test_live_durable import journal_rows
 from tests.gateway.test_live_resume import (
     detach,
@@ -298,3 +300,70 @@ async def test_a_socket_the_restart_could_not_drain_in_time_keeps_its_session(
     assert events[-1]["code"] == ServerRestarting.code and ws.close_code == SERVICE_RESTART
     await client.close()
     assert journal_rows(server_config.data_dir) == [(session_id, 0, 32000)]
+
+
+async def _restart_on_key(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    *,
+    resume_on_b: bool,
+) -> tuple[TestClient, dict[str, Any]]:
+    """A session opened with key A (and, with `resume_on_b`, resumed with key B) is kept by
+    a restart; key A is revoked while the server is down; the next start (returned, with the
+    session's `session.ready`) has rebuilt it."""
+    store = ApiKeyStore(store_path(server_config.data_dir))
+    (key_a, secret_a), (_, secret_b) = store.create("a"), store.create("b")
+    client = await aiohttp_client(create_app(server_config, fake))
+    ws = await client.ws_connect("/v1/live", headers=bearer(secret_a))
+    await ws.send_json(START)
+    ready: dict[str, Any] = await ws.receive_json()
+    await ws.send_bytes(pcm16(1.0))
+    await wait_until(lambda: fake.sessions[-1].log.num_samples == 16000)
+    if resume_on_b:
+        await detach(client, ws)
+        ws = await client.ws_connect("/v1/live", headers=bearer(secret_b))
+        await ws.send_json(resume_start(ready))
+        assert (await ws.receive_json())["resumed"] is True
+    reading = asyncio.create_task(receive_all(ws))
+    await close_live_sockets(client.app)
+    await asyncio.wait_for(reading, 5)
+    await client.close()
+    store.revoke(key_a.key_id)  # while the server is down
+    store.close()
+    again = await aiohttp_client(create_app(server_config, FakeTranscriber()))
+    return again, ready
+
+
+async def test_a_key_revoked_while_the_server_was_down_ends_its_rebuilt_sessions(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """The journal kept no key, so a session rebuilt after a restart ran on none: one whose key
+    was revoked meanwhile waited a resume window (and took a resume with another key) as if
+    nothing had happened. It is now ended at the start, as a revocation while it runs ends it:
+    its transcript stored (readable with its captions token), nothing kept for a resume."""
+    client, ready = await _restart_on_key(aiohttp_client, server_config, fake, resume_on_b=False)
+    holder = client.app[SESSIONS_KEY].get(ready["session_id"])
+    assert holder is not None and holder.client is not None
+    await wait_until(lambda: holder.ended)
+    path = f"/v1/sessions/{ready['session_id']}/transcript?token={ready['captions_token']}"
+
+    async def stored() -> bool:
+        async with client.get(path) as response:
+            return response.status == 200
+
+    deadline = asyncio.get_running_loop().time() + 5
+    while not await stored():
+        assert asyncio.get_running_loop().time() < deadline, "the transcript was not stored"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_session_resumed_with_another_key_is_kept_when_its_first_is_revoked(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A resume moves a session to the resuming key, and the journal follows it: revoking the
+    key it was opened with, while the server is down, leaves it waiting for its resume."""
+    client, ready = await _restart_on_key(aiohttp_client, server_config, fake, resume_on_b=True)
+    holder = client.app[SESSIONS_KEY].get(ready["session_id"])
+    assert holder is not None and holder.client is not None and not holder.ended
+    assert client.app[SESSIONS_KEY].num_detached == 1
