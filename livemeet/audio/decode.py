@@ -75,7 +75,21 @@ Decisions on damaged input:
   whose links differ in rate, channels or codec (each link decoded alone: FFmpeg's Ogg
   demuxer refuses such a chain), and FLAC files joined (above). Elsewhere the change is
   `BadAudio` naming both rates: FFmpeg's AAC and AC-3 decoders decode every frame after it
-  wrong.
+  wrong. A channel count that changes (mono and stereo ADTS AAC, AC-3 or E-AC-3 joined) is
+  no error: each frame is averaged from its own channels, and FFmpeg decodes each part as it
+  decodes it alone (at the file's rate, every sample within 2.5e-4 of it).
+- A chained Ogg file's `probe` duration is FFmpeg's, not what decoding yields (every link):
+  its last link's last granule at its first link's rate (3 s then 2 s, both 16 kHz: 2.0 s;
+  3 s at 16 kHz then 3 s at 48 kHz: 9.0 s, and in the other order 1.0 s). It serves only the
+  length check before decoding (and `livemeet stream`'s length of a file it stopped
+  early): a length understated is caught as the decode runs (TooLong, "decodes to"), one
+  overstated (a later link of a higher rate) refuses a file within the limit.
+- A FLAC behind an ID3v2 tag of about 1 MiB or more (cover art; within ~50 bytes of 1 MiB
+  the STREAMINFO no longer fits) is `BadAudio` ("not an audio file ..."), from a file, bytes
+  or a pipe alike: FFmpeg's format probe reads at most 1 MiB and looks past an ID3v2 tag only
+  when the bytes after it are in that buffer (it trusts a large tag for MP3 alone, which
+  decodes behind one of any size), and `audio/joined.py` holds a tag of at most 1 MiB to look
+  past. Such a file decodes once its tag is removed.
 """
 
 from __future__ import annotations

@@ -22,9 +22,10 @@ decodes them in turn). Pure byte bookkeeping: no decoding.
   last frame, dropped without an error. Each member's STREAMINFO total samples come with it
   (`Member`). An ID3v2 tag before the first marker goes with the first member.
 
-The probe's duration of a chained Ogg file stays FFmpeg's: the last page's granule at the
-first link's rate, so a later link of a higher rate overstates it (3 s at 16 kHz then 3 s at
-48 kHz: 9 s), which only the length limit's check before decoding sees.
+The probe's duration of a chained Ogg file stays FFmpeg's: the last page's granule (the last
+link's own length) at the first link's rate, so it understates a chain of one rate (3 s then
+2 s: 2 s) and a later link of a higher rate overstates it (3 s at 16 kHz then 3 s at 48 kHz:
+9 s), which only the length limit's check before decoding sees (audio/decode.py).
 
 The members are read as they are needed, a page or a read at a time: a file of hours, or a
 pipe, is never read ahead. A source that is neither is one member, to its end; bytes between
