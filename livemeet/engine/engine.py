@@ -313,6 +313,12 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Stop a request at any phase; frees its KV exactly once. Unknown ids are ignored."""
         self.scheduler.abort(request_id)
+        if self._in_flight is not None:
+            for request in self._in_flight.accounted.finished:
+                if request.request_id == request_id:
+                    # finished by its in-flight token (length): that token and the finish are
+                    # not delivered either, and the resolve leaves the id (maybe reused) alone
+                    request.finish_reason = FinishReason.ABORT
         self._forget(request_id)
 
     def advance_deadline(self, request_id: str, deadline_s: float) -> bool:
