@@ -53,7 +53,7 @@ from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.messages import STEP_PARTS, EngineStats
 from livemeet.engine.model_runner import DeviceTokens, ModelRunner, TokenTransfer
-from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass
+from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass, Status
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
 from livemeet.errors import InternalError
@@ -313,6 +313,12 @@ class Engine:
     def abort(self, request_id: str) -> None:
         """Stop a request at any phase; frees its KV exactly once. Unknown ids are ignored."""
         self.scheduler.abort(request_id)
+        if self._in_flight is not None:
+            for request in self._in_flight.accounted.finished:
+                if request.request_id == request_id:
+                    # finished by its in-flight token (length): that token and the finish are
+                    # not delivered either, and the resolve leaves the id (maybe reused) alone
+                    request.finish_reason = FinishReason.ABORT
         self._forget(request_id)
 
     def advance_deadline(self, request_id: str, deadline_s: float) -> bool:
@@ -393,6 +399,7 @@ class Engine:
         return done
 
     def _step_sync(self, timer: _StepTimer) -> tuple[ScheduledBatch, StepOutput]:
+        self._remark_preempted()
         batch = self.scheduler.schedule(self.clock())
         timer.done("schedule")
         if batch.is_empty:
@@ -416,6 +423,7 @@ class Engine:
         self, transfer: TokenTransfer, timer: _StepTimer
     ) -> tuple[ScheduledBatch, StepOutput]:
         previous, self._in_flight = self._in_flight, None
+        self._remark_preempted()
         batch = self.scheduler.schedule(self.clock())
         timer.done("schedule")
         tokens = None
@@ -551,6 +559,15 @@ class Engine:
             if e is not None:
                 self._place(rid, 0, e)
 
+    def _remark_preempted(self) -> None:
+        """An evicted request is recomputed from token 0: its chunks reach again the windows
+        before a fork, which were never encoded (`_mark_encoded`). Before each schedule, which
+        charges their encode."""
+        for rid in self._sources:
+            request = self.scheduler.get(rid)
+            if request is not None and request.status is Status.PREEMPTED:
+                self._mark_encoded(rid)
+
     def _unencoded_run_end(self, rid: str, hi: int) -> int:
         """For an upload, the end of the run of windows from `hi` not encoded yet (what its
         span may grow into); `hi` for a live request (encoded whole)."""
@@ -579,13 +596,29 @@ class Engine:
             start = lo * TOKENS_PER_WINDOW
             whole[start : start + embeds.shape[0]] = embeds
         source.encoded[lo:hi] = [True] * (hi - lo)
-        request = self.scheduler.get(rid)
         if all(source.encoded):
             del self._sources[rid]
-            if request is not None:
-                request.num_encoded_audio = total
-        elif request is not None:
-            request.num_encoded_audio = source.encoded.index(False) * TOKENS_PER_WINDOW
+        self._mark_encoded(rid)
+
+    def _mark_encoded(self, rid: str) -> None:
+        """Set `num_encoded_audio` of request `rid`: the audio its next chunks reach is encoded
+        up to there. Counted from the window of its next audio position, not from 0: a fork's
+        first windows are never encoded (its chunks start past them), and a count from 0 had
+        its later chunks charged for windows already encoded (a revision forking a hop's KV).
+        After a preemption the recompute needs them again (`_remark_preempted`)."""
+        request = self.scheduler.get(rid)
+        if request is None:
+            return
+        source = self._sources.get(rid)
+        total = len(request.audio_positions)
+        if source is None:
+            request.num_encoded_audio = total
+            return
+        nxt, _ = request.audio_span_in(request.num_computed_tokens, request.num_computed_tokens)
+        w = min(nxt // TOKENS_PER_WINDOW, len(source.encoded))
+        while w < len(source.encoded) and source.encoded[w]:
+            w += 1
+        request.num_encoded_audio = min(total, w * TOKENS_PER_WINDOW)
 
     def _encode_ahead(self, scheduled: set[str]) -> list[str]:
         """Queued live requests whose audio may ride in the encoder batch's padding (the

@@ -59,9 +59,10 @@ class Request:
     as it is, so a PromptBuilder's view of its template costs no copy). `deadline_s`: absolute
     time on the scheduler's clock by which a live hop should finish (None: no deadline).
     `arrival_s`: time on the same clock when it was submitted (orders uploads).
-    `num_encoded_audio`: audio embeddings [0, n) are encoded (set by the Engine, which encodes
-    an upload's 30-s windows as its prefill chunks reach them; the Scheduler charges an
-    upload's chunk for the windows past it).
+    `num_encoded_audio`: the audio embeddings from the request's next audio position up to
+    n are encoded (set by the Engine, which encodes an upload's 30-s windows as its prefill
+    chunks reach them; the Scheduler charges an upload's chunk for the windows past n). Those
+    before a fork's first chunk may never be: its chunks start past them.
     `block_table`: KV block ids, owned and mutated by the BlockManager only; block i holds the
     KV of tokens [i * block_size, (i + 1) * block_size).
 

@@ -191,6 +191,30 @@ def test_aborts_between_steps_are_honoured(
     assert engine.scheduler.get("r1") is None
 
 
+def test_an_abort_after_the_last_token_was_launched_is_honoured(
+    our_model: MossTDModel, short_clips: list[np.ndarray]
+) -> None:
+    """A request whose in-flight token reaches its length limit is finished by the
+    scheduler at launch (placeholder); aborted before that step is read, it got its token and
+    its finish anyway, and the resolve forgot its id's state: a new request under the same id,
+    added meanwhile, lost its audio (KeyError at its next chunk)."""
+    engine = _engine(our_model, asynchronous=True, num_blocks=None)
+    x = engine.add_request("x", short_clips[0], max_new_tokens=1)
+    while not x.output_token_ids:
+        assert not engine.step().finished
+    assert x.finish_reason is FinishReason.LENGTH and engine._in_flight is not None
+    engine.abort("x")
+    again = engine.add_request("x", short_clips[4], max_new_tokens=2)  # 11 s: several chunks
+    streams: dict[str, list[int]] = defaultdict(list)
+    while engine.has_work():
+        out = engine.step()
+        for rid, token in out.new_tokens:
+            streams[rid].append(token)
+        assert all(r is again for r in out.finished)
+    assert x.finish_reason is FinishReason.ABORT
+    assert again.finish_reason is FinishReason.LENGTH and streams["x"] == again.output_token_ids
+
+
 def test_token_transfer_two_buffers() -> None:
     transfer = TokenTransfer(CPU, capacity=4)
     a = transfer.start(torch.tensor([1, 2, 3]))

@@ -241,6 +241,51 @@ def test_an_uploads_next_windows_fill_the_encoder_batchs_padding(
     assert up.output_token_ids == whole.run_to_completion()["u"].output_token_ids
 
 
+def test_a_forked_upload_is_charged_only_for_windows_it_has_encoded(
+    our_model: MossTDModel, batch_clips: list[np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload forking another's KV (a revision forks the last hop's) never encodes the
+    windows before its fork: its chunks start past them. `num_encoded_audio` counted from 0,
+    so it stayed 0 and each later chunk was charged (on the live budget) for the windows the
+    first one had encoded already. It counts from the next audio position instead, reaches
+    the end once every window after the fork is encoded (no charge any more), and after a
+    preemption the recompute from 0 is charged for the windows before the fork again."""
+    clip = batch_clips[6]  # 100 s: 4 windows
+    engine = _engine(our_model, 256, num_blocks=None)
+    engine.set_live_sessions(1)
+    a = engine.add_request("a", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    while not a.output_token_ids:
+        engine.step()
+    b = engine.add_request(
+        "b", clip, max_new_tokens=4, ignore_eos=True, fork_from="a", num_fork_tokens=900
+    )
+    assert b.num_cached_tokens == 900
+    engine.step()  # b's first chunk: from token 900, inside window 2
+    encoded = list(engine._sources["b"].encoded)
+    assert encoded[:2] == [False, False] and encoded[2]
+    ready = b.num_encoded_audio // 375  # the windows past it are the ones still to encode
+    assert all(encoded[b.audio_span_in(b.num_computed_tokens, b.num_tokens)[0] // 375 : ready])
+    assert not any(encoded[ready:])
+    while b.num_computed_tokens < b.audio_positions[-1] + 1:
+        engine.step()
+    assert b.num_encoded_audio == len(b.audio_positions)  # nothing left to charge
+    seen: list[int] = []  # b's value as the scheduler charges its chunk with it
+    schedule = engine.scheduler.schedule
+    monkeypatch.setattr(
+        engine.scheduler,
+        "schedule",
+        lambda now: (seen.append(b.num_encoded_audio), schedule(now))[1],
+    )
+    engine.scheduler.preempt("b")
+    engine.step()  # re-admitted from token 0: its chunk reaches window 0 again
+    assert seen == [0] and engine._sources["b"].encoded[0]
+    done = engine.run_to_completion()
+    assert b.num_encoded_audio == len(b.audio_positions)
+    whole = _engine(our_model, 4096, num_blocks=None)
+    whole.add_request("b", clip, max_new_tokens=4, ignore_eos=True)
+    assert done["b"].output_token_ids == whole.run_to_completion()["b"].output_token_ids
+
+
 def test_a_wave_of_uploads_beside_live_sessions_is_encoded_within_the_step_budget(
     our_model: MossTDModel, batch_clips: list[np.ndarray]
 ) -> None:
