@@ -585,7 +585,7 @@ class Engine:
         an audio are full)."""
         source = self._sources[rid]
         hi = lo + -(-embeds.shape[0] // TOKENS_PER_WINDOW)
-        total = sum(window_token_counts(source.samples.size))
+        total = num_audio_tokens(source.samples.size)  # the windows' counts summed
         if lo == 0 and embeds.shape[0] == total:
             self._audio[rid] = embeds  # the whole audio at once: no copy
         else:

@@ -522,7 +522,9 @@ class Scheduler:
         """The estimated GPU time the next step may take: `step_budget_s` while a live session
         is open, a live request queued or a live cache retained (`_on_live_budget`), else
         `upload_step_budget_s` (module docstring)."""
-        live = self._on_live_budget()
+        return self._budget_s(self._on_live_budget())
+
+    def _budget_s(self, live: bool) -> float:
         return self.config.step_budget_s if live else self.config.upload_step_budget_s
 
     def _on_live_budget(self) -> bool:
@@ -657,9 +659,8 @@ class Scheduler:
         takes live decode rows only. `ordered`: the unfinished requests by priority. `carried`:
         an empty attempt at this step, whose finished and evicted requests the step reports."""
         cfg = self.config
-        live = self._on_live_budget()
-        budget_s = cfg.step_budget_s if live else cfg.upload_step_budget_s
-        usable = max(0.0, budget_s - self.cost_model.fixed_s)
+        live = self._on_live_budget()  # once: it walks every request
+        usable = max(0.0, self._budget_s(live) - self.cost_model.fixed_s)
         share = cfg.upload_min_share if can_run else 0.0
         step = _StepBuilder(
             usable_s=usable,
