@@ -247,7 +247,9 @@ def _probe_header(source: AudioSource) -> _Probe:
     if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
     info = _soundfile_info(source)
-    header = _wav_header(source)
+    # a WAV's own header: its declared length (a cut file), and its channels where libsndfile
+    # refused it; no second open of any other file libsndfile read
+    header = _wav_header(source) if info is None or info.format in _WAV_FORMATS else None
     # libsndfile refuses a WAV of more than 1024 channels, and FFmpeg's decoder one of more
     # than 512 with only "Invalid argument" (PyAV reports it as 0 channels): the header says
     _check_channels(int(info.channels) if info is not None else header.channels if header else 0)
@@ -279,6 +281,9 @@ def _probe_header(source: AudioSource) -> _Probe:
             return _Probe(av_info, use_soundfile=False, exact_duration=exact, flac=flac)
     except av.FFmpegError as e:
         raise BadAudio(f"cannot read the audio container: FFmpeg: {_ffmpeg_message(e)}") from e
+
+
+_WAV_FORMATS = ("WAV", "WAVEX")  # libsndfile's names of the RIFF WAVE files `wave` may read
 
 
 class _WavHeader(NamedTuple):
