@@ -200,6 +200,18 @@ class _Group:
         self.statements.append((tape, sql, params))
 
 
+def _column_of(op: Names | Merges | Labels | KeyId) -> tuple[str, str | None]:
+    """The `sessions` column `op` replaces (a name written here, never the client's) and its
+    new value: the whole map or set as JSON, or the key id."""
+    if isinstance(op, KeyId):
+        return "key_id", op.key_id
+    if isinstance(op, Labels):
+        return "labels", json.dumps(op.labels, ensure_ascii=False)
+    if isinstance(op, Merges):
+        return "merges", json.dumps(op.merges, ensure_ascii=False)
+    return "names", json.dumps(op.names, ensure_ascii=False)
+
+
 class Writer:
     """The journal's writer thread: drains the queue in groups (`run`). Owns `conn` and every
     audio file; touches loop state only through `call_soon_threadsafe`."""
@@ -332,26 +344,12 @@ class Writer:
             )
         elif isinstance(op, Finalize):
             group.add(tape, INSERT_FINALIZE, tape.session_id, op.frames)
-        elif isinstance(op, Merges):
-            merges = json.dumps(op.merges, ensure_ascii=False)
+        else:  # Names, Merges, Labels, KeyId: one column of the session's row, replaced
+            column, value = _column_of(op)
             group.add(
-                tape, "UPDATE sessions SET merges = ? WHERE session_id = ?", merges, tape.session_id
-            )
-        elif isinstance(op, Labels):
-            labels = json.dumps(op.labels, ensure_ascii=False)
-            group.add(
-                tape, "UPDATE sessions SET labels = ? WHERE session_id = ?", labels, tape.session_id
-            )
-        elif isinstance(op, KeyId):
-            group.add(
-                tape, "UPDATE sessions SET key_id = ? WHERE session_id = ?", op.key_id,
+                tape, f"UPDATE sessions SET {column} = ? WHERE session_id = ?", value,
                 tape.session_id,
             )  # fmt: skip
-        else:
-            names = json.dumps(op.names, ensure_ascii=False)
-            group.add(
-                tape, "UPDATE sessions SET names = ? WHERE session_id = ?", names, tape.session_id
-            )
 
     def _open_tape(self, op: Open, group: _Group) -> None:
         meta = op.meta
