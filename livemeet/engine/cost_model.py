@@ -115,22 +115,17 @@ class StepCostModel:
         assert num_windows >= 0
         return self.encode_s_per_window * num_windows
 
-    def max_prefill_tokens(
-        self, start: int, budget_s: float, limit: int, extra_per_token_s: float = 0.0
-    ) -> int:
-        """Largest n <= limit with prefill_cost_s(start, n) + extra_per_token_s * n <=
-        budget_s (0 when none fits). `extra_per_token_s`: a cost every token of the chunk
-        adds besides the decoder's (an upload's audio still to encode)."""
-        assert extra_per_token_s >= 0
+    def max_prefill_tokens(self, start: int, budget_s: float, limit: int) -> int:
+        """Largest n <= limit with prefill_cost_s(start, n) <= budget_s (0 when none fits)."""
         if limit <= 0 or budget_s <= 0:
             return 0
 
         def cost(n: int) -> float:
-            return self.prefill_cost_s(start, n) + extra_per_token_s * n
+            return self.prefill_cost_s(start, n)
 
-        # cost(n) = a n^2 + b n with a = pair/2, b = per_token + extra + pair * (start + 1/2)
+        # cost(n) = a n^2 + b n with a = pair/2, b = per_token + pair * (start + 1/2)
         a = self.attention_s_per_pair / 2
-        b = self.per_token_s + extra_per_token_s + self.attention_s_per_pair * (start + 0.5)
+        b = self.per_token_s + self.attention_s_per_pair * (start + 0.5)
         if a == 0:
             n = limit if b == 0 else int(budget_s / b)
         else:

@@ -36,9 +36,10 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
   and to what the remaining budget pays for, which shrinks chunks late in long prompts
   (attention cost grows with tokens x context). While live work has the short budget, an
   upload's chunk also pays for the audio windows it has the engine encode (the engine encodes
-  an upload's windows as its chunks reach them: `Request.num_encoded_audio`), at ~one window's
-  encode per 375 tokens in sizing and whole windows in the charge, so a step may overrun by
-  less than one window's encode (~2.5 ms); between uploads alone it is not charged.
+  an upload's windows as its chunks reach them: `Request.num_encoded_audio`), whole windows in
+  both sizing and charge: a chunk that reaches into a window pays all of it, and windows
+  already encoded (by an earlier chunk, or riding in an encoder batch's padding) pay nothing;
+  between uploads alone it is not charged.
 - The budget is `step_budget_s` (--live-step-budget-ms, default 15 ms: LIVE_STEP_BUDGET_S)
   while a live session is open (`set_live_sessions`), a live request is queued, or a live
   cache is retained; otherwise a step gets `upload_step_budget_s`, so late chunks of long
@@ -779,13 +780,10 @@ class Scheduler:
             remaining, cfg.chunked_prefill_size, step.tokens_left_for(request.request_class)
         )
         budget_s = step.budget_left_s(request.request_class)
-        # an upload's audio still to encode: ~one window's encode per TOKENS_PER_WINDOW tokens
-        extra_s = (
-            self.cost_model.encode_s_per_window / TOKENS_PER_WINDOW
-            if self._charges_encode(request, step)
-            else 0.0
-        )
-        n = self.cost_model.max_prefill_tokens(start, budget_s, limit, extra_s)
+        if self._charges_encode(request, step):
+            n = self._max_chunk_with_encode(request, budget_s, limit)
+        else:
+            n = self.cost_model.max_prefill_tokens(start, budget_s, limit)
         if n < remaining and n < cfg.min_prefill_chunk:
             n = min(limit, cfg.min_prefill_chunk) if step.is_empty else 0
         if request.num_draft_tokens and 0 < n < remaining and start + n > request.verify_from:
@@ -798,6 +796,27 @@ class Scheduler:
                 fits = remaining <= min(cfg.chunked_prefill_size, step.tokens_left)
                 n = remaining if fits else 0
         return n
+
+    def _max_chunk_with_encode(self, request: Request, budget_s: float, limit: int) -> int:
+        """Largest n <= limit whose prefill chunk from `request.num_computed_tokens`, with the
+        whole windows it has the engine encode (`_windows_to_encode`, what `_try_prefill`
+        charges), costs at most `budget_s`. With k windows paid for, the chunk may run up to
+        the position of the first audio embedding of the (k + 1)-th window still to encode;
+        k grows while the budget left for prefill reaches past that position."""
+        cost, positions = self.cost_model, request.audio_positions
+        start = request.num_computed_tokens
+        first, _ = request.audio_span_in(start, start)
+        todo = max(first, request.num_encoded_audio)  # first audio embedding still to encode
+        best, k = 0, 0
+        while (left_s := budget_s - cost.encode_cost_s(k)) > 0:
+            stop = todo if k == 0 else (todo // TOKENS_PER_WINDOW + k) * TOKENS_PER_WINDOW
+            reach = limit if stop >= len(positions) else min(limit, int(positions[stop]) - start)
+            n = min(reach, cost.max_prefill_tokens(start, left_s, limit))
+            best = max(best, n)
+            if n < reach or reach == limit:
+                break  # another window only takes budget: no longer chunk fits
+            k += 1
+        return best
 
     @staticmethod
     def _charges_encode(request: Request, step: _StepBuilder) -> bool:
