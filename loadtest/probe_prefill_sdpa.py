@@ -15,7 +15,9 @@ layer (16 query heads, 8 KV heads, head_dim 128), times:
   as a chunk after a cached prefix), on that backend only;
 - `cudnn2`: cuDNN's SDPA in two calls merged by their log-sum-exp (the chunk over the prefix
   without a mask, then over itself with the square causal mask, which cuDNN aligns top-left),
-  through `torch.ops.aten._scaled_dot_product_cudnn_attention` (a private op: a probe only).
+  through `torch.ops.aten._scaled_dot_product_cudnn_attention` (a private op: a probe only);
+- `cudnn2-fold`: the same with each KV head's query heads folded into the query length of the
+  prefix call (no mask there), so the prefix's keys and values are not repeated per query head.
 Each form's output is compared with the extend kernel's (max |delta|). TFLOP/s counts only the
 causal (query, key) pairs, as `sweep_extend_kernel` does; a form's "+gather" time adds the copy.
 
@@ -87,6 +89,19 @@ def sdpa_lower_right(backend: SDPBackend) -> Callable[..., torch.Tensor]:
     return run
 
 
+_cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
+
+
+def _merge(
+    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+) -> torch.Tensor:
+    """Two attention outputs [1, H, n, D] over disjoint keys, by their log-sum-exps [1, H, n]."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
+    out = (o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None]
+    return out.to(o1.dtype)
+
+
 def cudnn_two_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """The chunk over its prefix (no mask) and over itself (square causal), merged by LSE."""
     n, length = q.shape[2], k.shape[2]
@@ -94,27 +109,45 @@ def cudnn_two_part(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     heads = q.shape[1]
     k = k.repeat_interleave(heads // k.shape[1], dim=1)
     v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    op = torch.ops.aten._scaled_dot_product_cudnn_attention
-    own: tuple[torch.Tensor, ...] = op(
+    own: tuple[torch.Tensor, ...] = _cudnn(
         q, k[:, :, prefix:], v[:, :, prefix:], None, True, 0.0, True, False, scale=scale
     )
     if prefix == 0:
         return own[0]
-    pre: tuple[torch.Tensor, ...] = op(
+    pre: tuple[torch.Tensor, ...] = _cudnn(
         q, k[:, :, :prefix], v[:, :, :prefix], None, True, 0.0, False, False, scale=scale
     )
-    (o1, lse1), (o2, lse2) = pre[:2], own[:2]
-    lse1, lse2 = lse1.reshape(o1.shape[:3]), lse2.reshape(o2.shape[:3])  # [1, H, n]
-    m = torch.maximum(lse1, lse2)
-    w1, w2 = torch.exp(lse1 - m), torch.exp(lse2 - m)
-    out = (o1.float() * w1[..., None] + o2.float() * w2[..., None]) / (w1 + w2)[..., None]
-    return out.to(q.dtype)
+    shape = q.shape[:3]
+    return _merge(pre[0], pre[1].reshape(shape), own[0], own[1].reshape(shape))
+
+
+def cudnn_folded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """As `cudnn_two_part`, but the prefix call reads each KV head once: with no mask there, a
+    KV head's group of query heads is folded into its query length ([1, 8, group * n, D]);
+    only the chunk's own keys are repeated to the query heads."""
+    b, heads, n, d = q.shape
+    kv_heads, length = k.shape[1], k.shape[2]
+    group, prefix = heads // kv_heads, length - n
+    k_own = k[:, :, prefix:].repeat_interleave(group, dim=1)
+    v_own = v[:, :, prefix:].repeat_interleave(group, dim=1)
+    own: tuple[torch.Tensor, ...] = _cudnn(
+        q, k_own, v_own, None, True, 0.0, True, False, scale=scale
+    )
+    if prefix == 0:
+        return own[0]
+    folded = q.reshape(b, kv_heads, group * n, d)  # head kvh * group + g -> rows g * n + i
+    pre: tuple[torch.Tensor, ...] = _cudnn(
+        folded, k[:, :, :prefix], v[:, :, :prefix], None, True, 0.0, False, False, scale=scale
+    )
+    o1, lse1 = pre[0].reshape(b, heads, n, d), pre[1].reshape(b, heads, n)
+    return _merge(o1, lse1, own[0], own[1].reshape(b, heads, n))
 
 
 FORMS: dict[str, Callable[..., torch.Tensor]] = {
     "flash": sdpa_lower_right(SDPBackend.FLASH_ATTENTION),
     "efficient": sdpa_lower_right(SDPBackend.EFFICIENT_ATTENTION),
     "cudnn2": cudnn_two_part,
+    "cudnn2-fold": cudnn_folded,
 }
 
 
@@ -154,7 +187,7 @@ def probe_shape(name: str, shape: str, fp8: bool) -> list[Row]:
 def report(rows: list[Row]) -> None:
     gather_ms = {(r.kv_dtype, r.shape): r.ms for r in rows if r.form == "gather"}
     for r in rows:
-        line = f"{r.kv_dtype} {r.shape:5s} {r.form:9s} {r.ms:8.3f} ms {r.tflop_per_s:6.1f} TFLOP/s"
+        line = f"{r.kv_dtype} {r.shape:5s} {r.form:11s} {r.ms:8.3f} ms {r.tflop_per_s:6.1f} TFLOP/s"
         if r.form not in ("extend", "gather") and r.tflop_per_s:
             with_gather = r.tflop_per_s * r.ms / (r.ms + gather_ms[r.kv_dtype, r.shape])
             line += f" ({with_gather:6.1f} with the gather)"
