@@ -224,6 +224,8 @@ class Engine:
     def build_prompt(
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
     ) -> PromptIds:
+        """The prompt ids around `num_audio_tokens` audio tokens, with this engine's tokenizer
+        and prompt config (`models.prompt.build_prompt`). Raises BadAudio for fewer than 1."""
         return self.prompts.build(num_audio_tokens, prompt, hotwords)
 
     def add_request(
@@ -337,6 +339,8 @@ class Engine:
         self.encoder.release(owner)
 
     def has_work(self) -> bool:
+        """True while a request is unfinished or a launched step's sampled ids are still on the
+        device (async decode): `step()` has something to do."""
         return self.scheduler.has_work() or self._in_flight is not None
 
     def set_incoming_uploads(self, count: int) -> None:
