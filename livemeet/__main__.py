@@ -62,6 +62,9 @@ BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE, what a shell reports for a writer cut
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the subcommand `argv` names (default: sys.argv[1:]); returns its exit status, or
+    BROKEN_PIPE_STATUS (141) when stdout's reader went away. Bad arguments raise SystemExit
+    (status 2, argparse's)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

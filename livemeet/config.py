@@ -180,11 +180,15 @@ class ModelConfig:
 
     @property
     def backend_name(self) -> str:
+        """The backend to load: `backend` when set, else "demo" without a model (unless
+        `load_format` is "dummy"), else "moss"."""
         if self.backend:
             return self.backend
         return "demo" if self.model is None and self.load_format != "dummy" else "moss"
 
     def validate(self) -> None:
+        """Raises ConfigError, naming the flag, for the first setting out of range or not among its
+        choices, and for a `forced_output` that is not a file."""
         if self.load_format not in ("auto", "safetensors", "dummy"):
             raise ConfigError(
                 f"--load-format must be auto, safetensors or dummy, not {self.load_format!r}"
@@ -327,6 +331,8 @@ class GatewayConfig:
     auth: AuthMode = AuthMode.AUTO
 
     def validate(self) -> None:
+        """Raises ConfigError, naming the flag, for the first setting out of range or not among its
+        choices."""
         parse_auth_mode(self.auth)
         if self.max_upload_bytes <= 0:
             raise ConfigError(f"--max-upload-bytes must be positive, not {self.max_upload_bytes}")
@@ -402,6 +408,8 @@ class ServerConfig:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     def validate(self) -> None:
+        """Raises ConfigError for a TLS certificate without its key (or the reverse), a port outside
+        0..65535, and whatever `ModelConfig.validate` and `GatewayConfig.validate` raise."""
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key must be given together")
         if not 0 <= self.port <= 65535:

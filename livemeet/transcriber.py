@@ -221,10 +221,15 @@ class Transcriber(Protocol):
     """A backend. `start()` loads the model; `close()` frees it. Both idempotent."""
 
     @property
-    def info(self) -> BackendInfo: ...
+    def info(self) -> BackendInfo:
+        """What the backend serves (name, model id, demo, language)."""
+        ...
 
     @property
-    def ready(self) -> bool: ...
+    def ready(self) -> bool:
+        """True while sessions may open: the model is loaded and its engine is up (False before
+        `start()`, while an engine restarts, and after `close()`)."""
+        ...
 
     @property
     def failed(self) -> bool:

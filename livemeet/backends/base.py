@@ -21,7 +21,8 @@ class BackendCore(Protocol):
     """Contract:
     - `load()` is called once, in the worker, before anything else; it may take minutes.
     - `open/append/finalize/end/abort` only record intent and return quickly; the work happens
-      in `step()`. Unknown session ids raise KeyError (the worker reports it as an Error event).
+      in `step()`. Unknown session ids raise NotFound (the worker reports it, as it does a
+      KeyError, as a `not_found` Error event).
     - `open` with `SessionOptions.restore` re-opens a live session after a restart: the owner
       appends all its audio again from sample 0, and the core goes on from the restored finals
       (`LiveRestore`: never sent again, new ids after theirs, decoding from their end;

@@ -208,6 +208,10 @@ class MossCore:
     # -- BackendCore: commands ---------------------------------------------------------------
 
     def open(self, session_id: str, options: SessionOptions) -> None:
+        """Open a live session (a LiveSession with this backend's hop and VAD) or an upload
+        (BackendCore). Raises InvalidRequest for an id already open, a sample rate other than
+        SAMPLE_RATE (16 kHz), `max_new_tokens` < 1, bad live settings, or a bad restore
+        (`restored_finals`)."""
         if session_id in self._sessions:
             raise InvalidRequest(f"session {session_id!r} is already open")
         if options.sample_rate != SAMPLE_RATE:
@@ -234,6 +238,8 @@ class MossCore:
             self._tell_incoming_uploads()
 
     def append(self, session_id: str, samples: Samples) -> None:
+        """Queue [n] float32 16 kHz samples. Raises NotFound for an unknown session, ProtocolError
+        for audio after end, and for a live session BadAudio as `LiveSession.receive_audio`."""
         sess = self._get(session_id)
         if isinstance(sess, LiveState):
             sess.live.receive_audio(samples)  # raises ProtocolError after end, BadAudio if not 1-D
@@ -244,6 +250,8 @@ class MossCore:
         sess.chunks.append(np.asarray(samples, dtype=np.float32).reshape(-1))
 
     def finalize(self, session_id: str) -> None:
+        """A live session's `finalize` (`LiveSession.finalize`); nothing for an upload. Raises
+        NotFound for an unknown session."""
         sess = self._get(session_id)
         if isinstance(sess, LiveState):
             sess.live.finalize()
@@ -257,6 +265,10 @@ class MossCore:
             sess.live.merge_speakers(speaker, into)
 
     def end(self, session_id: str) -> None:
+        """No more audio: an upload becomes due for submission; a live session ends
+        (`LiveSession.end`) and its hop in flight loses its slack (deadline moved to its due time).
+        Raises NotFound for an unknown session, ProtocolError for an end after end
+        (a live session's as `LiveSession.end`)."""
         sess = self._get(session_id)
         if isinstance(sess, LiveState):
             sess.live.end()
@@ -314,6 +326,9 @@ class MossCore:
         )
 
     def step(self) -> list[tuple[str, Event]]:
+        """Submit what is due (a failed submission becomes that session's Error event, and the
+        session is dropped), then, when the engine has work, run one step and turn its tokens and
+        finished requests into events. A failure of the engine step itself propagates."""
         engine = self._engine()
         out: list[tuple[str, Event]] = []
         for sid, sess in self._submits_now(engine.clock()):

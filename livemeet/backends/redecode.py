@@ -179,6 +179,9 @@ class RedecodeCore(abc.ABC):
         return len(self._sessions)
 
     def open(self, session_id: str, options: SessionOptions) -> None:
+        """Open a live session (a LiveSession) or an upload (BackendCore). Raises InvalidRequest for
+        an id already open, a sample rate other than SAMPLE_RATE (16 kHz), bad live settings, or a
+        bad restore (`restored_finals`)."""
         if session_id in self._sessions:
             raise InvalidRequest(f"session {session_id!r} is already open")
         if options.sample_rate != SAMPLE_RATE:
@@ -197,6 +200,8 @@ class RedecodeCore(abc.ABC):
         self._sessions[session_id] = _Session(options, live)
 
     def append(self, session_id: str, samples: Samples) -> None:
+        """Queue [n] float32 16 kHz samples. Raises NotFound for an unknown session, ProtocolError
+        for audio after end, and for a live session BadAudio as `LiveSession.receive_audio`."""
         sess = self._get(session_id)
         if sess.ended:
             raise ProtocolError("audio after end")
@@ -218,6 +223,8 @@ class RedecodeCore(abc.ABC):
             sess.live.merge_speakers(speaker, into)
 
     def end(self, session_id: str) -> None:
+        """No more audio. Raises NotFound for an unknown session, ProtocolError for an end after
+        end."""
         sess = self._get(session_id)
         if sess.ended:
             raise ProtocolError("end after end")
@@ -245,6 +252,9 @@ class RedecodeCore(abc.ABC):
         return False
 
     def step(self) -> list[tuple[str, Event]]:
+        """Run one session's next piece of work (`_next_session` picks it: uploads oldest first,
+        live sessions round-robin). A failure becomes that session's Error event (terminal: the
+        session is forgotten) rather than an exception."""
         sid = self._next_session()
         if sid is None:
             return []

@@ -68,6 +68,7 @@ class Script:
     fail_revise: bool = False
 
     def to_json(self) -> str:
+        """The script as JSON, read back by `from_json` (the scripted backend's model file)."""
         return json.dumps(
             {
                 "reference": [[s.start_s, s.end_s, s.speaker, s.text] for s in self.reference],

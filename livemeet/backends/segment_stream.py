@@ -84,6 +84,9 @@ class UploadTranscript:
         self.text = ""
 
     def add(self, seg: Segment) -> tuple[Segment, str] | None:
+        """Confirm `seg`: returns the final segment as kept (see the class docstring) and the text
+        it adds to the transcript's, or None when it is dropped (blank, or starting at or past
+        max_stamp_s)."""
         text = seg.text.strip()
         if not text or seg.start_s >= self.max_stamp_s:
             return None
@@ -105,5 +108,7 @@ class UploadTranscript:
         return final, delta
 
     def final(self, reason: FinishReason) -> TranscriptFinal:
+        """The upload's `TranscriptFinal`: every segment kept, with `reason`, coverage and
+        duration_s."""
         t = Transcript(tuple(self.segments), self.duration_s, reason)
         return TranscriptFinal(t.segments, reason, t.coverage, self.duration_s)

@@ -94,6 +94,7 @@ class StreamResult:
 
     @property
     def final(self) -> dict[str, Any] | None:
+        """The `transcript.final` frame received, if any (docs/protocol.md, Server to client)."""
         return next((e for e in self.events if e["type"] == "transcript.final"), None)
 
     @property
@@ -103,6 +104,7 @@ class StreamResult:
 
     @property
     def error(self) -> dict[str, Any] | None:
+        """The first `error` frame received, if any (docs/protocol.md, Server to client)."""
         return next((e for e in self.events if e["type"] == "error"), None)
 
     @property

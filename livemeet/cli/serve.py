@@ -556,6 +556,10 @@ def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`livemeet serve`: check the configuration, build the app and serve until stopped. Returns
+    the exit status: 0 after a clean stop (and for a valid `--check-config`), 1 when a second
+    stop signal cut the drain short, 2 for a bad configuration, a model or engine that would
+    not start, or an address it cannot listen on (each logged as one line)."""
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
     from livemeet.gateway.app import cors_package, create_app
 

@@ -384,6 +384,10 @@ def format_event(event: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """`livemeet stream`: send a file (or standard input) to a server's live endpoint and print
+    its events (stdout; notes on stderr). Returns the exit status: 2 for a bad argument, audio
+    that does not decode or a connection that cannot be made, INTERRUPTED_STATUS (130) for
+    Ctrl-C, else `report`'s."""
     from livemeet.audio.decode import iter_decode, iter_decode_stream
 
     speed = args.speed if args.speed is not None else (FAST_SPEED if args.fast else 1.0)

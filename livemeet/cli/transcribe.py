@@ -108,6 +108,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 @dataclass(frozen=True)
 class FileResult:
+    """One input file's outcome: its `transcript`, or the `error` that stopped it."""
+
     path: Path
     transcript: Transcript | None
     error: LivemeetError | None
@@ -389,6 +391,10 @@ async def _run(
 
 
 def run(args: argparse.Namespace) -> int:
+    """`livemeet transcribe`: transcribe the files offline and write each transcript. Returns the
+    exit status: 2 for a bad argument or output (printed as `error: code: message`),
+    INTERRUPTED_STATUS (130) for Ctrl-C (nothing written), else `write_results`' (1 when any
+    file failed or could not be written)."""
     raw_output: str | None = None if args.output == "-" else args.output  # -: standard output
     output = None if raw_output is None else Path(raw_output)
     # a trailing / says directory: a file of its name was written (found by a trial)

@@ -85,6 +85,7 @@ class BlockManager:
         return len(self._free)
 
     def ref_count(self, block_id: int) -> int:
+        """The reference count of block `block_id` (0: free; above 1: shared by a fork)."""
         return self._ref_counts[block_id]
 
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -92,6 +93,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def is_holder(self, request: Request) -> bool:
+        """True when `request` (this object, not only its id) holds blocks here."""
         return self._holders.get(request.request_id) is request
 
     def blocks_needed(

@@ -224,6 +224,9 @@ class Engine:
     def build_prompt(
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
     ) -> PromptIds:
+        """The prompt ids around `num_audio_tokens` audio tokens, with this engine's tokenizer
+        and prompt config (`models.prompt.build_prompt`). Raises BadAudio for fewer than 1,
+        InvalidRequest for `hotwords` given as one string."""
         return self.prompts.build(num_audio_tokens, prompt, hotwords)
 
     def add_request(
@@ -268,8 +271,10 @@ class Engine:
         `samples_checked`: the caller has checked every sample finite (a live session checks
         each chunk as it arrives), so the O(n) scan is skipped; either way the encoder does
         not scan the audio again.
-        Raises BadAudio (empty or non-finite audio), InvalidRequest (bad prompt), TooLong (no
-        room in the context).
+        Raises BadAudio (empty, not 1-D, not float or non-finite audio), InvalidRequest
+        (`hotwords` given as one string, a request id already queued), TooLong (no room in the
+        context, or more KV than the whole pool) and BlockManagerError (`fork_from`'s token ids
+        differ).
         """
         # float32 first: float64 samples beyond float32's range become inf in the cast, which
         # the scan below refuses (so numpy's overflow warning says nothing new)
@@ -337,6 +342,8 @@ class Engine:
         self.encoder.release(owner)
 
     def has_work(self) -> bool:
+        """True while a request is unfinished or a launched step's sampled ids are still on the
+        device (async decode): `step()` has something to do."""
         return self.scheduler.has_work() or self._in_flight is not None
 
     def set_incoming_uploads(self, count: int) -> None:

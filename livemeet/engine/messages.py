@@ -16,6 +16,8 @@ from livemeet.transcriber import BackendInfo, Event, Samples, SessionOptions
 
 @dataclass(frozen=True)
 class OpenSession:
+    """Open session `session_id` with `options`; its events come back as `SessionEvent`s."""
+
     session_id: str
     options: SessionOptions
 
@@ -45,6 +47,8 @@ class AppendSharedAudio:
 
 @dataclass(frozen=True)
 class FinalizeSession:
+    """`TranscriberSession.finalize`: commit what the session has heard; it stays open."""
+
     session_id: str
 
 
@@ -59,11 +63,15 @@ class MergeSpeakers:
 
 @dataclass(frozen=True)
 class EndSession:
+    """`TranscriberSession.end`: no more audio; the session's `TranscriptFinal` follows."""
+
     session_id: str
 
 
 @dataclass(frozen=True)
 class AbortSession:
+    """`TranscriberSession.abort`: free the session now; no more of its events are sent."""
+
     session_id: str
 
 
@@ -121,6 +129,8 @@ class SharedAudioConsumed:
 
 @dataclass(frozen=True)
 class SessionEvent:
+    """One `event` of session `session_id`, in the session's order."""
+
     session_id: str
     event: Event
 

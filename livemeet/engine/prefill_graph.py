@@ -137,6 +137,7 @@ class PiecewiseRunner:
         return self.buckets[-1]
 
     def fits(self, num_tokens: int) -> bool:
+        """True when a chunk of `num_tokens` query tokens has a captured bucket (1..max_tokens)."""
         return 0 < num_tokens <= self.max_tokens
 
     @property

@@ -151,6 +151,7 @@ class Request:
 
     @property
     def last_token_id(self) -> int:
+        """The newest token: the last output, or the prompt's last id before any output."""
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
 
     def token_ids(self, start: int, end: int) -> list[int]:

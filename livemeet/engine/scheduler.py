@@ -328,6 +328,7 @@ class Scheduler:
         return list(self._retained.values())
 
     def get(self, request_id: str) -> Request | None:
+        """The unfinished or retained (finished, KV kept) request `request_id`; None otherwise."""
         return self._requests.get(request_id) or self._retained.get(request_id)
 
     def live_requests(self) -> list[Request]:
@@ -335,6 +336,7 @@ class Scheduler:
         return list(self._requests.values()) + list(self._retained.values())
 
     def has_work(self) -> bool:
+        """True while any request is unfinished (waiting or running)."""
         return bool(self._requests)
 
     def request_counts(self) -> tuple[int, int, int]:

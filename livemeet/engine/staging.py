@@ -46,12 +46,16 @@ class HostStaging:
         return self._depth > 0
 
     def begin_step(self) -> None:
+        """Open a step's bracket; the outermost switches to the other arena and, on CUDA, waits
+        until the copies of the step that last used it are done."""
         self._depth += 1
         if self._depth == 1:
             self._current ^= 1
             self._arenas[self._current].reset()
 
     def end_step(self) -> None:
+        """Close a bracket; the outermost records a CUDA event after the step's copies on the
+        device's current stream. Raises InternalError without an open `begin_step`."""
         if self._depth == 0:
             raise InternalError("HostStaging.end_step without begin_step")
         self._depth -= 1

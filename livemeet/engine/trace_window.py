@@ -87,6 +87,7 @@ class CudaRecorder:
         self._prof.__enter__()
 
     def stop_and_write(self, path: Path) -> None:
+        """Stop the profiler and write its chrome trace to `path`, gzip-compressed (level 5)."""
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
         with tempfile.TemporaryDirectory() as tmp:

@@ -81,10 +81,17 @@ MAX_COMMANDS_PER_DRAIN = 1024
 
 
 class Inbox(Protocol):
+    """Where the worker's commands come from: a `queue.Queue` (the in-process worker) or
+    `channel.CommandReceiver` (the engine process); `get` as `queue.Queue.get`, raising
+    `queue.Empty` when nothing came."""
+
     def get(self, block: bool = True, timeout: float | None = None) -> Any: ...
 
 
 class Outbox(Protocol):
+    """Where the worker's messages go: a `queue.Queue` (the in-process worker) or a
+    multiprocessing queue (the engine process)."""
+
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None: ...
 
 
@@ -275,6 +282,9 @@ class Worker:
             )
 
     def step(self) -> None:
+        """Run one core step and post each event as a `SessionEvent`; events of sessions no longer
+        open (failed or aborted) are dropped, and a session's terminal event removes it from
+        `open_sessions`. Exceptions from the core propagate (`serve`)."""
         for sid, event in self.core.step():
             if sid not in self.open_sessions:
                 continue  # already failed or aborted; nothing more may reach the client

@@ -186,6 +186,7 @@ class OrcResult:
 
     @property
     def rate(self) -> float:
+        """errors / ref_length; for an empty reference 0.0 without errors, else `math.inf`."""
         if self.ref_length == 0:
             return 0.0 if self.errors == 0 else math.inf
         return self.errors / self.ref_length

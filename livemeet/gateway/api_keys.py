@@ -75,7 +75,8 @@ class ApiKeyStore:
 
     def create(self, name: str = "") -> tuple[ApiKey, str]:
         """A new active key named `name` (stripped; `check_key_name`): its record, and the key
-        itself, which nothing keeps: show it once. Raises InvalidRequest for the name."""
+        itself, which nothing keeps: show it once. Raises InvalidRequest for the name, ConfigError
+        when the store cannot be opened or written."""
         name = check_key_name(name)
         conn = self._connect(create=True)
         assert conn is not None, "create=True makes the store"

@@ -65,6 +65,8 @@ class UploadCutoff:
         self._listeners.clear()
 
     def error(self) -> EngineUnavailable:
+        """The error an upload stopped by the cutoff gets (returned, not raised): EngineUnavailable,
+        retryable after SHUTDOWN_RETRY_AFTER_S (`shutting_down`), naming --upload-drain-s."""
         return shutting_down(
             f"the server shut down before this upload finished (--upload-drain-s "
             f"{flag_number(self._drain_s)} s); send it again"

@@ -163,6 +163,9 @@ class EngineSession:
                 await self._client._send_samples(self, arr)
 
     async def finalize(self) -> None:
+        """Send `FinalizeSession` to the engine (TranscriberSession). Raises ProtocolError after
+        end()/abort() or once the session finished, the session's own error once it failed, and
+        EngineUnavailable while the engine is not ready."""
         async with self._send_lock:
             self._check_open("finalize")
             self._client._send(FinalizeSession(self._id))
@@ -178,6 +181,9 @@ class EngineSession:
                 self._client._send(MergeSpeakers(self._id, speaker, into))
 
     async def end(self) -> None:
+        """Send `EndSession` to the engine: no more audio (TranscriberSession). Raises ProtocolError
+        on a second end() or after abort() or the session's finish, the session's own error once it
+        failed, and EngineUnavailable while the engine is not ready."""
         async with self._send_lock:
             self._check_open("end")
             self._ended = True

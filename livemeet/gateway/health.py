@@ -70,5 +70,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """`GET /metrics`: the app's Prometheus registry in the text exposition format
+    (prometheus_client's `CONTENT_TYPE_LATEST`)."""
     body = generate_latest(request.app[METRICS_KEY].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

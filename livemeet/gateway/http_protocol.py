@@ -138,6 +138,11 @@ class GatewayRequestHandler(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
+        """aiohttp's hook for what its protocol answers itself (a request its parser rejected, an
+        exception that escaped the app): the `refusal_error` of it as the gateway's JSON error
+        (`error_response`), with `Server` set and the connection closed after it. Logs one line, a
+        traceback only for an InternalError; `on_error` hears the error. Raises ConnectionError
+        when a response is already under way (nothing else can be sent)."""
         error = refusal_error(status, exc, message)
         if isinstance(error, InternalError):  # a bug: its traceback, as aiohttp logs it
             self.log_exception("error handling a request from %s", request.remote, exc_info=exc)
@@ -161,6 +166,8 @@ class GatewayRequestHandler(RequestHandler):
         return response
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp's, but a RequestPayloadError (the drain of a refused request's unread body) is
+        logged at DEBUG: the error middleware answered and logged that request already."""
         # aiohttp drains a request's unread body after its response, and logs the drain's
         # failure as "Unhandled exception"; for a malformed body (bad content coding) the error
         # middleware has answered and logged it already

@@ -64,6 +64,8 @@ def tmp_dir(config: ServerConfig) -> Path:
 
 
 def transcripts_dir(config: ServerConfig) -> Path:
+    """`<data_dir>/transcriptions`: the TranscriptStore's folder, one JSON file per transcript
+    (docs/protocol.md, Other endpoints)."""
     return config.data_dir / "transcriptions"
 
 

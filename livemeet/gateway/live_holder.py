@@ -574,6 +574,8 @@ class LiveSessionHolder:
             )
 
     def cancel_timer(self) -> None:
+        """Cancel the detached session's pending timer (its resume window's expiry, or its drop), if
+        any; idempotent."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None

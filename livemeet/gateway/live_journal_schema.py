@@ -146,6 +146,8 @@ def _migrate(conn: sqlite3.Connection, version: int) -> None:
 
 
 def options_to_json(meta: JournalSession) -> str:
+    """The JSON of the `sessions.options` column: `{"prompt", "hotwords", "language"}` of `meta`
+    (read back by `options_from_json`)."""
     options = {"prompt": meta.prompt, "hotwords": list(meta.hotwords), "language": meta.language}
     return json.dumps(options, ensure_ascii=False)
 
@@ -168,6 +170,8 @@ def options_from_json(text: str) -> dict[str, Any]:
 
 
 def segment_to_json(segment: Segment) -> str:
+    """The JSON of one final in the `finals` table: `{"id", "start", "end", "speaker", "text",
+    "is_final", "flags"}`, times in seconds (read back by `segment_from_json`)."""
     # times as Python floats: JSON keeps their repr, so they come back exact
     return json.dumps(
         {

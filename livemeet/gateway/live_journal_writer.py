@@ -100,6 +100,9 @@ def _settle(stored: asyncio.Future[None]) -> None:
 
 @dataclass(frozen=True)
 class Open:
+    """Start recording a session: its row (unless `adopted`) and its audio file `audio_name`,
+    cut to `start_frames`."""
+
     handle: Handle
     meta: JournalSession
     audio_name: str
@@ -109,12 +112,16 @@ class Open:
 
 @dataclass(frozen=True)
 class Append:
+    """PCM bytes of the session, appended to its audio file and fdatasynced in its group."""
+
     handle: Handle
     pcm: bytes
 
 
 @dataclass(frozen=True)
 class Final:
+    """A final segment, inserted as a `finals` row (`segment_to_json`)."""
+
     handle: Handle
     segment: Segment
     # done on the loop once the group that holds it was committed (or failed): the final is
@@ -124,12 +131,16 @@ class Final:
 
 @dataclass(frozen=True)
 class Finalize:
+    """A `finalize` at `frames` (sample frames of the session's audio received before it)."""
+
     handle: Handle
     frames: int
 
 
 @dataclass(frozen=True)
 class Names:
+    """The session's speaker names ({label: name} pairs), replacing its `names` column."""
+
     handle: Handle
     names: tuple[tuple[str, str], ...]
     stored: asyncio.Future[None]  # as Final's: the answer to the rename waits for it
@@ -137,6 +148,8 @@ class Names:
 
 @dataclass(frozen=True)
 class Merges:
+    """The session's speaker merges ({label: into} pairs), replacing its `merges` column."""
+
     handle: Handle
     merges: tuple[tuple[str, str], ...]
     stored: asyncio.Future[None]  # as Final's: the answer to the merge waits for it
@@ -144,24 +157,34 @@ class Merges:
 
 @dataclass(frozen=True)
 class Labels:
+    """The labels the session showed, replacing its `labels` column."""
+
     handle: Handle
     labels: tuple[str, ...]  # every label the session's segments showed, sorted
 
 
 @dataclass(frozen=True)
 class KeyId:
+    """The session's API key id, replacing its `key_id` column."""
+
     handle: Handle
     key_id: str | None  # the API key the session runs on from now on (None: none)
 
 
 @dataclass(frozen=True)
 class End:
+    """The session is over (`state`): its rows deleted and its audio file removed (a DISCARDED
+    session's before the commit, any other's after it)."""
+
     handle: Handle
     state: SessionState
 
 
 @dataclass(frozen=True)
 class Ending:
+    """The session's `end` reached the backend: its row is marked `ended`, so a rebuild after
+    a crash ends it too (`LiveJournal.mark_ended`)."""
+
     handle: Handle
 
 

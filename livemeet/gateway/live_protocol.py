@@ -116,6 +116,9 @@ def name_problem(name: str) -> str | None:
 
 
 class State(StrEnum):
+    """Where a connection is in protocol v0 (`LiveProtocol.state`): AWAITING_START until
+    `start`, STREAMING until `end` (ENDING) or a server-side end (DRAINING), CLOSED at last."""
+
     AWAITING_START = "awaiting_start"
     STREAMING = "streaming"
     ENDING = "ending"
@@ -228,6 +231,7 @@ class SpeakerRenamed:
     name: str | None
 
     def to_wire(self) -> dict[str, object]:
+        """The JSON object of the frame (docs/protocol.md, Server to client)."""
         return {"type": "speaker.renamed", "speaker": self.speaker, "name": self.name}
 
 
@@ -250,6 +254,7 @@ class SpeakerMerged:
     into: str
 
     def to_wire(self) -> dict[str, object]:
+        """The JSON object of the frame (docs/protocol.md, Server to client)."""
         return {"type": "speaker.merged", "speaker": self.speaker, "into": self.into}
 
 

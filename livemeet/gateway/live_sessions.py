@@ -152,6 +152,7 @@ class LiveSessions:
 
     @property
     def num_detached(self) -> int:
+        """Sessions no socket carries now (`sink` None)."""
         return sum(1 for h in self._holders.values() if h.sink is None)
 
     def streaming(self) -> StreamingCount:

@@ -76,6 +76,8 @@ class EngineStatsCollector:
         return iter(_families(None))
 
     def collect(self) -> Iterator[Metric]:
+        """The families with the latest `source()` stats (prometheus_client's collector protocol);
+        none while it returns None."""
         stats = self.source()
         return iter(_families(stats) if stats is not None else [])
 

@@ -118,6 +118,8 @@ def _served_model(request: web.Request) -> dict[str, object]:
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """`GET /v1/models`: the one model served, as OpenAI's list-models response
+    (`{"object": "list", "data": [model]}`; docs/protocol.md, Other endpoints)."""
     return web.json_response({"object": "list", "data": [_served_model(request)]})
 
 
@@ -131,6 +133,9 @@ async def retrieve_model(request: web.Request) -> web.Response:
 
 
 async def get_transcription(request: web.Request) -> web.Response:
+    """`GET /v1/transcriptions/{id}?response_format=...`: a finished upload's transcript,
+    rendered by the upload's writers (json when absent or empty). Raises NotFound for an unknown,
+    malformed or unfinished id, InvalidRequest for an unknown response_format."""
     transcript = await request.app[STORE_KEY].get(request.match_info["id"])
     # empty as absent, as the upload form's field is
     fmt = formats.parse_response_format(request.query.get("response_format") or "json")

@@ -90,11 +90,15 @@ class TextTracker:
         self._finals: list[str] = []
 
     def on_backend_delta(self, text: str) -> str:
+        """A `TextDelta` the backend streamed: returned as it is to send; from now on final segments
+        add no deltas of their own."""
         self._backend_streams = True
         self.sent += text
         return text
 
     def on_final_segment(self, text: str) -> str:
+        """A final segment's text: the delta to send ("" when the backend streams its own deltas, or
+        when what was sent is not a prefix of the finals' joined text)."""
         self._finals.append(text)
         if self._backend_streams:
             return ""
@@ -119,4 +123,5 @@ def encode_event(payload: Mapping[str, object]) -> bytes:
 
 
 def encode_events(payloads: Iterable[Mapping[str, object]]) -> bytes:
+    """The SSE messages of `payloads`, concatenated (`encode_event`)."""
     return b"".join(encode_event(p) for p in payloads)

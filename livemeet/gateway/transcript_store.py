@@ -36,6 +36,7 @@ LIVE_TRANSCRIPT_ID = re.compile(r"^ls_[0-9a-f]{32}$")
 
 
 def new_transcription_id() -> str:
+    """A new upload id: `tr_` and 32 random hex digits (a UUID4; matches TRANSCRIPTION_ID)."""
     return f"tr_{uuid.uuid4().hex}"
 
 
@@ -80,6 +81,8 @@ class StoredTranscript:
 
 
 def transcript_to_json(t: Transcript) -> dict[str, Any]:
+    """The stored record of `t` (its JSON file's object): duration (s), finish_reason, language,
+    segments (`Segment.to_wire`), speakers, merged."""
     return {
         "duration": t.duration_s,
         "finish_reason": t.finish_reason.value,
@@ -93,6 +96,9 @@ def transcript_to_json(t: Transcript) -> dict[str, Any]:
 
 
 def transcript_from_json(d: dict[str, Any]) -> Transcript:
+    """The Transcript of a record `transcript_to_json` wrote (every segment final; `speakers` and
+    `merged` optional, for older files). A malformed record raises what its bad field causes
+    (KeyError, ValueError, TypeError)."""
     segments = tuple(
         Segment(
             start_s=float(s["start"]),

@@ -58,7 +58,10 @@ class QKNorms:
 class AttentionBackend(Protocol):
     """Stores the new K/V and attends causally over each request's cache (see module doc)."""
 
-    def kv_sink(self, layer: int) -> KVSink | None: ...
+    def kv_sink(self, layer: int) -> KVSink | None:
+        """Where `layer`'s new K/V go when a kernel ahead of attention stores them itself (then
+        `attend` gets k, v None); None when the backend takes them through `attend`."""
+        ...
 
     def attend_fused(
         self,
@@ -194,6 +197,9 @@ class DenseAttention:
         scale: float,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """As `AttentionBackend.attend`: appends each request's k, v rows to its cache, then attends
+        causally. Raises ValueError when k or v is None (no KV sink here) or q's row count is not
+        the batch's total of new tokens."""
         if k is None or v is None:
             raise ValueError("DenseAttention has no KV sink: attend needs k and v")
         bounds = self.cu_seqlens_q.tolist()

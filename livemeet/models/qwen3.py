@@ -122,6 +122,8 @@ class Qwen3Attention(nn.Module):
         sin: torch.Tensor,
         attn: AttentionBackend,
     ) -> torch.Tensor:
+        """The reference path: x [N, hidden] (N tokens of the flat batch), cos/sin [N, head_dim]
+        -> [N, hidden]; `attn` stores the new K/V and attends."""
         n = x.shape[0]
         q = self.q_norm(self.q_proj(x).view(n, self.heads, self.head_dim))
         k = self.k_norm(self.k_proj(x).view(n, self.kv_heads, self.head_dim))
@@ -144,6 +146,7 @@ class Qwen3MLP(nn.Module):
         self.register_buffer("gate_up_weight", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, hidden]."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
     @torch.no_grad()
@@ -154,6 +157,8 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3Layer(nn.Module):
+    """One pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(x))."""
+
     def __init__(self, cfg: TextConfig, layer: int) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(cfg, layer)
@@ -164,6 +169,7 @@ class Qwen3Layer(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionBackend
     ) -> torch.Tensor:
+        """The reference path: x [N, hidden], cos/sin [N, head_dim] -> [N, hidden]."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 

@@ -54,6 +54,7 @@ class EncoderAttention(nn.Module):
         self.qkv_weight, self.qkv_bias = fuse_linears((self.q_proj, self.k_proj, self.v_proj))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The reference path: x [n_win, frames, d] -> [n_win, frames, d]."""
         batch, frames, _ = x.shape  # [n_win, 1500, d]
 
         def split(t: torch.Tensor) -> torch.Tensor:

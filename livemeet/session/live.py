@@ -93,6 +93,7 @@ class Window(NamedTuple):
 
     @property
     def end_s(self) -> float:
+        """Where the window ends, s from the session start (`offset_s` + n / SAMPLE_RATE)."""
         return self.offset_s + len(self.samples) / SAMPLE_RATE
 
 

@@ -103,6 +103,7 @@ class Transcript:
 
     @property
     def speakers(self) -> tuple[str, ...]:
+        """The segments' labels, each once, in order of first appearance."""
         seen: dict[str, None] = {}
         for s in self.segments:
             seen.setdefault(s.speaker, None)

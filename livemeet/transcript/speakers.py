@@ -229,6 +229,7 @@ class SpeakerMapper:
 
     @property
     def seen(self) -> frozenset[str]:
+        """Every session label used so far (restored finals' and merges' labels included)."""
         return frozenset(self._seen)
 
     @property
