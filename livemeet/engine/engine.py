@@ -225,7 +225,7 @@ class Engine:
         self, num_audio_tokens: int, prompt: str | None = None, hotwords: Sequence[str] = ()
     ) -> PromptIds:
         """The prompt ids around `num_audio_tokens` audio tokens, with this engine's tokenizer
-        and prompt config (`models.prompt.build_prompt`). Raises BadAudio for fewer than 1,
+        and prompt config (`models.prompt.build_prompt`). Raises BadAudio for num_audio_tokens < 1,
         InvalidRequest for `hotwords` given as one string."""
         return self.prompts.build(num_audio_tokens, prompt, hotwords)
 
