@@ -172,8 +172,9 @@ class LiveSessions:
     def admitting(self, client: Client | None) -> Iterator[None]:
         """A place for a new session of `client` (None: not capped) while it is opened (the
         body opens it and registers it with `open`). Raises TooManySessions where `client`
-        holds `max_per_client` running sessions already (`held_by`): the place is taken at
-        the check, so starts racing each other cannot all pass it before any opened."""
+        holds `max_per_client` running sessions already (`held_by`; a cap of 0 caps no one):
+        the place is taken at the check, so starts racing each other cannot all pass it before
+        any opened."""
         if client is None:
             yield
             return

@@ -1001,7 +1001,8 @@ async def _stop_reading(reading: asyncio.Future[WSMessage]) -> WSMessage | None:
 
 async def live_handler(request: web.Request) -> web.WebSocketResponse:
     """`GET /v1/live`. Raises InvalidRequest (400) when the request is not a WS upgrade, and
-    RequestRejected (400) for a browser page of an origin not allowed (gateway/origin.py)."""
+    RequestRejected (400) for a browser page of an origin not allowed (the policy in
+    gateway/origin.py, checked by gateway/origin_http.py)."""
     ws = web.WebSocketResponse(max_msg_size=_WS_MAX_MSG_SIZE)  # timeouts: LiveConnection
     if not ws.can_prepare(request).ok:
         raise InvalidRequest("GET /v1/live needs a WebSocket upgrade")
