@@ -119,10 +119,6 @@ class StepCostModel:
         """Largest n <= limit with prefill_cost_s(start, n) <= budget_s (0 when none fits)."""
         if limit <= 0 or budget_s <= 0:
             return 0
-
-        def cost(n: int) -> float:
-            return self.prefill_cost_s(start, n)
-
         # cost(n) = a n^2 + b n with a = pair/2, b = per_token + pair * (start + 1/2)
         a = self.attention_s_per_pair / 2
         b = self.per_token_s + self.attention_s_per_pair * (start + 0.5)
@@ -132,8 +128,8 @@ class StepCostModel:
             n = int((-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a))
         n = min(n, limit)
         # float rounding can put the closed form one off either way
-        while n > 0 and cost(n) > budget_s:
+        while n > 0 and self.prefill_cost_s(start, n) > budget_s:
             n -= 1
-        while n < limit and cost(n + 1) <= budget_s:
+        while n < limit and self.prefill_cost_s(start, n + 1) <= budget_s:
             n += 1
         return n
