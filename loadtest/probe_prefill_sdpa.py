@@ -75,6 +75,10 @@ def gather(step: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sdpa_lower_right(backend: SDPBackend) -> Callable[..., torch.Tensor]:
+    """A form over q [1, H, n, D] and k, v [1, KV heads, L, D] (L >= n) on `backend` only:
+    SDPA with `causal_lower_right(n, L)`, the KV heads repeated to H. Raises RuntimeError
+    where the backend cannot take the inputs (the probe records it)."""
+
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         n, length = q.shape[2], k.shape[2]
         heads = q.shape[1]
@@ -185,6 +189,8 @@ def probe_shape(name: str, shape: str, fp8: bool) -> list[Row]:
 
 
 def report(rows: list[Row]) -> None:
+    """Print one line per row: ms and TFLOP/s, a form's TFLOP/s with its shape's gather time
+    added, and its max |delta| against the extend kernel (or its error)."""
     gather_ms = {(r.kv_dtype, r.shape): r.ms for r in rows if r.form == "gather"}
     for r in rows:
         line = f"{r.kv_dtype} {r.shape:5s} {r.form:11s} {r.ms:8.3f} ms {r.tflop_per_s:6.1f} TFLOP/s"
@@ -213,6 +219,7 @@ def probe(fp8: bool, deadline: float) -> list[Row]:
 
 
 def main() -> None:
+    """Probe bf16 then e4m3 caches (half of --max-seconds each) and write every row to --json."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--json", default="probe_prefill_sdpa.json")
     parser.add_argument("--max-seconds", type=float, default=120.0)
