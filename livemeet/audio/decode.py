@@ -84,12 +84,17 @@ Decisions on damaged input:
   length check before decoding (and `livemeet stream`'s length of a file it stopped
   early): a length understated is caught as the decode runs (TooLong, "decodes to"), one
   overstated (a later link of a higher rate) refuses a file within the limit.
-- A FLAC behind an ID3v2 tag of about 1 MiB or more (cover art; within ~50 bytes of 1 MiB
-  the STREAMINFO no longer fits) is `BadAudio` ("not an audio file ..."), from a file, bytes
-  or a pipe alike: FFmpeg's format probe reads at most 1 MiB and looks past an ID3v2 tag only
-  when the bytes after it are in that buffer (it trusts a large tag for MP3 alone, which
-  decodes behind one of any size), and `audio/joined.py` holds a tag of at most 1 MiB to look
-  past. Such a file decodes once its tag is removed.
+- A FLAC behind ID3v2 tags (cover art: some rippers and taggers write one in front of a
+  FLAC) probes and decodes as the FLAC without them, whatever their size, from a file, bytes
+  or a pipe alike. `audio/joined.py` passes them by the lengths their headers give (one or
+  several one after another, a footer included), sought past in a file and read and dropped
+  from a pipe, never held whole (a stream holds its first 1 MiB until it knows they were a
+  FLAC's, to give them back if not), and both libraries read the FLAC from its marker on.
+  FFmpeg alone refused one behind a tag of about 1 MiB or more (`BadAudio`) unless its
+  file's name ended in .flac: its format probe reads at most 1 MiB and looks past ID3v2 tags
+  only where the bytes after them are in that buffer, else goes by the name (or trusts the
+  tag for MP3, which decodes behind one of any size, as before). As FFmpeg (and libsndfile),
+  zeros between a tag and the marker (padding outside the tag) are not passed: `BadAudio`.
 """
 
 from __future__ import annotations
@@ -99,9 +104,10 @@ import math
 import threading
 import wave
 from collections.abc import Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO, NamedTuple, cast
 
 import av
 import av.container
@@ -122,7 +128,7 @@ from livemeet.audio.constants import (
     TRUNCATION_TOLERANCE_S,
 )
 from livemeet.audio.gapless import MP4_DEMUXER, trim_for
-from livemeet.audio.joined import members, splits
+from livemeet.audio.joined import Tail, flac_start, members, splits
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
@@ -246,6 +252,32 @@ def _check_rate(rate: int, verb: str) -> None:
 def _probe_header(source: AudioSource) -> _Probe:
     if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
+    with _flac_past_tags(source) as flac:
+        return _probe_contents(source if flac is None else flac)
+
+
+@contextmanager
+def _flac_past_tags(source: AudioSource) -> Iterator[Tail | None]:
+    """A FLAC behind ID3v2 tags (audio/joined.py's `flac_start`), as a file of its own from
+    its marker on: probed so, it reads as its members decode, without the tags, which the
+    libraries do not always look past (libsndfile: two tags, or a footer; FFmpeg: tags of
+    more than its probe's 1 MiB). None for any other source (a FLAC without tags too)."""
+    raw = io.BytesIO(source) if isinstance(source, bytes) else _open_file(source)
+    with raw:
+        start = flac_start(raw)
+        yield Tail(raw, start) if start else None
+
+
+def _open_file(path: Path) -> BinaryIO:
+    """`path` opened to read; BadAudio when it cannot be."""
+    try:
+        return path.open("rb")
+    except OSError as e:
+        raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
+
+
+def _probe_contents(source: AudioSource | Tail) -> _Probe:
+    """`_probe_header` of a source, or of a FLAC past its tags."""
     info = _soundfile_info(source)
     # a WAV's own header: its declared length (a cut file), and its channels where libsndfile
     # refused it; no second open of any other file libsndfile read
@@ -293,13 +325,12 @@ class _WavHeader(NamedTuple):
     declared_s: float | None  # the data chunk's size as written, in s (None: a placeholder)
 
 
-def _wav_header(source: AudioSource) -> _WavHeader | None:
+def _wav_header(source: AudioSource | Tail) -> _WavHeader | None:
     """The header of an integer-PCM WAV (`wave` takes the data chunk's size as written, not
     from the file's length as libsndfile does); None for any other file, float WAVs among
     them (`wave` reads integer PCM only), or an unreadable header."""
     try:
-        opened = wave.open(str(source) if isinstance(source, Path) else io.BytesIO(source), "rb")
-        with opened as w:
+        with wave.open(_openable(source), "rb") as w:
             channels, frames, rate = w.getnchannels(), w.getnframes(), w.getframerate()
             frame_bytes = channels * w.getsampwidth()
     except (wave.Error, EOFError, OSError, ValueError):
@@ -546,19 +577,23 @@ def _num_bytes(source: AudioSource) -> int:
         raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
 
 
-def _openable(source: AudioSource | BinaryIO) -> str | BinaryIO:
-    """What soundfile and PyAV open: the path, a fresh BytesIO over the bytes, or a stream as
-    it is (read once, by one opener: `iter_decode_stream`).
+def _openable(source: AudioSource | BinaryIO | Tail) -> str | BinaryIO:
+    """What soundfile, PyAV and `wave` open: the path, a fresh BytesIO over the bytes, a FLAC
+    past its tags (`_flac_past_tags`) from its start, or a stream as it is (read once, by one
+    opener: `iter_decode_stream`).
 
     A fresh one per open, so no reader depends on where an earlier one left the position. (A
     BytesIO over bytes shares their buffer until written, so this copies nothing.)
     """
     if isinstance(source, bytes):
         return io.BytesIO(source)
+    if isinstance(source, Tail):
+        source.seek(0)
+        return cast(BinaryIO, source)
     return str(source) if isinstance(source, Path) else source
 
 
-def _soundfile_info(source: AudioSource) -> sf._SoundFileInfo | None:
+def _soundfile_info(source: AudioSource | Tail) -> sf._SoundFileInfo | None:
     """libsndfile's header info, or None when libsndfile cannot open it or FFmpeg should."""
     try:
         info = sf.info(_openable(source))
@@ -666,11 +701,7 @@ def _parts(source: AudioSource | BinaryIO) -> Iterator[tuple[AudioSource | Binar
     members, as streams (audio/joined.py); any other file, itself (a path FFmpeg opens as
     before). A stream is always read through audio/joined.py (anything else passes)."""
     if isinstance(source, Path):
-        try:
-            file = source.open("rb")
-        except OSError as e:
-            raise BadAudio(f"cannot read the audio file: {e.strerror}") from e
-        with file:
+        with _open_file(source) as file:
             if splits(file):
                 yield from members(file)
                 return
@@ -836,7 +867,7 @@ def _format_change(first: tuple[int, int], now: tuple[int, int]) -> str:
     return f"the audio's {what}: files of different formats joined (e.g. with cat)?"
 
 
-def _open_container(source: AudioSource | BinaryIO) -> av.container.InputContainer:
+def _open_container(source: AudioSource | BinaryIO | Tail) -> av.container.InputContainer:
     """Open `source` with FFmpeg; BadAudio when neither libsndfile nor FFmpeg can read it."""
     try:
         # No format= for bytes: FFmpeg recognises our containers from their content alone;

@@ -20,7 +20,12 @@ decodes them in turn). Pure byte bookkeeping: no decoding.
   frame of another bit depth (it cannot switch), lost a frame at a 48 -> 16 kHz join, and
   took a 16 kHz 24-bit file after a 44.1 kHz 16-bit one as trailing bytes of the first's
   last frame, dropped without an error. Each member's STREAMINFO total samples come with it
-  (`Member`). An ID3v2 tag before the first marker goes with the first member.
+  (`Member`). ID3v2 tags before the first marker (ID3v2.4 section 3.1: a 10-byte header
+  whose 28-bit size, plus a footer where its flag says so, gives the tag's length), one or
+  several one after another as FFmpeg reads them (up to 16), of any size (cover art of MiB),
+  are passed by their lengths and dropped: the first member begins at its marker, a FLAC
+  decoded as without them (`flac_start`, `_Splitter._past_tags`). A tag before a later
+  member is bytes of the one before it, which FFmpeg's parser passes over.
 
 The probe's duration of a chained Ogg file stays FFmpeg's: the last page's granule (the last
 link's own length) at the first link's rate, so it understates a chain of one rate (3 s then
@@ -28,10 +33,12 @@ link's own length) at the first link's rate, so it understates a chain of one ra
 9 s), which only the length limit's check before decoding sees (audio/decode.py).
 
 The members are read as they are needed, a page or a read at a time: a file of hours, or a
-pipe, is never read ahead. A source that is neither is one member, to its end; bytes between
-Ogg pages (damage) go with the page before them, as FFmpeg's demuxer skips them. The FLAC
-search costs a pass over the bytes: a 37-minute 16 kHz speech FLAC (38 MB) decodes in
-~0.46 CPU-s, ~0.42 read by FFmpeg itself.
+pipe, is never read ahead (leading tags are passed first: sought past in a file, read a
+block at a time from a pipe). A source that is neither is one member, to its end, as it
+came (tags in front of it included: a pipe's are given back); bytes between Ogg pages
+(damage) go with the page before them, as FFmpeg's demuxer skips them. The FLAC search
+costs a pass over the bytes: a 37-minute 16 kHz speech FLAC (38 MB) decodes in ~0.46 CPU-s,
+~0.42 read by FFmpeg itself.
 """
 
 from __future__ import annotations
@@ -52,9 +59,15 @@ _FLAC_START_BYTES = 8
 _FLAC_TOTAL_SAMPLES_AT = 21  # STREAMINFO's 36-bit total samples: the low 4 bits of this byte,
 _FLAC_HEAD_BYTES = 26  # then 4 bytes (big-endian), from the member's first byte
 _ID3_HEADER_BYTES = 10  # an ID3v2 tag's header: "ID3", version (2), flags, size (4 x 7 bits)
-# bytes of an ID3v2 tag looked past for a FLAC marker (held in memory while it is): a FLAC
-# behind a larger one (cover art) is read as one stream, as FFmpeg reads it
-_MAX_ID3_TAG_BYTES = 1 << 20
+_ID3_FOOTER_FLAG = 0x10  # header flags: a footer (10 bytes) ends the tag
+_MAX_ID3_SIZE = (1 << 28) - 1  # a header's size: 28 bits, 7 in each of 4 bytes
+# leading ID3v2 tags looked past, at most (taggers write one, at times two): an upload of
+# tags of 10 bytes each would otherwise cost a step of Python per 10 bytes
+_MAX_ID3_TAGS = 16
+# bytes of a stream's leading ID3v2 tags held while looking past them for a FLAC marker, to
+# give back as they were read if none follows: FFmpeg's format probe reads at most this many
+# (PROBE_BUF_MAX), so it sees what it saw before (`_Splitter._past_tags`)
+_MAX_HELD_TAG_BYTES = 1 << 20
 _READ_BYTES = 1 << 16  # bytes read from the source at a time
 
 
@@ -67,15 +80,64 @@ class Member(NamedTuple):
 
 
 def splits(raw: BinaryIO) -> bool:
-    """Whether the seekable file `raw` is one `members` may split: an Ogg or FLAC file (a
-    FLAC behind an ID3v2 tag too). Reads its first bytes and leaves it at its start."""
-    head = raw.read(_ID3_HEADER_BYTES)
-    at = _id3_tag_bytes(head)
-    if at:
-        raw.seek(at)
-        head = raw.read(len(FLAC_MARKER))
+    """Whether the seekable file `raw` is one `members` may split: an Ogg file, or a FLAC file
+    (behind ID3v2 tags too: `flac_start`). Reads its first bytes and leaves it at its start."""
+    if flac_start(raw) is not None:
+        return True
+    head = raw.read(len(OGG_CAPTURE))
     raw.seek(0)
-    return head.startswith((OGG_CAPTURE, FLAC_MARKER))
+    return head == OGG_CAPTURE
+
+
+def flac_start(raw: BinaryIO) -> int | None:
+    """Where the FLAC stream in the seekable file `raw` begins, in bytes: 0, or past the ID3v2
+    tags in front of its marker (up to `_MAX_ID3_TAGS` of them, of any size: only their
+    headers are read); None where no FLAC marker is there. Leaves `raw` at its start."""
+    at = 0
+    for _ in range(_MAX_ID3_TAGS + 1):
+        raw.seek(at)
+        head = raw.read(_ID3_HEADER_BYTES)
+        if not (length := _id3_tag_bytes(head)):
+            break
+        at += length
+    raw.seek(0)
+    return at if head.startswith(FLAC_MARKER) else None
+
+
+class Tail(io.RawIOBase):
+    """The seekable file `raw` from byte `start` on, read and sought as a file of its own (a
+    FLAC past the ID3v2 tags in front of it: `flac_start`). Each Tail keeps its own position,
+    and seeks `raw` to it before each read."""
+
+    def __init__(self, raw: BinaryIO, start: int) -> None:
+        self._raw, self._start, self._at = raw, start, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self._at
+        elif whence == io.SEEK_END:
+            offset += self._raw.seek(0, io.SEEK_END) - self._start
+        if offset < 0:
+            raise OSError(f"cannot seek to {offset}, before the start")
+        self._at = offset
+        return offset
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        self._raw.seek(self._start + self._at)
+        with memoryview(buffer) as out:
+            piece = self._raw.read(len(out))
+            out[: len(piece)] = piece
+        self._at += len(piece)
+        return len(piece)
 
 
 def members(raw: BinaryIO) -> Iterator[Member]:
@@ -97,17 +159,86 @@ class _Splitter:
         self._raw = raw
         self._buffer = bytearray()  # read from `raw`, not yet handed to a member
         self._eof = False
-        self._fill(_ID3_HEADER_BYTES)
-        # a FLAC may follow an ID3v2 tag, which goes with the first member
-        self._head = _id3_tag_bytes(bytes(self._buffer[:_ID3_HEADER_BYTES]))
-        self._fill(self._head + len(FLAC_MARKER))
-        kind = bytes(self._buffer[self._head : self._head + len(FLAC_MARKER)])
-        self._ogg = self._head == 0 and kind == OGG_CAPTURE
-        self.flac = kind == FLAC_MARKER  # FLAC files (one, or joined)
+        # a stream's leading ID3v2 tags given back (`_past_tags`), in pieces, before the buffer
+        self._given_back: Iterator[bytes] = iter(())
+        self._piece = b""  # what reads left of the last piece given back
+        self.flac = self._past_tags()  # FLAC files (one, or joined)
+        self._fill(len(OGG_CAPTURE))
+        self._ogg = self._buffer.startswith(OGG_CAPTURE) and not self._piece
+        self._head = 0  # where the current FLAC member begins in the buffer, until handed over
         self._page_left = 0  # Ogg: bytes of the current page not yet handed over
         self._clear = 0  # FLAC: bytes at the buffer's head known to be the current member's
         self._in_body = False  # Ogg: the member has had a page other than a BOS page
         self._member_ended = False  # the bytes at the buffer's head begin another member
+
+    def _past_tags(self) -> bool:
+        """Pass the ID3v2 tags `raw` begins with (as `flac_start`) and say whether a FLAC
+        marker follows them. If one does, the tags are dropped, whatever their size (cover
+        art of megabytes): the first member begins at the marker, and its decode is the
+        untagged file's. If none does, `raw` reads as it did: a seekable one is sought back;
+        a stream's tags are given back in front of the buffer, their first
+        `_MAX_HELD_TAG_BYTES` as they were read and the rest as zeros, but for whole tags
+        whose headers lie past those bytes, given back as stand-ins of their length
+        (`_stand_in_tags`): FFmpeg probes the bytes it probed, and its ID3v2 reader, going
+        from tag to tag by their lengths, ends where it ended (MP3: decoded behind tags of
+        any size as before; what is lost is tag content past the first MiB, which FFmpeg
+        reads as metadata and cover art, not audio)."""
+        seekable = self._raw.seekable()
+        start = self._raw.tell() if seekable else 0
+        held = bytearray()  # a stream's first tag bytes (up to _MAX_HELD_TAG_BYTES)
+        at = 0  # bytes of tags passed
+        # the rest, given back: zeros to the end of the tag `held` ends in, then the whole
+        # tags after it (as stand-ins), then zeros for a tag `raw` ended in
+        num_zeros = num_stand_in = num_cut = 0
+        self._fill(_ID3_HEADER_BYTES)
+        for _ in range(_MAX_ID3_TAGS):
+            if not (length := _id3_tag_bytes(bytes(self._buffer[:_ID3_HEADER_BYTES]))):
+                break
+            passed = self._drop(length, None if seekable else held)
+            if at + _ID3_HEADER_BYTES <= _MAX_HELD_TAG_BYTES:  # its header is held
+                num_zeros += max(at + passed - _MAX_HELD_TAG_BYTES, 0)
+            else:  # a header the held bytes cut goes with the stand-in instead
+                del held[at:]
+                if passed == length:
+                    num_stand_in += length
+                else:
+                    num_cut = passed
+            at += passed
+            self._fill(_ID3_HEADER_BYTES)
+        self._fill(len(FLAC_MARKER))
+        if self._buffer.startswith(FLAC_MARKER):
+            return True
+        if not at:
+            return False
+        if seekable:
+            self._raw.seek(start)
+            self._buffer.clear()
+            self._eof = False
+        else:
+            self._given_back = _given_back(bytes(held), num_zeros, num_stand_in, num_cut)
+            self._piece = next(self._given_back)
+        return False
+
+    def _drop(self, size: int, held: bytearray | None) -> int:
+        """Pass `size` bytes (fewer where `raw` ends first): sought past in a seekable `raw`
+        (`held` None), else read a block at a time, kept in `held` while it is shorter than
+        `_MAX_HELD_TAG_BYTES`. Returns how many bytes were passed."""
+        passed = min(size, len(self._buffer))
+        if held is not None:
+            held += self._buffer[: min(passed, _MAX_HELD_TAG_BYTES - len(held))]
+        del self._buffer[:passed]
+        if passed < size and held is None:
+            here = self._raw.tell()
+            end = self._raw.seek(0, io.SEEK_END)
+            passed += self._raw.seek(min(here + size - passed, end)) - here
+        while passed < size and not self._eof:
+            piece = self._raw.read(min(size - passed, _READ_BYTES))
+            if not piece:
+                self._eof = True
+            elif held is not None and len(held) < _MAX_HELD_TAG_BYTES:
+                held += piece[: _MAX_HELD_TAG_BYTES - len(held)]
+            passed += len(piece)
+        return passed
 
     def flac_frames(self) -> int:
         """The current member's STREAMINFO total samples; call before reading it."""
@@ -137,6 +268,11 @@ class _Splitter:
             return piece
         if self.flac:
             return self._take(min(size, self._flac_span()))
+        if self._piece:  # a stream's tags given back come first
+            piece, self._piece = self._piece[:size], self._piece[size:]
+            if not self._piece:
+                self._piece = next(self._given_back, b"")
+            return piece
         return self._take(size)
 
     def _take(self, size: int) -> bytes:
@@ -219,16 +355,49 @@ def _find_flac_start(data: bytearray, start: int) -> int:
 
 
 def _id3_tag_bytes(head: bytes) -> int:
-    """The length of the ID3v2 tag `head` (a file's first bytes) begins, header and footer
-    included (ID3v2.4 section 3.1); 0 if none, or one over `_MAX_ID3_TAG_BYTES`."""
+    """The length of the ID3v2 tag whose header `head` begins with, header and footer
+    included (ID3v2.4 section 3.1); 0 if none. A header as FFmpeg's ID3v2 reader takes one:
+    version and revision other than 0xFF, each size byte under 0x80."""
     if len(head) < _ID3_HEADER_BYTES or not head.startswith(b"ID3"):
+        return 0
+    if 0xFF in head[3:5] or any(byte & 0x80 for byte in head[6:10]):
         return 0
     size = 0
     for byte in head[6:10]:  # 28 bits, 7 in each byte
-        size = size << 7 | byte & 0x7F
-    footer = 10 if head[5] & 0x10 else 0
-    length = _ID3_HEADER_BYTES + size + footer
-    return length if length <= _MAX_ID3_TAG_BYTES else 0
+        size = size << 7 | byte
+    footer = _ID3_HEADER_BYTES if head[5] & _ID3_FOOTER_FLAG else 0
+    return _ID3_HEADER_BYTES + size + footer
+
+
+def _given_back(held: bytes, num_zeros: int, num_stand_in: int, num_cut: int) -> Iterator[bytes]:
+    """A stream's leading ID3v2 tags given back (`_Splitter._past_tags`), in non-empty pieces
+    of at most _READ_BYTES: the `held` bytes, `num_zeros` zeros, stand-in tags taking up
+    `num_stand_in` bytes, then `num_cut` zeros."""
+    for at in range(0, len(held), _READ_BYTES):
+        yield held[at : at + _READ_BYTES]
+    yield from _zeros(num_zeros)
+    for header, num_padding in _stand_in_tags(num_stand_in):
+        yield header
+        yield from _zeros(num_padding)
+    yield from _zeros(num_cut)
+
+
+def _stand_in_tags(num_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """ID3v2.4 tags of padding alone that take up `num_bytes` (0, or 10 or more: whole tags),
+    as (header, bytes of padding after it): a tag's size has 28 bits, so more than 256 MiB
+    are several."""
+    while num_bytes:
+        length = num_bytes if num_bytes <= _ID3_HEADER_BYTES + _MAX_ID3_SIZE else 1 << 27
+        size = length - _ID3_HEADER_BYTES
+        syncsafe = bytes((size >> shift) & 0x7F for shift in (21, 14, 7, 0))
+        yield b"ID3\x04\x00\x00" + syncsafe, size
+        num_bytes -= length
+
+
+def _zeros(num_bytes: int) -> Iterator[bytes]:
+    """`num_bytes` zeros, in non-empty pieces of at most _READ_BYTES."""
+    for at in range(0, num_bytes, _READ_BYTES):
+        yield bytes(min(_READ_BYTES, num_bytes - at))
 
 
 class _Member(io.RawIOBase):

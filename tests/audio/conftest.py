@@ -101,3 +101,28 @@ def with_flac_total_samples(flac: bytes, total: int) -> bytes:
     data[info + 13] = (data[info + 13] & 0xF0) | (total >> 32)
     data[info + 14 : info + 18] = struct.pack(">I", total & 0xFFFF_FFFF)
     return bytes(data)
+
+
+def id3v2_tag(art_bytes: int, *, footer: bool = False) -> bytes:
+    """An ID3v2.4 tag (section 3.1 of its structure document) holding one APIC frame (front
+    cover, section 4.14 of its frames document) of `art_bytes` of "cover art": a PNG
+    signature, then noise in which a FLAC stream's start, an ID3v2 header and an Ogg capture
+    pattern lie, so a reader that searched the tag in front of a file for them, not passed it
+    by its length, would be misled (between two FLACs joined, it would be: a tag there is
+    bytes of the file before). `footer`: the tag ends with the 10-byte footer (section 3.4)."""
+    rng = np.random.default_rng(art_bytes)
+    art = bytearray(b"\x89PNG\r\n\x1a\n" + rng.integers(0, 256, art_bytes - 8, np.uint8).tobytes())
+    for at, decoy in ((art_bytes // 4, b"fLaC\x00\x00\x00\x22"), (art_bytes // 2, b"ID3\x04\x00")):
+        art[at : at + len(decoy)] = decoy
+    art[-4:] = b"OggS"
+    body = b"\x00image/png\x00\x03\x00" + art  # encoding, MIME type, picture type, description
+    frame = b"APIC" + syncsafe(len(body)) + b"\x00\x00" + body
+    flags = 0x10 if footer else 0x00
+    tag = b"ID3\x04\x00" + bytes([flags]) + syncsafe(len(frame)) + frame
+    return tag + (b"3DI" + tag[3:10] if footer else b"")
+
+
+def syncsafe(size: int) -> bytes:
+    """`size` as ID3v2's 4-byte syncsafe integer: 28 bits, 7 in each byte."""
+    assert 0 <= size < 1 << 28
+    return bytes((size >> shift) & 0x7F for shift in (21, 14, 7, 0))

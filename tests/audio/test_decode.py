@@ -11,7 +11,7 @@ import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import av
 import numpy as np
@@ -25,7 +25,13 @@ from livemeet.audio import decode
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.decode import AudioInfo, decode_file, iter_decode, probe
 from livemeet.errors import BadAudio, TooLong
-from tests.audio.conftest import SPEECH_FILE, EncodedClip, with_flac_total_samples
+from tests.audio.conftest import (
+    SPEECH_FILE,
+    EncodedClip,
+    id3v2_tag,
+    syncsafe,
+    with_flac_total_samples,
+)
 
 F32 = npt.NDArray[np.float32]
 MAX_LAG = 160  # samples (10 ms) of codec delay tolerated when aligning with the source
@@ -255,15 +261,21 @@ def test_iter_decode_yields_decode_files_samples(
 
 
 def write_in_two(
-    write_fd: int, data: bytes, first_read: threading.Event, rest_written: threading.Event
+    write_fd: int,
+    data: bytes,
+    first_read: threading.Event,
+    rest_written: threading.Event,
+    at: int | None = None,
 ) -> None:
-    """A pipe's writer: a third of `data`, then (once `first_read`, at most 5 s) the rest."""
+    """A pipe's writer: `data` up to `at` (a third of it by default), then (once
+    `first_read`, at most 5 s) the rest."""
+    at = len(data) // 3 if at is None else at
     with open(write_fd, "wb") as pipe:
-        pipe.write(data[: len(data) // 3])
+        pipe.write(data[:at])
         pipe.flush()
         first_read.wait(5.0)
         rest_written.set()
-        pipe.write(data[len(data) // 3 :])
+        pipe.write(data[at:])
 
 
 def test_iter_decode_stream_reads_a_pipe_as_its_writer_fills_it(shared_data: Path) -> None:
@@ -683,6 +695,198 @@ def test_flac_files_with_id3_tags_joined_decode_whole(tmp_path: Path) -> None:
     one, two = flac_bytes(0.5), flac_bytes(1.0)
     expected = np.concatenate([decode_file(one), decode_file(two)])
     np.testing.assert_array_equal(decode_every_way(tag + one + tag + two, tmp_path), expected)
+
+
+def piped(data: bytes) -> F32:
+    """`iter_decode_stream`'s samples of `data` written into a pipe (as `livemeet stream -`
+    reads it), concatenated."""
+    read_fd, write_fd = os.pipe()
+    writer = threading.Thread(target=_write_all, args=(write_fd, data))
+    writer.start()
+    try:
+        with open(read_fd, "rb", buffering=0) as pipe:
+            return np.concatenate(list(decode.iter_decode_stream(pipe)))
+    finally:
+        writer.join()
+
+
+# ID3v2 tags in front of a FLAC, as some rippers and taggers write them: cover art of MiB
+ID3_TAGS = {
+    "3MiB": lambda: id3v2_tag(3 << 20),
+    # 1 MiB in all: the largest audio/joined.py looked past, and FFmpeg's probe (1 MiB)
+    # held it, but not the STREAMINFO after it
+    "1MiB": lambda: id3v2_tag((1 << 20) - 33),
+    "footer": lambda: id3v2_tag(2 << 20, footer=True),
+    "two": lambda: id3v2_tag(1000) + id3v2_tag(2 << 20),  # read one after another, as FFmpeg
+}
+
+
+@pytest.mark.parametrize("tags", ID3_TAGS.values(), ids=ID3_TAGS.keys())
+def test_a_flac_behind_a_large_id3_tag_decodes_as_without_it(
+    tags: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    """Cover art in an ID3v2 tag in front of a FLAC: BadAudio from bytes (an upload), a pipe
+    or a file whose name does not end in .flac (an upload's spill file has none), FFmpeg's
+    probe (1 MiB) not reaching the FLAC behind it (audio/joined.py looked past 1 MiB at
+    most). The tag is passed by its length, and the file probes and decodes as the FLAC
+    without it, every way it comes."""
+    untagged = shared_data / SPEECH_FILE
+    data = tags() + untagged.read_bytes()
+    path = tmp_path / "tagged"
+    path.write_bytes(data)
+    expected = decode_file(untagged)
+    assert probe(path) == probe(data) == probe(untagged)
+    for source in (path, data):
+        np.testing.assert_array_equal(decode_file(source), expected, strict=True)
+    np.testing.assert_array_equal(np.concatenate(list(iter_decode(path))), expected)
+    np.testing.assert_array_equal(piped(data), expected)
+
+
+def test_a_flac_of_undeclared_length_behind_a_large_tag_probes_as_without_it(
+    shared_data: Path, tmp_path: Path
+) -> None:
+    """A FLAC written to a pipe (total samples 0), then tagged: libsndfile gives no length,
+    so FFmpeg probes it, from its marker on, as it probes the FLAC alone (it refused the
+    tagged file)."""
+    flac = with_flac_total_samples((shared_data / "jfk" / "jfk.flac").read_bytes(), 0)
+    data = id3v2_tag(3 << 20) + flac
+    path = tmp_path / "tagged.flac"
+    path.write_bytes(data)
+    assert probe(path) == probe(data) == probe(flac)
+    assert not probe(flac).duration_declared  # FFmpeg's probe, not libsndfile's
+    np.testing.assert_array_equal(decode_file(path), decode_file(flac))
+
+
+def test_flac_files_joined_behind_a_large_id3_tag_decode_whole(tmp_path: Path) -> None:
+    """The files joined with cat, the first behind cover art (and a small tag in front of the
+    second, which goes with the first file, as before): each file's samples, exactly."""
+    one, two = flac_bytes(1.0, 44_100, 2), flac_bytes(1.5, subtype="PCM_24")
+    expected = np.concatenate([decode_file(one), decode_file(two)])
+    small_tag = b"ID3\x04\x00\x00\x00\x00\x00\x0a" + bytes(10)  # searched, as the file's bytes
+    data = id3v2_tag(3 << 20) + one + small_tag + two
+    np.testing.assert_array_equal(decode_every_way(data, tmp_path), expected)
+    np.testing.assert_array_equal(piped(data), expected)
+
+
+class RecordedReads(io.RawIOBase):
+    """A pipe's reader (no seek) of an ID3v2 tag of `art_bytes` of cover art, made as it is
+    read so the test holds none of it, then `flac`; keeps the largest read asked of it."""
+
+    def __init__(self, art_bytes: int, flac: bytes) -> None:
+        body = b"\x00image/png\x00\x03\x00"
+        frame = b"APIC" + syncsafe(len(body) + art_bytes) + b"\x00\x00" + body
+        self._head = b"ID3\x04\x00\x00" + syncsafe(len(frame) + art_bytes) + frame
+        self._art_bytes, self._flac, self._at = art_bytes, flac, 0
+        self.largest_read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        self.largest_read = max(self.largest_read, len(buffer))
+        head, art, flac = len(self._head), self._art_bytes, self._flac
+        at = self._at
+        if at < head:
+            piece = self._head[at : at + len(buffer)]
+        elif at < head + art:
+            piece = bytes([at & 0xFF]) * min(len(buffer), head + art - at)
+        else:
+            piece = flac[at - head - art : at - head - art + len(buffer)]
+        buffer[: len(piece)] = piece
+        self._at += len(piece)
+        return len(piece)
+
+
+def test_a_large_tag_is_passed_not_held(shared_data: Path, tmp_path: Path) -> None:
+    """20 MiB of cover art: from a pipe, read a block at a time (64 KiB) and dropped, at
+    most FFmpeg's 1 MiB probe's worth held until the FLAC marker shows the rest was a tag
+    (under 2 MB allocated at any time, the 21 MB stream never); from a file, sought past
+    (under 1 MB). It was BadAudio."""
+    flac = (shared_data / SPEECH_FILE).read_bytes()
+    expected = decode_file(flac)
+    stream = RecordedReads(20 << 20, flac)
+    tracemalloc.start()
+    try:
+        got = np.concatenate(list(decode.iter_decode_stream(cast(BinaryIO, stream))))
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got, expected)
+    assert stream.largest_read <= 1 << 16, stream.largest_read
+    assert peak_bytes < 2_000_000, peak_bytes
+    path = tmp_path / "tagged.flac"
+    with path.open("wb") as f:
+        f.write(id3v2_tag(20 << 20))
+        f.write(flac)
+    tracemalloc.start()
+    try:
+        num_samples = sum(chunk.size for chunk in iter_decode(path))
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert num_samples == expected.size
+    assert peak_bytes < 1_000_000, peak_bytes
+
+
+def test_a_tagged_flac_from_a_pipe_comes_as_its_writer_writes_it(shared_data: Path) -> None:
+    """Past its tag (3 MiB), the FLAC is read as the pipe fills: the first chunk comes
+    before the writer has written the rest of the audio."""
+    flac = (shared_data / SPEECH_FILE).read_bytes()
+    tag = id3v2_tag(3 << 20)
+    data = tag + flac
+    read_fd, write_fd = os.pipe()
+    first_read, rest_written = threading.Event(), threading.Event()
+    writer = threading.Thread(
+        target=write_in_two,
+        args=(write_fd, data, first_read, rest_written, len(tag) + len(flac) // 3),
+    )
+    writer.start()
+    with open(read_fd, "rb", buffering=0) as pipe:
+        chunks = decode.iter_decode_stream(pipe)
+        got = [next(chunks)]
+        assert not rest_written.is_set()
+        first_read.set()
+        got += list(chunks)
+    writer.join()
+    np.testing.assert_array_equal(np.concatenate(got), decode_file(flac))
+
+
+def test_an_mp3_behind_a_large_id3_tag_still_decodes(
+    encoded_clips: dict[str, EncodedClip], tmp_path: Path
+) -> None:
+    """FFmpeg reads MP3 behind tags of any size (its probe trusts a large tag for MP3); a
+    stream's tags, passed while looking for a FLAC marker, are given back for it to read
+    (audio/joined.py): each way in, the samples of the MP3 without them. Two tags, the
+    second past the first 1 MiB, which a stream gives back as a stand-in of its length."""
+    mp3 = encoded_clips["speech.mp3"].path.read_bytes()
+    path = tmp_path / "tagged.mp3"
+    for tags in (id3v2_tag(3 << 20), id3v2_tag((1 << 20) + 5000) + id3v2_tag(3000)):
+        data = tags + mp3
+        path.write_bytes(data)
+        with av.open(path) as container:  # the cover art: FFmpeg reads the tag as a tag
+            assert container.streams.video[0].disposition & av.stream.Disposition.attached_pic
+        expected = decode_file(mp3)
+        np.testing.assert_array_equal(decode_file(path), expected)
+        np.testing.assert_array_equal(decode_file(data), expected)
+        # from a pipe as the MP3 without tags from a pipe: with its end padding, which
+        # FFmpeg cuts from a file's (111 samples here, tags or none)
+        np.testing.assert_array_equal(piped(data), piped(mp3))
+
+
+def test_a_flac_behind_a_tag_then_padding_is_refused_as_ffmpeg_refuses_it() -> None:
+    """ID3v2 padding belongs inside the tag (its size counts it); zeros after a tag are not a
+    tag, and FFmpeg does not look past them for a FLAC (nor does libsndfile): neither does
+    livemeet, every way in."""
+    flac = flac_bytes(1.0)
+    data = id3v2_tag(1000) + bytes(100) + flac
+    for source in (data, io.BytesIO(data)):
+        with pytest.raises(BadAudio, match="not an audio file"):
+            if isinstance(source, bytes):
+                decode_file(source)
+            else:
+                list(decode.iter_decode_stream(source))
+    with pytest.raises(BadAudio, match="not an audio file"):
+        piped(data)
 
 
 @pytest.mark.parametrize("declared", ["declared", "piped"])

@@ -9,7 +9,8 @@ from typing import BinaryIO, cast
 import numpy as np
 import soundfile as sf
 
-from livemeet.audio.joined import members
+from livemeet.audio.joined import flac_start, members, splits
+from tests.audio.conftest import id3v2_tag
 
 
 def ogg(seconds: float, rate: int, subtype: str = "VORBIS") -> bytes:
@@ -19,15 +20,18 @@ def ogg(seconds: float, rate: int, subtype: str = "VORBIS") -> bytes:
 
 
 class ShortReads(io.RawIOBase):
-    """`data` in reads of at most `most` bytes, as a pipe gives it."""
+    """`data` in reads of at most `most` bytes, as a pipe gives it; keeps the largest read
+    asked of it."""
 
     def __init__(self, data: bytes, most: int) -> None:
         self._data, self._offset, self._most = data, 0, most
+        self.largest_read = 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        self.largest_read = max(self.largest_read, len(buffer))
         piece = self._data[self._offset : self._offset + min(len(buffer), self._most)]
         buffer[: len(piece)] = piece
         self._offset += len(piece)
@@ -89,7 +93,7 @@ def flac(seconds: float, rate: int, subtype: str = "PCM_16") -> bytes:
 
 def test_flac_files_joined_are_members_with_their_declared_lengths() -> None:
     """Each starts at its marker and STREAMINFO block header; its total samples come with
-    it. A tag in front (ID3v2) goes with the first."""
+    it. A tag in front (ID3v2) is dropped: the first starts at its marker too."""
     files = [flac(1.0, 16_000), flac(0.5, 44_100, "PCM_24"), flac(2.0, 8_000)]
     tag = b"ID3\x04\x00\x00\x00\x00\x00\x0a" + bytes(10)  # a 10-byte tag
     data = tag + b"".join(files)
@@ -98,7 +102,7 @@ def test_flac_files_joined_are_members_with_their_declared_lengths() -> None:
             parts = members(short_reads(data, most))
             got = [(read_all(m.reader, size), m.flac, m.flac_frames) for m in parts]
             assert got == [
-                (tag + files[0], True, 16_000),
+                (files[0], True, 16_000),
                 (files[1], True, 22_050),
                 (files[2], True, 16_000),
             ]
@@ -111,3 +115,77 @@ def test_a_flac_marker_alone_does_not_split() -> None:
     middle = len(one) // 2
     data = one[:middle] + b"fLaC\x00\x00\x00\x21" + one[middle:]
     assert [m.reader.read() for m in members(io.BytesIO(data))] == [data]
+
+
+def test_a_flac_behind_id3_tags_starts_at_its_marker() -> None:
+    """Tags in front of a FLAC (any number, of any size, a footer too), passed by their
+    lengths: the first member is the FLAC alone, from a pipe a read at a time (none asked
+    over 64 KiB) or from a file (sought past). Behind a tag of more than 1 MiB the whole file
+    was one member, not a FLAC."""
+    files = [flac(1.0, 16_000), flac(0.5, 44_100, "PCM_24")]
+    tags = id3v2_tag(1000) + id3v2_tag(2 << 20, footer=True)
+    data = tags + b"".join(files)
+    expected = [(files[0], True, 16_000), (files[1], True, 22_050)]
+    for most in (1000, 1 << 20):  # (reads of a few bytes: the test above, a small tag)
+        source = ShortReads(data, most)
+        got = [(read_all(m.reader, 1000), m.flac, m.flac_frames) for m in members(source)]
+        assert got == expected
+        assert source.largest_read <= 1 << 16
+    file = io.BytesIO(data)
+    assert splits(file) and flac_start(file) == len(tags) and file.tell() == 0
+    assert [(m.reader.read(), m.flac, m.flac_frames) for m in members(file)] == expected
+
+
+def test_what_is_behind_id3_tags_is_a_flac_only_at_their_end() -> None:
+    """Zeros after a tag (padding belongs inside it), or no FLAC at all: not a FLAC, as
+    FFmpeg and libsndfile read it; nor is a header FFmpeg does not take for one (a size
+    byte over 0x7F). Nor is one behind more than 16 tags (a tagger writes one or two): an
+    upload of empty tags would cost a Python step per 10 bytes."""
+    one = flac(1.0, 16_000)
+    tag, empty = id3v2_tag(1000), b"ID3\x04\x00\x00\x00\x00\x00\x00"
+    assert flac_start(io.BytesIO(one)) == 0
+    assert flac_start(io.BytesIO(tag + tag + one)) == 2 * len(tag)
+    assert flac_start(io.BytesIO(empty * 16 + one)) == 160
+    not_tags = bytearray(tag)
+    not_tags[9] |= 0x80
+    for data in (
+        tag + bytes(100) + one,
+        tag + b"RIFF",
+        tag,
+        bytes(not_tags) + one,
+        empty * 17 + one,
+    ):
+        assert flac_start(io.BytesIO(data)) is None and not splits(io.BytesIO(data))
+        parts = members(short_reads(data, 4096))
+        member = next(parts)
+        assert not member.flac and read_all(member.reader, 1000) == data
+        assert next(parts, None) is None
+
+
+def test_a_streams_tags_are_given_back_where_no_flac_follows() -> None:
+    """A stream (no seek) behind ID3v2 tags but no FLAC (an MP3, say) is read by FFmpeg as it
+    came: its tags' first 1 MiB (what FFmpeg's probe reads) as they were read, the rest as
+    zeros, a whole tag past the first MiB as a stand-in tag of its length, so FFmpeg's
+    reader of tags ends where it ended."""
+    audio = b"\xff\xfb" + bytes(range(256)) * 100  # not a FLAC
+    first, second = id3v2_tag((1 << 20) + 5000), id3v2_tag(3000)
+    small = id3v2_tag(1000) + audio  # small tags: given back as they were
+    assert read_all(next(members(short_reads(small, 4096))).reader, 1000) == small
+    data = first + second + audio
+    got = read_all(next(members(short_reads(data, 4096))).reader, 1000)
+    assert len(got) == len(data) and got.endswith(audio)
+    assert got[: 1 << 20] == data[: 1 << 20]
+    assert got[1 << 20 : len(first)] == bytes(len(first) - (1 << 20))
+    stand_in = got[len(first) : len(first) + len(second)]
+    assert stand_in[:6] == b"ID3\x04\x00\x00" and stand_in[10:] == bytes(len(second) - 10)
+    assert stand_in[6:10] == second[6:10]  # the same size
+    header_cut = id3v2_tag((1 << 20) - 37)  # the held MiB ends in the next tag's header
+    data = header_cut + second + audio
+    got = read_all(next(members(short_reads(data, 4096))).reader, 1000)
+    assert got[: len(header_cut)] == header_cut and got.endswith(audio)
+    stand_in = got[len(header_cut) : len(header_cut) + len(second)]
+    assert stand_in[6:10] == second[6:10] and stand_in[10:] == bytes(len(second) - 10)
+    assert len(got) == len(data)
+    cut = first + second[:100]  # a stream that ends inside its second tag
+    got = read_all(next(members(short_reads(cut, 4096))).reader, 1000)
+    assert len(got) == len(cut) and got[: 1 << 20] == cut[: 1 << 20]

@@ -35,7 +35,12 @@ from livemeet.config import ServerConfig
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest, QueueFull
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcript.formats import ResponseFormat
-from tests.audio.conftest import EncodedClip, encoded_clips, speech  # noqa: F401  (fixtures)
+from tests.audio.conftest import (  # noqa: F401  (fixtures)
+    EncodedClip,
+    encoded_clips,
+    id3v2_tag,
+    speech,
+)
 from tests.gateway.conftest import client, fake, server_config  # noqa: F401  (fixtures)
 from tests.gateway.fakes import FakeTranscriber, expected_upload_text
 
@@ -1266,6 +1271,66 @@ async def test_transcribe_and_stream_of_a_cut_wav_warn_on_stderr(
     assert capsys.readouterr().err == warning
     assert await asyncio.to_thread(main, ["stream", str(tmp_path / "whole.wav")]) == 0
     assert capsys.readouterr().err == ""
+
+
+async def test_transcribe_and_stream_take_a_flac_behind_cover_art(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_data: Path
+) -> None:
+    """A FLAC behind an ID3v2 tag of 3 MiB (cover art, as some rippers write it) was
+    bad_audio from `stream -`, and from `transcribe FILE` and `stream FILE` unless FILE's
+    name ended in .flac (FFmpeg's probe, not reaching the FLAC, trusted the name). Each now
+    takes the samples of the FLAC without its tag."""
+    from livemeet.audio import decode
+
+    untagged = shared_data / "jfk" / "jfk.flac"  # 11 s, 44.1 kHz stereo
+    data = id3v2_tag(3 << 20) + untagged.read_bytes()
+    files = [tmp_path / "cover.flac", tmp_path / "cover"]
+    for tagged in files:
+        tagged.write_bytes(data)
+    expected = decode.decode_file(untagged)
+
+    decoded: list[decode.Decoded] = []
+    real = decode.decode_file_with_info
+
+    def spy(source: decode.AudioSource, **kwargs: Any) -> decode.Decoded:
+        decoded.append(real(source, **kwargs))
+        return decoded[-1]
+
+    monkeypatch.setattr(decode, "decode_file_with_info", spy)
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    results = await transcribe.transcribe_files(transcriber, files, progress=False)
+    assert [r.error for r in results] == [None, None]
+    assert [s.log.num_samples for s in transcriber.sessions] == [expected.size] * 2
+    for got in decoded:
+        np.testing.assert_array_equal(got.samples, expected)
+
+    sent: list[npt.NDArray[np.float32]] = []
+
+    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        sent.append(np.concatenate(list(chunks)))
+        sent_s = sent[-1].size / 16_000
+        final = {"type": "transcript.final", "duration": sent_s}
+        return live_client.StreamResult([final], [0.0], 1000, sent_s=sent_s)
+
+    monkeypatch.setattr(stream, "stream_audio", server)
+    for tagged in files:
+        assert await asyncio.to_thread(main, ["stream", str(tagged), "--speed", "1000"]) == 0
+    read_fd, write_fd = os.pipe()
+
+    def write_standard_input() -> None:
+        with open(write_fd, "wb") as pipe:
+            pipe.write(data)
+
+    writer = threading.Thread(target=write_standard_input)
+    writer.start()
+    with open(read_fd, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert await asyncio.to_thread(main, ["stream", "-", "--speed", "1000"]) == 0
+    writer.join()
+    assert len(sent) == 3
+    for samples in sent:
+        np.testing.assert_array_equal(samples, expected)
 
 
 def test_serve_with_a_broken_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:

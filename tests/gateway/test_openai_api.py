@@ -36,7 +36,7 @@ from livemeet.gateway.drain import UploadCutoff
 from livemeet.gateway.keys import LIFECYCLE_KEY, STORE_KEY
 from livemeet.gateway.sse import DeltaFlusher
 from livemeet.transcriber import Event, TextDelta, TranscriberSession
-from tests.audio.conftest import with_flac_total_samples
+from tests.audio.conftest import id3v2_tag, with_flac_total_samples
 from tests.gateway.conftest import (
     MAX_AUDIO_S,
     MAX_UPLOAD_BYTES,
@@ -490,6 +490,38 @@ async def test_a_flac_is_transcribed_whole_whatever_its_header_says(
         assert resp.status == 200, await resp.text()
         assert (await resp.json())["usage"] == {"type": "duration", "seconds": 3}
     assert [s.log.num_samples for s in fake.sessions] == [3 * 16_000, 3 * 16_000]
+
+
+@pytest.mark.parametrize("memory_bytes", [4 << 20, 1000])
+async def test_a_flac_behind_cover_art_is_transcribed_as_without_it(
+    client: TestClient,
+    fake: FakeTranscriber,
+    monkeypatch: pytest.MonkeyPatch,
+    memory_bytes: int,
+) -> None:
+    """A FLAC behind an ID3v2 tag of more than 1 MiB (cover art) was refused as bad_audio
+    ("not an audio file"); decoded from memory or from its spill file, it is now transcribed
+    from the samples of the FLAC without its tag."""
+    from livemeet.audio import decode
+
+    monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", memory_bytes)
+    decoded: list[decode.Decoded] = []
+    real = decode.decode_file_with_info
+
+    def spy(source: decode.AudioSource, *, max_audio_s: float, cancel: Any = None) -> Any:
+        decoded.append(real(source, max_audio_s=max_audio_s, cancel=cancel))
+        return decoded[-1]
+
+    monkeypatch.setattr(decode, "decode_file_with_info", spy)
+    flac = wav_bytes(1.0, 44_100, 2, fmt="FLAC")
+    resp = await client.post(
+        "/v1/audio/transcriptions", data=form(id3v2_tag((1 << 20) + 300_000) + flac)
+    )
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["usage"] == {"type": "duration", "seconds": 1}
+    np.testing.assert_array_equal(decoded[0].samples, decode.decode_file(flac))
+    assert decoded[0].info == decode.probe(flac)
+    assert fake.sessions[0].log.num_samples == 16_000
 
 
 async def test_oversized_upload_with_content_length(
