@@ -50,9 +50,15 @@ class FakeStorage {
   removeItem(k) { delete this.items[k]; }
 }
 
-// the page's clock: NOW, moved on by hand (advance) where a scenario needs time to pass
+// the page's clocks, moved on by hand where a scenario needs time to pass: the wall clock
+// (Date.now) from NOW, the monotonic one (performance.now) from a second into the page's
+// life. advance moves both; stepWall the wall clock alone, as an NTP correction, the user
+// setting the time or a VM resumed does (STEP: a scenario's step, ms, either way)
 let clock = NOW;
-const advance = (ms) => { clock += ms; };
+let monotonic = 1000;
+const advance = (ms) => { clock += ms; monotonic += ms; };
+const stepWall = (ms) => { clock += ms; };
+const STEP = Number(process.env.STEP || 0);
 class FixedDate extends Date {
   constructor(...args) { if (args.length) super(...args); else super(clock); }
   static now() { return clock; }
@@ -133,6 +139,7 @@ function makeSandbox(storage, transcriptStatus, lasting) {
     sessionStorage: storage,
     localStorage: lasting,
     Date: FixedDate,
+    performance: { now: () => monotonic },
     ResizeObserver: FakeResizeObserver,
   });
   sandbox.window.sessionStorage = storage;
