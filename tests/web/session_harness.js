@@ -32,7 +32,12 @@
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
-// revision fails: revision_failed).
+// revision fails: revision_failed). The wall clock stepping by STEP ms (either way) while
+// the monotonic clock runs on: "stepdead" (a socket owing an ack goes silent), "stephealthy"
+// (the server answers each send), "stepquiet" (silence after Stop), "stepwindow" (the resume
+// window after a drop), "stepoffer" (the offer to resume after a reload), "stepfinal" and
+// "steprevision" (the give-ups after Stop and after the final), "stepreloadending" (the
+// give-up of a meeting stopped before a reload).
 const fs = require("fs");
 const vm = require("vm");
 const { stubBrowser, sleep } = require("./stub_browser");
@@ -1264,6 +1269,158 @@ async function expiredScenario(storage) {
            resume_hidden: element("resume").hidden };
 }
 
+// ---- the wall clock steps (STEP ms, minutes either way: an NTP correction, the user setting
+// the time, a VM resumed) while the monotonic clock runs on: the page's timers must count
+// the time that really passed
+
+// A socket owes an ack and the server says no more: it is judged dead 15 s of real time
+// after (ACK_TIMEOUT_MS), not at the next tick (stepped forward: a live socket was dropped)
+// nor minutes later (stepped back: a dead one went unnoticed for as long)
+async function stepDeadScenario() {
+  await startMeeting();
+  speak();
+  sockets[0].receive({ type: "audio.ack", offset: 1600 });
+  speak(); // frame 1: never acknowledged
+  stepWall(STEP);
+  advance(14000);
+  await sleep(1100); // a watchdog tick
+  const out = { socketsAt14s: sockets.length, closedAt14s: Boolean(sockets[0].closedByPage),
+                statusAt14s: element("status").textContent };
+  advance(2000);
+  await sleep(1100 + 300); // a watchdog tick, and the first retry's 250 ms
+  out.closedByPage = Boolean(sockets[0].closedByPage);
+  out.statusDead = element("status").textContent;
+  const retry = sockets[1];
+  if (retry) {
+    retry.open();
+    retry.receive(ready({ resumed: true, offset: 1600 }));
+    out.resumeStart = retry.sent[0];
+    out.resent = frames(retry.sent);
+  }
+  out.status = element("status").textContent;
+  return out;
+}
+
+// The server acknowledges each frame within a watchdog tick; the wall clock jumps forward by
+// STEP between a send and its ack, then back: the socket stays, and the meeting ends as ever
+async function stepHealthyScenario() {
+  const ws = await startMeeting();
+  const out = { statuses: [] };
+  for (const [i, step] of [STEP, -STEP].entries()) {
+    speak(); // frame i, owed an ack
+    stepWall(step);
+    advance(300);
+    await sleep(1100); // a watchdog tick before the ack
+    if (ws.closedByPage) break; // dropped: it hears nothing more
+    ws.receive({ type: "audio.ack", offset: 1600 * (i + 1) });
+    out.statuses.push(element("status").textContent);
+  }
+  Object.assign(out, { socketCount: sockets.length, closedByPage: Boolean(ws.closedByPage) });
+  if (!ws.closedByPage) {
+    element("stop").listeners.click();
+    await sleep(300);
+    ws.receive(finalOf([final("seg-0000", 0)]));
+    ws.drop(1000);
+  }
+  out.status = element("status").textContent;
+  return out;
+}
+
+// Stop, the last audio's ack, then silence, the wall clock stepping by STEP as it begins: the
+// transcript resource is asked after 30 s of real silence (FINAL_QUIET_MS), not at once
+// (forward) nor minutes later (back); TRANSCRIPT_STATUS "final": the socket is dead, resumed
+async function stepQuietScenario() {
+  await startMeeting();
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  sockets[0].receive({ type: "audio.ack", offset: 1600 });
+  stepWall(STEP);
+  return quietFor31s(sockets[0]);
+}
+
+// A drop (1006), the wall clock stepping by STEP; the first retry reaches a server, and its
+// connection drops too before session.ready. Forward (under a second really passed): the
+// session's 60-s window is not over, the page tries again (it gave up). Back, and a minute
+// and a second later: the window is over, the page gives up (it tried on for minutes more).
+async function stepWindowScenario() {
+  const ws = await startMeeting();
+  ws.drop(1006);
+  stepWall(STEP);
+  if (STEP < 0) advance(61000);
+  await sleep(300); // the first retry, after 250 ms
+  const retry = sockets[1];
+  retry.open();
+  retry.drop(1006);
+  const status = element("status").textContent;
+  await sleep(600); // a second retry comes 500 ms after
+  return { status, socketCount: sockets.length, start_disabled: element("start").disabled };
+}
+
+// Reloaded with its meeting stored 5 s before (a 60-s window), the wall clock stepping by STEP
+// before the click on Resume meeting. Forward (a moment really passed): resumed (the page
+// withdrew it as past its window). Back, and 56 s later: withdrawn (the page resumed it).
+async function stepOfferScenario(storage) {
+  const offered = !element("resume").hidden;
+  stepWall(STEP);
+  if (STEP < 0) advance(56000);
+  element("resume").listeners.click();
+  await sleep(20);
+  if (sockets[0]) sockets[0].open();
+  return { offered, socketCount: sockets.length,
+           resumeStart: sockets[0] ? sockets[0].sent[0] : null,
+           resume_hidden: element("resume").hidden, status: element("status").textContent,
+           storage: storage.items };
+}
+
+// Stop (and with `revise`, the final, which promised a revision); then the server says no
+// more, while the transcript resource says it is still at it. The wall clock steps by STEP:
+// forward by 11 minutes, a second later the page waits on (it gave up) and shows what comes;
+// back, 11 minutes and a second later it gives up (it waited on).
+async function stepGiveUpScenario(revise) {
+  const said0 = said("seg-0000", 0, "S01");
+  const ws = await startMeeting({ revise });
+  ws.receive(said0);
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  if (revise) ws.receive(finalOf([said0]));
+  stepWall(STEP);
+  advance(STEP < 0 ? 11 * 60000 + 1000 : 1000);
+  await sleep(1100); // a watchdog tick
+  const out = { status: element("status").textContent, revision: revisionLine(),
+                closedByPage: Boolean(ws.closedByPage), start_disabled: element("start").disabled };
+  if (!ws.closedByPage) { // still waiting: what it waits for comes
+    ws.receive(revise ? { type: "transcript.revised", finish_reason: "stop",
+                          supersedes: ["seg-0000"],
+                          segments: [{ ...said("rev-0001", 0, "S01"), text: "good morning" }] }
+                      : finalOf([said0]));
+    out.then = { status: element("status").textContent, revision: revisionLine() };
+  }
+  return out;
+}
+
+// Reloaded while finishing: Stop was pressed 10 minutes before the load (stopped_at, the wall
+// clock's). The page gives up 11 minutes after that Stop (FINAL_GIVE_UP_MS), counting the
+// time after the load on its own clock while the wall clock steps by STEP: forward, a second
+// after the load it waits on (it gave up); back, 61 s after the load it gives up (it waited).
+async function stepReloadEndingScenario() {
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready({ resumed: true, offset: 32000 })); // then `end`: no audio
+  stepWall(STEP);
+  if (STEP < 0) advance(61000);
+  await sleep(1100); // a watchdog tick
+  const out = { status: element("status").textContent, closedByPage: Boolean(ws.closedByPage),
+                start_disabled: element("start").disabled };
+  if (!ws.closedByPage) {
+    ws.receive(finalOf([said("seg-0000", 0, "S01")]));
+    out.then = element("status").textContent;
+  }
+  return out;
+}
+
 (async () => {
   const initial = { export: {}, reload: stored(5000), reloadfinals: stored(5000),
                     gone: stored(5000),
@@ -1272,7 +1429,11 @@ async function expiredScenario(storage) {
                     revised: {}, unrevised: {}, reload8k: stored(5000, 8000),
                     stale: stored(59000), staleending: stored(59000), lateclick: stored(5000),
                     reloadending: stored(5000, 16000, { ending: true, revise: true,
-                                                        stopped_at: NOW - 5000 }) }[scenario] || {};
+                                                        stopped_at: NOW - 5000 }),
+                    stepoffer: stored(5000),
+                    stepreloadending: stored(5000, 16000, { ending: true,
+                                                            stopped_at: NOW - 600000 }),
+                  }[scenario] || {};
   const storage = new FakeStorage(initial);
   // the meeting stored before a reload is in the page's list of meetings too (it joined it
   // when it started), beside an earlier one
@@ -1318,7 +1479,12 @@ async function expiredScenario(storage) {
                       reloadfinals: reloadFinalsScenario,
                       stopoffline: stopOfflineScenario, staleending: staleEndingScenario,
                       silentrev: () => silentScenario(true),
-                      silentfinal: () => silentScenario(false) };
+                      silentfinal: () => silentScenario(false),
+                      stepdead: stepDeadScenario, stephealthy: stepHealthyScenario,
+                      stepquiet: stepQuietScenario, stepwindow: stepWindowScenario,
+                      stepoffer: stepOfferScenario, stepfinal: () => stepGiveUpScenario(false),
+                      steprevision: () => stepGiveUpScenario(true),
+                      stepreloadending: stepReloadEndingScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;
