@@ -194,7 +194,7 @@ const NAME_EDGES = new RegExp(`^[${NAME_SPACE}]+|[${NAME_SPACE}]+$`, "g");
 const $ = (id) => document.getElementById(id);
 
 // The page's clock for the time that passes while it runs (ms): the watchdog's silences, the
-// give-ups, the resume window after a drop.
+// give-ups, the resume window after a drop, a note's and the transcript polls' durations.
 // Date.now() is the wall clock, which steps (an NTP correction, the user setting the time, a
 // VM resumed): stepped back minutes, a dead socket went unnoticed for as long; forward, a
 // live socket was dropped, a resume window cut short, a give-up came early. This one never
@@ -213,8 +213,8 @@ function monotonicFrom(wallMs) {
   return monotonicMs() - (Date.now() - wallMs);
 }
 
-// Its times (ms) are monotonicMs's, but for startedAt, stoppedWallAt, aliveAt and noteUntil:
-// the wall clock's (a meeting's start is shown, and the first three are saved for a reload)
+// Its times (ms) are monotonicMs's, but for startedAt and stoppedWallAt: the wall clock's (a
+// meeting's start is shown, and both are saved for a reload)
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 opened: false, session: null, captions: null, startedAt: 0,
                 format: { sample_rate: SAMPLE_RATE, channels: 1 }, stored: null,
@@ -222,7 +222,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // to resume is withdrawn (one stored before a reload, gone from the server;
                 // while offered, state.stored says whose they are)
                 finalsOf: null,
-                reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
+                // savedAt: the session's last save (alive_at is refreshed at most every
+                // ALIVE_EVERY_MS)
+                reloaded: false, afterReload: false, savedAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
                 // session.ready promised transcript.revised; it is due (the final came first)
                 revise: false, revisionPending: false,
@@ -373,12 +375,12 @@ function saveSession() {
   if (!store || !state.session) return;
   // the final came: nothing left to resume for, but a revision it promised
   if (state.finished && !state.revisionPending) return;
-  state.aliveAt = Date.now();
+  state.savedAt = monotonicMs();
   store.setItem(STORAGE_KEY, JSON.stringify({
     session_id: state.session.session_id, resume_token: state.session.resume_token,
     captions_token: state.captions ? state.captions.captions_token : null,
     sample_rate: state.format.sample_rate, channels: state.format.channels,
-    started_at: state.startedAt, resume_window_s: state.windowS, alive_at: state.aliveAt,
+    started_at: state.startedAt, resume_window_s: state.windowS, alive_at: Date.now(),
     // Stop was pressed: a reloaded page only fetches the final (finishStored)
     ending: state.ending, stopped_at: state.stoppedWallAt, revise: state.revise,
   }));
@@ -866,7 +868,7 @@ function noteSpeakers(segments) {
 function setNote(text) {
   setStatus(text);
   state.note = text;
-  state.noteUntil = Date.now() + NOTE_MS;
+  state.noteUntil = monotonicMs() + NOTE_MS;
 }
 
 // The note's time is up (or a rename went through): the recording status again, unless the
@@ -1024,7 +1026,7 @@ function onEvent(ev) {
     case "audio.ack":
       state.buffer.ack(ev.offset);
       noteAudioHeld(ev.offset);
-      if (Date.now() - state.aliveAt >= ALIVE_EVERY_MS) saveSession();
+      if (monotonicMs() - state.savedAt >= ALIVE_EVERY_MS) saveSession();
       break;
     case "segment.partial":
       state.partial = ev.segments;
@@ -1204,9 +1206,9 @@ function withdrawStored(saved = state.stored, away = false) {
 // far)" for good, a trial): asked again until its final is stored. `status`: the status
 // line's text before the first ask, or a function of the transcript's state (`kept`:
 // "running", "final", "revised"; null where the server has none) that says it; `since`: when
-// the first ask was.
+// the first ask was (monotonicMs).
 async function offerTranscript(captions, startedAt, status = $("status").textContent,
-                               since = Date.now()) {
+                               since = monotonicMs()) {
   const said = typeof status === "function" ? status : () => status;
   if (!captions || !captions.captions_token) return;
   clearTimeout(state.offerPoll);
@@ -1223,7 +1225,7 @@ async function offerTranscript(captions, startedAt, status = $("status").textCon
                       running: "(the finals so far: the server is ending the meeting)" };
       showExport(captions, startedAt, notes[kept] || "(the finals so far)");
       setStatus(`${said(kept)}: download its transcript below`);
-      if (kept === "running" && Date.now() - since < TRANSCRIPT_POLL_MAX_MS) {
+      if (kept === "running" && monotonicMs() - since < TRANSCRIPT_POLL_MAX_MS) {
         state.offerPoll = setTimeout(() => offerTranscript(captions, startedAt, status, since),
                                      TRANSCRIPT_POLL_MS);
       }
@@ -1509,7 +1511,7 @@ function sendAwaiting(ws, data) {
 // come in FINAL_GIVE_UP_MS is given up, as is a revision not come in REVISION_GIVE_UP_MS.
 function watchdog() {
   const now = monotonicMs();
-  if (state.noteUntil && Date.now() >= state.noteUntil) endNote();
+  if (state.noteUntil && now >= state.noteUntil) endNote();
   if (state.ending && !state.finished && state.stoppedAt &&
       now - state.stoppedAt > FINAL_GIVE_UP_MS) {
     giveUpFinal();

@@ -37,7 +37,8 @@
 // (the server answers each send), "stepquiet" (silence after Stop), "stepwindow" (the resume
 // window after a drop), "stepoffer" (the offer to resume after a reload), "stepfinal" and
 // "steprevision" (the give-ups after Stop and after the final), "stepreloadending" (the
-// give-up of a meeting stopped before a reload).
+// give-up of a meeting stopped before a reload), "stepnote" (a passing note), "steppoll" (the
+// asks about a meeting the server is ending), "stepsaved" (the times saved for a reload).
 const fs = require("fs");
 const vm = require("vm");
 const { stubBrowser, sleep } = require("./stub_browser");
@@ -1421,6 +1422,63 @@ async function stepReloadEndingScenario() {
   return out;
 }
 
+// A name the page refuses: its reason shows for 8 s (NOTE_MS), then the recording status;
+// the wall clock steps by STEP at once (forward: the reason went at the next tick; back: it
+// stayed for minutes)
+async function stepNoteScenario() {
+  const ws = await startMeeting();
+  ws.receive(said("seg-0000", 0, "S01"));
+  answers.push("\u200b"); // no visible character
+  element("finals").children[0].children[1].listeners.click();
+  const noted = [element("status").textContent];
+  stepWall(STEP);
+  advance(7000);
+  await sleep(1100);
+  noted.push(element("status").textContent);
+  advance(1000);
+  await sleep(1100);
+  noted.push(element("status").textContent);
+  return { noted };
+}
+
+// Loaded past its stored meeting's window while the server is still ending it
+// (TRANSCRIPT_SEQUENCE "running,…"): the page asks about it every 3 s for at most 3 minutes
+// (TRANSCRIPT_POLL_MAX_MS). The clocks moved as its first ask was answered (at the load
+// below): the wall clock by STEP, and, stepped back, 3 minutes and a second. Forward: it asks
+// again (it stopped asking); back: it asks no more (it asked on for minutes).
+async function stepPollScenario() {
+  const askedFirst = asked();
+  await sleep(3300); // a next ask, after 3 s
+  return { askedFirst, askedAfter: asked(), status: element("status").textContent };
+}
+function stepPollAtLoad() {
+  if (STEP < 0) advance(3 * 60000 + 1000);
+  stepWall(STEP);
+}
+
+// The times saved for a reload stay the wall clock's, stepped or not (a reloaded page can only
+// count the time since them on it): alive_at is refreshed on acks at most once a second of
+// real time (stepped back, it was not refreshed until the wall clock passed the last one),
+// started_at and stopped_at are the wall clock's times of Start and Stop.
+async function stepSavedScenario(storage) {
+  const ws = await startMeeting();
+  const saved = () => JSON.parse(storage.items[KEY]);
+  speak();
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  const out = { atStart: saved() };
+  stepWall(STEP);
+  advance(1500);
+  speak();
+  ws.receive({ type: "audio.ack", offset: 3200 });
+  Object.assign(out, { afterStep: saved(), wallAfterStep: clock });
+  advance(1000);
+  out.wallAtStop = clock;
+  element("stop").listeners.click();
+  await sleep(300);
+  out.stopped = saved();
+  return out;
+}
+
 (async () => {
   const initial = { export: {}, reload: stored(5000), reloadfinals: stored(5000),
                     gone: stored(5000),
@@ -1430,7 +1488,7 @@ async function stepReloadEndingScenario() {
                     stale: stored(59000), staleending: stored(59000), lateclick: stored(5000),
                     reloadending: stored(5000, 16000, { ending: true, revise: true,
                                                         stopped_at: NOW - 5000 }),
-                    stepoffer: stored(5000),
+                    stepoffer: stored(5000), steppoll: stored(90000),
                     stepreloadending: stored(5000, 16000, { ending: true,
                                                             stopped_at: NOW - 600000 }),
                   }[scenario] || {};
@@ -1455,6 +1513,8 @@ async function stepReloadEndingScenario() {
   element("start").disabled = true; // as index.html ships it, beside its status
   element("status").textContent = "loading…";
   vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
+  // (the page's first ask of the transcript resource is answered once this script awaits)
+  if (scenario === "steppoll") stepPollAtLoad();
   // what the page shows before anything it asked the server answers (readyz included)
   const atLoad = { status: element("status").textContent, startDisabled: element("start").disabled,
                    resumeHidden: element("resume").hidden };
@@ -1484,7 +1544,8 @@ async function stepReloadEndingScenario() {
                       stepquiet: stepQuietScenario, stepwindow: stepWindowScenario,
                       stepoffer: stepOfferScenario, stepfinal: () => stepGiveUpScenario(false),
                       steprevision: () => stepGiveUpScenario(true),
-                      stepreloadending: stepReloadEndingScenario };
+                      stepreloadending: stepReloadEndingScenario, stepnote: stepNoteScenario,
+                      steppoll: stepPollScenario, stepsaved: stepSavedScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -151,3 +151,42 @@ def test_a_meeting_stopped_before_a_reload_is_given_up_11_minutes_after_its_stop
     else:
         assert result["closedByPage"] is True and result["start_disabled"] is False
         assert result["status"].startswith("no final transcript 11 minutes after Stop")
+
+
+@STEPS
+def test_a_passing_note_shows_for_8_s_of_real_time(step: int) -> None:
+    """Why a name was not sent shows in the status line for 8 s, then the recording status
+    comes back: stepped forward, the reason went before it could be read; back, it stayed
+    for minutes."""
+    noted = run("stepnote", step)["noted"]
+    assert noted[0].startswith("S01 not renamed: a name needs a visible character")
+    assert noted[1] == noted[0]  # 7 s on
+    assert noted[2].startswith("recording")  # 8 s on
+
+
+@STEPS
+def test_a_meeting_the_server_is_ending_is_asked_about_for_3_minutes_of_real_time(
+    step: int,
+) -> None:
+    """A meeting gone from the page whose transcript the server is still ending ("running")
+    is asked about every 3 s for at most 3 minutes. Stepped forward as the first answer came,
+    the page asked no more (its downloads said "the finals so far" for good); stepped back
+    3 minutes on, it asked on for 5 minutes more."""
+    result = run("steppoll", step, TRANSCRIPT_SEQUENCE="running,running,running")
+    assert result["askedFirst"] == 1
+    assert result["askedAfter"] == (2 if step == FORWARD else 1)
+
+
+def test_the_times_saved_for_a_reload_stay_the_wall_clocks() -> None:
+    """alive_at (when the page last had the session: a reload offers to resume it for the
+    rest of the window from then), started_at and stopped_at are the wall clock's, stepped
+    or not; alive_at is refreshed on acks once a second of real time. Stepped back 5 minutes,
+    the page refreshed it no more until the wall clock passed the last value, and a reload
+    then counted the window from a time the page had long left."""
+    result = run("stepsaved", BACK)
+    start_ms = result["atStart"]["started_at"]
+    assert result["atStart"]["alive_at"] == start_ms  # the harness's clock at Start
+    assert result["afterStep"]["alive_at"] == result["wallAfterStep"] == start_ms + BACK + 1500
+    stopped = result["stopped"]
+    assert stopped["ending"] is True and stopped["started_at"] == start_ms
+    assert stopped["stopped_at"] == stopped["alive_at"] == result["wallAtStop"]
