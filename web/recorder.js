@@ -192,6 +192,29 @@ const NAME_SPACE = "\\t\\n\\v\\f\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\
 const NAME_EDGES = new RegExp(`^[${NAME_SPACE}]+|[${NAME_SPACE}]+$`, "g");
 
 const $ = (id) => document.getElementById(id);
+
+// The page's clock for the time that passes while it runs (ms): the watchdog's silences, the
+// give-ups, the resume window after a drop, a note's and the transcript polls' durations.
+// Date.now() is the wall clock, which steps (an NTP correction, the user setting the time, a
+// VM resumed): stepped back minutes, a dead socket went unnoticed for as long; forward, a
+// live socket was dropped, a resume window cut short, a give-up came early. This one never
+// steps (outside Windows, browsers stop it while the machine sleeps: woken, the page counts
+// a silence from then, and a resume the server no longer keeps is refused, 4404). It starts
+// again at each load: what a reloaded page reads back (sessionStorage's alive_at, started_at,
+// stopped_at) is the wall clock's, taken in with monotonicFrom.
+function monotonicMs() {
+  return performance.now();
+}
+
+// `wallMs`, a Date.now() time from before this page's load, on monotonicMs's clock: as long
+// before now as the wall clock says (the only measure across a reload; negative where it was
+// before the page's start)
+function monotonicFrom(wallMs) {
+  return monotonicMs() - (Date.now() - wallMs);
+}
+
+// Its times (ms) are monotonicMs's, but for startedAt and stoppedWallAt: the wall clock's (a
+// meeting's start is shown, and both are saved for a reload)
 const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 opened: false, session: null, captions: null, startedAt: 0,
                 format: { sample_rate: SAMPLE_RATE, channels: 1 }, stored: null,
@@ -199,7 +222,9 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 // to resume is withdrawn (one stored before a reload, gone from the server;
                 // while offered, state.stored says whose they are)
                 finalsOf: null,
-                reloaded: false, afterReload: false, aliveAt: 0, unloading: false,
+                // savedAt: the session's last save (alive_at is refreshed at most every
+                // ALIVE_EVERY_MS)
+                reloaded: false, afterReload: false, savedAt: 0, unloading: false,
                 buffer: null, live: false, ending: false,
                 // session.ready promised transcript.revised; it is due (the final came first)
                 revise: false, revisionPending: false,
@@ -216,8 +241,10 @@ const state = { ws: null, ctx: null, stream: null, node: null, keepalive: null,
                 endOnly: false,
                 // the current socket opened; when the page last heard from the server; since
                 // when it owes an answer (a send since it was last heard from, or the
-                // socket's open and session.ready; 0: none); when Stop was pressed
-                reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, watchdog: null,
+                // socket's open and session.ready; 0: none); when Stop was pressed, and when
+                // on the wall clock (stopped_at: a reloaded page's give-up counts from it)
+                reached: false, heardAt: 0, awaitingSince: 0, stoppedAt: 0, stoppedWallAt: 0,
+                watchdog: null,
                 // when the meeting's transcript.final first came (REVISION_GIVE_UP_MS)
                 finalAt: 0,
                 // the last ask of the transcript resource after `end` (FINAL_QUIET_MS)
@@ -348,18 +375,20 @@ function saveSession() {
   if (!store || !state.session) return;
   // the final came: nothing left to resume for, but a revision it promised
   if (state.finished && !state.revisionPending) return;
-  state.aliveAt = Date.now();
+  state.savedAt = monotonicMs();
   store.setItem(STORAGE_KEY, JSON.stringify({
     session_id: state.session.session_id, resume_token: state.session.resume_token,
     captions_token: state.captions ? state.captions.captions_token : null,
     sample_rate: state.format.sample_rate, channels: state.format.channels,
-    started_at: state.startedAt, resume_window_s: state.windowS, alive_at: state.aliveAt,
+    started_at: state.startedAt, resume_window_s: state.windowS, alive_at: Date.now(),
     // Stop was pressed: a reloaded page only fetches the final (finishStored)
-    ending: state.ending, stopped_at: state.stoppedAt, revise: state.revise,
+    ending: state.ending, stopped_at: state.stoppedWallAt, revise: state.revise,
   }));
 }
 
-// The stored session, or null (none, unreadable, or of another format than this page sends)
+// The stored session, or null (none, unreadable, or of another format than this page sends).
+// Its alive_at and stopped_at are also taken onto this page's clock, once, as it loads
+// (aliveAtMono, stoppedAtMono; 0: not stopped): the wall clock may step after.
 function loadSession() {
   const store = storage();
   if (!store) return null;
@@ -367,7 +396,10 @@ function loadSession() {
     const saved = JSON.parse(store.getItem(STORAGE_KEY));
     if (saved && typeof saved.session_id === "string" && typeof saved.resume_token === "string" &&
         Number.isInteger(saved.sample_rate) && saved.sample_rate >= MIN_SAMPLE_RATE &&
-        saved.sample_rate <= SAMPLE_RATE && saved.channels === 1) return saved;
+        saved.sample_rate <= SAMPLE_RATE && saved.channels === 1) {
+      return { ...saved, aliveAtMono: monotonicFrom(saved.alive_at),
+               stoppedAtMono: saved.stopped_at ? monotonicFrom(saved.stopped_at) : 0 };
+    }
   } catch (e) { /* not JSON: dropped below */ }
   clearSession();
   return null;
@@ -425,7 +457,7 @@ function reconnectDelayMs(attempt) {
   return Math.min(RECONNECT_MAX_MS, RECONNECT_FIRST_MS * 2 ** attempt);
 }
 
-// When to stop trying to resume (ms, Date.now's clock): a window from the drop, or, when the
+// When to stop trying to resume (ms, monotonicMs's clock): a window from the drop, or, when the
 // last attempt found no server (`unreachableAt`), a window past that attempt, capped.
 function resumeDeadlineMs(dropAt, windowS, unreachableAt) {
   const deadline = dropAt + windowS * 1000;
@@ -836,7 +868,7 @@ function noteSpeakers(segments) {
 function setNote(text) {
   setStatus(text);
   state.note = text;
-  state.noteUntil = Date.now() + NOTE_MS;
+  state.noteUntil = monotonicMs() + NOTE_MS;
 }
 
 // The note's time is up (or a rename went through): the recording status again, unless the
@@ -994,7 +1026,7 @@ function onEvent(ev) {
     case "audio.ack":
       state.buffer.ack(ev.offset);
       noteAudioHeld(ev.offset);
-      if (Date.now() - state.aliveAt >= ALIVE_EVERY_MS) saveSession();
+      if (monotonicMs() - state.savedAt >= ALIVE_EVERY_MS) saveSession();
       break;
     case "segment.partial":
       state.partial = ev.segments;
@@ -1023,7 +1055,7 @@ function onEvent(ev) {
     case "transcript.final":
       noteMerged(ev.merged);
       state.finished = true;
-      if (!state.finalAt) state.finalAt = Date.now(); // a resume replays it: the first counts
+      if (!state.finalAt) state.finalAt = monotonicMs(); // a resume replays it: the first counts
       clearSession(); // the meeting is over: nothing to resume after a reload
       state.partial = [];
       $("partial").replaceChildren();
@@ -1126,7 +1158,7 @@ function offerStored() {
     // the offer goes stale with the window: it is taken back then (a click after it found
     // no session, or worse, a session the server had just ended)
     state.offerTimer = setTimeout(() => { if (state.stored === saved) withdrawStored(); },
-                                  saved.alive_at + saved.resume_window_s * 1000 - Date.now());
+                                  storedWindowEnd(saved) - monotonicMs());
     return saved;
   }
   withdrawStored(saved, true);
@@ -1135,7 +1167,12 @@ function offerStored() {
 
 // The stored session's window has passed since the page last had it: the server ended it
 function storedExpired(saved) {
-  return Date.now() - saved.alive_at >= saved.resume_window_s * 1000;
+  return monotonicMs() >= storedWindowEnd(saved);
+}
+
+// When the stored session's window ends (monotonicMs): a window after the page last had it
+function storedWindowEnd(saved) {
+  return saved.aliveAtMono + saved.resume_window_s * 1000;
 }
 
 // The stored session (offered, or `saved`) ended on the server: no resume, its transcript
@@ -1169,9 +1206,9 @@ function withdrawStored(saved = state.stored, away = false) {
 // far)" for good, a trial): asked again until its final is stored. `status`: the status
 // line's text before the first ask, or a function of the transcript's state (`kept`:
 // "running", "final", "revised"; null where the server has none) that says it; `since`: when
-// the first ask was.
+// the first ask was (monotonicMs).
 async function offerTranscript(captions, startedAt, status = $("status").textContent,
-                               since = Date.now()) {
+                               since = monotonicMs()) {
   const said = typeof status === "function" ? status : () => status;
   if (!captions || !captions.captions_token) return;
   clearTimeout(state.offerPoll);
@@ -1188,7 +1225,7 @@ async function offerTranscript(captions, startedAt, status = $("status").textCon
                       running: "(the finals so far: the server is ending the meeting)" };
       showExport(captions, startedAt, notes[kept] || "(the finals so far)");
       setStatus(`${said(kept)}: download its transcript below`);
-      if (kept === "running" && Date.now() - since < TRANSCRIPT_POLL_MAX_MS) {
+      if (kept === "running" && monotonicMs() - since < TRANSCRIPT_POLL_MAX_MS) {
         state.offerPoll = setTimeout(() => offerTranscript(captions, startedAt, status, since),
                                      TRANSCRIPT_POLL_MS);
       }
@@ -1289,7 +1326,8 @@ async function start(saved) {
 function finishStored(saved) {
   resetMeeting(saved);
   Object.assign(state, { ending: true, endOnly: true, reloaded: false,
-                         stoppedAt: saved.stopped_at || Date.now() });
+                         stoppedAt: saved.stoppedAtMono || monotonicMs(),
+                         stoppedWallAt: saved.stopped_at || Date.now() });
   state.buffer = new ResumeBuffer(0); // no microphone: nothing to send
   state.active = true;
   setDisabled($("stop"), true); // pressed already
@@ -1331,7 +1369,7 @@ function resetMeeting(saved) {
     restarting: false,
     revise: Boolean(saved && saved.revise), revisionPending: false, error: null, violations: 0,
     probedAt: 0, refused: null, windingUp: null, endOnly: false, unsentFrames: 0,
-    stoppedAt: 0, finalAt: 0, remembered: false,
+    stoppedAt: 0, stoppedWallAt: 0, finalAt: 0, remembered: false,
     finals: kept, partial: [], speakers: new Set(kept.map((seg) => seg.speaker)),
     // and their names and merges, until the resume's ready frame gives the server's: reset,
     // the kept lines showed bare labels until the replay named them (a trial)
@@ -1345,7 +1383,7 @@ function resetMeeting(saved) {
     startedAt: saved ? saved.started_at : Date.now(),
     windowS: saved ? saved.resume_window_s : 0,
     // a resume after a reload retries while the window that began with the reload lasts
-    dropAt: saved ? saved.alive_at : 0,
+    dropAt: saved ? saved.aliveAtMono : 0,
     // a resumed session goes on at the rate it was declared at; a new one's is the context's
     format: { sample_rate: saved ? saved.sample_rate : SAMPLE_RATE, channels: 1 },
   });
@@ -1428,7 +1466,7 @@ function connect() {
   ws.binaryType = "arraybuffer";
   state.ws = ws;
   state.reached = false; // this socket opened: a server answered
-  state.awaitingSince = Date.now(); // its open, then session.ready
+  state.awaitingSince = monotonicMs(); // its open, then session.ready
   // the watchdog runs from a meeting's first socket to its last close
   if (!state.watchdog) state.watchdog = setInterval(watchdog, WATCHDOG_EVERY_MS);
   ws.onopen = () => {
@@ -1446,7 +1484,7 @@ function connect() {
                                   KEEPALIVE_MS);
   };
   ws.onmessage = (msg) => {
-    state.heardAt = Date.now();
+    state.heardAt = monotonicMs();
     state.awaitingSince = 0;
     const ev = JSON.parse(msg.data);
     if (ev.type === "session.ready") onReady(ws, ev);
@@ -1465,20 +1503,21 @@ function connect() {
 // answer): the watchdog expects to hear from it
 function sendAwaiting(ws, data) {
   ws.send(data);
-  if (!state.awaitingSince) state.awaitingSince = Date.now();
+  if (!state.awaitingSince) state.awaitingSince = monotonicMs();
 }
 
 // Every WATCHDOG_EVERY_MS: a socket that owes an answer and has been silent past its limit is
 // dead (no close may ever come: docs above ACK_TIMEOUT_MS), and a Stop whose final has not
 // come in FINAL_GIVE_UP_MS is given up, as is a revision not come in REVISION_GIVE_UP_MS.
 function watchdog() {
-  if (state.noteUntil && Date.now() >= state.noteUntil) endNote();
+  const now = monotonicMs();
+  if (state.noteUntil && now >= state.noteUntil) endNote();
   if (state.ending && !state.finished && state.stoppedAt &&
-      Date.now() - state.stoppedAt > FINAL_GIVE_UP_MS) {
+      now - state.stoppedAt > FINAL_GIVE_UP_MS) {
     giveUpFinal();
     return;
   }
-  if (state.revisionPending && Date.now() - state.finalAt > REVISION_GIVE_UP_MS) {
+  if (state.revisionPending && now - state.finalAt > REVISION_GIVE_UP_MS) {
     giveUpRevision();
     return;
   }
@@ -1491,7 +1530,7 @@ function watchdog() {
   let limit = ACK_TIMEOUT_MS;
   if (!state.reached) limit = CONNECT_TIMEOUT_MS;
   else if (!state.live) limit = READY_TIMEOUT_MS;
-  const silentMs = Date.now() - state.awaitingSince;
+  const silentMs = now - state.awaitingSince;
   if (silentMs >= limit) dropDeadSocket(ws, silentMs);
 }
 
@@ -1519,7 +1558,7 @@ function statusWhileOwed() {
 // the server: is what it owes out (the socket dead) or still being made? The transcript
 // resource says.
 async function askForFinal(ws) {
-  const quietMs = Date.now() - Math.max(state.heardAt, state.probedAt);
+  const quietMs = monotonicMs() - Math.max(state.heardAt, state.probedAt);
   if (state.probing || quietMs < FINAL_QUIET_MS || !state.captions) return;
   state.probing = true;
   let kept = null;
@@ -1530,7 +1569,7 @@ async function askForFinal(ws) {
     revision = answer.revision;
   } catch (e) { /* no server reached: the path is down too */ }
   state.probing = false;
-  state.probedAt = Date.now();
+  state.probedAt = monotonicMs();
   const making = statusWhileOwed();
   if (ws !== state.ws || !making) return; // moved on meanwhile
   // still at it: the socket may well be alive. "final" while a revision is owed is that only
@@ -1538,7 +1577,7 @@ async function askForFinal(ws) {
   // that is dead (the page waited out its 11-minute bound on "revising…": a trial)
   const gaveUp = making === "final" && (revision === "failed" || revision === "none");
   if (kept === making && !gaveUp) return;
-  dropDeadSocket(ws, Date.now() - state.heardAt);
+  dropDeadSocket(ws, monotonicMs() - state.heardAt);
 }
 
 function stopWatchdog() {
@@ -1564,7 +1603,8 @@ function stopWaiting() {
   state.live = false;
   state.ending = false;
   state.revisionPending = false;
-  state.stoppedAt = state.awaitingSince = state.dropAt = state.unreachableAt = 0;
+  state.stoppedAt = state.stoppedWallAt = 0;
+  state.awaitingSince = state.dropAt = state.unreachableAt = 0;
   state.active = false;
   stopWatchdog();
   stopAudio();
@@ -1633,7 +1673,10 @@ function windUp(why) {
   $("resume").hidden = true;
   setDisabled($("stop"), true);
   state.ending = true;
-  if (!state.stoppedAt) state.stoppedAt = Date.now(); // FINAL_GIVE_UP_MS applies
+  if (!state.stoppedAt) { // FINAL_GIVE_UP_MS applies
+    state.stoppedAt = monotonicMs();
+    state.stoppedWallAt = Date.now();
+  }
 }
 
 // The last resume of windUp, or the resume of a meeting stopped before a reload (endOnly): no
@@ -1680,12 +1723,13 @@ function onClose(ws, ev, reached) {
                     (RESUMABLE_CLOSES.includes(ev.code) || violation);
   if (resumable) {
     if (violation) state.violations += 1;
-    if (!state.dropAt) state.dropAt = Date.now();
-    else if (!reached) state.unreachableAt = Date.now(); // a retry found no server
+    const now = monotonicMs();
+    if (!state.dropAt) state.dropAt = now;
+    else if (!reached) state.unreachableAt = now; // a retry found no server
     // a restart: down until its next start, which keeps the session a window from then
-    if (ev.code === SERVICE_RESTART) state.unreachableAt = Date.now();
+    if (ev.code === SERVICE_RESTART) state.unreachableAt = now;
     // past the resume window the server has ended the session: nothing left to resume
-    if (Date.now() < resumeDeadlineMs(state.dropAt, state.windowS, state.unreachableAt)) {
+    if (now < resumeDeadlineMs(state.dropAt, state.windowS, state.unreachableAt)) {
       const delay = reconnectDelayMs(state.attempt++);
       // a restart: the retries that find no server meanwhile are that restart too
       if (ev.code === SERVICE_RESTART) state.restarting = true;
@@ -1723,7 +1767,7 @@ function onClose(ws, ev, reached) {
   }
   state.dropAt = 0;
   state.unreachableAt = 0;
-  state.stoppedAt = 0; // no final to wait for any more
+  state.stoppedAt = state.stoppedWallAt = 0; // no final to wait for any more
   state.active = false;
   stopWatchdog();
   stopAudio();
@@ -1930,7 +1974,8 @@ function stop() {
   $("resume").hidden = true; // after micLost: the meeting ends without it
   state.micLost = false;
   state.ending = true;
-  state.stoppedAt = Date.now();
+  state.stoppedAt = monotonicMs();
+  state.stoppedWallAt = Date.now();
   state.flushing = true;
   flushMicrophone(() => {
     state.flushing = false;

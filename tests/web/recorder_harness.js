@@ -25,7 +25,7 @@ const sandbox = {
               href: `${secure ? "https" : "http"}://10.0.0.5:8000/` },
   URL,
   fetch: async () => ({ ok: true, json: async () => ({ demo: false, model: "m" }) }),
-  setInterval, clearInterval, setTimeout, clearTimeout, console,
+  setInterval, clearInterval, setTimeout, clearTimeout, performance, console,
 };
 vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
 // after the page's own start-up (it fetches readyz and sets the status line)

@@ -32,7 +32,13 @@
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
-// revision fails: revision_failed).
+// revision fails: revision_failed). The wall clock stepping by STEP ms (either way) while
+// the monotonic clock runs on: "stepdead" (a socket owing an ack goes silent), "stephealthy"
+// (the server answers each send), "stepquiet" (silence after Stop), "stepwindow" (the resume
+// window after a drop), "stepoffer" (the offer to resume after a reload), "stepfinal" and
+// "steprevision" (the give-ups after Stop and after the final), "stepreloadending" (the
+// give-up of a meeting stopped before a reload), "stepnote" (a passing note), "steppoll" (the
+// asks about a meeting the server is ending), "stepsaved" (the times saved for a reload).
 const fs = require("fs");
 const vm = require("vm");
 const { stubBrowser, sleep } = require("./stub_browser");
@@ -50,9 +56,15 @@ class FakeStorage {
   removeItem(k) { delete this.items[k]; }
 }
 
-// the page's clock: NOW, moved on by hand (advance) where a scenario needs time to pass
+// the page's clocks, moved on by hand where a scenario needs time to pass: the wall clock
+// (Date.now) from NOW, the monotonic one (performance.now) from a second into the page's
+// life. advance moves both; stepWall the wall clock alone, as an NTP correction, the user
+// setting the time or a VM resumed does (STEP: a scenario's step, ms, either way)
 let clock = NOW;
-const advance = (ms) => { clock += ms; };
+let monotonic = 1000;
+const advance = (ms) => { clock += ms; monotonic += ms; };
+const stepWall = (ms) => { clock += ms; };
+const STEP = Number(process.env.STEP || 0);
 class FixedDate extends Date {
   constructor(...args) { if (args.length) super(...args); else super(clock); }
   static now() { return clock; }
@@ -133,6 +145,7 @@ function makeSandbox(storage, transcriptStatus, lasting) {
     sessionStorage: storage,
     localStorage: lasting,
     Date: FixedDate,
+    performance: { now: () => monotonic },
     ResizeObserver: FakeResizeObserver,
   });
   sandbox.window.sessionStorage = storage;
@@ -1257,6 +1270,215 @@ async function expiredScenario(storage) {
            resume_hidden: element("resume").hidden };
 }
 
+// ---- the wall clock steps (STEP ms, minutes either way: an NTP correction, the user setting
+// the time, a VM resumed) while the monotonic clock runs on: the page's timers must count
+// the time that really passed
+
+// A socket owes an ack and the server says no more: it is judged dead 15 s of real time
+// after (ACK_TIMEOUT_MS), not at the next tick (stepped forward: a live socket was dropped)
+// nor minutes later (stepped back: a dead one went unnoticed for as long)
+async function stepDeadScenario() {
+  await startMeeting();
+  speak();
+  sockets[0].receive({ type: "audio.ack", offset: 1600 });
+  speak(); // frame 1: never acknowledged
+  stepWall(STEP);
+  advance(14000);
+  await sleep(1100); // a watchdog tick
+  const out = { socketsAt14s: sockets.length, closedAt14s: Boolean(sockets[0].closedByPage),
+                statusAt14s: element("status").textContent };
+  advance(2000);
+  await sleep(1100 + 300); // a watchdog tick, and the first retry's 250 ms
+  out.closedByPage = Boolean(sockets[0].closedByPage);
+  out.statusDead = element("status").textContent;
+  const retry = sockets[1];
+  if (retry) {
+    retry.open();
+    retry.receive(ready({ resumed: true, offset: 1600 }));
+    out.resumeStart = retry.sent[0];
+    out.resent = frames(retry.sent);
+  }
+  out.status = element("status").textContent;
+  return out;
+}
+
+// The server acknowledges each frame within a watchdog tick; the wall clock jumps forward by
+// STEP between a send and its ack, then back: the socket stays, and the meeting ends as ever
+async function stepHealthyScenario() {
+  const ws = await startMeeting();
+  const out = { statuses: [] };
+  for (const [i, step] of [STEP, -STEP].entries()) {
+    speak(); // frame i, owed an ack
+    stepWall(step);
+    advance(300);
+    await sleep(1100); // a watchdog tick before the ack
+    if (ws.closedByPage) break; // dropped: it hears nothing more
+    ws.receive({ type: "audio.ack", offset: 1600 * (i + 1) });
+    out.statuses.push(element("status").textContent);
+  }
+  Object.assign(out, { socketCount: sockets.length, closedByPage: Boolean(ws.closedByPage) });
+  if (!ws.closedByPage) {
+    element("stop").listeners.click();
+    await sleep(300);
+    ws.receive(finalOf([final("seg-0000", 0)]));
+    ws.drop(1000);
+  }
+  out.status = element("status").textContent;
+  return out;
+}
+
+// Stop, the last audio's ack, then silence, the wall clock stepping by STEP as it begins: the
+// transcript resource is asked after 30 s of real silence (FINAL_QUIET_MS), not at once
+// (forward) nor minutes later (back); TRANSCRIPT_STATUS "final": the socket is dead, resumed
+async function stepQuietScenario() {
+  await startMeeting();
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  sockets[0].receive({ type: "audio.ack", offset: 1600 });
+  stepWall(STEP);
+  return quietFor31s(sockets[0]);
+}
+
+// A drop (1006), the wall clock stepping by STEP; the first retry reaches a server, and its
+// connection drops too before session.ready. Forward (under a second really passed): the
+// session's 60-s window is not over, the page tries again (it gave up). Back, and a minute
+// and a second later: the window is over, the page gives up (it tried on for minutes more).
+async function stepWindowScenario() {
+  const ws = await startMeeting();
+  ws.drop(1006);
+  stepWall(STEP);
+  if (STEP < 0) advance(61000);
+  await sleep(300); // the first retry, after 250 ms
+  const retry = sockets[1];
+  retry.open();
+  retry.drop(1006);
+  const status = element("status").textContent;
+  await sleep(600); // a second retry comes 500 ms after
+  return { status, socketCount: sockets.length, start_disabled: element("start").disabled };
+}
+
+// Reloaded with its meeting stored 5 s before (a 60-s window), the wall clock stepping by STEP
+// before the click on Resume meeting. Forward (a moment really passed): resumed (the page
+// withdrew it as past its window). Back, and 56 s later: withdrawn (the page resumed it).
+async function stepOfferScenario(storage) {
+  const offered = !element("resume").hidden;
+  stepWall(STEP);
+  if (STEP < 0) advance(56000);
+  element("resume").listeners.click();
+  await sleep(20);
+  if (sockets[0]) sockets[0].open();
+  return { offered, socketCount: sockets.length,
+           resumeStart: sockets[0] ? sockets[0].sent[0] : null,
+           resume_hidden: element("resume").hidden, status: element("status").textContent,
+           storage: storage.items };
+}
+
+// Stop (and with `revise`, the final, which promised a revision); then the server says no
+// more, while the transcript resource says it is still at it. The wall clock steps by STEP:
+// forward by 11 minutes, a second later the page waits on (it gave up) and shows what comes;
+// back, 11 minutes and a second later it gives up (it waited on).
+async function stepGiveUpScenario(revise) {
+  const said0 = said("seg-0000", 0, "S01");
+  const ws = await startMeeting({ revise });
+  ws.receive(said0);
+  speak();
+  element("stop").listeners.click();
+  await sleep(300);
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  if (revise) ws.receive(finalOf([said0]));
+  stepWall(STEP);
+  advance(STEP < 0 ? 11 * 60000 + 1000 : 1000);
+  await sleep(1100); // a watchdog tick
+  const out = { status: element("status").textContent, revision: revisionLine(),
+                closedByPage: Boolean(ws.closedByPage), start_disabled: element("start").disabled };
+  if (!ws.closedByPage) { // still waiting: what it waits for comes
+    ws.receive(revise ? { type: "transcript.revised", finish_reason: "stop",
+                          supersedes: ["seg-0000"],
+                          segments: [{ ...said("rev-0001", 0, "S01"), text: "good morning" }] }
+                      : finalOf([said0]));
+    out.then = { status: element("status").textContent, revision: revisionLine() };
+  }
+  return out;
+}
+
+// Reloaded while finishing: Stop was pressed 10 minutes before the load (stopped_at, the wall
+// clock's). The page gives up 11 minutes after that Stop (FINAL_GIVE_UP_MS), counting the
+// time after the load on its own clock while the wall clock steps by STEP: forward, a second
+// after the load it waits on (it gave up); back, 61 s after the load it gives up (it waited).
+async function stepReloadEndingScenario() {
+  const ws = sockets[0];
+  ws.open();
+  ws.receive(ready({ resumed: true, offset: 32000 })); // then `end`: no audio
+  stepWall(STEP);
+  if (STEP < 0) advance(61000);
+  await sleep(1100); // a watchdog tick
+  const out = { status: element("status").textContent, closedByPage: Boolean(ws.closedByPage),
+                start_disabled: element("start").disabled };
+  if (!ws.closedByPage) {
+    ws.receive(finalOf([said("seg-0000", 0, "S01")]));
+    out.then = element("status").textContent;
+  }
+  return out;
+}
+
+// A name the page refuses: its reason shows for 8 s (NOTE_MS), then the recording status;
+// the wall clock steps by STEP at once (forward: the reason went at the next tick; back: it
+// stayed for minutes)
+async function stepNoteScenario() {
+  const ws = await startMeeting();
+  ws.receive(said("seg-0000", 0, "S01"));
+  answers.push("\u200b"); // no visible character
+  element("finals").children[0].children[1].listeners.click();
+  const noted = [element("status").textContent];
+  stepWall(STEP);
+  advance(7000);
+  await sleep(1100);
+  noted.push(element("status").textContent);
+  advance(1000);
+  await sleep(1100);
+  noted.push(element("status").textContent);
+  return { noted };
+}
+
+// Loaded past its stored meeting's window while the server is still ending it
+// (TRANSCRIPT_SEQUENCE "running,…"): the page asks about it every 3 s for at most 3 minutes
+// (TRANSCRIPT_POLL_MAX_MS). The clocks moved as its first ask was answered (at the load
+// below): the wall clock by STEP, and, stepped back, 3 minutes and a second. Forward: it asks
+// again (it stopped asking); back: it asks no more (it asked on for minutes).
+async function stepPollScenario() {
+  const askedFirst = asked();
+  await sleep(3300); // a next ask, after 3 s
+  return { askedFirst, askedAfter: asked(), status: element("status").textContent };
+}
+function stepPollAtLoad() {
+  if (STEP < 0) advance(3 * 60000 + 1000);
+  stepWall(STEP);
+}
+
+// The times saved for a reload stay the wall clock's, stepped or not (a reloaded page can only
+// count the time since them on it): alive_at is refreshed on acks at most once a second of
+// real time (stepped back, it was not refreshed until the wall clock passed the last one),
+// started_at and stopped_at are the wall clock's times of Start and Stop.
+async function stepSavedScenario(storage) {
+  const ws = await startMeeting();
+  const saved = () => JSON.parse(storage.items[KEY]);
+  speak();
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  const out = { atStart: saved() };
+  stepWall(STEP);
+  advance(1500);
+  speak();
+  ws.receive({ type: "audio.ack", offset: 3200 });
+  Object.assign(out, { afterStep: saved(), wallAfterStep: clock });
+  advance(1000);
+  out.wallAtStop = clock;
+  element("stop").listeners.click();
+  await sleep(300);
+  out.stopped = saved();
+  return out;
+}
+
 (async () => {
   const initial = { export: {}, reload: stored(5000), reloadfinals: stored(5000),
                     gone: stored(5000),
@@ -1265,7 +1487,11 @@ async function expiredScenario(storage) {
                     revised: {}, unrevised: {}, reload8k: stored(5000, 8000),
                     stale: stored(59000), staleending: stored(59000), lateclick: stored(5000),
                     reloadending: stored(5000, 16000, { ending: true, revise: true,
-                                                        stopped_at: NOW - 5000 }) }[scenario] || {};
+                                                        stopped_at: NOW - 5000 }),
+                    stepoffer: stored(5000), steppoll: stored(90000),
+                    stepreloadending: stored(5000, 16000, { ending: true,
+                                                            stopped_at: NOW - 600000 }),
+                  }[scenario] || {};
   const storage = new FakeStorage(initial);
   // the meeting stored before a reload is in the page's list of meetings too (it joined it
   // when it started), beside an earlier one
@@ -1287,6 +1513,8 @@ async function expiredScenario(storage) {
   element("start").disabled = true; // as index.html ships it, beside its status
   element("status").textContent = "loading…";
   vm.runInNewContext(fs.readFileSync(source, "utf8"), sandbox);
+  // (the page's first ask of the transcript resource is answered once this script awaits)
+  if (scenario === "steppoll") stepPollAtLoad();
   // what the page shows before anything it asked the server answers (readyz included)
   const atLoad = { status: element("status").textContent, startDisabled: element("start").disabled,
                    resumeHidden: element("resume").hidden };
@@ -1311,7 +1539,13 @@ async function expiredScenario(storage) {
                       reloadfinals: reloadFinalsScenario,
                       stopoffline: stopOfflineScenario, staleending: staleEndingScenario,
                       silentrev: () => silentScenario(true),
-                      silentfinal: () => silentScenario(false) };
+                      silentfinal: () => silentScenario(false),
+                      stepdead: stepDeadScenario, stephealthy: stepHealthyScenario,
+                      stepquiet: stepQuietScenario, stepwindow: stepWindowScenario,
+                      stepoffer: stepOfferScenario, stepfinal: () => stepGiveUpScenario(false),
+                      steprevision: () => stepGiveUpScenario(true),
+                      stepreloadending: stepReloadEndingScenario, stepnote: stepNoteScenario,
+                      steppoll: stepPollScenario, stepsaved: stepSavedScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

@@ -20,8 +20,9 @@
 //   and `contextRate`: the AudioContext's sampleRate (48000 by default);
 // - microphones: the track of each getUserMedia, in order: end() as an unplugged one does;
 // - sandbox(extra): the page's globals (document, window, navigator, AudioContext, the
-//   worklet node, WebSocket, timers, URL, console), `extra` added or replacing them; the
-//   window's `listeners` hold its event listeners by type (beforeunload, pagehide).
+//   worklet node, WebSocket, timers, the clocks (Date, performance: node's own), URL,
+//   console), `extra` added or replacing them; the window's `listeners` hold its event
+//   listeners by type (beforeunload, pagehide).
 function stubBrowser() {
   const elements = {};
   const mutations = [];
@@ -172,7 +173,7 @@ function stubBrowser() {
       },
       AudioWorkletNode: FakeNode,
       WebSocket: FakeWebSocket,
-      setInterval, clearInterval, setTimeout, clearTimeout, Date, console,
+      setInterval, clearInterval, setTimeout, clearTimeout, Date, performance, console,
       ...extra,
     };
   }
