@@ -274,8 +274,10 @@ def _past_tags(source: AudioSource) -> Iterator[AudioSource | Tail]:
     so it probes and decodes as without them, which the libraries do not always look past
     (module docstring)."""
     with _seekable(source) as raw:
-        start = audio_start(raw)
-        yield Tail(raw, start) if start else source
+        if start := audio_start(raw):
+            yield Tail(raw, start)
+            return
+    yield source  # opened again by whoever reads it, as before
 
 
 def _seekable(source: AudioSource) -> BinaryIO:
