@@ -183,12 +183,12 @@ def test_what_is_behind_id3_tags_is_a_flac_only_at_their_end() -> None:
         assert next(parts, None) is None
 
 
-def test_a_streams_tags_are_given_back_where_no_flac_follows() -> None:
-    """A stream (no seek) behind ID3v2 tags but no FLAC (an MP3, say) is read by FFmpeg as it
-    came: its tags' first 1 MiB (what FFmpeg's probe reads) as they were read, the rest as
-    zeros, a whole tag past the first MiB as a stand-in tag of its length, so FFmpeg's
-    reader of tags ends where it ended."""
-    audio = b"\xff\xfb" + bytes(range(256)) * 100  # not a FLAC
+def test_a_streams_tags_are_given_back_before_mpeg_audio() -> None:
+    """A stream (no seek) of MPEG audio behind ID3v2 tags (an MP3: no start `_AUDIO_START`
+    knows) is read by FFmpeg as it came: its tags' first 1 MiB (what FFmpeg's probe reads)
+    as they were read, the rest as zeros, a whole tag past the first MiB as a stand-in tag
+    of its length, so FFmpeg's reader of tags ends where it ended."""
+    audio = b"\xff\xfb" + bytes(range(256)) * 100  # an MP3 frame's sync, then bytes
     first, second = id3v2_tag((1 << 20) + 5000), id3v2_tag(3000)
     small = id3v2_tag(1000) + audio  # small tags: given back as they were
     assert read_all(next(members(short_reads(small, 4096))).reader, 1000) == small
