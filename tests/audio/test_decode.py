@@ -930,12 +930,21 @@ def bw64_bytes() -> bytes:
     return b"BW64" + rf64[4:]
 
 
+def unfinished_wav_bytes() -> bytes:
+    """A WAV whose data chunk declares 0 bytes (a writer that could not seek back to fill it
+    in): libsndfile refuses it, FFmpeg reads it to its end."""
+    data = bytearray(soundfile_bytes("WAV"))
+    struct.pack_into("<I", data, data.index(b"data") + 4, 0)
+    return bytes(data)
+
+
 # Files of the formats whose leading ID3v2 tags are dropped (audio/joined.py's
 # `_AUDIO_START`), but FLAC (above) and MPEG audio (whose tags FFmpeg reads: kept)
 TAGGED_FORMATS = {
     "wav": lambda: soundfile_bytes("WAV"),  # 16 kHz mono: read whole, not in blocks
     "wavex-24bit-stereo-44k": lambda: soundfile_bytes("WAVEX", "PCM_24", 44_100, 2),
     "wav-float": lambda: soundfile_bytes("WAV", "FLOAT"),
+    "wav-unfinished": unfinished_wav_bytes,
     "rifx": lambda: soundfile_bytes("WAV", endian="BIG"),
     "rf64": lambda: soundfile_bytes("RF64"),
     "bw64": bw64_bytes,
