@@ -98,8 +98,9 @@ Decisions on damaged input:
   a file object (bytes) it sized a WAV's or AIFF's data from the whole length, tag
   included, and lost the tag's length of audio at its end without an error (100 kB of
   cover art: 3 s of a 16 kHz 16-bit WAV); an MP4, Matroska, WavPack, CAF, RF64 or NIST
-  file behind a tag of any size was `BadAudio`, others behind a large one (FFmpeg's format
-  probe reads 1 MiB at most), FFmpeg counted the tag in an AC-3's probed duration, and a
+  file behind a tag of any size was `BadAudio`, others behind a large one (Ogg behind
+  200 kB, ADTS and TTA behind 3 MiB: FFmpeg's format probe reads 1 MiB at most, and does
+  not always look past a tag), FFmpeg counted the tag in an AC-3's probed duration, and a
   pipe's WAV behind one was `BadAudio`. MPEG audio (MP3, MP2) is read with its tags, as
   before: FFmpeg decodes it behind tags of any size (its probe trusts a large tag for MP3)
   and reads their metadata. In front of anything else the tags stay too (libsndfile's
