@@ -84,17 +84,29 @@ Decisions on damaged input:
   length check before decoding (and `livemeet stream`'s length of a file it stopped
   early): a length understated is caught as the decode runs (TooLong, "decodes to"), one
   overstated (a later link of a higher rate) refuses a file within the limit.
-- A FLAC behind ID3v2 tags (cover art: some rippers and taggers write one in front of a
-  FLAC) probes and decodes as the FLAC without them, whatever their size, from a file, bytes
-  or a pipe alike. `audio/joined.py` passes them by the lengths their headers give (one or
-  several one after another, a footer included), sought past in a file and read and dropped
-  from a pipe, never held whole (a stream holds its first 1 MiB until it knows they were a
-  FLAC's, to give them back if not), and both libraries read the FLAC from its marker on.
-  FFmpeg alone refused one behind a tag of about 1 MiB or more (`BadAudio`) unless its
-  file's name ended in .flac: its format probe reads at most 1 MiB and looks past ID3v2 tags
-  only where the bytes after them are in that buffer, else goes by the name (or trusts the
-  tag for MP3, which decodes behind one of any size, as before). As FFmpeg (and libsndfile),
-  zeros between a tag and the marker (padding outside the tag) are not passed: `BadAudio`.
+- Leading ID3v2 tags (cover art, of MiB at times: rippers and taggers write them in front
+  of files of many formats) are never audio. In front of a FLAC, Ogg, WAV (RIFF, RIFX,
+  RF64, BW64), W64, AIFF/AIFC, IFF 8SVX, CAF, AU, NIST SPHERE, ADTS AAC, AC-3/E-AC-3,
+  MP4/M4A, Matroska/WebM, WavPack or TTA file, the file probes and decodes as without them,
+  whatever their size, from a file, bytes or a pipe alike (the same samples, duration, rate,
+  channels and codec, and a cut WAV's `cut_from_s`). `audio/joined.py` passes them by the
+  lengths their headers give (one or several one after another, a footer included), sought
+  past in a file and read and dropped from a pipe, never held whole (a stream holds its
+  first 1 MiB until it sees what follows, to give them back if it is none of those), and
+  both libraries read the file from the audio's start on (`joined.Tail`). Neither looked
+  past them everywhere: libsndfile passes one tag in a file it opens by name, but through
+  a file object (bytes) it sized a WAV's or AIFF's data from the whole length, tag
+  included, and lost the tag's length of audio at its end without an error (100 kB of
+  cover art: 3 s of a 16 kHz 16-bit WAV); an MP4, Matroska, WavPack, CAF, RF64 or NIST
+  file behind a tag of any size was `BadAudio`, others behind a large one (Ogg behind
+  200 kB, ADTS and TTA behind 3 MiB: FFmpeg's format probe reads 1 MiB at most, and does
+  not always look past a tag), FFmpeg counted the tag in an AC-3's probed duration, and a
+  pipe's WAV behind one was `BadAudio`. MPEG audio (MP3, MP2) is read with its tags, as
+  before: FFmpeg decodes it behind tags of any size (its probe trusts a large tag for MP3)
+  and reads their metadata. In front of anything else the tags stay too (libsndfile's
+  rarer formats, VOC or IRCAM say, are then `BadAudio`, as before). As FFmpeg (and
+  libsndfile), zeros between a tag and the audio (padding outside the tag) are not passed:
+  `BadAudio`.
 """
 
 from __future__ import annotations
@@ -128,7 +140,7 @@ from livemeet.audio.constants import (
     TRUNCATION_TOLERANCE_S,
 )
 from livemeet.audio.gapless import MP4_DEMUXER, trim_for
-from livemeet.audio.joined import Tail, flac_start, members, splits
+from livemeet.audio.joined import Tail, audio_start, members, splits
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
@@ -252,20 +264,27 @@ def _check_rate(rate: int, verb: str) -> None:
 def _probe_header(source: AudioSource) -> _Probe:
     if _num_bytes(source) == 0:
         raise BadAudio("the audio file is empty (0 bytes)")
-    with _flac_past_tags(source) as flac:
-        return _probe_contents(source if flac is None else flac)
+    with _past_tags(source) as audio:
+        return _probe_contents(audio)
 
 
 @contextmanager
-def _flac_past_tags(source: AudioSource) -> Iterator[Tail | None]:
-    """A FLAC behind ID3v2 tags (audio/joined.py's `flac_start`), as a file of its own from
-    its marker on: probed so, it reads as its members decode, without the tags, which the
-    libraries do not always look past (libsndfile: two tags, or a footer; FFmpeg: tags of
-    more than its probe's 1 MiB). None for any other source (a FLAC without tags too)."""
-    raw = io.BytesIO(source) if isinstance(source, bytes) else _open_file(source)
-    with raw:
-        start = flac_start(raw)
-        yield Tail(raw, start) if start else None
+def _past_tags(source: AudioSource) -> Iterator[AudioSource | Tail]:
+    """`source` as the libraries read it: itself, or, behind leading ID3v2 tags that are
+    dropped (audio/joined.py's `audio_start`), a file of its own from its audio's start on,
+    so it probes and decodes as without them, which the libraries do not always look past
+    (module docstring)."""
+    with _seekable(source) as raw:
+        if start := audio_start(raw):
+            yield Tail(raw, start)
+            return
+    yield source  # opened again by whoever reads it, as before
+
+
+def _seekable(source: AudioSource) -> BinaryIO:
+    """`source` as a seekable file: its file opened (BadAudio when it cannot be), or a
+    BytesIO over its bytes."""
+    return io.BytesIO(source) if isinstance(source, bytes) else _open_file(source)
 
 
 def _open_file(path: Path) -> BinaryIO:
@@ -277,7 +296,7 @@ def _open_file(path: Path) -> BinaryIO:
 
 
 def _probe_contents(source: AudioSource | Tail) -> _Probe:
-    """`_probe_header` of a source, or of a FLAC past its tags."""
+    """`_probe_header` of a source, or of its audio past its tags (`_past_tags`)."""
     info = _soundfile_info(source)
     # a WAV's own header: its declared length (a cut file), and its channels where libsndfile
     # refused it; no second open of any other file libsndfile read
@@ -578,8 +597,8 @@ def _num_bytes(source: AudioSource) -> int:
 
 
 def _openable(source: AudioSource | BinaryIO | Tail) -> str | BinaryIO:
-    """What soundfile, PyAV and `wave` open: the path, a fresh BytesIO over the bytes, a FLAC
-    past its tags (`_flac_past_tags`) from its start, or a stream as it is (read once, by one
+    """What soundfile, PyAV and `wave` open: the path, a fresh BytesIO over the bytes, audio
+    past its tags (`_past_tags`) from its start, or a stream as it is (read once, by one
     opener: `iter_decode_stream`).
 
     A fresh one per open, so no reader depends on where an earlier one left the position. (A
@@ -616,7 +635,7 @@ def _soundfile_blocks(
     """libsndfile's audio as (mono [n] float32, rate in Hz) blocks; BadAudio when it fails or
     decodes fewer frames than the header declares (raised after the blocks it did decode)."""
     try:
-        with sf.SoundFile(_openable(source)) as f:
+        with _past_tags(source) as audio, sf.SoundFile(_openable(audio)) as f:
             declared_frames, kind = f.frames, f.format
             rate = int(f.samplerate)
             if whole and f.channels == 1 and rate == SAMPLE_RATE and declared_frames > 0:
@@ -695,25 +714,31 @@ def _ffmpeg_blocks(
             raise BadAudio(f"{e.message} (in {which}; the ones before it decoded)") from e
 
 
-def _parts(source: AudioSource | BinaryIO) -> Iterator[tuple[AudioSource | BinaryIO, bool, int]]:
+def _parts(
+    source: AudioSource | BinaryIO,
+) -> Iterator[tuple[AudioSource | BinaryIO | Tail, bool, int]]:
     """`source` as the parts FFmpeg decodes one at a time, each with whether it is a FLAC and
     the frames its STREAMINFO declares (0: unknown, or not a FLAC): an Ogg or FLAC file's
     members, as streams (audio/joined.py); any other file, itself (a path FFmpeg opens as
-    before). A stream is always read through audio/joined.py (anything else passes)."""
-    if isinstance(source, Path):
-        with _open_file(source) as file:
-            if splits(file):
-                yield from members(file)
-                return
-        yield source, False, 0
-    elif isinstance(source, bytes) and not splits(io.BytesIO(source)):
-        yield source, False, 0
-    else:
-        yield from members(io.BytesIO(source) if isinstance(source, bytes) else source)
+    before), or its audio past the tags in front of it (`_past_tags`). A stream is always
+    read through audio/joined.py (anything else passes)."""
+    if not isinstance(source, (Path, bytes)):
+        yield from members(source)
+        return
+    with _seekable(source) as raw:
+        start = audio_start(raw)
+        audio = cast(BinaryIO, Tail(raw, start)) if start else raw
+        if splits(audio):
+            yield from members(audio)
+            return
+        if start:  # read while `raw` is open
+            yield audio, False, 0
+            return
+    yield source, False, 0
 
 
 def _ffmpeg_part_blocks(
-    source: AudioSource | BinaryIO, *, flac: bool, min_frames: int
+    source: AudioSource | BinaryIO | Tail, *, flac: bool, min_frames: int
 ) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
     """`_ffmpeg_blocks` of one part (a file, or one member of a joined one); `min_frames`:
     BadAudio when fewer frames (at its rate) decode."""
@@ -757,7 +782,7 @@ def _ffmpeg_part_blocks(
             for mono in converter.flush():
                 yield mono, rate
     except av.FFmpegError as e:
-        if demuxer.startswith("mov") and not isinstance(source, (Path, bytes)):
+        if demuxer.startswith("mov") and not isinstance(source, (Path, bytes, Tail)):
             # read without seeking (`livemeet stream -`), FFmpeg's mov demuxer fails on a file
             # whose moov follows its audio with no hint of why (a trial)
             raise BadAudio(

@@ -20,12 +20,16 @@ decodes them in turn). Pure byte bookkeeping: no decoding.
   frame of another bit depth (it cannot switch), lost a frame at a 48 -> 16 kHz join, and
   took a 16 kHz 24-bit file after a 44.1 kHz 16-bit one as trailing bytes of the first's
   last frame, dropped without an error. Each member's STREAMINFO total samples come with it
-  (`Member`). ID3v2 tags before the first marker (ID3v2.4 section 3.1: a 10-byte header
-  whose 28-bit size, plus a footer where its flag says so, gives the tag's length), one or
-  several one after another as FFmpeg reads them (up to 16), of any size (cover art of MiB),
-  are passed by their lengths and dropped: the first member begins at its marker, a FLAC
-  decoded as without them (`flac_start`, `_Splitter._past_tags`). A tag before a later
-  member is bytes of the one before it, which FFmpeg's parser passes over.
+  (`Member`). A tag before a later member is bytes of the one before it, which FFmpeg's
+  parser passes over.
+- Leading ID3v2 tags (ID3v2.4 section 3.1: a 10-byte header whose 28-bit size, plus a
+  footer where its flag says so, gives the tag's length), one or several one after another
+  as FFmpeg reads them (up to 16), of any size (cover art of MiB), are passed by their
+  lengths and dropped where the start of a format in `_AUDIO_START` follows them: the
+  first member begins there, and the file decodes as without them (`audio_start`,
+  `_Splitter._past_tags`; audio/decode.py says which formats, and what the libraries did
+  with the tags). In front of anything else, MPEG audio above all (FFmpeg reads an MP3's
+  tags and decodes it behind tags of any size), they are read as they came.
 
 The probe's duration of a chained Ogg file stays FFmpeg's: the last page's granule (the last
 link's own length) at the first link's rate, so it understates a chain of one rate (3 s then
@@ -34,8 +38,8 @@ link's own length) at the first link's rate, so it understates a chain of one ra
 
 The members are read as they are needed, a page or a read at a time: a file of hours, or a
 pipe, is never read ahead (leading tags are passed first: sought past in a file, read a
-block at a time from a pipe). A source that is neither is one member, to its end, as it
-came (tags in front of it included: a pipe's are given back); bytes between Ogg pages
+block at a time from a pipe). A source that is neither is one member, to its end, past
+leading tags dropped, else as it came (a pipe's tags given back); bytes between Ogg pages
 (damage) go with the page before them, as FFmpeg's demuxer skips them. The FLAC search
 costs a pass over the bytes: a 37-minute 16 kHz speech FLAC (38 MB) decodes in ~0.46 CPU-s,
 ~0.42 read by FFmpeg itself.
@@ -64,7 +68,20 @@ _MAX_ID3_SIZE = (1 << 28) - 1  # a header's size: 28 bits, 7 in each of 4 bytes
 # leading ID3v2 tags looked past, at most (taggers write one, at times two): an upload of
 # tags of 10 bytes each would otherwise cost a step of Python per 10 bytes
 _MAX_ID3_TAGS = 16
-# bytes of a stream's leading ID3v2 tags held while looking past them for a FLAC marker, to
+# The starts of the formats whose leading ID3v2 tags are dropped (`audio_start`), in the
+# first `_AUDIO_START_BYTES` after them: FLAC and Ogg (split here), RIFF (WAV, and AVI),
+# big-endian RIFX, RF64 and BW64, Sonic Foundry Wave64's "riff" GUID, IFF FORM (AIFF,
+# AIFC, 8SVX), CAF, AU, NIST SPHERE, ADTS AAC (sync 0xFFF, layer 0: never MPEG audio, whose
+# layer is 1-3), AC-3 and E-AC-3, MP4/MOV (an ftyp box first), EBML (Matroska, WebM),
+# WavPack and TTA. Not MPEG audio (MP3, MP2): FFmpeg reads its tags, whatever their size,
+# and decodes it as it did.
+_AUDIO_START = re.compile(
+    rb"fLaC|OggS|RIFF|RIFX|RF64|BW64|riff\x2e\x91\xcf\x11\xa5\xd6\x28\xdb|FORM|caff|\.snd"
+    rb"|NIST_1A\n|\xff[\xf0\xf1\xf8\xf9]|\x0b\x77|\x1a\x45\xdf\xa3|....ftyp|wvpk|TTA1",
+    re.DOTALL,
+)
+_AUDIO_START_BYTES = 12
+# bytes of a stream's leading ID3v2 tags held while looking past them for an audio start, to
 # give back as they were read if none follows: FFmpeg's format probe reads at most this many
 # (PROBE_BUF_MAX), so it sees what it saw before (`_Splitter._past_tags`)
 _MAX_HELD_TAG_BYTES = 1 << 20
@@ -80,34 +97,35 @@ class Member(NamedTuple):
 
 
 def splits(raw: BinaryIO) -> bool:
-    """Whether the seekable file `raw` is one `members` may split: an Ogg file, or a FLAC file
-    (behind ID3v2 tags too: `flac_start`). Reads its first bytes and leaves it at its start."""
-    if flac_start(raw) is not None:
-        return True
-    head = raw.read(len(OGG_CAPTURE))
+    """Whether the seekable file `raw` is one `members` may split: an Ogg or FLAC file (behind
+    ID3v2 tags too: `audio_start`). Reads its first bytes and leaves it at its start."""
+    raw.seek(audio_start(raw))
+    head = raw.read(len(FLAC_MARKER))
     raw.seek(0)
-    return head == OGG_CAPTURE
+    return head in (FLAC_MARKER, OGG_CAPTURE)
 
 
-def flac_start(raw: BinaryIO) -> int | None:
-    """Where the FLAC stream in the seekable file `raw` begins, in bytes: 0, or past the ID3v2
-    tags in front of its marker (up to `_MAX_ID3_TAGS` of them, of any size: only their
-    headers are read); None where no FLAC marker is there. Leaves `raw` at its start."""
+def audio_start(raw: BinaryIO) -> int:
+    """Where the audio in the seekable file `raw` begins, in bytes: past the ID3v2 tags in
+    front of it (up to `_MAX_ID3_TAGS` of them, of any size: only their headers are read)
+    where the start of a format in `_AUDIO_START` follows them, else 0 (no tags, or tags in
+    front of anything else, MPEG audio among them: read as they are). Leaves `raw` at its
+    start."""
     at = 0
     for _ in range(_MAX_ID3_TAGS + 1):
         raw.seek(at)
-        head = raw.read(_ID3_HEADER_BYTES)
+        head = raw.read(max(_ID3_HEADER_BYTES, _AUDIO_START_BYTES))
         if not (length := _id3_tag_bytes(head)):
             break
         at += length
     raw.seek(0)
-    return at if head.startswith(FLAC_MARKER) else None
+    return at if _AUDIO_START.match(head) else 0
 
 
 class Tail(io.RawIOBase):
-    """The seekable file `raw` from byte `start` on, read and sought as a file of its own (a
-    FLAC past the ID3v2 tags in front of it: `flac_start`). Each Tail keeps its own position,
-    and seeks `raw` to it before each read."""
+    """The seekable file `raw` from byte `start` on, read and sought as a file of its own (the
+    audio past the ID3v2 tags in front of it: `audio_start`). Each Tail keeps its own
+    position, and seeks `raw` to it before each read."""
 
     def __init__(self, raw: BinaryIO, start: int) -> None:
         self._raw, self._start, self._at = raw, start, 0
@@ -162,8 +180,11 @@ class _Splitter:
         # a stream's leading ID3v2 tags given back (`_past_tags`), in pieces, before the buffer
         self._given_back: Iterator[bytes] = iter(())
         self._piece = b""  # what reads left of the last piece given back
-        self.flac = self._past_tags()  # FLAC files (one, or joined)
-        self._fill(len(OGG_CAPTURE))
+        self._past_tags()
+        self._fill(len(FLAC_MARKER))
+        # FLAC files (one, or joined); Ogg pages (a chained file's links). Never where tags
+        # were given back: they come first
+        self.flac = self._buffer.startswith(FLAC_MARKER) and not self._piece
         self._ogg = self._buffer.startswith(OGG_CAPTURE) and not self._piece
         self._head = 0  # where the current FLAC member begins in the buffer, until handed over
         self._page_left = 0  # Ogg: bytes of the current page not yet handed over
@@ -171,12 +192,12 @@ class _Splitter:
         self._in_body = False  # Ogg: the member has had a page other than a BOS page
         self._member_ended = False  # the bytes at the buffer's head begin another member
 
-    def _past_tags(self) -> bool:
-        """Pass the ID3v2 tags `raw` begins with (as `flac_start`) and say whether a FLAC
-        marker follows them. If one does, the tags are dropped, whatever their size (cover
-        art of megabytes): the first member begins at the marker, and its decode is the
-        untagged file's. If none does, `raw` reads as it did: a seekable one is sought back;
-        a stream's tags are given back in front of the buffer, their first
+    def _past_tags(self) -> None:
+        """Pass the ID3v2 tags `raw` begins with (as `audio_start`). Where the start of a
+        format in `_AUDIO_START` follows them, they are dropped, whatever their size (cover
+        art of megabytes): the first member begins there, and its decode is the untagged
+        file's. Where none does, `raw` reads as it did: a seekable one is sought back; a
+        stream's tags are given back in front of the buffer, their first
         `_MAX_HELD_TAG_BYTES` as they were read and the rest as zeros, but for whole tags
         whose headers lie past those bytes, given back as stand-ins of their length
         (`_stand_in_tags`): FFmpeg probes the bytes it probed, and its ID3v2 reader, going
@@ -205,11 +226,11 @@ class _Splitter:
                     num_cut = passed
             at += passed
             self._fill(_ID3_HEADER_BYTES)
-        self._fill(len(FLAC_MARKER))
-        if self._buffer.startswith(FLAC_MARKER):
-            return True
         if not at:
-            return False
+            return
+        self._fill(_AUDIO_START_BYTES)
+        if _AUDIO_START.match(self._buffer):
+            return
         if seekable:
             self._raw.seek(start)
             self._buffer.clear()
@@ -217,7 +238,6 @@ class _Splitter:
         else:
             self._given_back = _given_back(bytes(held), num_zeros, num_stand_in, num_cut)
             self._piece = next(self._given_back)
-        return False
 
     def _drop(self, size: int, held: bytearray | None) -> int:
         """Pass `size` bytes (fewer where `raw` ends first): sought past in a seekable `raw`

@@ -10,6 +10,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -770,13 +771,13 @@ def test_flac_files_joined_behind_a_large_id3_tag_decode_whole(tmp_path: Path) -
 
 class RecordedReads(io.RawIOBase):
     """A pipe's reader (no seek) of an ID3v2 tag of `art_bytes` of cover art, made as it is
-    read so the test holds none of it, then `flac`; keeps the largest read asked of it."""
+    read so the test holds none of it, then `audio`; keeps the largest read asked of it."""
 
-    def __init__(self, art_bytes: int, flac: bytes) -> None:
+    def __init__(self, art_bytes: int, audio: bytes) -> None:
         body = b"\x00image/png\x00\x03\x00"
         frame = b"APIC" + syncsafe(len(body) + art_bytes) + b"\x00\x00" + body
         self._head = b"ID3\x04\x00\x00" + syncsafe(len(frame) + art_bytes) + frame
-        self._art_bytes, self._flac, self._at = art_bytes, flac, 0
+        self._art_bytes, self._audio, self._at = art_bytes, audio, 0
         self.largest_read = 0
 
     def readable(self) -> bool:
@@ -784,27 +785,30 @@ class RecordedReads(io.RawIOBase):
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         self.largest_read = max(self.largest_read, len(buffer))
-        head, art, flac = len(self._head), self._art_bytes, self._flac
+        head, art, audio = len(self._head), self._art_bytes, self._audio
         at = self._at
         if at < head:
             piece = self._head[at : at + len(buffer)]
         elif at < head + art:
             piece = bytes([at & 0xFF]) * min(len(buffer), head + art - at)
         else:
-            piece = flac[at - head - art : at - head - art + len(buffer)]
+            piece = audio[at - head - art : at - head - art + len(buffer)]
         buffer[: len(piece)] = piece
         self._at += len(piece)
         return len(piece)
 
 
-def test_a_large_tag_is_passed_not_held(shared_data: Path, tmp_path: Path) -> None:
-    """20 MiB of cover art: from a pipe, read a block at a time (64 KiB) and dropped, at
-    most FFmpeg's 1 MiB probe's worth held until the FLAC marker shows the rest was a tag
-    (under 2 MB allocated at any time, the 21 MB stream never); from a file, sought past
-    (under 1 MB). It was BadAudio."""
-    flac = (shared_data / SPEECH_FILE).read_bytes()
-    expected = decode_file(flac)
-    stream = RecordedReads(20 << 20, flac)
+@pytest.mark.parametrize(
+    "name", [SPEECH_FILE, Path("ami-lhotse") / "ES2011a.Headset-0-40s-46s.wav"], ids=["flac", "wav"]
+)
+def test_a_large_tag_is_passed_not_held(shared_data: Path, tmp_path: Path, name: Path) -> None:
+    """20 MiB of cover art in front of a FLAC or a WAV: from a pipe, read a block at a time
+    (64 KiB) and dropped, at most FFmpeg's 1 MiB probe's worth held until the audio's start
+    shows the rest was a tag (under 2 MB allocated at any time, the 21 MB stream never);
+    from a file, sought past (under 1 MB). It was BadAudio, from a pipe (the WAV too)."""
+    audio = (shared_data / name).read_bytes()
+    expected = decode_file(audio)
+    stream = RecordedReads(20 << 20, audio)
     tracemalloc.start()
     try:
         got = np.concatenate(list(decode.iter_decode_stream(cast(BinaryIO, stream))))
@@ -814,10 +818,10 @@ def test_a_large_tag_is_passed_not_held(shared_data: Path, tmp_path: Path) -> No
     np.testing.assert_array_equal(got, expected)
     assert stream.largest_read <= 1 << 16, stream.largest_read
     assert peak_bytes < 2_000_000, peak_bytes
-    path = tmp_path / "tagged.flac"
+    path = tmp_path / "tagged"
     with path.open("wb") as f:
         f.write(id3v2_tag(20 << 20))
-        f.write(flac)
+        f.write(audio)
     tracemalloc.start()
     try:
         num_samples = sum(chunk.size for chunk in iter_decode(path))
@@ -887,6 +891,170 @@ def test_a_flac_behind_a_tag_then_padding_is_refused_as_ffmpeg_refuses_it() -> N
                 list(decode.iter_decode_stream(source))
     with pytest.raises(BadAudio, match="not an audio file"):
         piped(data)
+
+
+def soundfile_bytes(
+    fmt: str, subtype: str = "PCM_16", rate: int = SAMPLE_RATE, channels: int = 1, **kw: str
+) -> bytes:
+    """Half a second of noise in a file libsndfile writes (`kw`: its `endian`)."""
+    rng = np.random.default_rng(rate + channels)
+    noise = rng.uniform(-0.5, 0.5, (rate // 2, channels)).astype(np.float32)
+    out = io.BytesIO()
+    sf.write(out, noise, rate, format=fmt, subtype=subtype, **kw)
+    return out.getvalue()
+
+
+def ffmpeg_bytes(fmt: str, codec: str, rate: int = SAMPLE_RATE) -> bytes:
+    """Half a second of mono noise encoded by FFmpeg (PyAV) into the container `fmt`."""
+    noise = np.random.default_rng(rate).uniform(-0.5, 0.5, (1, rate // 2)).astype(np.float32)
+    out = io.BytesIO()
+    with av.open(out, "w", format=fmt) as container:
+        stream = container.add_stream(codec, rate=rate)
+        assert isinstance(stream, av.AudioStream)
+        stream.layout = "mono"
+        formats = stream.codec_context.codec.audio_formats
+        assert formats
+        resampler = av.AudioResampler(format=formats[0].name, layout="mono", rate=rate)
+        frame = av.AudioFrame.from_ndarray(noise, "fltp", "mono")
+        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
+        for resampled in [*resampler.resample(frame), *resampler.resample(None)]:
+            container.mux(stream.encode(resampled))
+        container.mux(stream.encode(None))
+    return out.getvalue()
+
+
+def bw64_bytes() -> bytes:
+    """A BW64 file (ITU-R BS.2088: RF64 by another name; FFmpeg reads it, libsndfile not)."""
+    rf64 = soundfile_bytes("RF64")
+    assert rf64.startswith(b"RF64")
+    return b"BW64" + rf64[4:]
+
+
+def unfinished_wav_bytes() -> bytes:
+    """A WAV whose data chunk declares 0 bytes (a writer that could not seek back to fill it
+    in): libsndfile refuses it, FFmpeg reads it to its end."""
+    data = bytearray(soundfile_bytes("WAV"))
+    struct.pack_into("<I", data, data.index(b"data") + 4, 0)
+    return bytes(data)
+
+
+# Files of the formats whose leading ID3v2 tags are dropped (audio/joined.py's
+# `_AUDIO_START`), but FLAC (above) and MPEG audio (whose tags FFmpeg reads: kept)
+TAGGED_FORMATS = {
+    "wav": lambda: soundfile_bytes("WAV"),  # 16 kHz mono: read whole, not in blocks
+    "wavex-24bit-stereo-44k": lambda: soundfile_bytes("WAVEX", "PCM_24", 44_100, 2),
+    "wav-float": lambda: soundfile_bytes("WAV", "FLOAT"),
+    "wav-unfinished": unfinished_wav_bytes,
+    "rifx": lambda: soundfile_bytes("WAV", endian="BIG"),
+    "rf64": lambda: soundfile_bytes("RF64"),
+    "bw64": bw64_bytes,
+    "w64": lambda: soundfile_bytes("W64"),
+    "aiff": lambda: soundfile_bytes("AIFF"),
+    "aifc": lambda: soundfile_bytes("AIFF", "FLOAT"),
+    "svx": lambda: soundfile_bytes("SVX"),  # IFF 16SV
+    "caf": lambda: soundfile_bytes("CAF"),
+    "au": lambda: soundfile_bytes("AU"),
+    "nist": lambda: soundfile_bytes("NIST"),
+    "ogg-vorbis": lambda: soundfile_bytes("OGG", "VORBIS"),
+    "ogg-opus": lambda: ffmpeg_bytes("ogg", "libopus", 48_000),
+    "adts": lambda: ffmpeg_bytes("adts", "aac"),
+    "ac3": lambda: ffmpeg_bytes("ac3", "ac3", 48_000),
+    "eac3": lambda: ffmpeg_bytes("eac3", "eac3", 48_000),
+    "m4a": lambda: ffmpeg_bytes("mp4", "aac"),
+    "webm": lambda: ffmpeg_bytes("webm", "libopus", 48_000),
+    "mka": lambda: ffmpeg_bytes("matroska", "pcm_s16le"),
+    "wavpack": lambda: ffmpeg_bytes("wv", "wavpack"),
+    "tta": lambda: ffmpeg_bytes("tta", "tta"),
+}
+
+
+def piped_or_refused(data: bytes) -> F32 | str:
+    """`piped`'s samples of `data`, or the message of the BadAudio it raised."""
+    try:
+        return piped(data)
+    except BadAudio as e:
+        return e.message
+
+
+@pytest.mark.parametrize("make", TAGGED_FORMATS.values(), ids=TAGGED_FORMATS.keys())
+def test_audio_behind_id3_tags_decodes_as_without_them(make: Any, tmp_path: Path) -> None:
+    """A leading ID3v2 tag (cover art, of 1 kB or 3 MiB) is never audio, whatever follows
+    it: each format here probes and decodes as without it from a path, bytes (an upload held
+    in memory) and a pipe. Each failed on the old code: from bytes libsndfile sized a WAV's
+    or AIFF's data from the whole length, tag included, and lost the tag's length of audio
+    at its end without an error (BadAudio where the tag outweighed the audio); FFmpeg
+    refuses an MP4, Matroska, WavPack, CAF or RF64 behind a tag of any size and an Ogg or
+    ADTS behind a large one (200 kB, 3 MiB), and counted the tag in an AC-3's probed
+    duration; from a pipe, a WAV, AIFF or AU behind any tag was BadAudio."""
+    untagged = make()
+    plain = tmp_path / "plain"
+    plain.write_bytes(untagged)
+    info, expected = probe(untagged), decode_file(untagged)
+    assert probe(plain) == info
+    np.testing.assert_array_equal(decode_file(plain), expected, strict=True)
+    from_pipe = piped_or_refused(untagged)  # CAF and WavPack need seeking (BadAudio)
+    for tags in (id3v2_tag(1000), id3v2_tag(3 << 20)):
+        data = tags + untagged
+        path = tmp_path / "tagged"
+        path.write_bytes(data)
+        assert probe(path) == probe(data) == info
+        for source in (path, data):
+            np.testing.assert_array_equal(decode_file(source), expected, strict=True)
+        np.testing.assert_array_equal(np.concatenate(list(iter_decode(path))), expected)
+        got = piped_or_refused(data)
+        if isinstance(from_pipe, str):
+            assert got == from_pipe
+        else:
+            np.testing.assert_array_equal(got, from_pipe)
+
+
+@pytest.mark.parametrize("tags", ID3_TAGS.values(), ids=ID3_TAGS.keys())
+def test_a_wav_behind_id3_tags_of_any_shape_decodes_as_without_them(
+    tags: Any, shared_data: Path, tmp_path: Path
+) -> None:
+    """The FLAC cases (a tag of 1 MiB in all, a footer, two tags, the second past the first
+    MiB) in front of a WAV of real speech (6 s, 16 kHz mono): as the WAV without them."""
+    untagged = shared_data / "ami-lhotse" / "ES2011a.Headset-0-40s-46s.wav"
+    data = tags() + untagged.read_bytes()
+    path = tmp_path / "tagged"
+    path.write_bytes(data)
+    expected = decode_file(untagged)
+    assert probe(path) == probe(data) == probe(untagged)
+    for source in (path, data):
+        np.testing.assert_array_equal(decode_file(source), expected, strict=True)
+    np.testing.assert_array_equal(piped(data), expected)
+
+
+def test_a_cut_wav_behind_an_id3_tag_says_what_its_header_declares(tmp_path: Path) -> None:
+    """A WAV cut to a third, behind a tag: the probe gives the length its header declares, as
+    for the cut WAV alone. From a path it said nothing (`wave`, reading the header, did not
+    pass the tag); from bytes libsndfile read the tag's length short."""
+    path = tmp_path / "whole.wav"
+    sf.write(path, np.zeros((3 * SAMPLE_RATE, 2), np.float32), SAMPLE_RATE, subtype="PCM_16")
+    whole = path.read_bytes()
+    start = whole.index(b"data") + 8
+    cut = whole[: start + (len(whole) - start) // 3]
+    info, expected = probe(cut), decode_file(cut)
+    assert info.cut_from_s == pytest.approx(3.0)
+    data = id3v2_tag(50_000) + cut
+    (tmp_path / "tagged").write_bytes(data)
+    for source in (tmp_path / "tagged", data):
+        decoded = decode.decode_file_with_info(source)
+        assert probe(source) == decoded.info == info
+        np.testing.assert_array_equal(decoded.samples, expected, strict=True)
+
+
+def test_a_chained_ogg_behind_an_id3_tag_decodes_link_by_link(tmp_path: Path) -> None:
+    """Ogg links of 16 and 48 kHz joined, behind a tag: each link decoded alone, as without
+    the tag. FFmpeg read them as one stream (audio/joined.py did not look past the tag) and
+    refused the change of rate."""
+    links = [soundfile_bytes("OGG", "VORBIS", rate) for rate in (16_000, 48_000)]
+    chain = b"".join(links)
+    expected = decode_file(chain)
+    assert expected.size == SAMPLE_RATE
+    data = id3v2_tag(1000) + chain
+    np.testing.assert_array_equal(decode_every_way(data, tmp_path), expected)
+    np.testing.assert_array_equal(piped(data), piped(chain))
 
 
 @pytest.mark.parametrize("declared", ["declared", "piped"])

@@ -9,7 +9,7 @@ from typing import BinaryIO, cast
 import numpy as np
 import soundfile as sf
 
-from livemeet.audio.joined import flac_start, members, splits
+from livemeet.audio.joined import audio_start, members, splits
 from tests.audio.conftest import id3v2_tag
 
 
@@ -132,42 +132,63 @@ def test_a_flac_behind_id3_tags_starts_at_its_marker() -> None:
         assert got == expected
         assert source.largest_read <= 1 << 16
     file = io.BytesIO(data)
-    assert splits(file) and flac_start(file) == len(tags) and file.tell() == 0
+    assert splits(file) and audio_start(file) == len(tags) and file.tell() == 0
     assert [(m.reader.read(), m.flac, m.flac_frames) for m in members(file)] == expected
+
+
+def test_any_audio_behind_id3_tags_starts_at_its_start() -> None:
+    """Tags in front of a format that `_AUDIO_START` knows (here a WAV, an Ogg chain, ADTS
+    AAC: a sync whose layer is 0, never MPEG audio's) are dropped as in front of a FLAC: the
+    first member begins at the audio's start, from a pipe and from a file. A WAV or ADTS
+    was one member with its tags (a pipe's given back, which FFmpeg then refused past its
+    probe's MiB), an Ogg chain too (FFmpeg then refused its links' change of rate)."""
+    out = io.BytesIO()
+    sf.write(out, np.zeros(8000, np.float32), 16_000, format="WAV", subtype="PCM_16")
+    wav = out.getvalue()
+    links = [ogg(1.0, 16_000), ogg(0.5, 48_000)]
+    adts = b"\xff\xf1\x50\x80\x02\x1f\xfc" + bytes(100)  # its 7-byte header, then a frame
+    tags = id3v2_tag(1000) + id3v2_tag(2 << 20)
+    for parts in ([wav], links, [adts]):
+        data = tags + b"".join(parts)
+        assert audio_start(io.BytesIO(data)) == len(tags)
+        for source in (short_reads(data, 4096), io.BytesIO(data)):
+            assert [read_all(m.reader, 1000) for m in members(source)] == parts
+    assert splits(io.BytesIO(tags + links[0])) and not splits(io.BytesIO(tags + wav))
 
 
 def test_what_is_behind_id3_tags_is_a_flac_only_at_their_end() -> None:
     """Zeros after a tag (padding belongs inside it), or no FLAC at all: not a FLAC, as
     FFmpeg and libsndfile read it; nor is a header FFmpeg does not take for one (a size
     byte over 0x7F). Nor is one behind more than 16 tags (a tagger writes one or two): an
-    upload of empty tags would cost a Python step per 10 bytes."""
+    upload of empty tags would cost a Python step per 10 bytes. Nor MPEG audio (an MP3's
+    first frame header), whose tags FFmpeg reads: the source as it came."""
     one = flac(1.0, 16_000)
     tag, empty = id3v2_tag(1000), b"ID3\x04\x00\x00\x00\x00\x00\x00"
-    assert flac_start(io.BytesIO(one)) == 0
-    assert flac_start(io.BytesIO(tag + tag + one)) == 2 * len(tag)
-    assert flac_start(io.BytesIO(empty * 16 + one)) == 160
+    assert audio_start(io.BytesIO(one)) == 0
+    assert audio_start(io.BytesIO(tag + tag + one)) == 2 * len(tag)
+    assert audio_start(io.BytesIO(empty * 16 + one)) == 160
     not_tags = bytearray(tag)
     not_tags[9] |= 0x80
     for data in (
         tag + bytes(100) + one,
-        tag + b"RIFF",
+        tag + b"\xff\xfb\x90\x64" + bytes(413),
         tag,
         bytes(not_tags) + one,
         empty * 17 + one,
     ):
-        assert flac_start(io.BytesIO(data)) is None and not splits(io.BytesIO(data))
+        assert audio_start(io.BytesIO(data)) == 0 and not splits(io.BytesIO(data))
         parts = members(short_reads(data, 4096))
         member = next(parts)
         assert not member.flac and read_all(member.reader, 1000) == data
         assert next(parts, None) is None
 
 
-def test_a_streams_tags_are_given_back_where_no_flac_follows() -> None:
-    """A stream (no seek) behind ID3v2 tags but no FLAC (an MP3, say) is read by FFmpeg as it
-    came: its tags' first 1 MiB (what FFmpeg's probe reads) as they were read, the rest as
-    zeros, a whole tag past the first MiB as a stand-in tag of its length, so FFmpeg's
-    reader of tags ends where it ended."""
-    audio = b"\xff\xfb" + bytes(range(256)) * 100  # not a FLAC
+def test_a_streams_tags_are_given_back_before_mpeg_audio() -> None:
+    """A stream (no seek) of MPEG audio behind ID3v2 tags (an MP3: no start `_AUDIO_START`
+    knows) is read by FFmpeg as it came: its tags' first 1 MiB (what FFmpeg's probe reads)
+    as they were read, the rest as zeros, a whole tag past the first MiB as a stand-in tag
+    of its length, so FFmpeg's reader of tags ends where it ended."""
+    audio = b"\xff\xfb" + bytes(range(256)) * 100  # an MP3 frame's sync, then bytes
     first, second = id3v2_tag((1 << 20) + 5000), id3v2_tag(3000)
     small = id3v2_tag(1000) + audio  # small tags: given back as they were
     assert read_all(next(members(short_reads(small, 4096))).reader, 1000) == small

@@ -1333,6 +1333,52 @@ async def test_transcribe_and_stream_take_a_flac_behind_cover_art(
         np.testing.assert_array_equal(samples, expected)
 
 
+async def test_transcribe_and_stream_of_standard_input_take_a_wav_behind_cover_art(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 5-s WAV behind 100 kB of cover art (an ID3v2 tag) on standard input: `transcribe -`,
+    which reads it whole (bytes), transcribed 1.9 s of it without an error (libsndfile sized
+    the data from the whole input, tag included), and `stream -` refused it (bad_audio).
+    Each now takes the samples of the WAV without its tag."""
+    from livemeet.audio import decode
+
+    wav = write_wav(tmp_path / "a.wav", 5.0).read_bytes()
+    data = id3v2_tag(100_000) + wav
+    expected = decode.decode_file(wav)
+    transcriber = FakeTranscriber()
+    await transcriber.start()
+    standard_input = Path("-")
+    results = await transcribe.transcribe_files(
+        transcriber, [standard_input], progress=False, streams={standard_input: data}
+    )
+    assert [r.error for r in results] == [None]
+    assert [s.log.num_samples for s in transcriber.sessions] == [expected.size]
+
+    sent: list[npt.NDArray[np.float32]] = []
+
+    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        sent.append(np.concatenate(list(chunks)))
+        sent_s = sent[-1].size / 16_000
+        final = {"type": "transcript.final", "duration": sent_s}
+        return live_client.StreamResult([final], [0.0], 1000, sent_s=sent_s)
+
+    monkeypatch.setattr(stream, "stream_audio", server)
+    read_fd, write_fd = os.pipe()
+
+    def write_standard_input() -> None:
+        with open(write_fd, "wb") as pipe:
+            pipe.write(data)
+
+    writer = threading.Thread(target=write_standard_input)
+    writer.start()
+    with open(read_fd, "rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert await asyncio.to_thread(main, ["stream", "-", "--speed", "1000"]) == 0
+    writer.join()
+    assert len(sent) == 1
+    np.testing.assert_array_equal(sent[0], expected)
+
+
 def test_serve_with_a_broken_checkpoint_exits_2_with_one_line(tmp_path: Path) -> None:
     """A model that fails to load stops `serve` with its typed error in one log line and
     exit status 2, as `transcribe` does (an independent trial got a 40-line traceback)."""

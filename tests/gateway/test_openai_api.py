@@ -524,6 +524,38 @@ async def test_a_flac_behind_cover_art_is_transcribed_as_without_it(
     assert fake.sessions[0].log.num_samples == 16_000
 
 
+@pytest.mark.parametrize("memory_bytes", [4 << 20, 1000])
+async def test_a_wav_behind_cover_art_is_transcribed_whole(
+    client: TestClient,
+    fake: FakeTranscriber,
+    monkeypatch: pytest.MonkeyPatch,
+    memory_bytes: int,
+) -> None:
+    """A 5-s WAV behind 100 kB of cover art (an ID3v2 tag) held in memory was transcribed
+    as 1.9 s, without an error: libsndfile, reading the bytes, sized the data from the
+    whole upload, tag included, and lost the tag's length of audio at the end. From memory
+    it is now the WAV's 5 s, sample for sample; from its spill file it was already (a
+    guard: libsndfile passes a tag in a file it opens by name)."""
+    from livemeet.audio import decode
+
+    monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", memory_bytes)
+    decoded: list[decode.Decoded] = []
+    real = decode.decode_file_with_info
+
+    def spy(source: decode.AudioSource, *, max_audio_s: float, cancel: Any = None) -> Any:
+        decoded.append(real(source, max_audio_s=max_audio_s, cancel=cancel))
+        return decoded[-1]
+
+    monkeypatch.setattr(decode, "decode_file_with_info", spy)
+    wav = wav_bytes(5.0)
+    resp = await client.post("/v1/audio/transcriptions", data=form(id3v2_tag(100_000) + wav))
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["usage"] == {"type": "duration", "seconds": 5}
+    np.testing.assert_array_equal(decoded[0].samples, decode.decode_file(wav))
+    assert decoded[0].info == decode.probe(wav)
+    assert fake.sessions[0].log.num_samples == 5 * 16_000
+
+
 async def test_oversized_upload_with_content_length(
     client: TestClient, server_config: ServerConfig
 ) -> None:
