@@ -58,6 +58,9 @@ Decisions on damaged input:
   as a warning, `livemeet transcribe` and `stream` warn on stderr.
 - A WAV whose data chunk declares 0 bytes (the placeholder of a writer that could not seek back
   to fill it in) is read to the end of the file, by FFmpeg.
+- A big-endian WAV (RIFX) decodes where libsndfile reads it (a file or bytes) and is
+  `BadAudio` where FFmpeg would (a pipe, a data size of 0): FFmpeg's WAV demuxer takes its
+  PCM as little-endian, noise without an error.
 - FFmpeg-decoded files raise `BadAudio` on any error FFmpeg reports (e.g. an MP4 cut before
   its moov atom), and when a container with an exact declared duration (WebM/Matroska, MP4)
   decodes more than `TRUNCATION_TOLERANCE_S` short of it. One exception (not FLAC's, above): a
@@ -140,7 +143,7 @@ from livemeet.audio.constants import (
     TRUNCATION_TOLERANCE_S,
 )
 from livemeet.audio.gapless import MP4_DEMUXER, trim_for
-from livemeet.audio.joined import Tail, audio_start, members, splits
+from livemeet.audio.joined import RIFX_MARKER, Tail, audio_start, members, splits
 from livemeet.errors import BadAudio, TooLong
 
 Samples = npt.NDArray[np.float32]  # [n] mono float32 in [-1, 1] at 16 kHz
@@ -701,9 +704,11 @@ def _ffmpeg_blocks(
     one of the channel count too, is BadAudio when it comes. A BadAudio of a later member
     names it ("in FLAC file 2 of those joined", "in link 2 of the Ogg chain").
     """
-    for index, (part, part_flac, min_frames) in enumerate(_parts(source)):
+    for index, (part, part_flac, min_frames, rifx) in enumerate(_parts(source)):
         try:
-            yield from _ffmpeg_part_blocks(part, flac=flac or part_flac, min_frames=min_frames)
+            yield from _ffmpeg_part_blocks(
+                part, flac=flac or part_flac, min_frames=min_frames, rifx=rifx
+            )
         except BadAudio as e:
             if index == 0:
                 raise
@@ -716,9 +721,10 @@ def _ffmpeg_blocks(
 
 def _parts(
     source: AudioSource | BinaryIO,
-) -> Iterator[tuple[AudioSource | BinaryIO | Tail, bool, int]]:
-    """`source` as the parts FFmpeg decodes one at a time, each with whether it is a FLAC and
-    the frames its STREAMINFO declares (0: unknown, or not a FLAC): an Ogg or FLAC file's
+) -> Iterator[tuple[AudioSource | BinaryIO | Tail, bool, int, bool]]:
+    """`source` as the parts FFmpeg decodes one at a time, each with whether it is a FLAC,
+    the frames its STREAMINFO declares (0: unknown, or not a FLAC) and whether it is a
+    big-endian WAV (RIFX, `_ffmpeg_part_blocks`): an Ogg or FLAC file's
     members, as streams (audio/joined.py); any other file, itself (a path FFmpeg opens as
     before), or its audio past the tags in front of it (`_past_tags`). A stream is always
     read through audio/joined.py (anything else passes)."""
@@ -731,17 +737,30 @@ def _parts(
         if splits(audio):
             yield from members(audio)
             return
+        rifx = audio.read(len(RIFX_MARKER)) == RIFX_MARKER
+        audio.seek(0)
         if start:  # read while `raw` is open
-            yield audio, False, 0
+            yield audio, False, 0, rifx
             return
-    yield source, False, 0
+    yield source, False, 0, rifx
+
+
+# FFmpeg's WAV demuxer (FFmpeg 8.0, libavformat 62, as PyAV 18 ships it) takes a RIFX file's
+# PCM as little-endian: its samples byte-swapped, loud noise without an error. libsndfile
+# reads RIFX right, but not from a pipe, nor a WAV it leaves to FFmpeg (a data size of 0).
+_RIFX_REFUSED = (
+    "cannot decode a big-endian WAV (RIFX) here: FFmpeg would read its samples as "
+    "little-endian (noise); pass it as a file or an upload of its bytes (not a pipe), or "
+    "convert it to an ordinary (RIFF) WAV first, e.g. with sox"
+)
 
 
 def _ffmpeg_part_blocks(
-    source: AudioSource | BinaryIO | Tail, *, flac: bool, min_frames: int
+    source: AudioSource | BinaryIO | Tail, *, flac: bool, min_frames: int, rifx: bool = False
 ) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
     """`_ffmpeg_blocks` of one part (a file, or one member of a joined one); `min_frames`:
-    BadAudio when fewer frames (at its rate) decode."""
+    BadAudio when fewer frames (at its rate) decode. `rifx`: the part is a big-endian WAV,
+    BadAudio before any block where FFmpeg would decode its samples as little-endian."""
     converter = _MonoConverter()
     num_packets = num_bad_packets = num_frames = 0
     first: tuple[int, int] | None = None  # the first frame's (rate, channels)
@@ -751,6 +770,8 @@ def _ffmpeg_part_blocks(
         with _open_container(source) as container:
             demuxer = container.format.name
             stream = _audio_stream(container)
+            if rifx and stream.codec_context.name.endswith("le"):
+                raise BadAudio(_RIFX_REFUSED)
             if flac:  # a failed CRC is only logged by default, and the frame returned
                 stream.codec_context.options = {"err_detect": "crccheck+explode"}
             trim = trim_for(container, stream)

@@ -56,6 +56,7 @@ OGG_CAPTURE = b"OggS"
 _OGG_HEADER_BYTES = 27  # before the lacing values
 _OGG_BOS = 0x02  # header flags: the first page of a logical stream
 FLAC_MARKER = b"fLaC"
+RIFX_MARKER = b"RIFX"  # a big-endian WAV's first bytes (RIFF's are little-endian)
 # what begins a FLAC stream: its marker, then STREAMINFO's block header (type 0, maybe flagged
 # the last block; 34 bytes long). 8 given bytes: by chance in frame data about once in 2**63
 _FLAC_START = re.compile(re.escape(FLAC_MARKER) + b"[\x00\x80]\x00\x00\x22")
@@ -94,6 +95,7 @@ class Member(NamedTuple):
     reader: BinaryIO  # its bytes: a readable, unseekable raw stream
     flac: bool  # a FLAC stream
     flac_frames: int  # its STREAMINFO total samples (0: unknown, or not a FLAC)
+    rifx: bool  # a big-endian WAV (RIFX), which FFmpeg's WAV demuxer reads as little-endian
 
 
 def splits(raw: BinaryIO) -> bool:
@@ -165,7 +167,7 @@ def members(raw: BinaryIO) -> Iterator[Member]:
     splitter = _Splitter(raw)
     while True:
         reader = cast(BinaryIO, _Member(splitter))  # a raw stream: what PyAV reads of a file
-        yield Member(reader, splitter.flac, splitter.flac_frames())
+        yield Member(reader, splitter.flac, splitter.flac_frames(), splitter.rifx)
         if not splitter.next_member():
             return
 
@@ -186,6 +188,7 @@ class _Splitter:
         # were given back: they come first
         self.flac = self._buffer.startswith(FLAC_MARKER) and not self._piece
         self._ogg = self._buffer.startswith(OGG_CAPTURE) and not self._piece
+        self.rifx = self._buffer.startswith(RIFX_MARKER) and not self._piece  # one member
         self._head = 0  # where the current FLAC member begins in the buffer, until handed over
         self._page_left = 0  # Ogg: bytes of the current page not yet handed over
         self._clear = 0  # FLAC: bytes at the buffer's head known to be the current member's

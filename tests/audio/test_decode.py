@@ -1453,3 +1453,27 @@ def test_corrupted_files_raise_bad_audio_or_decode_cleanly(
         return
     assert out.dtype == np.float32 and out.ndim == 1 and out.size > 0
     assert np.isfinite(out).all() and np.abs(out).max() <= 1.0
+
+
+def test_a_big_endian_wav_ffmpeg_would_read_as_noise_is_refused(tmp_path: Path) -> None:
+    """A RIFX (big-endian) WAV decodes right where libsndfile reads it (a path, bytes) and is
+    refused with BadAudio naming RIFX where FFmpeg would read it: from a pipe, or with a
+    data size of 0 (a writer that could not seek back). FFmpeg's WAV demuxer takes its PCM
+    as little-endian; on the old code both gave loud noise (samples off by up to ~1.5)
+    without an error."""
+    riff = soundfile_bytes("WAV")
+    rifx = soundfile_bytes("WAV", endian="BIG")
+    assert rifx.startswith(b"RIFX") and riff.startswith(b"RIFF")
+    expected = decode_file(riff)
+    path = tmp_path / "big-endian.wav"
+    path.write_bytes(rifx)
+    for source in (path, rifx):
+        np.testing.assert_allclose(decode_file(source), expected, atol=1e-6)
+    with pytest.raises(BadAudio, match="RIFX"):
+        piped(rifx)
+    np.testing.assert_array_equal(piped(riff), expected)  # little-endian: as before
+    unfinished = bytearray(rifx)
+    data_at = unfinished.index(b"data") + 4
+    unfinished[data_at : data_at + 4] = bytes(4)  # the data chunk's size: 0, big-endian
+    with pytest.raises(BadAudio, match="RIFX"):
+        decode_file(bytes(unfinished))
