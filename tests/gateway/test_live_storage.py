@@ -11,11 +11,14 @@ import asyncio
 import errno
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
 
+from livemeet.backends.scripted import DEFAULT_SCRIPT
 from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, NotFound, StorageFailed
 from livemeet.gateway import live_journal_writer
@@ -34,6 +37,7 @@ from tests.gateway.test_live_resume import (
     read_until,
     resume_start,
 )
+from tests.gateway.test_live_revise import REVISED, scripted_client
 from tests.gateway.test_ws_captions import subscribe
 from tests.gateway.test_ws_live import START, wait_until
 
@@ -162,6 +166,48 @@ async def test_a_session_whose_disk_fills_mid_meeting_gets_its_final_then_4507(
     assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 1
     assert metric(client, "livemeet_live_journal_failures_total", result="failed") == 0
     assert metric(client, "livemeet_errors_total", code="storage_failed") == 1
+
+
+async def test_over_the_scripted_backend_the_final_is_the_normal_ends_and_its_revision_follows(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, tmp_path: Path, disk: Disk
+) -> None:
+    """Over the real engine boundary (the scripted backend, with a revision): the disk fills
+    6 s into the meeting; the final is the one the same 6 s ended by the client get, its
+    promised revision still follows (the whole meeting it took in), then storage_failed and
+    4507 (the revision's wait included, the session counts as ended)."""
+    script = replace(DEFAULT_SCRIPT, revised=REVISED)
+    client = await scripted_client(aiohttp_client, server_config, tmp_path, script)
+
+    async def stream(ws: Any, seconds: float) -> None:
+        """Send `seconds` of audio in 0.5-s frames; read until all of it is acknowledged."""
+        for _ in range(round(seconds / 0.5)):
+            await ws.send_bytes(pcm16(0.5))
+        acked = 0
+        while acked < seconds * RATE:
+            acked = (await read_until(ws, "audio.ack"))[-1]["offset"]
+
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        ready = await ws.receive_json()
+        assert ready["revise"] is True
+        await stream(ws, 5.5)
+        disk.full = True
+        await ws.send_bytes(pcm16(0.5))
+        events = await read_to_close(ws)
+    assert [e["type"] for e in events[-3:]] == ["transcript.final", "transcript.revised", "error"]
+    final = events[-3]
+    assert final["duration"] == 6.0
+    assert events[-1]["code"] == "storage_failed" and ws.close_code == 4507
+    assert "ended early" in events[-1]["message"]
+    disk.full = False
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await stream(ws, 6.0)
+        await ws.send_json({"type": "end"})
+        reference = of_type(await read_to_close(ws), "transcript.final")[0]
+    assert ws.close_code == 1000
+    assert final["segments"] == reference["segments"] and final["segments"]
 
 
 async def test_a_final_the_store_cannot_write_is_sent_all_the_same(
