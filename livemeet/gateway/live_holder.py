@@ -910,9 +910,10 @@ def ended_early_error(
         kept = f"was sent; whether it is stored is not known yet ({where} tells)"
     else:
         kept = "was sent but could not be stored: keep the copy received"
+    go_on = ": start a new session to go on" if early else ""
     return StorageFailed(
         f"{error.message}: {how}; its transcript.final (all the audio the server took in) "
-        f"{kept}; the session cannot be resumed: start a new session to go on"
+        f"{kept}; the session cannot be resumed{go_on}"
     )
 
 

@@ -1058,7 +1058,7 @@ def test_stream_of_a_session_ended_for_the_servers_storage_says_so_on_stderr(
         "the server could not store this session's audio (No space left on device): the "
         "session's audio is no longer stored; its transcript.final (all the audio the "
         "server took in) was sent but could not be stored: keep the copy received; the "
-        "session cannot be resumed: start a new session to go on"
+        "session cannot be resumed"
     )
     events = [
         {"type": "session.ready", "session_id": "s-1", "revise": False},

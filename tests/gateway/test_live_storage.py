@@ -289,6 +289,33 @@ async def test_a_detached_session_whose_storage_fails_is_ended_and_its_final_kep
     assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 2
 
 
+async def test_a_session_whose_storage_fails_after_its_end_gets_its_final(
+    client: TestClient, fake: FakeTranscriber, failing_commits: threading.Event
+) -> None:
+    """The client sent `end`, and the disk fails while the final is decoded (here a rename's
+    commit meets it): the session failed, no final for a meeting its client had finished.
+    The final now comes as asked, the rename answered before it, then storage_failed and
+    4507, whose message says the session's audio is no longer stored (not that it ended
+    early)."""
+    fake.end_gate = asyncio.Event()
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await stream_acked(ws, fake, 1.0)
+        await ws.send_json({"type": "end"})
+        await wait_until(lambda: fake.sessions[0].log.ended)
+        failing_commits.set()
+        await ws.send_json({"type": "speaker.rename", "speaker": "S01", "name": "Alice"})
+        await read_until(ws, "speaker.renamed")
+        events = await read_final_to_close(ws, fake)
+    assert [e["type"] for e in events[-2:]] == ["transcript.final", "error"]
+    assert events[-2]["duration"] == 1.0
+    message = events[-1]["message"]
+    assert events[-1]["code"] == "storage_failed" and ws.close_code == 4507
+    assert "the session's audio is no longer stored" in message and "early" not in message
+    assert "was sent and is stored" in message
+
+
 async def test_a_session_ended_for_its_storage_is_not_rebuilt_after_a_restart(
     aiohttp_client: ClientFactory,
     server_config: ServerConfig,
