@@ -78,6 +78,7 @@ from livemeet.gateway.live_holder import (
     LiveSessionHolder,
     ended_early_error,
     restarting_error,
+    storage_failure,
 )
 from livemeet.gateway.live_protocol import (
     CLIENT_LEFT_CLOSES,
@@ -265,10 +266,14 @@ def end_withdrawn_keys(app: web.Application, ring: KeyRing) -> None:
 
 def _shutdown_error(connection: LiveConnection, keep: bool) -> LivemeetError:
     """What a connection the shutdown's drain did not see through is closed with: a revision
-    it waits for fails (its final stands); anything else, the engine is going, for good or
-    (`keep`) until the restart, which has the session."""
+    it waits for fails (its final stands); a session ended for its storage is lost (no
+    restart has it: told to resume, its client found none); anything else, the engine is
+    going, for good or (`keep`) until the restart, which has the session."""
     if connection.awaiting_revision:
         return RevisionFailed("the server is shutting down: no revision")
+    if (storage_error := connection.storage_error) is not None:
+        why = "the server shut down before the session's final transcript came"
+        return StorageFailed(storage_failure(storage_error, why).message)
     if keep:
         return _restarting(kept=connection.holder is not None)
     return EngineUnavailable("the server is shutting down")
@@ -504,6 +509,12 @@ class LiveConnection:
         return ClientTimeout(
             f"no message from the client within the idle timeout ({gateway.idle_timeout_s:g} s)"
         )
+
+    @property
+    def storage_error(self) -> StorageFailed | None:
+        """Why the server ends this connection's session for its storage (`storage_failed`),
+        if it does."""
+        return self._storage_error
 
     @property
     def awaiting_revision(self) -> bool:

@@ -23,7 +23,7 @@ from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, NotFound, StorageFailed
 from livemeet.gateway import live_journal_writer
 from livemeet.gateway.app import create_app
-from livemeet.gateway.keys import SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.keys import REGISTRY_KEY, SESSIONS_KEY, STORE_KEY
 from livemeet.gateway.transcript_store import TranscriptStore, live_transcript_id
 from livemeet.transcriber import TranscriptFinal
 from tests.gateway.conftest import ClientFactory, pcm16
@@ -314,6 +314,31 @@ async def test_a_session_whose_storage_fails_after_its_end_gets_its_final(
     assert events[-1]["code"] == "storage_failed" and ws.close_code == 4507
     assert "the session's audio is no longer stored" in message and "early" not in message
     assert "was sent and is stored" in message
+
+
+@pytest.mark.parametrize("keep", [True, False])
+async def test_a_shutdown_before_the_final_of_a_session_ended_for_its_storage_says_it_is_lost(
+    client: TestClient, fake: FakeTranscriber, disk: Disk, keep: bool
+) -> None:
+    """The server stops while a session it ended for its storage waits for its final: the
+    drain does not keep it for the next start (its journal entry is gone), and a final not
+    out in time leaves the client storage_failed saying no final comes, not
+    server_restarting (a resume after the restart would find no session) nor
+    engine_unavailable."""
+    fake.end_gate = asyncio.Event()  # the final never comes
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(START)
+        await ws.receive_json()
+        await stream_acked(ws, fake, 1.0)
+        await fill_the_disk(ws, fake, disk, 0.5)
+        reading = asyncio.create_task(read_to_close(ws))
+        assert client.app[SESSIONS_KEY].streaming().with_audio == 0  # none for the next start
+        await client.app[REGISTRY_KEY].drain_all(0.3, keep=keep)
+        events = await reading
+    assert events[-1]["code"] == StorageFailed.code and ws.close_code == 4507
+    assert "shut down before the session's final transcript came" in events[-1]["message"]
+    assert "no final transcript comes" in events[-1]["message"]
+    assert not of_type(events, "transcript.final")
 
 
 async def test_a_session_ended_for_its_storage_is_not_rebuilt_after_a_restart(
