@@ -42,7 +42,10 @@ from tests.gateway.test_ws_captions import subscribe
 from tests.gateway.test_ws_live import START, wait_until
 
 RATE = 16_000
-ENOSPC = OSError(errno.ENOSPC, "No space left on device")
+
+
+def enospc() -> OSError:
+    return OSError(errno.ENOSPC, "No space left on device")
 
 
 class Disk:
@@ -55,7 +58,7 @@ class Disk:
 
         def sync(fd: int) -> None:
             if self.full:
-                raise ENOSPC
+                raise enospc()
             real_sync(fd)
 
         monkeypatch.setattr(live_journal_writer.os, "fdatasync", sync)
@@ -217,7 +220,7 @@ async def test_a_final_the_store_cannot_write_is_sent_all_the_same(
     to the client, and the error says it could not be stored, so the client keeps its copy."""
 
     def refused(store: TranscriptStore, transcription_id: str, body: str) -> None:
-        raise ENOSPC
+        raise enospc()
 
     monkeypatch.setattr(TranscriptStore, "_write_file", refused)
     fake.end_gate = asyncio.Event()
@@ -441,7 +444,7 @@ async def test_a_session_with_no_audio_whose_storage_fails_fails_as_before(
     session fails at once, storage_failed and 4507, no final."""
 
     def failing_sync(directory: Any) -> None:
-        raise ENOSPC
+        raise enospc()
 
     monkeypatch.setattr(live_journal_writer, "sync_directory", failing_sync)
     async with client.ws_connect("/v1/live") as ws:
