@@ -29,6 +29,7 @@ import numpy as np
 
 from livemeet.audio.constants import PCM_S16LE_BYTES, SAMPLE_RATE
 from livemeet.audio.pcm import PcmStreamDecoder
+from livemeet.errors import StorageFailed
 from livemeet.gateway import live_journal_writer
 from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
@@ -86,6 +87,9 @@ class TimingSink:
         raise AssertionError("no resume in this load")
 
     def audio_durable(self) -> None:
+        pass
+
+    def storage_failed(self, error: StorageFailed) -> None:
         pass
 
 

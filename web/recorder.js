@@ -1106,7 +1106,12 @@ function onEvent(ev) {
         break;
       }
       state.error = { code: ev.code, message: ev.message };
-      setStatus(`error ${ev.code}: ${ev.message}`);
+      // after the final, the server closes a meeting it ended itself (its storage failed, an
+      // idle page): the final's "done: …" (how much audio it covers) stays, the error beside
+      // it (it replaced it: the page said only "error storage_failed" over a kept final)
+      setStatus(state.finished ? `${$("status").textContent}; then error ${ev.code}: ` +
+                                 ev.message
+                               : `error ${ev.code}: ${ev.message}`);
       break;
   }
 }

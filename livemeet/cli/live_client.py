@@ -36,7 +36,7 @@ import numpy as np
 import websockets
 
 from livemeet.audio.constants import LIVE_HOP_S, MAX_FRAME_BYTES, PCM_S16LE_BYTES, SAMPLE_RATE
-from livemeet.errors import LivemeetError, ServerRestarting
+from livemeet.errors import LivemeetError, RevisionFailed, ServerRestarting
 from livemeet.gateway.live_protocol import SERVICE_RESTART
 from livemeet.transcriber import Samples
 
@@ -108,6 +108,17 @@ class StreamResult:
         return next((e for e in self.events if e["type"] == "error"), None)
 
     @property
+    def error_after_final(self) -> dict[str, Any] | None:
+        """The `error` the server closed with after `transcript.final` (its revision's failure
+        aside, which leaves the final standing): a session it ended itself, for its storage
+        (storage_failed: the final may not be stored) or an idle client; None if none."""
+        final = self.final
+        if final is None:
+            return None
+        after = [e for e in self._after(final) if e["type"] == "error"]
+        return next((e for e in after if e["code"] != RevisionFailed.code), None)
+
+    @property
     def revision_pending(self) -> bool:
         """`transcript.final` came, a `session.ready` promised its revision, and neither the
         revision nor an error after the final did."""
@@ -141,10 +152,12 @@ class StreamResult:
         if final is None or (not self.stopped_early and final["duration"] >= round(file_s, 3)):
             return None
         covered_s = float(final["duration"])
+        closing = self.error_after_final
+        code = f"{closing['code']}, " if closing is not None else ""
         why = (
             "stopped by Ctrl-C"
             if self.interrupted
-            else f"the server ended the session early (close {self.close_code})"
+            else f"the server ended the session early ({code}close {self.close_code})"
         )
         # the final's duration is what the server read (protocol.md): frames sent past it may
         # have sat unread in socket buffers, so it, not `sent_s`, is where to resend from
@@ -570,7 +583,10 @@ class _Streamer:
                     self.on_event(event)
             self.changed.set()
             if event.get("type") == "transcript.final" and not self.wait_revision:
-                return  # `_carry` closes the connection (1000): the server keeps the revision
+                if self.result.revision_pending:
+                    return  # `_carry` closes the connection (1000): the server keeps the revision
+                # none to wait for: the server closes, maybe with an error first (storage_failed:
+                # whether the final was stored), which closing here left unread
 
     async def _wait_for(self, condition: Callable[[], bool], receiver: asyncio.Task[None]) -> bool:
         """Wait until `condition()` holds or the connection closes (`receiver` is done),

@@ -41,7 +41,10 @@ second Ctrl-C quits at once. Exit status: 0 for a final covering the whole file,
 or one that covers part of it (it says from which second to resend), 2 when it could not run
 (no server to connect to, or one that refused to start the session: not ready, at capacity,
 an API key refused), 130 after Ctrl-C. A session lost to the network (no resume: the server
-has resume off, refused it, or the window passed) exits 1.
+has resume off, refused it, or the window passed) exits 1. A server whose disk fails ends the
+session itself: its final (printed as any) comes before a `storage_failed` error and a 4507
+close, which stderr repeats (the server may not have stored that final); the exit status is
+then the final's coverage.
 
 A server that asks for an API key (docs/protocol.md, "API keys") gets `--api-key` (or
 LIVEMEET_API_KEY) as `Authorization: Bearer` on every upgrade request, resumes included.
@@ -521,6 +524,14 @@ def report(result: StreamResult, path: Path | None) -> int:
         dropped = ": the connection dropped" if resumable_close(result.close_code) else ""
         print(f"no transcript.final (close code {result.close_code}{dropped})", file=sys.stderr)
         return failed
+    if (closing := result.error_after_final) is not None:
+        # the server ended the session itself (its storage failed: the final printed above
+        # may be the only copy; an idle client): the final stands, its coverage decides below
+        print(
+            f"warning: after transcript.final the server closed the session with "
+            f"{closing['code']}: {closing['message']} (close {result.close_code})",
+            file=sys.stderr,
+        )
     if result.audio_error is not None:
         # a file damaged mid-way: what decoded before the damage was sent and transcribed
         exc = result.audio_error

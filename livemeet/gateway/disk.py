@@ -2,9 +2,10 @@
 transcripts older than the retention are deleted (DESIGN section 7: "Retention and a disk
 budget are settings").
 
-A live session whose journal cannot write fails mid-meeting (`storage_failed`), so a server
-whose data directory is nearly full refuses new live sessions and uploads up front, with the
-same error (507), and says so in `/readyz`; resumes and sessions already running go on. Once
+A live session whose journal cannot write is ended mid-meeting (its final transcript, then
+`storage_failed`: it cannot be resumed), so a server whose data directory is nearly full
+refuses new live sessions and uploads up front, with the same error (507), and says so in
+`/readyz`; resumes and sessions already running go on. Once
 under the floor, it takes new work again only above the floor plus DISK_READY_MARGIN_MB
 (hysteresis), so that its own writes and deletes near the floor do not flip it back and forth.
 """

@@ -15,7 +15,10 @@ client sends on from there, and frames the backend took already are skipped). A 
 session is fed the stored audio with the client's finalizes made again where they came in it,
 so one the backend had not applied when the server stopped is not lost (its audio would stay a
 partial), and one it had applied still cuts there (no final of the rebuilt session crosses
-it); a rebuild after the engine's loss does the same (`finalizes`).
+it); a rebuild after the engine's loss does the same (`finalizes`). A session whose journal
+fails (`storage_error`) is ended by the server: audio after that end is dropped, its final
+waits for the journal's deletion of it (`journal_discarded`), and a backend error then fails it
+as a storage failure (`storage_failure`).
 
 Captions (docs/protocol.md, "Captions"): a holder also has read-only subscribers
 (`CaptionsSink`, gateway/ws_captions.py), attached to the session rather than to its socket,
@@ -66,6 +69,7 @@ from livemeet.errors import (
     RevisionFailed,
     ServerRestarting,
     SessionTakenOver,
+    StorageFailed,
 )
 from livemeet.gateway.clients import Client
 from livemeet.gateway.live_journal import LiveJournal
@@ -92,6 +96,11 @@ from livemeet.transcript.segments import FinishReason, Transcript
 
 log = logging.getLogger(__name__)
 
+# s the close of a session ended for its storage (`storage_error`) waits for its final
+# transcript's write to the transcript store, so that its storage_failed can say whether the
+# final was stored (a file and a directory fsync; a failing disk may hang them)
+FINAL_STORE_WAIT_S = 2.0
+
 
 class EventSink(Protocol):
     """The socket a session is attached to (ws_live.LiveConnection). Both calls are
@@ -112,6 +121,11 @@ class EventSink(Protocol):
 
     def audio_durable(self) -> None:
         """More of the session's audio is on disk: an `audio.ack` may go out."""
+
+    def storage_failed(self, error: StorageFailed) -> None:
+        """The journal cannot keep the session (`error`), and the server ends it as by its
+        client's `end` (LiveSessions): take no more audio, acknowledge none, and close with
+        storage_failed once the final transcript (and the revision it promised) is out."""
 
 
 class CaptionsSink(Protocol):
@@ -186,6 +200,18 @@ class LiveSessionHolder:
         # the journal was told the session's fate (finished, discarded): nothing more goes
         # to it. Set at once for a session without a journal.
         self.journal_closed = journal is None
+        # the discard's commit (`close_journal`): the final of a session ended for its
+        # storage waits for it (`_take`), so that no restart rebuilds a session its client
+        # was told had ended
+        self.journal_discarded: asyncio.Future[None] | None = None
+        # why the journal could not keep the session (its storage failed): the server ends it
+        # as by its client's `end`, its final sent and stored where the store can, and it is
+        # not rebuilt after a restart (LiveSessions._storage_failed); None: it is kept
+        self.storage_error: StorageFailed | None = None
+        self.storage_counted = False  # in livemeet_live_journal_failures_total (LiveSessions)
+        # the write of its final transcript to the transcript store (LiveSessions); None: none
+        # made (no store, or no final yet)
+        self.final_written: asyncio.Task[bool] | None = None
         self.ended = False  # `end` went to the backend (the client's, a drain's, an expiry's)
         self.ended_at: float | None = None  # loop time of that `end` (a revision's delay)
         # (engine, hold) s of the final transcript after `end`: to the backend's final, then
@@ -304,6 +330,8 @@ class LiveSessionHolder:
 
         async def feed() -> None:
             nonlocal taken
+            if self.ended:  # the server ended it meanwhile (its storage): ignored, as after `end`
+                return
             new = self._unheld(pcm)
             taken = len(new)
             if new:
@@ -497,6 +525,8 @@ class LiveSessionHolder:
         longer carries the session, and as the backend's `finalize`."""
 
         async def act() -> None:
+            if self.ended:  # the server ended it meanwhile (its storage): the end commits all
+                return
             await self.session.finalize()
             frames = self.num_frames_accepted
             if self.finalizes and self.finalizes[-1] == frames:
@@ -507,12 +537,17 @@ class LiveSessionHolder:
 
         await self._with_session(owner, act)
 
-    async def end(self, owner: EventSink | None) -> bool:
+    async def end(self, owner: EventSink | None, *, early: bool = False) -> bool:
         """No more audio, at most once; returns whether this call ended the session. `owner`
         None: the server ends a detached session (an expiry, a drain), which does nothing
-        once a resume has attached a socket again (it may have waited for the lock)."""
+        once a resume has attached a socket again (it may have waited for the lock);
+        `early`: the server ends it whichever socket carries it (its storage failed:
+        `storage_error`). Raises SessionTakenOver (`owner` no longer carries it), and as the
+        backend's `append` and `end`."""
         async with self.lock:
-            if owner is not None:
+            if early:
+                pass
+            elif owner is not None:
                 self._check_owner(owner)
             elif self.sink is not None:
                 return False
@@ -559,7 +594,8 @@ class LiveSessionHolder:
 
     def close_journal(self, *, finished: bool) -> None:
         """Tell the journal the session's fate, once: `finished` (its final transcript is
-        stored) or discarded (dropped without one); its audio file goes either way."""
+        stored) or discarded (dropped without one, or its storage failed); its audio file
+        goes either way (`journal_discarded`: a discard's commit)."""
         if self.journal is None or self.journal_closed:
             return
         self.journal_closed = True
@@ -567,7 +603,7 @@ class LiveSessionHolder:
             if finished:
                 self.journal.finish(self.id)
             else:
-                self.journal.discard(self.id)
+                self.journal_discarded = self.journal.discard(self.id)
         except InternalError as exc:  # the journal closed first (shutdown): kept for a restart
             log.warning(
                 "live session %s: journal closed before its end was noted: %s", self.id, exc
@@ -582,8 +618,21 @@ class LiveSessionHolder:
 
     def fail(self, error: Error) -> None:
         """End the session with `error` as its terminal event (sent to its socket and
-        subscribers); the caller drops it."""
-        self._record(error)
+        subscribers); the caller drops it. Nothing once it has one."""
+        if self.replay.terminal is None:
+            self._record(error)
+
+    async def final_stored(self) -> bool | None:
+        """Whether the session's final transcript was written to the transcript store
+        (`final_written`), waited for at most FINAL_STORE_WAIT_S; None where that is not
+        known by then; False where no write was made."""
+        written = self.final_written
+        if written is None:
+            return False
+        done, _ = await asyncio.wait({written}, timeout=FINAL_STORE_WAIT_S)
+        if not done:
+            return None
+        return not written.cancelled() and written.result()
 
     def _check_owner(self, owner: EventSink) -> None:
         if self.sink is not owner:
@@ -610,6 +659,11 @@ class LiveSessionHolder:
                             f"the revision failed ({event.code}): {event.message}; "
                             "transcript.final stands",
                         )
+                    elif self.storage_error is not None and isinstance(event, Error):
+                        # the backend failed while the server ended it for its storage: the
+                        # session fails as a storage failure did before (no final)
+                        why = f"ending it failed ({event.code}: {event.message})"
+                        event = storage_failure(self.storage_error, why)
                     await self._take(event)
                     if self.replay.revision_pending and not notified:
                         notified = True
@@ -621,10 +675,12 @@ class LiveSessionHolder:
                 assert self._recover is not None
                 await self._flush_outbox()  # the rebuild starts from the finals recorded
                 if self.replay.terminal is not None:
-                    break  # its storage failed meanwhile: its error is out, its audio gone
+                    break  # it failed meanwhile (its storage, with no audio): its error is out
                 if not await self._recover(self):
+                    if self.storage_error is not None:  # its journal failed during the rebuild
+                        lost = storage_failure(self.storage_error, "its engine was lost")
                     if not self.kept_for_restart:
-                        self._record(lost)  # as before: the sockets get the engine's error
+                        self.fail(lost)  # as before: the sockets get the engine's error
                     break
         except Exception as exc:  # a bug: the sockets must still hear of it
             log.exception("live session %s: reading its events failed", self.id)
@@ -674,7 +730,7 @@ class LiveSessionHolder:
         for the answers to renames and merges the journal holds back, which go out before
         it. Neither is handed on once the session failed meanwhile."""
         if self.replay.terminal is not None and not self.replay.revision_pending:
-            return  # it failed meanwhile (its storage): its error went out, nothing follows it
+            return  # it failed meanwhile (its storage, say): its error went out, nothing follows it
         if isinstance(event, SegmentFinal | SegmentPartial | TextDelta) and self._hold(event):
             return
         loop = asyncio.get_running_loop()
@@ -689,6 +745,12 @@ class LiveSessionHolder:
             while self._unanswered and (remaining_s := deadline - loop.time()) > 0:
                 # asyncio.wait: a cancelled pump leaves the futures alone
                 await asyncio.wait(set(self._unanswered), timeout=remaining_s)
+            # ended for its storage: told so only once the journal no longer holds it, so
+            # that a crash from then on does not bring it back as a rebuilt session
+            discarded = self.journal_discarded
+            if self.storage_error is not None and discarded is not None:
+                if (remaining_s := deadline - loop.time()) > 0:
+                    await asyncio.wait({discarded}, timeout=remaining_s)
             if self.replay.terminal is not None:  # the session failed meanwhile: its error is out
                 return
             if self.ended_at is not None:
@@ -815,6 +877,44 @@ def split_at_cuts(
         yield pcm[: frames * frame_bytes], True
         pcm, first_frame = pcm[frames * frame_bytes :], first_frame + frames
     yield pcm, False
+
+
+def storage_failure(error: StorageFailed, why: str | None = None) -> Error:
+    """The error a session fails with where its journal failed (`error`) and the server could
+    not end it instead (`why`: no audio to transcribe, or the backend failed while ending it):
+    no final comes, and it cannot be resumed."""
+    cause = f"; {why}" if why else ""
+    return Error(
+        StorageFailed.code,
+        f"{error.message}{cause}: the session failed, and no final transcript comes (the finals "
+        "sent stand); it cannot be resumed: start a new session",
+        StorageFailed.retryable,
+    )
+
+
+def ended_early_error(
+    error: StorageFailed, session_id: str, *, early: bool, stored: bool | None
+) -> StorageFailed:
+    """What the client of a session the server ended for its storage (`error`) is told after
+    its final transcript: `early`, the server ended it (else its `end` had come); `stored`,
+    whether the final is in the transcript store (None: not known yet)."""
+    how = (
+        "the session was ended early, as if its client had sent `end`"
+        if early
+        else "the session's audio is no longer stored"
+    )
+    where = f"GET /v1/sessions/{session_id}/transcript with its captions_token"
+    if stored:
+        kept = f"was sent and is stored ({where})"
+    elif stored is None:
+        kept = f"was sent; whether it is stored is not known yet ({where} tells)"
+    else:
+        kept = "was sent but could not be stored: keep the copy received"
+    go_on = ": start a new session to go on" if early else ""
+    return StorageFailed(
+        f"{error.message}: {how}; its transcript.final (all the audio the server took in) "
+        f"{kept}; the session cannot be resumed{go_on}"
+    )
 
 
 def restarting_error(session_id: str) -> ServerRestarting:

@@ -545,12 +545,17 @@ class LiveJournal:
         after `close`."""
         self._end(session_id, SessionState.FINISHED)
 
-    def discard(self, session_id: str) -> None:
+    def discard(self, session_id: str) -> asyncio.Future[None]:
         """The session was dropped with no final transcript (or its storage failed): its audio
         file is deleted at once (a full disk gets the space back even if the transaction that
-        drops its rows fails), then its rows. Raises InternalError for a session not open or
-        after `close`."""
-        self._end(session_id, SessionState.DISCARDED)
+        drops its rows fails), then its rows, committed without waiting out the commit
+        interval. Returns a future done on the loop once that commit is done or failed (the
+        writer logs a failure): until then a crash may leave the session for the next start
+        to rebuild. Raises InternalError for a session not open or after `close`."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._end(session_id, SessionState.DISCARDED, done)
+        self._hurry.set()
+        return done
 
     def durable_frames(self, session_id: str) -> int:
         """Sample frames of the session's audio reported durable so far (what on_durable last
@@ -618,11 +623,13 @@ class LiveJournal:
             raise InternalError(f"live session {session_id!r} is not open in the journal")
         return handle
 
-    def _end(self, session_id: str, state: SessionState) -> None:
+    def _end(
+        self, session_id: str, state: SessionState, done: asyncio.Future[None] | None = None
+    ) -> None:
         handle = self._live(session_id)
         del self._handles[session_id]
         handle.ended = True
-        self._queue.put(End(handle, state))
+        self._queue.put(End(handle, state, done))
 
     def _restore(self, conn: sqlite3.Connection, row: sqlite3.Row) -> RestoredSession:
         meta = JournalSession(

@@ -178,6 +178,9 @@ class End:
 
     handle: Handle
     state: SessionState
+    # done on the loop once the group that deletes its rows was committed (or failed): a
+    # session ended early for its storage tells its client so only then (`LiveJournal.discard`)
+    done: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -286,6 +289,8 @@ class Writer:
                     for op in ops:
                         if isinstance(op, Final | Names | Merges):
                             self._post(_settle, op.stored)
+                        elif isinstance(op, End) and op.done is not None:
+                            self._post(_settle, op.done)
                 if ops[-1] is None:
                     return
         finally:

@@ -26,7 +26,10 @@ only the revision), discarded when it fails or is dropped without one, and kept 
 server stops first: `restore` rebuilds those at the next start (a new backend session from the
 stored finals, fed the stored audio and finalizes), detached, for their clients to resume. A
 session's `transcript.final` is stored (TranscriptStore.put_live) so its transcript outlives
-the session, readable with the session's `captions_token`.
+the session, readable with the session's `captions_token`. A session whose journal fails (a
+full disk) is discarded from it at once and ended as by its client's `end`, not failed: its
+final is sent and stored all the same, then its socket gets storage_failed
+(`_storage_failed`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from livemeet.gateway.live_holder import (
     EventSink,
     LiveSessionHolder,
     restarting_error,
+    storage_failure,
 )
 from livemeet.gateway.live_journal import JournalSession, LiveJournal, RestoredSession, read_pcm
 from livemeet.gateway.live_protocol import (
@@ -157,7 +161,11 @@ class LiveSessions:
 
     def streaming(self) -> StreamingCount:
         """The sessions streaming still (not ended, not failed): what a restart keeps."""
-        held = [h for h in self._holders.values() if not h.ended and h.replay.terminal is None]
+        held = [
+            h
+            for h in self._holders.values()
+            if not h.ended and h.replay.terminal is None and h.storage_error is None
+        ]
         kept = [h for h in held if h.num_frames_accepted]
         return StreamingCount(
             len(kept), sum(1 for h in kept if h.sink is None), len(held) - len(kept)
@@ -520,6 +528,7 @@ class LiveSessions:
             and self.keeps_on_shutdown
             and not holder.ended
             and holder.replay.terminal is None
+            and holder.storage_error is None  # ending: its journal entry is gone
         )
 
     async def drain(self, timeout_s: float = LIVE_DRAIN_TIMEOUT_S) -> None:
@@ -534,7 +543,7 @@ class LiveSessions:
         self._drain_deadline_s = asyncio.get_running_loop().time() + timeout_s
         detached = [h for h in self._holders.values() if h.sink is None]
         if self.keeps_on_shutdown:
-            kept = [h for h in detached if not h.ended and h.replay.terminal is None]
+            kept = [h for h in detached if self._restart_keeps(h)]
             for holder in kept:
                 holder.cancel_timer()
                 holder.end_subscriptions(restarting_error(holder.id))  # as it is kept
@@ -640,6 +649,8 @@ class LiveSessions:
         if holder.replay.revision is not None:
             self._revision_came(holder)
         elif isinstance(holder.replay.terminal, TranscriptFinal):
+            if holder.storage_error is not None:
+                self._count_storage_failure(holder, "ended")
             if holder.final_phases_s is not None:
                 for phase, seconds in zip(LIVE_FINAL_PHASES, holder.final_phases_s, strict=True):
                     self._metrics.live_final_s.labels(phase).observe(seconds)
@@ -654,7 +665,10 @@ class LiveSessions:
                 # the journal lets go of the session (its audio file included) only once its
                 # transcript is on disk: a crash in between rebuilds it at the next start
                 written.add_done_callback(functools.partial(self._transcript_written, holder))
+                holder.final_written = written
         else:
+            if holder.storage_error is not None:
+                self._count_storage_failure(holder, "failed")
             holder.close_journal(finished=False)
         if holder.sink is None and not holder.dropped:
             self._arm(holder)
@@ -716,6 +730,8 @@ class LiveSessions:
                 return self._recovered(holder, False, "the session was dropped meanwhile")
             if not await holder.wait_durable(LIVE_REBUILD_DURABLE_WAIT_S):
                 return self._recovered(holder, False, "its audio is not all on disk")
+            if holder.storage_error is not None:  # its audio file is gone with its journal
+                return self._recovered(holder, False, "its journal failed")
             finals = tuple(f.segment for f in holder.replay.finals)
             restore = LiveRestore(finals, holder.replay.merges.items())
             options = replace(holder.options, restore=restore)
@@ -755,26 +771,87 @@ class LiveSessions:
         return ok
 
     def _transcript_written(self, holder: LiveSessionHolder, written: asyncio.Task[bool]) -> None:
-        if not written.cancelled() and written.result():
+        stored = not written.cancelled() and written.result()
+        if holder.storage_error is not None:  # its journal entry went with the failure
+            log.log(
+                logging.WARNING if stored else logging.ERROR,
+                "live session %s ended early for its storage: its final transcript was sent and %s",
+                holder.id,
+                "stored" if stored else "could NOT be stored (its client has the only copy)",
+            )
+        elif stored:
             holder.close_journal(finished=True)
         else:  # kept: the next start rebuilds the session and stores its transcript again
             holder.journal_closed = True  # so that no drop discards it
             log.error("live session %s: transcript not stored; kept in the journal", holder.id)
 
     def _storage_failed(self, holder: LiveSessionHolder, error: StorageFailed) -> None:
-        """The journal cannot keep the session's audio (the disk is full or failing): acks
-        would stop for good, so the session fails with `error` now (its socket and captions
-        get it; close 4507) and is dropped, rather than stream on with nothing acknowledged."""
+        """The journal cannot keep the session (the disk is full, read-only or failing): acks
+        would stop for good, and a crash would lose it. The backend still holds the meeting,
+        so the session is ended as by its client's `end` rather than failed (it failed, and
+        lost everything after its last final, until a review): its journal entry is
+        discarded first (its audio file goes: on a full disk that is the space back for its
+        final transcript and for the other sessions; kept, a restart rebuilt a session its
+        client was told had ended), its client takes no more audio (`EventSink.
+        storage_failed`), and its `transcript.final` goes to its socket and captions and to
+        the store (`_on_terminal`); its socket then closes with storage_failed, 4507. A
+        session with no audio, or whose backend fails while ending, fails as before
+        (`storage_failure`: no final). A detached one is ended alike, its final kept for a
+        resume as any ended session's."""
+        if holder.dropped or holder.replay.terminal is not None or holder.storage_error:
+            return  # a revision pending after the final: best-effort, the journal is done
+        holder.storage_error = error
+        holder.close_journal(finished=False)  # its audio file first
+        if not holder.num_frames_accepted:
+            self._fail_storage(holder, "it had no audio to transcribe")
+            return
+        log.error(
+            "live session %s: its journal failed (%s): its audio is deleted, and the session "
+            "is ended as by its client's end (its final transcript is sent and stored where "
+            "the store can write it; not resumable)",
+            holder.id,
+            error,
+        )
+        if holder.sink is not None:
+            holder.sink.storage_failed(error)
+        holder.cancel_timer()  # detached: its expiry, which would end it too
+        self._spawn(self._end_for_storage, holder)
+
+    async def _end_for_storage(self, holder: LiveSessionHolder) -> None:
+        """End a session whose storage failed (`_storage_failed`), whichever socket carries it;
+        where its backend refuses, it fails as before."""
         if holder.dropped or holder.replay.terminal is not None:
             return
-        log.error("live session %s: its journal failed (%s): the session fails", holder.id, error)
-        self._metrics.journal_failures.inc()
-        holder.fail(Error(error.code, str(error), error.retryable))
-        # discarded now: its audio file goes (on a full disk that is the space back; kept, it
-        # failed every later session and came back as a rebuilt one after a restart)
-        holder.close_journal(finished=False)
+        try:
+            await holder.end(None, early=True)
+        except LivemeetError as exc:
+            if not holder.dropped and holder.replay.terminal is None:
+                self._fail_storage(holder, f"ending it failed ({exc.code}: {exc})")
+            return
+        if holder.sink is None and not holder.dropped:
+            self._arm(holder)  # its final waited for, then kept a window for a resume
+
+    def _fail_storage(self, holder: LiveSessionHolder, why: str) -> None:
+        """A session whose storage failed and that cannot be ended (`why`): it fails with
+        storage_failed now (its socket and captions get it; close 4507) and is dropped."""
+        assert holder.storage_error is not None
+        log.error(
+            "live session %s: its journal failed (%s), and %s: the session fails",
+            holder.id,
+            holder.storage_error,
+            why,
+        )
+        holder.fail(storage_failure(holder.storage_error, why))
+        self._count_storage_failure(holder, "failed")
         if holder.sink is None:  # else its socket's cleanup drops it
             self._spawn(self._drop, holder)
+
+    def _count_storage_failure(self, holder: LiveSessionHolder, result: str) -> None:
+        """livemeet_live_journal_failures_total, once a session: `ended` (its final came) or
+        `failed` (it failed: no final)."""
+        if not holder.storage_counted:
+            holder.storage_counted = True
+            self._metrics.journal_failures.labels(result).inc()
 
     async def _expire(self, holder: LiveSessionHolder) -> None:
         if await self._end_detached(holder):

@@ -429,8 +429,11 @@ class GatewayMetrics:
             ),
             journal_failures=Counter(
                 "livemeet_live_journal_failures",
-                "Live sessions failed with storage_failed: the journal could not keep their "
-                "audio, finals or names",
+                "Live sessions whose journal could not keep their audio, finals or names "
+                "(storage_failed), by result: ended (ended early as by the client's end, "
+                "transcript.final sent) or failed (no final: no audio, or the backend failed "
+                "while ending it)",
+                ["result"],
                 registry=registry,
             ),
             captions_subscribers=Gauge(
@@ -484,6 +487,8 @@ class GatewayMetrics:
             metrics.live_resumes.labels(result)
         for result in ("rebuilt", "failed"):
             metrics.live_recoveries.labels(result)
+        for result in ("ended", "failed"):
+            metrics.journal_failures.labels(result)
         return metrics
 
     def journal_committed(self, seconds: float, files: int) -> None:

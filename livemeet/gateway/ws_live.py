@@ -12,6 +12,9 @@ then a close with the error class's 4xxx close code, except a frame aiohttp refu
 A connection whose API key is revoked (or removed) while it runs is closed with `unauthorized`
 (4401), and its session ended, not kept for a resume (`end_withdrawn_keys`, KeyGuard's
 listener; gateway/live_sessions.py).
+A session whose journal fails (a full disk) is ended by the server (`storage_failed`): the
+client's audio is ignored from then on, and after the final the socket closes with
+storage_failed (4507), saying whether the final was stored.
 A session whose final promises a revision (`session.ready`'s `revise`, DESIGN 5.7) keeps its
 socket open after `transcript.final` until `transcript.revised`, then closes normally; a
 revision that fails (or does not come within LIVE_REVISE_TIMEOUT_S of the final) is a
@@ -53,6 +56,7 @@ from livemeet.errors import (
     RevisionFailed,
     ServerRestarting,
     SessionTakenOver,
+    StorageFailed,
     Unauthorized,
     error_for_code,
 )
@@ -70,7 +74,12 @@ from livemeet.gateway.keys import (
     SESSIONS_KEY,
     TRANSCRIBER_KEY,
 )
-from livemeet.gateway.live_holder import LiveSessionHolder, restarting_error
+from livemeet.gateway.live_holder import (
+    LiveSessionHolder,
+    ended_early_error,
+    restarting_error,
+    storage_failure,
+)
 from livemeet.gateway.live_protocol import (
     CLIENT_LEFT_CLOSES,
     GOING_AWAY,
@@ -257,10 +266,14 @@ def end_withdrawn_keys(app: web.Application, ring: KeyRing) -> None:
 
 def _shutdown_error(connection: LiveConnection, keep: bool) -> LivemeetError:
     """What a connection the shutdown's drain did not see through is closed with: a revision
-    it waits for fails (its final stands); anything else, the engine is going, for good or
-    (`keep`) until the restart, which has the session."""
+    it waits for fails (its final stands); a session ended for its storage is lost (no
+    restart has it: told to resume, its client found none); anything else, the engine is
+    going, for good or (`keep`) until the restart, which has the session."""
     if connection.awaiting_revision:
         return RevisionFailed("the server is shutting down: no revision")
+    if (storage_error := connection.storage_error) is not None:
+        why = "the server shut down before the session's final transcript came"
+        return StorageFailed(storage_failure(storage_error, why).message)
     if keep:
         return _restarting(kept=connection.holder is not None)
     return EngineUnavailable("the server is shutting down")
@@ -316,6 +329,11 @@ class LiveConnection:
         # ended by the server for this error (an idle client): sent, with its close code,
         # after the final
         self._end_error: LivemeetError | None = None
+        # the session's journal failed, and the server ends it (`storage_failed`): after the
+        # final, storage_failed and 4507 (before `_end_error`); `_storage_early`: the server
+        # ended it then (its client's `end` had not come)
+        self._storage_error: StorageFailed | None = None
+        self._storage_early = False
         self._failed = False  # an error was sent (or is being sent): once per connection
         self._terminal_sent = False  # the session's final (or error) went out on this socket
         self._taken_over: asyncio.Task[None] | None = None  # closing: a resume took the session
@@ -493,6 +511,12 @@ class LiveConnection:
         )
 
     @property
+    def storage_error(self) -> StorageFailed | None:
+        """Why the server ends this connection's session for its storage (`storage_failed`),
+        if it does."""
+        return self._storage_error
+
+    @property
     def awaiting_revision(self) -> bool:
         """`transcript.final` went out and its revision is still to come on this socket."""
         return self._final_sent_at is not None and not self._terminal_sent
@@ -664,8 +688,10 @@ class LiveConnection:
         # those frames
         self._acks.acked = holder.client_offset
         if resumed:
-            self.protocol.resumed(holder.num_frames_accepted, ended=holder.ended)
-            if holder.ended:
+            # a session whose storage failed is being ended (`storage_failed`): as one ended
+            ended = holder.ended or holder.storage_error is not None
+            self.protocol.resumed(holder.num_frames_accepted, ended=ended)
+            if ended:
                 self._ended_at = asyncio.get_running_loop().time()
         self._enqueue(self._ready_frame(holder, resumed, replay), None)
         for event in replay:
@@ -686,7 +712,7 @@ class LiveConnection:
     def audio_durable(self) -> None:
         """More of the session's audio is on disk: an ack goes out within the ack interval
         (audio that arrived last, with none after it, is acknowledged too)."""
-        if self.holder is None or self._failed:
+        if self.holder is None or self._failed or self._storage_error is not None:
             return
         if self.holder.num_frames_durable <= self._acks.acked:
             return
@@ -694,6 +720,24 @@ class LiveConnection:
         due_at = self._acks.audio_accepted(loop.time())
         if due_at is not None:
             self._ack_timer = loop.call_at(due_at, self._send_ack)
+
+    def storage_failed(self, error: StorageFailed) -> None:
+        """The session's journal failed (`error`), and the server ends it as by its client's
+        `end` (LiveSessions._storage_failed): the client's frames are ignored from now on
+        (DRAINING, as after a drain's end: its in-flight audio the backend took before the
+        end is in the final), no ack goes out (its audio is no longer on disk), the idle limit
+        gives way to the final's, and once the final transcript (and the revision it
+        promised) is out, the socket closes with storage_failed (4507), saying whether the
+        final was stored (`_close_after`)."""
+        if self._failed or self._storage_error is not None:
+            return
+        self._storage_error = error
+        # STREAMING: the server ends it now; else its `end` (or a drain's, an idle end's) came
+        self._storage_early = self.protocol.server_end()
+        self._cancel_ack()
+        if self._ended_at is None:
+            self._ended_at = asyncio.get_running_loop().time()
+            self._set_state("ending")
 
     def take_over(self) -> asyncio.Task[None]:
         """A resume on another socket took the session: stop carrying it (nothing more is
@@ -888,7 +932,8 @@ class LiveConnection:
         is acknowledged), unless the client knows already."""
         self._cancel_ack()
         held = self.holder
-        if held is None or self._failed:
+        # its storage failed: its audio is deleted, none of it is on disk any more
+        if held is None or self._failed or self._storage_error is not None:
             return
         offset = self._acks.take(held.num_frames_durable)
         if offset is not None:
@@ -954,7 +999,15 @@ class LiveConnection:
             self._metrics.errors.labels(RevisionFailed.code).inc()
         if isinstance(event, TranscriptFinal | TranscriptRevised) or revision_failed:
             self.outcome = "completed"
-            if self._end_error is not None:
+            if self._storage_error is not None and self.holder is not None:
+                stored = await self.holder.final_stored()
+                await self.fail(
+                    ended_early_error(
+                        self._storage_error, self.holder.id, early=self._storage_early,
+                        stored=stored,
+                    )
+                )  # fmt: skip
+            elif self._end_error is not None:
                 await self.fail(self._end_error)
             elif self._drained and not revision_failed:  # an error closes with its own code
                 await self.ws.close(code=GOING_AWAY, message=b"server shutting down")

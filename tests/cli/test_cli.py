@@ -999,6 +999,93 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
     assert whole.shortfall(30.002) is not None
 
 
+@pytest.mark.parametrize("wait_revision", [True, False])
+async def test_stream_keeps_the_final_of_a_session_ended_for_the_servers_storage(
+    client: TestClient,  # noqa: F811
+    fake: FakeTranscriber,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    wait_revision: bool,
+) -> None:
+    """The server's disk fills mid-stream: it ends the session itself, sends its final (the
+    audio it took in), then storage_failed and 4507. `stream` keeps the final and the error,
+    does not resume, and says where to resend from (with --no-wait-revision it closed at the
+    final, no revision promised, and never read the error: a final of part of the file with
+    no word of why)."""
+    from livemeet.gateway import live_journal_writer
+    from tests.gateway.test_ws_live import wait_until
+
+    disk = {"full": False}
+    real_sync = live_journal_writer.os.fdatasync
+
+    def sync(fd: int) -> None:
+        if disk["full"]:
+            raise OSError(28, "No space left on device")
+        real_sync(fd)
+
+    async def fill() -> None:
+        await wait_until(lambda: bool(fake.sessions) and fake.sessions[0].log.num_samples >= 16000)
+        disk["full"] = True
+
+    monkeypatch.setattr(live_journal_writer.os, "fdatasync", sync)
+    filling = asyncio.create_task(fill())
+    samples = (0.1 * np.sin(np.arange(4 * 16000) / 10)).astype(np.float32)
+    url = str(client.make_url("/v1/live")).replace("http", "ws", 1)
+    result = await live_client.stream_samples(
+        url, samples, hop_s=0.1, speed=4.0, wait_revision=wait_revision
+    )
+    await filling
+    assert result.final is not None and 1.0 <= result.final["duration"] < 4.0
+    assert result.error is not None and result.error["code"] == "storage_failed"
+    assert result.close_code == 4507
+    closing = result.error_after_final
+    assert closing is not None and closing["code"] == "storage_failed"
+    assert "ended early" in closing["message"]
+    assert result.close_code == 4507 and result.num_resumes == 0 and result.failure is None
+    why = result.shortfall(4.0)
+    assert why is not None and "(storage_failed, close 4507)" in why
+    assert f"resend from {result.final['duration']:.2f} s" in why
+
+
+def test_stream_of_a_session_ended_for_the_servers_storage_says_so_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """After its final, the server closed the session with storage_failed: stderr says so
+    with the server's message (the final may be the only copy: the transcript may not be
+    stored), and the exit status is the final's coverage: 0 for all of the file (before, a
+    silent 0), 1 for part of it, with where to resend from."""
+    wav = write_wav(tmp_path / "ten.wav", 10.0)
+    message = (
+        "the server could not store this session's audio (No space left on device): the "
+        "session's audio is no longer stored; its transcript.final (all the audio the "
+        "server took in) was sent but could not be stored: keep the copy received; the "
+        "session cannot be resumed"
+    )
+    events = [
+        {"type": "session.ready", "session_id": "s-1", "revise": False},
+        {"type": "transcript.final", "duration": 10.0},
+        {"type": "error", "code": "storage_failed", "message": message, "retryable": True},
+    ]
+    whole = live_client.StreamResult(events, [0.0, 10.1, 10.2], 4507, sent_s=10.0)
+
+    async def ended(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        return result
+
+    monkeypatch.setattr(stream, "stream_audio", ended)
+    result = whole
+    assert main(["stream", str(wav)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: after transcript.final the server closed the session with " in err
+    assert f"storage_failed: {message} (close 4507)" in err
+    events[1] = {"type": "transcript.final", "duration": 6.0}
+    times = [0.0, 6.1, 6.2]
+    result = live_client.StreamResult(events, times, 4507, sent_s=6.5, stopped_early=True)
+    assert main(["stream", str(wav)]) == 1
+    err = capsys.readouterr().err
+    assert "storage_failed: " in err
+    assert "the server ended the session early (storage_failed, close 4507)" in err
+    assert "resend from 6.00 s" in err
+
+
 def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -364,17 +364,18 @@ async def test_a_session_whose_end_came_before_the_crash_gets_its_final(
     assert ws.close_code == 1000
 
 
-async def test_a_full_disk_fails_one_session_and_frees_its_space(
+async def test_a_full_disk_ends_one_session_and_frees_its_space(
     client: TestClient,
     fake: FakeTranscriber,
     server_config: ServerConfig,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The disk fills mid-session: that session fails with storage_failed and its audio file
-    goes at once, with its rows: the next session streams and is acknowledged (before, the
-    failed session's file kept the disk full, every later session failed, and a restart
-    rebuilt the session its client had been told had failed). The error is retryable, as
-    protocol.md's table and StorageFailed say (its frame said false: a disk-full trial)."""
+    """The disk fills mid-session: that session is ended (its final, then storage_failed:
+    tests/gateway/test_live_storage.py) and its audio file goes at once, with its rows: the
+    next session streams and is acknowledged (before, the session's file kept the disk full,
+    every later session failed, and a restart rebuilt the session its client had been told
+    had failed). The error is retryable, as protocol.md's table and StorageFailed say (its
+    frame said false: a disk-full trial)."""
     real_sync = live_journal_writer.os.fdatasync
     full = {"now": True}
 
@@ -389,6 +390,7 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
         await ws.receive_json()
         await ws.send_bytes(pcm16(0.5))
         events = await read_to_close(ws)
+    assert events[-2]["type"] == "transcript.final" and events[-2]["duration"] == 0.5
     assert events[-1]["code"] == "storage_failed" and events[-1]["retryable"] is True
     assert ws.close_code == StorageFailed.close_code
     audio = server_config.data_dir / "live" / "audio"
@@ -407,11 +409,12 @@ async def test_a_full_disk_fails_one_session_and_frees_its_space(
         assert (await read_to_close(ws))[-1]["type"] == "transcript.final"
 
 
-async def test_a_failing_disk_fails_the_session_with_storage_failed(
+async def test_a_failing_disk_ends_the_session_with_storage_failed(
     client: TestClient, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The journal cannot sync (ENOSPC): acks could never come, so the session fails with
-    storage_failed (close 4507) and its backend session is aborted."""
+    """The journal cannot sync (ENOSPC): acks could never come, so the session is ended (its
+    final, none of its audio acknowledged), storage_failed follows (close 4507), and its
+    backend session is freed."""
 
     def full_disk(fd: int) -> None:
         raise OSError(28, "No space left on device")
@@ -422,12 +425,12 @@ async def test_a_failing_disk_fails_the_session_with_storage_failed(
         assert (await ws.receive_json())["type"] == "session.ready"
         await ws.send_bytes(pcm16(0.5))
         events = await read_to_close(ws)
+    assert events[-2]["type"] == "transcript.final" and events[-2]["duration"] == 0.5
     assert events[-1]["type"] == "error" and events[-1]["code"] == "storage_failed"
     assert ws.close_code == 4507
     assert not any(e["type"] == "audio.ack" for e in events)
     await wait_until(lambda: fake.sessions[0].log.aborted)
-    text = await (await client.get("/metrics")).text()
-    assert metric_value(text, "livemeet_live_journal_failures_total") == 1
+    assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 1
 
 
 async def test_a_session_outlives_its_engine_worker(
@@ -589,10 +592,11 @@ async def test_a_finalize_the_lost_engine_refused_is_made_on_the_rebuilt_session
 async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
     tmp_path: Path, fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The disk fails: the session fails with storage_failed and leaves the journal, while
-    its socket is still open; a frame the client sent meanwhile is taken without a word
+    """The disk fails: the session leaves the journal and is ended (its final comes), while
+    its socket is still open; a frame the client sent meanwhile is dropped without a word
     (before, it raised InternalError, "not open in the journal": the client got
-    internal_error, not the storage_failed it was sent)."""
+    internal_error, not the storage_failed it was sent; then, ended, the backend would
+    refuse it)."""
 
     def full_disk(fd: int) -> None:
         raise OSError(28, "No space left on device")
@@ -613,10 +617,10 @@ async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
     )
     await holder.append(sink, pcm16(0.5))
     await wait_until(lambda: holder.journal_closed)
-    assert isinstance(holder.replay.terminal, Error)
-    assert holder.replay.terminal.code == "storage_failed"
-    await holder.append(sink, pcm16(0.5))
-    assert holder.num_frames_durable == 0
+    assert holder.storage_error is not None and holder.storage_error.code == "storage_failed"
+    await wait_until(lambda: isinstance(holder.replay.terminal, TranscriptFinal))
+    assert await holder.append(sink, pcm16(0.5)) == 0
+    assert holder.num_frames_accepted == RATE // 2 and holder.num_frames_durable == 0
     await sessions.close()
     await journal.close()
 

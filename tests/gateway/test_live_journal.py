@@ -625,6 +625,30 @@ async def test_a_discard_frees_the_disk_even_when_its_commit_fails(root: Path) -
         assert db.execute("SELECT session_id FROM sessions").fetchall() == [("s-1",)]
 
 
+async def test_a_discards_future_is_done_once_its_rows_are_gone_or_could_not_go(
+    root: Path,
+) -> None:
+    """`discard` returns a future done once the commit that drops the session's rows is done
+    (a session ended for its storage tells its client so only then: until that commit a
+    crash left it for the next start to rebuild), and at once when that commit fails too,
+    without waiting out the commit interval."""
+    journal = started(root, interval_s=30.0)  # a commit the discard hurries
+    for sid in ("s-1", "s-2"):
+        Calls().open(journal, meta(sid))
+        journal.append_audio(sid, bytes(10 * FRAME_BYTES))
+    journal.add_final("s-1", final(1))  # hurried: the group that records both sessions
+    await wait_until(lambda: journal.durable_frames("s-2") == 10)
+    done = journal.discard("s-1")
+    await asyncio.wait_for(done, 5)
+    with sqlite3.connect(root / "sessions.sqlite3") as db:
+        assert db.execute("SELECT session_id FROM sessions").fetchall() == [("s-2",)]
+        db.execute("DROP TABLE finals")  # the next discard's DELETE fails: its commit fails
+    failed = journal.discard("s-2")
+    await asyncio.wait_for(failed, 5)
+    assert not (root / "audio" / audio_name("s-2")).exists()  # its audio went all the same
+    await journal.close()
+
+
 async def test_an_ended_id_can_be_opened_again(root: Path, journal: LiveJournal) -> None:
     """A backend may reuse ids (the fake's restart at fake-0): the new session starts empty,
     and the old one's deletion (in the same group commit here) spares the new file."""

@@ -115,10 +115,10 @@ async def test_a_kept_session_waits_a_window_from_the_next_start_not_from_the_st
 async def test_a_session_failed_before_the_restart_is_told_its_own_error(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
-    """The session's journal fails (storage_failed: the session is failed and discarded)
-    just as the restart's drain comes, its error queued and not yet sent: the client gets
-    that error and 4507 (before, `server_restarting` and 1012, and its resume then found no
-    session: 4404)."""
+    """The session's journal fails (storage_failed: the session is discarded and ended)
+    just as the restart's drain comes: the drain keeps nothing for the next start (its
+    journal entry is gone), and the client gets its final, then storage_failed and 4507
+    (before, `server_restarting` and 1012, and its resume then found no session: 4404)."""
     client = await aiohttp_client(create_app(server_config, fake))
     ws, ready = await streaming(client, fake, 1.0)
     reading = asyncio.create_task(receive_all(ws))
@@ -132,6 +132,7 @@ async def test_a_session_failed_before_the_restart_is_told_its_own_error(
     await close_live_sockets(client.app)
     events = await asyncio.wait_for(reading, 5)
     assert [e.get("code") for e in events if e["type"] == "error"] == [StorageFailed.code]
+    assert events[-2]["type"] == "transcript.final" and events[-2]["duration"] == 1.0
     assert ws.close_code == StorageFailed.close_code
     await client.close()
     assert journal_rows(server_config.data_dir) == []  # discarded: nothing to resume

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.audio.pcm import PcmStreamDecoder
 from livemeet.config import ServerConfig
-from livemeet.errors import InvalidRequest, ProtocolError
+from livemeet.errors import InvalidRequest, ProtocolError, StorageFailed
 from livemeet.gateway import live_holder
 from livemeet.gateway.keys import SESSIONS_KEY
 from livemeet.gateway.live_holder import LiveSessionHolder
@@ -165,6 +165,9 @@ class RecordingSink:
         raise AssertionError("not taken over here")
 
     def audio_durable(self) -> None:
+        pass
+
+    def storage_failed(self, error: StorageFailed) -> None:
         pass
 
 

@@ -32,13 +32,15 @@
 // "apikey" (the API key field: kept by the tab, sent in `start` and on the resume), "refused"
 // (no key for a server that asks for one: 4401), "revised" (a meeting whose final promised a
 // revision: the wait, a drop and resume for it, then transcript.revised), "unrevised" (the
-// revision fails: revision_failed). The wall clock stepping by STEP ms (either way) while
-// the monotonic clock runs on: "stepdead" (a socket owing an ack goes silent), "stephealthy"
-// (the server answers each send), "stepquiet" (silence after Stop), "stepwindow" (the resume
-// window after a drop), "stepoffer" (the offer to resume after a reload), "stepfinal" and
-// "steprevision" (the give-ups after Stop and after the final), "stepreloadending" (the
-// give-up of a meeting stopped before a reload), "stepnote" (a passing note), "steppoll" (the
-// asks about a meeting the server is ending), "stepsaved" (the times saved for a reload).
+// revision fails: revision_failed), "storagefull" (the server's disk fills: it ends the
+// meeting, its final, then storage_failed and 4507). The wall clock stepping by STEP ms
+// (either way) while the monotonic clock runs on: "stepdead" (a socket owing an ack goes
+// silent), "stephealthy" (the server answers each send), "stepquiet" (silence after Stop),
+// "stepwindow" (the resume window after a drop), "stepoffer" (the offer to resume after a
+// reload), "stepfinal" and "steprevision" (the give-ups after Stop and after the final),
+// "stepreloadending" (the give-up of a meeting stopped before a reload), "stepnote" (a
+// passing note), "steppoll" (the asks about a meeting the server is ending), "stepsaved"
+// (the times saved for a reload).
 const fs = require("fs");
 const vm = require("vm");
 const { stubBrowser, sleep } = require("./stub_browser");
@@ -269,6 +271,31 @@ async function unrevisedScenario() {
   ws.drop(1000);
   return { revision: revisionLine(), captions: shownCaptions(), links: links(),
            status: element("status").textContent, detail: element("revision").title };
+}
+
+// The server's disk filled mid-meeting: it ended the meeting itself (no Stop), sent its
+// transcript.final, then storage_failed and a 4507 close
+async function storageFullScenario(storage) {
+  const ws = await startMeeting();
+  const finals = [said("seg-0000", 0, "S01"), said("seg-0001", 1, "S02")];
+  speak();
+  for (const f of finals) ws.receive(f);
+  ws.receive({ type: "audio.ack", offset: 1600 });
+  speak(); // still recording: the server ends the meeting, not the page
+  ws.receive({ ...finalOf(finals), duration: 2.5 });
+  speak(); // sent to a session that takes no more audio: the final says what it covers
+  const message = "the server could not store this session's audio (No space left on " +
+                  "device): the session was ended early, as if its client had sent `end`; " +
+                  "its transcript.final (all the audio the server took in) was sent and is " +
+                  "stored (GET /v1/sessions/s-1/transcript with its captions_token); the " +
+                  "session cannot be resumed: start a new session to go on";
+  ws.receive({ type: "error", code: "storage_failed", retryable: true, message });
+  ws.drop(4507);
+  await sleep(400); // a resume would have been tried by now
+  return { captions: shownCaptions(), links: links(), status: element("status").textContent,
+           storage: storage.items, numSockets: sockets.length,
+           micStopped: microphones.every((t) => t.stopped),
+           startDisabled: element("start").disabled, stopDisabled: element("stop").disabled };
 }
 
 // a session the page stored before its reload, last seen `ageMs` ago, 2 s into the meeting
@@ -1545,7 +1572,8 @@ async function stepSavedScenario(storage) {
                       stepoffer: stepOfferScenario, stepfinal: () => stepGiveUpScenario(false),
                       steprevision: () => stepGiveUpScenario(true),
                       stepreloadending: stepReloadEndingScenario, stepnote: stepNoteScenario,
-                      steppoll: stepPollScenario, stepsaved: stepSavedScenario };
+                      steppoll: stepPollScenario, stepsaved: stepSavedScenario,
+                      storagefull: storageFullScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

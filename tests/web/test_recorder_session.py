@@ -979,6 +979,24 @@ def test_a_drop_after_the_final_keeps_its_done_status() -> None:
     assert result["revision"][1].startswith("revised:")
 
 
+def test_a_meeting_the_server_ends_for_its_storage_keeps_its_final_and_says_why() -> None:
+    """The server's disk filled mid-meeting: it ends the meeting itself (no Stop), sends its
+    transcript.final, then storage_failed and closes 4507. The page keeps the final (its
+    captions, the downloads of the final transcript), stops recording, does not resume (the
+    session cannot be), and says both: how much audio the final covers and the error (its
+    status said only the error, the final's "done: 2.5 s of audio transcribed" replaced)."""
+    result = run("storagefull")
+    assert result["captions"] == [["S01", "seg-0000"], ["S02", "seg-0001"]]
+    assert result["links"]["hidden"] is False and result["links"]["note"] == "(final)"
+    status = result["status"]
+    assert status.startswith("done: 2.5 s of audio transcribed; then error storage_failed: ")
+    assert "was sent and is stored" in status and status.endswith("(closed 4507)")
+    assert result["numSockets"] == 1  # no resume
+    assert result["micStopped"] is True
+    assert result["storage"] == {}  # nothing for a reload to resume
+    assert result["startDisabled"] is False and result["stopDisabled"] is True
+
+
 def test_the_status_line_takes_the_focus_from_a_button_the_page_disables() -> None:
     """A disabled button drops the keyboard focus to the page's body (Chromium): Enter on
     Stop, a speaker in the list when the connection dropped, a caption's speaker at the final
