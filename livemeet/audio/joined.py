@@ -210,6 +210,9 @@ class _Splitter:
         seekable = self._raw.seekable()
         start = self._raw.tell() if seekable else 0
         held = bytearray()  # a stream's first tag bytes (up to _MAX_HELD_TAG_BYTES)
+        # where the held bytes end: the start of the first tag whose header they cut (the
+        # room it leaves in `held` fills with later tags' bytes, which are stand-ins too)
+        held_end = _MAX_HELD_TAG_BYTES
         at = 0  # bytes of tags passed
         # the rest, given back: zeros to the end of the tag `held` ends in, then the whole
         # tags after it (as stand-ins), then zeros for a tag `raw` ended in
@@ -222,13 +225,14 @@ class _Splitter:
             if at + _ID3_HEADER_BYTES <= _MAX_HELD_TAG_BYTES:  # its header is held
                 num_zeros += max(at + passed - _MAX_HELD_TAG_BYTES, 0)
             else:  # a header the held bytes cut goes with the stand-in instead
-                del held[at:]
+                held_end = min(held_end, at)
                 if passed == length:
                     num_stand_in += length
                 else:
                     num_cut = passed
             at += passed
             self._fill(_ID3_HEADER_BYTES)
+        del held[held_end:]
         if not at:
             return
         self._fill(_AUDIO_START_BYTES)
