@@ -327,7 +327,8 @@ async def test_a_shutdown_before_the_final_of_a_session_ended_for_its_storage_sa
     drain does not keep it for the next start (its journal entry is gone), and a final not
     out in time leaves the client storage_failed saying no final comes, not
     server_restarting (a resume after the restart would find no session) nor
-    engine_unavailable."""
+    engine_unavailable. It counts as a storage failure with no final (`failed`): it was
+    counted nowhere, neither ended nor failed."""
     fake.end_gate = asyncio.Event()  # the final never comes
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
@@ -342,6 +343,9 @@ async def test_a_shutdown_before_the_final_of_a_session_ended_for_its_storage_sa
     assert "shut down before the session's final transcript came" in events[-1]["message"]
     assert "no final transcript comes" in events[-1]["message"]
     assert not of_type(events, "transcript.final")
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)  # dropped
+    assert metric(client, "livemeet_live_journal_failures_total", result="failed") == 1
+    assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 0
 
 
 async def test_a_session_ended_for_its_storage_is_not_rebuilt_after_a_restart(
