@@ -153,7 +153,8 @@ class Tail(io.RawIOBase):
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         self._raw.seek(self._start + self._at)
-        with memoryview(buffer) as out:
+        # bytes into any writable buffer, as a file's readinto (one of shorts too: its bytes)
+        with memoryview(buffer) as view, view if view.format == "B" else view.cast("B") as out:
             piece = self._raw.read(len(out))
             out[: len(piece)] = piece
         self._at += len(piece)

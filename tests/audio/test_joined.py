@@ -3,13 +3,14 @@ byte for byte."""
 
 from __future__ import annotations
 
+import array
 import io
 from typing import BinaryIO, cast
 
 import numpy as np
 import soundfile as sf
 
-from livemeet.audio.joined import audio_start, members, splits
+from livemeet.audio.joined import Tail, audio_start, members, splits
 from tests.audio.conftest import id3v2_tag
 
 
@@ -229,3 +230,21 @@ def test_tags_after_one_whose_header_the_held_mib_cuts_are_not_held() -> None:
     assert stand_in[:6] == b"ID3\x04\x00\x00" and stand_in[10:] == bytes(len(stand_in) - 10)
     size = sum(b << shift for b, shift in zip(stand_in[6:10], (21, 14, 7, 0), strict=True))
     assert size == len(second) + len(third) - 10
+
+
+def test_a_tail_reads_into_any_writable_buffer_as_a_file_does() -> None:
+    """`Tail` is a raw file from its start on: `readinto` fills any writable buffer with
+    bytes, as a file's does (an int16 array, an array.array of shorts: their bytes, not
+    items); such a buffer was refused (ValueError, "different structures"). Seeking and
+    reading at and past its end read nothing; SEEK_END counts from the file's end."""
+    data = b"ID3-tag-" + bytes(range(40))
+    tail = Tail(io.BytesIO(data), 8)
+    shorts = np.zeros(4, np.int16)
+    assert tail.readinto(shorts) == 8 and shorts.tobytes() == bytes(range(8))
+    packed = array.array("h", [0] * 3)
+    assert tail.readinto(packed) == 6 and packed.tobytes() == bytes(range(8, 14))
+    window = memoryview(bytearray(10))[2:6]
+    assert tail.readinto(window) == 4 and bytes(window) == bytes(range(14, 18))
+    assert tail.seek(-2, io.SEEK_END) == 38 and tail.read() == bytes([38, 39])
+    assert tail.read(5) == b"" and tail.tell() == 40
+    assert tail.seek(100) == 100 and tail.read(3) == b"" and tail.tell() == 100
