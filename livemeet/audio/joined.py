@@ -203,7 +203,8 @@ class _Splitter:
         file's. Where none does, `raw` reads as it did: a seekable one is sought back; a
         stream's tags are given back in front of the buffer, their first
         `_MAX_HELD_TAG_BYTES` as they were read and the rest as zeros, but for whole tags
-        whose headers lie past those bytes, given back as stand-ins of their length
+        whose headers lie past those bytes or across their end (and every tag after such
+        a one), given back as stand-ins of their length
         (`_stand_in_tags`): FFmpeg probes the bytes it probed, and its ID3v2 reader, going
         from tag to tag by their lengths, ends where it ended (MP3: decoded behind tags of
         any size as before; what is lost is tag content past the first MiB, which FFmpeg
