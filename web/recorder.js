@@ -201,9 +201,12 @@ const $ = (id) => document.getElementById(id);
 // steps (outside Windows, browsers stop it while the machine sleeps: woken, the page counts
 // a silence from then, and a resume the server no longer keeps is refused, 4404). It starts
 // again at each load: what a reloaded page reads back (sessionStorage's alive_at, started_at,
-// stopped_at) is the wall clock's, taken in with monotonicFrom.
+// stopped_at) is the wall clock's, taken in with monotonicFrom. It reads 1 ms past
+// performance.now(), never 0, which the page's times (awaitingSince, stoppedAt, dropAt, ...)
+// hold for "none": a browser that coarsens performance.now() (to 100 ms, resisting
+// fingerprinting) read 0 in a page's first step, and a socket opened then owed nothing.
 function monotonicMs() {
-  return performance.now();
+  return performance.now() + 1;
 }
 
 // `wallMs`, a Date.now() time from before this page's load, on monotonicMs's clock: as long

@@ -153,7 +153,8 @@ class Tail(io.RawIOBase):
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         self._raw.seek(self._start + self._at)
-        with memoryview(buffer) as out:
+        # bytes into any writable buffer, as a file's readinto (one of shorts too: its bytes)
+        with memoryview(buffer) as view, view if view.format == "B" else view.cast("B") as out:
             piece = self._raw.read(len(out))
             out[: len(piece)] = piece
         self._at += len(piece)
@@ -202,7 +203,8 @@ class _Splitter:
         file's. Where none does, `raw` reads as it did: a seekable one is sought back; a
         stream's tags are given back in front of the buffer, their first
         `_MAX_HELD_TAG_BYTES` as they were read and the rest as zeros, but for whole tags
-        whose headers lie past those bytes, given back as stand-ins of their length
+        whose headers lie past those bytes or across their end (and every tag after such
+        a one), given back as stand-ins of their length
         (`_stand_in_tags`): FFmpeg probes the bytes it probed, and its ID3v2 reader, going
         from tag to tag by their lengths, ends where it ended (MP3: decoded behind tags of
         any size as before; what is lost is tag content past the first MiB, which FFmpeg
@@ -210,6 +212,9 @@ class _Splitter:
         seekable = self._raw.seekable()
         start = self._raw.tell() if seekable else 0
         held = bytearray()  # a stream's first tag bytes (up to _MAX_HELD_TAG_BYTES)
+        # where the held bytes end: the start of the first tag whose header they cut (the
+        # room it leaves in `held` fills with later tags' bytes, which are stand-ins too)
+        held_end = _MAX_HELD_TAG_BYTES
         at = 0  # bytes of tags passed
         # the rest, given back: zeros to the end of the tag `held` ends in, then the whole
         # tags after it (as stand-ins), then zeros for a tag `raw` ended in
@@ -222,13 +227,14 @@ class _Splitter:
             if at + _ID3_HEADER_BYTES <= _MAX_HELD_TAG_BYTES:  # its header is held
                 num_zeros += max(at + passed - _MAX_HELD_TAG_BYTES, 0)
             else:  # a header the held bytes cut goes with the stand-in instead
-                del held[at:]
+                held_end = min(held_end, at)
                 if passed == length:
                     num_stand_in += length
                 else:
                     num_cut = passed
             at += passed
             self._fill(_ID3_HEADER_BYTES)
+        del held[held_end:]
         if not at:
             return
         self._fill(_AUDIO_START_BYTES)

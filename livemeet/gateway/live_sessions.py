@@ -848,7 +848,7 @@ class LiveSessions:
 
     def _count_storage_failure(self, holder: LiveSessionHolder, result: str) -> None:
         """livemeet_live_journal_failures_total, once a session: `ended` (its final came) or
-        `failed` (it failed: no final)."""
+        `failed` (it failed, or was dropped before its final: no final)."""
         if not holder.storage_counted:
             holder.storage_counted = True
             self._metrics.journal_failures.labels(result).inc()
@@ -919,6 +919,10 @@ class LiveSessions:
         # (`_transcript_written`), which may come after the drop
         if not keep_journal and not isinstance(holder.replay.terminal, TranscriptFinal):
             holder.close_journal(finished=False)
+        if holder.storage_error is not None and holder.replay.terminal is None:
+            # ended for its storage, dropped before its final came (a shutdown's drain ran
+            # out, its client went with resume off): no final, counted nowhere else
+            self._count_storage_failure(holder, "failed")
         if holder.replay.revision_pending:  # cancelled (a shutdown, LIVE_REVISE_TIMEOUT_S)
             self._metrics.live_revisions.labels("failed").inc()
             log.warning("live session %s: its revision was cancelled", holder.id)

@@ -431,8 +431,8 @@ class GatewayMetrics:
                 "livemeet_live_journal_failures",
                 "Live sessions whose journal could not keep their audio, finals or names "
                 "(storage_failed), by result: ended (ended early as by the client's end, "
-                "transcript.final sent) or failed (no final: no audio, or the backend failed "
-                "while ending it)",
+                "transcript.final sent) or failed (no final: no audio, the backend failed "
+                "while ending it, or the session was dropped before its final came)",
                 ["result"],
                 registry=registry,
             ),

@@ -267,11 +267,14 @@ def end_withdrawn_keys(app: web.Application, ring: KeyRing) -> None:
 def _shutdown_error(connection: LiveConnection, keep: bool) -> LivemeetError:
     """What a connection the shutdown's drain did not see through is closed with: a revision
     it waits for fails (its final stands); a session ended for its storage is lost (no
-    restart has it: told to resume, its client found none); anything else, the engine is
+    restart has it: told to resume, its client found none), or, its final out, the wait to
+    say whether it was stored ran out; anything else, the engine is
     going, for good or (`keep`) until the restart, which has the session."""
     if connection.awaiting_revision:
         return RevisionFailed("the server is shutting down: no revision")
     if (storage_error := connection.storage_error) is not None:
+        if connection.final_sent:  # the wait to say whether the store wrote it ran out
+            return connection.ended_early(stored=None)
         why = "the server shut down before the session's final transcript came"
         return StorageFailed(storage_failure(storage_error, why).message)
     if keep:
@@ -336,6 +339,7 @@ class LiveConnection:
         self._storage_early = False
         self._failed = False  # an error was sent (or is being sent): once per connection
         self._terminal_sent = False  # the session's final (or error) went out on this socket
+        self._final_out = False  # its `transcript.final` went out on this socket
         self._taken_over: asyncio.Task[None] | None = None  # closing: a resume took the session
         self._metrics: GatewayMetrics = app[METRICS_KEY]
         self._state_label = "connecting"
@@ -515,6 +519,19 @@ class LiveConnection:
         """Why the server ends this connection's session for its storage (`storage_failed`),
         if it does."""
         return self._storage_error
+
+    @property
+    def final_sent(self) -> bool:
+        """The session's `transcript.final` went out on this socket."""
+        return self._final_out
+
+    def ended_early(self, *, stored: bool | None) -> StorageFailed:
+        """What the client of a session ended for its storage (`storage_error`, set) is told
+        after its final: `stored`, whether the store wrote the final (None: not known)."""
+        assert self._storage_error is not None and self.holder is not None
+        return ended_early_error(
+            self._storage_error, self.holder.id, early=self._storage_early, stored=stored
+        )
 
     @property
     def awaiting_revision(self) -> bool:
@@ -980,6 +997,7 @@ class LiveConnection:
                     await self._wakeup.wait()
                 frame, event = self._outbox.popleft()
                 await self.ws.send_str(json.dumps(frame, ensure_ascii=False))
+                self._final_out = self._final_out or isinstance(event, TranscriptFinal)
                 if isinstance(event, TranscriptFinal) and event.revision:
                     self.outcome = "completed"
                     self._final_sent_at = asyncio.get_running_loop().time()
@@ -1001,12 +1019,7 @@ class LiveConnection:
             self.outcome = "completed"
             if self._storage_error is not None and self.holder is not None:
                 stored = await self.holder.final_stored()
-                await self.fail(
-                    ended_early_error(
-                        self._storage_error, self.holder.id, early=self._storage_early,
-                        stored=stored,
-                    )
-                )  # fmt: skip
+                await self.fail(self.ended_early(stored=stored))
             elif self._end_error is not None:
                 await self.fail(self._end_error)
             elif self._drained and not revision_failed:  # an error closes with its own code

@@ -327,7 +327,8 @@ async def test_a_shutdown_before_the_final_of_a_session_ended_for_its_storage_sa
     drain does not keep it for the next start (its journal entry is gone), and a final not
     out in time leaves the client storage_failed saying no final comes, not
     server_restarting (a resume after the restart would find no session) nor
-    engine_unavailable."""
+    engine_unavailable. It counts as a storage failure with no final (`failed`): it was
+    counted nowhere, neither ended nor failed."""
     fake.end_gate = asyncio.Event()  # the final never comes
     async with client.ws_connect("/v1/live") as ws:
         await ws.send_json(START)
@@ -342,6 +343,47 @@ async def test_a_shutdown_before_the_final_of_a_session_ended_for_its_storage_sa
     assert "shut down before the session's final transcript came" in events[-1]["message"]
     assert "no final transcript comes" in events[-1]["message"]
     assert not of_type(events, "transcript.final")
+    await wait_until(lambda: len(client.app[SESSIONS_KEY]) == 0)  # dropped
+    assert metric(client, "livemeet_live_journal_failures_total", result="failed") == 1
+    assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 0
+
+
+async def test_a_shutdown_while_the_final_is_being_stored_does_not_say_no_final_comes(
+    client: TestClient, fake: FakeTranscriber, disk: Disk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The final went out, and its socket waits (at most 2 s) to say whether the store wrote
+    it (a failing disk: the write hangs) when a shutdown's drain runs out: its error says the
+    final was sent and whether it is stored is not known yet. It said the server shut down
+    before the final came, and that no final comes, after the final."""
+    writing = threading.Event()
+    release = threading.Event()
+
+    def hanging(store: TranscriptStore, transcription_id: str, body: str) -> None:
+        writing.set()
+        release.wait(10)
+        raise enospc()
+
+    monkeypatch.setattr(TranscriptStore, "_write_file", hanging)
+    try:
+        async with client.ws_connect("/v1/live") as ws:
+            await ws.send_json(START)
+            await ws.receive_json()
+            await stream_acked(ws, fake, 1.0)
+            disk.full = True
+            await ws.send_bytes(pcm16(0.5))
+            seen = await read_until(ws, "transcript.final")
+            await wait_until(writing.is_set)
+            reading = asyncio.create_task(read_to_close(ws))
+            await client.app[REGISTRY_KEY].drain_all(0.3, keep=False)
+            events = seen + await reading
+    finally:
+        release.set()
+    assert events[-2]["type"] == "transcript.final" and events[-2]["duration"] == 1.5
+    error = events[-1]
+    assert error["code"] == StorageFailed.code and ws.close_code == 4507
+    assert "no final transcript comes" not in error["message"]
+    assert "shut down before" not in error["message"]
+    assert "whether it is stored is not known yet" in error["message"]
 
 
 async def test_a_session_ended_for_its_storage_is_not_rebuilt_after_a_restart(

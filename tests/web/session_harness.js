@@ -40,7 +40,8 @@
 // reload), "stepfinal" and "steprevision" (the give-ups after Stop and after the final),
 // "stepreloadending" (the give-up of a meeting stopped before a reload), "stepnote" (a
 // passing note), "steppoll" (the asks about a meeting the server is ending), "stepsaved"
-// (the times saved for a reload).
+// (the times saved for a reload). "coarseload" (the monotonic clock reads 0 as the page
+// loads: a browser that coarsens it, and a script run in its first step).
 const fs = require("fs");
 const vm = require("vm");
 const { stubBrowser, sleep } = require("./stub_browser");
@@ -63,7 +64,7 @@ class FakeStorage {
 // life. advance moves both; stepWall the wall clock alone, as an NTP correction, the user
 // setting the time or a VM resumed does (STEP: a scenario's step, ms, either way)
 let clock = NOW;
-let monotonic = 1000;
+let monotonic = Number(process.env.MONOTONIC_AT_LOAD || 1000);
 const advance = (ms) => { clock += ms; monotonic += ms; };
 const stepWall = (ms) => { clock += ms; };
 const STEP = Number(process.env.STEP || 0);
@@ -1449,6 +1450,18 @@ async function stepReloadEndingScenario() {
   return out;
 }
 
+// Reloaded while finishing, as the page's first step on a clock a browser coarsens
+// (MONOTONIC_AT_LOAD 0: performance.now() reads 0): the socket it opens at once never does
+// (a dead network path: no close). 16 s on, a watchdog tick: it gives up on that socket
+// (CONNECT_TIMEOUT_MS) and reconnects.
+async function coarseLoadScenario() {
+  const ws = sockets[0];
+  advance(16000);
+  await sleep(1100); // a watchdog tick
+  return { closedByPage: Boolean(ws.closedByPage), socketCount: sockets.length,
+           status: element("status").textContent };
+}
+
 // A name the page refuses: its reason shows for 8 s (NOTE_MS), then the recording status;
 // the wall clock steps by STEP at once (forward: the reason went at the next tick; back: it
 // stayed for minutes)
@@ -1518,6 +1531,7 @@ async function stepSavedScenario(storage) {
                     stepoffer: stored(5000), steppoll: stored(90000),
                     stepreloadending: stored(5000, 16000, { ending: true,
                                                             stopped_at: NOW - 600000 }),
+                    coarseload: stored(5000, 16000, { ending: true, stopped_at: NOW - 5000 }),
                   }[scenario] || {};
   const storage = new FakeStorage(initial);
   // the meeting stored before a reload is in the page's list of meetings too (it joined it
@@ -1573,7 +1587,7 @@ async function stepSavedScenario(storage) {
                       steprevision: () => stepGiveUpScenario(true),
                       stepreloadending: stepReloadEndingScenario, stepnote: stepNoteScenario,
                       steppoll: stepPollScenario, stepsaved: stepSavedScenario,
-                      storagefull: storageFullScenario };
+                      storagefull: storageFullScenario, coarseload: coarseLoadScenario };
   const result = await scenarios[scenario](storage, lasting);
   result.sockets = sockets.map((s) => s.sent);
   result.fetched = fetched;

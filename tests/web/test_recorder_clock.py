@@ -153,6 +153,16 @@ def test_a_meeting_stopped_before_a_reload_is_given_up_11_minutes_after_its_stop
         assert result["status"].startswith("no final transcript 11 minutes after Stop")
 
 
+def test_a_socket_opened_as_the_monotonic_clock_reads_0_is_given_up_on() -> None:
+    """A reloaded page that finishes its meeting opens its socket as it loads, where a
+    browser that coarsens performance.now() (Firefox resisting fingerprinting: 100 ms steps)
+    may read 0, the page's "none": the socket, which owed its open, was taken for owing
+    nothing, and one that never opened (a dead path: no close) was never given up on (the
+    15 s of CONNECT_TIMEOUT_MS). It is, and the page reconnects."""
+    result = run("coarseload", 0, transcript_status="running", MONOTONIC_AT_LOAD="0")
+    assert result["closedByPage"] is True and "reconnecting" in result["status"]
+
+
 @STEPS
 def test_a_passing_note_shows_for_8_s_of_real_time(step: int) -> None:
     """Why a name was not sent shows in the status line for 8 s, then the recording status
