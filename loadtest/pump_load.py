@@ -89,8 +89,8 @@ class TimingSink:
     def audio_durable(self) -> None:
         pass
 
-    def storage_failed(self, error: StorageFailed) -> None:
-        pass
+    def storage_failed(self, error: StorageFailed) -> bool:
+        return True  # ended early: its client's `end` had not come
 
 
 async def run(

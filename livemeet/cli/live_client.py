@@ -584,7 +584,10 @@ class _Streamer:
             self.changed.set()
             if event.get("type") == "transcript.final" and not self.wait_revision:
                 if self.result.revision_pending:
-                    return  # `_carry` closes the connection (1000): the server keeps the revision
+                    # `_carry` closes the connection (1000): the server keeps the revision. An
+                    # error the server closes with after the revision (storage_failed) goes
+                    # unread: it may be up to LIVE_REVISE_TIMEOUT_S away (stream.py says so)
+                    return
                 # none to wait for: the server closes, maybe with an error first (storage_failed:
                 # whether the final was stored), which closing here left unread
 

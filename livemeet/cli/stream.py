@@ -44,7 +44,10 @@ an API key refused), 130 after Ctrl-C. A session lost to the network (no resume:
 has resume off, refused it, or the window passed) exits 1. A server whose disk fails ends the
 session itself: its final (printed as any) comes before a `storage_failed` error and a 4507
 close, which stderr repeats (the server may not have stored that final); the exit status is
-then the final's coverage.
+then the final's coverage. With `--no-wait-revision` and a revision promised, that error
+comes only after the revision, which `stream` does not wait for: it closes at the final and
+never sees it (the final's `duration` still says what it covers; the transcript URL says
+whether the server stored it).
 
 A server that asks for an API key (docs/protocol.md, "API keys") gets `--api-key` (or
 LIVEMEET_API_KEY) as `Authorization: Bearer` on every upgrade request, resumes included.

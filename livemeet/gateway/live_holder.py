@@ -122,10 +122,12 @@ class EventSink(Protocol):
     def audio_durable(self) -> None:
         """More of the session's audio is on disk: an `audio.ack` may go out."""
 
-    def storage_failed(self, error: StorageFailed) -> None:
+    def storage_failed(self, error: StorageFailed) -> bool:
         """The journal cannot keep the session (`error`), and the server ends it as by its
         client's `end` (LiveSessions): take no more audio, acknowledge none, and close with
-        storage_failed once the final transcript (and the revision it promised) is out."""
+        storage_failed once the final transcript (and the revision it promised) is out.
+        Returns whether this ends it early (its client's `end` had not come)."""
+        ...
 
 
 class CaptionsSink(Protocol):
@@ -208,6 +210,9 @@ class LiveSessionHolder:
         # as by its client's `end`, its final sent and stored where the store can, and it is
         # not rebuilt after a restart (LiveSessions._storage_failed); None: it is kept
         self.storage_error: StorageFailed | None = None
+        # ended for its storage before its client's `end` came: a socket that resumes it
+        # is told so after the final, as the socket it failed on (`storage_error` set)
+        self.storage_early = False
         self.storage_counted = False  # in livemeet_live_journal_failures_total (LiveSessions)
         # the write of its final transcript to the transcript store (LiveSessions); None: none
         # made (no store, or no final yet)

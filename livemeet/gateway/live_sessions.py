@@ -797,7 +797,8 @@ class LiveSessions:
         the store (`_on_terminal`); its socket then closes with storage_failed, 4507. A
         session with no audio, or whose backend fails while ending, fails as before
         (`storage_failure`: no final). A detached one is ended alike, its final kept for a
-        resume as any ended session's."""
+        resume as any ended session's; a socket that resumes it gets storage_failed after
+        the final too (`storage_early` says which message)."""
         if holder.dropped or holder.replay.terminal is not None or holder.storage_error:
             return  # a revision pending after the final: best-effort, the journal is done
         holder.storage_error = error
@@ -812,8 +813,11 @@ class LiveSessions:
             holder.id,
             error,
         )
+        # early: its client's `end` had not come (its socket knows; detached, the holder)
+        early = not holder.ended
         if holder.sink is not None:
-            holder.sink.storage_failed(error)
+            early = holder.sink.storage_failed(error)
+        holder.storage_early = early
         holder.cancel_timer()  # detached: its expiry, which would end it too
         self._spawn(self._end_for_storage, holder)
 

@@ -14,7 +14,8 @@ A connection whose API key is revoked (or removed) while it runs is closed with 
 listener; gateway/live_sessions.py).
 A session whose journal fails (a full disk) is ended by the server (`storage_failed`): the
 client's audio is ignored from then on, and after the final the socket closes with
-storage_failed (4507), saying whether the final was stored.
+storage_failed (4507), saying whether the final was stored; a socket that resumes it (or
+takes it over) meanwhile, or after its final, closes alike (`attached`).
 A session whose final promises a revision (`session.ready`'s `revise`, DESIGN 5.7) keeps its
 socket open after `transcript.final` until `transcript.revised`, then closes normally; a
 revision that fails (or does not come within LIVE_REVISE_TIMEOUT_S of the final) is a
@@ -705,8 +706,14 @@ class LiveConnection:
         # those frames
         self._acks.acked = holder.client_offset
         if resumed:
-            # a session whose storage failed is being ended (`storage_failed`): as one ended
+            # a session whose storage failed is being ended (`storage_failed`): as one ended,
+            # and this socket closes as the one it failed on, with storage_failed after the
+            # final (a resume got the final and 1000: never told it ended early, nor whether
+            # the final was stored)
             ended = holder.ended or holder.storage_error is not None
+            if holder.storage_error is not None:
+                self._storage_error = holder.storage_error
+                self._storage_early = holder.storage_early
             self.protocol.resumed(holder.num_frames_accepted, ended=ended)
             if ended:
                 self._ended_at = asyncio.get_running_loop().time()
@@ -738,16 +745,19 @@ class LiveConnection:
         if due_at is not None:
             self._ack_timer = loop.call_at(due_at, self._send_ack)
 
-    def storage_failed(self, error: StorageFailed) -> None:
+    def storage_failed(self, error: StorageFailed) -> bool:
         """The session's journal failed (`error`), and the server ends it as by its client's
         `end` (LiveSessions._storage_failed): the client's frames are ignored from now on
         (DRAINING, as after a drain's end: its in-flight audio the backend took before the
         end is in the final), no ack goes out (its audio is no longer on disk), the idle limit
         gives way to the final's, and once the final transcript (and the revision it
         promised) is out, the socket closes with storage_failed (4507), saying whether the
-        final was stored (`_close_after`)."""
-        if self._failed or self._storage_error is not None:
-            return
+        final was stored (`_close_after`). Returns whether this ended it early (STREAMING
+        still: its client's `end` had not come)."""
+        if self._storage_error is not None:
+            return self._storage_early
+        if self._failed:  # closing (a client's violation): no more actions, `ended` is exact
+            return self.holder is None or not self.holder.ended
         self._storage_error = error
         # STREAMING: the server ends it now; else its `end` (or a drain's, an idle end's) came
         self._storage_early = self.protocol.server_end()
@@ -755,6 +765,7 @@ class LiveConnection:
         if self._ended_at is None:
             self._ended_at = asyncio.get_running_loop().time()
             self._set_state("ending")
+        return self._storage_early
 
     def take_over(self) -> asyncio.Task[None]:
         """A resume on another socket took the session: stop carrying it (nothing more is

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.backends.scripted import DEFAULT_SCRIPT
 from livemeet.config import ServerConfig
-from livemeet.errors import EngineUnavailable, NotFound, StorageFailed
+from livemeet.errors import EngineUnavailable, NotFound, SessionTakenOver, StorageFailed
 from livemeet.gateway import live_journal_writer
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import REGISTRY_KEY, SESSIONS_KEY, STORE_KEY
@@ -30,6 +30,7 @@ from tests.gateway.conftest import ClientFactory, pcm16
 from tests.gateway.fakes import FakeSession, FakeTranscriber
 from tests.gateway.test_live_durable import journal_rows, stream_acked
 from tests.gateway.test_live_resume import (
+    detach,
     detached_session,
     metric,
     of_type,
@@ -39,7 +40,7 @@ from tests.gateway.test_live_resume import (
 )
 from tests.gateway.test_live_revise import REVISED, scripted_client
 from tests.gateway.test_ws_captions import subscribe
-from tests.gateway.test_ws_live import START, wait_until
+from tests.gateway.test_ws_live import START, expect_error, wait_until
 
 RATE = 16_000
 
@@ -263,8 +264,9 @@ async def test_a_detached_session_whose_storage_fails_is_ended_and_its_final_kep
     """The disk fills while a session waits for its client's resume: a group commit fails,
     and every open session with it. The detached one is ended too (it was failed and
     dropped at once): its final is stored, and a resume gets what a resume of a finished
-    session gets: `session.ready` (all its audio), the replay, its transcript.final and
-    1000. The attached one gets its final, then 4507."""
+    session gets, `session.ready` (all its audio), the replay and its transcript.final,
+    then what its socket would have got: storage_failed and 4507, saying it was ended early
+    and its final stored. The attached one gets its final, then 4507."""
     ready, _ = await detached_session(client, fake, 2.0)
     detached = client.app[SESSIONS_KEY].get(ready["session_id"])
     assert detached is not None
@@ -287,9 +289,79 @@ async def test_a_detached_session_whose_storage_fails_is_ended_and_its_final_kep
         resumed = await read_to_close(ws)
     assert resumed[0]["type"] == "session.ready" and resumed[0]["resumed"] is True
     assert resumed[0]["offset"] == 2 * RATE
-    assert resumed[-1]["type"] == "transcript.final" and resumed[-1]["duration"] == 2.0
-    assert not of_type(resumed, "error") and ws.close_code == 1000
+    assert [e["type"] for e in resumed[-2:]] == ["transcript.final", "error"]
+    assert resumed[-2]["duration"] == 2.0
+    assert resumed[-1]["code"] == "storage_failed" and ws.close_code == 4507
+    assert "ended early" in resumed[-1]["message"]
+    assert "was sent and is stored" in resumed[-1]["message"]
     assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 2
+
+
+@pytest.mark.parametrize("how", ["dropped", "taken_over"])
+async def test_a_resume_while_a_session_is_ended_for_its_storage_gets_its_final_then_4507(
+    client: TestClient, fake: FakeTranscriber, disk: Disk, how: str
+) -> None:
+    """The disk fills, and while the final is decoded the client's socket drops (or a
+    resume takes it over, the old socket still open): the resumed socket gets
+    `session.ready` (ENDING: its audio ignored, none acknowledged), the final, then what
+    the first socket gets, storage_failed and 4507 saying the session was ended early and
+    its final stored. It got the final and 1000: never told why the session ended, nor
+    whether its final was stored."""
+    fake.end_gate = asyncio.Event()
+    old = await client.ws_connect("/v1/live")
+    await old.send_json(START)
+    ready = await old.receive_json()
+    await stream_acked(old, fake, 1.0)
+    await fill_the_disk(old, fake, disk, 0.5)
+    if how == "dropped":
+        await detach(client, old)
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        if how == "taken_over":
+            await expect_error(old, SessionTakenOver)
+            await old.close()
+        resumed = await ws.receive_json()
+        assert resumed["type"] == "session.ready" and resumed["resumed"] is True
+        await ws.send_bytes(pcm16(0.5))  # ENDING: ignored
+        events = await read_final_to_close(ws, fake)
+    assert [e["type"] for e in events[-2:]] == ["transcript.final", "error"]
+    assert not of_type(events, "audio.ack")
+    assert events[-2]["duration"] == 1.5 and fake.sessions[0].log.num_samples == 1.5 * RATE
+    error = events[-1]
+    assert error["code"] == "storage_failed" and ws.close_code == 4507
+    assert "No space left on device" in error["message"] and "ended early" in error["message"]
+    assert "was sent and is stored" in error["message"]
+    assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 1
+
+
+async def test_a_resume_after_the_final_of_a_session_ended_for_its_storage_gets_4507(
+    client: TestClient, fake: FakeTranscriber, disk: Disk
+) -> None:
+    """The disk fills, the socket drops before the final, and the final comes while the
+    session waits for its resume: the resume gets `session.ready` (all its audio), the
+    final, then storage_failed and 4507 saying the session was ended early and its final
+    stored (it got 1000)."""
+    fake.end_gate = asyncio.Event()
+    old = await client.ws_connect("/v1/live")
+    await old.send_json(START)
+    ready = await old.receive_json()
+    await stream_acked(old, fake, 1.0)
+    await fill_the_disk(old, fake, disk, 0.5)
+    await detach(client, old)
+    holder = client.app[SESSIONS_KEY].get(ready["session_id"])
+    assert holder is not None
+    fake.end_gate.set()
+    await wait_until(lambda: isinstance(holder.replay.terminal, TranscriptFinal))
+    await client.app[STORE_KEY].flush()
+    async with client.ws_connect("/v1/live") as ws:
+        await ws.send_json(resume_start(ready))
+        events = await read_to_close(ws)
+    assert events[0]["type"] == "session.ready" and events[0]["offset"] == 1.5 * RATE
+    assert [e["type"] for e in events[-2:]] == ["transcript.final", "error"]
+    assert events[-2]["duration"] == 1.5
+    assert events[-1]["code"] == "storage_failed" and ws.close_code == 4507
+    assert "ended early" in events[-1]["message"]
+    assert "was sent and is stored" in events[-1]["message"]
 
 
 async def test_a_session_whose_storage_fails_after_its_end_gets_its_final(

@@ -167,8 +167,8 @@ class RecordingSink:
     def audio_durable(self) -> None:
         pass
 
-    def storage_failed(self, error: StorageFailed) -> None:
-        pass
+    def storage_failed(self, error: StorageFailed) -> bool:
+        return True  # ended early: its client's `end` had not come
 
 
 async def test_a_rename_after_the_final_came_is_ignored(fake: FakeTranscriber) -> None:
