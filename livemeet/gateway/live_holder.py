@@ -550,12 +550,11 @@ class LiveSessionHolder:
         `storage_error`). Raises SessionTakenOver (`owner` no longer carries it), and as the
         backend's `append` and `end`."""
         async with self.lock:
-            if early:
-                pass
-            elif owner is not None:
-                self._check_owner(owner)
-            elif self.sink is not None:
-                return False
+            if not early:
+                if owner is not None:
+                    self._check_owner(owner)
+                elif self.sink is not None:
+                    return False
             if self.ended:
                 return False
             self.ended = True
