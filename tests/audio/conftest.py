@@ -6,6 +6,7 @@ import struct
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import BinaryIO
 
 import av
 import numpy as np
@@ -61,23 +62,29 @@ def encoded_clips(
     for name, (fmt, codec, rate, channels, options) in _CLIPS.items():
         path = folder / name
         planes = speech[None, :] if channels == 1 else np.stack([speech, 0.5 * speech])
-        _encode(path, planes, fmt, codec, rate, options)
+        encode_with_pyav(path, planes, fmt, codec, rate, options)
         gain = 1.0 if channels == 1 else 0.75
         clips[name] = EncodedClip(path, codec, rate, channels, gain)
     return clips
 
 
-def _encode(
-    path: Path,
+def encode_with_pyav(
+    target: Path | BinaryIO,
     planes: npt.NDArray[np.float32],
     fmt: str,
     codec: str,
     rate: int,
-    options: dict[str, str],
+    options: dict[str, str] | None = None,
+    *,
+    source_rate: int = 16_000,
 ) -> None:
-    """Encode `planes` ([channels, n] float32 at 16 kHz) with PyAV."""
+    """Encode `planes` ([channels, n] float32 at `source_rate` Hz; 1 or 2 channels) with PyAV
+    into `target` (a path, or a writable file object) as `codec` at `rate` Hz in the
+    container `fmt`. Timestamps start at 0, so the MP4 muxer writes the edit list that trims
+    the codec's priming samples."""
     layout = "mono" if planes.shape[0] == 1 else "stereo"
-    with av.open(str(path), "w", format=fmt, options=options) as out:
+    where = str(target) if isinstance(target, Path) else target
+    with av.open(where, "w", format=fmt, options=options or {}) as out:
         stream = out.add_stream(codec, rate=rate)
         assert isinstance(stream, av.AudioStream)
         stream.layout = layout
@@ -85,8 +92,8 @@ def _encode(
         assert formats, f"{codec} lists no sample formats"
         resampler = av.AudioResampler(format=formats[0].name, layout=layout, rate=rate)
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(planes), "fltp", layout)
-        # pts lets the MP4 muxer write the edit list that trims the AAC priming samples.
-        frame.sample_rate, frame.pts, frame.time_base = 16_000, 0, Fraction(1, 16_000)
+        frame.sample_rate, frame.pts = source_rate, 0
+        frame.time_base = Fraction(1, source_rate)
         for resampled in [*resampler.resample(frame), *resampler.resample(None)]:
             out.mux(stream.encode(resampled))
         out.mux(stream.encode(None))

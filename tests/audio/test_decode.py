@@ -10,7 +10,6 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Iterator
-from fractions import Fraction
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -29,6 +28,7 @@ from livemeet.errors import BadAudio, TooLong
 from tests.audio.conftest import (
     SPEECH_FILE,
     EncodedClip,
+    encode_with_pyav,
     id3v2_tag,
     syncsafe,
     with_flac_total_samples,
@@ -279,6 +279,26 @@ def write_in_two(
         pipe.write(data[at:])
 
 
+def decoded_as_written(data: bytes, at: int | None = None) -> F32:
+    """`iter_decode_stream`'s samples of `data` written into a pipe in two parts (split as
+    `write_in_two` splits), asserting that the first chunk came before the second part was
+    written: nothing is read ahead."""
+    read_fd, write_fd = os.pipe()
+    first_read, rest_written = threading.Event(), threading.Event()
+    writer = threading.Thread(
+        target=write_in_two, args=(write_fd, data, first_read, rest_written, at)
+    )
+    writer.start()
+    with open(read_fd, "rb", buffering=0) as pipe:
+        chunks = decode.iter_decode_stream(pipe)
+        got = [next(chunks)]
+        assert not rest_written.is_set()
+        first_read.set()
+        got += list(chunks)
+    writer.join()
+    return np.concatenate(got)
+
+
 def test_iter_decode_stream_reads_a_pipe_as_its_writer_fills_it(shared_data: Path) -> None:
     """`livemeet stream -` had no way to read a pipe (every decode probed a path or bytes
     first, then opened it again). From a pipe: the first chunk before the writer has written
@@ -294,20 +314,7 @@ def test_iter_decode_stream_reads_a_pipe_as_its_writer_fills_it(shared_data: Pat
         format="WAV",
     )
     for data in (wav.getvalue(), (shared_data / "jfk" / "jfk.flac").read_bytes()):
-        read_fd, write_fd = os.pipe()
-        first_read, rest_written = threading.Event(), threading.Event()
-        writer = threading.Thread(
-            target=write_in_two, args=(write_fd, data, first_read, rest_written)
-        )
-        writer.start()
-        with open(read_fd, "rb", buffering=0) as pipe:
-            chunks = decode.iter_decode_stream(pipe)
-            got = [next(chunks)]
-            assert not rest_written.is_set()
-            first_read.set()
-            got += list(chunks)
-        writer.join()
-        np.testing.assert_array_equal(np.concatenate(got), decode_file(data))
+        np.testing.assert_array_equal(decoded_as_written(data), decode_file(data))
 
 
 def test_an_mp4_streamed_with_its_index_at_the_end_says_to_save_it_to_a_file(
@@ -837,22 +844,8 @@ def test_a_tagged_flac_from_a_pipe_comes_as_its_writer_writes_it(shared_data: Pa
     before the writer has written the rest of the audio."""
     flac = (shared_data / SPEECH_FILE).read_bytes()
     tag = id3v2_tag(3 << 20)
-    data = tag + flac
-    read_fd, write_fd = os.pipe()
-    first_read, rest_written = threading.Event(), threading.Event()
-    writer = threading.Thread(
-        target=write_in_two,
-        args=(write_fd, data, first_read, rest_written, len(tag) + len(flac) // 3),
-    )
-    writer.start()
-    with open(read_fd, "rb", buffering=0) as pipe:
-        chunks = decode.iter_decode_stream(pipe)
-        got = [next(chunks)]
-        assert not rest_written.is_set()
-        first_read.set()
-        got += list(chunks)
-    writer.join()
-    np.testing.assert_array_equal(np.concatenate(got), decode_file(flac))
+    got = decoded_as_written(tag + flac, at=len(tag) + len(flac) // 3)
+    np.testing.assert_array_equal(got, decode_file(flac))
 
 
 def test_an_mp3_behind_a_large_id3_tag_still_decodes(
@@ -911,18 +904,7 @@ def ffmpeg_bytes(fmt: str, codec: str, rate: int = SAMPLE_RATE) -> bytes:
     """Half a second of mono noise encoded by FFmpeg (PyAV) into the container `fmt`."""
     noise = np.random.default_rng(rate).uniform(-0.5, 0.5, (1, rate // 2)).astype(np.float32)
     out = io.BytesIO()
-    with av.open(out, "w", format=fmt) as container:
-        stream = container.add_stream(codec, rate=rate)
-        assert isinstance(stream, av.AudioStream)
-        stream.layout = "mono"
-        formats = stream.codec_context.codec.audio_formats
-        assert formats
-        resampler = av.AudioResampler(format=formats[0].name, layout="mono", rate=rate)
-        frame = av.AudioFrame.from_ndarray(noise, "fltp", "mono")
-        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
-        for resampled in [*resampler.resample(frame), *resampler.resample(None)]:
-            container.mux(stream.encode(resampled))
-        container.mux(stream.encode(None))
+    encode_with_pyav(out, noise, fmt, codec, rate, source_rate=rate)
     return out.getvalue()
 
 

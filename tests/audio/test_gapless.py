@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import struct
 from collections.abc import Callable
-from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -23,6 +22,7 @@ import soxr
 
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.audio.decode import decode_file, iter_decode, iter_decode_stream
+from tests.audio.conftest import encode_with_pyav
 
 F32 = npt.NDArray[np.float32]
 DURATION_S = 3.0  # whole milliseconds: an MP4 edit list that FFmpeg writes holds it exactly
@@ -75,18 +75,7 @@ def encode(
 ) -> Path:
     """Encode mono `x` (at `rate` Hz) with PyAV into `path`; timestamps from 0, so the MP4
     muxer writes the edit list that skips the priming."""
-    with av.open(str(path), "w", format=fmt, options=options or {}) as out:
-        stream = out.add_stream(codec, rate=rate)
-        assert isinstance(stream, av.AudioStream)
-        stream.layout = "mono"
-        formats = stream.codec_context.codec.audio_formats
-        assert formats
-        resampler = av.AudioResampler(format=formats[0].name, layout="mono", rate=rate)
-        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[None, :]), "fltp", "mono")
-        frame.sample_rate, frame.pts, frame.time_base = rate, 0, Fraction(1, rate)
-        for resampled in [*resampler.resample(frame), *resampler.resample(None)]:
-            out.mux(stream.encode(resampled))
-        out.mux(stream.encode(None))
+    encode_with_pyav(path, x[None, :], fmt, codec, rate, options, source_rate=rate)
     return path
 
 

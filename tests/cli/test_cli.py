@@ -1360,6 +1360,40 @@ async def test_transcribe_and_stream_of_a_cut_wav_warn_on_stderr(
     assert capsys.readouterr().err == ""
 
 
+def record_streamed(monkeypatch: pytest.MonkeyPatch) -> list[npt.NDArray[np.float32]]:
+    """Stand in for the server of `livemeet stream`: the list returned gets each session's
+    samples (16 kHz float32), and the session's final covers all of them."""
+    sent: list[npt.NDArray[np.float32]] = []
+
+    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        sent.append(np.concatenate(list(chunks)))
+        sent_s = sent[-1].size / 16_000
+        final = {"type": "transcript.final", "duration": sent_s}
+        return live_client.StreamResult([final], [0.0], 1000, sent_s=sent_s)
+
+    monkeypatch.setattr(stream, "stream_audio", server)
+    return sent
+
+
+async def stream_standard_input(data: bytes, monkeypatch: pytest.MonkeyPatch) -> int:
+    """`livemeet stream - --speed 1000`'s exit status, `data` written into its standard input
+    through a pipe."""
+    read_fd, write_fd = os.pipe()
+
+    def write_standard_input() -> None:
+        with open(write_fd, "wb") as pipe:
+            pipe.write(data)
+
+    writer = threading.Thread(target=write_standard_input)
+    writer.start()
+    try:
+        with open(read_fd, "rb") as stdin:
+            monkeypatch.setattr(sys, "stdin", stdin)
+            return await asyncio.to_thread(main, ["stream", "-", "--speed", "1000"])
+    finally:
+        writer.join()
+
+
 async def test_transcribe_and_stream_take_a_flac_behind_cover_art(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_data: Path
 ) -> None:
@@ -1392,29 +1426,10 @@ async def test_transcribe_and_stream_take_a_flac_behind_cover_art(
     for got in decoded:
         np.testing.assert_array_equal(got.samples, expected)
 
-    sent: list[npt.NDArray[np.float32]] = []
-
-    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
-        sent.append(np.concatenate(list(chunks)))
-        sent_s = sent[-1].size / 16_000
-        final = {"type": "transcript.final", "duration": sent_s}
-        return live_client.StreamResult([final], [0.0], 1000, sent_s=sent_s)
-
-    monkeypatch.setattr(stream, "stream_audio", server)
+    sent = record_streamed(monkeypatch)
     for tagged in files:
         assert await asyncio.to_thread(main, ["stream", str(tagged), "--speed", "1000"]) == 0
-    read_fd, write_fd = os.pipe()
-
-    def write_standard_input() -> None:
-        with open(write_fd, "wb") as pipe:
-            pipe.write(data)
-
-    writer = threading.Thread(target=write_standard_input)
-    writer.start()
-    with open(read_fd, "rb") as stdin:
-        monkeypatch.setattr(sys, "stdin", stdin)
-        assert await asyncio.to_thread(main, ["stream", "-", "--speed", "1000"]) == 0
-    writer.join()
+    assert await stream_standard_input(data, monkeypatch) == 0
     assert len(sent) == 3
     for samples in sent:
         np.testing.assert_array_equal(samples, expected)
@@ -1441,27 +1456,8 @@ async def test_transcribe_and_stream_of_standard_input_take_a_wav_behind_cover_a
     assert [r.error for r in results] == [None]
     assert [s.log.num_samples for s in transcriber.sessions] == [expected.size]
 
-    sent: list[npt.NDArray[np.float32]] = []
-
-    async def server(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
-        sent.append(np.concatenate(list(chunks)))
-        sent_s = sent[-1].size / 16_000
-        final = {"type": "transcript.final", "duration": sent_s}
-        return live_client.StreamResult([final], [0.0], 1000, sent_s=sent_s)
-
-    monkeypatch.setattr(stream, "stream_audio", server)
-    read_fd, write_fd = os.pipe()
-
-    def write_standard_input() -> None:
-        with open(write_fd, "wb") as pipe:
-            pipe.write(data)
-
-    writer = threading.Thread(target=write_standard_input)
-    writer.start()
-    with open(read_fd, "rb") as stdin:
-        monkeypatch.setattr(sys, "stdin", stdin)
-        assert await asyncio.to_thread(main, ["stream", "-", "--speed", "1000"]) == 0
-    writer.join()
+    sent = record_streamed(monkeypatch)
+    assert await stream_standard_input(data, monkeypatch) == 0
     assert len(sent) == 1
     np.testing.assert_array_equal(sent[0], expected)
 

@@ -297,6 +297,21 @@ async def test_a_detached_session_whose_storage_fails_is_ended_and_its_final_kep
     assert metric(client, "livemeet_live_journal_failures_total", result="ended") == 2
 
 
+async def ended_for_its_storage(
+    client: TestClient, fake: FakeTranscriber, disk: Disk
+) -> tuple[Any, dict[str, Any]]:
+    """A socket (left open) and its `session.ready` whose session took 1 s of audio, all
+    acknowledged, then 0.5 s more as the disk filled: the server is ending it, its final
+    held back until `fake.end_gate` is set."""
+    fake.end_gate = asyncio.Event()
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await stream_acked(ws, fake, 1.0)
+    await fill_the_disk(ws, fake, disk, 0.5)
+    return ws, ready
+
+
 @pytest.mark.parametrize("how", ["dropped", "taken_over"])
 async def test_a_resume_while_a_session_is_ended_for_its_storage_gets_its_final_then_4507(
     client: TestClient, fake: FakeTranscriber, disk: Disk, how: str
@@ -307,12 +322,7 @@ async def test_a_resume_while_a_session_is_ended_for_its_storage_gets_its_final_
     the first socket gets, storage_failed and 4507 saying the session was ended early and
     its final stored. It got the final and 1000: never told why the session ended, nor
     whether its final was stored."""
-    fake.end_gate = asyncio.Event()
-    old = await client.ws_connect("/v1/live")
-    await old.send_json(START)
-    ready = await old.receive_json()
-    await stream_acked(old, fake, 1.0)
-    await fill_the_disk(old, fake, disk, 0.5)
+    old, ready = await ended_for_its_storage(client, fake, disk)
     if how == "dropped":
         await detach(client, old)
     async with client.ws_connect("/v1/live") as ws:
@@ -341,12 +351,7 @@ async def test_a_resume_after_the_final_of_a_session_ended_for_its_storage_gets_
     session waits for its resume: the resume gets `session.ready` (all its audio), the
     final, then storage_failed and 4507 saying the session was ended early and its final
     stored (it got 1000)."""
-    fake.end_gate = asyncio.Event()
-    old = await client.ws_connect("/v1/live")
-    await old.send_json(START)
-    ready = await old.receive_json()
-    await stream_acked(old, fake, 1.0)
-    await fill_the_disk(old, fake, disk, 0.5)
+    old, ready = await ended_for_its_storage(client, fake, disk)
     await detach(client, old)
     holder = client.app[SESSIONS_KEY].get(ready["session_id"])
     assert holder is not None

@@ -492,6 +492,22 @@ async def test_a_flac_is_transcribed_whole_whatever_its_header_says(
     assert [s.log.num_samples for s in fake.sessions] == [3 * 16_000, 3 * 16_000]
 
 
+def spy_on_decoding(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The list returned gets what each upload's decode (`decode_file_with_info`) returns:
+    its samples and its probe's info."""
+    from livemeet.audio import decode
+
+    decoded: list[decode.Decoded] = []
+    real = decode.decode_file_with_info
+
+    def spy(source: decode.AudioSource, *, max_audio_s: float, cancel: Any = None) -> Any:
+        decoded.append(real(source, max_audio_s=max_audio_s, cancel=cancel))
+        return decoded[-1]
+
+    monkeypatch.setattr(decode, "decode_file_with_info", spy)
+    return decoded
+
+
 @pytest.mark.parametrize("memory_bytes", [4 << 20, 1000])
 async def test_a_flac_behind_cover_art_is_transcribed_as_without_it(
     client: TestClient,
@@ -505,14 +521,7 @@ async def test_a_flac_behind_cover_art_is_transcribed_as_without_it(
     from livemeet.audio import decode
 
     monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", memory_bytes)
-    decoded: list[decode.Decoded] = []
-    real = decode.decode_file_with_info
-
-    def spy(source: decode.AudioSource, *, max_audio_s: float, cancel: Any = None) -> Any:
-        decoded.append(real(source, max_audio_s=max_audio_s, cancel=cancel))
-        return decoded[-1]
-
-    monkeypatch.setattr(decode, "decode_file_with_info", spy)
+    decoded = spy_on_decoding(monkeypatch)
     flac = wav_bytes(1.0, 44_100, 2, fmt="FLAC")
     resp = await client.post(
         "/v1/audio/transcriptions", data=form(id3v2_tag((1 << 20) + 300_000) + flac)
@@ -539,14 +548,7 @@ async def test_a_wav_behind_cover_art_is_transcribed_whole(
     from livemeet.audio import decode
 
     monkeypatch.setattr(openai_api, "UPLOAD_MEMORY_BYTES", memory_bytes)
-    decoded: list[decode.Decoded] = []
-    real = decode.decode_file_with_info
-
-    def spy(source: decode.AudioSource, *, max_audio_s: float, cancel: Any = None) -> Any:
-        decoded.append(real(source, max_audio_s=max_audio_s, cancel=cancel))
-        return decoded[-1]
-
-    monkeypatch.setattr(decode, "decode_file_with_info", spy)
+    decoded = spy_on_decoding(monkeypatch)
     wav = wav_bytes(5.0)
     resp = await client.post("/v1/audio/transcriptions", data=form(id3v2_tag(100_000) + wav))
     assert resp.status == 200, await resp.text()
