@@ -77,6 +77,15 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
             lambda c: c["text_config"].update(layer_types=["sliding_attention"] * 3),
             "'sliding_attention'",
         ),
+        # both were refused as "text attention_bias / sliding windows are unsupported", naming
+        # neither field (a trial)
+        (lambda c: c["text_config"].update(attention_bias=True), "attention_bias true"),
+        (
+            lambda c: c["text_config"].update(
+                use_sliding_window=True, sliding_window=64, max_window_layers=1
+            ),
+            r"layers 1\.\.2 sliding-window attention \(max_window_layers 1 <",
+        ),
     ],
 )
 def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
@@ -84,6 +93,32 @@ def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
     edit(raw)
     with pytest.raises(ConfigError, match=message):
         MossTDConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # what transformers writes for use_sliding_window on a decoder shallower than
+        # max_window_layers (28): every layer full attention
+        lambda t: t.update(use_sliding_window=True, sliding_window=64),
+        lambda t: (t.update(use_sliding_window=True, sliding_window=64), t.pop("layer_types")),
+        lambda t: (
+            t.update(use_sliding_window=True, sliding_window=None, max_window_layers=0),
+            t.pop("layer_types"),
+        ),
+    ],
+)
+def test_use_sliding_window_on_layers_transformers_runs_full_is_served(edit: Any) -> None:
+    """use_sliding_window was refused whatever the layers: transformers runs these decoders
+    with full attention in every layer (layer_types), and livemeet's tokens equal its own
+    (a trial built them with transformers' save_pretrained)."""
+    from transformers import MossTranscribeDiarizeConfig
+
+    raw = tiny.hf_config(tiny.TINY).to_dict()
+    edit(raw["text_config"])
+    theirs = MossTranscribeDiarizeConfig.from_dict(raw).text_config
+    assert theirs.layer_types == ["full_attention"] * tiny.TINY.text.layers
+    assert MossTDConfig.from_dict(raw) == tiny.TINY
 
 
 @pytest.mark.parametrize(
