@@ -311,6 +311,29 @@ def test_a_malformed_index_is_named(
         load_model(str(root), device="cpu")
 
 
+def test_model_safetensors_is_read_alone_as_transformers_reads_it(
+    upstream_dir: Path, hf_dir: Path, tmp_path: Path, tiny_weights: dict[str, torch.Tensor]
+) -> None:
+    """transformers reads `model.safetensors` when a directory has one, and no other weight
+    file: livemeet read the shards of an index beside it instead (other weights than the
+    reference's, silently) and refused a directory with any other *.safetensors file in it
+    (unknown or twice-stored tensors; found by a trial)."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(upstream_dir, root)  # a sharded copy with its index...
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    tensors[Q0] = -tensors[Q0]  # ...and a model.safetensors that differs from it
+    save_file(tensors, str(root / "model.safetensors"))
+    q0 = "language_model.layers.0.self_attn.q_proj.weight"
+    expected = {**tiny_weights, q0: -tiny_weights[q0]}
+    for step in ("beside an index", "beside another weight file"):
+        if step == "beside another weight file":
+            (root / "model.safetensors.index.json").unlink()
+            save_file({"speaker.embedding": torch.zeros(4, 4)}, str(root / "speakers.safetensors"))
+        model, _ = load_model(str(root), device="cpu")
+        state = model.state_dict()
+        assert all(torch.equal(state[n], w) for n, w in expected.items()), step
+
+
 def test_missing_shard_is_reported(upstream_dir: Path, tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     shutil.copytree(upstream_dir, root)
