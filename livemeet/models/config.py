@@ -122,7 +122,7 @@ class MossTDConfig:
         act = raw.get("projector_hidden_act", "silu")
         if act != "silu":  # transformers' default, and the published value (MODEL.md 3)
             raise ConfigError(f"projector_hidden_act {act!r} unsupported (expected 'silu')")
-        if raw.get("projector_bias", True) is not True:
+        if not _bool(raw, "projector_bias", True):
             raise ConfigError("projector_bias false is unsupported (MOSS-TD's adaptor has biases)")
         cfg = MossTDConfig(
             audio=_parse_audio(_section(raw, "audio_config")),
@@ -221,6 +221,15 @@ def _int(raw: dict[str, Any], key: str, default: int | None = None) -> int:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"model config field {key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _bool(raw: dict[str, Any], key: str, default: bool) -> bool:
+    # bool("false") is True and bool(None) False: a string or null was read as the opposite of
+    # what it says, or refused as an untied head (transformers refuses both as not a bool)
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"model config field {key!r} must be true or false, got {value!r}")
     return value
 
 
@@ -349,5 +358,5 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         rope_theta=_rope_theta(raw),
         rms_eps=_float(raw, "rms_norm_eps") if "rms_norm_eps" in raw else 1e-6,
         max_position_embeddings=_int(raw, "max_position_embeddings", QWEN3_DEFAULT_MAX_POSITIONS),
-        tie_word_embeddings=bool(top.get("tie_word_embeddings", True)),
+        tie_word_embeddings=_bool(top, "tie_word_embeddings", True),
     )

@@ -80,6 +80,10 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
         # both were refused as "text attention_bias / sliding windows are unsupported", naming
         # neither field (a trial)
         (lambda c: c["text_config"].update(attention_bias=True), "attention_bias true"),
+        # "false" was read as true (tied) and null as an untied head; transformers refuses both
+        (lambda c: c.update(tie_word_embeddings="false"), "'tie_word_embeddings' must be true"),
+        (lambda c: c.update(tie_word_embeddings=None), "'tie_word_embeddings' must be true"),
+        (lambda c: c.update(projector_bias=None), "'projector_bias' must be true or false"),
         (
             lambda c: c["text_config"].update(
                 use_sliding_window=True, sliding_window=64, max_window_layers=1
