@@ -30,6 +30,8 @@ QWEN3_DEFAULT_ROPE_THETA = 10_000.0
 QWEN3_DEFAULT_HEAD_DIM = 128
 QWEN3_DEFAULT_KV_HEADS = 32  # a null value means as many as the query heads
 QWEN3_DEFAULT_MAX_POSITIONS = 32_768
+QWEN3_DEFAULT_SLIDING_WINDOW = 4096  # tokens; used only with use_sliding_window
+QWEN3_DEFAULT_MAX_WINDOW_LAYERS = 28  # the first layer that use_sliding_window makes sliding
 # <|audio_pad|>'s id in the MOSS-TD tokenizer (MODEL.md 5.4): livemeet.models.tokenizer refuses
 # a tokenizer that puts it elsewhere and livemeet.models.prompt builds every prompt with it, so a
 # config.json naming another audio_token_id cannot be served (the reference would splice the
@@ -120,7 +122,7 @@ class MossTDConfig:
         act = raw.get("projector_hidden_act", "silu")
         if act != "silu":  # transformers' default, and the published value (MODEL.md 3)
             raise ConfigError(f"projector_hidden_act {act!r} unsupported (expected 'silu')")
-        if raw.get("projector_bias", True) is not True:
+        if not _bool(raw, "projector_bias", True):
             raise ConfigError("projector_bias false is unsupported (MOSS-TD's adaptor has biases)")
         cfg = MossTDConfig(
             audio=_parse_audio(_section(raw, "audio_config")),
@@ -222,6 +224,15 @@ def _int(raw: dict[str, Any], key: str, default: int | None = None) -> int:
     return value
 
 
+def _bool(raw: dict[str, Any], key: str, default: bool) -> bool:
+    # bool("false") is True and bool(None) False: a string or null was read as the opposite of
+    # what it says, or refused as an untied head (transformers refuses both as not a bool)
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"model config field {key!r} must be true or false, got {value!r}")
+    return value
+
+
 def _parse_audio(raw: dict[str, Any]) -> AudioConfig:
     model_type = raw.get("model_type", "whisper")
     if model_type not in _AUDIO_MODEL_TYPES:
@@ -292,6 +303,25 @@ def _check_layer_types(layer_types: Any, layers: int) -> None:
         raise ConfigError(f"text_config layer_types {others} unsupported (only 'full_attention')")
 
 
+def _check_implied_layer_types(raw: dict[str, Any], layers: int) -> None:
+    """With no `layer_types`, Qwen3Config makes layers `max_window_layers` (default 28) and up
+    sliding-window layers, only when `use_sliding_window` is true and `sliding_window` (default
+    4096) is set: `use_sliding_window` alone leaves a decoder of fewer layers all full attention
+    (and transformers' save_pretrained writes that list, which `_check_layer_types` reads).
+    Raises ConfigError when a layer would be sliding."""
+    if not raw.get("use_sliding_window", False):
+        return
+    if raw.get("sliding_window", QWEN3_DEFAULT_SLIDING_WINDOW) is None:
+        return
+    first = _int(raw, "max_window_layers", QWEN3_DEFAULT_MAX_WINDOW_LAYERS)
+    if first < layers:
+        raise ConfigError(
+            f"text_config use_sliding_window makes layers {max(first, 0)}..{layers - 1} "
+            f"sliding-window attention (max_window_layers {first} < num_hidden_layers {layers}): "
+            "unsupported (MOSS-TD's decoder is full attention throughout)"
+        )
+
+
 def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
     model_type = raw.get("model_type", "qwen3")
     if model_type not in _TEXT_MODEL_TYPES:
@@ -300,8 +330,11 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         raise ConfigError(
             f"text hidden_act {raw.get('hidden_act')!r} unsupported (expected 'silu')"
         )
-    if raw.get("attention_bias", False) or raw.get("use_sliding_window", False):
-        raise ConfigError("text attention_bias / sliding windows are unsupported")
+    if raw.get("attention_bias", False):
+        raise ConfigError(
+            "text_config attention_bias true is unsupported (MOSS-TD's decoder projections have "
+            "no biases)"
+        )
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     missing = [key for key in required if key not in raw]
     if missing:  # no default: transformers would take Qwen3Config's (32 layers), not MOSS-TD's
@@ -309,7 +342,11 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
     heads = _int(raw, "num_attention_heads")
     hidden = _int(raw, "hidden_size")
     layers = _int(raw, "num_hidden_layers")
-    _check_layer_types(raw.get("layer_types"), layers)
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        _check_implied_layer_types(raw, layers)
+    else:
+        _check_layer_types(layer_types, layers)
     return TextConfig(
         hidden=hidden,
         intermediate=_int(raw, "intermediate_size"),
@@ -321,5 +358,5 @@ def _parse_text(raw: dict[str, Any], top: dict[str, Any]) -> TextConfig:
         rope_theta=_rope_theta(raw),
         rms_eps=_float(raw, "rms_norm_eps") if "rms_norm_eps" in raw else 1e-6,
         max_position_embeddings=_int(raw, "max_position_embeddings", QWEN3_DEFAULT_MAX_POSITIONS),
-        tie_word_embeddings=bool(top.get("tie_word_embeddings", True)),
+        tie_word_embeddings=_bool(top, "tie_word_embeddings", True),
     )

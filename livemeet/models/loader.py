@@ -31,6 +31,8 @@ from livemeet.models.dialects import PREFIXES, Dialect, canonical_name, checkpoi
 from livemeet.models.tokenizer import load_tokenizer
 
 _LM_HEAD = "lm_head.weight"
+# an unsharded checkpoint's weights; transformers reads it in preference to an index beside it
+_SINGLE_FILE = "model.safetensors"
 _EMBED = "language_model.embed_tokens.weight"  # ours; the head is tied to it
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what a cached hub checkpoint must hold: the weights, and the tokenizer and prompt settings
@@ -211,6 +213,13 @@ def _empty_model(cfg: MossTDConfig, device: torch.device, dtype: torch.dtype) ->
 
 
 def _shard_files(root: Path) -> list[Path]:
+    """The weight files of checkpoint `root`, in transformers' order of precedence:
+    `model.safetensors` alone (an index or other *.safetensors files beside it are not read),
+    else the shards `model.safetensors.index.json` lists, else every *.safetensors file.
+    Raises ConfigError for a malformed index, a listed shard that is missing, or no file."""
+    single = root / _SINGLE_FILE
+    if single.is_file():
+        return [single]
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:

@@ -108,8 +108,8 @@ class PromptConfig:
         """Read `processor_config.json` (keys `time_marker_every_seconds`,
         `audio_tokens_per_second`, `enable_time_marker`) from a checkpoint directory.
 
-        A missing file gives the shipped values (markers every 5 s) with a warning. Raises
-        ConfigError for an unreadable file or bad values.
+        A missing file, or a file without `time_marker_every_seconds`, gives the shipped 5 s with
+        a warning. Raises ConfigError for an unreadable file or bad values.
         """
         path = Path(checkpoint_dir) / PROCESSOR_CONFIG_FILE
         if not path.is_file():
@@ -125,6 +125,15 @@ class PromptConfig:
             raise ConfigError(f"cannot read {path}: {exc}") from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must hold a JSON object")
+        if "time_marker_every_seconds" not in raw and raw.get("enable_time_marker") is not False:
+            # transformers' and upstream's processor classes take 2 s here (MODEL.md 9, surprise
+            # 1): the reference's prompts then differ from ours, so say which value runs
+            log.warning(
+                "%s gives no time_marker_every_seconds; using %d s (the shipped value; the "
+                "processor classes' default is 2)",
+                path,
+                TIME_MARKER_EVERY_S,
+            )
         every = raw.get("time_marker_every_seconds", TIME_MARKER_EVERY_S)
         rate = raw.get("audio_tokens_per_second", AUDIO_TOKENS_PER_SECOND)
         # 5.0 read as the 5 it means (transformers 5.24's processor fails on it: range() of a

@@ -25,6 +25,7 @@ from tests.models import tiny
 NEW_TOKENS = 24
 DURATIONS_S = (1.0, 3.0, 11.0, 20.0, 40.0, 71.3, 100.0, 180.0)
 ABORTED = 3  # index of the request aborted mid-flight
+EMBED = "language_model.embed_tokens.weight"
 
 
 @pytest.fixture(scope="module")
@@ -563,3 +564,51 @@ def test_model_md_tiny_geometry_with_small_head_dims_matches_reference(
     for i, clip in enumerate(clips):
         expected = tiny.reference_greedy(ref, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
         assert done[f"r{i}"] == expected, i
+
+
+def test_a_checkpoint_transformers_saved_matches_it(
+    batch_clips: list[np.ndarray], tmp_path: Any
+) -> None:
+    """A checkpoint as transformers writes one, with geometry and files the fixtures do not
+    have: save_pretrained of the native model (bf16, in shards with an index; config.json with
+    use_sliding_window, which a trial found refused) and of the reference processor (its
+    tokenizer.json and processor_config.json), one KV head, 4 decoder layers, head_dim 24.
+    The engine reads it all from the directory, as `transcribe --model` does; its greedy
+    tokens equal those of transformers' model loaded from the same directory."""
+    from livemeet.models.config import AudioConfig, MossTDConfig, TextConfig
+    from tests.models.reference import make_reference_processor
+
+    transformers = pytest.importorskip("transformers")
+    cfg = MossTDConfig(
+        audio=AudioConfig(d_model=32, layers=2, heads=2, ffn=48),
+        text=TextConfig(hidden=32, intermediate=80, layers=4, heads=4, kv_heads=1, head_dim=24),
+    )
+    hf_cfg = tiny.hf_config(cfg)
+    hf_cfg.text_config.use_sliding_window = True  # layers 28+ only: none here
+    model_cls = transformers.MossTranscribeDiarizeForConditionalGeneration
+    saved = model_cls(hf_cfg)
+    weights = {tiny.checkpoint_key(n, "hf"): w for n, w in tiny.random_weights(cfg).items()}
+    assert saved.load_state_dict(weights, strict=False).missing_keys == ["lm_head.weight"]
+    assert torch.equal(saved.lm_head.weight, weights[tiny.checkpoint_key(EMBED, "hf")])  # tied
+    root = tmp_path / "saved"
+    saved.to(torch.bfloat16).save_pretrained(str(root), max_shard_size="2MB")
+    make_reference_processor().save_pretrained(str(root))
+    assert (root / "model.safetensors.index.json").is_file()
+
+    ref = model_cls.from_pretrained(str(root), dtype=torch.float32).eval()
+    config = EngineConfig(
+        model=str(root), device="cpu", dtype="float32", num_kv_blocks=96,
+        block_size=TEST_BLOCK_SIZE,
+    )  # fmt: skip
+    engine = Engine(config, clock=SteppingClock())
+    clips = [batch_clips[1], batch_clips[4]]  # 3 s and 40 s (two windows)
+    for i, clip in enumerate(clips):
+        engine.add_request(f"r{i}", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    done: dict[str, list[int]] = {}
+    while engine.has_work():
+        done.update({r.request_id: list(r.output_token_ids) for r in engine.step().finished})
+    for i, clip in enumerate(clips):
+        # the processor saved above (loading it back costs 2.5 s of tokenizer parsing)
+        expected = tiny.reference_greedy(ref, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
+        assert done[f"r{i}"] == expected, i
+        assert len(set(expected)) > NEW_TOKENS // 2  # not one token repeated

@@ -77,6 +77,19 @@ def test_real_size_geometry_has_the_published_parameter_count() -> None:
             lambda c: c["text_config"].update(layer_types=["sliding_attention"] * 3),
             "'sliding_attention'",
         ),
+        # both were refused as "text attention_bias / sliding windows are unsupported", naming
+        # neither field (a trial)
+        (lambda c: c["text_config"].update(attention_bias=True), "attention_bias true"),
+        # "false" was read as true (tied) and null as an untied head; transformers refuses both
+        (lambda c: c.update(tie_word_embeddings="false"), "'tie_word_embeddings' must be true"),
+        (lambda c: c.update(tie_word_embeddings=None), "'tie_word_embeddings' must be true"),
+        (lambda c: c.update(projector_bias=None), "'projector_bias' must be true or false"),
+        (
+            lambda c: c["text_config"].update(
+                use_sliding_window=True, sliding_window=64, max_window_layers=1
+            ),
+            r"layers 1\.\.2 sliding-window attention \(max_window_layers 1 <",
+        ),
     ],
 )
 def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
@@ -84,6 +97,32 @@ def test_bad_configs_raise_config_error(edit: Any, message: str) -> None:
     edit(raw)
     with pytest.raises(ConfigError, match=message):
         MossTDConfig.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # what transformers writes for use_sliding_window on a decoder shallower than
+        # max_window_layers (28): every layer full attention
+        lambda t: t.update(use_sliding_window=True, sliding_window=64),
+        lambda t: (t.update(use_sliding_window=True, sliding_window=64), t.pop("layer_types")),
+        lambda t: (
+            t.update(use_sliding_window=True, sliding_window=None, max_window_layers=0),
+            t.pop("layer_types"),
+        ),
+    ],
+)
+def test_use_sliding_window_on_layers_transformers_runs_full_is_served(edit: Any) -> None:
+    """use_sliding_window was refused whatever the layers: transformers runs these decoders
+    with full attention in every layer (layer_types), and livemeet's tokens equal its own
+    (a trial built them with transformers' save_pretrained)."""
+    from transformers import MossTranscribeDiarizeConfig
+
+    raw = tiny.hf_config(tiny.TINY).to_dict()
+    edit(raw["text_config"])
+    theirs = MossTranscribeDiarizeConfig.from_dict(raw).text_config
+    assert theirs.layer_types == ["full_attention"] * tiny.TINY.text.layers
+    assert MossTDConfig.from_dict(raw) == tiny.TINY
 
 
 @pytest.mark.parametrize(
@@ -274,6 +313,29 @@ def test_a_malformed_index_is_named(
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ConfigError, match=message):
         load_model(str(root), device="cpu")
+
+
+def test_model_safetensors_is_read_alone_as_transformers_reads_it(
+    upstream_dir: Path, hf_dir: Path, tmp_path: Path, tiny_weights: dict[str, torch.Tensor]
+) -> None:
+    """transformers reads `model.safetensors` when a directory has one, and no other weight
+    file: livemeet read the shards of an index beside it instead (other weights than the
+    reference's, silently) and refused a directory with any other *.safetensors file in it
+    (unknown or twice-stored tensors; found by a trial)."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(upstream_dir, root)  # a sharded copy with its index...
+    tensors = load_file(str(hf_dir / "model.safetensors"))
+    tensors[Q0] = -tensors[Q0]  # ...and a model.safetensors that differs from it
+    save_file(tensors, str(root / "model.safetensors"))
+    q0 = "language_model.layers.0.self_attn.q_proj.weight"
+    expected = {**tiny_weights, q0: -tiny_weights[q0]}
+    for step in ("beside an index", "beside another weight file"):
+        if step == "beside another weight file":
+            (root / "model.safetensors.index.json").unlink()
+            save_file({"speaker.embedding": torch.zeros(4, 4)}, str(root / "speakers.safetensors"))
+        model, _ = load_model(str(root), device="cpu")
+        state = model.state_dict()
+        assert all(torch.equal(state[n], w) for n, w in expected.items()), step
 
 
 def test_missing_shard_is_reported(upstream_dir: Path, tmp_path: Path) -> None:

@@ -170,6 +170,18 @@ def test_from_checkpoint(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> No
     assert off.time_marker_every_s == 0
 
 
+def test_a_processor_config_without_marker_spacing_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the key, transformers' processor takes its class default of 2 s where livemeet
+    takes the shipped 5 s: only a missing file said so; a file without the key was silent (a
+    trial's checkpoint got other prompts than the reference's)."""
+    (tmp_path / "processor_config.json").write_text(json.dumps({"audio_tokens_per_second": 12.5}))
+    with caplog.at_level(logging.WARNING):
+        assert PromptConfig.from_checkpoint(tmp_path).time_marker_every_s == 5
+    assert "no time_marker_every_seconds" in caplog.text
+
+
 def test_markers_disabled(tok: Tokenizer) -> None:
     built = build_prompt(tok, 200, config=PromptConfig(time_marker_every_s=0))
     assert built.span_len == 200
