@@ -552,18 +552,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
 
 async def _expect_upload(request: web.Request) -> web.StreamResponse | None:
     """`Expect: 100-continue` on an upload (RFC 9110 section 10.1.1): a page of an origin not
-    allowed, a refused API key, a declared body over the limit, or an upload the server
-    cannot take now (not ready or draining, short of disk, every session slot in use:
-    `check_admission`) is answered (400, 401, 413, 503, 507, 429) before the client sends the
-    body, rendered and counted by the error middleware as any refusal. aiohttp answers 100
-    ahead of every middleware, so a client with a wrong key uploaded the whole file to learn
-    that. Another Expect value never comes here: the server refuses it before routing (417,
-    http_protocol.refuse_unknown_expectations)."""
+    allowed, a refused API key, a Content-Encoding the server does not decode, a declared body
+    over the limit, or an upload the server cannot take now (not ready or draining, short of
+    disk, every session slot in use: `check_admission`) is answered (400, 401, 413, 503, 507,
+    429) before the client sends the body, rendered and counted by the error middleware as any
+    refusal. aiohttp answers 100 ahead of every middleware, so a client with a wrong key
+    uploaded the whole file to learn that. Another Expect value never comes here: the server
+    refuses it before routing (417, http_protocol.refuse_unknown_expectations)."""
     if request.headers.get(hdrs.EXPECT, "").lower() != "100-continue":
         return None
     try:
         openai_api.check_upload_origin(request)
         await check_request_key(request)
+        openai_api.check_content_encoding(request)
         openai_api.check_declared_size(request, request.app[CONFIG_KEY].gateway.max_upload_bytes)
         openai_api.check_admission(request.app)
     except LivemeetError as exc:

@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import Histogram
 
 from livemeet.audio import decode
@@ -92,6 +92,9 @@ MAX_TEMPERATURE = 1.0
 # formats whose content the SSE events carry (text deltas, speaker segments); the others
 # (srt, vtt, verbose_json) are refused with stream=true
 STREAM_FORMATS = frozenset({ResponseFormat.JSON, ResponseFormat.TEXT, ResponseFormat.DIARIZED_JSON})
+# the Content-Encodings aiohttp's parser inflates (aiohttp/http_parser.py, lower-cased, one
+# coding alone); it passes a body of any other on as it came
+INFLATED_CODINGS = frozenset({"gzip", "deflate", "br", "zstd"})
 
 
 @dataclass(frozen=True)
@@ -319,6 +322,22 @@ class _PhaseClock:
             log.debug("upload phases: %s", ", ".join(self.spent))
 
 
+def check_content_encoding(request: web.Request) -> None:
+    """Raise InvalidRequest unless the body's Content-Encoding is one aiohttp's parser inflates
+    (`INFLATED_CODINGS`; br and zstd only where their packages are installed, else the parser
+    refuses them: http_protocol.refusal_error) or identity. The parser passes a body of any
+    other coding (x-gzip, compress, stacked codings such as `gzip, gzip`) on as it came, which
+    was then read as multipart; refused before any of the body is read (also from
+    `Expect: 100-continue`)."""
+    coding = ", ".join(request.headers.getall(hdrs.CONTENT_ENCODING, ())).strip()
+    if coding.lower() in INFLATED_CODINGS | {"", "identity"}:
+        return
+    raise InvalidRequest(
+        f"the body's Content-Encoding {coding!r} is not one the server decodes: "
+        "send the body as it is, or gzip or deflate it"
+    )
+
+
 def check_declared_size(request: web.Request, limit: int) -> None:
     """Raise PayloadTooLarge when the request's Content-Length (bytes) passes `limit` (bytes):
     refused before any of the body is read (also from `Expect: 100-continue`)."""
@@ -341,6 +360,7 @@ async def read_upload_form(
     would otherwise count as an incoming upload, which the engine's upload hold waits for).
     """
     limit = config.gateway.max_upload_bytes
+    check_content_encoding(request)
     check_declared_size(request, limit)
     reader = FormReader(
         request.headers.get("Content-Type", ""),

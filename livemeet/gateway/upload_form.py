@@ -360,6 +360,10 @@ class FormReader:
                 # text is (OpenAI tolerates extra fields; a trial's file in
                 # `timestamp_granularities[]` was refused), and named if no `file` comes
                 self._files_elsewhere.append(part.name)
+            if part.name in self.fields:
+                # two values of a field the endpoint reads: which one the client meant is not
+                # the server's guess (the last one was taken), as for a second `file`
+                raise InvalidRequest(f"more than one {part.name!r} field", param=part.name)
             part.text = bytearray() if part.name in self.keep_fields else None
             return
         if self._file is not None:

@@ -121,6 +121,23 @@ async def test_a_declared_body_over_the_limit_is_413_before_the_body(
     assert not fake.sessions  # no upload began
 
 
+async def test_a_content_encoding_the_server_does_not_decode_is_refused_before_its_body(
+    aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """An `x-gzip` body would be refused once sent (aiohttp does not inflate it): the
+    headers tell already, so the client is told before it sends the body."""
+    client = await aiohttp_client(create_app(server_config, fake))
+    reader, writer = await open_socket(client)
+    writer.write(request_head(10_000, {"Content-Encoding": "x-gzip"}))
+    await writer.drain()
+    status, _, body = await read_response(reader)
+    writer.close()
+    error = json.loads(body)["error"]
+    assert status == 400 and error["code"] == "invalid_request"
+    assert "Content-Encoding 'x-gzip'" in error["message"]
+    assert not fake.sessions
+
+
 async def test_a_page_of_another_origin_is_refused_before_its_body(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:

@@ -193,6 +193,35 @@ async def test_a_body_that_does_not_inflate_is_a_json_400_not_a_bug(
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.WARNING]
 
 
+@pytest.mark.parametrize(
+    ("coding", "named"),
+    [
+        ("x-gzip", "'x-gzip'"),
+        ("compress", "'compress'"),
+        ("gzip, gzip", "'gzip, gzip'"),
+        ("gzip, identity", "'gzip, identity'"),
+        ("bogus", "'bogus'"),
+    ],
+)
+async def test_a_content_encoding_aiohttp_does_not_know_is_refused_not_read_as_the_body(
+    client: TestClient, coding: str, named: str
+) -> None:
+    """aiohttp inflates gzip and deflate (br and zstd where their packages are installed) and
+    passes a body of any other coding on as it came: an `x-gzip` or `compress` body, or a
+    stacked `gzip, gzip` one, was read as multipart ("malformed multipart body: no opening
+    boundary", a probe of the protocol), and a plain body labelled `bogus` was transcribed. It
+    is refused as br's is, naming the coding, before any of the body is read."""
+    request = (
+        UPLOAD + b"Connection: close\r\nContent-Type: multipart/form-data; boundary=x\r\n"
+        b"Content-Encoding: " + coding.encode() + b"\r\nContent-Length: 10\r\n\r\n0123456789"
+    )
+    body = assert_refused(await exchange(client, request), InvalidRequest)
+    assert body["message"] == (
+        f"the body's Content-Encoding {named} is not one the server decodes: "
+        "send the body as it is, or gzip or deflate it"
+    )
+
+
 @pytest.mark.parametrize("coding", ["br", "zstd"])
 async def test_a_content_encoding_the_server_cannot_decode_is_named_for_the_client(
     client: TestClient, coding: str

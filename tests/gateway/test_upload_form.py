@@ -127,6 +127,25 @@ def test_bad_bodies_are_invalid_requests(tmp_path: Path, data: bytes, message: s
     assert not (tmp_path / "tmp").exists() or list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_a_field_the_endpoint_reads_sent_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    """`response_format=srt` then `response_format=json` was answered in JSON, the last value
+    taken without a word (a probe of the protocol), while a second `file` is refused: which
+    one the client meant is not the server's guess. A field the endpoint does not read may
+    repeat (`timestamp_granularities[]`, an array in OpenAI's form)."""
+    r = reader(tmp_path)
+    data = body(
+        part("file", b"a"),
+        part("timestamp_granularities[]", b"word"),
+        part("timestamp_granularities[]", b"segment"),
+        part("response_format", b"srt"),
+        part("response_format", b"json"),
+    )
+    with pytest.raises(InvalidRequest, match="more than one 'response_format' field") as caught:
+        feed(r, data, 1000)
+    assert caught.value.param == "response_format"
+    r.discard()
+
+
 @pytest.mark.parametrize(
     ("name", "param", "message"),
     [
