@@ -53,7 +53,7 @@ from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.messages import STEP_PARTS, EngineStats
 from livemeet.engine.model_runner import DeviceTokens, ModelRunner, TokenTransfer
-from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass, Status
+from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
 from livemeet.errors import InternalError
@@ -326,6 +326,16 @@ class Engine:
                     request.finish_reason = FinishReason.ABORT
         self._forget(request_id)
 
+    def preempt(self, request_id: str) -> bool:
+        """Evict an unfinished request's KV now; it is recomputed later (Scheduler.preempt,
+        whose False and SchedulerError this returns and raises), its encoded audio counted
+        for the recompute (`_recount_evicted`). Evict through here, not through the
+        scheduler: the engine recounts only the evictions it sees."""
+        evicted = self.scheduler.preempt(request_id)
+        if evicted:
+            self._recount_evicted((request_id,))
+        return evicted
+
     def advance_deadline(self, request_id: str, deadline_s: float) -> bool:
         """Bring a live request's deadline forward (Scheduler.advance_deadline): e.g. the hop a
         session's `end` now waits on. False when it is not an unfinished live request."""
@@ -406,8 +416,8 @@ class Engine:
         return done
 
     def _step_sync(self, timer: _StepTimer) -> tuple[ScheduledBatch, StepOutput]:
-        self._remark_preempted()
         batch = self.scheduler.schedule(self.clock())
+        self._recount_evicted(batch.preempted_ids)
         timer.done("schedule")
         if batch.is_empty:
             return batch, self._with_scheduled_finishes(StepOutput((), ()), batch)
@@ -430,8 +440,8 @@ class Engine:
         self, transfer: TokenTransfer, timer: _StepTimer
     ) -> tuple[ScheduledBatch, StepOutput]:
         previous, self._in_flight = self._in_flight, None
-        self._remark_preempted()
         batch = self.scheduler.schedule(self.clock())
+        self._recount_evicted(batch.preempted_ids)
         timer.done("schedule")
         tokens = None
         if not batch.is_empty:
@@ -566,14 +576,14 @@ class Engine:
             if e is not None:
                 self._place(rid, 0, e)
 
-    def _remark_preempted(self) -> None:
-        """An evicted request is recomputed from token 0: its chunks reach again the windows
-        before a fork, which were never encoded (`_mark_encoded`). Before each schedule, which
-        charges their encode."""
-        for rid in self._sources:
-            request = self.scheduler.get(rid)
-            if request is not None and request.status is Status.PREEMPTED:
-                self._mark_encoded(rid)
+    def _recount_evicted(self, request_ids: Sequence[str]) -> None:
+        """The requests `request_ids` were just evicted (a batch's `preempted_ids`, or
+        `preempt`): each is recomputed from token 0, whose chunks reach again the windows
+        before a fork, never encoded (`_mark_encoded`), so its count is made again now, before
+        the schedule that charges their encode. Every eviction goes through here: the
+        scheduler evicts only while it builds a batch, or when `preempt` asks it to."""
+        for rid in request_ids:
+            self._mark_encoded(rid)
 
     def _unencoded_run_end(self, rid: str, hi: int) -> int:
         """For an upload, the end of the run of windows from `hi` not encoded yet (what its
@@ -612,7 +622,7 @@ class Engine:
         up to there. Counted from the window of its next audio position, not from 0: a fork's
         first windows are never encoded (its chunks start past them), and a count from 0 had
         its later chunks charged for windows already encoded (a revision forking a hop's KV).
-        After a preemption the recompute needs them again (`_remark_preempted`)."""
+        After a preemption the recompute needs them again (`_recount_evicted`)."""
         request = self.scheduler.get(rid)
         if request is None:
             return

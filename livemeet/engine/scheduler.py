@@ -463,8 +463,10 @@ class Scheduler:
         """Evict an unfinished request's KV now (it will be recomputed); False if it holds
         none or is unknown. Not while its last token is an async step's placeholder (between
         `postprocess(pending=True)` and the engine's resolve): the recompute would prefill
-        the placeholder. The scheduler's own evictions come in `schedule`, after the resolve.
-        Raises SchedulerError for that (nothing is evicted)."""
+        the placeholder. The scheduler's own evictions come in `schedule`, after the resolve
+        (`ScheduledBatch.preempted_ids`); an engine's requests are evicted through
+        `Engine.preempt`, which recounts their encoded audio. Raises SchedulerError while the
+        last token is pending so (nothing is evicted)."""
         request = self._requests.get(request_id)
         if request is None or not request.block_table:
             return False

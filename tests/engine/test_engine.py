@@ -276,11 +276,70 @@ def test_a_forked_upload_is_charged_only_for_windows_it_has_encoded(
         "schedule",
         lambda now: (seen.append(b.num_encoded_audio), schedule(now))[1],
     )
-    engine.scheduler.preempt("b")
+    engine.preempt("b")
     engine.step()  # re-admitted from token 0: its chunk reaches window 0 again
     assert seen == [0] and engine._sources["b"].encoded[0]
     done = engine.run_to_completion()
     assert b.num_encoded_audio == len(b.audio_positions)
+    whole = _engine(our_model, 4096, num_blocks=None)
+    whole.add_request("b", clip, max_new_tokens=4, ignore_eos=True)
+    assert done["b"].output_token_ids == whole.run_to_completion()["b"].output_token_ids
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_an_upload_the_scheduler_evicts_is_recounted_in_the_step_that_evicts_it(
+    our_model: MossTDModel,
+    batch_clips: list[np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    asynchronous: bool,
+) -> None:
+    """A forked upload evicted for a live hop's KV (the scheduler's own eviction, while it
+    builds a batch) has `num_encoded_audio` recounted in the step that evicts it, from the
+    batch's `preempted_ids`; a scan of every request with audio still to encode did it before
+    the next schedule. It is 0: the recompute from token 0 reaches the two windows before the
+    fork, never encoded, and is charged for them. The recompute encodes them, from window 0,
+    and its tokens are those of the same upload unforked."""
+    from livemeet.engine.model_runner import TokenTransfer
+
+    clip = batch_clips[6]  # 100 s: 4 windows
+    sched = SchedulerConfig(chunked_prefill_size=256, max_num_batched_tokens=1024)
+    config = EngineConfig(num_kv_blocks=120, block_size=TEST_BLOCK_SIZE, scheduler=sched)
+    transfer = TokenTransfer(torch.device("cpu"), sched.max_num_seqs) if asynchronous else None
+    engine = Engine(
+        config, model=(our_model, our_model.cfg), clock=SteppingClock(), transfer=transfer
+    )
+    engine.set_live_sessions(1)
+    a = engine.add_request("a", clip, max_new_tokens=4, ignore_eos=True, retain_kv=True)
+    while not a.is_finished:
+        engine.step()
+    b = engine.add_request(
+        "b", clip, max_new_tokens=4, ignore_eos=True, fork_from="a", num_fork_tokens=900
+    )
+    engine.scheduler.release("a")
+    while b.num_computed_tokens < b.audio_positions[-1] + 1:
+        engine.step()
+    assert engine._sources["b"].encoded == [False, False, True, True]
+    assert b.num_encoded_audio == len(b.audio_positions)
+    # the live hop needs more KV than is free: b goes (an upload, below any live hop)
+    engine.add_request(
+        "hop", np.roll(batch_clips[5], 8_000), max_new_tokens=4, request_class=RequestClass.LIVE
+    )
+    engine.step()
+    assert b.status is Status.PREEMPTED and b.num_computed_tokens == 0
+    assert b.num_encoded_audio == 0  # recounted at once: window 0 is to encode
+    seen: list[int] = []  # b's count at each schedule, as the scheduler charges its chunk
+    schedule = engine.scheduler.schedule
+    monkeypatch.setattr(
+        engine.scheduler,
+        "schedule",
+        lambda now: (seen.append(b.num_encoded_audio), schedule(now))[1],
+    )
+    while b.status is Status.PREEMPTED:
+        engine.step()
+    assert seen and set(seen) == {0}
+    assert engine._sources["b"].encoded[0]  # its first chunk encoded window 0
+    done = engine.run_to_completion()
+    assert b.num_encoded_audio == len(b.audio_positions) and "b" not in engine._sources
     whole = _engine(our_model, 4096, num_blocks=None)
     whole.add_request("b", clip, max_new_tokens=4, ignore_eos=True)
     assert done["b"].output_token_ids == whole.run_to_completion()["b"].output_token_ids
