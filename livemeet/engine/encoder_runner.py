@@ -82,9 +82,11 @@ def full_window_keys(samples: np.ndarray, known: Sequence[bytes] = ()) -> list[b
     return keys + _hash_windows([_window(samples, w) for w in range(len(keys), num_full)])
 
 
-def _span_keys(samples: np.ndarray, known: Sequence[bytes], lo: int, hi: int) -> list[bytes | None]:
-    """Keys of windows [lo, hi) of `samples`: from `known` where it has them, hashed where a
-    window is full, None for the partial last window (never cached)."""
+def _span_keys(
+    samples: np.ndarray, known: Sequence[bytes | None], lo: int, hi: int
+) -> list[bytes | None]:
+    """Keys of windows [lo, hi) of `samples`: from `known` where it has them (not None),
+    hashed where a window is full, None for the partial last window (never cached)."""
     num_full = samples.size // WINDOW_SAMPLES
     keys: list[bytes | None] = [known[w] if w < len(known) else None for w in range(lo, hi)]
     todo = [w for w in range(lo, min(hi, num_full)) if keys[w - lo] is None]
@@ -235,15 +237,15 @@ class EncoderRunner:
     def encode(
         self,
         audios: Sequence[np.ndarray],
-        window_keys: Sequence[Sequence[bytes]] | None = None,
+        window_keys: Sequence[Sequence[bytes | None]] | None = None,
     ) -> list[torch.Tensor]:
         """Each mono 16 kHz float32 audio -> embeddings [ceil(S/1280), hidden] on the device.
 
         `window_keys[a]` (optional): cache keys (`window_key`) of the first full windows of
         audio a, which the caller vouches for (a live session hashes each window once as its
-        append-only audio grows); the other full windows are hashed here. Only windows that
-        miss the cache are copied out of the audio. Raises BadAudio for empty or non-finite
-        audio.
+        append-only audio grows; None where not known); the other full windows are hashed
+        here. Only windows that miss the cache are copied out of the audio. Raises BadAudio
+        for empty or non-finite audio.
         """
         out = self.encode_filling(audios, window_keys)
         return [e for e in out if e is not None]
@@ -252,9 +254,9 @@ class EncoderRunner:
     def encode_filling(
         self,
         audios: Sequence[np.ndarray],
-        window_keys: Sequence[Sequence[bytes]] | None = None,
+        window_keys: Sequence[Sequence[bytes | None]] | None = None,
         extra: Sequence[np.ndarray] = (),
-        extra_keys: Sequence[Sequence[bytes]] = (),
+        extra_keys: Sequence[Sequence[bytes | None]] = (),
         checked: Sequence[bool] = (),
         spans: Sequence[tuple[int, int] | None] = (),
         grow_to: Sequence[int] = (),
@@ -271,7 +273,11 @@ class EncoderRunner:
         375 x lo on; an upload encoded as its prefill chunks reach its windows). `grow_to[a]`
         (missing: no growth): after the extras, audio a's span takes its next windows, up to
         window `grow_to[a]`, while they fit in the padding too (the caller reads how far from
-        the rows returned). Raises BadAudio for `audios` as `encode`."""
+        the rows returned). Raises BadAudio for `audios` as `encode`.
+
+        Every window is looked up in the cache before any output is stored (which may evict):
+        a window `cached_windows` found just before is found here (the scheduler charges an
+        upload's chunk for the others only)."""
         flags = list(checked) + [False] * (len(audios) + len(extra) - len(checked))
         jobs, per_audio = self._jobs(audios, window_keys, checked=flags[: len(audios)], spans=spans)
         free = self._padding_rows(len(jobs))
@@ -318,16 +324,43 @@ class EncoderRunner:
             out.append(torch.cat([s for s in next(extras) if s is not None]) if fits else None)
         return out
 
-    def _num_missing(self, num_samples: int, keys: Sequence[bytes]) -> int:
+    def _num_missing(self, num_samples: int, keys: Sequence[bytes | None]) -> int:
         """Windows of an audio of `num_samples` that miss the cache, its full windows' keys
         being `keys` (a full window without one counts as missing); the LRU is not touched."""
         num_windows = len(window_token_counts(num_samples))
-        cached = sum(
-            1
-            for key in keys[: num_samples // WINDOW_SAMPLES]
-            if key in self._held or key in self._cache
-        )
+        cached = sum(1 for key in keys[: num_samples // WINDOW_SAMPLES] if self._is_cached(key))
         return num_windows - cached
+
+    def cached_windows(
+        self,
+        samples: np.ndarray,
+        keys: list[bytes | None],
+        lo: int,
+        hi: int,
+        *,
+        hash_new: bool = True,
+    ) -> list[int]:
+        """The full windows among [lo, hi) of `samples` (float32 [S], 16 kHz) whose outputs
+        the cache holds now (held or in the LRU), in order: an encode of them finds them all
+        until an output is stored (`encode_filling`). `keys[w]`: the key of full window w,
+        None where not known yet; `keys` is grown to one entry per full window, and with
+        `hash_new` the unknown ones in [lo, hi) are hashed (on threads when many) and written
+        in, so that a window is hashed once (the same list passed to `encode_filling` as the
+        audio's keys); without it an unknown window counts as not cached. The LRU's order and
+        the hit counter are left alone."""
+        num_full = samples.size // WINDOW_SAMPLES
+        if len(keys) < num_full:
+            keys.extend([None] * (num_full - len(keys)))
+        hi = min(hi, num_full)  # the partial last window is never cached
+        if hash_new:
+            todo = [w for w in range(lo, hi) if keys[w] is None]
+            hashed = _hash_windows([_window(samples, w) for w in todo])
+            for w, key in zip(todo, hashed, strict=True):
+                keys[w] = key
+        return [w for w in range(lo, hi) if self._is_cached(keys[w])]
+
+    def _is_cached(self, key: bytes | None) -> bool:
+        return key is not None and (key in self._held or key in self._cache)
 
     def _padding_rows(self, num_jobs: int) -> int:
         """Rows of silence the last micro-batch of `num_jobs` windows gets padded with."""
@@ -340,7 +373,7 @@ class EncoderRunner:
     def _jobs(
         self,
         audios: Sequence[np.ndarray],
-        window_keys: Sequence[Sequence[bytes]] | None,
+        window_keys: Sequence[Sequence[bytes | None]] | None,
         first: int = 0,
         checked: Sequence[bool] = (),
         spans: Sequence[tuple[int, int] | None] = (),

@@ -53,7 +53,7 @@ from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.encoder_runner import EncoderRunner
 from livemeet.engine.messages import STEP_PARTS, EngineStats
 from livemeet.engine.model_runner import DeviceTokens, ModelRunner, TokenTransfer
-from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass, Status
+from livemeet.engine.request import PENDING_TOKEN_ID, Request, RequestClass
 from livemeet.engine.sampler import SamplingParams
 from livemeet.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig, StepOutput
 from livemeet.errors import InternalError
@@ -129,11 +129,12 @@ class _StepTimer:
 @dataclass
 class _AudioSource:
     """A request's samples until every window it needs is encoded (`Engine._encode_scheduled`):
-    `keys`, the caller's encoder-cache keys of its first full windows; `encoded`, per 30-s
-    window, whether its embeddings are in the request's tensor."""
+    `keys`, the encoder-cache keys of its full windows known so far (the caller's first ones,
+    then those `Engine._note_cached_windows` hashed; None where not known); `encoded`, per
+    30-s window, whether its embeddings are in the request's tensor."""
 
     samples: np.ndarray  # float32 [S], 16 kHz mono
-    keys: Sequence[bytes]
+    keys: list[bytes | None]
     encoded: list[bool]
 
     @property
@@ -308,7 +309,7 @@ class Engine:
             request, retain_kv=retain_kv, fork_from=fork_from, num_fork_tokens=num_fork_tokens
         )
         num_windows = len(window_token_counts(samples.size))
-        self._sources[request_id] = _AudioSource(samples, window_keys, [False] * num_windows)
+        self._sources[request_id] = _AudioSource(samples, list(window_keys), [False] * num_windows)
         self._sampling[request_id] = sampling
         self._counts["num_draft_tokens"] += len(draft)
         if forced_output_ids is not None:
@@ -325,6 +326,16 @@ class Engine:
                     # not delivered either, and the resolve leaves the id (maybe reused) alone
                     request.finish_reason = FinishReason.ABORT
         self._forget(request_id)
+
+    def preempt(self, request_id: str) -> bool:
+        """Evict an unfinished request's KV now; it is recomputed later (Scheduler.preempt,
+        whose False and SchedulerError this returns and raises), its encoded audio counted
+        for the recompute (`_recount_evicted`). Evict through here, not through the
+        scheduler: the engine recounts only the evictions it sees."""
+        evicted = self.scheduler.preempt(request_id)
+        if evicted:
+            self._recount_evicted((request_id,))
+        return evicted
 
     def advance_deadline(self, request_id: str, deadline_s: float) -> bool:
         """Bring a live request's deadline forward (Scheduler.advance_deadline): e.g. the hop a
@@ -406,8 +417,9 @@ class Engine:
         return done
 
     def _step_sync(self, timer: _StepTimer) -> tuple[ScheduledBatch, StepOutput]:
-        self._remark_preempted()
+        self._note_cached_windows()
         batch = self.scheduler.schedule(self.clock())
+        self._recount_evicted(batch.preempted_ids)
         timer.done("schedule")
         if batch.is_empty:
             return batch, self._with_scheduled_finishes(StepOutput((), ()), batch)
@@ -430,8 +442,9 @@ class Engine:
         self, transfer: TokenTransfer, timer: _StepTimer
     ) -> tuple[ScheduledBatch, StepOutput]:
         previous, self._in_flight = self._in_flight, None
-        self._remark_preempted()
+        self._note_cached_windows()
         batch = self.scheduler.schedule(self.clock())
+        self._recount_evicted(batch.preempted_ids)
         timer.done("schedule")
         tokens = None
         if not batch.is_empty:
@@ -566,14 +579,53 @@ class Engine:
             if e is not None:
                 self._place(rid, 0, e)
 
-    def _remark_preempted(self) -> None:
-        """An evicted request is recomputed from token 0: its chunks reach again the windows
-        before a fork, which were never encoded (`_mark_encoded`). Before each schedule, which
-        charges their encode."""
-        for rid in self._sources:
+    def _note_cached_windows(self) -> None:
+        """Tell each upload with windows to encode which of them its next chunk may reach the
+        encoder's cache holds (`Request.cached_audio_windows`), so that the scheduler charges
+        its chunk for the windows the encoder will run only (a repeated upload's, a continued
+        upload's, a revision's held windows cost none). Only before a step that charges
+        encodes (`Scheduler.charges_encode`).
+
+        Made right before the schedule, whose step's encode looks every window up before it
+        stores any output (`EncoderRunner.encode_filling`): nothing stores into or evicts from
+        the cache in between, so every window found is found again and no chunk is charged
+        short. A chunk reaches at most `chunked_prefill_size` tokens past the request's next
+        one: only those windows are looked at. A window's key is hashed once per request
+        (~1 ms; the encode then takes it from `_AudioSource.keys`), and only for the uploads
+        first in line whose reaches together stay within a step's token limit, which bounds
+        a step's hashing; the others' windows not hashed yet count as not cached (charged)."""
+        if not self.scheduler.charges_encode():
+            return  # the sets are read only by such a step, and made afresh before each
+        cfg = self.scheduler.config
+        hash_tokens = cfg.max_num_batched_tokens
+        for rid, source in self._sources.items():
             request = self.scheduler.get(rid)
-            if request is not None and request.status is Status.PREEMPTED:
-                self._mark_encoded(rid)
+            if request is None or request.request_class is RequestClass.LIVE:
+                continue  # a live hop's windows are never charged
+            start = request.num_computed_tokens
+            end = min(request.num_tokens, start + cfg.chunked_prefill_size)
+            lo, hi = request.audio_span_in(start, end)
+            lo = max(lo, request.num_encoded_audio)  # those before are encoded
+            found: list[int] = []
+            if lo < hi:
+                found = self.encoder.cached_windows(
+                    source.samples,
+                    source.keys,
+                    lo // TOKENS_PER_WINDOW,
+                    (hi - 1) // TOKENS_PER_WINDOW + 1,
+                    hash_new=hash_tokens > 0,
+                )
+                hash_tokens -= end - start
+            request.cached_audio_windows = frozenset(found)
+
+    def _recount_evicted(self, request_ids: Sequence[str]) -> None:
+        """The requests `request_ids` were just evicted (a batch's `preempted_ids`, or
+        `preempt`): each is recomputed from token 0, whose chunks reach again the windows
+        before a fork, never encoded (`_mark_encoded`), so its count is made again now, before
+        the schedule that charges their encode. Every eviction goes through here: the
+        scheduler evicts only while it builds a batch, or when `preempt` asks it to."""
+        for rid in request_ids:
+            self._mark_encoded(rid)
 
     def _unencoded_run_end(self, rid: str, hi: int) -> int:
         """For an upload, the end of the run of windows from `hi` not encoded yet (what its
@@ -612,7 +664,7 @@ class Engine:
         up to there. Counted from the window of its next audio position, not from 0: a fork's
         first windows are never encoded (its chunks start past them), and a count from 0 had
         its later chunks charged for windows already encoded (a revision forking a hop's KV).
-        After a preemption the recompute needs them again (`_remark_preempted`)."""
+        After a preemption the recompute needs them again (`_recount_evicted`)."""
         request = self.scheduler.get(rid)
         if request is None:
             return

@@ -63,6 +63,10 @@ class Request:
     n are encoded (set by the Engine, which encodes an upload's 30-s windows as its prefill
     chunks reach them; the Scheduler charges an upload's chunk for the windows past n). Those
     before a fork's first chunk may never be: its chunks start past them.
+    `cached_audio_windows`: 30-s windows (indexes into the audio) past `num_encoded_audio`
+    that its next chunk may reach and whose embeddings the encoder's cache holds, so that
+    encoding them costs nothing (set by the Engine right before a schedule that charges
+    encodes; the Scheduler charges a chunk only for the other windows).
     `block_table`: KV block ids, owned and mutated by the BlockManager only; block i holds the
     KV of tokens [i * block_size, (i + 1) * block_size).
 
@@ -88,6 +92,7 @@ class Request:
     num_preemptions: int = 0
     block_table: list[int] = field(default_factory=list)
     num_encoded_audio: int = 0  # audio positions' embeddings ready (class docstring)
+    cached_audio_windows: frozenset[int] = frozenset()  # encoded for free (class docstring)
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

@@ -38,8 +38,10 @@ in priority order, until the step's estimated time (`StepCostModel`) reaches
   upload's chunk also pays for the audio windows it has the engine encode (the engine encodes
   an upload's windows as its chunks reach them: `Request.num_encoded_audio`), whole windows in
   both sizing and charge: a chunk that reaches into a window pays all of it, and windows
-  already encoded (by an earlier chunk, or riding in an encoder batch's padding) pay nothing;
-  between uploads alone it is not charged.
+  already encoded (by an earlier chunk, or riding in an encoder batch's padding) pay nothing,
+  nor do windows the encoder's cache holds (a repeated upload's, a continued upload's, a
+  revision's held ones: the engine says which, `Request.cached_audio_windows`); between
+  uploads alone it is not charged.
 - The budget is `step_budget_s` (--live-step-budget-ms, default 15 ms: LIVE_STEP_BUDGET_S)
   while a live session is open (`set_live_sessions`), a live request is queued, or a live
   cache is retained; otherwise a step gets `upload_step_budget_s`, so late chunks of long
@@ -76,7 +78,7 @@ Deterministic: the same calls with the same arguments give the same batches.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -261,12 +263,27 @@ class _StepBuilder:
 
 def _windows_to_encode(request: Request, start: int, end: int) -> int:
     """The 30-s windows a prefill chunk of tokens [start, end) has the engine encode: those of
-    its audio positions past `request.num_encoded_audio` (Engine._encode_scheduled)."""
+    its audio positions past `request.num_encoded_audio` (Engine._encode_scheduled) but for
+    the ones the encoder's cache holds (`request.cached_audio_windows`)."""
     lo, hi = request.audio_span_in(start, end)
     lo = max(lo, request.num_encoded_audio)
     if lo >= hi:
         return 0
-    return (hi - 1) // TOKENS_PER_WINDOW - lo // TOKENS_PER_WINDOW + 1
+    first, last = lo // TOKENS_PER_WINDOW, (hi - 1) // TOKENS_PER_WINDOW
+    cached = request.cached_audio_windows
+    return sum(1 for w in range(first, last + 1) if w not in cached)
+
+
+def _encode_stops(request: Request, todo: int) -> Iterator[int]:
+    """For a chunk whose first audio embedding still to encode is `todo`: in order, the first
+    embedding of each window it would have the engine encode (`_windows_to_encode`), where a
+    chunk that pays for the windows before it must stop (`todo` itself for its own window).
+    Windows the encoder's cache holds (`request.cached_audio_windows`) are passed over."""
+    cached = request.cached_audio_windows
+    num_windows = -(-len(request.audio_positions) // TOKENS_PER_WINDOW)
+    for w in range(todo // TOKENS_PER_WINDOW, num_windows):
+        if w not in cached:
+            yield max(todo, w * TOKENS_PER_WINDOW)
 
 
 def _is_live_decode_row(request: Request) -> bool:
@@ -463,8 +480,10 @@ class Scheduler:
         """Evict an unfinished request's KV now (it will be recomputed); False if it holds
         none or is unknown. Not while its last token is an async step's placeholder (between
         `postprocess(pending=True)` and the engine's resolve): the recompute would prefill
-        the placeholder. The scheduler's own evictions come in `schedule`, after the resolve.
-        Raises SchedulerError for that (nothing is evicted)."""
+        the placeholder. The scheduler's own evictions come in `schedule`, after the resolve
+        (`ScheduledBatch.preempted_ids`); an engine's requests are evicted through
+        `Engine.preempt`, which recounts their encoded audio. Raises SchedulerError while the
+        last token is pending so (nothing is evicted)."""
         request = self._requests.get(request_id)
         if request is None or not request.block_table:
             return False
@@ -520,6 +539,12 @@ class Scheduler:
             upload_turn=step.live_left_out,
             finished=tuple(step.finished),
         )
+
+    def charges_encode(self) -> bool:
+        """Whether the next step charges an upload's chunk for the windows it has the engine
+        encode: it has the short budget of live work (`_on_live_budget`; module docstring).
+        The engine tells uploads which windows are cached only for such a step."""
+        return self._on_live_budget()
 
     def current_step_budget_s(self) -> float:
         """The estimated GPU time the next step may take: `step_budget_s` while a live session
@@ -803,15 +828,16 @@ class Scheduler:
         """Largest n <= limit whose prefill chunk from `request.num_computed_tokens`, with the
         whole windows it has the engine encode (`_windows_to_encode`, what `_try_prefill`
         charges), costs at most `budget_s`. With k windows paid for, the chunk may run up to
-        the position of the first audio embedding of the (k + 1)-th window still to encode;
-        k grows while the budget left for prefill reaches past that position."""
+        the position of the first audio embedding of the (k + 1)-th window still to encode
+        (`_encode_stops`); k grows while the budget left for prefill reaches past it."""
         cost, positions = self.cost_model, request.audio_positions
         start = request.num_computed_tokens
         first, _ = request.audio_span_in(start, start)
         todo = max(first, request.num_encoded_audio)  # first audio embedding still to encode
+        stops = _encode_stops(request, todo)
         best, k = 0, 0
         while (left_s := budget_s - cost.encode_cost_s(k)) > 0:
-            stop = todo if k == 0 else (todo // TOKENS_PER_WINDOW + k) * TOKENS_PER_WINDOW
+            stop = next(stops, len(positions))
             reach = limit if stop >= len(positions) else min(limit, int(positions[stop]) - start)
             n = min(reach, cost.max_prefill_tokens(start, left_s, limit))
             best = max(best, n)

@@ -173,8 +173,9 @@ class LiveSession:
     def finalize(self) -> None:
         """Commit everything heard so far (and only that: audio received later is decoded
         after the commit) at the decode that reaches it, or at a flush. A finalize made while
-        one is pending is applied after it (several meanwhile: the last; module docstring)."""
-        if self._ended:
+        one is pending is applied after it (several meanwhile: the last; module docstring).
+        Raises ProtocolError after `end()`, applied or not (the end commits everything)."""
+        if self._end_pending or self._ended:
             raise ProtocolError("finalize after end")
         if self._num_samples <= self._committed_end_sample():
             # everything up to here is final already (a rebuild feeding a session's journaled
@@ -184,8 +185,10 @@ class LiveSession:
         self._cut()
 
     def end(self) -> None:
-        """No more audio; the next decode or flush commits everything and ends the session."""
-        if self._ended:
+        """No more audio; the next decode or flush commits everything and ends the session.
+        Raises ProtocolError for a second end, at once: while the first waits for its decode
+        as after it is applied."""
+        if self._end_pending or self._ended:
             raise ProtocolError("end after end")
         self._cut()
         self._end_pending = True

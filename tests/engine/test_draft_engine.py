@@ -165,7 +165,7 @@ def test_a_verifying_request_evicted_or_aborted_while_its_ids_are_in_flight(
         done.update((q.request_id, q) for q in out.finished)
         if engine.scheduler.is_verifying(request) and action not in ("done",):
             if action == "preempt":
-                assert engine.scheduler.preempt("r")
+                assert engine.preempt("r")
             else:
                 engine.abort("r")
             action = "done"

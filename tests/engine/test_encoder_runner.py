@@ -160,6 +160,36 @@ def test_given_window_keys_are_trusted_and_not_rehashed(
     assert hashed == [1]
 
 
+def test_cached_windows_says_what_an_encode_would_find_and_hashes_each_window_once(
+    our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cached_windows` (the engine asks it for an upload's next windows before each schedule
+    on the live budget) returns the full windows of a span the cache holds, writing the keys
+    it hashes into the caller's list, which an encode then takes without hashing again; it
+    moves neither the LRU nor the hit counter; `hash_new=False` counts an unknown window as
+    not cached."""
+    import livemeet.engine.encoder_runner as er
+
+    audio = np.tile(long_speech, 3)[: 16_000 * 100]  # three full windows and a partial one
+    runner = EncoderRunner(our_model, cache_windows=2)
+    runner.encode([audio[: 16_000 * 60]])  # windows 0 and 1 cached, 0 the older
+    hashed: list[int] = []
+    real = er.window_key
+    monkeypatch.setattr(er, "window_key", lambda w: hashed.append(1) or real(w))
+    keys: list[bytes | None] = []
+    assert runner.cached_windows(audio, keys, 1, 4, hash_new=False) == []
+    assert keys == [None, None, None] and hashed == []
+    hits = runner.num_cache_hits
+    assert runner.cached_windows(audio, keys, 1, 4) == [1]  # 2 is not cached, 3 is partial
+    assert keys[0] is None and None not in keys[1:] and len(hashed) == 2
+    assert runner.cached_windows(audio, keys, 0, 4) == [0, 1] and len(hashed) == 3
+    assert runner.num_cache_hits == hits and list(runner._cache) == keys[:2]  # LRU as it was
+    encoded = runner.num_encoded_windows
+    runner.encode_filling([audio], [keys], spans=[(0, 4)])
+    assert len(hashed) == 3  # the keys came with the list
+    assert runner.num_encoded_windows - encoded == 2 and runner.num_cache_hits == hits + 2
+
+
 def test_a_span_of_windows_is_encoded_alone_and_hashed_alone(
     our_model: MossTDModel, long_speech: np.ndarray, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from livemeet.engine.cost_model import StepCostModel
 from livemeet.engine.engine import Engine, EngineConfig, output_budget
 from livemeet.engine.paged_backend import StepAttention
 from livemeet.engine.request import RequestClass, Status
-from livemeet.engine.scheduler import SchedulerConfig
+from livemeet.engine.scheduler import ScheduledBatch, SchedulerConfig
 from livemeet.models.audio_llm import MossTDModel
 from tests.engine.fakes import TEST_BLOCK_SIZE, SteppingClock
 from tests.models import tiny
@@ -277,11 +278,70 @@ def test_a_forked_upload_is_charged_only_for_windows_it_has_encoded(
         "schedule",
         lambda now: (seen.append(b.num_encoded_audio), schedule(now))[1],
     )
-    engine.scheduler.preempt("b")
+    engine.preempt("b")
     engine.step()  # re-admitted from token 0: its chunk reaches window 0 again
     assert seen == [0] and engine._sources["b"].encoded[0]
     done = engine.run_to_completion()
     assert b.num_encoded_audio == len(b.audio_positions)
+    whole = _engine(our_model, 4096, num_blocks=None)
+    whole.add_request("b", clip, max_new_tokens=4, ignore_eos=True)
+    assert done["b"].output_token_ids == whole.run_to_completion()["b"].output_token_ids
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_an_upload_the_scheduler_evicts_is_recounted_in_the_step_that_evicts_it(
+    our_model: MossTDModel,
+    batch_clips: list[np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    asynchronous: bool,
+) -> None:
+    """A forked upload evicted for a live hop's KV (the scheduler's own eviction, while it
+    builds a batch) has `num_encoded_audio` recounted in the step that evicts it, from the
+    batch's `preempted_ids`; a scan of every request with audio still to encode did it before
+    the next schedule. It is 0: the recompute from token 0 reaches the two windows before the
+    fork, never encoded, and is charged for them. The recompute encodes them, from window 0,
+    and its tokens are those of the same upload unforked."""
+    from livemeet.engine.model_runner import TokenTransfer
+
+    clip = batch_clips[6]  # 100 s: 4 windows
+    sched = SchedulerConfig(chunked_prefill_size=256, max_num_batched_tokens=1024)
+    config = EngineConfig(num_kv_blocks=120, block_size=TEST_BLOCK_SIZE, scheduler=sched)
+    transfer = TokenTransfer(torch.device("cpu"), sched.max_num_seqs) if asynchronous else None
+    engine = Engine(
+        config, model=(our_model, our_model.cfg), clock=SteppingClock(), transfer=transfer
+    )
+    engine.set_live_sessions(1)
+    a = engine.add_request("a", clip, max_new_tokens=4, ignore_eos=True, retain_kv=True)
+    while not a.is_finished:
+        engine.step()
+    b = engine.add_request(
+        "b", clip, max_new_tokens=4, ignore_eos=True, fork_from="a", num_fork_tokens=900
+    )
+    engine.scheduler.release("a")
+    while b.num_computed_tokens < b.audio_positions[-1] + 1:
+        engine.step()
+    assert engine._sources["b"].encoded == [False, False, True, True]
+    assert b.num_encoded_audio == len(b.audio_positions)
+    # the live hop needs more KV than is free: b goes (an upload, below any live hop)
+    engine.add_request(
+        "hop", np.roll(batch_clips[5], 8_000), max_new_tokens=4, request_class=RequestClass.LIVE
+    )
+    engine.step()
+    assert b.status is Status.PREEMPTED and b.num_computed_tokens == 0
+    assert b.num_encoded_audio == 0  # recounted at once: window 0 is to encode
+    seen: list[int] = []  # b's count at each schedule, as the scheduler charges its chunk
+    schedule = engine.scheduler.schedule
+    monkeypatch.setattr(
+        engine.scheduler,
+        "schedule",
+        lambda now: (seen.append(b.num_encoded_audio), schedule(now))[1],
+    )
+    while b.status is Status.PREEMPTED:
+        engine.step()
+    assert seen and set(seen) == {0}
+    assert engine._sources["b"].encoded[0]  # its first chunk encoded window 0
+    done = engine.run_to_completion()
+    assert b.num_encoded_audio == len(b.audio_positions) and "b" not in engine._sources
     whole = _engine(our_model, 4096, num_blocks=None)
     whole.add_request("b", clip, max_new_tokens=4, ignore_eos=True)
     assert done["b"].output_token_ids == whole.run_to_completion()["b"].output_token_ids
@@ -312,6 +372,93 @@ def test_a_wave_of_uploads_beside_live_sessions_is_encoded_within_the_step_budge
         tokens[live] = {rid: r.output_token_ids for rid, r in done.items()}
     assert first[False] == 12 and 4 <= first[True] <= 5
     assert tokens[True] == tokens[False]
+
+
+def _batches(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> list[ScheduledBatch]:
+    """The batches the engine's scheduler builds from now on, in order."""
+    batches: list[ScheduledBatch] = []
+    schedule = engine.scheduler.schedule
+    monkeypatch.setattr(
+        engine.scheduler, "schedule", lambda now: batches.append(schedule(now)) or batches[-1]
+    )
+    return batches
+
+
+@pytest.mark.parametrize(("seconds", "to_encode"), [(90.0, 0), (100.0, 1)])
+def test_a_repeated_upload_beside_live_work_is_charged_only_for_windows_it_encodes(
+    our_model: MossTDModel,
+    batch_clips: list[np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    seconds: float,
+    to_encode: int,
+) -> None:
+    """An upload whose full windows the encoder's cache holds (the same audio again: a repeat,
+    or an upload continued after an early stop) encodes none of them, yet beside live work
+    its chunk was charged for them (`encode_s_per_window` each), and came out shorter than
+    an encoded upload's. The engine tells the scheduler which windows are cached: the
+    repeat's first chunk is as long as that of an upload with nothing to encode (here its
+    whole prompt), charged for the windows the encoder runs only: the partial last one (never
+    cached), or none, and the encoder runs just those."""
+    clip = batch_clips[7][: int(seconds * 16_000)]  # 90 s: 3 full windows; 100 s: and 10 s
+    engine = _engine(our_model, 4096, num_blocks=None)
+    engine.set_live_sessions(1)
+    cost = StepCostModel(encode_s_per_window=5e-3)  # 3 windows: more than the step's budget
+    engine.scheduler.cost_model = cost
+    engine.encoder.encode([clip])  # what an earlier upload of the same audio left cached
+    encoded = engine.encoder.num_encoded_windows
+    batches = _batches(engine, monkeypatch)
+    up = engine.add_request("again", clip, max_new_tokens=4, ignore_eos=True)
+    engine.step()
+    (chunk,) = batches[0].prefills
+    usable = engine.scheduler.config.step_budget_s - cost.fixed_s
+    plain = cost.max_prefill_tokens(0, usable - cost.encode_cost_s(to_encode), 4096)
+    assert chunk.num_tokens == min(plain, up.num_prompt_tokens) == up.num_prompt_tokens
+    assert up.cached_audio_windows == {0, 1, 2}
+    charged = cost.prefill_cost_s(0, chunk.num_tokens) + cost.encode_cost_s(to_encode)
+    assert batches[0].estimated_cost_s == pytest.approx(cost.fixed_s + charged)
+    assert engine.encoder.num_encoded_windows - encoded == to_encode
+
+
+@pytest.mark.parametrize("chunk", [4096, 512])
+def test_an_uploads_encode_charge_is_the_encoders_work_when_the_step_evicts_its_windows(
+    our_model: MossTDModel,
+    batch_clips: list[np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    chunk: int,
+) -> None:
+    """Beside live work a repeated upload (its 3 full windows cached) and a new one run in a
+    cache of 3 windows, so the new one's encodes evict the repeat's windows: in whole-prompt
+    chunks within the step that found them cached, in chunks of 512 tokens also before the
+    repeat's later chunks reach them. Every step's charge is the windows the encoder runs in
+    it: a step looks its windows up before it stores any output (none is charged short), and
+    a window evicted before a later step's look is charged and encoded again."""
+    from livemeet.engine import scheduler as scheduler_module
+    from livemeet.engine.encoder_runner import EncoderRunner
+
+    clip = batch_clips[6]  # 100 s: 3 full windows and a partial one
+    engine = _engine(our_model, chunk, num_blocks=None)
+    engine.encoder = EncoderRunner(our_model, cache_windows=3, warm_up_at_start=False)
+    engine.set_live_sessions(1)
+    engine.encoder.encode([clip])
+    charged: list[int] = []  # windows charged to each chunk of the step being built
+    count = scheduler_module._windows_to_encode
+    monkeypatch.setattr(
+        scheduler_module,
+        "_windows_to_encode",
+        lambda request, start, end: charged.append(count(request, start, end)) or charged[-1],
+    )
+    engine.add_request("again", clip, max_new_tokens=4, ignore_eos=True)
+    engine.add_request("new", np.roll(clip, 8_000), max_new_tokens=4, ignore_eos=True)
+    steps = []
+    while engine.has_work():
+        charged.clear()
+        before = engine.encoder.num_encoded_windows
+        engine.step()
+        steps.append((sum(charged), engine.encoder.num_encoded_windows - before))
+    assert all(c == e for c, e in steps), steps
+    # each of the 8 windows (4 each) found or encoded once; some of the repeat's were found
+    encoded, found = sum(e for _, e in steps), engine.encoder.num_cache_hits
+    assert encoded + found == 8 and found > 0
 
 
 def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:

@@ -346,12 +346,40 @@ def test_an_uploads_windows_already_encoded_cost_its_chunk_nothing() -> None:
     assert chunks[0] < plain
 
 
+def test_an_uploads_windows_in_the_encoders_cache_cost_its_chunk_nothing() -> None:
+    """Windows the engine finds in the encoder's cache (`Request.cached_audio_windows`: a
+    repeated upload's) are not encoded, and beside live work they were charged all the same:
+    an upload whose windows are all cached now gets the chunk of an encoded upload, charged
+    its prefill only; with every other window cached, a chunk is charged for the others it
+    reaches, and is longer than with none cached."""
+    budget = 0.015
+    tokens = TOKENS_PER_WINDOW * 16
+    cost = StepCostModel()
+    plain = cost.max_prefill_tokens(0, budget - cost.fixed_s, 4096)
+    chunks = {}
+    for cached in (frozenset(), frozenset(range(0, 16, 2)), frozenset(range(16))):
+        sched, runner, clock = make(num_blocks=8192, step_budget_s=budget)
+        sched.set_live_sessions(1)
+        up = Request("up", list(range(tokens + 10)), audio_positions=range(10, tokens + 10))
+        up.cached_audio_windows = cached
+        sched.add(up)
+        batch = run_steps(sched, runner, clock, 1)[0]
+        (chunk,) = batch.prefills
+        reached = range((chunk.num_tokens - 10 - 1) // TOKENS_PER_WINDOW + 1)
+        windows = sum(1 for w in reached if w not in cached)
+        charged = cost.prefill_cost_s(0, chunk.num_tokens) + cost.encode_cost_s(windows)
+        assert batch.estimated_cost_s == pytest.approx(cost.fixed_s + charged)
+        chunks[len(cached)] = chunk.num_tokens
+    assert chunks[0] < chunks[8] < chunks[16] == plain
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     header=st.integers(1, 40),
     windows=st.integers(1, 10),
     gap=st.integers(0, 30),
     encoded=st.integers(0, 10),
+    cached=st.frozensets(st.integers(0, 9)),
     budget_ms=st.integers(8, 60),
     encode_ms=st.floats(0.0, 8.0),
     steps=st.integers(1, 6),
@@ -361,14 +389,16 @@ def test_an_uploads_chunk_is_the_longest_its_budget_pays_with_the_windows_it_rea
     windows: int,
     gap: int,
     encoded: int,
+    cached: frozenset[int],
     budget_ms: int,
     encode_ms: float,
     steps: int,
 ) -> None:
     """Beside live work, every chunk of an upload with windows to encode costs (prefill plus
-    each whole window it reaches past `num_encoded_audio`) at most what the step has left, and
-    one more token would not fit: audio laid out with `gap` text tokens between windows (time
-    markers), any part of it encoded, any encoder rate."""
+    each whole window it reaches past `num_encoded_audio` but for those in the encoder's
+    cache) at most what the step has left, and one more token would not fit: audio laid out
+    with `gap` text tokens between windows (time markers), any part of it encoded, any of
+    the rest cached, any encoder rate."""
     positions: list[int] = []
     for w in range(windows):
         first = header + w * (TOKENS_PER_WINDOW + gap)
@@ -385,14 +415,16 @@ def test_an_uploads_chunk_is_the_longest_its_budget_pays_with_the_windows_it_rea
     sched.set_live_sessions(1)
     up = Request("up", list(range(total)), audio_positions=positions, max_new_tokens=2)
     up.num_encoded_audio = min(encoded, windows) * TOKENS_PER_WINDOW
+    up.cached_audio_windows = cached
     sched.add(up)
     usable = budget - cost.fixed_s
 
     def charged(start: int, n: int) -> float:
         lo, hi = up.audio_span_in(start, start + n)
         lo = max(lo, up.num_encoded_audio)
-        reached = 0 if lo >= hi else (hi - 1) // TOKENS_PER_WINDOW - lo // TOKENS_PER_WINDOW + 1
-        return cost.prefill_cost_s(start, n) + cost.encode_cost_s(reached)
+        reached = range(lo // TOKENS_PER_WINDOW, (hi - 1) // TOKENS_PER_WINDOW + 1)
+        to_encode = 0 if lo >= hi else sum(1 for w in reached if w not in cached)
+        return cost.prefill_cost_s(start, n) + cost.encode_cost_s(to_encode)
 
     for _ in range(steps):
         if up.num_computed_tokens >= total:

@@ -446,6 +446,33 @@ def test_bad_input_is_rejected() -> None:
         LiveSession(LiveOptions(hop_s=0))
 
 
+def test_a_second_end_is_refused_at_once_while_the_first_waits_for_its_decode() -> None:
+    """`end` refused a second end only once the first was applied (the decode reaching its
+    cut done), and took one that came while the first waited for that decode as a no-op; so
+    did `finalize`. Both are now refused at once, with the ProtocolError they get after the
+    end is applied (as audio after end always was), and the first end goes on to its final."""
+    live = LiveSession(LiveOptions(hop_s=1.0))
+    live.receive_audio(audio(2.0))
+
+    def refused() -> None:
+        with pytest.raises(ProtocolError, match="end after end"):
+            live.end()
+        with pytest.raises(ProtocolError, match="audio after end"):
+            live.receive_audio(audio(0.5))
+        with pytest.raises(ProtocolError, match="finalize after end"):
+            live.finalize()
+
+    live.end()
+    refused()  # no decode handed out yet
+    win = live.window()
+    refused()  # its decode in flight
+    assert live.end_pending and win.end_s == pytest.approx(2.0)
+    finals = finals_of(live.apply_hypothesis([Segment(0.2, 1.8, "S01", "one two")]))
+    assert live.ended and [s.text for s in finals] == ["one two"]
+    refused()  # applied
+    assert [s.text for s in live.finish().segments] == ["one two"]
+
+
 def test_clean_hypothesis_clips_and_cuts_loops() -> None:
     hyp = (
         [Segment(0.5, 2, "S01", "a"), Segment(1.0, 9, "S01", "b")]
