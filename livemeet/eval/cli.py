@@ -23,7 +23,7 @@ hypothesis session as silence, up to 10% of them, and refuses hypothesis-only on
 ignores hypothesis-only files). Exit status: 0 on success, 2 on bad input (the message names
 the file and line), a format that cannot be told or no session in common.
 
-Conventions, and how to reproduce the reference tools' figures:
+Conventions, and where the reference tools differ:
 - Text is NFKC-folded, case-folded and stripped of punctuation before scoring (--normalize
   default); meeteval, sclite and jiwer score it as written: --normalize none.
 - CER counts a CJK character or a word of any other script as one unit (DESIGN section 8), so
