@@ -18,9 +18,29 @@ both files carry text (CER/WER only when one is untimed) and DER when both are t
 Sessions pair by id (a file without ids, such as livemeet's transcript JSON, with the other
 side's only session). Files with no session id in common are refused (scored, all would be
 deletions and insertions, whatever the hypothesis says); the ids of one side only are scored
-(all deletions, or all insertions) and named on stderr as a warning. Exit status: 0 on
-success, 2 on bad input (the message names the file and line), a format that cannot be told or
-no session in common.
+(all deletions, or all insertions) and named on stderr as a warning (meeteval scores a missing
+hypothesis session as silence, up to 10% of them, and refuses hypothesis-only ones; md-eval
+ignores hypothesis-only files). Exit status: 0 on success, 2 on bad input (the message names
+the file and line), a format that cannot be told or no session in common.
+
+Conventions, and where the reference tools differ:
+- Text is NFKC-folded, case-folded and stripped of punctuation before scoring (--normalize
+  default); meeteval, sclite and jiwer score it as written: --normalize none.
+- CER counts a CJK character or a word of any other script as one unit (DESIGN section 8), so
+  on English text it equals WER. cpWER/cpCER are meeteval's cpWER: per speaker, segments in
+  start-time order, speakers paired for the fewest errors; orcWER is meeteval's orcWER. The
+  S/D/I split is that of one minimal alignment (rapidfuzz's, as jiwer); meeteval's
+  (kaldialign's) may split the same errors otherwise ("a b" vs "b c": 2 S here, 1 D + 1 I
+  there). An empty reference scores 0.0 without errors, else inf (null in --json; meeteval
+  reports no rate).
+- DER: a collar of --collar seconds on each side of every reference turn boundary (0.25 s:
+  md-eval -c 0.25, dscore --collar 0.25, pyannote collar=0.5; each tool's own default is 0);
+  overlapping speech is scored unless --skip-overlap; without --uem the scored region is
+  [first start, last end] of both files (pyannote, dscore; md-eval alone uses the reference's);
+  a speaker's overlapping turns count once (dscore merges them, md-eval refuses them).
+  Speakers are mapped one to one for the most overlap in the scored time, as pyannote.metrics
+  does; md-eval and dscore map before removing the collars and overlap, so their DER can be
+  higher where the best mappings differ (livemeet/eval/der.py says when).
 """
 
 from __future__ import annotations
@@ -278,17 +298,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "`text_*`, `*.text`...) or its content (default %(default)s)",
         )
     parser.add_argument(
-        "--uem", help="UEM file: DER scores only the time inside it (default: all of it)"
+        "--uem",
+        help="UEM file: DER scores only the time inside it (default: from the first start to "
+        "the last end of both files, per session, as pyannote and dscore do)",
     )
     parser.add_argument(
         "--collar",
         type=float,
         default=DER_COLLAR_S,
-        help="DER collar in seconds PER SIDE of each reference boundary (default %(default)s; "
-        "md-eval -c; pyannote's collar is twice this; 0 scores every frame)",
+        help="DER collar in seconds PER SIDE of each reference boundary (default %(default)s, "
+        "the NIST RT setting: md-eval -c 0.25 = dscore --collar 0.25 = pyannote collar=0.5; "
+        "the tools' own default, and DIHARD's, is 0, which scores every frame)",
     )
     parser.add_argument(
-        "--skip-overlap", action="store_true", help="DER: do not score reference overlap"
+        "--skip-overlap",
+        action="store_true",
+        help="DER: do not score reference overlap (md-eval -1, pyannote skip_overlap=True; "
+        "default: overlap scored)",
     )
     parser.add_argument(
         "--metric",
@@ -301,8 +327,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--normalize",
         choices=tuple(NORMALIZATIONS),
         default="default",
-        help="default: NFKC, case fold, punctuation removed; none: text as written (meeteval) "
-        "(default: %(default)s)",
+        help="default: NFKC, case fold, punctuation removed; none: text as written, as "
+        "meeteval, sclite and jiwer score it (default: %(default)s)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print JSON instead of a table (default: a table)"

@@ -8,15 +8,32 @@ confusion += d * (min(N_ref, N_hyp) - N_correct).
 
 Scored region, per session:
 - the UEM regions of the session; without a UEM, [first start, last end] over both sides
-  (pyannote.metrics' approximation when no UEM is given);
+  (pyannote.metrics' approximation when no UEM is given, and dscore's; md-eval alone takes the
+  reference's extent, so it misses false alarms before the first or after the last reference
+  turn: meeteval issue 97);
 - minus a collar of `collar_s` on EACH side of every reference turn start and end (md-eval
-  `-c 0.25` = pyannote `collar=0.5`, which is the total width); the boundaries are those of the
-  turns as written, before a speaker's touching turns are merged; zero-length turns get none;
+  `-c 0.25` = dscore `--collar 0.25` = pyannote `collar=0.5`, which is the total width); the
+  boundaries are those of the turns as written, before a speaker's touching turns are merged;
+  zero-length turns get none (pyannote drops empty segments; md-eval collars them, dscore
+  refuses them). A UEM edge is no boundary (dscore trims turns to the UEM first, so it also
+  collars the UEM edges that cut a reference turn);
 - minus, with `skip_overlap`, the time where two or more reference speakers talk (pyannote
-  `skip_overlap=True`).
+  `skip_overlap=True`, md-eval `-1`, dscore `--ignore_overlaps`).
+Every tool's own default is no collar with overlap scored; the CLI's default is the NIST RT
+setting, 0.25 s per side with overlap scored (`DER_COLLAR_S`).
+
 The speaker mapping is the one-to-one reference-to-hypothesis mapping that maximises the
 overlap time inside the scored region (Hungarian algorithm), as pyannote.metrics computes it.
-A speaker's overlapping turns count once (its turns are merged).
+md-eval (and dscore, which runs it) maps over the UEM before removing the collars and the
+overlap, so its DER can be higher than ours, never lower, when the two mappings differ: a
+reference speaker whose time all falls in collars still draws its hypothesis speaker there
+(`test_der.py` has such a case), and on the AMI debug data with overlap skipped md-eval gives
+0.213 where pyannote and we give 0.089 (`../shared/data/README.md`). Ties between mappings of
+equal overlap do not change the DER.
+
+A speaker's overlapping turns count once (its turns are merged, as dscore does; md-eval
+refuses such files, pyannote counts each turn). With nothing scored, DER is 0.0 without
+errors and `inf` with some (pyannote says 1.0; the CLI's JSON writes null).
 """
 
 from __future__ import annotations

@@ -122,7 +122,8 @@ def _interval(start: object, end: object, where: str) -> tuple[float, float]:
 
 
 def parse_stm(text: str, source: str = "<stm>") -> tuple[TextSegment, ...]:
-    """STM lines -> segments in file order. The optional `<...>` label field is skipped."""
+    """STM lines -> segments in file order. The optional `<...>` label field is skipped, as
+    sclite does (meeteval reads it as a word of the transcript)."""
     out = []
     for lineno, fields in _lines(text):
         where = f"{source}:{lineno}"

@@ -92,7 +92,9 @@ def edit_distance(ref: Sequence[str], hyp: Sequence[str]) -> int:
 
 
 def count_errors(ref: Sequence[str], hyp: Sequence[str]) -> ErrorCounts:
-    """Counts of one minimum-cost alignment of token lists (ties broken as rapidfuzz does)."""
+    """Counts of one minimum-cost alignment of token lists (ties broken as rapidfuzz does, as
+    in jiwer; meeteval's kaldialign breaks them towards deletions and insertions, "a b" vs
+    "b c" being 1 D + 1 I there and 2 S here: S/D/I may differ, their sum never does)."""
     subs = dels = ins = 0
     for tag, _, _ in Levenshtein.editops(ref, hyp):
         if tag == "replace":

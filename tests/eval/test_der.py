@@ -127,6 +127,111 @@ def test_matches_frame_level_scorer_on_random_turns(seed: int) -> None:
         assert ours == pytest.approx(frame_der(ref, hyp, uem, collar_s), abs=2e-3)
 
 
+def test_mapping_is_made_inside_the_scored_region() -> None:
+    """pyannote's mapping, not md-eval's: A's three touching turns lie wholly in collars, so
+    only B's time is scored and X maps to B (DER 0). md-eval maps before the collars (X: 1.5 s
+    with A, 1.0 s with B), so `md-eval -c 0.25` scores B's 0.5 s as confusion: DER 1.0."""
+    ref = [
+        SpeakerTurn("s", "A", 0.0, 0.5),
+        SpeakerTurn("s", "A", 0.5, 1.0),
+        SpeakerTurn("s", "A", 1.0, 1.5),
+        SpeakerTurn("s", "B", 5.0, 6.0),
+    ]
+    hyp = [SpeakerTurn("s", "X", 0.0, 1.5), SpeakerTurn("s", "X", 5.0, 6.0)]
+    uem = [UemRegion("s", 0.0, 6.0)]
+    collared = diarization_error_rate(ref, hyp, uem, 0.25)
+    assert collared.sessions[0].mapping == (("B", "X"),)
+    assert collared.der == 0.0 and collared.components.total_s == pytest.approx(0.5)
+    scored_all = diarization_error_rate(ref, hyp, uem, 0.0)
+    assert scored_all.sessions[0].mapping == (("A", "X"),)
+    assert scored_all.components.confusion_s == pytest.approx(1.0)
+    assert scored_all.der == pytest.approx(1.0 / 2.5)
+
+
+def test_without_a_uem_hypothesis_speech_before_the_reference_is_false_alarm() -> None:
+    """The region is the extent of both sides (pyannote, dscore), not of the reference alone
+    (md-eval, which scores this 0.0: meeteval issue 97)."""
+    ref = [SpeakerTurn("rec", "spk01", 5.0, 10.0), SpeakerTurn("rec", "spk00", 10.0, 20.0)]
+    hyp = [SpeakerTurn("rec", "spk01", 0.0, 10.0), SpeakerTurn("rec", "spk00", 10.0, 20.0)]
+    c = diarization_error_rate(ref, hyp, None, 0.0).components
+    assert (c.total_s, c.false_alarm_s, c.missed_s, c.confusion_s) == (15.0, 5.0, 0.0, 0.0)
+
+
+TICKS_PER_S = 100  # the exact scorer's grid: every time below is a whole number of ticks
+
+
+def tick_der(
+    ref: list[tuple[str, int, int]],
+    hyp: list[tuple[str, int, int]],
+    uem: list[tuple[int, int]] | None,
+    collar: int,
+    skip_overlap: bool,
+) -> tuple[float, float, float, float]:
+    """(total, missed, false alarm, confusion) in seconds, written from the definitions on a
+    grid of ticks (exact when every time is a whole tick): a speaker is on in a tick if any
+    of its turns covers it; the mapping is the best of every injective one."""
+    size = max(t for _, s, e in ref + hyp for t in (s, e)) + collar + 1
+    scored = np.zeros(size, bool)
+    for start, end in uem if uem is not None else [(min(s for _, s, _ in ref + hyp), size)]:
+        scored[start:end] = True
+    if uem is None:
+        scored[max(e for _, _, e in ref + hyp) :] = False
+    for _, start, end in ref:
+        for bound in (start, end) if end > start else ():
+            scored[max(0, bound - collar) : bound + collar] = False
+
+    def on(turns: list[tuple[str, int, int]]) -> np.ndarray:
+        names = sorted({t[0] for t in turns})
+        mask = np.zeros((len(names), size), bool)  # [speaker, tick]
+        for name, start, end in turns:
+            mask[names.index(name), start:end] = True
+        return mask
+
+    r_on, h_on = on(ref), on(hyp)
+    if skip_overlap:
+        scored &= r_on.sum(axis=0) < 2
+    r_on, h_on = r_on & scored, h_on & scored
+    n_ref, n_hyp = r_on.sum(axis=0), h_on.sum(axis=0)
+    correct = max(
+        sum(int((r_on[i] & h_on[j]).sum()) for i, j in enumerate(perm) if j < len(h_on))
+        for perm in itertools.permutations(range(max(len(r_on), len(h_on))), len(r_on))
+    )
+    missed, false_alarm = np.maximum(0, n_ref - n_hyp).sum(), np.maximum(0, n_hyp - n_ref).sum()
+    confusion = np.minimum(n_ref, n_hyp).sum() - correct
+    return tuple(float(x) / TICKS_PER_S for x in (n_ref.sum(), missed, false_alarm, confusion))  # type: ignore[return-value]
+
+
+def _tick_turns(rng: random.Random, prefix: str) -> list[tuple[str, int, int]]:
+    """Random turns that overlap within a speaker, touch, and are sometimes empty."""
+    turns = []
+    for k in range(rng.randint(1, 3)):
+        for _ in range(rng.randint(1, 4)):
+            start = rng.randint(0, 900)
+            turns.append((f"{prefix}{k}", start, start + rng.choice([0, *range(1, 300, 7)])))
+    name, _, end = turns[0]
+    turns.append((name, end, end + rng.randint(1, 100)))  # touches the first
+    return turns
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_matches_an_exact_grid_scorer_with_self_overlap_empty_turns_and_no_uem(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(15):
+        ref, hyp = _tick_turns(rng, "r"), _tick_turns(rng, "h")
+        uem = rng.choice([None, [(rng.randint(0, 200), 600), (650, rng.randint(700, 1100))]])
+        collar, skip = rng.choice([0, 25, 50]), rng.random() < 0.4
+        s = float(TICKS_PER_S)
+        result = diarization_error_rate(
+            [SpeakerTurn("m", n, a / s, b / s) for n, a, b in ref],
+            [SpeakerTurn("m", n, a / s, b / s) for n, a, b in hyp],
+            None if uem is None else [UemRegion("m", a / s, b / s) for a, b in uem],
+            collar / s,
+            skip,
+        ).components
+        got = (result.total_s, result.missed_s, result.false_alarm_s, result.confusion_s)
+        assert got == pytest.approx(tick_der(ref, hyp, uem, collar, skip), abs=1e-9)
+
+
 def test_time_outside_the_uem_is_ignored() -> None:
     ref = [SpeakerTurn("s", "A", 0.0, 10.0)]
     hyp = [SpeakerTurn("s", "X", 0.0, 5.0), SpeakerTurn("s", "Y", 5.0, 10.0)]
