@@ -249,6 +249,9 @@ MAX_BAD_PACKET_FRACTION = 2 / 3
 
 # Evaluation (livemeet/eval)
 DER_COLLAR_S = 0.25  # s per side of each reference boundary not scored by DER (md-eval `-c 0.25`)
+# where DER's speaker mapping counts overlap: the scored time, as pyannote.metrics does (the
+# default), or the whole region before collars and overlap are removed, as md-eval does
+DER_MAPPINGS = ("pyannote", "md-eval")
 
 # Engine (KV cache, scheduler); sources: MODEL.md sections 2-3 and 7, DESIGN.md sections 4, 10.
 KV_BLOCK_SIZE = 128  # tokens per paged-KV block (why 128: livemeet/engine/block_manager.py)

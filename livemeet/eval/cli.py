@@ -40,7 +40,8 @@ Conventions, and where the reference tools differ:
   a speaker's overlapping turns count once (dscore merges them, md-eval refuses them).
   Speakers are mapped one to one for the most overlap in the scored time, as pyannote.metrics
   does; md-eval and dscore map before removing the collars and overlap, so their DER can be
-  higher where the best mappings differ (livemeet/eval/der.py says when).
+  higher where the best mappings differ (livemeet/eval/der.py says when): --der-mapping
+  md-eval maps as they do.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from livemeet.audio.constants import DER_COLLAR_S
+from livemeet.audio.constants import DER_COLLAR_S, DER_MAPPINGS
 from livemeet.errors import InvalidRequest, LivemeetError
 from livemeet.eval.io import (
     FORMATS,
@@ -130,15 +131,16 @@ def _cp_row(name: str, result: CpResult) -> MetricRow:
     return MetricRow(name, result.rate, f"{_counts_text(result.counts)}  {mapping}", details)
 
 
-def _der_row(result: DerResult, collar_s: float, skip_overlap: bool) -> MetricRow:
+def _der_row(result: DerResult, args: argparse.Namespace) -> MetricRow:
     c = result.components
     details: dict[str, object] = {
         "total_s": c.total_s,
         "missed_s": c.missed_s,
         "false_alarm_s": c.false_alarm_s,
         "confusion_s": c.confusion_s,
-        "collar_s": collar_s,
-        "skip_overlap": skip_overlap,
+        "collar_s": args.collar,
+        "skip_overlap": args.skip_overlap,
+        "der_mapping": args.der_mapping,
         "mapping": {s.session: dict(s.mapping) for s in result.sessions},
     }
     breakdown = (
@@ -238,8 +240,10 @@ def compute(
         ref_turns, hyp_turns = load_turns(ref_path, ref_fmt), load_turns(hyp_path, hyp_fmt)
         if not checked:
             check_sessions(match_sessions(ref_turns, hyp_turns), warn)
-        result = diarization_error_rate(ref_turns, hyp_turns, uem, args.collar, args.skip_overlap)
-        rows.append(_der_row(result, args.collar, args.skip_overlap))
+        result = diarization_error_rate(
+            ref_turns, hyp_turns, uem, args.collar, args.skip_overlap, args.der_mapping
+        )
+        rows.append(_der_row(result, args))
     return rows
 
 
@@ -315,6 +319,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="DER: do not score reference overlap (md-eval -1, pyannote skip_overlap=True; "
         "default: overlap scored)",
+    )
+    parser.add_argument(
+        "--der-mapping",
+        choices=DER_MAPPINGS,
+        default=DER_MAPPINGS[0],
+        help="DER: where the speaker mapping's overlap is counted: pyannote, in the scored "
+        "time (pyannote.metrics); md-eval, in the whole region before collars and overlap "
+        "are removed (md-eval, dscore) (default %(default)s)",
     )
     parser.add_argument(
         "--metric",

@@ -23,9 +23,12 @@ Every tool's own default is no collar with overlap scored; the CLI's default is 
 setting, 0.25 s per side with overlap scored (`DER_COLLAR_S`).
 
 The speaker mapping is the one-to-one reference-to-hypothesis mapping that maximises the
-overlap time inside the scored region (Hungarian algorithm), as pyannote.metrics computes it.
-md-eval (and dscore, which runs it) maps over the UEM before removing the collars and the
-overlap, so its DER can be higher than ours, never lower, when the two mappings differ: a
+overlap time inside the scored region (Hungarian algorithm), as pyannote.metrics computes it
+(`mapping="pyannote"`, the default). md-eval (and dscore, which runs it) maps over the UEM
+before removing the collars and the overlap (`mapping="md-eval"` does so: it gives md-eval's
+figures on `../shared/data`'s AMI debug files, 0.213152 with `-1` and 0.259491 at `-c 0.25`;
+without a UEM the region stays the extent of both sides), so its DER can be higher than
+pyannote's, never lower, when the two mappings differ: a
 reference speaker whose time all falls in collars still draws its hypothesis speaker there
 (`test_der.py` has such a case), and on the AMI debug data with overlap skipped md-eval gives
 0.213 where pyannote and we give 0.089 (`../shared/data/README.md`). Ties between mappings of
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from livemeet.audio.constants import DER_COLLAR_S
+from livemeet.audio.constants import DER_COLLAR_S, DER_MAPPINGS
 from livemeet.errors import InvalidRequest
 from livemeet.eval.io import SpeakerTurn, UemRegion
 from livemeet.eval.wer import group_by_session, pair_sessions
@@ -138,6 +141,7 @@ def _session_der(
     region: Intervals,
     collar_s: float,
     skip_overlap: bool,
+    mapping: str,
 ) -> DerSession:
     ref_act, hyp_act = _activity(ref), _activity(hyp)
     # a zero-length turn carries no speech and gets no collar (pyannote drops empty segments)
@@ -149,7 +153,8 @@ def _session_der(
         edges.append(collars.ravel())
     cuts = np.unique(np.concatenate(edges))  # [K + 1] elementary interval boundaries
     mids = (cuts[:-1] + cuts[1:]) / 2  # [K]
-    weight = np.diff(cuts) * _inside(region, mids)  # [K] scored seconds
+    in_region = np.diff(cuts) * _inside(region, mids)  # [K] seconds
+    weight = in_region.copy()  # [K] scored seconds
     if collars is not None:
         weight *= ~_inside(collars, mids)
     ref_on = np.array([_inside(a, mids) for a in ref_act.values()]).reshape(-1, len(mids))
@@ -157,14 +162,15 @@ def _session_der(
     n_ref, n_hyp = ref_on.sum(axis=0), hyp_on.sum(axis=0)  # [K] each
     if skip_overlap:
         weight *= n_ref < 2
-    overlap = (ref_on * weight) @ hyp_on.T.astype(np.float64)  # [n_ref_spk, n_hyp_spk] seconds
+    map_weight = in_region if mapping == "md-eval" else weight
+    overlap = (ref_on * map_weight) @ hyp_on.T.astype(np.float64)  # [n_ref_spk, n_hyp_spk] s
     rows, cols = linear_sum_assignment(overlap, maximize=True)
     n_correct = np.zeros(len(mids))
     ref_names, hyp_names = list(ref_act), list(hyp_act)
-    mapping = []
+    pairs = []
     for i, j in zip(rows.tolist(), cols.tolist(), strict=True):
         if overlap[i, j] > 0:
-            mapping.append((ref_names[i], hyp_names[j]))
+            pairs.append((ref_names[i], hyp_names[j]))
             n_correct += ref_on[i] & hyp_on[j]
     components = DerComponents(
         total_s=float(weight @ n_ref),
@@ -172,7 +178,7 @@ def _session_der(
         false_alarm_s=float(weight @ np.maximum(0, n_hyp - n_ref)),
         confusion_s=float(weight @ (np.minimum(n_ref, n_hyp) - n_correct)),
     )
-    return DerSession(session, components, tuple(mapping))
+    return DerSession(session, components, tuple(pairs))
 
 
 def _regions(
@@ -197,14 +203,18 @@ def diarization_error_rate(
     uem: Iterable[UemRegion] | None = None,
     collar_s: float = DER_COLLAR_S,
     skip_overlap: bool = False,
+    mapping: str = "pyannote",
 ) -> DerResult:
     """DER of hypothesis turns against reference turns (see the module docstring).
 
     `collar_s` is per side (seconds, finite, >= 0). With a UEM, time outside it is not scored
-    and a hypothesis session it does not list is ignored. Raises ValueError for a collar that
-    is negative, NaN or infinite (NaN scored as no collar, infinity failed in the mapping),
-    InvalidRequest for a reference session missing from the UEM.
+    and a hypothesis session it does not list is ignored. `mapping` (one of `DER_MAPPINGS`) says
+    where the speaker mapping's overlap is counted. Raises ValueError for a collar that is
+    negative, NaN or infinite (NaN scored as no collar, infinity failed in the mapping) or an
+    unknown mapping, InvalidRequest for a reference session missing from the UEM.
     """
+    if mapping not in DER_MAPPINGS:
+        raise ValueError(f"mapping must be one of {', '.join(DER_MAPPINGS)}, got {mapping!r}")
     # `not x >= 0` also refuses nan, which no comparison is true of
     if not (collar_s >= 0 and math.isfinite(collar_s)):
         raise ValueError(f"collar_s must be a finite number >= 0 s, got {collar_s}")
@@ -214,7 +224,9 @@ def diarization_error_rate(
     paired = pair_sessions(group_by_session(ref), group_by_session(hyp))
     for session, ref_turns, hyp_turns in paired:
         region = _regions(session, ref_turns, hyp_turns, uem_by_session)
-        result = _session_der(session, ref_turns, hyp_turns, region, collar_s, skip_overlap)
+        result = _session_der(
+            session, ref_turns, hyp_turns, region, collar_s, skip_overlap, mapping
+        )
         sessions.append(result)
         total = total + result.components
     return DerResult(total, tuple(sessions))

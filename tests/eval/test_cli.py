@@ -90,6 +90,20 @@ def test_der_on_ami_debug(
     assert out["der"]["collar_s"] == float(collar)
 
 
+def test_der_with_md_eval_mapping_on_ami_debug(
+    shared_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = shared_data / "ami-pyannote-debug"
+    files = ("--ref", str(folder / "debug.test.rttm"), "--hyp")
+    files += (str(folder / "hyp_perturbed.test.rttm"), "--uem", str(folder / "debug.test.uem"))
+    out = run_json(capsys, *files, "--skip-overlap", "--der-mapping", "md-eval")
+    assert out["der"]["value"] == pytest.approx(0.213152, abs=1e-6)  # md-eval-22 -1 -c 0.25
+    assert out["der"]["der_mapping"] == "md-eval"
+    assert run_json(capsys, *files, "--skip-overlap")["der"]["value"] == pytest.approx(
+        0.089034, abs=1e-6
+    )
+
+
 def test_transcript_json_hypothesis_against_stm(
     tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -65,6 +65,23 @@ def test_ami_debug_skip_overlap_like_pyannote(ami_files) -> None:  # type: ignor
     assert result.der == pytest.approx(0.089034, abs=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("collar_s", "skip_overlap", "expected"), [(0.25, True, 0.213152), (0.25, False, 0.259491)]
+)
+def test_ami_debug_with_md_eval_mapping(ami_files, collar_s, skip_overlap, expected) -> None:  # type: ignore[no-untyped-def]
+    """md-eval-22's figures for these files (../shared/data/README.md): `-1 -c 0.25` differs
+    from pyannote's 0.089034 by its speaker mapping alone."""
+    ref, hyp, uem = ami_files
+    result = diarization_error_rate(ref, hyp, uem, collar_s, skip_overlap, mapping="md-eval")
+    assert result.der == pytest.approx(expected, abs=1e-6)
+
+
+def test_an_unknown_mapping_is_refused(ami_files) -> None:  # type: ignore[no-untyped-def]
+    ref, hyp, uem = ami_files
+    with pytest.raises(ValueError, match="mapping must be one of pyannote, md-eval"):
+        diarization_error_rate(ref, hyp, uem, mapping="dscore")
+
+
 def test_reference_against_itself_is_zero(ami_files) -> None:  # type: ignore[no-untyped-def]
     ref, _, uem = ami_files
     renamed = [SpeakerTurn(t.session, "x" + t.speaker, t.start_s, t.end_s) for t in ref]
@@ -146,6 +163,9 @@ def test_mapping_is_made_inside_the_scored_region() -> None:
     assert scored_all.sessions[0].mapping == (("A", "X"),)
     assert scored_all.components.confusion_s == pytest.approx(1.0)
     assert scored_all.der == pytest.approx(1.0 / 2.5)
+    md_eval = diarization_error_rate(ref, hyp, uem, 0.25, mapping="md-eval")
+    assert md_eval.sessions[0].mapping == (("A", "X"),)
+    assert md_eval.der == 1.0 and md_eval.components.confusion_s == pytest.approx(0.5)
 
 
 def test_without_a_uem_hypothesis_speech_before_the_reference_is_false_alarm() -> None:
