@@ -12,7 +12,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # a gpu_bench.sh stand-in: prints its phase and the settings that tell the runs apart
 BENCH = """#!/usr/bin/env bash
-if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && echo "stand-in $1: 1 passed" > "$OUT/$1.log"; fi
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  # gpu_ab.sh prints an arm's "passed" lines: the settings that tell its runs apart
+  echo "stand-in $1: 1 passed ${BENCH_S:-}/${BENCH_WORKLOADS:-}/${LONG_C:-}/${FP8_POINTS:-}/\
+${ASSUMED_RATE:-}" > "$OUT/$1.log"
+fi
 if [ -n "${STANDIN_BUDGET:-}" ]; then
   echo "$1 ${BENCH_S:-} ${LONG_C:-} ${FP8_POINTS:-} ${ASSUMED_RATE:-}"
   exit 0
@@ -160,6 +165,23 @@ def test_call_6_runs_the_engine_then_the_old_arm_on_an_h200(tmp_path: Path) -> N
     assert (out / "profile" / "profile.log").is_file()
 
 
+def test_call_7_runs_fp8_long_c16_on_the_old_tree_then_the_new_on_an_h200(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    old = tmp_path / "old"
+    (old / "scripts").mkdir(parents=True)
+    done = run(tmp_path, "NVIDIA H200", "7", OUT=str(out), AB_OLD="abc1234", AB_OLD_DIR=str(old))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    arms = [line for line in lines if line.startswith("=== arm ")]
+    assert arms == ["=== arm 1: old (abc1234)", f"=== arm 2: new ({_label()})"]
+    # each arm runs FP8 long c16 alone, its 16 meetings within half the budget at the rate
+    assert [line for line in lines if "passed" in line] == [
+        "stand-in engine: 1 passed 330/ / /long:16/250"
+    ] * 2
+    assert 16 * LONG_AUDIO_S / 250 <= (330 - BENCH_MARGIN_S) / 2
+    assert (out / "1_old" / "engine.log").is_file() and (out / "2_new" / "engine.log").is_file()
+
+
 def _label() -> str:
     """gpu_ab.sh's label for the working tree's arm."""
     head = subprocess.run(
@@ -172,7 +194,8 @@ def _label() -> str:
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
     for card, call in (
         ("NVIDIA A100-SXM4-80GB", "1"),
-        ("NVIDIA H200", "7"),
+        ("NVIDIA H200", "8"),
+        ("NVIDIA H100 80GB HBM3", "7"),
         ("NVIDIA H100 80GB HBM3", "6"),
     ):
         done = run(tmp_path, card, call)
