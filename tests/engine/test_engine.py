@@ -419,19 +419,24 @@ def test_a_repeated_upload_beside_live_work_is_charged_only_for_windows_it_encod
     assert engine.encoder.num_encoded_windows - encoded == to_encode
 
 
+@pytest.mark.parametrize("first", ["again", "new"])
 @pytest.mark.parametrize("chunk", [4096, 512])
 def test_an_uploads_encode_charge_is_the_encoders_work_when_the_step_evicts_its_windows(
     our_model: MossTDModel,
     batch_clips: list[np.ndarray],
     monkeypatch: pytest.MonkeyPatch,
     chunk: int,
+    first: str,
 ) -> None:
     """Beside live work a repeated upload (its 3 full windows cached) and a new one run in a
     cache of 3 windows, so the new one's encodes evict the repeat's windows: in whole-prompt
     chunks within the step that found them cached, in chunks of 512 tokens also before the
     repeat's later chunks reach them. Every step's charge is the windows the encoder runs in
     it: a step looks its windows up before it stores any output (none is charged short), and
-    a window evicted before a later step's look is charged and encoded again."""
+    a window evicted before a later step's look is charged and encoded again. With the new
+    upload first in the step, an encoder that stored its outputs before it looked up the
+    repeat's windows would run windows the step found cached, more than it charged; with the
+    repeat first it would not show."""
     from livemeet.engine import scheduler as scheduler_module
     from livemeet.engine.encoder_runner import EncoderRunner
 
@@ -447,8 +452,9 @@ def test_an_uploads_encode_charge_is_the_encoders_work_when_the_step_evicts_its_
         "_windows_to_encode",
         lambda request, start, end: charged.append(count(request, start, end)) or charged[-1],
     )
-    engine.add_request("again", clip, max_new_tokens=4, ignore_eos=True)
-    engine.add_request("new", np.roll(clip, 8_000), max_new_tokens=4, ignore_eos=True)
+    uploads = {"again": clip, "new": np.roll(clip, 8_000)}
+    for rid in sorted(uploads, key=lambda r: r != first):  # `first` arrives first
+        engine.add_request(rid, uploads[rid], max_new_tokens=4, ignore_eos=True)
     steps = []
     while engine.has_work():
         charged.clear()
