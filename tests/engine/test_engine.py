@@ -467,6 +467,31 @@ def test_an_uploads_encode_charge_is_the_encoders_work_when_the_step_evicts_its_
     assert encoded + found == 8 and found > 0
 
 
+def test_a_step_hashes_the_windows_of_the_uploads_first_in_line_only(
+    our_model: MossTDModel, batch_clips: list[np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside live work the engine hashes an upload's next windows to ask the encoder's cache
+    for them (`cached_windows`), on the engine thread before each schedule (~1 ms a window at
+    real size): only for the uploads first in line whose chunks' reaches together stay within
+    a step's token limit, so eight queued uploads cost the step the hashing of two (1024
+    tokens, chunks of 512: two windows each), not of all eight; the later ones are hashed as
+    they come to the front."""
+    import livemeet.engine.encoder_runner as er
+
+    engine = _engine(our_model, 512, num_blocks=None)  # 1024 tokens a step
+    engine.set_live_sessions(1)
+    for i in range(8):
+        clip = np.roll(batch_clips[6], 1_000 * (i + 1))  # 100 s each: 3 full windows
+        engine.add_request(f"u{i}", clip, max_new_tokens=4, ignore_eos=True)
+    hashed: list[int] = []
+    real = er.window_key
+    monkeypatch.setattr(er, "window_key", lambda w: hashed.append(1) or real(w))
+    engine.step()
+    assert len(hashed) == 4  # u0's and u1's first two windows; the encode takes those keys
+    known = {rid for rid, s in engine._sources.items() if any(k is not None for k in s.keys)}
+    assert known == {"u0", "u1"}
+
+
 def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:
     from livemeet.errors import InternalError
 
