@@ -251,7 +251,8 @@ class MossCore:
 
     def finalize(self, session_id: str) -> None:
         """A live session's `finalize` (`LiveSession.finalize`); nothing for an upload. Raises
-        NotFound for an unknown session."""
+        NotFound for an unknown session, ProtocolError for a live session's finalize after its
+        end (applied or not: `LiveSession.finalize`)."""
         sess = self._get(session_id)
         if isinstance(sess, LiveState):
             sess.live.finalize()

@@ -32,10 +32,10 @@ parameters):
 - `encode_s_per_window` = 2.5 ms: the audio encoder (log-mel, Whisper encoder, merge and
   adaptor) for one 30-s window in a batch of 8-64 on an H200 (the encoder graphs ran 2.43-2.49
   ms a window, docs/benchmarks.md session 11; one window alone 4.0 ms). Charged (by the
-  Scheduler) for an upload's windows that its chunks reach while live sessions run, but for
-  those the encoder's cache holds (`Request.cached_audio_windows`): encoded
-  all at once, a 37-minute upload's 75 windows held every live hop for one ~0.2-s step
-  (~0.27 s on an H100, session 47).
+  Scheduler) for an upload's windows that its chunks reach while live sessions run (not for
+  those the encoder's cache holds: `Request.cached_audio_windows`), because encoded all at
+  once a 37-minute upload's 75 windows held every live hop for one ~0.2-s step (~0.27 s on
+  an H100, session 47).
 
 `for_kv_cache("fp8_e4m3")` keeps the rest and takes the FP8 kernels' rates: the extend kernel
 converts every e4m3 tile to fp16 and runs ~240 TFLOP/s on the late chunk (229-297 over the

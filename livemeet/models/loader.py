@@ -33,6 +33,7 @@ from livemeet.models.tokenizer import load_tokenizer
 _LM_HEAD = "lm_head.weight"
 # an unsharded checkpoint's weights; transformers reads it in preference to an index beside it
 _SINGLE_FILE = "model.safetensors"
+_INDEX_FILE = "model.safetensors.index.json"  # a sharded checkpoint's map of tensors to files
 _EMBED = "language_model.embed_tokens.weight"  # ours; the head is tied to it
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # what a cached hub checkpoint must hold: the weights, and the tokenizer and prompt settings
@@ -40,7 +41,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _CHECKPOINT_FILES = (
     "config.json",
     "*.safetensors",
-    "model.safetensors.index.json",
+    _INDEX_FILE,
     "tokenizer.json",
     "tokenizer_config.json",
     "processor_config.json",
@@ -126,7 +127,7 @@ def load_model(
     cfg = _read_config(root)
     model = _empty_model(cfg, dev, dt)
     tensors = _index_checkpoint(root)
-    _check_against_model(model, tensors)
+    _check_against_model(model, tensors, root)
     _copy_weights(model, tensors)
     return model.eval(), cfg
 
@@ -164,7 +165,7 @@ def check_checkpoint(path_or_id: str | Path) -> MossTDConfig:
     cfg = _read_config(root)
     with torch.device("meta"):
         model = MossTDModel(cfg)
-    _check_against_model(model, _index_checkpoint(root))
+    _check_against_model(model, _index_checkpoint(root), root)
     return cfg
 
 
@@ -220,7 +221,7 @@ def _shard_files(root: Path) -> list[Path]:
     single = root / _SINGLE_FILE
     if single.is_file():
         return [single]
-    index = root / "model.safetensors.index.json"
+    index = root / _INDEX_FILE
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -314,7 +315,9 @@ def _expected(model: MossTDModel) -> dict[str, torch.Tensor]:
     return dict(model.state_dict())
 
 
-def _check_against_model(model: MossTDModel, tensors: dict[str, _TensorInfo]) -> None:
+def _check_against_model(model: MossTDModel, tensors: dict[str, _TensorInfo], root: Path) -> None:
+    """Raise ConfigError for tensors of checkpoint `root` that are missing, unexpected,
+    misshapen or not floats."""
     expected = _expected(model)
     problems = []
     missing = sorted(set(expected) - set(tensors))
@@ -338,7 +341,22 @@ def _check_against_model(model: MossTDModel, tensors: dict[str, _TensorInfo]) ->
                 f"wrong shape for {_LM_HEAD}: expected {embed}, got {tensors[_LM_HEAD].shape}"
             )
     if problems:
-        raise ConfigError("checkpoint does not match the model config: " + "; ".join(problems))
+        raise ConfigError(
+            f"checkpoint does not match the model config{_single_file_note(root)}: "
+            + "; ".join(problems)
+        )
+
+
+def _single_file_note(root: Path) -> str:
+    """Where `model.safetensors` was read alone beside an index (`_shard_files`): a note that
+    says so, else "". A stale or partial file there (an interrupted copy, a save of another
+    layout into the directory) hides complete shards: the error would read as a wrong config."""
+    if not ((root / _SINGLE_FILE).is_file() and (root / _INDEX_FILE).is_file()):
+        return ""
+    return (
+        f" ({_SINGLE_FILE} is read alone, as transformers reads it: the shards {_INDEX_FILE} "
+        "lists beside it are not; remove whichever is stale)"
+    )
 
 
 def _by_file(tensors: dict[str, _TensorInfo]) -> Iterator[tuple[Path, list[tuple[str, str]]]]:

@@ -419,19 +419,24 @@ def test_a_repeated_upload_beside_live_work_is_charged_only_for_windows_it_encod
     assert engine.encoder.num_encoded_windows - encoded == to_encode
 
 
+@pytest.mark.parametrize("first", ["again", "new"])
 @pytest.mark.parametrize("chunk", [4096, 512])
 def test_an_uploads_encode_charge_is_the_encoders_work_when_the_step_evicts_its_windows(
     our_model: MossTDModel,
     batch_clips: list[np.ndarray],
     monkeypatch: pytest.MonkeyPatch,
     chunk: int,
+    first: str,
 ) -> None:
     """Beside live work a repeated upload (its 3 full windows cached) and a new one run in a
     cache of 3 windows, so the new one's encodes evict the repeat's windows: in whole-prompt
     chunks within the step that found them cached, in chunks of 512 tokens also before the
     repeat's later chunks reach them. Every step's charge is the windows the encoder runs in
     it: a step looks its windows up before it stores any output (none is charged short), and
-    a window evicted before a later step's look is charged and encoded again."""
+    a window evicted before a later step's look is charged and encoded again. With the new
+    upload first in the step, an encoder that stored its outputs before it looked up the
+    repeat's windows would run windows the step found cached, more than it charged; with the
+    repeat first it would not show."""
     from livemeet.engine import scheduler as scheduler_module
     from livemeet.engine.encoder_runner import EncoderRunner
 
@@ -447,8 +452,9 @@ def test_an_uploads_encode_charge_is_the_encoders_work_when_the_step_evicts_its_
         "_windows_to_encode",
         lambda request, start, end: charged.append(count(request, start, end)) or charged[-1],
     )
-    engine.add_request("again", clip, max_new_tokens=4, ignore_eos=True)
-    engine.add_request("new", np.roll(clip, 8_000), max_new_tokens=4, ignore_eos=True)
+    uploads = {"again": clip, "new": np.roll(clip, 8_000)}
+    for rid in sorted(uploads, key=lambda r: r != first):  # `first` arrives first
+        engine.add_request(rid, uploads[rid], max_new_tokens=4, ignore_eos=True)
     steps = []
     while engine.has_work():
         charged.clear()
@@ -459,6 +465,31 @@ def test_an_uploads_encode_charge_is_the_encoders_work_when_the_step_evicts_its_
     # each of the 8 windows (4 each) found or encoded once; some of the repeat's were found
     encoded, found = sum(e for _, e in steps), engine.encoder.num_cache_hits
     assert encoded + found == 8 and found > 0
+
+
+def test_a_step_hashes_the_windows_of_the_uploads_first_in_line_only(
+    our_model: MossTDModel, batch_clips: list[np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beside live work the engine hashes an upload's next windows to ask the encoder's cache
+    for them (`cached_windows`), on the engine thread before each schedule (~1 ms a window at
+    real size): only for the uploads first in line whose chunks' reaches together stay within
+    a step's token limit, so eight queued uploads cost the step the hashing of two (1024
+    tokens, chunks of 512: two windows each), not of all eight; the later ones are hashed as
+    they come to the front."""
+    import livemeet.engine.encoder_runner as er
+
+    engine = _engine(our_model, 512, num_blocks=None)  # 1024 tokens a step
+    engine.set_live_sessions(1)
+    for i in range(8):
+        clip = np.roll(batch_clips[6], 1_000 * (i + 1))  # 100 s each: 3 full windows
+        engine.add_request(f"u{i}", clip, max_new_tokens=4, ignore_eos=True)
+    hashed: list[int] = []
+    real = er.window_key
+    monkeypatch.setattr(er, "window_key", lambda w: hashed.append(1) or real(w))
+    engine.step()
+    assert len(hashed) == 4  # u0's and u1's first two windows; the encode takes those keys
+    known = {rid for rid, s in engine._sources.items() if any(k is not None for k in s.keys)}
+    assert known == {"u0", "u1"}
 
 
 def test_run_to_completion_refuses_to_wait_for_incoming_uploads(our_model: MossTDModel) -> None:

@@ -338,6 +338,30 @@ def test_model_safetensors_is_read_alone_as_transformers_reads_it(
         assert all(torch.equal(state[n], w) for n, w in expected.items()), step
 
 
+def test_a_partial_model_safetensors_beside_an_index_is_named_in_the_error(
+    upstream_dir: Path, tmp_path: Path
+) -> None:
+    """A stale or partial `model.safetensors` beside a complete sharded set (an interrupted
+    copy, a save over another layout) is what gets read, as transformers reads it (which
+    fills the missing weights at random, with a warning): the refusal listed the tensors it
+    lacks as if the config were wrong, and said nothing of the shards the index lists. It
+    now says which file was read, and that the index beside it was not."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(upstream_dir, root)  # a sharded copy with its index...
+    shard = next(root.glob("*-of-*.safetensors"))
+    save_file(dict(list(load_file(str(shard)).items())[:1]), str(root / "model.safetensors"))
+    with pytest.raises(ConfigError, match="missing tensors") as caught:  # ...and a partial one
+        load_model(str(root), device="cpu")
+    assert (
+        "model.safetensors is read alone, as transformers reads it: the shards "
+        "model.safetensors.index.json lists beside it are not"
+    ) in caught.value.message
+    (root / "model.safetensors.index.json").unlink()  # alone, the file is the checkpoint
+    with pytest.raises(ConfigError, match="missing tensors") as caught:
+        load_model(str(root), device="cpu")
+    assert "index" not in caught.value.message
+
+
 def test_missing_shard_is_reported(upstream_dir: Path, tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     shutil.copytree(upstream_dir, root)
