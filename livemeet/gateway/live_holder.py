@@ -347,7 +347,18 @@ class LiveSessionHolder:
                     self.journal.append_audio(self.id, new)  # after the backend took it
             self.client_offset += len(pcm) // self.audio_format.frame_bytes
 
-        await self._with_session(owner, feed)
+        # to its end though the caller is cancelled meanwhile (a resume waits for it under
+        # `lock`): `serve` cancels the handler of a socket whose client hung up, and an append
+        # cut inside the backend's `append` (the engine client awaits a shared-memory write
+        # for a large frame) left the decoder counting frames the backend never got, so that
+        # many frames of the audio the client sent again were skipped as held (a trial lost
+        # 10 s of a 110-s meeting)
+        work = asyncio.ensure_future(self._with_session(owner, feed))
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(_log_cut_append)
+            raise
         return taken
 
     def _unheld(self, pcm: bytes) -> bytes:
@@ -926,3 +937,10 @@ def restarting_error(session_id: str) -> ServerRestarting:
     return ServerRestarting(
         f"the server is restarting: live session {session_id} goes on after its restart"
     )
+
+
+def _log_cut_append(work: asyncio.Future[None]) -> None:
+    """Done callback of an append whose caller was cancelled (`LiveSessionHolder.append`): its
+    error has nobody left to raise to (the socket is gone; the session's events tell the rest)."""
+    if not work.cancelled() and (exc := work.exception()) is not None:
+        log.info("live append finished after its socket went: %r", exc)

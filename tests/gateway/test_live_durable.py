@@ -729,6 +729,59 @@ async def test_a_resume_is_told_the_durable_offset_and_held_frames_sent_again_ar
     assert 'livemeet_audio_received_seconds_total{kind="live"} 2.0' in metrics
 
 
+async def test_an_append_cut_off_by_its_dropped_socket_loses_none_of_the_audio_sent_again(
+    fake: FakeTranscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trial over the real engine: a client's 10-s frame was on its way to the engine (the
+    engine client awaits a shared-memory write for a frame that large) when its socket
+    dropped, and `serve` cancels a handler whose client hung up. The decoder had counted
+    the frame, the backend never got it, so after the resume the first 10 s the client sent
+    again were skipped as held: the final said 100 s of the 110 sent. Now the append runs
+    to its end (a resume waits for it), and the audio sent again is taken once."""
+    await fake.start()
+    options = SessionOptions(live=True)
+    sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create())
+    sink = RecordingSink()
+    holder = sessions.open(
+        await fake.open_session(options),
+        PcmStreamDecoder(RATE),
+        AudioFormat(RATE, 1, PCM_ENCODING),
+        sink,
+        options,
+    )
+    audio = ramp_pcm(3.0)
+    second = 2 * RATE  # bytes of one second of mono PCM16
+    await holder.append(sink, audio[:second])
+    session = fake.sessions[0]
+    gate = asyncio.Event()
+    passed = session.append
+
+    async def stalled(samples: Any) -> None:
+        await gate.wait()
+        await passed(samples)
+
+    monkeypatch.setattr(session, "append", stalled)
+    cut = asyncio.create_task(holder.append(sink, audio[second : 2 * second]))
+    await asyncio.sleep(0.05)  # inside the backend's append
+    cut.cancel()  # the socket dropped: its handler is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await cut
+    gate.set()
+    await sessions.disconnect(holder, sink, keep=True)
+    again = RecordingSink()
+    async with holder.lock:  # as a resume attaches its socket
+        holder.attach(again, resumed=True)
+    # the client sends on from the offset, in half-second frames
+    for start in range(holder.client_offset * 2, len(audio), second // 2):
+        await holder.append(again, audio[start : start + second // 2])
+    assert session.log.num_samples == holder.num_frames_accepted == 3 * RATE
+    await holder.end(again)
+    await wait_until(lambda: isinstance(holder.replay.terminal, TranscriptFinal))
+    assert isinstance(holder.replay.terminal, TranscriptFinal)
+    assert holder.replay.terminal.duration_s == 3.0
+    await holder.release()
+
+
 async def test_a_resume_waiting_for_its_rebuilt_session_answers_pings(
     aiohttp_client: ClientFactory, fake: FakeTranscriber, server_config: ServerConfig
 ) -> None:
