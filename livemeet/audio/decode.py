@@ -4,6 +4,8 @@ Routing: libsndfile (soundfile) reads the lossless containers it knows (WAV, AIF
 FLAC's header; everything else, the lossy formats libsndfile also claims (MP3, Ogg, MP3 in a
 WAV) and FLAC's audio go through FFmpeg (PyAV), which applies encoder-delay trimming, copes
 with odd streams and reads a FLAC to its last frame (libsndfile stops at its header's count).
+So does a W64 in WAVE_FORMAT_EXTENSIBLE of any codec but integer PCM (float, mu-law, A-law,
+ADPCM): libsndfile read it as integer PCM, noise without an error.
 Channels (up to MAX_FILE_CHANNELS) are averaged; the rate is converted with soxr
 (`FILE_RESAMPLE_QUALITY`). Library errors never escape: each is mapped to `BadAudio` naming
 what failed.
@@ -116,10 +118,11 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import threading
 import wave
 from collections.abc import Generator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, cast
@@ -629,7 +632,47 @@ def _soundfile_info(source: AudioSource | Tail) -> sf._SoundFileInfo | None:
     # file; a file with no samples at all decodes to none there too (BadAudio, zero length).
     if info.frames == 0 or info.frames >= _SF_UNKNOWN_FRAMES:
         return None
+    if info.format == "W64" and _w64_extensible_subformat(source) not in (None, _WAVE_FORMAT_PCM):
+        return None  # libsndfile would read it as integer PCM (`_w64_extensible_subformat`)
     return info
+
+
+_WAVE_FORMAT_PCM = 0x0001
+_WAVE_FORMAT_EXTENSIBLE = 0xFFFE
+# Sony Wave64's chunk GUIDs: the header's ('riff' GUID, 8-byte size, 'wave' GUID) is 40 bytes,
+# then chunks of a 16-byte GUID and an 8-byte size that counts those 24 bytes, each padded to
+# 8 bytes
+_W64_HEADER_BYTES = 40
+_W64_FMT_GUID = b"fmt \xf3\xac\xd3\x11\x8c\xd1\x00\xc0\x4f\x8e\xdb\x8a"
+_W64_CHUNK_HEADER = struct.Struct("<16sQ")
+_W64_MAX_CHUNKS = 64  # chunks looked through for 'fmt ' (it comes first in every writer's)
+
+
+def _w64_extensible_subformat(source: AudioSource | Tail) -> int | None:
+    """The format tag of a Wave64 file's WAVE_FORMAT_EXTENSIBLE SubFormat GUID (its first two
+    bytes: 0x0001 integer PCM, 0x0003 IEEE float, 0x0007 mu-law, ...); None for any other file.
+
+    libsndfile (1.2) reads such a W64 as integer PCM of its bit depth whatever the SubFormat
+    says: float as PCM_32, mu-law, A-law and MS ADPCM as PCM_U8, noise without an error (FFmpeg
+    writes extensible W64 above 2 channels or 48 kHz; a WAV's it reads right). FFmpeg reads it.
+    """
+    opened = _openable(source)
+    with open(opened, "rb") if isinstance(opened, str) else nullcontext(opened) as f:
+        f.seek(_W64_HEADER_BYTES)
+        for _ in range(_W64_MAX_CHUNKS):
+            header = f.read(_W64_CHUNK_HEADER.size)
+            if len(header) < _W64_CHUNK_HEADER.size:
+                return None
+            guid, size = _W64_CHUNK_HEADER.unpack(header)
+            if guid == _W64_FMT_GUID:
+                body = f.read(40)  # WAVEFORMATEXTENSIBLE: the SubFormat GUID at byte 24
+                if len(body) < 40 or struct.unpack_from("<H", body)[0] != _WAVE_FORMAT_EXTENSIBLE:
+                    return None
+                return int(struct.unpack_from("<H", body, 24)[0])
+            if size < _W64_CHUNK_HEADER.size:
+                return None
+            f.seek((size + 7) // 8 * 8 - _W64_CHUNK_HEADER.size, io.SEEK_CUR)
+    return None
 
 
 def _soundfile_blocks(

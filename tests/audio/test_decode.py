@@ -118,6 +118,29 @@ def test_float32_wav(shared_data: Path) -> None:
     np.testing.assert_array_equal(decode_file(path), np.clip(raw, -1, 1))
 
 
+@pytest.mark.parametrize(
+    ("codec", "max_error"), [("pcm_f32le", 1e-3), ("pcm_mulaw", 0.05), ("adpcm_ms", 0.1)]
+)
+def test_an_extensible_w64_of_another_codec_than_integer_pcm_decodes_right(
+    tmp_path: Path, codec: str, max_error: float
+) -> None:
+    """FFmpeg writes a W64 of 96 kHz (or of more than 2 channels) as WAVE_FORMAT_EXTENSIBLE,
+    and libsndfile read one whose SubFormat is not integer PCM as integer PCM of its bit depth:
+    float as PCM_32, mu-law and MS ADPCM as PCM_U8, noise without an error (a breadth probe of
+    codecs). FFmpeg decodes it now: the tone it holds, from a file and from its bytes."""
+    t = np.arange(int(0.3 * SAMPLE_RATE)) / SAMPLE_RATE
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    path = tmp_path / f"{codec}.w64"
+    encode_with_pyav(path, tone[None, :], "w64", codec, 96_000)
+    data = path.read_bytes()
+    assert struct.unpack_from("<H", data, 64)[0] == 0xFFFE  # the fmt chunk's format tag
+    for source in (path, data):
+        out = decode_file(source)
+        # ADPCM fills its last block: up to 2,048 samples at 96 kHz after the tone
+        assert tone.size <= out.size <= tone.size + 2048 * SAMPLE_RATE // 96_000
+        assert np.abs(out[: tone.size] - tone)[100:-100].max() < max_error  # past the edges
+
+
 def test_24bit_stereo_44k_flac_matches_ffmpeg_resampler(shared_data: Path) -> None:
     path = shared_data / "jfk" / "jfk.flac"
     assert probe(path) == AudioInfo(11.0, 44_100, 2, "flac/pcm_24")
