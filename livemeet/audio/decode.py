@@ -819,7 +819,7 @@ def _ffmpeg_part_blocks(
                 stream.codec_context.options = {"err_detect": "crccheck+explode"}
             trim = trim_for(container, stream)
             rate_free = stream.codec_context.name in _RATE_CHANGE_DECODERS
-            for packet in container.demux(stream):
+            for packet in _packets(container, stream):
                 num_packets += 1
                 if trim is not None:
                     trim.see(packet)
@@ -867,6 +867,26 @@ def _ffmpeg_part_blocks(
             f"cannot decode the audio: FFmpeg rejected {num_bad_packets} of its {num_packets} "
             "packets as invalid data"
         )
+
+
+def _packets(
+    container: av.container.InputContainer, stream: av.AudioStream
+) -> Iterator[av.Packet[av.AudioStream]]:
+    """`container.demux(stream)`, but for the end of a WavPack read from a pipe: FFmpeg's wv
+    demuxer passes the APE tag at a WavPack's end (which its writers, FFmpeg among them, put
+    there) only where it can seek to it first, and from a pipe read it as a block: "Invalid
+    data found when processing input" once every sample had been demuxed (a breadth probe of
+    codecs). That error, after packets that reach the samples the WavPack's block headers
+    declare, ends it."""
+    end = 0  # where the packets so far end, in the stream's time base
+    try:
+        for packet in container.demux(stream):
+            if packet.pts is not None and packet.duration:
+                end = max(end, packet.pts + packet.duration)
+            yield packet
+    except av.InvalidDataError:
+        if container.format.name != "wv" or not stream.duration or end < stream.duration:
+            raise
 
 
 def _sliced(
