@@ -464,8 +464,38 @@ def iter_decode_stream(
     every error (not audio, a bad rate, more than `max_audio_s` seconds, non-finite samples,
     no samples at all) is BadAudio or TooLong raised by the iterator, after the chunks before
     it. The first chunk comes once FFmpeg has read enough to know the format (~100 KB of a
-    WAV: 3.3 s of 16-kHz mono recorded as it goes). `stream` stays open."""
-    return _checked_chunks(_resampled(_ffmpeg_blocks(stream), max_audio_s, None), None)
+    WAV: 3.3 s of 16-kHz mono recorded as it goes). `stream` stays open. A BadAudio of
+    FFmpeg's before the first chunk says which formats it cannot read from a pipe
+    (`_STREAM_HINT`)."""
+    blocks = _hinted_stream_blocks(_ffmpeg_blocks(stream))
+    return _checked_chunks(_resampled(blocks, max_audio_s, None), None)
+
+
+# FFmpeg (8.0) refuses these from a pipe with only "Invalid data found when processing input",
+# as it refuses an MP4 whose index follows its audio (`_ffmpeg_part_blocks` names that one): a
+# CAF of compressed audio (FLAC, ALAC, AC-3: its packet table), as it opens it; they decode
+# from a file or bytes (a breadth probe of codecs)
+_STREAM_HINT = (
+    "; from a pipe FFmpeg cannot read every format: a CAF of compressed audio or an MP4 "
+    "whose index follows its audio must be sought in: save it to a file and pass that, or "
+    "pipe a WAV, FLAC, MP3, Ogg or WebM"
+)
+
+
+def _hinted_stream_blocks(
+    blocks: Iterator[tuple[npt.NDArray[np.float32], int]],
+) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
+    """A stream's `blocks`; a BadAudio from an FFmpeg error before the first of them (where a
+    format FFmpeg cannot read without seeking fails) with `_STREAM_HINT` added."""
+    started = False
+    try:
+        for block in blocks:
+            started = True
+            yield block
+    except BadAudio as e:
+        if started or not isinstance(e.__cause__, av.FFmpegError) or "save it" in e.message:
+            raise
+        raise BadAudio(e.message + _STREAM_HINT) from e
 
 
 def _checked_chunks(

@@ -359,6 +359,21 @@ def test_an_mp4_streamed_with_its_index_at_the_end_says_to_save_it_to_a_file(
     assert decode_file(data).size > 0  # the same bytes read whole, with seeking
 
 
+@pytest.mark.parametrize("codec", ["flac", "alac"])
+def test_a_caf_ffmpeg_cannot_read_from_a_pipe_says_to_save_it_to_a_file(
+    tmp_path: Path, codec: str
+) -> None:
+    """A CAF of compressed audio piped to `livemeet stream -` was "not an audio file, a damaged
+    or truncated one, ..." (a breadth probe of codecs): FFmpeg cannot read its packet table
+    without seeking. The message now says so and what to do; the same bytes decode."""
+    data = _tone_file(tmp_path, "caf", codec)
+    with pytest.raises(BadAudio) as refused:
+        _decode_piped(data)
+    assert "from a pipe FFmpeg cannot read every format" in refused.value.message
+    assert "save it to a file" in refused.value.message
+    assert decode_file(data).size > 0
+
+
 def test_a_wavpack_from_a_pipe_decodes_as_its_bytes(tmp_path: Path) -> None:
     """A WavPack piped to `livemeet stream -` was BadAudio ("cannot decode the audio: FFmpeg:
     Invalid data found ...") after all its samples (a breadth probe of codecs): FFmpeg read
