@@ -476,12 +476,12 @@ def iter_decode_stream(
 
 # FFmpeg (8.0) refuses these from a pipe with only "Invalid data found when processing input",
 # as it refuses an MP4 whose index follows its audio (`_ffmpeg_part_blocks` names that one): a
-# CAF of compressed audio (FLAC, ALAC, AC-3: its packet table), as it opens it; they decode
-# from a file or bytes (a breadth probe of codecs)
+# CAF of compressed audio (FLAC, ALAC, AC-3: its packet table) and a WavPack of more than 2
+# channels, as it opens them; they decode from a file or bytes (a breadth probe of codecs)
 _STREAM_HINT = (
-    "; from a pipe FFmpeg cannot read every format: a CAF of compressed audio or an MP4 "
-    "whose index follows its audio must be sought in: save it to a file and pass that, or "
-    "pipe a WAV, FLAC, MP3, Ogg or WebM"
+    "; from a pipe FFmpeg cannot read every format: a CAF of compressed audio, a WavPack of "
+    "more than 2 channels or an MP4 whose index follows its audio must be sought in: save it "
+    "to a file and pass that, or pipe a WAV, FLAC, MP3, Ogg or WebM"
 )
 
 

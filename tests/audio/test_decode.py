@@ -359,14 +359,17 @@ def test_an_mp4_streamed_with_its_index_at_the_end_says_to_save_it_to_a_file(
     assert decode_file(data).size > 0  # the same bytes read whole, with seeking
 
 
-@pytest.mark.parametrize("codec", ["flac", "alac"])
-def test_a_caf_ffmpeg_cannot_read_from_a_pipe_says_to_save_it_to_a_file(
-    tmp_path: Path, codec: str
+@pytest.mark.parametrize(
+    ("fmt", "codec", "channels"), [("caf", "flac", 1), ("caf", "alac", 1), ("wv", "wavpack", 6)]
+)
+def test_a_file_ffmpeg_cannot_read_from_a_pipe_says_to_save_it_to_a_file(
+    tmp_path: Path, fmt: str, codec: str, channels: int
 ) -> None:
-    """A CAF of compressed audio piped to `livemeet stream -` was "not an audio file, a damaged
-    or truncated one, ..." (a breadth probe of codecs): FFmpeg cannot read its packet table
-    without seeking. The message now says so and what to do; the same bytes decode."""
-    data = _tone_file(tmp_path, "caf", codec)
+    """A CAF of compressed audio or a WavPack of 6 channels piped to `livemeet stream -` was
+    "not an audio file, a damaged or truncated one, ..." (a breadth probe of codecs): FFmpeg
+    cannot open them without seeking. The message now says so and what to do; the same bytes
+    decode."""
+    data = _tone_file(tmp_path, fmt, codec, channels)
     with pytest.raises(BadAudio) as refused:
         _decode_piped(data)
     assert "from a pipe FFmpeg cannot read every format" in refused.value.message
