@@ -4,6 +4,8 @@ Routing: libsndfile (soundfile) reads the lossless containers it knows (WAV, AIF
 FLAC's header; everything else, the lossy formats libsndfile also claims (MP3, Ogg, MP3 in a
 WAV) and FLAC's audio go through FFmpeg (PyAV), which applies encoder-delay trimming, copes
 with odd streams and reads a FLAC to its last frame (libsndfile stops at its header's count).
+So does a W64 in WAVE_FORMAT_EXTENSIBLE of any codec but integer PCM (float, mu-law, A-law,
+ADPCM): libsndfile read it as integer PCM, noise without an error.
 Channels (up to MAX_FILE_CHANNELS) are averaged; the rate is converted with soxr
 (`FILE_RESAMPLE_QUALITY`). Library errors never escape: each is mapped to `BadAudio` naming
 what failed.
@@ -34,7 +36,10 @@ tag (fragmented, as FFmpeg writes it: the priming; the end is still cut) and AAC
 sample at 16, 44.1 and 48 kHz; a transcript's times may come as late, less than one 80-ms audio
 token. No standard fixes a delay to remove instead: AAC's priming is its encoder's (1,024
 samples from FFmpeg's, 2,112 from Apple's), and of an MP3's 1,105 only the decoder's 529 are
-the format's, the other 576 LAME's.
+the format's, the other 576 LAME's. Read from a pipe (`iter_decode_stream`), an MP3 keeps
+the padding of its last frame: FFmpeg cuts that end only in a file it can seek in (its delay
+is trimmed either way); in a breadth probe of codecs, up to 58 ms of near-silence at its end
+at 8 kHz, 35 ms at 16 kHz, 13 ms at 48 kHz.
 
 Decisions on damaged input:
 - Truncated files that libsndfile reads raise `BadAudio` when its decoder fails or yields fewer
@@ -116,10 +121,11 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 import threading
 import wave
 from collections.abc import Generator, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple, cast
@@ -461,8 +467,38 @@ def iter_decode_stream(
     every error (not audio, a bad rate, more than `max_audio_s` seconds, non-finite samples,
     no samples at all) is BadAudio or TooLong raised by the iterator, after the chunks before
     it. The first chunk comes once FFmpeg has read enough to know the format (~100 KB of a
-    WAV: 3.3 s of 16-kHz mono recorded as it goes). `stream` stays open."""
-    return _checked_chunks(_resampled(_ffmpeg_blocks(stream), max_audio_s, None), None)
+    WAV: 3.3 s of 16-kHz mono recorded as it goes). `stream` stays open. A BadAudio of
+    FFmpeg's before the first chunk says which formats it cannot read from a pipe
+    (`_STREAM_HINT`)."""
+    blocks = _hinted_stream_blocks(_ffmpeg_blocks(stream))
+    return _checked_chunks(_resampled(blocks, max_audio_s, None), None)
+
+
+# FFmpeg (8.0) refuses these from a pipe with only "Invalid data found when processing input",
+# as it refuses an MP4 whose index follows its audio (`_ffmpeg_part_blocks` names that one): a
+# CAF of compressed audio (FLAC, ALAC, AC-3: its packet table) and a WavPack of more than 2
+# channels, as it opens them; they decode from a file or bytes (a breadth probe of codecs)
+_STREAM_HINT = (
+    "; from a pipe FFmpeg cannot read every format: a CAF of compressed audio, a WavPack of "
+    "more than 2 channels or an MP4 whose index follows its audio must be sought in: save it "
+    "to a file and pass that, or pipe a WAV, FLAC, MP3, Ogg or WebM"
+)
+
+
+def _hinted_stream_blocks(
+    blocks: Iterator[tuple[npt.NDArray[np.float32], int]],
+) -> Iterator[tuple[npt.NDArray[np.float32], int]]:
+    """A stream's `blocks`; a BadAudio from an FFmpeg error before the first of them (where a
+    format FFmpeg cannot read without seeking fails) with `_STREAM_HINT` added."""
+    started = False
+    try:
+        for block in blocks:
+            started = True
+            yield block
+    except BadAudio as e:
+        if started or not isinstance(e.__cause__, av.FFmpegError) or "save it" in e.message:
+            raise
+        raise BadAudio(e.message + _STREAM_HINT) from e
 
 
 def _checked_chunks(
@@ -629,7 +665,47 @@ def _soundfile_info(source: AudioSource | Tail) -> sf._SoundFileInfo | None:
     # file; a file with no samples at all decodes to none there too (BadAudio, zero length).
     if info.frames == 0 or info.frames >= _SF_UNKNOWN_FRAMES:
         return None
+    if info.format == "W64" and _w64_extensible_subformat(source) not in (None, _WAVE_FORMAT_PCM):
+        return None  # libsndfile would read it as integer PCM (`_w64_extensible_subformat`)
     return info
+
+
+_WAVE_FORMAT_PCM = 0x0001
+_WAVE_FORMAT_EXTENSIBLE = 0xFFFE
+# Sony Wave64's chunk GUIDs: the header's ('riff' GUID, 8-byte size, 'wave' GUID) is 40 bytes,
+# then chunks of a 16-byte GUID and an 8-byte size that counts those 24 bytes, each padded to
+# 8 bytes
+_W64_HEADER_BYTES = 40
+_W64_FMT_GUID = b"fmt \xf3\xac\xd3\x11\x8c\xd1\x00\xc0\x4f\x8e\xdb\x8a"
+_W64_CHUNK_HEADER = struct.Struct("<16sQ")
+_W64_MAX_CHUNKS = 64  # chunks looked through for 'fmt ' (it comes first in every writer's)
+
+
+def _w64_extensible_subformat(source: AudioSource | Tail) -> int | None:
+    """The format tag of a Wave64 file's WAVE_FORMAT_EXTENSIBLE SubFormat GUID (its first two
+    bytes: 0x0001 integer PCM, 0x0003 IEEE float, 0x0007 mu-law, ...); None for any other file.
+
+    libsndfile (1.2) reads such a W64 as integer PCM of its bit depth whatever the SubFormat
+    says: float as PCM_32, mu-law, A-law and MS ADPCM as PCM_U8, noise without an error (FFmpeg
+    writes extensible W64 above 2 channels or 48 kHz; a WAV's it reads right). FFmpeg reads it.
+    """
+    opened = _openable(source)
+    with open(opened, "rb") if isinstance(opened, str) else nullcontext(opened) as f:
+        f.seek(_W64_HEADER_BYTES)
+        for _ in range(_W64_MAX_CHUNKS):
+            header = f.read(_W64_CHUNK_HEADER.size)
+            if len(header) < _W64_CHUNK_HEADER.size:
+                return None
+            guid, size = _W64_CHUNK_HEADER.unpack(header)
+            if guid == _W64_FMT_GUID:
+                body = f.read(40)  # WAVEFORMATEXTENSIBLE: the SubFormat GUID at byte 24
+                if len(body) < 40 or struct.unpack_from("<H", body)[0] != _WAVE_FORMAT_EXTENSIBLE:
+                    return None
+                return int(struct.unpack_from("<H", body, 24)[0])
+            if size < _W64_CHUNK_HEADER.size:
+                return None
+            f.seek((size + 7) // 8 * 8 - _W64_CHUNK_HEADER.size, io.SEEK_CUR)
+    return None
 
 
 def _soundfile_blocks(
@@ -776,7 +852,7 @@ def _ffmpeg_part_blocks(
                 stream.codec_context.options = {"err_detect": "crccheck+explode"}
             trim = trim_for(container, stream)
             rate_free = stream.codec_context.name in _RATE_CHANGE_DECODERS
-            for packet in container.demux(stream):
+            for packet in _packets(container, stream):
                 num_packets += 1
                 if trim is not None:
                     trim.see(packet)
@@ -824,6 +900,26 @@ def _ffmpeg_part_blocks(
             f"cannot decode the audio: FFmpeg rejected {num_bad_packets} of its {num_packets} "
             "packets as invalid data"
         )
+
+
+def _packets(
+    container: av.container.InputContainer, stream: av.AudioStream
+) -> Iterator[av.Packet[av.AudioStream]]:
+    """`container.demux(stream)`, but for the end of a WavPack read from a pipe: FFmpeg's wv
+    demuxer passes the APE tag at a WavPack's end (which its writers, FFmpeg among them, put
+    there) only where it can seek to it first, and from a pipe read it as a block: "Invalid
+    data found when processing input" once every sample had been demuxed (a breadth probe of
+    codecs). That error, after packets that reach the samples the WavPack's block headers
+    declare, ends it."""
+    end = 0  # where the packets so far end, in the stream's time base
+    try:
+        for packet in container.demux(stream):
+            if packet.pts is not None and packet.duration:
+                end = max(end, packet.pts + packet.duration)
+            yield packet
+    except av.InvalidDataError:
+        if container.format.name != "wv" or not stream.duration or end < stream.duration:
+            raise
 
 
 def _sliced(

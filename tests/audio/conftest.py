@@ -78,11 +78,11 @@ def encode_with_pyav(
     *,
     source_rate: int = 16_000,
 ) -> None:
-    """Encode `planes` ([channels, n] float32 at `source_rate` Hz; 1 or 2 channels) with PyAV
+    """Encode `planes` ([channels, n] float32 at `source_rate` Hz; 1, 2 or 6 channels) with PyAV
     into `target` (a path, or a writable file object) as `codec` at `rate` Hz in the
     container `fmt`. Timestamps start at 0, so the MP4 muxer writes the edit list that trims
     the codec's priming samples."""
-    layout = "mono" if planes.shape[0] == 1 else "stereo"
+    layout = {1: "mono", 2: "stereo", 6: "5.1"}[planes.shape[0]]
     where = str(target) if isinstance(target, Path) else target
     with av.open(where, "w", format=fmt, options=options or {}) as out:
         stream = out.add_stream(codec, rate=rate)

@@ -118,6 +118,29 @@ def test_float32_wav(shared_data: Path) -> None:
     np.testing.assert_array_equal(decode_file(path), np.clip(raw, -1, 1))
 
 
+@pytest.mark.parametrize(
+    ("codec", "max_error"), [("pcm_f32le", 1e-3), ("pcm_mulaw", 0.05), ("adpcm_ms", 0.1)]
+)
+def test_an_extensible_w64_of_another_codec_than_integer_pcm_decodes_right(
+    tmp_path: Path, codec: str, max_error: float
+) -> None:
+    """FFmpeg writes a W64 of 96 kHz (or of more than 2 channels) as WAVE_FORMAT_EXTENSIBLE,
+    and libsndfile read one whose SubFormat is not integer PCM as integer PCM of its bit depth:
+    float as PCM_32, mu-law and MS ADPCM as PCM_U8, noise without an error (a breadth probe of
+    codecs). FFmpeg decodes it now: the tone it holds, from a file and from its bytes."""
+    t = np.arange(int(0.3 * SAMPLE_RATE)) / SAMPLE_RATE
+    tone = (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    path = tmp_path / f"{codec}.w64"
+    encode_with_pyav(path, tone[None, :], "w64", codec, 96_000)
+    data = path.read_bytes()
+    assert struct.unpack_from("<H", data, 64)[0] == 0xFFFE  # the fmt chunk's format tag
+    for source in (path, data):
+        out = decode_file(source)
+        # ADPCM fills its last block: up to 2,048 samples at 96 kHz after the tone
+        assert tone.size <= out.size <= tone.size + 2048 * SAMPLE_RATE // 96_000
+        assert np.abs(out[: tone.size] - tone)[100:-100].max() < max_error  # past the edges
+
+
 def test_24bit_stereo_44k_flac_matches_ffmpeg_resampler(shared_data: Path) -> None:
     path = shared_data / "jfk" / "jfk.flac"
     assert probe(path) == AudioInfo(11.0, 44_100, 2, "flac/pcm_24")
@@ -334,6 +357,58 @@ def test_an_mp4_streamed_with_its_index_at_the_end_says_to_save_it_to_a_file(
     assert "index (moov atom) after its audio" in refused.value.message
     assert "save it to a file" in refused.value.message
     assert decode_file(data).size > 0  # the same bytes read whole, with seeking
+
+
+@pytest.mark.parametrize(
+    ("fmt", "codec", "channels"), [("caf", "flac", 1), ("caf", "alac", 1), ("wv", "wavpack", 6)]
+)
+def test_a_file_ffmpeg_cannot_read_from_a_pipe_says_to_save_it_to_a_file(
+    tmp_path: Path, fmt: str, codec: str, channels: int
+) -> None:
+    """A CAF of compressed audio or a WavPack of 6 channels piped to `livemeet stream -` was
+    "not an audio file, a damaged or truncated one, ..." (a breadth probe of codecs): FFmpeg
+    cannot open them without seeking. The message now says so and what to do; the same bytes
+    decode."""
+    data = _tone_file(tmp_path, fmt, codec, channels)
+    with pytest.raises(BadAudio) as refused:
+        _decode_piped(data)
+    assert "from a pipe FFmpeg cannot read every format" in refused.value.message
+    assert "save it to a file" in refused.value.message
+    assert decode_file(data).size > 0
+
+
+def test_a_wavpack_from_a_pipe_decodes_as_its_bytes(tmp_path: Path) -> None:
+    """A WavPack piped to `livemeet stream -` was BadAudio ("cannot decode the audio: FFmpeg:
+    Invalid data found ...") after all its samples (a breadth probe of codecs): FFmpeg read
+    the APE tag at its end, which it passes only where it can seek, as a block. Its samples
+    now end it, as its bytes do; a WavPack cut short is still BadAudio."""
+    data = _tone_file(tmp_path, "wv", "wavpack", channels=2)
+    assert data.rfind(b"APETAGEX") > 0  # FFmpeg's muxer ends it with an APE tag
+    whole = decode_file(data)
+    np.testing.assert_array_equal(_decode_piped(data), whole)
+    with pytest.raises(BadAudio):
+        _decode_piped(data[: len(data) // 2])
+
+
+def _tone_file(tmp_path: Path, fmt: str, codec: str, channels: int = 1) -> bytes:
+    """0.3 s of a 440 Hz tone at 44.1 kHz encoded by PyAV as `codec` in `fmt`."""
+    t = np.arange(int(0.3 * SAMPLE_RATE)) / SAMPLE_RATE
+    tone = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+    path = tmp_path / f"tone.{fmt}"
+    encode_with_pyav(path, np.stack([tone] * channels), fmt, codec, 44_100)
+    return path.read_bytes()
+
+
+def _decode_piped(data: bytes) -> F32:
+    """`iter_decode_stream`'s samples of `data` written to a pipe as it reads it."""
+    read_fd, write_fd = os.pipe()
+    writer = threading.Thread(target=lambda: _write_all(write_fd, data))
+    writer.start()
+    try:
+        with open(read_fd, "rb", buffering=0) as pipe:
+            return np.concatenate(list(decode.iter_decode_stream(pipe)))
+    finally:
+        writer.join()
 
 
 def _write_all(fd: int, data: bytes) -> None:
