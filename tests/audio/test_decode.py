@@ -371,7 +371,7 @@ def test_a_file_ffmpeg_cannot_read_from_a_pipe_says_to_save_it_to_a_file(
     decode."""
     data = _tone_file(tmp_path, fmt, codec, channels)
     with pytest.raises(BadAudio) as refused:
-        _decode_piped(data)
+        piped(data)
     assert "from a pipe FFmpeg cannot read every format" in refused.value.message
     assert "save it to a file" in refused.value.message
     assert decode_file(data).size > 0
@@ -385,9 +385,9 @@ def test_a_wavpack_from_a_pipe_decodes_as_its_bytes(tmp_path: Path) -> None:
     data = _tone_file(tmp_path, "wv", "wavpack", channels=2)
     assert data.rfind(b"APETAGEX") > 0  # FFmpeg's muxer ends it with an APE tag
     whole = decode_file(data)
-    np.testing.assert_array_equal(_decode_piped(data), whole)
+    np.testing.assert_array_equal(piped(data), whole)
     with pytest.raises(BadAudio):
-        _decode_piped(data[: len(data) // 2])
+        piped(data[: len(data) // 2])
 
 
 def _tone_file(tmp_path: Path, fmt: str, codec: str, channels: int = 1) -> bytes:
@@ -397,18 +397,6 @@ def _tone_file(tmp_path: Path, fmt: str, codec: str, channels: int = 1) -> bytes
     path = tmp_path / f"tone.{fmt}"
     encode_with_pyav(path, np.stack([tone] * channels), fmt, codec, 44_100)
     return path.read_bytes()
-
-
-def _decode_piped(data: bytes) -> F32:
-    """`iter_decode_stream`'s samples of `data` written to a pipe as it reads it."""
-    read_fd, write_fd = os.pipe()
-    writer = threading.Thread(target=lambda: _write_all(write_fd, data))
-    writer.start()
-    try:
-        with open(read_fd, "rb", buffering=0) as pipe:
-            return np.concatenate(list(decode.iter_decode_stream(pipe)))
-    finally:
-        writer.join()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -37,10 +37,7 @@ def batch_clips(long_speech: np.ndarray) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def reference_tokens(ref_model: Any, batch_clips: list[np.ndarray]) -> list[list[int]]:
-    return [
-        tiny.reference_greedy(ref_model, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
-        for clip in batch_clips
-    ]
+    return [_reference_greedy(ref_model, clip) for clip in batch_clips]
 
 
 def _engine(
@@ -49,6 +46,21 @@ def _engine(
     sched = SchedulerConfig(chunked_prefill_size=chunk, max_num_batched_tokens=max(chunk, 1024))
     config = EngineConfig(num_kv_blocks=num_blocks, block_size=block_size, scheduler=sched)
     return Engine(config, model=(model, model.cfg), clock=SteppingClock())
+
+
+def _run_together(engine: Engine, clips: list[np.ndarray]) -> list[list[int]]:
+    """Greedy output tokens of every clip, all added at once and stepped to the end."""
+    for i, clip in enumerate(clips):
+        engine.add_request(f"r{i}", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+    done: dict[str, list[int]] = {}
+    while engine.has_work():
+        done.update({r.request_id: list(r.output_token_ids) for r in engine.step().finished})
+    return [done[f"r{i}"] for i in range(len(clips))]
+
+
+def _reference_greedy(ref: Any, clip: np.ndarray) -> list[int]:
+    """The transformers model `ref`'s greedy NEW_TOKENS tokens for one clip."""
+    return tiny.reference_greedy(ref, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
 
 
 def _run_staggered(engine: Engine, clips: list[np.ndarray]) -> dict[str, list[int]]:
@@ -733,15 +745,9 @@ def test_model_md_tiny_geometry_with_small_head_dims_matches_reference(
         str(tiny.write_hf_native(tmp_path / "hf", weights, cfg)), dtype=torch.float32
     ).eval()
     clips = [batch_clips[1], batch_clips[4]]  # 3 s and 40 s (two windows)
-    engine = _engine(ours, 64, num_blocks=None)
+    done = _run_together(_engine(ours, 64, num_blocks=None), clips)
     for i, clip in enumerate(clips):
-        engine.add_request(f"r{i}", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    done: dict[str, list[int]] = {}
-    while engine.has_work():
-        done.update({r.request_id: list(r.output_token_ids) for r in engine.step().finished})
-    for i, clip in enumerate(clips):
-        expected = tiny.reference_greedy(ref, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
-        assert done[f"r{i}"] == expected, i
+        assert done[i] == _reference_greedy(ref, clip), i
 
 
 def test_a_checkpoint_transformers_saved_matches_it(
@@ -778,15 +784,10 @@ def test_a_checkpoint_transformers_saved_matches_it(
         model=str(root), device="cpu", dtype="float32", num_kv_blocks=96,
         block_size=TEST_BLOCK_SIZE,
     )  # fmt: skip
-    engine = Engine(config, clock=SteppingClock())
     clips = [batch_clips[1], batch_clips[4]]  # 3 s and 40 s (two windows)
-    for i, clip in enumerate(clips):
-        engine.add_request(f"r{i}", clip, max_new_tokens=NEW_TOKENS, ignore_eos=True)
-    done: dict[str, list[int]] = {}
-    while engine.has_work():
-        done.update({r.request_id: list(r.output_token_ids) for r in engine.step().finished})
+    done = _run_together(Engine(config, clock=SteppingClock()), clips)
     for i, clip in enumerate(clips):
         # the processor saved above (loading it back costs 2.5 s of tokenizer parsing)
-        expected = tiny.reference_greedy(ref, tiny.reference_inputs([clip]), NEW_TOKENS)[0]
-        assert done[f"r{i}"] == expected, i
+        expected = _reference_greedy(ref, clip)
+        assert done[i] == expected, i
         assert len(set(expected)) > NEW_TOKENS // 2  # not one token repeated

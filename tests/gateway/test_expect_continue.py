@@ -75,15 +75,25 @@ async def open_socket(client: TestClient) -> tuple[asyncio.StreamReader, asyncio
     return await asyncio.open_connection(client.server.host, client.server.port)
 
 
+async def answer_before_body(
+    client: TestClient, length: int, headers: dict[str, str]
+) -> tuple[int, dict[str, str], bytes]:
+    """The server's answer to an upload's head with `Expect: 100-continue` whose body of
+    `length` bytes is never sent: status, headers (lower-cased names) and body."""
+    reader, writer = await open_socket(client)
+    writer.write(request_head(length, headers))
+    await writer.drain()
+    answer = await read_response(reader)
+    writer.close()
+    return answer
+
+
 async def test_a_refused_key_is_answered_before_the_body(keyed: TestClient) -> None:
     """Before, aiohttp said 100 ahead of the auth middleware: the client sent the whole
     file, then got the 401."""
-    reader, writer = await open_socket(keyed)
     body = multipart(wav_bytes(1.0))
-    writer.write(request_head(len(body), {"Authorization": "Bearer lm_000000000000_x"}))
-    await writer.drain()
-    status, headers, answer = await read_response(reader)  # no body sent
-    writer.close()
+    auth = {"Authorization": "Bearer lm_000000000000_x"}
+    status, headers, answer = await answer_before_body(keyed, len(body), auth)
     assert status == 401 and headers["www-authenticate"].startswith("Bearer")
     assert json.loads(answer)["error"]["code"] == "unauthorized"
 
@@ -111,11 +121,7 @@ async def test_a_declared_body_over_the_limit_is_413_before_the_body(
 ) -> None:
     gateway = replace(server_config.gateway, max_upload_bytes=1000)
     client = await aiohttp_client(create_app(replace(server_config, gateway=gateway), fake))
-    reader, writer = await open_socket(client)
-    writer.write(request_head(5000, {}))
-    await writer.drain()
-    status, _, answer = await read_response(reader)
-    writer.close()
+    status, _, answer = await answer_before_body(client, 5000, {})
     assert status == 413
     assert json.loads(answer)["error"]["code"] == "payload_too_large"
     assert not fake.sessions  # no upload began
@@ -127,11 +133,7 @@ async def test_a_content_encoding_the_server_does_not_decode_is_refused_before_i
     """An `x-gzip` body would be refused once sent (aiohttp does not inflate it): the
     headers tell already, so the client is told before it sends the body."""
     client = await aiohttp_client(create_app(server_config, fake))
-    reader, writer = await open_socket(client)
-    writer.write(request_head(10_000, {"Content-Encoding": "x-gzip"}))
-    await writer.drain()
-    status, _, body = await read_response(reader)
-    writer.close()
+    status, _, body = await answer_before_body(client, 10_000, {"Content-Encoding": "x-gzip"})
     error = json.loads(body)["error"]
     assert status == 400 and error["code"] == "invalid_request"
     assert "Content-Encoding 'x-gzip'" in error["message"]
@@ -144,11 +146,7 @@ async def test_a_page_of_another_origin_is_refused_before_its_body(
     """A server that asks for no key: a form posted from another site is refused (400
     request_rejected) before it sends its body, as a wrong key is."""
     client = await aiohttp_client(create_app(server_config, fake))
-    reader, writer = await open_socket(client)
-    writer.write(request_head(10_000, {"Origin": "https://evil.example"}))
-    await writer.drain()
-    status, _, body = await read_response(reader)
-    writer.close()
+    status, _, body = await answer_before_body(client, 10_000, {"Origin": "https://evil.example"})
     assert status == 400 and json.loads(body)["error"]["code"] == "request_rejected"
     assert not fake.sessions
 

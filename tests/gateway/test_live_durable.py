@@ -23,6 +23,7 @@ from livemeet.errors import ConfigError, EngineUnavailable, InvalidRequest, Stor
 from livemeet.gateway import live_journal, live_journal_writer
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import CONFIG_KEY, SESSIONS_KEY, STORE_KEY
+from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_journal import JournalSession, LiveJournal
 from livemeet.gateway.live_protocol import PCM_ENCODING, AudioFormat
 from livemeet.gateway.live_sessions import LiveSessions
@@ -242,6 +243,21 @@ async def journal_a_session(
         journal.mark_ended(session_id)
     await journal.close()
     return session_id
+
+
+async def open_live(
+    sessions: LiveSessions, fake: FakeTranscriber, sink: RecordingSink
+) -> LiveSessionHolder:
+    """A live session of 16-bit mono PCM at RATE opened on `fake`, held by `sessions` with
+    `sink` as its socket (no WebSocket: the holder's own calls)."""
+    options = SessionOptions(live=True)
+    return sessions.open(
+        await fake.open_session(options),
+        PcmStreamDecoder(RATE),
+        AudioFormat(RATE, 1, PCM_ENCODING),
+        sink,
+        options,
+    )
 
 
 def ramp_pcm(seconds: float, start: int = 0) -> bytes:
@@ -606,15 +622,8 @@ async def test_audio_after_the_journal_failed_the_session_is_no_internal_error(
     journal.start(asyncio.get_running_loop())
     await fake.start()
     sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create(), None, journal, fake)
-    options = SessionOptions(live=True)
     sink = RecordingSink()
-    holder = sessions.open(
-        await fake.open_session(options),
-        PcmStreamDecoder(RATE),
-        AudioFormat(RATE, 1, PCM_ENCODING),
-        sink,
-        options,
-    )
+    holder = await open_live(sessions, fake, sink)
     await holder.append(sink, pcm16(0.5))
     await wait_until(lambda: holder.journal_closed)
     assert holder.storage_error is not None and holder.storage_error.code == "storage_failed"
@@ -739,16 +748,9 @@ async def test_an_append_cut_off_by_its_dropped_socket_loses_none_of_the_audio_s
     again were skipped as held: the final said 100 s of the 110 sent. Now the append runs
     to its end (a resume waits for it), and the audio sent again is taken once."""
     await fake.start()
-    options = SessionOptions(live=True)
     sessions = LiveSessions(60.0, 60.0, GatewayMetrics.create())
     sink = RecordingSink()
-    holder = sessions.open(
-        await fake.open_session(options),
-        PcmStreamDecoder(RATE),
-        AudioFormat(RATE, 1, PCM_ENCODING),
-        sink,
-        options,
-    )
+    holder = await open_live(sessions, fake, sink)
     audio = ramp_pcm(3.0)
     second = 2 * RATE  # bytes of one second of mono PCM16
     await holder.append(sink, audio[:second])

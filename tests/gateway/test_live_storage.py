@@ -446,8 +446,7 @@ async def test_a_shutdown_while_the_final_is_being_stored_does_not_say_no_final_
             await ws.send_json(START)
             await ws.receive_json()
             await stream_acked(ws, fake, 1.0)
-            disk.full = True
-            await ws.send_bytes(pcm16(0.5))
+            await fill_the_disk(ws, fake, disk, 0.5)
             seen = await read_until(ws, "transcript.final")
             await wait_until(writing.is_set)
             reading = asyncio.create_task(read_to_close(ws))

@@ -148,12 +148,19 @@ def test_call_5_runs_the_head_tests_then_the_arms(tmp_path: Path, card: str) -> 
     assert (out / "1_new" / "engine.log").is_file() and (out / "2_new" / "engine.log").is_file()
 
 
-def test_call_6_runs_the_engine_then_the_old_arm_on_an_h200(tmp_path: Path) -> None:
-    out = tmp_path / "out"
+def run_with_old_tree(tmp_path: Path, call: str, out: Path) -> subprocess.CompletedProcess[str]:
+    """gpu_next.sh `call` on an H200 with its results under `out`, the old arm's tree
+    (AB_OLD abc1234) an empty stand-in folder; asserts that it succeeded."""
     old = tmp_path / "old"
     (old / "scripts").mkdir(parents=True)
-    done = run(tmp_path, "NVIDIA H200", "6", OUT=str(out), AB_OLD="abc1234", AB_OLD_DIR=str(old))
+    done = run(tmp_path, "NVIDIA H200", call, OUT=str(out), AB_OLD="abc1234", AB_OLD_DIR=str(old))
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_call_6_runs_the_engine_then_the_old_arm_on_an_h200(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = run_with_old_tree(tmp_path, "6", out)
     lines = done.stdout.splitlines()
     assert lines[1] == "phase=engine sessions= uploads= duration= http=/ fp8=long:16 pause= extra="
     assert "=== arm 1: old (abc1234)" in lines
@@ -167,10 +174,7 @@ def test_call_6_runs_the_engine_then_the_old_arm_on_an_h200(tmp_path: Path) -> N
 
 def test_call_7_runs_fp8_long_c16_on_the_old_tree_then_the_new_on_an_h200(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    old = tmp_path / "old"
-    (old / "scripts").mkdir(parents=True)
-    done = run(tmp_path, "NVIDIA H200", "7", OUT=str(out), AB_OLD="abc1234", AB_OLD_DIR=str(old))
-    assert done.returncode == 0, done.stderr
+    done = run_with_old_tree(tmp_path, "7", out)
     lines = done.stdout.splitlines()
     arms = [line for line in lines if line.startswith("=== arm ")]
     assert arms == ["=== arm 1: old (abc1234)", f"=== arm 2: new ({_label()})"]
