@@ -80,6 +80,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 from typing import NamedTuple
 
 from livemeet.audio.constants import (
@@ -269,9 +270,9 @@ def _windows_to_encode(request: Request, start: int, end: int) -> int:
     lo = max(lo, request.num_encoded_audio)
     if lo >= hi:
         return 0
-    first, last = lo // TOKENS_PER_WINDOW, (hi - 1) // TOKENS_PER_WINDOW
-    cached = request.cached_audio_windows
-    return sum(1 for w in range(first, last + 1) if w not in cached)
+    # the windows whose first embedding to encode the chunk reaches: one walk for the charge
+    # and the sizing (`_max_chunk_with_encode`), which must agree
+    return sum(1 for _ in takewhile(lambda stop: stop < hi, _encode_stops(request, lo)))
 
 
 def _encode_stops(request: Request, todo: int) -> Iterator[int]:
