@@ -148,12 +148,14 @@ def test_call_5_runs_the_head_tests_then_the_arms(tmp_path: Path, card: str) -> 
     assert (out / "1_new" / "engine.log").is_file() and (out / "2_new" / "engine.log").is_file()
 
 
-def run_with_old_tree(tmp_path: Path, call: str, out: Path) -> subprocess.CompletedProcess[str]:
-    """gpu_next.sh `call` on an H200 with its results under `out`, the old arm's tree
+def run_with_old_tree(
+    tmp_path: Path, call: str, out: Path, card: str = "NVIDIA H200"
+) -> subprocess.CompletedProcess[str]:
+    """gpu_next.sh `call` on `card` with its results under `out`, the old arm's tree
     (AB_OLD abc1234) an empty stand-in folder; asserts that it succeeded."""
     old = tmp_path / "old"
     (old / "scripts").mkdir(parents=True)
-    done = run(tmp_path, "NVIDIA H200", call, OUT=str(out), AB_OLD="abc1234", AB_OLD_DIR=str(old))
+    done = run(tmp_path, card, call, OUT=str(out), AB_OLD="abc1234", AB_OLD_DIR=str(old))
     assert done.returncode == 0, done.stderr
     return done
 
@@ -172,17 +174,22 @@ def test_call_6_runs_the_engine_then_the_old_arm_on_an_h200(tmp_path: Path) -> N
     assert (out / "profile" / "profile.log").is_file()
 
 
-def test_call_7_runs_fp8_long_c16_on_the_old_tree_then_the_new_on_an_h200(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("card", "budget_s", "rate"), [("NVIDIA H200", 330, 250), ("NVIDIA H100 80GB HBM3", 400, 200)]
+)
+def test_call_7_runs_fp8_long_c16_on_the_old_tree_then_the_new(
+    tmp_path: Path, card: str, budget_s: int, rate: int
+) -> None:
     out = tmp_path / "out"
-    done = run_with_old_tree(tmp_path, "7", out)
+    done = run_with_old_tree(tmp_path, "7", out, card)
     lines = done.stdout.splitlines()
     arms = [line for line in lines if line.startswith("=== arm ")]
     assert arms == ["=== arm 1: old (abc1234)", f"=== arm 2: new ({_label()})"]
     # each arm runs FP8 long c16 alone, its 16 meetings within half the budget at the rate
     assert [line for line in lines if "passed" in line] == [
-        "stand-in engine: 1 passed 330/ / /long:16/250"
+        f"stand-in engine: 1 passed {budget_s}/ / /long:16/{rate}"
     ] * 2
-    assert 16 * LONG_AUDIO_S / 250 <= (330 - BENCH_MARGIN_S) / 2
+    assert 16 * LONG_AUDIO_S / rate <= (budget_s - BENCH_MARGIN_S) / 2
     assert (out / "1_old" / "engine.log").is_file() and (out / "2_new" / "engine.log").is_file()
 
 
@@ -199,7 +206,7 @@ def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
     for card, call in (
         ("NVIDIA A100-SXM4-80GB", "1"),
         ("NVIDIA H200", "8"),
-        ("NVIDIA H100 80GB HBM3", "7"),
+        ("NVIDIA H100 80GB HBM3", "8"),
         ("NVIDIA H100 80GB HBM3", "6"),
     ):
         done = run(tmp_path, card, call)
