@@ -14,8 +14,10 @@ that restarts and keeps the session (1012, `server_restarting`), does not lose t
 as long as the server keeps it (`resume_deadline`), resumes it, sends the audio on from the
 offset the server reports and skips the finals the resume replays (docs/protocol.md,
 "Resume"). `SessionLink` is that bookkeeping, Sans-I/O: the session's resume token, the audio
-not yet acknowledged (`UnackedAudio`), the finals shown; `_Streamer` does the I/O. A refused
-resume (every other close the server sends) ends the session.
+not yet acknowledged (`UnackedAudio`), the places of the `finalize`s sent (`finalize_at_s`)
+that the server may have lost with a crash, sent again at their places past the resume's
+`finalize_offset`, the finals shown; `_Streamer` does the I/O. A refused resume (every other
+close the server sends) ends the session.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def resume_deadline(dropped_at: float, window_s: float, unreachable_at: float | 
 # s of audio sent and not yet acknowledged, at most, kept for a resume (~1 MB of PCM16): past
 # it, sending waits for an ack, which comes within ACK_INTERVAL_S of the server reading audio
 MAX_UNACKED_S = 30.0
+# the text frame of a `finalize` (docs/protocol.md, Client to server)
+FINALIZE_MESSAGE = json.dumps({"type": "finalize"})
 
 
 @dataclass
@@ -269,6 +273,11 @@ class SessionLink:
     def __init__(self, max_unacked_frames: int) -> None:
         self.max_unacked_frames = max_unacked_frames
         self.unacked = UnackedAudio()
+        # the places (sample frames sent before each, as `offset` counts) of the finalizes
+        # sent that no `session.ready` has said the server holds on disk, increasing: a
+        # crash may have taken them, acknowledged audio before them or not, so a resume
+        # sends them again (`resumed`)
+        self.finalizes: list[int] = []
         self.resume: dict[str, str] | None = None  # `start`'s `resume` field, once known
         self.window_s = 0.0  # s the server keeps the session after its socket goes
         self.resume_off = False  # the server keeps no session: nothing is kept here either
@@ -284,6 +293,14 @@ class SessionLink:
         """`pcm` (PCM16 LE) went out: held until acknowledged, unless resume is off."""
         if not self.resume_off:
             self.unacked.push(pcm)
+
+    def finalized(self) -> None:
+        """A `finalize` goes out after the audio `sent` so far (kept before it is sent, as a
+        frame is): its place is held until a resume's `session.ready` says the server holds
+        it, unless resume is off. A second one with no audio between is the same place."""
+        place = self.unacked.num_sent
+        if not self.resume_off and (not self.finalizes or self.finalizes[-1] != place):
+            self.finalizes.append(place)
 
     def receive(self, event: dict[str, Any]) -> bool:
         """Take in one server event; whether to show it: not an ack (flow control, not
@@ -310,10 +327,16 @@ class SessionLink:
             self._final_seen = True
         return True
 
-    def resumed(self, ready: dict[str, Any]) -> list[bytes]:
-        """The audio to send again after the `session.ready` that answered a resume: from
-        its `offset` on. Raises ResumeMismatch when it did not resume, or resumed at an
-        offset outside what is held."""
+    def resumed(self, ready: dict[str, Any]) -> list[bytes | str]:
+        """The frames to send again after the `session.ready` that answered a resume, in
+        order: the audio from its `offset` on (PCM16, binary), with a `finalize` (text) at
+        the place of each one sent past its `finalize_offset` (docs/protocol.md, Resume):
+        after the frame that ends there (a frame it falls within is split there), or first
+        where it is at `offset`. Those at or before `finalize_offset` are held by the server
+        and forgotten here; the others are kept (a crash may take them again). A server
+        whose `session.ready` has no `finalize_offset` (older than it) gets none: it would
+        take one it holds already for a new cut. Raises ResumeMismatch when it did not
+        resume, or resumed at an offset outside what is held."""
         if not ready.get("resumed"):
             raise ResumeMismatch(
                 f"asked to resume session {ready.get('session_id')!r}, the server started a "
@@ -322,7 +345,35 @@ class SessionLink:
         offset = int(ready["offset"])
         pcm = self.unacked.since(offset)
         self.unacked.ack(offset)  # the session holds it
-        return pcm
+        if "finalize_offset" not in ready:
+            self.finalizes = []
+            return list(pcm)
+        held = ready["finalize_offset"]
+        if held is not None:
+            self.finalizes = [place for place in self.finalizes if place > int(held)]
+        return with_finalizes(pcm, offset, self.finalizes)
+
+
+def with_finalizes(pcm: list[bytes], offset: int, places: list[int]) -> list[bytes | str]:
+    """`pcm` (mono PCM16 frames, contiguous from sample frame `offset` on) with a `finalize`
+    text frame at each of `places` (sample frames, increasing): first for one at or before
+    `offset`, after the frame that ends at one, a frame one falls within split there, and
+    last for one at the end of `pcm` (or past it)."""
+    out: list[bytes | str] = []
+    pending = deque(places)
+    at = offset
+    for frame in pcm:
+        while pending and pending[0] < at + len(frame) // PCM_S16LE_BYTES:
+            cut = max(0, pending.popleft() - at)
+            if cut:
+                out.append(frame[: cut * PCM_S16LE_BYTES])
+                frame, at = frame[cut * PCM_S16LE_BYTES :], at + cut
+            out.append(FINALIZE_MESSAGE)
+        if frame:
+            out.append(frame)
+            at += len(frame) // PCM_S16LE_BYTES
+    out += [FINALIZE_MESSAGE] * len(pending)
+    return out
 
 
 class PipeFrames:
@@ -410,6 +461,7 @@ async def stream_audio(
     wait_revision: bool = True,
     ssl_context: ssl.SSLContext | None = None,
     from_pipe: bool = False,
+    finalize_at_s: Iterable[float] = (),
 ) -> StreamResult:
     """Stream 16 kHz mono float32 `chunks` (any sizes; taken as they are needed, so an
     iterator that decodes a file holds a chunk at a time; `from_pipe`: taken on a thread, for
@@ -420,17 +472,24 @@ async def stream_audio(
     `Authorization: Bearer`; `ssl_context` (`stream.client_ssl_context`), where given, checks a
     wss:// server's certificate. Where `session.ready` promised a revision, the events go on to
     `transcript.revised` (or its error) unless not `wait_revision`: then the connection is
-    closed (1000) once `transcript.final` came.
+    closed (1000) once `transcript.final` came. `finalize_at_s`: places in the audio (s from
+    its start, at 1/SAMPLE_RATE s) where a `finalize` goes out, after the audio before it (a
+    push-to-talk release's, say); one past the audio's end is not sent (`end` commits all).
 
     Sending stops early when the server closes, when `stop` is set (Ctrl-C: `end` then still
     goes out and the final is awaited) or when `chunks` raises a LivemeetError (the file is
     damaged past that point: `result.audio_error`, and the audio before it is ended as by
     `stop`). A connection lost without a close frame is resumed (docs/protocol.md, "Resume")
     for as long as the server keeps the session: from the offset the server reports, out of
-    the audio kept since its last ack. After `end` it waits `final_timeout_s` (default:
+    the audio kept since its last ack, with each finalize the server may have lost again at
+    its place (`SessionLink.resumed`). After `end` it waits `final_timeout_s` (default:
     CLOSE_TIMEOUT_S + the audio's duration, since a loaded server may still be catching up)
-    and then gives up with `result.timed_out`. Raises OSError / websockets errors when it
-    cannot connect at first."""
+    and then gives up with `result.timed_out`. Raises ValueError for a place in
+    `finalize_at_s` before the audio's start, OSError / websockets errors when it cannot
+    connect at first."""
+    places = sorted(round(s * SAMPLE_RATE) for s in finalize_at_s)
+    if places and places[0] < 0:
+        raise ValueError(f"a finalize at {places[0] / SAMPLE_RATE} s is before the audio's start")
     # a hop's samples, in frames the server accepts (a hop of more than ~32 s is several)
     frame_samples = min(max(1, int(hop_s * SAMPLE_RATE)), MAX_FRAME_BYTES // PCM_S16LE_BYTES)
     framed = frames(chunks, frame_samples)
@@ -446,6 +505,7 @@ async def stream_audio(
         api_key=api_key,
         wait_revision=wait_revision,
         ssl_context=ssl_context,
+        finalize_at=places,
     )
     try:
         return await streamer.run()
@@ -472,6 +532,7 @@ class _Streamer:
         api_key: str | None = None,
         wait_revision: bool = True,
         ssl_context: ssl.SSLContext | None = None,
+        finalize_at: Iterable[int] = (),
     ) -> None:
         self.url = url
         self.wait_revision = wait_revision
@@ -498,6 +559,8 @@ class _Streamer:
         self.t0 = 0.0  # monotonic s the first connection opened: events' arrival clock
         self.pace_t0: float | None = None  # monotonic s of the first frame: the pacing clock
         self.num_samples_sent = 0
+        # the places (samples of audio before each, increasing) of the finalizes still to send
+        self.finalize_at = deque(finalize_at)
         self.exhausted = False  # the frames ran out (or failed: `result.audio_error`)
         self.ending = False  # no more audio: `end` goes out (again, after a resume)
         self.dropped_at: float | None = None  # monotonic s the connection dropped, until resumed
@@ -606,24 +669,25 @@ class _Streamer:
 
     async def _resend(self, ws: websockets.ClientConnection, receiver: asyncio.Task[None]) -> bool:
         """After a resume's `start`: wait for `session.ready`, then send again the audio the
-        session lacks, at once (the pacing clock catches up). False when the connection
-        closed first."""
+        session lacks, and the finalizes it may lack, at once (the pacing clock catches up).
+        False when the connection closed first."""
         if not await self._wait_for(lambda: self.ready is not None, receiver):
             return False
         assert self.ready is not None
-        pcm = self.link.resumed(self.ready)
+        again = self.link.resumed(self.ready)
         self.dropped_at, self.unreachable_at, self.num_retries = None, None, 0
         self.result.num_resumes += 1
-        for data in pcm:
-            await ws.send(data)
+        for data in again:
+            await ws.send(data)  # binary: audio; text: a finalize
         return True
 
     async def _send_audio(
         self, ws: websockets.ClientConnection, receiver: asyncio.Task[None]
     ) -> None:
-        """Send the frames paced at `speed` x real time (from the first frame), until they
-        run out, `stop` is set or the audio fails (then `ending`), or the connection closes.
-        A frame is kept for a resume before it is sent: one the connection lost goes again."""
+        """Send the frames paced at `speed` x real time (from the first frame), with the
+        finalizes due among them, until they run out, `stop` is set or the audio fails (then
+        `ending`), or the connection closes. A frame (and a finalize) is kept for a resume
+        before it is sent: one the connection lost goes again."""
         while not self.ending:
             if not await self._wait_for(lambda: self.link.can_send or self.stop.is_set(), receiver):
                 return  # closed while the unacknowledged audio was at its bound
@@ -632,13 +696,36 @@ class _Streamer:
             frame = self._next_frame()
             if frame is None:
                 return
-            # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
-            pcm = to_pcm16(frame)
-            self.link.sent(pcm)
-            self.num_samples_sent += frame.size
+            # all of it kept first: a drop between its pieces loses none of them
+            outgoing = self._outgoing(frame)
             self.result.sent_s = self.num_samples_sent / SAMPLE_RATE
-            await ws.send(pcm)
+            for data in outgoing:
+                await ws.send(data)
             await self._pace()
+
+    def _outgoing(self, frame: Samples) -> list[bytes | str]:
+        """`frame` as PCM16 (binary), with a `finalize` (text) at each place of `finalize_at`
+        it reaches, the frame split there (one at its end goes right after it, not a paced
+        frame later), each kept by the link as it will go out."""
+        outgoing: list[bytes | str] = []
+        while self.finalize_at and self.finalize_at[0] <= self.num_samples_sent + frame.size:
+            cut = max(0, self.finalize_at.popleft() - self.num_samples_sent)
+            if cut:
+                outgoing.append(self._take(frame[:cut]))
+                frame = frame[cut:]
+            self.link.finalized()
+            outgoing.append(FINALIZE_MESSAGE)
+        if frame.size:
+            outgoing.append(self._take(frame))
+        return outgoing
+
+    def _take(self, samples: Samples) -> bytes:
+        """`samples` as PCM16, counted as sent and kept by the link."""
+        # PCM16 frame by frame: the whole file at once took ~385 MB more an hour of audio
+        pcm = to_pcm16(samples)
+        self.link.sent(pcm)
+        self.num_samples_sent += samples.size
+        return pcm
 
     def _next_frame(self) -> Samples | None:
         """The next frame to send, or None (and `ending`) when the audio ran out or failed,

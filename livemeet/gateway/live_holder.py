@@ -15,7 +15,10 @@ client sends on from there, and frames the backend took already are skipped). A 
 session is fed the stored audio with the client's finalizes made again where they came in it,
 so one the backend had not applied when the server stopped is not lost (its audio would stay a
 partial), and one it had applied still cuts there (no final of the rebuilt session crosses
-it); a rebuild after the engine's loss does the same (`finalizes`). A session whose journal
+it); a rebuild after the engine's loss does the same (`finalizes`). A finalize is on disk only
+with the journal's next commit: a resume's `session.ready` says where the last one on disk
+came (`finalize_offset`), its client sends each later one again, and one at or before the
+last place the session holds is a repeat that does nothing (`finalize`). A session whose journal
 fails (`storage_error`) is ended by the server: audio after that end is dropped, its final
 waits for the journal's deletion of it (`journal_discarded`), and a backend error then fails it
 as a storage failure (`storage_failure`).
@@ -177,6 +180,9 @@ class LiveSessionHolder:
         # where the client's finalizes came: `num_frames_accepted` at each, increasing (one
         # per place); a rebuild feeding the audio again makes them again there (`_feed_stored`)
         self.finalizes: list[int] = []
+        # the last of them the journal reported holding (None: none yet): with the audio on
+        # disk, what a resume's `session.ready` may say is held (`finalize_offset`)
+        self.finalize_durable: int | None = None
         # of those, the frames the journal holds on disk (all of them without a journal):
         # what `audio.ack` and a resume's `session.ready` may acknowledge (DESIGN 5.9)
         self.num_frames_durable = 0
@@ -534,24 +540,53 @@ class LiveSessionHolder:
         except ValueError as exc:
             raise InvalidRequest(f"cannot merge {speaker} into {into}: {exc}") from exc
 
+    @property
+    def finalize_offset(self) -> int | None:
+        """Where the last finalize the session holds on disk came (sample frames at the
+        client's rate, as `num_frames_durable`; None: none): what a resume's `session.ready`
+        says, so that its client sends again each later one it sent (docs/protocol.md,
+        Resume). One before the durable audio is held though its commit's report has not
+        come yet: the audio after it was queued after it, so no commit holds that audio
+        without it (a resume between the two reports had the client send it again at
+        `offset`, past its place: a second cut)."""
+        if self.journal is None:
+            return self.finalizes[-1] if self.finalizes else None
+        held = [f for f in self.finalizes if f < self.num_frames_durable]
+        if self.finalize_durable is not None:
+            held.append(self.finalize_durable)
+        return max(held, default=None)
+
     async def finalize(self, owner: EventSink) -> None:
         """The client's `finalize`; one the engine's loss refused is made again once the
-        session is rebuilt, as an `append` is. Once the backend took it, its place in the
-        audio is kept (`finalizes`, and the journal). Raises SessionTakenOver when `owner` no
-        longer carries the session, and as the backend's `finalize`."""
+        session is rebuilt, as an `append` is. Its place is where the client's audio has
+        come (`client_offset`): one at or before the last place the session holds is a
+        repeat (a client sending again after a resume a finalize the server had kept:
+        docs/protocol.md, `finalize_offset`), and does nothing; a cut made again further on
+        would split the audio held past it (a resumed client resends from the durable
+        offset). Otherwise, once the backend took it, its place in the audio is kept
+        (`finalizes`, and the journal). Raises SessionTakenOver when `owner` no longer
+        carries the session, and as the backend's `finalize`."""
 
         async def act() -> None:
             if self.ended:  # the server ended it meanwhile (its storage): the end commits all
                 return
+            if self.finalizes and self.client_offset <= self.finalizes[-1]:
+                return  # a repeat, or nothing received since the last one: the same cut
             await self.session.finalize()
             frames = self.num_frames_accepted
-            if self.finalizes and self.finalizes[-1] == frames:
-                return  # nothing received since the last one: the same cut
             self.finalizes.append(frames)
             if self.journal is not None and not self.journal_closed:
-                self.journal.add_finalize(self.id, frames)  # after the audio before it
+                # after the audio before it
+                stored = self.journal.add_finalize(self.id, frames)
+                stored.add_done_callback(lambda _: self._finalize_stored(frames))
 
         await self._with_session(owner, act)
+
+    def _finalize_stored(self, frames: int) -> None:
+        """The journal's commit of the finalize at `frames` settled: held, unless the
+        session's storage failed (it is ended then, and not resumed to stream again)."""
+        if self.storage_error is None:
+            self.finalize_durable = max(self.finalize_durable or 0, frames)
 
     async def end(self, owner: EventSink | None, *, early: bool = False) -> bool:
         """No more audio, at most once; returns whether this call ended the session. `owner`

@@ -473,14 +473,17 @@ class LiveJournal:
         `close`."""
         return self._waited(session_id, lambda handle, stored: Final(handle, segment, stored))
 
-    def add_finalize(self, session_id: str, frames: int) -> None:
+    def add_finalize(self, session_id: str, frames: int) -> asyncio.Future[None]:
         """Queue the client's `finalize`, made after `frames` sample frames of the session's
         audio (all of them queued before it with `append_audio`: the record never names audio
         that is not durable with it). A second one at the same place is the same record.
-        Raises InternalError for a session not open or after `close`."""
-        handle = self._live(session_id)
-        if not handle.failed:
-            self._queue.put(Finalize(handle, frames))
+        Committed with the next group, not at once (a crash before that loses it, and its
+        client sends it again on its resume: docs/protocol.md, `finalize_offset`). Returns a
+        future done on the loop once the journal holds it, or once it will not, as
+        `add_final`'s. Raises InternalError for a session not open or after `close`."""
+        return self._waited(
+            session_id, lambda handle, stored: Finalize(handle, frames, stored), hurry=False
+        )
 
     def set_labels(self, session_id: str, labels: Collection[str]) -> None:
         """Queue the whole set of speaker labels the session's segments have shown (stored
@@ -518,16 +521,22 @@ class LiveJournal:
         return self._waited(session_id, lambda handle, stored: Merges(handle, merges, stored))
 
     def _waited(
-        self, session_id: str, make: Callable[[Handle, asyncio.Future[None]], Op]
+        self,
+        session_id: str,
+        make: Callable[[Handle, asyncio.Future[None]], Op],
+        *,
+        hurry: bool = True,
     ) -> asyncio.Future[None]:
-        """Queue the op `make` gives, committed at once; its future (`add_final`)."""
+        """Queue the op `make` gives, committed at once (`hurry`; else with the next group);
+        its future (`add_final`)."""
         handle = self._live(session_id)
         stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if handle.failed:
             stored.set_result(None)
         else:
             self._queue.put(make(handle, stored))
-            self._hurry.set()
+            if hurry:
+                self._hurry.set()
         return stored
 
     def mark_ended(self, session_id: str) -> None:

@@ -135,6 +135,9 @@ class Finalize:
 
     handle: Handle
     frames: int
+    # done on the loop once the group that holds it was committed (or failed): a resume's
+    # `session.ready` names it held only then (`LiveJournal.add_finalize`)
+    stored: asyncio.Future[None]
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,7 @@ class Writer:
                     self._fail_all(StorageFailed("the server's journal failed (internal error)"))
                 finally:  # after the failures it posted: a waiter sees its session failed
                     for op in ops:
-                        if isinstance(op, Final | Names | Merges):
+                        if isinstance(op, Final | Finalize | Names | Merges):
                             self._post(_settle, op.stored)
                         elif isinstance(op, End) and op.done is not None:
                             self._post(_settle, op.done)

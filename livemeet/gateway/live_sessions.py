@@ -386,6 +386,7 @@ class LiveSessions:
         # what a partial showed before the restart too: a merge may name it at once
         holder.replay.labels_shown = {*stored.labels, *(seg.speaker for seg in stored.finals)}
         holder.finalizes = list(stored.finalizes)
+        holder.finalize_durable = stored.finalizes[-1] if stored.finalizes else None
         # the key it ran on: a start ends it if that key was revoked meanwhile (app.py)
         holder.client = Client(key_id=meta.key_id) if meta.key_id is not None else None
         self._holders[holder.id] = holder

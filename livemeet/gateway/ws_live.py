@@ -927,6 +927,9 @@ class LiveConnection:
             "resume_window_s": window_s,
             "resumed": resumed,
             "offset": holder.client_offset,
+            # where the last finalize on disk came: the client sends each later one again
+            # (docs/protocol.md, Resume: a crash took them, acknowledged audio or not)
+            "finalize_offset": holder.finalize_offset,
             # read-only: the session's captions and transcript (docs/protocol.md, "Captions")
             "captions_token": holder.captions_token,
             # transcript.revised follows transcript.final (DESIGN 5.7)

@@ -28,6 +28,12 @@ from livemeet.transcriber import Samples
 from tests.cli.test_cli import write_wav
 from tests.gateway.conftest import ClientFactory, client, fake, server_config  # noqa: F401
 from tests.gateway.fakes import FakeTranscriber
+from tests.gateway.test_live_journal_finalize import (
+    commits,  # noqa: F401
+    crashed_copy,
+    crossing,
+    scripted_app,
+)
 from tests.gateway.test_live_revise import RevisionGate, revise_gate  # noqa: F401
 from tests.gateway.test_ws_live import gateway_client, wait_until
 
@@ -199,6 +205,59 @@ async def test_a_dropped_connection_is_resumed_with_every_sample_and_final_once(
     assert finals == [s["id"] for s in result.final["segments"]]  # each once, in order
     assert len(finals) == 4
     assert stream.report(result, wav) == 0
+
+
+async def test_a_finalize_a_crash_took_is_sent_again_by_the_client_at_its_place(
+    aiohttp_client: ClientFactory,
+    server_config: ServerConfig,  # noqa: F811
+    commits: threading.Event,  # noqa: F811
+    proxy_for: Any,
+    tmp_path: Path,
+) -> None:
+    """`stream_audio` finalizes at 2 s and 6.5 s; the server is killed after the journal's
+    commit of the audio past 3 s, the one at 6.5 s taken in but not committed, with the
+    audio before it (`crashed_copy`), and started again. The client resumes, is told the
+    offset (~3 s) and that the last finalize on disk came at 2 s, sends the audio on from
+    there with the finalize again at 6.5 s, and the rebuilt session cuts there: no final
+    crosses either place (without it, "We are about ten percent over.", 5.5-8 s, did)."""
+    first = await scripted_app(aiohttp_client, server_config)
+    proxy, url = await proxy_for(first)
+    after = replace(server_config, data_dir=tmp_path / "after-the-crash")
+    ready: list[dict[str, Any]] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "session.ready":
+            ready.append(event)
+
+    async def kill_and_restart() -> None:
+        await wait_until(lambda: bool(ready))
+        holder = first.app[SESSIONS_KEY].get(ready[0]["session_id"])
+        assert holder is not None
+        await wait_until(lambda: holder.num_frames_durable >= 3 * SAMPLE_RATE)
+        commits.clear()
+        try:
+            assert holder.num_frames_durable < 6 * SAMPLE_RATE
+            await wait_until(lambda: holder.finalizes[-1:] == [round(6.5 * SAMPLE_RATE)])
+            crashed_copy(server_config.data_dir, after.data_dir)
+        finally:
+            commits.set()
+        second = await scripted_app(aiohttp_client, after)
+        proxy.upstream_port = second.port or 0
+        proxy.drop()
+
+    killing = asyncio.create_task(kill_and_restart())
+    wav = write_wav(tmp_path / "meeting.wav", FILE_S)
+    result = await live_client.stream_audio(
+        url, iter_decode(wav), hop_s=0.5, speed=4.0, on_event=on_event, finalize_at_s=[2.0, 6.5]
+    )
+    await killing
+    assert result.num_resumes == 1 and len(ready) == 2
+    assert 3 * SAMPLE_RATE <= ready[1]["offset"] < 6 * SAMPLE_RATE
+    assert ready[1]["finalize_offset"] == 2 * SAMPLE_RATE
+    assert result.final is not None and result.final["duration"] == FILE_S
+    segments = result.final["segments"]
+    assert crossing(segments, 2.0) == [] and crossing(segments, 6.5) == []
+    assert [s["text"] for s in segments if s["end"] == 6.5] == ["We are"]
 
 
 async def test_stream_resumes_and_prints_each_final_once_and_no_ack(
@@ -422,11 +481,58 @@ def test_session_link_bounds_what_waits_for_an_ack_and_drops_replayed_finals() -
         link.resumed({**ready, "resumed": False, "offset": 0})
 
 
+def test_a_resume_sends_each_finalize_past_finalize_offset_again_at_its_place() -> None:
+    """The link keeps the place of each finalize sent (frames sent before it); a resume's
+    `session.ready` drops those at or before its `finalize_offset` (the server holds them)
+    and has the others sent again among the audio from `offset`: first where one is at the
+    offset, after the frame that ends at one. They stay kept for a next resume. A server
+    older than `finalize_offset` gets none: it would cut again at one it holds."""
+    finalize = live_client.FINALIZE_MESSAGE
+    link = live_client.SessionLink(max_unacked_frames=1000)
+    ready = {"type": "session.ready", "session_id": "s-1", "resume_token": "t"}
+    link.receive({**ready, "resumed": False, "offset": 0})
+    link.sent(pcm(100))
+    link.finalized()
+    link.finalized()  # nothing sent between: the same place
+    link.sent(pcm(100, 100))
+    link.finalized()
+    link.sent(pcm(100, 200))
+    link.finalized()
+    assert link.finalizes == [100, 200, 300]
+    link.receive({"type": "audio.ack", "offset": 150})
+    resumed = {**ready, "resumed": True, "offset": 200, "finalize_offset": 100}
+    assert link.resumed(resumed) == [finalize, pcm(100, 200), finalize]
+    assert link.finalizes == [200, 300]  # a crash may take them again
+    again = {**resumed, "finalize_offset": None}  # the server holds none (a rebuild, say)
+    assert link.resumed(again) == [finalize, pcm(100, 200), finalize]
+    assert link.resumed({**resumed, "finalize_offset": 300}) == [pcm(100, 200)]
+    assert link.finalizes == []
+    link.finalized()
+    older = {**ready, "resumed": True, "offset": 300}  # no finalize_offset: sent none
+    assert link.resumed(older) == [] and link.finalizes == []
+
+
+def test_a_finalize_within_a_frame_is_sent_again_where_it_came() -> None:
+    finalize = live_client.FINALIZE_MESSAGE
+    frames = [pcm(100, 200), pcm(100, 300)]
+    assert live_client.with_finalizes(frames, 200, [250, 300, 400]) == [
+        pcm(50, 200),
+        finalize,
+        pcm(50, 250),
+        finalize,
+        pcm(100, 300),
+        finalize,
+    ]
+    assert live_client.with_finalizes([], 400, [400]) == [finalize]
+
+
 def test_with_resume_off_nothing_is_kept_and_sending_never_waits() -> None:
     link = live_client.SessionLink(max_unacked_frames=10)
     assert link.receive({"type": "session.ready", "session_id": "s", "resume_token": None})
     link.sent(pcm(100))
+    link.finalized()
     assert link.can_send and link.resume is None and link.unacked.num_held == 0
+    assert link.finalizes == []
 
 
 def test_only_a_close_without_a_close_frame_or_a_restart_is_resumed() -> None:

@@ -529,6 +529,30 @@ async def test_finalizes_round_trip_go_on_after_adopt_and_go_with_their_session(
         assert db.execute("SELECT COUNT(*) FROM finalizes").fetchone()[0] == 0
 
 
+async def test_a_finalize_waits_for_the_next_group_and_its_future_says_when(root: Path) -> None:
+    """A finalize is not committed at once, as a final is: a crash before the next group
+    loses it though the audio before it is on disk, and its client sends it again on its
+    resume (docs/protocol.md, `finalize_offset`). `add_finalize`'s future says when the
+    journal holds it: the holder names it held only then."""
+    journal = started(root, interval_s=30.0)
+    calls = Calls()
+    calls.open(journal, meta())
+    journal.append_audio("s-1", bytes(4 * FRAME_BYTES))
+    await wait_until(lambda: calls.durable == [4])  # the first group: no interval before it
+    stored = journal.add_finalize("s-1", 4)
+    await asyncio.sleep(0.05)
+    assert not stored.done() and finalizes_on_disk(root) == []  # a crash now loses it
+    await asyncio.wait_for(journal.add_final("s-1", final(1)), 5.0)  # a final's group takes it
+    assert stored.done() and finalizes_on_disk(root) == [4]
+    await journal.close()
+
+
+def finalizes_on_disk(root: Path) -> list[int]:
+    """The finalizes the journal holds on disk now, read while its server runs (read-only)."""
+    with sqlite3.connect(f"file:{root / 'sessions.sqlite3'}?mode=ro", uri=True) as db:
+        return [f for (f,) in db.execute("SELECT frames FROM finalizes ORDER BY frames")]
+
+
 async def test_a_finalize_past_the_audio_a_short_file_holds_is_not_restored(
     root: Path, journal: LiveJournal
 ) -> None:

@@ -120,6 +120,7 @@ async def test_stream_partials_finals_and_transcript(
             "resume_window_s": 60.0,
             "resumed": False,
             "offset": 0,
+            "finalize_offset": None,  # a new session holds no finalize
             "revise": False,  # the fake backend cannot revise
             "speakers": {},  # a new session: no names nor merges yet
             "merged": {},
