@@ -49,6 +49,7 @@ from livemeet.audio.constants import (
 from livemeet.errors import ConfigError
 from livemeet.gateway.origin import check_allowed_origin
 from livemeet.session.forced_budget import ForcedBudget
+from livemeet.session.vad import LiveVad
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # serve and its engine process
 MAX_MEM_FRACTION = 0.95  # leaves >= 7 GB of an H200 for CUDA graphs, the encoder, activations
@@ -101,6 +102,11 @@ def amount(value: float, unit: str) -> str:
 def parse_upload_hold(value: str) -> UploadHold:
     """`value` as an UploadHold. Raises ConfigError naming the choices."""
     return parse_choice(UploadHold, value, "--upload-hold")
+
+
+def parse_live_vad(value: str) -> LiveVad:
+    """`value` as a LiveVad. Raises ConfigError naming the choices."""
+    return parse_choice(LiveVad, value, "--live-vad")
 
 
 class AuthMode(StrEnum):
@@ -175,8 +181,9 @@ class ModelConfig:
     # verifies it greedily (livemeet/session/draft.py): same transcript, fewer decode steps
     live_draft: bool = True
     # a live session's VAD finds speech ends, where a hop is due at once instead of after a
-    # whole hop of new audio, and skips hops over silence (livemeet/session/vad.py; DESIGN 5.4)
-    live_vad: bool = True
+    # whole hop of new audio, and skips hops over silence (livemeet/session/vad.py; DESIGN 5.4).
+    # WebRTC by measurement (loadtest/vad_study.py); Silero needs the demo extra; None: off
+    live_vad: LiveVad | None = LiveVad.WEBRTC
 
     @property
     def backend_name(self) -> str:
@@ -224,6 +231,8 @@ class ModelConfig:
                 f"not {self.upload_batch_wait_ms}"
             )
         parse_upload_hold(self.upload_hold)
+        if self.live_vad is not None:
+            parse_live_vad(self.live_vad)
         low, high = 1000.0 * MIN_LIVE_STEP_BUDGET_S, 1000.0 * MAX_LIVE_STEP_BUDGET_S
         if not low <= self.live_step_budget_ms <= high:
             raise ConfigError(

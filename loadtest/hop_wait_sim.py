@@ -24,7 +24,7 @@ import numpy as np
 
 from livemeet.audio.constants import SAMPLE_RATE
 from livemeet.session.live import LiveOptions, LiveSession
-from livemeet.session.vad import Endpointer, webrtc_classifier
+from livemeet.session.vad import Endpointer, LiveVad, live_classifier
 from loadtest import workloads as wl
 
 FRAME_S = 0.1  # s of audio per frame, as loadtest.bench_live sends it
@@ -52,7 +52,7 @@ def simulate(
     ValueError for a negative hop time."""
     if hop_time_s < 0:
         raise ValueError(f"hop_time_s must be >= 0, not {hop_time_s}")
-    endpointer = Endpointer(webrtc_classifier()) if vad else None
+    endpointer = Endpointer(live_classifier(LiveVad.WEBRTC)) if vad else None
     live = LiveSession(LiveOptions(hop_s=hop_s), endpointer)
     frame = round(FRAME_S * SAMPLE_RATE)
     busy_until: float | None = None

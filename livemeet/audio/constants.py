@@ -63,6 +63,14 @@ LIVE_HOP_S = 1.0  # s of new audio between live re-decodes (DESIGN section 5)
 # Speech ends move live hops (livemeet/session/vad.py; the figures behind these are there):
 VAD_FRAME_S = 0.03  # s per classified frame (webrtcvad takes 10, 20 or 30 ms)
 VAD_MODE = 2  # webrtcvad aggressiveness, 0-3
+SILERO_WINDOW_SAMPLES = 512  # samples per Silero VAD window (32 ms; its 16-kHz model's only size)
+SILERO_CONTEXT_SAMPLES = 64  # samples of the previous window the model reads before each window
+# Silero speech probability from which a window is speech: on the AMI excerpts 0.3 found more
+# pause ends than faster-whisper's 0.5 (6 vs 5 of 7) and missed less speech (loadtest/vad_study.py)
+VAD_SILERO_THRESHOLD = 0.3
+# below the threshold by this much a window ends speech (between the two: as the window before),
+# Silero's own hysteresis (faster-whisper's VadOptions.neg_threshold)
+VAD_SILERO_HYSTERESIS = 0.15
 VAD_END_SILENCE_S = 0.15  # s of non-speech after speech that make a speech end
 VAD_MIN_SPEECH_S = 0.09  # s of speech frames before a silence for it to count as an end
 # s of new audio without speech after which a live hop runs anyway: hops in silence are skipped

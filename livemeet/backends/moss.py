@@ -102,7 +102,7 @@ from livemeet.models.prompt import EOS, stable_prefix_len
 from livemeet.session.draft import hop_draft
 from livemeet.session.forced_budget import ForcedBudget
 from livemeet.session.live import LiveOptions, LiveSession, Window
-from livemeet.session.vad import Endpointer, webrtc_classifier
+from livemeet.session.vad import Endpointer, LiveVad, live_classifier
 from livemeet.transcriber import (
     BackendInfo,
     Error,
@@ -191,12 +191,15 @@ class MossCore:
 
     def load(self) -> None:
         """Build the engine (checkpoint dir or hub id; `load_format` "dummy" for real-size
-        random weights) and read the forced-output file. Raises ConfigError."""
+        random weights), read the forced-output file and load the live VAD. Raises
+        ConfigError (for Silero without the demo extra, too)."""
         self.config.validate()
         if self.engine is None:
             self.engine = Engine(engine_config(self.config))
         if self.config.forced_output:
             self._load_forced(Path(self.config.forced_output))
+        if self.config.live_vad is not None:
+            live_classifier(LiveVad(self.config.live_vad))  # a missing extra fails here, once
         self._tell_incoming_uploads()  # a count sent before the engine existed
         log.info("MOSS-TD backend ready (%s)", self.info.model_id)
 
@@ -220,7 +223,8 @@ class MossCore:
             raise InvalidRequest(f"max_new_tokens must be >= 1, not {options.max_new_tokens}")
         restored = restored_finals(options)
         if options.live:
-            endpointer = Endpointer(webrtc_classifier()) if self.config.live_vad else None
+            vad = self.config.live_vad
+            endpointer = None if vad is None else Endpointer(live_classifier(LiveVad(vad)))
             try:
                 live = LiveSession(
                     LiveOptions(hop_s=options.hop_s, time_scale=self._time_scale()),

@@ -40,6 +40,7 @@ from livemeet.models.prompt import EOS, build_prompt
 from livemeet.models.tokenizer import load_tokenizer
 from livemeet.session.forced_budget import BudgetState
 from livemeet.session.live import LiveSession
+from livemeet.session.vad import LiveVad
 from livemeet.transcriber import (
     Error,
     Event,
@@ -635,7 +636,7 @@ def test_a_step_submits_at_most_its_share_of_uploads(
     from livemeet.backends import moss
 
     monkeypatch.setattr(moss, "MAX_UPLOAD_SUBMITS_PER_STEP", 2)
-    core = make_core(our_model, tmp_path, live_vad=False)  # zeros: VAD would skip the hop
+    core = make_core(our_model, tmp_path, live_vad=None)  # zeros: VAD would skip the hop
     for i in range(4):
         core.open(f"u{i}", SessionOptions(live=False))
         core.append(f"u{i}", np.zeros(SAMPLE_RATE, np.float32))
@@ -1656,13 +1657,19 @@ def test_a_word_spoken_between_an_off_grid_finalize_and_end_reaches_the_final(
 
 
 def live_runs_without_and_with(
-    option: str, model: MossTDModel, tmp_path: Path, audio: np.ndarray, **stream: float
+    option: str,
+    model: MossTDModel,
+    tmp_path: Path,
+    audio: np.ndarray,
+    *,
+    values: tuple[object, object] = (False, True),
+    **stream: float,
 ) -> list[tuple[list[Event], EngineStats]]:
     """`stream_live` of `audio` on a forced-output core with ModelConfig `option` off, then
-    on: each run's events and stats, the pool checked clean after each."""
+    on (`values`): each run's events and stats, the pool checked clean after each."""
     runs = []
-    for on in (False, True):
-        core = make_core(model, tmp_path, forced=LIVE_REFERENCE, **{option: on})
+    for value in values:
+        core = make_core(model, tmp_path, forced=LIVE_REFERENCE, **{option: value})
         events = stream_live(core, audio, **stream)
         stats = core.stats()
         assert stats is not None
@@ -1739,14 +1746,24 @@ def test_live_segments_closed_mid_hop_go_out_before_the_hop_ends(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("vad", list(LiveVad))
 def test_live_vad_decodes_at_speech_ends_and_commits_the_same(
-    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path
+    our_model: MossTDModel, clips: dict[float, np.ndarray], tmp_path: Path, vad: LiveVad
 ) -> None:
-    """With the session's VAD (livemeet/session/vad.py), hops also fall due where speech ends
-    in the real-speech clip: they are counted, and the meeting's final transcript is the one
-    without VAD (the forced output fixes what each edge holds)."""
+    """With the session's VAD (livemeet/session/vad.py), either of them, hops also fall due
+    where speech ends in the real-speech clip: they are counted, and the meeting's final
+    transcript is the one without VAD (the forced output fixes what each edge holds)."""
+    if vad is LiveVad.SILERO:
+        pytest.importorskip("faster_whisper")
     runs = live_runs_without_and_with(
-        "live_vad", our_model, tmp_path, clips[11.0], head_s=0.5, chunk_s=0.25, hop_s=2.0
+        "live_vad",
+        our_model,
+        tmp_path,
+        clips[11.0],
+        values=(None, vad),
+        head_s=0.5,
+        chunk_s=0.25,
+        hop_s=2.0,
     )
     (plain, plain_stats), (voiced, stats) = runs
     assert plain_stats.num_live_endpoint_hops == 0

@@ -124,6 +124,34 @@ def test_transcribe_has_no_serving_flags_and_takes_their_defaults() -> None:
     assert all(hasattr(args, f) for f in serve.SCHEDULING_FIELDS)
 
 
+def test_serve_live_vad_flag_picks_the_detector_or_none() -> None:
+    """--live-vad webrtc|silero picks the live VAD (bare: the default, WebRTC by the
+    measurement in loadtest/vad_study.py); --no-live-vad turns it off; other names are
+    refused by argparse and by validate()."""
+    from livemeet.__main__ import build_parser
+    from livemeet.cli import serve
+    from livemeet.config import ModelConfig
+    from livemeet.errors import ConfigError
+    from livemeet.session.vad import LiveVad
+
+    def live_vad(*flags: str) -> LiveVad | None:
+        args = build_parser().parse_args(["serve", "--model", "x", *flags])
+        return serve.config_from_args(args).model.live_vad
+
+    assert ModelConfig().live_vad is LiveVad.WEBRTC
+    assert live_vad() is LiveVad.WEBRTC
+    assert live_vad("--live-vad") is LiveVad.WEBRTC
+    assert live_vad("--live-vad", "silero") is LiveVad.SILERO
+    assert live_vad("--live-vad=webrtc") is LiveVad.WEBRTC
+    assert live_vad("--no-live-vad") is None
+    assert live_vad("--live-vad", "silero", "--no-live-vad") is None  # the last one wins
+    with pytest.raises(SystemExit):  # argparse: not one of the choices
+        live_vad("--live-vad", "pyannote")
+    with pytest.raises(ConfigError, match="--live-vad must be one of webrtc, silero"):
+        ModelConfig(live_vad="pyannote").validate()  # type: ignore[arg-type]
+    ModelConfig(live_vad="silero").validate()  # type: ignore[arg-type]  # as Python may pass it
+
+
 def test_serve_engine_sizing_flags() -> None:
     """--mem-fraction, --chunked-prefill-size and the upload hold flags reach the ModelConfig
     and are validated."""

@@ -2,20 +2,38 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
+import soundfile as sf
 
-from livemeet.audio.constants import SAMPLE_RATE
+from livemeet.audio.constants import SAMPLE_RATE, SILERO_WINDOW_SAMPLES
+from livemeet.errors import ConfigError
+from livemeet.session import vad
 from livemeet.session.live import LiveOptions, LiveSession
-from livemeet.session.vad import FRAME_SAMPLES, Endpointer, webrtc_classifier
+from livemeet.session.vad import (
+    FRAME_SAMPLES,
+    Endpointer,
+    LiveVad,
+    PcmFrames,
+    SileroClassifier,
+    live_classifier,
+    webrtc_classifier,
+)
 from livemeet.transcriber import SegmentPartial
 from livemeet.transcript.segments import Segment
 from loadtest import workloads as wl
 
 
-def loud(frame: bytes) -> bool:
+def is_loud(frame: bytes) -> bool:
     """A stand-in classifier: speech where the frame is loud."""
     return bool(np.abs(np.frombuffer(frame, np.int16)).mean() > 1000)
+
+
+loud = PcmFrames(is_loud)  # stateless: one for all endpointers
 
 
 def tone(seconds: float) -> np.ndarray:
@@ -91,7 +109,7 @@ def test_webrtc_finds_turn_ends_of_the_benchmark_meeting_and_nothing_inside_turn
     turn ends followed by a pause of 0.2 s or more, and none inside a turn."""
     turns = wl.plan_turns(120.0, seed=1)
     audio = wl.synthetic_audio(120.0, 1, turns)
-    ep = Endpointer(webrtc_classifier())
+    ep = Endpointer(PcmFrames(webrtc_classifier()))
     ends: list[int] = []
     for i in range(0, audio.size, SAMPLE_RATE // 10):  # 100-ms frames, as clients send
         ep.feed(audio[i : i + SAMPLE_RATE // 10])
@@ -103,6 +121,176 @@ def test_webrtc_finds_turn_ends_of_the_benchmark_meeting_and_nothing_inside_turn
     paused = [a for a, b in zip(turns, turns[1:], strict=False) if b.start_s - a.end_s >= 0.2]
     found = sum(any(abs(e - t.end_s) <= 0.1 for e in end_s) for t in paused)
     assert found >= 0.8 * len(paused) > 0
+
+
+class Recorder:
+    """A FrameClassifier that keeps the decisions of the one it wraps."""
+
+    def __init__(self, inner: vad.FrameClassifier) -> None:
+        self.inner = inner
+        self.frame_samples = inner.frame_samples
+        self.decisions: list[np.ndarray] = []
+
+    def classify(self, frames: np.ndarray) -> np.ndarray:
+        out = self.inner.classify(frames)
+        self.decisions.append(out)
+        return out
+
+
+class Loud512:
+    """A stand-in classifier of Silero's window length: speech where the window is loud."""
+
+    frame_samples = SILERO_WINDOW_SAMPLES
+
+    def classify(self, frames: np.ndarray) -> np.ndarray:
+        loud: np.ndarray = np.abs(frames).mean(axis=1) > 0.03
+        return loud
+
+
+def ami(shared_data: Path, name: str) -> np.ndarray:
+    audio, rate = sf.read(shared_data / "ami-pyannote-debug" / f"{name}.wav", dtype="float32")
+    assert rate == SAMPLE_RATE
+    return np.asarray(audio)
+
+
+def windows(audio: np.ndarray) -> np.ndarray:
+    """[n] -> [n // 512, 512]: the whole Silero windows of `audio`."""
+    num = audio.size // SILERO_WINDOW_SAMPLES
+    return audio[: num * SILERO_WINDOW_SAMPLES].reshape(num, -1)
+
+
+def ends_of(ep: Endpointer, audio: np.ndarray, chunk: int) -> list[int]:
+    ends: list[int] = []
+    for i in range(0, audio.size, chunk):
+        ep.feed(audio[i : i + chunk])
+        if ep.last_end is not None and ep.num_ends > len(ends):
+            ends.append(ep.last_end)
+    return ends
+
+
+def test_the_endpointer_counts_in_the_classifiers_own_frames() -> None:
+    """With 512-sample frames (Silero's 32 ms) an end is where the last speech frame ends, in
+    samples; an end's silence is 0.15 s rounded up to 5 frames (160 ms), not 30-ms ones."""
+    ep = Endpointer(Loud512(), end_silence_s=0.15, min_speech_s=0.09)
+    assert (ep.end_frames, ep.min_speech_frames) == (5, 3)
+    assert ep.end_silence_samples == 5 * SILERO_WINDOW_SAMPLES
+    ep.feed(tone(0.6))  # 9,600 samples: 18 whole frames and 384 samples of the 19th
+    ep.feed(silence(0.008))  # the 19th frame complete: 384 of its 512 samples are tone
+    ep.feed(silence(4 * SILERO_WINDOW_SAMPLES / SAMPLE_RATE))
+    assert ep.last_end is None  # 4 silent frames: not yet an end
+    ep.feed(silence(SILERO_WINDOW_SAMPLES / SAMPLE_RATE))
+    assert ep.last_end == ep.last_speech_end == 19 * SILERO_WINDOW_SAMPLES
+    assert ep.num_samples == 24 * SILERO_WINDOW_SAMPLES
+
+
+def test_silero_hears_real_speech_and_not_the_silence_before_a_turn(shared_data: Path) -> None:
+    """AMI dev01 before its first turn (0-4.2 s; the RTTM's first starts at 4.3 s) holds no
+    speech window; its MEE009 turn (7.0-11.7 s) and a LibriSpeech utterance are mostly
+    speech."""
+    pytest.importorskip("faster_whisper")
+    dev01 = ami(shared_data, "dev01")
+    assert not SileroClassifier().classify(windows(dev01[: round(4.2 * SAMPLE_RATE)])).any()
+    turn = dev01[7 * SAMPLE_RATE : round(11.7 * SAMPLE_RATE)]
+    assert SileroClassifier().classify(windows(turn)).mean() > 0.7
+    book, rate = sf.read(
+        shared_data / "librispeech-lhotse" / "2412-153948-0000.flac", dtype="float32"
+    )
+    assert rate == SAMPLE_RATE
+    assert SileroClassifier().classify(windows(book)).mean() > 0.7
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7, 64])
+def test_silero_streamed_in_batches_is_faster_whisper_over_the_whole_clip(
+    shared_data: Path, batch: int
+) -> None:
+    """Each window is read after the previous one's context and continues its LSTM state, so
+    a stream classified `batch` windows at a time gets faster-whisper's probabilities of the
+    whole clip (its `get_vad_model()(audio)`)."""
+    fw_vad = pytest.importorskip("faster_whisper.vad")
+    frames = windows(ami(shared_data, "dev00")[: 10 * SAMPLE_RATE])
+    whole = np.asarray(fw_vad.get_vad_model()(frames.reshape(-1))).reshape(-1)
+    silero = SileroClassifier()
+    streamed = [silero.probabilities(frames[i : i + batch]) for i in range(0, len(frames), batch)]
+    np.testing.assert_allclose(np.concatenate(streamed), whole, atol=1e-6)
+
+
+def test_sessions_never_share_silero_state(shared_data: Path) -> None:
+    """Two sessions' classifiers fed in turns get each what it gets alone; the state they
+    keep is real (a classifier that heard one session's speech judges the other's audio
+    otherwise), so sharing one would show."""
+    pytest.importorskip("faster_whisper")
+    a = windows(ami(shared_data, "dev00")[: 6 * SAMPLE_RATE])
+    b = windows(ami(shared_data, "tst00")[: 6 * SAMPLE_RATE])
+    alone_a = SileroClassifier().probabilities(a)
+    alone_b = SileroClassifier().probabilities(b)
+    first, second = SileroClassifier(), SileroClassifier()
+    got_a, got_b = [], []
+    for i in range(0, len(a), 3):  # 96-ms batches, as 100-ms chunks make them
+        got_a.append(first.probabilities(a[i : i + 3]))
+        got_b.append(second.probabilities(b[i : i + 3]))
+    np.testing.assert_array_equal(np.concatenate(got_a), alone_a)
+    np.testing.assert_array_equal(np.concatenate(got_b), alone_b)
+    shared = SileroClassifier()
+    shared.probabilities(a)
+    assert np.abs(shared.probabilities(b) - alone_b).max() > 0.05
+
+
+@pytest.mark.parametrize("chunk", [1600, 333, 512, 4000])  # at most one end per chunk
+def test_silero_ends_in_samples_agree_with_its_windows(shared_data: Path, chunk: int) -> None:
+    """Real speech through an Endpointer on Silero: every end is a window edge, the window
+    before it is speech and the end's 5 windows after it are not; chunking moves no end."""
+    pytest.importorskip("faster_whisper")
+    audio = ami(shared_data, "dev01")
+    recorder = Recorder(SileroClassifier())
+    ep = Endpointer(recorder)
+    ends = ends_of(ep, audio, chunk)
+    frames = np.concatenate(recorder.decisions)
+    assert len(frames) == audio.size // SILERO_WINDOW_SAMPLES
+    assert len(ends) >= 3  # dev01 has pauses of seconds between its turns
+    for end in ends:
+        k, rest = divmod(end, SILERO_WINDOW_SAMPLES)
+        assert rest == 0 and frames[k - 1] and not frames[k : k + ep.end_frames].any()
+    assert ends == ends_of(Endpointer(SileroClassifier()), audio, 1600)
+
+
+def test_silero_speech_holds_until_the_probability_falls_below_the_end_threshold(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Silero's hysteresis: speech from a window at the threshold until one below it by
+    `hysteresis`; between the two a window is as the one before."""
+    monkeypatch.setattr(vad, "silero_model", lambda: None)
+    silero = SileroClassifier(threshold=0.5, hysteresis=0.15)
+    probs = np.array([0.4, 0.5, 0.4, 0.36, 0.34, 0.45, 0.49, 0.9], np.float32)
+    monkeypatch.setattr(silero, "probabilities", lambda frames: probs)
+    got = silero.classify(np.zeros((len(probs), SILERO_WINDOW_SAMPLES), np.float32))
+    assert got.tolist() == [False, True, True, True, False, False, False, True]
+
+
+@pytest.mark.parametrize("missing", ["faster_whisper", "onnxruntime"])
+def test_silero_without_the_demo_extra_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    """Not an ImportError trace: a ConfigError naming the extra and the other VAD."""
+    for name in (missing, f"{missing}.vad"):
+        monkeypatch.setitem(sys.modules, name, None)  # the import fails
+    with pytest.raises(ConfigError, match=r"pip install 'livemeet\[demo\]'.*--live-vad webrtc"):
+        live_classifier(LiveVad.SILERO)
+    assert isinstance(live_classifier(LiveVad.WEBRTC), PcmFrames)  # WebRTC needs no extra
+    with pytest.raises(ValueError, match="threshold"):
+        SileroClassifier(threshold=1.0)
+
+
+def test_a_silero_model_of_another_shape_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another faster-whisper's model (Silero v5 took `state` and `sr`) is refused by name,
+    not run with the wrong inputs."""
+    fw_vad = pytest.importorskip("faster_whisper.vad")
+    inputs = [SimpleNamespace(name="input", shape=[None, 512]),
+              SimpleNamespace(name="state", shape=[2, 1, 128]),
+              SimpleNamespace(name="sr", shape=[])]  # fmt: skip
+    model = SimpleNamespace(session=SimpleNamespace(get_inputs=lambda: inputs))
+    monkeypatch.setattr(fw_vad, "get_vad_model", lambda: model)
+    with pytest.raises(ConfigError, match="silero_vad_v6"):
+        SileroClassifier()
 
 
 def test_a_speech_end_makes_the_hop_due_at_once() -> None:
