@@ -84,6 +84,33 @@ def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[s
     assert capsys.readouterr().out.strip() == f"livemeet {version('livemeet')}"
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["serve", "--prot", "18401"], "livemeet serve: error: unrecognized arguments: --prot "
+         "18401 (did you mean --port?)"),
+        (["stream", "--fats", "a.wav"], "livemeet stream: error: unrecognized arguments: --fats "
+         "(did you mean --fast?)"),
+        (["keys", "create", "--nmae=bob"], "livemeet keys create: error: unrecognized "
+         "arguments: --nmae=bob (did you mean --name?)"),
+        (["transcribe", "a.wav", "--zzz"], "livemeet transcribe: error: unrecognized "
+         "arguments: --zzz"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_option_is_named_by_its_subcommand_with_the_one_meant(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new user's trial: `livemeet serve --prot 18401` was refused by the top-level parser
+    (`livemeet: error: unrecognized arguments`, under livemeet's usage, not serve's), with no
+    word of --port."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == said
+    assert err.startswith(f"usage: livemeet {argv[0]}")
+
+
 def test_serve_arguments_build_a_config(tmp_path: Path) -> None:
     args = build_parser().parse_args(
         ["serve", "--port", "0", "--data-dir", str(tmp_path), "--max-audio-s", "10"]
