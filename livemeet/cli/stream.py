@@ -323,7 +323,7 @@ def wrong_path_hint(url: str) -> str:
 
 def captions_links(url: str, ready: dict[str, Any]) -> str | None:
     """For a new session's `session.ready`: the session's captions overlay and transcript
-    URLs on the server `url` (the live endpoint) belongs to, read-only with its
+    URLs, one line each, on the server `url` (the live endpoint) belongs to, read-only with its
     `captions_token` (docs/protocol.md, "Captions"). Only `session.ready` carries that token,
     and `stream`'s readable lines leave it out, so a user who wanted the overlay in OBS, or
     the transcript after a lost connection, had to rerun with --json (a trial). None for a
@@ -338,9 +338,11 @@ def captions_links(url: str, ready: dict[str, Any]) -> str | None:
         (scheme, parts.netloc, parts.path[: -len(LIVE_PATH)] + "/", "", "")
     )
     session, query = urllib.parse.quote(session_id, safe=""), urllib.parse.quote(token, safe="")
+    # a line each, the URL last: a terminal's link (or a double-click) took "...&token=X;"
+    # from one line holding both, the ';' spoiling the token (4401 in OBS: a new user's trial)
     return (
-        f"captions overlay: {base}captions.html?session={session}&token={query}; transcript: "
-        f"{base}v1/sessions/{session}/transcript?token={query} (read-only links)"
+        f"captions overlay (read-only): {base}captions.html?session={session}&token={query}\n"
+        f"transcript (read-only): {base}v1/sessions/{session}/transcript?token={query}"
     )
 
 

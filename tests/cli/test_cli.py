@@ -1263,7 +1263,9 @@ async def test_stream_refused_by_the_server_could_not_run_and_exits_2(
 
 def test_captions_links_of_a_new_session_on_the_server_of_the_live_url() -> None:
     """`stream` printed no captions_token (only --json showed session.ready whole), so its
-    user had no overlay URL for OBS and no transcript URL (a trial)."""
+    user had no overlay URL for OBS and no transcript URL (a trial). Then both on one line,
+    the overlay's followed by "; transcript:", so a terminal's link to it, or a double-click,
+    took the ';' into the token: the overlay was refused (a new user's trial)."""
     ready = {
         "type": "session.ready",
         "session_id": "s 1",
@@ -1272,8 +1274,11 @@ def test_captions_links_of_a_new_session_on_the_server_of_the_live_url() -> None
     }
     links = stream.captions_links("wss://meet.example/meet/v1/live?x=1", ready)
     assert links is not None
-    assert "overlay: https://meet.example/meet/captions.html?session=s%201&token=t%2Fk;" in links
-    assert "transcript: https://meet.example/meet/v1/sessions/s%201/transcript?token=t%2Fk" in links
+    # one URL a line, and last on it: what a terminal makes a link of, the token intact
+    overlay, transcript = (line.split()[-1] for line in links.splitlines())
+    assert overlay == "https://meet.example/meet/captions.html?session=s%201&token=t%2Fk"
+    assert transcript == "https://meet.example/meet/v1/sessions/s%201/transcript?token=t%2Fk"
+    assert links.splitlines()[0].startswith("captions overlay (read-only): ")
     assert "http://127.0.0.1:8000/captions.html?" in str(
         stream.captions_links("ws://127.0.0.1:8000/v1/live", ready)
     )
