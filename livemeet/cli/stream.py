@@ -191,9 +191,10 @@ def is_stream(path: Path) -> bool:
 
 def check_not_a_directory(path: Path) -> None:
     """Raise BadAudio, saying so plainly, when the audio argument `path` is a directory
-    (`stream` said "not an audio file ... FFmpeg: Is a directory": a trial)."""
+    (`stream` said "not an audio file ... FFmpeg: Is a directory": a trial). The message does
+    not name it: `stream` and `transcribe` put the path in front of a file's error."""
     if path.is_dir():
-        raise BadAudio(f"{path} is a directory, not an audio file")
+        raise BadAudio("a directory, not an audio file")
 
 
 def open_stream(path: Path) -> BinaryIO:
@@ -211,7 +212,7 @@ def open_stream(path: Path) -> BinaryIO:
             return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
         return open(path, "rb", buffering=0)
     except OSError as exc:
-        raise BadAudio(f"cannot read {path}: {exc.strerror}") from exc
+        raise BadAudio(f"cannot read it: {exc.strerror}") from exc
 
 
 def first_chunk(chunks: Iterator[Samples], piped: bool) -> Samples:
@@ -408,6 +409,13 @@ def run(args: argparse.Namespace) -> int:
         check_request_text(args.language, args.prompt, args.hotwords)
         url = live_url(args.url)
         context = client_ssl_context(args.cacert, url)
+    except LivemeetError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    # the file's errors name it, as transcribe's do: `stream missing.wav` said only "cannot
+    # read the audio file: No such file or directory" (a new user's trial)
+    named = "" if args.file == STDIN else f"{args.file}: "
+    try:
         # no limit: a live session has none (an upload's MAX_AUDIO_S refused 95-minute files)
         check_not_a_directory(args.file)
         piped = is_stream(args.file)
@@ -418,7 +426,7 @@ def run(args: argparse.Namespace) -> int:
         # the first block before connecting: a file that does not decode at all exits 2
         first = first_chunk(chunks, piped)
     except LivemeetError as exc:
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        print(f"error: {named}{exc.code}: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while a pipe's first audio was awaited: nothing sent
         print("interrupted before any audio was read", file=sys.stderr)

@@ -130,9 +130,9 @@ def read_source(path: Path) -> Path | bytes:
         with open(sys.stdin.fileno() if path == STDIN else path, "rb", closefd=path != STDIN) as f:
             data = f.read(MAX_UPLOAD_BYTES + 1)
     except OSError as exc:  # e.g. a socket path, a device that refuses reads
-        raise BadAudio(f"cannot read {path}: {exc.strerror}") from exc
+        raise BadAudio(f"cannot read it: {exc.strerror}") from exc
     if len(data) > MAX_UPLOAD_BYTES:
-        raise PayloadTooLarge(f"{path}: more than {MAX_UPLOAD_BYTES} bytes of audio")
+        raise PayloadTooLarge(f"more than {MAX_UPLOAD_BYTES} bytes of audio")
     return data
 
 

@@ -1646,13 +1646,31 @@ def test_stream_of_a_directory_says_it_is_one_as_transcribe_does(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`stream /tmp` said "not an audio file, a damaged or truncated one, ...: FFmpeg: Is a
-    directory" (a trial), where `transcribe /tmp` says plainly that it is a directory."""
+    directory" (a trial), where `transcribe /tmp` says plainly that it is a directory. Both
+    name the path once, in front (transcribe said "/tmp: bad_audio: /tmp is a directory")."""
     assert main(["stream", str(tmp_path), "--url", "ws://127.0.0.1:9/v1/live"]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: bad_audio: {tmp_path} is a directory, not an audio file\n"
+    assert err == f"error: {tmp_path}: bad_audio: a directory, not an audio file\n"
     with pytest.raises(BadAudio) as refused:
         transcribe.read_source(tmp_path)
-    assert f"error: bad_audio: {refused.value.message}\n" == err
+    assert f"error: {tmp_path}: bad_audio: {refused.value.message}\n" == err
+
+
+def test_stream_of_a_missing_file_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stream missing.wav` said "error: bad_audio: cannot read the audio file: No such file or
+    directory", naming no file (a new user's trial); transcribe names it. A bad argument
+    other than the file is not put under its name."""
+    missing = tmp_path / "missing.wav"
+    assert main(["stream", str(missing), "--url", "ws://127.0.0.1:9/v1/live"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"error: {missing}: bad_audio: cannot read the audio file: No such file or directory\n"
+    )
+    assert main(["stream", str(missing), "--url", "ftp://127.0.0.1:9/"]) == 2
+    assert capsys.readouterr().err.startswith("error: invalid_request: ")
 
 
 def test_ctrl_c_while_a_pipes_first_audio_is_awaited_stops_the_stream(
