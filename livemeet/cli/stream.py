@@ -486,6 +486,11 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(exc, ssl.SSLError) and exc.reason == "WRONG_VERSION_NUMBER":
             # a plain-HTTP server's answer read as TLS: OpenSSL's words name no cause
             hint = " (the server does not speak TLS: one without --tls-cert is ws:// or http://)"
+        elif isinstance(exc, websockets.InvalidMessage) and url.startswith("ws://"):
+            # the other way round: a TLS server's answer to plain HTTP is no HTTP at all
+            hint = " (a server with --tls-cert speaks TLS: its URL is wss:// or https://)"
+        elif isinstance(exc, ConnectionRefusedError):  # said only "Connect call failed"
+            hint = " (nothing listens there: start `livemeet serve`, or give its address, --url)"
         print(f"error: cannot connect to {url}: {exc}{hint}", file=sys.stderr)
         return 2
     if result is None:

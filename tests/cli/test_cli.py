@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -1208,6 +1209,20 @@ def test_wss_to_a_server_without_tls_says_so(
         server.server_close()
     err = capsys.readouterr().err
     assert "WRONG_VERSION_NUMBER" in err and "the server does not speak TLS" in err
+
+
+def test_a_server_that_is_not_running_says_to_start_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stream FILE` with no server on its default address said only "cannot connect to
+    ws://127.0.0.1:8000/v1/live: [Errno 111] Connect call failed" (a new user's trial)."""
+    with socket.socket() as probe:  # a port nothing listens on: bound, never listening
+        probe.bind(("127.0.0.1", 0))
+        url = f"ws://127.0.0.1:{probe.getsockname()[1]}/v1/live"
+        assert main(["stream", str(write_wav(tmp_path / "a.wav", 0.1)), "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot connect to {url}: ") and err.count("\n") == 1
+    assert "nothing listens there: start `livemeet serve`, or give its address, --url" in err
 
 
 @pytest.mark.parametrize(
