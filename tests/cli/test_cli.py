@@ -255,7 +255,7 @@ def test_serve_check_config_validates_without_loading_or_listening(
         # what a start reads before loading weights: the device, the checkpoint's
         # config.json, the forced transcript (a start found each only after its imports)
         assert "unknown device" in refused("--device", "tpu7")
-        assert "not a directory" in refused("--model", str(tmp_path / "no-such-checkpoint"))
+        assert "does not exist" in refused("--model", str(tmp_path / "no-such-checkpoint"))
         assert "no config.json" in refused("--model", str(tmp_path))
         forced = tmp_path / "forced.txt"
         forced.write_text("no segments here")
