@@ -347,6 +347,11 @@ def captions_links(url: str, ready: dict[str, Any]) -> str | None:
     )
 
 
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural but for one ("1 segments" read as a slip: a new user's trial)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_event(event: dict[str, Any]) -> str:
     """One human-readable line per event; for `transcript.revised`, one more per segment."""
     kind = event.get("type")
@@ -361,15 +366,15 @@ def format_event(event: dict[str, Any]) -> str:
         return f"= {seg(event)}"
     if kind == "transcript.final":
         return (
-            f"# transcript.final: {len(event['segments'])} segments, "
+            f"# transcript.final: {counted(len(event['segments']), 'segment')}, "
             f"{event['duration']:.2f} s, coverage {event['coverage']:.2f}, "
             f"{event['finish_reason']}"
         )
     if kind == "transcript.revised":
         # the transcript that replaces the finals shown: its segments, as the finals were
         lines = [
-            f"# transcript.revised: {len(event['segments'])} segments, superseding "
-            f"{len(event['supersedes'])} finals, {event['finish_reason']}",
+            f"# transcript.revised: {counted(len(event['segments']), 'segment')}, superseding "
+            f"{counted(len(event['supersedes']), 'final')}, {event['finish_reason']}",
             *(f"r {seg(s)}" for s in event["segments"]),
         ]
         return "\n".join(lines)

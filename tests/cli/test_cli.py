@@ -1316,6 +1316,18 @@ def test_format_event_lines() -> None:
     assert unnamed == "# speaker S01 name removed"
     merged = {"type": "speaker.merged", "speaker": "S03", "into": "S01"}
     assert stream.format_event(merged).startswith("# speaker S03 merged into S01")
+    # one segment, or final, is not "1 segments" (a new user's trial: a Ctrl-C after 4 s)
+    final = {"type": "transcript.final", "segments": [seg], "duration": 4.0, "coverage": 1.0,
+             "finish_reason": "stop"}  # fmt: skip
+    assert (
+        stream.format_event(final) == "# transcript.final: 1 segment, 4.00 s, coverage 1.00, stop"
+    )
+    revised = {**final, "type": "transcript.revised", "supersedes": ["seg-0001"]}
+    assert stream.format_event(revised).splitlines()[0] == (
+        "# transcript.revised: 1 segment, superseding 1 final, stop"
+    )
+    two = stream.format_event({**revised, "segments": [seg, seg], "supersedes": []})
+    assert two.startswith("# transcript.revised: 2 segments, superseding 0 finals, stop")
 
 
 async def live_url(aiohttp_server: Any, handler: Any) -> str:
