@@ -30,6 +30,7 @@ from livemeet.errors import (
     InvalidRequest,
     LivemeetError,
     PayloadTooLarge,
+    TooLong,
     error_for_code,
 )
 from livemeet.transcriber import (
@@ -339,7 +340,10 @@ def write_results(
     for result in results:
         if result.transcript is None:
             assert result.error is not None
-            print(f"{result.path}: {result.error.code}: {result.error.message}", file=sys.stderr)
+            # the limit is this command's own: say how to raise it (a new user's trial)
+            hint = " (--max-audio-s raises it)" if isinstance(result.error, TooLong) else ""
+            error = result.error
+            print(f"{result.path}: {error.code}: {error.message}{hint}", file=sys.stderr)
             status = 1
             continue
         body, _ = formats.render(result.transcript, fmt, language=language)

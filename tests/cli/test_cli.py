@@ -737,6 +737,13 @@ async def test_transcribe_max_audio_s_is_the_callers(
         argv = ["transcribe", str(path), "--max-audio-s", bad]
         assert transcribe.run(build_parser().parse_args(argv)) == 2
         assert "--max-audio-s must be a positive number" in capsys.readouterr().err
+    # the refusal says how to raise the limit (a new user's 2-GB WAV said only "longer than
+    # the 5400 s limit")
+    assert transcribe.write_results([short], "text", None, None) == 1
+    assert capsys.readouterr().err == (
+        f"{path}: audio_too_long: the audio declares 3.0 s, longer than the 2 s limit "
+        "(--max-audio-s raises it)\n"
+    )
 
 
 async def test_transcribe_output_distinct_stems_and_unwritable_targets(
