@@ -186,6 +186,9 @@ def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(
             with caplog.at_level("ERROR"):
                 assert serve.run(build_parser().parse_args(argv)) == 2
             assert f"cannot listen on {host}:{p}" in caplog.text
+            # a port in use says what to do (a new user's trial: "Address already in use")
+            in_use = "Address already in use (another server holds the port: stop it, or pick"
+            assert (in_use in caplog.text) == (host == "127.0.0.1")
             caplog.clear()
     serve.check_listen("127.0.0.1", port)  # free again: no error
 
