@@ -4,10 +4,11 @@ live session (by default this machine's `livemeet serve`, ws://127.0.0.1:8000/v1
 FILE `-` reads the audio from standard input as it comes (a FIFO or /dev/stdin too), e.g. a
 recording as it is made: `arecord -f S16_LE -r 16000 | livemeet stream -`, or
 `ffmpeg -i talk.mp4 -f wav - | livemeet stream - --fast`. It is decoded by FFmpeg without
-seeking, so a WAV, FLAC, MP3, Ogg or WebM stream; not an MP4 whose index is at its end (save
-it to a file). Its first audio comes once FFmpeg has read enough to know the format (~100 KB
-of a WAV: 3.3 s of 16-kHz mono recorded as it goes, sent at once then); it ends at the end of
-the input (or Ctrl-C). A file stopped early
+seeking, so a WAV, FLAC, MP3, Ogg, WebM or WavPack stream; not an MP4 whose index is at its
+end, a CAF of compressed audio or a WavPack of more than 2 channels (save those to a file).
+Its first audio comes once FFmpeg has read enough to know the format (~100 KB of a WAV: 3.3 s
+of 16-kHz mono recorded as it goes, sent at once then); it ends at the end of the input (or
+Ctrl-C). A file stopped early
 (Ctrl-C, a server that ended the session) says from where to resend it; a stream cannot be
 resent, so it only says how much was transcribed.
 
@@ -119,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "file",
         type=Path,
         help="audio file (any format FFmpeg reads), of any length; - reads standard input as it "
-        "comes (WAV, FLAC, MP3, Ogg, WebM: a stream FFmpeg reads without seeking)",
+        "comes (WAV, FLAC, MP3, Ogg, WebM, WavPack: a stream FFmpeg reads without seeking)",
     )
     p.add_argument(
         "--url",
