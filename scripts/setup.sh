@@ -12,10 +12,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 pip=(.venv/bin/python -m pip --disable-pip-version-check)
 # pip install -q, minus the warnings pip prints for configured index locations that do not
-# exist on this machine; pip's own exit status is kept (a failed install must fail setup).
+# exist on this machine, and setuptools' "Editable installation ... be careful with folders in
+# your working directory" notice (nine lines on every setup, a new user's trial: it is
+# informational, and filtered by its message only); pip's own exit status is kept (a failed
+# install must fail setup).
 pip_install() {
   set +e
-  "${pip[@]}" install -q "$@" 2>&1 | grep -v "is ignored: it is neither"
+  PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:Editable installation" \
+    "${pip[@]}" install -q "$@" 2>&1 | grep -v "is ignored: it is neither"
   local rc=${PIPESTATUS[0]}
   set -e
   return "$rc"

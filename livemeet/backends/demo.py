@@ -142,7 +142,7 @@ class DemoCore(RedecodeCore):
             raise ConfigError(f"cannot load the demo model from {path}: {exc}") from exc
         log.warning(
             "DEMO BACKEND: Whisper tiny.en on the CPU, English only, no speaker "
-            "labels (every segment is S01). Pass --model PATH|hub-id to serve MOSS-TD."
+            "labels (every segment is S01). Pass --model PATH|hub-id to run MOSS-TD."
         )
 
     def close(self) -> None:

@@ -634,8 +634,7 @@ def run(args: argparse.Namespace) -> int:
         if exc.errno not in _BIND_ERRNOS:
             raise
         # the bind, after check_listen passed (another process was faster)
-        where = _endpoint(config.host, config.port)
-        log.error("config_error: cannot listen on %s: %s", where, exc.strerror)
+        log.error("config_error: %s", cannot_listen(_endpoint(config.host, config.port), exc))
         return 2
     finally:
         thaw_heap()
@@ -727,7 +726,16 @@ def check_listen(host: str, port: int) -> None:
             try:
                 probe.bind(address)
             except OSError as exc:
-                raise ConfigError(f"cannot listen on {where}: {exc.strerror}") from exc
+                raise ConfigError(cannot_listen(where, exc)) from exc
+
+
+def cannot_listen(where: str, exc: OSError) -> str:
+    """What a failed bind of `where` says: the system's reason, and for a port in use what to
+    do ("Address already in use" alone: a new user's trial)."""
+    hint = ""
+    if exc.errno == errno.EADDRINUSE:
+        hint = " (another server holds the port: stop it, or pick another with --port)"
+    return f"cannot listen on {where}: {exc.strerror}{hint}"
 
 
 # what a failed bind raises: the only OSErrors `serve` reports as "cannot listen"

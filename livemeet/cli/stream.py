@@ -4,10 +4,11 @@ live session (by default this machine's `livemeet serve`, ws://127.0.0.1:8000/v1
 FILE `-` reads the audio from standard input as it comes (a FIFO or /dev/stdin too), e.g. a
 recording as it is made: `arecord -f S16_LE -r 16000 | livemeet stream -`, or
 `ffmpeg -i talk.mp4 -f wav - | livemeet stream - --fast`. It is decoded by FFmpeg without
-seeking, so a WAV, FLAC, MP3, Ogg or WebM stream; not an MP4 whose index is at its end (save
-it to a file). Its first audio comes once FFmpeg has read enough to know the format (~100 KB
-of a WAV: 3.3 s of 16-kHz mono recorded as it goes, sent at once then); it ends at the end of
-the input (or Ctrl-C). A file stopped early
+seeking, so a WAV, FLAC, MP3, Ogg, WebM or WavPack stream; not an MP4 whose index is at its
+end, a CAF of compressed audio or a WavPack of more than 2 channels (save those to a file).
+Its first audio comes once FFmpeg has read enough to know the format (~100 KB of a WAV: 3.3 s
+of 16-kHz mono recorded as it goes, sent at once then); it ends at the end of the input (or
+Ctrl-C). A file stopped early
 (Ctrl-C, a server that ended the session) says from where to resend it; a stream cannot be
 resent, so it only says how much was transcribed.
 
@@ -119,7 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "file",
         type=Path,
         help="audio file (any format FFmpeg reads), of any length; - reads standard input as it "
-        "comes (WAV, FLAC, MP3, Ogg, WebM: a stream FFmpeg reads without seeking)",
+        "comes (WAV, FLAC, MP3, Ogg, WebM, WavPack: a stream FFmpeg reads without seeking)",
     )
     p.add_argument(
         "--url",
@@ -191,9 +192,10 @@ def is_stream(path: Path) -> bool:
 
 def check_not_a_directory(path: Path) -> None:
     """Raise BadAudio, saying so plainly, when the audio argument `path` is a directory
-    (`stream` said "not an audio file ... FFmpeg: Is a directory": a trial)."""
+    (`stream` said "not an audio file ... FFmpeg: Is a directory": a trial). The message does
+    not name it: `stream` and `transcribe` put the path in front of a file's error."""
     if path.is_dir():
-        raise BadAudio(f"{path} is a directory, not an audio file")
+        raise BadAudio("a directory, not an audio file")
 
 
 def open_stream(path: Path) -> BinaryIO:
@@ -211,7 +213,7 @@ def open_stream(path: Path) -> BinaryIO:
             return open(sys.stdin.fileno(), "rb", buffering=0, closefd=False)
         return open(path, "rb", buffering=0)
     except OSError as exc:
-        raise BadAudio(f"cannot read {path}: {exc.strerror}") from exc
+        raise BadAudio(f"cannot read it: {exc.strerror}") from exc
 
 
 def first_chunk(chunks: Iterator[Samples], piped: bool) -> Samples:
@@ -323,7 +325,7 @@ def wrong_path_hint(url: str) -> str:
 
 def captions_links(url: str, ready: dict[str, Any]) -> str | None:
     """For a new session's `session.ready`: the session's captions overlay and transcript
-    URLs on the server `url` (the live endpoint) belongs to, read-only with its
+    URLs, one line each, on the server `url` (the live endpoint) belongs to, read-only with its
     `captions_token` (docs/protocol.md, "Captions"). Only `session.ready` carries that token,
     and `stream`'s readable lines leave it out, so a user who wanted the overlay in OBS, or
     the transcript after a lost connection, had to rerun with --json (a trial). None for a
@@ -338,10 +340,17 @@ def captions_links(url: str, ready: dict[str, Any]) -> str | None:
         (scheme, parts.netloc, parts.path[: -len(LIVE_PATH)] + "/", "", "")
     )
     session, query = urllib.parse.quote(session_id, safe=""), urllib.parse.quote(token, safe="")
+    # a line each, the URL last: a terminal's link (or a double-click) took "...&token=X;"
+    # from one line holding both, the ';' spoiling the token (4401 in OBS: a new user's trial)
     return (
-        f"captions overlay: {base}captions.html?session={session}&token={query}; transcript: "
-        f"{base}v1/sessions/{session}/transcript?token={query} (read-only links)"
+        f"captions overlay (read-only): {base}captions.html?session={session}&token={query}\n"
+        f"transcript (read-only): {base}v1/sessions/{session}/transcript?token={query}"
     )
+
+
+def counted(n: int, noun: str) -> str:
+    """`n` and `noun`, plural but for one ("1 segments" read as a slip: a new user's trial)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def format_event(event: dict[str, Any]) -> str:
@@ -358,15 +367,15 @@ def format_event(event: dict[str, Any]) -> str:
         return f"= {seg(event)}"
     if kind == "transcript.final":
         return (
-            f"# transcript.final: {len(event['segments'])} segments, "
+            f"# transcript.final: {counted(len(event['segments']), 'segment')}, "
             f"{event['duration']:.2f} s, coverage {event['coverage']:.2f}, "
             f"{event['finish_reason']}"
         )
     if kind == "transcript.revised":
         # the transcript that replaces the finals shown: its segments, as the finals were
         lines = [
-            f"# transcript.revised: {len(event['segments'])} segments, superseding "
-            f"{len(event['supersedes'])} finals, {event['finish_reason']}",
+            f"# transcript.revised: {counted(len(event['segments']), 'segment')}, superseding "
+            f"{counted(len(event['supersedes']), 'final')}, {event['finish_reason']}",
             *(f"r {seg(s)}" for s in event["segments"]),
         ]
         return "\n".join(lines)
@@ -406,6 +415,13 @@ def run(args: argparse.Namespace) -> int:
         check_request_text(args.language, args.prompt, args.hotwords)
         url = live_url(args.url)
         context = client_ssl_context(args.cacert, url)
+    except LivemeetError as exc:
+        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    # the file's errors name it, as transcribe's do: `stream missing.wav` said only "cannot
+    # read the audio file: No such file or directory" (a new user's trial)
+    named = "" if args.file == STDIN else f"{args.file}: "
+    try:
         # no limit: a live session has none (an upload's MAX_AUDIO_S refused 95-minute files)
         check_not_a_directory(args.file)
         piped = is_stream(args.file)
@@ -416,7 +432,7 @@ def run(args: argparse.Namespace) -> int:
         # the first block before connecting: a file that does not decode at all exits 2
         first = first_chunk(chunks, piped)
     except LivemeetError as exc:
-        print(f"error: {exc.code}: {exc.message}", file=sys.stderr)
+        print(f"error: {named}{exc.code}: {exc.message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while a pipe's first audio was awaited: nothing sent
         print("interrupted before any audio was read", file=sys.stderr)
@@ -476,6 +492,11 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(exc, ssl.SSLError) and exc.reason == "WRONG_VERSION_NUMBER":
             # a plain-HTTP server's answer read as TLS: OpenSSL's words name no cause
             hint = " (the server does not speak TLS: one without --tls-cert is ws:// or http://)"
+        elif isinstance(exc, websockets.InvalidMessage) and url.startswith("ws://"):
+            # the other way round: a TLS server's answer to plain HTTP is no HTTP at all
+            hint = " (a server with --tls-cert speaks TLS: its URL is wss:// or https://)"
+        elif isinstance(exc, ConnectionRefusedError):  # said only "Connect call failed"
+            hint = " (nothing listens there: start `livemeet serve`, or give its address, --url)"
         print(f"error: cannot connect to {url}: {exc}{hint}", file=sys.stderr)
         return 2
     if result is None:

@@ -30,6 +30,7 @@ from livemeet.errors import (
     InvalidRequest,
     LivemeetError,
     PayloadTooLarge,
+    TooLong,
     error_for_code,
 )
 from livemeet.transcriber import (
@@ -130,9 +131,9 @@ def read_source(path: Path) -> Path | bytes:
         with open(sys.stdin.fileno() if path == STDIN else path, "rb", closefd=path != STDIN) as f:
             data = f.read(MAX_UPLOAD_BYTES + 1)
     except OSError as exc:  # e.g. a socket path, a device that refuses reads
-        raise BadAudio(f"cannot read {path}: {exc.strerror}") from exc
+        raise BadAudio(f"cannot read it: {exc.strerror}") from exc
     if len(data) > MAX_UPLOAD_BYTES:
-        raise PayloadTooLarge(f"{path}: more than {MAX_UPLOAD_BYTES} bytes of audio")
+        raise PayloadTooLarge(f"more than {MAX_UPLOAD_BYTES} bytes of audio")
     return data
 
 
@@ -339,7 +340,10 @@ def write_results(
     for result in results:
         if result.transcript is None:
             assert result.error is not None
-            print(f"{result.path}: {result.error.code}: {result.error.message}", file=sys.stderr)
+            # the limit is this command's own: say how to raise it (a new user's trial)
+            hint = " (--max-audio-s raises it)" if isinstance(result.error, TooLong) else ""
+            error = result.error
+            print(f"{result.path}: {error.code}: {error.message}{hint}", file=sys.stderr)
             status = 1
             continue
         body, _ = formats.render(result.transcript, fmt, language=language)

@@ -323,7 +323,14 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InvalidRequest(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        # an audio file given to eval said only "'utf-8' codec can't decode byte 0x9f in
+        # position 38" (a new user's trial)
+        raise InvalidRequest(
+            f"{path}: cannot read: not UTF-8 text (byte {exc.start}); eval scores transcripts "
+            "(STM, RTTM, CTM, SegLST, livemeet JSON, Kaldi text, SRT, WebVTT, text), not audio"
+        ) from None
+    except OSError as exc:
         raise InvalidRequest(f"{path}: cannot read: {exc}") from None
 
 

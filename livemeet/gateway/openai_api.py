@@ -199,6 +199,13 @@ async def _create_transcription(request: web.Request) -> web.StreamResponse:
                 decoded = await _decode_upload(app, audio.source)
         except (BadAudio, TooLong) as exc:
             exc.param = exc.param or "file"  # the part at fault, for OpenAI's error body
+            if isinstance(exc, BadAudio) and not audio.named:
+                # `curl -F file=meeting.wav` (no @) sends the path as text: "not an audio
+                # file" alone sent a new user to look at a file that was fine (a trial)
+                exc.message += (
+                    " (the 'file' field came without a filename, as a form's text field does: "
+                    "curl sends a file with -F file=@PATH)"
+                )
             raise
         finally:
             audio.discard()

@@ -88,8 +88,10 @@ class ByteBudget:
 class UploadAudio:
     """The `file` part: its bytes (in memory) or the path of its spill file, until `discard()`.
 
-    `num_bytes`: the part's size; `filename`: as the client named it ("audio" if it did not).
-    Bytes in memory are reserved in `budget` until `discard()`.
+    `num_bytes`: the part's size; `filename`: as the client named it ("audio" if it did not);
+    `named`: whether it did (a part without a filename is a form's text field: curl's
+    `-F file=PATH`, the `@` forgotten). Bytes in memory are reserved in `budget` until
+    `discard()`.
     """
 
     source: AudioSource
@@ -98,6 +100,7 @@ class UploadAudio:
     budget: ByteBudget
     disk_budget: ByteBudget
     disk_bytes: int = 0  # of a spill file: reserved in `disk_budget` until `discard()`
+    named: bool = True
 
     def discard(self) -> None:
         """Free the audio: drop the bytes (and their share of the budget), delete the spill
@@ -370,7 +373,8 @@ class FormReader:
             raise InvalidRequest("more than one 'file' field", param=FILE_FIELD)
         part.sink = _FileSink(self.spill_dir, self.memory_bytes, self.budget, self.disk_budget)
         filename = _header_text(params.get(b"filename", b"")) or "audio"
-        self._file = UploadAudio(b"", filename, 0, self.budget, self.disk_budget)
+        named = b"filename" in params
+        self._file = UploadAudio(b"", filename, 0, self.budget, self.disk_budget, named=named)
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         part = self._part

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,9 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
         return path
     text = str(path_or_id)
     if not _HUB_ID.match(text):
-        raise ConfigError(f"model path {text!r} is not a directory (nor a hub id owner/name)")
+        # "is not a directory" read as "exists, but is a file" where it did not exist at all
+        what = "is a file, not a checkpoint directory" if path.exists() else "does not exist"
+        raise ConfigError(f"model path {text!r} {what} (nor is it a hub id, owner/name)")
     from huggingface_hub import constants, snapshot_download
 
     try:
@@ -194,7 +197,8 @@ def download_hint(model: str) -> str | None:
     livemeet reads from its checkpoint, else None."""
     if Path(model).expanduser().is_dir() or not _HUB_ID.match(model):
         return None
-    return f"`hf download {model} --include {' '.join(_CHECKPOINT_FILES)}`"
+    # quoted: a shell given `*.safetensors` bare expands it against the files where it runs
+    return f"`hf download {model} --include {' '.join(map(shlex.quote, _CHECKPOINT_FILES))}`"
 
 
 def _read_config(root: Path) -> MossTDConfig:

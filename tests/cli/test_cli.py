@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -82,6 +83,33 @@ def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[s
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"livemeet {version('livemeet')}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["serve", "--prot", "18401"], "livemeet serve: error: unrecognized arguments: --prot "
+         "18401 (did you mean --port?)"),
+        (["stream", "--fats", "a.wav"], "livemeet stream: error: unrecognized arguments: --fats "
+         "(did you mean --fast?)"),
+        (["keys", "create", "--nmae=bob"], "livemeet keys create: error: unrecognized "
+         "arguments: --nmae=bob (did you mean --name?)"),
+        (["transcribe", "a.wav", "--zzz"], "livemeet transcribe: error: unrecognized "
+         "arguments: --zzz"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_option_is_named_by_its_subcommand_with_the_one_meant(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new user's trial: `livemeet serve --prot 18401` was refused by the top-level parser
+    (`livemeet: error: unrecognized arguments`, under livemeet's usage, not serve's), with no
+    word of --port."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == said
+    assert err.startswith(f"usage: livemeet {argv[0]}")
 
 
 def test_serve_arguments_build_a_config(tmp_path: Path) -> None:
@@ -158,6 +186,9 @@ def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(
             with caplog.at_level("ERROR"):
                 assert serve.run(build_parser().parse_args(argv)) == 2
             assert f"cannot listen on {host}:{p}" in caplog.text
+            # a port in use says what to do (a new user's trial: "Address already in use")
+            in_use = "Address already in use (another server holds the port: stop it, or pick"
+            assert (in_use in caplog.text) == (host == "127.0.0.1")
             caplog.clear()
     serve.check_listen("127.0.0.1", port)  # free again: no error
 
@@ -227,7 +258,7 @@ def test_serve_check_config_validates_without_loading_or_listening(
         # what a start reads before loading weights: the device, the checkpoint's
         # config.json, the forced transcript (a start found each only after its imports)
         assert "unknown device" in refused("--device", "tpu7")
-        assert "not a directory" in refused("--model", str(tmp_path / "no-such-checkpoint"))
+        assert "does not exist" in refused("--model", str(tmp_path / "no-such-checkpoint"))
         assert "no config.json" in refused("--model", str(tmp_path))
         forced = tmp_path / "forced.txt"
         forced.write_text("no segments here")
@@ -709,6 +740,13 @@ async def test_transcribe_max_audio_s_is_the_callers(
         argv = ["transcribe", str(path), "--max-audio-s", bad]
         assert transcribe.run(build_parser().parse_args(argv)) == 2
         assert "--max-audio-s must be a positive number" in capsys.readouterr().err
+    # the refusal says how to raise the limit (a new user's 2-GB WAV said only "longer than
+    # the 5400 s limit")
+    assert transcribe.write_results([short], "text", None, None) == 1
+    assert capsys.readouterr().err == (
+        f"{path}: audio_too_long: the audio declares 3.0 s, longer than the 2 s limit "
+        "(--max-audio-s raises it)\n"
+    )
 
 
 async def test_transcribe_output_distinct_stems_and_unwritable_targets(
@@ -1183,6 +1221,20 @@ def test_wss_to_a_server_without_tls_says_so(
     assert "WRONG_VERSION_NUMBER" in err and "the server does not speak TLS" in err
 
 
+def test_a_server_that_is_not_running_says_to_start_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stream FILE` with no server on its default address said only "cannot connect to
+    ws://127.0.0.1:8000/v1/live: [Errno 111] Connect call failed" (a new user's trial)."""
+    with socket.socket() as probe:  # a port nothing listens on: bound, never listening
+        probe.bind(("127.0.0.1", 0))
+        url = f"ws://127.0.0.1:{probe.getsockname()[1]}/v1/live"
+        assert main(["stream", str(write_wav(tmp_path / "a.wav", 0.1)), "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot connect to {url}: ") and err.count("\n") == 1
+    assert "nothing listens there: start `livemeet serve`, or give its address, --url" in err
+
+
 @pytest.mark.parametrize(
     ("given", "suggested"),
     [
@@ -1236,7 +1288,9 @@ async def test_stream_refused_by_the_server_could_not_run_and_exits_2(
 
 def test_captions_links_of_a_new_session_on_the_server_of_the_live_url() -> None:
     """`stream` printed no captions_token (only --json showed session.ready whole), so its
-    user had no overlay URL for OBS and no transcript URL (a trial)."""
+    user had no overlay URL for OBS and no transcript URL (a trial). Then both on one line,
+    the overlay's followed by "; transcript:", so a terminal's link to it, or a double-click,
+    took the ';' into the token: the overlay was refused (a new user's trial)."""
     ready = {
         "type": "session.ready",
         "session_id": "s 1",
@@ -1245,8 +1299,11 @@ def test_captions_links_of_a_new_session_on_the_server_of_the_live_url() -> None
     }
     links = stream.captions_links("wss://meet.example/meet/v1/live?x=1", ready)
     assert links is not None
-    assert "overlay: https://meet.example/meet/captions.html?session=s%201&token=t%2Fk;" in links
-    assert "transcript: https://meet.example/meet/v1/sessions/s%201/transcript?token=t%2Fk" in links
+    # one URL a line, and last on it: what a terminal makes a link of, the token intact
+    overlay, transcript = (line.split()[-1] for line in links.splitlines())
+    assert overlay == "https://meet.example/meet/captions.html?session=s%201&token=t%2Fk"
+    assert transcript == "https://meet.example/meet/v1/sessions/s%201/transcript?token=t%2Fk"
+    assert links.splitlines()[0].startswith("captions overlay (read-only): ")
     assert "http://127.0.0.1:8000/captions.html?" in str(
         stream.captions_links("ws://127.0.0.1:8000/v1/live", ready)
     )
@@ -1269,6 +1326,18 @@ def test_format_event_lines() -> None:
     assert unnamed == "# speaker S01 name removed"
     merged = {"type": "speaker.merged", "speaker": "S03", "into": "S01"}
     assert stream.format_event(merged).startswith("# speaker S03 merged into S01")
+    # one segment, or final, is not "1 segments" (a new user's trial: a Ctrl-C after 4 s)
+    final = {"type": "transcript.final", "segments": [seg], "duration": 4.0, "coverage": 1.0,
+             "finish_reason": "stop"}  # fmt: skip
+    assert (
+        stream.format_event(final) == "# transcript.final: 1 segment, 4.00 s, coverage 1.00, stop"
+    )
+    revised = {**final, "type": "transcript.revised", "supersedes": ["seg-0001"]}
+    assert stream.format_event(revised).splitlines()[0] == (
+        "# transcript.revised: 1 segment, superseding 1 final, stop"
+    )
+    two = stream.format_event({**revised, "segments": [seg, seg], "supersedes": []})
+    assert two.startswith("# transcript.revised: 2 segments, superseding 0 finals, stop")
 
 
 async def live_url(aiohttp_server: Any, handler: Any) -> str:
@@ -1614,13 +1683,31 @@ def test_stream_of_a_directory_says_it_is_one_as_transcribe_does(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """`stream /tmp` said "not an audio file, a damaged or truncated one, ...: FFmpeg: Is a
-    directory" (a trial), where `transcribe /tmp` says plainly that it is a directory."""
+    directory" (a trial), where `transcribe /tmp` says plainly that it is a directory. Both
+    name the path once, in front (transcribe said "/tmp: bad_audio: /tmp is a directory")."""
     assert main(["stream", str(tmp_path), "--url", "ws://127.0.0.1:9/v1/live"]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: bad_audio: {tmp_path} is a directory, not an audio file\n"
+    assert err == f"error: {tmp_path}: bad_audio: a directory, not an audio file\n"
     with pytest.raises(BadAudio) as refused:
         transcribe.read_source(tmp_path)
-    assert f"error: bad_audio: {refused.value.message}\n" == err
+    assert f"error: {tmp_path}: bad_audio: {refused.value.message}\n" == err
+
+
+def test_stream_of_a_missing_file_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stream missing.wav` said "error: bad_audio: cannot read the audio file: No such file or
+    directory", naming no file (a new user's trial); transcribe names it. A bad argument
+    other than the file is not put under its name."""
+    missing = tmp_path / "missing.wav"
+    assert main(["stream", str(missing), "--url", "ws://127.0.0.1:9/v1/live"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"error: {missing}: bad_audio: cannot read the audio file: No such file or directory\n"
+    )
+    assert main(["stream", str(missing), "--url", "ftp://127.0.0.1:9/"]) == 2
+    assert capsys.readouterr().err.startswith("error: invalid_request: ")
 
 
 def test_ctrl_c_while_a_pipes_first_audio_is_awaited_stops_the_stream(

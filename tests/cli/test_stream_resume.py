@@ -294,10 +294,11 @@ async def test_stream_resumes_and_prints_each_final_once_and_no_ack(
     assert "connection lost (close 1006): resuming in 0.25 s" in err
     assert received.pcm16() == file_pcm16(wav)
     # the read-only links, once (not again on the resume), to the server behind the proxy
-    (links,) = [line for line in err.splitlines() if line.startswith("captions overlay: ")]
+    (overlay,) = [line for line in err.splitlines() if line.startswith("captions overlay ")]
+    (transcript,) = [line for line in err.splitlines() if line.startswith("transcript ")]
     base = url.removesuffix("/v1/live").replace("ws://", "http://")
-    assert f"{base}/captions.html?session={session_id}&token=" in links
-    assert f"transcript: {base}/v1/sessions/{session_id}/transcript?token=" in links
+    assert f"{base}/captions.html?session={session_id}&token=" in overlay
+    assert f"{base}/v1/sessions/{session_id}/transcript?token=" in transcript
 
 
 async def test_a_refused_resume_ends_the_stream_with_exit_1(

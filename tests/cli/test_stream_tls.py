@@ -79,6 +79,19 @@ async def test_stream_trusts_a_self_signed_server_with_cacert_or_ssl_cert_file(
     assert await asyncio.to_thread(main, argv) == 0
 
 
+async def test_plain_http_to_a_tls_server_says_it_speaks_tls(
+    tls_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--url http://...` to `serve --tls-cert` said only "did not receive a valid HTTP
+    response" (a new user's trial); the reverse mistake already said what to do."""
+    wav = write_wav(tmp_path / "meeting.wav", 0.1)
+    url = tls_url.replace("https://", "http://")
+    assert await asyncio.to_thread(main, ["stream", str(wav), "--url", url]) == 2
+    err = capsys.readouterr().err
+    assert "did not receive a valid HTTP response" in err
+    assert "speaks TLS: its URL is wss:// or https://" in err and err.count("\n") == 1
+
+
 @pytest.mark.parametrize(
     ("cacert", "url", "message"),
     [

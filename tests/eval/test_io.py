@@ -201,6 +201,15 @@ def test_file_errors(tmp_path: Path) -> None:
     binary.write_bytes(b"\xff\xfe\xfa")
     with pytest.raises(InvalidRequest, match="cannot read"):
         load_segments(binary)
+    # an audio file passed by mistake: what eval reads, not a codec's words (a new user's trial)
+    audio = tmp_path / "meeting.mp4"
+    audio.write_bytes(b"\x00\x00\x00\x1cftypisom\x9f\x00")
+    with pytest.raises(InvalidRequest) as refused:
+        load_segments(audio)
+    assert refused.value.message == (
+        f"{audio}: cannot read: not UTF-8 text (byte 12); eval scores transcripts (STM, RTTM, "
+        "CTM, SegLST, livemeet JSON, Kaldi text, SRT, WebVTT, text), not audio"
+    )
 
 
 def test_kaldi_text_is_one_untimed_segment_per_utterance(tmp_path: Path) -> None:

@@ -326,6 +326,24 @@ async def test_a_failed_upload_session_ends_with_its_error_code(
     assert 'livemeet_sessions_ended_total{kind="upload",outcome="engine_unavailable"} 1.0' in text
 
 
+async def test_a_file_field_sent_as_text_says_to_send_the_file(client: TestClient) -> None:
+    """`curl -F file=meeting.wav` (the `@` forgotten) sends the path as a text field: the
+    answer said only "not an audio file ..." (a new user's trial). A file part without a
+    filename now says how curl sends a file; one with a filename is answered as before."""
+    text_field = aiohttp.FormData(default_to_multipart=True)  # as curl -F sends it
+    text_field.add_field("file", "../shared/data/jfk/jfk.flac")
+    text_field.add_field("model", "whisper-1")
+    resp = await client.post("/v1/audio/transcriptions", data=text_field)
+    message = (await assert_error(resp, BadAudio))["error"]["message"]
+    assert message.startswith("not an audio file")
+    assert message.endswith(
+        "(the 'file' field came without a filename, as a form's text field does: curl sends "
+        "a file with -F file=@PATH)"
+    )
+    resp = await client.post("/v1/audio/transcriptions", data=form(b"not audio" * 10))
+    assert "without a filename" not in (await assert_error(resp, BadAudio))["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("audio", "fields", "error"),
     [

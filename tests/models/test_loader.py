@@ -387,6 +387,29 @@ def cache_hub_snapshot(hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
     return snapshot
 
 
+def test_a_model_path_that_is_no_directory_says_whether_it_exists(tmp_path: Path) -> None:
+    """`--model /path/that/is/missing` said "is not a directory", which reads as a file
+    being there (a new user's trial): a missing path and a file are told apart."""
+    missing, file = tmp_path / "nomodel", tmp_path / "model.safetensors"
+    file.write_bytes(b"")
+    with pytest.raises(ConfigError) as refused:
+        load_model(missing, device="cpu")
+    assert refused.value.message == (
+        f"model path '{missing}' does not exist (nor is it a hub id, owner/name)"
+    )
+    with pytest.raises(ConfigError, match="is a file, not a checkpoint directory"):
+        load_model(file, device="cpu")
+
+
+def test_the_download_hint_quotes_its_glob() -> None:
+    """`hf download ... --include config.json *.safetensors ...`, pasted into a shell, had the
+    shell expand the bare glob against the files where it ran (a new user's trial)."""
+    from livemeet.models.loader import download_hint
+
+    hint = download_hint("someone/tiny-moss")
+    assert hint is not None and " '*.safetensors' " in hint and " *.safetensors " not in hint
+
+
 def test_hub_id_resolves_through_the_local_cache(
     hf_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -449,7 +472,7 @@ def test_check_config_on_a_hub_snapshot_names_what_to_cache(
 
 
 def test_unknown_path_and_missing_model_are_rejected(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not a directory"):
+    with pytest.raises(ConfigError, match="does not exist"):
         load_model(str(tmp_path / "no" / "such" / "dir"), device="cpu")
     with pytest.raises(ConfigError, match="no model given"):
         load_model(None, device="cpu")
