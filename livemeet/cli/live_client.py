@@ -145,17 +145,19 @@ class StreamResult:
             return None
         return self.error
 
-    def shortfall(self, file_s: float) -> str | None:
-        """Why the final transcript does not cover all `file_s` seconds of the file, or None:
-        a server that shuts down with `--shutdown-live end` (or resume off) drains the session
-        (ends it early, closes 1001; protocol.md; a restart keeps it instead, resumed here),
-        or Ctrl-C stopped the audio; the final covers only the audio the server had received
-        then, and the rest was never sent."""
+    def shortfall(self, file_s: float, from_s: float = 0.0) -> str | None:
+        """Why the final transcript does not cover the `file_s`-second file from `from_s` (s;
+        where sending began: `stream --from-s`) to its end, or None: a server that shuts down
+        with `--shutdown-live end` (or resume off) drains the session (ends it early, closes
+        1001; protocol.md; a restart keeps it instead, resumed here), or Ctrl-C stopped the
+        audio; the final covers only the audio the server had received then, and the rest was
+        never sent. The place to resend from is given in the file's seconds."""
         final = self.final
         # the wire's durations are rounded to the ms (protocol.md): 30.0000625 s arrive as 30.0
-        if final is None or (not self.stopped_early and final["duration"] >= round(file_s, 3)):
+        to_send_s = round(file_s - from_s, 3)
+        if final is None or (not self.stopped_early and final["duration"] >= to_send_s):
             return None
-        covered_s = float(final["duration"])
+        covered_s = from_s + float(final["duration"])
         closing = self.error_after_final
         code = f"{closing['code']}, " if closing is not None else ""
         why = (
@@ -165,10 +167,12 @@ class StreamResult:
         )
         # the final's duration is what the server read (protocol.md): frames sent past it may
         # have sat unread in socket buffers, so it, not `sent_s`, is where to resend from
+        span = f"{from_s:.2f}-{covered_s:.2f} s" if from_s else f"{covered_s:.2f} s"
         return (
-            f"{why}: the transcript covers {covered_s:.2f} s of the {file_s:.2f} s file; "
-            f"resend from {covered_s:.2f} s (the last {max(0.0, file_s - covered_s):.2f} s are "
-            f"not transcribed; {self.sent_s:.2f} s had been sent)"
+            f"{why}: the transcript covers {span} of the {file_s:.2f} s file; resend from "
+            f"{covered_s:.2f} s (stream --from-s {covered_s:.2f}; the last "
+            f"{max(0.0, file_s - covered_s):.2f} s are not transcribed; {self.sent_s:.2f} s "
+            "had been sent)"
         )
 
 

@@ -9,7 +9,8 @@ end, a CAF of compressed audio or a WavPack of more than 2 channels (save those 
 Its first audio comes once FFmpeg has read enough to know the format (~100 KB of a WAV: 3.3 s
 of 16-kHz mono recorded as it goes, sent at once then); it ends at the end of the input (or
 Ctrl-C). A file stopped early
-(Ctrl-C, a server that ended the session) says from where to resend it; a stream cannot be
+(Ctrl-C, a server that ended the session) says from where to resend it, and `--from-s` sends
+it from there (to a new session, whose times count from that point); a stream cannot be
 resent, so it only says how much was transcribed.
 
 Audio goes out in hop-sized PCM16 frames paced in audio time: real time by default, `--fast`
@@ -82,7 +83,7 @@ import ssl
 import sys
 import threading
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -139,6 +140,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=None,
         help=f"send at this multiple of real time (default: 1, or {FAST_SPEED:g} with --fast)",
+    )
+    p.add_argument(
+        "--from-s",
+        type=start_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="send the audio from this many seconds into it (the rest of a file a stopped "
+        "stream says to resend from); the transcript's times count from there (default 0)",
     )
     p.add_argument(
         "--hop-s",
@@ -241,6 +250,40 @@ def first_chunk(chunks: Iterator[Samples], piped: bool) -> Samples:
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
+
+
+def start_seconds(text: str) -> float:
+    """--from-s: a finite number of seconds >= 0. Raises argparse.ArgumentTypeError (exit 2,
+    with the usage) for anything else, nan included."""
+    try:
+        from_s = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.0 <= from_s < math.inf:  # also refuses nan, which no comparison is true of
+        raise argparse.ArgumentTypeError(f"{text}: seconds must be finite and >= 0")
+    return from_s
+
+
+def skip_start(
+    chunks: Generator[Samples, None, None], from_s: float
+) -> Generator[Samples, None, None]:
+    """`chunks` (16-kHz float32 blocks) without their first `from_s` seconds (rounded to a
+    sample); closing this closes `chunks` (the file). Raises BadAudio, as the first block is
+    asked for, where the audio ends at or before `from_s` (nothing would be sent)."""
+    left = round(from_s * SAMPLE_RATE)  # samples still to skip
+    with contextlib.closing(chunks):
+        for chunk in chunks:
+            rest = chunk[left:] if left > 0 else chunk
+            left = max(0, left - chunk.size)
+            if rest.size:
+                yield rest
+                break
+        else:
+            skipped_s = (round(from_s * SAMPLE_RATE) - left) / SAMPLE_RATE
+            raise BadAudio(
+                f"the audio ends at {skipped_s:.2f} s: nothing after --from-s {from_s:g}"
+            )
+        yield from chunks
 
 
 def hop_seconds(text: str) -> float:
@@ -429,6 +472,8 @@ def run(args: argparse.Namespace) -> int:
             chunks = iter_decode_stream(open_stream(args.file), max_audio_s=math.inf)
         else:
             chunks = iter_decode(args.file, max_audio_s=math.inf)
+        if args.from_s:
+            chunks = skip_start(chunks, args.from_s)
         # the first block before connecting: a file that does not decode at all exits 2
         first = first_chunk(chunks, piped)
     except LivemeetError as exc:
@@ -444,6 +489,11 @@ def run(args: argparse.Namespace) -> int:
     # a cut WAV is sent as far as it goes, and its final then covers "the whole file"
     if not piped and (cut := cut_note(args.file)) is not None:
         notice(f"warning: {args.file}: {cut}")
+    if args.from_s:
+        notice(
+            f"sending from {args.from_s:.2f} s into the audio: the transcript's times count "
+            f"from there (add {args.from_s:.2f} s for the file's)"
+        )
 
     def show(event: dict[str, Any]) -> None:
         line = json.dumps(event, ensure_ascii=False) if args.json else format_event(event)
@@ -502,12 +552,13 @@ def run(args: argparse.Namespace) -> int:
     if result is None:
         print("interrupted: quit without the final transcript", file=sys.stderr)
         return INTERRUPTED_STATUS
-    return report(result, None if piped else args.file)
+    return report(result, None if piped else args.file, args.from_s)
 
 
-def report(result: StreamResult, path: Path | None) -> int:
+def report(result: StreamResult, path: Path | None, from_s: float = 0.0) -> int:
     """Say on stderr how the stream ended, when not with a final covering the whole file
-    (`path`; None for a stream, whose whole is what was read); the exit status."""
+    (`path`; None for a stream, whose whole is what was read) from `from_s` (s; where sending
+    began) on; the exit status."""
     failed = 1
     if result.interrupted:
         failed = INTERRUPTED_STATUS
@@ -576,7 +627,7 @@ def report(result: StreamResult, path: Path | None) -> int:
             )
             return failed
         return 0
-    if (why := result.shortfall(file_seconds(result, path))) is not None:
+    if (why := result.shortfall(file_seconds(result, path, from_s), from_s)) is not None:
         # a transcript of part of the file: the work ran and fell short (README, exit codes)
         print(f"error: {why}", file=sys.stderr)
         return failed
@@ -595,17 +646,18 @@ def cut_note(path: Path) -> str | None:
         return None
 
 
-def file_seconds(result: StreamResult, path: Path) -> float:
-    """The file's length in seconds: all was sent, or (sending stopped early) what its header
-    declares, at least what was sent (an MP3's is an estimate)."""
+def file_seconds(result: StreamResult, path: Path, from_s: float = 0.0) -> float:
+    """The file's length in seconds: all of it from `from_s` was sent, or (sending stopped
+    early) what its header declares, at least what was sent (an MP3's is an estimate)."""
+    sent_to_s = from_s + result.sent_s
     if not result.stopped_early:
-        return result.sent_s
+        return sent_to_s
     from livemeet.audio.decode import probe
 
     try:
-        return max(probe(path).duration_s, result.sent_s)
+        return max(probe(path).duration_s, sent_to_s)
     except LivemeetError:  # it probed a moment ago; gone since: say what is known
-        return result.sent_s
+        return sent_to_s
 
 
 async def stream_interruptibly(

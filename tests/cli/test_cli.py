@@ -31,6 +31,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.__main__ import build_parser, main
 from livemeet.audio.constants import LIVE_HOP_S
+from livemeet.audio.decode import decode_file
 from livemeet.cli import live_client, serve, stream, transcribe
 from livemeet.config import ServerConfig
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest, QueueFull
@@ -1019,14 +1020,18 @@ async def test_stream_reports_a_transcript_cut_short_by_a_drain(
     why = result.shortfall(4.0)
     assert why is not None and "1001" in why
     covered = result.final["duration"]
-    assert f"resend from {covered:.2f} s (the last {4.0 - covered:.2f} s" in why
+    assert (
+        f"resend from {covered:.2f} s (stream --from-s {covered:.2f}; "
+        f"the last {4.0 - covered:.2f} s" in why
+    )
     assert f"{result.sent_s:.2f} s had been sent" in why
     # frames the server never read (its socket buffers): the final, not what was sent, says
     # where to resend from (a review: 30 s sent, 20 s covered read "the last 0.00 s were not")
     buffered = live_client.StreamResult([{"type": "transcript.final", "duration": 20.0}], [], 1001)
     buffered.sent_s = 30.0
-    assert "resend from 20.00 s (the last 10.00 s are not transcribed" in str(
-        buffered.shortfall(30.0)
+    assert (
+        "resend from 20.00 s (stream --from-s 20.00; the last 10.00 s are not transcribed"
+        in str(buffered.shortfall(30.0))
     )
     full = live_client.StreamResult([{"type": "transcript.final", "duration": 4.0}], [0.0], 1000)
     assert full.shortfall(4.0) is None
@@ -1140,11 +1145,69 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     assert main(["stream", str(wav)]) == 1
     err = capsys.readouterr().err
     assert "the transcript covers 6.00 s of the 30.00 s file; resend from 6.00 s" in err
-    assert "(the last 24.00 s are not transcribed; 6.00 s had been sent)" in err
+    assert (
+        "(stream --from-s 6.00; the last 24.00 s are not transcribed; 6.00 s had been sent)" in err
+    )
     # a drain after the whole file was sent: the transcript is complete
     final = {"type": "transcript.final", "duration": 30.0}
     whole = live_client.StreamResult([final], [30.1], GOING_AWAY, sent_s=30.0)
     assert whole.shortfall(30.0) is None
+
+
+def test_stream_from_s_sends_the_file_from_there_and_says_where_the_rest_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`stream` said "resend from 6.00 s" and had no way to do it (a new user's trial):
+    --from-s sends the file's audio from that second, and a stream stopped again says where
+    the rest starts in the file's seconds, not the new session's."""
+    wav = write_wav(tmp_path / "thirty.wav", 30.0)
+    whole = decode_file(wav)
+    sent: list[np.ndarray] = []
+
+    async def drained(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        sent.extend(chunks)
+        final = {"type": "transcript.final", "duration": 6.0}
+        return live_client.StreamResult([final], [6.1], GOING_AWAY, sent_s=6.0, stopped_early=True)
+
+    monkeypatch.setattr(stream, "stream_audio", drained)
+    assert main(["stream", str(wav), "--from-s", "10"]) == 1
+    assert np.array_equal(np.concatenate(sent), whole[10 * 16000 :])
+    err = capsys.readouterr().err
+    assert "sending from 10.00 s into the audio: the transcript's times count from there" in err
+    assert "covers 10.00-16.00 s of the 30.00 s file; resend from 16.00 s" in err
+    assert "(stream --from-s 16.00; the last 14.00 s are not transcribed" in err
+
+    async def complete(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        samples = np.concatenate(list(chunks))
+        final = {"type": "transcript.final", "duration": round(samples.size / 16000, 3)}
+        return live_client.StreamResult([final], [1.0], 1000, sent_s=samples.size / 16000)
+
+    monkeypatch.setattr(stream, "stream_audio", complete)
+    assert main(["stream", str(wav), "--from-s", "16.0000625"]) == 0  # a part sample: rounded
+
+
+@pytest.mark.parametrize("value", ["30", "31.5"])
+def test_stream_from_s_at_or_past_the_end_exits_2_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """Nothing to send is said before connecting (nothing listens at the --url), as for a
+    file that does not decode: exit 2."""
+    wav = write_wav(tmp_path / "thirty.wav", 30.0)
+    assert main(["stream", str(wav), "--from-s", value, "--url", "ws://127.0.0.1:9/v1/live"]) == 2
+    err = capsys.readouterr().err
+    assert f"the audio ends at 30.00 s: nothing after --from-s {float(value):g}" in err
+    assert str(wav) in err
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "four"])
+def test_stream_from_s_not_seconds_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    wav = write_wav(tmp_path / "thirty.wav", 30.0)
+    with pytest.raises(SystemExit) as exited:
+        main(["stream", str(wav), "--from-s", value])
+    assert exited.value.code == 2
+    assert "--from-s" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
