@@ -409,9 +409,11 @@ def format_event(event: dict[str, Any]) -> str:
     if kind == "segment.final":
         return f"= {seg(event)}"
     if kind == "transcript.final":
+        # coverage (protocol.md): the share of the audio before the last segment's end; the
+        # bare "coverage 0.96" left a new user guessing (a trial)
         return (
             f"# transcript.final: {counted(len(event['segments']), 'segment')}, "
-            f"{event['duration']:.2f} s, coverage {event['coverage']:.2f}, "
+            f"{event['duration']:.2f} s, segments to {event['coverage']:.0%} of it, "
             f"{event['finish_reason']}"
         )
     if kind == "transcript.revised":

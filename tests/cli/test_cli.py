@@ -1393,8 +1393,11 @@ def test_format_event_lines() -> None:
     final = {"type": "transcript.final", "segments": [seg], "duration": 4.0, "coverage": 1.0,
              "finish_reason": "stop"}  # fmt: skip
     assert (
-        stream.format_event(final) == "# transcript.final: 1 segment, 4.00 s, coverage 1.00, stop"
+        stream.format_event(final)
+        == "# transcript.final: 1 segment, 4.00 s, segments to 100% of it, stop"
     )
+    short = stream.format_event({**final, "coverage": 0.9612})
+    assert short == "# transcript.final: 1 segment, 4.00 s, segments to 96% of it, stop"
     revised = {**final, "type": "transcript.revised", "supersedes": ["seg-0001"]}
     assert stream.format_event(revised).splitlines()[0] == (
         "# transcript.revised: 1 segment, superseding 1 final, stop"
