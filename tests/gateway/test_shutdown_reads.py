@@ -207,6 +207,44 @@ async def test_an_upload_still_sending_its_body_is_answered(
     assert time.monotonic() - started < 2.0  # nothing left to wait for
 
 
+async def test_a_keep_alive_connection_idle_at_the_stop_is_closed_not_left_deaf(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A connection idle between requests when a stop begins (a browser's keep-alive, an
+    overlay's transcript poll) is closed then: aiohttp's close left it open and deaf, so a
+    request sent on it during the drain (a transcript, a captions upgrade) was never answered
+    and its connection closed only once the drain was over (up to --upload-drain-s; a trial
+    waited 5 s of a 6-s drain). Here an upload holds the drain open."""
+    fake.end_gate = asyncio.Event()  # the upload's transcript never comes: it holds the drain
+    async with serving(_with_upload_drain(server_config, 3.0), fake) as (runner, host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers.get("connection") != "close"  # kept alive, now idle
+        async with aiohttp.ClientSession() as http:
+            upload = asyncio.create_task(
+                http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
+            )
+            while not fake.sessions:
+                await asyncio.sleep(0.01)
+            shutdown = asyncio.create_task(runner.cleanup())
+            while not runner.app[LIFECYCLE_KEY].draining:
+                await asyncio.sleep(0.01)
+            with contextlib.suppress(ConnectionError):
+                writer.write(
+                    b"GET /v1/sessions/s-1/transcript?token=t HTTP/1.1\r\nHost: test\r\n\r\n"
+                )
+                await writer.drain()
+            with contextlib.suppress(ConnectionError):
+                answer = await asyncio.wait_for(reader.read(), SHUTDOWN_TIMEOUT_S)
+                assert answer == b""  # closed, with no response
+            # closed while the drain still waits for the upload, not after it
+            assert not upload.done() and not shutdown.done()
+            writer.close()
+            (await asyncio.wait_for(upload, SHUTDOWN_TIMEOUT_S)).release()
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+
+
 async def test_a_drained_live_session_is_logged_and_counted_though_its_client_hangs_up(
     server_config: ServerConfig,
     fake: FakeTranscriber,
