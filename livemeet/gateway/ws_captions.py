@@ -271,15 +271,17 @@ async def captions_handler(request: web.Request) -> web.WebSocketResponse:
     finally:
         holder.unsubscribe(subscriber)
         metrics.captions_subscribers.dec()
-        for task in (forwarder, watcher):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if not ws.closed:
-            with contextlib.suppress(ConnectionError):
-                await ws.close()
-        registry.discard(subscriber)
-        subscriber.done.set()
+        try:
+            for task in (forwarder, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if not ws.closed:
+                with contextlib.suppress(ConnectionError):
+                    await ws.close()
+        finally:  # a handler cancelled here (its client gone) leaves no entry behind
+            registry.discard(subscriber)
+            subscriber.done.set()
         if subscriber.outcome not in ("completed", "disconnected"):
             metrics.errors.labels(subscriber.outcome).inc()
         log.info("captions of %s ended: %s", holder.id, subscriber.outcome)
