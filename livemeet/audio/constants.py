@@ -125,7 +125,9 @@ LIVE_RESTART_DURABLE_WAIT_S = 2.0
 # commits; a disk slower than that gets the final with the ack of what is on disk. The same
 # wait covers the answers to renames and merges the journal holds back (they go out first)
 LIVE_FINAL_DURABLE_WAIT_S = 2.0
-LIVE_DRAIN_CLOSE_S = 2.0  # s for the error frames and closes of the sessions still open then
+# s for the error frames and closes of the sessions still open then, and for the captions
+# subscribers' last frames and closes: past it, a socket not read is dropped
+LIVE_DRAIN_CLOSE_S = 2.0
 # s a failing live connection spends sending the frames it owed (`session.ready` first) ahead
 # of its error: a client that does not read gets the error (or its close) after this
 LIVE_FLUSH_BEFORE_ERROR_S = 0.5

@@ -27,7 +27,11 @@ from types import ModuleType
 
 from aiohttp import HttpVersion11, hdrs, web
 
-from livemeet.audio.constants import CORS_MAX_AGE_S, RETENTION_SWEEP_INTERVAL_S
+from livemeet.audio.constants import (
+    CORS_MAX_AGE_S,
+    LIVE_DRAIN_CLOSE_S,
+    RETENTION_SWEEP_INTERVAL_S,
+)
 from livemeet.config import ServerConfig, amount, flag_number
 from livemeet.errors import (
     ClientTimeout,
@@ -57,6 +61,7 @@ from livemeet.gateway.http_protocol import malformed_body, name_the_server, serv
 from livemeet.gateway.incoming import CountListener, IncomingUploadCounter, IncomingUploadsSink
 from livemeet.gateway.keys import (
     AUTH_KEY,
+    CAPTIONS_KEY,
     CONFIG_KEY,
     DISK_KEY,
     JOURNAL_KEY,
@@ -80,7 +85,7 @@ from livemeet.gateway.origin_http import request_hosts
 from livemeet.gateway.pages import page_headers
 from livemeet.gateway.transcript_store import TranscriptStore, remove_partial_writes
 from livemeet.gateway.upload_form import remove_spill_files
-from livemeet.gateway.ws_captions import CAPTIONS_PATH, captions_handler
+from livemeet.gateway.ws_captions import CAPTIONS_PATH, CaptionsRegistry, captions_handler
 from livemeet.gateway.ws_live import LiveRegistry, end_withdrawn_keys, live_handler
 from livemeet.transcriber import BackendInfo, Transcriber
 
@@ -113,6 +118,7 @@ def create_app(config: ServerConfig, transcriber: Transcriber | None = None) -> 
     app[CONFIG_KEY] = config
     app[TRANSCRIBER_KEY] = transcriber
     app[REGISTRY_KEY] = LiveRegistry()
+    app[CAPTIONS_KEY] = CaptionsRegistry()
     metrics = GatewayMetrics.create(engine_stats=_engine_stats_of(transcriber))
     app[METRICS_KEY] = metrics
     app[AUTH_KEY] = KeyGuard(config.gateway.auth, ApiKeyStore(store_path(config.data_dir)), metrics)
@@ -446,7 +452,8 @@ async def close_live_sockets(app: web.Application) -> None:
     """`on_shutdown` (the listener is closed; the engine still runs): new live connections
     are refused, and open live sessions are drained (LiveRegistry.drain_all: kept for the next
     start where the sessions keep on shutdown, else each ended as by its client's `end`, its
-    final transcript sent, then closed)."""
+    final transcript sent, then closed); then the captions subscribers, each told how its
+    session ends, get LIVE_DRAIN_CLOSE_S to close before their connections are dropped."""
     app[LIFECYCLE_KEY].draining = True
     registry = app[REGISTRY_KEY]
     sessions = app[SESSIONS_KEY]
@@ -474,6 +481,8 @@ async def close_live_sockets(app: web.Application) -> None:
         sessions.end_subscriptions_for_restart()
     done = "kept for the next start" if keep else "drained"
     log.info("live sessions %s in %.1f s", done, time.monotonic() - started)
+    # each overlay has its end queued now: one that stopped reading must not hold the stop
+    await app[CAPTIONS_KEY].close_all(LIVE_DRAIN_CLOSE_S)
 
 
 @web.middleware

@@ -201,10 +201,18 @@ class GatewayServer(web.Server):
         client, after 60 s; a trial), and live and captions sockets read nothing from their
         clients during the drain (their close replies, their pings: a captions subscriber
         held the shutdown ~40 s). Here only idle connections close; busy ones stay open until
-        their request is done or `shutdown` comes."""
+        their request is done or `shutdown` comes. An idle one is closed at once, as the
+        listener is: aiohttp's close leaves its socket open and deaf, so a request sent on it
+        during the drain (a browser's keep-alive: a transcript poll, a captions upgrade) was
+        never answered, its connection closed only after the drain (a trial: 5 s of a 6-s
+        `--upload-drain-s`). One with a request read but not yet started finishes it."""
         for conn in self._connections:
-            if not _busy(conn):
-                conn.close()
+            if _busy(conn):
+                continue
+            if _has_request_queued(conn):
+                conn.close()  # answered, then closed
+            else:
+                conn.force_close()
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """After the drain: wait, within `timeout` (s; aiohttp's shutdown timeout), for the
@@ -223,6 +231,12 @@ class GatewayServer(web.Server):
             conn.close()
         left = None if deadline is None else max(SHUTDOWN_CANCEL_S, deadline - loop.time())
         await super().shutdown(left)
+
+
+def _has_request_queued(conn: RequestHandler) -> bool:
+    """Whether `conn` has read a request its handler has not started yet (aiohttp's queue;
+    a version without it counts none)."""
+    return bool(getattr(conn, "_messages", None))
 
 
 def _busy(conn: RequestHandler) -> bool:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from livemeet.gateway.auth_http import KeyGuard
     from livemeet.gateway.live_journal import LiveJournal
     from livemeet.gateway.live_sessions import LiveSessions
+    from livemeet.gateway.ws_captions import CaptionsRegistry
     from livemeet.gateway.ws_live import LiveRegistry
 
 
@@ -46,6 +47,7 @@ class Lifecycle:
 CONFIG_KEY = web.AppKey("config", ServerConfig)
 TRANSCRIBER_KEY = web.AppKey("transcriber", Transcriber)
 REGISTRY_KEY: web.AppKey[LiveRegistry] = web.AppKey("live_registry")
+CAPTIONS_KEY: web.AppKey[CaptionsRegistry] = web.AppKey("captions_registry")
 SESSIONS_KEY: web.AppKey[LiveSessions] = web.AppKey("live_sessions")
 JOURNAL_KEY: web.AppKey[LiveJournal] = web.AppKey("live_journal")
 DISK_KEY = web.AppKey("disk", DiskGuard)

@@ -41,7 +41,13 @@ from livemeet.errors import (
 from livemeet.gateway.auth_http import refused_client
 from livemeet.gateway.captions import CaptionsOutbox
 from livemeet.gateway.errors_http import ws_error_frame
-from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY, SESSIONS_KEY, TRANSCRIBER_KEY
+from livemeet.gateway.keys import (
+    CAPTIONS_KEY,
+    LIFECYCLE_KEY,
+    METRICS_KEY,
+    SESSIONS_KEY,
+    TRANSCRIBER_KEY,
+)
 from livemeet.gateway.live_holder import LiveSessionHolder
 from livemeet.gateway.live_protocol import NORMAL_CLOSE, PROTOCOL_VERSION
 from livemeet.gateway.live_replay import SessionEvent, speaker_maps
@@ -72,12 +78,22 @@ class _Close(NamedTuple):
 class CaptionsSubscriber:
     """One subscription's socket and outbox. Implements live_holder.CaptionsSink."""
 
-    def __init__(self, ws: web.WebSocketResponse) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, transport: asyncio.Transport | None = None
+    ) -> None:
         self.ws = ws
         self.outbox = CaptionsOutbox(CAPTIONS_MAX_QUEUED_FINALS)
         self.outcome = "disconnected"
         self.ready: dict[str, Any] = {}  # `captions.ready`, sent first by the forwarder
+        self.done = asyncio.Event()  # the handler is through: the socket is closed
         self._wakeup = asyncio.Event()
+        self._transport = transport
+
+    def drop(self) -> None:
+        """Drop the connection (no close handshake): the sender's wait on a full socket and
+        the close's wait for a reply end at once."""
+        if self._transport is not None:
+            self._transport.abort()
 
     # -- live_holder.CaptionsSink: called by the session's pump, synchronously ------------
 
@@ -120,6 +136,39 @@ class CaptionsSubscriber:
                     return _Close(error.close_code, error.code.encode())
         except ConnectionError:
             return None  # the subscriber vanished; the handler's finally removes it
+
+
+class CaptionsRegistry:
+    """The open captions subscriptions of one app (for the shutdown)."""
+
+    def __init__(self) -> None:
+        self._subscribers: set[CaptionsSubscriber] = set()
+
+    def __len__(self) -> int:
+        return len(self._subscribers)
+
+    def add(self, subscriber: CaptionsSubscriber) -> None:
+        self._subscribers.add(subscriber)
+
+    def discard(self, subscriber: CaptionsSubscriber) -> None:
+        self._subscribers.discard(subscriber)
+
+    async def close_all(self, timeout_s: float) -> None:
+        """Server shutdown, once every subscription has its end queued (`server_restarting`
+        for a session kept for the next start, else its final): wait up to `timeout_s` for
+        each to be sent and closed, then drop the connections still open. A subscriber that
+        stopped reading (an overlay whose machine froze or lost its network) would hold the
+        stop: its sender waits on a full socket, its close on a reply, until the heartbeat
+        drops it (a probe: 42 s, where a restart takes 0.1 s)."""
+        subscribers = list(self._subscribers)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(s.done.wait() for s in subscribers))
+        late = [s for s in subscribers if not s.done.is_set()]
+        if late:
+            log.info("shutting down: %d captions subscribers not reading were dropped", len(late))
+        for subscriber in late:
+            subscriber.drop()
 
 
 async def _sends_a_message(ws: web.WebSocketResponse) -> bool:
@@ -196,9 +245,11 @@ async def captions_handler(request: web.Request) -> web.WebSocketResponse:
             await ws.send_str(ws_error_frame(exc))
             await ws.close(code=exc.close_code, message=exc.code.encode())
         return ws
-    subscriber = CaptionsSubscriber(ws)
+    subscriber = CaptionsSubscriber(ws, request.transport)
+    registry = request.app[CAPTIONS_KEY]
     # register, snapshot and queue it in one synchronous step: no event falls in between
     snapshot = holder.subscribe(subscriber, CAPTIONS_SNAPSHOT_FINALS)
+    registry.add(subscriber)
     subscriber.ready = captions_ready(holder.id, request.app[TRANSCRIBER_KEY].info, snapshot)
     for event in snapshot:
         subscriber.deliver(event)
@@ -220,13 +271,17 @@ async def captions_handler(request: web.Request) -> web.WebSocketResponse:
     finally:
         holder.unsubscribe(subscriber)
         metrics.captions_subscribers.dec()
-        for task in (forwarder, watcher):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if not ws.closed:
-            with contextlib.suppress(ConnectionError):
-                await ws.close()
+        try:
+            for task in (forwarder, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if not ws.closed:
+                with contextlib.suppress(ConnectionError):
+                    await ws.close()
+        finally:  # a handler cancelled here (its client gone) leaves no entry behind
+            registry.discard(subscriber)
+            subscriber.done.set()
         if subscriber.outcome not in ("completed", "disconnected"):
             metrics.errors.labels(subscriber.outcome).inc()
         log.info("captions of %s ended: %s", holder.id, subscriber.outcome)

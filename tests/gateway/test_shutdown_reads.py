@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -25,7 +26,8 @@ from livemeet.config import ServerConfig
 from livemeet.errors import EngineUnavailable, ServerRestarting
 from livemeet.gateway.app import create_app
 from livemeet.gateway.keys import LIFECYCLE_KEY, METRICS_KEY
-from livemeet.transcriber import Event
+from livemeet.transcriber import Event, SegmentPartial
+from livemeet.transcript.segments import Segment
 from tests.gateway.conftest import pcm16, wav_bytes
 from tests.gateway.fakes import FakeSession, FakeTranscriber
 from tests.gateway.test_expect_continue import multipart, read_response
@@ -207,6 +209,44 @@ async def test_an_upload_still_sending_its_body_is_answered(
     assert time.monotonic() - started < 2.0  # nothing left to wait for
 
 
+async def test_a_keep_alive_connection_idle_at_the_stop_is_closed_not_left_deaf(
+    server_config: ServerConfig, fake: FakeTranscriber
+) -> None:
+    """A connection idle between requests when a stop begins (a browser's keep-alive, an
+    overlay's transcript poll) is closed then: aiohttp's close left it open and deaf, so a
+    request sent on it during the drain (a transcript, a captions upgrade) was never answered
+    and its connection closed only once the drain was over (up to --upload-drain-s; a trial
+    waited 5 s of a 6-s drain). Here an upload holds the drain open."""
+    fake.end_gate = asyncio.Event()  # the upload's transcript never comes: it holds the drain
+    async with serving(_with_upload_drain(server_config, 3.0), fake) as (runner, host, port):
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: test\r\n\r\n")
+        status, headers, _ = await read_response(reader)
+        assert status == 200 and headers.get("connection") != "close"  # kept alive, now idle
+        async with aiohttp.ClientSession() as http:
+            upload = asyncio.create_task(
+                http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
+            )
+            while not fake.sessions:
+                await asyncio.sleep(0.01)
+            shutdown = asyncio.create_task(runner.cleanup())
+            while not runner.app[LIFECYCLE_KEY].draining:
+                await asyncio.sleep(0.01)
+            with contextlib.suppress(ConnectionError):
+                writer.write(
+                    b"GET /v1/sessions/s-1/transcript?token=t HTTP/1.1\r\nHost: test\r\n\r\n"
+                )
+                await writer.drain()
+            with contextlib.suppress(ConnectionError):
+                answer = await asyncio.wait_for(reader.read(), SHUTDOWN_TIMEOUT_S)
+                assert answer == b""  # closed, with no response
+            # closed while the drain still waits for the upload, not after it
+            assert not upload.done() and not shutdown.done()
+            writer.close()
+            (await asyncio.wait_for(upload, SHUTDOWN_TIMEOUT_S)).release()
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+
+
 async def test_a_drained_live_session_is_logged_and_counted_though_its_client_hangs_up(
     server_config: ServerConfig,
     fake: FakeTranscriber,
@@ -279,6 +319,62 @@ async def test_a_captions_subscriber_hears_of_the_restart_at_once(
     # not held by the subscriber's socket: its close reply is read (aiohttp's close waited
     # 10 s for a reply the closed connection dropped; a trial)
     assert took_s < 3.0, took_s
+
+
+async def _stalled_subscriber(host: str, port: int, path: str) -> asyncio.StreamWriter:
+    """A captions subscriber that never reads (an overlay whose machine froze or lost its
+    network): a small receive buffer, and a reader that stops taking bytes at once."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    await writer.drain()
+    assert b" 101 " in await reader.readuntil(b"\r\n\r\n")
+    return writer
+
+
+@pytest.mark.parametrize("shutdown_live", ["keep", "end"])
+async def test_a_captions_subscriber_that_stopped_reading_does_not_hold_the_stop(
+    server_config: ServerConfig, fake: FakeTranscriber, shutdown_live: str
+) -> None:
+    """An overlay that stopped reading, its socket full, held a restart until aiohttp's
+    heartbeat dropped it (a probe: 42 s, where a stop keeping the sessions takes 0.1 s): its
+    sender waited on the full socket, then its close on a reply that never came (10 s). Live
+    sockets that stopped reading get LIVE_DRAIN_CLOSE_S (2 s); a subscriber now does too."""
+    config = replace(
+        server_config, gateway=replace(server_config.gateway, shutdown_live=shutdown_live)
+    )
+    async with serving(config, fake, shutdown_timeout_s=60.0) as (runner, host, port):
+        async with aiohttp.ClientSession() as http:
+            live = await http.ws_connect(f"http://{host}:{port}/v1/live")
+            await live.send_json(START)
+            ready = await live.receive_json()
+            await live.send_bytes(pcm16(1.0))
+            path = f"/v1/sessions/{ready['session_id']}/captions?token={ready['captions_token']}"
+            stalled = await _stalled_subscriber(host, port, path)
+            while not fake.sessions or fake.sessions[0].log.num_samples < 16_000:
+                await asyncio.sleep(0.01)
+            session = fake.sessions[0]
+            for rev in range(1, 41):  # 40 partials of 60 KB: more than the sockets hold
+                tail = Segment(0.0, 1.0, "S01", f"{rev} " + "x" * 60_000)
+                session._emit(SegmentPartial(rev, (tail,)))
+                await asyncio.sleep(0.005)
+            async for msg in live:  # the client reads on: only the subscriber is stalled
+                segments = json.loads(msg.data).get("segments") or [{"text": ""}]
+                if segments[0]["text"].startswith("40 "):
+                    break
+            shutdown = asyncio.create_task(runner.cleanup())
+            events = [json.loads(m.data) async for m in live]
+            # bounded by the drain's close (2 s), not by the heartbeat (30 s and more)
+            await asyncio.wait_for(shutdown, SHUTDOWN_TIMEOUT_S)
+            stalled.close()
+    last = ServerRestarting.code if shutdown_live == "keep" else "transcript.final"
+    assert last in (events[-1].get("code"), events[-1]["type"]), events[-1]
 
 
 async def test_a_kept_sessions_subscriber_is_not_held_by_an_ending_session(
