@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import queue
 import ssl
 import threading
@@ -157,7 +158,10 @@ class StreamResult:
         to_send_s = round(file_s - from_s, 3)
         if final is None or (not self.stopped_early and final["duration"] >= to_send_s):
             return None
-        covered_s = from_s + float(final["duration"])
+        # shown floored to the hundredth, the place to resend from first: rounded, 6.375 s read
+        # "resend from 6.38 s", and `stream --from-s 6.38` then skipped 5 ms nobody transcribed
+        # (the 1e-6 keeps 0.29 s, 28.999... hundredths, from reading 0.28)
+        covered_s = math.floor(100.0 * (from_s + float(final["duration"])) + 1e-6) / 100.0
         closing = self.error_after_final
         code = f"{closing['code']}, " if closing is not None else ""
         why = (

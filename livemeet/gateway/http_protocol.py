@@ -209,10 +209,10 @@ class GatewayServer(web.Server):
         for conn in self._connections:
             if _busy(conn):
                 continue
-            if _has_request_queued(conn):
-                conn.close()  # answered, then closed
-            else:
+            if _idle(conn):
                 conn.force_close()
+            else:
+                conn.close()  # a request read, queued or about to start: answered, then closed
 
     async def shutdown(self, timeout: float | None = None) -> None:
         """After the drain: wait, within `timeout` (s; aiohttp's shutdown timeout), for the
@@ -233,10 +233,17 @@ class GatewayServer(web.Server):
         await super().shutdown(left)
 
 
-def _has_request_queued(conn: RequestHandler) -> bool:
-    """Whether `conn` has read a request its handler has not started yet (aiohttp's queue;
-    a version without it counts none)."""
-    return bool(getattr(conn, "_messages", None))
+def _idle(conn: RequestHandler) -> bool:
+    """Whether `conn`, not busy, holds no request it read: waiting for its next one (aiohttp's
+    own test, as its keep-alive close makes it), or none read yet (just accepted). Not a
+    connection whose request is queued, nor one aiohttp took from its queue and whose handler's
+    task has not started yet (a loop iteration, without eager tasks before Python 3.12): a
+    test for a queued request alone dropped that one unanswered. A version without these
+    attributes counts none idle (closed as aiohttp's own `pre_shutdown` closes them)."""
+    waiter = getattr(conn, "_waiter", None)
+    if waiter is not None and not waiter.done():
+        return True
+    return getattr(conn, "_request_count", None) == 0
 
 
 def _busy(conn: RequestHandler) -> bool:

@@ -1154,6 +1154,27 @@ def test_stream_cut_short_by_a_drain_says_what_was_sent_and_exits_1(
     assert whole.shortfall(30.0) is None
 
 
+def test_stream_says_to_resend_from_no_later_than_the_audio_the_server_read() -> None:
+    """The place to resend from is floored to the hundredth it is shown in: rounded, a final
+    of 6.375 s (hops of 0.125 s) read "resend from 6.38 s", and `stream --from-s 6.38` then
+    skipped 5 ms the server never read; so did 16.007 s after `--from-s 10.007`."""
+
+    def hint(duration_s: float, from_s: float = 0.0) -> str:
+        final = {"type": "transcript.final", "duration": duration_s}
+        cut = live_client.StreamResult(
+            [final], [1.0], GOING_AWAY, sent_s=duration_s, stopped_early=True
+        )
+        why = cut.shortfall(30.0, from_s)
+        assert why is not None
+        return why
+
+    assert "covers 6.37 s of the 30.00 s file; resend from 6.37 s (stream --from-s 6.37;" in (
+        hint(6.375)
+    )
+    assert "covers 10.01-16.00 s of the 30.00 s file; resend from 16.00 s" in hint(6.0, 10.007)
+    assert "resend from 0.29 s (stream --from-s 0.29;" in hint(0.29)  # not 0.28: 28.999...
+
+
 def test_stream_from_s_sends_the_file_from_there_and_says_where_the_rest_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -333,6 +333,42 @@ async def test_a_finalize_sent_again_where_the_session_holds_one_is_no_second_cu
     assert final["type"] == "transcript.final" and final["duration"] == 2.5
 
 
+async def test_a_finalize_at_the_durable_offset_is_not_named_held_before_its_commit(
+    client: TestClient, fake: FakeTranscriber, commits: threading.Event
+) -> None:
+    """The audio to 1 s is on disk, then the client finalizes there and the journal's next
+    commit has not come: the finalize is not on disk, though no audio past it is either. A
+    resume meanwhile must not name it held (`finalize_offset` 1 s, by reading "before the
+    durable audio" as "at or before"): its client would forget it, and a crash before that
+    commit lose the cut. Sent again at once (its place is the offset), it is a repeat."""
+    ws = await client.ws_connect("/v1/live")
+    await ws.send_json(START)
+    ready = await ws.receive_json()
+    await stream_acked(ws, fake, 1.0)
+    holder = client.app[SESSIONS_KEY].get(ready["session_id"])
+    assert holder is not None and holder.num_frames_durable == RATE
+    commits.clear()
+    try:
+        await ws.send_json({"type": "finalize"})
+        await wait_until(lambda: holder.finalizes == [RATE])
+        await detach(client, ws)
+        async with client.ws_connect("/v1/live") as ws:
+            await ws.send_json(resume_start(ready))
+            resumed = (await read_until(ws, "session.ready"))[-1]
+            assert journal_finalizes(client.app[CONFIG_KEY].data_dir) == []  # a crash loses it
+            assert (resumed["offset"], resumed["finalize_offset"]) == (RATE, None)
+            commits.set()
+            await wait_until(lambda: holder.finalize_durable == RATE)
+            await ws.send_json({"type": "finalize"})  # a repeat
+            await ws.send_bytes(pcm16(0.5))
+            await ws.send_json({"type": "end"})
+            final = (await read_to_close(ws))[-1]
+    finally:
+        commits.set()
+    assert fake.sessions[0].log.finalized_at == [RATE]
+    assert final["type"] == "transcript.final" and final["duration"] == 1.5
+
+
 async def test_a_resume_is_told_where_the_last_finalize_on_disk_came(
     client: TestClient, fake: FakeTranscriber
 ) -> None:

@@ -205,13 +205,15 @@ def test_silero_streamed_in_batches_is_faster_whisper_over_the_whole_clip(
 ) -> None:
     """Each window is read after the previous one's context and continues its LSTM state, so
     a stream classified `batch` windows at a time gets faster-whisper's probabilities of the
-    whole clip (its `get_vad_model()(audio)`)."""
+    whole clip (its `get_vad_model()(audio)`), but for the last window: faster-whisper hears
+    that one with its last 64 samples zeroed, written into the array it is given (a view of
+    `frames` once zeroed both, and so matched only by that side effect)."""
     fw_vad = pytest.importorskip("faster_whisper.vad")
     frames = windows(ami(shared_data, "dev00")[: 10 * SAMPLE_RATE])
-    whole = np.asarray(fw_vad.get_vad_model()(frames.reshape(-1))).reshape(-1)
+    whole = np.asarray(fw_vad.get_vad_model()(frames.copy().reshape(-1))).reshape(-1)
     silero = SileroClassifier()
     streamed = [silero.probabilities(frames[i : i + batch]) for i in range(0, len(frames), batch)]
-    np.testing.assert_allclose(np.concatenate(streamed), whole, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate(streamed)[:-1], whole[:-1], atol=1e-6)
 
 
 def test_sessions_never_share_silero_state(shared_data: Path) -> None:
