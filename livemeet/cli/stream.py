@@ -612,9 +612,11 @@ def report(result: StreamResult, path: Path | None, from_s: float = 0.0) -> int:
     if result.audio_error is not None:
         # a file damaged mid-way: what decoded before the damage was sent and transcribed
         exc = result.audio_error
+        # in the file's seconds, as the resend hint is: sending began at `from_s`
+        sent = f"{result.sent_s:.2f} s of audio" + (f" from {from_s:.2f} s" if from_s else "")
         print(
-            f"error: {exc.code}: {exc.message} (after {result.sent_s:.2f} s of audio; the "
-            f"transcript covers {float(result.final['duration']):.2f} s)",
+            f"error: {exc.code}: {exc.message} (after {sent}; the transcript covers "
+            f"{float(result.final['duration']):.2f} s)",
             file=sys.stderr,
         )
         return failed

@@ -1207,6 +1207,25 @@ def test_stream_from_s_sends_the_file_from_there_and_says_where_the_rest_starts(
     assert main(["stream", str(wav), "--from-s", "16.0000625"]) == 0  # a part sample: rounded
 
 
+def test_stream_from_s_of_a_file_damaged_mid_way_says_where_sending_began(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The damage's note counted from the --from-s point without saying so (a review)."""
+    wav = write_wav(tmp_path / "thirty.wav", 30.0)
+
+    async def damaged(url: str, chunks: Any, **kwargs: Any) -> live_client.StreamResult:
+        final = {"type": "transcript.final", "duration": 5.0}
+        return live_client.StreamResult(
+            [final], [5.1], 1000, sent_s=5.0, audio_error=BadAudio("cut"), stopped_early=True
+        )
+
+    monkeypatch.setattr(stream, "stream_audio", damaged)
+    assert main(["stream", str(wav), "--from-s", "10"]) == 1
+    assert "cut (after 5.00 s of audio from 10.00 s; the transcript covers 5.00 s)" in (
+        capsys.readouterr().err
+    )
+
+
 @pytest.mark.parametrize("value", ["30", "31.5"])
 def test_stream_from_s_at_or_past_the_end_exits_2_before_connecting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
