@@ -458,7 +458,9 @@ def _receive_after_end(text: str) -> SpeakerRename | SpeakerMerge | Ignored:
     except InvalidRequest:
         return Ignored()
     kind = message.get("type")
-    if kind not in _SPEAKER_PARSERS:
+    # a `type` that is not a string (a list, an object) cannot be looked up: a TypeError here
+    # closed the socket with internal_error and dropped the session, its final with it
+    if not isinstance(kind, str) or kind not in _SPEAKER_PARSERS:
         return Ignored()
     try:
         return _SPEAKER_PARSERS[kind](message)

@@ -207,6 +207,22 @@ def test_whatever_follows_end_is_ignored() -> None:
     assert p.state is State.ENDING and p.num_audio_frames == 1
 
 
+def test_a_type_that_is_no_string_after_end_is_ignored_too() -> None:
+    """After `end` a frame whose `type` is a list or an object raised TypeError (it was
+    looked up in a dict of the speaker messages): the socket closed with internal_error and
+    the session was dropped, its final with it (the model-based test found it)."""
+    p = streaming()
+    p.receive_binary(b"\x00\x00")
+    p.receive_text('{"type": "end"}')
+    for kind in (["end"], {"speaker.rename": 1}, 5, None):
+        assert p.receive_text(json.dumps({"type": kind, "speaker": "S01"})) == Ignored()
+    drained = streaming()
+    drained.receive_binary(b"\x00\x00")
+    assert drained.server_end()
+    assert drained.receive_text('{"type": ["speaker.rename"]}') == Ignored()
+    assert p.state is State.ENDING and drained.state is State.DRAINING
+
+
 def test_closed_rejects_everything() -> None:
     p = streaming()
     p.close()

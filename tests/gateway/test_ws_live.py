@@ -273,7 +273,8 @@ async def test_a_second_end_and_late_audio_still_get_the_final(
 ) -> None:
     """A double-clicked stop (two `end`s) or an audio buffer racing the `end` closed the socket
     with protocol_error and no `transcript.final` (a trial): the meeting's transcript was lost.
-    Both are ignored now; the final covers the audio sent before `end`."""
+    Both are ignored now, as is a message whose `type` is no string (it was an internal_error
+    that dropped the session); the final covers the audio sent before `end`."""
     fake.end_gate = asyncio.Event()  # hold transcript.final so the server is still reading
     async with client.ws_connect("/v1/live") as ws:
         await start_session(ws)
@@ -282,6 +283,7 @@ async def test_a_second_end_and_late_audio_still_get_the_final(
         await ws.send_json({"type": "end"})
         await ws.send_bytes(pcm16(0.2))
         await ws.send_json({"type": "finalize"})
+        await ws.send_json({"type": ["end"]})  # not a string: an internal_error, no final
         await asyncio.sleep(0.1)
         fake.end_gate.set()
         events = await asyncio.wait_for(receive_all(ws), 5)
