@@ -48,9 +48,13 @@ Python's white space (control characters among it go with it) before it is check
 `keepalive` after `end` is ignored (no idle timer runs then); where a `start` has several bad
 fields, any of their classes may be the one reported.
 
+Below the machine, the payload rules get more examples than a run of it spends on them: every
+row of the `start` field tables and every edge-case name, each alone on a fresh machine, and
+random `start`s, renames, merges and text frames one at a time.
+
 `finalize`'s `finalize_offset` rule (a repeat does nothing) is the session holder's, not this
 machine's (it returns `Finalize` for every `finalize` while STREAMING):
-`FinalizeResumeMachine` below drives the two together.
+`FinalizeResumeMachine` at the end drives the two together.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -268,34 +273,27 @@ EXTRA_FIELDS = st.dictionaries(
 )
 
 
-@st.composite
-def start_messages(draw: st.DrawFn, resume: object = ABSENT) -> Text:
-    """A `start`, each field valid, at a limit, past it, of the wrong type or left out;
-    `resume` (a resume's block) fixed where given, else drawn."""
-    table = {
-        "sample_rate": SAMPLE_RATES,
-        "channels": CHANNELS,
-        "encoding": ENCODINGS,
-        "language": LANGUAGES,
-        "prompt": PROMPTS,
-        "hotwords": HOTWORDS,
-        "api_key": API_KEYS,
-        "resume": RESUMES,
-    }
-    # mostly one bad field at a time, so that each must be the one reported
-    num_bad = draw(st.sampled_from([0, 0, 1, 1, 1, 2]))
-    bad = set(draw(st.permutations(list(table)))[:num_bad])
-    drawn = {}
-    for name, choices in table.items():
-        pool = [c for c in choices if (c[1] is not None) == (name in bad)]
-        drawn[name] = draw(st.sampled_from(pool))
-    if resume is not ABSENT:
-        assert isinstance(resume, dict)
-        drawn["resume"] = (
-            resume,
-            None,
-            ResumeRequest(resume["session_id"], resume["resume_token"]),
-        )
+START_FIELDS: dict[str, list[Choice]] = {
+    "sample_rate": SAMPLE_RATES,
+    "channels": CHANNELS,
+    "encoding": ENCODINGS,
+    "language": LANGUAGES,
+    "prompt": PROMPTS,
+    "hotwords": HOTWORDS,
+    "api_key": API_KEYS,
+    "resume": RESUMES,
+}
+
+
+def start_text(
+    drawn: dict[str, Choice],
+    extra: dict[str, Any] | None = None,
+    *,
+    surrogate: bool = False,
+    ascii_only: bool = True,
+) -> Text:
+    """The `start` of the chosen rows of START_FIELDS (`extra`: fields the protocol does not
+    have; `surrogate`: a lone surrogate in one of them), judged as the doc says."""
     resuming = drawn["resume"][2] is not None
     message: dict[str, Any] = {"type": "start"}
     faults: set[type[LivemeetError]] = set()
@@ -305,9 +303,8 @@ def start_messages(draw: st.DrawFn, resume: object = ABSENT) -> Text:
         # a resume's language, prompt and hotwords are the session's own: not read
         if fault is not None and not (resuming and name in ("language", "prompt", "hotwords")):
             faults.add(fault)
-    for key, value in draw(EXTRA_FIELDS).items():
+    for key, value in (extra or {}).items():
         message.setdefault(key, value)
-    surrogate = draw(st.integers(0, 9)) == 0
     if surrogate:  # "\ud800" anywhere, even in an unknown field: not Unicode text
         message["x-note"] = "a\ud800b"
         faults.add(InvalidRequest)
@@ -326,8 +323,30 @@ def start_messages(draw: st.DrawFn, resume: object = ABSENT) -> Text:
             taken["resume"],
             taken["api_key"],
         )
-    ascii_only = surrogate or draw(st.booleans())
-    return Text("start", _wire(message, ascii_only), frozenset(faults), parsed)
+    return Text("start", _wire(message, ascii_only or surrogate), frozenset(faults), parsed)
+
+
+@st.composite
+def start_messages(draw: st.DrawFn, resume: object = ABSENT) -> Text:
+    """A `start`, each field valid, at a limit, past it, of the wrong type or left out;
+    `resume` (a resume's block) fixed where given, else drawn."""
+    # mostly one bad field at a time, so that each must be the one reported
+    num_bad = draw(st.sampled_from([0, 0, 1, 1, 1, 2]))
+    bad = set(draw(st.permutations(list(START_FIELDS)))[:num_bad])
+    drawn = {}
+    for name, choices in START_FIELDS.items():
+        pool = [c for c in choices if (c[1] is not None) == (name in bad)]
+        drawn[name] = draw(st.sampled_from(pool))
+    if resume is not ABSENT:
+        assert isinstance(resume, dict)
+        request = ResumeRequest(resume["session_id"], resume["resume_token"])
+        drawn["resume"] = (resume, None, request)
+    return start_text(
+        drawn,
+        draw(EXTRA_FIELDS),
+        surrogate=draw(st.integers(0, 9)) == 0,
+        ascii_only=draw(st.booleans()),
+    )
 
 
 def new_start(sample_rate: int, channels: int) -> Text:
@@ -416,31 +435,14 @@ VALID_NAMES = st.one_of(
 )
 
 
-@st.composite
-def rename_messages(draw: st.DrawFn, valid: bool = False) -> Text:
-    """A `speaker.rename`, its label and name any (`valid`: ones the doc takes)."""
+def rename_text(speaker: object, name: object, *, ascii_only: bool = True) -> Text:
+    """A `speaker.rename` of `speaker` to `name` (ABSENT: left out), judged as the doc says."""
     message: dict[str, Any] = {"type": "speaker.rename"}
     faults: set[type[LivemeetError]] = set()
-    labels = (
-        VALID_LABELS
-        if valid
-        else st.one_of(VALID_LABELS, VALID_LABELS, BAD_LABELS, st.just(ABSENT))
-    )
-    speaker = draw(labels)
     if speaker is not ABSENT:
         message["speaker"] = speaker
     if not (isinstance(speaker, str) and re.fullmatch(r"S[0-9]{1,15}", speaker)):
         faults.add(InvalidRequest)
-    name = draw(
-        VALID_NAMES
-        if valid
-        else st.one_of(
-            st.sampled_from(EDGE_NAMES),
-            st.sampled_from(EDGE_NAMES),
-            NAME_TEXT,
-            st.sampled_from([None, ABSENT, 5, ["x"]]),
-        )
-    )
     taken: str | None = None
     if name is ABSENT or not (name is None or isinstance(name, str)):
         faults.add(InvalidRequest)
@@ -450,8 +452,29 @@ def rename_messages(draw: st.DrawFn, valid: bool = False) -> Text:
             faults.add(InvalidRequest)
     if name is not ABSENT:
         message["name"] = name
-    parsed = None if faults else SpeakerRename(speaker, taken)  # type: ignore[arg-type]
-    return Text("speaker.rename", _wire(message, draw(st.booleans())), frozenset(faults), parsed)
+    parsed = None if faults else SpeakerRename(cast(str, speaker), taken)
+    return Text("speaker.rename", _wire(message, ascii_only), frozenset(faults), parsed)
+
+
+@st.composite
+def rename_messages(draw: st.DrawFn, valid: bool = False) -> Text:
+    """A `speaker.rename`, its label and name any (`valid`: ones the doc takes)."""
+    labels = (
+        VALID_LABELS
+        if valid
+        else st.one_of(VALID_LABELS, VALID_LABELS, BAD_LABELS, st.just(ABSENT))
+    )
+    names = (
+        VALID_NAMES
+        if valid
+        else st.one_of(
+            st.sampled_from(EDGE_NAMES),
+            st.sampled_from(EDGE_NAMES),
+            NAME_TEXT,
+            st.sampled_from([None, ABSENT, 5, ["x"]]),
+        )
+    )
+    return rename_text(draw(labels), draw(names), ascii_only=draw(st.booleans()))
 
 
 @st.composite
@@ -1108,6 +1131,25 @@ def _one_frame(state: str, text: Text) -> None:
         assert isinstance(action, Ignored), action
     else:
         assert action == expected, (action, expected)
+
+
+@pytest.mark.parametrize(
+    ("field_name", "row"),
+    [(name, row) for name, rows in START_FIELDS.items() for row in rows],
+    ids=lambda v: v if isinstance(v, str) else repr(v[0])[:40],
+)
+def test_each_start_field_value_is_taken_or_refused_as_the_doc_says(
+    field_name: str, row: Choice
+) -> None:
+    """Every row of the tables, the other fields valid: a fault no other field masks."""
+    valid = {name: rows[0] for name, rows in START_FIELDS.items()}
+    _one_frame("AWAITING_START", start_text({**valid, field_name: row}))
+
+
+@pytest.mark.parametrize("name", EDGE_NAMES, ids=ascii)
+@pytest.mark.parametrize("state", ["STREAMING", "ENDING"])
+def test_each_edge_name_is_taken_or_refused_as_the_doc_says(state: str, name: str) -> None:
+    _one_frame(state, rename_text("S01", name))
 
 
 @FIELD_SETTINGS
