@@ -255,8 +255,9 @@ async def test_a_session_that_expired_while_detached_resumes_to_its_final(
     aiohttp_client: ClientFactory, server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
     """The window ran out, the session was ended; a resume within the window after its final
-    gets the finals and `transcript.final`, then the normal close."""
-    client = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=0.3)
+    gets the finals and `transcript.final`, then the normal close. The window is 1 s: at 0.3 s
+    a loaded CI machine's resume came after the final's window and got 4404."""
+    client = await gateway_client(aiohttp_client, server_config, fake, live_resume_window_s=1.0)
     ready, _ = await detached_session(client, fake, 1.5)
     await wait_until(lambda: fake.sessions[0].log.ended)
     async with client.ws_connect("/v1/live") as ws:
