@@ -128,7 +128,7 @@ class Result:
         return 2 * c.hits / (c.ref_speech + said) if c.hits else 0.0
 
 
-class _Recorder:
+class Recorder:
     """A FrameClassifier that keeps the decisions of the one it wraps."""
 
     def __init__(self, inner: FrameClassifier) -> None:
@@ -215,7 +215,7 @@ def measure(setting: Setting, excerpts: Sequence[Excerpt], repeats: int) -> Resu
     speech_pct = []
     waits: list[int] = []
     for ex in excerpts:
-        recorder = _Recorder(setting.classifier())
+        recorder = Recorder(setting.classifier())
         run = run_endpointer(recorder, ex.audio, round(CHUNK_S * SAMPLE_RATE))
         frames = np.concatenate(recorder.decisions) if recorder.decisions else np.zeros(0, bool)
         hyp = np.repeat(frames, recorder.frame_samples)  # the classified samples only

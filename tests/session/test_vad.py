@@ -26,6 +26,7 @@ from livemeet.session.vad import (
 from livemeet.transcriber import SegmentPartial
 from livemeet.transcript.segments import Segment
 from loadtest import workloads as wl
+from loadtest.vad_study import Recorder
 
 
 def is_loud(frame: bytes) -> bool:
@@ -121,20 +122,6 @@ def test_webrtc_finds_turn_ends_of_the_benchmark_meeting_and_nothing_inside_turn
     paused = [a for a, b in zip(turns, turns[1:], strict=False) if b.start_s - a.end_s >= 0.2]
     found = sum(any(abs(e - t.end_s) <= 0.1 for e in end_s) for t in paused)
     assert found >= 0.8 * len(paused) > 0
-
-
-class Recorder:
-    """A FrameClassifier that keeps the decisions of the one it wraps."""
-
-    def __init__(self, inner: vad.FrameClassifier) -> None:
-        self.inner = inner
-        self.frame_samples = inner.frame_samples
-        self.decisions: list[np.ndarray] = []
-
-    def classify(self, frames: np.ndarray) -> np.ndarray:
-        out = self.inner.classify(frames)
-        self.decisions.append(out)
-        return out
 
 
 class Loud512:
