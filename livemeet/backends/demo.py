@@ -56,7 +56,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -217,19 +217,54 @@ def trim_to_speech(segments: list[Segment], speech: np.ndarray, offset_s: float)
     return out
 
 
-def warn_of_an_unused_device(config: ModelConfig) -> None:
-    """Log a warning when `config.device` names another device than the CPU, which the demo
-    runs on whatever it says (at a start, and in `serve --check-config`)."""
+# ModelConfig fields the demo reads: none of the others changes what it does
+DEMO_MODEL_FIELDS = frozenset({"model", "backend", "device"})
+
+
+def unused_flags(config: ModelConfig) -> list[str]:
+    """The flags, as a command line spells them, of every `config` setting the demo ignores
+    that differs from its default (MOSS-TD's engine, KV cache and live scheduling): e.g.
+    ["--live-vad silero", "--no-live-draft"]. `--device` is left to its own warning."""
+    said = []
+    for field in fields(ModelConfig):
+        value = getattr(config, field.name)
+        if field.name in DEMO_MODEL_FIELDS or value == field.default:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        if value is False or value is None:  # BooleanOptionalAction's and --no-live-vad's
+            said.append("--no-" + flag[2:])
+        elif value is True:
+            said.append(flag)
+        elif isinstance(value, float):
+            said.append(f"{flag} {value:g}")
+        else:
+            said.append(f"{flag} {getattr(value, 'value', value)}")
+    return said
+
+
+def warn_of_unused_settings(config: ModelConfig) -> None:
+    """Log a warning for each setting the demo ignores (at a start, and in `serve
+    --check-config`): a `config.device` other than the CPU, which the demo runs on whatever it
+    says, and the MOSS-TD settings of `unused_flags` (a trial's `--live-vad silero` on the
+    demo changed nothing and said nothing)."""
     if config.device not in ("auto", "cpu"):
         log.warning(
             "the demo backend runs on the CPU: --device %s has no effect (it is for MOSS-TD, "
             "--model)",
             config.device,
         )
+    flags = unused_flags(config)
+    if flags:
+        log.warning(
+            "the demo backend ignores %s: %s for MOSS-TD (--model)",
+            ", ".join(flags),
+            "it is" if len(flags) == 1 else "they are",
+        )
 
 
 def create_demo(config: ModelConfig) -> DemoCore:
     """Registry factory (the demo ignores `config.model`, which is None when it serves). It
-    runs on the CPU whatever `config.device` says, and says so when that names another."""
-    warn_of_an_unused_device(config)
+    runs on the CPU whatever `config.device` says, and ignores MOSS-TD's settings: it says so
+    for each one set (`warn_of_unused_settings`)."""
+    warn_of_unused_settings(config)
     return DemoCore()

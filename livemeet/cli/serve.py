@@ -514,9 +514,9 @@ def preflight_model(model: ModelConfig) -> None:
     check_backend(model)
     if model.backend_name == "demo":
         # as a start says it (create_demo): --check-config said only "configuration ok"
-        from livemeet.backends.demo import warn_of_an_unused_device
+        from livemeet.backends.demo import warn_of_unused_settings
 
-        warn_of_an_unused_device(model)
+        warn_of_unused_settings(model)
     if model.backend_name != "moss":
         return
     from livemeet.backends.forced_output import read_forced_output

@@ -33,7 +33,7 @@ from livemeet.__main__ import build_parser, main
 from livemeet.audio.constants import LIVE_HOP_S
 from livemeet.audio.decode import decode_file
 from livemeet.cli import live_client, serve, stream, transcribe
-from livemeet.config import ServerConfig
+from livemeet.config import ModelConfig, ServerConfig
 from livemeet.errors import BadAudio, ConfigError, InvalidRequest, QueueFull
 from livemeet.gateway.live_protocol import GOING_AWAY
 from livemeet.transcript.formats import ResponseFormat
@@ -218,6 +218,91 @@ def test_check_listen_probes_ipv6_as_asyncio_binds() -> None:
         port = taken6.getsockname()[1]
         with pytest.raises(ConfigError, match=rf"cannot listen on \[::1\]:{port}"):
             serve.check_listen("::1", port)
+
+
+# a setting other than its default for every ModelConfig field the demo ignores, in field order
+DEMO_IGNORED_ARGV = {
+    "model": [],  # the three the demo reads (DEMO_MODEL_FIELDS): --device has its own warning
+    "backend": [],
+    "device": [],
+    "load_format": ["--load-format", "safetensors"],
+    "dtype": ["--dtype", "float32"],
+    "forced_output": ["--forced-output", "FORCED"],
+    "num_kv_blocks": ["--num-kv-blocks", "64"],
+    "kv_cache_dtype": ["--kv-cache-dtype", "fp8_e4m3"],
+    "kv_block_size": ["--kv-block-size", "32"],
+    "max_new_tokens": ["--max-new-tokens", "100"],
+    "prefill_graphs": ["--no-prefill-graphs"],
+    "mem_fraction": ["--mem-fraction", "0.5"],
+    "chunked_prefill_size": ["--chunked-prefill-size", "512"],
+    "upload_batch_wait_ms": ["--upload-batch-wait-ms", "10"],
+    "upload_hold": ["--upload-hold", "arrivals"],
+    "upload_step_budget_ms": ["--upload-step-budget-ms", "50"],
+    "upload_min_share": ["--upload-min-share", "0.2"],
+    "live_step_budget_ms": ["--live-step-budget-ms", "30"],
+    "live_decode_steps": ["--live-decode-steps", "2"],
+    "live_draft": ["--no-live-draft"],
+    "live_vad": ["--live-vad", "silero"],
+    "live_forced_transcript_tokens": ["--live-forced-transcript-tokens", "900"],
+    "live_forced_transcript_min_tokens": ["--live-forced-transcript-min-tokens", "300"],
+    "live_hop_load": ["--live-hop-load", "0.3"],
+}
+
+
+def test_check_config_of_the_demo_names_every_moss_setting_it_ignores(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The demo reads no MOSS-TD setting: `--live-vad silero` on it changed nothing and said
+    nothing (session 51). Each one set is named once, spelled as typed, and the names parse
+    back to the same settings."""
+    from livemeet.backends.demo import DEMO_MODEL_FIELDS
+
+    assert set(DEMO_IGNORED_ARGV) == {f.name for f in dataclasses.fields(ModelConfig)}, (
+        "a new ModelConfig field: add a non-default setting of it here"
+    )
+    assert all(not DEMO_IGNORED_ARGV[name] for name in DEMO_MODEL_FIELDS)
+    forced = tmp_path / "forced.txt"
+    forced.write_text("[0.00][S01]Hello.[1.00]")
+    flags = [a.replace("FORCED", str(forced)) for v in DEMO_IGNORED_ARGV.values() for a in v]
+    argv = ["serve", "--data-dir", str(tmp_path), *flags, "--check-config"]
+    config = serve.config_from_args(build_parser().parse_args(argv[:-1]))
+    assert config.model.backend_name == "demo"
+    with caplog.at_level("INFO"):
+        assert serve.run(build_parser().parse_args(argv)) == 0
+    said = [r.getMessage() for r in caplog.records if "demo backend ignores" in r.getMessage()]
+    assert len(said) == 1
+    named = said[0].split("ignores ", 1)[1].split(": they are for MOSS-TD", 1)[0]
+    in_field_order = [DEMO_IGNORED_ARGV[f.name] for f in dataclasses.fields(ModelConfig)]
+    typed = [" ".join(v).replace("FORCED", str(forced)) for v in in_field_order if v]
+    assert named == ", ".join(typed)
+    again = ["serve", "--data-dir", str(tmp_path), *" ".join(named.split(", ")).split()]
+    assert serve.config_from_args(build_parser().parse_args(again)).model == config.model
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (
+            ["--live-vad", "silero"],
+            "the demo backend ignores --live-vad silero: it is for MOSS-TD (--model)",
+        ),
+        (["--no-live-vad"], "the demo backend ignores --no-live-vad: it is for MOSS-TD (--model)"),
+        (["--live-vad", "webrtc", "--live-draft"], None),  # the defaults, said again
+        ([], None),
+    ],
+)
+def test_the_demo_says_which_setting_it_ignores_at_a_start(
+    caplog: pytest.LogCaptureFixture, flags: list[str], said: str | None
+) -> None:
+    """A start of the demo (create_demo) warns as --check-config does, and only for a
+    setting that differs from its default."""
+    from livemeet.backends.demo import create_demo
+
+    args = build_parser().parse_args(["serve", *flags])
+    with caplog.at_level("WARNING"):
+        create_demo(serve.model_config_from_args(args))
+    ignored = [r.getMessage() for r in caplog.records if "demo backend ignores" in r.getMessage()]
+    assert ignored == ([] if said is None else [said])
 
 
 @pytest.mark.parametrize(("device", "warns"), [("cuda:3", True), ("tpu7", True), ("cpu", False)])
