@@ -77,6 +77,18 @@ def _upload_form(**fields: str) -> aiohttp.FormData:
     return form
 
 
+async def _upload_in_flight(
+    http: aiohttp.ClientSession, host: str, port: int, fake: FakeTranscriber
+) -> asyncio.Task[aiohttp.ClientResponse]:
+    """An upload posted as a task, returned once its engine session is open (in flight)."""
+    upload = asyncio.create_task(
+        http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
+    )
+    while not fake.sessions:
+        await asyncio.sleep(0.01)
+    return upload
+
+
 async def test_an_upload_past_the_shutdown_timeout_does_not_hold_the_exit(
     server_config: ServerConfig, fake: FakeTranscriber
 ) -> None:
@@ -87,11 +99,7 @@ async def test_an_upload_past_the_shutdown_timeout_does_not_hold_the_exit(
     # the upload drain (60 s) outlasts aiohttp's timeout: aiohttp's own cut
     async with serving(server_config, fake, shutdown_timeout_s=0.5) as (runner, host, port):
         async with aiohttp.ClientSession() as http:
-            upload = asyncio.create_task(
-                http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
-            )
-            while not fake.sessions:  # its engine session is open: the upload is in flight
-                await asyncio.sleep(0.01)
+            upload = await _upload_in_flight(http, host, port, fake)
             await asyncio.wait_for(runner.cleanup(), SHUTDOWN_TIMEOUT_S)
             with contextlib.suppress(aiohttp.ClientError):
                 (await upload).release()
@@ -109,11 +117,7 @@ async def test_an_upload_past_the_upload_drain_is_answered_engine_unavailable(
     fake.end_gate = asyncio.Event()
     async with serving(_with_upload_drain(server_config, 0.3), fake) as (runner, host, port):
         async with aiohttp.ClientSession() as http:
-            upload = asyncio.create_task(
-                http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
-            )
-            while not fake.sessions:
-                await asyncio.sleep(0.01)
+            upload = await _upload_in_flight(http, host, port, fake)
             shutdown = asyncio.create_task(runner.cleanup())
             response = await asyncio.wait_for(upload, SHUTDOWN_TIMEOUT_S)
             body = await response.json()
@@ -224,11 +228,7 @@ async def test_a_keep_alive_connection_idle_at_the_stop_is_closed_not_left_deaf(
         status, headers, _ = await read_response(reader)
         assert status == 200 and headers.get("connection") != "close"  # kept alive, now idle
         async with aiohttp.ClientSession() as http:
-            upload = asyncio.create_task(
-                http.post(f"http://{host}:{port}/v1/audio/transcriptions", data=_upload_form())
-            )
-            while not fake.sessions:
-                await asyncio.sleep(0.01)
+            upload = await _upload_in_flight(http, host, port, fake)
             shutdown = asyncio.create_task(runner.cleanup())
             while not runner.app[LIFECYCLE_KEY].draining:
                 await asyncio.sleep(0.01)
