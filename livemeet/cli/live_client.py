@@ -45,7 +45,8 @@ from livemeet.transcriber import Samples
 
 CLOSE_TIMEOUT_S = 30.0  # s to wait for transcript.final after `end`, plus the audio's duration
 # no close frame (1006: a reset, a timeout, an EOF; 1005: one without a code): the network, not
-# the server, ended the connection, so the session waits for a resume (web/recorder.js: the same)
+# the server, ended the connection, so the session waits for a resume (the recorder page does
+# the same: livemeet/web/recorder.js)
 # and 1012 (errors.ServerRestarting): the server restarts and its next start has the session
 RESUMABLE_CLOSES = frozenset({1005, 1006, SERVICE_RESTART})
 RECONNECT_FIRST_S = 0.25  # s before the first reconnect after a drop, doubling up to the max

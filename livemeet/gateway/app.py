@@ -91,7 +91,7 @@ from livemeet.transcriber import BackendInfo, Transcriber
 
 log = logging.getLogger(__name__)
 
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 TRANSCRIPT_FLUSH_TIMEOUT_S = 10.0  # s a shutdown waits for transcript files to be written
 CLIENT_CLOSED_STATUS = 499  # requests whose client left before the response (nginx's code)
 # the HTTP API routes a page of an `--allowed-origin` may call (CORS); the live socket checks

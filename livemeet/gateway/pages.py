@@ -1,5 +1,5 @@
-"""The security headers of the web pages the gateway serves (web/): a Content-Security-Policy
-fit for each page, and what every file of them carries.
+"""The security headers of the web pages the gateway serves (livemeet/web/): a
+Content-Security-Policy fit for each page, and what every file of them carries.
 
 What each page loads, and so what its policy allows (`default-src 'none'` forbids the rest):
 - The recorder (`/`, index.html): its module script and the AudioWorklet's (recorder.js,

@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient
 
 from livemeet.gateway.pages import inline_style_hashes
 
-WEB = Path(__file__).resolve().parents[2] / "web"
+WEB = Path(__file__).resolve().parents[2] / "livemeet" / "web"
 
 
 def directives(policy: str) -> dict[str, list[str]]:

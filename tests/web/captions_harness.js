@@ -1,10 +1,10 @@
-// Runs web/captions.js (the captions overlay) in stub browsers (node's vm) with fake
+// Runs livemeet/web/captions.js (the captions overlay) in stub browsers (node's vm) with fake
 // WebSockets the script drives by hand, through a snapshot, live events, a dropped connection
 // and its reconnect, the session's end, refusals, speaker names (snapshot, live, after a
 // reconnect), speaker merges (snapshot, live, a chain, after a reconnect, a final's `merged`),
 // a revision (and a reconnect after it), the meeting's end (its last lines linger, then go)
 // and a session that is gone (4404); also loads
-// web/recorder.js to compare the two pages' speaker colours. Prints one JSON line. argv:
+// livemeet/web/recorder.js to compare the two pages' speaker colours. Prints one JSON line. argv:
 // captions.js, recorder.js.
 const fs = require("fs");
 const vm = require("vm");

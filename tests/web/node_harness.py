@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-WEB = Path(__file__).resolve().parents[2] / "web"
+WEB = Path(__file__).resolve().parents[2] / "livemeet" / "web"
 NODE = shutil.which("node")
 needs_node = pytest.mark.skipif(NODE is None, reason="needs node")
 HARNESS_TIMEOUT_S = 30

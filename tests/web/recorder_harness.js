@@ -1,4 +1,4 @@
-// Runs web/recorder.js in a stub browser (node's vm): clicks Start and prints the status line
+// Runs livemeet/web/recorder.js in a stub browser (node's vm): clicks Start and prints the status line
 // as JSON. argv: recorder.js path, then "secure" or "insecure" (an http page off localhost,
 // where browsers leave navigator.mediaDevices undefined).
 const fs = require("fs");

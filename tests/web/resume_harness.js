@@ -1,4 +1,4 @@
-// Runs web/recorder.js in a stub browser (node's vm) through a dropped connection and its
+// Runs livemeet/web/recorder.js in a stub browser (node's vm) through a dropped connection and its
 // resume, with a fake microphone and fake WebSockets the script drives by hand. Prints one
 // JSON line: what each socket was sent, the captions shown, the status line, and a check of
 // ResumeBuffer on its own. argv: recorder.js path, then "resume" (a drop and its resume),

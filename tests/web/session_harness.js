@@ -1,4 +1,4 @@
-// Runs web/recorder.js in a stub browser (node's vm) through a meeting's life around its
+// Runs livemeet/web/recorder.js in a stub browser (node's vm) through a meeting's life around its
 // transcript downloads and its storage across page reloads: fake microphone, WebSockets,
 // sessionStorage and fetch, driven by hand; a fixed clock (Date.now) so file names are known
 // (run with TZ=UTC). Prints one JSON line. argv: recorder.js path, then a scenario:

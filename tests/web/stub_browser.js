@@ -1,4 +1,4 @@
-// The stub browser web/recorder.js runs in under node's vm (resume_harness.js,
+// The stub browser livemeet/web/recorder.js runs in under node's vm (resume_harness.js,
 // session_harness.js): elements made on first lookup, WebSockets and a microphone the harness
 // drives by hand. `stubBrowser()` gives one page's worth:
 // - element(id): the page element `id` ({textContent, disabled, style, listeners, children,

@@ -1,4 +1,4 @@
-"""The captions overlay's script (web/captions.js), run under node in a stub browser."""
+"""The captions overlay's script (livemeet/web/captions.js), run under node in a stub browser."""
 
 from __future__ import annotations
 

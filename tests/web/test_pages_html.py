@@ -1,5 +1,5 @@
-"""The pages' HTML (web/index.html, web/captions.html): what a browser takes from the markup
-alone, read with html.parser."""
+"""The pages' HTML (livemeet/web/index.html, livemeet/web/captions.html): what a browser
+takes from the markup alone, read with html.parser."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from html.parser import HTMLParser
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+WEB = Path(__file__).resolve().parents[2] / "livemeet" / "web"
 
 
 class _Elements(HTMLParser):
@@ -27,7 +27,7 @@ class _Elements(HTMLParser):
 
 def elements(page: str) -> _Elements:
     parser = _Elements()
-    parser.feed((ROOT / "web" / page).read_text())
+    parser.feed((WEB / page).read_text())
     return parser
 
 
@@ -58,7 +58,7 @@ def test_the_recorder_is_drawn_inert_until_its_script_runs() -> None:
     page = elements("index.html").by_id
     assert "disabled" in page["start"][1]
     assert page["status"][1].get("tabindex") == "-1"  # the element found, with its attributes
-    text = (ROOT / "web" / "index.html").read_text()
+    text = (WEB / "index.html").read_text()
     assert 'tabindex="-1">loading…</span>' in text and ">idle<" not in text
 
 
@@ -72,7 +72,7 @@ def test_both_pages_bring_their_icon_along() -> None:
 def test_only_the_overlay_url_breaks_mid_word() -> None:
     """`word-break: break-all` on the overlay's line broke its description mid-word ("Captio
     ns overlay") on a narrow screen (a trial): only the URL, which has no spaces, needs it."""
-    css = (ROOT / "web" / "index.html").read_text()
+    css = (WEB / "index.html").read_text()
     rules = dict(re.findall(r"^\s*(#[\w-]+) \{([^}]*)\}", css, re.M))
     assert "word-break" not in rules["#overlay"]
     assert "word-break: break-all" in rules["#overlay-url"]
@@ -107,10 +107,10 @@ def test_the_recorders_controls_stay_in_view_and_fit_a_phone() -> None:
     bar that sticks to the window's top (wrapping on a narrow screen), and the field's width
     holds its padding and border."""
     nesting = _Nesting()
-    nesting.feed((ROOT / "web" / "index.html").read_text())
+    nesting.feed((WEB / "index.html").read_text())
     for control in ("start", "resume", "stop", "status"):
         assert "controls" in nesting.ancestors[control], control
-    css = (ROOT / "web" / "index.html").read_text()
+    css = (WEB / "index.html").read_text()
     rules = {
         selector: dict(re.findall(r"([\w-]+):\s*([^;]+);", body))
         for selector, body in re.findall(r"^\s*(#[\w-]+) \{([^}]*)\}", css, re.M)
@@ -130,11 +130,11 @@ def test_only_what_is_under_the_sticky_controls_keeps_clear_of_them() -> None:
     sticky bar, but also scrolled the page up when the focus moved into the bar itself
     (Shift+Tab onto Stop: scrollTop 775 -> 367 at 375 px, a trial). The margin is now the
     scroll-margin-top of the elements after the bar, the bar's height (recorder.js sets it)."""
-    css = (ROOT / "web" / "index.html").read_text()
+    css = (WEB / "index.html").read_text()
     margins = re.findall(r"^\s*([^{}\n]+?)\s*\{[^}]*scroll-margin-top:\s*([^;]+);", css, re.M)
     assert margins == [("#controls ~ *, #controls ~ * *", "var(--controls-height, 0px)")]
     assert not re.search(r"scroll-padding[\w-]*\s*:", css)
-    js = (ROOT / "web" / "recorder.js").read_text()
+    js = (WEB / "recorder.js").read_text()
     assert "scrollPadding" not in js
 
 
@@ -142,7 +142,7 @@ def test_a_speaker_that_cannot_be_named_now_looks_so() -> None:
     """A disabled speaker button (offline, a meeting offered for a resume, after the final)
     looked as clickable as a live one: its colour is set inline, and nothing styled it (a
     Chromium trial). It now fades, and shows no hand, in the list and on the lines."""
-    css = (ROOT / "web" / "index.html").read_text()
+    css = (WEB / "index.html").read_text()
     rules = {
         selector.strip(): dict(re.findall(r"([\w-]+):\s*([^;]+);", body))
         for selector, body in re.findall(r"^\s*([^{}\n/]+?)\s*\{([^}]*)\}", css, re.M)
@@ -158,7 +158,7 @@ def test_an_empty_partial_keeps_its_line() -> None:
     partial, and one following the newest captions bobbed ~28 px up and back (a Chromium
     trial at 375 px): the partial holds one caption line (1.5em of text and a segment's
     .25rem margins, kept inside it)."""
-    css = (ROOT / "web" / "index.html").read_text()
+    css = (WEB / "index.html").read_text()
     rules = {
         selector: dict(re.findall(r"([\w-]+):\s*([^;]+);", body))
         for selector, body in re.findall(r"^\s*(#[\w-]+) \{([^}]*)\}", css, re.M)
@@ -176,7 +176,7 @@ def test_the_revision_line_is_read_out() -> None:
     along with its news is not reliably read)."""
     page = elements("index.html").by_id
     nesting = _Nesting()
-    nesting.feed((ROOT / "web" / "index.html").read_text())
+    nesting.feed((WEB / "index.html").read_text())
     assert nesting.ancestors["revision"][-1] == "revision-live"
     region = page["revision-live"][1]
     assert region.get("aria-live") == "polite" and region.get("role") == "status"

@@ -1,4 +1,5 @@
-"""The recorder's AudioWorklet (web/pcm-worklet.js), under node (tests/web/worklet_harness.js)."""
+"""The recorder's AudioWorklet (livemeet/web/pcm-worklet.js), under node
+(tests/web/worklet_harness.js)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The recorder page's script (web/recorder.js), run under node in a stub browser."""
+"""The recorder page's script (livemeet/web/recorder.js), run under node in a stub browser."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""The recorder page's timers (web/recorder.js) while the wall clock steps, run under node in a
-stub browser (tests/web/session_harness.js, its "step*" scenarios): an NTP correction, the
-user setting the time or a VM resumed moves Date.now() by minutes while the monotonic clock
-(performance.now()) runs on. The timers within the page count the time that really passed;
-the times saved for a reload (alive_at, started_at, stopped_at) stay the wall clock's."""
+"""The recorder page's timers (livemeet/web/recorder.js) while the wall clock steps, run under
+node in a stub browser (tests/web/session_harness.js, its "step*" scenarios): an NTP
+correction, the user setting the time or a VM resumed moves Date.now() by minutes while the
+monotonic clock (performance.now()) runs on. The timers within the page count the time that
+really passed; the times saved for a reload (alive_at, started_at, stopped_at) stay the wall
+clock's."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The recorder page (web/recorder.js) around a meeting's transcript downloads and across page
-reloads, run under node in a stub browser (tests/web/session_harness.js)."""
+"""The recorder page (livemeet/web/recorder.js) around a meeting's transcript downloads and
+across page reloads, run under node in a stub browser (tests/web/session_harness.js)."""
 
 from __future__ import annotations
 

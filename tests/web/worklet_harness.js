@@ -1,4 +1,4 @@
-// Runs web/pcm-worklet.js (the recorder's AudioWorklet) under node's vm: a stub
+// Runs livemeet/web/pcm-worklet.js (the recorder's AudioWorklet) under node's vm: a stub
 // AudioWorkletProcessor whose port records what the worklet posts, fed blocks of 128 samples
 // (a render quantum) as a context at `sampleRate` would. Prints one JSON line with a run per
 // case. argv: pcm-worklet.js path.

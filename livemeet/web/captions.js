@@ -15,7 +15,7 @@
 // 1000: the last lines stay FINAL_LINGER_MS, for the end of the meeting to be read, then the
 // overlay is empty (it stayed over the video for good: a trial); nothing reconnects.
 // A session's revision (`transcript.revised`, docs/protocol.md "Revision") replaces the finals
-// it supersedes, as on the recorder page (web/recorder.js revisedFinals); names stay on their
+// it supersedes, as on the recorder page (livemeet/web/recorder.js revisedFinals); names stay on their
 // labels, which the revision keeps.
 // No dependencies, no build step.
 const DEFAULT_LINES = 3;
@@ -33,7 +33,7 @@ const QUIET_CLOSES = [4404];
 // s the last lines stay after the meeting ended (the close after its final): long enough to
 // read the last two or three lines, short enough not to caption the next part of the stream
 const FINAL_LINGER_MS = 10000;
-// the recorder's palette and rule (web/recorder.js speakerColour): S01 is the first colour
+// the recorder's palette and rule (livemeet/web/recorder.js speakerColour): S01 is the first colour
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
                          "#e377c2", "#17becf"];
 
@@ -169,7 +169,7 @@ function params() {
   };
 }
 
-// relative to this page, as web/recorder.js's serverUrl: a proxy may serve both under a path
+// relative to this page, as livemeet/web/recorder.js's serverUrl: a proxy may serve both under a path
 function captionsUrl(session, token) {
   const url = new URL(`v1/sessions/${encodeURIComponent(session)}/captions`, location.href);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";

@@ -3,7 +3,7 @@
 // Downsampling averages the input samples that fall into each output sample (a box filter,
 // enough to keep speech intelligible; the server does proper resampling of other rates). A
 // context slower than that rate is upsampled by linear interpolation: the page declares a
-// slow context's own rate for a new session (a Bluetooth headset's 8 kHz: web/recorder.js
+// slow context's own rate for a new session (a Bluetooth headset's 8 kHz: livemeet/web/recorder.js
 // workletRate, the server resamples it), so that happens only where a page resumes a session
 // declared at a higher rate (a reload on another microphone). Each output sample is one per
 // `ratio` input samples, whichever way: one per input sample, as before, sent 8-kHz audio

@@ -122,7 +122,7 @@ const FLUSH_WAIT_MS = 200;
 // frame docs/protocol.md recommends)
 const EMPTY_STOP_S = 0.02;
 // a colour per speaker label, by its number (S01 the first), so the captions overlay
-// (web/captions.js, the same palette and rule) colours each speaker as this page does
+// (livemeet/web/captions.js, the same palette and rule) colours each speaker as this page does
 const SPEAKER_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
                          "#e377c2", "#17becf"];
 
