@@ -217,14 +217,16 @@ def trim_to_speech(segments: list[Segment], speech: np.ndarray, offset_s: float)
     return out
 
 
-# ModelConfig fields the demo reads: none of the others changes what it does
-DEMO_MODEL_FIELDS = frozenset({"model", "backend", "device"})
+# ModelConfig fields not named by `unused_flags`: `backend` chose the demo, `device` has its own
+# warning; every other one (`--model` too, beside `--backend demo`) changes nothing it does
+DEMO_MODEL_FIELDS = frozenset({"backend", "device"})
 
 
 def unused_flags(config: ModelConfig) -> list[str]:
     """The flags, as a command line spells them, of every `config` setting the demo ignores
-    that differs from its default (MOSS-TD's engine, KV cache and live scheduling): e.g.
-    ["--live-vad silero", "--no-live-draft"]. `--device` is left to its own warning."""
+    that differs from its default (a checkpoint beside `--backend demo`, MOSS-TD's engine, KV
+    cache and live scheduling): e.g. ["--live-vad silero", "--no-live-draft"]. `--device` is
+    left to its own warning."""
     said = []
     for field in fields(ModelConfig):
         value = getattr(config, field.name)
@@ -255,10 +257,12 @@ def warn_of_unused_settings(config: ModelConfig) -> None:
         )
     flags = unused_flags(config)
     if flags:
+        serve_moss = "--model without --backend demo" if config.backend else "--model"
         log.warning(
-            "the demo backend ignores %s: %s for MOSS-TD (--model)",
+            "the demo backend ignores %s: %s for MOSS-TD (%s)",
             ", ".join(flags),
             "it is" if len(flags) == 1 else "they are",
+            serve_moss,
         )
 
 

@@ -222,8 +222,8 @@ def test_check_listen_probes_ipv6_as_asyncio_binds() -> None:
 
 # a setting other than its default for every ModelConfig field the demo ignores, in field order
 DEMO_IGNORED_ARGV = {
-    "model": [],  # the three the demo reads (DEMO_MODEL_FIELDS): --device has its own warning
-    "backend": [],
+    "model": ["--model", "FORCED"],  # any path: the demo reads none
+    "backend": [],  # DEMO_MODEL_FIELDS: the backend is the demo, --device has its own warning
     "device": [],
     "load_format": ["--load-format", "safetensors"],
     "dtype": ["--dtype", "float32"],
@@ -264,18 +264,20 @@ def test_check_config_of_the_demo_names_every_moss_setting_it_ignores(
     forced = tmp_path / "forced.txt"
     forced.write_text("[0.00][S01]Hello.[1.00]")
     flags = [a.replace("FORCED", str(forced)) for v in DEMO_IGNORED_ARGV.values() for a in v]
-    argv = ["serve", "--data-dir", str(tmp_path), *flags, "--check-config"]
+    argv = ["serve", "--data-dir", str(tmp_path), "--backend", "demo", *flags, "--check-config"]
     config = serve.config_from_args(build_parser().parse_args(argv[:-1]))
     assert config.model.backend_name == "demo"
     with caplog.at_level("INFO"):
         assert serve.run(build_parser().parse_args(argv)) == 0
     said = [r.getMessage() for r in caplog.records if "demo backend ignores" in r.getMessage()]
     assert len(said) == 1
-    named = said[0].split("ignores ", 1)[1].split(": they are for MOSS-TD", 1)[0]
+    named, why = said[0].split("ignores ", 1)[1].split(": they are for MOSS-TD ", 1)
+    assert why == "(--model without --backend demo)"
     in_field_order = [DEMO_IGNORED_ARGV[f.name] for f in dataclasses.fields(ModelConfig)]
     typed = [" ".join(v).replace("FORCED", str(forced)) for v in in_field_order if v]
     assert named == ", ".join(typed)
-    again = ["serve", "--data-dir", str(tmp_path), *" ".join(named.split(", ")).split()]
+    again = ["serve", "--data-dir", str(tmp_path), "--backend", "demo"]
+    again += " ".join(named.split(", ")).split()
     assert serve.config_from_args(build_parser().parse_args(again)).model == config.model
 
 
