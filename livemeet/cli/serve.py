@@ -509,16 +509,22 @@ def preflight_model(model: ModelConfig) -> None:
     """What a start would load, checked without loading it (`--check-config`): the backend is
     registered; for MOSS-TD, the device exists, a named checkpoint resolves, its config.json
     is this model's, its safetensors headers name every tensor in the shape the model needs,
-    its tokenizer and prompt settings load, and the forced-output transcript parses. No weight
-    is read. Raises ConfigError with the reason a start would give."""
+    its tokenizer and prompt settings load, and the forced-output transcript parses; the
+    packages of the demo extra that the backend (or MOSS-TD's `--live-vad silero`) needs are
+    installed. No weight is read. Raises ConfigError with the reason a start would give."""
     check_backend(model)
     if model.backend_name == "demo":
         # as a start says it (create_demo): --check-config said only "configuration ok"
-        from livemeet.backends.demo import warn_of_unused_settings
+        from livemeet.backends.demo import demo_packages, warn_of_unused_settings
 
         warn_of_unused_settings(model)
+        demo_packages()  # `pip install livemeet` without [demo] passed, then failed to start
     if model.backend_name != "moss":
         return
+    if model.live_vad is not None:
+        from livemeet.session.vad import LiveVad, live_classifier
+
+        live_classifier(LiveVad(model.live_vad))  # Silero: the demo extra, as a start checks
     from livemeet.backends.forced_output import read_forced_output
     from livemeet.models.loader import (
         check_checkpoint,

@@ -268,13 +268,26 @@ def _add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", health.healthz, name="healthz")
     app.router.add_get("/readyz", health.readyz, name="readyz")
     app.router.add_get("/metrics", health.metrics, name="metrics")
-    if WEB_DIR.is_dir():
-        # One route per file rather than a catch-all static resource, so unknown paths still
-        # get the JSON 404 of the error middleware.
-        app.router.add_get("/", _file_handler(WEB_DIR / "index.html"), name="web")
-        for path in sorted(WEB_DIR.iterdir()):
-            if path.is_file():  # unnamed (any file name): `endpoint` label "web"
-                app.router.add_get(f"/{path.name}", _file_handler(path))
+    add_page_routes(app, WEB_DIR)
+
+
+def add_page_routes(app: web.Application, web_dir: Path) -> None:
+    """`/` and a route per file of `web_dir` (the recorder, the captions overlay, their
+    scripts). Without the recorder page there, the API is served alone and the log says why
+    `/` answers 404: a `pip install .` that shipped no page said nothing (a trial)."""
+    if not (web_dir / "index.html").is_file():
+        log.error(
+            "no web pages in %s (an install without livemeet's package data): GET / and the "
+            "captions overlay answer 404; the API and live sessions are served",
+            web_dir,
+        )
+        return
+    # One route per file rather than a catch-all static resource, so unknown paths still
+    # get the JSON 404 of the error middleware.
+    app.router.add_get("/", _file_handler(web_dir / "index.html"), name="web")
+    for path in sorted(web_dir.iterdir()):
+        if path.is_file():  # unnamed (any file name): `endpoint` label "web"
+            app.router.add_get(f"/{path.name}", _file_handler(path))
 
 
 def _file_handler(path: Path) -> Handler:

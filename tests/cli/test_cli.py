@@ -604,6 +604,36 @@ def test_check_config_reads_a_checkpoints_headers_tokenizer_and_prompt_settings(
         assert status == 2 and "missing tensors" in text and key in text
 
 
+@pytest.mark.parametrize(
+    ("flags", "refused"),
+    [
+        ([], "the demo backend needs faster-whisper"),
+        (["--load-format", "dummy", "--live-vad", "silero"], "the Silero VAD needs faster-whisper"),
+        (["--load-format", "dummy"], None),  # MOSS-TD with the WebRTC VAD needs no extra
+    ],
+)
+def test_check_config_refuses_what_a_start_needs_from_the_demo_extra(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    refused: str | None,
+) -> None:
+    """`pip install livemeet` without `[demo]` (a wheel trial): `serve --check-config` said
+    "configuration ok", then `serve` exited 2 with "the demo backend needs faster-whisper".
+    The check now imports what a start imports, so it refuses with the same reason."""
+    for name in ("faster_whisper", "faster_whisper.vad"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import` raises ModuleNotFoundError
+    argv = ["serve", *flags, "--data-dir", str(tmp_path), "--check-config"]
+    with caplog.at_level("INFO"):
+        status = main(argv)
+    if refused is None:
+        assert status == 0 and "configuration ok" in caplog.text
+    else:
+        assert status == 2 and refused in caplog.text and "livemeet[demo]" in caplog.text
+        assert "configuration ok" not in caplog.text
+
+
 def test_serve_rejects_half_tls(tmp_path: Path) -> None:
     args = build_parser().parse_args(["serve", "--tls-cert", str(tmp_path / "c.pem")])
     with pytest.raises(ConfigError):

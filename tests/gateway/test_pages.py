@@ -10,12 +10,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient
 
+import livemeet.gateway.app as app_module
+from livemeet.config import ServerConfig
+from livemeet.gateway.app import create_app
 from livemeet.gateway.pages import inline_style_hashes
+from tests.gateway.fakes import FakeTranscriber
 
 WEB = Path(__file__).resolve().parents[2] / "livemeet" / "web"
 
@@ -129,3 +134,22 @@ def test_a_style_hash_is_of_the_text_as_the_browser_reads_it() -> None:
         f"'sha256-{base64.b64encode(hashlib.sha256(b'').digest()).decode()}'",
     ]
     assert inline_style_hashes(page.replace("\n", "\r\n")) == inline_style_hashes(page)
+
+
+async def test_a_server_without_its_pages_says_so_and_serves_the_api(
+    aiohttp_client: Callable[..., Awaitable[TestClient]],
+    server_config: ServerConfig,
+    fake: FakeTranscriber,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A wheel that shipped no page (the pages lay outside the package) answered 404 at `/`
+    and its log said nothing of it: an operator saw a JSON 404 where the recorder should be.
+    The start says which directory lacks them; the API is still served."""
+    monkeypatch.setattr(app_module, "WEB_DIR", tmp_path / "no-web")
+    with caplog.at_level("ERROR", logger="livemeet.gateway.app"):
+        client = await aiohttp_client(create_app(server_config, fake))
+    assert f"no web pages in {tmp_path / 'no-web'}" in caplog.text
+    assert (await client.get("/")).status == 404
+    assert (await client.get("/v1/models")).status == 200
