@@ -228,8 +228,10 @@ def trim_to_speech(segments: list[Segment], speech: np.ndarray, offset_s: float)
 
 
 # ModelConfig fields not named by `unused_flags`: `backend` chose the demo, `device` has its own
-# warning; every other one (`--model` too, beside `--backend demo`) changes nothing it does
-DEMO_MODEL_FIELDS = frozenset({"backend", "device"})
+# warning, and `prefill_graphs`' default is the command's (transcribe: off), so a value off
+# ModelConfig's default is no sign of a flag typed (every transcribe warned of one). Every
+# other field (`--model` too, beside `--backend demo`) changes nothing the demo does.
+DEMO_MODEL_FIELDS = frozenset({"backend", "device", "prefill_graphs"})
 
 
 def unused_flags(config: ModelConfig) -> list[str]:
