@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
 from collections.abc import Iterator
@@ -139,7 +140,7 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
     weights, the tokenizer and the prompt settings are all read from it. Raises ConfigError
     for neither, or a hub id that is not cached."""
     path = Path(path_or_id).expanduser()
-    if path.is_dir():
+    if _readable_dir(path):
         return path
     text = str(path_or_id)
     if not _HUB_ID.match(text):
@@ -157,6 +158,24 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
             f"{download_hint(text)} (with HF_HOME pointing at this cache), or pass the checkpoint "
             f"directory instead ({type(exc).__name__})"
         ) from exc
+
+
+def _readable_dir(path: Path) -> bool:
+    """Whether `path` is a directory. Raises ConfigError for one this process may not list or
+    enter: a checkpoint copied as root (mode 0700) was a traceback for its service user, from
+    the first stat of a file in it."""
+    try:
+        if not path.is_dir():
+            return False
+        with os.scandir(path) as entries:
+            for entry in entries:
+                entry.stat()  # entering it (search permission) is what reading its files needs
+                break
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read checkpoint directory {path}: {exc.strerror or exc}"
+        ) from exc
+    return True
 
 
 def check_checkpoint(path_or_id: str | Path) -> MossTDConfig:
@@ -247,10 +266,21 @@ def _shard_files(root: Path) -> list[Path]:
     return files
 
 
+def _require_readable(file: Path) -> None:
+    """Raise ConfigError with the system's reason where `file` cannot be opened: safetensors
+    says "No such file or directory" for a shard it may not read (one copied as root, mode
+    0600), which `ls` then shows there."""
+    try:
+        os.close(os.open(file, os.O_RDONLY))
+    except OSError as exc:
+        raise ConfigError(f"cannot read safetensors file {file}: {exc.strerror or exc}") from exc
+
+
 def _index_checkpoint(root: Path) -> dict[str, _TensorInfo]:
     tensors: dict[str, _TensorInfo] = {}
     unknown: list[str] = []
     for file in _shard_files(root):
+        _require_readable(file)
         try:
             with safe_open(str(file), framework="pt") as handle:
                 for key in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)
