@@ -507,7 +507,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def preflight_model(model: ModelConfig) -> None:
     """What a start would load, checked without loading it (`--check-config`): the backend is
-    registered; for MOSS-TD, the device exists, a named checkpoint resolves, its config.json
+    registered; for MOSS-TD, the device exists, torch can make its cache directory (a
+    writable temporary directory), a named checkpoint resolves, its config.json
     is this model's, its safetensors headers name every tensor in the shape the model needs,
     its tokenizer and prompt settings load, and the forced-output transcript parses; the
     packages of the demo extra that the backend (or MOSS-TD's `--live-vad silero`) needs are
@@ -528,6 +529,7 @@ def preflight_model(model: ModelConfig) -> None:
     from livemeet.backends.forced_output import read_forced_output
     from livemeet.models.loader import (
         check_checkpoint,
+        check_torch_cache_dir,
         checkpoint_tokenizer,
         read_checkpoint_config,
         resolve_checkpoint,
@@ -536,6 +538,7 @@ def preflight_model(model: ModelConfig) -> None:
     from livemeet.models.prompt import PromptConfig
 
     resolve_device(model.device)
+    check_torch_cache_dir()
     if model.model is not None:
         root = resolve_checkpoint(model.model)
         if model.load_format == "dummy":  # the geometry only: no weights are read

@@ -112,6 +112,7 @@ def load_model(
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    check_torch_cache_dir()
     if load_format == "dummy":
         cfg = (
             MossTDConfig.real_size()
@@ -160,6 +161,28 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
         ) from exc
 
 
+def check_torch_cache_dir() -> None:
+    """Make the cache directory torch makes when it first builds a model (torch._dynamo's
+    import, which building on the meta device pulls in): TORCHINDUCTOR_CACHE_DIR, else
+    torchinductor_<user> in Python's temporary directory. Raises ConfigError saying what to
+    set where there is none: with /tmp read-only and TMPDIR unset, a start failed with
+    "backend failed to load: FileNotFoundError(... No usable temporary directory ...)", a
+    traceback and exit 1, and `--check-config` with a traceback."""
+    try:
+        # importing it imports torch._dynamo, which makes the directory as it loads
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        cache_dir()
+    except ImportError:  # another torch's layout: the build itself says what it misses
+        return
+    except OSError as exc:
+        raise ConfigError(
+            f"torch cannot make its cache directory ({exc}): MOSS-TD needs a writable "
+            "temporary directory: point TMPDIR (or TORCHINDUCTOR_CACHE_DIR) at one "
+            "(README, Installing as a package)"
+        ) from exc
+
+
 def _readable_dir(path: Path) -> bool:
     """Whether `path` is a directory. Raises ConfigError for one this process may not list or
     enter: a checkpoint copied as root (mode 0700) was a traceback for its service user, from
@@ -185,6 +208,7 @@ def check_checkpoint(path_or_id: str | Path) -> MossTDConfig:
     ConfigError as `load_model` would."""
     root = resolve_checkpoint(path_or_id)
     cfg = _read_config(root)
+    check_torch_cache_dir()
     with torch.device("meta"):
         model = MossTDModel(cfg)
     _check_against_model(model, _index_checkpoint(root), root)

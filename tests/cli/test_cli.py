@@ -367,6 +367,24 @@ def test_serve_check_config_validates_without_loading_or_listening(
         assert serve.run(build_parser().parse_args(base + ["--forced-output", str(forced)])) == 0
 
 
+def test_check_config_of_moss_needs_a_directory_for_torchs_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With /tmp read-only and TMPDIR unset, `--check-config --load-format dummy` passed and
+    the start failed as torch made its cache directory (the container trial)."""
+    import tempfile
+
+    def no_usable_temporary_directory() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "gettempdir", no_usable_temporary_directory)
+    argv = ["serve", "--load-format", "dummy", "--data-dir", str(tmp_path), "--check-config"]
+    assert main(argv) == 2
+    assert "torch cannot make its cache directory" in caplog.text
+    assert "point TMPDIR (or TORCHINDUCTOR_CACHE_DIR) at one" in caplog.text
+
+
 def test_allowed_origins_without_aiohttp_cors_are_a_config_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -546,3 +546,31 @@ def test_a_shard_this_user_may_not_read_is_not_called_missing(
     with pytest.raises(ConfigError, match="cannot read safetensors file") as refused:
         check_checkpoint(str(root))
     assert refused.value.message.endswith(f"{shard}: Permission denied")
+
+
+def test_no_writable_directory_for_torchs_cache_is_a_config_error(
+    upstream_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch makes its cache directory (torchinductor_<user> in the temporary directory)
+    when it first builds a model: with /tmp read-only and TMPDIR unset, a start failed with
+    "backend failed to load: FileNotFoundError(... No usable temporary directory ...)", a
+    traceback and exit 1 (the container trial). It is the operator's to provide: said so."""
+    import tempfile
+
+    from livemeet.models.loader import check_checkpoint
+
+    def no_usable_temporary_directory() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "gettempdir", no_usable_temporary_directory)
+    loads = (
+        check_checkpoint,
+        lambda path: load_model(path, device="cpu"),
+        lambda path: load_model(path, load_format="dummy", device="cpu"),
+    )
+    for load in loads:
+        with pytest.raises(ConfigError, match="torch cannot make its cache directory") as refused:
+            load(str(upstream_dir))
+        assert "No usable temporary directory" in refused.value.message
+        assert "point TMPDIR (or TORCHINDUCTOR_CACHE_DIR) at one" in refused.value.message
