@@ -44,7 +44,13 @@ from livemeet.config import (
 )
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
 from livemeet.errors import ConfigError, EngineUnavailable
-from livemeet.gateway.disk import MIB, DiskGuard, exposed_dirs, make_private_dir
+from livemeet.gateway.disk import (
+    MIB,
+    DiskGuard,
+    exposed_dirs,
+    make_private_dir,
+    permission_hint,
+)
 from livemeet.gateway.keys import LIFECYCLE_KEY, live_dir, tmp_dir, transcripts_dir
 from livemeet.gateway.live_journal import journal_holder
 from livemeet.session.vad import LiveVad
@@ -680,13 +686,17 @@ def check_data_dir(config: ServerConfig) -> None:
         except FileExistsError as exc:  # exist_ok: what is there is not a directory
             raise ConfigError(f"{where}: {directory} is not a directory") from exc
         except OSError as exc:  # e.g. a file as a parent, /proc, no permission
-            failed = exc.filename or directory
-            raise ConfigError(f"{where}: cannot create {failed}: {exc.strerror or exc}") from exc
+            failed = Path(exc.filename or directory)
+            raise ConfigError(
+                f"{where}: cannot create {failed}: {exc.strerror or exc}"
+                f"{_permission_hint(exc, failed, config.data_dir)}"
+            ) from exc
         try:
             fd, probe = tempfile.mkstemp(prefix=DATA_DIR_PROBE_PREFIX, dir=directory)
         except OSError as exc:  # e.g. a read-only file system, a full disk
             raise ConfigError(
                 f"{where}: cannot write a file in {directory}: {exc.strerror or exc}"
+                f"{_permission_hint(exc, directory, config.data_dir)}"
             ) from exc
         os.close(fd)
         os.unlink(probe)
@@ -707,6 +717,10 @@ def check_data_dir(config: ServerConfig) -> None:
             (disk.free_bytes() or 0) / MIB,
             flag_number(floor_mb),
         )
+
+
+def _permission_hint(exc: OSError, path: Path, data_dir: Path) -> str:
+    return permission_hint(path, data_dir) if isinstance(exc, PermissionError) else ""
 
 
 def check_listen(host: str, port: int) -> None:

@@ -43,6 +43,7 @@ from tests.audio.conftest import (  # noqa: F401  (fixtures)
     id3v2_tag,
     speech,
 )
+from tests.denied import deny_access
 from tests.gateway.conftest import client, fake, server_config  # noqa: F401  (fixtures)
 from tests.gateway.fakes import FakeTranscriber, expected_upload_text
 
@@ -585,6 +586,56 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(
     config = serve.config_from_args(args)
     with pytest.raises(ConfigError, match="cannot use --data-dir .*locked/data/tmp: Permission"):
         serve.check_data_dir(config)
+
+
+def test_a_data_dir_another_users_run_made_is_refused_naming_its_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A data dir a root run had made (mode 0700), then the service user's start on it: a
+    traceback from the stat of its lock file and exit 1, `--check-config` too (the
+    container trial). One line now, naming the directory's owner and how to hand it over."""
+    import pwd
+
+    data_dir = tmp_path / "data"
+    argv = ["serve", "--data-dir", str(data_dir), "--port", "0"]
+    assert main([*argv, "--check-config"]) == 0  # made by this test's user
+    owner = pwd.getpwuid(os.geteuid()).pw_name
+    deny_access(monkeypatch, data_dir)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # the service user, no passwd entry
+    for check in (["--check-config"], []):  # a start stops before loading anything
+        caplog.clear()
+        assert main([*argv, *check]) == 2
+        assert (
+            f"cannot open the live journal's lock file {data_dir / 'live' / 'lock'}: "
+            f"Permission denied ({data_dir} is {owner}'s, mode 0700, and livemeet runs as "
+            f"uid 4242: another user's run made it? `chown -R 4242 {data_dir}`, or run "
+            f"livemeet as {owner})"
+        ) in caplog.text
+
+
+def test_a_data_dir_that_cannot_be_made_names_the_owner_of_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve` started in a directory it may not write (a container's /) said "cannot create
+    livemeet-data: Permission denied": whose the directory is, and who serve runs as, tell
+    why; no chown is suggested for a place that is not the data dir."""
+    import pwd
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    monkeypatch.chdir(tmp_path)
+    config = serve.config_from_args(build_parser().parse_args(["serve"]))
+    with pytest.raises(ConfigError) as refused:
+        serve.check_data_dir(config)
+    st = tmp_path.stat()
+    owner = pwd.getpwuid(st.st_uid).pw_name
+    assert refused.value.message.endswith(
+        f"Permission denied ({tmp_path} is {owner}'s, mode {st.st_mode & 0o7777:04o}, and "
+        "livemeet runs as uid 4242)"
+    )
 
 
 def test_check_config_names_an_unknown_backend(
