@@ -172,6 +172,37 @@ def test_a_second_stop_signal_says_the_stop_was_cut_short(
     assert last.getMessage().startswith("a second stop signal: stopped at once")
 
 
+def test_a_stop_signal_during_the_start_stops_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As PID 1 of a container a SIGTERM without a handler is ignored: one sent while `serve`
+    imported and checked (seconds, before aiohttp's handlers) was lost, and the server went
+    on to serve until the supervisor's SIGKILL (the container trial)."""
+
+    class Unhandled(Exception):
+        """What this test's own handler raises: the old code let the signal through."""
+
+    def unhandled(signum: int, frame: object) -> None:
+        raise Unhandled
+
+    def signalled_mid_check(config: ServerConfig) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("the start went on after the stop signal")
+
+    monkeypatch.setattr(serve, "check_data_dir", signalled_mid_check)
+    monkeypatch.setattr("livemeet.gateway.app.create_app", must_not_run)
+    before = signal.signal(signal.SIGTERM, unhandled)  # pytest's own process must survive
+    try:
+        with caplog.at_level("INFO", "livemeet.serve"):
+            assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 0
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the caller's handler is back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert caplog.records[-1].getMessage() == "livemeet stopped by a signal before it served"
+
+
 def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
