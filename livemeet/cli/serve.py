@@ -45,7 +45,7 @@ from livemeet.config import (
     flag_number,
 )
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
-from livemeet.errors import ConfigError, EngineUnavailable
+from livemeet.errors import ConfigError, EngineUnavailable, InternalError
 from livemeet.gateway.disk import (
     MIB,
     DiskGuard,
@@ -668,6 +668,13 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
+        return 2
+    except InternalError as exc:
+        if app[LIFECYCLE_KEY].drain_started_at is not None:
+            raise  # met by the stop, not the start: a bug, with its traceback
+        # the engine's load failed on what no check foresaw (a read-only /tmp was one): the
+        # worker logged its traceback; this was a second one, and exit 1 (the container trial)
+        log.error("%s: %s (its traceback is above)", exc.code, exc.message)
         return 2
     except OSError as exc:
         if exc.errno not in _BIND_ERRNOS:

@@ -203,6 +203,28 @@ def test_a_stop_signal_during_the_start_stops_it(
     assert caplog.records[-1].getMessage() == "livemeet stopped by a signal before it served"
 
 
+def test_an_engine_that_failed_to_load_exits_2_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backend whose load met an error no check foresaw (the container trial: a read-only
+    /tmp, a cache in an unwritable home) is the worker's internal_error: `serve` added a
+    second traceback to the worker's and exited 1, where a model that would not start
+    exits 2."""
+    from livemeet.errors import InternalError
+
+    def failed_load(app: web.Application, **kw: Any) -> None:
+        raise InternalError("backend failed to load: PermissionError(13, 'Permission denied')")
+
+    monkeypatch.setattr(web, "run_app", failed_load)
+    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
+    last = caplog.records[-1]
+    assert last.levelno == logging.ERROR
+    assert last.getMessage() == (
+        "internal_error: backend failed to load: PermissionError(13, 'Permission denied') "
+        "(its traceback is above)"
+    )
+
+
 def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
