@@ -51,6 +51,7 @@ from livemeet.gateway.disk import (
     DiskGuard,
     exposed_dirs,
     make_private_dir,
+    owner_root_writes_for,
     permission_hint,
 )
 from livemeet.gateway.keys import LIFECYCLE_KEY, live_dir, tmp_dir, transcripts_dir
@@ -731,6 +732,16 @@ def check_data_dir(config: ServerConfig) -> None:
             ) from exc
         os.close(fd)
         os.unlink(probe)
+    owner = owner_root_writes_for(config.data_dir)
+    if owner is not None:
+        log.warning(
+            "serve runs as root on --data-dir %s, which is %s's: what it writes there will be "
+            "root's, and a server run as %s is refused it later; run serve as %s",
+            config.data_dir,
+            owner,
+            owner,
+            owner,
+        )
     exposed = exposed_dirs(directories)
     if exposed:  # made by hand, or by a livemeet that made them so
         log.warning(

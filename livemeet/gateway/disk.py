@@ -75,6 +75,19 @@ def permission_hint(path: Path, data_dir: Path) -> str:
     return ""
 
 
+def owner_root_writes_for(path: Path) -> str | None:
+    """The user whose directory `path` is where this process runs as root and that user is
+    not: what root writes there is root's, and that user's own server is refused it later
+    (a root run kept a session in the service user's data dir: the service user's next
+    start failed on its audio file, the container trial). None otherwise, or where `path`
+    cannot be looked at."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return None
+    return _user_name(uid) if os.geteuid() == 0 and uid != 0 else None
+
+
 def _user_name(uid: int) -> str:
     name = _chown_name(uid)
     return name if not name.isdigit() else f"uid {uid}"

@@ -346,7 +346,15 @@ class LiveJournal:
             else:
                 self._remove_orphans({r.audio_path.name for r in restored})
         except (OSError, sqlite3.Error) as exc:
-            raise StorageFailed(f"live journal {self.root} could not be loaded: {exc}") from exc
+            # a session's file another user's run left (root's): whose it is, and what to do
+            hint = (
+                permission_hint(Path(exc.filename), self.root.parent)
+                if isinstance(exc, PermissionError) and exc.filename
+                else ""
+            )
+            raise StorageFailed(
+                f"live journal {self.root} could not be loaded: {exc}{hint}"
+            ) from exc
         finally:
             conn.close()
         return restored

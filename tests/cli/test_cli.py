@@ -501,6 +501,37 @@ def test_a_data_dir_other_users_may_read_is_warned_of(
     assert str(data_dir / "tmp") not in caplog.text
 
 
+def test_root_serving_another_users_data_dir_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server run as root on the service user's data dir kept a session whose audio was
+    root's: the service user's next start was refused it (the container trial)."""
+    data_dir = tmp_path / "data"
+    config = serve.config_from_args(
+        build_parser().parse_args(["serve", "--data-dir", str(data_dir)])
+    )
+    import pwd
+
+    serve.check_data_dir(config)
+    if os.geteuid() == 0:
+        os.chown(data_dir, 4242, 4242)  # the service user's, no passwd entry
+        owner = "uid 4242"
+    else:  # as a user: this test's directory, and root that runs serve
+        owner = pwd.getpwuid(os.geteuid()).pw_name
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with caplog.at_level("WARNING"):
+        serve.check_data_dir(config)
+    assert (
+        f"serve runs as root on --data-dir {data_dir}, which is {owner}'s: what it writes "
+        f"there will be root's, and a server run as {owner} is refused it later"
+    ) in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # its owner runs it: nothing to say
+    with caplog.at_level("WARNING"):
+        serve.check_data_dir(config)
+    assert "serve runs as root" not in caplog.text
+
+
 # every range a config checks, named by the flag the operator typed
 OUT_OF_RANGE_FLAGS = [
     ("--port", "70000"),
