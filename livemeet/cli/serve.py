@@ -12,10 +12,8 @@ import socket
 import ssl
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from aiohttp import web
 
@@ -34,6 +32,7 @@ from livemeet.audio.constants import (
     UPLOAD_CUTOFF_GRACE_S,
 )
 from livemeet.backends import BACKENDS, TEST_BACKENDS, check_backend
+from livemeet.cli.stop_signal import INTERRUPTED_STATUS, stop_signal_interrupts
 from livemeet.config import (
     LOG_FORMAT,
     SHUTDOWN_LIVE_MODES,
@@ -590,29 +589,18 @@ def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
 
 def run(args: argparse.Namespace) -> int:
     """`livemeet serve`: check the configuration, build the app and serve until stopped. Returns
-    the exit status: 0 after a clean stop (and for a valid `--check-config`, or a stop signal
-    before it served), 1 when a second stop signal cut the drain short, 2 for a bad
-    configuration, a model or engine that would not start, or an address it cannot listen on
-    (each logged as one line)."""
+    the exit status: 0 after a clean stop (and for a valid `--check-config`), 1 when a second
+    stop signal cut the drain short, 2 for a bad configuration, a model or engine that would
+    not start, or an address it cannot listen on (each logged as one line), 130 for a stop
+    signal (SIGTERM, SIGINT) before it served."""
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
-    on_main_thread = threading.current_thread() is threading.main_thread()  # signal's rule
-    # As PID 1 (a container's), a signal without a handler is ignored: a SIGTERM before
-    # aiohttp's handlers (imports and checks, seconds) was lost, and the server went on to
-    # serve until the supervisor's SIGKILL (the container trial). Until then it stops the
-    # start, as Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, _stop_the_start) if on_main_thread else None
+    # aiohttp handles SIGTERM once its loop runs; before, the checks stop at it (stop_signal.py)
     try:
-        return _run(args)
+        with stop_signal_interrupts():
+            return _run(args)
     except KeyboardInterrupt:
         log.info("livemeet stopped by a signal before it served")
-        return 0
-    finally:
-        if on_main_thread:  # None: a handler not set from Python, the default here
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
-
-
-def _stop_the_start(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # not an Exception: no `except Exception` on the way swallows it
+        return INTERRUPTED_STATUS
 
 
 def _run(args: argparse.Namespace) -> int:

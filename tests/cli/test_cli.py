@@ -172,12 +172,19 @@ def test_a_second_stop_signal_says_the_stop_was_cut_short(
     assert last.getMessage().startswith("a second stop signal: stopped at once")
 
 
+@pytest.mark.parametrize("phase", ["imports", "checks"])
 def test_a_stop_signal_during_the_start_stops_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    phase: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """As PID 1 of a container a SIGTERM without a handler is ignored: one sent while `serve`
-    imported and checked (seconds, before aiohttp's handlers) was lost, and the server went
-    on to serve until the supervisor's SIGKILL (the container trial)."""
+    imported its subcommands or checked its configuration (the first second, before
+    aiohttp's handlers) was lost, and the server went on to serve until the supervisor's
+    SIGKILL (the container trial)."""
+    import livemeet.__main__ as entry
 
     class Unhandled(Exception):
         """What this test's own handler raises: the old code let the signal through."""
@@ -185,22 +192,34 @@ def test_a_stop_signal_during_the_start_stops_it(
     def unhandled(signum: int, frame: object) -> None:
         raise Unhandled
 
-    def signalled_mid_check(config: ServerConfig) -> None:
-        os.kill(os.getpid(), signal.SIGTERM)
-
     def must_not_run(*args: object) -> None:
         raise AssertionError("the start went on after the stop signal")
 
-    monkeypatch.setattr(serve, "check_data_dir", signalled_mid_check)
+    def signalled(*args: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if phase == "imports":
+        real_build_parser = entry.build_parser
+
+        def signalled_mid_import() -> argparse.ArgumentParser:
+            signalled()
+            return real_build_parser()
+
+        monkeypatch.setattr(entry, "build_parser", signalled_mid_import)
+    else:
+        monkeypatch.setattr(serve, "check_data_dir", signalled)
     monkeypatch.setattr("livemeet.gateway.app.create_app", must_not_run)
     before = signal.signal(signal.SIGTERM, unhandled)  # pytest's own process must survive
     try:
         with caplog.at_level("INFO", "livemeet.serve"):
-            assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 0
+            assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 130
         assert signal.getsignal(signal.SIGTERM) is unhandled  # the caller's handler is back
     finally:
         signal.signal(signal.SIGTERM, before)
-    assert caplog.records[-1].getMessage() == "livemeet stopped by a signal before it served"
+    if phase == "imports":
+        assert capsys.readouterr().err == "livemeet: stopped by a signal before it began\n"
+    else:
+        assert caplog.records[-1].getMessage() == "livemeet stopped by a signal before it served"
 
 
 def test_an_engine_that_failed_to_load_exits_2_in_one_line(
