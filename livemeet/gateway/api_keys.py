@@ -173,7 +173,8 @@ class ApiKeyStore:
             if not create and not self.path.exists():
                 return None
         except OSError as exc:  # e.g. a directory it may not search
-            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}") from exc
+            hint = permission_hint(self.path, self.path.parent) if _read_only(exc) else ""
+            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}{hint}") from exc
         try:
             if create:
                 make_private_dir(self.path.parent)

@@ -13,6 +13,7 @@ import pytest
 from livemeet.errors import ConfigError, InvalidRequest, NotFound
 from livemeet.gateway.api_keys import DB_NAME, SCHEMA_VERSION, ApiKeyStore, store_path
 from livemeet.gateway.auth import key_digest
+from tests.denied import deny_access
 
 
 @pytest.fixture
@@ -78,6 +79,12 @@ def test_a_store_another_user_made_says_whose_it_is(
     ) in refused.value.message
     assert other.find(key.key_id) == key  # reading it is fine
     other.close()
+    # `keys create` made the data dir too (root's, 0700): the service user's `keys list`
+    deny_access(monkeypatch, data_dir)
+    with pytest.raises(ConfigError, match="cannot open the API key store") as refused:
+        ApiKeyStore(store.path).keys()
+    assert f"({data_dir} is " in refused.value.message
+    assert "`chown -R 4242" in refused.value.message
 
 
 def test_revoking_in_a_store_not_made_yet_is_not_found(store: ApiKeyStore) -> None:
