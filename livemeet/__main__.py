@@ -13,6 +13,8 @@ import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from livemeet.cli.stop_signal import INTERRUPTED_STATUS, stop_signal_interrupts
+
 SUBCOMMAND_MODULES = (
     "livemeet.cli.serve",
     "livemeet.cli.transcribe",
@@ -95,10 +97,16 @@ BROKEN_PIPE_STATUS = 141  # 128 + SIGPIPE, what a shell reports for a writer cut
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the subcommand `argv` names (default: sys.argv[1:]); returns its exit status, or
-    BROKEN_PIPE_STATUS (141) when stdout's reader went away. Bad arguments raise SystemExit
-    (status 2, argparse's)."""
-    args = parse_args(build_parser(), argv)
+    """Run the subcommand `argv` names (default: sys.argv[1:]); returns its exit status,
+    BROKEN_PIPE_STATUS (141) when stdout's reader went away, or INTERRUPTED_STATUS (130) for
+    SIGTERM or SIGINT before the subcommand began. Bad arguments raise SystemExit (status 2,
+    argparse's)."""
+    try:
+        with stop_signal_interrupts():  # the subcommands' imports: ~0.5 s of `serve`'s start
+            args = parse_args(build_parser(), argv)
+    except KeyboardInterrupt:
+        print("livemeet: stopped by a signal before it began", file=sys.stderr)
+        return INTERRUPTED_STATUS
     try:
         return int(args.func(args))
     except BrokenPipeError:

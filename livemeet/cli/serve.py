@@ -32,6 +32,7 @@ from livemeet.audio.constants import (
     UPLOAD_CUTOFF_GRACE_S,
 )
 from livemeet.backends import BACKENDS, TEST_BACKENDS, check_backend
+from livemeet.cli.stop_signal import INTERRUPTED_STATUS, stop_signal_interrupts
 from livemeet.config import (
     LOG_FORMAT,
     SHUTDOWN_LIVE_MODES,
@@ -43,8 +44,15 @@ from livemeet.config import (
     flag_number,
 )
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
-from livemeet.errors import ConfigError, EngineUnavailable
-from livemeet.gateway.disk import MIB, DiskGuard, exposed_dirs, make_private_dir
+from livemeet.errors import ConfigError, EngineUnavailable, InternalError
+from livemeet.gateway.disk import (
+    MIB,
+    DiskGuard,
+    exposed_dirs,
+    make_private_dir,
+    owner_root_writes_for,
+    permission_hint,
+)
 from livemeet.gateway.keys import LIFECYCLE_KEY, live_dir, tmp_dir, transcripts_dir
 from livemeet.gateway.live_journal import journal_holder
 from livemeet.session.vad import LiveVad
@@ -507,7 +515,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def preflight_model(model: ModelConfig) -> None:
     """What a start would load, checked without loading it (`--check-config`): the backend is
-    registered; for MOSS-TD, the device exists, a named checkpoint resolves, its config.json
+    registered; for MOSS-TD, the device exists, torch can make its cache directory (a
+    writable temporary directory), a named checkpoint resolves, its config.json
     is this model's, its safetensors headers name every tensor in the shape the model needs,
     its tokenizer and prompt settings load, and the forced-output transcript parses; the
     packages of the demo extra that the backend (or MOSS-TD's `--live-vad silero`) needs are
@@ -528,6 +537,7 @@ def preflight_model(model: ModelConfig) -> None:
     from livemeet.backends.forced_output import read_forced_output
     from livemeet.models.loader import (
         check_checkpoint,
+        check_torch_cache_dir,
         checkpoint_tokenizer,
         read_checkpoint_config,
         resolve_checkpoint,
@@ -536,6 +546,7 @@ def preflight_model(model: ModelConfig) -> None:
     from livemeet.models.prompt import PromptConfig
 
     resolve_device(model.device)
+    check_torch_cache_dir()
     if model.model is not None:
         root = resolve_checkpoint(model.model)
         if model.load_format == "dummy":  # the geometry only: no weights are read
@@ -580,8 +591,19 @@ def run(args: argparse.Namespace) -> int:
     """`livemeet serve`: check the configuration, build the app and serve until stopped. Returns
     the exit status: 0 after a clean stop (and for a valid `--check-config`), 1 when a second
     stop signal cut the drain short, 2 for a bad configuration, a model or engine that would
-    not start, or an address it cannot listen on (each logged as one line)."""
+    not start, or an address it cannot listen on (each logged as one line), 130 for a stop
+    signal (SIGTERM, SIGINT) before it served."""
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), format=LOG_FORMAT)
+    # aiohttp handles SIGTERM once its loop runs; before, the checks stop at it (stop_signal.py)
+    try:
+        with stop_signal_interrupts():
+            return _run(args)
+    except KeyboardInterrupt:
+        log.info("livemeet stopped by a signal before it served")
+        return INTERRUPTED_STATUS
+
+
+def _run(args: argparse.Namespace) -> int:
     from livemeet.gateway.app import cors_package, create_app
 
     try:
@@ -636,6 +658,13 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
         return 2
+    except InternalError as exc:
+        if app[LIFECYCLE_KEY].drain_started_at is not None:
+            raise  # met by the stop, not the start: a bug, with its traceback
+        # the engine's load failed on what no check foresaw (a read-only /tmp was one): the
+        # worker logged its traceback; this was a second one, and exit 1 (the container trial)
+        log.error("%s: %s (its traceback is above)", exc.code, exc.message)
+        return 2
     except OSError as exc:
         if exc.errno not in _BIND_ERRNOS:
             raise
@@ -677,16 +706,30 @@ def check_data_dir(config: ServerConfig) -> None:
         except FileExistsError as exc:  # exist_ok: what is there is not a directory
             raise ConfigError(f"{where}: {directory} is not a directory") from exc
         except OSError as exc:  # e.g. a file as a parent, /proc, no permission
-            failed = exc.filename or directory
-            raise ConfigError(f"{where}: cannot create {failed}: {exc.strerror or exc}") from exc
+            failed = Path(exc.filename or directory)
+            raise ConfigError(
+                f"{where}: cannot create {failed}: {exc.strerror or exc}"
+                f"{_permission_hint(exc, failed, config.data_dir)}"
+            ) from exc
         try:
             fd, probe = tempfile.mkstemp(prefix=DATA_DIR_PROBE_PREFIX, dir=directory)
         except OSError as exc:  # e.g. a read-only file system, a full disk
             raise ConfigError(
                 f"{where}: cannot write a file in {directory}: {exc.strerror or exc}"
+                f"{_permission_hint(exc, directory, config.data_dir)}"
             ) from exc
         os.close(fd)
         os.unlink(probe)
+    owner = owner_root_writes_for(config.data_dir)
+    if owner is not None:
+        log.warning(
+            "serve runs as root on --data-dir %s, which is %s's: what it writes there will be "
+            "root's, and a server run as %s is refused it later; run serve as %s",
+            config.data_dir,
+            owner,
+            owner,
+            owner,
+        )
     exposed = exposed_dirs(directories)
     if exposed:  # made by hand, or by a livemeet that made them so
         log.warning(
@@ -704,6 +747,10 @@ def check_data_dir(config: ServerConfig) -> None:
             (disk.free_bytes() or 0) / MIB,
             flag_number(floor_mb),
         )
+
+
+def _permission_hint(exc: OSError, path: Path, data_dir: Path) -> str:
+    return permission_hint(path, data_dir) if isinstance(exc, PermissionError) else ""
 
 
 def check_listen(host: str, port: int) -> None:

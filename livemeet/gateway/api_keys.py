@@ -24,7 +24,7 @@ from pathlib import Path
 
 from livemeet.errors import ConfigError, NotFound
 from livemeet.gateway.auth import ApiKey, KeyRing, check_key_name, key_digest, new_key
-from livemeet.gateway.disk import make_private_dir
+from livemeet.gateway.disk import make_private_dir, permission_hint
 
 SCHEMA_VERSION = 1  # PRAGMA user_version of the stores this code writes and reads
 DB_NAME = "api_keys.sqlite3"
@@ -173,7 +173,8 @@ class ApiKeyStore:
             if not create and not self.path.exists():
                 return None
         except OSError as exc:  # e.g. a directory it may not search
-            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}") from exc
+            hint = permission_hint(self.path, self.path.parent) if _read_only(exc) else ""
+            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}{hint}") from exc
         try:
             if create:
                 make_private_dir(self.path.parent)
@@ -189,7 +190,8 @@ class ApiKeyStore:
                 check_same_thread=False,
             )
         except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}") from exc
+            hint = permission_hint(self.path, self.path.parent) if _read_only(exc) else ""
+            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}{hint}") from exc
         try:
             self._prepare(conn, create=create)
         except BaseException:
@@ -232,4 +234,14 @@ class ApiKeyStore:
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
-            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}") from exc
+            # a store `keys` made as root, then the service user's `keys revoke`: whose it is
+            hint = permission_hint(self.path, self.path.parent) if _read_only(exc) else ""
+            raise ConfigError(f"cannot {what} the API key store {self.path}: {exc}{hint}") from exc
+
+
+def _read_only(exc: BaseException) -> bool:
+    """Whether `exc` is a refusal by permissions: the OS's, or SQLite's for a file it may
+    only read ("attempt to write a readonly database")."""
+    return isinstance(exc, PermissionError) or (
+        isinstance(exc, sqlite3.OperationalError) and "readonly database" in str(exc)
+    )

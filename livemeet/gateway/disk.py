@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pwd
 import shutil
 import time
 from collections.abc import Callable
@@ -46,6 +47,57 @@ def make_private_dir(path: Path) -> None:
             raise
         make_private_dir(path.parent)
         path.mkdir(mode=PRIVATE_DIR_MODE, exist_ok=True)
+
+
+def permission_hint(path: Path, data_dir: Path) -> str:
+    """What a refusal of `path` (EACCES) is likely about, to append to its message: the
+    nearest of `path` and its parents that this process may stat, its owner and mode, and
+    the user livemeet runs as; where that is `data_dir` or under it and another user's, how
+    to hand it over. A data dir a root run had made was "Permission denied" (or a
+    traceback) for the service user meant to run the server (the container trial)."""
+    me = os.geteuid()
+    for candidate in (path.absolute(), *path.absolute().parents):
+        try:
+            st = candidate.stat()
+        except OSError:
+            continue
+        hint = (
+            f" ({candidate} is {_user_name(st.st_uid)}'s, mode {st.st_mode & 0o7777:04o}, "
+            f"and livemeet runs as {_user_name(me)}"
+        )
+        top = data_dir.absolute()
+        if st.st_uid != me and (candidate == top or top in candidate.parents):
+            hint += (
+                f": another user's run made it? `chown -R {_chown_name(me)} {top}`, or run "
+                f"livemeet as {_user_name(st.st_uid)}"
+            )
+        return hint + ")"
+    return ""
+
+
+def owner_root_writes_for(path: Path) -> str | None:
+    """The user whose directory `path` is where this process runs as root and that user is
+    not: what root writes there is root's, and that user's own server is refused it later
+    (a root run kept a session in the service user's data dir: the service user's next
+    start failed on its audio file, the container trial). None otherwise, or where `path`
+    cannot be looked at."""
+    try:
+        uid = path.stat().st_uid
+    except OSError:
+        return None
+    return _user_name(uid) if os.geteuid() == 0 and uid != 0 else None
+
+
+def _user_name(uid: int) -> str:
+    name = _chown_name(uid)
+    return name if not name.isdigit() else f"uid {uid}"
+
+
+def _chown_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a container's arbitrary user id has no passwd entry
+        return str(uid)
 
 
 def sync_directory(directory: Path) -> None:

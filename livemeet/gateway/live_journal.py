@@ -61,7 +61,7 @@ from livemeet.audio.constants import (
     PCM_S16LE_BYTES,
 )
 from livemeet.errors import ConfigError, InternalError, StorageFailed
-from livemeet.gateway.disk import make_private_dir
+from livemeet.gateway.disk import make_private_dir, permission_hint
 from livemeet.gateway.live_journal_schema import (
     DELETE_ROWS,
     SELECT_LIVE,
@@ -176,8 +176,12 @@ def journal_holder(root: Path) -> str | None:
     config check before a start; None where no running server does (or there is no journal
     yet). Takes the lock and lets it go. Raises ConfigError (`_take_lock`)."""
     path = root / LOCK_NAME
-    if not path.exists():
+    try:
+        path.stat()
+    except (FileNotFoundError, NotADirectoryError):  # check_data_dir names a file in the way
         return None
+    except OSError as exc:  # a data dir another user's run made (0700): was a traceback
+        raise ConfigError(_lock_refusal(path, exc)) from exc
     held = _take_lock(path)
     if held is None:
         return holder_phrase(path)
@@ -195,6 +199,13 @@ def holder_phrase(path: Path) -> str:
     return f"another livemeet server ({which}one server per --data-dir)"
 
 
+def _lock_refusal(path: Path, exc: OSError) -> str:
+    """Why the lock file at `path` (the data dir's live/lock) cannot be used."""
+    # the journal's root is the data dir's live/: its parent is the data dir
+    hint = permission_hint(path, path.parent.parent) if isinstance(exc, PermissionError) else ""
+    return f"cannot open the live journal's lock file {path}: {exc.strerror or exc}{hint}"
+
+
 def _take_lock(path: Path) -> io.BufferedRandom | None:
     """`path` opened and exclusively flock'ed (without waiting), this process's pid written in
     it (`_lock_holder`), or None where another open file holds the lock. The lock lasts until
@@ -203,9 +214,7 @@ def _take_lock(path: Path) -> io.BufferedRandom | None:
     try:
         f = open(path, "a+b")  # noqa: SIM115  (the caller closes it)
     except OSError as exc:
-        raise ConfigError(
-            f"cannot open the live journal's lock file {path}: {exc.strerror or exc}"
-        ) from exc
+        raise ConfigError(_lock_refusal(path, exc)) from exc
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -337,7 +346,15 @@ class LiveJournal:
             else:
                 self._remove_orphans({r.audio_path.name for r in restored})
         except (OSError, sqlite3.Error) as exc:
-            raise StorageFailed(f"live journal {self.root} could not be loaded: {exc}") from exc
+            # a session's file another user's run left (root's): whose it is, and what to do
+            hint = (
+                permission_hint(Path(exc.filename), self.root.parent)
+                if isinstance(exc, PermissionError) and exc.filename
+                else ""
+            )
+            raise StorageFailed(
+                f"live journal {self.root} could not be loaded: {exc}{hint}"
+            ) from exc
         finally:
             conn.close()
         return restored

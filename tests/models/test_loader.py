@@ -16,6 +16,7 @@ from livemeet.errors import ConfigError
 from livemeet.models.audio_llm import MossTDModel
 from livemeet.models.config import MossTDConfig
 from livemeet.models.loader import load_model
+from tests.denied import deny_access
 from tests.models import tiny
 
 REAL_PARAMS = 908_513_280  # MODEL.md section 0
@@ -512,3 +513,64 @@ def test_devices_this_machine_lacks_are_config_errors(monkeypatch: pytest.Monkey
     assert loader.resolve_device("cuda:0") == torch.device("cuda:0")
     with pytest.raises(ConfigError, match="only 1 CUDA device"):
         loader.resolve_device("cuda:3")
+
+
+def test_a_checkpoint_directory_this_user_may_not_read_is_named(
+    upstream_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint copied as root (mode 0700) and served by a service user: `serve` and its
+    `--check-config` ended in a traceback (PermissionError from the stat of config.json) and
+    exit 1 (the container trial)."""
+    from livemeet.models.loader import check_checkpoint
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(upstream_dir, root)
+    deny_access(monkeypatch, root)
+    for load in (check_checkpoint, lambda path: load_model(path, device="cpu")):
+        with pytest.raises(ConfigError, match="cannot read checkpoint directory") as refused:
+            load(str(root))
+        assert f"{root}: Permission denied" in refused.value.message
+
+
+def test_a_shard_this_user_may_not_read_is_not_called_missing(
+    upstream_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """safetensors says "No such file or directory" for a file it may not open (a shard
+    copied as root, mode 0600): the operator saw it listed by `ls` (the container trial)."""
+    from livemeet.models.loader import check_checkpoint
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(upstream_dir, root)
+    shard = root / "model-00002-of-00002.safetensors"
+    deny_access(monkeypatch, shard)
+    with pytest.raises(ConfigError, match="cannot read safetensors file") as refused:
+        check_checkpoint(str(root))
+    assert refused.value.message.endswith(f"{shard}: Permission denied")
+
+
+def test_no_writable_directory_for_torchs_cache_is_a_config_error(
+    upstream_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch makes its cache directory (torchinductor_<user> in the temporary directory)
+    when it first builds a model: with /tmp read-only and TMPDIR unset, a start failed with
+    "backend failed to load: FileNotFoundError(... No usable temporary directory ...)", a
+    traceback and exit 1 (the container trial). It is the operator's to provide: said so."""
+    import tempfile
+
+    from livemeet.models.loader import check_checkpoint
+
+    def no_usable_temporary_directory() -> str:
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp']")
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "gettempdir", no_usable_temporary_directory)
+    loads = (
+        check_checkpoint,
+        lambda path: load_model(path, device="cpu"),
+        lambda path: load_model(path, load_format="dummy", device="cpu"),
+    )
+    for load in loads:
+        with pytest.raises(ConfigError, match="torch cannot make its cache directory") as refused:
+            load(str(upstream_dir))
+        assert "No usable temporary directory" in refused.value.message
+        assert "point TMPDIR (or TORCHINDUCTOR_CACHE_DIR) at one" in refused.value.message

@@ -182,3 +182,47 @@ def test_offline_build_is_cached(
 def test_bad_tiktoken_file_is_config_error() -> None:
     with pytest.raises(ConfigError, match="ranks"):
         tokenizer_mod.build_offline_tokenizer(b"IQ== 0\nIg== 1\n")
+
+
+def test_a_cache_that_cannot_be_written_or_read_only_costs_a_rebuild(
+    tok: Tokenizer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A service user's home it may not write (an operations trial: `serve --load-format
+    dummy` as a non-root user) failed the start with "backend failed to load:
+    PermissionError(13, 'Permission denied')" and no path; one it may not read (HOME kept by
+    sudo) alike. The cache only saves a rebuild."""
+    monkeypatch.setattr(tokenizer_mod, "build_offline_tokenizer", lambda _raw: tok)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    monkeypatch.setenv("LIVEMEET_CACHE", str(a_file / "cache"))  # unwritable, even for root
+    with caplog.at_level("WARNING", logger=tokenizer_mod.log.name):
+        assert load_tokenizer(None) is tok
+    assert f"cannot cache the built tokenizer in {a_file / 'cache'}" in caplog.text
+    assert "LIVEMEET_CACHE" in caplog.text
+
+    def denied(self: Path, *args: object, **kwargs: object) -> bool:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setenv("LIVEMEET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(Path, "is_file", denied)  # what stat says under an unreadable home
+    assert load_tokenizer(None) is tok
+
+
+def test_no_home_directory_builds_the_tokenizer_uncached(
+    tok: Tokenizer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """HOME unset and a user id without a passwd entry (a container's arbitrary one): the
+    start failed with pathlib's RuntimeError "Could not determine home directory"."""
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(tokenizer_mod, "build_offline_tokenizer", lambda _raw: tok)
+    monkeypatch.delenv("LIVEMEET_CACHE", raising=False)
+    monkeypatch.setattr(Path, "home", no_home)
+    with caplog.at_level("WARNING", logger=tokenizer_mod.log.name):
+        assert load_tokenizer(None) is tok
+    assert "no home directory, and LIVEMEET_CACHE is not set" in caplog.text
