@@ -44,7 +44,7 @@ from livemeet.config import (
     flag_number,
 )
 from livemeet.engine.gc_pauses import freeze_startup_heap, thaw_heap
-from livemeet.errors import ConfigError, EngineUnavailable, InternalError
+from livemeet.errors import ConfigError, EngineUnavailable
 from livemeet.gateway.disk import (
     MIB,
     DiskGuard,
@@ -605,6 +605,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from livemeet.gateway.app import cors_package, create_app
+    from livemeet.gateway.engine_client import WorkerLoadFailed
 
     try:
         config = config_from_args(args)
@@ -658,11 +659,10 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, EngineUnavailable) as exc:  # start-up: a bad checkpoint, no engine
         log.error("%s: %s", exc.code, exc.message)
         return 2
-    except InternalError as exc:
-        if app[LIFECYCLE_KEY].drain_started_at is not None:
-            raise  # met by the stop, not the start: a bug, with its traceback
+    except WorkerLoadFailed as exc:
         # the engine's load failed on what no check foresaw (a read-only /tmp was one): the
-        # worker logged its traceback; this was a second one, and exit 1 (the container trial)
+        # worker logged its traceback; this was a second one, and exit 1 (the container trial).
+        # Any other InternalError (the gateway's start or stop: a bug) keeps its traceback.
         log.error("%s: %s (its traceback is above)", exc.code, exc.message)
         return 2
     except OSError as exc:

@@ -131,6 +131,12 @@ class _WorkerExited:
         self.detail = detail
 
 
+class WorkerLoadFailed(InternalError):
+    """The worker's load of the backend failed on what no check foresaw (its internal_error):
+    the worker logged the traceback, so `serve` says it in one line. Other InternalErrors of a
+    start (the gateway's own) keep theirs."""
+
+
 class EngineSession:
     """One session on the engine; implements `TranscriberSession`. Loop-thread only."""
 
@@ -650,6 +656,8 @@ class EngineClient:
 
     def _lost(self, error: LivemeetError) -> None:
         if self._ready_future is not None and not self._ready_future.done():
+            if type(error) is InternalError:  # the worker logged its traceback (run_worker)
+                error = WorkerLoadFailed(error.message)
             self._ready_future.set_exception(error)
             return
         self._lost_generation = self._generation

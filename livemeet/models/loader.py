@@ -192,7 +192,9 @@ def _readable_dir(path: Path) -> bool:
             return False
         with os.scandir(path) as entries:
             for entry in entries:
-                entry.stat()  # entering it (search permission) is what reading its files needs
+                # entering it (search permission) is what reading its files needs; lstat asks
+                # only that: a dangling symlink (a pruned hub-cache blob) is no refusal
+                entry.stat(follow_symlinks=False)
                 break
     except OSError as exc:
         raise ConfigError(

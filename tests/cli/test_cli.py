@@ -228,11 +228,13 @@ def test_an_engine_that_failed_to_load_exits_2_in_one_line(
     """A backend whose load met an error no check foresaw (the container trial: a read-only
     /tmp, a cache in an unwritable home) is the worker's internal_error: `serve` added a
     second traceback to the worker's and exited 1, where a model that would not start
-    exits 2."""
+    exits 2. Another InternalError of the start (the gateway's own: a bug, with no traceback
+    logged) is not said to have one above: it keeps its own (it was one line, tracebackless)."""
     from livemeet.errors import InternalError
+    from livemeet.gateway.engine_client import WorkerLoadFailed
 
     def failed_load(app: web.Application, **kw: Any) -> None:
-        raise InternalError("backend failed to load: PermissionError(13, 'Permission denied')")
+        raise WorkerLoadFailed("backend failed to load: PermissionError(13, 'Permission denied')")
 
     monkeypatch.setattr(web, "run_app", failed_load)
     assert main(["serve", "--port", "0", "--data-dir", str(tmp_path)]) == 2
@@ -242,6 +244,13 @@ def test_an_engine_that_failed_to_load_exits_2_in_one_line(
         "internal_error: backend failed to load: PermissionError(13, 'Permission denied') "
         "(its traceback is above)"
     )
+
+    def gateway_bug(app: web.Application, **kw: Any) -> None:
+        raise InternalError("LiveJournal.start() was called twice")
+
+    monkeypatch.setattr(web, "run_app", gateway_bug)
+    with pytest.raises(InternalError, match="called twice"):
+        main(["serve", "--port", "0", "--data-dir", str(tmp_path / "second")])
 
 
 def test_serve_on_a_taken_port_or_unknown_host_exits_2_before_loading(

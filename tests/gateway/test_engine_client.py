@@ -138,6 +138,32 @@ async def test_in_process_upload_text_deltas() -> None:
     assert tuple(e.segment for e in events if isinstance(e, SegmentFinal)) == final.segments
 
 
+async def test_a_load_that_failed_unforeseen_is_the_workers_logged_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A backend whose load raised what no check foresaw: the worker logs its traceback and
+    `start` raises WorkerLoadFailed, which `serve` says in one line (exit 2); a ConfigError
+    stays a ConfigError."""
+    from livemeet.errors import ConfigError
+    from livemeet.gateway.engine_client import WorkerLoadFailed
+
+    class Unforeseen(ScriptedCore):
+        def load(self) -> None:
+            raise PermissionError(13, "Permission denied")
+
+    class Misconfigured(ScriptedCore):
+        def load(self) -> None:
+            raise ConfigError("no such checkpoint")
+
+    for core, expected in ((Unforeseen(), WorkerLoadFailed), (Misconfigured(), ConfigError)):
+        monkeypatch.setitem(BACKENDS, "probe", lambda config, core=core: core)
+        client = EngineClient(ModelConfig(backend="probe"), in_process=True)
+        with pytest.raises(expected) as failed:
+            await client.start()
+        assert type(failed.value) is expected
+    assert not livemeet_threads()
+
+
 async def test_abort_frees_the_session_in_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     core = ScriptedCore()
     monkeypatch.setitem(BACKENDS, "probe", lambda config: core)

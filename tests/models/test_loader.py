@@ -532,6 +532,24 @@ def test_a_checkpoint_directory_this_user_may_not_read_is_named(
         assert f"{root}: Permission denied" in refused.value.message
 
 
+def test_a_dangling_symlink_in_a_checkpoint_directory_is_no_refusal(
+    upstream_dir: Path, tmp_path: Path
+) -> None:
+    """The check that a checkpoint directory may be entered stats one of its entries: a
+    dangling symlink listed first (a hub-cache snapshot whose blob was pruned) made a readable
+    directory "cannot read checkpoint directory ...: No such file or directory"."""
+    from livemeet.models import loader
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "a-pruned-blob").symlink_to(tmp_path / "gone")  # the only entry: the one stat'ed
+    assert loader.resolve_checkpoint(root) == root
+    shutil.rmtree(root)
+    shutil.copytree(upstream_dir, root)
+    (root / "a-pruned-blob").symlink_to(tmp_path / "gone")
+    assert loader.check_checkpoint(root) == loader.read_checkpoint_config(upstream_dir)
+
+
 def test_a_shard_this_user_may_not_read_is_not_called_missing(
     upstream_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
