@@ -52,9 +52,10 @@ def make_private_dir(path: Path) -> None:
 def permission_hint(path: Path, data_dir: Path) -> str:
     """What a refusal of `path` (EACCES) is likely about, to append to its message: the
     nearest of `path` and its parents that this process may stat, its owner and mode, and
-    the user livemeet runs as; where that is `data_dir` or under it and another user's, how
-    to hand it over. A data dir a root run had made was "Permission denied" (or a
-    traceback) for the service user meant to run the server (the container trial)."""
+    the user livemeet runs as; where that is `data_dir` or under it and another user's (and
+    livemeet does not run as root), how to hand it over. A data dir a root run had made was
+    "Permission denied" (or a traceback) for the service user meant to run the server (the
+    container trial)."""
     me = os.geteuid()
     for candidate in (path.absolute(), *path.absolute().parents):
         try:
@@ -66,10 +67,12 @@ def permission_hint(path: Path, data_dir: Path) -> str:
             f"and livemeet runs as {_user_name(me)}"
         )
         top = data_dir.absolute()
-        if st.st_uid != me and (candidate == top or top in candidate.parents):
+        # root is refused only where the file system says so (NFS's root squash): no chown
+        ours = candidate == top or top in candidate.parents
+        if ours and st.st_uid != me and me != 0:
             hint += (
-                f": another user's run made it? `chown -R {_chown_name(me)} {top}`, or run "
-                f"livemeet as {_user_name(st.st_uid)}"
+                f": another user's run made it? as root, `chown -R {_chown_name(me)} {top}`; "
+                f"or run livemeet as {_user_name(st.st_uid)}"
             )
         return hint + ")"
     return ""

@@ -720,7 +720,7 @@ def test_a_data_dir_another_users_run_made_is_refused_naming_its_owner(
         assert (
             f"cannot open the live journal's lock file {data_dir / 'live' / 'lock'}: "
             f"Permission denied ({data_dir} is {owner}'s, mode 0700, and livemeet runs as "
-            f"uid 4242: another user's run made it? `chown -R 4242 {data_dir}`, or run "
+            f"uid 4242: another user's run made it? as root, `chown -R 4242 {data_dir}`; or run "
             f"livemeet as {owner})"
         ) in caplog.text
 

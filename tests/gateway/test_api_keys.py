@@ -75,7 +75,8 @@ def test_a_store_another_user_made_says_whose_it_is(
         other.revoke(key.key_id)
     data_dir = store.path.parent
     assert (
-        f"and livemeet runs as uid 4242: another user's run made it? `chown -R 4242 {data_dir}`"
+        "and livemeet runs as uid 4242: another user's run made it? "
+        f"as root, `chown -R 4242 {data_dir}`"
     ) in refused.value.message
     assert other.find(key.key_id) == key  # reading it is fine
     other.close()

@@ -327,3 +327,40 @@ async def test_the_data_dir_the_server_makes_is_its_own_alone(
     made = [data_dir.parent, data_dir, *(p for p in data_dir.rglob("*") if p.is_dir())]
     assert {p.name for p in made} >= {"new", "data", "tmp", "transcriptions", "live", "audio"}
     assert {p.name: mode(p) for p in made} == {p.name: 0o700 for p in made}
+
+
+@pytest.mark.parametrize(
+    ("owner", "runs_as", "advice"),
+    [
+        (0, 12345, "as root, `chown -R 12345 DATA`; or run livemeet as root"),
+        (12345, 12345, None),  # its own: the refusal is about something else
+        (12345, 0, None),  # root refused (NFS root squash): no chown to root
+    ],
+)
+def test_a_permission_hint_advises_a_chown_only_for_another_users_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, owner: int, runs_as: int, advice: str | None
+) -> None:
+    """The hint names the owner and mode of the nearest directory it can look at; only where
+    that is the data dir (or under it), another user's, and livemeet is not root, does it
+    say how to hand it over (a review: the advice was given for the user's own directory
+    too, and to root)."""
+    from livemeet.gateway import disk
+
+    data = tmp_path / "data"
+    data.mkdir()
+    real_stat = Path.stat
+
+    def stat_as_owned(self: Path, **kwargs: Any) -> os.stat_result:
+        st = real_stat(self, **kwargs)
+        fields = list(st)
+        fields[4] = owner  # st_uid
+        return os.stat_result(fields)
+
+    monkeypatch.setattr(Path, "stat", stat_as_owned)
+    monkeypatch.setattr(disk.os, "geteuid", lambda: runs_as)
+    hint = disk.permission_hint(data / "live" / "lock", data)
+    assert f"({data} is " in hint and ", mode 0" in hint  # the nearest that exists
+    if advice is None:
+        assert "chown" not in hint
+    else:
+        assert advice.replace("DATA", str(data)) in hint

@@ -1076,8 +1076,8 @@ async def test_a_sessions_audio_another_users_run_left_is_named_with_its_owner(
         LiveJournal(root).load_unfinished()
     assert f"{audio} is " in failed.value.message
     assert (
-        f"and livemeet runs as uid 4242: another user's run made it? `chown -R 4242 {root.parent}`"
-        in failed.value.message
+        "and livemeet runs as uid 4242: another user's run made it? "
+        f"as root, `chown -R 4242 {root.parent}`" in failed.value.message
     )
 
 
