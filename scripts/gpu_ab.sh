@@ -52,5 +52,7 @@ for arm in $arms; do
   echo "=== arm $i: $arm ($label)"
   (cd "$dir" && env ${env_args[@]+"${env_args[@]}"} OUT="$out" LIVEMEET_BENCH_OUT="$out" \
     bash "${GPU_BENCH:-scripts/gpu_bench.sh}" "$phase" > /dev/null)
-  grep -hE "audio-s/s, p95|^\| (long|short) \||=== .*rc=|passed|failed" "$out/$phase.log" | tail -n 20
+  # an engine run's rates and table, a profile's decode rows, and every step's status
+  grep -hE "audio-s/s, p95|^\| (long|short) \||^batch +[0-9]+ context|=== .*rc=|passed|failed" \
+    "$out/$phase.log" | tail -n 20
 done

@@ -39,6 +39,10 @@
 #      where session 45 had 290.9 (9.15 ms) before session 46's head kernels; the same loan
 #      tells whether the head's 16-row path or the loan made the difference (on an H100, which
 #      an H200 call may get, the same pair at that card's rate)
+#   8: call 7's question for less device time (~340 s with both trees' start-ups; sessions 51
+#      and 52 lost every start, the second with 464 s left): the FP8 16 x 36k decode step alone
+#      (bench_decode_step --profile: graph replay, host and device per launch, the kernel
+#      table with the head's), arms old / new / old / new on AB_OLD and the working tree
 # Each run fits one call of <= 10 minutes with its server start. An engine run's ASSUMED_RATE
 # (audio-s/s) is what bench_engine's budget estimates an unmeasured long point with: at its
 # default 100, session 33's FP8 long c16 (16 meetings, ~124 s at 290) was estimated at 358 s
@@ -47,7 +51,7 @@
 # passes through from the environment (SERVE_EXTRA adds server flags to every run here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5|6|7}"
+call="${1:?usage: bash scripts/gpu_next.sh 1|2|3|4|5|6|7|8}"
 bench="${GPU_BENCH:-scripts/gpu_bench.sh}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 [ -n "$gpu" ] || { echo "nvidia-smi found no GPU" >&2; exit 2; }
@@ -107,6 +111,10 @@ case "$gpu:$call" in
     PYTEST_S=0 ATTN_S=0 HF_S=0 BENCH_S=$budget BENCH_WORKLOADS=" " LONG_C=" " \
       FP8_POINTS=long:16 ASSUMED_RATE=$rate AB_ARMS="${AB_ARMS:-old new}" GPU_BENCH="$bench" \
       bash scripts/gpu_ab.sh engine
+    ;;
+  *H200*:8 | *H100*:8)
+    PYTEST_S=0 PROFILE_S=0 PROFILE_FP8_S=80 BENCH_S=0 AB_ARMS="${AB_ARMS:-old new old new}" \
+      GPU_BENCH="$bench" bash scripts/gpu_ab.sh profile
     ;;
   *H200*:5 | *H100*:5)
     out="${OUT:-$PWD/bench-out}"

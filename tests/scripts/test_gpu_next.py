@@ -17,6 +17,11 @@ if [ -n "${OUT:-}" ]; then
   # gpu_ab.sh prints an arm's "passed" lines: the settings that tell its runs apart
   echo "stand-in $1: 1 passed ${BENCH_S:-}/${BENCH_WORKLOADS:-}/${LONG_C:-}/${FP8_POINTS:-}/\
 ${ASSUMED_RATE:-}" > "$OUT/$1.log"
+  # a profile's decode row, which gpu_ab.sh prints too, with the step limits that shape it
+  if [ "$1" = profile ]; then
+    echo "batch  16 context  36000: limits ${PROFILE_S:-}/${PROFILE_FP8_S:-}/${BENCH_S:-}" \
+      >> "$OUT/$1.log"
+  fi
 fi
 if [ -n "${STANDIN_BUDGET:-}" ]; then
   echo "$1 ${BENCH_S:-} ${LONG_C:-} ${FP8_POINTS:-} ${ASSUMED_RATE:-}"
@@ -193,6 +198,25 @@ def test_call_7_runs_fp8_long_c16_on_the_old_tree_then_the_new(
     assert (out / "1_old" / "engine.log").is_file() and (out / "2_new" / "engine.log").is_file()
 
 
+@pytest.mark.parametrize("card", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_call_8_profiles_the_fp8_16x36k_step_on_both_trees_twice(tmp_path: Path, card: str) -> None:
+    """Call 7's question (the head's 16-row path, or the loan) for a fraction of its device
+    time: the FP8 decode step alone, alternating trees; each arm's decode row is printed."""
+    out = tmp_path / "out"
+    done = run_with_old_tree(tmp_path, "8", out, card)
+    lines = done.stdout.splitlines()
+    new = f"new ({_label()})"
+    assert [line for line in lines if line.startswith("=== arm ")] == [
+        f"=== arm {i}: {arm}" for i, arm in enumerate(["old (abc1234)", new] * 2, start=1)
+    ]
+    # the FP8 step's profile alone: no bf16 profile, no engine run, no GPU tests
+    assert [line for line in lines if line.startswith("batch ")] == [
+        "batch  16 context  36000: limits 0/80/0"
+    ] * 4
+    for arm in ("1_old", "2_new", "3_old", "4_new"):
+        assert (out / arm / "profile.log").is_file()
+
+
 def _label() -> str:
     """gpu_ab.sh's label for the working tree's arm."""
     head = subprocess.run(
@@ -205,8 +229,8 @@ def _label() -> str:
 def test_no_run_for_another_card_or_call_or_no_card(tmp_path: Path) -> None:
     for card, call in (
         ("NVIDIA A100-SXM4-80GB", "1"),
-        ("NVIDIA H200", "8"),
-        ("NVIDIA H100 80GB HBM3", "8"),
+        ("NVIDIA H200", "9"),
+        ("NVIDIA H100 80GB HBM3", "9"),
         ("NVIDIA H100 80GB HBM3", "6"),
     ):
         done = run(tmp_path, card, call)
