@@ -51,7 +51,7 @@ from livemeet.gateway.disk import (
     exposed_dirs,
     make_private_dir,
     owner_root_writes_for,
-    permission_hint,
+    refusal_hint,
 )
 from livemeet.gateway.keys import LIFECYCLE_KEY, live_dir, tmp_dir, transcripts_dir
 from livemeet.gateway.live_journal import journal_holder
@@ -531,7 +531,7 @@ def preflight_model(model: ModelConfig) -> None:
     if model.backend_name != "moss":
         return
     if model.live_vad is not None:
-        from livemeet.session.vad import LiveVad, live_classifier
+        from livemeet.session.vad import live_classifier
 
         live_classifier(LiveVad(model.live_vad))  # Silero: the demo extra, as a start checks
     from livemeet.backends.forced_output import read_forced_output
@@ -709,14 +709,14 @@ def check_data_dir(config: ServerConfig) -> None:
             failed = Path(exc.filename or directory)
             raise ConfigError(
                 f"{where}: cannot create {failed}: {exc.strerror or exc}"
-                f"{_permission_hint(exc, failed, config.data_dir)}"
+                f"{refusal_hint(exc, failed, config.data_dir)}"
             ) from exc
         try:
             fd, probe = tempfile.mkstemp(prefix=DATA_DIR_PROBE_PREFIX, dir=directory)
         except OSError as exc:  # e.g. a read-only file system, a full disk
             raise ConfigError(
                 f"{where}: cannot write a file in {directory}: {exc.strerror or exc}"
-                f"{_permission_hint(exc, directory, config.data_dir)}"
+                f"{refusal_hint(exc, directory, config.data_dir)}"
             ) from exc
         os.close(fd)
         os.unlink(probe)
@@ -747,10 +747,6 @@ def check_data_dir(config: ServerConfig) -> None:
             (disk.free_bytes() or 0) / MIB,
             flag_number(floor_mb),
         )
-
-
-def _permission_hint(exc: OSError, path: Path, data_dir: Path) -> str:
-    return permission_hint(path, data_dir) if isinstance(exc, PermissionError) else ""
 
 
 def check_listen(host: str, port: int) -> None:

@@ -78,6 +78,12 @@ def permission_hint(path: Path, data_dir: Path) -> str:
     return ""
 
 
+def refusal_hint(exc: BaseException, path: Path, data_dir: Path) -> str:
+    """`permission_hint(path, data_dir)` where `exc` is a refusal by permissions
+    (PermissionError), else "": what an OSError's message gains, whatever its kind."""
+    return permission_hint(path, data_dir) if isinstance(exc, PermissionError) else ""
+
+
 def owner_root_writes_for(path: Path) -> str | None:
     """The user whose directory `path` is where this process runs as root and that user is
     not: what root writes there is root's, and that user's own server is refused it later

@@ -61,7 +61,7 @@ from livemeet.audio.constants import (
     PCM_S16LE_BYTES,
 )
 from livemeet.errors import ConfigError, InternalError, StorageFailed
-from livemeet.gateway.disk import make_private_dir, permission_hint
+from livemeet.gateway.disk import make_private_dir, refusal_hint
 from livemeet.gateway.live_journal_schema import (
     DELETE_ROWS,
     SELECT_LIVE,
@@ -202,7 +202,7 @@ def holder_phrase(path: Path) -> str:
 def _lock_refusal(path: Path, exc: OSError) -> str:
     """Why the lock file at `path` (the data dir's live/lock) cannot be used."""
     # the journal's root is the data dir's live/: its parent is the data dir
-    hint = permission_hint(path, path.parent.parent) if isinstance(exc, PermissionError) else ""
+    hint = refusal_hint(exc, path, path.parent.parent)
     return f"cannot open the live journal's lock file {path}: {exc.strerror or exc}{hint}"
 
 
@@ -347,11 +347,8 @@ class LiveJournal:
                 self._remove_orphans({r.audio_path.name for r in restored})
         except (OSError, sqlite3.Error) as exc:
             # a session's file another user's run left (root's): whose it is, and what to do
-            hint = (
-                permission_hint(Path(exc.filename), self.root.parent)
-                if isinstance(exc, PermissionError) and exc.filename
-                else ""
-            )
+            filename = getattr(exc, "filename", None)  # sqlite3.Error has none
+            hint = refusal_hint(exc, Path(filename), self.root.parent) if filename else ""
             raise StorageFailed(
                 f"live journal {self.root} could not be loaded: {exc}{hint}"
             ) from exc
