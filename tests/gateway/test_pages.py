@@ -22,7 +22,7 @@ from livemeet.gateway.app import create_app
 from livemeet.gateway.pages import inline_style_hashes
 from tests.gateway.fakes import FakeTranscriber
 
-WEB = Path(__file__).resolve().parents[2] / "livemeet" / "web"
+WEB = app_module.WEB_DIR  # the pages the gateway serves
 
 
 def directives(policy: str) -> dict[str, list[str]]:

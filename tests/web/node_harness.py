@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-WEB = Path(__file__).resolve().parents[2] / "livemeet" / "web"
+from livemeet.gateway.app import WEB_DIR
+
+WEB = WEB_DIR  # the pages the gateway serves
 NODE = shutil.which("node")
 needs_node = pytest.mark.skipif(NODE is None, reason="needs node")
 HARNESS_TIMEOUT_S = 30

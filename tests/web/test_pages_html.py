@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 from html.parser import HTMLParser
-from pathlib import Path
 
-WEB = Path(__file__).resolve().parents[2] / "livemeet" / "web"
+from livemeet.gateway.app import WEB_DIR as WEB  # the pages the gateway serves
 
 
 class _Elements(HTMLParser):
